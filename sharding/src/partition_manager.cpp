@@ -70,6 +70,14 @@ PartitionSpec PartitionManager::resolve(const ResolveArgs& args) const {
   return resolve(*args.dynamic_axes, args.shape);
 }
 
+std::optional<NamedSharding> PartitionManager::shard(const std::vector<std::int64_t>& shape,
+                                                    ResolveArgs args, bool auto_correct) const {
+  args.shape = shape;
+  PartitionSpec spec = resolve(args);
+  if (auto_correct) spec = get_corrected_named_sharding(shape, spec).spec();
+  return with_sharding_constraint(shape, spec);
+}
+
 PartitionManager::Scope::Scope(const PartitionManager& manager) : previous_(t_current) {
   t_current = &manager;
   set_last(manager);
@@ -83,6 +91,12 @@ std::optional<PartitionManager> PartitionManager::last_created() {
   LastManager& l = last();
   std::lock_guard lock(l.mutex);
   return l.manager;
+}
+
+void PartitionManager::reset_last_created() noexcept {
+  LastManager& l = last();
+  std::lock_guard lock(l.mutex);
+  l.manager.reset();
 }
 
 nlohmann::json PartitionManager::to_json() const { return {{"paxis", paxis_.to_json()}}; }
@@ -115,6 +129,22 @@ PartitionManager PartitionManager::from_json(const nlohmann::json& j) {
     throw TypeError(fmt::format("Expected PartitionAxis, got {}", python_class(paxis)));
   }
   return PartitionManager(PartitionAxis::from_json(paxis));
+}
+
+std::optional<NamedSharding> apply_logical_sharding(const std::vector<std::int64_t>& shape,
+                                                    ResolveArgs args,
+                                                    const PartitionManager* partition_manager,
+                                                    bool auto_correct) {
+  if (partition_manager) return partition_manager->shard(shape, std::move(args), auto_correct);
+  if (const PartitionManager* current = PartitionManager::current()) {
+    return current->shard(shape, std::move(args), auto_correct);
+  }
+  if (auto last = PartitionManager::last_created()) {
+    return last->shard(shape, std::move(args), auto_correct);
+  }
+  throw ValueError(
+      "No PartitionManager is available. Provide `partition_manager` or use `with "
+      "PartitionManager(...)`.");
 }
 
 }  // namespace numesh::sharding

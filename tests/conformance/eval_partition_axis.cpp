@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "conformance.hpp"
+#include "numesh/sharding/mesh_context.hpp"
 #include "numesh/sharding/partition_axis.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/sharding/presets.hpp"
@@ -285,6 +286,65 @@ json eval_registry(const json&, const json& c) {
   return {{"steps", steps}};
 }
 
+json constraint_json(const std::optional<sharding::NamedSharding>& applied) {
+  if (!applied) return {{"constraint_applied", false}, {"returned_same_object", true}};
+  return {{"constraint_applied", true},
+          {"applied_spec", encode_spec(applied->spec())},
+          {"n_constraints", 1}};
+}
+
+json eval_shard(const json& file, const json& c) {
+  const json& in = c.at("inputs");
+  const std::string id = c.at("id");
+  if (id.rfind("apply_logical_sharding/", 0) == 0) {
+    // Which manager apply_logical_sharding picks: explicit, else current, else last created.
+    return capture([&] {
+      PartitionManager::reset_last_created();
+      if (in.empty()) {
+        return constraint_json(sharding::apply_logical_sharding({1}, {}));
+      }
+      auto manager = [](const json& hidden) {
+        return PartitionManager(PartitionAxis({.hidden_state_axis = decode_rule(hidden)}));
+      };
+      std::optional<PartitionManager> last, context, explicit_pm;
+      last = manager(in.at("last_created_manager_hidden_state_axis"));
+      if (!in.at("context_manager_hidden_state_axis").is_null()) {
+        context = manager(in["context_manager_hidden_state_axis"]);
+      }
+      if (!in.at("explicit_manager_hidden_state_axis").is_null()) {
+        explicit_pm = manager(in["explicit_manager_hidden_state_axis"]);
+      }
+      // Constructing the others made them "last created"; eformer's script creates the
+      // last-created one last.
+      last = manager(in.at("last_created_manager_hidden_state_axis"));
+      std::optional<PartitionManager::Scope> scope;
+      if (context) scope.emplace(*context);
+      if (context) last = manager(in.at("last_created_manager_hidden_state_axis"));
+      sharding::MeshScope mesh(decode_mesh(in.at("mesh")));
+      sharding::ResolveArgs args{.axes = decode_rules(in.at("axes")), .mode = Mode::kTrain};
+      return constraint_json(sharding::apply_logical_sharding(
+          decode_shape(in.at("array").at("shape")), args,
+          explicit_pm && !in.value("partition_manager_arg_none", false) ? &*explicit_pm
+                                                                         : nullptr));
+    });
+  }
+  const PartitionManager pm(paxis_from_config(file, in));
+  sharding::ResolveArgs args;
+  if (in.contains("dynamic_axes")) {
+    const auto* preset = sharding::find_preset(in["dynamic_axes"].get<std::string>());
+    if (!preset) throw NotEvaluated("unknown preset " + in["dynamic_axes"].dump());
+    args.dynamic_axes = *preset;
+  } else {
+    args.axes = decode_rules(in.at("axes"));
+    args.mode = mode_arg(in.at("mode"));
+  }
+  sharding::MeshScope mesh(decode_mesh(in.at("mesh")));
+  return capture([&] {
+    return constraint_json(pm.shard(decode_shape(in.at("array").at("shape")), args,
+                                    in.value("auto_correct", true)));
+  });
+}
+
 }  // namespace
 
 // misc.json's `partition_manager_context_semantics`: the script of the vector, in C++.
@@ -323,5 +383,6 @@ NUMESH_CONFORMANCE_EVALUATOR("resolve_spec.json", eval_resolve_spec);
 NUMESH_CONFORMANCE_EVALUATOR("registry.json", eval_registry);
 NUMESH_CONFORMANCE_EVALUATOR("presets.json", eval_presets);
 NUMESH_CONFORMANCE_EVALUATOR("manager_resolve.json", eval_manager_resolve);
+NUMESH_CONFORMANCE_EVALUATOR("shard.json", eval_shard);
 
 }  // namespace numesh::conformance

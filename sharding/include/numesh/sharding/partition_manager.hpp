@@ -6,6 +6,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "numesh/sharding/corrected_sharding.hpp"
+#include "numesh/sharding/named_sharding.hpp"
 #include "numesh/sharding/partition_axis.hpp"
 #include "numesh/sharding/partition_spec.hpp"
 #include "numesh/sharding/presets.hpp"
@@ -16,11 +18,11 @@ namespace numesh::sharding {
 /// (`resolve(axes=NOT_GIVEN, mode=NOT_GIVEN, dynamic_axes=NOT_GIVEN, shape=NOT_GIVEN)`).
 /// `dynamic_axes_is_none` models eformer's `dynamic_axes=None`.
 struct ResolveArgs {
-  std::optional<std::vector<AxisRule>> axes;
-  std::optional<ModeArg> mode;
-  std::optional<DynamicShardingAxes> dynamic_axes;
+  std::optional<std::vector<AxisRule>> axes = std::nullopt;
+  std::optional<ModeArg> mode = std::nullopt;
+  std::optional<DynamicShardingAxes> dynamic_axes = std::nullopt;
   bool dynamic_axes_is_none = false;
-  std::optional<std::vector<std::int64_t>> shape;
+  std::optional<std::vector<std::int64_t>> shape = std::nullopt;
 };
 
 /// Resolves semantic axes into partition specs with one PartitionAxis: eformer's
@@ -60,6 +62,17 @@ class PartitionManager {
   /// above.
   [[nodiscard]] PartitionSpec resolve(const ResolveArgs& args) const;
 
+  /// eformer's shard(x, ...) for an array of `shape`: resolves `args` with that shape, corrects
+  /// the spec against the current mesh when `auto_correct` (get_corrected_named_sharding), and
+  /// applies with_sharding_constraint. Returns the sharding the constraint applies, or nullopt
+  /// when none is applied (quirk: with auto_correct, a spec corrected to all-None applies none,
+  /// while without it a replicate constraint is applied).
+  /// Throws: as resolve; NoMeshError when auto_correct and no mesh is current;
+  /// DuplicateSpecError when the applied spec uses a mesh axis twice.
+  [[nodiscard]] std::optional<NamedSharding> shard(const std::vector<std::int64_t>& shape,
+                                                   ResolveArgs args,
+                                                   bool auto_correct = true) const;
+
   /// Makes a manager current on this thread for the scope's lifetime (eformer's `with pm:`),
   /// and the last-created manager. Scopes nest and restore the previous current manager.
   class Scope {
@@ -80,6 +93,10 @@ class PartitionManager {
   /// A copy of the most recently created or entered manager, or nullopt. Thread-safe.
   static std::optional<PartitionManager> last_created();
 
+  /// Forgets the last-created manager, so apply_logical_sharding needs an explicit or current
+  /// manager again. (eformer cannot do this.) Thread-safe.
+  static void reset_last_created() noexcept;
+
   /// {"paxis": PartitionAxis::to_json()}.
   nlohmann::json to_json() const;
   /// Inverse of to_json. Throws: TypeError "Expected PartitionAxis, got <class 'str'>" (the
@@ -94,5 +111,13 @@ class PartitionManager {
  private:
   PartitionAxis paxis_;
 };
+
+/// eformer's apply_logical_sharding: shard() with `partition_manager` if given, else the
+/// current manager of this thread, else the last-created one.
+/// Throws: ValueError "No PartitionManager is available. Provide `partition_manager` or use
+/// `with PartitionManager(...)`." when there is none; as PartitionManager::shard.
+[[nodiscard]] std::optional<NamedSharding> apply_logical_sharding(
+    const std::vector<std::int64_t>& shape, ResolveArgs args,
+    const PartitionManager* partition_manager = nullptr, bool auto_correct = true);
 
 }  // namespace numesh::sharding

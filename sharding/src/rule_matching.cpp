@@ -1,0 +1,224 @@
+#include "numesh/sharding/rule_matching.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <regex>
+
+#include "numesh/core/error.hpp"
+#include "numesh/sharding/mesh_context.hpp"
+
+namespace numesh::sharding {
+
+namespace {
+
+// Translates the Python `re` syntax that has a direct ECMAScript equivalent and rejects the
+// syntax that would otherwise be misread: `\A` -> `^`, `\Z` -> `$`, `(?P<name>` -> `(`, a
+// leading `(?i)` -> icase; named back-references, lookbehind and other inline flags throw.
+std::regex compile_python_regex(const std::string& pattern) {
+  auto unsupported = [&](std::string_view what) {
+    return ValueError(fmt::format("cannot compile partition rule pattern {}: {} is Python-only "
+                                  "regex syntax that numesh does not support",
+                                  python_repr(pattern), what));
+  };
+  std::string out;
+  auto flags = std::regex::ECMAScript;
+  std::size_t i = 0;
+  if (pattern.rfind("(?i)", 0) == 0) {
+    flags |= std::regex::icase;
+    i = 4;
+  }
+  bool in_class = false;
+  for (; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char n = pattern[i + 1];
+      if (!in_class && n == 'A') {
+        out += '^';
+      } else if (!in_class && n == 'Z') {
+        out += '$';
+      } else {
+        out += c;
+        out += n;
+      }
+      ++i;
+      continue;
+    }
+    if (in_class) {
+      if (c == ']') in_class = false;
+      out += c;
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal in Python.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') {
+        out += "\\]";
+        ++i;
+      }
+      continue;
+    }
+    if (c == '(' && pattern.compare(i, 2, "(?") == 0 && i + 2 < pattern.size()) {
+      const char k = pattern[i + 2];
+      if (pattern.compare(i, 4, "(?P<") == 0) {
+        const std::size_t close = pattern.find('>', i);
+        if (close == std::string::npos) throw unsupported("an unterminated group name");
+        out += '(';
+        i = close;
+        continue;
+      }
+      if (k == 'P') throw unsupported("(?P=name)");
+      if (k == '<') throw unsupported("lookbehind");
+      if (k == '#') throw unsupported("an inline comment");
+      if (std::isalpha(static_cast<unsigned char>(k)) != 0) throw unsupported("an inline flag");
+    }
+    out += c;
+  }
+  try {
+    return std::regex(out, flags);
+  } catch (const std::regex_error& e) {
+    throw ValueError(fmt::format("cannot compile partition rule pattern {}: {}",
+                                 python_repr(pattern), e.what()));
+  }
+}
+
+std::vector<std::regex> compile_all(const std::vector<PartitionRule>& rules) {
+  std::vector<std::regex> out;
+  out.reserve(rules.size());
+  for (const PartitionRule& r : rules) out.push_back(compile_python_regex(r.pattern));
+  return out;
+}
+
+// Python's int() on a decimal string: surrounding whitespace, an optional sign, digits with
+// single underscores between them.
+std::optional<std::int64_t> parse_python_int(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())) != 0) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0) {
+    text.remove_suffix(1);
+  }
+  bool negative = false;
+  if (!text.empty() && (text.front() == '+' || text.front() == '-')) {
+    negative = text.front() == '-';
+    text.remove_prefix(1);
+  }
+  if (text.empty()) return std::nullopt;
+  std::int64_t value = 0;
+  bool last_digit = false;
+  for (char c : text) {
+    if (c == '_' && last_digit) {
+      last_digit = false;
+      continue;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) == 0) return std::nullopt;
+    value = value * 10 + (c - '0');
+    last_digit = true;
+  }
+  if (!last_digit) return std::nullopt;
+  return negative ? -value : value;
+}
+
+}  // namespace
+
+struct PatternPartitionSpec::Compiled {
+  std::vector<std::regex> regexes;
+};
+
+std::int64_t min_sharding_size() {
+  static const std::optional<std::int64_t> value = []() -> std::optional<std::int64_t> {
+    const char* env = std::getenv("MIN_SHARDING_SIZE");  // NOLINT(concurrency-mt-unsafe)
+    if (env == nullptr) return 16384;
+    return parse_python_int(env);
+  }();
+  if (!value) {
+    const char* env = std::getenv("MIN_SHARDING_SIZE");  // NOLINT(concurrency-mt-unsafe)
+    throw ValueError(fmt::format("invalid literal for int() with base 10: {}",
+                                 python_repr(env != nullptr ? env : "")));
+  }
+  return *value;
+}
+
+std::vector<PartitionSpec> match_partition_rules(const std::vector<PartitionRule>& rules,
+                                                 const std::vector<NamedLeaf>& leaves,
+                                                 std::optional<std::int64_t> min_size,
+                                                 bool strict) {
+  const std::int64_t min = min_size ? *min_size : min_sharding_size();
+  const std::vector<std::regex> regexes = compile_all(rules);
+  std::vector<PartitionSpec> out;
+  out.reserve(leaves.size());
+  for (const NamedLeaf& leaf : leaves) {
+    if (strict && (!leaf.array || leaf.array->shape.empty())) {
+      out.emplace_back();
+      continue;
+    }
+    std::optional<PartitionSpec> found;
+    for (std::size_t r = 0; r < rules.size() && !found; ++r) {
+      if (!std::regex_search(leaf.path, regexes[r])) continue;
+      const PartitionSpec& ps = rules[r].spec;
+      if (!strict) {
+        found = ps;
+      } else if (leaf.array->size() < min) {
+        found = PartitionSpec();
+      } else if (ps.size() > leaf.array->shape.size()) {
+        found = PartitionSpec(std::vector<AxisRule>(
+            ps.begin(), ps.begin() + static_cast<std::ptrdiff_t>(leaf.array->shape.size())));
+      } else {
+        found = ps;
+      }
+    }
+    if (!found) throw ValueError("Partition rule not found for param: " + leaf.path);
+    out.push_back(std::move(*found));
+  }
+  return out;
+}
+
+PatternPartitionSpec::PatternPartitionSpec(std::vector<PartitionRule> rules,
+                                           PartitionSpec default_spec)
+    : rules_(std::move(rules)),
+      default_spec_(std::move(default_spec)),
+      compiled_(std::make_shared<const Compiled>(Compiled{compile_all(rules_)})) {}
+
+PartitionSpec PatternPartitionSpec::operator()(std::string_view name) const {
+  const std::string text(name);
+  for (std::size_t r = 0; r < rules_.size(); ++r) {
+    if (std::regex_search(text, compiled_->regexes[r])) return rules_[r].spec;
+  }
+  return default_spec_;
+}
+
+PatternPartitionSpec create_pattern_based_partition_spec(std::string_view pattern,
+                                                         const Mesh* mesh,
+                                                         std::optional<PartitionSpec> default_spec) {
+  if (mesh == nullptr && current_mesh().empty()) {
+    throw NoMeshError("No mesh found under this context manager.");
+  }
+  // Python's str.split(sep): every occurrence, empty pieces kept.
+  auto split = [](std::string_view text, std::string_view sep) {
+    std::vector<std::string> parts;
+    std::size_t start = 0;
+    for (std::size_t pos; (pos = text.find(sep, start)) != std::string_view::npos;
+         start = pos + sep.size()) {
+      parts.emplace_back(text.substr(start, pos - start));
+    }
+    parts.emplace_back(text.substr(start));
+    return parts;
+  };
+  std::vector<PartitionRule> rules;
+  for (const std::string& piece : split(pattern, ",")) {
+    if (piece.find("->") == std::string::npos) continue;
+    const std::vector<std::string> sides = split(piece, "->");
+    if (sides.size() > 2) throw ValueError("too many values to unpack (expected 2)");
+    std::vector<AxisRule> entries;
+    for (const std::string& axis : split(sides[1], ".")) entries.emplace_back(axis);
+    const PartitionSpec spec(std::move(entries));  // "" canonicalises to None
+    for (const std::string& regex : split(sides[0], "|")) rules.push_back({regex, spec});
+  }
+  return PatternPartitionSpec(std::move(rules), default_spec ? std::move(*default_spec)
+                                                             : PartitionSpec());
+}
+
+}  // namespace numesh::sharding

@@ -1,0 +1,110 @@
+#include "numesh/sharding/rule_matching.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "numesh/core/error.hpp"
+#include "numesh/sharding/mesh_context.hpp"
+
+namespace numesh::sharding {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape) {
+  return NamedLeaf{std::move(path), ArrayInfo{std::move(shape)}};
+}
+
+TEST(MatchPartitionRulesTest, FirstSearchMatchWinsAndTrimsToRank) {
+  const std::vector<PartitionRule> rules{{"q_proj/kernel", PartitionSpec{"tp", "fsdp", "sp"}},
+                                         {"kernel", PartitionSpec{"fsdp"}},
+                                         {".*", PartitionSpec()}};
+  const auto specs = match_partition_rules(
+      rules, {leaf("attn/q_proj/kernel", {8, 8}), leaf("mlp/kernel", {8}), leaf("x", {8})});
+  EXPECT_THAT(specs, ElementsAre(PartitionSpec{"tp", "fsdp"}, PartitionSpec{"fsdp"}, PartitionSpec()));
+}
+
+TEST(MatchPartitionRulesTest, ScalarsAndNonArraysGetReplicatedInStrictMode) {
+  const std::vector<PartitionRule> rules{{"w", PartitionSpec{"x"}}};
+  const auto specs = match_partition_rules(rules, {leaf("w", {}), NamedLeaf{"w2", std::nullopt}});
+  EXPECT_THAT(specs, ElementsAre(PartitionSpec(), PartitionSpec()));
+}
+
+TEST(MatchPartitionRulesTest, MinSizeNulloptUsesMinShardingSize) {
+  const std::vector<PartitionRule> rules{{"w", PartitionSpec{"x"}}};
+  EXPECT_EQ(min_sharding_size(), 16384);  // the test environment does not set the variable
+  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {127, 128})}, std::nullopt)[0], PartitionSpec());
+  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {128, 128})}, std::nullopt)[0], PartitionSpec{"x"});
+}
+
+TEST(MatchPartitionRulesTest, NonStrictNeedsARuleForEveryLeafAndKeepsLongSpecs) {
+  const std::vector<PartitionRule> rules{{"w", PartitionSpec{"a", "b", "c"}}};
+  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {4})}, 0, false)[0],
+            (PartitionSpec{"a", "b", "c"}));
+  EXPECT_THAT([&] { (void)match_partition_rules(rules, {NamedLeaf{"step", std::nullopt}}, 0, false); },
+              ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: step")));
+}
+
+TEST(MatchPartitionRulesTest, NoRuleNamesTheFirstFailingLeaf) {
+  const std::vector<PartitionRule> rules{{"kernel", PartitionSpec{"x"}}};
+  EXPECT_THAT(
+      [&] { (void)match_partition_rules(rules, {leaf("a/kernel", {4}), leaf("a/bias", {4}), leaf("b", {4})}); },
+      ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: a/bias")));
+}
+
+TEST(MatchPartitionRulesTest, EasyDeLStyleAnchoredPatterns) {
+  const std::vector<PartitionRule> rules{
+      {R"(^(?:.*/)?model/layers/\d+/attn/q_proj/kernel$)", PartitionSpec{"tp"}}, {".*", PartitionSpec()}};
+  const auto specs = match_partition_rules(rules, {leaf("model/layers/12/attn/q_proj/kernel", {4}),
+                                                   leaf("mu/model/layers/3/attn/q_proj/kernel", {4}),
+                                                   leaf("model_extra/layers/0/attn/q_proj/kernel", {4})});
+  EXPECT_THAT(specs, ElementsAre(PartitionSpec{"tp"}, PartitionSpec{"tp"}, PartitionSpec()));
+}
+
+TEST(MatchPartitionRulesTest, PythonSyntaxIsTranslatedOrRejected) {
+  const auto one = [](std::string pattern, std::string path) {
+    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
+                                 {leaf(std::move(path), {4})})[0];
+  };
+  EXPECT_EQ(one(R"(\Akernel\Z)", "kernel"), PartitionSpec{"x"});
+  EXPECT_EQ(one(R"(\Akernel\Z)", "my_kernel"), PartitionSpec());
+  EXPECT_EQ(one(R"((?P<layer>\d+)/w)", "3/w"), PartitionSpec{"x"});
+  EXPECT_EQ(one("(?i)KERNEL", "kernel"), PartitionSpec{"x"});
+  EXPECT_EQ(one("[]a]", "]"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)one("(?<=a)b", "ab"); },
+              ThrowsMessage<ValueError>(HasSubstr("lookbehind")));
+  EXPECT_THAT([&] { (void)one("(?P=x)", "a"); }, ThrowsMessage<ValueError>(HasSubstr("(?P=name)")));
+  EXPECT_THAT([&] { (void)one("(?s).", "a"); }, ThrowsMessage<ValueError>(HasSubstr("inline flag")));
+  EXPECT_THAT([&] { (void)one("(a", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '(a'")));
+}
+
+TEST(PatternPartitionSpecTest, ParsesEformerGrammar) {
+  MeshScope scope(Mesh({"dp"}, {1}));
+  const auto fn = create_pattern_based_partition_spec("attention|mlp->dp.tp,bias->,x..y,q->a..b");
+  ASSERT_EQ(fn.rules().size(), 4U);
+  EXPECT_EQ(fn("model/attention/q"), (PartitionSpec{"dp", "tp"}));
+  EXPECT_EQ(fn("mlp"), (PartitionSpec{"dp", "tp"}));
+  EXPECT_EQ(fn("layer/bias"), PartitionSpec{nullptr});
+  EXPECT_EQ(fn("q"), (PartitionSpec{"a", nullptr, "b"}));
+  EXPECT_EQ(fn("other"), PartitionSpec());
+  const auto with_default =
+      create_pattern_based_partition_spec("a->x", nullptr, PartitionSpec{"d"});
+  EXPECT_EQ(with_default("zzz"), PartitionSpec{"d"});
+}
+
+TEST(PatternPartitionSpecTest, Errors) {
+  EXPECT_THAT([] { (void)create_pattern_based_partition_spec("a->b"); },
+              ThrowsMessage<NoMeshError>(HasSubstr("No mesh found under this context manager.")));
+  const Mesh explicit_mesh;  // an explicit mesh is never checked, as in eformer
+  EXPECT_NO_THROW((void)create_pattern_based_partition_spec("a->b", &explicit_mesh));
+  EXPECT_THAT([&] { (void)create_pattern_based_partition_spec("a->b->c", &explicit_mesh); },
+              ThrowsMessage<ValueError>(HasSubstr("too many values to unpack (expected 2)")));
+  EXPECT_THAT([&] { (void)create_pattern_based_partition_spec("(->b", &explicit_mesh); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern")));
+}
+
+}  // namespace
+}  // namespace numesh::sharding

@@ -1,0 +1,16 @@
+# Runs a command and checks that it fails the way `numesh` must fail on bad input: exit status 2
+# and exactly one stderr line `numesh: error: ...` matching EXPECT.
+#   cmake -DEXE=path -DARGS="a|b|c" -DEXPECT=regex -P expect_error.cmake
+# ARGS are separated by '|' (a ';' would be split by add_test).
+string(REPLACE "|" ";" args "${ARGS}")
+execute_process(COMMAND "${EXE}" ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 2)
+  message(FATAL_ERROR "expected exit status 2, got ${rc}\nstdout: ${out}\nstderr: ${err}")
+endif()
+if(NOT err MATCHES "^numesh: error: [^\n]*\n$")
+  message(FATAL_ERROR "expected one line 'numesh: error: ...' on stderr, got:\n${err}")
+endif()
+if(NOT err MATCHES "${EXPECT}")
+  message(FATAL_ERROR "stderr does not match '${EXPECT}':\n${err}")
+endif()

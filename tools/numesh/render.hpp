@@ -1,0 +1,26 @@
+#pragma once
+
+// Presentation of a ShardLayout for `numesh resolve`: a block table in the manner of
+// jax.debug.visualize_array_sharding, a per-device list, and the JSON form.
+
+#include <cstdint>
+#include <iosfwd>
+
+#include <nlohmann/json.hpp>
+
+#include "numesh/sharding/shard_layout.hpp"
+
+namespace numesh::tools {
+
+/// Writes the layout summary, the block table (rank 1 and 2: one cell per block listing the
+/// devices that hold it) and one line per device (mesh coordinates, slice, replica group).
+/// `itemsize` is the element size in bytes. Not thread-safe on the same stream.
+void render_layout_text(const sharding::ShardLayout& layout, std::int64_t itemsize,
+                        std::ostream& out);
+
+/// The layout as JSON: blocks_per_dim, shard_shape, num_shards, replication, bytes_per_device,
+/// replica_groups, and per device {device, coords, block, slices: [[start, stop], ...],
+/// replica_group}. REQUIRES: itemsize > 0.
+nlohmann::json layout_json(const sharding::ShardLayout& layout, std::int64_t itemsize);
+
+}  // namespace numesh::tools
