@@ -1,5 +1,7 @@
 #include "numesh/sharding/rule_matching.hpp"
 
+#include "numesh/sharding/semantic_axis.hpp"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -131,7 +133,7 @@ struct PatternPartitionSpec::Compiled {
 std::int64_t min_sharding_size() {
   static const std::optional<std::int64_t> value = []() -> std::optional<std::int64_t> {
     const char* env = std::getenv("MIN_SHARDING_SIZE");  // NOLINT(concurrency-mt-unsafe)
-    if (env == nullptr) return 16384;
+    if (env == nullptr) return kMinShardingSize;
     return parse_python_int(env);
   }();
   if (!value) {

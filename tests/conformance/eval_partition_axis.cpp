@@ -6,6 +6,7 @@
 
 #include "conformance.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "numesh/sharding/mesh_creation.hpp"
 #include "numesh/sharding/partition_axis.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/sharding/presets.hpp"

@@ -35,11 +35,6 @@ inline constexpr std::string_view kSequenceParallel = "__SEQUENCE_PARALLEL__";
 inline constexpr std::string_view kExpertParallel = "__EXPERT_PARALLEL__";
 }  // namespace tokens
 
-/// eformer's default mesh: dims (1, -1, 1, 1, 1) over axes (dp, fsdp, ep, tp, sp), i.e.
-/// everything on fsdp.
-inline constexpr std::int64_t kDefaultMeshDims[] = {1, -1, 1, 1, 1};
-/// eformer's default mesh axis names.
-inline constexpr std::string_view kDefaultMeshNames[] = {"dp", "fsdp", "ep", "tp", "sp"};
 /// eformer's MIN_SHARDING_SIZE: the element count below which match_partition_rules replicates
 /// when called with min_size = None.
 inline constexpr std::int64_t kMinShardingSize = 16384;
