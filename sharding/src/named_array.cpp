@@ -21,4 +21,11 @@ std::int64_t ArrayInfo::itemsize() const {
   throw ValueError(fmt::format("unknown dtype '{}'", dtype));
 }
 
+const ArrayInfo& NamedLeaf::require_array() const {
+  if (!array) {
+    throw TypeError(fmt::format("leaf '{}' is not an array: it has no shape", path));
+  }
+  return *array;
+}
+
 }  // namespace numesh::sharding

@@ -13,12 +13,6 @@ namespace numesh::sharding {
 
 namespace {
 
-const ArrayInfo& array_of(const NamedLeaf& leaf) {
-  if (!leaf.array) {
-    throw TypeError(fmt::format("leaf '{}' is not an array: it has no shape", leaf.path));
-  }
-  return *leaf.array;
-}
 
 std::vector<std::string> names_or_mesh(std::optional<std::vector<std::string>> names,
                                        const Mesh& mesh) {
@@ -92,7 +86,7 @@ PartitionSpec AutoShardingRule::spec_for(const std::vector<std::int64_t>& shape)
 std::vector<PartitionSpec> AutoShardingRule::apply(const std::vector<NamedLeaf>& leaves) const {
   std::vector<PartitionSpec> out;
   out.reserve(leaves.size());
-  for (const NamedLeaf& leaf : leaves) out.push_back(spec_for(array_of(leaf).shape));
+  for (const NamedLeaf& leaf : leaves) out.push_back(spec_for(leaf.require_array().shape));
   return out;
 }
 
@@ -134,7 +128,7 @@ std::vector<PartitionSpec> MemoryConstrainedShardingRule::apply(
     const std::vector<NamedLeaf>& leaves) const {
   std::vector<PartitionSpec> out;
   out.reserve(leaves.size());
-  for (const NamedLeaf& leaf : leaves) out.push_back(spec_for(array_of(leaf)));
+  for (const NamedLeaf& leaf : leaves) out.push_back(spec_for(leaf.require_array()));
   return out;
 }
 
@@ -148,7 +142,7 @@ std::vector<PartitionSpec> ShapeBasedShardingRule::apply(const std::vector<Named
   std::vector<PartitionSpec> out;
   out.reserve(leaves.size());
   for (const NamedLeaf& leaf : leaves) {
-    const auto& shape = array_of(leaf).shape;
+    const auto& shape = leaf.require_array().shape;
     auto match = std::find_if(patterns_.begin(), patterns_.end(), [&](const auto& p) {
       if (p.first.size() != shape.size()) return false;
       for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -190,7 +184,7 @@ std::vector<std::string> ShardingAnalyzer::validate_partition_specs(
   require_same_length(leaves.size(), specs.size(), "validate_partition_specs");
   std::vector<std::string> issues;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const ArrayInfo& array = array_of(leaves[i]);
+    const ArrayInfo& array = leaves[i].require_array();
     const PartitionSpec& spec = specs[i];
     for (std::size_t d = 0; d < spec.size(); ++d) {
       if (spec[d].is_none()) continue;
@@ -213,7 +207,7 @@ MemoryEstimate ShardingAnalyzer::estimate_memory_usage(const std::vector<NamedLe
   }
   MemoryEstimate out;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    std::int64_t size = array_of(leaves[i]).nbytes();
+    std::int64_t size = leaves[i].require_array().nbytes();
     for (const AxisRule& entry : specs[i]) {
       if (entry.is_none()) continue;
       const std::int64_t n = entry_mesh_size(mesh_, entry);

@@ -12,13 +12,6 @@ namespace numesh::sharding {
 
 namespace {
 
-const ArrayInfo& array_of(const NamedLeaf& leaf) {
-  if (!leaf.array) {
-    // eformer reads `.shape` of the leaf and fails with AttributeError.
-    throw TypeError(fmt::format("leaf '{}' is not an array: it has no shape", leaf.path));
-  }
-  return *leaf.array;
-}
 
 void require_same_length(const std::vector<NamedLeaf>& leaves,
                          const std::vector<PartitionSpec>& specs, std::string_view fn) {
@@ -76,7 +69,7 @@ std::vector<PartitionSpec> optimize_sharding_for_memory(
   std::vector<PartitionSpec> out;
   out.reserve(leaves.size());
   for (const NamedLeaf& leaf : leaves) {
-    const ArrayInfo& array = array_of(leaf);
+    const ArrayInfo& array = leaf.require_array();
     if (!max_memory_per_device || array.nbytes() < *max_memory_per_device) {
       out.emplace_back();
     } else {
@@ -108,7 +101,7 @@ std::vector<std::string> validate_sharding_config(const std::vector<NamedLeaf>& 
   require_same_length(leaves, specs, "validate_sharding_config");
   std::vector<std::string> issues;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const ArrayInfo& array = array_of(leaves[i]);
+    const ArrayInfo& array = leaves[i].require_array();
     const PartitionSpec& spec = specs[i];
     const std::string path = jax_keypath_repr(leaves[i].path);
     for (std::size_t d = 0; d < spec.size(); ++d) {
@@ -141,7 +134,7 @@ ShardingAnalysis analyze_sharding_strategy(const std::vector<NamedLeaf>& leaves,
   for (std::int64_t dev = 0; dev < devices; ++dev) coords.push_back(mesh.coords_of(dev));
 
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const ArrayInfo& array = array_of(leaves[i]);
+    const ArrayInfo& array = leaves[i].require_array();
     const PartitionSpec& spec = specs[i];
     out.total_parameters += array.size();
     if (!spec.empty()) out.sharded_parameters += array.size();

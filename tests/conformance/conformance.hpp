@@ -73,6 +73,10 @@ json encode_error(const Error& e);
 /// Runs `fn`; returns {"ok": fn()} or {"error": encode_error(e)} for a numesh::Error.
 json capture(const std::function<json()>& fn);
 
+/// misc.json's `partition_manager_context_semantics` case (eval_partition_axis.cpp owns the
+/// PartitionManager evaluators; eval_misc.cpp delegates that one case).
+json eval_partition_manager_context_semantics(const json& file, const json& c);
+
 /// Looks up a PartitionAxis config by name in file["partition_axis_configs"] (the kwargs object).
 const json& partition_axis_config(const json& file, const std::string& name);
 

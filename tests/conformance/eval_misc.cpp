@@ -13,10 +13,6 @@
 
 namespace numesh::conformance {
 
-/// Provided by the PartitionManager evaluator (weak until it is linked in).
-extern json eval_partition_manager_context_semantics(const json& file, const json& c)
-    __attribute__((weak));
-
 namespace {
 
 // A dynamically typed axis-name argument: a str, a list of str, or anything else.
@@ -28,9 +24,6 @@ std::vector<std::string> decode_names(const json& j) {
 json eval_misc(const json& file, const json& c) {
   const std::string id = c.at("id");
   if (id == "partition_manager_context_semantics") {
-    if (eval_partition_manager_context_semantics == nullptr) {
-      throw NotEvaluated("the PartitionManager evaluator is not linked in");
-    }
     return eval_partition_manager_context_semantics(file, c);
   }
   const json& in = c.at("inputs");

@@ -31,6 +31,10 @@ struct ArrayInfo {
 struct NamedLeaf {
   std::string path;
   std::optional<ArrayInfo> array;
+
+  /// The array. Throws: TypeError "leaf '<path>' is not an array: it has no shape" (eformer
+  /// reads `.shape` of the leaf and fails with AttributeError).
+  const ArrayInfo& require_array() const;
 };
 
 }  // namespace numesh::sharding
