@@ -1,8 +1,9 @@
 // resolve_spec: the sharding layer's value types, the way an eformer user meets them.
 //
-// Builds a 2 x 4 mesh the way eformer's create_mesh does (`-1` takes the remaining devices),
-// binds a PartitionSpec for a [batch, sequence, embed] activation to it, prints each device's
-// shard extent, and shows the error a spec naming an unknown mesh axis raises.
+// Resolves the semantic axes of a [batch, sequence, embed] activation with a PartitionManager;
+// builds a 2 x 4 mesh the way eformer's create_mesh does (`-1` takes the remaining devices);
+// binds a PartitionSpec for that activation to it and prints each device's shard extent; and
+// shows the error a spec naming an unknown mesh axis raises.
 //
 //   build/release/examples/resolve_spec
 //
@@ -20,13 +21,23 @@
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/mesh_context.hpp"
 #include "numesh/sharding/named_sharding.hpp"
+#include "numesh/sharding/partition_axis.hpp"
+#include "numesh/sharding/partition_manager.hpp"
 #include "numesh/sharding/partition_spec.hpp"
+#include "numesh/sharding/semantic_axis.hpp"
 
 namespace sh = numesh::sharding;
 
 int main() {
   try {
     // [example]
+    // Semantic axes resolve to mesh axes through a PartitionAxis, as in eformer's
+    // PartitionManager (default fields: batch on (fsdp, dp), sequence on sp, embed on tp).
+    sh::PartitionManager manager(sh::PartitionAxis{});
+    sh::PartitionSpec resolved = manager.resolve(
+        {sh::tokens::kBatch, sh::tokens::kQueryLength, sh::tokens::kEmbed}, sh::Mode::kTrain);
+    fmt::print("resolved: {}\n", resolved);  // P(('fsdp', 'dp'), 'sp', 'tp')
+
     // 8 devices laid out as (dp, tp); -1 means "the rest", as in eformer's create_mesh.
     sh::Mesh mesh({"dp", "tp"}, sh::resolve_mesh_dims({2, -1}, 8));  // Mesh('dp': 2, 'tp': 4)
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# setup.sh: installs the Debian 12 packages numesh needs, only those that are missing, so it
+# is quick on a machine that already has them. Runs apt-get as root, or through sudo.
+#
+#   scripts/setup.sh            install what is missing
+#   scripts/setup.sh --check    list what is missing; exit 1 if anything is
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# Build tools and the libraries used now, then those of later components (oneTBB, hwloc,
+# Eigen, OpenBLAS: runtime and ops), so that set-up is one step.
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libfmt-dev nlohmann-json3-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"
+  [[ "$status" == installed ]] || missing+=("$pkg")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  step "all ${#PACKAGES[@]} packages are installed"
+  exit 0
+fi
+if [[ "${1:-}" == --check ]]; then
+  echo "missing: ${missing[*]}"
+  exit 1
+fi
+
+step "installing ${#missing[@]} missing packages: ${missing[*]}"
+sudo=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  command -v sudo >/dev/null || die "not root and sudo is not installed; as root run:
+  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"
+step "packages installed"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# test.sh: everything CI checks. Installs missing packages, then
+#   1. checks that README.md's example is the compiled one (examples/resolve_spec.cpp);
+#   2. builds the `dev` preset (Debug, warnings are errors) and runs `ctest --preset dev`:
+#      the unit tests and the eformer_conformance runner; runs the examples;
+#   3. builds the `release` preset, installs it into a fresh prefix, and runs the installed
+#      `numesh` on the main job's example;
+#   4. builds and runs the out-of-tree project examples/consumer against that prefix with
+#      find_package(numesh), and again with numesh's source tree added by add_subdirectory.
+# Ends with `summary: N passed, 0 failed`; exits non-zero at the first failure.
+#
+# Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
+#   NUMESH_TEST_ASAN=1   also build the `asan` preset and run `ctest --preset asan`;
+#   NUMESH_CTEST_ARGS    extra ctest arguments, e.g. "-R PartitionSpecTest" or "-LE conformance".
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+passed=0
+start=$SECONDS
+
+# expect_output NAME EXPECTED COMMAND...: runs COMMAND and checks that its output holds each
+# line of EXPECTED (one or more lines, in any order).
+expect_output() {
+  local name="$1" expected="$2"; shift 2
+  local out line
+  out="$("$@")" || die "$name exited with status $?"
+  printf '%s\n' "$out"
+  while IFS= read -r line; do
+    grep -qxF -- "$line" <<<"$out" || die "$name: expected the line
+  $line"
+  done <<<"$expected"
+  passed=$((passed + 1))
+}
+
+# run_ctest PRESET: `ctest --preset PRESET` in PRESET's build folder; its output is kept in
+# ctest-output.log there, and its test count added to `passed`. ctest 3.25 reads the tests of
+# the preset's own binaryDir even when given --test-dir, so a folder moved by NUMESH_BUILD_DIR
+# is tested with the preset's settings spelled out instead.
+run_ctest() {
+  local preset="$1" dir log total
+  dir="$(build_dir "$preset")"
+  log="$dir/ctest-output.log"
+  local args=(--preset "$preset")
+  if [[ "$(realpath -m "$dir")" != "$(realpath -m "$NUMESH_ROOT/build/$preset")" ]]; then
+    args=(--test-dir "$dir" --output-on-failure)
+    [[ "$preset" == asan ]] && args+=(-LE numa)
+  fi
+  step "ctest ${args[*]} ${NUMESH_CTEST_ARGS:-}"
+  # NUMESH_CTEST_ARGS is unquoted on purpose: it is a list of ctest arguments.
+  # shellcheck disable=SC2086
+  ctest "${args[@]}" ${NUMESH_CTEST_ARGS:-} 2>&1 | tee "$log" ||
+    die "ctest (preset $preset) failed (failures above; $log has the whole output)"
+  total="$(sed -n 's/.*tests passed, [0-9]* tests* failed out of \([0-9]*\).*/\1/p' "$log")"
+  passed=$((passed + ${total:-0}))
+}
+
+ensure_packages
+
+step "README.md example matches examples/resolve_spec.cpp"
+# The lines between the two `// [example]` markers, less their indentation, must equal the
+# README's code block that follows `<!-- snippet: examples/resolve_spec.cpp -->`.
+example="$(awk '/\/\/ \[example\]/ { n++; next } n == 1' "$NUMESH_ROOT/examples/resolve_spec.cpp" \
+           | sed 's/^    //')"
+readme="$(awk '/<!-- snippet: examples\/resolve_spec.cpp -->/ { s = 1; next }
+               s == 1 && /^```/ { if (++f == 2) exit; next }
+               s == 1 && f == 1' "$NUMESH_ROOT/README.md")"
+if [[ "$example" != "$readme" ]]; then
+  diff <(printf '%s\n' "$example") <(printf '%s\n' "$readme") || true
+  die "README.md's example differs from examples/resolve_spec.cpp (diff above: < example, > README)"
+fi
+passed=$((passed + 1))
+
+# 2. Debug build, unit tests, conformance, examples.
+configure_and_build dev
+dev="$(build_dir dev)"
+run_ctest dev
+
+step "examples"
+expect_output resolve_spec "resolved: P(('fsdp', 'dp'), 'sp', 'tp')
+P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4): local shard [4, 128, 1024]
+parsed: P(('dp', 'tp'), None)
+error: Resource axis: model of P('model',) is not found in mesh: ('dp', 'tp')." \
+  "$dev/examples/resolve_spec"
+
+# 3. Release build, installed into a fresh prefix.
+configure_and_build release -DNUMESH_BUILD_TESTS=OFF
+check="$NUMESH_BUILD_ROOT/install-check"
+prefix="$check/prefix"
+rm -rf "$check"
+step "cmake --install into $prefix"
+cmake --install "$(build_dir release)" --prefix "$prefix"
+
+step "installed numesh: the main job's example"
+[[ -x "$prefix/bin/numesh" ]] || die "cmake --install did not install bin/numesh"
+out="$("$prefix/bin/numesh" "${NUMESH_EXAMPLE_ARGS[@]}")" || die "numesh ${NUMESH_EXAMPLE_ARGS[*]} failed"
+printf '%s\n' "$out"
+grep -qF "P(('fsdp', 'dp'), 'sp', 'tp')" <<<"$out" ||
+  die "numesh resolve: expected the spec P(('fsdp', 'dp'), 'sp', 'tp') in its output"
+passed=$((passed + 1))
+
+# 4. The out-of-tree consumer, both ways.
+consumer_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+command -v ccache >/dev/null && consumer_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
+step "examples/consumer with find_package(numesh) from $prefix"
+cmake -S "$NUMESH_ROOT/examples/consumer" -B "$check/consumer-package" "${consumer_flags[@]}" \
+  -DCMAKE_PREFIX_PATH="$prefix"
+cmake --build "$check/consumer-package" -j "$NUMESH_JOBS"
+expect_output "numesh_consumer (find_package)" \
+  "numesh_consumer (find_package): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
+  "$check/consumer-package/numesh_consumer"
+
+step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
+cmake -S "$NUMESH_ROOT/examples/consumer" -B "$check/consumer-subdir" "${consumer_flags[@]}" \
+  -DNUMESH_SOURCE_DIR="$NUMESH_ROOT"
+cmake --build "$check/consumer-subdir" -j "$NUMESH_JOBS"
+expect_output "numesh_consumer (add_subdirectory)" \
+  "numesh_consumer (add_subdirectory): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
+  "$check/consumer-subdir/numesh_consumer"
+
+if [[ "${NUMESH_TEST_ASAN:-0}" == 1 ]]; then
+  configure_and_build asan
+  run_ctest asan
+fi
+
+step "done in $((SECONDS - start)) s"
+echo "summary: $passed passed, 0 failed"
