@@ -84,4 +84,11 @@ class TopologyError : public Error {
   using Error::Error;
 };
 
+/// A run of a compiled graph was cancelled by its caller (CompiledGraph::cancel()) before it
+/// completed. The graph can run again.
+class CancelledError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace numesh

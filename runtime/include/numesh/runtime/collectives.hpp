@@ -1,0 +1,146 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+// Collectives as graph structure. Each function adds, for every mesh slot, the node(s) that
+// slot's device runs to take part, wired to the nodes that produce their inputs, and returns
+// the new frontier. Nothing waits inside a node: a node runs once every input it reads is
+// ready. Reductions combine shards in rank order (the order of DeviceMesh::groups), so results
+// are bitwise deterministic from run to run.
+//
+// Groups: a collective "over axes A" runs independently in each group of DeviceMesh::groups(A);
+// rank r of a group is its r-th slot.
+//
+// Buffers: inputs and outputs are fp32 views that must stay valid while the compiled graph is
+// used; outputs must not overlap any input (checked). Inputs are read by other devices (remote
+// reads); each device writes only its own output, so writes stay on the writer's node.
+
+namespace numesh::runtime {
+
+/// Per mesh slot, the node after which that slot's data is ready (and its buffers free), or
+/// kReady when nothing needs to come first. Index = mesh slot.
+using Frontier = std::vector<NodeId>;
+
+/// "Nothing to wait for" in a Frontier.
+inline constexpr NodeId kReady = static_cast<NodeId>(-1);
+
+/// A frontier of `mesh_size` kReady entries.
+Frontier ready_frontier(std::int64_t mesh_size);
+
+/// A view of one slot's fp32 buffer.
+struct BufferView {
+  /// First element.
+  float* data = nullptr;
+  /// Number of elements.
+  std::size_t count = 0;
+};
+
+/// The whole of a tensor's storage as a view.
+BufferView view(Tensor& tensor) noexcept;
+
+/// How elements combine in reductions.
+enum class ReduceOp { kSum, kMax };
+
+/// "sum" or "max".
+std::string_view to_string(ReduceOp op) noexcept;
+
+/// All-reduce algorithms.
+enum class AllReduceAlgorithm {
+  kAuto,                    ///< kDirect up to kDirectAllReduceBytes per slot, else kReduceScatterAllGather
+  kDirect,                  ///< one stage: every rank reduces all inputs into its output
+  kReduceScatterAllGather,  ///< rank r reduces chunk r, then every rank gathers all chunks
+};
+
+/// kAuto's switch point (bytes per slot): below it one stage of G reads beats two stages
+/// (latency); above it reduce-scatter + all-gather moves less memory (docs/benchmarks.md).
+inline constexpr std::size_t kDirectAllReduceBytes = std::size_t{64} << 10;
+
+/// Copies at or above this many bytes use non-temporal stores where the CPU has them: the
+/// destination is not read again soon, and skipping the cache cuts the read-for-ownership
+/// traffic (BASELINES.md: 1.7x over memcpy on this machine kind).
+inline constexpr std::size_t kNonTemporalCopyBytes = std::size_t{1} << 20;
+
+/// Common arguments of the buffer collectives.
+struct CollectiveArgs {
+  /// Mesh axes the collective runs over (empty = each slot alone).
+  std::vector<std::string> axes;
+  /// Per slot, the node after which its input is ready and its output free.
+  Frontier after;
+  /// Prefix of the node names ("all_reduce" by default per function).
+  std::string name;
+};
+
+/// out[s] = op over the group of s of in[g] (all `count` elements), for every slot s.
+/// Throws: KeyError for an unknown axis; ValueError for views of the wrong number or size,
+/// null data, overlapping input/output, or a frontier of the wrong size (naming the slot).
+Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                    std::span<const BufferView> out, std::size_t count, ReduceOp op,
+                    const CollectiveArgs& args,
+                    AllReduceAlgorithm algorithm = AllReduceAlgorithm::kAuto);
+
+/// out[s] = concat over ranks r of in[group[r]] (`count` each; out holds count * group size).
+Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                    std::span<const BufferView> out, std::size_t count, const CollectiveArgs& args);
+
+/// out[group[r]] = chunk r of (op over the group of in), chunks of count / G elements.
+/// Throws additionally: ValueError when count is not divisible by the group size.
+Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
+                        std::span<const BufferView> in, std::span<const BufferView> out,
+                        std::size_t count, ReduceOp op, const CollectiveArgs& args);
+
+/// All-to-all with per-pair counts: rank i sends send_counts[i][j] elements to rank j, taken
+/// in j order from in[group[i]]; rank j's output is what it receives, concatenated in i order.
+/// `send_counts` is G x G (G = group size) and applies to every group. Even splits are the
+/// special case of all counts equal.
+/// Throws additionally: ValueError when send_counts is not G x G or a buffer is too small.
+Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                    std::span<const BufferView> out,
+                    const std::vector<std::vector<std::size_t>>& send_counts,
+                    const CollectiveArgs& args);
+
+/// out[s] = in[group[root]] for every slot s of each group (`count` elements).
+/// Throws additionally: ValueError when root is not a rank of the groups.
+Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                   std::span<const BufferView> out, std::size_t count, std::int64_t root,
+                   const CollectiveArgs& args);
+
+/// Ring shift: out[group[r]] = in[group[(r - shift) mod G]] (`count` elements): with shift 1
+/// every rank receives from its predecessor.
+Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                 std::span<const BufferView> out, std::size_t count, std::int64_t shift,
+                 const CollectiveArgs& args);
+
+// ---- Sharded tensors ------------------------------------------------------------------------
+
+/// Sums (or maxes) `in` over `axes` into `out`: both hold the same layout, and each slot's
+/// shard is a partial value to combine with the other shards of its group.
+/// Throws: ShapeError when the layouts differ; KeyError for unknown axes.
+Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
+                    const CollectiveArgs& args);
+
+/// Moves `in` into `out`'s layout by copying, within each group over `axes`, every part of a
+/// destination shard from the group member holding it (the destination itself when it can):
+/// all-gather (out unshards a dim over axes), all-to-all (out shards another dim), broadcast
+/// and local slicing are all this one operation. Every part of every output shard must be held
+/// by some member of its group.
+/// Throws: ShapeError when the global shapes differ or an output part is held by no member of
+/// its group (naming the slot); KeyError for unknown axes.
+Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out,
+                      const CollectiveArgs& args);
+
+/// Reduce-scatter on sharded tensors: each slot's shard of `in` is a partial value of the
+/// group's sum; out[s] = op over the group of the part of in that out's layout gives s. Each
+/// input shard must cover every output part of its group.
+/// Throws: ShapeError as redistribute; KeyError for unknown axes.
+Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
+                        const CollectiveArgs& args);
+
+}  // namespace numesh::runtime

@@ -1,0 +1,125 @@
+#pragma once
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "numesh/runtime/device_buffer.hpp"
+#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/topology.hpp"
+
+namespace numesh::runtime {
+
+/// How a device's threads are kept on its cpuset.
+enum class Pinning {
+  kNumaConstraints,  ///< oneTBB's NUMA arena constraints (tbbbind) pin to the whole node
+  kObserver,         ///< numesh's arena observer binds each entering thread with hwloc
+  kUnpinned,         ///< the topology cannot bind (synthetic, XML): threads float freely
+};
+
+/// "numa-constraints", "observer" or "unpinned".
+std::string_view to_string(Pinning pinning) noexcept;
+
+/// One compute device: a set of cores, the oneTBB arena whose threads run on them, and the
+/// NUMA node whose memory it allocates. Devices are made by DeviceSet::create() and shared
+/// (std::shared_ptr) by everything that uses them; they are neither copyable nor movable.
+///
+/// The arena reserves no slot for external threads: every slot is a worker, so work submitted
+/// from outside (a graph run, execute()) always finds threads. Thread-safety: all methods are
+/// safe to call concurrently.
+class Device : public std::enable_shared_from_this<Device> {
+ public:
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  ~Device();
+
+  /// The device index in its DeviceSet.
+  int index() const noexcept { return spec_.index; }
+  /// What the placement made: label, cpuset, threads, node.
+  const DeviceSpec& spec() const noexcept { return spec_; }
+  /// The arena whose threads run this device's work.
+  oneapi::tbb::task_arena& arena() noexcept { return arena_; }
+  /// How the threads are pinned.
+  Pinning pinning() const noexcept { return pinning_; }
+  /// How memory is placed: kBound when hwloc can bind to the node (checked once at creation
+  /// with a probe allocation), kFirstTouch when only first touch from pinned threads can place
+  /// it, kUnbound when the device is unpinned.
+  MemoryBinding memory_binding() const noexcept { return memory_binding_; }
+  /// One line on what binding the machine could not do for this device ("" when nothing).
+  const std::string& binding_note() const noexcept { return binding_note_; }
+
+  /// Runs `f` in the device's arena (on a thread pinned to the device) and returns its result;
+  /// an exception from `f` propagates. The calling thread joins the arena if a slot is free,
+  /// else it waits (blocking, not spinning) while a device thread runs `f`.
+  template <typename F>
+  decltype(auto) execute(F&& f) {
+    return arena_.execute(std::forward<F>(f));
+  }
+
+  /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
+  /// first touch), zero-filled by the device's threads.
+  /// Throws: ValueError for 0 bytes; std::bad_alloc when memory is exhausted.
+  DeviceBuffer allocate(std::size_t bytes);
+
+ private:
+  friend class DeviceSet;
+  class PinningObserver;
+  Device(std::shared_ptr<const Topology> topology, DeviceSpec spec);
+
+  std::shared_ptr<const Topology> topology_;
+  DeviceSpec spec_;
+  Pinning pinning_ = Pinning::kUnpinned;
+  MemoryBinding memory_binding_ = MemoryBinding::kUnbound;
+  std::string binding_note_;
+  oneapi::tbb::task_arena arena_;
+  std::unique_ptr<PinningObserver> observer_;
+  friend class DeviceBuffer;
+};
+
+/// The devices a placement policy makes of a topology, each with its arena and allocator.
+///
+/// Creating a DeviceSet also raises oneTBB's worker limit (a tbb::global_control held for the
+/// set's lifetime) to one thread per device thread plus one, so that every device's arena can
+/// be fully staffed at once; a smaller max_allowed_parallelism set elsewhere in the process
+/// still wins (oneTBB takes the minimum), and then devices share fewer threads.
+/// Binding the machine cannot do degrades to unpinned devices with one warning per process.
+/// Thread-safety: all methods are safe to call concurrently.
+class DeviceSet {
+ public:
+  /// Places devices on `topology` by `options` (see place_devices()) and creates them.
+  /// Throws: ValueError from place_devices().
+  static std::shared_ptr<DeviceSet> create(Topology topology, const PlacementOptions& options = {});
+
+  /// The topology the devices come from.
+  const Topology& topology() const noexcept { return *topology_; }
+  /// The options they were placed with.
+  const PlacementOptions& options() const noexcept { return options_; }
+  /// Number of devices.
+  std::size_t size() const noexcept { return devices_.size(); }
+  /// Device `index`. Throws: IndexError naming the index and the device count.
+  Device& device(std::size_t index) const;
+  /// Shared handle to device `index`. Throws: IndexError.
+  std::shared_ptr<Device> device_ptr(std::size_t index) const;
+  /// Total threads over all devices.
+  int total_threads() const noexcept;
+  /// Notes from placement and binding (memory-only nodes skipped, unpinned devices, ...).
+  const std::vector<std::string>& notes() const noexcept { return notes_; }
+
+ private:
+  DeviceSet() = default;
+  std::shared_ptr<const Topology> topology_;
+  PlacementOptions options_;
+  std::vector<std::shared_ptr<Device>> devices_;
+  std::vector<std::string> notes_;
+  std::unique_ptr<oneapi::tbb::global_control> worker_limit_;
+};
+
+}  // namespace numesh::runtime

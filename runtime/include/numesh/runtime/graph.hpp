@@ -1,0 +1,152 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "numesh/runtime/device.hpp"
+
+namespace numesh::runtime {
+
+/// Identifies a node of a GraphBuilder / CompiledGraph (dense, in insertion order).
+using NodeId = std::uint32_t;
+
+/// What a node does, for reports, DOT and traces.
+enum class NodeKind {
+  kCompute,     ///< per-device computation
+  kCollective,  ///< one device's part of a collective
+};
+
+/// A node's description.
+struct NodeInfo {
+  /// Name shown in DOT, timing tables and traces, e.g. "mlp.up[1]" or "all_reduce.rs[0]".
+  std::string name;
+  /// Index of the device (in the DeviceSet) whose arena runs the node.
+  int device = 0;
+  /// Kind of work.
+  NodeKind kind = NodeKind::kCompute;
+  /// Bytes the node moves between devices (collectives; 0 otherwise), for reports.
+  std::uint64_t bytes = 0;
+  /// The nodes it waits for.
+  std::vector<NodeId> deps;
+};
+
+/// Per-node timing of one run: seconds since the run started.
+struct NodeTiming {
+  /// When the body started and ended.
+  double start = 0;
+  double end = 0;
+  /// The arena slot of the thread that ran it (oneTBB's current_thread_index).
+  int thread = 0;
+  /// False when the node's body did not run (the run was cancelled first).
+  bool ran = false;
+};
+
+class CompiledGraph;
+
+/// Builds a task graph: nodes, each bound to a device, with dependencies. Nodes are added in
+/// dependency order (a node can only wait for nodes added before it), so every graph is
+/// acyclic by construction. compile() turns it into a CompiledGraph that runs many times.
+/// Not thread-safe: build from one thread.
+class GraphBuilder {
+ public:
+  /// A builder over `devices`. Throws: ValueError when `devices` is null.
+  explicit GraphBuilder(std::shared_ptr<DeviceSet> devices);
+
+  /// Adds a node that runs `body` in device `device`'s arena after every node in `deps`.
+  /// Returns its id. Throws: IndexError for a device or dependency that does not exist
+  /// (naming it); ValueError for an empty body.
+  NodeId add(int device, std::string name, std::function<void()> body,
+             std::span<const NodeId> deps = {}, NodeKind kind = NodeKind::kCompute,
+             std::uint64_t bytes = 0);
+  /// add() with a braced dependency list.
+  NodeId add(int device, std::string name, std::function<void()> body,
+             std::initializer_list<NodeId> deps, NodeKind kind = NodeKind::kCompute,
+             std::uint64_t bytes = 0) {
+    return add(device, std::move(name), std::move(body), std::span<const NodeId>(deps.begin(), deps.size()),
+               kind, bytes);
+  }
+  /// Makes `after` wait for `before` as well. Throws: IndexError for unknown ids; ValueError
+  /// unless before < after (edges go forward, which keeps the graph acyclic).
+  void depend(NodeId before, NodeId after);
+
+  /// Number of nodes.
+  std::size_t size() const noexcept { return nodes_.size(); }
+  /// Node `id`. Throws: IndexError.
+  const NodeInfo& node(NodeId id) const;
+  /// The devices.
+  const std::shared_ptr<DeviceSet>& devices() const noexcept { return devices_; }
+
+  /// Compiles the graph into oneTBB flow graphs (one per device, built inside the device's
+  /// arena). The builder is left empty.
+  CompiledGraph compile();
+
+ private:
+  std::shared_ptr<DeviceSet> devices_;
+  std::vector<NodeInfo> nodes_;
+  std::vector<std::function<void()>> bodies_;
+};
+
+/// A compiled task graph. Each device has its own tbb::flow::graph, constructed in the
+/// device's arena, so every task of a node for device d runs on d's threads. Edges between
+/// nodes of one device are flow-graph edges; an edge to another device is an explicit
+/// try_put at the end of the producer, which submits the consumer's task into the consumer's
+/// arena. Nothing blocks inside a node: a node is ready when all its inputs are.
+///
+/// run() allocates nothing of its own (oneTBB's task allocation aside): the graph is built
+/// once and re-armed by running.
+///
+/// Errors: an exception thrown by a node body cancels the run (nodes that have not started
+/// are skipped; running ones finish) and is rethrown from run() unchanged; failed_node() names
+/// the node. The graph can run again afterwards.
+/// Thread-safety: run() must not be called concurrently with itself (it throws ValueError if
+/// it is); cancel(), size() and the const reports are safe from any thread.
+class CompiledGraph {
+ public:
+  CompiledGraph(CompiledGraph&&) noexcept;
+  CompiledGraph& operator=(CompiledGraph&&) noexcept;
+  /// Waits for tasks still in flight, then frees the graph.
+  ~CompiledGraph();
+
+  /// Runs every node once, each after its dependencies, and returns when all are done.
+  /// Throws: the first exception a node threw (as thrown); CancelledError when cancel() was
+  /// called during the run; ValueError when another thread is running this graph.
+  void run();
+  /// Cancels the run in progress, if any: nodes that have not started are skipped, and run()
+  /// throws CancelledError. Has no effect on later runs (a cancel() racing with the very start
+  /// of run() may be lost). Thread-safe; callable from a node body.
+  void cancel() noexcept;
+
+  /// Number of nodes.
+  std::size_t size() const noexcept;
+  /// Node `id`'s description. Throws: IndexError.
+  const NodeInfo& node(NodeId id) const;
+  /// The node whose exception ended the last run, or "" when none did.
+  std::string failed_node() const;
+
+  /// Turns per-node timing on or off for later runs (off by default; costs two clock reads
+  /// per node). Not thread-safe with run().
+  void set_timing(bool on) noexcept;
+  /// Per-node timing of the last run with timing on (indexed by NodeId; empty before).
+  const std::vector<NodeTiming>& timings() const noexcept;
+  /// The last run's timing as a text table: node, device, thread, start and duration in
+  /// microseconds, sorted by start.
+  std::string timing_table() const;
+  /// The last run's timing as Chrome trace JSON (chrome://tracing, Perfetto): one process per
+  /// device, one track per arena thread.
+  std::string chrome_trace() const;
+  /// The graph in Graphviz DOT: one cluster per device, collectives as boxes.
+  std::string to_dot() const;
+
+ private:
+  friend class GraphBuilder;
+  struct Impl;
+  explicit CompiledGraph(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace numesh::runtime

@@ -1,0 +1,140 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "numesh/runtime/device_buffer.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/sharding/partition_spec.hpp"
+#include "numesh/sharding/shard_layout.hpp"
+
+namespace numesh::runtime {
+
+/// Element types. Only fp32 exists today; the enum and the byte-based buffers leave room for
+/// bf16.
+enum class DType { kF32 };
+
+/// Bytes per element of `dtype`.
+constexpr std::size_t itemsize(DType dtype) noexcept { return dtype == DType::kF32 ? 4 : 0; }
+
+/// Number of elements of `shape` (1 for rank 0). Throws: ShapeError for a negative extent.
+std::int64_t num_elements(std::span<const std::int64_t> shape);
+
+/// A dense row-major tensor in ordinary (host) memory: the form data has before it is
+/// sharded and after it is gathered. A regular value type.
+struct HostTensor {
+  /// Extents, outermost first.
+  std::vector<std::int64_t> shape;
+  /// num_elements(shape) values in row-major order.
+  std::vector<float> data;
+
+  /// A zero tensor of `shape`. Throws: ShapeError for a negative extent.
+  static HostTensor zeros(std::vector<std::int64_t> shape);
+  friend bool operator==(const HostTensor&, const HostTensor&) = default;
+};
+
+/// A dense row-major fp32 tensor whose storage lives on one device's NUMA node. Move-only.
+class Tensor {
+ public:
+  /// An empty tensor (no device, rank 0, no storage).
+  Tensor() = default;
+  /// A zero tensor of `shape` on `device` (allocated for its node and zero-filled by its
+  /// threads). Throws: ShapeError for a negative extent.
+  Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype = DType::kF32);
+
+  /// Extents.
+  const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+  /// Element type.
+  DType dtype() const noexcept { return dtype_; }
+  /// Number of elements.
+  std::int64_t size() const noexcept { return size_; }
+  /// The elements (fp32). Empty for a tensor with no elements.
+  std::span<float> values() noexcept;
+  /// The elements (fp32).
+  std::span<const float> values() const noexcept;
+  /// The owning device, or nullptr for an empty tensor.
+  Device* device() const noexcept { return buffer_.device(); }
+  /// The storage.
+  const DeviceBuffer& buffer() const noexcept { return buffer_; }
+
+ private:
+  std::vector<std::int64_t> shape_;
+  DType dtype_ = DType::kF32;
+  std::int64_t size_ = 0;
+  DeviceBuffer buffer_;
+};
+
+/// A global tensor split over a DeviceMesh by a PartitionSpec, with one local shard per mesh
+/// slot on that slot's device, laid out by sharding::ShardLayout (JAX's NamedSharding
+/// semantics). Replicated shards are real copies, one on each holder's node. Move-only.
+class ShardedTensor {
+ public:
+  /// Allocates zero shards for `shape` sharded by `spec` over `mesh` (each shard allocated and
+  /// zero-filled by its own device). The spec is used as given; pass it through
+  /// sharding::correct_spec first to get eformer's correction.
+  /// Throws: what ShardLayout throws (ShapeError for indivisible dims, KeyError/ValueError
+  /// for bad specs).
+  ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape, sharding::PartitionSpec spec);
+
+  /// The mesh.
+  const DeviceMesh& mesh() const noexcept { return mesh_; }
+  /// The layout (global shape, spec, per-slot slices, replica groups).
+  const sharding::ShardLayout& layout() const noexcept { return layout_; }
+  /// The global shape.
+  const std::vector<std::int64_t>& shape() const noexcept { return layout_.shape(); }
+  /// The spec.
+  const sharding::PartitionSpec& spec() const noexcept { return layout_.spec(); }
+  /// The shard of mesh slot `slot`. Throws: IndexError.
+  Tensor& shard(std::int64_t slot);
+  /// The shard of mesh slot `slot`. Throws: IndexError.
+  const Tensor& shard(std::int64_t slot) const;
+
+ private:
+  DeviceMesh mesh_;
+  sharding::ShardLayout layout_;
+  std::vector<Tensor> shards_;
+};
+
+/// Copies `host` into every shard of `tensor`: each slot's device copies its own slice, in its
+/// own arena, all devices in parallel (so each shard's pages are written on its node).
+/// Throws: ShapeError when the shapes differ (naming both).
+void scatter(const HostTensor& host, ShardedTensor& tensor);
+/// Assembles the global tensor from the shards: each distinct slice is copied once, by the
+/// first device of its replica group, all devices in parallel.
+HostTensor gather(const ShardedTensor& tensor);
+
+/// eformer's make_shard_and_gather_fns for one array: `shard` takes a host tensor of `shape`
+/// to a ShardedTensor laid out by the spec eformer's correction makes of `spec` for that shape
+/// and mesh (axes the mesh lacks or that do not divide a dim are dropped), and `gather` takes
+/// it back.
+struct ShardAndGatherFns {
+  /// The corrected spec the functions use.
+  sharding::PartitionSpec spec;
+  /// Host tensor -> sharded tensor. Throws: ShapeError when the host shape differs.
+  std::function<ShardedTensor(const HostTensor&)> shard;
+  /// Sharded tensor -> host tensor.
+  std::function<HostTensor(const ShardedTensor&)> gather;
+};
+
+/// Builds the pair for an array of `shape` sharded by `spec` over `mesh`.
+/// Throws: what correct_spec and ShardLayout throw for bad specs.
+ShardAndGatherFns make_shard_and_gather_fns(const DeviceMesh& mesh, const std::vector<std::int64_t>& shape,
+                                            const sharding::PartitionSpec& spec);
+
+/// Copies the box `box` (per-dim [offset, offset+extent) in global coordinates) from `src`,
+/// which holds the global slice `src_slices`, into `dst`, which holds `dst_slices`. Both are
+/// row-major with the slices' extents as shapes. Contiguous runs are copied with memcpy.
+/// REQUIRES: the box lies inside both slices.
+void copy_box(std::span<const sharding::DimSlice> box, const float* src,
+              std::span<const sharding::DimSlice> src_slices, float* dst,
+              std::span<const sharding::DimSlice> dst_slices);
+
+/// The intersection of two boxes, or nullopt when it is empty.
+std::optional<std::vector<sharding::DimSlice>> intersect_boxes(std::span<const sharding::DimSlice> a,
+                                                               std::span<const sharding::DimSlice> b);
+
+}  // namespace numesh::runtime

@@ -1,0 +1,300 @@
+// Devices: a oneTBB arena pinned to the device's cpuset and an allocator bound to its node.
+// This file and topology.cpp are the only places that call tbb::info or create NUMA-constrained
+// arenas: under ASan, Debian's oneTBB aborts when it loads tbbbind (STYLE.md 2.11), so tests
+// that reach these calls carry the `numa` label.
+
+#include "numesh/runtime/device.hpp"
+
+#include <hwloc.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "hwloc_handle.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/log.hpp"
+
+namespace numesh::runtime {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kCacheLine = 64;
+// Zero-filling above this size is split over the device's threads.
+constexpr std::size_t kParallelFillBytes = std::size_t{4} << 20;
+
+using detail::make_bitmap;
+using detail::to_bitmap;
+using BitmapPtr = detail::UniqueBitmap;
+
+// The nodeset of the device's node, or nullptr when it has none.
+hwloc_const_nodeset_t node_set(const Topology& topology, const DeviceSpec& spec) {
+  if (spec.numa_node < 0) return nullptr;
+  hwloc_obj_t node = topology.hwloc()->numa_obj(spec.numa_node);
+  return node != nullptr ? node->nodeset : nullptr;
+}
+
+void* membind_alloc(const Topology& topology, const DeviceSpec& spec, std::size_t bytes) {
+  hwloc_const_nodeset_t nodes = node_set(topology, spec);
+  if (nodes == nullptr) return nullptr;
+  return hwloc_alloc_membind(topology.hwloc()->get(), bytes, nodes, HWLOC_MEMBIND_BIND,
+                             HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT |
+                                 HWLOC_MEMBIND_NOCPUBIND);
+}
+
+}  // namespace
+
+std::string_view to_string(Pinning pinning) noexcept {
+  switch (pinning) {
+    case Pinning::kNumaConstraints: return "numa-constraints";
+    case Pinning::kObserver: return "observer";
+    case Pinning::kUnpinned: return "unpinned";
+  }
+  return "?";
+}
+
+std::string_view to_string(MemoryBinding binding) noexcept {
+  switch (binding) {
+    case MemoryBinding::kBound: return "bound";
+    case MemoryBinding::kFirstTouch: return "first-touch";
+    case MemoryBinding::kUnbound: return "unbound";
+  }
+  return "?";
+}
+
+// Binds every thread entering the arena to the device's cpuset and restores the thread's
+// previous binding when it leaves. A thread can be inside several arenas at once (execute()
+// nests), so the previous bindings form a per-thread stack.
+class Device::PinningObserver : public oneapi::tbb::task_scheduler_observer {
+ public:
+  PinningObserver(oneapi::tbb::task_arena& arena, std::shared_ptr<const Topology> topology,
+                  const CpuSet& cpus)
+      : task_scheduler_observer(arena), topology_(std::move(topology)), cpus_(to_bitmap(cpus)) {
+    observe(true);
+  }
+  ~PinningObserver() override { observe(false); }
+  PinningObserver(const PinningObserver&) = delete;
+  PinningObserver& operator=(const PinningObserver&) = delete;
+
+  void on_scheduler_entry(bool /*is_worker*/) override {
+    hwloc_topology_t topo = topology_->hwloc()->get();
+    BitmapPtr previous = make_bitmap();
+    if (hwloc_get_cpubind(topo, previous.get(), HWLOC_CPUBIND_THREAD) != 0) {
+      hwloc_bitmap_zero(previous.get());  // unknown: leave the thread bound to the device
+    }
+    saved().push_back(std::move(previous));
+    hwloc_set_cpubind(topo, cpus_.get(), HWLOC_CPUBIND_THREAD);
+  }
+
+  void on_scheduler_exit(bool /*is_worker*/) override {
+    auto& stack = saved();
+    if (stack.empty()) return;
+    BitmapPtr previous = std::move(stack.back());
+    stack.pop_back();
+    if (!hwloc_bitmap_iszero(previous.get())) {
+      hwloc_set_cpubind(topology_->hwloc()->get(), previous.get(), HWLOC_CPUBIND_THREAD);
+    }
+  }
+
+ private:
+  static std::vector<BitmapPtr>& saved() {
+    thread_local std::vector<BitmapPtr> stack;
+    return stack;
+  }
+  std::shared_ptr<const Topology> topology_;
+  BitmapPtr cpus_;
+};
+
+Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
+    : topology_(std::move(topology)), spec_(std::move(spec)) {
+  const int threads = std::max(1, spec_.threads);
+  bool numa_constraints = false;
+  if (topology_->can_bind() && spec_.whole_numa_node && spec_.numa_os_index >= 0) {
+    const auto ids = oneapi::tbb::info::numa_nodes();
+    numa_constraints =
+        std::find(ids.begin(), ids.end(), spec_.numa_os_index) != ids.end();
+  }
+  if (numa_constraints) {
+    arena_.initialize(oneapi::tbb::task_arena::constraints{}
+                          .set_numa_id(spec_.numa_os_index)
+                          .set_max_concurrency(threads),
+                      /*reserved_for_masters=*/0);
+    pinning_ = Pinning::kNumaConstraints;
+  } else {
+    arena_.initialize(threads, /*reserved_for_masters=*/0);
+    if (topology_->can_bind()) {
+      observer_ = std::make_unique<PinningObserver>(arena_, topology_, spec_.cpuset);
+      pinning_ = Pinning::kObserver;
+    } else {
+      pinning_ = Pinning::kUnpinned;
+      binding_note_ = fmt::format(
+          "device {} ({}) runs unpinned: binding is not possible on a {} topology", spec_.index,
+          spec_.label, to_string(topology_->source()));
+    }
+  }
+
+  if (pinning_ == Pinning::kUnpinned) {
+    memory_binding_ = MemoryBinding::kUnbound;
+  } else if (void* probe = membind_alloc(*topology_, spec_, kPage); probe != nullptr) {
+    hwloc_free(topology_->hwloc()->get(), probe, kPage);
+    memory_binding_ = MemoryBinding::kBound;
+  } else {
+    memory_binding_ = MemoryBinding::kFirstTouch;
+    binding_note_ = fmt::format(
+        "device {} ({}): memory cannot be bound to NUMA node {}; placing it by first touch "
+        "from the device's pinned threads",
+        spec_.index, spec_.label, spec_.numa_node);
+  }
+}
+
+Device::~Device() = default;
+
+DeviceBuffer Device::allocate(std::size_t bytes) {
+  NUMESH_CHECK(bytes > 0, ValueError, "device {} ({}): cannot allocate 0 bytes", spec_.index,
+               spec_.label);
+  DeviceBuffer buffer;
+  buffer.device_ = shared_from_this();
+  buffer.bytes_ = bytes;
+  if (memory_binding_ == MemoryBinding::kBound) {
+    if (void* p = membind_alloc(*topology_, spec_, bytes); p != nullptr) {
+      buffer.data_ = static_cast<std::byte*>(p);
+      buffer.hwloc_allocated_ = true;
+      buffer.binding_ = MemoryBinding::kBound;
+    }
+  }
+  if (buffer.data_ == nullptr) {
+    // First-touch placement needs whole pages of our own, so page-align anything page-sized.
+    const std::size_t align = bytes >= kPage ? kPage : kCacheLine;
+    const std::size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    buffer.data_ = static_cast<std::byte*>(p);
+    buffer.binding_ = pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
+                                                     : MemoryBinding::kFirstTouch;
+  }
+  std::byte* data = buffer.data_;
+  arena_.execute([data, bytes] {
+    if (bytes < kParallelFillBytes) {
+      std::memset(data, 0, bytes);
+      return;
+    }
+    oneapi::tbb::parallel_for(
+        oneapi::tbb::blocked_range<std::size_t>(0, bytes, kParallelFillBytes / 4),
+        [data](const oneapi::tbb::blocked_range<std::size_t>& r) {
+          std::memset(data + r.begin(), 0, r.size());
+        });
+  });
+  return buffer;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : device_(std::move(other.device_)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      binding_(other.binding_),
+      hwloc_allocated_(std::exchange(other.hwloc_allocated_, false)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    device_ = std::move(other.device_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    binding_ = other.binding_;
+    hwloc_allocated_ = std::exchange(other.hwloc_allocated_, false);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+void DeviceBuffer::release() noexcept {
+  if (data_ != nullptr) {
+    if (hwloc_allocated_) {
+      hwloc_free(device_->topology_->hwloc()->get(), data_, bytes_);
+    } else {
+      std::free(data_);
+    }
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+  device_.reset();
+}
+
+std::optional<int> DeviceBuffer::query_node() const {
+  if (data_ == nullptr || !device_->topology_->can_bind()) return std::nullopt;
+  const Topology& topology = *device_->topology_;
+  BitmapPtr nodes = make_bitmap();
+  if (hwloc_get_area_memlocation(topology.hwloc()->get(), data_, bytes_, nodes.get(),
+                                 HWLOC_MEMBIND_BYNODESET) != 0 ||
+      hwloc_bitmap_iszero(nodes.get())) {
+    return std::nullopt;
+  }
+  if (hwloc_bitmap_weight(nodes.get()) != 1) return -1;
+  const int os_index = hwloc_bitmap_first(nodes.get());
+  for (const NumaNode& node : topology.numa_nodes()) {
+    if (node.os_index == os_index) return node.index;
+  }
+  return -1;
+}
+
+std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementOptions& options) {
+  std::shared_ptr<DeviceSet> set(new DeviceSet());
+  set->topology_ = std::make_shared<const Topology>(std::move(topology));
+  set->options_ = options;
+  std::vector<DeviceSpec> specs = place_devices(*set->topology_, options, &set->notes_);
+  int threads = 0;
+  for (const DeviceSpec& spec : specs) threads += std::max(1, spec.threads);
+  // Every device arena must be able to hold its threads at once; oneTBB's default worker
+  // limit is the machine's concurrency minus one, which would leave arenas starving for
+  // workers when the devices together have more threads than the machine (synthetic
+  // topologies, one device per core plus the caller).
+  const auto wanted = static_cast<std::size_t>(threads) + 1;
+  if (wanted > static_cast<std::size_t>(oneapi::tbb::this_task_arena::max_concurrency())) {
+    set->worker_limit_ = std::make_unique<oneapi::tbb::global_control>(
+        oneapi::tbb::global_control::max_allowed_parallelism, wanted);
+  }
+  for (DeviceSpec& spec : specs) {
+    std::shared_ptr<Device> device(new Device(set->topology_, std::move(spec)));
+    if (!device->binding_note().empty()) {
+      set->notes_.push_back(device->binding_note());
+    }
+    set->devices_.push_back(std::move(device));
+  }
+  for (const auto& device : set->devices_) {
+    if (device->pinning() == Pinning::kUnpinned) {
+      log::warn_once("unpinned-" + set->topology_->origin(),
+                     fmt::format("{} (the {} topology cannot bind threads or memory)",
+                                 "numesh devices run unpinned", to_string(set->topology_->source())));
+      break;
+    }
+  }
+  for (const auto& device : set->devices_) {
+    if (device->memory_binding() == MemoryBinding::kFirstTouch) {
+      log::warn_once("first-touch-" + device->spec().label, device->binding_note());
+    }
+  }
+  return set;
+}
+
+Device& DeviceSet::device(std::size_t index) const { return *device_ptr(index); }
+
+std::shared_ptr<Device> DeviceSet::device_ptr(std::size_t index) const {
+  NUMESH_CHECK(index < devices_.size(), IndexError, "device index {} is out of range: {} devices",
+               index, devices_.size());
+  return devices_[index];
+}
+
+int DeviceSet::total_threads() const noexcept {
+  int n = 0;
+  for (const auto& d : devices_) n += std::max(1, d->spec().threads);
+  return n;
+}
+
+}  // namespace numesh::runtime

@@ -1,0 +1,324 @@
+// The graph builder and the compiled graph: one tbb::flow::graph per device (see graph.hpp for
+// why), with completion signalled through an atomic the caller waits on (a futex wait, not a
+// spin: with more devices than cores a spinning caller would steal a core from the devices).
+
+#include "numesh/runtime/graph.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/flow_graph.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::runtime {
+
+namespace flow = oneapi::tbb::flow;
+using Msg = flow::continue_msg;
+using Clock = std::chrono::steady_clock;
+
+GraphBuilder::GraphBuilder(std::shared_ptr<DeviceSet> devices) : devices_(std::move(devices)) {
+  NUMESH_CHECK(devices_ != nullptr, ValueError, "GraphBuilder needs a device set");
+}
+
+NodeId GraphBuilder::add(int device, std::string name, std::function<void()> body,
+                         std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes) {
+  NUMESH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_->size(), IndexError,
+               "node '{}': device {} does not exist ({} devices)", name, device, devices_->size());
+  NUMESH_CHECK(static_cast<bool>(body), ValueError, "node '{}' has no body", name);
+  for (NodeId d : deps) {
+    NUMESH_CHECK(d < nodes_.size(), IndexError,
+                 "node '{}' depends on node {}, which does not exist ({} nodes so far)", name, d,
+                 nodes_.size());
+  }
+  NodeInfo info{std::move(name), device, kind, bytes, {deps.begin(), deps.end()}};
+  std::sort(info.deps.begin(), info.deps.end());
+  info.deps.erase(std::unique(info.deps.begin(), info.deps.end()), info.deps.end());
+  nodes_.push_back(std::move(info));
+  bodies_.push_back(std::move(body));
+  return static_cast<NodeId>(nodes_.size() - 1);
+}
+
+void GraphBuilder::depend(NodeId before, NodeId after) {
+  NUMESH_CHECK(before < nodes_.size() && after < nodes_.size(), IndexError,
+               "edge {} -> {} names a node that does not exist ({} nodes)", before, after,
+               nodes_.size());
+  NUMESH_CHECK(before < after, ValueError,
+               "edge {} -> {} goes backwards: a node can only wait for nodes added before it",
+               before, after);
+  auto& deps = nodes_[after].deps;
+  if (std::find(deps.begin(), deps.end(), before) == deps.end()) deps.push_back(before);
+}
+
+const NodeInfo& GraphBuilder::node(NodeId id) const {
+  NUMESH_CHECK(id < nodes_.size(), IndexError, "node {} does not exist ({} nodes)", id,
+               nodes_.size());
+  return nodes_[id];
+}
+
+struct CompiledGraph::Impl {
+  struct Node {
+    NodeInfo info;
+    std::function<void()> body;
+    std::unique_ptr<flow::continue_node<Msg>> task;
+    std::vector<flow::continue_node<Msg>*> remote_successors;
+    bool is_root = false;
+    bool is_sink = false;
+  };
+
+  std::shared_ptr<DeviceSet> devices;
+  // Declared before `nodes` so that nodes are destroyed first (they refer to their graph).
+  std::vector<std::unique_ptr<flow::graph>> graphs;
+  std::vector<Node> nodes;
+  std::vector<flow::continue_node<Msg>*> roots;
+  int sinks = 0;
+
+  std::atomic<int> remaining{0};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> running{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  std::string failed;
+
+  bool timing_on = false;
+  Clock::time_point run_start;
+  std::vector<NodeTiming> timings;
+
+  ~Impl() {
+    // Tasks of the last run may still be returning from their bodies (the completion signal
+    // comes from inside the last body); wait for them before the nodes go away.
+    for (std::size_t d = 0; d < graphs.size(); ++d) {
+      if (graphs[d]) devices->device(d).execute([&] { graphs[d]->wait_for_all(); });
+    }
+  }
+
+  void record_error(NodeId id) {
+    {
+      const std::lock_guard lock(error_mutex);
+      if (!error) {
+        error = std::current_exception();
+        failed = nodes[id].info.name;
+      }
+    }
+    stop.store(true, std::memory_order_release);
+  }
+
+  // The body of every flow-graph node.
+  void fire(NodeId id) {
+    Node& n = nodes[id];
+    if (!stop.load(std::memory_order_acquire)) {
+      try {
+        if (timing_on) {
+          NodeTiming& t = timings[id];
+          t.thread = oneapi::tbb::this_task_arena::current_thread_index();
+          t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
+          n.body();
+          t.end = std::chrono::duration<double>(Clock::now() - run_start).count();
+          t.ran = true;
+        } else {
+          n.body();
+        }
+      } catch (...) {
+        record_error(id);
+      }
+    }
+    for (auto* successor : n.remote_successors) successor->try_put(Msg());
+    if (n.is_sink && remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      remaining.notify_all();
+    }
+  }
+};
+
+CompiledGraph GraphBuilder::compile() {
+  auto impl = std::make_unique<CompiledGraph::Impl>();
+  impl->devices = devices_;
+  const std::size_t n = nodes_.size();
+  impl->nodes.resize(n);
+  impl->timings.resize(n);
+  impl->graphs.resize(devices_->size());
+  // A flow graph attaches to the arena it is constructed in; build each device's graph in its
+  // arena so that its tasks run there.
+  for (std::size_t d = 0; d < devices_->size(); ++d) {
+    devices_->device(d).execute([&] { impl->graphs[d] = std::make_unique<flow::graph>(); });
+  }
+  std::vector<int> successors(n, 0);
+  for (const NodeInfo& info : nodes_) {
+    for (NodeId dep : info.deps) ++successors[dep];
+  }
+  CompiledGraph::Impl* raw = impl.get();
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& node = impl->nodes[i];
+    node.info = std::move(nodes_[i]);
+    node.body = std::move(bodies_[i]);
+    int remote = 0;
+    for (NodeId dep : node.info.deps) {
+      if (impl->nodes[dep].info.device != node.info.device) ++remote;
+    }
+    node.is_root = node.info.deps.empty();
+    node.is_sink = successors[i] == 0;
+    if (node.is_sink) ++impl->sinks;
+    const auto id = static_cast<NodeId>(i);
+    // Remote predecessors (and, for roots, the caller) are counted up front; local ones are
+    // counted by make_edge.
+    node.task = std::make_unique<flow::continue_node<Msg>>(
+        *impl->graphs[static_cast<std::size_t>(node.info.device)], remote + (node.is_root ? 1 : 0),
+        [raw, id](const Msg&) { raw->fire(id); });
+    if (node.is_root) impl->roots.push_back(node.task.get());
+    for (NodeId dep : node.info.deps) {
+      auto& producer = impl->nodes[dep];
+      if (producer.info.device == node.info.device) {
+        flow::make_edge(*producer.task, *node.task);
+      } else {
+        producer.remote_successors.push_back(node.task.get());
+      }
+    }
+  }
+  nodes_.clear();
+  bodies_.clear();
+  return CompiledGraph(std::move(impl));
+}
+
+CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CompiledGraph::CompiledGraph(CompiledGraph&&) noexcept = default;
+CompiledGraph& CompiledGraph::operator=(CompiledGraph&&) noexcept = default;
+CompiledGraph::~CompiledGraph() = default;
+
+void CompiledGraph::run() {
+  Impl& g = *impl_;
+  NUMESH_CHECK(!g.running.exchange(true, std::memory_order_acq_rel), ValueError,
+               "CompiledGraph::run: the graph is already running in another thread");
+  struct Running {
+    std::atomic<bool>& flag;
+    ~Running() { flag.store(false, std::memory_order_release); }
+  } running{g.running};
+
+  g.error = nullptr;
+  g.failed.clear();
+  g.stop.store(false, std::memory_order_release);
+  if (g.timing_on) {
+    std::fill(g.timings.begin(), g.timings.end(), NodeTiming{});
+    g.run_start = Clock::now();
+  }
+  if (g.nodes.empty()) return;
+  g.remaining.store(g.sinks, std::memory_order_release);
+  for (auto* root : g.roots) root->try_put(Msg());
+  for (int left = g.remaining.load(std::memory_order_acquire); left != 0;
+       left = g.remaining.load(std::memory_order_acquire)) {
+    g.remaining.wait(left, std::memory_order_acquire);
+  }
+  if (g.error) std::rethrow_exception(g.error);
+  if (g.stop.load(std::memory_order_acquire)) {
+    throw CancelledError("graph run cancelled by the caller");
+  }
+}
+
+void CompiledGraph::cancel() noexcept {
+  if (impl_ && impl_->running.load(std::memory_order_acquire)) {
+    impl_->stop.store(true, std::memory_order_release);
+  }
+}
+
+std::size_t CompiledGraph::size() const noexcept { return impl_->nodes.size(); }
+
+const NodeInfo& CompiledGraph::node(NodeId id) const {
+  NUMESH_CHECK(id < impl_->nodes.size(), IndexError, "node {} does not exist ({} nodes)", id,
+               impl_->nodes.size());
+  return impl_->nodes[id].info;
+}
+
+std::string CompiledGraph::failed_node() const {
+  const std::lock_guard lock(impl_->error_mutex);
+  return impl_->failed;
+}
+
+void CompiledGraph::set_timing(bool on) noexcept { impl_->timing_on = on; }
+
+const std::vector<NodeTiming>& CompiledGraph::timings() const noexcept { return impl_->timings; }
+
+std::string CompiledGraph::timing_table() const {
+  const Impl& g = *impl_;
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.timings[i].ran) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return g.timings[a].start < g.timings[b].start; });
+  std::size_t width = 4;
+  for (std::size_t i : order) width = std::max(width, g.nodes[i].info.name.size());
+  std::string out = fmt::format("{:<{}}  {:>6}  {:>6}  {:>12}  {:>12}\n", "node", width, "device",
+                                "thread", "start us", "duration us");
+  for (std::size_t i : order) {
+    const NodeTiming& t = g.timings[i];
+    out += fmt::format("{:<{}}  {:>6}  {:>6}  {:>12.1f}  {:>12.1f}\n", g.nodes[i].info.name,
+                       width, g.nodes[i].info.device, t.thread, t.start * 1e6,
+                       (t.end - t.start) * 1e6);
+  }
+  return out;
+}
+
+std::string CompiledGraph::chrome_trace() const {
+  const Impl& g = *impl_;
+  nlohmann::json events = nlohmann::json::array();
+  for (std::size_t d = 0; d < g.devices->size(); ++d) {
+    const DeviceSpec& spec = g.devices->device(d).spec();
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", d},
+                      {"args", {{"name", fmt::format("device {} ({}, cpus {})", d, spec.label,
+                                                     spec.cpuset.to_string())}}}});
+  }
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const NodeTiming& t = g.timings[i];
+    if (!t.ran) continue;
+    const NodeInfo& info = g.nodes[i].info;
+    events.push_back({{"name", info.name},
+                      {"cat", info.kind == NodeKind::kCollective ? "collective" : "compute"},
+                      {"ph", "X"},
+                      {"ts", t.start * 1e6},
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"pid", info.device},
+                      {"tid", t.thread},
+                      {"args", {{"node", i}, {"bytes", info.bytes}}}});
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump(1);
+}
+
+std::string CompiledGraph::to_dot() const {
+  const Impl& g = *impl_;
+  auto quote = [](const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::string out = "digraph numesh {\n  rankdir=TB;\n  node [fontname=\"Helvetica\"];\n";
+  for (std::size_t d = 0; d < g.devices->size(); ++d) {
+    const DeviceSpec& spec = g.devices->device(d).spec();
+    out += fmt::format("  subgraph cluster_device{} {{\n    label=\"device {} ({}, cpus {})\";\n",
+                       d, d, quote(spec.label), spec.cpuset.to_string());
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      const NodeInfo& info = g.nodes[i].info;
+      if (static_cast<std::size_t>(info.device) != d) continue;
+      out += fmt::format("    n{} [label=\"{}\", shape={}];\n", i, quote(info.name),
+                         info.kind == NodeKind::kCollective ? "box" : "ellipse");
+    }
+    out += "  }\n";
+  }
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    for (NodeId dep : g.nodes[i].info.deps) {
+      const bool cross = g.nodes[dep].info.device != g.nodes[i].info.device;
+      out += fmt::format("  n{} -> n{}{};\n", dep, i, cross ? " [style=dashed]" : "");
+    }
+  }
+  return out + "}\n";
+}
+
+}  // namespace numesh::runtime

@@ -1,0 +1,93 @@
+#include "numesh/runtime/device_mesh.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "numesh/core/error.hpp"
+#include "test_devices.hpp"
+
+namespace numesh::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+using Groups = std::vector<std::vector<std::int64_t>>;
+
+TEST(DeviceSetTest, SyntheticDevicesAreUnpinnedWithANote) {
+  auto devices = testing::synthetic_devices("package:2 numa:2 core:1 pu:1");
+  ASSERT_EQ(devices->size(), 4u);
+  for (std::size_t i = 0; i < devices->size(); ++i) {
+    const Device& d = devices->device(i);
+    EXPECT_EQ(d.index(), static_cast<int>(i));
+    EXPECT_EQ(d.pinning(), Pinning::kUnpinned);
+    EXPECT_EQ(d.memory_binding(), MemoryBinding::kUnbound);
+    EXPECT_THAT(d.binding_note(), HasSubstr("runs unpinned"));
+  }
+  EXPECT_EQ(devices->total_threads(), 4);
+  EXPECT_THAT([&] { devices->device(4); },
+              ThrowsMessage<IndexError>(HasSubstr("device index 4 is out of range: 4 devices")));
+}
+
+TEST(DeviceSetTest, AllocateGivesZeroedMemoryOwnedByTheDevice) {
+  auto devices = testing::synthetic_devices(testing::nodes(2));
+  Device& d = devices->device(1);
+  DeviceBuffer b = d.allocate(10000);
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b.size_bytes(), 10000u);
+  EXPECT_EQ(b.device(), &d);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % 4096, 0u) << "page-aligned";
+  for (std::byte x : b.bytes()) ASSERT_EQ(x, std::byte{0});
+  EXPECT_EQ(b.binding(), MemoryBinding::kUnbound);
+  EXPECT_FALSE(b.query_node().has_value()) << "no placement query on a synthetic topology";
+  DeviceBuffer moved = std::move(b);
+  EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move): moved-from state is specified
+  EXPECT_EQ(moved.size_bytes(), 10000u);
+  EXPECT_THAT([&] { d.allocate(0); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot allocate 0 bytes")));
+}
+
+TEST(DeviceMeshTest, CreateResolvesMinusOneAndNamesAxes) {
+  auto devices = testing::synthetic_devices(testing::nodes(8));
+  const DeviceMesh m = DeviceMesh::create(devices, {2, -1}, {"dp", "tp"});
+  EXPECT_EQ(m.mesh().sizes(), (std::vector<std::int64_t>{2, 4}));
+  EXPECT_EQ(m.size(), 8);
+  EXPECT_EQ(m.coords(6), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(&m.device(6), &devices->device(6));
+  EXPECT_EQ(m.to_string(), "DeviceMesh('dp': 2, 'tp': 4) over 8 devices (numa policy)");
+}
+
+TEST(DeviceMeshTest, GroupsFollowEveryAxisSubset) {
+  const DeviceMesh m =
+      DeviceMesh::create(testing::synthetic_devices(testing::nodes(8)), {2, 2, 2}, {"dp", "fsdp", "tp"});
+  const std::vector<std::string> none, tp{"tp"}, dp{"dp"}, dp_tp{"dp", "tp"}, all{"dp", "fsdp", "tp"};
+  EXPECT_EQ(m.groups(none), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(m.groups(tp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(m.groups(dp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(m.groups(dp_tp), (Groups{{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  EXPECT_EQ(m.groups(all), (Groups{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  // The order of the axes given does not change the rank order (mesh order).
+  const std::vector<std::string> tp_dp{"tp", "dp"};
+  EXPECT_EQ(m.groups(tp_dp), m.groups(dp_tp));
+}
+
+TEST(DeviceMeshTest, BadMeshesAreRejectedNamingTheValues) {
+  auto devices = testing::synthetic_devices(testing::nodes(2));
+  EXPECT_THAT([&] { DeviceMesh::create(devices, {2, 4}, {"dp", "tp"}); },
+              ThrowsMessage<ValueError>(HasSubstr(
+                  "mesh dims (2,4) do not fit the 2 devices the numa placement made (numa0, numa1)")));
+  EXPECT_THAT([&] { DeviceMesh::create(devices, {-1, -1}, {"dp", "tp"}); },
+              ThrowsMessage<ValueError>(HasSubstr("can only specify one unknown dimension")));
+  EXPECT_THAT([&] { DeviceMesh::create(devices, {2}, {"dp", "tp"}); },
+              ThrowsMessage<ValueError>(HasSubstr("mesh dims (2) and names (dp,tp) differ in length")));
+  EXPECT_THAT([&] { DeviceMesh::create(devices, {1, 2}, {"tp", "tp"}); }, ::testing::Throws<ValueError>());
+  const DeviceMesh m = DeviceMesh::create(devices, {2}, {"tp"});
+  const std::vector<std::string> bad{"sp"};
+  EXPECT_THAT([&] { m.groups(bad); },
+              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh (axes: tp)")));
+  EXPECT_THAT([&] { m.device(2); },
+              ThrowsMessage<IndexError>(HasSubstr("mesh slot 2 is out of range: the mesh has 2 devices")));
+}
+
+}  // namespace
+}  // namespace numesh::runtime

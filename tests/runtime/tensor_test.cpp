@@ -1,0 +1,200 @@
+#include "numesh/runtime/tensor.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "numesh/core/error.hpp"
+#include "numesh/runtime/collectives.hpp"
+#include "test_devices.hpp"
+
+namespace numesh::runtime {
+namespace {
+
+using sharding::AxisRule;
+using sharding::PartitionSpec;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+DeviceMesh mesh_2x4() {
+  return DeviceMesh::create(testing::synthetic_devices(testing::nodes(8)), {2, 4}, {"dp", "tp"});
+}
+
+HostTensor iota(std::vector<std::int64_t> shape) {
+  HostTensor t = HostTensor::zeros(std::move(shape));
+  std::iota(t.data.begin(), t.data.end(), 1.0f);
+  return t;
+}
+
+PartitionSpec P(std::vector<AxisRule> entries) { return PartitionSpec(std::move(entries)); }
+
+std::vector<PartitionSpec> specs_2d() {
+  return {P({}),
+          P({AxisRule("dp")}),
+          P({AxisRule("tp")}),
+          P({AxisRule(), AxisRule("tp")}),
+          P({AxisRule("dp"), AxisRule("tp")}),
+          P({AxisRule("tp"), AxisRule("dp")}),
+          P({AxisRule::tuple({"dp", "tp"})}),
+          P({AxisRule(), AxisRule::tuple({"tp", "dp"})})};
+}
+
+TEST(TensorTest, ShardThenGatherRoundTripsForEverySpec) {
+  const DeviceMesh m = mesh_2x4();
+  const HostTensor host = iota({8, 16});
+  for (const PartitionSpec& spec : specs_2d()) {
+    ShardedTensor t(m, host.shape, spec);
+    scatter(host, t);
+    // Every shard holds exactly its slice.
+    for (std::int64_t s = 0; s < m.size(); ++s) {
+      const auto& slices = t.layout().device(s).slices;
+      const auto values = t.shard(s).values();
+      std::size_t k = 0;
+      for (std::int64_t r = slices[0].offset; r < slices[0].limit(); ++r) {
+        for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
+          ASSERT_EQ(values[k++], host.data[static_cast<std::size_t>(r * 16 + c)])
+              << spec.repr() << " slot " << s;
+        }
+      }
+    }
+    EXPECT_EQ(gather(t), host) << spec.repr();
+  }
+}
+
+TEST(TensorTest, ShardAndGatherFnsApplyEformersCorrection) {
+  const DeviceMesh m = mesh_2x4();
+  // Dim 0 (6) is not divisible by tp=4, so eformer's correction drops it; dim 1 keeps dp.
+  const auto fns = make_shard_and_gather_fns(m, {6, 4}, P({AxisRule("tp"), AxisRule("dp")}));
+  EXPECT_EQ(fns.spec.repr(), "P(None, 'dp')");
+  const HostTensor host = iota({6, 4});
+  const ShardedTensor t = fns.shard(host);
+  EXPECT_EQ(t.layout().shard_shape(), (std::vector<std::int64_t>{6, 2}));
+  EXPECT_EQ(fns.gather(t), host);
+  // An axis the mesh lacks is dropped as well.
+  EXPECT_EQ(make_shard_and_gather_fns(m, {8}, P({AxisRule("sp")})).spec.repr(), "P()");
+}
+
+TEST(TensorTest, ReplicatedShardsAreRealCopiesOnEachDevice) {
+  const DeviceMesh m = mesh_2x4();
+  ShardedTensor t(m, {4, 4}, P({}));
+  scatter(iota({4, 4}), t);
+  for (std::int64_t s = 1; s < m.size(); ++s) {
+    EXPECT_NE(t.shard(s).values().data(), t.shard(0).values().data());
+    EXPECT_EQ(t.shard(s).device(), &m.device(s));
+    EXPECT_TRUE(std::equal(t.shard(s).values().begin(), t.shard(s).values().end(),
+                           t.shard(0).values().begin()));
+  }
+}
+
+TEST(TensorTest, BadShapesAreRejected) {
+  const DeviceMesh m = mesh_2x4();
+  ShardedTensor t(m, {8, 16}, P({AxisRule("dp")}));
+  EXPECT_THAT([&] { scatter(iota({8, 15}), t); },
+              ThrowsMessage<ShapeError>(HasSubstr("host tensor has shape (8, 15) but the sharded tensor has shape (8, 16)")));
+  EXPECT_THAT([&] { ShardedTensor(m, {7, 16}, P({AxisRule("dp")})); },
+              ThrowsMessage<ShapeError>(HasSubstr("7")));
+  EXPECT_THAT([&] { ShardedTensor(m, {8}, P({AxisRule("xp")})); }, ::testing::Throws<Error>());
+  EXPECT_THAT([&] { HostTensor::zeros({2, -1}); },
+              ThrowsMessage<ShapeError>(HasSubstr("shape (2, -1) has a negative extent")));
+  EXPECT_THAT([&] { (void)t.shard(8); },
+              ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
+}
+
+TEST(TensorTest, CopyBoxCopiesAStridedBlock) {
+  // A 2x3 box at (1, 2) of a 4x6 source into a 3x4 destination holding rows [1, 4), cols [2, 6).
+  std::vector<float> src(24);
+  std::iota(src.begin(), src.end(), 0.0f);
+  std::vector<float> dst(12, -1.0f);
+  const std::vector<sharding::DimSlice> box{{1, 2}, {2, 3}};
+  const std::vector<sharding::DimSlice> src_slices{{0, 4}, {0, 6}};
+  const std::vector<sharding::DimSlice> dst_slices{{1, 3}, {2, 4}};
+  copy_box(box, src.data(), src_slices, dst.data(), dst_slices);
+  EXPECT_EQ(dst, (std::vector<float>{8, 9, 10, -1, 14, 15, 16, -1, -1, -1, -1, -1}));
+  EXPECT_FALSE(intersect_boxes(std::vector<sharding::DimSlice>{{0, 2}},
+                               std::vector<sharding::DimSlice>{{2, 2}}));
+}
+
+// ---- Collectives on sharded tensors -----------------------------------------------------------
+
+TEST(ShardedCollectivesTest, RedistributeAllGathersAndAllToAllsAnySpecPair) {
+  const DeviceMesh m = mesh_2x4();
+  const HostTensor host = iota({8, 16});
+  const std::vector<std::string> all_axes{"dp", "tp"};
+  for (const PartitionSpec& from : specs_2d()) {
+    for (const PartitionSpec& to : specs_2d()) {
+      ShardedTensor in(m, host.shape, from), out(m, host.shape, to);
+      scatter(host, in);
+      GraphBuilder b(m.device_set());
+      redistribute(b, in, out, {.axes = all_axes, .after = {}, .name = {}});
+      b.compile().run();
+      ASSERT_EQ(gather(out), host) << from.repr() << " -> " << to.repr();
+      for (std::int64_t s = 0; s < m.size(); ++s) {
+        // Every shard, not just the first replica, holds its slice.
+        ShardedTensor check(m, host.shape, to);
+        scatter(host, check);
+        ASSERT_TRUE(std::equal(out.shard(s).values().begin(), out.shard(s).values().end(),
+                               check.shard(s).values().begin()))
+            << from.repr() << " -> " << to.repr() << " slot " << s;
+      }
+    }
+  }
+}
+
+TEST(ShardedCollectivesTest, AllGatherOverTpOnlyKeepsDp) {
+  const DeviceMesh m = mesh_2x4();
+  const HostTensor host = iota({8, 16});
+  ShardedTensor in(m, host.shape, P({AxisRule("dp"), AxisRule("tp")}));
+  ShardedTensor out(m, host.shape, P({AxisRule("dp")}));
+  scatter(host, in);
+  GraphBuilder b(m.device_set());
+  redistribute(b, in, out, {.axes = {"tp"}, .after = {}, .name = "ag"});
+  EXPECT_EQ(b.size(), 8u);
+  b.compile().run();
+  EXPECT_EQ(gather(out), host);
+  // Gathering over dp alone cannot produce a tp-free layout: the tp parts live outside the
+  // dp group.
+  ShardedTensor replicated(m, host.shape, P({}));
+  GraphBuilder b2(m.device_set());
+  EXPECT_THAT([&] { redistribute(b2, in, replicated, {.axes = {"dp"}, .after = {}, .name = {}}); },
+              ThrowsMessage<ShapeError>(HasSubstr("is held by no device of its group")));
+}
+
+TEST(ShardedCollectivesTest, ReduceScatterAndAllReduceSumPartialShards) {
+  const DeviceMesh m = mesh_2x4();
+  // Partial sums: every slot holds a full (4, 8) tensor whose values depend on the slot.
+  ShardedTensor partial(m, {4, 8}, P({}));
+  for (std::int64_t s = 0; s < m.size(); ++s) {
+    auto v = partial.shard(s).values();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(s * 100 + static_cast<std::int64_t>(i));
+  }
+  // Reduce over tp into a layout that splits dim 1 over tp.
+  ShardedTensor scattered(m, {4, 8}, P({AxisRule(), AxisRule("tp")}));
+  ShardedTensor summed(m, {4, 8}, P({}));
+  GraphBuilder b(m.device_set());
+  reduce_scatter(b, partial, scattered, ReduceOp::kSum, {.axes = {"tp"}, .after = {}, .name = {}});
+  all_reduce(b, partial, summed, ReduceOp::kSum, {.axes = {"tp"}, .after = {}, .name = {}});
+  b.compile().run();
+  for (std::int64_t s = 0; s < m.size(); ++s) {
+    const auto group = m.groups(std::vector<std::string>{"tp"})[static_cast<std::size_t>(s / 4)];
+    const auto& slices = scattered.layout().device(s).slices;
+    const auto got = scattered.shard(s).values();
+    std::size_t k = 0;
+    for (std::int64_t r = 0; r < 4; ++r) {
+      for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
+        float expected = 0;
+        for (std::int64_t t : group) expected += static_cast<float>(t * 100 + r * 8 + c);
+        ASSERT_EQ(got[k++], expected) << "slot " << s;
+      }
+    }
+    const auto all = summed.shard(s).values();
+    for (std::int64_t i = 0; i < 32; ++i) {
+      float expected = 0;
+      for (std::int64_t t : group) expected += static_cast<float>(t * 100 + i);
+      ASSERT_EQ(all[static_cast<std::size_t>(i)], expected);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace numesh::runtime
