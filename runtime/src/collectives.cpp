@@ -9,11 +9,8 @@
 #include <cstring>
 #include <functional>
 
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
-
 #include "box_runs.hpp"
+#include "copy_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 
@@ -43,35 +40,9 @@ void for_range(std::size_t n, Fn&& fn) {
                             });
 }
 
-// dst[0, n) = src[0, n), with streaming stores for large copies.
-void copy_floats(float* dst, const float* src, std::size_t n, bool non_temporal) {
-#if defined(__SSE2__)
-  if (non_temporal) {
-    std::size_t i = 0;
-    // Align the destination to 16 bytes for _mm_stream_ps.
-    while (i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 15u) != 0) {
-      dst[i] = src[i];
-      ++i;
-    }
-    for (; i + 16 <= n; i += 16) {
-      _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-      _mm_stream_ps(dst + i + 4, _mm_loadu_ps(src + i + 4));
-      _mm_stream_ps(dst + i + 8, _mm_loadu_ps(src + i + 8));
-      _mm_stream_ps(dst + i + 12, _mm_loadu_ps(src + i + 12));
-    }
-    for (; i < n; ++i) dst[i] = src[i];
-    _mm_sfence();  // make the streamed data visible before the node completes
-    return;
-  }
-#else
-  (void)non_temporal;
-#endif
-  std::memcpy(dst, src, n * sizeof(float));
-}
-
 void copy_parallel(float* dst, const float* src, std::size_t n) {
-  const bool nt = n * sizeof(float) >= kNonTemporalCopyBytes;
-  for_range(n, [&](std::size_t b, std::size_t e) { copy_floats(dst + b, src + b, e - b, nt); });
+  const bool nt = detail::streams(n);
+  for_range(n, [&](std::size_t b, std::size_t e) { detail::copy_floats(dst + b, src + b, e - b, nt); });
 }
 
 // dst[i] = op over k of inputs[k][i], k in order, for i in [0, n).
@@ -79,7 +50,7 @@ void reduce_block(float* dst, const std::vector<const float*>& inputs, std::size
                   std::size_t n, ReduceOp op) {
   const float* a = inputs[0] + offset;
   if (inputs.size() == 1) {
-    std::memcpy(dst, a, n * sizeof(float));
+    detail::copy_floats(dst, a, n, false);
     return;
   }
   const float* b = inputs[1] + offset;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "box_runs.hpp"
+#include "copy_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/graph.hpp"
@@ -74,11 +75,20 @@ std::optional<std::vector<DimSlice>> intersect_boxes(std::span<const DimSlice> a
   return out;
 }
 
+namespace {
+std::int64_t volume_of(std::span<const DimSlice> box) {
+  std::int64_t v = 1;
+  for (const DimSlice& d : box) v *= d.extent;
+  return v;
+}
+}  // namespace
+
 void copy_box(std::span<const DimSlice> box, const float* src, std::span<const DimSlice> src_slices,
               float* dst, std::span<const DimSlice> dst_slices) {
   detail::for_each_run(box, src_slices, dst_slices,
-                       [src, dst](std::int64_t s, std::int64_t t, std::int64_t run) {
-                         std::memcpy(dst + t, src + s, static_cast<std::size_t>(run) * sizeof(float));
+                       [src, dst, nt = detail::streams(static_cast<std::size_t>(volume_of(box)))](
+                           std::int64_t s, std::int64_t t, std::int64_t run) {
+                         detail::copy_floats(dst + t, src + s, static_cast<std::size_t>(run), nt);
                        });
 }
 

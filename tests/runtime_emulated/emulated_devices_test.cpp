@@ -1,5 +1,5 @@
-// Two really pinned devices on any machine with two CPUs: CTest runs this executable with
-// HWLOC_THISSYSTEM=1 HWLOC_SYNTHETIC='numa:2 core:1 pu:1' (BASELINES.md), so hwloc and oneTBB
+// Two really pinned devices on any machine with two CPUs: main() sets HWLOC_THISSYSTEM=1 and
+// HWLOC_SYNTHETIC='numa:2 core:1 pu:1' (BASELINES.md) before hwloc or oneTBB start, so they
 // see two NUMA nodes whose arenas are pinned to CPU 0 and CPU 1. Binding memory to the fake
 // node 1 fails, which exercises the first-touch fallback. Labelled `numa`: it loads tbbbind,
 // which aborts under ASan.
@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "numesh/runtime/collectives.hpp"
@@ -22,10 +23,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
+constexpr const char* kEmulation = "numa:2 core:1 pu:1";
+
 bool emulated() {
   const char* s = std::getenv("HWLOC_SYNTHETIC");
   const char* t = std::getenv("HWLOC_THISSYSTEM");
-  return s != nullptr && t != nullptr && std::string(t) == "1";
+  return s != nullptr && std::string(s) == kEmulation && t != nullptr && std::string(t) == "1";
 }
 
 std::shared_ptr<DeviceSet> devices() {
@@ -36,7 +39,8 @@ std::shared_ptr<DeviceSet> devices() {
 class EmulatedDevicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!emulated()) GTEST_SKIP() << "run through ctest, which sets HWLOC_SYNTHETIC";
+    if (!emulated()) GTEST_SKIP() << "HWLOC_SYNTHETIC was set to another topology by the caller";
+    if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two CPUs to pin to";
   }
 };
 
@@ -110,3 +114,12 @@ TEST_F(EmulatedDevicesTest, AllReduceAndShardGatherWorkOnPinnedDevices) {
 
 }  // namespace
 }  // namespace numesh::runtime
+
+int main(int argc, char** argv) {
+  // Before anything loads hwloc or oneTBB's tbbbind (both read these once). A caller's own
+  // setting wins (overwrite = 0); the tests then skip.
+  setenv("HWLOC_THISSYSTEM", "1", 0);
+  setenv("HWLOC_SYNTHETIC", numesh::runtime::kEmulation, 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,5 +1,8 @@
 // numesh: the command-line program. Subcommands:
 //   numesh resolve ...   semantic axes -> PartitionSpec -> corrected spec -> device layout
+//   numesh topology ...  machine (or synthetic/XML) topology -> devices, distances, notes
+//   numesh mesh ...      devices -> named mesh: which device sits at which coordinate
+//   numesh bench collectives ...  collectives against a plain loop and memcpy
 //
 // Exit status: 0 on success; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
@@ -9,7 +12,10 @@
 #include <iostream>
 
 #include "numesh/core/error.hpp"
+#include "bench_command.hpp"
+#include "mesh_command.hpp"
 #include "resolve_command.hpp"
+#include "topology_command.hpp"
 
 #ifndef NUMESH_VERSION
 #define NUMESH_VERSION "unknown"
@@ -32,6 +38,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   numesh::tools::ResolveOptions resolve;
   CLI::App* resolve_cmd = numesh::tools::add_resolve_command(app, resolve);
+  numesh::tools::TopologyOptions topology;
+  CLI::App* topology_cmd = numesh::tools::add_topology_command(app, topology);
+  numesh::tools::MeshOptions mesh;
+  CLI::App* mesh_cmd = numesh::tools::add_mesh_command(app, mesh);
+  numesh::tools::BenchCollectivesOptions bench_collectives;
+  CLI::App* bench_collectives_cmd = numesh::tools::add_bench_command(app, bench_collectives);
 
   try {
     app.parse(argc, argv);
@@ -43,6 +55,11 @@ int main(int argc, char** argv) {
 
   try {
     if (resolve_cmd->parsed()) numesh::tools::run_resolve(resolve, std::cout);
+    if (topology_cmd->parsed()) numesh::tools::run_topology(topology, std::cout);
+    if (mesh_cmd->parsed()) numesh::tools::run_mesh(mesh, std::cout);
+    if (bench_collectives_cmd->parsed()) {
+      numesh::tools::run_bench_collectives(bench_collectives, std::cout);
+    }
   } catch (const numesh::Error& e) {
     return fail(e.what());
   }

@@ -63,11 +63,6 @@ enum class AllReduceAlgorithm {
 /// (latency); above it reduce-scatter + all-gather moves less memory (docs/benchmarks.md).
 inline constexpr std::size_t kDirectAllReduceBytes = std::size_t{64} << 10;
 
-/// Copies at or above this many bytes use non-temporal stores where the CPU has them: the
-/// destination is not read again soon, and skipping the cache cuts the read-for-ownership
-/// traffic (BASELINES.md: 1.7x over memcpy on this machine kind).
-inline constexpr std::size_t kNonTemporalCopyBytes = std::size_t{1} << 20;
-
 /// Common arguments of the buffer collectives.
 struct CollectiveArgs {
   /// Mesh axes the collective runs over (empty = each slot alone).

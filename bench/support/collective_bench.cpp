@@ -1,0 +1,335 @@
+#include "collective_bench.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::bench {
+
+namespace {
+
+// A known input value for (rank, element): small integers, so sums are exact.
+float input_value(std::size_t rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * 8 + i % 16);
+}
+
+std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks) {
+  NUMESH_CHECK(bytes > 0 && bytes % (sizeof(float) * ranks) == 0, ValueError,
+               "{}: {} bytes is not a positive multiple of 4 bytes x {} devices", to_string(op),
+               bytes, ranks);
+  return bytes / sizeof(float);
+}
+
+// Output elements per rank for `count` input elements per rank.
+std::size_t output_count(CollectiveOp op, std::size_t count, std::size_t ranks) {
+  switch (op) {
+    case CollectiveOp::kAllGather: return count * ranks;
+    case CollectiveOp::kReduceScatter: return count / ranks;
+    default: return count;
+  }
+}
+
+// The value output element i of `rank` must hold.
+float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std::size_t rank,
+                     std::size_t i) {
+  const std::size_t chunk = count / ranks;
+  switch (op) {
+    case CollectiveOp::kAllReduce: {
+      float acc = 0;
+      for (std::size_t r = 0; r < ranks; ++r) acc += input_value(r, i);
+      return acc;
+    }
+    case CollectiveOp::kAllGather: return input_value(i / count, i % count);
+    case CollectiveOp::kReduceScatter: {
+      float acc = 0;
+      for (std::size_t r = 0; r < ranks; ++r) acc += input_value(r, rank * chunk + i);
+      return acc;
+    }
+    case CollectiveOp::kAllToAll: return input_value(i / chunk, rank * chunk + i % chunk);
+  }
+  return 0;
+}
+
+bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks,
+                   const std::function<const float*(std::size_t)>& out) {
+  const std::size_t n = output_count(op, count, ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const float* v = out(r);
+    // Every element of small outputs, a stride of large ones.
+    const std::size_t step = std::max<std::size_t>(1, n / 4096);
+    for (std::size_t i = 0; i < n; i += step) {
+      if (v[i] != expected_value(op, count, ranks, r, i)) return false;
+    }
+    if (n > 0 && v[n - 1] != expected_value(op, count, ranks, r, n - 1)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+AlignedFloats::AlignedFloats(std::size_t n)
+    : data_(static_cast<float*>(std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096 + 4096))),
+      size_(n) {
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, n * sizeof(float));
+}
+
+AlignedFloats::~AlignedFloats() { std::free(data_); }
+
+std::string_view to_string(CollectiveOp op) noexcept {
+  switch (op) {
+    case CollectiveOp::kAllReduce: return "all-reduce";
+    case CollectiveOp::kAllGather: return "all-gather";
+    case CollectiveOp::kReduceScatter: return "reduce-scatter";
+    case CollectiveOp::kAllToAll: return "all-to-all";
+  }
+  return "?";
+}
+
+CollectiveOp parse_collective_op(std::string_view text) {
+  for (CollectiveOp op : all_collective_ops()) {
+    if (text == to_string(op)) return op;
+  }
+  throw ValueError(fmt::format(
+      "unknown collective '{}' (choose all-reduce, all-gather, reduce-scatter or all-to-all)",
+      text));
+}
+
+std::vector<CollectiveOp> all_collective_ops() {
+  return {CollectiveOp::kAllReduce, CollectiveOp::kAllGather, CollectiveOp::kReduceScatter,
+          CollectiveOp::kAllToAll};
+}
+
+GraphCollective::GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, CollectiveOp op,
+                                 std::size_t bytes)
+    : op_(op),
+      count_(element_count(op, bytes, devices->size())),
+      mesh_(runtime::DeviceMesh::create(devices, {-1}, {"x"})),
+      graph_([&] {
+        const std::size_t ranks = devices->size();
+        const std::size_t out_n = output_count(op, count_, ranks);
+        std::vector<runtime::BufferView> iv, ov;
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const auto slot = static_cast<std::int64_t>(r);
+          in_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(count_)});
+          out_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)});
+          auto v = in_.back().values();
+          // Written by the device's threads, so the pages stay on its node.
+          mesh_.device(slot).execute([&] {
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = input_value(r, i);
+          });
+        }
+        for (auto& t : in_) iv.push_back(runtime::view(t));
+        for (auto& t : out_) ov.push_back(runtime::view(t));
+        runtime::GraphBuilder b(devices);
+        const runtime::CollectiveArgs args{.axes = {"x"}, .after = {}, .name = {}};
+        switch (op) {
+          case CollectiveOp::kAllReduce:
+            runtime::all_reduce(b, mesh_, iv, ov, count_, runtime::ReduceOp::kSum, args);
+            break;
+          case CollectiveOp::kAllGather: runtime::all_gather(b, mesh_, iv, ov, count_, args); break;
+          case CollectiveOp::kReduceScatter:
+            runtime::reduce_scatter(b, mesh_, iv, ov, count_, runtime::ReduceOp::kSum, args);
+            break;
+          case CollectiveOp::kAllToAll: {
+            const std::size_t chunk = count_ / ranks;
+            runtime::all_to_all(b, mesh_, iv, ov,
+                                std::vector<std::vector<std::size_t>>(ranks, std::vector<std::size_t>(ranks, chunk)),
+                                args);
+            break;
+          }
+        }
+        return b.compile();
+      }()) {}
+
+bool GraphCollective::check() const {
+  return check_outputs(op_, count_, in_.size(),
+                       [this](std::size_t r) { return out_[r].values().data(); });
+}
+
+// ---- The plain baseline -----------------------------------------------------------------------
+
+struct PlainCollective::State {
+  CollectiveOp op;
+  std::size_t ranks;
+  std::size_t count;
+  bool spin;
+  std::vector<std::unique_ptr<AlignedFloats>> in, out;
+  std::vector<std::thread> threads;
+  std::atomic<std::uint64_t> go{0};        // generation the helpers should run
+  std::atomic<bool> quit{false};
+  std::atomic<std::size_t> arrived{0};     // barrier: threads arrived in this phase
+  std::atomic<std::uint64_t> phase{0};     // barrier: completed phases
+
+  void wait_until(const std::function<bool()>& ready) const {
+    int spins = 0;
+    while (!ready()) {
+      if (!spin || ++spins > 1000) std::this_thread::yield();
+    }
+  }
+
+  void barrier() {
+    const std::uint64_t p = phase.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == ranks) {
+      arrived.store(0, std::memory_order_relaxed);
+      phase.store(p + 1, std::memory_order_release);
+      return;
+    }
+    wait_until([&] { return phase.load(std::memory_order_acquire) != p; });
+  }
+
+  void work(std::size_t r) {
+    const std::size_t chunk = count / ranks;
+    float* dst = out[r]->data();
+    switch (op) {
+      case CollectiveOp::kAllReduce: {
+        const std::size_t b = r * chunk;
+        std::memcpy(dst + b, in[0]->data() + b, chunk * sizeof(float));
+        for (std::size_t j = 1; j < ranks; ++j) {
+          const float* src = in[j]->data() + b;
+          for (std::size_t i = 0; i < chunk; ++i) dst[b + i] += src[i];
+        }
+        barrier();
+        for (std::size_t j = 0; j < ranks; ++j) {
+          if (j != r) std::memcpy(dst + j * chunk, out[j]->data() + j * chunk, chunk * sizeof(float));
+        }
+        break;
+      }
+      case CollectiveOp::kAllGather:
+        for (std::size_t j = 0; j < ranks; ++j) {
+          std::memcpy(dst + j * count, in[j]->data(), count * sizeof(float));
+        }
+        break;
+      case CollectiveOp::kReduceScatter:
+        std::memcpy(dst, in[0]->data() + r * chunk, chunk * sizeof(float));
+        for (std::size_t j = 1; j < ranks; ++j) {
+          const float* src = in[j]->data() + r * chunk;
+          for (std::size_t i = 0; i < chunk; ++i) dst[i] += src[i];
+        }
+        break;
+      case CollectiveOp::kAllToAll:
+        for (std::size_t j = 0; j < ranks; ++j) {
+          std::memcpy(dst + j * chunk, in[j]->data() + r * chunk, chunk * sizeof(float));
+        }
+        break;
+    }
+    barrier();
+  }
+
+  void setup(std::size_t r) {
+    const auto cpus = std::max(1u, std::thread::hardware_concurrency());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(r % cpus, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    // Allocated and first-touched by the thread that owns them.
+    in[r] = std::make_unique<AlignedFloats>(count);
+    out[r] = std::make_unique<AlignedFloats>(output_count(op, count, ranks));
+    for (std::size_t i = 0; i < count; ++i) in[r]->data()[i] = input_value(r, i);
+  }
+};
+
+PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.op = op;
+  s.ranks = static_cast<std::size_t>(std::max(1, threads));
+  s.count = element_count(op, bytes, s.ranks);
+  s.spin = s.ranks <= std::max(1u, std::thread::hardware_concurrency());
+  s.in.resize(s.ranks);
+  s.out.resize(s.ranks);
+  std::atomic<std::size_t> ready{0};
+  for (std::size_t r = 1; r < s.ranks; ++r) {
+    s.threads.emplace_back([&s, &ready, r] {
+      s.setup(r);
+      ++ready;
+      std::uint64_t seen = 0;
+      while (true) {
+        s.wait_until([&] { return s.quit.load() || s.go.load(std::memory_order_acquire) != seen; });
+        if (s.quit.load()) return;
+        seen = s.go.load(std::memory_order_acquire);
+        s.work(r);
+      }
+    });
+  }
+  s.setup(0);
+  while (ready.load() + 1 < s.ranks) std::this_thread::yield();
+}
+
+PlainCollective::~PlainCollective() {
+  state_->quit.store(true);
+  for (auto& t : state_->threads) t.join();
+}
+
+void PlainCollective::run() {
+  state_->go.fetch_add(1, std::memory_order_acq_rel);
+  state_->work(0);
+}
+
+bool PlainCollective::check() const {
+  const State& s = *state_;
+  return check_outputs(s.op, s.count, s.ranks, [&s](std::size_t r) { return s.out[r]->data(); });
+}
+
+MemcpyBaseline::MemcpyBaseline(std::size_t bytes)
+    : src_((bytes + 3) / 4), dst_((bytes + 3) / 4), bytes_(bytes) {
+  std::memset(src_.data(), 1, bytes);
+}
+
+void MemcpyBaseline::run() { std::memcpy(dst_.data(), src_.data(), bytes_); }
+
+double median_seconds(const std::function<void()>& fn, int min_repeats, double min_seconds) {
+  using Clock = std::chrono::steady_clock;
+  fn();  // warm-up
+  std::vector<double> samples;
+  const auto start = Clock::now();
+  while (static_cast<int>(samples.size()) < min_repeats ||
+         std::chrono::duration<double>(Clock::now() - start).count() < min_seconds) {
+    const auto t0 = Clock::now();
+    fn();
+    samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (samples.size() >= 100000) break;
+  }
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2),
+                   samples.end());
+  return samples[samples.size() / 2];
+}
+
+std::string format_bytes(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
+    return fmt::format("{} MiB", bytes >> 20);
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+std::size_t parse_bytes(std::string_view text) {
+  std::size_t i = 0, value = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+    value = value * 10 + static_cast<std::size_t>(text[i] - '0');
+    ++i;
+  }
+  NUMESH_CHECK(i > 0, ValueError, "bad size '{}': expected a number such as 4K, 64MiB or 4096",
+               text);
+  const std::string_view unit = text.substr(i);
+  if (unit.empty() || unit == "B") return value;
+  if (unit == "K" || unit == "KiB" || unit == "k") return value << 10;
+  if (unit == "M" || unit == "MiB") return value << 20;
+  if (unit == "G" || unit == "GiB") return value << 30;
+  throw ValueError(fmt::format("bad size '{}': unknown unit '{}' (use K, KiB, M, MiB, G or GiB)",
+                               text, unit));
+}
+
+}  // namespace numesh::bench

@@ -1,0 +1,376 @@
+#include "numesh/runtime/topology.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "hwloc_handle.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/log.hpp"
+
+namespace numesh::runtime {
+
+namespace detail {
+
+UniqueBitmap make_bitmap() {
+  UniqueBitmap bitmap(hwloc_bitmap_alloc());
+  NUMESH_CHECK(bitmap != nullptr, TopologyError, "hwloc could not allocate a bitmap");
+  return bitmap;
+}
+
+UniqueBitmap to_bitmap(const CpuSet& cpus) {
+  UniqueBitmap bitmap = make_bitmap();
+  for (const int pu : cpus.pus()) {
+    NUMESH_CHECK(hwloc_bitmap_set(bitmap.get(), static_cast<unsigned>(pu)) == 0, TopologyError,
+                 "hwloc could not add PU {} to a bitmap", pu);
+  }
+  return bitmap;
+}
+
+CpuSet to_cpuset(hwloc_const_bitmap_t bitmap) {
+  if (bitmap == nullptr) return CpuSet();
+  // An infinite bitmap would never end the loop below; object cpusets are always finite.
+  NUMESH_DCHECK(hwloc_bitmap_weight(bitmap) >= 0);
+  std::vector<int> pus;
+  for (int pu = hwloc_bitmap_first(bitmap); pu != -1; pu = hwloc_bitmap_next(bitmap, pu)) {
+    pus.push_back(pu);
+  }
+  return CpuSet(std::move(pus));
+}
+
+hwloc_obj_t HwlocTopology::numa_obj(int index) const noexcept {
+  if (index < 0) return nullptr;
+  return hwloc_get_obj_by_type(get(), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(index));
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::HwlocTopology;
+using detail::UniqueBitmap;
+using detail::UniqueTopology;
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+UniqueTopology init_topology() {
+  hwloc_topology_t raw = nullptr;
+  NUMESH_CHECK(hwloc_topology_init(&raw) == 0, TopologyError,
+               "hwloc could not initialise a topology: {}", errno_text(errno));
+  return UniqueTopology(raw);
+}
+
+// hwloc's "unknown" os_index (HWLOC_UNKNOWN_INDEX) becomes -1.
+int os_index(hwloc_obj_t obj) {
+  return obj->os_index == HWLOC_UNKNOWN_INDEX ? -1 : static_cast<int>(obj->os_index);
+}
+
+int count(hwloc_topology_t t, hwloc_obj_type_t type) {
+  // -1 means "at several depths", which hwloc 2 allows for Groups only, never for the types
+  // read here.
+  const int n = hwloc_get_nbobjs_by_type(t, type);
+  return n < 0 ? 0 : n;
+}
+
+hwloc_obj_t object(hwloc_topology_t t, hwloc_obj_type_t type, int i) {
+  return hwloc_get_obj_by_type(t, type, static_cast<unsigned>(i));
+}
+
+// Logical index of the nearest ancestor of `type`, or -1.
+int ancestor_index(hwloc_topology_t t, hwloc_obj_type_t type, hwloc_obj_t obj) {
+  const hwloc_obj_t a = hwloc_get_ancestor_obj_by_type(t, type, obj);
+  return a == nullptr ? -1 : static_cast<int>(a->logical_index);
+}
+
+// The node sharing the most PUs with `cpus` (the first on a tie), or -1 when none shares any.
+int most_shared_node(const std::vector<NumaNode>& nodes, const CpuSet& cpus) {
+  int best = -1;
+  std::size_t best_shared = 0;
+  for (const NumaNode& n : nodes) {
+    const std::size_t shared = n.cpuset.intersect(cpus).size();
+    if (shared > best_shared) {
+      best = n.index;
+      best_shared = shared;
+    }
+  }
+  return best;
+}
+
+// hwloc attaches a NUMA node as a memory child of the object it is local to. On most machines
+// that is the package or something below it; on some exports (16amd64-8n2c-cpusets.xml) it is
+// a Group above the package, so the ancestor walk finds none. The package whose PUs include
+// the node's is then the one holding it.
+int node_package(hwloc_topology_t t, hwloc_obj_t obj, const CpuSet& cpus,
+                 const std::vector<Package>& packages) {
+  const int ancestor = ancestor_index(t, HWLOC_OBJ_PACKAGE, obj);
+  if (ancestor >= 0 || cpus.empty()) return ancestor;
+  for (const Package& p : packages) {
+    if (p.cpuset.contains(cpus)) return p.index;
+  }
+  return -1;
+}
+
+std::string_view distance_origin(TopologySource source) {
+  switch (source) {
+    case TopologySource::kMachine:
+      return "os";
+    case TopologySource::kXml:
+      return "xml";
+    case TopologySource::kSynthetic:
+      return "synthetic";
+  }
+  return "os";
+}
+
+// Releases hwloc's distance structures when the reader is done with them.
+class DistancesList {
+ public:
+  explicit DistancesList(hwloc_topology_t t) : topology_(t) {}
+  DistancesList(const DistancesList&) = delete;
+  DistancesList& operator=(const DistancesList&) = delete;
+  ~DistancesList() {
+    for (hwloc_distances_s* d : list_) hwloc_distances_release(topology_, d);
+  }
+  std::vector<hwloc_distances_s*>& list() noexcept { return list_; }
+
+ private:
+  hwloc_topology_t topology_;
+  std::vector<hwloc_distances_s*> list_;
+};
+
+// The first NUMA latency matrix that covers every node, reordered by NumaNode::index (hwloc
+// stores the objects in the order the source listed them, which is not the logical order in
+// 16amd64-8n2c-cpusets.xml); otherwise the 10/20 guess.
+DistanceMatrix read_distances(hwloc_topology_t t, int nodes, TopologySource source,
+                              std::vector<std::string>& notes) {
+  const auto n = static_cast<std::size_t>(nodes);
+  DistancesList found(t);
+  unsigned nr = 0;
+  constexpr unsigned long kKind = HWLOC_DISTANCES_KIND_MEANS_LATENCY;
+  if (hwloc_distances_get_by_type(t, HWLOC_OBJ_NUMANODE, &nr, nullptr, kKind, 0) == 0 && nr > 0) {
+    found.list().resize(nr, nullptr);
+    if (hwloc_distances_get_by_type(t, HWLOC_OBJ_NUMANODE, &nr, found.list().data(), kKind, 0) !=
+        0) {
+      nr = 0;
+    }
+    found.list().resize(nr);  // hwloc may return fewer than it counted
+  }
+  for (const hwloc_distances_s* d : found.list()) {
+    if (d->nbobjs != n) continue;
+    std::vector<std::size_t> row(n);
+    std::vector<bool> seen(n, false);
+    bool covers = true;
+    for (std::size_t i = 0; i < n && covers; ++i) {
+      const hwloc_obj_t obj = d->objs[i];
+      covers = obj != nullptr && obj->type == HWLOC_OBJ_NUMANODE && obj->logical_index < n &&
+               !seen[obj->logical_index];
+      if (covers) {
+        row[i] = obj->logical_index;
+        seen[obj->logical_index] = true;
+      }
+    }
+    if (!covers) continue;
+    DistanceMatrix m{.size = nodes,
+                     .values = std::vector<std::uint64_t>(n * n),
+                     .origin = std::string(distance_origin(source))};
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t j = 0; j < n; ++j) m.values[row[i] * n + row[j]] = d->values[i * n + j];
+    }
+    return m;
+  }
+  DistanceMatrix m{
+      .size = nodes, .values = std::vector<std::uint64_t>(n * n, 20), .origin = "default"};
+  for (std::size_t i = 0; i < n; ++i) m.values[i * n + i] = 10;
+  // With one node there is nothing to guess.
+  if (nodes > 1) {
+    notes.emplace_back(
+        "no NUMA distance matrix was found: the distances are a guess (10 local, 20 remote)");
+  }
+  return m;
+}
+
+// Restricts the machine topology to the PUs this process may run on (taskset, numactl,
+// sched_setaffinity). hwloc already leaves out what cgroups forbid; the affinity mask is only
+// visible through the binding. Restricting the hwloc topology itself, rather than filtering
+// what is reported, keeps the objects the binding code sees consistent with the Topology.
+void restrict_to_binding(hwloc_topology_t t, std::vector<std::string>& notes) {
+  UniqueBitmap binding = detail::make_bitmap();
+  if (hwloc_get_cpubind(t, binding.get(), HWLOC_CPUBIND_PROCESS) != 0) {
+    notes.push_back(fmt::format("could not read the process binding ({}): every allowed PU is used",
+                                errno_text(errno)));
+    return;
+  }
+  const hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(t);
+  NUMESH_CHECK(hwloc_bitmap_and(binding.get(), binding.get(), allowed) == 0, TopologyError,
+               "hwloc could not intersect the process binding with the allowed PUs");
+  if (hwloc_bitmap_iszero(binding.get()) || hwloc_bitmap_isequal(binding.get(), allowed)) return;
+  const CpuSet bound = detail::to_cpuset(binding.get());
+  NUMESH_CHECK(hwloc_topology_restrict(t, binding.get(), 0) == 0, TopologyError,
+               "hwloc could not restrict the topology to the process binding {}: {}", bound,
+               errno_text(errno));
+  notes.push_back(fmt::format("restricted to the process binding {}", bound));
+}
+
+// Automatic NUMA balancing migrates pages towards the threads touching them, undoing the
+// runtime's explicit placement (and making benchmarks noisy), so users should hear about it.
+void warn_if_numa_balancing() {
+  std::ifstream in("/proc/sys/kernel/numa_balancing");
+  std::string value;
+  if (!(in >> value) || value == "0") return;
+  log::warn_once("numa_balancing",
+                 fmt::format("the kernel's automatic NUMA balancing is on "
+                             "(/proc/sys/kernel/numa_balancing = {}); it migrates pages behind "
+                             "numesh's placement (turn it off with `sysctl "
+                             "kernel.numa_balancing=0`)",
+                             value));
+}
+
+}  // namespace
+
+namespace detail {
+
+Topology HwlocTopology::make_topology(std::shared_ptr<const HwlocTopology> hwloc,
+                                      TopologySource source, std::string origin, bool can_bind,
+                                      std::vector<std::string> notes) {
+  const hwloc_topology_t t = hwloc->get();
+  Topology topo;
+  topo.source_ = source;
+  topo.origin_ = std::move(origin);
+  topo.can_bind_ = can_bind;
+
+  for (int i = 0; i < count(t, HWLOC_OBJ_PACKAGE); ++i) {
+    const hwloc_obj_t obj = object(t, HWLOC_OBJ_PACKAGE, i);
+    topo.packages_.push_back(
+        {.index = i, .os_index = os_index(obj), .cpuset = to_cpuset(obj->cpuset)});
+  }
+
+  // In hwloc 2 a NUMA node is a memory child; its cpuset is the PUs local to it, and it is
+  // empty for memory-only nodes, which stay listed.
+  for (int i = 0; i < count(t, HWLOC_OBJ_NUMANODE); ++i) {
+    const hwloc_obj_t obj = object(t, HWLOC_OBJ_NUMANODE, i);
+    CpuSet cpus = to_cpuset(obj->cpuset);
+    const int package = node_package(t, obj, cpus, topo.packages_);
+    topo.numa_nodes_.push_back({.index = i,
+                                .os_index = os_index(obj),
+                                .cpuset = std::move(cpus),
+                                .memory_bytes = obj->attr->numanode.local_memory,
+                                .package = package});
+  }
+
+  for (int i = 0; i < count(t, HWLOC_OBJ_L3CACHE); ++i) {
+    const hwloc_obj_t obj = object(t, HWLOC_OBJ_L3CACHE, i);
+    CpuSet cpus = to_cpuset(obj->cpuset);
+    const int node = most_shared_node(topo.numa_nodes_, cpus);
+    topo.l3_groups_.push_back({.index = i,
+                               .size_bytes = obj->attr->cache.size,
+                               .cpuset = std::move(cpus),
+                               .numa_node = node});
+  }
+
+  // Some topologies (synthetic ones without a core level, some XML exports) have no Core
+  // objects; each PU then counts as a core.
+  const hwloc_obj_type_t core_type = count(t, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
+  for (int i = 0; i < count(t, core_type); ++i) {
+    const hwloc_obj_t obj = object(t, core_type, i);
+    CpuSet pus = to_cpuset(obj->cpuset);
+    if (pus.empty()) continue;
+    const int node = most_shared_node(topo.numa_nodes_, pus);
+    topo.cpuset_ = topo.cpuset_.unite(pus);
+    topo.cores_.push_back({.index = static_cast<int>(topo.cores_.size()),
+                           .pus = std::move(pus),
+                           .numa_node = node,
+                           .package = ancestor_index(t, HWLOC_OBJ_PACKAGE, obj),
+                           .l3_group = ancestor_index(t, HWLOC_OBJ_L3CACHE, obj)});
+  }
+
+  topo.distances_ = read_distances(t, static_cast<int>(topo.numa_nodes_.size()), source, notes);
+  topo.notes_ = std::move(notes);
+  topo.hwloc_ = std::move(hwloc);
+  return topo;
+}
+
+}  // namespace detail
+
+std::string_view to_string(TopologySource source) noexcept {
+  switch (source) {
+    case TopologySource::kMachine:
+      return "machine";
+    case TopologySource::kSynthetic:
+      return "synthetic";
+    case TopologySource::kXml:
+      return "xml";
+  }
+  return "unknown";
+}
+
+Topology Topology::discover() {
+  UniqueTopology topo = init_topology();
+  NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
+               "hwloc could not load the machine's topology: {}", errno_text(errno));
+  std::vector<std::string> notes;
+  // HWLOC_XMLFILE or HWLOC_SYNTHETIC in the environment make hwloc load something other than
+  // this machine; its PUs are then not ours to bind to or to restrict by our binding.
+  const bool thissystem = hwloc_topology_is_thissystem(topo.get()) != 0;
+  if (thissystem) {
+    restrict_to_binding(topo.get(), notes);
+  } else {
+    notes.emplace_back(
+        "hwloc loaded another system (HWLOC_XMLFILE or HWLOC_SYNTHETIC is set): binding is not "
+        "possible, devices run unpinned");
+  }
+  warn_if_numa_balancing();
+  return HwlocTopology::make_topology(std::make_shared<const HwlocTopology>(std::move(topo)),
+                                      TopologySource::kMachine, "", /*can_bind=*/thissystem,
+                                      std::move(notes));
+}
+
+Topology Topology::from_synthetic(std::string_view description) {
+  const std::string desc(description);
+  UniqueTopology topo = init_topology();
+  NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
+               "hwloc rejected the synthetic topology description '{}'", desc);
+  NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
+               "hwloc could not load the synthetic topology '{}': {}", desc, errno_text(errno));
+  // hwloc's synthetic backend binds nothing and reports success, unless HWLOC_THISSYSTEM=1
+  // told it that the description is this machine (how two NUMA devices are emulated on a
+  // one-node machine).
+  const bool can_bind = hwloc_topology_is_thissystem(topo.get()) != 0;
+  std::vector<std::string> notes;
+  if (!can_bind) {
+    notes.emplace_back(
+        "binding is not possible on a synthetic topology: devices run unpinned (set "
+        "HWLOC_THISSYSTEM=1 to bind to the PUs it names)");
+  }
+  return HwlocTopology::make_topology(std::make_shared<const HwlocTopology>(std::move(topo)),
+                                      TopologySource::kSynthetic, desc, can_bind, std::move(notes));
+}
+
+Topology Topology::from_xml(const std::filesystem::path& file) {
+  const std::string path = file.string();
+  std::error_code ec;
+  NUMESH_CHECK(std::filesystem::exists(file, ec), TopologyError,
+               "topology file '{}' does not exist", path);
+  NUMESH_CHECK(!std::filesystem::is_directory(file, ec), TopologyError,
+               "topology file '{}' is a directory", path);
+  UniqueTopology topo = init_topology();
+  NUMESH_CHECK(hwloc_topology_set_xml(topo.get(), path.c_str()) == 0, TopologyError,
+               "hwloc could not read the topology file '{}': {}", path, errno_text(errno));
+  NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
+               "hwloc could not load the topology file '{}': {}", path, errno_text(errno));
+  // Even with HWLOC_THISSYSTEM=1 an export of some other machine names PUs this one may not
+  // have, so XML topologies never bind.
+  std::vector<std::string> notes{
+      "binding is not possible on an XML topology: devices run unpinned"};
+  return HwlocTopology::make_topology(std::make_shared<const HwlocTopology>(std::move(topo)),
+                                      TopologySource::kXml, path, /*can_bind=*/false,
+                                      std::move(notes));
+}
+
+}  // namespace numesh::runtime

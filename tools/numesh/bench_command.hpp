@@ -1,0 +1,36 @@
+#pragma once
+
+// `numesh bench collectives`: each collective on the machine's devices against a plain
+// shared-memory loop and memcpy, measured in the same run.
+
+#include <iosfwd>
+#include <string>
+
+#include "machine_options.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace numesh::tools {
+
+/// The options of `numesh bench collectives`.
+struct BenchCollectivesOptions {
+  MachineOptions machine;  ///< topology and placement
+  std::string ops = "all-reduce,all-gather,reduce-scatter,all-to-all";  ///< --ops
+  std::string sizes = "4K,16K,64K,256K,1M,4M,16M,64M";  ///< --sizes (bytes per device)
+  int repeats = 20;        ///< --repeats: at least this many timed runs per case
+  double min_time = 0.2;   ///< --min-time: and at least this many seconds per case
+  std::string json;        ///< --json FILE: one record per case
+  bool quiet = false;      ///< --quiet: no progress line
+};
+
+/// Registers `bench` with its `collectives` subcommand. Returns the `collectives` subcommand.
+/// Not thread-safe (CLI11 setup).
+CLI::App* add_bench_command(CLI::App& app, BenchCollectivesOptions& options);
+
+/// Runs the benchmark, writes the table to `out` (and the JSON file when asked); progress goes
+/// to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
+void run_bench_collectives(const BenchCollectivesOptions& options, std::ostream& out);
+
+}  // namespace numesh::tools

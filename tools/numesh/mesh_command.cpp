@@ -1,0 +1,112 @@
+#include "mesh_command.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <ostream>
+
+#include "numesh/runtime/device_mesh.hpp"
+#include "resolve_command.hpp"
+
+namespace numesh::tools {
+
+namespace {
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text) {
+    if (c == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else if (c != ' ') {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+}  // namespace
+
+CLI::App* add_mesh_command(CLI::App& app, MeshOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "mesh",
+      "Lay the devices of this machine (or a synthetic or XML topology) into a named mesh, as "
+      "eformer's create_mesh does, and show which device sits at which coordinate.");
+  cmd->footer(R"(Examples:
+  numesh mesh --dims 2,-1 --names dp,tp
+  numesh mesh --synthetic 'package:2 numa:2 core:4 pu:1' --dims 2,2 --names dp,tp --json)");
+  add_machine_options(*cmd, o.machine, /*with_threads=*/false);
+  cmd->add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")
+      ->capture_default_str();
+  cmd->add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print JSON instead of text");
+  return cmd;
+}
+
+void run_mesh(const MeshOptions& o, std::ostream& out) {
+  const auto dims = parse_int_list(o.dims, "--dims");
+  const auto names = split_names(o.names);
+  const auto placement = placement_options(o.machine);
+  auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement);
+  const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
+
+  nlohmann::json slots = nlohmann::json::array();
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const runtime::Device& d = mesh.device(s);
+    slots.push_back({{"slot", s},
+                     {"coords", mesh.coords(s)},
+                     {"device", d.index()},
+                     {"label", d.spec().label},
+                     {"cpuset", d.spec().cpuset.to_string()},
+                     {"threads", d.spec().threads},
+                     {"numa_node", d.spec().numa_node},
+                     {"pinning", std::string(runtime::to_string(d.pinning()))}});
+  }
+  nlohmann::json groups = nlohmann::json::object();
+  for (const std::string& axis : mesh.mesh().names()) {
+    groups[axis] = mesh.groups(std::vector<std::string>{axis});
+  }
+  if (o.json) {
+    out << nlohmann::json{{"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
+                          {"policy", std::string(runtime::to_string(placement.policy))},
+                          {"slots", slots},
+                          {"groups", groups},
+                          {"notes", devices->notes()}}
+               .dump(2)
+        << "\n";
+    return;
+  }
+  out << mesh.to_string() << "\n\n";
+  out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {}\n", "slot", "coords",
+                     "device", "label", "cpus", "threads", "node", "pinning");
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const runtime::Device& d = mesh.device(s);
+    std::vector<std::string> coords;
+    const auto c = mesh.coords(s);
+    for (std::size_t a = 0; a < c.size(); ++a) {
+      coords.push_back(fmt::format("{}={}", mesh.mesh().names()[a], c[a]));
+    }
+    out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {}\n", s,
+                       fmt::format("{}", fmt::join(coords, ",")), d.index(), d.spec().label,
+                       d.spec().cpuset.to_string(), d.spec().threads, d.spec().numa_node,
+                       runtime::to_string(d.pinning()));
+  }
+  out << "\ngroups (collectives over one axis run within each group):\n";
+  for (const std::string& axis : mesh.mesh().names()) {
+    std::vector<std::string> parts;
+    for (const auto& g : mesh.groups(std::vector<std::string>{axis})) {
+      parts.push_back(fmt::format("{{{}}}", fmt::join(g, ",")));
+    }
+    out << fmt::format("  {}: {}\n", axis, fmt::join(parts, " "));
+  }
+  if (!devices->notes().empty()) {
+    out << "\nnotes:\n";
+    for (const std::string& n : devices->notes()) out << "  - " << n << "\n";
+  }
+}
+
+}  // namespace numesh::tools
