@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # run.sh: the main job. Installs missing packages, configures and builds the `release`
-# preset, then runs `numesh` on an example (NUMESH_EXAMPLE_ARGS in common.sh): resolve the
-# semantic axes of an (8, 128, 4096) activation in train mode on eformer's five-axis mesh with
-# 8 devices, printing the resolved and corrected specs and each device's slice.
+# preset, then runs numesh on this machine's own topology:
+#   1. `numesh topology`: the machine, the devices (one per NUMA node), distances, notes;
+#   2. `numesh mesh`: the devices laid out as a 1-D mesh;
+#   3. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
+#      plain shared-memory loop and memcpy, results checked.
+# On a machine with one NUMA node, steps 2-3 use one device per core (--policy core) so that
+# there is something to move between devices; NUMESH_POLICY overrides the choice.
 #
-#   scripts/run.sh               run the example below
+#   scripts/run.sh               run the job above
 #   scripts/run.sh ARGS...       run `numesh ARGS...` instead (e.g. `scripts/run.sh --help`)
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP).
@@ -14,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_packages
 # The main job needs no tests; scripts/test.sh configures build/release the same way.
-configure_and_build release -DNUMESH_BUILD_TESTS=OFF
+configure_and_build release "${NUMESH_RELEASE_FLAGS[@]}"
 
 # The CLI belongs to tools/; find the program wherever tools/ puts it in the build tree.
 dir="$(build_dir release)"
@@ -25,6 +29,20 @@ fi
 [[ -n "$numesh_bin" ]] || die "the numesh program was not built (no executable 'numesh' under
 $dir/tools): the command-line tool has not landed yet, or NUMESH_BUILD_TOOLS is OFF"
 
-if [[ $# -gt 0 ]]; then args=("$@"); else args=("${NUMESH_EXAMPLE_ARGS[@]}"); fi
-step "numesh ${args[*]}"
-"$numesh_bin" "${args[@]}"
+if [[ $# -gt 0 ]]; then
+  step "numesh $*"
+  exec "$numesh_bin" "$@"
+fi
+
+nodes=$(find /sys/devices/system/node -maxdepth 1 -name 'node[0-9]*' 2>/dev/null | wc -l)
+policy="${NUMESH_POLICY:-numa}"
+if [[ -z "${NUMESH_POLICY:-}" && "$nodes" -le 1 ]]; then
+  policy=core
+  echo "note: this machine has one NUMA node; the mesh and the benchmark use one device per core"
+fi
+step "numesh topology"
+"$numesh_bin" topology
+step "numesh mesh --policy $policy --dims -1 --names dp"
+"$numesh_bin" mesh --policy "$policy" --dims -1 --names dp
+step "numesh bench collectives --policy $policy --sizes 64K,64M"
+"$numesh_bin" bench collectives --policy "$policy" --sizes 64K,64M --min-time 0.2

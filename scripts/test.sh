@@ -84,7 +84,7 @@ error: Resource axis: model of P('model',) is not found in mesh: ('dp', 'tp')." 
   "$dev/examples/resolve_spec"
 
 # 3. Release build, installed into a fresh prefix.
-configure_and_build release -DNUMESH_BUILD_TESTS=OFF
+configure_and_build release "${NUMESH_RELEASE_FLAGS[@]}"
 check="$NUMESH_BUILD_ROOT/install-check"
 prefix="$check/prefix"
 rm -rf "$check"

@@ -24,7 +24,7 @@ namespace numesh::runtime::detail {
 
 /// Copies at or above this many bytes (in total) use non-temporal stores (where the CPU has
 /// SSE2).
-inline constexpr std::size_t kNonTemporalBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kNonTemporalBytes = std::size_t{8} << 20;
 
 /// True when a copy of `n` floats in total should stream.
 constexpr bool streams(std::size_t n) noexcept { return n * sizeof(float) >= kNonTemporalBytes; }
