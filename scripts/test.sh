@@ -82,6 +82,9 @@ P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4): local shard [4, 128, 1024]
 parsed: P(('dp', 'tp'), None)
 error: Resource axis: model of P('model',) is not found in mesh: ('dp', 'tp')." \
   "$dev/examples/resolve_spec"
+expect_output sharded_allreduce "DeviceMesh('dp': 2, 'tp': 2) over 4 devices (numa policy)
+graph: 4 nodes, one per device
+y[0, 0] on device 0 = 4 (expected 4)" "$dev/examples/sharded_allreduce"
 
 # 3. Release build, installed into a fresh prefix.
 configure_and_build release "${NUMESH_RELEASE_FLAGS[@]}"

@@ -228,11 +228,13 @@ struct PlainCollective::State {
     barrier();
   }
 
+  std::vector<int> cpus;     // the CPUs this process may use (taskset, cgroups)
+  cpu_set_t caller_affinity;  // rank 0's binding before the benchmark, restored after
+
   void setup(std::size_t r) {
-    const auto cpus = std::max(1u, std::thread::hardware_concurrency());
     cpu_set_t set;
     CPU_ZERO(&set);
-    CPU_SET(r % cpus, &set);
+    CPU_SET(cpus[r % cpus.size()], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     // Allocated and first-touched by the thread that owns them.
     in[r] = std::make_unique<AlignedFloats>(count);
@@ -247,7 +249,15 @@ PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes
   s.op = op;
   s.ranks = static_cast<std::size_t>(std::max(1, threads));
   s.count = element_count(op, bytes, s.ranks);
-  s.spin = s.ranks <= std::max(1u, std::thread::hardware_concurrency());
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  sched_getaffinity(0, sizeof(allowed), &allowed);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) s.cpus.push_back(c);
+  }
+  if (s.cpus.empty()) s.cpus.push_back(0);
+  pthread_getaffinity_np(pthread_self(), sizeof(s.caller_affinity), &s.caller_affinity);
+  s.spin = s.ranks <= s.cpus.size();
   s.in.resize(s.ranks);
   s.out.resize(s.ranks);
   std::atomic<std::size_t> ready{0};
@@ -271,6 +281,7 @@ PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes
 PlainCollective::~PlainCollective() {
   state_->quit.store(true);
   for (auto& t : state_->threads) t.join();
+  pthread_setaffinity_np(pthread_self(), sizeof(state_->caller_affinity), &state_->caller_affinity);
 }
 
 void PlainCollective::run() {

@@ -71,10 +71,12 @@ class GraphCollective {
 };
 
 /// The baseline: `threads` plain std::threads in one process, each owning its buffers
-/// (allocated and first-touched by itself, pinned to CPU i mod the machine's CPUs), running
+/// (allocated and first-touched by itself, pinned to the i-th CPU the process may use; the
+/// caller's own binding is restored on destruction), running
 /// the same collective in the simplest shared-memory way: reduce-scatter then all-gather for
 /// all-reduce, one copy or reduce pass for the others, with a barrier between phases that
-/// spins while threads <= CPUs and yields otherwise. The calling thread is rank 0.
+/// spins while threads <= the process's CPUs and yields otherwise. The calling thread is
+/// rank 0.
 class PlainCollective {
  public:
   /// Starts the helper threads. Throws: ValueError as GraphCollective.

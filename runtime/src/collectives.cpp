@@ -86,6 +86,13 @@ bool overlaps(const BufferView& a, const BufferView& b) {
   return a.data < b_end && b.data < a_end && a.count > 0 && b.count > 0;
 }
 
+// The frontier is empty (nothing to wait for) or has one entry per slot.
+void check_frontier(std::string_view what, const DeviceMesh& mesh, const CollectiveArgs& args) {
+  NUMESH_CHECK(args.after.empty() || args.after.size() == static_cast<std::size_t>(mesh.size()),
+               ValueError, "{}: the frontier has {} entries, the mesh has {} slots", what,
+               args.after.size(), mesh.size());
+}
+
 // Validates the per-slot views of a buffer collective. `in_count(s)` / `out_count(s)` give the
 // elements slot s needs.
 void check_views(std::string_view what, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -96,9 +103,7 @@ void check_views(std::string_view what, const DeviceMesh& mesh, std::span<const 
   NUMESH_CHECK(in.size() == slots && out.size() == slots, ValueError,
                "{}: needs one input and one output view per mesh slot ({}), got {} and {}", what,
                slots, in.size(), out.size());
-  NUMESH_CHECK(args.after.empty() || args.after.size() == slots, ValueError,
-               "{}: the frontier has {} entries, the mesh has {} slots", what, args.after.size(),
-               slots);
+  check_frontier(what, mesh, args);
   for (std::size_t s = 0; s < slots; ++s) {
     const auto slot = static_cast<std::int64_t>(s);
     NUMESH_CHECK(in[s].count >= in_count(slot), ValueError,
@@ -399,7 +404,11 @@ std::int64_t volume(std::span<const DimSlice> box) {
   return v;
 }
 
-void check_same_mesh(std::string_view what, const ShardedTensor& in, const ShardedTensor& out) {
+void check_same_mesh(std::string_view what, const ShardedTensor& in, const ShardedTensor& out,
+                     const CollectiveArgs& args) {
+  NUMESH_CHECK(&in != &out, ValueError,
+               "{}: input and output are the same tensor; collectives need separate ones", what);
+  check_frontier(what, out.mesh(), args);
   NUMESH_CHECK(in.mesh().mesh() == out.mesh().mesh() &&
                    in.mesh().device_set() == out.mesh().device_set(),
                ValueError, "{}: input and output live on different meshes ({} and {})", what,
@@ -419,7 +428,7 @@ std::vector<BufferView> shard_views(ShardedTensor& t) {
 
 Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
                     const CollectiveArgs& args) {
-  check_same_mesh("all_reduce", in, out);
+  check_same_mesh("all_reduce", in, out, args);
   NUMESH_CHECK(in.spec() == out.spec(), ShapeError,
                "all_reduce: input spec {} differs from output spec {}", in.spec().repr(),
                out.spec().repr());
@@ -431,7 +440,7 @@ Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out
 
 Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out,
                       const CollectiveArgs& args) {
-  check_same_mesh("redistribute", in, out);
+  check_same_mesh("redistribute", in, out, args);
   const DeviceMesh& mesh = out.mesh();
   const auto groups = mesh.groups(args.axes);
   const std::string name = prefix(args, "redistribute");
@@ -498,7 +507,7 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
 
 Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
                         const CollectiveArgs& args) {
-  check_same_mesh("reduce_scatter", in, out);
+  check_same_mesh("reduce_scatter", in, out, args);
   const DeviceMesh& mesh = out.mesh();
   const auto groups = mesh.groups(args.axes);
   const std::string name = prefix(args, "reduce_scatter");

@@ -7,11 +7,17 @@
 
 #include <hwloc.h>
 #include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <cstring>
 #include <new>
 
@@ -47,6 +53,45 @@ void* membind_alloc(const Topology& topology, const DeviceSpec& spec, std::size_
                              HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT |
                                  HWLOC_MEMBIND_NOCPUBIND);
 }
+
+// One tbb::global_control for every live DeviceSet, at the largest limit any of them needs.
+// oneTBB applies the minimum over all live controls, so each set holding its own control
+// would cap a big set by a small one alive at the same time.
+class WorkerLimit {
+ public:
+  // Never destroyed: DeviceSets held by other static objects release their claim during
+  // static destruction, possibly after a function-local static would have been destroyed.
+  static WorkerLimit& instance() {
+    static auto* limit = new WorkerLimit();
+    return *limit;
+  }
+  void acquire(std::size_t wanted) {
+    const std::lock_guard lock(mutex_);
+    wanted_.insert(wanted);
+    update();
+  }
+  void release(std::size_t wanted) {
+    const std::lock_guard lock(mutex_);
+    if (auto it = wanted_.find(wanted); it != wanted_.end()) wanted_.erase(it);
+    update();
+  }
+
+ private:
+  void update() {
+    const std::size_t target = wanted_.empty() ? 0 : *wanted_.rbegin();
+    if (target == current_) return;
+    control_.reset();  // first, or the old (smaller) value would still win
+    if (target > 0) {
+      control_ = std::make_unique<oneapi::tbb::global_control>(
+          oneapi::tbb::global_control::max_allowed_parallelism, target);
+    }
+    current_ = target;
+  }
+  std::mutex mutex_;
+  std::multiset<std::size_t> wanted_;
+  std::size_t current_ = 0;
+  std::unique_ptr<oneapi::tbb::global_control> control_;
+};
 
 }  // namespace
 
@@ -89,7 +134,14 @@ class Device::PinningObserver : public oneapi::tbb::task_scheduler_observer {
       hwloc_bitmap_zero(previous.get());  // unknown: leave the thread bound to the device
     }
     saved().push_back(std::move(previous));
-    hwloc_set_cpubind(topo, cpus_.get(), HWLOC_CPUBIND_THREAD);
+    if (hwloc_set_cpubind(topo, cpus_.get(), HWLOC_CPUBIND_THREAD) != 0) {
+      const int error = errno;
+      char cpus[256];
+      hwloc_bitmap_list_snprintf(cpus, sizeof cpus, cpus_.get());
+      log::warn_once(std::string("pin-failed-") + cpus,
+                     fmt::format("cannot pin a device thread to CPUs {} ({}); it runs unpinned",
+                                 cpus, std::strerror(error)));
+    }
   }
 
   void on_scheduler_exit(bool /*is_worker*/) override {
@@ -115,7 +167,13 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     : topology_(std::move(topology)), spec_(std::move(spec)) {
   const int threads = std::max(1, spec_.threads);
   bool numa_constraints = false;
-  if (topology_->can_bind() && spec_.whole_numa_node && spec_.numa_os_index >= 0) {
+  // oneTBB's NUMA constraints pin to every PU of the node; use them only when that is the
+  // device's cpuset (with SMT off the cpuset holds one PU per core, which only the observer
+  // can keep).
+  const bool whole_node_cpuset =
+      spec_.whole_numa_node && spec_.numa_node >= 0 &&
+      topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].cpuset == spec_.cpuset;
+  if (topology_->can_bind() && whole_node_cpuset && spec_.numa_os_index >= 0) {
     const auto ids = oneapi::tbb::info::numa_nodes();
     numa_constraints =
         std::find(ids.begin(), ids.end(), spec_.numa_os_index) != ids.end();
@@ -134,13 +192,23 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     } else {
       pinning_ = Pinning::kUnpinned;
       binding_note_ = fmt::format(
-          "device {} ({}) runs unpinned: binding is not possible on a {} topology", spec_.index,
-          spec_.label, to_string(topology_->source()));
+          "device {} ({}) runs unpinned: {}", spec_.index, spec_.label,
+          topology_->source() == TopologySource::kMachine
+              ? "hwloc does not treat this topology as the running system (HWLOC_SYNTHETIC or "
+                "HWLOC_XMLFILE is set without HWLOC_THISSYSTEM=1)"
+              : fmt::format("binding is not possible on a {} topology",
+                            to_string(topology_->source())));
     }
   }
 
   if (pinning_ == Pinning::kUnpinned) {
     memory_binding_ = MemoryBinding::kUnbound;
+  } else if (spec_.numa_node < 0) {
+    memory_binding_ = MemoryBinding::kFirstTouch;
+    binding_note_ = fmt::format(
+        "device {} ({}): its CPUs belong to no NUMA node, so its memory is placed by first touch "
+        "from its pinned threads",
+        spec_.index, spec_.label);
   } else if (void* probe = membind_alloc(*topology_, spec_, kPage); probe != nullptr) {
     hwloc_free(topology_->hwloc()->get(), probe, kPage);
     memory_binding_ = MemoryBinding::kBound;
@@ -256,9 +324,9 @@ std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementO
   // workers when the devices together have more threads than the machine (synthetic
   // topologies, one device per core plus the caller).
   const auto wanted = static_cast<std::size_t>(threads) + 1;
-  if (wanted > static_cast<std::size_t>(oneapi::tbb::this_task_arena::max_concurrency())) {
-    set->worker_limit_ = std::make_unique<oneapi::tbb::global_control>(
-        oneapi::tbb::global_control::max_allowed_parallelism, wanted);
+  if (wanted > std::thread::hardware_concurrency()) {  // else the default already suffices
+    set->worker_limit_ = wanted;
+    WorkerLimit::instance().acquire(wanted);
   }
   for (DeviceSpec& spec : specs) {
     std::shared_ptr<Device> device(new Device(set->topology_, std::move(spec)));
@@ -269,9 +337,8 @@ std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementO
   }
   for (const auto& device : set->devices_) {
     if (device->pinning() == Pinning::kUnpinned) {
-      log::warn_once("unpinned-" + set->topology_->origin(),
-                     fmt::format("{} (the {} topology cannot bind threads or memory)",
-                                 "numesh devices run unpinned", to_string(set->topology_->source())));
+      // One warning per process: the notes (and `numesh topology`) list every device.
+      log::warn_once("numesh-unpinned", device->binding_note());
       break;
     }
   }
@@ -281,6 +348,11 @@ std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementO
     }
   }
   return set;
+}
+
+DeviceSet::~DeviceSet() {
+  devices_.clear();  // arenas go before the limit that staffed them
+  if (worker_limit_ > 0) WorkerLimit::instance().release(worker_limit_);
 }
 
 Device& DeviceSet::device(std::size_t index) const { return *device_ptr(index); }

@@ -95,6 +95,7 @@ struct CompiledGraph::Impl {
 
   std::atomic<int> remaining{0};
   std::atomic<bool> stop{false};
+  std::atomic<bool> skipped{false};  // some body did not run because of stop
   std::atomic<bool> running{false};
   std::mutex error_mutex;
   std::exception_ptr error;
@@ -107,8 +108,8 @@ struct CompiledGraph::Impl {
   ~Impl() {
     // Tasks of the last run may still be returning from their bodies (the completion signal
     // comes from inside the last body); wait for them before the nodes go away.
-    for (std::size_t d = 0; d < graphs.size(); ++d) {
-      if (graphs[d]) devices->device(d).execute([&] { graphs[d]->wait_for_all(); });
+    for (auto& graph : graphs) {
+      if (graph) graph->wait_for_all();  // waits inside the graph's own arena
     }
   }
 
@@ -126,7 +127,9 @@ struct CompiledGraph::Impl {
   // The body of every flow-graph node.
   void fire(NodeId id) {
     Node& n = nodes[id];
-    if (!stop.load(std::memory_order_acquire)) {
+    if (stop.load(std::memory_order_acquire)) {
+      skipped.store(true, std::memory_order_relaxed);
+    } else {
       try {
         if (timing_on) {
           NodeTiming& t = timings[id];
@@ -212,8 +215,12 @@ void CompiledGraph::run() {
     ~Running() { flag.store(false, std::memory_order_release); }
   } running{g.running};
 
-  g.error = nullptr;
-  g.failed.clear();
+  {
+    const std::lock_guard lock(g.error_mutex);
+    g.error = nullptr;
+    g.failed.clear();
+  }
+  g.skipped.store(false, std::memory_order_relaxed);
   g.stop.store(false, std::memory_order_release);
   if (g.timing_on) {
     std::fill(g.timings.begin(), g.timings.end(), NodeTiming{});
@@ -224,7 +231,8 @@ void CompiledGraph::run() {
   for (auto* root : g.roots) root->try_put(Msg());
   wait_for_completion(g.remaining);
   if (g.error) std::rethrow_exception(g.error);
-  if (g.stop.load(std::memory_order_acquire)) {
+  // A cancel() that came after every body had run cancelled nothing: the run completed.
+  if (g.skipped.load(std::memory_order_acquire)) {
     throw CancelledError("graph run cancelled by the caller");
   }
 }

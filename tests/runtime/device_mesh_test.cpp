@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <oneapi/tbb/global_control.h>
+
 #include "numesh/core/error.hpp"
 #include "test_devices.hpp"
 
@@ -45,6 +47,21 @@ TEST(DeviceSetTest, AllocateGivesZeroedMemoryOwnedByTheDevice) {
   EXPECT_EQ(moved.size_bytes(), 10000u);
   EXPECT_THAT([&] { d.allocate(0); },
               ThrowsMessage<ValueError>(HasSubstr("cannot allocate 0 bytes")));
+}
+
+TEST(DeviceSetTest, TheWorkerLimitServesTheLargestLiveSet) {
+  using oneapi::tbb::global_control;
+  PlacementOptions one_thread;
+  one_thread.max_threads_per_device = 1;
+  {
+    // A small set first, then a large one: the limit must grow to the large set's need (a
+    // control per set would leave the small one's value in force, oneTBB taking the minimum).
+    auto small = DeviceSet::create(Topology::from_synthetic("numa:3 core:1 pu:1"), one_thread);
+    auto large = DeviceSet::create(Topology::from_synthetic("numa:6 core:1 pu:1"), one_thread);
+    EXPECT_GE(global_control::active_value(global_control::max_allowed_parallelism), 7u);
+    large.reset();
+    EXPECT_GE(global_control::active_value(global_control::max_allowed_parallelism), 4u);
+  }
 }
 
 TEST(DeviceMeshTest, CreateResolvesMinusOneAndNamesAxes) {

@@ -141,6 +141,20 @@ TEST(GraphTest, CancelFromANodeSkipsTheRestAndThrowsCancelled) {
   EXPECT_EQ(ran.load(), 2);
 }
 
+TEST(GraphTest, ACancelAfterEveryNodeRanCancelsNothing) {
+  GraphBuilder b(two_devices());
+  CompiledGraph* self = nullptr;
+  int ran = 0;
+  b.add(1, "only", [&] {
+    ++ran;
+    self->cancel();  // the run's last node: nothing is left to skip
+  });
+  CompiledGraph g = b.compile();
+  self = &g;
+  g.run();
+  EXPECT_EQ(ran, 1);
+}
+
 TEST(GraphTest, AnEmptyGraphRuns) {
   GraphBuilder b(two_devices());
   CompiledGraph g = b.compile();

@@ -160,6 +160,24 @@ TEST(ShardedCollectivesTest, AllGatherOverTpOnlyKeepsDp) {
               ThrowsMessage<ShapeError>(HasSubstr("is held by no device of its group")));
 }
 
+TEST(ShardedCollectivesTest, BadArgumentsAreRejectedBeforeAnyNodeIsAdded) {
+  const DeviceMesh m = mesh_2x4();
+  ShardedTensor a(m, {8, 16}, P({AxisRule("dp")})), b(m, {8, 16}, P({})), c(m, {8, 8}, P({}));
+  GraphBuilder builder(m.device_set());
+  const CollectiveArgs all{.axes = {"dp", "tp"}, .after = {}, .name = {}};
+  EXPECT_THAT([&] { redistribute(builder, a, a, all); },
+              ThrowsMessage<ValueError>(HasSubstr("redistribute: input and output are the same tensor")));
+  EXPECT_THAT([&] { redistribute(builder, a, b, {.axes = {"dp"}, .after = {0, 1}, .name = {}}); },
+              ThrowsMessage<ValueError>(HasSubstr("redistribute: the frontier has 2 entries, the mesh has 8 slots")));
+  EXPECT_THAT([&] { reduce_scatter(builder, b, c, ReduceOp::kSum, all); },
+              ThrowsMessage<ShapeError>(HasSubstr("reduce_scatter: input shape (8, 16) differs from output shape (8, 8)")));
+  EXPECT_THAT([&] { all_reduce(builder, a, b, ReduceOp::kSum, all); },
+              ThrowsMessage<ShapeError>(HasSubstr("all_reduce: input spec P('dp',) differs from output spec P()")));
+  EXPECT_THAT([&] { redistribute(builder, a, b, {.axes = {"xp"}, .after = {}, .name = {}}); },
+              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'xp' is not in the mesh")));
+  EXPECT_EQ(builder.size(), 0u);
+}
+
 TEST(ShardedCollectivesTest, ReduceScatterAndAllReduceSumPartialShards) {
   const DeviceMesh m = mesh_2x4();
   // Partial sums: every slot holds a full (4, 8) tensor whose values depend on the slot.

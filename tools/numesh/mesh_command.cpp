@@ -14,6 +14,17 @@ namespace numesh::tools {
 
 namespace {
 
+// How the device's memory is placed, checked with a probe page where the OS can tell:
+// "bound, on node 0", "first-touch, on node 0", "unbound".
+std::string memory_report(runtime::Device& d) {
+  std::string text(runtime::to_string(d.memory_binding()));
+  const runtime::DeviceBuffer probe = d.allocate(4096);
+  if (const auto node = probe.query_node()) {
+    text += *node >= 0 ? fmt::format(", on node {}", *node) : ", spread over nodes";
+  }
+  return text;
+}
+
 std::vector<std::string> split_names(const std::string& text) {
   std::vector<std::string> out;
   std::string cur;
@@ -55,6 +66,8 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
   const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
 
   nlohmann::json slots = nlohmann::json::array();
+  std::vector<std::string> memory;
+  for (std::int64_t s = 0; s < mesh.size(); ++s) memory.push_back(memory_report(mesh.device(s)));
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const runtime::Device& d = mesh.device(s);
     slots.push_back({{"slot", s},
@@ -64,7 +77,8 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
                      {"cpuset", d.spec().cpuset.to_string()},
                      {"threads", d.spec().threads},
                      {"numa_node", d.spec().numa_node},
-                     {"pinning", std::string(runtime::to_string(d.pinning()))}});
+                     {"pinning", std::string(runtime::to_string(d.pinning()))},
+                     {"memory", memory[static_cast<std::size_t>(s)]}});
   }
   nlohmann::json groups = nlohmann::json::object();
   for (const std::string& axis : mesh.mesh().names()) {
@@ -81,8 +95,8 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
     return;
   }
   out << mesh.to_string() << "\n\n";
-  out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {}\n", "slot", "coords",
-                     "device", "label", "cpus", "threads", "node", "pinning");
+  out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {:<16}  {}\n", "slot",
+                     "coords", "device", "label", "cpus", "threads", "node", "pinning", "memory");
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const runtime::Device& d = mesh.device(s);
     std::vector<std::string> coords;
@@ -90,10 +104,10 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
     for (std::size_t a = 0; a < c.size(); ++a) {
       coords.push_back(fmt::format("{}={}", mesh.mesh().names()[a], c[a]));
     }
-    out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {}\n", s,
+    out << fmt::format("{:>4}  {:<14}  {:>6}  {:<10}  {:<12}  {:>7}  {:>4}  {:<16}  {}\n", s,
                        fmt::format("{}", fmt::join(coords, ",")), d.index(), d.spec().label,
                        d.spec().cpuset.to_string(), d.spec().threads, d.spec().numa_node,
-                       runtime::to_string(d.pinning()));
+                       runtime::to_string(d.pinning()), memory[static_cast<std::size_t>(s)]);
   }
   out << "\ngroups (collectives over one axis run within each group):\n";
   for (const std::string& axis : mesh.mesh().names()) {

@@ -25,8 +25,16 @@
 
 namespace numesh::runtime {
 
-/// Per mesh slot, the node after which that slot's data is ready (and its buffers free), or
-/// kReady when nothing needs to come first. Index = mesh slot.
+/// Per mesh slot, a node to wait for, or kReady when nothing needs to come first. Index = mesh
+/// slot.
+///  - Given to a collective (CollectiveArgs::after): slot s's node of the collective waits for
+///    after[t] of every slot t of its group, so after[t] must be the node that finishes t's
+///    input, and after[s] the last node that uses s's output buffer before it is overwritten.
+///  - Returned by a collective: entry s is the node that completes s's output.
+/// Reuse of buffers: a collective's nodes read the inputs of every member of their group (and,
+/// for reduce-scatter + all-gather, every member's output) until they finish, so before
+/// overwriting slot s's input or output, wait for the returned entries of *every* slot of s's
+/// group, not just entry s.
 using Frontier = std::vector<NodeId>;
 
 /// "Nothing to wait for" in a Frontier.
@@ -75,7 +83,7 @@ struct CollectiveArgs {
 
 /// out[s] = op over the group of s of in[g] (all `count` elements), for every slot s.
 /// Throws: KeyError for an unknown axis; ValueError for views of the wrong number or size,
-/// null data, overlapping input/output, or a frontier of the wrong size (naming the slot).
+/// null data or overlapping input/output (naming the slot), or a frontier of the wrong size.
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, ReduceOp op,
                     const CollectiveArgs& args,
@@ -117,7 +125,8 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
 
 /// Sums (or maxes) `in` over `axes` into `out`: both hold the same layout, and each slot's
 /// shard is a partial value to combine with the other shards of its group.
-/// Throws: ShapeError when the layouts differ; KeyError for unknown axes.
+/// Throws: ShapeError when the layouts differ; KeyError for unknown axes; ValueError when in
+/// and out are the same tensor, live on different meshes, or the frontier has the wrong size.
 Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
                     const CollectiveArgs& args);
 
@@ -127,14 +136,14 @@ Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out
 /// and local slicing are all this one operation. Every part of every output shard must be held
 /// by some member of its group.
 /// Throws: ShapeError when the global shapes differ or an output part is held by no member of
-/// its group (naming the slot); KeyError for unknown axes.
+/// its group (naming the slot); KeyError for unknown axes; ValueError as all_reduce.
 Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out,
                       const CollectiveArgs& args);
 
 /// Reduce-scatter on sharded tensors: each slot's shard of `in` is a partial value of the
 /// group's sum; out[s] = op over the group of the part of in that out's layout gives s. Each
 /// input shard must cover every output part of its group.
-/// Throws: ShapeError as redistribute; KeyError for unknown axes.
+/// Throws: ShapeError as redistribute; KeyError for unknown axes; ValueError as all_reduce.
 Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
                         const CollectiveArgs& args);
 

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
 
@@ -86,14 +85,22 @@ class Device : public std::enable_shared_from_this<Device> {
 
 /// The devices a placement policy makes of a topology, each with its arena and allocator.
 ///
-/// Creating a DeviceSet also raises oneTBB's worker limit (a tbb::global_control held for the
-/// set's lifetime) to one thread per device thread plus one, so that every device's arena can
-/// be fully staffed at once; a smaller max_allowed_parallelism set elsewhere in the process
-/// still wins (oneTBB takes the minimum), and then devices share fewer threads.
+/// While a DeviceSet lives, oneTBB's worker limit is at least its device threads plus one, so
+/// that every device's arena can be fully staffed at once (oneTBB's default is the machine's
+/// concurrency, too few when devices together have more threads, e.g. on synthetic
+/// topologies). numesh keeps one tbb::global_control for all live sets, at the largest limit
+/// any of them needs. A smaller max_allowed_parallelism set by the program itself still wins
+/// (oneTBB takes the minimum of all controls), and then devices share fewer threads: slower,
+/// never stuck, since nothing waits for a thread that is not there.
 /// Binding the machine cannot do degrades to unpinned devices with one warning per process.
 /// Thread-safety: all methods are safe to call concurrently.
 class DeviceSet {
  public:
+  /// Releases this set's claim on the worker limit.
+  ~DeviceSet();
+  DeviceSet(const DeviceSet&) = delete;
+  DeviceSet& operator=(const DeviceSet&) = delete;
+
   /// Places devices on `topology` by `options` (see place_devices()) and creates them.
   /// Throws: ValueError from place_devices().
   static std::shared_ptr<DeviceSet> create(Topology topology, const PlacementOptions& options = {});
@@ -119,7 +126,7 @@ class DeviceSet {
   PlacementOptions options_;
   std::vector<std::shared_ptr<Device>> devices_;
   std::vector<std::string> notes_;
-  std::unique_ptr<oneapi::tbb::global_control> worker_limit_;
+  std::size_t worker_limit_ = 0;  // what this set asked of the shared worker limit (0: nothing)
 };
 
 }  // namespace numesh::runtime

@@ -42,7 +42,8 @@ struct NodeTiming {
   double end = 0;
   /// The arena slot of the thread that ran it (oneTBB's current_thread_index).
   int thread = 0;
-  /// False when the node's body did not run (the run was cancelled first).
+  /// True when the body ran to completion; false when it was skipped (the run was cancelled
+  /// or failed first) or threw.
   bool ran = false;
 };
 
@@ -104,10 +105,16 @@ class GraphBuilder {
 /// are skipped; running ones finish) and is rethrown from run() unchanged; failed_node() names
 /// the node. The graph can run again afterwards.
 /// Thread-safety: run() must not be called concurrently with itself (it throws ValueError if
-/// it is); cancel(), size() and the const reports are safe from any thread.
+/// it is); cancel(), size(), node() and failed_node() are safe from any thread at any time;
+/// timings(), timing_table(), chrome_trace() and to_dot() only while no run is in progress.
+/// Never call run() (or scatter(), gather(), Device::allocate(), which run work on devices)
+/// from inside a node body: the body holds a device thread, and a one-thread device would
+/// wait for itself.
 class CompiledGraph {
  public:
+  /// Moves the graph; the moved-from object may only be destroyed or assigned to.
   CompiledGraph(CompiledGraph&&) noexcept;
+  /// Moves the graph (waiting for this one's in-flight tasks first).
   CompiledGraph& operator=(CompiledGraph&&) noexcept;
   /// Waits for tasks still in flight, then frees the graph.
   ~CompiledGraph();
@@ -117,8 +124,9 @@ class CompiledGraph {
   /// called during the run; ValueError when another thread is running this graph.
   void run();
   /// Cancels the run in progress, if any: nodes that have not started are skipped, and run()
-  /// throws CancelledError. Has no effect on later runs (a cancel() racing with the very start
-  /// of run() may be lost). Thread-safe; callable from a node body.
+  /// throws CancelledError (unless every node had already run, when the run simply completes).
+  /// Has no effect on later runs (a cancel() racing with the very start of run() may be lost).
+  /// Thread-safe; callable from a node body.
   void cancel() noexcept;
 
   /// Number of nodes.
@@ -131,7 +139,8 @@ class CompiledGraph {
   /// Turns per-node timing on or off for later runs (off by default; costs two clock reads
   /// per node). Not thread-safe with run().
   void set_timing(bool on) noexcept;
-  /// Per-node timing of the last run with timing on (indexed by NodeId; empty before).
+  /// Per-node timing of the last run with timing on, indexed by NodeId (one entry per node;
+  /// all `ran == false` before the first timed run).
   const std::vector<NodeTiming>& timings() const noexcept;
   /// The last run's timing as a text table: node, device, thread, start and duration in
   /// microseconds, sorted by start.
