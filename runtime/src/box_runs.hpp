@@ -10,6 +10,13 @@
 
 namespace numesh::runtime::detail {
 
+/// Number of elements in `box` (the product of its extents; 1 for rank 0).
+inline std::int64_t volume(std::span<const sharding::DimSlice> box) {
+  std::int64_t v = 1;
+  for (const sharding::DimSlice& d : box) v *= d.extent;
+  return v;
+}
+
 /// Calls fn(src_offset, dst_offset, run) for every contiguous run of `box` (global coordinates)
 /// inside a row-major source holding `src_slices` and a row-major destination holding
 /// `dst_slices`; offsets are in elements. Trailing dims that are whole in both tensors merge

@@ -398,11 +398,7 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
 
 namespace {
 
-std::int64_t volume(std::span<const DimSlice> box) {
-  std::int64_t v = 1;
-  for (const DimSlice& d : box) v *= d.extent;
-  return v;
-}
+using detail::volume;
 
 void check_same_mesh(std::string_view what, const ShardedTensor& in, const ShardedTensor& out,
                      const CollectiveArgs& args) {

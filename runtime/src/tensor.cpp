@@ -75,18 +75,10 @@ std::optional<std::vector<DimSlice>> intersect_boxes(std::span<const DimSlice> a
   return out;
 }
 
-namespace {
-std::int64_t volume_of(std::span<const DimSlice> box) {
-  std::int64_t v = 1;
-  for (const DimSlice& d : box) v *= d.extent;
-  return v;
-}
-}  // namespace
-
 void copy_box(std::span<const DimSlice> box, const float* src, std::span<const DimSlice> src_slices,
               float* dst, std::span<const DimSlice> dst_slices) {
   detail::for_each_run(box, src_slices, dst_slices,
-                       [src, dst, nt = detail::streams(static_cast<std::size_t>(volume_of(box)))](
+                       [src, dst, nt = detail::streams(static_cast<std::size_t>(detail::volume(box)))](
                            std::int64_t s, std::int64_t t, std::int64_t run) {
                          detail::copy_floats(dst + t, src + s, static_cast<std::size_t>(run), nt);
                        });

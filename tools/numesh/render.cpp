@@ -11,11 +11,7 @@
 
 namespace numesh::tools {
 
-namespace {
-
-using sharding::ShardLayout;
-
-std::string human_bytes(std::int64_t bytes) {
+std::string human_bytes(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   auto v = static_cast<double>(bytes);
   std::size_t u = 0;
@@ -25,6 +21,10 @@ std::string human_bytes(std::int64_t bytes) {
   }
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, kUnits[u]);
 }
+
+namespace {
+
+using sharding::ShardLayout;
 
 std::string range(std::int64_t block, std::int64_t extent) {
   return fmt::format("[{}:{})", block * extent, (block + 1) * extent);
@@ -63,7 +63,7 @@ void render_layout_text(const ShardLayout& l, std::int64_t itemsize, std::ostrea
   const std::int64_t bytes = l.bytes_per_device(itemsize);
   out << fmt::format("layout:    each device holds [{}] of [{}]: {} ({} bytes at itemsize {})\n",
                      fmt::join(l.shard_shape(), ", "), fmt::join(l.shape(), ", "),
-                     human_bytes(bytes), bytes, itemsize);
+                     human_bytes(static_cast<std::uint64_t>(bytes)), bytes, itemsize);
   out << fmt::format("           blocks per dim [{}]; {} distinct shards; each held by {} "
                      "device(s)\n\n",
                      fmt::join(l.blocks_per_dim(), ", "), l.num_shards(), l.replication());

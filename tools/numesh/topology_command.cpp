@@ -1,5 +1,7 @@
 #include "topology_command.hpp"
 
+#include "render.hpp"
+
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -23,17 +25,6 @@ using runtime::DeviceSpec;
 using runtime::PlacementOptions;
 using runtime::PlacementPolicy;
 using runtime::Topology;
-
-std::string human_bytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  auto v = static_cast<double>(bytes);
-  std::size_t u = 0;
-  while (v >= 1024.0 && u + 1 < std::size(kUnits)) {
-    v /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, kUnits[u]);
-}
 
 // "1 package", "2 packages".
 std::string count_of(std::size_t n, std::string_view noun) {
