@@ -84,6 +84,13 @@ class TopologyError : public Error {
   using Error::Error;
 };
 
+/// A file could not be opened, read or written (a missing weight file, a truncated .npy, a
+/// directory that is not writable). The message names the file.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A run of a compiled graph was cancelled by its caller (CompiledGraph::cancel()) before it
 /// completed. The graph can run again.
 class CancelledError : public Error {

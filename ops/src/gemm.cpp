@@ -1,0 +1,57 @@
+#include "numesh/ops/gemm.hpp"
+
+#include <cblas.h>
+
+#include <mutex>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace numesh::ops {
+
+namespace {
+
+void use_one_blas_thread() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+}  // namespace
+
+void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float beta,
+          bool transpose_b) {
+  const Eigen::Index m = a.rows(), k = a.cols();
+  const Eigen::Index n = transpose_b ? b.rows() : b.cols();
+  const Eigen::Index kb = transpose_b ? b.cols() : b.rows();
+  NUMESH_CHECK(kb == k && c.rows() == m && c.cols() == n, ShapeError,
+               "gemm: a is [{}, {}], b{} is [{}, {}], c is [{}, {}]: they do not multiply", m, k,
+               transpose_b ? " (transposed)" : "", b.rows(), b.cols(), c.rows(), c.cols());
+  if (m == 0 || n == 0) return;
+  if (m * n * k >= kBlasMinMultiplyAdds) {
+    use_one_blas_thread();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a.data(),
+                static_cast<int>(k), b.data(), static_cast<int>(b.cols()), beta, c.data(),
+                static_cast<int>(n));
+    return;
+  }
+  // Small products: Eigen, never `auto` on an expression (it would re-evaluate or dangle).
+  if (beta == 0.0f) {
+    if (transpose_b) {
+      c.noalias() = alpha * (a * b.transpose());
+    } else {
+      c.noalias() = alpha * (a * b);
+    }
+  } else {
+    c *= beta;
+    if (transpose_b) {
+      c.noalias() += alpha * (a * b.transpose());
+    } else {
+      c.noalias() += alpha * (a * b);
+    }
+  }
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,172 @@
+#include "numesh/ops/reference.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/gemm.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+RowMatrix matmul(const RowMatrix& a, const RowMatrix& b) {
+  RowMatrix c(a.rows(), b.cols());
+  gemm(ConstMatrixMap(a.data(), a.rows(), a.cols()), ConstMatrixMap(b.data(), b.rows(), b.cols()),
+       MatrixMap(c.data(), c.rows(), c.cols()));
+  return c;
+}
+
+void check_mlp_shapes(const char* what, const RowMatrix& x, const RowMatrix& w_in,
+                      const RowMatrix& w_out) {
+  NUMESH_CHECK(w_in.rows() == x.cols() && w_out.rows() == w_in.cols() && w_out.cols() == x.cols(),
+               ShapeError,
+               "{}: x [{}, {}], up-projection [{}, {}] and down-projection [{}, {}] do not chain "
+               "(expected [T, H], [H, F], [F, H])",
+               what, x.rows(), x.cols(), w_in.rows(), w_in.cols(), w_out.rows(), w_out.cols());
+}
+
+}  // namespace
+
+float gelu(float x) noexcept {
+  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752440f));
+}
+
+float silu(float x) noexcept {
+  // sigmoid(x) = 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below: neither overflows.
+  if (x >= 0.0f) return x / (1.0f + std::exp(-x));
+  const float e = std::exp(x);
+  return x * e / (1.0f + e);
+}
+
+RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2) {
+  check_mlp_shapes("mlp_gelu", x, w1, w2);
+  RowMatrix h = matmul(x, w1);
+  h = h.unaryExpr([](float v) { return gelu(v); });
+  return matmul(h, w2);
+}
+
+RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
+                               const RowMatrix& w_up, const RowMatrix& w_down) {
+  check_mlp_shapes("mlp_swiglu", x, w_gate, w_down);
+  NUMESH_CHECK(w_up.rows() == w_gate.rows() && w_up.cols() == w_gate.cols(), ShapeError,
+               "mlp_swiglu: gate [{}, {}] and up [{}, {}] projections differ in shape",
+               w_gate.rows(), w_gate.cols(), w_up.rows(), w_up.cols());
+  RowMatrix gate = matmul(x, w_gate);
+  const RowMatrix up = matmul(x, w_up);
+  gate = gate.unaryExpr([](float v) { return silu(v); }).cwiseProduct(up);
+  return matmul(gate, w_down);
+}
+
+RowMatrix rmsnorm_reference(const RowMatrix& x, const RowMatrix& weight, float eps) {
+  NUMESH_CHECK(weight.rows() == 1 && weight.cols() == x.cols(), ShapeError,
+               "rmsnorm: weight is [{}, {}], expected [1, {}] for x [{}, {}]", weight.rows(),
+               weight.cols(), x.cols(), x.rows(), x.cols());
+  NUMESH_CHECK(eps >= 0.0f, ValueError, "rmsnorm: eps {} is negative", eps);
+  RowMatrix y(x.rows(), x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const float mean_square = x.row(t).squaredNorm() / static_cast<float>(x.cols());
+    const float scale = 1.0f / std::sqrt(mean_square + eps);
+    y.row(t) = (x.row(t) * scale).cwiseProduct(weight.row(0));
+  }
+  return y;
+}
+
+void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta) {
+  NUMESH_CHECK(x.shape.size() == 4, ShapeError, "rope: expected [B, T, H, D], got rank {}",
+               x.shape.size());
+  const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = x.shape[3];
+  NUMESH_CHECK(d % 2 == 0, ShapeError, "rope: head_dim {} is odd", d);
+  const std::int64_t half = d / 2;
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const auto position = static_cast<double>(first_position + ti);
+      for (std::int64_t i = 0; i < half; ++i) {
+        // Angles in double: positions times frequencies lose digits in fp32 at long contexts.
+        const double freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) /
+                                                                     static_cast<double>(d));
+        const auto c = static_cast<float>(std::cos(position * freq));
+        const auto sn = static_cast<float>(std::sin(position * freq));
+        for (std::int64_t hi = 0; hi < h; ++hi) {
+          float* row = x.data.data() + ((bi * t + ti) * h + hi) * d;
+          const float x1 = row[i], x2 = row[i + half];
+          row[i] = x1 * c - x2 * sn;
+          row[i + half] = x2 * c + x1 * sn;
+        }
+      }
+    }
+  }
+}
+
+runtime::HostTensor attention_reference(const runtime::HostTensor& q_in,
+                                        const runtime::HostTensor& k_in,
+                                        const runtime::HostTensor& v,
+                                        const AttentionConfig& config) {
+  const auto shape_text = [](const runtime::HostTensor& x) {
+    return fmt::format("[{}]", fmt::join(x.shape, ", "));
+  };
+  NUMESH_CHECK(q_in.shape.size() == 4 && k_in.shape.size() == 4 && v.shape.size() == 4,
+               ShapeError, "attention: q {}, k {}, v {} must all be [B, T, heads, head_dim]",
+               shape_text(q_in), shape_text(k_in), shape_text(v));
+  const std::int64_t b = q_in.shape[0], t = q_in.shape[1], s = k_in.shape[1];
+  const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
+  NUMESH_CHECK(hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0, ShapeError,
+               "attention: num_kv_heads {} must divide num_heads {} (both positive, head_dim {})",
+               hkv, hq, d);
+  NUMESH_CHECK(q_in.shape == (std::vector<std::int64_t>{b, t, hq, d}) &&
+                   k_in.shape == (std::vector<std::int64_t>{b, s, hkv, d}) && v.shape == k_in.shape,
+               ShapeError,
+               "attention: q {}, k {}, v {} do not fit num_heads {}, num_kv_heads {}, head_dim {} "
+               "(expected q [B, T, {}, {}], k and v [B, S, {}, {}])",
+               shape_text(q_in), shape_text(k_in), shape_text(v), hq, hkv, d, hq, d, hkv, d);
+  NUMESH_CHECK(!config.causal || s >= config.q_offset + t, ShapeError,
+               "attention: {} keys cannot cover causal queries at positions {}..{}", s,
+               config.q_offset, config.q_offset + t - 1);
+  runtime::HostTensor q = q_in, k = k_in;
+  if (config.rope_theta > 0.0f) {
+    apply_rope_reference(q, config.q_offset, config.rope_theta);
+    apply_rope_reference(k, 0, config.rope_theta);
+  }
+  runtime::HostTensor out = runtime::HostTensor::zeros({b, t, hq, d});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::int64_t group = hq / hkv;
+  std::vector<float> scores(static_cast<std::size_t>(s));
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t kvh = h / group;
+      for (std::int64_t ti = 0; ti < t; ++ti) {
+        const float* qr = q.data.data() + ((bi * t + ti) * hq + h) * d;
+        const std::int64_t visible = config.causal ? config.q_offset + ti + 1 : s;
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (std::int64_t si = 0; si < visible; ++si) {
+          const float* kr = k.data.data() + ((bi * s + si) * hkv + kvh) * d;
+          float dot = 0.0f;
+          for (std::int64_t i = 0; i < d; ++i) dot += qr[i] * kr[i];
+          scores[static_cast<std::size_t>(si)] = dot * scale;
+          max_score = std::max(max_score, dot * scale);
+        }
+        float sum = 0.0f;
+        for (std::int64_t si = 0; si < visible; ++si) {
+          auto& e = scores[static_cast<std::size_t>(si)];
+          e = std::exp(e - max_score);
+          sum += e;
+        }
+        float* orow = out.data.data() + ((bi * t + ti) * hq + h) * d;
+        for (std::int64_t si = 0; si < visible; ++si) {
+          const float p = scores[static_cast<std::size_t>(si)] / sum;
+          const float* vr = v.data.data() + ((bi * s + si) * hkv + kvh) * d;
+          for (std::int64_t i = 0; i < d; ++i) orow[i] += p * vr[i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,162 @@
+#include "numesh/ops/reference.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "numesh/core/error.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+RowMatrix pattern(Eigen::Index rows, Eigen::Index cols, float phase, float scale = 1.0f) {
+  RowMatrix m(rows, cols);
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      m(i, j) = scale * std::sin(phase + 0.37f * static_cast<float>(i) + 0.11f * static_cast<float>(j));
+    }
+  }
+  return m;
+}
+
+Eigen::MatrixXd dmatmul(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) { return a * b; }
+
+TEST(ReferenceTest, GeluAndSiluMatchTheirClosedForms) {
+  // Values from the definitions in double precision (PyTorch's F.gelu / F.silu agree).
+  EXPECT_NEAR(gelu(1.0f), 0.8413447460685429, 1e-6);
+  EXPECT_NEAR(gelu(-1.0f), -0.15865525393145707, 1e-6);
+  EXPECT_EQ(gelu(0.0f), 0.0f);
+  EXPECT_NEAR(silu(1.0f), 0.7310585786300049, 1e-6);
+  EXPECT_NEAR(silu(-2.0f), -0.2384058440442351, 1e-6);
+  // The stable sigmoid: no NaN or overflow at the extremes.
+  EXPECT_LE(silu(-100.0f), 0.0f);
+  EXPECT_GT(silu(-100.0f), -1e-40f);  // -100 * e^-100, a denormal
+  EXPECT_FLOAT_EQ(silu(100.0f), 100.0f);
+  EXPECT_FALSE(std::isnan(silu(-std::numeric_limits<float>::max())));
+}
+
+TEST(ReferenceTest, MlpGeluMatchesADoublePrecisionComputation) {
+  const RowMatrix x = pattern(6, 16, 0.1f), w1 = pattern(16, 40, 0.5f, 0.3f), w2 = pattern(40, 16, 0.9f, 0.3f);
+  const RowMatrix y = mlp_gelu_reference(x, w1, w2);
+  Eigen::MatrixXd h = dmatmul(x.cast<double>(), w1.cast<double>());
+  h = h.unaryExpr([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
+  const Eigen::MatrixXd want = dmatmul(h, w2.cast<double>());
+  ASSERT_EQ(y.rows(), 6);
+  ASSERT_EQ(y.cols(), 16);
+  EXPECT_LT((y.cast<double>() - want).cwiseAbs().maxCoeff(), 1e-5);
+}
+
+TEST(ReferenceTest, MlpSwigluMatchesADoublePrecisionComputation) {
+  const RowMatrix x = pattern(5, 12, 0.2f), wg = pattern(12, 24, 0.4f, 0.4f),
+                  wu = pattern(12, 24, 1.4f, 0.4f), wd = pattern(24, 12, 2.4f, 0.4f);
+  const RowMatrix y = mlp_swiglu_reference(x, wg, wu, wd);
+  Eigen::MatrixXd g = dmatmul(x.cast<double>(), wg.cast<double>());
+  const Eigen::MatrixXd u = dmatmul(x.cast<double>(), wu.cast<double>());
+  g = g.unaryExpr([](double v) { return v / (1.0 + std::exp(-v)); }).cwiseProduct(u);
+  const Eigen::MatrixXd want = dmatmul(g, wd.cast<double>());
+  EXPECT_LT((y.cast<double>() - want).cwiseAbs().maxCoeff(), 1e-5);
+}
+
+TEST(ReferenceTest, RmsnormScalesEachRowToUnitRootMeanSquare) {
+  const RowMatrix x = pattern(3, 8, 0.3f, 5.0f);
+  RowMatrix ones = RowMatrix::Ones(1, 8);
+  const RowMatrix y = rmsnorm_reference(x, ones, 0.0f);
+  for (Eigen::Index t = 0; t < 3; ++t) {
+    EXPECT_NEAR(std::sqrt(y.row(t).squaredNorm() / 8.0f), 1.0f, 1e-5f);
+  }
+  RowMatrix w = pattern(1, 8, 1.0f);
+  const RowMatrix yw = rmsnorm_reference(x, w, 1e-6f);
+  for (Eigen::Index t = 0; t < 3; ++t) {
+    const double ms = x.row(t).cast<double>().squaredNorm() / 8.0;
+    for (Eigen::Index h = 0; h < 8; ++h) {
+      EXPECT_NEAR(yw(t, h), x(t, h) / std::sqrt(ms + 1e-6) * w(0, h), 1e-5);
+    }
+  }
+}
+
+runtime::HostTensor random_tensor(std::vector<std::int64_t> shape, unsigned seed) {
+  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    t.data[i] = std::sin(0.7f * static_cast<float>(i) + static_cast<float>(seed));
+  }
+  return t;
+}
+
+AttentionConfig config(std::int64_t hq, std::int64_t hkv, std::int64_t d, std::int64_t q_offset = 0) {
+  AttentionConfig c;
+  c.num_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = d;
+  c.q_offset = q_offset;
+  return c;
+}
+
+TEST(AttentionReferenceTest, OneVisibleKeyReturnsItsValue) {
+  // The first causal query sees only key 0, whatever the scores: its output is v[0].
+  const auto q = random_tensor({1, 3, 2, 4}, 1), k = random_tensor({1, 3, 2, 4}, 2),
+             v = random_tensor({1, 3, 2, 4}, 3);
+  const auto out = attention_reference(q, k, v, config(2, 2, 4));
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(out.data[i], v.data[i]);
+}
+
+TEST(AttentionReferenceTest, GqaEqualsMhaWithRepeatedKvHeads) {
+  const auto q = random_tensor({2, 5, 4, 6}, 4), k = random_tensor({2, 5, 2, 6}, 5),
+             v = random_tensor({2, 5, 2, 6}, 6);
+  // Repeat each kv head twice: heads 0,1 use kv 0; heads 2,3 use kv 1.
+  runtime::HostTensor k4 = runtime::HostTensor::zeros({2, 5, 4, 6}), v4 = k4;
+  for (std::int64_t bt = 0; bt < 10; ++bt) {
+    for (std::int64_t h = 0; h < 4; ++h) {
+      for (std::int64_t i = 0; i < 6; ++i) {
+        k4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] = k.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
+        v4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] = v.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
+      }
+    }
+  }
+  EXPECT_EQ(attention_reference(q, k, v, config(4, 2, 6)), attention_reference(q, k4, v4, config(4, 4, 6)));
+}
+
+TEST(AttentionReferenceTest, DecodingTheLastTokenEqualsTheLastRowOfPrefill) {
+  const std::int64_t t = 6;
+  const auto q = random_tensor({1, t, 2, 8}, 7), k = random_tensor({1, t, 1, 8}, 8),
+             v = random_tensor({1, t, 1, 8}, 9);
+  const auto full = attention_reference(q, k, v, config(2, 1, 8));
+  runtime::HostTensor last = runtime::HostTensor::zeros({1, 1, 2, 8});
+  std::copy(q.data.end() - 16, q.data.end(), last.data.begin());
+  const auto decoded = attention_reference(last, k, v, config(2, 1, 8, t - 1));
+  for (std::size_t i = 0; i < 16; ++i) {
+    EXPECT_NEAR(decoded.data[i], full.data[full.data.size() - 16 + i], 1e-6f);
+  }
+}
+
+TEST(AttentionReferenceTest, BadShapesAreRejectedNamingThem) {
+  const auto q = random_tensor({1, 4, 4, 8}, 1), k = random_tensor({1, 4, 2, 8}, 2);
+  EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 3, 8)); },
+              ThrowsMessage<ShapeError>(HasSubstr("num_kv_heads 3 must divide num_heads 4")));
+  EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 4, 8)); },
+              ThrowsMessage<ShapeError>(HasSubstr("attention: q [1, 4, 4, 8], k [1, 4, 2, 8], v [1, 4, 2, 8] do not fit num_heads 4, num_kv_heads 4, head_dim 8")));
+  EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 2, 8, 3)); },
+              ThrowsMessage<ShapeError>(HasSubstr("4 keys cannot cover causal queries at positions 3..6")));
+  auto odd = random_tensor({1, 2, 1, 3}, 3);
+  EXPECT_THAT([&] { apply_rope_reference(odd, 0, 10000.0f); },
+              ThrowsMessage<ShapeError>(HasSubstr("rope: head_dim 3 is odd")));
+}
+
+TEST(ReferenceTest, BadShapesAreRejectedNamingThem) {
+  const RowMatrix x(4, 8), w1(8, 16), bad(9, 8), wd(16, 8);
+  EXPECT_THAT([&] { mlp_gelu_reference(x, w1, bad); },
+              ThrowsMessage<ShapeError>(HasSubstr("mlp_gelu: x [4, 8], up-projection [8, 16] and down-projection [9, 8] do not chain")));
+  EXPECT_THAT([&] { mlp_swiglu_reference(x, w1, RowMatrix(8, 15), wd); },
+              ThrowsMessage<ShapeError>(HasSubstr("mlp_swiglu: gate [8, 16] and up [8, 15] projections differ in shape")));
+  EXPECT_THAT([&] { rmsnorm_reference(x, RowMatrix(1, 7)); },
+              ThrowsMessage<ShapeError>(HasSubstr("rmsnorm: weight is [1, 7], expected [1, 8] for x [4, 8]")));
+  EXPECT_THAT([&] { rmsnorm_reference(x, RowMatrix::Ones(1, 8), -1.0f); },
+              ThrowsMessage<ValueError>(HasSubstr("rmsnorm: eps -1 is negative")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
