@@ -8,11 +8,15 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "numesh/ops/mlp.hpp"
+#include "numesh/ops/reference.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
@@ -110,6 +114,31 @@ TEST_F(EmulatedDevicesTest, AllReduceAndShardGatherWorkOnPinnedDevices) {
   for (std::size_t i = 0; i < host.data.size(); ++i) host.data[i] = static_cast<float>(i);
   const auto fns = make_shard_and_gather_fns(mesh, host.shape, sharding::PartitionSpec{"tp"});
   EXPECT_EQ(fns.gather(fns.shard(host)), host);
+}
+
+TEST_F(EmulatedDevicesTest, ShardedSwigluMlpOnPinnedDevicesEqualsTheReference) {
+  const DeviceMesh mesh = DeviceMesh::create(devices(), {-1}, {"tp"});
+  auto random = [](std::vector<std::int64_t> shape, unsigned seed) {
+    HostTensor t = HostTensor::zeros(std::move(shape));
+    for (std::size_t i = 0; i < t.data.size(); ++i) {
+      t.data[i] = 0.3f * std::sin(0.37f * static_cast<float>(i) + static_cast<float>(seed));
+    }
+    return t;
+  };
+  ops::MlpWeights w;
+  w.gate = random({64, 256}, 1);
+  w.up = random({64, 256}, 2);
+  w.down = random({256, 64}, 3);
+  const HostTensor x = random({32, 64}, 4);
+  ops::ShardedMlp mlp(mesh, ops::MlpKind::kSwiGLU, w, 32);
+  const HostTensor y = mlp.forward(x);
+  auto m = [](const HostTensor& t) {
+    return ops::RowMatrix(Eigen::Map<const ops::RowMatrix>(t.data.data(), t.shape[0], t.shape[1]));
+  };
+  const ops::RowMatrix want = ops::mlp_swiglu_reference(m(x), m(w.gate), m(w.up), m(w.down));
+  // fp32 sums of 256 products in another order (split over tp): bound 2 * F * epsilon.
+  EXPECT_LT((m(y) - want).cwiseAbs().maxCoeff() / want.cwiseAbs().maxCoeff(),
+            2.0f * 256 * std::numeric_limits<float>::epsilon());
 }
 
 }  // namespace

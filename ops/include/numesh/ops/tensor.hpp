@@ -2,6 +2,8 @@
 
 #include <Eigen/Core>
 
+#include "numesh/runtime/tensor.hpp"
+
 // Eigen is numesh's kernel layer, not its tensor type: storage is owned by the runtime
 // (HostTensor, Tensor, DeviceBuffer) and kernels see it through these row-major maps, so that
 // Eigen's strides match the dimension order of PartitionSpecs.
@@ -14,5 +16,17 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using MatrixMap = Eigen::Map<RowMatrix>;
 /// A read-only row-major view of someone else's storage.
 using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+
+/// `t` as a [rows, cols] matrix: rank 2 as it is, rank 1 as one column, higher ranks with
+/// every dim but the last folded into rows. REQUIRES: t has at least one dim.
+inline MatrixMap as_matrix(runtime::Tensor& t) {
+  const Eigen::Index cols = t.shape().back();
+  return {t.values().data(), cols == 0 ? 0 : t.size() / cols, cols};
+}
+/// `t` as a read-only [rows, cols] matrix (see the writable overload).
+inline ConstMatrixMap as_matrix(const runtime::Tensor& t) {
+  const Eigen::Index cols = t.shape().back();
+  return {t.values().data(), cols == 0 ? 0 : t.size() / cols, cols};
+}
 
 }  // namespace numesh::ops

@@ -1,0 +1,151 @@
+#include "numesh/ops/mlp.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+#include <fmt/ranges.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/gemm.hpp"
+#include "numesh/ops/reference.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+using sharding::AxisRule;
+using sharding::PartitionSpec;
+
+// Rows per parallel block inside one device: enough work per OpenBLAS call to stay efficient.
+constexpr Eigen::Index kRowBlock = 64;
+
+std::string dims(const runtime::HostTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); }
+
+// A spec entry for a list of axes: None, a name, or a tuple.
+AxisRule entry(const std::vector<std::string>& axes) {
+  if (axes.empty()) return AxisRule();
+  if (axes.size() == 1) return AxisRule(axes.front());
+  std::vector<AxisRule> members(axes.begin(), axes.end());
+  return AxisRule::tuple(std::move(members));
+}
+
+std::unique_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh& mesh,
+                                                std::vector<std::int64_t> shape, PartitionSpec spec) {
+  PartitionSpec corrected = sharding::correct_spec(shape, spec, mesh.mesh()).spec;
+  return std::make_unique<runtime::ShardedTensor>(mesh, std::move(shape), std::move(corrected));
+}
+
+// out = a * b with the rows of a split over the calling device's threads.
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap out) {
+  const Eigen::Index rows = a.rows();
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<Eigen::Index>(0, rows, kRowBlock),
+      [&](const oneapi::tbb::blocked_range<Eigen::Index>& r) {
+        const Eigen::Index n = r.end() - r.begin();
+        gemm(ConstMatrixMap(a.data() + r.begin() * a.cols(), n, a.cols()), b,
+             MatrixMap(out.data() + r.begin() * out.cols(), n, out.cols()));
+      });
+}
+
+}  // namespace
+
+std::string_view to_string(MlpKind kind) noexcept {
+  return kind == MlpKind::kGelu ? "gelu" : "swiglu";
+}
+
+ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& w,
+                       std::int64_t tokens, MlpAxes axes)
+    : kind_(kind) {
+  const char* what = kind == MlpKind::kGelu ? "mlp (gelu)" : "mlp (swiglu)";
+  NUMESH_CHECK(w.up.shape.size() == 2 && w.down.shape.size() == 2, ShapeError,
+               "{}: up {} and down {} must be matrices", what, dims(w.up), dims(w.down));
+  hidden_ = w.up.shape[0];
+  intermediate_ = w.up.shape[1];
+  tokens_ = tokens;
+  NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{intermediate_, hidden_}), ShapeError,
+               "{}: up {} and down {} do not chain (expected down [{}, {}])", what, dims(w.up),
+               dims(w.down), intermediate_, hidden_);
+  NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
+               "{}: gate {} and up {} differ", what, dims(w.gate), dims(w.up));
+  NUMESH_CHECK(tokens > 0, ShapeError, "{}: {} tokens; need at least one", what, tokens);
+
+  // Keep only the axes the mesh has (eformer's correction would drop them anyway, but a tuple
+  // entry with one missing member would be dropped whole).
+  std::vector<std::string> batch;
+  for (const std::string& a : axes.batch) {
+    if (mesh.mesh().has_axis(a)) batch.push_back(a);
+  }
+  const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
+  x_ = sharded(mesh, {tokens, hidden_}, PartitionSpec({entry(batch), AxisRule()}));
+  up_ = sharded(mesh, {hidden_, intermediate_}, PartitionSpec({AxisRule(), tp}));
+  down_ = sharded(mesh, {intermediate_, hidden_}, PartitionSpec({tp, AxisRule()}));
+  if (kind == MlpKind::kSwiGLU) {
+    gate_ = sharded(mesh, {hidden_, intermediate_}, up_->spec());
+    runtime::scatter(w.gate, *gate_);
+  }
+  runtime::scatter(w.up, *up_);
+  runtime::scatter(w.down, *down_);
+  y_partial_ = std::make_unique<runtime::ShardedTensor>(mesh, x_->shape(), x_->spec());
+  y_ = std::make_unique<runtime::ShardedTensor>(mesh, x_->shape(), x_->spec());
+
+  // Placements of the partial output: x's, plus Partial(sum) on the axes that split F.
+  const auto& m = mesh.mesh();
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(x_->spec(), m, 2);
+  const std::vector<sharding::Placement> up_placed = sharding::to_placements(up_->spec(), m, 2);
+  for (std::size_t a = 0; a < up_placed.size(); ++a) {
+    if (up_placed[a].is_shard()) y_placed[a] = sharding::Placement::partial();
+  }
+
+  runtime::GraphBuilder b(mesh.device_set());
+  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  const std::int64_t rows = x_->layout().shard_shape()[0];
+  const std::int64_t f_local = up_->layout().shard_shape()[1];
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    runtime::Device& device = mesh.device(s);
+    h_.emplace_back(device, std::vector<std::int64_t>{rows, f_local});
+    if (kind == MlpKind::kSwiGLU) u_.emplace_back(device, std::vector<std::int64_t>{rows, f_local});
+  }
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& x = x_->shard(s);
+    runtime::Tensor& h = h_[i];
+    runtime::Tensor* u = kind == MlpKind::kSwiGLU ? &u_[i] : nullptr;
+    runtime::Tensor& wu = up_->shard(s);
+    runtime::Tensor* wg = gate_ ? &gate_->shard(s) : nullptr;
+    runtime::Tensor& wd = down_->shard(s);
+    runtime::Tensor& yp = y_partial_->shard(s);
+    const int d = mesh.device(s).index();
+    const runtime::NodeId up_node = b.add(d, fmt::format("mlp.up[{}]", s), [&x, &h, u, &wu, wg] {
+      if (wg == nullptr) {  // GELU
+        device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(wu)), as_matrix(h));
+        auto v = h.values();
+        for (float& e : v) e = gelu(e);
+        return;
+      }
+      device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(*wg)), as_matrix(h));
+      device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(wu)), as_matrix(*u));
+      auto hv = h.values();
+      const auto uv = u->values();
+      for (std::size_t k = 0; k < hv.size(); ++k) hv[k] = silu(hv[k]) * uv[k];
+    });
+    done[i] = b.add(d, fmt::format("mlp.down[{}]", s),
+                    [&h, &wd, &yp] { device_gemm(as_matrix(std::as_const(h)), as_matrix(std::as_const(wd)), as_matrix(yp)); }, {up_node});
+  }
+  reshard_ = reshard(b, *y_partial_, y_placed, *y_, sharding::to_placements(y_->spec(), m, 2), done,
+                     "mlp.out");
+  graph_ = std::make_unique<runtime::CompiledGraph>(b.compile());
+}
+
+runtime::HostTensor ShardedMlp::forward(const runtime::HostTensor& x) {
+  NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, hidden_}), ShapeError,
+               "mlp: input is {} but the MLP was compiled for [{}, {}]", dims(x), tokens_, hidden_);
+  runtime::scatter(x, *x_);
+  graph_->run();
+  return runtime::gather(*y_);
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,147 @@
+#include "numesh/ops/mlp.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/reference.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+std::shared_ptr<runtime::DeviceSet> devices(int n) {
+  static std::mutex m;
+  static std::map<int, std::shared_ptr<runtime::DeviceSet>> cache;
+  const std::lock_guard lock(m);
+  auto& slot = cache[n];
+  if (!slot) {
+    runtime::PlacementOptions options;
+    options.max_threads_per_device = 1;
+    slot = runtime::DeviceSet::create(
+        runtime::Topology::from_synthetic("numa:" + std::to_string(n) + " core:1 pu:1"), options);
+  }
+  return slot;
+}
+
+runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
+  for (float& v : t.data) v = normal(rng);
+  return t;
+}
+
+RowMatrix matrix(const runtime::HostTensor& t) {
+  return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]);
+}
+
+struct MeshCase {
+  std::vector<std::int64_t> dims;
+  std::vector<std::string> names;
+};
+
+std::string name_of(const ::testing::TestParamInfo<MeshCase>& info) {
+  std::string n = "mesh";
+  for (std::size_t i = 0; i < info.param.dims.size(); ++i) {
+    n += "_" + info.param.names[i] + std::to_string(info.param.dims[i]);
+  }
+  return n;
+}
+
+class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
+ protected:
+  runtime::DeviceMesh mesh() const {
+    std::int64_t n = 1;
+    for (auto d : GetParam().dims) n *= d;
+    return runtime::DeviceMesh::create(devices(static_cast<int>(n)), GetParam().dims, GetParam().names);
+  }
+};
+
+// Relative error of the sharded result against the dense reference: max |diff| / max |ref|.
+double relative_error(const runtime::HostTensor& got, const RowMatrix& want) {
+  const RowMatrix g = matrix(got);
+  return (g - want).cwiseAbs().maxCoeff() / std::max(want.cwiseAbs().maxCoeff(), 1e-30f);
+}
+
+TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
+  const auto m = mesh();
+  // (tokens, hidden, intermediate): one that divides every mesh here, one where correction
+  // replicates (6 tokens over 4 batch devices, 30 intermediate over tp=4).
+  for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
+    for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
+      MlpWeights w;
+      w.up = random({h, f}, 1, 0.3f);
+      w.down = random({f, h}, 2, 0.3f);
+      if (kind == MlpKind::kSwiGLU) w.gate = random({h, f}, 3, 0.3f);
+      const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+      ShardedMlp mlp(m, kind, w, t);
+      const RowMatrix want = kind == MlpKind::kGelu
+                                 ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down))
+                                 : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up),
+                                                        matrix(w.down));
+      const runtime::HostTensor y = mlp.forward(x);
+      // The sharded sums run in another order (F split over tp, then the all-reduce): the
+      // bound grows with the reduction length, max(1e-5, 2 * F * epsilon).
+      const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
+      EXPECT_LT(relative_error(y, want), bound)
+          << to_string(kind) << " T=" << t << " F=" << f << " up spec " << mlp.up_spec().repr();
+      // Compiled once, runs again with the same result.
+      EXPECT_EQ(mlp.forward(x), y);
+    }
+  }
+}
+
+TEST_P(ShardedMlpTest, SplitsFOverTpAndAllReducesOnlyWhenItDoes) {
+  const auto m = mesh();
+  const bool has_tp = m.mesh().has_axis("tp");
+  MlpWeights w;
+  w.up = random({16, 32}, 1, 0.3f);
+  w.down = random({32, 16}, 2, 0.3f);
+  ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
+  if (has_tp) {
+    EXPECT_EQ(mlp.up_spec().repr(), "P(None, 'tp')");
+    EXPECT_EQ(mlp.down_spec().repr(), "P('tp', None)");
+    ASSERT_EQ(mlp.collectives().size(), 1u);
+    EXPECT_EQ(mlp.collectives()[0].kind, sharding::ReshardStep::Kind::kAllReduce);
+    EXPECT_EQ(mlp.collectives()[0].axes, std::vector<std::string>{"tp"});
+  } else {
+    EXPECT_TRUE(mlp.collectives().empty()) << "no tp axis: nothing to reduce";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
+                                           MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
+                                           MeshCase{{4}, {"tp"}}, MeshCase{{2, 4}, {"dp", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
+                         name_of);
+
+TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
+  const auto m = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  MlpWeights w;
+  w.up = random({16, 32}, 1, 0.3f);
+  w.down = random({31, 16}, 2, 0.3f);
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 8); },
+              ThrowsMessage<ShapeError>(HasSubstr("mlp (gelu): up [16, 32] and down [31, 16] do not chain (expected down [32, 16])")));
+  w.down = random({32, 16}, 2, 0.3f);
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, w, 8); },
+              ThrowsMessage<ShapeError>(HasSubstr("mlp (swiglu): gate [] and up [16, 32] differ")));
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 0); },
+              ThrowsMessage<ShapeError>(HasSubstr("0 tokens; need at least one")));
+  ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
+  EXPECT_THAT([&] { mlp.forward(random({4, 16}, 5, 1.0f)); },
+              ThrowsMessage<ShapeError>(HasSubstr("mlp: input is [4, 16] but the MLP was compiled for [8, 16]")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
