@@ -6,9 +6,11 @@
 #include <fmt/ranges.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/activations.hpp"
 #include "numesh/ops/gemm.hpp"
 #include "numesh/ops/reference.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
@@ -42,6 +44,10 @@ std::unique_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh& mesh,
 // out = a * b with the rows of a split over the calling device's threads.
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap out) {
   const Eigen::Index rows = a.rows();
+  if (oneapi::tbb::this_task_arena::max_concurrency() == 1 || rows <= kRowBlock) {
+    gemm(a, b, out);  // one thread: one call, OpenBLAS's blocking works best on the whole
+    return;
+  }
   oneapi::tbb::parallel_for(
       oneapi::tbb::blocked_range<Eigen::Index>(0, rows, kRowBlock),
       [&](const oneapi::tbb::blocked_range<Eigen::Index>& r) {
@@ -122,15 +128,12 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
     const runtime::NodeId up_node = b.add(d, fmt::format("mlp.up[{}]", s), [&x, &h, u, &wu, wg] {
       if (wg == nullptr) {  // GELU
         device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(wu)), as_matrix(h));
-        auto v = h.values();
-        for (float& e : v) e = gelu(e);
+        gelu_inplace(as_matrix(h));
         return;
       }
       device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(*wg)), as_matrix(h));
       device_gemm(as_matrix(std::as_const(x)), as_matrix(std::as_const(wu)), as_matrix(*u));
-      auto hv = h.values();
-      const auto uv = u->values();
-      for (std::size_t k = 0; k < hv.size(); ++k) hv[k] = silu(hv[k]) * uv[k];
+      silu_mul_inplace(as_matrix(h), as_matrix(std::as_const(*u)));
     });
     done[i] = b.add(d, fmt::format("mlp.down[{}]", s),
                     [&h, &wd, &yp] { device_gemm(as_matrix(std::as_const(h)), as_matrix(std::as_const(wd)), as_matrix(yp)); }, {up_node});

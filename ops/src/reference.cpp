@@ -10,6 +10,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/activations.hpp"
 #include "numesh/ops/gemm.hpp"
 
 namespace numesh::ops {
@@ -48,7 +49,7 @@ float silu(float x) noexcept {
 RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2) {
   check_mlp_shapes("mlp_gelu", x, w1, w2);
   RowMatrix h = matmul(x, w1);
-  h = h.unaryExpr([](float v) { return gelu(v); });
+  gelu_inplace(MatrixMap(h.data(), h.rows(), h.cols()));
   return matmul(h, w2);
 }
 
@@ -60,7 +61,8 @@ RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
                w_gate.rows(), w_gate.cols(), w_up.rows(), w_up.cols());
   RowMatrix gate = matmul(x, w_gate);
   const RowMatrix up = matmul(x, w_up);
-  gate = gate.unaryExpr([](float v) { return silu(v); }).cwiseProduct(up);
+  silu_mul_inplace(MatrixMap(gate.data(), gate.rows(), gate.cols()),
+                   ConstMatrixMap(up.data(), up.rows(), up.cols()));
   return matmul(gate, w_down);
 }
 
