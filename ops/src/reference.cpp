@@ -171,4 +171,108 @@ runtime::HostTensor attention_reference(const runtime::HostTensor& q_in,
   return out;
 }
 
+RowMatrix moe_reference(const RowMatrix& x, const MoeWeights& w, const MoeConfig& c,
+                        MoeStats* stats) {
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k;
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
+               "moe: top_k {} must be between 1 and the {} experts", k, e);
+  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
+               c.capacity_factor);
+  const auto shape_text = [](const runtime::HostTensor& a) {
+    return fmt::format("[{}]", fmt::join(a.shape, ", "));
+  };
+  NUMESH_CHECK(w.router.shape == (std::vector<std::int64_t>{h, e}), ShapeError,
+               "moe: router is {}, expected [{}, {}] for x [{}, {}] and {} experts",
+               shape_text(w.router), h, e, t, h, e);
+  const std::int64_t f = w.gate.shape.size() == 3 ? w.gate.shape[2] : -1;
+  NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) &&
+                   w.up.shape == w.gate.shape &&
+                   w.down.shape == (std::vector<std::int64_t>{e, f, h}),
+               ShapeError,
+               "moe: expert weights gate {}, up {}, down {} do not fit {} experts and hidden {} "
+               "(expected [E, H, F], [E, H, F], [E, F, H])",
+               shape_text(w.gate), shape_text(w.up), shape_text(w.down), e, h);
+
+  // Router probabilities, one row per token.
+  const RowMatrix router = Eigen::Map<const RowMatrix>(w.router.data.data(), h, e);
+  RowMatrix probs = matmul(x, router);
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    const float m = probs.row(ti).maxCoeff();
+    probs.row(ti) = (probs.row(ti).array() - m).exp().matrix();
+    probs.row(ti) /= probs.row(ti).sum();
+  }
+  // Top-k per token: highest probability first, ties to the lower index.
+  std::vector<std::vector<std::int64_t>> chosen(static_cast<std::size_t>(t));
+  std::vector<std::vector<float>> weight(static_cast<std::size_t>(t));
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    std::vector<std::int64_t> order(static_cast<std::size_t>(e));
+    for (std::int64_t i = 0; i < e; ++i) order[static_cast<std::size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return probs(ti, a) > probs(ti, b);
+    });
+    order.resize(static_cast<std::size_t>(k));
+    float total = 0.0f;
+    for (std::int64_t j : order) total += probs(ti, j);
+    for (std::int64_t j : order) {
+      weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? probs(ti, j) / total
+                                                                    : probs(ti, j));
+    }
+    chosen[static_cast<std::size_t>(ti)] = std::move(order);
+  }
+  // Capacity, in GShard's priority order: choice rank first, then token order.
+  const std::int64_t capacity =
+      c.capacity_factor > 0.0f
+          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
+                                                static_cast<double>(t * k) / static_cast<double>(e)))
+          : 0;
+  std::vector<std::int64_t> load(static_cast<std::size_t>(e), 0);
+  std::vector<std::vector<bool>> kept(static_cast<std::size_t>(t),
+                                      std::vector<bool>(static_cast<std::size_t>(k), false));
+  std::int64_t dropped = 0;
+  for (std::int64_t j = 0; j < k; ++j) {
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const std::int64_t ex = chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)];
+      if (capacity > 0 && load[static_cast<std::size_t>(ex)] >= capacity) {
+        ++dropped;
+        continue;
+      }
+      ++load[static_cast<std::size_t>(ex)];
+      kept[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] = true;
+    }
+  }
+  // Experts: each runs its SwiGLU MLP on the tokens it kept.
+  RowMatrix y = RowMatrix::Zero(t, h);
+  const std::size_t hf = static_cast<std::size_t>(h * f);
+  for (std::int64_t ex = 0; ex < e; ++ex) {
+    std::vector<std::int64_t> rows;
+    std::vector<float> scale;
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      for (std::int64_t j = 0; j < k; ++j) {
+        if (kept[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] &&
+            chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] == ex) {
+          rows.push_back(ti);
+          scale.push_back(weight[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+        }
+      }
+    }
+    if (rows.empty()) continue;
+    RowMatrix xe(static_cast<Eigen::Index>(rows.size()), h);
+    for (std::size_t r = 0; r < rows.size(); ++r) xe.row(static_cast<Eigen::Index>(r)) = x.row(rows[r]);
+    const auto off = static_cast<std::size_t>(ex) * hf;
+    const RowMatrix wg = Eigen::Map<const RowMatrix>(w.gate.data.data() + off, h, f);
+    const RowMatrix wu = Eigen::Map<const RowMatrix>(w.up.data.data() + off, h, f);
+    const RowMatrix wd = Eigen::Map<const RowMatrix>(w.down.data.data() + off, f, h);
+    const RowMatrix ye = mlp_swiglu_reference(xe, wg, wu, wd);
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      y.row(rows[r]) += scale[r] * ye.row(static_cast<Eigen::Index>(r));
+    }
+  }
+  if (stats != nullptr) {
+    stats->tokens_per_expert = load;
+    stats->dropped = dropped;
+    stats->capacity = capacity;
+  }
+  return y;
+}
+
 }  // namespace numesh::ops

@@ -146,6 +146,82 @@ TEST(AttentionReferenceTest, BadShapesAreRejectedNamingThem) {
               ThrowsMessage<ShapeError>(HasSubstr("rope: head_dim 3 is odd")));
 }
 
+MoeWeights moe_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
+  MoeWeights w;
+  w.router = random_tensor({h, e}, 11);
+  w.gate = random_tensor({e, h, f}, 12);
+  w.up = random_tensor({e, h, f}, 13);
+  w.down = random_tensor({e, f, h}, 14);
+  for (auto* t : {&w.gate, &w.up, &w.down}) {
+    for (float& v : t->data) v *= 0.3f;
+  }
+  return w;
+}
+
+TEST(MoeReferenceTest, AllExpertsWithRenormalisationIsTheProbabilityWeightedSum) {
+  // k = E, dropless: every token goes to every expert with its softmax probability.
+  const std::int64_t t = 5, h = 6, f = 10, e = 3;
+  const RowMatrix x = pattern(t, h, 0.4f);
+  const MoeWeights w = moe_weights(h, f, e);
+  MoeStats stats;
+  const RowMatrix y = moe_reference(x, w, {.num_experts = e, .top_k = e, .capacity_factor = 0.0f, .renormalize = true}, &stats);
+  const RowMatrix router = Eigen::Map<const RowMatrix>(w.router.data.data(), h, e);
+  RowMatrix want = RowMatrix::Zero(t, h);
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    Eigen::RowVectorXf logits = x.row(ti) * router;
+    Eigen::RowVectorXf p = (logits.array() - logits.maxCoeff()).exp().matrix();
+    p /= p.sum();
+    for (std::int64_t ex = 0; ex < e; ++ex) {
+      const auto off = static_cast<std::size_t>(ex * h * f);
+      const RowMatrix out = mlp_swiglu_reference(
+          x.row(ti), Eigen::Map<const RowMatrix>(w.gate.data.data() + off, h, f),
+          Eigen::Map<const RowMatrix>(w.up.data.data() + off, h, f),
+          Eigen::Map<const RowMatrix>(w.down.data.data() + off, f, h));
+      want.row(ti) += p(ex) * out.row(0);
+    }
+  }
+  EXPECT_LT((y - want).cwiseAbs().maxCoeff(), 1e-5f);
+  EXPECT_EQ(stats.tokens_per_expert, (std::vector<std::int64_t>{5, 5, 5}));
+  EXPECT_EQ(stats.dropped, 0);
+  EXPECT_EQ(stats.capacity, 0);
+}
+
+TEST(MoeReferenceTest, CapacityDropsAssignmentsAndCountsThem) {
+  const std::int64_t t = 16, h = 6, f = 8, e = 4;
+  const RowMatrix x = pattern(t, h, 1.1f, 2.0f);
+  const MoeWeights w = moe_weights(h, f, e);
+  MoeStats dropless, capped;
+  const RowMatrix y0 = moe_reference(x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = true}, &dropless);
+  const RowMatrix y1 = moe_reference(x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.5f, .renormalize = true}, &capped);
+  std::int64_t kept0 = 0, kept1 = 0;
+  for (auto n : dropless.tokens_per_expert) kept0 += n;
+  for (auto n : capped.tokens_per_expert) {
+    kept1 += n;
+    EXPECT_LE(n, 4) << "capacity ceil(0.5 * 16 * 2 / 4) = 4";
+  }
+  EXPECT_EQ(kept0, 32);
+  EXPECT_EQ(dropless.dropped, 0);
+  EXPECT_EQ(capped.capacity, 4);
+  EXPECT_EQ(kept1 + capped.dropped, 32);
+  EXPECT_GT(capped.dropped, 0) << "16 tokens x 2 choices cannot fit 4 experts x 4 slots";
+  EXPECT_GT((y0 - y1).cwiseAbs().maxCoeff(), 0.0f) << "dropping changes some outputs";
+}
+
+TEST(MoeReferenceTest, BadConfigsAreRejectedNamingThem) {
+  const RowMatrix x = pattern(4, 6, 0.0f);
+  const MoeWeights w = moe_weights(6, 8, 2);
+  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 2, .top_k = 3, .capacity_factor = 0.0f, .renormalize = true}); },
+              ThrowsMessage<ValueError>(HasSubstr("moe: top_k 3 must be between 1 and the 2 experts")));
+  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 2, .top_k = 1, .capacity_factor = -1.0f, .renormalize = true}); },
+              ThrowsMessage<ValueError>(HasSubstr("capacity_factor -1 is negative")));
+  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 3, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true}); },
+              ThrowsMessage<ShapeError>(HasSubstr("moe: router is [6, 2], expected [6, 3] for x [4, 6] and 3 experts")));
+  MoeWeights bad = w;
+  bad.down = random_tensor({2, 7, 6}, 1);
+  EXPECT_THAT([&] { moe_reference(x, bad, {.num_experts = 2, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true}); },
+              ThrowsMessage<ShapeError>(HasSubstr("do not fit 2 experts and hidden 6")));
+}
+
 TEST(ReferenceTest, BadShapesAreRejectedNamingThem) {
   const RowMatrix x(4, 8), w1(8, 16), bad(9, 8), wd(16, 8);
   EXPECT_THAT([&] { mlp_gelu_reference(x, w1, bad); },

@@ -8,6 +8,7 @@ each output with torch.nn.functional (exact-erf GELU, SiLU) and torch matmuls in
 compares. Exit status: 0 all agree; 1 a mismatch (printed); 77 PyTorch is not installed for this
 interpreter (CTest reports the test as skipped). Run with Debian's /usr/bin/python3.
 """
+import math
 import os
 import sys
 
@@ -51,6 +52,27 @@ def attention(q, k, v, q_offset):
     return (torch.softmax(scores, dim=-1) @ vh).permute(0, 2, 1, 3)
 
 
+def moe(x, router, gate, up, down, k, capacity_factor, renormalize):
+    """A plain PyTorch top-k MoE with SwiGLU experts and GShard-priority capacity."""
+    t, e = x.shape[0], router.shape[1]
+    probs = torch.softmax(x @ router, dim=-1)
+    topv, topi = probs.topk(k, dim=-1)          # highest first
+    if renormalize:
+        topv = topv / topv.sum(-1, keepdim=True)
+    capacity = math.ceil(capacity_factor * t * k / e) if capacity_factor > 0 else None
+    load = [0] * e
+    y = torch.zeros_like(x)
+    for j in range(k):                           # every first choice before any second
+        for i in range(t):
+            ex = int(topi[i, j])
+            if capacity is not None and load[ex] >= capacity:
+                continue
+            load[ex] += 1
+            h = F.silu(x[i] @ gate[ex]) * (x[i] @ up[ex])
+            y[i] += topv[i, j] * (h @ down[ex])
+    return y, torch.tensor(load, dtype=torch.float64)[None, :]
+
+
 def main():
     d = sys.argv[1]
     x, w1, w2 = load(d, "x"), load(d, "w1"), load(d, "w2")
@@ -64,6 +86,12 @@ def main():
     for name, q_offset in (("mha_prefill", 0), ("gqa_prefill", 0), ("gqa_decode", 6)):
         q, k, v = (load(d, f"{name}_{t}") for t in "qkv")
         expected[f"{name}_out"] = attention(q, k, v, q_offset)
+    for name, k, cf, renorm in (("moe_top2_dropless", 2, 0.0, True), ("moe_top1_capacity", 1, 1.0, True),
+                                ("moe_top3_raw", 3, 0.0, False)):
+        tensors = [load(d, f"{name}_{t}") for t in ("x", "router", "gate", "up", "down")]
+        out, counts = moe(*tensors, k, cf, renorm)
+        expected[f"{name}_out"] = out
+        expected[f"{name}_tokens_per_expert"] = counts
     # numesh computes in fp32; the bound is relative to the output's scale.
     failed = False
     for name, want in expected.items():

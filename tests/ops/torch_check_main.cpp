@@ -62,6 +62,34 @@ void attention_case(const std::filesystem::path& dir, const std::string& name, s
   numesh::ops::save_npy(dir / (name + "_out.npy"), numesh::ops::attention_reference(q, k, v, config));
 }
 
+// One MoE case on 12 tokens, hidden 16, 6 experts of intermediate 24.
+void moe_case(const std::filesystem::path& dir, const std::string& name, std::int64_t k,
+              float capacity_factor, bool renormalize, std::mt19937& rng) {
+  const std::int64_t t = 12, h = 16, f = 24, e = 6;
+  const RowMatrix x = random_matrix(t, h, rng, 1.0f);
+  numesh::ops::MoeWeights w;
+  w.router = random_tensor({h, e}, rng);
+  w.gate = random_tensor({e, h, f}, rng);
+  w.up = random_tensor({e, h, f}, rng);
+  w.down = random_tensor({e, f, h}, rng);
+  for (auto* m : {&w.gate, &w.up, &w.down}) {
+    for (float& v : m->data) v *= 0.2f;
+  }
+  numesh::ops::MoeStats stats;
+  const RowMatrix y = numesh::ops::moe_reference(
+      x, w, {.num_experts = e, .top_k = k, .capacity_factor = capacity_factor, .renormalize = renormalize},
+      &stats);
+  save(dir, name + "_x", x);
+  numesh::ops::save_npy(dir / (name + "_router.npy"), w.router);
+  numesh::ops::save_npy(dir / (name + "_gate.npy"), w.gate);
+  numesh::ops::save_npy(dir / (name + "_up.npy"), w.up);
+  numesh::ops::save_npy(dir / (name + "_down.npy"), w.down);
+  save(dir, name + "_out", y);
+  RowMatrix counts(1, e);
+  for (std::int64_t i = 0; i < e; ++i) counts(0, i) = static_cast<float>(stats.tokens_per_expert[static_cast<std::size_t>(i)]);
+  save(dir, name + "_tokens_per_expert", counts);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +120,9 @@ int main(int argc, char** argv) {
     attention_case(dir, "mha_prefill", 5, 5, 4, 4, 0, rng);
     attention_case(dir, "gqa_prefill", 6, 6, 4, 2, 0, rng);
     attention_case(dir, "gqa_decode", 1, 7, 4, 2, 6, rng);
+    moe_case(dir, "moe_top2_dropless", 2, 0.0f, true, rng);
+    moe_case(dir, "moe_top1_capacity", 1, 1.0f, true, rng);
+    moe_case(dir, "moe_top3_raw", 3, 0.0f, false, rng);
     return 0;
   } catch (const numesh::Error& e) {
     std::fprintf(stderr, "torch_check_main: %s\n", e.what());

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -66,5 +67,49 @@ void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, f
 runtime::HostTensor attention_reference(const runtime::HostTensor& q, const runtime::HostTensor& k,
                                         const runtime::HostTensor& v,
                                         const AttentionConfig& config);
+
+/// A mixture-of-experts layer's routing.
+struct MoeConfig {
+  /// Number of experts E (>= 1).
+  std::int64_t num_experts = 1;
+  /// Experts per token k (1 <= k <= E).
+  std::int64_t top_k = 1;
+  /// Tokens each expert may take: ceil(capacity_factor * T * k / E); 0 means dropless (no
+  /// limit). Assignments beyond an expert's capacity are dropped (they add nothing to the
+  /// token's output), in GShard's priority order: every token's first choice before any
+  /// second choice, tokens in order within a choice rank.
+  float capacity_factor = 0.0f;
+  /// Renormalise the k chosen probabilities to sum to 1 (Mixtral, Qwen-MoE); otherwise use
+  /// the softmax probabilities as they are.
+  bool renormalize = true;
+};
+
+/// The weights of a MoE layer with SwiGLU experts: router [H, E], and per expert e the slices
+/// gate[e], up[e] ([H, F] each) and down[e] ([F, H]) of tensors [E, H, F] and [E, F, H].
+struct MoeWeights {
+  runtime::HostTensor router;  ///< [H, E]
+  runtime::HostTensor gate;    ///< [E, H, F]
+  runtime::HostTensor up;      ///< [E, H, F]
+  runtime::HostTensor down;    ///< [E, F, H]
+};
+
+/// What the router did.
+struct MoeStats {
+  /// Kept assignments per expert.
+  std::vector<std::int64_t> tokens_per_expert;
+  /// Assignments dropped for capacity (0 when dropless).
+  std::int64_t dropped = 0;
+  /// The capacity per expert (0 when dropless).
+  std::int64_t capacity = 0;
+};
+
+/// MoE forward: probs = softmax(x router) (fp32, stable), the top_k experts per token (ties to
+/// the lower expert index), their weights (renormalised if asked), capacity as in MoeConfig,
+/// and y[t] = sum over kept choices j of weight_tj * swiglu_expert_{e_tj}(x[t]).
+/// x: [T, H]; returns [T, H]; fills `stats` when given.
+/// Throws: ValueError when top_k is not in [1, num_experts] (naming both) or capacity_factor
+/// is negative; ShapeError naming the shapes when the weights do not fit x and the config.
+RowMatrix moe_reference(const RowMatrix& x, const MoeWeights& weights, const MoeConfig& config,
+                        MoeStats* stats = nullptr);
 
 }  // namespace numesh::ops
