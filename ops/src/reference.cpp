@@ -11,6 +11,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/activations.hpp"
+#include "numesh/ops/attention.hpp"
 #include "numesh/ops/gemm.hpp"
 
 namespace numesh::ops {
@@ -83,27 +84,9 @@ RowMatrix rmsnorm_reference(const RowMatrix& x, const RowMatrix& weight, float e
 void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta) {
   NUMESH_CHECK(x.shape.size() == 4, ShapeError, "rope: expected [B, T, H, D], got rank {}",
                x.shape.size());
-  const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = x.shape[3];
-  NUMESH_CHECK(d % 2 == 0, ShapeError, "rope: head_dim {} is odd", d);
-  const std::int64_t half = d / 2;
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    for (std::int64_t ti = 0; ti < t; ++ti) {
-      const auto position = static_cast<double>(first_position + ti);
-      for (std::int64_t i = 0; i < half; ++i) {
-        // Angles in double: positions times frequencies lose digits in fp32 at long contexts.
-        const double freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) /
-                                                                     static_cast<double>(d));
-        const auto c = static_cast<float>(std::cos(position * freq));
-        const auto sn = static_cast<float>(std::sin(position * freq));
-        for (std::int64_t hi = 0; hi < h; ++hi) {
-          float* row = x.data.data() + ((bi * t + ti) * h + hi) * d;
-          const float x1 = row[i], x2 = row[i + half];
-          row[i] = x1 * c - x2 * sn;
-          row[i + half] = x2 * c + x1 * sn;
-        }
-      }
-    }
-  }
+  NUMESH_CHECK(x.shape[3] % 2 == 0, ShapeError, "rope: head_dim {} is odd", x.shape[3]);
+  rope_inplace(x.data.data(), x.shape[0], x.shape[1], x.shape[2], x.shape[3], first_position,
+               theta);
 }
 
 runtime::HostTensor attention_reference(const runtime::HostTensor& q_in,
@@ -131,43 +114,13 @@ runtime::HostTensor attention_reference(const runtime::HostTensor& q_in,
                "attention: {} keys cannot cover causal queries at positions {}..{}", s,
                config.q_offset, config.q_offset + t - 1);
   runtime::HostTensor q = q_in, k = k_in;
-  if (config.rope_theta > 0.0f) {
-    apply_rope_reference(q, config.q_offset, config.rope_theta);
-    apply_rope_reference(k, 0, config.rope_theta);
-  }
   runtime::HostTensor out = runtime::HostTensor::zeros({b, t, hq, d});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::int64_t group = hq / hkv;
   std::vector<float> scores(static_cast<std::size_t>(s));
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const std::int64_t kvh = h / group;
-      for (std::int64_t ti = 0; ti < t; ++ti) {
-        const float* qr = q.data.data() + ((bi * t + ti) * hq + h) * d;
-        const std::int64_t visible = config.causal ? config.q_offset + ti + 1 : s;
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (std::int64_t si = 0; si < visible; ++si) {
-          const float* kr = k.data.data() + ((bi * s + si) * hkv + kvh) * d;
-          float dot = 0.0f;
-          for (std::int64_t i = 0; i < d; ++i) dot += qr[i] * kr[i];
-          scores[static_cast<std::size_t>(si)] = dot * scale;
-          max_score = std::max(max_score, dot * scale);
-        }
-        float sum = 0.0f;
-        for (std::int64_t si = 0; si < visible; ++si) {
-          auto& e = scores[static_cast<std::size_t>(si)];
-          e = std::exp(e - max_score);
-          sum += e;
-        }
-        float* orow = out.data.data() + ((bi * t + ti) * hq + h) * d;
-        for (std::int64_t si = 0; si < visible; ++si) {
-          const float p = scores[static_cast<std::size_t>(si)] / sum;
-          const float* vr = v.data.data() + ((bi * s + si) * hkv + kvh) * d;
-          for (std::int64_t i = 0; i < d; ++i) orow[i] += p * vr[i];
-        }
-      }
-    }
-  }
+  attention_kernel(q.data.data(), k.data.data(), v.data.data(), out.data.data(),
+                   AttentionSlice{.batch = b, .q_len = t, .kv_len = s, .q_heads = hq,
+                                  .kv_heads = hkv, .group = hq / hkv, .q_head_offset = 0,
+                                  .kv_head_offset = 0},
+                   config, scores);
   return out;
 }
 
