@@ -3,11 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <map>
-#include <mutex>
 #include <random>
 
+#include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
+#include "test_tensors.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -16,25 +16,11 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 std::shared_ptr<runtime::DeviceSet> devices(int n) {
-  static std::mutex m;
-  static std::map<int, std::shared_ptr<runtime::DeviceSet>> cache;
-  const std::lock_guard lock(m);
-  auto& slot = cache[n];
-  if (!slot) {
-    runtime::PlacementOptions options;
-    options.max_threads_per_device = 1;
-    slot = runtime::DeviceSet::create(
-        runtime::Topology::from_synthetic("numa:" + std::to_string(n) + " core:1 pu:1"), options);
-  }
-  return slot;
+  return runtime::testing::synthetic_devices(runtime::testing::nodes(n));
 }
 
 runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
-  for (float& v : t.data) v = normal(rng);
-  return t;
+  return testing::random_host(std::move(shape), seed, scale);
 }
 
 // The dense layer: projections, attention_reference, output projection.
