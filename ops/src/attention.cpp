@@ -12,6 +12,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/gemm.hpp"
 #include "numesh/ops/tensor.hpp"
+#include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
 namespace numesh::ops {
@@ -85,13 +86,7 @@ namespace {
 using sharding::AxisRule;
 using sharding::PartitionSpec;
 
-std::string dims(const runtime::HostTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); }
-
-AxisRule entry(const std::vector<std::string>& axes) {
-  if (axes.empty()) return AxisRule();
-  if (axes.size() == 1) return AxisRule(axes.front());
-  return AxisRule::tuple(std::vector<AxisRule>(axes.begin(), axes.end()));
-}
+using detail::shape_text;
 
 }  // namespace
 
@@ -111,7 +106,7 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
                "attention: head_dim {} is odd, RoPE needs it even", d);
   NUMESH_CHECK(batch > 0 && seq_len > 0, ShapeError, "attention: batch {} and seq_len {} must be positive",
                batch, seq_len);
-  NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix", dims(w.wq));
+  NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix", shape_text(w.wq));
   hidden_ = w.wq.shape[0];
   NUMESH_CHECK(w.wq.shape == (std::vector<std::int64_t>{hidden_, hq * d}) &&
                    w.wk.shape == (std::vector<std::int64_t>{hidden_, hkv * d}) &&
@@ -120,14 +115,10 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
                ShapeError,
                "attention: wq {}, wk {}, wv {}, wo {} do not fit {} heads, {} kv heads, head_dim {} "
                "(expected [H, {}], [H, {}], [H, {}], [{}, H])",
-               dims(w.wq), dims(w.wk), dims(w.wv), dims(w.wo), hq, hkv, d, hq * d, hkv * d,
+               shape_text(w.wq), shape_text(w.wk), shape_text(w.wv), shape_text(w.wo), hq, hkv, d, hq * d, hkv * d,
                hkv * d, hq * d);
 
   const sharding::Mesh& m = mesh.mesh();
-  std::vector<std::string> batch_axes;
-  for (const std::string& a : axes.batch) {
-    if (m.has_axis(a)) batch_axes.push_back(a);
-  }
   // Heads split only at head granularity (a dim check alone would cut heads apart).
   const std::int64_t tp = m.has_axis(axes.heads) ? m.axis_size(axes.heads) : 1;
   const bool split_q = m.has_axis(axes.heads) && hq % tp == 0;
@@ -140,7 +131,7 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
   const std::vector<std::int64_t> x_shape{batch, seq_len, hidden_};
   x_ = std::make_unique<runtime::ShardedTensor>(
       mesh, x_shape,
-      sharding::correct_spec(x_shape, PartitionSpec({entry(batch_axes), AxisRule(), AxisRule()}), m).spec);
+      sharding::correct_spec(x_shape, PartitionSpec({detail::entry_over(axes.batch, m), AxisRule(), AxisRule()}), m).spec);
   wq_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wq.shape, PartitionSpec({AxisRule(), q_rule}));
   wk_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wk.shape, PartitionSpec({AxisRule(), kv_rule}));
   wv_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wv.shape, PartitionSpec({AxisRule(), kv_rule}));
@@ -216,7 +207,7 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
 
 runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{batch_, seq_len_, hidden_}), ShapeError,
-               "attention: input is {} but the layer was compiled for [{}, {}, {}]", dims(x),
+               "attention: input is {} but the layer was compiled for [{}, {}, {}]", shape_text(x),
                batch_, seq_len_, hidden_);
   runtime::scatter(x, *x_);
   graph_->run();

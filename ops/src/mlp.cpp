@@ -13,6 +13,7 @@
 #include "numesh/ops/activations.hpp"
 #include "numesh/ops/gemm.hpp"
 #include "numesh/ops/reference.hpp"
+#include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
 namespace numesh::ops {
@@ -25,15 +26,7 @@ using sharding::PartitionSpec;
 // Rows per parallel block inside one device: enough work per OpenBLAS call to stay efficient.
 constexpr Eigen::Index kRowBlock = 64;
 
-std::string dims(const runtime::HostTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); }
-
-// A spec entry for a list of axes: None, a name, or a tuple.
-AxisRule entry(const std::vector<std::string>& axes) {
-  if (axes.empty()) return AxisRule();
-  if (axes.size() == 1) return AxisRule(axes.front());
-  std::vector<AxisRule> members(axes.begin(), axes.end());
-  return AxisRule::tuple(std::move(members));
-}
+using detail::shape_text;
 
 std::unique_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh& mesh,
                                                 std::vector<std::int64_t> shape, PartitionSpec spec) {
@@ -68,25 +61,19 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
     : kind_(kind) {
   const char* what = kind == MlpKind::kGelu ? "mlp (gelu)" : "mlp (swiglu)";
   NUMESH_CHECK(w.up.shape.size() == 2 && w.down.shape.size() == 2, ShapeError,
-               "{}: up {} and down {} must be matrices", what, dims(w.up), dims(w.down));
+               "{}: up {} and down {} must be matrices", what, shape_text(w.up), shape_text(w.down));
   hidden_ = w.up.shape[0];
   intermediate_ = w.up.shape[1];
   tokens_ = tokens;
   NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{intermediate_, hidden_}), ShapeError,
-               "{}: up {} and down {} do not chain (expected down [{}, {}])", what, dims(w.up),
-               dims(w.down), intermediate_, hidden_);
+               "{}: up {} and down {} do not chain (expected down [{}, {}])", what, shape_text(w.up),
+               shape_text(w.down), intermediate_, hidden_);
   NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
-               "{}: gate {} and up {} differ", what, dims(w.gate), dims(w.up));
+               "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   NUMESH_CHECK(tokens > 0, ShapeError, "{}: {} tokens; need at least one", what, tokens);
 
-  // Keep only the axes the mesh has (eformer's correction would drop them anyway, but a tuple
-  // entry with one missing member would be dropped whole).
-  std::vector<std::string> batch;
-  for (const std::string& a : axes.batch) {
-    if (mesh.mesh().has_axis(a)) batch.push_back(a);
-  }
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
-  x_ = sharded(mesh, {tokens, hidden_}, PartitionSpec({entry(batch), AxisRule()}));
+  x_ = sharded(mesh, {tokens, hidden_}, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}));
   up_ = sharded(mesh, {hidden_, intermediate_}, PartitionSpec({AxisRule(), tp}));
   down_ = sharded(mesh, {intermediate_, hidden_}, PartitionSpec({tp, AxisRule()}));
   if (kind == MlpKind::kSwiGLU) {
@@ -145,7 +132,7 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
 
 runtime::HostTensor ShardedMlp::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, hidden_}), ShapeError,
-               "mlp: input is {} but the MLP was compiled for [{}, {}]", dims(x), tokens_, hidden_);
+               "mlp: input is {} but the MLP was compiled for [{}, {}]", shape_text(x), tokens_, hidden_);
   runtime::scatter(x, *x_);
   graph_->run();
   return runtime::gather(*y_);

@@ -10,11 +10,14 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "lowering_util.hpp"
 #include "numesh/ops/activations.hpp"
 #include "numesh/ops/attention.hpp"
 #include "numesh/ops/gemm.hpp"
 
 namespace numesh::ops {
+
+using detail::shape_text;
 
 namespace {
 
@@ -93,9 +96,6 @@ runtime::HostTensor attention_reference(const runtime::HostTensor& q_in,
                                         const runtime::HostTensor& k_in,
                                         const runtime::HostTensor& v,
                                         const AttentionConfig& config) {
-  const auto shape_text = [](const runtime::HostTensor& x) {
-    return fmt::format("[{}]", fmt::join(x.shape, ", "));
-  };
   NUMESH_CHECK(q_in.shape.size() == 4 && k_in.shape.size() == 4 && v.shape.size() == 4,
                ShapeError, "attention: q {}, k {}, v {} must all be [B, T, heads, head_dim]",
                shape_text(q_in), shape_text(k_in), shape_text(v));
@@ -131,9 +131,6 @@ RowMatrix moe_reference(const RowMatrix& x, const MoeWeights& w, const MoeConfig
                "moe: top_k {} must be between 1 and the {} experts", k, e);
   NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
                c.capacity_factor);
-  const auto shape_text = [](const runtime::HostTensor& a) {
-    return fmt::format("[{}]", fmt::join(a.shape, ", "));
-  };
   NUMESH_CHECK(w.router.shape == (std::vector<std::int64_t>{h, e}), ShapeError,
                "moe: router is {}, expected [{}, {}] for x [{}, {}] and {} experts",
                shape_text(w.router), h, e, t, h, e);

@@ -2,6 +2,8 @@
 
 // PRIVATE: the odometer behind copy_box and the box reductions of the sharded collectives.
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -31,7 +33,21 @@ void for_each_run(std::span<const sharding::DimSlice> box,
     fn(std::int64_t{0}, std::int64_t{0}, std::int64_t{1});
     return;
   }
-  std::vector<std::int64_t> src_stride(rank, 1), dst_stride(rank, 1);
+  // Strides and the odometer live on the stack for ranks up to kInlineRank: this runs inside
+  // collective node bodies, which must not allocate on the steady path.
+  constexpr std::size_t kInlineRank = 8;
+  std::array<std::int64_t, 3 * kInlineRank> inline_buffer;
+  std::vector<std::int64_t> heap_buffer;
+  std::int64_t* buffer = inline_buffer.data();
+  if (rank > kInlineRank) {
+    heap_buffer.resize(3 * rank);
+    buffer = heap_buffer.data();
+  }
+  std::int64_t* src_stride = buffer;
+  std::int64_t* dst_stride = buffer + rank;
+  std::int64_t* index = buffer + 2 * rank;
+  src_stride[rank - 1] = 1;
+  dst_stride[rank - 1] = 1;
   for (std::size_t d = rank - 1; d > 0; --d) {
     src_stride[d - 1] = src_stride[d] * src_slices[d].extent;
     dst_stride[d - 1] = dst_stride[d] * dst_slices[d].extent;
@@ -48,7 +64,7 @@ void for_each_run(std::span<const sharding::DimSlice> box,
     src_base += (box[d].offset - src_slices[d].offset) * src_stride[d];
     dst_base += (box[d].offset - dst_slices[d].offset) * dst_stride[d];
   }
-  std::vector<std::int64_t> index(inner, 0);
+  std::fill(index, index + inner, 0);
   while (true) {
     std::int64_t s = src_base, t = dst_base;
     for (std::size_t d = 0; d < inner; ++d) {

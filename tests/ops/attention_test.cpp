@@ -5,9 +5,8 @@
 
 #include <random>
 
-#include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
-#include "test_tensors.hpp"
+#include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -15,9 +14,10 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-std::shared_ptr<runtime::DeviceSet> devices(int n) {
-  return runtime::testing::synthetic_devices(runtime::testing::nodes(n));
-}
+using testing::devices;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
 
 runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
   return testing::random_host(std::move(shape), seed, scale);
@@ -44,26 +44,11 @@ runtime::HostTensor dense_attention(const runtime::HostTensor& x, const Attentio
   return out;
 }
 
-struct MeshCase {
-  std::vector<std::int64_t> dims;
-  std::vector<std::string> names;
-};
-
-std::string name_of(const ::testing::TestParamInfo<MeshCase>& info) {
-  std::string n = "mesh";
-  for (std::size_t i = 0; i < info.param.dims.size(); ++i) {
-    n += "_" + info.param.names[i] + std::to_string(info.param.dims[i]);
-  }
-  return n;
-}
 
 class ShardedAttentionTest : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
-  std::int64_t n = 1;
-  for (auto d : GetParam().dims) n *= d;
-  const auto mesh = runtime::DeviceMesh::create(devices(static_cast<int>(n)), GetParam().dims,
-                                                GetParam().names);
+  const auto mesh = make_mesh(GetParam());
   const std::int64_t hidden = 16, d = 8, t = 5;
   for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
     for (std::int64_t batch : {2, 3}) {  // 3 sequences do not split over dp = 2: replicated
@@ -100,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedAttentionTest,
                                            MeshCase{{4}, {"tp"}}, MeshCase{{2}, {"dp"}},
                                            MeshCase{{2, 2}, {"dp", "tp"}},
                                            MeshCase{{2, 4}, {"dp", "tp"}}),
-                         name_of);
+                         mesh_case_name);
 
 TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {4}, {"tp"});

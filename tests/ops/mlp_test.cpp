@@ -8,9 +8,8 @@
 #include <limits>
 #include <random>
 
-#include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
-#include "test_tensors.hpp"
+#include "test_util.hpp"
 #include "numesh/ops/reference.hpp"
 
 namespace numesh::ops {
@@ -19,9 +18,10 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-std::shared_ptr<runtime::DeviceSet> devices(int n) {
-  return runtime::testing::synthetic_devices(runtime::testing::nodes(n));
-}
+using testing::devices;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
 
 runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
   return testing::random_host(std::move(shape), seed, scale);
@@ -31,26 +31,10 @@ RowMatrix matrix(const runtime::HostTensor& t) {
   return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]);
 }
 
-struct MeshCase {
-  std::vector<std::int64_t> dims;
-  std::vector<std::string> names;
-};
-
-std::string name_of(const ::testing::TestParamInfo<MeshCase>& info) {
-  std::string n = "mesh";
-  for (std::size_t i = 0; i < info.param.dims.size(); ++i) {
-    n += "_" + info.param.names[i] + std::to_string(info.param.dims[i]);
-  }
-  return n;
-}
 
 class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
  protected:
-  runtime::DeviceMesh mesh() const {
-    std::int64_t n = 1;
-    for (auto d : GetParam().dims) n *= d;
-    return runtime::DeviceMesh::create(devices(static_cast<int>(n)), GetParam().dims, GetParam().names);
-  }
+  runtime::DeviceMesh mesh() const { return make_mesh(GetParam()); }
 };
 
 // Relative error of the sharded result against the dense reference: max |diff| / max |ref|.
@@ -110,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpTest,
                                            MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
                                            MeshCase{{4}, {"tp"}}, MeshCase{{2, 4}, {"dp", "tp"}},
                                            MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
-                         name_of);
+                         mesh_case_name);
 
 TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
   const auto m = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <ostream>
 
+#include "cli_text.hpp"
 #include "collective_bench.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -18,18 +19,12 @@ namespace numesh::tools {
 
 namespace {
 
-std::vector<std::string> split(const std::string& text) {
+// The non-empty items of a comma-separated option.
+std::vector<std::string> items(const std::string& text) {
   std::vector<std::string> out;
-  std::string cur;
-  for (char c : text) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
+  for (std::string_view item : split_list(text)) {
+    if (!item.empty()) out.emplace_back(item);
   }
-  if (!cur.empty()) out.push_back(cur);
   return out;
 }
 
@@ -64,9 +59,9 @@ Examples:
 
 void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
   std::vector<bench::CollectiveOp> ops;
-  for (const std::string& name : split(o.ops)) ops.push_back(bench::parse_collective_op(name));
+  for (const std::string& name : items(o.ops)) ops.push_back(bench::parse_collective_op(name));
   std::vector<std::size_t> sizes;
-  for (const std::string& s : split(o.sizes)) sizes.push_back(bench::parse_bytes(s));
+  for (const std::string& s : items(o.sizes)) sizes.push_back(bench::parse_bytes(s));
   NUMESH_CHECK(!ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
   NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);

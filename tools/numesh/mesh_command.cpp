@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "numesh/runtime/device_mesh.hpp"
+#include "cli_text.hpp"
 #include "resolve_command.hpp"
 
 namespace numesh::tools {
@@ -23,21 +24,6 @@ std::string memory_report(runtime::Device& d) {
     text += *node >= 0 ? fmt::format(", on node {}", *node) : ", spread over nodes";
   }
   return text;
-}
-
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : text) {
-    if (c == ',') {
-      out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  return out;
 }
 
 }  // namespace
@@ -60,7 +46,8 @@ CLI::App* add_mesh_command(CLI::App& app, MeshOptions& o) {
 
 void run_mesh(const MeshOptions& o, std::ostream& out) {
   const auto dims = parse_int_list(o.dims, "--dims");
-  const auto names = split_names(o.names);
+  std::vector<std::string> names;
+  for (std::string_view n : split_list(o.names)) names.emplace_back(n);
   const auto placement = placement_options(o.machine);
   auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement);
   const auto mesh = runtime::DeviceMesh::create(devices, dims, names);

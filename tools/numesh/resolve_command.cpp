@@ -16,6 +16,7 @@
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/sharding/presets.hpp"
 #include "numesh/sharding/shard_layout.hpp"
+#include "cli_text.hpp"
 #include "render.hpp"
 
 namespace numesh::tools {
@@ -24,30 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 using sharding::AxisRule;
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Splits at commas outside brackets. REQUIRES: brackets already checked balanced.
-std::vector<std::string_view> split_top_level(std::string_view text) {
-  std::vector<std::string_view> out;
-  int depth = 0;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '(' || c == '[') ++depth;
-    if (c == ')' || c == ']') --depth;
-    if (c == ',' && depth == 0) {
-      out.push_back(trim(text.substr(start, i - start)));
-      start = i + 1;
-    }
-  }
-  out.push_back(trim(text.substr(start)));
-  return out;
-}
 
 bool is_none_word(std::string_view s) { return s.empty() || s == "None" || s == "none" || s == "null"; }
 
@@ -122,7 +99,7 @@ json parse_set_value(std::string_view v) {
     json arr = json::array();
     const std::string_view inner = trim(v.substr(1, v.size() - 2));
     if (inner.empty()) return arr;
-    for (std::string_view m : split_top_level(inner)) {
+    for (std::string_view m : split_list(inner)) {
       if (m.find_first_of("()[]") != std::string_view::npos) {
         throw ValueError(fmt::format("--set value '{}' nests brackets", v));
       }
@@ -165,7 +142,7 @@ sharding::PartitionAxis build_paxis(const ResolveOptions& o) {
 sharding::Mesh build_mesh(const ResolveOptions& o) {
   const auto dims = parse_int_list(o.mesh_dims, "--mesh-dims");
   std::vector<std::string> names;
-  for (std::string_view n : split_top_level(o.mesh_names)) names.emplace_back(n);
+  for (std::string_view n : split_list(o.mesh_names)) names.emplace_back(n);
   if (names.size() != dims.size()) {
     throw ValueError(fmt::format("--mesh-names '{}' has {} names but --mesh-dims '{}' has {} dims",
                                  o.mesh_names, names.size(), o.mesh_dims, dims.size()));
@@ -187,7 +164,7 @@ sharding::Mesh build_mesh(const ResolveOptions& o) {
 
 std::vector<std::int64_t> parse_int_list(std::string_view text, std::string_view what) {
   std::vector<std::int64_t> out;
-  for (std::string_view item : split_top_level(text)) {
+  for (std::string_view item : split_list(text)) {
     std::int64_t v = 0;
     const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
@@ -210,7 +187,7 @@ std::vector<AxisRule> parse_axes(std::string_view text) {
   if (depth != 0) throw ValueError(fmt::format("--axes '{}': unclosed bracket", text));
   std::vector<AxisRule> out;
   if (trim(text).empty()) return out;
-  for (std::string_view entry : split_top_level(text)) {
+  for (std::string_view entry : split_list(text)) {
     if (!entry.empty() && (entry.front() == '(' || entry.front() == '[')) {
       const char close = entry.front() == '(' ? ')' : ']';
       if (entry.back() != close) {
@@ -220,7 +197,7 @@ std::vector<AxisRule> parse_axes(std::string_view text) {
       std::vector<AxisRule> members;
       const std::string_view inner = trim(entry.substr(1, entry.size() - 2));
       if (!inner.empty()) {
-        for (std::string_view m : split_top_level(inner)) members.push_back(parse_name(m));
+        for (std::string_view m : split_list(inner)) members.push_back(parse_name(m));
       }
       out.push_back(AxisRule::list(std::move(members)));
     } else {

@@ -1,0 +1,36 @@
+#pragma once
+
+// PRIVATE to ops/src: small pieces every operator lowering and reference needs.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <vector>
+
+#include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/axis_rule.hpp"
+#include "numesh/sharding/mesh.hpp"
+
+namespace numesh::ops::detail {
+
+/// "[2, 3]": a host tensor's shape for error messages.
+inline std::string shape_text(const runtime::HostTensor& t) {
+  return fmt::format("[{}]", fmt::join(t.shape, ", "));
+}
+
+/// The spec entry splitting one dim over `axes`, keeping only the axes `mesh` has: None, a
+/// name, or a tuple. Filtering first matters: eformer's correction drops a whole tuple entry
+/// when one member is missing, which would replicate a dim the remaining axes could split.
+inline sharding::AxisRule entry_over(const std::vector<std::string>& axes,
+                                     const sharding::Mesh& mesh) {
+  std::vector<sharding::AxisRule> present;
+  for (const std::string& a : axes) {
+    if (mesh.has_axis(a)) present.emplace_back(a);
+  }
+  if (present.empty()) return {};
+  if (present.size() == 1) return present.front();
+  return sharding::AxisRule::tuple(std::move(present));
+}
+
+}  // namespace numesh::ops::detail

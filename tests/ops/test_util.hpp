@@ -1,0 +1,57 @@
+#pragma once
+
+// Shared by the ops tests: seeded random host tensors, and meshes over the runtime tests'
+// cached synthetic devices (../runtime/test_devices.hpp: one NUMA node and one thread per
+// device, unpinned).
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../runtime/test_devices.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+namespace numesh::ops::testing {
+
+/// A [shape] tensor of normal(0, scale) values from a seeded generator.
+inline runtime::HostTensor random_host(std::vector<std::int64_t> shape, std::uint32_t seed,
+                                       float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
+  for (float& v : t.data) v = normal(rng);
+  return t;
+}
+
+/// `n` synthetic devices (cached per process).
+inline std::shared_ptr<runtime::DeviceSet> devices(int n) {
+  return runtime::testing::synthetic_devices(runtime::testing::nodes(n));
+}
+
+/// A mesh shape to run an operator test on.
+struct MeshCase {
+  std::vector<std::int64_t> dims;
+  std::vector<std::string> names;
+};
+
+/// The mesh of `c` over exactly as many synthetic devices as it has slots.
+inline runtime::DeviceMesh make_mesh(const MeshCase& c) {
+  std::int64_t n = 1;
+  for (std::int64_t d : c.dims) n *= d;
+  return runtime::DeviceMesh::create(devices(static_cast<int>(n)), c.dims, c.names);
+}
+
+/// A test-name suffix such as "mesh_dp2_tp4".
+inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) {
+  std::string n = "mesh";
+  for (std::size_t i = 0; i < info.param.dims.size(); ++i) {
+    n += "_" + info.param.names[i] + std::to_string(info.param.dims[i]);
+  }
+  return n;
+}
+
+}  // namespace numesh::ops::testing
