@@ -40,27 +40,23 @@ void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std:
   }
 }
 
-void attention_kernel(float* q, float* k, const float* v, float* out, const AttentionSlice& sl,
-                      const AttentionConfig& config, std::span<float> scores) {
-  const std::int64_t d = config.head_dim;
-  if (config.rope_theta > 0.0f) {
-    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta);
-    rope_inplace(k, sl.batch, sl.kv_len, sl.kv_heads, d, 0, config.rope_theta);
-  }
+void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
+                    std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scores) {
+  using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (std::int64_t bi = 0; bi < sl.batch; ++bi) {
     for (std::int64_t h = 0; h < sl.q_heads; ++h) {
       const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
+      const float* kb = kv.k + bi * kv.batch_stride + kvh * kv.head_stride;
+      const float* vb = kv.v + bi * kv.batch_stride + kvh * kv.head_stride;
       for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
-        const float* qr = q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d;
-        const std::int64_t visible = config.causal ? config.q_offset + ti + 1 : sl.kv_len;
+        const Vec qr(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
+        const std::int64_t visible = causal ? q_offset + ti + 1 : sl.kv_len;
         float max_score = -std::numeric_limits<float>::infinity();
         for (std::int64_t si = 0; si < visible; ++si) {
-          const float* kr = k + ((bi * sl.kv_len + si) * sl.kv_heads + kvh) * d;
-          float dot = 0.0f;
-          for (std::int64_t i = 0; i < d; ++i) dot += qr[i] * kr[i];
-          scores[static_cast<std::size_t>(si)] = dot * scale;
-          max_score = std::max(max_score, dot * scale);
+          const float dot = qr.dot(Vec(kb + si * kv.pos_stride, d)) * scale;
+          scores[static_cast<std::size_t>(si)] = dot;
+          max_score = std::max(max_score, dot);
         }
         // The stable softmax: subtract the row maximum before exponentiating.
         float sum = 0.0f;
@@ -69,16 +65,46 @@ void attention_kernel(float* q, float* k, const float* v, float* out, const Atte
           e = std::exp(e - max_score);
           sum += e;
         }
-        float* orow = out + ((bi * sl.q_len + ti) * sl.q_heads + h) * d;
-        std::fill(orow, orow + d, 0.0f);
+        Eigen::Map<Eigen::VectorXf> orow(out + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
+        orow.setZero();
+        const float inv = 1.0f / sum;
         for (std::int64_t si = 0; si < visible; ++si) {
-          const float p = scores[static_cast<std::size_t>(si)] / sum;
-          const float* vr = v + ((bi * sl.kv_len + si) * sl.kv_heads + kvh) * d;
-          for (std::int64_t i = 0; i < d; ++i) orow[i] += p * vr[i];
+          orow += (scores[static_cast<std::size_t>(si)] * inv) * Vec(vb + si * kv.pos_stride, d);
         }
       }
     }
   }
+}
+
+void attention_kernel(float* q, float* k, const float* v, float* out, const AttentionSlice& sl,
+                      const AttentionConfig& config, std::span<float> scores) {
+  const std::int64_t d = config.head_dim;
+  if (config.rope_theta > 0.0f) {
+    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta);
+    rope_inplace(k, sl.batch, sl.kv_len, sl.kv_heads, d, 0, config.rope_theta);
+  }
+  const KvView kv{.k = k,
+                  .v = v,
+                  .batch_stride = sl.kv_len * sl.kv_heads * d,
+                  .pos_stride = sl.kv_heads * d,
+                  .head_stride = d};
+  attention_core(q, kv, out, sl, d, config.q_offset, config.causal, scores);
+}
+
+std::string_view to_string(KvLayout layout) noexcept {
+  return layout == KvLayout::kBTHD ? "bthd" : "bhtd";
+}
+
+double attention_flops(const AttentionConfig& c, std::int64_t hidden, std::int64_t batch,
+                       std::int64_t q_len, std::int64_t position) {
+  const auto rows = static_cast<double>(batch * q_len);
+  const auto d = static_cast<double>(c.head_dim);
+  const double projections =
+      2.0 * rows * static_cast<double>(hidden) * d * static_cast<double>(2 * c.num_heads + 2 * c.num_kv_heads);
+  // Keys seen, summed over the new tokens: (position + 1) + ... + (position + q_len).
+  const double keys = static_cast<double>(q_len) * static_cast<double>(position) +
+                      static_cast<double>(q_len) * static_cast<double>(q_len + 1) / 2.0;
+  return projections + 2.0 * 2.0 * static_cast<double>(batch) * keys * static_cast<double>(c.num_heads) * d;
 }
 
 namespace {
@@ -90,28 +116,27 @@ using detail::shape_text;
 
 }  // namespace
 
-ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,
-                                   const AttentionWeights& w, std::int64_t batch,
-                                   std::int64_t seq_len, AttentionAxes axes)
-    : config_(config), batch_(batch), seq_len_(seq_len) {
+AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
+                                      const AttentionWeights& w, const AttentionAxes& axes) {
   const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
   NUMESH_CHECK(hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0, ValueError,
                "attention: num_kv_heads {} must divide num_heads {} (both positive, head_dim {})",
                hkv, hq, d);
   NUMESH_CHECK(config.q_offset == 0, ValueError,
-               "attention: q_offset {}: the sharded layer runs full sequences (prefill/train); "
-               "decoding against a KV cache is not lowered yet",
+               "attention: q_offset {}: a lowered layer takes positions per run (forward's "
+               "position argument), so config.q_offset must be 0",
                config.q_offset);
   NUMESH_CHECK(config.rope_theta <= 0.0f || d % 2 == 0, ShapeError,
                "attention: head_dim {} is odd, RoPE needs it even", d);
-  NUMESH_CHECK(batch > 0 && seq_len > 0, ShapeError, "attention: batch {} and seq_len {} must be positive",
-               batch, seq_len);
   NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix", shape_text(w.wq));
-  hidden_ = w.wq.shape[0];
-  NUMESH_CHECK(w.wq.shape == (std::vector<std::int64_t>{hidden_, hq * d}) &&
-                   w.wk.shape == (std::vector<std::int64_t>{hidden_, hkv * d}) &&
+  AttentionLayer layer;
+  layer.config = config;
+  layer.hidden = w.wq.shape[0];
+  const std::int64_t hidden = layer.hidden;
+  NUMESH_CHECK(w.wq.shape == (std::vector<std::int64_t>{hidden, hq * d}) &&
+                   w.wk.shape == (std::vector<std::int64_t>{hidden, hkv * d}) &&
                    w.wv.shape == w.wk.shape &&
-                   w.wo.shape == (std::vector<std::int64_t>{hq * d, hidden_}),
+                   w.wo.shape == (std::vector<std::int64_t>{hq * d, hidden}),
                ShapeError,
                "attention: wq {}, wk {}, wv {}, wo {} do not fit {} heads, {} kv heads, head_dim {} "
                "(expected [H, {}], [H, {}], [H, {}], [{}, H])",
@@ -121,97 +146,250 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
   const sharding::Mesh& m = mesh.mesh();
   // Heads split only at head granularity (a dim check alone would cut heads apart).
   const std::int64_t tp = m.has_axis(axes.heads) ? m.axis_size(axes.heads) : 1;
-  const bool split_q = m.has_axis(axes.heads) && hq % tp == 0;
+  const bool split_q = m.has_axis(axes.heads) && tp > 1 && hq % tp == 0;
   const bool split_kv = split_q && hkv % tp == 0;
+  if (split_q) layer.heads_axis = axes.heads;
   const AxisRule q_rule = split_q ? AxisRule(axes.heads) : AxisRule();
   const AxisRule kv_rule = split_kv ? AxisRule(axes.heads) : AxisRule();
-  local_q_heads_ = split_q ? hq / tp : hq;
-  local_kv_heads_ = split_kv ? hkv / tp : hkv;
+  layer.local_q_heads = split_q ? hq / tp : hq;
+  layer.local_kv_heads = split_kv ? hkv / tp : hkv;
+  auto lay_out = [&](const runtime::HostTensor& host, PartitionSpec spec) {
+    auto t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, std::move(spec));
+    runtime::scatter(host, *t);
+    return t;
+  };
+  layer.wq = lay_out(w.wq, PartitionSpec({AxisRule(), q_rule}));
+  layer.wk = lay_out(w.wk, PartitionSpec({AxisRule(), kv_rule}));
+  layer.wv = lay_out(w.wv, PartitionSpec({AxisRule(), kv_rule}));
+  layer.wo = lay_out(w.wo, PartitionSpec({q_rule, AxisRule()}));
+  return layer;
+}
 
-  const std::vector<std::int64_t> x_shape{batch, seq_len, hidden_};
-  x_ = std::make_unique<runtime::ShardedTensor>(
-      mesh, x_shape,
-      sharding::correct_spec(x_shape, PartitionSpec({detail::entry_over(axes.batch, m), AxisRule(), AxisRule()}), m).spec);
-  wq_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wq.shape, PartitionSpec({AxisRule(), q_rule}));
-  wk_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wk.shape, PartitionSpec({AxisRule(), kv_rule}));
-  wv_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wv.shape, PartitionSpec({AxisRule(), kv_rule}));
-  wo_ = std::make_unique<runtime::ShardedTensor>(mesh, w.wo.shape, PartitionSpec({q_rule, AxisRule()}));
-  runtime::scatter(w.wq, *wq_);
-  runtime::scatter(w.wk, *wk_);
-  runtime::scatter(w.wv, *wv_);
-  runtime::scatter(w.wo, *wo_);
-  y_partial_ = std::make_unique<runtime::ShardedTensor>(mesh, x_shape, x_->spec());
-  y_ = std::make_unique<runtime::ShardedTensor>(mesh, x_shape, x_->spec());
+KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer, std::int64_t batch,
+                        std::int64_t max_len, KvLayout layout, const AxisRule& batch_entry) {
+  NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError,
+               "kv cache: batch {} and max_len {} must be positive", batch, max_len);
+  const std::int64_t hkv = layer.config.num_kv_heads, d = layer.config.head_dim;
+  const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
+  KvCache cache;
+  cache.layout = layout;
+  cache.batch = batch;
+  cache.max_len = max_len;
+  const bool bthd = layout == KvLayout::kBTHD;
+  const std::vector<std::int64_t> shape =
+      bthd ? std::vector<std::int64_t>{batch, max_len, hkv, d} : std::vector<std::int64_t>{batch, hkv, max_len, d};
+  const PartitionSpec spec = bthd ? PartitionSpec({batch_entry, AxisRule(), heads, AxisRule()})
+                                  : PartitionSpec({batch_entry, heads, AxisRule(), AxisRule()});
+  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  return cache;
+}
 
-  std::vector<sharding::Placement> y_placed = sharding::to_placements(x_->spec(), m, 3);
-  if (split_q) {
-    y_placed[*m.find_axis(axes.heads)] = sharding::Placement::partial();
+runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer, runtime::ShardedTensor& x,
+                                 const runtime::Frontier& after, runtime::ShardedTensor& y,
+                                 const std::string& name, const AttentionStep& step) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const AttentionConfig& config = layer.config;
+  const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
+  const std::int64_t hidden = layer.hidden;
+  NUMESH_CHECK(x.shape().size() == 3 && x.shape()[2] == hidden && y.shape() == x.shape() &&
+                   x.layout().shard_shape()[1] == x.shape()[1] && x.layout().shard_shape()[2] == hidden,
+               ShapeError, "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], only B split)", name,
+               fmt::join(x.shape(), ", "), x.spec().repr(), fmt::join(y.shape(), ", "), hidden);
+  const std::int64_t batch = x.shape()[0], t = x.shape()[1];
+  const std::int64_t local_batch = x.layout().shard_shape()[0];
+  KvCache* cache = step.cache;
+  if (cache != nullptr) {
+    NUMESH_CHECK(step.position != nullptr, ValueError, "{}: a cache step needs a position", name);
+    NUMESH_CHECK(cache->batch == batch && detail::entry(cache->k->spec(), 0) == detail::entry(x.spec(), 0),
+                 ShapeError, "{}: the cache holds {} sequences split {} but x has {} split {}", name,
+                 cache->batch, cache->k->spec().repr(), batch, x.spec().repr());
+    NUMESH_CHECK(t <= cache->max_len, ShapeError, "{}: {} tokens do not fit a cache of {} positions", name, t,
+                 cache->max_len);
   }
 
-  const std::int64_t local_batch = x_->layout().shard_shape()[0];
-  const std::int64_t rows = local_batch * seq_len;
-  runtime::GraphBuilder b(mesh.device_set());
+  runtime::ShardedTensor& wq = pb.use(name + ".wq", TensorRole::kWeight, layer.wq);
+  runtime::ShardedTensor& wk = pb.use(name + ".wk", TensorRole::kWeight, layer.wk);
+  runtime::ShardedTensor& wv = pb.use(name + ".wv", TensorRole::kWeight, layer.wv);
+  runtime::ShardedTensor& wo = pb.use(name + ".wo", TensorRole::kWeight, layer.wo);
+  runtime::ShardedTensor* cache_k = nullptr;
+  runtime::ShardedTensor* cache_v = nullptr;
+  if (cache != nullptr) {
+    cache_k = &pb.use(name + ".cache_k", TensorRole::kCache, cache->k);
+    cache_v = &pb.use(name + ".cache_v", TensorRole::kCache, cache->v);
+  }
+  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, 3);
+  if (layer.splits_heads()) y_placed[*m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
+
+  const std::int64_t rows = local_batch * t;
+  const std::int64_t lq = layer.local_q_heads, lkv = layer.local_kv_heads;
+  const std::int64_t key_capacity = cache != nullptr ? cache->max_len : t;
+  const double flops = attention_flops(config, hidden, local_batch, t, 0) * static_cast<double>(lq) /
+                       static_cast<double>(hq);  // projections and keys scale with the local heads
   runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    runtime::Device& dev = mesh.device(s);
-    q_.emplace_back(dev, std::vector<std::int64_t>{rows, local_q_heads_ * d});
-    k_.emplace_back(dev, std::vector<std::int64_t>{rows, local_kv_heads_ * d});
-    v_.emplace_back(dev, std::vector<std::int64_t>{rows, local_kv_heads_ * d});
-    o_.emplace_back(dev, std::vector<std::int64_t>{rows, local_q_heads_ * d});
-    scores_.emplace_back(static_cast<std::size_t>(seq_len), 0.0f);
-  }
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
     const int dev = mesh.device(s).index();
+    pb.add_flops(s, flops);
     // The slot's rank along the heads axis gives its first global heads.
-    const std::int64_t head_rank = split_q ? mesh.coords(s)[*m.find_axis(axes.heads)] : 0;
+    const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const AttentionSlice slice{.batch = local_batch,
-                               .q_len = seq_len,
-                               .kv_len = seq_len,
-                               .q_heads = local_q_heads_,
-                               .kv_heads = local_kv_heads_,
+                               .q_len = t,
+                               .kv_len = t,
+                               .q_heads = lq,
+                               .kv_heads = lkv,
                                .group = hq / hkv,
-                               .q_head_offset = head_rank * local_q_heads_,
-                               .kv_head_offset = split_kv ? head_rank * local_kv_heads_ : 0};
-    runtime::Tensor& x = x_->shard(s);
-    runtime::Tensor& q = q_[i];
-    runtime::Tensor& k = k_[i];
-    runtime::Tensor& v = v_[i];
-    runtime::Tensor& o = o_[i];
-    runtime::Tensor& wq = wq_->shard(s);
-    runtime::Tensor& wk = wk_->shard(s);
-    runtime::Tensor& wv = wv_->shard(s);
-    runtime::Tensor& wo = wo_->shard(s);
-    runtime::Tensor& yp = y_partial_->shard(s);
-    std::vector<float>& scores = scores_[i];
-    const AttentionConfig cfg = config_;
-    const auto qkv = b.add(dev, fmt::format("attn.qkv[{}]", s), [&x, &q, &k, &v, &wq, &wk, &wv, rows, this] {
-      const ConstMatrixMap xm(x.values().data(), rows, hidden_);
-      gemm(xm, as_matrix(std::as_const(wq)), as_matrix(q));
-      gemm(xm, as_matrix(std::as_const(wk)), as_matrix(k));
-      gemm(xm, as_matrix(std::as_const(wv)), as_matrix(v));
+                               .q_head_offset = head_rank * lq,
+                               .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
+    runtime::Tensor& k = pb.scratch(s, {rows, lkv * d});
+    runtime::Tensor& v = pb.scratch(s, {rows, lkv * d});
+    runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
+    runtime::Tensor& scores = pb.scratch(s, {key_capacity});
+    runtime::Tensor& wqs = wq.shard(s);
+    runtime::Tensor& wks = wk.shard(s);
+    runtime::Tensor& wvs = wv.shard(s);
+    runtime::Tensor& wos = wo.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
+    runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
+    const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
+    const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
+    const std::int64_t* position = step.position;
+    const auto qkv = pb.graph().add(dev, fmt::format("{}.qkv[{}]", name, s), [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden] {
+      const ConstMatrixMap xm(xs.values().data(), rows, hidden);
+      device_gemm(xm, as_matrix(std::as_const(wqs)), as_matrix(q));
+      device_gemm(xm, as_matrix(std::as_const(wks)), as_matrix(k));
+      device_gemm(xm, as_matrix(std::as_const(wvs)), as_matrix(v));
     });
-    const auto core = b.add(dev, fmt::format("attn.core[{}]", s), [&q, &k, &v, &o, &scores, slice, cfg] {
-      attention_kernel(q.values().data(), k.values().data(), v.values().data(), o.values().data(),
-                       slice, cfg, scores);
+    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], qkv);
+    const auto core = pb.graph().add(dev, fmt::format("{}.core[{}]", name, s),
+                                     [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position] {
+      const std::int64_t first = position != nullptr ? *position : 0;
+      const std::int64_t dd = config.head_dim;
+      if (config.rope_theta > 0.0f) {
+        rope_inplace(q.values().data(), slice.batch, slice.q_len, slice.q_heads, dd, first, config.rope_theta);
+        rope_inplace(k.values().data(), slice.batch, slice.q_len, slice.kv_heads, dd, first, config.rope_theta);
+      }
+      if (ck == nullptr) {
+        const KvView kv{.k = k.values().data(),
+                        .v = v.values().data(),
+                        .batch_stride = slice.q_len * slice.kv_heads * dd,
+                        .pos_stride = slice.kv_heads * dd,
+                        .head_stride = dd};
+        attention_core(q.values().data(), kv, o.values().data(), slice, dd, 0, config.causal,
+                       scores.values());
+        return;
+      }
+      NUMESH_CHECK(first >= 0 && first + slice.q_len <= max_len, IndexError,
+                   "attention: tokens at positions [{}, {}) do not fit the cache of {} positions", first,
+                   first + slice.q_len, max_len);
+      const bool bthd = layout == KvLayout::kBTHD;
+      const KvView kv{.k = ck->values().data(),
+                      .v = cv->values().data(),
+                      .batch_stride = max_len * slice.kv_heads * dd,
+                      .pos_stride = bthd ? slice.kv_heads * dd : dd,
+                      .head_stride = bthd ? dd : max_len * dd};
+      // Write the new keys and values at their positions.
+      for (std::int64_t bi = 0; bi < slice.batch; ++bi) {
+        for (std::int64_t ti = 0; ti < slice.q_len; ++ti) {
+          const std::int64_t row = (bi * slice.q_len + ti) * slice.kv_heads * dd;
+          for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
+            const std::int64_t at = bi * kv.batch_stride + (first + ti) * kv.pos_stride + hi * kv.head_stride;
+            std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
+            std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
+          }
+        }
+      }
+      AttentionSlice cached = slice;
+      cached.kv_len = first + slice.q_len;
+      attention_core(q.values().data(), kv, o.values().data(), cached, dd, first, config.causal,
+                     scores.values());
     }, {qkv});
-    done[i] = b.add(dev, fmt::format("attn.out[{}]", s), [&o, &wo, &yp, rows, this] {
-      gemm(as_matrix(std::as_const(o)), as_matrix(std::as_const(wo)),
-           MatrixMap(yp.values().data(), rows, hidden_));
+    done[i] = pb.graph().add(dev, fmt::format("{}.out[{}]", name, s), [&o, &wos, &yp, rows, hidden] {
+      device_gemm(as_matrix(std::as_const(o)), as_matrix(std::as_const(wos)),
+                  MatrixMap(yp.values().data(), rows, hidden));
     }, {core});
   }
-  reshard_ = reshard(b, *y_partial_, y_placed, *y_, sharding::to_placements(y_->spec(), m, 3), done,
-                     "attn.out");
-  graph_ = std::make_unique<runtime::CompiledGraph>(b.compile());
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
 }
 
-runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x) {
-  NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{batch_, seq_len_, hidden_}), ShapeError,
-               "attention: input is {} but the layer was compiled for [{}, {}, {}]", shape_text(x),
-               batch_, seq_len_, hidden_);
-  runtime::scatter(x, *x_);
-  graph_->run();
-  return runtime::gather(*y_);
+struct ShardedAttention::Compiled {
+  std::int64_t tokens = 0;
+  runtime::ShardedTensor* x = nullptr;
+  runtime::ShardedTensor* y = nullptr;
+  std::unique_ptr<Program> program;
+};
+
+ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,
+                                   const AttentionWeights& w, std::int64_t batch, std::int64_t max_len,
+                                   AttentionAxes axes, KvLayout layout)
+    : mesh_(std::move(mesh)), axes_(std::move(axes)), layer_(AttentionLayer::create(mesh_, config, w, axes_)),
+      batch_(batch) {
+  NUMESH_CHECK(batch > 0 && max_len >= 0, ShapeError,
+               "attention: batch {} must be positive and max_len {} not negative", batch, max_len);
+  if (max_len > 0) {
+    const std::vector<std::int64_t> x_shape{batch, 1, layer_.hidden};
+    const PartitionSpec spec = sharding::correct_spec(
+        x_shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}),
+        mesh_.mesh()).spec;
+    cache_ = KvCache::create(mesh_, layer_, batch, max_len, layout, detail::entry(spec, 0));
+  }
+}
+
+ShardedAttention::~ShardedAttention() = default;
+ShardedAttention::ShardedAttention(ShardedAttention&&) noexcept = default;
+ShardedAttention& ShardedAttention::operator=(ShardedAttention&&) noexcept = default;
+
+ShardedAttention::Compiled& ShardedAttention::compiled_for(std::int64_t tokens) {
+  for (auto& c : programs_) {
+    if (c->tokens == tokens) return *c;
+  }
+  auto c = std::make_unique<Compiled>();
+  c->tokens = tokens;
+  ProgramBuilder pb(mesh_, fmt::format("attention (T={})", tokens));
+  const std::vector<std::int64_t> shape{batch_, tokens, layer_.hidden};
+  const PartitionSpec spec = sharding::correct_spec(
+      shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}), mesh_.mesh())
+                                 .spec;
+  c->x = &pb.tensor("x", TensorRole::kInput, shape, spec);
+  c->y = &pb.tensor("y", TensorRole::kOutput, shape, spec);
+  emit_attention(pb, layer_, *c->x, {}, *c->y, "attn",
+                 AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_});
+  c->program = std::make_unique<Program>(std::move(pb).compile());
+  programs_.push_back(std::move(c));
+  return *programs_.back();
+}
+
+Program& ShardedAttention::program(std::int64_t tokens) {
+  for (auto& c : programs_) {
+    if (c->tokens == tokens) return *c->program;
+  }
+  throw KeyError(std::to_string(tokens),
+                 fmt::format("attention: no program compiled for {} tokens yet", tokens));
+}
+
+runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std::int64_t position) {
+  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == layer_.hidden,
+               ShapeError, "attention: input is {} but the layer takes [{}, T, {}] with T >= 1", shape_text(x),
+               batch_, layer_.hidden);
+  const std::int64_t tokens = x.shape[1];
+  if (!cache_) {
+    NUMESH_CHECK(position == 0, IndexError,
+                 "attention: position {} without a KV cache (max_len 0): full sequences start at 0", position);
+  } else {
+    NUMESH_CHECK(position >= 0 && position + tokens <= cache_->max_len, IndexError,
+                 "attention: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
+                 cache_->max_len);
+  }
+  Compiled& c = compiled_for(tokens);
+  position_ = position;
+  runtime::scatter(x, *c.x);
+  c.program->run();
+  return runtime::gather(*c.y);
 }
 
 }  // namespace numesh::ops

@@ -1,5 +1,9 @@
 #include "numesh/ops/gemm.hpp"
 
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
 #include <cblas.h>
 
 #include <mutex>
@@ -52,6 +56,26 @@ void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float be
       c.noalias() += alpha * (a * b);
     }
   }
+}
+
+namespace {
+// Rows per parallel block inside one device: enough work per OpenBLAS call to stay efficient.
+constexpr Eigen::Index kRowBlock = 64;
+}  // namespace
+
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
+  const Eigen::Index rows = a.rows();
+  if (oneapi::tbb::this_task_arena::max_concurrency() == 1 || rows <= kRowBlock) {
+    gemm(a, b, c);
+    return;
+  }
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<Eigen::Index>(0, rows, kRowBlock),
+      [&](const oneapi::tbb::blocked_range<Eigen::Index>& r) {
+        const Eigen::Index n = r.end() - r.begin();
+        gemm(ConstMatrixMap(a.data() + r.begin() * a.cols(), n, a.cols()), b,
+             MatrixMap(c.data() + r.begin() * c.cols(), n, c.cols()));
+      });
 }
 
 }  // namespace numesh::ops

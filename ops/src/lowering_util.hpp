@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/mesh.hpp"
 
@@ -31,6 +33,19 @@ inline sharding::AxisRule entry_over(const std::vector<std::string>& axes,
   if (present.empty()) return {};
   if (present.size() == 1) return present.front();
   return sharding::AxisRule::tuple(std::move(present));
+}
+
+/// Entry `i` of `spec`, None past its end (eformer's correction may collapse a spec to P()).
+inline sharding::AxisRule entry(const sharding::PartitionSpec& spec, std::size_t i) {
+  return i < spec.size() ? spec[i] : sharding::AxisRule();
+}
+
+/// A sharded tensor laid out by `spec` after eformer's correction for `shape` on the mesh.
+inline std::shared_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh& mesh,
+                                                       std::vector<std::int64_t> shape,
+                                                       const sharding::PartitionSpec& spec) {
+  sharding::PartitionSpec corrected = sharding::correct_spec(shape, spec, mesh.mesh()).spec;
+  return std::make_shared<runtime::ShardedTensor>(mesh, std::move(shape), std::move(corrected));
 }
 
 }  // namespace numesh::ops::detail

@@ -18,6 +18,8 @@ using testing::devices;
 using testing::make_mesh;
 using testing::mesh_case_name;
 using testing::MeshCase;
+using testing::relative_error;
+using testing::token_slice;
 
 runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
   return testing::random_host(std::move(shape), seed, scale);
@@ -62,7 +64,7 @@ TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
       w.wv = random({hidden, hkv * d}, 3, 0.3f);
       w.wo = random({hq * d, hidden}, 4, 0.3f);
       const runtime::HostTensor x = random({batch, t, hidden}, 5, 1.0f);
-      ShardedAttention layer(mesh, c, w, batch, t);
+      ShardedAttention layer(mesh, c, w, batch);
       const runtime::HostTensor y = layer.forward(x);
       const runtime::HostTensor want = dense_attention(x, w, c);
       double err = 0, scale = 0;
@@ -76,6 +78,38 @@ TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
           << "heads " << hq << "/" << hkv << " batch " << batch << " local heads "
           << layer.local_heads();
       EXPECT_EQ(layer.forward(x), y) << "runs again with the same result";
+    }
+  }
+}
+
+TEST_P(ShardedAttentionTest, KvCachePrefillInsertAndDecodeEqualTheFullSequence) {
+  const auto mesh = make_mesh(GetParam());
+  const std::int64_t hidden = 16, d = 8, batch = 2, total = 7;
+  for (KvLayout layout : {KvLayout::kBTHD, KvLayout::kBHTD}) {
+    for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
+      AttentionConfig c;
+      c.num_heads = hq;
+      c.num_kv_heads = hkv;
+      c.head_dim = d;
+      AttentionWeights w;
+      w.wq = random({hidden, hq * d}, 11, 0.3f);
+      w.wk = random({hidden, hkv * d}, 12, 0.3f);
+      w.wv = random({hidden, hkv * d}, 13, 0.3f);
+      w.wo = random({hq * d, hidden}, 14, 0.3f);
+      const runtime::HostTensor x = random({batch, total, hidden}, 15, 1.0f);
+      const runtime::HostTensor want = dense_attention(x, w, c);
+      ShardedAttention layer(mesh, c, w, batch, /*max_len=*/8, {}, layout);
+      // Prefill 3 tokens, insert a chunk of 2 at position 3, decode one token at 5 and at 6:
+      // each step's output equals the full causal layer's rows for those positions.
+      const double bound = std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon());
+      for (auto [from, n] : {std::pair{0, 3}, std::pair{3, 2}, std::pair{5, 1}, std::pair{6, 1}}) {
+        const runtime::HostTensor y = layer.forward(token_slice(x, from, n), from);
+        EXPECT_LT(relative_error(y, token_slice(want, from, n)), bound)
+            << to_string(layout) << " heads " << hq << "/" << hkv << " tokens [" << from << ", "
+            << from + n << ")";
+      }
+      EXPECT_EQ(layer.program(1).plan().tensors.size(), layer.program(3).plan().tensors.size())
+          << "every program lists the same weights and caches";
     }
   }
 }
@@ -98,10 +132,14 @@ TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
   w.wk = random({8, 8}, 2, 0.3f);
   w.wv = random({8, 8}, 3, 0.3f);
   w.wo = random({16, 8}, 4, 0.3f);
-  ShardedAttention layer(mesh, c, w, 1, 3);
+  ShardedAttention layer(mesh, c, w, 1);
   EXPECT_EQ(layer.local_heads(), 1);
-  ASSERT_EQ(layer.collectives().size(), 1u);
-  EXPECT_EQ(layer.collectives()[0].kind, sharding::ReshardStep::Kind::kAllReduce);
+  layer.forward(random({1, 3, 8}, 5, 1.0f));
+  const auto& collectives = layer.program(3).plan().collectives;
+  ASSERT_EQ(collectives.size(), 1u);
+  EXPECT_EQ(collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
+  EXPECT_EQ(collectives[0].group_size, 4);
+  EXPECT_EQ(collectives[0].payload_bytes, 3 * 8 * 4) << "the whole [1, 3, 8] output per device";
 }
 
 TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
@@ -120,15 +158,23 @@ TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
   c.num_kv_heads = 2;
   c.q_offset = 2;
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
-              ThrowsMessage<ValueError>(HasSubstr("decoding against a KV cache is not lowered yet")));
+              ThrowsMessage<ValueError>(HasSubstr("q_offset 2: a lowered layer takes positions per run")));
   c.q_offset = 0;
   w.wo = random({12, 8}, 4, 0.3f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
               ThrowsMessage<ShapeError>(HasSubstr("wo [12, 8] do not fit 4 heads, 2 kv heads, head_dim 4")));
   w.wo = random({16, 8}, 4, 0.3f);
-  ShardedAttention layer(mesh, c, w, 1, 3);
-  EXPECT_THAT([&] { layer.forward(random({1, 4, 8}, 6, 1.0f)); },
-              ThrowsMessage<ShapeError>(HasSubstr("input is [1, 4, 8] but the layer was compiled for [1, 3, 8]")));
+  ShardedAttention layer(mesh, c, w, 1);
+  EXPECT_THAT([&] { layer.forward(random({1, 4, 9}, 6, 1.0f)); },
+              ThrowsMessage<ShapeError>(HasSubstr("input is [1, 4, 9] but the layer takes [1, T, 8] with T >= 1")));
+  EXPECT_THAT([&] { layer.forward(random({1, 4, 8}, 6, 1.0f), 2); },
+              ThrowsMessage<IndexError>(HasSubstr("position 2 without a KV cache")));
+  EXPECT_THAT([&] { layer.program(7); },
+              ThrowsMessage<KeyError>(HasSubstr("no program compiled for 7 tokens yet")));
+  ShardedAttention cached(mesh, c, w, 1, 6);
+  cached.forward(random({1, 4, 8}, 6, 1.0f), 0);
+  EXPECT_THAT([&] { cached.forward(random({1, 3, 8}, 7, 1.0f), 4); },
+              ThrowsMessage<IndexError>(HasSubstr("3 tokens at position 4 do not fit the KV cache of 6 positions")));
 }
 
 }  // namespace

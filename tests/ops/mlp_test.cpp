@@ -82,8 +82,8 @@ TEST_P(ShardedMlpTest, SplitsFOverTpAndAllReducesOnlyWhenItDoes) {
     EXPECT_EQ(mlp.up_spec().repr(), "P(None, 'tp')");
     EXPECT_EQ(mlp.down_spec().repr(), "P('tp', None)");
     ASSERT_EQ(mlp.collectives().size(), 1u);
-    EXPECT_EQ(mlp.collectives()[0].kind, sharding::ReshardStep::Kind::kAllReduce);
-    EXPECT_EQ(mlp.collectives()[0].axes, std::vector<std::string>{"tp"});
+    EXPECT_EQ(mlp.collectives()[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
+    EXPECT_EQ(mlp.collectives()[0].step.axes, std::vector<std::string>{"tp"});
   } else {
     EXPECT_TRUE(mlp.collectives().empty()) << "no tp axis: nothing to reduce";
   }

@@ -11,10 +11,11 @@
 
 #include "numesh/sharding/shard_layout.hpp"
 
+#include "numesh/core/units.hpp"
+
 namespace numesh::tools {
 
-/// A byte count for people: "512 B", "1.5 KiB", "6.3 GiB" (one decimal from KiB up).
-std::string human_bytes(std::uint64_t bytes);
+using numesh::human_bytes;  // core/units.hpp
 
 /// Writes the layout summary, the block table (rank 1 and 2: one cell per block listing the
 /// devices that hold it) and one line per device (mesh coordinates, slice, replica group).

@@ -23,4 +23,10 @@ inline constexpr std::int64_t kBlasMinMultiplyAdds = std::int64_t{32} * 32 * 32;
 void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha = 1.0f, float beta = 0.0f,
           bool transpose_b = false);
 
+/// c = a * b with the rows of a split over the calling thread's oneTBB arena (a device's
+/// threads when called from a node body) in blocks of 64 rows, each block one gemm() call; a
+/// single gemm() call when the arena has one thread or a has at most 64 rows (OpenBLAS blocks
+/// best on the whole). Throws: as gemm().
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c);
+
 }  // namespace numesh::ops

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/reshard.hpp"
+#include "numesh/ops/program.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -40,21 +40,42 @@ struct MlpAxes {
   std::string tensor = "tp";
 };
 
-/// The MLP lowered onto a device mesh, compiled once, run many times:
-///  - x [T, H] is sharded P(batch, None) (each device holds its rows, replicated over tp);
-///  - the up/gate weights P(None, tp) and the down weight P(tp, None), each shard on its
-///    device's node;
-///  - per device: h = act(x_local w_up_local) (SwiGLU: silu(x w_gate) .* (x w_up)), then
-///    y_partial = h w_down_local, a Partial(sum) over tp;
-///  - the partial sums go through reshard() to y P(batch, None): one all-reduce over tp.
-/// Specs pass through eformer's correction, so axes the mesh lacks or that do not divide are
-/// replicated instead (and the all-reduce disappears when F is not split).
-/// GEMMs run on the device's threads (rows split over them), single-threaded OpenBLAS each.
+/// An MLP's weights laid out on a mesh: up/gate P(None, tensor), down P(tensor, None), each
+/// shard on its device's node (written by the device's own threads). Shared by every program
+/// that runs the layer (prefill and decode programs read the same shards).
+struct MlpLayer {
+  MlpKind kind = MlpKind::kGelu;
+  std::int64_t hidden = 0;
+  std::int64_t intermediate = 0;
+  std::shared_ptr<runtime::ShardedTensor> gate;  ///< null for kGelu
+  std::shared_ptr<runtime::ShardedTensor> up;
+  std::shared_ptr<runtime::ShardedTensor> down;
+
+  /// Validates the weights and lays them out. The tensor axis splits F when the mesh has it
+  /// and F divides (eformer's correction), else the weights are replicated.
+  /// Throws: ShapeError naming the shapes when the weights do not fit one another.
+  [[nodiscard]] static MlpLayer create(const runtime::DeviceMesh& mesh, MlpKind kind,
+                                       const MlpWeights& weights, const MlpAxes& axes = {});
+};
+
+/// Emits y = mlp(x) into `program`: per device h = act(x_local w_up_local) (SwiGLU:
+/// silu(x w_gate) .* (x w_up)), then y_partial = h w_down_local, a Partial(sum) over the axes
+/// splitting F, resharded into y (one all-reduce over tp when F is split, nothing otherwise).
+/// x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
+/// frontier after which y is complete. Node and tensor names start with `name`.
+/// Throws: ShapeError when x or y do not fit the layer (naming the shapes); as reshard().
+runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runtime::ShardedTensor& x,
+                           const runtime::Frontier& after, runtime::ShardedTensor& y,
+                           const std::string& name);
+
+/// The MLP lowered onto a device mesh as one program, compiled once, run many times:
+/// x [T, H] sharded P(batch, None) (each device its rows, replicated over tp), MlpLayer's
+/// weights, emit_mlp, y [T, H] like x. Specs pass through eformer's correction, so axes the
+/// mesh lacks or that do not divide are replicated instead.
 /// Not thread-safe: one thread drives an instance.
 class ShardedMlp {
  public:
-  /// Lays out the weights on the mesh (each shard written by its own device) and compiles the
-  /// graph for `tokens` rows.
+  /// Lays out the weights on the mesh and compiles the program for `tokens` rows.
   /// Throws: ShapeError naming the shapes when the weights do not fit one another or `tokens`
   /// is not positive; what the layout and correction throw for bad axes.
   ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& weights,
@@ -66,20 +87,21 @@ class ShardedMlp {
 
   /// The specs chosen (after correction): x/y, up/gate, down.
   const sharding::PartitionSpec& activation_spec() const noexcept { return x_->spec(); }
-  const sharding::PartitionSpec& up_spec() const noexcept { return up_->spec(); }
-  const sharding::PartitionSpec& down_spec() const noexcept { return down_->spec(); }
-  /// The collectives of the output reshard (empty: none needed).
-  const std::vector<sharding::ReshardStep>& collectives() const noexcept { return reshard_.plan; }
+  const sharding::PartitionSpec& up_spec() const noexcept { return layer_.up->spec(); }
+  const sharding::PartitionSpec& down_spec() const noexcept { return layer_.down->spec(); }
+  /// The collectives the program emits (empty: none needed).
+  const std::vector<CollectivePlan>& collectives() const noexcept { return program_->plan().collectives; }
+  /// The program (plan, graph).
+  Program& program() noexcept { return *program_; }
   /// The compiled graph (DOT, timing).
-  runtime::CompiledGraph& graph() noexcept { return *graph_; }
+  runtime::CompiledGraph& graph() noexcept { return program_->graph(); }
 
  private:
-  MlpKind kind_;
-  std::int64_t tokens_, hidden_, intermediate_;
-  std::unique_ptr<runtime::ShardedTensor> x_, gate_, up_, down_, y_partial_, y_;
-  std::vector<runtime::Tensor> h_, u_;  // per slot: [rows, F_local] scratch
-  ReshardResult reshard_;
-  std::unique_ptr<runtime::CompiledGraph> graph_;
+  MlpLayer layer_;
+  std::int64_t tokens_;
+  runtime::ShardedTensor* x_ = nullptr;
+  runtime::ShardedTensor* y_ = nullptr;
+  std::unique_ptr<Program> program_;
 };
 
 }  // namespace numesh::ops

@@ -1,0 +1,158 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "numesh/ops/reshard.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/partition_spec.hpp"
+#include "numesh/sharding/placement.hpp"
+
+// A program is a compiled graph plus everything its nodes touch (weights, activations, caches,
+// scratch) and a description of itself: every tensor with its spec and bytes per device, every
+// collective with its bytes, FLOPs and memory per device. Operators emit into a ProgramBuilder;
+// the builder owns what they allocate, so nothing a node references can die before the graph.
+
+namespace numesh::ops {
+
+/// What a tensor is for, in a plan.
+enum class TensorRole : std::uint8_t {
+  kInput,       ///< written by the caller before each run
+  kWeight,      ///< laid out once, read by every run (may be shared between programs)
+  kCache,       ///< state kept between runs (KV caches; shared between programs)
+  kActivation,  ///< produced and consumed inside a run
+  kOutput,      ///< read by the caller after each run
+};
+
+/// "input", "weight", "cache", "activation" or "output".
+std::string_view to_string(TensorRole role) noexcept;
+
+/// One tensor of a plan.
+struct TensorPlan {
+  std::string name;
+  TensorRole role = TensorRole::kActivation;
+  std::vector<std::int64_t> shape;
+  sharding::PartitionSpec spec;
+  /// Bytes of the shard on each mesh slot.
+  std::int64_t shard_bytes = 0;
+};
+
+/// One collective of a plan.
+struct CollectivePlan {
+  /// The node-name prefix it was emitted under (e.g. "block0.mlp.out").
+  std::string name;
+  sharding::ReshardStep step;
+  /// Devices per group (product of the step's axes).
+  std::int64_t group_size = 1;
+  /// Bytes of the tensor shard each device contributes.
+  std::int64_t payload_bytes = 0;
+  /// Bytes each device reads from other devices: (g-1)/g of the payload for all-to-all and
+  /// reduce-scatter, 2(g-1)/g for all-reduce (reduce-scatter then all-gather), (g-1) times
+  /// the payload for all-gather, 0 for a local slice.
+  std::int64_t moved_bytes = 0;
+};
+
+/// What a compiled program does on each device.
+struct ProgramPlan {
+  std::string name;
+  /// The mesh: axis names and sizes.
+  std::vector<std::string> axis_names;
+  std::vector<std::int64_t> axis_sizes;
+  std::vector<TensorPlan> tensors;
+  std::vector<CollectivePlan> collectives;
+  /// FLOPs per run on each mesh slot (multiply-add = 2).
+  std::vector<double> flops;
+  /// Bytes allocated on each mesh slot by this program's tensors and scratch (tensors shared
+  /// with other programs included). Buffers are not reused within a program, so this is the
+  /// program's peak.
+  std::vector<std::int64_t> memory_bytes;
+  /// Graph nodes.
+  std::size_t nodes = 0;
+
+  /// Total bytes moved by collectives per device per run (sum of moved_bytes).
+  std::int64_t collective_bytes() const noexcept;
+  /// The plan as aligned text tables (tensors, collectives, per-device totals).
+  std::string text() const;
+  /// The plan as JSON.
+  nlohmann::json to_json() const;
+};
+
+class Program;
+
+/// Collects a program: a graph builder over a mesh, the tensors and scratch its nodes use,
+/// the collectives and the FLOPs. Operators' emit functions take one. Not thread-safe.
+class ProgramBuilder {
+ public:
+  /// A builder for a program called `name` over `mesh`.
+  ProgramBuilder(runtime::DeviceMesh mesh, std::string name);
+
+  /// The mesh.
+  const runtime::DeviceMesh& mesh() const noexcept { return mesh_; }
+  /// The graph under construction.
+  runtime::GraphBuilder& graph() noexcept { return graph_; }
+
+  /// A new sharded tensor owned by the program, laid out by `spec` as given (callers correct
+  /// it first when it comes from user input). Throws: what ShardedTensor throws.
+  runtime::ShardedTensor& tensor(std::string name, TensorRole role, std::vector<std::int64_t> shape,
+                                 sharding::PartitionSpec spec);
+  /// Registers a tensor the program shares with others (weights, caches): kept alive by the
+  /// program, listed in its plan.
+  runtime::ShardedTensor& use(std::string name, TensorRole role,
+                              std::shared_ptr<runtime::ShardedTensor> tensor);
+  /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled).
+  runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
+  /// Counts `flops` per run on mesh slot `slot`.
+  void add_flops(std::int64_t slot, double flops);
+
+  /// reshard() recorded in the plan: emits the collectives taking `in` (placed `from`) to
+  /// `out` (placed `to`) after `after`, keeps the intermediates. Returns the frontier after
+  /// which `out` is complete. Throws: as reshard().
+  runtime::Frontier reshard(runtime::ShardedTensor& in, const std::vector<sharding::Placement>& from,
+                            runtime::ShardedTensor& out, const std::vector<sharding::Placement>& to,
+                            const runtime::Frontier& after, const std::string& name);
+
+  /// Compiles the graph; the builder is spent afterwards.
+  Program compile() &&;
+
+ private:
+  runtime::DeviceMesh mesh_;
+  std::string name_;
+  runtime::GraphBuilder graph_;
+  std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
+  std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
+  ProgramPlan plan_;
+};
+
+/// A compiled program: run it many times; it owns what its nodes use. Movable, not copyable.
+/// Not thread-safe: one thread runs it at a time.
+class Program {
+ public:
+  Program(Program&&) noexcept;
+  Program& operator=(Program&&) noexcept;
+  ~Program();
+
+  /// Runs the graph once. Throws: what a node throws (see CompiledGraph::run).
+  void run();
+  /// The compiled graph (timing, traces, DOT).
+  runtime::CompiledGraph& graph() noexcept { return *graph_; }
+  /// What the program does.
+  const ProgramPlan& plan() const noexcept { return plan_; }
+
+ private:
+  friend class ProgramBuilder;
+  Program() = default;
+  // Every tensor and scratch buffer a node references (heap objects: moving the program
+  // does not move them).
+  std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
+  std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
+  ProgramPlan plan_;
+  std::unique_ptr<runtime::CompiledGraph> graph_;
+};
+
+}  // namespace numesh::ops

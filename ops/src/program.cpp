@@ -1,0 +1,202 @@
+#include "numesh/ops/program.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/units.hpp"
+
+namespace numesh::ops {
+
+std::string_view to_string(TensorRole role) noexcept {
+  switch (role) {
+    case TensorRole::kInput: return "input";
+    case TensorRole::kWeight: return "weight";
+    case TensorRole::kCache: return "cache";
+    case TensorRole::kActivation: return "activation";
+    case TensorRole::kOutput: return "output";
+  }
+  return "?";
+}
+
+namespace {
+
+std::int64_t moved_bytes(const sharding::ReshardStep& step, std::int64_t g, std::int64_t payload) {
+  using Kind = sharding::ReshardStep::Kind;
+  switch (step.kind) {
+    case Kind::kAllReduce: return 2 * (g - 1) * payload / g;
+    case Kind::kReduceScatter:
+    case Kind::kAllToAll: return (g - 1) * payload / g;
+    case Kind::kAllGather: return (g - 1) * payload;
+    case Kind::kLocalSlice: return 0;
+  }
+  return 0;
+}
+
+std::string gflop_text(double flops) { return fmt::format("{:.3f} GFLOP", flops / 1e9); }
+
+}  // namespace
+
+std::int64_t ProgramPlan::collective_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (const CollectivePlan& c : collectives) total += c.moved_bytes;
+  return total;
+}
+
+std::string ProgramPlan::text() const {
+  std::string out;
+  std::vector<std::string> axes;
+  for (std::size_t a = 0; a < axis_names.size(); ++a) {
+    axes.push_back(fmt::format("{}={}", axis_names[a], axis_sizes[a]));
+  }
+  out += fmt::format("program {}: mesh [{}], {} graph nodes\n", name, fmt::join(axes, ", "), nodes);
+  std::size_t name_w = 6, spec_w = 4;
+  for (const TensorPlan& t : tensors) {
+    name_w = std::max(name_w, t.name.size());
+    spec_w = std::max(spec_w, t.spec.repr().size());
+  }
+  out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<{}}  {:>10}\n", "tensor", name_w, "role", "shape",
+                     "spec", spec_w, "per device");
+  for (const TensorPlan& t : tensors) {
+    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<{}}  {:>10}\n", t.name, name_w, to_string(t.role),
+                       fmt::format("[{}]", fmt::join(t.shape, ", ")), t.spec.repr(), spec_w,
+                       human_bytes(static_cast<std::uint64_t>(t.shard_bytes)));
+  }
+  if (collectives.empty()) {
+    out += "  collectives: none\n";
+  } else {
+    std::size_t cname_w = 10;
+    for (const CollectivePlan& c : collectives) cname_w = std::max(cname_w, c.name.size());
+    out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", "collective", cname_w, "step", "group",
+                       "payload", "moved");
+    for (const CollectivePlan& c : collectives) {
+      out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", c.name, cname_w, c.step.to_string(),
+                         c.group_size, human_bytes(static_cast<std::uint64_t>(c.payload_bytes)),
+                         human_bytes(static_cast<std::uint64_t>(c.moved_bytes)));
+    }
+  }
+  out += fmt::format("  {:<6}  {:>14}  {:>12}\n", "slot", "flops/run", "memory");
+  for (std::size_t s = 0; s < flops.size(); ++s) {
+    out += fmt::format("  {:<6}  {:>14}  {:>12}\n", s, gflop_text(flops[s]),
+                       human_bytes(static_cast<std::uint64_t>(memory_bytes[s])));
+  }
+  out += fmt::format("  collectives move {} per device per run\n",
+                     human_bytes(static_cast<std::uint64_t>(collective_bytes())));
+  return out;
+}
+
+nlohmann::json ProgramPlan::to_json() const {
+  nlohmann::json j;
+  j["name"] = name;
+  j["mesh"] = nlohmann::json::object();
+  for (std::size_t a = 0; a < axis_names.size(); ++a) j["mesh"][axis_names[a]] = axis_sizes[a];
+  j["nodes"] = nodes;
+  j["tensors"] = nlohmann::json::array();
+  for (const TensorPlan& t : tensors) {
+    j["tensors"].push_back({{"name", t.name},
+                            {"role", to_string(t.role)},
+                            {"shape", t.shape},
+                            {"spec", t.spec.repr()},
+                            {"bytes_per_device", t.shard_bytes}});
+  }
+  j["collectives"] = nlohmann::json::array();
+  for (const CollectivePlan& c : collectives) {
+    j["collectives"].push_back({{"name", c.name},
+                                {"step", c.step.to_string()},
+                                {"group_size", c.group_size},
+                                {"payload_bytes", c.payload_bytes},
+                                {"moved_bytes", c.moved_bytes}});
+  }
+  j["flops_per_device"] = flops;
+  j["memory_bytes_per_device"] = memory_bytes;
+  return j;
+}
+
+ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name)
+    : mesh_(std::move(mesh)), name_(std::move(name)), graph_(mesh_.device_set()) {
+  plan_.name = name_;
+  plan_.axis_names = mesh_.mesh().names();
+  plan_.axis_sizes = mesh_.mesh().sizes();
+  plan_.flops.assign(static_cast<std::size_t>(mesh_.size()), 0.0);
+  plan_.memory_bytes.assign(static_cast<std::size_t>(mesh_.size()), 0);
+}
+
+runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role,
+                                               std::vector<std::int64_t> shape,
+                                               sharding::PartitionSpec spec) {
+  return use(std::move(name), role,
+             std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec)));
+}
+
+runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
+                                            std::shared_ptr<runtime::ShardedTensor> tensor) {
+  NUMESH_CHECK(tensor != nullptr, ValueError, "program {}: tensor '{}' is null", name_, name);
+  const std::int64_t bytes = tensor->layout().bytes_per_device(4);
+  plan_.tensors.push_back(TensorPlan{.name = std::move(name),
+                                     .role = role,
+                                     .shape = tensor->shape(),
+                                     .spec = tensor->spec(),
+                                     .shard_bytes = bytes});
+  for (auto& m : plan_.memory_bytes) m += bytes;
+  tensors_.push_back(std::move(tensor));
+  return *tensors_.back();
+}
+
+runtime::Tensor& ProgramBuilder::scratch(std::int64_t slot, std::vector<std::int64_t> shape) {
+  auto t = std::make_unique<runtime::Tensor>(mesh_.device(slot), std::move(shape));
+  plan_.memory_bytes[static_cast<std::size_t>(slot)] += t->size() * 4;
+  scratch_.push_back(std::move(t));
+  return *scratch_.back();
+}
+
+void ProgramBuilder::add_flops(std::int64_t slot, double flops) {
+  plan_.flops[static_cast<std::size_t>(slot)] += flops;
+}
+
+runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
+                                          const std::vector<sharding::Placement>& from,
+                                          runtime::ShardedTensor& out,
+                                          const std::vector<sharding::Placement>& to,
+                                          const runtime::Frontier& after, const std::string& name) {
+  ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name);
+  const std::int64_t payload = in.layout().bytes_per_device(4);
+  for (const sharding::ReshardStep& step : r.plan) {
+    std::int64_t g = 1;
+    for (const std::string& axis : step.axes) g *= mesh_.mesh().axis_size(axis);
+    plan_.collectives.push_back(CollectivePlan{.name = name,
+                                               .step = step,
+                                               .group_size = g,
+                                               .payload_bytes = payload,
+                                               .moved_bytes = moved_bytes(step, g, payload)});
+  }
+  for (auto& t : r.temporaries) {
+    const std::int64_t bytes = t->layout().bytes_per_device(4);
+    for (auto& m : plan_.memory_bytes) m += bytes;
+    tensors_.push_back(std::move(t));
+  }
+  return std::move(r.frontier);
+}
+
+Program ProgramBuilder::compile() && {
+  Program p;
+  plan_.nodes = graph_.size();
+  p.graph_ = std::make_unique<runtime::CompiledGraph>(graph_.compile());
+  p.tensors_ = std::move(tensors_);
+  p.scratch_ = std::move(scratch_);
+  p.plan_ = std::move(plan_);
+  return p;
+}
+
+Program::Program(Program&&) noexcept = default;
+Program& Program::operator=(Program&&) noexcept = default;
+Program::~Program() = default;
+
+void Program::run() { graph_->run(); }
+
+}  // namespace numesh::ops
