@@ -189,6 +189,7 @@ Program ProgramBuilder::compile() && {
   p.graph_ = std::make_unique<runtime::CompiledGraph>(graph_.compile());
   p.tensors_ = std::move(tensors_);
   p.scratch_ = std::move(scratch_);
+  p.objects_ = std::move(objects_);
   p.plan_ = std::move(plan_);
   return p;
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -107,6 +108,14 @@ class ProgramBuilder {
                               std::shared_ptr<runtime::ShardedTensor> tensor);
   /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled).
   runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
+  /// A host object (routing tables, statistics) owned by the program, constructed from `args`.
+  template <typename T, typename... Args>
+  T& make(Args&&... args) {
+    auto p = std::make_shared<T>(std::forward<Args>(args)...);
+    T& ref = *p;
+    objects_.push_back(std::move(p));
+    return ref;
+  }
   /// Counts `flops` per run on mesh slot `slot`.
   void add_flops(std::int64_t slot, double flops);
 
@@ -126,6 +135,7 @@ class ProgramBuilder {
   runtime::GraphBuilder graph_;
   std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
   std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
+  std::vector<std::shared_ptr<void>> objects_;
   ProgramPlan plan_;
 };
 
@@ -151,6 +161,7 @@ class Program {
   // does not move them).
   std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
   std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
+  std::vector<std::shared_ptr<void>> objects_;
   ProgramPlan plan_;
   std::unique_ptr<runtime::CompiledGraph> graph_;
 };

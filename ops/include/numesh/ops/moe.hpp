@@ -1,0 +1,99 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "numesh/ops/program.hpp"
+#include "numesh/ops/reference.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+namespace numesh::ops {
+
+/// Mesh axes of a MoE layer. Every field has a default (eformer's axis names).
+struct MoeAxes {
+  /// Tokens split over these axes; each split is a routing group (GShard): top-k and capacity
+  /// are decided among the group's tokens. Must not contain the expert or tensor axis (tokens
+  /// are replicated over those, as in EasyDeL's expert mesh: hidden P(dp, None, None)).
+  std::vector<std::string> batch = {"dp", "fsdp"};
+  /// Experts split over this axis (E must divide; else every device holds all experts).
+  std::string expert = "ep";
+  /// Each expert's intermediate dim F split over this axis (F must divide).
+  std::string tensor = "tp";
+};
+
+/// A MoE layer's weights laid out on a mesh: router [H, E] replicated; gate/up [E, H, F]
+/// P(ep, None, tp) and down [E, F, H] P(ep, tp, None) (EasyDeL's get_moe_partition_spec,
+/// standard mode), each shard on its device's node.
+struct MoeLayer {
+  MoeConfig config;
+  std::int64_t hidden = 0;
+  std::int64_t ffn = 0;            ///< F, per expert
+  std::int64_t local_experts = 0;  ///< experts per device
+  std::int64_t local_ffn = 0;      ///< F per device
+  std::shared_ptr<runtime::ShardedTensor> router, gate, up, down;
+
+  /// Validates and lays out the weights.
+  /// Throws: ValueError when top_k is not in [1, num_experts] (naming both) or
+  /// capacity_factor is negative; ShapeError naming the shapes when the weights do not fit.
+  [[nodiscard]] static MoeLayer create(const runtime::DeviceMesh& mesh, const MoeConfig& config,
+                                       const MoeWeights& weights, const MoeAxes& axes = {});
+};
+
+/// The routing statistics a MoE program records on every run.
+struct MoeRouting {
+  /// Per mesh slot, the statistics of its routing group (written by the slot's route node).
+  std::vector<MoeStats> per_slot;
+  /// One slot per routing group (the first of each replica group of the tokens).
+  std::vector<std::int64_t> group_leaders;
+
+  /// The last run's statistics summed over the routing groups (tokens_per_expert and dropped
+  /// summed; capacity is per group).
+  MoeStats total() const;
+};
+
+/// Emits y = moe(x) into `program`. Per device: router logits, softmax, top-k, capacity
+/// within the device's routing group (its tokens), then its local experts' SwiGLU on the
+/// tokens routed to them (with its slice of F), each output scaled by its routing weight and
+/// added into a partial y: a Partial(sum) over the expert and tensor axes, resharded into y
+/// (one all-reduce over ep x tp). Tokens are replicated over ep, so dispatch moves no data;
+/// the combine is that reduction (EasyDeL's ring-of-experts combine). x is [T, H] or [B, T, H]
+/// with only dim 0 split, y like x. Returns the frontier after which y is complete;
+/// `routing` (owned by the program) is filled on every run.
+/// Throws: ShapeError when x or y do not fit (naming them); ValueError when x is split over
+/// the expert or tensor axis; as reshard().
+runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
+                           const runtime::Frontier& after, runtime::ShardedTensor& y,
+                           const std::string& name, MoeRouting** routing = nullptr);
+
+/// A MoE layer as one program over [tokens, H]. Not thread-safe: one thread drives it.
+class ShardedMoe {
+ public:
+  /// Lays out the weights and compiles for `tokens` rows, split over axes.batch.
+  /// Throws: as MoeLayer::create; ShapeError when tokens is not positive.
+  ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const MoeWeights& weights,
+             std::int64_t tokens, MoeAxes axes = {});
+
+  /// y = moe(x) for x [tokens, H]. Throws: ShapeError for another shape; what a node throws.
+  runtime::HostTensor forward(const runtime::HostTensor& x);
+  /// The last forward's routing statistics, summed over the routing groups.
+  MoeStats stats() const { return routing_->total(); }
+  /// Routing groups (token splits); each decides top-k and capacity among its own tokens.
+  std::int64_t groups() const noexcept { return static_cast<std::int64_t>(routing_->group_leaders.size()); }
+  /// The layer.
+  const MoeLayer& layer() const noexcept { return layer_; }
+  /// The program (plan, graph).
+  Program& program() noexcept { return *program_; }
+
+ private:
+  MoeLayer layer_;
+  std::int64_t tokens_;
+  runtime::ShardedTensor* x_ = nullptr;
+  runtime::ShardedTensor* y_ = nullptr;
+  MoeRouting* routing_ = nullptr;
+  std::unique_ptr<Program> program_;
+};
+
+}  // namespace numesh::ops

@@ -1,0 +1,123 @@
+#include "numesh/ops/moe.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "numesh/core/error.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+using testing::devices;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
+using testing::random_host;
+using testing::relative_error;
+
+MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
+  MoeWeights w;
+  w.router = random_host({h, e}, 21, 0.5f);
+  w.gate = random_host({e, h, f}, 22, 0.3f);
+  w.up = random_host({e, h, f}, 23, 0.3f);
+  w.down = random_host({e, f, h}, 24, 0.3f);
+  return w;
+}
+
+// The dense reference applied to each routing group (consecutive blocks of rows), with the
+// statistics summed over the groups.
+runtime::HostTensor grouped_reference(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
+                                      std::int64_t groups, MoeStats& stats) {
+  const std::int64_t t = x.shape[0], h = x.shape[1], per = t / groups;
+  runtime::HostTensor y = runtime::HostTensor::zeros(x.shape);
+  stats = MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(c.num_experts), 0)};
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const RowMatrix xg = Eigen::Map<const RowMatrix>(x.data.data() + g * per * h, per, h);
+    MoeStats sg;
+    const RowMatrix yg = moe_reference(xg, w, c, &sg);
+    std::copy(yg.data(), yg.data() + yg.size(), y.data.begin() + g * per * h);
+    for (std::size_t e = 0; e < sg.tokens_per_expert.size(); ++e) stats.tokens_per_expert[e] += sg.tokens_per_expert[e];
+    stats.dropped += sg.dropped;
+    stats.capacity = sg.capacity;
+  }
+  return y;
+}
+
+class ShardedMoeTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ShardedMoeTest, EqualsTheReferencePerRoutingGroupWithItsStatistics) {
+  const auto mesh = make_mesh(GetParam());
+  const std::int64_t h = 16, f = 8;
+  struct Case {
+    std::int64_t experts, k;
+    float capacity;
+    bool renormalize;
+  };
+  for (const Case& cs : {Case{8, 2, 0.0f, true}, Case{8, 1, 1.0f, true}, Case{8, 3, 0.0f, false},
+                         Case{8, 2, 0.5f, true}, Case{6, 2, 1.25f, true}}) {
+    for (std::int64_t tokens : {12, 7}) {  // 7 tokens do not split over dp = 2: one group
+      MoeConfig c{.num_experts = cs.experts, .top_k = cs.k, .capacity_factor = cs.capacity,
+                  .renormalize = cs.renormalize};
+      const MoeWeights w = random_weights(h, f, cs.experts);
+      const runtime::HostTensor x = random_host({tokens, h}, 25, 1.0f);
+      ShardedMoe moe(mesh, c, w, tokens);
+      const runtime::HostTensor y = moe.forward(x);
+      MoeStats want_stats;
+      const runtime::HostTensor want = grouped_reference(x, w, c, moe.groups(), want_stats);
+      // Expert outputs are summed in another order (per device, then the all-reduce): fp32
+      // bound max(1e-5, 2 * F * epsilon) relative.
+      EXPECT_LT(relative_error(y, want), std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon()))
+          << "E " << cs.experts << " k " << cs.k << " capacity " << cs.capacity << " tokens " << tokens
+          << " local experts " << moe.layer().local_experts;
+      const MoeStats got = moe.stats();
+      EXPECT_EQ(got.tokens_per_expert, want_stats.tokens_per_expert);
+      EXPECT_EQ(got.dropped, want_stats.dropped);
+      EXPECT_EQ(got.capacity, want_stats.capacity);
+      EXPECT_EQ(moe.forward(x), y) << "runs again with the same result";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMoeTest,
+                         ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
+                                           MeshCase{{8}, {"ep"}}, MeshCase{{2}, {"tp"}},
+                                           MeshCase{{2, 2}, {"ep", "tp"}}, MeshCase{{2, 2}, {"dp", "ep"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
+                         mesh_case_name);
+
+TEST(ShardedMoeTest, ExpertsSplitOverEpAndTheCombineIsOneAllReduce) {
+  const auto mesh = runtime::DeviceMesh::create(devices(4), {2, 2}, {"ep", "tp"});
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, random_weights(16, 8, 8), 4);
+  EXPECT_EQ(moe.layer().local_experts, 4);
+  EXPECT_EQ(moe.layer().local_ffn, 4);
+  const auto& collectives = moe.program().plan().collectives;
+  ASSERT_EQ(collectives.size(), 1u);
+  EXPECT_EQ(collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
+  EXPECT_EQ(collectives[0].step.axes, (std::vector<std::string>{"ep", "tp"}));
+  EXPECT_EQ(collectives[0].group_size, 4);
+}
+
+TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"ep"});
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 5}, random_weights(16, 8, 4), 4); },
+              ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, random_weights(16, 8, 4), 4); },
+              ThrowsMessage<ShapeError>(HasSubstr("router is [16, 4], expected [H, 8] for 8 experts")));
+  MoeWeights w = random_weights(16, 8, 4);
+  w.down = random_host({4, 16, 8}, 1, 1.0f);
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, w, 4); },
+              ThrowsMessage<ShapeError>(HasSubstr("down [4, 16, 8] do not fit 4 experts and hidden 16")));
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), 4,
+                               MoeAxes{.batch = {"ep"}}); },
+              ThrowsMessage<ValueError>(HasSubstr("tokens are split over 'ep'")));
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), 4);
+  EXPECT_THAT([&] { moe.forward(random_host({5, 16}, 1, 1.0f)); },
+              ThrowsMessage<ShapeError>(HasSubstr("input is [5, 16] but the layer was compiled for [4, 16]")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
