@@ -1,0 +1,434 @@
+#include "numesh/ops/transformer.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/activations.hpp"
+#include "lowering_util.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+using sharding::AxisRule;
+using sharding::PartitionSpec;
+using detail::shape_text;
+
+runtime::HostTensor normal(std::vector<std::int64_t> shape, std::mt19937& rng, float mean, float stddev) {
+  std::normal_distribution<float> dist(mean, stddev);
+  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
+  for (float& v : t.data) v = dist(rng);
+  return t;
+}
+
+float fan_in_scale(std::int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); }
+
+Eigen::Map<const RowMatrix> host_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols) {
+  return {t.data.data(), rows, cols};
+}
+
+// out = rmsnorm(a + b) per row of the calling slot's shards, with the sum also written to
+// `sum` when given; b may be null (out = rmsnorm(a)).
+runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor& a, runtime::ShardedTensor* b,
+                                     runtime::ShardedTensor& weight, runtime::ShardedTensor* sum,
+                                     runtime::ShardedTensor& out, float eps, const runtime::Frontier& after,
+                                     const std::string& name) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const std::int64_t h = a.shape().back();
+  const std::int64_t rows = a.layout().elements_per_device() / h;
+  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& as = a.shard(s);
+    runtime::Tensor* bs = b != nullptr ? &b->shard(s) : nullptr;
+    runtime::Tensor* ss = sum != nullptr ? &sum->shard(s) : nullptr;
+    runtime::Tensor& ws = weight.shard(s);
+    runtime::Tensor& os = out.shard(s);
+    pb.add_flops(s, static_cast<double>(rows * h) * (bs != nullptr ? 5.0 : 4.0));
+    done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}[{}]", name, s),
+                             [&as, bs, ss, &ws, &os, rows, h, eps] {
+      MatrixMap o(os.values().data(), rows, h);
+      const ConstMatrixMap x(as.values().data(), rows, h);
+      if (bs == nullptr) {
+        rmsnorm_rows(x, as_matrix(std::as_const(ws)), o, eps);
+        return;
+      }
+      // The sum goes to `sum` when kept, else straight into out, then normalised in place.
+      MatrixMap total = ss != nullptr ? MatrixMap(ss->values().data(), rows, h) : o;
+      total = x + ConstMatrixMap(bs->values().data(), rows, h);
+      rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(ws)), o, eps);
+    });
+    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], done[i]);
+  }
+  return done;
+}
+
+// Tokens [from, from + n) of rows laid out [B, T, inner] into dst [B, n, inner] or back.
+void copy_tokens(const float* src, std::int64_t src_t, std::int64_t src_from, float* dst, std::int64_t dst_t,
+                 std::int64_t dst_from, std::int64_t b, std::int64_t n, std::int64_t inner) {
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    std::copy_n(src + (bi * src_t + src_from) * inner, n * inner, dst + (bi * dst_t + dst_from) * inner);
+  }
+}
+
+}  // namespace
+
+void TransformerConfig::validate() const {
+  const AttentionConfig& a = attention;
+  NUMESH_CHECK(hidden > 0 && layers > 0 && ffn > 0 && a.num_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0,
+               ValueError, "transformer: hidden {}, layers {}, ffn {}, heads {}, kv heads {}, head_dim {} must all "
+               "be positive", hidden, layers, ffn, a.num_heads, a.num_kv_heads, a.head_dim);
+  NUMESH_CHECK(a.num_heads % a.num_kv_heads == 0, ValueError,
+               "transformer: kv heads {} must divide heads {}", a.num_kv_heads, a.num_heads);
+  NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,
+               "transformer: head_dim {} is odd, RoPE needs it even", a.head_dim);
+  NUMESH_CHECK(moe_every >= 0, ValueError, "transformer: moe_every {} is negative", moe_every);
+  if (moe_every > 0) {
+    NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,
+                 "transformer: top_k {} must be between 1 and the {} experts", moe.top_k, moe.num_experts);
+    NUMESH_CHECK(moe_ffn > 0 && moe.capacity_factor >= 0.0f, ValueError,
+                 "transformer: moe_ffn {} must be positive and capacity_factor {} not negative", moe_ffn,
+                 moe.capacity_factor);
+  }
+  NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
+}
+
+std::int64_t TransformerConfig::parameters() const noexcept {
+  const AttentionConfig& a = attention;
+  std::int64_t total = hidden;  // final norm
+  for (std::int64_t l = 0; l < layers; ++l) {
+    total += 2 * hidden + hidden * a.head_dim * (2 * a.num_heads + 2 * a.num_kv_heads);
+    total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn : 3 * hidden * ffn;
+  }
+  return total;
+}
+
+TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint32_t seed) {
+  c.validate();
+  std::mt19937 rng(seed);
+  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
+  TransformerWeights w;
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    BlockWeights b;
+    b.attn_norm = normal({1, h}, rng, 1.0f, 0.1f);
+    b.attention.wq = normal({h, hq * d}, rng, 0.0f, fan_in_scale(h));
+    b.attention.wk = normal({h, hkv * d}, rng, 0.0f, fan_in_scale(h));
+    b.attention.wv = normal({h, hkv * d}, rng, 0.0f, fan_in_scale(h));
+    b.attention.wo = normal({hq * d, h}, rng, 0.0f, fan_in_scale(hq * d));
+    b.ffn_norm = normal({1, h}, rng, 1.0f, 0.1f);
+    if (c.is_moe(l)) {
+      const std::int64_t e = c.moe.num_experts, f = c.moe_ffn;
+      b.moe.router = normal({h, e}, rng, 0.0f, fan_in_scale(h));
+      b.moe.gate = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
+      b.moe.up = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
+      b.moe.down = normal({e, f, h}, rng, 0.0f, fan_in_scale(f));
+    } else {
+      b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
+      b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
+      b.mlp.down = normal({c.ffn, h}, rng, 0.0f, fan_in_scale(c.ffn));
+    }
+    w.blocks.push_back(std::move(b));
+  }
+  w.final_norm = normal({1, h}, rng, 1.0f, 0.1f);
+  return w;
+}
+
+ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mode mode) {
+  auto names_of = [&](std::string_view token) {
+    const PartitionSpec spec = pm.resolve({AxisRule(token)}, mode);
+    return spec.empty() ? std::vector<std::string>{} : spec.entry_names(0);
+  };
+  auto one_of = [&](std::string_view token) {
+    const std::vector<std::string> names = names_of(token);
+    NUMESH_CHECK(names.size() <= 1, ValueError,
+                 "{} resolves to the axes ({}) in mode {}; numesh splits that dim over one mesh axis", token,
+                 fmt::join(names, ", "), sharding::mode_string(mode));
+    return names.empty() ? std::string() : names.front();
+  };
+  ModelAxes axes;
+  axes.batch = names_of(sharding::tokens::kBatch);
+  axes.heads = one_of(sharding::tokens::kHead);
+  axes.mlp = one_of(sharding::tokens::kMlpIntermediate);
+  axes.expert = one_of(sharding::tokens::kExpert);
+  axes.expert_tensor = one_of(sharding::tokens::kTensorParallel);
+  const std::vector<std::string> seq = names_of(sharding::tokens::kQueryLength);
+  axes.sequence = seq.empty() ? std::string() : seq.front();
+  return axes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dense reference.
+
+TransformerReference::TransformerReference(TransformerConfig config, TransformerWeights weights,
+                                           std::int64_t batch, std::int64_t max_len, std::int64_t routing_groups)
+    : config_(std::move(config)), weights_(std::move(weights)), batch_(batch), max_len_(max_len),
+      groups_(routing_groups) {
+  config_.validate();
+  NUMESH_CHECK(batch > 0 && max_len > 0 && routing_groups > 0 && batch % routing_groups == 0, ShapeError,
+               "transformer reference: batch {}, max_len {} must be positive and {} routing groups divide the batch",
+               batch, max_len, routing_groups);
+  const AttentionConfig& a = config_.attention;
+  for (std::int64_t l = 0; l < config_.layers; ++l) {
+    k_cache_.push_back(runtime::HostTensor::zeros({batch, max_len, a.num_kv_heads, a.head_dim}));
+    v_cache_.push_back(runtime::HostTensor::zeros({batch, max_len, a.num_kv_heads, a.head_dim}));
+  }
+}
+
+runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, std::int64_t position) {
+  const TransformerConfig& c = config_;
+  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
+  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == h, ShapeError,
+               "transformer: input is {} but the model takes [{}, T, {}] with T >= 1", shape_text(x), batch_, h);
+  const std::int64_t t = x.shape[1], rows = batch_ * t;
+  NUMESH_CHECK(position >= 0 && position + t <= max_len_, IndexError,
+               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", t, position, max_len_);
+  RowMatrix xs = host_matrix(x, rows, h);
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const BlockWeights& b = weights_.blocks[static_cast<std::size_t>(l)];
+    const RowMatrix n1 = rmsnorm_reference(xs, host_matrix(b.attn_norm, 1, h), c.norm_eps);
+    auto project = [&](const runtime::HostTensor& w, std::int64_t heads) {
+      const RowMatrix p = n1 * host_matrix(w, h, heads * d);
+      runtime::HostTensor r = runtime::HostTensor::zeros({batch_, t, heads, d});
+      std::copy(p.data(), p.data() + p.size(), r.data.begin());
+      return r;
+    };
+    runtime::HostTensor q = project(b.attention.wq, hq);
+    runtime::HostTensor k = project(b.attention.wk, hkv);
+    const runtime::HostTensor v = project(b.attention.wv, hkv);
+    if (c.attention.rope_theta > 0.0f) {
+      apply_rope_reference(q, position, c.attention.rope_theta);
+      apply_rope_reference(k, position, c.attention.rope_theta);
+    }
+    runtime::HostTensor& kc = k_cache_[static_cast<std::size_t>(l)];
+    runtime::HostTensor& vc = v_cache_[static_cast<std::size_t>(l)];
+    copy_tokens(k.data.data(), t, 0, kc.data.data(), max_len_, position, batch_, t, hkv * d);
+    copy_tokens(v.data.data(), t, 0, vc.data.data(), max_len_, position, batch_, t, hkv * d);
+    const std::int64_t seen = position + t;
+    runtime::HostTensor keys = runtime::HostTensor::zeros({batch_, seen, hkv, d});
+    runtime::HostTensor values = runtime::HostTensor::zeros({batch_, seen, hkv, d});
+    copy_tokens(kc.data.data(), max_len_, 0, keys.data.data(), seen, 0, batch_, seen, hkv * d);
+    copy_tokens(vc.data.data(), max_len_, 0, values.data.data(), seen, 0, batch_, seen, hkv * d);
+    AttentionConfig ac = c.attention;
+    ac.rope_theta = 0.0f;  // applied above, at the tokens' positions
+    ac.q_offset = position;
+    const runtime::HostTensor o = attention_reference(q, keys, values, ac);
+    const RowMatrix hs = xs + host_matrix(o, rows, hq * d) * host_matrix(b.attention.wo, hq * d, h);
+    const RowMatrix n2 = rmsnorm_reference(hs, host_matrix(b.ffn_norm, 1, h), c.norm_eps);
+    RowMatrix f(rows, h);
+    if (c.is_moe(l)) {
+      const std::int64_t per = rows / groups_;
+      for (std::int64_t g = 0; g < groups_; ++g) {
+        f.middleRows(g * per, per) = moe_reference(n2.middleRows(g * per, per), b.moe, c.moe);
+      }
+    } else {
+      f = mlp_swiglu_reference(n2, host_matrix(b.mlp.gate, h, c.ffn), host_matrix(b.mlp.up, h, c.ffn),
+                               host_matrix(b.mlp.down, c.ffn, h));
+    }
+    xs = hs + f;
+  }
+  const RowMatrix y = rmsnorm_reference(xs, host_matrix(weights_.final_norm, 1, h), c.norm_eps);
+  runtime::HostTensor out = runtime::HostTensor::zeros({batch_, t, h});
+  std::copy(y.data(), y.data() + y.size(), out.data.begin());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sharded model.
+
+struct ShardedTransformer::Layer {
+  AttentionLayer attention;
+  KvCache cache;
+  std::shared_ptr<runtime::ShardedTensor> attn_norm, ffn_norm;
+  std::optional<MlpLayer> mlp;
+  std::optional<MoeLayer> moe;
+};
+
+struct ShardedTransformer::Compiled {
+  std::int64_t tokens = 0;
+  runtime::ShardedTensor* x = nullptr;
+  runtime::ShardedTensor* y = nullptr;
+  std::vector<MoeRouting*> routing;
+  std::unique_ptr<Program> program;
+};
+
+ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
+                                       const TransformerWeights& w, std::int64_t batch, std::int64_t max_len,
+                                       ModelAxes axes, KvLayout layout)
+    : mesh_(std::move(mesh)), config_(std::move(config)), axes_(std::move(axes)), batch_(batch), max_len_(max_len) {
+  config_.validate();
+  NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError, "transformer: batch {} and max_len {} must be positive", batch,
+               max_len);
+  NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == config_.layers, ShapeError,
+               "transformer: {} blocks of weights for {} layers", w.blocks.size(), config_.layers);
+  const std::int64_t h = config_.hidden;
+  const PartitionSpec replicated({AxisRule(), AxisRule()});
+  auto norm = [&](const runtime::HostTensor& t, std::string_view what) {
+    NUMESH_CHECK(t.shape == (std::vector<std::int64_t>{1, h}), ShapeError, "transformer: {} is {}, expected [1, {}]",
+                 what, shape_text(t), h);
+    auto s = std::make_shared<runtime::ShardedTensor>(mesh_, t.shape, replicated);
+    runtime::scatter(t, *s);
+    return s;
+  };
+  const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
+  for (std::int64_t l = 0; l < config_.layers; ++l) {
+    const BlockWeights& b = w.blocks[static_cast<std::size_t>(l)];
+    auto layer = std::make_unique<Layer>();
+    layer->attention = AttentionLayer::create(mesh_, config_.attention, b.attention,
+                                              AttentionAxes{.batch = axes_.batch, .heads = axes_.heads});
+    NUMESH_CHECK(layer->attention.hidden == h, ShapeError, "transformer: block {} attention has hidden {}, expected {}",
+                 l, layer->attention.hidden, h);
+    layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
+    layer->attn_norm = norm(b.attn_norm, fmt::format("block {} attn_norm", l));
+    layer->ffn_norm = norm(b.ffn_norm, fmt::format("block {} ffn_norm", l));
+    if (config_.is_moe(l)) {
+      layer->moe = MoeLayer::create(mesh_, config_.moe, b.moe,
+                                    MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
+    } else {
+      layer->mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, b.mlp, MlpAxes{.batch = axes_.batch, .tensor = axes_.mlp});
+    }
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = norm(w.final_norm, "final_norm");
+}
+
+ShardedTransformer::~ShardedTransformer() = default;
+ShardedTransformer::ShardedTransformer(ShardedTransformer&&) noexcept = default;
+ShardedTransformer& ShardedTransformer::operator=(ShardedTransformer&&) noexcept = default;
+
+PartitionSpec ShardedTransformer::activation_spec(std::int64_t tokens) const {
+  const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
+  return sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}),
+                                mesh_.mesh())
+      .spec;
+}
+
+ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t tokens) {
+  for (auto& c : programs_) {
+    if (c->tokens == tokens) return *c;
+  }
+  auto c = std::make_unique<Compiled>();
+  c->tokens = tokens;
+  ProgramBuilder pb(mesh_, fmt::format("transformer (T={})", tokens));
+  const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
+  const PartitionSpec spec = activation_spec(tokens);
+  auto activation = [&](const std::string& name) -> runtime::ShardedTensor& {
+    return pb.tensor(name, TensorRole::kActivation, shape, spec);
+  };
+  c->x = &pb.tensor("x", TensorRole::kInput, shape, spec);
+  c->y = &pb.tensor("y", TensorRole::kOutput, shape, spec);
+  const float eps = config_.norm_eps;
+  // Block l starts from its normalised input; the previous block's residual add and this
+  // norm are one node per device.
+  runtime::ShardedTensor* stream = c->x;  // the residual stream entering the block
+  runtime::ShardedTensor* ffn_out = nullptr;
+  runtime::Frontier front;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    Layer& layer = *layers_[l];
+    const std::string p = fmt::format("block{}", l);
+    runtime::ShardedTensor& norm_w = pb.use(p + ".attn_norm", TensorRole::kWeight, layer.attn_norm);
+    runtime::ShardedTensor& n1 = activation(p + ".attn_in");
+    runtime::ShardedTensor* block_in = stream;
+    if (ffn_out != nullptr) {
+      block_in = &activation(p + ".x");
+      front = emit_residual_norm(pb, *stream, ffn_out, norm_w, block_in, n1, eps, front, p + ".attn_norm");
+    } else {
+      front = emit_residual_norm(pb, *stream, nullptr, norm_w, nullptr, n1, eps, front, p + ".attn_norm");
+    }
+    runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
+    front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
+                           AttentionStep{.cache = &layer.cache, .position = &position_});
+    runtime::ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
+    runtime::ShardedTensor& mid = activation(p + ".h");
+    runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
+    front = emit_residual_norm(pb, *block_in, &attn_out, ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
+    runtime::ShardedTensor& f = activation(p + ".ffn_out");
+    if (layer.moe) {
+      MoeRouting* routing = nullptr;
+      front = emit_moe(pb, *layer.moe, n2, front, f, p + ".moe", &routing);
+      c->routing.push_back(routing);
+    } else {
+      front = emit_mlp(pb, *layer.mlp, n2, front, f, p + ".mlp");
+    }
+    stream = &mid;
+    ffn_out = &f;
+  }
+  runtime::ShardedTensor& final_w = pb.use("final_norm", TensorRole::kWeight, final_norm_);
+  emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, *c->y, eps, front, "final_norm");
+  c->program = std::make_unique<Program>(std::move(pb).compile());
+  programs_.push_back(std::move(c));
+  return *programs_.back();
+}
+
+Program& ShardedTransformer::program(std::int64_t tokens) {
+  NUMESH_CHECK(tokens > 0 && tokens <= max_len_, ShapeError, "transformer: {} tokens; the caches hold {} positions",
+               tokens, max_len_);
+  return *compiled_for(tokens).program;
+}
+
+runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x, std::int64_t position) {
+  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
+               ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1", shape_text(x),
+               batch_, config_.hidden);
+  const std::int64_t tokens = x.shape[1];
+  NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
+               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
+               max_len_);
+  Compiled& c = compiled_for(tokens);
+  position_ = position;
+  runtime::scatter(x, *c.x);
+  c.program->run();
+  last_ = &c;
+  return runtime::gather(*c.y);
+}
+
+MoeStats ShardedTransformer::moe_stats() const {
+  MoeStats sum;
+  if (last_ == nullptr) return sum;
+  for (const MoeRouting* r : last_->routing) {
+    const MoeStats s = r->total();
+    if (sum.tokens_per_expert.empty()) sum.tokens_per_expert.assign(s.tokens_per_expert.size(), 0);
+    for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e) sum.tokens_per_expert[e] += s.tokens_per_expert[e];
+    sum.dropped += s.dropped;
+    sum.capacity = s.capacity;
+  }
+  return sum;
+}
+
+std::int64_t ShardedTransformer::routing_groups() const noexcept {
+  const PartitionSpec spec = activation_spec(1);
+  std::int64_t groups = 1;
+  if (!spec.empty()) {
+    for (const std::string& a : spec.entry_names(0)) groups *= mesh_.mesh().axis_size(a);
+  }
+  return groups;
+}
+
+std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) const {
+  auto bytes = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
+    return t ? t->layout().bytes_per_device(4) : std::int64_t{0};
+  };
+  std::int64_t total = bytes(final_norm_);
+  for (const auto& layer : layers_) {
+    const AttentionLayer& a = layer->attention;
+    total += bytes(a.wq) + bytes(a.wk) + bytes(a.wv) + bytes(a.wo) + bytes(layer->attn_norm) + bytes(layer->ffn_norm);
+    if (layer->mlp) total += bytes(layer->mlp->gate) + bytes(layer->mlp->up) + bytes(layer->mlp->down);
+    if (layer->moe) {
+      total += bytes(layer->moe->router) + bytes(layer->moe->gate) + bytes(layer->moe->up) + bytes(layer->moe->down);
+    }
+    // The valid part of both caches: local sequences x (position + 1) x local kv heads x d.
+    const std::int64_t cache_per_position =
+        layer->cache.k->layout().bytes_per_device(4) / layer->cache.max_len;
+    total += 2 * cache_per_position * (position + 1);
+  }
+  return total;
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,143 @@
+#include "numesh/ops/transformer.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "numesh/core/error.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+using testing::devices;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
+using testing::random_host;
+using testing::relative_error;
+
+TransformerConfig small_config() {
+  TransformerConfig c;
+  c.hidden = 32;
+  c.layers = 2;  // block 0 a SwiGLU MLP, block 1 MoE
+  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  c.ffn = 64;
+  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
+  c.moe_ffn = 16;
+  c.moe_every = 2;
+  return c;
+}
+
+// The model's outputs stay within this relative bound of the dense reference: every sharded
+// reduction (attention and MLP outputs over tp, MoE over ep x tp) re-associates fp32 sums of
+// up to max(F, heads * head_dim) terms, and two blocks compound it.
+constexpr double kBound = 2e-5;
+
+class ShardedTransformerTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
+  const auto mesh = make_mesh(GetParam());
+  for (float capacity : {0.0f, 1.0f}) {
+    TransformerConfig c = small_config();
+    c.moe.capacity_factor = capacity;
+    const TransformerWeights w = TransformerWeights::random(c, 7);
+    const std::int64_t batch = 2, max_len = 12;
+    ShardedTransformer model(mesh, c, w, batch, max_len);
+    TransformerReference reference(c, w, batch, max_len, model.routing_groups());
+    // Prefill 5 tokens, insert 2 at position 5, then decode 3 tokens one by one.
+    std::int64_t position = 0;
+    for (std::int64_t n : {5, 2, 1, 1, 1}) {
+      const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
+      const runtime::HostTensor y = model.forward(x, position);
+      const runtime::HostTensor want = reference.forward(x, position);
+      EXPECT_LT(relative_error(y, want), kBound) << "capacity " << capacity << " tokens [" << position << ", "
+                                                 << position + n << ")";
+      position += n;
+    }
+    const MoeStats stats = model.moe_stats();
+    std::int64_t kept = 0;
+    for (std::int64_t n : stats.tokens_per_expert) kept += n;
+    EXPECT_EQ(kept + stats.dropped, batch * 1 * c.moe.top_k) << "the last decode step routed every token k times";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                                           MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"ep", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
+                         mesh_case_name);
+
+TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  const TransformerConfig c = small_config();
+  const TransformerWeights w = TransformerWeights::random(c, 3);
+  ShardedTransformer bthd(mesh, c, w, 2, 8, {}, KvLayout::kBTHD);
+  ShardedTransformer bhtd(mesh, c, w, 2, 8, {}, KvLayout::kBHTD);
+  for (std::int64_t position : {0, 4, 5}) {
+    const std::int64_t n = position == 0 ? 4 : 1;
+    const runtime::HostTensor x = random_host({2, n, c.hidden}, static_cast<std::uint32_t>(position), 1.0f);
+    EXPECT_EQ(bthd.forward(x, position), bhtd.forward(x, position)) << "position " << position;
+  }
+}
+
+TEST(ShardedTransformerTest, TheProgramDescribesItself) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  const TransformerConfig c = small_config();
+  ShardedTransformer model(mesh, c, TransformerWeights::random(c, 3), 2, 8);
+  const ProgramPlan& plan = model.program(1).plan();
+  // One all-reduce per attention, per MLP and per MoE layer: 4 for 2 blocks.
+  ASSERT_EQ(plan.collectives.size(), 4u);
+  for (const CollectivePlan& coll : plan.collectives) {
+    EXPECT_EQ(coll.step.kind, sharding::ReshardStep::Kind::kAllReduce) << coll.name;
+    EXPECT_EQ(coll.payload_bytes, 2 * 1 * 32 * 4) << coll.name << ": the [2, 1, 32] output";
+  }
+  EXPECT_EQ(plan.collectives[0].name, "block0.attn.out");
+  EXPECT_GT(plan.flops[0], 0.0);
+  EXPECT_EQ(plan.flops[0], plan.flops[1]) << "tp splits the work evenly";
+  const auto cache = std::find_if(plan.tensors.begin(), plan.tensors.end(),
+                                  [](const TensorPlan& t) { return t.name == "block0.attn.cache_k"; });
+  ASSERT_NE(cache, plan.tensors.end());
+  EXPECT_EQ(cache->spec.repr(), "P(None, None, 'tp', None)") << "kv heads split over tp";
+  EXPECT_EQ(cache->shard_bytes, 2 * 8 * 1 * 8 * 4) << "[2, 8, 1 of 2 kv heads, 8] per device";
+  EXPECT_THAT(plan.text(), HasSubstr("block1.moe.out"));
+}
+
+TEST(ShardedTransformerTest, AxesComeFromThePartitionManager) {
+  const sharding::PartitionManager pm;
+  const ModelAxes axes = ModelAxes::resolve(pm, sharding::Mode::kTrain);
+  EXPECT_EQ(axes.batch, (std::vector<std::string>{"fsdp", "dp"}));
+  EXPECT_EQ(axes.heads, "tp");
+  EXPECT_EQ(axes.mlp, "tp");
+  EXPECT_EQ(axes.expert, "ep");
+  EXPECT_EQ(axes.expert_tensor, "tp");
+  EXPECT_EQ(axes.sequence, "sp");
+}
+
+TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  TransformerConfig c = small_config();
+  const TransformerWeights w = TransformerWeights::random(c, 3);
+  c.moe.top_k = 5;
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
+              ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
+  c = small_config();
+  c.attention.num_kv_heads = 3;
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
+              ThrowsMessage<ValueError>(HasSubstr("kv heads 3 must divide heads 4")));
+  c = small_config();
+  c.layers = 3;
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
+              ThrowsMessage<ShapeError>(HasSubstr("2 blocks of weights for 3 layers")));
+  ShardedTransformer model(mesh, small_config(), w, 2, 8);
+  EXPECT_THAT([&] { model.forward(random_host({2, 4, 32}, 1, 1.0f), 6); },
+              ThrowsMessage<IndexError>(HasSubstr("4 tokens at position 6 do not fit the KV cache of 8 positions")));
+  EXPECT_THAT([&] { model.forward(random_host({3, 4, 32}, 1, 1.0f), 0); },
+              ThrowsMessage<ShapeError>(HasSubstr("input is [3, 4, 32] but the model takes [2, T, 32]")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
