@@ -111,6 +111,19 @@ std::int64_t TransformerConfig::parameters() const noexcept {
   return total;
 }
 
+double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept {
+  const auto rows = static_cast<double>(batch * tokens);
+  const auto h = static_cast<double>(hidden);
+  double total = 0.0;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    total += attention_flops(attention, hidden, batch, tokens, position);
+    total += is_moe(l) ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
+                                 static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
+                       : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
+  }
+  return total;
+}
+
 TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint32_t seed) {
   c.validate();
   std::mt19937 rng(seed);

@@ -46,6 +46,10 @@ struct TransformerConfig {
   void validate() const;
   /// Parameters (weights) of the whole stack.
   std::int64_t parameters() const noexcept;
+  /// FLOPs of one forward of `batch` sequences of `tokens` new tokens at `position` (the work
+  /// done, multiply-add = 2): attention (attention_flops), the SwiGLU MLPs, and for MoE layers
+  /// the router plus top_k experts per token (dropless); norms and residual adds left out.
+  double flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept;
 };
 
 /// One block's weights.
