@@ -2,7 +2,9 @@
 # run.sh: the main job. Installs missing packages, configures and builds the `release`
 # preset, then runs numesh on this machine's own topology:
 #   1. `numesh topology`: the machine, the devices (one per NUMA node), distances, notes;
-#   2. `numesh mesh`: the devices laid out as a 1-D mesh;
+#   2. `numesh run`: a small transformer (SwiGLU and MoE blocks) sharded over the devices as a
+#      tensor-parallel mesh: prefill and decode steps, every output checked against the dense
+#      model, the plan and the throughput;
 #   3. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
 #      plain shared-memory loop and memcpy, results checked.
 # On a machine with one NUMA node, steps 2-3 use one device per core (--policy core) so that
@@ -42,7 +44,7 @@ if [[ -z "${NUMESH_POLICY:-}" && "$nodes" -le 1 ]]; then
 fi
 step "numesh topology"
 "$numesh_bin" topology
-step "numesh mesh --policy $policy --dims -1 --names dp"
-"$numesh_bin" mesh --policy "$policy" --dims -1 --names dp
+step "numesh run --policy $policy"
+"$numesh_bin" run --policy "$policy"
 step "numesh bench collectives --policy $policy --sizes 64K,64M"
 "$numesh_bin" bench collectives --policy "$policy" --sizes 64K,64M --min-time 0.2
