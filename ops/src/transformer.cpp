@@ -36,9 +36,9 @@ Eigen::Map<const RowMatrix> host_matrix(const runtime::HostTensor& t, std::int64
 }
 
 // out = rmsnorm(a + b) per row of the calling slot's shards, with the sum also written to
-// `sum` when given; b may be null (out = rmsnorm(a)).
+// `sum` when given; b may be null (out = rmsnorm(a)); weight may be null (out = a + b, no norm).
 runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor& a, runtime::ShardedTensor* b,
-                                     runtime::ShardedTensor& weight, runtime::ShardedTensor* sum,
+                                     runtime::ShardedTensor* weight, runtime::ShardedTensor* sum,
                                      runtime::ShardedTensor& out, float eps, const runtime::Frontier& after,
                                      const std::string& name) {
   const runtime::DeviceMesh& mesh = pb.mesh();
@@ -50,21 +50,21 @@ runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor&
     runtime::Tensor& as = a.shard(s);
     runtime::Tensor* bs = b != nullptr ? &b->shard(s) : nullptr;
     runtime::Tensor* ss = sum != nullptr ? &sum->shard(s) : nullptr;
-    runtime::Tensor& ws = weight.shard(s);
+    runtime::Tensor* ws = weight != nullptr ? &weight->shard(s) : nullptr;
     runtime::Tensor& os = out.shard(s);
     pb.add_flops(s, static_cast<double>(rows * h) * (bs != nullptr ? 5.0 : 4.0));
     done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}[{}]", name, s),
-                             [&as, bs, ss, &ws, &os, rows, h, eps] {
+                             [&as, bs, ss, ws, &os, rows, h, eps] {
       MatrixMap o(os.values().data(), rows, h);
       const ConstMatrixMap x(as.values().data(), rows, h);
       if (bs == nullptr) {
-        rmsnorm_rows(x, as_matrix(std::as_const(ws)), o, eps);
+        rmsnorm_rows(x, as_matrix(std::as_const(*ws)), o, eps);
         return;
       }
       // The sum goes to `sum` when kept, else straight into out, then normalised in place.
       MatrixMap total = ss != nullptr ? MatrixMap(ss->values().data(), rows, h) : o;
       total = x + ConstMatrixMap(bs->values().data(), rows, h);
-      rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(ws)), o, eps);
+      if (ws != nullptr) rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(*ws)), o, eps);
     });
     if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], done[i]);
   }
@@ -247,7 +247,9 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     }
     xs = hs + f;
   }
-  const RowMatrix y = rmsnorm_reference(xs, host_matrix(weights_.final_norm, 1, h), c.norm_eps);
+  const RowMatrix y = weights_.final_norm.shape.empty()
+                          ? xs
+                          : rmsnorm_reference(xs, host_matrix(weights_.final_norm, 1, h), c.norm_eps);
   runtime::HostTensor out = runtime::HostTensor::zeros({batch_, t, h});
   std::copy(y.data(), y.data() + y.size(), out.data.begin());
   return out;
@@ -309,7 +311,7 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
     }
     layers_.push_back(std::move(layer));
   }
-  final_norm_ = norm(w.final_norm, "final_norm");
+  if (!w.final_norm.shape.empty()) final_norm_ = norm(w.final_norm, "final_norm");
 }
 
 ShardedTransformer::~ShardedTransformer() = default;
@@ -351,9 +353,9 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
     runtime::ShardedTensor* block_in = stream;
     if (ffn_out != nullptr) {
       block_in = &activation(p + ".x");
-      front = emit_residual_norm(pb, *stream, ffn_out, norm_w, block_in, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_norm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front, p + ".attn_norm");
     } else {
-      front = emit_residual_norm(pb, *stream, nullptr, norm_w, nullptr, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_norm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front, p + ".attn_norm");
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
     front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
@@ -361,7 +363,7 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
     runtime::ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
     runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
-    front = emit_residual_norm(pb, *block_in, &attn_out, ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
+    front = emit_residual_norm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
     runtime::ShardedTensor& f = activation(p + ".ffn_out");
     if (layer.moe) {
       MoeRouting* routing = nullptr;
@@ -373,8 +375,9 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
     stream = &mid;
     ffn_out = &f;
   }
-  runtime::ShardedTensor& final_w = pb.use("final_norm", TensorRole::kWeight, final_norm_);
-  emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, *c->y, eps, front, "final_norm");
+  // The last residual add, with the final norm when the model has one.
+  runtime::ShardedTensor* final_w = final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
+  emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, *c->y, eps, front, final_w ? "final_norm" : "residual");
   c->program = std::make_unique<Program>(std::move(pb).compile());
   programs_.push_back(std::move(c));
   return *programs_.back();

@@ -25,27 +25,10 @@ runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, 
   return testing::random_host(std::move(shape), seed, scale);
 }
 
-// The dense layer: projections, attention_reference, output projection.
 runtime::HostTensor dense_attention(const runtime::HostTensor& x, const AttentionWeights& w,
                                     const AttentionConfig& c) {
-  const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2];
-  const Eigen::Map<const RowMatrix> xm(x.data.data(), b * t, h);
-  auto project = [&](const runtime::HostTensor& wt, std::int64_t heads) {
-    const RowMatrix p = xm * Eigen::Map<const RowMatrix>(wt.data.data(), wt.shape[0], wt.shape[1]);
-    runtime::HostTensor r = runtime::HostTensor::zeros({b, t, heads, c.head_dim});
-    std::copy(p.data(), p.data() + p.size(), r.data.begin());
-    return r;
-  };
-  const runtime::HostTensor o = attention_reference(project(w.wq, c.num_heads),
-                                                    project(w.wk, c.num_kv_heads),
-                                                    project(w.wv, c.num_kv_heads), c);
-  const RowMatrix y = Eigen::Map<const RowMatrix>(o.data.data(), b * t, c.num_heads * c.head_dim) *
-                      Eigen::Map<const RowMatrix>(w.wo.data.data(), w.wo.shape[0], w.wo.shape[1]);
-  runtime::HostTensor out = runtime::HostTensor::zeros({b, t, h});
-  std::copy(y.data(), y.data() + y.size(), out.data.begin());
-  return out;
+  return attention_layer_reference(x, w, c);
 }
-
 
 class ShardedAttentionTest : public ::testing::TestWithParam<MeshCase> {};
 

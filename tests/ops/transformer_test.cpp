@@ -84,6 +84,21 @@ TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
   }
 }
 
+TEST(ShardedTransformerTest, ABareBlockWithoutFinalNormEqualsTheDenseBlock) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  TransformerConfig c = small_config();
+  c.layers = 1;
+  TransformerWeights w = TransformerWeights::random(c, 5);
+  w.final_norm = {};
+  ShardedTransformer model(mesh, c, w, 2, 4);
+  TransformerReference reference(c, w, 2, 4);
+  const runtime::HostTensor x = random_host({2, 4, c.hidden}, 9, 1.0f);
+  const runtime::HostTensor y = model.forward(x, 0);
+  EXPECT_LT(relative_error(y, reference.forward(x, 0)), kBound);
+  // Without the final norm, y = h + mlp(norm(h)) keeps x's scale: not unit RMS rows.
+  EXPECT_GT(relative_error(y, x), 0.01) << "the block changed its input";
+}
+
 TEST(ShardedTransformerTest, TheProgramDescribesItself) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
   const TransformerConfig c = small_config();

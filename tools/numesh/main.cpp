@@ -3,9 +3,10 @@
 //   numesh topology ...  machine (or synthetic/XML) topology -> devices, distances, notes
 //   numesh mesh ...      devices -> named mesh: which device sits at which coordinate
 //   numesh bench collectives ...  collectives against a plain loop and memcpy
+//   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
 //
-// Exit status: 0 on success; 1 when `numesh run`'s check fails; 2 on any bad input (CLI11 parse errors included), reported as one
+// Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@
 #include "bench_command.hpp"
 #include "mesh_command.hpp"
 #include "resolve_command.hpp"
+#include "op_command.hpp"
 #include "run_command.hpp"
 #include "topology_command.hpp"
 
@@ -46,6 +48,8 @@ int main(int argc, char** argv) {
   CLI::App* mesh_cmd = numesh::tools::add_mesh_command(app, mesh);
   numesh::tools::BenchCollectivesOptions bench_collectives;
   CLI::App* bench_collectives_cmd = numesh::tools::add_bench_command(app, bench_collectives);
+  numesh::tools::OpOptions op;
+  CLI::App* op_cmd = numesh::tools::add_op_command(app, op);
   numesh::tools::RunOptions run;
   CLI::App* run_cmd = numesh::tools::add_run_command(app, run);
 
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     if (bench_collectives_cmd->parsed()) {
       numesh::tools::run_bench_collectives(bench_collectives, std::cout);
     }
+    if (op_cmd->parsed()) return numesh::tools::run_op(op, std::cout);
     if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());

@@ -73,6 +73,12 @@ struct AttentionWeights {
   runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
 };
 
+/// The dense attention layer on one thread: q, k, v = x wq, x wk, x wv; attention_reference
+/// (causal from position 0, RoPE per config); times wo. x is [B, T, H]; returns [B, T, H].
+/// Throws: ShapeError naming the shapes when x and the weights do not fit the config.
+runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, const AttentionWeights& weights,
+                                              const AttentionConfig& config);
+
 /// Mesh axes of the attention layer. Every field has a default.
 struct AttentionAxes {
   /// Sequences (dim B of x) split over these axes; replicated when B does not divide.

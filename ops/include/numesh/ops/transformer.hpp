@@ -64,7 +64,7 @@ struct BlockWeights {
 /// A whole stack's weights.
 struct TransformerWeights {
   std::vector<BlockWeights> blocks;
-  runtime::HostTensor final_norm;  ///< [1, H]
+  runtime::HostTensor final_norm;  ///< [1, H]; empty (no shape): no final norm (a bare block)
 
   /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
   /// seeded generator (the same seed gives the same weights everywhere).

@@ -1,0 +1,55 @@
+#pragma once
+
+// `numesh op mlp|attention|moe|block`: one layer run on weights and inputs read from a folder
+// of .npy files (names in docs/ops.md), sharded over a mesh of this machine (or a synthetic or
+// XML topology), in a chosen mode. Prints the plan and the time, checks the output against the
+// dense reference and writes it as .npy.
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "machine_options.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace numesh::tools {
+
+/// The options of `numesh op`.
+struct OpOptions {
+  std::string op;                  ///< mlp, attention, moe or block (the positional argument)
+  MachineOptions machine;
+  std::string dir;                 ///< --dir: folder of input .npy files
+  std::string out;                 ///< --out: folder for y.npy (default: --dir)
+  std::string dims = "1,1,-1";     ///< --dims
+  std::string names = "dp,ep,tp";  ///< --names
+  std::string mode = "prefill";    ///< --mode: train, prefill, decode or insert
+  std::int64_t position = -1;      ///< --position: insert's first position (default: half of T)
+  std::string paxis_json;
+  std::vector<std::string> sets;
+  std::int64_t heads = 0;          ///< --heads (attention, block)
+  std::int64_t kv_heads = 0;       ///< --kv-heads (default: --heads)
+  double rope_theta = 10000.0;     ///< --rope-theta (0: no RoPE)
+  std::int64_t top_k = 2;          ///< --top-k (moe, block)
+  double capacity = 0.0;           ///< --capacity (0: dropless)
+  bool raw_weights = false;        ///< --raw-weights: no top-k renormalisation
+  double norm_eps = 1e-6;          ///< --norm-eps (block)
+  std::string kv_layout = "bthd";  ///< --kv-layout
+  int repeats = 5;                 ///< --repeats: timed runs (median)
+  bool check = true;               ///< --no-check
+  std::string json;                ///< --json FILE
+};
+
+/// Registers `op`. Not thread-safe (CLI11 setup).
+CLI::App* add_op_command(CLI::App& app, OpOptions& options);
+
+/// Runs the layer; writes the report to `out` and y.npy to the output folder. Returns 0, or 1
+/// when the check against the dense reference fails.
+/// Throws: IoError naming every missing input file; ValueError / ShapeError naming bad options
+/// or shapes; all before anything runs.
+int run_op(const OpOptions& options, std::ostream& out);
+
+}  // namespace numesh::tools
