@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,34 @@ inline std::shared_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh
                                                        const sharding::PartitionSpec& spec) {
   sharding::PartitionSpec corrected = sharding::correct_spec(shape, spec, mesh.mesh()).spec;
   return std::make_shared<runtime::ShardedTensor>(mesh, std::move(shape), std::move(corrected));
+}
+
+/// `spec` with every use of `axes` removed (a tuple keeps its other members; an emptied entry
+/// becomes None): the layout of the tensor after an all-gather over those axes.
+inline sharding::PartitionSpec without_axes(const sharding::PartitionSpec& spec, const std::vector<std::string>& axes,
+                                            std::size_t rank) {
+  std::vector<sharding::AxisRule> entries;
+  for (std::size_t i = 0; i < rank; ++i) {
+    std::vector<sharding::AxisRule> kept;
+    if (i < spec.size()) {
+      for (const std::string& n : spec.entry_names(i)) {
+        if (std::find(axes.begin(), axes.end(), n) == axes.end()) kept.emplace_back(n);
+      }
+    }
+    if (kept.empty()) {
+      entries.emplace_back();
+    } else if (kept.size() == 1) {
+      entries.push_back(kept.front());
+    } else {
+      entries.push_back(sharding::AxisRule::tuple(std::move(kept)));
+    }
+  }
+  return sharding::PartitionSpec(std::move(entries));
+}
+
+/// The mesh axes splitting dim `dim` of `spec` (none past its end).
+inline std::vector<std::string> axes_of(const sharding::PartitionSpec& spec, std::size_t dim) {
+  return dim < spec.size() ? spec.entry_names(dim) : std::vector<std::string>{};
 }
 
 }  // namespace numesh::ops::detail

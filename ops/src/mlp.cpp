@@ -43,8 +43,9 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
-  layer.up = detail::sharded(mesh, w.up.shape, PartitionSpec({AxisRule(), tp}));
-  layer.down = detail::sharded(mesh, w.down.shape, PartitionSpec({tp, AxisRule()}));
+  const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
+  layer.up = detail::sharded(mesh, w.up.shape, PartitionSpec({zero, tp}));
+  layer.down = detail::sharded(mesh, w.down.shape, PartitionSpec({tp, zero}));
   runtime::scatter(w.up, *layer.up);
   runtime::scatter(w.down, *layer.down);
   if (kind == MlpKind::kSwiGLU) {
@@ -64,27 +65,44 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
                    y.shape() == x.shape(),
                ShapeError, "{}: x {} {} and y {} do not fit hidden {} (H must be last and not split)", name,
                fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(y.shape(), "x"), layer.hidden);
-  runtime::ShardedTensor& up = pb.use(name + ".w_up", TensorRole::kWeight, layer.up);
-  runtime::ShardedTensor& down = pb.use(name + ".w_down", TensorRole::kWeight, layer.down);
-  runtime::ShardedTensor* gate =
-      layer.gate ? &pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate) : nullptr;
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  // FSDP: weights stored split along H are gathered for the run (each into its own buffer;
+  // the gathers start at once, overlapping whatever runs before the MLP).
+  std::vector<runtime::Frontier> ready;
+  auto gather_weight = [&](const std::shared_ptr<runtime::ShardedTensor>& stored, const std::string& wname,
+                           std::size_t h_dim) -> runtime::ShardedTensor& {
+    runtime::ShardedTensor& t = pb.use(name + "." + wname, TensorRole::kWeight, stored);
+    runtime::Frontier f;
+    runtime::ShardedTensor& g =
+        pb.gather_over(t, detail::axes_of(t.spec(), h_dim), TensorRole::kActivation, name + "." + wname + ".gathered", f);
+    if (!f.empty()) ready.push_back(std::move(f));
+    return g;
+  };
+  runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 0);
+  runtime::ShardedTensor& down = gather_weight(layer.down, "w_down", 1);
+  runtime::ShardedTensor* gate = layer.gate ? &gather_weight(layer.gate, "w_gate", 0) : nullptr;
+  // Sequence parallelism over the F axis: gather the tokens first.
+  const std::vector<std::string> f_axes = detail::axes_of(up.spec(), 1);
+  runtime::Frontier x_ready = after;
+  runtime::ShardedTensor& xc = pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
+  ready.push_back(x_ready);
+  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
-  // Placements of the partial output: x's, plus Partial(sum) on the axes that split F.
-  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
+  // Placements of the partial output: the gathered x's, plus Partial(sum) on the axes that
+  // split F.
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(xc.spec(), m, rank);
   const std::vector<sharding::Placement> up_placed = sharding::to_placements(up.spec(), m, 2);
   for (std::size_t a = 0; a < up_placed.size(); ++a) {
     if (up_placed[a].is_shard()) y_placed[a] = sharding::Placement::partial();
   }
 
   runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  const std::int64_t rows = x.layout().elements_per_device() / layer.hidden;
+  const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
   const std::int64_t f_local = up.layout().shard_shape()[1];
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& hs = pb.scratch(s, {rows, f_local});
     runtime::Tensor* us = gate != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
     runtime::Tensor& wu = up.shard(s);
@@ -104,7 +122,9 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       device_gemm(xm, as_matrix(std::as_const(wu)), as_matrix(*us));
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], up_node);
+    for (const runtime::Frontier& f : ready) {
+      if (!f.empty() && f[i] != runtime::kReady) pb.graph().depend(f[i], up_node);
+    }
     done[i] = pb.graph().add(d, fmt::format("{}.down[{}]", name, s), [&hs, &wd, &yp, rows, h] {
       device_gemm(as_matrix(std::as_const(hs)), as_matrix(std::as_const(wd)), MatrixMap(yp.values().data(), rows, h));
     }, {up_node});
@@ -118,8 +138,10 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
   NUMESH_CHECK(tokens > 0, ShapeError, "mlp ({}): {} tokens; need at least one", to_string(kind), tokens);
   ProgramBuilder pb(mesh, fmt::format("mlp ({})", to_string(kind)));
   const std::vector<std::int64_t> shape{tokens, layer_.hidden};
+  std::vector<std::string> token_axes = axes.batch;
+  token_axes.insert(token_axes.end(), axes.sequence.begin(), axes.sequence.end());
   const PartitionSpec spec =
-      sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
+      sharding::correct_spec(shape, PartitionSpec({detail::entry_over(token_axes, mesh.mesh()), AxisRule()}),
                              mesh.mesh())
           .spec;
   x_ = &pb.tensor("x", TensorRole::kInput, shape, spec);

@@ -11,6 +11,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
+#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
@@ -181,6 +182,20 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
     tensors_.push_back(std::move(t));
   }
   return std::move(r.frontier);
+}
+
+runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in, const std::vector<std::string>& axes,
+                                                    TensorRole role, const std::string& name,
+                                                    runtime::Frontier& ready) {
+  const std::size_t rank = in.shape().size();
+  const sharding::PartitionSpec gathered = detail::without_axes(in.spec(), axes, rank);
+  if (sharding::to_placements(gathered, mesh_.mesh(), rank) == sharding::to_placements(in.spec(), mesh_.mesh(), rank)) {
+    return in;
+  }
+  runtime::ShardedTensor& out = tensor(name, role, in.shape(), gathered);
+  ready = reshard(in, sharding::to_placements(in.spec(), mesh_.mesh(), rank), out,
+                  sharding::to_placements(gathered, mesh_.mesh(), rank), ready, name);
+  return out;
 }
 
 Program ProgramBuilder::compile() && {

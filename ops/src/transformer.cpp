@@ -13,6 +13,7 @@
 #include "numesh/ops/activations.hpp"
 #include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
+#include "numesh/sharding/presets.hpp"
 
 namespace numesh::ops {
 
@@ -174,6 +175,8 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
   axes.expert_tensor = one_of(sharding::tokens::kTensorParallel);
   const std::vector<std::string> seq = names_of(sharding::tokens::kQueryLength);
   axes.sequence = seq.empty() ? std::string() : seq.front();
+  const PartitionSpec column = pm.resolve(sharding::presets::kColumnWise);
+  axes.weights = column.empty() ? std::vector<std::string>{} : column.entry_names(0);
   return axes;
 }
 
@@ -307,7 +310,7 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
       layer->moe = MoeLayer::create(mesh_, config_.moe, b.moe,
                                     MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
     } else {
-      layer->mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, b.mlp, MlpAxes{.batch = axes_.batch, .tensor = axes_.mlp});
+      layer->mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, b.mlp, MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
     }
     layers_.push_back(std::move(layer));
   }

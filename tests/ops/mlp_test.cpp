@@ -89,6 +89,44 @@ TEST_P(ShardedMlpTest, SplitsFOverTpAndAllReducesOnlyWhenItDoes) {
   }
 }
 
+// Sequence parallelism (tokens also split over tp, Megatron style) and FSDP (weights split
+// along H over fsdp, gathered every run): the same result as the dense MLP, with the
+// collectives each scheme implies.
+TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
+  const auto m = mesh();
+  const std::int64_t t = 8, h = 16, f = 32;
+  MlpWeights w;
+  w.gate = random({h, f}, 3, 0.3f);
+  w.up = random({h, f}, 1, 0.3f);
+  w.down = random({f, h}, 2, 0.3f);
+  const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+  const RowMatrix want = mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
+  const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
+  using Kind = sharding::ReshardStep::Kind;
+  auto kinds = [](const ShardedMlp& mlp) {
+    std::vector<Kind> k;
+    for (const CollectivePlan& c : mlp.collectives()) k.push_back(c.step.kind);
+    return k;
+  };
+  const bool has_tp = m.mesh().has_axis("tp") && m.mesh().axis_size("tp") > 1;
+  const bool has_fsdp = m.mesh().has_axis("fsdp");
+
+  ShardedMlp sp(m, MlpKind::kSwiGLU, w, t, MlpAxes{.batch = {"dp", "fsdp"}, .sequence = {"tp"}});
+  EXPECT_LT(relative_error(sp.forward(x), want), bound) << "sequence parallel";
+  if (has_tp) {
+    EXPECT_EQ(kinds(sp), (std::vector<Kind>{Kind::kAllGather, Kind::kReduceScatter}))
+        << "tokens gathered before the up projection, partial sums reduce-scattered back";
+  }
+
+  ShardedMlp zero(m, MlpKind::kSwiGLU, w, t, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
+  EXPECT_LT(relative_error(zero.forward(x), want), bound) << "fsdp weights";
+  if (has_fsdp) {
+    EXPECT_EQ(zero.up_spec().repr(), "P('fsdp', 'tp')") << "stored split along H";
+    const auto k = kinds(zero);
+    EXPECT_EQ(std::count(k.begin(), k.end(), Kind::kAllGather), 3) << "gate, up and down gathered";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
                                            MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}},

@@ -45,7 +45,10 @@ TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
     c.moe.capacity_factor = capacity;
     const TransformerWeights w = TransformerWeights::random(c, 7);
     const std::int64_t batch = 2, max_len = 12;
-    ShardedTransformer model(mesh, c, w, batch, max_len);
+    // Axes from the PartitionManager: on the fsdp mesh the MLP weights are stored split along
+    // H and gathered every run.
+    const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
+    ShardedTransformer model(mesh, c, w, batch, max_len, axes);
     TransformerReference reference(c, w, batch, max_len, model.routing_groups());
     // Prefill 5 tokens, insert 2 at position 5, then decode 3 tokens one by one.
     std::int64_t position = 0;
@@ -68,7 +71,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
                                            MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
                                            MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"ep", "tp"}},
-                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
+                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
+                                           MeshCase{{2, 2}, {"fsdp", "tp"}}),
                          mesh_case_name);
 
 TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
@@ -130,6 +134,7 @@ TEST(ShardedTransformerTest, AxesComeFromThePartitionManager) {
   EXPECT_EQ(axes.expert, "ep");
   EXPECT_EQ(axes.expert_tensor, "tp");
   EXPECT_EQ(axes.sequence, "sp");
+  EXPECT_EQ(axes.weights, (std::vector<std::string>{"fsdp", "sp"})) << "ColumnWise ((fsdp, sp), tp)";
 }
 
 TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {

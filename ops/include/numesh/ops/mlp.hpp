@@ -34,6 +34,15 @@ struct MlpAxes {
   /// Tokens (rows of x) are split over these axes (data parallel); replicated when the token
   /// count does not divide (eformer's correction).
   std::vector<std::string> batch = {"dp", "fsdp"};
+  /// Tokens are further split over these axes (sequence parallel), after the batch axes. When
+  /// one of them is also the tensor axis (Megatron sequence parallelism, sp = tp), the tokens
+  /// are all-gathered over it before the up projection and the partial sums are
+  /// reduce-scattered back to the token split instead of all-reduced.
+  std::vector<std::string> sequence = {};
+  /// The weights' H dim is split over these axes (ZeRO-3 / FSDP, EasyDeL's ColumnWise
+  /// ((fsdp, sp), tp)): each device stores 1/n of every weight, and every run all-gathers them
+  /// before use. Empty: weights replicated along H.
+  std::vector<std::string> weights = {};
   /// The intermediate dim F is split over this axis (tensor parallel): up and gate are
   /// column-parallel, down is row-parallel, and the partial sums of the down projection are
   /// all-reduced over it. Replicated (no collective) when F does not divide.
@@ -58,10 +67,12 @@ struct MlpLayer {
                                        const MlpWeights& weights, const MlpAxes& axes = {});
 };
 
-/// Emits y = mlp(x) into `program`: per device h = act(x_local w_up_local) (SwiGLU:
-/// silu(x w_gate) .* (x w_up)), then y_partial = h w_down_local, a Partial(sum) over the axes
-/// splitting F, resharded into y (one all-reduce over tp when F is split, nothing otherwise).
-/// x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
+/// Emits y = mlp(x) into `program`: weights split along H are all-gathered (FSDP); tokens split
+/// over an axis that also splits F are all-gathered over it (sequence parallelism); then per
+/// device h = act(x_local w_up_local) (SwiGLU: silu(x w_gate) .* (x w_up)) and y_partial =
+/// h w_down_local, a Partial(sum) over the axes splitting F, resharded into y's layout: an
+/// all-reduce over tp, or a reduce-scatter when y's tokens are split over tp; nothing when F
+/// is not split. x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
 /// frontier after which y is complete. Node and tensor names start with `name`.
 /// Throws: ShapeError when x or y do not fit the layer (naming the shapes); as reshard().
 runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runtime::ShardedTensor& x,

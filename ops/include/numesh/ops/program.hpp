@@ -126,6 +126,13 @@ class ProgramBuilder {
                             runtime::ShardedTensor& out, const std::vector<sharding::Placement>& to,
                             const runtime::Frontier& after, const std::string& name);
 
+  /// `in` with `axes` gathered: when in's spec uses any of them, a new program tensor `name`
+  /// laid out without them, filled by an all-gather over them that starts after `ready`; else
+  /// `in` itself. `ready` becomes the frontier after which the returned tensor is complete.
+  /// Throws: as reshard().
+  runtime::ShardedTensor& gather_over(runtime::ShardedTensor& in, const std::vector<std::string>& axes,
+                                      TensorRole role, const std::string& name, runtime::Frontier& ready);
+
   /// Compiles the graph; the builder is spent afterwards.
   Program compile() &&;
 

@@ -79,9 +79,12 @@ struct ModelAxes {
   std::string expert = "ep";                        ///< experts (EXPERT)
   std::string expert_tensor = "tp";                 ///< each expert's F (TENSOR_PARALLEL)
   std::string sequence = "sp";                      ///< QUERY_LENGTH: not split by numesh yet
+  /// Axes splitting the MLP weights' H dim (FSDP / ZeRO-3, EasyDeL's ColumnWise dim 0): stored
+  /// split, all-gathered every run. Attention and expert weights are not split this way yet.
+  std::vector<std::string> weights = {};
 
   /// Resolves BATCH, HEAD, MLP_INTERMEDIATE, EXPERT, TENSOR_PARALLEL and QUERY_LENGTH with
-  /// `pm` in `mode`. Throws: ValueError naming the token when HEAD, MLP_INTERMEDIATE, EXPERT
+  /// `pm` in `mode`, and `weights` from the ColumnWise preset's dim 0. Throws: ValueError naming the token when HEAD, MLP_INTERMEDIATE, EXPERT
   /// or TENSOR_PARALLEL resolves to more than one mesh axis (numesh splits those dims over
   /// one axis); what PartitionManager::resolve throws.
   [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm, sharding::Mode mode);
