@@ -53,6 +53,21 @@ void BM_Mlp_Sharded(benchmark::State& state) {
   set_flops(state);
 }
 
+// The same MLP data parallel: each device takes half the tokens with whole weights; no
+// collective at all, the GEMMs twice as wide and half as tall.
+void BM_Mlp_ShardedDp(benchmark::State& state) {
+  auto devices = bench_devices();
+  const auto mesh = runtime::DeviceMesh::create(devices, {-1}, {"dp"});
+  ops::MlpWeights w;
+  w.up = random({kHidden, kInter}, 1, 0.02f);
+  w.down = random({kInter, kHidden}, 2, 0.02f);
+  ops::ShardedMlp mlp(mesh, ops::MlpKind::kGelu, w, kTokens);
+  const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
+  mlp.forward(x);
+  for (auto _ : state) mlp.graph().run();
+  set_flops(state);
+}
+
 void BM_Mlp_EigenSingleThread(benchmark::State& state) {
   const ops::RowMatrix x = matrix(random({kTokens, kHidden}, 3, 1.0f));
   const ops::RowMatrix w1 = matrix(random({kHidden, kInter}, 1, 0.02f));
@@ -86,6 +101,7 @@ void BM_Mlp_OpenBlasTwoThreads(benchmark::State& state) {
 }
 
 BENCHMARK(BM_Mlp_Sharded)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Mlp_ShardedDp)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Mlp_EigenSingleThread)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Mlp_OpenBlasTwoThreads)->UseRealTime()->Unit(benchmark::kMillisecond);
 
