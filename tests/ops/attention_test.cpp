@@ -30,6 +30,21 @@ runtime::HostTensor dense_attention(const runtime::HostTensor& x, const Attentio
   return attention_layer_reference(x, w, c);
 }
 
+// A config of hq/hkv heads of dim d and random weights for hidden size `hidden`.
+std::pair<AttentionConfig, AttentionWeights> random_layer(std::int64_t hidden, std::int64_t hq, std::int64_t hkv,
+                                                          std::int64_t d, std::uint32_t seed) {
+  AttentionConfig c;
+  c.num_heads = hq;
+  c.num_kv_heads = hkv;
+  c.head_dim = d;
+  AttentionWeights w;
+  w.wq = random({hidden, hq * d}, seed, 0.3f);
+  w.wk = random({hidden, hkv * d}, seed + 1, 0.3f);
+  w.wv = random({hidden, hkv * d}, seed + 2, 0.3f);
+  w.wo = random({hq * d, hidden}, seed + 3, 0.3f);
+  return {c, w};
+}
+
 class ShardedAttentionTest : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
@@ -37,15 +52,7 @@ TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
   const std::int64_t hidden = 16, d = 8, t = 5;
   for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
     for (std::int64_t batch : {2, 3}) {  // 3 sequences do not split over dp = 2: replicated
-      AttentionConfig c;
-      c.num_heads = hq;
-      c.num_kv_heads = hkv;
-      c.head_dim = d;
-      AttentionWeights w;
-      w.wq = random({hidden, hq * d}, 1, 0.3f);
-      w.wk = random({hidden, hkv * d}, 2, 0.3f);
-      w.wv = random({hidden, hkv * d}, 3, 0.3f);
-      w.wo = random({hq * d, hidden}, 4, 0.3f);
+      const auto [c, w] = random_layer(hidden, hq, hkv, d, 1);
       const runtime::HostTensor x = random({batch, t, hidden}, 5, 1.0f);
       ShardedAttention layer(mesh, c, w, batch);
       const runtime::HostTensor y = layer.forward(x);
@@ -70,15 +77,7 @@ TEST_P(ShardedAttentionTest, KvCachePrefillInsertAndDecodeEqualTheFullSequence) 
   const std::int64_t hidden = 16, d = 8, batch = 2, total = 7;
   for (KvLayout layout : {KvLayout::kBTHD, KvLayout::kBHTD}) {
     for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
-      AttentionConfig c;
-      c.num_heads = hq;
-      c.num_kv_heads = hkv;
-      c.head_dim = d;
-      AttentionWeights w;
-      w.wq = random({hidden, hq * d}, 11, 0.3f);
-      w.wk = random({hidden, hkv * d}, 12, 0.3f);
-      w.wv = random({hidden, hkv * d}, 13, 0.3f);
-      w.wo = random({hq * d, hidden}, 14, 0.3f);
+      const auto [c, w] = random_layer(hidden, hq, hkv, d, 11);
       const runtime::HostTensor x = random({batch, total, hidden}, 15, 1.0f);
       const runtime::HostTensor want = dense_attention(x, w, c);
       ShardedAttention layer(mesh, c, w, batch, /*max_len=*/8, {}, layout);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../runtime/test_devices.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -56,29 +57,11 @@ inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info
   return n;
 }
 
-/// max |got - want| / max |want| (0 when want is all zeros and got equals it).
-/// REQUIRES: equal sizes.
-inline double relative_error(const runtime::HostTensor& got, const runtime::HostTensor& want) {
-  double err = 0, scale = 0;
-  for (std::size_t i = 0; i < want.data.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs(got.data[i] - want.data[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(want.data[i])));
-  }
-  return scale == 0 ? err : err / scale;
-}
+using ops::relative_error;
 
-/// Tokens [from, from + n) of a [B, T, ...] tensor: [B, n, ...].
+/// Tokens [from, from + n) of a [B, T, ...] tensor.
 inline runtime::HostTensor token_slice(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
-  std::vector<std::int64_t> shape = x.shape;
-  const std::int64_t b = shape[0], t = shape[1];
-  std::int64_t inner = 1;
-  for (std::size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
-  shape[1] = n;
-  runtime::HostTensor out = runtime::HostTensor::zeros(shape);
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    std::copy_n(x.data.begin() + (bi * t + from) * inner, n * inner, out.data.begin() + bi * n * inner);
-  }
-  return out;
+  return ops::slice_tokens(x, from, n);
 }
 
 }  // namespace numesh::ops::testing

@@ -1,5 +1,7 @@
 #include "cli_text.hpp"
 
+#include <fmt/format.h>
+
 namespace numesh::tools {
 
 std::string_view trim(std::string_view s) {
@@ -22,6 +24,14 @@ std::vector<std::string_view> split_list(std::string_view text) {
     }
   }
   out.push_back(trim(text.substr(start)));
+  return out;
+}
+
+std::string axes_text(const sharding::Mesh& mesh) {
+  std::string out;
+  for (std::size_t a = 0; a < mesh.rank(); ++a) {
+    out += fmt::format("{}{}={}", a == 0 ? "" : ", ", mesh.names()[a], mesh.sizes()[a]);
+  }
   return out;
 }
 

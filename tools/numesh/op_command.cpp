@@ -55,28 +55,6 @@ void require_files(const Inputs& in, std::string_view op, const std::vector<std:
                fmt::join(names, ".npy, "));
 }
 
-double relative_error(const HostTensor& got, const HostTensor& want) {
-  double err = 0, scale = 0;
-  for (std::size_t i = 0; i < want.data.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs(got.data[i] - want.data[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(want.data[i])));
-  }
-  return scale == 0 ? err : err / scale;
-}
-
-// Tokens [from, from + n) of x [B, T, ...].
-HostTensor tokens(const HostTensor& x, std::int64_t from, std::int64_t n) {
-  std::vector<std::int64_t> shape = x.shape;
-  const std::int64_t b = shape[0], t = shape[1];
-  const std::int64_t inner = std::accumulate(shape.begin() + 2, shape.end(), std::int64_t{1}, std::multiplies<>());
-  shape[1] = n;
-  HostTensor out = HostTensor::zeros(shape);
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    std::copy_n(x.data.begin() + (bi * t + from) * inner, n * inner, out.data.begin() + bi * n * inner);
-  }
-  return out;
-}
-
 // A norm weight given as [H] or [1, H].
 HostTensor as_row(HostTensor t) {
   if (t.shape.size() == 1) t.shape = {1, t.shape[0]};
@@ -257,12 +235,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
   const auto placement = placement_options(o.machine);
   auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement);
   const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
-  std::vector<std::string> mesh_text;
-  for (std::size_t a = 0; a < mesh.mesh().rank(); ++a) {
-    mesh_text.push_back(fmt::format("{}={}", mesh.mesh().names()[a], mesh.mesh().sizes()[a]));
-  }
   out << fmt::format("numesh op {}: x [{}] from {}, mesh [{}], mode {}", o.op, fmt::join(x.shape, ", "),
-                     in.dir.string(), fmt::join(mesh_text, ", "), o.mode);
+                     in.dir.string(), axes_text(mesh.mesh()), o.mode);
   if (sequence_op) out << fmt::format(", timed tokens [{}, {})", tp.prefix, tp.prefix + tp.count);
   out << "\n";
 
@@ -310,11 +284,11 @@ int run_op(const OpOptions& o, std::ostream& out) {
     const std::int64_t cache = *mode == sharding::Mode::kTrain ? 0 : x.shape[1];
     ops::ShardedAttention layer(mesh, c, w, x.shape[0], cache, ops::AttentionAxes{.batch = axes.batch, .heads = axes.heads},
                                 layout);
-    if (tp.prefix > 0) layer.forward(tokens(x, 0, tp.prefix), 0);
-    const HostTensor chunk = tokens(x, tp.prefix, tp.count);
+    if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
+    const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats);
     r.plan = &layer.program(tp.count).plan();
-    if (o.check) r.want = tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
+    if (o.check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
     out << "\n" << r.plan->text();
   } else {  // block
     ops::TransformerConfig c;
@@ -343,14 +317,14 @@ int run_op(const OpOptions& o, std::ostream& out) {
     }
     w.blocks.push_back(std::move(b));  // no final norm: a bare block
     ops::ShardedTransformer model(mesh, c, w, x.shape[0], x.shape[1], axes, layout);
-    if (tp.prefix > 0) model.forward(tokens(x, 0, tp.prefix), 0);
-    const HostTensor chunk = tokens(x, tp.prefix, tp.count);
+    if (tp.prefix > 0) model.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
+    const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats);
     r.plan = &model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (o.check) {
       ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups());
-      if (tp.prefix > 0) reference.forward(tokens(x, 0, tp.prefix), 0);
+      if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
       r.want = reference.forward(chunk, tp.prefix);
     }
     out << "\n" << r.plan->text();
@@ -367,7 +341,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   bool ok = true;
   double err = -1.0;
   if (r.want) {
-    err = relative_error(r.y, *r.want);
+    err = ops::relative_error(r.y, *r.want);
     ok = err < kCheckBound;
     out << fmt::format("check    max relative error vs the dense reference {:.2e} (bound {:.0e}): {}\n", err,
                        kCheckBound, ok ? "ok" : "FAILED");

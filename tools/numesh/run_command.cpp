@@ -62,15 +62,6 @@ runtime::HostTensor last_token(const runtime::HostTensor& y) {
   return x;
 }
 
-double relative_error(const runtime::HostTensor& got, const runtime::HostTensor& want) {
-  double err = 0, scale = 0;
-  for (std::size_t i = 0; i < want.data.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs(got.data[i] - want.data[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(want.data[i])));
-  }
-  return scale == 0 ? err : err / scale;
-}
-
 std::string plan_summary(const ops::ProgramPlan& plan) {
   const double flops = plan.flops.empty() ? 0.0 : *std::max_element(plan.flops.begin(), plan.flops.end());
   const std::int64_t memory =
@@ -184,12 +175,8 @@ int run_run(const RunOptions& o, std::ostream& out) {
   const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
   int threads = 0;
   for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
-  std::vector<std::string> mesh_text;
-  for (std::size_t a = 0; a < mesh.mesh().rank(); ++a) {
-    mesh_text.push_back(fmt::format("{}={}", mesh.mesh().names()[a], mesh.mesh().sizes()[a]));
-  }
   out << fmt::format("numesh run: {} devices ({} policy, {} threads), mesh [{}], mode {}\n", mesh.size(),
-                     runtime::to_string(placement.policy), threads, fmt::join(mesh_text, ", "), o.mode);
+                     runtime::to_string(placement.policy), threads, axes_text(mesh.mesh()), o.mode);
   out << fmt::format("model: {} blocks ({} MoE), hidden {}, heads {}/{} x {}, ffn {}, experts {} top-{} x {}{}, "
                      "{:.2f} M parameters, kv cache {}\n",
                      config.layers, config.moe_every > 0 ? config.layers / config.moe_every : 0, config.hidden,
@@ -272,11 +259,11 @@ int run_run(const RunOptions& o, std::ostream& out) {
   if (o.check) {
     progress.show("checking against the dense model ...");
     ops::TransformerReference reference(config, weights, o.batch, max_len, model.routing_groups());
-    prefill_err = relative_error(y, reference.forward(prompt, 0));
+    prefill_err = ops::relative_error(y, reference.forward(prompt, 0));
     decode_err = 0.0;
     for (std::int64_t i = 0; i < steps; ++i) {
       const auto idx = static_cast<std::size_t>(i);
-      decode_err = std::max(decode_err, relative_error(decode_outputs[idx], reference.forward(decode_inputs[idx], o.prompt + i)));
+      decode_err = std::max(decode_err, ops::relative_error(decode_outputs[idx], reference.forward(decode_inputs[idx], o.prompt + i)));
     }
     ok = prefill_err < kCheckBound && decode_err < kCheckBound;
   }
