@@ -220,11 +220,15 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
   const std::int64_t hidden = layer.hidden;
   NUMESH_CHECK(x.shape().size() == 3 && x.shape()[2] == hidden && y.shape() == x.shape() &&
-                   x.layout().shard_shape()[1] == x.shape()[1] && x.layout().shard_shape()[2] == hidden,
-               ShapeError, "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], only B split)", name,
+                   x.layout().shard_shape()[2] == hidden,
+               ShapeError, "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], H not split)", name,
                fmt::join(x.shape(), ", "), x.spec().repr(), fmt::join(y.shape(), ", "), hidden);
   const std::int64_t batch = x.shape()[0], t = x.shape()[1];
   const std::int64_t local_batch = x.layout().shard_shape()[0];
+  // Sequence parallelism: each device holds T/sp of the tokens; keys and values are
+  // all-gathered over the sequence axes before attention (EasyDeL's non-ring path).
+  const std::int64_t local_t = x.layout().shard_shape()[1];
+  const std::vector<std::string> seq_axes = detail::axes_of(x.spec(), 1);
   KvCache* cache = step.cache;
   if (cache != nullptr) {
     NUMESH_CHECK(step.position != nullptr, ValueError, "{}: a cache step needs a position", name);
@@ -245,84 +249,112 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     cache_k = &pb.use(name + ".cache_k", TensorRole::kCache, cache->k);
     cache_v = &pb.use(name + ".cache_v", TensorRole::kCache, cache->v);
   }
+  // This run's keys and values [B, T, kv_heads * D], split like x's tokens and wk's heads.
+  const AxisRule kv_rule = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
+  const PartitionSpec kv_spec({detail::entry(x.spec(), 0), detail::entry(x.spec(), 1), kv_rule});
+  runtime::ShardedTensor& k_new = pb.tensor(name + ".k", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
+  runtime::ShardedTensor& v_new = pb.tensor(name + ".v", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, 3);
   if (layer.splits_heads()) y_placed[*m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
 
-  const std::int64_t rows = local_batch * t;
+  const std::int64_t rows = local_batch * local_t;
   const std::int64_t lq = layer.local_q_heads, lkv = layer.local_kv_heads;
   const std::int64_t key_capacity = cache != nullptr ? cache->max_len : t;
   const double flops = attention_flops(config, hidden, local_batch, t, 0) * static_cast<double>(lq) /
-                       static_cast<double>(hq);  // projections and keys scale with the local heads
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+                       static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
+  const std::int64_t* position = step.position;
+  runtime::Frontier projected(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
     const int dev = mesh.device(s).index();
     pb.add_flops(s, flops);
-    // The slot's rank along the heads axis gives its first global heads.
+    // The first global token of the slot's block of x's tokens.
+    const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
+    q_of[i] = &q;
+    runtime::Tensor& k = k_new.shard(s);
+    runtime::Tensor& v = v_new.shard(s);
+    runtime::Tensor& wqs = wq.shard(s);
+    runtime::Tensor& wks = wk.shard(s);
+    runtime::Tensor& wvs = wv.shard(s);
+    projected[i] = pb.graph().add(dev, fmt::format("{}.qkv[{}]", name, s),
+                                  [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
+                                   token_offset, position, config] {
+      const ConstMatrixMap xm(xs.values().data(), rows, hidden);
+      device_gemm(xm, as_matrix(std::as_const(wqs)), as_matrix(q));
+      device_gemm(xm, as_matrix(std::as_const(wks)), MatrixMap(k.values().data(), rows, lkv * config.head_dim));
+      device_gemm(xm, as_matrix(std::as_const(wvs)), MatrixMap(v.values().data(), rows, lkv * config.head_dim));
+      if (config.rope_theta > 0.0f) {
+        // RoPE at the tokens' global positions, before the keys travel.
+        const std::int64_t first = (position != nullptr ? *position : 0) + token_offset;
+        rope_inplace(q.values().data(), local_batch, local_t, lq, config.head_dim, first, config.rope_theta);
+        rope_inplace(k.values().data(), local_batch, local_t, lkv, config.head_dim, first, config.rope_theta);
+      }
+    });
+    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], projected[i]);
+  }
+  // Keys and values of every token: gathered over the sequence axes (nothing when T is whole).
+  runtime::Frontier k_ready = projected, v_ready = projected;
+  runtime::ShardedTensor& k_all = pb.gather_over(k_new, seq_axes, TensorRole::kActivation, name + ".k_gathered", k_ready);
+  runtime::ShardedTensor& v_all = pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
+
+  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const int dev = mesh.device(s).index();
     const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
+    const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     const AttentionSlice slice{.batch = local_batch,
-                               .q_len = t,
+                               .q_len = local_t,
                                .kv_len = t,
                                .q_heads = lq,
                                .kv_heads = lkv,
                                .group = hq / hkv,
                                .q_head_offset = head_rank * lq,
                                .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
-    runtime::Tensor& xs = x.shard(s);
-    runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
-    runtime::Tensor& k = pb.scratch(s, {rows, lkv * d});
-    runtime::Tensor& v = pb.scratch(s, {rows, lkv * d});
+    runtime::Tensor& q = *q_of[i];
+    runtime::Tensor& k = k_all.shard(s);
+    runtime::Tensor& v = v_all.shard(s);
     runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
     runtime::Tensor& scores = pb.scratch(s, {key_capacity});
-    runtime::Tensor& wqs = wq.shard(s);
-    runtime::Tensor& wks = wk.shard(s);
-    runtime::Tensor& wvs = wv.shard(s);
     runtime::Tensor& wos = wo.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
     runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
     const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
     const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
-    const std::int64_t* position = step.position;
-    const auto qkv = pb.graph().add(dev, fmt::format("{}.qkv[{}]", name, s), [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden] {
-      const ConstMatrixMap xm(xs.values().data(), rows, hidden);
-      device_gemm(xm, as_matrix(std::as_const(wqs)), as_matrix(q));
-      device_gemm(xm, as_matrix(std::as_const(wks)), as_matrix(k));
-      device_gemm(xm, as_matrix(std::as_const(wvs)), as_matrix(v));
-    });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], qkv);
     const auto core = pb.graph().add(dev, fmt::format("{}.core[{}]", name, s),
-                                     [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position] {
-      const std::int64_t first = position != nullptr ? *position : 0;
+                                     [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position,
+                                      token_offset] {
       const std::int64_t dd = config.head_dim;
-      if (config.rope_theta > 0.0f) {
-        rope_inplace(q.values().data(), slice.batch, slice.q_len, slice.q_heads, dd, first, config.rope_theta);
-        rope_inplace(k.values().data(), slice.batch, slice.q_len, slice.kv_heads, dd, first, config.rope_theta);
-      }
       if (ck == nullptr) {
         const KvView kv{.k = k.values().data(),
                         .v = v.values().data(),
-                        .batch_stride = slice.q_len * slice.kv_heads * dd,
+                        .batch_stride = slice.kv_len * slice.kv_heads * dd,
                         .pos_stride = slice.kv_heads * dd,
                         .head_stride = dd};
-        attention_core(q.values().data(), kv, o.values().data(), slice, dd, 0, config.causal,
+        attention_core(q.values().data(), kv, o.values().data(), slice, dd, token_offset, config.causal,
                        scores.values());
         return;
       }
-      NUMESH_CHECK(first >= 0 && first + slice.q_len <= max_len, IndexError,
+      const std::int64_t first = *position;
+      NUMESH_CHECK(first >= 0 && first + slice.kv_len <= max_len, IndexError,
                    "attention: tokens at positions [{}, {}) do not fit the cache of {} positions", first,
-                   first + slice.q_len, max_len);
+                   first + slice.kv_len, max_len);
       const bool bthd = layout == KvLayout::kBTHD;
       const KvView kv{.k = ck->values().data(),
                       .v = cv->values().data(),
                       .batch_stride = max_len * slice.kv_heads * dd,
                       .pos_stride = bthd ? slice.kv_heads * dd : dd,
                       .head_stride = bthd ? dd : max_len * dd};
-      // Write the new keys and values at their positions.
+      // Write every new key and value at its position (each sequence-parallel rank keeps the
+      // whole cache).
       for (std::int64_t bi = 0; bi < slice.batch; ++bi) {
-        for (std::int64_t ti = 0; ti < slice.q_len; ++ti) {
-          const std::int64_t row = (bi * slice.q_len + ti) * slice.kv_heads * dd;
+        for (std::int64_t ti = 0; ti < slice.kv_len; ++ti) {
+          const std::int64_t row = (bi * slice.kv_len + ti) * slice.kv_heads * dd;
           for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
             const std::int64_t at = bi * kv.batch_stride + (first + ti) * kv.pos_stride + hi * kv.head_stride;
             std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
@@ -331,10 +363,14 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
         }
       }
       AttentionSlice cached = slice;
-      cached.kv_len = first + slice.q_len;
-      attention_core(q.values().data(), kv, o.values().data(), cached, dd, first, config.causal,
+      cached.kv_len = first + slice.kv_len;
+      attention_core(q.values().data(), kv, o.values().data(), cached, dd, first + token_offset, config.causal,
                      scores.values());
-    }, {qkv});
+    });
+    for (const runtime::Frontier* f : {&k_ready, &v_ready}) {
+      if ((*f)[i] != runtime::kReady) pb.graph().depend((*f)[i], core);
+    }
+    pb.graph().depend(projected[i], core);
     done[i] = pb.graph().add(dev, fmt::format("{}.out[{}]", name, s), [&o, &wos, &yp, rows, hidden] {
       device_gemm(as_matrix(std::as_const(o)), as_matrix(std::as_const(wos)),
                   MatrixMap(yp.values().data(), rows, hidden));
@@ -379,7 +415,10 @@ ShardedAttention::Compiled& ShardedAttention::compiled_for(std::int64_t tokens) 
   ProgramBuilder pb(mesh_, fmt::format("attention (T={})", tokens));
   const std::vector<std::int64_t> shape{batch_, tokens, layer_.hidden};
   const PartitionSpec spec = sharding::correct_spec(
-      shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}), mesh_.mesh())
+      shape,
+      PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), detail::entry_over(axes_.sequence, mesh_.mesh()),
+                     AxisRule()}),
+      mesh_.mesh())
                                  .spec;
   c->x = &pb.tensor("x", TensorRole::kInput, shape, spec);
   c->y = &pb.tensor("y", TensorRole::kOutput, shape, spec);

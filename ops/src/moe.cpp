@@ -164,11 +164,12 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   NUMESH_CHECK(rank >= 2 && x.shape().back() == h && y.shape() == x.shape(), ShapeError,
                "{}: x [{}] and y [{}] do not fit hidden {}", name, fmt::join(x.shape(), ", "),
                fmt::join(y.shape(), ", "), h);
-  for (std::size_t dim = 1; dim < rank; ++dim) {
-    NUMESH_CHECK(x.layout().shard_shape()[dim] == x.shape()[dim], ShapeError,
-                 "{}: x {} splits dim {}; only the token dim 0 may be split", name, x.spec().repr(), dim);
+  NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim", name,
+               x.spec().repr());
+  std::vector<std::string> token_axes;
+  for (std::size_t dim = 0; dim + 1 < rank; ++dim) {
+    for (const std::string& a : detail::axes_of(x.spec(), dim)) token_axes.push_back(a);
   }
-  const std::vector<std::string> token_axes = x.spec().empty() ? std::vector<std::string>{} : x.spec().entry_names(0);
   for (const auto& w : {layer.gate, layer.down}) {
     for (std::size_t dim = 0; dim < w->spec().size(); ++dim) {
       for (const std::string& axis : w->spec().entry_names(dim)) {

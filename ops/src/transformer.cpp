@@ -184,13 +184,16 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
 // The dense reference.
 
 TransformerReference::TransformerReference(TransformerConfig config, TransformerWeights weights,
-                                           std::int64_t batch, std::int64_t max_len, std::int64_t routing_groups)
+                                           std::int64_t batch, std::int64_t max_len, std::int64_t batch_groups,
+                                           std::int64_t sequence_groups)
     : config_(std::move(config)), weights_(std::move(weights)), batch_(batch), max_len_(max_len),
-      groups_(routing_groups) {
+      batch_groups_(batch_groups), sequence_groups_(sequence_groups) {
   config_.validate();
-  NUMESH_CHECK(batch > 0 && max_len > 0 && routing_groups > 0 && batch % routing_groups == 0, ShapeError,
-               "transformer reference: batch {}, max_len {} must be positive and {} routing groups divide the batch",
-               batch, max_len, routing_groups);
+  NUMESH_CHECK(batch > 0 && max_len > 0 && batch_groups > 0 && batch % batch_groups == 0 && sequence_groups > 0,
+               ShapeError,
+               "transformer reference: batch {}, max_len {} must be positive, {} batch groups must divide the batch "
+               "and {} sequence groups be positive",
+               batch, max_len, batch_groups, sequence_groups);
   const AttentionConfig& a = config_.attention;
   for (std::int64_t l = 0; l < config_.layers; ++l) {
     k_cache_.push_back(runtime::HostTensor::zeros({batch, max_len, a.num_kv_heads, a.head_dim}));
@@ -240,9 +243,20 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     const RowMatrix n2 = rmsnorm_reference(hs, host_matrix(b.ffn_norm, 1, h), c.norm_eps);
     RowMatrix f(rows, h);
     if (c.is_moe(l)) {
-      const std::int64_t per = rows / groups_;
-      for (std::int64_t g = 0; g < groups_; ++g) {
-        f.middleRows(g * per, per) = moe_reference(n2.middleRows(g * per, per), b.moe, c.moe);
+      // Group (i, j): sequences block i, tokens block j (tokens split only when T divides).
+      const std::int64_t sg = t % sequence_groups_ == 0 ? sequence_groups_ : 1;
+      const std::int64_t seqs = batch_ / batch_groups_, toks = t / sg;
+      RowMatrix group(seqs * toks, h);
+      for (std::int64_t gi = 0; gi < batch_groups_; ++gi) {
+        for (std::int64_t gj = 0; gj < sg; ++gj) {
+          for (std::int64_t bi = 0; bi < seqs; ++bi) {
+            group.middleRows(bi * toks, toks) = n2.middleRows((gi * seqs + bi) * t + gj * toks, toks);
+          }
+          const RowMatrix out = moe_reference(group, b.moe, c.moe);
+          for (std::int64_t bi = 0; bi < seqs; ++bi) {
+            f.middleRows((gi * seqs + bi) * t + gj * toks, toks) = out.middleRows(bi * toks, toks);
+          }
+        }
       }
     } else {
       f = mlp_swiglu_reference(n2, host_matrix(b.mlp.gate, h, c.ffn), host_matrix(b.mlp.up, h, c.ffn),
@@ -300,7 +314,7 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
     const BlockWeights& b = w.blocks[static_cast<std::size_t>(l)];
     auto layer = std::make_unique<Layer>();
     layer->attention = AttentionLayer::create(mesh_, config_.attention, b.attention,
-                                              AttentionAxes{.batch = axes_.batch, .heads = axes_.heads});
+                                              AttentionAxes{.batch = axes_.batch, .sequence = {}, .heads = axes_.heads});
     NUMESH_CHECK(layer->attention.hidden == h, ShapeError, "transformer: block {} attention has hidden {}, expected {}",
                  l, layer->attention.hidden, h);
     layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
@@ -323,7 +337,11 @@ ShardedTransformer& ShardedTransformer::operator=(ShardedTransformer&&) noexcept
 
 PartitionSpec ShardedTransformer::activation_spec(std::int64_t tokens) const {
   const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
-  return sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}),
+  const std::vector<std::string> sequence =
+      axes_.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes_.sequence};
+  return sharding::correct_spec(shape,
+                                PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
+                                               detail::entry_over(sequence, mesh_.mesh()), AxisRule()}),
                                 mesh_.mesh())
       .spec;
 }
@@ -428,6 +446,11 @@ std::int64_t ShardedTransformer::routing_groups() const noexcept {
     for (const std::string& a : spec.entry_names(0)) groups *= mesh_.mesh().axis_size(a);
   }
   return groups;
+}
+
+std::int64_t ShardedTransformer::sequence_groups() const noexcept {
+  const sharding::Mesh& m = mesh_.mesh();
+  return !axes_.sequence.empty() && m.has_axis(axes_.sequence) ? m.axis_size(axes_.sequence) : 1;
 }
 
 std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) const {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "numesh/core/error.hpp"
@@ -20,6 +21,7 @@ using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::relative_error;
 using testing::token_slice;
+using testing::mesh_label;
 
 runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
   return testing::random_host(std::move(shape), seed, scale);
@@ -102,6 +104,35 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedAttentionTest,
                                            MeshCase{{2, 2}, {"dp", "tp"}},
                                            MeshCase{{2, 4}, {"dp", "tp"}}),
                          mesh_case_name);
+
+// Sequence parallelism: tokens split over sp, keys and values all-gathered over it; without a
+// cache and with one (prefill 4 split over sp, then decode steps replicated over sp).
+TEST(ShardedAttentionTest, SequenceParallelEqualsTheFullLayer) {
+  const std::int64_t hidden = 16, d = 8, batch = 2, total = 6;
+  for (const MeshCase& mc : {MeshCase{{2}, {"sp"}}, MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2}, {"dp", "sp"}},
+                             MeshCase{{4}, {"sp"}}}) {
+    const auto mesh = make_mesh(mc);
+    const auto [c, w] = random_layer(hidden, 4, 2, d, 21);
+    const runtime::HostTensor x = random({batch, total, hidden}, 25, 1.0f);
+    const runtime::HostTensor want = dense_attention(x, w, c);
+    const double bound = std::max(1e-5, 2.0 * 4 * d * std::numeric_limits<float>::epsilon());
+    const AttentionAxes axes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"};
+    ShardedAttention train(mesh, c, w, batch, 0, axes);
+    const runtime::HostTensor x4 = token_slice(x, 0, 4);
+    EXPECT_LT(relative_error(train.forward(x4), token_slice(want, 0, 4)), bound) << mesh_label(mc) << " train";
+    const auto& collectives = train.program(4).plan().collectives;
+    const bool gathers = std::any_of(collectives.begin(), collectives.end(), [](const CollectivePlan& p) {
+      return p.step.kind == sharding::ReshardStep::Kind::kAllGather && p.step.axes == std::vector<std::string>{"sp"};
+    });
+    EXPECT_TRUE(gathers) << mesh_label(mc) << ": keys and values gathered over sp";
+    ShardedAttention cached(mesh, c, w, batch, total, axes);
+    EXPECT_LT(relative_error(cached.forward(x4, 0), token_slice(want, 0, 4)), bound) << mesh_label(mc) << " prefill";
+    for (std::int64_t p : {4, 5}) {
+      EXPECT_LT(relative_error(cached.forward(token_slice(x, p, 1), p), token_slice(want, p, 1)), bound)
+          << mesh_label(mc) << " decode at " << p;
+    }
+  }
+}
 
 TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {4}, {"tp"});

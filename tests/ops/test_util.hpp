@@ -48,20 +48,21 @@ inline runtime::DeviceMesh make_mesh(const MeshCase& c) {
   return runtime::DeviceMesh::create(devices(static_cast<int>(n)), c.dims, c.names);
 }
 
-/// A test-name suffix such as "mesh_dp2_tp4".
-inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) {
+/// "mesh_dp2_tp4": a mesh case as a test-name suffix or a failure label.
+inline std::string mesh_label(const MeshCase& c) {
   std::string n = "mesh";
-  for (std::size_t i = 0; i < info.param.dims.size(); ++i) {
-    n += "_" + info.param.names[i] + std::to_string(info.param.dims[i]);
-  }
+  for (std::size_t i = 0; i < c.dims.size(); ++i) n += "_" + c.names[i] + std::to_string(c.dims[i]);
   return n;
 }
 
-using ops::relative_error;
+/// mesh_label of a parameterised test's case.
+inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) { return mesh_label(info.param); }
+
+using numesh::ops::relative_error;
 
 /// Tokens [from, from + n) of a [B, T, ...] tensor.
 inline runtime::HostTensor token_slice(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
-  return ops::slice_tokens(x, from, n);
+  return numesh::ops::slice_tokens(x, from, n);
 }
 
 }  // namespace numesh::ops::testing

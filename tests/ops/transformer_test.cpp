@@ -49,7 +49,7 @@ TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
     // H and gathered every run.
     const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
     ShardedTransformer model(mesh, c, w, batch, max_len, axes);
-    TransformerReference reference(c, w, batch, max_len, model.routing_groups());
+    TransformerReference reference(c, w, batch, max_len, model.routing_groups(), model.sequence_groups());
     // Prefill 5 tokens, insert 2 at position 5, then decode 3 tokens one by one.
     std::int64_t position = 0;
     for (std::int64_t n : {5, 2, 1, 1, 1}) {
@@ -72,7 +72,8 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
                                            MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
                                            MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"ep", "tp"}},
                                            MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
-                                           MeshCase{{2, 2}, {"fsdp", "tp"}}),
+                                           MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2}, {"sp"}},
+                                           MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}}),
                          mesh_case_name);
 
 TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {

@@ -323,7 +323,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     r.plan = &model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (o.check) {
-      ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups());
+      ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups(), model.sequence_groups());
       if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
       r.want = reference.forward(chunk, tp.prefix);
     }

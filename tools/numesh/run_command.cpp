@@ -184,15 +184,11 @@ int run_run(const RunOptions& o, std::ostream& out) {
                      config.moe.num_experts, config.moe.top_k, config.moe_ffn,
                      o.capacity > 0 ? fmt::format(" capacity {}", o.capacity) : std::string(" dropless"),
                      static_cast<double>(config.parameters()) / 1e6, o.kv_layout);
-  out << fmt::format("axes ({}): batch ({}), heads {}, mlp {}, experts {}, expert ffn {}\n", o.mode,
-                     fmt::join(axes.batch, ", "), axes.heads.empty() ? "-" : axes.heads,
+  out << fmt::format("axes ({}): batch ({}), sequence {}, heads {}, mlp {}, experts {}, expert ffn {}\n", o.mode,
+                     fmt::join(axes.batch, ", "), axes.sequence.empty() ? "-" : axes.sequence,
+                     axes.heads.empty() ? "-" : axes.heads,
                      axes.mlp.empty() ? "-" : axes.mlp, axes.expert.empty() ? "-" : axes.expert,
                      axes.expert_tensor.empty() ? "-" : axes.expert_tensor);
-  if (!axes.sequence.empty() && mesh.mesh().has_axis(axes.sequence) && mesh.mesh().axis_size(axes.sequence) > 1) {
-    out << fmt::format("note: QUERY_LENGTH resolves to '{}' (size {}), but numesh does not split sequences yet: "
-                       "those devices repeat the same work\n",
-                       axes.sequence, mesh.mesh().axis_size(axes.sequence));
-  }
   for (const std::string& note : devices->notes()) out << "note: " << note << "\n";
   out.flush();
 
@@ -258,7 +254,7 @@ int run_run(const RunOptions& o, std::ostream& out) {
   bool ok = true;
   if (o.check) {
     progress.show("checking against the dense model ...");
-    ops::TransformerReference reference(config, weights, o.batch, max_len, model.routing_groups());
+    ops::TransformerReference reference(config, weights, o.batch, max_len, model.routing_groups(), model.sequence_groups());
     prefill_err = ops::relative_error(y, reference.forward(prompt, 0));
     decode_err = 0.0;
     for (std::int64_t i = 0; i < steps; ++i) {

@@ -83,6 +83,10 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
 struct AttentionAxes {
   /// Sequences (dim B of x) split over these axes; replicated when B does not divide.
   std::vector<std::string> batch = {"dp", "fsdp"};
+  /// Tokens (dim T of x) split over these axes (sequence parallelism): each device projects
+  /// its tokens, keys and values are all-gathered over these axes, and each device attends
+  /// for its own queries. Replicated when T does not divide (a decode step's T = 1).
+  std::vector<std::string> sequence = {};
   /// Heads split over this axis: wq, wk, wv column-parallel by whole heads, wo row-parallel,
   /// and the output's partial sums all-reduced over it. Query heads are split when num_heads
   /// divides; kv heads too when num_kv_heads divides as well (else each device computes all kv
@@ -161,8 +165,9 @@ struct AttentionStep {
 /// Emits y = attention(x) into `program`: per device, its sequences' q, k, v projections for
 /// its heads, RoPE at the tokens' positions, the cache write (with a cache), causal attention
 /// on those heads, the output projection of its heads (a Partial(sum) over the heads axis),
-/// then reshard() into y: one all-reduce over tp when heads are split. x is [B, T, H] with
-/// only B split; y must have x's shape and layout. Returns the frontier after which y is
+/// then reshard() into y: one all-reduce over tp when heads are split. x is [B, T, H] with B
+/// and T (sequence parallel: keys and values all-gathered over T's axes before attention; every
+/// rank keeps the whole cache) split; H whole. y must have x's shape and layout. Returns the frontier after which y is
 /// complete. Throws: ShapeError when x, y or the cache do not fit the layer (naming them); as
 /// reshard().
 runtime::Frontier emit_attention(ProgramBuilder& program, const AttentionLayer& layer,

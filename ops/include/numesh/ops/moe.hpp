@@ -60,7 +60,7 @@ struct MoeRouting {
 /// added into a partial y: a Partial(sum) over the expert and tensor axes, resharded into y
 /// (one all-reduce over ep x tp). Tokens are replicated over ep, so dispatch moves no data;
 /// the combine is that reduction (EasyDeL's ring-of-experts combine). x is [T, H] or [B, T, H]
-/// with only dim 0 split, y like x. Returns the frontier after which y is complete;
+/// with any token dims split (each device's tokens are its routing group), H whole; y like x. Returns the frontier after which y is complete;
 /// `routing` (owned by the program) is filled on every run.
 /// Throws: ShapeError when x or y do not fit (naming them); ValueError when x is split over
 /// the expert or tensor axis; as reshard().

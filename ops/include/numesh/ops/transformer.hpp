@@ -78,7 +78,7 @@ struct ModelAxes {
   std::string mlp = "tp";                           ///< MLP intermediate (MLP_INTERMEDIATE)
   std::string expert = "ep";                        ///< experts (EXPERT)
   std::string expert_tensor = "tp";                 ///< each expert's F (TENSOR_PARALLEL)
-  std::string sequence = "sp";                      ///< QUERY_LENGTH: not split by numesh yet
+  std::string sequence = "sp";                      ///< tokens (QUERY_LENGTH): sequence parallel
   /// Axes splitting the MLP weights' H dim (FSDP / ZeRO-3, EasyDeL's ColumnWise dim 0): stored
   /// split, all-gathered every run. Attention and expert weights are not split this way yet.
   std::vector<std::string> weights = {};
@@ -92,13 +92,14 @@ struct ModelAxes {
 
 /// The dense single-device transformer with its own host KV caches: the oracle of
 /// ShardedTransformer. forward(x, position) as ShardedTransformer::forward. MoE capacity is
-/// decided within `routing_groups` consecutive blocks of sequences (the sharded model's
-/// routing groups); dropless routing does not depend on it.
+/// decided within routing groups as the sharded model's devices decide it: `batch_groups`
+/// consecutive blocks of sequences times, when a call's T divides by it, `sequence_groups`
+/// consecutive blocks of tokens; dropless routing does not depend on them.
 class TransformerReference {
  public:
   /// Throws: as TransformerConfig::validate; ShapeError when batch or max_len is not positive.
   TransformerReference(TransformerConfig config, TransformerWeights weights, std::int64_t batch,
-                       std::int64_t max_len, std::int64_t routing_groups = 1);
+                       std::int64_t max_len, std::int64_t batch_groups = 1, std::int64_t sequence_groups = 1);
   /// y = model(x) for x [batch, T, H] at positions [position, position + T), using and
   /// updating the caches. Throws: ShapeError / IndexError as ShardedTransformer::forward.
   runtime::HostTensor forward(const runtime::HostTensor& x, std::int64_t position);
@@ -106,15 +107,17 @@ class TransformerReference {
  private:
   TransformerConfig config_;
   TransformerWeights weights_;
-  std::int64_t batch_, max_len_, groups_;
+  std::int64_t batch_, max_len_, batch_groups_, sequence_groups_;
   std::vector<runtime::HostTensor> k_cache_, v_cache_;  // per layer [B, max_len, kv_heads, d]
 };
 
 /// A transformer stack lowered onto a device mesh: every layer's weights laid out once, one
 /// KV cache per layer (bthd or bhtd), and one program per distinct token count T, compiled on
 /// first use (prefill, insert chunks, decode steps), all sharing the weights and caches.
-/// Activations [B, T, H] are split over the batch axes and replicated elsewhere; RMSNorms and
-/// residual adds run per device on its rows; attention, MLP and MoE emit their collectives.
+/// Activations [B, T, H] are split over the batch axes and, when T divides, the sequence axis
+/// (sequence parallel: attention gathers keys and values over it; decode steps, T = 1, are
+/// replicated over it), and replicated elsewhere; RMSNorms and residual adds run per device on
+/// its rows; attention, MLP and MoE emit their collectives.
 /// Not thread-safe: one thread drives an instance.
 class ShardedTransformer {
  public:
@@ -137,8 +140,11 @@ class ShardedTransformer {
   /// The MoE layers' routing statistics of the last run, summed over layers (empty without
   /// MoE layers).
   MoeStats moe_stats() const;
-  /// Routing groups of the MoE layers (the activations' batch splits).
+  /// Routing groups of the MoE layers along the sequences (the activations' batch splits).
   std::int64_t routing_groups() const noexcept;
+  /// Routing groups along the tokens of a call whose T divides by it (the sequence axes'
+  /// size; 1 without sequence parallelism).
+  std::int64_t sequence_groups() const noexcept;
   /// The activations' spec (after correction) for T tokens.
   sharding::PartitionSpec activation_spec(std::int64_t tokens) const;
   /// Bytes a decode step reads per device at `position`: local weights plus the KV caches'
