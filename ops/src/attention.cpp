@@ -381,8 +381,6 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
 
 struct ShardedAttention::Compiled {
   std::int64_t tokens = 0;
-  runtime::ShardedTensor* x = nullptr;
-  runtime::ShardedTensor* y = nullptr;
   std::unique_ptr<Program> program;
 };
 
@@ -420,10 +418,12 @@ ShardedAttention::Compiled& ShardedAttention::compiled_for(std::int64_t tokens) 
                      AxisRule()}),
       mesh_.mesh())
                                  .spec;
-  c->x = &pb.tensor("x", TensorRole::kInput, shape, spec);
-  c->y = &pb.tensor("y", TensorRole::kOutput, shape, spec);
-  emit_attention(pb, layer_, *c->x, {}, *c->y, "attn",
-                 AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_});
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
+  pb.output("y", y,
+            emit_attention(pb, layer_, x, loaded, y, "attn",
+                           AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_}));
   c->program = std::make_unique<Program>(std::move(pb).compile());
   programs_.push_back(std::move(c));
   return *programs_.back();
@@ -452,9 +452,9 @@ runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std:
   }
   Compiled& c = compiled_for(tokens);
   position_ = position;
-  runtime::scatter(x, *c.x);
+  c.program->set_input("x", x);
   c.program->run();
-  return runtime::gather(*c.y);
+  return c.program->output("y");
 }
 
 }  // namespace numesh::ops

@@ -144,18 +144,20 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
       sharding::correct_spec(shape, PartitionSpec({detail::entry_over(token_axes, mesh.mesh()), AxisRule()}),
                              mesh.mesh())
           .spec;
-  x_ = &pb.tensor("x", TensorRole::kInput, shape, spec);
-  y_ = &pb.tensor("y", TensorRole::kOutput, shape, spec);
-  emit_mlp(pb, layer_, *x_, {}, *y_, "mlp");
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
+  pb.output("y", y, emit_mlp(pb, layer_, x, loaded, y, "mlp"));
+  activation_spec_ = spec;
   program_ = std::make_unique<Program>(std::move(pb).compile());
 }
 
 runtime::HostTensor ShardedMlp::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
                "mlp: input is {} but the MLP was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
-  runtime::scatter(x, *x_);
+  program_->set_input("x", x);
   program_->run();
-  return runtime::gather(*y_);
+  return program_->output("y");
 }
 
 }  // namespace numesh::ops

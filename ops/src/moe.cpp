@@ -282,18 +282,19 @@ ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const 
       sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
                              mesh.mesh())
           .spec;
-  x_ = &pb.tensor("x", TensorRole::kInput, shape, spec);
-  y_ = &pb.tensor("y", TensorRole::kOutput, shape, spec);
-  emit_moe(pb, layer_, *x_, {}, *y_, "moe", &routing_);
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
+  pb.output("y", y, emit_moe(pb, layer_, x, loaded, y, "moe", &routing_));
   program_ = std::make_unique<Program>(std::move(pb).compile());
 }
 
 runtime::HostTensor ShardedMoe::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
                "moe: input is {} but the layer was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
-  runtime::scatter(x, *x_);
+  program_->set_input("x", x);
   program_->run();
-  return runtime::gather(*y_);
+  return program_->output("y");
 }
 
 }  // namespace numesh::ops

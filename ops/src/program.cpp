@@ -119,6 +119,25 @@ nlohmann::json ProgramPlan::to_json() const {
   return j;
 }
 
+// A host tensor the caller binds (inputs: `source`) or the program fills (outputs: `result`).
+struct ProgramBuilder::Binding {
+  std::string name;
+  bool is_input = true;
+  std::vector<std::int64_t> shape;
+  const runtime::HostTensor* source = nullptr;
+  runtime::HostTensor result;
+};
+
+namespace {
+
+std::vector<sharding::DimSlice> whole(const std::vector<std::int64_t>& shape) {
+  std::vector<sharding::DimSlice> box;
+  for (std::int64_t e : shape) box.push_back({.offset = 0, .extent = e});
+  return box;
+}
+
+}  // namespace
+
 ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name)
     : mesh_(std::move(mesh)), name_(std::move(name)), graph_(mesh_.device_set()) {
   plan_.name = name_;
@@ -184,6 +203,58 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
   return std::move(r.frontier);
 }
 
+runtime::ShardedTensor& ProgramBuilder::input(const std::string& name, std::vector<std::int64_t> shape,
+                                              sharding::PartitionSpec spec, runtime::Frontier& loaded) {
+  for (const auto& b : bindings_) {
+    if (b->name == name) throw KeyError(name, fmt::format("program {}: '{}' is already an input or output", name_, name));
+  }
+  runtime::ShardedTensor& t = tensor(name, TensorRole::kInput, shape, std::move(spec));
+  auto binding = std::make_shared<Binding>();
+  binding->name = name;
+  binding->shape = shape;
+  Binding* b = binding.get();
+  bindings_.push_back(std::move(binding));
+  const auto global = std::make_shared<std::vector<sharding::DimSlice>>(whole(shape));
+  objects_.push_back(global);
+  loaded.assign(static_cast<std::size_t>(mesh_.size()), runtime::kReady);
+  for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+    const auto& slices = t.layout().device(s).slices;
+    runtime::Tensor& shard = t.shard(s);
+    loaded[static_cast<std::size_t>(s)] =
+        graph_.add(mesh_.device(s).index(), fmt::format("{}.load[{}]", name, s), [b, &slices, &shard, global] {
+          runtime::copy_box(slices, b->source->data.data(), *global, shard.values().data(), slices);
+        });
+  }
+  return t;
+}
+
+void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t, const runtime::Frontier& after) {
+  for (const auto& b : bindings_) {
+    if (b->name == name) throw KeyError(name, fmt::format("program {}: '{}' is already an input or output", name_, name));
+  }
+  auto binding = std::make_shared<Binding>();
+  binding->name = name;
+  binding->is_input = false;
+  binding->shape = t.shape();
+  binding->result = runtime::HostTensor::zeros(t.shape());
+  Binding* b = binding.get();
+  bindings_.push_back(std::move(binding));
+  const auto global = std::make_shared<std::vector<sharding::DimSlice>>(whole(t.shape()));
+  objects_.push_back(global);
+  for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+    const auto& info = t.layout().device(s);
+    if (info.replica_id != 0) continue;  // one copy of each slice
+    const runtime::Tensor& shard = t.shard(s);
+    const runtime::NodeId store =
+        graph_.add(mesh_.device(s).index(), fmt::format("{}.store[{}]", name, s), [b, &info, &shard, global] {
+          runtime::copy_box(info.slices, shard.values().data(), info.slices, b->result.data.data(), *global);
+        });
+    if (!after.empty() && after[static_cast<std::size_t>(s)] != runtime::kReady) {
+      graph_.depend(after[static_cast<std::size_t>(s)], store);
+    }
+  }
+}
+
 runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in, const std::vector<std::string>& axes,
                                                     TensorRole role, const std::string& name,
                                                     runtime::Frontier& ready) {
@@ -205,6 +276,7 @@ Program ProgramBuilder::compile() && {
   p.tensors_ = std::move(tensors_);
   p.scratch_ = std::move(scratch_);
   p.objects_ = std::move(objects_);
+  p.bindings_ = std::move(bindings_);
   p.plan_ = std::move(plan_);
   return p;
 }
@@ -213,6 +285,31 @@ Program::Program(Program&&) noexcept = default;
 Program& Program::operator=(Program&&) noexcept = default;
 Program::~Program() = default;
 
-void Program::run() { graph_->run(); }
+void Program::set_input(const std::string& name, const runtime::HostTensor& host) {
+  for (const auto& b : bindings_) {
+    if (b->is_input && b->name == name) {
+      NUMESH_CHECK(host.shape == b->shape, ShapeError, "program {}: input '{}' is [{}], got [{}]", plan_.name, name,
+                   fmt::join(b->shape, ", "), fmt::join(host.shape, ", "));
+      b->source = &host;
+      return;
+    }
+  }
+  throw KeyError(name, fmt::format("program {} has no input '{}'", plan_.name, name));
+}
+
+const runtime::HostTensor& Program::output(const std::string& name) const {
+  for (const auto& b : bindings_) {
+    if (!b->is_input && b->name == name) return b->result;
+  }
+  throw KeyError(name, fmt::format("program {} has no output '{}'", plan_.name, name));
+}
+
+void Program::run() {
+  for (const auto& b : bindings_) {
+    NUMESH_CHECK(!b->is_input || b->source != nullptr, ValueError, "program {}: input '{}' was never set",
+                 plan_.name, b->name);
+  }
+  graph_->run();
+}
 
 }  // namespace numesh::ops

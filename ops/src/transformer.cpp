@@ -285,8 +285,6 @@ struct ShardedTransformer::Layer {
 
 struct ShardedTransformer::Compiled {
   std::int64_t tokens = 0;
-  runtime::ShardedTensor* x = nullptr;
-  runtime::ShardedTensor* y = nullptr;
   std::vector<MoeRouting*> routing;
   std::unique_ptr<Program> program;
 };
@@ -358,14 +356,14 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
   auto activation = [&](const std::string& name) -> runtime::ShardedTensor& {
     return pb.tensor(name, TensorRole::kActivation, shape, spec);
   };
-  c->x = &pb.tensor("x", TensorRole::kInput, shape, spec);
-  c->y = &pb.tensor("y", TensorRole::kOutput, shape, spec);
+  runtime::Frontier front;
+  runtime::ShardedTensor& x = pb.input("x", shape, spec, front);
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
   const float eps = config_.norm_eps;
   // Block l starts from its normalised input; the previous block's residual add and this
   // norm are one node per device.
-  runtime::ShardedTensor* stream = c->x;  // the residual stream entering the block
+  runtime::ShardedTensor* stream = &x;  // the residual stream entering the block
   runtime::ShardedTensor* ffn_out = nullptr;
-  runtime::Frontier front;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = *layers_[l];
     const std::string p = fmt::format("block{}", l);
@@ -398,7 +396,9 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
   }
   // The last residual add, with the final norm when the model has one.
   runtime::ShardedTensor* final_w = final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
-  emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, *c->y, eps, front, final_w ? "final_norm" : "residual");
+  pb.output("y", y,
+            emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, y, eps, front,
+                               final_w ? "final_norm" : "residual"));
   c->program = std::make_unique<Program>(std::move(pb).compile());
   programs_.push_back(std::move(c));
   return *programs_.back();
@@ -420,10 +420,10 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x, st
                max_len_);
   Compiled& c = compiled_for(tokens);
   position_ = position;
-  runtime::scatter(x, *c.x);
+  c.program->set_input("x", x);
   c.program->run();
   last_ = &c;
-  return runtime::gather(*c.y);
+  return c.program->output("y");
 }
 
 MoeStats ShardedTransformer::moe_stats() const {

@@ -97,7 +97,7 @@ class ShardedMlp {
   runtime::HostTensor forward(const runtime::HostTensor& x);
 
   /// The specs chosen (after correction): x/y, up/gate, down.
-  const sharding::PartitionSpec& activation_spec() const noexcept { return x_->spec(); }
+  const sharding::PartitionSpec& activation_spec() const noexcept { return activation_spec_; }
   const sharding::PartitionSpec& up_spec() const noexcept { return layer_.up->spec(); }
   const sharding::PartitionSpec& down_spec() const noexcept { return layer_.down->spec(); }
   /// The collectives the program emits (empty: none needed).
@@ -110,8 +110,7 @@ class ShardedMlp {
  private:
   MlpLayer layer_;
   std::int64_t tokens_;
-  runtime::ShardedTensor* x_ = nullptr;
-  runtime::ShardedTensor* y_ = nullptr;
+  sharding::PartitionSpec activation_spec_;
   std::unique_ptr<Program> program_;
 };
 

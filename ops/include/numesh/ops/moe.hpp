@@ -90,8 +90,6 @@ class ShardedMoe {
  private:
   MoeLayer layer_;
   std::int64_t tokens_;
-  runtime::ShardedTensor* x_ = nullptr;
-  runtime::ShardedTensor* y_ = nullptr;
   MoeRouting* routing_ = nullptr;
   std::unique_ptr<Program> program_;
 };

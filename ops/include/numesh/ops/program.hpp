@@ -108,6 +108,18 @@ class ProgramBuilder {
                               std::shared_ptr<runtime::ShardedTensor> tensor);
   /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled).
   runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
+  /// An input the caller provides per run (Program::set_input): a new program tensor laid out
+  /// by `spec`, filled at the start of every run by one load node per slot that copies the
+  /// slot's slice from the caller's host tensor. `loaded` becomes the frontier of those nodes.
+  /// No graph is built per run, so a decode step pays no staging overhead.
+  /// Throws: KeyError when an input or output called `name` exists; what ShardedTensor throws.
+  runtime::ShardedTensor& input(const std::string& name, std::vector<std::int64_t> shape,
+                                sharding::PartitionSpec spec, runtime::Frontier& loaded);
+  /// An output read by the caller after each run (Program::output): one store node per
+  /// distinct slice, after `after`, copies `tensor`'s shards into a host tensor the program
+  /// owns. Throws: KeyError when an input or output called `name` exists.
+  void output(const std::string& name, runtime::ShardedTensor& tensor, const runtime::Frontier& after);
+
   /// A host object (routing tables, statistics) owned by the program, constructed from `args`.
   template <typename T, typename... Args>
   T& make(Args&&... args) {
@@ -137,9 +149,12 @@ class ProgramBuilder {
   Program compile() &&;
 
  private:
+  friend class Program;
+  struct Binding;
   runtime::DeviceMesh mesh_;
   std::string name_;
   runtime::GraphBuilder graph_;
+  std::vector<std::shared_ptr<Binding>> bindings_;
   std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
   std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
   std::vector<std::shared_ptr<void>> objects_;
@@ -154,7 +169,14 @@ class Program {
   Program& operator=(Program&&) noexcept;
   ~Program();
 
-  /// Runs the graph once. Throws: what a node throws (see CompiledGraph::run).
+  /// Binds the input `name` to `host` for the next runs (the load nodes read it while the
+  /// program runs; no copy is made). REQUIRES: `host` outlives those runs.
+  /// Throws: KeyError for an unknown input; ShapeError when host's shape is not the input's.
+  void set_input(const std::string& name, const runtime::HostTensor& host);
+  /// The output `name` as the last run left it. Throws: KeyError for an unknown output.
+  const runtime::HostTensor& output(const std::string& name) const;
+  /// Runs the graph once. Throws: ValueError when an input was never bound; what a node
+  /// throws (see CompiledGraph::run).
   void run();
   /// The compiled graph (timing, traces, DOT).
   runtime::CompiledGraph& graph() noexcept { return *graph_; }
@@ -169,6 +191,7 @@ class Program {
   std::vector<std::shared_ptr<runtime::ShardedTensor>> tensors_;
   std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
   std::vector<std::shared_ptr<void>> objects_;
+  std::vector<std::shared_ptr<ProgramBuilder::Binding>> bindings_;
   ProgramPlan plan_;
   std::unique_ptr<runtime::CompiledGraph> graph_;
 };

@@ -1,0 +1,79 @@
+#include "numesh/ops/program.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "numesh/core/error.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::devices;
+using testing::random_host;
+
+// A program that all-reduces its input over tp: x [4, 6] placed Partial(sum) over tp (each
+// device holds a full-size summand, here the same x), y = 2x replicated.
+Program sum_program(const runtime::DeviceMesh& mesh) {
+  ProgramBuilder pb(mesh, "sum");
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& x = pb.input("x", {4, 6}, sharding::PartitionSpec::replicated(2), loaded);
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, {4, 6}, sharding::PartitionSpec::replicated(2));
+  const runtime::Frontier done =
+      pb.reshard(x, {sharding::Placement::partial()}, y, {sharding::Placement::replicate()}, loaded, "sum.out");
+  pb.output("y", y, done);
+  return std::move(pb).compile();
+}
+
+TEST(ProgramTest, InputsAndOutputsStageThroughTheGraph) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  Program p = sum_program(mesh);
+  const runtime::HostTensor x = random_host({4, 6}, 1, 1.0f);
+  p.set_input("x", x);
+  p.run();
+  const runtime::HostTensor& y = p.output("y");
+  for (std::size_t i = 0; i < x.data.size(); ++i) ASSERT_EQ(y.data[i], 2.0f * x.data[i]) << i;
+  const runtime::HostTensor x2 = random_host({4, 6}, 2, 1.0f);
+  p.set_input("x", x2);
+  p.run();
+  EXPECT_EQ(p.output("y").data[5], 2.0f * x2.data[5]) << "a rebound input is read on the next run";
+}
+
+TEST(ProgramTest, ThePlanCountsTensorsCollectivesAndMemory) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  Program p = sum_program(mesh);
+  const ProgramPlan& plan = p.plan();
+  ASSERT_EQ(plan.tensors.size(), 2u);
+  EXPECT_EQ(plan.tensors[0].role, TensorRole::kInput);
+  EXPECT_EQ(plan.tensors[0].shard_bytes, 4 * 6 * 4);
+  ASSERT_EQ(plan.collectives.size(), 1u);
+  EXPECT_EQ(plan.collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
+  EXPECT_EQ(plan.collectives[0].payload_bytes, 96);
+  EXPECT_EQ(plan.collectives[0].moved_bytes, 96) << "2 (g - 1) / g of the payload for g = 2";
+  EXPECT_EQ(plan.memory_bytes, (std::vector<std::int64_t>{192, 192}));
+  EXPECT_THAT(plan.text(), HasSubstr("collectives move 96 B per device per run"));
+  EXPECT_EQ(plan.to_json()["collectives"][0]["moved_bytes"], 96);
+}
+
+TEST(ProgramTest, BadBindingsAreRefusedNamingThem) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  Program p = sum_program(mesh);
+  EXPECT_THAT([&] { p.run(); }, ThrowsMessage<ValueError>(HasSubstr("program sum: input 'x' was never set")));
+  EXPECT_THAT([&] { p.set_input("z", random_host({4, 6}, 1, 1.0f)); },
+              ThrowsMessage<KeyError>(HasSubstr("program sum has no input 'z'")));
+  EXPECT_THAT([&] { p.set_input("x", random_host({4, 5}, 1, 1.0f)); },
+              ThrowsMessage<ShapeError>(HasSubstr("input 'x' is [4, 6], got [4, 5]")));
+  EXPECT_THAT([&] { (void)p.output("x"); }, ThrowsMessage<KeyError>(HasSubstr("program sum has no output 'x'")));
+  ProgramBuilder pb(mesh, "twice");
+  runtime::Frontier loaded;
+  pb.input("x", {2}, sharding::PartitionSpec::replicated(1), loaded);
+  EXPECT_THAT([&] { pb.input("x", {2}, sharding::PartitionSpec::replicated(1), loaded); },
+              ThrowsMessage<KeyError>(HasSubstr("'x' is already an input or output")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
