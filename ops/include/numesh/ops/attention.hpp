@@ -39,10 +39,11 @@ void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std:
 /// The attention computation of attention_reference on raw buffers, without allocating:
 /// applies RoPE in place to q (positions config.q_offset + t) and k (positions s) when
 /// config.rope_theta > 0, then writes softmax(q k^T / sqrt(d) + causal mask) v into out.
-/// `scores` is scratch of at least kv_len floats. REQUIRES: shapes as in AttentionSlice,
+/// Takes one query at a time (the plain algorithm the references use; the lowered layers call
+/// attention_core). `scratch` holds kv_len floats. REQUIRES: shapes as in AttentionSlice,
 /// validated by the caller.
 void attention_kernel(float* q, float* k, const float* v, float* out, const AttentionSlice& slice,
-                      const AttentionConfig& config, std::span<float> scores);
+                      const AttentionConfig& config, std::span<float> scratch);
 
 /// Where keys and values live: element (b, s, h, i) of k is k[b * batch_stride + s * pos_stride
 /// + h * head_stride + i] (strides in floats), v likewise. Describes a bthd or bhtd KV cache
@@ -55,14 +56,21 @@ struct KvView {
   std::int64_t head_stride = 0;
 };
 
+/// Scratch floats attention_core needs for `q_len` queries over up to `kv_capacity` keys of
+/// dim `head_dim`.
+std::int64_t attention_scratch_floats(std::int64_t q_len, std::int64_t kv_capacity, std::int64_t head_dim) noexcept;
+
 /// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating: q and out
 /// are bthd [slice.batch, slice.q_len, slice.q_heads, head_dim]; the keys are positions
 /// [0, slice.kv_len) of `kv`; query t sits at position q_offset + t and, when `causal`, sees
-/// keys 0..q_offset + t. `scores` is scratch of at least slice.kv_len floats.
-/// REQUIRES: q_offset + q_len <= kv_len when causal.
+/// keys 0..q_offset + t. From 16 queries up, each (sequence, kv head) has its keys and values
+/// copied into contiguous panels and blocks of 64 queries run as two GEMMs (q k^T, then p v)
+/// around a row softmax, skipping the key blocks the causal mask hides; fewer queries (decode)
+/// take one key at a time. `scratch` holds at least attention_scratch_floats(slice.q_len,
+/// slice.kv_len, head_dim) floats. REQUIRES: q_offset + q_len <= kv_len when causal.
 void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& slice,
                     std::int64_t head_dim, std::int64_t q_offset, bool causal,
-                    std::span<float> scores);
+                    std::span<float> scratch);
 
 /// The weights of an attention layer (head-major columns: head h owns columns
 /// [h * head_dim, (h + 1) * head_dim)).
