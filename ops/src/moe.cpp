@@ -166,28 +166,25 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
                fmt::join(y.shape(), ", "), h);
   NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim", name,
                x.spec().repr());
-  std::vector<std::string> token_axes;
-  for (std::size_t dim = 0; dim + 1 < rank; ++dim) {
-    for (const std::string& a : detail::axes_of(x.spec(), dim)) token_axes.push_back(a);
-  }
+  // Tokens split over an axis that splits the experts' weights (EasyDeL's ep-bound layouts) are
+  // dispatched by an all-gather over it, and their outputs combined by a reduce-scatter back
+  // (EasyDeL's ring-of-experts path); tokens replicated there need neither.
+  std::vector<std::string> weight_axes;
   for (const auto& w : {layer.gate, layer.down}) {
     for (std::size_t dim = 0; dim < w->spec().size(); ++dim) {
-      for (const std::string& axis : w->spec().entry_names(dim)) {
-        NUMESH_CHECK(std::find(token_axes.begin(), token_axes.end(), axis) == token_axes.end(), ValueError,
-                     "{}: tokens are split over '{}' ({}), which also splits the experts' weights ({}); "
-                     "tokens must be replicated over the expert and tensor axes",
-                     name, axis, x.spec().repr(), w->spec().repr());
-      }
+      for (const std::string& axis : w->spec().entry_names(dim)) weight_axes.push_back(axis);
     }
   }
+  runtime::Frontier x_ready = after;
+  runtime::ShardedTensor& xc = pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
   runtime::ShardedTensor& router = pb.use(name + ".router", TensorRole::kWeight, layer.router);
   runtime::ShardedTensor& gate = pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate);
   runtime::ShardedTensor& up = pb.use(name + ".w_up", TensorRole::kWeight, layer.up);
   runtime::ShardedTensor& down = pb.use(name + ".w_down", TensorRole::kWeight, layer.down);
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // The partial output is pending a sum over every axis that splits the experts' weights.
-  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(xc.spec(), m, rank);
   for (const auto& w : {layer.gate, layer.down}) {
     const auto placed = sharding::to_placements(w->spec(), m, 3);
     for (std::size_t a = 0; a < placed.size(); ++a) {
@@ -196,12 +193,12 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   }
 
   const MoeConfig& c = layer.config;
-  const std::int64_t rows = x.layout().elements_per_device() / h;
+  const std::int64_t rows = xc.layout().elements_per_device() / h;
   const std::int64_t e = c.num_experts, k = c.top_k, le_count = layer.local_experts, fl = layer.local_ffn;
   MoeRouting& routing = pb.make<MoeRouting>();
   routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
                           MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(e), 0)});
-  for (const auto& group : x.layout().replica_groups()) routing.group_leaders.push_back(group.front());
+  for (const auto& group : xc.layout().replica_groups()) routing.group_leaders.push_back(group.front());
   if (routing_out != nullptr) *routing_out = &routing;
 
   // Expected FLOPs with balanced routing: each expert sees rows * k / E tokens.
@@ -224,7 +221,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     const std::int64_t first_expert = expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
     SlotRouting& r = pb.make<SlotRouting>(rows, k, e, le_count);
     MoeStats& stats = routing.per_slot[i];
-    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& logits = pb.scratch(s, {rows, e});
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
     runtime::Tensor& he = pb.scratch(s, {rows, fl});
@@ -241,7 +238,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       route(as_matrix(logits), c, first_expert, r, stats);
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], route_node);
+    if (!x_ready.empty() && x_ready[i] != runtime::kReady) pb.graph().depend(x_ready[i], route_node);
     done[i] = pb.graph().add(dev, fmt::format("{}.experts[{}]", name, s),
                              [&xs, &xe, &he, &ue, &ye, &wg, &wu, &wd, &yp, &r, le_count, h, fl] {
       for (std::int64_t le = 0; le < le_count; ++le) {

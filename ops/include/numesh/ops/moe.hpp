@@ -15,8 +15,10 @@ namespace numesh::ops {
 /// Mesh axes of a MoE layer. Every field has a default (eformer's axis names).
 struct MoeAxes {
   /// Tokens split over these axes; each split is a routing group (GShard): top-k and capacity
-  /// are decided among the group's tokens. Must not contain the expert or tensor axis (tokens
-  /// are replicated over those, as in EasyDeL's expert mesh: hidden P(dp, None, None)).
+  /// are decided among the group's tokens. When they include the expert (or tensor) axis, the
+  /// tokens are all-gathered over it before routing (dispatch) and the outputs
+  /// reduce-scattered back (combine), EasyDeL's ring-of-experts path; the routing group is
+  /// then the gathered tokens.
   std::vector<std::string> batch = {"dp", "fsdp"};
   /// Experts split over this axis (E must divide; else every device holds all experts).
   std::string expert = "ep";
@@ -58,12 +60,12 @@ struct MoeRouting {
 /// within the device's routing group (its tokens), then its local experts' SwiGLU on the
 /// tokens routed to them (with its slice of F), each output scaled by its routing weight and
 /// added into a partial y: a Partial(sum) over the expert and tensor axes, resharded into y
-/// (one all-reduce over ep x tp). Tokens are replicated over ep, so dispatch moves no data;
-/// the combine is that reduction (EasyDeL's ring-of-experts combine). x is [T, H] or [B, T, H]
-/// with any token dims split (each device's tokens are its routing group), H whole; y like x. Returns the frontier after which y is complete;
+/// (one all-reduce over ep x tp). Tokens replicated over ep (EasyDeL's expert mesh: hidden
+/// P(dp, None, None)) need no dispatch; tokens split over ep are all-gathered over it first and
+/// the partial sums reduce-scattered back to their split (ring of experts). x is [T, H] or
+/// [B, T, H] with any token dims split, H whole; y like x. Returns the frontier after which y is complete;
 /// `routing` (owned by the program) is filled on every run.
-/// Throws: ShapeError when x or y do not fit (naming them); ValueError when x is split over
-/// the expert or tensor axis; as reshard().
+/// Throws: ShapeError when x or y do not fit (naming them); as reshard().
 runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
                            const std::string& name, MoeRouting** routing = nullptr);
