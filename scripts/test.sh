@@ -4,7 +4,7 @@
 #   2. builds the `dev` preset (Debug, warnings are errors) and runs `ctest --preset dev`:
 #      the unit tests and the eformer_conformance runner; runs the examples;
 #   3. builds the `release` preset, installs it into a fresh prefix, and runs the installed
-#      `numesh` on the main job's example;
+#      `numesh` on the main job's example, and the installed `numesh run` on a small model;
 #   4. builds and runs the out-of-tree project examples/consumer against that prefix with
 #      find_package(numesh), and again with numesh's source tree added by add_subdirectory.
 # Ends with `summary: N passed, 0 failed`; exits non-zero at the first failure.
@@ -100,6 +100,16 @@ out="$("$prefix/bin/numesh" "${NUMESH_EXAMPLE_ARGS[@]}")" || die "numesh ${NUMES
 printf '%s\n' "$out"
 grep -qF "P(('fsdp', 'dp'), 'sp', 'tp')" <<<"$out" ||
   die "numesh resolve: expected the spec P(('fsdp', 'dp'), 'sp', 'tp') in its output"
+passed=$((passed + 1))
+
+# The installed main job, on a small model over the machine's own cores (checked against
+# the dense model; exit 1 would mean a wrong output).
+step "installed numesh run (small model)"
+out="$("$prefix/bin/numesh" run --policy core --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
+      --head-dim 32 --ffn 256 --moe-ffn 128 --prompt 32 --steps 8 --repeats 1 --quiet)" ||
+  die "numesh run failed (exit $?)"
+printf '%s\n' "$out"
+grep -q "check .*: ok" <<<"$out" || die "numesh run: expected its check against the dense model to pass"
 passed=$((passed + 1))
 
 # 4. The out-of-tree consumer, both ways.
