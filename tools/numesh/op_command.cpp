@@ -129,7 +129,7 @@ ops::MoeConfig moe_config(const OpOptions& o, const HostTensor& router) {
 struct Result {
   HostTensor y;
   std::optional<HostTensor> want;  // the dense reference's output
-  const ops::ProgramPlan* plan = nullptr;
+  ops::ProgramPlan plan;  // a copy: the layer (and its program) dies with its branch
   double seconds = 0.0;
   std::optional<ops::MoeStats> stats;
 };
@@ -249,7 +249,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     ops::ShardedMlp mlp(mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
                         ops::MlpAxes{.batch = axes.batch, .tensor = axes.mlp});
     r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats);
-    r.plan = &mlp.program().plan();
+    r.plan = mlp.program().plan();
     if (o.check) {
       const auto m = [](const HostTensor& t) {
         return ops::RowMatrix(Eigen::Map<const ops::RowMatrix>(t.data.data(), t.shape[0], t.shape[1]));
@@ -258,14 +258,14 @@ int run_op(const OpOptions& o, std::ostream& out) {
                                          : ops::mlp_gelu_reference(m(x), m(w.up), m(w.down));
       r.want = HostTensor{.shape = x.shape, .data = std::vector<float>(want.data(), want.data() + want.size())};
     }
-    out << "\n" << r.plan->text();
+    out << "\n" << r.plan.text();
   } else if (o.op == "moe") {
     const ops::MoeWeights w = moe_weights(in);
     const ops::MoeConfig c = moe_config(o, w.router);
     ops::ShardedMoe moe(mesh, c, w, x.shape[0],
                         ops::MoeAxes{.batch = axes.batch, .expert = axes.expert, .tensor = axes.expert_tensor});
     r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats);
-    r.plan = &moe.program().plan();
+    r.plan = moe.program().plan();
     r.stats = moe.stats();
     if (o.check) {
       const std::int64_t groups = moe.groups(), per = x.shape[0] / groups, h = x.shape[1];
@@ -277,7 +277,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
       }
       r.want = std::move(want);
     }
-    out << "\n" << r.plan->text();
+    out << "\n" << r.plan.text();
   } else if (o.op == "attention") {
     const ops::AttentionWeights w = attention_weights(in);
     const ops::AttentionConfig c = attention_config(o, w.wq);
@@ -287,9 +287,9 @@ int run_op(const OpOptions& o, std::ostream& out) {
     if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats);
-    r.plan = &layer.program(tp.count).plan();
+    r.plan = layer.program(tp.count).plan();
     if (o.check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
-    out << "\n" << r.plan->text();
+    out << "\n" << r.plan.text();
   } else {  // block
     ops::TransformerConfig c;
     c.layers = 1;
@@ -320,17 +320,17 @@ int run_op(const OpOptions& o, std::ostream& out) {
     if (tp.prefix > 0) model.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats);
-    r.plan = &model.program(tp.count).plan();
+    r.plan = model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (o.check) {
       ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups(), model.sequence_groups());
       if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
       r.want = reference.forward(chunk, tp.prefix);
     }
-    out << "\n" << r.plan->text();
+    out << "\n" << r.plan.text();
   }
 
-  const double flops = std::accumulate(r.plan->flops.begin(), r.plan->flops.end(), 0.0);
+  const double flops = std::accumulate(r.plan.flops.begin(), r.plan.flops.end(), 0.0);
   out << fmt::format("\ntime     {:.3f} ms (median of {}), {:.2f} GFLOP/s summed over devices\n", r.seconds * 1e3,
                      o.repeats, flops / r.seconds / 1e9);
   if (r.stats) {
@@ -352,7 +352,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   if (!o.json.empty()) {
     std::ofstream file(o.json);
     NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
-    nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"median_seconds", r.seconds}, {"plan", r.plan->to_json()},
+    nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"median_seconds", r.seconds}, {"plan", r.plan.to_json()},
                      {"output", y_file.string()}};
     if (r.want) j["check"] = {{"relative_error", err}, {"bound", kCheckBound}, {"ok", ok}};
     if (r.stats) j["tokens_per_expert"] = r.stats->tokens_per_expert;
