@@ -75,5 +75,17 @@ TEST(ProgramTest, BadBindingsAreRefusedNamingThem) {
               ThrowsMessage<KeyError>(HasSubstr("'x' is already an input or output")));
 }
 
+TEST(ProgramTest, HelpersRefuseWhatTheyCannotDo) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  ProgramBuilder pb(mesh, "p");
+  EXPECT_THAT([&] { pb.use("w", TensorRole::kWeight, nullptr); },
+              ThrowsMessage<ValueError>(HasSubstr("program p: tensor 'w' is null")));
+  EXPECT_THAT([&] { (void)relative_error(random_host({2, 3}, 1, 1.0f), random_host({3, 2}, 1, 1.0f)); },
+              ThrowsMessage<ShapeError>(HasSubstr("[2, 3] and [3, 2] differ in shape")));
+  EXPECT_THAT([&] { (void)slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 3, 3); },
+              ThrowsMessage<ShapeError>(HasSubstr("tokens [3, 6) of [2, 5, 4]")));
+  EXPECT_EQ(slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 1, 2).shape, (std::vector<std::int64_t>{2, 2, 4}));
+}
+
 }  // namespace
 }  // namespace numesh::ops

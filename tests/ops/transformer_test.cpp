@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <nlohmann/json.hpp>
+
 #include "numesh/core/error.hpp"
 #include "test_util.hpp"
 
@@ -136,6 +139,34 @@ TEST(ShardedTransformerTest, AxesComeFromThePartitionManager) {
   EXPECT_EQ(axes.expert_tensor, "tp");
   EXPECT_EQ(axes.sequence, "sp");
   EXPECT_EQ(axes.weights, (std::vector<std::string>{"fsdp", "sp"})) << "ColumnWise ((fsdp, sp), tp)";
+}
+
+TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
+  struct Case {
+    std::function<void(TransformerConfig&)> change;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](TransformerConfig& c) { c.hidden = 0; }, "hidden 0, layers 2, ffn 64, heads 4, kv heads 2, head_dim 8 must all be positive"},
+      {[](TransformerConfig& c) { c.attention.num_kv_heads = 3; }, "kv heads 3 must divide heads 4"},
+      {[](TransformerConfig& c) { c.attention.head_dim = 7; }, "head_dim 7 is odd, RoPE needs it even"},
+      {[](TransformerConfig& c) { c.moe_every = -1; }, "moe_every -1 is negative"},
+      {[](TransformerConfig& c) { c.moe.top_k = 0; }, "top_k 0 must be between 1 and the 4 experts"},
+      {[](TransformerConfig& c) { c.moe_ffn = 0; }, "moe_ffn 0 must be positive and capacity_factor 0 not negative"},
+      {[](TransformerConfig& c) { c.norm_eps = -1.0f; }, "norm_eps -1 is negative"},
+  };
+  for (const Case& cs : cases) {
+    TransformerConfig c = small_config();
+    cs.change(c);
+    EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<ValueError>(HasSubstr(cs.message)));
+  }
+  EXPECT_NO_THROW(small_config().validate());
+}
+
+TEST(ModelAxesTest, AHeadAxisThatResolvesToSeveralMeshAxesIsRefused) {
+  const sharding::PartitionAxis paxis = sharding::PartitionAxis::from_json({{"head_axis", {"tp", "sp"}}});
+  EXPECT_THAT([&] { (void)ModelAxes::resolve(sharding::PartitionManager(paxis), sharding::Mode::kTrain); },
+              ThrowsMessage<ValueError>(HasSubstr("__HEAD__ resolves to the axes (tp, sp) in mode __train__; numesh splits that dim over one mesh axis")));
 }
 
 TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
