@@ -176,7 +176,7 @@ Examples:
   cmd->add_option("--norm-eps", o.norm_eps, "RMSNorm epsilon (block)")->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
-  cmd->add_flag("!--no-check", o.check, "Skip the comparison with the dense reference");
+  cmd->add_flag("--no-check", o.no_check, "Skip the comparison with the dense reference");
   cmd->add_option("--json", o.json, "Write the plan, time and check as JSON to FILE");
   return cmd;
 }
@@ -250,7 +250,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
                         ops::MlpAxes{.batch = axes.batch, .tensor = axes.mlp});
     r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats);
     r.plan = mlp.program().plan();
-    if (o.check) {
+    if (!o.no_check) {
       const auto m = [](const HostTensor& t) {
         return ops::RowMatrix(Eigen::Map<const ops::RowMatrix>(t.data.data(), t.shape[0], t.shape[1]));
       };
@@ -267,7 +267,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats);
     r.plan = moe.program().plan();
     r.stats = moe.stats();
-    if (o.check) {
+    if (!o.no_check) {
       const std::int64_t groups = moe.groups(), per = x.shape[0] / groups, h = x.shape[1];
       HostTensor want = HostTensor::zeros(x.shape);
       for (std::int64_t g = 0; g < groups; ++g) {
@@ -288,7 +288,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats);
     r.plan = layer.program(tp.count).plan();
-    if (o.check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
+    if (!o.no_check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
     out << "\n" << r.plan.text();
   } else {  // block
     ops::TransformerConfig c;
@@ -322,7 +322,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats);
     r.plan = model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
-    if (o.check) {
+    if (!o.no_check) {
       ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups(), model.sequence_groups());
       if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
       r.want = reference.forward(chunk, tp.prefix);

@@ -43,7 +43,7 @@ struct RunOptions {
   std::string kv_layout = "bthd";
   std::uint32_t seed = 0;
   int repeats = 3;                 ///< --repeats: timed prefill runs (median)
-  bool check = true;               ///< --no-check turns the dense comparison off
+  bool no_check = false;           ///< --no-check: skip the dense comparison
   bool plan = false;               ///< --plan: print both programs' full plans
   std::string json;                ///< --json FILE: the summary as JSON
   bool quiet = false;              ///< --quiet: no progress line
