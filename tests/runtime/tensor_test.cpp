@@ -160,6 +160,20 @@ TEST(ShardedCollectivesTest, AllGatherOverTpOnlyKeepsDp) {
               ThrowsMessage<ShapeError>(HasSubstr("is held by no device of its group")));
 }
 
+// Specs that read differently but lay data out alike (a trailing None) are one layout to the
+// sharded all-reduce: each slot's two summands over tp add up.
+TEST(ShardedCollectivesTest, AllReduceAcceptsSpecsThatDifferOnlyInTrailingNones) {
+  const DeviceMesh m = mesh_2x4();
+  ShardedTensor in(m, {8, 16}, P({AxisRule("dp")})), out(m, {8, 16}, P({AxisRule("dp"), AxisRule()}));
+  for (std::int64_t s = 0; s < m.size(); ++s) {
+    for (float& v : in.shard(s).values()) v = 1.0f;
+  }
+  GraphBuilder b(m.device_set());
+  all_reduce(b, in, out, ReduceOp::kSum, {.axes = {"tp"}, .after = {}, .name = {}});
+  b.compile().run();
+  for (float v : out.shard(5).values()) ASSERT_EQ(v, 4.0f) << "four tp summands of 1";
+}
+
 TEST(ShardedCollectivesTest, BadArgumentsAreRejectedBeforeAnyNodeIsAdded) {
   const DeviceMesh m = mesh_2x4();
   ShardedTensor a(m, {8, 16}, P({AxisRule("dp")})), b(m, {8, 16}, P({})), c(m, {8, 8}, P({}));
