@@ -230,9 +230,9 @@ void set_moe_counters(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(kTokens), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void run_sharded_moe(benchmark::State& state, const char* axis) {
+void run_sharded_moe(benchmark::State& state, const char* axis, ops::MoeAxes axes = {}) {
   const auto mesh = runtime::DeviceMesh::create(bench_devices(), {-1}, {axis});
-  ops::ShardedMoe moe(mesh, kMoe, moe_weights(), kTokens);
+  ops::ShardedMoe moe(mesh, kMoe, moe_weights(), kTokens, std::move(axes));
   const runtime::HostTensor x = moe_input();
   for (auto _ : state) {
     runtime::HostTensor y = moe.forward(x);
@@ -244,6 +244,9 @@ void run_sharded_moe(benchmark::State& state, const char* axis) {
 
 void BM_Moe_Sharded(benchmark::State& state) { run_sharded_moe(state, "ep"); }
 void BM_Moe_ShardedTp(benchmark::State& state) { run_sharded_moe(state, "tp"); }
+// Tokens split over ep as well: each device routes its half, GShard's all-to-all dispatch and
+// combine (the label sums the two routing groups' counts).
+void BM_Moe_ShardedAllToAll(benchmark::State& state) { run_sharded_moe(state, "ep", ops::MoeAxes{.batch = {"ep"}}); }
 
 void BM_Moe_Reference(benchmark::State& state) {
   const ops::MoeWeights w = moe_weights();
@@ -260,6 +263,7 @@ BENCHMARK(BM_Attention_Prefill_Reference)->UseRealTime()->Unit(benchmark::kMilli
 BENCHMARK(BM_Attention_Decode_Sharded)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Attention_Decode_Reference)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Moe_Sharded)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Moe_ShardedAllToAll)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Moe_ShardedTp)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Moe_Reference)->UseRealTime()->Unit(benchmark::kMillisecond);
 

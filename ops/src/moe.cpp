@@ -154,6 +154,180 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   return layer;
 }
 
+namespace {
+
+// GShard's dispatch for tokens split over the expert axis: every device routes its own tokens
+// (its routing group), packs them into a dispatch tensor [P, E, C, H] (P token blocks, C slots
+// per expert: the capacity, or all its tokens when dropless), and one all-to-all over the
+// expert axis moves each expert's slots to the device holding that expert (dim 0 split over
+// the token axes becomes dim 1 split over the expert axis); the slot counts travel the same
+// way. Experts run on the slots they received, a second all-to-all brings the outputs home,
+// and each device adds them, scaled by their routing weights, into its tokens' rows. When F is
+// split too, those rows are partial sums, all-reduced over the tensor axis at the end.
+runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
+                                      const runtime::Frontier& after, runtime::ShardedTensor& y,
+                                      const std::string& name, MoeRouting& routing,
+                                      const std::vector<std::string>& token_axes,
+                                      const std::vector<std::string>& expert_axes) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const std::size_t rank = x.shape().size();
+  const MoeConfig& c = layer.config;
+  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k, le_count = layer.local_experts,
+                     fl = layer.local_ffn;
+  const std::int64_t rows = x.layout().elements_per_device() / h;
+  std::int64_t blocks = 1, ep = 1;
+  for (const std::string& a : token_axes) blocks *= m.axis_size(a);
+  for (const std::string& a : expert_axes) ep *= m.axis_size(a);
+  const std::int64_t capacity =
+      c.capacity_factor > 0.0f
+          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
+                                                static_cast<double>(rows * k) / static_cast<double>(e)))
+          : rows;
+  const std::int64_t slots = std::min(capacity, rows);  // an expert takes a token at most once
+
+  auto tuple_of = [](const std::vector<std::string>& axes) {
+    std::vector<AxisRule> members(axes.begin(), axes.end());
+    if (members.empty()) return AxisRule();
+    if (members.size() == 1) return members.front();
+    return AxisRule::tuple(std::move(members));
+  };
+  std::vector<std::string> other_axes;
+  for (const std::string& a : token_axes) {
+    if (std::find(expert_axes.begin(), expert_axes.end(), a) == expert_axes.end()) other_axes.push_back(a);
+  }
+  const PartitionSpec at_source({tuple_of(token_axes), AxisRule(), AxisRule(), AxisRule()});
+  const PartitionSpec at_expert({tuple_of(other_axes), tuple_of(expert_axes), AxisRule(), AxisRule()});
+  const PartitionSpec counts_at_source({tuple_of(token_axes), AxisRule()});
+  const PartitionSpec counts_at_expert({tuple_of(other_axes), tuple_of(expert_axes)});
+  const std::vector<std::int64_t> slots_shape{blocks, e, slots, h};
+  const std::vector<std::int64_t> counts_shape{blocks, e};
+  runtime::ShardedTensor& sent = pb.tensor(name + ".dispatch", TensorRole::kActivation, slots_shape, at_source);
+  runtime::ShardedTensor& received = pb.tensor(name + ".dispatched", TensorRole::kActivation, slots_shape, at_expert);
+  runtime::ShardedTensor& counts = pb.tensor(name + ".counts", TensorRole::kActivation, counts_shape, counts_at_source);
+  runtime::ShardedTensor& counts_received =
+      pb.tensor(name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
+  runtime::ShardedTensor& computed = pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
+  runtime::ShardedTensor& returned = pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
+  runtime::ShardedTensor& router = pb.use(name + ".router", TensorRole::kWeight, layer.router);
+  runtime::ShardedTensor& gate = pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate);
+  runtime::ShardedTensor& up = pb.use(name + ".w_up", TensorRole::kWeight, layer.up);
+  runtime::ShardedTensor& down = pb.use(name + ".w_down", TensorRole::kWeight, layer.down);
+  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
+  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
+
+  const std::int64_t held_blocks = received.layout().shard_shape()[0];
+  runtime::Frontier packed(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  std::vector<SlotRouting*> tables;
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
+                        3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) / static_cast<double>(ep));
+    SlotRouting& r = pb.make<SlotRouting>(rows, k, e, e);
+    tables.push_back(&r);
+    MoeStats& stats = routing.per_slot[i];
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& logits = pb.scratch(s, {rows, e});
+    runtime::Tensor& wr = router.shard(s);
+    runtime::Tensor& out = sent.shard(s);
+    runtime::Tensor& n = counts.shard(s);
+    packed[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.route[{}]", name, s),
+                               [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
+      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
+      route(as_matrix(logits), c, 0, r, stats);
+      for (std::int64_t ex = 0; ex < e; ++ex) {
+        const std::int64_t count = r.expert_count[static_cast<std::size_t>(ex)];
+        n.values()[static_cast<std::size_t>(ex)] = static_cast<float>(count);
+        for (std::int64_t j = 0; j < count; ++j) {
+          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          std::copy_n(xs.values().data() + row * h, h, out.values().data() + (ex * slots + j) * h);
+        }
+      }
+    });
+    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], packed[i]);
+  }
+  // Dispatch: the slots and their counts to the devices holding their experts.
+  const auto placed = [&](const runtime::ShardedTensor& t) { return sharding::to_placements(t.spec(), m, t.shape().size()); };
+  const runtime::Frontier slots_there = pb.reshard(sent, placed(sent), received, placed(received), packed, name + ".dispatch");
+  const runtime::Frontier counts_there =
+      pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed, name + ".dispatch_counts");
+
+  runtime::Frontier expert_done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& in = received.shard(s);
+    runtime::Tensor& n = counts_received.shard(s);
+    runtime::Tensor& res = computed.shard(s);
+    runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
+    runtime::Tensor& he = pb.scratch(s, {held_blocks * slots, fl});
+    runtime::Tensor& ue = pb.scratch(s, {held_blocks * slots, fl});
+    runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
+    runtime::Tensor& wg = gate.shard(s);
+    runtime::Tensor& wu = up.shard(s);
+    runtime::Tensor& wd = down.shard(s);
+    expert_done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.experts[{}]", name, s),
+                                    [&in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
+      for (std::int64_t le = 0; le < le_count; ++le) {
+        // Every source block's slots for this expert, packed into one GEMM.
+        std::int64_t total = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const auto count = static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
+          std::copy_n(in.values().data() + ((b * le_count + le) * slots) * h, count * h, xe.values().data() + total * h);
+          total += count;
+        }
+        if (total == 0) continue;
+        MatrixMap hm(he.values().data(), total, fl);
+        MatrixMap um(ue.values().data(), total, fl);
+        const ConstMatrixMap xm(xe.values().data(), total, h);
+        const std::int64_t wgt = h * fl;
+        device_gemm(xm, ConstMatrixMap(wg.values().data() + le * wgt, h, fl), hm);
+        device_gemm(xm, ConstMatrixMap(wu.values().data() + le * wgt, h, fl), um);
+        silu_mul_inplace(hm, ConstMatrixMap(um.data(), total, fl));
+        device_gemm(ConstMatrixMap(hm.data(), total, fl), ConstMatrixMap(wd.values().data() + le * wgt, fl, h),
+                    MatrixMap(ye.values().data(), total, h));
+        std::int64_t at = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const auto count = static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
+          std::copy_n(ye.values().data() + at * h, count * h, res.values().data() + ((b * le_count + le) * slots) * h);
+          at += count;
+        }
+      }
+    });
+    for (const runtime::Frontier* f : {&slots_there, &counts_there}) {
+      if ((*f)[i] != runtime::kReady) pb.graph().depend((*f)[i], expert_done[i]);
+    }
+  }
+  // Combine: the outputs back to their tokens' devices (partial sums over the tensor axis travel
+  // as they are: the move is linear).
+  const runtime::Frontier home = pb.reshard(computed, placed(computed), returned, placed(returned), expert_done,
+                                            name + ".combine");
+  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    SlotRouting& r = *tables[i];
+    runtime::Tensor& back = returned.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.unpack[{}]", name, s),
+                             [&r, &back, &yp, e, slots, h] {
+      std::fill(yp.values().begin(), yp.values().end(), 0.0f);
+      for (std::int64_t ex = 0; ex < e; ++ex) {
+        for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
+          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const float w = r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          MatrixMap(yp.values().data() + row * h, 1, h) +=
+              w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
+        }
+      }
+    });
+    if (home[i] != runtime::kReady) pb.graph().depend(home[i], done[i]);
+    pb.graph().depend(packed[i], done[i]);
+  }
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
+}
+
+}  // namespace
+
 runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y, const std::string& name,
                            MoeRouting** routing_out) {
@@ -166,9 +340,29 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
                fmt::join(y.shape(), ", "), h);
   NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim", name,
                x.spec().repr());
-  // Tokens split over an axis that splits the experts' weights (EasyDeL's ep-bound layouts) are
-  // dispatched by an all-gather over it, and their outputs combined by a reduce-scatter back
-  // (EasyDeL's ring-of-experts path); tokens replicated there need neither.
+  std::vector<std::string> token_axes;
+  for (std::size_t dim = 0; dim + 1 < rank; ++dim) {
+    for (const std::string& a : detail::axes_of(x.spec(), dim)) token_axes.push_back(a);
+  }
+  const std::vector<std::string> expert_axes = detail::axes_of(layer.gate->spec(), 0);
+  const std::vector<std::string> ffn_axes = detail::axes_of(layer.gate->spec(), 2);
+  auto among_tokens = [&](const std::vector<std::string>& axes) {
+    return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
+      return std::find(token_axes.begin(), token_axes.end(), a) != token_axes.end();
+    });
+  };
+  MoeRouting& routing = pb.make<MoeRouting>();
+  routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
+                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(layer.config.num_experts), 0)});
+  if (routing_out != nullptr) *routing_out = &routing;
+  if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
+    // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
+    for (const auto& group : x.layout().replica_groups()) routing.group_leaders.push_back(group.front());
+    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes);
+  }
+  // Otherwise tokens split over an axis that splits the experts' weights are gathered over it
+  // (dispatch by all-gather) and their outputs reduce-scattered back (EasyDeL's ring of
+  // experts); tokens replicated there need neither.
   std::vector<std::string> weight_axes;
   for (const auto& w : {layer.gate, layer.down}) {
     for (std::size_t dim = 0; dim < w->spec().size(); ++dim) {
@@ -195,11 +389,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   const MoeConfig& c = layer.config;
   const std::int64_t rows = xc.layout().elements_per_device() / h;
   const std::int64_t e = c.num_experts, k = c.top_k, le_count = layer.local_experts, fl = layer.local_ffn;
-  MoeRouting& routing = pb.make<MoeRouting>();
-  routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
-                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(e), 0)});
   for (const auto& group : xc.layout().replica_groups()) routing.group_leaders.push_back(group.front());
-  if (routing_out != nullptr) *routing_out = &routing;
 
   // Expected FLOPs with balanced routing: each expert sees rows * k / E tokens.
   const double expert_flops = 3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /

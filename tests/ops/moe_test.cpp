@@ -102,28 +102,38 @@ TEST(ShardedMoeTest, ExpertsSplitOverEpAndTheCombineIsOneAllReduce) {
   EXPECT_EQ(collectives[0].group_size, 4);
 }
 
-// Tokens split over ep (EasyDeL's ep-bound layout): dispatched by an all-gather over ep and
-// combined by a reduce-scatter; routing groups are then the tokens gathered over ep.
-TEST(ShardedMoeTest, TokensSplitOverEpAreGatheredAndReduceScattered) {
-  for (const MeshCase& mc : {MeshCase{{2}, {"ep"}}, MeshCase{{2, 2}, {"ep", "tp"}}, MeshCase{{2, 2}, {"dp", "ep"}}}) {
-    const auto mesh = make_mesh(mc);
-    const MoeConfig c{.num_experts = 8, .top_k = 2, .capacity_factor = 1.0f};
-    const MoeWeights w = random_weights(16, 8, 8);
-    const runtime::HostTensor x = random_host({16, 16}, 26, 1.0f);
-    ShardedMoe moe(mesh, c, w, 16, MoeAxes{.batch = {"dp", "ep"}});
-    const runtime::HostTensor y = moe.forward(x);
-    MoeStats want_stats;
-    const runtime::HostTensor want = grouped_reference(x, w, c, moe.groups(), want_stats);
-    EXPECT_LT(relative_error(y, want), std::max(1e-5, 2.0 * 8 * std::numeric_limits<float>::epsilon()))
-        << testing::mesh_label(mc);
-    EXPECT_EQ(moe.stats().tokens_per_expert, want_stats.tokens_per_expert) << testing::mesh_label(mc);
-    EXPECT_EQ(moe.groups(), mesh.mesh().has_axis("dp") ? 2 : 1) << "routing groups: the dp splits";
-    using Kind = sharding::ReshardStep::Kind;
-    std::vector<Kind> kinds;
-    for (const CollectivePlan& p : moe.program().plan().collectives) kinds.push_back(p.step.kind);
-    EXPECT_EQ(kinds.front(), Kind::kAllGather) << testing::mesh_label(mc) << ": dispatch";
-    EXPECT_EQ(std::count(kinds.begin(), kinds.end(), Kind::kReduceScatter), 1)
-        << testing::mesh_label(mc) << ": combine (then an all-reduce over tp where tp splits F)";
+// Tokens split over ep: GShard's dispatch. Each device routes its own tokens (its routing
+// group), one all-to-all over ep sends every expert's slots to the device holding it (with
+// the slot counts), a second brings the outputs back; with F over tp the rows are then
+// all-reduced over tp. Dropless and with capacity (drops).
+TEST(ShardedMoeTest, TokensSplitOverEpTravelByAllToAll) {
+  for (const MeshCase& mc : {MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}}, MeshCase{{2, 2}, {"ep", "tp"}},
+                             MeshCase{{2, 2}, {"dp", "ep"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}}) {
+    for (float capacity : {0.0f, 1.0f}) {
+      const auto mesh = make_mesh(mc);
+      const MoeConfig c{.num_experts = 8, .top_k = 2, .capacity_factor = capacity};
+      const MoeWeights w = random_weights(16, 8, 8);
+      const runtime::HostTensor x = random_host({32, 16}, 26, 1.0f);
+      ShardedMoe moe(mesh, c, w, 32, MoeAxes{.batch = {"dp", "ep"}});
+      const runtime::HostTensor y = moe.forward(x);
+      MoeStats want_stats;
+      const runtime::HostTensor want = grouped_reference(x, w, c, moe.groups(), want_stats);
+      const std::string label = testing::mesh_label(mc) + (capacity > 0 ? " capacity 1" : " dropless");
+      EXPECT_LT(relative_error(y, want), std::max(1e-5, 2.0 * 8 * std::numeric_limits<float>::epsilon())) << label;
+      EXPECT_EQ(moe.stats().tokens_per_expert, want_stats.tokens_per_expert) << label;
+      EXPECT_EQ(moe.stats().dropped, want_stats.dropped) << label;
+      std::int64_t groups = 1;
+      for (const char* a : {"dp", "ep"}) groups *= mesh.mesh().has_axis(a) ? mesh.mesh().axis_size(a) : 1;
+      EXPECT_EQ(moe.groups(), groups) << label << ": every device routes its own tokens";
+      using Kind = sharding::ReshardStep::Kind;
+      std::vector<Kind> kinds;
+      for (const CollectivePlan& p : moe.program().plan().collectives) kinds.push_back(p.step.kind);
+      EXPECT_EQ(std::count(kinds.begin(), kinds.end(), Kind::kAllToAll), 3)
+          << label << ": slots, counts, outputs";
+      EXPECT_EQ(std::count(kinds.begin(), kinds.end(), Kind::kAllReduce), mesh.mesh().has_axis("tp") ? 1 : 0)
+          << label;
+      EXPECT_EQ(moe.forward(x), y) << label << ": runs again with the same result";
+    }
   }
 }
 

@@ -15,10 +15,10 @@ namespace numesh::ops {
 /// Mesh axes of a MoE layer. Every field has a default (eformer's axis names).
 struct MoeAxes {
   /// Tokens split over these axes; each split is a routing group (GShard): top-k and capacity
-  /// are decided among the group's tokens. When they include the expert (or tensor) axis, the
-  /// tokens are all-gathered over it before routing (dispatch) and the outputs
-  /// reduce-scattered back (combine), EasyDeL's ring-of-experts path; the routing group is
-  /// then the gathered tokens.
+  /// are decided among the group's tokens. When they include the expert axis, dispatch and
+  /// combine are GShard's all-to-alls over it (fixed slot buffers of capacity C per expert);
+  /// when they include the tensor axis, the tokens are all-gathered over the weights' axes and
+  /// the outputs reduce-scattered back (EasyDeL's ring of experts).
   std::vector<std::string> batch = {"dp", "fsdp"};
   /// Experts split over this axis (E must divide; else every device holds all experts).
   std::string expert = "ep";
@@ -61,9 +61,9 @@ struct MoeRouting {
 /// tokens routed to them (with its slice of F), each output scaled by its routing weight and
 /// added into a partial y: a Partial(sum) over the expert and tensor axes, resharded into y
 /// (one all-reduce over ep x tp). Tokens replicated over ep (EasyDeL's expert mesh: hidden
-/// P(dp, None, None)) need no dispatch; tokens split over ep are all-gathered over it first and
-/// the partial sums reduce-scattered back to their split (ring of experts). x is [T, H] or
-/// [B, T, H] with any token dims split, H whole; y like x. Returns the frontier after which y is complete;
+/// P(dp, None, None)) need no dispatch; tokens split over ep go to their experts' devices and
+/// back by all-to-all (see MoeAxes::batch). x is [T, H] or [B, T, H] with any token dims
+/// split, H whole; y like x. Returns the frontier after which y is complete;
 /// `routing` (owned by the program) is filled on every run.
 /// Throws: ShapeError when x or y do not fit (naming them); as reshard().
 runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
