@@ -40,33 +40,24 @@ void set_flops(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(kFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_Mlp_Sharded(benchmark::State& state) {
-  auto devices = bench_devices();
-  const auto mesh = runtime::DeviceMesh::create(devices, {-1}, {"tp"});
+// numesh's MLP over the benchmark devices laid out as one `axis`, timing the compiled graph.
+void run_sharded_mlp(benchmark::State& state, const char* axis) {
+  const auto mesh = runtime::DeviceMesh::create(bench_devices(), {-1}, {axis});
   ops::MlpWeights w;
   w.up = random({kHidden, kInter}, 1, 0.02f);
   w.down = random({kInter, kHidden}, 2, 0.02f);
   ops::ShardedMlp mlp(mesh, ops::MlpKind::kGelu, w, kTokens);
   const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
-  mlp.forward(x);  // lays x out once; the loop times the compiled graph only
+  mlp.forward(x);  // binds x; the loop times the compiled graph only
   for (auto _ : state) mlp.graph().run();
   set_flops(state);
 }
 
-// The same MLP data parallel: each device takes half the tokens with whole weights; no
-// collective at all, the GEMMs twice as wide and half as tall.
-void BM_Mlp_ShardedDp(benchmark::State& state) {
-  auto devices = bench_devices();
-  const auto mesh = runtime::DeviceMesh::create(devices, {-1}, {"dp"});
-  ops::MlpWeights w;
-  w.up = random({kHidden, kInter}, 1, 0.02f);
-  w.down = random({kInter, kHidden}, 2, 0.02f);
-  ops::ShardedMlp mlp(mesh, ops::MlpKind::kGelu, w, kTokens);
-  const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
-  mlp.forward(x);
-  for (auto _ : state) mlp.graph().run();
-  set_flops(state);
-}
+// F over tp: column/row-parallel weights, one all-reduce of the 2 MiB output.
+void BM_Mlp_Sharded(benchmark::State& state) { run_sharded_mlp(state, "tp"); }
+// Data parallel: each device takes half the tokens with whole weights; no collective at all,
+// the GEMMs twice as wide and half as tall.
+void BM_Mlp_ShardedDp(benchmark::State& state) { run_sharded_mlp(state, "dp"); }
 
 void BM_Mlp_EigenSingleThread(benchmark::State& state) {
   const ops::RowMatrix x = matrix(random({kTokens, kHidden}, 3, 1.0f));

@@ -156,6 +156,21 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
 
 namespace {
 
+// The layer's weights registered with a program.
+struct ProgramWeights {
+  runtime::ShardedTensor& router;
+  runtime::ShardedTensor& gate;
+  runtime::ShardedTensor& up;
+  runtime::ShardedTensor& down;
+};
+
+ProgramWeights use_weights(ProgramBuilder& pb, const MoeLayer& layer, const std::string& name) {
+  return {pb.use(name + ".router", TensorRole::kWeight, layer.router),
+          pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate),
+          pb.use(name + ".w_up", TensorRole::kWeight, layer.up),
+          pb.use(name + ".w_down", TensorRole::kWeight, layer.down)};
+}
+
 // GShard's dispatch for tokens split over the expert axis: every device routes its own tokens
 // (its routing group), packs them into a dispatch tensor [P, E, C, H] (P token blocks, C slots
 // per expert: the capacity, or all its tokens when dropless), and one all-to-all over the
@@ -209,10 +224,11 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       pb.tensor(name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
   runtime::ShardedTensor& computed = pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
   runtime::ShardedTensor& returned = pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
-  runtime::ShardedTensor& router = pb.use(name + ".router", TensorRole::kWeight, layer.router);
-  runtime::ShardedTensor& gate = pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate);
-  runtime::ShardedTensor& up = pb.use(name + ".w_up", TensorRole::kWeight, layer.up);
-  runtime::ShardedTensor& down = pb.use(name + ".w_down", TensorRole::kWeight, layer.down);
+  const ProgramWeights pw = use_weights(pb, layer, name);
+  runtime::ShardedTensor& router = pw.router;
+  runtime::ShardedTensor& gate = pw.gate;
+  runtime::ShardedTensor& up = pw.up;
+  runtime::ShardedTensor& down = pw.down;
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
   for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
@@ -371,10 +387,11 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   }
   runtime::Frontier x_ready = after;
   runtime::ShardedTensor& xc = pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
-  runtime::ShardedTensor& router = pb.use(name + ".router", TensorRole::kWeight, layer.router);
-  runtime::ShardedTensor& gate = pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate);
-  runtime::ShardedTensor& up = pb.use(name + ".w_up", TensorRole::kWeight, layer.up);
-  runtime::ShardedTensor& down = pb.use(name + ".w_down", TensorRole::kWeight, layer.down);
+  const ProgramWeights pw = use_weights(pb, layer, name);
+  runtime::ShardedTensor& router = pw.router;
+  runtime::ShardedTensor& gate = pw.gate;
+  runtime::ShardedTensor& up = pw.up;
+  runtime::ShardedTensor& down = pw.down;
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // The partial output is pending a sum over every axis that splits the experts' weights.
