@@ -8,7 +8,7 @@
 // Attention: hidden 1024, 16 query heads, 4 kv heads (GQA), head_dim 64, causal, RoPE theta
 // 10000, fp32, batch 1, heads split over tp. The sharded layer keeps a KV cache.
 //   Prefill: x [1, 1024, 1024] at position 0; the timed loop is forward(x, 0), which includes
-//     scattering x onto the devices and gathering y (4 MiB each) besides the compiled graph.
+//     the program's load and store nodes staging x in and y out (4 MiB each).
 //   Decode: the cache prefilled with 1024 tokens once, then forward(x1, 1024) with x1
 //     [1, 1, 1024] (the same slot is rewritten every iteration), 1025 keys per query.
 // Counters: GFLOP/s from ops::attention_flops, which counts the causal keys only (token t sees

@@ -248,15 +248,10 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   const AxisRule kv_rule = split_kv ? AxisRule(axes.heads) : AxisRule();
   layer.local_q_heads = split_q ? hq / tp : hq;
   layer.local_kv_heads = split_kv ? hkv / tp : hkv;
-  auto lay_out = [&](const runtime::HostTensor& host, PartitionSpec spec) {
-    auto t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, std::move(spec));
-    runtime::scatter(host, *t);
-    return t;
-  };
-  layer.wq = lay_out(w.wq, PartitionSpec({AxisRule(), q_rule}));
-  layer.wk = lay_out(w.wk, PartitionSpec({AxisRule(), kv_rule}));
-  layer.wv = lay_out(w.wv, PartitionSpec({AxisRule(), kv_rule}));
-  layer.wo = lay_out(w.wo, PartitionSpec({q_rule, AxisRule()}));
+  layer.wq = detail::laid_out(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}));
+  layer.wk = detail::laid_out(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}));
+  layer.wv = detail::laid_out(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}));
+  layer.wo = detail::laid_out(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}));
   return layer;
 }
 

@@ -41,12 +41,15 @@ inline sharding::AxisRule entry(const sharding::PartitionSpec& spec, std::size_t
   return i < spec.size() ? spec[i] : sharding::AxisRule();
 }
 
-/// A sharded tensor laid out by `spec` after eformer's correction for `shape` on the mesh.
-inline std::shared_ptr<runtime::ShardedTensor> sharded(const runtime::DeviceMesh& mesh,
-                                                       std::vector<std::int64_t> shape,
-                                                       const sharding::PartitionSpec& spec) {
-  sharding::PartitionSpec corrected = sharding::correct_spec(shape, spec, mesh.mesh()).spec;
-  return std::make_shared<runtime::ShardedTensor>(mesh, std::move(shape), std::move(corrected));
+/// `host` laid out on the mesh by `spec` after eformer's correction for its shape, each shard
+/// written by its own device: how every layer places its weights.
+inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMesh& mesh,
+                                                        const runtime::HostTensor& host,
+                                                        const sharding::PartitionSpec& spec) {
+  auto t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape,
+                                                    sharding::correct_spec(host.shape, spec, mesh.mesh()).spec);
+  runtime::scatter(host, *t);
+  return t;
 }
 
 /// `spec` with every use of `axes` removed (a tuple keeps its other members; an emptied entry

@@ -44,14 +44,9 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
-  layer.up = detail::sharded(mesh, w.up.shape, PartitionSpec({zero, tp}));
-  layer.down = detail::sharded(mesh, w.down.shape, PartitionSpec({tp, zero}));
-  runtime::scatter(w.up, *layer.up);
-  runtime::scatter(w.down, *layer.down);
-  if (kind == MlpKind::kSwiGLU) {
-    layer.gate = detail::sharded(mesh, w.gate.shape, layer.up->spec());
-    runtime::scatter(w.gate, *layer.gate);
-  }
+  layer.up = detail::laid_out(mesh, w.up, PartitionSpec({zero, tp}));
+  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({tp, zero}));
+  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out(mesh, w.gate, layer.up->spec());
   return layer;
 }
 

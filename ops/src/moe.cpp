@@ -141,14 +141,10 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   layer.config = c;
   layer.hidden = h;
   layer.ffn = f;
-  layer.router = detail::sharded(mesh, w.router.shape, PartitionSpec({AxisRule(), AxisRule()}));
-  layer.gate = detail::sharded(mesh, w.gate.shape, PartitionSpec({ep, AxisRule(), tp}));
-  layer.up = detail::sharded(mesh, w.up.shape, layer.gate->spec());
-  layer.down = detail::sharded(mesh, w.down.shape, PartitionSpec({ep, tp, AxisRule()}));
-  runtime::scatter(w.router, *layer.router);
-  runtime::scatter(w.gate, *layer.gate);
-  runtime::scatter(w.up, *layer.up);
-  runtime::scatter(w.down, *layer.down);
+  layer.router = detail::laid_out(mesh, w.router, PartitionSpec({AxisRule(), AxisRule()}));
+  layer.gate = detail::laid_out(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}));
+  layer.up = detail::laid_out(mesh, w.up, layer.gate->spec());
+  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}));
   layer.local_experts = layer.gate->layout().shard_shape()[0];
   layer.local_ffn = layer.gate->layout().shard_shape()[2];
   return layer;
@@ -224,11 +220,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       pb.tensor(name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
   runtime::ShardedTensor& computed = pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
   runtime::ShardedTensor& returned = pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
-  const ProgramWeights pw = use_weights(pb, layer, name);
-  runtime::ShardedTensor& router = pw.router;
-  runtime::ShardedTensor& gate = pw.gate;
-  runtime::ShardedTensor& up = pw.up;
-  runtime::ShardedTensor& down = pw.down;
+  const auto [router, gate, up, down] = use_weights(pb, layer, name);
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
   for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
@@ -387,11 +379,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   }
   runtime::Frontier x_ready = after;
   runtime::ShardedTensor& xc = pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
-  const ProgramWeights pw = use_weights(pb, layer, name);
-  runtime::ShardedTensor& router = pw.router;
-  runtime::ShardedTensor& gate = pw.gate;
-  runtime::ShardedTensor& up = pw.up;
-  runtime::ShardedTensor& down = pw.down;
+  const auto [router, gate, up, down] = use_weights(pb, layer, name);
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // The partial output is pending a sum over every axis that splits the experts' weights.

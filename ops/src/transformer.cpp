@@ -303,9 +303,7 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
   auto norm = [&](const runtime::HostTensor& t, std::string_view what) {
     NUMESH_CHECK(t.shape == (std::vector<std::int64_t>{1, h}), ShapeError, "transformer: {} is {}, expected [1, {}]",
                  what, shape_text(t), h);
-    auto s = std::make_shared<runtime::ShardedTensor>(mesh_, t.shape, replicated);
-    runtime::scatter(t, *s);
-    return s;
+    return detail::laid_out(mesh_, t, replicated);
   };
   const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
   for (std::int64_t l = 0; l < config_.layers; ++l) {

@@ -158,15 +158,8 @@ TEST(ShardedAttentionTest, SequenceParallelEqualsTheFullLayer) {
 
 TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {4}, {"tp"});
-  AttentionConfig c;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;  // kv heads do not divide tp = 4: replicated, query heads split
-  c.head_dim = 4;
-  AttentionWeights w;
-  w.wq = random({8, 16}, 1, 0.3f);
-  w.wk = random({8, 8}, 2, 0.3f);
-  w.wv = random({8, 8}, 3, 0.3f);
-  w.wo = random({16, 8}, 4, 0.3f);
+  // kv heads (2) do not divide tp = 4: replicated, query heads split.
+  const auto [c, w] = random_layer(8, 4, 2, 4, 1);
   ShardedAttention layer(mesh, c, w, 1);
   EXPECT_EQ(layer.local_heads(), 1);
   layer.forward(random({1, 3, 8}, 5, 1.0f));
@@ -179,15 +172,8 @@ TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
 
 TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  AttentionConfig c;
-  c.num_heads = 4;
+  auto [c, w] = random_layer(8, 4, 2, 4, 1);
   c.num_kv_heads = 3;
-  c.head_dim = 4;
-  AttentionWeights w;
-  w.wq = random({8, 16}, 1, 0.3f);
-  w.wk = random({8, 8}, 2, 0.3f);
-  w.wv = random({8, 8}, 3, 0.3f);
-  w.wo = random({16, 8}, 4, 0.3f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
               ThrowsMessage<ValueError>(HasSubstr("num_kv_heads 3 must divide num_heads 4")));
   c.num_kv_heads = 2;

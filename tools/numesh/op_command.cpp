@@ -6,10 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <numeric>
 #include <optional>
 #include <ostream>
@@ -24,6 +22,7 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "cli_text.hpp"
+#include "collective_bench.hpp"
 #include "paxis_options.hpp"
 #include "resolve_command.hpp"
 
@@ -32,7 +31,6 @@ namespace numesh::tools {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using runtime::HostTensor;
 
 // Sharded reductions re-associate fp32 sums; docs/ops.md gives each operator's bound.
@@ -59,17 +57,6 @@ void require_files(const Inputs& in, std::string_view op, const std::vector<std:
 HostTensor as_row(HostTensor t) {
   if (t.shape.size() == 1) t.shape = {1, t.shape[0]};
   return t;
-}
-
-double median_seconds(const std::function<void()>& run, int repeats) {
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    run();
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 // Which tokens of x [B, T, H] the timed call runs, after which prefix: prefill/train run all T
@@ -188,7 +175,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   NUMESH_CHECK(mode.has_value(), ValueError, "--mode '{}': expected train, prefill, decode or insert", o.mode);
   NUMESH_CHECK(o.kv_layout == "bthd" || o.kv_layout == "bhtd", ValueError, "--kv-layout '{}': expected bthd or bhtd",
                o.kv_layout);
-  NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
+  NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats, 0.0);
   const Inputs in{o.dir};
   NUMESH_CHECK(fs::is_directory(in.dir), IoError, "--dir '{}' is not a folder", o.dir);
   // Every file the op needs is checked before anything loads or runs.
@@ -248,7 +235,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
                                      : ops::MlpWeights{.gate = {}, .up = in.load("w1"), .down = in.load("w2")};
     ops::ShardedMlp mlp(mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
                         ops::MlpAxes{.batch = axes.batch, .tensor = axes.mlp});
-    r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats);
+    r.seconds = bench::median_seconds([&] { r.y = mlp.forward(x); }, o.repeats, 0.0);
     r.plan = mlp.program().plan();
     if (!o.no_check) {
       const auto m = [](const HostTensor& t) {
@@ -264,7 +251,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     const ops::MoeConfig c = moe_config(o, w.router);
     ops::ShardedMoe moe(mesh, c, w, x.shape[0],
                         ops::MoeAxes{.batch = axes.batch, .expert = axes.expert, .tensor = axes.expert_tensor});
-    r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats);
+    r.seconds = bench::median_seconds([&] { r.y = moe.forward(x); }, o.repeats, 0.0);
     r.plan = moe.program().plan();
     r.stats = moe.stats();
     if (!o.no_check) {
@@ -286,7 +273,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
                                 layout);
     if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
-    r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats);
+    r.seconds = bench::median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats, 0.0);
     r.plan = layer.program(tp.count).plan();
     if (!o.no_check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
     out << "\n" << r.plan.text();
@@ -319,7 +306,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     ops::ShardedTransformer model(mesh, c, w, x.shape[0], x.shape[1], axes, layout);
     if (tp.prefix > 0) model.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
-    r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats);
+    r.seconds = bench::median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats, 0.0);
     r.plan = model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (!o.no_check) {
