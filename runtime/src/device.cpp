@@ -320,11 +320,13 @@ std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementO
   int threads = 0;
   for (const DeviceSpec& spec : specs) threads += std::max(1, spec.threads);
   // Every device arena must be able to hold its threads at once; oneTBB's default worker
-  // limit is the machine's concurrency minus one, which would leave arenas starving for
-  // workers when the devices together have more threads than the machine (synthetic
-  // topologies, one device per core plus the caller).
+  // limit is its default concurrency minus one, which would leave arenas starving for
+  // workers when the devices together have more threads than that (synthetic topologies;
+  // one device per core plus the caller). oneTBB counts the PUs of the process affinity mask
+  // (taskset, a Slurm or container cpuset), not the machine's: under `taskset -c 0` its
+  // default is 1, no worker at all, and a one-device run would wait forever for one.
   const auto wanted = static_cast<std::size_t>(threads) + 1;
-  if (wanted > std::thread::hardware_concurrency()) {  // else the default already suffices
+  if (wanted > static_cast<std::size_t>(oneapi::tbb::info::default_concurrency())) {
     set->worker_limit_ = wanted;
     WorkerLimit::instance().acquire(wanted);
   }

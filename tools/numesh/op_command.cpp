@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <ostream>
@@ -119,7 +120,23 @@ struct Result {
   ops::ProgramPlan plan;  // a copy: the layer (and its program) dies with its branch
   double seconds = 0.0;
   std::optional<ops::MoeStats> stats;
+  std::string timing_table;  // --timing: the per-node table of one more run
 };
+
+// --timing / --trace: one more run, after the timed ones, with per-node timing on (timing
+// costs two clock reads per node, so the median is taken without it).
+void traced_run(const OpOptions& o, ops::Program& program, const std::function<void()>& run, Result& r) {
+  if (!o.timing && o.trace.empty()) return;
+  program.graph().set_timing(true);
+  run();
+  program.graph().set_timing(false);
+  if (o.timing) r.timing_table = program.graph().timing_table();
+  if (!o.trace.empty()) {
+    std::ofstream file(o.trace);
+    NUMESH_CHECK(file.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
+    file << program.graph().chrome_trace() << "\n";
+  }
+}
 
 }  // namespace
 
@@ -165,6 +182,8 @@ Examples:
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
   cmd->add_flag("--no-check", o.no_check, "Skip the comparison with the dense reference");
   cmd->add_option("--json", o.json, "Write the plan, time and check as JSON to FILE");
+  cmd->add_flag("--timing", o.timing, "Print when each node of one more run started and how long it took");
+  cmd->add_option("--trace", o.trace, "Write that run as a Chrome trace (chrome://tracing, Perfetto) to FILE");
   return cmd;
 }
 
@@ -202,6 +221,11 @@ int run_op(const OpOptions& o, std::ostream& out) {
   require_files(in, o.op, needed);
   const fs::path out_dir = o.out.empty() ? in.dir : fs::path(o.out);
   NUMESH_CHECK(fs::is_directory(out_dir), IoError, "--out '{}' is not a folder", out_dir.string());
+  if (!o.trace.empty()) {
+    const fs::path parent = fs::absolute(o.trace).parent_path();
+    NUMESH_CHECK(fs::is_directory(parent), IoError, "--trace '{}': folder '{}' does not exist", o.trace,
+                 parent.string());
+  }
 
   const sharding::PartitionManager pm(build_paxis(o.paxis_json, o.sets));
   const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, *mode);
@@ -236,6 +260,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     ops::ShardedMlp mlp(mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
                         ops::MlpAxes{.batch = axes.batch, .tensor = axes.mlp});
     r.seconds = bench::median_seconds([&] { r.y = mlp.forward(x); }, o.repeats, 0.0);
+    traced_run(o, mlp.program(), [&] { mlp.forward(x); }, r);
     r.plan = mlp.program().plan();
     if (!o.no_check) {
       const auto m = [](const HostTensor& t) {
@@ -252,6 +277,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     ops::ShardedMoe moe(mesh, c, w, x.shape[0],
                         ops::MoeAxes{.batch = axes.batch, .expert = axes.expert, .tensor = axes.expert_tensor});
     r.seconds = bench::median_seconds([&] { r.y = moe.forward(x); }, o.repeats, 0.0);
+    traced_run(o, moe.program(), [&] { moe.forward(x); }, r);
     r.plan = moe.program().plan();
     r.stats = moe.stats();
     if (!o.no_check) {
@@ -274,6 +300,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = bench::median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats, 0.0);
+    traced_run(o, layer.program(tp.count), [&] { layer.forward(chunk, tp.prefix); }, r);
     r.plan = layer.program(tp.count).plan();
     if (!o.no_check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
     out << "\n" << r.plan.text();
@@ -307,6 +334,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
     if (tp.prefix > 0) model.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
     const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
     r.seconds = bench::median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats, 0.0);
+    traced_run(o, model.program(tp.count), [&] { model.forward(chunk, tp.prefix); }, r);
     r.plan = model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (!o.no_check) {
@@ -325,6 +353,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
                        r.stats->dropped,
                        r.stats->capacity > 0 ? fmt::format(" (capacity {} per group)", r.stats->capacity) : "");
   }
+  if (!r.timing_table.empty()) out << "\nper-node timing of one more run:\n" << r.timing_table;
+  if (!o.trace.empty()) out << fmt::format("trace    {} (one more run; chrome://tracing or Perfetto)\n", o.trace);
   bool ok = true;
   double err = -1.0;
   if (r.want) {

@@ -41,6 +41,8 @@ struct OpOptions {
   int repeats = 5;                 ///< --repeats: timed runs (median)
   bool no_check = false;           ///< --no-check: skip the dense comparison
   std::string json;                ///< --json FILE
+  bool timing = false;             ///< --timing: print the per-node timing of one more run
+  std::string trace;               ///< --trace FILE: Chrome trace of that run
 };
 
 /// Registers `op`. Not thread-safe (CLI11 setup).

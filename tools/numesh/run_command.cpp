@@ -176,8 +176,9 @@ int run_run(const RunOptions& o, std::ostream& out) {
   const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
   int threads = 0;
   for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
-  out << fmt::format("numesh run: {} devices ({} policy, {} threads), mesh [{}], mode {}\n", mesh.size(),
-                     runtime::to_string(placement.policy), threads, axes_text(mesh.mesh()), o.mode);
+  out << fmt::format("numesh run: {} device{} ({} policy, {} thread{}), mesh [{}], mode {}\n", mesh.size(),
+                     mesh.size() == 1 ? "" : "s", runtime::to_string(placement.policy), threads,
+                     threads == 1 ? "" : "s", axes_text(mesh.mesh()), o.mode);
   out << fmt::format("model: {} blocks ({} MoE), hidden {}, heads {}/{} x {}, ffn {}, experts {} top-{} x {}{}, "
                      "{:.2f} M parameters, kv cache {}\n",
                      config.layers, config.moe_every > 0 ? config.layers / config.moe_every : 0, config.hidden,
