@@ -4,8 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
+#include <type_traits>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -178,6 +180,39 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
   const PartitionSpec column = pm.resolve(sharding::presets::kColumnWise);
   axes.weights = column.empty() ? std::vector<std::string>{} : column.entry_names(0);
   return axes;
+}
+
+ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode, std::int64_t batch,
+                             std::int64_t hidden) {
+  if (!mode.is_dim()) return resolve(pm, mode.mode());
+  // Any T but 1 stands for the prefill calls; the dim's own check comes from infer_mode.
+  const std::array<std::int64_t, 3> prefill_shape{batch, 2, hidden};
+  const sharding::Mode inferred = sharding::infer_mode(mode, prefill_shape);
+  const std::int64_t dim = mode.dim() < 0 ? mode.dim() + 3 : mode.dim();
+  if (dim != 1) return resolve(pm, inferred);  // every call has the same batch and hidden
+  const ModelAxes train = resolve(pm, sharding::Mode::kTrain);
+  const ModelAxes decode = resolve(pm, sharding::Mode::kDecode);
+  std::vector<std::string> differ;
+  auto compare = [&](std::string_view field, const auto& a, const auto& b) {
+    const auto text = [](const auto& v) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+        return v.empty() ? std::string("none") : v;
+      } else {
+        return v.empty() ? std::string("none") : fmt::format("({})", fmt::join(v, ", "));
+      }
+    };
+    if (a != b) differ.push_back(fmt::format("{}: {} in train, {} in decode", field, text(a), text(b)));
+  };
+  compare("batch", train.batch, decode.batch);
+  compare("heads", train.heads, decode.heads);
+  compare("mlp", train.mlp, decode.mlp);
+  compare("experts", train.expert, decode.expert);
+  compare("expert ffn", train.expert_tensor, decode.expert_tensor);
+  NUMESH_CHECK(differ.empty(), ValueError,
+               "mode dim:{}: a model lays its weights and KV caches out once, but its prefill (train) and decode "
+               "calls resolve different axes: {}",
+               mode.dim(), fmt::join(differ, "; "));
+  return train;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,18 +41,8 @@ PartitionManager::PartitionManager(PartitionAxis paxis) : paxis_(std::move(paxis
 PartitionSpec PartitionManager::resolve(const std::vector<AxisRule>& axes, ModeArg mode,
                                         const std::optional<std::vector<std::int64_t>>& shape)
     const {
-  Mode resolved = Mode::kTrain;
-  if (mode.is_dim()) {
-    if (!shape) throw ValueError("when using dynamic mode detection shape should be provided");
-    const auto rank = static_cast<std::int64_t>(shape->size());
-    std::int64_t dim = mode.dim();
-    if (dim < 0) dim += rank;  // Python indexing
-    if (dim < 0 || dim >= rank) throw IndexError("tuple index out of range");
-    resolved = (*shape)[static_cast<std::size_t>(dim)] == 1 ? Mode::kDecode : Mode::kTrain;
-  } else {
-    resolved = mode.mode();
-  }
-  return paxis_.resolve_spec(axes, resolved);
+  if (mode.is_dim() && !shape) throw ValueError("when using dynamic mode detection shape should be provided");
+  return paxis_.resolve_spec(axes, shape ? infer_mode(mode, *shape) : mode.mode());
 }
 
 PartitionSpec PartitionManager::resolve(const DynamicShardingAxes& dynamic_axes,

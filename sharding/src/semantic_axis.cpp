@@ -3,6 +3,8 @@
 #include <array>
 #include <cctype>
 
+#include "numesh/core/error.hpp"
+
 namespace numesh::sharding {
 
 namespace {
@@ -82,6 +84,15 @@ std::string_view mode_string(Mode mode) noexcept {
       return "__insert__";
   }
   return "__train__";
+}
+
+Mode infer_mode(const ModeArg& mode, std::span<const std::int64_t> shape) {
+  if (!mode.is_dim()) return mode.mode();
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  std::int64_t dim = mode.dim();
+  if (dim < 0) dim += rank;  // Python indexing
+  if (dim < 0 || dim >= rank) throw IndexError("tuple index out of range");
+  return shape[static_cast<std::size_t>(dim)] == 1 ? Mode::kDecode : Mode::kTrain;
 }
 
 std::optional<Mode> parse_mode(std::string_view text) noexcept {

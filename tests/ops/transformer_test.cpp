@@ -169,6 +169,43 @@ TEST(ModelAxesTest, AHeadAxisThatResolvesToSeveralMeshAxesIsRefused) {
               ThrowsMessage<ValueError>(HasSubstr("__HEAD__ resolves to the axes (tp, sp) in mode __train__; numesh splits that dim over one mesh axis")));
 }
 
+TEST(ModelAxesTest, AnIntegerModeOnTTakesTrainAxesWhenDecodeAgrees) {
+  const sharding::PartitionManager pm;
+  const ModelAxes train = ModelAxes::resolve(pm, sharding::Mode::kTrain);
+  for (const std::int64_t dim : {1, -2}) {
+    const ModelAxes axes = ModelAxes::resolve(pm, sharding::ModeArg::from_dim(dim), 4, 64);
+    EXPECT_EQ(axes.batch, train.batch) << dim;
+    EXPECT_EQ(axes.heads, train.heads) << dim;
+    EXPECT_EQ(axes.mlp, train.mlp) << dim;
+    EXPECT_EQ(axes.expert, train.expert) << dim;
+    EXPECT_EQ(axes.sequence, "sp") << "prompts are train calls and keep sequence parallelism";
+    EXPECT_EQ(axes.weights, train.weights) << dim;
+  }
+}
+
+TEST(ModelAxesTest, AnIntegerModeOnAnotherDimIsInferredOnceFromItsExtent) {
+  const sharding::PartitionManager pm(sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
+  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 1, 64).heads, "sp") << "batch 1: decode";
+  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 4, 64).heads, "tp") << "batch 4: train";
+  EXPECT_EQ(ModelAxes::resolve(pm, sharding::Mode::kDecode).heads, "sp");
+}
+
+TEST(ModelAxesTest, AnIntegerModeOnTRefusesAxesThatDifferBetweenTrainAndDecode) {
+  const sharding::PartitionManager pm(sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
+  EXPECT_THAT([&] { (void)ModelAxes::resolve(pm, sharding::ModeArg::from_dim(1), 4, 64); },
+              ThrowsMessage<ValueError>(HasSubstr(
+                  "mode dim:1: a model lays its weights and KV caches out once, but its prefill (train) and decode "
+                  "calls resolve different axes: heads: tp in train, sp in decode")));
+}
+
+TEST(ModelAxesTest, AnIntegerModeOutsideTheActivationsRankIsAnIndexError) {
+  for (const std::int64_t dim : {3, -4}) {
+    EXPECT_THAT([&] { (void)ModelAxes::resolve(sharding::PartitionManager(), sharding::ModeArg::from_dim(dim), 4, 64); },
+                ThrowsMessage<IndexError>(HasSubstr("tuple index out of range")))
+        << dim;
+  }
+}
+
 TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
   TransformerConfig c = small_config();

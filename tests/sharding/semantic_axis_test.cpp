@@ -1,11 +1,18 @@
 #include "numesh/sharding/semantic_axis.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
+#include "numesh/core/error.hpp"
 #include "numesh/sharding/presets.hpp"
 
 namespace numesh::sharding {
 namespace {
+
+using ::testing::ThrowsMessage;
 
 TEST(SemanticAxisTest, NormalizeAcceptsTokensConstantsAndShortNames) {
   EXPECT_EQ(normalize_token("__BATCH__"), "__BATCH__");
@@ -26,6 +33,18 @@ TEST(SemanticAxisTest, ParseModeAcceptsEformerAndShortNames) {
   EXPECT_EQ(mode_string(Mode::kInsert), "__insert__");
   EXPECT_TRUE(is_generation_mode(Mode::kInsert));
   EXPECT_FALSE(is_generation_mode(Mode::kPrefill));
+}
+
+TEST(SemanticAxisTest, InferModeReadsTheDimsExtent) {
+  const std::vector<std::int64_t> step{4, 1, 64}, prompt{4, 9, 64};
+  EXPECT_EQ(infer_mode(ModeArg::from_dim(1), step), Mode::kDecode);
+  EXPECT_EQ(infer_mode(ModeArg::from_dim(-2), step), Mode::kDecode) << "negative dims count from the end";
+  EXPECT_EQ(infer_mode(ModeArg::from_dim(1), prompt), Mode::kTrain) << "never prefill";
+  EXPECT_EQ(infer_mode(Mode::kInsert, step), Mode::kInsert) << "a named mode stays";
+  EXPECT_THAT([&] { (void)infer_mode(ModeArg::from_dim(3), step); },
+              ThrowsMessage<IndexError>("tuple index out of range"));
+  EXPECT_THAT([&] { (void)infer_mode(ModeArg::from_dim(-4), step); },
+              ThrowsMessage<IndexError>("tuple index out of range"));
 }
 
 TEST(SemanticAxisTest, EformerDefaults) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <ostream>
 #include <random>
 
@@ -98,7 +99,9 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       "against the dense single-device model, and report the plan and the throughput.");
   cmd->footer(R"(Modes: decode (default) runs the prompt then --steps decode steps, each feeding the
 last output back in; prefill runs the prompt only; train runs the prompt forward with train-mode
-axes (numesh has no backward pass). Axes come from eformer's semantic axes resolved in the mode:
+axes (numesh has no backward pass); dim:1 is eformer's integer mode on the activations [B, T, H]:
+like decode, but each call's mode is inferred from T (decode for steps, train for the prompt).
+Axes come from eformer's semantic axes resolved in the mode:
 BATCH splits sequences, QUERY_LENGTH their tokens (sequence parallel), HEAD the attention heads,
 MLP_INTERMEDIATE the MLP, EXPERT the experts; ColumnWise's first axes store the MLP weights split.
 Exit status: 0; 1 when an output differs from the dense model beyond 1e-4 relative; 2 for bad input.
@@ -111,7 +114,7 @@ Examples:
   add_machine_options(*cmd, o.machine, /*with_threads=*/true);
   cmd->add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")->capture_default_str();
   cmd->add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
-  cmd->add_option("--mode", o.mode, "train, prefill or decode")->capture_default_str();
+  cmd->add_option("--mode", o.mode, "train, prefill, decode or dim:N (eformer's integer mode)")->capture_default_str();
   cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
   cmd->add_option("--batch", o.batch, "Sequences")->capture_default_str();
@@ -140,11 +143,12 @@ Examples:
 
 int run_run(const RunOptions& o, std::ostream& out) {
   // Everything the options decide is validated before any device is created.
-  const auto mode = sharding::parse_mode(o.mode);
-  NUMESH_CHECK(mode && (*mode == sharding::Mode::kTrain || *mode == sharding::Mode::kPrefill ||
-                        *mode == sharding::Mode::kDecode),
-               ValueError, "--mode '{}': expected train, prefill or decode", o.mode);
-  const bool decode = *mode == sharding::Mode::kDecode;
+  const std::optional<sharding::Mode> named = sharding::parse_mode(o.mode);
+  NUMESH_CHECK(o.mode.rfind("dim:", 0) == 0 || (named && *named != sharding::Mode::kInsert), ValueError,
+               "--mode '{}': expected train, prefill, decode or dim:N", o.mode);
+  const sharding::ModeArg mode = parse_mode_arg(o.mode);
+  // An integer mode runs prompt and steps, each call in the mode its activations infer.
+  const bool decode = mode.is_dim() || mode.mode() == sharding::Mode::kDecode;
   NUMESH_CHECK(o.kv_layout == "bthd" || o.kv_layout == "bhtd", ValueError, "--kv-layout '{}': expected bthd or bhtd",
                o.kv_layout);
   NUMESH_CHECK(o.batch > 0 && o.prompt > 0 && o.steps >= 0 && o.repeats > 0, ValueError,
@@ -163,7 +167,7 @@ int run_run(const RunOptions& o, std::ostream& out) {
   config.validate();
   NUMESH_CHECK(o.heads * o.head_dim > 0 && o.hidden > 0, ValueError, "--hidden {} must be positive", o.hidden);
   const sharding::PartitionManager pm(build_paxis(o.paxis_json, o.sets));
-  const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, *mode);
+  const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, mode, o.batch, o.hidden);
   const auto dims = parse_int_list(o.dims, "--dims");
   std::vector<std::string> names;
   for (std::string_view n : split_list(o.names)) names.emplace_back(n);

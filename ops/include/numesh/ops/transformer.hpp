@@ -88,6 +88,16 @@ struct ModelAxes {
   /// or TENSOR_PARALLEL resolves to more than one mesh axis (numesh splits those dims over
   /// one axis); what PartitionManager::resolve throws.
   [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm, sharding::Mode mode);
+  /// As above for eformer's mode argument on the model's activations [batch, T, hidden]. A
+  /// named mode resolves as above. An integer mode (ModeArg::from_dim) is inferred per call as
+  /// EasyDeL's get_mode does: decode when the dim's extent is 1, else train. When the dim is T
+  /// (1 or -2) a model sees both (prefill calls and decode steps) but lays its weights and
+  /// caches out once, so train and decode must resolve every axis alike; the sequence axis is
+  /// train's (a one-token call never splits T).
+  /// Throws: as above; IndexError when the dim is outside [-3, 3); ValueError naming each
+  /// field whose axes differ between train and decode.
+  [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode,
+                                         std::int64_t batch, std::int64_t hidden);
 };
 
 /// The dense single-device transformer with its own host KV caches: the oracle of

@@ -107,4 +107,9 @@ class ModeArg {
   std::optional<std::int64_t> dim_;
 };
 
+/// The named mode `mode` stands for on an array of `shape`: the mode itself when named; for a
+/// dimension, decode when shape[dim] == 1, else train (eformer never infers prefill or insert).
+/// Throws: IndexError ("tuple index out of range", as Python) when dim is outside the rank.
+Mode infer_mode(const ModeArg& mode, std::span<const std::int64_t> shape);
+
 }  // namespace numesh::sharding
