@@ -7,7 +7,6 @@
 #include <array>
 #include <cmath>
 #include <random>
-#include <type_traits>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -184,30 +183,27 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
 
 ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode, std::int64_t batch,
                              std::int64_t hidden) {
-  if (!mode.is_dim()) return resolve(pm, mode.mode());
-  // Any T but 1 stands for the prefill calls; the dim's own check comes from infer_mode.
-  const std::array<std::int64_t, 3> prefill_shape{batch, 2, hidden};
-  const sharding::Mode inferred = sharding::infer_mode(mode, prefill_shape);
-  const std::int64_t dim = mode.dim() < 0 ? mode.dim() + 3 : mode.dim();
-  if (dim != 1) return resolve(pm, inferred);  // every call has the same batch and hidden
-  const ModelAxes train = resolve(pm, sharding::Mode::kTrain);
-  const ModelAxes decode = resolve(pm, sharding::Mode::kDecode);
+  // A prompt call (any T but 1) and a decode step; infer_mode also checks the dim.
+  const std::array<std::int64_t, 3> prompt{batch, 2, hidden}, step{batch, 1, hidden};
+  const sharding::Mode prompt_mode = sharding::infer_mode(mode, prompt);
+  if (prompt_mode == sharding::infer_mode(mode, step)) return resolve(pm, prompt_mode);  // one mode for all calls
+  const ModelAxes train = resolve(pm, prompt_mode);
+  const ModelAxes decode = resolve(pm, sharding::infer_mode(mode, step));
   std::vector<std::string> differ;
-  auto compare = [&](std::string_view field, const auto& a, const auto& b) {
-    const auto text = [](const auto& v) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
-        return v.empty() ? std::string("none") : v;
-      } else {
-        return v.empty() ? std::string("none") : fmt::format("({})", fmt::join(v, ", "));
-      }
+  auto compare = [&](std::string_view field, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    const auto text = [](const std::vector<std::string>& v) {
+      return v.empty() ? std::string("none") : v.size() == 1 ? v.front() : fmt::format("({})", fmt::join(v, ", "));
     };
     if (a != b) differ.push_back(fmt::format("{}: {} in train, {} in decode", field, text(a), text(b)));
   };
+  const auto one = [](const std::string& axis) {
+    return axis.empty() ? std::vector<std::string>{} : std::vector<std::string>{axis};
+  };
   compare("batch", train.batch, decode.batch);
-  compare("heads", train.heads, decode.heads);
-  compare("mlp", train.mlp, decode.mlp);
-  compare("experts", train.expert, decode.expert);
-  compare("expert ffn", train.expert_tensor, decode.expert_tensor);
+  compare("heads", one(train.heads), one(decode.heads));
+  compare("mlp", one(train.mlp), one(decode.mlp));
+  compare("experts", one(train.expert), one(decode.expert));
+  compare("expert ffn", one(train.expert_tensor), one(decode.expert_tensor));
   NUMESH_CHECK(differ.empty(), ValueError,
                "mode dim:{}: a model lays its weights and KV caches out once, but its prefill (train) and decode "
                "calls resolve different axes: {}",
