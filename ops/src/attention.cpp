@@ -155,8 +155,7 @@ void attention_kernel(float* q, float* k, const float* v, float* out, const Atte
                   .batch_stride = sl.kv_len * sl.kv_heads * d,
                   .pos_stride = sl.kv_heads * d,
                   .head_stride = d};
-  // The reference's path: one query at a time, independent of the blocked GEMM path the
-  // lowered layers take for long inputs (so the tests compare two algorithms).
+  // One query at a time: the plain fp32 algorithm, a single-thread baseline for ops_bench.
   attention_rows(q, kv, out, sl, d, config.q_offset, config.causal, scratch.data());
 }
 
@@ -184,32 +183,6 @@ using sharding::PartitionSpec;
 using detail::shape_text;
 
 }  // namespace
-
-runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, const AttentionWeights& w,
-                                              const AttentionConfig& c) {
-  NUMESH_CHECK(x.shape.size() == 3 && w.wq.shape.size() == 2 && w.wk.shape.size() == 2 && w.wv.shape == w.wk.shape &&
-                   w.wo.shape.size() == 2 && w.wq.shape[0] == x.shape[2] && w.wk.shape[0] == x.shape[2] &&
-                   w.wq.shape[1] == c.num_heads * c.head_dim && w.wk.shape[1] == c.num_kv_heads * c.head_dim &&
-                   w.wo.shape == (std::vector<std::int64_t>{w.wq.shape[1], x.shape[2]}),
-               ShapeError, "attention: x {}, wq {}, wk {}, wv {}, wo {} do not fit {} heads, {} kv heads, head_dim {}",
-               shape_text(x), shape_text(w.wq), shape_text(w.wk), shape_text(w.wv), shape_text(w.wo), c.num_heads,
-               c.num_kv_heads, c.head_dim);
-  const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2];
-  const Eigen::Map<const RowMatrix> xm(x.data.data(), b * t, h);
-  auto project = [&](const runtime::HostTensor& wt, std::int64_t heads) {
-    const RowMatrix p = xm * Eigen::Map<const RowMatrix>(wt.data.data(), wt.shape[0], wt.shape[1]);
-    runtime::HostTensor r = runtime::HostTensor::zeros({b, t, heads, c.head_dim});
-    std::copy(p.data(), p.data() + p.size(), r.data.begin());
-    return r;
-  };
-  const runtime::HostTensor o = attention_reference(project(w.wq, c.num_heads), project(w.wk, c.num_kv_heads),
-                                                    project(w.wv, c.num_kv_heads), c);
-  const RowMatrix y = Eigen::Map<const RowMatrix>(o.data.data(), b * t, c.num_heads * c.head_dim) *
-                      Eigen::Map<const RowMatrix>(w.wo.data.data(), w.wo.shape[0], w.wo.shape[1]);
-  runtime::HostTensor out = runtime::HostTensor::zeros({b, t, h});
-  std::copy(y.data(), y.data() + y.size(), out.data.begin());
-  return out;
-}
 
 AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
                                       const AttentionWeights& w, const AttentionAxes& axes) {

@@ -33,10 +33,6 @@ runtime::HostTensor normal(std::vector<std::int64_t> shape, std::mt19937& rng, f
 
 float fan_in_scale(std::int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); }
 
-Eigen::Map<const RowMatrix> host_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols) {
-  return {t.data.data(), rows, cols};
-}
-
 // out = rmsnorm(a + b) per row of the calling slot's shards, with the sum also written to
 // `sum` when given; b may be null (out = rmsnorm(a)); weight may be null (out = a + b, no norm).
 runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor& a, runtime::ShardedTensor* b,
@@ -73,13 +69,6 @@ runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor&
   return done;
 }
 
-// Tokens [from, from + n) of rows laid out [B, T, inner] into dst [B, n, inner] or back.
-void copy_tokens(const float* src, std::int64_t src_t, std::int64_t src_from, float* dst, std::int64_t dst_t,
-                 std::int64_t dst_from, std::int64_t b, std::int64_t n, std::int64_t inner) {
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    std::copy_n(src + (bi * src_t + src_from) * inner, n * inner, dst + (bi * dst_t + dst_from) * inner);
-  }
-}
 
 }  // namespace
 
@@ -209,98 +198,6 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
                "calls resolve different axes: {}",
                mode.dim(), fmt::join(differ, "; "));
   return train;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The dense reference.
-
-TransformerReference::TransformerReference(TransformerConfig config, TransformerWeights weights,
-                                           std::int64_t batch, std::int64_t max_len, std::int64_t batch_groups,
-                                           std::int64_t sequence_groups)
-    : config_(std::move(config)), weights_(std::move(weights)), batch_(batch), max_len_(max_len),
-      batch_groups_(batch_groups), sequence_groups_(sequence_groups) {
-  config_.validate();
-  NUMESH_CHECK(batch > 0 && max_len > 0 && batch_groups > 0 && batch % batch_groups == 0 && sequence_groups > 0,
-               ShapeError,
-               "transformer reference: batch {}, max_len {} must be positive, {} batch groups must divide the batch "
-               "and {} sequence groups be positive",
-               batch, max_len, batch_groups, sequence_groups);
-  const AttentionConfig& a = config_.attention;
-  for (std::int64_t l = 0; l < config_.layers; ++l) {
-    k_cache_.push_back(runtime::HostTensor::zeros({batch, max_len, a.num_kv_heads, a.head_dim}));
-    v_cache_.push_back(runtime::HostTensor::zeros({batch, max_len, a.num_kv_heads, a.head_dim}));
-  }
-}
-
-runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, std::int64_t position) {
-  const TransformerConfig& c = config_;
-  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
-  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == h, ShapeError,
-               "transformer: input is {} but the model takes [{}, T, {}] with T >= 1", shape_text(x), batch_, h);
-  const std::int64_t t = x.shape[1], rows = batch_ * t;
-  NUMESH_CHECK(position >= 0 && position + t <= max_len_, IndexError,
-               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", t, position, max_len_);
-  RowMatrix xs = host_matrix(x, rows, h);
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const BlockWeights& b = weights_.blocks[static_cast<std::size_t>(l)];
-    const RowMatrix n1 = rmsnorm_reference(xs, host_matrix(b.attn_norm, 1, h), c.norm_eps);
-    auto project = [&](const runtime::HostTensor& w, std::int64_t heads) {
-      const RowMatrix p = n1 * host_matrix(w, h, heads * d);
-      runtime::HostTensor r = runtime::HostTensor::zeros({batch_, t, heads, d});
-      std::copy(p.data(), p.data() + p.size(), r.data.begin());
-      return r;
-    };
-    runtime::HostTensor q = project(b.attention.wq, hq);
-    runtime::HostTensor k = project(b.attention.wk, hkv);
-    const runtime::HostTensor v = project(b.attention.wv, hkv);
-    if (c.attention.rope_theta > 0.0f) {
-      apply_rope_reference(q, position, c.attention.rope_theta);
-      apply_rope_reference(k, position, c.attention.rope_theta);
-    }
-    runtime::HostTensor& kc = k_cache_[static_cast<std::size_t>(l)];
-    runtime::HostTensor& vc = v_cache_[static_cast<std::size_t>(l)];
-    copy_tokens(k.data.data(), t, 0, kc.data.data(), max_len_, position, batch_, t, hkv * d);
-    copy_tokens(v.data.data(), t, 0, vc.data.data(), max_len_, position, batch_, t, hkv * d);
-    const std::int64_t seen = position + t;
-    runtime::HostTensor keys = runtime::HostTensor::zeros({batch_, seen, hkv, d});
-    runtime::HostTensor values = runtime::HostTensor::zeros({batch_, seen, hkv, d});
-    copy_tokens(kc.data.data(), max_len_, 0, keys.data.data(), seen, 0, batch_, seen, hkv * d);
-    copy_tokens(vc.data.data(), max_len_, 0, values.data.data(), seen, 0, batch_, seen, hkv * d);
-    AttentionConfig ac = c.attention;
-    ac.rope_theta = 0.0f;  // applied above, at the tokens' positions
-    ac.q_offset = position;
-    const runtime::HostTensor o = attention_reference(q, keys, values, ac);
-    const RowMatrix hs = xs + host_matrix(o, rows, hq * d) * host_matrix(b.attention.wo, hq * d, h);
-    const RowMatrix n2 = rmsnorm_reference(hs, host_matrix(b.ffn_norm, 1, h), c.norm_eps);
-    RowMatrix f(rows, h);
-    if (c.is_moe(l)) {
-      // Group (i, j): sequences block i, tokens block j (tokens split only when T divides).
-      const std::int64_t sg = t % sequence_groups_ == 0 ? sequence_groups_ : 1;
-      const std::int64_t seqs = batch_ / batch_groups_, toks = t / sg;
-      RowMatrix group(seqs * toks, h);
-      for (std::int64_t gi = 0; gi < batch_groups_; ++gi) {
-        for (std::int64_t gj = 0; gj < sg; ++gj) {
-          for (std::int64_t bi = 0; bi < seqs; ++bi) {
-            group.middleRows(bi * toks, toks) = n2.middleRows((gi * seqs + bi) * t + gj * toks, toks);
-          }
-          const RowMatrix out = moe_reference(group, b.moe, c.moe);
-          for (std::int64_t bi = 0; bi < seqs; ++bi) {
-            f.middleRows((gi * seqs + bi) * t + gj * toks, toks) = out.middleRows(bi * toks, toks);
-          }
-        }
-      }
-    } else {
-      f = mlp_swiglu_reference(n2, host_matrix(b.mlp.gate, h, c.ffn), host_matrix(b.mlp.up, h, c.ffn),
-                               host_matrix(b.mlp.down, c.ffn, h));
-    }
-    xs = hs + f;
-  }
-  const RowMatrix y = weights_.final_norm.shape.empty()
-                          ? xs
-                          : rmsnorm_reference(xs, host_matrix(weights_.final_norm, 1, h), c.norm_eps);
-  runtime::HostTensor out = runtime::HostTensor::zeros({batch_, t, h});
-  std::copy(y.data(), y.data() + y.size(), out.data.begin());
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/matches_reference.hpp"
 #include "numesh/core/error.hpp"
 
 namespace numesh::ops {
@@ -36,8 +37,11 @@ Eigen::MatrixXd naive(const RowMatrix& a, const RowMatrix& b) {
   return c;
 }
 
-double max_abs_error(const RowMatrix& got, const Eigen::MatrixXd& want) {
-  return (got.cast<double>() - want).cwiseAbs().maxCoeff();
+// got within max_abs of want everywhere (testing::within_abs; want is column-major).
+::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
+  const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
+  return testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
+                             std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
 }
 
 TEST(GemmTest, SmallAndLargeProductsMatchANaiveDoubleProduct) {
@@ -46,7 +50,7 @@ TEST(GemmTest, SmallAndLargeProductsMatchANaiveDoubleProduct) {
     const RowMatrix a = pattern(m, k, 0.1f), b = pattern(k, n, 0.7f);
     RowMatrix c(m, n);
     gemm(ConstMatrixMap(a.data(), m, k), ConstMatrixMap(b.data(), k, n), MatrixMap(c.data(), m, n));
-    EXPECT_LT(max_abs_error(c, naive(a, b)), 1e-4 * k) << m << "x" << k << "x" << n;
+    EXPECT_TRUE(close(c, naive(a, b), 1e-4 * k)) << m << "x" << k << "x" << n;
   }
 }
 
@@ -59,7 +63,7 @@ TEST(GemmTest, TransposedBAlphaAndBetaFollowTheFormula) {
        2.0f, 0.5f, /*transpose_b=*/true);
   const RowMatrix b = bt.transpose();
   const Eigen::MatrixXd want = 2.0 * naive(a, b) + 0.5 * c0.cast<double>();
-  EXPECT_LT(max_abs_error(c, want), 1e-3);
+  EXPECT_TRUE(close(c, want, 1e-3));
 }
 
 TEST(GemmTest, ConcurrentCallsGiveIdenticalResults) {

@@ -37,10 +37,9 @@ class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
   runtime::DeviceMesh mesh() const { return make_mesh(GetParam()); }
 };
 
-// Relative error of the sharded result against the dense reference: max |diff| / max |ref|.
-double relative_error(const runtime::HostTensor& got, const RowMatrix& want) {
-  const RowMatrix g = matrix(got);
-  return (g - want).cwiseAbs().maxCoeff() / std::max(want.cwiseAbs().maxCoeff(), 1e-30f);
+// The sharded result against the dense reference (testing::matches_reference).
+::testing::AssertionResult matches(const runtime::HostTensor& got, const RowMatrix& want, double bound) {
+  return testing::matches_reference(got, runtime::HostTensor{.shape = got.shape, .data = std::vector<float>(want.data(), want.data() + want.size())}, bound);
 }
 
 TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
@@ -63,7 +62,7 @@ TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
       // The sharded sums run in another order (F split over tp, then the all-reduce): the
       // bound grows with the reduction length, max(1e-5, 2 * F * epsilon).
       const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
-      EXPECT_LT(relative_error(y, want), bound)
+      EXPECT_TRUE(matches(y, want, bound))
           << to_string(kind) << " T=" << t << " F=" << f << " up spec " << mlp.up_spec().repr();
       // Compiled once, runs again with the same result.
       EXPECT_EQ(mlp.forward(x), y);
@@ -112,14 +111,14 @@ TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
   const bool has_fsdp = m.mesh().has_axis("fsdp");
 
   ShardedMlp sp(m, MlpKind::kSwiGLU, w, t, MlpAxes{.batch = {"dp", "fsdp"}, .sequence = {"tp"}});
-  EXPECT_LT(relative_error(sp.forward(x), want), bound) << "sequence parallel";
+  EXPECT_TRUE(matches(sp.forward(x), want, bound)) << "sequence parallel";
   if (has_tp) {
     EXPECT_EQ(kinds(sp), (std::vector<Kind>{Kind::kAllGather, Kind::kReduceScatter}))
         << "tokens gathered before the up projection, partial sums reduce-scattered back";
   }
 
   ShardedMlp zero(m, MlpKind::kSwiGLU, w, t, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
-  EXPECT_LT(relative_error(zero.forward(x), want), bound) << "fsdp weights";
+  EXPECT_TRUE(matches(zero.forward(x), want, bound)) << "fsdp weights";
   if (has_fsdp) {
     EXPECT_EQ(zero.up_spec().repr(), "P('fsdp', 'tp')") << "stored split along H";
     const auto k = kinds(zero);

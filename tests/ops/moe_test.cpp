@@ -18,7 +18,8 @@ using testing::make_mesh;
 using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::random_host;
-using testing::relative_error;
+using testing::expected_groups;
+using testing::matches_reference;
 
 MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
   MoeWeights w;
@@ -68,10 +69,13 @@ TEST_P(ShardedMoeTest, EqualsTheReferencePerRoutingGroupWithItsStatistics) {
       ShardedMoe moe(mesh, c, w, tokens);
       const runtime::HostTensor y = moe.forward(x);
       MoeStats want_stats;
-      const runtime::HostTensor want = grouped_reference(x, w, c, moe.groups(), want_stats);
+      // Each device routes the tokens of its split over the batch axes (dp, fsdp).
+      const std::int64_t groups = expected_groups(GetParam(), {"dp", "fsdp"}, tokens);
+      const runtime::HostTensor want = grouped_reference(x, w, c, groups, want_stats);
+      EXPECT_EQ(moe.groups(), groups);
       // Expert outputs are summed in another order (per device, then the all-reduce): fp32
       // bound max(1e-5, 2 * F * epsilon) relative.
-      EXPECT_LT(relative_error(y, want), std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon()))
+      EXPECT_TRUE(matches_reference(y, want, std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon())))
           << "E " << cs.experts << " k " << cs.k << " capacity " << cs.capacity << " tokens " << tokens
           << " local experts " << moe.layer().local_experts;
       const MoeStats got = moe.stats();
@@ -117,13 +121,13 @@ TEST(ShardedMoeTest, TokensSplitOverEpTravelByAllToAll) {
       ShardedMoe moe(mesh, c, w, 32, MoeAxes{.batch = {"dp", "ep"}});
       const runtime::HostTensor y = moe.forward(x);
       MoeStats want_stats;
-      const runtime::HostTensor want = grouped_reference(x, w, c, moe.groups(), want_stats);
+      // Every device routes its own tokens: one group per split over (dp, ep).
+      const std::int64_t groups = expected_groups(mc, {"dp", "ep"}, 32);
+      const runtime::HostTensor want = grouped_reference(x, w, c, groups, want_stats);
       const std::string label = testing::mesh_label(mc) + (capacity > 0 ? " capacity 1" : " dropless");
-      EXPECT_LT(relative_error(y, want), std::max(1e-5, 2.0 * 8 * std::numeric_limits<float>::epsilon())) << label;
+      EXPECT_TRUE(matches_reference(y, want, std::max(1e-5, 2.0 * 8 * std::numeric_limits<float>::epsilon()))) << label;
       EXPECT_EQ(moe.stats().tokens_per_expert, want_stats.tokens_per_expert) << label;
       EXPECT_EQ(moe.stats().dropped, want_stats.dropped) << label;
-      std::int64_t groups = 1;
-      for (const char* a : {"dp", "ep"}) groups *= mesh.mesh().has_axis(a) ? mesh.mesh().axis_size(a) : 1;
       EXPECT_EQ(moe.groups(), groups) << label << ": every device routes its own tokens";
       using Kind = sharding::ReshardStep::Kind;
       std::vector<Kind> kinds;

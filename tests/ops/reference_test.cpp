@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "../common/matches_reference.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/compare.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -25,6 +27,14 @@ RowMatrix pattern(Eigen::Index rows, Eigen::Index cols, float phase, float scale
 }
 
 Eigen::MatrixXd dmatmul(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) { return a * b; }
+
+// got within max_abs of want everywhere (testing::within_abs; want is column-major).
+::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
+  if (got.rows() != want.rows() || got.cols() != want.cols()) return ::testing::AssertionFailure() << "shapes differ";
+  const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
+  return testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
+                             std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
+}
 
 TEST(ReferenceTest, GeluAndSiluMatchTheirClosedForms) {
   // Values from the definitions in double precision (PyTorch's F.gelu / F.silu agree).
@@ -48,7 +58,7 @@ TEST(ReferenceTest, MlpGeluMatchesADoublePrecisionComputation) {
   const Eigen::MatrixXd want = dmatmul(h, w2.cast<double>());
   ASSERT_EQ(y.rows(), 6);
   ASSERT_EQ(y.cols(), 16);
-  EXPECT_LT((y.cast<double>() - want).cwiseAbs().maxCoeff(), 1e-5);
+  EXPECT_TRUE(close(y, want, 1e-5));
 }
 
 TEST(ReferenceTest, MlpSwigluMatchesADoublePrecisionComputation) {
@@ -59,7 +69,7 @@ TEST(ReferenceTest, MlpSwigluMatchesADoublePrecisionComputation) {
   const Eigen::MatrixXd u = dmatmul(x.cast<double>(), wu.cast<double>());
   g = g.unaryExpr([](double v) { return v / (1.0 + std::exp(-v)); }).cwiseProduct(u);
   const Eigen::MatrixXd want = dmatmul(g, wd.cast<double>());
-  EXPECT_LT((y.cast<double>() - want).cwiseAbs().maxCoeff(), 1e-5);
+  EXPECT_TRUE(close(y, want, 1e-5));
 }
 
 TEST(ReferenceTest, RmsnormScalesEachRowToUnitRootMeanSquare) {
@@ -180,7 +190,7 @@ TEST(MoeReferenceTest, AllExpertsWithRenormalisationIsTheProbabilityWeightedSum)
       want.row(ti) += p(ex) * out.row(0);
     }
   }
-  EXPECT_LT((y - want).cwiseAbs().maxCoeff(), 1e-5f);
+  EXPECT_TRUE(close(y, want.cast<double>(), 1e-5));
   EXPECT_EQ(stats.tokens_per_expert, (std::vector<std::int64_t>{5, 5, 5}));
   EXPECT_EQ(stats.dropped, 0);
   EXPECT_EQ(stats.capacity, 0);
@@ -204,7 +214,10 @@ TEST(MoeReferenceTest, CapacityDropsAssignmentsAndCountsThem) {
   EXPECT_EQ(capped.capacity, 4);
   EXPECT_EQ(kept1 + capped.dropped, 32);
   EXPECT_GT(capped.dropped, 0) << "16 tokens x 2 choices cannot fit 4 experts x 4 slots";
-  EXPECT_GT((y0 - y1).cwiseAbs().maxCoeff(), 0.0f) << "dropping changes some outputs";
+  const Comparison dropped_vs_not = compare(std::span<const float>(y1.data(), static_cast<std::size_t>(y1.size())),
+                                            std::span<const float>(y0.data(), static_cast<std::size_t>(y0.size())));
+  EXPECT_TRUE(dropped_vs_not.is_finite_reference() && dropped_vs_not.nonfinite_mismatches == 0);
+  EXPECT_GT(dropped_vs_not.max_abs_error, 0.0) << "dropping changes some outputs";
 }
 
 TEST(MoeReferenceTest, BadConfigsAreRejectedNamingThem) {

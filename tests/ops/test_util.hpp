@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/matches_reference.hpp"
 #include "../runtime/test_devices.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -58,7 +59,21 @@ inline std::string mesh_label(const MeshCase& c) {
 /// mesh_label of a parameterised test's case.
 inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) { return mesh_label(info.param); }
 
-using numesh::ops::relative_error;
+using numesh::testing::matches_reference;
+
+/// The routing groups (or any split) a sharded layer makes of `extent` rows over `axes` on the
+/// mesh of `c`: the product of the sizes of those axes the mesh has, when it divides `extent`;
+/// 1 otherwise (eformer's correction replicates a dim its axes do not divide). Computed from the
+/// mesh case for the oracles, never read from the layer under test.
+inline std::int64_t expected_groups(const MeshCase& c, const std::vector<std::string>& axes, std::int64_t extent) {
+  std::int64_t n = 1;
+  for (const std::string& a : axes) {
+    for (std::size_t i = 0; i < c.names.size(); ++i) {
+      if (c.names[i] == a) n *= c.dims[i];
+    }
+  }
+  return extent % n == 0 ? n : 1;
+}
 
 /// Tokens [from, from + n) of a [B, T, ...] tensor.
 inline runtime::HostTensor token_slice(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {

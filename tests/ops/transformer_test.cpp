@@ -20,7 +20,8 @@ using testing::make_mesh;
 using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::random_host;
-using testing::relative_error;
+using testing::expected_groups;
+using testing::matches_reference;
 
 TransformerConfig small_config() {
   TransformerConfig c;
@@ -52,14 +53,19 @@ TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
     // H and gathered every run.
     const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
     ShardedTransformer model(mesh, c, w, batch, max_len, axes);
-    TransformerReference reference(c, w, batch, max_len, model.routing_groups(), model.sequence_groups());
+    // MoE routing groups from the mesh case: sequences over the batch axes, tokens over sp.
+    const std::int64_t batch_groups = expected_groups(GetParam(), {"dp", "fsdp"}, batch);
+    const std::int64_t sequence_groups = expected_groups(GetParam(), {"sp"}, 0);
+    EXPECT_EQ(model.routing_groups(), batch_groups);
+    EXPECT_EQ(model.sequence_groups(), sequence_groups);
+    TransformerReference reference(c, w, batch, max_len, batch_groups, sequence_groups);
     // Prefill 5 tokens, insert 2 at position 5, then decode 3 tokens one by one.
     std::int64_t position = 0;
     for (std::int64_t n : {5, 2, 1, 1, 1}) {
       const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
       const runtime::HostTensor y = model.forward(x, position);
       const runtime::HostTensor want = reference.forward(x, position);
-      EXPECT_LT(relative_error(y, want), kBound) << "capacity " << capacity << " tokens [" << position << ", "
+      EXPECT_TRUE(matches_reference(y, want, kBound)) << "capacity " << capacity << " tokens [" << position << ", "
                                                  << position + n << ")";
       position += n;
     }
@@ -102,9 +108,9 @@ TEST(ShardedTransformerTest, ABareBlockWithoutFinalNormEqualsTheDenseBlock) {
   TransformerReference reference(c, w, 2, 4);
   const runtime::HostTensor x = random_host({2, 4, c.hidden}, 9, 1.0f);
   const runtime::HostTensor y = model.forward(x, 0);
-  EXPECT_LT(relative_error(y, reference.forward(x, 0)), kBound);
+  EXPECT_TRUE(matches_reference(y, reference.forward(x, 0), kBound));
   // Without the final norm, y = h + mlp(norm(h)) keeps x's scale: not unit RMS rows.
-  EXPECT_GT(relative_error(y, x), 0.01) << "the block changed its input";
+  EXPECT_GT(compare(y, x).relative_error, 0.01) << "the block changed its input";
 }
 
 TEST(ShardedTransformerTest, TheProgramDescribesItself) {

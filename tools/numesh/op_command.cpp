@@ -25,6 +25,7 @@
 #include "cli_text.hpp"
 #include "collective_bench.hpp"
 #include "paxis_options.hpp"
+#include "reference_check.hpp"
 #include "resolve_command.hpp"
 
 namespace numesh::tools {
@@ -281,7 +282,9 @@ int run_op(const OpOptions& o, std::ostream& out) {
     r.plan = moe.program().plan();
     r.stats = moe.stats();
     if (!o.no_check) {
-      const std::int64_t groups = moe.groups(), per = x.shape[0] / groups, h = x.shape[1];
+      // One routing group per split of the tokens over the batch axes (from the mesh, not the layer).
+      const std::int64_t groups = split_count(mesh.mesh(), axes.batch, x.shape[0]), per = x.shape[0] / groups,
+                         h = x.shape[1];
       HostTensor want = HostTensor::zeros(x.shape);
       for (std::int64_t g = 0; g < groups; ++g) {
         const ops::RowMatrix yg =
@@ -338,7 +341,9 @@ int run_op(const OpOptions& o, std::ostream& out) {
     r.plan = model.program(tp.count).plan();
     if (c.moe_every > 0) r.stats = model.moe_stats();
     if (!o.no_check) {
-      ops::TransformerReference reference(c, w, x.shape[0], x.shape[1], model.routing_groups(), model.sequence_groups());
+      ops::TransformerReference reference(
+          c, w, x.shape[0], x.shape[1], split_count(mesh.mesh(), axes.batch, x.shape[0]),
+          sequence_groups(mesh.mesh(), axes.sequence));
       if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
       r.want = reference.forward(chunk, tp.prefix);
     }
@@ -355,14 +360,13 @@ int run_op(const OpOptions& o, std::ostream& out) {
   }
   if (!r.timing_table.empty()) out << "\nper-node timing of one more run:\n" << r.timing_table;
   if (!o.trace.empty()) out << fmt::format("trace    {} (one more run; chrome://tracing or Perfetto)\n", o.trace);
-  bool ok = true;
-  double err = -1.0;
+  ReferenceCheck check(kCheckBound);
   if (r.want) {
-    err = ops::relative_error(r.y, *r.want);
-    ok = err < kCheckBound;
-    out << fmt::format("check    max relative error vs the dense reference {:.2e} (bound {:.0e}): {}\n", err,
-                       kCheckBound, ok ? "ok" : "FAILED");
+    check.add("output", r.y, *r.want);
+    out << fmt::format("check    max relative error vs the dense reference {:.2e} (bound {:.0e}): {}\n",
+                       check.relative_error("output"), kCheckBound, check.verdict());
   }
+  const bool ok = !r.want || check.ok();
   const fs::path y_file = out_dir / "y.npy";
   ops::save_npy(y_file, r.y);
   out << fmt::format("wrote    {} [{}]\n", y_file.string(), fmt::join(r.y.shape, ", "));
@@ -371,7 +375,10 @@ int run_op(const OpOptions& o, std::ostream& out) {
     NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
     nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"median_seconds", r.seconds}, {"plan", r.plan.to_json()},
                      {"output", y_file.string()}};
-    if (r.want) j["check"] = {{"relative_error", err}, {"bound", kCheckBound}, {"ok", ok}};
+    if (r.want) {
+      j["check"] = check.to_json();
+      j["check"]["relative_error"] = check.relative_error("output");
+    }
     if (r.stats) j["tokens_per_expert"] = r.stats->tokens_per_expert;
     file << j.dump(2) << "\n";
   }

@@ -36,12 +36,12 @@ struct AttentionSlice {
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
                   std::int64_t first_position, float theta);
 
-/// The attention computation of attention_reference on raw buffers, without allocating:
-/// applies RoPE in place to q (positions config.q_offset + t) and k (positions s) when
-/// config.rope_theta > 0, then writes softmax(q k^T / sqrt(d) + causal mask) v into out.
-/// Takes one query at a time (the plain algorithm the references use; the lowered layers call
-/// attention_core). `scratch` holds kv_len floats. REQUIRES: shapes as in AttentionSlice,
-/// validated by the caller.
+/// A whole fp32 attention on one thread, on raw buffers, without allocating: applies RoPE in
+/// place to q (positions config.q_offset + t) and k (positions s) when config.rope_theta > 0,
+/// then writes softmax(q k^T / sqrt(d) + causal mask) v into out, one query at a time (the
+/// single-thread baseline of ops_bench; the lowered layers call attention_core, and the
+/// references have float64 code of their own). `scratch` holds kv_len floats.
+/// REQUIRES: shapes as in AttentionSlice, validated by the caller.
 void attention_kernel(float* q, float* k, const float* v, float* out, const AttentionSlice& slice,
                       const AttentionConfig& config, std::span<float> scratch);
 
@@ -81,8 +81,9 @@ struct AttentionWeights {
   runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
 };
 
-/// The dense attention layer on one thread: q, k, v = x wq, x wk, x wv; attention_reference
-/// (causal from position 0, RoPE per config); times wo. x is [B, T, H]; returns [B, T, H].
+/// The dense attention layer, the oracle of ShardedAttention (float64 arithmetic of its own,
+/// rounded once): q, k, v = x wq, x wk, x wv; attention_reference (causal from position 0,
+/// RoPE per config); times wo. x is [B, T, H]; returns [B, T, H].
 /// Throws: ShapeError naming the shapes when x and the weights do not fit the config.
 runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, const AttentionWeights& weights,
                                               const AttentionConfig& config);

@@ -7,13 +7,17 @@
 #include "numesh/runtime/tensor.hpp"
 
 // Dense single-device references: the oracle every sharded operator is checked against, and
-// themselves checked against PyTorch (tests/ops, docs/ops.md). Plain and serial on purpose:
-// fp32 storage, fp32 GEMMs through gemm(), element-wise functions in fp32 with the exact
-// (erf) GELU and the numerically stable sigmoid.
+// themselves checked against PyTorch (tests/ops, docs/ops.md). Plain and serial on purpose,
+// and independent of the code they judge: fp32 in and out, float64 arithmetic of their own
+// inside (Eigen's double products, scalar erf/exp, their own RoPE, softmax and attention
+// loops), rounded to fp32 once. None of the sharded path's kernels (gemm(), the vectorized
+// activations, rope_inplace, attention_core) is called, so an error there cannot appear on
+// both sides of a check.
 
 namespace numesh::ops {
 
-/// GELU, exact form: 0.5 * x * (1 + erf(x / sqrt(2))) (PyTorch's default, approximate='none').
+/// GELU, exact form: 0.5 * x * (1 + erf(x / sqrt(2))) (PyTorch's default, approximate='none'),
+/// evaluated in float64 and rounded.
 float gelu(float x) noexcept;
 /// SiLU (swish): x * sigmoid(x), with the sigmoid evaluated without overflow for large |x|.
 float silu(float x) noexcept;
@@ -28,7 +32,7 @@ RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowM
 RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
                                const RowMatrix& w_up, const RowMatrix& w_down);
 
-/// RMSNorm: y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, accumulated in fp32.
+/// RMSNorm: y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight.
 /// x: [T, H], weight: [1, H] (a row). Throws: ShapeError when weight is not [1, H]; ValueError
 /// when eps < 0.
 RowMatrix rmsnorm_reference(const RowMatrix& x, const RowMatrix& weight, float eps = 1e-6f);
@@ -58,8 +62,8 @@ struct AttentionConfig {
 /// first_position + t. Throws: ShapeError for a rank other than 4 or an odd D.
 void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta);
 
-/// softmax(q k^T / sqrt(head_dim) + mask) v per batch and head, the softmax in fp32 in the
-/// stable form (the row maximum subtracted first); RoPE first when config.rope_theta > 0.
+/// softmax(q k^T / sqrt(head_dim) + mask) v per batch and head, the softmax in the stable form
+/// (the row maximum subtracted first); RoPE first when config.rope_theta > 0.
 /// Returns [B, T, num_heads, head_dim].
 /// Throws: ShapeError naming the shapes when q, k, v disagree with each other or the config
 /// (ranks, batch, heads, head_dim, k and v lengths), num_kv_heads does not divide num_heads,
@@ -103,7 +107,7 @@ struct MoeStats {
   std::int64_t capacity = 0;
 };
 
-/// MoE forward: probs = softmax(x router) (fp32, stable), the top_k experts per token (ties to
+/// MoE forward: probs = softmax(x router) (stable), the top_k experts per token (ties to
 /// the lower expert index), their weights (renormalised if asked), capacity as in MoeConfig,
 /// and y[t] = sum over kept choices j of weight_tj * swiglu_expert_{e_tj}(x[t]).
 /// x: [T, H]; returns [T, H]; fills `stats` when given.

@@ -31,11 +31,6 @@ inline ConstMatrixMap as_matrix(const runtime::Tensor& t) {
   return {t.values().data(), cols == 0 ? 0 : t.size() / cols, cols};
 }
 
-/// max |got - want| / max |want| over all elements (the absolute error when want is all
-/// zeros): the measure every check against a dense reference uses.
-/// Throws: ShapeError when the shapes differ.
-double relative_error(const runtime::HostTensor& got, const runtime::HostTensor& want);
-
 /// Tokens [from, from + n) of x [B, T, ...]: [B, n, ...].
 /// Throws: ShapeError when x has rank < 2 or the range leaves [0, T).
 runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from, std::int64_t n);

@@ -1,0 +1,66 @@
+#pragma once
+
+// PRIVATE to ops/src: the arithmetic of the dense references, in float64 and written on its
+// own. The sharded operators run fp32 kernels (gemm(), the Eigen activations, rope_inplace,
+// attention_core); the references share none of that code, so an error in a kernel cannot hide
+// by appearing on both sides of a check. Inputs are fp32 and are widened exactly; the results
+// are rounded to fp32 once, by the public functions (reference.hpp, TransformerReference).
+//
+// Matrices are row-major [rows, cols]; a [B, T, heads, head_dim] activation is the matrix
+// [B * T, heads * head_dim] (the same bytes in bthd order).
+
+#include <Eigen/Core>
+
+#include <cstdint>
+#include <vector>
+
+#include "numesh/ops/reference.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+namespace numesh::ops::oracle {
+
+/// A row-major float64 matrix.
+using MatrixD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// `rows` x `cols` fp32 values at `data`, widened.
+MatrixD widen(const float* data, std::int64_t rows, std::int64_t cols);
+/// A host tensor's values as [rows, cols]. REQUIRES: rows * cols == t.size().
+MatrixD widen(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols);
+/// `m` rounded to fp32 as a host tensor of `shape`. REQUIRES: the sizes agree.
+runtime::HostTensor narrow(const MatrixD& m, std::vector<std::int64_t> shape);
+/// `m` rounded to fp32 as a matrix.
+RowMatrix narrow(const MatrixD& m);
+
+/// 0.5 x (1 + erf(x / sqrt(2))).
+double gelu(double x) noexcept;
+/// x * sigmoid(x), in a form that overflows for no x.
+double silu(double x) noexcept;
+
+/// gelu(x w1) w2.
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2);
+/// (silu(x w_gate) .* (x w_up)) w_down.
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down);
+/// x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, weight a [1, H] row.
+MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
+
+/// Rotate-half RoPE in place on x [batch * tokens, heads * d] whose token t sits at position
+/// first_position + t: pairs (i, i + d/2) turned by (first_position + t) * theta^(-2i/d).
+void rope(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
+          std::int64_t first_position, double theta);
+
+/// Shapes of one attention call.
+struct AttentionShape {
+  std::int64_t batch = 1, q_len = 1, kv_len = 1, heads = 1, kv_heads = 1, head_dim = 1;
+  std::int64_t q_offset = 0;  ///< position of query 0; query t sees keys 0..q_offset + t
+  bool causal = true;
+};
+
+/// softmax(q k^T / sqrt(d) + mask) v per sequence and head (query head h reads kv head
+/// h / (heads / kv_heads)): q [batch * q_len, heads * d], k and v [batch * kv_len, kv_heads * d];
+/// returns [batch * q_len, heads * d]. No RoPE.
+MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const AttentionShape& shape);
+
+/// The MoE layer of moe_reference on x [T, H] (weights validated by the caller).
+MatrixD moe(const MatrixD& x, const MoeWeights& weights, const MoeConfig& config, MoeStats* stats);
+
+}  // namespace numesh::ops::oracle

@@ -1,0 +1,61 @@
+#pragma once
+
+// The check `numesh run` and `numesh op` make of their outputs against the dense reference,
+// and the parameters the reference needs, derived from the mesh and the axes the user chose
+// (never read back from the sharded model that is being checked).
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "numesh/ops/compare.hpp"
+#include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/mesh.hpp"
+
+namespace numesh::tools {
+
+/// The outputs of one run compared with the dense reference, part by part ("prefill",
+/// "decode step 3", ...). The run fails when any part has an element that is non-finite in one
+/// and not the other, a reference that is not finite (the inputs hold NaN or infinities, or the
+/// model overflows: nothing to vouch for), or a relative error above the bound.
+class ReferenceCheck {
+ public:
+  /// REQUIRES: bound >= 0.
+  explicit ReferenceCheck(double bound) : bound_(bound) {}
+
+  /// Compares `got` with `want` as the part `what`. Throws: ShapeError when the shapes differ.
+  void add(const std::string& what, const runtime::HostTensor& got, const runtime::HostTensor& want);
+  /// True when every part passed (and at least one was added).
+  [[nodiscard]] bool ok() const noexcept { return parts_ > 0 && failure_.empty(); }
+  /// The largest relative error of the parts whose elements are all finite in both.
+  [[nodiscard]] double worst_relative_error() const noexcept { return worst_; }
+  /// The relative error of the parts added under `what` (the largest; -1 when none).
+  [[nodiscard]] double relative_error(const std::string& what) const;
+  /// "ok", or what failed first: the part and ops::Comparison::describe().
+  [[nodiscard]] std::string verdict() const;
+  /// The bound.
+  [[nodiscard]] double bound() const noexcept { return bound_; }
+  /// {"ok", "bound", "worst_relative_error", "failure" (when failed)}.
+  [[nodiscard]] nlohmann::json to_json() const;
+
+ private:
+  double bound_;
+  double worst_ = 0.0;
+  std::int64_t parts_ = 0;
+  std::vector<std::pair<std::string, double>> errors_;
+  std::string failure_;
+};
+
+/// The routing groups (or any split) the lowering makes of `extent` rows over `axes`: the
+/// product of the sizes of the axes the mesh has, when it divides extent; 1 otherwise (the
+/// corrected spec then replicates that dim).
+[[nodiscard]] std::int64_t split_count(const sharding::Mesh& mesh, const std::vector<std::string>& axes,
+                                       std::int64_t extent);
+
+/// The token groups of a call whose T the sequence axis divides: that axis's size, 1 without
+/// one (the dense transformer reference's `sequence_groups`).
+[[nodiscard]] std::int64_t sequence_groups(const sharding::Mesh& mesh, const std::string& sequence_axis);
+
+}  // namespace numesh::tools
