@@ -35,6 +35,11 @@ double ReferenceCheck::relative_error(const std::string& what) const {
   return it == errors_.end() ? -1.0 : it->second;
 }
 
+std::string ReferenceCheck::error_text(const std::string& what) const {
+  const double e = relative_error(what);
+  return e < 0 ? "n/a" : fmt::format("{:.2e}", e);
+}
+
 std::string ReferenceCheck::verdict() const {
   if (parts_ == 0) return "FAILED: nothing was compared";
   return failure_.empty() ? "ok" : "FAILED: " + failure_;

@@ -33,6 +33,8 @@ class ReferenceCheck {
   [[nodiscard]] double worst_relative_error() const noexcept { return worst_; }
   /// The relative error of the parts added under `what` (the largest; -1 when none).
   [[nodiscard]] double relative_error(const std::string& what) const;
+  /// relative_error(what) as "4.14e-07", or "n/a" when a non-finite value left it unmeasured.
+  [[nodiscard]] std::string error_text(const std::string& what) const;
   /// "ok", or what failed first: the part and ops::Comparison::describe().
   [[nodiscard]] std::string verdict() const;
   /// The bound.
