@@ -74,12 +74,12 @@ std::string Comparison::describe() const {
   if (elements == 0) return "nothing to compare (0 elements)";
   std::string out;
   if (nonfinite_mismatches > 0) {
-    out = fmt::format("got {} at {} where the reference is {} ({} non-finite mismatch{}); ", got_at_mismatch,
+    out = fmt::format("got {:.7g} at {} where the reference is {:.7g} ({} non-finite mismatch{}); ", got_at_mismatch,
                       index_text(first_mismatch), want_at_mismatch, nonfinite_mismatches,
                       nonfinite_mismatches == 1 ? "" : "es");
   }
   if (worst_index >= 0) {
-    out += fmt::format("max relative error {:.2e} at {}: got {}, want {}, scale {:.3g}", relative_error,
+    out += fmt::format("max relative error {:.2e} at {}: got {:.7g}, want {:.7g}, scale {:.3g}", relative_error,
                        index_text(worst_index), got_at_worst, want_at_worst, scale);
   } else {
     out += "no element is finite in both";
