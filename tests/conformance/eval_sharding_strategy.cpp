@@ -68,8 +68,10 @@ json eval_sharding_strategy(const json& /*file*/, const json& c) {
           json out{{"total_parameters", a.total_parameters},
                    {"sharded_parameters", a.sharded_parameters}};
           // eformer leaves memory_per_device, balance_score and partition_stats as
-          // placeholders ({}, 0.0, {}); numesh computes them, so these cases differ on purpose
-          // (docs/eformer-compat.md) and the runner shows numesh's real numbers.
+          // placeholders ({}, 0.0, {}); numesh computes them, so these cases differ on purpose.
+          // docs/eformer-compat.md lists numesh's numbers, which the runner checks, and states
+          // that they differ from eformer's only at those three fields, so the runner also
+          // checks total_parameters and sharded_parameters against eformer's.
           // sharding_strategy_test checks the computed fields on hand-worked examples.
           out["memory_per_device"] = a.memory_per_device;
           out["balance_score"] = a.balance_score;

@@ -3,54 +3,36 @@
 //
 //   eformer_conformance [--compat FILE] [--quiet] [PATH...]
 //
-// PATH is a vector file or a folder of them (default: the project's copy). Prints one line per
-// file, `FILE: N passed, M failed`, each failure with expected and actual, each case it could
-// not evaluate with the reason, and a last line `N passed, M failed`. Exits 1 when a case fails
-// or cannot be evaluated and docs/eformer-compat.md does not list it (with its reason) as a
-// known difference; 2 on bad arguments or unreadable files.
+// PATH is a vector file or a folder of them (default: the project's copy). Every case either
+// passes (numesh's result equals eformer's) or is a documented divergence: an item of
+// docs/eformer-compat.md's "## Vector cases that differ" that states numesh's result, which
+// the runner checks (compat_doc.hpp has the format). Prints one line per file, each failure
+// with expected and actual values, each divergence with both sides, stale items and count
+// mismatches, then a summary. Exits 1 on an undocumented failure, a documented value that is
+// not numesh's, a stale item or a count mismatch; 2 on bad arguments, unreadable files or a
+// malformed list.
+
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <regex>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "compat_doc.hpp"
 #include "conformance.hpp"
 
 namespace fs = std::filesystem;
+using numesh::conformance::DocumentedDivergence;
 using numesh::conformance::json;
 
 namespace {
-
-// A documented difference: `file:id` (a trailing '*' matches any id with that prefix).
-struct KnownDifference {
-  std::string pattern;
-  std::string reason;
-  bool matches(const std::string& key) const {
-    if (!pattern.empty() && pattern.back() == '*') {
-      return key.compare(0, pattern.size() - 1, pattern, 0, pattern.size() - 1) == 0;
-    }
-    return key == pattern;
-  }
-};
-
-// Reads the list items "- `file.json:case-id`: reason" of the section headed
-// "## Vector cases that differ" in docs/eformer-compat.md.
-std::vector<KnownDifference> load_known_differences(const fs::path& doc) {
-  std::vector<KnownDifference> out;
-  std::ifstream in(doc);
-  if (!in) return out;
-  static const std::regex item(R"(^- `([^`]+\.json:[^`]*)`: (.+)$)");
-  bool in_section = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("## ", 0) == 0) in_section = line.find("Vector cases that differ") != std::string::npos;
-    std::smatch m;
-    if (in_section && std::regex_match(line, m, item)) out.push_back({m[1], m[2]});
-  }
-  return out;
-}
 
 // Python error classes that numesh folds into one class: AttributeError (eformer reads an
 // attribute of None) is numesh::TypeError.
@@ -66,12 +48,99 @@ json normalise(json j) {
   return j;
 }
 
-struct Totals {
-  int passed = 0, failed = 0, unlisted_failures = 0, not_evaluated = 0;
+// Removes the value at `p`: an object member is erased, an array element becomes null (so the
+// indices of its siblings keep their meaning).
+void erase_at(json& j, const json::json_pointer& p) {
+  if (!j.contains(p)) return;
+  json& parent = j[p.parent_pointer()];
+  if (parent.is_object()) {
+    parent.erase(p.back());
+  } else {
+    j[p] = nullptr;
+  }
+}
+
+std::string join_pointers(const std::vector<json::json_pointer>& pointers) {
+  std::string out;
+  for (const auto& p : pointers) out += (out.empty() ? "" : ", ") + p.to_string();
+  return out;
+}
+
+// What the runner made of one case: the JSON numesh computed, or why it was not evaluated.
+struct Outcome {
+  std::optional<json> actual;
+  std::string not_evaluated;
+  std::string describe() const {
+    return actual ? actual->dump() : "not evaluated (" + not_evaluated + ")";
+  }
 };
 
-void run_file(const fs::path& path, const std::vector<KnownDifference>& known, bool quiet,
-              Totals& totals) {
+std::string describe_statement(const DocumentedDivergence& d) {
+  return d.returns ? d.returns->dump() : "not evaluated (" + *d.not_evaluated + ")";
+}
+
+// How numesh's outcome contradicts the item `d` (which states a result), or "" when numesh
+// does what the item says.
+std::string contradiction(const DocumentedDivergence& d, const Outcome& o, const json& expected) {
+  if (d.not_evaluated) {
+    if (o.actual) return "documented as not evaluated, but the runner evaluates it";
+    if (o.not_evaluated != *d.not_evaluated) {
+      return "documented as not evaluated for another reason than the runner's";
+    }
+    return "";
+  }
+  if (!o.actual) return "documented with a value, but the runner does not evaluate it";
+  json actual = normalise(*o.actual);
+  if (actual != normalise(*d.returns)) return "numesh's value is not the documented one";
+  if (d.differs_only_at.empty()) return "";
+  // The item says numesh agrees with eformer everywhere but at these places: check both
+  // halves of that (eformer's expected value is the reference for the rest).
+  json eformer = normalise(expected);
+  std::vector<json::json_pointer> agreeing;
+  for (const auto& p : d.differs_only_at) {
+    const bool in_e = eformer.contains(p);
+    const bool in_a = actual.contains(p);
+    if (in_e == in_a && (!in_e || eformer.at(p) == actual.at(p))) agreeing.push_back(p);
+    erase_at(eformer, p);
+    erase_at(actual, p);
+  }
+  if (!agreeing.empty()) {
+    return fmt::format("numesh agrees with eformer at {}, which the item lists as differing",
+                       join_pointers(agreeing));
+  }
+  if (eformer != actual) {
+    return fmt::format(
+        "numesh differs from eformer outside {}\n"
+        "    eformer elsewhere: {}\n"
+        "    numesh elsewhere:  {}",
+        join_pointers(d.differs_only_at), eformer.dump(), actual.dump());
+  }
+  return "";
+}
+
+struct Totals {
+  int files = 0, cases = 0, passed = 0, not_evaluated = 0, documented = 0,
+      documented_not_evaluated = 0, value_mismatches = 0, undocumented = 0, count_mismatches = 0;
+};
+
+// State shared across files: the documented items by key, which items' cases were seen, and
+// the stale items found so far (by line, to print them in the document's order).
+struct Run {
+  std::string doc_name;
+  std::map<std::string, const DocumentedDivergence*> items;
+  std::set<std::string> files_run;
+  std::set<std::string> cases_seen;
+  std::map<int, std::string> stale;
+  bool quiet = false;
+  Totals totals;
+
+  void add_stale(const DocumentedDivergence& d, const std::string& why) {
+    stale.emplace(d.line,
+                  fmt::format("stale: `{}` ({} line {}): {}", d.key(), doc_name, d.line, why));
+  }
+};
+
+void run_file(const fs::path& path, Run& run) {
   json file;
   {
     std::ifstream in(path);
@@ -80,56 +149,114 @@ void run_file(const fs::path& path, const std::vector<KnownDifference>& known, b
   }
   const std::string name = path.filename().string();
   const auto* evaluator = numesh::conformance::find_evaluator(name);
+  const json& cases = file.at("cases");
+  run.files_run.insert(name);
+
+  // The count is how the generator says how many cases it wrote: a mismatch means a truncated
+  // or hand-edited file.
+  std::string count_problem;
+  if (!file.contains("count") || !file["count"].is_number_integer()) {
+    count_problem =
+        fmt::format("count mismatch: {}: no integer \"count\" field, {} cases", name, cases.size());
+  } else if (file["count"].get<std::int64_t>() != static_cast<std::int64_t>(cases.size())) {
+    count_problem = fmt::format("count mismatch: {}: \"count\" is {} but the file has {} cases",
+                                name, file["count"].get<std::int64_t>(), cases.size());
+  }
+
   Totals t;
   std::vector<std::string> lines;
-  for (const json& c : file.at("cases")) {
+  for (const json& c : cases) {
+    ++t.cases;
     const std::string id = c.value("id", "?");
     const std::string key = name + ":" + id;
-    json actual;
+    run.cases_seen.insert(key);
+    Outcome o;
     try {
       if (!evaluator) throw numesh::conformance::NotEvaluated("no evaluator for " + name);
-      actual = (*evaluator)(file, c);
+      o.actual = (*evaluator)(file, c);
     } catch (const numesh::conformance::NotEvaluated& e) {
+      o.not_evaluated = e.what();
       ++t.not_evaluated;
-      auto it = std::find_if(known.begin(), known.end(),
-                             [&](const KnownDifference& k) { return k.matches(key); });
-      if (it == known.end()) ++t.unlisted_failures;
-      lines.push_back(fmt::format("  NOT EVALUATED {}: {}{}", id, e.what(),
-                                  it == known.end() ? "" : " (documented: " + it->reason + ")"));
-      continue;
     } catch (const std::exception& e) {
-      actual = json{{"uncaught exception", e.what()}};
+      o.actual = json{{"uncaught exception", e.what()}};
     }
     const json expected = c.contains("expected") ? c["expected"] : json{{"steps", c["steps"]}};
-    if (normalise(actual) == normalise(expected)) {
+    const auto item = run.items.find(key);
+    const DocumentedDivergence* d = item == run.items.end() ? nullptr : item->second;
+
+    if (o.actual && normalise(*o.actual) == normalise(expected)) {
       ++t.passed;
+      if (d) run.add_stale(*d, "the case now matches eformer; remove the item");
       continue;
     }
-    ++t.failed;
-    auto it = std::find_if(known.begin(), known.end(),
-                           [&](const KnownDifference& k) { return k.matches(key); });
-    if (it == known.end()) ++t.unlisted_failures;
-    lines.push_back(fmt::format("  FAIL {}{}\n    expected: {}\n    actual:   {}", id,
-                                it == known.end() ? "" : " (documented difference: " + it->reason + ")",
-                                expected.dump(), actual.dump()));
+    if (!d || !d->has_statement()) {
+      ++t.undocumented;
+      if (d) {
+        run.add_stale(*d,
+                      "states no numesh result (add '  - numesh returns: `JSON`' or "
+                      "'  - numesh: not evaluated (reason)')");
+      }
+      const std::string note =
+          d ? fmt::format(" (listed on {} line {} without numesh's result)", run.doc_name, d->line)
+            : "";
+      lines.push_back(o.actual
+                          ? fmt::format("  FAIL {}{}\n    expected: {}\n    actual:   {}", id, note,
+                                        expected.dump(), o.actual->dump())
+                          : fmt::format("  NOT EVALUATED {}{}: {}", id, note, o.not_evaluated));
+      continue;
+    }
+    if (const std::string why = contradiction(*d, o, expected); !why.empty()) {
+      ++t.value_mismatches;
+      lines.push_back(fmt::format(
+          "  VALUE MISMATCH {} ({} line {}): {}\n    expected:   {}\n    documented: {}\n"
+          "    actual:     {}",
+          id, run.doc_name, d->line, why, expected.dump(), describe_statement(*d), o.describe()));
+      continue;
+    }
+    ++t.documented;
+    if (!o.actual) {
+      ++t.documented_not_evaluated;
+      lines.push_back(fmt::format("  DOCUMENTED {}: not evaluated ({}), as {} line {} states", id,
+                                  o.not_evaluated, run.doc_name, d->line));
+    } else {
+      const std::string only_at =
+          d->differs_only_at.empty()
+              ? ""
+              : ", eformer's value but at " + join_pointers(d->differs_only_at);
+      lines.push_back(
+          fmt::format("  DOCUMENTED {}: numesh returns what {} line {} states{}\n    expected: {}\n"
+                      "    actual:   {}",
+                      id, run.doc_name, d->line, only_at, expected.dump(), o.actual->dump()));
+    }
   }
-  std::cout << name << ": " << t.passed << " passed, " << t.failed << " failed";
+
+  std::cout << fmt::format("{}: {} passed, {} documented, {} failed", name, t.passed, t.documented,
+                           t.undocumented + t.value_mismatches);
   if (t.not_evaluated) std::cout << ", " << t.not_evaluated << " not evaluated";
   std::cout << "\n";
-  if (!quiet) {
+  if (!run.quiet) {
     for (const auto& l : lines) std::cout << l << "\n";
   }
-  totals.passed += t.passed;
-  totals.failed += t.failed;
-  totals.unlisted_failures += t.unlisted_failures;
-  totals.not_evaluated += t.not_evaluated;
+  if (!count_problem.empty()) {
+    ++t.count_mismatches;
+    std::cout << "  " << count_problem << "\n";
+  }
+  Totals& all = run.totals;
+  ++all.files;
+  all.cases += t.cases;
+  all.passed += t.passed;
+  all.documented += t.documented;
+  all.documented_not_evaluated += t.documented_not_evaluated;
+  all.value_mismatches += t.value_mismatches;
+  all.undocumented += t.undocumented;
+  all.count_mismatches += t.count_mismatches;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   fs::path compat = NUMESH_COMPAT_DOC;
-  bool quiet = false;
+  Run run;
   std::vector<fs::path> inputs;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -137,13 +264,26 @@ int main(int argc, char** argv) {
       std::cout << "usage: eformer_conformance [--compat FILE] [--quiet] [PATH...]\n"
                    "Evaluates eformer golden vectors (files or folders; default "
                 << NUMESH_VECTOR_DIR
-                << ").\n  --compat FILE  list of documented differences (default "
-                << NUMESH_COMPAT_DOC << ")\n  --quiet        only the per-file and total lines\n";
+                << ").\nA case passes when numesh's result equals eformer's, or is a documented "
+                   "divergence when\nFILE lists it under \"## Vector cases that differ\" with the "
+                   "result numesh returns,\nwhich is checked. Items whose case passes or does not "
+                   "exist are stale; with PATHs that\nare files (not folders), only the items of "
+                   "those files are checked for staleness.\n"
+                   "  --compat FILE  list of documented divergences (default "
+                << NUMESH_COMPAT_DOC
+                << ")\n  --quiet        no per-case lines\n"
+                   "Exit status: 0 all as expected; 1 an undocumented failure, a documented value "
+                   "numesh\ndoes not return, a stale item or a count mismatch; 2 bad arguments, "
+                   "unreadable files\nor a malformed list.\n";
       return 0;
-    } else if (arg == "--compat" && i + 1 < argc) {
+    } else if (arg == "--compat") {
+      if (i + 1 == argc) {
+        std::cerr << "eformer_conformance: --compat needs a FILE (see --help)\n";
+        return 2;
+      }
       compat = argv[++i];
     } else if (arg == "--quiet") {
-      quiet = true;
+      run.quiet = true;
     } else if (!arg.empty() && arg[0] == '-') {
       std::cerr << "eformer_conformance: unknown option '" << arg << "' (see --help)\n";
       return 2;
@@ -153,6 +293,9 @@ int main(int argc, char** argv) {
   }
   if (inputs.empty()) inputs.emplace_back(NUMESH_VECTOR_DIR);
 
+  // Given single files, the run covers only part of the vectors, so an item of another file
+  // cannot be called stale; given folders, every item must name a case that was run.
+  bool only_run_files = false;
   std::vector<fs::path> files;
   for (const auto& in : inputs) {
     if (fs::is_directory(in)) {
@@ -161,28 +304,56 @@ int main(int argc, char** argv) {
       }
     } else if (fs::exists(in)) {
       files.push_back(in);
+      only_run_files = true;
     } else {
       std::cerr << "eformer_conformance: no such file or folder '" << in.string() << "'\n";
       return 2;
     }
   }
   std::sort(files.begin(), files.end());
-  const auto known = load_known_differences(compat);
 
-  Totals totals;
+  std::vector<DocumentedDivergence> documented;
+  try {
+    documented = numesh::conformance::load_documented_divergences(compat);
+  } catch (const numesh::conformance::CompatDocError& e) {
+    std::cerr << "eformer_conformance: " << e.what() << "\n";
+    return 2;
+  }
+  run.doc_name = compat.filename().string();
+  for (const auto& d : documented) run.items.emplace(d.key(), &d);
+
   for (const auto& f : files) {
     try {
-      run_file(f, known, quiet, totals);
+      run_file(f, run);
     } catch (const std::exception& e) {
       std::cerr << "eformer_conformance: " << f.string() << ": " << e.what() << "\n";
       return 2;
     }
   }
-  if (totals.not_evaluated) std::cout << totals.not_evaluated << " cases not evaluated\n";
-  if (totals.failed || totals.not_evaluated) {
-    std::cout << totals.unlisted_failures << " failures not listed in " << compat.filename().string()
-              << "\n";
+  for (const auto& d : documented) {
+    if (run.cases_seen.contains(d.key())) continue;
+    if (run.files_run.contains(d.file)) {
+      run.add_stale(d, "names no case: " + d.file + " has no case with this id");
+    } else if (!only_run_files) {
+      run.add_stale(d, "names no case: no vector file " + d.file + " was run");
+    }
   }
-  std::cout << totals.passed << " passed, " << totals.failed << " failed\n";
-  return totals.unlisted_failures ? 1 : 0;
+  for (const auto& [line, message] : run.stale) std::cout << message << "\n";
+
+  const Totals& t = run.totals;
+  const int stale = static_cast<int>(run.stale.size());
+  const bool ok = !t.undocumented && !t.value_mismatches && !stale && !t.count_mismatches;
+  std::cout << fmt::format("summary: {} cases in {} file{}: {}\n", t.cases, t.files,
+                           t.files == 1 ? "" : "s", ok ? "OK" : "FAILED");
+  std::cout << fmt::format("  {} passed\n", t.passed);
+  std::cout << fmt::format(
+      "  {} documented divergences, each returning the value {} states ({} not evaluated, as "
+      "stated)\n",
+      t.documented, run.doc_name, t.documented_not_evaluated);
+  std::cout << fmt::format("  {} documented divergences whose value differs from {}\n",
+                           t.value_mismatches, run.doc_name);
+  std::cout << fmt::format("  {} failed undocumented\n", t.undocumented);
+  std::cout << fmt::format("  {} stale entries in {}\n", stale, run.doc_name);
+  std::cout << fmt::format("  {} count mismatches\n", t.count_mismatches);
+  return ok ? 0 : 1;
 }
