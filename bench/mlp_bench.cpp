@@ -12,9 +12,8 @@
 #include <random>
 
 #include "bench_devices.hpp"
-#include "numesh/ops/activations.hpp"
-#include "numesh/ops/mlp.hpp"
-#include "numesh/ops/reference.hpp"
+#include "numesh/ops/kernels/activations.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 

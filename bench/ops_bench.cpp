@@ -35,10 +35,12 @@
 #include <vector>
 
 #include "bench_devices.hpp"
-#include "numesh/ops/attention.hpp"
-#include "numesh/ops/gemm.hpp"
-#include "numesh/ops/moe.hpp"
-#include "numesh/ops/reference.hpp"
+#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/lowering/moe.hpp"
+#include "numesh/ops/reference/moe.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+#include "numesh/ops/kernels/attention_core.hpp"
 
 namespace numesh::bench {
 namespace {

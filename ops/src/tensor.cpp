@@ -6,7 +6,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "lowering_util.hpp"
+#include "shape_text.hpp"
 
 namespace numesh::ops {
 

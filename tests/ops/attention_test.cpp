@@ -1,4 +1,4 @@
-#include "numesh/ops/attention.hpp"
+#include "numesh/ops/lowering/attention.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <random>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/attention.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {

@@ -1,4 +1,4 @@
-#include "numesh/ops/gemm.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "numesh/ops/mlp.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <random>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/mlp.hpp"
 #include "test_util.hpp"
-#include "numesh/ops/reference.hpp"
 
 namespace numesh::ops {
 namespace {

@@ -1,10 +1,11 @@
-#include "numesh/ops/moe.hpp"
+#include "numesh/ops/lowering/moe.hpp"
 
 #include <gmock/gmock.h>
 #include <algorithm>
 #include <gtest/gtest.h>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/moe.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {

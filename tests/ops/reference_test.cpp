@@ -1,4 +1,3 @@
-#include "numesh/ops/reference.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,6 +8,10 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/compare.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/norms.hpp"
+#include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/moe.hpp"
 
 namespace numesh::ops {
 namespace {

@@ -44,11 +44,15 @@
 #include "../runtime/test_devices.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/attention.hpp"
-#include "numesh/ops/mlp.hpp"
+#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/npy.hpp"
-#include "numesh/ops/reference.hpp"
-#include "numesh/ops/transformer.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/norms.hpp"
+#include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/moe.hpp"
+#include "numesh/ops/reference/transformer.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "numesh/ops/transformer.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/transformer.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {

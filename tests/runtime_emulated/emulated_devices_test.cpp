@@ -16,13 +16,14 @@
 #include <vector>
 
 #include "../common/matches_reference.hpp"
-#include "numesh/ops/mlp.hpp"
-#include "numesh/ops/reference.hpp"
-#include "numesh/ops/transformer.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/transformer.hpp"
 
 namespace numesh::runtime {
 namespace {

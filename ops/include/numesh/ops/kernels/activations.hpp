@@ -16,8 +16,4 @@ void gelu_inplace(MatrixMap x);
 /// REQUIRES: gate and up have the same shape.
 void silu_mul_inplace(MatrixMap gate, ConstMatrixMap up);
 
-/// y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight (RMSNorm), per row, in fp32.
-/// weight is [1, H]; y may alias x. REQUIRES: shapes agree.
-void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float eps);
-
 }  // namespace numesh::ops

@@ -1,4 +1,4 @@
-#include "numesh/ops/mlp.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,8 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/activations.hpp"
-#include "numesh/ops/gemm.hpp"
-#include "numesh/ops/reference.hpp"
+#include "numesh/ops/kernels/activations.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
 #include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
@@ -23,10 +22,6 @@ using sharding::PartitionSpec;
 using detail::shape_text;
 
 }  // namespace
-
-std::string_view to_string(MlpKind kind) noexcept {
-  return kind == MlpKind::kGelu ? "gelu" : "swiglu";
-}
 
 MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const MlpWeights& w,
                           const MlpAxes& axes) {

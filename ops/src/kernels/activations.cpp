@@ -1,8 +1,7 @@
-#include "numesh/ops/activations.hpp"
+#include "numesh/ops/kernels/activations.hpp"
 
 #include <unsupported/Eigen/SpecialFunctions>
 
-#include <cmath>
 
 namespace numesh::ops {
 
@@ -15,14 +14,6 @@ void silu_mul_inplace(MatrixMap gate, ConstMatrixMap up) {
   auto g = gate.array();
   // exp(-g) overflows to inf for g < -88, and g / inf = -0: the limit, no NaN.
   g = g / (1.0f + (-g).exp()) * up.array();
-}
-
-void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float eps) {
-  const auto h = static_cast<float>(x.cols());
-  for (Eigen::Index t = 0; t < x.rows(); ++t) {
-    const float scale = 1.0f / std::sqrt(x.row(t).squaredNorm() / h + eps);
-    y.row(t) = (x.row(t) * scale).cwiseProduct(weight.row(0));
-  }
 }
 
 }  // namespace numesh::ops

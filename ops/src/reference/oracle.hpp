@@ -14,7 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "numesh/ops/reference.hpp"
+#include "numesh/ops/moe_config.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::ops::oracle {
@@ -30,6 +31,8 @@ MatrixD widen(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols
 runtime::HostTensor narrow(const MatrixD& m, std::vector<std::int64_t> shape);
 /// `m` rounded to fp32 as a matrix.
 RowMatrix narrow(const MatrixD& m);
+/// An fp32 matrix widened.
+inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }
 
 /// 0.5 x (1 + erf(x / sqrt(2))).
 double gelu(double x) noexcept;

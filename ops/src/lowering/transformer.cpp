@@ -1,4 +1,4 @@
-#include "numesh/ops/transformer.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,7 +11,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/activations.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 #include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/presets.hpp"
@@ -23,15 +23,6 @@ namespace {
 using sharding::AxisRule;
 using sharding::PartitionSpec;
 using detail::shape_text;
-
-runtime::HostTensor normal(std::vector<std::int64_t> shape, std::mt19937& rng, float mean, float stddev) {
-  std::normal_distribution<float> dist(mean, stddev);
-  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
-  for (float& v : t.data) v = dist(rng);
-  return t;
-}
-
-float fan_in_scale(std::int64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); }
 
 // out = rmsnorm(a + b) per row of the calling slot's shards, with the sum also written to
 // `sum` when given; b may be null (out = rmsnorm(a)); weight may be null (out = a + b, no norm).
@@ -71,134 +62,6 @@ runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor&
 
 
 }  // namespace
-
-void TransformerConfig::validate() const {
-  const AttentionConfig& a = attention;
-  NUMESH_CHECK(hidden > 0 && layers > 0 && ffn > 0 && a.num_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0,
-               ValueError, "transformer: hidden {}, layers {}, ffn {}, heads {}, kv heads {}, head_dim {} must all "
-               "be positive", hidden, layers, ffn, a.num_heads, a.num_kv_heads, a.head_dim);
-  NUMESH_CHECK(a.num_heads % a.num_kv_heads == 0, ValueError,
-               "transformer: kv heads {} must divide heads {}", a.num_kv_heads, a.num_heads);
-  NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,
-               "transformer: head_dim {} is odd, RoPE needs it even", a.head_dim);
-  NUMESH_CHECK(moe_every >= 0, ValueError, "transformer: moe_every {} is negative", moe_every);
-  if (moe_every > 0) {
-    NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,
-                 "transformer: top_k {} must be between 1 and the {} experts", moe.top_k, moe.num_experts);
-    NUMESH_CHECK(moe_ffn > 0 && moe.capacity_factor >= 0.0f, ValueError,
-                 "transformer: moe_ffn {} must be positive and capacity_factor {} not negative", moe_ffn,
-                 moe.capacity_factor);
-  }
-  NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
-}
-
-std::int64_t TransformerConfig::parameters() const noexcept {
-  const AttentionConfig& a = attention;
-  std::int64_t total = hidden;  // final norm
-  for (std::int64_t l = 0; l < layers; ++l) {
-    total += 2 * hidden + hidden * a.head_dim * (2 * a.num_heads + 2 * a.num_kv_heads);
-    total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn : 3 * hidden * ffn;
-  }
-  return total;
-}
-
-double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept {
-  const auto rows = static_cast<double>(batch * tokens);
-  const auto h = static_cast<double>(hidden);
-  double total = 0.0;
-  for (std::int64_t l = 0; l < layers; ++l) {
-    total += attention_flops(attention, hidden, batch, tokens, position);
-    total += is_moe(l) ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
-                                 static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
-                       : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
-  }
-  return total;
-}
-
-TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint32_t seed) {
-  c.validate();
-  std::mt19937 rng(seed);
-  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
-  TransformerWeights w;
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    BlockWeights b;
-    b.attn_norm = normal({1, h}, rng, 1.0f, 0.1f);
-    b.attention.wq = normal({h, hq * d}, rng, 0.0f, fan_in_scale(h));
-    b.attention.wk = normal({h, hkv * d}, rng, 0.0f, fan_in_scale(h));
-    b.attention.wv = normal({h, hkv * d}, rng, 0.0f, fan_in_scale(h));
-    b.attention.wo = normal({hq * d, h}, rng, 0.0f, fan_in_scale(hq * d));
-    b.ffn_norm = normal({1, h}, rng, 1.0f, 0.1f);
-    if (c.is_moe(l)) {
-      const std::int64_t e = c.moe.num_experts, f = c.moe_ffn;
-      b.moe.router = normal({h, e}, rng, 0.0f, fan_in_scale(h));
-      b.moe.gate = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
-      b.moe.up = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
-      b.moe.down = normal({e, f, h}, rng, 0.0f, fan_in_scale(f));
-    } else {
-      b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
-      b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
-      b.mlp.down = normal({c.ffn, h}, rng, 0.0f, fan_in_scale(c.ffn));
-    }
-    w.blocks.push_back(std::move(b));
-  }
-  w.final_norm = normal({1, h}, rng, 1.0f, 0.1f);
-  return w;
-}
-
-ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mode mode) {
-  auto names_of = [&](std::string_view token) {
-    const PartitionSpec spec = pm.resolve({AxisRule(token)}, mode);
-    return spec.empty() ? std::vector<std::string>{} : spec.entry_names(0);
-  };
-  auto one_of = [&](std::string_view token) {
-    const std::vector<std::string> names = names_of(token);
-    NUMESH_CHECK(names.size() <= 1, ValueError,
-                 "{} resolves to the axes ({}) in mode {}; numesh splits that dim over one mesh axis", token,
-                 fmt::join(names, ", "), sharding::mode_string(mode));
-    return names.empty() ? std::string() : names.front();
-  };
-  ModelAxes axes;
-  axes.batch = names_of(sharding::tokens::kBatch);
-  axes.heads = one_of(sharding::tokens::kHead);
-  axes.mlp = one_of(sharding::tokens::kMlpIntermediate);
-  axes.expert = one_of(sharding::tokens::kExpert);
-  axes.expert_tensor = one_of(sharding::tokens::kTensorParallel);
-  const std::vector<std::string> seq = names_of(sharding::tokens::kQueryLength);
-  axes.sequence = seq.empty() ? std::string() : seq.front();
-  const PartitionSpec column = pm.resolve(sharding::presets::kColumnWise);
-  axes.weights = column.empty() ? std::vector<std::string>{} : column.entry_names(0);
-  return axes;
-}
-
-ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode, std::int64_t batch,
-                             std::int64_t hidden) {
-  // A prompt call (any T but 1) and a decode step; infer_mode also checks the dim.
-  const std::array<std::int64_t, 3> prompt{batch, 2, hidden}, step{batch, 1, hidden};
-  const sharding::Mode prompt_mode = sharding::infer_mode(mode, prompt);
-  if (prompt_mode == sharding::infer_mode(mode, step)) return resolve(pm, prompt_mode);  // one mode for all calls
-  const ModelAxes train = resolve(pm, prompt_mode);
-  const ModelAxes decode = resolve(pm, sharding::infer_mode(mode, step));
-  std::vector<std::string> differ;
-  auto compare = [&](std::string_view field, const std::vector<std::string>& a, const std::vector<std::string>& b) {
-    const auto text = [](const std::vector<std::string>& v) {
-      return v.empty() ? std::string("none") : v.size() == 1 ? v.front() : fmt::format("({})", fmt::join(v, ", "));
-    };
-    if (a != b) differ.push_back(fmt::format("{}: {} in train, {} in decode", field, text(a), text(b)));
-  };
-  const auto one = [](const std::string& axis) {
-    return axis.empty() ? std::vector<std::string>{} : std::vector<std::string>{axis};
-  };
-  compare("batch", train.batch, decode.batch);
-  compare("heads", one(train.heads), one(decode.heads));
-  compare("mlp", one(train.mlp), one(decode.mlp));
-  compare("experts", one(train.expert), one(decode.expert));
-  compare("expert ffn", one(train.expert_tensor), one(decode.expert_tensor));
-  NUMESH_CHECK(differ.empty(), ValueError,
-               "mode dim:{}: a model lays its weights and KV caches out once, but its prefill (train) and decode "
-               "calls resolve different axes: {}",
-               mode.dim(), fmt::join(differ, "; "));
-  return train;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The sharded model.

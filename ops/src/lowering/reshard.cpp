@@ -1,4 +1,4 @@
-#include "numesh/ops/reshard.hpp"
+#include "numesh/ops/lowering/reshard.hpp"
 
 #include <fmt/format.h>
 

@@ -11,16 +11,12 @@
 #include <vector>
 
 #include "numesh/runtime/tensor.hpp"
+#include "../shape_text.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/mesh.hpp"
 
 namespace numesh::ops::detail {
-
-/// "[2, 3]": a host tensor's shape for error messages.
-inline std::string shape_text(const runtime::HostTensor& t) {
-  return fmt::format("[{}]", fmt::join(t.shape, ", "));
-}
 
 /// The spec entry splitting one dim over `axes`, keeping only the axes `mesh` has: None, a
 /// name, or a tuple. Filtering first matters: eformer's correction drops a whole tuple entry

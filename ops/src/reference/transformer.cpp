@@ -7,7 +7,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/transformer.hpp"
+#include "numesh/ops/reference/transformer.hpp"
 #include "oracle.hpp"
 
 namespace numesh::ops {

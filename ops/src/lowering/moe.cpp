@@ -1,4 +1,4 @@
-#include "numesh/ops/moe.hpp"
+#include "numesh/ops/lowering/moe.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,8 +9,9 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/activations.hpp"
-#include "numesh/ops/gemm.hpp"
+#include "numesh/ops/kernels/activations.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/routing.hpp"
 #include "lowering_util.hpp"
 
 namespace numesh::ops {
@@ -20,90 +21,6 @@ namespace {
 using sharding::AxisRule;
 using sharding::PartitionSpec;
 using detail::shape_text;
-
-// Host-side routing tables of one slot, sized at emit time so the nodes never allocate.
-struct SlotRouting {
-  SlotRouting(std::int64_t rows, std::int64_t k, std::int64_t experts, std::int64_t local_experts)
-      : choice(static_cast<std::size_t>(rows * k)),
-        weight(static_cast<std::size_t>(rows * k)),
-        kept(static_cast<std::size_t>(rows * k)),
-        load(static_cast<std::size_t>(experts)),
-        expert_rows(static_cast<std::size_t>(local_experts), std::vector<std::int64_t>(static_cast<std::size_t>(rows))),
-        expert_scale(static_cast<std::size_t>(local_experts), std::vector<float>(static_cast<std::size_t>(rows))),
-        expert_count(static_cast<std::size_t>(local_experts)) {}
-  std::vector<std::int64_t> choice;  // [rows, k]: chosen experts, best first
-  std::vector<float> weight;         // [rows, k]
-  std::vector<char> kept;            // [rows, k]: within capacity
-  std::vector<std::int64_t> load;    // [E]
-  std::vector<std::vector<std::int64_t>> expert_rows;  // per local expert: its rows, token order
-  std::vector<std::vector<float>> expert_scale;        // per local expert: the routing weights
-  std::vector<std::int64_t> expert_count;
-};
-
-// Router softmax, top-k, capacity and the local experts' row lists for `rows` tokens whose
-// logits are in `logits` [rows, E]: the same decisions as moe_reference, without allocating.
-void route(MatrixMap logits, const MoeConfig& c, std::int64_t first_expert, SlotRouting& r, MoeStats& stats) {
-  const std::int64_t rows = logits.rows(), e = c.num_experts, k = c.top_k;
-  for (std::int64_t t = 0; t < rows; ++t) {
-    auto row = logits.row(t);
-    const float m = row.maxCoeff();
-    row = (row.array() - m).exp().matrix();
-    row /= row.sum();
-    // Top-k: k passes of argmax; strict > keeps the lower index on ties (a stable sort).
-    float total = 0.0f;
-    for (std::int64_t j = 0; j < k; ++j) {
-      std::int64_t best = -1;
-      for (std::int64_t ex = 0; ex < e; ++ex) {
-        bool taken = false;
-        for (std::int64_t p = 0; p < j; ++p) taken = taken || r.choice[static_cast<std::size_t>(t * k + p)] == ex;
-        if (!taken && (best < 0 || row(ex) > row(best))) best = ex;
-      }
-      r.choice[static_cast<std::size_t>(t * k + j)] = best;
-      r.weight[static_cast<std::size_t>(t * k + j)] = row(best);
-      total += row(best);
-    }
-    if (c.renormalize) {
-      for (std::int64_t j = 0; j < k; ++j) r.weight[static_cast<std::size_t>(t * k + j)] /= total;
-    }
-  }
-  const std::int64_t capacity =
-      c.capacity_factor > 0.0f
-          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
-                                                static_cast<double>(rows * k) / static_cast<double>(e)))
-          : 0;
-  std::fill(r.load.begin(), r.load.end(), 0);
-  std::int64_t dropped = 0;
-  // GShard's priority: every token's first choice before any second choice.
-  for (std::int64_t j = 0; j < k; ++j) {
-    for (std::int64_t t = 0; t < rows; ++t) {
-      const auto at = static_cast<std::size_t>(t * k + j);
-      const auto ex = static_cast<std::size_t>(r.choice[at]);
-      const bool keep = capacity == 0 || r.load[ex] < capacity;
-      r.kept[at] = keep ? 1 : 0;
-      if (keep) {
-        ++r.load[ex];
-      } else {
-        ++dropped;
-      }
-    }
-  }
-  std::fill(r.expert_count.begin(), r.expert_count.end(), 0);
-  const auto local = static_cast<std::int64_t>(r.expert_count.size());
-  for (std::int64_t t = 0; t < rows; ++t) {
-    for (std::int64_t j = 0; j < k; ++j) {
-      const auto at = static_cast<std::size_t>(t * k + j);
-      const std::int64_t le = r.choice[at] - first_expert;
-      if (r.kept[at] == 0 || le < 0 || le >= local) continue;
-      auto& n = r.expert_count[static_cast<std::size_t>(le)];
-      r.expert_rows[static_cast<std::size_t>(le)][static_cast<std::size_t>(n)] = t;
-      r.expert_scale[static_cast<std::size_t>(le)][static_cast<std::size_t>(n)] = r.weight[at];
-      ++n;
-    }
-  }
-  std::copy(r.load.begin(), r.load.end(), stats.tokens_per_expert.begin());
-  stats.dropped = dropped;
-  stats.capacity = capacity;
-}
 
 }  // namespace
 
@@ -227,12 +144,12 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
 
   const std::int64_t held_blocks = received.layout().shard_shape()[0];
   runtime::Frontier packed(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  std::vector<SlotRouting*> tables;
+  std::vector<RoutingTables*> tables;
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
                         3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) / static_cast<double>(ep));
-    SlotRouting& r = pb.make<SlotRouting>(rows, k, e, e);
+    RoutingTables& r = pb.make<RoutingTables>(rows, k, e, e);
     tables.push_back(&r);
     MoeStats& stats = routing.per_slot[i];
     runtime::Tensor& xs = x.shard(s);
@@ -243,7 +160,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     packed[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.route[{}]", name, s),
                                [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
       gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
-      route(as_matrix(logits), c, 0, r, stats);
+      route_tokens(as_matrix(logits), c, 0, r, stats);
       for (std::int64_t ex = 0; ex < e; ++ex) {
         const std::int64_t count = r.expert_count[static_cast<std::size_t>(ex)];
         n.values()[static_cast<std::size_t>(ex)] = static_cast<float>(count);
@@ -313,7 +230,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    SlotRouting& r = *tables[i];
+    RoutingTables& r = *tables[i];
     runtime::Tensor& back = returned.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.unpack[{}]", name, s),
@@ -414,7 +331,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     const int dev = mesh.device(s).index();
     pb.add_flops(s, expert_flops + router_flops);
     const std::int64_t first_expert = expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
-    SlotRouting& r = pb.make<SlotRouting>(rows, k, e, le_count);
+    RoutingTables& r = pb.make<RoutingTables>(rows, k, e, le_count);
     MoeStats& stats = routing.per_slot[i];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& logits = pb.scratch(s, {rows, e});
@@ -430,7 +347,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     const auto route_node = pb.graph().add(dev, fmt::format("{}.route[{}]", name, s),
                                            [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
       gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
-      route(as_matrix(logits), c, first_expert, r, stats);
+      route_tokens(as_matrix(logits), c, first_expert, r, stats);
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     });
     if (!x_ready.empty() && x_ready[i] != runtime::kReady) pb.graph().depend(x_ready[i], route_node);

@@ -1,4 +1,4 @@
-#include "numesh/ops/gemm.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>

@@ -1,4 +1,4 @@
-#include "numesh/ops/program.hpp"
+#include "numesh/ops/lowering/program.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -5,29 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/program.hpp"
+#include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/mlp_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::ops {
-
-/// Which MLP.
-enum class MlpKind {
-  kGelu,    ///< y = gelu(x w1) w2; weights "w1" [H, F], "w2" [F, H]
-  kSwiGLU,  ///< y = (silu(x w_gate) .* (x w_up)) w_down; "w_gate", "w_up" [H, F], "w_down" [F, H]
-};
-
-/// "gelu" or "swiglu".
-std::string_view to_string(MlpKind kind) noexcept;
-
-/// The weights of an MLP, in host memory (as loaded from .npy). For kGelu, `up` is w1 and
-/// `down` w2 and `gate` is unused (empty); for kSwiGLU all three are used.
-struct MlpWeights {
-  runtime::HostTensor gate;  ///< [H, F], SwiGLU only
-  runtime::HostTensor up;    ///< [H, F]
-  runtime::HostTensor down;  ///< [F, H]
-};
 
 /// Mesh axes the MLP is split over. Every field has a default (eformer's axis names).
 struct MlpAxes {

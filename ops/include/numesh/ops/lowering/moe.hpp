@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/program.hpp"
-#include "numesh/ops/reference.hpp"
+#include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/moe_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 

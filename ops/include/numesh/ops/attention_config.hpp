@@ -1,0 +1,69 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "numesh/runtime/tensor.hpp"
+
+// What an attention layer is, independent of how it runs: its shape, its weights, the KV cache
+// layouts and its arithmetic cost. The references, the kernels and the lowering depend on this.
+
+namespace numesh::ops {
+
+/// Shape of an attention computation. Layout bthd: q is [B, T, num_heads, head_dim], k and v
+/// are [B, S, num_kv_heads, head_dim] (S keys, T queries).
+struct AttentionConfig {
+  /// Query heads.
+  std::int64_t num_heads = 1;
+  /// Key/value heads; must divide num_heads (GQA: query head h uses kv head
+  /// h / (num_heads / num_kv_heads); MHA when equal).
+  std::int64_t num_kv_heads = 1;
+  /// Per-head dim; even when RoPE is applied.
+  std::int64_t head_dim = 1;
+  /// Causal mask: query t (at absolute position q_offset + t) sees keys 0..q_offset + t.
+  bool causal = true;
+  /// Absolute position of the first query: 0 for prefill/train, the cache length when decoding
+  /// new tokens against a KV cache.
+  std::int64_t q_offset = 0;
+  /// Rotary position embedding applied to q (positions q_offset + t) and k (positions s),
+  /// rotate-half form (LLaMA, Hugging Face): pairs (i, i + head_dim / 2), frequency
+  /// theta^(-2i / head_dim). 0 disables RoPE.
+  float rope_theta = 10000.0f;
+};
+
+/// The weights of an attention layer (head-major columns: head h owns columns
+/// [h * head_dim, (h + 1) * head_dim)).
+struct AttentionWeights {
+  runtime::HostTensor wq;  ///< [H, num_heads * head_dim]
+  runtime::HostTensor wk;  ///< [H, num_kv_heads * head_dim]
+  runtime::HostTensor wv;  ///< [H, num_kv_heads * head_dim]
+  runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
+};
+
+/// Memory layout of a KV cache (EasyDeL's attention layouts).
+enum class KvLayout : std::uint8_t {
+  kBTHD,  ///< [batch, position, kv_heads, head_dim]: one token's heads together
+  kBHTD,  ///< [batch, kv_heads, position, head_dim]: one head's positions together
+};
+
+/// "bthd" or "bhtd".
+inline std::string_view to_string(KvLayout layout) noexcept {
+  return layout == KvLayout::kBTHD ? "bthd" : "bhtd";
+}
+
+/// FLOPs of one attention layer run over `batch` sequences of `q_len` new tokens whose first
+/// sits at `position` (causal: token t attends to position + t + 1 keys): the four
+/// projections plus QK^T and PV, multiply-add = 2.
+inline double attention_flops(const AttentionConfig& c, std::int64_t hidden, std::int64_t batch,
+                              std::int64_t q_len, std::int64_t position) noexcept {
+  const auto rows = static_cast<double>(batch * q_len);
+  const auto d = static_cast<double>(c.head_dim);
+  const double projections =
+      2.0 * rows * static_cast<double>(hidden) * d * static_cast<double>(2 * c.num_heads + 2 * c.num_kv_heads);
+  // Keys seen, summed over the new tokens: (position + 1) + ... + (position + q_len).
+  const double keys = static_cast<double>(q_len) * static_cast<double>(position) +
+                      static_cast<double>(q_len) * static_cast<double>(q_len + 1) / 2.0;
+  return projections + 2.0 * 2.0 * static_cast<double>(batch) * keys * static_cast<double>(c.num_heads) * d;
+}
+
+}  // namespace numesh::ops

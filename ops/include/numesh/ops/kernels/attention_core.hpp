@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "numesh/ops/attention_config.hpp"
+
+// The attention arithmetic on raw buffers, no mesh: softmax(q k^T / sqrt(d) + mask) v for a
+// slice of heads, one query at a time (decode) or in blocks of queries as GEMMs (prefill).
+
+namespace numesh::ops {
+
+/// Which heads and buffers one call of attention_kernel sees (bthd, row-major): q is
+/// [batch, q_len, q_heads, head_dim], k and v are [batch, kv_len, kv_heads, head_dim], out is
+/// like q. Query head i (global head q_head_offset + i) reads kv head
+/// (q_head_offset + i) / group - kv_head_offset of the buffers.
+struct AttentionSlice {
+  std::int64_t batch = 1;
+  std::int64_t q_len = 1;
+  std::int64_t kv_len = 1;
+  std::int64_t q_heads = 1;
+  std::int64_t kv_heads = 1;
+  std::int64_t group = 1;           ///< global num_heads / num_kv_heads
+  std::int64_t q_head_offset = 0;   ///< global index of the first query head here
+  std::int64_t kv_head_offset = 0;  ///< global index of the first kv head here
+};
+
+/// A whole fp32 attention on one thread, on raw buffers, without allocating: applies RoPE in
+/// place to q (positions config.q_offset + t) and k (positions s) when config.rope_theta > 0,
+/// then writes softmax(q k^T / sqrt(d) + causal mask) v into out, one query at a time (the
+/// single-thread baseline of ops_bench; the lowered layers call attention_core, and the
+/// references have float64 code of their own). `scratch` holds kv_len floats.
+/// REQUIRES: shapes as in AttentionSlice, validated by the caller.
+void attention_kernel(float* q, float* k, const float* v, float* out, const AttentionSlice& slice,
+                      const AttentionConfig& config, std::span<float> scratch);
+
+/// Where keys and values live: element (b, s, h, i) of k is k[b * batch_stride + s * pos_stride
+/// + h * head_stride + i] (strides in floats), v likewise. Describes a bthd or bhtd KV cache
+/// as well as a plain bthd buffer.
+struct KvView {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  std::int64_t batch_stride = 0;
+  std::int64_t pos_stride = 0;
+  std::int64_t head_stride = 0;
+};
+
+/// Scratch floats attention_core needs for `q_len` queries over up to `kv_capacity` keys of
+/// dim `head_dim`.
+std::int64_t attention_scratch_floats(std::int64_t q_len, std::int64_t kv_capacity, std::int64_t head_dim) noexcept;
+
+/// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating: q and out
+/// are bthd [slice.batch, slice.q_len, slice.q_heads, head_dim]; the keys are positions
+/// [0, slice.kv_len) of `kv`; query t sits at position q_offset + t and, when `causal`, sees
+/// keys 0..q_offset + t. From 16 queries up, each (sequence, kv head) has its keys and values
+/// copied into contiguous panels and blocks of 64 queries run as two GEMMs (q k^T, then p v)
+/// around a row softmax, skipping the key blocks the causal mask hides; fewer queries (decode)
+/// take one key at a time. `scratch` holds at least attention_scratch_floats(slice.q_len,
+/// slice.kv_len, head_dim) floats. REQUIRES: q_offset + q_len <= kv_len when causal.
+void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& slice,
+                    std::int64_t head_dim, std::int64_t q_offset, bool causal,
+                    std::span<float> scratch);
+
+}  // namespace numesh::ops

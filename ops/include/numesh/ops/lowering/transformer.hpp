@@ -1,0 +1,80 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/model_axes.hpp"
+#include "numesh/ops/lowering/moe.hpp"
+#include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/transformer_config.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+
+// The transformer stack of transformer_config.hpp lowered onto a device mesh: the unit
+// `numesh run` compiles and checks against TransformerReference (reference/transformer.hpp).
+
+namespace numesh::ops {
+
+/// A transformer stack lowered onto a device mesh: every layer's weights laid out once, one
+/// KV cache per layer (bthd or bhtd), and one program per distinct token count T, compiled on
+/// first use (prefill, insert chunks, decode steps), all sharing the weights and caches.
+/// Activations [B, T, H] are split over the batch axes and, when T divides, the sequence axis
+/// (sequence parallel: attention gathers keys and values over it; decode steps, T = 1, are
+/// replicated over it), and replicated elsewhere; RMSNorms and residual adds run per device on
+/// its rows; attention, MLP and MoE emit their collectives.
+/// Not thread-safe: one thread drives an instance.
+class ShardedTransformer {
+ public:
+  /// Throws: as TransformerConfig::validate and the layers' create functions; ShapeError when
+  /// batch or max_len is not positive.
+  ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config, const TransformerWeights& weights,
+                     std::int64_t batch, std::int64_t max_len, ModelAxes axes = {},
+                     KvLayout layout = KvLayout::kBTHD);
+  ~ShardedTransformer();
+  ShardedTransformer(ShardedTransformer&&) noexcept;
+  ShardedTransformer& operator=(ShardedTransformer&&) noexcept;
+
+  /// y = model(x) for x [batch, T, H] whose tokens sit at positions [position, position + T);
+  /// their keys and values are written into the caches at those positions.
+  /// Throws: ShapeError for an x of another batch or hidden size; IndexError when the tokens
+  /// do not fit the caches (naming position, T and max_len); what a node throws.
+  runtime::HostTensor forward(const runtime::HostTensor& x, std::int64_t position);
+  /// Compiles (if needed) and returns the program for T new tokens.
+  Program& program(std::int64_t tokens);
+  /// The MoE layers' routing statistics of the last run, summed over layers (empty without
+  /// MoE layers).
+  MoeStats moe_stats() const;
+  /// Routing groups of the MoE layers along the sequences (the activations' batch splits).
+  std::int64_t routing_groups() const noexcept;
+  /// Routing groups along the tokens of a call whose T divides by it (the sequence axes'
+  /// size; 1 without sequence parallelism).
+  std::int64_t sequence_groups() const noexcept;
+  /// The activations' spec (after correction) for T tokens.
+  sharding::PartitionSpec activation_spec(std::int64_t tokens) const;
+  /// Bytes a decode step reads per device at `position`: local weights plus the KV caches'
+  /// valid part.
+  std::int64_t decode_bytes_per_device(std::int64_t position) const;
+  /// The config.
+  const TransformerConfig& config() const noexcept { return config_; }
+
+ private:
+  struct Layer;
+  struct Compiled;
+  Compiled& compiled_for(std::int64_t tokens);
+  runtime::DeviceMesh mesh_;
+  TransformerConfig config_;
+  ModelAxes axes_;
+  std::int64_t batch_, max_len_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::shared_ptr<runtime::ShardedTensor> final_norm_;
+  std::int64_t position_ = 0;  // read by the programs' nodes when they run
+  std::vector<std::unique_ptr<Compiled>> programs_;
+  Compiled* last_ = nullptr;
+};
+
+}  // namespace numesh::ops

@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "numesh/ops/attention_config.hpp"
+#include "numesh/ops/mlp_config.hpp"
+#include "numesh/ops/moe_config.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+// What a decoder-only transformer stack without embeddings is, independent of how it runs:
+// blocks of
+//   h = x + attention(rmsnorm(x));  x' = h + ffn(rmsnorm(h))
+// where ffn is a SwiGLU MLP or a MoE layer, then a final RMSNorm. Its sizes and its weights.
+
+namespace numesh::ops {
+
+/// Sizes of a transformer stack. Every field has a default (a small model).
+struct TransformerConfig {
+  std::int64_t hidden = 256;
+  std::int64_t layers = 2;
+  /// Heads, kv heads, head_dim and RoPE; q_offset must stay 0 (positions come per run).
+  AttentionConfig attention{.num_heads = 8, .num_kv_heads = 4, .head_dim = 32};
+  /// Intermediate size of the dense SwiGLU MLPs.
+  std::int64_t ffn = 512;
+  /// Routing of the MoE layers.
+  MoeConfig moe{.num_experts = 8, .top_k = 2};
+  /// Intermediate size of each expert.
+  std::int64_t moe_ffn = 256;
+  /// Layer i (0-based) is a MoE layer when moe_every > 0 and (i + 1) % moe_every == 0; 0 = no
+  /// MoE layers.
+  std::int64_t moe_every = 2;
+  /// RMSNorm epsilon.
+  float norm_eps = 1e-6f;
+
+  /// True when layer i's feed-forward is a MoE layer.
+  bool is_moe(std::int64_t layer) const noexcept { return moe_every > 0 && (layer + 1) % moe_every == 0; }
+  /// Throws: ValueError naming the offending sizes (non-positive sizes, num_kv_heads not
+  /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE).
+  void validate() const;
+  /// Parameters (weights) of the whole stack.
+  std::int64_t parameters() const noexcept;
+  /// FLOPs of one forward of `batch` sequences of `tokens` new tokens at `position` (the work
+  /// done, multiply-add = 2): attention (attention_flops), the SwiGLU MLPs, and for MoE layers
+  /// the router plus top_k experts per token (dropless); norms and residual adds left out.
+  double flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept;
+};
+
+/// One block's weights.
+struct BlockWeights {
+  runtime::HostTensor attn_norm;  ///< [1, H]
+  AttentionWeights attention;
+  runtime::HostTensor ffn_norm;   ///< [1, H]
+  MlpWeights mlp;                 ///< SwiGLU, dense blocks only
+  MoeWeights moe;                 ///< MoE blocks only
+};
+
+/// A whole stack's weights.
+struct TransformerWeights {
+  std::vector<BlockWeights> blocks;
+  runtime::HostTensor final_norm;  ///< [1, H]; empty (no shape): no final norm (a bare block)
+
+  /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
+  /// seeded generator (the same seed gives the same weights everywhere).
+  [[nodiscard]] static TransformerWeights random(const TransformerConfig& config, std::uint32_t seed);
+};
+
+}  // namespace numesh::ops

@@ -1,0 +1,49 @@
+#include "numesh/ops/reference/mlp.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <vector>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "../shape_text.hpp"
+#include "oracle.hpp"
+
+namespace numesh::ops {
+
+using detail::shape_text;
+using oracle::wide;
+
+namespace {
+
+void check_mlp_shapes(const char* what, const RowMatrix& x, const RowMatrix& w_in,
+                      const RowMatrix& w_out) {
+  NUMESH_CHECK(w_in.rows() == x.cols() && w_out.rows() == w_in.cols() && w_out.cols() == x.cols(),
+               ShapeError,
+               "{}: x [{}, {}], up-projection [{}, {}] and down-projection [{}, {}] do not chain "
+               "(expected [T, H], [H, F], [F, H])",
+               what, x.rows(), x.cols(), w_in.rows(), w_in.cols(), w_out.rows(), w_out.cols());
+}
+
+}  // namespace
+
+float gelu(float x) noexcept { return static_cast<float>(oracle::gelu(x)); }
+
+float silu(float x) noexcept { return static_cast<float>(oracle::silu(x)); }
+
+RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2) {
+  check_mlp_shapes("mlp_gelu", x, w1, w2);
+  return oracle::narrow(oracle::gelu_mlp(wide(x), wide(w1), wide(w2)));
+}
+
+RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
+                               const RowMatrix& w_up, const RowMatrix& w_down) {
+  check_mlp_shapes("mlp_swiglu", x, w_gate, w_down);
+  NUMESH_CHECK(w_up.rows() == w_gate.rows() && w_up.cols() == w_gate.cols(), ShapeError,
+               "mlp_swiglu: gate [{}, {}] and up [{}, {}] projections differ in shape",
+               w_gate.rows(), w_gate.cols(), w_up.rows(), w_up.cols());
+  return oracle::narrow(oracle::swiglu_mlp(wide(x), wide(w_gate), wide(w_up), wide(w_down)));
+}
+
+}  // namespace numesh::ops

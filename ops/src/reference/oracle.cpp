@@ -1,0 +1,186 @@
+#include "oracle.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::ops {
+
+// ---------------------------------------------------------------------------------------------
+// The float64 arithmetic (oracle.hpp).
+
+namespace oracle {
+
+MatrixD widen(const float* data, std::int64_t rows, std::int64_t cols) {
+  return Eigen::Map<const RowMatrix>(data, rows, cols).cast<double>();
+}
+
+MatrixD widen(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols) {
+  return widen(t.data.data(), rows, cols);
+}
+
+runtime::HostTensor narrow(const MatrixD& m, std::vector<std::int64_t> shape) {
+  runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
+  Eigen::Map<RowMatrix>(t.data.data(), m.rows(), m.cols()) = m.cast<float>();
+  return t;
+}
+
+RowMatrix narrow(const MatrixD& m) { return m.cast<float>(); }
+
+double gelu(double x) noexcept { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+
+double silu(double x) noexcept {
+  // sigmoid(x) = 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below: neither overflows.
+  if (x >= 0.0) return x / (1.0 + std::exp(-x));
+  const double e = std::exp(x);
+  return x * e / (1.0 + e);
+}
+
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2) {
+  const MatrixD h = (x * w1).unaryExpr([](double v) { return gelu(v); });
+  return h * w2;
+}
+
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down) {
+  const MatrixD gate = (x * w_gate).unaryExpr([](double v) { return silu(v); });
+  const MatrixD h = gate.cwiseProduct(x * w_up);
+  return h * w_down;
+}
+
+MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
+  MatrixD y(x.rows(), x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const double mean_square = x.row(t).squaredNorm() / static_cast<double>(x.cols());
+    y.row(t) = x.row(t).cwiseProduct(weight.row(0)) / std::sqrt(mean_square + eps);
+  }
+  return y;
+}
+
+void rope(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
+          std::int64_t first_position, double theta) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const double angle = static_cast<double>(first_position + t) * freq;
+      const double c = std::cos(angle), s = std::sin(angle);
+      for (std::int64_t b = 0; b < batch; ++b) {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          double& x1 = x(b * tokens + t, h * d + i);
+          double& x2 = x(b * tokens + t, h * d + i + half);
+          const double a1 = x1, a2 = x2;
+          x1 = a1 * c - a2 * s;
+          x2 = a2 * c + a1 * s;
+        }
+      }
+    }
+  }
+}
+
+MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const AttentionShape& s) {
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // Queries in blocks, so that a long prompt needs [block, kv_len] scores, not [T, kv_len].
+  constexpr std::int64_t kBlock = 256;
+  MatrixD out = MatrixD::Zero(s.batch * s.q_len, s.heads * d);
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    for (std::int64_t h = 0; h < s.heads; ++h) {
+      const std::int64_t kvh = h / group;
+      const MatrixD keys = k.block(b * s.kv_len, kvh * d, s.kv_len, d);
+      const MatrixD values = v.block(b * s.kv_len, kvh * d, s.kv_len, d);
+      for (std::int64_t t0 = 0; t0 < s.q_len; t0 += kBlock) {
+        const std::int64_t rows = std::min(kBlock, s.q_len - t0);
+        MatrixD p = q.block(b * s.q_len + t0, h * d, rows, d) * keys.transpose() * scale;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t visible = s.causal ? s.q_offset + t0 + r + 1 : s.kv_len;
+          const double m = p.row(r).head(visible).maxCoeff();  // finite inputs: no NaN here
+          double sum = 0.0;
+          for (std::int64_t j = 0; j < visible; ++j) sum += (p(r, j) = std::exp(p(r, j) - m));
+          p.row(r).head(visible) /= sum;
+          p.row(r).tail(s.kv_len - visible).setZero();
+        }
+        out.block(b * s.q_len + t0, h * d, rows, d) = p * values;
+      }
+    }
+  }
+  return out;
+}
+
+MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats* stats) {
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k, f = w.gate.shape[2];
+  // Router probabilities, one row per token (stable softmax).
+  MatrixD probs = x * widen(w.router, h, e);
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    const double m = probs.row(ti).maxCoeff();
+    probs.row(ti) = (probs.row(ti).array() - m).exp().matrix();
+    probs.row(ti) /= probs.row(ti).sum();
+  }
+  // Top-k per token: highest probability first, ties to the lower expert index.
+  std::vector<std::vector<std::int64_t>> chosen(static_cast<std::size_t>(t));
+  std::vector<std::vector<double>> weight(static_cast<std::size_t>(t));
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    auto& order = chosen[static_cast<std::size_t>(ti)];
+    for (std::int64_t i = 0; i < e; ++i) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return probs(ti, a) > probs(ti, b); });
+    order.resize(static_cast<std::size_t>(k));
+    double total = 0.0;
+    for (std::int64_t j : order) total += probs(ti, j);
+    for (std::int64_t j : order) {
+      weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? probs(ti, j) / total : probs(ti, j));
+    }
+  }
+  // Capacity, in GShard's priority order: every token's first choice before any second.
+  const std::int64_t capacity =
+      c.capacity_factor > 0.0f
+          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) * static_cast<double>(t * k) /
+                                                static_cast<double>(e)))
+          : 0;
+  std::vector<std::int64_t> load(static_cast<std::size_t>(e), 0);
+  std::int64_t dropped = 0;
+  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(e));  // kept tokens per expert
+  std::vector<std::vector<double>> scales(static_cast<std::size_t>(e));      // and their weights
+  for (std::int64_t j = 0; j < k; ++j) {
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const auto ex = static_cast<std::size_t>(chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+      if (capacity > 0 && load[ex] >= capacity) {
+        ++dropped;
+        continue;
+      }
+      ++load[ex];
+      rows[ex].push_back(ti);
+      scales[ex].push_back(weight[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+    }
+  }
+  // Each expert's SwiGLU MLP on the tokens it kept, scaled by their routing weights.
+  MatrixD y = MatrixD::Zero(t, h);
+  for (std::int64_t ex = 0; ex < e; ++ex) {
+    const auto& kept = rows[static_cast<std::size_t>(ex)];
+    if (kept.empty()) continue;
+    MatrixD xe(static_cast<Eigen::Index>(kept.size()), h);
+    for (std::size_t r = 0; r < kept.size(); ++r) xe.row(static_cast<Eigen::Index>(r)) = x.row(kept[r]);
+    const std::size_t off = static_cast<std::size_t>(ex * h * f);
+    const MatrixD out = swiglu_mlp(xe, widen(w.gate.data.data() + off, h, f), widen(w.up.data.data() + off, h, f),
+                                   widen(w.down.data.data() + off, f, h));
+    for (std::size_t r = 0; r < kept.size(); ++r) {
+      y.row(kept[r]) += scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
+    }
+  }
+  if (stats != nullptr) {
+    stats->tokens_per_expert = load;
+    stats->dropped = dropped;
+    stats->capacity = capacity;
+  }
+  return y;
+}
+
+}  // namespace oracle
+
+}  // namespace numesh::ops
