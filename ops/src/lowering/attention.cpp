@@ -145,25 +145,21 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const double flops = attention_flops(config, hidden, local_batch, t, 0) * static_cast<double>(lq) /
                        static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
   const std::int64_t* position = step.position;
-  runtime::Frontier projected(static_cast<std::size_t>(mesh.size()), runtime::kReady);
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const int dev = mesh.device(s).index();
+  const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
     // The first global token of the slot's block of x's tokens.
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     runtime::Tensor& xs = x.shard(s);
     runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
-    q_of[i] = &q;
+    q_of[static_cast<std::size_t>(s)] = &q;
     runtime::Tensor& k = k_new.shard(s);
     runtime::Tensor& v = v_new.shard(s);
     runtime::Tensor& wqs = wq.shard(s);
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
-    projected[i] = pb.graph().add(dev, fmt::format("{}.qkv[{}]", name, s),
-                                  [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
-                                   token_offset, position, config] {
+    return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset, position,
+            config] {
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_matrix(std::as_const(wqs)), as_matrix(q));
       device_gemm(xm, as_matrix(std::as_const(wks)), MatrixMap(k.values().data(), rows, lkv * config.head_dim));
@@ -174,18 +170,15 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
         rope_inplace(q.values().data(), local_batch, local_t, lq, config.head_dim, first, config.rope_theta);
         rope_inplace(k.values().data(), local_batch, local_t, lkv, config.head_dim, first, config.rope_theta);
       }
-    });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], projected[i]);
-  }
+    };
+  });
   // Keys and values of every token: gathered over the sequence axes (nothing when T is whole).
   runtime::Frontier k_ready = projected, v_ready = projected;
   runtime::ShardedTensor& k_all = pb.gather_over(k_new, seq_axes, TensorRole::kActivation, name + ".k_gathered", k_ready);
   runtime::ShardedTensor& v_all = pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
 
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const int dev = mesh.device(s).index();
+  std::vector<runtime::Tensor*> o_of(static_cast<std::size_t>(mesh.size()));
+  const runtime::Frontier attended = pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
     const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     const AttentionSlice slice{.batch = local_batch,
@@ -196,20 +189,17 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                                .group = hq / hkv,
                                .q_head_offset = head_rank * lq,
                                .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
-    runtime::Tensor& q = *q_of[i];
+    runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
     runtime::Tensor& k = k_all.shard(s);
     runtime::Tensor& v = v_all.shard(s);
     runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
+    o_of[static_cast<std::size_t>(s)] = &o;
     runtime::Tensor& scores = pb.scratch(s, {attention_scratch_floats(local_t, key_capacity, d)});
-    runtime::Tensor& wos = wo.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
     runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
     runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
     const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
     const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
-    const auto core = pb.graph().add(dev, fmt::format("{}.core[{}]", name, s),
-                                     [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position,
-                                      token_offset] {
+    return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position, token_offset] {
       const std::int64_t dd = config.head_dim;
       if (ck == nullptr) {
         const KvView kv{.k = k.values().data(),
@@ -247,23 +237,19 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       cached.kv_len = first + slice.kv_len;
       attention_core(q.values().data(), kv, o.values().data(), cached, dd, first + token_offset, config.causal,
                      scores.values());
-    });
-    for (const runtime::Frontier* f : {&k_ready, &v_ready}) {
-      if ((*f)[i] != runtime::kReady) pb.graph().depend((*f)[i], core);
-    }
-    pb.graph().depend(projected[i], core);
-    done[i] = pb.graph().add(dev, fmt::format("{}.out[{}]", name, s), [&o, &wos, &yp, rows, hidden] {
+    };
+  });
+  const runtime::Frontier done = pb.per_device(name + ".out", {&attended}, [&](std::int64_t s) {
+    runtime::Tensor& o = *o_of[static_cast<std::size_t>(s)];
+    runtime::Tensor& wos = wo.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    return [&o, &wos, &yp, rows, hidden] {
       device_gemm(as_matrix(std::as_const(o)), as_matrix(std::as_const(wos)),
                   MatrixMap(yp.values().data(), rows, hidden));
-    }, {core});
-  }
+    };
+  });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
 }
-
-struct ShardedAttention::Compiled {
-  std::int64_t tokens = 0;
-  std::unique_ptr<Program> program;
-};
 
 ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,
                                    const AttentionWeights& w, std::int64_t batch, std::int64_t max_len,
@@ -285,35 +271,28 @@ ShardedAttention::~ShardedAttention() = default;
 ShardedAttention::ShardedAttention(ShardedAttention&&) noexcept = default;
 ShardedAttention& ShardedAttention::operator=(ShardedAttention&&) noexcept = default;
 
-ShardedAttention::Compiled& ShardedAttention::compiled_for(std::int64_t tokens) {
-  for (auto& c : programs_) {
-    if (c->tokens == tokens) return *c;
-  }
-  auto c = std::make_unique<Compiled>();
-  c->tokens = tokens;
-  ProgramBuilder pb(mesh_, fmt::format("attention (T={})", tokens));
-  const std::vector<std::int64_t> shape{batch_, tokens, layer_.hidden};
-  const PartitionSpec spec = sharding::correct_spec(
-      shape,
-      PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), detail::entry_over(axes_.sequence, mesh_.mesh()),
-                     AxisRule()}),
-      mesh_.mesh())
-                                 .spec;
-  runtime::Frontier loaded;
-  runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
-  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
-  pb.output("y", y,
-            emit_attention(pb, layer_, x, loaded, y, "attn",
-                           AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_}));
-  c->program = std::make_unique<Program>(std::move(pb).compile());
-  programs_.push_back(std::move(c));
-  return *programs_.back();
+Program& ShardedAttention::compiled_for(std::int64_t tokens) {
+  return *programs_.get(tokens, [&](std::int64_t t, std::monostate&) {
+    ProgramBuilder pb(mesh_, fmt::format("attention (T={})", t));
+    const std::vector<std::int64_t> shape{batch_, t, layer_.hidden};
+    const PartitionSpec spec =
+        sharding::correct_spec(shape,
+                               PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
+                                              detail::entry_over(axes_.sequence, mesh_.mesh()), AxisRule()}),
+                               mesh_.mesh())
+            .spec;
+    runtime::Frontier loaded;
+    runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
+    runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
+    pb.output("y", y,
+              emit_attention(pb, layer_, x, loaded, y, "attn",
+                             AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_}));
+    return std::move(pb).compile();
+  }).program;
 }
 
 Program& ShardedAttention::program(std::int64_t tokens) {
-  for (auto& c : programs_) {
-    if (c->tokens == tokens) return *c->program;
-  }
+  if (auto* e = programs_.find(tokens)) return *e->program;
   throw KeyError(std::to_string(tokens),
                  fmt::format("attention: no program compiled for {} tokens yet", tokens));
 }
@@ -331,11 +310,11 @@ runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std:
                  "attention: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
                  cache_->max_len);
   }
-  Compiled& c = compiled_for(tokens);
+  Program& program = compiled_for(tokens);
   position_ = position;
-  c.program->set_input("x", x);
-  c.program->run();
-  return c.program->output("y");
+  program.set_input("x", x);
+  program.run();
+  return program.output("y");
 }
 
 }  // namespace numesh::ops

@@ -85,23 +85,24 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     if (up_placed[a].is_shard()) y_placed[a] = sharding::Placement::partial();
   }
 
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
   const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
   const std::int64_t f_local = up.layout().shard_shape()[1];
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
+  // Per device: h = act(x w_up) (SwiGLU: silu(x w_gate) .* (x w_up)) into scratch, then
+  // y_partial = h w_down.
+  std::vector<runtime::Tensor*> hidden(static_cast<std::size_t>(mesh.size()));
+  std::vector<const runtime::Frontier*> inputs;
+  for (const runtime::Frontier& f : ready) inputs.push_back(&f);
+  const runtime::Frontier projected = pb.per_device(name + ".up", inputs, [&](std::int64_t s) {
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& hs = pb.scratch(s, {rows, f_local});
+    hidden[static_cast<std::size_t>(s)] = &hs;
     runtime::Tensor* us = gate != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
-    runtime::Tensor& wd = down.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
-    const int d = mesh.device(s).index();
     pb.add_flops(s, flops);
-    const runtime::NodeId up_node = pb.graph().add(d, fmt::format("{}.up[{}]", name, s), [&xs, &hs, us, &wu, wg, rows, h] {
+    return [&xs, &hs, us, &wu, wg, rows, h] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
         device_gemm(xm, as_matrix(std::as_const(wu)), as_matrix(hs));
@@ -111,14 +112,16 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       device_gemm(xm, as_matrix(std::as_const(*wg)), as_matrix(hs));
       device_gemm(xm, as_matrix(std::as_const(wu)), as_matrix(*us));
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
-    });
-    for (const runtime::Frontier& f : ready) {
-      if (!f.empty() && f[i] != runtime::kReady) pb.graph().depend(f[i], up_node);
-    }
-    done[i] = pb.graph().add(d, fmt::format("{}.down[{}]", name, s), [&hs, &wd, &yp, rows, h] {
+    };
+  });
+  const runtime::Frontier done = pb.per_device(name + ".down", {&projected}, [&](std::int64_t s) {
+    runtime::Tensor& hs = *hidden[static_cast<std::size_t>(s)];
+    runtime::Tensor& wd = down.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    return [&hs, &wd, &yp, rows, h] {
       device_gemm(as_matrix(std::as_const(hs)), as_matrix(std::as_const(wd)), MatrixMap(yp.values().data(), rows, h));
-    }, {up_node});
-  }
+    };
+  });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
 }
 

@@ -143,9 +143,8 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
 
   const std::int64_t held_blocks = received.layout().shard_shape()[0];
-  runtime::Frontier packed(static_cast<std::size_t>(mesh.size()), runtime::kReady);
   std::vector<RoutingTables*> tables;
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+  const runtime::Frontier packed = pb.per_device(name + ".route", {&after}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
                         3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) / static_cast<double>(ep));
@@ -157,8 +156,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& out = sent.shard(s);
     runtime::Tensor& n = counts.shard(s);
-    packed[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.route[{}]", name, s),
-                               [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
+    return [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
       gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
       route_tokens(as_matrix(logits), c, 0, r, stats);
       for (std::int64_t ex = 0; ex < e; ++ex) {
@@ -169,18 +167,15 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
           std::copy_n(xs.values().data() + row * h, h, out.values().data() + (ex * slots + j) * h);
         }
       }
-    });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], packed[i]);
-  }
+    };
+  });
   // Dispatch: the slots and their counts to the devices holding their experts.
   const auto placed = [&](const runtime::ShardedTensor& t) { return sharding::to_placements(t.spec(), m, t.shape().size()); };
   const runtime::Frontier slots_there = pb.reshard(sent, placed(sent), received, placed(received), packed, name + ".dispatch");
   const runtime::Frontier counts_there =
       pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed, name + ".dispatch_counts");
 
-  runtime::Frontier expert_done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
+  const runtime::Frontier expert_done = pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
     runtime::Tensor& in = received.shard(s);
     runtime::Tensor& n = counts_received.shard(s);
     runtime::Tensor& res = computed.shard(s);
@@ -191,8 +186,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
-    expert_done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.experts[{}]", name, s),
-                                    [&in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
+    return [&in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
       for (std::int64_t le = 0; le < le_count; ++le) {
         // Every source block's slots for this expert, packed into one GEMM.
         std::int64_t total = 0;
@@ -218,23 +212,17 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
           at += count;
         }
       }
-    });
-    for (const runtime::Frontier* f : {&slots_there, &counts_there}) {
-      if ((*f)[i] != runtime::kReady) pb.graph().depend((*f)[i], expert_done[i]);
-    }
-  }
+    };
+  });
   // Combine: the outputs back to their tokens' devices (partial sums over the tensor axis travel
   // as they are: the move is linear).
   const runtime::Frontier home = pb.reshard(computed, placed(computed), returned, placed(returned), expert_done,
                                             name + ".combine");
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    RoutingTables& r = *tables[i];
+  const runtime::Frontier done = pb.per_device(name + ".unpack", {&home, &packed}, [&](std::int64_t s) {
+    RoutingTables& r = *tables[static_cast<std::size_t>(s)];
     runtime::Tensor& back = returned.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}.unpack[{}]", name, s),
-                             [&r, &back, &yp, e, slots, h] {
+    return [&r, &back, &yp, e, slots, h] {
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
       for (std::int64_t ex = 0; ex < e; ++ex) {
         for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
@@ -244,10 +232,8 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
               w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
         }
       }
-    });
-    if (home[i] != runtime::kReady) pb.graph().depend(home[i], done[i]);
-    pb.graph().depend(packed[i], done[i]);
-  }
+    };
+  });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
 }
 
@@ -325,34 +311,37 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     return gate_pos.size();
   }();
 
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const int dev = mesh.device(s).index();
+  // Per device: route its tokens (router GEMM, softmax, top-k, capacity) and zero its partial
+  // output, then run its local experts on the tokens routed to them.
+  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
+  const runtime::Frontier routed = pb.per_device(name + ".route", {&x_ready}, [&](std::int64_t s) {
     pb.add_flops(s, expert_flops + router_flops);
     const std::int64_t first_expert = expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, le_count);
-    MoeStats& stats = routing.per_slot[i];
+    tables[static_cast<std::size_t>(s)] = &r;
+    MoeStats& stats = routing.per_slot[static_cast<std::size_t>(s)];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& logits = pb.scratch(s, {rows, e});
+    runtime::Tensor& wr = router.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
+      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
+      route_tokens(as_matrix(logits), c, first_expert, r, stats);
+      std::fill(yp.values().begin(), yp.values().end(), 0.0f);
+    };
+  });
+  const runtime::Frontier done = pb.per_device(name + ".experts", {&routed}, [&](std::int64_t s) {
+    RoutingTables& r = *tables[static_cast<std::size_t>(s)];
+    runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
     runtime::Tensor& he = pb.scratch(s, {rows, fl});
     runtime::Tensor& ue = pb.scratch(s, {rows, fl});
     runtime::Tensor& ye = pb.scratch(s, {rows, h});
-    runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    const auto route_node = pb.graph().add(dev, fmt::format("{}.route[{}]", name, s),
-                                           [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
-      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
-      route_tokens(as_matrix(logits), c, first_expert, r, stats);
-      std::fill(yp.values().begin(), yp.values().end(), 0.0f);
-    });
-    if (!x_ready.empty() && x_ready[i] != runtime::kReady) pb.graph().depend(x_ready[i], route_node);
-    done[i] = pb.graph().add(dev, fmt::format("{}.experts[{}]", name, s),
-                             [&xs, &xe, &he, &ue, &ye, &wg, &wu, &wd, &yp, &r, le_count, h, fl] {
+    return [&xs, &xe, &he, &ue, &ye, &wg, &wu, &wd, &yp, &r, le_count, h, fl] {
       for (std::int64_t le = 0; le < le_count; ++le) {
         const std::int64_t n = r.expert_count[static_cast<std::size_t>(le)];
         if (n == 0) continue;
@@ -376,8 +365,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
           MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += scale[static_cast<std::size_t>(j)] * ym.row(j);
         }
       }
-    }, {route_node});
-  }
+    };
+  });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
 }
 

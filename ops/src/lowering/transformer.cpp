@@ -11,7 +11,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/kernels/norms.hpp"
+#include "numesh/ops/lowering/rmsnorm.hpp"
 #include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/presets.hpp"
@@ -24,43 +24,6 @@ using sharding::AxisRule;
 using sharding::PartitionSpec;
 using detail::shape_text;
 
-// out = rmsnorm(a + b) per row of the calling slot's shards, with the sum also written to
-// `sum` when given; b may be null (out = rmsnorm(a)); weight may be null (out = a + b, no norm).
-runtime::Frontier emit_residual_norm(ProgramBuilder& pb, runtime::ShardedTensor& a, runtime::ShardedTensor* b,
-                                     runtime::ShardedTensor* weight, runtime::ShardedTensor* sum,
-                                     runtime::ShardedTensor& out, float eps, const runtime::Frontier& after,
-                                     const std::string& name) {
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const std::int64_t h = a.shape().back();
-  const std::int64_t rows = a.layout().elements_per_device() / h;
-  runtime::Frontier done(static_cast<std::size_t>(mesh.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh.size(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    runtime::Tensor& as = a.shard(s);
-    runtime::Tensor* bs = b != nullptr ? &b->shard(s) : nullptr;
-    runtime::Tensor* ss = sum != nullptr ? &sum->shard(s) : nullptr;
-    runtime::Tensor* ws = weight != nullptr ? &weight->shard(s) : nullptr;
-    runtime::Tensor& os = out.shard(s);
-    pb.add_flops(s, static_cast<double>(rows * h) * (bs != nullptr ? 5.0 : 4.0));
-    done[i] = pb.graph().add(mesh.device(s).index(), fmt::format("{}[{}]", name, s),
-                             [&as, bs, ss, ws, &os, rows, h, eps] {
-      MatrixMap o(os.values().data(), rows, h);
-      const ConstMatrixMap x(as.values().data(), rows, h);
-      if (bs == nullptr) {
-        rmsnorm_rows(x, as_matrix(std::as_const(*ws)), o, eps);
-        return;
-      }
-      // The sum goes to `sum` when kept, else straight into out, then normalised in place.
-      MatrixMap total = ss != nullptr ? MatrixMap(ss->values().data(), rows, h) : o;
-      total = x + ConstMatrixMap(bs->values().data(), rows, h);
-      if (ws != nullptr) rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(*ws)), o, eps);
-    });
-    if (!after.empty() && after[i] != runtime::kReady) pb.graph().depend(after[i], done[i]);
-  }
-  return done;
-}
-
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -72,12 +35,6 @@ struct ShardedTransformer::Layer {
   std::shared_ptr<runtime::ShardedTensor> attn_norm, ffn_norm;
   std::optional<MlpLayer> mlp;
   std::optional<MoeLayer> moe;
-};
-
-struct ShardedTransformer::Compiled {
-  std::int64_t tokens = 0;
-  std::vector<MoeRouting*> routing;
-  std::unique_ptr<Program> program;
 };
 
 ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
@@ -133,12 +90,11 @@ PartitionSpec ShardedTransformer::activation_spec(std::int64_t tokens) const {
       .spec;
 }
 
-ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t tokens) {
-  for (auto& c : programs_) {
-    if (c->tokens == tokens) return *c;
-  }
-  auto c = std::make_unique<Compiled>();
-  c->tokens = tokens;
+ShardedTransformer::Programs::Entry& ShardedTransformer::compiled_for(std::int64_t tokens) {
+  return programs_.get(tokens, [&](std::int64_t, std::vector<MoeRouting*>& routings) { return compile(tokens, routings); });
+}
+
+Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*>& routings) {
   ProgramBuilder pb(mesh_, fmt::format("transformer (T={})", tokens));
   const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
   const PartitionSpec spec = activation_spec(tokens);
@@ -161,9 +117,9 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
     runtime::ShardedTensor* block_in = stream;
     if (ffn_out != nullptr) {
       block_in = &activation(p + ".x");
-      front = emit_residual_norm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front, p + ".attn_norm");
     } else {
-      front = emit_residual_norm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_rmsnorm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front, p + ".attn_norm");
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
     front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
@@ -171,12 +127,12 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
     runtime::ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
     runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
-    front = emit_residual_norm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
+    front = emit_residual_rmsnorm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
     runtime::ShardedTensor& f = activation(p + ".ffn_out");
     if (layer.moe) {
       MoeRouting* routing = nullptr;
       front = emit_moe(pb, *layer.moe, n2, front, f, p + ".moe", &routing);
-      c->routing.push_back(routing);
+      routings.push_back(routing);
     } else {
       front = emit_mlp(pb, *layer.mlp, n2, front, f, p + ".mlp");
     }
@@ -186,11 +142,9 @@ ShardedTransformer::Compiled& ShardedTransformer::compiled_for(std::int64_t toke
   // The last residual add, with the final norm when the model has one.
   runtime::ShardedTensor* final_w = final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
   pb.output("y", y,
-            emit_residual_norm(pb, *stream, ffn_out, final_w, nullptr, y, eps, front,
+            emit_residual_rmsnorm(pb, *stream, ffn_out, final_w, nullptr, y, eps, front,
                                final_w ? "final_norm" : "residual"));
-  c->program = std::make_unique<Program>(std::move(pb).compile());
-  programs_.push_back(std::move(c));
-  return *programs_.back();
+  return std::move(pb).compile();
 }
 
 Program& ShardedTransformer::program(std::int64_t tokens) {
@@ -207,18 +161,18 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x, st
   NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
                "transformer: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
                max_len_);
-  Compiled& c = compiled_for(tokens);
+  Programs::Entry& e = compiled_for(tokens);
   position_ = position;
-  c.program->set_input("x", x);
-  c.program->run();
-  last_ = &c;
-  return c.program->output("y");
+  e.program->set_input("x", x);
+  e.program->run();
+  last_ = &e;
+  return e.program->output("y");
 }
 
 MoeStats ShardedTransformer::moe_stats() const {
   MoeStats sum;
   if (last_ == nullptr) return sum;
-  for (const MoeRouting* r : last_->routing) {
+  for (const MoeRouting* r : last_->extra) {
     const MoeStats s = r->total();
     if (sum.tokens_per_expert.empty()) sum.tokens_per_expert.assign(s.tokens_per_expert.size(), 0);
     for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e) sum.tokens_per_expert[e] += s.tokens_per_expert[e];

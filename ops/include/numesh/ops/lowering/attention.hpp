@@ -129,15 +129,14 @@ class ShardedAttention {
   Program& program(std::int64_t tokens);
 
  private:
-  struct Compiled;
-  Compiled& compiled_for(std::int64_t tokens);
+  Program& compiled_for(std::int64_t tokens);
   runtime::DeviceMesh mesh_;
   AttentionAxes axes_;
   AttentionLayer layer_;
   std::int64_t batch_;
   std::optional<KvCache> cache_;
   std::int64_t position_ = 0;  // read by the programs' nodes when they run
-  std::vector<std::unique_ptr<Compiled>> programs_;
+  ProgramCache<> programs_;
 };
 
 }  // namespace numesh::ops

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <initializer_list>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -131,6 +133,25 @@ class ProgramBuilder {
   /// Counts `flops` per run on mesh slot `slot`.
   void add_flops(std::int64_t slot, double flops);
 
+  /// One node per mesh slot, the step every lowering repeats: node s is named "name[s]", runs
+  /// on slot s's device the body `make_body(s)` returns (called once per slot, now, so the
+  /// body binds that slot's shards and scratch), and starts after entry s of every frontier in
+  /// `after` (an empty frontier, or a kReady entry, imposes nothing). Returns the frontier of
+  /// the new nodes. Throws: what GraphBuilder::add throws.
+  template <typename MakeBody>
+  runtime::Frontier per_device(const std::string& name, const std::vector<const runtime::Frontier*>& after,
+                               MakeBody&& make_body) {
+    runtime::Frontier done(static_cast<std::size_t>(mesh_.size()), runtime::kReady);
+    for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+      const auto i = static_cast<std::size_t>(s);
+      done[i] = graph_.add(mesh_.device(s).index(), name + "[" + std::to_string(s) + "]", make_body(s));
+      for (const runtime::Frontier* f : after) {
+        if (f != nullptr && !f->empty() && (*f)[i] != runtime::kReady) graph_.depend((*f)[i], done[i]);
+      }
+    }
+    return done;
+  }
+
   /// reshard() recorded in the plan: emits the collectives taking `in` (placed `from`) to
   /// `out` (placed `to`) after `after`, keeps the intermediates. Returns the frontier after
   /// which `out` is complete. Throws: as reshard().
@@ -194,6 +215,43 @@ class Program {
   std::vector<std::shared_ptr<ProgramBuilder::Binding>> bindings_;
   ProgramPlan plan_;
   std::unique_ptr<runtime::CompiledGraph> graph_;
+};
+
+/// The programs of one layer or model, compiled on first use, one per key (the number of new
+/// tokens T: prefill, insert chunks and decode steps each get theirs, all sharing the weights
+/// and caches). `Extra` is what a compile step records beside the program (routing tables).
+/// Not thread-safe.
+template <typename Extra = std::monostate>
+class ProgramCache {
+ public:
+  /// A compiled program and what its compile step recorded.
+  struct Entry {
+    std::int64_t key = 0;
+    std::unique_ptr<Program> program;
+    Extra extra{};
+  };
+
+  /// The entry for `key`, compiled first by `compile(key, extra)` (returning the Program and
+  /// filling `extra`) when there is none. Throws: what `compile` throws (nothing is cached).
+  template <typename Compile>
+  Entry& get(std::int64_t key, Compile&& compile) {
+    if (Entry* e = find(key)) return *e;
+    auto e = std::make_unique<Entry>();
+    e->key = key;
+    e->program = std::make_unique<Program>(compile(key, e->extra));
+    entries_.push_back(std::move(e));
+    return *entries_.back();
+  }
+  /// The entry for `key`, or nullptr when none was compiled.
+  Entry* find(std::int64_t key) noexcept {
+    for (auto& e : entries_) {
+      if (e->key == key) return e.get();
+    }
+    return nullptr;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Entry>> entries_;  // entries keep their addresses
 };
 
 }  // namespace numesh::ops

@@ -64,8 +64,9 @@ class ShardedTransformer {
 
  private:
   struct Layer;
-  struct Compiled;
-  Compiled& compiled_for(std::int64_t tokens);
+  using Programs = ProgramCache<std::vector<MoeRouting*>>;  // extra: each MoE layer's routing
+  Programs::Entry& compiled_for(std::int64_t tokens);
+  Program compile(std::int64_t tokens, std::vector<MoeRouting*>& routings);
   runtime::DeviceMesh mesh_;
   TransformerConfig config_;
   ModelAxes axes_;
@@ -73,8 +74,8 @@ class ShardedTransformer {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::shared_ptr<runtime::ShardedTensor> final_norm_;
   std::int64_t position_ = 0;  // read by the programs' nodes when they run
-  std::vector<std::unique_ptr<Compiled>> programs_;
-  Compiled* last_ = nullptr;
+  Programs programs_;
+  Programs::Entry* last_ = nullptr;
 };
 
 }  // namespace numesh::ops
