@@ -26,6 +26,7 @@
 // Counters: GFLOP/s (2*T*H*E + 3*2*H*F*T*k, the script's count) and tokens/s.
 
 #include <benchmark/benchmark.h>
+#include <oneapi/tbb/task_arena.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -186,8 +187,10 @@ void BM_Attention_Decode_Reference(benchmark::State& state) {
   }
   const ops::RowMatrix x1 = matrix(decode_input(), 1, kHidden);
   ops::RowMatrix q(1, kQDim), k(1, kKvDim), v(1, kKvDim), o(1, kQDim), y(1, kHidden);
-  std::vector<float> scores(static_cast<std::size_t>(kLen));
   const ops::AttentionSlice slice = attention_slice(1, kLen);
+  // Scratch for every slot of the arena the benchmark runs in (attention_core is parallel).
+  std::vector<float> scores(static_cast<std::size_t>(
+      ops::attention_scratch_floats(slice, kHeadDim, oneapi::tbb::this_task_arena::max_concurrency())));
   const ops::KvView kv{.k = cache_k.data(),
                        .v = cache_v.data(),
                        .batch_stride = kLen * kKvDim,

@@ -3,7 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
 #include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -83,6 +89,61 @@ TEST(GemmTest, ConcurrentCallsGiveIdenticalResults) {
   }
   for (auto& th : threads) th.join();
   for (const RowMatrix& o : out) EXPECT_EQ(o, ref);
+}
+
+// device_gemm cuts c by shape only, so arenas of any size compute the same bits; the shapes
+// cover one tile, skinny (decode) products split along n, and row x column tiles that do and
+// do not divide the blocking.
+TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
+  struct Shape {
+    Eigen::Index m, k, n;
+  };
+  // Enough workers that an arena of 7 really runs 7 threads at once (on 2 cores too): the
+  // per-thread scratch and the tiles are then used concurrently, not one after another.
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{16, 96, 2050},
+                         Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520}}) {
+    const RowMatrix a = pattern(sh.m, sh.k, 0.4f), b = pattern(sh.k, sh.n, 1.9f);
+    const std::string label = std::to_string(sh.m) + "x" + std::to_string(sh.k) + "x" + std::to_string(sh.n);
+    std::optional<RowMatrix> first;
+    for (int threads : {1, 2, 3, 4, 7}) {
+      RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
+      oneapi::tbb::task_arena arena(threads);
+      arena.execute([&] {
+        device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), ConstMatrixMap(b.data(), sh.k, sh.n),
+                    MatrixMap(c.data(), sh.m, sh.n));
+      });
+      if (!first) {
+        EXPECT_TRUE(close(c, naive(a, b), 1e-4 * static_cast<double>(sh.k))) << label;
+        first = c;
+      } else {
+        EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+      }
+    }
+    const GemmTiling t = gemm_tiling(sh.m, sh.n, sh.k);
+    EXPECT_GE(t.row_block, 1) << label;
+    EXPECT_LE(t.row_tiles(sh.m) * t.col_tiles(sh.n), 64 * 2) << label << ": tiles stay few";
+  }
+  // Decode: a single row is split along n; prefill-sized products in row and column tiles.
+  EXPECT_EQ(gemm_tiling(1, 4096, 1024).row_block, 1);
+  EXPECT_GT(gemm_tiling(1, 4096, 1024).col_tiles(4096), 16);
+  EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 512) << "column strips over all rows";
+  EXPECT_EQ(gemm_tiling(4096, 4096, 1024).row_block, 512);
+  EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
+}
+
+TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {
+  // c[:, 2:5] = a[1:4, 3:9] * b[3:9, 1:4] through leading dimensions, for both paths.
+  for (Eigen::Index scale : {1, 8}) {
+    const Eigen::Index m = 3 * scale, k = 6 * scale, n = 3 * scale;
+    const RowMatrix a = pattern(m + 2, k + 5, 0.1f), b = pattern(k + 4, n + 3, 0.2f);
+    RowMatrix c = RowMatrix::Zero(m, n + 4);
+    gemm(m, n, k, 1.0f, a.data() + 1 * a.cols() + 3, a.cols(), b.data() + 3 * b.cols() + 1, b.cols(),
+         /*transpose_b=*/false, 0.0f, c.data() + 2, c.cols());
+    const RowMatrix want = a.block(1, 3, m, k) * b.block(3, 1, k, n);
+    EXPECT_TRUE(close(c.block(0, 2, m, n), want.cast<double>(), 1e-4 * static_cast<double>(k))) << "scale " << scale;
+    EXPECT_EQ(c.block(0, 0, m, 2), RowMatrix::Zero(m, 2)) << "columns outside the block untouched";
+  }
 }
 
 TEST(GemmTest, MismatchedShapesNameAllThree) {

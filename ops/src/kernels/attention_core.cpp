@@ -1,12 +1,16 @@
 #include "numesh/ops/kernels/attention_core.hpp"
 
 #include <Eigen/Core>
+#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/tensor.hpp"
 
@@ -55,63 +59,156 @@ void attention_rows(const float* q, const KvView& kv, float* out, const Attentio
   }
 }
 
-// Blocks of queries as GEMMs against contiguous key and value panels (prefill).
-void attention_blocked(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
-                       std::int64_t q_offset, bool causal, std::span<float> scratch) {
+// Decode splits the keys into blocks of this many (flash-decoding): with few queries the
+// parallel work is (sequence, head, key block), and the blocks' softmax statistics are merged
+// in block order.
+constexpr std::int64_t kKeyBlock = 256;
+
+std::int64_t key_blocks(std::int64_t kv_len) noexcept { return (kv_len + kKeyBlock - 1) / kKeyBlock; }
+std::int64_t query_blocks(std::int64_t q_len) noexcept { return (q_len + kQueryBlock - 1) / kQueryBlock; }
+
+// Per-thread scratch floats of each path, and the decode path's shared partials (per query and
+// key block: the block's max score, its sum of exponentials and its weighted sum of values).
+std::int64_t per_thread_floats(std::int64_t q_len, std::int64_t kv_capacity) noexcept {
+  return q_len < kBlockedFrom ? kKeyBlock : kQueryBlock * kv_capacity;
+}
+std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
+  return sl.q_len < kBlockedFrom ? sl.batch * sl.q_heads * sl.q_len * key_blocks(sl.kv_len) * (d + 2) : 0;
+}
+
+// Scratch blocks for an arena of max_concurrency `threads`: oneTBB's current_thread_index() is
+// "between 0 and the task_arena concurrency level", both included (the oneAPI spec's
+// this_task_arena; a device arena of one thread ran its worker in slot 1), so there is one
+// block more than threads.
+std::int64_t scratch_slots(std::int64_t threads) noexcept { return threads + 1; }
+
+// The scratch of the calling thread: block current_thread_index() of the arena.
+float* thread_scratch(std::span<float> scratch, std::int64_t per_thread, std::int64_t slots) {
+  const auto slot = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::current_thread_index());
+  NUMESH_CHECK(slot >= 0 && slot < slots, IndexError,
+               "attention: thread slot {} outside the {} scratch blocks of this arena", slot, slots);
+  return scratch.data() + slot * per_thread;
+}
+
+// Runs body(i) for i in [0, n), one task each: which thread runs a task does not change what it
+// computes.
+template <typename Body>
+void for_each_task(std::int64_t n, const Body& body) {
+  parallel_blocks(n, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t i = first; i < last; ++i) body(i);
+  });
+}
+
+// Decode (fewer than kBlockedFrom queries): tasks over (sequence, head, key block) each write
+// the block's statistics for every query, then tasks over (sequence, head) merge the blocks.
+void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
+                      std::int64_t q_offset, bool causal, std::span<float> scratch, std::int64_t per_thread) {
+  using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::int64_t s_len = sl.kv_len;
-  float* k_panel = scratch.data();                       // [kv_len, d]
-  float* v_panel = k_panel + s_len * d;                  // [kv_len, d]
-  float* q_block = v_panel + s_len * d;                  // [block, d]
-  float* o_block = q_block + kQueryBlock * d;            // [block, d]
-  float* scores = o_block + kQueryBlock * d;             // [block, kv_len]
-  for (std::int64_t bi = 0; bi < sl.batch; ++bi) {
-    std::int64_t panel_head = -1;
-    for (std::int64_t h = 0; h < sl.q_heads; ++h) {
-      const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
-      if (kvh != panel_head) {  // query heads of one GQA group share the panels
-        for (std::int64_t si = 0; si < s_len; ++si) {
-          const std::int64_t at = bi * kv.batch_stride + si * kv.pos_stride + kvh * kv.head_stride;
-          std::copy_n(kv.k + at, d, k_panel + si * d);
-          std::copy_n(kv.v + at, d, v_panel + si * d);
-        }
-        panel_head = kvh;
+  const std::int64_t blocks = key_blocks(sl.kv_len), stride = d + 2;
+  const std::int64_t slots = scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
+  float* partials = scratch.data() + slots * per_thread;
+  // Partial (b, h, t, block) lives at ((((b * q_heads + h) * q_len + t) * blocks + block) * stride.
+  for_each_task(sl.batch * sl.q_heads * blocks, [&](std::int64_t task) {
+    const std::int64_t block = task % blocks, bh = task / blocks, h = bh % sl.q_heads, bi = bh / sl.q_heads;
+    const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
+    const float* kb = kv.k + bi * kv.batch_stride + kvh * kv.head_stride;
+    const float* vb = kv.v + bi * kv.batch_stride + kvh * kv.head_stride;
+    float* scores = thread_scratch(scratch, per_thread, slots);
+    for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
+      float* part = partials + ((bh * sl.q_len + ti) * blocks + block) * stride;
+      const std::int64_t visible = causal ? q_offset + ti + 1 : sl.kv_len;
+      const std::int64_t first = block * kKeyBlock, last = std::min(visible, first + kKeyBlock);
+      Eigen::Map<Eigen::VectorXf> o(part + 2, d);
+      o.setZero();
+      if (last <= first) {  // the mask hides the whole block
+        part[0] = -std::numeric_limits<float>::infinity();
+        part[1] = 0.0f;
+        continue;
       }
-      for (std::int64_t i0 = 0; i0 < sl.q_len; i0 += kQueryBlock) {
-        const std::int64_t rows = std::min(kQueryBlock, sl.q_len - i0);
-        // Keys any query of the block may see: the causal mask hides the rest.
-        const std::int64_t width = causal ? std::min(s_len, q_offset + i0 + rows) : s_len;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          std::copy_n(q + ((bi * sl.q_len + i0 + r) * sl.q_heads + h) * d, d, q_block + r * d);
-        }
-        MatrixMap sc(scores, rows, width);
-        gemm(ConstMatrixMap(q_block, rows, d), ConstMatrixMap(k_panel, width, d), sc, scale, 0.0f,
-             /*transpose_b=*/true);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          softmax_prefix(scores + r * width, causal ? q_offset + i0 + r + 1 : s_len, width);
-        }
-        gemm(ConstMatrixMap(scores, rows, width), ConstMatrixMap(v_panel, width, d), MatrixMap(o_block, rows, d));
-        for (std::int64_t r = 0; r < rows; ++r) {
-          std::copy_n(o_block + r * d, d, out + ((bi * sl.q_len + i0 + r) * sl.q_heads + h) * d);
-        }
+      const Vec qr(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::int64_t si = first; si < last; ++si) {
+        scores[si - first] = qr.dot(Vec(kb + si * kv.pos_stride, d)) * scale;
+        m = std::max(m, scores[si - first]);
       }
+      float sum = 0.0f;
+      for (std::int64_t si = first; si < last; ++si) {
+        const float e = std::exp(scores[si - first] - m);
+        sum += e;
+        o += e * Vec(vb + si * kv.pos_stride, d);
+      }
+      part[0] = m;
+      part[1] = sum;
     }
-  }
+  });
+  for_each_task(sl.batch * sl.q_heads, [&](std::int64_t bh) {
+    const std::int64_t h = bh % sl.q_heads, bi = bh / sl.q_heads;
+    for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
+      const float* part = partials + (bh * sl.q_len + ti) * blocks * stride;
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::int64_t b = 0; b < blocks; ++b) m = std::max(m, part[b * stride]);
+      Eigen::Map<Eigen::VectorXf> o(out + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
+      o.setZero();
+      float sum = 0.0f;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        if (part[b * stride + 1] == 0.0f) continue;  // a masked block
+        const float w = std::exp(part[b * stride] - m);
+        sum += w * part[b * stride + 1];
+        o += w * Vec(part + b * stride + 2, d);
+      }
+      o /= sum;
+    }
+  });
+}
+
+// Prefill: tasks over (sequence, head, block of 64 queries), each two GEMMs (q k^T, then p v)
+// around a row softmax, reading q, keys, values and writing out in place through their strides,
+// skipping the key blocks the causal mask hides.
+void attention_blocked(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
+                       std::int64_t q_offset, bool causal, std::span<float> scratch, std::int64_t per_thread) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::int64_t s_len = sl.kv_len, qb = query_blocks(sl.q_len), row_stride = sl.q_heads * d;
+  const std::int64_t slots = scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
+  for_each_task(sl.batch * sl.q_heads * qb, [&](std::int64_t task) {
+    const std::int64_t block = task % qb, bh = task / qb, h = bh % sl.q_heads, bi = bh / sl.q_heads;
+    const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
+    const float* kb = kv.k + bi * kv.batch_stride + kvh * kv.head_stride;
+    const float* vb = kv.v + bi * kv.batch_stride + kvh * kv.head_stride;
+    const std::int64_t i0 = block * kQueryBlock, rows = std::min(kQueryBlock, sl.q_len - i0);
+    // Keys any query of the block may see: the causal mask hides the rest.
+    const std::int64_t width = causal ? std::min(s_len, q_offset + i0 + rows) : s_len;
+    float* scores = thread_scratch(scratch, per_thread, slots);
+    const float* q_rows = q + ((bi * sl.q_len + i0) * sl.q_heads + h) * d;
+    float* out_rows = out + ((bi * sl.q_len + i0) * sl.q_heads + h) * d;
+    gemm(rows, width, d, scale, q_rows, row_stride, kb, kv.pos_stride, /*transpose_b=*/true, 0.0f, scores, width);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      softmax_prefix(scores + r * width, causal ? q_offset + i0 + r + 1 : s_len, width);
+    }
+    gemm(rows, d, width, 1.0f, scores, width, vb, kv.pos_stride, /*transpose_b=*/false, 0.0f, out_rows, row_stride);
+  });
 }
 
 }  // namespace
 
-std::int64_t attention_scratch_floats(std::int64_t q_len, std::int64_t kv_capacity, std::int64_t head_dim) noexcept {
-  if (q_len < kBlockedFrom) return kv_capacity;
-  return 2 * kv_capacity * head_dim + 2 * kQueryBlock * head_dim + kQueryBlock * kv_capacity;
+std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim, std::int64_t threads) noexcept {
+  return scratch_slots(threads) * per_thread_floats(slice.q_len, slice.kv_len) + partial_floats(slice, head_dim);
 }
 
 void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
                     std::int64_t q_offset, bool causal, std::span<float> scratch) {
+  // One block of scratch per arena slot, then (decode) the partials, laid out for this call's
+  // sizes: a scratch sized for a larger capacity holds them too.
+  const std::int64_t threads = oneapi::tbb::this_task_arena::max_concurrency();
+  const std::int64_t per_thread = per_thread_floats(sl.q_len, sl.kv_len);
+  const std::int64_t needed = attention_scratch_floats(sl, d, threads);
+  NUMESH_CHECK(static_cast<std::int64_t>(scratch.size()) >= needed, ShapeError,
+               "attention: scratch of {} floats; {} keys, {} queries and {} threads need {}", scratch.size(),
+               sl.kv_len, sl.q_len, threads, needed);
   if (sl.q_len < kBlockedFrom) {
-    attention_rows(q, kv, out, sl, d, q_offset, causal, scratch.data());
+    attention_decode(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   } else {
-    attention_blocked(q, kv, out, sl, d, q_offset, causal, scratch);
+    attention_blocked(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   }
 }
 

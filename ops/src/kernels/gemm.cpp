@@ -1,15 +1,13 @@
 #include "numesh/ops/kernels/gemm.hpp"
 
-#include <oneapi/tbb/blocked_range.h>
-#include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/task_arena.h>
-
 #include <cblas.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -24,58 +22,93 @@ void use_one_blas_thread() {
 
 }  // namespace
 
-void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float beta,
-          bool transpose_b) {
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+          const float* b, std::int64_t ldb, bool transpose_b, float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (m * n * k >= kBlasMinMultiplyAdds) {
+    use_one_blas_thread();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+    return;
+  }
+  // Small products: Eigen, never `auto` on an expression (it would re-evaluate or dangle).
+  using Strided = Eigen::OuterStride<>;
+  const Eigen::Map<const RowMatrix, 0, Strided> am(a, m, k, Strided(lda));
+  Eigen::Map<RowMatrix, 0, Strided> cm(c, m, n, Strided(ldc));
+  if (beta == 0.0f) {
+    cm.setZero();
+  } else if (beta != 1.0f) {
+    cm *= beta;
+  }
+  if (transpose_b) {
+    cm.noalias() += alpha * (am * Eigen::Map<const RowMatrix, 0, Strided>(b, n, k, Strided(ldb)).transpose());
+  } else {
+    cm.noalias() += alpha * (am * Eigen::Map<const RowMatrix, 0, Strided>(b, k, n, Strided(ldb)));
+  }
+}
+
+void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float beta, bool transpose_b) {
   const Eigen::Index m = a.rows(), k = a.cols();
   const Eigen::Index n = transpose_b ? b.rows() : b.cols();
   const Eigen::Index kb = transpose_b ? b.cols() : b.rows();
   NUMESH_CHECK(kb == k && c.rows() == m && c.cols() == n, ShapeError,
                "gemm: a is [{}, {}], b{} is [{}, {}], c is [{}, {}]: they do not multiply", m, k,
                transpose_b ? " (transposed)" : "", b.rows(), b.cols(), c.rows(), c.cols());
-  if (m == 0 || n == 0) return;
-  if (m * n * k >= kBlasMinMultiplyAdds) {
-    use_one_blas_thread();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a.data(),
-                static_cast<int>(k), b.data(), static_cast<int>(b.cols()), beta, c.data(),
-                static_cast<int>(n));
-    return;
-  }
-  // Small products: Eigen, never `auto` on an expression (it would re-evaluate or dangle).
-  if (beta == 0.0f) {
-    if (transpose_b) {
-      c.noalias() = alpha * (a * b.transpose());
-    } else {
-      c.noalias() = alpha * (a * b);
-    }
-  } else {
-    c *= beta;
-    if (transpose_b) {
-      c.noalias() += alpha * (a * b.transpose());
-    } else {
-      c.noalias() += alpha * (a * b);
-    }
-  }
+  gemm(m, n, k, alpha, a.data(), k, b.data(), b.cols(), transpose_b, beta, c.data(), n);
 }
 
 namespace {
-// Rows per parallel block inside one device: enough work per OpenBLAS call to stay efficient.
-constexpr Eigen::Index kRowBlock = 64;
+// Products below this many multiply-adds are one tile: splitting them costs more in task
+// overhead (~1-2 us per fork/join) than it saves.
+constexpr std::int64_t kOneTileBelow = std::int64_t{1} << 18;
+// Tiles are column strips over many rows: single-threaded OpenBLAS on [512, 1024] x [1024, n]
+// ran at 100 GFLOP/s for n = 2048, 96 for n = 256 and 90 for n = 128, but 81 for row strips of
+// 64 x 2048 and 78 for 64 x 256 tiles (this machine, a throwaway program calling cblas_sgemm
+// per tile): b, the weights, is then packed once per strip. Rows are cut only past this many.
+// Strips are at least 512 wide: with two devices of one thread running their MLPs at once,
+// mlp_bench's sharded MLP lost ~20 % with 256-wide strips and nothing measurable with 512
+// (three alternations against the previous build, 44-47 ms both).
+constexpr std::int64_t kMaxRowBlock = 1024;
+constexpr std::int64_t kRowBlock = 512;
+// Decode (m <= 16 rows, the batch) may cut n finer: each strip then streams its own columns.
+constexpr std::int64_t kSkinnyRows = 16;
+constexpr std::int64_t kMinColBlockSkinny = 64;
+constexpr std::int64_t kMinColBlock = 512;
+// Columns are cut so that there are up to about this many tiles: enough for a NUMA node of 64
+// cores.
+constexpr std::int64_t kTargetTiles = 64;
 }  // namespace
 
+GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
+  if (m <= 0 || n <= 0) return {std::max<std::int64_t>(m, 0), std::max<std::int64_t>(n, 0)};
+  if (m * n * k < kOneTileBelow) return {m, n};
+  const std::int64_t row_block = m <= kMaxRowBlock ? m : kRowBlock;
+  const std::int64_t row_tiles = (m + row_block - 1) / row_block;
+  // Columns per tile for about kTargetTiles tiles, rounded up to a multiple of 16.
+  const std::int64_t per_row_tile = std::max<std::int64_t>(1, kTargetTiles / row_tiles);
+  std::int64_t col_block = ((n + per_row_tile - 1) / per_row_tile + 15) / 16 * 16;
+  col_block = std::min(n, std::max(col_block, m <= kSkinnyRows ? kMinColBlockSkinny : kMinColBlock));
+  return {row_block, col_block};
+}
+
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
-  const Eigen::Index rows = a.rows();
-  if (oneapi::tbb::this_task_arena::max_concurrency() == 1 || rows <= kRowBlock) {
-    gemm(a, b, c);
-    return;
-  }
-  oneapi::tbb::parallel_for(
-      oneapi::tbb::blocked_range<Eigen::Index>(0, rows, kRowBlock),
-      [&](const oneapi::tbb::blocked_range<Eigen::Index>& r) {
-        const Eigen::Index n = r.end() - r.begin();
-        gemm(ConstMatrixMap(a.data() + r.begin() * a.cols(), n, a.cols()), b,
-             MatrixMap(c.data() + r.begin() * c.cols(), n, c.cols()));
-      });
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
+  NUMESH_CHECK(b.rows() == k && c.rows() == m && c.cols() == n, ShapeError,
+               "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", m, k, b.rows(), b.cols(),
+               c.rows(), c.cols());
+  const GemmTiling t = gemm_tiling(m, n, k);
+  const std::int64_t rt = t.row_tiles(m), ct = t.col_tiles(n);
+  auto tile = [&](std::int64_t i) {
+    const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
+    const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
+    gemm(rows, cols, k, 1.0f, a.data() + r0 * k, k, b.data() + c0, n, /*transpose_b=*/false, 0.0f,
+         c.data() + r0 * n + c0, n);
+  };
+  // One task per tile: which thread runs a tile does not change what the tile computes.
+  parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t i = first; i < last; ++i) tile(i);
+  });
 }
 
 }  // namespace numesh::ops

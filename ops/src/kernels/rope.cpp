@@ -2,13 +2,17 @@
 
 #include <cmath>
 
+#include "numesh/ops/kernels/parallel.hpp"
+
 namespace numesh::ops {
 
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
                   std::int64_t first_position, float theta) {
   const std::int64_t half = d / 2;
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    for (std::int64_t ti = 0; ti < t; ++ti) {
+  // Tasks over blocks of (sequence, token) rows; every pair is turned by its own angle.
+  parallel_blocks(b * t, row_block_for(h * d), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t bi = r / t, ti = r % t;
       const auto position = static_cast<double>(first_position + ti);
       for (std::int64_t i = 0; i < half; ++i) {
         // Angles in double: positions times frequencies lose digits in fp32 at long contexts.
@@ -24,7 +28,7 @@ void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std:
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace numesh::ops

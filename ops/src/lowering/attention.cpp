@@ -194,7 +194,10 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& v = v_all.shard(s);
     runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
     o_of[static_cast<std::size_t>(s)] = &o;
-    runtime::Tensor& scores = pb.scratch(s, {attention_scratch_floats(local_t, key_capacity, d)});
+    AttentionSlice widest = slice;
+    widest.kv_len = key_capacity;
+    runtime::Tensor& scores =
+        pb.scratch(s, {attention_scratch_floats(widest, d, mesh.device(s).spec().threads)});
     runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
     runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
     const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;

@@ -45,18 +45,26 @@ struct KvView {
   std::int64_t head_stride = 0;
 };
 
-/// Scratch floats attention_core needs for `q_len` queries over up to `kv_capacity` keys of
-/// dim `head_dim`.
-std::int64_t attention_scratch_floats(std::int64_t q_len, std::int64_t kv_capacity, std::int64_t head_dim) noexcept;
+/// Scratch floats attention_core needs for `slice` (with kv_len the most keys it will see)
+/// and head dim `head_dim` when called from an arena of `threads` threads: a block per thread,
+/// plus, for decode, the per-key-block partial results.
+std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim, std::int64_t threads) noexcept;
 
-/// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating: q and out
+/// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating, over the
+/// calling thread's oneTBB arena (a device's threads when called from a node body): q and out
 /// are bthd [slice.batch, slice.q_len, slice.q_heads, head_dim]; the keys are positions
 /// [0, slice.kv_len) of `kv`; query t sits at position q_offset + t and, when `causal`, sees
-/// keys 0..q_offset + t. From 16 queries up, each (sequence, kv head) has its keys and values
-/// copied into contiguous panels and blocks of 64 queries run as two GEMMs (q k^T, then p v)
-/// around a row softmax, skipping the key blocks the causal mask hides; fewer queries (decode)
-/// take one key at a time. `scratch` holds at least attention_scratch_floats(slice.q_len,
-/// slice.kv_len, head_dim) floats. REQUIRES: q_offset + q_len <= kv_len when causal.
+/// keys 0..q_offset + t.
+/// - From 16 queries up (prefill): one task per (sequence, head, block of 64 queries), two GEMMs
+///   (q k^T, then p v) around a row softmax that read q, keys and values in place through their
+///   strides, skipping the key blocks the causal mask hides.
+/// - Fewer queries (decode): one task per (sequence, head, block of 256 keys) computing the
+///   block's max, sum of exponentials and weighted sum of values, then the blocks merged in
+///   order per (sequence, head) (flash-decoding's split softmax).
+/// The tasks depend on the shapes only, so results are bitwise identical for any number of
+/// threads. `scratch` holds at least attention_scratch_floats(slice, head_dim, threads) floats
+/// for the arena's max_concurrency `threads`.
+/// REQUIRES: q_offset + q_len <= kv_len when causal. Throws: ShapeError when scratch is short.
 void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& slice,
                     std::int64_t head_dim, std::int64_t q_offset, bool causal,
                     std::span<float> scratch);

@@ -23,10 +23,35 @@ inline constexpr std::int64_t kBlasMinMultiplyAdds = std::int64_t{32} * 32 * 32;
 void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha = 1.0f, float beta = 0.0f,
           bool transpose_b = false);
 
-/// c = a * b with the rows of a split over the calling thread's oneTBB arena (a device's
-/// threads when called from a node body) in blocks of 64 rows, each block one gemm() call; a
-/// single gemm() call when the arena has one thread or a has at most 64 rows (OpenBLAS blocks
-/// best on the whole). Throws: as gemm().
+/// The strided form of gemm(): a is [m, k] with rows `lda` floats apart, b is [k, n] (or, with
+/// `transpose_b`, [n, k]) with rows `ldb` apart, c is [m, n] with rows `ldc` apart; c = alpha a
+/// op(b) + beta c. Lets callers multiply blocks of larger matrices (one head of a bthd
+/// activation, a column block of a weight) without copying them.
+/// REQUIRES: m, n, k >= 0; each leading dimension at least its matrix's row length.
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+          const float* b, std::int64_t ldb, bool transpose_b, float beta, float* c, std::int64_t ldc);
+
+/// How device_gemm cuts c [m, n] into tiles, each one gemm() call: from the shapes only.
+struct GemmTiling {
+  std::int64_t row_block = 0;  ///< rows of a tile (the last one may be shorter)
+  std::int64_t col_block = 0;  ///< columns of a tile (the last one may be narrower)
+  /// Tiles along m and n.
+  std::int64_t row_tiles(std::int64_t m) const noexcept { return row_block > 0 ? (m + row_block - 1) / row_block : 0; }
+  std::int64_t col_tiles(std::int64_t n) const noexcept { return col_block > 0 ? (n + col_block - 1) / col_block : 0; }
+};
+
+/// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes and
+/// never on the number of threads, so every element of c is computed by a gemm() call of the
+/// same shape in every arena: results are bitwise identical for any thread count. Small
+/// products are one tile; others are column strips over all rows (up to 1024; 512-row blocks
+/// past that), at least 512 columns wide (64 for skinny products of m <= 16 rows: decode),
+/// about 64 tiles at most: enough for a NUMA node of 64 cores.
+GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
+
+/// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
+/// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
+/// gemm() call. Bitwise identical results for any number of threads (see gemm_tiling).
+/// Throws: as gemm().
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c);
 
 }  // namespace numesh::ops
