@@ -1,5 +1,6 @@
 // Collectives on the benchmark devices (bench_devices.hpp) against the plain shared-memory loop
-// and memcpy, 4 KiB to 64 MiB per device. Each registers BM_Graph/<Op> beside
+// and memcpy, 4 KiB to 64 MiB per device: the cases of numesh/runtime/collective_benchmark.hpp,
+// the same that `numesh bench collectives` times. Each registers BM_Graph/<Op> beside
 // BM_PlainLoop/<Op>, and BM_Memcpy covers the same sizes; compare rows of one run.
 // BM_GraphChain runs 64 all-reduces back to back inside one graph run and reports
 // the time per all-reduce: the latency of a collective between busy devices, as in a real
@@ -11,13 +12,18 @@
 #include <vector>
 
 #include "bench_devices.hpp"
-#include "collective_bench.hpp"
+#include "numesh/runtime/collective_benchmark.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::bench {
 namespace {
+
+using runtime::CollectiveOp;
+using runtime::GraphCollective;
+using runtime::MemcpyBaseline;
+using runtime::PlainCollective;
 
 void set_counters(benchmark::State& state, std::size_t bytes) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *

@@ -7,28 +7,18 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <ostream>
 
-#include "cli_text.hpp"
-#include "collective_bench.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/runtime/collective_benchmark.hpp"
 #include "numesh/runtime/device.hpp"
+#include "parsers.hpp"
+#include "render.hpp"
 
 namespace numesh::tools {
-
-namespace {
-
-// The non-empty items of a comma-separated option.
-std::vector<std::string> items(const std::string& text) {
-  std::vector<std::string> out;
-  for (std::string_view item : split_list(text)) {
-    if (!item.empty()) out.emplace_back(item);
-  }
-  return out;
-}
-
-}  // namespace
 
 CLI::App* add_bench_command(CLI::App& app, BenchCollectivesOptions& o) {
   CLI::App* bench = app.add_subcommand("bench", "Measure numesh on this machine.");
@@ -58,10 +48,10 @@ Examples:
 }
 
 void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
-  std::vector<bench::CollectiveOp> ops;
-  for (const std::string& name : items(o.ops)) ops.push_back(bench::parse_collective_op(name));
+  std::vector<runtime::CollectiveOp> ops;
+  for (const std::string& name : parse_items(o.ops)) ops.push_back(runtime::parse_collective_op(name));
   std::vector<std::size_t> sizes;
-  for (const std::string& s : items(o.sizes)) sizes.push_back(bench::parse_bytes(s));
+  for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
   NUMESH_CHECK(!ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
   NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
@@ -72,7 +62,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
     NUMESH_CHECK(json_file.good(), ValueError, "--json: cannot write '{}'", o.json);
   }
 
-  auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement_options(o.machine));
+  const std::shared_ptr<runtime::DeviceSet> devices = make_devices(o.machine);
   const auto d = static_cast<int>(devices->size());
   for (std::size_t s : sizes) {
     NUMESH_CHECK(s % (sizeof(float) * devices->size()) == 0, ValueError,
@@ -95,32 +85,32 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   const std::size_t total = ops.size() * sizes.size();
   std::size_t done = 0;
   nlohmann::json records = nlohmann::json::array();
-  for (bench::CollectiveOp op : ops) {
+  for (runtime::CollectiveOp op : ops) {
     for (std::size_t bytes : sizes) {
       ++done;
       if (!o.quiet) {
         std::fprintf(stderr, "%s[%zu/%zu] %s %s ...%s", progress ? "\r\033[K" : "", done, total,
-                     std::string(bench::to_string(op)).c_str(), bench::format_bytes(bytes).c_str(),
+                     std::string(runtime::to_string(op)).c_str(), format_bytes(bytes).c_str(),
                      progress ? "" : "\n");
         std::fflush(stderr);
       }
-      bench::GraphCollective graph(devices, op, bytes);
-      bench::PlainCollective plain(d, op, bytes);
-      bench::MemcpyBaseline copy(bytes);
-      const double t_graph = bench::median_seconds([&] { graph.run(); }, o.repeats, o.min_time);
-      const double t_plain = bench::median_seconds([&] { plain.run(); }, o.repeats, o.min_time);
-      const double t_copy = bench::median_seconds([&] { copy.run(); }, o.repeats, o.min_time);
+      runtime::GraphCollective graph(devices, op, bytes);
+      runtime::PlainCollective plain(d, op, bytes);
+      runtime::MemcpyBaseline copy(bytes);
+      const double t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time);
+      const double t_plain = median_seconds([&] { plain.run(); }, o.repeats, o.min_time);
+      const double t_copy = median_seconds([&] { copy.run(); }, o.repeats, o.min_time);
       NUMESH_CHECK(graph.check(), Error, "{} of {} on {} devices gave a wrong result",
-                   bench::to_string(op), bench::format_bytes(bytes), d);
+                   runtime::to_string(op), format_bytes(bytes), d);
       NUMESH_CHECK(plain.check(), Error, "the baseline {} of {} gave a wrong result",
-                   bench::to_string(op), bench::format_bytes(bytes));
+                   runtime::to_string(op), format_bytes(bytes));
       out << fmt::format("{:<15} {:>9} {:>12.1f} {:>12.1f} {:>7.2f} {:>10.2f} {:>12.1f}\n",
-                         bench::to_string(op), bench::format_bytes(bytes), t_graph * 1e6,
+                         runtime::to_string(op), format_bytes(bytes), t_graph * 1e6,
                          t_plain * 1e6, t_plain / t_graph, static_cast<double>(bytes) / t_graph / 1e9,
                          t_copy * 1e6);
       out.flush();
-      records.push_back({{"name", fmt::format("{}/{}", bench::to_string(op), bytes)},
-                         {"collective", std::string(bench::to_string(op))},
+      records.push_back({{"name", fmt::format("{}/{}", runtime::to_string(op), bytes)},
+                         {"collective", std::string(runtime::to_string(op))},
                          {"devices", d},
                          {"bytes", bytes},
                          {"median_seconds", t_graph},

@@ -6,7 +6,7 @@
 #include <iosfwd>
 #include <string>
 
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 namespace CLI {
 class App;
@@ -29,8 +29,9 @@ struct BenchCollectivesOptions {
 /// Not thread-safe (CLI11 setup).
 CLI::App* add_bench_command(CLI::App& app, BenchCollectivesOptions& options);
 
-/// Runs the benchmark, writes the table to `out` (and the JSON file when asked); progress goes
-/// to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
+/// Runs the benchmark (the cases of numesh/runtime/collective_benchmark.hpp, timed with
+/// numesh::median_seconds), writes the table to `out` (and the JSON file when asked); progress
+/// goes to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
 void run_bench_collectives(const BenchCollectivesOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   CLI::App* resolve_cmd = numesh::tools::add_resolve_command(app, resolve);
   numesh::tools::TopologyOptions topology;
   CLI::App* topology_cmd = numesh::tools::add_topology_command(app, topology);
-  numesh::tools::MeshOptions mesh;
+  numesh::tools::MeshCommandOptions mesh;
   CLI::App* mesh_cmd = numesh::tools::add_mesh_command(app, mesh);
   numesh::tools::BenchCollectivesOptions bench_collectives;
   CLI::App* bench_collectives_cmd = numesh::tools::add_bench_command(app, bench_collectives);

@@ -8,8 +8,6 @@
 #include <ostream>
 
 #include "numesh/runtime/device_mesh.hpp"
-#include "cli_text.hpp"
-#include "resolve_command.hpp"
 
 namespace numesh::tools {
 
@@ -28,7 +26,7 @@ std::string memory_report(runtime::Device& d) {
 
 }  // namespace
 
-CLI::App* add_mesh_command(CLI::App& app, MeshOptions& o) {
+CLI::App* add_mesh_command(CLI::App& app, MeshCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "mesh",
       "Lay the devices of this machine (or a synthetic or XML topology) into a named mesh, as "
@@ -36,21 +34,15 @@ CLI::App* add_mesh_command(CLI::App& app, MeshOptions& o) {
   cmd->footer(R"(Examples:
   numesh mesh --dims 2,-1 --names dp,tp
   numesh mesh --synthetic 'package:2 numa:2 core:4 pu:1' --dims 2,2 --names dp,tp --json)");
-  add_machine_options(*cmd, o.machine, /*with_threads=*/false);
-  cmd->add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")
-      ->capture_default_str();
-  cmd->add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/false);
   cmd->add_flag("--json", o.json, "Print JSON instead of text");
   return cmd;
 }
 
-void run_mesh(const MeshOptions& o, std::ostream& out) {
-  const auto dims = parse_int_list(o.dims, "--dims");
-  std::vector<std::string> names;
-  for (std::string_view n : split_list(o.names)) names.emplace_back(n);
-  const auto placement = placement_options(o.machine);
-  auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement);
-  const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
+void run_mesh(const MeshCommandOptions& o, std::ostream& out) {
+  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
+  const runtime::DeviceSet& devices = mesh.devices();
+  const runtime::PlacementOptions& placement = devices.options();
 
   nlohmann::json slots = nlohmann::json::array();
   std::vector<std::string> memory;
@@ -76,7 +68,7 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
                           {"policy", std::string(runtime::to_string(placement.policy))},
                           {"slots", slots},
                           {"groups", groups},
-                          {"notes", devices->notes()}}
+                          {"notes", devices.notes()}}
                .dump(2)
         << "\n";
     return;
@@ -104,9 +96,9 @@ void run_mesh(const MeshOptions& o, std::ostream& out) {
     }
     out << fmt::format("  {}: {}\n", axis, fmt::join(parts, " "));
   }
-  if (!devices->notes().empty()) {
+  if (!devices.notes().empty()) {
     out << "\nnotes:\n";
-    for (const std::string& n : devices->notes()) out << "  - " << n << "\n";
+    for (const std::string& n : devices.notes()) out << "  - " << n << "\n";
   }
 }
 

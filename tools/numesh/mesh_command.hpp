@@ -4,9 +4,8 @@
 // mesh axis.
 
 #include <iosfwd>
-#include <string>
 
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 namespace CLI {
 class App;
@@ -15,18 +14,18 @@ class App;
 namespace numesh::tools {
 
 /// The options of `numesh mesh`.
-struct MeshOptions {
-  MachineOptions machine;              ///< topology and placement
-  std::string dims = "-1";             ///< --dims, e.g. "2,-1"
-  std::string names = "dp";            ///< --names, e.g. "dp,tp"
-  bool json = false;                   ///< --json
+struct MeshCommandOptions {
+  /// Topology, placement, --dims (e.g. "2,-1") and --names (e.g. "dp,tp"); by default one
+  /// axis, dp, over every device.
+  MeshOptions mesh{.machine = {}, .dims = "-1", .names = "dp"};
+  bool json = false;  ///< --json
 };
 
 /// Registers the `mesh` subcommand. Not thread-safe (CLI11 setup).
-CLI::App* add_mesh_command(CLI::App& app, MeshOptions& options);
+CLI::App* add_mesh_command(CLI::App& app, MeshCommandOptions& options);
 
-/// Builds the devices and the mesh and writes the report to `out`.
+/// Builds the devices and the mesh (make_mesh) and writes the report to `out`.
 /// Throws: numesh::Error naming the bad value (dims that do not fit, a bad policy, ...).
-void run_mesh(const MeshOptions& options, std::ostream& out);
+void run_mesh(const MeshCommandOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

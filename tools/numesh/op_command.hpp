@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 namespace CLI {
 class App;
@@ -20,12 +20,10 @@ namespace numesh::tools {
 
 /// The options of `numesh op`.
 struct OpOptions {
-  std::string op;                  ///< mlp, attention, moe or block (the positional argument)
-  MachineOptions machine;
+  std::string op;                  ///< mlp, attention, moe or block (the positional argument; op_table.hpp)
+  MeshOptions mesh;                ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
   std::string dir;                 ///< --dir: folder of input .npy files
   std::string out;                 ///< --out: folder for y.npy (default: --dir)
-  std::string dims = "1,1,-1";     ///< --dims
-  std::string names = "dp,ep,tp";  ///< --names
   std::string mode = "prefill";    ///< --mode: train, prefill, decode or insert
   std::int64_t position = -1;      ///< --position: insert's first position (default: half of T)
   std::string paxis_json;
@@ -48,10 +46,10 @@ struct OpOptions {
 /// Registers `op`. Not thread-safe (CLI11 setup).
 CLI::App* add_op_command(CLI::App& app, OpOptions& options);
 
-/// Runs the layer; writes the report to `out` and y.npy to the output folder. Returns 0, or 1
-/// when the check against the dense reference fails.
-/// Throws: IoError naming every missing input file; ValueError / ShapeError naming bad options
-/// or shapes; all before anything runs.
+/// Runs the layer (its op_table() entry); writes the report to `out` and y.npy to the output
+/// folder. Returns 0, or 1 when the check against the dense reference fails.
+/// Throws: ValueError naming an op the table does not hold; IoError naming every missing input
+/// file; ValueError / ShapeError naming bad options or shapes; all before anything runs.
 int run_op(const OpOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

@@ -4,42 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <utility>
 
 #include "numesh/core/error.hpp"
-#include "cli_text.hpp"
+#include "parsers.hpp"
 
 namespace numesh::tools {
 
 using json = nlohmann::json;
-
-bool is_none_word(std::string_view s) { return s.empty() || s == "None" || s == "none" || s == "null"; }
-
-namespace {
-
-// A --set value: None/null -> null, (a,b) or [a,b] -> array, anything else -> string.
-json parse_set_value(std::string_view v) {
-  v = trim(v);
-  if (is_none_word(v)) return nullptr;
-  if (v.front() == '(' || v.front() == '[') {
-    const char close = v.front() == '(' ? ')' : ']';
-    if (v.back() != close) {
-      throw ValueError(fmt::format("--set value '{}' has an unclosed bracket", v));
-    }
-    json arr = json::array();
-    const std::string_view inner = trim(v.substr(1, v.size() - 2));
-    if (inner.empty()) return arr;
-    for (std::string_view m : split_list(inner)) {
-      if (m.find_first_of("()[]") != std::string_view::npos) {
-        throw ValueError(fmt::format("--set value '{}' nests brackets", v));
-      }
-      arr.push_back(is_none_word(m) ? json(nullptr) : json(std::string(m)));
-    }
-    return arr;
-  }
-  return std::string(v);
-}
-
-}  // namespace
 
 sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::vector<std::string>& sets) {
   json fields = json::object();
@@ -60,12 +32,8 @@ sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::ve
   // --set values are merged into the fields before construction, so that dependent fields
   // are derived from them (unlike PartitionAxis::replace, which keeps derived values).
   for (const std::string& s : sets) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      throw ValueError(fmt::format("--set '{}' is not of the form field=value", s));
-    }
-    fields[std::string(trim(std::string_view(s).substr(0, eq)))] =
-        parse_set_value(std::string_view(s).substr(eq + 1));
+    auto [field, value] = parse_field_set(s);
+    fields[field] = std::move(value);
   }
   return sharding::PartitionAxis::from_json(fields);
 }

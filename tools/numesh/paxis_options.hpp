@@ -4,18 +4,15 @@
 // repeatable --set field=value.
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "numesh/sharding/partition_axis.hpp"
 
 namespace numesh::tools {
 
-/// True for the words that mean None on the command line: "", None, none, null.
-bool is_none_word(std::string_view s);
-
 /// The PartitionAxis from a JSON file of fields (empty path: none) with `sets` ("field=value";
-/// value a name, None, or (a,b)) merged over them before dependent fields are derived.
+/// value a name, None, or (a,b): parsers.hpp's parse_field_set) merged over them before
+/// dependent fields are derived.
 /// Throws: ValueError naming the file or the --set text when either is malformed; what
 /// PartitionAxis::from_json throws for bad fields.
 sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::vector<std::string>& sets);

@@ -120,4 +120,20 @@ nlohmann::json layout_json(const ShardLayout& l, std::int64_t itemsize) {
               {"devices", devices}};
 }
 
+std::string axes_text(const sharding::Mesh& mesh) {
+  std::string out;
+  for (std::size_t a = 0; a < mesh.rank(); ++a) {
+    out += fmt::format("{}{}={}", a == 0 ? "" : ", ", mesh.names()[a], mesh.sizes()[a]);
+  }
+  return out;
+}
+
+std::string format_bytes(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
+    return fmt::format("{} MiB", bytes >> 20);
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
 }  // namespace numesh::tools

@@ -1,14 +1,17 @@
 #pragma once
 
-// Presentation of a ShardLayout for `numesh resolve`: a block table in the manner of
-// jax.debug.visualize_array_sharding, a per-device list, and the JSON form.
+// Presentation shared by the commands: a ShardLayout for `numesh resolve` (a block table in
+// the manner of jax.debug.visualize_array_sharding, a per-device list, and the JSON form), a
+// mesh's axes and byte counts as the reports print them.
 
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/shard_layout.hpp"
 
 #include "numesh/core/units.hpp"
@@ -27,5 +30,12 @@ void render_layout_text(const sharding::ShardLayout& layout, std::int64_t itemsi
 /// replica_groups, and per device {device, coords, block, slices: [[start, stop], ...],
 /// replica_group}. REQUIRES: itemsize > 0.
 nlohmann::json layout_json(const sharding::ShardLayout& layout, std::int64_t itemsize);
+
+/// "dp=2, ep=1, tp=4": a mesh's axes and sizes, as the run and op reports print them.
+std::string axes_text(const sharding::Mesh& mesh);
+
+/// A byte count exactly, in the largest binary unit that divides it: "4 KiB", "64 MiB",
+/// "12 B" (`numesh bench collectives`' sizes; parse_bytes reads these back without the space).
+std::string format_bytes(std::size_t bytes);
 
 }  // namespace numesh::tools

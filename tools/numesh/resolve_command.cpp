@@ -5,7 +5,6 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <charconv>
 #include <fstream>
 #include <ostream>
 
@@ -16,7 +15,7 @@
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/sharding/presets.hpp"
 #include "numesh/sharding/shard_layout.hpp"
-#include "cli_text.hpp"
+#include "parsers.hpp"
 #include "paxis_options.hpp"
 #include "render.hpp"
 
@@ -26,11 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 using sharding::AxisRule;
-
-AxisRule parse_name(std::string_view s) {
-  if (is_none_word(s)) return AxisRule();
-  return AxisRule(sharding::normalize_token(s));
-}
 
 std::string join_reprs(const std::vector<AxisRule>& rules) {
   std::vector<std::string> parts;
@@ -88,8 +82,7 @@ json spec_json(const sharding::PartitionSpec& spec) {
 
 sharding::Mesh build_mesh(const ResolveOptions& o) {
   const auto dims = parse_int_list(o.mesh_dims, "--mesh-dims");
-  std::vector<std::string> names;
-  for (std::string_view n : split_list(o.mesh_names)) names.emplace_back(n);
+  std::vector<std::string> names = parse_names(o.mesh_names);
   if (names.size() != dims.size()) {
     throw ValueError(fmt::format("--mesh-names '{}' has {} names but --mesh-dims '{}' has {} dims",
                                  o.mesh_names, names.size(), o.mesh_dims, dims.size()));
@@ -108,62 +101,6 @@ sharding::Mesh build_mesh(const ResolveOptions& o) {
 }
 
 }  // namespace
-
-std::vector<std::int64_t> parse_int_list(std::string_view text, std::string_view what) {
-  std::vector<std::int64_t> out;
-  for (std::string_view item : split_list(text)) {
-    std::int64_t v = 0;
-    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
-      throw ValueError(fmt::format("{} '{}': '{}' is not an integer", what, text, item));
-    }
-    out.push_back(v);
-  }
-  return out;
-}
-
-std::vector<AxisRule> parse_axes(std::string_view text) {
-  int depth = 0;
-  for (char c : text) {
-    if (c == '(' || c == '[') {
-      if (++depth > 1) throw ValueError(fmt::format("--axes '{}': composites cannot nest", text));
-    } else if (c == ')' || c == ']') {
-      if (--depth < 0) throw ValueError(fmt::format("--axes '{}': unbalanced '{}'", text, c));
-    }
-  }
-  if (depth != 0) throw ValueError(fmt::format("--axes '{}': unclosed bracket", text));
-  std::vector<AxisRule> out;
-  if (trim(text).empty()) return out;
-  for (std::string_view entry : split_list(text)) {
-    if (!entry.empty() && (entry.front() == '(' || entry.front() == '[')) {
-      const char close = entry.front() == '(' ? ')' : ']';
-      if (entry.back() != close) {
-        throw ValueError(fmt::format("--axes '{}': entry '{}' has text after its bracket", text,
-                                     entry));
-      }
-      std::vector<AxisRule> members;
-      const std::string_view inner = trim(entry.substr(1, entry.size() - 2));
-      if (!inner.empty()) {
-        for (std::string_view m : split_list(inner)) members.push_back(parse_name(m));
-      }
-      out.push_back(AxisRule::list(std::move(members)));
-    } else {
-      out.push_back(parse_name(entry));
-    }
-  }
-  return out;
-}
-
-sharding::ModeArg parse_mode_arg(std::string_view text) {
-  if (text.rfind("dim:", 0) == 0) {
-    const auto n = parse_int_list(text.substr(4), "--mode dim:N");
-    if (n.size() != 1) throw ValueError(fmt::format("--mode '{}': dim:N takes one integer", text));
-    return sharding::ModeArg::from_dim(n.front());
-  }
-  if (const auto m = sharding::parse_mode(text)) return *m;
-  throw ValueError(fmt::format(
-      "--mode '{}' is not a mode (expected train, prefill, decode, insert or dim:N)", text));
-}
 
 CLI::App* add_resolve_command(CLI::App& app, ResolveOptions& o) {
   CLI::App* cmd = app.add_subcommand(
@@ -241,10 +178,7 @@ void run_resolve(const ResolveOptions& o, std::ostream& out) {
 
   std::optional<std::vector<std::int64_t>> shape;
   if (!o.shape.empty()) {
-    shape = parse_int_list(o.shape, "--shape");
-    for (std::int64_t e : *shape) {
-      if (e < 0) throw ValueError(fmt::format("--shape '{}': extent {} is negative", o.shape, e));
-    }
+    shape = parse_shape(o.shape, "--shape");
   }
   if (mode.is_dim()) {
     if (!shape) {

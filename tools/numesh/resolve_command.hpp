@@ -6,11 +6,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
-
-#include "numesh/sharding/axis_rule.hpp"
-#include "numesh/sharding/semantic_axis.hpp"
 
 namespace CLI {
 class App;
@@ -34,27 +30,12 @@ struct ResolveOptions {
   bool json = false;                   ///< --json.
 };
 
-/// Registers the `resolve` subcommand on `app`, writing into `options`; `on_run` is called
-/// when the subcommand was given. Not thread-safe (CLI11 setup).
+/// Registers the `resolve` subcommand on `app`, writing into `options`. Not thread-safe (CLI11
+/// setup).
 CLI::App* add_resolve_command(CLI::App& app, ResolveOptions& options);
 
 /// Runs `numesh resolve` and writes its report (text or JSON) to `out`.
 /// Throws: numesh::Error (every subclass) for bad input, with a message naming the value.
 void run_resolve(const ResolveOptions& options, std::ostream& out);
-
-/// Parses the --axes grammar: comma-separated entries; an entry is a token (`__BATCH__`), a
-/// constant name (`BATCH`), a short name (`batch`), `_` (not sharded), `None`/empty
-/// (replicated), or a composite `(a,b)` / `[a,b]` whose members are names of the same kinds
-/// (unknown members stay literal mesh axis names, as in eformer).
-/// Throws: ValueError naming the text on unbalanced or nested brackets.
-std::vector<sharding::AxisRule> parse_axes(std::string_view text);
-
-/// Parses a comma-separated list of integers ("2,-1"); `what` names the option in errors.
-/// Throws: ValueError naming the option and the bad item.
-std::vector<std::int64_t> parse_int_list(std::string_view text, std::string_view what);
-
-/// Parses --mode: train, prefill, decode (autoregressive), insert, eformer's strings, or
-/// dim:N. Throws: ValueError naming the text.
-sharding::ModeArg parse_mode_arg(std::string_view text);
 
 }  // namespace numesh::tools

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <ostream>
 #include <random>
 
@@ -21,10 +20,10 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/ops/reference/transformer.hpp"
-#include "cli_text.hpp"
+#include "parsers.hpp"
 #include "paxis_options.hpp"
 #include "reference_check.hpp"
-#include "resolve_command.hpp"
+#include "render.hpp"
 
 namespace numesh::tools {
 
@@ -113,9 +112,7 @@ Examples:
   numesh run --dims 2,1,1 --steps 64 --batch 8
   numesh run --synthetic 'numa:2 core:2 pu:1' --dims 1,2,2 --hidden 256 --plan
   numesh run --mode prefill --prompt 512 --json run.json)");
-  add_machine_options(*cmd, o.machine, /*with_threads=*/true);
-  cmd->add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")->capture_default_str();
-  cmd->add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--mode", o.mode, "train, prefill, decode or dim:N (eformer's integer mode)")->capture_default_str();
   cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
@@ -145,14 +142,10 @@ Examples:
 
 int run_run(const RunOptions& o, std::ostream& out) {
   // Everything the options decide is validated before any device is created.
-  const std::optional<sharding::Mode> named = sharding::parse_mode(o.mode);
-  NUMESH_CHECK(o.mode.rfind("dim:", 0) == 0 || (named && *named != sharding::Mode::kInsert), ValueError,
-               "--mode '{}': expected train, prefill, decode or dim:N", o.mode);
-  const sharding::ModeArg mode = parse_mode_arg(o.mode);
+  const sharding::ModeArg mode = parse_run_mode(o.mode);
   // An integer mode runs prompt and steps, each call in the mode its activations infer.
   const bool decode = mode.is_dim() || mode.mode() == sharding::Mode::kDecode;
-  NUMESH_CHECK(o.kv_layout == "bthd" || o.kv_layout == "bhtd", ValueError, "--kv-layout '{}': expected bthd or bhtd",
-               o.kv_layout);
+  const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
   NUMESH_CHECK(o.batch > 0 && o.prompt > 0 && o.steps >= 0 && o.repeats > 0, ValueError,
                "--batch {}, --prompt {} and --repeats {} must be positive and --steps {} not negative", o.batch,
                o.prompt, o.repeats, o.steps);
@@ -170,16 +163,11 @@ int run_run(const RunOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.heads * o.head_dim > 0 && o.hidden > 0, ValueError, "--hidden {} must be positive", o.hidden);
   const sharding::PartitionManager pm(build_paxis(o.paxis_json, o.sets));
   const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, mode, o.batch, o.hidden);
-  const auto dims = parse_int_list(o.dims, "--dims");
-  std::vector<std::string> names;
-  for (std::string_view n : split_list(o.names)) names.emplace_back(n);
   const std::int64_t steps = decode ? o.steps : 0;
   const std::int64_t max_len = o.prompt + steps;
-  const auto layout = o.kv_layout == "bthd" ? ops::KvLayout::kBTHD : ops::KvLayout::kBHTD;
 
-  const auto placement = placement_options(o.machine);
-  auto devices = runtime::DeviceSet::create(load_topology(o.machine), placement);
-  const auto mesh = runtime::DeviceMesh::create(devices, dims, names);
+  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
+  const runtime::PlacementOptions& placement = mesh.devices().options();
   int threads = 0;
   for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
   out << fmt::format("numesh run: {} device{} ({} policy, {} thread{}), mesh [{}], mode {}\n", mesh.size(),
@@ -197,7 +185,7 @@ int run_run(const RunOptions& o, std::ostream& out) {
                      axes.heads.empty() ? "-" : axes.heads,
                      axes.mlp.empty() ? "-" : axes.mlp, axes.expert.empty() ? "-" : axes.expert,
                      axes.expert_tensor.empty() ? "-" : axes.expert_tensor);
-  for (const std::string& note : devices->notes()) out << "note: " << note << "\n";
+  for (const std::string& note : mesh.devices().notes()) out << "note: " << note << "\n";
   out.flush();
 
   const Progress progress(o.quiet);

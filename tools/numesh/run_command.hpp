@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 namespace CLI {
 class App;
@@ -20,9 +20,7 @@ namespace numesh::tools {
 
 /// The options of `numesh run`. Every field has a default: a model that runs in seconds.
 struct RunOptions {
-  MachineOptions machine;
-  std::string dims = "1,1,-1";     ///< --dims: mesh dims, one -1 takes the rest
-  std::string names = "dp,ep,tp";  ///< --names: mesh axis names
+  MeshOptions mesh;                ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
   std::string mode = "decode";     ///< --mode: train | prefill | decode
   std::string paxis_json;          ///< --paxis-json FILE
   std::vector<std::string> sets;   ///< --set field=value

@@ -11,7 +11,7 @@
 
 #include "numesh/runtime/placement.hpp"
 #include "numesh/runtime/topology.hpp"
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 namespace CLI {
 class App;

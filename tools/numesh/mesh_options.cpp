@@ -1,10 +1,10 @@
-#include "machine_options.hpp"
+#include "mesh_options.hpp"
 
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "parsers.hpp"
 
 namespace numesh::tools {
 
@@ -26,6 +26,16 @@ void add_machine_options(CLI::App& cmd, MachineOptions& o, bool with_threads) {
   }
 }
 
+void add_mesh_shape_options(CLI::App& cmd, MeshOptions& o) {
+  cmd.add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")->capture_default_str();
+  cmd.add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
+}
+
+void add_mesh_options(CLI::App& cmd, MeshOptions& o, bool with_threads) {
+  add_machine_options(cmd, o.machine, with_threads);
+  add_mesh_shape_options(cmd, o);
+}
+
 runtime::Topology load_topology(const MachineOptions& o) {
   if (o.synthetic) return runtime::Topology::from_synthetic(*o.synthetic);
   if (o.xml) return runtime::Topology::from_xml(*o.xml);
@@ -33,22 +43,26 @@ runtime::Topology load_topology(const MachineOptions& o) {
 }
 
 runtime::PlacementOptions placement_options(const MachineOptions& o) {
-  runtime::PlacementPolicy policy = runtime::PlacementPolicy::kNuma;
-  try {
-    policy = runtime::parse_placement_policy(o.policy);
-  } catch (const ValueError&) {
-    throw ValueError(fmt::format(
-        "--policy '{}' is not a placement policy (choose numa, l3 or core)", o.policy));
-  }
-  NUMESH_CHECK(policy != runtime::PlacementPolicy::kExplicit, ValueError,
-               "--policy 'explicit' needs cpusets, which the command line does not take (choose "
-               "numa, l3 or core)");
+  const runtime::PlacementPolicy policy = parse_policy_option(o.policy);
   NUMESH_CHECK(o.max_threads >= 0, ValueError, "--threads {} is negative", o.max_threads);
   runtime::PlacementOptions p;
   p.policy = policy;
   p.use_smt = o.smt;
   p.max_threads_per_device = o.max_threads;
   return p;
+}
+
+std::shared_ptr<runtime::DeviceSet> make_devices(const MachineOptions& o) {
+  const runtime::PlacementOptions placement = placement_options(o);
+  return runtime::DeviceSet::create(load_topology(o), placement);
+}
+
+void check_mesh_options(const MeshOptions& o) { (void)parse_int_list(o.dims, "--dims"); }
+
+runtime::DeviceMesh make_mesh(const MeshOptions& o) {
+  const std::vector<std::int64_t> dims = parse_int_list(o.dims, "--dims");
+  const std::vector<std::string> names = parse_names(o.names);
+  return runtime::DeviceMesh::create(make_devices(o.machine), dims, names);
 }
 
 }  // namespace numesh::tools

@@ -1,24 +1,49 @@
-#include "collective_bench.hpp"
+#include "numesh/runtime/collective_benchmark.hpp"
 
 #include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/collectives.hpp"
 
-namespace numesh::bench {
+namespace numesh::runtime {
 
 namespace {
+
+// A page-aligned block of floats, zero-filled by the constructing thread (so its pages are
+// first-touched where that thread runs). Page-aligned for the reason in the header.
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(std::size_t n)
+      : data_(static_cast<float*>(
+            std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096 + 4096))),
+        size_(n) {
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(data_, 0, n * sizeof(float));
+  }
+  ~AlignedFloats() { std::free(data_); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data() noexcept { return data_; }
+  const float* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  float* data_;
+  std::size_t size_;
+};
 
 // A known input value for (rank, element): small integers, so sums are exact.
 float input_value(std::size_t rank, std::size_t i) {
@@ -79,15 +104,6 @@ bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks,
 
 }  // namespace
 
-AlignedFloats::AlignedFloats(std::size_t n)
-    : data_(static_cast<float*>(std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096 + 4096))),
-      size_(n) {
-  if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, n * sizeof(float));
-}
-
-AlignedFloats::~AlignedFloats() { std::free(data_); }
-
 std::string_view to_string(CollectiveOp op) noexcept {
   switch (op) {
     case CollectiveOp::kAllReduce: return "all-reduce";
@@ -112,15 +128,15 @@ std::vector<CollectiveOp> all_collective_ops() {
           CollectiveOp::kAllToAll};
 }
 
-GraphCollective::GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, CollectiveOp op,
+GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op,
                                  std::size_t bytes)
     : op_(op),
       count_(element_count(op, bytes, devices->size())),
-      mesh_(runtime::DeviceMesh::create(devices, {-1}, {"x"})),
+      mesh_(DeviceMesh::create(devices, {-1}, {"x"})),
       graph_([&] {
         const std::size_t ranks = devices->size();
         const std::size_t out_n = output_count(op, count_, ranks);
-        std::vector<runtime::BufferView> iv, ov;
+        std::vector<BufferView> iv, ov;
         for (std::size_t r = 0; r < ranks; ++r) {
           const auto slot = static_cast<std::int64_t>(r);
           in_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(count_)});
@@ -131,21 +147,21 @@ GraphCollective::GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, Co
             for (std::size_t i = 0; i < v.size(); ++i) v[i] = input_value(r, i);
           });
         }
-        for (auto& t : in_) iv.push_back(runtime::view(t));
-        for (auto& t : out_) ov.push_back(runtime::view(t));
-        runtime::GraphBuilder b(devices);
-        const runtime::CollectiveArgs args{.axes = {"x"}, .after = {}, .name = {}};
+        for (auto& t : in_) iv.push_back(view(t));
+        for (auto& t : out_) ov.push_back(view(t));
+        GraphBuilder b(devices);
+        const CollectiveArgs args{.axes = {"x"}, .after = {}, .name = {}};
         switch (op) {
           case CollectiveOp::kAllReduce:
-            runtime::all_reduce(b, mesh_, iv, ov, count_, runtime::ReduceOp::kSum, args);
+            all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
             break;
-          case CollectiveOp::kAllGather: runtime::all_gather(b, mesh_, iv, ov, count_, args); break;
+          case CollectiveOp::kAllGather: all_gather(b, mesh_, iv, ov, count_, args); break;
           case CollectiveOp::kReduceScatter:
-            runtime::reduce_scatter(b, mesh_, iv, ov, count_, runtime::ReduceOp::kSum, args);
+            reduce_scatter(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
             break;
           case CollectiveOp::kAllToAll: {
             const std::size_t chunk = count_ / ranks;
-            runtime::all_to_all(b, mesh_, iv, ov,
+            all_to_all(b, mesh_, iv, ov,
                                 std::vector<std::vector<std::size_t>>(ranks, std::vector<std::size_t>(ranks, chunk)),
                                 args);
             break;
@@ -159,7 +175,7 @@ bool GraphCollective::check() const {
                        [this](std::size_t r) { return out_[r].values().data(); });
 }
 
-// ---- The plain baseline -----------------------------------------------------------------------
+// The plain baseline.
 
 struct PlainCollective::State {
   CollectiveOp op;
@@ -294,53 +310,18 @@ bool PlainCollective::check() const {
   return check_outputs(s.op, s.count, s.ranks, [&s](std::size_t r) { return s.out[r]->data(); });
 }
 
+struct MemcpyBaseline::Buffers {
+  explicit Buffers(std::size_t floats) : src(floats), dst(floats) {}
+  AlignedFloats src, dst;
+};
+
 MemcpyBaseline::MemcpyBaseline(std::size_t bytes)
-    : src_((bytes + 3) / 4), dst_((bytes + 3) / 4), bytes_(bytes) {
-  std::memset(src_.data(), 1, bytes);
+    : buffers_(std::make_unique<Buffers>((bytes + 3) / 4)), bytes_(bytes) {
+  std::memset(buffers_->src.data(), 1, bytes);
 }
 
-void MemcpyBaseline::run() { std::memcpy(dst_.data(), src_.data(), bytes_); }
+MemcpyBaseline::~MemcpyBaseline() = default;
 
-double median_seconds(const std::function<void()>& fn, int min_repeats, double min_seconds) {
-  using Clock = std::chrono::steady_clock;
-  fn();  // warm-up
-  std::vector<double> samples;
-  const auto start = Clock::now();
-  while (static_cast<int>(samples.size()) < min_repeats ||
-         std::chrono::duration<double>(Clock::now() - start).count() < min_seconds) {
-    const auto t0 = Clock::now();
-    fn();
-    samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    if (samples.size() >= 100000) break;
-  }
-  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2),
-                   samples.end());
-  return samples[samples.size() / 2];
-}
+void MemcpyBaseline::run() { std::memcpy(buffers_->dst.data(), buffers_->src.data(), bytes_); }
 
-std::string format_bytes(std::size_t bytes) {
-  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
-    return fmt::format("{} MiB", bytes >> 20);
-  }
-  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
-  return fmt::format("{} B", bytes);
-}
-
-std::size_t parse_bytes(std::string_view text) {
-  std::size_t i = 0, value = 0;
-  while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
-    value = value * 10 + static_cast<std::size_t>(text[i] - '0');
-    ++i;
-  }
-  NUMESH_CHECK(i > 0, ValueError, "bad size '{}': expected a number such as 4K, 64MiB or 4096",
-               text);
-  const std::string_view unit = text.substr(i);
-  if (unit.empty() || unit == "B") return value;
-  if (unit == "K" || unit == "KiB" || unit == "k") return value << 10;
-  if (unit == "M" || unit == "MiB") return value << 20;
-  if (unit == "G" || unit == "GiB") return value << 30;
-  throw ValueError(fmt::format("bad size '{}': unknown unit '{}' (use K, KiB, M, MiB, G or GiB)",
-                               text, unit));
-}
-
-}  // namespace numesh::bench
+}  // namespace numesh::runtime

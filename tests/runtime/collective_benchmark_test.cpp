@@ -1,0 +1,111 @@
+// The collective benchmark cases that `numesh bench collectives` and bench/collectives_bench.cpp
+// time (numesh/runtime/collective_benchmark.hpp), and the timing loop (numesh/core/timing.hpp):
+// every case must compute the right result on synthetic devices, since a figure of a wrong
+// collective means nothing.
+
+#include "numesh/runtime/collective_benchmark.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/runtime/topology.hpp"
+
+namespace numesh::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+std::shared_ptr<DeviceSet> synthetic_devices(const std::string& description) {
+  return DeviceSet::create(Topology::from_synthetic(description), PlacementOptions{});
+}
+
+TEST(CollectiveOpTest, NamesRoundTrip) {
+  for (CollectiveOp op : all_collective_ops()) EXPECT_EQ(parse_collective_op(to_string(op)), op);
+  EXPECT_EQ(all_collective_ops().size(), 4u);
+  EXPECT_THAT([] { parse_collective_op("all-sum"); },
+              ThrowsMessage<ValueError>("unknown collective 'all-sum' (choose all-reduce, all-gather, "
+                                        "reduce-scatter or all-to-all)"));
+}
+
+class CollectiveBenchmarkTest : public ::testing::TestWithParam<CollectiveOp> {};
+
+// "all_reduce", ...: the op's name as a test name.
+std::string op_name(const ::testing::TestParamInfo<CollectiveOp>& param) {
+  std::string name(to_string(param.param));
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return name;
+}
+
+TEST_P(CollectiveBenchmarkTest, GraphAndPlainLoopComputeTheCollective) {
+  const auto devices = synthetic_devices("numa:2 core:1 pu:1");
+  // 4 KiB is checked element by element, 1 MiB by stride (check()).
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20}) {
+    GraphCollective graph(devices, GetParam(), bytes);
+    EXPECT_EQ(graph.op(), GetParam());
+    graph.run();
+    EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << bytes;
+    graph.run();  // runs again on the same buffers
+    EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << bytes;
+    PlainCollective plain(2, GetParam(), bytes);
+    plain.run();
+    EXPECT_TRUE(plain.check()) << to_string(GetParam()) << " " << bytes;
+    plain.run();
+    EXPECT_TRUE(plain.check()) << to_string(GetParam()) << " " << bytes;
+  }
+}
+
+TEST_P(CollectiveBenchmarkTest, PlainLoopRunsWithMoreThreadsThanCpus) {
+  // 8 threads on a machine that may have 2 CPUs: the barrier yields instead of spinning.
+  PlainCollective plain(8, GetParam(), 8 * 4 * 16);
+  plain.run();
+  EXPECT_TRUE(plain.check());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, CollectiveBenchmarkTest,
+                         ::testing::Values(CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
+                                           CollectiveOp::kReduceScatter, CollectiveOp::kAllToAll),
+                         op_name);
+
+TEST(GraphCollectiveTest, RefusesSizesTheDevicesCannotSplit) {
+  const auto devices = synthetic_devices("numa:2 core:1 pu:1");
+  EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllReduce, 12); },
+              ThrowsMessage<ValueError>(
+                  "all-reduce: 12 bytes is not a positive multiple of 4 bytes x 2 devices"));
+  EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllGather, 0); },
+              ThrowsMessage<ValueError>(HasSubstr("0 bytes is not a positive multiple")));
+  EXPECT_THAT([] { PlainCollective(3, CollectiveOp::kAllToAll, 16); },
+              ThrowsMessage<ValueError>(
+                  "all-to-all: 16 bytes is not a positive multiple of 4 bytes x 3 devices"));
+}
+
+TEST(MemcpyBaselineTest, CopiesAnySize) {
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{100003}}) {
+    MemcpyBaseline copy(bytes);
+    copy.run();
+  }
+}
+
+TEST(MedianSecondsTest, CallsAtLeastRepeatsPlusWarmup) {
+  int calls = 0;
+  const double t = median_seconds([&] { ++calls; }, 5, 0.0);
+  EXPECT_EQ(calls, 6);
+  EXPECT_GE(t, 0.0);
+}
+
+TEST(MedianSecondsTest, RefusesBadArguments) {
+  EXPECT_THAT([] { median_seconds([] {}, 0, 0.0); },
+              ThrowsMessage<ValueError>("median_seconds: min_repeats 0 must be at least 1"));
+  EXPECT_THAT([] { median_seconds([] {}, 1, -1.0); },
+              ThrowsMessage<ValueError>("median_seconds: min_seconds -1 must not be negative"));
+}
+
+}  // namespace
+}  // namespace numesh::runtime

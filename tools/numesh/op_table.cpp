@@ -1,0 +1,279 @@
+#include "op_table.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/moe.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/ops/npy.hpp"
+#include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/moe.hpp"
+#include "numesh/ops/reference/transformer.hpp"
+#include "reference_check.hpp"
+
+namespace numesh::tools {
+
+namespace {
+
+using runtime::HostTensor;
+
+// A norm weight given as [H] or [1, H].
+HostTensor as_row(HostTensor t) {
+  if (t.shape.size() == 1) t.shape = {1, t.shape[0]};
+  return t;
+}
+
+ops::AttentionConfig attention_config(const OpOptions& o, const HostTensor& wq) {
+  NUMESH_CHECK(o.heads > 0, ValueError, "--heads {}: attention needs the number of query heads (--heads N)", o.heads);
+  const std::int64_t kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  NUMESH_CHECK(wq.shape.size() == 2 && wq.shape[1] % o.heads == 0, ShapeError,
+               "wq.npy is [{}]; its columns must be --heads {} times head_dim", fmt::join(wq.shape, ", "), o.heads);
+  return ops::AttentionConfig{.num_heads = o.heads,
+                              .num_kv_heads = kv,
+                              .head_dim = wq.shape[1] / o.heads,
+                              .causal = true,
+                              .q_offset = 0,
+                              .rope_theta = static_cast<float>(o.rope_theta)};
+}
+
+ops::AttentionWeights attention_weights(const OpInputs& in) {
+  return ops::AttentionWeights{.wq = in.load("wq"), .wk = in.load("wk"), .wv = in.load("wv"), .wo = in.load("wo")};
+}
+
+ops::MoeWeights moe_weights(const OpInputs& in) {
+  return ops::MoeWeights{.router = in.load("router"), .gate = in.load("w_gate"), .up = in.load("w_up"),
+                         .down = in.load("w_down")};
+}
+
+ops::MoeConfig moe_config(const OpOptions& o, const HostTensor& router) {
+  NUMESH_CHECK(router.shape.size() == 2, ShapeError, "router.npy is [{}]; expected [H, E]",
+               fmt::join(router.shape, ", "));
+  return ops::MoeConfig{.num_experts = router.shape[1],
+                        .top_k = o.top_k,
+                        .capacity_factor = static_cast<float>(o.capacity),
+                        .renormalize = !o.raw_weights};
+}
+
+// --timing / --trace: one more run, after the timed ones, with per-node timing on (timing
+// costs two clock reads per node, so the median is taken without it).
+void traced_run(const OpOptions& o, ops::Program& program, const std::function<void()>& run, OpResult& r) {
+  if (!o.timing && o.trace.empty()) return;
+  program.graph().set_timing(true);
+  run();
+  program.graph().set_timing(false);
+  if (o.timing) r.timing_table = program.graph().timing_table();
+  if (!o.trace.empty()) {
+    std::ofstream file(o.trace);
+    NUMESH_CHECK(file.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
+    file << program.graph().chrome_trace() << "\n";
+  }
+}
+
+// The dense reference times a row-major [rows, cols] tensor as an Eigen matrix.
+ops::RowMatrix matrix(const HostTensor& t) {
+  return ops::RowMatrix(Eigen::Map<const ops::RowMatrix>(t.data.data(), t.shape[0], t.shape[1]));
+}
+
+// mlp: GELU (w1, w2) or, when w_gate.npy exists, SwiGLU; F over the mlp axis.
+OpResult run_mlp(const OpContext& ctx) {
+  const OpOptions& o = ctx.options;
+  const HostTensor& x = ctx.x;
+  const bool swiglu = ctx.inputs.has("w_gate");
+  const ops::MlpWeights w = swiglu ? ops::MlpWeights{.gate = ctx.inputs.load("w_gate"), .up = ctx.inputs.load("w_up"),
+                                                     .down = ctx.inputs.load("w_down")}
+                                   : ops::MlpWeights{.gate = {}, .up = ctx.inputs.load("w1"), .down = ctx.inputs.load("w2")};
+  ops::ShardedMlp mlp(ctx.mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
+                      ops::MlpAxes{.batch = ctx.axes.batch, .tensor = ctx.axes.mlp});
+  OpResult r;
+  r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats, 0.0);
+  traced_run(o, mlp.program(), [&] { mlp.forward(x); }, r);
+  r.plan = mlp.program().plan();
+  if (!o.no_check) {
+    const ops::RowMatrix want = swiglu ? ops::mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down))
+                                       : ops::mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down));
+    r.want = HostTensor{.shape = x.shape, .data = std::vector<float>(want.data(), want.data() + want.size())};
+  }
+  return r;
+}
+
+// moe: top-k routing, experts over the expert axis, their F over the expert tensor axis.
+OpResult run_moe(const OpContext& ctx) {
+  const OpOptions& o = ctx.options;
+  const HostTensor& x = ctx.x;
+  const ops::MoeWeights w = moe_weights(ctx.inputs);
+  const ops::MoeConfig c = moe_config(o, w.router);
+  ops::ShardedMoe moe(ctx.mesh, c, w, x.shape[0],
+                      ops::MoeAxes{.batch = ctx.axes.batch, .expert = ctx.axes.expert, .tensor = ctx.axes.expert_tensor});
+  OpResult r;
+  r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats, 0.0);
+  traced_run(o, moe.program(), [&] { moe.forward(x); }, r);
+  r.plan = moe.program().plan();
+  r.stats = moe.stats();
+  if (!o.no_check) {
+    // One routing group per split of the tokens over the batch axes (from the mesh, not the layer).
+    const std::int64_t groups = split_count(ctx.mesh.mesh(), ctx.axes.batch, x.shape[0]), per = x.shape[0] / groups,
+                       h = x.shape[1];
+    HostTensor want = HostTensor::zeros(x.shape);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const ops::RowMatrix yg =
+          ops::moe_reference(Eigen::Map<const ops::RowMatrix>(x.data.data() + g * per * h, per, h), w, c);
+      std::copy(yg.data(), yg.data() + yg.size(), want.data.begin() + g * per * h);
+    }
+    r.want = std::move(want);
+  }
+  return r;
+}
+
+// attention: heads over the heads axis, with a KV cache outside train mode.
+OpResult run_attention(const OpContext& ctx) {
+  const OpOptions& o = ctx.options;
+  const HostTensor& x = ctx.x;
+  const TokenPlan& tp = ctx.tokens;
+  const ops::AttentionWeights w = attention_weights(ctx.inputs);
+  const ops::AttentionConfig c = attention_config(o, w.wq);
+  const std::int64_t cache = ctx.mode == sharding::Mode::kTrain ? 0 : x.shape[1];
+  ops::ShardedAttention layer(ctx.mesh, c, w, x.shape[0], cache,
+                              ops::AttentionAxes{.batch = ctx.axes.batch, .heads = ctx.axes.heads}, ctx.kv_layout);
+  if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
+  const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
+  OpResult r;
+  r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats, 0.0);
+  traced_run(o, layer.program(tp.count), [&] { layer.forward(chunk, tp.prefix); }, r);
+  r.plan = layer.program(tp.count).plan();
+  if (!o.no_check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
+  return r;
+}
+
+// block: RMSNorm, attention, RMSNorm, then the SwiGLU MLP or, when router.npy exists, the MoE;
+// one bare block (no final norm) of a ShardedTransformer.
+OpResult run_block(const OpContext& ctx) {
+  const OpOptions& o = ctx.options;
+  const OpInputs& in = ctx.inputs;
+  const HostTensor& x = ctx.x;
+  const TokenPlan& tp = ctx.tokens;
+  ops::TransformerConfig c;
+  c.layers = 1;
+  c.hidden = x.shape[2];
+  ops::TransformerWeights w;
+  ops::BlockWeights b;
+  b.attn_norm = as_row(in.load("attn_norm"));
+  b.ffn_norm = as_row(in.load("ffn_norm"));
+  b.attention = attention_weights(in);
+  c.attention = attention_config(o, b.attention.wq);
+  c.norm_eps = static_cast<float>(o.norm_eps);
+  if (in.has("router")) {
+    b.moe = moe_weights(in);
+    c.moe = moe_config(o, b.moe.router);
+    NUMESH_CHECK(b.moe.gate.shape.size() == 3, ShapeError, "w_gate.npy is [{}]; expected [E, H, F]",
+                 fmt::join(b.moe.gate.shape, ", "));
+    c.moe_ffn = b.moe.gate.shape[2];
+    c.moe_every = 1;
+  } else {
+    b.mlp = ops::MlpWeights{.gate = in.load("w_gate"), .up = in.load("w_up"), .down = in.load("w_down")};
+    NUMESH_CHECK(b.mlp.up.shape.size() == 2, ShapeError, "w_up.npy is [{}]; expected [H, F]",
+                 fmt::join(b.mlp.up.shape, ", "));
+    c.ffn = b.mlp.up.shape[1];
+    c.moe_every = 0;
+  }
+  w.blocks.push_back(std::move(b));  // no final norm: a bare block
+  ops::ShardedTransformer model(ctx.mesh, c, w, x.shape[0], x.shape[1], ctx.axes, ctx.kv_layout);
+  if (tp.prefix > 0) model.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
+  const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
+  OpResult r;
+  r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats, 0.0);
+  traced_run(o, model.program(tp.count), [&] { model.forward(chunk, tp.prefix); }, r);
+  r.plan = model.program(tp.count).plan();
+  if (c.moe_every > 0) r.stats = model.moe_stats();
+  if (!o.no_check) {
+    ops::TransformerReference reference(c, w, x.shape[0], x.shape[1],
+                                        split_count(ctx.mesh.mesh(), ctx.axes.batch, x.shape[0]),
+                                        sequence_groups(ctx.mesh.mesh(), ctx.axes.sequence));
+    if (tp.prefix > 0) reference.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
+    r.want = reference.forward(chunk, tp.prefix);
+  }
+  return r;
+}
+
+}  // namespace
+
+HostTensor OpInputs::load(const std::string& name) const { return ops::load_npy(dir / (name + ".npy")); }
+
+bool OpInputs::has(const std::string& name) const { return std::filesystem::exists(dir / (name + ".npy")); }
+
+std::span<const OpEntry> op_table() {
+  static const std::vector<OpEntry> table{
+      {.name = "mlp",
+       .inputs_help = "x [T, H]; GELU: w1 [H, F], w2 [F, H]; SwiGLU (when w_gate.npy exists): w_gate, w_up [H, F], "
+                      "w_down [F, H]",
+       .sequence = false,
+       .files = {.required = {},
+                 .switch_file = "w_gate",
+                 .when_present = {"w_gate", "w_up", "w_down"},
+                 .when_absent = {"w1", "w2"}},
+       .run = run_mlp},
+      {.name = "attention",
+       .inputs_help = "x [B, T, H], wq [H, heads*d], wk, wv [H, kv_heads*d], wo [heads*d, H]; needs --heads",
+       .sequence = true,
+       .files = {.required = {"wq", "wk", "wv", "wo"}, .switch_file = {}, .when_present = {}, .when_absent = {}},
+       .run = run_attention},
+      {.name = "moe",
+       .inputs_help = "x [T, H], router [H, E], w_gate, w_up [E, H, F], w_down [E, F, H]",
+       .sequence = false,
+       .files = {.required = {"router", "w_gate", "w_up", "w_down"},
+                 .switch_file = {},
+                 .when_present = {},
+                 .when_absent = {}},
+       .run = run_moe},
+      {.name = "block",
+       .inputs_help = "x [B, T, H], attn_norm [H], wq, wk, wv, wo, ffn_norm [H], then the MLP's\n"
+                      "w_gate, w_up, w_down [H, F] or, when router.npy exists, the MoE's files",
+       .sequence = true,
+       .files = {.required = {"attn_norm", "ffn_norm", "wq", "wk", "wv", "wo"},
+                 .switch_file = "router",
+                 .when_present = {"router", "w_gate", "w_up", "w_down"},
+                 .when_absent = {"w_gate", "w_up", "w_down"}},
+       .run = run_block},
+  };
+  return table;
+}
+
+const OpEntry* find_op(std::string_view name) {
+  for (const OpEntry& e : op_table()) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+std::string op_names_text() {
+  const std::span<const OpEntry> table = op_table();
+  std::string out;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    if (i > 0) out += i + 1 == table.size() ? " or " : ", ";
+    out += table[i].name;
+  }
+  return out;
+}
+
+std::vector<std::string> needed_files(const OpEntry& entry, const OpInputs& inputs) {
+  const OpFiles& f = entry.files;
+  std::vector<std::string> out{"x"};
+  out.insert(out.end(), f.required.begin(), f.required.end());
+  if (!f.switch_file.empty()) {
+    const std::vector<std::string>& variant = inputs.has(f.switch_file) ? f.when_present : f.when_absent;
+    out.insert(out.end(), variant.begin(), variant.end());
+  }
+  return out;
+}
+
+}  // namespace numesh::tools
