@@ -296,20 +296,8 @@ void DeviceBuffer::release() noexcept {
 }
 
 std::optional<int> DeviceBuffer::query_node() const {
-  if (data_ == nullptr || !device_->topology_->can_bind()) return std::nullopt;
-  const Topology& topology = *device_->topology_;
-  BitmapPtr nodes = make_bitmap();
-  if (hwloc_get_area_memlocation(topology.hwloc()->get(), data_, bytes_, nodes.get(),
-                                 HWLOC_MEMBIND_BYNODESET) != 0 ||
-      hwloc_bitmap_iszero(nodes.get())) {
-    return std::nullopt;
-  }
-  if (hwloc_bitmap_weight(nodes.get()) != 1) return -1;
-  const int os_index = hwloc_bitmap_first(nodes.get());
-  for (const NumaNode& node : topology.numa_nodes()) {
-    if (node.os_index == os_index) return node.index;
-  }
-  return -1;
+  if (data_ == nullptr) return std::nullopt;
+  return detail::pages_node(*device_->topology_, data_, bytes_);
 }
 
 std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementOptions& options) {

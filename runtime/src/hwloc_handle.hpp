@@ -6,7 +6,9 @@
 
 #include <hwloc.h>
 
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,11 @@ UniqueBitmap make_bitmap();
 /// The hwloc bitmap holding the PUs of `cpus` (OS indexes). Throws: TopologyError when hwloc
 /// cannot allocate it.
 UniqueBitmap to_bitmap(const CpuSet& cpus);
+
+/// The NUMA node (NumaNode::index of `topology`) holding the pages of [p, p + bytes): -1 when
+/// they are spread over several nodes (or on one numesh does not know), nullopt when the
+/// topology cannot bind or hwloc cannot tell (pages not touched yet, a synthetic machine).
+std::optional<int> pages_node(const Topology& topology, const void* p, std::size_t bytes);
 
 /// The PUs of an hwloc cpuset (OS indexes). REQUIRES: `bitmap` is finite (hwloc's cpusets of
 /// objects always are). A null bitmap gives the empty set.

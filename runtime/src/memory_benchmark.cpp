@@ -318,24 +318,6 @@ void check_node_memory(const Topology& topology, int node, std::size_t needed,
 // ---------------------------------------------------------------------------------------------
 // Memory for one column of the node matrix.
 
-// Where the pages of [p, p + bytes) are: a node index, -1 when spread, nullopt when unknown
-// (as DeviceBuffer::query_node(), for memory no device owns).
-std::optional<int> query_pages(const Topology& topology, const void* p, std::size_t bytes) {
-  if (p == nullptr || !topology.can_bind()) return std::nullopt;
-  detail::UniqueBitmap nodes = detail::make_bitmap();
-  if (hwloc_get_area_memlocation(topology.hwloc()->get(), p, bytes, nodes.get(),
-                                 HWLOC_MEMBIND_BYNODESET) != 0 ||
-      hwloc_bitmap_iszero(nodes.get())) {
-    return std::nullopt;
-  }
-  if (hwloc_bitmap_weight(nodes.get()) != 1) return -1;
-  const int os_index = hwloc_bitmap_first(nodes.get());
-  for (const NumaNode& node : topology.numa_nodes()) {
-    if (node.os_index == os_index) return node.index;
-  }
-  return -1;
-}
-
 // A buffer on one NUMA node: from the allocator of a device on the node (a DeviceBuffer), or
 // for a node without devices bound by hwloc (or, on a topology that cannot bind, from
 // aligned_alloc). Move-only through unique_ptr and DeviceBuffer.
@@ -379,7 +361,7 @@ class NodeBuffer {
       data_ = static_cast<float*>(p);
       binding_ = MemoryBinding::kBound;
       std::memset(p, 0, bytes);  // bound: whoever touches the pages, they land on the node
-      pages_on_node_ = query_pages(topology, p, bytes);
+      pages_on_node_ = detail::pages_node(topology, p, bytes);
     } else if (data_ == nullptr) {
       void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
       if (p == nullptr) throw std::bad_alloc();

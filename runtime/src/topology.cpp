@@ -19,6 +19,21 @@ namespace numesh::runtime {
 
 namespace detail {
 
+std::optional<int> pages_node(const Topology& topology, const void* p, std::size_t bytes) {
+  if (p == nullptr || !topology.can_bind()) return std::nullopt;
+  UniqueBitmap nodes = make_bitmap();
+  if (hwloc_get_area_memlocation(topology.hwloc()->get(), p, bytes, nodes.get(), HWLOC_MEMBIND_BYNODESET) != 0 ||
+      hwloc_bitmap_iszero(nodes.get())) {
+    return std::nullopt;
+  }
+  if (hwloc_bitmap_weight(nodes.get()) != 1) return -1;
+  const int os_index = hwloc_bitmap_first(nodes.get());
+  for (const NumaNode& node : topology.numa_nodes()) {
+    if (node.os_index == os_index) return node.index;
+  }
+  return -1;
+}
+
 UniqueBitmap make_bitmap() {
   UniqueBitmap bitmap(hwloc_bitmap_alloc());
   NUMESH_CHECK(bitmap != nullptr, TopologyError, "hwloc could not allocate a bitmap");

@@ -315,9 +315,7 @@ runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std:
   }
   Program& program = compiled_for(tokens);
   position_ = position;
-  program.set_input("x", x);
-  program.run();
-  return program.output("y");
+  return program.run("x", x, "y");
 }
 
 }  // namespace numesh::ops

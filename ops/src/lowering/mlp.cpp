@@ -148,9 +148,7 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
 runtime::HostTensor ShardedMlp::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
                "mlp: input is {} but the MLP was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
-  program_->set_input("x", x);
-  program_->run();
-  return program_->output("y");
+  return program_->run("x", x, "y");
 }
 
 }  // namespace numesh::ops

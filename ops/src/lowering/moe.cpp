@@ -390,9 +390,7 @@ ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const 
 runtime::HostTensor ShardedMoe::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
                "moe: input is {} but the layer was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
-  program_->set_input("x", x);
-  program_->run();
-  return program_->output("y");
+  return program_->run("x", x, "y");
 }
 
 }  // namespace numesh::ops

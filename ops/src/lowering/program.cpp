@@ -312,4 +312,11 @@ void Program::run() {
   graph_->run();
 }
 
+const runtime::HostTensor& Program::run(const std::string& input, const runtime::HostTensor& host,
+                                        const std::string& output) {
+  set_input(input, host);
+  run();
+  return this->output(output);
+}
+
 }  // namespace numesh::ops

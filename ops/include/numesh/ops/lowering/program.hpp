@@ -199,6 +199,9 @@ class Program {
   /// Runs the graph once. Throws: ValueError when an input was never bound; what a node
   /// throws (see CompiledGraph::run).
   void run();
+  /// The usual run of a one-input, one-output program: binds `input` to `host`, runs, and
+  /// returns `output`. Throws: as set_input, run and output.
+  const runtime::HostTensor& run(const std::string& input, const runtime::HostTensor& host, const std::string& output);
   /// The compiled graph (timing, traces, DOT).
   runtime::CompiledGraph& graph() noexcept { return *graph_; }
   /// What the program does.
