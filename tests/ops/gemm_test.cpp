@@ -127,8 +127,10 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   // Decode: a single row is split along n; prefill-sized products in row and column tiles.
   EXPECT_EQ(gemm_tiling(1, 4096, 1024).row_block, 1);
   EXPECT_GT(gemm_tiling(1, 4096, 1024).col_tiles(4096), 16);
-  EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 512) << "column strips over all rows";
-  EXPECT_EQ(gemm_tiling(4096, 4096, 1024).row_block, 512);
+  EXPECT_EQ(gemm_tiling(512, 4096, 1024).col_block, 256) << "column strips first";
+  EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 256) << "then row blocks, for 64 tiles";
+  EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512), 4)
+      << "16 tiles wanted, but no strip narrower than 256 nor block shorter than 256 rows";
   EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
 }
 

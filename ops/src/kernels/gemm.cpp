@@ -62,33 +62,43 @@ namespace {
 // Products below this many multiply-adds are one tile: splitting them costs more in task
 // overhead (~1-2 us per fork/join) than it saves.
 constexpr std::int64_t kOneTileBelow = std::int64_t{1} << 18;
-// Tiles are column strips over many rows: single-threaded OpenBLAS on [512, 1024] x [1024, n]
-// ran at 100 GFLOP/s for n = 2048, 96 for n = 256 and 90 for n = 128, but 81 for row strips of
-// 64 x 2048 and 78 for 64 x 256 tiles (this machine, a throwaway program calling cblas_sgemm
-// per tile): b, the weights, is then packed once per strip. Rows are cut only past this many.
-// Strips are at least 512 wide: with two devices of one thread running their MLPs at once,
-// mlp_bench's sharded MLP lost ~20 % with 256-wide strips and nothing measurable with 512
-// (three alternations against the previous build, 44-47 ms both).
-constexpr std::int64_t kMaxRowBlock = 1024;
-constexpr std::int64_t kRowBlock = 512;
-// Decode (m <= 16 rows, the batch) may cut n finer: each strip then streams its own columns.
+// Up to this many tiles: enough for a NUMA node of 64 cores.
+constexpr std::int64_t kMaxTiles = 64;
+// Prefill-sized products get one tile per this many multiply-adds (about 0.1 ms of one core),
+// as column strips at least kMinColBlock wide, cut into row blocks of at least kMinRowBlock rows
+// when the strips alone are too few. Single-threaded OpenBLAS on [512, 1024] x [1024, n] ran at
+// 100 GFLOP/s for n = 2048, 96 for n = 256, 93 for 256 x 512 tiles, 88 for 128 x 512 and 78 for
+// 64 x 256 (this machine, a throwaway program calling cblas_sgemm per tile). Measured with
+// mlp_bench and numesh run, three alternations (docs/benchmarks.md, "One device, all its
+// threads"): these sizes keep the two-device sharded MLP within ~3 % of one call per device and
+// bring one device of two threads to the speed of two devices of one.
+constexpr std::int64_t kWorkPerTile = std::int64_t{1} << 23;
+constexpr std::int64_t kMinColBlock = 256;
+constexpr std::int64_t kMinRowBlock = 256;
+// Decode: m is the batch (at most kSkinnyRows) and the product is bound by reading b, so it is
+// cut by b's bytes: one column strip per 256 KiB of b, at least 64 columns wide.
 constexpr std::int64_t kSkinnyRows = 16;
+constexpr std::int64_t kBytesPerSkinnyTile = std::int64_t{1} << 18;
 constexpr std::int64_t kMinColBlockSkinny = 64;
-constexpr std::int64_t kMinColBlock = 512;
-// Columns are cut so that there are up to about this many tiles: enough for a NUMA node of 64
-// cores.
-constexpr std::int64_t kTargetTiles = 64;
 }  // namespace
 
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
   if (m <= 0 || n <= 0) return {std::max<std::int64_t>(m, 0), std::max<std::int64_t>(n, 0)};
   if (m * n * k < kOneTileBelow) return {m, n};
-  const std::int64_t row_block = m <= kMaxRowBlock ? m : kRowBlock;
-  const std::int64_t row_tiles = (m + row_block - 1) / row_block;
-  // Columns per tile for about kTargetTiles tiles, rounded up to a multiple of 16.
-  const std::int64_t per_row_tile = std::max<std::int64_t>(1, kTargetTiles / row_tiles);
-  std::int64_t col_block = ((n + per_row_tile - 1) / per_row_tile + 15) / 16 * 16;
-  col_block = std::min(n, std::max(col_block, m <= kSkinnyRows ? kMinColBlockSkinny : kMinColBlock));
+  const bool skinny = m <= kSkinnyRows;
+  const std::int64_t wanted =
+      std::clamp<std::int64_t>(skinny ? n * k * static_cast<std::int64_t>(sizeof(float)) / kBytesPerSkinnyTile
+                                      : m * n * k / kWorkPerTile,
+                               1, kMaxTiles);
+  // Column strips first (b, the weights, is then packed once per strip), rounded to 16 columns.
+  const std::int64_t min_cols = skinny ? kMinColBlockSkinny : kMinColBlock;
+  const std::int64_t col_block = std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + 15) / 16 * 16));
+  const std::int64_t col_tiles = (n + col_block - 1) / col_block;
+  std::int64_t row_block = m;
+  if (!skinny && col_tiles < wanted) {
+    const std::int64_t row_tiles = (wanted + col_tiles - 1) / col_tiles;
+    row_block = std::min(m, std::max(kMinRowBlock, (m + row_tiles - 1) / row_tiles));
+  }
   return {row_block, col_block};
 }
 

@@ -43,9 +43,9 @@ struct GemmTiling {
 /// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes and
 /// never on the number of threads, so every element of c is computed by a gemm() call of the
 /// same shape in every arena: results are bitwise identical for any thread count. Small
-/// products are one tile; others are column strips over all rows (up to 1024; 512-row blocks
-/// past that), at least 512 columns wide (64 for skinny products of m <= 16 rows: decode),
-/// about 64 tiles at most: enough for a NUMA node of 64 cores.
+/// products are one tile. Others get one tile per ~8 M multiply-adds (decode, m <= 16: per
+/// 256 KiB of b, the bytes it streams), at most 64 tiles: column strips at least 256 wide (64
+/// for decode), then row blocks of at least 256 rows when the strips are too few.
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
