@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::tools {
 
@@ -254,6 +255,8 @@ json topology_json(const Topology& t, const PlacementOptions& placement,
   }
   j["distances"] = {{"origin", d.origin}, {"size", d.size}, {"values", rows}};
   j["notes"] = notes;
+  j["kernels"] = {{"level", std::string(runtime::to_string(runtime::kernel_level()))},
+                  {"cpu_features", runtime::cpu_features().text()}};
   return j;
 }
 
@@ -267,6 +270,9 @@ void render_topology_text(const Topology& t, const PlacementOptions& placement,
                      count_of(t.numa_nodes().size(), "NUMA node"),
                      count_of(t.l3_groups().size(), "L3 group"), count_of(t.cores().size(), "core"),
                      count_of(t.cpuset().size(), "PU"));
+  // The kernels numesh runs depend on this CPU (whatever topology is shown).
+  out << fmt::format("kernels:  {} (this CPU: {}; NUMESH_KERNELS picks a narrower level)\n",
+                     runtime::to_string(runtime::kernel_level()), runtime::cpu_features().text());
   out << "\n";
   render_tree(t, out);
   out << "\n";

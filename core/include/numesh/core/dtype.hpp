@@ -1,0 +1,114 @@
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+// Element types of numesh tensors and weights, and the scalar conversions between them. Weights
+// may be stored in bf16 or f16 (half the bytes a memory-bound decode reads); arithmetic
+// accumulates in fp32. The conversions from fp32 round to nearest, ties to even, exactly as
+// PyTorch's and NumPy's do, subnormals included (no flush to zero); NaN becomes the canonical
+// quiet NaN with the input's sign (bf16 0x7FC0 / 0xFFC0, f16 0x7E00 / 0xFE00). PyTorch and NumPy
+// agree with each other on every finite value and infinity but not on NaN bits (PyTorch's
+// vectorized bf16 path writes 0xFFFF, NumPy keeps an f16 NaN's payload), so only NaN-ness is
+// promised for NaN. The bulk, vectorized conversions are numesh::ops' kernels/convert.hpp.
+
+namespace numesh {
+
+/// The element type of a tensor or a stored weight.
+enum class DType : std::uint8_t {
+  kF32,   ///< IEEE binary32
+  kBF16,  ///< bfloat16: fp32's sign and 8-bit exponent, 7 stored mantissa bits
+  kF16,   ///< IEEE binary16: 5-bit exponent, 10 stored mantissa bits
+};
+
+/// Bytes per element.
+constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::kF32 ? 4 : 2; }
+
+/// "f32", "bf16" or "f16".
+constexpr std::string_view to_string(DType t) noexcept {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+
+/// Parses "f32" (or "fp32", "float32"), "bf16" (or "bfloat16"), "f16" (or "fp16", "float16").
+/// Throws: ValueError naming the text and the choices.
+inline DType parse_dtype(std::string_view text) {
+  if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
+  if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
+  throw ValueError(fmt::format("dtype '{}': expected f32, bf16 or f16", text));
+}
+
+/// fp32 to bfloat16 bits, rounding to nearest even.
+constexpr std::uint16_t bf16_from_f32(float x) noexcept {
+  const auto bits = std::bit_cast<std::uint32_t>(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) & 0x8000u) | 0x7FC0u;
+  // Adding 0x7FFF plus the kept part's lowest bit rounds the dropped 16 bits to nearest, ties to
+  // the even kept value; a carry into the exponent is the correct rounding (up to infinity).
+  const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+/// bfloat16 bits to fp32 (exact).
+constexpr float f32_from_bf16(std::uint16_t h) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+}
+
+/// fp32 to IEEE binary16 bits, rounding to nearest even; too large for f16 becomes infinity,
+/// too small rounds to a subnormal or to a signed zero.
+constexpr std::uint16_t f16_from_f32(float x) noexcept {
+  const auto bits = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs = bits & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return sign | 0x7E00u;   // NaN
+  if (abs >= 0x47800000u) return sign | 0x7C00u;  // >= 65536 (and inf): beyond f16 after rounding
+  if (abs < 0x38800000u) {
+    // Below f16's smallest normal (2^-14): a subnormal with 2^-24 units, or zero. The implicit
+    // bit joins the mantissa, then the value is shifted into place rounding to nearest even.
+    if (abs < 0x33000000u) return sign;  // < 2^-25: rounds to zero (2^-25 itself is the tie to 0)
+    const std::uint32_t exponent = abs >> 23;  // 102 .. 112
+    const std::uint32_t mantissa = (abs & 0x007FFFFFu) | 0x00800000u;
+    const std::uint32_t shift = 126u - exponent;  // 14 .. 24
+    const std::uint32_t kept = mantissa >> shift;
+    const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const std::uint32_t half = 1u << (shift - 1u);
+    const std::uint32_t rounded = kept + ((rest > half || (rest == half && (kept & 1u))) ? 1u : 0u);
+    return sign | static_cast<std::uint16_t>(rounded);
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits; a carry may
+  // bump the exponent, up to infinity (65520 and above).
+  const std::uint32_t rebiased = abs - 0x38000000u;  // exponent - 112, in place
+  const std::uint32_t rounding = 0x0FFFu + ((rebiased >> 13) & 1u);
+  return sign | static_cast<std::uint16_t>((rebiased + rounding) >> 13);
+}
+
+/// IEEE binary16 bits to fp32 (exact).
+constexpr float f32_from_f16(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1Fu;
+  std::uint32_t mantissa = h & 0x3FFu;
+  if (exponent == 0x1Fu) {  // infinity, or NaN: quiet, payload kept (as x86's vcvtph2ps)
+    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u));
+  }
+  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return std::bit_cast<float>(sign);  // signed zero
+  // Subnormal: normalise the mantissa.
+  std::uint32_t e = 113;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    --e;
+  }
+  return std::bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3FFu) << 13));
+}
+
+}  // namespace numesh
