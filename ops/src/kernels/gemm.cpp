@@ -8,6 +8,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
+#include "numesh/ops/kernels/skinny_gemm.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -75,17 +76,17 @@ constexpr std::int64_t kMaxTiles = 64;
 constexpr std::int64_t kWorkPerTile = std::int64_t{1} << 23;
 constexpr std::int64_t kMinColBlock = 256;
 constexpr std::int64_t kMinRowBlock = 256;
-// Decode: m is the batch (at most kSkinnyRows) and the product is bound by reading b, so it is
-// cut by b's bytes: one column strip per 256 KiB of b, at least 64 columns wide.
-constexpr std::int64_t kSkinnyRows = 16;
+// Decode: m is the batch (at most kSkinnyMaxRows) and the product is bound by reading b, so it is
+// cut by b's bytes: one column strip per 256 KiB of b, at least 512 columns (2 KiB of a row)
+// wide, so that skinny_gemm reads long contiguous runs of each row.
 constexpr std::int64_t kBytesPerSkinnyTile = std::int64_t{1} << 18;
-constexpr std::int64_t kMinColBlockSkinny = 64;
+constexpr std::int64_t kMinColBlockSkinny = 512;
 }  // namespace
 
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
   if (m <= 0 || n <= 0) return {std::max<std::int64_t>(m, 0), std::max<std::int64_t>(n, 0)};
   if (m * n * k < kOneTileBelow) return {m, n};
-  const bool skinny = m <= kSkinnyRows;
+  const bool skinny = m <= kSkinnyMaxRows;
   const std::int64_t wanted =
       std::clamp<std::int64_t>(skinny ? n * k * static_cast<std::int64_t>(sizeof(float)) / kBytesPerSkinnyTile
                                       : m * n * k / kWorkPerTile,
@@ -112,6 +113,12 @@ void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   auto tile = [&](std::int64_t i) {
     const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
     const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
+    if (rows <= kSkinnyMaxRows) {
+      // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at its best on
+      // a few rows; docs/benchmarks.md has the decode figures).
+      skinny_gemm(rows, cols, k, a.data() + r0 * k, k, b.data() + c0, DType::kF32, n, c.data() + r0 * n + c0, n);
+      return;
+    }
     gemm(rows, cols, k, 1.0f, a.data() + r0 * k, k, b.data() + c0, n, /*transpose_b=*/false, 0.0f,
          c.data() + r0 * n + c0, n);
   };

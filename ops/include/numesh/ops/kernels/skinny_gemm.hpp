@@ -1,0 +1,30 @@
+#pragma once
+
+#include <cstdint>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/runtime/cpu_features.hpp"
+
+// The decode kernel: c = a b for a few rows of a (the batch of a decode step, m <= 16) against a
+// weight matrix b stored in fp32, bf16 or f16. Decode is bound by reading b, so the kernel reads
+// each weight once: a strip of b's columns is streamed row by row, every row of a accumulating
+// into registers, and 16-bit weights are widened to fp32 in registers (half the bytes read).
+//
+// Every element is c[i][j] = fma(a[i][K-1], b[K-1][j], ... fma(a[i][0], b[0][j], 0)), the
+// products taken in k order with one rounding each, at every kernel level: the scalar, AVX2 and
+// AVX-512 versions give the same bits.
+
+namespace numesh::ops {
+
+/// The most rows of a the decode kernel takes.
+inline constexpr std::int64_t kSkinnyMaxRows = 16;
+
+/// c[m, n] = a[m, k] b[k, n] on the calling thread: a fp32 with rows `lda` floats apart, b of
+/// `b_type` (fp32 floats, or bf16 / f16 bits) with rows `ldb` elements apart, c fp32 with rows
+/// `ldc` apart (overwritten). REQUIRES: 1 <= m <= kSkinnyMaxRows; n, k >= 0; `level` runs on
+/// this CPU; leading dimensions at least the row lengths.
+void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
+                 DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+                 runtime::KernelLevel level = runtime::kernel_level());
+
+}  // namespace numesh::ops
