@@ -1,0 +1,146 @@
+// decode_bench: the decode kernel against the memory it streams, in one run.
+//
+//   build/release/bench/decode_bench --benchmark_min_time=1
+//
+// A decode step multiplies a few rows of activations by every weight once: it is bound by
+// reading the weights. Each case runs over all threads of the default oneTBB arena (the
+// machine's threads) on a [K, N] = [4096, 14336] weight matrix (a Llama-3-8B MLP projection):
+//   BM_Decode_Read          a plain parallel read (sum) of the fp32 matrix: the ceiling;
+//   BM_Decode_Gemv<dtype>/M device_gemm-style column strips of skinny_gemm with M rows of x
+//                           against fp32, bf16 or f16 weights;
+//   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the previous decode path).
+// Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
+// dtypes 2); the Read case counts its array.
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/parallel_reduce.h>
+#include <oneapi/tbb/partitioner.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/skinny_gemm.hpp"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace numesh::bench {
+namespace {
+
+constexpr std::int64_t kK = 4096, kN = 14336;
+
+const std::vector<float>& weights_f32() {
+  static const std::vector<float> w = [] {
+    std::vector<float> v(static_cast<std::size_t>(kK * kN));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (float& x : v) x = normal(rng);
+    return v;
+  }();
+  return w;
+}
+
+const std::vector<std::uint16_t>& weights_16(DType t) {
+  static const std::vector<std::uint16_t> bf = [] {
+    std::vector<std::uint16_t> v(weights_f32().size());
+    ops::convert_f32_to_bf16(weights_f32(), v);
+    return v;
+  }();
+  static const std::vector<std::uint16_t> h = [] {
+    std::vector<std::uint16_t> v(weights_f32().size());
+    ops::convert_f32_to_f16(weights_f32(), v);
+    return v;
+  }();
+  return t == DType::kBF16 ? bf : h;
+}
+
+void BM_Decode_Read(benchmark::State& state) {
+  const std::vector<float>& w = weights_f32();
+  const auto n = static_cast<std::int64_t>(w.size());
+  for (auto _ : state) {
+    const float sum = oneapi::tbb::parallel_reduce(
+        oneapi::tbb::blocked_range<std::int64_t>(0, n, n / 64), 0.0f,
+        [&](const oneapi::tbb::blocked_range<std::int64_t>& r, float s) {
+          float a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // independent sums: the loop vectorizes
+          std::int64_t i = r.begin();
+          for (; i + 4 <= r.end(); i += 4) {
+            a0 += w[static_cast<std::size_t>(i)];
+            a1 += w[static_cast<std::size_t>(i + 1)];
+            a2 += w[static_cast<std::size_t>(i + 2)];
+            a3 += w[static_cast<std::size_t>(i + 3)];
+          }
+          for (; i < r.end(); ++i) a0 += w[static_cast<std::size_t>(i)];
+          return s + (a0 + a1) + (a2 + a3);
+        },
+        [](float a, float b) { return a + b; }, oneapi::tbb::static_partitioner());
+    benchmark::DoNotOptimize(sum);
+  }
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(n) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The column strips device_gemm uses for a decode product, each strip one call of `strip`.
+template <typename Strip>
+void strips(std::int64_t m, const Strip& strip) {
+  const ops::GemmTiling t = ops::gemm_tiling(m, kN, kK);
+  const std::int64_t tiles = t.col_tiles(kN);
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1),
+      [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+        for (std::int64_t i = r.begin(); i != r.end(); ++i) {
+          const std::int64_t c0 = i * t.col_block;
+          strip(c0, std::min(t.col_block, kN - c0));
+        }
+      },
+      oneapi::tbb::simple_partitioner());
+}
+
+template <DType T>
+void BM_Decode_Gemv(benchmark::State& state) {
+  const std::int64_t m = state.range(0);
+  std::vector<float> x(static_cast<std::size_t>(m * kK), 0.5f), y(static_cast<std::size_t>(m * kN));
+  const void* b = T == DType::kF32 ? static_cast<const void*>(weights_f32().data())
+                                   : static_cast<const void*>(weights_16(T).data());
+  for (auto _ : state) {
+    strips(m, [&](std::int64_t c0, std::int64_t cols) {
+      const std::int64_t elem = static_cast<std::int64_t>(dtype_size(T));
+      ops::skinny_gemm(m, cols, kK, x.data(), kK, static_cast<const char*>(b) + c0 * elem, T, kN, y.data() + c0, kN);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(runtime::kernel_level())));
+}
+
+void BM_Decode_OpenBlas(benchmark::State& state) {
+  openblas_set_num_threads(1);
+  const std::int64_t m = state.range(0);
+  std::vector<float> x(static_cast<std::size_t>(m * kK), 0.5f), y(static_cast<std::size_t>(m * kN));
+  const float* b = weights_f32().data();
+  for (auto _ : state) {
+    strips(m, [&](std::int64_t c0, std::int64_t cols) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(cols),
+                  static_cast<int>(kK), 1.0f, x.data(), static_cast<int>(kK), b + c0, static_cast<int>(kN), 0.0f,
+                  y.data() + c0, static_cast<int>(kN));
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_Decode_Read)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_OpenBlas)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace numesh::bench
