@@ -423,7 +423,7 @@ std::vector<BufferView> shard_views(ShardedTensor& t) {
 }  // namespace
 
 Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
-                    const CollectiveArgs& args) {
+                    const CollectiveArgs& args, AllReduceAlgorithm algorithm) {
   check_same_mesh("all_reduce", in, out, args);
   // Same layout, not the same spec text: P('ep',) and P('ep', None) place data identically.
   bool same_layout = in.shape() == out.shape();
@@ -436,7 +436,7 @@ Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out
   const auto in_views = shard_views(in);
   const auto out_views = shard_views(out);
   return all_reduce(builder, in.mesh(), in_views, out_views,
-                    static_cast<std::size_t>(in.layout().elements_per_device()), op, args);
+                    static_cast<std::size_t>(in.layout().elements_per_device()), op, args, algorithm);
 }
 
 Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out,

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/reference/mlp.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
@@ -73,6 +75,53 @@ TEST(ProgramTest, BadBindingsAreRefusedNamingThem) {
   pb.input("x", {2}, sharding::PartitionSpec::replicated(1), loaded);
   EXPECT_THAT([&] { pb.input("x", {2}, sharding::PartitionSpec::replicated(1), loaded); },
               ThrowsMessage<KeyError>(HasSubstr("'x' is already an input or output")));
+}
+
+// The collectives are injected: a builder given counting wrappers sees every collective an
+// operator emits, and each all-reduce algorithm pinned through them gives the dense result.
+TEST(ProgramTest, CollectivesAreInjectableCountableAndTheirAlgorithmPinned) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
+  MlpWeights w{.gate = {}, .up = random_host({16, 32}, 1, 0.3f), .down = random_host({32, 16}, 2, 0.3f)};
+  const MlpLayer layer = MlpLayer::create(mesh, MlpKind::kGelu, w);
+  const runtime::HostTensor x = random_host({8, 16}, 3, 1.0f);
+  const RowMatrix want = mlp_gelu_reference(Eigen::Map<const RowMatrix>(x.data.data(), 8, 16),
+                                            Eigen::Map<const RowMatrix>(w.up.data.data(), 16, 32),
+                                            Eigen::Map<const RowMatrix>(w.down.data.data(), 32, 16));
+  for (runtime::AllReduceAlgorithm algorithm : {runtime::AllReduceAlgorithm::kDirect,
+                                               runtime::AllReduceAlgorithm::kReduceScatterAllGather}) {
+    CollectiveOps ops = CollectiveOps::runtime_collectives(algorithm);
+    int all_reduces = 0, others = 0;
+    std::vector<std::string> axes_seen;
+    ops.all_reduce = [&, inner = ops.all_reduce](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                                                 runtime::ShardedTensor& out, runtime::ReduceOp op,
+                                                 const runtime::CollectiveArgs& args) {
+      ++all_reduces;
+      axes_seen.insert(axes_seen.end(), args.axes.begin(), args.axes.end());
+      return inner(b, in, out, op, args);
+    };
+    ops.redistribute = [&, inner = ops.redistribute](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                                                     runtime::ShardedTensor& out, const runtime::CollectiveArgs& args) {
+      ++others;
+      return inner(b, in, out, args);
+    };
+    ProgramBuilder pb(mesh, "mlp", ops);
+    runtime::Frontier loaded;
+    runtime::ShardedTensor& xs = pb.input("x", {8, 16}, sharding::PartitionSpec::replicated(2), loaded);
+    runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, {8, 16}, sharding::PartitionSpec::replicated(2));
+    pb.output("y", ys, emit_mlp(pb, layer, xs, loaded, ys, "mlp"));
+    Program program = std::move(pb).compile();
+    EXPECT_EQ(all_reduces, 1) << "one all-reduce of the down projection's partial sums";
+    EXPECT_EQ(axes_seen, std::vector<std::string>{"tp"});
+    EXPECT_EQ(others, 0);
+    const runtime::HostTensor& y = program.run("x", x, "y");
+    EXPECT_TRUE(testing::matches_reference(
+        y, runtime::HostTensor{.shape = {8, 16}, .data = std::vector<float>(want.data(), want.data() + want.size())},
+        1e-5));
+  }
+  CollectiveOps broken = CollectiveOps::runtime_collectives();
+  broken.reduce_scatter = nullptr;
+  EXPECT_THAT([&] { ProgramBuilder(mesh, "p", broken); },
+              ThrowsMessage<ValueError>(HasSubstr("program p: the CollectiveOps leave a collective unset")));
 }
 
 TEST(ProgramTest, HelpersRefuseWhatTheyCannotDo) {

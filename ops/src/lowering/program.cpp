@@ -147,6 +147,13 @@ ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name)
   plan_.memory_bytes.assign(static_cast<std::size_t>(mesh_.size()), 0);
 }
 
+ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name, CollectiveOps collectives)
+    : ProgramBuilder(std::move(mesh), std::move(name)) {
+  NUMESH_CHECK(collectives.all_reduce && collectives.reduce_scatter && collectives.redistribute, ValueError,
+               "program {}: the CollectiveOps leave a collective unset", name_);
+  collectives_ = std::move(collectives);
+}
+
 runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role,
                                                std::vector<std::int64_t> shape,
                                                sharding::PartitionSpec spec) {
@@ -184,7 +191,7 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                           runtime::ShardedTensor& out,
                                           const std::vector<sharding::Placement>& to,
                                           const runtime::Frontier& after, const std::string& name) {
-  ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name);
+  ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name, collectives_);
   const std::int64_t payload = in.layout().bytes_per_device(4);
   for (const sharding::ReshardStep& step : r.plan) {
     std::int64_t g = 1;

@@ -35,10 +35,27 @@ sharding::PartitionSpec layout_spec(std::vector<Placement> placements, const sha
   return sharding::to_spec(without_partial(std::move(placements)), mesh, rank);
 }
 
+CollectiveOps CollectiveOps::runtime_collectives(runtime::AllReduceAlgorithm algorithm) {
+  CollectiveOps ops;
+  ops.all_reduce = [algorithm](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
+                               runtime::ReduceOp op, const runtime::CollectiveArgs& args) {
+    return runtime::all_reduce(b, in, out, op, args, algorithm);
+  };
+  ops.reduce_scatter = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
+                          runtime::ReduceOp op, const runtime::CollectiveArgs& args) {
+    return runtime::reduce_scatter(b, in, out, op, args);
+  };
+  ops.redistribute = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
+                        const runtime::CollectiveArgs& args) { return runtime::redistribute(b, in, out, args); };
+  return ops;
+}
+
 ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in,
                       const std::vector<Placement>& from, runtime::ShardedTensor& out,
                       const std::vector<Placement>& to, const runtime::Frontier& after,
-                      const std::string& name) {
+                      const std::string& name, const CollectiveOps& ops) {
+  NUMESH_CHECK(ops.all_reduce && ops.reduce_scatter && ops.redistribute, ValueError,
+               "{}: the CollectiveOps given to reshard() leave a collective unset", name);
   const sharding::Mesh& mesh = in.mesh().mesh();
   const std::size_t rank = in.shape().size();
   NUMESH_CHECK(same_layout(in, without_partial(from)), ValueError,
@@ -51,7 +68,7 @@ ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in
   result.plan = sharding::plan_reshard(from, to, mesh);
   if (result.plan.empty()) {
     // Same placements: a local copy per slot.
-    result.frontier = runtime::redistribute(builder, in, out, {.axes = {}, .after = after, .name = name});
+    result.frontier = ops.redistribute(builder, in, out, {.axes = {}, .after = after, .name = name});
     return result;
   }
   runtime::ShardedTensor* src = &in;
@@ -70,15 +87,15 @@ ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in
         .axes = step.axes, .after = frontier, .name = fmt::format("{}.{}", name, i)};
     switch (step.kind) {
       case ReshardStep::Kind::kAllReduce:
-        frontier = runtime::all_reduce(builder, *src, *dst, reduce_op(step.op), args);
+        frontier = ops.all_reduce(builder, *src, *dst, reduce_op(step.op), args);
         break;
       case ReshardStep::Kind::kReduceScatter:
-        frontier = runtime::reduce_scatter(builder, *src, *dst, reduce_op(step.op), args);
+        frontier = ops.reduce_scatter(builder, *src, *dst, reduce_op(step.op), args);
         break;
       case ReshardStep::Kind::kAllGather:
       case ReshardStep::Kind::kAllToAll:
       case ReshardStep::Kind::kLocalSlice:
-        frontier = runtime::redistribute(builder, *src, *dst, args);
+        frontier = ops.redistribute(builder, *src, *dst, args);
         break;
     }
     src = dst;

@@ -124,11 +124,12 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
 // ---- Sharded tensors ------------------------------------------------------------------------
 
 /// Sums (or maxes) `in` over `axes` into `out`: both hold the same layout, and each slot's
-/// shard is a partial value to combine with the other shards of its group.
+/// shard is a partial value to combine with the other shards of its group, by `algorithm`
+/// (as the buffer all_reduce).
 /// Throws: ShapeError when the layouts differ; KeyError for unknown axes; ValueError when in
 /// and out are the same tensor, live on different meshes, or the frontier has the wrong size.
 Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
-                    const CollectiveArgs& args);
+                    const CollectiveArgs& args, AllReduceAlgorithm algorithm = AllReduceAlgorithm::kAuto);
 
 /// Moves `in` into `out`'s layout by copying, within each group over `axes`, every part of a
 /// destination shard from the group member holding it (the destination itself when it can):

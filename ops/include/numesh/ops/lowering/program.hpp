@@ -94,6 +94,10 @@ class ProgramBuilder {
  public:
   /// A builder for a program called `name` over `mesh`.
   ProgramBuilder(runtime::DeviceMesh mesh, std::string name);
+  /// A builder whose reshard() emits its collectives through `collectives` (counted, recorded
+  /// or faked by a test; an all-reduce algorithm pinned). Throws: ValueError when a member of
+  /// `collectives` is unset.
+  ProgramBuilder(runtime::DeviceMesh mesh, std::string name, CollectiveOps collectives);
 
   /// The mesh.
   const runtime::DeviceMesh& mesh() const noexcept { return mesh_; }
@@ -180,6 +184,7 @@ class ProgramBuilder {
   std::vector<std::unique_ptr<runtime::Tensor>> scratch_;
   std::vector<std::shared_ptr<void>> objects_;
   ProgramPlan plan_;
+  CollectiveOps collectives_ = CollectiveOps::runtime_collectives();
 };
 
 /// A compiled program: run it many times; it owns what its nodes use. Movable, not copyable.
