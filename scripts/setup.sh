@@ -9,14 +9,15 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # Build tools and libraries (oneTBB and hwloc for the runtime, Eigen and OpenBLAS for the
-# operators), and PyTorch for the tests that check the operators' references against it and
-# for the gloo baseline (Debian's torch runs under /usr/bin/python3).
+# operators), PyTorch for the tests that check the operators' references against it and for
+# the gloo baseline (Debian's torch runs under /usr/bin/python3), and matplotlib for
+# scripts/plot_benchmarks.py and its test.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libfmt-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-matplotlib
 )
 
 missing=()

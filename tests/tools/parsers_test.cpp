@@ -75,6 +75,64 @@ TEST(ParseBytesTest, NamesTheTextAndTheUnit) {
               ThrowsMessage<ValueError>(
                   "bad size 'X': expected a number such as 4K, 64MiB or 4096"));
   EXPECT_THAT([] { parse_bytes(""); }, ThrowsMessage<ValueError>(HasSubstr("bad size ''")));
+  // Sizes that do not fit a 64-bit count are refused rather than wrapped.
+  EXPECT_THAT([] { parse_bytes("99999999999999999999"); },
+              ThrowsMessage<ValueError>(
+                  "bad size '99999999999999999999': too large for a byte count"));
+  EXPECT_THAT([] { parse_bytes("17179869184G"); },
+              ThrowsMessage<ValueError>("bad size '17179869184G': too large for a byte count"));
+  EXPECT_EQ(parse_bytes("17179869183G"), std::size_t{17179869183} << 30);
+}
+
+TEST(ParseArrayBytesTest, ChecksCacheLinesAndLimitsNamingTheOption) {
+  constexpr std::size_t kTiB = std::size_t{1} << 40;
+  EXPECT_EQ(parse_array_bytes("--size", "4K", kTiB), 4096u);
+  EXPECT_EQ(parse_array_bytes("--size", "512M", kTiB), std::size_t{512} << 20);
+  EXPECT_THAT([] { parse_array_bytes("--size", "100", std::size_t{1} << 40); },
+              ThrowsMessage<ValueError>("--size '100' is 100 bytes; it must be a multiple of 64 "
+                                        "bytes from 4.0 KiB to 1.0 TiB"));
+  EXPECT_THAT([] { parse_array_bytes("--size", "4100", std::size_t{1} << 40); },
+              ThrowsMessage<ValueError>(HasSubstr("'4100' is 4100 bytes")));
+  EXPECT_THAT([] { parse_array_bytes("--latency-size", "128G", std::size_t{64} << 30); },
+              ThrowsMessage<ValueError>("--latency-size '128G' is 137438953472 bytes; it must be "
+                                        "a multiple of 64 bytes from 4.0 KiB to 64.0 GiB"));
+  EXPECT_THAT([] { parse_array_bytes("--size", "4X", std::size_t{1} << 40); },
+              ThrowsMessage<ValueError>(
+                  "--size: bad size '4X': unknown unit 'X' (use K, KiB, M, MiB, G or GiB)"));
+}
+
+TEST(ParseMemoryKernelsTest, KeepsTheOrderAndRefusesUnknownOrRepeatedKernels) {
+  EXPECT_THAT(parse_memory_kernels("triad, read"),
+              ElementsAre(runtime::MemoryKernel::kTriad, runtime::MemoryKernel::kRead));
+  EXPECT_THAT([] { parse_memory_kernels("read,scale"); },
+              ThrowsMessage<ValueError>(
+                  "--kernels 'read,scale': unknown memory kernel 'scale' (choose read, copy or "
+                  "triad)"));
+  EXPECT_THAT([] { parse_memory_kernels("copy,copy"); },
+              ThrowsMessage<ValueError>("--kernels 'copy,copy': 'copy' is listed twice"));
+  EXPECT_THAT([] { parse_memory_kernels(","); },
+              ThrowsMessage<ValueError>(
+                  "--kernels ',' names no kernel (choose from read, copy, triad)"));
+}
+
+TEST(ParseThreadsSweepTest, ReadsCountsAndAll) {
+  EXPECT_THAT(parse_threads_sweep("1,2,4,all"), ElementsAre(1, 2, 4, 0));
+  EXPECT_THAT(parse_threads_sweep("all"), ElementsAre(0));
+  EXPECT_THAT([] { parse_threads_sweep("1,x"); },
+              ThrowsMessage<ValueError>(
+                  "--threads-sweep '1,x': 'x' is neither a thread count nor 'all'"));
+  EXPECT_THAT([] { parse_threads_sweep("0"); },
+              ThrowsMessage<ValueError>("--threads-sweep '0': 0 is not a positive thread count "
+                                        "('all' means every thread of a device)"));
+  EXPECT_THAT([] { parse_threads_sweep("-2"); },
+              ThrowsMessage<ValueError>(HasSubstr("-2 is not a positive thread count")));
+  EXPECT_THAT([] { parse_threads_sweep("2,all,2"); },
+              ThrowsMessage<ValueError>("--threads-sweep '2,all,2': '2' is listed twice"));
+  EXPECT_THAT([] { parse_threads_sweep("all,all"); },
+              ThrowsMessage<ValueError>("--threads-sweep 'all,all': 'all' is listed twice"));
+  EXPECT_THAT([] { parse_threads_sweep(""); },
+              ThrowsMessage<ValueError>(
+                  "--threads-sweep '' names no thread count (e.g. 1,2,4,all)"));
 }
 
 TEST(ParsePolicyOptionTest, AcceptsWhatTheCommandLineCanPlace) {

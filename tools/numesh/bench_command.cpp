@@ -20,10 +20,15 @@
 
 namespace numesh::tools {
 
-CLI::App* add_bench_command(CLI::App& app, BenchCollectivesOptions& o) {
-  CLI::App* bench = app.add_subcommand("bench", "Measure numesh on this machine.");
+CLI::App* add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure numesh on this machine: collectives, memory bandwidth, decode steps.");
   bench->require_subcommand(1);
-  CLI::App* cmd = bench->add_subcommand(
+  return bench;
+}
+
+CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
       "collectives",
       "Time each collective on the devices (a 1-D mesh of all of them) against a plain "
       "shared-memory loop with one thread per device and against memcpy, in the same run; "

@@ -1,7 +1,8 @@
 #pragma once
 
-// `numesh bench collectives`: each collective on the machine's devices against a plain
-// shared-memory loop and memcpy, measured in the same run.
+// `numesh bench`, the group of the benchmark commands, and `numesh bench collectives`: each
+// collective on the machine's devices against a plain shared-memory loop and memcpy, measured
+// in the same run.
 
 #include <iosfwd>
 #include <string>
@@ -25,9 +26,13 @@ struct BenchCollectivesOptions {
   bool quiet = false;      ///< --quiet: no progress line
 };
 
-/// Registers `bench` with its `collectives` subcommand. Returns the `collectives` subcommand.
-/// Not thread-safe (CLI11 setup).
-CLI::App* add_bench_command(CLI::App& app, BenchCollectivesOptions& options);
+/// Registers `bench`, the group of the benchmark subcommands (collectives here, memory and
+/// decode in bench_memory.hpp and bench_decode.hpp), and returns it. Not thread-safe (CLI11
+/// setup).
+CLI::App* add_bench_command(CLI::App& app);
+
+/// Registers `collectives` under `bench`. Not thread-safe (CLI11 setup).
+CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions& options);
 
 /// Runs the benchmark (the cases of numesh/runtime/collective_benchmark.hpp, timed with
 /// numesh::median_seconds), writes the table to `out` (and the JSON file when asked); progress

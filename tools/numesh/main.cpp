@@ -3,6 +3,8 @@
 //   numesh topology ...  machine (or synthetic/XML) topology -> devices, distances, notes
 //   numesh mesh ...      devices -> named mesh: which device sits at which coordinate
 //   numesh bench collectives ...  collectives against a plain loop and memcpy
+//   numesh bench memory ...       read/copy/triad bandwidth per device, device x node matrix
+//   numesh bench decode ...       decode steps of a dense model against the read bandwidth
 //   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
 //
@@ -15,6 +17,8 @@
 
 #include "numesh/core/error.hpp"
 #include "bench_command.hpp"
+#include "bench_decode.hpp"
+#include "bench_memory.hpp"
 #include "mesh_command.hpp"
 #include "resolve_command.hpp"
 #include "op_command.hpp"
@@ -46,8 +50,14 @@ int main(int argc, char** argv) {
   CLI::App* topology_cmd = numesh::tools::add_topology_command(app, topology);
   numesh::tools::MeshCommandOptions mesh;
   CLI::App* mesh_cmd = numesh::tools::add_mesh_command(app, mesh);
+  CLI::App* bench = numesh::tools::add_bench_command(app);
   numesh::tools::BenchCollectivesOptions bench_collectives;
-  CLI::App* bench_collectives_cmd = numesh::tools::add_bench_command(app, bench_collectives);
+  CLI::App* bench_collectives_cmd =
+      numesh::tools::add_bench_collectives_command(*bench, bench_collectives);
+  numesh::tools::BenchMemoryOptions bench_memory;
+  CLI::App* bench_memory_cmd = numesh::tools::add_bench_memory_command(*bench, bench_memory);
+  numesh::tools::BenchDecodeOptions bench_decode;
+  CLI::App* bench_decode_cmd = numesh::tools::add_bench_decode_command(*bench, bench_decode);
   numesh::tools::OpOptions op;
   CLI::App* op_cmd = numesh::tools::add_op_command(app, op);
   numesh::tools::RunOptions run;
@@ -68,6 +78,8 @@ int main(int argc, char** argv) {
     if (bench_collectives_cmd->parsed()) {
       numesh::tools::run_bench_collectives(bench_collectives, std::cout);
     }
+    if (bench_memory_cmd->parsed()) numesh::tools::run_bench_memory(bench_memory, std::cout);
+    if (bench_decode_cmd->parsed()) numesh::tools::run_bench_decode(bench_decode, std::cout);
     if (op_cmd->parsed()) return numesh::tools::run_op(op, std::cout);
     if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
   } catch (const numesh::Error& e) {

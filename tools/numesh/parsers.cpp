@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
+#include <limits>
 #include <optional>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/units.hpp"
 
 namespace numesh::tools {
 
@@ -81,20 +84,83 @@ std::vector<std::int64_t> parse_shape(std::string_view text, std::string_view wh
 }
 
 std::size_t parse_bytes(std::string_view text) {
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
   std::size_t i = 0, value = 0;
+  bool overflow = false;
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
-    value = value * 10 + static_cast<std::size_t>(text[i] - '0');
+    const auto digit = static_cast<std::size_t>(text[i] - '0');
+    overflow = overflow || value > (kMax - digit) / 10;
+    value = value * 10 + digit;
     ++i;
   }
   NUMESH_CHECK(i > 0, ValueError, "bad size '{}': expected a number such as 4K, 64MiB or 4096",
                text);
   const std::string_view unit = text.substr(i);
-  if (unit.empty() || unit == "B") return value;
-  if (unit == "K" || unit == "KiB" || unit == "k") return value << 10;
-  if (unit == "M" || unit == "MiB") return value << 20;
-  if (unit == "G" || unit == "GiB") return value << 30;
-  throw ValueError(fmt::format("bad size '{}': unknown unit '{}' (use K, KiB, M, MiB, G or GiB)",
-                               text, unit));
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KiB" || unit == "k") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  NUMESH_CHECK(shift >= 0, ValueError,
+               "bad size '{}': unknown unit '{}' (use K, KiB, M, MiB, G or GiB)", text, unit);
+  NUMESH_CHECK(!overflow && value <= (kMax >> shift), ValueError,
+               "bad size '{}': too large for a byte count", text);
+  return value << shift;
+}
+
+std::size_t parse_array_bytes(std::string_view option, std::string_view text, std::size_t max) {
+  constexpr std::size_t kLine = 64;
+  constexpr std::size_t kMinBytes = 4096;
+  std::size_t bytes = 0;
+  try {
+    bytes = parse_bytes(text);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("{}: {}", option, e.what()));
+  }
+  NUMESH_CHECK(bytes % kLine == 0 && bytes >= kMinBytes && bytes <= max, ValueError,
+               "{} '{}' is {} bytes; it must be a multiple of 64 bytes from {} to {}", option,
+               text, bytes, human_bytes(kMinBytes), human_bytes(max));
+  return bytes;
+}
+
+std::vector<runtime::MemoryKernel> parse_memory_kernels(std::string_view text) {
+  std::vector<runtime::MemoryKernel> kernels;
+  for (const std::string& item : parse_items(text)) {
+    runtime::MemoryKernel k = runtime::MemoryKernel::kRead;
+    try {
+      k = runtime::parse_memory_kernel(item);
+    } catch (const ValueError& e) {
+      throw ValueError(fmt::format("--kernels '{}': {}", text, e.what()));
+    }
+    NUMESH_CHECK(std::find(kernels.begin(), kernels.end(), k) == kernels.end(), ValueError,
+                 "--kernels '{}': '{}' is listed twice", text, item);
+    kernels.push_back(k);
+  }
+  NUMESH_CHECK(!kernels.empty(), ValueError,
+               "--kernels '{}' names no kernel (choose from read, copy, triad)", text);
+  return kernels;
+}
+
+std::vector<int> parse_threads_sweep(std::string_view text) {
+  std::vector<int> counts;
+  for (const std::string& item : parse_items(text)) {
+    int count = 0;
+    if (item != "all") {
+      const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), count);
+      NUMESH_CHECK(ec == std::errc() && ptr == item.data() + item.size(), ValueError,
+                   "--threads-sweep '{}': '{}' is neither a thread count nor 'all'", text, item);
+      NUMESH_CHECK(count > 0, ValueError,
+                   "--threads-sweep '{}': {} is not a positive thread count ('all' means every "
+                   "thread of a device)",
+                   text, count);
+    }
+    NUMESH_CHECK(std::find(counts.begin(), counts.end(), count) == counts.end(), ValueError,
+                 "--threads-sweep '{}': '{}' is listed twice", text, item);
+    counts.push_back(count);
+  }
+  NUMESH_CHECK(!counts.empty(), ValueError,
+               "--threads-sweep '{}' names no thread count (e.g. 1,2,4,all)", text);
+  return counts;
 }
 
 runtime::PlacementPolicy parse_policy_option(std::string_view text) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "numesh/ops/attention_config.hpp"
+#include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/runtime/placement.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
@@ -49,9 +50,28 @@ std::vector<std::int64_t> parse_shape(std::string_view text, std::string_view wh
 
 /// Parses a byte count: digits, then nothing, B, K, k or KiB (x 1024), M or MiB (x 2^20), G or
 /// GiB (x 2^30): "4K", "64MiB", "4096".
-/// Throws: ValueError "bad size '{text}': ..." when there are no leading digits or the unit
-/// is unknown.
+/// Throws: ValueError "bad size '{text}': ..." when there are no leading digits, the unit
+/// is unknown or the count does not fit a std::size_t.
 std::size_t parse_bytes(std::string_view text);
+
+/// Parses a byte-count option that sizes a memory benchmark array (parse_bytes) and checks
+/// that it is a multiple of 64 bytes (a cache line) in [4 KiB, `max`], the memory benchmark's
+/// own limits, so that the message names the option.
+/// Throws: ValueError "{option}: bad size '{text}': ..." (parse_bytes' message) or
+/// "{option} '{text}' is {bytes} bytes; it must be ..." naming the limits.
+std::size_t parse_array_bytes(std::string_view option, std::string_view text, std::size_t max);
+
+/// Parses --kernels of `numesh bench memory`: a comma-separated list of read, copy and triad
+/// (runtime::parse_memory_kernel), each at most once, in the order given.
+/// Throws: ValueError "--kernels '{text}': ..." naming an unknown or repeated kernel, or saying
+/// the list names none.
+std::vector<runtime::MemoryKernel> parse_memory_kernels(std::string_view text);
+
+/// Parses --threads-sweep of `numesh bench memory`: positive thread counts or `all` (returned
+/// as 0: every thread of a device), each at most once, in the order given ("1,2,4,all").
+/// Throws: ValueError "--threads-sweep '{text}': ..." naming the item that is not a count or
+/// `all`, not positive or repeated, or saying the list names none.
+std::vector<int> parse_threads_sweep(std::string_view text);
 
 /// Parses --policy: numa, l3 or core (runtime::parse_placement_policy).
 /// Throws: ValueError naming the text and the choices; ValueError for `explicit`, which needs

@@ -1,0 +1,374 @@
+#include "bench_decode.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <random>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/ops/transformer_config.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/memory_benchmark.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+#include "parsers.hpp"
+#include "render.hpp"
+
+namespace numesh::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+runtime::HostTensor random_tokens(std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
+                                  std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  runtime::HostTensor t = runtime::HostTensor::zeros({batch, tokens, hidden});
+  for (float& v : t.data) v = normal(rng);
+  return t;
+}
+
+// The last position's rows of y [B, T, H] as the next step's input [B, 1, H], as `numesh run`
+// feeds the model its own output (the stack runs in hidden space, without a vocabulary).
+runtime::HostTensor last_token(const runtime::HostTensor& y) {
+  const std::int64_t b = y.shape[0], t = y.shape[1], h = y.shape[2];
+  runtime::HostTensor x = runtime::HostTensor::zeros({b, 1, h});
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    std::copy_n(y.data.begin() + ((bi * t) + t - 1) * h, h, x.data.begin() + bi * h);
+  }
+  return x;
+}
+
+// The model of one size: the options with `hidden` (from the option `source`), the sizes left
+// at 0 derived from it.
+// Throws: ValueError naming the options and the size.
+ops::TransformerConfig model_config(const BenchDecodeOptions& o, std::int64_t hidden,
+                                    std::string_view source) {
+  NUMESH_CHECK(hidden > 0, ValueError, "{} {} must be positive", source, hidden);
+  NUMESH_CHECK(o.head_dim > 0, ValueError, "--head-dim {} must be positive", o.head_dim);
+  NUMESH_CHECK(o.heads >= 0 && o.kv_heads >= 0 && o.ffn >= 0 && o.moe_ffn >= 0, ValueError,
+               "--heads {}, --kv-heads {}, --ffn {} and --moe-ffn {} must not be negative (0: "
+               "derived from the hidden size)",
+               o.heads, o.kv_heads, o.ffn, o.moe_ffn);
+  NUMESH_CHECK(o.heads > 0 || hidden % o.head_dim == 0, ValueError,
+               "{} {} is not a multiple of --head-dim {}, so the heads cannot be hidden / "
+               "head_dim; give --heads",
+               source, hidden, o.head_dim);
+  ops::TransformerConfig c;
+  c.hidden = hidden;
+  c.layers = o.layers;
+  const std::int64_t heads = o.heads > 0 ? o.heads : hidden / o.head_dim;
+  const std::int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : (heads % 4 == 0 ? heads / 4 : heads);
+  c.attention =
+      ops::AttentionConfig{.num_heads = heads, .num_kv_heads = kv_heads, .head_dim = o.head_dim};
+  c.ffn = o.ffn > 0 ? o.ffn : 4 * hidden;
+  c.moe = ops::MoeConfig{.num_experts = o.experts, .top_k = o.top_k};
+  c.moe_ffn = o.moe_ffn > 0 ? o.moe_ffn
+                            : std::max<std::int64_t>(1, c.ffn / std::max<std::int64_t>(1, o.top_k));
+  c.moe_every = o.moe_every;
+  c.validate();
+  return c;
+}
+
+// The hidden sizes to run: --sweep-hidden, or --hidden alone.
+std::vector<std::int64_t> hidden_sizes(const BenchDecodeOptions& o) {
+  if (o.sweep_hidden.empty()) return {o.hidden};
+  const std::vector<std::int64_t> sizes = parse_int_list(o.sweep_hidden, "--sweep-hidden");
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    NUMESH_CHECK(sizes[i] > 0, ValueError, "--sweep-hidden '{}': {} is not a positive hidden size",
+                 o.sweep_hidden, sizes[i]);
+    NUMESH_CHECK(std::find(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(i),
+                           sizes[i]) == sizes.begin() + static_cast<std::ptrdiff_t>(i),
+                 ValueError, "--sweep-hidden '{}': {} is listed twice", o.sweep_hidden, sizes[i]);
+  }
+  return sizes;
+}
+
+struct DecodeFigures {
+  ops::TransformerConfig config;
+  double bytes_per_step = 0.0;  // mean over the timed steps, summed over the devices
+  double median_step = 0.0;
+  double min_step = 0.0;
+  double gbps = 0.0;
+};
+
+// Builds the model, runs the prompt, one untimed step (compiling the one-token program) and
+// `steps` timed ones.
+DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::TransformerConfig& config,
+                             const ops::ModelAxes& axes, const BenchDecodeOptions& o,
+                             ops::KvLayout layout, const ProgressLine& progress) {
+  const std::string name = fmt::format("hidden {}", config.hidden);
+  progress.show(fmt::format("{}: building weights ({:.1f} M parameters) ...", name,
+                            static_cast<double>(config.parameters()) / 1e6));
+  std::unique_ptr<ops::ShardedTransformer> model;
+  {
+    const ops::TransformerWeights weights = ops::TransformerWeights::random(config, o.seed);
+    progress.show(fmt::format("{}: laying out weights ...", name));
+    model = std::make_unique<ops::ShardedTransformer>(mesh, config, weights, o.batch,
+                                                      o.prompt + 1 + o.steps, axes, layout);
+  }  // the host copy of the weights is freed here: only the devices' shards stay
+  progress.show(fmt::format("{}: prefill of {} x {} tokens, then {} decode steps ...", name,
+                            o.batch, o.prompt, o.steps + 1));
+  runtime::HostTensor next =
+      last_token(model->forward(random_tokens(o.batch, o.prompt, config.hidden, o.seed + 1), 0));
+  next = last_token(model->forward(next, o.prompt));  // untimed: compiles the step program
+  std::vector<double> times;
+  double bytes = 0.0;
+  for (std::int64_t i = 0; i < o.steps; ++i) {
+    progress.update(fmt::format("{}: decode step {}/{} ...", name, i + 1, o.steps));
+    const std::int64_t position = o.prompt + 1 + i;
+    const auto t0 = Clock::now();
+    runtime::HostTensor y = model->forward(next, position);
+    times.push_back(seconds_since(t0));
+    bytes += static_cast<double>(model->decode_bytes_per_device(position)) *
+             static_cast<double>(mesh.size());
+    next = last_token(y);
+  }
+  DecodeFigures f;
+  f.config = config;
+  f.bytes_per_step = bytes / static_cast<double>(o.steps);
+  f.median_step = median(times);
+  f.min_step = *std::min_element(times.begin(), times.end());
+  f.gbps = f.bytes_per_step / f.median_step / 1e9;
+  return f;
+}
+
+}  // namespace
+
+CLI::App* add_bench_decode_command(CLI::App& bench, BenchDecodeOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
+      "decode",
+      "Decode steps of a dense transformer sharded over the devices (random weights), against "
+      "the devices' read bandwidth measured in the same run: weight bytes read per second and "
+      "their fraction of the read bandwidth, for one model size or a sweep.");
+  cmd->footer(R"(What is measured, in one run:
+  read bandwidth  each device in turn reads --size of its node's memory with all its threads
+                  (numesh bench memory's read kernel, median of --repeats passes); the figure is
+                  the sum over the devices. Devices sharing a NUMA node (--policy core on a
+                  one-node machine) are measured one at a time, so their sum overstates what
+                  the node gives them together (a note says so); --policy numa makes one
+                  device per node
+  decode          per model size: random weights laid out over the mesh, a prefill of --prompt
+                  tokens per sequence, one untimed step, then --steps timed steps, each feeding
+                  the last output back in; the step time is the median (not checked against
+                  the dense model: numesh run checks the same model)
+Bytes of a step: the weights each device holds plus the valid part of its KV caches, summed
+over the devices (ShardedTransformer::decode_bytes_per_device, as numesh run counts them);
+GB/s = 1e9 of those bytes per second of the median step; "of read" = GB/s / read bandwidth.
+With MoE blocks (--moe-every) every local expert is counted, more than top-k routing reads.
+Model: --heads 0 means hidden / head_dim, --kv-heads 0 a quarter of the heads (all when 4
+does not divide them), --ffn 0 four times hidden, --moe-ffn 0 ffn / top-k. --sweep-hidden runs
+each size with those rules (ffn = 4 x hidden).
+Columns: hidden, ffn, layers, heads (query/kv), parameters, MB read per step, median step ms,
+tokens/s (batch / step), GB/s, of read.
+
+Examples:
+  numesh bench decode
+  numesh bench decode --sweep-hidden 256,512,1024,2048 --json decode.json
+  numesh bench decode --hidden 2048 --layers 2 --batch 4 --steps 32
+  scripts/plot_benchmarks.py decode.json --out plots)");
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
+  cmd->add_option("--batch", o.batch, "Sequences")->capture_default_str();
+  cmd->add_option("--prompt", o.prompt, "Prompt tokens per sequence before the steps")
+      ->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Timed decode steps (median)")->capture_default_str();
+  auto* hidden = cmd->add_option("--hidden", o.hidden, "Hidden size H")->capture_default_str();
+  cmd->add_option("--layers", o.layers, "Blocks")->capture_default_str();
+  cmd->add_option("--heads", o.heads, "Query heads (0: hidden / head-dim)")->capture_default_str();
+  cmd->add_option("--kv-heads", o.kv_heads, "Key/value heads (0: a quarter of the heads)")
+      ->capture_default_str();
+  cmd->add_option("--head-dim", o.head_dim, "Per-head dim (even: RoPE)")->capture_default_str();
+  auto* ffn =
+      cmd->add_option("--ffn", o.ffn, "Intermediate size of the SwiGLU MLPs (0: 4 x hidden)")
+          ->capture_default_str();
+  cmd->add_option("--moe-every", o.moe_every, "Every n-th block is MoE (0: none, a dense model)")
+      ->capture_default_str();
+  cmd->add_option("--experts", o.experts, "Experts per MoE layer")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Experts per token")->capture_default_str();
+  cmd->add_option("--moe-ffn", o.moe_ffn, "Intermediate size of each expert (0: ffn / top-k)")
+      ->capture_default_str();
+  cmd->add_option("--sweep-hidden", o.sweep_hidden,
+                  "Run several model sizes: hidden sizes, comma-separated (ffn = 4 x hidden)")
+      ->excludes(hidden)
+      ->excludes(ffn);
+  cmd->add_option("--size", o.size,
+                  "Bytes each device reads for the read bandwidth (a multiple of 64)")
+      ->capture_default_str();
+  cmd->add_option("--repeats", o.repeats, "Timed passes of the read bandwidth (median)")
+      ->capture_default_str();
+  cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
+  cmd->add_option("--json", o.json, "Write the results and the machine as JSON to FILE");
+  cmd->add_flag("--quiet", o.quiet, "No progress line on stderr");
+  return cmd;
+}
+
+void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
+  // Everything the options decide is checked before a device exists.
+  NUMESH_CHECK(o.batch > 0 && o.prompt > 0 && o.steps > 0, ValueError,
+               "--batch {}, --prompt {} and --steps {} must be positive", o.batch, o.prompt,
+               o.steps);
+  NUMESH_CHECK(o.repeats >= 1 && o.repeats <= 100000, ValueError,
+               "--repeats {} must be between 1 and 100000", o.repeats);
+  const std::size_t bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
+  const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
+  std::vector<ops::TransformerConfig> configs;
+  for (std::int64_t hidden : hidden_sizes(o)) {
+    configs.push_back(
+        model_config(o, hidden, o.sweep_hidden.empty() ? "--hidden" : "--sweep-hidden"));
+  }
+  check_mesh_options(o.mesh);
+  std::ofstream json_file = open_json_file(o.json);
+
+  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
+  const runtime::DeviceSet& devices = mesh.devices();
+  check_device_nodes_fit(devices, "--size", bytes, 1, "the read bandwidth needs 1 array");
+  const sharding::PartitionManager pm{sharding::PartitionAxis{}};
+  std::vector<ops::ModelAxes> axes;
+  for (const ops::TransformerConfig& c : configs) {
+    axes.push_back(
+        ops::ModelAxes::resolve(pm, sharding::ModeArg(sharding::Mode::kDecode), o.batch, c.hidden));
+  }
+
+  out << fmt::format(
+      "numesh bench decode: {} device{} ({} policy, {} threads), mesh [{}], batch {}, prompt {}, "
+      "{} timed steps\n",
+      devices.size(), devices.size() == 1 ? "" : "s", runtime::to_string(devices.options().policy),
+      devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps);
+  write_devices_text(devices, out);
+  out.flush();
+
+  const ProgressLine progress(o.quiet);
+  runtime::MemoryBenchmarkOptions read_options;
+  read_options.bytes = bytes;
+  read_options.kernels = {runtime::MemoryKernel::kRead};
+  read_options.threads = {0};
+  read_options.repeats = o.repeats;
+  read_options.progress = [&](const std::string& what) {
+    progress.show(fmt::format("read bandwidth: {} ...", what));
+  };
+  const runtime::DeviceBandwidthResult read =
+      runtime::measure_device_bandwidth(devices, read_options);
+  double read_gbps = 0.0;
+  nlohmann::json read_devices = nlohmann::json::array();
+  std::map<int, std::vector<std::string>> by_node;
+  for (const runtime::BandwidthMeasurement& m : read.measurements) {
+    const runtime::DeviceMemoryInfo& info = read.devices[static_cast<std::size_t>(m.device)];
+    read_gbps += m.gbps;
+    read_devices.push_back({{"device", m.device},
+                            {"label", info.label},
+                            {"numa_node", info.numa_node},
+                            {"threads", m.threads},
+                            {"gbps", m.gbps},
+                            {"best_gbps", m.best_gbps}});
+    if (info.numa_node >= 0) by_node[info.numa_node].push_back(info.label);
+  }
+  out << fmt::format(
+      "read bandwidth: {:.2f} GB/s, summed over the devices (read kernel, all threads, {} per "
+      "device, "
+      "median of {} pass{}):",
+      read_gbps, format_bytes(bytes), o.repeats, o.repeats == 1 ? "" : "es");
+  for (const runtime::BandwidthMeasurement& m : read.measurements) {
+    out << fmt::format(" {} {:.2f}", read.devices[static_cast<std::size_t>(m.device)].label,
+                       m.gbps);
+  }
+  out << "\n";
+  std::vector<std::string> notes;
+  for (const auto& [node, labels] : by_node) {
+    if (labels.size() < 2) continue;
+    notes.push_back(
+        fmt::format("devices {} share NUMA node {} and were measured one at a time: the sum counts "
+                    "that node's memory once per device, more than they read together",
+                    fmt::join(labels, ", "), node));
+  }
+  if (configs.front().moe_every > 0) {
+    notes.push_back(
+        "MoE blocks: the bytes count every local expert's weights, more than a step whose tokens "
+        "route to top-k experts reads");
+  }
+  for (const std::string& note : notes) out << "note: " << note << "\n";
+  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "hidden",
+                     "ffn", "layers", "heads", "params M", "MB/step", "step ms", "tokens/s", "GB/s",
+                     "of read");
+  out.flush();
+
+  nlohmann::json models = nlohmann::json::array();
+  for (std::size_t k = 0; k < configs.size(); ++k) {
+    const DecodeFigures f = measure_decode(mesh, configs[k], axes[k], o, layout, progress);
+    const ops::TransformerConfig& c = f.config;
+    const double fraction = f.gbps / read_gbps;
+    const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
+    out << fmt::format(
+        "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f}\n", c.hidden,
+        c.ffn, c.layers, fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
+        static_cast<double>(c.parameters()) / 1e6, f.bytes_per_step / 1e6, f.median_step * 1e3,
+        tokens_per_second, f.gbps, fraction);
+    out.flush();
+    models.push_back({{"hidden", c.hidden},
+                      {"ffn", c.ffn},
+                      {"layers", c.layers},
+                      {"heads", c.attention.num_heads},
+                      {"kv_heads", c.attention.num_kv_heads},
+                      {"head_dim", c.attention.head_dim},
+                      {"moe_every", c.moe_every},
+                      {"parameters", c.parameters()},
+                      {"weight_bytes", c.parameters() * 4},
+                      {"batch", o.batch},
+                      {"prompt", o.prompt},
+                      {"steps", o.steps},
+                      {"bytes_per_step", f.bytes_per_step},
+                      {"median_step_seconds", f.median_step},
+                      {"min_step_seconds", f.min_step},
+                      {"tokens_per_second", tokens_per_second},
+                      {"gbps", f.gbps},
+                      {"fraction_of_read", fraction}});
+  }
+
+  if (json_file.is_open()) {
+    nlohmann::json j{{"kind", "numesh bench decode"},
+                     {"machine", machine_json(devices)},
+                     {"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
+                     {"read",
+                      {{"gbps", read_gbps},
+                       {"array_bytes", bytes},
+                       {"repeats", o.repeats},
+                       {"devices", std::move(read_devices)},
+                       {"bandwidth", read.to_json()}}},
+                     {"models", std::move(models)},
+                     {"units",
+                      {{"gbps", "1e9 bytes per second of the median step"},
+                       {"bytes_per_step",
+                        "weights held plus the valid KV cache, summed over the devices "
+                        "(ShardedTransformer::decode_bytes_per_device), mean over the timed steps"},
+                       {"fraction_of_read", "gbps / read.gbps"}}},
+                     {"notes", notes}};
+    json_file << j.dump(2) << "\n";
+  }
+}
+
+}  // namespace numesh::tools
