@@ -3,7 +3,8 @@
 fp32, layout bthd [batch, seq, heads, head_dim]: q/k/v projections, RoPE (rotate-half, theta
 10000), GQA (query head h uses kv head h // (heads / kv_heads)), causal softmax(q k^T / sqrt(d)) v
 and the output projection. Run it in PyTorch's best configuration on this machine kind
-(BASELINES.md): OPENBLAS_NUM_THREADS=2 with torch.set_num_threads(1):
+(docs/benchmarks.md, "PyTorch's configuration"): OPENBLAS_NUM_THREADS=2 with
+torch.set_num_threads(1):
 
     OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/attention_torch.py [--threads 1] [--repeats 30]
 

@@ -7,11 +7,22 @@
 //                layer (a barrier-like stage pattern, as collectives make)
 //   stage        one node per device, then one node per device waiting for all of them: the
 //                shape of a one-stage collective; its time is the latency of a small run
+// BM_ForkJoin/<us> is the other kind of scheduling: a parallel_for of two chunks inside one
+// device's arena, as a node body spreads its work over the device's threads (collectives'
+// for_range, the kernels' parallel_blocks), each chunk busy for <us> microseconds. Counter:
+// overhead_us, the time per call beyond one chunk's work. Run it with a device of two threads
+// (NUMESH_BENCH_POLICY=numa on a one-node machine of two cores); with one thread per device
+// both chunks run on the same thread and the overhead includes the second chunk's work.
 //   build/bench/bench/executor_bench
 
 #include <benchmark/benchmark.h>
 #include <oneapi/tbb/flow_graph.h>
 
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -88,6 +99,36 @@ void BM_RawTbb(benchmark::State& state, Shape shape) {
                          benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+void spin_for(std::chrono::nanoseconds work) {
+  const auto end = std::chrono::steady_clock::now() + work;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+void BM_ForkJoin(benchmark::State& state) {
+  runtime::Device& device = bench_devices()->device(0);
+  const std::chrono::nanoseconds work = std::chrono::microseconds(state.range(0));
+  std::int64_t calls = 0;
+  std::chrono::steady_clock::duration elapsed{};
+  device.execute([&] {
+    for (auto _ : state) {
+      const auto t0 = std::chrono::steady_clock::now();
+      oneapi::tbb::parallel_for(
+          oneapi::tbb::blocked_range<int>(0, 2, 1),
+          [&](const oneapi::tbb::blocked_range<int>& r) {
+            for (int i = r.begin(); i != r.end(); ++i) spin_for(work);
+          },
+          oneapi::tbb::simple_partitioner());
+      elapsed += std::chrono::steady_clock::now() - t0;
+      ++calls;
+    }
+  });
+  const double per_call_us =
+      std::chrono::duration<double, std::micro>(elapsed).count() / static_cast<double>(calls);
+  state.counters["overhead_us"] = per_call_us - static_cast<double>(state.range(0));
+  state.counters["device_threads"] = device.spec().threads;
+}
+
 BENCHMARK_CAPTURE(BM_Numesh, chain, Shape::kChain)->UseRealTime();
 BENCHMARK_CAPTURE(BM_RawTbb, chain, Shape::kChain)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Numesh, pingpong, Shape::kPingPong)->UseRealTime();
@@ -96,6 +137,7 @@ BENCHMARK_CAPTURE(BM_Numesh, layered, Shape::kLayered)->UseRealTime();
 BENCHMARK_CAPTURE(BM_RawTbb, layered, Shape::kLayered)->UseRealTime();
 BENCHMARK_CAPTURE(BM_Numesh, stage, Shape::kStage)->UseRealTime();
 BENCHMARK_CAPTURE(BM_RawTbb, stage, Shape::kStage)->UseRealTime();
+BENCHMARK(BM_ForkJoin)->Arg(0)->Arg(10)->UseRealTime();
 
 }  // namespace
 }  // namespace numesh::bench

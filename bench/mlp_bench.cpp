@@ -2,14 +2,29 @@
 // GELU, 8.59 GFLOP. numesh's sharded MLP on the benchmark devices (bench_devices.hpp: one per
 // core on a one-node machine, so tp = 2 here) beside dense single-threaded Eigen and OpenBLAS
 // with 2 threads, measured in the same run; PyTorch's figure comes from bench/mlp_torch.py.
+// Baselines of its parts, on the same shapes:
+//   BM_Gemm/<lib>   the up-projection GEMM alone, x[512, 1024] . W1[1024, 4096]: dense Eigen on
+//                   one thread, OpenBLAS on one thread and on two (single-core efficiency of
+//                   the two libraries, and what OpenBLAS's threading costs on this shape)
+//   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's gelu_inplace
+//                   (Eigen's vectorized erf) against a scalar std::erf loop
+//   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
+//                   FMAs, the figure "% of peak" is taken against
 //   build/bench/bench/mlp_bench
-// Counters: GFLOP/s (2*T*H*F*2 per forward).
+// Counters: GFLOP/s (2*T*H*F*2 per forward; 2*M*N*K per GEMM; 2 per FMA lane); BM_Gelu has
+// only its time.
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include <cmath>
+#include <cstring>
 #include <random>
+#if defined(__AVX__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "bench_devices.hpp"
 #include "numesh/ops/kernels/activations.hpp"
@@ -90,10 +105,89 @@ void BM_Mlp_OpenBlasTwoThreads(benchmark::State& state) {
   set_flops(state);
 }
 
+enum class GemmLib { kEigen, kOpenBlasOneThread, kOpenBlasTwoThreads };
+
+// c[512, 4096] = x[512, 1024] . W1[1024, 4096], the MLP's up projection, by one library.
+void BM_Gemm(benchmark::State& state, GemmLib lib) {
+  const ops::RowMatrix x = matrix(random({kTokens, kHidden}, 3, 1.0f));
+  const ops::RowMatrix w1 = matrix(random({kHidden, kInter}, 1, 0.02f));
+  ops::RowMatrix h(kTokens, kInter);
+  openblas_set_num_threads(lib == GemmLib::kOpenBlasTwoThreads ? 2 : 1);
+  for (auto _ : state) {
+    if (lib == GemmLib::kEigen) {
+      h.noalias() = x * w1;  // Eigen is built without OpenMP: one thread
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kTokens, kInter, kHidden, 1.0f,
+                  x.data(), kHidden, w1.data(), kInter, 0.0f, h.data(), kInter);
+    }
+    benchmark::DoNotOptimize(h.data());
+  }
+  openblas_set_num_threads(1);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * kHidden * kInter * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// GELU over an activation of the MLP's [512, 4096] (values of the spread x . W1 has), on one
+// thread: gelu_inplace inside a one-thread arena, or a scalar std::erf loop. Each iteration
+// starts again from the same values (copied in untimed).
+void BM_Gelu(benchmark::State& state, bool vectorized) {
+  const runtime::HostTensor source = random({kTokens, kInter}, 4, 0.64f);
+  runtime::HostTensor h = source;
+  oneapi::tbb::task_arena one_thread(1);
+  one_thread.execute([&] {
+    for (auto _ : state) {
+      state.PauseTiming();
+      std::memcpy(h.data.data(), source.data.data(), h.data.size() * sizeof(float));
+      state.ResumeTiming();
+      if (vectorized) {
+        ops::gelu_inplace(ops::MatrixMap(h.data.data(), kTokens, kInter));
+      } else {
+        for (float& v : h.data) v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752440f));
+      }
+      benchmark::DoNotOptimize(h.data.data());
+    }
+  });
+}
+
+#if defined(__AVX__) && defined(__FMA__)
+// 12 independent chains of 256-bit fp32 FMAs (enough to cover the FMA latency on both pipes of
+// a Zen 4 core, and few enough to stay in the 16 ymm registers of AVX2), per thread.
+void BM_FmaPeak(benchmark::State& state) {
+  constexpr int kChains = 12;
+  constexpr int kSteps = 1 << 16;
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1e-3f * static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(0.999f);
+  const __m256 b = _mm256_set1_ps(1e-3f);
+  for (auto _ : state) {
+    for (int s = 0; s < kSteps; ++s) {
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    }
+    for (int c = 0; c < kChains; ++c) benchmark::DoNotOptimize(acc[c]);
+  }
+  // Per thread, then summed over the threads: the rate of all of them together.
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * 8 * kChains * kSteps * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kAvgThreads);
+}
+#endif
+
 BENCHMARK(BM_Mlp_Sharded)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Mlp_ShardedDp)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Mlp_EigenSingleThread)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Mlp_OpenBlasTwoThreads)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm, Eigen1, GemmLib::kEigen)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm, OpenBlas1, GemmLib::kOpenBlasOneThread)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm, OpenBlas2, GemmLib::kOpenBlasTwoThreads)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gelu, Vectorized, true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gelu, ScalarErf, false)->UseRealTime()->Unit(benchmark::kMillisecond);
+#if defined(__AVX__) && defined(__FMA__)
+BENCHMARK(BM_FmaPeak)->Threads(1)->Threads(2)->UseRealTime();
+#endif
 
 }  // namespace
 }  // namespace numesh::bench

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch's MLP forward on the same shape as bench/mlp_bench.cpp: x[512, 1024] @ W1[1024, 4096],
 exact GELU, @ W2[4096, 1024], fp32. Run it in PyTorch's best configuration on this machine kind
-(BASELINES.md): OPENBLAS_NUM_THREADS=2 with torch.set_num_threads(1):
+(docs/benchmarks.md, "PyTorch's configuration"): OPENBLAS_NUM_THREADS=2 with
+torch.set_num_threads(1):
 
     OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/mlp_torch.py [--threads 1] [--repeats 30]
 

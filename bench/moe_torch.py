@@ -3,7 +3,8 @@
 router[H, E], softmax, top-k weights renormalised to sum 1, then per expert the tokens routed to
 it go through silu(x @ gate[e]) * (x @ up[e]) @ down[e] (gate/up [E, H, F], down [E, F, H]) and
 are scattered back with index_add_. Run it in PyTorch's best configuration on this machine kind
-(BASELINES.md): OPENBLAS_NUM_THREADS=2 with torch.set_num_threads(1):
+(docs/benchmarks.md, "PyTorch's configuration"): OPENBLAS_NUM_THREADS=2 with
+torch.set_num_threads(1):
 
     OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/moe_torch.py [--threads 1] [--repeats 30]
 

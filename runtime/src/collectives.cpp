@@ -21,7 +21,8 @@ using sharding::DimSlice;
 namespace {
 
 // Elements per parallel chunk inside one device: big enough that splitting over the device's
-// threads pays for the fork (about 1-2 us per fork/join on this machine kind, BASELINES.md 3).
+// threads pays for the fork (a two-way fork/join in a device's arena costs about 1.6-1.9 us
+// beyond the work on this machine kind: docs/benchmarks.md, Scheduling, BM_ForkJoin).
 constexpr std::size_t kGrain = std::size_t{64} << 10;
 // Reductions walk their inputs in blocks that stay in L1/L2 while all inputs are summed.
 constexpr std::size_t kReduceBlock = 4096;

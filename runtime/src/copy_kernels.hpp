@@ -10,7 +10,8 @@
 // arbitrary element offsets, so copy_floats first copies up to 15 floats to align the
 // destination, then hands the rest to memcpy. Copies of kNonTemporalBytes and more use
 // streaming stores instead: the destination is not read again soon, and bypassing the cache
-// saves the read-for-ownership traffic (BASELINES.md: 1.7x over memcpy).
+// saves the read-for-ownership traffic (docs/benchmarks.md, "Streaming stores from 8 MiB":
+// from 16 MiB per copy they beat cached copies; below the L3's size they lose).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,9 @@
 // Two really pinned devices on any machine with two CPUs: main() sets HWLOC_THISSYSTEM=1 and
-// HWLOC_SYNTHETIC='numa:2 core:1 pu:1' (BASELINES.md) before hwloc or oneTBB start, so they
-// see two NUMA nodes whose arenas are pinned to CPU 0 and CPU 1. Binding memory to the fake
-// node 1 fails, which exercises the first-touch fallback. Labelled `numa`: it loads tbbbind,
-// which aborts under ASan.
+// HWLOC_SYNTHETIC='numa:2 core:1 pu:1' before hwloc or oneTBB start. HWLOC_THISSYSTEM=1 makes
+// hwloc take the synthetic topology for this machine, and oneTBB's tbbbind follows it, so they
+// see two NUMA nodes whose arenas are pinned to CPU 0 and CPU 1 (docs/runtime.md, section 10).
+// Binding memory to the fake node 1 fails, which exercises the first-touch fallback. Labelled
+// `numa`: it loads tbbbind, which aborts under ASan.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

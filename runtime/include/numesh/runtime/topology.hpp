@@ -109,8 +109,11 @@ struct DistanceMatrix {
 /// Binding threads and memory is only meaningful on the machine topology; for synthetic and
 /// XML topologies can_bind() is false and devices made from them run unpinned. The exception
 /// is a synthetic topology loaded with HWLOC_THISSYSTEM=1 in the environment: hwloc then
-/// treats it as this system, and binding to the CPUs it names really happens (BASELINES.md:
-/// how two NUMA devices are emulated on a one-node machine).
+/// treats it as this system, and binding to the CPUs it names really happens. That is how two
+/// NUMA devices are emulated on a one-node machine of two CPUs: with
+/// HWLOC_SYNTHETIC='numa:2 core:1 pu:1', hwloc and oneTBB's tbbbind see two nodes of one CPU
+/// each and pin their threads to CPU 0 and CPU 1, while binding memory to the fake node 1 fails
+/// and falls back to first touch (docs/runtime.md, section 10).
 ///
 /// A Topology is an immutable value that shares its loaded hwloc topology between copies.
 /// Thread-safety: all methods are safe to call concurrently.

@@ -7,8 +7,9 @@
 namespace numesh::ops {
 
 /// GEMMs of at least this many multiply-adds (M*N*K) go to OpenBLAS; smaller ones to Eigen,
-/// whose call overhead is lower. On this machine kind OpenBLAS reaches 87% of fp32 peak on one
-/// core against Eigen's 70% (BASELINES.md section 1).
+/// whose call overhead is lower. On this machine kind OpenBLAS runs the MLP's 512 x 1024 x 4096
+/// GEMM at 84-86% of fp32 peak on one core against Eigen's 64-67% (docs/benchmarks.md, MLP
+/// forward, "The parts": BM_Gemm).
 inline constexpr std::int64_t kBlasMinMultiplyAdds = std::int64_t{32} * 32 * 32;
 
 /// c = alpha * a * op(b) + beta * c, row-major, where op(b) is b (shape [K, N]) or, with
