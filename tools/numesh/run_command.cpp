@@ -20,6 +20,7 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/ops/reference/transformer.hpp"
+#include "hidden_steps.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 #include "reference_check.hpp"
@@ -43,25 +44,6 @@ double seconds_since(Clock::time_point t0) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-runtime::HostTensor random_tokens(std::int64_t batch, std::int64_t tokens, std::int64_t hidden, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  runtime::HostTensor t = runtime::HostTensor::zeros({batch, tokens, hidden});
-  for (float& v : t.data) v = normal(rng);
-  return t;
-}
-
-// The last position's rows of y [B, T, H] as the next step's input [B, 1, H]: the model feeds
-// itself (no vocabulary: the stack runs in hidden space).
-runtime::HostTensor last_token(const runtime::HostTensor& y) {
-  const std::int64_t b = y.shape[0], t = y.shape[1], h = y.shape[2];
-  runtime::HostTensor x = runtime::HostTensor::zeros({b, 1, h});
-  for (std::int64_t bi = 0; bi < b; ++bi) {
-    std::copy_n(y.data.begin() + ((bi * t) + t - 1) * h, h, x.data.begin() + bi * h);
-  }
-  return x;
 }
 
 std::string plan_summary(const ops::ProgramPlan& plan) {
