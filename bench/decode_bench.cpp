@@ -8,6 +8,7 @@
 //   BM_Decode_Read          a plain parallel read (sum) of the fp32 matrix: the ceiling;
 //   BM_Decode_Gemv<dtype>/M device_gemm-style column strips of skinny_gemm with M rows of x
 //                           against fp32, bf16 or f16 weights;
+//   BM_Decode_DeviceGemm/M  device_gemm, fp32: the path the layers take (blocks of whole rows);
 //   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the previous decode path).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2); the Read case counts its array.
@@ -119,6 +120,19 @@ void BM_Decode_Gemv(benchmark::State& state) {
   state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(runtime::kernel_level())));
 }
 
+// The path numesh's layers take: device_gemm (blocks of whole rows, partials summed in order).
+void BM_Decode_DeviceGemm(benchmark::State& state) {
+  const std::int64_t m = state.range(0);
+  std::vector<float> x(static_cast<std::size_t>(m * kK), 0.5f), y(static_cast<std::size_t>(m * kN));
+  for (auto _ : state) {
+    ops::device_gemm(ops::ConstMatrixMap(x.data(), m, kK), ops::ConstMatrixMap(weights_f32().data(), kK, kN),
+                     ops::MatrixMap(y.data(), m, kN));
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_Decode_OpenBlas(benchmark::State& state) {
   openblas_set_num_threads(1);
   const std::int64_t m = state.range(0);
@@ -140,6 +154,7 @@ BENCHMARK(BM_Decode_Read)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_OpenBlas)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -102,7 +102,8 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   // per-thread scratch and the tiles are then used concurrently, not one after another.
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
   for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{16, 96, 2050},
-                         Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520}}) {
+                         Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520},
+                         Shape{3, 2048, 1024}}) {  // 8 MiB of b: blocks of whole rows, partials summed
     const RowMatrix a = pattern(sh.m, sh.k, 0.4f), b = pattern(sh.k, sh.n, 1.9f);
     const std::string label = std::to_string(sh.m) + "x" + std::to_string(sh.k) + "x" + std::to_string(sh.n);
     std::optional<RowMatrix> first;
@@ -126,7 +127,9 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   }
   // Decode: a single row is split along n; prefill-sized products in row and column tiles.
   EXPECT_EQ(gemm_tiling(1, 4096, 1024).row_block, 1);
-  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 512) << "16 MiB of weights in strips of 2 KiB rows";
+  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 64) << "strips for decode products under 8 MiB";
+  EXPECT_EQ(skinny_k_block(4096, 1024), 64) << "larger ones in blocks of about 1 MiB of whole rows";
+  EXPECT_EQ(skinny_k_block(1024, 4096), 256);
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).col_block, 256) << "column strips first";
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 256) << "then row blocks, for 64 tiles";
   EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512), 4)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -77,10 +78,19 @@ constexpr std::int64_t kWorkPerTile = std::int64_t{1} << 23;
 constexpr std::int64_t kMinColBlock = 256;
 constexpr std::int64_t kMinRowBlock = 256;
 // Decode: m is the batch (at most kSkinnyMaxRows) and the product is bound by reading b, so it is
-// cut by b's bytes: one column strip per 256 KiB of b, at least 512 columns (2 KiB of a row)
-// wide, so that skinny_gemm reads long contiguous runs of each row.
+// cut by b's bytes: one column strip per 256 KiB of b, at least 64 columns wide. (Large b goes
+// to blocks of whole rows instead, below; the strips serve matrices under 8 MiB, where enough
+// strips for the device's threads matter more than long runs of each row.)
 constexpr std::int64_t kBytesPerSkinnyTile = std::int64_t{1} << 18;
-constexpr std::int64_t kMinColBlockSkinny = 512;
+constexpr std::int64_t kMinColBlockSkinny = 64;
+// Blocks of whole rows for device_gemm's decode path: each block's partial product (m x n
+// floats) is written and read back once more, 2 m / (rows per block) of the weights' traffic,
+// so blocks are large: about 1 MiB of weights. Weights under kMinSkinnySplitBytes are cut into
+// column strips instead (gemm_tiling): with fewer than 8 blocks a device's threads would idle,
+// and numesh run's default model (3 MiB matrices) decoded 1.5x slower on one device of two
+// threads than on two devices of one when its small matrices were cut by rows.
+constexpr std::int64_t kBytesPerSkinnyBlock = std::int64_t{1} << 20;
+constexpr std::int64_t kMinSkinnySplitBytes = std::int64_t{8} << 20;
 }  // namespace
 
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
@@ -103,11 +113,61 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
   return {row_block, col_block};
 }
 
+std::int64_t skinny_k_block(std::int64_t n, std::int64_t k) noexcept {
+  // About kBytesPerSkinnyTile of b per block (whole rows), at most kMaxTiles blocks, a multiple
+  // of 4 rows (skinny_gemm takes rows four at a time).
+  const std::int64_t row_bytes = std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(sizeof(float));
+  std::int64_t rows = std::max<std::int64_t>((kBytesPerSkinnyBlock + row_bytes - 1) / row_bytes, (k + kMaxTiles - 1) / kMaxTiles);
+  rows = (rows + 3) / 4 * 4;
+  return std::max<std::int64_t>(1, std::min(rows, k));
+}
+
+namespace {
+
+// Decode: c = a b as blocks of whole rows of b, each block one task streaming contiguous memory
+// (skinny_gemm over the block's rows into its own partial product), then the partial products
+// summed in block order. Rows of b are read end to end: with column strips every row of a strip
+// started a new run in another page, and decode streamed 61 % of a plain read (docs/benchmarks.md).
+void skinny_device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
+  const std::int64_t kb = skinny_k_block(n, k), blocks = (k + kb - 1) / kb;
+  if (blocks == 1) {
+    skinny_gemm(m, n, k, a.data(), k, b.data(), DType::kF32, n, c.data(), n);
+    return;
+  }
+  // The partial products of every block: the calling thread's buffer, kept between calls so
+  // that a decode step does not allocate.
+  thread_local std::vector<float> partials;
+  const auto need = static_cast<std::size_t>(blocks * m * n);
+  if (partials.size() < need) partials.resize(need);
+  float* p = partials.data();
+  parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t t = first; t < last; ++t) {
+      const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
+      skinny_gemm(m, n, rows, a.data() + r0, k, b.data() + r0 * n, DType::kF32, n, p + t * m * n, n);
+    }
+  });
+  // Sum in block order, each element by one task: the same bits for any thread count.
+  parallel_blocks(m * n, 1024, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t e = first; e < last; ++e) {
+      float sum = p[e];
+      for (std::int64_t t = 1; t < blocks; ++t) sum += p[t * m * n + e];
+      c.data()[(e / n) * n + e % n] = sum;
+    }
+  });
+}
+
+}  // namespace
+
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
   NUMESH_CHECK(b.rows() == k && c.rows() == m && c.cols() == n, ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", m, k, b.rows(), b.cols(),
                c.rows(), c.cols());
+  if (m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
+    skinny_device_gemm(a, b, c);
+    return;
+  }
   const GemmTiling t = gemm_tiling(m, n, k);
   const std::int64_t rt = t.row_tiles(m), ct = t.col_tiles(n);
   auto tile = [&](std::int64_t i) {

@@ -40,7 +40,7 @@ void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
 // per row (decode of the 61 M-parameter model streamed 15-17 GB/s that way). The accumulators
 // are c's rows themselves (L1-resident for a strip), updated once per four rows of b with the
 // products chained in row order, so each element sees the scalar kernel's operations.
-constexpr std::int64_t kStrip = 512;
+constexpr std::int64_t kStrip = std::int64_t{1} << 20;
 constexpr std::int64_t kRowUnroll = 4;
 
 // ---- AVX-512 ---------------------------------------------------------------------------------

@@ -49,9 +49,16 @@ struct GemmTiling {
 /// for decode), then row blocks of at least 256 rows when the strips are too few.
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
+/// Rows of b per task of a decode product (m <= 16): whole rows of b, about 1 MiB of them a
+/// block, at most 64 blocks, a multiple of 4. Depends on the shapes only.
+std::int64_t skinny_k_block(std::int64_t n, std::int64_t k) noexcept;
+
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
-/// gemm() call. Bitwise identical results for any number of threads (see gemm_tiling).
+/// gemm() call (skinny_gemm() for decode tiles of m <= 16 rows); decode products whose b has
+/// 8 MiB or more instead run as blocks of skinny_k_block() whole rows of b, each skinny_gemm()
+/// into a partial product, the partials summed in block order.
+/// Bitwise identical results for any number of threads.
 /// Throws: as gemm().
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c);
 
