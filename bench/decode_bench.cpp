@@ -8,7 +8,8 @@
 //   BM_Decode_Read          a plain parallel read (sum) of the fp32 matrix: the ceiling;
 //   BM_Decode_Gemv<dtype>/M device_gemm-style column strips of skinny_gemm with M rows of x
 //                           against fp32, bf16 or f16 weights;
-//   BM_Decode_DeviceGemm/M  device_gemm, fp32: the path the layers take (blocks of whole rows);
+//   BM_Decode_DeviceGemm<dtype>/M  device_decode_gemm: the path the layers take for decode
+//                           (blocks of whole rows, partials summed in order);
 //   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the previous decode path).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2); the Read case counts its array.
@@ -120,17 +121,21 @@ void BM_Decode_Gemv(benchmark::State& state) {
   state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(runtime::kernel_level())));
 }
 
-// The path numesh's layers take: device_gemm (blocks of whole rows, partials summed in order).
+// The path numesh's layers take: device_decode_gemm (what device_gemm runs for fp32), blocks of
+// whole rows with partials summed in order, for each weight dtype.
+template <DType T>
 void BM_Decode_DeviceGemm(benchmark::State& state) {
   const std::int64_t m = state.range(0);
   std::vector<float> x(static_cast<std::size_t>(m * kK), 0.5f), y(static_cast<std::size_t>(m * kN));
+  const void* b = T == DType::kF32 ? static_cast<const void*>(weights_f32().data())
+                                   : static_cast<const void*>(weights_16(T).data());
   for (auto _ : state) {
-    ops::device_gemm(ops::ConstMatrixMap(x.data(), m, kK), ops::ConstMatrixMap(weights_f32().data(), kK, kN),
-                     ops::MatrixMap(y.data(), m, kN));
+    ops::device_decode_gemm(ops::ConstMatrixMap(x.data(), m, kK), b, T, ops::MatrixMap(y.data(), m, kN));
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["bytes_per_second"] =
-      benchmark::Counter(static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(to_string(T)));
 }
 
 void BM_Decode_OpenBlas(benchmark::State& state) {
@@ -154,7 +159,9 @@ BENCHMARK(BM_Decode_Read)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_DeviceGemm)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_OpenBlas)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../common/matches_reference.hpp"
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 
 namespace numesh::ops {
@@ -135,6 +136,36 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512), 4)
       << "16 tiles wanted, but no strip narrower than 256 nor block shorter than 256 rows";
   EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
+}
+
+// The decode path with 16-bit weights: blocks of whole rows, partials summed in order; bitwise the
+// same in arenas of 1, 2 and 7 threads, and the product of the weights as stored.
+TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const Eigen::Index m = 3, k = 2048, n = 1024;
+  const RowMatrix a = pattern(m, k, 0.3f), w = pattern(k, n, 0.8f);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(k * n));
+    RowMatrix stored(k, n);
+    for (Eigen::Index i = 0; i < w.size(); ++i) {
+      bits[static_cast<std::size_t>(i)] = t == DType::kBF16 ? bf16_from_f32(w.data()[i]) : f16_from_f32(w.data()[i]);
+      stored.data()[i] = t == DType::kBF16 ? f32_from_bf16(bits[static_cast<std::size_t>(i)])
+                                           : f32_from_f16(bits[static_cast<std::size_t>(i)]);
+    }
+    EXPECT_GT(k / skinny_k_block(n, k, t), 1) << "several blocks";
+    std::optional<RowMatrix> first;
+    for (int threads : {1, 2, 7}) {
+      RowMatrix c = RowMatrix::Constant(m, n, std::numeric_limits<float>::quiet_NaN());
+      oneapi::tbb::task_arena arena(threads);
+      arena.execute([&] { device_decode_gemm(ConstMatrixMap(a.data(), m, k), bits.data(), t, MatrixMap(c.data(), m, n)); });
+      if (!first) {
+        EXPECT_TRUE(close(c, naive(a, stored), 1e-4 * static_cast<double>(k))) << to_string(t);
+        first = c;
+      } else {
+        EXPECT_TRUE(c == *first) << to_string(t) << ": " << threads << " threads differ from 1";
+      }
+    }
+  }
 }
 
 TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {

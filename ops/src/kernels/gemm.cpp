@@ -113,26 +113,28 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
   return {row_block, col_block};
 }
 
-std::int64_t skinny_k_block(std::int64_t n, std::int64_t k) noexcept {
-  // About kBytesPerSkinnyTile of b per block (whole rows), at most kMaxTiles blocks, a multiple
+std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
+  // About kBytesPerSkinnyBlock of b per block (whole rows), at most kMaxTiles blocks, a multiple
   // of 4 rows (skinny_gemm takes rows four at a time).
-  const std::int64_t row_bytes = std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t row_bytes = std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(dtype_size(b_type));
   std::int64_t rows = std::max<std::int64_t>((kBytesPerSkinnyBlock + row_bytes - 1) / row_bytes, (k + kMaxTiles - 1) / kMaxTiles);
   rows = (rows + 3) / 4 * 4;
   return std::max<std::int64_t>(1, std::min(rows, k));
 }
 
-namespace {
-
 // Decode: c = a b as blocks of whole rows of b, each block one task streaming contiguous memory
 // (skinny_gemm over the block's rows into its own partial product), then the partial products
 // summed in block order. Rows of b are read end to end: with column strips every row of a strip
 // started a new run in another page, and decode streamed 61 % of a plain read (docs/benchmarks.md).
-void skinny_device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
-  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
-  const std::int64_t kb = skinny_k_block(n, k), blocks = (k + kb - 1) / kb;
+void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = c.cols();
+  NUMESH_CHECK(m >= 1 && m <= kSkinnyMaxRows && c.rows() == m, ShapeError,
+               "decode gemm: a is [{}, {}] and c [{}, {}]; it takes 1 to {} rows, the same in both", m, k, c.rows(),
+               n, kSkinnyMaxRows);
+  const std::int64_t kb = skinny_k_block(n, k, b_type), blocks = (k + kb - 1) / kb;
+  const auto elem = static_cast<std::int64_t>(dtype_size(b_type));
   if (blocks == 1) {
-    skinny_gemm(m, n, k, a.data(), k, b.data(), DType::kF32, n, c.data(), n);
+    skinny_gemm(m, n, k, a.data(), k, b, b_type, n, c.data(), n);
     return;
   }
   // The partial products of every block: the calling thread's buffer, kept between calls so
@@ -144,7 +146,8 @@ void skinny_device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t t = first; t < last; ++t) {
       const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
-      skinny_gemm(m, n, rows, a.data() + r0, k, b.data() + r0 * n, DType::kF32, n, p + t * m * n, n);
+      skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem, b_type, n,
+                  p + t * m * n, n);
     }
   });
   // Sum in block order, each element by one task: the same bits for any thread count.
@@ -152,12 +155,10 @@ void skinny_device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
     for (std::int64_t e = first; e < last; ++e) {
       float sum = p[e];
       for (std::int64_t t = 1; t < blocks; ++t) sum += p[t * m * n + e];
-      c.data()[(e / n) * n + e % n] = sum;
+      c.data()[e] = sum;
     }
   });
 }
-
-}  // namespace
 
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
@@ -165,7 +166,7 @@ void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
                "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", m, k, b.rows(), b.cols(),
                c.rows(), c.cols());
   if (m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
-    skinny_device_gemm(a, b, c);
+    device_decode_gemm(a, b.data(), DType::kF32, c);
     return;
   }
   const GemmTiling t = gemm_tiling(m, n, k);

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/tensor.hpp"
 
 namespace numesh::ops {
@@ -51,7 +52,14 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
 /// Rows of b per task of a decode product (m <= 16): whole rows of b, about 1 MiB of them a
 /// block, at most 64 blocks, a multiple of 4. Depends on the shapes only.
-std::int64_t skinny_k_block(std::int64_t n, std::int64_t k) noexcept;
+std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
+
+/// The decode path of device_gemm for weights of any dtype: c[m, n] = a[m, k] b[k, n], b stored
+/// row-major as `b_type` (rows n elements apart), over the calling thread's arena as blocks of
+/// skinny_k_block() whole rows of b, each skinny_gemm() into a partial product, the partials
+/// summed in block order: bitwise the same for any thread count.
+/// Throws: ShapeError unless 1 <= m <= kSkinnyMaxRows and c has m rows.
+void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c);
 
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
