@@ -67,18 +67,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void strip_avx512(std::int6
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < width; j += 16) _mm512_storeu_ps(c + i * ldc + j0 + j, _mm512_setzero_ps());
   }
+  // 16-bit weights take eight rows per update of c: a byte of them carries twice the
+  // accumulator traffic of an fp32 byte (decode_bench, docs/benchmarks.md).
+  constexpr int kUnroll = T == DType::kF32 ? 4 : 8;
   std::int64_t r = 0;
-  for (; r + kRowUnroll <= k; r += kRowUnroll) {
+  for (; r + kUnroll <= k; r += kUnroll) {
     for (std::int64_t j = j0; j < j0 + width; j += 16) {
-      const __m512 w0 = load16_avx512<T>(b, r * ldb + j), w1 = load16_avx512<T>(b, (r + 1) * ldb + j);
-      const __m512 w2 = load16_avx512<T>(b, (r + 2) * ldb + j), w3 = load16_avx512<T>(b, (r + 3) * ldb + j);
+      __m512 w[kUnroll];
+      for (int u = 0; u < kUnroll; ++u) w[u] = load16_avx512<T>(b, (r + u) * ldb + j);
       for (std::int64_t i = 0; i < m; ++i) {
         const float* x = a + i * lda + r;
         __m512 acc = _mm512_loadu_ps(c + i * ldc + j);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[0]), w0, acc);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), w1, acc);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[2]), w2, acc);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[3]), w3, acc);
+        for (int u = 0; u < kUnroll; ++u) acc = _mm512_fmadd_ps(_mm512_set1_ps(x[u]), w[u], acc);
         _mm512_storeu_ps(c + i * ldc + j, acc);
       }
     }
