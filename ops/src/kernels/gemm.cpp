@@ -115,7 +115,7 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
 
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // About kBytesPerSkinnyBlock of b per block (whole rows), at most kMaxTiles blocks, a multiple
-  // of 4 rows (skinny_gemm takes rows four at a time).
+  // of 4 rows (skinny_gemm takes four or eight rows per update; a tail runs row by row).
   const std::int64_t row_bytes = std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(dtype_size(b_type));
   std::int64_t rows = std::max<std::int64_t>((kBytesPerSkinnyBlock + row_bytes - 1) / row_bytes, (k + kMaxTiles - 1) / kMaxTiles);
   rows = (rows + 3) / 4 * 4;

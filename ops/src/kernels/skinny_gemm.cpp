@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 
 namespace numesh::ops {
@@ -34,14 +33,11 @@ void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
   }
 }
 
-// The vector levels stream b row by row, four rows at a time, in strips of up to kStrip columns:
-// every load of b is part of a contiguous run of the row (a strip of 512 floats is 2 KiB), which
-// the hardware prefetches well, where a strip of 64 columns read row after row jumped a page
-// per row (decode of the 61 M-parameter model streamed 15-17 GB/s that way). The accumulators
-// are c's rows themselves (L1-resident for a strip), updated once per four rows of b with the
-// products chained in row order, so each element sees the scalar kernel's operations.
-constexpr std::int64_t kStrip = std::int64_t{1} << 20;
-constexpr std::int64_t kRowUnroll = 4;
+// The vector levels stream b a few rows at a time across all the columns they are given (the
+// caller picks the columns: device_gemm hands whole rows of large b to one task, so its reads
+// are contiguous runs). The accumulators are c's rows themselves (in L1/L2), updated once per
+// few rows of b with the products chained in row order, so each element sees the scalar
+// kernel's operations.
 
 // ---- AVX-512 ---------------------------------------------------------------------------------
 
@@ -98,9 +94,7 @@ template <DType T>
 void skinny_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
                    std::int64_t ldb, float* c, std::int64_t ldc) {
   const std::int64_t vec_end = n / 16 * 16;
-  for (std::int64_t j = 0; j < vec_end; j += kStrip) {
-    strip_avx512<T>(m, j, std::min(kStrip, vec_end - j), k, a, lda, b, ldb, c, ldc);
-  }
+  if (vec_end > 0) strip_avx512<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
   columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
 }
 
@@ -125,18 +119,17 @@ __attribute__((target("avx2,fma,f16c"))) void strip_avx2(std::int64_t m, std::in
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < width; j += 8) _mm256_storeu_ps(c + i * ldc + j0 + j, _mm256_setzero_ps());
   }
+  // Four rows per update of c: with 16 vector registers, more weights in flight would spill.
+  constexpr int kUnroll = 4;
   std::int64_t r = 0;
-  for (; r + kRowUnroll <= k; r += kRowUnroll) {
+  for (; r + kUnroll <= k; r += kUnroll) {
     for (std::int64_t j = j0; j < j0 + width; j += 8) {
-      const __m256 w0 = load8_avx2<T>(b, r * ldb + j), w1 = load8_avx2<T>(b, (r + 1) * ldb + j);
-      const __m256 w2 = load8_avx2<T>(b, (r + 2) * ldb + j), w3 = load8_avx2<T>(b, (r + 3) * ldb + j);
+      __m256 w[kUnroll];
+      for (int u = 0; u < kUnroll; ++u) w[u] = load8_avx2<T>(b, (r + u) * ldb + j);
       for (std::int64_t i = 0; i < m; ++i) {
         const float* x = a + i * lda + r;
         __m256 acc = _mm256_loadu_ps(c + i * ldc + j);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[0]), w0, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[1]), w1, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[2]), w2, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[3]), w3, acc);
+        for (int u = 0; u < kUnroll; ++u) acc = _mm256_fmadd_ps(_mm256_set1_ps(x[u]), w[u], acc);
         _mm256_storeu_ps(c + i * ldc + j, acc);
       }
     }
@@ -156,9 +149,7 @@ template <DType T>
 void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
                  std::int64_t ldb, float* c, std::int64_t ldc) {
   const std::int64_t vec_end = n / 8 * 8;
-  for (std::int64_t j = 0; j < vec_end; j += kStrip) {
-    strip_avx2<T>(m, j, std::min(kStrip, vec_end - j), k, a, lda, b, ldb, c, ldc);
-  }
+  if (vec_end > 0) strip_avx2<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
   columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
 }
 

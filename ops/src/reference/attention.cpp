@@ -13,7 +13,6 @@
 namespace numesh::ops {
 
 using detail::shape_text;
-using oracle::wide;
 
 void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta) {
   NUMESH_CHECK(x.shape.size() == 4, ShapeError, "rope: expected [B, T, H, D], got rank {}",

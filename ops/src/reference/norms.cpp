@@ -7,12 +7,10 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "../shape_text.hpp"
 #include "oracle.hpp"
 
 namespace numesh::ops {
 
-using detail::shape_text;
 using oracle::wide;
 
 RowMatrix rmsnorm_reference(const RowMatrix& x, const RowMatrix& weight, float eps) {

@@ -7,8 +7,9 @@
 
 // The decode kernel: c = a b for a few rows of a (the batch of a decode step, m <= 16) against a
 // weight matrix b stored in fp32, bf16 or f16. Decode is bound by reading b, so the kernel reads
-// each weight once: a strip of b's columns is streamed row by row, every row of a accumulating
-// into registers, and 16-bit weights are widened to fp32 in registers (half the bytes read).
+// each weight once: b's rows are streamed a few at a time across the given columns, every row
+// of a accumulating into c, and 16-bit weights are widened to fp32 in registers (half the bytes
+// read). device_gemm / device_decode_gemm spread it over a device's threads.
 //
 // Every element is c[i][j] = fma(a[i][K-1], b[K-1][j], ... fma(a[i][0], b[0][j], 0)), the
 // products taken in k order with one rounding each, at every kernel level: the scalar, AVX2 and
