@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 
@@ -51,12 +51,12 @@ const std::vector<float>& weights_f32() {
 const std::vector<std::uint16_t>& weights_16(DType t) {
   static const std::vector<std::uint16_t> bf = [] {
     std::vector<std::uint16_t> v(weights_f32().size());
-    ops::convert_f32_to_bf16(weights_f32(), v);
+    runtime::convert_f32_to_bf16(weights_f32(), v);
     return v;
   }();
   static const std::vector<std::uint16_t> h = [] {
     std::vector<std::uint16_t> v(weights_f32().size());
-    ops::convert_f32_to_f16(weights_f32(), v);
+    runtime::convert_f32_to_f16(weights_f32(), v);
     return v;
   }();
   return t == DType::kBF16 ? bf : h;

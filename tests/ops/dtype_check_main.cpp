@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 namespace {
@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
   for (numesh::runtime::KernelLevel l : numesh::runtime::runnable_kernel_levels()) {
     const std::string name(numesh::runtime::to_string(l));
     std::vector<std::uint16_t> bf(values.size()), f16(values.size());
-    numesh::ops::convert_f32_to_bf16(values, bf, l);
-    numesh::ops::convert_f32_to_f16(values, f16, l);
+    numesh::runtime::convert_f32_to_bf16(values, bf, l);
+    numesh::runtime::convert_f32_to_f16(values, f16, l);
     write(dir / (name + ".bf16"), bf);
     write(dir / (name + ".f16"), f16);
     levels << name << "\n";

@@ -12,12 +12,14 @@
 
 #include "../common/matches_reference.hpp"
 #include "numesh/core/dtype.hpp"
-#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/runtime/convert.hpp"
 
 namespace numesh::ops {
 namespace {
 
 using runtime::KernelLevel;
+using runtime::convert_f32_to_bf16;
+using runtime::convert_f32_to_f16;
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);

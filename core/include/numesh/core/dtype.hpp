@@ -16,7 +16,7 @@
 // quiet NaN with the input's sign (bf16 0x7FC0 / 0xFFC0, f16 0x7E00 / 0xFE00). PyTorch and NumPy
 // agree with each other on every finite value and infinity but not on NaN bits (PyTorch's
 // vectorized bf16 path writes 0xFFFF, NumPy keeps an f16 NaN's payload), so only NaN-ness is
-// promised for NaN. The bulk, vectorized conversions are numesh::ops' kernels/convert.hpp.
+// promised for NaN. The bulk, vectorized conversions are numesh/runtime/convert.hpp.
 
 namespace numesh {
 

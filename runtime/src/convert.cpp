@@ -1,4 +1,4 @@
-#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/runtime/convert.hpp"
 
 #include <immintrin.h>
 
@@ -10,11 +10,10 @@
 // level writes the same bits. The vector versions are compiled for their instruction set with
 // target attributes (the binary may be built for less) and only called when the CPU has it.
 
-namespace numesh::ops {
+namespace numesh::runtime {
 
 namespace {
 
-using runtime::KernelLevel;
 
 void f32_to_bf16_scalar(const float* src, std::uint16_t* dst, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_from_f32(src[i]);
@@ -173,4 +172,4 @@ void convert_f16_to_f32(std::span<const std::uint16_t> src, std::span<float> dst
   f16_to_f32_scalar(src.data(), dst.data(), src.size());
 }
 
-}  // namespace numesh::ops
+}  // namespace numesh::runtime

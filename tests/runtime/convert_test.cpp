@@ -1,4 +1,4 @@
-#include "numesh/ops/kernels/convert.hpp"
+#include "numesh/runtime/convert.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,9 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-namespace numesh::ops {
+namespace numesh::runtime {
 namespace {
 
-using runtime::KernelLevel;
 
 float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
 
@@ -101,7 +100,7 @@ TEST(ConvertTest, EveryRunnableLevelEqualsTheScalarConversion) {
     ASSERT_EQ(bf_want[i], bf16_from_f32(x[i]));
     ASSERT_EQ(f16_want[i], f16_from_f32(x[i]));
   }
-  const std::vector<KernelLevel> levels = runtime::runnable_kernel_levels();
+  const std::vector<KernelLevel> levels = runnable_kernel_levels();
   std::string skipped;
   for (KernelLevel l : {KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
     if (std::find(levels.begin(), levels.end(), l) == levels.end()) skipped += " " + std::string(runtime::to_string(l));
@@ -136,9 +135,9 @@ TEST(CpuFeaturesTest, TheWidestLevelFollowsTheFeatures) {
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512Bf16);
   f.f16c = false;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kScalar) << "every level needs the AVX2 set";
-  EXPECT_EQ(runtime::runnable_kernel_levels().front(), KernelLevel::kScalar);
-  EXPECT_EQ(runtime::runnable_kernel_levels().back(), runtime::widest_kernel_level(runtime::cpu_features()));
+  EXPECT_EQ(runnable_kernel_levels().front(), KernelLevel::kScalar);
+  EXPECT_EQ(runnable_kernel_levels().back(), runtime::widest_kernel_level(runtime::cpu_features()));
 }
 
 }  // namespace
-}  // namespace numesh::ops
+}  // namespace numesh::runtime
