@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <utility>
 
 #include "box_runs.hpp"
 #include "copy_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/convert.hpp"
 
 namespace numesh::runtime {
 
@@ -41,9 +43,20 @@ void for_range(std::size_t n, Fn&& fn) {
                             });
 }
 
-void copy_parallel(float* dst, const float* src, std::size_t n) {
-  const bool nt = detail::streams(n);
-  for_range(n, [&](std::size_t b, std::size_t e) { detail::copy_floats(dst + b, src + b, e - b, nt); });
+// Element `i` of a buffer of `type`.
+std::byte* element(void* data, std::size_t i, DType type) {
+  return static_cast<std::byte*>(data) + i * dtype_size(type);
+}
+const std::byte* element(const void* data, std::size_t i, DType type) {
+  return static_cast<const std::byte*>(data) + i * dtype_size(type);
+}
+
+// dst[0, n) = src[0, n), elements of `type`.
+void copy_parallel(void* dst, const void* src, std::size_t n, DType type) {
+  const bool nt = detail::streams_bytes(n * dtype_size(type));
+  for_range(n, [&](std::size_t b, std::size_t e) {
+    detail::copy_bytes(element(dst, b, type), element(src, b, type), (e - b) * dtype_size(type), nt);
+  });
 }
 
 // dst[i] = op over k of inputs[k][i], k in order, for i in [0, n).
@@ -70,21 +83,56 @@ void reduce_block(float* dst, const std::vector<const float*>& inputs, std::size
   }
 }
 
-// dst[0, n) = op over inputs[k][offset, offset + n).
-void reduce_parallel(float* dst, const std::vector<const float*>& inputs, std::size_t offset,
-                     std::size_t n, ReduceOp op) {
+// reduce_block for 16-bit elements: each input block widened to fp32 (exact), combined in fp32
+// in rank order, rounded once to `type` (nearest even). The same bits whichever algorithm or
+// chunking reaches an element, as every element is combined once.
+void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inputs, std::size_t offset,
+                        std::size_t n, ReduceOp op, DType type) {
+  float acc[kReduceBlock];
+  float next[kReduceBlock];
+  auto widen = [type](const void* in, std::size_t at, float* out, std::size_t len) {
+    const std::span<const std::uint16_t> src(static_cast<const std::uint16_t*>(in) + at, len);
+    if (type == DType::kBF16) convert_bf16_to_f32(src, {out, len});
+    else convert_f16_to_f32(src, {out, len});
+  };
+  widen(inputs[0], offset, acc, n);
+  for (std::size_t k = 1; k < inputs.size(); ++k) {
+    widen(inputs[k], offset, next, n);
+    if (op == ReduceOp::kSum) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += next[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], next[i]);
+    }
+  }
+  if (type == DType::kBF16) convert_f32_to_bf16({acc, n}, {dst, n});
+  else convert_f32_to_f16({acc, n}, {dst, n});
+}
+
+// dst[0, n) = op over inputs[k][offset, offset + n), elements of `type`.
+void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::size_t offset,
+                     std::size_t n, ReduceOp op, DType type) {
+  std::vector<const float*> floats;
+  if (type == DType::kF32) {
+    for (const void* p : inputs) floats.push_back(static_cast<const float*>(p));
+  }
   for_range(n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; i += kReduceBlock) {
       const std::size_t len = std::min(kReduceBlock, e - i);
-      reduce_block(dst + i, inputs, offset + i, len, op);
+      if (type == DType::kF32) {
+        reduce_block(static_cast<float*>(dst) + i, floats, offset + i, len, op);
+      } else {
+        reduce_block_16bit(static_cast<std::uint16_t*>(dst) + i, inputs, offset + i, len, op, type);
+      }
     }
   });
 }
 
 bool overlaps(const BufferView& a, const BufferView& b) {
-  const float* a_end = a.data + a.count;
-  const float* b_end = b.data + b.count;
-  return a.data < b_end && b.data < a_end && a.count > 0 && b.count > 0;
+  const std::byte* a_begin = element(a.data, 0, a.dtype);
+  const std::byte* b_begin = element(b.data, 0, b.dtype);
+  const std::byte* a_end = element(a.data, a.count, a.dtype);
+  const std::byte* b_end = element(b.data, b.count, b.dtype);
+  return a_begin < b_end && b_begin < a_end && a.count > 0 && b.count > 0;
 }
 
 // The frontier is empty (nothing to wait for) or has one entry per slot.
@@ -94,9 +142,9 @@ void check_frontier(std::string_view what, const DeviceMesh& mesh, const Collect
                args.after.size(), mesh.size());
 }
 
-// Validates the per-slot views of a buffer collective. `in_count(s)` / `out_count(s)` give the
-// elements slot s needs.
-void check_views(std::string_view what, const DeviceMesh& mesh, std::span<const BufferView> in,
+// Validates the per-slot views of a buffer collective and returns their common dtype.
+// `in_count(s)` / `out_count(s)` give the elements slot s needs.
+DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const BufferView> in,
                  std::span<const BufferView> out, const CollectiveArgs& args,
                  const std::function<std::size_t(std::int64_t)>& in_count,
                  const std::function<std::size_t(std::int64_t)>& out_count) {
@@ -127,6 +175,14 @@ void check_views(std::string_view what, const DeviceMesh& mesh, std::span<const 
                    "{}: the outputs of slots {} and {} overlap", what, s, t);
     }
   }
+  const DType type = slots == 0 ? DType::kF32 : in[0].dtype;
+  for (std::size_t s = 0; s < slots; ++s) {
+    NUMESH_CHECK(in[s].dtype == type && out[s].dtype == type, ValueError,
+                 "{}: slot {} has {} input and {} output views, slot 0 has {} input: one dtype per "
+                 "collective",
+                 what, s, to_string(in[s].dtype), to_string(out[s].dtype), to_string(type));
+  }
+  return type;
 }
 
 // Collects the frontier nodes of `slots` (skipping kReady), without duplicates.
@@ -157,8 +213,7 @@ Frontier ready_frontier(std::int64_t mesh_size) {
 }
 
 BufferView view(Tensor& tensor) noexcept {
-  auto values = tensor.values();
-  return {values.data(), values.size()};
+  return {tensor.data(), static_cast<std::size_t>(tensor.size()), tensor.dtype()};
 }
 
 std::string_view to_string(ReduceOp op) noexcept { return op == ReduceOp::kSum ? "sum" : "max"; }
@@ -168,26 +223,27 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
                     const CollectiveArgs& args, AllReduceAlgorithm algorithm) {
   const auto groups = mesh.groups(args.axes);
   auto needs = [count](std::int64_t) { return count; };
-  check_views("all_reduce", mesh, in, out, args, needs, needs);
+  const DType type = check_views("all_reduce", mesh, in, out, args, needs, needs);
+  const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "all_reduce");
   if (algorithm == AllReduceAlgorithm::kAuto) {
-    algorithm = count * sizeof(float) <= kDirectAllReduceBytes
+    algorithm = count * item <= kDirectAllReduceBytes
                     ? AllReduceAlgorithm::kDirect
                     : AllReduceAlgorithm::kReduceScatterAllGather;
   }
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
-    std::vector<const float*> inputs;
+    std::vector<const void*> inputs;
     for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
     const std::vector<NodeId> deps = deps_of(args.after, group);
     const std::size_t ranks = group.size();
     if (algorithm == AllReduceAlgorithm::kDirect || ranks == 1) {
       for (std::int64_t s : group) {
-        float* dst = out[static_cast<std::size_t>(s)].data;
+        void* dst = out[static_cast<std::size_t>(s)].data;
         next[static_cast<std::size_t>(s)] = builder.add(
             device_of(mesh, s), fmt::format("{}[{}]", name, s),
-            [dst, inputs, count, op] { reduce_parallel(dst, inputs, 0, count, op); }, deps,
-            NodeKind::kCollective, (ranks - 1) * count * sizeof(float));
+            [dst, inputs, count, op, type] { reduce_parallel(dst, inputs, 0, count, op, type); }, deps,
+            NodeKind::kCollective, (ranks - 1) * count * item);
       }
       continue;
     }
@@ -196,28 +252,30 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::int64_t s = group[r];
       const std::size_t b = chunk_begin(count, ranks, r), e = chunk_begin(count, ranks, r + 1);
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       rs.push_back(builder.add(
           device_of(mesh, s), fmt::format("{}.rs[{}]", name, s),
-          [dst, inputs, b, e, op] { reduce_parallel(dst + b, inputs, b, e - b, op); }, deps,
-          NodeKind::kCollective, (ranks - 1) * (e - b) * sizeof(float)));
+          [dst, inputs, b, e, op, type] { reduce_parallel(element(dst, b, type), inputs, b, e - b, op, type); },
+          deps, NodeKind::kCollective, (ranks - 1) * (e - b) * item));
     }
     // All-gather: rank r copies every other rank's reduced chunk.
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::int64_t s = group[r];
-      std::vector<const float*> reduced;
+      std::vector<const void*> reduced;
       for (std::int64_t t : group) reduced.push_back(out[static_cast<std::size_t>(t)].data);
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}.ag[{}]", name, s),
-          [dst, reduced, r, ranks, count] {
+          [dst, reduced, r, ranks, count, type] {
             for (std::size_t j = 0; j < ranks; ++j) {
               if (j == r) continue;
               const std::size_t b = chunk_begin(count, ranks, j);
-              copy_parallel(dst + b, reduced[j] + b, chunk_begin(count, ranks, j + 1) - b);
+              copy_parallel(element(dst, b, type), element(reduced[j], b, type),
+                            chunk_begin(count, ranks, j + 1) - b, type);
             }
           },
-          rs, NodeKind::kCollective, (count - (chunk_begin(count, ranks, r + 1) - chunk_begin(count, ranks, r))) * sizeof(float));
+          rs, NodeKind::kCollective,
+          (count - (chunk_begin(count, ranks, r + 1) - chunk_begin(count, ranks, r))) * item);
     }
   }
   return next;
@@ -227,24 +285,24 @@ Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
                     std::span<const BufferView> out, std::size_t count, const CollectiveArgs& args) {
   const auto groups = mesh.groups(args.axes);
   const std::size_t ranks = groups.empty() ? 1 : groups.front().size();
-  check_views("all_gather", mesh, in, out, args, [count](std::int64_t) { return count; },
-              [count, ranks](std::int64_t) { return count * ranks; });
+  const DType type = check_views("all_gather", mesh, in, out, args, [count](std::int64_t) { return count; },
+                                 [count, ranks](std::int64_t) { return count * ranks; });
   const std::string name = prefix(args, "all_gather");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
-    std::vector<const float*> inputs;
+    std::vector<const void*> inputs;
     for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
     const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::int64_t s : group) {
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, inputs, count] {
+          [dst, inputs, count, type] {
             for (std::size_t j = 0; j < inputs.size(); ++j) {
-              copy_parallel(dst + j * count, inputs[j], count);
+              copy_parallel(element(dst, j * count, type), inputs[j], count, type);
             }
           },
-          deps, NodeKind::kCollective, (ranks - 1) * count * sizeof(float));
+          deps, NodeKind::kCollective, (ranks - 1) * count * dtype_size(type));
     }
   }
   return next;
@@ -259,21 +317,21 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
                "reduce_scatter: {} elements do not split evenly over groups of {} devices", count,
                ranks);
   const std::size_t chunk = count / ranks;
-  check_views("reduce_scatter", mesh, in, out, args, [count](std::int64_t) { return count; },
-              [chunk](std::int64_t) { return chunk; });
+  const DType type = check_views("reduce_scatter", mesh, in, out, args, [count](std::int64_t) { return count; },
+                                 [chunk](std::int64_t) { return chunk; });
   const std::string name = prefix(args, "reduce_scatter");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
-    std::vector<const float*> inputs;
+    std::vector<const void*> inputs;
     for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
     const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::int64_t s = group[r];
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, inputs, r, chunk, op] { reduce_parallel(dst, inputs, r * chunk, chunk, op); },
-          deps, NodeKind::kCollective, (ranks - 1) * chunk * sizeof(float));
+          [dst, inputs, r, chunk, op, type] { reduce_parallel(dst, inputs, r * chunk, chunk, op, type); },
+          deps, NodeKind::kCollective, (ranks - 1) * chunk * dtype_size(type));
     }
   }
   return next;
@@ -309,34 +367,34 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   for (const auto& group : groups) {
     for (std::size_t r = 0; r < group.size(); ++r) rank_of[static_cast<std::size_t>(group[r])] = r;
   }
-  check_views("all_to_all", mesh, in, out, args,
+  const DType type = check_views("all_to_all", mesh, in, out, args,
               [&](std::int64_t s) { return send_total[rank_of[static_cast<std::size_t>(s)]]; },
               [&](std::int64_t s) { return recv_total[rank_of[static_cast<std::size_t>(s)]]; });
   const std::string name = prefix(args, "all_to_all");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
-    std::vector<const float*> inputs;
+    std::vector<const void*> inputs;
     for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
     const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::size_t j = 0; j < ranks; ++j) {
       const std::int64_t s = group[j];
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       // (source pointer, destination offset, count) per sender, in sender order.
       struct Piece {
-        const float* src;
+        const void* src;
         std::size_t dst_offset;
         std::size_t count;
       };
       std::vector<Piece> pieces;
       std::uint64_t remote = 0;
       for (std::size_t i = 0; i < ranks; ++i) {
-        pieces.push_back({inputs[i] + send_offset[i][j], recv_offset[j][i], send_counts[i][j]});
-        if (i != j) remote += send_counts[i][j] * sizeof(float);
+        pieces.push_back({element(inputs[i], send_offset[i][j], type), recv_offset[j][i], send_counts[i][j]});
+        if (i != j) remote += send_counts[i][j] * dtype_size(type);
       }
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, pieces] {
-            for (const Piece& p : pieces) copy_parallel(dst + p.dst_offset, p.src, p.count);
+          [dst, pieces, type] {
+            for (const Piece& p : pieces) copy_parallel(element(dst, p.dst_offset, type), p.src, p.count, type);
           },
           deps, NodeKind::kCollective, remote);
     }
@@ -351,20 +409,20 @@ Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<cons
   const auto ranks = static_cast<std::int64_t>(groups.empty() ? 1 : groups.front().size());
   NUMESH_CHECK(root >= 0 && root < ranks, ValueError,
                "broadcast: root rank {} is outside the groups of {} devices", root, ranks);
-  check_views("broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
-              [count](std::int64_t) { return count; });
+  const DType type = check_views("broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
+                                 [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "broadcast");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
     const std::int64_t root_slot = group[static_cast<std::size_t>(root)];
-    const float* src = in[static_cast<std::size_t>(root_slot)].data;
+    const void* src = in[static_cast<std::size_t>(root_slot)].data;
     for (std::int64_t s : group) {
       const std::int64_t reads[] = {root_slot, s};
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count] { copy_parallel(dst, src, count); }, deps_of(args.after, reads),
-          NodeKind::kCollective, s == root_slot ? 0 : count * sizeof(float));
+          [dst, src, count, type] { copy_parallel(dst, src, count, type); }, deps_of(args.after, reads),
+          NodeKind::kCollective, s == root_slot ? 0 : count * dtype_size(type));
     }
   }
   return next;
@@ -374,8 +432,8 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
                  std::span<const BufferView> out, std::size_t count, std::int64_t shift,
                  const CollectiveArgs& args) {
   const auto groups = mesh.groups(args.axes);
-  check_views("permute", mesh, in, out, args, [count](std::int64_t) { return count; },
-              [count](std::int64_t) { return count; });
+  const DType type = check_views("permute", mesh, in, out, args, [count](std::int64_t) { return count; },
+                                 [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "permute");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -384,12 +442,12 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
       const std::int64_t s = group[static_cast<std::size_t>(r)];
       const std::int64_t from = group[static_cast<std::size_t>(((r - shift) % ranks + ranks) % ranks)];
       const std::int64_t reads[] = {from, s};
-      const float* src = in[static_cast<std::size_t>(from)].data;
-      float* dst = out[static_cast<std::size_t>(s)].data;
+      const void* src = in[static_cast<std::size_t>(from)].data;
+      void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count] { copy_parallel(dst, src, count); }, deps_of(args.after, reads),
-          NodeKind::kCollective, from == s ? 0 : count * sizeof(float));
+          [dst, src, count, type] { copy_parallel(dst, src, count, type); }, deps_of(args.after, reads),
+          NodeKind::kCollective, from == s ? 0 : count * dtype_size(type));
     }
   }
   return next;
@@ -413,6 +471,9 @@ void check_same_mesh(std::string_view what, const ShardedTensor& in, const Shard
   NUMESH_CHECK(in.shape() == out.shape(), ShapeError,
                "{}: input shape ({}) differs from output shape ({})", what,
                fmt::join(in.shape(), ", "), fmt::join(out.shape(), ", "));
+  NUMESH_CHECK(in.dtype() == out.dtype(), ValueError,
+               "{}: input is {} and output is {}; collectives keep the dtype", what, to_string(in.dtype()),
+               to_string(out.dtype()));
 }
 
 std::vector<BufferView> shard_views(ShardedTensor& t) {
@@ -481,25 +542,26 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
       std::uint64_t remote = 0;
       for (const Part& p : parts) {
         reads.push_back(p.from);
-        if (p.from != s) remote += static_cast<std::uint64_t>(volume(p.box)) * sizeof(float);
+        if (p.from != s) remote += static_cast<std::uint64_t>(volume(p.box)) * dtype_size(in.dtype());
       }
       // Pointers and slices are bound now: shards never move once allocated.
       struct Copy {
         std::vector<DimSlice> box;
-        const float* src;
+        const void* src;
         const std::vector<DimSlice>* src_slices;
       };
       std::vector<Copy> copies;
       for (Part& p : parts) {
-        copies.push_back({std::move(p.box), in.shard(p.from).values().data(),
+        copies.push_back({std::move(p.box), std::as_const(in).shard(p.from).data(),
                           &in.layout().device(p.from).slices});
       }
-      float* dst = out.shard(s).values().data();
+      void* dst = out.shard(s).data();
       const std::vector<DimSlice>* dst_layout = &dst_slices;
+      const DType type = in.dtype();
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [copies, dst, dst_layout] {
-            for (const Copy& c : copies) copy_box(c.box, c.src, *c.src_slices, dst, *dst_layout);
+          [copies, dst, dst_layout, type] {
+            for (const Copy& c : copies) copy_box(c.box, c.src, *c.src_slices, dst, *dst_layout, type);
           },
           deps_of(args.after, reads), NodeKind::kCollective, remote);
     }
@@ -518,7 +580,7 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
     for (std::int64_t s : group) {
       const auto& dst_slices = out.layout().device(s).slices;
       struct Source {
-        const float* data;
+        const void* data;
         const std::vector<DimSlice>* slices;
       };
       std::vector<Source> sources;
@@ -529,17 +591,34 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
                      "reduce_scatter {} -> {} over ({}): the input shard of slot {} does not "
                      "cover the output shard of slot {}",
                      in.spec().repr(), out.spec().repr(), fmt::join(args.axes, ", "), t, s);
-        sources.push_back({in.shard(t).values().data(), &src_slices});
+        sources.push_back({std::as_const(in).shard(t).data(), &src_slices});
       }
-      float* dst = out.shard(s).values().data();
+      void* dst_data = out.shard(s).data();
       const std::vector<DimSlice>* dst_layout = &dst_slices;
+      const DType type = in.dtype();
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [sources, dst, dst_layout, op] {
+          [sources, dst_data, dst_layout, op, type] {
             const auto& box = *dst_layout;
-            copy_box(box, sources[0].data, *sources[0].slices, dst, box);
+            if (type != DType::kF32) {
+              // 16-bit: each source widened to fp32 (exact), combined in fp32 in rank order,
+              // rounded once into the output.
+              const auto n = static_cast<std::size_t>(volume(box));
+              std::vector<float> acc(n), part(n);
+              copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32, box);
+              for (std::size_t k = 1; k < sources.size(); ++k) {
+                copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32, box);
+                for (std::size_t i = 0; i < n; ++i) {
+                  acc[i] = op == ReduceOp::kSum ? acc[i] + part[i] : std::max(acc[i], part[i]);
+                }
+              }
+              copy_box(box, acc.data(), DType::kF32, box, dst_data, type, box);
+              return;
+            }
+            auto* dst = static_cast<float*>(dst_data);
+            copy_box(box, static_cast<const float*>(sources[0].data), *sources[0].slices, dst, box);
             for (std::size_t k = 1; k < sources.size(); ++k) {
-              const float* src = sources[k].data;
+              const auto* src = static_cast<const float*>(sources[k].data);
               detail::for_each_run(box, *sources[k].slices, box,
                                    [src, dst, op](std::int64_t a, std::int64_t b, std::int64_t n) {
                                      float* d = dst + b;
@@ -553,7 +632,7 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
             }
           },
           deps_of(args.after, group), NodeKind::kCollective,
-          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) * sizeof(float));
+          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) * dtype_size(in.dtype()));
     }
   }
   return next;

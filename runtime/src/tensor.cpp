@@ -10,6 +10,7 @@
 #include "copy_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
@@ -33,23 +34,31 @@ HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
 
 Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype)
     : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
-  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(size_) * itemsize(dtype_));
+  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(size_) * dtype_size(dtype_));
 }
 
-std::span<float> Tensor::values() noexcept {
+std::span<float> Tensor::values() {
+  NUMESH_CHECK(dtype_ == DType::kF32, TypeError, "tensor of shape ({}) holds {} values, not f32",
+               fmt::join(shape_, ", "), to_string(dtype_));
   return {reinterpret_cast<float*>(buffer_.data()), static_cast<std::size_t>(size_)};
 }
 
-std::span<const float> Tensor::values() const noexcept {
-  return {reinterpret_cast<const float*>(buffer_.data()), static_cast<std::size_t>(size_)};
+std::span<const float> Tensor::values() const { return const_cast<Tensor*>(this)->values(); }
+
+std::span<std::uint16_t> Tensor::bits16() {
+  NUMESH_CHECK(dtype_ != DType::kF32, TypeError, "tensor of shape ({}) holds f32 values, not 16-bit ones",
+               fmt::join(shape_, ", "));
+  return {reinterpret_cast<std::uint16_t*>(buffer_.data()), static_cast<std::size_t>(size_)};
 }
 
+std::span<const std::uint16_t> Tensor::bits16() const { return const_cast<Tensor*>(this)->bits16(); }
+
 ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
-                             sharding::PartitionSpec spec)
-    : mesh_(std::move(mesh)), layout_(std::move(shape), std::move(spec), mesh_.mesh()) {
+                             sharding::PartitionSpec spec, DType dtype)
+    : mesh_(std::move(mesh)), layout_(std::move(shape), std::move(spec), mesh_.mesh()), dtype_(dtype) {
   shards_.reserve(static_cast<std::size_t>(mesh_.size()));
   for (std::int64_t slot = 0; slot < mesh_.size(); ++slot) {
-    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape());
+    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_);
   }
 }
 
@@ -84,6 +93,69 @@ void copy_box(std::span<const DimSlice> box, const float* src, std::span<const D
                        });
 }
 
+void copy_box(std::span<const DimSlice> box, const void* src, std::span<const DimSlice> src_slices, void* dst,
+              std::span<const DimSlice> dst_slices, DType dtype) {
+  const std::size_t item = dtype_size(dtype);
+  detail::for_each_run(box, src_slices, dst_slices,
+                       [src = static_cast<const std::byte*>(src), dst = static_cast<std::byte*>(dst), item,
+                        nt = detail::streams_bytes(static_cast<std::size_t>(detail::volume(box)) * item)](
+                           std::int64_t s, std::int64_t t, std::int64_t run) {
+                         detail::copy_bytes(dst + static_cast<std::size_t>(t) * item,
+                                            src + static_cast<std::size_t>(s) * item,
+                                            static_cast<std::size_t>(run) * item, nt);
+                       });
+}
+
+namespace {
+
+// dst[0, n) = src[0, n) converted from `from` to `to` (equal types: a copy).
+void convert_run(const void* src, DType from, void* dst, DType to, std::size_t n) {
+  if (from == to) {
+    detail::copy_bytes(dst, src, n * dtype_size(from), false);
+    return;
+  }
+  const auto* s16 = static_cast<const std::uint16_t*>(src);
+  auto* d16 = static_cast<std::uint16_t*>(dst);
+  if (from == DType::kF32) {
+    const std::span<const float> s(static_cast<const float*>(src), n);
+    if (to == DType::kBF16) convert_f32_to_bf16(s, {d16, n});
+    else convert_f32_to_f16(s, {d16, n});
+    return;
+  }
+  if (to == DType::kF32) {
+    const std::span<float> d(static_cast<float*>(dst), n);
+    if (from == DType::kBF16) convert_bf16_to_f32({s16, n}, d);
+    else convert_f16_to_f32({s16, n}, d);
+    return;
+  }
+  // bf16 <-> f16: through fp32, a block at a time.
+  constexpr std::size_t kBlock = 1024;
+  float tmp[kBlock];
+  for (std::size_t i = 0; i < n; i += kBlock) {
+    const std::size_t len = std::min(kBlock, n - i);
+    convert_run(s16 + i, from, tmp, DType::kF32, len);
+    convert_run(tmp, DType::kF32, d16 + i, to, len);
+  }
+}
+
+}  // namespace
+
+void copy_box(std::span<const DimSlice> box, const void* src, DType src_type, std::span<const DimSlice> src_slices,
+              void* dst, DType dst_type, std::span<const DimSlice> dst_slices) {
+  if (src_type == dst_type) {
+    copy_box(box, src, src_slices, dst, dst_slices, src_type);
+    return;
+  }
+  const std::size_t src_item = dtype_size(src_type);
+  const std::size_t dst_item = dtype_size(dst_type);
+  detail::for_each_run(box, src_slices, dst_slices,
+                       [&](std::int64_t s, std::int64_t t, std::int64_t run) {
+                         convert_run(static_cast<const std::byte*>(src) + static_cast<std::size_t>(s) * src_item,
+                                     src_type, static_cast<std::byte*>(dst) + static_cast<std::size_t>(t) * dst_item,
+                                     dst_type, static_cast<std::size_t>(run));
+                       });
+}
+
 namespace {
 
 std::vector<DimSlice> whole(std::span<const std::int64_t> shape) {
@@ -113,7 +185,8 @@ void scatter(const HostTensor& host, ShardedTensor& tensor) {
     if (shard.size() == 0) continue;
     builder.add(tensor.mesh().device(slot).index(), fmt::format("scatter[{}]", slot),
                 [&host, &global, &slices, &shard] {
-                  copy_box(slices, host.data.data(), global, shard.values().data(), slices);
+                  copy_box(slices, host.data.data(), DType::kF32, global, shard.data(), shard.dtype(),
+                           slices);
                 });
   }
   builder.compile().run();
@@ -130,8 +203,8 @@ HostTensor gather(const ShardedTensor& tensor) {
     const Tensor& shard = tensor.shard(slot);
     builder.add(tensor.mesh().device(slot).index(), fmt::format("gather[{}]", slot),
                 [&host, &global, &shard_info, &shard] {
-                  copy_box(shard_info.slices, shard.values().data(), shard_info.slices,
-                           host.data.data(), global);
+                  copy_box(shard_info.slices, shard.data(), shard.dtype(), shard_info.slices, host.data.data(),
+                           DType::kF32, global);
                 });
   }
   builder.compile().run();

@@ -19,8 +19,8 @@
 // Groups: a collective "over axes A" runs independently in each group of DeviceMesh::groups(A);
 // rank r of a group is its r-th slot.
 //
-// Buffers: inputs and outputs are fp32 views that must stay valid while the compiled graph is
-// used; outputs must not overlap any input (checked). Inputs are read by other devices (remote
+// Buffers: inputs and outputs are views (fp32, bf16 or f16; one dtype per collective) that must
+// stay valid while the compiled graph is used; outputs must not overlap any input (checked). Inputs are read by other devices (remote
 // reads); each device writes only its own output, so writes stay on the writer's node.
 
 namespace numesh::runtime {
@@ -43,12 +43,16 @@ inline constexpr NodeId kReady = static_cast<NodeId>(-1);
 /// A frontier of `mesh_size` kReady entries.
 Frontier ready_frontier(std::int64_t mesh_size);
 
-/// A view of one slot's fp32 buffer.
+/// A view of one slot's buffer: fp32, or bf16 / f16 (the copying collectives move half the bytes;
+/// reductions widen to fp32, combine in fp32 in rank order and round once, to nearest even).
+/// All views of one collective share a dtype.
 struct BufferView {
   /// First element.
-  float* data = nullptr;
+  void* data = nullptr;
   /// Number of elements.
   std::size_t count = 0;
+  /// Element type.
+  DType dtype = DType::kF32;
 };
 
 /// The whole of a tensor's storage as a view.
@@ -83,7 +87,7 @@ struct CollectiveArgs {
 
 /// out[s] = op over the group of s of in[g] (all `count` elements), for every slot s.
 /// Throws: KeyError for an unknown axis; ValueError for views of the wrong number or size,
-/// null data or overlapping input/output (naming the slot), or a frontier of the wrong size.
+/// null data, overlapping input/output or mixed dtypes (naming the slot), or a frontier of the wrong size.
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, ReduceOp op,
                     const CollectiveArgs& args,

@@ -8,19 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/runtime/device_buffer.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_spec.hpp"
 #include "numesh/sharding/shard_layout.hpp"
 
 namespace numesh::runtime {
-
-/// Element types. Only fp32 exists today; the enum and the byte-based buffers leave room for
-/// bf16.
-enum class DType { kF32 };
-
-/// Bytes per element of `dtype`.
-constexpr std::size_t itemsize(DType dtype) noexcept { return dtype == DType::kF32 ? 4 : 0; }
 
 /// Number of elements of `shape` (1 for rank 0). Throws: ShapeError for a negative extent.
 std::int64_t num_elements(std::span<const std::int64_t> shape);
@@ -38,7 +32,9 @@ struct HostTensor {
   friend bool operator==(const HostTensor&, const HostTensor&) = default;
 };
 
-/// A dense row-major fp32 tensor whose storage lives on one device's NUMA node. Move-only.
+/// A dense row-major tensor whose storage lives on one device's NUMA node, of element type
+/// DType (fp32, or bf16 / f16 for stored weights: half the bytes a memory-bound kernel reads).
+/// Move-only.
 class Tensor {
  public:
   /// An empty tensor (no device, rank 0, no storage).
@@ -53,10 +49,22 @@ class Tensor {
   DType dtype() const noexcept { return dtype_; }
   /// Number of elements.
   std::int64_t size() const noexcept { return size_; }
-  /// The elements (fp32). Empty for a tensor with no elements.
-  std::span<float> values() noexcept;
-  /// The elements (fp32).
-  std::span<const float> values() const noexcept;
+  /// The elements of an fp32 tensor. Empty for a tensor with no elements.
+  /// Throws: TypeError when the tensor is not fp32 (naming its dtype).
+  std::span<float> values();
+  /// The elements of an fp32 tensor. Throws: TypeError when the tensor is not fp32.
+  std::span<const float> values() const;
+  /// The elements of a bf16 or f16 tensor, as their bits.
+  /// Throws: TypeError when the tensor is fp32.
+  std::span<std::uint16_t> bits16();
+  /// The elements of a bf16 or f16 tensor, as their bits. Throws: TypeError when it is fp32.
+  std::span<const std::uint16_t> bits16() const;
+  /// The first element, of any dtype (nullptr when empty): for kernels that dispatch on dtype().
+  const void* data() const noexcept { return buffer_.data(); }
+  /// The first element, writable (nullptr when empty).
+  void* data() noexcept { return buffer_.data(); }
+  /// Bytes of the elements (size() * dtype_size(dtype())).
+  std::size_t size_bytes() const noexcept { return static_cast<std::size_t>(size_) * dtype_size(dtype_); }
   /// The owning device, or nullptr for an empty tensor.
   Device* device() const noexcept { return buffer_.device(); }
   /// The storage.
@@ -74,12 +82,13 @@ class Tensor {
 /// semantics). Replicated shards are real copies, one on each holder's node. Move-only.
 class ShardedTensor {
  public:
-  /// Allocates zero shards for `shape` sharded by `spec` over `mesh` (each shard allocated and
-  /// zero-filled by its own device). The spec is used as given; pass it through
+  /// Allocates zero shards of `dtype` for `shape` sharded by `spec` over `mesh` (each shard
+  /// allocated and zero-filled by its own device). The spec is used as given; pass it through
   /// sharding::correct_spec first to get eformer's correction.
   /// Throws: what ShardLayout throws (ShapeError for indivisible dims, KeyError/ValueError
   /// for bad specs).
-  ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape, sharding::PartitionSpec spec);
+  ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape, sharding::PartitionSpec spec,
+                DType dtype = DType::kF32);
 
   /// The mesh.
   const DeviceMesh& mesh() const noexcept { return mesh_; }
@@ -89,6 +98,8 @@ class ShardedTensor {
   const std::vector<std::int64_t>& shape() const noexcept { return layout_.shape(); }
   /// The spec.
   const sharding::PartitionSpec& spec() const noexcept { return layout_.spec(); }
+  /// The element type of every shard.
+  DType dtype() const noexcept { return dtype_; }
   /// The shard of mesh slot `slot`. Throws: IndexError.
   Tensor& shard(std::int64_t slot);
   /// The shard of mesh slot `slot`. Throws: IndexError.
@@ -97,15 +108,17 @@ class ShardedTensor {
  private:
   DeviceMesh mesh_;
   sharding::ShardLayout layout_;
+  DType dtype_ = DType::kF32;
   std::vector<Tensor> shards_;
 };
 
 /// Copies `host` into every shard of `tensor`: each slot's device copies its own slice, in its
-/// own arena, all devices in parallel (so each shard's pages are written on its node).
+/// own arena, all devices in parallel (so each shard's pages are written on its node). A bf16 or
+/// f16 tensor receives the values rounded to nearest even (runtime/convert.hpp).
 /// Throws: ShapeError when the shapes differ (naming both).
 void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
-/// first device of its replica group, all devices in parallel.
+/// first device of its replica group, all devices in parallel. 16-bit values widen exactly.
 HostTensor gather(const ShardedTensor& tensor);
 
 /// eformer's make_shard_and_gather_fns for one array: `shard` takes a host tensor of `shape`
@@ -132,6 +145,16 @@ ShardAndGatherFns make_shard_and_gather_fns(const DeviceMesh& mesh, const std::v
 /// REQUIRES: the box lies inside both slices.
 void copy_box(std::span<const sharding::DimSlice> box, const float* src,
               std::span<const sharding::DimSlice> src_slices, float* dst,
+              std::span<const sharding::DimSlice> dst_slices);
+/// copy_box for elements of any dtype: `src` and `dst` hold elements of `dtype`.
+void copy_box(std::span<const sharding::DimSlice> box, const void* src,
+              std::span<const sharding::DimSlice> src_slices, void* dst,
+              std::span<const sharding::DimSlice> dst_slices, DType dtype);
+/// copy_box converting: `src` holds elements of `src_type`, `dst` of `dst_type` (fp32 to 16-bit
+/// rounds to nearest even, 16-bit to fp32 is exact; 16-bit to the other 16-bit type goes
+/// through fp32).
+void copy_box(std::span<const sharding::DimSlice> box, const void* src, DType src_type,
+              std::span<const sharding::DimSlice> src_slices, void* dst, DType dst_type,
               std::span<const sharding::DimSlice> dst_slices);
 
 /// The intersection of two boxes, or nullopt when it is empty.
