@@ -10,6 +10,7 @@
 
 namespace numesh::ops {
 
+
 runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
   NUMESH_CHECK(x.shape.size() >= 2 && from >= 0 && n >= 0 && from + n <= x.shape[1], ShapeError,
                "slice_tokens: tokens [{}, {}) of {} (needs [B, T, ...] and the range inside T)", from, from + n,

@@ -95,4 +95,12 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
   return w;
 }
 
+void TransformerWeights::store_as(DType dtype) {
+  for (BlockWeights& b : blocks) {
+    b.attention.stored_as = dtype;
+    b.mlp.stored_as = dtype;
+    b.moe.stored_as = dtype;
+  }
+}
+
 }  // namespace numesh::ops

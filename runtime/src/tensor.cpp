@@ -32,6 +32,16 @@ HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
   return HostTensor{std::move(shape), std::vector<float>(n, 0.0f)};
 }
 
+HostTensor rounded_to(const HostTensor& t, DType dtype) {
+  HostTensor out = t;
+  if (dtype == DType::kBF16) {
+    for (float& v : out.data) v = f32_from_bf16(bf16_from_f32(v));
+  } else if (dtype == DType::kF16) {
+    for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
+  }
+  return out;
+}
+
 Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype)
     : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
   if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(size_) * dtype_size(dtype_));

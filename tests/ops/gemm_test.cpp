@@ -16,6 +16,7 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -166,6 +167,57 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
       }
     }
   }
+}
+
+// device_gemm on bf16 / f16 weights (WeightMatrix): the same tiling as fp32, so the same bits in
+// arenas of 1, 2, 3, 4 and 7 threads, over shapes of one tile, decode strips, decode row blocks
+// and prefill tiles that do and do not divide the blocking; and the product of the weights as
+// stored. Where the prefill kernel rounds the activations to bf16 (bf16 weights on AVX-512 BF16)
+// each product may be off by 2^-9 of |a| |w| <= 2^-9 (the pattern is within [-1, 1]), so the
+// bound grows by k 2^-9.
+TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
+  struct Shape {
+    Eigen::Index m, k, n;
+  };
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{130, 48, 777},
+                           Shape{260, 40, 300}, Shape{3, 2048, 2048}}) {
+      const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(w.size()));
+      RowMatrix stored(sh.k, sh.n);
+      for (Eigen::Index i = 0; i < w.size(); ++i) {
+        const auto at = static_cast<std::size_t>(i);
+        bits[at] = t == DType::kBF16 ? bf16_from_f32(w.data()[i]) : f16_from_f32(w.data()[i]);
+        stored.data()[i] = t == DType::kBF16 ? f32_from_bf16(bits[at]) : f32_from_f16(bits[at]);
+      }
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
+                                "x" + std::to_string(sh.n);
+      const bool rounds_a = t == DType::kBF16 && runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
+      const double bound = (1e-4 + (rounds_a ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
+      std::optional<RowMatrix> first;
+      for (int threads : {1, 2, 3, 4, 7}) {
+        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
+        oneapi::tbb::task_arena arena(threads);
+        arena.execute([&] {
+          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), WeightMatrix{bits.data(), t, sh.k, sh.n},
+                      MatrixMap(c.data(), sh.m, sh.n));
+        });
+        if (!first) {
+          EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
+          first = c;
+        } else {
+          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+        }
+      }
+    }
+  }
+  const std::vector<std::uint16_t> bits(12, 0);
+  const RowMatrix a = RowMatrix::Zero(2, 3);
+  RowMatrix c(2, 4);
+  EXPECT_THAT([&] { device_gemm(ConstMatrixMap(a.data(), 2, 3), WeightMatrix{bits.data(), DType::kBF16, 4, 3},
+                                MatrixMap(c.data(), 2, 4)); },
+              ThrowsMessage<ShapeError>(HasSubstr("gemm: a is [2, 3], b is [4, 3] (bf16), c is [2, 4]: they do not multiply")));
 }
 
 TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {

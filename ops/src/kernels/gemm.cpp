@@ -8,8 +8,10 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
+#include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -160,33 +162,71 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
   });
 }
 
-void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
-  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
-  NUMESH_CHECK(b.rows() == k && c.rows() == m && c.cols() == n, ShapeError,
-               "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", m, k, b.rows(), b.cols(),
-               c.rows(), c.cols());
-  if (m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
-    device_decode_gemm(a, b.data(), DType::kF32, c);
+namespace {
+
+// device_gemm once the activations are what the weights' dtype multiplies (bf16 values for bf16
+// weights): the decode row blocks, or the tiles.
+void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
+  const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
+  if (m <= kSkinnyMaxRows && n * k * elem >= kMinSkinnySplitBytes) {
+    device_decode_gemm(a, b.data, b.dtype, c);
     return;
   }
   const GemmTiling t = gemm_tiling(m, n, k);
   const std::int64_t rt = t.row_tiles(m), ct = t.col_tiles(n);
+  const auto* bytes = static_cast<const char*>(b.data);
   auto tile = [&](std::int64_t i) {
     const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
     const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
+    const float* at = a.data() + r0 * k;
+    const void* bt = bytes + c0 * elem;
+    float* ct_data = c.data() + r0 * n + c0;
     if (rows <= kSkinnyMaxRows) {
       // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at its best on
       // a few rows; docs/benchmarks.md has the decode figures).
-      skinny_gemm(rows, cols, k, a.data() + r0 * k, k, b.data() + c0, DType::kF32, n, c.data() + r0 * n + c0, n);
-      return;
+      skinny_gemm(rows, cols, k, at, k, bt, b.dtype, n, ct_data, n);
+    } else if (b.dtype == DType::kF32) {
+      gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), n, /*transpose_b=*/false, 0.0f, ct_data, n);
+    } else {
+      gemm_16bit(rows, cols, k, at, k, bt, b.dtype, n, ct_data, n);
     }
-    gemm(rows, cols, k, 1.0f, a.data() + r0 * k, k, b.data() + c0, n, /*transpose_b=*/false, 0.0f,
-         c.data() + r0 * n + c0, n);
   };
   // One task per tile: which thread runs a tile does not change what the tile computes.
   parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t i = first; i < last; ++i) tile(i);
   });
+}
+
+}  // namespace
+
+void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
+  NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
+               "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k, b.rows, b.cols,
+               to_string(b.dtype), c.rows(), c.cols());
+  if (b.dtype == DType::kBF16) {
+    // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16
+    // linear and ggml's bf16 dot do): the products are then exact in fp32, the vdpbf16ps kernel
+    // can run, and the result does not depend on which kernel a tile takes.
+    thread_local std::vector<std::uint16_t> bits;
+    thread_local std::vector<float> rounded;
+    const auto count = static_cast<std::size_t>(m * k);
+    bits.resize(count);
+    rounded.resize(count);
+    runtime::convert_f32_to_bf16({a.data(), count}, bits);
+    runtime::convert_bf16_to_f32(bits, {rounded.data(), count});
+    device_gemm_rounded(ConstMatrixMap(rounded.data(), m, k), b, c);
+    return;
+  }
+  device_gemm_rounded(a, b, c);
+}
+
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
+  NUMESH_CHECK(b.rows() == a.cols() && c.rows() == a.rows() && c.cols() == b.cols(), ShapeError,
+               "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", a.rows(), a.cols(), b.rows(),
+               b.cols(), c.rows(), c.cols());
+  device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c);
 }
 
 }  // namespace numesh::ops

@@ -65,10 +65,10 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   const AxisRule kv_rule = split_kv ? AxisRule(axes.heads) : AxisRule();
   layer.local_q_heads = split_q ? hq / tp : hq;
   layer.local_kv_heads = split_kv ? hkv / tp : hkv;
-  layer.wq = detail::laid_out(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}));
-  layer.wk = detail::laid_out(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}));
-  layer.wv = detail::laid_out(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}));
-  layer.wo = detail::laid_out(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}));
+  layer.wq = detail::laid_out(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}), w.stored_as);
+  layer.wk = detail::laid_out(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
+  layer.wv = detail::laid_out(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
+  layer.wo = detail::laid_out(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
   return layer;
 }
 
@@ -161,9 +161,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset, position,
             config] {
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
-      device_gemm(xm, as_matrix(std::as_const(wqs)), as_matrix(q));
-      device_gemm(xm, as_matrix(std::as_const(wks)), MatrixMap(k.values().data(), rows, lkv * config.head_dim));
-      device_gemm(xm, as_matrix(std::as_const(wvs)), MatrixMap(v.values().data(), rows, lkv * config.head_dim));
+      device_gemm(xm, as_weight(wqs), as_matrix(q));
+      device_gemm(xm, as_weight(wks), MatrixMap(k.values().data(), rows, lkv * config.head_dim));
+      device_gemm(xm, as_weight(wvs), MatrixMap(v.values().data(), rows, lkv * config.head_dim));
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
         const std::int64_t first = (position != nullptr ? *position : 0) + token_offset;
@@ -247,7 +247,7 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wos = wo.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     return [&o, &wos, &yp, rows, hidden] {
-      device_gemm(as_matrix(std::as_const(o)), as_matrix(std::as_const(wos)),
+      device_gemm(as_matrix(std::as_const(o)), as_weight(wos),
                   MatrixMap(yp.values().data(), rows, hidden));
     };
   });

@@ -37,13 +37,15 @@ inline sharding::AxisRule entry(const sharding::PartitionSpec& spec, std::size_t
   return i < spec.size() ? spec[i] : sharding::AxisRule();
 }
 
-/// `host` laid out on the mesh by `spec` after eformer's correction for its shape, each shard
-/// written by its own device: how every layer places its weights.
+/// `host` laid out on the mesh by `spec` after eformer's correction for its shape, stored as
+/// `dtype` (rounded to nearest even), each shard written by its own device: how every layer
+/// places its weights.
 inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMesh& mesh,
                                                         const runtime::HostTensor& host,
-                                                        const sharding::PartitionSpec& spec) {
-  auto t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape,
-                                                    sharding::correct_spec(host.shape, spec, mesh.mesh()).spec);
+                                                        const sharding::PartitionSpec& spec,
+                                                        DType dtype = DType::kF32) {
+  auto t = std::make_shared<runtime::ShardedTensor>(
+      mesh, host.shape, sharding::correct_spec(host.shape, spec, mesh.mesh()).spec, dtype);
   runtime::scatter(host, *t);
   return t;
 }

@@ -39,9 +39,9 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
-  layer.up = detail::laid_out(mesh, w.up, PartitionSpec({zero, tp}));
-  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({tp, zero}));
-  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out(mesh, w.gate, layer.up->spec());
+  layer.up = detail::laid_out(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
+  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
+  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out(mesh, w.gate, layer.up->spec(), w.stored_as);
   return layer;
 }
 
@@ -105,12 +105,12 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     return [&xs, &hs, us, &wu, wg, rows, h] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
-        device_gemm(xm, as_matrix(std::as_const(wu)), as_matrix(hs));
+        device_gemm(xm, as_weight(wu), as_matrix(hs));
         gelu_inplace(as_matrix(hs));
         return;
       }
-      device_gemm(xm, as_matrix(std::as_const(*wg)), as_matrix(hs));
-      device_gemm(xm, as_matrix(std::as_const(wu)), as_matrix(*us));
+      device_gemm(xm, as_weight(*wg), as_matrix(hs));
+      device_gemm(xm, as_weight(wu), as_matrix(*us));
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     };
   });
@@ -119,7 +119,7 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     return [&hs, &wd, &yp, rows, h] {
-      device_gemm(as_matrix(std::as_const(hs)), as_matrix(std::as_const(wd)), MatrixMap(yp.values().data(), rows, h));
+      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), MatrixMap(yp.values().data(), rows, h));
     };
   });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");

@@ -59,9 +59,9 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   layer.hidden = h;
   layer.ffn = f;
   layer.router = detail::laid_out(mesh, w.router, PartitionSpec({AxisRule(), AxisRule()}));
-  layer.gate = detail::laid_out(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}));
-  layer.up = detail::laid_out(mesh, w.up, layer.gate->spec());
-  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}));
+  layer.gate = detail::laid_out(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
+  layer.up = detail::laid_out(mesh, w.up, layer.gate->spec(), w.stored_as);
+  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as);
   layer.local_experts = layer.gate->layout().shard_shape()[0];
   layer.local_ffn = layer.gate->layout().shard_shape()[2];
   return layer;
@@ -200,10 +200,10 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
         MatrixMap um(ue.values().data(), total, fl);
         const ConstMatrixMap xm(xe.values().data(), total, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(xm, ConstMatrixMap(wg.values().data() + le * wgt, h, fl), hm);
-        device_gemm(xm, ConstMatrixMap(wu.values().data() + le * wgt, h, fl), um);
+        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm);
+        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um);
         silu_mul_inplace(hm, ConstMatrixMap(um.data(), total, fl));
-        device_gemm(ConstMatrixMap(hm.data(), total, fl), ConstMatrixMap(wd.values().data() + le * wgt, fl, h),
+        device_gemm(ConstMatrixMap(hm.data(), total, fl), as_weight(wd, le * wgt, fl, h),
                     MatrixMap(ye.values().data(), total, h));
         std::int64_t at = 0;
         for (std::int64_t b = 0; b < held_blocks; ++b) {
@@ -356,10 +356,10 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
         MatrixMap um(ue.values().data(), n, fl);
         MatrixMap ym(ye.values().data(), n, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(ConstMatrixMap(xm.data(), n, h), ConstMatrixMap(wg.values().data() + le * wgt, h, fl), hm);
-        device_gemm(ConstMatrixMap(xm.data(), n, h), ConstMatrixMap(wu.values().data() + le * wgt, h, fl), um);
+        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wg, le * wgt, h, fl), hm);
+        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wu, le * wgt, h, fl), um);
         silu_mul_inplace(hm, ConstMatrixMap(um.data(), n, fl));
-        device_gemm(ConstMatrixMap(hm.data(), n, fl), ConstMatrixMap(wd.values().data() + le * wgt, fl, h), ym);
+        device_gemm(ConstMatrixMap(hm.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym);
         float* yv = yp.values().data();
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += scale[static_cast<std::size_t>(j)] * ym.row(j);

@@ -62,11 +62,11 @@ std::string ProgramPlan::text() const {
     name_w = std::max(name_w, t.name.size());
     spec_w = std::max(spec_w, t.spec.repr().size());
   }
-  out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<{}}  {:>10}\n", "tensor", name_w, "role", "shape",
-                     "spec", spec_w, "per device");
+  out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", "tensor", name_w, "role", "shape",
+                     "dtype", "spec", spec_w, "per device");
   for (const TensorPlan& t : tensors) {
-    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<{}}  {:>10}\n", t.name, name_w, to_string(t.role),
-                       fmt::format("[{}]", fmt::join(t.shape, ", ")), t.spec.repr(), spec_w,
+    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", t.name, name_w, to_string(t.role),
+                       fmt::format("[{}]", fmt::join(t.shape, ", ")), to_string(t.dtype), t.spec.repr(), spec_w,
                        human_bytes(static_cast<std::uint64_t>(t.shard_bytes)));
   }
   if (collectives.empty()) {
@@ -103,6 +103,7 @@ nlohmann::json ProgramPlan::to_json() const {
     j["tensors"].push_back({{"name", t.name},
                             {"role", to_string(t.role)},
                             {"shape", t.shape},
+                            {"dtype", to_string(t.dtype)},
                             {"spec", t.spec.repr()},
                             {"bytes_per_device", t.shard_bytes}});
   }
@@ -156,19 +157,20 @@ ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name, Colle
 
 runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role,
                                                std::vector<std::int64_t> shape,
-                                               sharding::PartitionSpec spec) {
+                                               sharding::PartitionSpec spec, DType dtype) {
   return use(std::move(name), role,
-             std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec)));
+             std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec), dtype));
 }
 
 runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
                                             std::shared_ptr<runtime::ShardedTensor> tensor) {
   NUMESH_CHECK(tensor != nullptr, ValueError, "program {}: tensor '{}' is null", name_, name);
-  const std::int64_t bytes = tensor->layout().bytes_per_device(4);
+  const std::int64_t bytes = tensor->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(tensor->dtype())));
   plan_.tensors.push_back(TensorPlan{.name = std::move(name),
                                      .role = role,
                                      .shape = tensor->shape(),
                                      .spec = tensor->spec(),
+                                     .dtype = tensor->dtype(),
                                      .shard_bytes = bytes});
   for (auto& m : plan_.memory_bytes) m += bytes;
   tensors_.push_back(std::move(tensor));
@@ -192,7 +194,7 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                           const std::vector<sharding::Placement>& to,
                                           const runtime::Frontier& after, const std::string& name) {
   ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name, collectives_);
-  const std::int64_t payload = in.layout().bytes_per_device(4);
+  const std::int64_t payload = in.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(in.dtype())));
   for (const sharding::ReshardStep& step : r.plan) {
     std::int64_t g = 1;
     for (const std::string& axis : step.axes) g *= mesh_.mesh().axis_size(axis);
@@ -203,7 +205,7 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                                .moved_bytes = moved_bytes(step, g, payload)});
   }
   for (auto& t : r.temporaries) {
-    const std::int64_t bytes = t->layout().bytes_per_device(4);
+    const std::int64_t bytes = t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())));
     for (auto& m : plan_.memory_bytes) m += bytes;
     tensors_.push_back(std::move(t));
   }
@@ -270,7 +272,7 @@ runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in, 
   if (sharding::to_placements(gathered, mesh_.mesh(), rank) == sharding::to_placements(in.spec(), mesh_.mesh(), rank)) {
     return in;
   }
-  runtime::ShardedTensor& out = tensor(name, role, in.shape(), gathered);
+  runtime::ShardedTensor& out = tensor(name, role, in.shape(), gathered, in.dtype());
   ready = reshard(in, sharding::to_placements(in.spec(), mesh_.mesh(), rank), out,
                   sharding::to_placements(gathered, mesh_.mesh(), rank), ready, name);
   return out;

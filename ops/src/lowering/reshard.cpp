@@ -80,7 +80,7 @@ ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in
     runtime::ShardedTensor* dst = &out;
     if (i + 1 < result.plan.size()) {
       result.temporaries.push_back(std::make_unique<runtime::ShardedTensor>(
-          out.mesh(), out.shape(), layout_spec(next, mesh, rank)));
+          out.mesh(), out.shape(), layout_spec(next, mesh, rank), out.dtype()));
       dst = result.temporaries.back().get();
     }
     const runtime::CollectiveArgs args{

@@ -67,8 +67,8 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
                "attention: num_kv_heads {} must divide num_heads {}", c.num_kv_heads, c.num_heads);
   NUMESH_CHECK(c.rope_theta <= 0.0f || c.head_dim % 2 == 0, ShapeError, "rope: head_dim {} is odd", c.head_dim);
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
-  const oracle::MatrixD xd = oracle::widen(x, b * t, h);
-  auto weight = [](const runtime::HostTensor& m) { return oracle::widen(m, m.shape[0], m.shape[1]); };
+  const oracle::MatrixD xd = oracle::projection_input(oracle::widen(x, b * t, h), w.stored_as);
+  auto weight = [&w](const runtime::HostTensor& m) { return oracle::stored(m, m.shape[0], m.shape[1], w.stored_as); };
   oracle::MatrixD q = xd * weight(w.wq), k = xd * weight(w.wk);
   const oracle::MatrixD v = xd * weight(w.wv);
   if (c.rope_theta > 0.0f) {
@@ -80,7 +80,8 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
   const oracle::AttentionShape shape{.batch = b, .q_len = t, .kv_len = t, .heads = c.num_heads,
                                      .kv_heads = c.num_kv_heads, .head_dim = d, .q_offset = c.q_offset,
                                      .causal = c.causal};
-  return oracle::narrow(oracle::attention(q, k, v, shape) * weight(w.wo), {b, t, h});
+  return oracle::narrow(oracle::projection_input(oracle::attention(q, k, v, shape), w.stored_as) * weight(w.wo),
+                        {b, t, h});
 }
 
 }  // namespace numesh::ops

@@ -24,24 +24,28 @@ void check_mlp_shapes(const char* what, const RowMatrix& x, const RowMatrix& w_i
                what, x.rows(), x.cols(), w_in.rows(), w_in.cols(), w_out.rows(), w_out.cols());
 }
 
+// A weight matrix as stored in `dtype`, widened.
+oracle::MatrixD stored(const RowMatrix& w, DType dtype) { return oracle::stored(w.data(), w.rows(), w.cols(), dtype); }
+
 }  // namespace
 
 float gelu(float x) noexcept { return static_cast<float>(oracle::gelu(x)); }
 
 float silu(float x) noexcept { return static_cast<float>(oracle::silu(x)); }
 
-RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2) {
+RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2, DType stored_as) {
   check_mlp_shapes("mlp_gelu", x, w1, w2);
-  return oracle::narrow(oracle::gelu_mlp(wide(x), wide(w1), wide(w2)));
+  return oracle::narrow(oracle::gelu_mlp(wide(x), stored(w1, stored_as), stored(w2, stored_as), stored_as));
 }
 
-RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
-                               const RowMatrix& w_up, const RowMatrix& w_down) {
+RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, const RowMatrix& w_up,
+                               const RowMatrix& w_down, DType stored_as) {
   check_mlp_shapes("mlp_swiglu", x, w_gate, w_down);
   NUMESH_CHECK(w_up.rows() == w_gate.rows() && w_up.cols() == w_gate.cols(), ShapeError,
                "mlp_swiglu: gate [{}, {}] and up [{}, {}] projections differ in shape",
                w_gate.rows(), w_gate.cols(), w_up.rows(), w_up.cols());
-  return oracle::narrow(oracle::swiglu_mlp(wide(x), wide(w_gate), wide(w_up), wide(w_down)));
+  return oracle::narrow(oracle::swiglu_mlp(wide(x), stored(w_gate, stored_as), stored(w_up, stored_as),
+                                           stored(w_down, stored_as), stored_as));
 }
 
 }  // namespace numesh::ops

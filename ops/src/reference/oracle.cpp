@@ -43,15 +43,31 @@ double silu(double x) noexcept {
   return x * e / (1.0 + e);
 }
 
-MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2) {
-  const MatrixD h = (x * w1).unaryExpr([](double v) { return gelu(v); });
-  return h * w2;
+MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype) {
+  return widen(runtime::rounded_to(t, dtype), rows, cols);
 }
 
-MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down) {
-  const MatrixD gate = (x * w_gate).unaryExpr([](double v) { return silu(v); });
-  const MatrixD h = gate.cwiseProduct(x * w_up);
-  return h * w_down;
+MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dtype) {
+  runtime::HostTensor t{{rows, cols}, std::vector<float>(data, data + rows * cols)};
+  return stored(t, rows, cols, dtype);
+}
+
+MatrixD projection_input(const MatrixD& x, DType weights) {
+  if (weights != DType::kBF16) return x;
+  return x.unaryExpr([](double v) { return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v)))); });
+}
+
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights) {
+  const MatrixD h = (projection_input(x, weights) * w1).unaryExpr([](double v) { return gelu(v); });
+  return projection_input(h, weights) * w2;
+}
+
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
+                   DType weights) {
+  const MatrixD in = projection_input(x, weights);
+  const MatrixD gate = (in * w_gate).unaryExpr([](double v) { return silu(v); });
+  const MatrixD h = gate.cwiseProduct(in * w_up);
+  return projection_input(h, weights) * w_down;
 }
 
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
@@ -167,8 +183,9 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
     MatrixD xe(static_cast<Eigen::Index>(kept.size()), h);
     for (std::size_t r = 0; r < kept.size(); ++r) xe.row(static_cast<Eigen::Index>(r)) = x.row(kept[r]);
     const std::size_t off = static_cast<std::size_t>(ex * h * f);
-    const MatrixD out = swiglu_mlp(xe, widen(w.gate.data.data() + off, h, f), widen(w.up.data.data() + off, h, f),
-                                   widen(w.down.data.data() + off, f, h));
+    const MatrixD out = swiglu_mlp(xe, stored(w.gate.data.data() + off, h, f, w.stored_as),
+                                   stored(w.up.data.data() + off, h, f, w.stored_as),
+                                   stored(w.down.data.data() + off, f, h, w.stored_as), w.stored_as);
     for (std::size_t r = 0; r < kept.size(); ++r) {
       y.row(kept[r]) += scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
     }

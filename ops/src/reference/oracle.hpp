@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -31,6 +32,16 @@ MatrixD widen(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols
 runtime::HostTensor narrow(const MatrixD& m, std::vector<std::int64_t> shape);
 /// `m` rounded to fp32 as a matrix.
 RowMatrix narrow(const MatrixD& m);
+/// A weight tensor's values as [rows, cols] as a tensor of `dtype` stores them: rounded to
+/// nearest even into bf16 / f16 (runtime::rounded_to), widened.
+MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype);
+/// `rows` x `cols` weights at `data` as stored in `dtype` (one expert of a stacked weight).
+MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dtype);
+/// The input of a projection by weights stored as `dtype`, as the kernels use it: bf16 weights
+/// multiply bf16 activations (each value rounded through fp32 to bf16, as PyTorch's bf16 linear
+/// and ggml's bf16 dot product do; products exact, sums in fp32), other dtypes keep the fp32
+/// activations.
+MatrixD projection_input(const MatrixD& x, DType weights);
 /// An fp32 matrix widened.
 inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }
 
@@ -39,10 +50,12 @@ double gelu(double x) noexcept;
 /// x * sigmoid(x), in a form that overflows for no x.
 double silu(double x) noexcept;
 
-/// gelu(x w1) w2.
-MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2);
-/// (silu(x w_gate) .* (x w_up)) w_down.
-MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down);
+/// gelu(x w1) w2, the weights stored as `weights` (already rounded by the caller; the
+/// projections' inputs are rounded here, projection_input()).
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights = DType::kF32);
+/// (silu(x w_gate) .* (x w_up)) w_down, as gelu_mlp for `weights`.
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
+                   DType weights = DType::kF32);
 /// x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, weight a [1, H] row.
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
 

@@ -96,8 +96,13 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const BlockWeights& b = weights_.blocks[static_cast<std::size_t>(l)];
     const MatrixD n1 = oracle::rmsnorm(xs, widen2(b.attn_norm), c.norm_eps);
-    MatrixD q = n1 * widen2(b.attention.wq), k = n1 * widen2(b.attention.wk);
-    const MatrixD v = n1 * widen2(b.attention.wv);
+    const DType attention_dtype = b.attention.stored_as;
+    auto attention_weight = [&](const runtime::HostTensor& m) {
+      return oracle::stored(m, m.shape[0], m.shape[1], attention_dtype);
+    };
+    const MatrixD n1_in = oracle::projection_input(n1, attention_dtype);
+    MatrixD q = n1_in * attention_weight(b.attention.wq), k = n1_in * attention_weight(b.attention.wk);
+    const MatrixD v = n1_in * attention_weight(b.attention.wv);
     if (c.attention.rope_theta > 0.0f) {
       oracle::rope(q, batch_, t, hq, d, position, c.attention.rope_theta);
       oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta);
@@ -114,7 +119,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     }
     const oracle::AttentionShape shape{.batch = batch_, .q_len = t, .kv_len = seen, .heads = hq, .kv_heads = hkv,
                                        .head_dim = d, .q_offset = position, .causal = c.attention.causal};
-    const MatrixD hs = xs + oracle::attention(q, keys, values, shape) * widen2(b.attention.wo);
+    const MatrixD hs = xs + oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
+                                attention_weight(b.attention.wo);
     const MatrixD n2 = oracle::rmsnorm(hs, widen2(b.ffn_norm), c.norm_eps);
     MatrixD f(batch_ * t, h);
     if (c.is_moe(l)) {
@@ -134,7 +140,9 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
         }
       }
     } else {
-      f = oracle::swiglu_mlp(n2, widen2(b.mlp.gate), widen2(b.mlp.up), widen2(b.mlp.down));
+      const DType t_mlp = b.mlp.stored_as;
+      f = oracle::swiglu_mlp(n2, oracle::stored(b.mlp.gate, h, c.ffn, t_mlp), oracle::stored(b.mlp.up, h, c.ffn, t_mlp),
+                             oracle::stored(b.mlp.down, c.ffn, h, t_mlp), t_mlp);
     }
     xs = hs + f;
   }

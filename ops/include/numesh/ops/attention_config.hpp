@@ -38,6 +38,8 @@ struct AttentionWeights {
   runtime::HostTensor wk;  ///< [H, num_kv_heads * head_dim]
   runtime::HostTensor wv;  ///< [H, num_kv_heads * head_dim]
   runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
+  /// The dtype the layer stores the projections in (as MlpWeights::stored_as).
+  DType stored_as = DType::kF32;
 };
 
 /// Memory layout of a KV cache (EasyDeL's attention layouts).

@@ -25,6 +25,11 @@ struct MlpWeights {
   runtime::HostTensor gate;  ///< [H, F], SwiGLU only
   runtime::HostTensor up;    ///< [H, F]
   runtime::HostTensor down;  ///< [F, H]
+  /// The dtype the layer stores the matrices in: the host values are fp32 and are rounded to
+  /// nearest even when laid out (bf16 / f16 halve the bytes a decode step reads). Products
+  /// accumulate in fp32; bf16 weights multiply activations rounded to bf16 (device_gemm), f16
+  /// weights fp32 activations. The dense references honour it the same way.
+  DType stored_as = DType::kF32;
 };
 
 }  // namespace numesh::ops

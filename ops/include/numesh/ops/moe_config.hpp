@@ -33,6 +33,9 @@ struct MoeWeights {
   runtime::HostTensor gate;    ///< [E, H, F]
   runtime::HostTensor up;      ///< [E, H, F]
   runtime::HostTensor down;    ///< [E, F, H]
+  /// The dtype the layer stores the experts in (as MlpWeights::stored_as); the router stays
+  /// fp32, since routing decisions are where rounding would change the answer most.
+  DType stored_as = DType::kF32;
 };
 
 /// What the router did.

@@ -31,6 +31,29 @@ inline ConstMatrixMap as_matrix(const runtime::Tensor& t) {
   return {t.values().data(), cols == 0 ? 0 : t.size() / cols, cols};
 }
 
+/// A read-only row-major weight matrix of any dtype (fp32, bf16, f16), contiguous: what the
+/// weight-aware device_gemm multiplies by. A view; the storage is someone else's.
+struct WeightMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+/// `t` as a [rows, cols] weight matrix of its dtype, folded as as_matrix() folds.
+/// REQUIRES: t has at least one dim.
+inline WeightMatrix as_weight(const runtime::Tensor& t) {
+  const std::int64_t cols = t.shape().back();
+  return {t.data(), t.dtype(), cols == 0 ? 0 : t.size() / cols, cols};
+}
+
+/// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
+/// [E, rows, cols] weight). REQUIRES: it lies inside t.
+inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows, std::int64_t cols) {
+  return {static_cast<const char*>(t.data()) + offset * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
+          rows, cols};
+}
+
 /// Tokens [from, from + n) of x [B, T, ...]: [B, n, ...].
 /// Throws: ShapeError when x has rank < 2 or the range leaves [0, T).
 runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from, std::int64_t n);

@@ -63,6 +63,9 @@ struct TransformerWeights {
   /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
   /// seeded generator (the same seed gives the same weights everywhere).
   [[nodiscard]] static TransformerWeights random(const TransformerConfig& config, std::uint32_t seed);
+  /// Stores every block's attention, MLP and expert matrices as `dtype` (norms and routers stay
+  /// fp32): sets each layer's stored_as.
+  void store_as(DType dtype);
 };
 
 }  // namespace numesh::ops

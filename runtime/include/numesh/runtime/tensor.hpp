@@ -32,6 +32,10 @@ struct HostTensor {
   friend bool operator==(const HostTensor&, const HostTensor&) = default;
 };
 
+/// `t` with every value rounded to `dtype` (nearest even) and widened back exactly: the values a
+/// tensor of that dtype holds after scatter(t). fp32 returns a copy of t.
+HostTensor rounded_to(const HostTensor& t, DType dtype);
+
 /// A dense row-major tensor whose storage lives on one device's NUMA node, of element type
 /// DType (fp32, or bf16 / f16 for stored weights: half the bytes a memory-bound kernel reads).
 /// Move-only.

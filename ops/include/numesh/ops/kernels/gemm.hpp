@@ -61,6 +61,13 @@ std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType
 /// Throws: ShapeError unless 1 <= m <= kSkinnyMaxRows and c has m rows.
 void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c);
 
+/// c = a * b for a weight matrix b [k, n] of any dtype, over the calling thread's arena: fp32
+/// as the overload below; bf16 / f16 weights through the same tiling with skinny_gemm() (the
+/// decode tiles, fp32 activations, and device_decode_gemm() for 8 MiB of weights and more) and
+/// gemm_16bit() (prefill tiles; on AVX-512 BF16 with bf16 weights it rounds the activations
+/// to bf16, see gemm_16bit.hpp). Bitwise identical results for any number of threads.
+/// Throws: ShapeError naming the shapes when they do not multiply.
+void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
 /// gemm() call (skinny_gemm() for decode tiles of m <= 16 rows); decode products whose b has

@@ -42,6 +42,8 @@ struct TensorPlan {
   TensorRole role = TensorRole::kActivation;
   std::vector<std::int64_t> shape;
   sharding::PartitionSpec spec;
+  /// Element type.
+  DType dtype = DType::kF32;
   /// Bytes of the shard on each mesh slot.
   std::int64_t shard_bytes = 0;
 };
@@ -104,10 +106,10 @@ class ProgramBuilder {
   /// The graph under construction.
   runtime::GraphBuilder& graph() noexcept { return graph_; }
 
-  /// A new sharded tensor owned by the program, laid out by `spec` as given (callers correct
-  /// it first when it comes from user input). Throws: what ShardedTensor throws.
+  /// A new sharded tensor of `dtype` owned by the program, laid out by `spec` as given (callers
+  /// correct it first when it comes from user input). Throws: what ShardedTensor throws.
   runtime::ShardedTensor& tensor(std::string name, TensorRole role, std::vector<std::int64_t> shape,
-                                 sharding::PartitionSpec spec);
+                                 sharding::PartitionSpec spec, DType dtype = DType::kF32);
   /// Registers a tensor the program shares with others (weights, caches): kept alive by the
   /// program, listed in its plan.
   runtime::ShardedTensor& use(std::string name, TensorRole role,

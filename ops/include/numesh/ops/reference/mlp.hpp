@@ -1,5 +1,6 @@
 #pragma once
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/tensor.hpp"
 
 // Dense single-device references: the oracles every sharded operator is checked against, and
@@ -17,14 +18,18 @@ float gelu(float x) noexcept;
 /// SiLU (swish): x * sigmoid(x), with the sigmoid evaluated without overflow for large |x|.
 float silu(float x) noexcept;
 
-/// y = gelu(x * w1) * w2. x: [T, H], w1: [H, F], w2: [F, H]; returns [T, H].
+/// y = gelu(x * w1) * w2. x: [T, H], w1: [H, F], w2: [F, H]; returns [T, H]. With `stored_as`
+/// bf16 or f16 the weights are the values a layer storing them in that dtype holds (rounded to
+/// nearest even), and for bf16 each projection's input is rounded to bf16 as the kernels do
+/// (bf16 weights multiply bf16 activations; docs/ops.md, "Weight dtypes").
 /// Throws: ShapeError naming the shapes when they do not chain.
-RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2);
+RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2,
+                             DType stored_as = DType::kF32);
 
 /// SwiGLU MLP (LLaMA): y = (silu(x * w_gate) .* (x * w_up)) * w_down. x: [T, H],
-/// w_gate and w_up: [H, F], w_down: [F, H]; returns [T, H].
+/// w_gate and w_up: [H, F], w_down: [F, H]; returns [T, H]. `stored_as` as mlp_gelu_reference.
 /// Throws: ShapeError naming the shapes when they do not chain.
-RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate,
-                               const RowMatrix& w_up, const RowMatrix& w_down);
+RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, const RowMatrix& w_up,
+                               const RowMatrix& w_down, DType stored_as = DType::kF32);
 
 }  // namespace numesh::ops

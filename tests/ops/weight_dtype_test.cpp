@@ -1,0 +1,146 @@
+// The sharded operators with weights stored in bf16 and f16, on the meshes the fp32 tests use:
+// each against the dense reference of the same stored layer (the references honour stored_as:
+// the weights rounded as stored and, for bf16, each projection's input rounded to bf16 as the
+// kernels do), and the 16-bit model's distance from its fp32 self stated and bounded.
+//
+// Bounds: the fp32 tests' bounds, plus room for a rare activation that lands on the other side
+// of a bf16 rounding boundary in the kernel (fp32) than in the reference (float64): one such
+// element moves a projection's output by up to 2^-8 of one term.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/ops/compare.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/transformer.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using testing::expected_groups;
+using testing::make_mesh;
+using testing::matches_reference;
+using testing::mesh_label;
+using testing::MeshCase;
+using testing::random_host;
+
+// The bound for a result with weights of `t`, given the fp32 test's bound.
+double bound_for(DType t, double fp32_bound) { return t == DType::kBF16 ? std::max(fp32_bound, 1e-4) : fp32_bound; }
+
+RowMatrix matrix(const runtime::HostTensor& t) { return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]); }
+
+runtime::HostTensor host(const RowMatrix& m) {
+  return {{m.rows(), m.cols()}, std::vector<float>(m.data(), m.data() + m.size())};
+}
+
+class WeightDtypeTest : public ::testing::TestWithParam<MeshCase> {};
+
+// Both MLP kinds, decode-sized (8 tokens: the decode kernel on every device) and prefill-sized
+// (40 tokens: the 16-bit prefill kernel), with FSDP weights where the mesh has fsdp: the gathered
+// weights stay 16-bit, so the all-gathers move half the bytes.
+TEST_P(WeightDtypeTest, MlpEqualsTheReferenceOfItsStoredWeights) {
+  const auto mesh = make_mesh(GetParam());
+  const std::int64_t h = 32, f = 64;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (std::int64_t tokens : {8, 40}) {
+      for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
+        MlpWeights w;
+        w.up = random_host({h, f}, 1, 0.3f);
+        w.down = random_host({f, h}, 2, 0.3f);
+        if (kind == MlpKind::kSwiGLU) w.gate = random_host({h, f}, 3, 0.3f);
+        w.stored_as = t;
+        const runtime::HostTensor x = random_host({tokens, h}, 4, 1.0f);
+        ShardedMlp mlp(mesh, kind, w, tokens, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
+        const RowMatrix want = kind == MlpKind::kGelu
+                                   ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), t)
+                                   : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down), t);
+        const runtime::HostTensor y = mlp.forward(x);
+        const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
+        EXPECT_TRUE(matches_reference(y, host(want), bound_for(t, bound)))
+            << to_string(t) << " " << to_string(kind) << " tokens " << tokens;
+        for (const TensorPlan& p : mlp.program().plan().tensors) {
+          if (p.role == TensorRole::kWeight || p.name.find("gathered") != std::string::npos) {
+            EXPECT_EQ(p.dtype, t) << p.name << ": weights and their gathered copies keep the stored dtype";
+          }
+        }
+        MlpWeights w32 = w;
+        w32.stored_as = DType::kF32;
+        const ShardedMlp fp32(mesh, kind, w32, tokens, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
+        ASSERT_EQ(mlp.collectives().size(), fp32.collectives().size());
+        for (std::size_t i = 0; i < mlp.collectives().size(); ++i) {
+          const CollectivePlan& c = mlp.collectives()[i];
+          const bool weight = c.name.find(".w_") != std::string::npos;
+          EXPECT_EQ(c.payload_bytes * (weight ? 2 : 1), fp32.collectives()[i].payload_bytes)
+              << c.name << ": a 16-bit weight gather moves half the bytes of an fp32 one, activations the same";
+        }
+      }
+    }
+  }
+}
+
+// The transformer (attention, a SwiGLU MLP block and a MoE block) with every matrix in 16 bits:
+// prefill 20 tokens a sequence (prefill kernels), insert 2, decode 3 (decode kernels), against the
+// dense reference of the stored weights; and the distance from the fp32 model stated.
+TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
+  const auto mesh = make_mesh(GetParam());
+  TransformerConfig c;
+  c.hidden = 32;
+  c.layers = 2;
+  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  c.ffn = 64;
+  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
+  c.moe_ffn = 16;
+  c.moe_every = 2;
+  const std::int64_t batch = 2, max_len = 32;
+  const std::int64_t batch_groups = expected_groups(GetParam(), {"dp", "fsdp"}, batch);
+  const std::int64_t sequence_groups = expected_groups(GetParam(), {"sp"}, 0);
+  const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
+  const TransformerWeights fp32 = TransformerWeights::random(c, 7);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    TransformerWeights w = fp32;
+    w.store_as(t);
+    ShardedTransformer model(mesh, c, w, batch, max_len, axes);
+    TransformerReference stored(c, w, batch, max_len, batch_groups, sequence_groups);
+    TransformerReference full(c, fp32, batch, max_len, batch_groups, sequence_groups);
+    std::int64_t position = 0;
+    double worst_vs_fp32 = 0.0;
+    for (std::int64_t n : {20, 2, 1, 1, 1}) {
+      const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
+      const runtime::HostTensor y = model.forward(x, position);
+      // Prefill of 20 tokens a sequence: 40 rows (20 per batch device) take the prefill kernel.
+      EXPECT_TRUE(matches_reference(y, stored.forward(x, position), bound_for(t, 2e-5)))
+          << to_string(t) << " tokens [" << position << ", " << position + n << ")";
+      const Comparison vs_fp32 = compare(y, full.forward(x, position));
+      worst_vs_fp32 = std::max(worst_vs_fp32, vs_fp32.relative_error);
+      position += n;
+    }
+    // The 16-bit model's distance from the fp32 one (docs/ops.md): bf16 keeps 8 bits of
+    // mantissa (2^-9 relative per weight), f16 11 (2^-12); through two blocks.
+    const double allowed = t == DType::kBF16 ? 1.5e-2 : 1.5e-3;  // measured 6.0e-3 and 5.0e-4
+    EXPECT_LE(worst_vs_fp32, allowed) << to_string(t) << " vs the fp32 model";
+    EXPECT_GT(worst_vs_fp32, 0.0) << to_string(t) << ": the stored weights really were rounded";
+    std::cout << "[ " << mesh_label(GetParam()) << " ] " << to_string(t) << " model vs fp32 model: max relative error "
+              << worst_vs_fp32 << "\n";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, WeightDtypeTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                                           MeshCase{{2}, {"ep"}}, MeshCase{{2, 2}, {"dp", "tp"}},
+                                           MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
+                                           MeshCase{{2, 2}, {"sp", "tp"}}),
+                         testing::mesh_case_name);
+
+}  // namespace
+}  // namespace numesh::ops
