@@ -6,6 +6,12 @@
 //   BM_Gemm/<lib>   the up-projection GEMM alone, x[512, 1024] . W1[1024, 4096]: dense Eigen on
 //                   one thread, OpenBLAS on one thread and on two (single-core efficiency of
 //                   the two libraries, and what OpenBLAS's threading costs on this shape)
+//   BM_Gemm16/<dtype>[_n256]  the same GEMM with the weights in bf16 or f16 by gemm_16bit (one
+//                   thread, at the kernel level NUMESH_KERNELS selects, in the label: with
+//                   avx512 or below bf16 takes the widened-OpenBLAS path), and numesh's fp32
+//                   gemm() (single-threaded OpenBLAS) as f32 in the same run;
+//                   _n256 is one column strip of 256 as a device_gemm tile multiplies it (b and
+//                   c rows 4096 apart)
 //   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's gelu_inplace
 //                   (Eigen's vectorized erf) against a scalar std::erf loop
 //   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
@@ -22,12 +28,17 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <vector>
 #if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
 #include "bench_devices.hpp"
 #include "numesh/ops/kernels/activations.hpp"
+#include "numesh/runtime/convert.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -127,6 +138,31 @@ void BM_Gemm(benchmark::State& state, GemmLib lib) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// c[512, cols] = x[512, 1024] . W1[1024, :cols] with W1 stored as `t` (f32: numesh's gemm(), the
+// baseline; bf16 / f16: gemm_16bit), b and c rows kInter apart: all of W1 (cols = kInter) or one
+// column strip of it, as a device_gemm tile.
+void BM_Gemm16(benchmark::State& state, DType t, std::int64_t cols) {
+  const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
+  const runtime::HostTensor w1 = random({kHidden, kInter}, 1, 0.02f);
+  std::vector<std::uint16_t> w16(w1.data.size());
+  if (t == DType::kBF16) runtime::convert_f32_to_bf16(w1.data, w16);
+  if (t == DType::kF16) runtime::convert_f32_to_f16(w1.data, w16);
+  std::vector<float> h(static_cast<std::size_t>(kTokens * kInter));
+  openblas_set_num_threads(1);  // as numesh's gemm() runs it, whatever ran before
+  for (auto _ : state) {
+    if (t == DType::kF32) {
+      ops::gemm(kTokens, cols, kHidden, 1.0f, x.data.data(), kHidden, w1.data.data(), kInter, false, 0.0f, h.data(),
+                kInter);
+    } else {
+      ops::gemm_16bit(kTokens, cols, kHidden, x.data.data(), kHidden, w16.data(), t, kInter, h.data(), kInter);
+    }
+    benchmark::DoNotOptimize(h.data());
+  }
+  state.SetLabel(t == DType::kF32 ? std::string("openblas") : std::string(runtime::to_string(runtime::kernel_level())));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * kHidden * static_cast<double>(cols) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // GELU over an activation of the MLP's [512, 4096] (values of the spread x . W1 has), on one
 // thread: gelu_inplace inside a one-thread arena, or a scalar std::erf loop. Each iteration
 // starts again from the same values (copied in untimed).
@@ -183,6 +219,12 @@ BENCHMARK_CAPTURE(BM_Gemm, OpenBlas1, GemmLib::kOpenBlasOneThread)
 BENCHMARK_CAPTURE(BM_Gemm, OpenBlas2, GemmLib::kOpenBlasTwoThreads)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f32, DType::kF32, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, bf16, DType::kBF16, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f16, DType::kF16, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f32_n256, DType::kF32, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, bf16_n256, DType::kBF16, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f16_n256, DType::kF16, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gelu, Vectorized, true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gelu, ScalarErf, false)->UseRealTime()->Unit(benchmark::kMillisecond);
 #if defined(__AVX__) && defined(__FMA__)

@@ -110,6 +110,10 @@ Examples:
   cmd->add_flag("--raw-weights", o.raw_weights, "MoE: use the softmax probabilities without renormalising");
   cmd->add_option("--norm-eps", o.norm_eps, "RMSNorm epsilon (block)")->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype,
+                  "Storage dtype of the operator's matrices: f32, bf16 or f16 (the .npy files are f32 and are "
+                  "rounded; the reference uses the rounded weights)")
+      ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
   cmd->add_flag("--no-check", o.no_check, "Skip the comparison with the dense reference");
   cmd->add_option("--json", o.json, "Write the plan, time and check as JSON to FILE");
@@ -123,6 +127,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   NUMESH_CHECK(entry != nullptr, ValueError, "op '{}': expected {}", o.op, op_names_text());
   const sharding::Mode mode = parse_op_mode(o.mode);
   const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
+  const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
   const OpInputs in{o.dir};
   NUMESH_CHECK(fs::is_directory(in.dir), IoError, "--dir '{}' is not a folder", o.dir);
@@ -149,8 +154,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
   const TokenPlan tp = entry->sequence ? token_plan(o, mode, x.shape[1]) : TokenPlan{0, x.shape[0]};
 
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  out << fmt::format("numesh op {}: x [{}] from {}, mesh [{}], mode {}", o.op, fmt::join(x.shape, ", "),
-                     in.dir.string(), axes_text(mesh.mesh()), o.mode);
+  out << fmt::format("numesh op {}: x [{}] from {}, mesh [{}], mode {}, {} weights", o.op, fmt::join(x.shape, ", "),
+                     in.dir.string(), axes_text(mesh.mesh()), o.mode, to_string(dtype));
   if (entry->sequence) out << fmt::format(", timed tokens [{}, {})", tp.prefix, tp.prefix + tp.count);
   out << "\n";
 
@@ -161,7 +166,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
                                           .axes = axes,
                                           .mesh = mesh,
                                           .kv_layout = layout,
-                                          .tokens = tp});
+                                          .tokens = tp,
+                                          .weights = dtype});
   out << "\n" << r.plan.text();
 
   const double flops = std::accumulate(r.plan.flops.begin(), r.plan.flops.end(), 0.0);
@@ -187,7 +193,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   if (!o.json.empty()) {
     std::ofstream file(o.json);
     NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
-    nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"median_seconds", r.seconds}, {"plan", r.plan.to_json()},
+    nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"dtype", to_string(dtype)}, {"median_seconds", r.seconds}, {"plan", r.plan.to_json()},
                      {"output", y_file.string()}};
     if (r.want) {
       j["check"] = check.to_json();

@@ -36,6 +36,7 @@ struct OpOptions {
   bool raw_weights = false;        ///< --raw-weights: no top-k renormalisation
   double norm_eps = 1e-6;          ///< --norm-eps (block)
   std::string kv_layout = "bthd";  ///< --kv-layout
+  std::string dtype = "f32";       ///< --dtype: storage dtype of the operator's matrices
   int repeats = 5;                 ///< --repeats: timed runs (median)
   bool no_check = false;           ///< --no-check: skip the dense comparison
   std::string json;                ///< --json FILE

@@ -47,13 +47,14 @@ ops::AttentionConfig attention_config(const OpOptions& o, const HostTensor& wq) 
                               .rope_theta = static_cast<float>(o.rope_theta)};
 }
 
-ops::AttentionWeights attention_weights(const OpInputs& in) {
-  return ops::AttentionWeights{.wq = in.load("wq"), .wk = in.load("wk"), .wv = in.load("wv"), .wo = in.load("wo")};
+ops::AttentionWeights attention_weights(const OpInputs& in, DType stored_as) {
+  return ops::AttentionWeights{
+      .wq = in.load("wq"), .wk = in.load("wk"), .wv = in.load("wv"), .wo = in.load("wo"), .stored_as = stored_as};
 }
 
-ops::MoeWeights moe_weights(const OpInputs& in) {
+ops::MoeWeights moe_weights(const OpInputs& in, DType stored_as) {
   return ops::MoeWeights{.router = in.load("router"), .gate = in.load("w_gate"), .up = in.load("w_up"),
-                         .down = in.load("w_down")};
+                         .down = in.load("w_down"), .stored_as = stored_as};
 }
 
 ops::MoeConfig moe_config(const OpOptions& o, const HostTensor& router) {
@@ -90,9 +91,10 @@ OpResult run_mlp(const OpContext& ctx) {
   const OpOptions& o = ctx.options;
   const HostTensor& x = ctx.x;
   const bool swiglu = ctx.inputs.has("w_gate");
-  const ops::MlpWeights w = swiglu ? ops::MlpWeights{.gate = ctx.inputs.load("w_gate"), .up = ctx.inputs.load("w_up"),
-                                                     .down = ctx.inputs.load("w_down")}
-                                   : ops::MlpWeights{.gate = {}, .up = ctx.inputs.load("w1"), .down = ctx.inputs.load("w2")};
+  const ops::MlpWeights w =
+      swiglu ? ops::MlpWeights{.gate = ctx.inputs.load("w_gate"), .up = ctx.inputs.load("w_up"),
+                               .down = ctx.inputs.load("w_down"), .stored_as = ctx.weights}
+             : ops::MlpWeights{.gate = {}, .up = ctx.inputs.load("w1"), .down = ctx.inputs.load("w2"), .stored_as = ctx.weights};
   ops::ShardedMlp mlp(ctx.mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
                       ops::MlpAxes{.batch = ctx.axes.batch, .tensor = ctx.axes.mlp});
   OpResult r;
@@ -100,8 +102,9 @@ OpResult run_mlp(const OpContext& ctx) {
   traced_run(o, mlp.program(), [&] { mlp.forward(x); }, r);
   r.plan = mlp.program().plan();
   if (!o.no_check) {
-    const ops::RowMatrix want = swiglu ? ops::mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down))
-                                       : ops::mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down));
+    const ops::RowMatrix want =
+        swiglu ? ops::mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down), w.stored_as)
+               : ops::mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), w.stored_as);
     r.want = HostTensor{.shape = x.shape, .data = std::vector<float>(want.data(), want.data() + want.size())};
   }
   return r;
@@ -111,7 +114,7 @@ OpResult run_mlp(const OpContext& ctx) {
 OpResult run_moe(const OpContext& ctx) {
   const OpOptions& o = ctx.options;
   const HostTensor& x = ctx.x;
-  const ops::MoeWeights w = moe_weights(ctx.inputs);
+  const ops::MoeWeights w = moe_weights(ctx.inputs, ctx.weights);
   const ops::MoeConfig c = moe_config(o, w.router);
   ops::ShardedMoe moe(ctx.mesh, c, w, x.shape[0],
                       ops::MoeAxes{.batch = ctx.axes.batch, .expert = ctx.axes.expert, .tensor = ctx.axes.expert_tensor});
@@ -140,7 +143,7 @@ OpResult run_attention(const OpContext& ctx) {
   const OpOptions& o = ctx.options;
   const HostTensor& x = ctx.x;
   const TokenPlan& tp = ctx.tokens;
-  const ops::AttentionWeights w = attention_weights(ctx.inputs);
+  const ops::AttentionWeights w = attention_weights(ctx.inputs, ctx.weights);
   const ops::AttentionConfig c = attention_config(o, w.wq);
   const std::int64_t cache = ctx.mode == sharding::Mode::kTrain ? 0 : x.shape[1];
   ops::ShardedAttention layer(ctx.mesh, c, w, x.shape[0], cache,
@@ -169,18 +172,19 @@ OpResult run_block(const OpContext& ctx) {
   ops::BlockWeights b;
   b.attn_norm = as_row(in.load("attn_norm"));
   b.ffn_norm = as_row(in.load("ffn_norm"));
-  b.attention = attention_weights(in);
+  b.attention = attention_weights(in, ctx.weights);
   c.attention = attention_config(o, b.attention.wq);
   c.norm_eps = static_cast<float>(o.norm_eps);
   if (in.has("router")) {
-    b.moe = moe_weights(in);
+    b.moe = moe_weights(in, ctx.weights);
     c.moe = moe_config(o, b.moe.router);
     NUMESH_CHECK(b.moe.gate.shape.size() == 3, ShapeError, "w_gate.npy is [{}]; expected [E, H, F]",
                  fmt::join(b.moe.gate.shape, ", "));
     c.moe_ffn = b.moe.gate.shape[2];
     c.moe_every = 1;
   } else {
-    b.mlp = ops::MlpWeights{.gate = in.load("w_gate"), .up = in.load("w_up"), .down = in.load("w_down")};
+    b.mlp = ops::MlpWeights{
+        .gate = in.load("w_gate"), .up = in.load("w_up"), .down = in.load("w_down"), .stored_as = ctx.weights};
     NUMESH_CHECK(b.mlp.up.shape.size() == 2, ShapeError, "w_up.npy is [{}]; expected [H, F]",
                  fmt::join(b.mlp.up.shape, ", "));
     c.ffn = b.mlp.up.shape[1];

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/lowering/program.hpp"
@@ -63,6 +64,7 @@ struct OpContext {
   const runtime::DeviceMesh& mesh;
   ops::KvLayout kv_layout;
   TokenPlan tokens;
+  DType weights = DType::kF32;   ///< --dtype: the storage dtype of the operator's matrices
 };
 
 /// What an operator's run produced.

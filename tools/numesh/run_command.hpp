@@ -39,6 +39,8 @@ struct RunOptions {
   std::int64_t moe_every = 2;
   double capacity = 0.0;           ///< --capacity: 0 = dropless
   std::string kv_layout = "bthd";
+  /// Storage dtype of the attention, MLP and expert matrices: f32, bf16 or f16.
+  std::string dtype = "f32";
   std::uint32_t seed = 0;
   int repeats = 3;                 ///< --repeats: timed prefill runs (median)
   bool no_check = false;           ///< --no-check: skip the dense comparison

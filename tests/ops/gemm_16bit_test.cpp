@@ -1,0 +1,337 @@
+#include "numesh/ops/kernels/gemm_16bit.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using runtime::KernelLevel;
+
+bool runs_here(KernelLevel l) {
+  const std::vector<KernelLevel> levels = runtime::runnable_kernel_levels();
+  return std::find(levels.begin(), levels.end(), l) != levels.end();
+}
+
+// Names the levels this CPU cannot run (their tests are left out, not passed).
+void report_skipped_levels() {
+  std::string skipped;
+  for (KernelLevel l : {KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
+    if (!runs_here(l)) skipped += " " + std::string(runtime::to_string(l));
+  }
+  if (!skipped.empty()) std::cout << "[ SKIPPED  ] levels this CPU cannot run:" << skipped << "\n";
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// A product c[m, n] = a[m, k] b[k, n] with every leading dimension larger than its row (the
+// padding of a and b is garbage, c's padding a sentinel the kernel must not touch).
+struct Problem {
+  std::int64_t m, n, k, lda, ldb, ldc;
+  std::vector<float> a;
+  std::vector<float> b_values;  // the weights before rounding to the 16-bit dtype
+};
+
+Problem make_problem(std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed) {
+  Problem p{m, n, k, k + 3, n + 5, n + 7, {}, {}};
+  p.a = random_floats(static_cast<std::size_t>(m * p.lda), seed);
+  p.b_values = random_floats(static_cast<std::size_t>(k * p.ldb), seed + 1);
+  return p;
+}
+
+std::vector<std::uint16_t> weights_as(const std::vector<float>& values, DType t) {
+  std::vector<std::uint16_t> bits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    bits[i] = t == DType::kBF16 ? bf16_from_f32(values[i]) : f16_from_f32(values[i]);
+  }
+  return bits;
+}
+
+float weight_value(std::uint16_t bits, DType t) { return t == DType::kBF16 ? f32_from_bf16(bits) : f32_from_f16(bits); }
+
+constexpr float kSentinel = 12345.0f;
+
+// Runs gemm_16bit on `p` into a c that holds NaN (c is output only) with kSentinel in its
+// padding; fails the test if the padding changed. Returns c packed to [m, n].
+std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t, KernelLevel level,
+                       const std::string& label) {
+  std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
+  }
+  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, p.ldb, c.data(), p.ldc, level);
+  std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.ldc; ++j) {
+      const float x = c[static_cast<std::size_t>(i * p.ldc + j)];
+      if (j < p.n) {
+        packed[static_cast<std::size_t>(i * p.n + j)] = x;
+      } else if (std::bit_cast<std::uint32_t>(x) != std::bit_cast<std::uint32_t>(kSentinel)) {
+        ADD_FAILURE() << label << ": c's padding at row " << i << ", column " << j << " was overwritten";
+        return packed;
+      }
+    }
+  }
+  return packed;
+}
+
+// ---- The oracle of the vdpbf16ps path -------------------------------------------------------------
+
+// A bf16 value as vdpbf16ps reads it: subnormals are zero (DAZ).
+float bf16_daz(std::uint16_t h) {
+  const float x = f32_from_bf16(h);
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
+}
+
+// One step of vdpbf16ps as Intel defines it: the exact product of two bf16 values added in fp32
+// with one rounding to nearest even, a subnormal result flushed to zero (FTZ).
+float dp_step(float acc, float x, float y) {
+  const float s = std::fma(x, y, acc);  // x y is exact in fp32 for bf16 x, y in the normal range
+  return std::fpclassify(s) == FP_SUBNORMAL ? std::copysign(0.0f, s) : s;
+}
+
+// The scalar emulation of the vdpbf16ps path (the header's formula): a rounded to bf16, k padded
+// to whole pairs with zeros, each element one chain over the pairs in k order, the odd element of
+// a pair added first.
+std::vector<float> emulate_dpbf16(const Problem& p, const std::vector<std::uint16_t>& b) {
+  std::vector<float> c(static_cast<std::size_t>(p.m * p.n));
+  const auto a_at = [&](std::int64_t i, std::int64_t r) {
+    return r < p.k ? bf16_daz(bf16_from_f32(p.a[static_cast<std::size_t>(i * p.lda + r)])) : 0.0f;
+  };
+  const auto b_at = [&](std::int64_t r, std::int64_t j) {
+    return r < p.k ? bf16_daz(b[static_cast<std::size_t>(r * p.ldb + j)]) : 0.0f;
+  };
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.n; ++j) {
+      float acc = 0.0f;
+      for (std::int64_t r = 0; r < p.k; r += 2) {
+        acc = dp_step(acc, a_at(i, r + 1), b_at(r + 1, j));
+        acc = dp_step(acc, a_at(i, r), b_at(r, j));
+      }
+      c[static_cast<std::size_t>(i * p.n + j)] = acc;
+    }
+  }
+  return c;
+}
+
+// ---- The float64 reference and its bound ---------------------------------------------------------
+
+// The float64 product of a (rounded to bf16 when `round_a`) and the stored weights, and for
+// each element the sum of |a[i][r] b[r][j]|, which bounds the fp32 rounding error.
+struct Reference {
+  std::vector<double> value, magnitude;
+};
+
+Reference reference(const Problem& p, const std::vector<std::uint16_t>& b, DType t, bool round_a) {
+  Reference ref{std::vector<double>(static_cast<std::size_t>(p.m * p.n), 0.0),
+                std::vector<double>(static_cast<std::size_t>(p.m * p.n), 0.0)};
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t r = 0; r < p.k; ++r) {
+      const float x = p.a[static_cast<std::size_t>(i * p.lda + r)];
+      const double ar = round_a ? f32_from_bf16(bf16_from_f32(x)) : x;
+      for (std::int64_t j = 0; j < p.n; ++j) {
+        const double prod = ar * weight_value(b[static_cast<std::size_t>(r * p.ldb + j)], t);
+        ref.value[static_cast<std::size_t>(i * p.n + j)] += prod;
+        ref.magnitude[static_cast<std::size_t>(i * p.n + j)] += std::abs(prod);
+      }
+    }
+  }
+  return ref;
+}
+
+// Whether every element is within the worst-case error of fp32 accumulation of the k products:
+// any summation order of k terms with one rounding (unit roundoff u = 2^-24) per addition or
+// fused multiply-add is within (k + 1) u sum |terms| of the exact sum to first order (Higham,
+// Accuracy and Stability, 3.1). The vdpbf16ps chain makes at most k + 1 roundings (a zero pair
+// pads an odd k), OpenBLAS k; the bound takes (k + 2) u sum |a b| plus 1e-30 for the sign of zero.
+::testing::AssertionResult within_fp32_accumulation(const std::vector<float>& got, const Reference& want,
+                                                    std::int64_t k) {
+  const double unit = std::ldexp(1.0, -24);
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    const double bound = static_cast<double>(k + 2) * unit * want.magnitude[e] + 1e-30;
+    const double err = std::abs(static_cast<double>(got[e]) - want.value[e]);
+    if (!(err <= bound)) {
+      return ::testing::AssertionFailure() << "element " << e << ": got " << got[e] << ", want " << want.value[e]
+                                           << ", error " << err << " > bound " << bound;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Shape {
+  std::int64_t m, n, k;
+};
+
+// Shapes that do and do not fill the blocking of both paths: the micro-kernel's 12 rows x 32
+// columns, 192 rows of a per pack, 256 rows of b (k) per block and per widened panel, 1024
+// columns per block of packed b and 4096 per widened panel; odd and even k. Small enough for
+// the whole test to run in well under a second in a Debug build.
+const std::vector<Shape>& shapes() {
+  static const std::vector<Shape> s = {
+      {1, 1, 1},     {3, 15, 2},     {8, 16, 31},   {13, 33, 64},   {64, 48, 255},
+      {77, 257, 20}, {200, 17, 261}, {5, 40, 1000}, {1, 4100, 3},   {24, 1030, 33},
+  };
+  return s;
+}
+
+std::string label_of(const Shape& s, DType t, KernelLevel l) {
+  return std::string(to_string(t)) + " m" + std::to_string(s.m) + " n" + std::to_string(s.n) + " k" +
+         std::to_string(s.k) + " at " + std::string(runtime::to_string(l));
+}
+
+// The vdpbf16ps path gives the bits of the scalar emulation of Intel's definition (two fp32
+// roundings per pair, the odd element first), on normal-range random data, for every shape.
+TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
+  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "this CPU cannot run avx512-bf16";
+  std::uint32_t seed = 10;
+  for (const Shape& s : shapes()) {
+    const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
+    const std::vector<std::uint16_t> b = weights_as(p.b_values, DType::kBF16);
+    const std::string label = label_of(s, DType::kBF16, KernelLevel::kAvx512Bf16);
+    const std::vector<float> got = run(p, b, DType::kBF16, KernelLevel::kAvx512Bf16, label);
+    const std::vector<float> want = emulate_dpbf16(p, b);
+    std::int64_t differ = 0, first = -1;
+    for (std::size_t e = 0; e < got.size(); ++e) {
+      if (std::bit_cast<std::uint32_t>(got[e]) != std::bit_cast<std::uint32_t>(want[e])) {
+        if (differ++ == 0) first = static_cast<std::int64_t>(e);
+      }
+    }
+    EXPECT_EQ(differ, 0) << label << ": first at element " << first << ", got "
+                         << (first >= 0 ? got[static_cast<std::size_t>(first)] : 0.0f) << " want "
+                         << (first >= 0 ? want[static_cast<std::size_t>(first)] : 0.0f);
+  }
+}
+
+// The emulation's subnormal rules hold on this CPU: a bf16 subnormal weight reads as zero, and
+// a subnormal partial sum is flushed to zero before the pair's second product is added.
+TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
+  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "this CPU cannot run avx512-bf16";
+  const auto p2 = [](int e) { return std::ldexp(1.0f, e); };
+  // Weight 0x0001 (2^-133, subnormal) times 2^100: 2^-33 exactly, but read as zero.
+  {
+    const float a[1] = {p2(100)};
+    const std::uint16_t b[1] = {0x0001};
+    float c = -1.0f;
+    gemm_16bit(1, 1, 1, a, 1, b, DType::kBF16, 1, &c, 1, KernelLevel::kAvx512Bf16);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(c), 0u) << c;
+  }
+  // k = 4: the first pair leaves 2^-120; the second pair's odd product -(2^-120 - 2^-127)
+  // takes it to 2^-127 (subnormal, flushed), then its even product 2^-126 is added: 2^-126,
+  // where an unflushed chain would give 1.5 * 2^-126.
+  {
+    const float a[4] = {0.0f, p2(-60), p2(-63), -p2(-60)};
+    const std::uint16_t b[4] = {0, bf16_from_f32(p2(-60)), bf16_from_f32(p2(-63)),
+                                bf16_from_f32(p2(-60) * (1.0f - p2(-7)))};
+    float c = -1.0f;
+    gemm_16bit(1, 1, 4, a, 4, b, DType::kBF16, 1, &c, 1, KernelLevel::kAvx512Bf16);
+    EXPECT_EQ(c, p2(-126));
+    const Problem prob{1, 1, 4, 4, 1, 1, std::vector<float>(a, a + 4), {}};
+    EXPECT_EQ(emulate_dpbf16(prob, std::vector<std::uint16_t>(b, b + 4)).front(), p2(-126));
+  }
+}
+
+// Every level this CPU runs, both dtypes, every shape, strided a, b and c: within the worst-case
+// fp32 accumulation error of the float64 product of the same rounded inputs (a rounded to bf16
+// on the vdpbf16ps path, a as given otherwise); c's padding untouched. On the vdpbf16ps path the
+// same bound rejects the product of the unrounded a, so the check sees the rounding it allows for.
+TEST(Gemm16BitTest, EveryLevelAndDtypeMatchesTheFloat64ProductOfItsInputs) {
+  report_skipped_levels();
+  std::uint32_t seed = 100;
+  for (const Shape& s : shapes()) {
+    const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const std::vector<std::uint16_t> b = weights_as(p.b_values, t);
+      const Reference exact_a = reference(p, b, t, /*round_a=*/false);
+      for (KernelLevel l : runtime::runnable_kernel_levels()) {
+        const std::string label = label_of(s, t, l);
+        const std::vector<float> got = run(p, b, t, l, label);
+        if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
+          EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/true), s.k)) << label;
+          EXPECT_FALSE(within_fp32_accumulation(got, exact_a, s.k)) << label << ": a was not rounded to bf16";
+        } else {
+          EXPECT_TRUE(within_fp32_accumulation(got, exact_a, s.k)) << label;
+        }
+      }
+    }
+  }
+}
+
+// k = 0 writes zeros; m = 0 or n = 0 writes nothing.
+TEST(Gemm16BitTest, EmptyProducts) {
+  for (KernelLevel l : runtime::runnable_kernel_levels()) {
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+      const Problem p = make_problem(5, 40, 0, 7);
+      const std::vector<float> got = run(p, {0}, t, l, label);
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }))
+          << label;
+      float c = kSentinel;
+      const float a = 1.0f;
+      const std::uint16_t w = 0x3F80;
+      gemm_16bit(0, 1, 1, &a, 1, &w, t, 1, &c, 1, l);
+      gemm_16bit(1, 0, 1, &a, 1, &w, t, 1, &c, 1, l);
+      EXPECT_EQ(c, kSentinel) << label;
+    }
+  }
+}
+
+// A NaN weight makes NaN exactly the column it multiplies into; an infinite one makes its column
+// infinite with the sign of a's entries; every other output stays finite. The NaN sits in the
+// zero-padded pair of an odd k and in the last, partial strip of columns.
+TEST(Gemm16BitTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
+  const std::int64_t m = 14, n = 45, k = 33, nan_row = 32, nan_col = 44, inf_row = 5, inf_col = 3;
+  Problem p = make_problem(m, n, k, 3);
+  for (float& x : p.a) x = x < 0.0f ? x - 0.5f : x + 0.5f;  // no zero (0 * inf is NaN), no subnormal
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<std::uint16_t> b = weights_as(p.b_values, t);
+    b[static_cast<std::size_t>(nan_row * p.ldb + nan_col)] = t == DType::kBF16 ? 0x7FC0 : 0x7E00;
+    b[static_cast<std::size_t>(inf_row * p.ldb + inf_col)] = t == DType::kBF16 ? 0x7F80 : 0x7C00;
+    for (KernelLevel l : runtime::runnable_kernel_levels()) {
+      const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+      const std::vector<float> got = run(p, b, t, l, label);
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const float x = got[static_cast<std::size_t>(i * n + j)];
+          if (j == nan_col) {
+            EXPECT_TRUE(std::isnan(x)) << label << " [" << i << ", " << j << "] = " << x;
+          } else if (j == inf_col) {
+            const float sign = p.a[static_cast<std::size_t>(i * p.lda + inf_row)] < 0.0f ? -1.0f : 1.0f;
+            EXPECT_EQ(x, sign * std::numeric_limits<float>::infinity()) << label << " [" << i << ", " << j << "]";
+          } else {
+            EXPECT_TRUE(std::isfinite(x)) << label << " [" << i << ", " << j << "] = " << x;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm16BitTest, RejectsFp32WeightsAndNegativeSizes) {
+  const float a[4] = {1, 2, 3, 4};
+  float c[4] = {};
+  EXPECT_THROW(gemm_16bit(2, 2, 2, a, 2, a, DType::kF32, 2, c, 2), ShapeError);
+  const std::uint16_t w[4] = {};
+  EXPECT_THROW(gemm_16bit(-1, 2, 2, a, 2, w, DType::kBF16, 2, c, 2), ShapeError);
+  EXPECT_THROW(gemm_16bit(2, 2, 2, a, 1, w, DType::kF16, 2, c, 2), ShapeError);
+}
+
+}  // namespace
+}  // namespace numesh::ops
