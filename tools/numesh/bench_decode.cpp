@@ -102,13 +102,14 @@ struct DecodeFigures {
 // `steps` timed ones.
 DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::TransformerConfig& config,
                              const ops::ModelAxes& axes, const BenchDecodeOptions& o,
-                             ops::KvLayout layout, const ProgressLine& progress) {
-  const std::string name = fmt::format("hidden {}", config.hidden);
+                             ops::KvLayout layout, DType dtype, const ProgressLine& progress) {
+  const std::string name = fmt::format("hidden {} {}", config.hidden, to_string(dtype));
   progress.show(fmt::format("{}: building weights ({:.1f} M parameters) ...", name,
                             static_cast<double>(config.parameters()) / 1e6));
   std::unique_ptr<ops::ShardedTransformer> model;
   {
-    const ops::TransformerWeights weights = ops::TransformerWeights::random(config, o.seed);
+    ops::TransformerWeights weights = ops::TransformerWeights::random(config, o.seed);
+    weights.store_as(dtype);
     progress.show(fmt::format("{}: laying out weights ...", name));
     model = std::make_unique<ops::ShardedTransformer>(mesh, config, weights, o.batch,
                                                       o.prompt + 1 + o.steps, axes, layout);
@@ -165,11 +166,13 @@ With MoE blocks (--moe-every) every local expert is counted, more than top-k rou
 Model: --heads 0 means hidden / head_dim, --kv-heads 0 a quarter of the heads (all when 4
 does not divide them), --ffn 0 four times hidden, --moe-ffn 0 ffn / top-k. --sweep-hidden runs
 each size with those rules (ffn = 4 x hidden).
-Columns: hidden, ffn, layers, heads (query/kv), parameters, MB read per step, median step ms,
-tokens/s (batch / step), GB/s, of read.
+Columns: hidden, ffn, layers, heads (query/kv), parameters, weight dtype (norms and the KV
+cache stay f32), MB read per step, median step ms, tokens/s (batch / step), GB/s, of read, and
+x f32: tokens/s over the same size's f32 row of this run.
 
 Examples:
   numesh bench decode
+  numesh bench decode --dtypes f32,bf16
   numesh bench decode --sweep-hidden 256,512,1024,2048 --json decode.json
   numesh bench decode --hidden 2048 --layers 2 --batch 4 --steps 32
   scripts/plot_benchmarks.py decode.json --out plots)");
@@ -202,6 +205,10 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed passes of the read bandwidth (median)")
       ->capture_default_str();
+  cmd->add_option("--dtypes", o.dtypes,
+                  "Weight storage dtypes, comma-separated (f32, bf16, f16): each size runs once per dtype, in "
+                  "this order; rows after an f32 row give their tokens/s over it (x f32)")
+      ->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
@@ -219,6 +226,14 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
                "--repeats {} must be between 1 and 100000", o.repeats);
   const std::size_t bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
   const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
+  std::vector<DType> dtypes;
+  for (std::string_view name : split_list(o.dtypes)) {
+    const DType t = parse_dtype(name);
+    NUMESH_CHECK(std::find(dtypes.begin(), dtypes.end(), t) == dtypes.end(), ValueError,
+                 "--dtypes '{}': {} is listed twice", o.dtypes, to_string(t));
+    dtypes.push_back(t);
+  }
+  NUMESH_CHECK(!dtypes.empty(), ValueError, "--dtypes '{}': no dtype given", o.dtypes);
   std::vector<ops::TransformerConfig> configs;
   for (std::int64_t hidden : hidden_sizes(o)) {
     configs.push_back(
@@ -294,41 +309,49 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
         "route to top-k experts reads");
   }
   for (const std::string& note : notes) out << "note: " << note << "\n";
-  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "hidden",
-                     "ffn", "layers", "heads", "params M", "MB/step", "step ms", "tokens/s", "GB/s",
-                     "of read");
+  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n", "hidden",
+                     "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms", "tokens/s", "GB/s",
+                     "of read", "x f32");
   out.flush();
 
   nlohmann::json models = nlohmann::json::array();
   for (std::size_t k = 0; k < configs.size(); ++k) {
-    const DecodeFigures f = measure_decode(mesh, configs[k], axes[k], o, layout, progress);
-    const ops::TransformerConfig& c = f.config;
-    const double fraction = f.gbps / read_gbps;
-    const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
-    out << fmt::format(
-        "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f}\n", c.hidden,
-        c.ffn, c.layers, fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
-        static_cast<double>(c.parameters()) / 1e6, f.bytes_per_step / 1e6, f.median_step * 1e3,
-        tokens_per_second, f.gbps, fraction);
-    out.flush();
-    models.push_back({{"hidden", c.hidden},
-                      {"ffn", c.ffn},
-                      {"layers", c.layers},
-                      {"heads", c.attention.num_heads},
-                      {"kv_heads", c.attention.num_kv_heads},
-                      {"head_dim", c.attention.head_dim},
-                      {"moe_every", c.moe_every},
-                      {"parameters", c.parameters()},
-                      {"weight_bytes", c.parameters() * 4},
-                      {"batch", o.batch},
-                      {"prompt", o.prompt},
-                      {"steps", o.steps},
-                      {"bytes_per_step", f.bytes_per_step},
-                      {"median_step_seconds", f.median_step},
-                      {"min_step_seconds", f.min_step},
-                      {"tokens_per_second", tokens_per_second},
-                      {"gbps", f.gbps},
-                      {"fraction_of_read", fraction}});
+    double f32_tokens_per_second = 0.0;  // this size's fp32 row, when --dtypes starts with f32
+    for (DType dtype : dtypes) {
+      const DecodeFigures f = measure_decode(mesh, configs[k], axes[k], o, layout, dtype, progress);
+      const ops::TransformerConfig& c = f.config;
+      const double fraction = f.gbps / read_gbps;
+      const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
+      if (dtype == DType::kF32) f32_tokens_per_second = tokens_per_second;
+      const double speedup = f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
+      out << fmt::format(
+          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} {:>6}\n", c.hidden,
+          c.ffn, c.layers, fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
+          static_cast<double>(c.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6, f.median_step * 1e3,
+          tokens_per_second, f.gbps, fraction, speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
+      out.flush();
+      nlohmann::json model{{"hidden", c.hidden},
+                           {"ffn", c.ffn},
+                           {"layers", c.layers},
+                           {"heads", c.attention.num_heads},
+                           {"kv_heads", c.attention.num_kv_heads},
+                           {"head_dim", c.attention.head_dim},
+                           {"moe_every", c.moe_every},
+                           {"parameters", c.parameters()},
+                           {"dtype", to_string(dtype)},
+                           {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
+                           {"batch", o.batch},
+                           {"prompt", o.prompt},
+                           {"steps", o.steps},
+                           {"bytes_per_step", f.bytes_per_step},
+                           {"median_step_seconds", f.median_step},
+                           {"min_step_seconds", f.min_step},
+                           {"tokens_per_second", tokens_per_second},
+                           {"gbps", f.gbps},
+                           {"fraction_of_read", fraction}};
+      if (speedup > 0.0 && dtype != DType::kF32) model["tokens_per_second_vs_f32"] = speedup;
+      models.push_back(std::move(model));
+    }
   }
 
   if (json_file.is_open()) {

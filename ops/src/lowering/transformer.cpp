@@ -198,7 +198,7 @@ std::int64_t ShardedTransformer::sequence_groups() const noexcept {
 
 std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) const {
   auto bytes = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
-    return t ? t->layout().bytes_per_device(4) : std::int64_t{0};
+    return t ? t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype()))) : std::int64_t{0};
   };
   std::int64_t total = bytes(final_norm_);
   for (const auto& layer : layers_) {
@@ -210,7 +210,8 @@ std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) 
     }
     // The valid part of both caches: local sequences x (position + 1) x local kv heads x d.
     const std::int64_t cache_per_position =
-        layer->cache.k->layout().bytes_per_device(4) / layer->cache.max_len;
+        layer->cache.k->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(layer->cache.k->dtype()))) /
+        layer->cache.max_len;
     total += 2 * cache_per_position * (position + 1);
   }
   return total;
