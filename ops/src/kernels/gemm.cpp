@@ -169,7 +169,11 @@ namespace {
 void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
-  if (m <= kSkinnyMaxRows && n * k * elem >= kMinSkinnySplitBytes) {
+  // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
+  // twin: its strips would be half as many bytes wide (128 B runs per row for bf16), and bf16
+  // decode on two devices of one thread ran slower than fp32 when the 4 MiB bf16 MLP weights
+  // took them (numesh bench decode --policy core: 0.77-0.92x of fp32).
+  if (m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
     device_decode_gemm(a, b.data, b.dtype, c);
     return;
   }
