@@ -14,6 +14,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -34,12 +35,9 @@ void report_skipped_levels() {
   if (!skipped.empty()) std::cout << "[ SKIPPED  ] levels this CPU cannot run:" << skipped << "\n";
 }
 
+// `n` normal(0, 1) values from a seeded generator.
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
+  return testing::random_host({static_cast<std::int64_t>(n)}, seed, 1.0f).data;
 }
 
 // A product c[m, n] = a[m, k] b[k, n] with every leading dimension larger than its row (the

@@ -13,6 +13,7 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -21,12 +22,9 @@ using runtime::KernelLevel;
 using runtime::convert_f32_to_bf16;
 using runtime::convert_f32_to_f16;
 
+// `n` normal(0, 1) values from a seeded generator.
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
+  return testing::random_host({static_cast<std::int64_t>(n)}, seed, 1.0f).data;
 }
 
 // Every level this CPU runs, for every weight dtype, rows 1..16 and column counts that do and do
