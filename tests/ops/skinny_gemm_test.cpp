@@ -64,7 +64,7 @@ TEST(SkinnyGemmTest, EveryLevelAndDtypeEqualsTheScalarKernel) {
         for (std::int64_t i = 0; i < m; ++i) {
           std::copy_n(scalar.begin() + i * ldc, n, dense.begin() + i * n);
         }
-        EXPECT_TRUE(testing::within_abs(std::span<const float>(dense), std::span<const double>(want), 1e-4)) << label;
+        EXPECT_TRUE(numesh::testing::within_abs(std::span<const float>(dense), std::span<const double>(want), 1e-4)) << label;
         for (KernelLevel l : levels) {
           std::vector<float> got(static_cast<std::size_t>(m * ldc), -1.0f);
           skinny_gemm(m, n, k, a.data(), lda, b, t, ldb, got.data(), ldc, l);
