@@ -59,25 +59,26 @@ void copy_parallel(void* dst, const void* src, std::size_t n, DType type) {
   });
 }
 
-// dst[i] = op over k of inputs[k][i], k in order, for i in [0, n).
-void reduce_block(float* dst, const std::vector<const float*>& inputs, std::size_t offset,
+// dst[i] = op over k of inputs[k][i] (fp32), k in order, for i in [0, n).
+void reduce_block(float* dst, const std::vector<const void*>& inputs, std::size_t offset,
                   std::size_t n, ReduceOp op) {
-  const float* a = inputs[0] + offset;
+  auto input = [&](std::size_t k) { return static_cast<const float*>(inputs[k]) + offset; };
+  const float* a = input(0);
   if (inputs.size() == 1) {
     detail::copy_floats(dst, a, n, false);
     return;
   }
-  const float* b = inputs[1] + offset;
+  const float* b = input(1);
   if (op == ReduceOp::kSum) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
     for (std::size_t k = 2; k < inputs.size(); ++k) {
-      const float* c = inputs[k] + offset;
+      const float* c = input(k);
       for (std::size_t i = 0; i < n; ++i) dst[i] += c[i];
     }
   } else {
     for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(a[i], b[i]);
     for (std::size_t k = 2; k < inputs.size(); ++k) {
-      const float* c = inputs[k] + offset;
+      const float* c = input(k);
       for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], c[i]);
     }
   }
@@ -111,15 +112,11 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
 // dst[0, n) = op over inputs[k][offset, offset + n), elements of `type`.
 void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::size_t offset,
                      std::size_t n, ReduceOp op, DType type) {
-  std::vector<const float*> floats;
-  if (type == DType::kF32) {
-    for (const void* p : inputs) floats.push_back(static_cast<const float*>(p));
-  }
   for_range(n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; i += kReduceBlock) {
       const std::size_t len = std::min(kReduceBlock, e - i);
       if (type == DType::kF32) {
-        reduce_block(static_cast<float*>(dst) + i, floats, offset + i, len, op);
+        reduce_block(static_cast<float*>(dst) + i, inputs, offset + i, len, op);
       } else {
         reduce_block_16bit(static_cast<std::uint16_t*>(dst) + i, inputs, offset + i, len, op, type);
       }
