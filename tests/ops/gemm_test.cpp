@@ -129,9 +129,12 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   }
   // Decode: a single row is split along n; prefill-sized products in row and column tiles.
   EXPECT_EQ(gemm_tiling(1, 4096, 1024).row_block, 1);
-  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 64) << "strips for decode products under 8 MiB";
-  EXPECT_EQ(skinny_k_block(4096, 1024), 64) << "larger ones in blocks of about 1 MiB of whole rows";
+  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 64) << "strips (device_gemm takes them under 1 MiB)";
+  EXPECT_EQ(skinny_k_block(4096, 1024), 64) << "1 MiB and more in blocks of a sixteenth, at most 1 MiB";
   EXPECT_EQ(skinny_k_block(1024, 4096), 256);
+  EXPECT_EQ(skinny_k_block(1024, 1024), 64) << "4 MiB: 16 blocks of 256 KiB";
+  EXPECT_EQ(skinny_k_block(1024, 1024, DType::kBF16), 64) << "the same rows for 16-bit weights";
+  EXPECT_EQ(skinny_k_block(256, 256), 64) << "at least 64 KiB a block";
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).col_block, 256) << "column strips first";
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 256) << "then row blocks, for 64 tiles";
   EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512), 4)

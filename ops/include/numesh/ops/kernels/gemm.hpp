@@ -50,8 +50,9 @@ struct GemmTiling {
 /// for decode), then row blocks of at least 256 rows when the strips are too few.
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
-/// Rows of b per task of a decode product (m <= 16): whole rows of b, about 1 MiB of them a
-/// block, at most 64 blocks, a multiple of 4. Depends on the shapes only.
+/// Rows of b per task of a decode product (m <= 16): whole rows of b, a sixteenth of b a block
+/// but between 64 KiB and 1 MiB of it, at most 64 blocks, a multiple of 4. Depends on the shapes
+/// only.
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
 
 /// The decode path of device_gemm for weights of any dtype: c[m, n] = a[m, k] b[k, n], b stored
@@ -63,15 +64,15 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 
 /// c = a * b for a weight matrix b [k, n] of any dtype, over the calling thread's arena: fp32
 /// as the overload below; bf16 / f16 weights through the same tiling with skinny_gemm() (the
-/// decode tiles, fp32 activations, and device_decode_gemm() for 8 MiB of weights and more) and
-/// gemm_16bit() (prefill tiles; on AVX-512 BF16 with bf16 weights it rounds the activations
-/// to bf16, see gemm_16bit.hpp). Bitwise identical results for any number of threads.
+/// decode tiles, and device_decode_gemm() for decode products of 1 MiB or more counted as fp32)
+/// and gemm_16bit() (prefill tiles). bf16 weights multiply bf16-rounded activations on every
+/// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for any number of threads.
 /// Throws: ShapeError naming the shapes when they do not multiply.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
 /// gemm() call (skinny_gemm() for decode tiles of m <= 16 rows); decode products whose b has
-/// 8 MiB or more instead run as blocks of skinny_k_block() whole rows of b, each skinny_gemm()
+/// 1 MiB or more instead run as blocks of skinny_k_block() whole rows of b, each skinny_gemm()
 /// into a partial product, the partials summed in block order.
 /// Bitwise identical results for any number of threads.
 /// Throws: as gemm().
