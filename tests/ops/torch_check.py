@@ -14,6 +14,11 @@ matmuls, softmax) from the same fp32 inputs, then compares every numesh output w
     with the index of the worst element, against the bound of the output's tolerance class
     (BOUNDS below; routing statistics are compared exactly).
 
+Cases with 16-bit weights (params "dtype": "bf16" or "f16") get the fp32 weights numesh was
+given; torch rounds them to the dtype (x.to(torch.bfloat16), to nearest even) and, for bf16,
+rounds each projection's input too, as numesh does (docs/ops.md, "Weight dtypes"), then computes
+in float64. bf16 MLP outputs are also compared with PyTorch's own MLP run in torch.bfloat16.
+
 The ops written here follow numesh's definitions (docs/ops.md): rotate-half RoPE, GQA by
 repeating kv heads, causal masks at absolute positions, KV caches as concatenated keys, MoE
 top-k with GShard-priority capacity, and the transformer block
@@ -74,6 +79,17 @@ BOUNDS = {
     "sharded_long": 6e-6,
     # Routing statistics (kept tokens per expert): integers, equal.
     "exact": 0.0,
+    # bf16 weights (the references are in "reference": torch rounds the weights and each
+    # projection's input to bf16 as numesh does, in float64, and the float64 references round
+    # the same float64 values; measured 5.4e-8 over ten seeds). The sharded operators compute
+    # in fp32: an activation whose fp32 value in numesh and float64 value in torch round to
+    # neighbouring bf16 values moves its token's row by up to 2^-8 of that activation times its
+    # weights. Measured 4.7e-4 (1.3e-3 over ten seeds, one such flip in a decode step).
+    "bf16_sharded": 4e-3,
+    # numesh's bf16 MLP against PyTorch's own MLP in torch.bfloat16, which rounds the output of
+    # every op (gate, up, activation, product, the result) to bf16. Measured 5.7e-3 (6.3e-3
+    # over ten seeds).
+    "torch_bf16": 2e-2,
 }
 
 # Query rows per chunk in attention(), so that the float64 scores of a 3000-token prefill stay
@@ -83,6 +99,26 @@ QUERY_CHUNK = 512
 
 def load(d, name):
     return torch.from_numpy(np.load(os.path.join(d, name + ".npy"))).double()
+
+
+# The torch dtypes of the weight dtypes a case names (params["dtype"]).
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def rounded(t, dtype):
+    """t's values as numesh stores them in `dtype`: through fp32, rounded to nearest even by
+    torch's own conversion (dtype_check proves numesh's bit for bit the same)."""
+    if dtype == "f32":
+        return t
+    return t.float().to(TORCH_DTYPES[dtype]).double()
+
+
+def projection(x, w, dtype):
+    """x w for weights stored as `dtype`, in float64: bf16 weights multiply bf16-rounded x (as
+    numesh and PyTorch's bf16 linear do), f16 and f32 weights the fp32 x."""
+    if dtype == "bf16":
+        x = rounded(x, "bf16")
+    return x @ rounded(w, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,37 +175,53 @@ class AttentionLayer:
     def __init__(self, wq, wk, wv, wo, p):
         self.w = (wq, wk, wv, wo)
         self.p = p
+        self.dtype = p.get("dtype", "f32")
         self.k = self.v = None
 
     def __call__(self, x, position):
         wq, wk, wv, wo = self.w
-        p = self.p
+        p, dt = self.p, self.dtype
         b, t, _ = x.shape
         hq, hkv, d = p["num_heads"], p["num_kv_heads"], p["head_dim"]
-        q = rope((x @ wq).reshape(b, t, hq, d), position, p["rope_theta"])
-        k = rope((x @ wk).reshape(b, t, hkv, d), position, p["rope_theta"])
-        v = (x @ wv).reshape(b, t, hkv, d)
+        q = rope(projection(x, wq, dt).reshape(b, t, hq, d), position, p["rope_theta"])
+        k = rope(projection(x, wk, dt).reshape(b, t, hkv, d), position, p["rope_theta"])
+        v = projection(x, wv, dt).reshape(b, t, hkv, d)
         if self.k is None or position == 0:
             self.k, self.v = k, v
         else:
             assert self.k.shape[1] == position, "calls must follow each other"
             self.k, self.v = torch.cat([self.k, k], dim=1), torch.cat([self.v, v], dim=1)
         o = attention_core(q, self.k, self.v, position, p["causal"])
-        return o.reshape(b, t, hq * d) @ wo
+        return projection(o.reshape(b, t, hq * d), wo, dt)
 
 
-def mlp_swiglu(x, w_gate, w_up, w_down):
-    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+def mlp_gelu(x, w1, w2, dtype="f32"):
+    return projection(F.gelu(projection(x, w1, dtype)), w2, dtype)
+
+
+def mlp_swiglu(x, w_gate, w_up, w_down, dtype="f32"):
+    return projection(F.silu(projection(x, w_gate, dtype)) * projection(x, w_up, dtype), w_down, dtype)
+
+
+def torch_bf16_mlp(op, inputs):
+    """PyTorch's own MLP in torch.bfloat16 (every tensor bf16, as model.to(torch.bfloat16)
+    runs it), widened to float64 for the comparison."""
+    b = {name: t.float().to(torch.bfloat16) for name, t in inputs.items()}
+    if op == "mlp_gelu":
+        y = F.gelu(b["x"] @ b["w1"]) @ b["w2"]
+    else:
+        y = (F.silu(b["x"] @ b["w_gate"]) * (b["x"] @ b["w_up"])) @ b["w_down"]
+    return y.double()
 
 
 def rmsnorm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def moe(x, router, gate, up, down, k, capacity_factor, renormalize):
-    """A plain top-k MoE with SwiGLU experts and GShard-priority capacity over all of x's rows
-    (one routing group): every token's first choice before any second, tokens in order.
-    Returns y and the kept tokens per expert [1, E]."""
+def moe(x, router, gate, up, down, k, capacity_factor, renormalize, dtype="f32"):
+    """A plain top-k MoE with SwiGLU experts (stored as `dtype`; the router stays fp32) and
+    GShard-priority capacity over all of x's rows (one routing group): every token's first
+    choice before any second, tokens in order. Returns y and the kept tokens per expert [1, E]."""
     t, e = x.shape[0], router.shape[1]
     probs = torch.softmax(x @ router, dim=-1)
     topv, topi = probs.topk(k, dim=-1)          # highest first
@@ -184,7 +236,7 @@ def moe(x, router, gate, up, down, k, capacity_factor, renormalize):
             if capacity is not None and load[ex] >= capacity:
                 continue
             load[ex] += 1
-            y[i] += topv[i, j] * mlp_swiglu(x[i], gate[ex], up[ex], down[ex])
+            y[i] += topv[i, j] * mlp_swiglu(x[i], gate[ex], up[ex], down[ex], dtype)
     return y, torch.tensor(load, dtype=torch.float64)[None, :]
 
 
@@ -194,6 +246,7 @@ class Transformer:
 
     def __init__(self, d, name, p):
         self.p = p
+        self.dtype = p.get("dtype", "f32")
         self.layers = []
         for layer in range(p["layers"]):
             def w(tensor):
@@ -214,10 +267,10 @@ class Transformer:
             h = x + attn(rmsnorm(x, attn_norm, eps), position)
             n = rmsnorm(h, ffn_norm, eps).reshape(b * t, hidden)
             if moe_layer:
-                f, counts = moe(n, *ffn, p["top_k"], p["capacity_factor"], p["renormalize"])
+                f, counts = moe(n, *ffn, p["top_k"], p["capacity_factor"], p["renormalize"], self.dtype)
                 loads = counts if loads is None else loads + counts
             else:
-                f = mlp_swiglu(n, *ffn)
+                f = mlp_swiglu(n, *ffn, self.dtype)
             x = h + f.reshape(b, t, hidden)
         if self.final_norm is not None:
             x = rmsnorm(x, self.final_norm, eps)
@@ -225,15 +278,21 @@ class Transformer:
 
 
 def expected(d, case):
-    """{(quantity, step): tensor} for one case of the manifest."""
+    """{(quantity, step, against): tensor} for one case of the manifest; `against` is "float64"
+    (the op in float64 with the case's weight dtype) or "torch_bf16" (PyTorch's bf16 layer)."""
     name, op, p = case["name"], case["op"], case["params"]
+    dtype = p.get("dtype", "f32")
 
     def inp(tensor):
         return load(d, f"{name}_{tensor}")
-    if op == "mlp_gelu":
-        return {("y", 0): F.gelu(inp("x") @ inp("w1")) @ inp("w2")}
-    if op == "mlp_swiglu":
-        return {("y", 0): mlp_swiglu(inp("x"), inp("w_gate"), inp("w_up"), inp("w_down"))}
+    if op in ("mlp_gelu", "mlp_swiglu"):
+        names = ("x", "w1", "w2") if op == "mlp_gelu" else ("x", "w_gate", "w_up", "w_down")
+        inputs = {n: inp(n) for n in names}
+        mlp = mlp_gelu if op == "mlp_gelu" else mlp_swiglu
+        out = {("y", 0): mlp(*inputs.values(), dtype)}
+        if dtype == "bf16":
+            out[("y", 0, "torch_bf16")] = torch_bf16_mlp(op, inputs)
+        return out
     if op == "rmsnorm":
         return {("y", 0): rmsnorm(inp("x"), inp("weight"), p["eps"])}
     if op == "attention":
@@ -306,12 +365,15 @@ def main():
             if check not in BOUNDS:
                 raise ValueError(f"case {case['name']}: unknown tolerance class {check!r}")
             bound = BOUNDS[check]
-            key = (out["quantity"], out["step"])
+            against = out.get("against", "float64")
+            key = (out["quantity"], out["step"]) if against == "float64" else (out["quantity"], out["step"], against)
             got = load(d, out["file"])
             ok, err, text = compare(got, want[key], bound)
             label = f"{case['name']} {out['impl']} step {out['step']}"
             if out["quantity"] != "y":
                 label += f" {out['quantity']}"
+            if against != "float64":
+                label += f" vs {against}"
             print(f"{'ok  ' if ok else 'FAIL'} {label:70s} {err:9.2e} (bound {bound:.0e}, {check}) {text}")
             if not ok:
                 failed += 1

@@ -9,7 +9,9 @@
 // The cases, by op (docs/ops.md, "Checked against PyTorch", has the table):
 //   mlp_gelu, mlp_swiglu  the references on a small shape, and at T=64, H=256, F=512 the
 //                         references and ShardedMlp on tp1, tp2 (whose GEMMs are large enough
-//                         for gemm() to send them to OpenBLAS)
+//                         for gemm() to send them to OpenBLAS); the same with bf16 and f16
+//                         weights, and at T=3, F=1024 (the decode kernels); bf16 ones also
+//                         against PyTorch's own MLP in torch.bfloat16
 //   rmsnorm               the reference
 //   attention             attention_reference on q, k, v: MHA, GQA, MQA; RoPE 10000, 500000
 //                         and off; causal and not; decode and inserts at positions 3000-4000
@@ -25,7 +27,8 @@
 //                         and without the final norm): TransformerReference and
 //                         ShardedTransformer on tp1, tp2 (and ep2 for MoE): prefill, an
 //                         insert and a decode step through the KV cache; and the MoE
-//                         routing statistics
+//                         routing statistics; the dense block with bf16 and f16 weights, the
+//                         MoE block with f16 experts
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +46,7 @@
 
 #include "../runtime/test_devices.hpp"
 #include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
@@ -135,14 +139,21 @@ class Writer {
     c.entry["inputs"].push_back(tensor);
   }
   // numesh's result of `impl` at step `step`; `quantity` is "y" (the output) or
-  // "tokens_per_expert"; `check` names the tolerance class (torch_check.py's BOUNDS).
+  // "tokens_per_expert"; `check` names the tolerance class (torch_check.py's BOUNDS);
+  // `against` what torch computes: "float64" (the op in float64, weights rounded to the case's
+  // dtype as numesh stores them) or "torch_bf16" (PyTorch's own layer in torch.bfloat16).
   void output(Case& c, const std::string& impl, std::int64_t step, const std::string& check, const HostTensor& t,
-              const std::string& quantity = "y") {
+              const std::string& quantity = "y", const std::string& against = "float64") {
     std::string file = c.name + "_" + impl + "_" + quantity + "_step" + std::to_string(step);
+    if (against != "float64") file += "_vs_" + against;
     std::replace(file.begin(), file.end(), ' ', '_');
     ops::save_npy(dir_ / (file + ".npy"), t);
-    c.entry["outputs"].push_back(
-        {{"file", file}, {"impl", impl}, {"step", step}, {"check", check}, {"quantity", quantity}});
+    c.entry["outputs"].push_back({{"file", file},
+                                  {"impl", impl},
+                                  {"step", step},
+                                  {"check", check},
+                                  {"quantity", quantity},
+                                  {"against", against}});
   }
   void add(Case c) { cases_.push_back(std::move(c.entry)); }
   void finish() const {
@@ -159,30 +170,55 @@ class Writer {
 // ---------------------------------------------------------------------------------------------
 // MLP and RMSNorm.
 
-// The references on [t, h] x [h, f]; with `meshes`, ShardedMlp on each too.
+// The case's parameters for weights stored as `stored` (torch_check.py rounds the fp32 weights
+// it is given, and for bf16 the activations each projection multiplies, as numesh does).
+json dtype_params(numesh::DType stored) { return {{"dtype", std::string(numesh::to_string(stored))}}; }
+
+// The tolerance class of a sharded operator's output with weights stored as `stored`: f16
+// weights multiply fp32 activations, so the fp32 class holds; bf16 ones multiply bf16-rounded
+// activations, and an fp32 activation in numesh can round to the neighbour of what its float64
+// twin in torch rounds to (torch_check.py, "bf16_sharded"). The float64 references keep the
+// "reference" class for every dtype.
+std::string sharded_class(numesh::DType stored) {
+  return stored == numesh::DType::kBF16 ? "bf16_sharded" : "sharded";
+}
+
+// The references on [t, h] x [h, f]; with `meshes`, ShardedMlp on each too. With 16-bit
+// weights (`stored`), the cases are named with the dtype; bf16 sharded outputs are also compared
+// with PyTorch's own bf16 MLP (torch.bfloat16 throughout).
 void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_t h, std::int64_t f,
-               const std::vector<MeshChoice>& meshes, std::mt19937& rng) {
+               const std::vector<MeshChoice>& meshes, std::mt19937& rng,
+               numesh::DType stored = numesh::DType::kF32) {
+  const std::string tail =
+      stored == numesh::DType::kF32 ? suffix : suffix + "_" + std::string(numesh::to_string(stored));
+  const auto sharded_outputs = [&](Case& c, ops::MlpKind kind, const ops::MlpWeights& mw, const HostTensor& x) {
+    for (const MeshChoice& m : meshes) {
+      ops::ShardedMlp mlp(mesh(m.size, m.axis), kind, mw, t);
+      const HostTensor y = mlp.forward(x);
+      w.output(c, "ShardedMlp " + m.label, 0, sharded_class(stored), y);
+      if (stored == numesh::DType::kBF16) w.output(c, "ShardedMlp " + m.label, 0, "torch_bf16", y, "y", "torch_bf16");
+    }
+  };
   {
-    Case c = w.begin("mlp_gelu_" + suffix, "mlp_gelu");
+    Case c = w.begin("mlp_gelu_" + tail, "mlp_gelu", dtype_params(stored));
     const HostTensor x = random_tensor({t, h}, rng);
     ops::MlpWeights mw{.gate = {}, .up = random_tensor({h, f}, rng, 0.2f), .down = random_tensor({f, h}, rng, 0.2f)};
+    mw.stored_as = stored;
     w.input(c, "x", x);
     w.input(c, "w1", mw.up);
     w.input(c, "w2", mw.down);
     Writer::step(c, 0, t);
     w.output(c, "mlp_gelu_reference", 0, "reference",
-             to_host(ops::mlp_gelu_reference(to_matrix(x), to_matrix(mw.up), to_matrix(mw.down))));
-    for (const MeshChoice& m : meshes) {
-      ops::ShardedMlp mlp(mesh(m.size, m.axis), ops::MlpKind::kGelu, mw, t);
-      w.output(c, "ShardedMlp " + m.label, 0, "sharded", mlp.forward(x));
-    }
+             to_host(ops::mlp_gelu_reference(to_matrix(x), to_matrix(mw.up), to_matrix(mw.down), stored)));
+    sharded_outputs(c, ops::MlpKind::kGelu, mw, x);
     w.add(std::move(c));
   }
   {
-    Case c = w.begin("mlp_swiglu_" + suffix, "mlp_swiglu");
+    Case c = w.begin("mlp_swiglu_" + tail, "mlp_swiglu", dtype_params(stored));
     const HostTensor x = random_tensor({t, h}, rng);
     ops::MlpWeights mw{.gate = random_tensor({h, f}, rng, 0.2f), .up = random_tensor({h, f}, rng, 0.2f),
                        .down = random_tensor({f, h}, rng, 0.2f)};
+    mw.stored_as = stored;
     w.input(c, "x", x);
     w.input(c, "w_gate", mw.gate);
     w.input(c, "w_up", mw.up);
@@ -190,11 +226,8 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
     Writer::step(c, 0, t);
     w.output(c, "mlp_swiglu_reference", 0, "reference",
              to_host(ops::mlp_swiglu_reference(to_matrix(x), to_matrix(mw.gate), to_matrix(mw.up),
-                                               to_matrix(mw.down))));
-    for (const MeshChoice& m : meshes) {
-      ops::ShardedMlp mlp(mesh(m.size, m.axis), ops::MlpKind::kSwiGLU, mw, t);
-      w.output(c, "ShardedMlp " + m.label, 0, "sharded", mlp.forward(x));
-    }
+                                               to_matrix(mw.down), stored)));
+    sharded_outputs(c, ops::MlpKind::kSwiGLU, mw, x);
     w.add(std::move(c));
   }
 }
@@ -309,7 +342,8 @@ void moe_case(Writer& w, const std::string& name, std::int64_t k, float capacity
 // reference's default (1, 1) groups assume.
 void transformer_case(Writer& w, const std::string& name, const ops::TransformerConfig& config, bool final_norm,
                       std::int64_t batch, std::int64_t max_len, const std::vector<std::int64_t>& steps,
-                      const std::vector<MeshChoice>& meshes, std::mt19937& rng) {
+                      const std::vector<MeshChoice>& meshes, std::mt19937& rng,
+                      numesh::DType stored = numesh::DType::kF32) {
   const ops::AttentionConfig& a = config.attention;
   json params = attention_params(a);
   params.update({{"hidden", config.hidden},
@@ -322,9 +356,11 @@ void transformer_case(Writer& w, const std::string& name, const ops::Transformer
                  {"renormalize", config.moe.renormalize},
                  {"norm_eps", config.norm_eps},
                  {"final_norm", final_norm}});
+  params.update(dtype_params(stored));
   Case c = w.begin(name, "transformer", params);
   ops::TransformerWeights tw = ops::TransformerWeights::random(config, static_cast<std::uint32_t>(rng()));
   if (!final_norm) tw.final_norm = {};
+  tw.store_as(stored);
   for (std::int64_t l = 0; l < config.layers; ++l) {
     const ops::BlockWeights& b = tw.blocks[static_cast<std::size_t>(l)];
     const std::string p = "l" + std::to_string(l) + "_";
@@ -370,7 +406,7 @@ void transformer_case(Writer& w, const std::string& name, const ops::Transformer
     const std::string impl = "ShardedTransformer " + m.label;
     for (std::size_t i = 0; i < steps.size(); ++i) {
       const auto step = static_cast<std::int64_t>(i);
-      w.output(c, impl, step, "sharded", model.forward(xs[i], position));
+      w.output(c, impl, step, sharded_class(stored), model.forward(xs[i], position));
       if (config.moe_every > 0) {
         w.output(c, impl, step, "exact", counts(model.moe_stats().tokens_per_expert), "tokens_per_expert");
       }
@@ -388,6 +424,12 @@ void write_cases(Writer& w, std::uint32_t seed) {
   mlp_cases(w, "small", 7, 32, 88, {}, rng);
   mlp_cases(w, "blas", 64, 256, 512, {kTp1, kTp2}, rng);
   rmsnorm_case(w, 7, 32, rng);
+  // The same MLPs with bf16 and f16 weights (the prefill GEMMs through gemm_16bit, the
+  // references through their stored_as), and a decode-sized one (the skinny kernels).
+  for (numesh::DType stored : {numesh::DType::kBF16, numesh::DType::kF16}) {
+    mlp_cases(w, "blas", 64, 256, 512, {kTp1, kTp2}, rng, stored);
+    mlp_cases(w, "decode", 3, 256, 1024, {kTp1, kTp2}, rng, stored);
+  }
 
   // attention_reference: tiny MHA/GQA cases, then MQA, long positions, RoPE 500000 and off,
   // not causal.
@@ -465,6 +507,13 @@ void write_cases(Writer& w, std::uint32_t seed) {
   transformer_case(w, "block_moe_top2_dropless", moe, true, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng);
   moe.moe.capacity_factor = 1.0f;
   transformer_case(w, "block_moe_top2_capacity", moe, false, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng);
+
+  // The dense block with bf16 and f16 weights, and the MoE block with f16 experts (f16 weights
+  // multiply fp32 activations, so routing sees what the fp32 cases see; bf16 experts are left
+  // to weight_dtype_test, whose bound covers a near-tied expert swapping).
+  transformer_case(w, "block_dense_bf16", dense, true, 2, 32, block_steps, {kTp1, kTp2}, rng, numesh::DType::kBF16);
+  transformer_case(w, "block_dense_f16", dense, true, 2, 32, block_steps, {kTp1, kTp2}, rng, numesh::DType::kF16);
+  transformer_case(w, "block_moe_f16", moe, true, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng, numesh::DType::kF16);
 }
 
 }  // namespace
