@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
@@ -17,44 +18,78 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
+#include "numesh/runtime/convert.hpp"
 
 namespace numesh::runtime {
 
 namespace {
 
-// A page-aligned block of floats, zero-filled by the constructing thread (so its pages are
+// A page-aligned block of bytes, zero-filled by the constructing thread (so its pages are
 // first-touched where that thread runs). Page-aligned for the reason in the header.
-class AlignedFloats {
+class AlignedBytes {
  public:
-  explicit AlignedFloats(std::size_t n)
-      : data_(static_cast<float*>(
-            std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096 + 4096))),
-        size_(n) {
+  explicit AlignedBytes(std::size_t n)
+      : data_(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))), size_(n) {
     if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(data_, 0, n * sizeof(float));
+    std::memset(data_, 0, n);
   }
-  ~AlignedFloats() { std::free(data_); }
-  AlignedFloats(const AlignedFloats&) = delete;
-  AlignedFloats& operator=(const AlignedFloats&) = delete;
-  float* data() noexcept { return data_; }
-  const float* data() const noexcept { return data_; }
+  ~AlignedBytes() { std::free(data_); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  std::byte* data() noexcept { return data_; }
+  const std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
 
  private:
-  float* data_;
+  std::byte* data_;
   std::size_t size_;
 };
 
-// A known input value for (rank, element): small integers, so sums are exact.
+// A known input value for (rank, element): small integers, exact in every dtype (bf16 holds
+// integers exactly up to 256), so fp32 sums of them are exact and the one rounding of a 16-bit
+// reduction is known.
 float input_value(std::size_t rank, std::size_t i) {
   return static_cast<float>((rank + 1) * 8 + i % 16);
 }
 
-std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks) {
-  NUMESH_CHECK(bytes > 0 && bytes % (sizeof(float) * ranks) == 0, ValueError,
-               "{}: {} bytes is not a positive multiple of 4 bytes x {} devices", to_string(op),
-               bytes, ranks);
-  return bytes / sizeof(float);
+// `v` as `dtype` holds it (the reductions round their fp32 sums once).
+float stored_value(float v, DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return v;
+    case DType::kBF16: return f32_from_bf16(bf16_from_f32(v));
+    case DType::kF16: return f32_from_f16(f16_from_f32(v));
+  }
+  return v;
+}
+
+// Element i of a buffer of `dtype`, widened.
+float element(const void* data, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
+// Writes input_value(rank, i) for every element of a buffer of `dtype`.
+void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const float v = input_value(rank, i);
+    switch (dtype) {
+      case DType::kF32: static_cast<float*>(data)[i] = v; break;
+      case DType::kBF16: static_cast<std::uint16_t*>(data)[i] = bf16_from_f32(v); break;
+      case DType::kF16: static_cast<std::uint16_t*>(data)[i] = f16_from_f32(v); break;
+    }
+  }
+}
+
+std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks, DType dtype) {
+  const std::size_t elem = dtype_size(dtype);
+  NUMESH_CHECK(bytes > 0 && bytes % (elem * ranks) == 0, ValueError,
+               "{}: {} bytes is not a positive multiple of {} bytes ({}) x {} devices", to_string(op), bytes,
+               elem, to_string(dtype), ranks);
+  return bytes / elem;
 }
 
 // Output elements per rank for `count` input elements per rank.
@@ -66,7 +101,7 @@ std::size_t output_count(CollectiveOp op, std::size_t count, std::size_t ranks) 
   }
 }
 
-// The value output element i of `rank` must hold.
+// The value output element i of `rank` must hold (before the rounding to the buffers' dtype).
 float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std::size_t rank,
                      std::size_t i) {
   const std::size_t chunk = count / ranks;
@@ -87,19 +122,63 @@ float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std:
   return 0;
 }
 
-bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks,
-                   const std::function<const float*(std::size_t)>& out) {
+bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks, DType dtype,
+                   const std::function<const void*(std::size_t)>& out) {
   const std::size_t n = output_count(op, count, ranks);
+  const auto matches = [&](const void* v, std::size_t r, std::size_t i) {
+    return element(v, dtype, i) == stored_value(expected_value(op, count, ranks, r, i), dtype);
+  };
   for (std::size_t r = 0; r < ranks; ++r) {
-    const float* v = out(r);
+    const void* v = out(r);
     // Every element of small outputs, a stride of large ones.
     const std::size_t step = std::max<std::size_t>(1, n / 4096);
     for (std::size_t i = 0; i < n; i += step) {
-      if (v[i] != expected_value(op, count, ranks, r, i)) return false;
+      if (!matches(v, r, i)) return false;
     }
-    if (n > 0 && v[n - 1] != expected_value(op, count, ranks, r, n - 1)) return false;
+    if (n > 0 && !matches(v, r, n - 1)) return false;
   }
   return true;
+}
+
+// dst[0, n) = the sum over `srcs` of their [offset, offset + n), as a plain loop would: fp32
+// adds in source order, and for 16-bit buffers the sources widened a block at a time with the
+// library's conversion kernels and the sum rounded once (what numesh's reductions compute).
+void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::size_t offset, std::size_t n,
+                  std::byte* dst) {
+  const std::size_t elem = dtype_size(dtype);
+  if (dtype == DType::kF32) {
+    auto* d = reinterpret_cast<float*>(dst);
+    std::memcpy(d, srcs[0] + offset * elem, n * elem);
+    for (std::size_t j = 1; j < srcs.size(); ++j) {
+      const auto* src = reinterpret_cast<const float*>(srcs[j] + offset * elem);
+      for (std::size_t i = 0; i < n; ++i) d[i] += src[i];
+    }
+    return;
+  }
+  constexpr std::size_t kBlock = 4096;
+  thread_local std::vector<float> sum(kBlock), part(kBlock);
+  const auto widen = [dtype](const std::byte* src, std::size_t count, std::span<float> to) {
+    const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(src), count);
+    if (dtype == DType::kBF16) {
+      convert_bf16_to_f32(bits, to);
+    } else {
+      convert_f16_to_f32(bits, to);
+    }
+  };
+  for (std::size_t b = 0; b < n; b += kBlock) {
+    const std::size_t m = std::min(kBlock, n - b);
+    widen(srcs[0] + (offset + b) * elem, m, sum);
+    for (std::size_t j = 1; j < srcs.size(); ++j) {
+      widen(srcs[j] + (offset + b) * elem, m, part);
+      for (std::size_t i = 0; i < m; ++i) sum[i] += part[i];
+    }
+    const std::span<std::uint16_t> out(reinterpret_cast<std::uint16_t*>(dst) + b, m);
+    if (dtype == DType::kBF16) {
+      convert_f32_to_bf16({sum.data(), m}, out);
+    } else {
+      convert_f32_to_f16({sum.data(), m}, out);
+    }
+  }
 }
 
 }  // namespace
@@ -128,10 +207,11 @@ std::vector<CollectiveOp> all_collective_ops() {
           CollectiveOp::kAllToAll};
 }
 
-GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op,
-                                 std::size_t bytes)
+GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op, std::size_t bytes,
+                                 DType dtype)
     : op_(op),
-      count_(element_count(op, bytes, devices->size())),
+      dtype_(dtype),
+      count_(element_count(op, bytes, devices->size(), dtype)),
       mesh_(DeviceMesh::create(devices, {-1}, {"x"})),
       graph_([&] {
         const std::size_t ranks = devices->size();
@@ -139,13 +219,11 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
         std::vector<BufferView> iv, ov;
         for (std::size_t r = 0; r < ranks; ++r) {
           const auto slot = static_cast<std::int64_t>(r);
-          in_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(count_)});
-          out_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)});
-          auto v = in_.back().values();
+          in_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(count_)}, dtype);
+          out_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)}, dtype);
+          void* v = in_.back().data();
           // Written by the device's threads, so the pages stay on its node.
-          mesh_.device(slot).execute([&] {
-            for (std::size_t i = 0; i < v.size(); ++i) v[i] = input_value(r, i);
-          });
+          mesh_.device(slot).execute([&] { fill_inputs(v, dtype, count_, r); });
         }
         for (auto& t : in_) iv.push_back(view(t));
         for (auto& t : out_) ov.push_back(view(t));
@@ -171,18 +249,18 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
       }()) {}
 
 bool GraphCollective::check() const {
-  return check_outputs(op_, count_, in_.size(),
-                       [this](std::size_t r) { return out_[r].values().data(); });
+  return check_outputs(op_, count_, in_.size(), dtype_, [this](std::size_t r) { return out_[r].data(); });
 }
 
 // The plain baseline.
 
 struct PlainCollective::State {
   CollectiveOp op;
+  DType dtype;
   std::size_t ranks;
   std::size_t count;
   bool spin;
-  std::vector<std::unique_ptr<AlignedFloats>> in, out;
+  std::vector<std::unique_ptr<AlignedBytes>> in, out;
   std::vector<std::thread> threads;
   std::atomic<std::uint64_t> go{0};        // generation the helpers should run
   std::atomic<bool> quit{false};
@@ -207,37 +285,29 @@ struct PlainCollective::State {
   }
 
   void work(std::size_t r) {
-    const std::size_t chunk = count / ranks;
-    float* dst = out[r]->data();
+    const std::size_t chunk = count / ranks, elem = dtype_size(dtype);
+    std::byte* dst = out[r]->data();
+    std::vector<const std::byte*> inputs;
+    for (const auto& buffer : in) inputs.push_back(buffer->data());
     switch (op) {
       case CollectiveOp::kAllReduce: {
         const std::size_t b = r * chunk;
-        std::memcpy(dst + b, in[0]->data() + b, chunk * sizeof(float));
-        for (std::size_t j = 1; j < ranks; ++j) {
-          const float* src = in[j]->data() + b;
-          for (std::size_t i = 0; i < chunk; ++i) dst[b + i] += src[i];
-        }
+        plain_reduce(dtype, inputs, b, chunk, dst + b * elem);
         barrier();
         for (std::size_t j = 0; j < ranks; ++j) {
-          if (j != r) std::memcpy(dst + j * chunk, out[j]->data() + j * chunk, chunk * sizeof(float));
+          if (j != r) std::memcpy(dst + j * chunk * elem, out[j]->data() + j * chunk * elem, chunk * elem);
         }
         break;
       }
       case CollectiveOp::kAllGather:
-        for (std::size_t j = 0; j < ranks; ++j) {
-          std::memcpy(dst + j * count, in[j]->data(), count * sizeof(float));
-        }
+        for (std::size_t j = 0; j < ranks; ++j) std::memcpy(dst + j * count * elem, in[j]->data(), count * elem);
         break;
       case CollectiveOp::kReduceScatter:
-        std::memcpy(dst, in[0]->data() + r * chunk, chunk * sizeof(float));
-        for (std::size_t j = 1; j < ranks; ++j) {
-          const float* src = in[j]->data() + r * chunk;
-          for (std::size_t i = 0; i < chunk; ++i) dst[i] += src[i];
-        }
+        plain_reduce(dtype, inputs, r * chunk, chunk, dst);
         break;
       case CollectiveOp::kAllToAll:
         for (std::size_t j = 0; j < ranks; ++j) {
-          std::memcpy(dst + j * chunk, in[j]->data() + r * chunk, chunk * sizeof(float));
+          std::memcpy(dst + j * chunk * elem, in[j]->data() + r * chunk * elem, chunk * elem);
         }
         break;
     }
@@ -253,18 +323,20 @@ struct PlainCollective::State {
     CPU_SET(cpus[r % cpus.size()], &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     // Allocated and first-touched by the thread that owns them.
-    in[r] = std::make_unique<AlignedFloats>(count);
-    out[r] = std::make_unique<AlignedFloats>(output_count(op, count, ranks));
-    for (std::size_t i = 0; i < count; ++i) in[r]->data()[i] = input_value(r, i);
+    const std::size_t elem = dtype_size(dtype);
+    in[r] = std::make_unique<AlignedBytes>(count * elem);
+    out[r] = std::make_unique<AlignedBytes>(output_count(op, count, ranks) * elem);
+    fill_inputs(in[r]->data(), dtype, count, r);
   }
 };
 
-PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes)
+PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.op = op;
+  s.dtype = dtype;
   s.ranks = static_cast<std::size_t>(std::max(1, threads));
-  s.count = element_count(op, bytes, s.ranks);
+  s.count = element_count(op, bytes, s.ranks, dtype);
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   sched_getaffinity(0, sizeof(allowed), &allowed);
@@ -307,16 +379,15 @@ void PlainCollective::run() {
 
 bool PlainCollective::check() const {
   const State& s = *state_;
-  return check_outputs(s.op, s.count, s.ranks, [&s](std::size_t r) { return s.out[r]->data(); });
+  return check_outputs(s.op, s.count, s.ranks, s.dtype, [&s](std::size_t r) { return s.out[r]->data(); });
 }
 
 struct MemcpyBaseline::Buffers {
-  explicit Buffers(std::size_t floats) : src(floats), dst(floats) {}
-  AlignedFloats src, dst;
+  explicit Buffers(std::size_t bytes) : src(bytes), dst(bytes) {}
+  AlignedBytes src, dst;
 };
 
-MemcpyBaseline::MemcpyBaseline(std::size_t bytes)
-    : buffers_(std::make_unique<Buffers>((bytes + 3) / 4)), bytes_(bytes) {
+MemcpyBaseline::MemcpyBaseline(std::size_t bytes) : buffers_(std::make_unique<Buffers>(bytes)), bytes_(bytes) {
   std::memset(buffers_->src.data(), 1, bytes);
 }
 

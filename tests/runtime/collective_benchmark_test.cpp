@@ -62,6 +62,27 @@ TEST_P(CollectiveBenchmarkTest, GraphAndPlainLoopComputeTheCollective) {
   }
 }
 
+// 16-bit buffers: the same bytes hold twice the elements; the reductions' sums (up to 54 on two
+// devices, 408 on eight) are rounded once, which check() expects (bf16 holds integers exactly
+// only up to 256, so eight bf16 ranks exercise the rounding).
+TEST_P(CollectiveBenchmarkTest, SixteenBitBuffersAreMovedAndReducedInFp32) {
+  const auto devices = synthetic_devices("numa:2 core:1 pu:1");
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20}) {
+      GraphCollective graph(devices, GetParam(), bytes, t);
+      EXPECT_EQ(graph.dtype(), t);
+      graph.run();
+      EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
+      PlainCollective plain(2, GetParam(), bytes, t);
+      plain.run();
+      EXPECT_TRUE(plain.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
+    }
+    PlainCollective eight(8, GetParam(), 8 * 2 * 16, t);
+    eight.run();
+    EXPECT_TRUE(eight.check()) << to_string(GetParam()) << " " << to_string(t) << " on 8 threads";
+  }
+}
+
 TEST_P(CollectiveBenchmarkTest, PlainLoopRunsWithMoreThreadsThanCpus) {
   // 8 threads on a machine that may have 2 CPUs: the barrier yields instead of spinning.
   PlainCollective plain(8, GetParam(), 8 * 4 * 16);
@@ -78,12 +99,15 @@ TEST(GraphCollectiveTest, RefusesSizesTheDevicesCannotSplit) {
   const auto devices = synthetic_devices("numa:2 core:1 pu:1");
   EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllReduce, 12); },
               ThrowsMessage<ValueError>(
-                  "all-reduce: 12 bytes is not a positive multiple of 4 bytes x 2 devices"));
+                  "all-reduce: 12 bytes is not a positive multiple of 4 bytes (f32) x 2 devices"));
+  EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllGather, 6, DType::kBF16); },
+              ThrowsMessage<ValueError>(
+                  "all-gather: 6 bytes is not a positive multiple of 2 bytes (bf16) x 2 devices"));
   EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllGather, 0); },
               ThrowsMessage<ValueError>(HasSubstr("0 bytes is not a positive multiple")));
   EXPECT_THAT([] { PlainCollective(3, CollectiveOp::kAllToAll, 16); },
               ThrowsMessage<ValueError>(
-                  "all-to-all: 16 bytes is not a positive multiple of 4 bytes x 3 devices"));
+                  "all-to-all: 16 bytes is not a positive multiple of 4 bytes (f32) x 3 devices"));
 }
 
 TEST(MemcpyBaselineTest, CopiesAnySize) {

@@ -11,6 +11,7 @@
 #include <ostream>
 
 #include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
 #include "numesh/runtime/collective_benchmark.hpp"
@@ -35,14 +36,18 @@ CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions
       "check every result.");
   cmd->footer(R"(Columns: numesh and baseline medians, their ratio (baseline time / numesh time:
 above 1 means numesh is faster), the algorithm bandwidth (bytes per device / time) and the
-memcpy median for the same bytes. Emulate two pinned NUMA devices on a one-node machine with
+memcpy median for the same bytes. With --dtype bf16 or f16 the same bytes hold twice the
+elements; reductions widen them, add in fp32 and round once (the baseline too). Emulate two
+pinned NUMA devices on a one-node machine with
   HWLOC_THISSYSTEM=1 HWLOC_SYNTHETIC='numa:2 core:1 pu:1' numesh bench collectives
 Examples:
-  numesh bench collectives --sizes 64K,64M --ops all-reduce --json out.json)");
+  numesh bench collectives --sizes 64K,64M --ops all-reduce --json out.json
+  numesh bench collectives --ops all-reduce,all-gather --sizes 32M --dtype bf16)");
   add_machine_options(*cmd, o.machine, /*with_threads=*/true);
   cmd->add_option("--ops", o.ops, "Collectives to run, comma-separated")->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "Bytes per device, comma-separated (4K, 64KiB, 1M, 64MiB)")
       ->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "Element type of the buffers: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "At least this many timed runs per case")
       ->capture_default_str();
   cmd->add_option("--min-time", o.min_time, "And at least this many seconds per case")
@@ -57,6 +62,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   for (const std::string& name : parse_items(o.ops)) ops.push_back(runtime::parse_collective_op(name));
   std::vector<std::size_t> sizes;
   for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
+  const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(!ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
   NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
@@ -70,8 +76,9 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   const std::shared_ptr<runtime::DeviceSet> devices = make_devices(o.machine);
   const auto d = static_cast<int>(devices->size());
   for (std::size_t s : sizes) {
-    NUMESH_CHECK(s % (sizeof(float) * devices->size()) == 0, ValueError,
-                 "size {} bytes is not a multiple of 4 bytes x {} devices", s, devices->size());
+    NUMESH_CHECK(s % (dtype_size(dtype) * devices->size()) == 0, ValueError,
+                 "size {} bytes is not a multiple of {} bytes ({}) x {} devices", s, dtype_size(dtype),
+                 to_string(dtype), devices->size());
   }
   out << fmt::format("devices: {}", d);
   for (std::size_t i = 0; i < devices->size(); ++i) {
@@ -79,9 +86,10 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
     out << fmt::format("{} {} (cpus {}, {} threads, {})", i == 0 ? "" : ",", dev.spec().label,
                        dev.spec().cpuset.to_string(), dev.spec().threads, runtime::to_string(dev.pinning()));
   }
-  out << fmt::format("\nbaseline: plain loop of {} threads (reduce-scatter + all-gather for "
+  out << fmt::format("\nbuffers: {}{}\nbaseline: plain loop of {} threads (reduce-scatter + all-gather for "
                      "all-reduce), memcpy on one thread\n\n",
-                     d);
+                     to_string(dtype),
+                     dtype == DType::kF32 ? "" : " (reductions widen, add in fp32 and round once; the baseline too)", d);
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10} {:>12}\n", "collective", "bytes",
                      "numesh us", "baseline us", "ratio", "GB/s", "memcpy us");
   out.flush();
@@ -99,8 +107,8 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
                      progress ? "" : "\n");
         std::fflush(stderr);
       }
-      runtime::GraphCollective graph(devices, op, bytes);
-      runtime::PlainCollective plain(d, op, bytes);
+      runtime::GraphCollective graph(devices, op, bytes, dtype);
+      runtime::PlainCollective plain(d, op, bytes, dtype);
       runtime::MemcpyBaseline copy(bytes);
       const double t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time);
       const double t_plain = median_seconds([&] { plain.run(); }, o.repeats, o.min_time);
@@ -116,6 +124,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
       out.flush();
       records.push_back({{"name", fmt::format("{}/{}", runtime::to_string(op), bytes)},
                          {"collective", std::string(runtime::to_string(op))},
+                         {"dtype", std::string(to_string(dtype))},
                          {"devices", d},
                          {"bytes", bytes},
                          {"median_seconds", t_graph},

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
@@ -48,11 +49,13 @@ CollectiveOp parse_collective_op(std::string_view text);
 std::vector<CollectiveOp> all_collective_ops();
 
 /// A collective over `bytes` per device (the input each device holds: all-gather's output is
-/// devices times larger, reduce-scatter's devices times smaller) on a 1-D mesh of every device
-/// of a DeviceSet, compiled once into a numesh graph (runtime/collectives.hpp: sum for the
-/// reductions; all-to-all sends equal chunks). Each device's buffers are allocated by its
-/// allocator and its input written by its own threads, so the pages lie on its node; inputs
-/// hold known values so that check() can verify the outputs after run().
+/// devices times larger, reduce-scatter's devices times smaller) of `dtype` elements (16-bit
+/// buffers hold twice the elements of fp32 ones in the same bytes; reductions widen them, sum
+/// in fp32 and round once) on a 1-D mesh of every device of a DeviceSet, compiled once into a
+/// numesh graph (runtime/collectives.hpp: sum for the reductions; all-to-all sends equal
+/// chunks). Each device's buffers are allocated by its allocator and its input written by its
+/// own threads, so the pages lie on its node; inputs hold known values so that check() can
+/// verify the outputs after run().
 ///
 /// Thread-safety: not thread-safe; one run() at a time. It runs work on the devices' arenas:
 /// do not time it while other work runs on the same devices if the figures are to mean
@@ -61,9 +64,11 @@ class GraphCollective {
  public:
   /// Builds the buffers and compiles the graph.
   /// REQUIRES: devices is not null.
-  /// Throws: ValueError when bytes is not a positive multiple of 4 bytes x devices (naming
-  /// the op, the bytes and the devices); what DeviceMesh::create and the collectives throw.
-  GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op, std::size_t bytes);
+  /// Throws: ValueError when bytes is not a positive multiple of the element size x devices
+  /// (naming the op, the bytes, the dtype and the devices); what DeviceMesh::create and the
+  /// collectives throw.
+  GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op, std::size_t bytes,
+                  DType dtype = DType::kF32);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
   void run() { graph_.run(); }
@@ -72,24 +77,30 @@ class GraphCollective {
   [[nodiscard]] bool check() const;
   /// The collective.
   [[nodiscard]] CollectiveOp op() const noexcept { return op_; }
+  /// The buffers' element type.
+  [[nodiscard]] DType dtype() const noexcept { return dtype_; }
   /// The compiled graph (for DOT, timing tables and traces).
   CompiledGraph& graph() noexcept { return graph_; }
 
  private:
   CollectiveOp op_;
+  DType dtype_;
   std::size_t count_;
   DeviceMesh mesh_;
   std::vector<Tensor> in_, out_;
   CompiledGraph graph_;
 };
 
-/// The baseline: `threads` plain std::threads in one process, each owning its buffers
+/// The baseline: `threads` plain std::threads in one process, each owning its buffers of
+/// `dtype` elements
 /// (page-aligned, allocated and first-touched by itself, pinned to the i-th CPU the process
 /// may use, modulo their number; the caller's own binding is restored on destruction), running
 /// the same collective in the simplest shared-memory way: reduce-scatter then all-gather for
 /// all-reduce, one copy or reduce pass for the others, with a barrier between phases that
 /// spins while threads <= the process's CPUs and yields otherwise. The calling thread is
-/// rank 0 and pins itself for the object's lifetime. The buffers are page-aligned because
+/// rank 0 and pins itself for the object's lifetime. 16-bit reductions widen a block of each
+/// input at a time with runtime/convert.hpp's kernels, add in fp32 and round once, as numesh's
+/// do. The buffers are page-aligned because
 /// glibc's memcpy on the project's machine kind is ~20x slower into destinations that are not
 /// 64-byte aligned (docs/benchmarks.md): an unaligned baseline would be a straw man.
 ///
@@ -100,7 +111,7 @@ class PlainCollective {
   /// until each has filled its input.
   /// Throws: ValueError as GraphCollective (with `threads` as the devices); std::bad_alloc;
   /// std::system_error when a thread cannot start.
-  PlainCollective(int threads, CollectiveOp op, std::size_t bytes);
+  PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype = DType::kF32);
   /// Stops and joins the threads, restores the caller's CPU binding.
   ~PlainCollective();
   PlainCollective(const PlainCollective&) = delete;
