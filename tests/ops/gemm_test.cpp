@@ -105,7 +105,7 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
   for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{16, 96, 2050},
                          Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520},
-                         Shape{3, 2048, 1024}}) {  // 8 MiB of b: blocks of whole rows, partials summed
+                         Shape{3, 2048, 1024}}) {  // from 1 MiB of b: blocks of whole rows, partials summed
     const RowMatrix a = pattern(sh.m, sh.k, 0.4f), b = pattern(sh.k, sh.n, 1.9f);
     const std::string label = std::to_string(sh.m) + "x" + std::to_string(sh.k) + "x" + std::to_string(sh.n);
     std::optional<RowMatrix> first;
@@ -143,7 +143,7 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
 }
 
 // The decode path with 16-bit weights: blocks of whole rows, partials summed in order; bitwise the
-// same in arenas of 1, 2 and 7 threads, and the product of the weights as stored.
+// same in arenas of 1, 2, 3, 4 and 7 threads, and the product of the weights as stored.
 TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
   const Eigen::Index m = 3, k = 2048, n = 1024;
@@ -158,7 +158,7 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
     }
     EXPECT_GT(k / skinny_k_block(n, k, t), 1) << "several blocks";
     std::optional<RowMatrix> first;
-    for (int threads : {1, 2, 7}) {
+    for (int threads : {1, 2, 3, 4, 7}) {
       RowMatrix c = RowMatrix::Constant(m, n, std::numeric_limits<float>::quiet_NaN());
       oneapi::tbb::task_arena arena(threads);
       arena.execute([&] { device_decode_gemm(ConstMatrixMap(a.data(), m, k), bits.data(), t, MatrixMap(c.data(), m, n)); });
@@ -184,8 +184,10 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
   };
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
   for (DType t : {DType::kBF16, DType::kF16}) {
-    for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{130, 48, 777},
-                           Shape{260, 40, 300}, Shape{3, 2048, 2048}}) {
+    // One tile; decode strips (under 1 MiB of b as fp32, 16 columns and not); decode row blocks
+    // (1 MiB and more); prefill tiles.
+    for (const Shape sh : {Shape{4, 8, 8}, Shape{4, 256, 512}, Shape{16, 96, 2050}, Shape{1, 128, 4096},
+                           Shape{7, 300, 1000}, Shape{130, 48, 777}, Shape{260, 40, 300}, Shape{3, 2048, 2048}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       std::vector<std::uint16_t> bits(static_cast<std::size_t>(w.size()));
       RowMatrix stored(sh.k, sh.n);
