@@ -31,6 +31,7 @@ void TransformerConfig::validate() const {
                "transformer: kv heads {} must divide heads {}", a.num_kv_heads, a.num_heads);
   NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,
                "transformer: head_dim {} is odd, RoPE needs it even", a.head_dim);
+  ops::validate(a.rope_scaling);
   NUMESH_CHECK(moe_every >= 0, ValueError, "transformer: moe_every {} is negative", moe_every);
   if (moe_every > 0) {
     NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,

@@ -84,10 +84,10 @@ BOUNDS = {
     # the same float64 values; measured 5.4e-8 over ten seeds). The sharded operators compute
     # in fp32: an activation whose fp32 value in numesh and float64 value in torch round to
     # neighbouring bf16 values moves its token's row by up to 2^-8 of that activation times its
-    # weights. Measured 4.7e-4 (1.3e-3 over ten seeds, one such flip in a decode step).
+    # weights. Measured 3.8e-4 (1.9e-3 over ten seeds, one such flip in a decode step).
     "bf16_sharded": 4e-3,
     # numesh's bf16 MLP against PyTorch's own MLP in torch.bfloat16, which rounds the output of
-    # every op (gate, up, activation, product, the result) to bf16. Measured 5.7e-3 (6.3e-3
+    # every op (gate, up, activation, product, the result) to bf16. Measured 4.0e-3 (6.2e-3
     # over ten seeds).
     "torch_bf16": 2e-2,
 }
@@ -124,14 +124,37 @@ def projection(x, w, dtype):
 # --------------------------------------------------------------------------------------------
 # The ops, in float64.
 
-def rope(x, first_position, theta):
-    """Rotate-half RoPE on [B, T, H, D] (LLaMA / Hugging Face form); theta 0 leaves x as is."""
+def inverse_frequencies(d, theta, scaling):
+    """RoPE's inverse frequencies after Hugging Face's rope_scaling (None, "linear" or
+    "llama3", as transformers' _compute_linear_scaling_rope_parameters and
+    _compute_llama3_parameters compute them), in float64."""
+    inv_freq = 1.0 / (float(theta) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    assert scaling["rope_type"] == "llama3", scaling
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def rope(x, first_position, theta, scaling=None):
+    """Rotate-half RoPE on [B, T, H, D] (LLaMA / Hugging Face form), frequencies scaled as
+    rope_scaling says; theta 0 leaves x as is."""
     if theta <= 0:
         return x
     d = x.shape[-1]
     half = d // 2
     pos = torch.arange(first_position, first_position + x.shape[1], dtype=torch.float64)
-    freq = float(theta) ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    freq = inverse_frequencies(d, theta, scaling)
     ang = pos[:, None] * freq[None, :]                      # [T, D/2]
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
@@ -163,8 +186,8 @@ def attention_core(q, k, v, q_offset, causal):
 
 def attention(q, k, v, p):
     """attention_reference: RoPE on q at q_offset and on k from 0, then attention_core."""
-    q = rope(q, p["q_offset"], p["rope_theta"])
-    k = rope(k, 0, p["rope_theta"])
+    q = rope(q, p["q_offset"], p["rope_theta"], p.get("rope_scaling"))
+    k = rope(k, 0, p["rope_theta"], p.get("rope_scaling"))
     return attention_core(q, k, v, p["q_offset"], p["causal"])
 
 
@@ -183,8 +206,9 @@ class AttentionLayer:
         p, dt = self.p, self.dtype
         b, t, _ = x.shape
         hq, hkv, d = p["num_heads"], p["num_kv_heads"], p["head_dim"]
-        q = rope(projection(x, wq, dt).reshape(b, t, hq, d), position, p["rope_theta"])
-        k = rope(projection(x, wk, dt).reshape(b, t, hkv, d), position, p["rope_theta"])
+        scaling = p.get("rope_scaling")
+        q = rope(projection(x, wq, dt).reshape(b, t, hq, d), position, p["rope_theta"], scaling)
+        k = rope(projection(x, wk, dt).reshape(b, t, hkv, d), position, p["rope_theta"], scaling)
         v = projection(x, wv, dt).reshape(b, t, hkv, d)
         if self.k is None or position == 0:
             self.k, self.v = k, v

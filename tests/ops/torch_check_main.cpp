@@ -248,8 +248,17 @@ void rmsnorm_case(Writer& w, std::int64_t t, std::int64_t h, std::mt19937& rng) 
 // Attention.
 
 json attention_params(const ops::AttentionConfig& a) {
-  return {{"num_heads", a.num_heads}, {"num_kv_heads", a.num_kv_heads}, {"head_dim", a.head_dim},
-          {"causal", a.causal},       {"q_offset", a.q_offset},         {"rope_theta", a.rope_theta}};
+  json p{{"num_heads", a.num_heads}, {"num_kv_heads", a.num_kv_heads}, {"head_dim", a.head_dim},
+         {"causal", a.causal},       {"q_offset", a.q_offset},         {"rope_theta", a.rope_theta}};
+  // Hugging Face's rope_scaling entry of config.json.
+  if (a.rope_scaling.kind != ops::RopeScaling::Kind::kNone) {
+    p["rope_scaling"] = {{"rope_type", std::string(ops::to_string(a.rope_scaling.kind))},
+                         {"factor", a.rope_scaling.factor},
+                         {"low_freq_factor", a.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", a.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", a.rope_scaling.original_max_position}};
+  }
+  return p;
 }
 
 // attention_reference on q [b, t, heads, d] and k, v [b, s, kv_heads, d]; queries at q_offset.
@@ -424,12 +433,6 @@ void write_cases(Writer& w, std::uint32_t seed) {
   mlp_cases(w, "small", 7, 32, 88, {}, rng);
   mlp_cases(w, "blas", 64, 256, 512, {kTp1, kTp2}, rng);
   rmsnorm_case(w, 7, 32, rng);
-  // The same MLPs with bf16 and f16 weights (the prefill GEMMs through gemm_16bit, the
-  // references through their stored_as), and a decode-sized one (the skinny kernels).
-  for (numesh::DType stored : {numesh::DType::kBF16, numesh::DType::kF16}) {
-    mlp_cases(w, "blas", 64, 256, 512, {kTp1, kTp2}, rng, stored);
-    mlp_cases(w, "decode", 3, 256, 1024, {kTp1, kTp2}, rng, stored);
-  }
 
   // attention_reference: tiny MHA/GQA cases, then MQA, long positions, RoPE 500000 and off,
   // not causal.
@@ -507,6 +510,31 @@ void write_cases(Writer& w, std::uint32_t seed) {
   transformer_case(w, "block_moe_top2_dropless", moe, true, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng);
   moe.moe.capacity_factor = 1.0f;
   transformer_case(w, "block_moe_top2_capacity", moe, false, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng);
+
+  // Cases added later come last, so that the earlier ones keep the inputs the seed draws for
+  // them (docs/ops.md quotes their errors).
+  // The same MLPs with bf16 and f16 weights (the prefill GEMMs through gemm_16bit, the
+  // references through their stored_as), and a decode-sized one (the skinny kernels).
+  for (numesh::DType stored : {numesh::DType::kBF16, numesh::DType::kF16}) {
+    mlp_cases(w, "blas", 64, 256, 512, {kTp1, kTp2}, rng, stored);
+    mlp_cases(w, "decode", 3, 256, 1024, {kTp1, kTp2}, rng, stored);
+  }
+  // RoPE scaling: Llama 3.1's llama3 (theta 500000, factor 8, bands 1 and 4 of 8192) decoding
+  // past the original context, and linear (factor 4) in a prefill.
+  const ops::RopeScaling llama3 = ops::RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
+  attention_reference_case(w, "attn_gqa_decode_llama3_scaling", 1, 1, 9001,
+                           Cfg{.num_heads = 4, .num_kv_heads = 2, .head_dim = 128, .q_offset = 9000,
+                               .rope_theta = 500000.0f, .rope_scaling = llama3},
+                           rng);
+  attention_reference_case(w, "attn_mha_prefill_linear_scaling", 2, 20, 20,
+                           Cfg{.num_heads = 2, .num_kv_heads = 2, .head_dim = 64,
+                               .rope_scaling = ops::RopeScaling::linear(4.0)},
+                           rng);
+  // GQA 8/2, d 64, llama3 scaling: prefill 100, insert 70, decode (the sharded RoPE kernel).
+  attention_layer_case(w, "layer_gqa_llama3_scaling", 2, 128,
+                       Cfg{.num_heads = 8, .num_kv_heads = 2, .head_dim = 64, .rope_theta = 500000.0f,
+                           .rope_scaling = llama3},
+                       192, {100, 70, 1}, "sharded", rng);
 
   // The dense block with bf16 and f16 weights, and the MoE block with f16 experts (f16 weights
   // multiply fp32 activations, so routing sees what the fp32 cases see; bf16 experts are left

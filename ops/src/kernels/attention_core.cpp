@@ -216,8 +216,8 @@ void attention_kernel(float* q, float* k, const float* v, float* out, const Atte
                       const AttentionConfig& config, std::span<float> scratch) {
   const std::int64_t d = config.head_dim;
   if (config.rope_theta > 0.0f) {
-    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta);
-    rope_inplace(k, sl.batch, sl.kv_len, sl.kv_heads, d, 0, config.rope_theta);
+    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta, config.rope_scaling);
+    rope_inplace(k, sl.batch, sl.kv_len, sl.kv_heads, d, 0, config.rope_theta, config.rope_scaling);
   }
   const KvView kv{.k = k,
                   .v = v,

@@ -40,6 +40,7 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
                config.q_offset);
   NUMESH_CHECK(config.rope_theta <= 0.0f || d % 2 == 0, ShapeError,
                "attention: head_dim {} is odd, RoPE needs it even", d);
+  validate(config.rope_scaling);
   NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix", shape_text(w.wq));
   AttentionLayer layer;
   layer.config = config;
@@ -167,8 +168,10 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
         const std::int64_t first = (position != nullptr ? *position : 0) + token_offset;
-        rope_inplace(q.values().data(), local_batch, local_t, lq, config.head_dim, first, config.rope_theta);
-        rope_inplace(k.values().data(), local_batch, local_t, lkv, config.head_dim, first, config.rope_theta);
+        rope_inplace(q.values().data(), local_batch, local_t, lq, config.head_dim, first, config.rope_theta,
+                     config.rope_scaling);
+        rope_inplace(k.values().data(), local_batch, local_t, lkv, config.head_dim, first, config.rope_theta,
+                     config.rope_scaling);
       }
     };
   });

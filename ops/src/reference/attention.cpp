@@ -14,13 +14,15 @@ namespace numesh::ops {
 
 using detail::shape_text;
 
-void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta) {
+void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta,
+                          const RopeScaling& scaling) {
   NUMESH_CHECK(x.shape.size() == 4, ShapeError, "rope: expected [B, T, H, D], got rank {}",
                x.shape.size());
   NUMESH_CHECK(x.shape[3] % 2 == 0, ShapeError, "rope: head_dim {} is odd", x.shape[3]);
+  validate(scaling);
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = x.shape[3];
   oracle::MatrixD m = oracle::widen(x, b * t, h * d);
-  oracle::rope(m, b, t, h, d, first_position, theta);
+  oracle::rope(m, b, t, h, d, first_position, theta, scaling);
   x = oracle::narrow(m, x.shape);
 }
 
@@ -44,10 +46,11 @@ runtime::HostTensor attention_reference(const runtime::HostTensor& q, const runt
                "attention: {} keys cannot cover causal queries at positions {}..{}", s,
                config.q_offset, config.q_offset + t - 1);
   NUMESH_CHECK(config.rope_theta <= 0.0f || d % 2 == 0, ShapeError, "rope: head_dim {} is odd", d);
+  validate(config.rope_scaling);
   oracle::MatrixD qd = oracle::widen(q, b * t, hq * d), kd = oracle::widen(k, b * s, hkv * d);
   if (config.rope_theta > 0.0f) {
-    oracle::rope(qd, b, t, hq, d, config.q_offset, config.rope_theta);
-    oracle::rope(kd, b, s, hkv, d, 0, config.rope_theta);
+    oracle::rope(qd, b, t, hq, d, config.q_offset, config.rope_theta, config.rope_scaling);
+    oracle::rope(kd, b, s, hkv, d, 0, config.rope_theta, config.rope_scaling);
   }
   const oracle::AttentionShape shape{.batch = b, .q_len = t, .kv_len = s, .heads = hq, .kv_heads = hkv,
                                      .head_dim = d, .q_offset = config.q_offset, .causal = config.causal};
@@ -66,14 +69,15 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
   NUMESH_CHECK(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, ShapeError,
                "attention: num_kv_heads {} must divide num_heads {}", c.num_kv_heads, c.num_heads);
   NUMESH_CHECK(c.rope_theta <= 0.0f || c.head_dim % 2 == 0, ShapeError, "rope: head_dim {} is odd", c.head_dim);
+  validate(c.rope_scaling);
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
   const oracle::MatrixD xd = oracle::projection_input(oracle::widen(x, b * t, h), w.stored_as);
   auto weight = [&w](const runtime::HostTensor& m) { return oracle::stored(m, m.shape[0], m.shape[1], w.stored_as); };
   oracle::MatrixD q = xd * weight(w.wq), k = xd * weight(w.wk);
   const oracle::MatrixD v = xd * weight(w.wv);
   if (c.rope_theta > 0.0f) {
-    oracle::rope(q, b, t, c.num_heads, d, c.q_offset, c.rope_theta);
-    oracle::rope(k, b, t, c.num_kv_heads, d, 0, c.rope_theta);
+    oracle::rope(q, b, t, c.num_heads, d, c.q_offset, c.rope_theta, c.rope_scaling);
+    oracle::rope(k, b, t, c.num_kv_heads, d, 0, c.rope_theta, c.rope_scaling);
   }
   NUMESH_CHECK(!c.causal || c.q_offset == 0, ShapeError,
                "attention: {} keys cannot cover causal queries at positions {}..{}", t, c.q_offset, c.q_offset + t - 1);

@@ -79,11 +79,33 @@ MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
   return y;
 }
 
+namespace {
+
+// Hugging Face's inverse frequency of pair i after rope_scaling, written as its
+// _compute_llama3_parameters and linear scaling are: wavelengths against the original context.
+double scaled_frequency(std::int64_t i, std::int64_t d, double theta, const RopeScaling& scaling) {
+  const double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d));
+  if (scaling.kind == RopeScaling::Kind::kLinear) return inv_freq / scaling.factor;
+  if (scaling.kind != RopeScaling::Kind::kLlama3) return inv_freq;
+  const double context = static_cast<double>(scaling.original_max_position);
+  const double low_freq_wavelen = context / scaling.low_freq_factor;
+  const double high_freq_wavelen = context / scaling.high_freq_factor;
+  const double wavelen = 2.0 * 3.14159265358979323846 / inv_freq;
+  const double llama = wavelen > low_freq_wavelen ? inv_freq / scaling.factor : inv_freq;
+  const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+  if (!medium) return llama;
+  const double smooth = (context / wavelen - scaling.low_freq_factor) /
+                        (scaling.high_freq_factor - scaling.low_freq_factor);
+  return (1.0 - smooth) * llama / scaling.factor + smooth * llama;
+}
+
+}  // namespace
+
 void rope(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
-          std::int64_t first_position, double theta) {
+          std::int64_t first_position, double theta, const RopeScaling& scaling) {
   const std::int64_t half = d / 2;
   for (std::int64_t i = 0; i < half; ++i) {
-    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double freq = scaled_frequency(i, d, theta, scaling);
     for (std::int64_t t = 0; t < tokens; ++t) {
       const double angle = static_cast<double>(first_position + t) * freq;
       const double c = std::cos(angle), s = std::sin(angle);

@@ -16,6 +16,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/moe_config.hpp"
+#include "numesh/ops/rope_scaling.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -60,9 +61,10 @@ MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
 
 /// Rotate-half RoPE in place on x [batch * tokens, heads * d] whose token t sits at position
-/// first_position + t: pairs (i, i + d/2) turned by (first_position + t) * theta^(-2i/d).
+/// first_position + t: pairs (i, i + d/2) turned by (first_position + t) * f_i, f_i =
+/// theta^(-2i/d) scaled as `scaling` says (Hugging Face's rope_scaling formulas).
 void rope(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
-          std::int64_t first_position, double theta);
+          std::int64_t first_position, double theta, const RopeScaling& scaling);
 
 /// Shapes of one attention call.
 struct AttentionShape {

@@ -104,8 +104,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     MatrixD q = n1_in * attention_weight(b.attention.wq), k = n1_in * attention_weight(b.attention.wk);
     const MatrixD v = n1_in * attention_weight(b.attention.wv);
     if (c.attention.rope_theta > 0.0f) {
-      oracle::rope(q, batch_, t, hq, d, position, c.attention.rope_theta);
-      oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta);
+      oracle::rope(q, batch_, t, hq, d, position, c.attention.rope_theta, c.attention.rope_scaling);
+      oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta, c.attention.rope_scaling);
     }
     // The cache holds positions [0, seen) of every sequence; attention reads exactly those.
     MatrixD& kc = caches_->k[static_cast<std::size_t>(l)];

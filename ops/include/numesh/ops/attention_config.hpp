@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "numesh/ops/rope_scaling.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 // What an attention layer is, independent of how it runs: its shape, its weights, the KV cache
@@ -29,6 +30,10 @@ struct AttentionConfig {
   /// rotate-half form (LLaMA, Hugging Face): pairs (i, i + head_dim / 2), frequency
   /// theta^(-2i / head_dim). 0 disables RoPE.
   float rope_theta = 10000.0f;
+  /// How those frequencies are scaled (Llama 3.1's llama3, linear, or not at all). The braces
+  /// let designated initializers of AttentionConfig leave it out without GCC's
+  /// missing-initializer warning.
+  RopeScaling rope_scaling{};
 };
 
 /// The weights of an attention layer (head-major columns: head h owns columns

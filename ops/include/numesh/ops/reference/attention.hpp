@@ -10,15 +10,19 @@
 namespace numesh::ops {
 
 /// Applies RoPE in place to x of shape [B, T, H, D] whose token t sits at position
-/// first_position + t. Throws: ShapeError for a rank other than 4 or an odd D.
-void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta);
+/// first_position + t, frequencies scaled by `scaling`.
+/// Throws: ShapeError for a rank other than 4 or an odd D; ValueError for an invalid scaling
+/// (validate()).
+void apply_rope_reference(runtime::HostTensor& x, std::int64_t first_position, float theta,
+                          const RopeScaling& scaling = {});
 
 /// softmax(q k^T / sqrt(head_dim) + mask) v per batch and head, the softmax in the stable form
 /// (the row maximum subtracted first); RoPE first when config.rope_theta > 0.
 /// Returns [B, T, num_heads, head_dim].
 /// Throws: ShapeError naming the shapes when q, k, v disagree with each other or the config
 /// (ranks, batch, heads, head_dim, k and v lengths), num_kv_heads does not divide num_heads,
-/// or a causal query would see no key (S < q_offset + T).
+/// or a causal query would see no key (S < q_offset + T); ValueError for an invalid
+/// config.rope_scaling.
 runtime::HostTensor attention_reference(const runtime::HostTensor& q, const runtime::HostTensor& k,
                                         const runtime::HostTensor& v,
                                         const AttentionConfig& config);

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+// RoPE frequency scaling: how a model stretches its rotary position embedding past the context
+// it was trained on (Hugging Face's `rope_scaling` in config.json). Part of AttentionConfig; the
+// RoPE kernel and the float64 references each apply it with code of their own.
+
+namespace numesh::ops {
+
+/// The frequency scaling of rotate-half RoPE. The unscaled frequencies are
+/// f_i = theta^(-2i / head_dim), i < head_dim / 2, and token p turns pair i by p * f_i.
+struct RopeScaling {
+  enum class Kind : std::uint8_t {
+    kNone,    ///< f_i as they are
+    kLinear,  ///< every f_i / factor (positions interpolated; Hugging Face "linear")
+    kLlama3,  ///< Llama 3.1's band scaling (Hugging Face "llama3"), below
+  };
+  Kind kind = Kind::kNone;
+  /// linear: the divisor of every frequency; llama3: of the low frequencies. Positive.
+  double factor = 1.0;
+  /// llama3: with wavelength w_i = 2 pi / f_i and L = original_max_position, frequencies with
+  /// w_i < L / high_freq_factor are kept, those with w_i > L / low_freq_factor are divided by
+  /// factor, and those between blend the two: (1 - s) f_i / factor + s f_i with
+  /// s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+  /// REQUIRES (llama3): 0 < low_freq_factor < high_freq_factor.
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  /// llama3: the context length the model was trained on (`original_max_position_embeddings`).
+  std::int64_t original_max_position = 8192;
+
+  /// Every frequency divided by `factor`.
+  static RopeScaling linear(double factor) {
+    RopeScaling s;
+    s.kind = Kind::kLinear;
+    s.factor = factor;
+    return s;
+  }
+  /// Llama 3.1's scaling (its published values: 8, 1, 4, 8192).
+  static RopeScaling llama3(double factor, double low_freq_factor, double high_freq_factor,
+                            std::int64_t original_max_position) {
+    RopeScaling s;
+    s.kind = Kind::kLlama3;
+    s.factor = factor;
+    s.low_freq_factor = low_freq_factor;
+    s.high_freq_factor = high_freq_factor;
+    s.original_max_position = original_max_position;
+    return s;
+  }
+};
+
+/// "none", "linear", "llama3" (the names of Hugging Face's `rope_type`).
+std::string_view to_string(RopeScaling::Kind kind) noexcept;
+
+/// Checks the fields `kind` uses.
+/// Throws: ValueError naming the field and its value (factor <= 0 or not finite; for llama3
+/// also low_freq_factor <= 0, low_freq_factor >= high_freq_factor, original_max_position <= 0).
+void validate(const RopeScaling& scaling);
+
+}  // namespace numesh::ops

@@ -1,0 +1,122 @@
+// RoPE frequency scaling (RopeScaling: linear and Llama 3.1's llama3): the kernel against the
+// float64 reference for every kind, properties that pin the formulas down, and the validation.
+// The formulas themselves are checked against Hugging Face's, written in PyTorch, by the
+// PyTorch check (torch_check.py: the attn_*_scaling and layer_*_llama3 cases).
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+#include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/rope_scaling.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::ThrowsMessage;
+
+RopeScaling linear(double factor) { return RopeScaling::linear(factor); }
+
+// Llama 3.1's published values.
+RopeScaling llama3(double factor = 8.0) { return RopeScaling::llama3(factor, 1.0, 4.0, 8192); }
+
+double max_abs_difference(const runtime::HostTensor& a, const runtime::HostTensor& b) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.data.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(a.data[i] - b.data[i])));
+  }
+  return worst;
+}
+
+TEST(RopeTest, KernelMatchesTheReferenceForEveryScaling) {
+  const runtime::HostTensor x = testing::random_host({2, 5, 3, 128}, 7, 1.0f);
+  for (const RopeScaling& s : {RopeScaling{}, linear(4.0), llama3()}) {
+    for (std::int64_t first : {std::int64_t{0}, std::int64_t{9000}}) {
+      runtime::HostTensor want = x, got = x;
+      apply_rope_reference(want, first, 500000.0f, s);
+      rope_inplace(got.data.data(), 2, 5, 3, 128, first, 500000.0f, s);
+      // fp32 rotations of unit-variance values by angles computed in double: a few ulps.
+      EXPECT_LT(max_abs_difference(got, want), 2e-6) << to_string(s.kind) << " at " << first;
+    }
+  }
+}
+
+TEST(RopeTest, ScalingChangesTheFrequenciesItShould) {
+  const std::int64_t d = 128;
+  const double theta = 500000.0;
+  const std::vector<double> plain = rope_frequencies(d, theta);
+  const std::vector<double> lin = rope_frequencies(d, theta, linear(4.0));
+  const std::vector<double> l3 = rope_frequencies(d, theta, llama3());
+  const std::vector<double> l3_one = rope_frequencies(d, theta, llama3(1.0));
+  ASSERT_EQ(plain.size(), 64u);
+  int kept = 0, divided = 0, blended = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_DOUBLE_EQ(plain[i], std::pow(theta, -2.0 * static_cast<double>(i) / 128.0)) << i;
+    EXPECT_DOUBLE_EQ(lin[i], plain[i] / 4.0) << i;
+    EXPECT_NEAR(l3_one[i], plain[i], 1e-15 * plain[i]) << "factor 1 changes nothing, pair " << i;
+    const double wavelength = 2.0 * std::numbers::pi / plain[i];
+    if (wavelength < 8192.0 / 4.0) {
+      EXPECT_EQ(l3[i], plain[i]) << "short waves are kept, pair " << i;
+      ++kept;
+    } else if (wavelength > 8192.0) {
+      EXPECT_DOUBLE_EQ(l3[i], plain[i] / 8.0) << "long waves are divided, pair " << i;
+      ++divided;
+    } else {
+      EXPECT_GT(l3[i], plain[i] / 8.0) << i;
+      EXPECT_LT(l3[i], plain[i]) << i;
+      ++blended;
+    }
+  }
+  // theta 500000, d 128: every band is populated.
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(RopeTest, LinearScalingIsPositionInterpolation) {
+  // Position p with every frequency divided by 4 turns as position p / 4 does unscaled.
+  const runtime::HostTensor x = testing::random_host({1, 1, 2, 64}, 3, 1.0f);
+  runtime::HostTensor scaled = x, plain = x;
+  rope_inplace(scaled.data.data(), 1, 1, 2, 64, 4000, 10000.0f, linear(4.0));
+  rope_inplace(plain.data.data(), 1, 1, 2, 64, 1000, 10000.0f);
+  EXPECT_LT(max_abs_difference(scaled, plain), 1e-6);
+}
+
+TEST(RopeTest, InvalidScalingIsRejectedNamingTheField) {
+  EXPECT_THAT([] { validate(linear(0.0)); },
+              ThrowsMessage<ValueError>("rope scaling linear: factor 0 must be positive"));
+  EXPECT_THAT([] { validate(linear(std::nan(""))); },
+              ThrowsMessage<ValueError>("rope scaling linear: factor nan must be positive"));
+  RopeScaling bands = llama3();
+  bands.low_freq_factor = 4.0;
+  EXPECT_THAT([&] { validate(bands); },
+              ThrowsMessage<ValueError>("rope scaling llama3: low_freq_factor 4 and high_freq_factor 4 must satisfy "
+                                        "0 < low < high"));
+  RopeScaling context = llama3();
+  context.original_max_position = 0;
+  EXPECT_THAT([&] { validate(context); },
+              ThrowsMessage<ValueError>("rope scaling llama3: original_max_position 0 must be positive"));
+  RopeScaling none;
+  none.factor = -1.0;
+  validate(none);  // none reads no field
+  // Every user of the config refuses it before computing anything.
+  runtime::HostTensor x = testing::random_host({1, 1, 1, 8}, 1, 1.0f);
+  EXPECT_THAT([&] { apply_rope_reference(x, 0, 10000.0f, linear(-2.0)); },
+              ThrowsMessage<ValueError>("rope scaling linear: factor -2 must be positive"));
+  AttentionConfig config{.num_heads = 1, .num_kv_heads = 1, .head_dim = 8};
+  config.rope_scaling = bands;
+  EXPECT_THAT([&] { attention_reference(x, x, x, config); },
+              ThrowsMessage<ValueError>(::testing::HasSubstr("low_freq_factor 4 and high_freq_factor 4")));
+  EXPECT_EQ(to_string(RopeScaling::Kind::kLlama3), "llama3");
+  EXPECT_EQ(to_string(RopeScaling::Kind::kLinear), "linear");
+  EXPECT_EQ(to_string(RopeScaling::Kind::kNone), "none");
+}
+
+}  // namespace
+}  // namespace numesh::ops
