@@ -36,7 +36,8 @@ struct TransformerConfig {
   /// True when layer i's feed-forward is a MoE layer.
   bool is_moe(std::int64_t layer) const noexcept { return moe_every > 0 && (layer + 1) % moe_every == 0; }
   /// Throws: ValueError naming the offending sizes (non-positive sizes, num_kv_heads not
-  /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE).
+  /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE) or an invalid
+  /// RoPE scaling field.
   void validate() const;
   /// Parameters (weights) of the whole stack.
   std::int64_t parameters() const noexcept;
