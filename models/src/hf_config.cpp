@@ -1,0 +1,321 @@
+#include "numesh/models/hf_config.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::models {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::array<Architecture, 7> kArchitectures{Architecture::kLlama,   Architecture::kMistral,
+                                                     Architecture::kQwen2,   Architecture::kQwen3,
+                                                     Architecture::kMixtral, Architecture::kQwen2Moe,
+                                                     Architecture::kQwen3Moe};
+
+// Typed reads of config.json fields, each error naming the file and the field.
+class Fields {
+ public:
+  Fields(const json& j, std::string_view source) : j_(j), source_(source) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  std::int64_t integer(const char* key) const {
+    NUMESH_CHECK(has(key), ValueError, "{}: config field '{}' is missing", source_, key);
+    const json& v = j_.at(key);
+    NUMESH_CHECK(v.is_number_integer(), ValueError, "{}: config field '{}' is {}, expected an integer", source_,
+                 key, v.dump());
+    return v.get<std::int64_t>();
+  }
+  std::int64_t integer(const char* key, std::int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+  std::int64_t positive(const char* key) const { return check_positive(key, integer(key)); }
+  std::int64_t positive(const char* key, std::int64_t fallback) const {
+    return check_positive(key, integer(key, fallback));
+  }
+
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    NUMESH_CHECK(v.is_number(), ValueError, "{}: config field '{}' is {}, expected a number", source_, key,
+                 v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    NUMESH_CHECK(v.is_boolean(), ValueError, "{}: config field '{}' is {}, expected true or false", source_, key,
+                 v.dump());
+    return v.get<bool>();
+  }
+  std::string text(const char* key) const {
+    NUMESH_CHECK(has(key), ValueError, "{}: config field '{}' is missing", source_, key);
+    const json& v = j_.at(key);
+    NUMESH_CHECK(v.is_string(), ValueError, "{}: config field '{}' is {}, expected a string", source_, key, v.dump());
+    return v.get<std::string>();
+  }
+  // One id or a list of ids (bos_token_id, eos_token_id); empty when absent.
+  std::vector<std::int64_t> ids(const char* key) const {
+    if (!has(key)) return {};
+    const json& v = j_.at(key);
+    std::vector<std::int64_t> out;
+    const auto take = [&](const json& e) {
+      NUMESH_CHECK(e.is_number_integer() && e.get<std::int64_t>() >= 0, ValueError,
+                   "{}: config field '{}' holds {}, expected non-negative token ids", source_, key, v.dump());
+      out.push_back(e.get<std::int64_t>());
+    };
+    if (v.is_array()) {
+      for (const json& e : v) take(e);
+    } else {
+      take(v);
+    }
+    return out;
+  }
+  std::vector<std::int64_t> integers(const char* key) const {
+    if (!has(key)) return {};
+    const json& v = j_.at(key);
+    NUMESH_CHECK(v.is_array(), ValueError, "{}: config field '{}' is {}, expected a list of integers", source_, key,
+                 v.dump());
+    std::vector<std::int64_t> out;
+    for (const json& e : v) {
+      NUMESH_CHECK(e.is_number_integer(), ValueError, "{}: config field '{}' is {}, expected a list of integers",
+                   source_, key, v.dump());
+      out.push_back(e.get<std::int64_t>());
+    }
+    return out;
+  }
+  const json& raw(const char* key) const { return j_.at(key); }
+  std::string_view source() const { return source_; }
+
+ private:
+  std::int64_t check_positive(const char* key, std::int64_t v) const {
+    NUMESH_CHECK(v > 0, ValueError, "{}: config field '{}' is {}, expected a positive integer", source_, key, v);
+    return v;
+  }
+
+  const json& j_;
+  std::string_view source_;
+};
+
+Architecture architecture_of(const std::string& model_type, std::string_view source) {
+  for (Architecture a : kArchitectures) {
+    if (model_type == to_string(a)) return a;
+  }
+  std::vector<std::string_view> names;
+  for (Architecture a : kArchitectures) names.push_back(to_string(a));
+  throw ValueError(fmt::format("{}: model_type '{}' is not an architecture numesh reads (it reads {})", source,
+                               model_type, fmt::join(names, ", ")));
+}
+
+// rope_scaling: null, or {"rope_type" (or the older "type"): "linear" | "llama3" | "default", ...}.
+ops::RopeScaling rope_scaling_of(const Fields& f) {
+  if (!f.has("rope_scaling")) return {};
+  const json& r = f.raw("rope_scaling");
+  NUMESH_CHECK(r.is_object(), ValueError, "{}: config field 'rope_scaling' is {}, expected an object or null",
+               f.source(), r.dump());
+  const Fields rf(r, f.source());
+  const std::string type = rf.has("rope_type") ? rf.text("rope_type") : rf.has("type") ? rf.text("type") : "";
+  ops::RopeScaling s;
+  if (type == "default") return s;
+  NUMESH_CHECK(type == "linear" || type == "llama3", ValueError,
+               "{}: rope_scaling type '{}' is not one numesh implements (linear, llama3, default)", f.source(), type);
+  NUMESH_CHECK(rf.has("factor"), ValueError, "{}: rope_scaling '{}' has no 'factor'", f.source(), type);
+  if (type == "linear") {
+    s = ops::RopeScaling::linear(rf.number("factor", 1.0));
+  } else {
+    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      NUMESH_CHECK(rf.has(key), ValueError, "{}: rope_scaling 'llama3' has no '{}'", f.source(), key);
+    }
+    s = ops::RopeScaling::llama3(rf.number("factor", 1.0), rf.number("low_freq_factor", 1.0),
+                                 rf.number("high_freq_factor", 4.0), rf.integer("original_max_position_embeddings"));
+  }
+  try {
+    ops::validate(s);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("{}: {}", f.source(), e.what()));
+  }
+  return s;
+}
+
+bool is_moe(Architecture a) {
+  return a == Architecture::kMixtral || a == Architecture::kQwen2Moe || a == Architecture::kQwen3Moe;
+}
+
+}  // namespace
+
+std::string_view to_string(Architecture a) noexcept {
+  switch (a) {
+    case Architecture::kLlama: return "llama";
+    case Architecture::kMistral: return "mistral";
+    case Architecture::kQwen2: return "qwen2";
+    case Architecture::kQwen3: return "qwen3";
+    case Architecture::kMixtral: return "mixtral";
+    case Architecture::kQwen2Moe: return "qwen2_moe";
+    case Architecture::kQwen3Moe: return "qwen3_moe";
+  }
+  return "?";
+}
+
+bool HfConfig::is_moe_layer(std::int64_t i) const noexcept {
+  if (num_experts == 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
+std::int64_t HfConfig::max_context() const noexcept {
+  return sliding_window ? std::min(*sliding_window, max_position_embeddings) : max_position_embeddings;
+}
+
+HfConfig HfConfig::parse(const json& config, std::string_view source) {
+  NUMESH_CHECK(config.is_object(), ValueError, "{}: a config.json holds a JSON object, not {}", source,
+               config.type_name());
+  const Fields f(config, source);
+  HfConfig c;
+  c.architecture = architecture_of(f.text("model_type"), source);
+  const Architecture a = c.architecture;
+  const bool qwen = a == Architecture::kQwen2 || a == Architecture::kQwen3 || a == Architecture::kQwen2Moe ||
+                    a == Architecture::kQwen3Moe;
+
+  const std::string act = f.has("hidden_act") ? f.text("hidden_act") : "silu";
+  NUMESH_CHECK(act == "silu", ValueError, "{}: hidden_act '{}': numesh's MLPs are SwiGLU (silu)", source, act);
+
+  c.vocab_size = f.positive("vocab_size");
+  c.hidden_size = f.positive("hidden_size");
+  c.num_hidden_layers = f.positive("num_hidden_layers");
+  c.num_attention_heads = f.positive("num_attention_heads");
+  c.num_key_value_heads = f.positive("num_key_value_heads", c.num_attention_heads);
+  NUMESH_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, ValueError,
+               "{}: num_key_value_heads {} does not divide num_attention_heads {}", source, c.num_key_value_heads,
+               c.num_attention_heads);
+  // Qwen3's head_dim defaults to 128 in transformers; the others to hidden / heads.
+  const bool qwen3 = a == Architecture::kQwen3 || a == Architecture::kQwen3Moe;
+  if (f.has("head_dim")) {
+    c.head_dim = f.positive("head_dim");
+  } else if (qwen3) {
+    c.head_dim = 128;
+  } else {
+    NUMESH_CHECK(c.hidden_size % c.num_attention_heads == 0, ValueError,
+                 "{}: hidden_size {} is not a multiple of num_attention_heads {} and no head_dim is given", source,
+                 c.hidden_size, c.num_attention_heads);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  NUMESH_CHECK(c.head_dim % 2 == 0, ValueError, "{}: head_dim {} is odd; RoPE needs it even", source, c.head_dim);
+  c.rms_norm_eps = f.number("rms_norm_eps", a == Architecture::kMixtral ? 1e-5 : 1e-6);
+  NUMESH_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0.0, ValueError,
+               "{}: rms_norm_eps {} must be a non-negative number", source, c.rms_norm_eps);
+  c.rope_theta = f.number("rope_theta", a == Architecture::kMixtral ? 1e6 : 10000.0);
+  NUMESH_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0, ValueError,
+               "{}: rope_theta {} must be positive", source, c.rope_theta);
+  c.rope_scaling = rope_scaling_of(f);
+  c.max_position_embeddings = f.positive("max_position_embeddings", 2048);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+
+  // Biases: Qwen2's and Qwen2-MoE's q, k, v projections always have them (no config field);
+  // attention_bias (Llama, Qwen3) puts them on all four projections.
+  const bool attention_bias = f.boolean("attention_bias", false);
+  c.qkv_bias = a == Architecture::kQwen2 || a == Architecture::kQwen2Moe || attention_bias;
+  c.o_bias = attention_bias;
+  c.mlp_bias = f.boolean("mlp_bias", false);
+  c.qk_norm = qwen3;
+
+  // Sliding windows: Mistral and Mixtral apply sliding_window when set; Qwen models only
+  // when use_sliding_window is true.
+  const bool windowed = qwen ? f.boolean("use_sliding_window", false)
+                             : (a == Architecture::kMistral || a == Architecture::kMixtral);
+  if (windowed && f.has("sliding_window")) c.sliding_window = f.positive("sliding_window");
+
+  if (is_moe(a)) {
+    c.num_experts = f.positive(a == Architecture::kMixtral ? "num_local_experts" : "num_experts");
+    c.num_experts_per_tok = f.positive("num_experts_per_tok");
+    NUMESH_CHECK(c.num_experts_per_tok <= c.num_experts, ValueError,
+                 "{}: num_experts_per_tok {} is more than the {} experts", source, c.num_experts_per_tok,
+                 c.num_experts);
+    if (a == Architecture::kMixtral) {
+      // Mixtral's experts are intermediate_size wide and always renormalised.
+      c.moe_intermediate_size = f.positive("intermediate_size");
+      c.norm_topk_prob = true;
+    } else {
+      c.moe_intermediate_size = f.positive("moe_intermediate_size");
+      c.norm_topk_prob = f.boolean("norm_topk_prob", false);
+      c.decoder_sparse_step = f.positive("decoder_sparse_step", 1);
+      c.mlp_only_layers = f.integers("mlp_only_layers");
+      for (std::int64_t l : c.mlp_only_layers) {
+        NUMESH_CHECK(l >= 0 && l < c.num_hidden_layers, ValueError,
+                     "{}: mlp_only_layers names layer {}, outside the {} layers", source, l, c.num_hidden_layers);
+      }
+      if (a == Architecture::kQwen2Moe) c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size", 0);
+    }
+  }
+  bool dense_layers = !is_moe(a);
+  for (std::int64_t l = 0; l < c.num_hidden_layers && !dense_layers; ++l) dense_layers = !c.is_moe_layer(l);
+  if (dense_layers) {
+    c.intermediate_size = f.positive("intermediate_size");
+  } else if (a != Architecture::kMixtral) {
+    c.intermediate_size = f.integer("intermediate_size", 0);
+  }
+  c.bos_token_ids = f.ids("bos_token_id");
+  c.eos_token_ids = f.ids("eos_token_id");
+  for (const auto* list : {&c.bos_token_ids, &c.eos_token_ids}) {
+    for (std::int64_t id : *list) {
+      NUMESH_CHECK(id < c.vocab_size, ValueError, "{}: token id {} is outside the vocabulary of {}", source, id,
+                   c.vocab_size);
+    }
+  }
+  return c;
+}
+
+HfConfig HfConfig::load(const std::filesystem::path& path) {
+  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+  std::ifstream in(file);
+  NUMESH_CHECK(in.good(), IoError, "cannot read {}", file.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw IoError(fmt::format("{} is not JSON: {}", file.string(), e.what()));
+  }
+  return parse(j, file.string());
+}
+
+ops::TransformerConfig HfConfig::transformer_config() const {
+  // Everything missing at once, so that one message says how far the model is from running.
+  std::vector<std::string_view> missing;
+  if (qkv_bias || o_bias) missing.push_back("attention biases (attention_bias, or Qwen2's q/k/v biases)");
+  if (mlp_bias) missing.push_back("MLP biases (mlp_bias)");
+  if (qk_norm) missing.push_back("q/k RMSNorm (Qwen3)");
+  if (shared_expert_intermediate_size > 0) missing.push_back("a shared expert (shared_expert_intermediate_size)");
+  if (!mlp_only_layers.empty()) missing.push_back("dense layers among MoE ones (mlp_only_layers)");
+  NUMESH_CHECK(missing.empty(), NotImplementedError, "{} model: numesh does not run {} yet", to_string(architecture),
+               fmt::join(missing, ", "));
+  ops::TransformerConfig t;
+  t.hidden = hidden_size;
+  t.layers = num_hidden_layers;
+  t.attention = ops::AttentionConfig{.num_heads = num_attention_heads,
+                                     .num_kv_heads = num_key_value_heads,
+                                     .head_dim = head_dim,
+                                     .rope_theta = static_cast<float>(rope_theta),
+                                     .rope_scaling = rope_scaling};
+  t.ffn = intermediate_size > 0 ? intermediate_size : moe_intermediate_size;
+  t.norm_eps = static_cast<float>(rms_norm_eps);
+  t.moe_every = num_experts > 0 ? decoder_sparse_step : 0;
+  if (num_experts > 0) {
+    t.moe = ops::MoeConfig{.num_experts = num_experts, .top_k = num_experts_per_tok, .renormalize = norm_topk_prob};
+    t.moe_ffn = moe_intermediate_size;
+  }
+  t.validate();
+  return t;
+}
+
+}  // namespace numesh::models
