@@ -1,0 +1,133 @@
+#include "strict_json.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+
+namespace numesh::models::detail {
+
+std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<std::uint8_t>(text[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    // The continuation bytes a lead byte needs, and the range allowed for the first of them:
+    // that range is what excludes overlong forms (E0, F0), UTF-16 surrogates (ED) and code
+    // points above U+10FFFF (F4). C0, C1 and F5-FF never start a sequence.
+    std::size_t needed = 0;
+    std::uint8_t low = 0x80;
+    std::uint8_t high = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      needed = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      needed = 2;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      needed = 3;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    for (std::size_t k = 1; k <= needed; ++k) {
+      if (i + k >= text.size()) return text.size();
+      const auto next = static_cast<std::uint8_t>(text[i + k]);
+      if (next < (k == 1 ? low : 0x80) || next > (k == 1 ? high : 0xBF)) return i + k;
+    }
+    i += needed + 1;
+  }
+  return std::nullopt;
+}
+
+Json parse_strict_json(std::string_view text, std::string_view where, std::string_view what) {
+  if (const auto bad = find_invalid_utf8(text)) {
+    if (*bad == text.size()) {
+      throw ValueError(
+          fmt::format("{}: {} is not valid UTF-8 (it ends inside a character)", where, what));
+    }
+    throw ValueError(fmt::format("{}: {} is not valid UTF-8 (byte 0x{:02x} at offset {})", where,
+                                 what, static_cast<std::uint8_t>(text[*bad]), *bad));
+  }
+
+  // One frame per open object: the keys seen so far and the key the object is the value of.
+  struct Frame {
+    std::set<std::string, std::less<>> keys;
+    std::string owner;
+  };
+  std::vector<Frame> objects;
+  std::string last_key;
+  int nesting = 0;
+  const auto check_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (++nesting > kMaxJsonNesting) {
+          throw ValueError(
+              fmt::format("{}: {} nests deeper than {} levels", where, what, kMaxJsonNesting));
+        }
+        if (event == Json::parse_event_t::object_start) {
+          objects.push_back({{}, objects.empty() ? std::string() : last_key});
+        }
+        break;
+      case Json::parse_event_t::object_end:
+        objects.pop_back();
+        --nesting;
+        break;
+      case Json::parse_event_t::array_end:
+        --nesting;
+        break;
+      case Json::parse_event_t::key: {
+        last_key = parsed.get<std::string>();
+        Frame& frame = objects.back();
+        if (!frame.keys.insert(last_key).second) {
+          if (objects.size() == 1) {
+            throw ValueError(fmt::format("{}: {} has key '{}' twice", where, what, last_key));
+          }
+          throw ValueError(fmt::format("{}: {} has key '{}' twice in the object of '{}'", where,
+                                       what, last_key, frame.owner));
+        }
+        break;
+      }
+      case Json::parse_event_t::value:
+        break;
+    }
+    return true;
+  };
+
+  try {
+    return Json::parse(text.begin(), text.end(), check_keys);
+  } catch (const Json::parse_error& e) {
+    // nlohmann's text starts with "[json.exception.parse_error.101] ", which says nothing to a
+    // reader of the message.
+    std::string_view message = e.what();
+    if (const auto close = message.find("] ");
+        message.starts_with("[json.") && close != std::string_view::npos) {
+      message.remove_prefix(close + 2);
+    }
+    throw ValueError(fmt::format("{}: {} is not valid JSON: {}", where, what, message));
+  }
+}
+
+std::string json_excerpt(const Json& value) {
+  constexpr std::size_t kMaxShown = 80;
+  std::string text = value.dump();
+  if (text.size() > kMaxShown) {
+    std::size_t cut = kMaxShown;
+    // Never cut a UTF-8 sequence in two: back up to the start of the character.
+    while (cut > 0 && (static_cast<std::uint8_t>(text[cut]) & 0xC0U) == 0x80U) --cut;
+    text.resize(cut);
+    text += "...";
+  }
+  return text;
+}
+
+}  // namespace numesh::models::detail
