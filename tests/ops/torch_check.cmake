@@ -1,6 +1,11 @@
-# Runs torch_check_main (numesh writes seeded inputs, its outputs and cases.json) then
-# torch_check.py (PyTorch recomputes every case in float64 and compares).
-#   cmake -DMAIN=exe -DSCRIPT=torch_check.py -DDIR=work-dir [-DPYTHON=interpreter] -P torch_check.cmake
+# Runs a check of numesh against PyTorch: MAIN (a numesh program) and SCRIPT (its Python twin)
+# in one work directory.
+#   cmake -DMAIN=exe -DSCRIPT=script.py -DDIR=work-dir [-DPYTHON=interpreter] [-DPYTHON_FIRST=ON]
+#         -P torch_check.cmake
+# By default MAIN writes (numesh's inputs, outputs and a manifest: torch_check_main) and then
+# `SCRIPT DIR` recomputes and compares (torch_check.py, dtype_check.py). With PYTHON_FIRST
+# the script writes first (`SCRIPT write DIR`: safetensors_check.py's PyTorch checkpoint), MAIN
+# reads, and `SCRIPT check DIR` compares.
 #
 # A missing interpreter (PYTHON, default Debian's /usr/bin/python3), torch or numpy FAILS the
 # test, naming the Debian package: a check that silently stops running is worse than one that
@@ -27,14 +32,30 @@ if(NOT EXISTS "${PYTHON}")
                       "skipped.")
 endif()
 
+get_filename_component(main_name "${MAIN}" NAME)
+get_filename_component(script_name "${SCRIPT}" NAME)
+# Runs the script with `args`; a 77 under NUMESH_SKIP_TORCH_CHECKS=1 ends the check as skipped.
+macro(run_script)
+  execute_process(COMMAND "${PYTHON}" "${SCRIPT}" ${ARGN} RESULT_VARIABLE rc)
+  if(rc EQUAL 77 AND skip_missing)
+    return()  # the script printed "torch_check: skipped: ..." naming the module
+  elseif(NOT rc EQUAL 0)
+    string(JOIN " " script_args ${ARGN})
+    message(FATAL_ERROR "${script_name} ${script_args} failed with status ${rc}")
+  endif()
+endmacro()
+
 file(REMOVE_RECURSE "${DIR}")
+file(MAKE_DIRECTORY "${DIR}")
+if(PYTHON_FIRST)
+  run_script(write "${DIR}")
+endif()
 execute_process(COMMAND "${MAIN}" "${DIR}" RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "torch_check_main failed with status ${rc}")
+  message(FATAL_ERROR "${main_name} failed with status ${rc}")
 endif()
-execute_process(COMMAND "${PYTHON}" "${SCRIPT}" "${DIR}" RESULT_VARIABLE rc)
-if(rc EQUAL 77 AND skip_missing)
-  return()  # the script printed "torch_check: skipped: ..." naming the module
-elseif(NOT rc EQUAL 0)
-  message(FATAL_ERROR "torch_check.py failed with status ${rc}")
+if(PYTHON_FIRST)
+  run_script(check "${DIR}")
+else()
+  run_script("${DIR}")
 endif()
