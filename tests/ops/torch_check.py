@@ -309,6 +309,10 @@ def expected(d, case):
 
     def inp(tensor):
         return load(d, f"{name}_{tensor}")
+    if op == "lm_head":
+        logits = projection(inp("x"), inp("weight"), dtype)
+        return {("y", 0): logits, ("logits", 0): logits,
+                ("greedy_ids", 0): torch.argmax(logits, dim=-1).double()[None, :]}
     if op in ("mlp_gelu", "mlp_swiglu"):
         names = ("x", "w1", "w2") if op == "mlp_gelu" else ("x", "w_gate", "w_up", "w_down")
         inputs = {n: inp(n) for n in names}

@@ -29,6 +29,8 @@
 //                         insert and a decode step through the KV cache; and the MoE
 //                         routing statistics; the dense block with bf16 and f16 weights, the
 //                         MoE block with f16 experts
+//   lm_head               lm_head_reference and ShardedLmHead on tp1, tp2 (vocabulary-
+//                         parallel): logits, and greedy ids against torch.argmax
 
 #include <nlohmann/json.hpp>
 
@@ -49,12 +51,14 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/npy.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/norms.hpp"
 #include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/lm_head.hpp"
 #include "numesh/ops/reference/moe.hpp"
 #include "numesh/ops/reference/transformer.hpp"
 
@@ -315,6 +319,30 @@ void attention_layer_case(Writer& w, const std::string& name, std::int64_t batch
 }
 
 // ---------------------------------------------------------------------------------------------
+// The LM head.
+
+// ShardedLmHead on tp1 and tp2 (vocabulary-parallel): the logits, and the greedy tokens as a
+// [1, rows] row of ids compared exactly with torch.argmax.
+void lm_head_case(Writer& w, const std::string& name, std::int64_t rows, std::int64_t hidden, std::int64_t vocab,
+                  numesh::DType stored, std::mt19937& rng) {
+  Case c = w.begin(name, "lm_head", dtype_params(stored));
+  const HostTensor x = random_tensor({rows, hidden}, rng);
+  const ops::LmHeadWeights lw{.weight = random_tensor({hidden, vocab}, rng, 1.0f / std::sqrt(static_cast<float>(hidden))),
+                              .stored_as = stored};
+  w.input(c, "x", x);
+  w.input(c, "weight", lw.weight);
+  Writer::step(c, 0, rows);
+  w.output(c, "lm_head_reference", 0, "reference", ops::lm_head_reference(x, lw));
+  for (const MeshChoice& m : {kTp1, kTp2}) {
+    ops::ShardedLmHead head(mesh(m.size, m.axis), lw, rows);
+    w.output(c, "ShardedLmHead " + m.label, 0, sharded_class(stored), head.logits(x), "logits");
+    std::vector<std::int64_t> ids = head.greedy(x);
+    w.output(c, "ShardedLmHead " + m.label, 0, "exact", counts(ids), "greedy_ids");
+  }
+  w.add(std::move(c));
+}
+
+// ---------------------------------------------------------------------------------------------
 // MoE.
 
 // moe_reference on 12 tokens, hidden 16, 6 experts of intermediate 24, and its statistics.
@@ -542,6 +570,10 @@ void write_cases(Writer& w, std::uint32_t seed) {
   transformer_case(w, "block_dense_bf16", dense, true, 2, 32, block_steps, {kTp1, kTp2}, rng, numesh::DType::kBF16);
   transformer_case(w, "block_dense_f16", dense, true, 2, 32, block_steps, {kTp1, kTp2}, rng, numesh::DType::kF16);
   transformer_case(w, "block_moe_f16", moe, true, 2, 32, block_steps, {kTp1, kTp2, kEp2}, rng, numesh::DType::kF16);
+
+  // The LM head: a decode row and a prefill of 9 rows over a vocabulary of 1000, fp32 and bf16.
+  lm_head_case(w, "lm_head_decode", 1, 128, 1000, numesh::DType::kF32, rng);
+  lm_head_case(w, "lm_head_prefill_bf16", 9, 128, 1000, numesh::DType::kBF16, rng);
 }
 
 }  // namespace

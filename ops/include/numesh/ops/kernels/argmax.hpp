@@ -1,0 +1,21 @@
+#pragma once
+
+#include <cstdint>
+
+#include "numesh/ops/tensor.hpp"
+
+// Each row's largest logit over a slice of the vocabulary: the per-device half of the sharded
+// argmax (the host compares the devices' candidates).
+
+namespace numesh::ops {
+
+/// For each row r of `logits` (a device's columns [first_index, first_index + cols) of the
+/// vocabulary), out[2r] = the row's largest value and out[2r + 1] = its global index
+/// (first_index + column) as an fp32 number, the first such column on ties; a NaN counts as
+/// larger than any number, the first NaN wins (torch.argmax's rule). Rows run as tasks over
+/// the calling thread's arena; bitwise the same for any thread count.
+/// REQUIRES: logits has at least one column; first_index + cols <= kMaxVocabulary; out holds
+/// 2 * rows floats.
+void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out);
+
+}  // namespace numesh::ops

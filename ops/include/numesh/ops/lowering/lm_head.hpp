@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "numesh/ops/lm_head_config.hpp"
+#include "numesh/ops/lowering/program.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+// The LM head lowered onto a device mesh, vocabulary-parallel: each device multiplies the final
+// hidden states by its columns of the head's matrix, and greedy decoding picks the token from
+// each device's best candidate, so the full logits never travel unless asked for.
+
+namespace numesh::ops {
+
+/// Mesh axes the head is split over. Every field has a default (eformer's axis names; EasyDeL
+/// lays lm_head out with the vocabulary over tp).
+struct LmHeadAxes {
+  /// Rows (tokens) are split over these axes; replicated when the row count does not divide.
+  std::vector<std::string> batch = {"dp", "fsdp"};
+  /// The vocabulary is split over this axis; replicated (each device all of it) when the mesh
+  /// lacks it or V does not divide.
+  std::string vocab = "tp";
+};
+
+/// The head's matrix laid out on a mesh: w [H, V] P(None, vocab), each shard on its device's
+/// node, stored as LmHeadWeights::stored_as.
+struct LmHeadLayer {
+  std::int64_t hidden = 0;
+  std::int64_t vocab = 0;
+  std::shared_ptr<runtime::ShardedTensor> weight;
+
+  /// Throws: ShapeError naming the shape when the weight is not [H, V] with H, V >= 1 or V is
+  /// above kMaxVocabulary.
+  [[nodiscard]] static LmHeadLayer create(const runtime::DeviceMesh& mesh, const LmHeadWeights& weights,
+                                          const LmHeadAxes& axes = {});
+};
+
+/// Emits per device logits_local = x_local w_local (device_gemm over the device's threads)
+/// into `logits` [rows, V], whose spec must split rows as x does and V as the weight does
+/// (lm_head_logits_spec()). x is [rows, H] with H not split. Returns the frontier after which
+/// the logits are complete; nothing crosses devices.
+/// Throws: ShapeError naming the shapes and specs when x or logits do not fit the layer.
+runtime::Frontier emit_lm_head(ProgramBuilder& program, const LmHeadLayer& layer, runtime::ShardedTensor& x,
+                               const runtime::Frontier& after, runtime::ShardedTensor& logits,
+                               const std::string& name);
+
+/// The spec of the logits for x's spec (rows) and the layer's weight (vocabulary).
+sharding::PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const sharding::PartitionSpec& x_spec);
+
+/// Emits the devices' half of a greedy pick: for each row, each device's best logit and its
+/// global token index (row_argmax) into `candidates` [rows, 2 * n], n the vocabulary shards of
+/// `logits`, spec as the logits' (each device holds its [rows_local, 2]). pick_greedy() on the
+/// gathered candidates finishes the argmax.
+/// Throws: ShapeError when candidates does not fit the logits.
+runtime::Frontier emit_greedy_candidates(ProgramBuilder& program, runtime::ShardedTensor& logits,
+                                         const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                         const std::string& name);
+
+/// The host's half of a greedy pick: each row's token from candidates [rows, 2 * n] (value,
+/// index pairs in vocabulary order): the largest value, the lowest index on ties, the first NaN
+/// if any (torch.argmax's rule over the whole row).
+/// Throws: ShapeError when candidates is not [rows, 2 * n] with n >= 1.
+std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates);
+
+/// The LM head lowered onto a device mesh for a fixed number of rows, as two programs compiled
+/// once: greedy() (logits stay on the devices, only each device's best candidate per row comes
+/// back) and logits() (the whole [rows, V] gathered to the host).
+/// Not thread-safe: one thread drives an instance.
+class ShardedLmHead {
+ public:
+  /// Lays out the weight and compiles both programs for `rows` rows.
+  /// Throws: as LmHeadLayer::create; ShapeError when rows < 1.
+  ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows, LmHeadAxes axes = {});
+  /// The argmax token of each row of x [rows, H] (torch.argmax's rule).
+  /// Throws: ShapeError when x is not [rows, H]; what a node throws.
+  std::vector<std::int64_t> greedy(const runtime::HostTensor& x);
+  /// The logits [rows, V] of x [rows, H].
+  /// Throws: as greedy().
+  runtime::HostTensor logits(const runtime::HostTensor& x);
+  /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
+  const sharding::PartitionSpec& weight_spec() const noexcept { return layer_.weight->spec(); }
+  /// The greedy program (plan, graph).
+  Program& greedy_program() noexcept { return *greedy_; }
+
+ private:
+  void check_input(const runtime::HostTensor& x) const;
+
+  LmHeadLayer layer_;
+  std::int64_t rows_;
+  std::unique_ptr<Program> greedy_;
+  std::unique_ptr<Program> logits_;
+};
+
+}  // namespace numesh::ops

@@ -1,0 +1,152 @@
+#include "numesh/ops/lowering/lm_head.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/argmax.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+#include "lowering_util.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+using sharding::AxisRule;
+using sharding::PartitionSpec;
+using detail::shape_text;
+
+// Rows of a [rows, cols] tensor's shard.
+std::int64_t local_rows(const runtime::ShardedTensor& t) { return t.layout().shard_shape()[0]; }
+
+}  // namespace
+
+LmHeadLayer LmHeadLayer::create(const runtime::DeviceMesh& mesh, const LmHeadWeights& w, const LmHeadAxes& axes) {
+  NUMESH_CHECK(w.weight.shape.size() == 2 && w.weight.shape[0] >= 1 && w.weight.shape[1] >= 1 &&
+                   w.weight.shape[1] <= kMaxVocabulary,
+               ShapeError, "lm head: weight {} must be [H, V] with H, V >= 1 and V <= {}", shape_text(w.weight),
+               kMaxVocabulary);
+  LmHeadLayer layer;
+  layer.hidden = w.weight.shape[0];
+  layer.vocab = w.weight.shape[1];
+  const AxisRule vocab = mesh.mesh().has_axis(axes.vocab) ? AxisRule(axes.vocab) : AxisRule();
+  layer.weight = detail::laid_out(mesh, w.weight, PartitionSpec({AxisRule(), vocab}), w.stored_as);
+  return layer;
+}
+
+PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const PartitionSpec& x_spec) {
+  return PartitionSpec({detail::entry(x_spec, 0), detail::entry(layer.weight->spec(), 1)});
+}
+
+runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, runtime::ShardedTensor& x,
+                               const runtime::Frontier& after, runtime::ShardedTensor& logits,
+                               const std::string& name) {
+  NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden && x.layout().shard_shape()[1] == layer.hidden &&
+                   logits.shape() == (std::vector<std::int64_t>{x.shape()[0], layer.vocab}) &&
+                   logits.spec() == lm_head_logits_spec(layer, x.spec()),
+               ShapeError,
+               "{}: x {} {} and logits {} {} do not fit hidden {} and vocabulary {} (H not split; logits {})", name,
+               fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(logits.shape(), "x"), logits.spec().repr(),
+               layer.hidden, layer.vocab, lm_head_logits_spec(layer, x.spec()).repr());
+  runtime::ShardedTensor& w = pb.use(name + ".weight", TensorRole::kWeight, layer.weight);
+  const std::int64_t rows = local_rows(x), h = layer.hidden, v_local = w.layout().shard_shape()[1];
+  return pb.per_device(name, {&after}, [&](std::int64_t s) {
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& ws = w.shard(s);
+    runtime::Tensor& ls = logits.shard(s);
+    pb.add_flops(s, 2.0 * static_cast<double>(rows * h * v_local));
+    return [&xs, &ws, &ls, rows, h, v_local] {
+      device_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_weight(ws),
+                  MatrixMap(ls.values().data(), rows, v_local));
+    };
+  });
+}
+
+runtime::Frontier emit_greedy_candidates(ProgramBuilder& pb, runtime::ShardedTensor& logits,
+                                         const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                         const std::string& name) {
+  const std::int64_t rows = local_rows(logits), v_local = logits.layout().shard_shape()[1];
+  const std::int64_t shards = logits.shape()[1] / v_local;
+  NUMESH_CHECK(candidates.shape() == (std::vector<std::int64_t>{logits.shape()[0], 2 * shards}) &&
+                   candidates.spec() == logits.spec(),
+               ShapeError, "{}: candidates {} {} do not fit logits {} {} (expected [{}, {}], the logits' spec)", name,
+               fmt::join(candidates.shape(), "x"), candidates.spec().repr(), fmt::join(logits.shape(), "x"),
+               logits.spec().repr(), logits.shape()[0], 2 * shards);
+  return pb.per_device(name, {&after}, [&](std::int64_t s) {
+    runtime::Tensor& ls = logits.shard(s);
+    runtime::Tensor& cs = candidates.shard(s);
+    const std::int64_t first = logits.layout().tile_offset(s)[1];
+    return [&ls, &cs, rows, v_local, first] {
+      row_argmax(ConstMatrixMap(ls.values().data(), rows, v_local), first, cs.values().data());
+    };
+  });
+}
+
+std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
+  NUMESH_CHECK(candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0, ShapeError,
+               "greedy pick: candidates {} must be [rows, 2 * shards]", shape_text(candidates));
+  const std::int64_t rows = candidates.shape[0], n = candidates.shape[1] / 2;
+  std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* c = candidates.data.data() + r * 2 * n;
+    // Shards in vocabulary order, so the first of equal values has the lowest index.
+    std::int64_t best = 0;
+    for (std::int64_t k = 1; k < n && !std::isnan(c[2 * best]); ++k) {
+      if (std::isnan(c[2 * k]) || c[2 * k] > c[2 * best]) best = k;
+    }
+    picked[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(c[2 * best + 1]);
+  }
+  return picked;
+}
+
+ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows,
+                             LmHeadAxes axes)
+    : layer_(LmHeadLayer::create(mesh, weights, axes)), rows_(rows) {
+  NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
+  const std::vector<std::int64_t> x_shape{rows, layer_.hidden}, logits_shape{rows, layer_.vocab};
+  const PartitionSpec x_spec =
+      sharding::correct_spec(x_shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
+                             mesh.mesh())
+          .spec;
+  const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec);
+  const auto compile = [&](bool greedy) {
+    ProgramBuilder pb(mesh, greedy ? "lm head (greedy)" : "lm head (logits)");
+    runtime::Frontier loaded;
+    runtime::ShardedTensor& x = pb.input("x", x_shape, x_spec, loaded);
+    runtime::ShardedTensor& logits =
+        pb.tensor("logits", greedy ? TensorRole::kActivation : TensorRole::kOutput, logits_shape, logits_spec);
+    const runtime::Frontier projected = emit_lm_head(pb, layer_, x, loaded, logits, "lm_head");
+    if (!greedy) {
+      pb.output("logits", logits, projected);
+    } else {
+      const std::int64_t shards = layer_.vocab / logits.layout().shard_shape()[1];
+      runtime::ShardedTensor& candidates =
+          pb.tensor("candidates", TensorRole::kOutput, {rows, 2 * shards}, logits_spec);
+      pb.output("candidates", candidates, emit_greedy_candidates(pb, logits, projected, candidates, "greedy"));
+    }
+    return std::make_unique<Program>(std::move(pb).compile());
+  };
+  greedy_ = compile(true);
+  logits_ = compile(false);
+}
+
+void ShardedLmHead::check_input(const runtime::HostTensor& x) const {
+  NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{rows_, layer_.hidden}), ShapeError,
+               "lm head: input is {} but the head was compiled for [{}, {}]", shape_text(x), rows_, layer_.hidden);
+}
+
+std::vector<std::int64_t> ShardedLmHead::greedy(const runtime::HostTensor& x) {
+  check_input(x);
+  return pick_greedy(greedy_->run("x", x, "candidates"));
+}
+
+runtime::HostTensor ShardedLmHead::logits(const runtime::HostTensor& x) {
+  check_input(x);
+  return logits_->run("x", x, "logits");
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,131 @@
+// The LM head (lowering/lm_head.hpp): logits against the float64 reference and greedy picks
+// against argmax over the whole row, on meshes that split the vocabulary, the rows, both or
+// neither (a vocabulary tp does not divide is replicated), fp32 and 16-bit weights; ties, NaN
+// and the errors.
+
+#include "numesh/ops/lowering/lm_head.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/argmax.hpp"
+#include "numesh/ops/reference/lm_head.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::MeshCase;
+
+class LmHeadTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(LmHeadTest, LogitsMatchTheReferenceAndGreedyPicksTheirArgmax) {
+  const MeshCase& c = GetParam();
+  const runtime::DeviceMesh mesh = testing::make_mesh(c);
+  // V 1000 divides tp 1, 2 and 4; 1002 does not divide 4 (replicated there); rows 1 and 6.
+  for (std::int64_t vocab : {std::int64_t{1000}, std::int64_t{1002}}) {
+    for (std::int64_t rows : {std::int64_t{1}, std::int64_t{6}}) {
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+        const std::string label = testing::mesh_label(c) + " V=" + std::to_string(vocab) +
+                                  " rows=" + std::to_string(rows) + " " + std::string(to_string(t));
+        const LmHeadWeights w{.weight = testing::random_host({64, vocab}, 5, 0.125f), .stored_as = t};
+        const runtime::HostTensor x = testing::random_host({rows, 64}, 6, 1.0f);
+        ShardedLmHead head(mesh, w, rows);
+        const runtime::HostTensor logits = head.logits(x);
+        const runtime::HostTensor want = lm_head_reference(x, w);
+        // fp32 sums of 64 products: the sharded operators' bound (bf16: the rare activation
+        // rounding to the other neighbour, as in WeightDtypeTest).
+        EXPECT_TRUE(testing::matches_reference(logits, want, t == DType::kBF16 ? 1e-4 : 1e-5)) << label;
+        // Greedy is the argmax of the logits the devices computed, exactly.
+        EXPECT_EQ(head.greedy(x), argmax_rows(logits)) << label;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, LmHeadTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
+                                           MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}}),
+                         testing::mesh_case_name);
+
+TEST(LmHeadTest, TheVocabularyIsSplitWhenItDividesAndReplicatedOtherwise) {
+  const runtime::DeviceMesh tp4 = testing::make_mesh({{4}, {"tp"}});
+  const LmHeadWeights even{.weight = testing::random_host({8, 1000}, 1, 1.0f)};
+  const LmHeadWeights odd{.weight = testing::random_host({8, 1002}, 1, 1.0f)};
+  EXPECT_EQ(ShardedLmHead(tp4, even, 2).weight_spec().repr(), "P(None, 'tp')");
+  EXPECT_EQ(ShardedLmHead(tp4, odd, 2).weight_spec().repr(), "P()");
+}
+
+TEST(LmHeadTest, TiesGoToTheLowestIndexAcrossShards) {
+  // Columns 100, 600 and 900 equal and largest: on tp4 they sit on shards 0, 2 and 3.
+  runtime::HostTensor w = runtime::HostTensor::zeros({4, 1000});
+  for (std::int64_t col : {std::int64_t{100}, std::int64_t{600}, std::int64_t{900}}) {
+    for (std::int64_t h = 0; h < 4; ++h) w.data[static_cast<std::size_t>(h * 1000 + col)] = 1.0f;
+  }
+  runtime::HostTensor x = runtime::HostTensor::zeros({2, 4});
+  std::fill(x.data.begin(), x.data.end(), 1.0f);
+  for (const MeshCase& c : {MeshCase{{1}, {"tp"}}, MeshCase{{4}, {"tp"}}}) {
+    ShardedLmHead head(testing::make_mesh(c), LmHeadWeights{.weight = w}, 2);
+    EXPECT_EQ(head.greedy(x), (std::vector<std::int64_t>{100, 100})) << testing::mesh_label(c);
+  }
+}
+
+TEST(LmHeadTest, ANanLogitIsPickedAsTorchArgmaxPicksIt) {
+  // torch.argmax treats NaN as the largest value: the first NaN of the row wins.
+  runtime::HostTensor w = testing::random_host({4, 1000}, 2, 1.0f);
+  for (std::int64_t h = 0; h < 4; ++h) w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
+  const runtime::HostTensor x = testing::random_host({1, 4}, 3, 1.0f);
+  ShardedLmHead head(testing::make_mesh({{4}, {"tp"}}), LmHeadWeights{.weight = w}, 1);
+  EXPECT_EQ(head.greedy(x), (std::vector<std::int64_t>{700}));
+  EXPECT_EQ(argmax_rows(head.logits(x)), (std::vector<std::int64_t>{700}));
+  // The host's half on hand-made candidates: (value, index) per shard in vocabulary order.
+  runtime::HostTensor candidates = runtime::HostTensor::zeros({3, 6});
+  candidates.data = {1, 10, 3, 250, 3, 600,                       // a tie: the first shard's index
+                     5, 7, std::nanf(""), 300, std::nanf(""), 800,  // the first NaN
+                     -1, 0, -2, 260, -3, 510};
+  EXPECT_EQ(pick_greedy(candidates), (std::vector<std::int64_t>{250, 300, 0}));
+}
+
+TEST(LmHeadTest, RowArgmaxIsTheSameForAnyThreadCount) {
+  const runtime::HostTensor logits = testing::random_host({37, 3000}, 4, 1.0f);
+  std::vector<float> first;
+  for (int threads : {1, 2, 3, 4, 7}) {
+    std::vector<float> out(2 * 37);
+    oneapi::tbb::task_arena arena(threads);
+    arena.execute([&] { row_argmax(ConstMatrixMap(logits.data.data(), 37, 3000), 5000, out.data()); });
+    if (first.empty()) {
+      first = out;
+      const std::vector<std::int64_t> want = argmax_rows(logits);
+      for (std::size_t r = 0; r < 37; ++r) EXPECT_EQ(out[2 * r + 1], static_cast<float>(5000 + want[r])) << r;
+    } else {
+      EXPECT_EQ(out, first) << threads << " threads";
+    }
+  }
+}
+
+TEST(LmHeadTest, BadShapesAreRefusedNamingThem) {
+  const runtime::DeviceMesh mesh = testing::make_mesh({{2}, {"tp"}});
+  EXPECT_THAT([&] { ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8})}, 1); },
+              ThrowsMessage<ShapeError>("lm head: weight [8] must be [H, V] with H, V >= 1 and V <= 16777216"));
+  EXPECT_THAT([&] { ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}, 0); },
+              ThrowsMessage<ShapeError>("lm head: 0 rows; need at least one"));
+  ShardedLmHead head(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}, 2);
+  EXPECT_THAT([&] { head.greedy(runtime::HostTensor::zeros({2, 7})); },
+              ThrowsMessage<ShapeError>("lm head: input is [2, 7] but the head was compiled for [2, 8]"));
+  EXPECT_THAT([] { lm_head_reference(runtime::HostTensor::zeros({2, 7}), LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}); },
+              ThrowsMessage<ShapeError>(HasSubstr("lm head: x [2, 7] and weight [8, 10] do not multiply")));
+  EXPECT_THAT([] { argmax_rows(runtime::HostTensor::zeros({2, 0})); },
+              ThrowsMessage<ShapeError>("argmax: logits [2, 0] must be [rows, V] with V >= 1"));
+  EXPECT_THAT([] { pick_greedy(runtime::HostTensor::zeros({2, 3})); },
+              ThrowsMessage<ShapeError>("greedy pick: candidates [2, 3] must be [rows, 2 * shards]"));
+}
+
+}  // namespace
+}  // namespace numesh::ops
