@@ -99,7 +99,11 @@ runtime::Frontier emit_embedding(ProgramBuilder& pb, const EmbeddingLayer& layer
 
 ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, const EmbeddingWeights& weights, std::int64_t tokens,
                                    EmbeddingAxes axes)
-    : layer_(EmbeddingLayer::create(mesh, weights, axes)), tokens_(tokens) {
+    : ShardedEmbedding(mesh, EmbeddingLayer::create(mesh, weights, axes), tokens, axes) {}
+
+ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens,
+                                   EmbeddingAxes axes)
+    : layer_(std::move(layer)), tokens_(tokens) {
   NUMESH_CHECK(tokens >= 1, ShapeError, "embedding: {} tokens; need at least one", tokens);
   ids_.assign(static_cast<std::size_t>(tokens), 0);
   const std::vector<std::int64_t> shape{tokens, layer_.hidden};

@@ -105,7 +105,10 @@ std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
 
 ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows,
                              LmHeadAxes axes)
-    : layer_(LmHeadLayer::create(mesh, weights, axes)), rows_(rows) {
+    : ShardedLmHead(mesh, LmHeadLayer::create(mesh, weights, axes), rows, axes) {}
+
+ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes)
+    : layer_(std::move(layer)), rows_(rows) {
   NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
   const std::vector<std::int64_t> x_shape{rows, layer_.hidden}, logits_shape{rows, layer_.vocab};
   const PartitionSpec x_spec =

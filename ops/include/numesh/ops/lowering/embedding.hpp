@@ -56,6 +56,9 @@ class ShardedEmbedding {
   /// Throws: as EmbeddingLayer::create; ShapeError when tokens < 1.
   ShardedEmbedding(runtime::DeviceMesh mesh, const EmbeddingWeights& weights, std::int64_t tokens,
                    EmbeddingAxes axes = {});
+  /// The same over a table already laid out on `mesh` (programs for several token counts
+  /// share it). Throws: ShapeError when tokens < 1.
+  ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens, EmbeddingAxes axes = {});
   /// The vectors [tokens, H] of `ids`.
   /// Throws: ShapeError when ids.size() is not the token count; IndexError naming the position
   /// and the id when an id is outside [0, V) (before anything runs).

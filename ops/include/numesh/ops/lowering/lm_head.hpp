@@ -75,6 +75,9 @@ class ShardedLmHead {
   /// Lays out the weight and compiles both programs for `rows` rows.
   /// Throws: as LmHeadLayer::create; ShapeError when rows < 1.
   ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows, LmHeadAxes axes = {});
+  /// The same over a layer already laid out on `mesh` (heads for several row counts share it).
+  /// Throws: ShapeError when rows < 1.
+  ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes = {});
   /// The argmax token of each row of x [rows, H] (torch.argmax's rule).
   /// Throws: ShapeError when x is not [rows, H]; what a node throws.
   std::vector<std::int64_t> greedy(const runtime::HostTensor& x);

@@ -1,0 +1,72 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf_weights.hpp"
+#include "numesh/ops/lowering/embedding.hpp"
+#include "numesh/ops/lowering/lm_head.hpp"
+#include "numesh/ops/lowering/model_axes.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+
+// A decoder-only language model on a device mesh: the token embedding, the transformer stack
+// with its KV caches and the LM head, each lowered with its own layout (vocabulary-parallel
+// embedding and head, the stack by ModelAxes), for `batch` sequences of up to `max_len` tokens.
+
+namespace numesh::models {
+
+/// A causal language model laid out on a mesh. Each call takes the next T tokens of every
+/// sequence (ids [batch, T] row-major) at positions [position, position + T), writes their keys
+/// and values into the caches, and returns the logits or the greedy next tokens. Programs are
+/// compiled per token count on first use and shared by later calls.
+/// Not thread-safe: one thread drives an instance.
+class CausalLm {
+ public:
+  /// Lays out every weight.
+  /// Throws: NotImplementedError as HfConfig::transformer_config(); ShapeError when the
+  /// weights do not fit the config, batch or max_len is not positive, or max_len exceeds the
+  /// model's max_context(); what the layers' layouts throw.
+  CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights, std::int64_t batch,
+           std::int64_t max_len, ops::ModelAxes axes = {});
+  ~CausalLm();
+  CausalLm(CausalLm&&) noexcept;
+  CausalLm& operator=(CausalLm&&) noexcept;
+
+  /// The logits [batch * T, V] of every new position (row b * T + t: sequence b, token t).
+  /// Throws: ShapeError when ids.size() is not batch * tokens; IndexError for an id outside the
+  /// vocabulary (naming it) or tokens that do not fit the caches; what a node throws.
+  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+  /// Each sequence's greedy next token: the argmax of the logits at its last new position (the
+  /// head runs on those rows only, and the logits stay on the devices).
+  /// Throws: as logits().
+  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+
+  /// The config it was built from.
+  const HfConfig& config() const noexcept { return config_; }
+  /// Sequences per call.
+  std::int64_t batch() const noexcept { return batch_; }
+  /// The caches' capacity in tokens.
+  std::int64_t max_len() const noexcept { return max_len_; }
+  /// The transformer stack (plans, bytes per decode step).
+  ops::ShardedTransformer& stack() noexcept { return stack_; }
+
+ private:
+  // The final hidden states [batch, T, H] of the new tokens.
+  runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+
+  runtime::DeviceMesh mesh_;
+  HfConfig config_;
+  std::int64_t batch_, max_len_;
+  ops::EmbeddingLayer embedding_layer_;
+  ops::LmHeadLayer head_layer_;
+  ops::ShardedTransformer stack_;
+  std::map<std::int64_t, std::unique_ptr<ops::ShardedEmbedding>> embeddings_;  // by rows
+  std::map<std::int64_t, std::unique_ptr<ops::ShardedLmHead>> heads_;          // by rows
+};
+
+}  // namespace numesh::models

@@ -1,0 +1,36 @@
+#pragma once
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/ops/embedding_config.hpp"
+#include "numesh/ops/lm_head_config.hpp"
+#include "numesh/ops/transformer_config.hpp"
+
+// A Hugging Face checkpoint's tensors in numesh's layout: the token embedding as it is, every
+// linear layer transposed (Hugging Face stores nn.Linear weights [out, in]; numesh multiplies
+// x [rows, in] by w [in, out]), RMSNorm weights as [1, H] rows, experts stacked.
+
+namespace numesh::models {
+
+/// A decoder-only language model's weights, in host memory, fp32 values (stored_as says how
+/// the devices keep them).
+struct CausalLmWeights {
+  ops::EmbeddingWeights embedding;  ///< model.embed_tokens.weight [V, H]
+  ops::TransformerWeights stack;    ///< the blocks and model.norm
+  ops::LmHeadWeights lm_head;       ///< lm_head.weight transposed [H, V], or the embedding's when tied
+
+  /// Reads every tensor `config`'s architecture names from `checkpoint` (Llama's names:
+  /// model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
+  /// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; Mixtral's
+  /// block_sparse_moe.{gate, experts.E.w1/w3/w2}; Qwen-MoE's mlp.{gate, experts.E.*_proj}),
+  /// checking each shape before reading it, and stores the matrices as `stored_as`
+  /// (embedding, LM head, attention, MLPs and experts; norms and routers stay fp32).
+  /// Throws: NotImplementedError as HfConfig::transformer_config(); KeyError naming the tensor,
+  /// the checkpoint and its closest names when one is missing; ShapeError naming the tensor,
+  /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
+  static CausalLmWeights load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+                              DType stored_as = DType::kF32);
+};
+
+}  // namespace numesh::models

@@ -1,0 +1,70 @@
+#include "numesh/models/causal_lm.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::models {
+
+CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
+                   std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes)
+    : mesh_(mesh),
+      config_(config),
+      batch_(batch),
+      max_len_(max_len),
+      embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
+      head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
+      stack_(mesh, config.transformer_config(), weights.stack, batch, max_len, std::move(axes)) {
+  NUMESH_CHECK(max_len <= config.max_context(), ShapeError,
+               "{} model: a context of {} tokens is longer than the {} it runs over (max_position_embeddings, "
+               "or the sliding window)",
+               to_string(config.architecture), max_len, config.max_context());
+  NUMESH_CHECK(embedding_layer_.vocab == config.vocab_size && head_layer_.vocab == config.vocab_size &&
+                   embedding_layer_.hidden == config.hidden_size && head_layer_.hidden == config.hidden_size,
+               ShapeError, "{} model: embedding [{}, {}] and LM head [{}, {}] do not fit vocabulary {} and hidden {}",
+               to_string(config.architecture), embedding_layer_.vocab, embedding_layer_.hidden, head_layer_.hidden,
+               head_layer_.vocab, config.vocab_size, config.hidden_size);
+}
+
+CausalLm::~CausalLm() = default;
+CausalLm::CausalLm(CausalLm&&) noexcept = default;
+CausalLm& CausalLm::operator=(CausalLm&&) noexcept = default;
+
+runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+  NUMESH_CHECK(tokens >= 1 && static_cast<std::int64_t>(ids.size()) == batch_ * tokens, ShapeError,
+               "model: {} ids for {} sequences of {} tokens (expected {})", ids.size(), batch_, tokens,
+               batch_ * tokens);
+  const std::int64_t rows = batch_ * tokens;
+  auto& embedding = embeddings_[rows];
+  if (!embedding) embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, rows);
+  runtime::HostTensor x = embedding->forward(ids);
+  x.shape = {batch_, tokens, config_.hidden_size};
+  return stack_.forward(x, position);
+}
+
+runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+  runtime::HostTensor h = hidden(ids, tokens, position);
+  const std::int64_t rows = batch_ * tokens;
+  h.shape = {rows, config_.hidden_size};
+  auto& head = heads_[rows];
+  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, rows);
+  return head->logits(h);
+}
+
+std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                           std::int64_t position) {
+  const runtime::HostTensor h = hidden(ids, tokens, position);
+  // Only each sequence's last position chooses the next token.
+  const std::int64_t hd = config_.hidden_size;
+  runtime::HostTensor last = runtime::HostTensor::zeros({batch_, hd});
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    std::copy_n(h.data.begin() + ((b * tokens) + tokens - 1) * hd, hd, last.data.begin() + b * hd);
+  }
+  auto& head = heads_[batch_];
+  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, batch_);
+  return head->greedy(last);
+}
+
+}  // namespace numesh::models

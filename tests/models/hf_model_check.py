@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""Checks numesh's Hugging Face models end to end against a PyTorch forward.
+
+    hf_model_check.py write DIR   # tiny random checkpoints in Hugging Face layout, and prompts
+    hf_model_check.py check DIR   # compares what hf_model_check_main produced with PyTorch
+
+`write` makes small models with random weights as transformers saves them (config.json,
+model.safetensors or two shards with model.safetensors.index.json; the safetensors bytes
+written here as the official writer lays them out, safetensors_check.serialize), and
+DIR/cases.json naming each model, its prompts (2 sequences of 5 tokens) and the weight dtype
+numesh stores. hf_model_check_main loads each one through HfConfig, SafetensorsCheckpoint and
+CausalLm on several meshes and writes the prompt's logits, then greedy tokens and the logits
+of each decode step. `check` recomputes everything with a forward written here from the
+published architectures (Llama: RMSNorm, rotate-half RoPE with llama3 scaling, GQA, SwiGLU;
+Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2), in float64, and
+compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal.
+With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
+numesh does (docs/ops.md, "Weight dtypes").
+Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
+NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
+"""
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_check import serialize  # noqa: E402  (also does the torch/numpy import check)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+BATCH, PROMPT, NEW_TOKENS = 2, 5, 4
+# max |numesh - torch| / max |torch| over logits: fp32 kernels against float64 (fp32 weights,
+# or bf16 values read into fp32); bf16-stored weights add the activations' bf16 rounding, whose
+# float64 twin can round to the other neighbour (torch_check.py's bf16_sharded).
+BOUNDS = {"f32": 1e-4, "bf16": 4e-3}
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+         "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+         # llama3 scaling with an original context of 64: every band is populated at d = 16.
+         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 64}}
+
+
+def models():
+    """(name, config, checkpoint dtype, shards, numesh stored dtypes)."""
+    tied = dict(LLAMA, tie_word_embeddings=True)
+    untied = dict(LLAMA, tie_word_embeddings=False, rope_scaling=None, rope_theta=10000.0)
+    mixtral = dict(LLAMA, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
+                   num_experts_per_tok=2, tie_word_embeddings=False, rope_scaling=None, rope_theta=1e6,
+                   sliding_window=None)
+    del mixtral["head_dim"]  # hidden / heads = 16, transformers' default
+    return [("llama_tied_f32", tied, torch.float32, 1, ["f32"]),
+            ("llama_bf16_two_shards", untied, torch.bfloat16, 2, ["f32", "bf16"]),
+            ("mixtral_f32", mixtral, torch.float32, 1, ["f32"])]
+
+
+def weights(c, dtype, seed):
+    """Random weights in transformers' names and [out, in] layout."""
+    g = torch.Generator().manual_seed(seed)
+    h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    d = c.get("head_dim", h // c["num_attention_heads"])
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+
+    def lin(out, inp):
+        return torch.randn(out, inp, generator=g) / math.sqrt(inp)
+
+    def norm():
+        return 1.0 + 0.1 * torch.randn(h, generator=g)
+    t = {"model.embed_tokens.weight": torch.randn(v, h, generator=g), "model.norm.weight": norm()}
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        t.update({p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm(),
+                  p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.k_proj.weight": lin(kv, h),
+                  p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.o_proj.weight": lin(h, q)})
+        if c["model_type"] == "mixtral":
+            t[p + "block_sparse_moe.gate.weight"] = lin(c["num_local_experts"], h)
+            for e in range(c["num_local_experts"]):
+                ep = f"{p}block_sparse_moe.experts.{e}."
+                t.update({ep + "w1.weight": lin(f, h), ep + "w3.weight": lin(f, h), ep + "w2.weight": lin(h, f)})
+        else:
+            t.update({p + "mlp.gate_proj.weight": lin(f, h), p + "mlp.up_proj.weight": lin(f, h),
+                      p + "mlp.down_proj.weight": lin(h, f)})
+    if not c.get("tie_word_embeddings"):
+        t["lm_head.weight"] = lin(v, h)
+    return {name: w.to(dtype) for name, w in t.items()}
+
+
+def save(d, c, tensors, shards):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as out:
+        json.dump(c, out, indent=1)
+    names = sorted(tensors)
+    if shards == 1:
+        with open(os.path.join(d, "model.safetensors"), "wb") as out:
+            out.write(serialize(tensors, {"format": "pt"}))
+        return
+    weight_map = {}
+    for s in range(shards):
+        part = {n: tensors[n] for n in names[s::shards]}
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        with open(os.path.join(d, file), "wb") as out:
+            out.write(serialize(part, {"format": "pt"}))
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as out:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, out, indent=1)
+
+
+def write(d):
+    cases = []
+    for i, (name, c, dtype, shards, stored) in enumerate(models()):
+        save(os.path.join(d, name), c, weights(c, dtype, 1000 + i), shards)
+        g = torch.Generator().manual_seed(77 + i)
+        prompt = torch.randint(3, c["vocab_size"], (BATCH, PROMPT), generator=g).tolist()
+        cases.append({"name": name, "prompt": prompt, "new_tokens": NEW_TOKENS, "stored": stored})
+    with open(os.path.join(d, "cases.json"), "w") as out:
+        json.dump({"cases": cases}, out, indent=1)
+
+
+# --------------------------------------------------------------------------------------------
+# The forward, in float64, from the published architectures.
+
+class Model:
+    def __init__(self, d, stored):
+        with open(os.path.join(d, "config.json")) as f:
+            self.c = json.load(f)
+        self.stored = stored
+        self.t = {}
+        for file in sorted(os.listdir(d)):
+            if file.endswith(".safetensors"):
+                self.t.update(read_safetensors(os.path.join(d, file)))
+
+    def w(self, name):
+        """A weight as numesh stores it: bf16 storage rounds it (exact when already bf16)."""
+        x = self.t[name].double()
+        return x.float().to(torch.bfloat16).double() if self.stored == "bf16" else x
+
+    def linear(self, x, name):
+        if self.stored == "bf16":
+            x = x.float().to(torch.bfloat16).double()
+        return x @ self.w(name).T
+
+    def rmsnorm(self, x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * self.t[name].double()
+
+    def inv_freq(self, d):
+        c = self.c
+        inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        s = c.get("rope_scaling")
+        if not s:
+            return inv
+        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        llama = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * llama / factor + smooth * llama
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, llama)
+
+    def rope(self, x, positions):
+        d = x.shape[-1]
+        ang = positions[:, None].double() * self.inv_freq(d)[None, :]
+        cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+        rotated = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+        return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+
+    def mlp(self, x, p):
+        return self.linear(F.silu(self.linear(x, p + "gate_proj.weight")) * self.linear(x, p + "up_proj.weight"),
+                           p + "down_proj.weight")
+
+    def moe(self, x, p):
+        probs = torch.softmax(x @ self.t[p + "gate.weight"].double().T, dim=-1)  # the router stays fp32
+        top, idx = probs.topk(self.c["num_experts_per_tok"], dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        y = torch.zeros_like(x)
+        for e in range(self.c["num_local_experts"]):
+            ep = f"{p}experts.{e}."
+            out = self.linear(F.silu(self.linear(x, ep + "w1.weight")) * self.linear(x, ep + "w3.weight"),
+                              ep + "w2.weight")
+            weight = (top * (idx == e)).sum(-1, keepdim=True)
+            y = y + weight * out
+        return y
+
+    def logits(self, ids):
+        """Logits [B, T, V] of whole sequences ids [B, T] from position 0."""
+        c = self.c
+        b, t = ids.shape
+        hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
+        d = c.get("head_dim", c["hidden_size"] // hq)
+        x = self.w("model.embed_tokens.weight")[ids]
+        pos = torch.arange(t)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        for layer in range(c["num_hidden_layers"]):
+            p = f"model.layers.{layer}."
+            n = self.rmsnorm(x, p + "input_layernorm.weight")
+            q = self.rope(self.linear(n, p + "self_attn.q_proj.weight").reshape(b, t, hq, d), pos)
+            k = self.rope(self.linear(n, p + "self_attn.k_proj.weight").reshape(b, t, hkv, d), pos)
+            v = self.linear(n, p + "self_attn.v_proj.weight").reshape(b, t, hkv, d)
+            k, v = k.repeat_interleave(hq // hkv, 2), v.repeat_interleave(hq // hkv, 2)
+            s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)
+            s = s.masked_fill(~mask, float("-inf"))
+            o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(b, t, hq * d)
+            x = x + self.linear(o, p + "self_attn.o_proj.weight")
+            n = self.rmsnorm(x, p + "post_attention_layernorm.weight")
+            x = x + (self.moe(n, p + "block_sparse_moe.") if c["model_type"] == "mixtral" else self.mlp(n, p + "mlp."))
+        x = self.rmsnorm(x, "model.norm.weight")
+        head = "model.embed_tokens.weight" if c.get("tie_word_embeddings") else "lm_head.weight"
+        return self.linear(x, head)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        raw = data[8 + n + b:8 + n + end]
+        if e["dtype"] == "BF16":
+            t = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy())
+        out[name] = t.reshape(e["shape"]).double()
+    return out
+
+
+def relative(got, want):
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def check(d):
+    with open(os.path.join(d, "cases.json")) as f:
+        cases = json.load(f)["cases"]
+    with open(os.path.join(d, "results.json")) as f:
+        results = json.load(f)["results"]
+    failed = 0
+    for r in results:
+        case = next(c for c in cases if c["name"] == r["name"])
+        model = Model(os.path.join(d, r["name"]), r["stored"])
+        prompt = torch.tensor(case["prompt"])
+        bound = BOUNDS[r["stored"]]
+        label = f"{r['name']} ({r['stored']} weights) on {r['mesh']}"
+        # The prompt's logits, every position.
+        want = model.logits(prompt).reshape(BATCH * PROMPT, -1)
+        got = torch.from_numpy(np.load(os.path.join(d, r["prompt_logits"]))).double()
+        err = relative(got, want)
+        ok = err <= bound
+        # Greedy generation: torch's own loop over whole sequences.
+        seq = prompt.clone()
+        steps = []
+        for _ in range(case["new_tokens"]):
+            logits = model.logits(seq)[:, -1]
+            steps.append(logits)
+            seq = torch.cat([seq, logits.argmax(-1)[:, None]], 1)
+        want_ids = seq[:, PROMPT:].tolist()
+        same_ids = want_ids == r["greedy_ids"]
+        # Each decode step's logits (numesh fed its own greedy tokens: compared while they agree).
+        step_err = 0.0
+        for i, file in enumerate(r["step_logits"]):
+            got_step = torch.from_numpy(np.load(os.path.join(d, file))).double()
+            step_err = max(step_err, relative(got_step, steps[i + 1]))
+        ok = ok and same_ids and step_err <= bound
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {label:55s} prompt logits {err:.2e}, decode logits {step_err:.2e} "
+              f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'==' if same_ids else '!='} torch {want_ids}")
+    if failed:
+        print(f"hf_model_check: {failed} of {len(results)} runs differ from PyTorch")
+        return 1
+    print(f"hf_model_check: all {len(results)} runs agree with PyTorch")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
+        print("usage: hf_model_check.py write|check DIR")
+        sys.exit(2)
+    if sys.argv[1] == "write":
+        write(sys.argv[2])
+        sys.exit(0)
+    sys.exit(check(sys.argv[2]))
