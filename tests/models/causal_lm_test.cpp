@@ -1,0 +1,141 @@
+// CausalLmWeights and CausalLm on checkpoints written by the test: a tiny Llama loads and runs
+// on two meshes with the same tokens; every way a checkpoint or a call can be wrong is refused
+// naming what is wrong, before any weight is read or anything runs. (The numbers themselves are
+// checked against PyTorch by models_hf_match_pytorch.)
+
+#include "numesh/models/causal_lm.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../runtime/test_devices.hpp"
+#include "numesh/core/error.hpp"
+#include "safetensors_writer.hpp"
+
+namespace numesh::models {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::ScratchDir;
+using testing::StoredTensor;
+
+json tiny_llama() {
+  return json{{"model_type", "llama"},  {"vocab_size", 32},       {"hidden_size", 16},
+              {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"max_position_embeddings", 64}, {"tie_word_embeddings", true}};
+}
+
+// Every tensor of tiny_llama() in Hugging Face's names and [out, in] layout, random F32.
+std::map<std::string, std::vector<std::int64_t>> llama_shapes() {
+  std::map<std::string, std::vector<std::int64_t>> s{{"model.embed_tokens.weight", {32, 16}},
+                                                     {"model.norm.weight", {16}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    s[p + "input_layernorm.weight"] = {16};
+    s[p + "post_attention_layernorm.weight"] = {16};
+    s[p + "self_attn.q_proj.weight"] = {16, 16};
+    s[p + "self_attn.k_proj.weight"] = {8, 16};
+    s[p + "self_attn.v_proj.weight"] = {8, 16};
+    s[p + "self_attn.o_proj.weight"] = {16, 16};
+    s[p + "mlp.gate_proj.weight"] = {24, 16};
+    s[p + "mlp.up_proj.weight"] = {24, 16};
+    s[p + "mlp.down_proj.weight"] = {16, 24};
+  }
+  return s;
+}
+
+// Writes config.json and model.safetensors of `shapes` into `dir`.
+void write_model(const ScratchDir& dir, const json& config, const std::map<std::string, std::vector<std::int64_t>>& shapes) {
+  dir.file("config.json", config.dump());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  std::vector<StoredTensor> tensors;
+  for (const auto& [name, shape] : shapes) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (float& v : values) v = normal(rng);
+    tensors.push_back({name, "F32", shape, testing::le_bytes(values)});
+  }
+  dir.file("model.safetensors", testing::layout_file(tensors, {}));
+}
+
+runtime::DeviceMesh mesh(std::int64_t n, const std::string& axis) {
+  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))),
+                                     {n}, {axis});
+}
+
+TEST(CausalLmTest, ATinyLlamaLoadsAndDecodesTheSameOnEveryMesh) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  EXPECT_EQ(w.lm_head.weight.shape, (std::vector<std::int64_t>{16, 32})) << "the tied head: the table transposed";
+  EXPECT_EQ(w.stack.blocks.size(), 2u);
+  EXPECT_EQ(w.stack.blocks[0].attention.wk.shape, (std::vector<std::int64_t>{16, 8})) << "[in, out]";
+  std::vector<std::vector<std::int64_t>> runs;
+  for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+    CausalLm lm(mesh(n, axis), config, w, 2, 8);
+    std::vector<std::int64_t> tokens = lm.greedy(std::vector<std::int32_t>{3, 4, 5, 6, 7, 8}, 3, 0);
+    const std::vector<std::int64_t> next =
+        lm.greedy(std::vector<std::int32_t>{static_cast<std::int32_t>(tokens[0]), static_cast<std::int32_t>(tokens[1])}, 1, 3);
+    tokens.insert(tokens.end(), next.begin(), next.end());
+    for (std::int64_t t : tokens) EXPECT_TRUE(t >= 0 && t < 32) << t;
+    runs.push_back(tokens);
+  }
+  EXPECT_EQ(runs[1], runs[0]) << "tp2 picks what one device picks";
+  EXPECT_EQ(runs[2], runs[0]) << "dp2 too";
+}
+
+TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
+  // One scratch directory per test: each case rewrites the checkpoint in it.
+  ScratchDir dir;
+  const auto refused = [&](const std::map<std::string, std::vector<std::int64_t>>& shapes, const json& config,
+                           const auto& matcher) {
+    write_model(dir, tiny_llama(), shapes);
+    const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
+    EXPECT_THAT([&] { (void)CausalLmWeights::load(HfConfig::parse(config, "config.json"), checkpoint); }, matcher);
+  };
+  auto shapes = llama_shapes();
+  shapes["model.layers.1.self_attn.k_proj.weight"] = {16, 16};
+  refused(shapes, tiny_llama(),
+          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.1.self_attn.k_proj.weight is [16, "
+                                    "16], the config implies [8, 16]"));
+  shapes = llama_shapes();
+  shapes.erase("model.norm.weight");
+  refused(shapes, tiny_llama(), ThrowsMessage<KeyError>(HasSubstr("model.norm.weight")));
+  json untied = tiny_llama();
+  untied["tie_word_embeddings"] = false;
+  refused(llama_shapes(), untied, ThrowsMessage<KeyError>(HasSubstr("lm_head.weight")));
+  json qwen2 = tiny_llama();
+  qwen2["model_type"] = "qwen2";
+  refused(llama_shapes(), qwen2,
+          ThrowsMessage<NotImplementedError>(HasSubstr("qwen2 model: numesh does not run attention biases")));
+}
+
+TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  EXPECT_THAT([&] { CausalLm(mesh(1, "tp"), config, w, 1, 65); },
+              ThrowsMessage<ShapeError>("llama model: a context of 65 tokens is longer than the 64 it runs over "
+                                        "(max_position_embeddings, or the sliding window)"));
+  CausalLm lm(mesh(1, "tp"), config, w, 2, 8);
+  EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2, 3}, 2, 0); },
+              ThrowsMessage<ShapeError>("model: 3 ids for 2 sequences of 2 tokens (expected 4)"));
+  EXPECT_THAT([&] { lm.logits(std::vector<std::int32_t>{1, 32}, 1, 0); },
+              ThrowsMessage<IndexError>("embedding: token 32 at position 1 is outside the vocabulary [0, 32)"));
+  EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8); }, ThrowsMessage<IndexError>(HasSubstr("8")));
+}
+
+}  // namespace
+}  // namespace numesh::models
