@@ -275,6 +275,9 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
 }
 
 HfConfig HfConfig::load(const std::filesystem::path& path) {
+  NUMESH_CHECK(std::filesystem::exists(path), IoError,
+               "{} does not exist (expected a model folder holding config.json, or a config.json file)",
+               path.string());
   const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
   std::ifstream in(file);
   NUMESH_CHECK(in.good(), IoError, "cannot read {}", file.string());

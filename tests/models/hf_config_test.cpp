@@ -283,7 +283,12 @@ TEST(HfConfigTest, LoadReadsAFileOrAFolderAndNamesWhatItCannotRead) {
   EXPECT_EQ(HfConfig::load(dir).hidden_size, 2048);
   EXPECT_EQ(HfConfig::load(dir / "config.json").vocab_size, 128256);
   EXPECT_THAT([&] { (void)HfConfig::load(dir / "missing.json"); },
-              ThrowsMessage<IoError>("cannot read " + (dir / "missing.json").string()));
+              ThrowsMessage<IoError>((dir / "missing.json").string() +
+                                     " does not exist (expected a model folder holding config.json, or a "
+                                     "config.json file)"));
+  std::filesystem::create_directories(dir / "empty");
+  EXPECT_THAT([&] { (void)HfConfig::load(dir / "empty"); },
+              ThrowsMessage<IoError>("cannot read " + (dir / "empty" / "config.json").string()));
   {
     std::ofstream(dir / "broken.json") << "{\"model_type\": ";
   }

@@ -7,6 +7,7 @@
 //   numesh bench decode ...       decode steps of a dense model against the read bandwidth
 //   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
+//   numesh generate ...  greedy generation from a Hugging Face checkpoint
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
@@ -22,6 +23,7 @@
 #include "mesh_command.hpp"
 #include "resolve_command.hpp"
 #include "op_command.hpp"
+#include "generate_command.hpp"
 #include "run_command.hpp"
 #include "topology_command.hpp"
 
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
   CLI::App* op_cmd = numesh::tools::add_op_command(app, op);
   numesh::tools::RunOptions run;
   CLI::App* run_cmd = numesh::tools::add_run_command(app, run);
+  numesh::tools::GenerateOptions generate;
+  CLI::App* generate_cmd = numesh::tools::add_generate_command(app, generate);
 
   try {
     app.parse(argc, argv);
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
     if (bench_decode_cmd->parsed()) numesh::tools::run_bench_decode(bench_decode, std::cout);
     if (op_cmd->parsed()) return numesh::tools::run_op(op, std::cout);
     if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
+    if (generate_cmd->parsed()) return numesh::tools::run_generate(generate, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   }

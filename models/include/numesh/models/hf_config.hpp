@@ -96,7 +96,8 @@ struct HfConfig {
   /// rope_scaling, experts per token outside [1, num_experts].
   static HfConfig parse(const nlohmann::json& config, std::string_view source);
   /// Reads and parses a config.json file (or DIR/config.json when `path` is a directory).
-  /// Throws: IoError when it cannot be read or is not JSON; what parse() throws.
+  /// Throws: IoError when `path` does not exist, the file cannot be read or is not JSON; what
+  /// parse() throws.
   static HfConfig load(const std::filesystem::path& path);
 
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head

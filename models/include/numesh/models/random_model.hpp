@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "numesh/core/dtype.hpp"
+
+// Models with random weights written in Hugging Face layout: what `numesh generate` runs when
+// no checkpoint is given (the main job needs no download) and what tests load, through the
+// very path a real checkpoint takes (config.json, safetensors, HfConfig, CausalLmWeights).
+
+namespace numesh::models {
+
+/// A small Llama-style config document (llama3 RoPE scaling, GQA, its own LM head: a random
+/// model that tied it would mostly repeat its last token) of `hidden`
+/// hidden size: vocabulary 4096, ffn 4 x hidden (rounded to 64), hidden / 64 heads of 64, a
+/// quarter of them kv heads (at least 1), `layers` layers, 4096 positions.
+/// REQUIRES: hidden a positive multiple of 64, layers >= 1.
+nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers);
+
+/// Writes dir/config.json (`config`) and dir/model.safetensors holding every tensor
+/// CausalLmWeights::load reads for it, stored as `dtype`: linear layers normal(0, 1/sqrt(in)),
+/// the embedding normal(0, 1), norms 1 + normal(0, 0.1), from a generator seeded with `seed`.
+/// Creates `dir` when missing.
+/// Throws: as HfConfig::parse for a config numesh cannot read; NotImplementedError as
+/// HfConfig::transformer_config for one it cannot run; IoError when a file cannot be written.
+void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config, DType dtype,
+                        std::uint32_t seed);
+
+}  // namespace numesh::models

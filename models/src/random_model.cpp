@@ -1,0 +1,104 @@
+#include "numesh/models/random_model.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/safetensors_writer.hpp"
+
+namespace numesh::models {
+
+nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers) {
+  const std::int64_t heads = hidden / 64;
+  return nlohmann::json{{"model_type", "llama"},
+                        {"architectures", {"LlamaForCausalLM"}},
+                        {"vocab_size", 4096},
+                        {"hidden_size", hidden},
+                        {"intermediate_size", (4 * hidden + 63) / 64 * 64},
+                        {"num_hidden_layers", layers},
+                        {"num_attention_heads", heads},
+                        {"num_key_value_heads", std::max<std::int64_t>(1, heads / 4)},
+                        {"head_dim", 64},
+                        {"hidden_act", "silu"},
+                        {"max_position_embeddings", 4096},
+                        {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 500000.0},
+                        {"rope_scaling",
+                         {{"rope_type", "llama3"},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 1024}}},
+                        {"tie_word_embeddings", false},
+                        {"bos_token_id", 1},
+                        {"eos_token_id", 2}};
+}
+
+void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config_doc, DType dtype,
+                        std::uint32_t seed) {
+  const HfConfig c = HfConfig::parse(config_doc, (dir / "config.json").string());
+  const ops::TransformerConfig t = c.transformer_config();  // refuses what numesh cannot run
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "config.json");
+    out << config_doc.dump(2) << "\n";
+    NUMESH_CHECK(out.good(), IoError, "cannot write {}", (dir / "config.json").string());
+  }
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
+  std::vector<TensorToWrite> tensors;
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float scale, float offset,
+                       DType stored) {
+    runtime::HostTensor& v = storage.emplace_back(runtime::HostTensor::zeros(std::move(shape)));
+    for (float& x : v.data) x = offset + scale * normal(rng);
+    tensors.push_back({name, &v, stored});
+  };
+  // nn.Linear [out, in], normal(0, 1/sqrt(in)); RMSNorm weights stay F32, as transformers keeps
+  // them in many checkpoints, and numesh reads any of the three dtypes.
+  const auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in) {
+    add(name, {out, in}, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f, dtype);
+  };
+  const auto norm = [&](const std::string& name) { add(name, {c.hidden_size}, 0.1f, 1.0f, DType::kF32); };
+  const std::int64_t h = c.hidden_size, d = t.attention.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0.0f, dtype);
+  norm("model.norm.weight");
+  for (std::int64_t l = 0; l < t.layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    norm(p + "input_layernorm.weight");
+    norm(p + "post_attention_layernorm.weight");
+    linear(p + "self_attn.q_proj.weight", t.attention.num_heads * d, h);
+    linear(p + "self_attn.k_proj.weight", t.attention.num_kv_heads * d, h);
+    linear(p + "self_attn.v_proj.weight", t.attention.num_kv_heads * d, h);
+    linear(p + "self_attn.o_proj.weight", h, t.attention.num_heads * d);
+    if (t.is_moe(l)) {
+      const bool mixtral = c.architecture == Architecture::kMixtral;
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      add(moe + "gate.weight", {t.moe.num_experts, h}, 1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
+      for (std::int64_t e = 0; e < t.moe.num_experts; ++e) {
+        const std::string ep = fmt::format("{}experts.{}.", moe, e);
+        linear(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), t.moe_ffn, h);
+        linear(ep + (mixtral ? "w3.weight" : "up_proj.weight"), t.moe_ffn, h);
+        linear(ep + (mixtral ? "w2.weight" : "down_proj.weight"), h, t.moe_ffn);
+      }
+    } else {
+      linear(p + "mlp.gate_proj.weight", t.ffn, h);
+      linear(p + "mlp.up_proj.weight", t.ffn, h);
+      linear(p + "mlp.down_proj.weight", h, t.ffn);
+    }
+  }
+  if (!c.tie_word_embeddings) linear("lm_head.weight", c.vocab_size, h);
+  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+}
+
+}  // namespace numesh::models

@@ -1,0 +1,47 @@
+#pragma once
+
+// `numesh generate`: text generation from a Hugging Face checkpoint (config.json and
+// safetensors) on the machine's mesh: greedy decoding of a prompt given as token ids, the
+// tokens streamed as they come, with load, prefill and decode rates. Without --model it writes
+// a small random Llama in Hugging Face layout first and loads it back through the same path
+// (the main job needs no download).
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "mesh_options.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace numesh::tools {
+
+/// The options of `numesh generate`.
+struct GenerateOptions {
+  MeshOptions mesh;                 ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string model;                ///< --model DIR: config.json + *.safetensors
+  std::string random_model;         ///< --random-model DIR: write a random Llama there and use it
+  std::int64_t random_hidden = 512;  ///< --random-hidden: its hidden size (a multiple of 64)
+  std::int64_t random_layers = 4;    ///< --random-layers
+  std::string ids;                  ///< --ids 1,2,3: the prompt's token ids
+  std::string prompt;               ///< --prompt TEXT: needs a tokenizer (not yet)
+  std::int64_t max_new_tokens = 32;  ///< --max-new-tokens
+  bool ignore_eos = false;          ///< --ignore-eos: do not stop at an end-of-sequence id
+  std::string dtype = "f32";        ///< --dtype: how the devices store the matrices
+  std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V]
+  std::string json;                 ///< --json FILE
+  bool quiet = false;               ///< --quiet: no progress on stderr
+};
+
+/// Registers `generate`. Not thread-safe (CLI11 setup).
+CLI::App* add_generate_command(CLI::App& app, GenerateOptions& options);
+
+/// Loads (or writes and loads) the model, generates, streams the ids to `out` and reports.
+/// Returns 0.
+/// Throws: numesh::Error naming a bad option, file or id (before any weight is read where it
+/// can be known then).
+int run_generate(const GenerateOptions& options, std::ostream& out);
+
+}  // namespace numesh::tools
