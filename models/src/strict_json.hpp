@@ -33,6 +33,14 @@ inline constexpr int kMaxJsonNesting = 32;
 [[nodiscard]] Json parse_strict_json(std::string_view text, std::string_view where,
                                      std::string_view what);
 
+/// parse_strict_json with the same rules and messages, into nlohmann::json, whose objects are
+/// std::maps (keys sorted): for documents with very large objects, such as a tokenizer.json's
+/// vocabulary of 150,000 entries, where ordered_json's linear key lookup on insertion would
+/// make parsing quadratic.
+/// Throws: ValueError as parse_strict_json.
+[[nodiscard]] nlohmann::json parse_strict_json_map(std::string_view text, std::string_view where,
+                                                   std::string_view what);
+
 /// `value` as compact JSON for a message, cut to about 80 characters.
 [[nodiscard]] std::string json_excerpt(const Json& value);
 
