@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/models/random_model.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/tokenizer.hpp"
 #include "numesh/ops/npy.hpp"
 #include "numesh/ops/reference/lm_head.hpp"
 #include "parsers.hpp"
@@ -51,10 +53,11 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   cmd->footer(R"(Models: llama, mistral and mixtral checkpoints (F32, BF16 or F16 safetensors, one file or
 shards with model.safetensors.index.json). Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
-same path. Prompts are token ids until numesh reads tokenizers.
+same path. --prompt needs the folder's tokenizer.json (byte-level BPE: Llama 3, Qwen2/3); the
+random model has none, so it takes --ids.
 Examples:
   numesh generate --ids 1,450,4996 --max-new-tokens 16
-  numesh generate --model ~/models/TinyLlama-1.1B --ids 1,450,4996 --dtype bf16 --json out.json
+  numesh generate --model ~/models/Llama-3.2-1B --prompt "The capital of France is" --dtype bf16
   numesh generate --model DIR --ids 1,2,3 --dims 1,1,2 --logits-out logits.npy)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--model", o.model, "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
@@ -65,7 +68,7 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--random-layers", o.random_layers, "The random model's layers")->capture_default_str();
   cmd->add_option("--ids", o.ids, "The prompt's token ids, comma-separated");
-  cmd->add_option("--prompt", o.prompt, "The prompt as text (needs a tokenizer: not yet, use --ids)");
+  cmd->add_option("--prompt", o.prompt, "The prompt as text, encoded by the model's tokenizer.json (with BOS)");
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's end-of-sequence ids");
   cmd->add_option("--dtype", o.dtype,
@@ -83,16 +86,19 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or write a random one");
-  NUMESH_CHECK(o.prompt.empty(), NotImplementedError,
-               "--prompt needs a tokenizer, which numesh does not read yet: give the prompt's token ids with --ids");
-  NUMESH_CHECK(!o.ids.empty(), ValueError, "give the prompt's token ids with --ids (e.g. --ids 1,450,4996)");
+  NUMESH_CHECK(o.prompt.empty() != o.ids.empty(), ValueError,
+               "give the prompt as text with --prompt (the model's tokenizer.json encodes it) or as token ids with "
+               "--ids, one of the two");
   NUMESH_CHECK(o.max_new_tokens >= 1, ValueError, "--max-new-tokens {} must be at least 1", o.max_new_tokens);
   std::vector<std::int32_t> prompt;
-  for (std::int64_t id : parse_int_list(o.ids, "--ids")) {
-    NUMESH_CHECK(id >= 0 && id < (std::int64_t{1} << 31), ValueError, "--ids '{}': {} is not a token id", o.ids, id);
-    prompt.push_back(static_cast<std::int32_t>(id));
+  if (!o.ids.empty()) {
+    for (std::int64_t id : parse_int_list(o.ids, "--ids")) {
+      NUMESH_CHECK(id >= 0 && id < (std::int64_t{1} << 31), ValueError, "--ids '{}': {} is not a token id", o.ids,
+                   id);
+      prompt.push_back(static_cast<std::int32_t>(id));
+    }
+    NUMESH_CHECK(!prompt.empty(), ValueError, "--ids '{}' holds no token id", o.ids);
   }
-  NUMESH_CHECK(!prompt.empty(), ValueError, "--ids '{}' holds no token id", o.ids);
   check_mesh_options(o.mesh);
 
   std::filesystem::path dir = o.model;
@@ -107,6 +113,16 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers), dtype, 1234);
   }
   const models::HfConfig config = models::HfConfig::load(dir);
+  // The tokenizer, when the folder has one: it encodes --prompt and turns the ids into text.
+  std::optional<models::Tokenizer> tokenizer;
+  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = models::Tokenizer::load(dir / "tokenizer.json");
+  if (!o.prompt.empty()) {
+    NUMESH_CHECK(tokenizer.has_value(), IoError,
+                 "--prompt: {} has no tokenizer.json to encode it; give the prompt's token ids with --ids",
+                 dir.string());
+    prompt = tokenizer->encode(o.prompt);
+    NUMESH_CHECK(!prompt.empty(), ValueError, "--prompt '{}' encodes to no token", o.prompt);
+  }
   for (std::size_t i = 0; i < prompt.size(); ++i) {
     NUMESH_CHECK(prompt[i] < config.vocab_size, IndexError,
                  "--ids: token {} at position {} is outside the model's vocabulary [0, {})", prompt[i], i,
@@ -138,6 +154,23 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   out << fmt::format("prompt   {}\n", fmt::join(prompt, " "));
   out << "ids     ";
   out.flush();
+  // With a tokenizer the generated text follows the ids, decoded once at the end (a token can
+  // end inside a character, so decoding token by token would print broken characters).
+  std::string text_shown;
+  // A model's vocabulary can be larger than its tokenizer's (padded embeddings; a random model
+  // beside a small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
+  std::int64_t unknown_ids = 0;
+  const auto text_so_far = [&](const std::vector<std::int64_t>& ids) {
+    std::vector<std::int32_t> known;
+    for (std::int64_t id : ids) {
+      if (tokenizer->id_to_token(static_cast<std::int32_t>(id))) {
+        known.push_back(static_cast<std::int32_t>(id));
+      } else {
+        ++unknown_ids;
+      }
+    }
+    return tokenizer->decode(known, /*skip_special_tokens=*/true);
+  };
 
   const bool want_logits = !o.logits_out.empty();
   std::vector<float> logits_rows;  // [P + N - 1, V] when --logits-out
@@ -173,6 +206,14 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const auto decoded = static_cast<std::int64_t>(generated.size()) - 1;
   const char* stopped = eos(next) ? "end-of-sequence id" : "--max-new-tokens";
   out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped, generated.size());
+  if (tokenizer) {
+    text_shown = text_so_far(generated);
+    out << fmt::format("text     {}{}\n", o.prompt.empty() ? tokenizer->decode(prompt, true) : o.prompt, text_shown);
+    if (unknown_ids > 0) {
+      out << fmt::format("         ({} generated ids are outside the tokenizer's vocabulary of {} and left out)\n",
+                         unknown_ids, tokenizer->vocab_size());
+    }
+  }
   out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", p, prefill_seconds * 1e3,
                      static_cast<double>(p) / prefill_seconds);
   if (decoded > 0) {
@@ -196,6 +237,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                         {"mesh", mesh.mesh().repr()},
                         {"prompt_ids", prompt},
                         {"ids", generated},
+                        {"text", tokenizer ? nlohmann::json(text_shown) : nlohmann::json(nullptr)},
                         {"stopped", stopped},
                         {"load_seconds", load_seconds},
                         {"load_bytes", bytes},

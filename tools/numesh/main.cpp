@@ -8,6 +8,7 @@
 //   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
 //   numesh generate ...  greedy generation from a Hugging Face checkpoint
+//   numesh tokenize ...  a tokenizer.json applied to a text or to ids
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
@@ -25,6 +26,7 @@
 #include "op_command.hpp"
 #include "generate_command.hpp"
 #include "run_command.hpp"
+#include "tokenize_command.hpp"
 #include "topology_command.hpp"
 
 #ifndef NUMESH_VERSION
@@ -66,6 +68,8 @@ int main(int argc, char** argv) {
   CLI::App* run_cmd = numesh::tools::add_run_command(app, run);
   numesh::tools::GenerateOptions generate;
   CLI::App* generate_cmd = numesh::tools::add_generate_command(app, generate);
+  numesh::tools::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = numesh::tools::add_tokenize_command(app, tokenize);
 
   try {
     app.parse(argc, argv);
@@ -87,6 +91,7 @@ int main(int argc, char** argv) {
     if (op_cmd->parsed()) return numesh::tools::run_op(op, std::cout);
     if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
     if (generate_cmd->parsed()) return numesh::tools::run_generate(generate, std::cout);
+    if (tokenize_cmd->parsed()) return numesh::tools::run_tokenize(tokenize, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   }
