@@ -5,7 +5,11 @@
 #   2. `numesh run`: a small transformer (SwiGLU and MoE blocks) sharded over the devices as a
 #      tensor-parallel mesh: prefill and decode steps, every output checked against the dense
 #      model, the plan and the throughput;
-#   3. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
+#   3. `numesh generate`: a small Llama with random weights written in Hugging Face layout
+#      (config.json + model.safetensors), loaded back through the path a real checkpoint takes
+#      and decoded greedily over the mesh (NUMESH_MODEL=DIR generates from a real checkpoint
+#      instead, NUMESH_PROMPT its prompt text);
+#   4. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
 #      plain shared-memory loop and memcpy, results checked.
 # On a machine with one NUMA node, steps 2-3 use one device per core (--policy core) so that
 # there is something to move between devices; NUMESH_POLICY overrides the choice.
@@ -46,5 +50,14 @@ step "numesh topology"
 "$numesh_bin" topology
 step "numesh run --policy $policy"
 "$numesh_bin" run --policy "$policy"
+if [[ -n "${NUMESH_MODEL:-}" ]]; then
+  step "numesh generate --policy $policy --model $NUMESH_MODEL"
+  "$numesh_bin" generate --policy "$policy" --model "$NUMESH_MODEL" \
+    --prompt "${NUMESH_PROMPT:-The capital of France is}" --max-new-tokens 32
+else
+  step "numesh generate --policy $policy (a random Llama in Hugging Face layout)"
+  "$numesh_bin" generate --policy "$policy" --random-model "$dir/random-model" --ids 1,450,4996,310 \
+    --max-new-tokens 32 --ignore-eos
+fi
 step "numesh bench collectives --policy $policy --sizes 64K,64M"
 "$numesh_bin" bench collectives --policy "$policy" --sizes 64K,64M --min-time 0.2
