@@ -56,7 +56,7 @@ if [[ -n "${NUMESH_MODEL:-}" ]]; then
     --prompt "${NUMESH_PROMPT:-The capital of France is}" --max-new-tokens 32
 else
   step "numesh generate --policy $policy (a random Llama in Hugging Face layout)"
-  "$numesh_bin" generate --policy "$policy" --random-model "$dir/random-model" --ids 1,450,4996,310 \
+  "$numesh_bin" generate --policy "$policy" --random-model "$dir/random-model" --ids 1,450,3996,310 \
     --max-new-tokens 32 --ignore-eos
 fi
 step "numesh bench collectives --policy $policy --sizes 64K,64M"
