@@ -295,9 +295,7 @@ HfConfig HfConfig::load(const std::filesystem::path& path) {
 ops::TransformerConfig HfConfig::transformer_config() const {
   // Everything missing at once, so that one message says how far the model is from running.
   std::vector<std::string_view> missing;
-  if (qkv_bias || o_bias) missing.push_back("attention biases (attention_bias, or Qwen2's q/k/v biases)");
   if (mlp_bias) missing.push_back("MLP biases (mlp_bias)");
-  if (qk_norm) missing.push_back("q/k RMSNorm (Qwen3)");
   if (shared_expert_intermediate_size > 0) missing.push_back("a shared expert (shared_expert_intermediate_size)");
   if (!mlp_only_layers.empty()) missing.push_back("dense layers among MoE ones (mlp_only_layers)");
   NUMESH_CHECK(missing.empty(), NotImplementedError, "{} model: numesh does not run {} yet", to_string(architecture),
@@ -309,7 +307,8 @@ ops::TransformerConfig HfConfig::transformer_config() const {
                                      .num_kv_heads = num_key_value_heads,
                                      .head_dim = head_dim,
                                      .rope_theta = static_cast<float>(rope_theta),
-                                     .rope_scaling = rope_scaling};
+                                     .rope_scaling = rope_scaling,
+                                     .qk_norm_eps = static_cast<float>(rms_norm_eps)};
   t.ffn = intermediate_size > 0 ? intermediate_size : moe_intermediate_size;
   t.norm_eps = static_cast<float>(rms_norm_eps);
   t.moe_every = num_experts > 0 ? decoder_sparse_step : 0;

@@ -80,6 +80,16 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsC
     b.attention.wk = r.linear(p + "self_attn.k_proj.weight", h, kv_out);
     b.attention.wv = r.linear(p + "self_attn.v_proj.weight", h, kv_out);
     b.attention.wo = r.linear(p + "self_attn.o_proj.weight", q_out, h);
+    if (config.qkv_bias) {
+      b.attention.bq = r.read(p + "self_attn.q_proj.bias", {q_out});
+      b.attention.bk = r.read(p + "self_attn.k_proj.bias", {kv_out});
+      b.attention.bv = r.read(p + "self_attn.v_proj.bias", {kv_out});
+    }
+    if (config.o_bias) b.attention.bo = r.read(p + "self_attn.o_proj.bias", {h});
+    if (config.qk_norm) {
+      b.attention.q_norm = r.read(p + "self_attn.q_norm.weight", {d});
+      b.attention.k_norm = r.read(p + "self_attn.k_norm.weight", {d});
+    }
     if (t.is_moe(l)) {
       const std::int64_t e = t.moe.num_experts, f = t.moe_ffn;
       const bool mixtral = config.architecture == Architecture::kMixtral;

@@ -81,6 +81,16 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
     linear(p + "self_attn.k_proj.weight", t.attention.num_kv_heads * d, h);
     linear(p + "self_attn.v_proj.weight", t.attention.num_kv_heads * d, h);
     linear(p + "self_attn.o_proj.weight", h, t.attention.num_heads * d);
+    if (c.qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {t.attention.num_heads * d}, 0.1f, 0.0f, DType::kF32);
+      add(p + "self_attn.k_proj.bias", {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
+      add(p + "self_attn.v_proj.bias", {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
+    }
+    if (c.o_bias) add(p + "self_attn.o_proj.bias", {h}, 0.1f, 0.0f, DType::kF32);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {d}, 0.1f, 1.0f, DType::kF32);
+      add(p + "self_attn.k_norm.weight", {d}, 0.1f, 1.0f, DType::kF32);
+    }
     if (t.is_moe(l)) {
       const bool mixtral = c.architecture == Architecture::kMixtral;
       const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");

@@ -115,10 +115,13 @@ TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
   json untied = tiny_llama();
   untied["tie_word_embeddings"] = false;
   refused(llama_shapes(), untied, ThrowsMessage<KeyError>(HasSubstr("lm_head.weight")));
-  json qwen2 = tiny_llama();
+  json qwen2 = tiny_llama();  // Qwen2 adds q/k/v biases the Llama checkpoint lacks
   qwen2["model_type"] = "qwen2";
-  refused(llama_shapes(), qwen2,
-          ThrowsMessage<NotImplementedError>(HasSubstr("qwen2 model: numesh does not run attention biases")));
+  refused(llama_shapes(), qwen2, ThrowsMessage<KeyError>(HasSubstr("model.layers.0.self_attn.q_proj.bias")));
+  json mlp_bias = tiny_llama();
+  mlp_bias["mlp_bias"] = true;
+  refused(llama_shapes(), mlp_bias,
+          ThrowsMessage<NotImplementedError>("llama model: numesh does not run MLP biases (mlp_bias) yet"));
 }
 
 TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {

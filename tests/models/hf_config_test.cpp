@@ -189,27 +189,30 @@ TEST(HfConfigTest, MoeArchitecturesRouteAsTheirModelsDo) {
   EXPECT_TRUE(q2.qkv_bias);
 }
 
+TEST(HfConfigTest, QwenBiasesAndQkNormsBuildTheirStacks) {
+  const ops::TransformerConfig q2 = HfConfig::parse(qwen2(), "config.json").transformer_config();
+  EXPECT_EQ(q2.attention.num_heads, 14);
+  EXPECT_EQ(q2.attention.head_dim, 64);
+  const ops::TransformerConfig q3 = HfConfig::parse(qwen3(), "config.json").transformer_config();
+  EXPECT_EQ(q3.attention.head_dim, 128);
+  EXPECT_EQ(q3.attention.qk_norm_eps, 1e-6f) << "Qwen3's q/k norms use rms_norm_eps";
+  EXPECT_EQ(HfConfig::parse(qwen3_moe(), "config.json").transformer_config().moe.top_k, 8);
+}
+
 TEST(HfConfigTest, WhatNumeshCannotRunYetIsRefusedListingEveryFeature) {
-  EXPECT_THAT([] { (void)HfConfig::parse(qwen2(), "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen2 model: numesh does not run attention biases (attention_bias, "
-                                                 "or Qwen2's q/k/v biases) yet"));
-  EXPECT_THAT([] { (void)HfConfig::parse(qwen3(), "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen3 model: numesh does not run q/k RMSNorm (Qwen3) yet"));
   json biases = llama32();
   biases["mlp_bias"] = true;
-  biases["attention_bias"] = true;
   EXPECT_THAT([&] { (void)HfConfig::parse(biases, "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("llama model: numesh does not run attention biases (attention_bias, "
-                                                 "or Qwen2's q/k/v biases), MLP biases (mlp_bias) yet"));
+              ThrowsMessage<NotImplementedError>("llama model: numesh does not run MLP biases (mlp_bias) yet"));
   EXPECT_THAT([] { (void)HfConfig::parse(qwen2_moe(), "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen2_moe model: numesh does not run attention biases "
-                                                 "(attention_bias, or Qwen2's q/k/v biases), a shared expert "
+              ThrowsMessage<NotImplementedError>("qwen2_moe model: numesh does not run a shared expert "
                                                  "(shared_expert_intermediate_size) yet"));
-  json dense_layers = qwen3_moe();
+  json dense_layers = qwen2_moe();
   dense_layers["mlp_only_layers"] = json::array({0});
   EXPECT_THAT([&] { (void)HfConfig::parse(dense_layers, "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen3_moe model: numesh does not run q/k RMSNorm (Qwen3), dense "
-                                                 "layers among MoE ones (mlp_only_layers) yet"));
+              ThrowsMessage<NotImplementedError>("qwen2_moe model: numesh does not run a shared expert "
+                                                 "(shared_expert_intermediate_size), dense layers among MoE ones "
+                                                 "(mlp_only_layers) yet"));
 }
 
 TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {

@@ -12,7 +12,8 @@ numesh stores. hf_model_check_main loads each one through HfConfig, SafetensorsC
 CausalLm on several meshes and writes the prompt's logits, then greedy tokens and the logits
 of each decode step. `check` recomputes everything with a forward written here from the
 published architectures (Llama: RMSNorm, rotate-half RoPE with llama3 scaling, GQA, SwiGLU;
-Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2), in float64, and
+Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2; Qwen2: q/k/v biases;
+Qwen3: RMSNorm of each q and k head before RoPE), in float64, and
 compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
 numesh does (docs/ops.md, "Weight dtypes").
@@ -54,9 +55,18 @@ def models():
                    num_experts_per_tok=2, tie_word_embeddings=False, rope_scaling=None, rope_theta=1e6,
                    sliding_window=None)
     del mixtral["head_dim"]  # hidden / heads = 16, transformers' default
+    # Qwen2: q/k/v biases (always), tied embeddings, theta 1e6; Qwen3: q/k RMSNorm per head,
+    # head_dim 32 (not hidden / heads), no biases.
+    qwen2 = dict(LLAMA, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True,
+                 rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, use_sliding_window=False)
+    del qwen2["head_dim"]
+    qwen3 = dict(LLAMA, model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False,
+                 rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, head_dim=32, use_sliding_window=False)
     return [("llama_tied_f32", tied, torch.float32, 1, ["f32"]),
             ("llama_bf16_two_shards", untied, torch.bfloat16, 2, ["f32", "bf16"]),
-            ("mixtral_f32", mixtral, torch.float32, 1, ["f32"])]
+            ("mixtral_f32", mixtral, torch.float32, 1, ["f32"]),
+            ("qwen2_f32", qwen2, torch.float32, 1, ["f32"]),
+            ("qwen3_bf16", qwen3, torch.bfloat16, 1, ["f32", "bf16"])]
 
 
 def weights(c, dtype, seed):
@@ -77,6 +87,13 @@ def weights(c, dtype, seed):
         t.update({p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm(),
                   p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.k_proj.weight": lin(kv, h),
                   p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.o_proj.weight": lin(h, q)})
+        if c["model_type"] == "qwen2":  # Qwen2Attention: bias=True on q, k and v
+            t.update({p + "self_attn.q_proj.bias": 0.5 * torch.randn(q, generator=g),
+                      p + "self_attn.k_proj.bias": 0.5 * torch.randn(kv, generator=g),
+                      p + "self_attn.v_proj.bias": 0.5 * torch.randn(kv, generator=g)})
+        if c["model_type"] == "qwen3":  # Qwen3RMSNorm over head_dim on q and k
+            t.update({p + "self_attn.q_norm.weight": 1.0 + 0.1 * torch.randn(d, generator=g),
+                      p + "self_attn.k_norm.weight": 1.0 + 0.1 * torch.randn(d, generator=g)})
         if c["model_type"] == "mixtral":
             t[p + "block_sparse_moe.gate.weight"] = lin(c["num_local_experts"], h)
             for e in range(c["num_local_experts"]):
@@ -139,10 +156,11 @@ class Model:
         x = self.t[name].double()
         return x.float().to(torch.bfloat16).double() if self.stored == "bf16" else x
 
-    def linear(self, x, name):
+    def linear(self, x, name, bias=None):
         if self.stored == "bf16":
             x = x.float().to(torch.bfloat16).double()
-        return x @ self.w(name).T
+        y = x @ self.w(name).T
+        return y + self.t[bias].double() if bias in self.t else y
 
     def rmsnorm(self, x, name):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * self.t[name].double()
@@ -198,9 +216,13 @@ class Model:
         for layer in range(c["num_hidden_layers"]):
             p = f"model.layers.{layer}."
             n = self.rmsnorm(x, p + "input_layernorm.weight")
-            q = self.rope(self.linear(n, p + "self_attn.q_proj.weight").reshape(b, t, hq, d), pos)
-            k = self.rope(self.linear(n, p + "self_attn.k_proj.weight").reshape(b, t, hkv, d), pos)
-            v = self.linear(n, p + "self_attn.v_proj.weight").reshape(b, t, hkv, d)
+            a = p + "self_attn."
+            q = self.linear(n, a + "q_proj.weight", a + "q_proj.bias").reshape(b, t, hq, d)
+            k = self.linear(n, a + "k_proj.weight", a + "k_proj.bias").reshape(b, t, hkv, d)
+            v = self.linear(n, a + "v_proj.weight", a + "v_proj.bias").reshape(b, t, hkv, d)
+            if a + "q_norm.weight" in self.t:  # Qwen3: RMSNorm of each head before RoPE
+                q, k = self.rmsnorm(q, a + "q_norm.weight"), self.rmsnorm(k, a + "k_norm.weight")
+            q, k = self.rope(q, pos), self.rope(k, pos)
             k, v = k.repeat_interleave(hq // hkv, 2), v.repeat_interleave(hq // hkv, 2)
             s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)
             s = s.masked_fill(~mask, float("-inf"))

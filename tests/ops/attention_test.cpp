@@ -94,6 +94,46 @@ TEST_P(ShardedAttentionTest, KvCachePrefillInsertAndDecodeEqualTheFullSequence) 
   }
 }
 
+// Qwen2's q/k/v biases (and Llama's attention_bias: o too) and Qwen3's per-head RMSNorm of q
+// and k: each device adds its heads' slices of the biases, normalises its heads, and the output
+// bias is added once across the devices whose partial sums the all-reduce adds. Through the
+// cache (prefill, decode) and without (train).
+TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
+  const auto mesh = make_mesh(GetParam());
+  const std::int64_t hidden = 16, d = 8, batch = 2, total = 6;
+  for (auto [hq, hkv] : {std::pair{4, 2}, std::pair{4, 1}}) {
+    auto [c, w] = random_layer(hidden, hq, hkv, d, 21);
+    c.qk_norm_eps = 1e-5f;
+    w.bq = random({hq * d}, 30, 0.5f);
+    w.bk = random({hkv * d}, 31, 0.5f);
+    w.bv = random({hkv * d}, 32, 0.5f);
+    w.bo = random({hidden}, 33, 0.5f);
+    w.q_norm = random({d}, 34, 0.2f);
+    w.k_norm = random({d}, 35, 0.2f);
+    for (float& v : w.q_norm.data) v += 1.0f;
+    for (float& v : w.k_norm.data) v += 1.0f;
+    const runtime::HostTensor x = random({batch, total, hidden}, 36, 1.0f);
+    const runtime::HostTensor want = dense_attention(x, w, c);
+    const double bound = std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon());
+    ShardedAttention train(mesh, c, w, batch);
+    EXPECT_TRUE(matches_reference(train.forward(x), want, bound)) << "train, heads " << hq << "/" << hkv;
+    ShardedAttention cached(mesh, c, w, batch, /*max_len=*/8);
+    for (auto [from, n] : {std::pair{0, 4}, std::pair{4, 1}, std::pair{5, 1}}) {
+      EXPECT_TRUE(matches_reference(cached.forward(token_slice(x, from, n), from), token_slice(want, from, n), bound))
+          << "heads " << hq << "/" << hkv << " tokens [" << from << ", " << from + n << ")";
+    }
+    // Without the extras the layer is another one: the check sees them.
+    AttentionWeights plain = w;
+    plain.bq = plain.bk = plain.bv = plain.bo = plain.q_norm = plain.k_norm = {};
+    EXPECT_FALSE(numesh::testing::within_abs(std::span<const float>(dense_attention(x, plain, c).data),
+                                             std::span<const float>(want.data), 1e-3));
+  }
+  auto [c, w] = random_layer(hidden, 4, 2, d, 21);
+  w.bk = random({3}, 1, 1.0f);
+  EXPECT_THAT([&] { ShardedAttention(mesh, c, w, batch); },
+              ::testing::ThrowsMessage<ShapeError>("attention: bk [3] must be [16] (num_kv_heads * head_dim) or empty"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedAttentionTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
                                            MeshCase{{4}, {"tp"}}, MeshCase{{2}, {"dp"}},

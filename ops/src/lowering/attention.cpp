@@ -12,6 +12,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/attention_core.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "lowering_util.hpp"
@@ -25,6 +26,13 @@ using sharding::AxisRule;
 using sharding::PartitionSpec;
 
 using detail::shape_text;
+
+// Adds bias[first, first + cols) to every row of m; nothing when the bias is empty.
+void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int64_t first) {
+  if (bias.shape.empty()) return;
+  const Eigen::Map<const Eigen::RowVectorXf> b(bias.data.data() + first, m.cols());
+  m.rowwise() += b;
+}
 
 }  // namespace
 
@@ -70,6 +78,15 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   layer.wk = detail::laid_out(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
   layer.wv = detail::laid_out(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
   layer.wo = detail::laid_out(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
+  check_biases_and_norms(w, config, hidden);
+  auto extras = std::make_shared<AttentionWeights>();
+  extras->bq = w.bq;
+  extras->bk = w.bk;
+  extras->bv = w.bv;
+  extras->bo = w.bo;
+  extras->q_norm = w.q_norm;
+  extras->k_norm = w.k_norm;
+  layer.extras = std::move(extras);
   return layer;
 }
 
@@ -147,8 +164,12 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                        static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
   const std::int64_t* position = step.position;
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
+  const std::shared_ptr<const AttentionWeights> extras = layer.extras;
   const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
+    // The slot's first query and kv head: where its slices of the biases start.
+    const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
+    const std::int64_t q_first = head_rank * lq, kv_first = layer.splits_kv_heads() ? head_rank * lkv : 0;
     // The first global token of the slot's block of x's tokens.
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     runtime::Tensor& xs = x.shard(s);
@@ -160,11 +181,25 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
     return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset, position,
-            config] {
+            config, extras, q_first, kv_first] {
+      const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_weight(wqs), as_matrix(q));
-      device_gemm(xm, as_weight(wks), MatrixMap(k.values().data(), rows, lkv * config.head_dim));
-      device_gemm(xm, as_weight(wvs), MatrixMap(v.values().data(), rows, lkv * config.head_dim));
+      device_gemm(xm, as_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd));
+      device_gemm(xm, as_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd));
+      add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), extras->bq, q_first * dd);
+      add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), extras->bk, kv_first * dd);
+      add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), extras->bv, kv_first * dd);
+      // Qwen3's RMSNorm of every head of q and k, before RoPE.
+      if (!extras->q_norm.shape.empty()) {
+        rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd), ConstMatrixMap(extras->q_norm.data.data(), 1, dd),
+                     MatrixMap(q.values().data(), rows * lq, dd), config.qk_norm_eps);
+      }
+      if (!extras->k_norm.shape.empty()) {
+        rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd),
+                     ConstMatrixMap(extras->k_norm.data.data(), 1, dd), MatrixMap(k.values().data(), rows * lkv, dd),
+                     config.qk_norm_eps);
+      }
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
         const std::int64_t first = (position != nullptr ? *position : 0) + token_offset;
@@ -249,9 +284,13 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& o = *o_of[static_cast<std::size_t>(s)];
     runtime::Tensor& wos = wo.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    return [&o, &wos, &yp, rows, hidden] {
-      device_gemm(as_matrix(std::as_const(o)), as_weight(wos),
-                  MatrixMap(yp.values().data(), rows, hidden));
+    // The output bias is added once: by every device when heads are not split, else by the
+    // first of the devices whose partial sums the all-reduce adds.
+    const bool adds_bias = !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
+    return [&o, &wos, &yp, rows, hidden, extras, adds_bias] {
+      const MatrixMap ym(yp.values().data(), rows, hidden);
+      device_gemm(as_matrix(std::as_const(o)), as_weight(wos), ym);
+      if (adds_bias) add_bias_rows(ym, extras->bo, 0);
     };
   });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");

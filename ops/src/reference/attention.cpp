@@ -73,8 +73,14 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
   const oracle::MatrixD xd = oracle::projection_input(oracle::widen(x, b * t, h), w.stored_as);
   auto weight = [&w](const runtime::HostTensor& m) { return oracle::stored(m, m.shape[0], m.shape[1], w.stored_as); };
+  check_biases_and_norms(w, c, h);
   oracle::MatrixD q = xd * weight(w.wq), k = xd * weight(w.wk);
-  const oracle::MatrixD v = xd * weight(w.wv);
+  oracle::MatrixD v = xd * weight(w.wv);
+  oracle::add_bias(q, w.bq);
+  oracle::add_bias(k, w.bk);
+  oracle::add_bias(v, w.bv);
+  oracle::head_rmsnorm(q, d, w.q_norm, c.qk_norm_eps);
+  oracle::head_rmsnorm(k, d, w.k_norm, c.qk_norm_eps);
   if (c.rope_theta > 0.0f) {
     oracle::rope(q, b, t, c.num_heads, d, c.q_offset, c.rope_theta, c.rope_scaling);
     oracle::rope(k, b, t, c.num_kv_heads, d, 0, c.rope_theta, c.rope_scaling);
@@ -84,8 +90,9 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, cons
   const oracle::AttentionShape shape{.batch = b, .q_len = t, .kv_len = t, .heads = c.num_heads,
                                      .kv_heads = c.num_kv_heads, .head_dim = d, .q_offset = c.q_offset,
                                      .causal = c.causal};
-  return oracle::narrow(oracle::projection_input(oracle::attention(q, k, v, shape), w.stored_as) * weight(w.wo),
-                        {b, t, h});
+  oracle::MatrixD y = oracle::projection_input(oracle::attention(q, k, v, shape), w.stored_as) * weight(w.wo);
+  oracle::add_bias(y, w.bo);
+  return oracle::narrow(y, {b, t, h});
 }
 
 }  // namespace numesh::ops

@@ -79,6 +79,25 @@ MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
   return y;
 }
 
+void add_bias(MatrixD& x, const runtime::HostTensor& bias) {
+  if (bias.shape.empty()) return;
+  for (Eigen::Index c = 0; c < x.cols(); ++c) x.col(c).array() += static_cast<double>(bias.data[static_cast<std::size_t>(c)]);
+}
+
+void head_rmsnorm(MatrixD& x, std::int64_t d, const runtime::HostTensor& weight, double eps) {
+  if (weight.shape.empty()) return;
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    for (Eigen::Index h = 0; h * d < x.cols(); ++h) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) sum += x(r, h * d + i) * x(r, h * d + i);
+      const double scale = 1.0 / std::sqrt(sum / static_cast<double>(d) + eps);
+      for (std::int64_t i = 0; i < d; ++i) {
+        x(r, h * d + i) *= scale * static_cast<double>(weight.data[static_cast<std::size_t>(i)]);
+      }
+    }
+  }
+}
+
 namespace {
 
 // Hugging Face's inverse frequency of pair i after rope_scaling, written as its

@@ -60,6 +60,12 @@ MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
 /// x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, weight a [1, H] row.
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
 
+/// Adds `bias` (a vector of x.cols() values; nothing when it is empty) to every row of x.
+void add_bias(MatrixD& x, const runtime::HostTensor& bias);
+/// RMSNorm in place over each head of x [rows, heads * d]: every d-wide slice of a row divided by
+/// its root mean square (plus eps) and multiplied by `weight` [d]; nothing when weight is empty.
+void head_rmsnorm(MatrixD& x, std::int64_t d, const runtime::HostTensor& weight, double eps);
+
 /// Rotate-half RoPE in place on x [batch * tokens, heads * d] whose token t sits at position
 /// first_position + t: pairs (i, i + d/2) turned by (first_position + t) * f_i, f_i =
 /// theta^(-2i/d) scaled as `scaling` says (Hugging Face's rope_scaling formulas).

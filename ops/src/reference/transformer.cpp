@@ -36,6 +36,7 @@ void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
     expect_shape(b.attention.wk, {h, kv}, l, "wk");
     expect_shape(b.attention.wv, {h, kv}, l, "wv");
     expect_shape(b.attention.wo, {q, h}, l, "wo");
+    check_biases_and_norms(b.attention, c.attention, h);
     if (c.is_moe(l)) {
       expect_shape(b.moe.router, {h, e}, l, "router");
       expect_shape(b.moe.gate, {e, h, c.moe_ffn}, l, "expert gate");
@@ -102,7 +103,12 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     };
     const MatrixD n1_in = oracle::projection_input(n1, attention_dtype);
     MatrixD q = n1_in * attention_weight(b.attention.wq), k = n1_in * attention_weight(b.attention.wk);
-    const MatrixD v = n1_in * attention_weight(b.attention.wv);
+    MatrixD v = n1_in * attention_weight(b.attention.wv);
+    oracle::add_bias(q, b.attention.bq);
+    oracle::add_bias(k, b.attention.bk);
+    oracle::add_bias(v, b.attention.bv);
+    oracle::head_rmsnorm(q, d, b.attention.q_norm, c.attention.qk_norm_eps);
+    oracle::head_rmsnorm(k, d, b.attention.k_norm, c.attention.qk_norm_eps);
     if (c.attention.rope_theta > 0.0f) {
       oracle::rope(q, batch_, t, hq, d, position, c.attention.rope_theta, c.attention.rope_scaling);
       oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta, c.attention.rope_scaling);
@@ -119,8 +125,10 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     }
     const oracle::AttentionShape shape{.batch = batch_, .q_len = t, .kv_len = seen, .heads = hq, .kv_heads = hkv,
                                        .head_dim = d, .q_offset = position, .causal = c.attention.causal};
-    const MatrixD hs = xs + oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
-                                attention_weight(b.attention.wo);
+    MatrixD attended = oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
+                       attention_weight(b.attention.wo);
+    oracle::add_bias(attended, b.attention.bo);
+    const MatrixD hs = xs + attended;
     const MatrixD n2 = oracle::rmsnorm(hs, widen2(b.ffn_norm), c.norm_eps);
     MatrixD f(batch_ * t, h);
     if (c.is_moe(l)) {

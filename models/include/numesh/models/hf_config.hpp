@@ -103,7 +103,7 @@ struct HfConfig {
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head
   /// are separate).
   /// Throws: NotImplementedError listing, with their fields, all the features numesh does not
-  /// run yet that the model uses: biases, q/k norms, a shared expert, mlp_only_layers.
+  /// run yet that the model uses: MLP biases, a shared expert, mlp_only_layers.
   [[nodiscard]] ops::TransformerConfig transformer_config() const;
 };
 

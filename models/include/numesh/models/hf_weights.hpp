@@ -22,7 +22,8 @@ struct CausalLmWeights {
 
   /// Reads every tensor `config`'s architecture names from `checkpoint` (Llama's names:
   /// model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
-  /// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; Mixtral's
+  /// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; the
+  /// projections' biases (Qwen2, attention_bias) and self_attn.{q,k}_norm (Qwen3); Mixtral's
   /// block_sparse_moe.{gate, experts.E.w1/w3/w2}; Qwen-MoE's mlp.{gate, experts.E.*_proj}),
   /// checking each shape before reading it, and stores the matrices as `stored_as`
   /// (embedding, LM head, attention, MLPs and experts; norms and routers stay fp32).

@@ -34,6 +34,8 @@ struct AttentionConfig {
   /// let designated initializers of AttentionConfig leave it out without GCC's
   /// missing-initializer warning.
   RopeScaling rope_scaling{};
+  /// eps of the per-head RMSNorm of q and k (AttentionWeights::q_norm, k_norm; Qwen3).
+  float qk_norm_eps = 1e-6f;
 };
 
 /// The weights of an attention layer (head-major columns: head h owns columns
@@ -45,7 +47,20 @@ struct AttentionWeights {
   runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
   /// The dtype the layer stores the projections in (as MlpWeights::stored_as).
   DType stored_as = DType::kF32;
+  /// Biases added to the projections (Qwen2's q, k, v; Llama's attention_bias): [num_heads *
+  /// head_dim], [num_kv_heads * head_dim] twice, [H]. Empty (no shape): no bias. Kept in fp32.
+  /// (Last, with braces: designated initializers may leave them out without GCC warning.)
+  runtime::HostTensor bq{}, bk{}, bv{}, bo{};
+  /// RMSNorm weights [head_dim] applied to every head of q and of k after the projections and
+  /// before RoPE (Qwen3), with AttentionConfig::qk_norm_eps. Empty: none. Kept in fp32.
+  runtime::HostTensor q_norm{}, k_norm{};
 };
+
+/// Checks the optional biases and q/k norms of `w` against `c` and the hidden size: each is
+/// empty or a vector of its size (bq [num_heads * head_dim], bk and bv [num_kv_heads *
+/// head_dim], bo [hidden], q_norm and k_norm [head_dim]).
+/// Throws: ShapeError naming the tensor, its shape and the size it must have.
+void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c, std::int64_t hidden);
 
 /// Memory layout of a KV cache (EasyDeL's attention layouts).
 enum class KvLayout : std::uint8_t {

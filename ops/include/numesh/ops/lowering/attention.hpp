@@ -40,6 +40,9 @@ struct AttentionLayer {
   std::int64_t local_q_heads = 0;
   std::int64_t local_kv_heads = 0;
   std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
+  /// The optional biases and q/k norm weights (AttentionWeights), fp32, whole on the host: each
+  /// device reads the slice of its heads (a few KiB; nothing to lay out). Empty when absent.
+  std::shared_ptr<const AttentionWeights> extras;
 
   /// True when query heads are split over heads_axis.
   bool splits_heads() const noexcept { return !heads_axis.empty(); }
