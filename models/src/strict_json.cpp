@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "utf8.hpp"
 
 namespace numesh::models::detail {
 
@@ -19,29 +20,12 @@ std::optional<std::size_t> find_invalid_utf8(std::string_view text) noexcept {
       ++i;
       continue;
     }
-    // The continuation bytes a lead byte needs, and the range allowed for the first of them:
-    // that range is what excludes overlong forms (E0, F0), UTF-16 surrogates (ED) and code
-    // points above U+10FFFF (F4). C0, C1 and F5-FF never start a sequence.
-    std::size_t needed = 0;
-    std::uint8_t low = 0x80;
-    std::uint8_t high = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      needed = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      needed = 2;
-      if (lead == 0xE0) low = 0xA0;
-      if (lead == 0xED) high = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      needed = 3;
-      if (lead == 0xF0) low = 0x90;
-      if (lead == 0xF4) high = 0x8F;
-    } else {
-      return i;
-    }
+    const Utf8Lead rule = utf8_lead(lead);
+    if (!rule.starts) return i;
+    const std::size_t needed = rule.needed;
     for (std::size_t k = 1; k <= needed; ++k) {
       if (i + k >= text.size()) return text.size();
-      const auto next = static_cast<std::uint8_t>(text[i + k]);
-      if (next < (k == 1 ? low : 0x80) || next > (k == 1 ? high : 0xBF)) return i + k;
+      if (!utf8_continues(rule, k, static_cast<std::uint8_t>(text[i + k]))) return i + k;
     }
     i += needed + 1;
   }

@@ -1,5 +1,7 @@
 #include "byte_level.hpp"
 
+#include "../utf8.hpp"
+
 #include <optional>
 
 namespace numesh::models::detail {
@@ -104,32 +106,18 @@ std::string utf8_lossy(std::string_view bytes) {
       ++i;
       continue;
     }
-    // The same ranges as find_invalid_utf8 (strict_json.cpp): the first continuation byte's
-    // range excludes overlong forms, surrogates and code points above U+10FFFF.
-    std::size_t needed = 0;
-    std::uint8_t low = 0x80;
-    std::uint8_t high = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      needed = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      needed = 2;
-      if (lead == 0xE0) low = 0xA0;
-      if (lead == 0xED) high = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      needed = 3;
-      if (lead == 0xF0) low = 0x90;
-      if (lead == 0xF4) high = 0x8F;
-    } else {
+    const Utf8Lead rule = utf8_lead(lead);
+    if (!rule.starts) {
       out += kReplacement;  // a byte that never starts a character is a subpart by itself
       ++i;
       continue;
     }
+    const std::size_t needed = rule.needed;
     // The maximal subpart: the lead and the continuation bytes that still fit; one U+FFFD
     // replaces all of it when the character is not complete.
     std::size_t k = 1;
     while (k <= needed && i + k < bytes.size()) {
-      const auto next = static_cast<std::uint8_t>(bytes[i + k]);
-      if (next < (k == 1 ? low : 0x80) || next > (k == 1 ? high : 0xBF)) break;
+      if (!utf8_continues(rule, k, static_cast<std::uint8_t>(bytes[i + k]))) break;
       ++k;
     }
     if (k == needed + 1) {
