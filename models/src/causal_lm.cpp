@@ -44,17 +44,21 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
   return stack_.forward(x, position);
 }
 
+ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {
+  auto& head = heads_[rows];
+  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, rows);
+  return *head;
+}
+
 runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
   runtime::HostTensor h = hidden(ids, tokens, position);
   const std::int64_t rows = batch_ * tokens;
   h.shape = {rows, config_.hidden_size};
-  auto& head = heads_[rows];
-  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, rows);
-  return head->logits(h);
+  return head_for(rows).logits(h);
 }
 
-std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
-                                           std::int64_t position) {
+runtime::HostTensor CausalLm::last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                          std::int64_t position) {
   const runtime::HostTensor h = hidden(ids, tokens, position);
   // Only each sequence's last position chooses the next token.
   const std::int64_t hd = config_.hidden_size;
@@ -62,9 +66,19 @@ std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, st
   for (std::int64_t b = 0; b < batch_; ++b) {
     std::copy_n(h.data.begin() + ((b * tokens) + tokens - 1) * hd, hd, last.data.begin() + b * hd);
   }
-  auto& head = heads_[batch_];
-  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, batch_);
-  return head->greedy(last);
+  return last;
+}
+
+std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                           std::int64_t position) {
+  return head_for(batch_).greedy(last_hidden(ids, tokens, position));
+}
+
+std::vector<std::int64_t> CausalLm::sample(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                           std::int64_t position, const ops::SamplingOptions& options,
+                                           std::mt19937_64& rng) {
+  ops::validate(options);
+  return head_for(batch_).sample(last_hidden(ids, tokens, position), options, rng);
 }
 
 }  // namespace numesh::models

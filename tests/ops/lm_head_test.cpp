@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <random>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -108,6 +110,87 @@ TEST(LmHeadTest, RowArgmaxIsTheSameForAnyThreadCount) {
       EXPECT_EQ(out, first) << threads << " threads";
     }
   }
+}
+
+TEST(LmHeadTest, RowTopKIsTheSortedHeadOfEveryRow) {
+  runtime::HostTensor logits = testing::random_host({9, 300}, 8, 1.0f);
+  logits.data[5] = logits.data[6] = 10.0f;  // a tie in row 0: the lower index first
+  std::vector<float> out(2 * 5 * 9);
+  row_top_k(ConstMatrixMap(logits.data.data(), 9, 300), 1000, 5, out.data());
+  for (std::int64_t r = 0; r < 9; ++r) {
+    std::vector<std::pair<float, std::int64_t>> row;
+    for (std::int64_t j = 0; j < 300; ++j) row.push_back({logits.data[static_cast<std::size_t>(r * 300 + j)], j});
+    std::stable_sort(row.begin(), row.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (std::int64_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i)], row[static_cast<std::size_t>(i)].first) << r << " " << i;
+      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i + 1)], static_cast<float>(1000 + row[static_cast<std::size_t>(i)].second));
+    }
+  }
+  EXPECT_EQ(out[1], 1005.0f);
+  EXPECT_EQ(out[3], 1006.0f);
+}
+
+TEST(LmHeadTest, SamplingDrawsFromTheSoftmaxOfTheKeptTokens) {
+  // Candidates of one row as two devices would give them (each its best, in any order):
+  // logits 2, 1, 0, ln 0.5 ... with temperature 1, top-k 3: p = e^2, e^1, e^0 normalised.
+  runtime::HostTensor c = runtime::HostTensor::zeros({1, 10});
+  c.data = {0.0f, 7.0f, 2.0f, 3.0f, -5.0f, 9.0f, 1.0f, 4.0f, -9.0f, 1.0f};  // (value, index) pairs
+  std::mt19937_64 rng(11);
+  const SamplingOptions top3{.temperature = 1.0, .top_k = 3, .top_p = 1.0};
+  std::map<std::int64_t, int> counts;
+  const int draws = 40000;
+  for (int i = 0; i < draws; ++i) ++counts[pick_sampled(c, top3, rng).front()];
+  const double z = std::exp(2.0) + std::exp(1.0) + 1.0;
+  EXPECT_EQ(counts.size(), 3u) << "only the top 3 are drawn";
+  EXPECT_NEAR(counts[3] / double(draws), std::exp(2.0) / z, 0.01);
+  EXPECT_NEAR(counts[4] / double(draws), std::exp(1.0) / z, 0.01);
+  EXPECT_NEAR(counts[7] / double(draws), 1.0 / z, 0.01);
+  // Top-p 0.5: the most likely token alone holds 0.665 of the mass.
+  const SamplingOptions nucleus{.temperature = 1.0, .top_k = 3, .top_p = 0.5};
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(pick_sampled(c, nucleus, rng).front(), 3);
+  // A tiny temperature is greedy; top-k 1 is greedy whatever the temperature.
+  EXPECT_EQ(pick_sampled(c, SamplingOptions{.temperature = 1e-3, .top_k = 5, .top_p = 1.0}, rng).front(), 3);
+  EXPECT_EQ(pick_sampled(c, SamplingOptions{.temperature = 50.0, .top_k = 1, .top_p = 1.0}, rng).front(), 3);
+  // The same seed draws the same tokens.
+  std::mt19937_64 a(5), b(5);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(pick_sampled(c, top3, a), pick_sampled(c, top3, b));
+}
+
+TEST(LmHeadTest, ShardedSamplingKeepsTheGlobalTopK) {
+  // Top-k 1 is the argmax: on every mesh the sampled token is the greedy one.
+  const LmHeadWeights w{.weight = testing::random_host({32, 1000}, 12, 0.3f)};
+  const runtime::HostTensor x = testing::random_host({3, 32}, 13, 1.0f);
+  std::mt19937_64 rng(1);
+  for (const MeshCase& c : {MeshCase{{1}, {"tp"}}, MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}}}) {
+    ShardedLmHead head(testing::make_mesh(c), w, 3);
+    EXPECT_EQ(head.sample(x, SamplingOptions{.temperature = 0.7, .top_k = 1, .top_p = 1.0}, rng), head.greedy(x))
+        << testing::mesh_label(c);
+    // Top-k 40 over the devices' candidates draws only among the global top 40.
+    const runtime::HostTensor logits = head.logits(x);
+    for (int i = 0; i < 50; ++i) {
+      const std::vector<std::int64_t> t = head.sample(x, SamplingOptions{.temperature = 1.0, .top_k = 40, .top_p = 1.0}, rng);
+      for (std::int64_t r = 0; r < 3; ++r) {
+        const float chosen = logits.data[static_cast<std::size_t>(r * 1000 + t[static_cast<std::size_t>(r)])];
+        int larger = 0;
+        for (std::int64_t j = 0; j < 1000; ++j) larger += logits.data[static_cast<std::size_t>(r * 1000 + j)] > chosen;
+        EXPECT_LT(larger, 40) << testing::mesh_label(c) << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(LmHeadTest, BadSamplingOptionsAreRefused) {
+  EXPECT_THAT([] { validate(SamplingOptions{.temperature = -1.0}); },
+              ThrowsMessage<ValueError>("sampling: temperature -1 must be positive (greedy decoding takes no temperature)"));
+  EXPECT_THAT([] { validate(SamplingOptions{.temperature = 1.0, .top_k = 0}); },
+              ThrowsMessage<ValueError>("sampling: top-k 0 must be at least 1"));
+  EXPECT_THAT([] { validate(SamplingOptions{.temperature = 1.0, .top_k = 4, .top_p = 1.5}); },
+              ThrowsMessage<ValueError>("sampling: top-p 1.5 must be in (0, 1]"));
+  runtime::HostTensor c = runtime::HostTensor::zeros({1, 4});
+  c.data = {1.0f, 0.0f, std::nanf(""), 1.0f};
+  std::mt19937_64 rng(1);
+  EXPECT_THAT([&] { pick_sampled(c, SamplingOptions{}, rng); },
+              ThrowsMessage<ValueError>("sampling: row 0 holds a logit of nan: nothing sound to sample from"));
 }
 
 TEST(LmHeadTest, BadShapesAreRefusedNamingThem) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <ostream>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "numesh/models/random_model.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
 #include "numesh/models/tokenizer.hpp"
+#include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
 #include "numesh/ops/reference/lm_head.hpp"
 #include "parsers.hpp"
@@ -49,8 +51,9 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "generate",
       "Generate tokens from a Hugging Face checkpoint (config.json + safetensors) on the machine's mesh: greedy "
-      "decoding of a prompt of token ids, streamed as they come, with load, prefill and decode rates.");
-  cmd->footer(R"(Models: llama, mistral and mixtral checkpoints (F32, BF16 or F16 safetensors, one file or
+      "or sampled decoding of a prompt (text or token ids), the ids streamed as they come, with load, prefill "
+      "and decode rates.");
+  cmd->footer(R"(Models: llama, mistral, qwen2, qwen3, mixtral and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
 shards with model.safetensors.index.json). Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer.json (byte-level BPE: Llama 3, Qwen2/3); the
@@ -58,7 +61,8 @@ random model has none, so it takes --ids.
 Examples:
   numesh generate --ids 1,450,4996 --max-new-tokens 16
   numesh generate --model ~/models/Llama-3.2-1B --prompt "The capital of France is" --dtype bf16
-  numesh generate --model DIR --ids 1,2,3 --dims 1,1,2 --logits-out logits.npy)");
+  numesh generate --model DIR --ids 1,2,3 --dims 1,1,2 --logits-out logits.npy
+  numesh generate --model DIR --prompt "Once upon a time" --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--model", o.model, "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
   cmd->add_option("--random-model", o.random_model,
@@ -71,6 +75,15 @@ Examples:
   cmd->add_option("--prompt", o.prompt, "The prompt as text, encoded by the model's tokenizer.json (with BOS)");
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's end-of-sequence ids");
+  cmd->add_flag("--greedy", o.greedy, "Pick the most likely token (the default)");
+  cmd->add_option("--temperature", o.temperature,
+                  "Sample instead, from the logits divided by T > 0 (then --top-k, --top-p, --seed)");
+  cmd->add_option("--top-k", o.top_k, "Sampling: keep the K most likely tokens (only they leave the devices)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", o.top_p, "Sampling: then the most likely whose probabilities sum to P")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Sampling: the generator's seed (the same seed gives the same tokens)")
+      ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
                   "How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32)")
       ->capture_default_str();
@@ -90,6 +103,12 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                "give the prompt as text with --prompt (the model's tokenizer.json encodes it) or as token ids with "
                "--ids, one of the two");
   NUMESH_CHECK(o.max_new_tokens >= 1, ValueError, "--max-new-tokens {} must be at least 1", o.max_new_tokens);
+  const bool sampling = o.temperature != 0.0;
+  NUMESH_CHECK(!(sampling && o.greedy), ValueError,
+               "--greedy and --temperature {} exclude each other: pick the most likely token, or sample", o.temperature);
+  const ops::SamplingOptions sampling_options{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  if (sampling) ops::validate(sampling_options);
+  std::mt19937_64 rng(o.seed);
   std::vector<std::int32_t> prompt;
   if (!o.ids.empty()) {
     for (std::int64_t id : parse_int_list(o.ids, "--ids")) {
@@ -175,13 +194,26 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const bool want_logits = !o.logits_out.empty();
   std::vector<float> logits_rows;  // [P + N - 1, V] when --logits-out
   const auto step = [&](std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
-    if (!want_logits) return lm.greedy(ids, tokens, position).front();
+    if (!want_logits) {
+      return sampling ? lm.sample(ids, tokens, position, sampling_options, rng).front()
+                      : lm.greedy(ids, tokens, position).front();
+    }
+    // --logits-out: the whole logits come to the host, and the pick is made from the last row
+    // with the same rules (every token a candidate).
     const runtime::HostTensor l = lm.logits(ids, tokens, position);
     logits_rows.insert(logits_rows.end(), l.data.begin(), l.data.end());
     const std::int64_t v = l.shape[1];
-    runtime::HostTensor last = runtime::HostTensor::zeros({1, v});
-    std::copy(l.data.end() - v, l.data.end(), last.data.begin());
-    return ops::argmax_rows(last).front();
+    if (!sampling) {
+      runtime::HostTensor last = runtime::HostTensor::zeros({1, v});
+      std::copy(l.data.end() - v, l.data.end(), last.data.begin());
+      return ops::argmax_rows(last).front();
+    }
+    runtime::HostTensor candidates = runtime::HostTensor::zeros({1, 2 * v});
+    for (std::int64_t j = 0; j < v; ++j) {
+      candidates.data[static_cast<std::size_t>(2 * j)] = l.data[static_cast<std::size_t>(l.data.size()) - static_cast<std::size_t>(v - j)];
+      candidates.data[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(j);
+    }
+    return ops::pick_sampled(candidates, sampling_options, rng).front();
   };
   const auto eos = [&](std::int64_t id) {
     return !o.ignore_eos && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) !=
@@ -239,6 +271,11 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                         {"ids", generated},
                         {"text", tokenizer ? nlohmann::json(text_shown) : nlohmann::json(nullptr)},
                         {"stopped", stopped},
+                        {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
+                                                               {"top_k", o.top_k},
+                                                               {"top_p", o.top_p},
+                                                               {"seed", o.seed}}
+                                              : nlohmann::json("greedy")},
                         {"load_seconds", load_seconds},
                         {"load_bytes", bytes},
                         {"prefill_seconds", prefill_seconds},

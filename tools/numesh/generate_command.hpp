@@ -30,6 +30,11 @@ struct GenerateOptions {
   std::string prompt;               ///< --prompt TEXT: encoded by the model's tokenizer.json
   std::int64_t max_new_tokens = 32;  ///< --max-new-tokens
   bool ignore_eos = false;          ///< --ignore-eos: do not stop at an end-of-sequence id
+  bool greedy = false;              ///< --greedy: argmax (the default without --temperature)
+  double temperature = 0.0;         ///< --temperature T > 0: sample instead of argmax
+  std::int64_t top_k = 40;          ///< --top-k K (sampling)
+  double top_p = 1.0;               ///< --top-p P (sampling)
+  std::uint64_t seed = 0;           ///< --seed S (sampling)
   std::string dtype = "f32";        ///< --dtype: how the devices store the matrices
   std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V]
   std::string json;                 ///< --json FILE

@@ -1,6 +1,10 @@
 #include "numesh/ops/kernels/argmax.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "numesh/ops/kernels/parallel.hpp"
 
@@ -17,6 +21,25 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out) {
       }
       out[2 * r] = row[at];
       out[2 * r + 1] = static_cast<float>(first_index + at);
+    }
+  });
+}
+
+void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out) {
+  const std::int64_t rows = logits.rows(), cols = logits.cols();
+  parallel_blocks(rows, row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
+    std::vector<std::int32_t> order(static_cast<std::size_t>(cols));
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* row = logits.data() + r * cols;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](std::int32_t a, std::int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a < b);
+      });
+      for (std::int64_t i = 0; i < k; ++i) {
+        const std::int32_t c = order[static_cast<std::size_t>(i)];
+        out[r * 2 * k + 2 * i] = row[c];
+        out[r * 2 * k + 2 * i + 1] = static_cast<float>(first_index + c);
+      }
     }
   });
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -86,6 +87,74 @@ runtime::Frontier emit_greedy_candidates(ProgramBuilder& pb, runtime::ShardedTen
   });
 }
 
+runtime::Frontier emit_top_k_candidates(ProgramBuilder& pb, runtime::ShardedTensor& logits,
+                                        const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                        std::int64_t k, const std::string& name) {
+  const std::int64_t rows = local_rows(logits), v_local = logits.layout().shard_shape()[1];
+  const std::int64_t shards = logits.shape()[1] / v_local;
+  NUMESH_CHECK(k >= 1 && k <= v_local, ShapeError, "{}: top-k {} must be between 1 and a device's {} tokens", name, k,
+               v_local);
+  NUMESH_CHECK(candidates.shape() == (std::vector<std::int64_t>{logits.shape()[0], 2 * k * shards}) &&
+                   candidates.spec() == logits.spec(),
+               ShapeError, "{}: candidates {} {} do not fit logits {} {} and k {} (expected [{}, {}])", name,
+               fmt::join(candidates.shape(), "x"), candidates.spec().repr(), fmt::join(logits.shape(), "x"),
+               logits.spec().repr(), k, logits.shape()[0], 2 * k * shards);
+  return pb.per_device(name, {&after}, [&](std::int64_t s) {
+    runtime::Tensor& ls = logits.shard(s);
+    runtime::Tensor& cs = candidates.shard(s);
+    const std::int64_t first = logits.layout().tile_offset(s)[1];
+    return [&ls, &cs, rows, v_local, first, k] {
+      row_top_k(ConstMatrixMap(ls.values().data(), rows, v_local), first, k, cs.values().data());
+    };
+  });
+}
+
+void validate(const SamplingOptions& o) {
+  NUMESH_CHECK(std::isfinite(o.temperature) && o.temperature > 0.0, ValueError,
+               "sampling: temperature {} must be positive (greedy decoding takes no temperature)", o.temperature);
+  NUMESH_CHECK(o.top_k >= 1, ValueError, "sampling: top-k {} must be at least 1", o.top_k);
+  NUMESH_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, ValueError, "sampling: top-p {} must be in (0, 1]", o.top_p);
+}
+
+std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, const SamplingOptions& o,
+                                       std::mt19937_64& rng) {
+  validate(o);
+  NUMESH_CHECK(candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0, ShapeError,
+               "sampling: candidates {} must be [rows, 2 * m]", shape_text(candidates));
+  const std::int64_t rows = candidates.shape[0], m = candidates.shape[1] / 2;
+  std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
+  std::vector<std::pair<float, std::int64_t>> c(static_cast<std::size_t>(m));
+  std::vector<double> p;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const float v = candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i)];
+      NUMESH_CHECK(std::isfinite(v), ValueError, "sampling: row {} holds a logit of {}: nothing sound to sample from",
+                   r, v);
+      c[static_cast<std::size_t>(i)] = {v, static_cast<std::int64_t>(candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i + 1)])};
+    }
+    // Largest first, the lower index first among equals: the global order whatever the devices.
+    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(o.top_k, m));
+    // Softmax of logit / temperature over the kept ones, in double, from the largest.
+    p.assign(keep, 0.0);
+    double total = 0.0;
+    for (std::size_t i = 0; i < keep; ++i) {
+      p[i] = std::exp((static_cast<double>(c[i].first) - static_cast<double>(c[0].first)) / o.temperature);
+      total += p[i];
+    }
+    // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
+    std::size_t n = 0;
+    double mass = 0.0;
+    while (n < keep && (n == 0 || mass < o.top_p * total)) mass += p[n++];
+    double u = uniform(rng) * mass;
+    std::size_t at = 0;
+    while (at + 1 < n && u >= p[at]) u -= p[at++];
+    picked[static_cast<std::size_t>(r)] = c[at].second;
+  }
+  return picked;
+}
+
 std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
   NUMESH_CHECK(candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0, ShapeError,
                "greedy pick: candidates {} must be [rows, 2 * shards]", shape_text(candidates));
@@ -108,13 +177,14 @@ ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weig
     : ShardedLmHead(mesh, LmHeadLayer::create(mesh, weights, axes), rows, axes) {}
 
 ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes)
-    : layer_(std::move(layer)), rows_(rows) {
+    : layer_(std::move(layer)), rows_(rows), mesh_(mesh) {
   NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
   const std::vector<std::int64_t> x_shape{rows, layer_.hidden}, logits_shape{rows, layer_.vocab};
   const PartitionSpec x_spec =
       sharding::correct_spec(x_shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
                              mesh.mesh())
           .spec;
+  x_spec_ = x_spec;
   const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec);
   const auto compile = [&](bool greedy) {
     ProgramBuilder pb(mesh, greedy ? "lm head (greedy)" : "lm head (logits)");
@@ -150,6 +220,30 @@ std::vector<std::int64_t> ShardedLmHead::greedy(const runtime::HostTensor& x) {
 runtime::HostTensor ShardedLmHead::logits(const runtime::HostTensor& x) {
   check_input(x);
   return logits_->run("x", x, "logits");
+}
+
+std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x, const SamplingOptions& options,
+                                                std::mt19937_64& rng) {
+  validate(options);
+  check_input(x);
+  const std::int64_t v_local = layer_.weight->layout().shard_shape()[1];
+  const std::int64_t k = std::min(options.top_k, v_local);
+  std::unique_ptr<Program>& program = top_k_[k];
+  if (!program) {
+    ProgramBuilder pb(mesh_, fmt::format("lm head (top {})", k));
+    const std::vector<std::int64_t> x_shape{rows_, layer_.hidden};
+    const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
+    runtime::Frontier loaded;
+    runtime::ShardedTensor& xt = pb.input("x", x_shape, x_spec_, loaded);
+    runtime::ShardedTensor& logits =
+        pb.tensor("logits", TensorRole::kActivation, {rows_, layer_.vocab}, logits_spec);
+    const runtime::Frontier projected = emit_lm_head(pb, layer_, xt, loaded, logits, "lm_head");
+    runtime::ShardedTensor& candidates = pb.tensor("candidates", TensorRole::kOutput,
+                                                   {rows_, 2 * k * (layer_.vocab / v_local)}, logits_spec);
+    pb.output("candidates", candidates, emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
+    program = std::make_unique<Program>(std::move(pb).compile());
+  }
+  return pick_sampled(program->run("x", x, "candidates"), options, rng);
 }
 
 }  // namespace numesh::ops

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -45,6 +46,11 @@ class CausalLm {
   /// head runs on those rows only, and the logits stay on the devices).
   /// Throws: as logits().
   std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+  /// Each sequence's next token drawn from the logits at its last new position as `options`
+  /// say (ShardedLmHead::sample: only every device's top-k candidates leave the devices).
+  /// Throws: as logits(); ValueError for bad options.
+  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position,
+                                   const ops::SamplingOptions& options, std::mt19937_64& rng);
 
   /// The config it was built from.
   const HfConfig& config() const noexcept { return config_; }
@@ -58,6 +64,9 @@ class CausalLm {
  private:
   // The final hidden states [batch, T, H] of the new tokens.
   runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+  // The last new position's hidden state of every sequence [batch, H], and the head for them.
+  runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+  ops::ShardedLmHead& head_for(std::int64_t rows);
 
   runtime::DeviceMesh mesh_;
   HfConfig config_;

@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,33 @@ runtime::Frontier emit_greedy_candidates(ProgramBuilder& program, runtime::Shard
 /// Throws: ShapeError when candidates is not [rows, 2 * n] with n >= 1.
 std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates);
 
+/// Emits the devices' half of top-k sampling: each device's `k` best logits per row with their
+/// global indices (row_top_k) into `candidates` [rows, 2 * k * n], spec as the logits'. The
+/// global top-k is among them (each device's k best include every one of its tokens in it).
+/// Throws: ShapeError when candidates does not fit, or k exceeds a device's vocabulary slice.
+runtime::Frontier emit_top_k_candidates(ProgramBuilder& program, runtime::ShardedTensor& logits,
+                                        const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                        std::int64_t k, const std::string& name);
+
+/// How the next token is drawn from the logits: logits / temperature, the top_k largest kept,
+/// softmax over them, then the smallest set of the most likely whose probabilities sum to
+/// top_p or more (at least one token), renormalised (Hugging Face's and llama.cpp's order).
+struct SamplingOptions {
+  double temperature = 1.0;  ///< > 0
+  std::int64_t top_k = 40;   ///< >= 1
+  double top_p = 1.0;        ///< in (0, 1]
+};
+
+/// Checks the options. Throws: ValueError naming the bad value.
+void validate(const SamplingOptions& options);
+
+/// The host's half of sampling: each row's token drawn from its candidates [rows, 2 * m]
+/// ((value, index) pairs: every device's best, in any order) as `options` say, with `rng`.
+/// Throws: ShapeError for a malformed candidates tensor; ValueError when a row holds NaN or
+/// infinite logits (nothing sound to sample from); as validate().
+std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, const SamplingOptions& options,
+                                       std::mt19937_64& rng);
+
 /// The LM head lowered onto a device mesh for a fixed number of rows, as two programs compiled
 /// once: greedy() (logits stay on the devices, only each device's best candidate per row comes
 /// back) and logits() (the whole [rows, V] gathered to the host).
@@ -84,6 +113,11 @@ class ShardedLmHead {
   /// The logits [rows, V] of x [rows, H].
   /// Throws: as greedy().
   runtime::HostTensor logits(const runtime::HostTensor& x);
+  /// Each row of x's token drawn as `options` say (pick_sampled over every device's top_k
+  /// candidates: only those come back to the host). A program per top_k, compiled on first use.
+  /// Throws: as greedy() and pick_sampled().
+  std::vector<std::int64_t> sample(const runtime::HostTensor& x, const SamplingOptions& options,
+                                   std::mt19937_64& rng);
   /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
   const sharding::PartitionSpec& weight_spec() const noexcept { return layer_.weight->spec(); }
   /// The greedy program (plan, graph).
@@ -94,8 +128,11 @@ class ShardedLmHead {
 
   LmHeadLayer layer_;
   std::int64_t rows_;
+  runtime::DeviceMesh mesh_;
+  sharding::PartitionSpec x_spec_;
   std::unique_ptr<Program> greedy_;
   std::unique_ptr<Program> logits_;
+  std::map<std::int64_t, std::unique_ptr<Program>> top_k_;  // by k
 };
 
 }  // namespace numesh::ops
