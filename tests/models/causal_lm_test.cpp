@@ -4,12 +4,15 @@
 // checked against PyTorch by models_hf_match_pytorch.)
 
 #include "numesh/models/causal_lm.hpp"
+#include "numesh/models/perplexity.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <map>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -138,6 +141,47 @@ TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
   EXPECT_THAT([&] { lm.logits(std::vector<std::int32_t>{1, 32}, 1, 0); },
               ThrowsMessage<IndexError>("embedding: token 32 at position 1 is outside the vocabulary [0, 32)"));
   EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8); }, ThrowsMessage<IndexError>(HasSubstr("8")));
+}
+
+TEST(PerplexityTest, ChunksBosAndTheScoredHalfFollowLlamaCpp) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  std::vector<std::int32_t> tokens(21);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % 32);
+  CausalLm lm(mesh(2, "tp"), config, w, 1, 8);
+  std::vector<std::int64_t> progress;
+  const PerplexityResult r = perplexity(lm, tokens, 8, 1, [&](std::int64_t c, double) { progress.push_back(c); });
+  EXPECT_EQ(r.chunks, 2) << "21 tokens hold two chunks of 8; the rest is left out";
+  EXPECT_EQ(r.scored, 6) << "tokens 5, 6, 7 of each chunk, from the logits at 4, 5, 6";
+  EXPECT_EQ(progress, (std::vector<std::int64_t>{1, 2}));
+  // The same sum from the logits of each chunk run by itself, BOS first.
+  CausalLm check(mesh(1, "tp"), config, w, 1, 8);
+  double sum = 0.0;
+  for (int c = 0; c < 2; ++c) {
+    std::vector<std::int32_t> chunk(tokens.begin() + c * 8, tokens.begin() + c * 8 + 8);
+    chunk[0] = 1;
+    const runtime::HostTensor logits = check.logits(chunk, 8, 0);
+    for (int j = 4; j < 7; ++j) sum += token_nll(logits, j, chunk[static_cast<std::size_t>(j + 1)]);
+  }
+  EXPECT_NEAR(r.mean_nll, sum / 6.0, 1e-5);
+  EXPECT_NEAR(r.perplexity, std::exp(sum / 6.0), 1e-4 * r.perplexity);
+  EXPECT_GT(r.standard_error, 0.0);
+  EXPECT_THAT([&] { (void)perplexity(lm, std::span<const std::int32_t>(tokens).first(7), 8, 1); },
+              ThrowsMessage<ValueError>("perplexity: the text has 7 tokens; a context of 8 needs at least 4 and that "
+                                        "many tokens (one chunk)"));
+  CausalLm two(mesh(1, "tp"), config, w, 2, 8);
+  EXPECT_THAT([&] { (void)perplexity(two, tokens, 8, 1); },
+              ThrowsMessage<ValueError>("perplexity: the model runs 2 sequences of up to 8 tokens; it needs 1 of at "
+                                        "least 8"));
+}
+
+TEST(PerplexityTest, TokenNllIsTheLogSoftmax) {
+  runtime::HostTensor logits = runtime::HostTensor::zeros({1, 3});
+  logits.data = {0.0f, std::log(2.0f), std::log(3.0f)};
+  EXPECT_NEAR(token_nll(logits, 0, 2), -std::log(0.5), 1e-7);
+  EXPECT_NEAR(token_nll(logits, 0, 0), -std::log(1.0 / 6.0), 1e-7);
 }
 
 }  // namespace

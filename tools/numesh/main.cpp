@@ -9,6 +9,7 @@
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
 //   numesh generate ...  greedy generation from a Hugging Face checkpoint
 //   numesh tokenize ...  a tokenizer.json applied to a text or to ids
+//   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
@@ -25,6 +26,7 @@
 #include "resolve_command.hpp"
 #include "op_command.hpp"
 #include "generate_command.hpp"
+#include "perplexity_command.hpp"
 #include "run_command.hpp"
 #include "tokenize_command.hpp"
 #include "topology_command.hpp"
@@ -70,6 +72,8 @@ int main(int argc, char** argv) {
   CLI::App* generate_cmd = numesh::tools::add_generate_command(app, generate);
   numesh::tools::TokenizeOptions tokenize;
   CLI::App* tokenize_cmd = numesh::tools::add_tokenize_command(app, tokenize);
+  numesh::tools::PerplexityOptions perplexity;
+  CLI::App* perplexity_cmd = numesh::tools::add_perplexity_command(app, perplexity);
 
   try {
     app.parse(argc, argv);
@@ -92,6 +96,7 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
     if (generate_cmd->parsed()) return numesh::tools::run_generate(generate, std::cout);
     if (tokenize_cmd->parsed()) return numesh::tools::run_tokenize(tokenize, std::cout);
+    if (perplexity_cmd->parsed()) return numesh::tools::run_perplexity(perplexity, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   }

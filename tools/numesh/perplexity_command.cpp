@@ -1,0 +1,103 @@
+#include "perplexity_command.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/causal_lm.hpp"
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf_weights.hpp"
+#include "numesh/models/perplexity.hpp"
+#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/tokenizer.hpp"
+
+namespace numesh::tools {
+
+CLI::App* add_perplexity_command(CLI::App& app, PerplexityOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "perplexity", "A model's perplexity over a text file, as llama.cpp's llama-perplexity computes it.");
+  cmd->footer(R"(The file is tokenized with the model's tokenizer.json and cut into chunks of --context tokens;
+each chunk runs from position 0 with BOS as its first token (when the model has one) and only
+its second half is scored, so every scored token sees at least context/2 tokens before it.
+Prints the running perplexity after each chunk, then the estimate with its standard error.
+Example:
+  numesh perplexity --model ~/models/Llama-3.2-1B --text-file wiki.test.raw --context 512 --dtype bf16)");
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
+  cmd->add_option("--model", o.model, "Model folder: config.json, *.safetensors, tokenizer.json")->required();
+  cmd->add_option("--text-file", o.text_file, "The text to score (UTF-8)")->required();
+  cmd->add_option("--context", o.context, "Tokens per chunk")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "How the devices store the matrices: f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
+  cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
+  return cmd;
+}
+
+int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
+  const DType dtype = parse_dtype(o.dtype);
+  NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
+  check_mesh_options(o.mesh);
+  std::ifstream file(o.text_file, std::ios::binary);
+  NUMESH_CHECK(file.good(), IoError, "--text-file: cannot read '{}'", o.text_file);
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::filesystem::path dir = o.model;
+  const models::HfConfig config = models::HfConfig::load(dir);
+  NUMESH_CHECK(std::filesystem::exists(dir / "tokenizer.json"), IoError,
+               "{} has no tokenizer.json to tokenize the text with", dir.string());
+  const models::Tokenizer tokenizer = models::Tokenizer::load(dir / "tokenizer.json");
+  const std::vector<std::int32_t> tokens = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
+  NUMESH_CHECK(static_cast<std::int64_t>(tokens.size()) >= o.context, ValueError,
+               "--text-file '{}' is {} tokens; --context {} needs at least that many (one chunk)", o.text_file,
+               tokens.size(), o.context);
+  NUMESH_CHECK(o.context <= config.max_context(), ValueError, "--context {} is longer than the model's {}", o.context,
+               config.max_context());
+  (void)config.transformer_config();
+  const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
+  const models::CausalLmWeights weights = models::CausalLmWeights::load(config, checkpoint, dtype);
+  models::CausalLm lm(make_mesh(o.mesh), config, weights, 1, o.context);
+  const std::optional<std::int32_t> bos =
+      config.bos_token_ids.empty() ? std::nullopt : std::optional<std::int32_t>(static_cast<std::int32_t>(config.bos_token_ids.front()));
+
+  out << fmt::format("numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",
+                     dir.string(), to_string(config.architecture), to_string(dtype), tokens.size(), o.text_file,
+                     o.context, static_cast<std::int64_t>(tokens.size()) / o.context);
+  out.flush();
+  const auto start = std::chrono::steady_clock::now();
+  const models::PerplexityResult r = models::perplexity(lm, tokens, o.context, bos, [&](std::int64_t chunk, double ppl) {
+    if (o.quiet) return;
+    out << fmt::format("[{}]{:.4f},", chunk, ppl);
+    out.flush();
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.quiet) out << "\n";
+  out << fmt::format("perplexity {:.4f} +/- {:.4f} over {} scored tokens ({} chunks, {:.0f} tokens/s)\n", r.perplexity,
+                     r.standard_error, r.scored, r.chunks,
+                     static_cast<double>(r.chunks * o.context) / seconds);
+  if (!o.json.empty()) {
+    std::ofstream j(o.json);
+    NUMESH_CHECK(j.good(), IoError, "--json: cannot write '{}'", o.json);
+    j << nlohmann::json{{"model", dir.string()},
+                        {"context", o.context},
+                        {"chunks", r.chunks},
+                        {"scored_tokens", r.scored},
+                        {"mean_nll", r.mean_nll},
+                        {"perplexity", r.perplexity},
+                        {"standard_error", r.standard_error},
+                        {"running", r.running},
+                        {"seconds", seconds}}
+                         .dump(2)
+      << "\n";
+  }
+  return 0;
+}
+
+}  // namespace numesh::tools
