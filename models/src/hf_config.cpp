@@ -274,22 +274,47 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   return c;
 }
 
-HfConfig HfConfig::load(const std::filesystem::path& path) {
-  NUMESH_CHECK(std::filesystem::exists(path), IoError,
-               "{} does not exist (expected a model folder holding config.json, or a config.json file)",
-               path.string());
-  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+namespace {
+
+json read_json(const std::filesystem::path& file) {
   std::ifstream in(file);
   NUMESH_CHECK(in.good(), IoError, "cannot read {}", file.string());
   std::stringstream text;
   text << in.rdbuf();
-  json j;
   try {
-    j = json::parse(text.str());
+    return json::parse(text.str());
   } catch (const json::parse_error& e) {
     throw IoError(fmt::format("{} is not JSON: {}", file.string(), e.what()));
   }
-  return parse(j, file.string());
+}
+
+}  // namespace
+
+HfConfig HfConfig::load(const std::filesystem::path& path) {
+  NUMESH_CHECK(std::filesystem::exists(path), IoError,
+               "{} does not exist (expected a model folder holding config.json, or a config.json file)",
+               path.string());
+  const bool folder = std::filesystem::is_directory(path);
+  const std::filesystem::path file = folder ? path / "config.json" : path;
+  HfConfig c = parse(read_json(file), file.string());
+  // generation_config.json's special ids win, as they do when transformers generates (Llama 3
+  // Instruct lists its end-of-turn ids there only).
+  const std::filesystem::path generation = (folder ? path : path.parent_path()) / "generation_config.json";
+  if (std::filesystem::exists(generation)) {
+    const json g = read_json(generation);
+    NUMESH_CHECK(g.is_object(), ValueError, "{}: a generation_config.json holds a JSON object, not {}",
+                 generation.string(), g.type_name());
+    const Fields f(g, generation.string());
+    if (f.has("bos_token_id")) c.bos_token_ids = f.ids("bos_token_id");
+    if (f.has("eos_token_id")) c.eos_token_ids = f.ids("eos_token_id");
+    for (const auto* list : {&c.bos_token_ids, &c.eos_token_ids}) {
+      for (std::int64_t id : *list) {
+        NUMESH_CHECK(id < c.vocab_size, ValueError, "{}: token id {} is outside the vocabulary of {}",
+                     generation.string(), id, c.vocab_size);
+      }
+    }
+  }
+  return c;
 }
 
 ops::TransformerConfig HfConfig::transformer_config() const {

@@ -297,6 +297,18 @@ TEST(HfConfigTest, LoadReadsAFileOrAFolderAndNamesWhatItCannotRead) {
   }
   EXPECT_THAT([&] { (void)HfConfig::load(dir / "broken.json"); },
               ThrowsMessage<IoError>(HasSubstr((dir / "broken.json").string() + " is not JSON: ")));
+  // generation_config.json beside it: its special ids win (Llama 3 Instruct's end-of-turn ids).
+  {
+    std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
+  }
+  EXPECT_EQ(HfConfig::load(dir).eos_token_ids, (std::vector<std::int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(HfConfig::load(dir / "config.json").bos_token_ids, (std::vector<std::int64_t>{128000}));
+  {
+    std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 999999})";
+  }
+  EXPECT_THAT([&] { (void)HfConfig::load(dir); },
+              ThrowsMessage<ValueError>((dir / "generation_config.json").string() +
+                                        ": token id 999999 is outside the vocabulary of 128256"));
   std::filesystem::remove_all(dir);
 }
 

@@ -78,7 +78,8 @@ struct HfConfig {
   /// Qwen2-MoE's shared expert (sigmoid-gated, beside the routed ones); 0 without.
   std::int64_t shared_expert_intermediate_size = 0;
 
-  /// Token ids from config.json (bos_token_id, eos_token_id: one id or a list).
+  /// Token ids from config.json, or generation_config.json when load() finds one (bos_token_id,
+  /// eos_token_id: one id or a list).
   std::vector<std::int64_t> bos_token_ids;
   std::vector<std::int64_t> eos_token_ids;
 
@@ -95,9 +96,11 @@ struct HfConfig {
   /// field, a non-positive size, heads that kv heads do not divide, an unknown or invalid
   /// rope_scaling, experts per token outside [1, num_experts].
   static HfConfig parse(const nlohmann::json& config, std::string_view source);
-  /// Reads and parses a config.json file (or DIR/config.json when `path` is a directory).
-  /// Throws: IoError when `path` does not exist, the file cannot be read or is not JSON; what
-  /// parse() throws.
+  /// Reads and parses a config.json file (or DIR/config.json when `path` is a directory), then
+  /// the generation_config.json beside it when there is one: its bos_token_id and eos_token_id
+  /// replace config.json's (transformers generates with them).
+  /// Throws: IoError when `path` does not exist, a file cannot be read or is not JSON; what
+  /// parse() throws; ValueError naming generation_config.json for a malformed id in it.
   static HfConfig load(const std::filesystem::path& path);
 
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head
