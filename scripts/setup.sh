@@ -11,16 +11,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Build tools and libraries (oneTBB and hwloc for the runtime, Eigen and OpenBLAS for the
 # operators), PyTorch for the tests that check the operators' references against it and for
 # the gloo baseline (Debian's torch runs under /usr/bin/python3), matplotlib for
-# scripts/plot_benchmarks.py and its test, Oniguruma and utf8proc for the tokenizer, and Node.js
+# scripts/plot_benchmarks.py and its test, Oniguruma, utf8proc and SentencePiece for the tokenizers
+# (python3-sentencepiece trains the SentencePiece check's model), and Node.js
 # with npm for the tokenizer's check against Hugging Face's tokenizers.js (tests/models/
 # tokenizer_check, installed by scripts/test.sh with `npm ci`).
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libfmt-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev
+  libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev libsentencepiece-dev
   nodejs
-  python3-torch python3-numpy python3-matplotlib
+  python3-torch python3-numpy python3-matplotlib python3-sentencepiece
 )
 
 missing=()

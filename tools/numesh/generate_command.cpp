@@ -23,7 +23,7 @@
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/models/random_model.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/text_tokenizer.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
 #include "numesh/ops/reference/lm_head.hpp"
@@ -56,8 +56,9 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   cmd->footer(R"(Models: llama, mistral, qwen2, qwen3, mixtral and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
 shards with model.safetensors.index.json). Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
-same path. --prompt needs the folder's tokenizer.json (byte-level BPE: Llama 3, Qwen2/3); the
-random model has none, so it takes --ids.
+same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,
+Qwen2/3) or tokenizer.model (SentencePiece: Llama 2, Mistral); the random model has none, so it
+takes --ids.
 Examples:
   numesh generate --ids 1,450,4996 --max-new-tokens 16
   numesh generate --model ~/models/Llama-3.2-1B --prompt "The capital of France is" --dtype bf16
@@ -72,7 +73,8 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--random-layers", o.random_layers, "The random model's layers")->capture_default_str();
   cmd->add_option("--ids", o.ids, "The prompt's token ids, comma-separated");
-  cmd->add_option("--prompt", o.prompt, "The prompt as text, encoded by the model's tokenizer.json (with BOS)");
+  cmd->add_option("--prompt", o.prompt,
+                  "The prompt as text, encoded by the model's tokenizer.json or tokenizer.model (with BOS)");
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's end-of-sequence ids");
   cmd->add_flag("--greedy", o.greedy, "Pick the most likely token (the default)");
@@ -133,13 +135,16 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   }
   const models::HfConfig config = models::HfConfig::load(dir);
   // The tokenizer, when the folder has one: it encodes --prompt and turns the ids into text.
-  std::optional<models::Tokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = models::Tokenizer::load(dir / "tokenizer.json");
+  std::unique_ptr<models::TextTokenizer> tokenizer;
+  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tokenizer.model")) {
+    tokenizer = models::TextTokenizer::load(dir);
+  }
   if (!o.prompt.empty()) {
-    NUMESH_CHECK(tokenizer.has_value(), IoError,
-                 "--prompt: {} has no tokenizer.json to encode it; give the prompt's token ids with --ids",
+    NUMESH_CHECK(tokenizer != nullptr, IoError,
+                 "--prompt: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
+                 "with --ids",
                  dir.string());
-    prompt = tokenizer->encode(o.prompt);
+    prompt = tokenizer->encode(o.prompt, /*add_special_tokens=*/true);
     NUMESH_CHECK(!prompt.empty(), ValueError, "--prompt '{}' encodes to no token", o.prompt);
   }
   for (std::size_t i = 0; i < prompt.size(); ++i) {
@@ -182,7 +187,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const auto text_so_far = [&](const std::vector<std::int64_t>& ids) {
     std::vector<std::int32_t> known;
     for (std::int64_t id : ids) {
-      if (tokenizer->id_to_token(static_cast<std::int32_t>(id))) {
+      if (tokenizer->knows(static_cast<std::int32_t>(id))) {
         known.push_back(static_cast<std::int32_t>(id));
       } else {
         ++unknown_ids;

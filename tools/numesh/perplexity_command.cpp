@@ -18,21 +18,22 @@
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/models/perplexity.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/text_tokenizer.hpp"
 
 namespace numesh::tools {
 
 CLI::App* add_perplexity_command(CLI::App& app, PerplexityOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "perplexity", "A model's perplexity over a text file, as llama.cpp's llama-perplexity computes it.");
-  cmd->footer(R"(The file is tokenized with the model's tokenizer.json and cut into chunks of --context tokens;
+  cmd->footer(R"(The file is tokenized with the model's tokenizer and cut into chunks of --context tokens;
 each chunk runs from position 0 with BOS as its first token (when the model has one) and only
 its second half is scored, so every scored token sees at least context/2 tokens before it.
 Prints the running perplexity after each chunk, then the estimate with its standard error.
 Example:
   numesh perplexity --model ~/models/Llama-3.2-1B --text-file wiki.test.raw --context 512 --dtype bf16)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
-  cmd->add_option("--model", o.model, "Model folder: config.json, *.safetensors, tokenizer.json")->required();
+  cmd->add_option("--model", o.model, "Model folder: config.json, *.safetensors, tokenizer.json or tokenizer.model")
+      ->required();
   cmd->add_option("--text-file", o.text_file, "The text to score (UTF-8)")->required();
   cmd->add_option("--context", o.context, "Tokens per chunk")->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "How the devices store the matrices: f32, bf16 or f16")->capture_default_str();
@@ -51,10 +52,8 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   text << file.rdbuf();
   const std::filesystem::path dir = o.model;
   const models::HfConfig config = models::HfConfig::load(dir);
-  NUMESH_CHECK(std::filesystem::exists(dir / "tokenizer.json"), IoError,
-               "{} has no tokenizer.json to tokenize the text with", dir.string());
-  const models::Tokenizer tokenizer = models::Tokenizer::load(dir / "tokenizer.json");
-  const std::vector<std::int32_t> tokens = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
+  const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(dir);
+  const std::vector<std::int32_t> tokens = tokenizer->encode(text.str(), /*add_special_tokens=*/false);
   NUMESH_CHECK(static_cast<std::int64_t>(tokens.size()) >= o.context, ValueError,
                "--text-file '{}' is {} tokens; --context {} needs at least that many (one chunk)", o.text_file,
                tokens.size(), o.context);

@@ -7,12 +7,13 @@
 
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <ostream>
 #include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/text_tokenizer.hpp"
 #include "parsers.hpp"
 
 namespace numesh::tools {
@@ -20,12 +21,15 @@ namespace numesh::tools {
 CLI::App* add_tokenize_command(CLI::App& app, TokenizeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Encode a text into token ids, or decode ids into text, with a model's tokenizer.json.");
-  cmd->footer(R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o); the folder
-needs no weights. Ids and text are exactly those of Hugging Face's tokenizers.
+  cmd->footer(R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o) or, when it is of
+another kind or missing, DIR/tokenizer.model (SentencePiece: Llama 2, Mistral, TinyLlama); the
+folder needs no weights. Ids and text are exactly those of Hugging Face's tokenizers and of
+SentencePiece.
 Examples:
   numesh tokenize --model ~/models/Llama-3.2-1B --text "Hello, world"
   numesh tokenize --model ~/models/Llama-3.2-1B --decode 128000,9906,11,1917 --json)");
-  cmd->add_option("--model", o.model, "Model folder holding tokenizer.json (or the file itself)")->required();
+  cmd->add_option("--model", o.model, "Model folder holding tokenizer.json or tokenizer.model (or the file itself)")
+      ->required();
   cmd->add_option("--text", o.text, "Text to encode");
   cmd->add_option("--decode", o.decode, "Token ids to decode, comma-separated");
   cmd->add_flag("--no-special", o.no_special,
@@ -37,9 +41,9 @@ Examples:
 int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.text.empty() != o.decode.empty(), ValueError,
                "give a text to encode with --text or ids to decode with --decode, one of the two");
-  const models::Tokenizer tokenizer = models::Tokenizer::load(o.model);
+  const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(o.model);
   if (!o.text.empty()) {
-    const std::vector<std::int32_t> ids = tokenizer.encode(o.text, /*add_special_tokens=*/!o.no_special);
+    const std::vector<std::int32_t> ids = tokenizer->encode(o.text, /*add_special_tokens=*/!o.no_special);
     if (o.json) {
       out << nlohmann::json{{"ids", ids}}.dump() << "\n";
     } else {
@@ -53,7 +57,7 @@ int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
                  "--decode '{}': {} is not a token id", o.decode, id);
     ids.push_back(static_cast<std::int32_t>(id));
   }
-  const std::string text = tokenizer.decode(ids, /*skip_special_tokens=*/o.no_special);
+  const std::string text = tokenizer->decode(ids, /*skip_special_tokens=*/o.no_special);
   if (o.json) {
     out << nlohmann::json{{"text", text}}.dump() << "\n";
   } else {
