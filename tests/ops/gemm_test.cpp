@@ -225,6 +225,18 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
               ThrowsMessage<ShapeError>(HasSubstr("gemm: a is [2, 3], b is [4, 3] (bf16), c is [2, 4]: they do not multiply")));
 }
 
+TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {
+  // No rows: nothing to do, on the decode-sized and the small path alike.
+  const RowMatrix none(0, 1024), w = pattern(1024, 1024, 0.1f);
+  RowMatrix c0(0, 1024);
+  device_gemm(ConstMatrixMap(none.data(), 0, 1024), ConstMatrixMap(w.data(), 1024, 1024), MatrixMap(c0.data(), 0, 1024));
+  // No reduction: the decode path writes zeros.
+  const RowMatrix a(2, 0);
+  RowMatrix c = RowMatrix::Constant(2, 8, 5.0f);
+  device_decode_gemm(ConstMatrixMap(a.data(), 2, 0), w.data(), DType::kF32, MatrixMap(c.data(), 2, 8));
+  EXPECT_EQ(c, RowMatrix::Zero(2, 8));
+}
+
 TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {
   // c[:, 2:5] = a[1:4, 3:9] * b[3:9, 1:4] through leading dimensions, for both paths.
   for (Eigen::Index scale : {1, 8}) {

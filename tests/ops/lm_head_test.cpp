@@ -191,6 +191,19 @@ TEST(LmHeadTest, BadSamplingOptionsAreRefused) {
   std::mt19937_64 rng(1);
   EXPECT_THAT([&] { pick_sampled(c, SamplingOptions{}, rng); },
               ThrowsMessage<ValueError>("sampling: row 0 holds a logit of nan: nothing sound to sample from"));
+  // -inf rules a token out; a row of nothing else is refused.
+  c.data = {-std::numeric_limits<float>::infinity(), 0.0f, 2.0f, 1.0f};
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(pick_sampled(c, SamplingOptions{}, rng).front(), 1);
+  c.data = {-std::numeric_limits<float>::infinity(), 0.0f, -std::numeric_limits<float>::infinity(), 1.0f};
+  EXPECT_THAT([&] { pick_sampled(c, SamplingOptions{}, rng); },
+              ThrowsMessage<ValueError>("sampling: row 0 rules out every token (all its logits are -inf)"));
+  // A NaN logit on the devices reaches the host's check whatever its rank (row_top_k ranks it
+  // first).
+  runtime::HostTensor w = testing::random_host({4, 1000}, 2, 1.0f);
+  for (std::int64_t h = 0; h < 4; ++h) w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
+  ShardedLmHead head(testing::make_mesh({{2}, {"tp"}}), LmHeadWeights{.weight = w}, 1);
+  EXPECT_THAT([&] { head.sample(testing::random_host({1, 4}, 3, 1.0f), SamplingOptions{.top_k = 3}, rng); },
+              ThrowsMessage<ValueError>("sampling: row 0 holds a logit of nan: nothing sound to sample from"));
 }
 
 TEST(LmHeadTest, BadShapesAreRefusedNamingThem) {

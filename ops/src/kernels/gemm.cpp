@@ -1,6 +1,7 @@
 #include "numesh/ops/kernels/gemm.hpp"
 
 #include <cblas.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <mutex>
@@ -139,6 +140,10 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
   NUMESH_CHECK(m >= 1 && m <= kSkinnyMaxRows && c.rows() == m, ShapeError,
                "decode gemm: a is [{}, {}] and c [{}, {}]; it takes 1 to {} rows, the same in both", m, k, c.rows(),
                n, kSkinnyMaxRows);
+  if (k == 0) {
+    c.setZero();
+    return;
+  }
   const std::int64_t kb = skinny_k_block(n, k, b_type), blocks = (k + kb - 1) / kb;
   const auto elem = static_cast<std::int64_t>(dtype_size(b_type));
   if (blocks == 1) {
@@ -146,28 +151,31 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
     return;
   }
   // The partial products of every block: the calling thread's buffer, kept between calls so
-  // that a decode step does not allocate.
+  // that a decode step does not allocate. Isolated: while this thread waits for the blocks it
+  // must not pick up another node body of the arena, whose device_gemm would reuse the buffer.
   thread_local std::vector<float> partials;
-  const auto need = static_cast<std::size_t>(blocks * m * n);
-  if (partials.size() < need) partials.resize(need);
-  float* p = partials.data();
-  parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t t = first; t < last; ++t) {
-      const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
-      skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem, b_type, n,
-                  p + t * m * n, n);
-    }
-  });
-  // Sum in block order, each element by one task: the same bits for any thread count. Block by
-  // block over a range of elements, so the adds vectorize (element by element over the blocks
-  // they did not: 4 % of a decode step).
-  parallel_blocks(m * n, 1024, [&](std::int64_t first, std::int64_t last) {
-    float* out = c.data();
-    std::copy(p + first, p + last, out + first);
-    for (std::int64_t t = 1; t < blocks; ++t) {
-      const float* part = p + t * m * n;
-      for (std::int64_t e = first; e < last; ++e) out[e] += part[e];
-    }
+  oneapi::tbb::this_task_arena::isolate([&] {
+    const auto need = static_cast<std::size_t>(blocks * m * n);
+    if (partials.size() < need) partials.resize(need);
+    float* p = partials.data();
+    parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t t = first; t < last; ++t) {
+        const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
+        skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem, b_type, n,
+                    p + t * m * n, n);
+      }
+    });
+    // Sum in block order, each element by one task: the same bits for any thread count. Block
+    // by block over a range of elements, so the adds vectorize (element by element over the
+    // blocks they did not: 4 % of a decode step).
+    parallel_blocks(m * n, 1024, [&](std::int64_t first, std::int64_t last) {
+      float* out = c.data();
+      std::copy(p + first, p + last, out + first);
+      for (std::int64_t t = 1; t < blocks; ++t) {
+        const float* part = p + t * m * n;
+        for (std::int64_t e = first; e < last; ++e) out[e] += part[e];
+      }
+    });
   });
 }
 
@@ -182,7 +190,7 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
   // twin: its strips would be half as many bytes wide (128 B runs per row for bf16), and bf16
   // decode on two devices of one thread ran slower than fp32 when the 4 MiB bf16 MLP weights
   // took them (numesh bench decode --policy core: 0.77-0.92x of fp32).
-  if (m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
+  if (m >= 1 && m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
     device_decode_gemm(a, b.data, b.dtype, c);
     return;
   }
@@ -220,16 +228,23 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
                to_string(b.dtype), c.rows(), c.cols());
   if (b.dtype == DType::kBF16) {
     // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16
-    // linear and ggml's bf16 dot do): the products are then exact in fp32, the vdpbf16ps kernel
-    // can run, and the result does not depend on which kernel a tile takes.
+    // linear and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps
+    // kernel can run; every kernel sees the same inputs (their sums still differ in order).
+    // The calling thread's buffers, rounded in row blocks over the arena; isolated for the
+    // reason device_decode_gemm's partials are.
     thread_local std::vector<std::uint16_t> bits;
     thread_local std::vector<float> rounded;
-    const auto count = static_cast<std::size_t>(m * k);
-    bits.resize(count);
-    rounded.resize(count);
-    runtime::convert_f32_to_bf16({a.data(), count}, bits);
-    runtime::convert_bf16_to_f32(bits, {rounded.data(), count});
-    device_gemm_rounded(ConstMatrixMap(rounded.data(), m, k), b, c);
+    oneapi::tbb::this_task_arena::isolate([&] {
+      const auto count = static_cast<std::size_t>(m * k);
+      bits.resize(count);
+      rounded.resize(count);
+      parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
+        const auto at = static_cast<std::size_t>(r0 * k), len = static_cast<std::size_t>((r1 - r0) * k);
+        runtime::convert_f32_to_bf16({a.data() + at, len}, {bits.data() + at, len});
+        runtime::convert_bf16_to_f32({bits.data() + at, len}, {rounded.data() + at, len});
+      });
+      device_gemm_rounded(ConstMatrixMap(rounded.data(), m, k), b, c);
+    });
     return;
   }
   device_gemm_rounded(a, b, c);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -129,12 +130,15 @@ std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, co
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t i = 0; i < m; ++i) {
       const float v = candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i)];
-      NUMESH_CHECK(std::isfinite(v), ValueError, "sampling: row {} holds a logit of {}: nothing sound to sample from",
-                   r, v);
+      // -inf is a token the model rules out; NaN and +inf leave nothing sound to sample from.
+      NUMESH_CHECK(!std::isnan(v) && v != std::numeric_limits<float>::infinity(), ValueError,
+                   "sampling: row {} holds a logit of {}: nothing sound to sample from", r, v);
       c[static_cast<std::size_t>(i)] = {v, static_cast<std::int64_t>(candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i + 1)])};
     }
     // Largest first, the lower index first among equals: the global order whatever the devices.
     std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    NUMESH_CHECK(c[0].first != -std::numeric_limits<float>::infinity(), ValueError,
+                 "sampling: row {} rules out every token (all its logits are -inf)", r);
     const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(o.top_k, m));
     // Softmax of logit / temperature over the kept ones, in double, from the largest.
     p.assign(keep, 0.0);

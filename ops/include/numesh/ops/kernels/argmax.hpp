@@ -20,9 +20,9 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out);
 
 /// For each row r of `logits` (a device's columns [first_index, first_index + cols)), its `k`
 /// largest values with their global indices as fp32, largest first (the lower index first among
-/// equal values): out[r * 2k + 2i] = value i, out[r * 2k + 2i + 1] = its index. Rows run as tasks
-/// over the calling thread's arena; bitwise the same for any thread count.
-/// REQUIRES: 1 <= k <= cols; no NaN in logits (the caller checks); out holds 2 * k * rows floats.
+/// equal values, a NaN above any number): out[r * 2k + 2i] = value i, out[r * 2k + 2i + 1] = its
+/// index. Rows run as tasks over the calling thread's arena; bitwise the same for any thread count.
+/// REQUIRES: 1 <= k <= cols; out holds 2 * k * rows floats.
 void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out);
 
 }  // namespace numesh::ops

@@ -90,8 +90,9 @@ void validate(const SamplingOptions& options);
 
 /// The host's half of sampling: each row's token drawn from its candidates [rows, 2 * m]
 /// ((value, index) pairs: every device's best, in any order) as `options` say, with `rng`.
-/// Throws: ShapeError for a malformed candidates tensor; ValueError when a row holds NaN or
-/// infinite logits (nothing sound to sample from); as validate().
+/// Throws: ShapeError for a malformed candidates tensor; ValueError when a row holds a NaN or
+/// +inf logit, or only -inf ones (nothing sound to sample from; -inf alone rules a token out);
+/// as validate().
 std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, const SamplingOptions& options,
                                        std::mt19937_64& rng);
 
