@@ -6,11 +6,12 @@
 // reading the weights. Each case runs over all threads of the default oneTBB arena (the
 // machine's threads) on a [K, N] = [4096, 14336] weight matrix (a Llama-3-8B MLP projection):
 //   BM_Decode_Read          a plain parallel read (sum) of the fp32 matrix: the ceiling;
-//   BM_Decode_Gemv<dtype>/M device_gemm-style column strips of skinny_gemm with M rows of x
-//                           against fp32, bf16 or f16 weights;
+//   BM_Decode_Gemv<dtype>/M column strips of skinny_gemm with M rows of x against fp32, bf16
+//                           or f16 weights (device_gemm's path for decode products under 1 MiB);
 //   BM_Decode_DeviceGemm<dtype>/M  device_decode_gemm: the path the layers take for decode
 //                           (blocks of whole rows, partials summed in order);
-//   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the previous decode path).
+//   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the decode path before
+//                           skinny_gemm).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2); the Read case counts its array.
 

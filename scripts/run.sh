@@ -11,7 +11,7 @@
 #      instead, NUMESH_PROMPT its prompt text);
 #   4. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
 #      plain shared-memory loop and memcpy, results checked.
-# On a machine with one NUMA node, steps 2-3 use one device per core (--policy core) so that
+# On a machine with one NUMA node, steps 2-4 use one device per core (--policy core) so that
 # there is something to move between devices; NUMESH_POLICY overrides the choice.
 #
 #   scripts/run.sh               run the job above

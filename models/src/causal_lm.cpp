@@ -8,19 +8,28 @@
 
 namespace numesh::models {
 
+namespace {
+
+// max_len, refused before the stack allocates its caches when the model does not run that long.
+std::int64_t checked_max_len(const HfConfig& config, std::int64_t max_len) {
+  NUMESH_CHECK(max_len <= config.max_context(), ShapeError,
+               "{} model: a context of {} tokens is longer than the {} it runs over (max_position_embeddings, "
+               "or the sliding window)",
+               to_string(config.architecture), max_len, config.max_context());
+  return max_len;
+}
+
+}  // namespace
+
 CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
                    std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes)
     : mesh_(mesh),
       config_(config),
       batch_(batch),
-      max_len_(max_len),
+      max_len_(checked_max_len(config, max_len)),
       embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
       head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
-      stack_(mesh, config.transformer_config(), weights.stack, batch, max_len, std::move(axes)) {
-  NUMESH_CHECK(max_len <= config.max_context(), ShapeError,
-               "{} model: a context of {} tokens is longer than the {} it runs over (max_position_embeddings, "
-               "or the sliding window)",
-               to_string(config.architecture), max_len, config.max_context());
+      stack_(mesh, config.transformer_config(), weights.stack, batch, max_len_, std::move(axes)) {
   NUMESH_CHECK(embedding_layer_.vocab == config.vocab_size && head_layer_.vocab == config.vocab_size &&
                    embedding_layer_.hidden == config.hidden_size && head_layer_.hidden == config.hidden_size,
                ShapeError, "{} model: embedding [{}, {}] and LM head [{}, {}] do not fit vocabulary {} and hidden {}",

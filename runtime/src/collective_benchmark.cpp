@@ -261,6 +261,7 @@ struct PlainCollective::State {
   std::size_t count;
   bool spin;
   std::vector<std::unique_ptr<AlignedBytes>> in, out;
+  std::vector<const std::byte*> inputs;  // in's data, for the reductions (filled once)
   std::vector<std::thread> threads;
   std::atomic<std::uint64_t> go{0};        // generation the helpers should run
   std::atomic<bool> quit{false};
@@ -287,8 +288,6 @@ struct PlainCollective::State {
   void work(std::size_t r) {
     const std::size_t chunk = count / ranks, elem = dtype_size(dtype);
     std::byte* dst = out[r]->data();
-    std::vector<const std::byte*> inputs;
-    for (const auto& buffer : in) inputs.push_back(buffer->data());
     switch (op) {
       case CollectiveOp::kAllReduce: {
         const std::size_t b = r * chunk;
@@ -364,6 +363,7 @@ PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes
   }
   s.setup(0);
   while (ready.load() + 1 < s.ranks) std::this_thread::yield();
+  for (const auto& buffer : s.in) s.inputs.push_back(buffer->data());
 }
 
 PlainCollective::~PlainCollective() {

@@ -6,6 +6,8 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
+#include <memory>
+#include <span>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -593,15 +595,19 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
       void* dst_data = out.shard(s).data();
       const std::vector<DimSlice>* dst_layout = &dst_slices;
       const DType type = in.dtype();
+      // 16-bit: fp32 buffers for the sum and one source, made once with the graph (not per run).
+      const auto widened = type == DType::kF32 ? nullptr
+                                               : std::make_shared<std::vector<float>>(
+                                                     2 * static_cast<std::size_t>(volume(dst_slices)));
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [sources, dst_data, dst_layout, op, type] {
+          [sources, dst_data, dst_layout, op, type, widened] {
             const auto& box = *dst_layout;
             if (type != DType::kF32) {
               // 16-bit: each source widened to fp32 (exact), combined in fp32 in rank order,
               // rounded once into the output.
               const auto n = static_cast<std::size_t>(volume(box));
-              std::vector<float> acc(n), part(n);
+              const std::span<float> acc(widened->data(), n), part(widened->data() + n, n);
               copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32, box);
               for (std::size_t k = 1; k < sources.size(); ++k) {
                 copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32, box);

@@ -13,7 +13,8 @@ CausalLm on several meshes and writes the prompt's logits, then greedy tokens an
 of each decode step. `check` recomputes everything with a forward written here from the
 published architectures (Llama: RMSNorm, rotate-half RoPE with llama3 scaling, GQA, SwiGLU;
 Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2; Qwen2: q/k/v biases;
-Qwen3: RMSNorm of each q and k head before RoPE), in float64, and
+Qwen3: RMSNorm of each q and k head before RoPE; Qwen3-MoE: Qwen3's attention with experts
+gate_proj/up_proj/down_proj), in float64, and
 compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
 numesh does (docs/ops.md, "Weight dtypes").
@@ -62,11 +63,17 @@ def models():
     del qwen2["head_dim"]
     qwen3 = dict(LLAMA, model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False,
                  rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, head_dim=32, use_sliding_window=False)
+    # Qwen3-MoE: q/k norms and MoE layers of mlp.gate / mlp.experts.E.*_proj, top-2 of 4
+    # renormalised (norm_topk_prob).
+    qwen3_moe = dict(qwen3, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+                     mlp_only_layers=[])
     return [("llama_tied_f32", tied, torch.float32, 1, ["f32"]),
             ("llama_bf16_two_shards", untied, torch.bfloat16, 2, ["f32", "bf16"]),
             ("mixtral_f32", mixtral, torch.float32, 1, ["f32"]),
             ("qwen2_f32", qwen2, torch.float32, 1, ["f32"]),
-            ("qwen3_bf16", qwen3, torch.bfloat16, 1, ["f32", "bf16"])]
+            ("qwen3_bf16", qwen3, torch.bfloat16, 1, ["f32", "bf16"]),
+            ("qwen3_moe_f32", qwen3_moe, torch.float32, 1, ["f32"])]
 
 
 def weights(c, dtype, seed):
@@ -91,7 +98,7 @@ def weights(c, dtype, seed):
             t.update({p + "self_attn.q_proj.bias": 0.5 * torch.randn(q, generator=g),
                       p + "self_attn.k_proj.bias": 0.5 * torch.randn(kv, generator=g),
                       p + "self_attn.v_proj.bias": 0.5 * torch.randn(kv, generator=g)})
-        if c["model_type"] == "qwen3":  # Qwen3RMSNorm over head_dim on q and k
+        if c["model_type"] in ("qwen3", "qwen3_moe"):  # Qwen3RMSNorm over head_dim on q and k
             t.update({p + "self_attn.q_norm.weight": 1.0 + 0.1 * torch.randn(d, generator=g),
                       p + "self_attn.k_norm.weight": 1.0 + 0.1 * torch.randn(d, generator=g)})
         if c["model_type"] == "mixtral":
@@ -99,6 +106,13 @@ def weights(c, dtype, seed):
             for e in range(c["num_local_experts"]):
                 ep = f"{p}block_sparse_moe.experts.{e}."
                 t.update({ep + "w1.weight": lin(f, h), ep + "w3.weight": lin(f, h), ep + "w2.weight": lin(h, f)})
+        elif c["model_type"] == "qwen3_moe":
+            fe = c["moe_intermediate_size"]
+            t[p + "mlp.gate.weight"] = lin(c["num_experts"], h)
+            for e in range(c["num_experts"]):
+                ep = f"{p}mlp.experts.{e}."
+                t.update({ep + "gate_proj.weight": lin(fe, h), ep + "up_proj.weight": lin(fe, h),
+                          ep + "down_proj.weight": lin(h, fe)})
         else:
             t.update({p + "mlp.gate_proj.weight": lin(f, h), p + "mlp.up_proj.weight": lin(f, h),
                       p + "mlp.down_proj.weight": lin(h, f)})
@@ -192,14 +206,19 @@ class Model:
                            p + "down_proj.weight")
 
     def moe(self, x, p):
+        """Mixtral's block_sparse_moe (w1/w3/w2, always renormalised) or Qwen-MoE's mlp
+        (gate_proj/up_proj/down_proj, renormalised when norm_topk_prob)."""
+        mixtral = self.c["model_type"] == "mixtral"
         probs = torch.softmax(x @ self.t[p + "gate.weight"].double().T, dim=-1)  # the router stays fp32
         top, idx = probs.topk(self.c["num_experts_per_tok"], dim=-1)
-        top = top / top.sum(-1, keepdim=True)
+        if mixtral or self.c.get("norm_topk_prob"):
+            top = top / top.sum(-1, keepdim=True)
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
         y = torch.zeros_like(x)
-        for e in range(self.c["num_local_experts"]):
+        for e in range(self.c["num_local_experts" if mixtral else "num_experts"]):
             ep = f"{p}experts.{e}."
-            out = self.linear(F.silu(self.linear(x, ep + "w1.weight")) * self.linear(x, ep + "w3.weight"),
-                              ep + "w2.weight")
+            out = self.linear(F.silu(self.linear(x, ep + names[0] + ".weight")) *
+                              self.linear(x, ep + names[1] + ".weight"), ep + names[2] + ".weight")
             weight = (top * (idx == e)).sum(-1, keepdim=True)
             y = y + weight * out
         return y
@@ -229,7 +248,12 @@ class Model:
             o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(b, t, hq * d)
             x = x + self.linear(o, p + "self_attn.o_proj.weight")
             n = self.rmsnorm(x, p + "post_attention_layernorm.weight")
-            x = x + (self.moe(n, p + "block_sparse_moe.") if c["model_type"] == "mixtral" else self.mlp(n, p + "mlp."))
+            if c["model_type"] == "mixtral":
+                x = x + self.moe(n, p + "block_sparse_moe.")
+            elif c["model_type"] == "qwen3_moe":
+                x = x + self.moe(n, p + "mlp.")
+            else:
+                x = x + self.mlp(n, p + "mlp.")
         x = self.rmsnorm(x, "model.norm.weight")
         head = "model.embed_tokens.weight" if c.get("tie_word_embeddings") else "lm_head.weight"
         return self.linear(x, head)

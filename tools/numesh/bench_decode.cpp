@@ -19,6 +19,7 @@
 #include "bench_common.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -33,10 +34,6 @@ namespace numesh::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
 #include "numesh/models/causal_lm.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/hf_weights.hpp"
@@ -27,6 +30,7 @@
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
 #include "numesh/ops/reference/lm_head.hpp"
+#include "bench_common.hpp"
 #include "parsers.hpp"
 
 namespace numesh::tools {
@@ -34,10 +38,6 @@ namespace numesh::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 void progress(bool quiet, const std::string& text) {
   if (quiet) return;
@@ -102,9 +102,10 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or write a random one");
   NUMESH_CHECK(o.prompt.empty() != o.ids.empty(), ValueError,
-               "give the prompt as text with --prompt (the model's tokenizer.json encodes it) or as token ids with "
-               "--ids, one of the two");
-  NUMESH_CHECK(o.max_new_tokens >= 1, ValueError, "--max-new-tokens {} must be at least 1", o.max_new_tokens);
+               "give the prompt as text with --prompt (the model's tokenizer encodes it) or as token ids with --ids, "
+               "one of the two");
+  NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
+               "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
   const bool sampling = o.temperature != 0.0;
   NUMESH_CHECK(!(sampling && o.greedy), ValueError,
                "--greedy and --temperature {} exclude each other: pick the most likely token, or sample", o.temperature);
@@ -113,19 +114,37 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   std::mt19937_64 rng(o.seed);
   std::vector<std::int32_t> prompt;
   if (!o.ids.empty()) {
-    for (std::int64_t id : parse_int_list(o.ids, "--ids")) {
-      NUMESH_CHECK(id >= 0 && id < (std::int64_t{1} << 31), ValueError, "--ids '{}': {} is not a token id", o.ids,
-                   id);
-      prompt.push_back(static_cast<std::int32_t>(id));
-    }
-    NUMESH_CHECK(!prompt.empty(), ValueError, "--ids '{}' holds no token id", o.ids);
+    prompt = parse_token_ids(o.ids, "--ids");
   }
   check_mesh_options(o.mesh);
+  // The output files are opened now, so that a path that cannot be written is refused before
+  // the model loads (and the generation is not lost at the end).
+  std::ofstream json_file = open_json_file(o.json);
+  std::ofstream logits_file;
+  if (!o.logits_out.empty()) {
+    logits_file.open(o.logits_out, std::ios::binary);
+    NUMESH_CHECK(logits_file.is_open(), IoError, "cannot write --logits-out file '{}'", o.logits_out);
+  }
 
   std::filesystem::path dir = o.model;
+  // Without --random-model the random model goes to a folder of this process's own, removed at
+  // the end (a shared one would be rewritten under another run's mapping).
+  struct RemovedAtExit {
+    std::filesystem::path path;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+  } temporary;
   if (o.model.empty()) {
-    dir = !o.random_model.empty() ? std::filesystem::path(o.random_model)
-                                  : std::filesystem::temp_directory_path() / "numesh-random-model";
+    if (o.random_model.empty()) {
+      temporary.path = std::filesystem::temp_directory_path() / fmt::format("numesh-random-model-{}", ::getpid());
+    }
+    dir = !o.random_model.empty() ? std::filesystem::path(o.random_model) : temporary.path;
+    NUMESH_CHECK(!std::filesystem::exists(dir / "model.safetensors.index.json"), ValueError,
+                 "--random-model {}: the folder holds a sharded checkpoint (model.safetensors.index.json), which the "
+                 "random model's files would not replace; give an empty or new folder",
+                 dir.string());
     NUMESH_CHECK(o.random_hidden > 0 && o.random_hidden % 64 == 0 && o.random_layers >= 1, ValueError,
                  "--random-hidden {} must be a positive multiple of 64 and --random-layers {} positive",
                  o.random_hidden, o.random_layers);
@@ -149,8 +168,8 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   }
   for (std::size_t i = 0; i < prompt.size(); ++i) {
     NUMESH_CHECK(prompt[i] < config.vocab_size, IndexError,
-                 "--ids: token {} at position {} is outside the model's vocabulary [0, {})", prompt[i], i,
-                 config.vocab_size);
+                 "{}: token {} at position {} is outside the model's vocabulary [0, {})",
+                 o.prompt.empty() ? "--ids" : "--prompt", prompt[i], i, config.vocab_size);
   }
   const auto p = static_cast<std::int64_t>(prompt.size());
   const std::int64_t max_len = p + o.max_new_tokens;
@@ -178,15 +197,14 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   out << fmt::format("prompt   {}\n", fmt::join(prompt, " "));
   out << "ids     ";
   out.flush();
-  // With a tokenizer the generated text follows the ids, decoded once at the end (a token can
-  // end inside a character, so decoding token by token would print broken characters).
-  std::string text_shown;
-  // A model's vocabulary can be larger than its tokenizer's (padded embeddings; a random model
-  // beside a small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
+  // With a tokenizer the text follows the ids, decoded once at the end (a token can end inside
+  // a character, so decoding token by token would print broken characters). A model's
+  // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a
+  // small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
   std::int64_t unknown_ids = 0;
-  const auto text_so_far = [&](const std::vector<std::int64_t>& ids) {
+  const auto text_of = [&](const auto& ids) {
     std::vector<std::int32_t> known;
-    for (std::int64_t id : ids) {
+    for (const auto id : ids) {
       if (tokenizer->knows(static_cast<std::int32_t>(id))) {
         known.push_back(static_cast<std::int32_t>(id));
       } else {
@@ -243,11 +261,12 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const auto decoded = static_cast<std::int64_t>(generated.size()) - 1;
   const char* stopped = eos(next) ? "end-of-sequence id" : "--max-new-tokens";
   out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped, generated.size());
+  std::string text;
   if (tokenizer) {
-    text_shown = text_so_far(generated);
-    out << fmt::format("text     {}{}\n", o.prompt.empty() ? tokenizer->decode(prompt, true) : o.prompt, text_shown);
+    text = text_of(generated);
+    out << fmt::format("text     {}{}\n", o.prompt.empty() ? text_of(prompt) : o.prompt, text);
     if (unknown_ids > 0) {
-      out << fmt::format("         ({} generated ids are outside the tokenizer's vocabulary of {} and left out)\n",
+      out << fmt::format("         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
                          unknown_ids, tokenizer->vocab_size());
     }
   }
@@ -262,19 +281,18 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     runtime::HostTensor all = runtime::HostTensor::zeros(
         {static_cast<std::int64_t>(logits_rows.size()) / config.vocab_size, config.vocab_size});
     all.data = std::move(logits_rows);
+    logits_file.close();
     ops::save_npy(o.logits_out, all);
     out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1], o.logits_out);
   }
-  if (!o.json.empty()) {
-    std::ofstream j(o.json);
-    NUMESH_CHECK(j.good(), IoError, "--json: cannot write '{}'", o.json);
-    j << nlohmann::json{{"model", dir.string()},
+  if (json_file.is_open()) {
+    json_file << nlohmann::json{{"model", dir.string()},
                         {"architecture", std::string(to_string(config.architecture))},
                         {"dtype", std::string(to_string(dtype))},
                         {"mesh", mesh.mesh().repr()},
                         {"prompt_ids", prompt},
                         {"ids", generated},
-                        {"text", tokenizer ? nlohmann::json(text_shown) : nlohmann::json(nullptr)},
+                        {"text", tokenizer ? nlohmann::json(text) : nlohmann::json(nullptr)},
                         {"stopped", stopped},
                         {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
                                                                {"top_k", o.top_k},

@@ -1,9 +1,9 @@
 #pragma once
 
 // `numesh generate`: text generation from a Hugging Face checkpoint (config.json and
-// safetensors) on the machine's mesh: greedy decoding of a prompt given as text (encoded by the
-// folder's tokenizer.json) or token ids, the ids streamed as they come and the text after
-// them, with load, prefill and decode rates. Without --model it writes
+// safetensors) on the machine's mesh: greedy or sampled decoding of a prompt given as text
+// (encoded by the folder's tokenizer) or token ids, the ids streamed as they come and the text
+// after them, with load, prefill and decode rates. Without --model it writes
 // a small random Llama in Hugging Face layout first and loads it back through the same path
 // (the main job needs no download).
 
@@ -27,7 +27,7 @@ struct GenerateOptions {
   std::int64_t random_hidden = 512;  ///< --random-hidden: its hidden size (a multiple of 64)
   std::int64_t random_layers = 4;    ///< --random-layers
   std::string ids;                  ///< --ids 1,2,3: the prompt's token ids
-  std::string prompt;               ///< --prompt TEXT: encoded by the model's tokenizer.json
+  std::string prompt;               ///< --prompt TEXT: encoded by the model's tokenizer
   std::int64_t max_new_tokens = 32;  ///< --max-new-tokens
   bool ignore_eos = false;          ///< --ignore-eos: do not stop at an end-of-sequence id
   bool greedy = false;              ///< --greedy: argmax (the default without --temperature)

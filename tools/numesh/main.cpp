@@ -7,8 +7,8 @@
 //   numesh bench decode ...       decode steps of a dense model against the read bandwidth
 //   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
-//   numesh generate ...  greedy generation from a Hugging Face checkpoint
-//   numesh tokenize ...  a tokenizer.json applied to a text or to ids
+//   numesh generate ...  greedy or sampled generation from a Hugging Face checkpoint
+//   numesh tokenize ...  a model's tokenizer applied to a text or to ids
 //   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one

@@ -75,6 +75,17 @@ std::vector<std::int64_t> parse_int_list(std::string_view text, std::string_view
   return out;
 }
 
+std::vector<std::int32_t> parse_token_ids(std::string_view text, std::string_view what) {
+  std::vector<std::int32_t> ids;
+  for (std::int64_t id : parse_int_list(text, what)) {
+    NUMESH_CHECK(id >= 0 && id <= std::numeric_limits<std::int32_t>::max(), ValueError,
+                 "{} '{}': {} is not a token id", what, text, id);
+    ids.push_back(static_cast<std::int32_t>(id));
+  }
+  NUMESH_CHECK(!ids.empty(), ValueError, "{} '{}' holds no token id", what, text);
+  return ids;
+}
+
 std::vector<std::int64_t> parse_shape(std::string_view text, std::string_view what) {
   std::vector<std::int64_t> shape = parse_int_list(text, what);
   for (std::int64_t e : shape) {

@@ -44,6 +44,11 @@ std::vector<std::string> parse_items(std::string_view text);
 /// Throws: ValueError "{what} '{text}': '{item}' is not an integer" (an empty item included).
 std::vector<std::int64_t> parse_int_list(std::string_view text, std::string_view what);
 
+/// Parses comma-separated token ids ("1,450,4996"): at least one, each in [0, 2^31).
+/// Throws: ValueError as parse_int_list, "{what} '{text}' holds no token id", or
+/// "{what} '{text}': {id} is not a token id".
+std::vector<std::int32_t> parse_token_ids(std::string_view text, std::string_view what);
+
 /// Parses an array shape: a list of integers (parse_int_list) none of which is negative.
 /// Throws: ValueError as parse_int_list, or "{what} '{text}': extent {e} is negative".
 std::vector<std::int64_t> parse_shape(std::string_view text, std::string_view what);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "numesh/models/perplexity.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
 #include "numesh/models/text_tokenizer.hpp"
+#include "bench_common.hpp"
 
 namespace numesh::tools {
 
@@ -26,7 +28,7 @@ CLI::App* add_perplexity_command(CLI::App& app, PerplexityOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "perplexity", "A model's perplexity over a text file, as llama.cpp's llama-perplexity computes it.");
   cmd->footer(R"(The file is tokenized with the model's tokenizer and cut into chunks of --context tokens;
-each chunk runs from position 0 with BOS as its first token (when the model has one) and only
+each chunk runs from position 0 with BOS as its first token (when the tokenizer adds one) and only
 its second half is scored, so every scored token sees at least context/2 tokens before it.
 Prints the running perplexity after each chunk, then the estimate with its standard error.
 Example:
@@ -46,6 +48,7 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
+  std::ofstream json_file = open_json_file(o.json);
   std::ifstream file(o.text_file, std::ios::binary);
   NUMESH_CHECK(file.good(), IoError, "--text-file: cannot read '{}'", o.text_file);
   std::stringstream text;
@@ -53,7 +56,16 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   const std::filesystem::path dir = o.model;
   const models::HfConfig config = models::HfConfig::load(dir);
   const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(dir);
-  const std::vector<std::int32_t> tokens = tokenizer->encode(text.str(), /*add_special_tokens=*/false);
+  // As llama.cpp: the text tokenized with the tokenizer's special tokens, and every chunk
+  // started with BOS when the tokenizer adds one (its template's first token on an empty text).
+  const std::vector<std::int32_t> tokens = tokenizer->encode(text.str(), /*add_special_tokens=*/true);
+  const std::vector<std::int32_t> special = tokenizer->encode("", /*add_special_tokens=*/true);
+  const std::optional<std::int32_t> bos = special.empty() ? std::nullopt : std::optional(special.front());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    NUMESH_CHECK(tokens[i] < config.vocab_size, IndexError,
+                 "--text-file: token {} at position {} of the text is outside the model's vocabulary [0, {})",
+                 tokens[i], i, config.vocab_size);
+  }
   NUMESH_CHECK(static_cast<std::int64_t>(tokens.size()) >= o.context, ValueError,
                "--text-file '{}' is {} tokens; --context {} needs at least that many (one chunk)", o.text_file,
                tokens.size(), o.context);
@@ -63,8 +75,6 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
   const models::CausalLmWeights weights = models::CausalLmWeights::load(config, checkpoint, dtype);
   models::CausalLm lm(make_mesh(o.mesh), config, weights, 1, o.context);
-  const std::optional<std::int32_t> bos =
-      config.bos_token_ids.empty() ? std::nullopt : std::optional<std::int32_t>(static_cast<std::int32_t>(config.bos_token_ids.front()));
 
   out << fmt::format("numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",
                      dir.string(), to_string(config.architecture), to_string(dtype), tokens.size(), o.text_file,
@@ -81,10 +91,8 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   out << fmt::format("perplexity {:.4f} +/- {:.4f} over {} scored tokens ({} chunks, {:.0f} tokens/s)\n", r.perplexity,
                      r.standard_error, r.scored, r.chunks,
                      static_cast<double>(r.chunks * o.context) / seconds);
-  if (!o.json.empty()) {
-    std::ofstream j(o.json);
-    NUMESH_CHECK(j.good(), IoError, "--json: cannot write '{}'", o.json);
-    j << nlohmann::json{{"model", dir.string()},
+  if (json_file.is_open()) {
+    json_file << nlohmann::json{{"model", dir.string()},
                         {"context", o.context},
                         {"chunks", r.chunks},
                         {"scored_tokens", r.scored},

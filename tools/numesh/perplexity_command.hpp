@@ -18,7 +18,7 @@ namespace numesh::tools {
 /// The options of `numesh perplexity`.
 struct PerplexityOptions {
   MeshOptions mesh;             ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string model;            ///< --model DIR: config.json, *.safetensors, tokenizer.json
+  std::string model;            ///< --model DIR: config.json, *.safetensors, a tokenizer
   std::string text_file;        ///< --text-file F
   std::int64_t context = 512;   ///< --context: tokens per chunk
   std::string dtype = "f32";    ///< --dtype

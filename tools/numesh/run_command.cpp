@@ -15,6 +15,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/units.hpp"
 #include "numesh/ops/compare.hpp"
@@ -43,10 +44,6 @@ constexpr double kCheckBound = 1e-4;
 // rounding boundary round to different sides, each moving its term by 2^-8 (docs/ops.md,
 // "Weight dtypes"); measured 2.5e-3 on the default dense model.
 constexpr double kBf16CheckBound = 1e-2;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -20,7 +20,7 @@ namespace numesh::tools {
 
 CLI::App* add_tokenize_command(CLI::App& app, TokenizeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Encode a text into token ids, or decode ids into text, with a model's tokenizer.json.");
+      "tokenize", "Encode a text into token ids, or decode ids into text, with a model's tokenizer.");
   cmd->footer(R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o) or, when it is of
 another kind or missing, DIR/tokenizer.model (SentencePiece: Llama 2, Mistral, TinyLlama); the
 folder needs no weights. Ids and text are exactly those of Hugging Face's tokenizers and of
@@ -51,12 +51,7 @@ int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
     }
     return 0;
   }
-  std::vector<std::int32_t> ids;
-  for (std::int64_t id : parse_int_list(o.decode, "--decode")) {
-    NUMESH_CHECK(id >= 0 && id <= std::numeric_limits<std::int32_t>::max(), IndexError,
-                 "--decode '{}': {} is not a token id", o.decode, id);
-    ids.push_back(static_cast<std::int32_t>(id));
-  }
+  const std::vector<std::int32_t> ids = parse_token_ids(o.decode, "--decode");
   const std::string text = tokenizer->decode(ids, /*skip_special_tokens=*/o.no_special);
   if (o.json) {
     out << nlohmann::json{{"text", text}}.dump() << "\n";

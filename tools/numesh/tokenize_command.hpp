@@ -1,7 +1,8 @@
 #pragma once
 
-// `numesh tokenize`: a model folder's tokenizer.json applied to a text (the ids) or to ids (the
-// text), exactly as Hugging Face's tokenizers give them. Needs only the tokenizer files.
+// `numesh tokenize`: a model folder's tokenizer (tokenizer.json, or SentencePiece's
+// tokenizer.model) applied to a text (the ids) or to ids (the text), exactly as Hugging Face's
+// tokenizers and SentencePiece give them. Needs only the tokenizer files.
 
 #include <iosfwd>
 #include <string>
@@ -14,7 +15,7 @@ namespace numesh::tools {
 
 /// The options of `numesh tokenize`.
 struct TokenizeOptions {
-  std::string model;          ///< --model DIR (or a tokenizer.json file)
+  std::string model;          ///< --model DIR (or a tokenizer.json or tokenizer.model file)
   std::string text;           ///< --text TEXT: encode it
   std::string decode;         ///< --decode 1,2,3: decode them
   bool no_special = false;    ///< --no-special: no BOS on encode; special tokens dropped on decode

@@ -23,6 +23,11 @@ namespace numesh {
 /// Throws: ValueError when min_repeats < 1 or min_seconds < 0 (naming the value); whatever
 /// `fn` throws.
 /// Thread-safety: calls `fn` on the calling thread only; as thread-safe as `fn`.
+/// Seconds of std::chrono::steady_clock elapsed since `start`.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 template <typename Fn>
   requires std::invocable<Fn&>
 double median_seconds(Fn&& fn, int min_repeats, double min_seconds) {

@@ -10,7 +10,7 @@
 
 // Perplexity of a model over a token stream, the way llama.cpp's llama-perplexity computes it:
 // the stream cut into chunks of `context` tokens, each run from position 0 with its first token
-// replaced by BOS (when the model has one), and only the second half of each chunk scored, so
+// replaced by BOS (when the tokenizer adds one), and only the second half of each chunk scored, so
 // that every scored token sees at least context / 2 tokens before it.
 
 namespace numesh::models {

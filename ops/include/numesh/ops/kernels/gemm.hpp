@@ -50,9 +50,9 @@ struct GemmTiling {
 /// for decode), then row blocks of at least 256 rows when the strips are too few.
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 
-/// Rows of b per task of a decode product (m <= 16): whole rows of b, a sixteenth of b a block
-/// but between 64 KiB and 1 MiB of it, at most 64 blocks, a multiple of 4. Depends on the shapes
-/// only.
+/// Rows of b per task of a decode product (m <= 16): whole rows of b, about a sixteenth of b a
+/// block but between 64 KiB and 1 MiB of it (rounded up to whole rows, a multiple of 4; a row
+/// wider than 256 KiB gives a larger block), at most 64 blocks. Depends on the shapes only.
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
 
 /// The decode path of device_gemm for weights of any dtype: c[m, n] = a[m, k] b[k, n], b stored
