@@ -183,32 +183,38 @@ ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weig
 ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes)
     : layer_(std::move(layer)), rows_(rows), mesh_(mesh) {
   NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
-  const std::vector<std::int64_t> x_shape{rows, layer_.hidden}, logits_shape{rows, layer_.vocab};
-  const PartitionSpec x_spec =
-      sharding::correct_spec(x_shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
-                             mesh.mesh())
-          .spec;
-  x_spec_ = x_spec;
-  const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec);
-  const auto compile = [&](bool greedy) {
-    ProgramBuilder pb(mesh, greedy ? "lm head (greedy)" : "lm head (logits)");
-    runtime::Frontier loaded;
-    runtime::ShardedTensor& x = pb.input("x", x_shape, x_spec, loaded);
-    runtime::ShardedTensor& logits =
-        pb.tensor("logits", greedy ? TensorRole::kActivation : TensorRole::kOutput, logits_shape, logits_spec);
-    const runtime::Frontier projected = emit_lm_head(pb, layer_, x, loaded, logits, "lm_head");
-    if (!greedy) {
-      pb.output("logits", logits, projected);
-    } else {
-      const std::int64_t shards = layer_.vocab / logits.layout().shard_shape()[1];
-      runtime::ShardedTensor& candidates =
-          pb.tensor("candidates", TensorRole::kOutput, {rows, 2 * shards}, logits_spec);
-      pb.output("candidates", candidates, emit_greedy_candidates(pb, logits, projected, candidates, "greedy"));
-    }
-    return std::make_unique<Program>(std::move(pb).compile());
-  };
-  greedy_ = compile(true);
-  logits_ = compile(false);
+  x_spec_ = sharding::correct_spec({rows, layer_.hidden},
+                                   PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
+                                   mesh.mesh())
+                .spec;
+  greedy_ = compile(kGreedy);
+  logits_ = compile(kLogits);
+}
+
+std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
+  // Every program projects x to the logits, then: returns them (kLogits), or each device's best
+  // candidate per row (kGreedy), or its `tail` best (sampling's top-k).
+  ProgramBuilder pb(mesh_, tail == kLogits   ? std::string("lm head (logits)")
+                           : tail == kGreedy ? std::string("lm head (greedy)")
+                                             : fmt::format("lm head (top {})", tail));
+  const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& x = pb.input("x", {rows_, layer_.hidden}, x_spec_, loaded);
+  runtime::ShardedTensor& logits = pb.tensor("logits", tail == kLogits ? TensorRole::kOutput : TensorRole::kActivation,
+                                             {rows_, layer_.vocab}, logits_spec);
+  const runtime::Frontier projected = emit_lm_head(pb, layer_, x, loaded, logits, "lm_head");
+  if (tail == kLogits) {
+    pb.output("logits", logits, projected);
+  } else {
+    const std::int64_t shards = layer_.vocab / logits.layout().shard_shape()[1];
+    const std::int64_t k = tail == kGreedy ? 1 : tail;
+    runtime::ShardedTensor& candidates =
+        pb.tensor("candidates", TensorRole::kOutput, {rows_, 2 * k * shards}, logits_spec);
+    pb.output("candidates", candidates,
+              tail == kGreedy ? emit_greedy_candidates(pb, logits, projected, candidates, "greedy")
+                              : emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
+  }
+  return std::make_unique<Program>(std::move(pb).compile());
 }
 
 void ShardedLmHead::check_input(const runtime::HostTensor& x) const {
@@ -233,20 +239,7 @@ std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x, co
   const std::int64_t v_local = layer_.weight->layout().shard_shape()[1];
   const std::int64_t k = std::min(options.top_k, v_local);
   std::unique_ptr<Program>& program = top_k_[k];
-  if (!program) {
-    ProgramBuilder pb(mesh_, fmt::format("lm head (top {})", k));
-    const std::vector<std::int64_t> x_shape{rows_, layer_.hidden};
-    const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
-    runtime::Frontier loaded;
-    runtime::ShardedTensor& xt = pb.input("x", x_shape, x_spec_, loaded);
-    runtime::ShardedTensor& logits =
-        pb.tensor("logits", TensorRole::kActivation, {rows_, layer_.vocab}, logits_spec);
-    const runtime::Frontier projected = emit_lm_head(pb, layer_, xt, loaded, logits, "lm_head");
-    runtime::ShardedTensor& candidates = pb.tensor("candidates", TensorRole::kOutput,
-                                                   {rows_, 2 * k * (layer_.vocab / v_local)}, logits_spec);
-    pb.output("candidates", candidates, emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
-    program = std::make_unique<Program>(std::move(pb).compile());
-  }
+  if (!program) program = compile(k);
   return pick_sampled(program->run("x", x, "candidates"), options, rng);
 }
 

@@ -126,6 +126,10 @@ class ShardedLmHead {
 
  private:
   void check_input(const runtime::HostTensor& x) const;
+  // The program ending in `tail`: kLogits, kGreedy, or a top-k of that many candidates.
+  static constexpr std::int64_t kLogits = 0;
+  static constexpr std::int64_t kGreedy = -1;
+  std::unique_ptr<Program> compile(std::int64_t tail) const;
 
   LmHeadLayer layer_;
   std::int64_t rows_;
