@@ -41,16 +41,31 @@ CausalLm::~CausalLm() = default;
 CausalLm::CausalLm(CausalLm&&) noexcept = default;
 CausalLm& CausalLm::operator=(CausalLm&&) noexcept = default;
 
-runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+TokenPositions TokenPositions::level(std::int64_t batch, std::int64_t position, std::int64_t tokens) {
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(batch, 0));
+  return TokenPositions{.first = std::vector<std::int64_t>(n, position),
+                        .last = std::vector<std::int64_t>(n, tokens - 1)};
+}
+
+runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                     const TokenPositions& at) {
   NUMESH_CHECK(tokens >= 1 && static_cast<std::int64_t>(ids.size()) == batch_ * tokens, ShapeError,
                "model: {} ids for {} sequences of {} tokens (expected {})", ids.size(), batch_, tokens,
                batch_ * tokens);
+  NUMESH_CHECK(static_cast<std::int64_t>(at.first.size()) == batch_ &&
+                   static_cast<std::int64_t>(at.last.size()) == batch_,
+               ShapeError, "model: {} first positions and {} last tokens for {} sequences", at.first.size(),
+               at.last.size(), batch_);
+  for (std::size_t b = 0; b < at.last.size(); ++b) {
+    NUMESH_CHECK(at.last[b] >= 0 && at.last[b] < tokens, ShapeError,
+                 "model: sequence {}'s last real token {} is outside the call's {} tokens", b, at.last[b], tokens);
+  }
   const std::int64_t rows = batch_ * tokens;
   auto& embedding = embeddings_[rows];
   if (!embedding) embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, rows);
   runtime::HostTensor x = embedding->forward(ids);
   x.shape = {batch_, tokens, config_.hidden_size};
-  return stack_.forward(x, position);
+  return stack_.forward(x, at.first);
 }
 
 ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {
@@ -59,35 +74,37 @@ ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {
   return *head;
 }
 
-runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
-  runtime::HostTensor h = hidden(ids, tokens, position);
+runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                     const TokenPositions& at) {
+  runtime::HostTensor h = hidden(ids, tokens, at);
   const std::int64_t rows = batch_ * tokens;
   h.shape = {rows, config_.hidden_size};
   return head_for(rows).logits(h);
 }
 
 runtime::HostTensor CausalLm::last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
-                                          std::int64_t position) {
-  const runtime::HostTensor h = hidden(ids, tokens, position);
-  // Only each sequence's last position chooses the next token.
+                                          const TokenPositions& at) {
+  const runtime::HostTensor h = hidden(ids, tokens, at);
+  // Only each sequence's last real token chooses the next one.
   const std::int64_t hd = config_.hidden_size;
   runtime::HostTensor last = runtime::HostTensor::zeros({batch_, hd});
   for (std::int64_t b = 0; b < batch_; ++b) {
-    std::copy_n(h.data.begin() + ((b * tokens) + tokens - 1) * hd, hd, last.data.begin() + b * hd);
+    const std::int64_t row = b * tokens + at.last[static_cast<std::size_t>(b)];
+    std::copy_n(h.data.begin() + row * hd, hd, last.data.begin() + b * hd);
   }
   return last;
 }
 
 std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
-                                           std::int64_t position) {
-  return head_for(batch_).greedy(last_hidden(ids, tokens, position));
+                                           const TokenPositions& at) {
+  return head_for(batch_).greedy(last_hidden(ids, tokens, at));
 }
 
 std::vector<std::int64_t> CausalLm::sample(std::span<const std::int32_t> ids, std::int64_t tokens,
-                                           std::int64_t position, const ops::SamplingOptions& options,
+                                           const TokenPositions& at, const ops::SamplingOptions& options,
                                            std::mt19937_64& rng) {
   ops::validate(options);
-  return head_for(batch_).sample(last_hidden(ids, tokens, position), options, rng);
+  return head_for(batch_).sample(last_hidden(ids, tokens, at), options, rng);
 }
 
 }  // namespace numesh::models

@@ -4,6 +4,7 @@
 // checked against PyTorch by models_hf_match_pytorch.)
 
 #include "numesh/models/causal_lm.hpp"
+#include "numesh/models/generation.hpp"
 #include "numesh/models/perplexity.hpp"
 
 #include <gmock/gmock.h>
@@ -141,6 +142,99 @@ TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
   EXPECT_THAT([&] { lm.logits(std::vector<std::int32_t>{1, 32}, 1, 0); },
               ThrowsMessage<IndexError>("embedding: token 32 at position 1 is outside the vocabulary [0, 32)"));
   EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8); }, ThrowsMessage<IndexError>(HasSubstr("8")));
+}
+
+// The largest |a - b| over max |b| (0 for two empty rows).
+double relative(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::abs(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6, 7}, {9, 2}, {11, 12, 13}, {30}};
+  for (const bool keep_logits : {false, true}) {
+    GenerationOptions options{.max_new_tokens = 6, .keep_logits = keep_logits};
+    std::mt19937_64 rng(1);
+    // Each prompt alone, on one device.
+    std::vector<GenerationResult> alone;
+    for (const auto& p : prompts) {
+      CausalLm one(mesh(1, "tp"), config, w, 1, 16);
+      alone.push_back(generate(one, {p}, options, rng));
+    }
+    // A stop id that ends sequence 1 at its second token, and nothing else before the end.
+    const std::int64_t stop = alone[1].ids[0][1];
+    bool stop_elsewhere = alone[1].ids[0][0] == stop;
+    for (std::size_t b : {0u, 2u, 3u}) {
+      for (std::int64_t id : alone[b].ids[0]) stop_elsewhere |= id == stop;
+    }
+    EXPECT_FALSE(stop_elsewhere) << "the seed gives a stop id only sequence 1 makes (else pick another seed)";
+    for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+      CausalLm lm(mesh(n, axis), config, w, 4, 16);
+      std::vector<std::int64_t> steps;
+      const GenerationResult all =
+          generate(lm, prompts, options, rng, [&](std::int64_t step, std::span<const std::int64_t> tokens) {
+            steps.push_back(step);
+            EXPECT_EQ(tokens.size(), 4u);
+          });
+      EXPECT_EQ(steps, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})) << "the prefill, then five decode steps";
+      EXPECT_EQ(all.decode_steps, 5);
+      EXPECT_EQ(all.decoded_tokens, 4 * 5);
+      for (std::size_t b = 0; b < prompts.size(); ++b) {
+        EXPECT_EQ(all.ids[b], alone[b].ids[0]) << "sequence " << b << " on " << n << " " << axis;
+        EXPECT_EQ(all.stopped[b], StopReason::kMaxNewTokens);
+        if (keep_logits) {
+          ASSERT_EQ(all.logits[b].size(), (prompts[b].size() + 5) * 32) << "[P + N - 1, V]";
+          EXPECT_LT(relative(all.logits[b], alone[b].logits[0]), 1e-5) << "sequence " << b;
+        }
+      }
+      options.stop_ids = {stop};
+      const GenerationResult stopped = generate(lm, prompts, options, rng);
+      options.stop_ids.clear();
+      EXPECT_EQ(stopped.ids[1], (std::vector<std::int64_t>{alone[1].ids[0][0], stop}));
+      EXPECT_EQ(stopped.stopped[1], StopReason::kStopId);
+      for (std::size_t b : {0u, 2u, 3u}) {
+        EXPECT_EQ(stopped.ids[b], alone[b].ids[0]) << "the others run on past sequence 1's stop: " << b;
+      }
+      EXPECT_EQ(stopped.decoded_tokens, 3 * 5 + 1);
+    }
+  }
+}
+
+TEST(GenerationTest, SamplingFromTheTopOneIsGreedyAndBadCallsAreRefused) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  CausalLm lm(mesh(2, "tp"), config, w, 2, 8);
+  const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5}, {6}};
+  std::mt19937_64 rng(5);
+  const GenerationResult greedy = generate(lm, prompts, {.max_new_tokens = 4}, rng);
+  for (const bool keep_logits : {false, true}) {
+    const GenerationResult top1 = generate(
+        lm, prompts,
+        {.max_new_tokens = 4, .sampling = ops::SamplingOptions{.temperature = 0.7, .top_k = 1}, .keep_logits = keep_logits},
+        rng);
+    EXPECT_EQ(top1.ids, greedy.ids) << "keep_logits " << keep_logits;
+  }
+  EXPECT_THAT([&] { generate(lm, {{1, 2}}, {}, rng); },
+              ThrowsMessage<ShapeError>("generate: 1 prompts for a model of 2 sequences"));
+  EXPECT_THAT([&] { generate(lm, {{1, 2}, {}}, {}, rng); }, ThrowsMessage<ShapeError>("generate: prompt 1 is empty"));
+  EXPECT_THAT([&] { generate(lm, prompts, {.max_new_tokens = 0}, rng); },
+              ThrowsMessage<ValueError>("generate: max_new_tokens 0 must be at least 1"));
+  EXPECT_THAT([&] { generate(lm, prompts, {.max_new_tokens = 7}, rng); },
+              ThrowsMessage<IndexError>(
+                  "generate: the longest prompt (3 tokens) and 7 new tokens do not fit the model's 8 positions"));
+  EXPECT_THAT([&] { generate(lm, {{1, 2}, {32}}, {.max_new_tokens = 2}, rng); },
+              ThrowsMessage<IndexError>(HasSubstr("token 32")));
+  EXPECT_NO_THROW(generate(lm, prompts, {.max_new_tokens = 6}, rng)) << "the last new token is not fed: 3 + 6 - 1 fit 8";
 }
 
 TEST(PerplexityTest, ChunksBosAndTheScoredHalfFollowLlamaCpp) {

@@ -77,6 +77,48 @@ TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
   }
 }
 
+// Rows [0, n) of sequence b of x [B, T, H], as a batch of one [1, n, H].
+runtime::HostTensor sequence_rows(const runtime::HostTensor& x, std::int64_t b, std::int64_t n) {
+  const std::int64_t t = x.shape[1], h = x.shape[2];
+  runtime::HostTensor out = runtime::HostTensor::zeros({1, n, h});
+  std::copy_n(x.data.begin() + b * t * h, n * h, out.data.begin());
+  return out;
+}
+
+TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
+  const auto mesh = make_mesh(GetParam());
+  const TransformerConfig c = small_config();  // dropless MoE: the padding takes no real token's place
+  const TransformerWeights w = TransformerWeights::random(c, 11);
+  const std::int64_t batch = 4, max_len = 12, longest = 6;
+  const std::vector<std::int64_t> lengths{6, 3, 4, 1};  // on dp=2, one device gets [6, 3], the other [4, 1]
+  const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
+  ShardedTransformer model(mesh, c, w, batch, max_len, axes);
+  std::vector<TransformerReference> alone;
+  for (std::int64_t b = 0; b < batch; ++b) alone.emplace_back(c, w, 1, max_len);
+  // The prompts padded at their end to the longest (the padding rows are random too: whatever
+  // they hold must not reach a real token), all from position 0.
+  const runtime::HostTensor prompts = random_host({batch, longest, c.hidden}, 41, 1.0f);
+  const runtime::HostTensor y = model.forward(prompts, std::vector<std::int64_t>(batch, 0));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = lengths[static_cast<std::size_t>(b)];
+    const runtime::HostTensor want = alone[static_cast<std::size_t>(b)].forward(sequence_rows(prompts, b, n), 0);
+    EXPECT_TRUE(matches_reference(sequence_rows(y, b, n), want, kBound)) << "prompt of sequence " << b;
+  }
+  // Then three decode steps, each sequence at its own position.
+  std::vector<std::int64_t> positions = lengths;
+  for (std::uint32_t step = 0; step < 3; ++step) {
+    const runtime::HostTensor x = random_host({batch, 1, c.hidden}, 50 + step, 1.0f);
+    const runtime::HostTensor got = model.forward(x, positions);
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t p = positions[static_cast<std::size_t>(b)];
+      const runtime::HostTensor want = alone[static_cast<std::size_t>(b)].forward(sequence_rows(x, b, 1), p);
+      EXPECT_TRUE(matches_reference(sequence_rows(got, b, 1), want, kBound))
+          << "decode step " << step << ", sequence " << b << " at position " << p;
+    }
+    for (std::int64_t& p : positions) ++p;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
                                            MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
@@ -230,7 +272,13 @@ TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
               ThrowsMessage<ShapeError>(HasSubstr("2 blocks of weights for 3 layers")));
   ShardedTransformer model(mesh, small_config(), w, 2, 8);
   EXPECT_THAT([&] { model.forward(random_host({2, 4, 32}, 1, 1.0f), 6); },
-              ThrowsMessage<IndexError>(HasSubstr("4 tokens at position 6 do not fit the KV cache of 8 positions")));
+              ThrowsMessage<IndexError>(
+                  HasSubstr("4 tokens at position 6 (sequence 0) do not fit the KV cache of 8 positions")));
+  EXPECT_THAT([&] { model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3, 8}); },
+              ThrowsMessage<IndexError>(
+                  HasSubstr("1 tokens at position 8 (sequence 1) do not fit the KV cache of 8 positions")));
+  EXPECT_THAT([&] { model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3}); },
+              ThrowsMessage<ShapeError>(HasSubstr("transformer: 1 positions for 2 sequences")));
   EXPECT_THAT([&] { model.forward(random_host({3, 4, 32}, 1, 1.0f), 0); },
               ThrowsMessage<ShapeError>(HasSubstr("input is [3, 4, 32] but the model takes [2, T, 32]")));
 }

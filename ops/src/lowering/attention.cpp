@@ -34,6 +34,27 @@ void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int64_t fi
   m.rowwise() += b;
 }
 
+// Calls f(first, count, position) for each run of consecutive sequences [first, first + count)
+// of the `count` local ones starting at global sequence `offset` that stand at the same
+// position: one run of all of them when positions is null (full sequences from 0) or when
+// they are all level, so that equal positions keep the batched kernels.
+template <typename F>
+void for_each_run(const std::vector<std::int64_t>* positions, std::int64_t offset, std::int64_t count, F&& f) {
+  if (positions == nullptr) {
+    f(std::int64_t{0}, count, std::int64_t{0});
+    return;
+  }
+  NUMESH_CHECK(static_cast<std::int64_t>(positions->size()) >= offset + count, ShapeError,
+               "attention: {} positions given for sequences [{}, {})", positions->size(), offset, offset + count);
+  const auto at = [&](std::int64_t b) { return (*positions)[static_cast<std::size_t>(offset + b)]; };
+  for (std::int64_t b = 0; b < count;) {
+    std::int64_t e = b + 1;
+    while (e < count && at(e) == at(b)) ++e;
+    f(b, e - b, at(b));
+    b = e;
+  }
+}
+
 }  // namespace
 
 AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
@@ -130,7 +151,7 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const std::vector<std::string> seq_axes = detail::axes_of(x.spec(), 1);
   KvCache* cache = step.cache;
   if (cache != nullptr) {
-    NUMESH_CHECK(step.position != nullptr, ValueError, "{}: a cache step needs a position", name);
+    NUMESH_CHECK(step.positions != nullptr, ValueError, "{}: a cache step needs the sequences' positions", name);
     NUMESH_CHECK(cache->batch == batch && detail::entry(cache->k->spec(), 0) == detail::entry(x.spec(), 0),
                  ShapeError, "{}: the cache holds {} sequences split {} but x has {} split {}", name,
                  cache->batch, cache->k->spec().repr(), batch, x.spec().repr());
@@ -162,7 +183,7 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const std::int64_t key_capacity = cache != nullptr ? cache->max_len : t;
   const double flops = attention_flops(config, hidden, local_batch, t, 0) * static_cast<double>(lq) /
                        static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
-  const std::int64_t* position = step.position;
+  const std::vector<std::int64_t>* positions = step.positions;
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
   const std::shared_ptr<const AttentionWeights> extras = layer.extras;
   const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
@@ -170,8 +191,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     // The slot's first query and kv head: where its slices of the biases start.
     const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const std::int64_t q_first = head_rank * lq, kv_first = layer.splits_kv_heads() ? head_rank * lkv : 0;
-    // The first global token of the slot's block of x's tokens.
+    // The first global token of the slot's block of x's tokens, and its first sequence.
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
+    const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
     runtime::Tensor& xs = x.shard(s);
     runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
     q_of[static_cast<std::size_t>(s)] = &q;
@@ -180,8 +202,8 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wqs = wq.shard(s);
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
-    return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset, position,
-            config, extras, q_first, kv_first] {
+    return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset,
+            first_sequence, positions, config, extras, q_first, kv_first] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_weight(wqs), as_matrix(q));
@@ -202,11 +224,12 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       }
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
-        const std::int64_t first = (position != nullptr ? *position : 0) + token_offset;
-        rope_inplace(q.values().data(), local_batch, local_t, lq, config.head_dim, first, config.rope_theta,
-                     config.rope_scaling);
-        rope_inplace(k.values().data(), local_batch, local_t, lkv, config.head_dim, first, config.rope_theta,
-                     config.rope_scaling);
+        for_each_run(positions, first_sequence, local_batch, [&](std::int64_t b, std::int64_t n, std::int64_t p) {
+          rope_inplace(q.values().data() + b * local_t * lq * dd, n, local_t, lq, dd, p + token_offset,
+                       config.rope_theta, config.rope_scaling);
+          rope_inplace(k.values().data() + b * local_t * lkv * dd, n, local_t, lkv, dd, p + token_offset,
+                       config.rope_theta, config.rope_scaling);
+        });
       }
     };
   });
@@ -219,6 +242,7 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const runtime::Frontier attended = pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
     const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
+    const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
     const AttentionSlice slice{.batch = local_batch,
                                .q_len = local_t,
                                .kv_len = t,
@@ -240,7 +264,8 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
     const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
     const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
-    return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, position, token_offset] {
+    return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, positions, first_sequence,
+            token_offset] {
       const std::int64_t dd = config.head_dim;
       if (ck == nullptr) {
         const KvView kv{.k = k.values().data(),
@@ -252,32 +277,39 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                        scores.values());
         return;
       }
-      const std::int64_t first = *position;
-      NUMESH_CHECK(first >= 0 && first + slice.kv_len <= max_len, IndexError,
-                   "attention: tokens at positions [{}, {}) do not fit the cache of {} positions", first,
-                   first + slice.kv_len, max_len);
       const bool bthd = layout == KvLayout::kBTHD;
-      const KvView kv{.k = ck->values().data(),
-                      .v = cv->values().data(),
-                      .batch_stride = max_len * slice.kv_heads * dd,
-                      .pos_stride = bthd ? slice.kv_heads * dd : dd,
-                      .head_stride = bthd ? dd : max_len * dd};
-      // Write every new key and value at its position (each sequence-parallel rank keeps the
-      // whole cache).
-      for (std::int64_t bi = 0; bi < slice.batch; ++bi) {
-        for (std::int64_t ti = 0; ti < slice.kv_len; ++ti) {
-          const std::int64_t row = (bi * slice.kv_len + ti) * slice.kv_heads * dd;
-          for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
-            const std::int64_t at = bi * kv.batch_stride + (first + ti) * kv.pos_stride + hi * kv.head_stride;
-            std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
-            std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
+      const KvView kv_cache{.k = ck->values().data(),
+                         .v = cv->values().data(),
+                         .batch_stride = max_len * slice.kv_heads * dd,
+                         .pos_stride = bthd ? slice.kv_heads * dd : dd,
+                         .head_stride = bthd ? dd : max_len * dd};
+      const std::int64_t q_stride = slice.q_len * slice.q_heads * dd;  // floats per sequence of q and out
+      for_each_run(positions, first_sequence, slice.batch, [&](std::int64_t b0, std::int64_t n, std::int64_t first) {
+        NUMESH_CHECK(first >= 0 && first + slice.kv_len <= max_len, IndexError,
+                     "attention: tokens at positions [{}, {}) do not fit the cache of {} positions", first,
+                     first + slice.kv_len, max_len);
+        // Write every new key and value at its position (each sequence-parallel rank keeps the
+        // whole cache).
+        for (std::int64_t bi = b0; bi < b0 + n; ++bi) {
+          for (std::int64_t ti = 0; ti < slice.kv_len; ++ti) {
+            const std::int64_t row = (bi * slice.kv_len + ti) * slice.kv_heads * dd;
+            for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
+              const std::int64_t at = bi * kv_cache.batch_stride + (first + ti) * kv_cache.pos_stride + hi * kv_cache.head_stride;
+              std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
+              std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
+            }
           }
         }
-      }
-      AttentionSlice cached = slice;
-      cached.kv_len = first + slice.kv_len;
-      attention_core(q.values().data(), kv, o.values().data(), cached, dd, first + token_offset, config.causal,
-                     scores.values());
+        // The run's sequences see the cache up to their own last new token.
+        AttentionSlice run = slice;
+        run.batch = n;
+        run.kv_len = first + slice.kv_len;
+        KvView kv = kv_cache;
+        kv.k += b0 * kv_cache.batch_stride;
+        kv.v += b0 * kv_cache.batch_stride;
+        attention_core(q.values().data() + b0 * q_stride, kv, o.values().data() + b0 * q_stride, run, dd,
+                       first + token_offset, config.causal, scores.values());
+      });
     };
   });
   const runtime::Frontier done = pb.per_device(name + ".out", {&attended}, [&](std::int64_t s) {
@@ -303,6 +335,7 @@ ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConf
       batch_(batch) {
   NUMESH_CHECK(batch > 0 && max_len >= 0, ShapeError,
                "attention: batch {} must be positive and max_len {} not negative", batch, max_len);
+  positions_.assign(static_cast<std::size_t>(batch), 0);  // a program run straight from program() starts at 0
   if (max_len > 0) {
     const std::vector<std::int64_t> x_shape{batch, 1, layer_.hidden};
     const PartitionSpec spec = sharding::correct_spec(
@@ -331,7 +364,7 @@ Program& ShardedAttention::compiled_for(std::int64_t tokens) {
     runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
     pb.output("y", y,
               emit_attention(pb, layer_, x, loaded, y, "attn",
-                             AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .position = &position_}));
+                             AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .positions = &positions_}));
     return std::move(pb).compile();
   }).program;
 }
@@ -356,7 +389,7 @@ runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std:
                  cache_->max_len);
   }
   Program& program = compiled_for(tokens);
-  position_ = position;
+  positions_.assign(static_cast<std::size_t>(batch_), position);
   return program.run("x", x, "y");
 }
 

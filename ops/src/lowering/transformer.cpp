@@ -44,6 +44,7 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
   config_.validate();
   NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError, "transformer: batch {} and max_len {} must be positive", batch,
                max_len);
+  positions_.assign(static_cast<std::size_t>(batch), 0);  // a program run straight from program() starts at 0
   NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == config_.layers, ShapeError,
                "transformer: {} blocks of weights for {} layers", w.blocks.size(), config_.layers);
   const std::int64_t h = config_.hidden;
@@ -123,7 +124,7 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
     front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
-                           AttentionStep{.cache = &layer.cache, .position = &position_});
+                           AttentionStep{.cache = &layer.cache, .positions = &positions_});
     runtime::ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
     runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
@@ -154,15 +155,26 @@ Program& ShardedTransformer::program(std::int64_t tokens) {
 }
 
 runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x, std::int64_t position) {
+  const std::vector<std::int64_t> level(static_cast<std::size_t>(batch_), position);
+  return forward(x, level);
+}
+
+runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
+                                                std::span<const std::int64_t> positions) {
   NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
                ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1", shape_text(x),
                batch_, config_.hidden);
+  NUMESH_CHECK(static_cast<std::int64_t>(positions.size()) == batch_, ShapeError,
+               "transformer: {} positions for {} sequences", positions.size(), batch_);
   const std::int64_t tokens = x.shape[1];
-  NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
-               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
-               max_len_);
+  for (std::size_t b = 0; b < positions.size(); ++b) {
+    const std::int64_t position = positions[b];
+    NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
+                 "transformer: {} tokens at position {} (sequence {}) do not fit the KV cache of {} positions",
+                 tokens, position, b, max_len_);
+  }
   Programs::Entry& e = compiled_for(tokens);
-  position_ = position;
+  positions_.assign(positions.begin(), positions.end());
   e.program->set_input("x", x);
   e.program->run();
   last_ = &e;

@@ -21,6 +21,19 @@
 
 namespace numesh::models {
 
+/// Where one call's tokens go in each of the model's sequences.
+struct TokenPositions {
+  /// Sequence b's T new tokens sit at positions [first[b], first[b] + T).
+  std::vector<std::int64_t> first;
+  /// The index (< T) of sequence b's last real token, whose logits choose its next one: T - 1
+  /// unless a shorter prompt of a batch was padded at its end to the longest (its padding
+  /// changes nothing: ShardedTransformer::forward).
+  std::vector<std::int64_t> last;
+
+  /// Every one of `batch` sequences at `position`, all `tokens` tokens real.
+  static TokenPositions level(std::int64_t batch, std::int64_t position, std::int64_t tokens);
+};
+
 /// A causal language model laid out on a mesh. Each call takes the next T tokens of every
 /// sequence (ids [batch, T] row-major) at positions [position, position + T), writes their keys
 /// and values into the caches, and returns the logits or the greedy next tokens. Programs are
@@ -39,18 +52,31 @@ class CausalLm {
   CausalLm& operator=(CausalLm&&) noexcept;
 
   /// The logits [batch * T, V] of every new position (row b * T + t: sequence b, token t).
-  /// Throws: ShapeError when ids.size() is not batch * tokens; IndexError for an id outside the
+  /// Throws: ShapeError when ids.size() is not batch * tokens or `at` does not hold one entry
+  /// per sequence (a `last` out of [0, T) included); IndexError for an id outside the
   /// vocabulary (naming it) or tokens that do not fit the caches; what a node throws.
-  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
-  /// Each sequence's greedy next token: the argmax of the logits at its last new position (the
-  /// head runs on those rows only, and the logits stay on the devices).
+  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  /// Each sequence's greedy next token: the argmax of the logits at its last real new token
+  /// (the head runs on those rows only, and the logits stay on the devices).
   /// Throws: as logits().
-  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
-  /// Each sequence's next token drawn from the logits at its last new position as `options`
+  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  /// Each sequence's next token drawn from the logits at its last real new token as `options`
   /// say (ShardedLmHead::sample: only every device's top-k candidates leave the devices).
   /// Throws: as logits(); ValueError for bad options.
-  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position,
+  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at,
                                    const ops::SamplingOptions& options, std::mt19937_64& rng);
+
+  /// The three calls above with every sequence at `position` (TokenPositions::level).
+  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+    return logits(ids, tokens, TokenPositions::level(batch_, position, tokens));
+  }
+  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+    return greedy(ids, tokens, TokenPositions::level(batch_, position, tokens));
+  }
+  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position,
+                                   const ops::SamplingOptions& options, std::mt19937_64& rng) {
+    return sample(ids, tokens, TokenPositions::level(batch_, position, tokens), options, rng);
+  }
 
   /// The config it was built from.
   const HfConfig& config() const noexcept { return config_; }
@@ -63,9 +89,9 @@ class CausalLm {
 
  private:
   // The final hidden states [batch, T, H] of the new tokens.
-  runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
-  // The last new position's hidden state of every sequence [batch, H], and the head for them.
-  runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position);
+  runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  // The last real new token's hidden state of every sequence [batch, H], and the head for them.
+  runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
   ops::ShardedLmHead& head_for(std::int64_t rows);
 
   runtime::DeviceMesh mesh_;

@@ -77,14 +77,17 @@ struct KvCache {
 
 /// How one attention program treats positions and the cache.
 struct AttentionStep {
-  /// Null: full sequences (train): keys are x's tokens only, positions from 0. Otherwise x's
-  /// tokens are written into the cache at positions [*position, *position + T) and attend to
-  /// the cache's positions [0, *position + t] (prefill: *position = 0; insert: a chunk at
-  /// *position; decode: T = 1).
+  /// Null: full sequences (train): keys are x's tokens only, positions from 0. Otherwise
+  /// sequence b's tokens are written into the cache at positions [p, p + T), p =
+  /// (*positions)[b], and attend to the cache's positions [0, p + t] (prefill: p = 0; insert: a
+  /// chunk at p; decode: T = 1). Sequences may stand at different positions (a batch of
+  /// prompts of different lengths).
   KvCache* cache = nullptr;
-  /// Read when the program runs (so one compiled program serves every decode step).
-  /// REQUIRES with a cache: non-null; the caller keeps 0 <= *position, *position + T <= max_len.
-  const std::int64_t* position = nullptr;
+  /// Each sequence's first new position, one per sequence of x; read when the program runs
+  /// (so one compiled program serves every decode step).
+  /// REQUIRES with a cache: non-null with one entry per sequence; the caller keeps every
+  /// 0 <= p and p + T <= max_len.
+  const std::vector<std::int64_t>* positions = nullptr;
 };
 
 /// Emits y = attention(x) into `program`: per device, its sequences' q, k, v projections for
@@ -138,7 +141,7 @@ class ShardedAttention {
   AttentionLayer layer_;
   std::int64_t batch_;
   std::optional<KvCache> cache_;
-  std::int64_t position_ = 0;  // read by the programs' nodes when they run
+  std::vector<std::int64_t> positions_;  // each sequence's; read by the programs' nodes when they run
   ProgramCache<> programs_;
 };
 

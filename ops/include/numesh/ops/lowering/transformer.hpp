@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,15 @@ class ShardedTransformer {
   /// Throws: ShapeError for an x of another batch or hidden size; IndexError when the tokens
   /// do not fit the caches (naming position, T and max_len); what a node throws.
   runtime::HostTensor forward(const runtime::HostTensor& x, std::int64_t position);
+  /// As forward(x, position), with sequence b's tokens at positions [positions[b],
+  /// positions[b] + T): sequences of different lengths decode together. A batch of prompts of
+  /// different lengths is prefilled padded at its end to the longest: a padding token's keys
+  /// and values land past its sequence's end, where the sequence's next token overwrites them
+  /// before any query sees them (causal attention looks back only), so the padding changes no
+  /// real token's output.
+  /// Throws: as forward(x, position); ShapeError when positions does not hold one entry per
+  /// sequence; IndexError naming the first sequence whose tokens do not fit the caches.
+  runtime::HostTensor forward(const runtime::HostTensor& x, std::span<const std::int64_t> positions);
   /// Compiles (if needed) and returns the program for T new tokens.
   Program& program(std::int64_t tokens);
   /// The MoE layers' routing statistics of the last run, summed over layers (empty without
@@ -73,7 +83,7 @@ class ShardedTransformer {
   std::int64_t batch_, max_len_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::shared_ptr<runtime::ShardedTensor> final_norm_;
-  std::int64_t position_ = 0;  // read by the programs' nodes when they run
+  std::vector<std::int64_t> positions_;  // each sequence's; read by the programs' nodes when they run
   Programs programs_;
   Programs::Entry* last_ = nullptr;
 };
