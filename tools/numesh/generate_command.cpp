@@ -22,6 +22,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
 #include "numesh/models/causal_lm.hpp"
+#include "numesh/models/generation.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/models/random_model.hpp"
@@ -29,7 +30,6 @@
 #include "numesh/models/text_tokenizer.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
-#include "numesh/ops/reference/lm_head.hpp"
 #include "bench_common.hpp"
 #include "parsers.hpp"
 
@@ -63,7 +63,12 @@ Examples:
   numesh generate --ids 1,450,4996 --max-new-tokens 16
   numesh generate --model ~/models/Llama-3.2-1B --prompt "The capital of France is" --dtype bf16
   numesh generate --model DIR --ids 1,2,3 --dims 1,1,2 --logits-out logits.npy
-  numesh generate --model DIR --prompt "Once upon a time" --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7)");
+  numesh generate --model DIR --prompt "Once upon a time" --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+  numesh generate --model DIR --prompt-file prompts.txt --max-new-tokens 64 --json out.json
+Several prompts (--prompt-file, or --prompt or --ids given more than once) run as one batch:
+one prefill of all of them, the shorter padded at their end, then decode steps of one token per
+sequence, each at its own position and stopping on its own; their ids and text are printed when
+all have stopped.)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--model", o.model, "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
   cmd->add_option("--random-model", o.random_model,
@@ -72,9 +77,17 @@ Examples:
   cmd->add_option("--random-hidden", o.random_hidden, "The random model's hidden size (a multiple of 64)")
       ->capture_default_str();
   cmd->add_option("--random-layers", o.random_layers, "The random model's layers")->capture_default_str();
-  cmd->add_option("--ids", o.ids, "The prompt's token ids, comma-separated");
+  cmd->add_option("--ids", o.ids,
+                  "The prompt's token ids, comma-separated; give --ids again for more prompts, decoded together")
+      ->take_all()
+      ->expected(1);
   cmd->add_option("--prompt", o.prompt,
-                  "The prompt as text, encoded by the model's tokenizer.json or tokenizer.model (with BOS)");
+                  "The prompt as text, encoded by the model's tokenizer.json or tokenizer.model (with BOS); give "
+                  "--prompt again for more prompts")
+      ->take_all()
+      ->expected(1);
+  cmd->add_option("--prompt-file", o.prompt_file,
+                  "Prompts as text, one per non-empty line, decoded together as one batch of different lengths");
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's end-of-sequence ids");
   cmd->add_flag("--greedy", o.greedy, "Pick the most likely token (the default)");
@@ -90,7 +103,8 @@ Examples:
                   "How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32)")
       ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
-                  "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then each decode step");
+                  "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then each decode step "
+                  "(one prompt)");
   cmd->add_option("--json", o.json, "Write the prompt, the ids and the timings as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
@@ -101,9 +115,6 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or write a random one");
-  NUMESH_CHECK(o.prompt.empty() != o.ids.empty(), ValueError,
-               "give the prompt as text with --prompt (the model's tokenizer encodes it) or as token ids with --ids, "
-               "one of the two");
   NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
                "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
   const bool sampling = o.temperature != 0.0;
@@ -112,10 +123,28 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const ops::SamplingOptions sampling_options{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
   if (sampling) ops::validate(sampling_options);
   std::mt19937_64 rng(o.seed);
-  std::vector<std::int32_t> prompt;
-  if (!o.ids.empty()) {
-    prompt = parse_token_ids(o.ids, "--ids");
+  const int kinds = (o.prompt.empty() ? 0 : 1) + (o.ids.empty() ? 0 : 1) + (o.prompt_file.empty() ? 0 : 1);
+  NUMESH_CHECK(kinds == 1, ValueError,
+               "give the prompts as text with --prompt or --prompt-file (the model's tokenizer encodes them) or as "
+               "token ids with --ids, one of the three");
+  // Prompts given as text: --prompt's, or --prompt-file's non-empty lines (read now, so that a
+  // missing file is refused before the model loads).
+  std::vector<std::string> texts = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream file(o.prompt_file);
+    NUMESH_CHECK(file.is_open(), IoError, "cannot read --prompt-file '{}'", o.prompt_file);
+    for (std::string line; std::getline(file, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") != std::string::npos) texts.push_back(line);
+    }
+    NUMESH_CHECK(!texts.empty(), ValueError, "--prompt-file '{}' holds no prompt (no non-empty line)",
+                 o.prompt_file);
   }
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const std::string& ids : o.ids) prompts.push_back(parse_token_ids(ids, "--ids"));
+  const std::size_t sequences = std::max(prompts.size(), texts.size());
+  NUMESH_CHECK(o.logits_out.empty() || sequences == 1, ValueError,
+               "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given", sequences);
   check_mesh_options(o.mesh);
   // The output files are opened now, so that a path that cannot be written is refused before
   // the model loads (and the generation is not lost at the end).
@@ -158,23 +187,30 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tokenizer.model")) {
     tokenizer = models::TextTokenizer::load(dir);
   }
-  if (!o.prompt.empty()) {
+  const char* source = !o.ids.empty() ? "--ids" : !o.prompt.empty() ? "--prompt" : "--prompt-file";
+  if (!texts.empty()) {
     NUMESH_CHECK(tokenizer != nullptr, IoError,
-                 "--prompt: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
+                 "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
                  "with --ids",
-                 dir.string());
-    prompt = tokenizer->encode(o.prompt, /*add_special_tokens=*/true);
-    NUMESH_CHECK(!prompt.empty(), ValueError, "--prompt '{}' encodes to no token", o.prompt);
+                 source, dir.string());
+    for (const std::string& text : texts) {
+      prompts.push_back(tokenizer->encode(text, /*add_special_tokens=*/true));
+      NUMESH_CHECK(!prompts.back().empty(), ValueError, "{} '{}' encodes to no token", source, text);
+    }
   }
-  for (std::size_t i = 0; i < prompt.size(); ++i) {
-    NUMESH_CHECK(prompt[i] < config.vocab_size, IndexError,
-                 "{}: token {} at position {} is outside the model's vocabulary [0, {})",
-                 o.prompt.empty() ? "--ids" : "--prompt", prompt[i], i, config.vocab_size);
+  std::int64_t longest = 0;
+  for (std::size_t b = 0; b < prompts.size(); ++b) {
+    const std::vector<std::int32_t>& prompt = prompts[b];
+    for (std::size_t i = 0; i < prompt.size(); ++i) {
+      NUMESH_CHECK(prompt[i] < config.vocab_size, IndexError,
+                   "{}: token {} at position {}{} is outside the model's vocabulary [0, {})", source, prompt[i], i,
+                   prompts.size() > 1 ? fmt::format(" of prompt {}", b) : std::string(), config.vocab_size);
+    }
+    longest = std::max(longest, static_cast<std::int64_t>(prompt.size()));
   }
-  const auto p = static_cast<std::int64_t>(prompt.size());
-  const std::int64_t max_len = p + o.max_new_tokens;
+  const std::int64_t max_len = longest + o.max_new_tokens;
   NUMESH_CHECK(max_len <= config.max_context(), ValueError,
-               "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}", p,
+               "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}", longest,
                o.max_new_tokens, max_len, config.max_context());
   (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
 
@@ -185,7 +221,8 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   for (const std::string& name : checkpoint.names()) bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
   const models::CausalLmWeights weights = models::CausalLmWeights::load(config, checkpoint, dtype);
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  models::CausalLm lm(mesh, config, weights, 1, max_len);
+  const auto batch = static_cast<std::int64_t>(prompts.size());
+  models::CausalLm lm(mesh, config, weights, batch, max_len);
   const double load_seconds = seconds_since(load_start);
 
   out << fmt::format("numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
@@ -194,11 +231,8 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s, read, converted and laid out)\n",
                      static_cast<double>(bytes) / 1e6,
                      load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);
-  out << fmt::format("prompt   {}\n", fmt::join(prompt, " "));
-  out << "ids     ";
-  out.flush();
-  // With a tokenizer the text follows the ids, decoded once at the end (a token can end inside
-  // a character, so decoding token by token would print broken characters). A model's
+  // With a tokenizer the text follows the ids, decoded at the end (a token can end inside a
+  // character, so decoding token by token would print broken characters). A model's
   // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a
   // small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
   std::int64_t unknown_ids = 0;
@@ -214,101 +248,105 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     return tokenizer->decode(known, /*skip_special_tokens=*/true);
   };
 
-  const bool want_logits = !o.logits_out.empty();
-  std::vector<float> logits_rows;  // [P + N - 1, V] when --logits-out
-  const auto step = [&](std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
-    if (!want_logits) {
-      return sampling ? lm.sample(ids, tokens, position, sampling_options, rng).front()
-                      : lm.greedy(ids, tokens, position).front();
-    }
-    // --logits-out: the whole logits come to the host, and the pick is made from the last row
-    // with the same rules (every token a candidate).
-    const runtime::HostTensor l = lm.logits(ids, tokens, position);
-    logits_rows.insert(logits_rows.end(), l.data.begin(), l.data.end());
-    const std::int64_t v = l.shape[1];
-    if (!sampling) {
-      runtime::HostTensor last = runtime::HostTensor::zeros({1, v});
-      std::copy(l.data.end() - v, l.data.end(), last.data.begin());
-      return ops::argmax_rows(last).front();
-    }
-    runtime::HostTensor candidates = runtime::HostTensor::zeros({1, 2 * v});
-    for (std::int64_t j = 0; j < v; ++j) {
-      candidates.data[static_cast<std::size_t>(2 * j)] = l.data[static_cast<std::size_t>(l.data.size()) - static_cast<std::size_t>(v - j)];
-      candidates.data[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(j);
-    }
-    return ops::pick_sampled(candidates, sampling_options, rng).front();
-  };
-  const auto eos = [&](std::int64_t id) {
-    return !o.ignore_eos && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) !=
-                                config.eos_token_ids.end();
-  };
-  std::vector<std::int64_t> generated;
-  const auto prefill_start = Clock::now();
-  std::int64_t next = step(prompt, p, 0);
-  const double prefill_seconds = seconds_since(prefill_start);
-  generated.push_back(next);
-  out << " " << next;
-  out.flush();
-  const auto decode_start = Clock::now();
-  while (static_cast<std::int64_t>(generated.size()) < o.max_new_tokens && !eos(next)) {
-    const std::int32_t fed = static_cast<std::int32_t>(next);
-    next = step(std::span<const std::int32_t>(&fed, 1), 1, p + static_cast<std::int64_t>(generated.size()) - 1);
-    generated.push_back(next);
-    out << " " << next;
+  models::GenerationOptions options{.max_new_tokens = o.max_new_tokens,
+                                    .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
+                                    .sampling = sampling ? std::optional(sampling_options) : std::nullopt,
+                                    .keep_logits = !o.logits_out.empty()};
+  // One prompt: its ids streamed as they come. Several: printed when all have stopped.
+  const bool streamed = batch == 1;
+  if (streamed) {
+    out << fmt::format("prompt   {}\n", fmt::join(prompts.front(), " "));
+    out << "ids     ";
     out.flush();
+  } else {
+    progress(o.quiet, fmt::format("generating {} sequences (prompts of {} to {} tokens) ...", batch,
+                                  std::min_element(prompts.begin(), prompts.end(),
+                                                   [](const auto& a, const auto& b) { return a.size() < b.size(); })
+                                      ->size(),
+                                  longest));
   }
-  const double decode_seconds = seconds_since(decode_start);
-  const auto decoded = static_cast<std::int64_t>(generated.size()) - 1;
-  const char* stopped = eos(next) ? "end-of-sequence id" : "--max-new-tokens";
-  out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped, generated.size());
-  std::string text;
-  if (tokenizer) {
-    text = text_of(generated);
-    out << fmt::format("text     {}{}\n", o.prompt.empty() ? text_of(prompt) : o.prompt, text);
-    if (unknown_ids > 0) {
-      out << fmt::format("         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
-                         unknown_ids, tokenizer->vocab_size());
+  const models::GenerationResult result =
+      models::generate(lm, prompts, options, rng, [&](std::int64_t, std::span<const std::int64_t> tokens) {
+        if (!streamed || tokens.front() < 0) return;
+        out << " " << tokens.front();
+        out.flush();
+      });
+  const auto stopped_text = [](models::StopReason r) {
+    return r == models::StopReason::kStopId ? "end-of-sequence id" : "--max-new-tokens";
+  };
+  std::vector<std::string> texts_out(prompts.size());
+  for (std::size_t b = 0; b < prompts.size(); ++b) {
+    if (tokenizer) texts_out[b] = text_of(result.ids[b]);
+    if (streamed) {
+      out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]), result.ids[b].size());
+    } else {
+      out << fmt::format("sequence {}\nprompt   {}\nids      {}\nstopped  at {} ({} tokens)\n", b,
+                         fmt::join(prompts[b], " "), fmt::join(result.ids[b], " "), stopped_text(result.stopped[b]),
+                         result.ids[b].size());
+    }
+    if (tokenizer) {
+      const std::string prompt_text = !texts.empty() ? texts[b] : text_of(prompts[b]);
+      out << fmt::format("text     {}{}\n", prompt_text, texts_out[b]);
     }
   }
-  out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", p, prefill_seconds * 1e3,
-                     static_cast<double>(p) / prefill_seconds);
-  if (decoded > 0) {
-    out << fmt::format("decode   {} tokens, {:.2f} ms per token ({:.1f} tokens/s)\n", decoded,
-                       decode_seconds * 1e3 / static_cast<double>(decoded),
-                       static_cast<double>(decoded) / decode_seconds);
+  if (tokenizer && unknown_ids > 0) {
+    out << fmt::format("         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
+                       unknown_ids, tokenizer->vocab_size());
   }
-  if (want_logits) {
+  std::int64_t prompt_tokens = 0;
+  for (const auto& prompt : prompts) prompt_tokens += static_cast<std::int64_t>(prompt.size());
+  // A batch's prefill computes every padded position; the rate counts the real tokens.
+  out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", prompt_tokens,
+                     result.prefill_seconds * 1e3, static_cast<double>(prompt_tokens) / result.prefill_seconds);
+  if (result.decode_steps > 0) {
+    out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n", result.decoded_tokens,
+                       result.decode_steps, result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
+                       static_cast<double>(result.decoded_tokens) / result.decode_seconds);
+  }
+  if (!o.logits_out.empty()) {
     runtime::HostTensor all = runtime::HostTensor::zeros(
-        {static_cast<std::int64_t>(logits_rows.size()) / config.vocab_size, config.vocab_size});
-    all.data = std::move(logits_rows);
+        {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size, config.vocab_size});
+    all.data = result.logits.front();
     logits_file.close();
     ops::save_npy(o.logits_out, all);
     out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1], o.logits_out);
   }
   if (json_file.is_open()) {
-    json_file << nlohmann::json{{"model", dir.string()},
-                        {"architecture", std::string(to_string(config.architecture))},
-                        {"dtype", std::string(to_string(dtype))},
-                        {"mesh", mesh.mesh().repr()},
-                        {"prompt_ids", prompt},
-                        {"ids", generated},
-                        {"text", tokenizer ? nlohmann::json(text) : nlohmann::json(nullptr)},
-                        {"stopped", stopped},
-                        {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
-                                                               {"top_k", o.top_k},
-                                                               {"top_p", o.top_p},
-                                                               {"seed", o.seed}}
-                                              : nlohmann::json("greedy")},
-                        {"load_seconds", load_seconds},
-                        {"load_bytes", bytes},
-                        {"prefill_seconds", prefill_seconds},
-                        {"prefill_tokens_per_second", static_cast<double>(p) / prefill_seconds},
-                        {"decode_tokens", decoded},
-                        {"decode_seconds", decode_seconds},
-                        {"decode_tokens_per_second",
-                         decoded > 0 ? static_cast<double>(decoded) / decode_seconds : 0.0}}
-                         .dump(2)
-      << "\n";
+    nlohmann::json seqs = nlohmann::json::array();
+    for (std::size_t b = 0; b < prompts.size(); ++b) {
+      seqs.push_back({{"prompt_ids", prompts[b]},
+                      {"ids", result.ids[b]},
+                      {"text", tokenizer ? nlohmann::json(texts_out[b]) : nlohmann::json(nullptr)},
+                      {"stopped", stopped_text(result.stopped[b])}});
+    }
+    nlohmann::json j{{"model", dir.string()},
+                     {"architecture", std::string(to_string(config.architecture))},
+                     {"dtype", std::string(to_string(dtype))},
+                     {"mesh", mesh.mesh().repr()},
+                     {"sequences", seqs},
+                     {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
+                                                            {"top_k", o.top_k},
+                                                            {"top_p", o.top_p},
+                                                            {"seed", o.seed}}
+                                           : nlohmann::json("greedy")},
+                     {"load_seconds", load_seconds},
+                     {"load_bytes", bytes},
+                     {"prefill_tokens", prompt_tokens},
+                     {"prefill_seconds", result.prefill_seconds},
+                     {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},
+                     {"decode_steps", result.decode_steps},
+                     {"decode_tokens", result.decoded_tokens},
+                     {"decode_seconds", result.decode_seconds},
+                     {"decode_tokens_per_second", result.decoded_tokens > 0
+                                                      ? static_cast<double>(result.decoded_tokens) / result.decode_seconds
+                                                      : 0.0}};
+    if (streamed) {  // one prompt: its fields at the top level too
+      j["prompt_ids"] = seqs[0]["prompt_ids"];
+      j["ids"] = seqs[0]["ids"];
+      j["text"] = seqs[0]["text"];
+      j["stopped"] = seqs[0]["stopped"];
+    }
+    json_file << j.dump(2) << "\n";
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "mesh_options.hpp"
 
@@ -26,8 +27,9 @@ struct GenerateOptions {
   std::string random_model;         ///< --random-model DIR: write a random Llama there and use it
   std::int64_t random_hidden = 512;  ///< --random-hidden: its hidden size (a multiple of 64)
   std::int64_t random_layers = 4;    ///< --random-layers
-  std::string ids;                  ///< --ids 1,2,3: the prompt's token ids
-  std::string prompt;               ///< --prompt TEXT: encoded by the model's tokenizer
+  std::vector<std::string> ids;     ///< --ids 1,2,3 (repeatable): prompts as token ids
+  std::vector<std::string> prompt;  ///< --prompt TEXT (repeatable): encoded by the model's tokenizer
+  std::string prompt_file;          ///< --prompt-file F: one prompt per non-empty line
   std::int64_t max_new_tokens = 32;  ///< --max-new-tokens
   bool ignore_eos = false;          ///< --ignore-eos: do not stop at an end-of-sequence id
   bool greedy = false;              ///< --greedy: argmax (the default without --temperature)
@@ -36,7 +38,7 @@ struct GenerateOptions {
   double top_p = 1.0;               ///< --top-p P (sampling)
   std::uint64_t seed = 0;           ///< --seed S (sampling)
   std::string dtype = "f32";        ///< --dtype: how the devices store the matrices
-  std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V]
+  std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;                 ///< --json FILE
   bool quiet = false;               ///< --quiet: no progress on stderr
 };
@@ -44,7 +46,9 @@ struct GenerateOptions {
 /// Registers `generate`. Not thread-safe (CLI11 setup).
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& options);
 
-/// Loads (or writes and loads) the model, generates, streams the ids to `out` and reports.
+/// Loads (or writes and loads) the model, generates (one prompt: its ids streamed to `out` as
+/// they come; several: decoded together as one batch, each printed when all have stopped) and
+/// reports.
 /// Returns 0.
 /// Throws: numesh::Error naming a bad option, file or id (before any weight is read where it
 /// can be known then).
