@@ -32,6 +32,14 @@ HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
   return HostTensor{std::move(shape), std::vector<float>(n, 0.0f)};
 }
 
+HostTensor HostTensor::shape_only(std::vector<std::int64_t> shape) {
+  NUMESH_CHECK(num_elements(shape) > 0, ShapeError, "a shape-only tensor needs elements, not shape [{}]",
+               fmt::join(shape, ", "));
+  return HostTensor{std::move(shape), {}};
+}
+
+bool HostTensor::is_shape_only() const noexcept { return data.empty() && num_elements(shape) > 0; }
+
 HostTensor rounded_to(const HostTensor& t, DType dtype) {
   HostTensor out = t;
   if (dtype == DType::kBF16) {
@@ -185,21 +193,24 @@ void check_host_shape(const HostTensor& host, const ShardedTensor& tensor) {
 
 }  // namespace
 
+void fill_shards(ShardedTensor& tensor, const std::function<void(std::int64_t slot, Tensor& shard)>& fill) {
+  GraphBuilder builder(tensor.mesh().device_set());
+  for (std::int64_t slot = 0; slot < tensor.mesh().size(); ++slot) {
+    Tensor& shard = tensor.shard(slot);
+    if (shard.size() == 0) continue;
+    builder.add(tensor.mesh().device(slot).index(), fmt::format("fill[{}]", slot),
+                [&fill, &shard, slot] { fill(slot, shard); });
+  }
+  builder.compile().run();
+}
+
 void scatter(const HostTensor& host, ShardedTensor& tensor) {
   check_host_shape(host, tensor);
   const auto global = whole(host.shape);
-  GraphBuilder builder(tensor.mesh().device_set());
-  for (std::int64_t slot = 0; slot < tensor.mesh().size(); ++slot) {
+  fill_shards(tensor, [&](std::int64_t slot, Tensor& shard) {
     const auto& slices = tensor.layout().device(slot).slices;
-    Tensor& shard = tensor.shard(slot);
-    if (shard.size() == 0) continue;
-    builder.add(tensor.mesh().device(slot).index(), fmt::format("scatter[{}]", slot),
-                [&host, &global, &slices, &shard] {
-                  copy_box(slices, host.data.data(), DType::kF32, global, shard.data(), shard.dtype(),
-                           slices);
-                });
-  }
-  builder.compile().run();
+    copy_box(slices, host.data.data(), DType::kF32, global, shard.data(), shard.dtype(), slices);
+  });
 }
 
 HostTensor gather(const ShardedTensor& tensor) {

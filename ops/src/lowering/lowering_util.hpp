@@ -46,7 +46,8 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMes
                                                         DType dtype = DType::kF32) {
   auto t = std::make_shared<runtime::ShardedTensor>(
       mesh, host.shape, sharding::correct_spec(host.shape, spec, mesh.mesh()).spec, dtype);
-  runtime::scatter(host, *t);
+  // A shape-only weight is laid out unfilled: its owner writes the shards (fill_shards).
+  if (!host.is_shape_only()) runtime::scatter(host, *t);
   return t;
 }
 

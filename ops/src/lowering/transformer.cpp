@@ -76,6 +76,36 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
   if (!w.final_norm.shape.empty()) final_norm_ = norm(w.final_norm, "final_norm");
 }
 
+std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const {
+  std::vector<NamedWeight> all;
+  const auto add = [&](const std::string& name, const std::shared_ptr<runtime::ShardedTensor>& t) {
+    if (t) all.push_back(NamedWeight{name, t});
+  };
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = *layers_[l];
+    const std::string p = fmt::format("layers.{}.", l);
+    add(p + "attn_norm", layer.attn_norm);
+    add(p + "attention.wq", layer.attention.wq);
+    add(p + "attention.wk", layer.attention.wk);
+    add(p + "attention.wv", layer.attention.wv);
+    add(p + "attention.wo", layer.attention.wo);
+    add(p + "ffn_norm", layer.ffn_norm);
+    if (layer.mlp) {
+      add(p + "mlp.gate", layer.mlp->gate);
+      add(p + "mlp.up", layer.mlp->up);
+      add(p + "mlp.down", layer.mlp->down);
+    }
+    if (layer.moe) {
+      add(p + "moe.router", layer.moe->router);
+      add(p + "moe.gate", layer.moe->gate);
+      add(p + "moe.up", layer.moe->up);
+      add(p + "moe.down", layer.moe->down);
+    }
+  }
+  add("final_norm", final_norm_);
+  return all;
+}
+
 ShardedTransformer::~ShardedTransformer() = default;
 ShardedTransformer::ShardedTransformer(ShardedTransformer&&) noexcept = default;
 ShardedTransformer& ShardedTransformer::operator=(ShardedTransformer&&) noexcept = default;

@@ -29,6 +29,13 @@ struct HostTensor {
 
   /// A zero tensor of `shape`. Throws: ShapeError for a negative extent.
   static HostTensor zeros(std::vector<std::int64_t> shape);
+  /// A tensor with a shape and no values (data empty; the shape must hold elements): a weight
+  /// whose values are not in host memory. The operators' layers lay it out unfilled, and the
+  /// caller writes each device's shard itself (fill_shards): how a checkpoint is read straight
+  /// into the devices' nodes. Only the layers' create functions accept one.
+  static HostTensor shape_only(std::vector<std::int64_t> shape);
+  /// True for a shape_only() tensor: no values, though its shape holds elements.
+  bool is_shape_only() const noexcept;
   friend bool operator==(const HostTensor&, const HostTensor&) = default;
 };
 
@@ -121,6 +128,11 @@ class ShardedTensor {
 /// f16 tensor receives the values rounded to nearest even (runtime/convert.hpp).
 /// Throws: ShapeError when the shapes differ (naming both).
 void scatter(const HostTensor& host, ShardedTensor& tensor);
+/// Calls fill(slot, shard) for every slot whose shard holds elements, on that slot's device (in
+/// its arena: the pages it writes are its node's, and tbb algorithms inside use its threads),
+/// all devices in parallel. The shard's global box is tensor.layout().device(slot).slices.
+/// Throws: what fill throws (rethrown once every device has stopped).
+void fill_shards(ShardedTensor& tensor, const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly.
 HostTensor gather(const ShardedTensor& tensor);

@@ -72,6 +72,18 @@ class ShardedTransformer {
   /// The config.
   const TransformerConfig& config() const noexcept { return config_; }
 
+  /// A laid-out weight and where it sits in the stack.
+  struct NamedWeight {
+    std::string name;
+    std::shared_ptr<runtime::ShardedTensor> tensor;
+  };
+  /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
+  /// wv, wo}" ([in, out]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" or
+  /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]), and "final_norm".
+  /// Weights given HostTensor::shape_only are laid out unfilled: their owner fills them through
+  /// these (runtime::fill_shards) before the first run.
+  std::vector<NamedWeight> weights() const;
+
  private:
   struct Layer;
   using Programs = ProgramCache<std::vector<MoeRouting*>>;  // extra: each MoE layer's routing
