@@ -221,11 +221,13 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
 
   // Biases: Qwen2's and Qwen2-MoE's q, k, v projections always have them (no config field);
-  // attention_bias (Llama, Qwen3) puts them on all four projections.
+  // attention_bias (Llama, Qwen3) puts them on all four projections. mlp_bias is Llama's
+  // alone: the other architectures' MLPs and experts are built without biases whatever the
+  // field says (transformers' MistralMLP, Qwen2MLP, ... take bias=False).
   const bool attention_bias = f.boolean("attention_bias", false);
   c.qkv_bias = a == Architecture::kQwen2 || a == Architecture::kQwen2Moe || attention_bias;
   c.o_bias = attention_bias;
-  c.mlp_bias = f.boolean("mlp_bias", false);
+  c.mlp_bias = f.boolean("mlp_bias", false) && a == Architecture::kLlama;
   c.qk_norm = qwen3;
 
   // Sliding windows: Mistral and Mixtral apply sliding_window when set; Qwen models only
@@ -253,7 +255,10 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
         NUMESH_CHECK(l >= 0 && l < c.num_hidden_layers, ValueError,
                      "{}: mlp_only_layers names layer {}, outside the {} layers", source, l, c.num_hidden_layers);
       }
-      if (a == Architecture::kQwen2Moe) c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size", 0);
+      // Qwen2-MoE's MoE layers always have a shared expert (transformers' default size 5632).
+      if (a == Architecture::kQwen2Moe) {
+        c.shared_expert_intermediate_size = f.positive("shared_expert_intermediate_size", 5632);
+      }
     }
   }
   bool dense_layers = !is_moe(a);
@@ -318,13 +323,6 @@ HfConfig HfConfig::load(const std::filesystem::path& path) {
 }
 
 ops::TransformerConfig HfConfig::transformer_config() const {
-  // Everything missing at once, so that one message says how far the model is from running.
-  std::vector<std::string_view> missing;
-  if (mlp_bias) missing.push_back("MLP biases (mlp_bias)");
-  if (shared_expert_intermediate_size > 0) missing.push_back("a shared expert (shared_expert_intermediate_size)");
-  if (!mlp_only_layers.empty()) missing.push_back("dense layers among MoE ones (mlp_only_layers)");
-  NUMESH_CHECK(missing.empty(), NotImplementedError, "{} model: numesh does not run {} yet", to_string(architecture),
-               fmt::join(missing, ", "));
   ops::TransformerConfig t;
   t.hidden = hidden_size;
   t.layers = num_hidden_layers;
@@ -340,6 +338,11 @@ ops::TransformerConfig HfConfig::transformer_config() const {
   if (num_experts > 0) {
     t.moe = ops::MoeConfig{.num_experts = num_experts, .top_k = num_experts_per_tok, .renormalize = norm_topk_prob};
     t.moe_ffn = moe_intermediate_size;
+    t.shared_expert_ffn = shared_expert_intermediate_size;
+    // transformers asks only whether a layer is listed: a repeat means nothing more.
+    t.dense_layers = mlp_only_layers;
+    std::sort(t.dense_layers.begin(), t.dense_layers.end());
+    t.dense_layers.erase(std::unique(t.dense_layers.begin(), t.dense_layers.end()), t.dense_layers.end());
   }
   t.validate();
   return t;

@@ -115,10 +115,22 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsC
         put_expert(b.moe.up, x, r.linear(ep + (mixtral ? "w3.weight" : "up_proj.weight"), h, f));
         put_expert(b.moe.down, x, r.linear(ep + (mixtral ? "w2.weight" : "down_proj.weight"), f, h));
       }
+      if (t.shared_expert_ffn > 0) {  // Qwen2-MoE
+        const std::int64_t fs = t.shared_expert_ffn;
+        b.moe.shared_expert.gate = r.linear(moe + "shared_expert.gate_proj.weight", h, fs);
+        b.moe.shared_expert.up = r.linear(moe + "shared_expert.up_proj.weight", h, fs);
+        b.moe.shared_expert.down = r.linear(moe + "shared_expert.down_proj.weight", fs, h);
+        b.moe.shared_expert_gate = r.linear(moe + "shared_expert_gate.weight", h, 1);
+      }
     } else {
       b.mlp.gate = r.linear(p + "mlp.gate_proj.weight", h, t.ffn);
       b.mlp.up = r.linear(p + "mlp.up_proj.weight", h, t.ffn);
       b.mlp.down = r.linear(p + "mlp.down_proj.weight", t.ffn, h);
+      if (config.mlp_bias) {
+        b.mlp.gate_bias = r.read(p + "mlp.gate_proj.bias", {t.ffn});
+        b.mlp.up_bias = r.read(p + "mlp.up_proj.bias", {t.ffn});
+        b.mlp.down_bias = r.read(p + "mlp.down_proj.bias", {h});
+      }
     }
     w.stack.blocks.push_back(std::move(b));
   }

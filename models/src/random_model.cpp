@@ -47,7 +47,7 @@ nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers) {
 void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config_doc, DType dtype,
                         std::uint32_t seed) {
   const HfConfig c = HfConfig::parse(config_doc, (dir / "config.json").string());
-  const ops::TransformerConfig t = c.transformer_config();  // refuses what numesh cannot run
+  const ops::TransformerConfig t = c.transformer_config();
   std::filesystem::create_directories(dir);
   {
     std::ofstream out(dir / "config.json");
@@ -101,10 +101,21 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
         linear(ep + (mixtral ? "w3.weight" : "up_proj.weight"), t.moe_ffn, h);
         linear(ep + (mixtral ? "w2.weight" : "down_proj.weight"), h, t.moe_ffn);
       }
+      if (t.shared_expert_ffn > 0) {  // Qwen2-MoE; its gate is an nn.Linear [1, H] like the router
+        linear(moe + "shared_expert.gate_proj.weight", t.shared_expert_ffn, h);
+        linear(moe + "shared_expert.up_proj.weight", t.shared_expert_ffn, h);
+        linear(moe + "shared_expert.down_proj.weight", h, t.shared_expert_ffn);
+        add(moe + "shared_expert_gate.weight", {1, h}, 1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
+      }
     } else {
       linear(p + "mlp.gate_proj.weight", t.ffn, h);
       linear(p + "mlp.up_proj.weight", t.ffn, h);
       linear(p + "mlp.down_proj.weight", h, t.ffn);
+      if (c.mlp_bias) {
+        add(p + "mlp.gate_proj.bias", {t.ffn}, 0.1f, 0.0f, DType::kF32);
+        add(p + "mlp.up_proj.bias", {t.ffn}, 0.1f, 0.0f, DType::kF32);
+        add(p + "mlp.down_proj.bias", {h}, 0.1f, 0.0f, DType::kF32);
+      }
     }
   }
   if (!c.tie_word_embeddings) linear("lm_head.weight", c.vocab_size, h);

@@ -1,5 +1,6 @@
 #include "numesh/ops/transformer_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -40,6 +41,15 @@ void TransformerConfig::validate() const {
                  "transformer: moe_ffn {} must be positive and capacity_factor {} not negative", moe_ffn,
                  moe.capacity_factor);
   }
+  NUMESH_CHECK(shared_expert_ffn >= 0, ValueError, "transformer: shared_expert_ffn {} is negative",
+               shared_expert_ffn);
+  for (std::size_t i = 0; i < dense_layers.size(); ++i) {
+    const std::int64_t l = dense_layers[i];
+    NUMESH_CHECK(l >= 0 && l < layers, ValueError, "transformer: dense layer {} is outside the {} layers", l, layers);
+    NUMESH_CHECK(std::find(dense_layers.begin(), dense_layers.begin() + static_cast<std::ptrdiff_t>(i), l) ==
+                     dense_layers.begin() + static_cast<std::ptrdiff_t>(i),
+                 ValueError, "transformer: dense layer {} is listed twice", l);
+  }
   NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
 }
 
@@ -49,6 +59,7 @@ std::int64_t TransformerConfig::parameters() const noexcept {
   for (std::int64_t l = 0; l < layers; ++l) {
     total += 2 * hidden + hidden * a.head_dim * (2 * a.num_heads + 2 * a.num_kv_heads);
     total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn : 3 * hidden * ffn;
+    if (is_moe(l) && shared_expert_ffn > 0) total += 3 * hidden * shared_expert_ffn + hidden;
   }
   return total;
 }
@@ -62,6 +73,9 @@ double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens, std::in
     total += is_moe(l) ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
                                  static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
                        : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
+    if (is_moe(l) && shared_expert_ffn > 0) {
+      total += rows * (3.0 * 2.0 * h * static_cast<double>(shared_expert_ffn) + 2.0 * h);
+    }
   }
   return total;
 }
@@ -85,6 +99,13 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
       b.moe.gate = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
       b.moe.up = normal({e, h, f}, rng, 0.0f, fan_in_scale(h));
       b.moe.down = normal({e, f, h}, rng, 0.0f, fan_in_scale(f));
+      if (c.shared_expert_ffn > 0) {
+        const std::int64_t fs = c.shared_expert_ffn;
+        b.moe.shared_expert.gate = normal({h, fs}, rng, 0.0f, fan_in_scale(h));
+        b.moe.shared_expert.up = normal({h, fs}, rng, 0.0f, fan_in_scale(h));
+        b.moe.shared_expert.down = normal({fs, h}, rng, 0.0f, fan_in_scale(fs));
+        b.moe.shared_expert_gate = normal({h, 1}, rng, 0.0f, fan_in_scale(h));
+      }
     } else {
       b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
@@ -101,6 +122,7 @@ void TransformerWeights::store_as(DType dtype) {
     b.attention.stored_as = dtype;
     b.mlp.stored_as = dtype;
     b.moe.stored_as = dtype;
+    b.moe.shared_expert.stored_as = dtype;
   }
 }
 

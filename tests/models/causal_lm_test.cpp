@@ -6,6 +6,7 @@
 #include "numesh/models/causal_lm.hpp"
 #include "numesh/models/generation.hpp"
 #include "numesh/models/perplexity.hpp"
+#include "numesh/models/random_model.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -53,6 +54,40 @@ std::map<std::string, std::vector<std::int64_t>> llama_shapes() {
     s[p + "mlp.up_proj.weight"] = {24, 16};
     s[p + "mlp.down_proj.weight"] = {16, 24};
   }
+  return s;
+}
+
+// A tiny Qwen2-MoE: layer 0 MoE (4 experts of 8, top-2 raw weights, a shared expert of 12),
+// layer 1 dense (mlp_only_layers, intermediate 24); q/k/v biases.
+json tiny_qwen2_moe() {
+  return json{{"model_type", "qwen2_moe"}, {"vocab_size", 32}, {"hidden_size", 16}, {"intermediate_size", 24},
+              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+              {"max_position_embeddings", 64}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 12}, {"norm_topk_prob", false},
+              {"mlp_only_layers", {1}}, {"tie_word_embeddings", true}};
+}
+
+std::map<std::string, std::vector<std::int64_t>> qwen2_moe_shapes() {
+  auto s = llama_shapes();
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    s[p + "self_attn.q_proj.bias"] = {16};
+    s[p + "self_attn.k_proj.bias"] = {8};
+    s[p + "self_attn.v_proj.bias"] = {8};
+  }
+  const std::string moe = "model.layers.0.mlp.";
+  for (const char* name : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) s.erase(moe + name);
+  s[moe + "gate.weight"] = {4, 16};
+  for (int e = 0; e < 4; ++e) {
+    const std::string ep = moe + "experts." + std::to_string(e) + ".";
+    s[ep + "gate_proj.weight"] = {8, 16};
+    s[ep + "up_proj.weight"] = {8, 16};
+    s[ep + "down_proj.weight"] = {16, 8};
+  }
+  s[moe + "shared_expert.gate_proj.weight"] = {12, 16};
+  s[moe + "shared_expert.up_proj.weight"] = {12, 16};
+  s[moe + "shared_expert.down_proj.weight"] = {16, 12};
+  s[moe + "shared_expert_gate.weight"] = {1, 16};
   return s;
 }
 
@@ -122,10 +157,83 @@ TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
   json qwen2 = tiny_llama();  // Qwen2 adds q/k/v biases the Llama checkpoint lacks
   qwen2["model_type"] = "qwen2";
   refused(llama_shapes(), qwen2, ThrowsMessage<KeyError>(HasSubstr("model.layers.0.self_attn.q_proj.bias")));
-  json mlp_bias = tiny_llama();
+  json mlp_bias = tiny_llama();  // mlp_bias asks for the MLP biases the checkpoint lacks
   mlp_bias["mlp_bias"] = true;
-  refused(llama_shapes(), mlp_bias,
-          ThrowsMessage<NotImplementedError>("llama model: numesh does not run MLP biases (mlp_bias) yet"));
+  refused(llama_shapes(), mlp_bias, ThrowsMessage<KeyError>(HasSubstr("model.layers.0.mlp.gate_proj.bias")));
+  shapes = llama_shapes();
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    shapes[p + "gate_proj.bias"] = {24};
+    shapes[p + "up_proj.bias"] = {24};
+    shapes[p + "down_proj.bias"] = {24};
+  }
+  refused(shapes, mlp_bias,
+          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.0.mlp.down_proj.bias is [24], the "
+                                    "config implies [16]"));
+  shapes = qwen2_moe_shapes();
+  shapes["model.layers.0.mlp.shared_expert_gate.weight"] = {16};
+  refused(shapes, tiny_qwen2_moe(),
+          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.0.mlp.shared_expert_gate.weight is "
+                                    "[16], the config implies [1, 16]"));
+  shapes = qwen2_moe_shapes();
+  shapes.erase("model.layers.0.mlp.shared_expert.up_proj.weight");
+  refused(shapes, tiny_qwen2_moe(),
+          ThrowsMessage<KeyError>(HasSubstr("model.layers.0.mlp.shared_expert.up_proj.weight")));
+  shapes = qwen2_moe_shapes();
+  shapes.erase("model.layers.1.mlp.up_proj.weight");  // the dense layer of mlp_only_layers
+  refused(shapes, tiny_qwen2_moe(), ThrowsMessage<KeyError>(HasSubstr("model.layers.1.mlp.up_proj.weight")));
+}
+
+// Llama with mlp_bias and a Qwen2-MoE with its shared expert and a dense layer, checkpoints of
+// the test's own shapes and ones write_random_model writes: each loads, its optional tensors
+// where the config puts them, and decodes the same tokens on every mesh. (PyTorch checks the
+// numbers: models_hf_match_pytorch.)
+TEST(CausalLmTest, MlpBiasesSharedExpertsAndDenseLayersLoadAndDecodeTheSameOnEveryMesh) {
+  json llama_bias = tiny_llama();
+  llama_bias["mlp_bias"] = true;
+  auto bias_shapes = llama_shapes();
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    bias_shapes[p + "gate_proj.bias"] = {24};
+    bias_shapes[p + "up_proj.bias"] = {24};
+    bias_shapes[p + "down_proj.bias"] = {16};
+  }
+  for (const auto& [config, shapes] :
+       {std::pair{llama_bias, bias_shapes}, std::pair{tiny_qwen2_moe(), qwen2_moe_shapes()}}) {
+    for (const bool written_by_numesh : {false, true}) {
+      ScratchDir dir;
+      if (written_by_numesh) {
+        write_random_model(dir.path(), config, DType::kF32, 5);
+      } else {
+        write_model(dir, config, shapes);
+      }
+      const std::string label =
+          config["model_type"].get<std::string>() + (written_by_numesh ? " (write_random_model)" : "");
+      const HfConfig c = HfConfig::load(dir.path());
+      const CausalLmWeights w = CausalLmWeights::load(c, SafetensorsCheckpoint::open(dir.path()));
+      if (c.mlp_bias) {
+        EXPECT_EQ(w.stack.blocks[1].mlp.up_bias.shape, (std::vector<std::int64_t>{24})) << label;
+        EXPECT_EQ(w.stack.blocks[1].mlp.down_bias.shape, (std::vector<std::int64_t>{16})) << label;
+      } else {
+        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert.down.shape, (std::vector<std::int64_t>{12, 16}))
+            << label << ": [in, out]";
+        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert_gate.shape, (std::vector<std::int64_t>{16, 1})) << label;
+        EXPECT_EQ(w.stack.blocks[1].mlp.up.shape, (std::vector<std::int64_t>{16, 24})) << label << ": the dense layer";
+        EXPECT_TRUE(w.stack.blocks[1].moe.router.shape.empty()) << label;
+      }
+      std::vector<std::vector<std::int64_t>> runs;
+      for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "ep"}}) {
+        CausalLm lm(mesh(n, axis), c, w, 2, 8);
+        std::vector<std::int64_t> tokens = lm.greedy(std::vector<std::int32_t>{3, 4, 5, 6, 7, 8}, 3, 0);
+        const std::vector<std::int32_t> fed{static_cast<std::int32_t>(tokens[0]), static_cast<std::int32_t>(tokens[1])};
+        const std::vector<std::int64_t> next = lm.greedy(fed, 1, 3);
+        tokens.insert(tokens.end(), next.begin(), next.end());
+        runs.push_back(tokens);
+      }
+      EXPECT_EQ(runs[1], runs[0]) << label << ": tp2 picks what one device picks";
+      EXPECT_EQ(runs[2], runs[0]) << label << ": ep2 too";
+    }
+  }
 }
 
 TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {

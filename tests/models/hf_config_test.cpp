@@ -1,7 +1,7 @@
 // config.json as numesh reads it (numesh/models/hf_config.hpp): the fields of real checkpoints'
 // configs (the documents below follow the published config.json of each model, trimmed of
-// fields numesh does not read), transformers' defaults for absent fields, what numesh cannot
-// run yet refused by name, and every malformed field.
+// fields numesh does not read), transformers' defaults for absent fields, the stacks they build,
+// and every malformed field.
 
 #include "numesh/models/hf_config.hpp"
 
@@ -199,20 +199,36 @@ TEST(HfConfigTest, QwenBiasesAndQkNormsBuildTheirStacks) {
   EXPECT_EQ(HfConfig::parse(qwen3_moe(), "config.json").transformer_config().moe.top_k, 8);
 }
 
-TEST(HfConfigTest, WhatNumeshCannotRunYetIsRefusedListingEveryFeature) {
+// Llama's MLP biases, Qwen2-MoE's shared expert and Qwen-MoE's mlp_only_layers: all run
+// (nothing of the published configs is refused any more).
+TEST(HfConfigTest, MlpBiasesSharedExpertsAndDenseLayersBuildTheirStacks) {
   json biases = llama32();
   biases["mlp_bias"] = true;
-  EXPECT_THAT([&] { (void)HfConfig::parse(biases, "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("llama model: numesh does not run MLP biases (mlp_bias) yet"));
-  EXPECT_THAT([] { (void)HfConfig::parse(qwen2_moe(), "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen2_moe model: numesh does not run a shared expert "
-                                                 "(shared_expert_intermediate_size) yet"));
+  const HfConfig lb = HfConfig::parse(biases, "config.json");
+  EXPECT_TRUE(lb.mlp_bias);
+  EXPECT_EQ(lb.transformer_config().ffn, 8192) << "the biases ride on the weights, the stack is Llama's";
+  json mistral_bias = mistral();
+  mistral_bias["mlp_bias"] = true;
+  EXPECT_FALSE(HfConfig::parse(mistral_bias, "config.json").mlp_bias) << "MistralMLP has no biases whatever the field";
+
+  const ops::TransformerConfig q2 = HfConfig::parse(qwen2_moe(), "config.json").transformer_config();
+  EXPECT_EQ(q2.shared_expert_ffn, 5632);
+  EXPECT_EQ(q2.moe_ffn, 1408);
+  EXPECT_FALSE(q2.moe.renormalize) << "norm_topk_prob false: the raw softmax weights";
+  EXPECT_TRUE(q2.dense_layers.empty());
+  json absent = qwen2_moe();
+  absent.erase("shared_expert_intermediate_size");
+  EXPECT_EQ(HfConfig::parse(absent, "config.json").shared_expert_intermediate_size, 5632) << "transformers' default";
+  EXPECT_EQ(HfConfig::parse(qwen3_moe(), "config.json").transformer_config().shared_expert_ffn, 0);
+
   json dense_layers = qwen2_moe();
-  dense_layers["mlp_only_layers"] = json::array({0});
-  EXPECT_THAT([&] { (void)HfConfig::parse(dense_layers, "config.json").transformer_config(); },
-              ThrowsMessage<NotImplementedError>("qwen2_moe model: numesh does not run a shared expert "
-                                                 "(shared_expert_intermediate_size), dense layers among MoE ones "
-                                                 "(mlp_only_layers) yet"));
+  dense_layers["mlp_only_layers"] = json::array({5, 0, 5});
+  const ops::TransformerConfig t = HfConfig::parse(dense_layers, "config.json").transformer_config();
+  EXPECT_EQ(t.dense_layers, (std::vector<std::int64_t>{0, 5})) << "sorted, a repeat meaning nothing more";
+  EXPECT_FALSE(t.is_moe(0));
+  EXPECT_TRUE(t.is_moe(1));
+  EXPECT_FALSE(t.is_moe(5));
+  EXPECT_EQ(t.ffn, 5632) << "the dense layers' intermediate_size";
 }
 
 TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
@@ -271,6 +287,9 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   j = qwen3_moe();
   j["mlp_only_layers"] = json::array({48});
   refused(j, "m/config.json: mlp_only_layers names layer 48, outside the 48 layers");
+  j = qwen2_moe();
+  j["shared_expert_intermediate_size"] = 0;
+  refused(j, "m/config.json: config field 'shared_expert_intermediate_size' is 0, expected a positive integer");
   j = qwen3_moe();
   j.erase("moe_intermediate_size");
   refused(j, "m/config.json: config field 'moe_intermediate_size' is missing");

@@ -14,7 +14,10 @@ of each decode step. `check` recomputes everything with a forward written here f
 published architectures (Llama: RMSNorm, rotate-half RoPE with llama3 scaling, GQA, SwiGLU;
 Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2; Qwen2: q/k/v biases;
 Qwen3: RMSNorm of each q and k head before RoPE; Qwen3-MoE: Qwen3's attention with experts
-gate_proj/up_proj/down_proj), in float64, and
+gate_proj/up_proj/down_proj; Llama's mlp_bias: biases on gate_proj, up_proj and down_proj;
+Qwen2-MoE: Qwen2's attention, experts with the raw top-k softmax weights, a shared expert scaled
+by sigmoid(x shared_expert_gate^T), and the dense MLP in the layers of mlp_only_layers), in
+float64, and
 compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
 numesh does (docs/ops.md, "Weight dtypes").
@@ -68,12 +71,34 @@ def models():
     qwen3_moe = dict(qwen3, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
                      num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
                      mlp_only_layers=[])
+    # Llama with mlp_bias: biases on the three MLP projections.
+    llama_mlp_bias = dict(LLAMA, mlp_bias=True, tie_word_embeddings=False)
+    # Qwen2-MoE: Qwen2's q/k/v biases; 3 layers, 1 dense (mlp_only_layers, intermediate_size
+    # 96) between two MoE layers of top-2 of 4 experts with the raw softmax weights
+    # (norm_topk_prob false) and a shared expert of 80, each with its sigmoid gate.
+    qwen2_moe = dict(qwen2, model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_hidden_layers=3,
+                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                     shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=1,
+                     mlp_only_layers=[1], tie_word_embeddings=False)
+    # New cases go last: each case's random draws follow from its index.
     return [("llama_tied_f32", tied, torch.float32, 1, ["f32"]),
             ("llama_bf16_two_shards", untied, torch.bfloat16, 2, ["f32", "bf16"]),
             ("mixtral_f32", mixtral, torch.float32, 1, ["f32"]),
             ("qwen2_f32", qwen2, torch.float32, 1, ["f32"]),
             ("qwen3_bf16", qwen3, torch.bfloat16, 1, ["f32", "bf16"]),
-            ("qwen3_moe_f32", qwen3_moe, torch.float32, 1, ["f32"])]
+            ("qwen3_moe_f32", qwen3_moe, torch.float32, 1, ["f32"]),
+            ("llama_mlp_bias_f32", llama_mlp_bias, torch.float32, 1, ["f32"]),
+            ("qwen2_moe_f32", qwen2_moe, torch.float32, 1, ["f32"])]
+
+
+def sparse(c, layer):
+    """True when the layer's feed-forward is a MoE block (transformers' rule: Mixtral every layer;
+    Qwen-MoE every decoder_sparse_step-th layer not in mlp_only_layers)."""
+    if c["model_type"] == "mixtral":
+        return True
+    if c["model_type"] not in ("qwen2_moe", "qwen3_moe"):
+        return False
+    return layer not in c.get("mlp_only_layers", []) and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
 
 
 def weights(c, dtype, seed):
@@ -94,7 +119,7 @@ def weights(c, dtype, seed):
         t.update({p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm(),
                   p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.k_proj.weight": lin(kv, h),
                   p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.o_proj.weight": lin(h, q)})
-        if c["model_type"] == "qwen2":  # Qwen2Attention: bias=True on q, k and v
+        if c["model_type"] in ("qwen2", "qwen2_moe"):  # Qwen2Attention: bias=True on q, k and v
             t.update({p + "self_attn.q_proj.bias": 0.5 * torch.randn(q, generator=g),
                       p + "self_attn.k_proj.bias": 0.5 * torch.randn(kv, generator=g),
                       p + "self_attn.v_proj.bias": 0.5 * torch.randn(kv, generator=g)})
@@ -106,16 +131,24 @@ def weights(c, dtype, seed):
             for e in range(c["num_local_experts"]):
                 ep = f"{p}block_sparse_moe.experts.{e}."
                 t.update({ep + "w1.weight": lin(f, h), ep + "w3.weight": lin(f, h), ep + "w2.weight": lin(h, f)})
-        elif c["model_type"] == "qwen3_moe":
+        elif sparse(c, layer):  # Qwen-MoE
             fe = c["moe_intermediate_size"]
             t[p + "mlp.gate.weight"] = lin(c["num_experts"], h)
             for e in range(c["num_experts"]):
                 ep = f"{p}mlp.experts.{e}."
                 t.update({ep + "gate_proj.weight": lin(fe, h), ep + "up_proj.weight": lin(fe, h),
                           ep + "down_proj.weight": lin(h, fe)})
+            if c["model_type"] == "qwen2_moe":  # Qwen2MoeSparseMoeBlock's shared expert and its gate
+                fs, sp = c["shared_expert_intermediate_size"], f"{p}mlp.shared_expert."
+                t.update({sp + "gate_proj.weight": lin(fs, h), sp + "up_proj.weight": lin(fs, h),
+                          sp + "down_proj.weight": lin(h, fs), p + "mlp.shared_expert_gate.weight": lin(1, h)})
         else:
             t.update({p + "mlp.gate_proj.weight": lin(f, h), p + "mlp.up_proj.weight": lin(f, h),
                       p + "mlp.down_proj.weight": lin(h, f)})
+            if c.get("mlp_bias"):  # LlamaMLP: bias=config.mlp_bias on all three
+                t.update({p + "mlp.gate_proj.bias": 0.5 * torch.randn(f, generator=g),
+                          p + "mlp.up_proj.bias": 0.5 * torch.randn(f, generator=g),
+                          p + "mlp.down_proj.bias": 0.5 * torch.randn(h, generator=g)})
     if not c.get("tie_word_embeddings"):
         t["lm_head.weight"] = lin(v, h)
     return {name: w.to(dtype) for name, w in t.items()}
@@ -202,12 +235,15 @@ class Model:
         return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
     def mlp(self, x, p):
-        return self.linear(F.silu(self.linear(x, p + "gate_proj.weight")) * self.linear(x, p + "up_proj.weight"),
-                           p + "down_proj.weight")
+        """SwiGLU; each projection's bias added when the checkpoint has it (Llama's mlp_bias)."""
+        gate = self.linear(x, p + "gate_proj.weight", p + "gate_proj.bias")
+        up = self.linear(x, p + "up_proj.weight", p + "up_proj.bias")
+        return self.linear(F.silu(gate) * up, p + "down_proj.weight", p + "down_proj.bias")
 
     def moe(self, x, p):
         """Mixtral's block_sparse_moe (w1/w3/w2, always renormalised) or Qwen-MoE's mlp
-        (gate_proj/up_proj/down_proj, renormalised when norm_topk_prob)."""
+        (gate_proj/up_proj/down_proj, renormalised when norm_topk_prob; Qwen2-MoE adds its shared
+        expert scaled by sigmoid(x shared_expert_gate^T))."""
         mixtral = self.c["model_type"] == "mixtral"
         probs = torch.softmax(x @ self.t[p + "gate.weight"].double().T, dim=-1)  # the router stays fp32
         top, idx = probs.topk(self.c["num_experts_per_tok"], dim=-1)
@@ -221,6 +257,9 @@ class Model:
                               self.linear(x, ep + names[1] + ".weight"), ep + names[2] + ".weight")
             weight = (top * (idx == e)).sum(-1, keepdim=True)
             y = y + weight * out
+        if p + "shared_expert_gate.weight" in self.t:  # the gate stays fp32, as the router
+            gate = torch.sigmoid(x @ self.t[p + "shared_expert_gate.weight"].double().T)
+            y = y + gate * self.mlp(x, p + "shared_expert.")
         return y
 
     def logits(self, ids):
@@ -250,7 +289,7 @@ class Model:
             n = self.rmsnorm(x, p + "post_attention_layernorm.weight")
             if c["model_type"] == "mixtral":
                 x = x + self.moe(n, p + "block_sparse_moe.")
-            elif c["model_type"] == "qwen3_moe":
+            elif sparse(c, layer):
                 x = x + self.moe(n, p + "mlp.")
             else:
                 x = x + self.mlp(n, p + "mlp.")

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
+#include <utility>
 
 #include "numesh/core/error.hpp"
 #include "numesh/ops/reference/mlp.hpp"
@@ -126,6 +128,45 @@ TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
   }
 }
 
+// Llama's mlp_bias: every device adds its columns' slice of the gate and up biases (split like
+// F over tp), and the down bias is added once, by the first device of each partial sum, before
+// the all-reduce (or the reduce-scatter of sequence parallelism); with FSDP too.
+TEST_P(ShardedMlpTest, BiasesEqualTheDenseReference) {
+  const auto m = mesh();
+  for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
+    for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
+      MlpWeights w;
+      w.up = random({h, f}, 1, 0.3f);
+      w.down = random({f, h}, 2, 0.3f);
+      w.up_bias = random({f}, 5, 0.5f);
+      w.down_bias = random({h}, 6, 0.5f);
+      if (kind == MlpKind::kSwiGLU) {
+        w.gate = random({h, f}, 3, 0.3f);
+        w.gate_bias = random({f}, 7, 0.5f);
+      }
+      const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+      const RowMatrix want = mlp_reference(matrix(x), kind, w);
+      const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
+      for (const auto& [label, axes] :
+           {std::pair{"default axes", MlpAxes{}},
+            std::pair{"sequence parallel", MlpAxes{.batch = {"dp", "fsdp"}, .sequence = {"tp"}}},
+            std::pair{"fsdp weights", MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}}}}) {
+        ShardedMlp mlp(m, kind, w, t, axes);
+        EXPECT_TRUE(matches(mlp.forward(x), want, bound))
+            << to_string(kind) << " T=" << t << " F=" << f << " " << label << ", up spec " << mlp.up_spec().repr();
+      }
+      // Without the biases the MLP is another one: the check sees them.
+      MlpWeights plain = w;
+      plain.gate_bias = plain.up_bias = plain.down_bias = {};
+      const RowMatrix without = mlp_reference(matrix(x), kind, plain);
+      const auto values = [](const RowMatrix& r) {
+        return std::span<const float>(r.data(), static_cast<std::size_t>(r.size()));
+      };
+      EXPECT_FALSE(numesh::testing::within_abs(values(without), values(want), 1e-3));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
                                            MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
@@ -145,6 +186,22 @@ TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
               ThrowsMessage<ShapeError>(HasSubstr("mlp (swiglu): gate [] and up [16, 32] differ")));
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 0); },
               ThrowsMessage<ShapeError>(HasSubstr("0 tokens; need at least one")));
+  // Misshapen biases, in the layer and in the reference alike.
+  MlpWeights biased = w;
+  biased.gate = random({16, 32}, 3, 0.3f);
+  biased.up_bias = random({31}, 4, 0.5f);
+  const auto up_bias_message = "mlp (swiglu): up_bias [31] must be [32] (intermediate) or empty";
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, biased, 8); }, ThrowsMessage<ShapeError>(up_bias_message));
+  EXPECT_THAT([&] { (void)mlp_reference(RowMatrix::Zero(8, 16), MlpKind::kSwiGLU, biased); },
+              ThrowsMessage<ShapeError>(up_bias_message));
+  biased.up_bias = {};
+  biased.down_bias = random({32}, 4, 0.5f);
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
+              ThrowsMessage<ShapeError>("mlp (gelu): down_bias [32] must be [16] (hidden) or empty"));
+  biased.down_bias = {};
+  biased.gate_bias = random({32}, 4, 0.5f);
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
+              ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a GELU MLP has no gate"));
   ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
   EXPECT_THAT([&] { mlp.forward(random({4, 16}, 5, 1.0f)); },
               ThrowsMessage<ShapeError>(HasSubstr("mlp: input is [4, 16] but the MLP was compiled for [8, 16]")));

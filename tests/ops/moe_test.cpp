@@ -1,8 +1,12 @@
 #include "numesh/ops/lowering/moe.hpp"
 
 #include <gmock/gmock.h>
-#include <algorithm>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <span>
+#include <string>
 
 #include "numesh/core/error.hpp"
 #include "numesh/ops/reference/moe.hpp"
@@ -28,6 +32,16 @@ MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
   w.gate = random_host({e, h, f}, 22, 0.3f);
   w.up = random_host({e, h, f}, 23, 0.3f);
   w.down = random_host({e, f, h}, 24, 0.3f);
+  return w;
+}
+
+// random_weights with Qwen2-MoE's shared expert of intermediate size fs and its gate [H, 1].
+MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e, std::int64_t fs) {
+  MoeWeights w = random_weights(h, f, e);
+  w.shared_expert.gate = random_host({h, fs}, 27, 0.3f);
+  w.shared_expert.up = random_host({h, fs}, 28, 0.3f);
+  w.shared_expert.down = random_host({fs, h}, 29, 0.3f);
+  w.shared_expert_gate = random_host({h, 1}, 30, 0.5f);
   return w;
 }
 
@@ -88,6 +102,48 @@ TEST_P(ShardedMoeTest, EqualsTheReferencePerRoutingGroupWithItsStatistics) {
   }
 }
 
+// Qwen2-MoE's shared expert: every token through it, scaled by sigmoid(x g), added into the
+// experts' partial output before their one reduction; Fs split over tp with the experts' F (12)
+// or replicated where it does not divide (9), rows shared out along the other partial axes.
+// Tokens replicated over ep (all-gather path) and split over it (all-to-all path), Qwen2-MoE's
+// raw top-k weights (norm_topk_prob false) and renormalised ones.
+TEST_P(ShardedMoeTest, ASharedExpertEqualsTheReference) {
+  const auto mesh = make_mesh(GetParam());
+  const std::int64_t h = 16, f = 8, e = 8;
+  for (std::int64_t fs : {12, 9}) {
+    const MoeWeights w = with_shared_expert(h, f, e, fs);
+    for (bool renormalize : {false, true}) {
+      const MoeConfig c{.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = renormalize};
+      for (std::int64_t tokens : {12, 7}) {
+        const runtime::HostTensor x = random_host({tokens, h}, 31, 1.0f);
+        for (const MoeAxes& axes : {MoeAxes{}, MoeAxes{.batch = {"dp", "ep"}}}) {
+          ShardedMoe moe(mesh, c, w, tokens, axes);
+          const runtime::HostTensor y = moe.forward(x);
+          MoeStats want_stats;
+          const std::int64_t groups = expected_groups(GetParam(), axes.batch, tokens);
+          const runtime::HostTensor want = grouped_reference(x, w, c, groups, want_stats);
+          const double bound = std::max(1e-5, 2.0 * static_cast<double>(fs) * std::numeric_limits<float>::epsilon());
+          EXPECT_TRUE(matches_reference(y, want, bound))
+              << "Fs " << fs << " renormalize " << renormalize << " tokens " << tokens << " token axes "
+              << axes.batch.back() << ", shared expert " << moe.layer().shared_expert->up->spec().repr();
+          EXPECT_EQ(moe.stats().tokens_per_expert, want_stats.tokens_per_expert);
+          EXPECT_EQ(moe.forward(x), y) << "runs again with the same result";
+        }
+      }
+    }
+  }
+  // Without its shared expert the layer is another one: the check sees it.
+  MoeWeights plain = with_shared_expert(h, f, e, 12);
+  const runtime::HostTensor x = random_host({12, h}, 31, 1.0f);
+  MoeStats unused;
+  const runtime::HostTensor with = grouped_reference(x, plain, MoeConfig{.num_experts = e, .top_k = 2}, 1, unused);
+  plain.shared_expert = {};
+  plain.shared_expert_gate = {};
+  const runtime::HostTensor without = grouped_reference(x, plain, MoeConfig{.num_experts = e, .top_k = 2}, 1, unused);
+  EXPECT_FALSE(
+      numesh::testing::within_abs(std::span<const float>(without.data), std::span<const float>(with.data), 1e-3));
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMoeTest,
                          ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
                                            MeshCase{{8}, {"ep"}}, MeshCase{{2}, {"tp"}},
@@ -142,6 +198,25 @@ TEST(ShardedMoeTest, TokensSplitOverEpTravelByAllToAll) {
   }
 }
 
+// The shared expert joins the experts' partial sum: still one all-reduce over ep x tp, its Fs
+// split over tp as the experts' F is.
+TEST(ShardedMoeTest, ASharedExpertAddsNoCollective) {
+  const auto mesh = runtime::DeviceMesh::create(devices(4), {2, 2}, {"ep", "tp"});
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, with_shared_expert(16, 8, 8, 12), 4);
+  ASSERT_TRUE(moe.layer().shared_expert.has_value());
+  EXPECT_EQ(moe.layer().shared_expert->up->spec().repr(), "P(None, 'tp')");
+  EXPECT_EQ(moe.layer().shared_expert->down->spec().repr(), "P('tp', None)");
+  const auto& collectives = moe.program().plan().collectives;
+  ASSERT_EQ(collectives.size(), 1u);
+  EXPECT_EQ(collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
+  EXPECT_EQ(collectives[0].step.axes, (std::vector<std::string>{"ep", "tp"}));
+  EXPECT_THAT(moe.program().plan().text(), HasSubstr("moe.shared_w_up"));
+  // Experts' F not split (tp absent): the shared expert is replicated too.
+  const auto ep_only = runtime::DeviceMesh::create(devices(2), {2}, {"ep"});
+  ShardedMoe replicated(ep_only, MoeConfig{.num_experts = 8, .top_k = 2}, with_shared_expert(16, 8, 8, 12), 4);
+  EXPECT_EQ(replicated.layer().shared_expert->up->spec().repr(), "P()");
+}
+
 TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"ep"});
   EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 5}, random_weights(16, 8, 4), 4); },
@@ -152,6 +227,27 @@ TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
   w.down = random_host({4, 16, 8}, 1, 1.0f);
   EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, w, 4); },
               ThrowsMessage<ShapeError>(HasSubstr("down [4, 16, 8] do not fit 4 experts and hidden 16")));
+  // A misshapen shared expert, refused by the layer and the reference alike.
+  const MoeConfig c{.num_experts = 4, .top_k = 2};
+  const RowMatrix x = RowMatrix::Zero(4, 16);
+  const auto refused = [&](const MoeWeights& bad, const std::string& message) {
+    EXPECT_THAT([&] { ShardedMoe(mesh, c, bad, 4); }, ThrowsMessage<ShapeError>(message));
+    EXPECT_THAT([&] { (void)moe_reference(x, bad, c); }, ThrowsMessage<ShapeError>(message));
+  };
+  w = with_shared_expert(16, 8, 4, 12);
+  w.shared_expert.down = random_host({16, 12}, 1, 1.0f);
+  refused(w, "moe: shared expert gate [16, 12], up [16, 12], down [16, 12] do not fit hidden 16 (expected [H, Fs], "
+             "[H, Fs], [Fs, H])");
+  w = with_shared_expert(16, 8, 4, 12);
+  w.shared_expert_gate = random_host({1, 16}, 1, 1.0f);
+  refused(w, "moe: shared_expert_gate is [1, 16], expected [16, 1]");
+  w = with_shared_expert(16, 8, 4, 12);
+  w.shared_expert.up = {};
+  refused(w, "moe: shared expert gate [16, 12], down [12, 16] and shared_expert_gate [16, 1] given without its up "
+             "projection");
+  w = with_shared_expert(16, 8, 4, 12);
+  w.shared_expert.up_bias = random_host({12}, 1, 1.0f);
+  refused(w, "moe: the shared expert has biases (gate [], up [12], down []); numesh runs it without");
   ShardedMoe moe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), 4);
   EXPECT_THAT([&] { moe.forward(random_host({5, 16}, 1, 1.0f)); },
               ThrowsMessage<ShapeError>(HasSubstr("input is [5, 16] but the layer was compiled for [4, 16]")));

@@ -238,6 +238,64 @@ TEST(MoeReferenceTest, BadConfigsAreRejectedNamingThem) {
               ThrowsMessage<ShapeError>(HasSubstr("do not fit 2 experts and hidden 6")));
 }
 
+// The biases the MLP oracle adds (Llama's mlp_bias), against the computation written out in
+// double: silu(x wg + bg) .* (x wu + bu) wd + bd, and gelu(x w1 + b1) w2 + b2.
+TEST(ReferenceTest, MlpBiasesAreAddedToEachProjection) {
+  const RowMatrix x = pattern(5, 8, 0.2f), wg = pattern(8, 12, 0.4f, 0.3f), wu = pattern(8, 12, 0.7f, 0.3f),
+                  wd = pattern(12, 8, 1.1f, 0.3f);
+  const RowMatrix bg = pattern(1, 12, 1.3f, 0.5f), bu = pattern(1, 12, 1.7f, 0.5f), bd = pattern(1, 8, 2.3f, 0.5f);
+  const auto host = [](const RowMatrix& m, std::vector<std::int64_t> shape) {
+    return runtime::HostTensor{.shape = std::move(shape), .data = std::vector<float>(m.data(), m.data() + m.size())};
+  };
+  MlpWeights w{.gate = host(wg, {8, 12}), .up = host(wu, {8, 12}), .down = host(wd, {12, 8})};
+  w.gate_bias = host(bg, {12});
+  w.up_bias = host(bu, {12});
+  w.down_bias = host(bd, {8});
+  const Eigen::MatrixXd xd = x.cast<double>();
+  const Eigen::RowVectorXd bgd = bg.cast<double>().row(0), bud = bu.cast<double>().row(0),
+                           bdd = bd.cast<double>().row(0);
+  Eigen::MatrixXd gate = (xd * wg.cast<double>()).rowwise() + bgd;
+  gate = gate.unaryExpr([](double v) { return v / (1.0 + std::exp(-v)); });
+  const Eigen::MatrixXd up = (xd * wu.cast<double>()).rowwise() + bud;
+  const Eigen::MatrixXd swiglu = (gate.cwiseProduct(up) * wd.cast<double>()).rowwise() + bdd;
+  EXPECT_TRUE(close(mlp_reference(x, MlpKind::kSwiGLU, w), swiglu, 1e-5));
+  MlpWeights g = w;
+  g.gate = {};
+  g.gate_bias = {};
+  const Eigen::MatrixXd h = up.unaryExpr([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
+  EXPECT_TRUE(close(mlp_reference(x, MlpKind::kGelu, g), (h * wd.cast<double>()).rowwise() + bdd, 1e-5));
+  // Without biases it is mlp_swiglu_reference.
+  MlpWeights plain = w;
+  plain.gate_bias = plain.up_bias = plain.down_bias = {};
+  EXPECT_TRUE(
+      close(mlp_reference(x, MlpKind::kSwiGLU, plain), mlp_swiglu_reference(x, wg, wu, wd).cast<double>(), 1e-6));
+}
+
+// Qwen2-MoE's shared expert: the layer's output is the routed experts' plus
+// sigmoid(x g) * swiglu_shared(x), token by token.
+TEST(MoeReferenceTest, TheSharedExpertAddsItsGatedOutput) {
+  const std::int64_t t = 6, h = 6, f = 8, e = 4, fs = 10;
+  const RowMatrix x = pattern(t, h, 0.3f);
+  MoeWeights w = moe_weights(h, f, e);
+  const MoeConfig c{.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = false};
+  const RowMatrix routed = moe_reference(x, w, c);
+  w.shared_expert.gate = random_tensor({h, fs}, 15);
+  w.shared_expert.up = random_tensor({h, fs}, 16);
+  w.shared_expert.down = random_tensor({fs, h}, 17);
+  w.shared_expert_gate = random_tensor({h, 1}, 18);
+  const auto mat = [](const runtime::HostTensor& m) {
+    return Eigen::Map<const RowMatrix>(m.data.data(), m.shape[0], m.shape[1]);
+  };
+  const RowMatrix shared = mlp_swiglu_reference(x, mat(w.shared_expert.gate), mat(w.shared_expert.up),
+                                                mat(w.shared_expert.down));
+  const Eigen::VectorXd logit = x.cast<double>() * mat(w.shared_expert_gate).cast<double>();
+  Eigen::MatrixXd want = routed.cast<double>();
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    want.row(ti) += shared.row(ti).cast<double>() / (1.0 + std::exp(-logit(ti)));
+  }
+  EXPECT_TRUE(close(moe_reference(x, w, c), want, 1e-5));
+}
+
 TEST(ReferenceTest, BadShapesAreRejectedNamingThem) {
   const RowMatrix x(4, 8), w1(8, 16), bad(9, 8), wd(16, 8);
   EXPECT_THAT([&] { mlp_gelu_reference(x, w1, bad); },

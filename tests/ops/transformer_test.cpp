@@ -119,6 +119,40 @@ TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
   }
 }
 
+// Qwen2-MoE's layout: MoE layers with a shared expert and raw top-k weights, a dense layer
+// among them (mlp_only_layers), and Llama's MLP biases on that dense layer.
+TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesEqualTheDenseModel) {
+  const auto mesh = make_mesh(GetParam());
+  TransformerConfig c = small_config();
+  c.layers = 3;
+  c.moe_every = 1;
+  c.dense_layers = {1};
+  c.shared_expert_ffn = 24;
+  c.moe.renormalize = false;
+  TransformerWeights w = TransformerWeights::random(c, 11);
+  ASSERT_FALSE(w.blocks[0].moe.shared_expert.up.shape.empty());
+  ASSERT_TRUE(w.blocks[1].moe.router.shape.empty()) << "block 1 is dense";
+  BlockWeights& dense = w.blocks[1];
+  dense.mlp.gate_bias = random_host({c.ffn}, 12, 0.5f);
+  dense.mlp.up_bias = random_host({c.ffn}, 13, 0.5f);
+  dense.mlp.down_bias = random_host({c.hidden}, 14, 0.5f);
+  const std::int64_t batch = 2, max_len = 8;
+  ShardedTransformer model(mesh, c, w, batch, max_len);
+  TransformerReference reference(c, w, batch, max_len, expected_groups(GetParam(), {"dp", "fsdp"}, batch),
+                                 expected_groups(GetParam(), {"sp"}, 0));
+  std::int64_t position = 0;
+  for (std::int64_t n : {4, 1, 1}) {
+    const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(200 + position), 1.0f);
+    EXPECT_TRUE(matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
+        << "tokens [" << position << ", " << position + n << ")";
+    position += n;
+  }
+  const std::string plan = model.program(1).plan().text();
+  EXPECT_THAT(plan, HasSubstr("block1.mlp.w_up"));
+  EXPECT_THAT(plan, HasSubstr("block2.moe.shared_w_up"));
+  EXPECT_THAT(plan, ::testing::Not(HasSubstr("block1.moe")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
                                            MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
@@ -203,6 +237,10 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
       {[](TransformerConfig& c) { c.moe.top_k = 0; }, "top_k 0 must be between 1 and the 4 experts"},
       {[](TransformerConfig& c) { c.moe_ffn = 0; }, "moe_ffn 0 must be positive and capacity_factor 0 not negative"},
       {[](TransformerConfig& c) { c.norm_eps = -1.0f; }, "norm_eps -1 is negative"},
+      {[](TransformerConfig& c) { c.shared_expert_ffn = -1; }, "shared_expert_ffn -1 is negative"},
+      {[](TransformerConfig& c) { c.dense_layers = {0, 2}; }, "dense layer 2 is outside the 2 layers"},
+      {[](TransformerConfig& c) { c.dense_layers = {-1}; }, "dense layer -1 is outside the 2 layers"},
+      {[](TransformerConfig& c) { c.dense_layers = {1, 0, 1}; }, "dense layer 1 is listed twice"},
   };
   for (const Case& cs : cases) {
     TransformerConfig c = small_config();
@@ -210,6 +248,29 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
     EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<ValueError>(HasSubstr(cs.message)));
   }
   EXPECT_NO_THROW(small_config().validate());
+}
+
+// Which layers are MoE, and what parameters() and flops() count, follow dense_layers and the
+// shared expert.
+TEST(TransformerConfigTest, DenseLayersAndTheSharedExpertAreCounted) {
+  TransformerConfig c = small_config();  // hidden 32, 4 experts of 16, ffn 64, attention 4/2 x 8
+  c.layers = 3;
+  c.moe_every = 1;
+  c.dense_layers = {1};
+  EXPECT_TRUE(c.is_moe(0));
+  EXPECT_FALSE(c.is_moe(1));
+  EXPECT_TRUE(c.is_moe(2));
+  const std::int64_t attention = 2 * 32 + 32 * 8 * (2 * 4 + 2 * 2);  // two norms and four projections
+  const std::int64_t moe = 32 * 4 + 3 * 4 * 32 * 16, mlp = 3 * 32 * 64;
+  EXPECT_EQ(c.parameters(), 32 + 3 * attention + 2 * moe + mlp);
+  const double moe_flops = 2.0 * 32 * 4 + 2.0 * 3.0 * 2.0 * 32 * 16, mlp_flops = 3.0 * 2.0 * 32 * 64;
+  const double attention_flops_1 = attention_flops(c.attention, 32, 1, 1, 0);
+  EXPECT_DOUBLE_EQ(c.flops(1, 1, 0), 3 * attention_flops_1 + 2 * moe_flops + mlp_flops);
+  c.shared_expert_ffn = 24;
+  EXPECT_EQ(c.parameters(), 32 + 3 * attention + 2 * (moe + 3 * 32 * 24 + 32) + mlp)
+      << "the shared expert and its gate in each MoE layer";
+  EXPECT_DOUBLE_EQ(c.flops(1, 1, 0),
+                   3 * attention_flops_1 + 2 * (moe_flops + 3.0 * 2.0 * 32 * 24 + 2.0 * 32) + mlp_flops);
 }
 
 TEST(ModelAxesTest, AHeadAxisThatResolvesToSeveralMeshAxesIsRefused) {
@@ -270,6 +331,18 @@ TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
   c.layers = 3;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
               ThrowsMessage<ShapeError>(HasSubstr("2 blocks of weights for 3 layers")));
+  // A shared expert the config does not have, and one it has that the weights lack.
+  c = small_config();
+  c.shared_expert_ffn = 24;
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
+              ThrowsMessage<ShapeError>(
+                  "transformer: block 1 has a shared expert of intermediate size 0 (0: none), the config says 24"));
+  EXPECT_THAT([&] { TransformerReference(c, w, 2, 8); },
+              ThrowsMessage<ShapeError>("transformer reference: block 1 shared expert up is [], expected [32, 24]"));
+  const TransformerWeights shared = TransformerWeights::random(c, 3);
+  EXPECT_THAT([&] { ShardedTransformer(mesh, small_config(), shared, 2, 8); },
+              ThrowsMessage<ShapeError>(
+                  "transformer: block 1 has a shared expert of intermediate size 24 (0: none), the config says 0"));
   ShardedTransformer model(mesh, small_config(), w, 2, 8);
   EXPECT_THAT([&] { model.forward(random_host({2, 4, 32}, 1, 1.0f), 6); },
               ThrowsMessage<IndexError>(

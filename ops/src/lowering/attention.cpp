@@ -25,14 +25,8 @@ namespace {
 using sharding::AxisRule;
 using sharding::PartitionSpec;
 
+using detail::add_bias_rows;
 using detail::shape_text;
-
-// Adds bias[first, first + cols) to every row of m; nothing when the bias is empty.
-void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int64_t first) {
-  if (bias.shape.empty()) return;
-  const Eigen::Map<const Eigen::RowVectorXf> b(bias.data.data() + first, m.cols());
-  m.rowwise() += b;
-}
 
 // Calls f(first, count, position) for each run of consecutive sequences [first, first + count)
 // of the `count` local ones starting at global sequence `offset` that stand at the same

@@ -10,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "numesh/ops/tensor.hpp"
+#include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "../shape_text.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/mesh.hpp"
+#include "numesh/sharding/placement.hpp"
 
 namespace numesh::ops::detail {
 
@@ -77,6 +80,26 @@ inline sharding::PartitionSpec without_axes(const sharding::PartitionSpec& spec,
 /// The mesh axes splitting dim `dim` of `spec` (none past its end).
 inline std::vector<std::string> axes_of(const sharding::PartitionSpec& spec, std::size_t dim) {
   return dim < spec.size() ? spec.entry_names(dim) : std::vector<std::string>{};
+}
+
+/// Adds bias[first, first + m.cols()) to every row of m (a device's slice of a bias split like
+/// its columns); nothing when the bias is empty.
+inline void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int64_t first) {
+  if (bias.shape.empty()) return;
+  const Eigen::Map<const Eigen::RowVectorXf> b(bias.data.data() + first, m.cols());
+  m.rowwise() += b;
+}
+
+/// True when `slot` is the first device (coordinate 0) on every mesh axis whose placement in
+/// `placed` is Partial: the one device of its reduction group that adds a term which must be
+/// counted once in the sum (an output bias).
+inline bool first_of_partial_sum(const runtime::DeviceMesh& mesh, const std::vector<sharding::Placement>& placed,
+                                 std::int64_t slot) {
+  const std::vector<std::int64_t> coords = mesh.coords(slot);
+  for (std::size_t a = 0; a < placed.size(); ++a) {
+    if (placed[a].is_partial() && coords[a] != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace numesh::ops::detail

@@ -19,6 +19,7 @@ namespace {
 
 using sharding::AxisRule;
 using sharding::PartitionSpec;
+using detail::add_bias_rows;
 using detail::shape_text;
 
 }  // namespace
@@ -37,6 +38,12 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
                shape_text(w.down), layer.intermediate, layer.hidden);
   NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
+  check_biases(w, kind, layer.hidden, layer.intermediate);
+  auto biases = std::make_shared<MlpWeights>();
+  biases->gate_bias = w.gate_bias;
+  biases->up_bias = w.up_bias;
+  biases->down_bias = w.down_bias;
+  layer.biases = std::move(biases);
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
   layer.up = detail::laid_out(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
@@ -89,8 +96,9 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const std::int64_t f_local = up.layout().shard_shape()[1];
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
-  // Per device: h = act(x w_up) (SwiGLU: silu(x w_gate) .* (x w_up)) into scratch, then
-  // y_partial = h w_down.
+  const std::shared_ptr<const MlpWeights> biases = layer.biases;
+  // Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
+  // into scratch, then y_partial = h w_down (+ b_down once per partial sum).
   std::vector<runtime::Tensor*> hidden(static_cast<std::size_t>(mesh.size()));
   std::vector<const runtime::Frontier*> inputs;
   for (const runtime::Frontier& f : ready) inputs.push_back(&f);
@@ -101,16 +109,21 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     runtime::Tensor* us = gate != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
+    // The device's columns of F start here: its slice of the gate and up biases.
+    const std::int64_t f_first = up.layout().device(s).block[1] * f_local;
     pb.add_flops(s, flops);
-    return [&xs, &hs, us, &wu, wg, rows, h] {
+    return [&xs, &hs, us, &wu, wg, rows, h, f_local, f_first, biases] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
         device_gemm(xm, as_weight(wu), as_matrix(hs));
+        add_bias_rows(as_matrix(hs), biases->up_bias, f_first);
         gelu_inplace(as_matrix(hs));
         return;
       }
       device_gemm(xm, as_weight(*wg), as_matrix(hs));
       device_gemm(xm, as_weight(wu), as_matrix(*us));
+      add_bias_rows(MatrixMap(hs.values().data(), rows, f_local), biases->gate_bias, f_first);
+      add_bias_rows(MatrixMap(us->values().data(), rows, f_local), biases->up_bias, f_first);
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     };
   });
@@ -118,8 +131,13 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     runtime::Tensor& hs = *hidden[static_cast<std::size_t>(s)];
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    return [&hs, &wd, &yp, rows, h] {
-      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), MatrixMap(yp.values().data(), rows, h));
+    // The down bias is added once: by every device when F is not split, else by the first of
+    // the devices whose partial sums the reduction adds.
+    const bool adds_bias = detail::first_of_partial_sum(mesh, y_placed, s);
+    return [&hs, &wd, &yp, rows, h, biases, adds_bias] {
+      const MatrixMap ym(yp.values().data(), rows, h);
+      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), ym);
+      if (adds_bias) add_bias_rows(ym, biases->down_bias, 0);
     };
   });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");

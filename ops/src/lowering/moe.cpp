@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -64,6 +65,17 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   layer.down = detail::laid_out(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as);
   layer.local_experts = layer.gate->layout().shard_shape()[0];
   layer.local_ffn = layer.gate->layout().shard_shape()[2];
+  check_shared_expert(w, h);
+  if (w.has_shared_expert()) {
+    // Fs over the tensor axis only when the experts' F is split there too: the shared output
+    // joins the experts' partial sum, which runs over their weights' axes only.
+    const std::vector<std::string> f_axes = detail::axes_of(layer.gate->spec(), 2);
+    const bool split = std::find(f_axes.begin(), f_axes.end(), axes.tensor) != f_axes.end();
+    layer.shared_expert = MlpLayer::create(
+        mesh, MlpKind::kSwiGLU, w.shared_expert,
+        MlpAxes{.batch = {}, .sequence = {}, .weights = {}, .tensor = split ? axes.tensor : std::string()});
+    layer.shared_expert_gate = detail::laid_out(mesh, w.shared_expert_gate, PartitionSpec({AxisRule(), AxisRule()}));
+  }
   return layer;
 }
 
@@ -82,6 +94,73 @@ ProgramWeights use_weights(ProgramBuilder& pb, const MoeLayer& layer, const std:
           pb.use(name + ".w_gate", TensorRole::kWeight, layer.gate),
           pb.use(name + ".w_up", TensorRole::kWeight, layer.up),
           pb.use(name + ".w_down", TensorRole::kWeight, layer.down)};
+}
+
+// Qwen2-MoE's shared expert, added into the layer's partial output before its one reduction:
+// y_partial (x's rows, pending a sum over the axes Partial in y_placed) += sigmoid(x g) *
+// shared_expert(x), the gate g in fp32 as the router. Fs is split over a subset of those axes
+// (MoeLayer::create), so each device's product is a partial sum over them; along the other
+// partial axes the devices hold the same rows, and each adds its contiguous share of them:
+// every row's term is counted once and the work is spread. Returns `after` without a shared
+// expert.
+runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
+                                     runtime::ShardedTensor& y_partial,
+                                     const std::vector<sharding::Placement>& y_placed, const runtime::Frontier& after,
+                                     const std::string& name) {
+  if (!layer.shared_expert) return after;
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const MlpLayer& shared = *layer.shared_expert;
+  runtime::ShardedTensor& gate = pb.use(name + ".shared_w_gate", TensorRole::kWeight, shared.gate);
+  runtime::ShardedTensor& up = pb.use(name + ".shared_w_up", TensorRole::kWeight, shared.up);
+  runtime::ShardedTensor& down = pb.use(name + ".shared_w_down", TensorRole::kWeight, shared.down);
+  runtime::ShardedTensor& scale = pb.use(name + ".shared_gate", TensorRole::kWeight, layer.shared_expert_gate);
+  const std::int64_t h = layer.hidden, rows = x.layout().elements_per_device() / h;
+  const std::int64_t fl = up.layout().shard_shape()[1];
+  const std::vector<sharding::Placement> fs_placed = sharding::to_placements(up.spec(), m, 2);
+  std::vector<std::size_t> sharing;  // the partial axes Fs is not split over
+  for (std::size_t a = 0; a < fs_placed.size(); ++a) {
+    NUMESH_CHECK(!fs_placed[a].is_shard() || y_placed[a].is_partial(), ValueError,
+                 "{}: the shared expert is split over {}, which the experts' partial sum does not run over", name,
+                 m.names()[a]);
+    if (y_placed[a].is_partial() && !fs_placed[a].is_shard()) sharing.push_back(a);
+  }
+  return pb.per_device(name + ".shared", {&after}, [&](std::int64_t s) -> std::function<void()> {
+    const std::vector<std::int64_t> coords = mesh.coords(s);
+    std::int64_t share = 0, shares = 1;
+    for (std::size_t a : sharing) {
+      share = share * m.sizes()[a] + coords[a];
+      shares *= m.sizes()[a];
+    }
+    const std::int64_t per = (rows + shares - 1) / shares;
+    const std::int64_t first = std::min(rows, share * per), n = std::min(rows, first + per) - first;
+    if (n == 0) return [] {};
+    pb.add_flops(s, 2.0 * static_cast<double>(n * h) * (1.0 + 3.0 * static_cast<double>(fl)));
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    runtime::Tensor& wg = gate.shard(s);
+    runtime::Tensor& wu = up.shard(s);
+    runtime::Tensor& wd = down.shard(s);
+    runtime::Tensor& ws = scale.shard(s);
+    runtime::Tensor& logit = pb.scratch(s, {n, 1});
+    runtime::Tensor& hs = pb.scratch(s, {n, fl});
+    runtime::Tensor& us = pb.scratch(s, {n, fl});
+    runtime::Tensor& ys = pb.scratch(s, {n, h});
+    return [&xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &ys, first, n, h] {
+      const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
+      gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit));
+      device_gemm(xm, as_weight(wg), as_matrix(hs));
+      device_gemm(xm, as_weight(wu), as_matrix(us));
+      silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(us)));
+      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), as_matrix(ys));
+      MatrixMap ym(yp.values().data() + first * h, n, h);
+      for (std::int64_t i = 0; i < n; ++i) {
+        // sigmoid; for a very negative logit exp overflows to inf and the scale to 0, no NaN.
+        const float g = 1.0f / (1.0f + std::exp(-logit.values()[static_cast<std::size_t>(i)]));
+        ym.row(i) += g * ConstMatrixMap(ys.values().data() + i * h, 1, h);
+      }
+    };
+  });
 }
 
 // GShard's dispatch for tokens split over the expert axis: every device routes its own tokens
@@ -234,7 +313,8 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       }
     };
   });
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
+  const runtime::Frontier summed = emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name);
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
 }
 
 }  // namespace
@@ -367,7 +447,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       }
     };
   });
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
+  const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name);
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
 }
 
 ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const MoeWeights& weights,

@@ -68,6 +68,10 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
     if (config_.is_moe(l)) {
       layer->moe = MoeLayer::create(mesh_, config_.moe, b.moe,
                                     MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
+      const std::int64_t shared = layer->moe->shared_expert ? layer->moe->shared_expert->intermediate : 0;
+      NUMESH_CHECK(shared == config_.shared_expert_ffn, ShapeError,
+                   "transformer: block {} has a shared expert of intermediate size {} (0: none), the config says {}",
+                   l, shared, config_.shared_expert_ffn);
     } else {
       layer->mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, b.mlp, MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
     }
@@ -100,6 +104,12 @@ std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const
       add(p + "moe.gate", layer.moe->gate);
       add(p + "moe.up", layer.moe->up);
       add(p + "moe.down", layer.moe->down);
+      if (layer.moe->shared_expert) {
+        add(p + "moe.shared_expert.gate", layer.moe->shared_expert->gate);
+        add(p + "moe.shared_expert.up", layer.moe->shared_expert->up);
+        add(p + "moe.shared_expert.down", layer.moe->shared_expert->down);
+      }
+      add(p + "moe.shared_expert_gate", layer.moe->shared_expert_gate);
     }
   }
   add("final_norm", final_norm_);
@@ -248,7 +258,12 @@ std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) 
     total += bytes(a.wq) + bytes(a.wk) + bytes(a.wv) + bytes(a.wo) + bytes(layer->attn_norm) + bytes(layer->ffn_norm);
     if (layer->mlp) total += bytes(layer->mlp->gate) + bytes(layer->mlp->up) + bytes(layer->mlp->down);
     if (layer->moe) {
-      total += bytes(layer->moe->router) + bytes(layer->moe->gate) + bytes(layer->moe->up) + bytes(layer->moe->down);
+      const MoeLayer& moe = *layer->moe;
+      total += bytes(moe.router) + bytes(moe.gate) + bytes(moe.up) + bytes(moe.down);
+      if (moe.shared_expert) {
+        total += bytes(moe.shared_expert->gate) + bytes(moe.shared_expert->up) + bytes(moe.shared_expert->down) +
+                 bytes(moe.shared_expert_gate);
+      }
     }
     // The valid part of both caches: local sequences x (position + 1) x local kv heads x d.
     const std::int64_t cache_per_position =

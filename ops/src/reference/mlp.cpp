@@ -48,4 +48,18 @@ RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, cons
                                            stored(w_down, stored_as), stored_as));
 }
 
+RowMatrix mlp_reference(const RowMatrix& x, MlpKind kind, const MlpWeights& w) {
+  const bool swiglu = kind == MlpKind::kSwiGLU;
+  NUMESH_CHECK(w.up.shape.size() == 2 && w.down.shape.size() == 2 && (!swiglu || w.gate.shape == w.up.shape),
+               ShapeError, "mlp_{}: gate [{}], up [{}] and down [{}] must be matrices, gate shaped as up",
+               to_string(kind), fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "),
+               fmt::join(w.down.shape, ", "));
+  const std::int64_t h = w.up.shape[0], f = w.up.shape[1];
+  NUMESH_CHECK(x.cols() == h && w.down.shape == (std::vector<std::int64_t>{f, h}), ShapeError,
+               "mlp_{}: x [{}, {}], up [{}, {}] and down [{}] do not chain (expected [T, H], [H, F], [F, H])",
+               to_string(kind), x.rows(), x.cols(), h, f, fmt::join(w.down.shape, ", "));
+  check_biases(w, kind, h, f);
+  return oracle::narrow(oracle::mlp(wide(x), kind, w));
+}
+
 }  // namespace numesh::ops

@@ -33,6 +33,7 @@ RowMatrix moe_reference(const RowMatrix& x, const MoeWeights& w, const MoeConfig
                "moe: expert weights gate {}, up {}, down {} do not fit {} experts and hidden {} "
                "(expected [E, H, F], [E, H, F], [E, F, H])",
                shape_text(w.gate), shape_text(w.up), shape_text(w.down), e, h);
+  check_shared_expert(w, h);
   return oracle::narrow(oracle::moe(wide(x), w, c, stats));
 }
 

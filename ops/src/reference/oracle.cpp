@@ -36,12 +36,14 @@ RowMatrix narrow(const MatrixD& m) { return m.cast<float>(); }
 
 double gelu(double x) noexcept { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 
-double silu(double x) noexcept {
-  // sigmoid(x) = 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below: neither overflows.
-  if (x >= 0.0) return x / (1.0 + std::exp(-x));
+double sigmoid(double x) noexcept {
+  // 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below: neither overflows.
+  if (x >= 0.0) return 1.0 / (1.0 + std::exp(-x));
   const double e = std::exp(x);
-  return x * e / (1.0 + e);
+  return e / (1.0 + e);
 }
+
+double silu(double x) noexcept { return x * sigmoid(x); }
 
 MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype) {
   return widen(runtime::rounded_to(t, dtype), rows, cols);
@@ -57,17 +59,45 @@ MatrixD projection_input(const MatrixD& x, DType weights) {
   return x.unaryExpr([](double v) { return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v)))); });
 }
 
+namespace {
+
+// act(x w_in + b_in) w_out + b_out, act gelu without a gate, else silu(x w_gate + b_gate) .*
+// (x w_up + b_up); `biases` (nullptr: none) gives the b's, an empty one adding nothing.
+MatrixD mlp_of(const MatrixD& x, const MatrixD* w_gate, const MatrixD& w_in, const MatrixD& w_out, DType weights,
+               const MlpWeights* biases) {
+  const runtime::HostTensor none;
+  const MatrixD in = projection_input(x, weights);
+  MatrixD up = in * w_in;
+  add_bias(up, biases != nullptr ? biases->up_bias : none);
+  MatrixD h;
+  if (w_gate == nullptr) {
+    h = up.unaryExpr([](double v) { return gelu(v); });
+  } else {
+    MatrixD gate = in * *w_gate;
+    add_bias(gate, biases != nullptr ? biases->gate_bias : none);
+    h = gate.unaryExpr([](double v) { return silu(v); }).cwiseProduct(up);
+  }
+  MatrixD y = projection_input(h, weights) * w_out;
+  add_bias(y, biases != nullptr ? biases->down_bias : none);
+  return y;
+}
+
+}  // namespace
+
 MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights) {
-  const MatrixD h = (projection_input(x, weights) * w1).unaryExpr([](double v) { return gelu(v); });
-  return projection_input(h, weights) * w2;
+  return mlp_of(x, nullptr, w1, w2, weights, nullptr);
 }
 
 MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
                    DType weights) {
-  const MatrixD in = projection_input(x, weights);
-  const MatrixD gate = (in * w_gate).unaryExpr([](double v) { return silu(v); });
-  const MatrixD h = gate.cwiseProduct(in * w_up);
-  return projection_input(h, weights) * w_down;
+  return mlp_of(x, &w_gate, w_up, w_down, weights, nullptr);
+}
+
+MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w) {
+  const std::int64_t h = w.up.shape[0], f = w.up.shape[1];
+  const DType d = w.stored_as;
+  const MatrixD gate = kind == MlpKind::kSwiGLU ? stored(w.gate, h, f, d) : MatrixD();
+  return mlp_of(x, kind == MlpKind::kSwiGLU ? &gate : nullptr, stored(w.up, h, f, d), stored(w.down, f, h, d), d, &w);
 }
 
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
@@ -230,6 +260,12 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
     for (std::size_t r = 0; r < kept.size(); ++r) {
       y.row(kept[r]) += scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
     }
+  }
+  // The shared expert, every token through it, scaled by its own gate.
+  if (w.has_shared_expert()) {
+    const MatrixD gate = x * widen(w.shared_expert_gate, h, 1);
+    const MatrixD shared = mlp(x, MlpKind::kSwiGLU, w.shared_expert);
+    for (std::int64_t ti = 0; ti < t; ++ti) y.row(ti) += sigmoid(gate(ti, 0)) * shared.row(ti);
   }
   if (stats != nullptr) {
     stats->tokens_per_expert = load;

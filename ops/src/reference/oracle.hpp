@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/rope_scaling.hpp"
 #include "numesh/ops/tensor.hpp"
@@ -48,7 +49,9 @@ inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }
 
 /// 0.5 x (1 + erf(x / sqrt(2))).
 double gelu(double x) noexcept;
-/// x * sigmoid(x), in a form that overflows for no x.
+/// 1 / (1 + e^-x), in a form that overflows for no x.
+double sigmoid(double x) noexcept;
+/// x * sigmoid(x).
 double silu(double x) noexcept;
 
 /// gelu(x w1) w2, the weights stored as `weights` (already rounded by the caller; the
@@ -57,6 +60,10 @@ MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType w
 /// (silu(x w_gate) .* (x w_up)) w_down, as gelu_mlp for `weights`.
 MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
                    DType weights = DType::kF32);
+/// The MLP of `w` on x [T, H]: its matrices as stored in w.stored_as (stored()), the
+/// projections' inputs rounded as gelu_mlp says, each bias (when not empty) added to its
+/// projection's output. Weights validated by the caller.
+MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w);
 /// x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, weight a [1, H] row.
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
 
@@ -84,7 +91,8 @@ struct AttentionShape {
 /// returns [batch * q_len, heads * d]. No RoPE.
 MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const AttentionShape& shape);
 
-/// The MoE layer of moe_reference on x [T, H] (weights validated by the caller).
+/// The MoE layer of moe_reference on x [T, H], its shared expert included (weights validated by
+/// the caller).
 MatrixD moe(const MatrixD& x, const MoeWeights& weights, const MoeConfig& config, MoeStats* stats);
 
 }  // namespace numesh::ops::oracle

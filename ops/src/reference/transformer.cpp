@@ -42,10 +42,16 @@ void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
       expect_shape(b.moe.gate, {e, h, c.moe_ffn}, l, "expert gate");
       expect_shape(b.moe.up, {e, h, c.moe_ffn}, l, "expert up");
       expect_shape(b.moe.down, {e, c.moe_ffn, h}, l, "expert down");
+      // The shared expert: there exactly when the config has one, of its size.
+      const std::int64_t fs = c.shared_expert_ffn;
+      using Shape = std::vector<std::int64_t>;
+      expect_shape(b.moe.shared_expert.up, fs > 0 ? Shape{h, fs} : Shape{}, l, "shared expert up");
+      check_shared_expert(b.moe, h);
     } else {
       expect_shape(b.mlp.gate, {h, c.ffn}, l, "mlp gate");
       expect_shape(b.mlp.up, {h, c.ffn}, l, "mlp up");
       expect_shape(b.mlp.down, {c.ffn, h}, l, "mlp down");
+      check_biases(b.mlp, MlpKind::kSwiGLU, h, c.ffn);
     }
   }
   if (!w.final_norm.shape.empty()) {
@@ -148,9 +154,7 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
         }
       }
     } else {
-      const DType t_mlp = b.mlp.stored_as;
-      f = oracle::swiglu_mlp(n2, oracle::stored(b.mlp.gate, h, c.ffn, t_mlp), oracle::stored(b.mlp.up, h, c.ffn, t_mlp),
-                             oracle::stored(b.mlp.down, c.ffn, h, t_mlp), t_mlp);
+      f = oracle::mlp(n2, MlpKind::kSwiGLU, b.mlp);
     }
     xs = hs + f;
   }

@@ -42,7 +42,7 @@ struct TokenPositions {
 class CausalLm {
  public:
   /// Lays out every weight.
-  /// Throws: NotImplementedError as HfConfig::transformer_config(); ShapeError when the
+  /// Throws: ValueError as HfConfig::transformer_config(); ShapeError when the
   /// weights do not fit the config, batch or max_len is not positive, or max_len exceeds the
   /// model's max_context(); what the layers' layouts throw.
   CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights, std::int64_t batch,

@@ -15,8 +15,7 @@
 // A Hugging Face config.json read into what numesh needs to build the model: the architecture
 // (model_type), its sizes, attention options (GQA, head_dim, RoPE and its scaling, biases,
 // q/k norms), MoE routing and the special token ids. Every field is checked against what the
-// architecture allows before any weight is read; what numesh cannot run yet is refused by
-// transformer_config() naming the field.
+// architecture allows before any weight is read.
 
 namespace numesh::models {
 
@@ -59,7 +58,8 @@ struct HfConfig {
   bool qkv_bias = false;
   /// A bias on the output projection (Llama's attention_bias).
   bool o_bias = false;
-  /// Biases on the MLP projections (Llama's mlp_bias).
+  /// Biases on the MLP projections (Llama's mlp_bias; false for the other architectures, whose
+  /// MLPs transformers builds without biases whatever the field says).
   bool mlp_bias = false;
   /// RMSNorm over head_dim on q and k before RoPE (Qwen3, Qwen3-MoE).
   bool qk_norm = false;
@@ -75,7 +75,8 @@ struct HfConfig {
   bool norm_topk_prob = false;
   std::int64_t decoder_sparse_step = 1;
   std::vector<std::int64_t> mlp_only_layers;
-  /// Qwen2-MoE's shared expert (sigmoid-gated, beside the routed ones); 0 without.
+  /// Qwen2-MoE's shared expert (sigmoid-gated, beside the routed ones; every MoE layer has one,
+  /// transformers' default size 5632); 0 for the other architectures.
   std::int64_t shared_expert_intermediate_size = 0;
 
   /// Token ids from config.json, or generation_config.json when load() finds one (bos_token_id,
@@ -104,9 +105,9 @@ struct HfConfig {
   static HfConfig load(const std::filesystem::path& path);
 
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head
-  /// are separate).
-  /// Throws: NotImplementedError listing, with their fields, all the features numesh does not
-  /// run yet that the model uses: MLP biases, a shared expert, mlp_only_layers.
+  /// are separate): mlp_only_layers become TransformerConfig::dense_layers, the shared expert
+  /// shared_expert_ffn; MLP biases ride on the weights (CausalLmWeights::load).
+  /// Throws: ValueError as TransformerConfig::validate (sizes parse() has already checked).
   [[nodiscard]] ops::TransformerConfig transformer_config() const;
 };
 

@@ -23,11 +23,13 @@ struct CausalLmWeights {
   /// Reads every tensor `config`'s architecture names from `checkpoint` (Llama's names:
   /// model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
   /// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; the
-  /// projections' biases (Qwen2, attention_bias) and self_attn.{q,k}_norm (Qwen3); Mixtral's
-  /// block_sparse_moe.{gate, experts.E.w1/w3/w2}; Qwen-MoE's mlp.{gate, experts.E.*_proj}),
-  /// checking each shape before reading it, and stores the matrices as `stored_as`
-  /// (embedding, LM head, attention, MLPs and experts; norms and routers stay fp32).
-  /// Throws: NotImplementedError as HfConfig::transformer_config(); KeyError naming the tensor,
+  /// projections' biases (Qwen2, attention_bias, mlp_bias) and self_attn.{q,k}_norm (Qwen3);
+  /// Mixtral's block_sparse_moe.{gate, experts.E.w1/w3/w2}; Qwen-MoE's mlp.{gate,
+  /// experts.E.*_proj} and Qwen2-MoE's mlp.shared_expert.*_proj and mlp.shared_expert_gate),
+  /// the dense MLP in Qwen-MoE's mlp_only_layers, checking each shape before reading it, and
+  /// stores the matrices as `stored_as` (embedding, LM head, attention, MLPs, experts and the
+  /// shared expert; norms, biases, routers and the shared expert's gate stay fp32).
+  /// Throws: ValueError as HfConfig::transformer_config(); KeyError naming the tensor,
   /// the checkpoint and its closest names when one is missing; ShapeError naming the tensor,
   /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
   static CausalLmWeights load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,

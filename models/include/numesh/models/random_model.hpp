@@ -22,10 +22,11 @@ nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers);
 
 /// Writes dir/config.json (`config`) and dir/model.safetensors holding every tensor
 /// CausalLmWeights::load reads for it, stored as `dtype`: linear layers normal(0, 1/sqrt(in)),
-/// the embedding normal(0, 1), norms 1 + normal(0, 0.1), from a generator seeded with `seed`.
-/// Creates `dir` when missing.
-/// Throws: as HfConfig::parse for a config numesh cannot read; NotImplementedError as
-/// HfConfig::transformer_config for one it cannot run; IoError when a file cannot be written.
+/// the embedding normal(0, 1), norms 1 + normal(0, 0.1), biases (mlp_bias, attention biases)
+/// normal(0, 0.1), a shared expert and its gate when the config has one, from a generator
+/// seeded with `seed`. Creates `dir` when missing.
+/// Throws: as HfConfig::parse and HfConfig::transformer_config for a config numesh cannot read;
+/// IoError when a file cannot be written.
 void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config, DType dtype,
                         std::uint32_t seed);
 

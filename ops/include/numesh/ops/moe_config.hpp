@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "numesh/ops/mlp_config.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 // What a mixture-of-experts layer is, independent of how it runs: its routing, its weights and
@@ -28,6 +29,9 @@ struct MoeConfig {
 
 /// The weights of a MoE layer with SwiGLU experts: router [H, E], and per expert e the slices
 /// gate[e], up[e] ([H, F] each) and down[e] ([F, H]) of tensors [E, H, F] and [E, F, H].
+/// Optionally Qwen2-MoE's shared expert: a SwiGLU MLP of its own size Fs that every token runs
+/// beside its routed experts, gated per token:
+///   y = routed(x) + sigmoid(x shared_expert_gate) * shared_expert(x).
 struct MoeWeights {
   runtime::HostTensor router;  ///< [H, E]
   runtime::HostTensor gate;    ///< [E, H, F]
@@ -36,7 +40,21 @@ struct MoeWeights {
   /// The dtype the layer stores the experts in (as MlpWeights::stored_as); the router stays
   /// fp32, since routing decisions are where rounding would change the answer most.
   DType stored_as = DType::kF32;
+  /// The shared expert: gate, up [H, Fs], down [Fs, H], stored as its own stored_as, no biases.
+  /// Empty matrices: no shared expert. (Last, with braces: designated initializers may leave
+  /// it out without GCC's warning.)
+  MlpWeights shared_expert{};
+  /// [H, 1] with a shared expert, else empty; fp32, as the router.
+  runtime::HostTensor shared_expert_gate{};
+
+  /// True when the layer has a shared expert.
+  bool has_shared_expert() const noexcept { return !shared_expert.up.shape.empty(); }
 };
+
+/// Checks the shared expert of `w` against the hidden size: absent (every part empty), or gate
+/// and up [H, Fs], down [Fs, H] with Fs > 0, shared_expert_gate [H, 1], and no biases.
+/// Throws: ShapeError naming the parts and their shapes and what they must be.
+void check_shared_expert(const MoeWeights& w, std::int64_t hidden);
 
 /// What the router did.
 struct MoeStats {

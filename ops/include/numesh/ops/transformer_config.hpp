@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -11,7 +12,8 @@
 // What a decoder-only transformer stack without embeddings is, independent of how it runs:
 // blocks of
 //   h = x + attention(rmsnorm(x));  x' = h + ffn(rmsnorm(h))
-// where ffn is a SwiGLU MLP or a MoE layer, then a final RMSNorm. Its sizes and its weights.
+// where ffn is a SwiGLU MLP or a MoE layer (with, optionally, a gated shared expert), then a
+// final RMSNorm. Its sizes and its weights.
 
 namespace numesh::ops {
 
@@ -27,23 +29,34 @@ struct TransformerConfig {
   MoeConfig moe{.num_experts = 8, .top_k = 2};
   /// Intermediate size of each expert.
   std::int64_t moe_ffn = 256;
-  /// Layer i (0-based) is a MoE layer when moe_every > 0 and (i + 1) % moe_every == 0; 0 = no
-  /// MoE layers.
+  /// Layer i (0-based) is a MoE layer when moe_every > 0, (i + 1) % moe_every == 0 and i is
+  /// not in dense_layers; 0 = no MoE layers.
   std::int64_t moe_every = 2;
   /// RMSNorm epsilon.
   float norm_eps = 1e-6f;
+  /// Intermediate size of the MoE layers' shared expert (Qwen2-MoE); 0 = none.
+  std::int64_t shared_expert_ffn = 0;
+  /// Layers whose feed-forward is the dense SwiGLU MLP though moe_every makes them MoE
+  /// (Qwen-MoE's mlp_only_layers): distinct, in [0, layers). (Last, with braces: designated
+  /// initializers may leave it out without GCC's warning.)
+  std::vector<std::int64_t> dense_layers{};
 
   /// True when layer i's feed-forward is a MoE layer.
-  bool is_moe(std::int64_t layer) const noexcept { return moe_every > 0 && (layer + 1) % moe_every == 0; }
+  bool is_moe(std::int64_t layer) const noexcept {
+    return moe_every > 0 && (layer + 1) % moe_every == 0 &&
+           std::find(dense_layers.begin(), dense_layers.end(), layer) == dense_layers.end();
+  }
   /// Throws: ValueError naming the offending sizes (non-positive sizes, num_kv_heads not
-  /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE) or an invalid
-  /// RoPE scaling field.
+  /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE, a negative
+  /// shared_expert_ffn), a dense layer outside [0, layers) or listed twice, or an invalid RoPE
+  /// scaling field.
   void validate() const;
-  /// Parameters (weights) of the whole stack.
+  /// Parameters (weights) of the whole stack; optional biases left out.
   std::int64_t parameters() const noexcept;
   /// FLOPs of one forward of `batch` sequences of `tokens` new tokens at `position` (the work
   /// done, multiply-add = 2): attention (attention_flops), the SwiGLU MLPs, and for MoE layers
-  /// the router plus top_k experts per token (dropless); norms and residual adds left out.
+  /// the router plus top_k experts per token (dropless) plus the shared expert and its gate;
+  /// norms, biases and residual adds left out.
   double flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept;
 };
 
@@ -52,8 +65,8 @@ struct BlockWeights {
   runtime::HostTensor attn_norm;  ///< [1, H]
   AttentionWeights attention;
   runtime::HostTensor ffn_norm;   ///< [1, H]
-  MlpWeights mlp;                 ///< SwiGLU, dense blocks only
-  MoeWeights moe;                 ///< MoE blocks only
+  MlpWeights mlp;                 ///< SwiGLU (biases optional), dense blocks only
+  MoeWeights moe;                 ///< MoE blocks only; its shared expert when shared_expert_ffn > 0
 };
 
 /// A whole stack's weights.
@@ -62,10 +75,10 @@ struct TransformerWeights {
   runtime::HostTensor final_norm;  ///< [1, H]; empty (no shape): no final norm (a bare block)
 
   /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
-  /// seeded generator (the same seed gives the same weights everywhere).
+  /// seeded generator (the same seed gives the same weights everywhere); no biases.
   [[nodiscard]] static TransformerWeights random(const TransformerConfig& config, std::uint32_t seed);
-  /// Stores every block's attention, MLP and expert matrices as `dtype` (norms and routers stay
-  /// fp32): sets each layer's stored_as.
+  /// Stores every block's attention, MLP, expert and shared-expert matrices as `dtype` (norms,
+  /// biases, routers and shared-expert gates stay fp32): sets each layer's stored_as.
   void store_as(DType dtype);
 };
 

@@ -43,18 +43,23 @@ struct MlpLayer {
   std::shared_ptr<runtime::ShardedTensor> gate;  ///< null for kGelu
   std::shared_ptr<runtime::ShardedTensor> up;
   std::shared_ptr<runtime::ShardedTensor> down;
+  /// The biases (MlpWeights' gate_bias, up_bias, down_bias; its matrices left empty), whole in
+  /// host memory: each device adds its slice of F's, and one device per partial sum down's.
+  std::shared_ptr<const MlpWeights> biases;
 
   /// Validates the weights and lays them out. The tensor axis splits F when the mesh has it
   /// and F divides (eformer's correction), else the weights are replicated.
-  /// Throws: ShapeError naming the shapes when the weights do not fit one another.
+  /// Throws: ShapeError naming the shapes when the weights do not fit one another or a bias
+  /// is misshapen (check_biases).
   [[nodiscard]] static MlpLayer create(const runtime::DeviceMesh& mesh, MlpKind kind,
                                        const MlpWeights& weights, const MlpAxes& axes = {});
 };
 
 /// Emits y = mlp(x) into `program`: weights split along H are all-gathered (FSDP); tokens split
 /// over an axis that also splits F are all-gathered over it (sequence parallelism); then per
-/// device h = act(x_local w_up_local) (SwiGLU: silu(x w_gate) .* (x w_up)) and y_partial =
-/// h w_down_local, a Partial(sum) over the axes splitting F, resharded into y's layout: an
+/// device h = act(x_local w_up_local + b_up_local) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up
+/// + b_up)) and y_partial = h w_down_local (+ b_down on the first device of each partial sum), a
+/// Partial(sum) over the axes splitting F, resharded into y's layout: an
 /// all-reduce over tp, or a reduce-scatter when y's tokens are split over tp; nothing when F
 /// is not split. x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
 /// frontier after which y is complete. Node and tensor names start with `name`.

@@ -2,9 +2,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -28,7 +30,9 @@ struct MoeAxes {
 
 /// A MoE layer's weights laid out on a mesh: router [H, E] replicated; gate/up [E, H, F]
 /// P(ep, None, tp) and down [E, F, H] P(ep, tp, None) (EasyDeL's get_moe_partition_spec,
-/// standard mode), each shard on its device's node.
+/// standard mode), each shard on its device's node. A shared expert is an MlpLayer whose Fs is
+/// split over the tensor axis when the experts' F is (and Fs divides), else replicated; its
+/// gate [H, 1] is replicated.
 struct MoeLayer {
   MoeConfig config;
   std::int64_t hidden = 0;
@@ -36,10 +40,13 @@ struct MoeLayer {
   std::int64_t local_experts = 0;  ///< experts per device
   std::int64_t local_ffn = 0;      ///< F per device
   std::shared_ptr<runtime::ShardedTensor> router, gate, up, down;
+  std::optional<MlpLayer> shared_expert;                       ///< none without one
+  std::shared_ptr<runtime::ShardedTensor> shared_expert_gate;  ///< null without one
 
   /// Validates and lays out the weights.
   /// Throws: ValueError when top_k is not in [1, num_experts] (naming both) or
-  /// capacity_factor is negative; ShapeError naming the shapes when the weights do not fit.
+  /// capacity_factor is negative; ShapeError naming the shapes when the weights or the shared
+  /// expert (check_shared_expert) do not fit.
   [[nodiscard]] static MoeLayer create(const runtime::DeviceMesh& mesh, const MoeConfig& config,
                                        const MoeWeights& weights, const MoeAxes& axes = {});
 };
@@ -62,7 +69,10 @@ struct MoeRouting {
 /// added into a partial y: a Partial(sum) over the expert and tensor axes, resharded into y
 /// (one all-reduce over ep x tp). Tokens replicated over ep (EasyDeL's expert mesh: hidden
 /// P(dp, None, None)) need no dispatch; tokens split over ep go to their experts' devices and
-/// back by all-to-all (see MoeAxes::batch). x is [T, H] or [B, T, H] with any token dims
+/// back by all-to-all (see MoeAxes::batch). A shared expert adds its gated output into the
+/// same partial y before that one reduction: its Fs is split over a subset of the axes the
+/// partial sum runs over, and over the others each device takes a share of the rows, so that
+/// every row's term is added once. x is [T, H] or [B, T, H] with any token dims
 /// split, H whole; y like x. Returns the frontier after which y is complete;
 /// `routing` (owned by the program) is filled on every run.
 /// Throws: ShapeError when x or y do not fit (naming them); as reshard().

@@ -32,7 +32,8 @@ namespace numesh::ops {
 class ShardedTransformer {
  public:
   /// Throws: as TransformerConfig::validate and the layers' create functions; ShapeError when
-  /// batch or max_len is not positive.
+  /// batch or max_len is not positive, or a MoE block's shared expert is not the config's
+  /// (shared_expert_ffn; 0: none).
   ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config, const TransformerWeights& weights,
                      std::int64_t batch, std::int64_t max_len, ModelAxes axes = {},
                      KvLayout layout = KvLayout::kBTHD);
@@ -79,7 +80,9 @@ class ShardedTransformer {
   };
   /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
   /// wv, wo}" ([in, out]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" or
-  /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]), and "final_norm".
+  /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]) with, for a shared
+  /// expert, "layers.L.moe.shared_expert.{gate, up, down}" and "layers.L.moe.shared_expert_gate"
+  /// ([H, 1]), and "final_norm".
   /// Weights given HostTensor::shape_only are laid out unfilled: their owner fills them through
   /// these (runtime::fill_shards) before the first run.
   std::vector<NamedWeight> weights() const;

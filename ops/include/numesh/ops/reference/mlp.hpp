@@ -1,6 +1,7 @@
 #pragma once
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/tensor.hpp"
 
 // Dense single-device references: the oracles every sharded operator is checked against, and
@@ -31,5 +32,12 @@ RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowM
 /// Throws: ShapeError naming the shapes when they do not chain.
 RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, const RowMatrix& w_up,
                                const RowMatrix& w_down, DType stored_as = DType::kF32);
+
+/// The MLP of `weights` (the oracle of ShardedMlp): mlp_gelu_reference or mlp_swiglu_reference
+/// by `kind`, with weights.stored_as, each bias (when not empty) added to its projection's
+/// output (gate's and up's before the activation). x: [T, H]; returns [T, H].
+/// Throws: ShapeError naming the shapes when the matrices do not chain or a bias is misshapen
+/// (check_biases).
+RowMatrix mlp_reference(const RowMatrix& x, MlpKind kind, const MlpWeights& weights);
 
 }  // namespace numesh::ops

@@ -1,0 +1,28 @@
+#include "numesh/ops/mlp_config.hpp"
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "shape_text.hpp"
+
+namespace numesh::ops {
+
+void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden, std::int64_t intermediate) {
+  NUMESH_CHECK(kind == MlpKind::kSwiGLU || w.gate_bias.shape.empty(), ShapeError,
+               "mlp ({}): gate_bias {} given, but a GELU MLP has no gate", to_string(kind),
+               detail::shape_text(w.gate_bias));
+  const struct {
+    const char* name;
+    const runtime::HostTensor& t;
+    std::int64_t size;
+    const char* what;
+  } expected[] = {{"gate_bias", w.gate_bias, intermediate, "intermediate"},
+                  {"up_bias", w.up_bias, intermediate, "intermediate"},
+                  {"down_bias", w.down_bias, hidden, "hidden"}};
+  for (const auto& e : expected) {
+    NUMESH_CHECK(e.t.shape.empty() || e.t.shape == std::vector<std::int64_t>{e.size}, ShapeError,
+                 "mlp ({}): {} {} must be [{}] ({}) or empty", to_string(kind), e.name, detail::shape_text(e.t),
+                 e.size, e.what);
+  }
+}
+
+}  // namespace numesh::ops
