@@ -1,10 +1,14 @@
 #include "numesh/models/causal_lm.hpp"
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "shard_reader.hpp"
 
 namespace numesh::models {
 
@@ -35,6 +39,33 @@ CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const Causa
                ShapeError, "{} model: embedding [{}, {}] and LM head [{}, {}] do not fit vocabulary {} and hidden {}",
                to_string(config.architecture), embedding_layer_.vocab, embedding_layer_.hidden, head_layer_.hidden,
                head_layer_.vocab, config.vocab_size, config.hidden_size);
+}
+
+CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+                        std::int64_t batch, std::int64_t max_len, DType stored_as, ops::ModelAxes axes,
+                        const LoadProgress& progress) {
+  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
+  CausalLm lm(std::move(mesh), config, d.weights, batch, max_len, std::move(axes));  // matrices laid out unfilled
+  std::map<std::string, std::shared_ptr<runtime::ShardedTensor>> slots{{"embedding.table", lm.embedding_layer_.table},
+                                                                      {"lm_head.weight", lm.head_layer_.weight}};
+  for (const auto& [name, tensor] : lm.stack_.weights()) slots[name] = tensor;
+  const auto bytes_of = [&](const MatrixSource& source) {
+    std::int64_t bytes = 0;
+    for (const std::string& t : source.tensors) bytes += static_cast<std::int64_t>(checkpoint.info(t).size_bytes());
+    return bytes;
+  };
+  std::int64_t total = 0, done = 0;
+  for (const auto& [slot, source] : d.sources) total += bytes_of(source);
+  for (const auto& [slot, source] : d.sources) {
+    const auto it = slots.find(slot);
+    // Every deferred slot names a laid-out weight: hf_weights.cpp and the layers agree on names.
+    NUMESH_CHECK(it != slots.end(), ValueError, "model: no laid-out weight is called {} (an internal naming mismatch)",
+                 slot);
+    detail::read_shards(checkpoint, source, *it->second);
+    done += bytes_of(source);
+    if (progress) progress(done, total);
+  }
+  return lm;
 }
 
 CausalLm::~CausalLm() = default;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "transpose.hpp"
 
 namespace numesh::models {
 
@@ -18,23 +20,49 @@ namespace {
 
 using runtime::HostTensor;
 
-// Reads tensors of one checkpoint, checking each shape against what the config implies.
+// Reads tensors of one checkpoint, checking each shape against what the config implies. With
+// `defer`, matrix() returns a shape-only tensor and records where its values are instead.
 class Reader {
  public:
-  explicit Reader(const SafetensorsCheckpoint& checkpoint) : checkpoint_(checkpoint) {}
+  Reader(const SafetensorsCheckpoint& checkpoint, std::map<std::string, MatrixSource>* deferred)
+      : checkpoint_(checkpoint), deferred_(deferred) {}
 
-  // The tensor as stored, after checking its shape is `expected`.
-  HostTensor read(const std::string& name, const std::vector<std::int64_t>& expected) const {
+  // Checks tensor `name`'s shape is `expected`.
+  void check(const std::string& name, const std::vector<std::int64_t>& expected) const {
     const TensorInfo& info = checkpoint_.info(name);
     NUMESH_CHECK(info.shape == expected, ShapeError, "{}: tensor {} is [{}], the config implies [{}]",
                  checkpoint_.directory().string(), name, fmt::join(info.shape, ", "), fmt::join(expected, ", "));
+  }
+  // The tensor as stored, after checking its shape is `expected`.
+  HostTensor read(const std::string& name, const std::vector<std::int64_t>& expected) const {
+    check(name, expected);
     HostTensor t = HostTensor::zeros(expected);
     checkpoint_.read(name, DType::kF32, std::as_writable_bytes(std::span<float>(t.data)));
     return t;
   }
-  // An nn.Linear weight [out, in] read and transposed to [in, out].
+  // A small nn.Linear weight [out, in] (a router, a gate) read and transposed to [in, out].
   HostTensor linear(const std::string& name, std::int64_t in, std::int64_t out) const {
     return transposed(read(name, {out, in}));
+  }
+  // The large matrix at `slot`: nn.Linear weights [out, in] (one, or one per expert stacked
+  // into [E, in, out]) transposed to [in, out], or, when not `transposed`, one tensor as it is.
+  HostTensor matrix(const std::string& slot, const MatrixSource& source, std::int64_t in, std::int64_t out) const {
+    const auto experts = static_cast<std::int64_t>(source.tensors.size());
+    std::vector<std::int64_t> shape = source.transposed ? std::vector<std::int64_t>{in, out}
+                                                        : std::vector<std::int64_t>{out, in};
+    if (source.tensors.size() > 1) shape.insert(shape.begin(), experts);
+    for (const std::string& name : source.tensors) check(name, {out, in});
+    if (deferred_ != nullptr) {
+      (*deferred_)[slot] = source;
+      return HostTensor::shape_only(shape);
+    }
+    if (!source.transposed) return read(source.tensors.front(), {out, in});
+    HostTensor stacked = HostTensor::zeros(shape);
+    for (std::int64_t e = 0; e < experts; ++e) {
+      const HostTensor m = linear(source.tensors[static_cast<std::size_t>(e)], in, out);
+      std::copy(m.data.begin(), m.data.end(), stacked.data.begin() + e * in * out);
+    }
+    return stacked;
   }
   // An RMSNorm weight [H] as a [1, H] row.
   HostTensor norm(const std::string& name, std::int64_t h) const {
@@ -42,55 +70,46 @@ class Reader {
     t.shape = {1, h};
     return t;
   }
-  bool contains(const std::string& name) const { return checkpoint_.contains(name); }
 
   // In 64 x 64 tiles, so that both the reads and the writes stay within a few cache lines
   // (element by element, the strided writes made loading 4x slower).
   static HostTensor transposed(const HostTensor& m) {
-    constexpr std::int64_t kTile = 64;
-    const std::int64_t rows = m.shape[0], cols = m.shape[1];
-    HostTensor t = HostTensor::zeros({cols, rows});
-    const float* src = m.data.data();
-    float* dst = t.data.data();
-    for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
-      for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        const std::int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-        for (std::int64_t r = r0; r < r1; ++r) {
-          for (std::int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
-        }
-      }
-    }
+    HostTensor t = HostTensor::zeros({m.shape[1], m.shape[0]});
+    detail::transpose(reinterpret_cast<const std::byte*>(m.data.data()), m.shape[0], m.shape[1], sizeof(float),
+                      reinterpret_cast<std::byte*>(t.data.data()), m.shape[0]);
     return t;
   }
 
  private:
   const SafetensorsCheckpoint& checkpoint_;
+  std::map<std::string, MatrixSource>* deferred_;
 };
 
-// Copies expert e's [rows, cols] matrix into slice e of a stacked [E, rows, cols] tensor.
-void put_expert(HostTensor& stacked, std::int64_t e, const HostTensor& m) {
-  std::copy(m.data.begin(), m.data.end(), stacked.data.begin() + static_cast<std::ptrdiff_t>(e) * static_cast<std::ptrdiff_t>(m.data.size()));
-}
+// One linear weight's source.
+MatrixSource linear_source(std::string name) { return MatrixSource{.tensors = {std::move(name)}}; }
 
-}  // namespace
-
-CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint, DType stored_as) {
+// The weights, read whole into host memory, or (with `deferred`) their large matrices left
+// shape-only with their sources recorded there.
+CausalLmWeights load_weights(const HfConfig& config, const SafetensorsCheckpoint& checkpoint, DType stored_as,
+                             std::map<std::string, MatrixSource>* deferred) {
   const ops::TransformerConfig t = config.transformer_config();
-  const Reader r(checkpoint);
+  const Reader r(checkpoint, deferred);
   const std::int64_t h = t.hidden, v = config.vocab_size, d = t.attention.head_dim;
   const std::int64_t q_out = t.attention.num_heads * d, kv_out = t.attention.num_kv_heads * d;
   CausalLmWeights w;
-  w.embedding.table = r.read("model.embed_tokens.weight", {v, h});
+  const MatrixSource table{.tensors = {"model.embed_tokens.weight"}, .transposed = false};
+  w.embedding.table = r.matrix("embedding.table", table, h, v);
   w.embedding.stored_as = stored_as;
   for (std::int64_t l = 0; l < t.layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string slot = fmt::format("layers.{}.", l);  // ShardedTransformer::weights()'s names
     ops::BlockWeights b;
     b.attn_norm = r.norm(p + "input_layernorm.weight", h);
     b.ffn_norm = r.norm(p + "post_attention_layernorm.weight", h);
-    b.attention.wq = r.linear(p + "self_attn.q_proj.weight", h, q_out);
-    b.attention.wk = r.linear(p + "self_attn.k_proj.weight", h, kv_out);
-    b.attention.wv = r.linear(p + "self_attn.v_proj.weight", h, kv_out);
-    b.attention.wo = r.linear(p + "self_attn.o_proj.weight", q_out, h);
+    b.attention.wq = r.matrix(slot + "attention.wq", linear_source(p + "self_attn.q_proj.weight"), h, q_out);
+    b.attention.wk = r.matrix(slot + "attention.wk", linear_source(p + "self_attn.k_proj.weight"), h, kv_out);
+    b.attention.wv = r.matrix(slot + "attention.wv", linear_source(p + "self_attn.v_proj.weight"), h, kv_out);
+    b.attention.wo = r.matrix(slot + "attention.wo", linear_source(p + "self_attn.o_proj.weight"), q_out, h);
     if (config.qkv_bias) {
       b.attention.bq = r.read(p + "self_attn.q_proj.bias", {q_out});
       b.attention.bk = r.read(p + "self_attn.k_proj.bias", {kv_out});
@@ -106,26 +125,28 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsC
       const bool mixtral = config.architecture == Architecture::kMixtral;
       const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
       b.moe.router = r.linear(moe + "gate.weight", h, e);
-      b.moe.gate = HostTensor::zeros({e, h, f});
-      b.moe.up = HostTensor::zeros({e, h, f});
-      b.moe.down = HostTensor::zeros({e, f, h});
-      for (std::int64_t x = 0; x < e; ++x) {
-        const std::string ep = fmt::format("{}experts.{}.", moe, x);
-        put_expert(b.moe.gate, x, r.linear(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), h, f));
-        put_expert(b.moe.up, x, r.linear(ep + (mixtral ? "w3.weight" : "up_proj.weight"), h, f));
-        put_expert(b.moe.down, x, r.linear(ep + (mixtral ? "w2.weight" : "down_proj.weight"), f, h));
-      }
+      const auto experts = [&](const char* mixtral_name, const char* name) {
+        MatrixSource s;
+        for (std::int64_t x = 0; x < e; ++x) {
+          s.tensors.push_back(fmt::format("{}experts.{}.{}.weight", moe, x, mixtral ? mixtral_name : name));
+        }
+        return s;
+      };
+      b.moe.gate = r.matrix(slot + "moe.gate", experts("w1", "gate_proj"), h, f);
+      b.moe.up = r.matrix(slot + "moe.up", experts("w3", "up_proj"), h, f);
+      b.moe.down = r.matrix(slot + "moe.down", experts("w2", "down_proj"), f, h);
       if (t.shared_expert_ffn > 0) {  // Qwen2-MoE
         const std::int64_t fs = t.shared_expert_ffn;
-        b.moe.shared_expert.gate = r.linear(moe + "shared_expert.gate_proj.weight", h, fs);
-        b.moe.shared_expert.up = r.linear(moe + "shared_expert.up_proj.weight", h, fs);
-        b.moe.shared_expert.down = r.linear(moe + "shared_expert.down_proj.weight", fs, h);
+        const std::string se = slot + "moe.shared_expert.";
+        b.moe.shared_expert.gate = r.matrix(se + "gate", linear_source(moe + "shared_expert.gate_proj.weight"), h, fs);
+        b.moe.shared_expert.up = r.matrix(se + "up", linear_source(moe + "shared_expert.up_proj.weight"), h, fs);
+        b.moe.shared_expert.down = r.matrix(se + "down", linear_source(moe + "shared_expert.down_proj.weight"), fs, h);
         b.moe.shared_expert_gate = r.linear(moe + "shared_expert_gate.weight", h, 1);
       }
     } else {
-      b.mlp.gate = r.linear(p + "mlp.gate_proj.weight", h, t.ffn);
-      b.mlp.up = r.linear(p + "mlp.up_proj.weight", h, t.ffn);
-      b.mlp.down = r.linear(p + "mlp.down_proj.weight", t.ffn, h);
+      b.mlp.gate = r.matrix(slot + "mlp.gate", linear_source(p + "mlp.gate_proj.weight"), h, t.ffn);
+      b.mlp.up = r.matrix(slot + "mlp.up", linear_source(p + "mlp.up_proj.weight"), h, t.ffn);
+      b.mlp.down = r.matrix(slot + "mlp.down", linear_source(p + "mlp.down_proj.weight"), t.ffn, h);
       if (config.mlp_bias) {
         b.mlp.gate_bias = r.read(p + "mlp.gate_proj.bias", {t.ffn});
         b.mlp.up_bias = r.read(p + "mlp.up_proj.bias", {t.ffn});
@@ -137,10 +158,24 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsC
   w.stack.final_norm = r.norm("model.norm.weight", h);
   w.stack.store_as(stored_as);
   // Tied models may still ship lm_head.weight (a copy); the embedding is the one they use.
-  w.lm_head.weight = config.tie_word_embeddings ? Reader::transposed(w.embedding.table)
-                                                : r.linear("lm_head.weight", h, v);
+  w.lm_head.weight =
+      r.matrix("lm_head.weight", linear_source(config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"),
+               h, v);
   w.lm_head.stored_as = stored_as;
   return w;
+}
+
+}  // namespace
+
+CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint, DType stored_as) {
+  return load_weights(config, checkpoint, stored_as, nullptr);
+}
+
+DeferredCausalLmWeights CausalLmWeights::deferred(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+                                                  DType stored_as) {
+  DeferredCausalLmWeights d;
+  d.weights = load_weights(config, checkpoint, stored_as, &d.sources);
+  return d;
 }
 
 }  // namespace numesh::models

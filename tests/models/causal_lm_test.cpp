@@ -236,6 +236,41 @@ TEST(CausalLmTest, MlpBiasesSharedExpertsAndDenseLayersLoadAndDecodeTheSameOnEve
   }
 }
 
+// CausalLm::load reads every matrix's shards straight from the file into the devices; the
+// model must be the one the host path builds, bit for bit, whatever the mesh and the dtype.
+TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
+  json untied = tiny_llama();
+  untied["tie_word_embeddings"] = false;
+  auto untied_shapes = llama_shapes();
+  untied_shapes["lm_head.weight"] = {32, 16};
+  const auto four = runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(4)),
+                                                {2, 2}, {"ep", "tp"});
+  for (const auto& [config, shapes] : {std::pair{tiny_llama(), llama_shapes()}, std::pair{untied, untied_shapes},
+                                       std::pair{tiny_qwen2_moe(), qwen2_moe_shapes()}}) {
+    ScratchDir dir;
+    write_model(dir, config, shapes);
+    const HfConfig c = HfConfig::load(dir.path());
+    const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
+    const std::string label = config["model_type"].get<std::string>() +
+                              (config["tie_word_embeddings"].get<bool>() ? " (tied)" : " (untied)");
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      const CausalLmWeights host = CausalLmWeights::load(c, checkpoint, dtype);
+      for (const runtime::DeviceMesh& m : {mesh(1, "tp"), mesh(2, "tp"), mesh(2, "ep"), mesh(2, "dp"), four}) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> reports;
+        CausalLm direct = CausalLm::load(m, c, checkpoint, 2, 8, dtype, {},
+                                         [&](std::int64_t done, std::int64_t total) { reports.emplace_back(done, total); });
+        CausalLm reference(m, c, host, 2, 8);
+        const std::vector<std::int32_t> ids{3, 4, 5, 6, 7, 8};
+        EXPECT_EQ(direct.logits(ids, 3, 0), reference.logits(ids, 3, 0)) << label << " " << to_string(dtype) << " on "
+                                                                          << m.mesh().repr();
+        ASSERT_FALSE(reports.empty());
+        for (std::size_t i = 1; i < reports.size(); ++i) EXPECT_GT(reports[i].first, reports[i - 1].first);
+        EXPECT_EQ(reports.back().first, reports.back().second) << label << ": progress ends at the total";
+      }
+    }
+  }
+}
+
 TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
   ScratchDir dir;
   write_model(dir, tiny_llama(), llama_shapes());

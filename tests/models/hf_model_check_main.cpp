@@ -69,8 +69,10 @@ void run(const fs::path& dir) {
       for (const MeshChoice& m : meshes) {
         const std::string tag = name + "_" + stored_name.get<std::string>() + "_" + m.label;
         const rt::DeviceMesh mesh = make_mesh(m);
-        // Greedy generation: the prompt, then one token per sequence per step.
-        CausalLm generator(mesh, config, weights, batch, prompt_len + new_tokens);
+        // Greedy generation: the prompt, then one token per sequence per step, on a model whose
+        // devices read their shards straight from the checkpoint (CausalLm::load; the scorer
+        // below takes the host path, so PyTorch checks both).
+        CausalLm generator = CausalLm::load(mesh, config, checkpoint, batch, prompt_len + new_tokens, stored);
         std::vector<std::vector<std::int64_t>> generated(static_cast<std::size_t>(batch));
         std::vector<std::int64_t> next = generator.greedy(prompt, prompt_len, 0);
         std::vector<std::vector<std::int32_t>> fed;  // the tokens each decode step feeds

@@ -45,6 +45,20 @@ void progress(bool quiet, const std::string& text) {
   std::fflush(stderr);
 }
 
+// Seconds to read `files` whole with read(2) into one 8 MiB buffer: the baseline a load is
+// compared with.
+double plain_read_seconds(const std::vector<std::filesystem::path>& files) {
+  std::vector<char> buffer(std::size_t{8} << 20);
+  const auto start = Clock::now();
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    NUMESH_CHECK(in.is_open(), IoError, "cannot read {}", path.string());
+    while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+    }
+  }
+  return seconds_since(start);
+}
+
 }  // namespace
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
@@ -106,6 +120,9 @@ all have stopped.)");
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then each decode step "
                   "(one prompt)");
   cmd->add_option("--json", o.json, "Write the prompt, the ids and the timings as JSON to FILE");
+  cmd->add_flag("--compare-read", o.compare_read,
+                "Also time a plain read of the checkpoint's files (after the load, from the page cache when they "
+                "fit) and print the load's rate against it");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -215,22 +232,47 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
 
   progress(o.quiet, fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
+  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
+  const auto batch = static_cast<std::int64_t>(prompts.size());
+  // --compare-read: a plain read of the files before the load (so both find them in the page
+  // cache when they fit) and after it (the figure reported).
+  const auto checkpoint_files = [&] {
+    std::vector<std::filesystem::path> files;
+    const auto opened = models::SafetensorsCheckpoint::open(dir);
+    for (const auto& f : opened.files()) files.push_back(f.path());
+    return files;
+  };
+  if (o.compare_read) (void)plain_read_seconds(checkpoint_files());
   const auto load_start = Clock::now();
   const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
   std::int64_t bytes = 0;
   for (const std::string& name : checkpoint.names()) bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
-  const models::CausalLmWeights weights = models::CausalLmWeights::load(config, checkpoint, dtype);
-  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const auto batch = static_cast<std::int64_t>(prompts.size());
-  models::CausalLm lm(mesh, config, weights, batch, max_len);
+  std::optional<models::CausalLm> loaded;
+  {
+    const ProgressLine line(o.quiet);
+    loaded.emplace(models::CausalLm::load(mesh, config, checkpoint, batch, max_len, dtype, {},
+                                          [&](std::int64_t done, std::int64_t total) {
+                                            line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
+                                                                    100.0 * static_cast<double>(done) /
+                                                                        static_cast<double>(total),
+                                                                    static_cast<double>(done) / 1e6,
+                                                                    static_cast<double>(total) / 1e6));
+                                          }));
+  }
+  models::CausalLm& lm = *loaded;
   const double load_seconds = seconds_since(load_start);
+  const double read_seconds = o.compare_read ? plain_read_seconds(checkpoint_files()) : 0.0;
 
   out << fmt::format("numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
                      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
                      config.vocab_size, to_string(dtype), mesh.mesh().repr());
-  out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s, read, converted and laid out)\n",
-                     static_cast<double>(bytes) / 1e6,
-                     load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);
+  out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and laid "
+                     "out)\n",
+                     static_cast<double>(bytes) / 1e6, load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);
+  if (o.compare_read) {
+    out << fmt::format("         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x its time\n",
+                       read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
+  }
   // With a tokenizer the text follows the ids, decoded at the end (a token can end inside a
   // character, so decoding token by token would print broken characters). A model's
   // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a
@@ -331,6 +373,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                                            : nlohmann::json("greedy")},
                      {"load_seconds", load_seconds},
                      {"load_bytes", bytes},
+                     {"plain_read_seconds", o.compare_read ? nlohmann::json(read_seconds) : nlohmann::json(nullptr)},
                      {"prefill_tokens", prompt_tokens},
                      {"prefill_seconds", result.prefill_seconds},
                      {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},

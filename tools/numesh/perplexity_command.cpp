@@ -73,8 +73,7 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
                config.max_context());
   (void)config.transformer_config();
   const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
-  const models::CausalLmWeights weights = models::CausalLmWeights::load(config, checkpoint, dtype);
-  models::CausalLm lm(make_mesh(o.mesh), config, weights, 1, o.context);
+  models::CausalLm lm = models::CausalLm::load(make_mesh(o.mesh), config, checkpoint, 1, o.context, dtype);
 
   out << fmt::format("numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",
                      dir.string(), to_string(config.architecture), to_string(dtype), tokens.size(), o.text_file,

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -47,6 +48,18 @@ class CausalLm {
   /// model's max_context(); what the layers' layouts throw.
   CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights, std::int64_t batch,
            std::int64_t max_len, ops::ModelAxes axes = {});
+  /// Checkpoint bytes read so far and in all, reported by load() after each matrix.
+  using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
+  /// The model of `checkpoint`, with each device reading only its own shard of every large
+  /// matrix (embedding, LM head, projections, experts) straight from the file mapping into memory
+  /// of its node, converted to `stored_as` and transposed on the way, all devices at once: no copy
+  /// of the model passes through host memory (CausalLmWeights::deferred, then each matrix's
+  /// shards filled in place). Norms, biases and routers, which are small, are read on the host.
+  /// Gives the same model as the constructor on CausalLmWeights::load.
+  /// Throws: as CausalLmWeights::load and the constructor.
+  static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+                       std::int64_t batch, std::int64_t max_len, DType stored_as = DType::kF32,
+                       ops::ModelAxes axes = {}, const LoadProgress& progress = {});
   ~CausalLm();
   CausalLm(CausalLm&&) noexcept;
   CausalLm& operator=(CausalLm&&) noexcept;

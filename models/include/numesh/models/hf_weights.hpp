@@ -1,5 +1,9 @@
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "numesh/core/dtype.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
@@ -12,6 +16,16 @@
 // x [rows, in] by w [in, out]), RMSNorm weights as [1, H] rows, experts stacked.
 
 namespace numesh::models {
+
+struct DeferredCausalLmWeights;
+
+/// Where a large matrix's values are in a checkpoint: Hugging Face nn.Linear weights [out, in]
+/// (one, or one per expert, stacked along a new first dim) transposed to numesh's [in, out], or,
+/// when not `transposed`, one tensor as it is (the token embedding [V, H]).
+struct MatrixSource {
+  std::vector<std::string> tensors;
+  bool transposed = true;
+};
 
 /// A decoder-only language model's weights, in host memory, fp32 values (stored_as says how
 /// the devices keep them).
@@ -34,6 +48,21 @@ struct CausalLmWeights {
   /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
   static CausalLmWeights load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
                               DType stored_as = DType::kF32);
+  /// As load(), with every large matrix (the embedding, the LM head, the attention, MLP, expert
+  /// and shared-expert projections) left HostTensor::shape_only and its source recorded instead:
+  /// what CausalLm::load reads straight into the devices. Shapes are checked as load() does;
+  /// norms, biases and routers are read.
+  /// Throws: as load().
+  static DeferredCausalLmWeights deferred(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+                                          DType stored_as = DType::kF32);
+};
+
+/// CausalLmWeights::deferred's result: the weights, and each shape-only matrix's source keyed
+/// by its slot: "embedding.table", "lm_head.weight", and the names of
+/// ops::ShardedTransformer::weights() ("layers.L.attention.wq", ...).
+struct DeferredCausalLmWeights {
+  CausalLmWeights weights;
+  std::map<std::string, MatrixSource> sources;
 };
 
 }  // namespace numesh::models
