@@ -68,6 +68,12 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const 
   return lm;
 }
 
+std::int64_t CausalLm::decode_bytes(std::int64_t position) const {
+  const runtime::ShardedTensor& head = *head_layer_.weight;
+  const auto element = static_cast<std::int64_t>(dtype_size(head.dtype()));
+  return mesh_.size() * (stack_.decode_bytes_per_device(position) + head.layout().bytes_per_device(element));
+}
+
 CausalLm::~CausalLm() = default;
 CausalLm::CausalLm(CausalLm&&) noexcept = default;
 CausalLm& CausalLm::operator=(CausalLm&&) noexcept = default;

@@ -30,6 +30,7 @@
 #include "numesh/models/text_tokenizer.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
+#include "baselines.hpp"
 #include "bench_common.hpp"
 #include "parsers.hpp"
 
@@ -43,20 +44,6 @@ void progress(bool quiet, const std::string& text) {
   if (quiet) return;
   std::fprintf(stderr, "%s\n", text.c_str());
   std::fflush(stderr);
-}
-
-// Seconds to read `files` whole with read(2) into one 8 MiB buffer: the baseline a load is
-// compared with.
-double plain_read_seconds(const std::vector<std::filesystem::path>& files) {
-  std::vector<char> buffer(std::size_t{8} << 20);
-  const auto start = Clock::now();
-  for (const auto& path : files) {
-    std::ifstream in(path, std::ios::binary);
-    NUMESH_CHECK(in.is_open(), IoError, "cannot read {}", path.string());
-    while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-    }
-  }
-  return seconds_since(start);
 }
 
 }  // namespace
@@ -120,9 +107,9 @@ all have stopped.)");
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then each decode step "
                   "(one prompt)");
   cmd->add_option("--json", o.json, "Write the prompt, the ids and the timings as JSON to FILE");
-  cmd->add_flag("--compare-read", o.compare_read,
-                "Also time a plain read of the checkpoint's files (after the load, from the page cache when they "
-                "fit) and print the load's rate against it");
+  cmd->add_flag("--baselines", o.baselines,
+                "Also measure, in this run, a plain read of the checkpoint's files, OpenBLAS's sgemm at the "
+                "prefill's rows and the memory read bandwidth, and print the load, prefill and decode against them");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -234,7 +221,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   progress(o.quiet, fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   const auto batch = static_cast<std::int64_t>(prompts.size());
-  // --compare-read: a plain read of the files before the load (so both find them in the page
+  // --baselines: a plain read of the files before the load (so both find them in the page
   // cache when they fit) and after it (the figure reported).
   const auto checkpoint_files = [&] {
     std::vector<std::filesystem::path> files;
@@ -242,7 +229,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     for (const auto& f : opened.files()) files.push_back(f.path());
     return files;
   };
-  if (o.compare_read) (void)plain_read_seconds(checkpoint_files());
+  if (o.baselines) (void)plain_read_seconds(checkpoint_files());
   const auto load_start = Clock::now();
   const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
   std::int64_t bytes = 0;
@@ -261,7 +248,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   }
   models::CausalLm& lm = *loaded;
   const double load_seconds = seconds_since(load_start);
-  const double read_seconds = o.compare_read ? plain_read_seconds(checkpoint_files()) : 0.0;
+  const double read_seconds = o.baselines ? plain_read_seconds(checkpoint_files()) : 0.0;
 
   out << fmt::format("numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
                      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
@@ -269,7 +256,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and laid "
                      "out)\n",
                      static_cast<double>(bytes) / 1e6, load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);
-  if (o.compare_read) {
+  if (o.baselines) {
     out << fmt::format("         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x its time\n",
                        read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
   }
@@ -335,16 +322,56 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     out << fmt::format("         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
                        unknown_ids, tokenizer->vocab_size());
   }
+  // --baselines: the prefill's FLOPs against OpenBLAS's sgemm at its rows and the model's
+  // widest projection, and the decode's bytes per step against the memory read bandwidth.
+  nlohmann::json baselines = nullptr;
+  std::string prefill_note, decode_note;  // printed under the prefill and decode lines
+  if (o.baselines) {
+    const ops::TransformerConfig t = config.transformer_config();
+    const double prefill_flops = t.flops(batch, longest, 0) +
+                                 2.0 * static_cast<double>(batch * config.hidden_size * config.vocab_size);
+    const std::int64_t widest = std::max({t.ffn, t.moe_ffn, config.hidden_size});
+    const int threads = static_cast<int>(mesh.device_set()->total_threads());
+    progress(o.quiet, "baselines: OpenBLAS sgemm and the memory read bandwidth ...");
+    const double sgemm = openblas_sgemm_gflops(batch * longest, config.hidden_size, widest, threads, 5);
+    const double prefill_gflops = prefill_flops / result.prefill_seconds / 1e9;
+    prefill_note = fmt::format("         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
+                       "(the prefill at {:.2f} of it)\n",
+                       prefill_gflops, batch * longest, config.hidden_size, config.hidden_size, widest, threads, sgemm,
+                       prefill_gflops / sgemm);
+    baselines = {{"plain_read_seconds", read_seconds},
+                 {"plain_read_gbps", static_cast<double>(bytes) / read_seconds / 1e9},
+                 {"load_fraction_of_plain_read", read_seconds / load_seconds},
+                 {"prefill_gflops", prefill_gflops},
+                 {"sgemm_gflops", sgemm},
+                 {"sgemm_shape", {batch * longest, config.hidden_size, widest}},
+                 {"prefill_fraction_of_sgemm", prefill_gflops / sgemm}};
+    if (result.decode_steps > 0) {
+      const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);
+      // The weights and caches a step reads, at the middle of the decode.
+      const double step_bytes = static_cast<double>(lm.decode_bytes(longest + result.decode_steps / 2));
+      const double step_gbps = step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
+      decode_note = fmt::format("         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
+                         "decode at {:.2f} of it)\n",
+                         step_bytes / 1e6, step_gbps, read, step_gbps / read);
+      baselines["decode_bytes_per_step"] = step_bytes;
+      baselines["decode_gbps"] = step_gbps;
+      baselines["read_gbps"] = read;
+      baselines["decode_fraction_of_read"] = step_gbps / read;
+    }
+  }
   std::int64_t prompt_tokens = 0;
   for (const auto& prompt : prompts) prompt_tokens += static_cast<std::int64_t>(prompt.size());
   // A batch's prefill computes every padded position; the rate counts the real tokens.
   out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", prompt_tokens,
                      result.prefill_seconds * 1e3, static_cast<double>(prompt_tokens) / result.prefill_seconds);
+  out << prefill_note;
   if (result.decode_steps > 0) {
     out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n", result.decoded_tokens,
                        result.decode_steps, result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
                        static_cast<double>(result.decoded_tokens) / result.decode_seconds);
   }
+  out << decode_note;
   if (!o.logits_out.empty()) {
     runtime::HostTensor all = runtime::HostTensor::zeros(
         {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size, config.vocab_size});
@@ -373,7 +400,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                                            : nlohmann::json("greedy")},
                      {"load_seconds", load_seconds},
                      {"load_bytes", bytes},
-                     {"plain_read_seconds", o.compare_read ? nlohmann::json(read_seconds) : nlohmann::json(nullptr)},
+                     {"baselines", baselines},
                      {"prefill_tokens", prompt_tokens},
                      {"prefill_seconds", result.prefill_seconds},
                      {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},

@@ -40,7 +40,7 @@ struct GenerateOptions {
   std::string dtype = "f32";        ///< --dtype: how the devices store the matrices
   std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;                 ///< --json FILE
-  bool compare_read = false;        ///< --compare-read: time a plain read of the files too
+  bool baselines = false;           ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
   bool quiet = false;               ///< --quiet: no progress on stderr
 };
 

@@ -15,6 +15,11 @@
 
 namespace numesh {
 
+/// Seconds of std::chrono::steady_clock elapsed since `start`.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 /// Median wall time in seconds of `fn()` over at least `min_repeats` calls and at least
 /// `min_seconds` of timed calls in total (whichever takes longer; never more than 100000
 /// calls), after one untimed warm-up call. Each call is timed on its own with
@@ -23,11 +28,6 @@ namespace numesh {
 /// Throws: ValueError when min_repeats < 1 or min_seconds < 0 (naming the value); whatever
 /// `fn` throws.
 /// Thread-safety: calls `fn` on the calling thread only; as thread-safe as `fn`.
-/// Seconds of std::chrono::steady_clock elapsed since `start`.
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 template <typename Fn>
   requires std::invocable<Fn&>
 double median_seconds(Fn&& fn, int min_repeats, double min_seconds) {

@@ -97,6 +97,10 @@ class CausalLm {
   std::int64_t batch() const noexcept { return batch_; }
   /// The caches' capacity in tokens.
   std::int64_t max_len() const noexcept { return max_len_; }
+  /// Bytes the devices read together in a decode step of every sequence at `position`: the
+  /// stack's weights and valid caches (ShardedTransformer::decode_bytes_per_device, every
+  /// device) and the LM head's shards (the embedding reads one row per sequence, left out).
+  std::int64_t decode_bytes(std::int64_t position) const;
   /// The transformer stack (plans, bytes per decode step).
   ops::ShardedTransformer& stack() noexcept { return stack_; }
 
