@@ -174,7 +174,8 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
 
 // device_gemm on bf16 / f16 weights (WeightMatrix): the same tiling as fp32, so the same bits in
 // arenas of 1, 2, 3, 4 and 7 threads, over shapes of one tile, decode strips, decode row blocks
-// and prefill tiles that do and do not divide the blocking; and the product of the weights as
+// and prefill tiles that do and do not divide the blocking, with activations of one row block
+// and of several; and the product of the weights as
 // stored. Where the prefill kernel rounds the activations to bf16 (bf16 weights on AVX-512 BF16)
 // each product may be off by 2^-9 of |a| |w| <= 2^-9 (the pattern is within [-1, 1]), so the
 // bound grows by k 2^-9.
@@ -187,7 +188,11 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
     // One tile; decode strips (under 1 MiB of b as fp32, 16 columns and not); decode row blocks
     // (1 MiB and more); prefill tiles.
     for (const Shape sh : {Shape{4, 8, 8}, Shape{4, 256, 512}, Shape{16, 96, 2050}, Shape{1, 128, 4096},
-                           Shape{7, 300, 1000}, Shape{130, 48, 777}, Shape{260, 40, 300}, Shape{3, 2048, 2048}}) {
+                           Shape{7, 300, 1000}, Shape{130, 48, 777}, Shape{260, 40, 300}, Shape{3, 2048, 2048},
+                           // Activations of several 16 Ki-element row blocks, rounded to bf16 by
+                           // several threads (a 128-token bf16 prefill crashed there once: the
+                           // workers wrote to buffers of their own instead of the caller's).
+                           Shape{64, 1024, 256}, Shape{200, 768, 64}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       std::vector<std::uint16_t> bits(static_cast<std::size_t>(w.size()));
       RowMatrix stored(sh.k, sh.n);

@@ -238,12 +238,16 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
       const auto count = static_cast<std::size_t>(m * k);
       bits.resize(count);
       rounded.resize(count);
+      // The calling thread's buffers by pointer: inside the tasks below, the names `bits` and
+      // `rounded` would be each worker's own thread_local (a lambda does not capture them).
+      std::uint16_t* const bits_of_caller = bits.data();
+      float* const rounded_of_caller = rounded.data();
       parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
         const auto at = static_cast<std::size_t>(r0 * k), len = static_cast<std::size_t>((r1 - r0) * k);
-        runtime::convert_f32_to_bf16({a.data() + at, len}, {bits.data() + at, len});
-        runtime::convert_bf16_to_f32({bits.data() + at, len}, {rounded.data() + at, len});
+        runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
+        runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
       });
-      device_gemm_rounded(ConstMatrixMap(rounded.data(), m, k), b, c);
+      device_gemm_rounded(ConstMatrixMap(rounded_of_caller, m, k), b, c);
     });
     return;
   }
