@@ -28,11 +28,13 @@
 #include "numesh/models/random_model.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
 #include "numesh/models/text_tokenizer.hpp"
+#include "numesh/sharding/partition_manager.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/npy.hpp"
 #include "baselines.hpp"
 #include "bench_common.hpp"
 #include "parsers.hpp"
+#include "paxis_options.hpp"
 
 namespace numesh::tools {
 
@@ -71,6 +73,12 @@ one prefill of all of them, the shorter padded at their end, then decode steps o
 sequence, each at its own position and stopping on its own; their ids and text are printed when
 all have stopped.)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
+  cmd->add_option("--mode", o.mode,
+                  "The mode eformer's semantic axes resolve in for the layout: train, prefill, decode or dim:N (the "
+                  "model prefills and decodes with one layout)")
+      ->capture_default_str();
+  cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
+  cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
   cmd->add_option("--model", o.model, "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
   cmd->add_option("--random-model", o.random_model,
                   "Write a random Llama in Hugging Face layout to DIR and generate from it (the default without "
@@ -150,6 +158,8 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.logits_out.empty() || sequences == 1, ValueError,
                "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given", sequences);
   check_mesh_options(o.mesh);
+  const sharding::ModeArg mode = parse_run_mode(o.mode);
+  const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
   // The output files are opened now, so that a path that cannot be written is refused before
   // the model loads (and the generation is not lost at the end).
   std::ofstream json_file = open_json_file(o.json);
@@ -221,6 +231,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   progress(o.quiet, fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   const auto batch = static_cast<std::int64_t>(prompts.size());
+  const ops::ModelAxes axes = ops::ModelAxes::resolve(partition_manager, mode, batch, config.hidden_size);
   // --baselines: a plain read of the files before the load (so both find them in the page
   // cache when they fit) and after it (the figure reported).
   const auto checkpoint_files = [&] {
@@ -237,7 +248,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   std::optional<models::CausalLm> loaded;
   {
     const ProgressLine line(o.quiet);
-    loaded.emplace(models::CausalLm::load(mesh, config, checkpoint, batch, max_len, dtype, {},
+    loaded.emplace(models::CausalLm::load(mesh, config, checkpoint, batch, max_len, dtype, axes,
                                           [&](std::int64_t done, std::int64_t total) {
                                             line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
                                                                     100.0 * static_cast<double>(done) /
@@ -253,6 +264,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   out << fmt::format("numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
                      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
                      config.vocab_size, to_string(dtype), mesh.mesh().repr());
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and laid "
                      "out)\n",
                      static_cast<double>(bytes) / 1e6, load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);

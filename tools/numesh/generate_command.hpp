@@ -23,6 +23,9 @@ namespace numesh::tools {
 /// The options of `numesh generate`.
 struct GenerateOptions {
   MeshOptions mesh;                 ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string mode = "decode";      ///< --mode: the mode the semantic axes resolve in
+  std::string paxis_json;           ///< --paxis-json FILE
+  std::vector<std::string> sets;    ///< --set field=value
   std::string model;                ///< --model DIR: config.json + *.safetensors
   std::string random_model;         ///< --random-model DIR: write a random Llama there and use it
   std::int64_t random_hidden = 512;  ///< --random-hidden: its hidden size (a multiple of 64)

@@ -1,6 +1,7 @@
 #include "paxis_options.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -36,6 +37,13 @@ sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::ve
     fields[field] = std::move(value);
   }
   return sharding::PartitionAxis::from_json(fields);
+}
+
+std::string model_axes_text(const ops::ModelAxes& axes) {
+  const auto or_dash = [](const std::string& a) { return a.empty() ? std::string("-") : a; };
+  return fmt::format("batch ({}), sequence {}, heads {}, mlp {}, experts {}, expert ffn {}", fmt::join(axes.batch, ", "),
+                     or_dash(axes.sequence), or_dash(axes.heads), or_dash(axes.mlp), or_dash(axes.expert),
+                     or_dash(axes.expert_tensor));
 }
 
 }  // namespace numesh::tools

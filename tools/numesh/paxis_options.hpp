@@ -1,11 +1,12 @@
 #pragma once
 
-// The PartitionAxis options shared by `numesh resolve` and `numesh run`: --paxis-json FILE and
-// repeatable --set field=value.
+// The PartitionAxis options shared by `numesh resolve`, `run`, `op` and `generate`: --paxis-json
+// FILE and repeatable --set field=value; and the line that shows the axes a model resolved.
 
 #include <string>
 #include <vector>
 
+#include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/sharding/partition_axis.hpp"
 
 namespace numesh::tools {
@@ -16,5 +17,9 @@ namespace numesh::tools {
 /// Throws: ValueError naming the file or the --set text when either is malformed; what
 /// PartitionAxis::from_json throws for bad fields.
 sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::vector<std::string>& sets);
+
+/// The axes a model is laid out by, one line: "batch (dp, fsdp), sequence sp, heads tp, mlp tp,
+/// experts ep, expert ffn tp" ("-" for an axis not used).
+std::string model_axes_text(const ops::ModelAxes& axes);
 
 }  // namespace numesh::tools

@@ -171,11 +171,7 @@ int run_run(const RunOptions& o, std::ostream& out) {
                      config.moe.num_experts, config.moe.top_k, config.moe_ffn,
                      o.capacity > 0 ? fmt::format(" capacity {}", o.capacity) : std::string(" dropless"),
                      static_cast<double>(config.parameters()) / 1e6, to_string(dtype), o.kv_layout);
-  out << fmt::format("axes ({}): batch ({}), sequence {}, heads {}, mlp {}, experts {}, expert ffn {}\n", o.mode,
-                     fmt::join(axes.batch, ", "), axes.sequence.empty() ? "-" : axes.sequence,
-                     axes.heads.empty() ? "-" : axes.heads,
-                     axes.mlp.empty() ? "-" : axes.mlp, axes.expert.empty() ? "-" : axes.expert,
-                     axes.expert_tensor.empty() ? "-" : axes.expert_tensor);
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
   for (const std::string& note : mesh.devices().notes()) out << "note: " << note << "\n";
   out.flush();
 
