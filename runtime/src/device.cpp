@@ -226,6 +226,15 @@ Device::~Device() = default;
 DeviceBuffer Device::allocate(std::size_t bytes) {
   NUMESH_CHECK(bytes > 0, ValueError, "device {} ({}): cannot allocate 0 bytes", spec_.index,
                spec_.label);
+  // A size that follows from a user's options (a prompt of 10^8 tokens) is refused here, named,
+  // rather than left to the allocator (an abort, or the OOM killer after minutes of paging).
+  if (spec_.numa_node >= 0 && static_cast<std::size_t>(spec_.numa_node) < topology_->numa_nodes().size()) {
+    const std::uint64_t node_bytes = topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].memory_bytes;
+    NUMESH_CHECK(node_bytes == 0 || bytes <= node_bytes, ValueError,
+                 "device {} ({}): cannot allocate {:.1f} GB, more than the {:.1f} GB of its NUMA node {}", spec_.index,
+                 spec_.label, static_cast<double>(bytes) / 1e9, static_cast<double>(node_bytes) / 1e9,
+                 spec_.numa_node);
+  }
   DeviceBuffer buffer;
   buffer.device_ = shared_from_this();
   buffer.bytes_ = bytes;

@@ -49,6 +49,19 @@ TEST(DeviceSetTest, AllocateGivesZeroedMemoryOwnedByTheDevice) {
               ThrowsMessage<ValueError>(HasSubstr("cannot allocate 0 bytes")));
 }
 
+TEST(DeviceSetTest, AllocationsLargerThanTheNodeAreRefusedBeforeTheyAreMade) {
+  // Node 0 of this topology has 19316633600 bytes (19.3 GB); the XML says so, the machine
+  // running the test need not have them (nothing that large is allocated).
+  PlacementOptions one_thread;
+  one_thread.max_threads_per_device = 1;
+  auto devices = DeviceSet::create(
+      Topology::from_xml(std::string(NUMESH_TOPOLOGY_DIR) + "/24em64t-2n6c2t-pci.xml"), one_thread);
+  Device& d = devices->device(0);
+  EXPECT_THAT([&] { d.allocate(std::size_t{20} << 30); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot allocate 21.5 GB, more than the 19.3 GB of its NUMA node 0")));
+  EXPECT_FALSE(d.allocate(4096).empty()) << "smaller sizes still allocate";
+}
+
 TEST(DeviceSetTest, TheWorkerLimitServesTheLargestLiveSet) {
   using oneapi::tbb::global_control;
   PlacementOptions one_thread;

@@ -16,7 +16,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <exception>
 #include <iostream>
+#include <new>
+#include <string>
 
 #include "numesh/core/error.hpp"
 #include "bench_command.hpp"
@@ -99,6 +102,12 @@ int main(int argc, char** argv) {
     if (perplexity_cmd->parsed()) return numesh::tools::run_perplexity(perplexity, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
+  } catch (const std::bad_alloc&) {
+    // The sizes fit each device's node one by one but not all together (or the system is out
+    // of memory): say so instead of aborting.
+    return fail("out of memory: the sizes asked for need more memory than this machine gives the process");
+  } catch (const std::exception& e) {
+    return fail(std::string("internal error: ") + e.what());
   }
   return 0;
 }

@@ -65,7 +65,10 @@ class Device : public std::enable_shared_from_this<Device> {
 
   /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
   /// first touch), zero-filled by the device's threads.
-  /// Throws: ValueError for 0 bytes; std::bad_alloc when memory is exhausted.
+  /// Throws: ValueError for 0 bytes, and before allocating when `bytes` exceeds the memory of
+  /// the device's NUMA node as the topology reports it (naming the size, the device and the
+  /// node's memory; not checked when the topology does not report it, as synthetic ones do);
+  /// std::bad_alloc when memory is exhausted all the same.
   DeviceBuffer allocate(std::size_t bytes);
 
  private:
