@@ -12,6 +12,7 @@ namespace numesh::conformance {
 namespace {
 
 constexpr std::string_view kSection = "Vector cases that differ";
+constexpr std::string_view kKindsSection = "Calls that cannot be written in C++";
 constexpr std::string_view kReturns = "  - numesh returns: ";
 constexpr std::string_view kNotEvaluated = "  - numesh: not evaluated (";
 constexpr std::string_view kOnlyAt = "  - differs from eformer's only at: ";
@@ -147,6 +148,52 @@ std::vector<DocumentedDivergence> load_documented_divergences(const std::filesys
   }
   if (!found_section) {
     throw CompatDocError(fmt::format("{} has no section \"## {}\"", doc.string(), kSection));
+  }
+  return out;
+}
+
+std::vector<UnevaluatedKind> load_unevaluated_kinds(const std::filesystem::path& doc) {
+  std::ifstream in(doc);
+  if (!in) throw CompatDocError("cannot read " + doc.string());
+  static const std::regex row(R"(^\| `([^`]+)` \|.*\|\s*$)");
+  std::vector<UnevaluatedKind> out;
+  std::map<std::string, int> reason_lines;
+  bool in_section = false;
+  bool in_fence = false;
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (starts_with(line, "```")) in_fence = !in_fence;
+    if (in_fence || starts_with(line, "```")) continue;
+    if (starts_with(line, "## ")) {
+      in_section = line.find(kKindsSection) != std::string::npos;
+      continue;
+    }
+    if (!in_section || !starts_with(line, "|")) continue;
+    const std::string where = fmt::format("{}:{}", doc.string(), n);
+    if (!starts_with(line, "| `")) {
+      // The header names the columns; the separator is dashes. Any other row must name a
+      // reason, or it would silently document nothing.
+      const bool separator = line.find_first_not_of("|-: ") == std::string::npos;
+      if (starts_with(line, "| runner's reason") || separator) {
+        continue;
+      }
+      throw CompatDocError(fmt::format(
+          "{}: a row must start with the runner's reason in backticks (| `reason` | ...): {}",
+          where, line));
+    }
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) {
+      throw CompatDocError(fmt::format(
+          "{}: not a row of the form | `reason` | eformer | numesh | why |: {}", where, line));
+    }
+    UnevaluatedKind k{m[1], n};
+    if (auto [it, fresh] = reason_lines.emplace(k.reason, n); !fresh) {
+      throw CompatDocError(
+          fmt::format("{}: the reason `{}` is already listed on line {}", where, k.reason,
+                      it->second));
+    }
+    out.push_back(std::move(k));
   }
   return out;
 }

@@ -13,7 +13,10 @@
 //   - `file.json:case-id`: why.
 //     - numesh: not evaluated (the evaluator's reason, verbatim)
 //
-// There are no wildcards: every case is listed, so every documented value is checked.
+// There are no wildcards: every case is listed, so every documented value is checked. The one
+// exception has no value to check: a kind of call that cannot be written in C++ is listed once
+// in "## Calls that cannot be written in C++", by the reason the runner reports (see
+// UnevaluatedKind).
 
 #include <filesystem>
 #include <optional>
@@ -51,8 +54,28 @@ struct DocumentedDivergence {
   bool has_statement() const { return returns.has_value() || not_evaluated.has_value(); }
 };
 
+/// One row of the "## Calls that cannot be written in C++" section: a kind of eformer call
+/// that numesh's typed API cannot express, named by the reason the runner gives for not
+/// evaluating it. A case the runner does not evaluate for that reason is a documented
+/// divergence even without an item of its own (no value exists to check):
+///
+///   | runner's reason | eformer | numesh | why |
+///   |---|---|---|---|
+///   | `a non-array argument does not type-check in C++` | raises TypeError | ... | ... |
+struct UnevaluatedKind {
+  std::string reason;  ///< the evaluator's reason, verbatim (the first cell, in backticks)
+  int line = 0;        ///< 1-based line of the row in the document
+};
+
 /// Reads the items of the "## Vector cases that differ" section of `doc`.
 /// Throws CompatDocError when the file cannot be read or an item is malformed.
 std::vector<DocumentedDivergence> load_documented_divergences(const std::filesystem::path& doc);
+
+/// Reads the rows of the "## Calls that cannot be written in C++" section of `doc` (none when
+/// the document has no such section). A row is a table line whose first cell is one reason in
+/// backticks; the header and separator lines are skipped.
+/// Throws CompatDocError when the file cannot be read, a row's first cell is not one reason in
+/// backticks, or a reason is listed twice.
+std::vector<UnevaluatedKind> load_unevaluated_kinds(const std::filesystem::path& doc);
 
 }  // namespace numesh::conformance

@@ -50,23 +50,88 @@ json eval_gcns(const json& in) {
   return r.contains("error") ? json{{"error", r["error"]}} : r["ok"];
 }
 
+// eformer's with_sharding_constraint(arr, sharding) accepts a P or a NamedSharding; any other
+// sharding (a plain tuple or list, a string) raises TypeError("Unsupported sharding type: ...")
+// for an array leaf. numesh's sharding argument is typed, so such a call does not compile.
+constexpr const char* kUntypedSharding =
+    "a sharding that is neither P nor NamedSharding does not type-check in C++";
+
+// True when the case passes the sharding as something other than a P or a NamedSharding: a
+// `sharding` (not `spec`) argument, a `spec` that is not a spec list, or a case that says the
+// sharding is a tuple.
+bool untyped_sharding(const json& in) {
+  if (in.contains("named_sharding_spec")) return false;
+  if (!in.contains("spec")) return true;
+  const json& spec = in["spec"];
+  const bool encoded_leaf =
+      spec.is_object() && (spec.contains("$spec") || spec.contains("$pspec"));
+  if (!spec.is_array() && !encoded_leaf) return true;
+  // The encoding cannot tell a tuple from a list from a P, so a case marks it: a flag such as
+  // `spec_is_tuple`, or a `..._type` / `..._kind` field naming the Python type.
+  for (const auto& [key, v] : in.items()) {
+    if (key.find("tuple") != std::string::npos && v.is_boolean() && v.get<bool>()) return true;
+    const bool names_type =
+        key.find("type") != std::string::npos || key.find("kind") != std::string::npos;
+    if (!names_type || !v.is_string()) continue;
+    const std::string t = v.get<std::string>();
+    if (t.find("tuple") != std::string::npos || t.find("list") != std::string::npos ||
+        t == "str" || t.find("'str'") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The value being constrained: the case's `tree` (a pytree), else its `array`, else the first
+// of the names the vectors use for a plain Python value. Null when the case gives none.
+const json& constrained_value(const json& in) {
+  static const json kNone = nullptr;
+  for (const char* key : {"tree", "array", "value", "x", "arr", "scalar"}) {
+    if (in.contains(key)) return in[key];
+  }
+  return kNone;
+}
+
+bool is_array_value(const json& v) {
+  return v.is_object() && ((v.contains("shape") && v["shape"].is_array()) || v.contains("$array"));
+}
+
 json eval_wsc(const json& in) {
   // The P form constrains on the context mesh, which the vectors give as `mesh`; the
   // NamedSharding form carries `mesh` itself and runs under `context_mesh`.
   const bool named_form = in.contains("named_sharding_spec");
   std::optional<sharding::MeshScope> scope;
-  const json& context = named_form ? in.at("context_mesh") : in.at("mesh");
+  const json& context = named_form ? in.at("context_mesh") : in.value("mesh", json(nullptr));
   if (!context.is_null()) scope.emplace(decode_mesh(context));
 
+  const json& value = constrained_value(in);
+  const bool is_tree = in.contains("tree") && (value.is_object() || value.is_array()) &&
+                       !is_array_value(value);
+  if (!is_tree && !is_array_value(value)) {
+    // A Python value that is not an array (a scalar, a string, None): eformer checks for an
+    // array before it looks at the sharding, and returns the value itself. numesh's nearest
+    // form is a leaf without an array, which with_sharding_constraint_tree leaves alone.
+    const std::vector<sharding::NamedLeaf> leaf{sharding::NamedLeaf{"", std::nullopt}};
+    const json r = capture([&] {
+      const sharding::PartitionSpec spec = in.contains("spec") && in["spec"].is_array()
+                                               ? decode_spec(in["spec"])
+                                               : sharding::PartitionSpec();
+      return encode_constraint(sharding::with_sharding_constraint_tree(leaf, spec).at(0));
+    });
+    return r.contains("error") ? json{{"error", r["error"]}} : r["ok"];
+  }
+  if (untyped_sharding(in)) throw NotEvaluated(kUntypedSharding);
+
   const json r = capture([&]() -> json {
-    if (in.contains("tree")) {
-      const json tree = mark_arrays(in["tree"]);
+    if (is_tree) {
+      const json tree = mark_arrays(value);
+      const auto flat = flatten_tree(tree);
       std::vector<sharding::NamedLeaf> leaves;
-      for (const FlatLeaf& f : flatten_tree(tree)) leaves.push_back(to_named_leaf(f));
-      const auto results = sharding::with_sharding_constraint_tree(leaves, decode_spec(in.at("spec")));
+      for (const FlatLeaf& f : flat) leaves.push_back(to_named_leaf(f));
+      const auto results =
+          sharding::with_sharding_constraint_tree(leaves, decode_spec(in.at("spec")));
       json applied = json::array();
       json non_array = nullptr;
-      const auto flat = flatten_tree(tree);
       for (std::size_t i = 0; i < leaves.size(); ++i) {
         if (leaves[i].array) {
           applied.push_back(results[i] ? encode_spec(results[i]->spec()) : json(nullptr));
@@ -78,21 +143,12 @@ json eval_wsc(const json& in) {
                   {"non_array_leaf_returned", non_array},
                   {"none_kept", true}};
     }
-    if (!named_form && !in.contains("spec")) {
-      throw NotEvaluated("a sharding that is neither P nor NamedSharding does not type-check in C++");
-    }
-    if (!in.contains("array")) {
-      // A Python value that is not an array is returned untouched.
-      return json{{"constraint_applied", false}, {"returned_same_object", true}};
-    }
-    const auto shape = decode_shape(in["array"].at("shape"));
+    const json& array = value.contains("$array") ? value["$array"] : value;
+    const auto shape = decode_shape(array.at("shape"));
     if (named_form) {
       const sharding::NamedSharding ns(decode_mesh(in.at("mesh")),
                                        decode_spec(in["named_sharding_spec"]));
       return encode_constraint(sharding::with_sharding_constraint(shape, ns));
-    }
-    if (in.contains("spec") && !in["spec"].is_array()) {
-      throw NotEvaluated("a sharding that is neither P nor NamedSharding does not type-check in C++");
     }
     return encode_constraint(sharding::with_sharding_constraint(shape, decode_spec(in.at("spec"))));
   });

@@ -118,16 +118,28 @@ json eval_misc(const json& file, const json& c) {
     return capture([&] { return json(ed::generalize_numeric_path(in.at("pattern").get<std::string>())); });
   }
   if (fn == "resolve_safe_sharding") {
-    const std::string preset_name = in.at("axes");
-    const auto* preset = sharding::find_preset(preset_name);
-    if (preset == nullptr) throw NotEvaluated("unknown preset " + preset_name);
+    // `axes` is a preset's name (the class) or a list of semantic axes; `mode` is EasyDeL's
+    // mode argument (default train), which a preset ignores because it carries its own.
     std::optional<PartitionManager> pm;
     if (!in.contains("partition_manager")) pm = manager_from(file, in);
     std::optional<sharding::Mesh> mesh;
     if (!in.at("mesh").is_null()) mesh = decode_mesh(in["mesh"]);
+    const json& axes = in.at("axes");
+    const auto shape = decode_shape(in.at("shape"));
+    if (axes.is_string()) {
+      const std::string preset_name = axes;
+      const auto* preset = sharding::find_preset(preset_name);
+      if (preset == nullptr) throw NotEvaluated("unknown preset " + preset_name);
+      return capture([&] {
+        const auto r = ed::resolve_safe_sharding(*preset, shape, pm ? &*pm : nullptr, mesh);
+        return r ? encode_spec(*r) : json{{"$returned_axes_unchanged", true}};
+      });
+    }
+    const ModeArg mode = in.contains("mode") && !in["mode"].is_null() ? decode_mode(in["mode"])
+                                                                      : ModeArg(Mode::kTrain);
+    const auto rules = decode_rules(axes);
     return capture([&] {
-      const auto r = ed::resolve_safe_sharding(*preset, decode_shape(in.at("shape")),
-                                               pm ? &*pm : nullptr, mesh);
+      const auto r = ed::resolve_safe_sharding(rules, shape, pm ? &*pm : nullptr, mesh, mode);
       return r ? encode_spec(*r) : json{{"$returned_axes_unchanged", true}};
     });
   }

@@ -119,8 +119,10 @@ json eval_helpers(const json& /*file*/, const json& c) {
       return json{{"tree", specs_tree(tree, rule.apply(leaves))}};
     }
     std::vector<PartitionSpec> specs;
-    if (in.contains("specs")) {
-      for (const auto& leaf : flat) specs.push_back(decode_spec(at_key_path(in["specs"], leaf)));
+    // The specs tree has the array tree's structure (eformer's `partition_specs` argument).
+    const char* specs_key = in.contains("specs") ? "specs" : "partition_specs";
+    if (in.contains(specs_key)) {
+      for (const auto& leaf : flat) specs.push_back(decode_spec(at_key_path(in[specs_key], leaf)));
     }
     sharding::ShardingAnalyzer analyzer(decode_mesh(in.at("mesh")));
     if (kind == "ShardingAnalyzer.validate_partition_specs") {

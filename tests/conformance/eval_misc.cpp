@@ -60,6 +60,15 @@ json eval_misc(const json& file, const json& c) {
       return json(sharding::get_names_from_partition_spec(v));
     });
   }
+  if (fn == "get_mesh_axis_names") {
+    // get_mesh_axis_names(mesh=None): the names of `mesh`, or of the context mesh when the case
+    // gives none (or null); eformer's AssertionError without one is numesh's NoMeshError.
+    return capture([&] {
+      std::optional<sharding::Mesh> mesh;
+      if (in.contains("mesh") && !in["mesh"].is_null()) mesh = decode_mesh(in["mesh"]);
+      return json(sharding::get_mesh_axis_names(mesh ? &*mesh : nullptr));
+    });
+  }
   if (fn == "names_in_current_mesh") {
     return capture([&] { return json(sharding::names_in_current_mesh(decode_names(in.at("names")))); });
   }

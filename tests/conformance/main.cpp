@@ -6,11 +6,12 @@
 // PATH is a vector file or a folder of them (default: the project's copy). Every case either
 // passes (numesh's result equals eformer's) or is a documented divergence: an item of
 // docs/eformer-compat.md's "## Vector cases that differ" that states numesh's result, which
-// the runner checks (compat_doc.hpp has the format). Prints one line per file, each failure
-// with expected and actual values, each divergence with both sides, stale items and count
-// mismatches, then a summary. Exits 1 on an undocumented failure, a documented value that is
-// not numesh's, a stale item or a count mismatch; 2 on bad arguments, unreadable files or a
-// malformed list.
+// the runner checks (compat_doc.hpp has the format), or a case not evaluated for a reason that
+// the document's "## Calls that cannot be written in C++" lists. Prints one line per file,
+// each failure with expected and actual values, each divergence with both sides, stale items
+// and rows and count mismatches, then a summary that counts the documented divergences. Exits
+// 1 on an undocumented failure, a documented value that is not numesh's, a stale item or row
+// or a count mismatch; 2 on bad arguments, unreadable files or a malformed list.
 
 #include <fmt/format.h>
 
@@ -30,6 +31,7 @@
 
 namespace fs = std::filesystem;
 using numesh::conformance::DocumentedDivergence;
+using numesh::conformance::UnevaluatedKind;
 using numesh::conformance::json;
 
 namespace {
@@ -120,7 +122,8 @@ std::string contradiction(const DocumentedDivergence& d, const Outcome& o, const
 
 struct Totals {
   int files = 0, cases = 0, passed = 0, not_evaluated = 0, documented = 0,
-      documented_not_evaluated = 0, value_mismatches = 0, undocumented = 0, count_mismatches = 0;
+      documented_not_evaluated = 0, documented_by_kind = 0, value_mismatches = 0,
+      undocumented = 0, count_mismatches = 0;
 };
 
 // State shared across files: the documented items by key, which items' cases were seen, and
@@ -128,6 +131,10 @@ struct Totals {
 struct Run {
   std::string doc_name;
   std::map<std::string, const DocumentedDivergence*> items;
+  // The kinds of call that cannot be written in C++, by the runner's reason, and the reasons
+  // some case of the run reported.
+  std::map<std::string, const UnevaluatedKind*> kinds;
+  std::set<std::string> kinds_seen;
   std::set<std::string> files_run;
   std::set<std::string> cases_seen;
   std::map<int, std::string> stale;
@@ -183,11 +190,25 @@ void run_file(const fs::path& path, Run& run) {
     const json expected = c.contains("expected") ? c["expected"] : json{{"steps", c["steps"]}};
     const auto item = run.items.find(key);
     const DocumentedDivergence* d = item == run.items.end() ? nullptr : item->second;
+    if (!o.actual) run.kinds_seen.insert(o.not_evaluated);
 
     if (o.actual && normalise(*o.actual) == normalise(expected)) {
       ++t.passed;
       if (d) run.add_stale(*d, "the case now matches eformer; remove the item");
       continue;
+    }
+    if (!d && !o.actual) {
+      // No item of its own: a case that cannot be written in C++ is documented by the row of
+      // its kind, which states what eformer does and why numesh cannot.
+      if (const auto kind = run.kinds.find(o.not_evaluated); kind != run.kinds.end()) {
+        ++t.documented;
+        ++t.documented_not_evaluated;
+        ++t.documented_by_kind;
+        lines.push_back(fmt::format(
+            "  DOCUMENTED {}: not evaluated ({}), a kind of call {} line {} lists", id,
+            o.not_evaluated, run.doc_name, kind->second->line));
+        continue;
+      }
     }
     if (!d || !d->has_statement()) {
       ++t.undocumented;
@@ -247,6 +268,7 @@ void run_file(const fs::path& path, Run& run) {
   all.passed += t.passed;
   all.documented += t.documented;
   all.documented_not_evaluated += t.documented_not_evaluated;
+  all.documented_by_kind += t.documented_by_kind;
   all.value_mismatches += t.value_mismatches;
   all.undocumented += t.undocumented;
   all.count_mismatches += t.count_mismatches;
@@ -266,14 +288,16 @@ int main(int argc, char** argv) {
                 << NUMESH_VECTOR_DIR
                 << ").\nA case passes when numesh's result equals eformer's, or is a documented "
                    "divergence when\nFILE lists it under \"## Vector cases that differ\" with the "
-                   "result numesh returns,\nwhich is checked. Items whose case passes or does not "
-                   "exist are stale; with PATHs that\nare files (not folders), only the items of "
-                   "those files are checked for staleness.\n"
+                   "result numesh returns,\nwhich is checked, or it is not evaluated for a reason "
+                   "FILE lists under\n\"## Calls that cannot be written in C++\". Items whose "
+                   "case passes or does not exist,\nand rows no case needs, are stale; with PATHs "
+                   "that are files (not folders),\nonly the items of those files are checked for "
+                   "staleness, and rows are not.\n"
                    "  --compat FILE  list of documented divergences (default "
                 << NUMESH_COMPAT_DOC
                 << ")\n  --quiet        no per-case lines\n"
                    "Exit status: 0 all as expected; 1 an undocumented failure, a documented value "
-                   "numesh\ndoes not return, a stale item or a count mismatch; 2 bad arguments, "
+                   "numesh\ndoes not return, a stale item or row or a count mismatch; 2 bad arguments, "
                    "unreadable files\nor a malformed list.\n";
       return 0;
     } else if (arg == "--compat") {
@@ -313,14 +337,17 @@ int main(int argc, char** argv) {
   std::sort(files.begin(), files.end());
 
   std::vector<DocumentedDivergence> documented;
+  std::vector<UnevaluatedKind> kinds;
   try {
     documented = numesh::conformance::load_documented_divergences(compat);
+    kinds = numesh::conformance::load_unevaluated_kinds(compat);
   } catch (const numesh::conformance::CompatDocError& e) {
     std::cerr << "eformer_conformance: " << e.what() << "\n";
     return 2;
   }
   run.doc_name = compat.filename().string();
   for (const auto& d : documented) run.items.emplace(d.key(), &d);
+  for (const auto& k : kinds) run.kinds.emplace(k.reason, &k);
 
   for (const auto& f : files) {
     try {
@@ -338,6 +365,16 @@ int main(int argc, char** argv) {
       run.add_stale(d, "names no case: no vector file " + d.file + " was run");
     }
   }
+  // A row no case of a full run needs documents nothing; with single files, other files may
+  // need it.
+  if (!only_run_files) {
+    for (const auto& k : kinds) {
+      if (run.kinds_seen.contains(k.reason)) continue;
+      run.stale.emplace(k.line, fmt::format("stale: the kind `{}` ({} line {}): no case of the "
+                                            "run is not evaluated for this reason",
+                                            k.reason, run.doc_name, k.line));
+    }
+  }
   for (const auto& [line, message] : run.stale) std::cout << message << "\n";
 
   const Totals& t = run.totals;
@@ -350,6 +387,10 @@ int main(int argc, char** argv) {
       "  {} documented divergences, each returning the value {} states ({} not evaluated, as "
       "stated)\n",
       t.documented, run.doc_name, t.documented_not_evaluated);
+  std::cout << fmt::format(
+      "  {} of them documented by kind (not evaluated for a reason {} lists under \"Calls that "
+      "cannot be written in C++\")\n",
+      t.documented_by_kind, run.doc_name);
   std::cout << fmt::format("  {} documented divergences whose value differs from {}\n",
                            t.value_mismatches, run.doc_name);
   std::cout << fmt::format("  {} failed undocumented\n", t.undocumented);

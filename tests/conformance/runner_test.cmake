@@ -110,6 +110,36 @@ check("a count mismatch fails" 1 "${DATA}/documented.md"
     "  1 count mismatches"
     "summary: 2 cases in 1 file: FAILED")
 
+check("a case that cannot be written in C++ is documented by its kind" 0 "${DATA}/kinds.md"
+  PATHS "${vectors}"
+  EXPECT
+    "DOCUMENTED auto_partition_spec/not_an_array: not evaluated (a non-array argument does not type-check in C++), a kind of call kinds.md line 7 lists"
+    "summary: 4 cases in 2 files: OK"
+    "  3 documented divergences, each returning the value kinds.md states (1 not evaluated, as stated)"
+    "  1 of them documented by kind"
+    "  0 failed undocumented"
+    "  0 stale entries in kinds.md")
+
+check("a kind must be the runner's reason, and a kind no case needs is stale" 1 "${DATA}/kinds_wrong.md"
+  PATHS "${vectors}"
+  EXPECT
+    "NOT EVALUATED auto_partition_spec/not_an_array: a non-array argument does not type-check in C++"
+    "stale: the kind `a non-array argument does not compile` (kinds_wrong.md line 7)"
+    "stale: the kind `no case is evaluated for this reason` (kinds_wrong.md line 8)"
+    "  0 of them documented by kind"
+    "  1 failed undocumented"
+    "  2 stale entries in kinds_wrong.md")
+
+# Given a single file, a kind may be needed by another file's cases.
+check("kinds are not stale when only some files run" 0 "${DATA}/kinds.md"
+  PATHS "${vectors}/constants.json"
+  EXPECT "summary: 2 cases in 1 file: OK" "  0 stale entries in kinds.md")
+
+check("a row that names no reason is rejected" 2 "${DATA}/kinds_malformed.md"
+  PATHS "${vectors}"
+  EXPECT "kinds_malformed.md:7: a row must start with the runner's reason in backticks"
+  ABSENT "summary:")
+
 check("an unreadable list is an error" 2 "${DATA}/no-such-list.md"
   PATHS "${vectors}"
   EXPECT "eformer_conformance: cannot read ${DATA}/no-such-list.md")

@@ -120,8 +120,9 @@ inline sharding::NamedLeaf to_named_leaf(const FlatLeaf& leaf) {
   return out;
 }
 
-/// An `{"shape", "dtype"}` object as an ArrayInfo.
-inline sharding::ArrayInfo decode_array(const json& a) {
+/// An `{"shape", "dtype"}` object (bare, or as a tree leaf `{"$array": {...}}`) as an ArrayInfo.
+inline sharding::ArrayInfo decode_array(const json& j) {
+  const json& a = j.is_object() && j.contains("$array") ? j["$array"] : j;
   return sharding::ArrayInfo{decode_shape(a.at("shape")), a.value("dtype", "float32")};
 }
 

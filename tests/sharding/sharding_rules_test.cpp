@@ -121,6 +121,29 @@ TEST(ShardingAnalyzerTest, ValidateChecksEveryEntryIncludingTuples) {
                           "Array shape (6,) not divisible by mesh axis ('dp', 'tp') size 8"));
 }
 
+TEST(ShardingAnalyzerTest, ValidSpecsGiveNoIssues) {
+  // eformer ShardingAnalyzer.validate_partition_specs on specs that all divide their dims.
+  ShardingAnalyzer analyzer(kDpTp);
+  EXPECT_THAT(analyzer.validate_partition_specs(
+                  {leaf("b", {4096}), leaf("e", {32000, 4096}, "float16"), leaf("s", {3, 5}),
+                   leaf("w", {4096, 4096})},
+                  {PartitionSpec{"tp"}, PartitionSpec{nullptr, "tp"}, PartitionSpec(),
+                   PartitionSpec{"dp", "tp"}}),
+              ::testing::IsEmpty());
+}
+
+TEST(ShardingAnalyzerTest, ValidateNeverReadsAReplicatedLeaf) {
+  // eformer returns before reading the leaf when its spec is P(): a scalar leaf is fine there,
+  // and only a sharded one fails (AttributeError in eformer, TypeError here).
+  ShardingAnalyzer analyzer(kDpTp);
+  const NamedLeaf scalar{"n", std::nullopt};
+  EXPECT_THAT(analyzer.validate_partition_specs({scalar, leaf("s", {3, 5})},
+                                                {PartitionSpec(), PartitionSpec{"dp"}}),
+              ElementsAre("Array shape (3, 5) not divisible by mesh axis dp size 2"));
+  EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({scalar}, {PartitionSpec{"dp"}}); },
+              ThrowsMessage<TypeError>(HasSubstr("'n'")));
+}
+
 TEST(ShardingAnalyzerTest, EstimateDividesByShardsThenByDeviceCount) {
   ShardingAnalyzer analyzer(kDpTp);
   // w: 64 MiB / 2 / 4 = 8 MiB; b: 16 KiB / 4 = 4 KiB; s: 60 bytes.
@@ -148,7 +171,8 @@ TEST(ShardingAnalyzerTest, Errors) {
               ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
   EXPECT_THAT([&] { (void)analyzer.estimate_memory_usage({leaf("x", {4})}, {PartitionSpec{"sp"}}); },
               ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
-  EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({kNoArray}, {PartitionSpec()}); },
+  // A leaf whose spec is P() is never read (see ValidateNeverReadsAReplicatedLeaf).
+  EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({kNoArray}, {PartitionSpec{"dp"}}); },
               ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
   EXPECT_THAT([&] { (void)analyzer.estimate_memory_usage({kNoArray}, {PartitionSpec()}); },
               ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));

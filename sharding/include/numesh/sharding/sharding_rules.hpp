@@ -147,7 +147,10 @@ class ShardingAnalyzer {
   /// tuple entry uses the product of its sizes and prints as `('dp', 'tp')`.
   /// Throws: ValueError when the lengths differ; IndexError ("tuple index out of range") for a
   /// non-None entry past the rank; KeyError for an axis missing from the mesh; TypeError for
-  /// a leaf without an array.
+  /// a leaf without an array whose spec is not `P()` (eformer returns before it reads a leaf
+  /// whose spec is `P()`, so such a leaf may be a scalar).
+  /// Example: mesh (dp=2, tp=4); shapes (4096, 4096) and (3, 5) with P('dp', 'tp') and P('dp')
+  /// -> {"Array shape (3, 5) not divisible by mesh axis dp size 2"}.
   [[nodiscard]] std::vector<std::string> validate_partition_specs(
       const std::vector<NamedLeaf>& leaves, const std::vector<PartitionSpec>& specs) const;
 
