@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "numesh/ops/mlp_config.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+// The gradients of the dense references: what every sharded backward pass is checked against
+// (see reference/mlp.hpp for what the references are). float64 inside, written on their own
+// from the chain rule (no code shared with the forward kernels), fp32 out; checked against
+// PyTorch's autograd in float64 (ops_backward_matches_pytorch). Matrices are row-major
+// [rows, cols]; every weight is fp32.
+
+namespace numesh::ops {
+
+/// Gradients of y = rmsnorm(x) .* weight (x [rows, H], weight [1, H]) given dy [rows, H].
+struct RmsNormGrads {
+  runtime::HostTensor dx;       ///< [rows, H]
+  runtime::HostTensor dweight;  ///< [1, H]
+};
+/// Throws: ShapeError when the shapes do not fit; ValueError for a negative eps.
+RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
+                              const runtime::HostTensor& dy, double eps);
+
+/// Gradients of y = x w (x [rows, in], w [in, out]) given dy [rows, out].
+struct LinearGrads {
+  runtime::HostTensor dx;  ///< [rows, in] = dy w^T
+  runtime::HostTensor dw;  ///< [in, out] = x^T dy
+};
+/// Throws: ShapeError when the shapes do not chain.
+LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTensor& w, const runtime::HostTensor& dy);
+
+/// Gradients of the SwiGLU MLP y = (silu(x w_gate) .* (x w_up)) w_down (no biases, fp32
+/// weights) given dy [rows, H].
+struct SwigluGrads {
+  runtime::HostTensor dx;      ///< [rows, H]
+  runtime::HostTensor dgate;   ///< [H, F]
+  runtime::HostTensor dup;     ///< [H, F]
+  runtime::HostTensor ddown;   ///< [F, H]
+};
+/// Throws: ShapeError when the weights do not fit x; NotImplementedError for biases or weights
+/// not stored as f32 (not yet differentiated).
+SwigluGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
+
+/// The gradient of the embedding table [V, H] for rows x[r] = table[ids[r]] given dy [rows, H]:
+/// each row of dy added to its token's row (repeated tokens accumulate).
+/// Throws: ShapeError when dy has not ids.size() rows; IndexError for an id outside [0, V).
+runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::int64_t vocab,
+                                       const runtime::HostTensor& dy);
+
+/// The LM head with the mean cross-entropy of the logits x w against `targets`, and its
+/// gradients: loss = mean over rows r of (logsumexp(l_r) - l_r[targets[r]]), l = x w.
+struct CrossEntropyGrads {
+  double loss = 0.0;
+  runtime::HostTensor dx;  ///< [rows, H]
+  runtime::HostTensor dw;  ///< [H, V]
+};
+/// x [rows, H], w [H, V], one target per row.
+/// Throws: ShapeError when the shapes do not fit or there are no rows; IndexError for a target
+/// outside [0, V).
+CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runtime::HostTensor& w,
+                                        std::span<const std::int32_t> targets);
+
+}  // namespace numesh::ops

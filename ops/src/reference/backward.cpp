@@ -1,0 +1,134 @@
+#include "numesh/ops/reference/backward.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "oracle.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+using oracle::MatrixD;
+
+// t as a [rows, cols] matrix, after checking it has that shape (2-D, or [cols] for rows 1).
+MatrixD matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, const char* what) {
+  const bool fits = (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == cols) ||
+                    (rows == 1 && t.shape.size() == 1 && t.shape[0] == cols);
+  NUMESH_CHECK(fits, ShapeError, "{} is [{}], expected [{}, {}]", what, fmt::join(t.shape, ", "), rows, cols);
+  return oracle::widen(t, rows, cols);
+}
+
+std::int64_t dim(const runtime::HostTensor& t, std::size_t i, const char* what) {
+  NUMESH_CHECK(t.shape.size() == 2, ShapeError, "{} is [{}], expected a matrix", what, fmt::join(t.shape, ", "));
+  return t.shape[i];
+}
+
+}  // namespace
+
+RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
+                              const runtime::HostTensor& dy, double eps) {
+  NUMESH_CHECK(eps >= 0.0, ValueError, "rmsnorm backward: eps {} is negative", eps);
+  const std::int64_t rows = dim(x, 0, "rmsnorm backward: x"), h = dim(x, 1, "rmsnorm backward: x");
+  const MatrixD xm = matrix(x, rows, h, "rmsnorm backward: x");
+  const MatrixD w = matrix(weight, 1, h, "rmsnorm backward: weight");
+  const MatrixD g = matrix(dy, rows, h, "rmsnorm backward: dy");
+  MatrixD dx(rows, h), dw = MatrixD::Zero(1, h);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    // y = x s w with s = (mean(x^2) + eps)^(-1/2); ds/dx_j = -s^3 x_j / H.
+    const double s = 1.0 / std::sqrt(xm.row(r).squaredNorm() / static_cast<double>(h) + eps);
+    double gwx = 0.0;  // sum_j dy_j w_j x_j
+    for (std::int64_t j = 0; j < h; ++j) {
+      gwx += g(r, j) * w(0, j) * xm(r, j);
+      dw(0, j) += g(r, j) * xm(r, j) * s;
+    }
+    for (std::int64_t j = 0; j < h; ++j) {
+      dx(r, j) = s * g(r, j) * w(0, j) - s * s * s * xm(r, j) * gwx / static_cast<double>(h);
+    }
+  }
+  return {oracle::narrow(dx, {rows, h}), oracle::narrow(dw, {1, h})};
+}
+
+LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTensor& w, const runtime::HostTensor& dy) {
+  const std::int64_t rows = dim(x, 0, "linear backward: x"), in = dim(x, 1, "linear backward: x");
+  const std::int64_t out = dim(w, 1, "linear backward: w");
+  const MatrixD xm = matrix(x, rows, in, "linear backward: x");
+  const MatrixD wm = matrix(w, in, out, "linear backward: w");
+  const MatrixD g = matrix(dy, rows, out, "linear backward: dy");
+  return {oracle::narrow(g * wm.transpose(), {rows, in}), oracle::narrow(xm.transpose() * g, {in, out})};
+}
+
+SwigluGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
+  NUMESH_CHECK(w.gate_bias.shape.empty() && w.up_bias.shape.empty() && w.down_bias.shape.empty() &&
+                   w.stored_as == DType::kF32,
+               NotImplementedError, "swiglu backward: biases and 16-bit weights are not differentiated yet");
+  const std::int64_t rows = dim(x, 0, "swiglu backward: x"), h = dim(x, 1, "swiglu backward: x");
+  const std::int64_t f = dim(w.up, 1, "swiglu backward: up");
+  const MatrixD xm = matrix(x, rows, h, "swiglu backward: x");
+  const MatrixD wg = matrix(w.gate, h, f, "swiglu backward: gate");
+  const MatrixD wu = matrix(w.up, h, f, "swiglu backward: up");
+  const MatrixD wd = matrix(w.down, f, h, "swiglu backward: down");
+  const MatrixD g = matrix(dy, rows, h, "swiglu backward: dy");
+  const MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
+  MatrixD act(rows, f), da(rows, f), db(rows, f);
+  const MatrixD dz = g * wd.transpose();  // gradient of z = silu(a) .* b
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < f; ++j) {
+      const double sg = oracle::sigmoid(a(r, j));
+      const double silu = a(r, j) * sg;
+      act(r, j) = silu * b(r, j);
+      db(r, j) = dz(r, j) * silu;
+      da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
+    }
+  }
+  const MatrixD dx = da * wg.transpose() + db * wu.transpose();
+  return {oracle::narrow(dx, {rows, h}), oracle::narrow(xm.transpose() * da, {h, f}),
+          oracle::narrow(xm.transpose() * db, {h, f}), oracle::narrow(act.transpose() * g, {f, h})};
+}
+
+runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::int64_t vocab,
+                                       const runtime::HostTensor& dy) {
+  const auto rows = static_cast<std::int64_t>(ids.size());
+  const std::int64_t h = dim(dy, 1, "embedding backward: dy");
+  const MatrixD g = matrix(dy, rows, h, "embedding backward: dy");
+  MatrixD table = MatrixD::Zero(vocab, h);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t id = ids[static_cast<std::size_t>(r)];
+    NUMESH_CHECK(id >= 0 && id < vocab, IndexError, "embedding backward: token {} at row {} is outside [0, {})", id, r,
+                 vocab);
+    table.row(id) += g.row(r);
+  }
+  return oracle::narrow(table, {vocab, h});
+}
+
+CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runtime::HostTensor& w,
+                                        std::span<const std::int32_t> targets) {
+  const std::int64_t rows = dim(x, 0, "cross entropy: x"), h = dim(x, 1, "cross entropy: x");
+  const std::int64_t v = dim(w, 1, "cross entropy: w");
+  NUMESH_CHECK(rows >= 1 && static_cast<std::int64_t>(targets.size()) == rows, ShapeError,
+               "cross entropy: {} targets for {} rows (at least one)", targets.size(), rows);
+  const MatrixD xm = matrix(x, rows, h, "cross entropy: x");
+  const MatrixD wm = matrix(w, h, v, "cross entropy: w");
+  const MatrixD logits = xm * wm;
+  // d loss / d logits = (softmax(l) - onehot(target)) / rows.
+  MatrixD dl(rows, v);
+  double loss = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t t = targets[static_cast<std::size_t>(r)];
+    NUMESH_CHECK(t >= 0 && t < v, IndexError, "cross entropy: target {} at row {} is outside [0, {})", t, r, v);
+    const double top = logits.row(r).maxCoeff();
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < v; ++j) sum += std::exp(logits(r, j) - top);
+    loss += top + std::log(sum) - logits(r, t);
+    for (std::int64_t j = 0; j < v; ++j) dl(r, j) = std::exp(logits(r, j) - top) / sum / static_cast<double>(rows);
+    dl(r, t) -= 1.0 / static_cast<double>(rows);
+  }
+  return {loss / static_cast<double>(rows), oracle::narrow(dl * wm.transpose(), {rows, h}),
+          oracle::narrow(xm.transpose() * dl, {h, v})};
+}
+
+}  // namespace numesh::ops

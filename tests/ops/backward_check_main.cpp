@@ -1,0 +1,94 @@
+// backward_check_main: the dense references' gradients (reference/backward.hpp) on random
+// inputs, written for backward_check.py to recompute with PyTorch's autograd in float64:
+//   DIR/{case}_{name}.npy   inputs and numesh's gradients
+//   DIR/cases.json          per case its kind, eps, ids/targets and numesh's loss
+//   backward_check_main DIR
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "numesh/ops/npy.hpp"
+#include "numesh/ops/reference/backward.hpp"
+
+namespace rt = numesh::runtime;
+namespace ops = numesh::ops;
+
+namespace {
+
+rt::HostTensor random_tensor(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
+  rt::HostTensor t = rt::HostTensor::zeros(std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  for (float& x : t.data) x = normal(rng);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: backward_check_main DIR\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  std::filesystem::create_directories(dir);
+  const auto save = [&](const std::string& c, const std::string& name, const rt::HostTensor& t) {
+    ops::save_npy(dir / (c + "_" + name + ".npy"), t);
+  };
+  nlohmann::json cases = nlohmann::json::array();
+  {
+    const rt::HostTensor x = random_tensor({5, 16}, 1, 1.0f), w = random_tensor({1, 16}, 2, 1.0f),
+                         dy = random_tensor({5, 16}, 3, 1.0f);
+    const ops::RmsNormGrads g = ops::rmsnorm_backward(x, w, dy, 1e-5);
+    save("rmsnorm", "x", x), save("rmsnorm", "w", w), save("rmsnorm", "dy", dy);
+    save("rmsnorm", "dx", g.dx), save("rmsnorm", "dw", g.dweight);
+    cases.push_back({{"name", "rmsnorm"}, {"eps", 1e-5}});
+  }
+  {
+    const rt::HostTensor x = random_tensor({5, 16}, 4, 1.0f), w = random_tensor({16, 12}, 5, 0.3f),
+                         dy = random_tensor({5, 12}, 6, 1.0f);
+    const ops::LinearGrads g = ops::linear_backward(x, w, dy);
+    save("linear", "x", x), save("linear", "w", w), save("linear", "dy", dy);
+    save("linear", "dx", g.dx), save("linear", "dw", g.dw);
+    cases.push_back({{"name", "linear"}});
+  }
+  {
+    ops::MlpWeights w;
+    w.gate = random_tensor({16, 24}, 7, 0.3f);
+    w.up = random_tensor({16, 24}, 8, 0.3f);
+    w.down = random_tensor({24, 16}, 9, 0.3f);
+    const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f), dy = random_tensor({5, 16}, 11, 1.0f);
+    const ops::SwigluGrads g = ops::swiglu_mlp_backward(x, w, dy);
+    save("swiglu", "x", x), save("swiglu", "gate", w.gate), save("swiglu", "up", w.up);
+    save("swiglu", "down", w.down), save("swiglu", "dy", dy);
+    save("swiglu", "dx", g.dx), save("swiglu", "dgate", g.dgate), save("swiglu", "dup", g.dup);
+    save("swiglu", "ddown", g.ddown);
+    cases.push_back({{"name", "swiglu"}});
+  }
+  {
+    const std::vector<std::int32_t> ids{3, 0, 3, 9, 3, 7};  // repeats accumulate
+    const rt::HostTensor dy = random_tensor({6, 8}, 12, 1.0f);
+    save("embedding", "dy", dy), save("embedding", "dtable", ops::embedding_backward(ids, 10, dy));
+    cases.push_back({{"name", "embedding"}, {"ids", ids}, {"vocab", 10}});
+  }
+  {
+    const std::vector<std::int32_t> targets{0, 19, 4, 4, 11, 7};
+    const rt::HostTensor x = random_tensor({6, 16}, 13, 1.0f), w = random_tensor({16, 20}, 14, 0.5f);
+    const ops::CrossEntropyGrads g = ops::lm_head_cross_entropy(x, w, targets);
+    save("cross_entropy", "x", x), save("cross_entropy", "w", w);
+    save("cross_entropy", "dx", g.dx), save("cross_entropy", "dw", g.dw);
+    cases.push_back({{"name", "cross_entropy"}, {"targets", targets}, {"loss", g.loss}});
+  }
+  std::ofstream(dir / "cases.json") << cases.dump(2);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "backward_check_main: %s\n", e.what());
+  return 1;
+}
