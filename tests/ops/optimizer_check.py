@@ -18,16 +18,8 @@ import math
 import os
 import sys
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    if os.environ.get("NUMESH_SKIP_TORCH_CHECKS") == "1":
-        print(f"torch_check: skipped: {e} (NUMESH_SKIP_TORCH_CHECKS=1)")
-        sys.exit(77)
-    print(f"optimizer_check: FAILED: {e}: install Debian's python3-torch and python3-numpy, or set "
-          "NUMESH_SKIP_TORCH_CHECKS=1 to report this check as skipped")
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from torch_or_skip import np, torch  # noqa: E402  (numpy and torch, or exit 2 / skip 77)
 
 PARAM_BOUND = 1e-5
 SCALAR_BOUND = 1e-6
