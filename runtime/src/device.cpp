@@ -163,6 +163,18 @@ class Device::PinningObserver : public oneapi::tbb::task_scheduler_observer {
   BitmapPtr cpus_;
 };
 
+namespace {
+
+// A byte count for a message: GB or MB with one decimal, bytes below a megabyte.
+std::string size_text(std::uint64_t bytes) {
+  const auto b = static_cast<double>(bytes);
+  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  return fmt::format("{} bytes", bytes);
+}
+
+}  // namespace
+
 Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     : topology_(std::move(topology)), spec_(std::move(spec)) {
   const int threads = std::max(1, spec_.threads);
@@ -223,18 +235,42 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
 
 Device::~Device() = default;
 
+std::atomic<std::uint64_t>* Device::node_bytes_in_use() const noexcept {
+  if (node_usage_ == nullptr || spec_.numa_node < 0 ||
+      static_cast<std::size_t>(spec_.numa_node) >= node_usage_->bytes.size() ||
+      topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].memory_bytes == 0) {
+    return nullptr;
+  }
+  return &node_usage_->bytes[static_cast<std::size_t>(spec_.numa_node)];
+}
+
 DeviceBuffer Device::allocate(std::size_t bytes) {
   NUMESH_CHECK(bytes > 0, ValueError, "device {} ({}): cannot allocate 0 bytes", spec_.index,
                spec_.label);
-  // A size that follows from a user's options (a prompt of 10^8 tokens) is refused here, named,
-  // rather than left to the allocator (an abort, or the OOM killer after minutes of paging).
-  if (spec_.numa_node >= 0 && static_cast<std::size_t>(spec_.numa_node) < topology_->numa_nodes().size()) {
+  // A size that follows from a user's options (a prompt of 10^8 tokens, a cache that does not
+  // fit beside the weights) is refused here, named, rather than left to the allocator (an abort,
+  // or the OOM killer after minutes of paging).
+  std::atomic<std::uint64_t>* in_use = node_bytes_in_use();
+  if (in_use != nullptr) {
     const std::uint64_t node_bytes = topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].memory_bytes;
-    NUMESH_CHECK(node_bytes == 0 || bytes <= node_bytes, ValueError,
-                 "device {} ({}): cannot allocate {:.1f} GB, more than the {:.1f} GB of its NUMA node {}", spec_.index,
-                 spec_.label, static_cast<double>(bytes) / 1e9, static_cast<double>(node_bytes) / 1e9,
-                 spec_.numa_node);
+    const std::uint64_t before = in_use->fetch_add(bytes);
+    if (before + bytes > node_bytes || before + bytes < before) {
+      in_use->fetch_sub(bytes);
+      throw ValueError(fmt::format(
+          "device {} ({}): cannot allocate {}, more than the {} of its NUMA node {} leaves (numesh's buffers there "
+          "already take {})",
+          spec_.index, spec_.label, size_text(bytes), size_text(node_bytes), spec_.numa_node, size_text(before)));
+    }
   }
+  // From here the bytes are counted: a failed allocation gives them back.
+  struct Uncount {
+    std::atomic<std::uint64_t>* in_use;
+    std::size_t bytes;
+    bool keep = false;
+    ~Uncount() {
+      if (in_use != nullptr && !keep) in_use->fetch_sub(bytes);
+    }
+  } uncount{in_use, bytes};
   DeviceBuffer buffer;
   buffer.device_ = shared_from_this();
   buffer.bytes_ = bytes;
@@ -255,6 +291,7 @@ DeviceBuffer Device::allocate(std::size_t bytes) {
     buffer.binding_ = pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
                                                      : MemoryBinding::kFirstTouch;
   }
+  uncount.keep = true;  // the buffer's release() gives the bytes back
   std::byte* data = buffer.data_;
   arena_.execute([data, bytes] {
     if (bytes < kParallelFillBytes) {
@@ -293,6 +330,7 @@ DeviceBuffer::~DeviceBuffer() { release(); }
 
 void DeviceBuffer::release() noexcept {
   if (data_ != nullptr) {
+    if (std::atomic<std::uint64_t>* in_use = device_->node_bytes_in_use(); in_use != nullptr) in_use->fetch_sub(bytes_);
     if (hwloc_allocated_) {
       hwloc_free(device_->topology_->hwloc()->get(), data_, bytes_);
     } else {
@@ -327,8 +365,11 @@ std::shared_ptr<DeviceSet> DeviceSet::create(Topology topology, const PlacementO
     set->worker_limit_ = wanted;
     WorkerLimit::instance().acquire(wanted);
   }
+  // One count of live buffer bytes per node, shared by the devices on it.
+  const auto usage = std::make_shared<Device::NodeUsage>(set->topology_->numa_nodes().size());
   for (DeviceSpec& spec : specs) {
     std::shared_ptr<Device> device(new Device(set->topology_, std::move(spec)));
+    device->node_usage_ = usage;
     if (!device->binding_note().empty()) {
       set->notes_.push_back(device->binding_note());
     }

@@ -2,6 +2,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+#include <sstream>
+#include <regex>
+#include <fstream>
+#include <filesystem>
 
 #include <oneapi/tbb/global_control.h>
 
@@ -58,8 +63,36 @@ TEST(DeviceSetTest, AllocationsLargerThanTheNodeAreRefusedBeforeTheyAreMade) {
       Topology::from_xml(std::string(NUMESH_TOPOLOGY_DIR) + "/24em64t-2n6c2t-pci.xml"), one_thread);
   Device& d = devices->device(0);
   EXPECT_THAT([&] { d.allocate(std::size_t{20} << 30); },
-              ThrowsMessage<ValueError>(HasSubstr("cannot allocate 21.5 GB, more than the 19.3 GB of its NUMA node 0")));
+              ThrowsMessage<ValueError>(HasSubstr("cannot allocate 21.5 GB, more than the 19.3 GB of its NUMA node 0 "
+                                                  "leaves (numesh's buffers there already take 0 bytes)")));
   EXPECT_FALSE(d.allocate(4096).empty()) << "smaller sizes still allocate";
+}
+
+TEST(DeviceSetTest, LiveBuffersOfTheDevicesOnANodeCountTogether) {
+  // The same topology with 1 MB of memory per node: two devices (one thread each) on node 0.
+  std::ifstream in(std::string(NUMESH_TOPOLOGY_DIR) + "/24em64t-2n6c2t-pci.xml");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string small = std::regex_replace(text.str(), std::regex("local_memory=\"[0-9]+\""),
+                                               "local_memory=\"1000000\"");
+  const std::filesystem::path xml = std::filesystem::temp_directory_path() /
+                                    ("numesh-small-memory-" + std::to_string(::getpid()) + ".xml");
+  std::ofstream(xml) << small;
+  PlacementOptions cores;
+  cores.policy = PlacementPolicy::kCore;
+  cores.max_threads_per_device = 1;
+  auto devices = DeviceSet::create(Topology::from_xml(xml.string()), cores);
+  std::filesystem::remove(xml);
+  Device& a = devices->device(0);
+  Device& b = devices->device(1);
+  ASSERT_EQ(a.spec().numa_node, b.spec().numa_node);
+  {
+    DeviceBuffer first = a.allocate(600000);
+    EXPECT_THAT([&] { b.allocate(600000); },
+                ThrowsMessage<ValueError>(HasSubstr("cannot allocate 600000 bytes, more than the 1.0 MB of its NUMA "
+                                                    "node 0 leaves (numesh's buffers there already take 600000 bytes)")));
+  }
+  EXPECT_FALSE(b.allocate(600000).empty()) << "the first buffer's bytes came back when it was freed";
 }
 
 TEST(DeviceSetTest, TheWorkerLimitServesTheLargestLiveSet) {

@@ -4,6 +4,7 @@
 #include <oneapi/tbb/task_scheduler_observer.h>
 
 #include <cstddef>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -65,16 +66,26 @@ class Device : public std::enable_shared_from_this<Device> {
 
   /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
   /// first touch), zero-filled by the device's threads.
-  /// Throws: ValueError for 0 bytes, and before allocating when `bytes` exceeds the memory of
-  /// the device's NUMA node as the topology reports it (naming the size, the device and the
-  /// node's memory; not checked when the topology does not report it, as synthetic ones do);
-  /// std::bad_alloc when memory is exhausted all the same.
+  /// Throws: ValueError for 0 bytes, and before allocating when `bytes` and the live buffers
+  /// the set's devices already hold on the same NUMA node exceed that node's memory as the
+  /// topology reports it (naming the size, the device, the node's memory and what numesh's
+  /// buffers take of it; not checked when the topology does not report it, as synthetic ones
+  /// do); std::bad_alloc when memory is exhausted all the same (the node's memory is shared
+  /// with everything else on the machine).
   DeviceBuffer allocate(std::size_t bytes);
 
  private:
   friend class DeviceSet;
   class PinningObserver;
   Device(std::shared_ptr<const Topology> topology, DeviceSpec spec);
+  // The count of live buffer bytes on this device's node (shared by the set's devices on that
+  // node), or null when the node's memory is unknown and nothing is counted.
+  std::atomic<std::uint64_t>* node_bytes_in_use() const noexcept;
+  // Per NUMA node of the topology, the bytes of the live buffers the set's devices hold there.
+  struct NodeUsage {
+    explicit NodeUsage(std::size_t nodes) : bytes(nodes) {}
+    std::vector<std::atomic<std::uint64_t>> bytes;
+  };
 
   std::shared_ptr<const Topology> topology_;
   DeviceSpec spec_;
@@ -83,6 +94,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::string binding_note_;
   oneapi::tbb::task_arena arena_;
   std::unique_ptr<PinningObserver> observer_;
+  std::shared_ptr<NodeUsage> node_usage_;
   friend class DeviceBuffer;
 };
 
