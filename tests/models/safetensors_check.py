@@ -22,16 +22,9 @@ import os
 import struct
 import sys
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    if os.environ.get("NUMESH_SKIP_TORCH_CHECKS") == "1":
-        print(f"torch_check: skipped: {e} (NUMESH_SKIP_TORCH_CHECKS=1)")
-        sys.exit(77)
-    print(f"safetensors_check: FAILED: {e}: install Debian's python3-torch and python3-numpy, or "
-          "set NUMESH_SKIP_TORCH_CHECKS=1 to report this check as skipped")
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+np, torch = require("numpy", "torch")
 
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # The safetensors names, in the order of the Rust crate's `enum Dtype` (its sort key).

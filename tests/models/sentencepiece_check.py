@@ -18,15 +18,9 @@ import json
 import os
 import sys
 
-try:
-    import sentencepiece as spm
-except ImportError as e:  # pragma: no cover - depends on the machine
-    if os.environ.get("NUMESH_SKIP_TORCH_CHECKS") == "1":
-        print(f"torch_check: skipped: {e} (NUMESH_SKIP_TORCH_CHECKS=1; Debian package python3-sentencepiece)")
-        sys.exit(77)
-    print(f"sentencepiece_check: FAILED: {e}: install Debian's python3-sentencepiece, or set "
-          "NUMESH_SKIP_TORCH_CHECKS=1 to report this check as skipped")
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+spm = require("sentencepiece")
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_corpus.json")
 

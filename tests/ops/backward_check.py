@@ -16,7 +16,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from torch_or_skip import np, torch  # noqa: E402  (numpy and torch, or exit 2 / skip 77)
+from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+np, torch = require("numpy", "torch")
 import torch.nn.functional as F  # noqa: E402
 
 BOUND = 1e-6

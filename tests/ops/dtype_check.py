@@ -13,16 +13,9 @@ Exit status: 0 all agree; 1 a mismatch (the first few printed); 2 torch or numpy
 import os
 import sys
 
-try:
-    import numpy as np
-    import torch
-except ImportError as e:  # pragma: no cover - depends on the machine
-    if os.environ.get("NUMESH_SKIP_TORCH_CHECKS") == "1":
-        print(f"torch_check: skipped: {e} (NUMESH_SKIP_TORCH_CHECKS=1)")
-        sys.exit(77)
-    print(f"dtype_check: FAILED: {e}: install Debian's python3-torch and python3-numpy, or set "
-          "NUMESH_SKIP_TORCH_CHECKS=1 to report this check as skipped")
-    sys.exit(2)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+np, torch = require("numpy", "torch")
 
 
 def main():

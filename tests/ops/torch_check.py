@@ -34,27 +34,9 @@ import math
 import os
 import sys
 
-DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy"}
-
-
-def missing_dependency(module, error):
-    """A missing module fails the check unless the environment says to skip it."""
-    package = DEBIAN_PACKAGES.get(module, f"python3-{module}")
-    if os.environ.get("NUMESH_SKIP_TORCH_CHECKS") == "1":
-        # This exact prefix is CTest's SKIP_REGULAR_EXPRESSION for the test.
-        print(f"torch_check: skipped: {error} (NUMESH_SKIP_TORCH_CHECKS=1; Debian package {package})")
-        sys.exit(77)
-    print(f"torch_check: FAILED: the Python module '{module}' is missing for {sys.executable}: {error}.\n"
-          f"Install Debian's {package} (apt-get install {package}), or set "
-          f"NUMESH_SKIP_TORCH_CHECKS=1 to report this check as skipped.")
-    sys.exit(2)
-
-
-for _module in ("numpy", "torch"):
-    try:
-        __import__(_module)
-    except ImportError as _e:  # pragma: no cover - depends on the machine
-        missing_dependency(_module, _e)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+require("numpy", "torch")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
