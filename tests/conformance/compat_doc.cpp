@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <string_view>
@@ -53,16 +54,15 @@ std::vector<json::json_pointer> parse_pointers(const std::string& text, const st
   }
 }
 
-}  // namespace
-
-std::vector<DocumentedDivergence> load_documented_divergences(const std::filesystem::path& doc) {
+// Calls f(line, where) for every line of `doc` under its "## " heading containing `section`
+// (until the next "## "), fenced code blocks left out; `where` is "doc:line". Returns whether
+// the section was found.
+// Throws: CompatDocError when doc cannot be read; what f throws.
+bool for_each_section_line(const std::filesystem::path& doc, std::string_view section,
+                           const std::function<void(const std::string& line, int n, const std::string& where)>& f) {
   std::ifstream in(doc);
   if (!in) throw CompatDocError("cannot read " + doc.string());
-  static const std::regex item(R"(^- `([^`:]+\.json):([^`]+)`: (.+)$)");
-  std::vector<DocumentedDivergence> out;
-  std::map<std::string, int> item_lines;
-  bool in_section = false;
-  bool found_section = false;
+  bool in_section = false, found = false;
   bool in_fence = false;  // a fenced code block (the format's example) holds no items
   int n = 0;
   for (std::string line; std::getline(in, line);) {
@@ -70,13 +70,23 @@ std::vector<DocumentedDivergence> load_documented_divergences(const std::filesys
     if (starts_with(line, "```")) in_fence = !in_fence;
     if (in_fence || starts_with(line, "```")) continue;
     if (starts_with(line, "## ")) {
-      in_section = line.find(kSection) != std::string::npos;
-      found_section = found_section || in_section;
+      in_section = line.find(section) != std::string::npos;
+      found = found || in_section;
       continue;
     }
-    if (!in_section) continue;
-    const std::string where = fmt::format("{}:{}", doc.string(), n);
+    if (in_section) f(line, n, fmt::format("{}:{}", doc.string(), n));
+  }
+  return found;
+}
 
+}  // namespace
+
+std::vector<DocumentedDivergence> load_documented_divergences(const std::filesystem::path& doc) {
+  static const std::regex item(R"(^- `([^`:]+\.json):([^`]+)`: (.+)$)");
+  std::vector<DocumentedDivergence> out;
+  std::map<std::string, int> item_lines;
+  const bool found_section = for_each_section_line(doc, kSection, [&](const std::string& line, int n,
+                                                                      const std::string& where) {
     if (starts_with(line, "- ")) {
       std::smatch m;
       if (!std::regex_match(line, m, item)) {
@@ -96,9 +106,9 @@ std::vector<DocumentedDivergence> load_documented_divergences(const std::filesys
             fmt::format("{}: `{}` is already listed on line {}", where, d.key(), it->second));
       }
       out.push_back(std::move(d));
-      continue;
+      return;
     }
-    if (!starts_with(line, "  - ")) continue;  // prose, comments, blank lines
+    if (!starts_with(line, "  - ")) return;  // prose, comments, blank lines
 
     if (out.empty()) {
       throw CompatDocError(fmt::format("{}: a sub-item before the first item: {}", where, line));
@@ -145,7 +155,7 @@ std::vector<DocumentedDivergence> load_documented_divergences(const std::filesys
           "{}: `{}`: a case that is not evaluated has no value to compare with eformer's", where,
           d.key()));
     }
-  }
+  });
   if (!found_section) {
     throw CompatDocError(fmt::format("{} has no section \"## {}\"", doc.string(), kSection));
   }
@@ -153,31 +163,16 @@ std::vector<DocumentedDivergence> load_documented_divergences(const std::filesys
 }
 
 std::vector<UnevaluatedKind> load_unevaluated_kinds(const std::filesystem::path& doc) {
-  std::ifstream in(doc);
-  if (!in) throw CompatDocError("cannot read " + doc.string());
   static const std::regex row(R"(^\| `([^`]+)` \|.*\|\s*$)");
   std::vector<UnevaluatedKind> out;
   std::map<std::string, int> reason_lines;
-  bool in_section = false;
-  bool in_fence = false;
-  int n = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++n;
-    if (starts_with(line, "```")) in_fence = !in_fence;
-    if (in_fence || starts_with(line, "```")) continue;
-    if (starts_with(line, "## ")) {
-      in_section = line.find(kKindsSection) != std::string::npos;
-      continue;
-    }
-    if (!in_section || !starts_with(line, "|")) continue;
-    const std::string where = fmt::format("{}:{}", doc.string(), n);
+  for_each_section_line(doc, kKindsSection, [&](const std::string& line, int n, const std::string& where) {
+    if (!starts_with(line, "|")) return;
     if (!starts_with(line, "| `")) {
       // The header names the columns; the separator is dashes. Any other row must name a
       // reason, or it would silently document nothing.
       const bool separator = line.find_first_not_of("|-: ") == std::string::npos;
-      if (starts_with(line, "| runner's reason") || separator) {
-        continue;
-      }
+      if (starts_with(line, "| runner's reason") || separator) return;
       throw CompatDocError(fmt::format(
           "{}: a row must start with the runner's reason in backticks (| `reason` | ...): {}",
           where, line));
@@ -194,7 +189,7 @@ std::vector<UnevaluatedKind> load_unevaluated_kinds(const std::filesystem::path&
                       it->second));
     }
     out.push_back(std::move(k));
-  }
+  });
   return out;
 }
 
