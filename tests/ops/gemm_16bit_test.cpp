@@ -1,5 +1,6 @@
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,8 @@ namespace numesh::ops {
 namespace {
 
 using runtime::KernelLevel;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 bool runs_here(KernelLevel l) {
   const std::vector<KernelLevel> levels = runtime::runnable_kernel_levels();
@@ -70,12 +73,12 @@ constexpr float kSentinel = 12345.0f;
 // Runs gemm_16bit on `p` into a c that holds NaN (c is output only) with kSentinel in its
 // padding; fails the test if the padding changed. Returns c packed to [m, n].
 std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t, KernelLevel level,
-                       const std::string& label) {
+                       const std::string& label, WeightLayout layout = WeightLayout::kInOut, std::int64_t ldb = 0) {
   std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
   for (std::int64_t i = 0; i < p.m; ++i) {
     std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
   }
-  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, p.ldb, c.data(), p.ldc, level);
+  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc, level, layout);
   std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.ldc; ++j) {
@@ -270,6 +273,38 @@ TEST(Gemm16BitTest, EveryLevelAndDtypeMatchesTheFloat64ProductOfItsInputs) {
       }
     }
   }
+}
+
+// Weights stored out-in ([n, k], rows k + 2 apart): the vdpbf16ps path packs them into the very
+// strips it packs from in-out weights, so it gives the same bits; the widened path multiplies
+// its panels transposed, within the same bound of the float64 product.
+TEST(Gemm16BitTest, OutInWeightsGiveTheProductOfInOutOnes) {
+  report_skipped_levels();
+  std::uint32_t seed = 300;
+  for (const Shape& s : shapes()) {
+    const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
+    const std::int64_t ldt = s.k + 2;
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      const std::vector<std::uint16_t> b = weights_as(p.b_values, t);
+      std::vector<std::uint16_t> bt(static_cast<std::size_t>(std::max<std::int64_t>(s.n * ldt, 1)), 0xFFFF);
+      for (std::int64_t r = 0; r < s.k; ++r) {
+        for (std::int64_t j = 0; j < s.n; ++j) bt[static_cast<std::size_t>(j * ldt + r)] = b[static_cast<std::size_t>(r * p.ldb + j)];
+      }
+      for (KernelLevel l : runtime::runnable_kernel_levels()) {
+        const std::string label = label_of(s, t, l) + " out-in";
+        const std::vector<float> got = run(p, bt, t, l, label, WeightLayout::kOutIn, ldt);
+        if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
+          EXPECT_TRUE(got == run(p, b, t, l, label)) << label;
+        } else {
+          EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k)) << label;
+        }
+      }
+    }
+  }
+  const std::vector<std::uint16_t> bits(8, 0);
+  float c[4];
+  EXPECT_THAT([&] { gemm_16bit(1, 4, 2, c, 2, bits.data(), DType::kBF16, 1, c, 4, KernelLevel::kScalar, WeightLayout::kOutIn); },
+              ThrowsMessage<ShapeError>(HasSubstr("ldb 1 (out-in)")));
 }
 
 // k = 0 writes zeros; m = 0 or n = 0 writes nothing.

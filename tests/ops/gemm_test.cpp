@@ -45,6 +45,15 @@ Eigen::MatrixXd naive(const RowMatrix& a, const RowMatrix& b) {
   return c;
 }
 
+// `w` rounded to `t` and widened back (fp32: as it is).
+RowMatrix rounded_to(const RowMatrix& w, DType t) {
+  RowMatrix r = w;
+  for (Eigen::Index i = 0; i < r.size() && t != DType::kF32; ++i) {
+    r.data()[i] = t == DType::kBF16 ? f32_from_bf16(bf16_from_f32(w.data()[i])) : f32_from_f16(f16_from_f32(w.data()[i]));
+  }
+  return r;
+}
+
 // got within max_abs of want everywhere (testing::within_abs; want is column-major).
 ::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
   const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
@@ -228,6 +237,54 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
   EXPECT_THAT([&] { device_gemm(ConstMatrixMap(a.data(), 2, 3), WeightMatrix{bits.data(), DType::kBF16, 4, 3},
                                 MatrixMap(c.data(), 2, 4)); },
               ThrowsMessage<ShapeError>(HasSubstr("gemm: a is [2, 3], b is [4, 3] (bf16), c is [2, 4]: they do not multiply")));
+}
+
+// device_gemm on weights stored out-in, every dtype: decode products (dot_gemm over blocks of
+// outputs, one and several blocks) and prefill tiles read transposed give the product of the
+// weights as stored (bound as above), the same bits in arenas of 1, 2, 3, 4 and 7 threads.
+TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
+  struct Shape {
+    Eigen::Index m, k, n;
+  };
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape sh : {Shape{1, 8, 8}, Shape{3, 1000, 70}, Shape{1, 1024, 4096}, Shape{16, 300, 257},
+                           Shape{17, 64, 100}, Shape{130, 48, 777}, Shape{260, 300, 40}}) {
+      const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
+      const RowMatrix stored = rounded_to(w, t);
+      std::vector<float> f32(static_cast<std::size_t>(w.size()));
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(w.size()));
+      for (Eigen::Index r = 0; r < sh.k; ++r) {
+        for (Eigen::Index j = 0; j < sh.n; ++j) {
+          const auto at = static_cast<std::size_t>(j * sh.k + r);
+          f32[at] = stored(r, j);
+          bits[at] = t == DType::kBF16 ? bf16_from_f32(stored(r, j)) : f16_from_f32(stored(r, j));
+        }
+      }
+      const void* data = t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data();
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
+                                "x" + std::to_string(sh.n);
+      const double bound = (1e-4 + (t == DType::kBF16 ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
+      std::optional<RowMatrix> first;
+      for (int threads : {1, 2, 3, 4, 7}) {
+        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
+        oneapi::tbb::task_arena arena(threads);
+        arena.execute([&] {
+          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), WeightMatrix{data, t, sh.k, sh.n, WeightLayout::kOutIn},
+                      MatrixMap(c.data(), sh.m, sh.n));
+        });
+        if (!first) {
+          EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
+          first = c;
+        } else {
+          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(dot_out_block(4096, 1024, DType::kBF16), 256) << "8 MiB: blocks of 512 KiB";
+  EXPECT_EQ(dot_out_block(100, 64), 100) << "under 64 KiB: one block";
+  EXPECT_EQ(dot_out_block(std::int64_t{1} << 25, 1), std::int64_t{1} << 19) << "at most 64 blocks";
 }
 
 TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {

@@ -9,6 +9,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
@@ -179,18 +180,47 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
   });
 }
 
+std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
+  // As skinny_k_block, over outputs: a sixteenth of b per task within [64 KiB, 1 MiB], at most
+  // kMaxTiles tasks.
+  const std::int64_t row_bytes = std::max<std::int64_t>(k, 1) * static_cast<std::int64_t>(dtype_size(b_type));
+  const std::int64_t block_bytes =
+      std::clamp<std::int64_t>(row_bytes * n / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
+  const std::int64_t outputs =
+      std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes, (n + kMaxTiles - 1) / kMaxTiles);
+  return std::max<std::int64_t>(1, std::min(outputs, n));
+}
+
 namespace {
+
+// Decode on out-in weights: dot_gemm over blocks of dot_out_block() outputs, one task each. Every
+// element is one task's dot product: the same bits for any thread count, and no partial sums.
+void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
+  const std::int64_t block = dot_out_block(n, k, b.dtype);
+  const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
+  parallel_blocks(n, block, [&](std::int64_t j0, std::int64_t j1) {
+    dot_gemm(m, j1 - j0, k, a.data(), k, static_cast<const char*>(b.data) + j0 * k * elem, b.dtype, k,
+             c.data() + j0, n);
+  });
+}
 
 // device_gemm once the activations are what the weights' dtype multiplies (bf16 values for bf16
 // weights): the decode row blocks, or the tiles.
 void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
+  const bool out_in = b.layout == WeightLayout::kOutIn;
+  if (out_in && m >= 1 && m <= kSkinnyMaxRows) {
+    device_dot_gemm(a, b, c);
+    return;
+  }
   // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
   // twin: its strips would be half as many bytes wide (128 B runs per row for bf16), and bf16
   // decode on two devices of one thread ran slower than fp32 when the 4 MiB bf16 MLP weights
   // took them (numesh bench decode --policy core: 0.77-0.92x of fp32).
-  if (m >= 1 && m <= kSkinnyMaxRows && n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
+  if (!out_in && m >= 1 && m <= kSkinnyMaxRows &&
+      n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
     device_decode_gemm(a, b.data, b.dtype, c);
     return;
   }
@@ -201,16 +231,23 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
     const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
     const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
     const float* at = a.data() + r0 * k;
-    const void* bt = bytes + c0 * elem;
+    // The tile's columns of b: c0 columns in (in-out), or c0 rows down (out-in).
+    const void* bt = bytes + c0 * (out_in ? k : 1) * elem;
+    const std::int64_t ldb = out_in ? k : n;
     float* ct_data = c.data() + r0 * n + c0;
     if (rows <= kSkinnyMaxRows) {
       // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at its best on
-      // a few rows; docs/benchmarks.md has the decode figures).
-      skinny_gemm(rows, cols, k, at, k, bt, b.dtype, n, ct_data, n);
+      // a few rows; docs/benchmarks.md has the decode figures). Only the tail of m reaches here
+      // for out-in weights.
+      if (out_in) {
+        dot_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
+      } else {
+        skinny_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
+      }
     } else if (b.dtype == DType::kF32) {
-      gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), n, /*transpose_b=*/false, 0.0f, ct_data, n);
+      gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), ldb, /*transpose_b=*/out_in, 0.0f, ct_data, n);
     } else {
-      gemm_16bit(rows, cols, k, at, k, bt, b.dtype, n, ct_data, n);
+      gemm_16bit(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n, runtime::kernel_level(), b.layout);
     }
   };
   // One task per tile: which thread runs a tile does not change what the tile computes.

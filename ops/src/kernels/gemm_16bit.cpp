@@ -31,12 +31,12 @@ using runtime::convert_f32_to_bf16;
 // gemm() on [512, 1024] x [1024, 4096] with 256 x 4096 panels, 0.92-0.93 with 1024 x 1024 and
 // 0.92-0.94 with 512 x 512 (a throwaway program, alternated runs); on a 256-column strip all
 // were 0.94-1.0. The widening is one pass over b, about 2 % of the GEMM.
-constexpr std::int64_t kWidenRows = 256;
+constexpr std::int64_t kWidenRows = 256;  // of k
 constexpr std::int64_t kWidenCols = 4096;
 
 void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
                   const std::uint16_t* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                  KernelLevel level) {
+                  KernelLevel level, bool out_in) {
   thread_local std::vector<float> panel;
   const std::int64_t nc_max = std::min(n, kWidenCols), kc_max = std::min(k, kWidenRows);
   const auto need = static_cast<std::size_t>(nc_max * kc_max);
@@ -45,16 +45,19 @@ void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
     const std::int64_t cols = std::min(kWidenCols, n - j0);
     for (std::int64_t r0 = 0; r0 < k; r0 += kWidenRows) {
       const std::int64_t rows = std::min(kWidenRows, k - r0);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::span<const std::uint16_t> src(b + (r0 + r) * ldb + j0, static_cast<std::size_t>(cols));
-        const std::span<float> dst(panel.data() + r * cols, static_cast<std::size_t>(cols));
+      // In-in panels are [rows, cols]; out-in ones [cols, rows], multiplied transposed.
+      const std::int64_t runs = out_in ? cols : rows, run = out_in ? rows : cols;
+      for (std::int64_t q = 0; q < runs; ++q) {
+        const std::uint16_t* from = out_in ? b + (j0 + q) * ldb + r0 : b + (r0 + q) * ldb + j0;
+        const std::span<const std::uint16_t> src(from, static_cast<std::size_t>(run));
+        const std::span<float> dst(panel.data() + q * run, static_cast<std::size_t>(run));
         if (b_type == DType::kBF16) {
           convert_bf16_to_f32(src, dst, level);
         } else {
           convert_f16_to_f32(src, dst, level);
         }
       }
-      gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), cols, /*transpose_b=*/false, r0 == 0 ? 0.0f : 1.0f,
+      gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), run, /*transpose_b=*/out_in, r0 == 0 ? 0.0f : 1.0f,
            c + j0, ldc);
     }
   }
@@ -125,6 +128,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const std::uint
   }
 }
 
+// pack_b for b stored out-in ([n, k], rows `ldb` apart): the same strips, each pair dword read
+// whole from output j's row (its two elements lie side by side there).
+void pack_b_out_in(const std::uint16_t* b, std::int64_t ldb, std::int64_t r0, std::int64_t rows, std::int64_t j0,
+                   std::int64_t cols, std::uint32_t* out) {
+  const std::int64_t pairs = (rows + 1) / 2;
+  for (std::int64_t s = 0; s < cols; s += kNr) {
+    const std::int64_t width = std::min<std::int64_t>(kNr, cols - s);
+    std::uint32_t* strip = out + s * pairs;
+    for (std::int64_t jj = 0; jj < kNr; ++jj) {
+      const std::uint16_t* row = b + (j0 + s + jj) * ldb + r0;
+      for (std::int64_t p = 0; p < pairs; ++p) {
+        std::uint32_t pair = 0;
+        if (jj < width) {
+          pair = row[2 * p];
+          if (2 * p + 1 < rows) pair |= static_cast<std::uint32_t>(row[2 * p + 1]) << 16;
+        }
+        strip[p * kNr + jj] = pair;
+      }
+    }
+  }
+}
+
 // Packs rows [i0, i0 + rows) and columns [k0, k0 + cols) of a, rounded to bf16, row after row,
 // each padded with a zero to whole pairs (rows 2 * pairs elements apart; pair p of row r is the
 // dword at element 2 (r * pairs + p)). Row-major needs no transposition: one vector conversion
@@ -187,7 +212,8 @@ constexpr auto make_micro_kernels(std::integer_sequence<int, R...>) {
 constexpr auto kMicroKernels = make_micro_kernels(std::make_integer_sequence<int, kMr>{});
 
 void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+                 const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
+                 bool out_in) {
   PackBuffers& buf = pack_buffers();
   const std::int64_t a_rows = std::min(m, kMc), a_pairs = (std::min(k, kKc) + 1) / 2;
   buf.a.resize(static_cast<std::size_t>(a_rows * 2 * a_pairs));
@@ -196,7 +222,11 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
     const std::int64_t nc = std::min(kNc, n - j0);
     for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
       const std::int64_t kc = std::min(kKc, k - k0), pairs = (kc + 1) / 2;
-      pack_b(b, ldb, k0, kc, j0, nc, buf.b.data());
+      if (out_in) {
+        pack_b_out_in(b, ldb, k0, kc, j0, nc, buf.b.data());
+      } else {
+        pack_b(b, ldb, k0, kc, j0, nc, buf.b.data());
+      }
       for (std::int64_t i0 = 0; i0 < m; i0 += kMc) {
         const std::int64_t mc = std::min(kMc, m - i0);
         pack_a(a, lda, i0, mc, k0, kc, level, buf.a.data());
@@ -221,13 +251,15 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
 }  // namespace
 
 void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+                DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
+                WeightLayout b_layout) {
   NUMESH_CHECK(b_type == DType::kBF16 || b_type == DType::kF16, ShapeError,
                "gemm_16bit: weights of dtype {}; it takes bf16 or f16 (fp32 weights go to gemm())", to_string(b_type));
-  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= k && ldb >= n && ldc >= n, ShapeError,
-               "gemm_16bit: m {}, n {}, k {} with lda {}, ldb {}, ldc {}: sizes must be >= 0 and each leading "
+  const bool out_in = b_layout == WeightLayout::kOutIn;
+  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= k && ldb >= (out_in ? k : n) && ldc >= n, ShapeError,
+               "gemm_16bit: m {}, n {}, k {} with lda {}, ldb {} ({}), ldc {}: sizes must be >= 0 and each leading "
                "dimension at least its row's length",
-               m, n, k, lda, ldb, ldc);
+               m, n, k, lda, ldb, out_in ? "out-in" : "in-out", ldc);
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
@@ -235,10 +267,10 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
   }
   const auto* w = static_cast<const std::uint16_t*>(b);
   if (level == KernelLevel::kAvx512Bf16 && b_type == DType::kBF16) {
-    gemm_dpbf16(m, n, k, a, lda, w, ldb, c, ldc, level);
+    gemm_dpbf16(m, n, k, a, lda, w, ldb, c, ldc, level, out_in);
     return;
   }
-  gemm_widened(m, n, k, a, lda, w, b_type, ldb, c, ldc, level);
+  gemm_widened(m, n, k, a, lda, w, b_type, ldb, c, ldc, level, out_in);
 }
 
 }  // namespace numesh::ops

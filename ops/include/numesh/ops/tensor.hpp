@@ -31,13 +31,22 @@ inline ConstMatrixMap as_matrix(const runtime::Tensor& t) {
   return {t.values().data(), cols == 0 ? 0 : t.size() / cols, cols};
 }
 
-/// A read-only row-major weight matrix of any dtype (fp32, bf16, f16), contiguous: what the
-/// weight-aware device_gemm multiplies by. A view; the storage is someone else's.
+/// How a weight matrix [in, out] (k inputs by n outputs) lies in memory.
+enum class WeightLayout {
+  kInOut,  ///< row-major [in, out]: row r holds input r's weight for every output
+  kOutIn,  ///< row-major [out, in], nn.Linear's layout: each output's k weights together, the
+           ///< order decode streams fastest (ops/kernels/dot_gemm.hpp)
+};
+
+/// A read-only weight matrix of any dtype (fp32, bf16, f16), contiguous: what the weight-aware
+/// device_gemm multiplies by. `rows` is always k (inputs) and `cols` n (outputs), whatever the
+/// layout. A view; the storage is someone else's.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
+  WeightLayout layout = WeightLayout::kInOut;
 };
 
 /// `t` as a [rows, cols] weight matrix of its dtype, folded as as_matrix() folds.
@@ -47,11 +56,20 @@ inline WeightMatrix as_weight(const runtime::Tensor& t) {
   return {t.data(), t.dtype(), cols == 0 ? 0 : t.size() / cols, cols};
 }
 
+/// `t`, a weight stored out-in as [out, in] (folded as as_matrix() folds), as the [in, out]
+/// weight matrix it holds. REQUIRES: t has at least one dim.
+inline WeightMatrix as_out_in_weight(const runtime::Tensor& t) {
+  const std::int64_t in = t.shape().back();
+  return {t.data(), t.dtype(), in, in == 0 ? 0 : t.size() / in, WeightLayout::kOutIn};
+}
+
 /// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
 /// [E, rows, cols] weight). REQUIRES: it lies inside t.
-inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows, std::int64_t cols) {
+/// `layout` says how it is stored (kOutIn: as [cols, rows]).
+inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows, std::int64_t cols,
+                              WeightLayout layout = WeightLayout::kInOut) {
   return {static_cast<const char*>(t.data()) + offset * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
-          rows, cols};
+          rows, cols, layout};
 }
 
 /// Tokens [from, from + n) of x [B, T, ...]: [B, n, ...].

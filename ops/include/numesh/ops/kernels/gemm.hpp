@@ -55,6 +55,11 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
 /// wider than 256 KiB gives a larger block), at most 64 blocks. Depends on the shapes only.
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
 
+/// Outputs per task of a decode product on out-in weights (m <= 16): about a sixteenth of b a
+/// block but between 64 KiB and 1 MiB of it (whole outputs), at most 64 blocks. Depends on the
+/// shapes only.
+std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
+
 /// The decode path of device_gemm for weights of any dtype: c[m, n] = a[m, k] b[k, n], b stored
 /// row-major as `b_type` (rows n elements apart), over the calling thread's arena as blocks of
 /// skinny_k_block() whole rows of b, each skinny_gemm() into a partial product, the partials
@@ -65,7 +70,9 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 /// c = a * b for a weight matrix b [k, n] of any dtype, over the calling thread's arena: fp32
 /// as the overload below; bf16 / f16 weights through the same tiling with skinny_gemm() (the
 /// decode tiles, and device_decode_gemm() for decode products of 1 MiB or more counted as fp32)
-/// and gemm_16bit() (prefill tiles). bf16 weights multiply bf16-rounded activations on every
+/// and gemm_16bit() (prefill tiles). Weights stored out-in take dot_gemm() for every decode
+/// product (blocks of dot_out_block() outputs, one task each) and the same prefill tiles read
+/// transposed. bf16 weights multiply bf16-rounded activations on every
 /// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for any number of threads.
 /// Throws: ShapeError naming the shapes when they do not multiply.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);

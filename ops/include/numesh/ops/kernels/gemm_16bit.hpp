@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 // The prefill kernel for 16-bit weights: c = a b with a fp32 activations and b bf16 or f16
@@ -34,7 +35,8 @@
 namespace numesh::ops {
 
 /// c[m, n] = a[m, k] b[k, n] on the calling thread: a fp32 with rows `lda` floats apart, b bf16
-/// or f16 bits (row-major) with rows `ldb` elements apart, c fp32 with rows `ldc` apart
+/// or f16 bits stored as `b_layout` says (kInOut: [k, n] with rows `ldb` elements apart; kOutIn:
+/// [n, k] with rows `ldb` apart, packed and widened from that order), c fp32 with rows `ldc` apart
 /// (overwritten, never read; k = 0 writes zeros). At kAvx512Bf16 with bf16 weights a is rounded
 /// to bf16 first (see above); otherwise the product is the fp32 GEMM of a and the widened
 /// weights. NaN and infinite weights reach exactly the columns of c they multiply into.
@@ -42,9 +44,9 @@ namespace numesh::ops {
 /// 0.6 MiB of packed operands on the vdpbf16ps path.
 /// REQUIRES: `level` runs on this CPU.
 /// Throws: ShapeError when b_type is not kBF16 or kF16 (fp32 weights go to gemm()), a size is
-/// negative, or a leading dimension is shorter than its row (lda < k, ldb < n, ldc < n).
+/// negative, or a leading dimension is shorter than its row (lda < k, ldb < n or k, ldc < n).
 void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
                 DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                runtime::KernelLevel level = runtime::kernel_level());
+                runtime::KernelLevel level = runtime::kernel_level(), WeightLayout b_layout = WeightLayout::kInOut);
 
 }  // namespace numesh::ops
