@@ -46,9 +46,11 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const 
                         const LoadProgress& progress) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
   CausalLm lm(std::move(mesh), config, d.weights, batch, max_len, std::move(axes));  // matrices laid out unfilled
-  std::map<std::string, std::shared_ptr<runtime::ShardedTensor>> slots{{"embedding.table", lm.embedding_layer_.table},
-                                                                      {"lm_head.weight", lm.head_layer_.weight}};
-  for (const auto& [name, tensor] : lm.stack_.weights()) slots[name] = tensor;
+  using Named = ops::ShardedTransformer::NamedWeight;
+  std::map<std::string, Named> slots{
+      {"embedding.table", Named{"embedding.table", lm.embedding_layer_.table}},
+      {"lm_head.weight", Named{"lm_head.weight", lm.head_layer_.weight, ops::WeightLayout::kOutIn}}};
+  for (const Named& w : lm.stack_.weights()) slots[w.name] = w;
   const auto bytes_of = [&](const MatrixSource& source) {
     std::int64_t bytes = 0;
     for (const std::string& t : source.tensors) bytes += static_cast<std::int64_t>(checkpoint.info(t).size_bytes());
@@ -61,7 +63,7 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const 
     // Every deferred slot names a laid-out weight: hf_weights.cpp and the layers agree on names.
     NUMESH_CHECK(it != slots.end(), ValueError, "model: no laid-out weight is called {} (an internal naming mismatch)",
                  slot);
-    detail::read_shards(checkpoint, source, *it->second);
+    detail::read_shards(checkpoint, source, *it->second.tensor, it->second.layout);
     done += bytes_of(source);
     if (progress) progress(done, total);
   }

@@ -48,26 +48,30 @@ void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& n
 
 }  // namespace
 
-void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source, runtime::ShardedTensor& tensor) {
+void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source, runtime::ShardedTensor& tensor,
+                 ops::WeightLayout stored) {
+  // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
+  // transposed; other sources ([rows, cols], the embedding table) as they are.
+  const bool straight = !source.transposed || stored == ops::WeightLayout::kOutIn;
   runtime::fill_shards(tensor, [&](std::int64_t slot, runtime::Tensor& shard) {
     const auto& box = tensor.layout().device(slot).slices;
     auto* dst = static_cast<std::byte*>(shard.data());
     const DType dtype = shard.dtype();
-    if (!source.transposed) {  // [rows, cols] as stored
-      read_straight(checkpoint, source.tensors.front(), box[0].offset, box[0].extent, box[1].offset, box[1].extent,
-                    dtype, dst);
-      return;
-    }
-    // [in, out] from [out, in], or experts [E, in, out] from one [out, in] each.
+    // One matrix, or experts [E, ., .] from one checkpoint tensor each.
     const bool stacked = box.size() == 3;
     const std::size_t first = stacked ? 1 : 0;
-    const std::int64_t i0 = box[first].offset, ni = box[first].extent;
-    const std::int64_t o0 = box[first + 1].offset, no = box[first + 1].extent;
+    const std::int64_t r0 = box[first].offset, nr = box[first].extent;
+    const std::int64_t c0 = box[first + 1].offset, nc = box[first + 1].extent;
     const std::int64_t e0 = stacked ? box[0].offset : 0, ne = stacked ? box[0].extent : 1;
-    const std::size_t matrix_bytes = static_cast<std::size_t>(ni * no) * dtype_size(dtype);
+    const std::size_t matrix_bytes = static_cast<std::size_t>(nr * nc) * dtype_size(dtype);
     for (std::int64_t e = 0; e < ne; ++e) {
-      read_transposed(checkpoint, source.tensors[static_cast<std::size_t>(e0 + e)], o0, no, i0, ni, dtype,
-                      dst + static_cast<std::size_t>(e) * matrix_bytes);
+      const std::string& name = source.tensors[static_cast<std::size_t>(e0 + e)];
+      std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;
+      if (straight) {
+        read_straight(checkpoint, name, r0, nr, c0, nc, dtype, to);
+      } else {  // the shard is [in, out]: rows r of the box are inputs, columns outputs
+        read_transposed(checkpoint, name, c0, nc, r0, nr, dtype, to);
+      }
     }
   });
 }

@@ -204,8 +204,9 @@ TEST(ShardedMoeTest, ASharedExpertAddsNoCollective) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {2, 2}, {"ep", "tp"});
   ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, with_shared_expert(16, 8, 8, 12), 4);
   ASSERT_TRUE(moe.layer().shared_expert.has_value());
-  EXPECT_EQ(moe.layer().shared_expert->up->spec().repr(), "P(None, 'tp')");
-  EXPECT_EQ(moe.layer().shared_expert->down->spec().repr(), "P('tp', None)");
+  // Stored out-in: up [Fs, H], down [H, Fs].
+  EXPECT_EQ(moe.layer().shared_expert->up->spec().repr(), "P('tp', None)");
+  EXPECT_EQ(moe.layer().shared_expert->down->spec().repr(), "P(None, 'tp')");
   const auto& collectives = moe.program().plan().collectives;
   ASSERT_EQ(collectives.size(), 1u);
   EXPECT_EQ(collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);

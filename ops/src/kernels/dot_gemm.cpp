@@ -68,7 +68,8 @@ float dot_scalar_bf16(std::int64_t k, const std::uint16_t* x, const std::uint16_
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__m512 low, __m512 high) {
   const __m512 t = _mm512_add_ps(low, high);  // t[l] = s[l] + s[l + 16]
-  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+  const __m256 high8 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));  // AVX-512F only
+  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(t), high8);
   const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
@@ -118,23 +119,30 @@ inline __mmask32 mask32(std::int64_t left) {
   return left >= 32 ? 0xFFFFFFFFu : left <= 0 ? 0u : static_cast<__mmask32>((1u << left) - 1u);
 }
 
+// One step over 16 pairs of bf16 weights `wv` and activations `xv`: vdpbf16ps, or the same two
+// roundings with fma (the odd elements are the high halves of the dwords).
+template <bool kDpbf16>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pair_step(__m512 acc, __m512i wv,
+                                                                                        __m512i xv) {
+  if constexpr (kDpbf16) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv);
+  } else {
+    const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, odd)), _mm512_castsi512_ps(_mm512_and_si512(xv, odd)),
+                          acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16)), acc);
+  }
+}
+
 // Outputs [j0, j1) for R rows of bf16 activations `x` (rows `ldx` apart) and bf16 weights, the
-// pair steps taken with fma (kAvx512) or vdpbf16ps (kAvx512Bf16).
+// pair steps taken with fma (kAvx512) or vdpbf16ps (kAvx512Bf16). The target names avx512bf16 for
+// both: the fma instantiation holds no bf16 instruction, and runs where kAvx512 does.
 template <bool kDpbf16, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb,
     std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
-  const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  auto step = [&](__m512 acc, __m512i wv, __m512i xv) {
-    if constexpr (kDpbf16) {
-      return _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv);
-    } else {
-      acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, odd)),
-                            _mm512_castsi512_ps(_mm512_and_si512(xv, odd)), acc);
-      return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)),
-                             _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16)), acc);
-    }
-  };
+  const auto step = pair_step<kDpbf16>;
   for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
     __m512 acc0[R], acc1[R];

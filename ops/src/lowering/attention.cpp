@@ -89,10 +89,11 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   const AxisRule kv_rule = split_kv ? AxisRule(axes.heads) : AxisRule();
   layer.local_q_heads = split_q ? hq / tp : hq;
   layer.local_kv_heads = split_kv ? hkv / tp : hkv;
-  layer.wq = detail::laid_out(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}), w.stored_as);
-  layer.wk = detail::laid_out(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
-  layer.wv = detail::laid_out(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
-  layer.wo = detail::laid_out(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
+  // Stored out-in ([out, in]): decode reads each output's weights in one run.
+  layer.wq = detail::laid_out_out_in(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}), w.stored_as);
+  layer.wk = detail::laid_out_out_in(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
+  layer.wv = detail::laid_out_out_in(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
+  layer.wo = detail::laid_out_out_in(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
   check_biases_and_norms(w, config, hidden);
   auto extras = std::make_shared<AttentionWeights>();
   extras->bq = w.bq;
@@ -200,9 +201,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
             first_sequence, positions, config, extras, q_first, kv_first] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
-      device_gemm(xm, as_weight(wqs), as_matrix(q));
-      device_gemm(xm, as_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd));
-      device_gemm(xm, as_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd));
+      device_gemm(xm, as_out_in_weight(wqs), as_matrix(q));
+      device_gemm(xm, as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd));
+      device_gemm(xm, as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd));
       add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), extras->bq, q_first * dd);
       add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), extras->bk, kv_first * dd);
       add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), extras->bv, kv_first * dd);
@@ -315,7 +316,7 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     const bool adds_bias = !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
     return [&o, &wos, &yp, rows, hidden, extras, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, hidden);
-      device_gemm(as_matrix(std::as_const(o)), as_weight(wos), ym);
+      device_gemm(as_matrix(std::as_const(o)), as_out_in_weight(wos), ym);
       if (adds_bias) add_bias_rows(ym, extras->bo, 0);
     };
   });

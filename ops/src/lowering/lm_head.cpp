@@ -36,12 +36,14 @@ LmHeadLayer LmHeadLayer::create(const runtime::DeviceMesh& mesh, const LmHeadWei
   layer.hidden = w.weight.shape[0];
   layer.vocab = w.weight.shape[1];
   const AxisRule vocab = mesh.mesh().has_axis(axes.vocab) ? AxisRule(axes.vocab) : AxisRule();
-  layer.weight = detail::laid_out(mesh, w.weight, PartitionSpec({AxisRule(), vocab}), w.stored_as);
+  // Stored out-in ([V, H], nn.Linear's and the embedding table's layout): decode reads each
+  // token's weights in one run.
+  layer.weight = detail::laid_out_out_in(mesh, w.weight, PartitionSpec({AxisRule(), vocab}), w.stored_as);
   return layer;
 }
 
 PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const PartitionSpec& x_spec) {
-  return PartitionSpec({detail::entry(x_spec, 0), detail::entry(layer.weight->spec(), 1)});
+  return PartitionSpec({detail::entry(x_spec, 0), detail::entry(layer.weight->spec(), 0)});
 }
 
 runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, runtime::ShardedTensor& x,
@@ -55,14 +57,14 @@ runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, run
                fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(logits.shape(), "x"), logits.spec().repr(),
                layer.hidden, layer.vocab, lm_head_logits_spec(layer, x.spec()).repr());
   runtime::ShardedTensor& w = pb.use(name + ".weight", TensorRole::kWeight, layer.weight);
-  const std::int64_t rows = local_rows(x), h = layer.hidden, v_local = w.layout().shard_shape()[1];
+  const std::int64_t rows = local_rows(x), h = layer.hidden, v_local = w.layout().shard_shape()[0];
   return pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& xs = x.shard(s);
     runtime::Tensor& ws = w.shard(s);
     runtime::Tensor& ls = logits.shard(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * v_local));
     return [&xs, &ws, &ls, rows, h, v_local] {
-      device_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_weight(ws),
+      device_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_out_in_weight(ws),
                   MatrixMap(ls.values().data(), rows, v_local));
     };
   });
@@ -236,7 +238,7 @@ std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x, co
                                                 std::mt19937_64& rng) {
   validate(options);
   check_input(x);
-  const std::int64_t v_local = layer_.weight->layout().shard_shape()[1];
+  const std::int64_t v_local = layer_.weight->layout().shard_shape()[0];
   const std::int64_t k = std::min(options.top_k, v_local);
   std::unique_ptr<Program>& program = top_k_[k];
   if (!program) program = compile(k);

@@ -54,6 +54,33 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMes
   return t;
 }
 
+/// `host` [..., in, out] laid out as laid_out() lays it out, but stored out-in: the last two dims
+/// swapped ([..., out, in]), and `spec`, given for [..., in, out], with them. How the layers
+/// store the matrices they multiply (WeightLayout::kOutIn): a decode step then reads each
+/// output's weights as one run. A shape-only host gives a shape-only tensor.
+inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::DeviceMesh& mesh,
+                                                               const runtime::HostTensor& host,
+                                                               const sharding::PartitionSpec& spec,
+                                                               DType dtype = DType::kF32) {
+  const std::size_t rank = host.shape.size();
+  std::vector<std::int64_t> shape = host.shape;
+  std::swap(shape[rank - 2], shape[rank - 1]);
+  const sharding::PartitionSpec stored_spec = swap_last_two(spec, rank);
+  if (host.is_shape_only()) return laid_out(mesh, runtime::HostTensor::shape_only(std::move(shape)), stored_spec, dtype);
+  // Each [in, out] matrix of the batch transposed.
+  const std::int64_t in = host.shape[rank - 2], out = host.shape[rank - 1];
+  const std::int64_t matrices = static_cast<std::int64_t>(host.data.size()) / std::max<std::int64_t>(in * out, 1);
+  runtime::HostTensor t = runtime::HostTensor::zeros(shape);
+  for (std::int64_t b = 0; b < matrices; ++b) {
+    const float* from = host.data.data() + b * in * out;
+    float* to = t.data.data() + b * in * out;
+    for (std::int64_t r = 0; r < in; ++r) {
+      for (std::int64_t c = 0; c < out; ++c) to[c * in + r] = from[r * out + c];
+    }
+  }
+  return laid_out(mesh, t, stored_spec, dtype);
+}
+
 /// `spec` with every use of `axes` removed (a tuple keeps its other members; an emptied entry
 /// becomes None): the layout of the tensor after an all-gather over those axes.
 inline sharding::PartitionSpec without_axes(const sharding::PartitionSpec& spec, const std::vector<std::string>& axes,

@@ -46,9 +46,10 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   layer.biases = std::move(biases);
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
-  layer.up = detail::laid_out(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
-  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
-  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out(mesh, w.gate, layer.up->spec(), w.stored_as);
+  // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
+  layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
+  layer.down = detail::laid_out_out_in(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
+  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out_out_in(mesh, w.gate, PartitionSpec({zero, tp}), w.stored_as);
   return layer;
 }
 
@@ -74,11 +75,11 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     if (!f.empty()) ready.push_back(std::move(f));
     return g;
   };
-  runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 0);
-  runtime::ShardedTensor& down = gather_weight(layer.down, "w_down", 1);
-  runtime::ShardedTensor* gate = layer.gate ? &gather_weight(layer.gate, "w_gate", 0) : nullptr;
+  runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 1);  // [F, H]
+  runtime::ShardedTensor& down = gather_weight(layer.down, "w_down", 0);  // [H, F]
+  runtime::ShardedTensor* gate = layer.gate ? &gather_weight(layer.gate, "w_gate", 1) : nullptr;
   // Sequence parallelism over the F axis: gather the tokens first.
-  const std::vector<std::string> f_axes = detail::axes_of(up.spec(), 1);
+  const std::vector<std::string> f_axes = detail::axes_of(up.spec(), 0);
   runtime::Frontier x_ready = after;
   runtime::ShardedTensor& xc = pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
   ready.push_back(x_ready);
@@ -93,7 +94,7 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   }
 
   const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
-  const std::int64_t f_local = up.layout().shard_shape()[1];
+  const std::int64_t f_local = up.layout().shard_shape()[0];
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
   const std::shared_ptr<const MlpWeights> biases = layer.biases;
@@ -110,18 +111,18 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
     // The device's columns of F start here: its slice of the gate and up biases.
-    const std::int64_t f_first = up.layout().device(s).block[1] * f_local;
+    const std::int64_t f_first = up.layout().device(s).block[0] * f_local;
     pb.add_flops(s, flops);
     return [&xs, &hs, us, &wu, wg, rows, h, f_local, f_first, biases] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
-        device_gemm(xm, as_weight(wu), as_matrix(hs));
+        device_gemm(xm, as_out_in_weight(wu), as_matrix(hs));
         add_bias_rows(as_matrix(hs), biases->up_bias, f_first);
         gelu_inplace(as_matrix(hs));
         return;
       }
-      device_gemm(xm, as_weight(*wg), as_matrix(hs));
-      device_gemm(xm, as_weight(wu), as_matrix(*us));
+      device_gemm(xm, as_out_in_weight(*wg), as_matrix(hs));
+      device_gemm(xm, as_out_in_weight(wu), as_matrix(*us));
       add_bias_rows(MatrixMap(hs.values().data(), rows, f_local), biases->gate_bias, f_first);
       add_bias_rows(MatrixMap(us->values().data(), rows, f_local), biases->up_bias, f_first);
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
@@ -136,7 +137,7 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     const bool adds_bias = detail::first_of_partial_sum(mesh, y_placed, s);
     return [&hs, &wd, &yp, rows, h, biases, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, h);
-      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), ym);
+      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), ym);
       if (adds_bias) add_bias_rows(ym, biases->down_bias, 0);
     };
   });

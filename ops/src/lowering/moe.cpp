@@ -116,7 +116,7 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
   runtime::ShardedTensor& down = pb.use(name + ".shared_w_down", TensorRole::kWeight, shared.down);
   runtime::ShardedTensor& scale = pb.use(name + ".shared_gate", TensorRole::kWeight, layer.shared_expert_gate);
   const std::int64_t h = layer.hidden, rows = x.layout().elements_per_device() / h;
-  const std::int64_t fl = up.layout().shard_shape()[1];
+  const std::int64_t fl = up.layout().shard_shape()[0];  // MlpLayer stores up out-in, [Fs, H]
   const std::vector<sharding::Placement> fs_placed = sharding::to_placements(up.spec(), m, 2);
   std::vector<std::size_t> sharing;  // the partial axes Fs is not split over
   for (std::size_t a = 0; a < fs_placed.size(); ++a) {
@@ -149,10 +149,10 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     return [&xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &ys, first, n, h] {
       const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
       gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit));
-      device_gemm(xm, as_weight(wg), as_matrix(hs));
-      device_gemm(xm, as_weight(wu), as_matrix(us));
+      device_gemm(xm, as_out_in_weight(wg), as_matrix(hs));
+      device_gemm(xm, as_out_in_weight(wu), as_matrix(us));
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(us)));
-      device_gemm(as_matrix(std::as_const(hs)), as_weight(wd), as_matrix(ys));
+      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), as_matrix(ys));
       MatrixMap ym(yp.values().data() + first * h, n, h);
       for (std::int64_t i = 0; i < n; ++i) {
         // sigmoid; for a very negative logit exp overflows to inf and the scale to 0, no NaN.

@@ -82,22 +82,24 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
 
 std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const {
   std::vector<NamedWeight> all;
-  const auto add = [&](const std::string& name, const std::shared_ptr<runtime::ShardedTensor>& t) {
-    if (t) all.push_back(NamedWeight{name, t});
+  const auto add = [&](const std::string& name, const std::shared_ptr<runtime::ShardedTensor>& t,
+                       WeightLayout layout = WeightLayout::kInOut) {
+    if (t) all.push_back(NamedWeight{name, t, layout});
   };
+  constexpr WeightLayout kOutIn = WeightLayout::kOutIn;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = *layers_[l];
     const std::string p = fmt::format("layers.{}.", l);
     add(p + "attn_norm", layer.attn_norm);
-    add(p + "attention.wq", layer.attention.wq);
-    add(p + "attention.wk", layer.attention.wk);
-    add(p + "attention.wv", layer.attention.wv);
-    add(p + "attention.wo", layer.attention.wo);
+    add(p + "attention.wq", layer.attention.wq, kOutIn);
+    add(p + "attention.wk", layer.attention.wk, kOutIn);
+    add(p + "attention.wv", layer.attention.wv, kOutIn);
+    add(p + "attention.wo", layer.attention.wo, kOutIn);
     add(p + "ffn_norm", layer.ffn_norm);
     if (layer.mlp) {
-      add(p + "mlp.gate", layer.mlp->gate);
-      add(p + "mlp.up", layer.mlp->up);
-      add(p + "mlp.down", layer.mlp->down);
+      add(p + "mlp.gate", layer.mlp->gate, kOutIn);
+      add(p + "mlp.up", layer.mlp->up, kOutIn);
+      add(p + "mlp.down", layer.mlp->down, kOutIn);
     }
     if (layer.moe) {
       add(p + "moe.router", layer.moe->router);
@@ -105,9 +107,9 @@ std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const
       add(p + "moe.up", layer.moe->up);
       add(p + "moe.down", layer.moe->down);
       if (layer.moe->shared_expert) {
-        add(p + "moe.shared_expert.gate", layer.moe->shared_expert->gate);
-        add(p + "moe.shared_expert.up", layer.moe->shared_expert->up);
-        add(p + "moe.shared_expert.down", layer.moe->shared_expert->down);
+        add(p + "moe.shared_expert.gate", layer.moe->shared_expert->gate, kOutIn);
+        add(p + "moe.shared_expert.up", layer.moe->shared_expert->up, kOutIn);
+        add(p + "moe.shared_expert.down", layer.moe->shared_expert->down, kOutIn);
       }
       add(p + "moe.shared_expert_gate", layer.moe->shared_expert_gate);
     }

@@ -3,6 +3,8 @@
 #include <Eigen/Core>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "numesh/runtime/tensor.hpp"
 
@@ -48,6 +50,17 @@ struct WeightMatrix {
   std::int64_t cols = 0;
   WeightLayout layout = WeightLayout::kInOut;
 };
+
+/// `spec` with its entries for the last two of `rank` dims swapped (None past its end): the spec
+/// of an [..., in, out] matrix stored out-in as [..., out, in], and back. P() (replicated, as
+/// eformer's correction may leave a spec) stays P().
+inline sharding::PartitionSpec swap_last_two(const sharding::PartitionSpec& spec, std::size_t rank) {
+  if (spec.size() == 0) return spec;
+  std::vector<sharding::AxisRule> entries;
+  for (std::size_t i = 0; i < rank; ++i) entries.push_back(i < spec.size() ? spec[i] : sharding::AxisRule());
+  if (rank >= 2) std::swap(entries[rank - 2], entries[rank - 1]);
+  return sharding::PartitionSpec(std::move(entries));
+}
 
 /// `t` as a [rows, cols] weight matrix of its dtype, folded as as_matrix() folds.
 /// REQUIRES: t has at least one dim.

@@ -39,6 +39,7 @@ struct AttentionLayer {
   std::string heads_axis;  ///< the axis splitting heads; empty when none does
   std::int64_t local_q_heads = 0;
   std::int64_t local_kv_heads = 0;
+  /// The projections, stored out-in (wq [Q, H], wk and wv [KV, H], wo [H, Q]; WeightLayout::kOutIn).
   std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
   /// The optional biases and q/k norm weights (AttentionWeights), fp32, whole on the host: each
   /// device reads the slice of its heads (a few KiB; nothing to lay out). Empty when absent.

@@ -9,6 +9,7 @@
 
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -28,8 +29,8 @@ struct LmHeadAxes {
   std::string vocab = "tp";
 };
 
-/// The head's matrix laid out on a mesh: w [H, V] P(None, vocab), each shard on its device's
-/// node, stored as LmHeadWeights::stored_as.
+/// The head's matrix laid out on a mesh: w [H, V] P(None, vocab), stored out-in ([V, H], spec
+/// swapped; WeightLayout::kOutIn), each shard on its device's node, in LmHeadWeights::stored_as.
 struct LmHeadLayer {
   std::int64_t hidden = 0;
   std::int64_t vocab = 0;
@@ -120,7 +121,7 @@ class ShardedLmHead {
   std::vector<std::int64_t> sample(const runtime::HostTensor& x, const SamplingOptions& options,
                                    std::mt19937_64& rng);
   /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
-  const sharding::PartitionSpec& weight_spec() const noexcept { return layer_.weight->spec(); }
+  sharding::PartitionSpec weight_spec() const { return swap_last_two(layer_.weight->spec(), 2); }
   /// The greedy program (plan, graph).
   Program& greedy_program() noexcept { return *greedy_; }
 

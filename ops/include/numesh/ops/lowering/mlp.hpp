@@ -7,6 +7,7 @@
 
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/mlp_config.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -33,8 +34,9 @@ struct MlpAxes {
   std::string tensor = "tp";
 };
 
-/// An MLP's weights laid out on a mesh: up/gate P(None, tensor), down P(tensor, None), each
-/// shard on its device's node (written by the device's own threads). Shared by every program
+/// An MLP's weights laid out on a mesh: up/gate P(None, tensor), down P(tensor, None) as [in,
+/// out] matrices, stored out-in (up/gate [F, H], down [H, F], their specs swapped to match;
+/// WeightLayout::kOutIn), each shard on its device's node (written by the device's own threads). Shared by every program
 /// that runs the layer (prefill and decode programs read the same shards).
 struct MlpLayer {
   MlpKind kind = MlpKind::kGelu;
@@ -85,10 +87,10 @@ class ShardedMlp {
   /// Throws: ShapeError when x's shape is not [tokens, H]; what a node throws.
   runtime::HostTensor forward(const runtime::HostTensor& x);
 
-  /// The specs chosen (after correction): x/y, up/gate, down.
+  /// The specs chosen (after correction): x/y, and up/gate and down as [in, out] matrices.
   const sharding::PartitionSpec& activation_spec() const noexcept { return activation_spec_; }
-  const sharding::PartitionSpec& up_spec() const noexcept { return layer_.up->spec(); }
-  const sharding::PartitionSpec& down_spec() const noexcept { return layer_.down->spec(); }
+  sharding::PartitionSpec up_spec() const { return swap_last_two(layer_.up->spec(), 2); }
+  sharding::PartitionSpec down_spec() const { return swap_last_two(layer_.down->spec(), 2); }
   /// The collectives the program emits (empty: none needed).
   const std::vector<CollectivePlan>& collectives() const noexcept { return program_->plan().collectives; }
   /// The program (plan, graph).

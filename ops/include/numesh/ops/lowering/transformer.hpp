@@ -77,9 +77,10 @@ class ShardedTransformer {
   struct NamedWeight {
     std::string name;
     std::shared_ptr<runtime::ShardedTensor> tensor;
+    WeightLayout layout = WeightLayout::kInOut;  ///< kOutIn: a matrix stored [out, in]
   };
   /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
-  /// wv, wo}" ([in, out]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" or
+  /// wv, wo}" (stored out-in), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) or
   /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]) with, for a shared
   /// expert, "layers.L.moe.shared_expert.{gate, up, down}" and "layers.L.moe.shared_expert_gate"
   /// ([H, 1]), and "final_norm".
