@@ -277,10 +277,23 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
 
 }  // namespace
 
+void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a, std::int64_t lda,
+                   const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+  if (m <= 0 || n <= 0) return;
+  if (level == KernelLevel::kAvx512Bf16) return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
+  if (level == KernelLevel::kAvx512) return rows_bf16_avx512<false>(m, n, k, a, lda, b, ldb, c, ldc);
+  for (std::int64_t i = 0; i < m; ++i) {
+    if (level == KernelLevel::kAvx2) {
+      dot_row_bf16_avx2(k, a + i * lda, b, ldb, 0, n, c + i * ldc);
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = dot_scalar_bf16(k, a + i * lda, b + j * ldb);
+    }
+  }
+}
+
 void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
               DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
   if (m <= 0 || n <= 0) return;
-  const bool avx512 = level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
   if (b_type == DType::kBF16) {
     // a's bf16 bits, row after row (the calling thread's buffer).
     thread_local std::vector<std::uint16_t> bits;
@@ -289,16 +302,7 @@ void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
       runtime::convert_f32_to_bf16(std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
                                    std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
     }
-    const auto* w = static_cast<const std::uint16_t*>(b);
-    if (level == KernelLevel::kAvx512Bf16) return rows_bf16_avx512<true>(m, n, k, bits.data(), k, w, ldb, c, ldc);
-    if (avx512) return rows_bf16_avx512<false>(m, n, k, bits.data(), k, w, ldb, c, ldc);
-    for (std::int64_t i = 0; i < m; ++i) {
-      if (level == KernelLevel::kAvx2) {
-        dot_row_bf16_avx2(k, bits.data() + i * k, w, ldb, 0, n, c + i * ldc);
-      } else {
-        for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = dot_scalar_bf16(k, bits.data() + i * k, w + j * ldb);
-      }
-    }
+    dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc, level);
     return;
   }
   switch (level) {

@@ -195,24 +195,30 @@ namespace {
 
 // Decode on out-in weights: dot_gemm over blocks of dot_out_block() outputs, one task each. Every
 // element is one task's dot product: the same bits for any thread count, and no partial sums.
-void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+// `a_bf16`: a's bf16 bits for bf16 weights (device_gemm has them), else null.
+void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, const std::uint16_t* a_bf16) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const std::int64_t block = dot_out_block(n, k, b.dtype);
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
-  parallel_blocks(n, block, [&](std::int64_t j0, std::int64_t j1) {
-    dot_gemm(m, j1 - j0, k, a.data(), k, static_cast<const char*>(b.data) + j0 * k * elem, b.dtype, k,
-             c.data() + j0, n);
-  });
+  const auto dot_tile = [&](std::int64_t j0, std::int64_t j1) {
+    const char* w = static_cast<const char*>(b.data) + j0 * k * elem;
+    if (a_bf16 != nullptr && b.dtype == DType::kBF16) {
+      dot_gemm_bf16(m, j1 - j0, k, a_bf16, k, reinterpret_cast<const std::uint16_t*>(w), k, c.data() + j0, n);
+    } else {
+      dot_gemm(m, j1 - j0, k, a.data(), k, w, b.dtype, k, c.data() + j0, n);
+    }
+  };
+  parallel_blocks(n, block, dot_tile);
 }
 
 // device_gemm once the activations are what the weights' dtype multiplies (bf16 values for bf16
-// weights): the decode row blocks, or the tiles.
-void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+// weights, their bits in `a_bf16`; null for other weights): the decode row blocks, or the tiles.
+void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, const std::uint16_t* a_bf16) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
   const bool out_in = b.layout == WeightLayout::kOutIn;
   if (out_in && m >= 1 && m <= kSkinnyMaxRows) {
-    device_dot_gemm(a, b, c);
+    device_dot_gemm(a, b, c, a_bf16);
     return;
   }
   // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
@@ -284,11 +290,11 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
         runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
         runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
       });
-      device_gemm_rounded(ConstMatrixMap(rounded_of_caller, m, k), b, c);
+      device_gemm_rounded(ConstMatrixMap(rounded_of_caller, m, k), b, c, bits_of_caller);
     });
     return;
   }
-  device_gemm_rounded(a, b, c);
+  device_gemm_rounded(a, b, c, nullptr);
 }
 
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {

@@ -37,4 +37,11 @@ void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
               DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
               runtime::KernelLevel level = runtime::kernel_level());
 
+/// dot_gemm for bf16 weights whose activations are bf16 already: `a` holds their bits (rows
+/// `lda` elements apart), as device_gemm has them, so that no task converts them again.
+/// REQUIRES: as dot_gemm.
+void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a, std::int64_t lda,
+                   const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
+
 }  // namespace numesh::ops
