@@ -7,6 +7,10 @@
 #include <regex>
 #include <fstream>
 #include <filesystem>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
 
 #include <oneapi/tbb/global_control.h>
 
@@ -52,6 +56,39 @@ TEST(DeviceSetTest, AllocateGivesZeroedMemoryOwnedByTheDevice) {
   EXPECT_EQ(moved.size_bytes(), 10000u);
   EXPECT_THAT([&] { d.allocate(0); },
               ThrowsMessage<ValueError>(HasSubstr("cannot allocate 0 bytes")));
+}
+
+// The kernel's flag for the mapping that holds `address`: smaps' "THPeligible" line (1 when a
+// huge page may back it: madvise(MADV_HUGEPAGE) under the "madvise" setting, or "always").
+std::optional<int> thp_eligible(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(' ') > line.find('-')) {
+      inside = at >= lo && at < hi;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return std::stoi(line.substr(12));
+    }
+  }
+  return std::nullopt;
+}
+
+// Buffers of 2 MiB and more ask for transparent huge pages (decode streams weights in long
+// runs); smaller ones do not. Where the kernel has THP off ("never") nothing can be asked.
+TEST(DeviceSetTest, LargeBuffersAskForHugePages) {
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(setting, mode);
+  if (mode.empty() || mode.find("[never]") != std::string::npos || mode.find("[always]") != std::string::npos) {
+    std::cout << "[ SKIPPED  ] transparent huge pages are '" << mode << "' here: madvise changes nothing\n";
+    return;
+  }
+  auto devices = testing::synthetic_devices(testing::nodes(1));
+  DeviceBuffer large = devices->device(0).allocate(std::size_t{8} << 20);
+  EXPECT_EQ(thp_eligible(large.data()), 1) << "an 8 MiB buffer under '" << mode << "'";
 }
 
 TEST(DeviceSetTest, AllocationsLargerThanTheNodeAreRefusedBeforeTheyAreMade) {
