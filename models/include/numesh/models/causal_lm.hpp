@@ -52,7 +52,8 @@ class CausalLm {
   using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
   /// The model of `checkpoint`, with each device reading only its own shard of every large
   /// matrix (embedding, LM head, projections, experts) straight from the file mapping into memory
-  /// of its node, converted to `stored_as` and transposed on the way, all devices at once: no copy
+  /// of its node, converted to `stored_as` (and transposed on the way for the MoE experts, which
+  /// the layers store in-out; the other matrices are stored out-in), all devices at once: no copy
   /// of the model passes through host memory (CausalLmWeights::deferred, then each matrix's
   /// shards filled in place). Norms, biases and routers, which are small, are read on the host.
   /// Gives the same model as the constructor on CausalLmWeights::load.
