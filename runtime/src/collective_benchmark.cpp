@@ -64,12 +64,7 @@ float stored_value(float v, DType dtype) {
 
 // Element i of a buffer of `dtype`, widened.
 float element(const void* data, DType dtype, std::size_t i) {
-  switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
-    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
-  }
-  return 0.0f;
+  return widened_element(data, dtype, static_cast<std::int64_t>(i));
 }
 
 // Writes input_value(rank, i) for every element of a buffer of `dtype`.

@@ -181,6 +181,24 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
   }
 }
 
+// device_gemm(a, w) in arenas of 1, 2, 3, 4 and 7 threads: within `bound` of the float64 product
+// of a and `stored` (w's values), and bitwise the same in every arena.
+void expect_the_product_for_any_thread_count(const RowMatrix& a, const WeightMatrix& w, const RowMatrix& stored,
+                                             double bound, const std::string& label) {
+  std::optional<RowMatrix> first;
+  for (int threads : {1, 2, 3, 4, 7}) {
+    RowMatrix c = RowMatrix::Constant(a.rows(), w.cols, std::numeric_limits<float>::quiet_NaN());
+    oneapi::tbb::task_arena arena(threads);
+    arena.execute([&] { device_gemm(ConstMatrixMap(a.data(), a.rows(), a.cols()), w, MatrixMap(c.data(), c.rows(), c.cols())); });
+    if (!first) {
+      EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
+      first = c;
+    } else {
+      EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+    }
+  }
+}
+
 // device_gemm on bf16 / f16 weights (WeightMatrix): the same tiling as fp32, so the same bits in
 // arenas of 1, 2, 3, 4 and 7 threads, over shapes of one tile, decode strips, decode row blocks
 // and prefill tiles that do and do not divide the blocking, with activations of one row block
@@ -214,21 +232,7 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
                                 "x" + std::to_string(sh.n);
       const bool rounds_a = t == DType::kBF16 && runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
       const double bound = (1e-4 + (rounds_a ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
-      std::optional<RowMatrix> first;
-      for (int threads : {1, 2, 3, 4, 7}) {
-        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
-        oneapi::tbb::task_arena arena(threads);
-        arena.execute([&] {
-          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), WeightMatrix{bits.data(), t, sh.k, sh.n},
-                      MatrixMap(c.data(), sh.m, sh.n));
-        });
-        if (!first) {
-          EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
-          first = c;
-        } else {
-          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
-        }
-      }
+      expect_the_product_for_any_thread_count(a, WeightMatrix{bits.data(), t, sh.k, sh.n}, stored, bound, label);
     }
   }
   const std::vector<std::uint16_t> bits(12, 0);
@@ -265,21 +269,8 @@ TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
       const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
                                 "x" + std::to_string(sh.n);
       const double bound = (1e-4 + (t == DType::kBF16 ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
-      std::optional<RowMatrix> first;
-      for (int threads : {1, 2, 3, 4, 7}) {
-        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
-        oneapi::tbb::task_arena arena(threads);
-        arena.execute([&] {
-          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), WeightMatrix{data, t, sh.k, sh.n, WeightLayout::kOutIn},
-                      MatrixMap(c.data(), sh.m, sh.n));
-        });
-        if (!first) {
-          EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
-          first = c;
-        } else {
-          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
-        }
-      }
+      expect_the_product_for_any_thread_count(a, WeightMatrix{data, t, sh.k, sh.n, WeightLayout::kOutIn}, stored,
+                                              bound, label);
     }
   }
   EXPECT_EQ(dot_out_block(4096, 1024, DType::kBF16), 256) << "8 MiB: blocks of 512 KiB";

@@ -30,21 +30,12 @@ float fold(const float* s) {
 
 // ---- Scalar: the order written out ---------------------------------------------------------------
 
-float widened(const void* b, DType t, std::int64_t at) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(b)[at];
-    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(b)[at]);
-    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(b)[at]);
-  }
-  return 0.0f;
-}
-
 // One output of fp32 / f16 weights: blocks of 32, element e into s[e mod 32], zeros past k.
 float dot_scalar(std::int64_t k, const float* x, const void* w, DType t) {
   float s[kLanes] = {};
   const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
   for (std::int64_t e = 0; e < padded; ++e) {
-    const float xe = e < k ? x[e] : 0.0f, we = e < k ? widened(w, t, e) : 0.0f;
+    const float xe = e < k ? x[e] : 0.0f, we = e < k ? widened_element(w, t, e) : 0.0f;
     s[e % kLanes] = std::fma(we, xe, s[e % kLanes]);
   }
   return fold(s);
@@ -189,7 +180,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const void* w, st
     }
   }
   alignas(32) float tmp[8] = {};
-  for (std::int64_t i = 0; i < count; ++i) tmp[i] = widened(w, T, at + i);
+  for (std::int64_t i = 0; i < count; ++i) tmp[i] = widened_element(w, T, at + i);
   return _mm256_load_ps(tmp);
 }
 

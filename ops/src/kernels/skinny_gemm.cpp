@@ -12,13 +12,7 @@ using runtime::KernelLevel;
 
 // b's element (row r, column j) as fp32.
 float weight(const void* b, DType t, std::int64_t ldb, std::int64_t r, std::int64_t j) {
-  const std::int64_t at = r * ldb + j;
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(b)[at];
-    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(b)[at]);
-    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(b)[at]);
-  }
-  return 0.0f;
+  return widened_element(b, t, r * ldb + j);
 }
 
 // Columns [j0, j1) of c, one element at a time: the order every level follows.

@@ -111,4 +111,14 @@ constexpr float f32_from_f16(std::uint16_t h) noexcept {
   return std::bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3FFu) << 13));
 }
 
+/// Element `i` of a buffer of `dtype` (fp32 floats, or bf16 / f16 bits), widened to fp32 exactly.
+inline float widened_element(const void* data, DType dtype, std::int64_t i) noexcept {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
 }  // namespace numesh
