@@ -48,6 +48,10 @@ def main():
                                load(n, "down", True), load(n, "dy"))
             ((F.silu(x @ g) * (x @ u)) @ dn).backward(dy)
             grads = {"dx": x.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
+        elif n == "gelu":
+            x, u, dn, dy = load(n, "x", True), load(n, "up", True), load(n, "down", True), load(n, "dy")
+            (F.gelu(x @ u) @ dn).backward(dy)
+            grads = {"dx": x.grad, "dup": u.grad, "ddown": dn.grad}
         elif n == "embedding":
             table = torch.zeros(c["vocab"], load(n, "dy").shape[1], dtype=torch.float64, requires_grad=True)
             F.embedding(torch.tensor(c["ids"]), table).backward(load(n, "dy"))

@@ -65,12 +65,16 @@ int main(int argc, char** argv) try {
     w.up = random_tensor({16, 24}, 8, 0.3f);
     w.down = random_tensor({24, 16}, 9, 0.3f);
     const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f), dy = random_tensor({5, 16}, 11, 1.0f);
-    const ops::SwigluGrads g = ops::swiglu_mlp_backward(x, w, dy);
+    const ops::MlpGrads g = ops::swiglu_mlp_backward(x, w, dy);
     save("swiglu", "x", x), save("swiglu", "gate", w.gate), save("swiglu", "up", w.up);
     save("swiglu", "down", w.down), save("swiglu", "dy", dy);
     save("swiglu", "dx", g.dx), save("swiglu", "dgate", g.dgate), save("swiglu", "dup", g.dup);
     save("swiglu", "ddown", g.ddown);
     cases.push_back({{"name", "swiglu"}});
+    const ops::MlpGrads ge = ops::gelu_mlp_backward(x, w, dy);
+    save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down), save("gelu", "dy", dy);
+    save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
+    cases.push_back({{"name", "gelu"}});
   }
   {
     const std::vector<std::int32_t> ids{3, 0, 3, 9, 3, 7};  // repeats accumulate

@@ -304,4 +304,39 @@ void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c);
 }
 
+void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta) {
+  const std::int64_t m = a.rows(), n = a.cols(), k = b.cols();
+  NUMESH_CHECK(b.rows() == m && c.rows() == n && c.cols() == k, ShapeError,
+               "gemm: a is [{}, {}] (transposed), b is [{}, {}], c is [{}, {}]: they do not multiply", m, n, b.rows(),
+               k, c.rows(), c.cols());
+  if (n == 0 || k == 0) return;
+  const GemmTiling t = gemm_tiling(n, k, m);
+  const std::int64_t rt = t.row_tiles(n), ct = t.col_tiles(k);
+  auto tile = [&](std::int64_t i) {
+    const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
+    const std::int64_t rows = std::min(t.row_block, n - r0), cols = std::min(t.col_block, k - c0);
+    float* ct_data = c.data() + r0 * k + c0;
+    if (rows * cols * m >= kBlasMinMultiplyAdds) {
+      use_one_blas_thread();
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
+                  static_cast<int>(m), 1.0f, a.data() + r0, static_cast<int>(n), b.data() + c0, static_cast<int>(k),
+                  beta, ct_data, static_cast<int>(k));
+      return;
+    }
+    using Strided = Eigen::OuterStride<>;
+    Eigen::Map<RowMatrix, 0, Strided> cm(ct_data, rows, cols, Strided(k));
+    const Eigen::Map<const RowMatrix, 0, Strided> at(a.data() + r0, m, rows, Strided(n));
+    const Eigen::Map<const RowMatrix, 0, Strided> bt(b.data() + c0, m, cols, Strided(k));
+    if (beta == 0.0f) {
+      cm.noalias() = at.transpose() * bt;
+    } else {
+      cm = beta * cm;
+      cm.noalias() += at.transpose() * bt;
+    }
+  };
+  parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t i = first; i < last; ++i) tile(i);
+  });
+}
+
 }  // namespace numesh::ops

@@ -1,6 +1,8 @@
 #include "numesh/ops/kernels/norms.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "numesh/ops/kernels/parallel.hpp"
 
@@ -15,6 +17,27 @@ void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float ep
       y.row(t) = (x.row(t) * scale).cwiseProduct(weight.row(0));
     }
   });
+}
+
+void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps, MatrixMap dx,
+                           MatrixMap d_weight) {
+  const Eigen::Index rows = x.rows(), h = x.cols();
+  const std::int64_t block = row_block_for(h);
+  const std::int64_t blocks = (rows + block - 1) / block;
+  // Each block's part of d_weight, folded in block order below.
+  std::vector<float> parts(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1) * h), 0.0f);
+  parallel_blocks(rows, block, [&](std::int64_t r0, std::int64_t r1) {
+    Eigen::Map<Eigen::RowVectorXf> part(parts.data() + (r0 / block) * h, h);
+    for (Eigen::Index t = r0; t < r1; ++t) {
+      const float r = 1.0f / std::sqrt(x.row(t).squaredNorm() / static_cast<float>(h) + eps);
+      part += dy.row(t).cwiseProduct(x.row(t)) * r;
+      // g . x before dx (which may be dy's storage) is written.
+      const float mean_gx = dy.row(t).cwiseProduct(weight.row(0)).dot(x.row(t)) / static_cast<float>(h);
+      dx.row(t) = dy.row(t).cwiseProduct(weight.row(0)) * r - x.row(t) * (r * r * r * mean_gx);
+    }
+  });
+  d_weight.setZero();
+  for (std::int64_t b = 0; b < blocks; ++b) d_weight.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * h, h);
 }
 
 }  // namespace numesh::ops

@@ -10,6 +10,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/activations.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
 #include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
@@ -55,7 +56,7 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
 
 runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name) {
+                           const std::string& name, MlpSaved* saved) {
   const runtime::DeviceMesh& mesh = pb.mesh();
   const auto& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
@@ -98,33 +99,53 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
   const std::shared_ptr<const MlpWeights> biases = layer.biases;
+  const auto slots = static_cast<std::size_t>(mesh.size());
+  if (saved != nullptr) {
+    *saved = MlpSaved{.x = &xc, .up = &up, .gate = gate, .down = &down,
+                      .up_pre = std::vector<runtime::Tensor*>(slots), .gate_pre = std::vector<runtime::Tensor*>(slots),
+                      .hidden = std::vector<runtime::Tensor*>(slots),
+                      .x_placed = sharding::to_placements(x.spec(), m, rank), .partial_placed = y_placed,
+                      .y_placed = sharding::to_placements(y.spec(), m, rank)};
+  }
   // Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
-  // into scratch, then y_partial = h w_down (+ b_down once per partial sum).
-  std::vector<runtime::Tensor*> hidden(static_cast<std::size_t>(mesh.size()));
+  // into scratch, then y_partial = h w_down (+ b_down once per partial sum). A forward kept for
+  // the backward keeps the pre-activations too: the activation then reads a copy.
+  std::vector<runtime::Tensor*> hidden(slots);
   std::vector<const runtime::Frontier*> inputs;
   for (const runtime::Frontier& f : ready) inputs.push_back(&f);
   const runtime::Frontier projected = pb.per_device(name + ".up", inputs, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& hs = pb.scratch(s, {rows, f_local});
-    hidden[static_cast<std::size_t>(s)] = &hs;
-    runtime::Tensor* us = gate != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    hidden[i] = &hs;
+    runtime::Tensor* us = gate != nullptr || saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    runtime::Tensor* gs = gate != nullptr && saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    if (saved != nullptr) {
+      saved->up_pre[i] = us;
+      saved->gate_pre[i] = gs;
+      saved->hidden[i] = &hs;
+    }
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
     // The device's columns of F start here: its slice of the gate and up biases.
     const std::int64_t f_first = up.layout().device(s).block[0] * f_local;
     pb.add_flops(s, flops);
-    return [&xs, &hs, us, &wu, wg, rows, h, f_local, f_first, biases] {
+    return [&xs, &hs, us, gs, &wu, wg, rows, h, f_local, f_first, biases] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
-        device_gemm(xm, as_out_in_weight(wu), as_matrix(hs));
-        add_bias_rows(as_matrix(hs), biases->up_bias, f_first);
+        MatrixMap pre = as_matrix(us != nullptr ? *us : hs);
+        device_gemm(xm, as_out_in_weight(wu), pre);
+        add_bias_rows(pre, biases->up_bias, f_first);
+        if (us != nullptr) as_matrix(hs) = pre;
         gelu_inplace(as_matrix(hs));
         return;
       }
-      device_gemm(xm, as_out_in_weight(*wg), as_matrix(hs));
+      MatrixMap gate_pre = as_matrix(gs != nullptr ? *gs : hs);
+      device_gemm(xm, as_out_in_weight(*wg), gate_pre);
       device_gemm(xm, as_out_in_weight(wu), as_matrix(*us));
-      add_bias_rows(MatrixMap(hs.values().data(), rows, f_local), biases->gate_bias, f_first);
-      add_bias_rows(MatrixMap(us->values().data(), rows, f_local), biases->up_bias, f_first);
+      add_bias_rows(gate_pre, biases->gate_bias, f_first);
+      add_bias_rows(as_matrix(*us), biases->up_bias, f_first);
+      if (gs != nullptr) as_matrix(hs) = gate_pre;
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     };
   });
@@ -142,6 +163,12 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     };
   });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
+}
+
+MlpGradients MlpGradients::like(const MlpLayer& layer) {
+  return MlpGradients{.gate = layer.gate ? gradient_like(*layer.gate) : nullptr,
+                      .up = gradient_like(*layer.up),
+                      .down = gradient_like(*layer.down)};
 }
 
 ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& w,

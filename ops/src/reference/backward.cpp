@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <numbers>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -62,7 +63,7 @@ LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTen
   return {oracle::narrow(g * wm.transpose(), {rows, in}), oracle::narrow(xm.transpose() * g, {in, out})};
 }
 
-SwigluGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
+MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
   NUMESH_CHECK(w.gate_bias.shape.empty() && w.up_bias.shape.empty() && w.down_bias.shape.empty() &&
                    w.stored_as == DType::kF32,
                NotImplementedError, "swiglu backward: biases and 16-bit weights are not differentiated yet");
@@ -88,6 +89,32 @@ SwigluGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& 
   const MatrixD dx = da * wg.transpose() + db * wu.transpose();
   return {oracle::narrow(dx, {rows, h}), oracle::narrow(xm.transpose() * da, {h, f}),
           oracle::narrow(xm.transpose() * db, {h, f}), oracle::narrow(act.transpose() * g, {f, h})};
+}
+
+MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
+  NUMESH_CHECK(w.up_bias.shape.empty() && w.down_bias.shape.empty() && w.stored_as == DType::kF32,
+               NotImplementedError, "gelu backward: biases and 16-bit weights are not differentiated yet");
+  const std::int64_t rows = dim(x, 0, "gelu backward: x"), h = dim(x, 1, "gelu backward: x");
+  const std::int64_t f = dim(w.up, 1, "gelu backward: up");
+  const MatrixD xm = matrix(x, rows, h, "gelu backward: x");
+  const MatrixD wu = matrix(w.up, h, f, "gelu backward: up");
+  const MatrixD wd = matrix(w.down, f, h, "gelu backward: down");
+  const MatrixD g = matrix(dy, rows, h, "gelu backward: dy");
+  const MatrixD b = xm * wu;  // pre-activation
+  MatrixD act(rows, f), db(rows, f);
+  const MatrixD dz = g * wd.transpose();  // gradient of z = gelu(b)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < f; ++j) {
+      // gelu(b) = b Phi(b); gelu'(b) = Phi(b) + b phi(b).
+      const double v = b(r, j);
+      const double cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
+      const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2.0 * std::numbers::pi);
+      act(r, j) = v * cdf;
+      db(r, j) = dz(r, j) * (cdf + v * pdf);
+    }
+  }
+  return {oracle::narrow(db * wu.transpose(), {rows, h}), {}, oracle::narrow(xm.transpose() * db, {h, f}),
+          oracle::narrow(act.transpose() * g, {f, h})};
 }
 
 runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::int64_t vocab,

@@ -85,4 +85,12 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// Throws: as gemm().
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c);
 
+/// c = a^T b + beta c for fp32 a [m, n] and b [m, k], c [n, k]: a weight's gradient dW = dy^T x
+/// (dy [rows, out], x [rows, in], dW stored out-in [out, in]), summed over the rows. Over the
+/// calling thread's arena in the tiles gemm_tiling(n, k, m) cuts c into, one single-threaded
+/// product each (OpenBLAS with a transposed, Eigen below kBlasMinMultiplyAdds): bitwise the
+/// same for any thread count.
+/// Throws: ShapeError naming the shapes when they do not fit.
+void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta = 0.0f);
+
 }  // namespace numesh::ops

@@ -49,6 +49,19 @@ runtime::Frontier emit_embedding(ProgramBuilder& program, const EmbeddingLayer& 
                                  const std::vector<std::int32_t>* ids, const runtime::Frontier& after,
                                  runtime::ShardedTensor& x, const std::string& name);
 
+/// The backward of emit_embedding: given dx (the gradient of x, laid out like x), overwrites
+/// d_table (laid out as the table: gradient_like) with each row of dx added into its token's
+/// row (repeated tokens accumulate, in row order). Each device adds the rows whose tokens fall
+/// in its slice of the vocabulary into its slice; the slices are then all-reduced over the axes
+/// splitting the tokens. The forward's all-reduce over the vocabulary axes has an identity
+/// backward (gradients.hpp). REQUIRES: as emit_embedding, the same ids as the forward read.
+/// Returns the frontier after which d_table is complete.
+/// Throws: ShapeError naming the shapes when dx or d_table does not fit.
+runtime::Frontier emit_embedding_backward(ProgramBuilder& program, const EmbeddingLayer& layer,
+                                          const std::vector<std::int32_t>* ids, runtime::ShardedTensor& dx,
+                                          const runtime::Frontier& after, runtime::ShardedTensor& d_table,
+                                          const std::string& name);
+
 /// The embedding lowered onto a device mesh for a fixed number of tokens, one program compiled
 /// once. Not thread-safe: one thread drives an instance.
 class ShardedEmbedding {

@@ -11,6 +11,7 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/placement.hpp"
 
 namespace numesh::ops {
 
@@ -57,6 +58,21 @@ struct MlpLayer {
                                        const MlpWeights& weights, const MlpAxes& axes = {});
 };
 
+/// What a forward emit_mlp keeps for its backward: the tensors as the products read them and
+/// each device's intermediate values, all owned by the program. Filled by emit_mlp.
+struct MlpSaved {
+  runtime::ShardedTensor* x = nullptr;     ///< the input as multiplied (gathered over F's axes)
+  runtime::ShardedTensor* up = nullptr;    ///< the weights as multiplied (gathered over H's axes)
+  runtime::ShardedTensor* gate = nullptr;  ///< null for kGelu
+  runtime::ShardedTensor* down = nullptr;
+  /// Per mesh slot: x w_up (+ b_up) and, SwiGLU, x w_gate (+ b_gate), before the activation;
+  /// and the activation's output, the down projection's input. Each [rows, F_local].
+  std::vector<runtime::Tensor*> up_pre, gate_pre, hidden;
+  std::vector<sharding::Placement> x_placed;        ///< the input's placements (before any gather)
+  std::vector<sharding::Placement> partial_placed;  ///< the down projection's output's
+  std::vector<sharding::Placement> y_placed;        ///< the output's
+};
+
 /// Emits y = mlp(x) into `program`: weights split along H are all-gathered (FSDP); tokens split
 /// over an axis that also splits F are all-gathered over it (sequence parallelism); then per
 /// device h = act(x_local w_up_local + b_up_local) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up
@@ -65,10 +81,37 @@ struct MlpLayer {
 /// all-reduce over tp, or a reduce-scatter when y's tokens are split over tp; nothing when F
 /// is not split. x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
 /// frontier after which y is complete. Node and tensor names start with `name`.
+/// With `saved`, the forward also keeps what emit_mlp_backward needs (one more [rows, F_local]
+/// buffer per device for SwiGLU's gate).
 /// Throws: ShapeError when x or y do not fit the layer (naming the shapes); as reshard().
 runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name);
+                           const std::string& name, MlpSaved* saved = nullptr);
+
+
+/// A parameter gradient for each of an MlpLayer's matrices, laid out as the matrix is
+/// (gradient_like: stored out-in, same spec), fp32. gate is null for kGelu.
+struct MlpGradients {
+  std::shared_ptr<runtime::ShardedTensor> gate, up, down;
+  /// Zero gradients laid out like `layer`'s matrices.
+  [[nodiscard]] static MlpGradients like(const MlpLayer& layer);
+};
+
+/// Emits the backward of the emit_mlp that filled `saved`: given dy (laid out as that y: its
+/// gradient's canonical placement, gradients.hpp), fills dx (laid out as that x) and
+/// overwrites the weights' gradients in `grads`. Per device: da = dy w_down, the activation's
+/// backward, dx_partial = d_gate w_gate + d_up w_up, and each weight's dW = d_out^T in over the
+/// device's rows. The collectives are the forward's transposed (gradients.hpp): dy gathered
+/// over the F axes under sequence parallelism, dx_partial all-reduced over them (or
+/// reduce-scattered to the token split), the weights' gradients all-reduced over the axes that
+/// split the tokens and reduce-scattered over those that split the stored weights (FSDP).
+/// The weights gathered for the forward are read again, not gathered twice. Returns the
+/// frontier after which dx and every gradient are complete.
+/// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes);
+/// NotImplementedError for a layer with biases (their gradients are not lowered yet).
+runtime::Frontier emit_mlp_backward(ProgramBuilder& program, const MlpLayer& layer, const MlpSaved& saved,
+                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
+                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name);
 
 /// The MLP lowered onto a device mesh as one program, compiled once, run many times:
 /// x [T, H] sharded P(batch, None) (each device its rows, replicated over tp), MlpLayer's

@@ -158,6 +158,13 @@ class ProgramBuilder {
     return done;
   }
 
+  /// One empty node per mesh slot, node s after entry s of every frontier in `after`: the
+  /// frontier at which all of them are complete (a result made of several parts, each with
+  /// its own collectives). Throws: what GraphBuilder::add throws.
+  runtime::Frontier join(const std::string& name, const std::vector<const runtime::Frontier*>& after) {
+    return per_device(name, after, [](std::int64_t) { return [] {}; });
+  }
+
   /// reshard() recorded in the plan: emits the collectives taking `in` (placed `from`) to
   /// `out` (placed `to`) after `after`, keeps the intermediates. Returns the frontier after
   /// which `out` is complete. Throws: as reshard().

@@ -23,4 +23,20 @@ runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::Sharde
                                         runtime::ShardedTensor* sum, runtime::ShardedTensor& out, float eps,
                                         const runtime::Frontier& after, const std::string& name);
 
+/// The backward of an RMSNorm that emit_residual_rmsnorm ran on `input` (the sum it kept, or
+/// `a` without a residual add) with `weight`: given d_out (the gradient of out, laid out like
+/// it), writes d_input = the norm's backward + *d_residual (the gradient the sum received from
+/// its other consumer, the residual stream; none when null) and overwrites d_weight (laid out as
+/// the weight: gradient_like) with the weight's gradient, all-reduced over the axes splitting
+/// the rows (each device summed over its own). The gradient of a residual add is d_input itself
+/// for both summands. d_input may be d_out's tensor, not d_residual's.
+/// Returns the frontier after which d_input and d_weight are complete.
+/// Throws: ShapeError naming the shapes when the tensors are not laid out alike or the weight
+/// is not [1, H]; ValueError when d_input is d_residual.
+runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& program, runtime::ShardedTensor& input,
+                                        runtime::ShardedTensor& weight, runtime::ShardedTensor& d_out,
+                                        runtime::ShardedTensor* d_residual, runtime::ShardedTensor& d_input,
+                                        runtime::ShardedTensor& d_weight, float eps, const runtime::Frontier& after,
+                                        const std::string& name);
+
 }  // namespace numesh::ops

@@ -31,17 +31,20 @@ struct LinearGrads {
 /// Throws: ShapeError when the shapes do not chain.
 LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTensor& w, const runtime::HostTensor& dy);
 
-/// Gradients of the SwiGLU MLP y = (silu(x w_gate) .* (x w_up)) w_down (no biases, fp32
-/// weights) given dy [rows, H].
-struct SwigluGrads {
+/// Gradients of an MLP (no biases, fp32 weights) given dy [rows, H].
+struct MlpGrads {
   runtime::HostTensor dx;      ///< [rows, H]
-  runtime::HostTensor dgate;   ///< [H, F]
+  runtime::HostTensor dgate;   ///< [H, F] (empty for GELU)
   runtime::HostTensor dup;     ///< [H, F]
   runtime::HostTensor ddown;   ///< [F, H]
 };
+/// The SwiGLU MLP y = (silu(x w_gate) .* (x w_up)) w_down.
 /// Throws: ShapeError when the weights do not fit x; NotImplementedError for biases or weights
 /// not stored as f32 (not yet differentiated).
-SwigluGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
+MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
+/// The GELU MLP y = gelu(x w_up) w_down (exact erf form; w.gate unused).
+/// Throws: as swiglu_mlp_backward.
+MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
 
 /// The gradient of the embedding table [V, H] for rows x[r] = table[ids[r]] given dy [rows, H]:
 /// each row of dy added to its token's row (repeated tokens accumulate).

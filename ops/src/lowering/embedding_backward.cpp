@@ -1,0 +1,59 @@
+// The embedding's backward (declared in lowering/embedding.hpp, next to its forward).
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
+#include "numesh/ops/lowering/embedding.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
+
+namespace numesh::ops {
+
+runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLayer& layer,
+                                          const std::vector<std::int32_t>* ids, runtime::ShardedTensor& dx,
+                                          const runtime::Frontier& after, runtime::ShardedTensor& d_table,
+                                          const std::string& name) {
+  const auto& m = pb.mesh().mesh();
+  const std::int64_t h = layer.hidden;
+  NUMESH_CHECK(dx.shape().size() == 2 && dx.shape()[1] == h && dx.layout().shard_shape()[1] == h, ShapeError,
+               "{}: dx {} {} does not fit hidden {} (dx is [tokens, H], H not split)", name, fmt::join(dx.shape(), "x"),
+               dx.spec().repr(), h);
+  NUMESH_CHECK(d_table.shape() == layer.table->shape() && d_table.spec() == layer.table->spec(), ShapeError,
+               "{}: the table's gradient {} {} must be laid out as the table {} {}", name,
+               fmt::join(d_table.shape(), "x"), d_table.spec().repr(), fmt::join(layer.table->shape(), "x"),
+               layer.table->spec().repr());
+  runtime::ShardedTensor& partial =
+      pb.tensor(name + ".grad_partial", TensorRole::kActivation, d_table.shape(), d_table.spec());
+  const std::int64_t rows = dx.layout().shard_shape()[0];
+  const runtime::Frontier added = pb.per_device(name, {&after}, [&](std::int64_t s) {
+    runtime::Tensor& dxs = dx.shard(s);
+    runtime::Tensor& ps = partial.shard(s);
+    const std::int64_t first_row = dx.layout().tile_offset(s)[0];
+    const std::int64_t v0 = partial.layout().tile_offset(s)[0], v1 = partial.layout().tile_limit(s)[0];
+    return [&dxs, &ps, ids, rows, h, first_row, v0, v1] {
+      const float* g = dxs.values().data();
+      float* table = ps.values().data();
+      std::fill_n(table, (v1 - v0) * h, 0.0f);
+      // Blocks of columns, each over every row in order: repeated tokens add up in the same
+      // order whatever the threads.
+      parallel_blocks(h, std::max<std::int64_t>(64, h / 16), [&](std::int64_t c0, std::int64_t c1) {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t id = (*ids)[static_cast<std::size_t>(first_row + r)];
+          if (id < v0 || id >= v1) continue;
+          float* dst = table + (id - v0) * h;
+          const float* src = g + r * h;
+          for (std::int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+        }
+      });
+    };
+  });
+  const std::vector<sharding::Placement> placed = weight_gradient_placements(
+      sharding::to_placements(d_table.spec(), m, 2), sharding::to_placements(dx.spec(), m, 2), 2);
+  return reduce_gradient_into(pb, partial, placed, d_table, added, name + ".grad");
+}
+
+}  // namespace numesh::ops

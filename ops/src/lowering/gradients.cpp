@@ -1,0 +1,71 @@
+#include "numesh/ops/lowering/gradients.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/reshard.hpp"
+
+namespace numesh::ops {
+
+using sharding::Placement;
+
+std::vector<Placement> gradient_placements(std::vector<Placement> forward) {
+  for (Placement& p : forward) {
+    if (p.is_partial()) p = Placement::replicate();
+  }
+  return forward;
+}
+
+std::vector<Placement> weight_gradient_placements(const std::vector<Placement>& weight, const std::vector<Placement>& x,
+                                                  std::size_t x_rank) {
+  std::vector<Placement> out = weight;
+  for (std::size_t a = 0; a < out.size() && a < x.size(); ++a) {
+    if (out[a].is_shard()) continue;
+    out[a] = x[a].is_shard() && static_cast<std::size_t>(x[a].dim) + 1 < x_rank ? Placement::partial()
+                                                                                  : Placement::replicate();
+  }
+  return out;
+}
+
+std::vector<Placement> partial_where_sharded(std::vector<Placement> placed, const std::vector<Placement>& by,
+                                             sharding::PartialOp op) {
+  for (std::size_t a = 0; a < placed.size() && a < by.size(); ++a) {
+    if (by[a].is_shard()) placed[a] = Placement::partial(op);
+  }
+  return placed;
+}
+
+runtime::ShardedTensor& canonical_gradient(ProgramBuilder& pb, runtime::ShardedTensor& produced,
+                                           const std::vector<Placement>& produced_placed,
+                                           const std::vector<Placement>& forward, const std::string& name,
+                                           runtime::Frontier& ready) {
+  const std::vector<Placement> canonical = gradient_placements(forward);
+  if (canonical == produced_placed) return produced;
+  const auto& m = pb.mesh().mesh();
+  const std::size_t rank = produced.shape().size();
+  runtime::ShardedTensor& out = pb.tensor(name, TensorRole::kActivation, produced.shape(),
+                                          sharding::to_spec(canonical, m, rank), produced.dtype());
+  ready = pb.reshard(produced, produced_placed, out, canonical, ready, name);
+  return out;
+}
+
+runtime::Frontier reduce_gradient_into(ProgramBuilder& pb, runtime::ShardedTensor& produced,
+                                       const std::vector<Placement>& produced_placed, runtime::ShardedTensor& out,
+                                       const runtime::Frontier& after, const std::string& name) {
+  NUMESH_CHECK(out.shape() == produced.shape(), ShapeError, "{}: gradient {} does not fit its parameter {}", name,
+               fmt::join(produced.shape(), "x"), fmt::join(out.shape(), "x"));
+  const std::size_t rank = out.shape().size();
+  return pb.reshard(produced, produced_placed, out, sharding::to_placements(out.spec(), pb.mesh().mesh(), rank), after,
+                    name);
+}
+
+std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter) {
+  return std::make_shared<runtime::ShardedTensor>(parameter.mesh(), parameter.shape(), parameter.spec(), DType::kF32);
+}
+
+}  // namespace numesh::ops

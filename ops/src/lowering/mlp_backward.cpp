@@ -1,0 +1,155 @@
+// The MLP's backward (declared in lowering/mlp.hpp, next to its forward).
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+#include "lowering_util.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/activations.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+// A stored out-in weight [out, in] read as the [out, in] matrix it is: the backward multiplies
+// by w, not w^T (dx = d_out w).
+WeightMatrix as_in_out_of_stored(runtime::Tensor& w) {
+  return as_weight(w, 0, w.shape()[0], w.shape()[1], WeightLayout::kInOut);
+}
+
+void check_fits(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, const std::string& what,
+                const std::string& name) {
+  NUMESH_CHECK(t.shape() == like.shape() && t.spec() == like.spec(), ShapeError,
+               "{}: {} is {} {} but must be laid out as {} {}", name, what, fmt::join(t.shape(), "x"), t.spec().repr(),
+               fmt::join(like.shape(), "x"), like.spec().repr());
+}
+
+}  // namespace
+
+runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, const MlpSaved& saved,
+                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
+                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name) {
+  const auto& m = pb.mesh().mesh();
+  const std::size_t rank = dx.shape().size();
+  NUMESH_CHECK(saved.x != nullptr && saved.up != nullptr && saved.down != nullptr, ValueError,
+               "{}: the forward kept nothing for the backward (emit_mlp without `saved`)", name);
+  NUMESH_CHECK(layer.biases->up_bias.shape.empty() && layer.biases->gate_bias.shape.empty() &&
+                   layer.biases->down_bias.shape.empty(),
+               NotImplementedError, "{}: the backward of an MLP with biases is not lowered yet", name);
+  NUMESH_CHECK(dy.shape() == dx.shape() && dy.shape() == saved.x->shape() &&
+                   sharding::to_placements(dy.spec(), m, rank) == gradient_placements(saved.y_placed) &&
+                   sharding::to_placements(dx.spec(), m, rank) == gradient_placements(saved.x_placed),
+               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as the forward's y and x ({})", name,
+               fmt::join(dy.shape(), "x"), dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(),
+               fmt::join(saved.x->shape(), "x"));
+  check_fits(*grads.up, *layer.up, "the up gradient", name);
+  check_fits(*grads.down, *layer.down, "the down gradient", name);
+  if (layer.gate) check_fits(*grads.gate, *layer.gate, "the gate gradient", name);
+
+  // dy as the down projection's output was laid out (gathered over F's axes under sequence
+  // parallelism): the transpose of the forward's reduce-scatter; the same tensor otherwise.
+  runtime::Frontier dy_ready = after;
+  runtime::ShardedTensor& dyc =
+      canonical_gradient(pb, dy, gradient_placements(saved.y_placed), saved.partial_placed, name + ".dy", dy_ready);
+
+  runtime::ShardedTensor& xc = *saved.x;
+  const std::int64_t h = layer.hidden;
+  const std::int64_t rows = xc.layout().elements_per_device() / h;
+  const std::int64_t f_local = saved.up->layout().shard_shape()[0];
+  const std::vector<sharding::Placement> x_placed = sharding::to_placements(xc.spec(), m, rank);
+  // Each weight's gradient as this device computes it: on the weight as multiplied (gathered),
+  // summed over the device's rows only.
+  auto produced = [&](runtime::ShardedTensor& used, const std::string& wname) -> runtime::ShardedTensor& {
+    return pb.tensor(name + "." + wname + ".grad_partial", TensorRole::kActivation, used.shape(), used.spec());
+  };
+  runtime::ShardedTensor& d_down = produced(*saved.down, "w_down");
+  runtime::ShardedTensor& d_up = produced(*saved.up, "w_up");
+  runtime::ShardedTensor* d_gate = saved.gate != nullptr ? &produced(*saved.gate, "w_gate") : nullptr;
+  // dx as computed: Partial over the axes splitting F. When no axis does and no gather came
+  // before, that is dx's own layout and the products write it directly.
+  const std::vector<sharding::Placement> dx_target = gradient_placements(saved.x_placed);
+  const bool direct = saved.partial_placed == dx_target && xc.spec() == dx.spec();
+  runtime::ShardedTensor& dx_partial =
+      direct ? dx : pb.tensor(name + ".dx_partial", TensorRole::kActivation, xc.shape(), xc.spec());
+
+  const double forward_flops = 2.0 * static_cast<double>(rows * h * f_local) * (saved.gate != nullptr ? 3.0 : 2.0);
+  std::vector<runtime::Tensor*> d_act(static_cast<std::size_t>(pb.mesh().size()));
+  // Per device: da = dy w_down and d_w_down = dy^T h.
+  const runtime::Frontier down_done = pb.per_device(name + ".down_bwd", {&dy_ready}, [&](std::int64_t s) {
+    runtime::Tensor& dys = dyc.shard(s);
+    runtime::Tensor& hs = *saved.hidden[static_cast<std::size_t>(s)];
+    runtime::Tensor& wd = saved.down->shard(s);  // [H, F_local]
+    runtime::Tensor& gd = d_down.shard(s);
+    runtime::Tensor& das = pb.scratch(s, {rows, f_local});
+    d_act[static_cast<std::size_t>(s)] = &das;
+    pb.add_flops(s, forward_flops / (saved.gate != nullptr ? 1.5 : 1.0));
+    return [&dys, &hs, &wd, &gd, &das, rows, h] {
+      const ConstMatrixMap dym(dys.values().data(), rows, h);
+      device_gemm(dym, as_in_out_of_stored(wd), as_matrix(das));
+      device_gemm_transposed_a(dym, as_matrix(std::as_const(hs)), as_matrix(gd));
+    };
+  });
+  // Per device: the activation's backward, the up (and gate) weights' gradients and dx_partial.
+  const bool gelu = saved.gate == nullptr;
+  const runtime::Frontier up_done = pb.per_device(name + ".up_bwd", {&down_done}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& das = *d_act[i];
+    runtime::Tensor& up_pre = *saved.up_pre[i];
+    runtime::Tensor* gate_pre = saved.gate_pre[i];
+    runtime::Tensor& xs = xc.shard(s);
+    runtime::Tensor& wu = saved.up->shard(s);  // [F_local, H]
+    runtime::Tensor* wg = gelu ? nullptr : &saved.gate->shard(s);
+    runtime::Tensor& gu = d_up.shard(s);
+    runtime::Tensor* gg = gelu ? nullptr : &d_gate->shard(s);
+    runtime::Tensor* d_up_pre = gelu ? nullptr : &pb.scratch(s, {rows, f_local});
+    runtime::Tensor* gate_term = gelu ? nullptr : &pb.scratch(s, {rows, h});
+    runtime::Tensor& dxs = dx_partial.shard(s);
+    pb.add_flops(s, forward_flops * (gelu ? 1.0 : 4.0 / 3.0));
+    return [&das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, rows, h] {
+      const ConstMatrixMap xm(xs.values().data(), rows, h);
+      MatrixMap dxm(dxs.values().data(), rows, h);
+      if (wg == nullptr) {  // GELU: d_pre = da .* gelu'(pre), in place of da
+        gelu_backward_inplace(as_matrix(std::as_const(up_pre)), as_matrix(das));
+        device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu));
+        device_gemm(as_matrix(std::as_const(das)), as_in_out_of_stored(wu), dxm);
+        return;
+      }
+      // SwiGLU: d_gate_pre in place of da, d_up_pre beside it.
+      silu_mul_backward(as_matrix(std::as_const(*gate_pre)), as_matrix(std::as_const(up_pre)),
+                        as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
+      device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg));
+      device_gemm_transposed_a(as_matrix(std::as_const(*d_up_pre)), xm, as_matrix(gu));
+      device_gemm(as_matrix(std::as_const(das)), as_in_out_of_stored(*wg), dxm);
+      device_gemm(as_matrix(std::as_const(*d_up_pre)), as_in_out_of_stored(wu), as_matrix(*gate_term));
+      dxm += as_matrix(std::as_const(*gate_term));
+    };
+  });
+
+  // The weights' gradients: all-reduced over the axes splitting the rows, reduce-scattered
+  // over those splitting the stored weights (the transposes of the forward's all-gathers).
+  std::vector<runtime::Frontier> parts;
+  auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                    const runtime::Frontier& ready, const std::string& wname) {
+    const std::vector<sharding::Placement> placed =
+        weight_gradient_placements(sharding::to_placements(used.spec(), m, 2), x_placed, rank);
+    parts.push_back(reduce_gradient_into(pb, partial, placed, out, ready, name + "." + wname + ".grad"));
+  };
+  reduce(d_down, *saved.down, *grads.down, down_done, "w_down");
+  reduce(d_up, *saved.up, *grads.up, up_done, "w_up");
+  if (d_gate != nullptr) reduce(*d_gate, *saved.gate, *grads.gate, up_done, "w_gate");
+  // dx: the transpose of the forward's token gather (a reduce-scatter) or of using x whole on
+  // every device of the F split (an all-reduce).
+  if (!direct) parts.push_back(pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, up_done, name + ".dx"));
+  else parts.push_back(up_done);
+  std::vector<const runtime::Frontier*> all;
+  for (const runtime::Frontier& f : parts) all.push_back(&f);
+  return pb.join(name + ".done", all);
+}
+
+}  // namespace numesh::ops

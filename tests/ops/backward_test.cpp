@@ -1,0 +1,328 @@
+// The sharded backward passes against the dense references' gradients (reference/backward.hpp,
+// themselves checked against PyTorch's autograd by ops_backward_matches_pytorch), on many mesh
+// shapes and axis choices, and the collectives each one emits: the forward's, transposed.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
+#include "numesh/ops/lowering/cross_entropy.hpp"
+#include "numesh/ops/lowering/embedding.hpp"
+#include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/rmsnorm.hpp"
+#include "numesh/ops/reference/backward.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using sharding::Placement;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
+
+runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
+  return testing::random_host(std::move(shape), seed, scale);
+}
+
+// A stored out-in [out, in] matrix as the [in, out] one the references take.
+runtime::HostTensor transposed(const runtime::HostTensor& t) {
+  const std::int64_t r = t.shape[0], c = t.shape[1];
+  runtime::HostTensor out = runtime::HostTensor::zeros({c, r});
+  for (std::int64_t i = 0; i < r; ++i) {
+    for (std::int64_t j = 0; j < c; ++j) out.data[static_cast<std::size_t>(j * r + i)] = t.data[static_cast<std::size_t>(i * c + j)];
+  }
+  return out;
+}
+
+// ---- The placement rule -------------------------------------------------------------------
+
+TEST(GradientPlacementsTest, ShardStaysReplicateStaysPartialBecomesReplicate) {
+  EXPECT_EQ(gradient_placements({Placement::shard(0), Placement::replicate(), Placement::partial()}),
+            (std::vector<Placement>{Placement::shard(0), Placement::replicate(), Placement::replicate()}));
+  EXPECT_EQ(gradient_placements({Placement::partial(sharding::PartialOp::kMax)}),
+            (std::vector<Placement>{Placement::replicate()}));
+}
+
+TEST(GradientPlacementsTest, AWeightGradientIsPartialOverTheAxesSplittingTheTokens) {
+  // Mesh (dp, fsdp, tp); x [T, H] split over (dp, fsdp) on its rows; the weight [F, H] used
+  // split over tp on F.
+  const std::vector<Placement> x{Placement::shard(0), Placement::shard(0, 1), Placement::replicate()};
+  const std::vector<Placement> w{Placement::replicate(), Placement::replicate(), Placement::shard(0)};
+  EXPECT_EQ(weight_gradient_placements(w, x, 2),
+            (std::vector<Placement>{Placement::partial(), Placement::partial(), Placement::shard(0)}));
+  // An axis splitting x's last dim (H) is not a token axis: no sum over it.
+  EXPECT_EQ(weight_gradient_placements({Placement::replicate()}, {Placement::shard(1)}, 2),
+            (std::vector<Placement>{Placement::replicate()}));
+}
+
+// ---- The MLP ------------------------------------------------------------------------------
+
+struct MlpRun {
+  runtime::HostTensor dx, dgate, dup, ddown;  // the weights' gradients as [in, out]
+  std::vector<sharding::ReshardStep::Kind> collectives;
+};
+
+// Forward and backward of one MLP as one program on `mesh`: x [T, H] split over the batch and
+// sequence axes as ShardedMlp splits it, y, then dy in y's layout and the backward.
+MlpRun run_mlp_backward(const runtime::DeviceMesh& mesh, MlpKind kind, const MlpWeights& w,
+                        const runtime::HostTensor& x, const runtime::HostTensor& dy, const MlpAxes& axes) {
+  const MlpLayer layer = MlpLayer::create(mesh, kind, w, axes);
+  const MlpGradients grads = MlpGradients::like(layer);
+  ProgramBuilder pb(mesh, "mlp backward");
+  std::vector<sharding::AxisRule> token_axes;
+  for (const auto& list : {axes.batch, axes.sequence}) {
+    for (const std::string& a : list) {
+      if (mesh.mesh().has_axis(a)) token_axes.emplace_back(a);
+    }
+  }
+  const sharding::AxisRule rows = token_axes.empty()       ? sharding::AxisRule()
+                                  : token_axes.size() == 1 ? token_axes.front()
+                                                           : sharding::AxisRule::tuple(token_axes);
+  const sharding::PartitionSpec spec =
+      sharding::correct_spec(x.shape, sharding::PartitionSpec({rows, sharding::AxisRule()}), mesh.mesh()).spec;
+  runtime::Frontier x_loaded, dy_loaded;
+  runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_loaded);
+  runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x.shape, spec);
+  MlpSaved saved;
+  const runtime::Frontier forward = emit_mlp(pb, layer, xs, x_loaded, ys, "mlp", &saved);
+  runtime::ShardedTensor& dys = pb.input("dy", x.shape, spec, dy_loaded);
+  runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
+  const runtime::Frontier start = pb.join("backward.start", {&forward, &dy_loaded});
+  const runtime::Frontier done = emit_mlp_backward(pb, layer, saved, dys, start, dxs, grads, "mlp.bwd");
+  pb.output("dx", dxs, done);
+  auto out = [&](const std::string& name, const std::shared_ptr<runtime::ShardedTensor>& g) {
+    if (g) pb.output(name, pb.use(name, TensorRole::kOutput, g), done);
+  };
+  out("dgate", grads.gate);
+  out("dup", grads.up);
+  out("ddown", grads.down);
+  Program program = std::move(pb).compile();
+  MlpRun run;
+  for (const CollectivePlan& c : program.plan().collectives) {
+    if (c.name.rfind("mlp.bwd", 0) == 0) run.collectives.push_back(c.step.kind);
+  }
+  program.set_input("x", x);
+  program.set_input("dy", dy);
+  program.run();
+  run.dx = program.output("dx");
+  run.dup = transposed(program.output("dup"));
+  run.ddown = transposed(program.output("ddown"));
+  if (grads.gate) run.dgate = transposed(program.output("dgate"));
+  return run;
+}
+
+class ShardedMlpBackwardTest : public ::testing::TestWithParam<MeshCase> {};
+
+// Every axis choice of the forward: the default (tokens over dp, fsdp; F over tp), sequence
+// parallel over tp, and weights stored split over fsdp (ZeRO-3). Both kinds; two shapes, one
+// that divides every mesh here and one where eformer's correction replicates.
+TEST_P(ShardedMlpBackwardTest, GradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
+    for (MlpKind kind : {MlpKind::kSwiGLU, MlpKind::kGelu}) {
+      MlpWeights w;
+      w.up = random({h, f}, 1, 0.3f);
+      w.down = random({f, h}, 2, 0.3f);
+      if (kind == MlpKind::kSwiGLU) w.gate = random({h, f}, 3, 0.3f);
+      const runtime::HostTensor x = random({t, h}, 4, 1.0f), dy = random({t, h}, 5, 1.0f);
+      const MlpGrads want =
+          kind == MlpKind::kSwiGLU ? swiglu_mlp_backward(x, w, dy) : gelu_mlp_backward(x, w, dy);
+      // The sums run over T rows, F and H in another order than float64's: the forward's bound.
+      const double bound = std::max(1e-5, 4.0 * std::max(f, t) * std::numeric_limits<float>::epsilon());
+      for (const auto& [label, axes] :
+           {std::pair{"default axes", MlpAxes{}},
+            std::pair{"sequence parallel", MlpAxes{.batch = {"dp", "fsdp"}, .sequence = {"tp"}}},
+            std::pair{"fsdp weights", MlpAxes{.batch = {"dp", "fsdp"}, .weights = {"fsdp"}}}}) {
+        const MlpRun got = run_mlp_backward(mesh, kind, w, x, dy, axes);
+        const std::string where = fmt::format("{} T={} F={} {}", to_string(kind), t, f, label);
+        EXPECT_TRUE(testing::matches_reference(got.dx, want.dx, bound)) << where << ": dx";
+        EXPECT_TRUE(testing::matches_reference(got.dup, want.dup, bound)) << where << ": d up";
+        EXPECT_TRUE(testing::matches_reference(got.ddown, want.ddown, bound)) << where << ": d down";
+        if (kind == MlpKind::kSwiGLU) {
+          EXPECT_TRUE(testing::matches_reference(got.dgate, want.dgate, bound)) << where << ": d gate";
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpBackwardTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                                           MeshCase{{2}, {"fsdp"}}, MeshCase{{4}, {"tp"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"fsdp", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
+                         mesh_case_name);
+
+// The collectives are the forward's transposed: on (dp 2, tp 2) the default axes give the
+// forward's all-reduce of y a free backward, all-reduce dx over tp (x was used whole by both
+// halves of F) and all-reduce the weights' gradients over dp; sequence parallelism gathers dy
+// and reduce-scatters dx; FSDP reduce-scatters the gradients of weights it gathered.
+TEST(ShardedMlpBackwardCollectivesTest, AreTheForwardsTransposed) {
+  using Kind = sharding::ReshardStep::Kind;
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "tp"}});
+  MlpWeights w;
+  w.gate = random({16, 32}, 3, 0.3f);
+  w.up = random({16, 32}, 1, 0.3f);
+  w.down = random({32, 16}, 2, 0.3f);
+  const runtime::HostTensor x = random({8, 16}, 4, 1.0f), dy = random({8, 16}, 5, 1.0f);
+  auto count = [](const std::vector<Kind>& kinds, Kind k) { return std::count(kinds.begin(), kinds.end(), k); };
+
+  const MlpRun plain = run_mlp_backward(mesh, MlpKind::kSwiGLU, w, x, dy, MlpAxes{});
+  EXPECT_EQ(count(plain.collectives, Kind::kAllReduce), 4) << "dx over tp, three weight gradients over dp";
+  EXPECT_EQ(plain.collectives.size(), 4u);
+
+  const MlpRun sp = run_mlp_backward(mesh, MlpKind::kSwiGLU, w, x, dy, MlpAxes{.batch = {"dp"}, .sequence = {"tp"}});
+  EXPECT_EQ(count(sp.collectives, Kind::kAllGather), 1) << "dy gathered over tp (the reduce-scatter's transpose)";
+  EXPECT_EQ(count(sp.collectives, Kind::kReduceScatter), 1) << "dx reduce-scattered (the all-gather's transpose)";
+
+  const runtime::DeviceMesh zero_mesh = make_mesh(MeshCase{{2, 2}, {"fsdp", "tp"}});
+  const MlpRun zero =
+      run_mlp_backward(zero_mesh, MlpKind::kSwiGLU, w, x, dy, MlpAxes{.batch = {"fsdp"}, .weights = {"fsdp"}});
+  EXPECT_EQ(count(zero.collectives, Kind::kReduceScatter), 3) << "each weight's gradient back to its fsdp shard";
+}
+
+TEST(ShardedMlpBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  MlpWeights w;
+  w.up = random({16, 32}, 1, 0.3f);
+  w.down = random({32, 16}, 2, 0.3f);
+  w.up_bias = random({32}, 3, 0.1f);
+  const runtime::HostTensor x = random({4, 16}, 4, 1.0f);
+  EXPECT_THAT([&] { run_mlp_backward(mesh, MlpKind::kGelu, w, x, x, MlpAxes{}); },
+              ThrowsMessage<NotImplementedError>(HasSubstr("mlp.bwd: the backward of an MLP with biases is not lowered yet")));
+  w.up_bias = {};
+  const MlpLayer layer = MlpLayer::create(mesh, MlpKind::kGelu, w);
+  ProgramBuilder pb(mesh, "no saved");
+  runtime::ShardedTensor& dy = pb.tensor("dy", TensorRole::kActivation, {4, 16}, {});
+  EXPECT_THAT([&] { emit_mlp_backward(pb, layer, MlpSaved{}, dy, {}, dy, MlpGradients::like(layer), "mlp.bwd"); },
+              ThrowsMessage<ValueError>(HasSubstr("mlp.bwd: the forward kept nothing for the backward")));
+}
+
+// ---- RMSNorm, the embedding, the LM head's cross-entropy --------------------------------
+
+// The spec of [rows, ...] activations split over the mesh's dp and fsdp axes (eformer's
+// correction for `rows`).
+sharding::PartitionSpec rows_spec(const runtime::DeviceMesh& mesh, std::vector<std::int64_t> shape) {
+  std::vector<sharding::AxisRule> axes;
+  for (const char* a : {"dp", "fsdp"}) {
+    if (mesh.mesh().has_axis(a)) axes.emplace_back(a);
+  }
+  const sharding::AxisRule rows = axes.empty()       ? sharding::AxisRule()
+                                  : axes.size() == 1 ? axes.front()
+                                                     : sharding::AxisRule::tuple(axes);
+  return sharding::correct_spec(shape, sharding::PartitionSpec({rows}), mesh.mesh()).spec;
+}
+
+class ShardedBackwardTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ShardedBackwardTest, RmsNormGradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  for (std::int64_t t : {8, 6}) {
+    const std::int64_t h = 24;
+    const float eps = 1e-5f;
+    const runtime::HostTensor x = random({t, h}, 1, 1.0f), w = random({1, h}, 2, 0.5f);
+    const runtime::HostTensor dy = random({t, h}, 3, 1.0f), residual = random({t, h}, 4, 1.0f);
+    const RmsNormGrads want = rmsnorm_backward(x, w, dy, eps);
+    ProgramBuilder pb(mesh, "rmsnorm backward");
+    const sharding::PartitionSpec spec = rows_spec(mesh, x.shape);
+    runtime::Frontier x_in, dy_in, r_in;
+    runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_in);
+    runtime::ShardedTensor& dys = pb.input("dy", x.shape, spec, dy_in);
+    runtime::ShardedTensor& rs = pb.input("residual", x.shape, spec, r_in);
+    auto weight = std::make_shared<runtime::ShardedTensor>(mesh, w.shape, sharding::PartitionSpec());
+    runtime::scatter(w, *weight);
+    runtime::ShardedTensor& ws = pb.use("w", TensorRole::kWeight, weight);
+    runtime::ShardedTensor& dws = pb.use("dw", TensorRole::kOutput, gradient_like(*weight));
+    runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
+    const runtime::Frontier start = pb.join("start", {&x_in, &dy_in, &r_in});
+    const runtime::Frontier done = emit_rmsnorm_backward(pb, xs, ws, dys, &rs, dxs, dws, eps, start, "norm.bwd");
+    pb.output("dx", dxs, done);
+    pb.output("dw", dws, done);
+    Program program = std::move(pb).compile();
+    program.set_input("x", x);
+    program.set_input("dy", dy);
+    program.set_input("residual", residual);
+    program.run();
+    runtime::HostTensor want_dx = want.dx;
+    for (std::size_t i = 0; i < want_dx.data.size(); ++i) want_dx.data[i] += residual.data[i];
+    EXPECT_TRUE(testing::matches_reference(program.output("dx"), want_dx, 1e-5)) << "T=" << t;
+    EXPECT_TRUE(testing::matches_reference(program.output("dw"), want.dweight, 1e-5)) << "T=" << t;
+  }
+}
+
+TEST_P(ShardedBackwardTest, EmbeddingGradientEqualsTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t vocab = 12, h = 8;
+  for (std::vector<std::int32_t> ids : {std::vector<std::int32_t>{3, 0, 3, 9, 3, 7, 11, 3},
+                                        std::vector<std::int32_t>{5, 5, 1, 10, 2, 5}}) {
+    const auto t = static_cast<std::int64_t>(ids.size());
+    const runtime::HostTensor dx = random({t, h}, 1, 1.0f);
+    const EmbeddingLayer layer = EmbeddingLayer::create(mesh, EmbeddingWeights{.table = random({vocab, h}, 2, 1.0f)});
+    ProgramBuilder pb(mesh, "embedding backward");
+    runtime::Frontier in;
+    runtime::ShardedTensor& dxs = pb.input("dx", dx.shape, rows_spec(mesh, dx.shape), in);
+    runtime::ShardedTensor& grad = pb.use("d_table", TensorRole::kOutput, gradient_like(*layer.table));
+    pb.output("d_table", grad, emit_embedding_backward(pb, layer, &ids, dxs, in, grad, "embedding.bwd"));
+    Program program = std::move(pb).compile();
+    program.set_input("dx", dx);
+    program.run();
+    EXPECT_TRUE(testing::matches_reference(program.output("d_table"), embedding_backward(ids, vocab, dx), 1e-6))
+        << "T=" << t;
+  }
+}
+
+TEST_P(ShardedBackwardTest, CrossEntropyLossAndGradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t h = 16, vocab = 24;
+  for (std::vector<std::int32_t> targets : {std::vector<std::int32_t>{0, 23, 5, 5, 17, 12, 1, 8},
+                                            std::vector<std::int32_t>{22, 3, 3, 9, 14, 0}}) {
+    const auto t = static_cast<std::int64_t>(targets.size());
+    const runtime::HostTensor x = random({t, h}, 1, 1.0f), w = random({h, vocab}, 2, 0.5f);
+    const CrossEntropyGrads want = lm_head_cross_entropy(x, w, targets);
+    const LmHeadLayer layer = LmHeadLayer::create(mesh, LmHeadWeights{.weight = w});
+    ProgramBuilder pb(mesh, "cross entropy");
+    const sharding::PartitionSpec spec = rows_spec(mesh, x.shape);
+    runtime::Frontier in;
+    runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, in);
+    runtime::ShardedTensor& losses = pb.tensor("losses", TensorRole::kOutput, {t, 1}, spec);
+    runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
+    runtime::ShardedTensor& dws = pb.use("dw", TensorRole::kOutput, gradient_like(*layer.weight));
+    CrossEntropySaved saved;
+    const runtime::Frontier fwd = emit_lm_head_cross_entropy(pb, layer, xs, &targets, in, losses, "ce", &saved);
+    pb.output("losses", losses, fwd);
+    const runtime::Frontier bwd =
+        emit_lm_head_cross_entropy_backward(pb, saved, 1.0 / static_cast<double>(t), fwd, dxs, dws, "ce.bwd");
+    pb.output("dx", dxs, bwd);
+    pb.output("dw", dws, bwd);
+    Program program = std::move(pb).compile();
+    program.set_input("x", x);
+    program.run();
+    double loss = 0.0;
+    for (float l : program.output("losses").data) loss += l;
+    loss /= static_cast<double>(t);
+    EXPECT_NEAR(loss, want.loss, 1e-5 * std::abs(want.loss)) << "T=" << t;
+    EXPECT_TRUE(testing::matches_reference(program.output("dx"), want.dx, 1e-5)) << "T=" << t;
+    EXPECT_TRUE(testing::matches_reference(transposed(program.output("dw")), want.dw, 1e-5)) << "T=" << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedBackwardTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                                           MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
+                                           MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
+                         mesh_case_name);
+
+}  // namespace
+}  // namespace numesh::ops
