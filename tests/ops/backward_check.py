@@ -4,8 +4,9 @@
     backward_check.py DIR
 
 DIR holds what backward_check_main wrote. Each case's forward is written here with torch
-operations in float64 (RMSNorm, a linear layer, the SwiGLU MLP, an embedding lookup, the LM
-head with torch.nn.functional.cross_entropy's mean), torch.autograd computes the gradients,
+operations in float64 (RMSNorm, a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
+with RoPE as Hugging Face's Llama writes it, an embedding lookup, the LM head with
+torch.nn.functional.cross_entropy's mean), torch.autograd computes the gradients,
 and numesh's (float64 inside, rounded to fp32) must agree: max |numesh - torch| / max |torch|
 <= 1e-6 per gradient, the loss within 1e-12 relative.
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
@@ -21,6 +22,31 @@ np, torch = require("numpy", "torch")
 import torch.nn.functional as F  # noqa: E402
 
 BOUND = 1e-6
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def llama_attention(x, wq, wk, wv, wo, heads, kv_heads, head_dim, theta):
+    """Hugging Face's LlamaAttention (no biases), causal, positions from 0, in float64."""
+    b, t, _ = x.shape
+    q = (x @ wq).view(b, t, heads, head_dim).transpose(1, 2)
+    k = (x @ wk).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    v = (x @ wv).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    k = k.repeat_interleave(heads // kv_heads, dim=1)
+    v = v.repeat_interleave(heads // kv_heads, dim=1)
+    scores = q @ k.transpose(-1, -2) / head_dim ** 0.5
+    mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+    p = scores.masked_fill(mask, float("-inf")).softmax(-1)
+    return (p @ v).transpose(1, 2).reshape(b, t, heads * head_dim) @ wo
 
 
 def main():
@@ -52,6 +78,12 @@ def main():
             x, u, dn, dy = load(n, "x", True), load(n, "up", True), load(n, "down", True), load(n, "dy")
             (F.gelu(x @ u) @ dn).backward(dy)
             grads = {"dx": x.grad, "dup": u.grad, "ddown": dn.grad}
+        elif n == "attention":
+            x, wq, wk, wv, wo = (load(n, "x", True), load(n, "wq", True), load(n, "wk", True),
+                                 load(n, "wv", True), load(n, "wo", True))
+            llama_attention(x, wq, wk, wv, wo, c["heads"], c["kv_heads"], c["head_dim"],
+                            c["theta"]).backward(load(n, "dy"))
+            grads = {"dx": x.grad, "dwq": wq.grad, "dwk": wk.grad, "dwv": wv.grad, "dwo": wo.grad}
         elif n == "embedding":
             table = torch.zeros(c["vocab"], load(n, "dy").shape[1], dtype=torch.float64, requires_grad=True)
             F.embedding(torch.tensor(c["ids"]), table).backward(load(n, "dy"))

@@ -77,6 +77,26 @@ int main(int argc, char** argv) try {
     cases.push_back({{"name", "gelu"}});
   }
   {
+    // Causal GQA attention with RoPE: 4 query heads over 2 kv heads, head_dim 8.
+    ops::AttentionConfig c;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.rope_theta = 10000.0f;
+    ops::AttentionWeights w;
+    w.wq = random_tensor({16, 32}, 20, 0.3f);
+    w.wk = random_tensor({16, 16}, 21, 0.3f);
+    w.wv = random_tensor({16, 16}, 22, 0.3f);
+    w.wo = random_tensor({32, 16}, 23, 0.3f);
+    const rt::HostTensor x = random_tensor({2, 5, 16}, 24, 1.0f), dy = random_tensor({2, 5, 16}, 25, 1.0f);
+    const ops::AttentionGrads g = ops::attention_layer_backward(x, w, c, dy);
+    save("attention", "x", x), save("attention", "wq", w.wq), save("attention", "wk", w.wk);
+    save("attention", "wv", w.wv), save("attention", "wo", w.wo), save("attention", "dy", dy);
+    save("attention", "dx", g.dx), save("attention", "dwq", g.dwq), save("attention", "dwk", g.dwk);
+    save("attention", "dwv", g.dwv), save("attention", "dwo", g.dwo);
+    cases.push_back({{"name", "attention"}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 8}, {"theta", 10000.0}});
+  }
+  {
     const std::vector<std::int32_t> ids{3, 0, 3, 9, 3, 7};  // repeats accumulate
     const rt::HostTensor dy = random_tensor({6, 8}, 12, 1.0f);
     save("embedding", "dy", dy), save("embedding", "dtable", ops::embedding_backward(ids, 10, dy));

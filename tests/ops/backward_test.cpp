@@ -14,6 +14,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
+#include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/cross_entropy.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
@@ -323,6 +324,132 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedBackwardTest,
                                            MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
                                            MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
                          mesh_case_name);
+
+// ---- Attention ----------------------------------------------------------------------------
+
+struct AttentionRun {
+  runtime::HostTensor dx, dwq, dwk, dwv, dwo;  // the weights' gradients as [in, out]
+  std::vector<sharding::ReshardStep::Kind> collectives;
+};
+
+AttentionRun run_attention_backward(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
+                                    const AttentionWeights& w, const runtime::HostTensor& x,
+                                    const runtime::HostTensor& dy, const AttentionAxes& axes) {
+  const AttentionLayer layer = AttentionLayer::create(mesh, config, w, axes);
+  const AttentionGradients grads = AttentionGradients::like(layer);
+  auto entry = [&](const std::vector<std::string>& names) {
+    std::vector<sharding::AxisRule> present;
+    for (const std::string& a : names) {
+      if (mesh.mesh().has_axis(a)) present.emplace_back(a);
+    }
+    return present.empty() ? sharding::AxisRule() : present.size() == 1 ? present.front() : sharding::AxisRule::tuple(present);
+  };
+  const sharding::PartitionSpec spec =
+      sharding::correct_spec(x.shape, sharding::PartitionSpec({entry(axes.batch), entry(axes.sequence), sharding::AxisRule()}),
+                             mesh.mesh())
+          .spec;
+  ProgramBuilder pb(mesh, "attention backward");
+  runtime::Frontier x_in, dy_in;
+  runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_in);
+  runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x.shape, spec);
+  AttentionSaved saved;
+  const runtime::Frontier forward = emit_attention(pb, layer, xs, x_in, ys, "attn", {}, &saved);
+  runtime::ShardedTensor& dys = pb.input("dy", x.shape, spec, dy_in);
+  runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
+  const runtime::Frontier start = pb.join("backward.start", {&forward, &dy_in});
+  const runtime::Frontier done = emit_attention_backward(pb, layer, saved, dys, start, dxs, grads, "attn.bwd");
+  pb.output("dx", dxs, done);
+  for (const auto& [name, g] : {std::pair{"dwq", grads.wq}, std::pair{"dwk", grads.wk}, std::pair{"dwv", grads.wv},
+                                std::pair{"dwo", grads.wo}}) {
+    pb.output(name, pb.use(name, TensorRole::kOutput, g), done);
+  }
+  Program program = std::move(pb).compile();
+  AttentionRun run;
+  for (const CollectivePlan& c : program.plan().collectives) {
+    if (c.name.rfind("attn.bwd", 0) == 0) run.collectives.push_back(c.step.kind);
+  }
+  program.set_input("x", x);
+  program.set_input("dy", dy);
+  program.run();
+  run.dx = program.output("dx");
+  run.dwq = transposed(program.output("dwq"));
+  run.dwk = transposed(program.output("dwk"));
+  run.dwv = transposed(program.output("dwv"));
+  run.dwo = transposed(program.output("dwo"));
+  return run;
+}
+
+class ShardedAttentionBackwardTest : public ::testing::TestWithParam<MeshCase> {};
+
+// Causal GQA with RoPE, heads over tp (kv heads split with them on tp 2, shared on tp 4), the
+// sequences over dp, the tokens over sp; T = 80 crosses the kernel's 64-query and 64-key blocks.
+TEST_P(ShardedAttentionBackwardTest, GradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  AttentionConfig c;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 10000.0f;
+  c.rope_scaling = RopeScaling{.kind = RopeScaling::Kind::kLinear, .factor = 2.0};
+  const std::int64_t h = 16;
+  AttentionWeights w;
+  w.wq = random({h, 32}, 1, 0.3f);
+  w.wk = random({h, 16}, 2, 0.3f);
+  w.wv = random({h, 16}, 3, 0.3f);
+  w.wo = random({32, h}, 4, 0.3f);
+  for (std::int64_t t : {8, 80}) {
+    const runtime::HostTensor x = random({2, t, h}, 5, 1.0f), dy = random({2, t, h}, 6, 1.0f);
+    const AttentionGrads want = attention_layer_backward(x, w, c, dy);
+    const double bound = std::max(1e-5, 8.0 * static_cast<double>(t) * std::numeric_limits<float>::epsilon());
+    for (const auto& [label, axes] :
+         {std::pair{"default axes", AttentionAxes{}},
+          std::pair{"sequence parallel", AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"}}}) {
+      const AttentionRun got = run_attention_backward(mesh, c, w, x, dy, axes);
+      const std::string where = fmt::format("T={} {}", t, label);
+      EXPECT_TRUE(testing::matches_reference(got.dx, want.dx, bound)) << where << ": dx";
+      EXPECT_TRUE(testing::matches_reference(got.dwq, want.dwq, bound)) << where << ": d wq";
+      EXPECT_TRUE(testing::matches_reference(got.dwk, want.dwk, bound)) << where << ": d wk";
+      EXPECT_TRUE(testing::matches_reference(got.dwv, want.dwv, bound)) << where << ": d wv";
+      EXPECT_TRUE(testing::matches_reference(got.dwo, want.dwo, bound)) << where << ": d wo";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedAttentionBackwardTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
+                                           MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"sp"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"sp", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}}),
+                         mesh_case_name);
+
+TEST(ShardedAttentionBackwardCollectivesTest, AreTheForwardsTransposed) {
+  using Kind = sharding::ReshardStep::Kind;
+  AttentionConfig c;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  AttentionWeights w;
+  w.wq = random({16, 32}, 1, 0.3f);
+  w.wk = random({16, 16}, 2, 0.3f);
+  w.wv = random({16, 16}, 3, 0.3f);
+  w.wo = random({32, 16}, 4, 0.3f);
+  const runtime::HostTensor x = random({2, 8, 16}, 5, 1.0f);
+  auto count = [](const std::vector<Kind>& kinds, Kind k) { return std::count(kinds.begin(), kinds.end(), k); };
+  // Heads and kv heads over tp 2: dx all-reduced over tp; nothing else crosses devices.
+  const AttentionRun tp = run_attention_backward(make_mesh(MeshCase{{2}, {"tp"}}), c, w, x, x, AttentionAxes{});
+  EXPECT_EQ(tp.collectives, std::vector<Kind>{Kind::kAllReduce});
+  // Over tp 4 the two kv heads are shared: dk and dv all-reduced too.
+  const AttentionRun shared = run_attention_backward(make_mesh(MeshCase{{4}, {"tp"}}), c, w, x, x, AttentionAxes{});
+  EXPECT_EQ(count(shared.collectives, Kind::kAllReduce), 3)
+      << "dk, dv and dx; the wk and wv gradients then agree on every device: nothing to reduce";
+  EXPECT_EQ(shared.collectives.size(), 3u);
+  // Tokens over sp: dk and dv reduce-scattered back (the gathers' transposes), the four
+  // gradients all-reduced over sp.
+  const AttentionRun sp = run_attention_backward(make_mesh(MeshCase{{2}, {"sp"}}), c, w, x, x,
+                                                 AttentionAxes{.batch = {}, .sequence = {"sp"}, .heads = "tp"});
+  EXPECT_EQ(count(sp.collectives, Kind::kReduceScatter), 2);
+  EXPECT_EQ(count(sp.collectives, Kind::kAllReduce), 4);
+}
 
 }  // namespace
 }  // namespace numesh::ops

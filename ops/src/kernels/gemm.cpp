@@ -304,6 +304,27 @@ void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
   device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c);
 }
 
+void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                       const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (m * n * k >= kBlasMinMultiplyAdds) {
+    use_one_blas_thread();
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    return;
+  }
+  using Strided = Eigen::OuterStride<>;
+  Eigen::Map<RowMatrix, 0, Strided> cm(c, m, n, Strided(ldc));
+  const Eigen::Map<const RowMatrix, 0, Strided> am(a, k, m, Strided(lda));
+  const Eigen::Map<const RowMatrix, 0, Strided> bm(b, k, n, Strided(ldb));
+  if (beta == 0.0f) {
+    cm.noalias() = alpha * (am.transpose() * bm);
+  } else {
+    cm = beta * cm;
+    cm.noalias() += alpha * (am.transpose() * bm);
+  }
+}
+
 void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta) {
   const std::int64_t m = a.rows(), n = a.cols(), k = b.cols();
   NUMESH_CHECK(b.rows() == m && c.rows() == n && c.cols() == k, ShapeError,
@@ -315,24 +336,7 @@ void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, f
   auto tile = [&](std::int64_t i) {
     const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
     const std::int64_t rows = std::min(t.row_block, n - r0), cols = std::min(t.col_block, k - c0);
-    float* ct_data = c.data() + r0 * k + c0;
-    if (rows * cols * m >= kBlasMinMultiplyAdds) {
-      use_one_blas_thread();
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
-                  static_cast<int>(m), 1.0f, a.data() + r0, static_cast<int>(n), b.data() + c0, static_cast<int>(k),
-                  beta, ct_data, static_cast<int>(k));
-      return;
-    }
-    using Strided = Eigen::OuterStride<>;
-    Eigen::Map<RowMatrix, 0, Strided> cm(ct_data, rows, cols, Strided(k));
-    const Eigen::Map<const RowMatrix, 0, Strided> at(a.data() + r0, m, rows, Strided(n));
-    const Eigen::Map<const RowMatrix, 0, Strided> bt(b.data() + c0, m, cols, Strided(k));
-    if (beta == 0.0f) {
-      cm.noalias() = at.transpose() * bt;
-    } else {
-      cm = beta * cm;
-      cm.noalias() += at.transpose() * bt;
-    }
+    gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta, c.data() + r0 * k + c0, k);
   };
   parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t i = first; i < last; ++i) tile(i);

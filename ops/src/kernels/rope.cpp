@@ -36,7 +36,7 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 }
 
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
-                  std::int64_t first_position, float theta, const RopeScaling& scaling) {
+                  std::int64_t first_position, float theta, const RopeScaling& scaling, bool inverse) {
   const std::int64_t half = d / 2;
   const std::vector<double> freq = rope_frequencies(d, static_cast<double>(theta), scaling);
   // Tasks over blocks of (sequence, token) rows; every pair is turned by its own angle.
@@ -48,7 +48,7 @@ void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std:
         // Angles in double: positions times frequencies lose digits in fp32 at long contexts.
         const double angle = position * freq[static_cast<std::size_t>(i)];
         const auto c = static_cast<float>(std::cos(angle));
-        const auto sn = static_cast<float>(std::sin(angle));
+        const auto sn = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
         for (std::int64_t hi = 0; hi < h; ++hi) {
           float* row = x + ((bi * t + ti) * h + hi) * d;
           const float x1 = row[i], x2 = row[i + half];

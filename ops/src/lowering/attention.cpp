@@ -16,6 +16,7 @@
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "lowering_util.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
 namespace numesh::ops {
@@ -128,7 +129,7 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
 
 runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer, runtime::ShardedTensor& x,
                                  const runtime::Frontier& after, runtime::ShardedTensor& y,
-                                 const std::string& name, const AttentionStep& step) {
+                                 const std::string& name, const AttentionStep& step, AttentionSaved* saved) {
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const AttentionConfig& config = layer.config;
@@ -234,6 +235,8 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   runtime::ShardedTensor& v_all = pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
 
   std::vector<runtime::Tensor*> o_of(static_cast<std::size_t>(mesh.size()));
+  NUMESH_CHECK(saved == nullptr || cache == nullptr, ValueError,
+               "{}: a forward kept for the backward runs full sequences, without a cache", name);
   const runtime::Frontier attended = pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
     const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
@@ -320,7 +323,18 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       if (adds_bias) add_bias_rows(ym, extras->bo, 0);
     };
   });
+  if (saved != nullptr) {
+    *saved = AttentionSaved{.x = &x, .k_local = &k_new, .k = &k_all, .v = &v_all, .q = q_of, .out = o_of,
+                            .partial_placed = y_placed};
+  }
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
+}
+
+AttentionGradients AttentionGradients::like(const AttentionLayer& layer) {
+  return AttentionGradients{.wq = gradient_like(*layer.wq),
+                            .wk = gradient_like(*layer.wk),
+                            .wv = gradient_like(*layer.wv),
+                            .wo = gradient_like(*layer.wo)};
 }
 
 ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,

@@ -117,6 +117,83 @@ MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, co
           oracle::narrow(act.transpose() * g, {f, h})};
 }
 
+namespace {
+
+// RoPE's transpose: the rotation back, as J R J with J negating the second of each pair.
+void rope_transpose(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
+                    double theta, const RopeScaling& scaling) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t h = 0; h < heads; ++h) x.middleCols(h * d + half, half) *= -1.0;
+  oracle::rope(x, batch, tokens, heads, d, 0, theta, scaling);
+  for (std::int64_t h = 0; h < heads; ++h) x.middleCols(h * d + half, half) *= -1.0;
+}
+
+}  // namespace
+
+AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const AttentionWeights& w,
+                                        const AttentionConfig& c, const runtime::HostTensor& dy) {
+  NUMESH_CHECK(w.bq.shape.empty() && w.bk.shape.empty() && w.bv.shape.empty() && w.bo.shape.empty() &&
+                   w.q_norm.shape.empty() && w.k_norm.shape.empty() && w.stored_as == DType::kF32,
+               NotImplementedError,
+               "attention backward: biases, q/k norms and 16-bit weights are not differentiated yet");
+  NUMESH_CHECK(x.shape.size() == 3 && dy.shape == x.shape && c.q_offset == 0 && c.num_kv_heads > 0 &&
+                   c.num_heads % c.num_kv_heads == 0,
+               ShapeError, "attention backward: x [{}] and dy [{}] must be [B, T, H] alike, q_offset 0",
+               fmt::join(x.shape, ", "), fmt::join(dy.shape, ", "));
+  const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
+  const std::int64_t hq = c.num_heads, hkv = c.num_kv_heads, group = hq / hkv;
+  const MatrixD xm = oracle::widen(x, b * t, h);
+  const MatrixD wq = matrix(w.wq, h, hq * d, "attention backward: wq");
+  const MatrixD wk = matrix(w.wk, h, hkv * d, "attention backward: wk");
+  const MatrixD wv = matrix(w.wv, h, hkv * d, "attention backward: wv");
+  const MatrixD wo = matrix(w.wo, hq * d, h, "attention backward: wo");
+  const MatrixD g = oracle::widen(dy, b * t, h);
+  MatrixD q = xm * wq, k = xm * wk;
+  const MatrixD v = xm * wv;
+  const bool rope = c.rope_theta > 0.0f;
+  if (rope) {
+    oracle::rope(q, b, t, hq, d, 0, c.rope_theta, c.rope_scaling);
+    oracle::rope(k, b, t, hkv, d, 0, c.rope_theta, c.rope_scaling);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  MatrixD o = MatrixD::Zero(b * t, hq * d), dq = MatrixD::Zero(b * t, hq * d);
+  MatrixD dk = MatrixD::Zero(b * t, hkv * d), dv = MatrixD::Zero(b * t, hkv * d);
+  const MatrixD d_o = g * wo.transpose();
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t hi = 0; hi < hq; ++hi) {
+      const std::int64_t kvh = hi / group;
+      const MatrixD qh = q.block(bi * t, hi * d, t, d), kh = k.block(bi * t, kvh * d, t, d);
+      const MatrixD vh = v.block(bi * t, kvh * d, t, d), doh = d_o.block(bi * t, hi * d, t, d);
+      MatrixD p = qh * kh.transpose() * scale;
+      for (std::int64_t r = 0; r < t; ++r) {
+        const std::int64_t visible = c.causal ? r + 1 : t;
+        const double m = p.row(r).head(visible).maxCoeff();
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < visible; ++j) sum += (p(r, j) = std::exp(p(r, j) - m));
+        p.row(r).head(visible) /= sum;
+        p.row(r).tail(t - visible).setZero();
+      }
+      o.block(bi * t, hi * d, t, d) = p * vh;
+      const MatrixD dp = doh * vh.transpose();
+      // dS = P .* (dP - rowsum(P .* dP)).
+      MatrixD ds = p.cwiseProduct(dp);
+      const Eigen::VectorXd delta = ds.rowwise().sum();
+      ds = p.cwiseProduct(dp - delta.replicate(1, t));
+      dq.block(bi * t, hi * d, t, d) = ds * kh * scale;
+      dk.block(bi * t, kvh * d, t, d) += ds.transpose() * qh * scale;
+      dv.block(bi * t, kvh * d, t, d) += p.transpose() * doh;
+    }
+  }
+  if (rope) {
+    rope_transpose(dq, b, t, hq, d, c.rope_theta, c.rope_scaling);
+    rope_transpose(dk, b, t, hkv, d, c.rope_theta, c.rope_scaling);
+  }
+  const MatrixD dx = dq * wq.transpose() + dk * wk.transpose() + dv * wv.transpose();
+  return {oracle::narrow(dx, {b, t, h}), oracle::narrow(xm.transpose() * dq, {h, hq * d}),
+          oracle::narrow(xm.transpose() * dk, {h, hkv * d}), oracle::narrow(xm.transpose() * dv, {h, hkv * d}),
+          oracle::narrow(o.transpose() * g, {hq * d, h})};
+}
+
 runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::int64_t vocab,
                                        const runtime::HostTensor& dy) {
   const auto rows = static_cast<std::int64_t>(ids.size());

@@ -18,8 +18,10 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 /// buffer whose token t sits at position first_position + t, frequencies from
 /// rope_frequencies(); angles computed in double (Hugging Face computes them in fp32, which
 /// loses digits at long positions).
+/// With `inverse`, turns every pair back by its angle instead: the transpose of the rotation,
+/// RoPE's backward (the gradient of the rotated values to that of the inputs).
 /// REQUIRES: d even; scaling valid.
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
-                  std::int64_t first_position, float theta, const RopeScaling& scaling = {});
+                  std::int64_t first_position, float theta, const RopeScaling& scaling = {}, bool inverse = false);
 
 }  // namespace numesh::ops

@@ -91,18 +91,56 @@ struct AttentionStep {
   const std::vector<std::int64_t>* positions = nullptr;
 };
 
+/// What a forward emit_attention keeps for its backward (program-owned; filled by it).
+struct AttentionSaved {
+  runtime::ShardedTensor* x = nullptr;       ///< the input
+  runtime::ShardedTensor* k_local = nullptr;  ///< this run's keys [B, T, KV * D] after RoPE, split as x's tokens
+  runtime::ShardedTensor* k = nullptr;        ///< the keys attention read (gathered over T's axes)
+  runtime::ShardedTensor* v = nullptr;        ///< the values attention read
+  std::vector<runtime::Tensor*> q;            ///< per slot: its queries [rows, local heads * D] after RoPE
+  std::vector<runtime::Tensor*> out;          ///< per slot: attention's output before wo, like q
+  std::vector<sharding::Placement> partial_placed;  ///< the output projection's (Partial over heads)
+};
+
 /// Emits y = attention(x) into `program`: per device, its sequences' q, k, v projections for
 /// its heads, RoPE at the tokens' positions, the cache write (with a cache), causal attention
 /// on those heads, the output projection of its heads (a Partial(sum) over the heads axis),
 /// then reshard() into y: one all-reduce over tp when heads are split. x is [B, T, H] with B
 /// and T (sequence parallel: keys and values all-gathered over T's axes before attention; every
 /// rank keeps the whole cache) split; H whole. y must have x's shape and layout. Returns the frontier after which y is
-/// complete. Throws: ShapeError when x, y or the cache do not fit the layer (naming them); as
+/// complete. With `saved` (training: no cache), also keeps what emit_attention_backward needs.
+/// Throws: ShapeError when x, y or the cache do not fit the layer (naming them); as
 /// reshard().
 runtime::Frontier emit_attention(ProgramBuilder& program, const AttentionLayer& layer,
                                  runtime::ShardedTensor& x, const runtime::Frontier& after,
                                  runtime::ShardedTensor& y, const std::string& name,
-                                 const AttentionStep& step = {});
+                                 const AttentionStep& step = {}, AttentionSaved* saved = nullptr);
+
+
+/// A parameter gradient for each of an AttentionLayer's projections, laid out as it is
+/// (gradient_like: stored out-in, same spec), fp32.
+struct AttentionGradients {
+  std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
+  /// Zero gradients laid out like `layer`'s projections.
+  [[nodiscard]] static AttentionGradients like(const AttentionLayer& layer);
+};
+
+/// Emits the backward of the training-mode emit_attention (no cache) that filled `saved`: given
+/// dy (laid out as that x and y), fills dx and overwrites the projections' gradients. Per
+/// device: d_out = dy wo over its heads, attention_core_backward (recomputing the
+/// probabilities), RoPE turned back on dq and dk, then dx_partial = dq wq + dk wk + dv wv and
+/// each projection's dW = d^T in over the device's tokens. Collectives, from the placements
+/// (gradients.hpp): dk and dv reduce-scattered back to the token split under sequence
+/// parallelism (and all-reduced over the heads axis when it splits query heads but not kv
+/// heads, whose keys every device then shares), dx_partial all-reduced over the heads axis,
+/// the weights' gradients all-reduced over the axes splitting the tokens.
+/// Returns the frontier after which dx and every gradient are complete.
+/// Throws: ShapeError when dy, dx or a gradient does not fit (naming them); ValueError when the
+/// forward kept nothing; NotImplementedError for biases or q/k norms (not differentiated yet).
+runtime::Frontier emit_attention_backward(ProgramBuilder& program, const AttentionLayer& layer,
+                                          const AttentionSaved& saved, runtime::ShardedTensor& dy,
+                                          const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                          const AttentionGradients& grads, const std::string& name);
 
 /// An attention layer lowered onto a device mesh (causal, RoPE, MHA or GQA), optionally with
 /// a KV cache: forward(x, position) compiles one program per distinct token count T on first

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <span>
 
+#include "numesh/ops/attention_config.hpp"
 #include "numesh/ops/mlp_config.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -45,6 +46,21 @@ MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, 
 /// The GELU MLP y = gelu(x w_up) w_down (exact erf form; w.gate unused).
 /// Throws: as swiglu_mlp_backward.
 MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
+
+/// Gradients of the attention layer y = attention_layer_reference(x, w, c) (causal from
+/// position 0, RoPE per config, GQA) given dy [B, T, H]; the weights as AttentionWeights holds
+/// them ([in, out]).
+struct AttentionGrads {
+  runtime::HostTensor dx;   ///< [B, T, H]
+  runtime::HostTensor dwq;  ///< [H, num_heads * head_dim]
+  runtime::HostTensor dwk;  ///< [H, num_kv_heads * head_dim]
+  runtime::HostTensor dwv;  ///< likewise
+  runtime::HostTensor dwo;  ///< [num_heads * head_dim, H]
+};
+/// Throws: ShapeError as attention_layer_reference; NotImplementedError for biases, q/k norms or
+/// weights not stored as f32 (not yet differentiated).
+AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const AttentionWeights& w,
+                                        const AttentionConfig& c, const runtime::HostTensor& dy);
 
 /// The gradient of the embedding table [V, H] for rows x[r] = table[ids[r]] given dy [rows, H]:
 /// each row of dy added to its token's row (repeated tokens accumulate).

@@ -1,0 +1,224 @@
+// Attention's backward (declared in lowering/attention.hpp, next to its forward).
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "lowering_util.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/attention_backward.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+// A stored out-in projection [out, in] read as the [out, in] matrix it is (dx = d_out w).
+WeightMatrix stored_matrix(runtime::Tensor& w) {
+  return as_weight(w, 0, w.shape()[0], w.shape()[1], WeightLayout::kInOut);
+}
+
+}  // namespace
+
+runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLayer& layer, const AttentionSaved& saved,
+                                          runtime::ShardedTensor& dy, const runtime::Frontier& after,
+                                          runtime::ShardedTensor& dx, const AttentionGradients& grads,
+                                          const std::string& name) {
+  NUMESH_CHECK(saved.x != nullptr && saved.k != nullptr, ValueError,
+               "{}: the forward kept nothing for the backward (emit_attention without `saved`)", name);
+  const AttentionWeights& e = *layer.extras;
+  NUMESH_CHECK(e.bq.shape.empty() && e.bk.shape.empty() && e.bv.shape.empty() && e.bo.shape.empty() &&
+                   e.q_norm.shape.empty() && e.k_norm.shape.empty(),
+               NotImplementedError, "{}: the backward of attention with biases or q/k norms is not lowered yet", name);
+  runtime::ShardedTensor& x = *saved.x;
+  NUMESH_CHECK(dy.shape() == x.shape() && dy.spec() == x.spec() && dx.shape() == x.shape() && dx.spec() == x.spec(),
+               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as x {} {}", name, fmt::join(dy.shape(), "x"),
+               dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(), fmt::join(x.shape(), "x"),
+               x.spec().repr());
+  for (const auto& [g, w, what] : {std::tuple{grads.wq.get(), layer.wq.get(), "wq"},
+                                   std::tuple{grads.wk.get(), layer.wk.get(), "wk"},
+                                   std::tuple{grads.wv.get(), layer.wv.get(), "wv"},
+                                   std::tuple{grads.wo.get(), layer.wo.get(), "wo"}}) {
+    NUMESH_CHECK(g != nullptr && g->shape() == w->shape() && g->spec() == w->spec(), ShapeError,
+                 "{}: the {} gradient must be laid out as {} {} {}", name, what, what, fmt::join(w->shape(), "x"),
+                 w->spec().repr());
+  }
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const AttentionConfig& config = layer.config;
+  const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
+  const std::int64_t hidden = layer.hidden, t = x.shape()[1];
+  const std::int64_t local_batch = x.layout().shard_shape()[0], local_t = x.layout().shard_shape()[1];
+  const std::int64_t rows = local_batch * local_t;
+  const std::int64_t lq = layer.local_q_heads, lkv = layer.local_kv_heads;
+  const std::optional<std::size_t> heads_axis =
+      layer.splits_heads() ? m.find_axis(layer.heads_axis) : std::optional<std::size_t>();
+  const std::vector<sharding::Placement> x_placed = sharding::to_placements(x.spec(), m, 3);
+  runtime::ShardedTensor& wq = pb.use(name + ".wq", TensorRole::kWeight, layer.wq);
+  runtime::ShardedTensor& wk = pb.use(name + ".wk", TensorRole::kWeight, layer.wk);
+  runtime::ShardedTensor& wv = pb.use(name + ".wv", TensorRole::kWeight, layer.wv);
+  runtime::ShardedTensor& wo = pb.use(name + ".wo", TensorRole::kWeight, layer.wo);
+  // One of the core's seven [queries, keys, D] products (half of them under the causal mask).
+  const double core_product =
+      2.0 * static_cast<double>(local_batch * lq * local_t * t * d) * (config.causal ? 0.5 : 1.0);
+
+  // dy as the output projection's partial sums were laid out: the all-reduce's transpose is the
+  // identity, so this is dy itself.
+  runtime::Frontier dy_ready = after;
+  runtime::ShardedTensor& dyp =
+      canonical_gradient(pb, dy, gradient_placements(x_placed), saved.partial_placed, name + ".dy", dy_ready);
+
+  auto produced = [&](runtime::ShardedTensor& like, const std::string& what) -> runtime::ShardedTensor& {
+    return pb.tensor(name + "." + what, TensorRole::kActivation, like.shape(), like.spec());
+  };
+  runtime::ShardedTensor& d_wo = produced(wo, "wo.grad_partial");
+  runtime::ShardedTensor& d_wq = produced(wq, "wq.grad_partial");
+  runtime::ShardedTensor& d_wk = produced(wk, "wk.grad_partial");
+  runtime::ShardedTensor& d_wv = produced(wv, "wv.grad_partial");
+  runtime::ShardedTensor& dk_all = produced(*saved.k, "dk_all");
+  runtime::ShardedTensor& dv_all = produced(*saved.v, "dv_all");
+  const auto slots = static_cast<std::size_t>(mesh.size());
+  std::vector<runtime::Tensor*> d_out(slots), dq(slots);
+
+  // Per device: d_out = dy wo (its heads' columns), d_wo = dy^T out.
+  const runtime::Frontier out_done = pb.per_device(name + ".out_bwd", {&dy_ready}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& dys = dyp.shard(s);
+    runtime::Tensor& os = *saved.out[i];
+    runtime::Tensor& wos = wo.shard(s);  // [H, local heads * D]
+    runtime::Tensor& gwo = d_wo.shard(s);
+    runtime::Tensor& dos = pb.scratch(s, {rows, lq * d});
+    d_out[i] = &dos;
+    pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * lq * d));
+    return [&dys, &os, &wos, &gwo, &dos, rows, hidden] {
+      const ConstMatrixMap dym(dys.values().data(), rows, hidden);
+      device_gemm(dym, stored_matrix(wos), as_matrix(dos));
+      device_gemm_transposed_a(dym, as_matrix(std::as_const(os)), as_matrix(gwo));
+    };
+  });
+
+  // Per device: attention's backward over its sequences and heads, then RoPE turned back on dq
+  // and dk (the keys at their global positions 0..T-1, the queries at the device's tokens').
+  const runtime::Frontier core_done = pb.per_device(name + ".core_bwd", {&out_done}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
+    const std::int64_t head_rank = heads_axis ? mesh.coords(s)[*heads_axis] : 0;
+    const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
+    const AttentionSlice slice{.batch = local_batch,
+                               .q_len = local_t,
+                               .kv_len = t,
+                               .q_heads = lq,
+                               .kv_heads = lkv,
+                               .group = hq / hkv,
+                               .q_head_offset = head_rank * lq,
+                               .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
+    runtime::Tensor& qs = *saved.q[i];
+    runtime::Tensor& ks = saved.k->shard(s);
+    runtime::Tensor& vs = saved.v->shard(s);
+    runtime::Tensor& dos = *d_out[i];
+    runtime::Tensor& dqs = pb.scratch(s, {rows, lq * d});
+    dq[i] = &dqs;
+    runtime::Tensor& dks = dk_all.shard(s);
+    runtime::Tensor& dvs = dv_all.shard(s);
+    runtime::Tensor& scratch =
+        pb.scratch(s, {attention_backward_scratch_floats(slice, d, mesh.device(s).spec().threads)});
+    pb.add_flops(s, 7.0 * core_product);
+    return [&qs, &ks, &vs, &dos, &dqs, &dks, &dvs, &scratch, slice, config, token_offset] {
+      const std::int64_t dd = config.head_dim;
+      attention_core_backward(qs.values().data(), ks.values().data(), vs.values().data(), dos.values().data(),
+                              dqs.values().data(), dks.values().data(), dvs.values().data(), slice, dd, token_offset,
+                              config.causal, scratch.values());
+      if (config.rope_theta > 0.0f) {
+        rope_inplace(dqs.values().data(), slice.batch, slice.q_len, slice.q_heads, dd, token_offset, config.rope_theta,
+                     config.rope_scaling, /*inverse=*/true);
+        rope_inplace(dks.values().data(), slice.batch, slice.kv_len, slice.kv_heads, dd, 0, config.rope_theta,
+                     config.rope_scaling, /*inverse=*/true);
+      }
+    };
+  });
+
+  // dk and dv back to this run's keys' layout: each device summed over its own queries, so the
+  // gradients are Partial over the axes that gathered the keys (a reduce-scatter) and, when the
+  // query heads are split but the kv heads are not, over the heads axis (an all-reduce).
+  std::vector<sharding::Placement> kv_produced = sharding::to_placements(saved.k->spec(), m, 3);
+  const std::vector<sharding::Placement> kv_local = sharding::to_placements(saved.k_local->spec(), m, 3);
+  for (std::size_t a = 0; a < kv_produced.size(); ++a) {
+    const bool gathered = kv_local[a].is_shard() && kv_local[a].dim == 1 && !kv_produced[a].is_shard();
+    const bool shared_kv = heads_axis && a == *heads_axis && !layer.splits_kv_heads();
+    if (gathered || shared_kv) kv_produced[a] = sharding::Placement::partial();
+  }
+  runtime::Frontier dk_ready = core_done, dv_ready = core_done;
+  runtime::ShardedTensor& dk = canonical_gradient(pb, dk_all, kv_produced, kv_local, name + ".dk", dk_ready);
+  runtime::ShardedTensor& dv = canonical_gradient(pb, dv_all, kv_produced, kv_local, name + ".dv", dv_ready);
+
+  // Per device: dx_partial = dq wq + dk wk + dv wv and the projections' gradients. When every
+  // device of the heads axis holds the same (all-reduced) dk and dv, only the first adds their
+  // terms to its partial sum, so that the all-reduce of dx counts them once.
+  const std::vector<sharding::Placement> dx_placed =
+      partial_where_sharded(x_placed, sharding::to_placements(wq.spec(), m, 2));
+  runtime::ShardedTensor& dx_partial =
+      dx_placed == x_placed ? dx : pb.tensor(name + ".dx_partial", TensorRole::kActivation, x.shape(), x.spec());
+  const runtime::Frontier qkv_done = pb.per_device(name + ".qkv_bwd", {&core_done, &dk_ready, &dv_ready}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& xs = x.shard(s);
+    runtime::Tensor& dqs = *dq[i];
+    runtime::Tensor& dks = dk.shard(s);
+    runtime::Tensor& dvs = dv.shard(s);
+    runtime::Tensor& wqs = wq.shard(s);
+    runtime::Tensor& wks = wk.shard(s);
+    runtime::Tensor& wvs = wv.shard(s);
+    runtime::Tensor& gq = d_wq.shard(s);
+    runtime::Tensor& gk = d_wk.shard(s);
+    runtime::Tensor& gv = d_wv.shard(s);
+    runtime::Tensor& dxs = dx_partial.shard(s);
+    runtime::Tensor& term = pb.scratch(s, {rows, hidden});
+    const bool adds_kv = layer.splits_kv_heads() || !heads_axis || mesh.coords(s)[*heads_axis] == 0;
+    pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * (lq + 2 * lkv) * d));
+    return [&xs, &dqs, &dks, &dvs, &wqs, &wks, &wvs, &gq, &gk, &gv, &dxs, &term, rows, hidden, adds_kv] {
+      const ConstMatrixMap xm(xs.values().data(), rows, hidden);
+      const ConstMatrixMap dqm = as_matrix(std::as_const(dqs));
+      const ConstMatrixMap dkm(dks.values().data(), rows, dks.values().size() / static_cast<std::size_t>(rows));
+      const ConstMatrixMap dvm(dvs.values().data(), rows, dvs.values().size() / static_cast<std::size_t>(rows));
+      MatrixMap dxm(dxs.values().data(), rows, hidden);
+      device_gemm_transposed_a(dqm, xm, as_matrix(gq));
+      device_gemm_transposed_a(dkm, xm, as_matrix(gk));
+      device_gemm_transposed_a(dvm, xm, as_matrix(gv));
+      device_gemm(dqm, stored_matrix(wqs), dxm);
+      if (!adds_kv) return;
+      device_gemm(dkm, stored_matrix(wks), as_matrix(term));
+      dxm += as_matrix(std::as_const(term));
+      device_gemm(dvm, stored_matrix(wvs), as_matrix(term));
+      dxm += as_matrix(std::as_const(term));
+    };
+  });
+
+  // The projections' gradients: all-reduced over the axes splitting the tokens (and nothing
+  // more: wk and wv are replicated on the heads axis exactly when dk and dv were all-reduced).
+  std::vector<runtime::Frontier> parts;
+  auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                    const runtime::Frontier& ready, const std::string& what) {
+    const std::vector<sharding::Placement> placed =
+        weight_gradient_placements(sharding::to_placements(used.spec(), m, 2), x_placed, 3);
+    parts.push_back(reduce_gradient_into(pb, partial, placed, out, ready, name + "." + what + ".grad"));
+  };
+  reduce(d_wo, wo, *grads.wo, out_done, "wo");
+  reduce(d_wq, wq, *grads.wq, qkv_done, "wq");
+  reduce(d_wk, wk, *grads.wk, qkv_done, "wk");
+  reduce(d_wv, wv, *grads.wv, qkv_done, "wv");
+  if (&dx_partial != &dx) {
+    parts.push_back(pb.reshard(dx_partial, dx_placed, dx, gradient_placements(x_placed), qkv_done, name + ".dx"));
+  } else {
+    parts.push_back(qkv_done);
+  }
+  std::vector<const runtime::Frontier*> all;
+  for (const runtime::Frontier& f : parts) all.push_back(&f);
+  return pb.join(name + ".done", all);
+}
+
+}  // namespace numesh::ops
