@@ -47,6 +47,16 @@ runtime::HostTensor transposed(const runtime::HostTensor& t) {
   return out;
 }
 
+// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.
+sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std::vector<std::string>& names) {
+  std::vector<sharding::AxisRule> present;
+  for (const std::string& a : names) {
+    if (mesh.mesh().has_axis(a)) present.emplace_back(a);
+  }
+  if (present.empty()) return {};
+  return present.size() == 1 ? present.front() : sharding::AxisRule::tuple(present);
+}
+
 // ---- The placement rule -------------------------------------------------------------------
 
 TEST(GradientPlacementsTest, ShardStaysReplicateStaysPartialBecomesReplicate) {
@@ -82,17 +92,10 @@ MlpRun run_mlp_backward(const runtime::DeviceMesh& mesh, MlpKind kind, const Mlp
   const MlpLayer layer = MlpLayer::create(mesh, kind, w, axes);
   const MlpGradients grads = MlpGradients::like(layer);
   ProgramBuilder pb(mesh, "mlp backward");
-  std::vector<sharding::AxisRule> token_axes;
-  for (const auto& list : {axes.batch, axes.sequence}) {
-    for (const std::string& a : list) {
-      if (mesh.mesh().has_axis(a)) token_axes.emplace_back(a);
-    }
-  }
-  const sharding::AxisRule rows = token_axes.empty()       ? sharding::AxisRule()
-                                  : token_axes.size() == 1 ? token_axes.front()
-                                                           : sharding::AxisRule::tuple(token_axes);
-  const sharding::PartitionSpec spec =
-      sharding::correct_spec(x.shape, sharding::PartitionSpec({rows, sharding::AxisRule()}), mesh.mesh()).spec;
+  std::vector<std::string> token_axes = axes.batch;
+  token_axes.insert(token_axes.end(), axes.sequence.begin(), axes.sequence.end());
+  const sharding::PartitionSpec spec = sharding::correct_spec(
+      x.shape, sharding::PartitionSpec({entry_over(mesh, token_axes), sharding::AxisRule()}), mesh.mesh()).spec;
   runtime::Frontier x_loaded, dy_loaded;
   runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_loaded);
   runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x.shape, spec);
@@ -216,14 +219,7 @@ TEST(ShardedMlpBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
 // The spec of [rows, ...] activations split over the mesh's dp and fsdp axes (eformer's
 // correction for `rows`).
 sharding::PartitionSpec rows_spec(const runtime::DeviceMesh& mesh, std::vector<std::int64_t> shape) {
-  std::vector<sharding::AxisRule> axes;
-  for (const char* a : {"dp", "fsdp"}) {
-    if (mesh.mesh().has_axis(a)) axes.emplace_back(a);
-  }
-  const sharding::AxisRule rows = axes.empty()       ? sharding::AxisRule()
-                                  : axes.size() == 1 ? axes.front()
-                                                     : sharding::AxisRule::tuple(axes);
-  return sharding::correct_spec(shape, sharding::PartitionSpec({rows}), mesh.mesh()).spec;
+  return sharding::correct_spec(shape, sharding::PartitionSpec({entry_over(mesh, {"dp", "fsdp"})}), mesh.mesh()).spec;
 }
 
 class ShardedBackwardTest : public ::testing::TestWithParam<MeshCase> {};
@@ -337,15 +333,10 @@ AttentionRun run_attention_backward(const runtime::DeviceMesh& mesh, const Atten
                                     const runtime::HostTensor& dy, const AttentionAxes& axes) {
   const AttentionLayer layer = AttentionLayer::create(mesh, config, w, axes);
   const AttentionGradients grads = AttentionGradients::like(layer);
-  auto entry = [&](const std::vector<std::string>& names) {
-    std::vector<sharding::AxisRule> present;
-    for (const std::string& a : names) {
-      if (mesh.mesh().has_axis(a)) present.emplace_back(a);
-    }
-    return present.empty() ? sharding::AxisRule() : present.size() == 1 ? present.front() : sharding::AxisRule::tuple(present);
-  };
   const sharding::PartitionSpec spec =
-      sharding::correct_spec(x.shape, sharding::PartitionSpec({entry(axes.batch), entry(axes.sequence), sharding::AxisRule()}),
+      sharding::correct_spec(x.shape,
+                             sharding::PartitionSpec({entry_over(mesh, axes.batch), entry_over(mesh, axes.sequence),
+                                                      sharding::AxisRule()}),
                              mesh.mesh())
           .spec;
   ProgramBuilder pb(mesh, "attention backward");

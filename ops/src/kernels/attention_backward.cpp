@@ -20,10 +20,6 @@ constexpr std::int64_t kBlock = 64;
 
 std::int64_t blocks_of(std::int64_t n) noexcept { return (n + kBlock - 1) / kBlock; }
 
-// One block of per-thread scratch per arena slot (current_thread_index() runs to the
-// concurrency level, both included: see attention_core.cpp).
-std::int64_t slots_for(std::int64_t threads) noexcept { return threads + 1; }
-
 // Per thread: pass 1 holds P and dP for a block of queries over every key ([64, kv_len] twice),
 // pass 2 the same for a block of queries over a block of keys.
 std::int64_t per_thread(const AttentionSlice& sl) noexcept { return 2 * kBlock * std::max(sl.kv_len, kBlock); }
@@ -31,25 +27,11 @@ std::int64_t per_thread(const AttentionSlice& sl) noexcept { return 2 * kBlock *
 // Per query row (sequence, head, token): its log-sum-exp and rowsum(P .* dP).
 std::int64_t row_stats(const AttentionSlice& sl) noexcept { return 2 * sl.batch * sl.q_heads * sl.q_len; }
 
-float* thread_block(std::span<float> scratch, std::int64_t per, std::int64_t slots) {
-  const auto slot = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::current_thread_index());
-  NUMESH_CHECK(slot >= 0 && slot < slots, IndexError,
-               "attention backward: thread slot {} outside the {} scratch blocks of this arena", slot, slots);
-  return scratch.data() + slot * per;
-}
-
-template <typename Body>
-void for_each_task(std::int64_t n, const Body& body) {
-  parallel_blocks(n, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t i = first; i < last; ++i) body(i);
-  });
-}
-
 }  // namespace
 
 std::int64_t attention_backward_scratch_floats(const AttentionSlice& slice, std::int64_t /*head_dim*/,
                                                std::int64_t threads) noexcept {
-  return slots_for(threads) * per_thread(slice) + row_stats(slice);
+  return arena_scratch_slots(threads) * per_thread(slice) + row_stats(slice);
 }
 
 void attention_core_backward(const float* q, const float* k, const float* v, const float* d_out, float* dq, float* dk,
@@ -61,7 +43,7 @@ void attention_core_backward(const float* q, const float* k, const float* v, con
                "attention backward: scratch of {} floats; {} keys, {} queries and {} threads need {}", scratch.size(),
                sl.kv_len, sl.q_len, threads, needed);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::int64_t slots = slots_for(threads), per = per_thread(sl);
+  const std::int64_t slots = arena_scratch_slots(threads), per = per_thread(sl);
   const std::int64_t q_stride = sl.q_heads * d, kv_stride = sl.kv_heads * d;  // floats per token
   float* lse = scratch.data() + slots * per;                                  // [batch, q_heads, q_len]
   float* rowsum = lse + sl.batch * sl.q_heads * sl.q_len;                     // likewise
@@ -77,7 +59,7 @@ void attention_core_backward(const float* q, const float* k, const float* v, con
     const float* vb = v + bi * s_len * kv_stride + kvh * d;
     const std::int64_t i0 = block * kBlock, rows = std::min(kBlock, sl.q_len - i0);
     const std::int64_t width = causal ? std::min(s_len, q_offset + i0 + rows) : s_len;
-    float* p = thread_block(scratch, per, slots);
+    float* p = thread_scratch(scratch, per, slots);
     float* dp = p + kBlock * width;
     const std::int64_t at = (bi * sl.q_len + i0) * q_stride + h * d;
     gemm(rows, width, d, scale, q + at, q_stride, kb, kv_stride, /*transpose_b=*/true, 0.0f, p, width);
@@ -118,7 +100,7 @@ void attention_core_backward(const float* q, const float* k, const float* v, con
       std::fill_n(dkb + j * kv_stride, d, 0.0f);
       std::fill_n(dvb + j * kv_stride, d, 0.0f);
     }
-    float* p = thread_block(scratch, per, slots);
+    float* p = thread_scratch(scratch, per, slots);
     float* dp = p + kBlock * kBlock;
     // The first query that sees key j0: causal queries see keys up to their own position.
     const std::int64_t first_query = causal ? std::max<std::int64_t>(0, j0 - q_offset) : 0;

@@ -76,29 +76,6 @@ std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
   return sl.q_len < kBlockedFrom ? sl.batch * sl.q_heads * sl.q_len * key_blocks(sl.kv_len) * (d + 2) : 0;
 }
 
-// Scratch blocks for an arena of max_concurrency `threads`: oneTBB's current_thread_index() is
-// "between 0 and the task_arena concurrency level", both included (the oneAPI spec's
-// this_task_arena; a device arena of one thread ran its worker in slot 1), so there is one
-// block more than threads.
-std::int64_t scratch_slots(std::int64_t threads) noexcept { return threads + 1; }
-
-// The scratch of the calling thread: block current_thread_index() of the arena.
-float* thread_scratch(std::span<float> scratch, std::int64_t per_thread, std::int64_t slots) {
-  const auto slot = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::current_thread_index());
-  NUMESH_CHECK(slot >= 0 && slot < slots, IndexError,
-               "attention: thread slot {} outside the {} scratch blocks of this arena", slot, slots);
-  return scratch.data() + slot * per_thread;
-}
-
-// Runs body(i) for i in [0, n), one task each: which thread runs a task does not change what it
-// computes.
-template <typename Body>
-void for_each_task(std::int64_t n, const Body& body) {
-  parallel_blocks(n, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t i = first; i < last; ++i) body(i);
-  });
-}
-
 // Decode (fewer than kBlockedFrom queries): tasks over (sequence, head, key block) each write
 // the block's statistics for every query, then tasks over (sequence, head) merge the blocks.
 void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
@@ -106,7 +83,7 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
   using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t blocks = key_blocks(sl.kv_len), stride = d + 2;
-  const std::int64_t slots = scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
+  const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
   float* partials = scratch.data() + slots * per_thread;
   // Partial (b, h, t, block) lives at ((((b * q_heads + h) * q_len + t) * blocks + block) * stride.
   for_each_task(sl.batch * sl.q_heads * blocks, [&](std::int64_t task) {
@@ -169,7 +146,7 @@ void attention_blocked(const float* q, const KvView& kv, float* out, const Atten
                        std::int64_t q_offset, bool causal, std::span<float> scratch, std::int64_t per_thread) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t s_len = sl.kv_len, qb = query_blocks(sl.q_len), row_stride = sl.q_heads * d;
-  const std::int64_t slots = scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
+  const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
   for_each_task(sl.batch * sl.q_heads * qb, [&](std::int64_t task) {
     const std::int64_t block = task % qb, bh = task / qb, h = bh % sl.q_heads, bi = bh / sl.q_heads;
     const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
@@ -192,7 +169,7 @@ void attention_blocked(const float* q, const KvView& kv, float* out, const Atten
 }  // namespace
 
 std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim, std::int64_t threads) noexcept {
-  return scratch_slots(threads) * per_thread_floats(slice.q_len, slice.kv_len) + partial_floats(slice, head_dim);
+  return arena_scratch_slots(threads) * per_thread_floats(slice.q_len, slice.kv_len) + partial_floats(slice, head_dim);
 }
 
 void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,

@@ -238,17 +238,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   NUMESH_CHECK(saved == nullptr || cache == nullptr, ValueError,
                "{}: a forward kept for the backward runs full sequences, without a cache", name);
   const runtime::Frontier attended = pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
-    const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
-    const AttentionSlice slice{.batch = local_batch,
-                               .q_len = local_t,
-                               .kv_len = t,
-                               .q_heads = lq,
-                               .kv_heads = lkv,
-                               .group = hq / hkv,
-                               .q_head_offset = head_rank * lq,
-                               .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
+    const AttentionSlice slice = layer.slice(x, s);
     runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
     runtime::Tensor& k = k_all.shard(s);
     runtime::Tensor& v = v_all.shard(s);
@@ -328,6 +320,19 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                             .partial_placed = y_placed};
   }
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
+}
+
+AttentionSlice AttentionLayer::slice(const runtime::ShardedTensor& x, std::int64_t slot) const {
+  const runtime::DeviceMesh& mesh = x.mesh();
+  const std::int64_t head_rank = splits_heads() ? mesh.coords(slot)[*mesh.mesh().find_axis(heads_axis)] : 0;
+  return AttentionSlice{.batch = x.layout().shard_shape()[0],
+                        .q_len = x.layout().shard_shape()[1],
+                        .kv_len = x.shape()[1],
+                        .q_heads = local_q_heads,
+                        .kv_heads = local_kv_heads,
+                        .group = config.num_heads / config.num_kv_heads,
+                        .q_head_offset = head_rank * local_q_heads,
+                        .kv_head_offset = splits_kv_heads() ? head_rank * local_kv_heads : 0};
 }
 
 AttentionGradients AttentionGradients::like(const AttentionLayer& layer) {

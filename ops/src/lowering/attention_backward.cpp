@@ -53,7 +53,7 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const AttentionConfig& config = layer.config;
-  const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
+  const std::int64_t d = config.head_dim;
   const std::int64_t hidden = layer.hidden, t = x.shape()[1];
   const std::int64_t local_batch = x.layout().shard_shape()[0], local_t = x.layout().shard_shape()[1];
   const std::int64_t rows = local_batch * local_t;
@@ -108,16 +108,8 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   // and dk (the keys at their global positions 0..T-1, the queries at the device's tokens').
   const runtime::Frontier core_done = pb.per_device(name + ".core_bwd", {&out_done}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
-    const std::int64_t head_rank = heads_axis ? mesh.coords(s)[*heads_axis] : 0;
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
-    const AttentionSlice slice{.batch = local_batch,
-                               .q_len = local_t,
-                               .kv_len = t,
-                               .q_heads = lq,
-                               .kv_heads = lkv,
-                               .group = hq / hkv,
-                               .q_head_offset = head_rank * lq,
-                               .kv_head_offset = layer.splits_kv_heads() ? head_rank * lkv : 0};
+    const AttentionSlice slice = layer.slice(x, s);
     runtime::Tensor& qs = *saved.q[i];
     runtime::Tensor& ks = saved.k->shard(s);
     runtime::Tensor& vs = saved.v->shard(s);
@@ -203,9 +195,7 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   std::vector<runtime::Frontier> parts;
   auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used, runtime::ShardedTensor& out,
                     const runtime::Frontier& ready, const std::string& what) {
-    const std::vector<sharding::Placement> placed =
-        weight_gradient_placements(sharding::to_placements(used.spec(), m, 2), x_placed, 3);
-    parts.push_back(reduce_gradient_into(pb, partial, placed, out, ready, name + "." + what + ".grad"));
+    parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, 3, out, ready, name + "." + what + ".grad"));
   };
   reduce(d_wo, wo, *grads.wo, out_done, "wo");
   reduce(d_wq, wq, *grads.wq, qkv_done, "wq");

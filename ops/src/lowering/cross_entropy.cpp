@@ -139,9 +139,8 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
                                as_matrix(dws));
     };
   });
-  const std::vector<sharding::Placement> dw_placed =
-      weight_gradient_placements(sharding::to_placements(w.spec(), m, 2), row_placed, 2);
-  const runtime::Frontier dw_done = reduce_gradient_into(pb, dw_partial, dw_placed, d_weight, done, name + ".weight.grad");
+  const runtime::Frontier dw_done =
+      reduce_weight_gradient(pb, dw_partial, w, row_placed, 2, d_weight, done, name + ".weight.grad");
   const runtime::Frontier dx_done =
       direct ? done : pb.reshard(dx_partial, dx_placed, dx, gradient_placements(row_placed), done, name + ".dx");
   return pb.join(name + ".done", {&dw_done, &dx_done});

@@ -51,9 +51,8 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
       });
     };
   });
-  const std::vector<sharding::Placement> placed = weight_gradient_placements(
-      sharding::to_placements(d_table.spec(), m, 2), sharding::to_placements(dx.spec(), m, 2), 2);
-  return reduce_gradient_into(pb, partial, placed, d_table, added, name + ".grad");
+  return reduce_weight_gradient(pb, partial, d_table, sharding::to_placements(dx.spec(), m, 2), 2, d_table, added,
+                                name + ".grad");
 }
 
 }  // namespace numesh::ops

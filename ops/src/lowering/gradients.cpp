@@ -64,6 +64,15 @@ runtime::Frontier reduce_gradient_into(ProgramBuilder& pb, runtime::ShardedTenso
                     name);
 }
 
+runtime::Frontier reduce_weight_gradient(ProgramBuilder& pb, runtime::ShardedTensor& produced,
+                                         const runtime::ShardedTensor& used, const std::vector<Placement>& x,
+                                         std::size_t x_rank, runtime::ShardedTensor& out, const runtime::Frontier& after,
+                                         const std::string& name) {
+  const std::vector<Placement> placed = weight_gradient_placements(
+      sharding::to_placements(used.spec(), pb.mesh().mesh(), used.shape().size()), x, x_rank);
+  return reduce_gradient_into(pb, produced, placed, out, after, name);
+}
+
 std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter) {
   return std::make_shared<runtime::ShardedTensor>(parameter.mesh(), parameter.shape(), parameter.spec(), DType::kF32);
 }

@@ -136,9 +136,7 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   std::vector<runtime::Frontier> parts;
   auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used, runtime::ShardedTensor& out,
                     const runtime::Frontier& ready, const std::string& wname) {
-    const std::vector<sharding::Placement> placed =
-        weight_gradient_placements(sharding::to_placements(used.spec(), m, 2), x_placed, rank);
-    parts.push_back(reduce_gradient_into(pb, partial, placed, out, ready, name + "." + wname + ".grad"));
+    parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, rank, out, ready, name + "." + wname + ".grad"));
   };
   reduce(d_down, *saved.down, *grads.down, down_done, "w_down");
   reduce(d_up, *saved.up, *grads.up, up_done, "w_up");

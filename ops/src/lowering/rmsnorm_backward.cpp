@@ -50,10 +50,9 @@ runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& pb, runtime::ShardedTens
       if (rs != nullptr) dx += ConstMatrixMap(rs->values().data(), rows, h);
     };
   });
-  const std::size_t rank = input.shape().size();
-  const std::vector<sharding::Placement> placed = weight_gradient_placements(
-      sharding::to_placements(weight.spec(), m, 2), sharding::to_placements(input.spec(), m, rank), rank);
-  const runtime::Frontier reduced = reduce_gradient_into(pb, dw_partial, placed, d_weight, done, name + ".weight.grad");
+  const runtime::Frontier reduced =
+      reduce_weight_gradient(pb, dw_partial, weight, sharding::to_placements(input.spec(), m, input.shape().size()),
+                             input.shape().size(), d_weight, done, name + ".weight.grad");
   return pb.join(name + ".done", {&done, &reduced});
 }
 

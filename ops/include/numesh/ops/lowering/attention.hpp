@@ -50,6 +50,10 @@ struct AttentionLayer {
   /// True when kv heads are split too.
   bool splits_kv_heads() const noexcept { return splits_heads() && local_kv_heads < config.num_kv_heads; }
 
+  /// What mesh slot `slot` attends over for an input x [B, T, H] laid out as x is: its
+  /// sequences and tokens (queries), all T keys, and its query and kv heads.
+  AttentionSlice slice(const runtime::ShardedTensor& x, std::int64_t slot) const;
+
   /// Validates and lays out the weights.
   /// Throws: ShapeError naming the shapes when the weights do not fit the config, or head_dim
   /// is odd with RoPE on; ValueError when num_kv_heads does not divide num_heads or

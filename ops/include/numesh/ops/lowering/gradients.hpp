@@ -76,6 +76,15 @@ runtime::Frontier reduce_gradient_into(ProgramBuilder& program, runtime::Sharded
                                        runtime::ShardedTensor& out, const runtime::Frontier& after,
                                        const std::string& name);
 
+/// reduce_gradient_into() for a weight's gradient dW = dy^T x computed per device into
+/// `produced` (laid out as `used`, the weight as multiplied) from an activation x placed `x`
+/// (rank `x_rank`): produced placed as weight_gradient_placements(used's, x, x_rank).
+/// Throws: as reduce_gradient_into.
+runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::ShardedTensor& produced,
+                                         const runtime::ShardedTensor& used, const std::vector<sharding::Placement>& x,
+                                         std::size_t x_rank, runtime::ShardedTensor& out, const runtime::Frontier& after,
+                                         const std::string& name);
+
 /// An fp32 tensor laid out exactly as `parameter` (same mesh, shape and spec), zero-filled:
 /// the gradient of a parameter, the optimizer's moments.
 std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter);
