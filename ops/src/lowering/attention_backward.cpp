@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <optional>
-#include <tuple>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -18,15 +17,6 @@
 
 namespace numesh::ops {
 
-namespace {
-
-// A stored out-in projection [out, in] read as the [out, in] matrix it is (dx = d_out w).
-WeightMatrix stored_matrix(runtime::Tensor& w) {
-  return as_weight(w, 0, w.shape()[0], w.shape()[1], WeightLayout::kInOut);
-}
-
-}  // namespace
-
 runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLayer& layer, const AttentionSaved& saved,
                                           runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                           runtime::ShardedTensor& dx, const AttentionGradients& grads,
@@ -38,18 +28,12 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
                    e.q_norm.shape.empty() && e.k_norm.shape.empty(),
                NotImplementedError, "{}: the backward of attention with biases or q/k norms is not lowered yet", name);
   runtime::ShardedTensor& x = *saved.x;
-  NUMESH_CHECK(dy.shape() == x.shape() && dy.spec() == x.spec() && dx.shape() == x.shape() && dx.spec() == x.spec(),
-               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as x {} {}", name, fmt::join(dy.shape(), "x"),
-               dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(), fmt::join(x.shape(), "x"),
-               x.spec().repr());
-  for (const auto& [g, w, what] : {std::tuple{grads.wq.get(), layer.wq.get(), "wq"},
-                                   std::tuple{grads.wk.get(), layer.wk.get(), "wk"},
-                                   std::tuple{grads.wv.get(), layer.wv.get(), "wv"},
-                                   std::tuple{grads.wo.get(), layer.wo.get(), "wo"}}) {
-    NUMESH_CHECK(g != nullptr && g->shape() == w->shape() && g->spec() == w->spec(), ShapeError,
-                 "{}: the {} gradient must be laid out as {} {} {}", name, what, what, fmt::join(w->shape(), "x"),
-                 w->spec().repr());
-  }
+  check_laid_out_like(dy, x, "dy", name);
+  check_laid_out_like(dx, x, "dx", name);
+  check_laid_out_like(*grads.wq, *layer.wq, "the wq gradient", name);
+  check_laid_out_like(*grads.wk, *layer.wk, "the wk gradient", name);
+  check_laid_out_like(*grads.wv, *layer.wv, "the wv gradient", name);
+  check_laid_out_like(*grads.wo, *layer.wo, "the wo gradient", name);
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const AttentionConfig& config = layer.config;
@@ -87,7 +71,8 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   const auto slots = static_cast<std::size_t>(mesh.size());
   std::vector<runtime::Tensor*> d_out(slots), dq(slots);
 
-  // Per device: d_out = dy wo (its heads' columns), d_wo = dy^T out.
+  // Per device: d_out = dy wo (its heads' columns), d_wo = dy^T out. as_weight() reads each
+  // stored [out, in] projection as it is: the backward multiplies by w, not w^T.
   const runtime::Frontier out_done = pb.per_device(name + ".out_bwd", {&dy_ready}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     runtime::Tensor& dys = dyp.shard(s);
@@ -99,7 +84,7 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
     pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * lq * d));
     return [&dys, &os, &wos, &gwo, &dos, rows, hidden] {
       const ConstMatrixMap dym(dys.values().data(), rows, hidden);
-      device_gemm(dym, stored_matrix(wos), as_matrix(dos));
+      device_gemm(dym, as_weight(wos), as_matrix(dos));
       device_gemm_transposed_a(dym, as_matrix(std::as_const(os)), as_matrix(gwo));
     };
   });
@@ -181,11 +166,11 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
       device_gemm_transposed_a(dqm, xm, as_matrix(gq));
       device_gemm_transposed_a(dkm, xm, as_matrix(gk));
       device_gemm_transposed_a(dvm, xm, as_matrix(gv));
-      device_gemm(dqm, stored_matrix(wqs), dxm);
+      device_gemm(dqm, as_weight(wqs), dxm);
       if (!adds_kv) return;
-      device_gemm(dkm, stored_matrix(wks), as_matrix(term));
+      device_gemm(dkm, as_weight(wks), as_matrix(term));
       dxm += as_matrix(std::as_const(term));
-      device_gemm(dvm, stored_matrix(wvs), as_matrix(term));
+      device_gemm(dvm, as_weight(wvs), as_matrix(term));
       dxm += as_matrix(std::as_const(term));
     };
   });

@@ -16,12 +16,6 @@
 
 namespace numesh::ops {
 
-namespace {
-
-std::span<float> values(runtime::Tensor& t) { return t.values(); }
-
-}  // namespace
-
 runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& pb, const LmHeadLayer& layer, runtime::ShardedTensor& x,
                                              const std::vector<std::int32_t>* targets, const runtime::Frontier& after,
                                              runtime::ShardedTensor& losses, const std::string& name,
@@ -53,7 +47,7 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& pb, const LmHeadLay
   const runtime::Frontier maxed = pb.per_device(name + ".row_max", {&multiplied}, [&](std::int64_t s) {
     runtime::Tensor& ls = logits.shard(s);
     runtime::Tensor& ms = local_max.shard(s);
-    return [&ls, &ms, rows, v_local] { row_max(ConstMatrixMap(ls.values().data(), rows, v_local), values(ms)); };
+    return [&ls, &ms, rows, v_local] { row_max(ConstMatrixMap(ls.values().data(), rows, v_local), ms.values()); };
   });
   const runtime::Frontier max_ready =
       pb.reshard(local_max, partial_where_sharded(row_placed, vocab_split, sharding::PartialOp::kMax), max, row_placed,
@@ -65,10 +59,10 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& pb, const LmHeadLay
     const std::int64_t v0 = vocab_start(s), r0 = row_start(s);
     pb.add_flops(s, 3.0 * static_cast<double>(rows * v_local));
     return [&ls, &ms, &ss, targets, rows, v_local, v0, r0] {
-      cross_entropy_sums(ConstMatrixMap(ls.values().data(), rows, v_local), values(ms),
+      cross_entropy_sums(ConstMatrixMap(ls.values().data(), rows, v_local), ms.values(),
                          std::span<const std::int32_t>(*targets).subspan(static_cast<std::size_t>(r0),
                                                                          static_cast<std::size_t>(rows)),
-                         v0, values(ss));
+                         v0, ss.values());
     };
   });
   const runtime::Frontier sums_ready =
@@ -101,11 +95,8 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
   runtime::ShardedTensor& x = *saved.x;
   runtime::ShardedTensor& w = *saved.weight;
   runtime::ShardedTensor& logits = *saved.logits;
-  NUMESH_CHECK(dx.shape() == x.shape() && dx.spec() == x.spec(), ShapeError, "{}: dx {} {} must be laid out as x {} {}",
-               name, fmt::join(dx.shape(), "x"), dx.spec().repr(), fmt::join(x.shape(), "x"), x.spec().repr());
-  NUMESH_CHECK(d_weight.shape() == w.shape() && d_weight.spec() == w.spec(), ShapeError,
-               "{}: the head's gradient {} {} must be laid out as the head {} {}", name,
-               fmt::join(d_weight.shape(), "x"), d_weight.spec().repr(), fmt::join(w.shape(), "x"), w.spec().repr());
+  check_laid_out_like(dx, x, "dx", name);
+  check_laid_out_like(d_weight, w, "the head's gradient", name);
   const std::int64_t rows = x.layout().shard_shape()[0], h = x.shape()[1];
   const std::int64_t v_local = w.layout().shard_shape()[0];
   const std::vector<sharding::Placement> row_placed = sharding::to_placements(x.spec(), m, 2);
@@ -133,7 +124,7 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
           std::span<const std::int32_t>(*targets).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(rows)),
           v0, scale);
       // The head is stored [V, H]: dx = dl w reads it as the [V, H] matrix it is.
-      device_gemm(ConstMatrixMap(dl.data(), rows, v_local), as_weight(ws, 0, v_local, h, WeightLayout::kInOut),
+      device_gemm(ConstMatrixMap(dl.data(), rows, v_local), as_weight(ws),
                   MatrixMap(dxs.values().data(), rows, h));
       device_gemm_transposed_a(ConstMatrixMap(dl.data(), rows, v_local), ConstMatrixMap(xs.values().data(), rows, h),
                                as_matrix(dws));

@@ -22,10 +22,7 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
   NUMESH_CHECK(dx.shape().size() == 2 && dx.shape()[1] == h && dx.layout().shard_shape()[1] == h, ShapeError,
                "{}: dx {} {} does not fit hidden {} (dx is [tokens, H], H not split)", name, fmt::join(dx.shape(), "x"),
                dx.spec().repr(), h);
-  NUMESH_CHECK(d_table.shape() == layer.table->shape() && d_table.spec() == layer.table->spec(), ShapeError,
-               "{}: the table's gradient {} {} must be laid out as the table {} {}", name,
-               fmt::join(d_table.shape(), "x"), d_table.spec().repr(), fmt::join(layer.table->shape(), "x"),
-               layer.table->spec().repr());
+  check_laid_out_like(d_table, *layer.table, "the table's gradient", name);
   runtime::ShardedTensor& partial =
       pb.tensor(name + ".grad_partial", TensorRole::kActivation, d_table.shape(), d_table.spec());
   const std::int64_t rows = dx.layout().shard_shape()[0];

@@ -73,6 +73,13 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& pb, runtime::ShardedTen
   return reduce_gradient_into(pb, produced, placed, out, after, name);
 }
 
+void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, std::string_view what,
+                         std::string_view name) {
+  NUMESH_CHECK(t.shape() == like.shape() && t.spec() == like.spec(), ShapeError,
+               "{}: {} is [{}] {} but must be laid out as [{}] {}", name, what, fmt::join(t.shape(), ", "),
+               t.spec().repr(), fmt::join(like.shape(), ", "), like.spec().repr());
+}
+
 std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter) {
   return std::make_shared<runtime::ShardedTensor>(parameter.mesh(), parameter.shape(), parameter.spec(), DType::kF32);
 }

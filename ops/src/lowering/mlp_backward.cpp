@@ -15,23 +15,6 @@
 
 namespace numesh::ops {
 
-namespace {
-
-// A stored out-in weight [out, in] read as the [out, in] matrix it is: the backward multiplies
-// by w, not w^T (dx = d_out w).
-WeightMatrix as_in_out_of_stored(runtime::Tensor& w) {
-  return as_weight(w, 0, w.shape()[0], w.shape()[1], WeightLayout::kInOut);
-}
-
-void check_fits(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, const std::string& what,
-                const std::string& name) {
-  NUMESH_CHECK(t.shape() == like.shape() && t.spec() == like.spec(), ShapeError,
-               "{}: {} is {} {} but must be laid out as {} {}", name, what, fmt::join(t.shape(), "x"), t.spec().repr(),
-               fmt::join(like.shape(), "x"), like.spec().repr());
-}
-
-}  // namespace
-
 runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, const MlpSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name) {
@@ -48,9 +31,9 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
                ShapeError, "{}: dy {} {} and dx {} {} must be laid out as the forward's y and x ({})", name,
                fmt::join(dy.shape(), "x"), dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(),
                fmt::join(saved.x->shape(), "x"));
-  check_fits(*grads.up, *layer.up, "the up gradient", name);
-  check_fits(*grads.down, *layer.down, "the down gradient", name);
-  if (layer.gate) check_fits(*grads.gate, *layer.gate, "the gate gradient", name);
+  check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);
+  check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
+  if (layer.gate) check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);
 
   // dy as the down projection's output was laid out (gathered over F's axes under sequence
   // parallelism): the transpose of the forward's reduce-scatter; the same tensor otherwise.
@@ -80,7 +63,8 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
 
   const double forward_flops = 2.0 * static_cast<double>(rows * h * f_local) * (saved.gate != nullptr ? 3.0 : 2.0);
   std::vector<runtime::Tensor*> d_act(static_cast<std::size_t>(pb.mesh().size()));
-  // Per device: da = dy w_down and d_w_down = dy^T h.
+  // Per device: da = dy w_down and d_w_down = dy^T h. The backward multiplies by the weights
+  // themselves, not their transposes: as_weight() reads a stored [out, in] matrix as it is.
   const runtime::Frontier down_done = pb.per_device(name + ".down_bwd", {&dy_ready}, [&](std::int64_t s) {
     runtime::Tensor& dys = dyc.shard(s);
     runtime::Tensor& hs = *saved.hidden[static_cast<std::size_t>(s)];
@@ -91,7 +75,7 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     pb.add_flops(s, forward_flops / (saved.gate != nullptr ? 1.5 : 1.0));
     return [&dys, &hs, &wd, &gd, &das, rows, h] {
       const ConstMatrixMap dym(dys.values().data(), rows, h);
-      device_gemm(dym, as_in_out_of_stored(wd), as_matrix(das));
+      device_gemm(dym, as_weight(wd), as_matrix(das));
       device_gemm_transposed_a(dym, as_matrix(std::as_const(hs)), as_matrix(gd));
     };
   });
@@ -117,7 +101,7 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
       if (wg == nullptr) {  // GELU: d_pre = da .* gelu'(pre), in place of da
         gelu_backward_inplace(as_matrix(std::as_const(up_pre)), as_matrix(das));
         device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu));
-        device_gemm(as_matrix(std::as_const(das)), as_in_out_of_stored(wu), dxm);
+        device_gemm(as_matrix(std::as_const(das)), as_weight(wu), dxm);
         return;
       }
       // SwiGLU: d_gate_pre in place of da, d_up_pre beside it.
@@ -125,8 +109,8 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
                         as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
       device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg));
       device_gemm_transposed_a(as_matrix(std::as_const(*d_up_pre)), xm, as_matrix(gu));
-      device_gemm(as_matrix(std::as_const(das)), as_in_out_of_stored(*wg), dxm);
-      device_gemm(as_matrix(std::as_const(*d_up_pre)), as_in_out_of_stored(wu), as_matrix(*gate_term));
+      device_gemm(as_matrix(std::as_const(das)), as_weight(*wg), dxm);
+      device_gemm(as_matrix(std::as_const(*d_up_pre)), as_weight(wu), as_matrix(*gate_term));
       dxm += as_matrix(std::as_const(*gate_term));
     };
   });

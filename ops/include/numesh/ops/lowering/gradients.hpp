@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "numesh/ops/lowering/program.hpp"
@@ -84,6 +85,11 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::Shard
                                          const runtime::ShardedTensor& used, const std::vector<sharding::Placement>& x,
                                          std::size_t x_rank, runtime::ShardedTensor& out, const runtime::Frontier& after,
                                          const std::string& name);
+
+/// Checks that `t` (a gradient, or a tensor in a backward's signature) has `like`'s shape and
+/// spec. Throws: ShapeError "NAME: WHAT is [shape] spec but must be laid out as [shape] spec".
+void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, std::string_view what,
+                         std::string_view name);
 
 /// An fp32 tensor laid out exactly as `parameter` (same mesh, shape and spec), zero-filled:
 /// the gradient of a parameter, the optimizer's moments.

@@ -88,7 +88,6 @@ runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runti
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
                            const std::string& name, MlpSaved* saved = nullptr);
 
-
 /// A parameter gradient for each of an MlpLayer's matrices, laid out as the matrix is
 /// (gradient_like: stored out-in, same spec), fp32. gate is null for kGelu.
 struct MlpGradients {
