@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+
+#include "numesh/ops/embedding_config.hpp"
+#include "numesh/ops/lm_head_config.hpp"
+#include "numesh/ops/transformer_config.hpp"
+#include "numesh/runtime/tensor.hpp"
+
+// The dense oracle of LmTrainingStep: a decoder-only language model's mean cross-entropy and
+// every parameter's gradient, composed from the operators' float64 references and their
+// backward references (reference/backward.hpp, each checked against PyTorch's autograd),
+// with fp32 values between operators.
+
+namespace numesh::ops {
+
+/// The loss and the gradients, keyed by LmTrainingStep's parameter names, each shaped as the
+/// weight structs hold the weight ([in, out] matrices, [1, H] norms, the table [V, H], the
+/// head [H, V]); no "lm_head.weight" when tied (its gradient is added into the table's).
+struct LmTrainingGrads {
+  double loss = 0.0;
+  std::map<std::string, runtime::HostTensor> grads;
+};
+
+/// inputs and targets hold batch x tokens ids (row-major [batch, tokens]); `head` null: tied.
+/// Throws: NotImplementedError for MoE blocks, biases or q/k norms; ShapeError when the ids or
+/// the weights do not fit; IndexError for an id outside the vocabulary.
+LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
+                                      const TransformerWeights& stack, const LmHeadWeights* head,
+                                      std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                      std::int64_t batch, std::int64_t tokens);
+
+}  // namespace numesh::ops

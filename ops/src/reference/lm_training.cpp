@@ -1,0 +1,129 @@
+// lm_training_reference: LmTrainingStep's oracle, the operators' references chained.
+
+#include "numesh/ops/reference/lm_training.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/backward.hpp"
+#include "numesh/ops/reference/embedding.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/norms.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+using runtime::HostTensor;
+
+RowMatrix as_rows(const HostTensor& t, std::int64_t rows, std::int64_t cols) {
+  return ConstMatrixMap(t.data.data(), rows, cols);
+}
+
+HostTensor as_tensor(const RowMatrix& m, std::vector<std::int64_t> shape) {
+  HostTensor t = HostTensor::zeros(std::move(shape));
+  std::copy(m.data(), m.data() + m.size(), t.data.begin());
+  return t;
+}
+
+HostTensor sum(const HostTensor& a, const HostTensor& b) {
+  HostTensor s = a;
+  for (std::size_t i = 0; i < s.data.size(); ++i) s.data[i] += b.data[i];
+  return s;
+}
+
+HostTensor transposed(const HostTensor& m) {
+  HostTensor t = HostTensor::zeros({m.shape[1], m.shape[0]});
+  for (std::int64_t r = 0; r < m.shape[0]; ++r) {
+    for (std::int64_t c = 0; c < m.shape[1]; ++c) t.data[c * m.shape[0] + r] = m.data[r * m.shape[1] + c];
+  }
+  return t;
+}
+
+}  // namespace
+
+LmTrainingGrads lm_training_reference(const TransformerConfig& c, const EmbeddingWeights& embedding,
+                                      const TransformerWeights& stack, const LmHeadWeights* head,
+                                      std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
+                                      std::int64_t batch, std::int64_t tokens) {
+  const std::int64_t rows = batch * tokens, h = c.hidden, vocab = embedding.table.shape.at(0);
+  NUMESH_CHECK(static_cast<std::int64_t>(inputs.size()) == rows && static_cast<std::int64_t>(targets.size()) == rows,
+               ShapeError, "training reference: {} inputs and {} targets for {} x {} tokens", inputs.size(),
+               targets.size(), batch, tokens);
+  NUMESH_CHECK(static_cast<std::int64_t>(stack.blocks.size()) == c.layers, ShapeError,
+               "training reference: {} blocks of weights for {} layers", stack.blocks.size(), c.layers);
+  const std::vector<std::int64_t> flat{rows, h}, shaped{batch, tokens, h};
+  auto norm = [&](const HostTensor& x, const HostTensor& w) {
+    return as_tensor(rmsnorm_reference(as_rows(x, rows, h), as_rows(w, 1, h), c.norm_eps), flat);
+  };
+  struct Kept {
+    HostTensor block_in, n1, mid, n2;
+  };
+  std::vector<Kept> kept(static_cast<std::size_t>(c.layers));
+  HostTensor stream = embedding_reference(inputs, embedding);  // [rows, H]
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    NUMESH_CHECK(!c.is_moe(l), NotImplementedError, "training reference: block {} is a mixture of experts", l);
+    const BlockWeights& b = stack.blocks[static_cast<std::size_t>(l)];
+    Kept& k = kept[static_cast<std::size_t>(l)];
+    k.block_in = stream;
+    k.n1 = norm(stream, b.attn_norm);
+    HostTensor n1 = k.n1;
+    n1.shape = shaped;
+    HostTensor a = attention_layer_reference(n1, b.attention, c.attention);
+    a.shape = flat;
+    k.mid = sum(stream, a);
+    k.n2 = norm(k.mid, b.ffn_norm);
+    const HostTensor f = as_tensor(mlp_reference(as_rows(k.n2, rows, h), MlpKind::kSwiGLU, b.mlp), flat);
+    stream = sum(k.mid, f);
+  }
+  const HostTensor y = norm(stream, stack.final_norm);
+  const HostTensor head_w = head != nullptr ? head->weight : transposed(embedding.table);
+  const CrossEntropyGrads ce = lm_head_cross_entropy(y, head_w, targets);
+
+  LmTrainingGrads out;
+  out.loss = ce.loss;
+  const RmsNormGrads final_grads = rmsnorm_backward(stream, stack.final_norm, ce.dx, c.norm_eps);
+  out.grads["final_norm"] = final_grads.dweight;
+  HostTensor d_stream = final_grads.dx;
+  for (std::int64_t l = c.layers; l-- > 0;) {
+    const BlockWeights& b = stack.blocks[static_cast<std::size_t>(l)];
+    const Kept& k = kept[static_cast<std::size_t>(l)];
+    const std::string p = fmt::format("layers.{}.", l);
+    const MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
+    out.grads[p + "mlp.gate"] = mlp.dgate;
+    out.grads[p + "mlp.up"] = mlp.dup;
+    out.grads[p + "mlp.down"] = mlp.ddown;
+    HostTensor dn2 = mlp.dx;
+    dn2.shape = flat;
+    const RmsNormGrads ffn_norm = rmsnorm_backward(k.mid, b.ffn_norm, dn2, c.norm_eps);
+    out.grads[p + "ffn_norm"] = ffn_norm.dweight;
+    HostTensor dmid = sum(ffn_norm.dx, d_stream);
+    HostTensor n1 = k.n1;
+    n1.shape = shaped;
+    dmid.shape = shaped;
+    AttentionGrads attention = attention_layer_backward(n1, b.attention, c.attention, dmid);
+    dmid.shape = flat;
+    attention.dx.shape = flat;
+    out.grads[p + "attention.wq"] = attention.dwq;
+    out.grads[p + "attention.wk"] = attention.dwk;
+    out.grads[p + "attention.wv"] = attention.dwv;
+    out.grads[p + "attention.wo"] = attention.dwo;
+    const RmsNormGrads attn_norm = rmsnorm_backward(k.block_in, b.attn_norm, attention.dx, c.norm_eps);
+    out.grads[p + "attn_norm"] = attn_norm.dweight;
+    d_stream = sum(attn_norm.dx, dmid);
+  }
+  HostTensor table = embedding_backward(inputs, vocab, d_stream);
+  if (head != nullptr) {
+    out.grads["lm_head.weight"] = ce.dw;
+  } else {
+    table = sum(table, transposed(ce.dw));
+  }
+  out.grads["embedding.table"] = std::move(table);
+  return out;
+}
+
+}  // namespace numesh::ops

@@ -1,0 +1,149 @@
+// The training step of a whole language model (LmTrainingStep) against its dense oracle
+// (lm_training_reference: the operators' backward references chained, each checked against
+// PyTorch's autograd) on many mesh shapes, tied and untied heads; and its refusals.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/lm_training.hpp"
+#include "numesh/ops/reference/lm_training.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
+
+constexpr std::int64_t kVocab = 64, kBatch = 4, kTokens = 8;
+
+TransformerConfig tiny_config() {
+  TransformerConfig c;
+  c.hidden = 32;
+  c.layers = 2;
+  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  c.attention.rope_theta = 10000.0f;
+  c.ffn = 64;
+  c.moe_every = 0;
+  c.norm_eps = 1e-5f;
+  return c;
+}
+
+struct TinyModel {
+  TransformerConfig config = tiny_config();
+  EmbeddingWeights embedding{.table = testing::random_host({kVocab, 32}, 11, 1.0f)};
+  TransformerWeights stack = TransformerWeights::random(tiny_config(), 12);
+  LmHeadWeights head{.weight = testing::random_host({32, kVocab}, 13, 0.2f)};
+};
+
+// Ids of a fixed pseudo-random sequence; targets are the inputs shifted by one.
+std::vector<std::int32_t> ids(std::uint32_t seed) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(kBatch * kTokens));
+  std::uint32_t s = seed;
+  for (auto& id : v) {
+    s = s * 1664525u + 1013904223u;
+    id = static_cast<std::int32_t>((s >> 8) % kVocab);
+  }
+  return v;
+}
+
+// A stored out-in [out, in] matrix as the [in, out] one the references take.
+runtime::HostTensor as_in_out(const runtime::HostTensor& m) {
+  runtime::HostTensor t = runtime::HostTensor::zeros({m.shape[1], m.shape[0]});
+  for (std::int64_t r = 0; r < m.shape[0]; ++r) {
+    for (std::int64_t c = 0; c < m.shape[1]; ++c) t.data[c * m.shape[0] + r] = m.data[r * m.shape[1] + c];
+  }
+  return t;
+}
+
+// The ZeRO-3 axis splits the MLP weights whenever the mesh has it.
+ModelAxes axes_for(const MeshCase& c) {
+  ModelAxes axes;
+  for (const std::string& name : c.names) {
+    if (name == "fsdp") axes.weights = {"fsdp"};
+  }
+  return axes;
+}
+
+class LmTrainingStepTest : public ::testing::TestWithParam<MeshCase> {};
+
+// The loss and every parameter's gradient equal the oracle's, untied and tied.
+TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const TinyModel m;
+  const std::vector<std::int32_t> inputs = ids(1), targets = ids(2);
+  for (const bool tied : {false, true}) {
+    const LmHeadWeights* head = tied ? nullptr : &m.head;
+    const LmTrainingGrads want =
+        lm_training_reference(m.config, m.embedding, m.stack, head, inputs, targets, kBatch, kTokens);
+    LmTrainingStep step(mesh, m.config, m.embedding, m.stack, head, kBatch, kTokens, axes_for(GetParam()));
+    const double loss = step.run(inputs, targets);
+    const std::string where = tied ? "tied" : "untied";
+    EXPECT_NEAR(loss, want.loss, 1e-5 * want.loss) << where;
+    ASSERT_EQ(step.parameters().size(), want.grads.size()) << where;
+    for (const TrainableParameter& p : step.parameters()) {
+      runtime::HostTensor got = runtime::gather(*p.grad);
+      if (p.layout == WeightLayout::kOutIn) got = as_in_out(got);
+      ASSERT_TRUE(want.grads.contains(p.name)) << where << ": " << p.name;
+      EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << where << ": " << p.name;
+    }
+    // A second step on other tokens overwrites the gradients (nothing accumulates).
+    const std::vector<std::int32_t> more = ids(3);
+    const LmTrainingGrads again =
+        lm_training_reference(m.config, m.embedding, m.stack, head, more, inputs, kBatch, kTokens);
+    EXPECT_NEAR(step.run(more, inputs), again.loss, 1e-5 * again.loss) << where;
+    const TrainableParameter& table = step.parameters().front();
+    EXPECT_TRUE(testing::matches_reference(runtime::gather(*table.grad), again.grads.at(table.name), 1e-4)) << where;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepTest,
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
+                                           MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"fsdp"}}, MeshCase{{2}, {"sp"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"fsdp", "tp"}},
+                                           MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2}, {"dp", "sp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
+                         mesh_case_name);
+
+TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
+  const TinyModel m;
+  const runtime::DeviceMesh dp2 = make_mesh(MeshCase{{2}, {"dp"}});
+  EXPECT_THAT([&] { LmTrainingStep(dp2, m.config, m.embedding, m.stack, &m.head, 3, kTokens); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "a batch of 3 sequences does not split over the data-parallel axes (dp, fsdp) of size 2")));
+  const runtime::DeviceMesh sp2 = make_mesh(MeshCase{{2}, {"sp"}});
+  EXPECT_THAT([&] { LmTrainingStep(sp2, m.config, m.embedding, m.stack, &m.head, kBatch, 7); },
+              ThrowsMessage<ShapeError>(HasSubstr("7 tokens per sequence do not split over the sequence axis sp of size 2")));
+  const runtime::DeviceMesh one = make_mesh(MeshCase{{1}, {"tp"}});
+  TransformerConfig moe = m.config;
+  moe.moe_every = 2;
+  EXPECT_THAT([&] { LmTrainingStep(one, moe, m.embedding, m.stack, &m.head, kBatch, kTokens); },
+              ThrowsMessage<NotImplementedError>(HasSubstr("block 1 is a mixture of experts")));
+  EmbeddingWeights bf16 = m.embedding;
+  bf16.stored_as = DType::kBF16;
+  EXPECT_THAT([&] { LmTrainingStep(one, m.config, bf16, m.stack, &m.head, kBatch, kTokens); },
+              ThrowsMessage<ValueError>(HasSubstr("the embedding is stored as bf16; training keeps fp32 master weights")));
+
+  LmTrainingStep step(one, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens);
+  std::vector<std::int32_t> bad = ids(1);
+  bad[static_cast<std::size_t>(kTokens + 3)] = static_cast<std::int32_t>(kVocab);
+  EXPECT_THAT([&] { step.run(bad, ids(2)); },
+              ThrowsMessage<IndexError>(HasSubstr("input id 64 of sequence 1 at position 3 is outside the vocabulary [0, 64)")));
+  bad[static_cast<std::size_t>(kTokens + 3)] = -1;
+  EXPECT_THAT([&] { step.run(ids(2), bad); },
+              ThrowsMessage<IndexError>(HasSubstr("target id -1 of sequence 1 at position 3")));
+  EXPECT_THAT([&] { step.run(std::vector<std::int32_t>(5, 0), ids(2)); },
+              ThrowsMessage<ShapeError>(HasSubstr("5 inputs and 32 targets for 4 sequences of 8 tokens")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
