@@ -329,11 +329,22 @@ std::optional<std::string> describe_descr(std::string_view descr, bool& numeric)
 
 struct Header {
   std::vector<std::int64_t> shape;
+  std::string descr;  // one of the accepted dtypes
 };
+
+// The dtypes a reader accepts, and how its errors name them.
+struct Accepted {
+  std::vector<std::string_view> descrs;  // e.g. {"<f4"}
+  std::string_view only;                 // "'<f4' (fp32)"
+  std::string_view fix;                  // the np.save call that makes such a file
+};
+
+const Accepted kFp32{{"<f4"}, "'<f4' (fp32)", "np.save(f, a.astype('<f4'))"};
+const Accepted kTokenIds{{"<i4", "<i8"}, "'<i4' or '<i8' (integer token ids)", "np.save(f, a.astype('<i4'))"};
 
 /// Checks the parsed dict against what numesh reads: exactly the three keys, descr '<f4',
 /// fortran_order False, shape a tuple of non-negative ints.
-Header interpret_header(std::string_view text, const std::string& where) {
+Header interpret_header(std::string_view text, const std::string& where, const Accepted& accepted) {
   const auto entries = HeaderParser(text, where).parse_dict();
   const PyValue* descr = nullptr;
   const PyValue* fortran = nullptr;
@@ -360,20 +371,20 @@ Header interpret_header(std::string_view text, const std::string& where) {
   }
 
   NUMESH_CHECK(descr->kind != PyValue::Kind::kList, ValueError,
-               "{}: descr {} is a structured dtype; numesh reads only '<f4' (fp32)", where,
-               printable(descr->text));
+               "{}: descr {} is a structured dtype; numesh reads only {}", where,
+               printable(descr->text), accepted.only);
   NUMESH_CHECK(descr->kind == PyValue::Kind::kString, ValueError,
-               "{}: descr {} is not a dtype string; numesh reads only '<f4' (fp32)", where,
-               printable(descr->text));
-  if (descr->str != "<f4") {
+               "{}: descr {} is not a dtype string; numesh reads only {}", where,
+               printable(descr->text), accepted.only);
+  if (std::find(accepted.descrs.begin(), accepted.descrs.end(), descr->str) == accepted.descrs.end()) {
     bool numeric = false;
     const auto words = describe_descr(descr->str, numeric);
     NUMESH_CHECK(words.has_value(), ValueError,
-                 "{}: descr '{}' is not a dtype numesh knows; numesh reads only '<f4' (fp32)",
-                 where, printable(descr->str));
-    throw ValueError(fmt::format("{}: descr '{}' is {}; numesh reads only '<f4' (fp32){}", where,
-                                 printable(descr->str), *words,
-                                 numeric ? "; save it with np.save(f, a.astype('<f4'))" : ""));
+                 "{}: descr '{}' is not a dtype numesh knows; numesh reads only {}",
+                 where, printable(descr->str), accepted.only);
+    throw ValueError(fmt::format("{}: descr '{}' is {}; numesh reads only {}{}", where,
+                                 printable(descr->str), *words, accepted.only,
+                                 numeric ? fmt::format("; save it with {}", accepted.fix) : std::string()));
   }
 
   NUMESH_CHECK(fortran->kind == PyValue::Kind::kBool, ValueError,
@@ -391,6 +402,7 @@ Header interpret_header(std::string_view text, const std::string& where) {
   NUMESH_CHECK(is_int_tuple, ValueError, "{}: shape {} is not a tuple of ints", where,
                printable(shape->text));
   Header h;
+  h.descr = descr->str;
   for (const PyValue& e : shape->items) h.shape.push_back(e.integer);
   NUMESH_CHECK(std::all_of(h.shape.begin(), h.shape.end(), [](std::int64_t e) { return e >= 0; }),
                ValueError, "{}: shape {} has a negative extent", where, shape_repr(h.shape));
@@ -457,9 +469,14 @@ std::string make_preamble(std::span<const std::int64_t> shape, const std::string
   return out;
 }
 
-}  // namespace
+// An array's shape, dtype and little-endian bytes, read from `file` after checking its header
+// against `accepted`.
+struct RawArray {
+  Header header;
+  std::vector<unsigned char> bytes;
+};
 
-runtime::HostTensor load_npy(const std::filesystem::path& file) {
+RawArray load_array(const std::filesystem::path& file, const Accepted& accepted) {
   const std::string where = fmt::format("npy: cannot load '{}'", file.string());
   std::error_code ec;
   const std::uint64_t file_size = fs::file_size(file, ec);
@@ -512,31 +529,59 @@ runtime::HostTensor load_npy(const std::filesystem::path& file) {
       where, header_len, preamble, file_size);
   std::string text(static_cast<std::size_t>(header_len), '\0');
   read_exact(f.get(), text.data(), text.size(), preamble, where);
-  Header header = interpret_header(text, where);
+  Header header = interpret_header(text, where, accepted);
 
   const std::uint64_t count = *element_count(header.shape);
-  const std::uint64_t data_bytes = count * sizeof(float);
+  const std::uint64_t item = header.descr == "<i8" ? 8 : 4;
+  NUMESH_CHECK(count <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / item, ValueError,
+               "{}: shape {} is too large (its size in bytes overflows int64)", where, shape_repr(header.shape));
+  const std::uint64_t data_bytes = count * item;
   const std::uint64_t data_offset = preamble + header_len;
   const std::uint64_t available = file_size - data_offset;
   NUMESH_CHECK(available >= data_bytes, IoError,
-               "{}: file ends early: shape {} of '<f4' needs {} data bytes after the {}-byte "
+               "{}: file ends early: shape {} of '{}' needs {} data bytes after the {}-byte "
                "header, the file has "
                "{} ({} bytes in all)",
-               where, shape_repr(header.shape), data_bytes, data_offset, available, file_size);
+               where, shape_repr(header.shape), header.descr, data_bytes, data_offset, available, file_size);
   // Extra bytes mean the header does not describe the file (a wrong shape, or two arrays
   // concatenated): refusing is safer than silently reading a prefix.
   NUMESH_CHECK(available == data_bytes, ValueError,
-               "{}: {} unexpected bytes after the data: shape {} of '<f4' needs {} data bytes "
+               "{}: {} unexpected bytes after the data: shape {} of '{}' needs {} data bytes "
                "after the {}-byte "
                "header, the file has {}",
-               where, available - data_bytes, shape_repr(header.shape), data_bytes, data_offset,
+               where, available - data_bytes, shape_repr(header.shape), header.descr, data_bytes, data_offset,
                available);
 
-  runtime::HostTensor tensor{std::move(header.shape),
-                             std::vector<float>(static_cast<std::size_t>(count))};
-  read_exact(f.get(), tensor.data.data(), static_cast<std::size_t>(data_bytes), data_offset, where);
+  RawArray raw{std::move(header), std::vector<unsigned char>(static_cast<std::size_t>(data_bytes))};
+  read_exact(f.get(), raw.bytes.data(), raw.bytes.size(), data_offset, where);
+  return raw;
+}
+
+}  // namespace
+
+runtime::HostTensor load_npy(const std::filesystem::path& file) {
+  RawArray raw = load_array(file, kFp32);
+  runtime::HostTensor tensor{std::move(raw.header.shape), std::vector<float>(raw.bytes.size() / sizeof(float))};
+  std::memcpy(tensor.data.data(), raw.bytes.data(), raw.bytes.size());
   if constexpr (std::endian::native == std::endian::big) byteswap_in_place(tensor.data);
   return tensor;
+}
+
+NpyIds load_npy_ids(const std::filesystem::path& file) {
+  const RawArray raw = load_array(file, kTokenIds);
+  const bool wide = raw.header.descr == "<i8";
+  const std::size_t item = wide ? 8 : 4, count = raw.bytes.size() / item;
+  NpyIds ids{raw.header.shape, std::vector<std::int32_t>(count)};
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto value = static_cast<std::int64_t>(
+        wide ? read_le(std::span(raw.bytes).subspan(i * 8, 8))
+             : static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(
+                   static_cast<std::uint32_t>(read_le(std::span(raw.bytes).subspan(i * 4, 4)))))));
+    NUMESH_CHECK(value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max(),
+                 ValueError, "npy: cannot load '{}': id {} at index {} does not fit int32", file.string(), value, i);
+    ids.values[i] = static_cast<std::int32_t>(value);
+  }
+  return ids;
 }
 
 void save_npy(const std::filesystem::path& file, const runtime::HostTensor& tensor) {

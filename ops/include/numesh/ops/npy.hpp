@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <vector>
 
 #include "numesh/runtime/tensor.hpp"
 
@@ -18,6 +20,18 @@ namespace numesh::ops {
 /// is Fortran-ordered, or its header cannot be parsed (naming the file and the offending
 /// header field and value, e.g. "descr '<f8' is float64; numesh reads only '<f4' (fp32)").
 runtime::HostTensor load_npy(const std::filesystem::path& file);
+
+/// Integer token ids from an .npy file: its shape and values, row-major.
+struct NpyIds {
+  std::vector<std::int64_t> shape;
+  std::vector<std::int32_t> values;
+};
+
+/// Reads `file` holding integers '<i4' (np.int32) or '<i8' (np.int64, NumPy's default; each
+/// value must fit int32), C order: training data and prompts.
+/// Throws: as load_npy, with the dtype named ("numesh reads only '<i4' or '<i8' (integer token
+/// ids)"); ValueError naming the index and value of an '<i8' id outside int32.
+NpyIds load_npy_ids(const std::filesystem::path& file);
 
 /// Writes `tensor` to `file` as fp32, little-endian, C order (format version 1.0), replacing
 /// the file if it exists.
