@@ -171,6 +171,33 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config, const SafetensorsC
   return load_weights(config, checkpoint, stored_as, nullptr);
 }
 
+std::string hf_tensor_name(std::string_view slot) {
+  static const std::map<std::string, std::string, std::less<>> kTop{
+      {"embedding.table", "model.embed_tokens.weight"},
+      {"final_norm", "model.norm.weight"},
+      {"lm_head.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string, std::less<>> kInBlock{
+      {"attn_norm", "input_layernorm.weight"},      {"ffn_norm", "post_attention_layernorm.weight"},
+      {"attention.wq", "self_attn.q_proj.weight"},  {"attention.wk", "self_attn.k_proj.weight"},
+      {"attention.wv", "self_attn.v_proj.weight"},  {"attention.wo", "self_attn.o_proj.weight"},
+      {"mlp.gate", "mlp.gate_proj.weight"},         {"mlp.up", "mlp.up_proj.weight"},
+      {"mlp.down", "mlp.down_proj.weight"}};
+  if (const auto it = kTop.find(slot); it != kTop.end()) return it->second;
+  constexpr std::string_view kLayers = "layers.";
+  if (slot.starts_with(kLayers)) {
+    const std::string_view rest = slot.substr(kLayers.size());
+    const std::size_t dot = rest.find('.');
+    const std::string_view layer = rest.substr(0, dot);
+    const bool digits = !layer.empty() && std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits && dot != std::string_view::npos) {
+      if (const auto it = kInBlock.find(rest.substr(dot + 1)); it != kInBlock.end()) {
+        return fmt::format("model.layers.{}.{}", layer, it->second);
+      }
+    }
+  }
+  throw KeyError(std::string(slot), fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
+}
+
 DeferredCausalLmWeights CausalLmWeights::deferred(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
                                                   DType stored_as) {
   DeferredCausalLmWeights d;

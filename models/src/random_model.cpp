@@ -122,4 +122,79 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
   write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
 }
 
+CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, double stddev) {
+  NUMESH_CHECK(stddev > 0.0 && std::isfinite(stddev), ValueError, "initial weights: stddev {} must be positive",
+               stddev);
+  const ops::TransformerConfig t = config.transformer_config();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));
+  const auto matrix = [&](std::vector<std::int64_t> shape) {
+    runtime::HostTensor m = runtime::HostTensor::zeros(std::move(shape));
+    for (float& x : m.data) x = normal(rng);
+    return m;
+  };
+  const auto ones = [&](std::vector<std::int64_t> shape) {
+    runtime::HostTensor m = runtime::HostTensor::zeros(std::move(shape));
+    std::fill(m.data.begin(), m.data.end(), 1.0f);
+    return m;
+  };
+  const std::int64_t h = t.hidden, v = config.vocab_size, d = t.attention.head_dim;
+  const std::int64_t q = t.attention.num_heads * d, kv = t.attention.num_kv_heads * d;
+  CausalLmWeights w;
+  w.embedding.table = matrix({v, h});
+  for (std::int64_t l = 0; l < t.layers; ++l) {
+    ops::BlockWeights b;
+    b.attn_norm = ones({1, h});
+    b.ffn_norm = ones({1, h});
+    b.attention.wq = matrix({h, q});
+    b.attention.wk = matrix({h, kv});
+    b.attention.wv = matrix({h, kv});
+    b.attention.wo = matrix({q, h});
+    if (config.qkv_bias) {
+      b.attention.bq = runtime::HostTensor::zeros({q});
+      b.attention.bk = runtime::HostTensor::zeros({kv});
+      b.attention.bv = runtime::HostTensor::zeros({kv});
+    }
+    if (config.o_bias) b.attention.bo = runtime::HostTensor::zeros({h});
+    if (config.qk_norm) {
+      b.attention.q_norm = ones({d});
+      b.attention.k_norm = ones({d});
+    }
+    if (t.is_moe(l)) {
+      const std::int64_t e = t.moe.num_experts, f = t.moe_ffn;
+      b.moe.router = matrix({h, e});
+      b.moe.gate = matrix({e, h, f});
+      b.moe.up = matrix({e, h, f});
+      b.moe.down = matrix({e, f, h});
+      if (t.shared_expert_ffn > 0) {
+        const std::int64_t fs = t.shared_expert_ffn;
+        b.moe.shared_expert.gate = matrix({h, fs});
+        b.moe.shared_expert.up = matrix({h, fs});
+        b.moe.shared_expert.down = matrix({fs, h});
+        b.moe.shared_expert_gate = matrix({h, 1});
+      }
+    } else {
+      b.mlp.gate = matrix({h, t.ffn});
+      b.mlp.up = matrix({h, t.ffn});
+      b.mlp.down = matrix({t.ffn, h});
+      if (config.mlp_bias) {
+        b.mlp.gate_bias = runtime::HostTensor::zeros({t.ffn});
+        b.mlp.up_bias = runtime::HostTensor::zeros({t.ffn});
+        b.mlp.down_bias = runtime::HostTensor::zeros({h});
+      }
+    }
+    w.stack.blocks.push_back(std::move(b));
+  }
+  w.stack.final_norm = ones({1, h});
+  if (config.tie_word_embeddings) {
+    w.lm_head.weight = runtime::HostTensor::zeros({h, v});
+    for (std::int64_t r = 0; r < v; ++r) {
+      for (std::int64_t c = 0; c < h; ++c) w.lm_head.weight.data[c * v + r] = w.embedding.table.data[r * h + c];
+    }
+  } else {
+    w.lm_head.weight = matrix({h, v});
+  }
+  return w;
+}
+
 }  // namespace numesh::models

@@ -10,6 +10,7 @@
 //   numesh generate ...  greedy or sampled generation from a Hugging Face checkpoint
 //   numesh tokenize ...  a model's tokenizer applied to a text or to ids
 //   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
+//   numesh train ....... train a Hugging Face causal LM (AdamW, CSV log, resumable checkpoints)
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
 // line `numesh: error: ...` on stderr naming the offending value.
@@ -33,6 +34,7 @@
 #include "run_command.hpp"
 #include "tokenize_command.hpp"
 #include "topology_command.hpp"
+#include "train_command.hpp"
 
 #ifndef NUMESH_VERSION
 #define NUMESH_VERSION "unknown"
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
   CLI::App* tokenize_cmd = numesh::tools::add_tokenize_command(app, tokenize);
   numesh::tools::PerplexityOptions perplexity;
   CLI::App* perplexity_cmd = numesh::tools::add_perplexity_command(app, perplexity);
+  numesh::tools::TrainOptions train;
+  CLI::App* train_cmd = numesh::tools::add_train_command(app, train);
 
   try {
     app.parse(argc, argv);
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return numesh::tools::run_generate(generate, std::cout);
     if (tokenize_cmd->parsed()) return numesh::tools::run_tokenize(tokenize, std::cout);
     if (perplexity_cmd->parsed()) return numesh::tools::run_perplexity(perplexity, std::cout);
+    if (train_cmd->parsed()) return numesh::tools::run_train(train, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {

@@ -57,6 +57,14 @@ struct CausalLmWeights {
                                           DType stored_as = DType::kF32);
 };
 
+/// The Hugging Face tensor that a laid-out weight of a dense decoder (the slot names of
+/// ops::LmTrainingStep::parameters() and ops::ShardedTransformer::weights(): "embedding.table",
+/// "layers.L.attn_norm", "layers.L.attention.wq", ..., "layers.L.mlp.down", "final_norm",
+/// "lm_head.weight") is saved as in `config`'s architecture ("model.embed_tokens.weight",
+/// "model.layers.L.input_layernorm.weight", "model.layers.L.self_attn.q_proj.weight", ...).
+/// Throws: KeyError naming the slot when it is not one of those (MoE slots included: not yet).
+std::string hf_tensor_name(std::string_view slot);
+
 /// CausalLmWeights::deferred's result: the weights, and each shape-only matrix's source keyed
 /// by its slot: "embedding.table", "lm_head.weight", and the names of
 /// ops::ShardedTransformer::weights() ("layers.L.attention.wq", ...).

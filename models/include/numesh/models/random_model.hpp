@@ -6,6 +6,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf_weights.hpp"
 
 // Models with random weights written in Hugging Face layout: what `numesh generate` runs when
 // no checkpoint is given (the main job needs no download) and what tests load, through the
@@ -29,5 +31,13 @@ nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers);
 /// IoError when a file cannot be written.
 void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config, DType dtype,
                         std::uint32_t seed);
+
+/// Weights to train `config` from scratch, initialised as transformers' _init_weights does for
+/// the Llama family: the embedding and every linear layer (attention, MLP, router, experts, LM
+/// head) normal(0, stddev) with transformers' default initializer_range 0.02, RMSNorm weights
+/// 1, biases 0, from a generator seeded with `seed`. Laid out as CausalLmWeights holds weights
+/// (matrices [in, out]); a tied head is the table's transpose.
+/// Throws: ValueError as HfConfig::transformer_config(); ValueError for a stddev not positive.
+CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, double stddev = 0.02);
 
 }  // namespace numesh::models

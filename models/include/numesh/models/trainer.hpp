@@ -1,0 +1,114 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf_weights.hpp"
+#include "numesh/ops/lowering/lm_training.hpp"
+#include "numesh/ops/lowering/model_axes.hpp"
+#include "numesh/ops/optimizer.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+
+// Training a Hugging Face causal language model on a device mesh: one LmTrainingStep program
+// for the forward and backward, then the global-norm clip and AdamW on the sharded gradients,
+// and checkpoints in Hugging Face layout (config.json, model.safetensors in F32) with the
+// optimizer's state beside them (optimizer.safetensors), from which training resumes exactly.
+
+namespace numesh::models {
+
+/// How a trainer steps. Every field has a default but `tokens`.
+struct TrainingOptions {
+  std::int64_t batch = 8;   ///< sequences per step
+  std::int64_t tokens = 0;  ///< input tokens per sequence: each data row holds tokens + 1 ids
+  ops::AdamWOptions adamw;  ///< betas, eps, weight decay (adamw.lr is unused: the schedule's lr is)
+  double clip = 1.0;        ///< the gradients' global 2-norm is clipped to this; 0: no clipping
+  ops::LearningRateSchedule schedule;  ///< the learning rate of each step
+
+  /// Throws: ValueError naming the value for a non-positive batch or tokens, a negative clip,
+  /// bad AdamW options (ops::validate) or a bad schedule.
+  void validate() const;
+};
+
+/// What one step did.
+struct StepStats {
+  std::int64_t step = 0;   ///< 1-based: the number of updates made so far
+  double loss = 0.0;       ///< the mean cross-entropy over the batch's batch x tokens targets
+  double lr = 0.0;         ///< the learning rate of the update
+  double grad_norm = 0.0;  ///< the gradients' global 2-norm before clipping
+};
+
+/// A causal LM being trained. Not thread-safe: one thread drives an instance.
+class CausalLmTrainer {
+ public:
+  /// Lays out `weights` (read as fp32) for `config_doc` (a config.json document, saved with
+  /// every checkpoint) and compiles the step. Optimizer state starts at zero, step 0.
+  /// Throws: ValueError as HfConfig::parse and TrainingOptions::validate; what
+  /// ops::LmTrainingStep's constructor throws (a batch the data-parallel axes do not split,
+  /// MoE blocks, biases).
+  CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc, const CausalLmWeights& weights,
+                  TrainingOptions options, ops::ModelAxes axes = {});
+  /// The model in `dir` (config.json and its safetensors, read as F32), and, when dir holds an
+  /// optimizer.safetensors that a save() wrote, the optimizer's moments and step count, so that
+  /// training continues where it stopped.
+  /// Throws: as HfConfig::load, SafetensorsCheckpoint::open and CausalLmWeights::load (a
+  /// checkpoint that does not fit the config: ShapeError naming the tensor); ShapeError or
+  /// KeyError naming the tensor when the optimizer's state does not fit the model; as the
+  /// constructor.
+  static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir, TrainingOptions options,
+                              ops::ModelAxes axes = {});
+  ~CausalLmTrainer();
+  CausalLmTrainer(CausalLmTrainer&&) noexcept;
+  CausalLmTrainer& operator=(CausalLmTrainer&&) noexcept;
+
+  /// One update from `rows`: batch rows of tokens + 1 ids each, row-major; inputs are each
+  /// row's first tokens ids, targets its last tokens. Runs the step, clips the gradients,
+  /// updates the weights with AdamW at the schedule's rate for this step.
+  /// Throws: ShapeError when rows does not hold batch x (tokens + 1) ids; IndexError naming the
+  /// sequence, position and id outside the vocabulary (before anything runs); ValueError when
+  /// the gradient norm is not finite (naming the step and the loss; the weights are left as
+  /// they were before the step).
+  StepStats step(std::span<const std::int32_t> rows);
+
+  /// Writes dir/config.json, dir/model.safetensors (every weight in F32 under its Hugging Face
+  /// name: numesh generate and transformers load it) and dir/optimizer.safetensors (each
+  /// weight's exp_avg and exp_avg_sq, named "exp_avg.<name>", "exp_avg_sq.<name>", the step
+  /// count in the metadata). Creates dir when missing; replaces those files.
+  /// Throws: IoError naming a file that cannot be written.
+  void save(const std::filesystem::path& dir) const;
+
+  /// Updates made so far (resumed ones included).
+  std::int64_t steps() const noexcept;
+  /// The options.
+  const TrainingOptions& options() const noexcept { return options_; }
+  /// The parsed config.
+  const HfConfig& config() const noexcept { return config_; }
+  /// The step program (its parameters, plan and FLOPs).
+  ops::LmTrainingStep& program() noexcept { return *step_; }
+  /// Parameters of the model (elements of every trained tensor).
+  std::int64_t parameter_count() const;
+
+ private:
+  void restore_optimizer(const std::filesystem::path& file);
+
+  nlohmann::json config_doc_;
+  HfConfig config_;
+  TrainingOptions options_;
+  std::unique_ptr<ops::LmTrainingStep> step_;
+  std::unique_ptr<ops::AdamW> adamw_;
+  std::vector<std::int32_t> inputs_, targets_;
+};
+
+/// The rows of training step k (0-based) of data [S, tokens + 1]: rows (k B .. k B + B - 1)
+/// mod S, as one row-major block.
+/// Throws: ShapeError when `shape` is not [S, tokens + 1] with S >= batch (the data must hold
+/// one batch; naming both).
+std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data, std::span<const std::int64_t> shape,
+                                         std::int64_t step, std::int64_t batch, std::int64_t tokens);
+
+}  // namespace numesh::models

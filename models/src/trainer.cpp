@@ -1,0 +1,183 @@
+#include "numesh/models/trainer.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <list>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/safetensors.hpp"
+#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/safetensors_writer.hpp"
+
+namespace numesh::models {
+
+namespace {
+
+constexpr std::string_view kOptimizerFile = "optimizer.safetensors";
+
+// A parameter's values as Hugging Face stores them: out-in matrices are nn.Linear's [out, in]
+// already, the table is [V, H], a norm's [1, H] row is the vector [H].
+runtime::HostTensor as_saved(const runtime::ShardedTensor& t) {
+  runtime::HostTensor host = runtime::gather(t);
+  if (host.shape.size() == 2 && host.shape[0] == 1) host.shape = {host.shape[1]};
+  return host;
+}
+
+// The shape a parameter is saved in (as_saved's).
+std::vector<std::int64_t> saved_shape(const runtime::ShardedTensor& t) {
+  std::vector<std::int64_t> shape = t.shape();
+  if (shape.size() == 2 && shape[0] == 1) shape = {shape[1]};
+  return shape;
+}
+
+}  // namespace
+
+void TrainingOptions::validate() const {
+  NUMESH_CHECK(batch > 0 && tokens > 0, ValueError, "training: batch {} and tokens {} must be positive", batch, tokens);
+  NUMESH_CHECK(clip >= 0.0 && std::isfinite(clip), ValueError, "training: clip {} must be 0 (none) or positive", clip);
+  ops::validate(adamw);
+  schedule.validate();
+}
+
+CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc, const CausalLmWeights& weights,
+                                 TrainingOptions options, ops::ModelAxes axes)
+    : config_doc_(std::move(config_doc)),
+      config_(HfConfig::parse(config_doc_, "config.json")),
+      options_(std::move(options)) {
+  options_.validate();
+  step_ = std::make_unique<ops::LmTrainingStep>(
+      std::move(mesh), config_.transformer_config(), weights.embedding, weights.stack,
+      config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens, std::move(axes));
+  std::vector<runtime::ShardedTensor*> values;
+  for (const ops::TrainableParameter& p : step_->parameters()) values.push_back(p.value.get());
+  adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
+}
+
+CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
+                                      TrainingOptions options, ops::ModelAxes axes) {
+  const HfConfig config = HfConfig::load(dir);  // checks the file, naming what is wrong
+  std::ifstream in(dir / "config.json");
+  nlohmann::json doc = nlohmann::json::parse(in);  // well-formed: HfConfig::load read it
+  const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(dir);
+  const CausalLmWeights weights = CausalLmWeights::load(config, checkpoint, DType::kF32);
+  CausalLmTrainer trainer(std::move(mesh), std::move(doc), weights, std::move(options), std::move(axes));
+  if (std::filesystem::exists(dir / kOptimizerFile)) trainer.restore_optimizer(dir / kOptimizerFile);
+  return trainer;
+}
+
+CausalLmTrainer::~CausalLmTrainer() = default;
+CausalLmTrainer::CausalLmTrainer(CausalLmTrainer&&) noexcept = default;
+CausalLmTrainer& CausalLmTrainer::operator=(CausalLmTrainer&&) noexcept = default;
+
+std::int64_t CausalLmTrainer::steps() const noexcept { return adamw_->steps(); }
+
+std::int64_t CausalLmTrainer::parameter_count() const {
+  std::int64_t n = 0;
+  for (const ops::TrainableParameter& p : step_->parameters()) {
+    std::int64_t elements = 1;
+    for (const std::int64_t e : p.value->shape()) elements *= e;
+    n += elements;
+  }
+  return n;
+}
+
+StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
+  const std::int64_t b = options_.batch, t = options_.tokens;
+  NUMESH_CHECK(static_cast<std::int64_t>(rows.size()) == b * (t + 1), ShapeError,
+               "training: {} ids for a batch of {} rows of {} ids (tokens + 1; expected {})", rows.size(), b, t + 1,
+               b * (t + 1));
+  inputs_.resize(static_cast<std::size_t>(b * t));
+  targets_.resize(static_cast<std::size_t>(b * t));
+  for (std::int64_t r = 0; r < b; ++r) {
+    const auto row = rows.subspan(static_cast<std::size_t>(r * (t + 1)), static_cast<std::size_t>(t + 1));
+    std::copy(row.begin(), row.end() - 1, inputs_.begin() + r * t);
+    std::copy(row.begin() + 1, row.end(), targets_.begin() + r * t);
+  }
+  StepStats stats;
+  stats.loss = step_->run(inputs_, targets_);
+  std::vector<runtime::ShardedTensor*> grads;
+  for (const ops::TrainableParameter& p : step_->parameters()) grads.push_back(p.grad.get());
+  // Without clipping the norm is still reported: an infinite bound scales by exactly 1.
+  const double bound = options_.clip > 0.0 ? options_.clip : std::numeric_limits<double>::infinity();
+  stats.grad_norm = ops::clip_grad_norm(grads, bound);
+  NUMESH_CHECK(std::isfinite(stats.grad_norm), ValueError,
+               "training: step {} has a gradient norm of {} (loss {}); the weights are left as they were before it",
+               adamw_->steps() + 1, stats.grad_norm, stats.loss);
+  stats.lr = options_.schedule.at(adamw_->steps());
+  const std::vector<const runtime::ShardedTensor*> const_grads(grads.begin(), grads.end());
+  adamw_->step(const_grads, stats.lr);
+  stats.step = adamw_->steps();
+  return stats;
+}
+
+void CausalLmTrainer::save(const std::filesystem::path& dir) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  NUMESH_CHECK(!ec, IoError, "cannot create the checkpoint directory {}: {}", dir.string(), ec.message());
+  {
+    std::ofstream out(dir / "config.json");
+    out << config_doc_.dump(2) << "\n";
+    NUMESH_CHECK(out.good(), IoError, "cannot write {}", (dir / "config.json").string());
+  }
+  const std::vector<ops::TrainableParameter>& params = step_->parameters();
+  std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
+  std::vector<TensorToWrite> weights, state;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string name = hf_tensor_name(params[i].name);
+    weights.push_back({name, &storage.emplace_back(as_saved(*params[i].value)), DType::kF32});
+    state.push_back({"exp_avg." + name, &storage.emplace_back(as_saved(adamw_->exp_avg(i))), DType::kF32});
+    state.push_back({"exp_avg_sq." + name, &storage.emplace_back(as_saved(adamw_->exp_avg_sq(i))), DType::kF32});
+  }
+  write_safetensors(dir / "model.safetensors", weights, {{"format", "pt"}});
+  write_safetensors(dir / kOptimizerFile, state,
+                    {{"optimizer", "adamw"}, {"step", std::to_string(adamw_->steps())}});
+}
+
+void CausalLmTrainer::restore_optimizer(const std::filesystem::path& file) {
+  const SafetensorsFile f = SafetensorsFile::open(file);
+  const auto& meta = f.metadata();
+  const auto step = meta.find("step");
+  NUMESH_CHECK(step != meta.end() && !step->second.empty() &&
+                   step->second.find_first_not_of("0123456789") == std::string::npos && step->second.size() < 12,
+               ValueError, "{}: the metadata has no step count (a file numesh train did not write?)", file.string());
+  const std::vector<ops::TrainableParameter>& params = step_->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string name = hf_tensor_name(params[i].name);
+    const std::vector<std::int64_t> shape = saved_shape(*params[i].value);
+    for (const auto& [prefix, tensor] :
+         {std::pair{"exp_avg.", &adamw_->exp_avg(i)}, std::pair{"exp_avg_sq.", &adamw_->exp_avg_sq(i)}}) {
+      const std::string key = prefix + name;
+      const TensorInfo& info = f.info(key);
+      NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]", file.string(), key,
+                   fmt::join(info.shape, ", "), name, fmt::join(shape, ", "));
+      runtime::HostTensor host = runtime::HostTensor::zeros(tensor->shape());
+      f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(host.data)));
+      runtime::scatter(host, *tensor);
+    }
+  }
+  adamw_->set_steps(std::stoll(step->second));
+}
+
+std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data, std::span<const std::int64_t> shape,
+                                         std::int64_t step, std::int64_t batch, std::int64_t tokens) {
+  NUMESH_CHECK(shape.size() == 2 && shape[1] == tokens + 1 &&
+                   static_cast<std::int64_t>(data.size()) == shape[0] * shape[1],
+               ShapeError, "training data is [{}]; it must be [S, {}] (rows of tokens + 1 ids)", fmt::join(shape, ", "),
+               tokens + 1);
+  NUMESH_CHECK(shape[0] >= batch, ShapeError,
+               "training data holds {} sequences, fewer than one batch of {}", shape[0], batch);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(batch * (tokens + 1)));
+  for (std::int64_t r = 0; r < batch; ++r) {
+    const std::int64_t row = (step * batch + r) % shape[0];
+    std::copy_n(data.begin() + row * (tokens + 1), tokens + 1, rows.begin() + r * (tokens + 1));
+  }
+  return rows;
+}
+
+}  // namespace numesh::models

@@ -1,0 +1,227 @@
+#include "train_command.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/models/hf_config.hpp"
+#include "numesh/models/random_model.hpp"
+#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/trainer.hpp"
+#include "numesh/ops/npy.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+#include "bench_common.hpp"
+#include "parsers.hpp"
+#include "paxis_options.hpp"
+
+namespace numesh::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The training data as rows of tokens + 1 ids.
+struct Data {
+  std::vector<std::int32_t> ids;
+  std::vector<std::int64_t> shape;  // [S, tokens + 1]
+};
+
+// --data: an .npy of ids [S, T + 1], or text encoded by the model's tokenizer and cut into
+// consecutive rows of tokens + 1 ids (the tail that fills no row is left out).
+Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
+  NUMESH_CHECK(std::filesystem::exists(o.data), IoError, "--data '{}' does not exist", o.data);
+  Data d;
+  if (std::filesystem::path(o.data).extension() == ".npy") {
+    ops::NpyIds npy = ops::load_npy_ids(o.data);
+    NUMESH_CHECK(npy.shape.size() == 2 && npy.shape[1] >= 2, ShapeError,
+                 "--data '{}' is [{}]; training data is [S, T + 1] (rows of T inputs and their next token)", o.data,
+                 fmt::join(npy.shape, ", "));
+    NUMESH_CHECK(o.tokens == 0 || o.tokens == npy.shape[1] - 1, ValueError,
+                 "--tokens {} does not match --data '{}', whose rows hold {} ids (T + 1 = {})", o.tokens, o.data,
+                 npy.shape[1], npy.shape[1]);
+    d.ids = std::move(npy.values);
+    d.shape = npy.shape;
+    return d;
+  }
+  NUMESH_CHECK(o.tokens >= 1, ValueError, "--data '{}' is text: give the sequence length with --tokens T", o.data);
+  NUMESH_CHECK(std::filesystem::exists(model_dir / "tokenizer.json") ||
+                   std::filesystem::exists(model_dir / "tokenizer.model"),
+               IoError, "--data '{}' is text, but {} has no tokenizer.json or tokenizer.model to encode it", o.data,
+               model_dir.string());
+  std::ifstream in(o.data, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<std::int32_t> all = models::TextTokenizer::load(model_dir)->encode(text, false);
+  const std::int64_t row = o.tokens + 1, rows = static_cast<std::int64_t>(all.size()) / row;
+  d.ids.assign(all.begin(), all.begin() + rows * row);
+  d.shape = {rows, row};
+  return d;
+}
+
+// Refuses ids the model cannot embed, naming the first one: before any step runs.
+void check_ids(const Data& d, std::int64_t vocab, const std::string& file) {
+  for (std::size_t i = 0; i < d.ids.size(); ++i) {
+    const std::int32_t id = d.ids[i];
+    NUMESH_CHECK(id >= 0 && id < vocab, IndexError,
+                 "--data '{}': id {} at row {}, column {} is outside the model's vocabulary [0, {})", file, id,
+                 static_cast<std::int64_t>(i) / d.shape[1], static_cast<std::int64_t>(i) % d.shape[1], vocab);
+  }
+}
+
+}  // namespace
+
+CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a Hugging Face causal LM (Llama-family, dense) on the machine's mesh: AdamW with clipping and a "
+      "warm-up/cosine schedule, a CSV log, Hugging Face checkpoints with the optimizer's state, resumable.");
+  cmd->footer(R"(Data: an int32 (or int64) .npy of shape [S, T+1]: step k trains on rows (k*B .. k*B+B-1) mod S,
+inputs [:, :T], targets [:, 1:], the loss the mean cross-entropy over all B*T targets. Or a text
+file, encoded by the model folder's tokenizer and cut into rows of --tokens + 1 ids.
+The model: --model DIR holds config.json and, to start from them, safetensors weights; with
+--init random the weights are initialised as transformers does (normal(0, 0.02), norms 1).
+A DIR written by --save also holds optimizer.safetensors: training from it continues the same
+trajectory (weights, AdamW moments, step count; --steps is the step count to reach).
+Examples:
+  numesh train --model DIR --init random --data train.npy --batch 8 --steps 200 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
+  numesh train --model out --data train.npy --batch 8 --steps 400 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
+  numesh train --model DIR --data corpus.txt --tokens 128 --batch 4 --steps 50 --dims 2,1,1 --names dp,ep,tp
+  python3 scripts/plot_loss.py log.csv loss.png   # the loss curve)");
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
+  cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in for the layout")->capture_default_str();
+  cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
+  cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
+  cmd->add_option("--model", o.model, "Folder with config.json (and safetensors, optimizer state)")->required();
+  cmd->add_option("--init", o.init, "checkpoint: start from the folder's weights; random: initialise them")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "The random initial weights' seed")->capture_default_str();
+  cmd->add_option("--data", o.data, "Token ids .npy [S, T+1], or a text file (with --tokens)")->required();
+  cmd->add_option("--tokens", o.tokens, "Sequence length T for text data (an .npy gives it)");
+  cmd->add_option("--batch", o.batch, "Sequences per step")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Train until this many steps are done")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
+  cmd->add_option("--beta1", o.beta1, "AdamW's beta1")->capture_default_str();
+  cmd->add_option("--beta2", o.beta2, "AdamW's beta2")->capture_default_str();
+  cmd->add_option("--eps", o.eps, "AdamW's eps")->capture_default_str();
+  cmd->add_option("--clip", o.clip, "Clip the gradients' global 2-norm to this (0: no clipping)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Steps of linear warm-up from 0 to --lr")->capture_default_str();
+  cmd->add_option("--schedule", o.schedule, "After warm-up: constant, or cosine decay to 0 at --steps")
+      ->capture_default_str();
+  cmd->add_option("--log", o.log, "Write step,loss,lr,grad_norm,tokens_per_second,seconds per step to a CSV file");
+  cmd->add_option("--save", o.save, "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end");
+  cmd->add_option("--save-every", o.save_every, "Also save every K steps (0: only at the end)")->capture_default_str();
+  cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+  return cmd;
+}
+
+int run_train(const TrainOptions& o, std::ostream& out) {
+  // Options first, then the data and the config, all before any weight is laid out.
+  NUMESH_CHECK(o.init == "checkpoint" || o.init == "random", ValueError,
+               "--init '{}' is not checkpoint or random", o.init);
+  NUMESH_CHECK(o.schedule == "constant" || o.schedule == "cosine", ValueError,
+               "--schedule '{}' is not constant or cosine", o.schedule);
+  NUMESH_CHECK(o.steps >= 1, ValueError, "--steps {} must be at least 1", o.steps);
+  NUMESH_CHECK(o.save_every >= 0, ValueError, "--save-every {} is negative", o.save_every);
+  NUMESH_CHECK(o.save_every == 0 || !o.save.empty(), ValueError, "--save-every {} needs --save DIR", o.save_every);
+  check_mesh_options(o.mesh);
+  const sharding::ModeArg mode = parse_run_mode(o.mode);
+  const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
+  const std::filesystem::path dir = o.model;
+  const models::HfConfig config = models::HfConfig::load(dir);
+  (void)config.transformer_config();  // refuses what numesh cannot run
+  const Data data = read_data(o, dir);
+  const std::int64_t tokens = data.shape[1] - 1;
+  NUMESH_CHECK(data.shape[0] >= o.batch, ShapeError,
+               "--data '{}' holds {} sequences of {} ids, fewer than one batch of --batch {}", o.data, data.shape[0],
+               data.shape[1], o.batch);
+  check_ids(data, config.vocab_size, o.data);
+  NUMESH_CHECK(tokens <= config.max_context(), ValueError,
+               "sequences of {} tokens are longer than the model's context of {}", tokens, config.max_context());
+
+  models::TrainingOptions options;
+  options.batch = o.batch;
+  options.tokens = tokens;
+  options.adamw = ops::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+                                    .weight_decay = o.weight_decay};
+  options.clip = o.clip;
+  options.schedule = ops::LearningRateSchedule{
+      .lr = o.lr, .warmup = o.warmup, .total = o.steps,
+      .kind = o.schedule == "cosine" ? ops::LearningRateSchedule::Kind::kCosine
+                                     : ops::LearningRateSchedule::Kind::kConstant};
+  options.validate();
+  std::ofstream log;  // opened before training, so that an unwritable path is refused first
+  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
+  const ops::ModelAxes axes = ops::ModelAxes::resolve(partition_manager, mode, o.batch, config.hidden_size);
+
+  std::optional<models::CausalLmTrainer> trainer;
+  if (o.init == "random") {
+    std::ifstream in(dir / "config.json");
+    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed), options, axes);
+  } else {
+    NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
+                     std::filesystem::exists(dir / "model.safetensors.index.json"),
+                 IoError, "--model {} holds no safetensors weights to start from; give --init random to initialise them",
+                 dir.string());
+    trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
+  }
+  const std::int64_t first = trainer->steps();
+  NUMESH_CHECK(first < o.steps, ValueError, "--model {} is already at step {}; --steps {} asks for no more",
+               dir.string(), first, o.steps);
+  if (!o.log.empty()) {
+    const bool append = first > 0 && std::filesystem::exists(o.log);
+    log.open(o.log, append ? std::ios::app : std::ios::trunc);
+    NUMESH_CHECK(log.is_open(), IoError, "cannot write --log file '{}'", o.log);
+    if (!append) log << "step,loss,lr,grad_norm,tokens_per_second,seconds\n";
+  }
+  const double params = static_cast<double>(trainer->parameter_count());
+  out << fmt::format("numesh train: {} ({} model, {} layers, hidden {}, vocabulary {}), {:.2f} M parameters, mesh {}\n",
+                     dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
+                     config.vocab_size, params / 1e6, mesh.mesh().repr());
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
+  out << fmt::format("data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
+                     data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
+  out.flush();
+
+  const ProgressLine line(o.quiet);
+  const double tokens_per_step = static_cast<double>(o.batch * tokens);
+  double total_seconds = 0.0;
+  models::StepStats last;
+  std::optional<double> first_loss;
+  for (std::int64_t k = first; k < o.steps; ++k) {
+    const std::vector<std::int32_t> rows = models::training_batch(data.ids, data.shape, k, o.batch, tokens);
+    const auto start = Clock::now();
+    last = trainer->step(rows);
+    const double seconds = seconds_since(start);
+    total_seconds += seconds;
+    if (!first_loss) first_loss = last.loss;
+    if (log.is_open()) {
+      log << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6g},{:.6g}\n", last.step, last.loss, last.lr, last.grad_norm,
+                         tokens_per_step / seconds, seconds);
+      log.flush();
+    }
+    line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s", last.step, o.steps,
+                          last.loss, last.lr, last.grad_norm, tokens_per_step / seconds));
+    if (o.save_every > 0 && last.step % o.save_every == 0 && last.step < o.steps) trainer->save(o.save);
+  }
+  if (!o.save.empty()) trainer->save(o.save);
+  const double steps_run = static_cast<double>(o.steps - first);
+  const double tokens_per_second = steps_run * tokens_per_step / total_seconds;
+  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}\n", *first_loss, first + 1, last.loss, last.step);
+  out << fmt::format("speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
+                     1e3 * total_seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
+  if (!o.save.empty()) out << fmt::format("saved    {} (config.json, model.safetensors, optimizer.safetensors)\n", o.save);
+  if (!o.log.empty()) out << fmt::format("log      {}\n", o.log);
+  return 0;
+}
+
+}  // namespace numesh::tools
