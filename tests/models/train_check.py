@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""Checks whole training runs of numesh against the same runs in PyTorch, float64.
+
+    train_check.py write DIR   # tiny random Llama checkpoints, training data, the run's options
+    train_check.py check DIR   # trains each in PyTorch and compares with what train_check_main did
+
+`write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) in Hugging Face
+layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+(AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
+with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
+saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
+same order in float64 (hf_model_check's Llama forward, torch autograd, torch.optim.AdamW,
+torch.nn.utils.clip_grad_norm_) and compares: each step's loss within 1e-3 relative, each final
+weight within 1e-2 relative (Frobenius), tensor by tensor.
+Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
+NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
+"""
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_model_check import LLAMA, Model, read_safetensors, save, weights  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+LOSS_BOUND, WEIGHT_BOUND = 1e-3, 1e-2
+OPTIONS = {"batch": 4, "tokens": 16, "steps": 12, "lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+           "weight_decay": 0.1, "clip": 1.0, "warmup": 3, "schedule": "cosine"}
+
+
+def models():
+    untied = dict(LLAMA, tie_word_embeddings=False)
+    tied = dict(LLAMA, tie_word_embeddings=True, rope_scaling=None, rope_theta=10000.0)
+    return [("llama", untied), ("llama_tied", tied)]
+
+
+def write(d):
+    cases = []
+    for i, (name, c) in enumerate(models()):
+        save(os.path.join(d, name), c, weights(c, torch.float32, 2000 + i), 1)
+        g = torch.Generator().manual_seed(300 + i)
+        data = torch.randint(0, c["vocab_size"], (6, OPTIONS["tokens"] + 1), generator=g).numpy().astype("<i4")
+        np.save(os.path.join(d, name, "data.npy"), data)
+        cases.append({"name": name})
+    with open(os.path.join(d, "cases.json"), "w") as out:
+        json.dump({"cases": cases, "options": OPTIONS}, out, indent=1)
+
+
+def lr_at(o, k):
+    if k < o["warmup"]:
+        return o["lr"] * k / max(1, o["warmup"])
+    if o["schedule"] == "constant":
+        return o["lr"]
+    progress = min(1.0, (k - o["warmup"]) / max(1, o["steps"] - o["warmup"]))
+    return o["lr"] * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def train(d, o):
+    """The run in float64: losses per step and the final weights by name."""
+    m = Model(d, "f32")
+    params = {name: torch.nn.Parameter(t.double()) for name, t in m.t.items()}
+    m.t = params
+    data = torch.from_numpy(np.load(os.path.join(d, "data.npy")).astype(np.int64))
+    opt = torch.optim.AdamW(list(params.values()), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"])
+    b, losses = o["batch"], []
+    for k in range(o["steps"]):
+        rows = data[[(k * b + r) % data.shape[0] for r in range(b)]]
+        logits = m.logits(rows[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), o["clip"])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(o, k)
+        opt.step()
+        losses.append(loss.item())
+    return losses, {name: p.detach() for name, p in params.items()}
+
+
+def check(d):
+    with open(os.path.join(d, "cases.json")) as f:
+        spec = json.load(f)
+    with open(os.path.join(d, "results.json")) as f:
+        results = json.load(f)["results"]
+    o, failed, runs = spec["options"], 0, 0
+    for case in spec["cases"]:
+        name = case["name"]
+        want_losses, want = train(os.path.join(d, name), o)
+        for r in (r for r in results if r["case"] == name):
+            runs += 1
+            got = read_safetensors(os.path.join(d, r["checkpoint"], "model.safetensors"))
+            loss_err = max(abs(g - w) / abs(w) for g, w in zip(r["losses"], want_losses))
+            problems = []
+            if len(r["losses"]) != len(want_losses) or loss_err > LOSS_BOUND:
+                problems.append(f"losses {r['losses']} against torch {want_losses}")
+            if sorted(got) != sorted(want):
+                problems.append(f"tensors {sorted(set(got) ^ set(want))} differ between the checkpoints")
+            weight_err, worst = 0.0, ""
+            for t in want:
+                if t in got:
+                    e = float((got[t] - want[t]).norm() / want[t].norm())
+                    if e > weight_err:
+                        weight_err, worst = e, t
+            if weight_err > WEIGHT_BOUND:
+                problems.append(f"weight {worst} off by {weight_err:.2e}")
+            status = "FAILED" if problems else "ok"
+            print(f"{status} {name} on {r['mesh']}: {len(r['losses'])} steps, losses {r['losses'][0]:.5f} .. "
+                  f"{r['losses'][-1]:.5f}, max loss error {loss_err:.2e} (bound {LOSS_BOUND}), final weights max "
+                  f"error {weight_err:.2e} ({worst}; bound {WEIGHT_BOUND})")
+            for p in problems:
+                print("   ", p)
+            failed += bool(problems)
+    if failed:
+        print(f"train_check: {failed} of {runs} runs differ from PyTorch")
+        return 1
+    print(f"train_check: all {runs} runs train as PyTorch does")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
+        print(__doc__)
+        sys.exit(2)
+    if sys.argv[1] == "write":
+        write(sys.argv[2])
+        sys.exit(0)
+    sys.exit(check(sys.argv[2]))

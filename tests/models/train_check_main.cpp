@@ -1,0 +1,130 @@
+// train_check_main: trains the tiny Hugging Face checkpoints train_check.py wrote (DIR/NAME,
+// listed in DIR/cases.json with the options) with CausalLmTrainer on many meshes, and writes
+// what the script compares with the same run in PyTorch: each step's loss (DIR/results.json)
+// and the final checkpoint (DIR/runs/NAME_MESH, numesh's save). One run stops halfway, saves,
+// and resumes from the saved folder in a new trainer.
+//   train_check_main DIR
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../runtime/test_devices.hpp"
+#include "numesh/models/trainer.hpp"
+#include "numesh/ops/npy.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace rt = numesh::runtime;
+using nlohmann::json;
+using numesh::models::CausalLmTrainer;
+
+struct MeshChoice {
+  std::string label;
+  std::vector<std::int64_t> dims;
+  std::vector<std::string> names;
+};
+
+rt::DeviceMesh make_mesh(const MeshChoice& m) {
+  std::int64_t n = 1;
+  for (std::int64_t d : m.dims) n *= d;
+  return rt::DeviceMesh::create(rt::testing::synthetic_devices(rt::testing::nodes(static_cast<int>(n))), m.dims,
+                                m.names);
+}
+
+// The ZeRO-3 axis splits the MLP weights whenever the mesh has it; tokens go over sp.
+numesh::ops::ModelAxes axes_for(const MeshChoice& m) {
+  numesh::ops::ModelAxes axes;
+  for (const std::string& name : m.names) {
+    if (name == "fsdp") axes.weights = {"fsdp"};
+  }
+  return axes;
+}
+
+numesh::models::TrainingOptions options_of(const json& o) {
+  numesh::models::TrainingOptions t;
+  t.batch = o["batch"];
+  t.tokens = o["tokens"];
+  t.adamw = numesh::ops::AdamWOptions{.lr = o["lr"], .beta1 = o["beta1"], .beta2 = o["beta2"], .eps = o["eps"],
+                                      .weight_decay = o["weight_decay"]};
+  t.clip = o["clip"];
+  t.schedule = numesh::ops::LearningRateSchedule{
+      .lr = o["lr"], .warmup = o["warmup"], .total = o["steps"],
+      .kind = o["schedule"] == "cosine" ? numesh::ops::LearningRateSchedule::Kind::kCosine
+                                        : numesh::ops::LearningRateSchedule::Kind::kConstant};
+  return t;
+}
+
+// Steps [from, to) of `trainer` on `data`, their losses appended to `losses`.
+void train(CausalLmTrainer& trainer, const numesh::ops::NpyIds& data, std::int64_t from, std::int64_t to,
+           const numesh::models::TrainingOptions& o, json& losses) {
+  for (std::int64_t k = from; k < to; ++k) {
+    losses.push_back(
+        trainer.step(numesh::models::training_batch(data.values, data.shape, k, o.batch, o.tokens)).loss);
+  }
+}
+
+void run(const fs::path& dir) {
+  json spec;
+  std::ifstream(dir / "cases.json") >> spec;
+  const numesh::models::TrainingOptions options = options_of(spec["options"]);
+  const std::int64_t steps = spec["options"]["steps"];
+  const std::vector<MeshChoice> meshes{
+      {"tp1", {1}, {"tp"}},          {"tp2", {2}, {"tp"}},          {"tp4", {4}, {"tp"}},
+      {"dp2", {2}, {"dp"}},          {"fsdp2", {2}, {"fsdp"}},      {"sp2", {2}, {"sp"}},
+      {"dp2xtp2", {2, 2}, {"dp", "tp"}}, {"sp2xtp2", {2, 2}, {"sp", "tp"}},
+      {"dp2xfsdp2xtp2", {2, 2, 2}, {"dp", "fsdp", "tp"}}, {"dp2xsp2xtp2", {2, 2, 2}, {"dp", "sp", "tp"}}};
+  json results = json::array();
+  for (const json& c : spec["cases"]) {
+    const std::string name = c["name"];
+    const numesh::ops::NpyIds data = numesh::ops::load_npy_ids(dir / name / "data.npy");
+    for (const MeshChoice& m : meshes) {
+      CausalLmTrainer trainer = CausalLmTrainer::load(make_mesh(m), dir / name, options, axes_for(m));
+      json losses = json::array();
+      train(trainer, data, 0, steps, options, losses);
+      const fs::path out = dir / "runs" / (name + "_" + m.label);
+      trainer.save(out);
+      results.push_back({{"case", name}, {"mesh", m.label}, {"losses", losses}, {"checkpoint", fs::relative(out, dir)}});
+      std::printf("trained %s on %s\n", name.c_str(), m.label.c_str());
+    }
+    // Stopped halfway on tp2, saved, resumed by a new trainer on dp2 from the saved folder.
+    json losses = json::array();
+    const fs::path half = dir / "runs" / (name + "_half");
+    {
+      CausalLmTrainer first = CausalLmTrainer::load(make_mesh(meshes[1]), dir / name, options);
+      train(first, data, 0, steps / 2, options, losses);
+      first.save(half);
+    }
+    CausalLmTrainer resumed = CausalLmTrainer::load(make_mesh(meshes[3]), half, options);
+    train(resumed, data, resumed.steps(), steps, options, losses);
+    const fs::path out = dir / "runs" / (name + "_resumed");
+    resumed.save(out);
+    results.push_back({{"case", name},
+                       {"mesh", "tp2 then resumed on dp2"},
+                       {"losses", losses},
+                       {"checkpoint", fs::relative(out, dir)}});
+  }
+  std::ofstream(dir / "results.json") << json{{"results", results}}.dump(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: train_check_main DIR\n");
+    return 2;
+  }
+  try {
+    run(argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_check_main: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
