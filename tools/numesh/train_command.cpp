@@ -77,6 +77,19 @@ void check_ids(const Data& d, std::int64_t vocab, const std::string& file) {
   }
 }
 
+// Copies the files beside the weights that make the saved folder a whole model (its tokenizer
+// and generation settings) from the model's folder, unless it is the same folder.
+void copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(from, to, ec)) return;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json"}) {
+    if (!std::filesystem::exists(from / name)) continue;
+    std::filesystem::copy_file(from / name, to / name, std::filesystem::copy_options::overwrite_existing, ec);
+    NUMESH_CHECK(!ec, IoError, "cannot copy {} into {}: {}", (from / name).string(), to.string(), ec.message());
+  }
+}
+
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
@@ -118,7 +131,9 @@ Examples:
   cmd->add_option("--schedule", o.schedule, "After warm-up: constant, or cosine decay to 0 at --steps")
       ->capture_default_str();
   cmd->add_option("--log", o.log, "Write step,loss,lr,grad_norm,tokens_per_second,seconds per step to a CSV file");
-  cmd->add_option("--save", o.save, "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end");
+  cmd->add_option("--save", o.save,
+                  "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end (with the model "
+                  "folder's tokenizer and generation_config.json)");
   cmd->add_option("--save-every", o.save_every, "Also save every K steps (0: only at the end)")->capture_default_str();
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
@@ -211,9 +226,15 @@ int run_train(const TrainOptions& o, std::ostream& out) {
     }
     line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s", last.step, o.steps,
                           last.loss, last.lr, last.grad_norm, tokens_per_step / seconds));
-    if (o.save_every > 0 && last.step % o.save_every == 0 && last.step < o.steps) trainer->save(o.save);
+    if (o.save_every > 0 && last.step % o.save_every == 0 && last.step < o.steps) {
+      trainer->save(o.save);
+      copy_model_files(dir, o.save);
+    }
   }
-  if (!o.save.empty()) trainer->save(o.save);
+  if (!o.save.empty()) {
+    trainer->save(o.save);
+    copy_model_files(dir, o.save);
+  }
   const double steps_run = static_cast<double>(o.steps - first);
   const double tokens_per_second = steps_run * tokens_per_step / total_seconds;
   out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}\n", *first_loss, first + 1, last.loss, last.step);
