@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../runtime/test_devices.hpp"
+#include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/models/causal_lm.hpp"
 #include "numesh/models/hf_config.hpp"
@@ -29,18 +29,8 @@ namespace rt = numesh::runtime;
 using nlohmann::json;
 using numesh::models::CausalLm;
 
-struct MeshChoice {
-  std::string label;
-  std::vector<std::int64_t> dims;
-  std::vector<std::string> names;
-};
-
-rt::DeviceMesh make_mesh(const MeshChoice& m) {
-  std::int64_t n = 1;
-  for (std::int64_t d : m.dims) n *= d;
-  return rt::DeviceMesh::create(rt::testing::synthetic_devices(rt::testing::nodes(static_cast<int>(n))), m.dims,
-                                m.names);
-}
+using numesh::models::testing::make_mesh;
+using numesh::models::testing::MeshChoice;
 
 void run(const fs::path& dir) {
   json cases;

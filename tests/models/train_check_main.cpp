@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../runtime/test_devices.hpp"
+#include "check_mesh.hpp"
 #include "numesh/models/trainer.hpp"
 #include "numesh/ops/npy.hpp"
 
@@ -25,18 +25,8 @@ namespace rt = numesh::runtime;
 using nlohmann::json;
 using numesh::models::CausalLmTrainer;
 
-struct MeshChoice {
-  std::string label;
-  std::vector<std::int64_t> dims;
-  std::vector<std::string> names;
-};
-
-rt::DeviceMesh make_mesh(const MeshChoice& m) {
-  std::int64_t n = 1;
-  for (std::int64_t d : m.dims) n *= d;
-  return rt::DeviceMesh::create(rt::testing::synthetic_devices(rt::testing::nodes(static_cast<int>(n))), m.dims,
-                                m.names);
-}
+using numesh::models::testing::make_mesh;
+using numesh::models::testing::MeshChoice;
 
 // The ZeRO-3 axis splits the MLP weights whenever the mesh has it; tokens go over sp.
 numesh::ops::ModelAxes axes_for(const MeshChoice& m) {
