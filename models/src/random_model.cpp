@@ -15,6 +15,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/safetensors_writer.hpp"
+#include "numesh/ops/tensor.hpp"
 
 namespace numesh::models {
 
@@ -187,10 +188,7 @@ CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, doub
   }
   w.stack.final_norm = ones({1, h});
   if (config.tie_word_embeddings) {
-    w.lm_head.weight = runtime::HostTensor::zeros({h, v});
-    for (std::int64_t r = 0; r < v; ++r) {
-      for (std::int64_t c = 0; c < h; ++c) w.lm_head.weight.data[c * v + r] = w.embedding.table.data[r * h + c];
-    }
+    w.lm_head.weight = ops::transposed(w.embedding.table);
   } else {
     w.lm_head.weight = matrix({h, v});
   }

@@ -37,16 +37,6 @@ runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, 
   return testing::random_host(std::move(shape), seed, scale);
 }
 
-// A stored out-in [out, in] matrix as the [in, out] one the references take.
-runtime::HostTensor transposed(const runtime::HostTensor& t) {
-  const std::int64_t r = t.shape[0], c = t.shape[1];
-  runtime::HostTensor out = runtime::HostTensor::zeros({c, r});
-  for (std::int64_t i = 0; i < r; ++i) {
-    for (std::int64_t j = 0; j < c; ++j) out.data[static_cast<std::size_t>(j * r + i)] = t.data[static_cast<std::size_t>(i * c + j)];
-  }
-  return out;
-}
-
 // The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.
 sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std::vector<std::string>& names) {
   std::vector<sharding::AxisRule> present;

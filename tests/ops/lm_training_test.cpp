@@ -12,6 +12,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/lm_training.hpp"
 #include "numesh/ops/reference/lm_training.hpp"
+#include "numesh/ops/tensor.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
@@ -55,15 +56,6 @@ std::vector<std::int32_t> ids(std::uint32_t seed) {
   return v;
 }
 
-// A stored out-in [out, in] matrix as the [in, out] one the references take.
-runtime::HostTensor as_in_out(const runtime::HostTensor& m) {
-  runtime::HostTensor t = runtime::HostTensor::zeros({m.shape[1], m.shape[0]});
-  for (std::int64_t r = 0; r < m.shape[0]; ++r) {
-    for (std::int64_t c = 0; c < m.shape[1]; ++c) t.data[c * m.shape[0] + r] = m.data[r * m.shape[1] + c];
-  }
-  return t;
-}
-
 // The ZeRO-3 axis splits the MLP weights whenever the mesh has it.
 ModelAxes axes_for(const MeshCase& c) {
   ModelAxes axes;
@@ -91,7 +83,7 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
     ASSERT_EQ(step.parameters().size(), want.grads.size()) << where;
     for (const TrainableParameter& p : step.parameters()) {
       runtime::HostTensor got = runtime::gather(*p.grad);
-      if (p.layout == WeightLayout::kOutIn) got = as_in_out(got);
+      if (p.layout == WeightLayout::kOutIn) got = transposed(got);
       ASSERT_TRUE(want.grads.contains(p.name)) << where << ": " << p.name;
       EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << where << ": " << p.name;
     }

@@ -47,8 +47,8 @@ Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
                  "--data '{}' is [{}]; training data is [S, T + 1] (rows of T inputs and their next token)", o.data,
                  fmt::join(npy.shape, ", "));
     NUMESH_CHECK(o.tokens == 0 || o.tokens == npy.shape[1] - 1, ValueError,
-                 "--tokens {} does not match --data '{}', whose rows hold {} ids (T + 1 = {})", o.tokens, o.data,
-                 npy.shape[1], npy.shape[1]);
+                 "--tokens {} does not match --data '{}', whose rows hold {} ids (T = {})", o.tokens, o.data,
+                 npy.shape[1], npy.shape[1] - 1);
     d.ids = std::move(npy.values);
     d.shape = npy.shape;
     return d;

@@ -35,6 +35,11 @@ std::int64_t size_over(const std::vector<std::string>& axes, const sharding::Mes
   return n;
 }
 
+// The sequence-parallel axis as a list of axes (empty: tokens are not split).
+std::vector<std::string> sequence_axes(const ModelAxes& axes) {
+  return axes.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes.sequence};
+}
+
 // One node per device copying its shard of `from` into its shard of `to`: the same values seen
 // under another shape (the activations [B, T, H] as the head's rows [B x T, H]), which the
 // layouts place on the same devices in the same order (position_of_row_ makes it so).
@@ -89,8 +94,7 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
                "training: a batch of {} sequences does not split over the data-parallel axes ({}) of size {}; use a "
                "batch that is a multiple of {}",
                batch, fmt::join(axes_.batch, ", "), batch_ways, batch_ways);
-  const std::vector<std::string> sequence =
-      axes_.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes_.sequence};
+  const std::vector<std::string> sequence = sequence_axes(axes_);
   const std::int64_t sequence_ways = size_over(sequence, m);
   NUMESH_CHECK(tokens % sequence_ways == 0, ShapeError,
                "training: {} tokens per sequence do not split over the sequence axis {} of size {}", tokens,
@@ -179,8 +183,7 @@ void LmTrainingStep::compile() {
   Layers& L = *layers_;
   const sharding::Mesh& m = mesh_.mesh();
   const std::int64_t h = config_.hidden, rows = batch_ * tokens_;
-  const std::vector<std::string> sequence =
-      axes_.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes_.sequence};
+  const std::vector<std::string> sequence = sequence_axes(axes_);
   std::vector<std::string> row_axes = axes_.batch;
   row_axes.insert(row_axes.end(), sequence.begin(), sequence.end());
   const std::vector<std::int64_t> shape{batch_, tokens_, h};
@@ -199,22 +202,18 @@ void LmTrainingStep::compile() {
   // its own order, lands in slot s's rows.
   ShardedTensor& x = activation("x");
   ShardedTensor& x_rows = rows_tensor("x.rows");
-  {
-    const runtime::ShardedTensor& probe = x;
-    const runtime::ShardedTensor& probe_rows = x_rows;
-    position_of_row_.assign(static_cast<std::size_t>(rows), -1);
-    for (std::int64_t s = 0; s < mesh_.size(); ++s) {
-      const std::vector<std::int64_t> at = probe.layout().tile_offset(s), local = probe.layout().shard_shape();
-      const std::int64_t first_row = probe_rows.layout().tile_offset(s)[0];
-      for (std::int64_t b = 0; b < local[0]; ++b) {
-        for (std::int64_t t = 0; t < local[1]; ++t) {
-          const std::int64_t position = (at[0] + b) * tokens_ + at[1] + t;
-          std::int64_t& slot = position_of_row_[static_cast<std::size_t>(first_row + b * local[1] + t)];
-          NUMESH_CHECK(slot == -1 || slot == position, ValueError,
-                       "training: (internal) row {} holds positions {} and {} on different devices", first_row + b * local[1] + t,
-                       slot, position);
-          slot = position;
-        }
+  position_of_row_.assign(static_cast<std::size_t>(rows), -1);
+  const std::vector<std::int64_t> local = x.layout().shard_shape();
+  for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+    const std::vector<std::int64_t> at = x.layout().tile_offset(s);
+    const std::int64_t first_row = x_rows.layout().tile_offset(s)[0];
+    for (std::int64_t b = 0; b < local[0]; ++b) {
+      for (std::int64_t t = 0; t < local[1]; ++t) {
+        const std::int64_t row = first_row + b * local[1] + t, position = (at[0] + b) * tokens_ + at[1] + t;
+        std::int64_t& slot = position_of_row_[static_cast<std::size_t>(row)];
+        NUMESH_CHECK(slot == -1 || slot == position, ValueError,
+                     "training: (internal) row {} holds positions {} and {} on different devices", row, slot, position);
+        slot = position;
       }
     }
   }

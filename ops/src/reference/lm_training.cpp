@@ -36,14 +36,6 @@ HostTensor sum(const HostTensor& a, const HostTensor& b) {
   return s;
 }
 
-HostTensor transposed(const HostTensor& m) {
-  HostTensor t = HostTensor::zeros({m.shape[1], m.shape[0]});
-  for (std::int64_t r = 0; r < m.shape[0]; ++r) {
-    for (std::int64_t c = 0; c < m.shape[1]; ++c) t.data[c * m.shape[0] + r] = m.data[r * m.shape[1] + c];
-  }
-  return t;
-}
-
 }  // namespace
 
 LmTrainingGrads lm_training_reference(const TransformerConfig& c, const EmbeddingWeights& embedding,

@@ -85,6 +85,11 @@ inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std
           rows, cols, layout};
 }
 
+/// The transpose [cols, rows] of a [rows, cols] host tensor (a stored out-in matrix as the
+/// [in, out] one the weight structs and references take, and back).
+/// Throws: ShapeError when m is not rank 2.
+runtime::HostTensor transposed(const runtime::HostTensor& m);
+
 /// Tokens [from, from + n) of x [B, T, ...]: [B, n, ...].
 /// Throws: ShapeError when x has rank < 2 or the range leaves [0, T).
 runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from, std::int64_t n);

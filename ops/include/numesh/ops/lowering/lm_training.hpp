@@ -89,9 +89,9 @@ class LmTrainingStep {
   std::int64_t batch_, tokens_, vocab_ = 0;
   std::unique_ptr<Layers> layers_;
   std::vector<TrainableParameter> parameters_;
-  // Row r of the embedding's and the head's [batch x tokens] rows holds position row_of_[...]
-  // of the caller's [batch, tokens] ids: the rows of each device's tile of the activations, in
-  // the tile's order, so that both views put the same tokens on the same device.
+  // Row r of the embedding's and the head's [batch x tokens] rows holds the caller's id at
+  // position_of_row_[r] (of its row-major [batch, tokens]): each device's rows are its tile of
+  // the activations in the tile's order, so both views put the same tokens on the same device.
   std::vector<std::int64_t> position_of_row_;
   std::vector<std::int32_t> inputs_, targets_;  // in row order; read by the program's nodes
   std::unique_ptr<Program> program_;
