@@ -5,7 +5,8 @@
 
 DIR holds what backward_check_main wrote. Each case's forward is written here with torch
 operations in float64 (RMSNorm, a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
-with RoPE as Hugging Face's Llama writes it, an embedding lookup, the LM head with
+with RoPE as Hugging Face's Llama writes it, a MoE layer routed as Mixtral's sparse block
+(softmax, top-k, renormalised) with GShard's capacity where asked, an embedding lookup, the LM head with
 torch.nn.functional.cross_entropy's mean), torch.autograd computes the gradients,
 and numesh's (float64 inside, rounded to fp32) must agree: max |numesh - torch| / max |torch|
 <= 1e-6 per gradient, the loss within 1e-12 relative.
@@ -13,6 +14,7 @@ Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
 NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
 """
 import json
+import math
 import os
 import sys
 
@@ -47,6 +49,35 @@ def llama_attention(x, wq, wk, wv, wo, heads, kv_heads, head_dim, theta):
     mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
     p = scores.masked_fill(mask, float("-inf")).softmax(-1)
     return (p @ v).transpose(1, 2).reshape(b, t, heads * head_dim) @ wo
+
+
+def moe_forward(x, router, gate, up, down, top_k, capacity_factor, renormalize):
+    """Mixtral's sparse MoE block (softmax, top-k, weights renormalised when asked) with
+    GShard's capacity when capacity_factor > 0: an expert keeps at most
+    ceil(capacity_factor * T * k / E) choices, every token's first choice before any second."""
+    t, e = x.shape[0], router.shape[1]
+    probs = (x @ router).softmax(-1)
+    weights, chosen = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    keep = torch.ones(t, top_k, dtype=torch.bool)
+    if capacity_factor > 0:
+        capacity = math.ceil(capacity_factor * t * top_k / e)
+        load = [0] * e
+        for j in range(top_k):
+            for i in range(t):
+                ex = int(chosen[i, j])
+                keep[i, j] = load[ex] < capacity
+                load[ex] += int(keep[i, j])
+    rows = []
+    for i in range(t):
+        row = torch.zeros(x.shape[1], dtype=x.dtype)
+        for j in range(top_k):
+            if keep[i, j]:
+                ex = int(chosen[i, j])
+                row = row + weights[i, j] * ((F.silu(x[i] @ gate[ex]) * (x[i] @ up[ex])) @ down[ex])
+        rows.append(row)
+    return torch.stack(rows)
 
 
 def main():
@@ -84,6 +115,11 @@ def main():
             llama_attention(x, wq, wk, wv, wo, c["heads"], c["kv_heads"], c["head_dim"],
                             c["theta"]).backward(load(n, "dy"))
             grads = {"dx": x.grad, "dwq": wq.grad, "dwk": wk.grad, "dwv": wv.grad, "dwo": wo.grad}
+        elif c.get("kind") == "moe":
+            x, r, g, u, dn = (load(n, "x", True), load(n, "router", True), load(n, "gate", True),
+                              load(n, "up", True), load(n, "down", True))
+            moe_forward(x, r, g, u, dn, c["top_k"], c["capacity_factor"], c["renormalize"]).backward(load(n, "dy"))
+            grads = {"dx": x.grad, "drouter": r.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
         elif n == "embedding":
             table = torch.zeros(c["vocab"], load(n, "dy").shape[1], dtype=torch.float64, requires_grad=True)
             F.embedding(torch.tensor(c["ids"]), table).backward(load(n, "dy"))

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
+#include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -27,6 +29,30 @@ MatrixD matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t col
 std::int64_t dim(const runtime::HostTensor& t, std::size_t i, const char* what) {
   NUMESH_CHECK(t.shape.size() == 2, ShapeError, "{} is [{}], expected a matrix", what, fmt::join(t.shape, ", "));
   return t.shape[i];
+}
+
+// The SwiGLU MLP's gradients in float64: x [rows, H], w_gate and w_up [H, F], w_down [F, H],
+// g = dy [rows, H].
+struct SwigluGradsD {
+  MatrixD dx, dgate, dup, ddown;
+};
+SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu, const MatrixD& wd,
+                              const MatrixD& g) {
+  const MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
+  const Eigen::Index rows = xm.rows(), f = wg.cols();
+  MatrixD act(rows, f), da(rows, f), db(rows, f);
+  const MatrixD dz = g * wd.transpose();  // gradient of z = silu(a) .* b
+  for (Eigen::Index r = 0; r < rows; ++r) {
+    for (Eigen::Index j = 0; j < f; ++j) {
+      const double sg = oracle::sigmoid(a(r, j));
+      const double silu = a(r, j) * sg;
+      act(r, j) = silu * b(r, j);
+      db(r, j) = dz(r, j) * silu;
+      da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
+    }
+  }
+  return {da * wg.transpose() + db * wu.transpose(), xm.transpose() * da, xm.transpose() * db,
+          act.transpose() * g};
 }
 
 }  // namespace
@@ -74,21 +100,9 @@ MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, 
   const MatrixD wu = matrix(w.up, h, f, "swiglu backward: up");
   const MatrixD wd = matrix(w.down, f, h, "swiglu backward: down");
   const MatrixD g = matrix(dy, rows, h, "swiglu backward: dy");
-  const MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
-  MatrixD act(rows, f), da(rows, f), db(rows, f);
-  const MatrixD dz = g * wd.transpose();  // gradient of z = silu(a) .* b
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < f; ++j) {
-      const double sg = oracle::sigmoid(a(r, j));
-      const double silu = a(r, j) * sg;
-      act(r, j) = silu * b(r, j);
-      db(r, j) = dz(r, j) * silu;
-      da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
-    }
-  }
-  const MatrixD dx = da * wg.transpose() + db * wu.transpose();
-  return {oracle::narrow(dx, {rows, h}), oracle::narrow(xm.transpose() * da, {h, f}),
-          oracle::narrow(xm.transpose() * db, {h, f}), oracle::narrow(act.transpose() * g, {f, h})};
+  const SwigluGradsD d = swiglu_gradients(xm, wg, wu, wd, g);
+  return {oracle::narrow(d.dx, {rows, h}), oracle::narrow(d.dgate, {h, f}), oracle::narrow(d.dup, {h, f}),
+          oracle::narrow(d.ddown, {f, h})};
 }
 
 MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
@@ -233,6 +247,81 @@ CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runt
   }
   return {loss / static_cast<double>(rows), oracle::narrow(dl * wm.transpose(), {rows, h}),
           oracle::narrow(xm.transpose() * dl, {h, v})};
+}
+
+MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
+                      const runtime::HostTensor& dy) {
+  NUMESH_CHECK(!w.has_shared_expert() && w.stored_as == DType::kF32, NotImplementedError,
+               "moe backward: shared experts and 16-bit experts are not differentiated yet");
+  const std::int64_t t = dim(x, 0, "moe backward: x"), h = dim(x, 1, "moe backward: x");
+  const std::int64_t e = c.num_experts, k = c.top_k;
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e && c.capacity_factor >= 0.0f, ValueError,
+               "moe backward: top_k {} must be between 1 and the {} experts and capacity_factor {} not negative", k,
+               e, c.capacity_factor);
+  const std::int64_t f = w.gate.shape.size() == 3 ? w.gate.shape[2] : -1;
+  NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) && w.up.shape == w.gate.shape &&
+                   w.down.shape == (std::vector<std::int64_t>{e, f, h}),
+               ShapeError, "moe backward: gate [{}], up [{}], down [{}] do not fit {} experts and hidden {}",
+               fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "), fmt::join(w.down.shape, ", "), e, h);
+  const MatrixD xm = matrix(x, t, h, "moe backward: x");
+  const MatrixD wr = matrix(w.router, h, e, "moe backward: router");
+  const MatrixD g = matrix(dy, t, h, "moe backward: dy");
+  const oracle::Routing r = oracle::route(xm, w.router, c);
+
+  // y[t] = sum over kept choices j of w_tj E_j(x[t]). The experts see dy scaled by the weight;
+  // each weight sees dy . E_j(x[t]) (dropped choices: nothing).
+  MatrixD dx = MatrixD::Zero(t, h), dweight = MatrixD::Zero(t, k);
+  MatrixD dgate(e * h, f), dup(e * h, f), ddown(e * f, h);
+  for (std::int64_t ex = 0; ex < e; ++ex) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> uses;  // (token, choice) kept for ex
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto i = static_cast<std::size_t>(ti), jj = static_cast<std::size_t>(j);
+        if (r.kept[i][jj] && r.chosen[i][jj] == ex) uses.emplace_back(ti, j);
+      }
+    }
+    const MatrixD wg = oracle::widen(w.gate.data.data() + ex * h * f, h, f);
+    const MatrixD wu = oracle::widen(w.up.data.data() + ex * h * f, h, f);
+    const MatrixD wd = oracle::widen(w.down.data.data() + ex * f * h, f, h);
+    const auto n = static_cast<Eigen::Index>(uses.size());
+    MatrixD xe(n, h), ge(n, h);
+    for (Eigen::Index u = 0; u < n; ++u) {
+      const auto [ti, j] = uses[static_cast<std::size_t>(u)];
+      xe.row(u) = xm.row(ti);
+      ge.row(u) = r.weight[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] * g.row(ti);
+    }
+    const MatrixD out = oracle::swiglu_mlp(xe, wg, wu, wd);
+    const SwigluGradsD d = swiglu_gradients(xe, wg, wu, wd, ge);
+    for (Eigen::Index u = 0; u < n; ++u) {
+      const auto [ti, j] = uses[static_cast<std::size_t>(u)];
+      dx.row(ti) += d.dx.row(u);
+      dweight(ti, j) = g.row(ti).dot(out.row(u));
+    }
+    dgate.middleRows(ex * h, h) = d.dgate;
+    dup.middleRows(ex * h, h) = d.dup;
+    ddown.middleRows(ex * f, f) = d.ddown;
+  }
+  // Through the weights to the probabilities: w_j = p_j / Z with Z the sum of the k chosen
+  // probabilities (renormalised), so dp_i = (dw_i - sum_j w_j dw_j) / Z; else dp_i = dw_i.
+  // Then the softmax: dlogits = p .* (dp - p . dp).
+  MatrixD dlogits = MatrixD::Zero(t, e);
+  for (std::int64_t ti = 0; ti < t; ++ti) {
+    const auto i = static_cast<std::size_t>(ti);
+    double z = 0.0, mean = 0.0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      z += r.probs(ti, r.chosen[i][static_cast<std::size_t>(j)]);
+      mean += r.weight[i][static_cast<std::size_t>(j)] * dweight(ti, j);
+    }
+    Eigen::RowVectorXd dp = Eigen::RowVectorXd::Zero(e);
+    for (std::int64_t j = 0; j < k; ++j) {
+      dp(r.chosen[i][static_cast<std::size_t>(j)]) = c.renormalize ? (dweight(ti, j) - mean) / z : dweight(ti, j);
+    }
+    const double pdp = r.probs.row(ti).dot(dp);
+    dlogits.row(ti) = r.probs.row(ti).array() * (dp.array() - pdp);
+  }
+  dx += dlogits * wr.transpose();
+  return {oracle::narrow(dx, {t, h}), oracle::narrow(xm.transpose() * dlogits, {h, e}),
+          oracle::narrow(dgate, {e, h, f}), oracle::narrow(dup, {e, h, f}), oracle::narrow(ddown, {e, f, h})};
 }
 
 }  // namespace numesh::ops

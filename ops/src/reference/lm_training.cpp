@@ -12,6 +12,7 @@
 #include "numesh/ops/reference/backward.hpp"
 #include "numesh/ops/reference/embedding.hpp"
 #include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/moe.hpp"
 #include "numesh/ops/reference/norms.hpp"
 
 namespace numesh::ops {
@@ -58,7 +59,6 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
   std::vector<Kept> kept(static_cast<std::size_t>(c.layers));
   HostTensor stream = embedding_reference(inputs, embedding);  // [rows, H]
   for (std::int64_t l = 0; l < c.layers; ++l) {
-    NUMESH_CHECK(!c.is_moe(l), NotImplementedError, "training reference: block {} is a mixture of experts", l);
     const BlockWeights& b = stack.blocks[static_cast<std::size_t>(l)];
     Kept& k = kept[static_cast<std::size_t>(l)];
     k.block_in = stream;
@@ -69,7 +69,9 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     a.shape = flat;
     k.mid = sum(stream, a);
     k.n2 = norm(k.mid, b.ffn_norm);
-    const HostTensor f = as_tensor(mlp_reference(as_rows(k.n2, rows, h), MlpKind::kSwiGLU, b.mlp), flat);
+    const HostTensor f =
+        c.is_moe(l) ? as_tensor(moe_reference(as_rows(k.n2, rows, h), b.moe, c.moe), flat)
+                    : as_tensor(mlp_reference(as_rows(k.n2, rows, h), MlpKind::kSwiGLU, b.mlp), flat);
     stream = sum(k.mid, f);
   }
   const HostTensor y = norm(stream, stack.final_norm);
@@ -85,11 +87,21 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     const BlockWeights& b = stack.blocks[static_cast<std::size_t>(l)];
     const Kept& k = kept[static_cast<std::size_t>(l)];
     const std::string p = fmt::format("layers.{}.", l);
-    const MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
-    out.grads[p + "mlp.gate"] = mlp.dgate;
-    out.grads[p + "mlp.up"] = mlp.dup;
-    out.grads[p + "mlp.down"] = mlp.ddown;
-    HostTensor dn2 = mlp.dx;
+    HostTensor dn2;
+    if (c.is_moe(l)) {
+      MoeGrads moe = moe_backward(k.n2, b.moe, c.moe, d_stream);
+      out.grads[p + "moe.router"] = moe.drouter;
+      out.grads[p + "moe.gate"] = moe.dgate;
+      out.grads[p + "moe.up"] = moe.dup;
+      out.grads[p + "moe.down"] = moe.ddown;
+      dn2 = std::move(moe.dx);
+    } else {
+      MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
+      out.grads[p + "mlp.gate"] = mlp.dgate;
+      out.grads[p + "mlp.up"] = mlp.dup;
+      out.grads[p + "mlp.down"] = mlp.ddown;
+      dn2 = std::move(mlp.dx);
+    }
     dn2.shape = flat;
     const RmsNormGrads ffn_norm = rmsnorm_backward(k.mid, b.ffn_norm, dn2, c.norm_eps);
     out.grads[p + "ffn_norm"] = ffn_norm.dweight;

@@ -200,50 +200,65 @@ MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const At
   return out;
 }
 
-MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats* stats) {
-  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k, f = w.gate.shape[2];
+Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConfig& c) {
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k;
+  Routing r;
   // Router probabilities, one row per token (stable softmax).
-  MatrixD probs = x * widen(w.router, h, e);
+  r.probs = x * widen(router, h, e);
   for (std::int64_t ti = 0; ti < t; ++ti) {
-    const double m = probs.row(ti).maxCoeff();
-    probs.row(ti) = (probs.row(ti).array() - m).exp().matrix();
-    probs.row(ti) /= probs.row(ti).sum();
+    const double m = r.probs.row(ti).maxCoeff();
+    r.probs.row(ti) = (r.probs.row(ti).array() - m).exp().matrix();
+    r.probs.row(ti) /= r.probs.row(ti).sum();
   }
   // Top-k per token: highest probability first, ties to the lower expert index.
-  std::vector<std::vector<std::int64_t>> chosen(static_cast<std::size_t>(t));
-  std::vector<std::vector<double>> weight(static_cast<std::size_t>(t));
+  r.chosen.resize(static_cast<std::size_t>(t));
+  r.weight.resize(static_cast<std::size_t>(t));
+  r.kept.assign(static_cast<std::size_t>(t), std::vector<bool>(static_cast<std::size_t>(k), false));
   for (std::int64_t ti = 0; ti < t; ++ti) {
-    auto& order = chosen[static_cast<std::size_t>(ti)];
+    auto& order = r.chosen[static_cast<std::size_t>(ti)];
     for (std::int64_t i = 0; i < e; ++i) order.push_back(i);
     std::stable_sort(order.begin(), order.end(),
-                     [&](std::int64_t a, std::int64_t b) { return probs(ti, a) > probs(ti, b); });
+                     [&](std::int64_t a, std::int64_t b) { return r.probs(ti, a) > r.probs(ti, b); });
     order.resize(static_cast<std::size_t>(k));
     double total = 0.0;
-    for (std::int64_t j : order) total += probs(ti, j);
+    for (std::int64_t j : order) total += r.probs(ti, j);
     for (std::int64_t j : order) {
-      weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? probs(ti, j) / total : probs(ti, j));
+      r.weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? r.probs(ti, j) / total : r.probs(ti, j));
     }
   }
   // Capacity, in GShard's priority order: every token's first choice before any second.
-  const std::int64_t capacity =
-      c.capacity_factor > 0.0f
-          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) * static_cast<double>(t * k) /
-                                                static_cast<double>(e)))
-          : 0;
-  std::vector<std::int64_t> load(static_cast<std::size_t>(e), 0);
-  std::int64_t dropped = 0;
-  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(e));  // kept tokens per expert
-  std::vector<std::vector<double>> scales(static_cast<std::size_t>(e));      // and their weights
+  r.capacity = c.capacity_factor > 0.0f
+                   ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
+                                                         static_cast<double>(t * k) / static_cast<double>(e)))
+                   : 0;
+  r.load.assign(static_cast<std::size_t>(e), 0);
   for (std::int64_t j = 0; j < k; ++j) {
     for (std::int64_t ti = 0; ti < t; ++ti) {
-      const auto ex = static_cast<std::size_t>(chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
-      if (capacity > 0 && load[ex] >= capacity) {
-        ++dropped;
+      const auto ex = static_cast<std::size_t>(r.chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+      if (r.capacity > 0 && r.load[ex] >= r.capacity) {
+        ++r.dropped;
         continue;
       }
-      ++load[ex];
+      ++r.load[ex];
+      r.kept[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] = true;
+    }
+  }
+  return r;
+}
+
+MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats* stats) {
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k, f = w.gate.shape[2];
+  const Routing routing = route(x, w.router, c);
+  // Per expert, its kept tokens (in the priority order they were taken) and their weights.
+  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(e));
+  std::vector<std::vector<double>> scales(static_cast<std::size_t>(e));
+  for (std::int64_t j = 0; j < k; ++j) {
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const auto i = static_cast<std::size_t>(ti), jj = static_cast<std::size_t>(j);
+      if (!routing.kept[i][jj]) continue;
+      const auto ex = static_cast<std::size_t>(routing.chosen[i][jj]);
       rows[ex].push_back(ti);
-      scales[ex].push_back(weight[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+      scales[ex].push_back(routing.weight[i][jj]);
     }
   }
   // Each expert's SwiGLU MLP on the tokens it kept, scaled by their routing weights.
@@ -268,9 +283,9 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
     for (std::int64_t ti = 0; ti < t; ++ti) y.row(ti) += sigmoid(gate(ti, 0)) * shared.row(ti);
   }
   if (stats != nullptr) {
-    stats->tokens_per_expert = load;
-    stats->dropped = dropped;
-    stats->capacity = capacity;
+    stats->tokens_per_expert = routing.load;
+    stats->dropped = routing.dropped;
+    stats->capacity = routing.capacity;
   }
   return y;
 }

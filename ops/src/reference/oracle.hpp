@@ -91,6 +91,20 @@ struct AttentionShape {
 /// returns [batch * q_len, heads * d]. No RoPE.
 MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const AttentionShape& shape);
 
+/// A MoE router's decisions on x [T, H] (moe_reference's: stable softmax, top-k with ties to
+/// the lower index, weights renormalised when asked, capacity in GShard's priority order).
+struct Routing {
+  MatrixD probs;                                 ///< [T, E] softmax of x router
+  std::vector<std::vector<std::int64_t>> chosen; ///< [T][k] experts, best first
+  std::vector<std::vector<double>> weight;       ///< [T][k] routing weights
+  std::vector<std::vector<bool>> kept;           ///< [T][k] within capacity
+  std::vector<std::int64_t> load;                ///< [E] kept assignments
+  std::int64_t dropped = 0;
+  std::int64_t capacity = 0;                     ///< 0: dropless
+};
+/// Routes x's tokens with `router` [H, E] as `config` says (validated by the caller).
+Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConfig& config);
+
 /// The MoE layer of moe_reference on x [T, H], its shared expert included (weights validated by
 /// the caller).
 MatrixD moe(const MatrixD& x, const MoeWeights& weights, const MoeConfig& config, MoeStats* stats);

@@ -5,6 +5,7 @@
 
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/ops/mlp_config.hpp"
+#include "numesh/ops/moe_config.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 // The gradients of the dense references: what every sharded backward pass is checked against
@@ -80,5 +81,22 @@ struct CrossEntropyGrads {
 /// outside [0, V).
 CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runtime::HostTensor& w,
                                         std::span<const std::int32_t> targets);
+
+/// Gradients of the MoE layer y = moe_reference(x, w, c) (SwiGLU experts) given dy [T, H]. The
+/// routing decisions (top-k, capacity) are piecewise constant: the gradient flows through each
+/// kept choice's expert and its routing weight (the softmax, and the renormalisation when
+/// asked); a dropped choice passes none. Weights as MoeWeights holds them.
+struct MoeGrads {
+  runtime::HostTensor dx;       ///< [T, H]
+  runtime::HostTensor drouter;  ///< [H, E]
+  runtime::HostTensor dgate;    ///< [E, H, F]
+  runtime::HostTensor dup;      ///< [E, H, F]
+  runtime::HostTensor ddown;    ///< [E, F, H]
+};
+/// Throws: ValueError for top_k outside [1, E] or a negative capacity_factor; ShapeError when
+/// the weights do not fit x; NotImplementedError for a shared expert or experts not stored as
+/// f32 (not yet differentiated).
+MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
+                      const runtime::HostTensor& dy);
 
 }  // namespace numesh::ops
