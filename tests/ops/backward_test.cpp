@@ -37,16 +37,6 @@ runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, 
   return testing::random_host(std::move(shape), seed, scale);
 }
 
-// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.
-sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std::vector<std::string>& names) {
-  std::vector<sharding::AxisRule> present;
-  for (const std::string& a : names) {
-    if (mesh.mesh().has_axis(a)) present.emplace_back(a);
-  }
-  if (present.empty()) return {};
-  return present.size() == 1 ? present.front() : sharding::AxisRule::tuple(present);
-}
-
 // ---- The placement rule -------------------------------------------------------------------
 
 TEST(GradientPlacementsTest, ShardStaysReplicateStaysPartialBecomesReplicate) {
@@ -85,7 +75,7 @@ MlpRun run_mlp_backward(const runtime::DeviceMesh& mesh, MlpKind kind, const Mlp
   std::vector<std::string> token_axes = axes.batch;
   token_axes.insert(token_axes.end(), axes.sequence.begin(), axes.sequence.end());
   const sharding::PartitionSpec spec = sharding::correct_spec(
-      x.shape, sharding::PartitionSpec({entry_over(mesh, token_axes), sharding::AxisRule()}), mesh.mesh()).spec;
+      x.shape, sharding::PartitionSpec({testing::entry_over(mesh, token_axes), sharding::AxisRule()}), mesh.mesh()).spec;
   runtime::Frontier x_loaded, dy_loaded;
   runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_loaded);
   runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x.shape, spec);
@@ -209,7 +199,7 @@ TEST(ShardedMlpBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
 // The spec of [rows, ...] activations split over the mesh's dp and fsdp axes (eformer's
 // correction for `rows`).
 sharding::PartitionSpec rows_spec(const runtime::DeviceMesh& mesh, std::vector<std::int64_t> shape) {
-  return sharding::correct_spec(shape, sharding::PartitionSpec({entry_over(mesh, {"dp", "fsdp"})}), mesh.mesh()).spec;
+  return sharding::correct_spec(shape, sharding::PartitionSpec({testing::entry_over(mesh, {"dp", "fsdp"})}), mesh.mesh()).spec;
 }
 
 class ShardedBackwardTest : public ::testing::TestWithParam<MeshCase> {};
@@ -325,7 +315,7 @@ AttentionRun run_attention_backward(const runtime::DeviceMesh& mesh, const Atten
   const AttentionGradients grads = AttentionGradients::like(layer);
   const sharding::PartitionSpec spec =
       sharding::correct_spec(x.shape,
-                             sharding::PartitionSpec({entry_over(mesh, axes.batch), entry_over(mesh, axes.sequence),
+                             sharding::PartitionSpec({testing::entry_over(mesh, axes.batch), testing::entry_over(mesh, axes.sequence),
                                                       sharding::AxisRule()}),
                              mesh.mesh())
           .spec;

@@ -18,6 +18,7 @@
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
+#include "numesh/sharding/partition_spec.hpp"
 
 namespace numesh::ops::testing {
 
@@ -73,6 +74,16 @@ inline std::int64_t expected_groups(const MeshCase& c, const std::vector<std::st
     }
   }
   return extent % n == 0 ? n : 1;
+}
+
+/// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.
+inline sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std::vector<std::string>& names) {
+  std::vector<sharding::AxisRule> present;
+  for (const std::string& a : names) {
+    if (mesh.mesh().has_axis(a)) present.emplace_back(a);
+  }
+  if (present.empty()) return {};
+  return present.size() == 1 ? present.front() : sharding::AxisRule::tuple(present);
 }
 
 /// Tokens [from, from + n) of a [B, T, ...] tensor.

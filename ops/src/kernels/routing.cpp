@@ -8,6 +8,7 @@ namespace numesh::ops {
 void route_tokens(MatrixMap logits, const MoeConfig& c, std::int64_t first_expert, RoutingTables& r,
                   MoeStats& stats) {
   const std::int64_t rows = logits.rows(), e = c.num_experts, k = c.top_k;
+  r.first_expert = first_expert;
   for (std::int64_t t = 0; t < rows; ++t) {
     auto row = logits.row(t);
     const float m = row.maxCoeff();

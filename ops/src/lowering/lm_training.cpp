@@ -15,6 +15,7 @@
 #include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
 #include "lowering_util.hpp"
 
@@ -67,10 +68,12 @@ void check_fp32(DType stored_as, std::string_view what) {
 struct LmTrainingStep::Layers {
   struct Block {
     AttentionLayer attention;
-    MlpLayer mlp;
+    std::optional<MlpLayer> mlp;  // one of mlp and moe
+    std::optional<MoeLayer> moe;
     std::shared_ptr<ShardedTensor> attn_norm, ffn_norm;
     AttentionGradients attention_grads;
     MlpGradients mlp_grads;
+    MoeGradients moe_grads;
     std::shared_ptr<ShardedTensor> attn_norm_grad, ffn_norm_grad;
   };
   EmbeddingLayer embedding;
@@ -136,21 +139,29 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
   L.table_grad = gradient_like(*L.embedding.table);
   add("embedding.table", L.embedding.table, L.table_grad, kInOut);
   for (std::int64_t l = 0; l < config_.layers; ++l) {
-    NUMESH_CHECK(!config_.is_moe(l), NotImplementedError,
-                 "training: block {} is a mixture of experts, whose backward is not lowered yet", l);
     const BlockWeights& w = stack.blocks[static_cast<std::size_t>(l)];
     check_fp32(w.attention.stored_as, fmt::format("block {}'s attention", l));
-    check_fp32(w.mlp.stored_as, fmt::format("block {}'s MLP", l));
     Layers::Block b;
     b.attention = AttentionLayer::create(
         mesh_, config_.attention, w.attention,
         AttentionAxes{.batch = axes_.batch, .sequence = sequence, .heads = axes_.heads});
-    b.mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, w.mlp,
-                             MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
+    if (config_.is_moe(l)) {
+      check_fp32(w.moe.stored_as, fmt::format("block {}'s experts", l));
+      NUMESH_CHECK(!w.moe.has_shared_expert(), NotImplementedError,
+                   "training: block {} has a shared expert, whose backward is not lowered yet", l);
+      b.moe = MoeLayer::create(mesh_, config_.moe, w.moe,
+                               MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
+      b.moe_grads = MoeGradients::like(*b.moe);
+    } else {
+      check_fp32(w.mlp.stored_as, fmt::format("block {}'s MLP", l));
+      b.mlp = MlpLayer::create(
+          mesh_, MlpKind::kSwiGLU, w.mlp,
+          MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
+      b.mlp_grads = MlpGradients::like(*b.mlp);
+    }
     b.attn_norm = norm(w.attn_norm, fmt::format("block {} attn_norm", l));
     b.ffn_norm = norm(w.ffn_norm, fmt::format("block {} ffn_norm", l));
     b.attention_grads = AttentionGradients::like(b.attention);
-    b.mlp_grads = MlpGradients::like(b.mlp);
     b.attn_norm_grad = gradient_like(*b.attn_norm);
     b.ffn_norm_grad = gradient_like(*b.ffn_norm);
     const std::string p = fmt::format("layers.{}.", l);  // ShardedTransformer::weights()' names
@@ -160,9 +171,16 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
     add(p + "attention.wv", b.attention.wv, b.attention_grads.wv, kOutIn);
     add(p + "attention.wo", b.attention.wo, b.attention_grads.wo, kOutIn);
     add(p + "ffn_norm", b.ffn_norm, b.ffn_norm_grad, kInOut);
-    add(p + "mlp.gate", b.mlp.gate, b.mlp_grads.gate, kOutIn);
-    add(p + "mlp.up", b.mlp.up, b.mlp_grads.up, kOutIn);
-    add(p + "mlp.down", b.mlp.down, b.mlp_grads.down, kOutIn);
+    if (b.moe) {
+      add(p + "moe.router", b.moe->router, b.moe_grads.router, kInOut);
+      add(p + "moe.gate", b.moe->gate, b.moe_grads.gate, kInOut);
+      add(p + "moe.up", b.moe->up, b.moe_grads.up, kInOut);
+      add(p + "moe.down", b.moe->down, b.moe_grads.down, kInOut);
+    } else {
+      add(p + "mlp.gate", b.mlp->gate, b.mlp_grads.gate, kOutIn);
+      add(p + "mlp.up", b.mlp->up, b.mlp_grads.up, kOutIn);
+      add(p + "mlp.down", b.mlp->down, b.mlp_grads.down, kOutIn);
+    }
     L.blocks.push_back(std::move(b));
   }
   L.final_norm = norm(stack.final_norm, "final_norm");
@@ -231,6 +249,7 @@ void LmTrainingStep::compile() {
     ShardedTensor* ffn_norm;
     AttentionSaved attention;
     MlpSaved mlp;
+    MoeSaved moe;
   };
   std::vector<Kept> kept(L.blocks.size());
   ShardedTensor* stream = &x;
@@ -253,7 +272,8 @@ void LmTrainingStep::compile() {
     ShardedTensor& n2 = activation(p + ".ffn_in");
     front = emit_residual_rmsnorm(pb, *k.block_in, &attn_out, &ffn_norm_w, k.mid, n2, eps, front, p + ".ffn_norm");
     ShardedTensor& f = activation(p + ".ffn_out");
-    front = emit_mlp(pb, b.mlp, n2, front, f, p + ".mlp", &k.mlp);
+    front = b.moe ? emit_moe(pb, *b.moe, n2, front, f, p + ".moe", nullptr, &k.moe)
+                  : emit_mlp(pb, *b.mlp, n2, front, f, p + ".mlp", &k.mlp);
     stream = k.mid;
     ffn_out = &f;
   }
@@ -287,7 +307,8 @@ void LmTrainingStep::compile() {
     const std::string p = fmt::format("block{}", i);
     // d_stream is the gradient of the block's output mid + f: f's, and mid's through the residual.
     ShardedTensor& dn2 = activation(p + ".ffn_in.grad");
-    front = emit_mlp_backward(pb, b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd");
+    front = b.moe ? emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd")
+                  : emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd");
     ShardedTensor& dmid = activation(p + ".h.grad");
     front = emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream,
                                   dmid, pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, b.ffn_norm_grad), eps, front,

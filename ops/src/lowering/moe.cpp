@@ -13,6 +13,7 @@
 #include "numesh/ops/kernels/activations.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/routing.hpp"
+#include "numesh/ops/lowering/gradients.hpp"
 #include "lowering_util.hpp"
 
 namespace numesh::ops {
@@ -321,7 +322,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
 
 runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y, const std::string& name,
-                           MoeRouting** routing_out) {
+                           MoeRouting** routing_out, MoeSaved* saved) {
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
@@ -346,7 +347,13 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
                           MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(layer.config.num_experts), 0)});
   if (routing_out != nullptr) *routing_out = &routing;
+  NUMESH_CHECK(saved == nullptr || !layer.shared_expert, NotImplementedError,
+               "{}: the backward of a MoE layer with a shared expert is not lowered yet", name);
   if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
+    NUMESH_CHECK(saved == nullptr, NotImplementedError,
+                 "{}: the tokens are split over the expert axis ({}) and travel by all-to-all, whose backward is not "
+                 "lowered yet; keep the expert axis out of the batch axes to train",
+                 name, fmt::join(expert_axes, ", "));
     // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
     for (const auto& group : x.layout().replica_groups()) routing.group_leaders.push_back(group.front());
     return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes);
@@ -394,6 +401,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   // Per device: route its tokens (router GEMM, softmax, top-k, capacity) and zero its partial
   // output, then run its local experts on the tokens routed to them.
   std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
+  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
   const runtime::Frontier routed = pb.per_device(name + ".route", {&x_ready}, [&](std::int64_t s) {
     pb.add_flops(s, expert_flops + router_flops);
     const std::int64_t first_expert = expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
@@ -402,6 +410,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     MoeStats& stats = routing.per_slot[static_cast<std::size_t>(s)];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& logits = pb.scratch(s, {rows, e});
+    probs[static_cast<std::size_t>(s)] = &logits;
     runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
@@ -410,21 +419,42 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     };
   });
+  // Per device, its local experts one after another, each on the rows routed to it. With
+  // `saved`, every expert's intermediates go to their own rows of the saved buffers (packed in
+  // expert order) instead of one reused scratch, and the activation is kept beside its input.
+  const std::int64_t assignments = rows * std::min(k, le_count);
+  if (saved != nullptr) {
+    const auto n = static_cast<std::size_t>(mesh.size());
+    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr);
+    saved->hidden.assign(n, nullptr), saved->expert_out.assign(n, nullptr);
+  }
   const runtime::Frontier done = pb.per_device(name + ".experts", {&routed}, [&](std::int64_t s) {
-    RoutingTables& r = *tables[static_cast<std::size_t>(s)];
+    const auto i = static_cast<std::size_t>(s);
+    RoutingTables& r = *tables[i];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
-    runtime::Tensor& he = pb.scratch(s, {rows, fl});
-    runtime::Tensor& ue = pb.scratch(s, {rows, fl});
-    runtime::Tensor& ye = pb.scratch(s, {rows, h});
+    runtime::Tensor& he = pb.scratch(s, {saved != nullptr ? assignments : rows, fl});
+    runtime::Tensor& ue = pb.scratch(s, {saved != nullptr ? assignments : rows, fl});
+    runtime::Tensor& ye = pb.scratch(s, {saved != nullptr ? assignments : rows, h});
+    runtime::Tensor* act = saved != nullptr ? &pb.scratch(s, {assignments, fl}) : &he;  // in place without saved
+    if (saved != nullptr) {
+      saved->gate_pre[i] = &he;
+      saved->up_pre[i] = &ue;
+      saved->hidden[i] = act;
+      saved->expert_out[i] = &ye;
+    }
+    const bool packed = saved != nullptr;
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    return [&xs, &xe, &he, &ue, &ye, &wg, &wu, &wd, &yp, &r, le_count, h, fl] {
+    return [&xs, &xe, &he, &ue, &ye, act, &wg, &wu, &wd, &yp, &r, le_count, h, fl, packed] {
+      std::int64_t at = 0;  // the expert's first row in the packed buffers
       for (std::int64_t le = 0; le < le_count; ++le) {
         const std::int64_t n = r.expert_count[static_cast<std::size_t>(le)];
         if (n == 0) continue;
+        const std::int64_t first = packed ? at : 0;
+        at += n;
         const auto& rows_of = r.expert_rows[static_cast<std::size_t>(le)];
         const auto& scale = r.expert_scale[static_cast<std::size_t>(le)];
         const float* xv = xs.values().data();
@@ -432,14 +462,16 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
         for (std::int64_t j = 0; j < n; ++j) {
           xm.row(j) = ConstMatrixMap(xv + rows_of[static_cast<std::size_t>(j)] * h, 1, h);
         }
-        MatrixMap hm(he.values().data(), n, fl);
-        MatrixMap um(ue.values().data(), n, fl);
-        MatrixMap ym(ye.values().data(), n, h);
+        MatrixMap hm(he.values().data() + first * fl, n, fl);
+        MatrixMap um(ue.values().data() + first * fl, n, fl);
+        MatrixMap am(act->values().data() + first * fl, n, fl);
+        MatrixMap ym(ye.values().data() + first * h, n, h);
         const std::int64_t wgt = h * fl;
         device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wg, le * wgt, h, fl), hm);
         device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wu, le * wgt, h, fl), um);
-        silu_mul_inplace(hm, ConstMatrixMap(um.data(), n, fl));
-        device_gemm(ConstMatrixMap(hm.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym);
+        if (am.data() != hm.data()) am = hm;
+        silu_mul_inplace(am, ConstMatrixMap(um.data(), n, fl));
+        device_gemm(ConstMatrixMap(am.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym);
         float* yv = yp.values().data();
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += scale[static_cast<std::size_t>(j)] * ym.row(j);
@@ -447,8 +479,22 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       }
     };
   });
+  if (saved != nullptr) {
+    saved->x = &xc;
+    saved->router = &router, saved->gate = &gate, saved->up = &up, saved->down = &down;
+    saved->tables = tables;
+    saved->probs = probs;
+    saved->x_placed = sharding::to_placements(x.spec(), m, rank);
+    saved->partial_placed = y_placed;
+    saved->y_placed = sharding::to_placements(y.spec(), m, rank);
+  }
   const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
+}
+
+MoeGradients MoeGradients::like(const MoeLayer& layer) {
+  return {gradient_like(*layer.router), gradient_like(*layer.gate), gradient_like(*layer.up),
+          gradient_like(*layer.down)};
 }
 
 ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const MoeWeights& weights,

@@ -29,6 +29,7 @@ struct RoutingTables {
   std::vector<std::vector<std::int64_t>> expert_rows;  // per local expert: its rows, token order
   std::vector<std::vector<float>> expert_scale;        // per local expert: the routing weights
   std::vector<std::int64_t> expert_count;
+  std::int64_t first_expert = 0;  // the global index of local expert 0 (route_tokens' argument)
 };
 
 /// Router softmax (fp32, stable), top-k (ties to the lower expert index), the routing weights

@@ -27,7 +27,9 @@ namespace numesh::ops {
 /// alike, overwritten by every step) and how its matrix is stored.
 struct TrainableParameter {
   /// "embedding.table", ShardedTransformer::weights()' names ("layers.L.attention.wq", ...,
-  /// "final_norm"), then "lm_head.weight" (absent when the head is tied to the embedding).
+  /// "layers.L.mlp.down" or, in a MoE block, "layers.L.moe.router", ".moe.gate", ".moe.up",
+  /// ".moe.down" as MoeWeights holds them, "final_norm"), then "lm_head.weight" (absent when
+  /// the head is tied to the embedding).
   std::string name;
   std::shared_ptr<runtime::ShardedTensor> value;
   std::shared_ptr<runtime::ShardedTensor> grad;
@@ -47,9 +49,12 @@ class LmTrainingStep {
  public:
   /// Lays out the weights (fp32: training's master weights) and compiles the program.
   /// `head` null: the head is tied to the embedding.
+  /// MoE blocks route each device's tokens as one group (MoeAxes); their experts split over
+  /// ModelAxes::expert and expert_tensor, the tokens gathered over those (tokens split over
+  /// the expert axis would travel by all-to-all, whose backward is not lowered: refused).
   /// Throws: ValueError as TransformerConfig::validate, or when a weight is not stored fp32;
-  /// NotImplementedError for MoE blocks, biases or q/k norms (their backward is not lowered
-  /// yet); ShapeError naming the sizes when batch or tokens is not positive, batch is not a
+  /// NotImplementedError for shared experts, biases or q/k norms (their backward is not
+  /// lowered yet) or MoE tokens split over the expert axis; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
   /// multiple of the batch axes' size, tokens not a multiple of the sequence axis' size, the
   /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
   LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "numesh/ops/kernels/routing.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/moe_config.hpp"
@@ -63,6 +64,26 @@ struct MoeRouting {
   MoeStats total() const;
 };
 
+/// What a forward emit_moe keeps for its backward: the tokens as routed, each device's routing
+/// decisions and its experts' intermediate values, all owned by the program. Filled by emit_moe.
+struct MoeSaved {
+  runtime::ShardedTensor* x = nullptr;  ///< the tokens as routed (gathered over the weights' axes)
+  /// The weights as the program registered them.
+  runtime::ShardedTensor *router = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+  /// Per mesh slot: its routing tables and its router probabilities [rows, E].
+  std::vector<RoutingTables*> tables;
+  std::vector<runtime::Tensor*> probs;
+  /// Per mesh slot, its local experts' kept assignments packed expert after expert, in the
+  /// order of RoutingTables::expert_rows: the gate and up pre-activations and the activation
+  /// [assignments, F_local], and each expert's output before its routing weight [assignments,
+  /// H] (a partial sum over F's axes).
+  std::vector<runtime::Tensor*> gate_pre, up_pre, hidden, expert_out;
+  std::vector<sharding::Placement> x_placed;        ///< the input's placements (before any gather)
+  std::vector<sharding::Placement> partial_placed;  ///< the partial output's (the routed x's, Partial over
+                                                    ///< the weights' axes)
+  std::vector<sharding::Placement> y_placed;        ///< the output's
+};
+
 /// Emits y = moe(x) into `program`. Per device: router logits, softmax, top-k, capacity
 /// within the device's routing group (its tokens), then its local experts' SwiGLU on the
 /// tokens routed to them (with its slice of F), each output scaled by its routing weight and
@@ -75,10 +96,43 @@ struct MoeRouting {
 /// every row's term is added once. x is [T, H] or [B, T, H] with any token dims
 /// split, H whole; y like x. Returns the frontier after which y is complete;
 /// `routing` (owned by the program) is filled on every run.
-/// Throws: ShapeError when x or y do not fit (naming them); as reshard().
+/// With `saved`, the forward also keeps what emit_moe_backward needs (per device, buffers for
+/// its local experts' assignments: three [rows x min(k, local experts), F_local] and one
+/// [same, H]).
+/// Throws: ShapeError when x or y do not fit (naming them); NotImplementedError with `saved`
+/// when the tokens travel by all-to-all (split over the expert axis) or the layer has a shared
+/// expert (those backwards are not lowered yet); as reshard().
 runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name, MoeRouting** routing = nullptr);
+                           const std::string& name, MoeRouting** routing = nullptr, MoeSaved* saved = nullptr);
+
+/// A parameter gradient for each of a MoeLayer's matrices, laid out as the matrix is
+/// (gradient_like), fp32.
+struct MoeGradients {
+  std::shared_ptr<runtime::ShardedTensor> router, gate, up, down;
+  /// Zero gradients laid out like `layer`'s matrices.
+  [[nodiscard]] static MoeGradients like(const MoeLayer& layer);
+};
+
+/// Emits the backward of the emit_moe that filled `saved`: given dy (laid out as that y),
+/// fills dx (laid out as that x) and overwrites the gradients in `grads`. The collectives are
+/// the forward's transposed (gradients.hpp): dy gathered over the weights' axes as x was, then
+/// per device, for each local expert, its assignments' rows of dy: the routing weights'
+/// gradients dy . expert_out, the expert's SwiGLU backward on dy scaled by the weights (its
+/// weight gradients over the device's rows, its input gradient added into a partial dx). The
+/// routing weights' gradients, a partial sum over the weights' axes (each device saw only its
+/// experts and its slice of F), are all-reduced over them ([rows, k] values: small); then
+/// every device differentiates the renormalisation and the softmax and has the router's
+/// gradient over its rows, and the first device of each partial sum adds the router's input
+/// gradient into dx. dx is reduced over the weights' axes (the transpose of the token gather),
+/// the weights' gradients over the axes splitting the tokens. Dropped assignments pass no
+/// gradient; the routing decisions are constants. Returns the frontier after which dx and
+/// every gradient are complete.
+/// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes); ValueError
+/// when `saved` was not filled.
+runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer, const MoeSaved& saved,
+                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
+                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name);
 
 /// A MoE layer as one program over [tokens, H]. Not thread-safe: one thread drives it.
 class ShardedMoe {

@@ -26,7 +26,10 @@ struct LmTrainingGrads {
 };
 
 /// inputs and targets hold batch x tokens ids (row-major [batch, tokens]); `head` null: tied.
-/// Throws: NotImplementedError for MoE blocks, biases or q/k norms; ShapeError when the ids or
+/// A MoE block routes all batch x tokens rows as one group: what LmTrainingStep computes on
+/// any mesh when the layer is dropless (with a capacity, the step routes each device's tokens
+/// as a group of their own).
+/// Throws: NotImplementedError for shared experts, biases or q/k norms; ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,

@@ -1,0 +1,205 @@
+// The sharded MoE backward against the dense reference's gradients (moe_backward, itself
+// checked against PyTorch's autograd by ops_backward_matches_pytorch), per routing group, on
+// meshes over dp, fsdp, ep and tp; the collectives it emits; what it refuses.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/ops/lowering/moe.hpp"
+#include "numesh/ops/reference/backward.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+#include "test_util.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::make_mesh;
+using testing::mesh_case_name;
+using testing::MeshCase;
+using testing::random_host;
+
+MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
+  MoeWeights w;
+  w.router = random_host({h, e}, 21, 0.5f);
+  w.gate = random_host({e, h, f}, 22, 0.3f);
+  w.up = random_host({e, h, f}, 23, 0.3f);
+  w.down = random_host({e, f, h}, 24, 0.3f);
+  return w;
+}
+
+// Rows [from, from + n) of x [T, H].
+runtime::HostTensor rows_of(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
+  const std::int64_t h = x.shape[1];
+  runtime::HostTensor part = runtime::HostTensor::zeros({n, h});
+  std::copy_n(x.data.begin() + from * h, n * h, part.data.begin());
+  return part;
+}
+
+// moe_backward applied to each routing group (consecutive blocks of rows): dx concatenated,
+// the weights' gradients summed.
+MoeGrads grouped_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
+                          const runtime::HostTensor& dy, std::int64_t groups) {
+  const std::int64_t t = x.shape[0], h = x.shape[1], per = t / groups;
+  MoeGrads sum;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const MoeGrads part = moe_backward(rows_of(x, g * per, per), w, c, rows_of(dy, g * per, per));
+    if (g == 0) {
+      sum = part;
+      sum.dx = runtime::HostTensor::zeros(x.shape);
+    } else {
+      for (auto [to, from] : {std::pair{&sum.drouter, &part.drouter}, std::pair{&sum.dgate, &part.dgate},
+                              std::pair{&sum.dup, &part.dup}, std::pair{&sum.ddown, &part.ddown}}) {
+        for (std::size_t i = 0; i < to->data.size(); ++i) to->data[i] += from->data[i];
+      }
+    }
+    std::copy(part.dx.data.begin(), part.dx.data.end(), sum.dx.data.begin() + g * per * h);
+  }
+  return sum;
+}
+
+struct MoeRun {
+  MoeGrads grads;
+  std::vector<CollectivePlan> collectives;  // the backward's
+};
+
+// Forward and backward of one MoE layer as one program on `mesh`, x [T, H] split over
+// axes.batch as ShardedMoe splits it; run once per (x, dy) pair, the last run's gradients kept.
+MoeRun run_moe_backward(const runtime::DeviceMesh& mesh, const MoeConfig& c, const MoeWeights& w,
+                        const std::vector<std::pair<runtime::HostTensor, runtime::HostTensor>>& runs,
+                        const MoeAxes& axes = {}) {
+  const MoeLayer layer = MoeLayer::create(mesh, c, w, axes);
+  const MoeGradients grads = MoeGradients::like(layer);
+  const runtime::HostTensor& x0 = runs.front().first;
+  ProgramBuilder pb(mesh, "moe backward");
+  const sharding::PartitionSpec spec =
+      sharding::correct_spec(x0.shape,
+                             sharding::PartitionSpec({testing::entry_over(mesh, axes.batch), sharding::AxisRule()}),
+                             mesh.mesh())
+          .spec;
+  runtime::Frontier x_loaded, dy_loaded;
+  runtime::ShardedTensor& xs = pb.input("x", x0.shape, spec, x_loaded);
+  runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x0.shape, spec);
+  MoeSaved saved;
+  const runtime::Frontier forward = emit_moe(pb, layer, xs, x_loaded, ys, "moe", nullptr, &saved);
+  runtime::ShardedTensor& dys = pb.input("dy", x0.shape, spec, dy_loaded);
+  runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x0.shape, spec);
+  const runtime::Frontier start = pb.join("backward.start", {&forward, &dy_loaded});
+  const runtime::Frontier done = emit_moe_backward(pb, layer, saved, dys, start, dxs, grads, "moe.bwd");
+  pb.output("dx", dxs, done);
+  for (const auto& [name, g] : {std::pair{"drouter", grads.router}, std::pair{"dgate", grads.gate},
+                                std::pair{"dup", grads.up}, std::pair{"ddown", grads.down}}) {
+    pb.output(name, pb.use(name, TensorRole::kOutput, g), done);
+  }
+  Program program = std::move(pb).compile();
+  MoeRun run;
+  for (const CollectivePlan& cp : program.plan().collectives) {
+    if (cp.name.rfind("moe.bwd", 0) == 0) run.collectives.push_back(cp);
+  }
+  for (const auto& [x, dy] : runs) {
+    program.set_input("x", x);
+    program.set_input("dy", dy);
+    program.run();
+  }
+  run.grads = MoeGrads{program.output("dx"), program.output("drouter"), program.output("dgate"),
+                       program.output("dup"), program.output("ddown")};
+  return run;
+}
+
+class ShardedMoeBackwardTest : public ::testing::TestWithParam<MeshCase> {};
+
+// Experts split over ep, their F over tp, tokens over dp and fsdp (each split a routing group):
+// Mixtral's top-2 renormalised dropless routing, top-2 with a capacity that drops, top-1
+// without renormalisation. Each program runs twice on different tokens, so an expert that
+// gets tokens in one run and none in the next shows stale gradients if any were left.
+TEST_P(ShardedMoeBackwardTest, GradientsEqualTheDenseReferencePerRoutingGroup) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t t = 16, h = 16, f = 8, e = 4;
+  const MoeWeights w = random_weights(h, f, e);
+  const std::int64_t groups = testing::expected_groups(GetParam(), {"dp", "fsdp"}, t);
+  for (const MoeConfig& c : {MoeConfig{.num_experts = e, .top_k = 2},
+                             MoeConfig{.num_experts = e, .top_k = 2, .capacity_factor = 0.75f},
+                             MoeConfig{.num_experts = e, .top_k = 1, .capacity_factor = 1.0f, .renormalize = false}}) {
+    const runtime::HostTensor x1 = random_host({t, h}, 1, 1.0f), dy1 = random_host({t, h}, 2, 1.0f);
+    const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
+    const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
+    const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}});
+    const std::string where = fmt::format("k {} capacity {} renormalize {}", c.top_k, c.capacity_factor, c.renormalize);
+    // fp32 sums over at most T rows or max(H, F) terms, in another order than float64's.
+    const double bound = std::max(1e-5, 4.0 * std::max(t, h) * std::numeric_limits<float>::epsilon());
+    EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
+    EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
+    EXPECT_TRUE(testing::matches_reference(got.grads.dgate, want.dgate, bound)) << where << ": d gate";
+    EXPECT_TRUE(testing::matches_reference(got.grads.dup, want.dup, bound)) << where << ": d up";
+    EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMoeBackwardTest,
+                         ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
+                                           MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"fsdp"}},
+                                           MeshCase{{2, 2}, {"ep", "tp"}}, MeshCase{{2, 2}, {"dp", "ep"}},
+                                           MeshCase{{2, 2}, {"fsdp", "ep"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
+                         mesh_case_name);
+
+// The forward's collectives transposed: on (dp 2, ep 2) the forward's all-reduce of y over ep
+// costs dy nothing; the routing weights' gradients ([rows, k]) and dx are all-reduced over
+// ep, the four weights' gradients over dp.
+TEST(ShardedMoeBackwardCollectivesTest, AreTheForwardsTransposedPlusTheRoutingWeights) {
+  using Kind = sharding::ReshardStep::Kind;
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "ep"}});
+  const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f), dy = random_host({8, 16}, 2, 1.0f);
+  const MoeRun run = run_moe_backward(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), {{x, dy}});
+  std::vector<std::string> over_ep, over_dp;
+  for (const CollectivePlan& cp : run.collectives) {
+    EXPECT_EQ(cp.step.kind, Kind::kAllReduce) << cp.name;
+    (cp.step.axes == std::vector<std::string>{"ep"} ? over_ep : over_dp).push_back(cp.name);
+  }
+  EXPECT_THAT(over_ep, ::testing::UnorderedElementsAre(HasSubstr("moe.bwd.dweights"), HasSubstr("moe.bwd.dx")));
+  EXPECT_EQ(over_dp.size(), 4u) << "router, gate, up and down gradients over dp";
+}
+
+TEST(ShardedMoeBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
+  const MoeConfig c{.num_experts = 4, .top_k = 2};
+  const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f);
+  // Tokens split over ep travel by all-to-all, whose backward is not lowered.
+  EXPECT_THAT([&] {
+    run_moe_backward(make_mesh(MeshCase{{2}, {"ep"}}), c, random_weights(16, 8, 4), {{x, x}},
+                     MoeAxes{.batch = {"ep"}});
+  },
+              ThrowsMessage<NotImplementedError>(HasSubstr(
+                  "moe: the tokens are split over the expert axis (ep) and travel by all-to-all, whose backward is not "
+                  "lowered yet")));
+  MoeWeights shared = random_weights(16, 8, 4);
+  shared.shared_expert.gate = random_host({16, 12}, 5, 0.3f);
+  shared.shared_expert.up = random_host({16, 12}, 6, 0.3f);
+  shared.shared_expert.down = random_host({12, 16}, 7, 0.3f);
+  shared.shared_expert_gate = random_host({16, 1}, 8, 0.3f);
+  EXPECT_THAT([&] { run_moe_backward(make_mesh(MeshCase{{1}, {"ep"}}), c, shared, {{x, x}}); },
+              ThrowsMessage<NotImplementedError>(
+                  HasSubstr("moe: the backward of a MoE layer with a shared expert is not lowered yet")));
+  EXPECT_THAT([&] { (void)moe_backward(x, shared, c, x); },
+              ThrowsMessage<NotImplementedError>(HasSubstr("moe backward: shared experts")));
+  EXPECT_THAT([&] { (void)moe_backward(x, random_weights(16, 8, 4), MoeConfig{.num_experts = 4, .top_k = 5}, x); },
+              ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
+  // A backward whose forward kept nothing.
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{1}, {"ep"}});
+  const MoeLayer layer = MoeLayer::create(mesh, c, random_weights(16, 8, 4));
+  ProgramBuilder pb(mesh, "moe");
+  runtime::Frontier loaded;
+  runtime::ShardedTensor& xs = pb.input("x", {8, 16}, sharding::PartitionSpec(), loaded);
+  EXPECT_THAT([&] { emit_moe_backward(pb, layer, MoeSaved{}, xs, loaded, xs, MoeGradients::like(layer), "moe.bwd"); },
+              ThrowsMessage<ValueError>(HasSubstr("moe.bwd: the forward kept nothing for the backward")));
+}
+
+}  // namespace
+}  // namespace numesh::ops
