@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -196,6 +197,30 @@ std::string hf_tensor_name(std::string_view slot) {
     }
   }
   throw KeyError(std::string(slot), fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
+}
+
+std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture, std::int64_t experts) {
+  // "layers.L.moe.NAME": the MoE slots; everything else is a dense slot.
+  constexpr std::string_view kLayers = "layers.", kMoe = ".moe.";
+  const std::size_t moe_at = slot.find(kMoe);
+  if (!slot.starts_with(kLayers) || moe_at == std::string_view::npos) return {HfTensorPart{hf_tensor_name(slot)}};
+  const std::string_view layer = slot.substr(kLayers.size(), moe_at - kLayers.size());
+  const std::string_view part = slot.substr(moe_at + kMoe.size());
+  const bool mixtral = architecture == Architecture::kMixtral;
+  const std::string block = fmt::format("model.layers.{}.{}", layer, mixtral ? "block_sparse_moe." : "mlp.");
+  if (part == "router") return {HfTensorPart{block + "gate.weight", -1, true}};
+  static const std::map<std::string, std::pair<std::string, std::string>, std::less<>> kExperts{
+      {"gate", {"w1", "gate_proj"}}, {"up", {"w3", "up_proj"}}, {"down", {"w2", "down_proj"}}};
+  const auto it = kExperts.find(part);
+  if (it == kExperts.end()) {
+    throw KeyError(std::string(slot), fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
+  }
+  std::vector<HfTensorPart> parts;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    parts.push_back({fmt::format("{}experts.{}.{}.weight", block, e, mixtral ? it->second.first : it->second.second),
+                     e, true});
+  }
+  return parts;
 }
 
 DeferredCausalLmWeights CausalLmWeights::deferred(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,

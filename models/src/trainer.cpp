@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -34,6 +35,28 @@ std::vector<std::int64_t> saved_shape(const runtime::ShardedTensor& t) {
   std::vector<std::int64_t> shape = t.shape();
   if (shape.size() == 2 && shape[0] == 1) shape = {shape[1]};
   return shape;
+}
+
+// The Hugging Face tensors a parameter is saved as.
+std::vector<HfTensorPart> parts_of(const ops::TrainableParameter& p, Architecture architecture) {
+  const std::vector<std::int64_t>& shape = p.value->shape();
+  return hf_tensor_parts(p.name, architecture, shape.size() == 3 ? shape[0] : 0);
+}
+
+// The shape of the part `part` of a parameter saved as `shape` (as_saved's).
+std::vector<std::int64_t> hf_shape(std::vector<std::int64_t> shape, const HfTensorPart& part) {
+  if (part.expert >= 0) shape.erase(shape.begin());
+  if (part.transposed) std::reverse(shape.begin(), shape.end());
+  return shape;
+}
+
+// The part `part` of `host` (a parameter as as_saved gives it), as Hugging Face stores it.
+runtime::HostTensor as_hf(const runtime::HostTensor& host, const HfTensorPart& part) {
+  if (part.expert < 0) return part.transposed ? ops::transposed(host) : host;
+  runtime::HostTensor one = runtime::HostTensor::zeros({host.shape[1], host.shape[2]});
+  std::copy_n(host.data.begin() + part.expert * static_cast<std::int64_t>(one.data.size()), one.data.size(),
+              one.data.begin());
+  return part.transposed ? ops::transposed(one) : one;
 }
 
 }  // namespace
@@ -129,10 +152,13 @@ void CausalLmTrainer::save(const std::filesystem::path& dir) const {
   std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
   std::vector<TensorToWrite> weights, state;
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string name = hf_tensor_name(params[i].name);
-    weights.push_back({name, &storage.emplace_back(as_saved(*params[i].value)), DType::kF32});
-    state.push_back({"exp_avg." + name, &storage.emplace_back(as_saved(adamw_->exp_avg(i))), DType::kF32});
-    state.push_back({"exp_avg_sq." + name, &storage.emplace_back(as_saved(adamw_->exp_avg_sq(i))), DType::kF32});
+    const runtime::HostTensor value = as_saved(*params[i].value), m = as_saved(adamw_->exp_avg(i)),
+                              v = as_saved(adamw_->exp_avg_sq(i));
+    for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
+      weights.push_back({part.name, &storage.emplace_back(as_hf(value, part)), DType::kF32});
+      state.push_back({"exp_avg." + part.name, &storage.emplace_back(as_hf(m, part)), DType::kF32});
+      state.push_back({"exp_avg_sq." + part.name, &storage.emplace_back(as_hf(v, part)), DType::kF32});
+    }
   }
   write_safetensors(dir / "model.safetensors", weights, {{"format", "pt"}});
   write_safetensors(dir / kOptimizerFile, state,
@@ -148,16 +174,22 @@ void CausalLmTrainer::restore_optimizer(const std::filesystem::path& file) {
                ValueError, "{}: the metadata has no step count (a file numesh train did not write?)", file.string());
   const std::vector<ops::TrainableParameter>& params = step_->parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string name = hf_tensor_name(params[i].name);
-    const std::vector<std::int64_t> shape = saved_shape(*params[i].value);
+    const std::vector<std::int64_t> saved = saved_shape(*params[i].value);
     for (const auto& [prefix, tensor] :
          {std::pair{"exp_avg.", &adamw_->exp_avg(i)}, std::pair{"exp_avg_sq.", &adamw_->exp_avg_sq(i)}}) {
-      const std::string key = prefix + name;
-      const TensorInfo& info = f.info(key);
-      NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]", file.string(), key,
-                   fmt::join(info.shape, ", "), name, fmt::join(shape, ", "));
       runtime::HostTensor host = runtime::HostTensor::zeros(tensor->shape());
-      f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(host.data)));
+      for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
+        const std::string key = prefix + part.name;
+        const std::vector<std::int64_t> shape = hf_shape(saved, part);
+        const TensorInfo& info = f.info(key);
+        NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]", file.string(),
+                     key, fmt::join(info.shape, ", "), part.name, fmt::join(shape, ", "));
+        runtime::HostTensor read = runtime::HostTensor::zeros(shape);
+        f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(read.data)));
+        if (part.transposed) read = ops::transposed(read);
+        std::copy(read.data.begin(), read.data.end(),
+                  host.data.begin() + std::max<std::int64_t>(part.expert, 0) * static_cast<std::int64_t>(read.data.size()));
+      }
       runtime::scatter(host, *tensor);
     }
   }

@@ -4,12 +4,12 @@
     train_check.py write DIR   # tiny random Llama checkpoints, training data, the run's options
     train_check.py check DIR   # trains each in PyTorch and compares with what train_check_main did
 
-`write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) in Hugging Face
-layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+`write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
+Mixtral (top-2 of 4 experts in every block) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
-same order in float64 (hf_model_check's Llama forward, torch autograd, torch.optim.AdamW,
+same order in float64 (hf_model_check's Llama and Mixtral forwards, torch autograd, torch.optim.AdamW,
 torch.nn.utils.clip_grad_norm_) and compares: each step's loss within 1e-3 relative, each final
 weight within 1e-2 relative (Frobenius), tensor by tensor.
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
@@ -33,19 +33,25 @@ OPTIONS = {"batch": 4, "tokens": 16, "steps": 12, "lr": 3e-3, "beta1": 0.9, "bet
 
 
 def models():
+    """(name, config, whether its blocks are mixtures of experts)."""
     untied = dict(LLAMA, tie_word_embeddings=False)
     tied = dict(LLAMA, tie_word_embeddings=True, rope_scaling=None, rope_theta=10000.0)
-    return [("llama", untied), ("llama_tied", tied)]
+    # Mixtral: every block a top-2 of 4 experts, renormalised, dropless.
+    mixtral = dict(LLAMA, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
+                   num_experts_per_tok=2, tie_word_embeddings=False, rope_scaling=None, rope_theta=1e6,
+                   sliding_window=None)
+    del mixtral["head_dim"]
+    return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True)]
 
 
 def write(d):
     cases = []
-    for i, (name, c) in enumerate(models()):
+    for i, (name, c, moe) in enumerate(models()):
         save(os.path.join(d, name), c, weights(c, torch.float32, 2000 + i), 1)
         g = torch.Generator().manual_seed(300 + i)
         data = torch.randint(0, c["vocab_size"], (6, OPTIONS["tokens"] + 1), generator=g).numpy().astype("<i4")
         np.save(os.path.join(d, name, "data.npy"), data)
-        cases.append({"name": name})
+        cases.append({"name": name, "moe": moe})
     with open(os.path.join(d, "cases.json"), "w") as out:
         json.dump({"cases": cases, "options": OPTIONS}, out, indent=1)
 

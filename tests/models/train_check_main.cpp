@@ -70,11 +70,18 @@ void run(const fs::path& dir) {
       {"dp2", {2}, {"dp"}},          {"fsdp2", {2}, {"fsdp"}},      {"sp2", {2}, {"sp"}},
       {"dp2xtp2", {2, 2}, {"dp", "tp"}}, {"sp2xtp2", {2, 2}, {"sp", "tp"}},
       {"dp2xfsdp2xtp2", {2, 2, 2}, {"dp", "fsdp", "tp"}}, {"dp2xsp2xtp2", {2, 2, 2}, {"dp", "sp", "tp"}}};
+  // The MoE model's experts split over ep, alone and with every other axis.
+  const std::vector<MeshChoice> moe_meshes{
+      {"tp1", {1}, {"tp"}},          {"tp2", {2}, {"tp"}},          {"ep2", {2}, {"ep"}},
+      {"dp2", {2}, {"dp"}},          {"ep4", {4}, {"ep"}},          {"sp2xep2", {2, 2}, {"sp", "ep"}},
+      {"dp2xep2", {2, 2}, {"dp", "ep"}}, {"ep2xtp2", {2, 2}, {"ep", "tp"}},
+      {"fsdp2xep2", {2, 2}, {"fsdp", "ep"}}, {"dp2xep2xtp2", {2, 2, 2}, {"dp", "ep", "tp"}}};
   json results = json::array();
   for (const json& c : spec["cases"]) {
     const std::string name = c["name"];
     const numesh::ops::NpyIds data = numesh::ops::load_npy_ids(dir / name / "data.npy");
-    for (const MeshChoice& m : meshes) {
+    const std::vector<MeshChoice>& run_on = c.value("moe", false) ? moe_meshes : meshes;
+    for (const MeshChoice& m : run_on) {
       CausalLmTrainer trainer = CausalLmTrainer::load(make_mesh(m), dir / name, options, axes_for(m));
       json losses = json::array();
       train(trainer, data, 0, steps, options, losses);
@@ -83,20 +90,22 @@ void run(const fs::path& dir) {
       results.push_back({{"case", name}, {"mesh", m.label}, {"losses", losses}, {"checkpoint", fs::relative(out, dir)}});
       std::printf("trained %s on %s\n", name.c_str(), m.label.c_str());
     }
-    // Stopped halfway on tp2, saved, resumed by a new trainer on dp2 from the saved folder.
+    // Stopped halfway on tp2, saved, resumed by a new trainer on dp2 (MoE: ep2) from the saved
+    // folder.
     json losses = json::array();
     const fs::path half = dir / "runs" / (name + "_half");
     {
-      CausalLmTrainer first = CausalLmTrainer::load(make_mesh(meshes[1]), dir / name, options);
+      CausalLmTrainer first = CausalLmTrainer::load(make_mesh(run_on[1]), dir / name, options);
       train(first, data, 0, steps / 2, options, losses);
       first.save(half);
     }
-    CausalLmTrainer resumed = CausalLmTrainer::load(make_mesh(meshes[3]), half, options);
+    const MeshChoice& second = run_on[2 + !c.value("moe", false)];  // dp2, or ep2 for MoE
+    CausalLmTrainer resumed = CausalLmTrainer::load(make_mesh(second), half, options);
     train(resumed, data, resumed.steps(), steps, options, losses);
     const fs::path out = dir / "runs" / (name + "_resumed");
     resumed.save(out);
     results.push_back({{"case", name},
-                       {"mesh", "tp2 then resumed on dp2"},
+                       {"mesh", "tp2 then resumed on " + second.label},
                        {"losses", losses},
                        {"checkpoint", fs::relative(out, dir)}});
   }

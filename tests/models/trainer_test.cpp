@@ -58,6 +58,32 @@ std::vector<std::int32_t> counting_rows(std::int64_t rows) {
   return ids;
 }
 
+// The Hugging Face tensors each trained weight is saved as: a dense slot one tensor as it is; a
+// MoE router its transpose; stacked experts one transposed tensor per expert, named as the
+// architecture names them.
+TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
+  const std::vector<HfTensorPart> dense = hf_tensor_parts("layers.1.mlp.up", Architecture::kLlama, 0);
+  ASSERT_EQ(dense.size(), 1u);
+  EXPECT_EQ(dense[0].name, "model.layers.1.mlp.up_proj.weight");
+  EXPECT_EQ(dense[0].expert, -1);
+  EXPECT_FALSE(dense[0].transposed);
+  const std::vector<HfTensorPart> router = hf_tensor_parts("layers.0.moe.router", Architecture::kMixtral, 4);
+  ASSERT_EQ(router.size(), 1u);
+  EXPECT_EQ(router[0].name, "model.layers.0.block_sparse_moe.gate.weight");
+  EXPECT_TRUE(router[0].transposed);
+  const std::vector<HfTensorPart> down = hf_tensor_parts("layers.3.moe.down", Architecture::kMixtral, 2);
+  ASSERT_EQ(down.size(), 2u);
+  EXPECT_EQ(down[1].name, "model.layers.3.block_sparse_moe.experts.1.w2.weight");
+  EXPECT_EQ(down[1].expert, 1);
+  EXPECT_TRUE(down[1].transposed);
+  EXPECT_EQ(hf_tensor_parts("layers.2.moe.gate", Architecture::kQwen3Moe, 3)[2].name,
+            "model.layers.2.mlp.experts.2.gate_proj.weight");
+  EXPECT_THAT([] { hf_tensor_parts("layers.2.moe.shared", Architecture::kMixtral, 3); },
+              ThrowsMessage<KeyError>(HasSubstr("no Hugging Face tensor is known for the weight 'layers.2.moe.shared'")));
+  EXPECT_THAT([] { hf_tensor_parts("layers.x.attention.wq", Architecture::kLlama, 0); },
+              ThrowsMessage<KeyError>(HasSubstr("'layers.x.attention.wq'")));
+}
+
 TEST(TrainerTest, LearnsToCount) {
   const std::int64_t steps = 120;
   const HfConfig config = HfConfig::parse(tiny_llama(false), "config.json");

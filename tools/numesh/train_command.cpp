@@ -95,7 +95,7 @@ void copy_model_files(const std::filesystem::path& from, const std::filesystem::
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a Hugging Face causal LM (Llama-family, dense) on the machine's mesh: AdamW with clipping and a "
+      "Train a Hugging Face causal LM (Llama-family or Mixtral) on the machine's mesh: AdamW with clipping and a "
       "warm-up/cosine schedule, a CSV log, Hugging Face checkpoints with the optimizer's state, resumable.");
   cmd->footer(R"(Data: an int32 (or int64) .npy of shape [S, T+1]: step k trains on rows (k*B .. k*B+B-1) mod S,
 inputs [:, :T], targets [:, 1:], the loss the mean cross-entropy over all B*T targets. Or a text

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,8 +63,25 @@ struct CausalLmWeights {
 /// "layers.L.attn_norm", "layers.L.attention.wq", ..., "layers.L.mlp.down", "final_norm",
 /// "lm_head.weight") is saved as in `config`'s architecture ("model.embed_tokens.weight",
 /// "model.layers.L.input_layernorm.weight", "model.layers.L.self_attn.q_proj.weight", ...).
-/// Throws: KeyError naming the slot when it is not one of those (MoE slots included: not yet).
+/// Throws: KeyError naming the slot when it is not one of those (hf_tensor_parts() names the
+/// MoE slots).
 std::string hf_tensor_name(std::string_view slot);
+
+/// One Hugging Face tensor holding (part of) a laid-out weight.
+struct HfTensorPart {
+  std::string name;          ///< the tensor's name in the checkpoint
+  std::int64_t expert = -1;  ///< which expert of a stacked [E, ...] weight; -1: the whole weight
+  bool transposed = false;   ///< saved as nn.Linear's [out, in], the transpose of numesh's [in, out]
+};
+
+/// The Hugging Face tensors of a weight of slot `slot` in `architecture`: one per dense slot
+/// (hf_tensor_name(), as it is); for a MoE block's "layers.L.moe.router" the router's gate
+/// (Mixtral "block_sparse_moe.gate.weight", Qwen-MoE "mlp.gate.weight"), transposed; for
+/// "layers.L.moe.gate", ".up" and ".down" ([E, in, out]) one transposed tensor per expert
+/// (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2"; Qwen-MoE "mlp.experts.e.gate_proj",
+/// "up_proj", "down_proj"), `experts` of them.
+/// Throws: KeyError naming the slot when it is none of those.
+std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture, std::int64_t experts);
 
 /// CausalLmWeights::deferred's result: the weights, and each shape-only matrix's source keyed
 /// by its slot: "embedding.table", "lm_head.weight", and the names of
