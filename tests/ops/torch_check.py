@@ -301,7 +301,12 @@ def expected(d, case):
         mlp = mlp_gelu if op == "mlp_gelu" else mlp_swiglu
         out = {("y", 0): mlp(*inputs.values(), dtype)}
         if dtype == "bf16":
-            out[("y", 0, "torch_bf16")] = torch_bf16_mlp(op, inputs)
+            own = torch_bf16_mlp(op, inputs)
+            # On a CPU without AVX-512 BF16, PyTorch 1.13's bf16 matmul accumulates in bf16:
+            # its own error against the float64 product of the same bf16 values is then larger
+            # than the bound, and it is no yardstick (numesh is still held to the float64 one).
+            own_error = float((own - out[("y", 0)]).abs().max() / out[("y", 0)].abs().max())
+            out[("y", 0, "torch_bf16")] = own if own_error <= BOUNDS["torch_bf16"] else own_error
         return out
     if op == "rmsnorm":
         return {("y", 0): rmsnorm(inp("x"), inp("weight"), p["eps"])}
@@ -378,12 +383,17 @@ def main():
             against = out.get("against", "float64")
             key = (out["quantity"], out["step"]) if against == "float64" else (out["quantity"], out["step"], against)
             got = load(d, out["file"])
-            ok, err, text = compare(got, want[key], bound)
             label = f"{case['name']} {out['impl']} step {out['step']}"
             if out["quantity"] != "y":
                 label += f" {out['quantity']}"
             if against != "float64":
                 label += f" vs {against}"
+            if isinstance(want[key], float):  # a yardstick this machine cannot give (expected())
+                print(f"skip {label:70s} PyTorch's own bf16 result is {want[key]:.2e} off the float64 product "
+                      f"of the same bf16 values (bound {bound:.0e}): its bf16 matmul accumulates in bf16 on "
+                      "this CPU")
+                continue
+            ok, err, text = compare(got, want[key], bound)
             print(f"{'ok  ' if ok else 'FAIL'} {label:70s} {err:9.2e} (bound {bound:.0e}, {check}) {text}")
             if not ok:
                 failed += 1
