@@ -28,15 +28,6 @@ using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::random_host;
 
-MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
-  MoeWeights w;
-  w.router = random_host({h, e}, 21, 0.5f);
-  w.gate = random_host({e, h, f}, 22, 0.3f);
-  w.up = random_host({e, h, f}, 23, 0.3f);
-  w.down = random_host({e, f, h}, 24, 0.3f);
-  return w;
-}
-
 // Rows [from, from + n) of x [T, H].
 runtime::HostTensor rows_of(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
   const std::int64_t h = x.shape[1];
@@ -124,7 +115,7 @@ class ShardedMoeBackwardTest : public ::testing::TestWithParam<MeshCase> {};
 TEST_P(ShardedMoeBackwardTest, GradientsEqualTheDenseReferencePerRoutingGroup) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
   const std::int64_t t = 16, h = 16, f = 8, e = 4;
-  const MoeWeights w = random_weights(h, f, e);
+  const MoeWeights w = testing::random_moe_weights(h, f, e);
   const std::int64_t groups = testing::expected_groups(GetParam(), {"dp", "fsdp"}, t);
   for (const MoeConfig& c : {MoeConfig{.num_experts = e, .top_k = 2},
                              MoeConfig{.num_experts = e, .top_k = 2, .capacity_factor = 0.75f},
@@ -158,7 +149,7 @@ TEST(ShardedMoeBackwardCollectivesTest, AreTheForwardsTransposedPlusTheRoutingWe
   using Kind = sharding::ReshardStep::Kind;
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "ep"}});
   const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f), dy = random_host({8, 16}, 2, 1.0f);
-  const MoeRun run = run_moe_backward(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), {{x, dy}});
+  const MoeRun run = run_moe_backward(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, testing::random_moe_weights(16, 8, 4), {{x, dy}});
   std::vector<std::string> over_ep, over_dp;
   for (const CollectivePlan& cp : run.collectives) {
     EXPECT_EQ(cp.step.kind, Kind::kAllReduce) << cp.name;
@@ -173,13 +164,13 @@ TEST(ShardedMoeBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
   const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f);
   // Tokens split over ep travel by all-to-all, whose backward is not lowered.
   EXPECT_THAT([&] {
-    run_moe_backward(make_mesh(MeshCase{{2}, {"ep"}}), c, random_weights(16, 8, 4), {{x, x}},
+    run_moe_backward(make_mesh(MeshCase{{2}, {"ep"}}), c, testing::random_moe_weights(16, 8, 4), {{x, x}},
                      MoeAxes{.batch = {"ep"}});
   },
               ThrowsMessage<NotImplementedError>(HasSubstr(
                   "moe: the tokens are split over the expert axis (ep) and travel by all-to-all, whose backward is not "
                   "lowered yet")));
-  MoeWeights shared = random_weights(16, 8, 4);
+  MoeWeights shared = testing::random_moe_weights(16, 8, 4);
   shared.shared_expert.gate = random_host({16, 12}, 5, 0.3f);
   shared.shared_expert.up = random_host({16, 12}, 6, 0.3f);
   shared.shared_expert.down = random_host({12, 16}, 7, 0.3f);
@@ -189,16 +180,24 @@ TEST(ShardedMoeBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
                   HasSubstr("moe: the backward of a MoE layer with a shared expert is not lowered yet")));
   EXPECT_THAT([&] { (void)moe_backward(x, shared, c, x); },
               ThrowsMessage<NotImplementedError>(HasSubstr("moe backward: shared experts")));
-  EXPECT_THAT([&] { (void)moe_backward(x, random_weights(16, 8, 4), MoeConfig{.num_experts = 4, .top_k = 5}, x); },
+  EXPECT_THAT([&] { (void)moe_backward(x, testing::random_moe_weights(16, 8, 4), MoeConfig{.num_experts = 4, .top_k = 5}, x); },
               ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
   // A backward whose forward kept nothing.
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{1}, {"ep"}});
-  const MoeLayer layer = MoeLayer::create(mesh, c, random_weights(16, 8, 4));
+  const MoeLayer layer = MoeLayer::create(mesh, c, testing::random_moe_weights(16, 8, 4));
   ProgramBuilder pb(mesh, "moe");
   runtime::Frontier loaded;
   runtime::ShardedTensor& xs = pb.input("x", {8, 16}, sharding::PartitionSpec(), loaded);
   EXPECT_THAT([&] { emit_moe_backward(pb, layer, MoeSaved{}, xs, loaded, xs, MoeGradients::like(layer), "moe.bwd"); },
               ThrowsMessage<ValueError>(HasSubstr("moe.bwd: the forward kept nothing for the backward")));
+  // dy and dx of another shape than the forward's x and y.
+  runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, {8, 16}, sharding::PartitionSpec());
+  MoeSaved saved;
+  const runtime::Frontier forward = emit_moe(pb, layer, xs, loaded, ys, "moe", nullptr, &saved);
+  runtime::ShardedTensor& short_dy = pb.tensor("dy", TensorRole::kActivation, {4, 16}, sharding::PartitionSpec());
+  EXPECT_THAT([&] { emit_moe_backward(pb, layer, saved, short_dy, forward, xs, MoeGradients::like(layer), "moe.bwd"); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "moe.bwd: dy 4x16 P() and dx 8x16 P() must be laid out as the forward's y and x (8x16)")));
 }
 
 }  // namespace

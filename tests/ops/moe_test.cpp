@@ -26,18 +26,9 @@ using testing::random_host;
 using testing::expected_groups;
 using testing::matches_reference;
 
-MoeWeights random_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
-  MoeWeights w;
-  w.router = random_host({h, e}, 21, 0.5f);
-  w.gate = random_host({e, h, f}, 22, 0.3f);
-  w.up = random_host({e, h, f}, 23, 0.3f);
-  w.down = random_host({e, f, h}, 24, 0.3f);
-  return w;
-}
-
 // random_weights with Qwen2-MoE's shared expert of intermediate size fs and its gate [H, 1].
 MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e, std::int64_t fs) {
-  MoeWeights w = random_weights(h, f, e);
+  MoeWeights w = testing::random_moe_weights(h, f, e);
   w.shared_expert.gate = random_host({h, fs}, 27, 0.3f);
   w.shared_expert.up = random_host({h, fs}, 28, 0.3f);
   w.shared_expert.down = random_host({fs, h}, 29, 0.3f);
@@ -79,7 +70,7 @@ TEST_P(ShardedMoeTest, EqualsTheReferencePerRoutingGroupWithItsStatistics) {
     for (std::int64_t tokens : {12, 7}) {  // 7 tokens do not split over dp = 2: one group
       MoeConfig c{.num_experts = cs.experts, .top_k = cs.k, .capacity_factor = cs.capacity,
                   .renormalize = cs.renormalize};
-      const MoeWeights w = random_weights(h, f, cs.experts);
+      const MoeWeights w = testing::random_moe_weights(h, f, cs.experts);
       const runtime::HostTensor x = random_host({tokens, h}, 25, 1.0f);
       ShardedMoe moe(mesh, c, w, tokens);
       const runtime::HostTensor y = moe.forward(x);
@@ -153,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMoeTest,
 
 TEST(ShardedMoeTest, ExpertsSplitOverEpAndTheCombineIsOneAllReduce) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {2, 2}, {"ep", "tp"});
-  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, random_weights(16, 8, 8), 4);
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, testing::random_moe_weights(16, 8, 8), 4);
   EXPECT_EQ(moe.layer().local_experts, 4);
   EXPECT_EQ(moe.layer().local_ffn, 4);
   const auto& collectives = moe.program().plan().collectives;
@@ -173,7 +164,7 @@ TEST(ShardedMoeTest, TokensSplitOverEpTravelByAllToAll) {
     for (float capacity : {0.0f, 1.0f}) {
       const auto mesh = make_mesh(mc);
       const MoeConfig c{.num_experts = 8, .top_k = 2, .capacity_factor = capacity};
-      const MoeWeights w = random_weights(16, 8, 8);
+      const MoeWeights w = testing::random_moe_weights(16, 8, 8);
       const runtime::HostTensor x = random_host({32, 16}, 26, 1.0f);
       ShardedMoe moe(mesh, c, w, 32, MoeAxes{.batch = {"dp", "ep"}});
       const runtime::HostTensor y = moe.forward(x);
@@ -220,11 +211,11 @@ TEST(ShardedMoeTest, ASharedExpertAddsNoCollective) {
 
 TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"ep"});
-  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 5}, random_weights(16, 8, 4), 4); },
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 5}, testing::random_moe_weights(16, 8, 4), 4); },
               ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
-  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, random_weights(16, 8, 4), 4); },
+  EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, testing::random_moe_weights(16, 8, 4), 4); },
               ThrowsMessage<ShapeError>(HasSubstr("router is [16, 4], expected [H, 8] for 8 experts")));
-  MoeWeights w = random_weights(16, 8, 4);
+  MoeWeights w = testing::random_moe_weights(16, 8, 4);
   w.down = random_host({4, 16, 8}, 1, 1.0f);
   EXPECT_THAT([&] { ShardedMoe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, w, 4); },
               ThrowsMessage<ShapeError>(HasSubstr("down [4, 16, 8] do not fit 4 experts and hidden 16")));
@@ -249,7 +240,7 @@ TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
   w = with_shared_expert(16, 8, 4, 12);
   w.shared_expert.up_bias = random_host({12}, 1, 1.0f);
   refused(w, "moe: the shared expert has biases (gate [], up [12], down []); numesh runs it without");
-  ShardedMoe moe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, random_weights(16, 8, 4), 4);
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, testing::random_moe_weights(16, 8, 4), 4);
   EXPECT_THAT([&] { moe.forward(random_host({5, 16}, 1, 1.0f)); },
               ThrowsMessage<ShapeError>(HasSubstr("input is [5, 16] but the layer was compiled for [4, 16]")));
 }

@@ -15,6 +15,7 @@
 
 #include "../common/matches_reference.hpp"
 #include "../runtime/test_devices.hpp"
+#include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -74,6 +75,17 @@ inline std::int64_t expected_groups(const MeshCase& c, const std::vector<std::st
     }
   }
   return extent % n == 0 ? n : 1;
+}
+
+/// A MoE layer's weights for hidden h, e experts of intermediate f: router [h, e] normal(0,
+/// 0.5), gate and up [e, h, f] and down [e, f, h] normal(0, 0.3), fixed seeds.
+inline MoeWeights random_moe_weights(std::int64_t h, std::int64_t f, std::int64_t e) {
+  MoeWeights w;
+  w.router = random_host({h, e}, 21, 0.5f);
+  w.gate = random_host({e, h, f}, 22, 0.3f);
+  w.up = random_host({e, h, f}, 23, 0.3f);
+  w.down = random_host({e, f, h}, 24, 0.3f);
+  return w;
 }
 
 /// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.

@@ -80,6 +80,19 @@ void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::Sharded
                t.spec().repr(), fmt::join(like.shape(), ", "), like.spec().repr());
 }
 
+void check_backward_io(const runtime::ShardedTensor& dy, const runtime::ShardedTensor& dx,
+                       const std::vector<std::int64_t>& x_shape, const std::vector<sharding::Placement>& y_placed,
+                       const std::vector<sharding::Placement>& x_placed, std::string_view name) {
+  const sharding::Mesh& m = dx.mesh().mesh();
+  const std::size_t rank = x_shape.size();
+  NUMESH_CHECK(dy.shape() == x_shape && dx.shape() == x_shape &&
+                   sharding::to_placements(dy.spec(), m, rank) == gradient_placements(y_placed) &&
+                   sharding::to_placements(dx.spec(), m, rank) == gradient_placements(x_placed),
+               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as the forward's y and x ({})", name,
+               fmt::join(dy.shape(), "x"), dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(),
+               fmt::join(x_shape, "x"));
+}
+
 std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter) {
   return std::make_shared<runtime::ShardedTensor>(parameter.mesh(), parameter.shape(), parameter.spec(), DType::kF32);
 }

@@ -25,12 +25,7 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   NUMESH_CHECK(layer.biases->up_bias.shape.empty() && layer.biases->gate_bias.shape.empty() &&
                    layer.biases->down_bias.shape.empty(),
                NotImplementedError, "{}: the backward of an MLP with biases is not lowered yet", name);
-  NUMESH_CHECK(dy.shape() == dx.shape() && dy.shape() == saved.x->shape() &&
-                   sharding::to_placements(dy.spec(), m, rank) == gradient_placements(saved.y_placed) &&
-                   sharding::to_placements(dx.spec(), m, rank) == gradient_placements(saved.x_placed),
-               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as the forward's y and x ({})", name,
-               fmt::join(dy.shape(), "x"), dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(),
-               fmt::join(saved.x->shape(), "x"));
+  check_backward_io(dy, dx, saved.x->shape(), saved.y_placed, saved.x_placed, name);
   check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);
   check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
   if (layer.gate) check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);

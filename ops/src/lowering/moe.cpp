@@ -433,17 +433,18 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     RoutingTables& r = *tables[i];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
-    runtime::Tensor& he = pb.scratch(s, {saved != nullptr ? assignments : rows, fl});
-    runtime::Tensor& ue = pb.scratch(s, {saved != nullptr ? assignments : rows, fl});
-    runtime::Tensor& ye = pb.scratch(s, {saved != nullptr ? assignments : rows, h});
-    runtime::Tensor* act = saved != nullptr ? &pb.scratch(s, {assignments, fl}) : &he;  // in place without saved
-    if (saved != nullptr) {
+    const bool packed = saved != nullptr;
+    const std::int64_t buffer_rows = packed ? assignments : rows;  // all experts' rows, or one's
+    runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
+    runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
+    runtime::Tensor& ye = pb.scratch(s, {buffer_rows, h});
+    runtime::Tensor* act = packed ? &pb.scratch(s, {assignments, fl}) : &he;  // in place without saved
+    if (packed) {
       saved->gate_pre[i] = &he;
       saved->up_pre[i] = &ue;
       saved->hidden[i] = act;
       saved->expert_out[i] = &ye;
     }
-    const bool packed = saved != nullptr;
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);

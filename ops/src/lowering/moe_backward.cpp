@@ -54,12 +54,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
   const std::size_t rank = dx.shape().size();
   NUMESH_CHECK(saved.x != nullptr && !saved.tables.empty() && !saved.expert_out.empty(), ValueError,
                "{}: the forward kept nothing for the backward (emit_moe without `saved`)", name);
-  NUMESH_CHECK(dy.shape() == dx.shape() && dy.shape() == saved.x->shape() &&
-                   sharding::to_placements(dy.spec(), m, rank) == gradient_placements(saved.y_placed) &&
-                   sharding::to_placements(dx.spec(), m, rank) == gradient_placements(saved.x_placed),
-               ShapeError, "{}: dy {} {} and dx {} {} must be laid out as the forward's y and x ({})", name,
-               fmt::join(dy.shape(), "x"), dy.spec().repr(), fmt::join(dx.shape(), "x"), dx.spec().repr(),
-               fmt::join(saved.x->shape(), "x"));
+  check_backward_io(dy, dx, saved.x->shape(), saved.y_placed, saved.x_placed, name);
   check_laid_out_like(*grads.router, *layer.router, "the router gradient", name);
   check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);
   check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -90,6 +91,14 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::Shard
 /// spec. Throws: ShapeError "NAME: WHAT is [shape] spec but must be laid out as [shape] spec".
 void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, std::string_view what,
                          std::string_view name);
+
+/// Checks a backward's dy and dx against its forward: both of shape `x_shape` (the forward's
+/// x and y), dy laid out as gradient_placements(y_placed) and dx as
+/// gradient_placements(x_placed). Throws: ShapeError "NAME: dy [shape] spec and dx [shape] spec
+/// must be laid out as the forward's y and x ([shape])".
+void check_backward_io(const runtime::ShardedTensor& dy, const runtime::ShardedTensor& dx,
+                       const std::vector<std::int64_t>& x_shape, const std::vector<sharding::Placement>& y_placed,
+                       const std::vector<sharding::Placement>& x_placed, std::string_view name);
 
 /// An fp32 tensor laid out exactly as `parameter` (same mesh, shape and spec), zero-filled:
 /// the gradient of a parameter, the optimizer's moments.
