@@ -1,5 +1,7 @@
 #include "numesh/runtime/cpu_features.hpp"
 
+#include <cpuid.h>
+
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -41,11 +43,16 @@ const CpuFeatures& cpu_features() noexcept {
     CpuFeatures f;
     f.avx2 = __builtin_cpu_supports("avx2") != 0;
     f.fma = __builtin_cpu_supports("fma") != 0;
-    f.f16c = __builtin_cpu_supports("f16c") != 0;
+    // F16C is CPUID leaf 1, ECX bit 29, read directly as AVX512_BF16 is below: clang 14's
+    // __builtin_cpu_supports knows neither. Its OS support is AVX's, which avx2 needs too.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f.f16c = f.avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1U << 29)) != 0;
     f.avx512f = __builtin_cpu_supports("avx512f") != 0;
     f.avx512bw = __builtin_cpu_supports("avx512bw") != 0;
     f.avx512vl = __builtin_cpu_supports("avx512vl") != 0;
-    f.avx512_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+    // AVX512_BF16 is CPUID leaf 7, sub-leaf 1, EAX bit 5. Its registers' OS support is
+    // AVX-512's, which the avx512f check covers.
+    f.avx512_bf16 = f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1U << 5)) != 0;
     return f;
   }();
   return features;

@@ -193,8 +193,10 @@ PartitionAxis PartitionAxis::from_kwargs(
     const std::vector<std::pair<std::string, AxisRule>>& kwargs) {
   PartitionAxisFields fields;
   for (const auto& [name, value] : kwargs) {
+    // Through a reference: clang 14 cannot capture a structured binding.
+    const std::string& wanted = name;
     auto it = std::find_if(kFields.begin(), kFields.end(),
-                           [&](const FieldInfo& i) { return i.name == name; });
+                           [&](const FieldInfo& i) { return i.name == wanted; });
     if (it == kFields.end()) {
       throw TypeError(
           fmt::format("PartitionAxis.__init__() got an unexpected keyword argument '{}'", name));

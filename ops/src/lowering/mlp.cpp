@@ -130,7 +130,7 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     // The device's columns of F start here: its slice of the gate and up biases.
     const std::int64_t f_first = up.layout().device(s).block[0] * f_local;
     pb.add_flops(s, flops);
-    return [&xs, &hs, us, gs, &wu, wg, rows, h, f_local, f_first, biases] {
+    return [&xs, &hs, us, gs, &wu, wg, rows, h, f_first, biases] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
         MatrixMap pre = as_matrix(us != nullptr ? *us : hs);

@@ -217,7 +217,9 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       pb.tensor(name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
   runtime::ShardedTensor& computed = pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
   runtime::ShardedTensor& returned = pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
-  const auto [router, gate, up, down] = use_weights(pb, layer, name);
+  // Named references rather than a structured binding: clang 14 cannot capture bindings.
+  const ProgramWeights weights = use_weights(pb, layer, name);
+  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up, &down = weights.down;
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
   for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
@@ -369,7 +371,9 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   }
   runtime::Frontier x_ready = after;
   runtime::ShardedTensor& xc = pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
-  const auto [router, gate, up, down] = use_weights(pb, layer, name);
+  // Named references rather than a structured binding: clang 14 cannot capture bindings.
+  const ProgramWeights weights = use_weights(pb, layer, name);
+  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up, &down = weights.down;
   runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // The partial output is pending a sum over every axis that splits the experts' weights.
