@@ -288,7 +288,8 @@ json read_json(const std::filesystem::path& file) {
   text << in.rdbuf();
   try {
     return json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number beyond double ("1e999").
     throw IoError(fmt::format("{} is not JSON: {}", file.string(), e.what()));
   }
 }

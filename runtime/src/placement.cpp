@@ -38,7 +38,16 @@ DeviceSpec make_device(const Topology& topology, const PlacementOptions& options
     d.cpuset = s.pus;
   } else {
     std::vector<int> firsts;
-    for (const Core* c : s.cores) firsts.push_back(c->pus.intersect(s.pus).pus().front());
+    CpuSet in_cores;
+    for (const Core* c : s.cores) {
+      firsts.push_back(c->pus.intersect(s.pus).pus().front());
+      in_cores = in_cores.unite(c->pus);
+    }
+    // A PU that no core holds (an export without Core objects under a node: found by
+    // topology_fuzz, where such a node became a device of no thread) is a core of its own.
+    for (const int pu : s.pus.pus()) {
+      if (!in_cores.contains(pu)) firsts.push_back(pu);
+    }
     d.cpuset = CpuSet(std::move(firsts));
   }
   d.threads = static_cast<int>(d.cpuset.size());

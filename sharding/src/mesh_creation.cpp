@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -89,6 +90,12 @@ std::int64_t python_int(std::string_view text) {
     if (std::isdigit(static_cast<unsigned char>(c)) == 0) {
       ok = false;
       break;
+    }
+    // Python's int has no bound; a mesh dimension beyond int64 is refused here by name
+    // (it overflowed silently before: found by partition_spec_fuzz under UBSan).
+    if (value > (std::numeric_limits<std::int64_t>::max() - (c - '0')) / 10) {
+      throw ValueError(fmt::format("mesh dimension {} is too large (at most {})", python_repr(text),
+                                   std::numeric_limits<std::int64_t>::max()));
     }
     value = value * 10 + (c - '0');
     last_digit = true;

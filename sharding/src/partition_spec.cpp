@@ -123,13 +123,7 @@ class SpecParser {
       expect(close);
       return AxisRule::tuple(std::move(members));
     }
-    if (c == '\'' || c == '"') {
-      const std::size_t end = text_.find(c, pos_ + 1);
-      if (end == std::string_view::npos) fail("unterminated quote");
-      std::string name(text_.substr(pos_ + 1, end - pos_ - 1));
-      pos_ = end + 1;
-      return AxisRule(std::move(name));
-    }
+    if (c == '\'' || c == '"') return AxisRule(parse_quoted(c));
     const std::size_t start = pos_;
     while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
                                    text_[pos_] == '_' || text_[pos_] == '-' ||
@@ -140,6 +134,51 @@ class SpecParser {
     std::string word(text_.substr(start, pos_ - start));
     if (word == "None" || word == "null") return AxisRule();
     return AxisRule(std::move(word));
+  }
+
+  // A quoted name, as Python reads a string literal: the escapes python_repr writes (\\, \n,
+  // \r, \t, \xHH and the quote) are decoded, so that parse(spec.repr()) gives spec back for any
+  // name; any other backslash is kept with the character after it, as Python keeps unknown
+  // escapes.
+  std::string parse_quoted(char quote) {
+    std::string name;
+    for (++pos_; pos_ < text_.size(); ++pos_) {
+      const char c = text_[pos_];
+      if (c == quote) {
+        ++pos_;
+        return name;
+      }
+      if (c != '\\' || pos_ + 1 == text_.size()) {
+        name += c;
+        continue;
+      }
+      const char e = text_[++pos_];
+      switch (e) {
+        case 'n': name += '\n'; break;
+        case 'r': name += '\r'; break;
+        case 't': name += '\t'; break;
+        case '\\':
+        case '\'':
+        case '"': name += e; break;
+        case 'x': {
+          const auto hex = [](char h) {
+            return std::isxdigit(static_cast<unsigned char>(h)) != 0
+                       ? (std::isdigit(static_cast<unsigned char>(h)) != 0 ? h - '0' : (std::tolower(h) - 'a' + 10))
+                       : -1;
+          };
+          const int hi = pos_ + 2 < text_.size() ? hex(text_[pos_ + 1]) : -1;
+          const int lo = pos_ + 2 < text_.size() ? hex(text_[pos_ + 2]) : -1;
+          if (hi < 0 || lo < 0) fail("truncated \\xHH escape");
+          name += static_cast<char>(hi * 16 + lo);
+          pos_ += 2;
+          break;
+        }
+        default:
+          name += '\\';
+          name += e;
+      }
+    }
+    fail("unterminated quote");
   }
 
   void expect(char c) {

@@ -15,9 +15,91 @@ namespace numesh::sharding {
 
 namespace {
 
+// The length of the quantifier at pattern[i] (`*`, `+`, `?`, or Python's `{m}`, `{m,}`, `{,n}`,
+// `{m,n}`, `{,}`), or 0 when there is none (a `{` that does not form one is a literal in Python).
+std::size_t quantifier_length(const std::string& pattern, std::size_t i) {
+  const char c = pattern[i];
+  if (c == '*' || c == '+' || c == '?') return 1;
+  if (c != '{') return 0;
+  std::size_t j = i + 1;
+  bool comma = false;
+  for (; j < pattern.size() && pattern[j] != '}'; ++j) {
+    if (pattern[j] == ',' && !comma) {
+      comma = true;
+    } else if (std::isdigit(static_cast<unsigned char>(pattern[j])) == 0) {
+      return 0;
+    }
+  }
+  // `{}` is a literal; `{,}` is Python's {0,} (sre_parse).
+  return j < pattern.size() && j > i + 1 ? j - i + 1 : 0;
+}
+
+// The largest count numesh accepts in a `{m,n}` quantifier. Python accepts up to 2^32 - 1, but
+// std::regex expands a counted repeat into that many states, and overflows a long reading a long
+// count (found by rule_regex_fuzz under UBSan); a parameter path never needs more.
+constexpr std::size_t kMaxRepeat = 65535;
+
+// Refuses a `{m,n}` quantifier at pattern[i] (of length q) whose m or n exceeds kMaxRepeat.
+void check_repeat_bounds(const std::string& pattern, std::size_t i, std::size_t q) {
+  if (pattern[i] != '{') return;
+  std::size_t count = 0;
+  for (std::size_t k = i + 1; k < i + q - 1; ++k) {
+    if (pattern[k] == ',') {
+      count = 0;
+      continue;
+    }
+    count = count * 10 + static_cast<std::size_t>(pattern[k] - '0');
+    if (count > kMaxRepeat) {
+      throw ValueError(fmt::format("cannot compile partition rule pattern {}: the repetition number at position {} "
+                                   "is larger than numesh's limit of {}",
+                                   python_repr(pattern), i, kMaxRepeat));
+    }
+  }
+}
+
+// Translates the escape at pattern[i] (a backslash and a digit) as Python's sre_parse reads it,
+// appending its ECMAScript form to `out`; returns the index of its last character. Octal
+// escapes (`\0`, `\0d`, `\0dd`, three octal digits, and any octal digits in a class) become
+// `\xHH`; outside a class one or two digits are a group reference, and a digit after them is a
+// literal. std::regex would read a whole run of digits as one reference, and overflows a long
+// on a long run (found by rule_regex_fuzz under UBSan).
+std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, bool in_class, std::string& out) {
+  const auto is_octal = [&](std::size_t k) { return k < pattern.size() && pattern[k] >= '0' && pattern[k] <= '7'; };
+  const auto is_digit = [&](std::size_t k) {
+    return k < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[k])) != 0;
+  };
+  const std::size_t first = i + 1;
+  std::size_t end = first;  // one past the escape's digits
+  const bool octal = in_class ? is_octal(first)
+                              : pattern[first] == '0' || (is_octal(first) && is_octal(first + 1) && is_octal(first + 2));
+  if (octal) {
+    while (end < first + 3 && is_octal(end)) ++end;
+    const int value = std::stoi(pattern.substr(first, end - first), nullptr, 8);
+    if (value > 0377) {
+      throw ValueError(fmt::format("cannot compile partition rule pattern {}: octal escape value \\{} outside of "
+                                   "range 0-0o377 at position {}",
+                                   python_repr(pattern), pattern.substr(first, end - first), i));
+    }
+    out += fmt::format("\\x{:02x}", value);
+    return end - 1;
+  }
+  if (in_class) {
+    throw ValueError(fmt::format("cannot compile partition rule pattern {}: bad escape \\{} at position {}",
+                                 python_repr(pattern), pattern[first], i));
+  }
+  end = is_digit(first + 1) ? first + 2 : first + 1;
+  out += '\\';
+  out.append(pattern, first, end - first);
+  if (is_digit(end)) out += "(?:)";  // the next digit is a literal, not part of the reference
+  return end - 1;
+}
+
 // Translates the Python `re` syntax that has a direct ECMAScript equivalent and rejects the
 // syntax that would otherwise be misread: `\A` -> `^`, `\Z` -> `$`, `(?P<name>` -> `(`, a
-// leading `(?i)` -> icase; named back-references, lookbehind and other inline flags throw.
+// leading `(?i)` -> icase, `{,n}` -> `{0,n}`, a brace outside a quantifier -> `\{` or `\}`;
+// named back-references, lookbehind and other inline flags throw. A repeat of a repeat (`a+*`, `a**`, `a{2}+?*`) is refused as Python refuses it ("multiple
+// repeat"): std::regex would accept it and backtrack exponentially on it (found by
+// rule_regex_fuzz). Python 3.11's possessive quantifiers (`a*+`) have no ECMAScript equivalent.
 std::regex compile_python_regex(const std::string& pattern) {
   auto unsupported = [&](std::string_view what) {
     return ValueError(fmt::format("cannot compile partition rule pattern {}: {} is Python-only "
@@ -32,10 +114,49 @@ std::regex compile_python_regex(const std::string& pattern) {
     i = 4;
   }
   bool in_class = false;
+  bool quantified = false;  // the last token was a quantifier
+  bool lazy = false;        // ... followed by its lazy `?`
   for (; i < pattern.size(); ++i) {
     const char c = pattern[i];
+    if (!in_class) {
+      if (const std::size_t q = quantifier_length(pattern, i); q > 0) {
+        if (quantified) {
+          if (c == '?' && !lazy) {
+            lazy = true;
+            out += c;
+            continue;
+          }
+          if (c == '+' && !lazy) throw unsupported("a possessive quantifier");
+          throw ValueError(fmt::format("cannot compile partition rule pattern {}: multiple repeat at position {}",
+                                       python_repr(pattern), i));
+        }
+        quantified = true;
+        lazy = false;
+        check_repeat_bounds(pattern, i, q);
+        if (c == '{' && pattern[i + 1] == ',') {  // Python's `{,n}` is ECMAScript's `{0,n}`
+          out += "{0";
+          out.append(pattern, i + 1, q - 1);
+        } else {
+          out.append(pattern, i, q);
+        }
+        i += q - 1;
+        continue;
+      }
+      quantified = false;
+      lazy = false;
+      // A brace that is not part of a quantifier is a literal in Python; std::regex refuses it.
+      if (c == '{' || c == '}') {
+        out += '\\';
+        out += c;
+        continue;
+      }
+    }
     if (c == '\\' && i + 1 < pattern.size()) {
       const char n = pattern[i + 1];
+      if (std::isdigit(static_cast<unsigned char>(n)) != 0) {
+        i = translate_numeric_escape(pattern, i, in_class, out);
+        continue;
+      }
       if (!in_class && n == 'A') {
         out += '^';
       } else if (!in_class && n == 'Z') {

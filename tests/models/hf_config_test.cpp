@@ -316,6 +316,12 @@ TEST(HfConfigTest, LoadReadsAFileOrAFolderAndNamesWhatItCannotRead) {
   }
   EXPECT_THAT([&] { (void)HfConfig::load(dir / "broken.json"); },
               ThrowsMessage<IoError>(HasSubstr((dir / "broken.json").string() + " is not JSON: ")));
+  // A number beyond double is nlohmann's out_of_range, not a parse_error: still an IoError.
+  {
+    std::ofstream(dir / "huge.json") << "{\"rope_theta\": 1e999}";
+  }
+  EXPECT_THAT([&] { (void)HfConfig::load(dir / "huge.json"); },
+              ThrowsMessage<IoError>(HasSubstr("huge.json is not JSON: [json.exception.out_of_range.406] number overflow parsing '1e999'")));
   // generation_config.json beside it: its special ids win (Llama 3 Instruct's end-of-turn ids).
   {
     std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";

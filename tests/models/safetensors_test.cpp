@@ -693,6 +693,10 @@ TEST_F(SafetensorsOpenErrorTest, HeaderThatIsNotAJsonObjectIsValueError) {
       file_bytes("{\"w\": {}"),
       "the header is not valid JSON: parse error at line 1, column 9: syntax error while parsing "
       "object - unexpected end of input; expected '}'");
+  // A number beyond double (nlohmann's out_of_range, which once escaped as its own type: found
+  // by safetensors_index_fuzz).
+  expect_fails<ValueError>(file_bytes(R"({"w": 1E724})"),
+                           "the header is not valid JSON: number overflow parsing '1E724'");
 }
 
 TEST_F(SafetensorsOpenErrorTest, KeysThatAppearTwiceAreValueError) {

@@ -214,8 +214,8 @@ TEST(TokenizerTest, NormalizerSequenceOfNothingOrNfc) {
 
 TEST(TokenizerTest, AddedTokensMatchFirstLongestAndDecodeOrSkip) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = {added(256, "<s>", true), added(257, "<s>x", true),
-                       added(258, "<tool>", false)};
+  j["added_tokens"] = json::array({added(256, "<s>", true), added(257, "<s>x", true),
+                       added(258, "<tool>", false)});
   const auto t = parse(j);
   // "<s>x" is the longer match at the same place; the added tokens split words.
   EXPECT_THAT(t.encode("a<s>xb<s><tool>"), ElementsAre('a', 257, 'b', 256, 258));
@@ -229,8 +229,8 @@ TEST(TokenizerTest, AddedTokensMatchFirstLongestAndDecodeOrSkip) {
 
 TEST(TokenizerTest, AddedTokensLstripAndRstripTakeTheWhitespace) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = {added(256, "<L>", true, /*lstrip=*/true),
-                       added(257, "<R>", true, false, /*rstrip=*/true)};
+  j["added_tokens"] = json::array({added(256, "<L>", true, /*lstrip=*/true),
+                       added(257, "<R>", true, false, /*rstrip=*/true)});
   const auto t = parse(j);
   EXPECT_THAT(t.encode("a  <L> b"), ElementsAre('a', 256, ' ', 'b'));
   EXPECT_THAT(t.encode("a <R>\t b"), ElementsAre('a', ' ', 257, 'b'));
@@ -243,8 +243,8 @@ TEST(TokenizerTest, NormalizedAddedTokensMatchAfterNfc) {
   // the raw-matched token "ë" (not normalized) does not match e + U+0308.
   auto j = make_tokenizer({}, json::array());
   j["normalizer"] = {{"type", "NFC"}};
-  j["added_tokens"] = {added(256, "\xC3\xA9", false, false, false, /*normalized=*/true),
-                       added(257, "\xC3\xAB", false)};
+  j["added_tokens"] = json::array({added(256, "\xC3\xA9", false, false, false, /*normalized=*/true),
+                       added(257, "\xC3\xAB", false)});
   const auto t = parse(j);
   EXPECT_THAT(t.encode("e\xCC\x81"), ElementsAre(256));
   EXPECT_THAT(t.encode("\xC3\xAB"), ElementsAre(257));
@@ -253,7 +253,7 @@ TEST(TokenizerTest, NormalizedAddedTokensMatchAfterNfc) {
 
 TEST(TokenizerTest, TemplateProcessingAddsBos) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = {added(256, "<|begin_of_text|>", true)};
+  j["added_tokens"] = json::array({added(256, "<|begin_of_text|>", true)});
   j["post_processor"] = {
       {"type", "Sequence"},
       {"processors",
@@ -332,6 +332,8 @@ TEST(TokenizerErrorTest, Model) {
   auto j = make_tokenizer({}, json::array());
   j["model"]["type"] = "WordPiece";
   expect_refused(j, "tok.json: model type 'WordPiece' is not supported (BPE)");
+  j["model"]["type"] = json::object();  // not a string: named by its JSON, not nlohmann's type_error
+  expect_refused(j, "tok.json: model type '{}' is not supported (BPE)");
   j = make_tokenizer({}, json::array());
   j["model"]["byte_fallback"] = true;
   expect_refused(j,
@@ -459,15 +461,15 @@ TEST(TokenizerErrorTest, NormalizerDecoderPostProcessorAndTopLevel) {
 
 TEST(TokenizerErrorTest, AddedTokens) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = {added(256, "<a>", true), added(256, "<b>", true)};
+  j["added_tokens"] = json::array({added(256, "<a>", true), added(256, "<b>", true)});
   expect_refused(j, "tok.json: added_tokens[1] ('<b>') has id 256, which '<a>' has already");
-  j["added_tokens"] = {added(256, "<a>", true), added(257, "<a>", true)};
+  j["added_tokens"] = json::array({added(256, "<a>", true), added(257, "<a>", true)});
   expect_refused(j, "tok.json: added_tokens[1] '<a>' is listed twice (ids 256 and 257)");
-  j["added_tokens"] = {added(256, "", true)};
+  j["added_tokens"] = json::array({added(256, "", true)});
   expect_refused(j, "tok.json: added_tokens[0] content is \"\", expected a non-empty string");
-  j["added_tokens"] = {added(-1, "<a>", true)};
+  j["added_tokens"] = json::array({added(-1, "<a>", true)});
   expect_refused(j, "tok.json: added_tokens[0] id is -1, expected a non-negative integer");
-  j["added_tokens"] = {added(256, "<a>", true)};
+  j["added_tokens"] = json::array({added(256, "<a>", true)});
   j["added_tokens"][0]["single_word"] = true;
   expect_refused(j, "tok.json: added_tokens[0] ('<a>') single_word true is not supported");
 }
@@ -488,7 +490,7 @@ TEST(TokenizerErrorTest, EncodeInvalidUtf8) {
 
 TEST(TokenizerErrorTest, DecodeIdsOutsideTheVocabulary) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = {added(300, "<s>", true)};  // ids 256-299 have no token
+  j["added_tokens"] = json::array({added(300, "<s>", true)});  // ids 256-299 have no token
   const auto t = parse(j);
   EXPECT_THAT(
       [&] {

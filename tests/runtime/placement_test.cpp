@@ -27,6 +27,26 @@ std::vector<std::string> labels(const std::vector<DeviceSpec>& devices) {
   return out;
 }
 
+// A node whose PUs no Core holds (an input of topology_fuzz that hwloc accepts) still gives a
+// device of one thread per PU: it was once a device of no thread, which no arena can be.
+TEST(PlacementTest, PusThatNoCoreHoldsAreCoresOfTheirOwn) {
+  const Topology t = Topology::from_xml(kTopologyDir + "/fuzzed-numa-node-without-cores.xml");
+  for (const PlacementPolicy policy : {PlacementPolicy::kNuma, PlacementPolicy::kL3, PlacementPolicy::kCore}) {
+    for (const bool smt : {false, true}) {
+      const auto devices = place_devices(t, {.policy = policy, .use_smt = smt});
+      ASSERT_FALSE(devices.empty());
+      for (const DeviceSpec& d : devices) {
+        EXPECT_GE(d.threads, 1) << d.label;
+        EXPECT_EQ(static_cast<std::size_t>(d.threads), d.cpuset.size()) << d.label;
+      }
+    }
+  }
+  const auto numa = place_devices(t, {.policy = PlacementPolicy::kNuma});
+  ASSERT_EQ(numa.size(), 1u);  // node 0 of the export lost its PUs to the mutation
+  EXPECT_EQ(numa[0].label, "numa1");
+  EXPECT_EQ(numa[0].cpuset.to_string(), "2-3");
+}
+
 TEST(PlacementTest, PolicyNamesRoundTrip) {
   for (const PlacementPolicy p : {PlacementPolicy::kNuma, PlacementPolicy::kL3,
                                   PlacementPolicy::kCore, PlacementPolicy::kExplicit}) {

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "numesh/core/error.hpp"
@@ -128,6 +130,10 @@ TEST(ParseMeshFromStringTest, NamedAndPositional) {
               ThrowsMessage<ValueError>(HasSubstr("Number of dimensions and names must match")));
   EXPECT_THAT([] { (void)parse_mesh_from_string("2,x", {"dp", "tp"}); },
               ThrowsMessage<ValueError>(HasSubstr("invalid literal for int() with base 10: 'x'")));
+  EXPECT_THAT([] { (void)parse_mesh_from_string("2,99999999999999999999", {"dp", "tp"}); },
+              ThrowsMessage<ValueError>(
+                  HasSubstr("mesh dimension '99999999999999999999' is too large (at most 9223372036854775807)")));
+  EXPECT_THAT(parse_mesh_from_string("9223372036854775807", {"dp"}).axis_dims, ElementsAre(std::numeric_limits<std::int64_t>::max()));
   EXPECT_THAT([] { (void)parse_mesh_from_string("dp:2,4", {"dp", "tp"}); },
               ThrowsMessage<ValueError>(HasSubstr("not enough values to unpack (expected 2, got 1)")));
   EXPECT_THAT([] { (void)parse_mesh_from_string("dp:2:3", {"dp"}); },

@@ -81,6 +81,51 @@ TEST(MatchPartitionRulesTest, PythonSyntaxIsTranslatedOrRejected) {
               ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '(a'")));
 }
 
+// A repeat of a repeat is refused as Python's re refuses it (std::regex would accept `.+*+` and
+// backtrack exponentially: found by rule_regex_fuzz); lazy quantifiers and repeated groups stay.
+TEST(MatchPartitionRulesTest, MultipleRepeatsAreRefusedAsPythonRefusesThem) {
+  const auto one = [](std::string pattern, std::string path) {
+    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
+                                 {leaf(std::move(path), {4})})[0];
+  };
+  EXPECT_THAT([&] { (void)one(".+*+", "abc"); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '.+*+': multiple repeat at position 2")));
+  EXPECT_THAT([&] { (void)one("a{2}*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 4")));
+  EXPECT_THAT([&] { (void)one("a+?*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 3")));
+  EXPECT_THAT([&] { (void)one("a*+", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("possessive quantifier")));
+  EXPECT_EQ(one("^a+?b*?c??$", "aac"), PartitionSpec{"x"});
+  EXPECT_EQ(one(R"((ab)+[+*]\d*x{1,2})", "abab+1x"), PartitionSpec{"x"});
+  EXPECT_EQ(one("(?:a|b)*(?=c)", "abc"), PartitionSpec{"x"});
+  // Braces as Python reads them: `{,n}` is {0,n}; braces that are not a quantifier are literals.
+  EXPECT_EQ(one("^ba{,2}c$", "bc"), PartitionSpec{"x"});
+  EXPECT_EQ(one("^ba{,2}c$", "baaac"), PartitionSpec());
+  EXPECT_EQ(one("a{,x}", "a{,x}"), PartitionSpec{"x"});
+  EXPECT_EQ(one("^a{}}$", "a{}}"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)one("a{70000}", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr("the repetition number at position 1 is larger than numesh's limit of 65535")));
+}
+
+// Backslash-digit escapes as Python's sre_parse reads them (std::regex read a run of digits as
+// one back-reference and overflowed on a long one: found by rule_regex_fuzz).
+TEST(MatchPartitionRulesTest, NumericEscapesAreReadAsPythonReadsThem) {
+  const auto one = [](std::string pattern, std::string path) {
+    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
+                                 {leaf(std::move(path), {4})})[0];
+  };
+  EXPECT_EQ(one(R"(^(a)\1$)", "aa"), PartitionSpec{"x"});                               // a group reference
+  EXPECT_EQ(one(R"(^\101\0$)", std::string("A\0", 2)), PartitionSpec{"x"});            // octal escapes
+  EXPECT_EQ(one(R"(^[\101-\103]$)", "B"), PartitionSpec{"x"});                          // octal in a class
+  EXPECT_EQ(one(R"(^(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\108$)", "abcdefghijj8"), PartitionSpec{"x"});  // \10 then '8'
+  EXPECT_THAT([&] { (void)one(R"(\400)", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr(R"(octal escape value \400 outside of range 0-0o377 at position 0)")));
+  EXPECT_THAT([&] { (void)one(R"([\9])", "9"); }, ThrowsMessage<ValueError>(HasSubstr(R"(bad escape \9 at position 1)")));
+  // A long run of digits: three octal digits and literals, or a two-digit group reference (here
+  // to a group that does not exist) and literals; never one huge reference.
+  EXPECT_EQ(one(R"(^(a)\3332222$)", "a\3332222"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)one(R"((a)\99999999999999999999)", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern")));
+}
+
 TEST(PatternPartitionSpecTest, ParsesEformerGrammar) {
   MeshScope scope(Mesh({"dp"}, {1}));
   const auto fn = create_pattern_based_partition_spec("attention|mlp->dp.tp,bias->,x..y,q->a..b");

@@ -30,14 +30,17 @@ Bpe::Bpe(Bpe&& other) noexcept
 Bpe Bpe::from_json(const nlohmann::json& model, std::string_view source) {
   NUMESH_CHECK(model.is_object(), ValueError, "{}: model is {}, expected an object", source,
                model.is_null() ? "null" : model.type_name());
-  const std::string type = model.value("type", std::string());
-  NUMESH_CHECK(type == "BPE", ValueError, "{}: model type '{}' is not supported (BPE)", source,
-               type);
   const auto field = [&](std::string_view key) -> const nlohmann::json& {
     static const nlohmann::json null_value;
     const auto it = model.find(key);
     return it == model.end() ? null_value : *it;
   };
+  // A type that is not a string is named by its JSON (json::value would throw type_error:
+  // found by tokenizer_json_fuzz).
+  const nlohmann::json& type_json = field("type");
+  const std::string type = type_json.is_string() ? type_json.get<std::string>() : type_json.dump();
+  NUMESH_CHECK(type == "BPE", ValueError, "{}: model type '{}' is not supported (BPE)", source,
+               type);
   const auto boolean = [&](std::string_view key) {
     const auto& v = field(key);
     if (v.is_null()) return false;

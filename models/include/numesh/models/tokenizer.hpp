@@ -86,6 +86,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  // parse() without its net for nlohmann's exceptions.
+  static Tokenizer parse_checked(std::string_view json_text, std::string_view source);
   std::unique_ptr<Impl> impl_;
 };
 
