@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# fuzz.sh: builds numesh's libFuzzer targets (fuzz/, the `sanitize` preset: clang, ASan, UBSan)
+# and runs each for a given time, starting from its seed corpus fuzz/corpus/TARGET (which also
+# holds the regression-* inputs of every failure found so far, run first, every time).
+#
+#   scripts/fuzz.sh [--time SECONDS] [--no-build] [TARGET...]
+#
+#   --time SECONDS  how long each target fuzzes [60]
+#   --no-build      use the targets already built in the sanitize build folder
+#   TARGET...       the targets to run [every fuzz/*_fuzz.cpp]
+#
+# Prints a table (target, seeds, corpus at the end, runs, runs per second, findings) and exits
+# 1 when any target found something: its input is then in
+# <build>/sanitize/fuzz-findings/TARGET/ (crash-*, leak-*, timeout-*, oom-*), with the
+# fuzzer's log beside it; reproduce with `<build>/sanitize/fuzz/TARGET FILE`, and keep the input
+# as fuzz/corpus/TARGET/regression-NAME once fixed. The working corpus grows in
+# <build>/sanitize/fuzz-corpus/TARGET and is reused by the next run; the seeds are not written.
+# Environment: as scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP).
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+seconds=60
+build=1
+targets=()
+while (($#)); do
+  case "$1" in
+    --time) seconds="${2:?--time needs a number of seconds}"; shift 2 ;;
+    --no-build) build=0; shift ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1' (see --help)" ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "--time '$seconds': expected a positive whole number of seconds"
+
+all=()
+for f in "$NUMESH_ROOT"/fuzz/*_fuzz.cpp; do all+=("$(basename "$f" .cpp)"); done
+((${#targets[@]})) || targets=("${all[@]}")
+for t in "${targets[@]}"; do
+  [[ " ${all[*]} " == *" $t "* ]] || die "no fuzz target '$t' (there are: ${all[*]})"
+done
+
+dir="$(build_dir sanitize)"
+if ((build)); then
+  ensure_packages
+  configure_and_build_targets() {
+    step "configure preset 'sanitize' in $dir"
+    cmake -S "$NUMESH_ROOT" --preset sanitize -B "$dir" >/dev/null
+    step "build the fuzz targets (-j$NUMESH_JOBS)"
+    cmake --build "$dir" -j "$NUMESH_JOBS" --target "${targets[@]}"
+  }
+  configure_and_build_targets
+fi
+
+# hwloc reports every malformed XML on stderr; the findings are what matters here.
+export HWLOC_HIDE_ERRORS=2
+# ASan's leak check runs after each input (libFuzzer's -detect_leaks) with the suppressions of
+# scripts/sanitizers/lsan.supp (leaks inside other libraries, each explained); UBSan stops at
+# the first report.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$NUMESH_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+rows=()
+failed=()
+for t in "${targets[@]}"; do
+  seeds="$NUMESH_ROOT/fuzz/corpus/$t"
+  work="$dir/fuzz-corpus/$t"
+  findings="$dir/fuzz-findings/$t"
+  mkdir -p "$work" "$findings"
+  log="$findings/fuzz.log"
+  step "$t: ${seconds} s from $(find "$seeds" -type f | wc -l) seeds"
+  status=0
+  # -timeout: one input taking 10 s is a hang; -rss_limit_mb/-malloc_limit_mb: an allocation
+  # that follows from a few bytes of input must not reach 2 GiB.
+  "$dir/fuzz/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/" >"$log" 2>&1 || status=$?
+  runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+  rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
+  found="$(find "$findings" -type f ! -name fuzz.log | wc -l)"
+  if ((status != 0 || found > 0)); then
+    failed+=("$t")
+    tail -n 40 "$log"
+  fi
+  rows+=("$(printf '%-24s %6s %8s %10s %9s %9s' "$t" "$(find "$seeds" -type f | wc -l)" \
+            "$(find "$work" -type f | wc -l)" "${runs:-?}" "${rate:-?}" "$found")")
+done
+
+step "fuzzing summary (${seconds} s per target)"
+printf '%-24s %6s %8s %10s %9s %9s\n' target seeds corpus runs "runs/s" findings
+printf '%s\n' "${rows[@]}"
+if ((${#failed[@]})); then
+  die "findings in: ${failed[*]} (inputs and logs in $dir/fuzz-findings/)"
+fi
+echo "fuzz: ${#targets[@]} targets, no findings"
