@@ -97,6 +97,9 @@ struct CompiledGraph::Impl {
   std::atomic<bool> stop{false};
   std::atomic<bool> skipped{false};  // some body did not run because of stop
   std::atomic<bool> running{false};
+  // inject_fault's node for the next run, and the one armed for the run in progress (-1: none).
+  std::atomic<std::int64_t> next_fault{-1};
+  std::int64_t armed_fault = -1;
   std::mutex error_mutex;
   std::exception_ptr error;
   std::string failed;
@@ -131,6 +134,9 @@ struct CompiledGraph::Impl {
       skipped.store(true, std::memory_order_relaxed);
     } else {
       try {
+        if (static_cast<std::int64_t>(id) == armed_fault) {
+          throw InjectedFault(fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
+        }
         if (timing_on) {
           NodeTiming& t = timings[id];
           t.thread = oneapi::tbb::this_task_arena::current_thread_index();
@@ -222,6 +228,8 @@ void CompiledGraph::run() {
   }
   g.skipped.store(false, std::memory_order_relaxed);
   g.stop.store(false, std::memory_order_release);
+  // Read by the bodies, which the roots' try_put below starts: the put orders this write first.
+  g.armed_fault = g.next_fault.exchange(-1, std::memory_order_acq_rel);
   if (g.timing_on) {
     std::fill(g.timings.begin(), g.timings.end(), NodeTiming{});
     g.run_start = Clock::now();
@@ -254,6 +262,12 @@ const NodeInfo& CompiledGraph::node(NodeId id) const {
 std::string CompiledGraph::failed_node() const {
   const std::lock_guard lock(impl_->error_mutex);
   return impl_->failed;
+}
+
+void CompiledGraph::inject_fault(NodeId id) {
+  NUMESH_CHECK(id < impl_->nodes.size(), IndexError, "inject_fault: node {} does not exist ({} nodes)", id,
+               impl_->nodes.size());
+  impl_->next_fault.store(static_cast<std::int64_t>(id), std::memory_order_release);
 }
 
 void CompiledGraph::set_timing(bool on) noexcept { impl_->timing_on = on; }

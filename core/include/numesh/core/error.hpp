@@ -98,4 +98,11 @@ class CancelledError : public Error {
   using Error::Error;
 };
 
+/// Thrown by the node that CompiledGraph::inject_fault armed, in place of its body: a fault put
+/// there on purpose, to test how a run fails, cancels the other devices and runs again.
+class InjectedFault : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace numesh

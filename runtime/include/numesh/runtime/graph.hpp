@@ -135,6 +135,12 @@ class CompiledGraph {
   const NodeInfo& node(NodeId id) const;
   /// The node whose exception ended the last run, or "" when none did.
   std::string failed_node() const;
+  /// Makes node `id` throw InjectedFault ("injected fault in node <name> (device d)") instead
+  /// of running its body, in the next run only: for testing that a failing node, wherever it
+  /// is, ends the run on every device with that one exception and leaves the graph able to run
+  /// again. A later call before that run replaces the node.
+  /// Throws: IndexError for a node that does not exist. Thread-safe.
+  void inject_fault(NodeId id);
 
   /// Turns per-node timing on or off for later runs (off by default; costs two clock reads
   /// per node). Not thread-safe with run().
