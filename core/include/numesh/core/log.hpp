@@ -4,14 +4,17 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 
-/// A tiny levelled logger on fmt. It writes one line per message to stderr:
-/// `numesh: warning: ...`. The level comes from the environment variable NUMESH_LOG_LEVEL
-/// (`error`, `warning` (the default), `info`, `debug`, or `off`), read once.
+/// A tiny levelled logger on fmt. By default it writes one line per message to stderr:
+/// `numesh: warning: ...`; a program embedding numesh can take the messages instead with
+/// set_sink(). The level comes from the environment variable NUMESH_LOG_LEVEL (`error`,
+/// `warning` (the default), `info`, `debug`, or `off`), read once.
 ///
 /// Library code logs sparingly: warnings for things the user should know and cannot see
 /// otherwise (a binding the machine cannot do, NUMA balancing on), each at most once per
@@ -38,16 +41,36 @@ inline Level level() noexcept {
 /// True when messages of `l` are printed. Thread-safe.
 inline bool enabled(Level l) noexcept { return l != Level::kOff && l <= level(); }
 
+/// Receives each message that passes the level: its tag ("error", "warning", "info", "debug")
+/// and its text, without the "numesh: tag: " prefix or a newline.
+using Sink = std::function<void(std::string_view tag, std::string_view message)>;
+
 namespace detail {
 inline std::mutex& output_mutex() {
   static std::mutex m;
   return m;
 }
+inline Sink& sink() {
+  static Sink s;
+  return s;
+}
 inline void write(std::string_view tag, const std::string& message) {
   const std::lock_guard lock(output_mutex());
-  fmt::print(stderr, "numesh: {}: {}\n", tag, message);
+  if (const Sink& s = sink()) {
+    s(tag, message);
+  } else {
+    fmt::print(stderr, "numesh: {}: {}\n", tag, message);
+  }
 }
 }  // namespace detail
+
+/// Sends every later message to `sink` instead of stderr (an empty Sink: back to stderr), so
+/// that a program embedding numesh decides where its warnings go. Calls to the sink are
+/// serialised. Thread-safe.
+inline void set_sink(Sink sink) {
+  const std::lock_guard lock(detail::output_mutex());
+  detail::sink() = std::move(sink);
+}
 
 /// Logs a warning. Thread-safe.
 template <typename... Args>
