@@ -5,7 +5,8 @@
         Copies the .npy folder FIXTURE into WORK, puts one NaN or infinity into x.npy or into
         the op's first weight file, runs `NUMESH op OP --dir WORK ARGS...`, and requires exit
         status 1 with the check reporting FAILED and why (a non-finite reference or output).
-        The check must fail: NaN must never be reported as "ok".
+        The check must fail: NaN must never be reported as "ok". The input's non-finite value
+        must be noted where it is read, and with --refuse-nonfinite refused (exit status 2).
 
     op_checks.py moe-routing NUMESH FIXTURE WORK CAPACITY [-- ARGS...]
         Runs `NUMESH op moe --dir FIXTURE --capacity CAPACITY --json ...` and compares its
@@ -67,7 +68,20 @@ def nonfinite(numesh, op, fixture, work, kind, target, extra):
     if not check or "FAILED" not in check[0] or not ("not finite" in check[0] or "non-finite" in check[0]):
         print(f"op_checks: expected a 'check ... FAILED' line naming the non-finite values, got {check}")
         return 1
-    print(f"op_checks: {op} with {kind} in {names[0]}.npy fails its check as it must")
+    note = f"note: {names[0]}.npy holds 1 non-finite value of "
+    if not any(line.startswith(note) for line in out.splitlines()):
+        print(f"op_checks: expected the input's non-finite value noted where it is read ('{note}...')")
+        return 1
+    # --refuse-nonfinite: the same input is an error before anything runs (exit status 2).
+    rc, out = run([numesh, "op", op, "--dir", str(work / "in"), "--out", str(work), "--refuse-nonfinite"] + extra)
+    print(out)
+    want = f"{names[0]}.npy holds 1 non-finite value of "
+    if rc != 2 or want not in out or "--refuse-nonfinite refuses it" not in out:
+        print(f"op_checks: with --refuse-nonfinite expected exit status 2 and '{want}... --refuse-nonfinite "
+              f"refuses it', got {rc}")
+        return 1
+    print(f"op_checks: {op} with {kind} in {names[0]}.npy is noted, fails its check as it must, and is refused "
+          f"with --refuse-nonfinite")
     return 0
 
 

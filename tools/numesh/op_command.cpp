@@ -116,6 +116,8 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
   cmd->add_flag("--no-check", o.no_check, "Skip the comparison with the dense reference");
+  cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
+                "Refuse an input .npy holding NaN or infinities (default: say so and run)");
   cmd->add_option("--json", o.json, "Write the plan, time and check as JSON to FILE");
   cmd->add_flag("--timing", o.timing, "Print when each node of one more run started and how long it took");
   cmd->add_option("--trace", o.trace, "Write that run as a Chrome trace (chrome://tracing, Perfetto) to FILE");
@@ -129,7 +131,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
   const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
-  const OpInputs in{o.dir};
+  const OpInputs in{.dir = o.dir, .refuse_nonfinite = o.refuse_nonfinite, .notes = &out};
   NUMESH_CHECK(fs::is_directory(in.dir), IoError, "--dir '{}' is not a folder", o.dir);
   // Every file the op needs is checked before anything loads or runs.
   require_files(in, o.op, needed_files(*entry, in));

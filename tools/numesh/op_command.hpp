@@ -39,6 +39,7 @@ struct OpOptions {
   std::string dtype = "f32";       ///< --dtype: storage dtype of the operator's matrices
   int repeats = 5;                 ///< --repeats: timed runs (median)
   bool no_check = false;           ///< --no-check: skip the dense comparison
+  bool refuse_nonfinite = false;   ///< --refuse-nonfinite: an input holding NaN or inf is an error
   std::string json;                ///< --json FILE
   bool timing = false;             ///< --timing: print the per-node timing of one more run
   std::string trace;               ///< --trace FILE: Chrome trace of that run

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <utility>
@@ -211,7 +212,28 @@ OpResult run_block(const OpContext& ctx) {
 
 }  // namespace
 
-HostTensor OpInputs::load(const std::string& name) const { return ops::load_npy(dir / (name + ".npy")); }
+HostTensor OpInputs::load(const std::string& name) const {
+  HostTensor t = ops::load_npy(dir / (name + ".npy"));
+  // Reported where it is read: a NaN in a weight otherwise surfaces only as a failed check.
+  std::int64_t bad = 0, first = -1;
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    if (!std::isfinite(t.data[i])) {
+      if (bad++ == 0) first = static_cast<std::int64_t>(i);
+    }
+  }
+  if (bad == 0) return t;
+  std::vector<std::int64_t> index(t.shape.size());
+  for (std::size_t d = t.shape.size(), rest = static_cast<std::size_t>(first); d-- > 0;) {
+    index[d] = static_cast<std::int64_t>(rest % static_cast<std::size_t>(t.shape[d]));
+    rest /= static_cast<std::size_t>(t.shape[d]);
+  }
+  const std::string text = fmt::format("{}.npy holds {} non-finite value{} of {} (the first, {}, at [{}])", name, bad,
+                                       bad == 1 ? "" : "s", t.data.size(), t.data[static_cast<std::size_t>(first)],
+                                       fmt::join(index, ", "));
+  NUMESH_CHECK(!refuse_nonfinite, ValueError, "{}; --refuse-nonfinite refuses it", text);
+  if (notes != nullptr) *notes << "note: " << text << "\n";
+  return t;
+}
 
 bool OpInputs::has(const std::string& name) const { return std::filesystem::exists(dir / (name + ".npy")); }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <ostream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,7 +30,14 @@ namespace numesh::tools {
 /// The folder of input .npy files (`--dir`).
 struct OpInputs {
   std::filesystem::path dir;
-  /// `name`.npy, loaded. Throws: what ops::load_npy throws (IoError naming the file).
+  /// --refuse-nonfinite: an input holding NaN or infinities is an error, not a note.
+  bool refuse_nonfinite = false;
+  /// Where an input's non-finite values are noted (nullptr: nowhere).
+  std::ostream* notes = nullptr;
+  /// `name`.npy, loaded. Non-finite values in it are noted, counted and located ("note: x.npy
+  /// holds 1 non-finite value of 24 (the first, nan, at [1, 2])"), or refused.
+  /// Throws: what ops::load_npy throws (IoError naming the file); ValueError with that text
+  /// when refuse_nonfinite.
   runtime::HostTensor load(const std::string& name) const;
   /// True when `name`.npy exists.
   bool has(const std::string& name) const;
