@@ -14,9 +14,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # scripts/plot_benchmarks.py and its test, Oniguruma, utf8proc and SentencePiece for the tokenizers
 # (python3-sentencepiece trains the SentencePiece check's model), and Node.js
 # with npm for the tokenizer's check against Hugging Face's tokenizers.js (tests/models/
-# tokenizer_check, installed by scripts/test.sh with `npm ci`).
+# tokenizer_check, installed by scripts/test.sh with `npm ci`); clang with its sanitizer and
+# libFuzzer runtimes for the sanitize and tsan presets and the fuzz targets.
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
   libfmt-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev libsentencepiece-dev

@@ -5,11 +5,13 @@
 #      the unit tests and the eformer_conformance runner; runs the examples;
 #   3. builds the `release` preset, installs it into a fresh prefix, and runs the installed
 #      `numesh` on the main job's example, and the installed `numesh run` on a small model;
-#   4. builds and runs the out-of-tree project examples/consumer against that prefix with
-#      find_package(numesh), and again with numesh's source tree added by add_subdirectory;
+#   4. builds and runs the out-of-tree project examples/consumer (numesh_consumer: a mesh and a
+#      sharding; numesh_scheduler: numesh as a scheduling library only) against that prefix
+#      with find_package(numesh), and again with numesh's source tree added by add_subdirectory;
 #   5. builds the `sanitize` preset (clang with ASan, UBSan and LeakSanitizer), runs the unit
-#      tests that need no real NUMA binding under it, and runs every fuzz target for a short
-#      time (scripts/fuzz.sh).
+#      tests that need no real NUMA binding under it, the tests whose threads do not go
+#      through oneTBB under the `tsan` preset (ThreadSanitizer), and every fuzz target for a
+#      short time (scripts/fuzz.sh).
 # Ends with `summary: N passed, M skipped, 0 failed` (skipped: tests CTest did not run, e.g.
 # the PyTorch checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer check under
 # NUMESH_SKIP_TOKENIZER_CHECKS=1); exits non-zero at the first failure.
@@ -143,6 +145,12 @@ cmake --build "$check/consumer-package" -j "$NUMESH_JOBS"
 expect_output "numesh_consumer (find_package)" \
   "numesh_consumer (find_package): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
   "$check/consumer-package/numesh_consumer"
+expect_output "numesh_scheduler (find_package)" \
+  "scheduler: 2 devices, 3 nodes, total 2147516416 (expected 2147516416)
+scheduler: cancelled: graph run cancelled by the caller; reduce ran: no
+scheduler: failed in node copy: the caller's own error
+scheduler: run again: total 2147516416 ok" \
+  "$check/consumer-package/numesh_scheduler"
 
 step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
 cmake -S "$NUMESH_ROOT/examples/consumer" -B "$check/consumer-subdir" "${consumer_flags[@]}" \
@@ -151,6 +159,12 @@ cmake --build "$check/consumer-subdir" -j "$NUMESH_JOBS"
 expect_output "numesh_consumer (add_subdirectory)" \
   "numesh_consumer (add_subdirectory): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
   "$check/consumer-subdir/numesh_consumer"
+expect_output "numesh_scheduler (add_subdirectory)" \
+  "scheduler: 2 devices, 3 nodes, total 2147516416 (expected 2147516416)
+scheduler: cancelled: graph run cancelled by the caller; reduce ran: no
+scheduler: failed in node copy: the caller's own error
+scheduler: run again: total 2147516416 ok" \
+  "$check/consumer-subdir/numesh_scheduler"
 
 # 5. Sanitizers and fuzzing. The unit tests run as programs (one process each, not one per
 # test as under CTest, which ASan's start-up would make slow); the tests labelled numa are left
@@ -173,6 +187,25 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
     [[ -n "$count" ]] || die "$t: no count of passed tests in $log"
     passed=$((passed + count))
   done
+  # ThreadSanitizer on the tests whose threads do not go through oneTBB's scheduler (the
+  # sharding layer's process-wide registries, the logger): Debian's oneTBB is not built with
+  # TSan, so every hand-over between its tasks would be reported (docs/reliability.md).
+  tsan="$(build_dir tsan)"
+  tsan_tests=(core_test sharding_test)
+  step "configure preset 'tsan' in $tsan"
+  cmake -S "$NUMESH_ROOT" --preset tsan -B "$tsan"
+  step "build the ThreadSanitizer tests (-j$NUMESH_JOBS)"
+  cmake --build "$tsan" -j "$NUMESH_JOBS" --target "${tsan_tests[@]}"
+  for t in "${tsan_tests[@]}"; do
+    log="$tsan/$t.log"
+    step "$t under TSan"
+    TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/$t" --gtest_brief=1 2>&1 | tee "$log" ||
+      die "$t failed under ThreadSanitizer ($log)"
+    count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
+    [[ -n "$count" ]] || die "$t: no count of passed tests in $log"
+    passed=$((passed + count))
+  done
+
   step "fuzz targets, ${NUMESH_FUZZ_SECONDS:-15} s each"
   bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --time "${NUMESH_FUZZ_SECONDS:-15}" ||
     die "fuzzing found something (above)"
