@@ -156,7 +156,9 @@ TEST_P(CollectiveFaultTest, AFaultInAnyNodeEndsTheRunOnceAndTheGraphRunsAgain) {
     EXPECT_EQ(g.graph.failed_node(), node.name);
     const std::vector<bool> downstream = g.downstream_of(id);
     for (NodeId n = 0; n < g.graph.size(); ++n) {
-      if (downstream[n]) EXPECT_FALSE(g.graph.timings()[n].ran) << g.graph.node(n).name << " ran after the fault";
+      if (downstream[n]) {
+        EXPECT_FALSE(g.graph.timings()[n].ran) << g.graph.node(n).name << " ran after the fault";
+      }
     }
     g.clear();
     g.graph.run();  // the fault was for one run only
@@ -166,7 +168,7 @@ TEST_P(CollectiveFaultTest, AFaultInAnyNodeEndsTheRunOnceAndTheGraphRunsAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveFaultTest, ::testing::ValuesIn(collective_cases()),
-                         [](const auto& info) { return info.param.name; });
+                         [](const auto& test) { return test.param.name; });
 
 TEST(CollectiveFaultTest, InjectingIntoANodeThatDoesNotExistIsAnIndexError) {
   FaultGraph g(kCount, collective_cases()[0].emit);
