@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +45,12 @@ bool hwloc_survives(const char* path) {
     ::_exit(0);
   }
   int status = 0;
-  if (::waitpid(pid, &status, 0) != pid) std::abort();
+  pid_t waited = -1;
+  // libFuzzer's one-second timer (-timeout) interrupts the wait with SIGALRM: wait again.
+  do {
+    waited = ::waitpid(pid, &status, 0);
+  } while (waited < 0 && errno == EINTR);
+  if (waited != pid) std::abort();
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 

@@ -42,6 +42,17 @@ expect_output() {
   passed=$((passed + 1))
 }
 
+# run_gtest_program LABEL EXE LOG: runs the GoogleTest program EXE whole (one process), keeps
+# its output in LOG, and adds its count of passed tests to `passed`.
+run_gtest_program() {
+  local label="$1" exe="$2" log="$3" count
+  step "$label"
+  "$exe" --gtest_brief=1 2>&1 | tee "$log" || die "$label: failed ($log has the output)"
+  count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
+  [[ -n "$count" ]] || die "$label: no count of passed tests in $log"
+  passed=$((passed + count))
+}
+
 # run_ctest PRESET: `ctest --preset PRESET` in PRESET's build folder; its output is kept in
 # ctest-output.log there, and its test count added to `passed`. ctest 3.25 reads the tests of
 # the preset's own binaryDir even when given --test-dir, so a folder moved by NUMESH_BUILD_DIR
@@ -138,33 +149,26 @@ passed=$((passed + 1))
 consumer_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
 command -v ccache >/dev/null && consumer_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-step "examples/consumer with find_package(numesh) from $prefix"
-cmake -S "$NUMESH_ROOT/examples/consumer" -B "$check/consumer-package" "${consumer_flags[@]}" \
-  -DCMAKE_PREFIX_PATH="$prefix"
-cmake --build "$check/consumer-package" -j "$NUMESH_JOBS"
-expect_output "numesh_consumer (find_package)" \
-  "numesh_consumer (find_package): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
-  "$check/consumer-package/numesh_consumer"
-expect_output "numesh_scheduler (find_package)" \
-  "scheduler: 2 devices, 3 nodes, total 2147516416 (expected 2147516416)
+scheduler_lines="scheduler: 2 devices, 3 nodes, total 2147516416 (expected 2147516416)
 scheduler: cancelled: graph run cancelled by the caller; reduce ran: no
 scheduler: failed in node copy: the caller's own error
-scheduler: run again: total 2147516416 ok" \
-  "$check/consumer-package/numesh_scheduler"
-
-step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
-cmake -S "$NUMESH_ROOT/examples/consumer" -B "$check/consumer-subdir" "${consumer_flags[@]}" \
-  -DNUMESH_SOURCE_DIR="$NUMESH_ROOT"
-cmake --build "$check/consumer-subdir" -j "$NUMESH_JOBS"
-expect_output "numesh_consumer (add_subdirectory)" \
-  "numesh_consumer (add_subdirectory): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" \
-  "$check/consumer-subdir/numesh_consumer"
-expect_output "numesh_scheduler (add_subdirectory)" \
-  "scheduler: 2 devices, 3 nodes, total 2147516416 (expected 2147516416)
-scheduler: cancelled: graph run cancelled by the caller; reduce ran: no
-scheduler: failed in node copy: the caller's own error
-scheduler: run again: total 2147516416 ok" \
-  "$check/consumer-subdir/numesh_scheduler"
+scheduler: run again: total 2147516416 ok"
+for mode in find_package add_subdirectory; do
+  if [[ "$mode" == find_package ]]; then
+    step "examples/consumer with find_package(numesh) from $prefix"
+    dir="$check/consumer-package"
+    how=(-DCMAKE_PREFIX_PATH="$prefix")
+  else
+    step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
+    dir="$check/consumer-subdir"
+    how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT")
+  fi
+  cmake -S "$NUMESH_ROOT/examples/consumer" -B "$dir" "${consumer_flags[@]}" "${how[@]}"
+  cmake --build "$dir" -j "$NUMESH_JOBS"
+  expect_output "numesh_consumer ($mode)" \
+    "numesh_consumer ($mode): P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4) ok" "$dir/numesh_consumer"
+  expect_output "numesh_scheduler ($mode)" "$scheduler_lines" "$dir/numesh_scheduler"
+done
 
 # 5. Sanitizers and fuzzing. The unit tests run as programs (one process each, not one per
 # test as under CTest, which ASan's start-up would make slow); the tests labelled numa are left
@@ -179,13 +183,8 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   export LSAN_OPTIONS="suppressions=$NUMESH_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   for t in "${sanitized_tests[@]}"; do
-    exe="$(find "$sanitize/tests" -name "$t" -type f -perm -u+x | head -n 1)"
-    log="$sanitize/$t.log"
-    step "$t under ASan + UBSan"
-    "$exe" --gtest_brief=1 2>&1 | tee "$log" || die "$t failed under the sanitizers ($log)"
-    count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
-    [[ -n "$count" ]] || die "$t: no count of passed tests in $log"
-    passed=$((passed + count))
+    run_gtest_program "$t under ASan + UBSan" "$(find "$sanitize/tests" -name "$t" -type f -perm -u+x | head -n 1)" \
+      "$sanitize/$t.log"
   done
   # ThreadSanitizer on the tests whose threads do not go through oneTBB's scheduler (the
   # sharding layer's process-wide registries, the logger): Debian's oneTBB is not built with
@@ -196,14 +195,9 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   cmake -S "$NUMESH_ROOT" --preset tsan -B "$tsan"
   step "build the ThreadSanitizer tests (-j$NUMESH_JOBS)"
   cmake --build "$tsan" -j "$NUMESH_JOBS" --target "${tsan_tests[@]}"
+  export TSAN_OPTIONS="halt_on_error=1"
   for t in "${tsan_tests[@]}"; do
-    log="$tsan/$t.log"
-    step "$t under TSan"
-    TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/$t" --gtest_brief=1 2>&1 | tee "$log" ||
-      die "$t failed under ThreadSanitizer ($log)"
-    count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
-    [[ -n "$count" ]] || die "$t: no count of passed tests in $log"
-    passed=$((passed + count))
+    run_gtest_program "$t under TSan" "$tsan/tests/$t" "$tsan/$t.log"
   done
 
   step "fuzz targets, ${NUMESH_FUZZ_SECONDS:-15} s each"

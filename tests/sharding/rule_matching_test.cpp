@@ -17,6 +17,13 @@ NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape) {
   return NamedLeaf{std::move(path), ArrayInfo{std::move(shape)}};
 }
 
+// The spec of `path` under the rules {pattern: P('x'), '.*': P()}: P('x') when `pattern` is
+// found in `path`, P() when not.
+PartitionSpec spec_for(std::string pattern, std::string path) {
+  return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
+                               {leaf(std::move(path), {4})})[0];
+}
+
 TEST(MatchPartitionRulesTest, FirstSearchMatchWinsAndTrimsToRank) {
   const std::vector<PartitionRule> rules{{"q_proj/kernel", PartitionSpec{"tp", "fsdp", "sp"}},
                                          {"kernel", PartitionSpec{"fsdp"}},
@@ -64,65 +71,53 @@ TEST(MatchPartitionRulesTest, EasyDeLStyleAnchoredPatterns) {
 }
 
 TEST(MatchPartitionRulesTest, PythonSyntaxIsTranslatedOrRejected) {
-  const auto one = [](std::string pattern, std::string path) {
-    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
-                                 {leaf(std::move(path), {4})})[0];
-  };
-  EXPECT_EQ(one(R"(\Akernel\Z)", "kernel"), PartitionSpec{"x"});
-  EXPECT_EQ(one(R"(\Akernel\Z)", "my_kernel"), PartitionSpec());
-  EXPECT_EQ(one(R"((?P<layer>\d+)/w)", "3/w"), PartitionSpec{"x"});
-  EXPECT_EQ(one("(?i)KERNEL", "kernel"), PartitionSpec{"x"});
-  EXPECT_EQ(one("[]a]", "]"), PartitionSpec{"x"});
-  EXPECT_THAT([&] { (void)one("(?<=a)b", "ab"); },
+  EXPECT_EQ(spec_for(R"(\Akernel\Z)", "kernel"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for(R"(\Akernel\Z)", "my_kernel"), PartitionSpec());
+  EXPECT_EQ(spec_for(R"((?P<layer>\d+)/w)", "3/w"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for("(?i)KERNEL", "kernel"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for("[]a]", "]"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)spec_for("(?<=a)b", "ab"); },
               ThrowsMessage<ValueError>(HasSubstr("lookbehind")));
-  EXPECT_THAT([&] { (void)one("(?P=x)", "a"); }, ThrowsMessage<ValueError>(HasSubstr("(?P=name)")));
-  EXPECT_THAT([&] { (void)one("(?s).", "a"); }, ThrowsMessage<ValueError>(HasSubstr("inline flag")));
-  EXPECT_THAT([&] { (void)one("(a", "a"); },
+  EXPECT_THAT([&] { (void)spec_for("(?P=x)", "a"); }, ThrowsMessage<ValueError>(HasSubstr("(?P=name)")));
+  EXPECT_THAT([&] { (void)spec_for("(?s).", "a"); }, ThrowsMessage<ValueError>(HasSubstr("inline flag")));
+  EXPECT_THAT([&] { (void)spec_for("(a", "a"); },
               ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '(a'")));
 }
 
 // A repeat of a repeat is refused as Python's re refuses it (std::regex would accept `.+*+` and
 // backtrack exponentially: found by rule_regex_fuzz); lazy quantifiers and repeated groups stay.
 TEST(MatchPartitionRulesTest, MultipleRepeatsAreRefusedAsPythonRefusesThem) {
-  const auto one = [](std::string pattern, std::string path) {
-    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
-                                 {leaf(std::move(path), {4})})[0];
-  };
-  EXPECT_THAT([&] { (void)one(".+*+", "abc"); },
+  EXPECT_THAT([&] { (void)spec_for(".+*+", "abc"); },
               ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '.+*+': multiple repeat at position 2")));
-  EXPECT_THAT([&] { (void)one("a{2}*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 4")));
-  EXPECT_THAT([&] { (void)one("a+?*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 3")));
-  EXPECT_THAT([&] { (void)one("a*+", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("possessive quantifier")));
-  EXPECT_EQ(one("^a+?b*?c??$", "aac"), PartitionSpec{"x"});
-  EXPECT_EQ(one(R"((ab)+[+*]\d*x{1,2})", "abab+1x"), PartitionSpec{"x"});
-  EXPECT_EQ(one("(?:a|b)*(?=c)", "abc"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)spec_for("a{2}*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 4")));
+  EXPECT_THAT([&] { (void)spec_for("a+?*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 3")));
+  EXPECT_THAT([&] { (void)spec_for("a*+", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("possessive quantifier")));
+  EXPECT_EQ(spec_for("^a+?b*?c??$", "aac"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for(R"((ab)+[+*]\d*x{1,2})", "abab+1x"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for("(?:a|b)*(?=c)", "abc"), PartitionSpec{"x"});
   // Braces as Python reads them: `{,n}` is {0,n}; braces that are not a quantifier are literals.
-  EXPECT_EQ(one("^ba{,2}c$", "bc"), PartitionSpec{"x"});
-  EXPECT_EQ(one("^ba{,2}c$", "baaac"), PartitionSpec());
-  EXPECT_EQ(one("a{,x}", "a{,x}"), PartitionSpec{"x"});
-  EXPECT_EQ(one("^a{}}$", "a{}}"), PartitionSpec{"x"});
-  EXPECT_THAT([&] { (void)one("a{70000}", "a"); },
+  EXPECT_EQ(spec_for("^ba{,2}c$", "bc"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for("^ba{,2}c$", "baaac"), PartitionSpec());
+  EXPECT_EQ(spec_for("a{,x}", "a{,x}"), PartitionSpec{"x"});
+  EXPECT_EQ(spec_for("^a{}}$", "a{}}"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)spec_for("a{70000}", "a"); },
               ThrowsMessage<ValueError>(HasSubstr("the repetition number at position 1 is larger than numesh's limit of 65535")));
 }
 
 // Backslash-digit escapes as Python's sre_parse reads them (std::regex read a run of digits as
 // one back-reference and overflowed on a long one: found by rule_regex_fuzz).
 TEST(MatchPartitionRulesTest, NumericEscapesAreReadAsPythonReadsThem) {
-  const auto one = [](std::string pattern, std::string path) {
-    return match_partition_rules({{std::move(pattern), PartitionSpec{"x"}}, {".*", PartitionSpec()}},
-                                 {leaf(std::move(path), {4})})[0];
-  };
-  EXPECT_EQ(one(R"(^(a)\1$)", "aa"), PartitionSpec{"x"});                               // a group reference
-  EXPECT_EQ(one(R"(^\101\0$)", std::string("A\0", 2)), PartitionSpec{"x"});            // octal escapes
-  EXPECT_EQ(one(R"(^[\101-\103]$)", "B"), PartitionSpec{"x"});                          // octal in a class
-  EXPECT_EQ(one(R"(^(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\108$)", "abcdefghijj8"), PartitionSpec{"x"});  // \10 then '8'
-  EXPECT_THAT([&] { (void)one(R"(\400)", "a"); },
+  EXPECT_EQ(spec_for(R"(^(a)\1$)", "aa"), PartitionSpec{"x"});                               // a group reference
+  EXPECT_EQ(spec_for(R"(^\101\0$)", std::string("A\0", 2)), PartitionSpec{"x"});            // octal escapes
+  EXPECT_EQ(spec_for(R"(^[\101-\103]$)", "B"), PartitionSpec{"x"});                          // octal in a class
+  EXPECT_EQ(spec_for(R"(^(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\108$)", "abcdefghijj8"), PartitionSpec{"x"});  // \10 then '8'
+  EXPECT_THAT([&] { (void)spec_for(R"(\400)", "a"); },
               ThrowsMessage<ValueError>(HasSubstr(R"(octal escape value \400 outside of range 0-0o377 at position 0)")));
-  EXPECT_THAT([&] { (void)one(R"([\9])", "9"); }, ThrowsMessage<ValueError>(HasSubstr(R"(bad escape \9 at position 1)")));
+  EXPECT_THAT([&] { (void)spec_for(R"([\9])", "9"); }, ThrowsMessage<ValueError>(HasSubstr(R"(bad escape \9 at position 1)")));
   // A long run of digits: three octal digits and literals, or a two-digit group reference (here
   // to a group that does not exist) and literals; never one huge reference.
-  EXPECT_EQ(one(R"(^(a)\3332222$)", "a\3332222"), PartitionSpec{"x"});
-  EXPECT_THAT([&] { (void)one(R"((a)\99999999999999999999)", "a"); },
+  EXPECT_EQ(spec_for(R"(^(a)\3332222$)", "a\3332222"), PartitionSpec{"x"});
+  EXPECT_THAT([&] { (void)spec_for(R"((a)\99999999999999999999)", "a"); },
               ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern")));
 }
 
