@@ -3,9 +3,11 @@
 # and runs each for a given time, starting from its seed corpus fuzz/corpus/TARGET (which also
 # holds the regression-* inputs of every failure found so far, run first, every time).
 #
-#   scripts/fuzz.sh [--time SECONDS] [--no-build] [TARGET...]
+#   scripts/fuzz.sh [--time SECONDS] [--seed N] [--no-build] [TARGET...]
 #
 #   --time SECONDS  how long each target fuzzes [60]
+#   --seed N        libFuzzer's random seed, for a run that explores the same inputs each time
+#                   (CI uses 1) [a new one each run]
 #   --no-build      use the targets already built in the sanitize build folder
 #   TARGET...       the targets to run [every fuzz/*_fuzz.cpp]
 #
@@ -21,18 +23,21 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 seconds=60
+seed=0
 build=1
 targets=()
 while (($#)); do
   case "$1" in
     --time) seconds="${2:?--time needs a number of seconds}"; shift 2 ;;
+    --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "--time '$seconds': expected a positive whole number of seconds"
+[[ "$seed" =~ ^[0-9]+$ ]] || die "--seed '$seed': expected a whole number (0: a new seed each run)"
 
 all=()
 for f in "$NUMESH_ROOT"/fuzz/*_fuzz.cpp; do all+=("$(basename "$f" .cpp)"); done
@@ -68,6 +73,7 @@ for t in "${targets[@]}"; do
   seeds="$NUMESH_ROOT/fuzz/corpus/$t"
   work="$dir/fuzz-corpus/$t"
   findings="$dir/fuzz-findings/$t"
+  rm -rf "$findings"  # what an earlier run found was reported by it
   mkdir -p "$work" "$findings"
   log="$findings/fuzz.log"
   step "$t: ${seconds} s from $(find "$seeds" -type f | wc -l) seeds"
@@ -75,7 +81,7 @@ for t in "${targets[@]}"; do
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb/-malloc_limit_mb: an allocation
   # that follows from a few bytes of input must not reach 2 GiB.
   "$dir/fuzz/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/" >"$log" 2>&1 || status=$?
+    -malloc_limit_mb=2048 -print_final_stats=1 -seed="$seed" -artifact_prefix="$findings/" >"$log" 2>&1 || status=$?
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
   found="$(find "$findings" -type f ! -name fuzz.log | wc -l)"

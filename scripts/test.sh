@@ -201,7 +201,7 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   done
 
   step "fuzz targets, ${NUMESH_FUZZ_SECONDS:-15} s each"
-  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --time "${NUMESH_FUZZ_SECONDS:-15}" ||
+  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --seed 1 --time "${NUMESH_FUZZ_SECONDS:-15}" ||
     die "fuzzing found something (above)"
   passed=$((passed + $(find "$NUMESH_ROOT/fuzz" -maxdepth 1 -name '*_fuzz.cpp' | wc -l)))
 fi
