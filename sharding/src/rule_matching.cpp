@@ -97,9 +97,10 @@ std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, 
 // Translates the Python `re` syntax that has a direct ECMAScript equivalent and rejects the
 // syntax that would otherwise be misread: `\A` -> `^`, `\Z` -> `$`, `(?P<name>` -> `(`, a
 // leading `(?i)` -> icase, `{,n}` -> `{0,n}`, a brace outside a quantifier -> `\{` or `\}`;
-// named back-references, lookbehind and other inline flags throw. A repeat of a repeat (`a+*`, `a**`, `a{2}+?*`) is refused as Python refuses it ("multiple
-// repeat"): std::regex would accept it and backtrack exponentially on it (found by
-// rule_regex_fuzz). Python 3.11's possessive quantifiers (`a*+`) have no ECMAScript equivalent.
+// named back-references, lookbehind and other inline flags throw. A repeat of a repeat (`a+*`,
+// `a**`, `a{2}+?*`) is refused as Python refuses it ("multiple repeat"): std::regex would
+// accept it and backtrack exponentially on it (found by rule_regex_fuzz). Python 3.11's
+// possessive quantifiers (`a*+`) have no ECMAScript equivalent.
 std::regex compile_python_regex(const std::string& pattern) {
   auto unsupported = [&](std::string_view what) {
     return ValueError(fmt::format("cannot compile partition rule pattern {}: {} is Python-only "

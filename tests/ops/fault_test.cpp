@@ -24,20 +24,6 @@ using ::testing::ThrowsMessage;
 using testing::make_mesh;
 using testing::MeshCase;
 
-TransformerConfig tiny_moe_config() {
-  TransformerConfig c;
-  c.hidden = 32;
-  c.layers = 2;
-  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  c.attention.rope_theta = 10000.0f;
-  c.ffn = 64;
-  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
-  c.moe_ffn = 16;
-  c.moe_every = 2;  // block 1 is a mixture of experts
-  c.norm_eps = 1e-5f;
-  return c;
-}
-
 // Every parameter's gradient, gathered to the host.
 std::map<std::string, std::vector<float>> gradients(const LmTrainingStep& step) {
   std::map<std::string, std::vector<float>> out;
@@ -48,7 +34,7 @@ std::map<std::string, std::vector<float>> gradients(const LmTrainingStep& step) 
 TEST(OperatorFaultTest, AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain) {
   constexpr std::int64_t kVocab = 64, kBatch = 4, kTokens = 8;
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "tp"}});
-  const TransformerConfig c = tiny_moe_config();
+  const TransformerConfig c = testing::tiny_moe_lm_config();
   const EmbeddingWeights embedding{.table = testing::random_host({kVocab, c.hidden}, 11, 1.0f)};
   const LmHeadWeights head{.weight = testing::random_host({c.hidden, kVocab}, 13, 0.2f)};
   LmTrainingStep step(mesh, c, embedding, TransformerWeights::random(c, 12), &head, kBatch, kTokens);
@@ -74,7 +60,7 @@ TEST(OperatorFaultTest, AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAg
 TEST(OperatorFaultTest, AFaultInAnyNodeOfPrefillOrDecodeEndsItOnceAndTheModelRunsAgain) {
   constexpr std::int64_t kBatch = 2, kPrompt = 4;
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "tp"}});
-  const TransformerConfig c = tiny_moe_config();
+  const TransformerConfig c = testing::tiny_moe_lm_config();
   ShardedTransformer model(mesh, c, TransformerWeights::random(c, 7), kBatch, kPrompt + 1);
   const runtime::HostTensor prompt = testing::random_host({kBatch, kPrompt, c.hidden}, 21, 1.0f);
   const runtime::HostTensor next = testing::random_host({kBatch, 1, c.hidden}, 22, 1.0f);

@@ -26,22 +26,12 @@ using testing::MeshCase;
 
 constexpr std::int64_t kVocab = 64, kBatch = 4, kTokens = 8;
 
-TransformerConfig tiny_config() {
-  TransformerConfig c;
-  c.hidden = 32;
-  c.layers = 2;
-  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  c.attention.rope_theta = 10000.0f;
-  c.ffn = 64;
-  c.moe_every = 0;
-  c.norm_eps = 1e-5f;
-  return c;
-}
+using testing::tiny_lm_config;
 
 struct TinyModel {
-  TransformerConfig config = tiny_config();
+  TransformerConfig config = tiny_lm_config();
   EmbeddingWeights embedding{.table = testing::random_host({kVocab, 32}, 11, 1.0f)};
-  TransformerWeights stack = TransformerWeights::random(tiny_config(), 12);
+  TransformerWeights stack = TransformerWeights::random(tiny_lm_config(), 12);
   LmHeadWeights head{.weight = testing::random_host({32, kVocab}, 13, 0.2f)};
 };
 
@@ -114,10 +104,7 @@ class LmTrainingStepMoeTest : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
-  TransformerConfig c = tiny_config();
-  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
-  c.moe_ffn = 16;
-  c.moe_every = 2;
+  const TransformerConfig c = testing::tiny_moe_lm_config();
   const TransformerWeights stack = TransformerWeights::random(c, 14);
   const TinyModel m;
   const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);

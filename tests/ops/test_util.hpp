@@ -17,6 +17,7 @@
 #include "../runtime/test_devices.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/tensor.hpp"
+#include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/partition_spec.hpp"
@@ -86,6 +87,30 @@ inline MoeWeights random_moe_weights(std::int64_t h, std::int64_t f, std::int64_
   w.up = random_host({e, h, f}, 23, 0.3f);
   w.down = random_host({e, f, h}, 24, 0.3f);
   return w;
+}
+
+/// A 2-block dense language-model stack small enough to train or fault node by node: H 32,
+/// 4 query and 2 key/value heads of 8 with RoPE, F 64, RMSNorm eps 1e-5.
+inline TransformerConfig tiny_lm_config() {
+  TransformerConfig c;
+  c.hidden = 32;
+  c.layers = 2;
+  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  c.attention.rope_theta = 10000.0f;
+  c.ffn = 64;
+  c.moe_every = 0;
+  c.norm_eps = 1e-5f;
+  return c;
+}
+
+/// tiny_lm_config() whose second block is a mixture of experts: Mixtral's top-2 of 4,
+/// renormalised, dropless, experts of F 16.
+inline TransformerConfig tiny_moe_lm_config() {
+  TransformerConfig c = tiny_lm_config();
+  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
+  c.moe_ffn = 16;
+  c.moe_every = 2;
+  return c;
 }
 
 /// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.

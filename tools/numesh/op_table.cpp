@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <functional>
 #include <utility>
@@ -12,6 +11,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/moe.hpp"
@@ -215,21 +215,14 @@ OpResult run_block(const OpContext& ctx) {
 HostTensor OpInputs::load(const std::string& name) const {
   HostTensor t = ops::load_npy(dir / (name + ".npy"));
   // Reported where it is read: a NaN in a weight otherwise surfaces only as a failed check.
-  std::int64_t bad = 0, first = -1;
-  for (std::size_t i = 0; i < t.data.size(); ++i) {
-    if (!std::isfinite(t.data[i])) {
-      if (bad++ == 0) first = static_cast<std::int64_t>(i);
-    }
-  }
-  if (bad == 0) return t;
-  std::vector<std::int64_t> index(t.shape.size());
-  for (std::size_t d = t.shape.size(), rest = static_cast<std::size_t>(first); d-- > 0;) {
-    index[d] = static_cast<std::int64_t>(rest % static_cast<std::size_t>(t.shape[d]));
-    rest /= static_cast<std::size_t>(t.shape[d]);
-  }
-  const std::string text = fmt::format("{}.npy holds {} non-finite value{} of {} (the first, {}, at [{}])", name, bad,
-                                       bad == 1 ? "" : "s", t.data.size(), t.data[static_cast<std::size_t>(first)],
-                                       fmt::join(index, ", "));
+  // ops::compare counts and locates a reference's non-finite values; against itself nothing
+  // else differs.
+  const ops::Comparison found = ops::compare(t, t);
+  if (found.nonfinite_reference == 0) return t;
+  const std::string text = fmt::format(
+      "{}.npy holds {} non-finite value{} of {} (the first, {}, at {})", name, found.nonfinite_reference,
+      found.nonfinite_reference == 1 ? "" : "s", t.data.size(),
+      t.data[static_cast<std::size_t>(found.first_nonfinite_reference)], found.index_text(found.first_nonfinite_reference));
   NUMESH_CHECK(!refuse_nonfinite, ValueError, "{}; --refuse-nonfinite refuses it", text);
   if (notes != nullptr) *notes << "note: " << text << "\n";
   return t;
