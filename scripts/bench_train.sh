@@ -10,6 +10,8 @@
 #      (OPENBLAS_NUM_THREADS=2, set_num_threads(1); docs/benchmarks.md, "PyTorch's configuration");
 #   3. PyTorch in one process, OPENBLAS_NUM_THREADS=1, set_num_threads(2);
 #   4. PyTorch DistributedDataParallel, gloo, 2 ranks of 1 thread (OPENBLAS_NUM_THREADS=1),
+#   5. numesh train --dtype bf16 (bf16 compute on fp32 master weights: twice the fp32 rate on CPUs
+#      with AVX-512 BF16, no faster elsewhere),
 # and once, after the rounds, the GEMM ceiling: torch.mm of the MLP's up-projection
 # [B*T, hidden] x [hidden, intermediate] in the best configuration. Prints a markdown table
 # (median tokens/s over the rounds, ms a step, numesh's ratio to each, model FLOP/s as
@@ -139,8 +141,9 @@ run_logged() {
 labels=("numesh train (default mesh)"
         "PyTorch 1 process, OPENBLAS_NUM_THREADS=2, set_num_threads(1)"
         "PyTorch 1 process, OPENBLAS_NUM_THREADS=1, set_num_threads(2)"
-        "PyTorch DDP gloo, 2 ranks x 1 thread, OPENBLAS_NUM_THREADS=1")
-names=(numesh torch-best torch-threads2 torch-ddp2)
+        "PyTorch DDP gloo, 2 ranks x 1 thread, OPENBLAS_NUM_THREADS=1"
+        "numesh train --dtype bf16 (default mesh)")
+names=(numesh torch-best torch-threads2 torch-ddp2 numesh-bf16)
 torch_common=("$PYTHON" "$torch_bench" --config "$model/config.json" --batch "$batch" --tokens "$tokens"
               --steps "$steps" --warmup "$WARMUP" --lr 3e-4 --weight-decay 0.1 --clip 1.0)
 numesh_cmd=("$numesh_bin" train --model "$model" --init random --seed 1 --data "$tmp/data.npy"
@@ -154,6 +157,7 @@ config_cmd() {
     1) cmds=(env OPENBLAS_NUM_THREADS=2 "${torch_common[@]}" --threads 1 --json "$tmp/torch-best-$r.json") ;;
     2) cmds=(env OPENBLAS_NUM_THREADS=1 "${torch_common[@]}" --threads 2 --json "$tmp/torch-threads2-$r.json") ;;
     3) cmds=(env OPENBLAS_NUM_THREADS=1 "${torch_common[@]}" --threads 1 --ddp 2 --json "$tmp/torch-ddp2-$r.json") ;;
+    4) cmds=("${numesh_cmd[@]}" --dtype bf16 --log "$tmp/numesh-bf16-$r.csv") ;;
   esac
 }
 gemm_cmd=(env OPENBLAS_NUM_THREADS=2 "$PYTHON" "$torch_bench" --config "$model/config.json" --batch "$batch"
@@ -162,12 +166,12 @@ gemm_cmd=(env OPENBLAS_NUM_THREADS=2 "$PYTHON" "$torch_bench" --config "$model/c
 step "model: $layers layers, hidden $hidden, heads $heads/$kv_heads x $head_dim, intermediate $intermediate," \
      "vocabulary $vocab; batch $batch x $tokens tokens, $steps steps ($WARMUP warm-up), $rounds rounds"
 for (( r = 1; r <= rounds; r++ )); do
-  for i in 0 1 2 3; do
+  for i in 0 1 2 3 4; do
     config_cmd "$i" "$r"
     step "round $r/$rounds: ${labels[$i]}"
     run_logged "${names[$i]}-$r" "${cmds[@]}"
-    if (( i == 0 )); then
-      grep -E '^(numesh train:|speed)' "$tmp/numesh-$r.out" || true
+    if (( i == 0 || i == 4 )); then
+      grep -E '^(numesh train:|compute|speed|time)' "$tmp/${names[$i]}-$r.out" || true
     else
       grep -E '^(median step|tokens/s|model FLOP/s)' "$tmp/${names[$i]}-$r.out"
     fi
@@ -180,7 +184,7 @@ grep '^GEMM ceiling' "$tmp/gemm.out"
 # The exact commands, for the listing below the table (the temporary folder is gone by then).
 commands="$tmp/commands.txt"
 {
-  for i in 0 1 2 3; do
+  for i in 0 1 2 3 4; do
     config_cmd "$i" '<round>'
     [[ "${cmds[0]}" == env ]] && cmds=("${cmds[@]:1}")
     printf '%q ' "${cmds[@]}" | sed 's/ $//; s/\\<round\\>/<round>/g'
@@ -205,9 +209,9 @@ rounds, warmup, tokens_per_step = int(rounds), int(warmup), int(batch) * int(tok
 names = ["torch-best", "torch-threads2", "torch-ddp2"]
 
 
-def numesh_round(r):
+def numesh_round(name, r):
     """The median tokens/s of the steps after the warm-up in round r's CSV log."""
-    path = os.path.join(tmp, f"numesh-{r}.csv")
+    path = os.path.join(tmp, f"{name}-{r}.csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
     if not rows or "tokens_per_second" not in rows[0]:
@@ -230,8 +234,9 @@ with open(os.path.join(tmp, "gemm.json")) as f:
     gemm = json.load(f)["gemm"]
 ceiling = gemm["gflops"]
 
-per_round = [[numesh_round(r) for r in range(1, rounds + 1)]]
+per_round = [[numesh_round("numesh", r) for r in range(1, rounds + 1)]]
 per_round += [[torch_round(n, r)["tokens_per_second"] for r in range(1, rounds + 1)] for n in names]
+per_round += [[numesh_round("numesh-bf16", r) for r in range(1, rounds + 1)]]
 medians = [statistics.median(v) for v in per_round]
 
 # numesh's own parameter count, from its first output line, as a check of the model's identity.
@@ -248,7 +253,7 @@ print(f"Model: Llama, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}
       f"{c['num_attention_heads']}/{c['num_key_value_heads']} x {c['head_dim']}, intermediate "
       f"{c['intermediate_size']}, vocabulary {c['vocab_size']}, untied; {params} parameters ({params / 1e6:.2f} M, the embedding "
       f"table counted; {without_embedding / 1e6:.2f} M without it), batch {batch} x {tokens} tokens, "
-      f"fp32, AdamW with clipping. Each round's figure is the median step after the first {warmup}; "
+      f"fp32 (bf16 compute in the last row), AdamW with clipping. Each round's figure is the median step after the first {warmup}; "
       f"the table gives the median over {rounds} round(s). Model FLOP/s = 6 x parameters x tokens/s; "
       f"GEMM ceiling: torch.mm [{gemm['m']}, {gemm['k']}] x [{gemm['k']}, {gemm['n']}] fp32, "
       f"OPENBLAS_NUM_THREADS=2, set_num_threads(1): {ceiling:.1f} GFLOP/s.")
@@ -256,12 +261,13 @@ if numesh_params is not None and abs(numesh_params - params) > 0.006e6:
     print(f"\nwarning: numesh reports {numesh_params / 1e6:.2f} M parameters, PyTorch counts "
           f"{params / 1e6:.2f} M")
 print()
-print("| configuration | tokens/s | ms/step | numesh / this | model GFLOP/s | of GEMM ceiling | rounds (tokens/s) |")
-print("|---|---:|---:|---:|---:|---:|---|")
+print("| configuration | tokens/s | ms/step | numesh f32 / this | numesh bf16 / this | model GFLOP/s | of fp32 GEMM ceiling | rounds (tokens/s) |")
+print("|---|---:|---:|---:|---:|---:|---:|---|")
 for label, median, rounds_figures in zip(labels, medians, per_round):
     gflops = 6.0 * params * median / 1e9
     print(f"| {label} | {median:.0f} | {tokens_per_step / median * 1e3:.1f} | {medians[0] / median:.2f} "
-          f"| {gflops:.1f} | {gflops / ceiling:.1%} | {', '.join(f'{x:.0f}' for x in rounds_figures)} |")
+          f"| {medians[-1] / median:.2f} | {gflops:.1f} | {gflops / ceiling:.1%} "
+          f"| {', '.join(f'{x:.0f}' for x in rounds_figures)} |")
 print()
 print("Commands, from the source folder, one per configuration and then the GEMM ceiling's; DIR is "
       "the temporary folder scripts/bench_train.sh writes config.json and data.npy into and removes "

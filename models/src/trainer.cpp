@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -12,6 +13,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
 #include "numesh/models/safetensors.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
 #include "numesh/models/safetensors_writer.hpp"
@@ -76,7 +78,8 @@ CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config
   options_.validate();
   step_ = std::make_unique<ops::LmTrainingStep>(
       std::move(mesh), config_.transformer_config(), weights.embedding, weights.stack,
-      config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens, std::move(axes));
+      config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens, std::move(axes),
+      options_.precision);
   std::vector<runtime::ShardedTensor*> values;
   for (const ops::TrainableParameter& p : step_->parameters()) values.push_back(p.value.get());
   adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
@@ -123,18 +126,24 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
     std::copy(row.begin() + 1, row.end(), targets_.begin() + r * t);
   }
   StepStats stats;
+  auto start = std::chrono::steady_clock::now();
   stats.loss = step_->run(inputs_, targets_);
-  std::vector<runtime::ShardedTensor*> grads;
+  stats.forward_backward_seconds = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  std::vector<const runtime::ShardedTensor*> grads;
   for (const ops::TrainableParameter& p : step_->parameters()) grads.push_back(p.grad.get());
-  // Without clipping the norm is still reported: an infinite bound scales by exactly 1.
-  const double bound = options_.clip > 0.0 ? options_.clip : std::numeric_limits<double>::infinity();
-  stats.grad_norm = ops::clip_grad_norm(grads, bound);
+  // The norm is reported with or without clipping; the clip scales the gradients inside the
+  // update (AdamW's grad_scale), as clip_grad_norm_ before torch's step would.
+  stats.grad_norm = ops::grad_norm(grads);
+  stats.grad_norm_seconds = seconds_since(start);
   NUMESH_CHECK(std::isfinite(stats.grad_norm), ValueError,
                "training: step {} has a gradient norm of {} (loss {}); the weights are left as they were before it",
                adamw_->steps() + 1, stats.grad_norm, stats.loss);
   stats.lr = options_.schedule.at(adamw_->steps());
-  const std::vector<const runtime::ShardedTensor*> const_grads(grads.begin(), grads.end());
-  adamw_->step(const_grads, stats.lr);
+  const double scale = options_.clip > 0.0 ? ops::clip_coefficient(stats.grad_norm, options_.clip) : 1.0;
+  start = std::chrono::steady_clock::now();
+  adamw_->step(grads, stats.lr, scale);
+  stats.update_seconds = seconds_since(start);
   stats.step = adamw_->steps();
   return stats;
 }

@@ -3,14 +3,19 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numbers>
 #include <utility>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
+#include "numesh/runtime/graph.hpp"
 
 namespace numesh::ops {
 
@@ -20,6 +25,50 @@ namespace {
 std::span<float> floats(runtime::Tensor& t) { return {static_cast<float*>(t.data()), static_cast<std::size_t>(t.size())}; }
 std::span<const float> floats(const runtime::Tensor& t) {
   return {static_cast<const float*>(t.data()), static_cast<std::size_t>(t.size())};
+}
+
+using FloatArray = Eigen::Map<Eigen::ArrayXf>;
+using ConstFloatArray = Eigen::Map<const Eigen::ArrayXf>;
+
+// Elements per task of the update and the norm: 256 KiB of each array, so that the several
+// passes Eigen makes over a chunk (the moments, then the parameter) find it in L2.
+constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+
+// A range of one shard: elements [first, first + size) of tensor `tensor`.
+struct Chunk {
+  std::size_t tensor;
+  std::int64_t first, size;
+};
+
+// Every shard of `sizes` (one size per tensor, on one device) cut into chunks of kChunk.
+std::vector<Chunk> chunks_of(std::span<const std::int64_t> sizes) {
+  std::vector<Chunk> chunks;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    for (std::int64_t at = 0; at < sizes[i]; at += kChunk) chunks.push_back({i, at, std::min(kChunk, sizes[i] - at)});
+  }
+  return chunks;
+}
+
+// Runs body(slot) once per device of `mesh`, each on its own device's arena, all at once: the
+// body spreads its work over the device's threads with parallel_blocks.
+void on_every_device(const runtime::DeviceMesh& mesh, const std::function<void(std::int64_t)>& body) {
+  runtime::GraphBuilder builder(mesh.device_set());
+  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+    builder.add(mesh.device(slot).index(), fmt::format("optimizer[{}]", slot), [&body, slot] { body(slot); });
+  }
+  builder.compile().run();
+}
+
+// The sum of squares of x in double, as eight interleaved partial sums (which vectorize),
+// added in a fixed order.
+double sum_of_squares(std::span<const float> x) {
+  double acc[8] = {};
+  const std::size_t whole = x.size() / 8 * 8;
+  for (std::size_t i = 0; i < whole; i += 8) {
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += static_cast<double>(x[i + j]) * static_cast<double>(x[i + j]);
+  }
+  for (std::size_t i = whole; i < x.size(); ++i) acc[i - whole] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 }  // namespace
@@ -50,10 +99,12 @@ void AdamW::set_steps(std::int64_t steps) {
   steps_ = steps;
 }
 
-void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr) {
+void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr, double grad_scale) {
   NUMESH_CHECK(grads.size() == parameters_.size(), ShapeError, "adamw: {} gradients for {} parameters", grads.size(),
                parameters_.size());
   NUMESH_CHECK(lr >= 0.0, ValueError, "adamw: invalid learning rate {}", lr);
+  NUMESH_CHECK(grad_scale >= 0.0 && std::isfinite(grad_scale), ValueError,
+               "adamw: the gradients' scale {} must be finite and not negative", grad_scale);
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const runtime::ShardedTensor* g = grads[i];
     const runtime::ShardedTensor& p = *parameters_[i];
@@ -62,60 +113,100 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
                  g != nullptr ? to_string(g->dtype()) : "null", g != nullptr ? fmt::format("{}", fmt::join(g->shape(), ", ")) : "",
                  g != nullptr ? g->spec().repr() : "", fmt::join(p.shape(), ", "), p.spec().repr());
   }
+  if (parameters_.empty()) {
+    ++steps_;
+    return;
+  }
   ++steps_;
-  // torch's scalars, in double: the decay factor, the step size and sqrt of the second bias
-  // correction.
+  // torch's scalars, computed in double and applied in fp32 as torch's fp32 tensor ops apply
+  // a Python float: the decay factor, the step size and sqrt of the second bias correction.
   const double t = static_cast<double>(steps_);
-  const double decay = 1.0 - lr * options_.weight_decay;
-  const double step_size = lr / (1.0 - std::pow(options_.beta1, t));
-  const double correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, t));
+  const auto decay = static_cast<float>(1.0 - lr * options_.weight_decay);
+  const auto step_size = static_cast<float>(lr / (1.0 - std::pow(options_.beta1, t)));
+  const auto correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(options_.beta2, t)));
   const auto b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
-  const auto eps = static_cast<float>(options_.eps);
-  for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    runtime::ShardedTensor& p = *parameters_[i];
-    const runtime::ShardedTensor& g = *grads[i];
-    runtime::ShardedTensor& m = *exp_avg_[i];
-    runtime::ShardedTensor& v = *exp_avg_sq_[i];
-    runtime::fill_shards(p, [&](std::int64_t slot, runtime::Tensor& shard) {
-      const std::span<float> pv = floats(shard), mv = floats(m.shard(slot)), vv = floats(v.shard(slot));
-      const std::span<const float> gv = floats(g.shard(slot));
-      for (std::size_t e = 0; e < pv.size(); ++e) {
-        // The order of torch's in-place operations, each rounded to fp32 as torch's fp32 tensors are.
-        pv[e] = static_cast<float>(pv[e] * decay);
-        mv[e] = b1 * mv[e] + (1.0f - b1) * gv[e];
-        vv[e] = b2 * vv[e] + (1.0f - b2) * gv[e] * gv[e];
-        const float denom = static_cast<float>(std::sqrt(static_cast<double>(vv[e])) / correction2_sqrt) + eps;
-        pv[e] = static_cast<float>(pv[e] - step_size * static_cast<double>(mv[e] / denom));
+  const auto eps = static_cast<float>(options_.eps), scale = static_cast<float>(grad_scale);
+  on_every_device(parameters_.front()->mesh(), [&](std::int64_t slot) {
+    std::vector<std::int64_t> sizes;
+    for (const runtime::ShardedTensor* p : parameters_) sizes.push_back(p->shard(slot).size());
+    const std::vector<Chunk> chunks = chunks_of(sizes);
+    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) {
+        const Chunk& k = chunks[static_cast<std::size_t>(c)];
+        auto at = [&](runtime::Tensor& shard) { return FloatArray(floats(shard).data() + k.first, k.size); };
+        FloatArray p = at(parameters_[k.tensor]->shard(slot));
+        FloatArray m = at(exp_avg_[k.tensor]->shard(slot));
+        FloatArray v = at(exp_avg_sq_[k.tensor]->shard(slot));
+        const ConstFloatArray g(floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size);
+        // torch.optim.AdamW's in-place operations in its order, each in fp32; the gradient
+        // first scaled as clip_grad_norm scales it (exactly 1 leaves it as it is).
+        m = b1 * m + (1.0f - b1) * (g * scale);
+        v = b2 * v + (1.0f - b2) * (g * scale).square();
+        p = p * decay - step_size * m / (v.sqrt() / correction2_sqrt + eps);
       }
     });
+  });
+}
+
+double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    NUMESH_CHECK(grads[i] != nullptr && grads[i]->dtype() == DType::kF32, ValueError,
+                 "clip_grad_norm: gradient {} is {}, not f32", i,
+                 grads[i] != nullptr ? to_string(grads[i]->dtype()) : "null");
   }
+  if (grads.empty()) return 0.0;
+  const runtime::DeviceMesh& mesh = grads.front()->mesh();
+  // Each device's distinct shards once (a replica's copy adds nothing new), chunk by chunk,
+  // the chunks' sums added in order: the same bits for any thread count.
+  std::vector<double> per_slot(static_cast<std::size_t>(mesh.size()), 0.0);
+  on_every_device(mesh, [&](std::int64_t slot) {
+    std::vector<std::int64_t> sizes;
+    for (const runtime::ShardedTensor* g : grads) {
+      sizes.push_back(g->layout().device(slot).replica_id == 0 ? g->shard(slot).size() : 0);
+    }
+    const std::vector<Chunk> chunks = chunks_of(sizes);
+    std::vector<double> sums(chunks.size(), 0.0);
+    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) {
+        const Chunk& k = chunks[static_cast<std::size_t>(c)];
+        sums[static_cast<std::size_t>(c)] = sum_of_squares(
+            floats(grads[k.tensor]->shard(slot)).subspan(static_cast<std::size_t>(k.first),
+                                                                        static_cast<std::size_t>(k.size)));
+      }
+    });
+    double s = 0.0;
+    for (const double x : sums) s += x;
+    per_slot[static_cast<std::size_t>(slot)] = s;
+  });
+  double squares = 0.0;
+  for (const double s : per_slot) squares += s;
+  return std::sqrt(squares);
+}
+
+double clip_coefficient(double total_norm, double max_norm) {
+  NUMESH_CHECK(max_norm > 0.0, ValueError, "clip_grad_norm: max_norm {} must be positive", max_norm);
+  return std::min(1.0, max_norm / (total_norm + 1e-6));
 }
 
 double clip_grad_norm(std::span<runtime::ShardedTensor* const> grads, double max_norm) {
   NUMESH_CHECK(max_norm > 0.0, ValueError, "clip_grad_norm: max_norm {} must be positive", max_norm);
-  double squares = 0.0;
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    runtime::ShardedTensor& g = *grads[i];
-    NUMESH_CHECK(g.dtype() == DType::kF32, ValueError, "clip_grad_norm: gradient {} is {}, not f32", i,
-                 to_string(g.dtype()));
-    // Each device's distinct shard once: a replica's copy adds nothing new.
-    std::vector<double> per_slot(static_cast<std::size_t>(g.mesh().size()), 0.0);
-    runtime::fill_shards(g, [&](std::int64_t slot, runtime::Tensor& shard) {
-      if (g.layout().device(slot).replica_id != 0) return;
-      double s = 0.0;
-      for (const float x : floats(std::as_const(shard))) s += static_cast<double>(x) * static_cast<double>(x);
-      per_slot[static_cast<std::size_t>(slot)] = s;
-    });
-    for (const double s : per_slot) squares += s;
-  }
-  const double total = std::sqrt(squares);
-  const double coefficient = std::min(1.0, max_norm / (total + 1e-6));
-  if (coefficient != 1.0) {
-    for (runtime::ShardedTensor* g : grads) {
-      runtime::fill_shards(*g, [&](std::int64_t, runtime::Tensor& shard) {
-        for (float& x : floats(shard)) x = static_cast<float>(x * coefficient);
+  const std::vector<const runtime::ShardedTensor*> read(grads.begin(), grads.end());
+  const double total = grad_norm(read);
+  const double coefficient = clip_coefficient(total, max_norm);
+  if (coefficient != 1.0 && !grads.empty()) {
+    // As AdamW::step scales by its grad_scale: fp32 products.
+    const auto c = static_cast<float>(coefficient);
+    on_every_device(grads.front()->mesh(), [&](std::int64_t slot) {
+      std::vector<std::int64_t> sizes;
+      for (const runtime::ShardedTensor* g : grads) sizes.push_back(g->shard(slot).size());
+      const std::vector<Chunk> chunks = chunks_of(sizes);
+      parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t i = first; i < last; ++i) {
+          const Chunk& k = chunks[static_cast<std::size_t>(i)];
+          FloatArray(floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size) *= c;
+        }
       });
-    }
+    });
   }
   return total;
 }

@@ -366,5 +366,127 @@ TEST(Gemm16BitTest, RejectsFp32WeightsAndNegativeSizes) {
   EXPECT_THROW(gemm_16bit(2, 2, 2, a, 1, w, DType::kF16, 2, c, 2), ShapeError);
 }
 
+
+// ---- bf16 compute: fp32 operands, each rounded to bf16 -------------------------------------------
+
+// gemm_bf16_compute on p's values with a and b stored as the transposes say (a transposed is
+// [k, m] with rows m + 3 apart, b transposed [n, k] with rows k + 2 apart), into c (NaN unless
+// `accumulate`, when it holds `c0`), c's padding checked as run() checks it. Returns c as [m, n].
+std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool transpose_b, KernelLevel level,
+                                    const std::string& label, const std::vector<float>* c0 = nullptr) {
+  const std::int64_t lda = transpose_a ? p.m + 3 : p.lda, ldb = transpose_b ? p.k + 2 : p.ldb;
+  std::vector<float> a(static_cast<std::size_t>(std::max<std::int64_t>(transpose_a ? p.k * lda : p.m * lda, 1)), 7.0f);
+  std::vector<float> b(static_cast<std::size_t>(std::max<std::int64_t>(transpose_b ? p.n * ldb : p.k * ldb, 1)), 7.0f);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t r = 0; r < p.k; ++r) {
+      a[static_cast<std::size_t>(transpose_a ? r * lda + i : i * lda + r)] = p.a[static_cast<std::size_t>(i * p.lda + r)];
+    }
+  }
+  for (std::int64_t r = 0; r < p.k; ++r) {
+    for (std::int64_t j = 0; j < p.n; ++j) {
+      b[static_cast<std::size_t>(transpose_b ? j * ldb + r : r * ldb + j)] =
+          p.b_values[static_cast<std::size_t>(r * p.ldb + j)];
+    }
+  }
+  std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.n; ++j) {
+      c[static_cast<std::size_t>(i * p.ldc + j)] =
+          c0 != nullptr ? (*c0)[static_cast<std::size_t>(i * p.n + j)] : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  gemm_bf16_compute(p.m, p.n, p.k, a.data(), lda, transpose_a, b.data(), ldb, transpose_b, c0 != nullptr, c.data(),
+                    p.ldc, level);
+  std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.ldc; ++j) {
+      const float x = c[static_cast<std::size_t>(i * p.ldc + j)];
+      if (j < p.n) {
+        packed[static_cast<std::size_t>(i * p.n + j)] = x;
+      } else if (std::bit_cast<std::uint32_t>(x) != std::bit_cast<std::uint32_t>(kSentinel)) {
+        ADD_FAILURE() << label << ": c's padding at row " << i << ", column " << j << " was overwritten";
+        return packed;
+      }
+    }
+  }
+  return packed;
+}
+
+// Every transpose of either operand gives, with AVX-512 BF16, exactly the vdpbf16ps chain of the
+// bf16-rounded operands (the oracle above), and at every level the float64 product of the rounded
+// operands within fp32 accumulation, and not the product of the unrounded ones.
+TEST(Gemm16BitTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEveryTranspose) {
+  report_skipped_levels();
+  std::uint32_t seed = 500;
+  for (const Shape& s : shapes()) {
+    const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
+    const std::vector<std::uint16_t> b = weights_as(p.b_values, DType::kBF16);
+    const Reference rounded = reference(p, b, DType::kBF16, /*round_a=*/true);
+    Reference exact{std::vector<double>(rounded.value.size(), 0.0), std::vector<double>(rounded.value.size(), 0.0)};
+    for (std::int64_t i = 0; i < s.m; ++i) {
+      for (std::int64_t r = 0; r < s.k; ++r) {
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          const double prod = static_cast<double>(p.a[static_cast<std::size_t>(i * p.lda + r)]) *
+                              p.b_values[static_cast<std::size_t>(r * p.ldb + j)];
+          exact.value[static_cast<std::size_t>(i * s.n + j)] += prod;
+          exact.magnitude[static_cast<std::size_t>(i * s.n + j)] += std::abs(prod);
+        }
+      }
+    }
+    const std::vector<float> chain = emulate_dpbf16(p, b);
+    for (KernelLevel l : runtime::runnable_kernel_levels()) {
+      for (const bool ta : {false, true}) {
+        for (const bool tb : {false, true}) {
+          const std::string label = label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
+          const std::vector<float> got = run_bf16_compute(p, ta, tb, l, label);
+          if (l == KernelLevel::kAvx512Bf16) {
+            EXPECT_TRUE(got == chain) << label << ": not the vdpbf16ps chain";
+          }
+          EXPECT_TRUE(within_fp32_accumulation(got, rounded, s.k)) << label;
+          if (s.k >= 20) {
+            EXPECT_FALSE(within_fp32_accumulation(got, exact, s.k)) << label << ": nothing was rounded";
+          }
+        }
+      }
+    }
+  }
+}
+
+// `accumulate` adds the product to c: run twice, once to c = P and once more onto it, c = 2 P
+// within twice the bound.
+TEST(Gemm16BitTest, BfloatComputeAccumulatesOntoC) {
+  const Problem p = make_problem(30, 70, 41, 900);
+  Reference twice = reference(p, weights_as(p.b_values, DType::kBF16), DType::kBF16, /*round_a=*/true);
+  for (std::size_t e = 0; e < twice.value.size(); ++e) {
+    twice.value[e] *= 2.0;
+    twice.magnitude[e] *= 2.0;
+  }
+  for (KernelLevel l : runtime::runnable_kernel_levels()) {
+    for (const bool ta : {false, true}) {
+      const std::string label = std::string(runtime::to_string(l)) + (ta ? " a^T" : "");
+      const std::vector<float> once = run_bf16_compute(p, ta, false, l, label);
+      EXPECT_TRUE(within_fp32_accumulation(run_bf16_compute(p, ta, false, l, label, &once), twice, p.k)) << label;
+    }
+  }
+  // k = 0: c = 0 without accumulate, untouched with it.
+  const Problem empty = make_problem(3, 5, 0, 901);
+  const std::vector<float> ones(15, 1.0f);
+  for (KernelLevel l : runtime::runnable_kernel_levels()) {
+    EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0") == std::vector<float>(15, 0.0f));
+    EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0 accumulate", &ones) == ones);
+  }
+}
+
+TEST(Gemm16BitTest, BfloatComputeRefusesShortLeadingDimensions) {
+  const float x[8] = {};
+  float c[8] = {};
+  EXPECT_THAT([&] { gemm_bf16_compute(2, 2, 3, x, 2, /*transpose_a=*/false, x, 2, false, false, c, 2); },
+              ThrowsMessage<ShapeError>(HasSubstr("m 2, n 2, k 3 with lda 2, ldb 2, ldc 2")));
+  EXPECT_THAT([&] { gemm_bf16_compute(3, 2, 2, x, 2, /*transpose_a=*/true, x, 2, false, false, c, 2); },
+              ThrowsMessage<ShapeError>(HasSubstr("lda 2 (transposed)")));
+  EXPECT_THAT([&] { gemm_bf16_compute(2, 2, 3, x, 3, false, x, 2, /*transpose_b=*/true, false, c, 2); },
+              ThrowsMessage<ShapeError>(HasSubstr("ldb 2 (transposed)")));
+}
+
 }  // namespace
 }  // namespace numesh::ops

@@ -151,6 +151,54 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
 }
 
+// bf16 compute (MatmulPrecision::kBF16) on fp32 weights, in-out and out-in, and on a weight
+// gradient's transposed product: bitwise the same in arenas of 1, 2 and 7 threads, and the
+// product of the bf16-rounded operands (within fp32 accumulation of k terms, not fp32's own).
+TEST(GemmTest, BfloatComputeIsBitwiseTheSameForAnyThreadCount) {
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  for (const Eigen::Index m : {Eigen::Index{5}, Eigen::Index{300}}) {
+    const Eigen::Index k = 100, n = 700;  // m = 300: three tiles
+    const RowMatrix a = pattern(m, k, 0.3f), b = pattern(k, n, 1.1f);
+    const RowMatrix b_out_in = b.transpose();
+    const Eigen::MatrixXd want = naive(rounded_to(a, DType::kBF16), rounded_to(b, DType::kBF16));
+    const Eigen::MatrixXd unrounded = naive(a, b);
+    for (const int kind : {0, 1, 2}) {  // in-out weights, out-in weights, a^T b
+      const std::string label = "m" + std::to_string(m) + " kind " + std::to_string(kind);
+      std::optional<RowMatrix> first;
+      for (int threads : {1, 2, 7}) {
+        RowMatrix c = RowMatrix::Constant(m, n, std::numeric_limits<float>::quiet_NaN());
+        oneapi::tbb::task_arena arena(threads);
+        arena.execute([&] {
+          if (kind == 0) {
+            device_gemm(ConstMatrixMap(a.data(), m, k), ConstMatrixMap(b.data(), k, n), MatrixMap(c.data(), m, n),
+                        MatmulPrecision::kBF16);
+          } else if (kind == 1) {
+            device_gemm(ConstMatrixMap(a.data(), m, k),
+                        WeightMatrix{b_out_in.data(), DType::kF32, k, n, WeightLayout::kOutIn},
+                        MatrixMap(c.data(), m, n), MatmulPrecision::kBF16);
+          } else {
+            const RowMatrix at = a.transpose();  // [k, m]: c = at^T b
+            device_gemm_transposed_a(ConstMatrixMap(at.data(), k, m), ConstMatrixMap(b.data(), k, n),
+                                     MatrixMap(c.data(), m, n), 0.0f, MatmulPrecision::kBF16);
+          }
+        });
+        if (!first) {
+          EXPECT_TRUE(close(c, want, 1e-5 * static_cast<double>(k))) << label;
+          EXPECT_FALSE(close(c, unrounded, 1e-5 * static_cast<double>(k))) << label << ": nothing was rounded";
+          first = c;
+        } else {
+          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+        }
+      }
+    }
+  }
+  RowMatrix c(2, 2);
+  const RowMatrix a = pattern(2, 2, 0.1f);
+  EXPECT_THAT([&] { device_gemm_transposed_a(ConstMatrixMap(a.data(), 2, 2), ConstMatrixMap(a.data(), 2, 2), MatrixMap(c.data(), 2, 2), 0.5f,
+                                                       MatmulPrecision::kBF16); },
+              ThrowsMessage<ValueError>(HasSubstr("beta 0.5 with bf16 compute")));
+}
+
 // The decode path with 16-bit weights: blocks of whole rows, partials summed in order; bitwise the
 // same in arenas of 1, 2, 3, 4 and 7 threads, and the product of the weights as stored.
 TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {

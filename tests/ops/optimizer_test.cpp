@@ -78,6 +78,39 @@ TEST(OptimizerTest, EveryLayoutGivesTheSameParametersNormsAndMoments) {
   for (std::size_t k = 6; k < norms.size(); ++k) EXPECT_DOUBLE_EQ(norms[k], norms[k % 6]) << "norms counted once";
 }
 
+// The trainer's fused clip: grad_norm, then AdamW reading each gradient scaled by the clip
+// coefficient, gives the bits of clip_grad_norm scaling the gradients and a plain step, and
+// leaves the gradients as they were.
+TEST(OptimizerTest, TheClipFusedIntoTheUpdateIsTheClipThenTheUpdate) {
+  const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  const runtime::HostTensor p0 = random_host({300, 7}, 3, 1.0f), g0 = random_host({300, 7}, 4, 5.0f);
+  const sharding::PartitionSpec spec({sharding::AxisRule("tp"), {}});
+  auto fused_p = laid(mesh, p0, spec), plain_p = laid(mesh, p0, spec);
+  auto fused_g = laid(mesh, g0, spec), plain_g = laid(mesh, g0, spec);
+  AdamW fused({fused_p.get()}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  AdamW plain({plain_p.get()}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    const runtime::ShardedTensor* fg[] = {fused_g.get()};
+    const double norm = grad_norm(fg);
+    const double scale = clip_coefficient(norm, 1.0);
+    EXPECT_LT(scale, 0.01) << "the clip must act for the test to mean anything";
+    fused.step(fg, 0.01, scale);
+    runtime::ShardedTensor* pg[] = {plain_g.get()};
+    EXPECT_DOUBLE_EQ(clip_grad_norm(pg, 1.0), norm);
+    const runtime::ShardedTensor* cpg[] = {plain_g.get()};
+    plain.step(cpg, 0.01);
+    plain_g = laid(mesh, g0, spec);  // clip_grad_norm scaled it; the next step starts afresh
+  }
+  EXPECT_EQ(runtime::gather(*fused_p), runtime::gather(*plain_p));
+  EXPECT_EQ(runtime::gather(fused.exp_avg_sq(0)), runtime::gather(plain.exp_avg_sq(0)));
+  EXPECT_EQ(runtime::gather(*fused_g), g0) << "the fused update reads the gradients only";
+  const runtime::ShardedTensor* fg[] = {fused_g.get()};
+  EXPECT_THAT([&] { fused.step(fg, 0.01, -1.0); },
+              ThrowsMessage<ValueError>(HasSubstr("the gradients' scale -1 must be finite and not negative")));
+  EXPECT_THAT([&] { clip_coefficient(2.0, 0.0); },
+              ThrowsMessage<ValueError>(HasSubstr("max_norm 0 must be positive")));
+}
+
 TEST(OptimizerTest, ClippingScalesOnlyAboveTheLimitAndReturnsTheNormBefore) {
   const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
   runtime::HostTensor g = runtime::HostTensor::zeros({2, 2});

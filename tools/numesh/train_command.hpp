@@ -38,6 +38,8 @@ struct TrainOptions {
   std::int64_t warmup = 0;        ///< --warmup steps
   std::string schedule = "constant";  ///< --schedule constant|cosine
   std::string log;                ///< --log FILE.csv
+  std::string dtype = "f32";      ///< --dtype: the compute dtype (f32 or bf16; weights stay f32)
+  std::string trace;              ///< --trace FILE.json: the last step's program as a Chrome trace
   std::string save;               ///< --save DIR
   std::int64_t save_every = 0;    ///< --save-every K (0: only at the end)
   bool quiet = false;             ///< --quiet: no progress on stderr

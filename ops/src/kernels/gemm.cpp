@@ -264,11 +264,30 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, c
 
 }  // namespace
 
-void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPrecision precision) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k, b.rows, b.cols,
                to_string(b.dtype), c.rows(), c.cols());
+  if (precision == MatmulPrecision::kBF16 && b.dtype == DType::kF32) {
+    // bf16 compute on fp32 weights: the prefill tiles for every shape, each rounding its
+    // operands as it packs them (the level read here, once, for every tile).
+    const bool out_in = b.layout == WeightLayout::kOutIn;
+    const runtime::KernelLevel level = runtime::kernel_level();
+    const GemmTiling t = gemm_tiling(m, n, k);
+    const std::int64_t ct = t.col_tiles(n);
+    const auto* w = static_cast<const float*>(b.data);
+    parallel_blocks(t.row_tiles(m) * ct, 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) {
+        const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
+        const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
+        gemm_bf16_compute(rows, cols, k, a.data() + r0 * k, k, /*transpose_a=*/false, w + c0 * (out_in ? k : 1),
+                          out_in ? k : n, /*transpose_b=*/out_in, /*accumulate=*/false, c.data() + r0 * n + c0, n,
+                          level);
+      }
+    });
+    return;
+  }
   if (b.dtype == DType::kBF16) {
     // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16
     // linear and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps
@@ -297,11 +316,11 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
   device_gemm_rounded(a, b, c, nullptr);
 }
 
-void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c) {
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision) {
   NUMESH_CHECK(b.rows() == a.cols() && c.rows() == a.rows() && c.cols() == b.cols(), ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", a.rows(), a.cols(), b.rows(),
                b.cols(), c.rows(), c.cols());
-  device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c);
+  device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c, precision);
 }
 
 void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
@@ -325,18 +344,28 @@ void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alp
   }
 }
 
-void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta) {
+void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta,
+                              MatmulPrecision precision) {
   const std::int64_t m = a.rows(), n = a.cols(), k = b.cols();
   NUMESH_CHECK(b.rows() == m && c.rows() == n && c.cols() == k, ShapeError,
                "gemm: a is [{}, {}] (transposed), b is [{}, {}], c is [{}, {}]: they do not multiply", m, n, b.rows(),
                k, c.rows(), c.cols());
+  const bool bf16 = precision == MatmulPrecision::kBF16;
+  NUMESH_CHECK(!bf16 || beta == 0.0f || beta == 1.0f, ValueError,
+               "gemm: beta {} with bf16 compute; it takes 0 (overwrite) or 1 (accumulate)", beta);
   if (n == 0 || k == 0) return;
+  const runtime::KernelLevel level = bf16 ? runtime::kernel_level() : runtime::KernelLevel::kScalar;
   const GemmTiling t = gemm_tiling(n, k, m);
   const std::int64_t rt = t.row_tiles(n), ct = t.col_tiles(k);
   auto tile = [&](std::int64_t i) {
     const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
     const std::int64_t rows = std::min(t.row_block, n - r0), cols = std::min(t.col_block, k - c0);
-    gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta, c.data() + r0 * k + c0, k);
+    if (bf16) {
+      gemm_bf16_compute(rows, cols, m, a.data() + r0, n, /*transpose_a=*/true, b.data() + c0, k, /*transpose_b=*/false,
+                        /*accumulate=*/beta == 1.0f, c.data() + r0 * k + c0, k, level);
+    } else {
+      gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta, c.data() + r0 * k + c0, k);
+    }
   };
   parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t i = first; i < last; ++i) tile(i);

@@ -166,8 +166,10 @@ void pack_a(const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows
 }
 
 // c[0 .. MR, 0 .. 32) (columns masked by mask0 / mask1) = (first ? 0 : c) + the pairs of MR rows
-// of packed a (rows 2 * pairs elements apart) times a strip of packed b ([pair][32] dwords).
-template <int MR>
+// of packed a times a strip of packed b ([pair][32] dwords). Packed a is row-major (pair p of row
+// r is the dword r * pairs + p; pack_a) or, with kPairMajor, a panel of kMr rows pair after pair
+// (the dword p * kMr + r; pack_a_transposed).
+template <int MR, bool kPairMajor>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_dpbf16(
     std::int64_t pairs, const std::uint16_t* a_rows, const std::uint32_t* b_strip, float* c, std::int64_t ldc,
     __mmask16 mask0, __mmask16 mask1, bool first) {
@@ -188,7 +190,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_dpbf1
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       std::int32_t pair;  // (a[r][2p], a[r][2p + 1]), broadcast to every lane
-      std::memcpy(&pair, a_rows + 2 * (r * pairs + p), sizeof pair);
+      const std::int64_t at = kPairMajor ? p * kMr + r : r * pairs + p;
+      std::memcpy(&pair, a_rows + 2 * at, sizeof pair);
       const auto x = (__m512bh)_mm512_set1_epi32(pair);
       acc0[r] = _mm512_dpbf16_ps(acc0[r], x, b0);
       acc1[r] = _mm512_dpbf16_ps(acc1[r], x, b1);
@@ -204,48 +207,138 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_dpbf1
 using MicroKernel = void (*)(std::int64_t, const std::uint16_t*, const std::uint32_t*, float*, std::int64_t,
                              __mmask16, __mmask16, bool);
 
-// micro_dpbf16<MR> for MR = 1 .. kMr, indexed by MR - 1.
-template <int... R>
+// micro_dpbf16<MR, kPairMajor> for MR = 1 .. kMr, indexed by MR - 1.
+template <bool kPairMajor, int... R>
 constexpr auto make_micro_kernels(std::integer_sequence<int, R...>) {
-  return std::array<MicroKernel, sizeof...(R)>{&micro_dpbf16<R + 1>...};
+  return std::array<MicroKernel, sizeof...(R)>{&micro_dpbf16<R + 1, kPairMajor>...};
 }
-constexpr auto kMicroKernels = make_micro_kernels(std::make_integer_sequence<int, kMr>{});
+constexpr auto kMicroKernels = make_micro_kernels<false>(std::make_integer_sequence<int, kMr>{});
+constexpr auto kPairMajorMicroKernels = make_micro_kernels<true>(std::make_integer_sequence<int, kMr>{});
 
-void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
-                 bool out_in) {
+// The vdpbf16ps GEMM over packers of its operands: pack_b(k0, kc, j0, nc, out) packs rows
+// [k0, k0 + kc) and columns [j0, j0 + nc) of b as pack_b does; pack_a(i0, mc, k0, kc, out) packs
+// rows [i0, i0 + mc) and columns [k0, k0 + kc) of a as pack_a does or, when `a_pair_major`, as
+// pack_a_transposed does. `accumulate`: c += a b (else c = a b).
+template <typename PackA, typename PackB>
+void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pack_a_block, bool a_pair_major,
+                 const PackB& pack_b_block, float* c, std::int64_t ldc, bool accumulate) {
   PackBuffers& buf = pack_buffers();
-  const std::int64_t a_rows = std::min(m, kMc), a_pairs = (std::min(k, kKc) + 1) / 2;
+  const std::int64_t a_rows = (std::min(m, kMc) + kMr - 1) / kMr * kMr, a_pairs = (std::min(k, kKc) + 1) / 2;
   buf.a.resize(static_cast<std::size_t>(a_rows * 2 * a_pairs));
   buf.b.resize(static_cast<std::size_t>(a_pairs * ((std::min(n, kNc) + kNr - 1) / kNr * kNr)));
+  const auto& kernels = a_pair_major ? kPairMajorMicroKernels : kMicroKernels;
   for (std::int64_t j0 = 0; j0 < n; j0 += kNc) {
     const std::int64_t nc = std::min(kNc, n - j0);
     for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
       const std::int64_t kc = std::min(kKc, k - k0), pairs = (kc + 1) / 2;
-      if (out_in) {
-        pack_b_out_in(b, ldb, k0, kc, j0, nc, buf.b.data());
-      } else {
-        pack_b(b, ldb, k0, kc, j0, nc, buf.b.data());
-      }
+      pack_b_block(k0, kc, j0, nc, buf.b.data());
       for (std::int64_t i0 = 0; i0 < m; i0 += kMc) {
         const std::int64_t mc = std::min(kMc, m - i0);
-        pack_a(a, lda, i0, mc, k0, kc, level, buf.a.data());
+        pack_a_block(i0, mc, k0, kc, buf.a.data());
         for (std::int64_t q = 0; q < mc; q += kMr) {
           const std::int64_t mr = std::min<std::int64_t>(kMr, mc - q);
-          const MicroKernel kernel = kMicroKernels[static_cast<std::size_t>(mr - 1)];
+          const MicroKernel kernel = kernels[static_cast<std::size_t>(mr - 1)];
+          // Row q's packed pairs: row-major rows are 2 * pairs elements apart, pair-major
+          // panels 2 * kMr * pairs.
+          const std::uint16_t* a_panel = buf.a.data() + q * 2 * pairs;
           for (std::int64_t s = 0; s < nc; s += kNr) {
             // Columns past n are masked off; their accumulators hold the packed zeros' products.
             const std::int64_t width = std::min<std::int64_t>(kNr, nc - s);
             const auto mask0 = static_cast<__mmask16>(width >= 16 ? 0xFFFFu : (1u << width) - 1u);
             const auto mask1 =
                 static_cast<__mmask16>(width >= 32 ? 0xFFFFu : width <= 16 ? 0u : (1u << (width - 16)) - 1u);
-            kernel(pairs, buf.a.data() + q * 2 * pairs, buf.b.data() + s * pairs, c + (i0 + q) * ldc + j0 + s,
-                   ldc, mask0, mask1, k0 == 0);
+            kernel(pairs, a_panel, buf.b.data() + s * pairs, c + (i0 + q) * ldc + j0 + s, ldc, mask0, mask1,
+                   k0 == 0 && !accumulate);
           }
         }
       }
     }
   }
+}
+
+// The 16-bit weights' product: a fp32 rounded by pack_a, b bf16 bits packed as they are.
+void gemm_dpbf16_weights(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                         const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
+                         bool out_in) {
+  gemm_dpbf16(
+      m, n, k,
+      [&](std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
+        pack_a(a, lda, i0, mc, k0, kc, level, out);
+      },
+      false,
+      [&](std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc, std::uint32_t* out) {
+        if (out_in) {
+          pack_b_out_in(b, ldb, k0, kc, j0, nc, out);
+        } else {
+          pack_b(b, ldb, k0, kc, j0, nc, out);
+        }
+      },
+      c, ldc, /*accumulate=*/false);
+}
+
+// ---- bf16 compute: both operands fp32, rounded while packed -------------------------------------
+
+// Packs rows [i0, i0 + rows) and columns [k0, k0 + cols) of op(a) = a^T, a stored [k, m] with
+// rows `lda` apart (the sum runs down a's rows: a weight gradient's dy^T x), rounded to bf16 as
+// vcvtneps2bf16 rounds (to nearest even), as pair-major panels of kMr rows: panel P, pair p, row
+// r is the dword P * kMr * pairs + p * kMr + r; rows past `rows` and the element past an odd
+// `cols` are zero.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_a_transposed(
+    const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t cols,
+    std::uint16_t* out) {
+  const std::int64_t pairs = (cols + 1) / 2;
+  auto* dwords = reinterpret_cast<std::uint32_t*>(out);
+  for (std::int64_t q = 0; q < rows; q += kMr) {
+    const std::int64_t width = std::min<std::int64_t>(kMr, rows - q);
+    const auto mask = static_cast<__mmask16>((1u << width) - 1u);
+    std::uint32_t* panel = dwords + (q / kMr) * kMr * pairs;
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      const float* even = a + (k0 + 2 * p) * lda + i0 + q;
+      const __m512 e = _mm512_maskz_loadu_ps(mask, even);
+      const __m512 o = 2 * p + 1 < cols ? _mm512_maskz_loadu_ps(mask, even + lda) : _mm512_setzero_ps();
+      // Lane i: the bf16 of e[i] in the low half, of o[i] in the high half.
+      const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e));
+      const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(o)), 16);
+      _mm512_mask_storeu_epi32(panel + p * kMr, static_cast<__mmask16>(0x0FFFu), _mm512_or_si512(lo, hi));
+    }
+  }
+}
+
+// Rounds b's block (rows [k0, k0 + kc), columns [j0, j0 + nc) of op(b); b stored [k, n] or, when
+// `out_in`, [n, k], rows `ldb` apart) to bf16 into `bits` as stored (kc rows of nc, or nc rows of
+// kc), then packs it as the bf16 weights' packers do.
+void pack_b_rounded(const float* b, std::int64_t ldb, bool out_in, std::int64_t k0, std::int64_t kc, std::int64_t j0,
+                    std::int64_t nc, KernelLevel level, std::vector<std::uint16_t>& bits, std::uint32_t* out) {
+  const std::int64_t runs = out_in ? nc : kc, run = out_in ? kc : nc;
+  bits.resize(static_cast<std::size_t>(runs * run));
+  for (std::int64_t q = 0; q < runs; ++q) {
+    const float* from = out_in ? b + (j0 + q) * ldb + k0 : b + (k0 + q) * ldb + j0;
+    convert_f32_to_bf16(std::span<const float>(from, static_cast<std::size_t>(run)),
+                        std::span<std::uint16_t>(bits.data() + q * run, static_cast<std::size_t>(run)), level);
+  }
+  if (out_in) {
+    pack_b_out_in(bits.data(), kc, 0, kc, 0, nc, out);
+  } else {
+    pack_b(bits.data(), nc, 0, kc, 0, nc, out);
+  }
+}
+
+// op(x) of a stored matrix, rounded to bf16 values kept as fp32, row-major [rows, cols]: the
+// operands of the emulated product below.
+void rounded_operand(const float* x, std::int64_t ld, bool transposed, std::int64_t rows, std::int64_t cols,
+                     KernelLevel level, std::vector<std::uint16_t>& bits, std::vector<float>& out) {
+  const auto count = static_cast<std::size_t>(rows * cols);
+  bits.resize(count);
+  out.resize(count);
+  if (transposed) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i * cols + j)] = x[j * ld + i];
+    }
+  } else {
+    for (std::int64_t i = 0; i < rows; ++i) std::copy_n(x + i * ld, cols, out.begin() + i * cols);
+  }
+  convert_f32_to_bf16(out, bits, level);
+  convert_bf16_to_f32(bits, out, level);
 }
 
 }  // namespace
@@ -267,10 +360,57 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
   }
   const auto* w = static_cast<const std::uint16_t*>(b);
   if (level == KernelLevel::kAvx512Bf16 && b_type == DType::kBF16) {
-    gemm_dpbf16(m, n, k, a, lda, w, ldb, c, ldc, level, out_in);
+    gemm_dpbf16_weights(m, n, k, a, lda, w, ldb, c, ldc, level, out_in);
     return;
   }
   gemm_widened(m, n, k, a, lda, w, b_type, ldb, c, ldc, level, out_in);
+}
+
+}  // namespace numesh::ops
+
+namespace numesh::ops {
+
+void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                       bool transpose_a, const float* b, std::int64_t ldb, bool transpose_b, bool accumulate, float* c,
+                       std::int64_t ldc, KernelLevel level) {
+  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= (transpose_a ? m : k) && ldb >= (transpose_b ? k : n) && ldc >= n,
+               ShapeError,
+               "gemm_bf16_compute: m {}, n {}, k {} with lda {}{}, ldb {}{}, ldc {}: sizes must be >= 0 and each "
+               "leading dimension at least its row's length",
+               m, n, k, lda, transpose_a ? " (transposed)" : "", ldb, transpose_b ? " (transposed)" : "", ldc);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) {
+      for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);
+    }
+    return;
+  }
+  if (level == KernelLevel::kAvx512Bf16) {
+    thread_local std::vector<std::uint16_t> b_bits;
+    gemm_dpbf16(
+        m, n, k,
+        [&](std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
+          if (transpose_a) {
+            pack_a_transposed(a, lda, i0, mc, k0, kc, out);
+          } else {
+            pack_a(a, lda, i0, mc, k0, kc, level, out);
+          }
+        },
+        transpose_a,
+        [&](std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc, std::uint32_t* out) {
+          pack_b_rounded(b, ldb, transpose_b, k0, kc, j0, nc, level, b_bits, out);
+        },
+        c, ldc, accumulate);
+    return;
+  }
+  // Below AVX-512 BF16: the same products (of bf16 values, exact in fp32) through the fp32
+  // GEMM, on rounded copies of both operands.
+  thread_local std::vector<std::uint16_t> bits;
+  thread_local std::vector<float> a_rounded, b_rounded;
+  rounded_operand(a, lda, transpose_a, m, k, level, bits, a_rounded);
+  rounded_operand(b, ldb, transpose_b, k, n, level, bits, b_rounded);
+  gemm(m, n, k, 1.0f, a_rounded.data(), k, b_rounded.data(), n, /*transpose_b=*/false, accumulate ? 1.0f : 0.0f, c,
+       ldc);
 }
 
 }  // namespace numesh::ops

@@ -130,6 +130,7 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
 runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer, runtime::ShardedTensor& x,
                                  const runtime::Frontier& after, runtime::ShardedTensor& y,
                                  const std::string& name, const AttentionStep& step, AttentionSaved* saved) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const AttentionConfig& config = layer.config;
@@ -198,13 +199,13 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wqs = wq.shard(s);
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
-    return [&xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset,
+    return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset,
             first_sequence, positions, config, extras, q_first, kv_first] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
-      device_gemm(xm, as_out_in_weight(wqs), as_matrix(q));
-      device_gemm(xm, as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd));
-      device_gemm(xm, as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd));
+      device_gemm(xm, as_out_in_weight(wqs), as_matrix(q), prec);
+      device_gemm(xm, as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd), prec);
+      device_gemm(xm, as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd), prec);
       add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), extras->bq, q_first * dd);
       add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), extras->bk, kv_first * dd);
       add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), extras->bv, kv_first * dd);
@@ -309,9 +310,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     // The output bias is added once: by every device when heads are not split, else by the
     // first of the devices whose partial sums the all-reduce adds.
     const bool adds_bias = !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
-    return [&o, &wos, &yp, rows, hidden, extras, adds_bias] {
+    return [prec, &o, &wos, &yp, rows, hidden, extras, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, hidden);
-      device_gemm(as_matrix(std::as_const(o)), as_out_in_weight(wos), ym);
+      device_gemm(as_matrix(std::as_const(o)), as_out_in_weight(wos), ym, prec);
       if (adds_bias) add_bias_rows(ym, extras->bo, 0);
     };
   });

@@ -21,6 +21,7 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
                                           runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                           runtime::ShardedTensor& dx, const AttentionGradients& grads,
                                           const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(saved.x != nullptr && saved.k != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_attention without `saved`)", name);
   const AttentionWeights& e = *layer.extras;
@@ -82,10 +83,10 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
     runtime::Tensor& dos = pb.scratch(s, {rows, lq * d});
     d_out[i] = &dos;
     pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * lq * d));
-    return [&dys, &os, &wos, &gwo, &dos, rows, hidden] {
+    return [prec, &dys, &os, &wos, &gwo, &dos, rows, hidden] {
       const ConstMatrixMap dym(dys.values().data(), rows, hidden);
-      device_gemm(dym, as_weight(wos), as_matrix(dos));
-      device_gemm_transposed_a(dym, as_matrix(std::as_const(os)), as_matrix(gwo));
+      device_gemm(dym, as_weight(wos), as_matrix(dos), prec);
+      device_gemm_transposed_a(dym, as_matrix(std::as_const(os)), as_matrix(gwo), 0.0f, prec);
     };
   });
 
@@ -157,20 +158,20 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
     runtime::Tensor& term = pb.scratch(s, {rows, hidden});
     const bool adds_kv = layer.splits_kv_heads() || !heads_axis || mesh.coords(s)[*heads_axis] == 0;
     pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * (lq + 2 * lkv) * d));
-    return [&xs, &dqs, &dks, &dvs, &wqs, &wks, &wvs, &gq, &gk, &gv, &dxs, &term, rows, hidden, adds_kv] {
+    return [prec, &xs, &dqs, &dks, &dvs, &wqs, &wks, &wvs, &gq, &gk, &gv, &dxs, &term, rows, hidden, adds_kv] {
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       const ConstMatrixMap dqm = as_matrix(std::as_const(dqs));
       const ConstMatrixMap dkm(dks.values().data(), rows, dks.values().size() / static_cast<std::size_t>(rows));
       const ConstMatrixMap dvm(dvs.values().data(), rows, dvs.values().size() / static_cast<std::size_t>(rows));
       MatrixMap dxm(dxs.values().data(), rows, hidden);
-      device_gemm_transposed_a(dqm, xm, as_matrix(gq));
-      device_gemm_transposed_a(dkm, xm, as_matrix(gk));
-      device_gemm_transposed_a(dvm, xm, as_matrix(gv));
-      device_gemm(dqm, as_weight(wqs), dxm);
+      device_gemm_transposed_a(dqm, xm, as_matrix(gq), 0.0f, prec);
+      device_gemm_transposed_a(dkm, xm, as_matrix(gk), 0.0f, prec);
+      device_gemm_transposed_a(dvm, xm, as_matrix(gv), 0.0f, prec);
+      device_gemm(dqm, as_weight(wqs), dxm, prec);
       if (!adds_kv) return;
-      device_gemm(dkm, as_weight(wks), as_matrix(term));
+      device_gemm(dkm, as_weight(wks), as_matrix(term), prec);
       dxm += as_matrix(std::as_const(term));
-      device_gemm(dvm, as_weight(wvs), as_matrix(term));
+      device_gemm(dvm, as_weight(wvs), as_matrix(term), prec);
       dxm += as_matrix(std::as_const(term));
     };
   });

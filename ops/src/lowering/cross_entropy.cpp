@@ -89,6 +89,7 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& pb, const LmHeadLay
 runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const CrossEntropySaved& saved, double scale,
                                                       const runtime::Frontier& after, runtime::ShardedTensor& dx,
                                                       runtime::ShardedTensor& d_weight, const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(saved.logits != nullptr && saved.x != nullptr && saved.weight != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_lm_head_cross_entropy without `saved`)", name);
   const auto& m = pb.mesh().mesh();
@@ -117,7 +118,7 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
     const std::int64_t v0 = w.layout().tile_offset(s)[0], r0 = x.layout().tile_offset(s)[0];
     const std::vector<std::int32_t>* targets = saved.targets;
     pb.add_flops(s, 4.0 * static_cast<double>(rows * h * v_local) + 3.0 * static_cast<double>(rows * v_local));
-    return [&ls, &ms, &ss, &xs, &ws, &dxs, &dws, targets, rows, h, v_local, v0, r0, scale] {
+    return [prec, &ls, &ms, &ss, &xs, &ws, &dxs, &dws, targets, rows, h, v_local, v0, r0, scale] {
       MatrixMap dl(ls.values().data(), rows, v_local);
       cross_entropy_logit_gradient(
           dl, ms.values(), ss.values(),
@@ -125,9 +126,9 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
           v0, scale);
       // The head is stored [V, H]: dx = dl w reads it as the [V, H] matrix it is.
       device_gemm(ConstMatrixMap(dl.data(), rows, v_local), as_weight(ws),
-                  MatrixMap(dxs.values().data(), rows, h));
+                  MatrixMap(dxs.values().data(), rows, h), prec);
       device_gemm_transposed_a(ConstMatrixMap(dl.data(), rows, v_local), ConstMatrixMap(xs.values().data(), rows, h),
-                               as_matrix(dws));
+                               as_matrix(dws), 0.0f, prec);
     };
   });
   const runtime::Frontier dw_done =

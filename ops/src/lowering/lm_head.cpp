@@ -49,6 +49,7 @@ PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const PartitionSpec&
 runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, runtime::ShardedTensor& x,
                                const runtime::Frontier& after, runtime::ShardedTensor& logits,
                                const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden && x.layout().shard_shape()[1] == layer.hidden &&
                    logits.shape() == (std::vector<std::int64_t>{x.shape()[0], layer.vocab}) &&
                    logits.spec() == lm_head_logits_spec(layer, x.spec()),
@@ -63,9 +64,9 @@ runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, run
     runtime::Tensor& ws = w.shard(s);
     runtime::Tensor& ls = logits.shard(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * v_local));
-    return [&xs, &ws, &ls, rows, h, v_local] {
+    return [prec, &xs, &ws, &ls, rows, h, v_local] {
       device_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_out_in_weight(ws),
-                  MatrixMap(ls.values().data(), rows, v_local));
+                  MatrixMap(ls.values().data(), rows, v_local), prec);
     };
   });
 }

@@ -86,8 +86,13 @@ struct LmTrainingStep::Layers {
 
 LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
                                const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch,
-                               std::int64_t tokens, ModelAxes axes)
-    : mesh_(std::move(mesh)), config_(std::move(config)), axes_(std::move(axes)), batch_(batch), tokens_(tokens) {
+                               std::int64_t tokens, ModelAxes axes, MatmulPrecision precision)
+    : mesh_(std::move(mesh)),
+      config_(std::move(config)),
+      axes_(std::move(axes)),
+      batch_(batch),
+      tokens_(tokens),
+      precision_(precision) {
   config_.validate();
   const sharding::Mesh& m = mesh_.mesh();
   NUMESH_CHECK(batch > 0 && tokens > 0, ShapeError, "training: batch {} and tokens {} must be positive", batch,
@@ -208,7 +213,8 @@ void LmTrainingStep::compile() {
   const PartitionSpec spec({detail::entry_over(axes_.batch, m), detail::entry_over(sequence, m), AxisRule()});
   const PartitionSpec row_spec({detail::entry_over(row_axes, m), AxisRule()});
 
-  ProgramBuilder pb(mesh_, fmt::format("training step (B={}, T={})", batch_, tokens_));
+  ProgramBuilder pb(mesh_, fmt::format("training step (B={}, T={}, {} compute)", batch_, tokens_, to_string(precision_)));
+  pb.set_matmul_precision(precision_);
   auto activation = [&](const std::string& name) -> ShardedTensor& {
     return pb.tensor(name, TensorRole::kActivation, shape, spec);
   };

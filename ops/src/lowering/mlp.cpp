@@ -57,6 +57,7 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
 runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
                            const std::string& name, MlpSaved* saved) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const auto& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
@@ -130,19 +131,19 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     // The device's columns of F start here: its slice of the gate and up biases.
     const std::int64_t f_first = up.layout().device(s).block[0] * f_local;
     pb.add_flops(s, flops);
-    return [&xs, &hs, us, gs, &wu, wg, rows, h, f_first, biases] {
+    return [prec, &xs, &hs, us, gs, &wu, wg, rows, h, f_first, biases] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
         MatrixMap pre = as_matrix(us != nullptr ? *us : hs);
-        device_gemm(xm, as_out_in_weight(wu), pre);
+        device_gemm(xm, as_out_in_weight(wu), pre, prec);
         add_bias_rows(pre, biases->up_bias, f_first);
         if (us != nullptr) as_matrix(hs) = pre;
         gelu_inplace(as_matrix(hs));
         return;
       }
       MatrixMap gate_pre = as_matrix(gs != nullptr ? *gs : hs);
-      device_gemm(xm, as_out_in_weight(*wg), gate_pre);
-      device_gemm(xm, as_out_in_weight(wu), as_matrix(*us));
+      device_gemm(xm, as_out_in_weight(*wg), gate_pre, prec);
+      device_gemm(xm, as_out_in_weight(wu), as_matrix(*us), prec);
       add_bias_rows(gate_pre, biases->gate_bias, f_first);
       add_bias_rows(as_matrix(*us), biases->up_bias, f_first);
       if (gs != nullptr) as_matrix(hs) = gate_pre;
@@ -156,9 +157,9 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     // The down bias is added once: by every device when F is not split, else by the first of
     // the devices whose partial sums the reduction adds.
     const bool adds_bias = detail::first_of_partial_sum(mesh, y_placed, s);
-    return [&hs, &wd, &yp, rows, h, biases, adds_bias] {
+    return [prec, &hs, &wd, &yp, rows, h, biases, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, h);
-      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), ym);
+      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), ym, prec);
       if (adds_bias) add_bias_rows(ym, biases->down_bias, 0);
     };
   });

@@ -18,6 +18,7 @@ namespace numesh::ops {
 runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, const MlpSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const auto& m = pb.mesh().mesh();
   const std::size_t rank = dx.shape().size();
   NUMESH_CHECK(saved.x != nullptr && saved.up != nullptr && saved.down != nullptr, ValueError,
@@ -68,10 +69,10 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     runtime::Tensor& das = pb.scratch(s, {rows, f_local});
     d_act[static_cast<std::size_t>(s)] = &das;
     pb.add_flops(s, forward_flops / (saved.gate != nullptr ? 1.5 : 1.0));
-    return [&dys, &hs, &wd, &gd, &das, rows, h] {
+    return [prec, &dys, &hs, &wd, &gd, &das, rows, h] {
       const ConstMatrixMap dym(dys.values().data(), rows, h);
-      device_gemm(dym, as_weight(wd), as_matrix(das));
-      device_gemm_transposed_a(dym, as_matrix(std::as_const(hs)), as_matrix(gd));
+      device_gemm(dym, as_weight(wd), as_matrix(das), prec);
+      device_gemm_transposed_a(dym, as_matrix(std::as_const(hs)), as_matrix(gd), 0.0f, prec);
     };
   });
   // Per device: the activation's backward, the up (and gate) weights' gradients and dx_partial.
@@ -90,22 +91,22 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     runtime::Tensor* gate_term = gelu ? nullptr : &pb.scratch(s, {rows, h});
     runtime::Tensor& dxs = dx_partial.shard(s);
     pb.add_flops(s, forward_flops * (gelu ? 1.0 : 4.0 / 3.0));
-    return [&das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, rows, h] {
+    return [prec, &das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, rows, h] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       MatrixMap dxm(dxs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU: d_pre = da .* gelu'(pre), in place of da
         gelu_backward_inplace(as_matrix(std::as_const(up_pre)), as_matrix(das));
-        device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu));
-        device_gemm(as_matrix(std::as_const(das)), as_weight(wu), dxm);
+        device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu), 0.0f, prec);
+        device_gemm(as_matrix(std::as_const(das)), as_weight(wu), dxm, prec);
         return;
       }
       // SwiGLU: d_gate_pre in place of da, d_up_pre beside it.
       silu_mul_backward(as_matrix(std::as_const(*gate_pre)), as_matrix(std::as_const(up_pre)),
                         as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
-      device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg));
-      device_gemm_transposed_a(as_matrix(std::as_const(*d_up_pre)), xm, as_matrix(gu));
-      device_gemm(as_matrix(std::as_const(das)), as_weight(*wg), dxm);
-      device_gemm(as_matrix(std::as_const(*d_up_pre)), as_weight(wu), as_matrix(*gate_term));
+      device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg), 0.0f, prec);
+      device_gemm_transposed_a(as_matrix(std::as_const(*d_up_pre)), xm, as_matrix(gu), 0.0f, prec);
+      device_gemm(as_matrix(std::as_const(das)), as_weight(*wg), dxm, prec);
+      device_gemm(as_matrix(std::as_const(*d_up_pre)), as_weight(wu), as_matrix(*gate_term), prec);
       dxm += as_matrix(std::as_const(*gate_term));
     };
   });

@@ -108,6 +108,7 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
                                      runtime::ShardedTensor& y_partial,
                                      const std::vector<sharding::Placement>& y_placed, const runtime::Frontier& after,
                                      const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   if (!layer.shared_expert) return after;
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -147,13 +148,13 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     runtime::Tensor& hs = pb.scratch(s, {n, fl});
     runtime::Tensor& us = pb.scratch(s, {n, fl});
     runtime::Tensor& ys = pb.scratch(s, {n, h});
-    return [&xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &ys, first, n, h] {
+    return [prec, &xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &ys, first, n, h] {
       const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
       gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit));
-      device_gemm(xm, as_out_in_weight(wg), as_matrix(hs));
-      device_gemm(xm, as_out_in_weight(wu), as_matrix(us));
+      device_gemm(xm, as_out_in_weight(wg), as_matrix(hs), prec);
+      device_gemm(xm, as_out_in_weight(wu), as_matrix(us), prec);
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(us)));
-      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), as_matrix(ys));
+      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), as_matrix(ys), prec);
       MatrixMap ym(yp.values().data() + first * h, n, h);
       for (std::int64_t i = 0; i < n; ++i) {
         // sigmoid; for a very negative logit exp overflows to inf and the scale to 0, no NaN.
@@ -177,6 +178,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
                                       const std::string& name, MoeRouting& routing,
                                       const std::vector<std::string>& token_axes,
                                       const std::vector<std::string>& expert_axes) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
@@ -268,7 +270,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
-    return [&in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
+    return [prec, &in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
       for (std::int64_t le = 0; le < le_count; ++le) {
         // Every source block's slots for this expert, packed into one GEMM.
         std::int64_t total = 0;
@@ -282,11 +284,11 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
         MatrixMap um(ue.values().data(), total, fl);
         const ConstMatrixMap xm(xe.values().data(), total, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm);
-        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um);
+        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
+        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
         silu_mul_inplace(hm, ConstMatrixMap(um.data(), total, fl));
         device_gemm(ConstMatrixMap(hm.data(), total, fl), as_weight(wd, le * wgt, fl, h),
-                    MatrixMap(ye.values().data(), total, h));
+                    MatrixMap(ye.values().data(), total, h), prec);
         std::int64_t at = 0;
         for (std::int64_t b = 0; b < held_blocks; ++b) {
           const auto count = static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
@@ -325,6 +327,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
 runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y, const std::string& name,
                            MoeRouting** routing_out, MoeSaved* saved) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
@@ -453,7 +456,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
-    return [&xs, &xe, &he, &ue, &ye, act, &wg, &wu, &wd, &yp, &r, le_count, h, fl, packed] {
+    return [prec, &xs, &xe, &he, &ue, &ye, act, &wg, &wu, &wd, &yp, &r, le_count, h, fl, packed] {
       std::int64_t at = 0;  // the expert's first row in the packed buffers
       for (std::int64_t le = 0; le < le_count; ++le) {
         const std::int64_t n = r.expert_count[static_cast<std::size_t>(le)];
@@ -472,11 +475,11 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
         MatrixMap am(act->values().data() + first * fl, n, fl);
         MatrixMap ym(ye.values().data() + first * h, n, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wg, le * wgt, h, fl), hm);
-        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wu, le * wgt, h, fl), um);
+        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wg, le * wgt, h, fl), hm, prec);
+        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wu, le * wgt, h, fl), um, prec);
         if (am.data() != hm.data()) am = hm;
         silu_mul_inplace(am, ConstMatrixMap(um.data(), n, fl));
-        device_gemm(ConstMatrixMap(am.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym);
+        device_gemm(ConstMatrixMap(am.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym, prec);
         float* yv = yp.values().data();
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += scale[static_cast<std::size_t>(j)] * ym.row(j);

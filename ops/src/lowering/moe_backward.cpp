@@ -49,6 +49,7 @@ void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstM
 runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = dx.shape().size();
@@ -124,7 +125,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
     runtime::Tensor& da = pb.scratch(s, {rows, fl});
     runtime::Tensor& du = pb.scratch(s, {rows, fl});
     runtime::Tensor& dxe = pb.scratch(s, {rows, h});
-    return [&r, &xs, &dys, &gp, &up_pre, &act, &out, &wg, &wu, &wd, &gg, &gu, &gd, &dws, &dxs, &xe, &ge, &da, &du,
+    return [prec, &r, &xs, &dys, &gp, &up_pre, &act, &out, &wg, &wu, &wd, &gg, &gu, &gd, &dws, &dxs, &xe, &ge, &da, &du,
             &dxe, le_count, h, fl, k] {
       std::fill(dws.values().begin(), dws.values().end(), 0.0f);
       std::fill(dxs.values().begin(), dxs.values().end(), 0.0f);
@@ -161,18 +162,18 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
         MatrixMap dum(du.values().data(), n, fl);
         // d act = (w dy) w_down^T: the stored [F, H] matrix read as the out-in form of its
         // transpose; d w_down = act^T (w dy).
-        device_gemm(gmc, as_weight(wd, le * wgt, h, fl, WeightLayout::kOutIn), dam);
-        device_gemm_transposed_a(actm, gmc, dwd);
+        device_gemm(gmc, as_weight(wd, le * wgt, h, fl, WeightLayout::kOutIn), dam, prec);
+        device_gemm_transposed_a(actm, gmc, dwd, 0.0f, prec);
         silu_mul_backward(ConstMatrixMap(gp.values().data() + at * fl, n, fl),
                           ConstMatrixMap(up_pre.values().data() + at * fl, n, fl), ConstMatrixMap(dam.data(), n, fl),
                           dam, dum);
         const ConstMatrixMap damc(dam.data(), n, fl), dumc(dum.data(), n, fl);
-        device_gemm_transposed_a(xmc, damc, dwg);
-        device_gemm_transposed_a(xmc, dumc, dwu);
+        device_gemm_transposed_a(xmc, damc, dwg, 0.0f, prec);
+        device_gemm_transposed_a(xmc, dumc, dwu, 0.0f, prec);
         MatrixMap dxm(dxe.values().data(), n, h);
-        device_gemm(damc, as_weight(wg, le * wgt, fl, h, WeightLayout::kOutIn), dxm);
+        device_gemm(damc, as_weight(wg, le * wgt, fl, h, WeightLayout::kOutIn), dxm, prec);
         MatrixMap gate_term(ge.values().data(), n, h);  // w dy is no longer needed
-        device_gemm(dumc, as_weight(wu, le * wgt, fl, h, WeightLayout::kOutIn), gate_term);
+        device_gemm(dumc, as_weight(wu, le * wgt, fl, h, WeightLayout::kOutIn), gate_term, prec);
         dxm += gate_term;
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(dxs.values().data() + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += dxm.row(j);

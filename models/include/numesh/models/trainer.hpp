@@ -29,6 +29,9 @@ struct TrainingOptions {
   ops::AdamWOptions adamw;  ///< betas, eps, weight decay (adamw.lr is unused: the schedule's lr is)
   double clip = 1.0;        ///< the gradients' global 2-norm is clipped to this; 0: no clipping
   ops::LearningRateSchedule schedule;  ///< the learning rate of each step
+  /// The products' precision: kBF16 computes in bf16 on the fp32 master weights
+  /// (ops::LmTrainingStep); gradients, AdamW's state and the saved weights stay fp32.
+  ops::MatmulPrecision precision = ops::MatmulPrecision::kF32;
 
   /// Throws: ValueError naming the value for a non-positive batch or tokens, a negative clip,
   /// bad AdamW options (ops::validate) or a bad schedule.
@@ -41,6 +44,11 @@ struct StepStats {
   double loss = 0.0;       ///< the mean cross-entropy over the batch's batch x tokens targets
   double lr = 0.0;         ///< the learning rate of the update
   double grad_norm = 0.0;  ///< the gradients' global 2-norm before clipping
+  /// Where the step's time went, in seconds: the program (forward, loss and every backward),
+  /// the gradients' global norm, and the AdamW update (with the clip's scale).
+  double forward_backward_seconds = 0.0;
+  double grad_norm_seconds = 0.0;
+  double update_seconds = 0.0;
 };
 
 /// A causal LM being trained. Not thread-safe: one thread drives an instance.

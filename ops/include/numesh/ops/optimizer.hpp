@@ -31,7 +31,9 @@ void validate(const AdamWOptions& options);
 /// off) does for each element: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 /// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), at step t = 1, 2, ... The
 /// moments m and v are fp32 tensors laid out like their parameter (so fsdp-sharded parameters
-/// get sharded state, ZeRO's optimizer sharding); the scalars are computed in double. A
+/// get sharded state, ZeRO's optimizer sharding); the scalars are computed in double and
+/// applied in fp32, as torch applies them to fp32 tensors. Each device updates its shards over
+/// all its threads, in chunks fixed by the sizes (the same bits for any thread count). A
 /// replicated parameter is updated on every device that holds it, identically.
 /// Not thread-safe: one thread drives an instance.
 class AdamW {
@@ -41,10 +43,12 @@ class AdamW {
   AdamW(std::vector<runtime::ShardedTensor*> parameters, AdamWOptions options);
 
   /// One step with gradients `grads` (one per parameter, same shape and layout, fp32) at
-  /// learning rate `lr` (a schedule's value for this step; options().lr is the default).
+  /// learning rate `lr` (a schedule's value for this step; options().lr is the default), each
+  /// gradient read as fp32(g x grad_scale): clip_coefficient() fused into the update, the same
+  /// bits as clip_grad_norm() scaling the gradients first, without their extra pass.
   /// Throws: ShapeError when a gradient does not match its parameter (naming its index, both
-  /// shapes and specs); ValueError for a negative lr.
-  void step(std::span<const runtime::ShardedTensor* const> grads, double lr);
+  /// shapes and specs); ValueError for a negative lr or a negative or non-finite grad_scale.
+  void step(std::span<const runtime::ShardedTensor* const> grads, double lr, double grad_scale = 1.0);
   /// step(grads, options().lr).
   void step(std::span<const runtime::ShardedTensor* const> grads) { step(grads, options_.lr); }
 
@@ -66,9 +70,20 @@ class AdamW {
   std::int64_t steps_ = 0;
 };
 
+/// The total 2-norm of all gradients together, in double (each distinct shard counted once,
+/// replicas not again; every device sums its shards over its threads in chunks fixed by the
+/// sizes, so the result does not depend on the thread count). Non-finite values give a
+/// non-finite norm.
+/// Throws: ValueError when a gradient is null or not fp32.
+double grad_norm(std::span<const runtime::ShardedTensor* const> grads);
+
+/// torch.nn.utils.clip_grad_norm_'s scale for a total norm: min(1, max_norm / (total + 1e-6)).
+/// Throws: ValueError when max_norm is not positive.
+double clip_coefficient(double total_norm, double max_norm);
+
 /// torch.nn.utils.clip_grad_norm_(grads, max_norm) with the 2-norm: the total norm of all
 /// gradients together (each distinct shard counted once, replicas not again), then every
-/// gradient scaled in place by min(1, max_norm / (total + 1e-6)). Returns the total norm
+/// gradient scaled in place by clip_coefficient() (fp32 products). Returns the total norm
 /// before clipping (in double; a non-finite total is returned as it is and scales the
 /// gradients by NaN, as torch does without error_if_nonfinite).
 /// Throws: ValueError when max_norm is not positive; ValueError when a gradient is not fp32.

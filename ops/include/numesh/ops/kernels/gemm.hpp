@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/matmul_precision.hpp"
 #include "numesh/ops/tensor.hpp"
 
 namespace numesh::ops {
@@ -81,23 +82,28 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 /// product (blocks of dot_out_block() outputs, one task each) and the same prefill tiles read
 /// transposed. bf16 weights multiply bf16-rounded activations on every
 /// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for any number of threads.
+/// With `precision` kBF16, fp32 weights multiply in bf16 compute: every tile, decode-sized ones
+/// too, is one gemm_bf16_compute() call (16-bit weights are unaffected).
 /// Throws: ShapeError naming the shapes when they do not multiply.
-void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
+void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
+                 MatmulPrecision precision = MatmulPrecision::kF32);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
 /// gemm() call (skinny_gemm() for decode tiles of m <= 16 rows); decode products whose b has
 /// 1 MiB or more instead run as blocks of skinny_k_block() whole rows of b, each skinny_gemm()
 /// into a partial product, the partials summed in block order.
-/// Bitwise identical results for any number of threads.
+/// Bitwise identical results for any number of threads. `precision` as above.
 /// Throws: as gemm().
-void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c);
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision = MatmulPrecision::kF32);
 
 /// c = a^T b + beta c for fp32 a [m, n] and b [m, k], c [n, k]: a weight's gradient dW = dy^T x
 /// (dy [rows, out], x [rows, in], dW stored out-in [out, in]), summed over the rows. Over the
 /// calling thread's arena in the tiles gemm_tiling(n, k, m) cuts c into, one single-threaded
-/// product each (OpenBLAS with a transposed, Eigen below kBlasMinMultiplyAdds): bitwise the
-/// same for any thread count.
-/// Throws: ShapeError naming the shapes when they do not fit.
-void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta = 0.0f);
+/// product each (OpenBLAS with a transposed, Eigen below kBlasMinMultiplyAdds;
+/// gemm_bf16_compute() with `precision` kBF16): bitwise the same for any thread count.
+/// Throws: ShapeError naming the shapes when they do not fit; ValueError for kBF16 with a beta
+/// other than 0 or 1.
+void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta = 0.0f,
+                              MatmulPrecision precision = MatmulPrecision::kF32);
 
 }  // namespace numesh::ops

@@ -49,4 +49,20 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
                 DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
                 runtime::KernelLevel level = runtime::kernel_level(), WeightLayout b_layout = WeightLayout::kInOut);
 
+/// c[m, n] = op(a) op(b) (or c += with `accumulate`) in bf16 compute, on the calling thread:
+/// both operands are fp32 and each is rounded to bf16 (to nearest even) before it multiplies,
+/// the products (exact in fp32) summed in fp32, as torch.autocast's bf16 matmul does on
+/// fp32 tensors. op(a) is a [m, k] (rows `lda` apart) or, with `transpose_a`, a stored [k, m]
+/// read transposed (a weight gradient's dy^T x: the sum runs down both operands' rows); op(b)
+/// is b [k, n] or, with `transpose_b`, b stored [n, k]. At kAvx512Bf16 the vdpbf16ps kernel
+/// above, rounding while it packs (vcvtneps2bf16 for a transposed a; the two roundings differ
+/// only on fp32 subnormals, which vdpbf16ps reads as zero either way); below it, rounded
+/// copies of both operands through the fp32 gemm() (no faster than fp32: the same products,
+/// summed in another order). Buffers as gemm_16bit()'s, plus the rounded block of b.
+/// REQUIRES: `level` runs on this CPU.
+/// Throws: ShapeError when a size is negative or a leading dimension is shorter than its row.
+void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                       bool transpose_a, const float* b, std::int64_t ldb, bool transpose_b, bool accumulate, float* c,
+                       std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
+
 }  // namespace numesh::ops

@@ -10,6 +10,7 @@
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/matmul_precision.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -44,6 +45,11 @@ struct TrainableParameter {
 /// the MLP's intermediate dim are split over their tensor axes, the MLP's weights over
 /// ModelAxes::weights (ZeRO-3), the vocabulary over the heads' axis. With a tied head, the LM
 /// head multiplies by the embedding's table and both gradients are summed into one.
+/// `precision` kBF16 runs every product of activations and weights (the projections, the MLP
+/// and experts, the LM head, forward and backward, weight gradients included) in bf16 compute
+/// on the fp32 master weights, rounding both operands as the kernels pack them; attention's
+/// scores, the router, norms, softmax, the loss and the gradients' sums stay fp32
+/// (MatmulPrecision).
 /// Not thread-safe: one thread drives an instance.
 class LmTrainingStep {
  public:
@@ -59,7 +65,7 @@ class LmTrainingStep {
   /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
   LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
                  const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch, std::int64_t tokens,
-                 ModelAxes axes = {});
+                 ModelAxes axes = {}, MatmulPrecision precision = MatmulPrecision::kF32);
   ~LmTrainingStep();
   LmTrainingStep(LmTrainingStep&&) noexcept;
   LmTrainingStep& operator=(LmTrainingStep&&) noexcept;
@@ -81,6 +87,8 @@ class LmTrainingStep {
   std::int64_t batch() const noexcept { return batch_; }
   /// Input tokens per sequence.
   std::int64_t tokens() const noexcept { return tokens_; }
+  /// The precision of the step's products.
+  MatmulPrecision precision() const noexcept { return precision_; }
   /// The vocabulary size.
   std::int64_t vocab() const noexcept { return vocab_; }
 
@@ -92,6 +100,7 @@ class LmTrainingStep {
   TransformerConfig config_;
   ModelAxes axes_;
   std::int64_t batch_, tokens_, vocab_ = 0;
+  MatmulPrecision precision_;
   std::unique_ptr<Layers> layers_;
   std::vector<TrainableParameter> parameters_;
   // Row r of the embedding's and the head's [batch x tokens] rows holds the caller's id at

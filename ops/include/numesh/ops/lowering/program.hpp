@@ -11,6 +11,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "numesh/ops/lowering/reshard.hpp"
+#include "numesh/ops/matmul_precision.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -138,6 +139,12 @@ class ProgramBuilder {
   }
   /// Counts `flops` per run on mesh slot `slot`.
   void add_flops(std::int64_t slot, double flops);
+  /// The precision the operators' fp32 products take in the nodes emitted after this call
+  /// (every lowering passes it to device_gemm; kF32 unless set): kBF16 is training's bf16
+  /// compute on fp32 master weights.
+  void set_matmul_precision(MatmulPrecision precision) noexcept { matmul_precision_ = precision; }
+  /// The precision set_matmul_precision() last set.
+  MatmulPrecision matmul_precision() const noexcept { return matmul_precision_; }
 
   /// One node per mesh slot, the step every lowering repeats: node s is named "name[s]", runs
   /// on slot s's device the body `make_body(s)` returns (called once per slot, now, so the
@@ -194,6 +201,7 @@ class ProgramBuilder {
   std::vector<std::shared_ptr<void>> objects_;
   ProgramPlan plan_;
   CollectiveOps collectives_ = CollectiveOps::runtime_collectives();
+  MatmulPrecision matmul_precision_ = MatmulPrecision::kF32;
 };
 
 /// A compiled program: run it many times; it owns what its nodes use. Movable, not copyable.
