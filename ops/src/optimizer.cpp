@@ -28,7 +28,6 @@ std::span<const float> floats(const runtime::Tensor& t) {
 }
 
 using FloatArray = Eigen::Map<Eigen::ArrayXf>;
-using ConstFloatArray = Eigen::Map<const Eigen::ArrayXf>;
 
 // Elements per task of the update and the norm: 256 KiB of each array, so that the several
 // passes Eigen makes over a chunk (the moments, then the parameter) find it in L2.
@@ -57,6 +56,28 @@ void on_every_device(const runtime::DeviceMesh& mesh, const std::function<void(s
     builder.add(mesh.device(slot).index(), fmt::format("optimizer[{}]", slot), [&body, slot] { body(slot); });
   }
   builder.compile().run();
+}
+
+// One step's scalars, in fp32 as torch applies Python floats to fp32 tensors.
+struct AdamWScalars {
+  float decay, step_size, inverse_correction2_sqrt, beta1, beta2, eps, grad_scale;
+};
+
+// AdamW on n elements: torch.optim.AdamW's in-place operations in its order, each in fp32, the
+// gradient first scaled as clip_grad_norm scales it (exactly 1 leaves it as it is); dividing by
+// sqrt(1 - b2^t) is a product with its inverse. A loop the compiler vectorizes: the scalars are
+// locals and the arrays restrict, and optimizer.cpp is built without errno for sqrt and without
+// FMA contraction, so the vector body and the scalar tail give the same bits.
+void update_chunk(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
+                  std::int64_t n, const AdamWScalars s) {
+  const float b1 = s.beta1, b2 = s.beta2, decay = s.decay, step = s.step_size;
+  const float inv_c2 = s.inverse_correction2_sqrt, eps = s.eps, scale = s.grad_scale;
+  for (std::int64_t e = 0; e < n; ++e) {
+    const float ge = g[e] * scale;
+    m[e] = b1 * m[e] + (1.0f - b1) * ge;
+    v[e] = b2 * v[e] + (1.0f - b2) * (ge * ge);
+    p[e] = p[e] * decay - step * m[e] / (std::sqrt(v[e]) * inv_c2 + eps);
+  }
 }
 
 // The sum of squares of x in double, as eight interleaved partial sums (which vectorize),
@@ -121,11 +142,14 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
   // torch's scalars, computed in double and applied in fp32 as torch's fp32 tensor ops apply
   // a Python float: the decay factor, the step size and sqrt of the second bias correction.
   const double t = static_cast<double>(steps_);
-  const auto decay = static_cast<float>(1.0 - lr * options_.weight_decay);
-  const auto step_size = static_cast<float>(lr / (1.0 - std::pow(options_.beta1, t)));
-  const auto correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(options_.beta2, t)));
-  const auto b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
-  const auto eps = static_cast<float>(options_.eps), scale = static_cast<float>(grad_scale);
+  const AdamWScalars scalars{
+      .decay = static_cast<float>(1.0 - lr * options_.weight_decay),
+      .step_size = static_cast<float>(lr / (1.0 - std::pow(options_.beta1, t))),
+      .inverse_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(options_.beta2, t))),
+      .beta1 = static_cast<float>(options_.beta1),
+      .beta2 = static_cast<float>(options_.beta2),
+      .eps = static_cast<float>(options_.eps),
+      .grad_scale = static_cast<float>(grad_scale)};
   on_every_device(parameters_.front()->mesh(), [&](std::int64_t slot) {
     std::vector<std::int64_t> sizes;
     for (const runtime::ShardedTensor* p : parameters_) sizes.push_back(p->shard(slot).size());
@@ -133,16 +157,10 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
     parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t c = first; c < last; ++c) {
         const Chunk& k = chunks[static_cast<std::size_t>(c)];
-        auto at = [&](runtime::Tensor& shard) { return FloatArray(floats(shard).data() + k.first, k.size); };
-        FloatArray p = at(parameters_[k.tensor]->shard(slot));
-        FloatArray m = at(exp_avg_[k.tensor]->shard(slot));
-        FloatArray v = at(exp_avg_sq_[k.tensor]->shard(slot));
-        const ConstFloatArray g(floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size);
-        // torch.optim.AdamW's in-place operations in its order, each in fp32; the gradient
-        // first scaled as clip_grad_norm scales it (exactly 1 leaves it as it is).
-        m = b1 * m + (1.0f - b1) * (g * scale);
-        v = b2 * v + (1.0f - b2) * (g * scale).square();
-        p = p * decay - step_size * m / (v.sqrt() / correction2_sqrt + eps);
+        update_chunk(floats(parameters_[k.tensor]->shard(slot)).data() + k.first,
+                     floats(exp_avg_[k.tensor]->shard(slot)).data() + k.first,
+                     floats(exp_avg_sq_[k.tensor]->shard(slot)).data() + k.first,
+                     floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size, scalars);
       }
     });
   });
