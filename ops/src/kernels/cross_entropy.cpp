@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "numesh/ops/kernels/parallel.hpp"
 
@@ -28,11 +29,22 @@ void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max, std::
                         std::int64_t v0, std::span<float> sums) {
   const std::int64_t cols = logits.cols();
   parallel_blocks(logits.rows(), row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
+    // Eigen's vectorized fp32 exp (within 2 ulp; NaN stays NaN) into the task's buffer, then
+    // summed in double by eight interleaved partial sums (which vectorize) added in a fixed
+    // order: the scalar double exp this replaces took 8 ms of a 21 M-parameter model's step.
+    std::vector<float> terms(static_cast<std::size_t>(cols));
     for (std::int64_t r = r0; r < r1; ++r) {
       const auto i = static_cast<std::size_t>(r);
       const float top = max[i];
-      double total = 0.0;
-      for (std::int64_t c = 0; c < cols; ++c) total += std::exp(static_cast<double>(logits(r, c) - top));
+      Eigen::Map<Eigen::ArrayXf>(terms.data(), cols) = (logits.row(r).array() - top).exp();
+      double partial[8] = {};
+      const std::int64_t whole = cols / 8 * 8;
+      for (std::int64_t c = 0; c < whole; c += 8) {
+        for (std::int64_t j = 0; j < 8; ++j) partial[j] += static_cast<double>(terms[static_cast<std::size_t>(c + j)]);
+      }
+      for (std::int64_t c = whole; c < cols; ++c) partial[c - whole] += static_cast<double>(terms[static_cast<std::size_t>(c)]);
+      const double total = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                           ((partial[4] + partial[5]) + (partial[6] + partial[7]));
       sums[2 * i] = static_cast<float>(total);
       const std::int64_t t = targets[i] - v0;
       sums[2 * i + 1] = t >= 0 && t < cols ? logits(r, t) : 0.0f;
@@ -48,7 +60,7 @@ void cross_entropy_logit_gradient(MatrixMap logits, std::span<const float> max, 
       const auto i = static_cast<std::size_t>(r);
       const float top = max[i];
       const auto per = static_cast<float>(scale / static_cast<double>(sums[2 * i]));
-      for (std::int64_t c = 0; c < cols; ++c) logits(r, c) = std::exp(logits(r, c) - top) * per;
+      logits.row(r).array() = (logits.row(r).array() - top).exp() * per;
       const std::int64_t t = targets[i] - v0;
       if (t >= 0 && t < cols) logits(r, t) -= static_cast<float>(scale);
     }

@@ -16,8 +16,8 @@ namespace numesh::ops {
 /// thread's arena. REQUIRES: max holds logits.rows() values.
 void row_max(ConstMatrixMap logits, std::span<float> max);
 
-/// For each row r: sums[2 r] = the sum of exp(logits[r, c] - max[r]) over the row (in double,
-/// stored as float) and sums[2 r + 1] = logits[r, targets[r] - v0] when the target lies in
+/// For each row r: sums[2 r] = the sum of exp(logits[r, c] - max[r]) over the row (each exp
+/// Eigen's vectorized fp32 one, within 2 ulp, NaN kept; summed in double, stored as float) and sums[2 r + 1] = logits[r, targets[r] - v0] when the target lies in
 /// [v0, v0 + cols), else 0. REQUIRES: sums holds 2 rows values; targets and max one per row.
 void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max, std::span<const std::int32_t> targets,
                         std::int64_t v0, std::span<float> sums);
