@@ -66,6 +66,9 @@ runtime::HostTensor as_hf(const runtime::HostTensor& host, const HfTensorPart& p
 void TrainingOptions::validate() const {
   NUMESH_CHECK(batch > 0 && tokens > 0, ValueError, "training: batch {} and tokens {} must be positive", batch, tokens);
   NUMESH_CHECK(clip >= 0.0 && std::isfinite(clip), ValueError, "training: clip {} must be 0 (none) or positive", clip);
+  NUMESH_CHECK(!router_aux_loss_coef || (*router_aux_loss_coef >= 0.0 && std::isfinite(*router_aux_loss_coef)),
+               ValueError, "training: the router's aux loss coefficient {} must be 0 (off) or positive",
+               router_aux_loss_coef.value_or(0.0));
   ops::validate(adamw);
   schedule.validate();
 }
@@ -76,10 +79,24 @@ CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config
       config_(HfConfig::parse(config_doc_, "config.json")),
       options_(std::move(options)) {
   options_.validate();
+  // transformers adds the load-balancing loss when the config asks for the router logits.
+  const auto wants = config_doc_.find("output_router_logits");
+  NUMESH_CHECK(wants == config_doc_.end() || wants->is_boolean(), ValueError,
+               "config.json: output_router_logits is {}, not true or false", wants->dump());
+  if (options_.router_aux_loss_coef) {
+    router_aux_loss_coef_ = *options_.router_aux_loss_coef;
+  } else if (wants != config_doc_.end() && wants->get<bool>()) {
+    const auto coef = config_doc_.find("router_aux_loss_coef");
+    NUMESH_CHECK(coef == config_doc_.end() || coef->is_number(), ValueError,
+                 "config.json: router_aux_loss_coef is {}, not a number", coef->dump());
+    router_aux_loss_coef_ = coef != config_doc_.end() ? coef->get<double>() : 0.001;  // transformers' default
+    NUMESH_CHECK(router_aux_loss_coef_ >= 0.0 && std::isfinite(router_aux_loss_coef_), ValueError,
+                 "config.json: router_aux_loss_coef {} must not be negative", router_aux_loss_coef_);
+  }
   step_ = std::make_unique<ops::LmTrainingStep>(
       std::move(mesh), config_.transformer_config(), weights.embedding, weights.stack,
       config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens, std::move(axes),
-      options_.precision);
+      options_.precision, router_aux_loss_coef_);
   std::vector<runtime::ShardedTensor*> values;
   for (const ops::TrainableParameter& p : step_->parameters()) values.push_back(p.value.get());
   adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
@@ -129,6 +146,7 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
   auto start = std::chrono::steady_clock::now();
   stats.loss = step_->run(inputs_, targets_);
   stats.forward_backward_seconds = seconds_since(start);
+  stats.router_aux_loss = step_->router_aux_loss();
   start = std::chrono::steady_clock::now();
   std::vector<const runtime::ShardedTensor*> grads;
   for (const ops::TrainableParameter& p : step_->parameters()) grads.push_back(p.grad.get());

@@ -193,6 +193,7 @@ class Model:
         with open(os.path.join(d, "config.json")) as f:
             self.c = json.load(f)
         self.stored = stored
+        self.router = None  # a list: every MoE layer's (probabilities, top-k choices) are appended
         self.t = {}
         for file in sorted(os.listdir(d)):
             if file.endswith(".safetensors"):
@@ -247,6 +248,8 @@ class Model:
         mixtral = self.c["model_type"] == "mixtral"
         probs = torch.softmax(x @ self.t[p + "gate.weight"].double().T, dim=-1)  # the router stays fp32
         top, idx = probs.topk(self.c["num_experts_per_tok"], dim=-1)
+        if self.router is not None:
+            self.router.append((probs, idx))
         if mixtral or self.c.get("norm_topk_prob"):
             top = top / top.sum(-1, keepdim=True)
         names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")

@@ -5,7 +5,7 @@
     train_check.py check DIR   # trains each in PyTorch and compares with what train_check_main did
 
 `write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
-Mixtral (top-2 of 4 experts in every block) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
@@ -41,7 +41,11 @@ def models():
                    num_experts_per_tok=2, tie_word_embeddings=False, rope_scaling=None, rope_theta=1e6,
                    sliding_window=None)
     del mixtral["head_dim"]
-    return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True)]
+    # Mixtral trained with the router's load-balancing loss (transformers' output_router_logits),
+    # its coefficient 20 times the default so that it moves the routers.
+    mixtral_aux = dict(mixtral, output_router_logits=True, router_aux_loss_coef=0.02)
+    return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True),
+            ("mixtral_aux", mixtral_aux, True)]
 
 
 def write(d):
@@ -65,6 +69,15 @@ def lr_at(o, k):
     return o["lr"] * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def load_balancing_loss(router, experts, k):
+    """transformers' load_balancing_loss_func (no attention mask) over every MoE layer's router
+    probabilities and top-k choices, concatenated."""
+    probs = torch.cat([p.reshape(-1, experts) for p, _ in router])
+    chosen = torch.cat([i.reshape(-1, k) for _, i in router])
+    tokens_per_expert = F.one_hot(chosen, experts).double().mean(0)
+    return experts * (tokens_per_expert * probs.mean(0)[None]).sum()
+
+
 def train(d, o):
     """The run in float64: losses per step and the final weights by name."""
     m = Model(d, "f32")
@@ -76,8 +89,12 @@ def train(d, o):
     b, losses = o["batch"], []
     for k in range(o["steps"]):
         rows = data[[(k * b + r) % data.shape[0] for r in range(b)]]
+        m.router = [] if m.c.get("output_router_logits") else None
         logits = m.logits(rows[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+        if m.router is not None:
+            aux = load_balancing_loss(m.router, m.c["num_local_experts"], m.c["num_experts_per_tok"])
+            loss = loss + m.c["router_aux_loss_coef"] * aux
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), o["clip"])

@@ -80,6 +80,13 @@ def moe_forward(x, router, gate, up, down, top_k, capacity_factor, renormalize):
     return torch.stack(rows)
 
 
+def load_balancing_loss(probs, chosen, experts):
+    """transformers' load_balancing_loss_func on one layer's router probabilities and top-k
+    choices (no attention mask): E * sum(mean one-hot choices [k, E] * mean probabilities [E])."""
+    tokens_per_expert = F.one_hot(chosen, experts).double().mean(0)
+    return experts * (tokens_per_expert * probs.mean(0)[None]).sum()
+
+
 def main():
     d = sys.argv[1]
 
@@ -118,7 +125,14 @@ def main():
         elif c.get("kind") == "moe":
             x, r, g, u, dn = (load(n, "x", True), load(n, "router", True), load(n, "gate", True),
                               load(n, "up", True), load(n, "down", True))
-            moe_forward(x, r, g, u, dn, c["top_k"], c["capacity_factor"], c["renormalize"]).backward(load(n, "dy"))
+            y = moe_forward(x, r, g, u, dn, c["top_k"], c["capacity_factor"], c["renormalize"])
+            loss = (y * load(n, "dy")).sum()
+            if c.get("aux_coef", 0.0) > 0.0:
+                probs = (x @ r).softmax(-1)
+                aux = load_balancing_loss(probs, torch.topk(probs, c["top_k"], dim=-1)[1], r.shape[1])
+                loss = loss + c["aux_coef"] * aux
+                loss_error = abs(c["aux_loss"] - float(aux)) / abs(float(aux))
+            loss.backward()
             grads = {"dx": x.grad, "drouter": r.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
         elif n == "embedding":
             table = torch.zeros(c["vocab"], load(n, "dy").shape[1], dtype=torch.float64, requires_grad=True)

@@ -113,28 +113,39 @@ int main(int argc, char** argv) try {
   {
     // MoE: top-2 renormalised dropless (Mixtral), top-2 with capacity 0.75 (drops, so a
     // dropped choice still moves its token's renormalised weights), top-1 without
-    // renormalisation and capacity 1.
+    // renormalisation and capacity 1; and Mixtral's with the router's load-balancing loss
+    // (coefficient 0.5, large enough to move every gradient).
     struct MoeCase {
       const char* name;
       ops::MoeConfig config;
+      double aux_coef = 0.0;
     };
     for (const MoeCase& mc : {MoeCase{"moe_top2", {.num_experts = 4, .top_k = 2}},
                               MoeCase{"moe_capacity", {.num_experts = 4, .top_k = 2, .capacity_factor = 0.75f}},
                               MoeCase{"moe_top1", {.num_experts = 4, .top_k = 1, .capacity_factor = 1.0f,
-                                                   .renormalize = false}}}) {
+                                                   .renormalize = false}},
+                              MoeCase{"moe_aux", {.num_experts = 4, .top_k = 2}, 0.5}}) {
       ops::MoeWeights w;
       w.router = random_tensor({16, 4}, 30, 0.5f);
       w.gate = random_tensor({4, 16, 12}, 31, 0.3f);
       w.up = random_tensor({4, 16, 12}, 32, 0.3f);
       w.down = random_tensor({4, 12, 16}, 33, 0.3f);
       const rt::HostTensor x = random_tensor({10, 16}, 34, 1.0f), dy = random_tensor({10, 16}, 35, 1.0f);
-      const ops::MoeGrads g = ops::moe_backward(x, w, mc.config, dy);
+      std::vector<double> dprobs;
+      double aux_loss = 0.0;
+      if (mc.aux_coef > 0.0) {
+        const ops::RouterAuxLoss aux = ops::router_aux_loss({x}, {w.router}, mc.config);
+        aux_loss = aux.loss;
+        for (const double d : aux.dprobs) dprobs.push_back(mc.aux_coef * d);
+      }
+      const ops::MoeGrads g = ops::moe_backward(x, w, mc.config, dy, dprobs);
       const std::string n = mc.name;
       save(n, "x", x), save(n, "router", w.router), save(n, "gate", w.gate), save(n, "up", w.up);
       save(n, "down", w.down), save(n, "dy", dy), save(n, "dx", g.dx), save(n, "drouter", g.drouter);
       save(n, "dgate", g.dgate), save(n, "dup", g.dup), save(n, "ddown", g.ddown);
       cases.push_back({{"name", n}, {"kind", "moe"}, {"top_k", mc.config.top_k},
-                       {"capacity_factor", mc.config.capacity_factor}, {"renormalize", mc.config.renormalize}});
+                       {"capacity_factor", mc.config.capacity_factor}, {"renormalize", mc.config.renormalize},
+                       {"aux_coef", mc.aux_coef}, {"aux_loss", aux_loss}});
     }
   }
   std::ofstream(dir / "cases.json") << cases.dump(2);

@@ -175,6 +175,40 @@ TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
   EXPECT_TRUE(want.grads.contains("layers.1.moe.router"));
 }
 
+// The router's load-balancing loss (transformers' output_router_logits, coefficient 0.05 here
+// against Mixtral's default 0.001, so that it moves the routers' gradients by far more than the
+// bound): the loss and every gradient equal the oracle's, whose aux term autograd checks
+// (ops_backward_matches_pytorch, moe_aux).
+TEST_P(LmTrainingStepMoeTest, TheRouterLoadBalancingLossAndItsGradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const TransformerConfig c = testing::tiny_moe_lm_config();
+  const TransformerWeights stack = TransformerWeights::random(c, 14);
+  const TinyModel m;
+  const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
+  constexpr double kCoef = 0.05;
+  const LmTrainingGrads plain = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
+  const LmTrainingGrads want =
+      lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, kCoef);
+  ASSERT_GT(want.router_aux_loss, 0.5) << "E sum f p is about 1 for a balanced router";
+  EXPECT_NEAR(want.loss, plain.loss + kCoef * want.router_aux_loss, 1e-12);
+  const Comparison moved = compare(std::span<const float>(plain.grads.at("layers.1.moe.router").data),
+                                   std::span<const float>(want.grads.at("layers.1.moe.router").data),
+                                   want.grads.at("layers.1.moe.router").shape);
+  ASSERT_FALSE(moved.within(1e-2)) << "the aux term must move the router's gradient: " << moved.describe();
+
+  LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()),
+                      MatmulPrecision::kF32, kCoef);
+  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
+  EXPECT_NEAR(step.router_aux_loss(), want.router_aux_loss, 1e-5 * want.router_aux_loss);
+  for (const TrainableParameter& p : step.parameters()) {
+    runtime::HostTensor got = runtime::gather(*p.grad);
+    if (p.layout == WeightLayout::kOutIn) got = transposed(got);
+    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << p.name;
+  }
+  EXPECT_THAT([&] { LmTrainingStep(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, {}, MatmulPrecision::kF32, -1.0); },
+              ThrowsMessage<ValueError>(HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepMoeTest,
                          ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
                                            MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},

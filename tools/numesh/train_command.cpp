@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -136,6 +137,10 @@ Examples:
                   "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end (with the model "
                   "folder's tokenizer and generation_config.json)");
   cmd->add_option("--save-every", o.save_every, "Also save every K steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--router-aux-loss-coef", o.router_aux_loss_coef,
+                  "MoE models: add this times the router's load-balancing loss (transformers' "
+                  "load_balancing_loss_func over every MoE layer) to the loss; 0: off. Default: as config.json says "
+                  "(router_aux_loss_coef when output_router_logits is true, else off)");
   cmd->add_option("--dtype", o.dtype,
                   "Compute dtype: f32, or bf16 (every product of activations and weights, forward and backward, "
                   "rounds both to bf16 and sums in f32: twice the f32 rate on CPUs with AVX-512 BF16, no faster "
@@ -181,6 +186,7 @@ int run_train(const TrainOptions& o, std::ostream& out) {
                                     .weight_decay = o.weight_decay};
   options.clip = o.clip;
   options.precision = o.dtype == "bf16" ? ops::MatmulPrecision::kBF16 : ops::MatmulPrecision::kF32;
+  if (!std::isnan(o.router_aux_loss_coef)) options.router_aux_loss_coef = o.router_aux_loss_coef;
   options.schedule = ops::LearningRateSchedule{
       .lr = o.lr, .warmup = o.warmup, .total = o.steps,
       .kind = o.schedule == "cosine" ? ops::LearningRateSchedule::Kind::kCosine
@@ -228,6 +234,14 @@ int run_train(const TrainOptions& o, std::ostream& out) {
                          ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products run through the f32 "
                            "GEMM on rounded operands: no faster than f32"
                          : "");
+  const bool moe = config.num_experts > 0;
+  if (moe) {
+    out << fmt::format("router   load-balancing loss {}\n",
+                       trainer->router_aux_loss_coef() > 0.0
+                           ? fmt::format("x {} added to the loss ({})", trainer->router_aux_loss_coef(),
+                                         std::isnan(o.router_aux_loss_coef) ? "config.json" : "--router-aux-loss-coef")
+                           : std::string("off"));
+  }
   out.flush();
 
   const ProgressLine line(o.quiet);
@@ -272,7 +286,10 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   }
   const double steps_run = static_cast<double>(o.steps - first);
   const double tokens_per_second = steps_run * tokens_per_step / total_seconds;
-  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}\n", *first_loss, first + 1, last.loss, last.step);
+  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}{}\n", *first_loss, first + 1, last.loss, last.step,
+                     moe && trainer->router_aux_loss_coef() > 0.0
+                         ? fmt::format(" (router load-balancing loss {:.4f} at the last step)", last.router_aux_loss)
+                         : "");
   out << fmt::format("speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
                      1e3 * total_seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
   out << fmt::format("time     {:.1f} ms forward and backward, {:.1f} ms gradient norm, {:.1f} ms AdamW with clipping "

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ struct TrainOptions {
   std::int64_t warmup = 0;        ///< --warmup steps
   std::string schedule = "constant";  ///< --schedule constant|cosine
   std::string log;                ///< --log FILE.csv
+  /// --router-aux-loss-coef (NaN: as config.json says, transformers' output_router_logits)
+  double router_aux_loss_coef = std::numeric_limits<double>::quiet_NaN();
   std::string dtype = "f32";      ///< --dtype: the compute dtype (f32 or bf16; weights stay f32)
   std::string trace;              ///< --trace FILE.json: the last step's program as a Chrome trace
   std::string save;               ///< --save DIR

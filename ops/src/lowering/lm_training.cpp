@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
+#include "numesh/ops/kernels/routing.hpp"
 #include "lowering_util.hpp"
 
 namespace numesh::ops {
@@ -86,14 +88,18 @@ struct LmTrainingStep::Layers {
 
 LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
                                const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch,
-                               std::int64_t tokens, ModelAxes axes, MatmulPrecision precision)
+                               std::int64_t tokens, ModelAxes axes, MatmulPrecision precision,
+                               double router_aux_loss_coef)
     : mesh_(std::move(mesh)),
       config_(std::move(config)),
       axes_(std::move(axes)),
       batch_(batch),
       tokens_(tokens),
-      precision_(precision) {
+      precision_(precision),
+      router_aux_loss_coef_(router_aux_loss_coef) {
   config_.validate();
+  NUMESH_CHECK(router_aux_loss_coef >= 0.0 && std::isfinite(router_aux_loss_coef), ValueError,
+               "training: the router's aux loss coefficient {} must be finite and not negative", router_aux_loss_coef);
   const sharding::Mesh& m = mesh_.mesh();
   NUMESH_CHECK(batch > 0 && tokens > 0, ShapeError, "training: batch {} and tokens {} must be positive", batch,
                tokens);
@@ -283,6 +289,45 @@ void LmTrainingStep::compile() {
     stream = k.mid;
     ffn_out = &f;
   }
+  // The router's load-balancing loss: every MoE layer's choice counts and probability sums,
+  // counted by one device of each group sharing the same tokens, all-reduced over the mesh.
+  std::optional<RouterAuxGradient> aux;
+  moe_layers_ = 0;
+  for (const Layers::Block& b : L.blocks) moe_layers_ += b.moe ? 1 : 0;
+  if (router_aux_loss_coef_ > 0.0 && moe_layers_ > 0) {
+    const std::int64_t e = config_.moe.num_experts, k = config_.moe.top_k;
+    const PartitionSpec replicated({AxisRule(), AxisRule()});
+    ShardedTensor& counts = pb.tensor("router_aux.local", TensorRole::kActivation, {1, 2 * e}, replicated);
+    ShardedTensor& stats = pb.tensor("router_aux.stats", TensorRole::kOutput, {1, 2 * e}, replicated);
+    const runtime::Frontier counted = pb.per_device("router_aux.count", {&front}, [&](std::int64_t s) {
+      std::vector<std::pair<const RoutingTables*, const runtime::Tensor*>> layers;
+      for (std::size_t l = 0; l < L.blocks.size(); ++l) {
+        const MoeSaved& saved = kept[l].moe;
+        if (!L.blocks[l].moe || !detail::first_of_partial_sum(mesh_, saved.partial_placed, s)) continue;
+        layers.emplace_back(saved.tables[static_cast<std::size_t>(s)], saved.probs[static_cast<std::size_t>(s)]);
+      }
+      runtime::Tensor& out = counts.shard(s);
+      return [layers, &out, e, k] {
+        const std::span<float> v = out.values();
+        std::vector<double> sums(static_cast<std::size_t>(2 * e), 0.0);
+        for (const auto& [tables, probs] : layers) {
+          const std::int64_t routed = probs->shape()[0];
+          for (std::int64_t a = 0; a < routed * k; ++a) sums[static_cast<std::size_t>(tables->choice[static_cast<std::size_t>(a)])] += 1.0;
+          const ConstMatrixMap p(probs->values().data(), routed, e);
+          for (std::int64_t ex = 0; ex < e; ++ex) sums[static_cast<std::size_t>(e + ex)] += p.col(ex).cast<double>().sum();
+        }
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sums[i]);
+      };
+    });
+    const std::vector<sharding::Placement> all_partial(m.rank(), sharding::Placement::partial());
+    const std::vector<sharding::Placement> all_replicated(m.rank(), sharding::Placement::replicate());
+    const runtime::Frontier reduced = pb.reshard(counts, all_partial, stats, all_replicated, counted, "router_aux.stats");
+    pb.output("router_aux.stats", stats, reduced);
+    aux = RouterAuxGradient{
+        .stats = &stats,
+        .ready = reduced,
+        .scale = router_aux_loss_coef_ * static_cast<double>(e) / static_cast<double>(moe_layers_ * rows)};
+  }
   ShardedTensor& final_w = pb.use("final_norm", TensorRole::kWeight, L.final_norm);
   ShardedTensor& z = activation("final.x");
   ShardedTensor& y = activation("final.y");
@@ -313,7 +358,8 @@ void LmTrainingStep::compile() {
     const std::string p = fmt::format("block{}", i);
     // d_stream is the gradient of the block's output mid + f: f's, and mid's through the residual.
     ShardedTensor& dn2 = activation(p + ".ffn_in.grad");
-    front = b.moe ? emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd")
+    front = b.moe ? emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd",
+                                      aux ? &*aux : nullptr)
                   : emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd");
     ShardedTensor& dmid = activation(p + ".h.grad");
     front = emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream,
@@ -369,7 +415,21 @@ double LmTrainingStep::run(std::span<const std::int32_t> inputs, std::span<const
   const runtime::HostTensor& losses = program_->output("losses");
   double sum = 0.0;
   for (const float l : losses.data) sum += static_cast<double>(l);
-  return sum / static_cast<double>(rows);
+  double loss = sum / static_cast<double>(rows);
+  router_aux_loss_ = 0.0;
+  if (router_aux_loss_coef_ > 0.0 && moe_layers_ > 0) {
+    // E sum_e (C_e / N') (S_e / N'), N' = sum C / k the rows counted (router_aux_loss).
+    const std::vector<float>& stats = program_->output("router_aux.stats").data;
+    const std::size_t e = stats.size() / 2;
+    double choices = 0.0;
+    for (std::size_t i = 0; i < e; ++i) choices += static_cast<double>(stats[i]);
+    const double n = choices / static_cast<double>(config_.moe.top_k);
+    for (std::size_t i = 0; i < e; ++i) {
+      router_aux_loss_ += static_cast<double>(e) * static_cast<double>(stats[i]) * static_cast<double>(stats[e + i]) / (n * n);
+    }
+    loss += router_aux_loss_coef_ * router_aux_loss_;
+  }
+  return loss;
 }
 
 }  // namespace numesh::ops

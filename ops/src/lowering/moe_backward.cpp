@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -21,9 +22,10 @@ namespace {
 // The routing weights' gradients dw [rows, k] of one token group to the router logits'
 // dlogits [rows, E]: through the renormalisation w_j = p_j / Z (Z the sum of the k chosen
 // probabilities), dp_i = (dw_i - sum_j w_j dw_j) / Z for each chosen i (else dp = dw), then
-// the softmax, dlogits = p .* (dp - p . dp).
+// the softmax, dlogits = p .* (dp - p . dp). `dprobs` (E values, or none) is added to every
+// row's dp first: the router's load-balancing loss.
 void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstMatrixMap probs,
-                              ConstMatrixMap dweight, MatrixMap dlogits) {
+                              ConstMatrixMap dweight, std::span<const float> dprobs, MatrixMap dlogits) {
   const std::int64_t k = c.top_k;
   for (Eigen::Index t = 0; t < probs.rows(); ++t) {
     double z = 0.0, mean = 0.0;
@@ -39,6 +41,7 @@ void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstM
       const double dw = dweight(t, j);
       dl(r.choice[at]) = static_cast<float>(c.renormalize ? (dw - mean) / z : dw);
     }
+    if (!dprobs.empty()) dl += Eigen::Map<const Eigen::RowVectorXf>(dprobs.data(), static_cast<Eigen::Index>(dprobs.size()));
     const float pdp = probs.row(t).dot(dl);
     dl = (probs.row(t).array() * (dl.array() - pdp)).matrix();
   }
@@ -48,7 +51,8 @@ void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstM
 
 runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name) {
+                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
+                                    const RouterAuxGradient* aux) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -189,29 +193,50 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
 
   // Per device: the router's backward on its rows (every device of a partial sum computes the
   // same values; the first adds the input gradient into dx).
-  const runtime::Frontier router_done = pb.per_device(name + ".router_bwd", {&dw_ready, &experts_done}, [&](std::int64_t s) {
-    const auto i = static_cast<std::size_t>(s);
-    pb.add_flops(s, 2.0 * 2.0 * static_cast<double>(rows * h * e));
-    const bool adds_dx = detail::first_of_partial_sum(mesh, saved.partial_placed, s);
-    RoutingTables& r = *saved.tables[i];
-    runtime::Tensor& p = *saved.probs[i];
-    runtime::Tensor& dws = dw_full.shard(s);
-    runtime::Tensor& xs = xc.shard(s);
-    runtime::Tensor& wr = saved.router->shard(s);
-    runtime::Tensor& gr = d_router.shard(s);
-    runtime::Tensor& dxs = dx_partial.shard(s);
-    runtime::Tensor& dl = pb.scratch(s, {rows, e});
-    return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, c, rows, h, e, k, adds_dx] {
-      routing_weights_backward(r, c, as_matrix(std::as_const(p)), ConstMatrixMap(dws.values().data(), rows, k),
-                               as_matrix(dl));
-      const ConstMatrixMap dlm(dl.values().data(), rows, e);
-      device_gemm_transposed_a(ConstMatrixMap(xs.values().data(), rows, h), dlm, as_matrix(gr));
-      if (adds_dx) {
-        gemm(dlm, as_matrix(std::as_const(wr)), MatrixMap(dxs.values().data(), rows, h), 1.0f, 1.0f,
-             /*transpose_b=*/true);
-      }
-    };
-  });
+  const runtime::Frontier* aux_ready = aux != nullptr ? &aux->ready : nullptr;
+  const runtime::Frontier router_done =
+      pb.per_device(name + ".router_bwd", {&dw_ready, &experts_done, aux_ready}, [&](std::int64_t s) {
+        const auto i = static_cast<std::size_t>(s);
+        pb.add_flops(s, 2.0 * 2.0 * static_cast<double>(rows * h * e));
+        const bool adds_dx = detail::first_of_partial_sum(mesh, saved.partial_placed, s);
+        RoutingTables& r = *saved.tables[i];
+        runtime::Tensor& p = *saved.probs[i];
+        runtime::Tensor& dws = dw_full.shard(s);
+        runtime::Tensor& xs = xc.shard(s);
+        runtime::Tensor& wr = saved.router->shard(s);
+        runtime::Tensor& gr = d_router.shard(s);
+        runtime::Tensor& dxs = dx_partial.shard(s);
+        runtime::Tensor& dl = pb.scratch(s, {rows, e});
+        // The load-balancing loss's dp: every row's the same, from the step's choice counts.
+        runtime::Tensor* stats = aux != nullptr ? &aux->stats->shard(s) : nullptr;
+        runtime::Tensor* dprobs = aux != nullptr ? &pb.scratch(s, {e}) : nullptr;
+        const double aux_scale = aux != nullptr ? aux->scale : 0.0;
+        return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, stats, dprobs, aux_scale, c, rows, h, e, k, adds_dx] {
+          std::span<const float> extra;
+          if (stats != nullptr) {
+            // dp = coef E C_e / N^2 with C_e / N the fraction of choices counted (the rows the
+            // stats counted, N', are sum C / k: N' / N is how often each row was counted).
+            const std::span<const float> counts = stats->values().first(static_cast<std::size_t>(e));
+            double choices = 0.0;
+            for (const float n : counts) choices += static_cast<double>(n);
+            const double counted_rows = choices / static_cast<double>(k);
+            for (std::size_t ex = 0; ex < counts.size(); ++ex) {
+              dprobs->values()[ex] =
+                  counted_rows > 0.0 ? static_cast<float>(aux_scale * static_cast<double>(counts[ex]) / counted_rows)
+                                     : 0.0f;
+            }
+            extra = dprobs->values();
+          }
+          routing_weights_backward(r, c, as_matrix(std::as_const(p)), ConstMatrixMap(dws.values().data(), rows, k),
+                                   extra, as_matrix(dl));
+          const ConstMatrixMap dlm(dl.values().data(), rows, e);
+          device_gemm_transposed_a(ConstMatrixMap(xs.values().data(), rows, h), dlm, as_matrix(gr));
+          if (adds_dx) {
+            gemm(dlm, as_matrix(std::as_const(wr)), MatrixMap(dxs.values().data(), rows, h), 1.0f, 1.0f,
+                 /*transpose_b=*/true);
+          }
+        };
+      });
 
   // The weights' gradients over the axes splitting the tokens; dx over the weights' axes.
   std::vector<runtime::Frontier> parts;

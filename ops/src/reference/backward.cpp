@@ -250,7 +250,7 @@ CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runt
 }
 
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
-                      const runtime::HostTensor& dy) {
+                      const runtime::HostTensor& dy, std::span<const double> dprobs) {
   NUMESH_CHECK(!w.has_shared_expert() && w.stored_as == DType::kF32, NotImplementedError,
                "moe backward: shared experts and 16-bit experts are not differentiated yet");
   const std::int64_t t = dim(x, 0, "moe backward: x"), h = dim(x, 1, "moe backward: x");
@@ -263,6 +263,8 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
                    w.down.shape == (std::vector<std::int64_t>{e, f, h}),
                ShapeError, "moe backward: gate [{}], up [{}], down [{}] do not fit {} experts and hidden {}",
                fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "), fmt::join(w.down.shape, ", "), e, h);
+  NUMESH_CHECK(dprobs.empty() || static_cast<std::int64_t>(dprobs.size()) == e, ShapeError,
+               "moe backward: {} probability gradients for {} experts", dprobs.size(), e);
   const MatrixD xm = matrix(x, t, h, "moe backward: x");
   const MatrixD wr = matrix(w.router, h, e, "moe backward: router");
   const MatrixD g = matrix(dy, t, h, "moe backward: dy");
@@ -316,12 +318,45 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
     for (std::int64_t j = 0; j < k; ++j) {
       dp(r.chosen[i][static_cast<std::size_t>(j)]) = c.renormalize ? (dweight(ti, j) - mean) / z : dweight(ti, j);
     }
+    for (std::size_t ex = 0; ex < dprobs.size(); ++ex) dp(static_cast<Eigen::Index>(ex)) += dprobs[ex];
     const double pdp = r.probs.row(ti).dot(dp);
     dlogits.row(ti) = r.probs.row(ti).array() * (dp.array() - pdp);
   }
   dx += dlogits * wr.transpose();
   return {oracle::narrow(dx, {t, h}), oracle::narrow(xm.transpose() * dlogits, {h, e}),
           oracle::narrow(dgate, {e, h, f}), oracle::narrow(dup, {e, h, f}), oracle::narrow(ddown, {e, f, h})};
+}
+
+RouterAuxLoss router_aux_loss(const std::vector<runtime::HostTensor>& xs,
+                              const std::vector<runtime::HostTensor>& routers, const MoeConfig& c) {
+  NUMESH_CHECK(!xs.empty() && xs.size() == routers.size(), ValueError,
+               "router aux loss: {} layers' inputs and {} routers (at least one of each, as many)", xs.size(),
+               routers.size());
+  const std::int64_t e = c.num_experts, k = c.top_k;
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError, "router aux loss: top_k {} must be between 1 and the {} experts",
+               k, e);
+  std::vector<double> choices(static_cast<std::size_t>(e), 0.0), probs(static_cast<std::size_t>(e), 0.0);
+  std::int64_t n = 0;
+  for (std::size_t l = 0; l < xs.size(); ++l) {
+    const std::int64_t t = dim(xs[l], 0, "router aux loss: x"), h = dim(xs[l], 1, "router aux loss: x");
+    NUMESH_CHECK(routers[l].shape == (std::vector<std::int64_t>{h, e}), ShapeError,
+                 "router aux loss: layer {}'s router is [{}], expected [{}, {}]", l, fmt::join(routers[l].shape, ", "),
+                 h, e);
+    const oracle::Routing r = oracle::route(matrix(xs[l], t, h, "router aux loss: x"), routers[l], c);
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      for (const std::int64_t ex : r.chosen[static_cast<std::size_t>(ti)]) choices[static_cast<std::size_t>(ex)] += 1.0;
+      for (std::int64_t ex = 0; ex < e; ++ex) probs[static_cast<std::size_t>(ex)] += r.probs(ti, ex);
+    }
+    n += t;
+  }
+  RouterAuxLoss out;
+  const double nn = static_cast<double>(n) * static_cast<double>(n);
+  for (std::int64_t ex = 0; ex < e; ++ex) {
+    const auto i = static_cast<std::size_t>(ex);
+    out.loss += static_cast<double>(e) * choices[i] * probs[i] / nn;
+    out.dprobs.push_back(static_cast<double>(e) * choices[i] / nn);
+  }
+  return out;
 }
 
 }  // namespace numesh::ops

@@ -42,7 +42,9 @@ HostTensor sum(const HostTensor& a, const HostTensor& b) {
 LmTrainingGrads lm_training_reference(const TransformerConfig& c, const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,
                                       std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                      std::int64_t batch, std::int64_t tokens) {
+                                      std::int64_t batch, std::int64_t tokens, double router_aux_loss_coef) {
+  NUMESH_CHECK(router_aux_loss_coef >= 0.0, ValueError, "training reference: router_aux_loss_coef {} is negative",
+               router_aux_loss_coef);
   const std::int64_t rows = batch * tokens, h = c.hidden, vocab = embedding.table.shape.at(0);
   NUMESH_CHECK(static_cast<std::int64_t>(inputs.size()) == rows && static_cast<std::int64_t>(targets.size()) == rows,
                ShapeError, "training reference: {} inputs and {} targets for {} x {} tokens", inputs.size(),
@@ -80,6 +82,22 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
 
   LmTrainingGrads out;
   out.loss = ce.loss;
+  // The router's load-balancing loss over every MoE layer's rows at once.
+  std::vector<double> aux_dprobs;
+  if (router_aux_loss_coef > 0.0) {
+    std::vector<HostTensor> moe_inputs, routers;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!c.is_moe(l)) continue;
+      moe_inputs.push_back(kept[static_cast<std::size_t>(l)].n2);  // [rows, H]
+      routers.push_back(stack.blocks[static_cast<std::size_t>(l)].moe.router);
+    }
+    if (!moe_inputs.empty()) {
+      const RouterAuxLoss aux = router_aux_loss(moe_inputs, routers, c.moe);
+      out.router_aux_loss = aux.loss;
+      out.loss += router_aux_loss_coef * aux.loss;
+      for (const double d : aux.dprobs) aux_dprobs.push_back(router_aux_loss_coef * d);
+    }
+  }
   const RmsNormGrads final_grads = rmsnorm_backward(stream, stack.final_norm, ce.dx, c.norm_eps);
   out.grads["final_norm"] = final_grads.dweight;
   HostTensor d_stream = final_grads.dx;
@@ -89,7 +107,7 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     const std::string p = fmt::format("layers.{}.", l);
     HostTensor dn2;
     if (c.is_moe(l)) {
-      MoeGrads moe = moe_backward(k.n2, b.moe, c.moe, d_stream);
+      MoeGrads moe = moe_backward(k.n2, b.moe, c.moe, d_stream, aux_dprobs);
       out.grads[p + "moe.router"] = moe.drouter;
       out.grads[p + "moe.gate"] = moe.dgate;
       out.grads[p + "moe.up"] = moe.dup;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct TrainingOptions {
   /// The products' precision: kBF16 computes in bf16 on the fp32 master weights
   /// (ops::LmTrainingStep); gradients, AdamW's state and the saved weights stay fp32.
   ops::MatmulPrecision precision = ops::MatmulPrecision::kF32;
+  /// The router's load-balancing loss coefficient (MoE models; 0: off). Unset: as transformers
+  /// trains the config, router_aux_loss_coef (default 0.001) when output_router_logits is true,
+  /// else off.
+  std::optional<double> router_aux_loss_coef;
 
   /// Throws: ValueError naming the value for a non-positive batch or tokens, a negative clip,
   /// bad AdamW options (ops::validate) or a bad schedule.
@@ -49,6 +54,8 @@ struct StepStats {
   double forward_backward_seconds = 0.0;
   double grad_norm_seconds = 0.0;
   double update_seconds = 0.0;
+  /// The router's load-balancing loss (before its coefficient; included in `loss`), 0 when off.
+  double router_aux_loss = 0.0;
 };
 
 /// A causal LM being trained. Not thread-safe: one thread drives an instance.
@@ -96,6 +103,8 @@ class CausalLmTrainer {
   const TrainingOptions& options() const noexcept { return options_; }
   /// The parsed config.
   const HfConfig& config() const noexcept { return config_; }
+  /// The router's load-balancing loss coefficient in use (0: off).
+  double router_aux_loss_coef() const noexcept { return router_aux_loss_coef_; }
   /// The step program (its parameters, plan and FLOPs).
   ops::LmTrainingStep& program() noexcept { return *step_; }
   /// Parameters of the model (elements of every trained tensor).
@@ -107,6 +116,7 @@ class CausalLmTrainer {
   nlohmann::json config_doc_;
   HfConfig config_;
   TrainingOptions options_;
+  double router_aux_loss_coef_ = 0.0;
   std::unique_ptr<ops::LmTrainingStep> step_;
   std::unique_ptr<ops::AdamW> adamw_;
   std::vector<std::int32_t> inputs_, targets_;

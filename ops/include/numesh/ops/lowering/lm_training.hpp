@@ -45,6 +45,11 @@ struct TrainableParameter {
 /// the MLP's intermediate dim are split over their tensor axes, the MLP's weights over
 /// ModelAxes::weights (ZeRO-3), the vocabulary over the heads' axis. With a tied head, the LM
 /// head multiplies by the embedding's table and both gradients are summed into one.
+/// `router_aux_loss_coef` > 0 adds coef x the router's load-balancing loss of all MoE layers
+/// together to the loss (transformers' output_router_logits with router_aux_loss_coef; off at
+/// 0, the default): each MoE layer's choice counts and probability sums are summed over the
+/// mesh (one all-reduce of 2E values after the forward) and every router's backward adds the
+/// loss's gradient (RouterAuxGradient).
 /// `precision` kBF16 runs every product of activations and weights (the projections, the MLP
 /// and experts, the LM head, forward and backward, weight gradients included) in bf16 compute
 /// on the fp32 master weights, rounding both operands as the kernels pack them; attention's
@@ -58,20 +63,23 @@ class LmTrainingStep {
   /// MoE blocks route each device's tokens as one group (MoeAxes); their experts split over
   /// ModelAxes::expert and expert_tensor, the tokens gathered over those (tokens split over
   /// the expert axis would travel by all-to-all, whose backward is not lowered: refused).
-  /// Throws: ValueError as TransformerConfig::validate, or when a weight is not stored fp32;
+  /// Throws: ValueError as TransformerConfig::validate, when a weight is not stored fp32 or
+/// router_aux_loss_coef is negative or not finite;
   /// NotImplementedError for shared experts, biases or q/k norms (their backward is not
   /// lowered yet) or MoE tokens split over the expert axis; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
   /// multiple of the batch axes' size, tokens not a multiple of the sequence axis' size, the
   /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
   LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
                  const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch, std::int64_t tokens,
-                 ModelAxes axes = {}, MatmulPrecision precision = MatmulPrecision::kF32);
+                 ModelAxes axes = {}, MatmulPrecision precision = MatmulPrecision::kF32,
+                 double router_aux_loss_coef = 0.0);
   ~LmTrainingStep();
   LmTrainingStep(LmTrainingStep&&) noexcept;
   LmTrainingStep& operator=(LmTrainingStep&&) noexcept;
 
   /// Runs the forward and backward for inputs[b * tokens + t] predicting targets[b * tokens +
-  /// t]; overwrites every gradient and returns the mean loss (summed in double).
+  /// t]; overwrites every gradient and returns the loss: the mean cross-entropy (summed in
+  /// double) plus coef x the router's load-balancing loss when that is on.
   /// Throws: ShapeError when inputs or targets do not hold batch x tokens ids; IndexError
   /// naming the sequence, position and id of the first id outside the vocabulary (before
   /// anything runs); what a node throws.
@@ -89,6 +97,8 @@ class LmTrainingStep {
   std::int64_t tokens() const noexcept { return tokens_; }
   /// The precision of the step's products.
   MatmulPrecision precision() const noexcept { return precision_; }
+  /// The last run's router load-balancing loss (before its coefficient; 0 when it is off).
+  double router_aux_loss() const noexcept { return router_aux_loss_; }
   /// The vocabulary size.
   std::int64_t vocab() const noexcept { return vocab_; }
 
@@ -101,6 +111,8 @@ class LmTrainingStep {
   ModelAxes axes_;
   std::int64_t batch_, tokens_, vocab_ = 0;
   MatmulPrecision precision_;
+  double router_aux_loss_coef_ = 0.0, router_aux_loss_ = 0.0;
+  std::int64_t moe_layers_ = 0;
   std::unique_ptr<Layers> layers_;
   std::vector<TrainableParameter> parameters_;
   // Row r of the embedding's and the head's [batch x tokens] rows holds the caller's id at

@@ -114,6 +114,18 @@ struct MoeGradients {
   [[nodiscard]] static MoeGradients like(const MoeLayer& layer);
 };
 
+/// The router's load-balancing loss in a training step (LmTrainingStep; router_aux_loss in
+/// reference/backward.hpp): every MoE layer's router backward adds
+/// dp[e] = scale x C_e / N' to each of its rows' probability gradients, with C the step's
+/// choice counts over every MoE layer (the first E values of `stats` [1, 2E], then the
+/// probability sums; reduced over the mesh and replicated, complete after `ready`) and
+/// N' = sum C / k the rows they counted.
+struct RouterAuxGradient {
+  runtime::ShardedTensor* stats = nullptr;
+  runtime::Frontier ready;
+  double scale = 0.0;  ///< coef x E / N, N the rows routed by all MoE layers together
+};
+
 /// Emits the backward of the emit_moe that filled `saved`: given dy (laid out as that y),
 /// fills dx (laid out as that x) and overwrites the gradients in `grads`. The collectives are
 /// the forward's transposed (gradients.hpp): dy gathered over the weights' axes as x was, then
@@ -130,9 +142,11 @@ struct MoeGradients {
 /// every gradient are complete.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes); ValueError
 /// when `saved` was not filled.
+/// With `aux`, the router's gradient also carries the load-balancing loss's (see above).
 runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name);
+                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
+                                    const RouterAuxGradient* aux = nullptr);
 
 /// A MoE layer as one program over [tokens, H]. Not thread-safe: one thread drives it.
 class ShardedMoe {

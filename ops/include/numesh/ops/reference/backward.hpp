@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/ops/mlp_config.hpp"
@@ -93,10 +94,29 @@ struct MoeGrads {
   runtime::HostTensor dup;      ///< [E, H, F]
   runtime::HostTensor ddown;    ///< [E, F, H]
 };
+/// `dprobs`: when given (E values), a gradient added to every token's router probabilities
+/// before the softmax's backward (router_aux_loss's, scaled by its coefficient).
 /// Throws: ValueError for top_k outside [1, E] or a negative capacity_factor; ShapeError when
-/// the weights do not fit x; NotImplementedError for a shared expert or experts not stored as
-/// f32 (not yet differentiated).
+/// the weights do not fit x or dprobs is neither empty nor E values; NotImplementedError for a
+/// shared expert or experts not stored as f32 (not yet differentiated).
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
-                      const runtime::HostTensor& dy);
+                      const runtime::HostTensor& dy, std::span<const double> dprobs = {});
+
+/// The router's auxiliary load-balancing loss of several MoE layers together, as transformers'
+/// load_balancing_loss_func computes it from their router logits concatenated (Mixtral,
+/// Qwen-MoE; no attention mask): over all N = layers x tokens routed rows,
+///   loss = E sum_e (C_e / N) (S_e / N),
+/// C_e the number of top-k choices of expert e (capacity ignored) and S_e the sum of the
+/// softmax probabilities of e. The choices are constants, so d loss / d p[t, e] = E C_e / N^2
+/// for every row t of every layer: `dprobs`.
+struct RouterAuxLoss {
+  double loss = 0.0;
+  std::vector<double> dprobs;  ///< [E]
+};
+/// `xs[l]` [T, H] are layer l's router inputs and `routers[l]` [H, E] its router.
+/// Throws: ValueError when there is no layer or the lists differ in length; ShapeError when a
+/// router does not fit its x or config.
+RouterAuxLoss router_aux_loss(const std::vector<runtime::HostTensor>& xs,
+                              const std::vector<runtime::HostTensor>& routers, const MoeConfig& c);
 
 }  // namespace numesh::ops

@@ -21,7 +21,8 @@ namespace numesh::ops {
 /// weight structs hold the weight ([in, out] matrices, [1, H] norms, the table [V, H], the
 /// head [H, V]); no "lm_head.weight" when tied (its gradient is added into the table's).
 struct LmTrainingGrads {
-  double loss = 0.0;
+  double loss = 0.0;             ///< the mean cross-entropy plus coef x router_aux_loss
+  double router_aux_loss = 0.0;  ///< router_aux_loss() of the MoE layers (0 without the term)
   std::map<std::string, runtime::HostTensor> grads;
 };
 
@@ -29,11 +30,15 @@ struct LmTrainingGrads {
 /// A MoE block routes all batch x tokens rows as one group: what LmTrainingStep computes on
 /// any mesh when the layer is dropless (with a capacity, the step routes each device's tokens
 /// as a group of their own).
+/// `router_aux_loss_coef` > 0 (with MoE layers) adds coef x the router's load-balancing loss
+/// of every MoE layer together (router_aux_loss: transformers' output_router_logits) to the
+/// loss, and its gradient to the routers'.
 /// Throws: NotImplementedError for shared experts, biases or q/k norms; ShapeError when the ids or
-/// the weights do not fit; IndexError for an id outside the vocabulary.
+/// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
+/// negative router_aux_loss_coef.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,
                                       std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                      std::int64_t batch, std::int64_t tokens);
+                                      std::int64_t batch, std::int64_t tokens, double router_aux_loss_coef = 0.0);
 
 }  // namespace numesh::ops
