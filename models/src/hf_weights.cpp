@@ -182,7 +182,10 @@ std::string hf_tensor_name(std::string_view slot) {
       {"attention.wq", "self_attn.q_proj.weight"},  {"attention.wk", "self_attn.k_proj.weight"},
       {"attention.wv", "self_attn.v_proj.weight"},  {"attention.wo", "self_attn.o_proj.weight"},
       {"mlp.gate", "mlp.gate_proj.weight"},         {"mlp.up", "mlp.up_proj.weight"},
-      {"mlp.down", "mlp.down_proj.weight"}};
+      {"mlp.down", "mlp.down_proj.weight"},         {"attention.bq", "self_attn.q_proj.bias"},
+      {"attention.bk", "self_attn.k_proj.bias"},    {"attention.bv", "self_attn.v_proj.bias"},
+      {"attention.bo", "self_attn.o_proj.bias"},    {"attention.q_norm", "self_attn.q_norm.weight"},
+      {"attention.k_norm", "self_attn.k_norm.weight"}};
   if (const auto it = kTop.find(slot); it != kTop.end()) return it->second;
   constexpr std::string_view kLayers = "layers.";
   if (slot.starts_with(kLayers)) {

@@ -80,6 +80,21 @@ void update_chunk(float* __restrict p, float* __restrict m, float* __restrict v,
   }
 }
 
+// body(slot, index, chunk) for every chunk of every device's shards of `tensors` tensors
+// (shard sizes from size_of(slot, tensor)): all devices at once, each spreading its chunks over
+// its own threads. Chunk `index` counts the device's chunks in order.
+template <typename SizeOf, typename Body>
+void for_each_chunk(const runtime::DeviceMesh& mesh, std::size_t tensors, const SizeOf& size_of, const Body& body) {
+  on_every_device(mesh, [&](std::int64_t slot) {
+    std::vector<std::int64_t> sizes;
+    for (std::size_t i = 0; i < tensors; ++i) sizes.push_back(size_of(slot, i));
+    const std::vector<Chunk> chunks = chunks_of(sizes);
+    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) body(slot, c, chunks[static_cast<std::size_t>(c)]);
+    });
+  });
+}
+
 // The sum of squares of x in double, as eight interleaved partial sums (which vectorize),
 // added in a fixed order.
 double sum_of_squares(std::span<const float> x) {
@@ -150,20 +165,15 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
       .beta2 = static_cast<float>(options_.beta2),
       .eps = static_cast<float>(options_.eps),
       .grad_scale = static_cast<float>(grad_scale)};
-  on_every_device(parameters_.front()->mesh(), [&](std::int64_t slot) {
-    std::vector<std::int64_t> sizes;
-    for (const runtime::ShardedTensor* p : parameters_) sizes.push_back(p->shard(slot).size());
-    const std::vector<Chunk> chunks = chunks_of(sizes);
-    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t c = first; c < last; ++c) {
-        const Chunk& k = chunks[static_cast<std::size_t>(c)];
+  for_each_chunk(
+      parameters_.front()->mesh(), parameters_.size(),
+      [&](std::int64_t slot, std::size_t i) { return parameters_[i]->shard(slot).size(); },
+      [&](std::int64_t slot, std::int64_t, const Chunk& k) {
         update_chunk(floats(parameters_[k.tensor]->shard(slot)).data() + k.first,
                      floats(exp_avg_[k.tensor]->shard(slot)).data() + k.first,
                      floats(exp_avg_sq_[k.tensor]->shard(slot)).data() + k.first,
                      floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size, scalars);
-      }
-    });
-  });
+      });
 }
 
 double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
@@ -176,26 +186,25 @@ double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
   const runtime::DeviceMesh& mesh = grads.front()->mesh();
   // Each device's distinct shards once (a replica's copy adds nothing new), chunk by chunk,
   // the chunks' sums added in order: the same bits for any thread count.
-  std::vector<double> per_slot(static_cast<std::size_t>(mesh.size()), 0.0);
-  on_every_device(mesh, [&](std::int64_t slot) {
+  const auto distinct_size = [&](std::int64_t slot, std::size_t i) {
+    return grads[i]->layout().device(slot).replica_id == 0 ? grads[i]->shard(slot).size() : std::int64_t{0};
+  };
+  std::vector<std::vector<double>> sums(static_cast<std::size_t>(mesh.size()));
+  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
     std::vector<std::int64_t> sizes;
-    for (const runtime::ShardedTensor* g : grads) {
-      sizes.push_back(g->layout().device(slot).replica_id == 0 ? g->shard(slot).size() : 0);
-    }
-    const std::vector<Chunk> chunks = chunks_of(sizes);
-    std::vector<double> sums(chunks.size(), 0.0);
-    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t c = first; c < last; ++c) {
-        const Chunk& k = chunks[static_cast<std::size_t>(c)];
-        sums[static_cast<std::size_t>(c)] = sum_of_squares(
-            floats(grads[k.tensor]->shard(slot)).subspan(static_cast<std::size_t>(k.first),
-                                                                        static_cast<std::size_t>(k.size)));
-      }
-    });
-    double s = 0.0;
-    for (const double x : sums) s += x;
-    per_slot[static_cast<std::size_t>(slot)] = s;
+    for (std::size_t i = 0; i < grads.size(); ++i) sizes.push_back(distinct_size(slot, i));
+    sums[static_cast<std::size_t>(slot)].assign(chunks_of(sizes).size(), 0.0);
+  }
+  for_each_chunk(mesh, grads.size(), distinct_size, [&](std::int64_t slot, std::int64_t index, const Chunk& k) {
+    sums[static_cast<std::size_t>(slot)][static_cast<std::size_t>(index)] = sum_of_squares(
+        floats(grads[k.tensor]->shard(slot)).subspan(static_cast<std::size_t>(k.first), static_cast<std::size_t>(k.size)));
   });
+  std::vector<double> per_slot;
+  for (const std::vector<double>& chunk_sums : sums) {
+    double s = 0.0;
+    for (const double x : chunk_sums) s += x;
+    per_slot.push_back(s);
+  }
   double squares = 0.0;
   for (const double s : per_slot) squares += s;
   return std::sqrt(squares);
@@ -214,17 +223,11 @@ double clip_grad_norm(std::span<runtime::ShardedTensor* const> grads, double max
   if (coefficient != 1.0 && !grads.empty()) {
     // As AdamW::step scales by its grad_scale: fp32 products.
     const auto c = static_cast<float>(coefficient);
-    on_every_device(grads.front()->mesh(), [&](std::int64_t slot) {
-      std::vector<std::int64_t> sizes;
-      for (const runtime::ShardedTensor* g : grads) sizes.push_back(g->shard(slot).size());
-      const std::vector<Chunk> chunks = chunks_of(sizes);
-      parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t i = first; i < last; ++i) {
-          const Chunk& k = chunks[static_cast<std::size_t>(i)];
+    for_each_chunk(
+        grads.front()->mesh(), grads.size(), [&](std::int64_t slot, std::size_t i) { return grads[i]->shard(slot).size(); },
+        [&](std::int64_t slot, std::int64_t, const Chunk& k) {
           FloatArray(floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size) *= c;
-        }
-      });
-    });
+        });
   }
   return total;
 }

@@ -5,7 +5,8 @@
     train_check.py check DIR   # trains each in PyTorch and compares with what train_check_main did
 
 `write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
-Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss),
+a Qwen2 (q/k/v biases) and a Qwen3 (per-head q/k norms) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
@@ -44,8 +45,14 @@ def models():
     # Mixtral trained with the router's load-balancing loss (transformers' output_router_logits),
     # its coefficient 20 times the default so that it moves the routers.
     mixtral_aux = dict(mixtral, output_router_logits=True, router_aux_loss_coef=0.02)
+    # Qwen2: q/k/v biases, tied; Qwen3: per-head q/k RMSNorm, head_dim 32 (not hidden / heads).
+    qwen2 = dict(LLAMA, model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True,
+                 rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, use_sliding_window=False)
+    del qwen2["head_dim"]
+    qwen3 = dict(LLAMA, model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False,
+                 rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, head_dim=32, use_sliding_window=False)
     return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True),
-            ("mixtral_aux", mixtral_aux, True)]
+            ("mixtral_aux", mixtral_aux, True), ("qwen2", qwen2, False), ("qwen3", qwen3, False)]
 
 
 def write(d):

@@ -31,12 +31,21 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def llama_attention(x, wq, wk, wv, wo, heads, kv_heads, head_dim, theta):
-    """Hugging Face's LlamaAttention (no biases), causal, positions from 0, in float64."""
+def llama_attention(x, wq, wk, wv, wo, heads, kv_heads, head_dim, theta, extras=None, eps=1e-6):
+    """Hugging Face's LlamaAttention, causal, positions from 0, in float64; with `extras`
+    (bq, bk, bv, bo, q_norm, k_norm) Qwen2's biases and Qwen3's per-head q/k RMSNorm before RoPE."""
     b, t, _ = x.shape
-    q = (x @ wq).view(b, t, heads, head_dim).transpose(1, 2)
-    k = (x @ wk).view(b, t, kv_heads, head_dim).transpose(1, 2)
-    v = (x @ wv).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    e = extras or {}
+    q, k, v = x @ wq, x @ wk, x @ wv
+    if e:
+        q, k, v = q + e["bq"], k + e["bk"], v + e["bv"]
+    q = q.view(b, t, heads, head_dim)
+    k = k.view(b, t, kv_heads, head_dim)
+    if e:
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * e["q_norm"]
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * e["k_norm"]
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -48,7 +57,8 @@ def llama_attention(x, wq, wk, wv, wo, heads, kv_heads, head_dim, theta):
     scores = q @ k.transpose(-1, -2) / head_dim ** 0.5
     mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
     p = scores.masked_fill(mask, float("-inf")).softmax(-1)
-    return (p @ v).transpose(1, 2).reshape(b, t, heads * head_dim) @ wo
+    y = (p @ v).transpose(1, 2).reshape(b, t, heads * head_dim) @ wo
+    return y + e["bo"] if e else y
 
 
 def moe_forward(x, router, gate, up, down, top_k, capacity_factor, renormalize):
@@ -116,12 +126,16 @@ def main():
             x, u, dn, dy = load(n, "x", True), load(n, "up", True), load(n, "down", True), load(n, "dy")
             (F.gelu(x @ u) @ dn).backward(dy)
             grads = {"dx": x.grad, "dup": u.grad, "ddown": dn.grad}
-        elif n == "attention":
+        elif c.get("kind") == "attention":
             x, wq, wk, wv, wo = (load(n, "x", True), load(n, "wq", True), load(n, "wk", True),
                                  load(n, "wv", True), load(n, "wo", True))
-            llama_attention(x, wq, wk, wv, wo, c["heads"], c["kv_heads"], c["head_dim"],
-                            c["theta"]).backward(load(n, "dy"))
+            extras = ({key: load(n, key, True) for key in ("bq", "bk", "bv", "bo", "q_norm", "k_norm")}
+                      if c["extras"] else None)
+            llama_attention(x, wq, wk, wv, wo, c["heads"], c["kv_heads"], c["head_dim"], c["theta"], extras,
+                            c["qk_norm_eps"]).backward(load(n, "dy"))
             grads = {"dx": x.grad, "dwq": wq.grad, "dwk": wk.grad, "dwv": wv.grad, "dwo": wo.grad}
+            for key, t in (extras or {}).items():
+                grads["d" + key] = t.grad
         elif c.get("kind") == "moe":
             x, r, g, u, dn = (load(n, "x", True), load(n, "router", True), load(n, "gate", True),
                               load(n, "up", True), load(n, "down", True))

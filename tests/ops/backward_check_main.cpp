@@ -77,24 +77,41 @@ int main(int argc, char** argv) try {
     cases.push_back({{"name", "gelu"}});
   }
   {
-    // Causal GQA attention with RoPE: 4 query heads over 2 kv heads, head_dim 8.
-    ops::AttentionConfig c;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.rope_theta = 10000.0f;
-    ops::AttentionWeights w;
-    w.wq = random_tensor({16, 32}, 20, 0.3f);
-    w.wk = random_tensor({16, 16}, 21, 0.3f);
-    w.wv = random_tensor({16, 16}, 22, 0.3f);
-    w.wo = random_tensor({32, 16}, 23, 0.3f);
-    const rt::HostTensor x = random_tensor({2, 5, 16}, 24, 1.0f), dy = random_tensor({2, 5, 16}, 25, 1.0f);
-    const ops::AttentionGrads g = ops::attention_layer_backward(x, w, c, dy);
-    save("attention", "x", x), save("attention", "wq", w.wq), save("attention", "wk", w.wk);
-    save("attention", "wv", w.wv), save("attention", "wo", w.wo), save("attention", "dy", dy);
-    save("attention", "dx", g.dx), save("attention", "dwq", g.dwq), save("attention", "dwk", g.dwk);
-    save("attention", "dwv", g.dwv), save("attention", "dwo", g.dwo);
-    cases.push_back({{"name", "attention"}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 8}, {"theta", 10000.0}});
+    // Causal GQA attention with RoPE: 4 query heads over 2 kv heads, head_dim 8; once plain
+    // (Llama), once with q, k, v and o biases and Qwen3's q/k norms.
+    for (const bool extras : {false, true}) {
+      const std::string n = extras ? "attention_bias_norm" : "attention";
+      ops::AttentionConfig c;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 8;
+      c.rope_theta = 10000.0f;
+      ops::AttentionWeights w;
+      w.wq = random_tensor({16, 32}, 20, 0.3f);
+      w.wk = random_tensor({16, 16}, 21, 0.3f);
+      w.wv = random_tensor({16, 16}, 22, 0.3f);
+      w.wo = random_tensor({32, 16}, 23, 0.3f);
+      if (extras) {
+        w.bq = random_tensor({32}, 26, 0.5f);
+        w.bk = random_tensor({16}, 27, 0.5f);
+        w.bv = random_tensor({16}, 28, 0.5f);
+        w.bo = random_tensor({16}, 29, 0.5f);
+        w.q_norm = random_tensor({8}, 36, 1.0f);
+        w.k_norm = random_tensor({8}, 37, 1.0f);
+      }
+      const rt::HostTensor x = random_tensor({2, 5, 16}, 24, 1.0f), dy = random_tensor({2, 5, 16}, 25, 1.0f);
+      const ops::AttentionGrads g = ops::attention_layer_backward(x, w, c, dy);
+      save(n, "x", x), save(n, "wq", w.wq), save(n, "wk", w.wk), save(n, "wv", w.wv), save(n, "wo", w.wo);
+      save(n, "dy", dy), save(n, "dx", g.dx), save(n, "dwq", g.dwq), save(n, "dwk", g.dwk), save(n, "dwv", g.dwv);
+      save(n, "dwo", g.dwo);
+      if (extras) {
+        save(n, "bq", w.bq), save(n, "bk", w.bk), save(n, "bv", w.bv), save(n, "bo", w.bo);
+        save(n, "q_norm", w.q_norm), save(n, "k_norm", w.k_norm), save(n, "dbq", g.dbq), save(n, "dbk", g.dbk);
+        save(n, "dbv", g.dbv), save(n, "dbo", g.dbo), save(n, "dq_norm", g.dq_norm), save(n, "dk_norm", g.dk_norm);
+      }
+      cases.push_back({{"name", n}, {"kind", "attention"}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 8},
+                       {"theta", 10000.0}, {"extras", extras}, {"qk_norm_eps", c.qk_norm_eps}});
+    }
   }
   {
     const std::vector<std::int32_t> ids{3, 0, 3, 9, 3, 7};  // repeats accumulate

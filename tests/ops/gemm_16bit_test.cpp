@@ -70,15 +70,8 @@ float weight_value(std::uint16_t bits, DType t) { return t == DType::kBF16 ? f32
 
 constexpr float kSentinel = 12345.0f;
 
-// Runs gemm_16bit on `p` into a c that holds NaN (c is output only) with kSentinel in its
-// padding; fails the test if the padding changed. Returns c packed to [m, n].
-std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t, KernelLevel level,
-                       const std::string& label, WeightLayout layout = WeightLayout::kInOut, std::int64_t ldb = 0) {
-  std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
-  for (std::int64_t i = 0; i < p.m; ++i) {
-    std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
-  }
-  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc, level, layout);
+// c [m, ldc] packed to [m, n]; fails the test if c's padding no longer holds kSentinel.
+std::vector<float> unpadded(const Problem& p, const std::vector<float>& c, const std::string& label) {
   std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.ldc; ++j) {
@@ -92,6 +85,18 @@ std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DT
     }
   }
   return packed;
+}
+
+// Runs gemm_16bit on `p` into a c that holds NaN (c is output only) with kSentinel in its
+// padding; fails the test if the padding changed. Returns c packed to [m, n].
+std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t, KernelLevel level,
+                       const std::string& label, WeightLayout layout = WeightLayout::kInOut, std::int64_t ldb = 0) {
+  std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
+  }
+  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc, level, layout);
+  return unpadded(p, c, label);
 }
 
 // ---- The oracle of the vdpbf16ps path -------------------------------------------------------------
@@ -397,19 +402,7 @@ std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool tra
   }
   gemm_bf16_compute(p.m, p.n, p.k, a.data(), lda, transpose_a, b.data(), ldb, transpose_b, c0 != nullptr, c.data(),
                     p.ldc, level);
-  std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
-  for (std::int64_t i = 0; i < p.m; ++i) {
-    for (std::int64_t j = 0; j < p.ldc; ++j) {
-      const float x = c[static_cast<std::size_t>(i * p.ldc + j)];
-      if (j < p.n) {
-        packed[static_cast<std::size_t>(i * p.n + j)] = x;
-      } else if (std::bit_cast<std::uint32_t>(x) != std::bit_cast<std::uint32_t>(kSentinel)) {
-        ADD_FAILURE() << label << ": c's padding at row " << i << ", column " << j << " was overwritten";
-        return packed;
-      }
-    }
-  }
-  return packed;
+  return unpadded(p, c, label);
 }
 
 // Every transpose of either operand gives, with AVX-512 BF16, exactly the vdpbf16ps chain of the

@@ -58,6 +58,18 @@ ModelAxes axes_for(const MeshCase& c) {
   return axes;
 }
 
+// Every parameter's gradient of `step`'s last run equals the reference's within 1e-4
+// (matches_reference, which also proves the check can fail).
+void expect_gradients_match(const LmTrainingStep& step, const LmTrainingGrads& want, const std::string& where) {
+  ASSERT_EQ(step.parameters().size(), want.grads.size()) << where;
+  for (const TrainableParameter& p : step.parameters()) {
+    runtime::HostTensor got = runtime::gather(*p.grad);
+    if (p.layout == WeightLayout::kOutIn) got = transposed(got);
+    ASSERT_TRUE(want.grads.contains(p.name)) << where << ": " << p.name;
+    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << where << ": " << p.name;
+  }
+}
+
 class LmTrainingStepTest : public ::testing::TestWithParam<MeshCase> {};
 
 // The loss and every parameter's gradient equal the oracle's, untied and tied.
@@ -73,13 +85,7 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
     const double loss = step.run(inputs, targets);
     const std::string where = tied ? "tied" : "untied";
     EXPECT_NEAR(loss, want.loss, 1e-5 * want.loss) << where;
-    ASSERT_EQ(step.parameters().size(), want.grads.size()) << where;
-    for (const TrainableParameter& p : step.parameters()) {
-      runtime::HostTensor got = runtime::gather(*p.grad);
-      if (p.layout == WeightLayout::kOutIn) got = transposed(got);
-      ASSERT_TRUE(want.grads.contains(p.name)) << where << ": " << p.name;
-      EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << where << ": " << p.name;
-    }
+    expect_gradients_match(step, want, where);
     // A second step on other tokens overwrites the gradients (nothing accumulates).
     const std::vector<std::int32_t> more = ids(3);
     const LmTrainingGrads again =
@@ -88,6 +94,32 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
     const TrainableParameter& table = step.parameters().front();
     EXPECT_TRUE(testing::matches_reference(runtime::gather(*table.grad), again.grads.at(table.name), 1e-4)) << where;
   }
+}
+
+// Qwen2's q, k, v biases (and an o bias, as Llama's attention_bias has) and Qwen3's per-head
+// q/k norms are parameters too: the loss and every gradient, theirs included, equal the
+// oracle's (whose attention backward autograd checks: ops_backward_matches_pytorch,
+// attention_bias_norm). On tp4 the kv heads are shared by the devices of the heads axis.
+TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  TinyModel m;
+  std::uint32_t seed = 40;
+  for (BlockWeights& b : m.stack.blocks) {
+    b.attention.bq = testing::random_host({4 * 8}, seed++, 0.5f);
+    b.attention.bk = testing::random_host({2 * 8}, seed++, 0.5f);
+    b.attention.bv = testing::random_host({2 * 8}, seed++, 0.5f);
+    b.attention.bo = testing::random_host({32}, seed++, 0.5f);
+    b.attention.q_norm = testing::random_host({8}, seed++, 1.0f);
+    b.attention.k_norm = testing::random_host({8}, seed++, 1.0f);
+  }
+  const std::vector<std::int32_t> inputs = ids(8), targets = ids(9);
+  const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, &m.head, inputs, targets, kBatch, kTokens);
+  for (const char* slot : {"bq", "bk", "bv", "bo", "q_norm", "k_norm"}) {
+    ASSERT_TRUE(want.grads.contains(std::string("layers.1.attention.") + slot)) << slot;
+  }
+  LmTrainingStep step(mesh, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
+  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
+  expect_gradients_match(step, want, "biases and q/k norms");
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepTest,
@@ -165,13 +197,7 @@ TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
   const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
   LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
   EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
-  ASSERT_EQ(step.parameters().size(), want.grads.size());
-  for (const TrainableParameter& p : step.parameters()) {
-    runtime::HostTensor got = runtime::gather(*p.grad);
-    if (p.layout == WeightLayout::kOutIn) got = transposed(got);
-    ASSERT_TRUE(want.grads.contains(p.name)) << p.name;
-    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << p.name;
-  }
+  expect_gradients_match(step, want, "moe");
   EXPECT_TRUE(want.grads.contains("layers.1.moe.router"));
 }
 
@@ -189,7 +215,7 @@ TEST_P(LmTrainingStepMoeTest, TheRouterLoadBalancingLossAndItsGradientsEqualTheD
   const LmTrainingGrads plain = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
   const LmTrainingGrads want =
       lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, kCoef);
-  ASSERT_GT(want.router_aux_loss, 0.5) << "E sum f p is about 1 for a balanced router";
+  ASSERT_GT(want.router_aux_loss, 0.5) << "E sum f p is about k = 2 for a balanced router";
   EXPECT_NEAR(want.loss, plain.loss + kCoef * want.router_aux_loss, 1e-12);
   const Comparison moved = compare(std::span<const float>(plain.grads.at("layers.1.moe.router").data),
                                    std::span<const float>(want.grads.at("layers.1.moe.router").data),
@@ -200,11 +226,7 @@ TEST_P(LmTrainingStepMoeTest, TheRouterLoadBalancingLossAndItsGradientsEqualTheD
                       MatmulPrecision::kF32, kCoef);
   EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
   EXPECT_NEAR(step.router_aux_loss(), want.router_aux_loss, 1e-5 * want.router_aux_loss);
-  for (const TrainableParameter& p : step.parameters()) {
-    runtime::HostTensor got = runtime::gather(*p.grad);
-    if (p.layout == WeightLayout::kOutIn) got = transposed(got);
-    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << p.name;
-  }
+  expect_gradients_match(step, want, "moe with the aux loss");
   EXPECT_THAT([&] { LmTrainingStep(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, {}, MatmulPrecision::kF32, -1.0); },
               ThrowsMessage<ValueError>(HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
 }

@@ -96,14 +96,19 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   layer.wv = detail::laid_out_out_in(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
   layer.wo = detail::laid_out_out_in(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
   check_biases_and_norms(w, config, hidden);
-  auto extras = std::make_shared<AttentionWeights>();
-  extras->bq = w.bq;
-  extras->bk = w.bk;
-  extras->bv = w.bv;
-  extras->bo = w.bo;
-  extras->q_norm = w.q_norm;
-  extras->k_norm = w.k_norm;
-  layer.extras = std::move(extras);
+  // Each a row [1, n] split as the outputs it is added to (a few KiB).
+  const auto row = [&](const runtime::HostTensor& values, const AxisRule& rule) -> std::shared_ptr<runtime::ShardedTensor> {
+    if (values.shape.empty()) return nullptr;
+    runtime::HostTensor r = values;
+    r.shape = {1, static_cast<std::int64_t>(values.data.size())};
+    return detail::laid_out(mesh, r, PartitionSpec({AxisRule(), rule}));
+  };
+  layer.bq = row(w.bq, q_rule);
+  layer.bk = row(w.bk, kv_rule);
+  layer.bv = row(w.bv, kv_rule);
+  layer.bo = row(w.bo, AxisRule());
+  layer.q_norm = row(w.q_norm, AxisRule());
+  layer.k_norm = row(w.k_norm, AxisRule());
   return layer;
 }
 
@@ -182,12 +187,23 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                        static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
   const std::vector<std::int64_t>* positions = step.positions;
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
-  const std::shared_ptr<const AttentionWeights> extras = layer.extras;
+  std::vector<runtime::Tensor*> q_pre_of(static_cast<std::size_t>(mesh.size())), k_pre_of(q_pre_of.size());
+  // The optional rows (biases, q/k norm weights), registered once; a device reads its shard.
+  const auto used = [&](const std::shared_ptr<runtime::ShardedTensor>& row, const char* what) {
+    return row != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, row) : nullptr;
+  };
+  runtime::ShardedTensor *const bq = used(layer.bq, "bq"), *const bk = used(layer.bk, "bk");
+  runtime::ShardedTensor *const bv = used(layer.bv, "bv"), *const bo = used(layer.bo, "bo");
+  runtime::ShardedTensor *const q_norm = used(layer.q_norm, "q_norm"), *const k_norm = used(layer.k_norm, "k_norm");
   const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
-    // The slot's first query and kv head: where its slices of the biases start.
-    const std::int64_t head_rank = layer.splits_heads() ? mesh.coords(s)[*m.find_axis(layer.heads_axis)] : 0;
-    const std::int64_t q_first = head_rank * lq, kv_first = layer.splits_kv_heads() ? head_rank * lkv : 0;
+    const std::span<const float> bqs = detail::row_of(bq, s), bks = detail::row_of(bk, s), bvs = detail::row_of(bv, s);
+    const std::span<const float> qns = detail::row_of(q_norm, s), kns = detail::row_of(k_norm, s);
+    // For the backward of the q/k norms: q and k as they enter them.
+    runtime::Tensor* q_pre = saved != nullptr && q_norm != nullptr ? &pb.scratch(s, {rows, lq * d}) : nullptr;
+    runtime::Tensor* k_pre = saved != nullptr && k_norm != nullptr ? &pb.scratch(s, {rows, lkv * d}) : nullptr;
+    q_pre_of[static_cast<std::size_t>(s)] = q_pre;
+    k_pre_of[static_cast<std::size_t>(s)] = k_pre;
     // The first global token of the slot's block of x's tokens, and its first sequence.
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
@@ -200,24 +216,25 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
     return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset,
-            first_sequence, positions, config, extras, q_first, kv_first] {
+            first_sequence, positions, config, bqs, bks, bvs, qns, kns, q_pre, k_pre] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_out_in_weight(wqs), as_matrix(q), prec);
       device_gemm(xm, as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd), prec);
       device_gemm(xm, as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd), prec);
-      add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), extras->bq, q_first * dd);
-      add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), extras->bk, kv_first * dd);
-      add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), extras->bv, kv_first * dd);
+      add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), bqs);
+      add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), bks);
+      add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), bvs);
+      if (q_pre != nullptr) std::copy(q.values().begin(), q.values().end(), q_pre->values().begin());
+      if (k_pre != nullptr) std::copy(k.values().begin(), k.values().end(), k_pre->values().begin());
       // Qwen3's RMSNorm of every head of q and k, before RoPE.
-      if (!extras->q_norm.shape.empty()) {
-        rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd), ConstMatrixMap(extras->q_norm.data.data(), 1, dd),
+      if (!qns.empty()) {
+        rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd), ConstMatrixMap(qns.data(), 1, dd),
                      MatrixMap(q.values().data(), rows * lq, dd), config.qk_norm_eps);
       }
-      if (!extras->k_norm.shape.empty()) {
-        rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd),
-                     ConstMatrixMap(extras->k_norm.data.data(), 1, dd), MatrixMap(k.values().data(), rows * lkv, dd),
-                     config.qk_norm_eps);
+      if (!kns.empty()) {
+        rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd), ConstMatrixMap(kns.data(), 1, dd),
+                     MatrixMap(k.values().data(), rows * lkv, dd), config.qk_norm_eps);
       }
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
@@ -310,15 +327,16 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     // The output bias is added once: by every device when heads are not split, else by the
     // first of the devices whose partial sums the all-reduce adds.
     const bool adds_bias = !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
-    return [prec, &o, &wos, &yp, rows, hidden, extras, adds_bias] {
+    const std::span<const float> bos = detail::row_of(bo, s);
+    return [prec, &o, &wos, &yp, rows, hidden, bos, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, hidden);
       device_gemm(as_matrix(std::as_const(o)), as_out_in_weight(wos), ym, prec);
-      if (adds_bias) add_bias_rows(ym, extras->bo, 0);
+      if (adds_bias) add_bias_rows(ym, bos);
     };
   });
   if (saved != nullptr) {
     *saved = AttentionSaved{.x = &x, .k_local = &k_new, .k = &k_all, .v = &v_all, .q = q_of, .out = o_of,
-                            .partial_placed = y_placed};
+                            .q_pre = q_pre_of, .k_pre = k_pre_of, .partial_placed = y_placed};
   }
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
 }
@@ -337,10 +355,19 @@ AttentionSlice AttentionLayer::slice(const runtime::ShardedTensor& x, std::int64
 }
 
 AttentionGradients AttentionGradients::like(const AttentionLayer& layer) {
+  const auto optional = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
+    return t != nullptr ? gradient_like(*t) : nullptr;
+  };
   return AttentionGradients{.wq = gradient_like(*layer.wq),
                             .wk = gradient_like(*layer.wk),
                             .wv = gradient_like(*layer.wv),
-                            .wo = gradient_like(*layer.wo)};
+                            .wo = gradient_like(*layer.wo),
+                            .bq = optional(layer.bq),
+                            .bk = optional(layer.bk),
+                            .bv = optional(layer.bv),
+                            .bo = optional(layer.bo),
+                            .q_norm = optional(layer.q_norm),
+                            .k_norm = optional(layer.k_norm)};
 }
 
 ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,

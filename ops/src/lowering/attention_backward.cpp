@@ -11,6 +11,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/attention_backward.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
@@ -24,10 +25,6 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(saved.x != nullptr && saved.k != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_attention without `saved`)", name);
-  const AttentionWeights& e = *layer.extras;
-  NUMESH_CHECK(e.bq.shape.empty() && e.bk.shape.empty() && e.bv.shape.empty() && e.bo.shape.empty() &&
-                   e.q_norm.shape.empty() && e.k_norm.shape.empty(),
-               NotImplementedError, "{}: the backward of attention with biases or q/k norms is not lowered yet", name);
   runtime::ShardedTensor& x = *saved.x;
   check_laid_out_like(dy, x, "dy", name);
   check_laid_out_like(dx, x, "dx", name);
@@ -35,6 +32,21 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   check_laid_out_like(*grads.wk, *layer.wk, "the wk gradient", name);
   check_laid_out_like(*grads.wv, *layer.wv, "the wv gradient", name);
   check_laid_out_like(*grads.wo, *layer.wo, "the wo gradient", name);
+  // The optional rows (biases, q/k norm weights): each present one needs its gradient.
+  const auto optional_grad = [&](const std::shared_ptr<runtime::ShardedTensor>& used,
+                                 const std::shared_ptr<runtime::ShardedTensor>& grad, const char* what) {
+    if (used == nullptr) return;
+    NUMESH_CHECK(grad != nullptr, ValueError, "{}: the layer has {} but no gradient is given for it", name, what);
+    check_laid_out_like(*grad, *used, fmt::format("the {} gradient", what), name);
+  };
+  optional_grad(layer.bq, grads.bq, "bq");
+  optional_grad(layer.bk, grads.bk, "bk");
+  optional_grad(layer.bv, grads.bv, "bv");
+  optional_grad(layer.bo, grads.bo, "bo");
+  optional_grad(layer.q_norm, grads.q_norm, "q_norm");
+  optional_grad(layer.k_norm, grads.k_norm, "k_norm");
+  NUMESH_CHECK((layer.q_norm == nullptr || !saved.q_pre.empty()) && (layer.k_norm == nullptr || !saved.k_pre.empty()),
+               ValueError, "{}: the forward kept no q or k before their norms", name);
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const AttentionConfig& config = layer.config;
@@ -67,6 +79,21 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   runtime::ShardedTensor& d_wq = produced(wq, "wq.grad_partial");
   runtime::ShardedTensor& d_wk = produced(wk, "wk.grad_partial");
   runtime::ShardedTensor& d_wv = produced(wv, "wv.grad_partial");
+  // The rows' gradients as each device computes them (laid out as the rows; a q/k norm's
+  // summed over the device's heads only).
+  const auto produced_row = [&](const std::shared_ptr<runtime::ShardedTensor>& used, const std::string& what) {
+    return used != nullptr ? &pb.tensor(name + "." + what + ".grad_partial", TensorRole::kActivation, used->shape(),
+                                        used->spec())
+                           : nullptr;
+  };
+  runtime::ShardedTensor *const d_bq = produced_row(layer.bq, "bq"), *const d_bk = produced_row(layer.bk, "bk");
+  runtime::ShardedTensor *const d_bv = produced_row(layer.bv, "bv"), *const d_bo = produced_row(layer.bo, "bo");
+  runtime::ShardedTensor *const d_qn = produced_row(layer.q_norm, "q_norm");
+  runtime::ShardedTensor *const d_kn = produced_row(layer.k_norm, "k_norm");
+  const auto used_row = [&](const std::shared_ptr<runtime::ShardedTensor>& row, const char* what) {
+    return row != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, row) : nullptr;
+  };
+  runtime::ShardedTensor *const q_norm = used_row(layer.q_norm, "q_norm"), *const k_norm = used_row(layer.k_norm, "k_norm");
   runtime::ShardedTensor& dk_all = produced(*saved.k, "dk_all");
   runtime::ShardedTensor& dv_all = produced(*saved.v, "dv_all");
   const auto slots = static_cast<std::size_t>(mesh.size());
@@ -82,11 +109,15 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
     runtime::Tensor& gwo = d_wo.shard(s);
     runtime::Tensor& dos = pb.scratch(s, {rows, lq * d});
     d_out[i] = &dos;
+    // The output bias' gradient: dy summed over the rows (dy is whole on every device of the
+    // heads axis, so each has the same: replicated there, as bo is).
+    runtime::Tensor* gbo = d_bo != nullptr ? &d_bo->shard(s) : nullptr;
     pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * lq * d));
-    return [prec, &dys, &os, &wos, &gwo, &dos, rows, hidden] {
+    return [prec, &dys, &os, &wos, &gwo, &dos, gbo, rows, hidden] {
       const ConstMatrixMap dym(dys.values().data(), rows, hidden);
       device_gemm(dym, as_weight(wos), as_matrix(dos), prec);
       device_gemm_transposed_a(dym, as_matrix(std::as_const(os)), as_matrix(gwo), 0.0f, prec);
+      if (gbo != nullptr) as_matrix(*gbo) = dym.colwise().sum();
     };
   });
 
@@ -157,8 +188,40 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
     runtime::Tensor& dxs = dx_partial.shard(s);
     runtime::Tensor& term = pb.scratch(s, {rows, hidden});
     const bool adds_kv = layer.splits_kv_heads() || !heads_axis || mesh.coords(s)[*heads_axis] == 0;
+    // The q/k norms' and the biases' parts (each null when the layer has none).
+    runtime::Tensor* q_pre = saved.q_pre.empty() ? nullptr : saved.q_pre[i];
+    runtime::Tensor* k_pre = saved.k_pre.empty() ? nullptr : saved.k_pre[i];
+    runtime::Tensor* qn = q_norm != nullptr ? &q_norm->shard(s) : nullptr;
+    runtime::Tensor* kn = k_norm != nullptr ? &k_norm->shard(s) : nullptr;
+    runtime::Tensor* gqn = d_qn != nullptr ? &d_qn->shard(s) : nullptr;
+    runtime::Tensor* gkn = d_kn != nullptr ? &d_kn->shard(s) : nullptr;
+    runtime::Tensor* gbq = d_bq != nullptr ? &d_bq->shard(s) : nullptr;
+    runtime::Tensor* gbk = d_bk != nullptr ? &d_bk->shard(s) : nullptr;
+    runtime::Tensor* gbv = d_bv != nullptr ? &d_bv->shard(s) : nullptr;
+    const float qk_eps = config.qk_norm_eps;
     pb.add_flops(s, 4.0 * static_cast<double>(rows * hidden * (lq + 2 * lkv) * d));
-    return [prec, &xs, &dqs, &dks, &dvs, &wqs, &wks, &wvs, &gq, &gk, &gv, &dxs, &term, rows, hidden, adds_kv] {
+    return [prec, &xs, &dqs, &dks, &dvs, &wqs, &wks, &wvs, &gq, &gk, &gv, &dxs, &term, rows, hidden, adds_kv, q_pre,
+            k_pre, qn, kn, gqn, gkn, gbq, gbk, gbv, qk_eps, d] {
+      // Through the q/k norms (each head's d values a row, one weight for all heads), in place:
+      // dq and dk become the gradients of q and k as they left the biases.
+      const auto norm_backward = [&](runtime::Tensor* pre, runtime::Tensor* weight, runtime::Tensor* grad,
+                                     runtime::Tensor& dz) {
+        if (weight == nullptr) return;
+        const std::int64_t n = static_cast<std::int64_t>(dz.values().size()) / d;
+        rmsnorm_rows_backward(ConstMatrixMap(pre->values().data(), n, d), as_matrix(std::as_const(*weight)),
+                              ConstMatrixMap(dz.values().data(), n, d), qk_eps, MatrixMap(dz.values().data(), n, d),
+                              as_matrix(*grad));
+      };
+      norm_backward(q_pre, qn, gqn, dqs);
+      norm_backward(k_pre, kn, gkn, dks);
+      // A bias' gradient: its outputs' gradients summed over the rows.
+      const auto bias_grad = [&](runtime::Tensor* grad, runtime::Tensor& dz) {
+        if (grad == nullptr) return;
+        as_matrix(*grad) = ConstMatrixMap(dz.values().data(), rows, grad->size()).colwise().sum();
+      };
+      bias_grad(gbq, dqs);
+      bias_grad(gbk, dks);
+      bias_grad(gbv, dvs);
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       const ConstMatrixMap dqm = as_matrix(std::as_const(dqs));
       const ConstMatrixMap dkm(dks.values().data(), rows, dks.values().size() / static_cast<std::size_t>(rows));
@@ -187,6 +250,22 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   reduce(d_wq, wq, *grads.wq, qkv_done, "wq");
   reduce(d_wk, wk, *grads.wk, qkv_done, "wk");
   reduce(d_wv, wv, *grads.wv, qkv_done, "wv");
+  // The biases as the projections they follow (bo replicated over the heads axis, as dy is);
+  // a q/k norm's also over the heads axis when it splits those heads (its devices summed
+  // different heads), and not when every device there holds the same (all-reduced) dk.
+  if (d_bq != nullptr) reduce(*d_bq, *layer.bq, *grads.bq, qkv_done, "bq");
+  if (d_bk != nullptr) reduce(*d_bk, *layer.bk, *grads.bk, qkv_done, "bk");
+  if (d_bv != nullptr) reduce(*d_bv, *layer.bv, *grads.bv, qkv_done, "bv");
+  if (d_bo != nullptr) reduce(*d_bo, *layer.bo, *grads.bo, out_done, "bo");
+  const auto reduce_norm = [&](runtime::ShardedTensor& partial, const runtime::ShardedTensor& used,
+                               runtime::ShardedTensor& out, bool heads_split, const std::string& what) {
+    std::vector<sharding::Placement> placed =
+        weight_gradient_placements(sharding::to_placements(used.spec(), m, 2), x_placed, 3);
+    if (heads_split) placed[*heads_axis] = sharding::Placement::partial();
+    parts.push_back(reduce_gradient_into(pb, partial, placed, out, qkv_done, name + "." + what + ".grad"));
+  };
+  if (d_qn != nullptr) reduce_norm(*d_qn, *layer.q_norm, *grads.q_norm, layer.splits_heads(), "q_norm");
+  if (d_kn != nullptr) reduce_norm(*d_kn, *layer.k_norm, *grads.k_norm, layer.splits_kv_heads(), "k_norm");
   if (&dx_partial != &dx) {
     parts.push_back(pb.reshard(dx_partial, dx_placed, dx, gradient_placements(x_placed), qkv_done, name + ".dx"));
   } else {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -181,6 +182,14 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
     add(p + "attention.wk", b.attention.wk, b.attention_grads.wk, kOutIn);
     add(p + "attention.wv", b.attention.wv, b.attention_grads.wv, kOutIn);
     add(p + "attention.wo", b.attention.wo, b.attention_grads.wo, kOutIn);
+    // Qwen2's biases and Qwen3's q/k norms, rows [1, n], where the model has them.
+    for (const auto& [slot, value, grad] :
+         {std::tuple{"bq", b.attention.bq, b.attention_grads.bq}, std::tuple{"bk", b.attention.bk, b.attention_grads.bk},
+          std::tuple{"bv", b.attention.bv, b.attention_grads.bv}, std::tuple{"bo", b.attention.bo, b.attention_grads.bo},
+          std::tuple{"q_norm", b.attention.q_norm, b.attention_grads.q_norm},
+          std::tuple{"k_norm", b.attention.k_norm, b.attention_grads.k_norm}}) {
+      if (value != nullptr) add(p + "attention." + slot, value, grad, kInOut);
+    }
     add(p + "ffn_norm", b.ffn_norm, b.ffn_norm_grad, kInOut);
     if (b.moe) {
       add(p + "moe.router", b.moe->router, b.moe_grads.router, kInOut);

@@ -123,6 +123,19 @@ inline void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int
   m.rowwise() += b;
 }
 
+/// Adds `bias` (m.cols() values, or none) to every row of m.
+inline void add_bias_rows(MatrixMap m, std::span<const float> bias) {
+  if (bias.empty()) return;
+  m.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(bias.data(), m.cols());
+}
+
+/// Slot `slot`'s shard of an optional row tensor (a bias, a norm weight) as values; empty for
+/// null.
+inline std::span<const float> row_of(runtime::ShardedTensor* t, std::int64_t slot) {
+  if (t == nullptr) return {};
+  return std::as_const(t->shard(slot)).values();
+}
+
 /// True when `slot` is the first device (coordinate 0) on every mesh axis whose placement in
 /// `placed` is Partial: the one device of its reduction group that adds a term which must be
 /// counted once in the sum (an output bias).

@@ -146,10 +146,8 @@ void rope_transpose(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::in
 
 AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const AttentionWeights& w,
                                         const AttentionConfig& c, const runtime::HostTensor& dy) {
-  NUMESH_CHECK(w.bq.shape.empty() && w.bk.shape.empty() && w.bv.shape.empty() && w.bo.shape.empty() &&
-                   w.q_norm.shape.empty() && w.k_norm.shape.empty() && w.stored_as == DType::kF32,
-               NotImplementedError,
-               "attention backward: biases, q/k norms and 16-bit weights are not differentiated yet");
+  NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
+               "attention backward: 16-bit weights are not differentiated yet");
   NUMESH_CHECK(x.shape.size() == 3 && dy.shape == x.shape && c.q_offset == 0 && c.num_kv_heads > 0 &&
                    c.num_heads % c.num_kv_heads == 0,
                ShapeError, "attention backward: x [{}] and dy [{}] must be [B, T, H] alike, q_offset 0",
@@ -162,8 +160,13 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
   const MatrixD wv = matrix(w.wv, h, hkv * d, "attention backward: wv");
   const MatrixD wo = matrix(w.wo, hq * d, h, "attention backward: wo");
   const MatrixD g = oracle::widen(dy, b * t, h);
-  MatrixD q = xm * wq, k = xm * wk;
-  const MatrixD v = xm * wv;
+  MatrixD q = xm * wq, k = xm * wk, v = xm * wv;
+  oracle::add_bias(q, w.bq);
+  oracle::add_bias(k, w.bk);
+  oracle::add_bias(v, w.bv);
+  const MatrixD q_raw = q, k_raw = k;  // before the q/k norms
+  oracle::head_rmsnorm(q, d, w.q_norm, c.qk_norm_eps);
+  oracle::head_rmsnorm(k, d, w.k_norm, c.qk_norm_eps);
   const bool rope = c.rope_theta > 0.0f;
   if (rope) {
     oracle::rope(q, b, t, hq, d, 0, c.rope_theta, c.rope_scaling);
@@ -202,10 +205,44 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
     rope_transpose(dq, b, t, hq, d, c.rope_theta, c.rope_scaling);
     rope_transpose(dk, b, t, hkv, d, c.rope_theta, c.rope_scaling);
   }
+  AttentionGrads out;
+  // Through the q/k norms, each head's d values a row of its own and one weight for all: with
+  // s = (mean(z^2) + eps)^(-1/2), y = z s w gives dz_j = s dy_j w_j - s^3 z_j sum_i dy_i w_i z_i / d.
+  const auto head_norm_backward = [&](MatrixD& dz, const MatrixD& raw, std::int64_t heads,
+                                      const runtime::HostTensor& weight, runtime::HostTensor& dweight) {
+    if (weight.shape.empty()) return;
+    const MatrixD wn = matrix(weight, 1, d, "attention backward: q/k norm");
+    MatrixD dw = MatrixD::Zero(1, d);
+    for (std::int64_t r = 0; r < b * t; ++r) {
+      for (std::int64_t hh = 0; hh < heads; ++hh) {
+        const auto z = raw.block(r, hh * d, 1, d);
+        auto g_row = dz.block(r, hh * d, 1, d);
+        const double sc = 1.0 / std::sqrt(z.squaredNorm() / static_cast<double>(d) + c.qk_norm_eps);
+        const double gwz = (g_row.array() * wn.array() * z.array()).sum();
+        dw.array() += g_row.array() * z.array() * sc;
+        g_row = (sc * g_row.array() * wn.array() - sc * sc * sc * z.array() * gwz / static_cast<double>(d)).matrix();
+      }
+    }
+    dweight = oracle::narrow(dw, weight.shape);
+  };
+  head_norm_backward(dq, q_raw, hq, w.q_norm, out.dq_norm);
+  head_norm_backward(dk, k_raw, hkv, w.k_norm, out.dk_norm);
+  // A bias' gradient sums its output's gradient over the rows.
+  const auto bias_grad = [](const MatrixD& dz, const runtime::HostTensor& bias) {
+    return bias.shape.empty() ? runtime::HostTensor{}
+                              : oracle::narrow(dz.colwise().sum(), bias.shape);
+  };
+  out.dbq = bias_grad(dq, w.bq);
+  out.dbk = bias_grad(dk, w.bk);
+  out.dbv = bias_grad(dv, w.bv);
+  out.dbo = bias_grad(g, w.bo);
   const MatrixD dx = dq * wq.transpose() + dk * wk.transpose() + dv * wv.transpose();
-  return {oracle::narrow(dx, {b, t, h}), oracle::narrow(xm.transpose() * dq, {h, hq * d}),
-          oracle::narrow(xm.transpose() * dk, {h, hkv * d}), oracle::narrow(xm.transpose() * dv, {h, hkv * d}),
-          oracle::narrow(o.transpose() * g, {hq * d, h})};
+  out.dx = oracle::narrow(dx, {b, t, h});
+  out.dwq = oracle::narrow(xm.transpose() * dq, {h, hq * d});
+  out.dwk = oracle::narrow(xm.transpose() * dk, {h, hkv * d});
+  out.dwv = oracle::narrow(xm.transpose() * dv, {h, hkv * d});
+  out.dwo = oracle::narrow(o.transpose() * g, {hq * d, h});
+  return out;
 }
 
 runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::int64_t vocab,

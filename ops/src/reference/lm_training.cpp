@@ -134,6 +134,14 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     out.grads[p + "attention.wk"] = attention.dwk;
     out.grads[p + "attention.wv"] = attention.dwv;
     out.grads[p + "attention.wo"] = attention.dwo;
+    // Biases and q/k norms, where the model has them, as rows [1, n] (the step's layout).
+    for (auto& [slot, grad] : {std::pair{"bq", &attention.dbq}, std::pair{"bk", &attention.dbk},
+                               std::pair{"bv", &attention.dbv}, std::pair{"bo", &attention.dbo},
+                               std::pair{"q_norm", &attention.dq_norm}, std::pair{"k_norm", &attention.dk_norm}}) {
+      if (grad->shape.empty()) continue;
+      grad->shape = {1, static_cast<std::int64_t>(grad->data.size())};
+      out.grads[p + "attention." + slot] = *grad;
+    }
     const RmsNormGrads attn_norm = rmsnorm_backward(k.block_in, b.attn_norm, attention.dx, c.norm_eps);
     out.grads[p + "attn_norm"] = attn_norm.dweight;
     d_stream = sum(attn_norm.dx, dmid);

@@ -60,8 +60,9 @@ struct CausalLmWeights {
 
 /// The Hugging Face tensor that a laid-out weight of a dense decoder (the slot names of
 /// ops::LmTrainingStep::parameters() and ops::ShardedTransformer::weights(): "embedding.table",
-/// "layers.L.attn_norm", "layers.L.attention.wq", ..., "layers.L.mlp.down", "final_norm",
-/// "lm_head.weight") is saved as in `config`'s architecture ("model.embed_tokens.weight",
+/// "layers.L.attn_norm", "layers.L.attention.wq", ..., the attention's "bq", "bk", "bv", "bo",
+/// "q_norm", "k_norm" when it has them, "layers.L.mlp.down", "final_norm", "lm_head.weight")
+/// is saved as in `config`'s architecture ("model.embed_tokens.weight",
 /// "model.layers.L.input_layernorm.weight", "model.layers.L.self_attn.q_proj.weight", ...).
 /// Throws: KeyError naming the slot when it is not one of those (hf_tensor_parts() names the
 /// MoE slots).

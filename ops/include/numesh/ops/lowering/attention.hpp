@@ -41,9 +41,10 @@ struct AttentionLayer {
   std::int64_t local_kv_heads = 0;
   /// The projections, stored out-in (wq [Q, H], wk and wv [KV, H], wo [H, Q]; WeightLayout::kOutIn).
   std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
-  /// The optional biases and q/k norm weights (AttentionWeights), fp32, whole on the host: each
-  /// device reads the slice of its heads (a few KiB; nothing to lay out). Empty when absent.
-  std::shared_ptr<const AttentionWeights> extras;
+  /// The optional biases and q/k norm weights (AttentionWeights), fp32 rows [1, n] laid out as
+  /// the projections they follow: bq split like wq's heads, bk and bv like wk's, bo, q_norm and
+  /// k_norm [1, head_dim] replicated. Null when absent. Trainable parameters like the others.
+  std::shared_ptr<runtime::ShardedTensor> bq, bk, bv, bo, q_norm, k_norm;
 
   /// True when query heads are split over heads_axis.
   bool splits_heads() const noexcept { return !heads_axis.empty(); }
@@ -103,6 +104,9 @@ struct AttentionSaved {
   runtime::ShardedTensor* v = nullptr;        ///< the values attention read
   std::vector<runtime::Tensor*> q;            ///< per slot: its queries [rows, local heads * D] after RoPE
   std::vector<runtime::Tensor*> out;          ///< per slot: attention's output before wo, like q
+  /// Per slot, with q/k norms: q [rows, local heads * D] and this run's k [rows, local kv heads
+  /// * D] as they entered the norms (after the biases); null entries without them.
+  std::vector<runtime::Tensor*> q_pre, k_pre;
   std::vector<sharding::Placement> partial_placed;  ///< the output projection's (Partial over heads)
 };
 
@@ -122,9 +126,11 @@ runtime::Frontier emit_attention(ProgramBuilder& program, const AttentionLayer& 
 
 
 /// A parameter gradient for each of an AttentionLayer's projections, laid out as it is
-/// (gradient_like: stored out-in, same spec), fp32.
+/// (gradient_like: stored out-in, same spec), fp32; and for each bias and q/k norm the layer
+/// has (null where it has none).
 struct AttentionGradients {
   std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
+  std::shared_ptr<runtime::ShardedTensor> bq, bk, bv, bo, q_norm, k_norm;
   /// Zero gradients laid out like `layer`'s projections.
   [[nodiscard]] static AttentionGradients like(const AttentionLayer& layer);
 };
@@ -137,10 +143,14 @@ struct AttentionGradients {
 /// (gradients.hpp): dk and dv reduce-scattered back to the token split under sequence
 /// parallelism (and all-reduced over the heads axis when it splits query heads but not kv
 /// heads, whose keys every device then shares), dx_partial all-reduced over the heads axis,
-/// the weights' gradients all-reduced over the axes splitting the tokens.
+/// the weights' gradients all-reduced over the axes splitting the tokens. A layer's biases and
+/// q/k norms (Qwen2, Qwen3) get gradients too: the q/k norms' backward per head on dq and dk
+/// (from q and k as the forward kept them before the norms), each bias its outputs' gradient
+/// summed over the rows, laid out like the bias (bq split like wq's heads), reduced as the
+/// projections' are; a q/k norm's also over the heads axis when it splits those heads.
 /// Returns the frontier after which dx and every gradient are complete.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming them); ValueError when the
-/// forward kept nothing; NotImplementedError for biases or q/k norms (not differentiated yet).
+/// forward kept nothing or a bias or norm of the layer has no gradient in `grads`.
 runtime::Frontier emit_attention_backward(ProgramBuilder& program, const AttentionLayer& layer,
                                           const AttentionSaved& saved, runtime::ShardedTensor& dy,
                                           const runtime::Frontier& after, runtime::ShardedTensor& dx,

@@ -58,9 +58,15 @@ struct AttentionGrads {
   runtime::HostTensor dwk;  ///< [H, num_kv_heads * head_dim]
   runtime::HostTensor dwv;  ///< likewise
   runtime::HostTensor dwo;  ///< [num_heads * head_dim, H]
+  /// Each present when the layer has it (shaped as AttentionWeights holds it), else empty:
+  /// the biases' (Qwen2's q, k, v; attention_bias' o) and Qwen3's q/k norms' gradients, the
+  /// norms' summed over every head.
+  runtime::HostTensor dbq, dbk, dbv, dbo, dq_norm, dk_norm;
 };
-/// Throws: ShapeError as attention_layer_reference; NotImplementedError for biases, q/k norms or
-/// weights not stored as f32 (not yet differentiated).
+/// With q/k norms, each head's q and k (after their biases) are RMS-normalised before RoPE,
+/// as attention_layer_reference does.
+/// Throws: ShapeError as attention_layer_reference; NotImplementedError for weights not stored
+/// as f32 (not yet differentiated).
 AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const AttentionWeights& w,
                                         const AttentionConfig& c, const runtime::HostTensor& dy);
 

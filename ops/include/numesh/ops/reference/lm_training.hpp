@@ -33,7 +33,9 @@ struct LmTrainingGrads {
 /// `router_aux_loss_coef` > 0 (with MoE layers) adds coef x the router's load-balancing loss
 /// of every MoE layer together (router_aux_loss: transformers' output_router_logits) to the
 /// loss, and its gradient to the routers'.
-/// Throws: NotImplementedError for shared experts, biases or q/k norms; ShapeError when the ids or
+/// The attention's biases and q/k norms (Qwen2, Qwen3), where present, are parameters too:
+/// "layers.L.attention.bq", ".bk", ".bv", ".bo", ".q_norm", ".k_norm", as rows [1, n].
+/// Throws: NotImplementedError for shared experts or MLP biases; ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
 /// negative router_aux_loss_coef.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
