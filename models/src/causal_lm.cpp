@@ -41,6 +41,19 @@ CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const Causa
                head_layer_.vocab, config.vocab_size, config.hidden_size);
 }
 
+std::vector<NamedTensor> CausalLm::weights() const {
+  const auto experts = config_.num_experts;
+  std::vector<NamedTensor> all{{weight_label("embedding.table", config_.architecture, experts),
+                                embedding_layer_.table.get()}};
+  for (const ops::ShardedTransformer::NamedWeight& w : stack_.weights()) {
+    all.push_back({weight_label(w.name, config_.architecture, experts), w.tensor.get()});
+  }
+  if (head_layer_.weight != embedding_layer_.table) {
+    all.push_back({weight_label("lm_head.weight", config_.architecture, experts), head_layer_.weight.get()});
+  }
+  return all;
+}
+
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
                         std::int64_t batch, std::int64_t max_len, DType stored_as, ops::ModelAxes axes,
                         const LoadProgress& progress) {

@@ -120,6 +120,14 @@ CausalLmTrainer& CausalLmTrainer::operator=(CausalLmTrainer&&) noexcept = defaul
 
 std::int64_t CausalLmTrainer::steps() const noexcept { return adamw_->steps(); }
 
+std::vector<NamedTensor> CausalLmTrainer::weights() const {
+  std::vector<NamedTensor> all;
+  for (const ops::TrainableParameter& p : step_->parameters()) {
+    all.push_back({weight_label(p.name, config_.architecture, config_.num_experts), p.value.get()});
+  }
+  return all;
+}
+
 std::int64_t CausalLmTrainer::parameter_count() const {
   std::int64_t n = 0;
   for (const ops::TrainableParameter& p : step_->parameters()) {

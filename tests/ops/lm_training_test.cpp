@@ -188,45 +188,35 @@ INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepBf16Test,
 // what the oracle's one group gives.
 class LmTrainingStepMoeTest : public ::testing::TestWithParam<MeshCase> {};
 
+// With the router's load-balancing loss too (transformers' output_router_logits, coefficient
+// 0.05 here against Mixtral's default 0.001, so that it moves the routers' gradients by far
+// more than the bound), whose reference autograd checks (ops_backward_matches_pytorch, moe_aux).
 TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
   const TransformerConfig c = testing::tiny_moe_lm_config();
   const TransformerWeights stack = TransformerWeights::random(c, 14);
   const TinyModel m;
   const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
-  const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
-  LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
-  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
-  expect_gradients_match(step, want, "moe");
-  EXPECT_TRUE(want.grads.contains("layers.1.moe.router"));
-}
-
-// The router's load-balancing loss (transformers' output_router_logits, coefficient 0.05 here
-// against Mixtral's default 0.001, so that it moves the routers' gradients by far more than the
-// bound): the loss and every gradient equal the oracle's, whose aux term autograd checks
-// (ops_backward_matches_pytorch, moe_aux).
-TEST_P(LmTrainingStepMoeTest, TheRouterLoadBalancingLossAndItsGradientsEqualTheDenseReference) {
-  const runtime::DeviceMesh mesh = make_mesh(GetParam());
-  const TransformerConfig c = testing::tiny_moe_lm_config();
-  const TransformerWeights stack = TransformerWeights::random(c, 14);
-  const TinyModel m;
-  const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
-  constexpr double kCoef = 0.05;
   const LmTrainingGrads plain = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
-  const LmTrainingGrads want =
+  constexpr double kCoef = 0.05;
+  const LmTrainingGrads with_aux =
       lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, kCoef);
-  ASSERT_GT(want.router_aux_loss, 0.5) << "E sum f p is about k = 2 for a balanced router";
-  EXPECT_NEAR(want.loss, plain.loss + kCoef * want.router_aux_loss, 1e-12);
+  EXPECT_TRUE(plain.grads.contains("layers.1.moe.router"));
+  ASSERT_GT(with_aux.router_aux_loss, 0.5) << "E sum f p is about k = 2 for a balanced router";
+  EXPECT_NEAR(with_aux.loss, plain.loss + kCoef * with_aux.router_aux_loss, 1e-12);
   const Comparison moved = compare(std::span<const float>(plain.grads.at("layers.1.moe.router").data),
-                                   std::span<const float>(want.grads.at("layers.1.moe.router").data),
-                                   want.grads.at("layers.1.moe.router").shape);
+                                   std::span<const float>(with_aux.grads.at("layers.1.moe.router").data),
+                                   with_aux.grads.at("layers.1.moe.router").shape);
   ASSERT_FALSE(moved.within(1e-2)) << "the aux term must move the router's gradient: " << moved.describe();
-
-  LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()),
-                      MatmulPrecision::kF32, kCoef);
-  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
-  EXPECT_NEAR(step.router_aux_loss(), want.router_aux_loss, 1e-5 * want.router_aux_loss);
-  expect_gradients_match(step, want, "moe with the aux loss");
+  for (const double coef : {0.0, kCoef}) {
+    const LmTrainingGrads& want = coef > 0.0 ? with_aux : plain;
+    const std::string where = coef > 0.0 ? "with the router's aux loss" : "moe";
+    LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()),
+                        MatmulPrecision::kF32, coef);
+    EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss) << where;
+    EXPECT_NEAR(step.router_aux_loss(), want.router_aux_loss, 1e-5 * want.router_aux_loss) << where;
+    expect_gradients_match(step, want, where);
+  }
   EXPECT_THAT([&] { LmTrainingStep(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, {}, MatmulPrecision::kF32, -1.0); },
               ThrowsMessage<ValueError>(HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
 }

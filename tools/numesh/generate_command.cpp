@@ -33,6 +33,7 @@
 #include "numesh/ops/npy.hpp"
 #include "baselines.hpp"
 #include "bench_common.hpp"
+#include "nonfinite_note.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 
@@ -118,6 +119,8 @@ all have stopped.)");
   cmd->add_flag("--baselines", o.baselines,
                 "Also measure, in this run, a plain read of the checkpoint's files, OpenBLAS's sgemm at the "
                 "prefill's rows and the memory read bandwidth, and print the load, prefill and decode against them");
+  cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
+                "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -272,6 +275,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     out << fmt::format("         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x its time\n",
                        read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
   }
+  note_nonfinite_weights(models::find_nonfinite_weights(lm.weights()), o.refuse_nonfinite, dir.string(), out);
   // With a tokenizer the text follows the ids, decoded at the end (a token can end inside a
   // character, so decoding token by token would print broken characters). A model's
   // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a

@@ -45,6 +45,7 @@ struct GenerateOptions {
   std::string json;                 ///< --json FILE
   bool baselines = false;           ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
   bool quiet = false;               ///< --quiet: no progress on stderr
+  bool refuse_nonfinite = false;    ///< --refuse-nonfinite: a weight holding NaN or inf is an error
 };
 
 /// Registers `generate`. Not thread-safe (CLI11 setup).

@@ -23,6 +23,7 @@
 #include "numesh/runtime/cpu_features.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "bench_common.hpp"
+#include "nonfinite_note.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 
@@ -149,6 +150,8 @@ Examples:
   cmd->add_option("--trace", o.trace,
                   "Write the last step's forward and backward, node by node, as Chrome trace JSON (chrome://tracing, "
                   "Perfetto) to FILE");
+  cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
+                "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -206,6 +209,9 @@ int run_train(const TrainOptions& o, std::ostream& out) {
                  IoError, "--model {} holds no safetensors weights to start from; give --init random to initialise them",
                  dir.string());
     trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
+  }
+  if (o.init == "checkpoint") {
+    note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite, dir.string(), out);
   }
   const std::int64_t first = trainer->steps();
   NUMESH_CHECK(first < o.steps, ValueError, "--model {} is already at step {}; --steps {} asks for no more",

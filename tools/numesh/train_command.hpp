@@ -45,6 +45,7 @@ struct TrainOptions {
   std::string trace;              ///< --trace FILE.json: the last step's program as a Chrome trace
   std::string save;               ///< --save DIR
   std::int64_t save_every = 0;    ///< --save-every K (0: only at the end)
+  bool refuse_nonfinite = false;  ///< --refuse-nonfinite: a weight holding NaN or inf is an error
   bool quiet = false;             ///< --quiet: no progress on stderr
 };
 

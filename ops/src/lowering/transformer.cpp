@@ -95,6 +95,12 @@ std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const
     add(p + "attention.wk", layer.attention.wk, kOutIn);
     add(p + "attention.wv", layer.attention.wv, kOutIn);
     add(p + "attention.wo", layer.attention.wo, kOutIn);
+    add(p + "attention.bq", layer.attention.bq);
+    add(p + "attention.bk", layer.attention.bk);
+    add(p + "attention.bv", layer.attention.bv);
+    add(p + "attention.bo", layer.attention.bo);
+    add(p + "attention.q_norm", layer.attention.q_norm);
+    add(p + "attention.k_norm", layer.attention.k_norm);
     add(p + "ffn_norm", layer.ffn_norm);
     if (layer.mlp) {
       add(p + "mlp.gate", layer.mlp->gate, kOutIn);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "numesh/models/hf_config.hpp"
+#include "numesh/models/nonfinite_weights.hpp"
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
@@ -104,6 +105,9 @@ class CausalLm {
   std::int64_t decode_bytes(std::int64_t position) const;
   /// The transformer stack (plans, bytes per decode step).
   ops::ShardedTransformer& stack() noexcept { return stack_; }
+  /// Every laid-out weight by the name a user knows it (weight_label): the embedding, the
+  /// stack's, the LM head's when it is not tied (for find_nonfinite_weights).
+  std::vector<NamedTensor> weights() const;
 
  private:
   // The final hidden states [batch, T, H] of the new tokens.

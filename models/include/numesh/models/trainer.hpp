@@ -11,6 +11,7 @@
 
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/hf_weights.hpp"
+#include "numesh/models/nonfinite_weights.hpp"
 #include "numesh/ops/lowering/lm_training.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/optimizer.hpp"
@@ -103,6 +104,8 @@ class CausalLmTrainer {
   const TrainingOptions& options() const noexcept { return options_; }
   /// The parsed config.
   const HfConfig& config() const noexcept { return config_; }
+  /// Every parameter (fp32 master weights) by the name a user knows it (weight_label).
+  std::vector<NamedTensor> weights() const;
   /// The router's load-balancing loss coefficient in use (0: off).
   double router_aux_loss_coef() const noexcept { return router_aux_loss_coef_; }
   /// The step program (its parameters, plan and FLOPs).

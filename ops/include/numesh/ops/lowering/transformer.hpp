@@ -80,7 +80,8 @@ class ShardedTransformer {
     WeightLayout layout = WeightLayout::kInOut;  ///< kOutIn: a matrix stored [out, in]
   };
   /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
-  /// wv, wo}" (stored out-in), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) or
+  /// wv, wo}" (stored out-in) and, where the model has them, "layers.L.attention.{bq, bk, bv,
+  /// bo, q_norm, k_norm}" (rows [1, n]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) or
   /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]) with, for a shared
   /// expert, "layers.L.moe.shared_expert.{gate, up, down}" and "layers.L.moe.shared_expert_gate"
   /// ([H, 1]), and "final_norm".

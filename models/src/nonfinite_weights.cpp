@@ -1,0 +1,113 @@
+#include "numesh/models/nonfinite_weights.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/hf_weights.hpp"
+#include "numesh/ops/compare.hpp"
+#include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/graph.hpp"
+
+namespace numesh::models {
+
+std::string NonfiniteWeight::describe() const {
+  return fmt::format("{} holds {} non-finite value{} of {} (the first, {}, at {})", name, count, count == 1 ? "" : "s",
+                     elements, first, first_at);
+}
+
+std::string weight_label(const std::string& slot, Architecture architecture, std::int64_t experts) {
+  std::vector<HfTensorPart> parts;
+  try {
+    parts = hf_tensor_parts(slot, architecture, experts);
+  } catch (const KeyError&) {
+    return slot;  // a slot saved under no single known name (a shared expert's): numesh's own
+  }
+  if (parts.size() == 1) return parts.front().name;
+  return parts.empty() ? slot : fmt::format("{} ({}, ...)", slot, parts.front().name);
+}
+
+namespace {
+
+// Non-finite elements among n values of `dtype` at `data`: f32 by value, bf16 and f16 by their
+// exponent bits (all ones: an infinity or a NaN), without widening.
+std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
+  std::int64_t bad = 0;
+  if (dtype == DType::kF32) {
+    const auto* v = static_cast<const float*>(data);
+    for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(v[i]) ? 0 : 1;
+    return bad;
+  }
+  const std::uint16_t exponent = dtype == DType::kBF16 ? 0x7F80 : 0x7C00;
+  const auto* bits = static_cast<const std::uint16_t*>(data);
+  for (std::size_t i = 0; i < n; ++i) bad += (bits[i] & exponent) == exponent ? 1 : 0;
+  return bad;
+}
+
+}  // namespace
+
+std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTensor>& weights) {
+  std::vector<NonfiniteWeight> found;
+  for (const NamedTensor& w : weights) {
+    NUMESH_CHECK(w.tensor != nullptr, ValueError, "non-finite scan: the weight {} is null", w.name);
+    const runtime::ShardedTensor& t = *w.tensor;
+    const DType dtype = t.dtype();
+    NUMESH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16, ValueError,
+                 "non-finite scan: {} is {}; it reads f32, bf16 and f16", w.name, to_string(dtype));
+    // Every device counts in its own shard (one copy of each slice), all at once.
+    const runtime::DeviceMesh& mesh = t.mesh();
+    std::vector<std::int64_t> per_slot(static_cast<std::size_t>(mesh.size()), 0);
+    runtime::GraphBuilder builder(mesh.device_set());
+    for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+      if (t.layout().device(slot).replica_id != 0) continue;
+      const runtime::Tensor& shard = t.shard(slot);
+      builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot), [&per_slot, &shard, dtype, slot] {
+        per_slot[static_cast<std::size_t>(slot)] =
+            count_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()), dtype);
+      });
+    }
+    builder.compile().run();
+    NonfiniteWeight report;
+    report.name = w.name;
+    report.elements = 1;
+    for (const std::int64_t e : t.shape()) report.elements *= e;
+    for (const std::int64_t n : per_slot) report.count += n;
+    if (report.count == 0) continue;
+    // The first, located by ops::compare in the first shard that holds one, its coordinates
+    // moved to the shard's place.
+    const auto first_slot = static_cast<std::int64_t>(
+        std::find_if(per_slot.begin(), per_slot.end(), [](std::int64_t n) { return n > 0; }) - per_slot.begin());
+    const runtime::Tensor& shard = t.shard(first_slot);
+    const auto n = static_cast<std::size_t>(shard.size());
+    std::vector<float> values(n);
+    if (dtype == DType::kF32) {
+      std::copy_n(static_cast<const float*>(shard.data()), n, values.begin());
+    } else {
+      const std::span<const std::uint16_t> bits(static_cast<const std::uint16_t*>(shard.data()), n);
+      if (dtype == DType::kBF16) {
+        runtime::convert_bf16_to_f32(bits, values);
+      } else {
+        runtime::convert_f16_to_f32(bits, values);
+      }
+    }
+    const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
+    const ops::Comparison c = ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);
+    std::int64_t rest = c.first_nonfinite_reference;
+    std::vector<std::int64_t> at(shard_shape.size());
+    for (std::size_t d = shard_shape.size(); d-- > 0;) {
+      at[d] = rest % shard_shape[d] + t.layout().device(first_slot).slices[d].offset;
+      rest /= shard_shape[d];
+    }
+    report.first = values[static_cast<std::size_t>(c.first_nonfinite_reference)];
+    report.first_at = fmt::format("[{}]", fmt::join(at, ", "));
+    found.push_back(std::move(report));
+  }
+  return found;
+}
+
+}  // namespace numesh::models
