@@ -185,7 +185,8 @@ std::string hf_tensor_name(std::string_view slot) {
       {"mlp.down", "mlp.down_proj.weight"},         {"attention.bq", "self_attn.q_proj.bias"},
       {"attention.bk", "self_attn.k_proj.bias"},    {"attention.bv", "self_attn.v_proj.bias"},
       {"attention.bo", "self_attn.o_proj.bias"},    {"attention.q_norm", "self_attn.q_norm.weight"},
-      {"attention.k_norm", "self_attn.k_norm.weight"}};
+      {"attention.k_norm", "self_attn.k_norm.weight"}, {"mlp.gate_bias", "mlp.gate_proj.bias"},
+      {"mlp.up_bias", "mlp.up_proj.bias"},          {"mlp.down_bias", "mlp.down_proj.bias"}};
   if (const auto it = kTop.find(slot); it != kTop.end()) return it->second;
   constexpr std::string_view kLayers = "layers.";
   if (slot.starts_with(kLayers)) {

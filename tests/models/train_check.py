@@ -6,7 +6,7 @@
 
 `write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
 Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss),
-a Qwen2 (q/k/v biases) and a Qwen3 (per-head q/k norms) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+a Qwen2 (q/k/v biases), a Qwen3 (per-head q/k norms) and a Llama with mlp_bias in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
@@ -51,8 +51,11 @@ def models():
     del qwen2["head_dim"]
     qwen3 = dict(LLAMA, model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False,
                  rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, head_dim=32, use_sliding_window=False)
+    # Llama with mlp_bias: biases on the three MLP projections.
+    llama_mlp_bias = dict(untied, mlp_bias=True)
     return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True),
-            ("mixtral_aux", mixtral_aux, True), ("qwen2", qwen2, False), ("qwen3", qwen3, False)]
+            ("mixtral_aux", mixtral_aux, True), ("qwen2", qwen2, False), ("qwen3", qwen3, False),
+            ("llama_mlp_bias", llama_mlp_bias, False)]
 
 
 def write(d):

@@ -117,6 +117,13 @@ def main():
             x, w, dy = load(n, "x", True), load(n, "w", True), load(n, "dy")
             (x @ w).backward(dy)
             grads = {"dx": x.grad, "dw": w.grad}
+        elif n == "swiglu_bias":
+            x, g, u, dn, dy = (load(n, "x", True), load(n, "gate", True), load(n, "up", True),
+                               load(n, "down", True), load(n, "dy"))
+            bg, bu, bd = load(n, "gate_bias", True), load(n, "up_bias", True), load(n, "down_bias", True)
+            ((F.silu(x @ g + bg) * (x @ u + bu)) @ dn + bd).backward(dy)
+            grads = {"dx": x.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad, "dgate_bias": bg.grad,
+                     "dup_bias": bu.grad, "ddown_bias": bd.grad}
         elif n == "swiglu":
             x, g, u, dn, dy = (load(n, "x", True), load(n, "gate", True), load(n, "up", True),
                                load(n, "down", True), load(n, "dy"))

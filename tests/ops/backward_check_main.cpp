@@ -74,6 +74,17 @@ int main(int argc, char** argv) try {
     const ops::MlpGrads ge = ops::gelu_mlp_backward(x, w, dy);
     save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down), save("gelu", "dy", dy);
     save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
+    // With Llama's mlp_bias: biases on all three projections.
+    w.gate_bias = random_tensor({24}, 12, 0.5f);
+    w.up_bias = random_tensor({24}, 13, 0.5f);
+    w.down_bias = random_tensor({16}, 14, 0.5f);
+    const ops::MlpGrads gb = ops::swiglu_mlp_backward(x, w, dy);
+    const std::string nb = "swiglu_bias";
+    save(nb, "x", x), save(nb, "gate", w.gate), save(nb, "up", w.up), save(nb, "down", w.down), save(nb, "dy", dy);
+    save(nb, "gate_bias", w.gate_bias), save(nb, "up_bias", w.up_bias), save(nb, "down_bias", w.down_bias);
+    save(nb, "dx", gb.dx), save(nb, "dgate", gb.dgate), save(nb, "dup", gb.dup), save(nb, "ddown", gb.ddown);
+    save(nb, "dgate_bias", gb.dgate_bias), save(nb, "dup_bias", gb.dup_bias), save(nb, "ddown_bias", gb.ddown_bias);
+    cases.push_back({{"name", nb}});
     cases.push_back({{"name", "gelu"}});
   }
   {

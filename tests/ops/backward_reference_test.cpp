@@ -41,9 +41,13 @@ TEST(BackwardReferenceTest, BadArgumentsAreNamed) {
               ThrowsMessage<ShapeError>("linear backward: w is [5, 2], expected [4, 2]"));
   MlpWeights mlp{.gate = random_host({4, 6}, 5, 1.0f), .up = random_host({4, 6}, 6, 1.0f),
                  .down = random_host({6, 4}, 7, 1.0f)};
-  mlp.up_bias = random_host({6}, 8, 1.0f);
+  mlp.up_bias = random_host({5}, 8, 1.0f);
   EXPECT_THAT([&] { swiglu_mlp_backward(x, mlp, x); },
-              ThrowsMessage<NotImplementedError>(HasSubstr("biases and 16-bit weights are not differentiated yet")));
+              ThrowsMessage<ShapeError>("swiglu backward: up bias is [5], expected [1, 6]"));
+  mlp.up_bias = {};
+  mlp.stored_as = DType::kBF16;
+  EXPECT_THAT([&] { swiglu_mlp_backward(x, mlp, x); },
+              ThrowsMessage<NotImplementedError>(HasSubstr("16-bit weights are not differentiated yet")));
   const std::vector<std::int32_t> ids{0, 10, 1};
   EXPECT_THAT([&] { embedding_backward(ids, 10, x); },
               ThrowsMessage<IndexError>("embedding backward: token 10 at row 1 is outside [0, 10)"));

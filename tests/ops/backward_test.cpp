@@ -62,6 +62,7 @@ TEST(GradientPlacementsTest, AWeightGradientIsPartialOverTheAxesSplittingTheToke
 
 struct MlpRun {
   runtime::HostTensor dx, dgate, dup, ddown;  // the weights' gradients as [in, out]
+  runtime::HostTensor dgate_bias, dup_bias, ddown_bias;  // [n], where the layer has them
   std::vector<sharding::ReshardStep::Kind> collectives;
 };
 
@@ -92,6 +93,9 @@ MlpRun run_mlp_backward(const runtime::DeviceMesh& mesh, MlpKind kind, const Mlp
   out("dgate", grads.gate);
   out("dup", grads.up);
   out("ddown", grads.down);
+  out("dgate_bias", grads.gate_bias);
+  out("dup_bias", grads.up_bias);
+  out("ddown_bias", grads.down_bias);
   Program program = std::move(pb).compile();
   MlpRun run;
   for (const CollectivePlan& c : program.plan().collectives) {
@@ -104,6 +108,16 @@ MlpRun run_mlp_backward(const runtime::DeviceMesh& mesh, MlpKind kind, const Mlp
   run.dup = transposed(program.output("dup"));
   run.ddown = transposed(program.output("ddown"));
   if (grads.gate) run.dgate = transposed(program.output("dgate"));
+  // A bias' gradient [1, n] as the reference shapes it, [n].
+  const auto row = [&](const std::string& name, const std::shared_ptr<runtime::ShardedTensor>& g) {
+    if (!g) return runtime::HostTensor{};
+    runtime::HostTensor t = program.output(name);
+    t.shape = {t.shape[1]};
+    return t;
+  };
+  run.dgate_bias = row("dgate_bias", grads.gate_bias);
+  run.dup_bias = row("dup_bias", grads.up_bias);
+  run.ddown_bias = row("ddown_bias", grads.down_bias);
   return run;
 }
 
@@ -115,11 +129,17 @@ class ShardedMlpBackwardTest : public ::testing::TestWithParam<MeshCase> {};
 TEST_P(ShardedMlpBackwardTest, GradientsEqualTheDenseReference) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
-    for (MlpKind kind : {MlpKind::kSwiGLU, MlpKind::kGelu}) {
+    for (const auto& [kind, biases] : {std::pair{MlpKind::kSwiGLU, false}, std::pair{MlpKind::kGelu, false},
+                                      std::pair{MlpKind::kSwiGLU, true}, std::pair{MlpKind::kGelu, true}}) {
       MlpWeights w;
       w.up = random({h, f}, 1, 0.3f);
       w.down = random({f, h}, 2, 0.3f);
       if (kind == MlpKind::kSwiGLU) w.gate = random({h, f}, 3, 0.3f);
+      if (biases) {  // Llama's mlp_bias (and GELU MLPs' usual biases)
+        w.up_bias = random({f}, 6, 0.5f);
+        w.down_bias = random({h}, 7, 0.5f);
+        if (kind == MlpKind::kSwiGLU) w.gate_bias = random({f}, 8, 0.5f);
+      }
       const runtime::HostTensor x = random({t, h}, 4, 1.0f), dy = random({t, h}, 5, 1.0f);
       const MlpGrads want =
           kind == MlpKind::kSwiGLU ? swiglu_mlp_backward(x, w, dy) : gelu_mlp_backward(x, w, dy);
@@ -130,12 +150,19 @@ TEST_P(ShardedMlpBackwardTest, GradientsEqualTheDenseReference) {
             std::pair{"sequence parallel", MlpAxes{.batch = {"dp", "fsdp"}, .sequence = {"tp"}}},
             std::pair{"fsdp weights", MlpAxes{.batch = {"dp", "fsdp"}, .weights = {"fsdp"}}}}) {
         const MlpRun got = run_mlp_backward(mesh, kind, w, x, dy, axes);
-        const std::string where = fmt::format("{} T={} F={} {}", to_string(kind), t, f, label);
+        const std::string where = fmt::format("{}{} T={} F={} {}", to_string(kind), biases ? " with biases" : "", t, f, label);
         EXPECT_TRUE(testing::matches_reference(got.dx, want.dx, bound)) << where << ": dx";
         EXPECT_TRUE(testing::matches_reference(got.dup, want.dup, bound)) << where << ": d up";
         EXPECT_TRUE(testing::matches_reference(got.ddown, want.ddown, bound)) << where << ": d down";
         if (kind == MlpKind::kSwiGLU) {
           EXPECT_TRUE(testing::matches_reference(got.dgate, want.dgate, bound)) << where << ": d gate";
+        }
+        if (biases) {
+          EXPECT_TRUE(testing::matches_reference(got.dup_bias, want.dup_bias, bound)) << where << ": d up bias";
+          EXPECT_TRUE(testing::matches_reference(got.ddown_bias, want.ddown_bias, bound)) << where << ": d down bias";
+          if (kind == MlpKind::kSwiGLU) {
+            EXPECT_TRUE(testing::matches_reference(got.dgate_bias, want.dgate_bias, bound)) << where << ": d gate bias";
+          }
         }
       }
     }
@@ -183,9 +210,21 @@ TEST(ShardedMlpBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
   w.up = random({16, 32}, 1, 0.3f);
   w.down = random({32, 16}, 2, 0.3f);
   w.up_bias = random({32}, 3, 0.1f);
-  const runtime::HostTensor x = random({4, 16}, 4, 1.0f);
-  EXPECT_THAT([&] { run_mlp_backward(mesh, MlpKind::kGelu, w, x, x, MlpAxes{}); },
-              ThrowsMessage<NotImplementedError>(HasSubstr("mlp.bwd: the backward of an MLP with biases is not lowered yet")));
+  const MlpLayer with_bias = MlpLayer::create(mesh, MlpKind::kGelu, w);
+  MlpGradients no_bias_grad = MlpGradients::like(with_bias);
+  no_bias_grad.up_bias = nullptr;
+  {
+    ProgramBuilder fb(mesh, "a bias without its gradient");
+    const sharding::PartitionSpec whole({sharding::AxisRule(), sharding::AxisRule()});
+    runtime::Frontier loaded;
+    runtime::ShardedTensor& xs = fb.input("x", {4, 16}, whole, loaded);
+    runtime::ShardedTensor& ys = fb.tensor("y", TensorRole::kActivation, {4, 16}, whole);
+    runtime::ShardedTensor& dxs = fb.tensor("dx", TensorRole::kActivation, {4, 16}, whole);
+    MlpSaved kept;
+    const runtime::Frontier forward = emit_mlp(fb, with_bias, xs, loaded, ys, "mlp", &kept);
+    EXPECT_THAT([&] { emit_mlp_backward(fb, with_bias, kept, ys, forward, dxs, no_bias_grad, "mlp.bwd"); },
+                ThrowsMessage<ValueError>(HasSubstr("mlp.bwd: the layer has the up bias but no gradient is given for it")));
+  }
   w.up_bias = {};
   const MlpLayer layer = MlpLayer::create(mesh, MlpKind::kGelu, w);
   ProgramBuilder pb(mesh, "no saved");

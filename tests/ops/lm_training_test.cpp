@@ -96,10 +96,11 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
   }
 }
 
-// Qwen2's q, k, v biases (and an o bias, as Llama's attention_bias has) and Qwen3's per-head
-// q/k norms are parameters too: the loss and every gradient, theirs included, equal the
-// oracle's (whose attention backward autograd checks: ops_backward_matches_pytorch,
-// attention_bias_norm). On tp4 the kv heads are shared by the devices of the heads axis.
+// Qwen2's q, k, v biases (and an o bias, as Llama's attention_bias has), Qwen3's per-head q/k
+// norms and Llama's mlp_bias are parameters too: the loss and every gradient, theirs included,
+// equal the oracle's (whose backward autograd checks: ops_backward_matches_pytorch,
+// attention_bias_norm and swiglu_bias). On tp4 the kv heads are shared by the devices of the
+// heads axis; on fsdp the MLP's weights are split, its biases not.
 TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
   TinyModel m;
@@ -111,11 +112,15 @@ TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
     b.attention.bo = testing::random_host({32}, seed++, 0.5f);
     b.attention.q_norm = testing::random_host({8}, seed++, 1.0f);
     b.attention.k_norm = testing::random_host({8}, seed++, 1.0f);
+    b.mlp.gate_bias = testing::random_host({64}, seed++, 0.5f);
+    b.mlp.up_bias = testing::random_host({64}, seed++, 0.5f);
+    b.mlp.down_bias = testing::random_host({32}, seed++, 0.5f);
   }
   const std::vector<std::int32_t> inputs = ids(8), targets = ids(9);
   const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, &m.head, inputs, targets, kBatch, kTokens);
-  for (const char* slot : {"bq", "bk", "bv", "bo", "q_norm", "k_norm"}) {
-    ASSERT_TRUE(want.grads.contains(std::string("layers.1.attention.") + slot)) << slot;
+  for (const char* slot : {"attention.bq", "attention.bk", "attention.bv", "attention.bo", "attention.q_norm",
+                           "attention.k_norm", "mlp.gate_bias", "mlp.up_bias", "mlp.down_bias"}) {
+    ASSERT_TRUE(want.grads.contains(std::string("layers.1.") + slot)) << slot;
   }
   LmTrainingStep step(mesh, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
   EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);

@@ -200,6 +200,12 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
       add(p + "mlp.gate", b.mlp->gate, b.mlp_grads.gate, kOutIn);
       add(p + "mlp.up", b.mlp->up, b.mlp_grads.up, kOutIn);
       add(p + "mlp.down", b.mlp->down, b.mlp_grads.down, kOutIn);
+      // Llama's mlp_bias, rows [1, n], where the model has them.
+      for (const auto& [slot, value, grad] : {std::tuple{"gate_bias", b.mlp->gate_bias, b.mlp_grads.gate_bias},
+                                              std::tuple{"up_bias", b.mlp->up_bias, b.mlp_grads.up_bias},
+                                              std::tuple{"down_bias", b.mlp->down_bias, b.mlp_grads.down_bias}}) {
+        if (value != nullptr) add(p + "mlp." + slot, value, grad, kInOut);
+      }
     }
     L.blocks.push_back(std::move(b));
   }

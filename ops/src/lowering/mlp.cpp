@@ -40,12 +40,17 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   check_biases(w, kind, layer.hidden, layer.intermediate);
-  auto biases = std::make_shared<MlpWeights>();
-  biases->gate_bias = w.gate_bias;
-  biases->up_bias = w.up_bias;
-  biases->down_bias = w.down_bias;
-  layer.biases = std::move(biases);
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
+  // Each bias a row [1, n] split as the outputs it is added to (F's over the tensor axis).
+  const auto row = [&](const runtime::HostTensor& values, const AxisRule& rule) -> std::shared_ptr<runtime::ShardedTensor> {
+    if (values.shape.empty()) return nullptr;
+    runtime::HostTensor r = values;
+    r.shape = {1, static_cast<std::int64_t>(values.data.size())};
+    return detail::laid_out(mesh, r, PartitionSpec({AxisRule(), rule}));
+  };
+  layer.gate_bias = row(w.gate_bias, tp);
+  layer.up_bias = row(w.up_bias, tp);
+  layer.down_bias = row(w.down_bias, AxisRule());
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
   // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
   layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
@@ -99,7 +104,13 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const std::int64_t f_local = up.layout().shard_shape()[0];
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
-  const std::shared_ptr<const MlpWeights> biases = layer.biases;
+  // The biases, registered once; a device reads its shard (its slice of F for gate and up).
+  const auto used = [&](const std::shared_ptr<runtime::ShardedTensor>& bias, const char* what) {
+    return bias != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, bias) : nullptr;
+  };
+  runtime::ShardedTensor *const gate_bias = used(layer.gate_bias, "gate_bias");
+  runtime::ShardedTensor *const up_bias = used(layer.up_bias, "up_bias");
+  runtime::ShardedTensor *const down_bias = used(layer.down_bias, "down_bias");
   const auto slots = static_cast<std::size_t>(mesh.size());
   if (saved != nullptr) {
     *saved = MlpSaved{.x = &xc, .up = &up, .gate = gate, .down = &down,
@@ -128,15 +139,14 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     }
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
-    // The device's columns of F start here: its slice of the gate and up biases.
-    const std::int64_t f_first = up.layout().device(s).block[0] * f_local;
+    const std::span<const float> bg = detail::row_of(gate_bias, s), bu = detail::row_of(up_bias, s);
     pb.add_flops(s, flops);
-    return [prec, &xs, &hs, us, gs, &wu, wg, rows, h, f_first, biases] {
+    return [prec, &xs, &hs, us, gs, &wu, wg, rows, h, bg, bu] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       if (wg == nullptr) {  // GELU
         MatrixMap pre = as_matrix(us != nullptr ? *us : hs);
         device_gemm(xm, as_out_in_weight(wu), pre, prec);
-        add_bias_rows(pre, biases->up_bias, f_first);
+        add_bias_rows(pre, bu);
         if (us != nullptr) as_matrix(hs) = pre;
         gelu_inplace(as_matrix(hs));
         return;
@@ -144,8 +154,8 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       MatrixMap gate_pre = as_matrix(gs != nullptr ? *gs : hs);
       device_gemm(xm, as_out_in_weight(*wg), gate_pre, prec);
       device_gemm(xm, as_out_in_weight(wu), as_matrix(*us), prec);
-      add_bias_rows(gate_pre, biases->gate_bias, f_first);
-      add_bias_rows(as_matrix(*us), biases->up_bias, f_first);
+      add_bias_rows(gate_pre, bg);
+      add_bias_rows(as_matrix(*us), bu);
       if (gs != nullptr) as_matrix(hs) = gate_pre;
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     };
@@ -157,19 +167,26 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     // The down bias is added once: by every device when F is not split, else by the first of
     // the devices whose partial sums the reduction adds.
     const bool adds_bias = detail::first_of_partial_sum(mesh, y_placed, s);
-    return [prec, &hs, &wd, &yp, rows, h, biases, adds_bias] {
+    const std::span<const float> bd = detail::row_of(down_bias, s);
+    return [prec, &hs, &wd, &yp, rows, h, bd, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, h);
       device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), ym, prec);
-      if (adds_bias) add_bias_rows(ym, biases->down_bias, 0);
+      if (adds_bias) add_bias_rows(ym, bd);
     };
   });
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
 }
 
 MlpGradients MlpGradients::like(const MlpLayer& layer) {
-  return MlpGradients{.gate = layer.gate ? gradient_like(*layer.gate) : nullptr,
+  const auto optional = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
+    return t != nullptr ? gradient_like(*t) : nullptr;
+  };
+  return MlpGradients{.gate = optional(layer.gate),
                       .up = gradient_like(*layer.up),
-                      .down = gradient_like(*layer.down)};
+                      .down = gradient_like(*layer.down),
+                      .gate_bias = optional(layer.gate_bias),
+                      .up_bias = optional(layer.up_bias),
+                      .down_bias = optional(layer.down_bias)};
 }
 
 ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& w,

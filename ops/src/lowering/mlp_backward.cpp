@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <tuple>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -23,13 +24,26 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   const std::size_t rank = dx.shape().size();
   NUMESH_CHECK(saved.x != nullptr && saved.up != nullptr && saved.down != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_mlp without `saved`)", name);
-  NUMESH_CHECK(layer.biases->up_bias.shape.empty() && layer.biases->gate_bias.shape.empty() &&
-                   layer.biases->down_bias.shape.empty(),
-               NotImplementedError, "{}: the backward of an MLP with biases is not lowered yet", name);
   check_backward_io(dy, dx, saved.x->shape(), saved.y_placed, saved.x_placed, name);
   check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);
   check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
   if (layer.gate) check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);
+  for (const auto& [bias, grad, what] : {std::tuple{&layer.gate_bias, &grads.gate_bias, "gate bias"},
+                                         std::tuple{&layer.up_bias, &grads.up_bias, "up bias"},
+                                         std::tuple{&layer.down_bias, &grads.down_bias, "down bias"}}) {
+    if (*bias == nullptr) continue;
+    NUMESH_CHECK(*grad != nullptr, ValueError, "{}: the layer has the {} but no gradient is given for it", name, what);
+    check_laid_out_like(**grad, **bias, fmt::format("the {} gradient", what), name);
+  }
+  // Each bias' gradient as this device computes it: its outputs' gradient over its rows.
+  const auto produced_bias = [&](const std::shared_ptr<runtime::ShardedTensor>& bias, const char* what) {
+    return bias != nullptr ? &pb.tensor(name + "." + what + ".grad_partial", TensorRole::kActivation, bias->shape(),
+                                        bias->spec())
+                           : nullptr;
+  };
+  runtime::ShardedTensor *const d_gate_bias = produced_bias(layer.gate_bias, "gate_bias");
+  runtime::ShardedTensor *const d_up_bias = produced_bias(layer.up_bias, "up_bias");
+  runtime::ShardedTensor *const d_down_bias = produced_bias(layer.down_bias, "down_bias");
 
   // dy as the down projection's output was laid out (gathered over F's axes under sequence
   // parallelism): the transpose of the forward's reduce-scatter; the same tensor otherwise.
@@ -68,11 +82,15 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     runtime::Tensor& gd = d_down.shard(s);
     runtime::Tensor& das = pb.scratch(s, {rows, f_local});
     d_act[static_cast<std::size_t>(s)] = &das;
+    // The down bias: dy summed over the rows (dy is whole on every device of F's split, so each
+    // has the same: replicated there, as the bias is).
+    runtime::Tensor* gbd = d_down_bias != nullptr ? &d_down_bias->shard(s) : nullptr;
     pb.add_flops(s, forward_flops / (saved.gate != nullptr ? 1.5 : 1.0));
-    return [prec, &dys, &hs, &wd, &gd, &das, rows, h] {
+    return [prec, &dys, &hs, &wd, &gd, &das, gbd, rows, h] {
       const ConstMatrixMap dym(dys.values().data(), rows, h);
       device_gemm(dym, as_weight(wd), as_matrix(das), prec);
       device_gemm_transposed_a(dym, as_matrix(std::as_const(hs)), as_matrix(gd), 0.0f, prec);
+      if (gbd != nullptr) as_matrix(*gbd) = dym.colwise().sum();
     };
   });
   // Per device: the activation's backward, the up (and gate) weights' gradients and dx_partial.
@@ -90,12 +108,19 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     runtime::Tensor* d_up_pre = gelu ? nullptr : &pb.scratch(s, {rows, f_local});
     runtime::Tensor* gate_term = gelu ? nullptr : &pb.scratch(s, {rows, h});
     runtime::Tensor& dxs = dx_partial.shard(s);
+    runtime::Tensor* gbg = d_gate_bias != nullptr ? &d_gate_bias->shard(s) : nullptr;
+    runtime::Tensor* gbu = d_up_bias != nullptr ? &d_up_bias->shard(s) : nullptr;
     pb.add_flops(s, forward_flops * (gelu ? 1.0 : 4.0 / 3.0));
-    return [prec, &das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, rows, h] {
+    return [prec, &das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, gbg, gbu, rows, h] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       MatrixMap dxm(dxs.values().data(), rows, h);
+      // A bias' gradient: its pre-activation's gradient summed over the rows (its slice of F).
+      const auto bias_grad = [](runtime::Tensor* grad, const runtime::Tensor& d_pre) {
+        if (grad != nullptr) as_matrix(*grad) = as_matrix(d_pre).colwise().sum();
+      };
       if (wg == nullptr) {  // GELU: d_pre = da .* gelu'(pre), in place of da
         gelu_backward_inplace(as_matrix(std::as_const(up_pre)), as_matrix(das));
+        bias_grad(gbu, das);
         device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu), 0.0f, prec);
         device_gemm(as_matrix(std::as_const(das)), as_weight(wu), dxm, prec);
         return;
@@ -103,6 +128,8 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
       // SwiGLU: d_gate_pre in place of da, d_up_pre beside it.
       silu_mul_backward(as_matrix(std::as_const(*gate_pre)), as_matrix(std::as_const(up_pre)),
                         as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
+      bias_grad(gbg, das);
+      bias_grad(gbu, *d_up_pre);
       device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg), 0.0f, prec);
       device_gemm_transposed_a(as_matrix(std::as_const(*d_up_pre)), xm, as_matrix(gu), 0.0f, prec);
       device_gemm(as_matrix(std::as_const(das)), as_weight(*wg), dxm, prec);
@@ -119,6 +146,10 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
     parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, rank, out, ready, name + "." + wname + ".grad"));
   };
   reduce(d_down, *saved.down, *grads.down, down_done, "w_down");
+  // The biases as the weights they follow (down's replicated over F's split, as dy is).
+  if (d_down_bias != nullptr) reduce(*d_down_bias, *layer.down_bias, *grads.down_bias, down_done, "down_bias");
+  if (d_up_bias != nullptr) reduce(*d_up_bias, *layer.up_bias, *grads.up_bias, up_done, "up_bias");
+  if (d_gate_bias != nullptr) reduce(*d_gate_bias, *layer.gate_bias, *grads.gate_bias, up_done, "gate_bias");
   reduce(d_up, *saved.up, *grads.up, up_done, "w_up");
   if (d_gate != nullptr) reduce(*d_gate, *saved.gate, *grads.gate, up_done, "w_gate");
   // dx: the transpose of the forward's token gather (a reduce-scatter) or of using x whole on

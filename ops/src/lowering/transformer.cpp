@@ -106,6 +106,9 @@ std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const
       add(p + "mlp.gate", layer.mlp->gate, kOutIn);
       add(p + "mlp.up", layer.mlp->up, kOutIn);
       add(p + "mlp.down", layer.mlp->down, kOutIn);
+      add(p + "mlp.gate_bias", layer.mlp->gate_bias);
+      add(p + "mlp.up_bias", layer.mlp->up_bias);
+      add(p + "mlp.down_bias", layer.mlp->down_bias);
     }
     if (layer.moe) {
       add(p + "moe.router", layer.moe->router);

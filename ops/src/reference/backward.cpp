@@ -35,10 +35,14 @@ std::int64_t dim(const runtime::HostTensor& t, std::size_t i, const char* what) 
 // g = dy [rows, H].
 struct SwigluGradsD {
   MatrixD dx, dgate, dup, ddown;
+  MatrixD dgate_bias, dup_bias;  // [1, F]: the pre-activations' gradients summed over the rows
 };
+// `gate_bias` and `up_bias`: [1, F] rows added to the pre-activations (empty: none).
 SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu, const MatrixD& wd,
-                              const MatrixD& g) {
-  const MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
+                              const MatrixD& g, const MatrixD& gate_bias = {}, const MatrixD& up_bias = {}) {
+  MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
+  if (gate_bias.size() > 0) a.rowwise() += gate_bias.row(0);
+  if (up_bias.size() > 0) b.rowwise() += up_bias.row(0);
   const Eigen::Index rows = xm.rows(), f = wg.cols();
   MatrixD act(rows, f), da(rows, f), db(rows, f);
   const MatrixD dz = g * wd.transpose();  // gradient of z = silu(a) .* b
@@ -51,8 +55,8 @@ SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const Matrix
       da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
     }
   }
-  return {da * wg.transpose() + db * wu.transpose(), xm.transpose() * da, xm.transpose() * db,
-          act.transpose() * g};
+  return {da * wg.transpose() + db * wu.transpose(), xm.transpose() * da, xm.transpose() * db, act.transpose() * g,
+          da.colwise().sum(), db.colwise().sum()};
 }
 
 }  // namespace
@@ -90,9 +94,8 @@ LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTen
 }
 
 MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
-  NUMESH_CHECK(w.gate_bias.shape.empty() && w.up_bias.shape.empty() && w.down_bias.shape.empty() &&
-                   w.stored_as == DType::kF32,
-               NotImplementedError, "swiglu backward: biases and 16-bit weights are not differentiated yet");
+  NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
+               "swiglu backward: 16-bit weights are not differentiated yet");
   const std::int64_t rows = dim(x, 0, "swiglu backward: x"), h = dim(x, 1, "swiglu backward: x");
   const std::int64_t f = dim(w.up, 1, "swiglu backward: up");
   const MatrixD xm = matrix(x, rows, h, "swiglu backward: x");
@@ -100,21 +103,35 @@ MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, 
   const MatrixD wu = matrix(w.up, h, f, "swiglu backward: up");
   const MatrixD wd = matrix(w.down, f, h, "swiglu backward: down");
   const MatrixD g = matrix(dy, rows, h, "swiglu backward: dy");
-  const SwigluGradsD d = swiglu_gradients(xm, wg, wu, wd, g);
-  return {oracle::narrow(d.dx, {rows, h}), oracle::narrow(d.dgate, {h, f}), oracle::narrow(d.dup, {h, f}),
-          oracle::narrow(d.ddown, {f, h})};
+  const auto bias = [&](const runtime::HostTensor& b, std::int64_t n, const char* what) {
+    return b.shape.empty() ? MatrixD() : matrix(b, 1, n, what);
+  };
+  const SwigluGradsD d = swiglu_gradients(xm, wg, wu, wd, g, bias(w.gate_bias, f, "swiglu backward: gate bias"),
+                                          bias(w.up_bias, f, "swiglu backward: up bias"));
+  (void)bias(w.down_bias, h, "swiglu backward: down bias");  // checks its shape
+  MlpGrads out;
+  out.dx = oracle::narrow(d.dx, {rows, h});
+  out.dgate = oracle::narrow(d.dgate, {h, f});
+  out.dup = oracle::narrow(d.dup, {h, f});
+  out.ddown = oracle::narrow(d.ddown, {f, h});
+  // Each bias' gradient keeps its bias' shape.
+  if (!w.gate_bias.shape.empty()) out.dgate_bias = oracle::narrow(d.dgate_bias, w.gate_bias.shape);
+  if (!w.up_bias.shape.empty()) out.dup_bias = oracle::narrow(d.dup_bias, w.up_bias.shape);
+  if (!w.down_bias.shape.empty()) out.ddown_bias = oracle::narrow(g.colwise().sum(), w.down_bias.shape);
+  return out;
 }
 
 MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy) {
-  NUMESH_CHECK(w.up_bias.shape.empty() && w.down_bias.shape.empty() && w.stored_as == DType::kF32,
-               NotImplementedError, "gelu backward: biases and 16-bit weights are not differentiated yet");
+  NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
+               "gelu backward: 16-bit weights are not differentiated yet");
   const std::int64_t rows = dim(x, 0, "gelu backward: x"), h = dim(x, 1, "gelu backward: x");
   const std::int64_t f = dim(w.up, 1, "gelu backward: up");
   const MatrixD xm = matrix(x, rows, h, "gelu backward: x");
   const MatrixD wu = matrix(w.up, h, f, "gelu backward: up");
   const MatrixD wd = matrix(w.down, f, h, "gelu backward: down");
   const MatrixD g = matrix(dy, rows, h, "gelu backward: dy");
-  const MatrixD b = xm * wu;  // pre-activation
+  MatrixD b = xm * wu;  // pre-activation
+  if (!w.up_bias.shape.empty()) b.rowwise() += matrix(w.up_bias, 1, f, "gelu backward: up bias").row(0);
   MatrixD act(rows, f), db(rows, f);
   const MatrixD dz = g * wd.transpose();  // gradient of z = gelu(b)
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -127,8 +144,16 @@ MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, co
       db(r, j) = dz(r, j) * (cdf + v * pdf);
     }
   }
-  return {oracle::narrow(db * wu.transpose(), {rows, h}), {}, oracle::narrow(xm.transpose() * db, {h, f}),
-          oracle::narrow(act.transpose() * g, {f, h})};
+  MlpGrads out;
+  out.dx = oracle::narrow(db * wu.transpose(), {rows, h});
+  out.dup = oracle::narrow(xm.transpose() * db, {h, f});
+  out.ddown = oracle::narrow(act.transpose() * g, {f, h});
+  if (!w.up_bias.shape.empty()) out.dup_bias = oracle::narrow(db.colwise().sum(), w.up_bias.shape);
+  if (!w.down_bias.shape.empty()) {
+    (void)matrix(w.down_bias, 1, h, "gelu backward: down bias");  // checks its shape
+    out.ddown_bias = oracle::narrow(g.colwise().sum(), w.down_bias.shape);
+  }
+  return out;
 }
 
 namespace {

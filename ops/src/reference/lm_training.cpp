@@ -115,6 +115,13 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
       dn2 = std::move(moe.dx);
     } else {
       MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
+      // Llama's mlp_bias, where the model has it, as rows [1, n] (the step's layout).
+      for (auto& [slot, grad] : {std::pair{"gate_bias", &mlp.dgate_bias}, std::pair{"up_bias", &mlp.dup_bias},
+                                 std::pair{"down_bias", &mlp.ddown_bias}}) {
+        if (grad->shape.empty()) continue;
+        grad->shape = {1, static_cast<std::int64_t>(grad->data.size())};
+        out.grads[p + "mlp." + slot] = *grad;
+      }
       out.grads[p + "mlp.gate"] = mlp.dgate;
       out.grads[p + "mlp.up"] = mlp.dup;
       out.grads[p + "mlp.down"] = mlp.ddown;

@@ -65,8 +65,8 @@ class LmTrainingStep {
   /// the expert axis would travel by all-to-all, whose backward is not lowered: refused).
   /// Throws: ValueError as TransformerConfig::validate, when a weight is not stored fp32 or
 /// router_aux_loss_coef is negative or not finite;
-  /// NotImplementedError for shared experts or MLP biases (their backward is not lowered yet)
-  /// or MoE tokens split over the expert axis; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
+  /// NotImplementedError for shared experts (their backward is not lowered yet) or MoE tokens
+  /// split over the expert axis; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
   /// multiple of the batch axes' size, tokens not a multiple of the sequence axis' size, the
   /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
   LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,

@@ -46,9 +46,10 @@ struct MlpLayer {
   std::shared_ptr<runtime::ShardedTensor> gate;  ///< null for kGelu
   std::shared_ptr<runtime::ShardedTensor> up;
   std::shared_ptr<runtime::ShardedTensor> down;
-  /// The biases (MlpWeights' gate_bias, up_bias, down_bias; its matrices left empty), whole in
-  /// host memory: each device adds its slice of F's, and one device per partial sum down's.
-  std::shared_ptr<const MlpWeights> biases;
+  /// The optional biases (MlpWeights' gate_bias, up_bias, down_bias) as rows [1, n], fp32:
+  /// gate's and up's split over the tensor axis as F is (each device adds its slice), down's
+  /// replicated (added by one device per partial sum). Null when absent. Trainable parameters.
+  std::shared_ptr<runtime::ShardedTensor> gate_bias, up_bias, down_bias;
 
   /// Validates the weights and lays them out. The tensor axis splits F when the mesh has it
   /// and F divides (eformer's correction), else the weights are replicated.
@@ -92,7 +93,8 @@ runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runti
 /// (gradient_like: stored out-in, same spec), fp32. gate is null for kGelu.
 struct MlpGradients {
   std::shared_ptr<runtime::ShardedTensor> gate, up, down;
-  /// Zero gradients laid out like `layer`'s matrices.
+  std::shared_ptr<runtime::ShardedTensor> gate_bias, up_bias, down_bias;  ///< null where no bias
+  /// Zero gradients laid out like `layer`'s matrices and biases.
   [[nodiscard]] static MlpGradients like(const MlpLayer& layer);
 };
 
@@ -104,10 +106,11 @@ struct MlpGradients {
 /// over the F axes under sequence parallelism, dx_partial all-reduced over them (or
 /// reduce-scattered to the token split), the weights' gradients all-reduced over the axes that
 /// split the tokens and reduce-scattered over those that split the stored weights (FSDP).
-/// The weights gathered for the forward are read again, not gathered twice. Returns the
-/// frontier after which dx and every gradient are complete.
+/// The weights gathered for the forward are read again, not gathered twice. Biases get
+/// their gradients too: their outputs' gradients summed over the rows, reduced as the weights'.
+/// Returns the frontier after which dx and every gradient are complete.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes);
-/// NotImplementedError for a layer with biases (their gradients are not lowered yet).
+/// ValueError when a bias of the layer has no gradient in `grads`.
 runtime::Frontier emit_mlp_backward(ProgramBuilder& program, const MlpLayer& layer, const MlpSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name);

@@ -81,7 +81,8 @@ class ShardedTransformer {
   };
   /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
   /// wv, wo}" (stored out-in) and, where the model has them, "layers.L.attention.{bq, bk, bv,
-  /// bo, q_norm, k_norm}" (rows [1, n]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) or
+  /// bo, q_norm, k_norm}" (rows [1, n]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) with
+  /// "layers.L.mlp.{gate_bias, up_bias, down_bias}" where it has them, or
   /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]) with, for a shared
   /// expert, "layers.L.moe.shared_expert.{gate, up, down}" and "layers.L.moe.shared_expert_gate"
   /// ([H, 1]), and "final_norm".

@@ -40,12 +40,17 @@ struct MlpGrads {
   runtime::HostTensor dgate;   ///< [H, F] (empty for GELU)
   runtime::HostTensor dup;     ///< [H, F]
   runtime::HostTensor ddown;   ///< [F, H]
+  /// The biases' gradients (SwiGLU; Llama's mlp_bias), shaped as MlpWeights holds them; empty
+  /// where the layer has none.
+  runtime::HostTensor dgate_bias, dup_bias, ddown_bias;
 };
-/// The SwiGLU MLP y = (silu(x w_gate) .* (x w_up)) w_down.
-/// Throws: ShapeError when the weights do not fit x; NotImplementedError for biases or weights
+/// The SwiGLU MLP y = (silu(x w_gate + b_gate) .* (x w_up + b_up)) w_down + b_down (each bias
+/// optional).
+/// Throws: ShapeError when the weights or biases do not fit x; NotImplementedError for weights
 /// not stored as f32 (not yet differentiated).
 MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
-/// The GELU MLP y = gelu(x w_up) w_down (exact erf form; w.gate unused).
+/// The GELU MLP y = gelu(x w_up + b_up) w_down + b_down (exact erf form; w.gate unused; each
+/// bias optional).
 /// Throws: as swiglu_mlp_backward.
 MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w, const runtime::HostTensor& dy);
 

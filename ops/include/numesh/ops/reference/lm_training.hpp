@@ -35,7 +35,8 @@ struct LmTrainingGrads {
 /// loss, and its gradient to the routers'.
 /// The attention's biases and q/k norms (Qwen2, Qwen3), where present, are parameters too:
 /// "layers.L.attention.bq", ".bk", ".bv", ".bo", ".q_norm", ".k_norm", as rows [1, n].
-/// Throws: NotImplementedError for shared experts or MLP biases; ShapeError when the ids or
+/// So are the MLP's biases (Llama's mlp_bias): "layers.L.mlp.gate_bias", ".up_bias", ".down_bias".
+/// Throws: NotImplementedError for shared experts; ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
 /// negative router_aux_loss_coef.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
