@@ -97,18 +97,12 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   layer.wo = detail::laid_out_out_in(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
   check_biases_and_norms(w, config, hidden);
   // Each a row [1, n] split as the outputs it is added to (a few KiB).
-  const auto row = [&](const runtime::HostTensor& values, const AxisRule& rule) -> std::shared_ptr<runtime::ShardedTensor> {
-    if (values.shape.empty()) return nullptr;
-    runtime::HostTensor r = values;
-    r.shape = {1, static_cast<std::int64_t>(values.data.size())};
-    return detail::laid_out(mesh, r, PartitionSpec({AxisRule(), rule}));
-  };
-  layer.bq = row(w.bq, q_rule);
-  layer.bk = row(w.bk, kv_rule);
-  layer.bv = row(w.bv, kv_rule);
-  layer.bo = row(w.bo, AxisRule());
-  layer.q_norm = row(w.q_norm, AxisRule());
-  layer.k_norm = row(w.k_norm, AxisRule());
+  layer.bq = detail::laid_out_row(mesh, w.bq, q_rule);
+  layer.bk = detail::laid_out_row(mesh, w.bk, kv_rule);
+  layer.bv = detail::laid_out_row(mesh, w.bv, kv_rule);
+  layer.bo = detail::laid_out_row(mesh, w.bo, AxisRule());
+  layer.q_norm = detail::laid_out_row(mesh, w.q_norm, AxisRule());
+  layer.k_norm = detail::laid_out_row(mesh, w.k_norm, AxisRule());
   return layer;
 }
 

@@ -123,6 +123,17 @@ inline void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int
   m.rowwise() += b;
 }
 
+/// An optional vector (a bias, a norm weight; [n], or absent: no shape) laid out as a row
+/// [1, n] split by `rule` as the outputs it is added to; null when absent.
+inline std::shared_ptr<runtime::ShardedTensor> laid_out_row(const runtime::DeviceMesh& mesh,
+                                                           const runtime::HostTensor& values,
+                                                           const sharding::AxisRule& rule) {
+  if (values.shape.empty()) return nullptr;
+  runtime::HostTensor row = values;
+  row.shape = {1, static_cast<std::int64_t>(values.data.size())};
+  return laid_out(mesh, row, sharding::PartitionSpec({sharding::AxisRule(), rule}));
+}
+
 /// Adds `bias` (m.cols() values, or none) to every row of m.
 inline void add_bias_rows(MatrixMap m, std::span<const float> bias) {
   if (bias.empty()) return;

@@ -42,15 +42,9 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   check_biases(w, kind, layer.hidden, layer.intermediate);
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
   // Each bias a row [1, n] split as the outputs it is added to (F's over the tensor axis).
-  const auto row = [&](const runtime::HostTensor& values, const AxisRule& rule) -> std::shared_ptr<runtime::ShardedTensor> {
-    if (values.shape.empty()) return nullptr;
-    runtime::HostTensor r = values;
-    r.shape = {1, static_cast<std::int64_t>(values.data.size())};
-    return detail::laid_out(mesh, r, PartitionSpec({AxisRule(), rule}));
-  };
-  layer.gate_bias = row(w.gate_bias, tp);
-  layer.up_bias = row(w.up_bias, tp);
-  layer.down_bias = row(w.down_bias, AxisRule());
+  layer.gate_bias = detail::laid_out_row(mesh, w.gate_bias, tp);
+  layer.up_bias = detail::laid_out_row(mesh, w.up_bias, tp);
+  layer.down_bias = detail::laid_out_row(mesh, w.down_bias, AxisRule());
   const AxisRule zero = detail::entry_over(axes.weights, mesh.mesh());
   // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
   layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
