@@ -24,6 +24,7 @@
 
 #include "hwloc_handle.hpp"
 #include "numesh/core/check.hpp"
+#include "size_text.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/log.hpp"
 
@@ -178,17 +179,7 @@ class Device::PinningObserver : public oneapi::tbb::task_scheduler_observer {
   BitmapPtr cpus_;
 };
 
-namespace {
-
-// A byte count for a message: GB or MB with one decimal, bytes below a megabyte.
-std::string size_text(std::uint64_t bytes) {
-  const auto b = static_cast<double>(bytes);
-  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
-  return fmt::format("{} bytes", bytes);
-}
-
-}  // namespace
+using detail::size_text;
 
 Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     : topology_(std::move(topology)), spec_(std::move(spec)) {

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "box_runs.hpp"
 #include "copy_kernels.hpp"
+#include "size_text.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
@@ -27,8 +30,28 @@ std::int64_t num_elements(std::span<const std::int64_t> shape) {
   return n;
 }
 
+namespace {
+
+// The machine's physical memory in bytes (0: unknown).
+std::uint64_t physical_memory_bytes() {
+  static const std::uint64_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+  }();
+  return bytes;
+}
+
+}  // namespace
+
 HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
   const auto n = static_cast<std::size_t>(num_elements(shape));
+  // A size that follows from a user's options is refused, named, when the machine could not
+  // hold it at all, rather than left to the allocator (std::bad_alloc, or paging for minutes).
+  const std::uint64_t memory = physical_memory_bytes();
+  const auto bytes = static_cast<std::uint64_t>(n) * sizeof(float);
+  NUMESH_CHECK(memory == 0 || (n <= memory / sizeof(float) && bytes <= memory), ValueError,
+               "host memory: cannot allocate a [{}] tensor of {}, more than the {} this machine has",
+               fmt::join(shape, ", "), detail::size_text(bytes), detail::size_text(memory));
   return HostTensor{std::move(shape), std::vector<float>(n, 0.0f)};
 }
 

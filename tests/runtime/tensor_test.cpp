@@ -97,6 +97,11 @@ TEST(TensorTest, BadShapesAreRejected) {
   EXPECT_THAT([&] { ShardedTensor(m, {8}, P({AxisRule("xp")})); }, ::testing::Throws<Error>());
   EXPECT_THAT([&] { HostTensor::zeros({2, -1}); },
               ThrowsMessage<ShapeError>(HasSubstr("shape (2, -1) has a negative extent")));
+  // Larger than the machine's memory: refused, named, before the allocator sees it (4.4 TB).
+  EXPECT_THAT([&] { HostTensor::zeros({1 << 20, 1 << 20}); },
+              ThrowsMessage<ValueError>(::testing::ContainsRegex(
+                  "host memory: cannot allocate a \\[1048576, 1048576\\] tensor of 4398\\.0 GB, more than the "
+                  "[0-9.]+ GB this machine has")));
   EXPECT_THAT([&] { (void)t.shard(8); },
               ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
 }

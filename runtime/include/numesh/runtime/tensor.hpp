@@ -27,7 +27,8 @@ struct HostTensor {
   /// num_elements(shape) values in row-major order.
   std::vector<float> data;
 
-  /// A zero tensor of `shape`. Throws: ShapeError for a negative extent.
+  /// A zero tensor of `shape`. Throws: ShapeError for a negative extent; ValueError naming
+  /// the shape, its size and the machine's memory when it is larger than all of that memory.
   static HostTensor zeros(std::vector<std::int64_t> shape);
   /// A tensor with a shape and no values (data empty; the shape must hold elements): a weight
   /// whose values are not in host memory. The operators' layers lay it out unfilled, and the
