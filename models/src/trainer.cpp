@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
-#include <limits>
 #include <list>
 #include <utility>
 

@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -27,10 +25,8 @@ std::span<const float> floats(const runtime::Tensor& t) {
   return {static_cast<const float*>(t.data()), static_cast<std::size_t>(t.size())};
 }
 
-using FloatArray = Eigen::Map<Eigen::ArrayXf>;
-
-// Elements per task of the update and the norm: 256 KiB of each array, so that the several
-// passes Eigen makes over a chunk (the moments, then the parameter) find it in L2.
+// Elements per task of the update and the norm: 256 KiB of each array, a task long enough to
+// outweigh its scheduling and short enough that a device's threads share the work evenly.
 constexpr std::int64_t kChunk = std::int64_t{1} << 16;
 
 // A range of one shard: elements [first, first + size) of tensor `tensor`.
@@ -80,17 +76,27 @@ void update_chunk(float* __restrict p, float* __restrict m, float* __restrict v,
   }
 }
 
-// body(slot, index, chunk) for every chunk of every device's shards of `tensors` tensors
-// (shard sizes from size_of(slot, tensor)): all devices at once, each spreading its chunks over
-// its own threads. Chunk `index` counts the device's chunks in order.
-template <typename SizeOf, typename Body>
-void for_each_chunk(const runtime::DeviceMesh& mesh, std::size_t tensors, const SizeOf& size_of, const Body& body) {
-  on_every_device(mesh, [&](std::int64_t slot) {
+// Per device, its shards of `tensors` tensors (sizes from size_of(slot, tensor)) cut into chunks.
+template <typename SizeOf>
+std::vector<std::vector<Chunk>> chunks_per_device(const runtime::DeviceMesh& mesh, std::size_t tensors,
+                                                  const SizeOf& size_of) {
+  std::vector<std::vector<Chunk>> all;
+  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
     std::vector<std::int64_t> sizes;
     for (std::size_t i = 0; i < tensors; ++i) sizes.push_back(size_of(slot, i));
-    const std::vector<Chunk> chunks = chunks_of(sizes);
-    parallel_blocks(static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t c = first; c < last; ++c) body(slot, c, chunks[static_cast<std::size_t>(c)]);
+    all.push_back(chunks_of(sizes));
+  }
+  return all;
+}
+
+// body(slot, index, chunk) for every device's chunks (chunks_per_device): all devices at once,
+// each spreading its chunks over its own threads; `index` counts the device's chunks in order.
+template <typename Body>
+void for_each_chunk(const runtime::DeviceMesh& mesh, const std::vector<std::vector<Chunk>>& chunks, const Body& body) {
+  on_every_device(mesh, [&](std::int64_t slot) {
+    const std::vector<Chunk>& mine = chunks[static_cast<std::size_t>(slot)];
+    parallel_blocks(static_cast<std::int64_t>(mine.size()), 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) body(slot, c, mine[static_cast<std::size_t>(c)]);
     });
   });
 }
@@ -149,11 +155,8 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
                  g != nullptr ? to_string(g->dtype()) : "null", g != nullptr ? fmt::format("{}", fmt::join(g->shape(), ", ")) : "",
                  g != nullptr ? g->spec().repr() : "", fmt::join(p.shape(), ", "), p.spec().repr());
   }
-  if (parameters_.empty()) {
-    ++steps_;
-    return;
-  }
   ++steps_;
+  if (parameters_.empty()) return;
   // torch's scalars, computed in double and applied in fp32 as torch's fp32 tensor ops apply
   // a Python float: the decay factor, the step size and sqrt of the second bias correction.
   const double t = static_cast<double>(steps_);
@@ -165,15 +168,15 @@ void AdamW::step(std::span<const runtime::ShardedTensor* const> grads, double lr
       .beta2 = static_cast<float>(options_.beta2),
       .eps = static_cast<float>(options_.eps),
       .grad_scale = static_cast<float>(grad_scale)};
-  for_each_chunk(
-      parameters_.front()->mesh(), parameters_.size(),
-      [&](std::int64_t slot, std::size_t i) { return parameters_[i]->shard(slot).size(); },
-      [&](std::int64_t slot, std::int64_t, const Chunk& k) {
-        update_chunk(floats(parameters_[k.tensor]->shard(slot)).data() + k.first,
-                     floats(exp_avg_[k.tensor]->shard(slot)).data() + k.first,
-                     floats(exp_avg_sq_[k.tensor]->shard(slot)).data() + k.first,
-                     floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size, scalars);
-      });
+  const runtime::DeviceMesh& mesh = parameters_.front()->mesh();
+  const auto chunks = chunks_per_device(
+      mesh, parameters_.size(), [&](std::int64_t slot, std::size_t i) { return parameters_[i]->shard(slot).size(); });
+  for_each_chunk(mesh, chunks, [&](std::int64_t slot, std::int64_t, const Chunk& k) {
+    update_chunk(floats(parameters_[k.tensor]->shard(slot)).data() + k.first,
+                 floats(exp_avg_[k.tensor]->shard(slot)).data() + k.first,
+                 floats(exp_avg_sq_[k.tensor]->shard(slot)).data() + k.first,
+                 floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size, scalars);
+  });
 }
 
 double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
@@ -189,24 +192,20 @@ double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
   const auto distinct_size = [&](std::int64_t slot, std::size_t i) {
     return grads[i]->layout().device(slot).replica_id == 0 ? grads[i]->shard(slot).size() : std::int64_t{0};
   };
-  std::vector<std::vector<double>> sums(static_cast<std::size_t>(mesh.size()));
-  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
-    std::vector<std::int64_t> sizes;
-    for (std::size_t i = 0; i < grads.size(); ++i) sizes.push_back(distinct_size(slot, i));
-    sums[static_cast<std::size_t>(slot)].assign(chunks_of(sizes).size(), 0.0);
-  }
-  for_each_chunk(mesh, grads.size(), distinct_size, [&](std::int64_t slot, std::int64_t index, const Chunk& k) {
+  const auto chunks = chunks_per_device(mesh, grads.size(), distinct_size);
+  std::vector<std::vector<double>> sums;
+  for (const std::vector<Chunk>& mine : chunks) sums.emplace_back(mine.size(), 0.0);
+  for_each_chunk(mesh, chunks, [&](std::int64_t slot, std::int64_t index, const Chunk& k) {
     sums[static_cast<std::size_t>(slot)][static_cast<std::size_t>(index)] = sum_of_squares(
         floats(grads[k.tensor]->shard(slot)).subspan(static_cast<std::size_t>(k.first), static_cast<std::size_t>(k.size)));
   });
-  std::vector<double> per_slot;
+  // Each device's chunks in order, then the devices in order (as before: the same bits).
+  double squares = 0.0;
   for (const std::vector<double>& chunk_sums : sums) {
     double s = 0.0;
     for (const double x : chunk_sums) s += x;
-    per_slot.push_back(s);
+    squares += s;
   }
-  double squares = 0.0;
-  for (const double s : per_slot) squares += s;
   return std::sqrt(squares);
 }
 
@@ -223,11 +222,15 @@ double clip_grad_norm(std::span<runtime::ShardedTensor* const> grads, double max
   if (coefficient != 1.0 && !grads.empty()) {
     // As AdamW::step scales by its grad_scale: fp32 products.
     const auto c = static_cast<float>(coefficient);
-    for_each_chunk(
-        grads.front()->mesh(), grads.size(), [&](std::int64_t slot, std::size_t i) { return grads[i]->shard(slot).size(); },
-        [&](std::int64_t slot, std::int64_t, const Chunk& k) {
-          FloatArray(floats(grads[k.tensor]->shard(slot)).data() + k.first, k.size) *= c;
-        });
+    const runtime::DeviceMesh& mesh = grads.front()->mesh();
+    const auto chunks = chunks_per_device(
+        mesh, grads.size(), [&](std::int64_t slot, std::size_t i) { return grads[i]->shard(slot).size(); });
+    for_each_chunk(mesh, chunks, [&](std::int64_t slot, std::int64_t, const Chunk& k) {
+      for (float& x : floats(grads[k.tensor]->shard(slot)).subspan(static_cast<std::size_t>(k.first),
+                                                                   static_cast<std::size_t>(k.size))) {
+        x *= c;
+      }
+    });
   }
   return total;
 }

@@ -210,6 +210,7 @@ int run_train(const TrainOptions& o, std::ostream& out) {
                  dir.string());
     trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
   }
+  // Before the log or trace file is opened: a refused checkpoint leaves them as they were.
   if (o.init == "checkpoint") {
     note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite, dir.string(), out);
   }

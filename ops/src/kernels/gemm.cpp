@@ -193,6 +193,21 @@ std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcep
 
 namespace {
 
+// tile(r0, c0, rows, cols) for each tile of gemm_tiling(m, n, k) (c's rows [r0, r0 + rows),
+// columns [c0, c0 + cols)), one task each over the calling thread's arena: which thread runs a
+// tile does not change what the tile computes.
+template <typename Tile>
+void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& tile) {
+  const GemmTiling t = gemm_tiling(m, n, k);
+  const std::int64_t ct = t.col_tiles(n);
+  parallel_blocks(t.row_tiles(m) * ct, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t i = first; i < last; ++i) {
+      const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
+      tile(r0, c0, std::min(t.row_block, m - r0), std::min(t.col_block, n - c0));
+    }
+  });
+}
+
 // Decode on out-in weights: dot_gemm over blocks of dot_out_block() outputs, one task each. Every
 // element is one task's dot product: the same bits for any thread count, and no partial sums.
 // `a_bf16`: a's bf16 bits for bf16 weights (device_gemm has them), else null.
@@ -230,12 +245,8 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, c
     device_decode_gemm(a, b.data, b.dtype, c);
     return;
   }
-  const GemmTiling t = gemm_tiling(m, n, k);
-  const std::int64_t rt = t.row_tiles(m), ct = t.col_tiles(n);
   const auto* bytes = static_cast<const char*>(b.data);
-  auto tile = [&](std::int64_t i) {
-    const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
-    const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
+  for_each_tile(m, n, k, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
     const float* at = a.data() + r0 * k;
     // The tile's columns of b: c0 columns in (in-out), or c0 rows down (out-in).
     const void* bt = bytes + c0 * (out_in ? k : 1) * elem;
@@ -255,10 +266,6 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, c
     } else {
       gemm_16bit(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n, runtime::kernel_level(), b.layout);
     }
-  };
-  // One task per tile: which thread runs a tile does not change what the tile computes.
-  parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t i = first; i < last; ++i) tile(i);
   });
 }
 
@@ -274,17 +281,10 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
     // operands as it packs them (the level read here, once, for every tile).
     const bool out_in = b.layout == WeightLayout::kOutIn;
     const runtime::KernelLevel level = runtime::kernel_level();
-    const GemmTiling t = gemm_tiling(m, n, k);
-    const std::int64_t ct = t.col_tiles(n);
     const auto* w = static_cast<const float*>(b.data);
-    parallel_blocks(t.row_tiles(m) * ct, 1, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t i = first; i < last; ++i) {
-        const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
-        const std::int64_t rows = std::min(t.row_block, m - r0), cols = std::min(t.col_block, n - c0);
-        gemm_bf16_compute(rows, cols, k, a.data() + r0 * k, k, /*transpose_a=*/false, w + c0 * (out_in ? k : 1),
-                          out_in ? k : n, /*transpose_b=*/out_in, /*accumulate=*/false, c.data() + r0 * n + c0, n,
-                          level);
-      }
+    for_each_tile(m, n, k, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+      gemm_bf16_compute(rows, cols, k, a.data() + r0 * k, k, /*transpose_a=*/false, w + c0 * (out_in ? k : 1),
+                        out_in ? k : n, /*transpose_b=*/out_in, /*accumulate=*/false, c.data() + r0 * n + c0, n, level);
     });
     return;
   }
@@ -355,20 +355,13 @@ void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, f
                "gemm: beta {} with bf16 compute; it takes 0 (overwrite) or 1 (accumulate)", beta);
   if (n == 0 || k == 0) return;
   const runtime::KernelLevel level = bf16 ? runtime::kernel_level() : runtime::KernelLevel::kScalar;
-  const GemmTiling t = gemm_tiling(n, k, m);
-  const std::int64_t rt = t.row_tiles(n), ct = t.col_tiles(k);
-  auto tile = [&](std::int64_t i) {
-    const std::int64_t r0 = (i / ct) * t.row_block, c0 = (i % ct) * t.col_block;
-    const std::int64_t rows = std::min(t.row_block, n - r0), cols = std::min(t.col_block, k - c0);
+  for_each_tile(n, k, m, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
     if (bf16) {
       gemm_bf16_compute(rows, cols, m, a.data() + r0, n, /*transpose_a=*/true, b.data() + c0, k, /*transpose_b=*/false,
                         /*accumulate=*/beta == 1.0f, c.data() + r0 * k + c0, k, level);
     } else {
       gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta, c.data() + r0 * k + c0, k);
     }
-  };
-  parallel_blocks(rt * ct, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t i = first; i < last; ++i) tile(i);
   });
 }
 

@@ -366,10 +366,6 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
   gemm_widened(m, n, k, a, lda, w, b_type, ldb, c, ldc, level, out_in);
 }
 
-}  // namespace numesh::ops
-
-namespace numesh::ops {
-
 void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
                        bool transpose_a, const float* b, std::int64_t ldb, bool transpose_b, bool accumulate, float* c,
                        std::int64_t ldc, KernelLevel level) {

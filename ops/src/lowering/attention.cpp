@@ -183,12 +183,13 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
   std::vector<runtime::Tensor*> q_pre_of(static_cast<std::size_t>(mesh.size())), k_pre_of(q_pre_of.size());
   // The optional rows (biases, q/k norm weights), registered once; a device reads its shard.
-  const auto used = [&](const std::shared_ptr<runtime::ShardedTensor>& row, const char* what) {
-    return row != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, row) : nullptr;
-  };
-  runtime::ShardedTensor *const bq = used(layer.bq, "bq"), *const bk = used(layer.bk, "bk");
-  runtime::ShardedTensor *const bv = used(layer.bv, "bv"), *const bo = used(layer.bo, "bo");
-  runtime::ShardedTensor *const q_norm = used(layer.q_norm, "q_norm"), *const k_norm = used(layer.k_norm, "k_norm");
+  constexpr TensorRole kWeight = TensorRole::kWeight;
+  runtime::ShardedTensor *const bq = pb.use_if_present(name + ".bq", kWeight, layer.bq);
+  runtime::ShardedTensor *const bk = pb.use_if_present(name + ".bk", kWeight, layer.bk);
+  runtime::ShardedTensor *const bv = pb.use_if_present(name + ".bv", kWeight, layer.bv);
+  runtime::ShardedTensor *const bo = pb.use_if_present(name + ".bo", kWeight, layer.bo);
+  runtime::ShardedTensor *const q_norm = pb.use_if_present(name + ".q_norm", kWeight, layer.q_norm);
+  runtime::ShardedTensor *const k_norm = pb.use_if_present(name + ".k_norm", kWeight, layer.k_norm);
   const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
     const std::span<const float> bqs = detail::row_of(bq, s), bks = detail::row_of(bk, s), bvs = detail::row_of(bv, s);
@@ -349,19 +350,16 @@ AttentionSlice AttentionLayer::slice(const runtime::ShardedTensor& x, std::int64
 }
 
 AttentionGradients AttentionGradients::like(const AttentionLayer& layer) {
-  const auto optional = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
-    return t != nullptr ? gradient_like(*t) : nullptr;
-  };
   return AttentionGradients{.wq = gradient_like(*layer.wq),
                             .wk = gradient_like(*layer.wk),
                             .wv = gradient_like(*layer.wv),
                             .wo = gradient_like(*layer.wo),
-                            .bq = optional(layer.bq),
-                            .bk = optional(layer.bk),
-                            .bv = optional(layer.bv),
-                            .bo = optional(layer.bo),
-                            .q_norm = optional(layer.q_norm),
-                            .k_norm = optional(layer.k_norm)};
+                            .bq = optional_gradient_like(layer.bq),
+                            .bk = optional_gradient_like(layer.bk),
+                            .bv = optional_gradient_like(layer.bv),
+                            .bo = optional_gradient_like(layer.bo),
+                            .q_norm = optional_gradient_like(layer.q_norm),
+                            .k_norm = optional_gradient_like(layer.k_norm)};
 }
 
 ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,

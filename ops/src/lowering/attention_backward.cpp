@@ -33,18 +33,12 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   check_laid_out_like(*grads.wv, *layer.wv, "the wv gradient", name);
   check_laid_out_like(*grads.wo, *layer.wo, "the wo gradient", name);
   // The optional rows (biases, q/k norm weights): each present one needs its gradient.
-  const auto optional_grad = [&](const std::shared_ptr<runtime::ShardedTensor>& used,
-                                 const std::shared_ptr<runtime::ShardedTensor>& grad, const char* what) {
-    if (used == nullptr) return;
-    NUMESH_CHECK(grad != nullptr, ValueError, "{}: the layer has {} but no gradient is given for it", name, what);
-    check_laid_out_like(*grad, *used, fmt::format("the {} gradient", what), name);
-  };
-  optional_grad(layer.bq, grads.bq, "bq");
-  optional_grad(layer.bk, grads.bk, "bk");
-  optional_grad(layer.bv, grads.bv, "bv");
-  optional_grad(layer.bo, grads.bo, "bo");
-  optional_grad(layer.q_norm, grads.q_norm, "q_norm");
-  optional_grad(layer.k_norm, grads.k_norm, "k_norm");
+  check_optional_gradient(grads.bq, layer.bq, "bq", name);
+  check_optional_gradient(grads.bk, layer.bk, "bk", name);
+  check_optional_gradient(grads.bv, layer.bv, "bv", name);
+  check_optional_gradient(grads.bo, layer.bo, "bo", name);
+  check_optional_gradient(grads.q_norm, layer.q_norm, "q_norm", name);
+  check_optional_gradient(grads.k_norm, layer.k_norm, "k_norm", name);
   NUMESH_CHECK((layer.q_norm == nullptr || !saved.q_pre.empty()) && (layer.k_norm == nullptr || !saved.k_pre.empty()),
                ValueError, "{}: the forward kept no q or k before their norms", name);
   const runtime::DeviceMesh& mesh = pb.mesh();
@@ -81,19 +75,14 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   runtime::ShardedTensor& d_wv = produced(wv, "wv.grad_partial");
   // The rows' gradients as each device computes them (laid out as the rows; a q/k norm's
   // summed over the device's heads only).
-  const auto produced_row = [&](const std::shared_ptr<runtime::ShardedTensor>& used, const std::string& what) {
-    return used != nullptr ? &pb.tensor(name + "." + what + ".grad_partial", TensorRole::kActivation, used->shape(),
-                                        used->spec())
-                           : nullptr;
-  };
-  runtime::ShardedTensor *const d_bq = produced_row(layer.bq, "bq"), *const d_bk = produced_row(layer.bk, "bk");
-  runtime::ShardedTensor *const d_bv = produced_row(layer.bv, "bv"), *const d_bo = produced_row(layer.bo, "bo");
-  runtime::ShardedTensor *const d_qn = produced_row(layer.q_norm, "q_norm");
-  runtime::ShardedTensor *const d_kn = produced_row(layer.k_norm, "k_norm");
-  const auto used_row = [&](const std::shared_ptr<runtime::ShardedTensor>& row, const char* what) {
-    return row != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, row) : nullptr;
-  };
-  runtime::ShardedTensor *const q_norm = used_row(layer.q_norm, "q_norm"), *const k_norm = used_row(layer.k_norm, "k_norm");
+  runtime::ShardedTensor *const d_bq = optional_partial_gradient(pb, layer.bq, name, "bq");
+  runtime::ShardedTensor *const d_bk = optional_partial_gradient(pb, layer.bk, name, "bk");
+  runtime::ShardedTensor *const d_bv = optional_partial_gradient(pb, layer.bv, name, "bv");
+  runtime::ShardedTensor *const d_bo = optional_partial_gradient(pb, layer.bo, name, "bo");
+  runtime::ShardedTensor *const d_qn = optional_partial_gradient(pb, layer.q_norm, name, "q_norm");
+  runtime::ShardedTensor *const d_kn = optional_partial_gradient(pb, layer.k_norm, name, "k_norm");
+  runtime::ShardedTensor *const q_norm = pb.use_if_present(name + ".q_norm", TensorRole::kWeight, layer.q_norm);
+  runtime::ShardedTensor *const k_norm = pb.use_if_present(name + ".k_norm", TensorRole::kWeight, layer.k_norm);
   runtime::ShardedTensor& dk_all = produced(*saved.k, "dk_all");
   runtime::ShardedTensor& dv_all = produced(*saved.v, "dv_all");
   const auto slots = static_cast<std::size_t>(mesh.size());

@@ -97,4 +97,24 @@ std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTens
   return std::make_shared<runtime::ShardedTensor>(parameter.mesh(), parameter.shape(), parameter.spec(), DType::kF32);
 }
 
+std::shared_ptr<runtime::ShardedTensor> optional_gradient_like(const std::shared_ptr<runtime::ShardedTensor>& parameter) {
+  return parameter != nullptr ? gradient_like(*parameter) : nullptr;
+}
+
+void check_optional_gradient(const std::shared_ptr<runtime::ShardedTensor>& grad,
+                             const std::shared_ptr<runtime::ShardedTensor>& parameter, std::string_view what,
+                             std::string_view name) {
+  if (parameter == nullptr) return;
+  NUMESH_CHECK(grad != nullptr, ValueError, "{}: the layer has the {} but no gradient is given for it", name, what);
+  check_laid_out_like(*grad, *parameter, fmt::format("the {} gradient", what), name);
+}
+
+runtime::ShardedTensor* optional_partial_gradient(ProgramBuilder& program,
+                                                  const std::shared_ptr<runtime::ShardedTensor>& parameter,
+                                                  const std::string& name, const std::string& what) {
+  if (parameter == nullptr) return nullptr;
+  return &program.tensor(name + "." + what + ".grad_partial", TensorRole::kActivation, parameter->shape(),
+                         parameter->spec());
+}
+
 }  // namespace numesh::ops

@@ -307,9 +307,10 @@ void LmTrainingStep::compile() {
   // The router's load-balancing loss: every MoE layer's choice counts and probability sums,
   // counted by one device of each group sharing the same tokens, all-reduced over the mesh.
   std::optional<RouterAuxGradient> aux;
-  moe_layers_ = 0;
-  for (const Layers::Block& b : L.blocks) moe_layers_ += b.moe ? 1 : 0;
-  if (router_aux_loss_coef_ > 0.0 && moe_layers_ > 0) {
+  std::int64_t moe_layers = 0;
+  for (const Layers::Block& b : L.blocks) moe_layers += b.moe ? 1 : 0;
+  router_aux_rows_ = 0;
+  if (router_aux_loss_coef_ > 0.0 && moe_layers > 0) {
     const std::int64_t e = config_.moe.num_experts, k = config_.moe.top_k;
     const PartitionSpec replicated({AxisRule(), AxisRule()});
     ShardedTensor& counts = pb.tensor("router_aux.local", TensorRole::kActivation, {1, 2 * e}, replicated);
@@ -320,6 +321,7 @@ void LmTrainingStep::compile() {
         const MoeSaved& saved = kept[l].moe;
         if (!L.blocks[l].moe || !detail::first_of_partial_sum(mesh_, saved.partial_placed, s)) continue;
         layers.emplace_back(saved.tables[static_cast<std::size_t>(s)], saved.probs[static_cast<std::size_t>(s)]);
+        router_aux_rows_ += saved.probs[static_cast<std::size_t>(s)]->shape()[0];
       }
       runtime::Tensor& out = counts.shard(s);
       return [layers, &out, e, k] {
@@ -341,7 +343,8 @@ void LmTrainingStep::compile() {
     aux = RouterAuxGradient{
         .stats = &stats,
         .ready = reduced,
-        .scale = router_aux_loss_coef_ * static_cast<double>(e) / static_cast<double>(moe_layers_ * rows)};
+        .scale = router_aux_loss_coef_ * static_cast<double>(e) /
+                 (static_cast<double>(router_aux_rows_) * static_cast<double>(moe_layers * rows))};
   }
   ShardedTensor& final_w = pb.use("final_norm", TensorRole::kWeight, L.final_norm);
   ShardedTensor& z = activation("final.x");
@@ -432,13 +435,11 @@ double LmTrainingStep::run(std::span<const std::int32_t> inputs, std::span<const
   for (const float l : losses.data) sum += static_cast<double>(l);
   double loss = sum / static_cast<double>(rows);
   router_aux_loss_ = 0.0;
-  if (router_aux_loss_coef_ > 0.0 && moe_layers_ > 0) {
-    // E sum_e (C_e / N') (S_e / N'), N' = sum C / k the rows counted (router_aux_loss).
+  if (router_aux_rows_ > 0) {
+    // E sum_e (C_e / N') (S_e / N'), N' the rows the counts counted (router_aux_loss).
     const std::vector<float>& stats = program_->output("router_aux.stats").data;
     const std::size_t e = stats.size() / 2;
-    double choices = 0.0;
-    for (std::size_t i = 0; i < e; ++i) choices += static_cast<double>(stats[i]);
-    const double n = choices / static_cast<double>(config_.moe.top_k);
+    const auto n = static_cast<double>(router_aux_rows_);
     for (std::size_t i = 0; i < e; ++i) {
       router_aux_loss_ += static_cast<double>(e) * static_cast<double>(stats[i]) * static_cast<double>(stats[e + i]) / (n * n);
     }

@@ -99,12 +99,9 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const std::int64_t h = layer.hidden;
   const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
   // The biases, registered once; a device reads its shard (its slice of F for gate and up).
-  const auto used = [&](const std::shared_ptr<runtime::ShardedTensor>& bias, const char* what) {
-    return bias != nullptr ? &pb.use(name + "." + what, TensorRole::kWeight, bias) : nullptr;
-  };
-  runtime::ShardedTensor *const gate_bias = used(layer.gate_bias, "gate_bias");
-  runtime::ShardedTensor *const up_bias = used(layer.up_bias, "up_bias");
-  runtime::ShardedTensor *const down_bias = used(layer.down_bias, "down_bias");
+  runtime::ShardedTensor *const gate_bias = pb.use_if_present(name + ".gate_bias", TensorRole::kWeight, layer.gate_bias);
+  runtime::ShardedTensor *const up_bias = pb.use_if_present(name + ".up_bias", TensorRole::kWeight, layer.up_bias);
+  runtime::ShardedTensor *const down_bias = pb.use_if_present(name + ".down_bias", TensorRole::kWeight, layer.down_bias);
   const auto slots = static_cast<std::size_t>(mesh.size());
   if (saved != nullptr) {
     *saved = MlpSaved{.x = &xc, .up = &up, .gate = gate, .down = &down,
@@ -172,15 +169,12 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
 }
 
 MlpGradients MlpGradients::like(const MlpLayer& layer) {
-  const auto optional = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
-    return t != nullptr ? gradient_like(*t) : nullptr;
-  };
-  return MlpGradients{.gate = optional(layer.gate),
+  return MlpGradients{.gate = optional_gradient_like(layer.gate),
                       .up = gradient_like(*layer.up),
                       .down = gradient_like(*layer.down),
-                      .gate_bias = optional(layer.gate_bias),
-                      .up_bias = optional(layer.up_bias),
-                      .down_bias = optional(layer.down_bias)};
+                      .gate_bias = optional_gradient_like(layer.gate_bias),
+                      .up_bias = optional_gradient_like(layer.up_bias),
+                      .down_bias = optional_gradient_like(layer.down_bias)};
 }
 
 ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& w,

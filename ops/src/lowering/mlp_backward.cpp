@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <tuple>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -28,22 +27,13 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);
   check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
   if (layer.gate) check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);
-  for (const auto& [bias, grad, what] : {std::tuple{&layer.gate_bias, &grads.gate_bias, "gate bias"},
-                                         std::tuple{&layer.up_bias, &grads.up_bias, "up bias"},
-                                         std::tuple{&layer.down_bias, &grads.down_bias, "down bias"}}) {
-    if (*bias == nullptr) continue;
-    NUMESH_CHECK(*grad != nullptr, ValueError, "{}: the layer has the {} but no gradient is given for it", name, what);
-    check_laid_out_like(**grad, **bias, fmt::format("the {} gradient", what), name);
-  }
+  check_optional_gradient(grads.gate_bias, layer.gate_bias, "gate bias", name);
+  check_optional_gradient(grads.up_bias, layer.up_bias, "up bias", name);
+  check_optional_gradient(grads.down_bias, layer.down_bias, "down bias", name);
   // Each bias' gradient as this device computes it: its outputs' gradient over its rows.
-  const auto produced_bias = [&](const std::shared_ptr<runtime::ShardedTensor>& bias, const char* what) {
-    return bias != nullptr ? &pb.tensor(name + "." + what + ".grad_partial", TensorRole::kActivation, bias->shape(),
-                                        bias->spec())
-                           : nullptr;
-  };
-  runtime::ShardedTensor *const d_gate_bias = produced_bias(layer.gate_bias, "gate_bias");
-  runtime::ShardedTensor *const d_up_bias = produced_bias(layer.up_bias, "up_bias");
-  runtime::ShardedTensor *const d_down_bias = produced_bias(layer.down_bias, "down_bias");
+  runtime::ShardedTensor *const d_gate_bias = optional_partial_gradient(pb, layer.gate_bias, name, "gate_bias");
+  runtime::ShardedTensor *const d_up_bias = optional_partial_gradient(pb, layer.up_bias, name, "up_bias");
+  runtime::ShardedTensor *const d_down_bias = optional_partial_gradient(pb, layer.down_bias, name, "down_bias");
 
   // dy as the down projection's output was laid out (gathered over F's axes under sequence
   // parallelism): the transpose of the forward's reduce-scatter; the same tensor otherwise.

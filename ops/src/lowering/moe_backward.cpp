@@ -207,23 +207,16 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
         runtime::Tensor& gr = d_router.shard(s);
         runtime::Tensor& dxs = dx_partial.shard(s);
         runtime::Tensor& dl = pb.scratch(s, {rows, e});
-        // The load-balancing loss's dp: every row's the same, from the step's choice counts.
+        // The load-balancing loss's dp: every row's the same, scale x the step's choice counts.
         runtime::Tensor* stats = aux != nullptr ? &aux->stats->shard(s) : nullptr;
         runtime::Tensor* dprobs = aux != nullptr ? &pb.scratch(s, {e}) : nullptr;
         const double aux_scale = aux != nullptr ? aux->scale : 0.0;
         return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, stats, dprobs, aux_scale, c, rows, h, e, k, adds_dx] {
           std::span<const float> extra;
           if (stats != nullptr) {
-            // dp = coef E C_e / N^2 with C_e / N the fraction of choices counted (the rows the
-            // stats counted, N', are sum C / k: N' / N is how often each row was counted).
             const std::span<const float> counts = stats->values().first(static_cast<std::size_t>(e));
-            double choices = 0.0;
-            for (const float n : counts) choices += static_cast<double>(n);
-            const double counted_rows = choices / static_cast<double>(k);
             for (std::size_t ex = 0; ex < counts.size(); ++ex) {
-              dprobs->values()[ex] =
-                  counted_rows > 0.0 ? static_cast<float>(aux_scale * static_cast<double>(counts[ex]) / counted_rows)
-                                     : 0.0f;
+              dprobs->values()[ex] = static_cast<float>(aux_scale * static_cast<double>(counts[ex]));
             }
             extra = dprobs->values();
           }

@@ -59,6 +59,19 @@ SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const Matrix
           da.colwise().sum(), db.colwise().sum()};
 }
 
+using RowRef = Eigen::Ref<Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;
+using ConstRowRef = Eigen::Ref<const Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;
+
+// RMSNorm's backward for one row z of n values: y = z s w with s = (mean(z^2) + eps)^(-1/2)
+// and ds/dz_j = -s^3 z_j / n. `g` holds dy and becomes dz; the row's term is added to dw.
+void rmsnorm_row_backward(ConstRowRef z, ConstRowRef w, double eps, RowRef g, RowRef dw) {
+  const auto n = static_cast<double>(z.size());
+  const double s = 1.0 / std::sqrt(z.squaredNorm() / n + eps);
+  const double gwz = (g.array() * w.array() * z.array()).sum();  // sum_j dy_j w_j z_j
+  dw.array() += g.array() * z.array() * s;
+  g = (s * g.array() * w.array() - s * s * s * z.array() * gwz / n).matrix();
+}
+
 }  // namespace
 
 RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
@@ -67,20 +80,8 @@ RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostT
   const std::int64_t rows = dim(x, 0, "rmsnorm backward: x"), h = dim(x, 1, "rmsnorm backward: x");
   const MatrixD xm = matrix(x, rows, h, "rmsnorm backward: x");
   const MatrixD w = matrix(weight, 1, h, "rmsnorm backward: weight");
-  const MatrixD g = matrix(dy, rows, h, "rmsnorm backward: dy");
-  MatrixD dx(rows, h), dw = MatrixD::Zero(1, h);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    // y = x s w with s = (mean(x^2) + eps)^(-1/2); ds/dx_j = -s^3 x_j / H.
-    const double s = 1.0 / std::sqrt(xm.row(r).squaredNorm() / static_cast<double>(h) + eps);
-    double gwx = 0.0;  // sum_j dy_j w_j x_j
-    for (std::int64_t j = 0; j < h; ++j) {
-      gwx += g(r, j) * w(0, j) * xm(r, j);
-      dw(0, j) += g(r, j) * xm(r, j) * s;
-    }
-    for (std::int64_t j = 0; j < h; ++j) {
-      dx(r, j) = s * g(r, j) * w(0, j) - s * s * s * xm(r, j) * gwx / static_cast<double>(h);
-    }
-  }
+  MatrixD dx = matrix(dy, rows, h, "rmsnorm backward: dy"), dw = MatrixD::Zero(1, h);
+  for (std::int64_t r = 0; r < rows; ++r) rmsnorm_row_backward(xm.row(r), w.row(0), eps, dx.row(r), dw.row(0));
   return {oracle::narrow(dx, {rows, h}), oracle::narrow(dw, {1, h})};
 }
 
@@ -231,8 +232,7 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
     rope_transpose(dk, b, t, hkv, d, c.rope_theta, c.rope_scaling);
   }
   AttentionGrads out;
-  // Through the q/k norms, each head's d values a row of its own and one weight for all: with
-  // s = (mean(z^2) + eps)^(-1/2), y = z s w gives dz_j = s dy_j w_j - s^3 z_j sum_i dy_i w_i z_i / d.
+  // Through the q/k norms: each head's d values a row of its own, one weight for all heads.
   const auto head_norm_backward = [&](MatrixD& dz, const MatrixD& raw, std::int64_t heads,
                                       const runtime::HostTensor& weight, runtime::HostTensor& dweight) {
     if (weight.shape.empty()) return;
@@ -240,12 +240,8 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
     MatrixD dw = MatrixD::Zero(1, d);
     for (std::int64_t r = 0; r < b * t; ++r) {
       for (std::int64_t hh = 0; hh < heads; ++hh) {
-        const auto z = raw.block(r, hh * d, 1, d);
-        auto g_row = dz.block(r, hh * d, 1, d);
-        const double sc = 1.0 / std::sqrt(z.squaredNorm() / static_cast<double>(d) + c.qk_norm_eps);
-        const double gwz = (g_row.array() * wn.array() * z.array()).sum();
-        dw.array() += g_row.array() * z.array() * sc;
-        g_row = (sc * g_row.array() * wn.array() - sc * sc * sc * z.array() * gwz / static_cast<double>(d)).matrix();
+        rmsnorm_row_backward(raw.block(r, hh * d, 1, d), wn.row(0), c.qk_norm_eps, dz.block(r, hh * d, 1, d),
+                             dw.row(0));
       }
     }
     dweight = oracle::narrow(dw, weight.shape);

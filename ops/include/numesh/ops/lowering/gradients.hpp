@@ -104,4 +104,24 @@ void check_backward_io(const runtime::ShardedTensor& dy, const runtime::ShardedT
 /// the gradient of a parameter, the optimizer's moments.
 std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTensor& parameter);
 
+// An optional parameter (a layer's bias or norm weight, null when the layer has none) in a
+// backward: each helper passes null through.
+
+/// gradient_like(*parameter), or null for null.
+std::shared_ptr<runtime::ShardedTensor> optional_gradient_like(const std::shared_ptr<runtime::ShardedTensor>& parameter);
+
+/// Checks an optional parameter's gradient: nothing when the parameter is null, else that the
+/// gradient is given and laid out like it (check_laid_out_like, "the WHAT gradient").
+/// Throws: ValueError "NAME: the layer has the WHAT but no gradient is given for it";
+/// ShapeError as check_laid_out_like.
+void check_optional_gradient(const std::shared_ptr<runtime::ShardedTensor>& grad,
+                             const std::shared_ptr<runtime::ShardedTensor>& parameter, std::string_view what,
+                             std::string_view name);
+
+/// The gradient of an optional parameter as one device computes it, before its reduction: a
+/// program tensor "NAME.WHAT.grad_partial" laid out like the parameter; null for null.
+runtime::ShardedTensor* optional_partial_gradient(ProgramBuilder& program,
+                                                  const std::shared_ptr<runtime::ShardedTensor>& parameter,
+                                                  const std::string& name, const std::string& what);
+
 }  // namespace numesh::ops

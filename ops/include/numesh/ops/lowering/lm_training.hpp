@@ -112,7 +112,8 @@ class LmTrainingStep {
   std::int64_t batch_, tokens_, vocab_ = 0;
   MatmulPrecision precision_;
   double router_aux_loss_coef_ = 0.0, router_aux_loss_ = 0.0;
-  std::int64_t moe_layers_ = 0;
+  // Rows the router loss' counts count (every MoE layer's, one device per token group); 0: off.
+  std::int64_t router_aux_rows_ = 0;
   std::unique_ptr<Layers> layers_;
   std::vector<TrainableParameter> parameters_;
   // Row r of the embedding's and the head's [batch x tokens] rows holds the caller's id at

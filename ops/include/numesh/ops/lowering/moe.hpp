@@ -115,15 +115,16 @@ struct MoeGradients {
 };
 
 /// The router's load-balancing loss in a training step (LmTrainingStep; router_aux_loss in
-/// reference/backward.hpp): every MoE layer's router backward adds
-/// dp[e] = scale x C_e / N' to each of its rows' probability gradients, with C the step's
-/// choice counts over every MoE layer (the first E values of `stats` [1, 2E], then the
-/// probability sums; reduced over the mesh and replicated, complete after `ready`) and
-/// N' = sum C / k the rows they counted.
+/// reference/backward.hpp): every MoE layer's router backward adds dp[e] = scale x C_e to
+/// each of its rows' probability gradients, with C the step's choice counts over every MoE
+/// layer (the first E values of `stats` [1, 2E], then the probability sums; reduced over the
+/// mesh and replicated, complete after `ready`).
 struct RouterAuxGradient {
   runtime::ShardedTensor* stats = nullptr;
   runtime::Frontier ready;
-  double scale = 0.0;  ///< coef x E / N, N the rows routed by all MoE layers together
+  /// coef x E / (N' N): N the rows all MoE layers route, N' the rows `stats` counted (C / N' is
+  /// the fraction of choices however often a row was counted), making dp = coef E C_e / N^2.
+  double scale = 0.0;
 };
 
 /// Emits the backward of the emit_moe that filled `saved`: given dy (laid out as that y),

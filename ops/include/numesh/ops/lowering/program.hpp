@@ -115,6 +115,11 @@ class ProgramBuilder {
   /// program, listed in its plan.
   runtime::ShardedTensor& use(std::string name, TensorRole role,
                               std::shared_ptr<runtime::ShardedTensor> tensor);
+  /// use() for an optional tensor (a layer's bias or norm weight): null stays null.
+  runtime::ShardedTensor* use_if_present(std::string name, TensorRole role,
+                                         const std::shared_ptr<runtime::ShardedTensor>& tensor) {
+    return tensor != nullptr ? &use(std::move(name), role, tensor) : nullptr;
+  }
   /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled).
   runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
   /// An input the caller provides per run (Program::set_input): a new program tensor laid out
