@@ -213,6 +213,16 @@ std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture ar
   const bool mixtral = architecture == Architecture::kMixtral;
   const std::string block = fmt::format("model.layers.{}.{}", layer, mixtral ? "block_sparse_moe." : "mlp.");
   if (part == "router") return {HfTensorPart{block + "gate.weight", -1, true}};
+  // Qwen2-MoE's shared expert: its matrices stored out-in as nn.Linear holds them, its gate
+  // [H, 1] as the router is, transposed.
+  static const std::map<std::string, std::string, std::less<>> kShared{
+      {"shared_expert.gate", "shared_expert.gate_proj.weight"},
+      {"shared_expert.up", "shared_expert.up_proj.weight"},
+      {"shared_expert.down", "shared_expert.down_proj.weight"}};
+  if (const auto shared = kShared.find(part); shared != kShared.end() && !mixtral) {
+    return {HfTensorPart{block + shared->second}};
+  }
+  if (part == "shared_expert_gate" && !mixtral) return {HfTensorPart{block + "shared_expert_gate.weight", -1, true}};
   static const std::map<std::string, std::pair<std::string, std::string>, std::less<>> kExperts{
       {"gate", {"w1", "gate_proj"}}, {"up", {"w3", "up_proj"}}, {"down", {"w2", "down_proj"}}};
   const auto it = kExperts.find(part);

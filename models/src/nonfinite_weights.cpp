@@ -26,7 +26,7 @@ std::string weight_label(const std::string& slot, Architecture architecture, std
   try {
     parts = hf_tensor_parts(slot, architecture, experts);
   } catch (const KeyError&) {
-    return slot;  // a slot saved under no single known name (a shared expert's): numesh's own
+    return slot;  // a slot saved under no known name: numesh's own
   }
   if (parts.size() == 1) return parts.front().name;
   return parts.empty() ? slot : fmt::format("{} ({}, ...)", slot, parts.front().name);

@@ -78,7 +78,12 @@ TEST(NonfiniteWeightsTest, LabelsAreHuggingFaceNamesWhereThereAreSuch) {
   EXPECT_EQ(weight_label("layers.1.attention.bk", Architecture::kQwen2, 0), "model.layers.1.self_attn.k_proj.bias");
   EXPECT_EQ(weight_label("layers.2.moe.up", Architecture::kMixtral, 4),
             "layers.2.moe.up (model.layers.2.block_sparse_moe.experts.0.w3.weight, ...)");
-  EXPECT_EQ(weight_label("layers.0.moe.shared_expert.gate", Architecture::kQwen2Moe, 4), "layers.0.moe.shared_expert.gate");
+  EXPECT_EQ(weight_label("layers.0.moe.shared_expert.gate", Architecture::kQwen2Moe, 4),
+            "model.layers.0.mlp.shared_expert.gate_proj.weight");
+  EXPECT_EQ(weight_label("layers.1.moe.shared_expert_gate", Architecture::kQwen2Moe, 4),
+            "model.layers.1.mlp.shared_expert_gate.weight");
+  // A slot with no Hugging Face name keeps numesh's own.
+  EXPECT_EQ(weight_label("layers.0.moe.shared_expert.gate", Architecture::kMixtral, 4), "layers.0.moe.shared_expert.gate");
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 
 `write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
 Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss),
-a Qwen2 (q/k/v biases), a Qwen3 (per-head q/k norms) and a Llama with mlp_bias in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+a Qwen2 (q/k/v biases), a Qwen3 (per-head q/k norms), a Llama with mlp_bias and a Qwen2-MoE (a
+shared expert behind its sigmoid gate beside the routed experts, and a dense layer) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
@@ -53,9 +54,17 @@ def models():
                  rope_scaling=None, rope_theta=1e6, rms_norm_eps=1e-6, head_dim=32, use_sliding_window=False)
     # Llama with mlp_bias: biases on the three MLP projections.
     llama_mlp_bias = dict(untied, mlp_bias=True)
+    # Qwen2-MoE: Qwen2's q/k/v biases; 3 layers, the middle one dense (mlp_only_layers), the
+    # others top-2 of 4 experts with the raw softmax weights (norm_topk_prob false) and a shared
+    # expert of 80 behind its sigmoid gate, all trained.
+    qwen2_moe = dict(qwen2, model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_hidden_layers=3,
+                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                     shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=1,
+                     mlp_only_layers=[1], tie_word_embeddings=False)
+    # New cases go last: each case's random draws follow from its index.
     return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True),
             ("mixtral_aux", mixtral_aux, True), ("qwen2", qwen2, False), ("qwen3", qwen3, False),
-            ("llama_mlp_bias", llama_mlp_bias, False)]
+            ("llama_mlp_bias", llama_mlp_bias, False), ("qwen2_moe", qwen2_moe, True)]
 
 
 def write(d):

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check_mesh.hpp"
@@ -28,12 +29,14 @@ using numesh::models::CausalLmTrainer;
 using numesh::models::testing::make_mesh;
 using numesh::models::testing::MeshChoice;
 
-// The ZeRO-3 axis splits the MLP weights whenever the mesh has it; tokens go over sp.
-numesh::ops::ModelAxes axes_for(const MeshChoice& m) {
+// The ZeRO-3 axis splits the MLP weights whenever the mesh has it; tokens go over sp, and
+// over ep too when `tokens_over_ep` (the MoE blocks then dispatch by all-to-all).
+numesh::ops::ModelAxes axes_for(const MeshChoice& m, bool tokens_over_ep = false) {
   numesh::ops::ModelAxes axes;
   for (const std::string& name : m.names) {
     if (name == "fsdp") axes.weights = {"fsdp"};
   }
+  if (tokens_over_ep) axes.batch.push_back("ep");
   return axes;
 }
 
@@ -76,13 +79,24 @@ void run(const fs::path& dir) {
       {"dp2", {2}, {"dp"}},          {"ep4", {4}, {"ep"}},          {"sp2xep2", {2, 2}, {"sp", "ep"}},
       {"dp2xep2", {2, 2}, {"dp", "ep"}}, {"ep2xtp2", {2, 2}, {"ep", "tp"}},
       {"fsdp2xep2", {2, 2}, {"fsdp", "ep"}}, {"dp2xep2xtp2", {2, 2, 2}, {"dp", "ep", "tp"}}};
+  // The MoE models once more with the tokens split over ep as well (GShard's all-to-all
+  // dispatch and combine, and their transposes in the backward).
+  const std::vector<MeshChoice> all_to_all_meshes{
+      {"ep2_a2a", {2}, {"ep"}}, {"dp2xep2_a2a", {2, 2}, {"dp", "ep"}}, {"ep2xtp2_a2a", {2, 2}, {"ep", "tp"}}};
   json results = json::array();
   for (const json& c : spec["cases"]) {
     const std::string name = c["name"];
     const numesh::ops::NpyIds data = numesh::ops::load_npy_ids(dir / name / "data.npy");
-    const std::vector<MeshChoice>& run_on = c.value("moe", false) ? moe_meshes : meshes;
-    for (const MeshChoice& m : run_on) {
-      CausalLmTrainer trainer = CausalLmTrainer::load(make_mesh(m), dir / name, options, axes_for(m));
+    const bool moe = c.value("moe", false);
+    const std::vector<MeshChoice>& run_on = moe ? moe_meshes : meshes;
+    std::vector<std::pair<MeshChoice, bool>> runs;  // each mesh, and whether its tokens go over ep
+    for (const MeshChoice& m : run_on) runs.emplace_back(m, false);
+    if (moe) {
+      for (const MeshChoice& m : all_to_all_meshes) runs.emplace_back(m, true);
+    }
+    for (const auto& [m, tokens_over_ep] : runs) {
+      CausalLmTrainer trainer =
+          CausalLmTrainer::load(make_mesh(m), dir / name, options, axes_for(m, tokens_over_ep));
       json losses = json::array();
       train(trainer, data, 0, steps, options, losses);
       const fs::path out = dir / "runs" / (name + "_" + m.label);

@@ -6,7 +6,8 @@
 DIR holds what backward_check_main wrote. Each case's forward is written here with torch
 operations in float64 (RMSNorm, a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
 with RoPE as Hugging Face's Llama writes it, a MoE layer routed as Mixtral's sparse block
-(softmax, top-k, renormalised) with GShard's capacity where asked, an embedding lookup, the LM head with
+(softmax, top-k, renormalised) with GShard's capacity where asked and Qwen2-MoE's sigmoid-gated
+shared expert where present, an embedding lookup, the LM head with
 torch.nn.functional.cross_entropy's mean), torch.autograd computes the gradients,
 and numesh's (float64 inside, rounded to fp32) must agree: max |numesh - torch| / max |torch|
 <= 1e-6 per gradient, the loss within 1e-12 relative.
@@ -147,6 +148,12 @@ def main():
             x, r, g, u, dn = (load(n, "x", True), load(n, "router", True), load(n, "gate", True),
                               load(n, "up", True), load(n, "down", True))
             y = moe_forward(x, r, g, u, dn, c["top_k"], c["capacity_factor"], c["renormalize"])
+            shared = {}
+            if c.get("shared"):  # Qwen2-MoE's shared expert behind its sigmoid gate
+                shared = {key: load(n, key, True) for key in ("shared_gate", "shared_up", "shared_down",
+                                                              "shared_expert_gate")}
+                y = y + torch.sigmoid(x @ shared["shared_expert_gate"]) * (
+                    (F.silu(x @ shared["shared_gate"]) * (x @ shared["shared_up"])) @ shared["shared_down"])
             loss = (y * load(n, "dy")).sum()
             if c.get("aux_coef", 0.0) > 0.0:
                 probs = (x @ r).softmax(-1)
@@ -155,6 +162,8 @@ def main():
                 loss_error = abs(c["aux_loss"] - float(aux)) / abs(float(aux))
             loss.backward()
             grads = {"dx": x.grad, "drouter": r.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
+            for key, t in shared.items():
+                grads["d" + key] = t.grad
         elif n == "embedding":
             table = torch.zeros(c["vocab"], load(n, "dy").shape[1], dtype=torch.float64, requires_grad=True)
             F.embedding(torch.tensor(c["ids"]), table).backward(load(n, "dy"))

@@ -142,22 +142,31 @@ int main(int argc, char** argv) try {
     // MoE: top-2 renormalised dropless (Mixtral), top-2 with capacity 0.75 (drops, so a
     // dropped choice still moves its token's renormalised weights), top-1 without
     // renormalisation and capacity 1; and Mixtral's with the router's load-balancing loss
-    // (coefficient 0.5, large enough to move every gradient).
+    // (coefficient 0.5, large enough to move every gradient); and Qwen2-MoE's top-2 without
+    // renormalisation plus a shared expert of 20 behind its sigmoid gate.
     struct MoeCase {
       const char* name;
       ops::MoeConfig config;
       double aux_coef = 0.0;
+      bool shared = false;
     };
     for (const MoeCase& mc : {MoeCase{"moe_top2", {.num_experts = 4, .top_k = 2}},
                               MoeCase{"moe_capacity", {.num_experts = 4, .top_k = 2, .capacity_factor = 0.75f}},
                               MoeCase{"moe_top1", {.num_experts = 4, .top_k = 1, .capacity_factor = 1.0f,
                                                    .renormalize = false}},
-                              MoeCase{"moe_aux", {.num_experts = 4, .top_k = 2}, 0.5}}) {
+                              MoeCase{"moe_aux", {.num_experts = 4, .top_k = 2}, 0.5},
+                              MoeCase{"moe_shared", {.num_experts = 4, .top_k = 2, .renormalize = false}, 0.0, true}}) {
       ops::MoeWeights w;
       w.router = random_tensor({16, 4}, 30, 0.5f);
       w.gate = random_tensor({4, 16, 12}, 31, 0.3f);
       w.up = random_tensor({4, 16, 12}, 32, 0.3f);
       w.down = random_tensor({4, 12, 16}, 33, 0.3f);
+      if (mc.shared) {
+        w.shared_expert.gate = random_tensor({16, 20}, 36, 0.3f);
+        w.shared_expert.up = random_tensor({16, 20}, 37, 0.3f);
+        w.shared_expert.down = random_tensor({20, 16}, 38, 0.3f);
+        w.shared_expert_gate = random_tensor({16, 1}, 39, 0.5f);
+      }
       const rt::HostTensor x = random_tensor({10, 16}, 34, 1.0f), dy = random_tensor({10, 16}, 35, 1.0f);
       std::vector<double> dprobs;
       double aux_loss = 0.0;
@@ -171,7 +180,13 @@ int main(int argc, char** argv) try {
       save(n, "x", x), save(n, "router", w.router), save(n, "gate", w.gate), save(n, "up", w.up);
       save(n, "down", w.down), save(n, "dy", dy), save(n, "dx", g.dx), save(n, "drouter", g.drouter);
       save(n, "dgate", g.dgate), save(n, "dup", g.dup), save(n, "ddown", g.ddown);
-      cases.push_back({{"name", n}, {"kind", "moe"}, {"top_k", mc.config.top_k},
+      if (mc.shared) {
+        save(n, "shared_gate", w.shared_expert.gate), save(n, "shared_up", w.shared_expert.up);
+        save(n, "shared_down", w.shared_expert.down), save(n, "shared_expert_gate", w.shared_expert_gate);
+        save(n, "dshared_gate", g.dshared_gate), save(n, "dshared_up", g.dshared_up);
+        save(n, "dshared_down", g.dshared_down), save(n, "dshared_expert_gate", g.dshared_expert_gate);
+      }
+      cases.push_back({{"name", n}, {"kind", "moe"}, {"shared", mc.shared}, {"top_k", mc.config.top_k},
                        {"capacity_factor", mc.config.capacity_factor}, {"renormalize", mc.config.renormalize},
                        {"aux_coef", mc.aux_coef}, {"aux_loss", aux_loss}});
     }

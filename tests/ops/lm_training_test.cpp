@@ -2,6 +2,7 @@
 // (lm_training_reference: the operators' backward references chained, each checked against
 // PyTorch's autograd) on many mesh shapes, tied and untied heads; and its refusals.
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -226,6 +227,46 @@ TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
               ThrowsMessage<ValueError>(HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
 }
 
+// Tokens split over the expert axis as well as the batch axes: the MoE block's tokens go to
+// their experts and back by all-to-all (and its backward by the same all-to-alls reversed).
+// Dropless, so each device's routing group gives the oracle's routing; with and without the
+// router's load-balancing loss.
+TEST_P(LmTrainingStepMoeTest, TokensSplitOverTheExpertAxisTravelByAllToAll) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const TransformerConfig c = testing::tiny_moe_lm_config();
+  const TransformerWeights stack = TransformerWeights::random(c, 14);
+  const TinyModel m;
+  const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
+  ModelAxes axes = axes_for(GetParam());
+  axes.batch = {"dp", "fsdp", "ep"};
+  for (const double coef : {0.0, 0.05}) {
+    const LmTrainingGrads want =
+        lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, coef);
+    LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes, MatmulPrecision::kF32, coef);
+    EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss) << "coef " << coef;
+    expect_gradients_match(step, want, fmt::format("all-to-all, coef {}", coef));
+  }
+}
+
+// Qwen2-MoE's block: raw top-2 weights (norm_topk_prob false) and a shared expert of 24 behind
+// its sigmoid gate, its matrices and gate trained as parameters of their own.
+TEST_P(LmTrainingStepMoeTest, ASharedExpertHasTheReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  TransformerConfig c = testing::tiny_moe_lm_config();
+  c.moe.renormalize = false;
+  c.shared_expert_ffn = 24;
+  const TransformerWeights stack = TransformerWeights::random(c, 15);
+  const TinyModel m;
+  const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
+  const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
+  for (const char* slot : {"shared_expert.gate", "shared_expert.up", "shared_expert.down", "shared_expert_gate"}) {
+    ASSERT_TRUE(want.grads.contains(std::string("layers.1.moe.") + slot)) << slot;
+  }
+  LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
+  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
+  expect_gradients_match(step, want, "shared expert");
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepMoeTest,
                          ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
                                            MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
@@ -249,15 +290,11 @@ TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   moe.moe_ffn = 16;
   moe.moe_every = 2;
   moe.shared_expert_ffn = 16;
-  EXPECT_THAT([&] { LmTrainingStep(one, moe, m.embedding, TransformerWeights::random(moe, 3), &m.head, kBatch, kTokens); },
-              ThrowsMessage<NotImplementedError>(HasSubstr("block 1 has a shared expert, whose backward is not lowered yet")));
+  TransformerWeights bf16_shared = TransformerWeights::random(moe, 3);
+  bf16_shared.blocks[1].moe.shared_expert.stored_as = DType::kBF16;
+  EXPECT_THAT([&] { LmTrainingStep(one, moe, m.embedding, bf16_shared, &m.head, kBatch, kTokens); },
+              ThrowsMessage<ValueError>(HasSubstr("block 1's shared expert is stored as bf16")));
   moe.shared_expert_ffn = 0;
-  const runtime::DeviceMesh ep2 = make_mesh(MeshCase{{2}, {"ep"}});
-  EXPECT_THAT([&] {
-    LmTrainingStep(ep2, moe, m.embedding, TransformerWeights::random(moe, 3), &m.head, kBatch, kTokens,
-                   ModelAxes{.batch = {"ep"}});
-  },
-              ThrowsMessage<NotImplementedError>(HasSubstr("travel by all-to-all, whose backward is not lowered yet")));
   EmbeddingWeights bf16 = m.embedding;
   bf16.stored_as = DType::kBF16;
   EXPECT_THAT([&] { LmTrainingStep(one, m.config, bf16, m.stack, &m.head, kBatch, kTokens); },

@@ -1,6 +1,7 @@
 // The sharded MoE backward against the dense reference's gradients (moe_backward, itself
 // checked against PyTorch's autograd by ops_backward_matches_pytorch), per routing group, on
-// meshes over dp, fsdp, ep and tp; the collectives it emits; what it refuses.
+// meshes over dp, fsdp, ep and tp, with and without Qwen2-MoE's shared expert; the collectives
+// it emits; what it refuses.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -49,7 +50,11 @@ MoeGrads grouped_backward(const runtime::HostTensor& x, const MoeWeights& w, con
       sum.dx = runtime::HostTensor::zeros(x.shape);
     } else {
       for (auto [to, from] : {std::pair{&sum.drouter, &part.drouter}, std::pair{&sum.dgate, &part.dgate},
-                              std::pair{&sum.dup, &part.dup}, std::pair{&sum.ddown, &part.ddown}}) {
+                              std::pair{&sum.dup, &part.dup}, std::pair{&sum.ddown, &part.ddown},
+                              std::pair{&sum.dshared_gate, &part.dshared_gate},
+                              std::pair{&sum.dshared_up, &part.dshared_up},
+                              std::pair{&sum.dshared_down, &part.dshared_down},
+                              std::pair{&sum.dshared_expert_gate, &part.dshared_expert_gate}}) {
         for (std::size_t i = 0; i < to->data.size(); ++i) to->data[i] += from->data[i];
       }
     }
@@ -88,8 +93,11 @@ MoeRun run_moe_backward(const runtime::DeviceMesh& mesh, const MoeConfig& c, con
   const runtime::Frontier done = emit_moe_backward(pb, layer, saved, dys, start, dxs, grads, "moe.bwd");
   pb.output("dx", dxs, done);
   for (const auto& [name, g] : {std::pair{"drouter", grads.router}, std::pair{"dgate", grads.gate},
-                                std::pair{"dup", grads.up}, std::pair{"ddown", grads.down}}) {
-    pb.output(name, pb.use(name, TensorRole::kOutput, g), done);
+                                std::pair{"dup", grads.up}, std::pair{"ddown", grads.down},
+                                std::pair{"dshared_gate", grads.shared_gate}, std::pair{"dshared_up", grads.shared_up},
+                                std::pair{"dshared_down", grads.shared_down},
+                                std::pair{"dshared_expert_gate", grads.shared_expert_gate}}) {
+    if (g != nullptr) pb.output(name, pb.use(name, TensorRole::kOutput, g), done);
   }
   Program program = std::move(pb).compile();
   MoeRun run;
@@ -101,8 +109,17 @@ MoeRun run_moe_backward(const runtime::DeviceMesh& mesh, const MoeConfig& c, con
     program.set_input("dy", dy);
     program.run();
   }
-  run.grads = MoeGrads{program.output("dx"), program.output("drouter"), program.output("dgate"),
-                       program.output("dup"), program.output("ddown")};
+  run.grads.dx = program.output("dx");
+  run.grads.drouter = program.output("drouter");
+  run.grads.dgate = program.output("dgate");
+  run.grads.dup = program.output("dup");
+  run.grads.ddown = program.output("ddown");
+  if (layer.shared_expert) {  // its matrices stored out-in: as [in, out], as the reference's
+    run.grads.dshared_gate = transposed(program.output("dshared_gate"));
+    run.grads.dshared_up = transposed(program.output("dshared_up"));
+    run.grads.dshared_down = transposed(program.output("dshared_down"));
+    run.grads.dshared_expert_gate = program.output("dshared_expert_gate");
+  }
   return run;
 }
 
@@ -135,6 +152,74 @@ TEST_P(ShardedMoeBackwardTest, GradientsEqualTheDenseReferencePerRoutingGroup) {
   }
 }
 
+// Qwen2-MoE's shared expert: its SwiGLU backward on the rows each device ran it on, its gate's
+// gradient through the routing weights' reduction. Fs split over tp with the experts' F (12) or
+// replicated where it does not divide (9), so that its rows are shared out over ep, tp or both;
+// raw top-2 weights (norm_topk_prob false) with a capacity that drops, so that the experts and
+// the shared expert see different rows; 16 and 7 tokens (an uneven share of rows, and devices
+// holding none).
+TEST_P(ShardedMoeBackwardTest, ASharedExpertHasTheDenseReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t h = 16, f = 8, e = 4;
+  for (const std::int64_t fs : {12, 9}) {
+    const MoeWeights w = testing::with_shared_expert(h, f, e, fs);
+    const MoeConfig c{.num_experts = e, .top_k = 2, .capacity_factor = 0.75f, .renormalize = false};
+    for (const std::int64_t t : {16, 7}) {
+      const std::int64_t groups = testing::expected_groups(GetParam(), {"dp", "fsdp"}, t);
+      const runtime::HostTensor x1 = random_host({t, h}, 1, 1.0f), dy1 = random_host({t, h}, 2, 1.0f);
+      const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
+      const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
+      const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}});
+      const std::string where = fmt::format("Fs {} T {}", fs, t);
+      const double bound =
+          std::max(1e-5, 4.0 * static_cast<double>(std::max(t, h)) * std::numeric_limits<float>::epsilon());
+      EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
+      EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
+      EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_gate, want.dshared_gate, bound)) << where << ": d shared gate";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_up, want.dshared_up, bound)) << where << ": d shared up";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_down, want.dshared_down, bound)) << where << ": d shared down";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_expert_gate, want.dshared_expert_gate, bound))
+          << where << ": d shared_expert_gate";
+    }
+  }
+}
+
+// Tokens split over the expert axis too (EasyDeL's expert parallelism with the data split over
+// ep): GShard's all-to-all dispatch and combine, their backward the same all-to-alls the other
+// way. Each split of the tokens is a routing group; dropless, with a capacity that drops (the
+// slots' padding never reaches a gradient), top-1 raw, and with a shared expert.
+TEST_P(ShardedMoeBackwardTest, AllToAllDispatchHasTheDenseReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t t = 16, h = 16, f = 8, e = 4;
+  const MoeAxes axes{.batch = {"dp", "fsdp", "ep"}};
+  const std::int64_t groups = testing::expected_groups(GetParam(), axes.batch, t);
+  for (const bool with_shared : {false, true}) {
+    const MoeWeights w = with_shared ? testing::with_shared_expert(h, f, e, 12) : testing::random_moe_weights(h, f, e);
+    for (const MoeConfig& c :
+         {MoeConfig{.num_experts = e, .top_k = 2}, MoeConfig{.num_experts = e, .top_k = 2, .capacity_factor = 0.75f},
+          MoeConfig{.num_experts = e, .top_k = 1, .capacity_factor = 1.0f, .renormalize = false}}) {
+      const runtime::HostTensor x1 = random_host({t, h}, 1, 1.0f), dy1 = random_host({t, h}, 2, 1.0f);
+      const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
+      const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
+      const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}}, axes);
+      const std::string where = fmt::format("k {} capacity {} renormalize {} shared {}", c.top_k, c.capacity_factor,
+                                            c.renormalize, with_shared);
+      const double bound = std::max(1e-5, 4.0 * std::max(t, h) * std::numeric_limits<float>::epsilon());
+      EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
+      EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dgate, want.dgate, bound)) << where << ": d gate";
+      EXPECT_TRUE(testing::matches_reference(got.grads.dup, want.dup, bound)) << where << ": d up";
+      EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
+      if (with_shared) {
+        EXPECT_TRUE(testing::matches_reference(got.grads.dshared_up, want.dshared_up, bound)) << where << ": d shared up";
+        EXPECT_TRUE(testing::matches_reference(got.grads.dshared_expert_gate, want.dshared_expert_gate, bound))
+            << where << ": d shared_expert_gate";
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMoeBackwardTest,
                          ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
                                            MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"fsdp"}},
@@ -159,27 +244,42 @@ TEST(ShardedMoeBackwardCollectivesTest, AreTheForwardsTransposedPlusTheRoutingWe
   EXPECT_EQ(over_dp.size(), 4u) << "router, gate, up and down gradients over dp";
 }
 
+// The all-to-all dispatch's backward on (dp 2, ep 2) with tokens split over both: the slots'
+// gradients travel to the experts and back by all-to-all over ep (the combine's and the
+// dispatch's transposes); nothing is gathered; the routing weights' gradients need no
+// reduction (F is not split); the experts' gradients are all-reduced over dp only (each
+// expert's device saw every ep block's tokens), the router's over dp and ep.
+TEST(ShardedMoeBackwardCollectivesTest, AllToAllDispatchIsTransposedByAllToAlls) {
+  using Kind = sharding::ReshardStep::Kind;
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "ep"}});
+  const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f), dy = random_host({8, 16}, 2, 1.0f);
+  const MoeRun run = run_moe_backward(mesh, MoeConfig{.num_experts = 4, .top_k = 2},
+                                      testing::random_moe_weights(16, 8, 4), {{x, dy}}, MoeAxes{.batch = {"dp", "ep"}});
+  std::vector<std::string> all_to_all, over_dp, over_both;
+  for (const CollectivePlan& cp : run.collectives) {
+    if (cp.step.kind == Kind::kAllToAll) {
+      all_to_all.push_back(cp.name);
+      continue;
+    }
+    EXPECT_EQ(cp.step.kind, Kind::kAllReduce) << cp.name;
+    (cp.step.axes.size() == 1 ? over_dp : over_both).push_back(cp.name);
+  }
+  EXPECT_THAT(all_to_all, ::testing::UnorderedElementsAre(HasSubstr("moe.bwd.dcombine"), HasSubstr("moe.bwd.ddispatch")));
+  EXPECT_THAT(over_dp, ::testing::UnorderedElementsAre(HasSubstr("w_gate"), HasSubstr("w_up"), HasSubstr("w_down")));
+  EXPECT_THAT(over_both, ::testing::UnorderedElementsAre(HasSubstr("router")));
+}
+
 TEST(ShardedMoeBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
   const MoeConfig c{.num_experts = 4, .top_k = 2};
   const runtime::HostTensor x = random_host({8, 16}, 1, 1.0f);
-  // Tokens split over ep travel by all-to-all, whose backward is not lowered.
-  EXPECT_THAT([&] {
-    run_moe_backward(make_mesh(MeshCase{{2}, {"ep"}}), c, testing::random_moe_weights(16, 8, 4), {{x, x}},
-                     MoeAxes{.batch = {"ep"}});
-  },
-              ThrowsMessage<NotImplementedError>(HasSubstr(
-                  "moe: the tokens are split over the expert axis (ep) and travel by all-to-all, whose backward is not "
-                  "lowered yet")));
-  MoeWeights shared = testing::random_moe_weights(16, 8, 4);
-  shared.shared_expert.gate = random_host({16, 12}, 5, 0.3f);
-  shared.shared_expert.up = random_host({16, 12}, 6, 0.3f);
-  shared.shared_expert.down = random_host({12, 16}, 7, 0.3f);
-  shared.shared_expert_gate = random_host({16, 1}, 8, 0.3f);
-  EXPECT_THAT([&] { run_moe_backward(make_mesh(MeshCase{{1}, {"ep"}}), c, shared, {{x, x}}); },
-              ThrowsMessage<NotImplementedError>(
-                  HasSubstr("moe: the backward of a MoE layer with a shared expert is not lowered yet")));
-  EXPECT_THAT([&] { (void)moe_backward(x, shared, c, x); },
-              ThrowsMessage<NotImplementedError>(HasSubstr("moe backward: shared experts")));
+  MoeWeights bf16 = testing::random_moe_weights(16, 8, 4);
+  bf16.stored_as = DType::kBF16;
+  EXPECT_THAT([&] { (void)moe_backward(x, bf16, c, x); },
+              ThrowsMessage<NotImplementedError>(HasSubstr("moe backward: 16-bit experts are not differentiated yet")));
+  MoeWeights misshapen = testing::with_shared_expert(16, 8, 4, 12);
+  misshapen.shared_expert_gate = random_host({16, 2}, 8, 0.3f);
+  EXPECT_THAT([&] { (void)moe_backward(x, misshapen, c, x); },
+              ThrowsMessage<ShapeError>(HasSubstr("moe: shared_expert_gate is [16, 2], expected [16, 1]")));
   EXPECT_THAT([&] { (void)moe_backward(x, testing::random_moe_weights(16, 8, 4), MoeConfig{.num_experts = 4, .top_k = 5}, x); },
               ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
   // A backward whose forward kept nothing.
@@ -198,6 +298,15 @@ TEST(ShardedMoeBackwardErrorsTest, RefusesWhatItCannotDifferentiate) {
   EXPECT_THAT([&] { emit_moe_backward(pb, layer, saved, short_dy, forward, xs, MoeGradients::like(layer), "moe.bwd"); },
               ThrowsMessage<ShapeError>(HasSubstr(
                   "moe.bwd: dy 4x16 P() and dx 8x16 P() must be laid out as the forward's y and x (8x16)")));
+  // A shared expert without gradients for it.
+  const MoeLayer with_shared = MoeLayer::create(mesh, c, testing::with_shared_expert(16, 8, 4, 12));
+  MoeSaved shared_saved;
+  runtime::ShardedTensor& ys2 = pb.tensor("y2", TensorRole::kOutput, {8, 16}, sharding::PartitionSpec());
+  const runtime::Frontier shared_forward = emit_moe(pb, with_shared, xs, loaded, ys2, "moe2", nullptr, &shared_saved);
+  EXPECT_THAT([&] {
+    emit_moe_backward(pb, with_shared, shared_saved, ys2, shared_forward, xs, MoeGradients::like(layer), "moe2.bwd");
+  },
+              ThrowsMessage<ValueError>(HasSubstr("moe2.bwd: the layer has a shared expert but no gradients are given for it")));
 }
 
 }  // namespace

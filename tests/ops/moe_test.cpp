@@ -26,15 +26,6 @@ using testing::random_host;
 using testing::expected_groups;
 using testing::matches_reference;
 
-// random_weights with Qwen2-MoE's shared expert of intermediate size fs and its gate [H, 1].
-MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e, std::int64_t fs) {
-  MoeWeights w = testing::random_moe_weights(h, f, e);
-  w.shared_expert.gate = random_host({h, fs}, 27, 0.3f);
-  w.shared_expert.up = random_host({h, fs}, 28, 0.3f);
-  w.shared_expert.down = random_host({fs, h}, 29, 0.3f);
-  w.shared_expert_gate = random_host({h, 1}, 30, 0.5f);
-  return w;
-}
 
 // The dense reference applied to each routing group (consecutive blocks of rows), with the
 // statistics summed over the groups.
@@ -102,7 +93,7 @@ TEST_P(ShardedMoeTest, ASharedExpertEqualsTheReference) {
   const auto mesh = make_mesh(GetParam());
   const std::int64_t h = 16, f = 8, e = 8;
   for (std::int64_t fs : {12, 9}) {
-    const MoeWeights w = with_shared_expert(h, f, e, fs);
+    const MoeWeights w = testing::with_shared_expert(h, f, e, fs);
     for (bool renormalize : {false, true}) {
       const MoeConfig c{.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = renormalize};
       for (std::int64_t tokens : {12, 7}) {
@@ -124,7 +115,7 @@ TEST_P(ShardedMoeTest, ASharedExpertEqualsTheReference) {
     }
   }
   // Without its shared expert the layer is another one: the check sees it.
-  MoeWeights plain = with_shared_expert(h, f, e, 12);
+  MoeWeights plain = testing::with_shared_expert(h, f, e, 12);
   const runtime::HostTensor x = random_host({12, h}, 31, 1.0f);
   MoeStats unused;
   const runtime::HostTensor with = grouped_reference(x, plain, MoeConfig{.num_experts = e, .top_k = 2}, 1, unused);
@@ -193,7 +184,7 @@ TEST(ShardedMoeTest, TokensSplitOverEpTravelByAllToAll) {
 // split over tp as the experts' F is.
 TEST(ShardedMoeTest, ASharedExpertAddsNoCollective) {
   const auto mesh = runtime::DeviceMesh::create(devices(4), {2, 2}, {"ep", "tp"});
-  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, with_shared_expert(16, 8, 8, 12), 4);
+  ShardedMoe moe(mesh, MoeConfig{.num_experts = 8, .top_k = 2}, testing::with_shared_expert(16, 8, 8, 12), 4);
   ASSERT_TRUE(moe.layer().shared_expert.has_value());
   // Stored out-in: up [Fs, H], down [H, Fs].
   EXPECT_EQ(moe.layer().shared_expert->up->spec().repr(), "P('tp', None)");
@@ -205,7 +196,7 @@ TEST(ShardedMoeTest, ASharedExpertAddsNoCollective) {
   EXPECT_THAT(moe.program().plan().text(), HasSubstr("moe.shared_w_up"));
   // Experts' F not split (tp absent): the shared expert is replicated too.
   const auto ep_only = runtime::DeviceMesh::create(devices(2), {2}, {"ep"});
-  ShardedMoe replicated(ep_only, MoeConfig{.num_experts = 8, .top_k = 2}, with_shared_expert(16, 8, 8, 12), 4);
+  ShardedMoe replicated(ep_only, MoeConfig{.num_experts = 8, .top_k = 2}, testing::with_shared_expert(16, 8, 8, 12), 4);
   EXPECT_EQ(replicated.layer().shared_expert->up->spec().repr(), "P()");
 }
 
@@ -226,18 +217,18 @@ TEST(ShardedMoeTest, BadInputIsRejectedNamingIt) {
     EXPECT_THAT([&] { ShardedMoe(mesh, c, bad, 4); }, ThrowsMessage<ShapeError>(message));
     EXPECT_THAT([&] { (void)moe_reference(x, bad, c); }, ThrowsMessage<ShapeError>(message));
   };
-  w = with_shared_expert(16, 8, 4, 12);
+  w = testing::with_shared_expert(16, 8, 4, 12);
   w.shared_expert.down = random_host({16, 12}, 1, 1.0f);
   refused(w, "moe: shared expert gate [16, 12], up [16, 12], down [16, 12] do not fit hidden 16 (expected [H, Fs], "
              "[H, Fs], [Fs, H])");
-  w = with_shared_expert(16, 8, 4, 12);
+  w = testing::with_shared_expert(16, 8, 4, 12);
   w.shared_expert_gate = random_host({1, 16}, 1, 1.0f);
   refused(w, "moe: shared_expert_gate is [1, 16], expected [16, 1]");
-  w = with_shared_expert(16, 8, 4, 12);
+  w = testing::with_shared_expert(16, 8, 4, 12);
   w.shared_expert.up = {};
   refused(w, "moe: shared expert gate [16, 12], down [12, 16] and shared_expert_gate [16, 1] given without its up "
              "projection");
-  w = with_shared_expert(16, 8, 4, 12);
+  w = testing::with_shared_expert(16, 8, 4, 12);
   w.shared_expert.up_bias = random_host({12}, 1, 1.0f);
   refused(w, "moe: the shared expert has biases (gate [], up [12], down []); numesh runs it without");
   ShardedMoe moe(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, testing::random_moe_weights(16, 8, 4), 4);

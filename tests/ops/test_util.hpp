@@ -89,6 +89,16 @@ inline MoeWeights random_moe_weights(std::int64_t h, std::int64_t f, std::int64_
   return w;
 }
 
+/// random_moe_weights with Qwen2-MoE's shared expert of intermediate size fs and its gate [H, 1].
+inline MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e, std::int64_t fs) {
+  MoeWeights w = random_moe_weights(h, f, e);
+  w.shared_expert.gate = random_host({h, fs}, 27, 0.3f);
+  w.shared_expert.up = random_host({h, fs}, 28, 0.3f);
+  w.shared_expert.down = random_host({fs, h}, 29, 0.3f);
+  w.shared_expert_gate = random_host({h, 1}, 30, 0.5f);
+  return w;
+}
+
 /// A 2-block dense language-model stack small enough to train or fault node by node: H 32,
 /// 4 query and 2 key/value heads of 8 with RoPE, F 64, RMSNorm eps 1e-5.
 inline TransformerConfig tiny_lm_config() {

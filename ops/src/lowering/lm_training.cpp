@@ -159,8 +159,7 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
         AttentionAxes{.batch = axes_.batch, .sequence = sequence, .heads = axes_.heads});
     if (config_.is_moe(l)) {
       check_fp32(w.moe.stored_as, fmt::format("block {}'s experts", l));
-      NUMESH_CHECK(!w.moe.has_shared_expert(), NotImplementedError,
-                   "training: block {} has a shared expert, whose backward is not lowered yet", l);
+      if (w.moe.has_shared_expert()) check_fp32(w.moe.shared_expert.stored_as, fmt::format("block {}'s shared expert", l));
       b.moe = MoeLayer::create(mesh_, config_.moe, w.moe,
                                MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
       b.moe_grads = MoeGradients::like(*b.moe);
@@ -196,6 +195,12 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
       add(p + "moe.gate", b.moe->gate, b.moe_grads.gate, kInOut);
       add(p + "moe.up", b.moe->up, b.moe_grads.up, kInOut);
       add(p + "moe.down", b.moe->down, b.moe_grads.down, kInOut);
+      if (b.moe->shared_expert) {  // Qwen2-MoE
+        add(p + "moe.shared_expert.gate", b.moe->shared_expert->gate, b.moe_grads.shared_gate, kOutIn);
+        add(p + "moe.shared_expert.up", b.moe->shared_expert->up, b.moe_grads.shared_up, kOutIn);
+        add(p + "moe.shared_expert.down", b.moe->shared_expert->down, b.moe_grads.shared_down, kOutIn);
+        add(p + "moe.shared_expert_gate", b.moe->shared_expert_gate, b.moe_grads.shared_expert_gate, kInOut);
+      }
     } else {
       add(p + "mlp.gate", b.mlp->gate, b.mlp_grads.gate, kOutIn);
       add(p + "mlp.up", b.mlp->up, b.mlp_grads.up, kOutIn);

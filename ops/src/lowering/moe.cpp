@@ -103,11 +103,12 @@ ProgramWeights use_weights(ProgramBuilder& pb, const MoeLayer& layer, const std:
 // (MoeLayer::create), so each device's product is a partial sum over them; along the other
 // partial axes the devices hold the same rows, and each adds its contiguous share of them:
 // every row's term is counted once and the work is spread. Returns `after` without a shared
-// expert.
+// expert. With `saved`, keeps what the backward needs (MoeSaved's shared_ fields): the gate
+// pre-activation gets a buffer of its own instead of turning into the activation in place.
 runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
                                      runtime::ShardedTensor& y_partial,
                                      const std::vector<sharding::Placement>& y_placed, const runtime::Frontier& after,
-                                     const std::string& name) {
+                                     const std::string& name, MoeSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   if (!layer.shared_expert) return after;
   const runtime::DeviceMesh& mesh = pb.mesh();
@@ -127,6 +128,16 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
                  m.names()[a]);
     if (y_placed[a].is_partial() && !fs_placed[a].is_shard()) sharing.push_back(a);
   }
+  if (saved != nullptr) {
+    const auto slots = static_cast<std::size_t>(mesh.size());
+    saved->shared_gate = &gate, saved->shared_up = &up, saved->shared_down = &down;
+    saved->shared_expert_gate = &scale;
+    saved->shared_sharing = sharing;
+    saved->shared_first.assign(slots, 0), saved->shared_count.assign(slots, 0);
+    for (auto* v : {&saved->shared_gate_pre, &saved->shared_up_pre, &saved->shared_hidden, &saved->shared_out}) {
+      v->assign(slots, nullptr);
+    }
+  }
   return pb.per_device(name + ".shared", {&after}, [&](std::int64_t s) -> std::function<void()> {
     const std::vector<std::int64_t> coords = mesh.coords(s);
     std::int64_t share = 0, shares = 1;
@@ -136,6 +147,10 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     }
     const std::int64_t per = (rows + shares - 1) / shares;
     const std::int64_t first = std::min(rows, share * per), n = std::min(rows, first + per) - first;
+    if (saved != nullptr) {
+      saved->shared_first[static_cast<std::size_t>(s)] = first;
+      saved->shared_count[static_cast<std::size_t>(s)] = n;
+    }
     if (n == 0) return [] {};
     pb.add_flops(s, 2.0 * static_cast<double>(n * h) * (1.0 + 3.0 * static_cast<double>(fl)));
     runtime::Tensor& xs = x.shard(s);
@@ -148,13 +163,20 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     runtime::Tensor& hs = pb.scratch(s, {n, fl});
     runtime::Tensor& us = pb.scratch(s, {n, fl});
     runtime::Tensor& ys = pb.scratch(s, {n, h});
-    return [prec, &xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &ys, first, n, h] {
+    runtime::Tensor& act = saved != nullptr ? pb.scratch(s, {n, fl}) : hs;  // in place without saved
+    if (saved != nullptr) {
+      const auto i = static_cast<std::size_t>(s);
+      saved->shared_gate_pre[i] = &hs, saved->shared_up_pre[i] = &us;
+      saved->shared_hidden[i] = &act, saved->shared_out[i] = &ys;
+    }
+    return [prec, &xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &act, &ys, first, n, h] {
       const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
       gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit));
       device_gemm(xm, as_out_in_weight(wg), as_matrix(hs), prec);
       device_gemm(xm, as_out_in_weight(wu), as_matrix(us), prec);
-      silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(us)));
-      device_gemm(as_matrix(std::as_const(hs)), as_out_in_weight(wd), as_matrix(ys), prec);
+      if (&act != &hs) as_matrix(act) = as_matrix(std::as_const(hs));
+      silu_mul_inplace(as_matrix(act), as_matrix(std::as_const(us)));
+      device_gemm(as_matrix(std::as_const(act)), as_out_in_weight(wd), as_matrix(ys), prec);
       MatrixMap ym(yp.values().data() + first * h, n, h);
       for (std::int64_t i = 0; i < n; ++i) {
         // sigmoid; for a very negative logit exp overflows to inf and the scale to 0, no NaN.
@@ -172,12 +194,14 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
 // the token axes becomes dim 1 split over the expert axis); the slot counts travel the same
 // way. Experts run on the slots they received, a second all-to-all brings the outputs home,
 // and each device adds them, scaled by their routing weights, into its tokens' rows. When F is
-// split too, those rows are partial sums, all-reduced over the tensor axis at the end.
+// split too, those rows are partial sums, all-reduced over the tensor axis at the end. With
+// `saved`, keeps what the backward needs: the routing, the slot tensors, and each expert's
+// intermediates packed expert after expert instead of one reused scratch.
 runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
                                       const runtime::Frontier& after, runtime::ShardedTensor& y,
                                       const std::string& name, MoeRouting& routing,
                                       const std::vector<std::string>& token_axes,
-                                      const std::vector<std::string>& expert_axes) {
+                                      const std::vector<std::string>& expert_axes, MoeSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -227,16 +251,18 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
 
   const std::int64_t held_blocks = received.layout().shard_shape()[0];
-  std::vector<RoutingTables*> tables;
+  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
+  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
   const runtime::Frontier packed = pb.per_device(name + ".route", {&after}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
                         3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) / static_cast<double>(ep));
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, e);
-    tables.push_back(&r);
+    tables[i] = &r;
     MoeStats& stats = routing.per_slot[i];
     runtime::Tensor& xs = x.shard(s);
-    runtime::Tensor& logits = pb.scratch(s, {rows, e});
+    runtime::Tensor& logits = pb.scratch(s, {rows, e});  // the probabilities after routing
+    probs[i] = &logits;
     runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& out = sent.shard(s);
     runtime::Tensor& n = counts.shard(s);
@@ -259,18 +285,30 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   const runtime::Frontier counts_there =
       pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed, name + ".dispatch_counts");
 
+  if (saved != nullptr) {
+    const auto n = static_cast<std::size_t>(mesh.size());
+    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr), saved->hidden.assign(n, nullptr);
+  }
   const runtime::Frontier expert_done = pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
     runtime::Tensor& in = received.shard(s);
     runtime::Tensor& n = counts_received.shard(s);
     runtime::Tensor& res = computed.shard(s);
+    // With `saved`, every expert's slots get rows of their own (packed expert after expert).
+    const std::int64_t buffer_rows = held_blocks * slots * (saved != nullptr ? le_count : 1);
     runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
-    runtime::Tensor& he = pb.scratch(s, {held_blocks * slots, fl});
-    runtime::Tensor& ue = pb.scratch(s, {held_blocks * slots, fl});
+    runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
+    runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
     runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
+    runtime::Tensor* act = saved != nullptr ? &pb.scratch(s, {buffer_rows, fl}) : &he;  // in place without saved
+    if (saved != nullptr) saved->gate_pre[i] = &he, saved->up_pre[i] = &ue, saved->hidden[i] = act;
     runtime::Tensor& wg = gate.shard(s);
     runtime::Tensor& wu = up.shard(s);
     runtime::Tensor& wd = down.shard(s);
-    return [prec, &in, &n, &res, &xe, &he, &ue, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl] {
+    const bool packed_rows = saved != nullptr;
+    return [prec, &in, &n, &res, &xe, &he, &ue, act, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl,
+            packed_rows] {
+      std::int64_t first = 0;  // the expert's first row in the saved buffers
       for (std::int64_t le = 0; le < le_count; ++le) {
         // Every source block's slots for this expert, packed into one GEMM.
         std::int64_t total = 0;
@@ -280,14 +318,17 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
           total += count;
         }
         if (total == 0) continue;
-        MatrixMap hm(he.values().data(), total, fl);
-        MatrixMap um(ue.values().data(), total, fl);
+        MatrixMap hm(he.values().data() + first * fl, total, fl);
+        MatrixMap um(ue.values().data() + first * fl, total, fl);
+        MatrixMap am(act->values().data() + first * fl, total, fl);
+        if (packed_rows) first += total;
         const ConstMatrixMap xm(xe.values().data(), total, h);
         const std::int64_t wgt = h * fl;
         device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
         device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
-        silu_mul_inplace(hm, ConstMatrixMap(um.data(), total, fl));
-        device_gemm(ConstMatrixMap(hm.data(), total, fl), as_weight(wd, le * wgt, fl, h),
+        if (am.data() != hm.data()) am = hm;
+        silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
+        device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
                     MatrixMap(ye.values().data(), total, h), prec);
         std::int64_t at = 0;
         for (std::int64_t b = 0; b < held_blocks; ++b) {
@@ -318,7 +359,17 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       }
     };
   });
-  const runtime::Frontier summed = emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name);
+  if (saved != nullptr) {
+    saved->x = &x;
+    saved->router = &router, saved->gate = &gate, saved->up = &up, saved->down = &down;
+    saved->tables = tables;
+    saved->probs = probs;
+    saved->x_placed = sharding::to_placements(x.spec(), m, rank);
+    saved->partial_placed = y_placed;
+    saved->y_placed = sharding::to_placements(y.spec(), m, rank);
+    saved->dispatched = &received, saved->dispatched_counts = &counts_received, saved->combined = &returned;
+  }
+  const runtime::Frontier summed = emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name, saved);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
 }
 
@@ -352,16 +403,10 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
                           MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(layer.config.num_experts), 0)});
   if (routing_out != nullptr) *routing_out = &routing;
-  NUMESH_CHECK(saved == nullptr || !layer.shared_expert, NotImplementedError,
-               "{}: the backward of a MoE layer with a shared expert is not lowered yet", name);
   if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
-    NUMESH_CHECK(saved == nullptr, NotImplementedError,
-                 "{}: the tokens are split over the expert axis ({}) and travel by all-to-all, whose backward is not "
-                 "lowered yet; keep the expert axis out of the batch axes to train",
-                 name, fmt::join(expert_axes, ", "));
     // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
     for (const auto& group : x.layout().replica_groups()) routing.group_leaders.push_back(group.front());
-    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes);
+    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes, saved);
   }
   // Otherwise tokens split over an axis that splits the experts' weights are gathered over it
   // (dispatch by all-gather) and their outputs reduce-scattered back (EasyDeL's ring of
@@ -496,13 +541,23 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     saved->partial_placed = y_placed;
     saved->y_placed = sharding::to_placements(y.spec(), m, rank);
   }
-  const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name);
+  const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name, saved);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
 }
 
 MoeGradients MoeGradients::like(const MoeLayer& layer) {
-  return {gradient_like(*layer.router), gradient_like(*layer.gate), gradient_like(*layer.up),
-          gradient_like(*layer.down)};
+  MoeGradients g;
+  g.router = gradient_like(*layer.router);
+  g.gate = gradient_like(*layer.gate);
+  g.up = gradient_like(*layer.up);
+  g.down = gradient_like(*layer.down);
+  if (layer.shared_expert) {
+    g.shared_gate = gradient_like(*layer.shared_expert->gate);
+    g.shared_up = gradient_like(*layer.shared_expert->up);
+    g.shared_down = gradient_like(*layer.shared_expert->down);
+    g.shared_expert_gate = gradient_like(*layer.shared_expert_gate);
+  }
+  return g;
 }
 
 ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const MoeWeights& weights,

@@ -309,8 +309,8 @@ CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runt
 
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
                       const runtime::HostTensor& dy, std::span<const double> dprobs) {
-  NUMESH_CHECK(!w.has_shared_expert() && w.stored_as == DType::kF32, NotImplementedError,
-               "moe backward: shared experts and 16-bit experts are not differentiated yet");
+  NUMESH_CHECK(w.stored_as == DType::kF32 && w.shared_expert.stored_as == DType::kF32, NotImplementedError,
+               "moe backward: 16-bit experts are not differentiated yet");
   const std::int64_t t = dim(x, 0, "moe backward: x"), h = dim(x, 1, "moe backward: x");
   const std::int64_t e = c.num_experts, k = c.top_k;
   NUMESH_CHECK(e >= 1 && k >= 1 && k <= e && c.capacity_factor >= 0.0f, ValueError,
@@ -323,6 +323,7 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
                fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "), fmt::join(w.down.shape, ", "), e, h);
   NUMESH_CHECK(dprobs.empty() || static_cast<std::int64_t>(dprobs.size()) == e, ShapeError,
                "moe backward: {} probability gradients for {} experts", dprobs.size(), e);
+  check_shared_expert(w, h);
   const MatrixD xm = matrix(x, t, h, "moe backward: x");
   const MatrixD wr = matrix(w.router, h, e, "moe backward: router");
   const MatrixD g = matrix(dy, t, h, "moe backward: dy");
@@ -381,8 +382,36 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
     dlogits.row(ti) = r.probs.row(ti).array() * (dp.array() - pdp);
   }
   dx += dlogits * wr.transpose();
-  return {oracle::narrow(dx, {t, h}), oracle::narrow(xm.transpose() * dlogits, {h, e}),
-          oracle::narrow(dgate, {e, h, f}), oracle::narrow(dup, {e, h, f}), oracle::narrow(ddown, {e, f, h})};
+  MoeGrads out;
+  out.drouter = oracle::narrow(xm.transpose() * dlogits, {h, e});
+  out.dgate = oracle::narrow(dgate, {e, h, f});
+  out.dup = oracle::narrow(dup, {e, h, f});
+  out.ddown = oracle::narrow(ddown, {e, f, h});
+  // The shared expert: y += s S(x) with s = sigmoid(x g) per token. S sees dy scaled by s; the
+  // gate's logit gets s (1 - s) (dy . S(x)).
+  if (w.has_shared_expert()) {
+    const std::int64_t fs = w.shared_expert.up.shape[1];
+    const MatrixD sg = matrix(w.shared_expert.gate, h, fs, "moe backward: shared expert gate");
+    const MatrixD su = matrix(w.shared_expert.up, h, fs, "moe backward: shared expert up");
+    const MatrixD sd = matrix(w.shared_expert.down, fs, h, "moe backward: shared expert down");
+    const MatrixD gate = matrix(w.shared_expert_gate, h, 1, "moe backward: shared_expert_gate");
+    const MatrixD logit = xm * gate;
+    const MatrixD shared = oracle::swiglu_mlp(xm, sg, su, sd);
+    MatrixD scaled(t, h), dlogit(t, 1);
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const double s = oracle::sigmoid(logit(ti, 0));
+      scaled.row(ti) = s * g.row(ti);
+      dlogit(ti, 0) = s * (1.0 - s) * g.row(ti).dot(shared.row(ti));
+    }
+    const SwigluGradsD d = swiglu_gradients(xm, sg, su, sd, scaled);
+    dx += d.dx + dlogit * gate.transpose();
+    out.dshared_gate = oracle::narrow(d.dgate, {h, fs});
+    out.dshared_up = oracle::narrow(d.dup, {h, fs});
+    out.dshared_down = oracle::narrow(d.ddown, {fs, h});
+    out.dshared_expert_gate = oracle::narrow(xm.transpose() * dlogit, {h, 1});
+  }
+  out.dx = oracle::narrow(dx, {t, h});
+  return out;
 }
 
 RouterAuxLoss router_aux_loss(const std::vector<runtime::HostTensor>& xs,

@@ -112,6 +112,12 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
       out.grads[p + "moe.gate"] = moe.dgate;
       out.grads[p + "moe.up"] = moe.dup;
       out.grads[p + "moe.down"] = moe.ddown;
+      if (b.moe.has_shared_expert()) {  // Qwen2-MoE
+        out.grads[p + "moe.shared_expert.gate"] = moe.dshared_gate;
+        out.grads[p + "moe.shared_expert.up"] = moe.dshared_up;
+        out.grads[p + "moe.shared_expert.down"] = moe.dshared_down;
+        out.grads[p + "moe.shared_expert_gate"] = moe.dshared_expert_gate;
+      }
       dn2 = std::move(moe.dx);
     } else {
       MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);

@@ -80,7 +80,9 @@ struct HfTensorPart {
 /// (Mixtral "block_sparse_moe.gate.weight", Qwen-MoE "mlp.gate.weight"), transposed; for
 /// "layers.L.moe.gate", ".up" and ".down" ([E, in, out]) one transposed tensor per expert
 /// (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2"; Qwen-MoE "mlp.experts.e.gate_proj",
-/// "up_proj", "down_proj"), `experts` of them.
+/// "up_proj", "down_proj"), `experts` of them; for Qwen2-MoE's "layers.L.moe.shared_expert.gate",
+/// ".up", ".down" (stored out-in) "mlp.shared_expert.gate_proj.weight", ... as they are, and
+/// for "layers.L.moe.shared_expert_gate" ([H, 1]) "mlp.shared_expert_gate.weight", transposed.
 /// Throws: KeyError naming the slot when it is none of those.
 std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture, std::int64_t experts);
 

@@ -29,8 +29,9 @@ namespace numesh::ops {
 struct TrainableParameter {
   /// "embedding.table", ShardedTransformer::weights()' names ("layers.L.attention.wq", ...,
   /// "layers.L.mlp.down" or, in a MoE block, "layers.L.moe.router", ".moe.gate", ".moe.up",
-  /// ".moe.down" as MoeWeights holds them, "final_norm"), then "lm_head.weight" (absent when
-  /// the head is tied to the embedding).
+  /// ".moe.down" as MoeWeights holds them, with a shared expert ".moe.shared_expert.gate",
+  /// ".up", ".down" (stored out-in) and ".moe.shared_expert_gate" [H, 1], "final_norm"), then
+  /// "lm_head.weight" (absent when the head is tied to the embedding).
   std::string name;
   std::shared_ptr<runtime::ShardedTensor> value;
   std::shared_ptr<runtime::ShardedTensor> grad;
@@ -61,12 +62,10 @@ class LmTrainingStep {
   /// Lays out the weights (fp32: training's master weights) and compiles the program.
   /// `head` null: the head is tied to the embedding.
   /// MoE blocks route each device's tokens as one group (MoeAxes); their experts split over
-  /// ModelAxes::expert and expert_tensor, the tokens gathered over those (tokens split over
-  /// the expert axis would travel by all-to-all, whose backward is not lowered: refused).
+  /// ModelAxes::expert and expert_tensor, the tokens gathered over those, or, when the batch
+  /// axes include the expert axis, sent to their experts and back by all-to-all (GShard).
   /// Throws: ValueError as TransformerConfig::validate, when a weight is not stored fp32 or
-/// router_aux_loss_coef is negative or not finite;
-  /// NotImplementedError for shared experts (their backward is not lowered yet) or MoE tokens
-  /// split over the expert axis; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
+  /// router_aux_loss_coef is negative or not finite; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
   /// multiple of the batch axes' size, tokens not a multiple of the sequence axis' size, the
   /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
   LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,

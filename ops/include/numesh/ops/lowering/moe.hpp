@@ -74,14 +74,29 @@ struct MoeSaved {
   std::vector<RoutingTables*> tables;
   std::vector<runtime::Tensor*> probs;
   /// Per mesh slot, its local experts' kept assignments packed expert after expert, in the
-  /// order of RoutingTables::expert_rows: the gate and up pre-activations and the activation
-  /// [assignments, F_local], and each expert's output before its routing weight [assignments,
-  /// H] (a partial sum over F's axes).
+  /// order of RoutingTables::expert_rows (with the all-to-all dispatch: the slots it received,
+  /// every token block's slots of an expert together): the gate and up pre-activations and the
+  /// activation [assignments, F_local], and (not with the all-to-all) each expert's output
+  /// before its routing weight [assignments, H] (a partial sum over F's axes).
   std::vector<runtime::Tensor*> gate_pre, up_pre, hidden, expert_out;
+  /// With tokens split over the expert axis (the all-to-all dispatch), the slot tensors
+  /// [P, E, C, H]: as the experts received them, their counts [P, E], and the experts' outputs
+  /// back at the tokens' devices. Null otherwise.
+  runtime::ShardedTensor *dispatched = nullptr, *dispatched_counts = nullptr, *combined = nullptr;
   std::vector<sharding::Placement> x_placed;        ///< the input's placements (before any gather)
   std::vector<sharding::Placement> partial_placed;  ///< the partial output's (the routed x's, Partial over
                                                     ///< the weights' axes)
   std::vector<sharding::Placement> y_placed;        ///< the output's
+  /// With a shared expert: its weights and gate as the program registered them; the mesh axes
+  /// over which its devices share the rows out (the partial output's axes that do not split
+  /// Fs); and per mesh slot, the rows of x it ran on ([first, first + count)), their gate and
+  /// up pre-activations and activation [count, Fs_local] and the expert's output before its
+  /// gate [count, H] (a partial sum over Fs's axes). Empty without one.
+  runtime::ShardedTensor *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr,
+                         *shared_expert_gate = nullptr;
+  std::vector<std::size_t> shared_sharing;
+  std::vector<std::int64_t> shared_first, shared_count;
+  std::vector<runtime::Tensor*> shared_gate_pre, shared_up_pre, shared_hidden, shared_out;
 };
 
 /// Emits y = moe(x) into `program`. Per device: router logits, softmax, top-k, capacity
@@ -98,10 +113,9 @@ struct MoeSaved {
 /// `routing` (owned by the program) is filled on every run.
 /// With `saved`, the forward also keeps what emit_moe_backward needs (per device, buffers for
 /// its local experts' assignments: three [rows x min(k, local experts), F_local] and one
-/// [same, H]).
-/// Throws: ShapeError when x or y do not fit (naming them); NotImplementedError with `saved`
-/// when the tokens travel by all-to-all (split over the expert axis) or the layer has a shared
-/// expert (those backwards are not lowered yet); as reshard().
+/// [same, H]; with the all-to-all dispatch, three [slots received, F_local]; with a shared
+/// expert, three [its rows, Fs_local] and one [its rows, H]).
+/// Throws: ShapeError when x or y do not fit (naming them); as reshard().
 runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
                            const runtime::Frontier& after, runtime::ShardedTensor& y,
                            const std::string& name, MoeRouting** routing = nullptr, MoeSaved* saved = nullptr);
@@ -110,6 +124,9 @@ runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runti
 /// (gradient_like), fp32.
 struct MoeGradients {
   std::shared_ptr<runtime::ShardedTensor> router, gate, up, down;
+  /// The shared expert's matrices (laid out as MlpLayer stores them, out-in) and its gate's
+  /// [H, 1]; null without a shared expert.
+  std::shared_ptr<runtime::ShardedTensor> shared_gate, shared_up, shared_down, shared_expert_gate;
   /// Zero gradients laid out like `layer`'s matrices.
   [[nodiscard]] static MoeGradients like(const MoeLayer& layer);
 };
@@ -139,10 +156,14 @@ struct RouterAuxGradient {
 /// gradient over its rows, and the first device of each partial sum adds the router's input
 /// gradient into dx. dx is reduced over the weights' axes (the transpose of the token gather),
 /// the weights' gradients over the axes splitting the tokens. Dropped assignments pass no
-/// gradient; the routing decisions are constants. Returns the frontier after which dx and
-/// every gradient are complete.
+/// gradient; the routing decisions are constants. A shared expert runs its SwiGLU backward on
+/// the rows its forward ran on (dy scaled by its gate; its weights' gradients reduced over the
+/// axes sharing the rows out and those splitting the tokens) and puts dy . its output beside
+/// the routing weights' gradients (one more column, reduced with them), from which every
+/// device has its gate's logit gradient for all its rows, as for the router. Returns the
+/// frontier after which dx and every gradient are complete.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes); ValueError
-/// when `saved` was not filled.
+/// when `saved` was not filled, or a shared expert has no gradients in `grads`.
 /// With `aux`, the router's gradient also carries the load-balancing loss's (see above).
 runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,

@@ -97,19 +97,25 @@ CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runt
 /// Gradients of the MoE layer y = moe_reference(x, w, c) (SwiGLU experts) given dy [T, H]. The
 /// routing decisions (top-k, capacity) are piecewise constant: the gradient flows through each
 /// kept choice's expert and its routing weight (the softmax, and the renormalisation when
-/// asked); a dropped choice passes none. Weights as MoeWeights holds them.
+/// asked); a dropped choice passes none. A shared expert (Qwen2-MoE: y += sigmoid(x g) S(x))
+/// sees dy scaled by its gate, and its gate's logit sigmoid'(x g) (dy . S(x)). Weights as
+/// MoeWeights holds them.
 struct MoeGrads {
   runtime::HostTensor dx;       ///< [T, H]
   runtime::HostTensor drouter;  ///< [H, E]
   runtime::HostTensor dgate;    ///< [E, H, F]
   runtime::HostTensor dup;      ///< [E, H, F]
   runtime::HostTensor ddown;    ///< [E, F, H]
+  /// The shared expert's gate, up [H, Fs] and down [Fs, H] and its gate's [H, 1]; empty
+  /// without a shared expert.
+  runtime::HostTensor dshared_gate, dshared_up, dshared_down, dshared_expert_gate;
 };
 /// `dprobs`: when given (E values), a gradient added to every token's router probabilities
 /// before the softmax's backward (router_aux_loss's, scaled by its coefficient).
 /// Throws: ValueError for top_k outside [1, E] or a negative capacity_factor; ShapeError when
-/// the weights do not fit x or dprobs is neither empty nor E values; NotImplementedError for a
-/// shared expert or experts not stored as f32 (not yet differentiated).
+/// the weights do not fit x or dprobs is neither empty nor E values, or the shared expert does
+/// not fit (check_shared_expert); NotImplementedError for experts not stored as f32 (not yet
+/// differentiated).
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
                       const runtime::HostTensor& dy, std::span<const double> dprobs = {});
 

@@ -36,7 +36,9 @@ struct LmTrainingGrads {
 /// The attention's biases and q/k norms (Qwen2, Qwen3), where present, are parameters too:
 /// "layers.L.attention.bq", ".bk", ".bv", ".bo", ".q_norm", ".k_norm", as rows [1, n].
 /// So are the MLP's biases (Llama's mlp_bias): "layers.L.mlp.gate_bias", ".up_bias", ".down_bias".
-/// Throws: NotImplementedError for shared experts; ShapeError when the ids or
+/// So are a shared expert's matrices ("layers.L.moe.shared_expert.gate", ".up", ".down", [in,
+/// out] as MoeWeights holds them) and its gate ("layers.L.moe.shared_expert_gate", [H, 1]).
+/// Throws: ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
 /// negative router_aux_loss_coef.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
