@@ -4,7 +4,7 @@
     backward_check.py DIR
 
 DIR holds what backward_check_main wrote. Each case's forward is written here with torch
-operations in float64 (RMSNorm, a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
+operations in float64 (RMSNorm, LayerNorm (torch.nn.functional.layer_norm), a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
 with RoPE as Hugging Face's Llama writes it, a MoE layer routed as Mixtral's sparse block
 (softmax, top-k, renormalised) with GShard's capacity where asked and Qwen2-MoE's sigmoid-gated
 shared expert where present, an embedding lookup, the LM head with
@@ -114,6 +114,11 @@ def main():
             y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c["eps"]) * w
             y.backward(dy)
             grads = {"dx": x.grad, "dw": w.grad}
+        elif n == "layernorm":
+            x, w, dy = load(n, "x", True), load(n, "w", True), load(n, "dy")
+            b = torch.zeros(w.shape[1], dtype=torch.float64, requires_grad=True)
+            F.layer_norm(x, (x.shape[1],), w[0], b, c["eps"]).backward(dy)
+            grads = {"dx": x.grad, "dw": w.grad, "db": b.grad[None]}
         elif n == "linear":
             x, w, dy = load(n, "x", True), load(n, "w", True), load(n, "dy")
             (x @ w).backward(dy)

@@ -52,6 +52,16 @@ int main(int argc, char** argv) try {
     cases.push_back({{"name", "rmsnorm"}, {"eps", 1e-5}});
   }
   {
+    // LayerNorm, its rows offset by 3 (a mean far from 0, as activations have).
+    rt::HostTensor x = random_tensor({5, 16}, 40, 1.0f);
+    for (float& v : x.data) v += 3.0f;
+    const rt::HostTensor w = random_tensor({1, 16}, 41, 1.0f), dy = random_tensor({5, 16}, 42, 1.0f);
+    const ops::LayerNormGrads g = ops::layernorm_backward(x, w, dy, 1e-5);
+    save("layernorm", "x", x), save("layernorm", "w", w), save("layernorm", "dy", dy);
+    save("layernorm", "dx", g.dx), save("layernorm", "dw", g.dweight), save("layernorm", "db", g.dbias);
+    cases.push_back({{"name", "layernorm"}, {"eps", 1e-5}});
+  }
+  {
     const rt::HostTensor x = random_tensor({5, 16}, 4, 1.0f), w = random_tensor({16, 12}, 5, 0.3f),
                          dy = random_tensor({5, 12}, 6, 1.0f);
     const ops::LinearGrads g = ops::linear_backward(x, w, dy);

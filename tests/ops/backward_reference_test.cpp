@@ -37,6 +37,12 @@ TEST(BackwardReferenceTest, BadArgumentsAreNamed) {
               ThrowsMessage<ShapeError>("rmsnorm backward: weight is [1, 5], expected [1, 4]"));
   EXPECT_THAT([&] { rmsnorm_backward(x, random_host({1, 4}, 2, 1.0f), x, -1.0); },
               ThrowsMessage<ValueError>("rmsnorm backward: eps -1 is negative"));
+  EXPECT_THAT([&] { layernorm_backward(x, random_host({1, 5}, 2, 1.0f), x, 1e-5); },
+              ThrowsMessage<ShapeError>("layernorm backward: weight is [1, 5], expected [1, 4]"));
+  EXPECT_THAT([&] { layernorm_backward(x, random_host({1, 4}, 2, 1.0f), random_host({2, 4}, 3, 1.0f), 1e-5); },
+              ThrowsMessage<ShapeError>("layernorm backward: dy is [2, 4], expected [3, 4]"));
+  EXPECT_THAT([&] { layernorm_backward(x, random_host({1, 4}, 2, 1.0f), x, -1.0); },
+              ThrowsMessage<ValueError>("layernorm backward: eps -1 is negative"));
   EXPECT_THAT([&] { linear_backward(x, random_host({5, 2}, 3, 1.0f), random_host({3, 2}, 4, 1.0f)); },
               ThrowsMessage<ShapeError>("linear backward: w is [5, 2], expected [4, 2]"));
   MlpWeights mlp{.gate = random_host({4, 6}, 5, 1.0f), .up = random_host({4, 6}, 6, 1.0f),

@@ -17,9 +17,11 @@
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/cross_entropy.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
+#include "numesh/ops/lowering/layernorm.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
 #include "numesh/ops/reference/backward.hpp"
+#include "numesh/ops/reference/norms.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "test_util.hpp"
 
@@ -276,6 +278,82 @@ TEST_P(ShardedBackwardTest, RmsNormGradientsEqualTheDenseReference) {
     EXPECT_TRUE(testing::matches_reference(program.output("dx"), want_dx, 1e-5)) << "T=" << t;
     EXPECT_TRUE(testing::matches_reference(program.output("dw"), want.dweight, 1e-5)) << "T=" << t;
   }
+}
+
+// LayerNorm forward and backward as one program, with and without a bias, rows offset by 50
+// (a mean far from 0: the variance must come from centred values), against the references.
+TEST_P(ShardedBackwardTest, LayerNormForwardAndGradientsEqualTheDenseReference) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  const std::int64_t h = 24;
+  const float eps = 1e-5f;
+  for (const std::int64_t t : {8, 6}) {
+    for (const bool with_bias : {true, false}) {
+      runtime::HostTensor x = random({t, h}, 1, 1.0f);
+      for (float& v : x.data) v += 50.0f;
+      const runtime::HostTensor w = random({1, h}, 2, 0.5f), b = random({1, h}, 5, 0.5f);
+      const runtime::HostTensor dy = random({t, h}, 3, 1.0f);
+      const LayerNormGrads want = layernorm_backward(x, w, dy, eps);
+      const RowMatrix want_y = layernorm_reference(ConstMatrixMap(x.data.data(), t, h), ConstMatrixMap(w.data.data(), 1, h),
+                                                   with_bias ? RowMatrix(ConstMatrixMap(b.data.data(), 1, h)) : RowMatrix(),
+                                                   eps);
+      ProgramBuilder pb(mesh, "layernorm");
+      const sharding::PartitionSpec spec = rows_spec(mesh, x.shape);
+      runtime::Frontier x_in, dy_in;
+      runtime::ShardedTensor& xs = pb.input("x", x.shape, spec, x_in);
+      runtime::ShardedTensor& dys = pb.input("dy", x.shape, spec, dy_in);
+      auto weight = std::make_shared<runtime::ShardedTensor>(mesh, w.shape, sharding::PartitionSpec());
+      auto bias = std::make_shared<runtime::ShardedTensor>(mesh, b.shape, sharding::PartitionSpec());
+      runtime::scatter(w, *weight);
+      runtime::scatter(b, *bias);
+      runtime::ShardedTensor& ws = pb.use("w", TensorRole::kWeight, weight);
+      runtime::ShardedTensor* bs = with_bias ? &pb.use("b", TensorRole::kWeight, bias) : nullptr;
+      runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, x.shape, spec);
+      runtime::ShardedTensor& dws = pb.use("dw", TensorRole::kOutput, gradient_like(*weight));
+      runtime::ShardedTensor& dbs = pb.use("db", TensorRole::kOutput, gradient_like(*weight));
+      runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
+      const runtime::Frontier fwd = emit_layernorm(pb, xs, ws, bs, ys, eps, x_in, "ln");
+      pb.output("y", ys, fwd);
+      const runtime::Frontier start = pb.join("start", {&fwd, &dy_in});
+      const runtime::Frontier done = emit_layernorm_backward(pb, xs, ws, dys, dxs, dws, &dbs, eps, start, "ln.bwd");
+      pb.output("dx", dxs, done);
+      pb.output("dw", dws, done);
+      pb.output("db", dbs, done);
+      Program program = std::move(pb).compile();
+      program.set_input("x", x);
+      program.set_input("dy", dy);
+      program.run();
+      const std::string where = fmt::format("T={} bias {}", t, with_bias);
+      runtime::HostTensor want_y_host = runtime::HostTensor::zeros({t, h});
+      std::copy_n(want_y.data(), t * h, want_y_host.data.begin());
+      EXPECT_TRUE(testing::matches_reference(program.output("y"), want_y_host, 1e-5)) << where;
+      EXPECT_TRUE(testing::matches_reference(program.output("dx"), want.dx, 1e-4)) << where;
+      EXPECT_TRUE(testing::matches_reference(program.output("dw"), want.dweight, 1e-5)) << where;
+      EXPECT_TRUE(testing::matches_reference(program.output("db"), want.dbias, 1e-5)) << where;
+    }
+  }
+}
+
+TEST(LayerNormErrorsTest, MisshapenOperandsAreNamed) {
+  const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  ProgramBuilder pb(mesh, "layernorm");
+  runtime::Frontier in;
+  runtime::ShardedTensor& x = pb.input("x", {4, 8}, sharding::PartitionSpec(), in);
+  runtime::ShardedTensor& short_out = pb.tensor("short", TensorRole::kActivation, {2, 8}, sharding::PartitionSpec());
+  runtime::ShardedTensor& out = pb.tensor("y", TensorRole::kActivation, {4, 8}, sharding::PartitionSpec());
+  runtime::ShardedTensor& h_split =
+      pb.input("h_split", {4, 8}, sharding::PartitionSpec({sharding::AxisRule(), sharding::AxisRule("tp")}), in);
+  auto w = std::make_shared<runtime::ShardedTensor>(mesh, std::vector<std::int64_t>{1, 8}, sharding::PartitionSpec());
+  auto wide = std::make_shared<runtime::ShardedTensor>(mesh, std::vector<std::int64_t>{1, 9}, sharding::PartitionSpec());
+  runtime::ShardedTensor& ws = pb.use("w", TensorRole::kWeight, w);
+  runtime::ShardedTensor& wides = pb.use("wide", TensorRole::kWeight, wide);
+  EXPECT_THAT([&] { emit_layernorm(pb, x, ws, nullptr, short_out, 1e-5f, in, "ln"); },
+              ThrowsMessage<ShapeError>("ln: x 4x8 P(), 2x8 P() and 2x8 P() must be laid out alike, H whole"));
+  EXPECT_THAT([&] { emit_layernorm(pb, h_split, ws, nullptr, h_split, 1e-5f, in, "ln"); },
+              ThrowsMessage<ShapeError>(HasSubstr("must be laid out alike, H whole")));
+  EXPECT_THAT([&] { emit_layernorm(pb, x, ws, &wides, out, 1e-5f, in, "ln"); },
+              ThrowsMessage<ShapeError>("ln: the bias is 1x9 P(), expected a replicated [1, 8]"));
+  EXPECT_THAT([&] { emit_layernorm_backward(pb, x, ws, out, out, wides, nullptr, 1e-5f, in, "ln.bwd"); },
+              ThrowsMessage<ShapeError>(HasSubstr("ln.bwd: the weight's gradient is [1, 9] P() but must be laid out as [1, 8] P()")));
 }
 
 TEST_P(ShardedBackwardTest, EmbeddingGradientEqualsTheDenseReference) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 #include "numesh/ops/tensor.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -157,6 +159,29 @@ inline bool first_of_partial_sum(const runtime::DeviceMesh& mesh, const std::vec
     if (placed[a].is_partial() && coords[a] != 0) return false;
   }
   return true;
+}
+
+/// Checks that `a` and `b` are laid out as x ([..., H], shape and spec) with H whole on every
+/// device: the operands of a row-wise operator (a norm and its gradients).
+/// Throws: ShapeError "NAME: x [shape] spec, [shape] spec and [shape] spec must be laid out alike, H whole".
+inline void check_rows_alike(const runtime::ShardedTensor& x, const runtime::ShardedTensor& a,
+                             const runtime::ShardedTensor& b, const std::string& name) {
+  const std::int64_t h = x.shape().back();
+  const auto alike = [&](const runtime::ShardedTensor& t) { return t.shape() == x.shape() && t.spec() == x.spec(); };
+  NUMESH_CHECK(alike(a) && alike(b) && x.layout().shard_shape().back() == h, ShapeError,
+               "{}: x {} {}, {} {} and {} {} must be laid out alike, H whole", name, fmt::join(x.shape(), "x"),
+               x.spec().repr(), fmt::join(a.shape(), "x"), a.spec().repr(), fmt::join(b.shape(), "x"),
+               b.spec().repr());
+}
+
+/// Checks that `row` (a norm's weight or bias; null: none) is a replicated [1, h].
+/// Throws: ShapeError "NAME: the WHAT is [shape] spec, expected a replicated [1, h]".
+inline void check_replicated_row(const runtime::ShardedTensor* row, std::int64_t h, const std::string& what,
+                                 const std::string& name) {
+  if (row == nullptr) return;
+  NUMESH_CHECK(row->shape() == (std::vector<std::int64_t>{1, h}) && row->layout().shard_shape() == row->shape(),
+               ShapeError, "{}: the {} is {} {}, expected a replicated [1, {}]", name, what,
+               fmt::join(row->shape(), "x"), row->spec().repr(), h);
 }
 
 }  // namespace numesh::ops::detail

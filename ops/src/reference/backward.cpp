@@ -85,6 +85,28 @@ RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostT
   return {oracle::narrow(dx, {rows, h}), oracle::narrow(dw, {1, h})};
 }
 
+LayerNormGrads layernorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
+                                  const runtime::HostTensor& dy, double eps) {
+  NUMESH_CHECK(eps >= 0.0, ValueError, "layernorm backward: eps {} is negative", eps);
+  const std::int64_t rows = dim(x, 0, "layernorm backward: x"), h = dim(x, 1, "layernorm backward: x");
+  const MatrixD xm = matrix(x, rows, h, "layernorm backward: x");
+  const MatrixD w = matrix(weight, 1, h, "layernorm backward: weight");
+  const MatrixD g = matrix(dy, rows, h, "layernorm backward: dy");
+  // y = x̂ w + b with x̂ = (x - mean) s, s = (var + eps)^(-1/2): d x̂ = dy w, and through the
+  // mean and the variance dx = s (dx̂ - mean(dx̂) - x̂ mean(dx̂ x̂)).
+  MatrixD dx(rows, h), dw = MatrixD::Zero(1, h);
+  const auto n = static_cast<double>(h);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double mean = xm.row(r).sum() / n;
+    const double s = 1.0 / std::sqrt((xm.row(r).array() - mean).square().sum() / n + eps);
+    const Eigen::RowVectorXd xhat = ((xm.row(r).array() - mean) * s).matrix();
+    const Eigen::RowVectorXd dxhat = g.row(r).cwiseProduct(w.row(0));
+    dw.row(0) += g.row(r).cwiseProduct(xhat);
+    dx.row(r) = (s * (dxhat.array() - dxhat.sum() / n - xhat.array() * dxhat.dot(xhat) / n)).matrix();
+  }
+  return {oracle::narrow(dx, {rows, h}), oracle::narrow(dw, {1, h}), oracle::narrow(g.colwise().sum(), {1, h})};
+}
+
 LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTensor& w, const runtime::HostTensor& dy) {
   const std::int64_t rows = dim(x, 0, "linear backward: x"), in = dim(x, 1, "linear backward: x");
   const std::int64_t out = dim(w, 1, "linear backward: w");

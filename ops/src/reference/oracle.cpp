@@ -109,6 +109,18 @@ MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
   return y;
 }
 
+MatrixD layernorm(const MatrixD& x, const MatrixD& weight, const MatrixD& bias, double eps) {
+  MatrixD y(x.rows(), x.cols());
+  const auto h = static_cast<double>(x.cols());
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    const double mean = x.row(t).sum() / h;
+    const double var = (x.row(t).array() - mean).square().sum() / h;
+    y.row(t) = ((x.row(t).array() - mean) / std::sqrt(var + eps) * weight.row(0).array()).matrix();
+    if (bias.size() > 0) y.row(t) += bias.row(0);
+  }
+  return y;
+}
+
 void add_bias(MatrixD& x, const runtime::HostTensor& bias) {
   if (bias.shape.empty()) return;
   for (Eigen::Index c = 0; c < x.cols(); ++c) x.col(c).array() += static_cast<double>(bias.data[static_cast<std::size_t>(c)]);

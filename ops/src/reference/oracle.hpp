@@ -66,6 +66,9 @@ MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
 MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w);
 /// x[t, :] / sqrt(mean(x[t, :]^2) + eps) .* weight, weight a [1, H] row.
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps);
+/// (x[t, :] - mean) / sqrt(var + eps) .* weight + bias (biased variance), weight and bias [1, H]
+/// rows (bias empty: none).
+MatrixD layernorm(const MatrixD& x, const MatrixD& weight, const MatrixD& bias, double eps);
 
 /// Adds `bias` (a vector of x.cols() values; nothing when it is empty) to every row of x.
 void add_bias(MatrixD& x, const runtime::HostTensor& bias);

@@ -26,6 +26,17 @@ struct RmsNormGrads {
 RmsNormGrads rmsnorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
                               const runtime::HostTensor& dy, double eps);
 
+/// Gradients of y = layernorm(x) .* weight + bias (x [rows, H], weight and bias [1, H]; the
+/// biased variance, as torch.nn.LayerNorm) given dy [rows, H].
+struct LayerNormGrads {
+  runtime::HostTensor dx;       ///< [rows, H]
+  runtime::HostTensor dweight;  ///< [1, H]
+  runtime::HostTensor dbias;    ///< [1, H]: dy summed over the rows
+};
+/// Throws: ShapeError when the shapes do not fit; ValueError for a negative eps.
+LayerNormGrads layernorm_backward(const runtime::HostTensor& x, const runtime::HostTensor& weight,
+                                  const runtime::HostTensor& dy, double eps);
+
 /// Gradients of y = x w (x [rows, in], w [in, out]) given dy [rows, out].
 struct LinearGrads {
   runtime::HostTensor dx;  ///< [rows, in] = dy w^T
