@@ -275,6 +275,37 @@ INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepMoeTest,
                                            MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
                          mesh_case_name);
 
+// The gradients' reductions overlap the rest of the backward: on dp2 every parameter gradient
+// is all-reduced over dp, and no node of block 0's backward (which runs after block 1's) waits
+// for block 1's weight-gradient collectives, only for block 1's dx.
+TEST(LmTrainingStepOverlapTest, GradientCollectivesDoNotHoldUpTheRestOfTheBackward) {
+  const TinyModel m;
+  LmTrainingStep step(make_mesh(MeshCase{{2}, {"dp"}}), m.config, m.embedding, m.stack, &m.head, kBatch, kTokens);
+  const runtime::CompiledGraph& graph = step.program().graph();
+  std::vector<runtime::NodeId> reductions, block0;
+  const auto nodes = static_cast<runtime::NodeId>(graph.size());
+  for (runtime::NodeId id = 0; id < nodes; ++id) {
+    const std::string& name = graph.node(id).name;
+    if (name.starts_with("block1.") && name.find(".grad") != std::string::npos &&
+        graph.node(id).kind == runtime::NodeKind::kCollective) {
+      reductions.push_back(id);
+    }
+    if (name.starts_with("block0.") && name.find(".bwd") != std::string::npos) block0.push_back(id);
+  }
+  ASSERT_GE(reductions.size(), 7u) << "block 1's wq, wk, wv, wo, gate, up, down and norms all-reduced over dp";
+  ASSERT_FALSE(block0.empty());
+  // Every node block 0's backward nodes wait for, directly or not (ids only grow along edges).
+  std::vector<bool> waited(graph.size(), false);
+  for (const runtime::NodeId id : block0) waited[id] = true;
+  for (runtime::NodeId id = nodes; id-- > 0;) {
+    if (!waited[id]) continue;
+    for (const runtime::NodeId dep : graph.node(id).deps) waited[dep] = true;
+  }
+  for (const runtime::NodeId id : reductions) {
+    EXPECT_FALSE(waited[id]) << graph.node(id).name << " holds up block 0's backward";
+  }
+}
+
 TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   const TinyModel m;
   const runtime::DeviceMesh dp2 = make_mesh(MeshCase{{2}, {"dp"}});

@@ -21,7 +21,8 @@ namespace numesh::ops {
 runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLayer& layer, const AttentionSaved& saved,
                                           runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                           runtime::ShardedTensor& dx, const AttentionGradients& grads,
-                                          const std::string& name) {
+                                          const std::string& name,
+                                          runtime::Frontier* dx_ready) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(saved.x != nullptr && saved.k != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_attention without `saved`)", name);
@@ -260,6 +261,7 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   } else {
     parts.push_back(qkv_done);
   }
+  if (dx_ready != nullptr) *dx_ready = parts.back();
   std::vector<const runtime::Frontier*> all;
   for (const runtime::Frontier& f : parts) all.push_back(&f);
   return pb.join(name + ".done", all);

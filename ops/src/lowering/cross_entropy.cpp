@@ -88,7 +88,8 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& pb, const LmHeadLay
 
 runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const CrossEntropySaved& saved, double scale,
                                                       const runtime::Frontier& after, runtime::ShardedTensor& dx,
-                                                      runtime::ShardedTensor& d_weight, const std::string& name) {
+                                                      runtime::ShardedTensor& d_weight, const std::string& name,
+                                                      runtime::Frontier* dx_ready) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   NUMESH_CHECK(saved.logits != nullptr && saved.x != nullptr && saved.weight != nullptr, ValueError,
                "{}: the forward kept nothing for the backward (emit_lm_head_cross_entropy without `saved`)", name);
@@ -135,6 +136,7 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
       reduce_weight_gradient(pb, dw_partial, w, row_placed, 2, d_weight, done, name + ".weight.grad");
   const runtime::Frontier dx_done =
       direct ? done : pb.reshard(dx_partial, dx_placed, dx, gradient_placements(row_placed), done, name + ".dx");
+  if (dx_ready != nullptr) *dx_ready = dx_done;
   return pb.join(name + ".done", {&dw_done, &dx_done});
 }
 

@@ -367,33 +367,47 @@ void LmTrainingStep::compile() {
   ShardedTensor& head_grad =
       L.tied ? pb.tensor("lm_head.weight.grad", TensorRole::kActivation, L.head.weight->shape(), L.head.weight->spec())
              : pb.use("lm_head.weight.grad", TensorRole::kOutput, L.head_grad);
-  front = emit_lm_head_cross_entropy_backward(pb, ce, 1.0 / static_cast<double>(rows), front, dy_rows, head_grad,
-                                              "lm_head.bwd");
+  // Each backward hands the next its dx as soon as dx is complete (dx_ready); its parameters'
+  // gradients reduce meanwhile, overlapping the rest of the backward. The program's run waits
+  // for every node, those reductions included.
+  runtime::Frontier dx_ready;
+  const runtime::Frontier head_grad_done = emit_lm_head_cross_entropy_backward(
+      pb, ce, 1.0 / static_cast<double>(rows), front, dy_rows, head_grad, "lm_head.bwd", &dx_ready);
+  front = dx_ready;
   ShardedTensor& dy = activation("final.y.grad");
   front = emit_same_shards(pb, dy_rows, dy, front, "final.grad_to_activations");
   ShardedTensor* d_stream = &activation("final.x.grad");
-  front = emit_rmsnorm_backward(pb, z, final_w, dy, nullptr, *d_stream,
-                                pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), eps, front,
-                                "final_norm.bwd");
+  emit_rmsnorm_backward(pb, z, final_w, dy, nullptr, *d_stream,
+                        pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), eps, front, "final_norm.bwd",
+                        &dx_ready);
+  front = dx_ready;
   for (std::size_t i = L.blocks.size(); i-- > 0;) {
     Layers::Block& b = L.blocks[i];
     const Kept& k = kept[i];
     const std::string p = fmt::format("block{}", i);
     // d_stream is the gradient of the block's output mid + f: f's, and mid's through the residual.
     ShardedTensor& dn2 = activation(p + ".ffn_in.grad");
-    front = b.moe ? emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd",
-                                      aux ? &*aux : nullptr)
-                  : emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd");
+    if (b.moe) {
+      emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd", aux ? &*aux : nullptr,
+                        &dx_ready);
+    } else {
+      emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd", &dx_ready);
+    }
+    front = dx_ready;
     ShardedTensor& dmid = activation(p + ".h.grad");
-    front = emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream,
-                                  dmid, pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, b.ffn_norm_grad), eps, front,
-                                  p + ".ffn_norm.bwd");
+    emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream, dmid,
+                          pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, b.ffn_norm_grad), eps, front,
+                          p + ".ffn_norm.bwd", &dx_ready);
+    front = dx_ready;
     ShardedTensor& dn1 = activation(p + ".attn_in.grad");
-    front = emit_attention_backward(pb, b.attention, k.attention, dmid, front, dn1, b.attention_grads, p + ".attn.bwd");
+    emit_attention_backward(pb, b.attention, k.attention, dmid, front, dn1, b.attention_grads, p + ".attn.bwd",
+                            &dx_ready);
+    front = dx_ready;
     ShardedTensor& d_in = activation(p + ".x.grad");
-    front = emit_rmsnorm_backward(pb, *k.block_in, *k.attn_norm, dn1,
-                                  &dmid, d_in, pb.use(p + ".attn_norm.grad", TensorRole::kOutput, b.attn_norm_grad),
-                                  eps, front, p + ".attn_norm.bwd");
+    emit_rmsnorm_backward(pb, *k.block_in, *k.attn_norm, dn1, &dmid, d_in,
+                          pb.use(p + ".attn_norm.grad", TensorRole::kOutput, b.attn_norm_grad), eps, front,
+                          p + ".attn_norm.bwd", &dx_ready);
+    front = dx_ready;
     d_stream = &d_in;
   }
   ShardedTensor& dx_rows = rows_tensor("x.rows.grad");
@@ -402,7 +416,7 @@ void LmTrainingStep::compile() {
   front = emit_embedding_backward(pb, L.embedding, &inputs_, dx_rows, front, table_grad, "embedding.bwd");
   if (L.tied) {
     // One matrix used twice: its gradient is the sum of both uses'.
-    pb.per_device("tied.grad", {&front}, [&](std::int64_t s) {
+    pb.per_device("tied.grad", {&front, &head_grad_done}, [&](std::int64_t s) {
       runtime::Tensor& sum = table_grad.shard(s);
       runtime::Tensor& from_head = head_grad.shard(s);
       return [&sum, &from_head] {

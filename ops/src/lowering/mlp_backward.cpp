@@ -17,7 +17,8 @@ namespace numesh::ops {
 
 runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, const MlpSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name) {
+                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name,
+                                    runtime::Frontier* dx_ready) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const auto& m = pb.mesh().mesh();
   const std::size_t rank = dx.shape().size();
@@ -146,6 +147,7 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   // every device of the F split (an all-reduce).
   if (!direct) parts.push_back(pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, up_done, name + ".dx"));
   else parts.push_back(up_done);
+  if (dx_ready != nullptr) *dx_ready = parts.back();
   std::vector<const runtime::Frontier*> all;
   for (const runtime::Frontier& f : parts) all.push_back(&f);
   return pb.join(name + ".done", all);

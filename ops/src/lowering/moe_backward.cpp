@@ -398,7 +398,7 @@ runtime::Frontier emit_shared_expert_backward(ProgramBuilder& pb, const MoeSaved
 runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
-                                    const RouterAuxGradient* aux) {
+                                    const RouterAuxGradient* aux, runtime::Frontier* dx_ready) {
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = dx.shape().size();
@@ -563,6 +563,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
   }
   if (!direct) parts.push_back(pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, router_done, name + ".dx"));
   else parts.push_back(router_done);
+  if (dx_ready != nullptr) *dx_ready = parts.back();
   std::vector<const runtime::Frontier*> all;
   for (const runtime::Frontier& f : parts) all.push_back(&f);
   return pb.join(name + ".done", all);

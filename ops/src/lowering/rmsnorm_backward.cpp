@@ -18,7 +18,7 @@ runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& pb, runtime::ShardedTens
                                         runtime::ShardedTensor& weight, runtime::ShardedTensor& d_out,
                                         runtime::ShardedTensor* d_residual, runtime::ShardedTensor& d_input,
                                         runtime::ShardedTensor& d_weight, float eps, const runtime::Frontier& after,
-                                        const std::string& name) {
+                                        const std::string& name, runtime::Frontier* dx_ready) {
   const std::int64_t h = input.shape().back();
   auto alike = [&](const runtime::ShardedTensor& t) { return t.shape() == input.shape() && t.spec() == input.spec(); };
   NUMESH_CHECK(alike(d_out) && alike(d_input) && (d_residual == nullptr || alike(*d_residual)) &&
@@ -50,6 +50,7 @@ runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& pb, runtime::ShardedTens
       if (rs != nullptr) dx += ConstMatrixMap(rs->values().data(), rows, h);
     };
   });
+  if (dx_ready != nullptr) *dx_ready = done;
   const runtime::Frontier reduced =
       reduce_weight_gradient(pb, dw_partial, weight, sharding::to_placements(input.spec(), m, input.shape().size()),
                              input.shape().size(), d_weight, done, name + ".weight.grad");

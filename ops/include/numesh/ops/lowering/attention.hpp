@@ -149,12 +149,16 @@ struct AttentionGradients {
 /// summed over the rows, laid out like the bias (bq split like wq's heads), reduced as the
 /// projections' are; a q/k norm's also over the heads axis when it splits those heads.
 /// Returns the frontier after which dx and every gradient are complete.
+/// `dx_ready` (when given) receives the frontier after which dx alone is complete: what the
+/// next backward in a chain waits for, so that the gradients' reductions overlap the rest of
+/// the backward instead of holding it up.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming them); ValueError when the
 /// forward kept nothing or a bias or norm of the layer has no gradient in `grads`.
 runtime::Frontier emit_attention_backward(ProgramBuilder& program, const AttentionLayer& layer,
                                           const AttentionSaved& saved, runtime::ShardedTensor& dy,
                                           const runtime::Frontier& after, runtime::ShardedTensor& dx,
-                                          const AttentionGradients& grads, const std::string& name);
+                                          const AttentionGradients& grads, const std::string& name,
+                                          runtime::Frontier* dx_ready = nullptr);
 
 /// An attention layer lowered onto a device mesh (causal, RoPE, MHA or GQA), optionally with
 /// a KV cache: forward(x, position) compiles one program per distinct token count T on first

@@ -47,11 +47,15 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& program, const LmHe
 /// into dx's layout, x's) and d_weight = d_logits^T x (laid out as the head's matrix:
 /// gradient_like; all-reduced over the axes splitting the rows). Overwrites dx and d_weight.
 /// Returns the frontier after which both are complete.
+/// `dx_ready` (when given) receives the frontier after which dx alone is complete: what the
+/// next backward in a chain waits for, so that the gradients' reductions overlap the rest of
+/// the backward instead of holding it up.
 /// Throws: ShapeError naming the shapes when dx or d_weight does not fit; ValueError when the
 /// forward kept nothing (emit_lm_head_cross_entropy without `saved`).
 runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& program, const CrossEntropySaved& saved,
                                                       double scale, const runtime::Frontier& after,
                                                       runtime::ShardedTensor& dx, runtime::ShardedTensor& d_weight,
-                                                      const std::string& name);
+                                                      const std::string& name,
+                                                      runtime::Frontier* dx_ready = nullptr);
 
 }  // namespace numesh::ops

@@ -109,11 +109,15 @@ struct MlpGradients {
 /// The weights gathered for the forward are read again, not gathered twice. Biases get
 /// their gradients too: their outputs' gradients summed over the rows, reduced as the weights'.
 /// Returns the frontier after which dx and every gradient are complete.
+/// `dx_ready` (when given) receives the frontier after which dx alone is complete: what the
+/// next backward in a chain waits for, so that the gradients' reductions overlap the rest of
+/// the backward instead of holding it up.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes);
 /// ValueError when a bias of the layer has no gradient in `grads`.
 runtime::Frontier emit_mlp_backward(ProgramBuilder& program, const MlpLayer& layer, const MlpSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name);
+                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name,
+                                    runtime::Frontier* dx_ready = nullptr);
 
 /// The MLP lowered onto a device mesh as one program, compiled once, run many times:
 /// x [T, H] sharded P(batch, None) (each device its rows, replicated over tp), MlpLayer's

@@ -165,10 +165,13 @@ struct RouterAuxGradient {
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes); ValueError
 /// when `saved` was not filled, or a shared expert has no gradients in `grads`.
 /// With `aux`, the router's gradient also carries the load-balancing loss's (see above).
+/// `dx_ready` (when given) receives the frontier after which dx alone is complete: what the
+/// next backward in a chain waits for, so that the gradients' reductions overlap the rest of
+/// the backward instead of holding it up.
 runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer, const MoeSaved& saved,
                                     runtime::ShardedTensor& dy, const runtime::Frontier& after,
                                     runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
-                                    const RouterAuxGradient* aux = nullptr);
+                                    const RouterAuxGradient* aux = nullptr, runtime::Frontier* dx_ready = nullptr);
 
 /// A MoE layer as one program over [tokens, H]. Not thread-safe: one thread drives it.
 class ShardedMoe {

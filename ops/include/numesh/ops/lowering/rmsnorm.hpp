@@ -31,12 +31,14 @@ runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::Sharde
 /// the rows (each device summed over its own). The gradient of a residual add is d_input itself
 /// for both summands. d_input may be d_out's tensor, not d_residual's.
 /// Returns the frontier after which d_input and d_weight are complete.
+/// `dx_ready` (when given) receives the frontier after which d_input alone is complete (see
+/// emit_mlp_backward).
 /// Throws: ShapeError naming the shapes when the tensors are not laid out alike or the weight
 /// is not [1, H]; ValueError when d_input is d_residual.
 runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& program, runtime::ShardedTensor& input,
                                         runtime::ShardedTensor& weight, runtime::ShardedTensor& d_out,
                                         runtime::ShardedTensor* d_residual, runtime::ShardedTensor& d_input,
                                         runtime::ShardedTensor& d_weight, float eps, const runtime::Frontier& after,
-                                        const std::string& name);
+                                        const std::string& name, runtime::Frontier* dx_ready = nullptr);
 
 }  // namespace numesh::ops
