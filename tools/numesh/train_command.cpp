@@ -98,7 +98,7 @@ void copy_model_files(const std::filesystem::path& from, const std::filesystem::
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a Hugging Face causal LM (Llama-family or Mixtral) on the machine's mesh: AdamW with clipping and a "
+      "Train a Hugging Face causal LM (the Llama family, Qwen2/3, Mixtral, Qwen2-MoE) on the machine's mesh: AdamW with clipping and a "
       "warm-up/cosine schedule, a CSV log, Hugging Face checkpoints with the optimizer's state, resumable.");
   cmd->footer(R"(Data: an int32 (or int64) .npy of shape [S, T+1]: step k trains on rows (k*B .. k*B+B-1) mod S,
 inputs [:, :T], targets [:, 1:], the loss the mean cross-entropy over all B*T targets. Or a text
@@ -107,6 +107,8 @@ The model: --model DIR holds config.json and, to start from them, safetensors we
 --init random the weights are initialised as transformers does (normal(0, 0.02), norms 1).
 A DIR written by --save also holds optimizer.safetensors: training from it continues the same
 trajectory (weights, AdamW moments, step count; --steps is the step count to reach).
+MoE models: experts split over ep; the tokens are gathered to them, or, with ep among the batch
+axes (--set batch_axis=(fsdp,dp,ep), quoted for the shell), sent to them and back by all-to-all.
 Examples:
   numesh train --model DIR --init random --data train.npy --batch 8 --steps 200 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
   numesh train --model out --data train.npy --batch 8 --steps 400 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
