@@ -70,10 +70,16 @@ runtime::Frontier emit_attention_backward(ProgramBuilder& pb, const AttentionLay
   auto produced = [&](runtime::ShardedTensor& like, const std::string& what) -> runtime::ShardedTensor& {
     return pb.tensor(name + "." + what, TensorRole::kActivation, like.shape(), like.spec());
   };
-  runtime::ShardedTensor& d_wo = produced(wo, "wo.grad_partial");
-  runtime::ShardedTensor& d_wq = produced(wq, "wq.grad_partial");
-  runtime::ShardedTensor& d_wk = produced(wk, "wk.grad_partial");
-  runtime::ShardedTensor& d_wv = produced(wv, "wv.grad_partial");
+  // The projections' gradients as each device computes them (the gradients themselves when
+  // nothing is left to reduce).
+  auto weight_target = [&](runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                           const std::string& what) -> runtime::ShardedTensor& {
+    return weight_gradient_target(pb, used, x_placed, 3, out, name + "." + what + ".grad_partial");
+  };
+  runtime::ShardedTensor& d_wo = weight_target(wo, *grads.wo, "wo");
+  runtime::ShardedTensor& d_wq = weight_target(wq, *grads.wq, "wq");
+  runtime::ShardedTensor& d_wk = weight_target(wk, *grads.wk, "wk");
+  runtime::ShardedTensor& d_wv = weight_target(wv, *grads.wv, "wv");
   // The rows' gradients as each device computes them (laid out as the rows; a q/k norm's
   // summed over the device's heads only).
   runtime::ShardedTensor *const d_bq = optional_partial_gradient(pb, layer.bq, name, "bq");

@@ -107,7 +107,8 @@ runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& pb, const 
   const bool direct = dx_placed == row_placed;  // the vocabulary is not split: dx is whole here
   runtime::ShardedTensor& dx_partial =
       direct ? dx : pb.tensor(name + ".dx_partial", TensorRole::kActivation, x.shape(), x.spec());
-  runtime::ShardedTensor& dw_partial = pb.tensor(name + ".weight.grad_partial", TensorRole::kActivation, w.shape(), w.spec());
+  runtime::ShardedTensor& dw_partial =
+      weight_gradient_target(pb, w, row_placed, 2, d_weight, name + ".weight.grad_partial");
   const runtime::Frontier done = pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& ls = logits.shard(s);
     runtime::Tensor& ms = saved.max->shard(s);

@@ -23,8 +23,8 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
                "{}: dx {} {} does not fit hidden {} (dx is [tokens, H], H not split)", name, fmt::join(dx.shape(), "x"),
                dx.spec().repr(), h);
   check_laid_out_like(d_table, *layer.table, "the table's gradient", name);
-  runtime::ShardedTensor& partial =
-      pb.tensor(name + ".grad_partial", TensorRole::kActivation, d_table.shape(), d_table.spec());
+  const std::vector<sharding::Placement> x_placed = sharding::to_placements(dx.spec(), m, 2);
+  runtime::ShardedTensor& partial = weight_gradient_target(pb, d_table, x_placed, 2, d_table, name + ".grad_partial");
   const std::int64_t rows = dx.layout().shard_shape()[0];
   const runtime::Frontier added = pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& dxs = dx.shard(s);
@@ -48,7 +48,7 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
       });
     };
   });
-  return reduce_weight_gradient(pb, partial, d_table, sharding::to_placements(dx.spec(), m, 2), 2, d_table, added,
+  return reduce_weight_gradient(pb, partial, d_table, x_placed, 2, d_table, added,
                                 name + ".grad");
 }
 

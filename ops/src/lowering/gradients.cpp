@@ -59,6 +59,7 @@ runtime::Frontier reduce_gradient_into(ProgramBuilder& pb, runtime::ShardedTenso
                                        const runtime::Frontier& after, const std::string& name) {
   NUMESH_CHECK(out.shape() == produced.shape(), ShapeError, "{}: gradient {} does not fit its parameter {}", name,
                fmt::join(produced.shape(), "x"), fmt::join(out.shape(), "x"));
+  if (&produced == &out) return after;  // written in place (gradient_target)
   const std::size_t rank = out.shape().size();
   return pb.reshard(produced, produced_placed, out, sharding::to_placements(out.spec(), pb.mesh().mesh(), rank), after,
                     name);
@@ -71,6 +72,23 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& pb, runtime::ShardedTen
   const std::vector<Placement> placed = weight_gradient_placements(
       sharding::to_placements(used.spec(), pb.mesh().mesh(), used.shape().size()), x, x_rank);
   return reduce_gradient_into(pb, produced, placed, out, after, name);
+}
+
+runtime::ShardedTensor& gradient_target(ProgramBuilder& pb, const runtime::ShardedTensor& like,
+                                        const std::vector<Placement>& produced_placed, runtime::ShardedTensor& out,
+                                        const std::string& name) {
+  const bool in_place = like.shape() == out.shape() && like.spec() == out.spec() && like.dtype() == out.dtype() &&
+                        produced_placed == sharding::to_placements(out.spec(), pb.mesh().mesh(), out.shape().size());
+  if (in_place) return out;
+  return pb.tensor(name, TensorRole::kActivation, like.shape(), like.spec());
+}
+
+runtime::ShardedTensor& weight_gradient_target(ProgramBuilder& pb, const runtime::ShardedTensor& used,
+                                               const std::vector<Placement>& x, std::size_t x_rank,
+                                               runtime::ShardedTensor& out, const std::string& name) {
+  const std::vector<Placement> placed =
+      weight_gradient_placements(sharding::to_placements(used.spec(), pb.mesh().mesh(), used.shape().size()), x, x_rank);
+  return gradient_target(pb, used, placed, out, name);
 }
 
 void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, std::string_view what,

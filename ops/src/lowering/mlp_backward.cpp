@@ -48,13 +48,14 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer, c
   const std::int64_t f_local = saved.up->layout().shard_shape()[0];
   const std::vector<sharding::Placement> x_placed = sharding::to_placements(xc.spec(), m, rank);
   // Each weight's gradient as this device computes it: on the weight as multiplied (gathered),
-  // summed over the device's rows only.
-  auto produced = [&](runtime::ShardedTensor& used, const std::string& wname) -> runtime::ShardedTensor& {
-    return pb.tensor(name + "." + wname + ".grad_partial", TensorRole::kActivation, used.shape(), used.spec());
+  // summed over the device's rows only (the gradient itself when nothing is left to reduce).
+  auto produced = [&](runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                      const std::string& wname) -> runtime::ShardedTensor& {
+    return weight_gradient_target(pb, used, x_placed, rank, out, name + "." + wname + ".grad_partial");
   };
-  runtime::ShardedTensor& d_down = produced(*saved.down, "w_down");
-  runtime::ShardedTensor& d_up = produced(*saved.up, "w_up");
-  runtime::ShardedTensor* d_gate = saved.gate != nullptr ? &produced(*saved.gate, "w_gate") : nullptr;
+  runtime::ShardedTensor& d_down = produced(*saved.down, *grads.down, "w_down");
+  runtime::ShardedTensor& d_up = produced(*saved.up, *grads.up, "w_up");
+  runtime::ShardedTensor* d_gate = saved.gate != nullptr ? &produced(*saved.gate, *grads.gate, "w_gate") : nullptr;
   // dx as computed: Partial over the axes splitting F. When no axis does and no gather came
   // before, that is dx's own layout and the products write it directly.
   const std::vector<sharding::Placement> dx_target = gradient_placements(saved.x_placed);

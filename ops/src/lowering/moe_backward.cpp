@@ -446,13 +446,16 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
       pb.tensor(name + ".dweights_partial", TensorRole::kActivation, table_shape, xc.spec());
   runtime::ShardedTensor& dw_full =
       reduced ? pb.tensor(name + ".dweights", TensorRole::kActivation, table_shape, xc.spec()) : dw_partial;
-  auto produced = [&](const runtime::ShardedTensor& used, const std::string& wname) -> runtime::ShardedTensor& {
-    return pb.tensor(name + "." + wname + ".grad_partial", TensorRole::kActivation, used.shape(), used.spec());
+  // Each weight's gradient as this device computes it (the gradient itself when nothing is left
+  // to reduce).
+  auto produced = [&](const runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                      const std::string& wname) -> runtime::ShardedTensor& {
+    return weight_gradient_target(pb, used, x_placed, rank, out, name + "." + wname + ".grad_partial");
   };
-  runtime::ShardedTensor& d_gate = produced(*saved.gate, "w_gate");
-  runtime::ShardedTensor& d_up = produced(*saved.up, "w_up");
-  runtime::ShardedTensor& d_down = produced(*saved.down, "w_down");
-  runtime::ShardedTensor& d_router = produced(*saved.router, "router");
+  runtime::ShardedTensor& d_gate = produced(*saved.gate, *grads.gate, "w_gate");
+  runtime::ShardedTensor& d_up = produced(*saved.up, *grads.up, "w_up");
+  runtime::ShardedTensor& d_down = produced(*saved.down, *grads.down, "w_down");
+  runtime::ShardedTensor& d_router = produced(*saved.router, *grads.router, "router");
   // dx as computed: the experts' terms and the router's (added by one device of each partial
   // sum), a partial sum over the weights' axes.
   const std::vector<sharding::Placement> dx_target = gradient_placements(saved.x_placed);
@@ -467,10 +470,23 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
   const runtime::Frontier experts_done =
       saved.dispatched != nullptr ? emit_experts_backward_all_to_all(part) : emit_experts_backward_gathered(part);
   // The shared expert on the rows its forward ran on (after the experts: both write dw and dx).
-  runtime::ShardedTensor* d_shared_gate = shared ? &produced(*saved.shared_gate, "shared_w_gate") : nullptr;
-  runtime::ShardedTensor* d_shared_up = shared ? &produced(*saved.shared_up, "shared_w_up") : nullptr;
-  runtime::ShardedTensor* d_shared_down = shared ? &produced(*saved.shared_down, "shared_w_down") : nullptr;
-  runtime::ShardedTensor* d_shared_scale = shared ? &produced(*saved.shared_expert_gate, "shared_gate") : nullptr;
+  // Its weights' gradients are Partial over the axes sharing out its rows as well.
+  const auto shared_placed = [&](const runtime::ShardedTensor& used) {
+    std::vector<sharding::Placement> placed =
+        weight_gradient_placements(sharding::to_placements(used.spec(), m, used.shape().size()), x_placed, rank);
+    for (const std::size_t a : saved.shared_sharing) placed[a] = sharding::Placement::partial();
+    return placed;
+  };
+  const auto shared_target = [&](const runtime::ShardedTensor* used, const std::shared_ptr<runtime::ShardedTensor>& out,
+                                 const std::string& wname) -> runtime::ShardedTensor* {
+    if (!shared) return nullptr;
+    return &gradient_target(pb, *used, shared_placed(*used), *out, name + "." + wname + ".grad_partial");
+  };
+  runtime::ShardedTensor* d_shared_gate = shared_target(saved.shared_gate, grads.shared_gate, "shared_w_gate");
+  runtime::ShardedTensor* d_shared_up = shared_target(saved.shared_up, grads.shared_up, "shared_w_up");
+  runtime::ShardedTensor* d_shared_down = shared_target(saved.shared_down, grads.shared_down, "shared_w_down");
+  runtime::ShardedTensor* d_shared_scale =
+      shared ? &produced(*saved.shared_expert_gate, *grads.shared_expert_gate, "shared_gate") : nullptr;
   const runtime::Frontier shared_done =
       shared ? emit_shared_expert_backward(pb, saved, dyc, *d_shared_gate, *d_shared_up, *d_shared_down, dw_partial,
                                            dx_partial, experts_done, name)
@@ -552,10 +568,8 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
     // over the axes sharing the rows out as well as over those splitting the tokens.
     auto reduce_shared = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used,
                              runtime::ShardedTensor& grad, const std::string& wname) {
-      std::vector<sharding::Placement> placed =
-          weight_gradient_placements(sharding::to_placements(used.spec(), m, used.shape().size()), x_placed, rank);
-      for (const std::size_t a : saved.shared_sharing) placed[a] = sharding::Placement::partial();
-      parts.push_back(reduce_gradient_into(pb, partial, placed, grad, shared_done, name + "." + wname + ".grad"));
+      parts.push_back(
+          reduce_gradient_into(pb, partial, shared_placed(used), grad, shared_done, name + "." + wname + ".grad"));
     };
     reduce_shared(*d_shared_gate, *saved.shared_gate, *grads.shared_gate, "shared_w_gate");
     reduce_shared(*d_shared_up, *saved.shared_up, *grads.shared_up, "shared_w_up");

@@ -70,7 +70,8 @@ runtime::ShardedTensor& canonical_gradient(ProgramBuilder& program, runtime::Sha
                                            const std::string& name, runtime::Frontier& ready);
 
 /// As canonical_gradient(), into `out` (laid out as gradient_placements(forward): a parameter's
-/// gradient tensor): the collectives when the placements differ, else one copy node per slot.
+/// gradient tensor): the collectives when the placements differ, else one copy node per slot;
+/// nothing when `produced` is `out` itself (gradient_target() chose it): then returns `after`.
 /// Returns the frontier after which `out` is complete.
 /// Throws: as ProgramBuilder::reshard; ShapeError when out's shape is not produced's.
 runtime::Frontier reduce_gradient_into(ProgramBuilder& program, runtime::ShardedTensor& produced,
@@ -86,6 +87,21 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::Shard
                                          const runtime::ShardedTensor& used, const std::vector<sharding::Placement>& x,
                                          std::size_t x_rank, runtime::ShardedTensor& out, const runtime::Frontier& after,
                                          const std::string& name);
+
+/// The tensor a backward node writes a parameter's gradient into as it computes it, placed
+/// `produced_placed` and laid out as `like` (the parameter as the node multiplied it): `out`
+/// itself when reduce_gradient_into() would only copy it there (nothing to sum or gather: the
+/// placements are out's, `like` is laid out as `out`), so that no copy runs; else a new program
+/// tensor `name` laid out as `like`.
+runtime::ShardedTensor& gradient_target(ProgramBuilder& program, const runtime::ShardedTensor& like,
+                                        const std::vector<sharding::Placement>& produced_placed,
+                                        runtime::ShardedTensor& out, const std::string& name);
+
+/// gradient_target() for a weight's gradient dW = dy^T x over an activation x placed `x` (rank
+/// `x_rank`), the weight multiplied as `used`: placed as weight_gradient_placements() says.
+runtime::ShardedTensor& weight_gradient_target(ProgramBuilder& program, const runtime::ShardedTensor& used,
+                                               const std::vector<sharding::Placement>& x, std::size_t x_rank,
+                                               runtime::ShardedTensor& out, const std::string& name);
 
 /// Checks that `t` (a gradient, or a tensor in a backward's signature) has `like`'s shape and
 /// spec. Throws: ShapeError "NAME: WHAT is [shape] spec but must be laid out as [shape] spec".
