@@ -306,6 +306,29 @@ TEST(LmTrainingStepOverlapTest, GradientCollectivesDoNotHoldUpTheRestOfTheBackwa
   }
 }
 
+// A parameter's gradient with nothing to reduce is written in place by the node that computes
+// it: on one device (its axes of size 1 included) no node moves the matrices' gradients; on
+// dp2 each is all-reduced. (The loss and gradients are checked on both by the tests above.)
+TEST(LmTrainingStepOverlapTest, GradientsWithNothingToReduceAreWrittenInPlace) {
+  const TinyModel m;
+  const auto moving = [&](const MeshCase& mesh) {
+    LmTrainingStep step(make_mesh(mesh), m.config, m.embedding, m.stack, &m.head, kBatch, kTokens);
+    const runtime::CompiledGraph& graph = step.program().graph();
+    std::vector<std::string> names;
+    for (runtime::NodeId id = 0; id < static_cast<runtime::NodeId>(graph.size()); ++id) {
+      const std::string& name = graph.node(id).name;
+      for (const char* weight : {".w_up.grad", ".w_gate.grad", ".w_down.grad", ".wq.grad", ".wo.grad",
+                                 "lm_head.bwd.weight.grad", "embedding.bwd.grad"}) {
+        if (name.find(weight) != std::string::npos) names.push_back(name);
+      }
+    }
+    return names;
+  };
+  EXPECT_THAT(moving(MeshCase{{1, 1, 1}, {"dp", "ep", "tp"}}), ::testing::IsEmpty());
+  EXPECT_THAT(moving(MeshCase{{1}, {"tp"}}), ::testing::IsEmpty());
+  EXPECT_GE(moving(MeshCase{{2}, {"dp"}}).size(), 2u * 7u) << "two devices' parts of each all-reduce";
+}
+
 TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   const TinyModel m;
   const runtime::DeviceMesh dp2 = make_mesh(MeshCase{{2}, {"dp"}});

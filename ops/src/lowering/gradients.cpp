@@ -77,8 +77,17 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& pb, runtime::ShardedTen
 runtime::ShardedTensor& gradient_target(ProgramBuilder& pb, const runtime::ShardedTensor& like,
                                         const std::vector<Placement>& produced_placed, runtime::ShardedTensor& out,
                                         const std::string& name) {
+  const sharding::Mesh& m = pb.mesh().mesh();
+  // An axis of one device neither sums nor splits anything: Replicate, whatever it says.
+  const auto effective = [&](std::vector<Placement> placed) {
+    for (std::size_t a = 0; a < placed.size(); ++a) {
+      if (m.sizes()[a] == 1) placed[a] = Placement::replicate();
+    }
+    return placed;
+  };
   const bool in_place = like.shape() == out.shape() && like.spec() == out.spec() && like.dtype() == out.dtype() &&
-                        produced_placed == sharding::to_placements(out.spec(), pb.mesh().mesh(), out.shape().size());
+                        effective(produced_placed) ==
+                            effective(sharding::to_placements(out.spec(), m, out.shape().size()));
   if (in_place) return out;
   return pb.tensor(name, TensorRole::kActivation, like.shape(), like.spec());
 }

@@ -91,8 +91,8 @@ runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::Shard
 /// The tensor a backward node writes a parameter's gradient into as it computes it, placed
 /// `produced_placed` and laid out as `like` (the parameter as the node multiplied it): `out`
 /// itself when reduce_gradient_into() would only copy it there (nothing to sum or gather: the
-/// placements are out's, `like` is laid out as `out`), so that no copy runs; else a new program
-/// tensor `name` laid out as `like`.
+/// placements are out's but on axes of one device, `like` is laid out as `out`), so that no
+/// copy runs; else a new program tensor `name` laid out as `like`.
 runtime::ShardedTensor& gradient_target(ProgramBuilder& program, const runtime::ShardedTensor& like,
                                         const std::vector<sharding::Placement>& produced_placed,
                                         runtime::ShardedTensor& out, const std::string& name);
