@@ -123,6 +123,30 @@ MoeRun run_moe_backward(const runtime::DeviceMesh& mesh, const MoeConfig& c, con
   return run;
 }
 
+// Every gradient of `got` equals `want`'s within `bound` (a shared expert's where the layer
+// has one); `where` names the case in failures.
+void expect_gradients_match(const MoeGrads& got, const MoeGrads& want, double bound, const std::string& where) {
+  const std::pair<const char*, const runtime::HostTensor MoeGrads::*> all[] = {
+      {"dx", &MoeGrads::dx},
+      {"d router", &MoeGrads::drouter},
+      {"d gate", &MoeGrads::dgate},
+      {"d up", &MoeGrads::dup},
+      {"d down", &MoeGrads::ddown},
+      {"d shared gate", &MoeGrads::dshared_gate},
+      {"d shared up", &MoeGrads::dshared_up},
+      {"d shared down", &MoeGrads::dshared_down},
+      {"d shared_expert_gate", &MoeGrads::dshared_expert_gate}};
+  for (const auto& [what, member] : all) {
+    if ((want.*member).shape.empty()) continue;  // no shared expert
+    EXPECT_TRUE(testing::matches_reference(got.*member, want.*member, bound)) << where << ": " << what;
+  }
+}
+
+// fp32 sums over at most T rows or max(H, F) terms, in another order than float64's.
+double bound_for(std::int64_t t, std::int64_t h) {
+  return std::max(1e-5, 4.0 * static_cast<double>(std::max(t, h)) * std::numeric_limits<float>::epsilon());
+}
+
 class ShardedMoeBackwardTest : public ::testing::TestWithParam<MeshCase> {};
 
 // Experts split over ep, their F over tp, tokens over dp and fsdp (each split a routing group):
@@ -141,14 +165,8 @@ TEST_P(ShardedMoeBackwardTest, GradientsEqualTheDenseReferencePerRoutingGroup) {
     const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
     const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
     const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}});
-    const std::string where = fmt::format("k {} capacity {} renormalize {}", c.top_k, c.capacity_factor, c.renormalize);
-    // fp32 sums over at most T rows or max(H, F) terms, in another order than float64's.
-    const double bound = std::max(1e-5, 4.0 * std::max(t, h) * std::numeric_limits<float>::epsilon());
-    EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
-    EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
-    EXPECT_TRUE(testing::matches_reference(got.grads.dgate, want.dgate, bound)) << where << ": d gate";
-    EXPECT_TRUE(testing::matches_reference(got.grads.dup, want.dup, bound)) << where << ": d up";
-    EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
+    expect_gradients_match(got.grads, want, bound_for(t, h),
+                           fmt::format("k {} capacity {} renormalize {}", c.top_k, c.capacity_factor, c.renormalize));
   }
 }
 
@@ -170,17 +188,8 @@ TEST_P(ShardedMoeBackwardTest, ASharedExpertHasTheDenseReferenceGradients) {
       const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
       const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
       const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}});
-      const std::string where = fmt::format("Fs {} T {}", fs, t);
-      const double bound =
-          std::max(1e-5, 4.0 * static_cast<double>(std::max(t, h)) * std::numeric_limits<float>::epsilon());
-      EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
-      EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
-      EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_gate, want.dshared_gate, bound)) << where << ": d shared gate";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_up, want.dshared_up, bound)) << where << ": d shared up";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_down, want.dshared_down, bound)) << where << ": d shared down";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dshared_expert_gate, want.dshared_expert_gate, bound))
-          << where << ": d shared_expert_gate";
+      ASSERT_FALSE(want.dshared_expert_gate.shape.empty());
+      expect_gradients_match(got.grads, want, bound_for(t, h), fmt::format("Fs {} T {}", fs, t));
     }
   }
 }
@@ -203,19 +212,9 @@ TEST_P(ShardedMoeBackwardTest, AllToAllDispatchHasTheDenseReferenceGradients) {
       const runtime::HostTensor x2 = random_host({t, h}, 3, 1.0f), dy2 = random_host({t, h}, 4, 1.0f);
       const MoeGrads want = grouped_backward(x2, w, c, dy2, groups);
       const MoeRun got = run_moe_backward(mesh, c, w, {{x1, dy1}, {x2, dy2}}, axes);
-      const std::string where = fmt::format("k {} capacity {} renormalize {} shared {}", c.top_k, c.capacity_factor,
-                                            c.renormalize, with_shared);
-      const double bound = std::max(1e-5, 4.0 * std::max(t, h) * std::numeric_limits<float>::epsilon());
-      EXPECT_TRUE(testing::matches_reference(got.grads.dx, want.dx, bound)) << where << ": dx";
-      EXPECT_TRUE(testing::matches_reference(got.grads.drouter, want.drouter, bound)) << where << ": d router";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dgate, want.dgate, bound)) << where << ": d gate";
-      EXPECT_TRUE(testing::matches_reference(got.grads.dup, want.dup, bound)) << where << ": d up";
-      EXPECT_TRUE(testing::matches_reference(got.grads.ddown, want.ddown, bound)) << where << ": d down";
-      if (with_shared) {
-        EXPECT_TRUE(testing::matches_reference(got.grads.dshared_up, want.dshared_up, bound)) << where << ": d shared up";
-        EXPECT_TRUE(testing::matches_reference(got.grads.dshared_expert_gate, want.dshared_expert_gate, bound))
-            << where << ": d shared_expert_gate";
-      }
+      expect_gradients_match(got.grads, want, bound_for(t, h),
+                             fmt::format("k {} capacity {} renormalize {} shared {}", c.top_k, c.capacity_factor,
+                                         c.renormalize, with_shared));
     }
   }
 }

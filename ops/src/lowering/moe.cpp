@@ -97,6 +97,24 @@ ProgramWeights use_weights(ProgramBuilder& pb, const MoeLayer& layer, const std:
           pb.use(name + ".w_down", TensorRole::kWeight, layer.down)};
 }
 
+// What both dispatches keep for the backward: the tokens as routed (`routed`; `x` as the
+// caller laid them out), the weights as registered, each device's routing, and the placements
+// of x, of the partial output and of y.
+void keep_routing(MoeSaved& saved, runtime::ShardedTensor& routed, const runtime::ShardedTensor& x,
+                  const ProgramWeights& w, const std::vector<RoutingTables*>& tables,
+                  const std::vector<runtime::Tensor*>& probs, const std::vector<sharding::Placement>& partial_placed,
+                  const runtime::ShardedTensor& y) {
+  const sharding::Mesh& m = x.mesh().mesh();
+  const std::size_t rank = x.shape().size();
+  saved.x = &routed;
+  saved.router = &w.router, saved.gate = &w.gate, saved.up = &w.up, saved.down = &w.down;
+  saved.tables = tables;
+  saved.probs = probs;
+  saved.x_placed = sharding::to_placements(x.spec(), m, rank);
+  saved.partial_placed = partial_placed;
+  saved.y_placed = sharding::to_placements(y.spec(), m, rank);
+}
+
 // Qwen2-MoE's shared expert, added into the layer's partial output before its one reduction:
 // y_partial (x's rows, pending a sum over the axes Partial in y_placed) += sigmoid(x g) *
 // shared_expert(x), the gate g in fp32 as the router. Fs is split over a subset of those axes
@@ -360,13 +378,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     };
   });
   if (saved != nullptr) {
-    saved->x = &x;
-    saved->router = &router, saved->gate = &gate, saved->up = &up, saved->down = &down;
-    saved->tables = tables;
-    saved->probs = probs;
-    saved->x_placed = sharding::to_placements(x.spec(), m, rank);
-    saved->partial_placed = y_placed;
-    saved->y_placed = sharding::to_placements(y.spec(), m, rank);
+    keep_routing(*saved, x, x, weights, tables, probs, y_placed, y);
     saved->dispatched = &received, saved->dispatched_counts = &counts_received, saved->combined = &returned;
   }
   const runtime::Frontier summed = emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name, saved);
@@ -532,15 +544,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       }
     };
   });
-  if (saved != nullptr) {
-    saved->x = &xc;
-    saved->router = &router, saved->gate = &gate, saved->up = &up, saved->down = &down;
-    saved->tables = tables;
-    saved->probs = probs;
-    saved->x_placed = sharding::to_placements(x.spec(), m, rank);
-    saved->partial_placed = y_placed;
-    saved->y_placed = sharding::to_placements(y.spec(), m, rank);
-  }
+  if (saved != nullptr) keep_routing(*saved, xc, x, weights, tables, probs, y_placed, y);
   const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name, saved);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
 }

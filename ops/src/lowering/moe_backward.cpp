@@ -76,19 +76,36 @@ std::int64_t choice_of(const RoutingTables& r, std::int64_t row, std::int64_t k,
   return choice;
 }
 
-// Local expert `le`'s SwiGLU backward on n packed rows: x [n, H] its inputs, g [n, H] its
-// output's gradient (already scaled by the routing weights), its forward's gate and up
-// pre-activations and activation [n, F_local]. Overwrites the expert's slices of the stacked
-// weight gradients gg, gu [E_local, H, F_local] and gd [E_local, F_local, H], and dx [n, H];
-// da, du [n, F_local] are scratch, and so is g once read (dx's second term goes there).
-void expert_backward_rows(MatmulPrecision prec, ConstMatrixMap x, MatrixMap g, ConstMatrixMap gate_pre,
-                          ConstMatrixMap up_pre, ConstMatrixMap act, const runtime::Tensor& wg,
-                          const runtime::Tensor& wu, const runtime::Tensor& wd, std::int64_t le, runtime::Tensor& gg,
-                          runtime::Tensor& gu, runtime::Tensor& gd, MatrixMap da, MatrixMap du, MatrixMap dx) {
-  const std::int64_t h = x.cols(), fl = da.cols(), wgt = h * fl;
-  MatrixMap dwg(gg.values().data() + le * wgt, h, fl);
-  MatrixMap dwu(gu.values().data() + le * wgt, h, fl);
-  MatrixMap dwd(gd.values().data() + le * wgt, fl, h);
+// One device's tensors of its experts' SwiGLU backward: the forward's gate and up
+// pre-activations and activation (packed expert after expert), the stacked weights as
+// multiplied, and their gradients as the device computes them.
+struct ExpertTensors {
+  runtime::Tensor &gate_pre, &up_pre, &act, &wg, &wu, &wd, &gg, &gu, &gd;
+};
+
+ExpertTensors expert_tensors(const ExpertsBackward& a, std::int64_t s) {
+  const auto i = static_cast<std::size_t>(s);
+  const MoeSaved& saved = a.saved;
+  return {*saved.gate_pre[i],   *saved.up_pre[i],    *saved.hidden[i],
+          saved.gate->shard(s), saved.up->shard(s),  saved.down->shard(s),
+          a.d_gate.shard(s),    a.d_up.shard(s),     a.d_down.shard(s)};
+}
+
+// Local expert `le`'s SwiGLU backward on n packed rows, the forward's intermediates from row
+// `at` of t's: x [n, H] its inputs, g [n, H] its output's gradient (already scaled by the
+// routing weights). Overwrites the expert's slices of the stacked weight gradients (gg, gu
+// [E_local, H, F_local], gd [E_local, F_local, H]) and dx [n, H]; da, du [n, F_local] are
+// scratch, and so is g once read (dx's second term goes there).
+void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int64_t le, std::int64_t at,
+                          ConstMatrixMap x, MatrixMap g, MatrixMap da, MatrixMap du, MatrixMap dx) {
+  const std::int64_t n = x.rows(), h = x.cols(), fl = da.cols(), wgt = h * fl;
+  const ConstMatrixMap gate_pre(t.gate_pre.values().data() + at * fl, n, fl);
+  const ConstMatrixMap up_pre(t.up_pre.values().data() + at * fl, n, fl);
+  const ConstMatrixMap act(t.act.values().data() + at * fl, n, fl);
+  const runtime::Tensor &wg = t.wg, &wu = t.wu, &wd = t.wd;
+  MatrixMap dwg(t.gg.values().data() + le * wgt, h, fl);
+  MatrixMap dwu(t.gu.values().data() + le * wgt, h, fl);
+  MatrixMap dwd(t.gd.values().data() + le * wgt, fl, h);
   const ConstMatrixMap gc(g.data(), g.rows(), h);
   // d act = g w_down^T: the stored [F, H] matrix read as the out-in form of its transpose;
   // d w_down = act^T g.
@@ -105,11 +122,8 @@ void expert_backward_rows(MatmulPrecision prec, ConstMatrixMap x, MatrixMap g, C
 
 // Local expert `le`'s slices of the stacked weight gradients set to zero: an expert without
 // tokens has no gradient, but the buffers hold the last step's.
-void zero_expert_gradients(std::int64_t le, std::int64_t h, std::int64_t fl, runtime::Tensor& gg, runtime::Tensor& gu,
-                           runtime::Tensor& gd) {
-  for (runtime::Tensor* t : {&gg, &gu, &gd}) {
-    std::fill_n(t->values().begin() + le * h * fl, h * fl, 0.0f);
-  }
+void zero_expert_gradients(const ExpertTensors& t, std::int64_t le, std::int64_t h, std::int64_t fl) {
+  for (runtime::Tensor* g : {&t.gg, &t.gu, &t.gd}) std::fill_n(g->values().begin() + le * h * fl, h * fl, 0.0f);
 }
 
 // The experts' part when the tokens were gathered to the experts (or replicated there): per
@@ -132,16 +146,8 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
     RoutingTables& r = *saved.tables[i];
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& dys = a.dy.shard(s);
-    runtime::Tensor& gp = *saved.gate_pre[i];
-    runtime::Tensor& up_pre = *saved.up_pre[i];
-    runtime::Tensor& act = *saved.hidden[i];
     runtime::Tensor& out = *saved.expert_out[i];
-    runtime::Tensor& wg = saved.gate->shard(s);
-    runtime::Tensor& wu = saved.up->shard(s);
-    runtime::Tensor& wd = saved.down->shard(s);
-    runtime::Tensor& gg = a.d_gate.shard(s);
-    runtime::Tensor& gu = a.d_up.shard(s);
-    runtime::Tensor& gd = a.d_down.shard(s);
+    const ExpertTensors t = expert_tensors(a, s);
     runtime::Tensor& dws = a.dweights.shard(s);
     runtime::Tensor& dxs = a.dx_partial.shard(s);
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
@@ -149,15 +155,14 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
     runtime::Tensor& da = pb.scratch(s, {rows, fl});
     runtime::Tensor& du = pb.scratch(s, {rows, fl});
     runtime::Tensor& dxe = pb.scratch(s, {rows, h});
-    return [prec, &r, &xs, &dys, &gp, &up_pre, &act, &out, &wg, &wu, &wd, &gg, &gu, &gd, &dws, &dxs, &xe, &ge, &da, &du,
-            &dxe, le_count, h, fl, k, cols] {
+    return [prec, &r, &xs, &dys, &out, t, &dws, &dxs, &xe, &ge, &da, &du, &dxe, le_count, h, fl, k, cols] {
       std::fill(dws.values().begin(), dws.values().end(), 0.0f);
       std::fill(dxs.values().begin(), dxs.values().end(), 0.0f);
       std::int64_t at = 0;  // the expert's first row in the packed buffers
       for (std::int64_t le = 0; le < le_count; ++le) {
         const std::int64_t n = r.expert_count[static_cast<std::size_t>(le)];
         if (n == 0) {
-          zero_expert_gradients(le, h, fl, gg, gu, gd);
+          zero_expert_gradients(t, le, h, fl);
           continue;
         }
         const auto& rows_of = r.expert_rows[static_cast<std::size_t>(le)];
@@ -174,11 +179,8 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
           gm.row(j) *= scale[static_cast<std::size_t>(j)];
         }
         MatrixMap dxm(dxe.values().data(), n, h);
-        expert_backward_rows(prec, ConstMatrixMap(xm.data(), n, h), gm,
-                             ConstMatrixMap(gp.values().data() + at * fl, n, fl),
-                             ConstMatrixMap(up_pre.values().data() + at * fl, n, fl),
-                             ConstMatrixMap(act.values().data() + at * fl, n, fl), wg, wu, wd, le, gg, gu, gd,
-                             MatrixMap(da.values().data(), n, fl), MatrixMap(du.values().data(), n, fl), dxm);
+        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xm.data(), n, h), gm, MatrixMap(da.values().data(), n, fl),
+                             MatrixMap(du.values().data(), n, fl), dxm);
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(dxs.values().data() + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += dxm.row(j);
         }
@@ -241,28 +243,18 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
 
   const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl * held_blocks * slots);
   const runtime::Frontier experts_done = pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
-    const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, expert_flops);
     runtime::Tensor& in = received.shard(s);
     runtime::Tensor& n = counts.shard(s);
     runtime::Tensor& slot_grads = at_experts.shard(s);
-    runtime::Tensor& gp = *saved.gate_pre[i];
-    runtime::Tensor& up_pre = *saved.up_pre[i];
-    runtime::Tensor& act = *saved.hidden[i];
-    runtime::Tensor& wg = saved.gate->shard(s);
-    runtime::Tensor& wu = saved.up->shard(s);
-    runtime::Tensor& wd = saved.down->shard(s);
-    runtime::Tensor& gg = a.d_gate.shard(s);
-    runtime::Tensor& gu = a.d_up.shard(s);
-    runtime::Tensor& gd = a.d_down.shard(s);
+    const ExpertTensors t = expert_tensors(a, s);
     const std::int64_t most = held_blocks * slots;  // an expert's slots from every block
     runtime::Tensor& xe = pb.scratch(s, {most, h});
     runtime::Tensor& ge = pb.scratch(s, {most, h});
     runtime::Tensor& da = pb.scratch(s, {most, fl});
     runtime::Tensor& du = pb.scratch(s, {most, fl});
     runtime::Tensor& dxe = pb.scratch(s, {most, h});
-    return [prec, &in, &n, &slot_grads, &gp, &up_pre, &act, &wg, &wu, &wd, &gg, &gu, &gd, &xe, &ge, &da, &du, &dxe,
-            held_blocks, le_count, slots, h, fl] {
+    return [prec, &in, &n, &slot_grads, t, &xe, &ge, &da, &du, &dxe, held_blocks, le_count, slots, h, fl] {
       // Where block b's slots for local expert le start, and how many of them it filled.
       const auto slot_at = [&](std::int64_t b, std::int64_t le) {
         return ((b * le_count + le) * slots) * h;
@@ -281,15 +273,13 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
           total += count;
         }
         if (total == 0) {
-          zero_expert_gradients(le, h, fl, gg, gu, gd);
+          zero_expert_gradients(t, le, h, fl);
           continue;
         }
         MatrixMap dxm(dxe.values().data(), total, h);
-        expert_backward_rows(prec, ConstMatrixMap(xe.values().data(), total, h), MatrixMap(ge.values().data(), total, h),
-                             ConstMatrixMap(gp.values().data() + at * fl, total, fl),
-                             ConstMatrixMap(up_pre.values().data() + at * fl, total, fl),
-                             ConstMatrixMap(act.values().data() + at * fl, total, fl), wg, wu, wd, le, gg, gu, gd,
-                             MatrixMap(da.values().data(), total, fl), MatrixMap(du.values().data(), total, fl), dxm);
+        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xe.values().data(), total, h),
+                             MatrixMap(ge.values().data(), total, h), MatrixMap(da.values().data(), total, fl),
+                             MatrixMap(du.values().data(), total, fl), dxm);
         std::int64_t from = 0;
         for (std::int64_t b = 0; b < held_blocks; ++b) {
           const std::int64_t count = filled(b, le);
