@@ -255,13 +255,20 @@ TEST(ShardedMoeBackwardCollectivesTest, AllToAllDispatchIsTransposedByAllToAlls)
   const MoeRun run = run_moe_backward(mesh, MoeConfig{.num_experts = 4, .top_k = 2},
                                       testing::random_moe_weights(16, 8, 4), {{x, dy}}, MoeAxes{.batch = {"dp", "ep"}});
   std::vector<std::string> all_to_all, over_dp, over_both;
+  const std::vector<std::string> ep{"ep"}, dp{"dp"};
   for (const CollectivePlan& cp : run.collectives) {
     if (cp.step.kind == Kind::kAllToAll) {
+      EXPECT_EQ(cp.step.axes, ep) << cp.name;
       all_to_all.push_back(cp.name);
       continue;
     }
     EXPECT_EQ(cp.step.kind, Kind::kAllReduce) << cp.name;
-    (cp.step.axes.size() == 1 ? over_dp : over_both).push_back(cp.name);
+    if (cp.step.axes == dp) {
+      over_dp.push_back(cp.name);
+    } else {
+      EXPECT_THAT(cp.step.axes, ::testing::UnorderedElementsAre("dp", "ep")) << cp.name;
+      over_both.push_back(cp.name);
+    }
   }
   EXPECT_THAT(all_to_all, ::testing::UnorderedElementsAre(HasSubstr("moe.bwd.dcombine"), HasSubstr("moe.bwd.ddispatch")));
   EXPECT_THAT(over_dp, ::testing::UnorderedElementsAre(HasSubstr("w_gate"), HasSubstr("w_up"), HasSubstr("w_down")));

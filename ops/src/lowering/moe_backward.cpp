@@ -241,7 +241,11 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
   const runtime::Frontier there =
       pb.reshard(at_source, placed(at_source), at_experts, placed(at_experts), unpacked, a.name + ".dcombine");
 
-  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl * held_blocks * slots);
+  // Expected FLOPs with balanced routing, as the forward counts them: each expert sees the
+  // rows x k / E assignments of every block it holds, rows a block's tokens.
+  const std::int64_t rows = saved.x->layout().elements_per_device() / h;
+  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
+                              static_cast<double>(e) * static_cast<double>(le_count * held_blocks);
   const runtime::Frontier experts_done = pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
     pb.add_flops(s, expert_flops);
     runtime::Tensor& in = received.shard(s);

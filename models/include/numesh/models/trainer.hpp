@@ -66,7 +66,7 @@ class CausalLmTrainer {
   /// every checkpoint) and compiles the step. Optimizer state starts at zero, step 0.
   /// Throws: ValueError as HfConfig::parse and TrainingOptions::validate; what
   /// ops::LmTrainingStep's constructor throws (a batch the data-parallel axes do not split,
-  /// shared experts, biases, MoE tokens split over the expert axis).
+  /// weights not stored fp32).
   CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc, const CausalLmWeights& weights,
                   TrainingOptions options, ops::ModelAxes axes = {});
   /// The model in `dir` (config.json and its safetensors, read as F32), and, when dir holds an
