@@ -22,7 +22,8 @@
 
 namespace numesh::runtime {
 
-namespace {
+// Named rather than anonymous: a member of a class with linkage must have a type with linkage.
+namespace detail {
 
 // A page-aligned block of bytes, zero-filled by the constructing thread (so its pages are
 // first-touched where that thread runs). Page-aligned for the reason in the header.
@@ -44,6 +45,10 @@ class AlignedBytes {
   std::byte* data_;
   std::size_t size_;
 };
+
+}  // namespace detail
+
+namespace {
 
 // A known input value for (rank, element): small integers, exact in every dtype (bf16 holds
 // integers exactly up to 256), so fp32 sums of them are exact and the one rounding of a 16-bit
@@ -255,7 +260,7 @@ struct PlainCollective::State {
   std::size_t ranks;
   std::size_t count;
   bool spin;
-  std::vector<std::unique_ptr<AlignedBytes>> in, out;
+  std::vector<std::unique_ptr<detail::AlignedBytes>> in, out;
   std::vector<const std::byte*> inputs;  // in's data, for the reductions (filled once)
   std::vector<std::thread> threads;
   std::atomic<std::uint64_t> go{0};        // generation the helpers should run
@@ -318,8 +323,8 @@ struct PlainCollective::State {
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     // Allocated and first-touched by the thread that owns them.
     const std::size_t elem = dtype_size(dtype);
-    in[r] = std::make_unique<AlignedBytes>(count * elem);
-    out[r] = std::make_unique<AlignedBytes>(output_count(op, count, ranks) * elem);
+    in[r] = std::make_unique<detail::AlignedBytes>(count * elem);
+    out[r] = std::make_unique<detail::AlignedBytes>(output_count(op, count, ranks) * elem);
     fill_inputs(in[r]->data(), dtype, count, r);
   }
 };
@@ -379,7 +384,7 @@ bool PlainCollective::check() const {
 
 struct MemcpyBaseline::Buffers {
   explicit Buffers(std::size_t bytes) : src(bytes), dst(bytes) {}
-  AlignedBytes src, dst;
+  detail::AlignedBytes src, dst;
 };
 
 MemcpyBaseline::MemcpyBaseline(std::size_t bytes) : buffers_(std::make_unique<Buffers>(bytes)), bytes_(bytes) {

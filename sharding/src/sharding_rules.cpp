@@ -38,10 +38,6 @@ void require_same_length(std::size_t leaves, std::size_t specs, std::string_view
   }
 }
 
-std::string entry_text(const AxisRule& entry) {
-  return entry.is_name() ? entry.name() : entry.repr();
-}
-
 }  // namespace
 
 // ---- AutoShardingRule -----------------------------------------------------------------------
@@ -195,7 +191,7 @@ std::vector<std::string> ShardingAnalyzer::validate_partition_specs(
       const std::int64_t size = entry_mesh_size(mesh_, spec[d]);
       if (size == 0 || array.shape[d] % size != 0) {
         issues.push_back(fmt::format("Array shape {} not divisible by mesh axis {} size {}",
-                                     python_shape_repr(array.shape), entry_text(spec[d]), size));
+                                     python_shape_repr(array.shape), spec[d].str(), size));
       }
     }
   }

@@ -22,11 +22,6 @@ void require_same_length(const std::vector<NamedLeaf>& leaves,
   }
 }
 
-// eformer's f-string of an entry: a name prints bare, a tuple as its repr.
-std::string entry_text(const AxisRule& entry) {
-  return entry.is_name() ? entry.name() : entry.repr();
-}
-
 }  // namespace
 
 std::string python_shape_repr(const std::vector<std::int64_t>& shape) {
@@ -110,7 +105,7 @@ std::vector<std::string> validate_sharding_config(const std::vector<NamedLeaf>& 
       const std::int64_t size = entry_mesh_size(mesh, spec[d]);
       if (size == 0 || array.shape[d] % size != 0) {
         issues.push_back(fmt::format("Array at {} with shape {} not divisible by mesh axis {} size {}",
-                                     path, python_shape_repr(array.shape), entry_text(spec[d]),
+                                     path, python_shape_repr(array.shape), spec[d].str(),
                                      size));
       }
     }

@@ -15,12 +15,6 @@ namespace {
 using sharding::NamedLeaf;
 using sharding::PartitionSpec;
 
-std::vector<NamedLeaf> named_leaves(const std::vector<FlatLeaf>& flat) {
-  std::vector<NamedLeaf> out;
-  for (const auto& leaf : flat) out.push_back(to_named_leaf(leaf));
-  return out;
-}
-
 std::optional<std::vector<std::string>> optional_names(const json& j) {
   if (j.is_null()) return std::nullopt;
   return j.get<std::vector<std::string>>();

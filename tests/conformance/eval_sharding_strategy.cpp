@@ -10,12 +10,6 @@
 namespace numesh::conformance {
 namespace {
 
-std::vector<sharding::NamedLeaf> named_leaves(const std::vector<FlatLeaf>& flat) {
-  std::vector<sharding::NamedLeaf> out;
-  for (const auto& leaf : flat) out.push_back(to_named_leaf(leaf));
-  return out;
-}
-
 // The specs tree has the array tree's structure, with raw spec lists as leaves.
 std::vector<sharding::PartitionSpec> specs_along(const json& specs,
                                                  const std::vector<FlatLeaf>& flat) {

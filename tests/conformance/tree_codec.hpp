@@ -120,6 +120,13 @@ inline sharding::NamedLeaf to_named_leaf(const FlatLeaf& leaf) {
   return out;
 }
 
+/// to_named_leaf of every leaf of `flat`, in order.
+inline std::vector<sharding::NamedLeaf> named_leaves(const std::vector<FlatLeaf>& flat) {
+  std::vector<sharding::NamedLeaf> out;
+  for (const auto& leaf : flat) out.push_back(to_named_leaf(leaf));
+  return out;
+}
+
 /// An `{"shape", "dtype"}` object (bare, or as a tree leaf `{"$array": {...}}`) as an ArrayInfo.
 inline sharding::ArrayInfo decode_array(const json& j) {
   const json& a = j.is_object() && j.contains("$array") ? j["$array"] : j;

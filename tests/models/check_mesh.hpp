@@ -1,6 +1,6 @@
 #pragma once
 
-// The meshes of the models' PyTorch checks (hf_model_check_main, train_check_main): each named,
+// The meshes of the models' tests and PyTorch checks (hf_model_check_main, train_check_main),
 // built over synthetic NUMA nodes, one per device.
 
 #include <cstdint>
@@ -25,6 +25,12 @@ inline runtime::DeviceMesh make_mesh(const MeshChoice& m) {
   for (std::int64_t d : m.dims) n *= d;
   return runtime::DeviceMesh::create(
       runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))), m.dims, m.names);
+}
+
+/// A one-axis mesh named `names[0]` over `devices` synthetic NUMA nodes.
+inline runtime::DeviceMesh mesh_of(int devices, std::vector<std::string> names) {
+  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(devices)),
+                                     {static_cast<std::int64_t>(devices)}, std::move(names));
 }
 
 }  // namespace numesh::models::testing

@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "../runtime/test_devices.hpp"
+#include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -21,10 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-runtime::DeviceMesh mesh_of(int devices, std::vector<std::string> names) {
-  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(devices)),
-                                     {static_cast<std::int64_t>(devices)}, std::move(names));
-}
+using testing::mesh_of;
 
 // A [4, 6] tensor of `dtype` laid out by `spec`, holding 0.5 everywhere but NaN at [3, 4] and
 // +inf at [1, 1] (in device 0's rows when rows are split over two devices, the NaN in device 1's).

@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-#include "../runtime/test_devices.hpp"
+#include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/causal_lm.hpp"
 #include "numesh/models/random_model.hpp"
@@ -35,10 +35,7 @@ json tiny_llama(bool tied) {
               {"tie_word_embeddings", tied}};
 }
 
-runtime::DeviceMesh mesh_of(int devices, std::vector<std::string> names) {
-  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(devices)),
-                                     {static_cast<std::int64_t>(devices)}, std::move(names));
-}
+using testing::mesh_of;
 
 TrainingOptions options(std::int64_t batch, double lr, std::int64_t steps) {
   TrainingOptions o;

@@ -24,9 +24,7 @@ using testing::matches_reference;
 using testing::token_slice;
 using testing::mesh_label;
 
-runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
-  return testing::random_host(std::move(shape), seed, scale);
-}
+using testing::random_host;
 
 runtime::HostTensor dense_attention(const runtime::HostTensor& x, const AttentionWeights& w,
                                     const AttentionConfig& c) {
@@ -41,10 +39,10 @@ std::pair<AttentionConfig, AttentionWeights> random_layer(std::int64_t hidden, s
   c.num_kv_heads = hkv;
   c.head_dim = d;
   AttentionWeights w;
-  w.wq = random({hidden, hq * d}, seed, 0.3f);
-  w.wk = random({hidden, hkv * d}, seed + 1, 0.3f);
-  w.wv = random({hidden, hkv * d}, seed + 2, 0.3f);
-  w.wo = random({hq * d, hidden}, seed + 3, 0.3f);
+  w.wq = random_host({hidden, hq * d}, seed, 0.3f);
+  w.wk = random_host({hidden, hkv * d}, seed + 1, 0.3f);
+  w.wv = random_host({hidden, hkv * d}, seed + 2, 0.3f);
+  w.wo = random_host({hq * d, hidden}, seed + 3, 0.3f);
   return {c, w};
 }
 
@@ -56,7 +54,7 @@ TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
   for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
     for (std::int64_t batch : {2, 3}) {  // 3 sequences do not split over dp = 2: replicated
       const auto [c, w] = random_layer(hidden, hq, hkv, d, 1);
-      const runtime::HostTensor x = random({batch, t, hidden}, 5, 1.0f);
+      const runtime::HostTensor x = random_host({batch, t, hidden}, 5, 1.0f);
       ShardedAttention layer(mesh, c, w, batch);
       const runtime::HostTensor y = layer.forward(x);
       const runtime::HostTensor want = dense_attention(x, w, c);
@@ -76,7 +74,7 @@ TEST_P(ShardedAttentionTest, KvCachePrefillInsertAndDecodeEqualTheFullSequence) 
   for (KvLayout layout : {KvLayout::kBTHD, KvLayout::kBHTD}) {
     for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}}) {
       const auto [c, w] = random_layer(hidden, hq, hkv, d, 11);
-      const runtime::HostTensor x = random({batch, total, hidden}, 15, 1.0f);
+      const runtime::HostTensor x = random_host({batch, total, hidden}, 15, 1.0f);
       const runtime::HostTensor want = dense_attention(x, w, c);
       ShardedAttention layer(mesh, c, w, batch, /*max_len=*/8, {}, layout);
       // Prefill 3 tokens, insert a chunk of 2 at position 3, decode one token at 5 and at 6:
@@ -104,15 +102,15 @@ TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
   for (auto [hq, hkv] : {std::pair{4, 2}, std::pair{4, 1}}) {
     auto [c, w] = random_layer(hidden, hq, hkv, d, 21);
     c.qk_norm_eps = 1e-5f;
-    w.bq = random({hq * d}, 30, 0.5f);
-    w.bk = random({hkv * d}, 31, 0.5f);
-    w.bv = random({hkv * d}, 32, 0.5f);
-    w.bo = random({hidden}, 33, 0.5f);
-    w.q_norm = random({d}, 34, 0.2f);
-    w.k_norm = random({d}, 35, 0.2f);
+    w.bq = random_host({hq * d}, 30, 0.5f);
+    w.bk = random_host({hkv * d}, 31, 0.5f);
+    w.bv = random_host({hkv * d}, 32, 0.5f);
+    w.bo = random_host({hidden}, 33, 0.5f);
+    w.q_norm = random_host({d}, 34, 0.2f);
+    w.k_norm = random_host({d}, 35, 0.2f);
     for (float& v : w.q_norm.data) v += 1.0f;
     for (float& v : w.k_norm.data) v += 1.0f;
-    const runtime::HostTensor x = random({batch, total, hidden}, 36, 1.0f);
+    const runtime::HostTensor x = random_host({batch, total, hidden}, 36, 1.0f);
     const runtime::HostTensor want = dense_attention(x, w, c);
     const double bound = std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon());
     ShardedAttention train(mesh, c, w, batch);
@@ -129,7 +127,7 @@ TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
                                              std::span<const float>(want.data), 1e-3));
   }
   auto [c, w] = random_layer(hidden, 4, 2, d, 21);
-  w.bk = random({3}, 1, 1.0f);
+  w.bk = random_host({3}, 1, 1.0f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, batch); },
               ::testing::ThrowsMessage<ShapeError>("attention: bk [3] must be [16] (num_kv_heads * head_dim) or empty"));
 }
@@ -149,7 +147,7 @@ TEST(ShardedAttentionTest, TheBlockedPathForLongInputsEqualsTheReference) {
   for (const MeshCase& mc : {MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"sp"}}}) {
     const auto mesh = make_mesh(mc);
     const auto [c, w] = random_layer(hidden, 4, 2, d, 31);
-    const runtime::HostTensor x = random({batch, 171, hidden}, 35, 1.0f);
+    const runtime::HostTensor x = random_host({batch, 171, hidden}, 35, 1.0f);
     const runtime::HostTensor want = dense_attention(x, w, c);
     const double bound = std::max(1e-5, 2.0 * 4 * d * std::numeric_limits<float>::epsilon());
     ShardedAttention layer(mesh, c, w, batch, 171, AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"});
@@ -171,7 +169,7 @@ TEST(ShardedAttentionTest, SequenceParallelEqualsTheFullLayer) {
                              MeshCase{{4}, {"sp"}}}) {
     const auto mesh = make_mesh(mc);
     const auto [c, w] = random_layer(hidden, 4, 2, d, 21);
-    const runtime::HostTensor x = random({batch, total, hidden}, 25, 1.0f);
+    const runtime::HostTensor x = random_host({batch, total, hidden}, 25, 1.0f);
     const runtime::HostTensor want = dense_attention(x, w, c);
     const double bound = std::max(1e-5, 2.0 * 4 * d * std::numeric_limits<float>::epsilon());
     const AttentionAxes axes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"};
@@ -198,7 +196,7 @@ TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
   const auto [c, w] = random_layer(8, 4, 2, 4, 1);
   ShardedAttention layer(mesh, c, w, 1);
   EXPECT_EQ(layer.local_heads(), 1);
-  layer.forward(random({1, 3, 8}, 5, 1.0f));
+  layer.forward(random_host({1, 3, 8}, 5, 1.0f));
   const auto& collectives = layer.program(3).plan().collectives;
   ASSERT_EQ(collectives.size(), 1u);
   EXPECT_EQ(collectives[0].step.kind, sharding::ReshardStep::Kind::kAllReduce);
@@ -217,20 +215,20 @@ TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
               ThrowsMessage<ValueError>(HasSubstr("q_offset 2: a lowered layer takes positions per run")));
   c.q_offset = 0;
-  w.wo = random({12, 8}, 4, 0.3f);
+  w.wo = random_host({12, 8}, 4, 0.3f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
               ThrowsMessage<ShapeError>(HasSubstr("wo [12, 8] do not fit 4 heads, 2 kv heads, head_dim 4")));
-  w.wo = random({16, 8}, 4, 0.3f);
+  w.wo = random_host({16, 8}, 4, 0.3f);
   ShardedAttention layer(mesh, c, w, 1);
-  EXPECT_THAT([&] { layer.forward(random({1, 4, 9}, 6, 1.0f)); },
+  EXPECT_THAT([&] { layer.forward(random_host({1, 4, 9}, 6, 1.0f)); },
               ThrowsMessage<ShapeError>(HasSubstr("input is [1, 4, 9] but the layer takes [1, T, 8] with T >= 1")));
-  EXPECT_THAT([&] { layer.forward(random({1, 4, 8}, 6, 1.0f), 2); },
+  EXPECT_THAT([&] { layer.forward(random_host({1, 4, 8}, 6, 1.0f), 2); },
               ThrowsMessage<IndexError>(HasSubstr("position 2 without a KV cache")));
   EXPECT_THAT([&] { layer.program(7); },
               ThrowsMessage<KeyError>(HasSubstr("no program compiled for 7 tokens yet")));
   ShardedAttention cached(mesh, c, w, 1, 6);
-  cached.forward(random({1, 4, 8}, 6, 1.0f), 0);
-  EXPECT_THAT([&] { cached.forward(random({1, 3, 8}, 7, 1.0f), 4); },
+  cached.forward(random_host({1, 4, 8}, 6, 1.0f), 0);
+  EXPECT_THAT([&] { cached.forward(random_host({1, 3, 8}, 7, 1.0f), 4); },
               ThrowsMessage<IndexError>(HasSubstr("3 tokens at position 4 do not fit the KV cache of 6 positions")));
 }
 

@@ -38,10 +38,7 @@ void report_skipped_levels() {
   if (!skipped.empty()) std::cout << "[ SKIPPED  ] levels this CPU cannot run:" << skipped << "\n";
 }
 
-// `n` normal(0, 1) values from a seeded generator.
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  return testing::random_host({static_cast<std::int64_t>(n)}, seed, 1.0f).data;
-}
+using testing::random_floats;
 
 // A product c[m, n] = a[m, k] b[k, n] with every leading dimension larger than its row (the
 // padding of a and b is garbage, c's padding a sentinel the kernel must not touch).

@@ -17,6 +17,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/cpu_features.hpp"
+#include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -54,12 +55,7 @@ RowMatrix rounded_to(const RowMatrix& w, DType t) {
   return r;
 }
 
-// got within max_abs of want everywhere (testing::within_abs; want is column-major).
-::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
-  const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
-  return testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
-                             std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
-}
+using testing::close;
 
 TEST(GemmTest, SmallAndLargeProductsMatchANaiveDoubleProduct) {
   // 4x5x3 takes the Eigen path; 64x48x80 the OpenBLAS path.

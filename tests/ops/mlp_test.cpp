@@ -25,13 +25,8 @@ using testing::make_mesh;
 using testing::mesh_case_name;
 using testing::MeshCase;
 
-runtime::HostTensor random(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
-  return testing::random_host(std::move(shape), seed, scale);
-}
-
-RowMatrix matrix(const runtime::HostTensor& t) {
-  return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]);
-}
+using testing::matrix;
+using testing::random_host;
 
 
 class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
@@ -51,10 +46,10 @@ TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
     for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
       MlpWeights w;
-      w.up = random({h, f}, 1, 0.3f);
-      w.down = random({f, h}, 2, 0.3f);
-      if (kind == MlpKind::kSwiGLU) w.gate = random({h, f}, 3, 0.3f);
-      const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+      w.up = random_host({h, f}, 1, 0.3f);
+      w.down = random_host({f, h}, 2, 0.3f);
+      if (kind == MlpKind::kSwiGLU) w.gate = random_host({h, f}, 3, 0.3f);
+      const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
       ShardedMlp mlp(m, kind, w, t);
       const RowMatrix want = kind == MlpKind::kGelu
                                  ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down))
@@ -76,8 +71,8 @@ TEST_P(ShardedMlpTest, SplitsFOverTpAndAllReducesOnlyWhenItDoes) {
   const auto m = mesh();
   const bool has_tp = m.mesh().has_axis("tp");
   MlpWeights w;
-  w.up = random({16, 32}, 1, 0.3f);
-  w.down = random({32, 16}, 2, 0.3f);
+  w.up = random_host({16, 32}, 1, 0.3f);
+  w.down = random_host({32, 16}, 2, 0.3f);
   ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
   if (has_tp) {
     EXPECT_EQ(mlp.up_spec().repr(), "P(None, 'tp')");
@@ -97,10 +92,10 @@ TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
   const auto m = mesh();
   const std::int64_t t = 8, h = 16, f = 32;
   MlpWeights w;
-  w.gate = random({h, f}, 3, 0.3f);
-  w.up = random({h, f}, 1, 0.3f);
-  w.down = random({f, h}, 2, 0.3f);
-  const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+  w.gate = random_host({h, f}, 3, 0.3f);
+  w.up = random_host({h, f}, 1, 0.3f);
+  w.down = random_host({f, h}, 2, 0.3f);
+  const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
   const RowMatrix want = mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
   const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
   using Kind = sharding::ReshardStep::Kind;
@@ -136,15 +131,15 @@ TEST_P(ShardedMlpTest, BiasesEqualTheDenseReference) {
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
     for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
       MlpWeights w;
-      w.up = random({h, f}, 1, 0.3f);
-      w.down = random({f, h}, 2, 0.3f);
-      w.up_bias = random({f}, 5, 0.5f);
-      w.down_bias = random({h}, 6, 0.5f);
+      w.up = random_host({h, f}, 1, 0.3f);
+      w.down = random_host({f, h}, 2, 0.3f);
+      w.up_bias = random_host({f}, 5, 0.5f);
+      w.down_bias = random_host({h}, 6, 0.5f);
       if (kind == MlpKind::kSwiGLU) {
-        w.gate = random({h, f}, 3, 0.3f);
-        w.gate_bias = random({f}, 7, 0.5f);
+        w.gate = random_host({h, f}, 3, 0.3f);
+        w.gate_bias = random_host({f}, 7, 0.5f);
       }
-      const runtime::HostTensor x = random({t, h}, 4, 1.0f);
+      const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
       const RowMatrix want = mlp_reference(matrix(x), kind, w);
       const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
       for (const auto& [label, axes] :
@@ -177,33 +172,33 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ShardedMlpTest,
 TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
   const auto m = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
   MlpWeights w;
-  w.up = random({16, 32}, 1, 0.3f);
-  w.down = random({31, 16}, 2, 0.3f);
+  w.up = random_host({16, 32}, 1, 0.3f);
+  w.down = random_host({31, 16}, 2, 0.3f);
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 8); },
               ThrowsMessage<ShapeError>(HasSubstr("mlp (gelu): up [16, 32] and down [31, 16] do not chain (expected down [32, 16])")));
-  w.down = random({32, 16}, 2, 0.3f);
+  w.down = random_host({32, 16}, 2, 0.3f);
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, w, 8); },
               ThrowsMessage<ShapeError>(HasSubstr("mlp (swiglu): gate [] and up [16, 32] differ")));
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 0); },
               ThrowsMessage<ShapeError>(HasSubstr("0 tokens; need at least one")));
   // Misshapen biases, in the layer and in the reference alike.
   MlpWeights biased = w;
-  biased.gate = random({16, 32}, 3, 0.3f);
-  biased.up_bias = random({31}, 4, 0.5f);
+  biased.gate = random_host({16, 32}, 3, 0.3f);
+  biased.up_bias = random_host({31}, 4, 0.5f);
   const auto up_bias_message = "mlp (swiglu): up_bias [31] must be [32] (intermediate) or empty";
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, biased, 8); }, ThrowsMessage<ShapeError>(up_bias_message));
   EXPECT_THAT([&] { (void)mlp_reference(RowMatrix::Zero(8, 16), MlpKind::kSwiGLU, biased); },
               ThrowsMessage<ShapeError>(up_bias_message));
   biased.up_bias = {};
-  biased.down_bias = random({32}, 4, 0.5f);
+  biased.down_bias = random_host({32}, 4, 0.5f);
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
               ThrowsMessage<ShapeError>("mlp (gelu): down_bias [32] must be [16] (hidden) or empty"));
   biased.down_bias = {};
-  biased.gate_bias = random({32}, 4, 0.5f);
+  biased.gate_bias = random_host({32}, 4, 0.5f);
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
               ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a GELU MLP has no gate"));
   ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
-  EXPECT_THAT([&] { mlp.forward(random({4, 16}, 5, 1.0f)); },
+  EXPECT_THAT([&] { mlp.forward(random_host({4, 16}, 5, 1.0f)); },
               ThrowsMessage<ShapeError>(HasSubstr("mlp: input is [4, 16] but the MLP was compiled for [8, 16]")));
 }
 

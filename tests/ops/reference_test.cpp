@@ -12,6 +12,7 @@
 #include "numesh/ops/reference/norms.hpp"
 #include "numesh/ops/reference/attention.hpp"
 #include "numesh/ops/reference/moe.hpp"
+#include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -31,13 +32,7 @@ RowMatrix pattern(Eigen::Index rows, Eigen::Index cols, float phase, float scale
 
 Eigen::MatrixXd dmatmul(const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) { return a * b; }
 
-// got within max_abs of want everywhere (testing::within_abs; want is column-major).
-::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
-  if (got.rows() != want.rows() || got.cols() != want.cols()) return ::testing::AssertionFailure() << "shapes differ";
-  const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
-  return testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
-                             std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
-}
+using testing::close;
 
 TEST(ReferenceTest, GeluAndSiluMatchTheirClosedForms) {
   // Values from the definitions in double precision (PyTorch's F.gelu / F.silu agree).

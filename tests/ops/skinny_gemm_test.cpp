@@ -22,10 +22,7 @@ using runtime::KernelLevel;
 using runtime::convert_f32_to_bf16;
 using runtime::convert_f32_to_f16;
 
-// `n` normal(0, 1) values from a seeded generator.
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  return testing::random_host({static_cast<std::int64_t>(n)}, seed, 1.0f).data;
-}
+using testing::random_floats;
 
 // Every level this CPU runs, for every weight dtype, rows 1..16 and column counts that do and do
 // not fill whole vectors and strips: bitwise the scalar kernel's result; and the scalar kernel

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,28 @@ inline runtime::HostTensor random_host(std::vector<std::int64_t> shape, std::uin
   runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
   for (float& v : t.data) v = normal(rng);
   return t;
+}
+
+/// `got` within `max_abs` of `want` everywhere, and of its shape (want is a column-major Eigen
+/// matrix of doubles, as the dense references compute).
+inline ::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
+  if (got.rows() != want.rows() || got.cols() != want.cols()) {
+    return ::testing::AssertionFailure() << "shape [" << got.rows() << ", " << got.cols() << "], want ["
+                                         << want.rows() << ", " << want.cols() << "]";
+  }
+  const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
+  return numesh::testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
+                                     std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
+}
+
+/// `n` normal(0, 1) values from a seeded generator.
+inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  return random_host({static_cast<std::int64_t>(n)}, seed, 1.0f).data;
+}
+
+/// A rank-2 host tensor seen as a row-major matrix (no copy).
+inline RowMatrix matrix(const runtime::HostTensor& t) {
+  return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]);
 }
 
 /// `n` synthetic devices (cached per process).

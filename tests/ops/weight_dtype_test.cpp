@@ -38,7 +38,7 @@ using testing::random_host;
 // The bound for a result with weights of `t`, given the fp32 test's bound.
 double bound_for(DType t, double fp32_bound) { return t == DType::kBF16 ? std::max(fp32_bound, 1e-4) : fp32_bound; }
 
-RowMatrix matrix(const runtime::HostTensor& t) { return Eigen::Map<const RowMatrix>(t.data.data(), t.shape[0], t.shape[1]); }
+using testing::matrix;
 
 runtime::HostTensor host(const RowMatrix& m) {
   return {{m.rows(), m.cols()}, std::vector<float>(m.data(), m.data() + m.size())};

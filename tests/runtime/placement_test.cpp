@@ -8,6 +8,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/topology.hpp"
+#include "topology_fixtures.hpp"
 
 namespace numesh::runtime {
 namespace {
@@ -17,7 +18,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
 
-const std::string kTopologyDir = NUMESH_TOPOLOGY_DIR;
+using testing::topology_fixture;
 
 Topology two_by_two() { return Topology::from_synthetic("package:2 numa:2 core:8 pu:2"); }
 
@@ -30,7 +31,7 @@ std::vector<std::string> labels(const std::vector<DeviceSpec>& devices) {
 // A node whose PUs no Core holds (an input of topology_fuzz that hwloc accepts) still gives a
 // device of one thread per PU: it was once a device of no thread, which no arena can be.
 TEST(PlacementTest, PusThatNoCoreHoldsAreCoresOfTheirOwn) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/fuzzed-numa-node-without-cores.xml");
+  const Topology t = topology_fixture("fuzzed-numa-node-without-cores.xml");
   for (const PlacementPolicy policy : {PlacementPolicy::kNuma, PlacementPolicy::kL3, PlacementPolicy::kCore}) {
     for (const bool smt : {false, true}) {
       const auto devices = place_devices(t, {.policy = policy, .use_smt = smt});
@@ -169,7 +170,7 @@ TEST(PlacementTest, L3GroupEqualToItsNodeIsWholeNodeInBothSmtModes) {
 }
 
 TEST(PlacementTest, L3OnIntelXmlMatchesTheNodes) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/24em64t-2n6c2t-pci.xml");
+  const Topology t = topology_fixture("24em64t-2n6c2t-pci.xml");
   const auto devices = place_devices(t, {.policy = PlacementPolicy::kL3});
   ASSERT_EQ(devices.size(), 2U);
   EXPECT_EQ(devices[1].label, "l3-1");
@@ -180,7 +181,7 @@ TEST(PlacementTest, L3OnIntelXmlMatchesTheNodes) {
 }
 
 TEST(PlacementTest, NumaOnIntelXmlWithSmt) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/24em64t-2n6c2t-pci.xml");
+  const Topology t = topology_fixture("24em64t-2n6c2t-pci.xml");
   const auto devices = place_devices(t, {.use_smt = true});
   ASSERT_EQ(devices.size(), 2U);
   EXPECT_EQ(devices[0].cpuset, CpuSet::parse("0,2,4,6,8,10,12,14,16,18,20,22"));
@@ -188,7 +189,7 @@ TEST(PlacementTest, NumaOnIntelXmlWithSmt) {
 }
 
 TEST(PlacementTest, L3WithoutL3FallsBackToNumaWithNote) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/16amd64-4distances.xml");
+  const Topology t = topology_fixture("16amd64-4distances.xml");
   std::vector<std::string> notes;
   const auto devices = place_devices(t, {.policy = PlacementPolicy::kL3}, &notes);
   ASSERT_EQ(devices.size(), 8U);
@@ -202,7 +203,7 @@ TEST(PlacementTest, L3WithoutL3FallsBackToNumaWithNote) {
 }
 
 TEST(PlacementTest, NumaSkipsMemoryOnlyNodesAndNodelessPusWithNotes) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/16amd64-8n2c-cpusets.xml");
+  const Topology t = topology_fixture("16amd64-8n2c-cpusets.xml");
   std::vector<std::string> notes;
   const auto devices = place_devices(t, {}, &notes);
   ASSERT_EQ(devices.size(), 3U);
@@ -217,7 +218,7 @@ TEST(PlacementTest, NumaSkipsMemoryOnlyNodesAndNodelessPusWithNotes) {
 }
 
 TEST(PlacementTest, CorePolicyGivesNodelessCoresNoNode) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/16amd64-8n2c-cpusets.xml");
+  const Topology t = topology_fixture("16amd64-8n2c-cpusets.xml");
   const auto devices = place_devices(t, {.policy = PlacementPolicy::kCore});
   ASSERT_EQ(devices.size(), 10U);
   EXPECT_EQ(devices[0].numa_node, -1);
@@ -287,7 +288,7 @@ TEST(PlacementTest, ExplicitRejectsOverlapNamingBothCpusets) {
 }
 
 TEST(PlacementTest, ExplicitOnXmlRejectsDisallowedPu) {
-  const Topology t = Topology::from_xml(kTopologyDir + "/16amd64-8n2c-cpusets.xml");
+  const Topology t = topology_fixture("16amd64-8n2c-cpusets.xml");
   const PlacementOptions options{.policy = PlacementPolicy::kExplicit,
                                  .explicit_cpusets = {CpuSet({4})}};
   EXPECT_THAT([&] { place_devices(t, options); },

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "topology_fixtures.hpp"
 
 namespace numesh::runtime {
 namespace {
@@ -21,10 +22,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-const std::string kTopologyDir = NUMESH_TOPOLOGY_DIR;
+using testing::topology_fixture;
 constexpr std::uint64_t kGiB = 1024ULL * 1024 * 1024;
 
-Topology fixture(const std::string& name) { return Topology::from_xml(kTopologyDir + "/" + name); }
 
 std::vector<int> os_indexes(const std::vector<NumaNode>& nodes) {
   std::vector<int> out;
@@ -196,7 +196,7 @@ TEST(TopologyTest, SyntheticDescriptionsOfMoreThan4096PusAreRefusedBeforeHwlocBu
 }
 
 TEST(TopologyTest, IntelTwoNodeXmlReadsDistancesFromTheFile) {
-  const Topology t = fixture("24em64t-2n6c2t-pci.xml");
+  const Topology t = topology_fixture("24em64t-2n6c2t-pci.xml");
   EXPECT_EQ(t.source(), TopologySource::kXml);
   EXPECT_THAT(t.origin(), HasSubstr("24em64t-2n6c2t-pci.xml"));
   const DistanceMatrix& d = t.distances();
@@ -206,7 +206,7 @@ TEST(TopologyTest, IntelTwoNodeXmlReadsDistancesFromTheFile) {
 }
 
 TEST(TopologyTest, IntelTwoNodeXmlLayout) {
-  const Topology t = fixture("24em64t-2n6c2t-pci.xml");
+  const Topology t = topology_fixture("24em64t-2n6c2t-pci.xml");
   ASSERT_EQ(t.numa_nodes().size(), 2U);
   EXPECT_EQ(t.packages().size(), 2U);
   EXPECT_EQ(t.cores().size(), 12U);
@@ -226,14 +226,14 @@ TEST(TopologyTest, IntelTwoNodeXmlLayout) {
 }
 
 TEST(TopologyTest, XmlCannotBindAndSaysSo) {
-  const Topology t = fixture("24em64t-2n6c2t-pci.xml");
+  const Topology t = topology_fixture("24em64t-2n6c2t-pci.xml");
   EXPECT_FALSE(t.can_bind());
   EXPECT_THAT(t.notes(),
               ElementsAre("binding is not possible on an XML topology: devices run unpinned"));
 }
 
 TEST(TopologyTest, AmdEightNodeXmlKeepsHwlocLogicalOrderAndItsMatrix) {
-  const Topology t = fixture("16amd64-4distances.xml");
+  const Topology t = topology_fixture("16amd64-4distances.xml");
   ASSERT_EQ(t.numa_nodes().size(), 8U);
   // Logical order follows the tree, not the OS numbering.
   EXPECT_THAT(os_indexes(t.numa_nodes()), ElementsAre(1, 0, 2, 5, 4, 3, 6, 7));
@@ -251,7 +251,7 @@ TEST(TopologyTest, AmdEightNodeXmlKeepsHwlocLogicalOrderAndItsMatrix) {
 }
 
 TEST(TopologyTest, CpusetsXmlKeepsMemoryOnlyNodesAndDropsDisallowedPus) {
-  const Topology t = fixture("16amd64-8n2c-cpusets.xml");
+  const Topology t = topology_fixture("16amd64-8n2c-cpusets.xml");
   EXPECT_EQ(t.cpuset(), CpuSet::parse("0-3,5-6,12-15"));
   EXPECT_EQ(t.cores().size(), 10U);
   ASSERT_EQ(t.numa_nodes().size(), 5U);
@@ -282,7 +282,7 @@ TEST(TopologyTest, MissingXmlFileThrowsTopologyErrorNamingIt) {
 }
 
 TEST(TopologyTest, XmlDirectoryThrowsTopologyError) {
-  EXPECT_THAT([] { Topology::from_xml(kTopologyDir); },
+  EXPECT_THAT([] { Topology::from_xml(NUMESH_TOPOLOGY_DIR); },
               ThrowsMessage<TopologyError>(HasSubstr("is a directory")));
 }
 

@@ -5,6 +5,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -13,7 +14,7 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-const Mesh kDpTp({"dp", "tp"}, {2, 4});
+using fixtures::kDpTp;
 const Mesh kFsdp8({"dp", "fsdp", "ep", "tp", "sp"}, {1, 8, 1, 1, 1});
 
 ArrayInfo array(std::vector<std::int64_t> shape) { return ArrayInfo{std::move(shape), "float32"}; }

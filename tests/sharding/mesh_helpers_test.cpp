@@ -13,58 +13,58 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-const Mesh kMesh({"dp", "fsdp", "ep", "tp", "sp"}, {1, 4, 2, 2, 2});
+const Mesh kFiveAxes({"dp", "fsdp", "ep", "tp", "sp"}, {1, 4, 2, 2, 2});
 
 TEST(GetInContextMeshTest, RaisesOrReturnsEmpty) {
   EXPECT_THAT([] { (void)get_incontext_mesh(); },
               ThrowsMessage<NoMeshError>(HasSubstr("No mesh found under this context manager.")));
   EXPECT_TRUE(get_incontext_mesh(false).empty());
-  MeshScope scope(kMesh);
-  EXPECT_EQ(get_incontext_mesh(), kMesh);
+  MeshScope scope(kFiveAxes);
+  EXPECT_EQ(get_incontext_mesh(), kFiveAxes);
 }
 
 TEST(GetAxesSizeInMeshTest, NamesSequencesAndErrors) {
-  EXPECT_EQ(get_axes_size_in_mesh("fsdp", &kMesh), 4);
-  EXPECT_EQ(get_axes_size_in_mesh(std::vector<std::string>{"fsdp", "tp"}, &kMesh), 8);
-  EXPECT_EQ(get_axes_size_in_mesh(std::vector<std::string>{}, &kMesh), 1);
-  EXPECT_EQ(get_axes_size_in_mesh(AxisRule::list({"ep", "sp"}), &kMesh), 4);
-  EXPECT_THAT([] { (void)get_axes_size_in_mesh("missing", &kMesh); },
+  EXPECT_EQ(get_axes_size_in_mesh("fsdp", &kFiveAxes), 4);
+  EXPECT_EQ(get_axes_size_in_mesh(std::vector<std::string>{"fsdp", "tp"}, &kFiveAxes), 8);
+  EXPECT_EQ(get_axes_size_in_mesh(std::vector<std::string>{}, &kFiveAxes), 1);
+  EXPECT_EQ(get_axes_size_in_mesh(AxisRule::list({"ep", "sp"}), &kFiveAxes), 4);
+  EXPECT_THAT([] { (void)get_axes_size_in_mesh("missing", &kFiveAxes); },
               ThrowsMessage<KeyError>(HasSubstr("missing")));
   try {
-    (void)get_axes_size_in_mesh(AxisRule::tuple({"fsdp", nullptr}), &kMesh);
+    (void)get_axes_size_in_mesh(AxisRule::tuple({"fsdp", nullptr}), &kFiveAxes);
     FAIL() << "expected KeyError";
   } catch (const KeyError& e) {
     EXPECT_EQ(e.key(), "None");
   }
-  EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule::integer(5), &kMesh); },
+  EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule::integer(5), &kFiveAxes); },
               ThrowsMessage<TypeError>(HasSubstr(
                   "axis_names must be str or Sequence[str], got <class 'int'>")));
-  EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule(), &kMesh); },
+  EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule(), &kFiveAxes); },
               ThrowsMessage<TypeError>(HasSubstr("got <class 'NoneType'>")));
   EXPECT_THAT([] { (void)get_axes_size_in_mesh("dp"); },
               ThrowsMessage<NoMeshError>(HasSubstr("No mesh found")));
-  MeshScope scope(kMesh);
+  MeshScope scope(kFiveAxes);
   EXPECT_EQ(get_axes_size_in_mesh("sp"), 2);
   EXPECT_THAT(get_mesh_axis_names(), ElementsAre("dp", "fsdp", "ep", "tp", "sp"));
 }
 
 TEST(SubmeshTest, RowMajorOverGivenAxes) {
   const std::vector<std::int64_t> coords{0, 2, 0, 1, 1};
-  EXPECT_EQ(get_submesh_device_index(kMesh, coords, {"tp", "fsdp"}), 6);
-  EXPECT_EQ(get_submesh_device_index(kMesh, coords, {"fsdp", "tp"}), 5);
-  EXPECT_EQ(get_submesh_device_index(kMesh, coords, {}), 0);
-  EXPECT_EQ(get_mesh_axis_size(kMesh, {"fsdp", "ep", "tp", "sp"}), 32);
-  EXPECT_EQ(get_mesh_axis_size(kMesh, {}), 1);
+  EXPECT_EQ(get_submesh_device_index(kFiveAxes, coords, {"tp", "fsdp"}), 6);
+  EXPECT_EQ(get_submesh_device_index(kFiveAxes, coords, {"fsdp", "tp"}), 5);
+  EXPECT_EQ(get_submesh_device_index(kFiveAxes, coords, {}), 0);
+  EXPECT_EQ(get_mesh_axis_size(kFiveAxes, {"fsdp", "ep", "tp", "sp"}), 32);
+  EXPECT_EQ(get_mesh_axis_size(kFiveAxes, {}), 1);
 }
 
 TEST(SubmeshTest, Errors) {
-  EXPECT_THAT([] { (void)get_submesh_device_index(kMesh, {0, 1}, {"tp"}); },
+  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 1}, {"tp"}); },
               ThrowsMessage<ValueError>(HasSubstr("need one entry per axis")));
-  EXPECT_THAT([] { (void)get_submesh_device_index(kMesh, {0, 4, 0, 0, 0}, {"tp"}); },
+  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 4, 0, 0, 0}, {"tp"}); },
               ThrowsMessage<ValueError>(HasSubstr("outside axis 'fsdp' of size 4")));
-  EXPECT_THAT([] { (void)get_submesh_device_index(kMesh, {0, 0, 0, 0, 0}, {"zz"}); },
+  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 0, 0, 0, 0}, {"zz"}); },
               ThrowsMessage<KeyError>(HasSubstr("unbound axis name: zz")));
-  EXPECT_THAT([] { (void)get_mesh_axis_size(kMesh, {"zz"}); },
+  EXPECT_THAT([] { (void)get_mesh_axis_size(kFiveAxes, {"zz"}); },
               ThrowsMessage<KeyError>(HasSubstr("unbound axis name: zz")));
 }
 

@@ -15,6 +15,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/shard_layout.hpp"
+#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -30,7 +31,7 @@ const Placement S0 = Placement::shard(0);
 const Placement S1 = Placement::shard(1);
 const Placement P = Placement::partial(PartialOp::kSum);
 
-const Mesh kDpTp({"dp", "tp"}, {2, 4});
+using fixtures::kDpTp;
 const Mesh kEformer({"dp", "fsdp", "ep", "tp", "sp"}, {1, 4, 2, 2, 2});
 
 // ------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -13,9 +14,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape) {
-  return NamedLeaf{std::move(path), ArrayInfo{std::move(shape)}};
-}
+using fixtures::leaf;
 
 // The spec of `path` under the rules {pattern: P('x'), '.*': P()}: P('x') when `pattern` is
 // found in `path`, P() when not.

@@ -5,6 +5,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -13,11 +14,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-const Mesh kDpTp({"dp", "tp"}, {2, 4});
-
-NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape, std::string dtype = "float32") {
-  return NamedLeaf{std::move(path), ArrayInfo{std::move(shape), std::move(dtype)}};
-}
+using fixtures::kDpTp;
+using fixtures::leaf;
 
 const NamedLeaf kNoArray{"n", std::nullopt};
 

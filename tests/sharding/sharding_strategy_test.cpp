@@ -5,6 +5,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -15,11 +16,8 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 using ::testing::ThrowsMessage;
 
-const Mesh kDpTp({"dp", "tp"}, {2, 4});  // device = dp * 4 + tp
-
-NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape, std::string dtype = "float32") {
-  return NamedLeaf{std::move(path), ArrayInfo{std::move(shape), std::move(dtype)}};
-}
+using fixtures::kDpTp;  // device = dp * 4 + tp
+using fixtures::leaf;
 
 // ---- analyze_sharding_strategy: the filled-in fields, worked by hand ------------------------
 

@@ -45,11 +45,6 @@ constexpr double kCheckBound = 1e-4;
 // "Weight dtypes"); measured 2.5e-3 on the default dense model.
 constexpr double kBf16CheckBound = 1e-2;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 std::string plan_summary(const ops::ProgramPlan& plan) {
   const double flops = plan.flops.empty() ? 0.0 : *std::max_element(plan.flops.begin(), plan.flops.end());
   const std::int64_t memory =

@@ -40,6 +40,11 @@ char32_t previous_code_point(std::string_view text, std::size_t end, std::size_t
   return detail::next_code_point(text, i);
 }
 
+}  // namespace
+
+// Named rather than anonymous: a member of a class with linkage must have a type with linkage.
+namespace detail {
+
 // The added tokens of one kind (matched in the raw or in the normalised text): finds the
 // leftmost match, and of those starting there the longest, as tokenizers' AddedVocabulary does
 // with an Aho-Corasick automaton in LeftmostLongest mode. Tokens are bucketed by first byte
@@ -78,6 +83,10 @@ class AddedMatcher {
   std::array<std::vector<const AddedToken*>, 256> buckets_;
 };
 
+}  // namespace detail
+
+namespace {
+
 // One piece of the text on its way to ids: a matched added token, or text still to tokenize.
 struct Segment {
   const AddedToken* token = nullptr;
@@ -87,7 +96,7 @@ struct Segment {
 // Cuts `text` at the added tokens of `matcher` (tokenizers' AddedVocabulary::find_matches):
 // lstrip takes the whitespace before a match into it (never past the previous match), rstrip the
 // whitespace after it.
-void split_added(std::string_view text, const AddedMatcher& matcher, std::vector<Segment>& out) {
+void split_added(std::string_view text, const detail::AddedMatcher& matcher, std::vector<Segment>& out) {
   std::size_t emitted = 0;  // the end of the last segment
   std::size_t search = 0;   // where the matcher looks next: matches never overlap
   std::size_t at = 0;
@@ -125,8 +134,8 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   // By id: the added token of an id (nullptr: the model's token or none).
   std::vector<const AddedToken*> added_by_id;
-  AddedMatcher raw_matcher;         // normalized false: matched before normalisation
-  AddedMatcher normalized_matcher;  // normalized true: matched in the normalised text
+  detail::AddedMatcher raw_matcher;         // normalized false: matched before normalisation
+  detail::AddedMatcher normalized_matcher;  // normalized true: matched in the normalised text
   // The post-processor's template for one sequence: ids before and after it (empty: none).
   std::vector<std::int32_t> prefix_ids;
   std::vector<std::int32_t> suffix_ids;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -18,6 +19,15 @@ namespace numesh {
 /// Seconds of std::chrono::steady_clock elapsed since `start`.
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// The median of `samples`: with an even number of them, the upper of the two middle ones (a
+/// figure that was measured, not an average of two). REQUIRES: samples is not empty.
+/// Thread-safety: pure.
+inline double median(std::vector<double> samples) {
+  const auto mid = samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2);
+  std::nth_element(samples.begin(), mid, samples.end());
+  return *mid;
 }
 
 /// Median wall time in seconds of `fn()` over at least `min_repeats` calls and at least
@@ -47,9 +57,7 @@ double median_seconds(Fn&& fn, int min_repeats, double min_seconds) {
     samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     if (samples.size() >= kMaxSamples) break;
   }
-  const auto mid = samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2);
-  std::nth_element(samples.begin(), mid, samples.end());
-  return *mid;
+  return median(std::move(samples));
 }
 
 }  // namespace numesh

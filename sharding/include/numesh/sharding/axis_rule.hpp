@@ -86,6 +86,10 @@ class AxisRule {
   /// Stable; error messages and tests use it.
   std::string repr() const;
 
+  /// Python's str() of the entry, as an f-string prints it: a name bare (`tp`), anything else as
+  /// its repr().
+  std::string str() const { return is_name() ? name() : repr(); }
+
   friend bool operator==(const AxisRule& a, const AxisRule& b) noexcept;
 
  private:
