@@ -3,11 +3,12 @@
 # and runs each for a given time, starting from its seed corpus fuzz/corpus/TARGET (which also
 # holds the regression-* inputs of every failure found so far, run first, every time).
 #
-#   scripts/fuzz.sh [--time SECONDS] [--seed N] [--no-build] [TARGET...]
+#   scripts/fuzz.sh [--time SECONDS] [--seed N] [--jobs N] [--no-build] [TARGET...]
 #
 #   --time SECONDS  how long each target fuzzes [60]
 #   --seed N        libFuzzer's random seed, for a run that explores the same inputs each time
 #                   (CI uses 1) [a new one each run]
+#   --jobs N        how many targets fuzz at once, each on one core [1]
 #   --no-build      use the targets already built in the sanitize build folder
 #   TARGET...       the targets to run [every fuzz/*_fuzz.cpp]
 #
@@ -24,20 +25,23 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 seconds=60
 seed=0
+jobs=1
 build=1
 targets=()
 while (($#)); do
   case "$1" in
     --time) seconds="${2:?--time needs a number of seconds}"; shift 2 ;;
     --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
+    --jobs) jobs="${2:?--jobs needs a number}"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "--time '$seconds': expected a positive whole number of seconds"
 [[ "$seed" =~ ^[0-9]+$ ]] || die "--seed '$seed': expected a whole number (0: a new seed each run)"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs '$jobs': expected a positive whole number"
 
 all=()
 for f in "$NUMESH_ROOT"/fuzz/*_fuzz.cpp; do all+=("$(basename "$f" .cpp)"); done
@@ -67,17 +71,14 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$NUMESH_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-rows=()
-failed=()
-for t in "${targets[@]}"; do
+# fuzz_one TARGET: fuzzes TARGET for `seconds`; writes its table row to
+# $dir/fuzz-findings/TARGET/row, and its log's tail to .../report when it found something.
+fuzz_one() {
+  local t="$1" seeds work findings log status=0 runs rate found
   seeds="$NUMESH_ROOT/fuzz/corpus/$t"
   work="$dir/fuzz-corpus/$t"
   findings="$dir/fuzz-findings/$t"
-  rm -rf "$findings"  # what an earlier run found was reported by it
-  mkdir -p "$work" "$findings"
   log="$findings/fuzz.log"
-  step "$t: ${seconds} s from $(find "$seeds" -type f | wc -l) seeds"
-  status=0
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb/-malloc_limit_mb: an allocation
   # that follows from a few bytes of input must not reach 2 GiB.
   "$dir/fuzz/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -86,11 +87,39 @@ for t in "${targets[@]}"; do
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
   found="$(find "$findings" -type f ! -name fuzz.log | wc -l)"
   if ((status != 0 || found > 0)); then
-    failed+=("$t")
-    tail -n 40 "$log"
+    tail -n 40 "$log" >"$findings/report"
   fi
-  rows+=("$(printf '%-24s %6s %8s %10s %9s %9s' "$t" "$(find "$seeds" -type f | wc -l)" \
-            "$(find "$work" -type f | wc -l)" "${runs:-?}" "${rate:-?}" "$found")")
+  printf '%-24s %6s %8s %10s %9s %9s\n' "$t" "$(find "$seeds" -type f | wc -l)" \
+    "$(find "$work" -type f | wc -l)" "${runs:-?}" "${rate:-?}" "$found" >"$findings/row"
+}
+
+running=0
+for t in "${targets[@]}"; do
+  findings="$dir/fuzz-findings/$t"
+  rm -rf "$findings"  # what an earlier run found was reported by it
+  mkdir -p "$dir/fuzz-corpus/$t" "$findings"
+  step "$t: ${seconds} s from $(find "$NUMESH_ROOT/fuzz/corpus/$t" -type f | wc -l) seeds"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if ((running >= jobs)); then
+    wait -n
+    running=$((running - 1))
+  fi
+done
+wait
+
+rows=()
+failed=()
+for t in "${targets[@]}"; do
+  findings="$dir/fuzz-findings/$t"
+  if [[ -f "$findings/report" ]]; then
+    failed+=("$t")
+    step "$t found something; the end of its log:"
+    cat "$findings/report"
+    rm -f "$findings/report"
+  fi
+  rows+=("$(cat "$findings/row")")
+  rm -f "$findings/row"
 done
 
 step "fuzzing summary (${seconds} s per target)"

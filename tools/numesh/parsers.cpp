@@ -13,9 +13,9 @@
 
 namespace numesh::tools {
 
-namespace {
-
 using json = nlohmann::json;
+
+namespace {
 using sharding::AxisRule;
 
 AxisRule parse_name(std::string_view s) {

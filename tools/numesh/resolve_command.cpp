@@ -21,9 +21,9 @@
 
 namespace numesh::tools {
 
-namespace {
-
 using json = nlohmann::json;
+
+namespace {
 using sharding::AxisRule;
 
 std::string join_reprs(const std::vector<AxisRule>& rules) {

@@ -18,9 +18,9 @@
 
 namespace numesh::tools {
 
-namespace {
-
 using json = nlohmann::json;
+
+namespace {
 using runtime::CpuSet;
 using runtime::DeviceSpec;
 using runtime::PlacementOptions;
