@@ -35,7 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // The model of one size: the options with `hidden` (from the option `source`), the sizes left
 // at 0 derived from it.
 // Throws: ValueError naming the options and the size.

@@ -16,6 +16,7 @@ namespace numesh::tools {
 using json = nlohmann::json;
 
 namespace {
+
 using sharding::AxisRule;
 
 AxisRule parse_name(std::string_view s) {

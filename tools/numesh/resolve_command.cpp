@@ -24,6 +24,7 @@ namespace numesh::tools {
 using json = nlohmann::json;
 
 namespace {
+
 using sharding::AxisRule;
 
 std::string join_reprs(const std::vector<AxisRule>& rules) {

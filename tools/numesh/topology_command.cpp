@@ -21,6 +21,7 @@ namespace numesh::tools {
 using json = nlohmann::json;
 
 namespace {
+
 using runtime::CpuSet;
 using runtime::DeviceSpec;
 using runtime::PlacementOptions;
