@@ -30,7 +30,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from safetensors_check import serialize  # noqa: E402  (also does the torch/numpy import check)
+from errors import relative_max, within, worst  # noqa: E402  (NaN-propagating error measures)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -320,10 +322,6 @@ def read_safetensors(path):
     return out
 
 
-def relative(got, want):
-    return float((got - want).abs().max() / want.abs().max())
-
-
 def check(d):
     with open(os.path.join(d, "cases.json")) as f:
         cases = json.load(f)["cases"]
@@ -339,8 +337,8 @@ def check(d):
         # The prompt's logits, every position.
         want = model.logits(prompt).reshape(BATCH * PROMPT, -1)
         got = torch.from_numpy(np.load(os.path.join(d, r["prompt_logits"]))).double()
-        err = relative(got, want)
-        ok = err <= bound
+        err = relative_max(got, want)
+        ok = within(err, bound)
         # Greedy generation: torch's own loop over whole sequences.
         seq = prompt.clone()
         steps = []
@@ -351,11 +349,9 @@ def check(d):
         want_ids = seq[:, PROMPT:].tolist()
         same_ids = want_ids == r["greedy_ids"]
         # Each decode step's logits (numesh fed its own greedy tokens: compared while they agree).
-        step_err = 0.0
-        for i, file in enumerate(r["step_logits"]):
-            got_step = torch.from_numpy(np.load(os.path.join(d, file))).double()
-            step_err = max(step_err, relative(got_step, steps[i + 1]))
-        ok = ok and same_ids and step_err <= bound
+        step_err = worst(relative_max(np.load(os.path.join(d, file)), steps[i + 1])
+                         for i, file in enumerate(r["step_logits"]))
+        ok = ok and same_ids and within(step_err, bound)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {label:55s} prompt logits {err:.2e}, decode logits {step_err:.2e} "
               f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'==' if same_ids else '!='} torch {want_ids}")

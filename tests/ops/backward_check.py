@@ -21,6 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
+from errors import relative_max, within, worst  # noqa: E402  (NaN-propagating error measures)
 np, torch = require("numpy", "torch")
 import torch.nn.functional as F  # noqa: E402
 
@@ -185,10 +186,8 @@ def main():
             continue
         errors = {}
         for key, want in grads.items():
-            got = np.load(os.path.join(d, f"{n}_{key}.npy")).astype(np.float64)
-            want = want.numpy()
-            errors[key] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-        ok = max(errors.values()) <= BOUND and (loss_error is None or loss_error <= 1e-12)
+            errors[key] = relative_max(np.load(os.path.join(d, f"{n}_{key}.npy")), want.numpy())
+        ok = within(worst(errors.values()), BOUND) and (loss_error is None or within(loss_error, 1e-12))
         failed |= not ok
         text = ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
         if loss_error is not None:
