@@ -1,8 +1,8 @@
 // train_check_main: trains the tiny Hugging Face checkpoints train_check.py wrote (DIR/NAME,
 // listed in DIR/cases.json with the options) with CausalLmTrainer on many meshes, and writes
-// what the script compares with the same run in PyTorch: each step's loss (DIR/results.json)
-// and the final checkpoint (DIR/runs/NAME_MESH, numesh's save). One run stops halfway, saves,
-// and resumes from the saved folder in a new trainer.
+// what the script compares with the same run in PyTorch: each step's loss and gradient norm
+// (DIR/results.json) and the final checkpoint (DIR/runs/NAME_MESH, numesh's save). One run stops
+// halfway, saves, and resumes from the saved folder in a new trainer.
 //   train_check_main DIR
 
 #include <nlohmann/json.hpp>
@@ -54,12 +54,20 @@ numesh::models::TrainingOptions options_of(const json& o) {
   return t;
 }
 
-// Steps [from, to) of `trainer` on `data`, their losses appended to `losses`.
+// What a run's steps gave: each step's loss and its gradients' global norm before clipping.
+struct Trajectory {
+  json losses = json::array();
+  json grad_norms = json::array();
+};
+
+// Steps [from, to) of `trainer` on `data`, appended to `out`.
 void train(CausalLmTrainer& trainer, const numesh::ops::NpyIds& data, std::int64_t from, std::int64_t to,
-           const numesh::models::TrainingOptions& o, json& losses) {
+           const numesh::models::TrainingOptions& o, Trajectory& out) {
   for (std::int64_t k = from; k < to; ++k) {
-    losses.push_back(
-        trainer.step(numesh::models::training_batch(data.values, data.shape, k, o.batch, o.tokens)).loss);
+    const numesh::models::StepStats s =
+        trainer.step(numesh::models::training_batch(data.values, data.shape, k, o.batch, o.tokens));
+    out.losses.push_back(s.loss);
+    out.grad_norms.push_back(s.grad_norm);
   }
 }
 
@@ -97,30 +105,35 @@ void run(const fs::path& dir) {
     for (const auto& [m, tokens_over_ep] : runs) {
       CausalLmTrainer trainer =
           CausalLmTrainer::load(make_mesh(m), dir / name, options, axes_for(m, tokens_over_ep));
-      json losses = json::array();
-      train(trainer, data, 0, steps, options, losses);
+      Trajectory run;
+      train(trainer, data, 0, steps, options, run);
       const fs::path out = dir / "runs" / (name + "_" + m.label);
       trainer.save(out);
-      results.push_back({{"case", name}, {"mesh", m.label}, {"losses", losses}, {"checkpoint", fs::relative(out, dir)}});
+      results.push_back({{"case", name},
+                         {"mesh", m.label},
+                         {"losses", run.losses},
+                         {"grad_norms", run.grad_norms},
+                         {"checkpoint", fs::relative(out, dir)}});
       std::printf("trained %s on %s\n", name.c_str(), m.label.c_str());
     }
     // Stopped halfway on tp2, saved, resumed by a new trainer on dp2 (MoE: ep2) from the saved
     // folder.
-    json losses = json::array();
+    Trajectory run;
     const fs::path half = dir / "runs" / (name + "_half");
     {
       CausalLmTrainer first = CausalLmTrainer::load(make_mesh(run_on[1]), dir / name, options);
-      train(first, data, 0, steps / 2, options, losses);
+      train(first, data, 0, steps / 2, options, run);
       first.save(half);
     }
     const MeshChoice& second = run_on[2 + !c.value("moe", false)];  // dp2, or ep2 for MoE
     CausalLmTrainer resumed = CausalLmTrainer::load(make_mesh(second), half, options);
-    train(resumed, data, resumed.steps(), steps, options, losses);
+    train(resumed, data, resumed.steps(), steps, options, run);
     const fs::path out = dir / "runs" / (name + "_resumed");
     resumed.save(out);
     results.push_back({{"case", name},
                        {"mesh", "tp2 then resumed on " + second.label},
-                       {"losses", losses},
+                       {"losses", run.losses},
+                       {"grad_norms", run.grad_norms},
                        {"checkpoint", fs::relative(out, dir)}});
   }
   std::ofstream(dir / "results.json") << json{{"results", results}}.dump(1);
