@@ -6,11 +6,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "test_util.hpp"
 
@@ -19,10 +19,32 @@ namespace {
 
 using runtime::KernelLevel;
 
-// A product c[m, n] = a[m, k] b[n, k]^T with every leading dimension larger than its row.
+// A product c[m, n] = a[m, k] b[n, k]^T. Padded: every leading dimension larger than its row,
+// so a vector tail that reads past a row stays inside the allocation; tight: every leading
+// dimension its row length and every buffer exactly its size, so the last row ends at the end
+// of its allocation, where ASan sees a read or write past it.
 struct Case {
   std::int64_t m, n, k;
+  bool tight = false;
+  std::int64_t lda() const { return tight ? k : k + 1; }
+  std::int64_t ldb() const { return tight ? k : k + 5; }
+  std::int64_t ldc() const { return tight ? n : n + 3; }
+  std::string text() const {
+    return "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + (tight ? " tight" : "");
+  }
 };
+
+// m from 1 to 16; k that does and does not fill whole blocks of 32 and 64 (the tails are masked
+// or padded), below a block, and 0; each padded and tight.
+std::vector<Case> dot_cases() {
+  std::vector<Case> out;
+  for (const Case cs : {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32}, Case{3, 4, 33},
+                        Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100}, Case{2, 3, 128},
+                        Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}}) {
+    for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
+  }
+  return out;
+}
 
 struct Stored {
   std::vector<float> f32;          // the weights as fp32 (f32) or their widened 16-bit values
@@ -41,9 +63,9 @@ Stored store(const std::vector<float>& values, DType t) {
 
 // Runs dot_gemm into a c of NaN with a sentinel in its padding (which must survive); returns
 // c packed to [m, n].
-std::vector<float> run(const Case& cs, const std::vector<float>& a, std::int64_t lda, const Stored& w, DType t,
-                       std::int64_t ldb, KernelLevel level, const std::string& label) {
-  const std::int64_t ldc = cs.n + 3;
+std::vector<float> run(const Case& cs, const std::vector<float>& a, const Stored& w, DType t, KernelLevel level,
+                       const std::string& label) {
+  const std::int64_t lda = cs.lda(), ldb = cs.ldb(), ldc = cs.ldc();
   constexpr float kSentinel = 777.0f;
   std::vector<float> c(static_cast<std::size_t>(cs.m * ldc), kSentinel);
   for (std::int64_t i = 0; i < cs.m; ++i) std::fill_n(c.begin() + i * ldc, cs.n, std::nanf(""));
@@ -62,26 +84,27 @@ std::vector<float> run(const Case& cs, const std::vector<float>& a, std::int64_t
   return packed;
 }
 
-// Every level this CPU runs gives the scalar kernel's bits, for every dtype, m from 1 to 16 and
-// k that does and does not fill whole blocks of 32 and 64 (the tails are masked or padded); the
-// scalar kernel is within fp32 accumulation of the float64 product of its inputs (a rounded to
-// bf16 for bf16 weights, and not rounding it breaks that bound).
-TEST(DotGemmTest, EveryLevelAndDtypeEqualsTheScalarKernelAndTheFloat64Product) {
-  const std::vector<KernelLevel> levels = runtime::runnable_kernel_levels();
-  if (levels.back() != KernelLevel::kAvx512Bf16) {
-    std::cout << "[ SKIPPED  ] kernel levels above " << runtime::to_string(levels.back())
-              << ": this CPU cannot run them\n";
-  }
-  std::uint32_t seed = 1;
+// The inputs of one case: a and the weights, seeded by the case's index.
+struct DotInputs {
+  std::vector<float> a;
+  Stored w;
+};
+
+DotInputs dot_inputs(const Case& cs, DType t, std::uint32_t seed) {
+  return {testing::random_host({std::max<std::int64_t>(cs.m * cs.lda(), 1)}, 2 * seed + 1, 1.0f).data,
+          store(testing::random_host({std::max<std::int64_t>(cs.n * cs.ldb(), 1)}, 2 * seed + 2, 1.0f).data, t)};
+}
+
+// The scalar kernel is within fp32 accumulation of the float64 product of its inputs (a rounded
+// to bf16 for bf16 weights, and not rounding it breaks that bound), for every dtype and case.
+TEST(DotGemmTest, TheScalarKernelIsTheFloat64ProductOfItsInputs) {
+  const std::vector<Case> cases = dot_cases();
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (const Case cs : {Case{1, 1, 1}, Case{1, 7, 31}, Case{2, 5, 32}, Case{3, 4, 33}, Case{4, 9, 64},
-                          Case{5, 3, 65}, Case{7, 6, 100}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}}) {
-      const std::int64_t lda = cs.k + 1, ldb = cs.k + 5;
-      const std::vector<float> a = testing::random_host({cs.m * lda}, seed++, 1.0f).data;
-      const Stored w = store(testing::random_host({std::max<std::int64_t>(cs.n * ldb, 1)}, seed++, 1.0f).data, t);
-      const std::string label = std::string(to_string(t)) + " m" + std::to_string(cs.m) + " n" +
-                                std::to_string(cs.n) + " k" + std::to_string(cs.k);
-      const std::vector<float> scalar = run(cs, a, lda, w, t, ldb, KernelLevel::kScalar, label);
+    for (std::uint32_t index = 0; index < cases.size(); ++index) {
+      const Case& cs = cases[index];
+      const DotInputs in = dot_inputs(cs, t, index);
+      const std::string label = std::string(to_string(t)) + " " + cs.text();
+      const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
       for (bool round_a : {true, false}) {
         if (!round_a && t != DType::kBF16) continue;
         bool within = true;
@@ -89,9 +112,9 @@ TEST(DotGemmTest, EveryLevelAndDtypeEqualsTheScalarKernelAndTheFloat64Product) {
           for (std::int64_t j = 0; j < cs.n; ++j) {
             double want = 0.0, magnitude = 0.0;
             for (std::int64_t r = 0; r < cs.k; ++r) {
-              const float x = a[static_cast<std::size_t>(i * lda + r)];
+              const float x = in.a[static_cast<std::size_t>(i * cs.lda() + r)];
               const double ar = t == DType::kBF16 && round_a ? f32_from_bf16(bf16_from_f32(x)) : x;
-              const double prod = ar * w.f32[static_cast<std::size_t>(j * ldb + r)];
+              const double prod = ar * in.w.f32[static_cast<std::size_t>(j * cs.ldb() + r)];
               want += prod;
               magnitude += std::abs(prod);
             }
@@ -106,12 +129,25 @@ TEST(DotGemmTest, EveryLevelAndDtypeEqualsTheScalarKernelAndTheFloat64Product) {
           EXPECT_FALSE(within) << label << ": a was not rounded to bf16";
         }
       }
-      for (KernelLevel l : levels) {
-        const std::vector<float> got = run(cs, a, lda, w, t, ldb, l, label);
-        EXPECT_TRUE(std::equal(got.begin(), got.end(), scalar.begin(), [](float x, float y) {
-          return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
-        })) << label << " at " << runtime::to_string(l);
-      }
+    }
+  }
+}
+
+// Each level gives the scalar kernel's bits, for every dtype and case.
+class DotGemmLevelTest : public numesh::testing::KernelLevelTest {};
+
+TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
+  const std::vector<Case> cases = dot_cases();
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (std::uint32_t index = 0; index < cases.size(); ++index) {
+      const Case& cs = cases[index];
+      const DotInputs in = dot_inputs(cs, t, index);
+      const std::string label = std::string(to_string(t)) + " " + cs.text() + " at " + std::string(runtime::to_string(level()));
+      const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
+      const std::vector<float> got = run(cs, in.a, in.w, t, level(), label);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), scalar.begin(), [](float x, float y) {
+        return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
+      })) << label;
     }
   }
 }
@@ -120,7 +156,7 @@ TEST(DotGemmTest, EveryLevelAndDtypeEqualsTheScalarKernelAndTheFloat64Product) {
 // - elements 0 and 64 share s[0] and element 2 is s[1]: 2^24, 1, -2^24 give 1 (in one chain: 0);
 // - the pair (0, 1) adds element 1 first: with elements 1, 0, 65, 64 = 2^24, 1, -2^24, 1 the
 //   chain 2^24 + 1 - 2^24 + 1 gives 1 (even first, 1 + 2^24 + 1 - 2^24, gives 0).
-TEST(DotGemmTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst) {
+TEST_P(DotGemmLevelTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst) {
   const auto run_one = [](KernelLevel l, const std::vector<std::pair<int, float>>& weights) {
     const std::vector<float> a(128, 1.0f);
     std::vector<std::uint16_t> b(128, 0);
@@ -130,11 +166,11 @@ TEST(DotGemmTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst) {
     return c;
   };
   constexpr float kBig = 16777216.0f;
-  for (KernelLevel l : runtime::runnable_kernel_levels()) {
-    EXPECT_EQ(run_one(l, {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 1.0f) << runtime::to_string(l);
-    EXPECT_EQ(run_one(l, {{1, kBig}, {0, 1.0f}, {65, -kBig}, {64, 1.0f}}), 1.0f) << runtime::to_string(l);
-  }
+  EXPECT_EQ(run_one(level(), {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 1.0f);
+  EXPECT_EQ(run_one(level(), {{1, kBig}, {0, 1.0f}, {65, -kBig}, {64, 1.0f}}), 1.0f);
 }
+
+NUMESH_INSTANTIATE_LEVELS(DotGemmLevelTest);
 
 }  // namespace
 }  // namespace numesh::ops

@@ -7,12 +7,12 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "test_util.hpp"
@@ -24,32 +24,22 @@ using runtime::KernelLevel;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-bool runs_here(KernelLevel l) {
-  const std::vector<KernelLevel> levels = runtime::runnable_kernel_levels();
-  return std::find(levels.begin(), levels.end(), l) != levels.end();
-}
-
-// Names the levels this CPU cannot run (their tests are left out, not passed).
-void report_skipped_levels() {
-  std::string skipped;
-  for (KernelLevel l : {KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
-    if (!runs_here(l)) skipped += " " + std::string(runtime::to_string(l));
-  }
-  if (!skipped.empty()) std::cout << "[ SKIPPED  ] levels this CPU cannot run:" << skipped << "\n";
-}
+using numesh::testing::runs_here;
 
 using testing::random_floats;
 
 // A product c[m, n] = a[m, k] b[k, n] with every leading dimension larger than its row (the
-// padding of a and b is garbage, c's padding a sentinel the kernel must not touch).
+// padding of a and b is garbage, c's padding a sentinel the kernel must not touch), or `tight`:
+// every leading dimension its row length and every buffer exactly its size, so the last row
+// ends at the end of its allocation, where ASan sees a read or write past it.
 struct Problem {
   std::int64_t m, n, k, lda, ldb, ldc;
   std::vector<float> a;
   std::vector<float> b_values;  // the weights before rounding to the 16-bit dtype
 };
 
-Problem make_problem(std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed) {
-  Problem p{m, n, k, k + 3, n + 5, n + 7, {}, {}};
+Problem make_problem(std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed, bool tight = false) {
+  Problem p = tight ? Problem{m, n, k, k, n, n, {}, {}} : Problem{m, n, k, k + 3, n + 5, n + 7, {}, {}};
   p.a = random_floats(static_cast<std::size_t>(m * p.lda), seed);
   p.b_values = random_floats(static_cast<std::size_t>(k * p.ldb), seed + 1);
   return p;
@@ -203,7 +193,7 @@ std::string label_of(const Shape& s, DType t, KernelLevel l) {
 // The vdpbf16ps path gives the bits of the scalar emulation of Intel's definition (two fp32
 // roundings per pair, the odd element first), on normal-range random data, for every shape.
 TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
-  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "this CPU cannot run avx512-bf16";
+  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
   std::uint32_t seed = 10;
   for (const Shape& s : shapes()) {
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
@@ -226,7 +216,7 @@ TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
 // The emulation's subnormal rules hold on this CPU: a bf16 subnormal weight reads as zero, and
 // a subnormal partial sum is flushed to zero before the pair's second product is added.
 TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
-  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "this CPU cannot run avx512-bf16";
+  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
   const auto p2 = [](int e) { return std::ldexp(1.0f, e); };
   // Weight 0x0001 (2^-133, subnormal) times 2^100: 2^-33 exactly, but read as zero.
   {
@@ -251,20 +241,23 @@ TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
   }
 }
 
-// Every level this CPU runs, both dtypes, every shape, strided a, b and c: within the worst-case
-// fp32 accumulation error of the float64 product of the same rounded inputs (a rounded to bf16
-// on the vdpbf16ps path, a as given otherwise); c's padding untouched. On the vdpbf16ps path the
-// same bound rejects the product of the unrounded a, so the check sees the rounding it allows for.
-TEST(Gemm16BitTest, EveryLevelAndDtypeMatchesTheFloat64ProductOfItsInputs) {
-  report_skipped_levels();
+// Each level, both dtypes, every shape, strided a, b and c, and each shape once more tight:
+// within the worst-case fp32 accumulation error of the float64 product of the same rounded
+// inputs (a rounded to bf16 on the vdpbf16ps path, a as given otherwise); c's padding untouched.
+// On the vdpbf16ps path the same bound rejects the product of the unrounded a, so the check sees
+// the rounding it allows for.
+class Gemm16BitLevelTest : public numesh::testing::KernelLevelTest {};
+
+TEST_P(Gemm16BitLevelTest, MatchesTheFloat64ProductOfItsInputs) {
+  const KernelLevel l = level();
   std::uint32_t seed = 100;
-  for (const Shape& s : shapes()) {
-    const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
-    for (DType t : {DType::kBF16, DType::kF16}) {
-      const std::vector<std::uint16_t> b = weights_as(p.b_values, t);
-      const Reference exact_a = reference(p, b, t, /*round_a=*/false);
-      for (KernelLevel l : runtime::runnable_kernel_levels()) {
-        const std::string label = label_of(s, t, l);
+  for (const bool tight : {false, true}) {
+    for (const Shape& s : shapes()) {
+      const Problem p = make_problem(s.m, s.n, s.k, seed += 2, tight);
+      for (DType t : {DType::kBF16, DType::kF16}) {
+        const std::vector<std::uint16_t> b = weights_as(p.b_values, t);
+        const Reference exact_a = reference(p, b, t, /*round_a=*/false);
+        const std::string label = label_of(s, t, l) + (tight ? " tight" : "");
         const std::vector<float> got = run(p, b, t, l, label);
         if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
           EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/true), s.k)) << label;
@@ -280,8 +273,8 @@ TEST(Gemm16BitTest, EveryLevelAndDtypeMatchesTheFloat64ProductOfItsInputs) {
 // Weights stored out-in ([n, k], rows k + 2 apart): the vdpbf16ps path packs them into the very
 // strips it packs from in-out weights, so it gives the same bits; the widened path multiplies
 // its panels transposed, within the same bound of the float64 product.
-TEST(Gemm16BitTest, OutInWeightsGiveTheProductOfInOutOnes) {
-  report_skipped_levels();
+TEST_P(Gemm16BitLevelTest, OutInWeightsGiveTheProductOfInOutOnes) {
+  const KernelLevel l = level();
   std::uint32_t seed = 300;
   for (const Shape& s : shapes()) {
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
@@ -292,17 +285,18 @@ TEST(Gemm16BitTest, OutInWeightsGiveTheProductOfInOutOnes) {
       for (std::int64_t r = 0; r < s.k; ++r) {
         for (std::int64_t j = 0; j < s.n; ++j) bt[static_cast<std::size_t>(j * ldt + r)] = b[static_cast<std::size_t>(r * p.ldb + j)];
       }
-      for (KernelLevel l : runtime::runnable_kernel_levels()) {
-        const std::string label = label_of(s, t, l) + " out-in";
-        const std::vector<float> got = run(p, bt, t, l, label, WeightLayout::kOutIn, ldt);
-        if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
-          EXPECT_TRUE(got == run(p, b, t, l, label)) << label;
-        } else {
-          EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k)) << label;
-        }
+      const std::string label = label_of(s, t, l) + " out-in";
+      const std::vector<float> got = run(p, bt, t, l, label, WeightLayout::kOutIn, ldt);
+      if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
+        EXPECT_TRUE(got == run(p, b, t, l, label)) << label;
+      } else {
+        EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k)) << label;
       }
     }
   }
+}
+
+TEST(Gemm16BitTest, RefusesAnOutInLeadingDimensionShorterThanK) {
   const std::vector<std::uint16_t> bits(8, 0);
   float c[4];
   EXPECT_THAT([&] { gemm_16bit(1, 4, 2, c, 2, bits.data(), DType::kBF16, 1, c, 4, KernelLevel::kScalar, WeightLayout::kOutIn); },
@@ -310,28 +304,28 @@ TEST(Gemm16BitTest, OutInWeightsGiveTheProductOfInOutOnes) {
 }
 
 // k = 0 writes zeros; m = 0 or n = 0 writes nothing.
-TEST(Gemm16BitTest, EmptyProducts) {
-  for (KernelLevel l : runtime::runnable_kernel_levels()) {
-    for (DType t : {DType::kBF16, DType::kF16}) {
-      const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
-      const Problem p = make_problem(5, 40, 0, 7);
-      const std::vector<float> got = run(p, {0}, t, l, label);
-      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }))
-          << label;
-      float c = kSentinel;
-      const float a = 1.0f;
-      const std::uint16_t w = 0x3F80;
-      gemm_16bit(0, 1, 1, &a, 1, &w, t, 1, &c, 1, l);
-      gemm_16bit(1, 0, 1, &a, 1, &w, t, 1, &c, 1, l);
-      EXPECT_EQ(c, kSentinel) << label;
-    }
+TEST_P(Gemm16BitLevelTest, EmptyProducts) {
+  const KernelLevel l = level();
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+    const Problem p = make_problem(5, 40, 0, 7);
+    const std::vector<float> got = run(p, {0}, t, l, label);
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }))
+        << label;
+    float c = kSentinel;
+    const float a = 1.0f;
+    const std::uint16_t w = 0x3F80;
+    gemm_16bit(0, 1, 1, &a, 1, &w, t, 1, &c, 1, l);
+    gemm_16bit(1, 0, 1, &a, 1, &w, t, 1, &c, 1, l);
+    EXPECT_EQ(c, kSentinel) << label;
   }
 }
 
 // A NaN weight makes NaN exactly the column it multiplies into; an infinite one makes its column
 // infinite with the sign of a's entries; every other output stays finite. The NaN sits in the
 // zero-padded pair of an odd k and in the last, partial strip of columns.
-TEST(Gemm16BitTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
+TEST_P(Gemm16BitLevelTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
+  const KernelLevel l = level();
   const std::int64_t m = 14, n = 45, k = 33, nan_row = 32, nan_col = 44, inf_row = 5, inf_col = 3;
   Problem p = make_problem(m, n, k, 3);
   for (float& x : p.a) x = x < 0.0f ? x - 0.5f : x + 0.5f;  // no zero (0 * inf is NaN), no subnormal
@@ -339,20 +333,18 @@ TEST(Gemm16BitTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
     std::vector<std::uint16_t> b = weights_as(p.b_values, t);
     b[static_cast<std::size_t>(nan_row * p.ldb + nan_col)] = t == DType::kBF16 ? 0x7FC0 : 0x7E00;
     b[static_cast<std::size_t>(inf_row * p.ldb + inf_col)] = t == DType::kBF16 ? 0x7F80 : 0x7C00;
-    for (KernelLevel l : runtime::runnable_kernel_levels()) {
-      const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
-      const std::vector<float> got = run(p, b, t, l, label);
-      for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          const float x = got[static_cast<std::size_t>(i * n + j)];
-          if (j == nan_col) {
-            EXPECT_TRUE(std::isnan(x)) << label << " [" << i << ", " << j << "] = " << x;
-          } else if (j == inf_col) {
-            const float sign = p.a[static_cast<std::size_t>(i * p.lda + inf_row)] < 0.0f ? -1.0f : 1.0f;
-            EXPECT_EQ(x, sign * std::numeric_limits<float>::infinity()) << label << " [" << i << ", " << j << "]";
-          } else {
-            EXPECT_TRUE(std::isfinite(x)) << label << " [" << i << ", " << j << "] = " << x;
-          }
+    const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+    const std::vector<float> got = run(p, b, t, l, label);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float x = got[static_cast<std::size_t>(i * n + j)];
+        if (j == nan_col) {
+          EXPECT_TRUE(std::isnan(x)) << label << " [" << i << ", " << j << "] = " << x;
+        } else if (j == inf_col) {
+          const float sign = p.a[static_cast<std::size_t>(i * p.lda + inf_row)] < 0.0f ? -1.0f : 1.0f;
+          EXPECT_EQ(x, sign * std::numeric_limits<float>::infinity()) << label << " [" << i << ", " << j << "]";
+        } else {
+          EXPECT_TRUE(std::isfinite(x)) << label << " [" << i << ", " << j << "] = " << x;
         }
       }
     }
@@ -405,8 +397,8 @@ std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool tra
 // Every transpose of either operand gives, with AVX-512 BF16, exactly the vdpbf16ps chain of the
 // bf16-rounded operands (the oracle above), and at every level the float64 product of the rounded
 // operands within fp32 accumulation, and not the product of the unrounded ones.
-TEST(Gemm16BitTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEveryTranspose) {
-  report_skipped_levels();
+TEST_P(Gemm16BitLevelTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEveryTranspose) {
+  const KernelLevel l = level();
   std::uint32_t seed = 500;
   for (const Shape& s : shapes()) {
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
@@ -424,18 +416,16 @@ TEST(Gemm16BitTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEveryTransp
       }
     }
     const std::vector<float> chain = emulate_dpbf16(p, b);
-    for (KernelLevel l : runtime::runnable_kernel_levels()) {
-      for (const bool ta : {false, true}) {
-        for (const bool tb : {false, true}) {
-          const std::string label = label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
-          const std::vector<float> got = run_bf16_compute(p, ta, tb, l, label);
-          if (l == KernelLevel::kAvx512Bf16) {
-            EXPECT_TRUE(got == chain) << label << ": not the vdpbf16ps chain";
-          }
-          EXPECT_TRUE(within_fp32_accumulation(got, rounded, s.k)) << label;
-          if (s.k >= 20) {
-            EXPECT_FALSE(within_fp32_accumulation(got, exact, s.k)) << label << ": nothing was rounded";
-          }
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const std::string label = label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
+        const std::vector<float> got = run_bf16_compute(p, ta, tb, l, label);
+        if (l == KernelLevel::kAvx512Bf16) {
+          EXPECT_TRUE(got == chain) << label << ": not the vdpbf16ps chain";
+        }
+        EXPECT_TRUE(within_fp32_accumulation(got, rounded, s.k)) << label;
+        if (s.k >= 20) {
+          EXPECT_FALSE(within_fp32_accumulation(got, exact, s.k)) << label << ": nothing was rounded";
         }
       }
     }
@@ -444,27 +434,24 @@ TEST(Gemm16BitTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEveryTransp
 
 // `accumulate` adds the product to c: run twice, once to c = P and once more onto it, c = 2 P
 // within twice the bound.
-TEST(Gemm16BitTest, BfloatComputeAccumulatesOntoC) {
+TEST_P(Gemm16BitLevelTest, BfloatComputeAccumulatesOntoC) {
+  const KernelLevel l = level();
   const Problem p = make_problem(30, 70, 41, 900);
   Reference twice = reference(p, weights_as(p.b_values, DType::kBF16), DType::kBF16, /*round_a=*/true);
   for (std::size_t e = 0; e < twice.value.size(); ++e) {
     twice.value[e] *= 2.0;
     twice.magnitude[e] *= 2.0;
   }
-  for (KernelLevel l : runtime::runnable_kernel_levels()) {
-    for (const bool ta : {false, true}) {
-      const std::string label = std::string(runtime::to_string(l)) + (ta ? " a^T" : "");
-      const std::vector<float> once = run_bf16_compute(p, ta, false, l, label);
-      EXPECT_TRUE(within_fp32_accumulation(run_bf16_compute(p, ta, false, l, label, &once), twice, p.k)) << label;
-    }
+  for (const bool ta : {false, true}) {
+    const std::string label = std::string(runtime::to_string(l)) + (ta ? " a^T" : "");
+    const std::vector<float> once = run_bf16_compute(p, ta, false, l, label);
+    EXPECT_TRUE(within_fp32_accumulation(run_bf16_compute(p, ta, false, l, label, &once), twice, p.k)) << label;
   }
   // k = 0: c = 0 without accumulate, untouched with it.
   const Problem empty = make_problem(3, 5, 0, 901);
   const std::vector<float> ones(15, 1.0f);
-  for (KernelLevel l : runtime::runnable_kernel_levels()) {
-    EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0") == std::vector<float>(15, 0.0f));
-    EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0 accumulate", &ones) == ones);
-  }
+  EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0") == std::vector<float>(15, 0.0f));
+  EXPECT_TRUE(run_bf16_compute(empty, true, false, l, "k0 accumulate", &ones) == ones);
 }
 
 TEST(Gemm16BitTest, BfloatComputeRefusesShortLeadingDimensions) {
@@ -477,6 +464,8 @@ TEST(Gemm16BitTest, BfloatComputeRefusesShortLeadingDimensions) {
   EXPECT_THAT([&] { gemm_bf16_compute(2, 2, 3, x, 3, false, x, 2, /*transpose_b=*/true, false, c, 2); },
               ThrowsMessage<ShapeError>(HasSubstr("ldb 2 (transposed)")));
 }
+
+NUMESH_INSTANTIATE_LEVELS(Gemm16BitLevelTest);
 
 }  // namespace
 }  // namespace numesh::ops

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <iostream>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
@@ -86,8 +86,10 @@ TEST(DtypeTest, EverySixteenBitPatternRoundTripsExactly) {
   EXPECT_EQ(f32_from_f16(0x7BFF), 65504.0f);
 }
 
-// Every kernel level this CPU runs gives the scalar bits; the levels it cannot run are named.
-TEST(ConvertTest, EveryRunnableLevelEqualsTheScalarConversion) {
+// Each kernel level gives the scalar bits (a level this CPU cannot run is a skip naming it).
+class ConvertLevelTest : public numesh::testing::KernelLevelTest {};
+
+TEST_P(ConvertLevelTest, EqualsTheScalarConversion) {
   const std::vector<float> x = edge_and_random_values();
   const std::size_t n = x.size();
   std::vector<std::uint16_t> bf_want(n), f16_want(n);
@@ -100,29 +102,24 @@ TEST(ConvertTest, EveryRunnableLevelEqualsTheScalarConversion) {
     ASSERT_EQ(bf_want[i], bf16_from_f32(x[i]));
     ASSERT_EQ(f16_want[i], f16_from_f32(x[i]));
   }
-  const std::vector<KernelLevel> levels = runnable_kernel_levels();
-  std::string skipped;
-  for (KernelLevel l : {KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
-    if (std::find(levels.begin(), levels.end(), l) == levels.end()) skipped += " " + std::string(runtime::to_string(l));
-  }
-  if (!skipped.empty()) std::cout << "[ SKIPPED  ] levels this CPU cannot run:" << skipped << "\n";
-  for (KernelLevel l : levels) {
-    std::vector<std::uint16_t> bf(n), f16(n);
-    std::vector<float> bf_back(n), f16_back(n);
-    convert_f32_to_bf16(x, bf, l);
-    convert_f32_to_f16(x, f16, l);
-    convert_bf16_to_f32(bf_want, bf_back, l);
-    convert_f16_to_f32(f16_want, f16_back, l);
-    EXPECT_EQ(bf, bf_want) << runtime::to_string(l);
-    EXPECT_EQ(f16, f16_want) << runtime::to_string(l);
-    for (std::size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(bf_back[i]), std::bit_cast<std::uint32_t>(bf_back_want[i]))
-          << runtime::to_string(l) << " bf16 -> f32 at " << i;
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(f16_back[i]), std::bit_cast<std::uint32_t>(f16_back_want[i]))
-          << runtime::to_string(l) << " f16 -> f32 at " << i;
-    }
+  const KernelLevel l = level();
+  std::vector<std::uint16_t> bf(n), f16(n);
+  std::vector<float> bf_back(n), f16_back(n);
+  convert_f32_to_bf16(x, bf, l);
+  convert_f32_to_f16(x, f16, l);
+  convert_bf16_to_f32(bf_want, bf_back, l);
+  convert_f16_to_f32(f16_want, f16_back, l);
+  EXPECT_EQ(bf, bf_want);
+  EXPECT_EQ(f16, f16_want);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(bf_back[i]), std::bit_cast<std::uint32_t>(bf_back_want[i]))
+        << "bf16 -> f32 at " << i;
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(f16_back[i]), std::bit_cast<std::uint32_t>(f16_back_want[i]))
+        << "f16 -> f32 at " << i;
   }
 }
+
+NUMESH_INSTANTIATE_LEVELS(ConvertLevelTest);
 
 TEST(CpuFeaturesTest, TheWidestLevelFollowsTheFeatures) {
   runtime::CpuFeatures f;
