@@ -388,11 +388,17 @@ struct MemcpyBaseline::Buffers {
 };
 
 MemcpyBaseline::MemcpyBaseline(std::size_t bytes) : buffers_(std::make_unique<Buffers>(bytes)), bytes_(bytes) {
-  std::memset(buffers_->src.data(), 1, bytes);
+  // 1 + i mod 251: never 0, and a copy that drops or shifts bytes does not give it back.
+  auto* src = reinterpret_cast<unsigned char*>(buffers_->src.data());
+  for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(1 + i % 251);
 }
 
 MemcpyBaseline::~MemcpyBaseline() = default;
 
 void MemcpyBaseline::run() { std::memcpy(buffers_->dst.data(), buffers_->src.data(), bytes_); }
+
+bool MemcpyBaseline::copied() const {
+  return std::memcmp(buffers_->dst.data(), buffers_->src.data(), bytes_) == 0;
+}
 
 }  // namespace numesh::runtime

@@ -113,7 +113,9 @@ TEST(GraphCollectiveTest, RefusesSizesTheDevicesCannotSplit) {
 TEST(MemcpyBaselineTest, CopiesAnySize) {
   for (std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{100003}}) {
     MemcpyBaseline copy(bytes);
+    EXPECT_FALSE(copy.copied()) << bytes << " bytes: the destination starts as zeros";
     copy.run();
+    EXPECT_TRUE(copy.copied()) << bytes << " bytes";
   }
 }
 

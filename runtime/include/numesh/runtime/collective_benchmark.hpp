@@ -131,7 +131,8 @@ class PlainCollective {
 /// Thread-safety: not thread-safe; one run() at a time.
 class MemcpyBaseline {
  public:
-  /// Allocates and fills both buffers on the calling thread.
+  /// Allocates both buffers on the calling thread and fills them: the source with a pattern
+  /// that varies with the byte's position, the destination with zeros.
   /// Throws: std::bad_alloc.
   explicit MemcpyBaseline(std::size_t bytes);
   ~MemcpyBaseline();
@@ -139,6 +140,8 @@ class MemcpyBaseline {
   MemcpyBaseline& operator=(const MemcpyBaseline&) = delete;
   /// One copy.
   void run();
+  /// True when the destination holds the source's bytes (after run()).
+  [[nodiscard]] bool copied() const;
 
  private:
   struct Buffers;
