@@ -6,13 +6,15 @@
 #   scripts/fuzz.sh [--time SECONDS] [--seed N] [--jobs N] [--no-build] [TARGET...]
 #
 #   --time SECONDS  how long each target fuzzes [60]
-#   --seed N        libFuzzer's random seed, for a run that explores the same inputs each time
-#                   (CI uses 1) [a new one each run]
+#   --seed N        libFuzzer's random seed: the same N explores the same inputs again
+#                   [0: a new seed each run, printed, so that a finding can be repeated]
 #   --jobs N        how many targets fuzz at once, each on one core [1]
 #   --no-build      use the targets already built in the sanitize build folder
 #   TARGET...       the targets to run [every fuzz/*_fuzz.cpp]
 #
-# Prints a table (target, seeds, corpus at the end, runs, runs per second, findings) and exits
+# The JSON parsers' targets and the spec parsers' targets mutate with a dictionary of their
+# grammar's tokens and keys (fuzz/dictionaries/). Prints the seed, then a table (target, seeds,
+# corpus at the end, runs, runs per second, findings) and exits
 # 1 when any target found something: its input is then in
 # <build>/sanitize/fuzz-findings/TARGET/ (crash-*, leak-*, timeout-*, oom-*), with the
 # fuzzer's log beside it; reproduce with `<build>/sanitize/fuzz/TARGET FILE`, and keep the input
@@ -34,7 +36,7 @@ while (($#)); do
     --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
     --jobs) jobs="${2:?--jobs needs a number}"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -43,8 +45,22 @@ done
 [[ "$seed" =~ ^[0-9]+$ ]] || die "--seed '$seed': expected a whole number (0: a new seed each run)"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs '$jobs': expected a positive whole number"
 
+if ((seed == 0)); then
+  # 1 .. 2^30: libFuzzer's -seed=0 would pick one itself, but print it only in each log.
+  seed=$(( ((RANDOM << 15) | RANDOM) + 1 ))
+fi
+
 all=()
 for f in "$NUMESH_ROOT"/fuzz/*_fuzz.cpp; do all+=("$(basename "$f" .cpp)"); done
+
+# dictionary_of TARGET: the libFuzzer dictionary TARGET mutates with, if any.
+dictionary_of() {
+  case "$1" in
+    hf_config_fuzz|tokenizer_json_fuzz|partition_axis_fuzz|safetensors_fuzz|safetensors_index_fuzz)
+      echo "$NUMESH_ROOT/fuzz/dictionaries/json.dict" ;;
+    partition_spec_fuzz|cli_parsers_fuzz) echo "$NUMESH_ROOT/fuzz/dictionaries/partition_spec.dict" ;;
+  esac
+}
 ((${#targets[@]})) || targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || die "no fuzz target '$t' (there are: ${all[*]})"
@@ -74,15 +90,17 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 # fuzz_one TARGET: fuzzes TARGET for `seconds`; writes its table row to
 # $dir/fuzz-findings/TARGET/row, and its log's tail to .../report when it found something.
 fuzz_one() {
-  local t="$1" seeds work findings log status=0 runs rate found
+  local t="$1" seeds work findings log status=0 runs rate found dict_args=()
   seeds="$NUMESH_ROOT/fuzz/corpus/$t"
+  [[ -z "$(dictionary_of "$t")" ]] || dict_args=(-dict="$(dictionary_of "$t")")
   work="$dir/fuzz-corpus/$t"
   findings="$dir/fuzz-findings/$t"
   log="$findings/fuzz.log"
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb/-malloc_limit_mb: an allocation
   # that follows from a few bytes of input must not reach 2 GiB.
   "$dir/fuzz/$t" "$work" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=2048 -print_final_stats=1 -seed="$seed" -artifact_prefix="$findings/" >"$log" 2>&1 || status=$?
+    -malloc_limit_mb=2048 -print_final_stats=1 -seed="$seed" "${dict_args[@]}" -artifact_prefix="$findings/" \
+    >"$log" 2>&1 || status=$?
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
   found="$(find "$findings" -type f ! -name fuzz.log | wc -l)"
@@ -93,6 +111,7 @@ fuzz_one() {
     "$(find "$work" -type f | wc -l)" "${runs:-?}" "${rate:-?}" "$found" >"$findings/row"
 }
 
+step "fuzz seed $seed (scripts/fuzz.sh --seed $seed --time $seconds repeats this search)"
 running=0
 for t in "${targets[@]}"; do
   findings="$dir/fuzz-findings/$t"
@@ -126,6 +145,6 @@ step "fuzzing summary (${seconds} s per target)"
 printf '%-24s %6s %8s %10s %9s %9s\n' target seeds corpus runs "runs/s" findings
 printf '%s\n' "${rows[@]}"
 if ((${#failed[@]})); then
-  die "findings in: ${failed[*]} (inputs and logs in $dir/fuzz-findings/)"
+  die "findings in: ${failed[*]} with seed $seed (inputs and logs in $dir/fuzz-findings/)"
 fi
 echo "fuzz: ${#targets[@]} targets, no findings"
