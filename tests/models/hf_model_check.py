@@ -18,7 +18,9 @@ gate_proj/up_proj/down_proj; Llama's mlp_bias: biases on gate_proj, up_proj and 
 Qwen2-MoE: Qwen2's attention, experts with the raw top-k softmax weights, a shared expert scaled
 by sigmoid(x shared_expert_gate^T), and the dense MLP in the layers of mlp_only_layers), in
 float64, and
-compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal.
+compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal,
+and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
+llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
 numesh does (docs/ops.md, "Weight dtypes").
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
@@ -39,6 +41,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 BATCH, PROMPT, NEW_TOKENS = 2, 5, 4
+# The perplexity stream: 2 whole chunks of 8 tokens and 5 left over (left out), BOS id 1.
+PERPLEXITY_TOKENS, PERPLEXITY_CONTEXT, BOS = 21, 8, 1
 # max |numesh - torch| / max |torch| over logits: fp32 kernels against float64 (fp32 weights,
 # or bf16 values read into fp32); bf16-stored weights add the activations' bf16 rounding, whose
 # float64 twin can round to the other neighbour (torch_check.py's bf16_sharded).
@@ -182,7 +186,10 @@ def write(d):
         save(os.path.join(d, name), c, weights(c, dtype, 1000 + i), shards)
         g = torch.Generator().manual_seed(77 + i)
         prompt = torch.randint(3, c["vocab_size"], (BATCH, PROMPT), generator=g).tolist()
-        cases.append({"name": name, "prompt": prompt, "new_tokens": NEW_TOKENS, "stored": stored})
+        stream = torch.randint(3, c["vocab_size"], (PERPLEXITY_TOKENS,),
+                               generator=torch.Generator().manual_seed(500 + i)).tolist()
+        cases.append({"name": name, "prompt": prompt, "new_tokens": NEW_TOKENS, "stored": stored,
+                      "perplexity": {"tokens": stream, "context": PERPLEXITY_CONTEXT, "bos": BOS}})
     with open(os.path.join(d, "cases.json"), "w") as out:
         json.dump({"cases": cases}, out, indent=1)
 
@@ -322,6 +329,20 @@ def read_safetensors(path):
     return out
 
 
+def perplexity(model, p):
+    """llama.cpp's perplexity, from the published procedure: the stream cut into whole chunks of
+    `context` tokens, each run from position 0 with its first token replaced by BOS, token j + 1
+    scored from the logits at j for j in [context / 2, context - 1); exp of the mean NLL."""
+    n, tokens = p["context"], p["tokens"]
+    nll = []
+    for c in range(len(tokens) // n):
+        chunk = torch.tensor(tokens[c * n:(c + 1) * n])
+        chunk[0] = p["bos"]
+        log_probs = torch.log_softmax(model.logits(chunk[None])[0], dim=-1)
+        nll += [-float(log_probs[j, chunk[j + 1]]) for j in range(n // 2, n - 1)]
+    return math.exp(sum(nll) / len(nll))
+
+
 def check(d):
     with open(os.path.join(d, "cases.json")) as f:
         cases = json.load(f)["cases"]
@@ -352,9 +373,14 @@ def check(d):
         step_err = worst(relative_max(np.load(os.path.join(d, file)), steps[i + 1])
                          for i, file in enumerate(r["step_logits"]))
         ok = ok and same_ids and within(step_err, bound)
+        # Perplexity over the case's stream: numesh's perplexity() against the procedure above.
+        want_ppl = perplexity(model, case["perplexity"])
+        ppl_err = abs(r["perplexity"] - want_ppl) / want_ppl
+        ok = ok and within(ppl_err, bound)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {label:55s} prompt logits {err:.2e}, decode logits {step_err:.2e} "
-              f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'==' if same_ids else '!='} torch {want_ids}")
+              f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'==' if same_ids else '!='} torch {want_ids}; perplexity "
+              f"{r['perplexity']:.6g} vs torch {want_ppl:.6g} ({ppl_err:.1e})")
     if failed:
         print(f"hf_model_check: {failed} of {len(results)} runs differ from PyTorch")
         return 1

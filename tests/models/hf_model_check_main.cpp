@@ -1,8 +1,8 @@
 // hf_model_check_main: loads the tiny Hugging Face checkpoints hf_model_check.py wrote (DIR/NAME,
 // listed in DIR/cases.json) through HfConfig, SafetensorsCheckpoint, CausalLmWeights and
 // CausalLm on several meshes, and writes what the script compares with its PyTorch forward:
-// the prompt's logits, the greedy tokens, and each decode step's logits (DIR/results.json and
-// .npy files).
+// the prompt's logits, the greedy tokens, each decode step's logits, and the perplexity of a
+// token stream (DIR/results.json and .npy files).
 //   hf_model_check_main DIR
 
 #include <nlohmann/json.hpp>
@@ -19,6 +19,7 @@
 #include "numesh/models/causal_lm.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/hf_weights.hpp"
+#include "numesh/models/perplexity.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
 #include "numesh/ops/npy.hpp"
 
@@ -82,12 +83,19 @@ void run(const fs::path& dir) {
           numesh::ops::save_npy(dir / file, scorer.logits(fed[i], 1, prompt_len + static_cast<std::int64_t>(i)));
           step_files.push_back(file);
         }
+        // Perplexity over the case's stream, as numesh perplexity computes it.
+        const json& p = c["perplexity"];
+        const std::int64_t context = p["context"];
+        CausalLm ppl_model(mesh, config, weights, 1, context);
+        const std::vector<std::int32_t> stream = p["tokens"].get<std::vector<std::int32_t>>();
+        const double ppl = numesh::models::perplexity(ppl_model, stream, context, p["bos"].get<std::int32_t>()).perplexity;
         results.push_back({{"name", name},
                            {"stored", stored_name},
                            {"mesh", m.label},
                            {"prompt_logits", prompt_file},
                            {"greedy_ids", generated},
-                           {"step_logits", step_files}});
+                           {"step_logits", step_files},
+                           {"perplexity", ppl}});
       }
     }
   }
