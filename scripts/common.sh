@@ -18,8 +18,8 @@ NUMESH_EXAMPLE_ARGS=(resolve --axes batch,query_length,embed --mode train
                      --mesh-dims 1,2,1,-1,1 --mesh-names dp,fsdp,ep,tp,sp --devices 8
                      --shape 8,128,4096)
 
-# The release build both scripts share: the tools and the Google Benchmark programs, no tests.
-# shellcheck disable=SC2034  # used by run.sh and test.sh
+# run.sh's release build: the tools and the Google Benchmark programs, no tests.
+# shellcheck disable=SC2034  # used by run.sh
 NUMESH_RELEASE_FLAGS=(-DNUMESH_BUILD_TESTS=OFF -DNUMESH_BUILD_BENCHMARKS=ON)
 
 # ccache (the presets' compiler launcher) needs somewhere to keep its cache, even where HOME

@@ -23,7 +23,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_packages
-# The main job needs no tests; scripts/test.sh configures build/release the same way.
+# The main job needs no tests; built for this machine's CPU (scripts/test.sh tests and installs
+# the `portable` preset instead, which leaves -march=native out).
 configure_and_build release "${NUMESH_RELEASE_FLAGS[@]}"
 
 # The CLI belongs to tools/; find the program wherever tools/ puts it in the build tree.

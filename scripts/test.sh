@@ -3,17 +3,23 @@
 #   1. checks that README.md's example is the compiled one (examples/resolve_spec.cpp);
 #   2. builds the `dev` preset (Debug, warnings are errors) and runs `ctest --preset dev`:
 #      the unit tests and the eformer_conformance runner; runs the examples;
-#   3. builds the `release` preset, installs it into a fresh prefix, and runs the installed
-#      `numesh` on the main job's example, and the installed `numesh run` on a small model;
+#   3. builds the `portable` preset (Release, NUMESH_NATIVE=OFF: no -march=native, every kernel
+#      chosen at run time by the CPU's features, as a package would ship), runs its kernel,
+#      runtime, ops and models tests at -O3 once per kernel level this CPU runs
+#      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16; the levels it cannot run are named and
+#      counted as skipped), installs it into a fresh prefix, and runs the installed `numesh` on
+#      the main job's example, and the installed `numesh run` on a small model;
 #   4. builds and runs the out-of-tree project examples/consumer (numesh_consumer: a mesh and a
 #      sharding; numesh_scheduler: numesh as a scheduling library only) against that prefix
 #      with find_package(numesh), and again with numesh's source tree added by add_subdirectory;
 #   5. builds the `sanitize` preset (clang with ASan, UBSan and LeakSanitizer), runs the unit
-#      tests that need no real NUMA binding under it, the tests whose threads do not go
-#      through oneTBB under the `tsan` preset (ThreadSanitizer), and every fuzz target for a
-#      short time (scripts/fuzz.sh).
-# Ends with `summary: N passed, M skipped, 0 failed` (skipped: tests CTest did not run, e.g.
-# the PyTorch checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer check under
+#      tests that need no real NUMA binding under it (ops_test's kernels and a sample of its
+#      operators included), the tests whose threads do not go through oneTBB under the `tsan`
+#      preset (ThreadSanitizer), and every fuzz target for a short time from a new seed, printed
+#      (scripts/fuzz.sh).
+# Ends with a line naming the kernel levels run and skipped, then `summary: N passed, M skipped,
+# 0 failed` (skipped: tests that did not run, e.g. a kernel level this CPU lacks, the PyTorch
+# checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer check under
 # NUMESH_SKIP_TOKENIZER_CHECKS=1); exits non-zero at the first failure.
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
@@ -42,15 +48,19 @@ expect_output() {
   passed=$((passed + 1))
 }
 
-# run_gtest_program LABEL EXE LOG: runs the GoogleTest program EXE whole (one process), keeps
-# its output in LOG, and adds its count of passed tests to `passed`.
+# run_gtest_program LABEL EXE LOG [GTEST ARGS...]: runs the GoogleTest program EXE whole (one
+# process), keeps its output in LOG, and adds its counts of passed and skipped tests to
+# `passed` and `skipped`.
 run_gtest_program() {
-  local label="$1" exe="$2" log="$3" count
+  local label="$1" exe="$2" log="$3" count skips
+  shift 3
   step "$label"
-  "$exe" --gtest_brief=1 2>&1 | tee "$log" || die "$label: failed ($log has the output)"
+  "$exe" --gtest_brief=1 "$@" 2>&1 | tee "$log" || die "$label: failed ($log has the output)"
   count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
   [[ -n "$count" ]] || die "$label: no count of passed tests in $log"
+  skips="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$log")"
   passed=$((passed + count))
+  skipped=$((skipped + ${skips:-0}))
 }
 
 # run_ctest PRESET: `ctest --preset PRESET` in PRESET's build folder; its output is kept in
@@ -121,13 +131,47 @@ expect_output sharded_allreduce "DeviceMesh('dp': 2, 'tp': 2) over 4 devices (nu
 graph: 4 nodes, one per device
 y[0, 0] on device 0 = 4 (expected 4)" "$dev/examples/sharded_allreduce"
 
-# 3. Release build, installed into a fresh prefix.
-configure_and_build release "${NUMESH_RELEASE_FLAGS[@]}"
+# 3. The portable Release build: its tests at -O3 once per kernel level, then installed into a
+# fresh prefix. Only the programs the later steps use are built (the other tests ran in step 2).
+portable="$(build_dir portable)"
+step "configure preset 'portable' in $portable"
+cmake -S "$NUMESH_ROOT" --preset portable -B "$portable"
+step "build preset 'portable': numesh, the benchmarks, and the kernel, runtime, ops and models tests (-j$NUMESH_JOBS)"
+cmake --build "$portable" -j "$NUMESH_JOBS" --target numesh_cli collectives_bench executor_bench mlp_bench \
+  ops_bench decode_bench runtime_test ops_test models_test
+
+# The levels this CPU runs are those up to the widest, which `numesh topology` names (with no
+# NUMESH_KERNELS of the caller's narrowing it).
+kernels_line="$(env -u NUMESH_KERNELS "$portable/tools/numesh" topology --synthetic 'numa:1 core:1 pu:1' | grep '^kernels:')" ||
+  die "numesh topology printed no kernels: line"
+widest="$(sed -n 's/^kernels: *\([^ ]*\).*/\1/p' <<<"$kernels_line")"
+features="$(sed -n 's/^kernels:.*this CPU: \([^;]*\);.*/\1/p' <<<"$kernels_line")"
+levels_run=()
+levels_skipped=()
+beyond=0
+for level in scalar avx2 avx512 avx512-bf16; do
+  if ((beyond)); then
+    levels_skipped+=("$level")
+    skipped=$((skipped + 1))
+    step "kernel level $level: skipped, this CPU cannot run it (it has: $features)"
+    continue
+  fi
+  levels_run+=("$level")
+  for t in runtime_test ops_test models_test; do
+    NUMESH_KERNELS="$level" run_gtest_program "$t, Release without -march=native, NUMESH_KERNELS=$level" \
+      "$portable/tests/$t" "$portable/$t-$level.log"
+  done
+  if [[ "$level" == "$widest" ]]; then beyond=1; fi
+done
+if [[ "${levels_run[-1]}" != "$widest" ]]; then
+  die "kernel levels: '$widest' (numesh topology's widest) is not one of scalar avx2 avx512 avx512-bf16"
+fi
+
 check="$NUMESH_BUILD_ROOT/install-check"
 prefix="$check/prefix"
 rm -rf "$check"
 step "cmake --install into $prefix"
-cmake --install "$(build_dir release)" --prefix "$prefix"
+cmake --install "$portable" --prefix "$prefix"
 
 step "installed numesh: the main job's example"
 [[ -x "$prefix/bin/numesh" ]] || die "cmake --install did not install bin/numesh"
@@ -163,10 +207,10 @@ for mode in find_package add_subdirectory; do
   else
     step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
     dir="$check/consumer-subdir"
-    # With the release build's -march=native and standard C++ (no GNU extensions), numesh's
-    # objects here compile with the same commands as step 3's, so ccache gives them back
-    # instead of compiling the library a second time.
-    how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=ON -DCMAKE_CXX_EXTENSIONS=OFF)
+    # With the portable build's flags (no -march=native) and standard C++ (no GNU extensions),
+    # numesh's objects here compile with the same commands as step 3's, so ccache gives them
+    # back instead of compiling the library a second time.
+    how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=OFF -DCMAKE_CXX_EXTENSIONS=OFF)
   fi
   cmake -S "$NUMESH_ROOT/examples/consumer" -B "$dir" "${consumer_flags[@]}" "${how[@]}"
   cmake --build "$dir" -j "$NUMESH_JOBS"
@@ -184,13 +228,23 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   step "configure preset 'sanitize' in $sanitize"
   cmake -S "$NUMESH_ROOT" --preset sanitize -B "$sanitize"
   step "build the sanitized unit tests and the fuzz targets (-j$NUMESH_JOBS)"
-  cmake --build "$sanitize" -j "$NUMESH_JOBS" --target "${sanitized_tests[@]}" numesh_fuzzers
+  cmake --build "$sanitize" -j "$NUMESH_JOBS" --target "${sanitized_tests[@]}" ops_test numesh_fuzzers
   export LSAN_OPTIONS="suppressions=$NUMESH_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   for t in "${sanitized_tests[@]}"; do
     run_gtest_program "$t under ASan + UBSan" "$(find "$sanitize/tests" -name "$t" -type f -perm -u+x | head -n 1)" \
       "$sanitize/$t.log"
   done
+  # ops_test, sampled: whole, it takes minutes under ASan. Every kernel test (their tight
+  # layouts put a row's end at the end of its allocation, so a vector tail that reads past it
+  # is reported), the references, the errors and the programs; the sharded operators on two of
+  # their meshes (tp2, and ep2 x tp2 for the experts); left out: three GEMM thread-count sweeps
+  # and the training fault sweep (30-40 s each in the dev build).
+  ops="$sanitize/tests/ops_test"
+  run_gtest_program "ops_test under ASan + UBSan: kernels, references, errors, programs" "$ops" \
+    "$sanitize/ops_test.log" --gtest_filter="-Meshes/*:GemmTest.DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount:GemmTest.DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount:GemmTest.BfloatComputeIsBitwiseTheSameForAnyThreadCount:OperatorFaultTest.AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain"
+  run_gtest_program "ops_test under ASan + UBSan: the sharded operators on tp2 and ep2 x tp2" "$ops" \
+    "$sanitize/ops_test-meshes.log" --gtest_filter="Meshes/*/mesh_tp2:Meshes/*/mesh_ep2_tp2"
   # ThreadSanitizer on the tests whose threads do not go through oneTBB's scheduler (the
   # sharding layer's process-wide registries, the logger): Debian's oneTBB is not built with
   # TSan, so every hand-over between its tasks would be reported (docs/reliability.md).
@@ -206,11 +260,13 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   done
 
   step "fuzz targets, ${NUMESH_FUZZ_SECONDS:-15} s each"
-  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --seed 1 --time "${NUMESH_FUZZ_SECONDS:-15}" \
+  # A new seed each run (printed): CI's runs add up to a longer search than one seed repeated.
+  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --seed "${NUMESH_FUZZ_SEED:-0}" --time "${NUMESH_FUZZ_SECONDS:-15}" \
     --jobs "$NUMESH_JOBS" ||
     die "fuzzing found something (above)"
   passed=$((passed + $(find "$NUMESH_ROOT/fuzz" -maxdepth 1 -name '*_fuzz.cpp' | wc -l)))
 fi
 
 step "done in $((SECONDS - start)) s"
+echo "kernel levels: run ${levels_run[*]}; skipped: ${levels_skipped[*]:-none} (this CPU has: $features)"
 echo "summary: $passed passed, $skipped skipped, 0 failed"

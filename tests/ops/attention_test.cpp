@@ -126,7 +126,10 @@ TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
     EXPECT_FALSE(numesh::testing::within_abs(std::span<const float>(dense_attention(x, plain, c).data),
                                              std::span<const float>(want.data), 1e-3));
   }
-  auto [c, w] = random_layer(hidden, 4, 2, d, 21);
+  // Named references, not a structured binding: clang 14 cannot capture a binding in a lambda.
+  auto layer = random_layer(hidden, 4, 2, d, 21);
+  auto& c = layer.first;
+  auto& w = layer.second;
   w.bk = random_host({3}, 1, 1.0f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, batch); },
               ::testing::ThrowsMessage<ShapeError>("attention: bk [3] must be [16] (num_kv_heads * head_dim) or empty"));
@@ -206,7 +209,9 @@ TEST(ShardedAttentionTest, HeadsSplitWhereTheyDivideAndReduceOnce) {
 
 TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  auto [c, w] = random_layer(8, 4, 2, 4, 1);
+  auto made = random_layer(8, 4, 2, 4, 1);  // named references: see above
+  auto& c = made.first;
+  auto& w = made.second;
   c.num_kv_heads = 3;
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
               ThrowsMessage<ValueError>(HasSubstr("num_kv_heads 3 must divide num_heads 4")));
