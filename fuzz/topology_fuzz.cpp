@@ -22,7 +22,7 @@
 #include <string>
 
 #include "fuzz_target.hpp"
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace {

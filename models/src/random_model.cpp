@@ -15,7 +15,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf_config.hpp"
 #include "numesh/models/safetensors_writer.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::models {
 

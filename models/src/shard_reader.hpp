@@ -4,7 +4,7 @@
 
 #include "numesh/models/hf_weights.hpp"
 #include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::models::detail {

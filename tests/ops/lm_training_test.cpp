@@ -16,7 +16,7 @@
 #include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/lm_training.hpp"
 #include "numesh/ops/reference/lm_training.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {

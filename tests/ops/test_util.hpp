@@ -17,7 +17,7 @@
 #include "../common/matches_reference.hpp"
 #include "../runtime/test_devices.hpp"
 #include "numesh/ops/moe_config.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"

@@ -10,7 +10,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
 #include "numesh/runtime/device_buffer.hpp"
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace numesh::tools {

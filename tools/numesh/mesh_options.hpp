@@ -12,7 +12,7 @@
 
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_mesh.hpp"
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace CLI {

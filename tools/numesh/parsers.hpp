@@ -18,7 +18,7 @@
 
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/runtime/memory_benchmark.hpp"
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
 #include "mesh_options.hpp"
 

@@ -14,7 +14,7 @@
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/kernels/rope.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "lowering_util.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"

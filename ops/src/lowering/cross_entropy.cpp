@@ -12,7 +12,7 @@
 #include "numesh/ops/kernels/cross_entropy.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 

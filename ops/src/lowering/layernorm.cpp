@@ -4,7 +4,7 @@
 
 #include "lowering_util.hpp"
 #include "numesh/ops/kernels/norms.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "numesh/ops/kernels/norms.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 

@@ -10,7 +10,7 @@
 #include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 

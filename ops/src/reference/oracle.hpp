@@ -18,7 +18,7 @@
 #include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/rope_scaling.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::ops::oracle {

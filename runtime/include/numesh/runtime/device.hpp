@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "numesh/runtime/device_buffer.hpp"
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace numesh::runtime {

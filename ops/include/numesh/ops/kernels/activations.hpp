@@ -1,6 +1,6 @@
 #pragma once
 
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // Element-wise activations on whole matrices, vectorized through Eigen's array functions
 // (erf and exp have SIMD implementations for float): on one thread a scalar std::erf loop over

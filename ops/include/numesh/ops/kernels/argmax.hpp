@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // Each row's largest logit over a slice of the vocabulary: the per-device half of the sharded
 // argmax (the host compares the devices' candidates).

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <span>
 
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // The row-wise pieces of a cross-entropy over logits split along the vocabulary: each device
 // holds the columns [v0, v0 + cols) of every row. The devices' maxima are combined first (a

@@ -4,7 +4,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/matmul_precision.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 // The prefill kernel for 16-bit weights: c = a b with a fp32 activations and b bf16 or f16

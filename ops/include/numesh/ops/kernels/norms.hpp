@@ -1,6 +1,6 @@
 #pragma once
 
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // Normalisations on row-major blocks, no mesh.
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "numesh/ops/moe_config.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // MoE routing on one group of tokens, no mesh: the kernel every device's route node runs.
 

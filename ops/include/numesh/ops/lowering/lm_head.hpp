@@ -9,7 +9,7 @@
 
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/lowering/program.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 

@@ -11,7 +11,7 @@
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/matmul_precision.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"

@@ -2,7 +2,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/mlp_config.hpp"
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // Dense single-device references: the oracles every sharded operator is checked against, and
 // themselves checked against PyTorch (tests/ops, docs/ops.md). Plain and serial on purpose,

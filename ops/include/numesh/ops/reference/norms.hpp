@@ -1,6 +1,6 @@
 #pragma once
 
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 // The RMSNorm and LayerNorm references (see reference/mlp.hpp for what the references are).
 

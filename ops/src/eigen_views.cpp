@@ -1,4 +1,4 @@
-#include "numesh/ops/tensor.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,4 @@
-#include "numesh/runtime/placement.hpp"
+#include "numesh/runtime/device_placement.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
