@@ -12,7 +12,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
-#include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/blas_gemm.hpp"
 
 namespace numesh::ops {
 
