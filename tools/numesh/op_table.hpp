@@ -23,7 +23,7 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
-#include "op_command.hpp"
+#include "op_options.hpp"
 
 namespace numesh::tools {
 
