@@ -18,9 +18,13 @@
 #include <CLI/CLI.hpp>
 
 #include <exception>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "numesh/core/error.hpp"
 #include "bench_command.hpp"
@@ -49,38 +53,52 @@ int fail(const std::string& message) {
   return kBadInput;
 }
 
+// One subcommand: its CLI11 app and what runs it once parsed (its exit status).
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+// The subcommand that `add(parent, options)` registers and `run(options, std::cout)` runs, with
+// its options kept alive as long as the command (CLI11 writes into them while parsing). A run
+// function returning nothing exits 0.
+template <class Options, class Add, class Run>
+Command command(CLI::App& parent, Add add, Run run) {
+  auto options = std::make_shared<Options>();
+  CLI::App* app = add(parent, *options);
+  return {app, [options, run]() -> int {
+            if constexpr (std::is_void_v<std::invoke_result_t<Run, const Options&, std::ostream&>>) {
+              run(*options, std::cout);
+              return 0;
+            } else {
+              return run(*options, std::cout);
+            }
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"numesh: a NUMA task-graph runtime with eformer-compatible sharding.", "numesh"};
   app.set_version_flag("--version", "numesh " NUMESH_VERSION);
   app.require_subcommand(1);
-  numesh::tools::ResolveOptions resolve;
-  CLI::App* resolve_cmd = numesh::tools::add_resolve_command(app, resolve);
-  numesh::tools::TopologyOptions topology;
-  CLI::App* topology_cmd = numesh::tools::add_topology_command(app, topology);
-  numesh::tools::MeshCommandOptions mesh;
-  CLI::App* mesh_cmd = numesh::tools::add_mesh_command(app, mesh);
-  CLI::App* bench = numesh::tools::add_bench_command(app);
-  numesh::tools::BenchCollectivesOptions bench_collectives;
-  CLI::App* bench_collectives_cmd =
-      numesh::tools::add_bench_collectives_command(*bench, bench_collectives);
-  numesh::tools::BenchMemoryOptions bench_memory;
-  CLI::App* bench_memory_cmd = numesh::tools::add_bench_memory_command(*bench, bench_memory);
-  numesh::tools::BenchDecodeOptions bench_decode;
-  CLI::App* bench_decode_cmd = numesh::tools::add_bench_decode_command(*bench, bench_decode);
-  numesh::tools::OpOptions op;
-  CLI::App* op_cmd = numesh::tools::add_op_command(app, op);
-  numesh::tools::RunOptions run;
-  CLI::App* run_cmd = numesh::tools::add_run_command(app, run);
-  numesh::tools::GenerateOptions generate;
-  CLI::App* generate_cmd = numesh::tools::add_generate_command(app, generate);
-  numesh::tools::TokenizeOptions tokenize;
-  CLI::App* tokenize_cmd = numesh::tools::add_tokenize_command(app, tokenize);
-  numesh::tools::PerplexityOptions perplexity;
-  CLI::App* perplexity_cmd = numesh::tools::add_perplexity_command(app, perplexity);
-  numesh::tools::TrainOptions train;
-  CLI::App* train_cmd = numesh::tools::add_train_command(app, train);
+  namespace t = numesh::tools;
+  // The subcommands, in the order --help lists them.
+  std::vector<Command> commands;
+  commands.push_back(command<t::ResolveOptions>(app, t::add_resolve_command, t::run_resolve));
+  commands.push_back(command<t::TopologyOptions>(app, t::add_topology_command, t::run_topology));
+  commands.push_back(command<t::MeshCommandOptions>(app, t::add_mesh_command, t::run_mesh));
+  CLI::App* bench = t::add_bench_command(app);
+  commands.push_back(
+      command<t::BenchCollectivesOptions>(*bench, t::add_bench_collectives_command, t::run_bench_collectives));
+  commands.push_back(command<t::BenchMemoryOptions>(*bench, t::add_bench_memory_command, t::run_bench_memory));
+  commands.push_back(command<t::BenchDecodeOptions>(*bench, t::add_bench_decode_command, t::run_bench_decode));
+  commands.push_back(command<t::OpOptions>(app, t::add_op_command, t::run_op));
+  commands.push_back(command<t::RunOptions>(app, t::add_run_command, t::run_run));
+  commands.push_back(command<t::GenerateOptions>(app, t::add_generate_command, t::run_generate));
+  commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
+  commands.push_back(command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
+  commands.push_back(command<t::TrainOptions>(app, t::add_train_command, t::run_train));
 
   try {
     app.parse(argc, argv);
@@ -91,20 +109,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (resolve_cmd->parsed()) numesh::tools::run_resolve(resolve, std::cout);
-    if (topology_cmd->parsed()) numesh::tools::run_topology(topology, std::cout);
-    if (mesh_cmd->parsed()) numesh::tools::run_mesh(mesh, std::cout);
-    if (bench_collectives_cmd->parsed()) {
-      numesh::tools::run_bench_collectives(bench_collectives, std::cout);
+    for (const Command& c : commands) {
+      if (c.app->parsed()) return c.run();
     }
-    if (bench_memory_cmd->parsed()) numesh::tools::run_bench_memory(bench_memory, std::cout);
-    if (bench_decode_cmd->parsed()) numesh::tools::run_bench_decode(bench_decode, std::cout);
-    if (op_cmd->parsed()) return numesh::tools::run_op(op, std::cout);
-    if (run_cmd->parsed()) return numesh::tools::run_run(run, std::cout);
-    if (generate_cmd->parsed()) return numesh::tools::run_generate(generate, std::cout);
-    if (tokenize_cmd->parsed()) return numesh::tools::run_tokenize(tokenize, std::cout);
-    if (perplexity_cmd->parsed()) return numesh::tools::run_perplexity(perplexity, std::cout);
-    if (train_cmd->parsed()) return numesh::tools::run_train(train, std::cout);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {
