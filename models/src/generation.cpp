@@ -6,7 +6,8 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/ops/reference/lm_head.hpp"
+#include "numesh/ops/kernels/argmax.hpp"
+#include "numesh/ops/lowering/lm_head.hpp"
 
 namespace numesh::models {
 
@@ -19,9 +20,10 @@ using Clock = std::chrono::steady_clock;
 std::int64_t pick_from_row(std::span<const float> row, const GenerationOptions& options, std::mt19937_64& rng) {
   const auto v = static_cast<std::int64_t>(row.size());
   if (!options.sampling) {
-    runtime::HostTensor last = runtime::HostTensor::zeros({1, v});
-    std::copy(row.begin(), row.end(), last.data.begin());
-    return ops::argmax_rows(last).front();
+    // The devices' argmax kernel on the one row: its value, then its index as an fp32 number.
+    float best[2];
+    ops::row_argmax(ops::ConstMatrixMap(row.data(), 1, v), 0, best);
+    return static_cast<std::int64_t>(best[1]);
   }
   // pick_sampled's candidates: (logit, id) pairs.
   runtime::HostTensor candidates = runtime::HostTensor::zeros({1, 2 * v});
