@@ -1,4 +1,5 @@
 #include "numesh/sharding/placement.hpp"
+#include "numesh/sharding/reshard_plan.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -17,6 +17,7 @@
 #include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/partition_spec.hpp"
 #include "numesh/sharding/placement.hpp"
+#include "numesh/sharding/reshard_plan.hpp"
 
 // A program is a compiled graph plus everything its nodes touch (weights, activations, caches,
 // scratch) and a description of itself: every tensor with its spec and bytes per device, every

@@ -9,6 +9,7 @@
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/placement.hpp"
+#include "numesh/sharding/reshard_plan.hpp"
 
 // The resharding entry point: operators never hand-code data movement. Given a sharded tensor
 // whose shards hold data placed as `from` (Partial axes: each shard holds a summand) and a
