@@ -57,7 +57,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
       "Generate tokens from a Hugging Face checkpoint (config.json + safetensors) on the machine's mesh: greedy "
       "or sampled decoding of a prompt (text or token ids), the ids streamed as they come, with load, prefill "
       "and decode rates.");
-  cmd->footer(R"(Models: llama, mistral, qwen2, qwen3, mixtral and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
+  cmd->footer(R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
 shards with model.safetensors.index.json). Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,

@@ -81,7 +81,7 @@ CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
       "against the dense single-device model, and report the plan and the throughput.");
   cmd->footer(R"(Modes: decode (default) runs the prompt then --steps decode steps, each feeding the
 last output back in; prefill runs the prompt only; train runs the prompt forward with train-mode
-axes (numesh has no backward pass); dim:1 is eformer's integer mode on the activations [B, T, H]:
+axes (numesh run runs no backward pass; numesh train does); dim:1 is eformer's integer mode on the activations [B, T, H]:
 like decode, but each call's mode is inferred from T (decode for steps, train for the prompt).
 Axes come from eformer's semantic axes resolved in the mode:
 BATCH splits sequences, QUERY_LENGTH their tokens (sequence parallel), HEAD the attention heads,

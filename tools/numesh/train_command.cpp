@@ -113,7 +113,7 @@ Examples:
   numesh train --model DIR --init random --data train.npy --batch 8 --steps 200 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
   numesh train --model out --data train.npy --batch 8 --steps 400 --lr 3e-4 --warmup 20 --schedule cosine --log log.csv --save out
   numesh train --model DIR --data corpus.txt --tokens 128 --batch 4 --steps 50 --dims 2,1,1 --names dp,ep,tp
-  python3 scripts/plot_loss.py log.csv loss.png   # the loss curve)");
+  python3 scripts/plot_loss.py log.csv   # the loss curve, log_loss.png)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in for the layout")->capture_default_str();
   cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
