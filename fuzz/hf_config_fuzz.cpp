@@ -3,7 +3,7 @@
 // and checked as that stack is before anything is allocated.
 
 #include "fuzz_target.hpp"
-#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace numesh;

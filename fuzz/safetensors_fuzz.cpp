@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz_target.hpp"
-#include "numesh/models/safetensors.hpp"
+#include "numesh/models/formats/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace numesh;

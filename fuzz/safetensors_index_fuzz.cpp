@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz_target.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "fuzz_target.hpp"
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/tokenizers/tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace numesh;

@@ -2,8 +2,8 @@
 
 // PRIVATE to models/src: reading a checkpoint's matrix straight into a laid-out tensor's shards.
 
-#include "numesh/models/hf_weights.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/tensor.hpp"
 

@@ -3,10 +3,10 @@
 // naming what is wrong, before any weight is read or anything runs. (The numbers themselves are
 // checked against PyTorch by models_hf_match_pytorch.)
 
-#include "numesh/models/causal_lm.hpp"
-#include "numesh/models/generation.hpp"
-#include "numesh/models/perplexity.hpp"
-#include "numesh/models/random_model.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/lm/generation.hpp"
+#include "numesh/models/lm/perplexity.hpp"
+#include "numesh/models/hf/random_model.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,9 +1,9 @@
-// config.json as numesh reads it (numesh/models/hf_config.hpp): the fields of real checkpoints'
+// config.json as numesh reads it (numesh/models/hf/hf_config.hpp): the fields of real checkpoints'
 // configs (the documents below follow the published config.json of each model, trimmed of
 // fields numesh does not read), transformers' defaults for absent fields, the stacks they build,
 // and every malformed field.
 
-#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

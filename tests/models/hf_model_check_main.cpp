@@ -16,12 +16,12 @@
 
 #include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/causal_lm.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/hf_weights.hpp"
-#include "numesh/models/perplexity.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/lm/perplexity.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/npy.hpp"
 
 namespace {
 
@@ -76,11 +76,11 @@ void run(const fs::path& dir) {
         // Logits: the whole prompt, then each decode step fed the greedy tokens.
         CausalLm scorer(mesh, config, weights, batch, prompt_len + new_tokens);
         const std::string prompt_file = tag + "_prompt_logits.npy";
-        numesh::ops::save_npy(dir / prompt_file, scorer.logits(prompt, prompt_len, 0));
+        numesh::models::save_npy(dir / prompt_file, scorer.logits(prompt, prompt_len, 0));
         json step_files = json::array();
         for (std::size_t i = 0; i < fed.size(); ++i) {
           const std::string file = tag + "_step" + std::to_string(i + 1) + "_logits.npy";
-          numesh::ops::save_npy(dir / file, scorer.logits(fed[i], 1, prompt_len + static_cast<std::int64_t>(i)));
+          numesh::models::save_npy(dir / file, scorer.logits(fed[i], 1, prompt_len + static_cast<std::int64_t>(i)));
           step_files.push_back(file);
         }
         // Perplexity over the case's stream, as numesh perplexity computes it.

@@ -2,7 +2,7 @@
 // weights, counted once however often a shard is replicated, the first located in the weight's
 // own coordinates; and weight_label's names.
 
-#include "numesh/models/nonfinite_weights.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

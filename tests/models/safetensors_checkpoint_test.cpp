@@ -1,4 +1,4 @@
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "numesh/models/safetensors.hpp"
+#include "numesh/models/formats/safetensors.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

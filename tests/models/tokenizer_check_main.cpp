@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/tokenizers/tokenizer.hpp"
 
 namespace {
 

@@ -1,11 +1,11 @@
-// tokenizer.json as numesh reads it (numesh/models/tokenizer.hpp), on small byte-level BPE
+// tokenizer.json as numesh reads it (numesh/models/tokenizers/tokenizer.hpp), on small byte-level BPE
 // tokenizers written by the tests: merges applied by rank, ignore_merges, the pre-tokenizer's
 // regex split and ByteLevel's prefix space, added tokens (longest match, lstrip, rstrip,
 // special, normalized), NFC, the BOS template, decoding (GPT-2's table backwards, U+FFFD for
 // cut characters), and every error with its type and message. The real Llama 3 and Qwen3 files
 // are checked against Hugging Face by the tokenizer check (tokenizer_check_main).
 
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/tokenizers/tokenizer.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

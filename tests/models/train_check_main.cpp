@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "check_mesh.hpp"
-#include "numesh/models/trainer.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/lm/trainer.hpp"
+#include "numesh/models/formats/npy.hpp"
 
 namespace {
 
@@ -61,7 +61,7 @@ struct Trajectory {
 };
 
 // Steps [from, to) of `trainer` on `data`, appended to `out`.
-void train(CausalLmTrainer& trainer, const numesh::ops::NpyIds& data, std::int64_t from, std::int64_t to,
+void train(CausalLmTrainer& trainer, const numesh::models::NpyIds& data, std::int64_t from, std::int64_t to,
            const numesh::models::TrainingOptions& o, Trajectory& out) {
   for (std::int64_t k = from; k < to; ++k) {
     const numesh::models::StepStats s =
@@ -94,7 +94,7 @@ void run(const fs::path& dir) {
   json results = json::array();
   for (const json& c : spec["cases"]) {
     const std::string name = c["name"];
-    const numesh::ops::NpyIds data = numesh::ops::load_npy_ids(dir / name / "data.npy");
+    const numesh::models::NpyIds data = numesh::models::load_npy_ids(dir / name / "data.npy");
     const bool moe = c.value("moe", false);
     const std::vector<MeshChoice>& run_on = moe ? moe_meshes : meshes;
     std::vector<std::pair<MeshChoice, bool>> runs;  // each mesh, and whether its tokens go over ep

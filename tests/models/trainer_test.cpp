@@ -2,7 +2,7 @@
 // trajectory bit for bit, and refusing bad data, options and checkpoints before any step.
 // (Its runs against PyTorch: models_train_like_pytorch.)
 
-#include "numesh/models/trainer.hpp"
+#include "numesh/models/lm/trainer.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/causal_lm.hpp"
-#include "numesh/models/random_model.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/hf/random_model.hpp"
 #include "safetensors_writer.hpp"
 
 namespace numesh::models {

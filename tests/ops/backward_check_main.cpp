@@ -14,11 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/reference/backward.hpp"
 
 namespace rt = numesh::runtime;
 namespace ops = numesh::ops;
+namespace models = numesh::models;
 
 namespace {
 
@@ -40,7 +41,7 @@ int main(int argc, char** argv) try {
   const std::filesystem::path dir = argv[1];
   std::filesystem::create_directories(dir);
   const auto save = [&](const std::string& c, const std::string& name, const rt::HostTensor& t) {
-    ops::save_npy(dir / (c + "_" + name + ".npy"), t);
+    models::save_npy(dir / (c + "_" + name + ".npy"), t);
   };
   nlohmann::json cases = nlohmann::json::array();
   {

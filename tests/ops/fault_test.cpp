@@ -32,16 +32,16 @@ std::map<std::string, std::vector<float>> gradients(const LmTrainingStep& step) 
 }
 
 TEST(OperatorFaultTest, AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain) {
-  constexpr std::int64_t kVocab = 64, kBatch = 4, kTokens = 8;
+  constexpr std::int64_t kStepVocab = 64, kStepBatch = 4, kStepTokens = 8;
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "tp"}});
   const TransformerConfig c = testing::tiny_moe_lm_config();
-  const EmbeddingWeights embedding{.table = testing::random_host({kVocab, c.hidden}, 11, 1.0f)};
-  const LmHeadWeights head{.weight = testing::random_host({c.hidden, kVocab}, 13, 0.2f)};
-  LmTrainingStep step(mesh, c, embedding, TransformerWeights::random(c, 12), &head, kBatch, kTokens);
-  std::vector<std::int32_t> inputs(static_cast<std::size_t>(kBatch * kTokens)), targets(inputs.size());
+  const EmbeddingWeights embedding{.table = testing::random_host({kStepVocab, c.hidden}, 11, 1.0f)};
+  const LmHeadWeights head{.weight = testing::random_host({c.hidden, kStepVocab}, 13, 0.2f)};
+  LmTrainingStep step(mesh, c, embedding, TransformerWeights::random(c, 12), &head, kStepBatch, kStepTokens);
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(kStepBatch * kStepTokens)), targets(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = static_cast<std::int32_t>((i * 7 + 3) % kVocab);
-    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % kVocab);
+    inputs[i] = static_cast<std::int32_t>((i * 7 + 3) % kStepVocab);
+    targets[i] = static_cast<std::int32_t>((i * 5 + 1) % kStepVocab);
   }
   const double want_loss = step.run(inputs, targets);
   const auto want_grads = gradients(step);
@@ -58,23 +58,23 @@ TEST(OperatorFaultTest, AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAg
 }
 
 TEST(OperatorFaultTest, AFaultInAnyNodeOfPrefillOrDecodeEndsItOnceAndTheModelRunsAgain) {
-  constexpr std::int64_t kBatch = 2, kPrompt = 4;
+  constexpr std::int64_t kModelBatch = 2, kModelPrompt = 4;
   const runtime::DeviceMesh mesh = make_mesh(MeshCase{{2, 2}, {"dp", "tp"}});
   const TransformerConfig c = testing::tiny_moe_lm_config();
-  ShardedTransformer model(mesh, c, TransformerWeights::random(c, 7), kBatch, kPrompt + 1);
-  const runtime::HostTensor prompt = testing::random_host({kBatch, kPrompt, c.hidden}, 21, 1.0f);
-  const runtime::HostTensor next = testing::random_host({kBatch, 1, c.hidden}, 22, 1.0f);
+  ShardedTransformer model(mesh, c, TransformerWeights::random(c, 7), kModelBatch, kModelPrompt + 1);
+  const runtime::HostTensor prompt = testing::random_host({kModelBatch, kModelPrompt, c.hidden}, 21, 1.0f);
+  const runtime::HostTensor next = testing::random_host({kModelBatch, 1, c.hidden}, 22, 1.0f);
   const runtime::HostTensor want_prefill = model.forward(prompt, 0);
-  const runtime::HostTensor want_decode = model.forward(next, kPrompt);
-  for (const std::int64_t tokens : {kPrompt, std::int64_t{1}}) {
+  const runtime::HostTensor want_decode = model.forward(next, kModelPrompt);
+  for (const std::int64_t tokens : {kModelPrompt, std::int64_t{1}}) {
     runtime::CompiledGraph& graph = model.program(tokens).graph();
     for (runtime::NodeId id = 0; id < graph.size(); ++id) {
       SCOPED_TRACE(graph.node(id).name);
       graph.inject_fault(id);
-      EXPECT_THROW((void)model.forward(tokens == 1 ? next : prompt, tokens == 1 ? kPrompt : 0), InjectedFault);
+      EXPECT_THROW((void)model.forward(tokens == 1 ? next : prompt, tokens == 1 ? kModelPrompt : 0), InjectedFault);
       // A failed prefill may have written part of the cache: prefill again, then decode.
       EXPECT_EQ(model.forward(prompt, 0).data, want_prefill.data);
-      EXPECT_EQ(model.forward(next, kPrompt).data, want_decode.data);
+      EXPECT_EQ(model.forward(next, kModelPrompt).data, want_decode.data);
     }
   }
 }

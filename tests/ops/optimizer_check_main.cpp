@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/optimizer.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/topology.hpp"
@@ -62,7 +62,7 @@ int main(int argc, char** argv) try {
   // A matrix split over tp, a vector replicated; gradients large enough that the clip acts.
   const std::vector<rt::HostTensor> initial{random_tensor({8, 6}, 1, 1.0f), random_tensor({5}, 2, 1.0f)};
   for (std::size_t i = 0; i < initial.size(); ++i) {
-    numesh::ops::save_npy(dir / ("param" + std::to_string(i) + ".npy"), initial[i]);
+    numesh::models::save_npy(dir / ("param" + std::to_string(i) + ".npy"), initial[i]);
   }
   std::vector<std::vector<rt::HostTensor>> grads(kSteps);
   for (int k = 0; k < kSteps; ++k) {
@@ -71,7 +71,7 @@ int main(int argc, char** argv) try {
     grads[static_cast<std::size_t>(k)] = {random_tensor({8, 6}, 100 + static_cast<std::uint32_t>(k), scale),
                                           random_tensor({5}, 200 + static_cast<std::uint32_t>(k), scale)};
     for (std::size_t i = 0; i < 2; ++i) {
-      numesh::ops::save_npy(dir / ("grad" + std::to_string(k) + "_" + std::to_string(i) + ".npy"),
+      numesh::models::save_npy(dir / ("grad" + std::to_string(k) + "_" + std::to_string(i) + ".npy"),
                             grads[static_cast<std::size_t>(k)][i]);
     }
   }
@@ -115,7 +115,7 @@ int main(int argc, char** argv) try {
         adam.step(const_grads, lr);
       }
       for (std::size_t i = 0; i < 2; ++i) {
-        numesh::ops::save_npy(dir / (run + "_param" + std::to_string(i) + ".npy"), rt::gather(*params[i]));
+        numesh::models::save_npy(dir / (run + "_param" + std::to_string(i) + ".npy"), rt::gather(*params[i]));
       }
       runs.push_back({{"run", run}, {"mesh", m.label}, {"warmup", warmup}, {"norms", norms}, {"lrs", lrs}});
     }

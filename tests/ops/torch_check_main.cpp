@@ -53,7 +53,7 @@
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/norms.hpp"
@@ -66,6 +66,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace ops = numesh::ops;
+namespace models = numesh::models;
 namespace rt = numesh::runtime;
 using nlohmann::json;
 using numesh::ops::RowMatrix;
@@ -139,7 +140,7 @@ class Writer {
     c.entry["steps"].push_back({{"position", position}, {"tokens", tokens}});
   }
   void input(Case& c, const std::string& tensor, const HostTensor& t) {
-    ops::save_npy(dir_ / (c.name + "_" + tensor + ".npy"), t);
+    models::save_npy(dir_ / (c.name + "_" + tensor + ".npy"), t);
     c.entry["inputs"].push_back(tensor);
   }
   // numesh's result of `impl` at step `step`; `quantity` is "y" (the output) or
@@ -151,7 +152,7 @@ class Writer {
     std::string file = c.name + "_" + impl + "_" + quantity + "_step" + std::to_string(step);
     if (against != "float64") file += "_vs_" + against;
     std::replace(file.begin(), file.end(), ' ', '_');
-    ops::save_npy(dir_ / (file + ".npy"), t);
+    models::save_npy(dir_ / (file + ".npy"), t);
     c.entry["outputs"].push_back({{"file", file},
                                   {"impl", impl},
                                   {"step", step},

@@ -21,16 +21,16 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/models/causal_lm.hpp"
-#include "numesh/models/generation.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/hf_weights.hpp"
-#include "numesh/models/random_model.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/lm/generation.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "baselines.hpp"
 #include "bench_common.hpp"
 #include "nonfinite_note.hpp"
@@ -393,7 +393,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
         {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size, config.vocab_size});
     all.data = result.logits.front();
     logits_file.close();
-    ops::save_npy(o.logits_out, all);
+    models::save_npy(o.logits_out, all);
     out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1], o.logits_out);
   }
   if (json_file.is_open()) {

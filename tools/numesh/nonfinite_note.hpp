@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/models/nonfinite_weights.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
 
 namespace numesh::tools {
 

@@ -15,7 +15,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "op_table.hpp"
@@ -190,7 +190,7 @@ int run_op(const OpOptions& o, std::ostream& out) {
   }
   const bool ok = !r.want || check.ok();
   const fs::path y_file = out_dir / "y.npy";
-  ops::save_npy(y_file, r.y);
+  models::save_npy(y_file, r.y);
   out << fmt::format("wrote    {} [{}]\n", y_file.string(), fmt::join(r.y.shape, ", "));
   if (!o.json.empty()) {
     std::ofstream file(o.json);

@@ -16,7 +16,7 @@
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/reference/attention.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/moe.hpp"
@@ -213,7 +213,7 @@ OpResult run_block(const OpContext& ctx) {
 }  // namespace
 
 HostTensor OpInputs::load(const std::string& name) const {
-  HostTensor t = ops::load_npy(dir / (name + ".npy"));
+  HostTensor t = models::load_npy(dir / (name + ".npy"));
   // Reported where it is read: a NaN in a weight otherwise surfaces only as a failed check.
   // ops::compare counts and locates a reference's non-finite values; against itself nothing
   // else differs.

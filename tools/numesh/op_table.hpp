@@ -36,7 +36,7 @@ struct OpInputs {
   std::ostream* notes = nullptr;
   /// `name`.npy, loaded. Non-finite values in it are noted, counted and located ("note: x.npy
   /// holds 1 non-finite value of 24 (the first, nan, at [1, 2])"), or refused.
-  /// Throws: what ops::load_npy throws (IoError naming the file); ValueError with that text
+  /// Throws: what models::load_npy throws (IoError naming the file); ValueError with that text
   /// when refuse_nonfinite.
   runtime::HostTensor load(const std::string& name) const;
   /// True when `name`.npy exists.

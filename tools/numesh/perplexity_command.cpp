@@ -14,12 +14,12 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/causal_lm.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/hf_weights.hpp"
-#include "numesh/models/perplexity.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/lm/perplexity.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "bench_common.hpp"
 
 namespace numesh::tools {

@@ -13,7 +13,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "parsers.hpp"
 
 namespace numesh::tools {

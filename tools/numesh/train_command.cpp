@@ -15,11 +15,11 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/random_model.hpp"
-#include "numesh/models/text_tokenizer.hpp"
-#include "numesh/models/trainer.hpp"
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
+#include "numesh/models/lm/trainer.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "bench_common.hpp"
@@ -45,7 +45,7 @@ Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
   NUMESH_CHECK(std::filesystem::exists(o.data), IoError, "--data '{}' does not exist", o.data);
   Data d;
   if (std::filesystem::path(o.data).extension() == ".npy") {
-    ops::NpyIds npy = ops::load_npy_ids(o.data);
+    models::NpyIds npy = models::load_npy_ids(o.data);
     NUMESH_CHECK(npy.shape.size() == 2 && npy.shape[1] >= 2, ShapeError,
                  "--data '{}' is [{}]; training data is [S, T + 1] (rows of T inputs and their next token)", o.data,
                  fmt::join(npy.shape, ", "));

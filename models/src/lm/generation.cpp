@@ -1,4 +1,4 @@
-#include "numesh/models/generation.hpp"
+#include "numesh/models/lm/generation.hpp"
 
 #include <algorithm>
 #include <chrono>

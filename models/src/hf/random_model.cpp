@@ -1,4 +1,4 @@
-#include "numesh/models/random_model.hpp"
+#include "numesh/models/hf/random_model.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,8 +13,8 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/safetensors_writer.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/formats/safetensors_writer.hpp"
 #include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::models {

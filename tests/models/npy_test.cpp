@@ -1,4 +1,4 @@
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 
 #include "numesh/core/error.hpp"
 
-namespace numesh::ops {
+namespace numesh::models {
 namespace {
 
 namespace fs = std::filesystem;
@@ -486,4 +486,4 @@ TEST_F(NpyHeaderTest, TrailingBytesAfterTheDataAreValueError) {
 }
 
 }  // namespace
-}  // namespace numesh::ops
+}  // namespace numesh::models

@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/nonfinite_weights.hpp"
-#include "numesh/models/hf_weights.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"

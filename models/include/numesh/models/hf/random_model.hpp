@@ -6,8 +6,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/hf_weights.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
 
 // Models with random weights written in Hugging Face layout: what `numesh generate` runs when
 // no checkpoint is given (the main job needs no download) and what tests load, through the

@@ -1,11 +1,11 @@
-#include "numesh/models/text_tokenizer.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/tokenizers/tokenizer.hpp"
 
 namespace numesh::models {
 

@@ -1,4 +1,4 @@
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 
 #include <fmt/format.h>
 
@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "closest_names.hpp"
+#include "../closest_names.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "strict_json.hpp"
+#include "../strict_json.hpp"
 
 // The index is a transformers convention rather than part of the safetensors format
 // (transformers/utils/hub.py, get_checkpoint_shard_files, reads only "weight_map"), so only what

@@ -1,4 +1,4 @@
-#include "numesh/ops/npy.hpp"
+#include "numesh/models/formats/npy.hpp"
 
 #include <fmt/format.h>
 
@@ -22,14 +22,17 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "os_error.hpp"
 
 // Format reference: numpy/lib/format.py (NumPy 1.24). The header is the repr of a Python dict
 // with the keys 'descr', 'fortran_order' and 'shape'; readers must not assume NumPy's exact
 // spelling (other writers, e.g. cnpy or hand-written tools, vary the order, quotes and
 // spacing), so it is parsed as a small subset of Python literals rather than matched as text.
 
-namespace numesh::ops {
+namespace numesh::models {
 namespace {
+
+using detail::os_error;
 
 namespace fs = std::filesystem;
 
@@ -47,7 +50,7 @@ constexpr std::size_t kAlign = 64;  // NumPy's ARRAY_ALIGN: the data starts 64-b
 constexpr std::size_t kGrowthAxisMaxDigits = 21;
 // An fp32 header is about 60 + 21 * rank bytes; anything near this is corrupt or hostile, and
 // the cap keeps a bogus 4-byte length (v2/v3) from making us allocate gigabytes.
-constexpr std::uint64_t kMaxHeaderBytes = std::uint64_t{1} << 20;
+constexpr std::uint64_t kMaxNpyHeaderBytes = std::uint64_t{1} << 20;
 // Structured descrs nest; fp32 headers never do. Bounds recursion on hostile input.
 constexpr int kMaxNesting = 32;
 
@@ -55,8 +58,6 @@ struct FileCloser {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
-
-std::string os_error(int err) { return std::generic_category().message(err); }
 
 /// "()", "(3,)", "(2, 3)": Python's repr of a tuple of ints, which is what np.save writes.
 std::string shape_repr(std::span<const std::int64_t> shape) {
@@ -521,9 +522,9 @@ RawArray load_array(const std::filesystem::path& file, const Accepted& accepted)
   read_exact(f.get(), prefix.data() + kMagicAndVersion, length_bytes, kMagicAndVersion, where);
   const std::uint64_t header_len =
       read_le(std::span(prefix).subspan(kMagicAndVersion, length_bytes));
-  NUMESH_CHECK(header_len <= kMaxHeaderBytes, ValueError,
+  NUMESH_CHECK(header_len <= kMaxNpyHeaderBytes, ValueError,
                "{}: header of {} bytes is larger than numesh reads ({} bytes); the file is corrupt",
-               where, header_len, kMaxHeaderBytes);
+               where, header_len, kMaxNpyHeaderBytes);
   NUMESH_CHECK(
       file_size - preamble >= header_len, IoError,
       "{}: file ends early: the header needs {} bytes after the first {}, the file has {} in all",
@@ -628,4 +629,4 @@ void save_npy(const std::filesystem::path& file, const runtime::HostTensor& tens
   NUMESH_CHECK(closed == 0, IoError, "{}: write failed when closing ({})", where, os_error(errno));
 }
 
-}  // namespace numesh::ops
+}  // namespace numesh::models

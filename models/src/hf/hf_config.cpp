@@ -1,4 +1,4 @@
-#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/safetensors.hpp"
+#include "numesh/models/formats/safetensors.hpp"
 
 // A Hugging Face checkpoint directory's weights: one `model.safetensors`, or shards listed by
 // `model.safetensors.index.json` (the layout `save_pretrained` writes for large models, whose

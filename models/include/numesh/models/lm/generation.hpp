@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "numesh/models/causal_lm.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 
 // Text generation over a CausalLm: a batch of prompts of different lengths prefilled in one

@@ -1,4 +1,4 @@
-#include "numesh/models/hf_weights.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,7 +13,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "transpose.hpp"
+#include "../transpose.hpp"
 
 namespace numesh::models {
 

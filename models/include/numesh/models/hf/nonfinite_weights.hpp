@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "numesh/models/hf_config.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 // NaN and infinities in a model's weights, found where they are read: a checkpoint that holds

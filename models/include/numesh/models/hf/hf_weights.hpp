@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/ops/embedding_config.hpp"
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/transformer_config.hpp"

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "numesh/models/hf_config.hpp"
-#include "numesh/models/hf_weights.hpp"
-#include "numesh/models/nonfinite_weights.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
 #include "numesh/ops/lowering/lm_training.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/optimizer.hpp"

@@ -1,4 +1,4 @@
-#include "numesh/models/causal_lm.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "shard_reader.hpp"
+#include "../shard_reader.hpp"
 
 namespace numesh::models {
 

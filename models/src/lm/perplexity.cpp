@@ -1,4 +1,4 @@
-#include "numesh/models/perplexity.hpp"
+#include "numesh/models/lm/perplexity.hpp"
 
 #include <algorithm>
 #include <cmath>

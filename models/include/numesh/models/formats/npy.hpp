@@ -12,7 +12,7 @@
 // Format: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html (versions
 // 1.0, 2.0 and 3.0 of the header are read; 1.0 is written).
 
-namespace numesh::ops {
+namespace numesh::models {
 
 /// Reads `file`. Rank 0 (a scalar) to any rank; zero-sized dims are allowed.
 /// Throws: IoError when the file cannot be opened or ends early (naming the file and how many
@@ -39,4 +39,4 @@ NpyIds load_npy_ids(const std::filesystem::path& file);
 /// not match its shape.
 void save_npy(const std::filesystem::path& file, const runtime::HostTensor& tensor);
 
-}  // namespace numesh::ops
+}  // namespace numesh::models

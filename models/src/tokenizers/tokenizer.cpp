@@ -1,4 +1,4 @@
-#include "numesh/models/tokenizer.hpp"
+#include "numesh/models/tokenizers/tokenizer.hpp"
 
 #include <fmt/format.h>
 #include <utf8proc.h>

@@ -1,4 +1,4 @@
-#include "numesh/models/trainer.hpp"
+#include "numesh/models/lm/trainer.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,9 +13,9 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/models/safetensors.hpp"
-#include "numesh/models/safetensors_checkpoint.hpp"
-#include "numesh/models/safetensors_writer.hpp"
+#include "numesh/models/formats/safetensors.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/safetensors_writer.hpp"
 
 namespace numesh::models {
 

@@ -1,4 +1,4 @@
-#include "numesh/models/safetensors.hpp"
+#include "numesh/models/formats/safetensors.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -15,11 +15,12 @@
 #include <tuple>
 #include <utility>
 
-#include "box_copy.hpp"
-#include "closest_names.hpp"
+#include "../box_copy.hpp"
+#include "../closest_names.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "strict_json.hpp"
+#include "os_error.hpp"
+#include "../strict_json.hpp"
 
 // The rules are those of the official reader, huggingface/safetensors (Rust crate, read at commit
 // 24b0b28, safetensors/src/tensor.rs: SafeTensors::read_metadata and Metadata::validate), and the
@@ -27,6 +28,8 @@
 
 namespace numesh::models {
 namespace {
+
+using detail::os_error;
 
 namespace fs = std::filesystem;
 using detail::Json;
@@ -82,8 +85,6 @@ static_assert(table_follows_enum(), "kDTypes must list SafetensorsDType in enum 
 const DTypeName& entry(SafetensorsDType dtype) noexcept {
   return kDTypes[static_cast<std::size_t>(dtype)];
 }
-
-std::string os_error(int err) { return std::generic_category().message(err); }
 
 std::string shape_text(std::span<const std::int64_t> shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));

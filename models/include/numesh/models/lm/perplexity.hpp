@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "numesh/models/causal_lm.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 
 // Perplexity of a model over a token stream, the way llama.cpp's llama-perplexity computes it:
 // the stream cut into chunks of `context` tokens, each run from position 0 with its first token

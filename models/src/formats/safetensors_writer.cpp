@@ -1,4 +1,4 @@
-#include "numesh/models/safetensors_writer.hpp"
+#include "numesh/models/formats/safetensors_writer.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

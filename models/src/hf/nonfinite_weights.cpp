@@ -1,4 +1,4 @@
-#include "numesh/models/nonfinite_weights.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +9,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/hf_weights.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/compare.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
