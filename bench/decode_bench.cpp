@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/runtime/convert.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
+#include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -84,8 +84,8 @@ void BM_Decode_Read(benchmark::State& state) {
         [](float a, float b) { return a + b; }, oneapi::tbb::static_partitioner());
     benchmark::DoNotOptimize(sum);
   }
-  state.counters["bytes_per_second"] =
-      benchmark::Counter(static_cast<double>(n) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(n) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The column strips device_gemm uses for a decode product, each strip one call of `strip`.
@@ -113,13 +113,16 @@ void BM_Decode_Gemv(benchmark::State& state) {
   for (auto _ : state) {
     strips(m, [&](std::int64_t c0, std::int64_t cols) {
       const std::int64_t elem = static_cast<std::int64_t>(dtype_size(T));
-      ops::skinny_gemm(m, cols, kK, x.data(), kK, static_cast<const char*>(b) + c0 * elem, T, kN, y.data() + c0, kN);
+      ops::skinny_gemm(m, cols, kK, x.data(), kK, static_cast<const char*>(b) + c0 * elem, T, kN,
+                       y.data() + c0, kN);
     });
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["bytes_per_second"] = benchmark::Counter(
-      static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(runtime::kernel_level())));
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(to_string(T)) + ", " +
+                 std::string(runtime::to_string(runtime::kernel_level())));
 }
 
 // The path numesh's layers take: device_decode_gemm (what device_gemm runs for fp32), blocks of
@@ -131,11 +134,13 @@ void BM_Decode_DeviceGemm(benchmark::State& state) {
   const void* b = T == DType::kF32 ? static_cast<const void*>(weights_f32().data())
                                    : static_cast<const void*>(weights_16(T).data());
   for (auto _ : state) {
-    ops::device_decode_gemm(ops::ConstMatrixMap(x.data(), m, kK), b, T, ops::MatrixMap(y.data(), m, kN));
+    ops::device_decode_gemm(ops::ConstMatrixMap(x.data(), m, kK), b, T,
+                            ops::MatrixMap(y.data(), m, kN));
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["bytes_per_second"] = benchmark::Counter(
-      static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(kK * kN) * static_cast<double>(dtype_size(T)),
+                         benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(to_string(T)));
 }
 
@@ -146,23 +151,48 @@ void BM_Decode_OpenBlas(benchmark::State& state) {
   const float* b = weights_f32().data();
   for (auto _ : state) {
     strips(m, [&](std::int64_t c0, std::int64_t cols) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(cols),
-                  static_cast<int>(kK), 1.0f, x.data(), static_cast<int>(kK), b + c0, static_cast<int>(kN), 0.0f,
-                  y.data() + c0, static_cast<int>(kN));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                  static_cast<int>(cols), static_cast<int>(kK), 1.0f, x.data(),
+                  static_cast<int>(kK), b + c0, static_cast<int>(kN), 0.0f, y.data() + c0,
+                  static_cast<int>(kN));
     });
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["bytes_per_second"] =
-      benchmark::Counter(static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK(BM_Decode_Read)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_Gemv<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_Gemv<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_Gemv<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_DeviceGemm<DType::kF32>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_DeviceGemm<DType::kBF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Decode_DeviceGemm<DType::kF16>)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kF32>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kBF16>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_Gemv<DType::kF16>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kF32>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kBF16>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode_DeviceGemm<DType::kF16>)
+    ->Arg(1)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_OpenBlas)->Arg(1)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

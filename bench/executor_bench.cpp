@@ -16,9 +16,8 @@
 //   build/bench/bench/executor_bench
 
 #include <benchmark/benchmark.h>
-#include <oneapi/tbb/flow_graph.h>
-
 #include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
 
@@ -44,7 +43,8 @@ std::vector<NodeId> preds(Shape shape, int i, int devices) {
   if (i == 0) return {};
   switch (shape) {
     case Shape::kChain:
-    case Shape::kPingPong: return {static_cast<NodeId>(i - 1)};
+    case Shape::kPingPong:
+      return {static_cast<NodeId>(i - 1)};
     case Shape::kStage:
     case Shape::kLayered: {
       if (i < devices) return {};
@@ -57,9 +57,7 @@ std::vector<NodeId> preds(Shape shape, int i, int devices) {
   return {};
 }
 
-int device_of(Shape shape, int i, int devices) {
-  return shape == Shape::kChain ? 0 : i % devices;
-}
+int device_of(Shape shape, int i, int devices) { return shape == Shape::kChain ? 0 : i % devices; }
 
 void BM_Numesh(benchmark::State& state, Shape shape) {
   auto devices = bench_devices();
@@ -68,13 +66,14 @@ void BM_Numesh(benchmark::State& state, Shape shape) {
   const int kNodes = node_count(shape, d);
   for (int i = 0; i < kNodes; ++i) {
     const auto p = preds(shape, i, d);
-    b.add(device_of(shape, i, d), "n", [] {}, p);
+    b.add(
+        device_of(shape, i, d), "n", [] {}, p);
   }
   runtime::CompiledGraph g = b.compile();
   for (auto _ : state) g.run();
-  state.counters["us_per_node"] =
-      benchmark::Counter(static_cast<double>(kNodes) * 1e-6,
-                         benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["us_per_node"] = benchmark::Counter(
+      static_cast<double>(kNodes) * 1e-6,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_RawTbb(benchmark::State& state, Shape shape) {
@@ -94,9 +93,9 @@ void BM_RawTbb(benchmark::State& state, Shape shape) {
     start.try_put(flow::continue_msg());
     g.wait_for_all();
   }
-  state.counters["us_per_node"] =
-      benchmark::Counter(static_cast<double>(kNodes) * 1e-6,
-                         benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["us_per_node"] = benchmark::Counter(
+      static_cast<double>(kNodes) * 1e-6,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void spin_for(std::chrono::nanoseconds work) {

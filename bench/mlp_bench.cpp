@@ -22,7 +22,6 @@
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
-
 #include <oneapi/tbb/task_arena.h>
 
 #include <cmath>
@@ -36,10 +35,10 @@
 
 #include "bench_devices.hpp"
 #include "numesh/ops/kernels/activations.hpp"
-#include "numesh/runtime/convert.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -62,7 +61,8 @@ ops::RowMatrix matrix(const runtime::HostTensor& t) {
 }
 
 void set_flops(benchmark::State& state) {
-  state.counters["GFLOP/s"] = benchmark::Counter(kFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(kFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // numesh's MLP over the benchmark devices laid out as one `axis`, timing the compiled graph.
@@ -151,16 +151,19 @@ void BM_Gemm16(benchmark::State& state, DType t, std::int64_t cols) {
   openblas_set_num_threads(1);  // as numesh's gemm() runs it, whatever ran before
   for (auto _ : state) {
     if (t == DType::kF32) {
-      ops::gemm(kTokens, cols, kHidden, 1.0f, x.data.data(), kHidden, w1.data.data(), kInter, false, 0.0f, h.data(),
-                kInter);
+      ops::gemm(kTokens, cols, kHidden, 1.0f, x.data.data(), kHidden, w1.data.data(), kInter, false,
+                0.0f, h.data(), kInter);
     } else {
-      ops::gemm_16bit(kTokens, cols, kHidden, x.data.data(), kHidden, w16.data(), t, kInter, h.data(), kInter);
+      ops::gemm_16bit(kTokens, cols, kHidden, x.data.data(), kHidden, w16.data(), t, kInter,
+                      h.data(), kInter);
     }
     benchmark::DoNotOptimize(h.data());
   }
-  state.SetLabel(t == DType::kF32 ? std::string("openblas") : std::string(runtime::to_string(runtime::kernel_level())));
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * kHidden * static_cast<double>(cols) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(t == DType::kF32 ? std::string("openblas")
+                                  : std::string(runtime::to_string(runtime::kernel_level())));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * kTokens * kHidden * static_cast<double>(cols) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // GELU over an activation of the MLP's [512, 4096] (values of the spread x . W1 has), on one
@@ -219,12 +222,24 @@ BENCHMARK_CAPTURE(BM_Gemm, OpenBlas1, GemmLib::kOpenBlasOneThread)
 BENCHMARK_CAPTURE(BM_Gemm, OpenBlas2, GemmLib::kOpenBlasTwoThreads)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, f32, DType::kF32, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, bf16, DType::kBF16, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, f16, DType::kF16, kInter)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, f32_n256, DType::kF32, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, bf16_n256, DType::kBF16, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Gemm16, f16_n256, DType::kF16, 256)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f32, DType::kF32, kInter)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, bf16, DType::kBF16, kInter)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f16, DType::kF16, kInter)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f32_n256, DType::kF32, 256)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, bf16_n256, DType::kBF16, 256)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Gemm16, f16_n256, DType::kF16, 256)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gelu, Vectorized, true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gelu, ScalarErf, false)->UseRealTime()->Unit(benchmark::kMillisecond);
 #if defined(__AVX__) && defined(__FMA__)

@@ -26,9 +26,9 @@
 // Counters: GFLOP/s (2*T*H*E + 3*2*H*F*T*k, the script's count) and tokens/s.
 
 #include <benchmark/benchmark.h>
-#include <oneapi/tbb/task_arena.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <random>
@@ -36,12 +36,12 @@
 #include <vector>
 
 #include "bench_devices.hpp"
-#include "numesh/ops/lowering/attention.hpp"
+#include "numesh/ops/kernels/attention_core.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+#include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/reference/moe.hpp"
-#include "numesh/ops/kernels/rope.hpp"
-#include "numesh/ops/kernels/attention_core.hpp"
 
 namespace numesh::bench {
 namespace {
@@ -61,7 +61,8 @@ constexpr ops::AttentionConfig kAttention{.num_heads = kHeads,
 // attention_torch.py's flops(): projections plus QK^T and PV over the full t x s score matrix.
 constexpr double torch_attention_flops(std::int64_t t, std::int64_t s) {
   const double projections = 2.0 * static_cast<double>(t) * static_cast<double>(kHidden) *
-                             static_cast<double>(kHeadDim) * static_cast<double>(2 * kHeads + 2 * kKvHeads);
+                             static_cast<double>(kHeadDim) *
+                             static_cast<double>(2 * kHeads + 2 * kKvHeads);
   return projections + 2.0 * 2.0 * static_cast<double>(kHeads) * static_cast<double>(t) *
                            static_cast<double>(s) * static_cast<double>(kHeadDim);
 }
@@ -112,16 +113,19 @@ ops::AttentionSlice attention_slice(std::int64_t q_len, std::int64_t kv_len) {
 }
 
 void set_prefill_counters(benchmark::State& state) {
-  state.counters["GFLOP/s"] = benchmark::Counter(ops::attention_flops(kAttention, kHidden, 1, kSeq, 0) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["torch_GFLOP/s"] =
-      benchmark::Counter(torch_attention_flops(kSeq, kSeq) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(ops::attention_flops(kAttention, kHidden, 1, kSeq, 0) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["torch_GFLOP/s"] = benchmark::Counter(
+      torch_attention_flops(kSeq, kSeq) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void set_decode_counters(benchmark::State& state) {
-  state.counters["GFLOP/s"] = benchmark::Counter(ops::attention_flops(kAttention, kHidden, 1, 1, kSeq) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GB/s"] = benchmark::Counter(kDecodeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(ops::attention_flops(kAttention, kHidden, 1, 1, kSeq) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(kDecodeBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Attention_Prefill_Sharded(benchmark::State& state) {
@@ -189,8 +193,8 @@ void BM_Attention_Decode_Reference(benchmark::State& state) {
   ops::RowMatrix q(1, kQDim), k(1, kKvDim), v(1, kKvDim), o(1, kQDim), y(1, kHidden);
   const ops::AttentionSlice slice = attention_slice(1, kLen);
   // Scratch for every slot of the arena the benchmark runs in (attention_core is parallel).
-  std::vector<float> scores(static_cast<std::size_t>(
-      ops::attention_scratch_floats(slice, kHeadDim, oneapi::tbb::this_task_arena::max_concurrency())));
+  std::vector<float> scores(static_cast<std::size_t>(ops::attention_scratch_floats(
+      slice, kHeadDim, oneapi::tbb::this_task_arena::max_concurrency())));
   const ops::KvView kv{.k = cache_k.data(),
                        .v = cache_v.data(),
                        .batch_stride = kLen * kKvDim,
@@ -214,9 +218,11 @@ void BM_Attention_Decode_Reference(benchmark::State& state) {
 // ---- MoE --------------------------------------------------------------------------------------
 
 constexpr std::int64_t kTokens = 512, kFfn = 1024, kExperts = 8, kTopK = 2;
-constexpr double kMoeFlops = 2.0 * kTokens * kHidden * kExperts + 3.0 * 2.0 * kHidden * kFfn * kTokens * kTopK;
+constexpr double kMoeFlops =
+    2.0 * kTokens * kHidden * kExperts + 3.0 * 2.0 * kHidden * kFfn * kTokens * kTopK;
 
-constexpr ops::MoeConfig kMoe{.num_experts = kExperts, .top_k = kTopK, .capacity_factor = 0.0f, .renormalize = true};
+constexpr ops::MoeConfig kMoe{
+    .num_experts = kExperts, .top_k = kTopK, .capacity_factor = 0.0f, .renormalize = true};
 
 ops::MoeWeights moe_weights() {
   ops::MoeWeights w;
@@ -230,9 +236,10 @@ ops::MoeWeights moe_weights() {
 runtime::HostTensor moe_input() { return random({kTokens, kHidden}, 25, 1.0f); }
 
 void set_moe_counters(benchmark::State& state) {
-  state.counters["GFLOP/s"] = benchmark::Counter(kMoeFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(kTokens), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(kMoeFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kTokens),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void run_sharded_moe(benchmark::State& state, const char* axis, ops::MoeAxes axes = {}) {
@@ -251,7 +258,9 @@ void BM_Moe_Sharded(benchmark::State& state) { run_sharded_moe(state, "ep"); }
 void BM_Moe_ShardedTp(benchmark::State& state) { run_sharded_moe(state, "tp"); }
 // Tokens split over ep as well: each device routes its half, GShard's all-to-all dispatch and
 // combine (the label sums the two routing groups' counts).
-void BM_Moe_ShardedAllToAll(benchmark::State& state) { run_sharded_moe(state, "ep", ops::MoeAxes{.batch = {"ep"}}); }
+void BM_Moe_ShardedAllToAll(benchmark::State& state) {
+  run_sharded_moe(state, "ep", ops::MoeAxes{.batch = {"ep"}});
+}
 
 void BM_Moe_Reference(benchmark::State& state) {
   const ops::MoeWeights w = moe_weights();

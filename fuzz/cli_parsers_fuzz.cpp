@@ -15,10 +15,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text = fuzz::as_text(data + 1, size - 1);
   fuzz::expect_clear_error_only([&] {
     switch (data[0] % 17) {
-      case 0: (void)parse_names(text); break;
-      case 1: (void)parse_items(text); break;
-      case 2: (void)parse_int_list(text, "--dims"); break;
-      case 3: (void)parse_token_ids(text, "--ids"); break;
+      case 0:
+        (void)parse_names(text);
+        break;
+      case 1:
+        (void)parse_items(text);
+        break;
+      case 2:
+        (void)parse_int_list(text, "--dims");
+        break;
+      case 3:
+        (void)parse_token_ids(text, "--ids");
+        break;
       case 4:
         for (const std::int64_t d : parse_shape(text, "--shape")) {
           if (d < 0) std::abort();
@@ -35,16 +43,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (bytes > max || bytes % 64 != 0) std::abort();
         break;
       }
-      case 7: (void)parse_memory_kernels(text); break;
-      case 8: (void)parse_threads_sweep(text); break;
-      case 9: (void)parse_policy_option(text); break;
-      case 10: (void)parse_mode_arg(text); break;
-      case 11: (void)parse_run_mode(text); break;
-      case 12: (void)parse_op_mode(text); break;
-      case 13: (void)parse_kv_layout(text); break;
-      case 14: (void)parse_axes(text); break;
-      case 15: (void)parse_set_value(text); break;
-      default: (void)parse_field_set(text); break;
+      case 7:
+        (void)parse_memory_kernels(text);
+        break;
+      case 8:
+        (void)parse_threads_sweep(text);
+        break;
+      case 9:
+        (void)parse_policy_option(text);
+        break;
+      case 10:
+        (void)parse_mode_arg(text);
+        break;
+      case 11:
+        (void)parse_run_mode(text);
+        break;
+      case 12:
+        (void)parse_op_mode(text);
+        break;
+      case 13:
+        (void)parse_kv_layout(text);
+        break;
+      case 14:
+        (void)parse_axes(text);
+        break;
+      case 15:
+        (void)parse_set_value(text);
+        break;
+      default:
+        (void)parse_field_set(text);
+        break;
     }
   });
   return 0;

@@ -15,16 +15,17 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace numesh;
   static const std::vector<std::vector<sharding::AxisRule>> kAxes = {
-      tools::parse_axes("batch,query_length,embed"), tools::parse_axes("batch,key_length,head,head_dim"),
-      tools::parse_axes("expert,embed,mlp"), tools::parse_axes("(batch,length),vocab")};
+      tools::parse_axes("batch,query_length,embed"),
+      tools::parse_axes("batch,key_length,head,head_dim"), tools::parse_axes("expert,embed,mlp"),
+      tools::parse_axes("(batch,length),vocab")};
   const auto file = fuzz::scratch().write("paxis.json", {data, size});
   fuzz::expect_clear_error_only([&] {
     const sharding::PartitionAxis paxis = tools::build_paxis(file.string(), {});
     if (sharding::PartitionAxis::from_json(paxis.to_json()) != paxis) std::abort();
     const sharding::PartitionManager manager(paxis);
     for (const auto& axes : kAxes) {
-      for (const auto mode : {sharding::Mode::kTrain, sharding::Mode::kPrefill, sharding::Mode::kDecode,
-                              sharding::Mode::kInsert}) {
+      for (const auto mode : {sharding::Mode::kTrain, sharding::Mode::kPrefill,
+                              sharding::Mode::kDecode, sharding::Mode::kInsert}) {
         fuzz::expect_clear_error_only([&] { (void)manager.resolve(axes, mode); });
       }
     }

@@ -25,9 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // One spec has no text of its own, in JAX as here: a one-member tuple of the empty name,
         // P(('',)), keeps '' (canonicalisation unwraps it without looking again), while the
         // P('',) its repr shows canonicalises '' to None.
-        const bool empty_name = std::any_of(spec.begin(), spec.end(), [](const sharding::AxisRule& e) {
-          return e.is_name() && e.name().empty();
-        });
+        const bool empty_name = std::any_of(
+            spec.begin(), spec.end(),
+            [](const sharding::AxisRule& e) { return e.is_name() && e.name().empty(); });
         if (!empty_name && sharding::PartitionSpec::parse(spec.repr()) != spec) std::abort();
       });
       break;
@@ -35,8 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       fuzz::expect_clear_error_only([&] {
         static const sharding::PartitionManager manager;
         const auto axes = tools::parse_axes(text);
-        for (const auto mode : {sharding::Mode::kTrain, sharding::Mode::kPrefill, sharding::Mode::kDecode,
-                                sharding::Mode::kInsert}) {
+        for (const auto mode : {sharding::Mode::kTrain, sharding::Mode::kPrefill,
+                                sharding::Mode::kDecode, sharding::Mode::kInsert}) {
           fuzz::expect_clear_error_only([&] { (void)manager.resolve(axes, mode); });
         }
       });

@@ -20,7 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#define NUMESH_FUZZ_TARGET(name) extern "C" int numesh_fuzz_##name(const std::uint8_t* data, std::size_t size);
+#define NUMESH_FUZZ_TARGET(name) \
+  extern "C" int numesh_fuzz_##name(const std::uint8_t* data, std::size_t size);
 #include "fuzz_targets.inc"
 #undef NUMESH_FUZZ_TARGET
 
@@ -55,7 +56,8 @@ std::vector<std::filesystem::path> inputs_of(const std::filesystem::path& path) 
 
 int main(int argc, char** argv) try {
   std::string names;
-  for (const Target& t : kTargets) names += std::string(names.empty() ? "" : ", ") + std::string(t.name);
+  for (const Target& t : kTargets)
+    names += std::string(names.empty() ? "" : ", ") + std::string(t.name);
   if (argc < 3) {
     std::fprintf(stderr, "usage: fuzz_replay TARGET PATH...\ntargets: %s\n", names.c_str());
     return 2;
@@ -76,7 +78,8 @@ int main(int argc, char** argv) try {
     }
     for (const std::filesystem::path& file : files) {
       std::ifstream in(file, std::ios::binary);
-      const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                    std::istreambuf_iterator<char>());
       if (!in.eof() && in.fail()) {
         std::fprintf(stderr, "fuzz_replay: cannot read %s\n", file.c_str());
         return 2;

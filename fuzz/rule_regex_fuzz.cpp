@@ -20,13 +20,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text = fuzz::as_text(data, size);
   const std::size_t newline = text.find('\n');
   const std::string_view pattern = text.substr(0, newline);
-  const std::string_view path = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+  const std::string_view path =
+      newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
   fuzz::expect_clear_error_only([&] {
     const auto rules = sharding::create_pattern_based_partition_spec(pattern, &mesh);
     (void)rules.rules().size();
   });
   fuzz::expect_clear_error_only([&] {
-    const std::vector<sharding::PartitionRule> rules = {{std::string(pattern), sharding::PartitionSpec{"fsdp"}}};
+    const std::vector<sharding::PartitionRule> rules = {
+        {std::string(pattern), sharding::PartitionSpec{"fsdp"}}};
     const std::vector<sharding::NamedLeaf> leaves = {{std::string(path), std::nullopt}};
     (void)sharding::match_partition_rules(rules, leaves, 0);
   });

@@ -10,7 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace numesh;
   fuzz::expect_clear_error_only([&] {
-    const models::Tokenizer tokenizer = models::Tokenizer::parse(fuzz::as_text(data, size), "fuzz input");
+    const models::Tokenizer tokenizer =
+        models::Tokenizer::parse(fuzz::as_text(data, size), "fuzz input");
     const auto ids = tokenizer.encode("Hello world, 123 <|begin_of_text|> naïve ☃");
     for (const std::int32_t id : ids) {
       if (id < 0 || id >= tokenizer.vocab_size()) std::abort();

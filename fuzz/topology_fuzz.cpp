@@ -60,7 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace numesh;
   const std::string_view text = fuzz::as_text(data, size);
   const bool xml = !text.empty() && text.front() == '<';
-  const auto file = xml ? fuzz::scratch().write("topology.xml", {data, size}) : std::filesystem::path();
+  const auto file =
+      xml ? fuzz::scratch().write("topology.xml", {data, size}) : std::filesystem::path();
   if (xml && !hwloc_survives(file.c_str())) return 0;
   fuzz::expect_clear_error_only([&] {
     const runtime::Topology topology =
@@ -71,9 +72,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const auto devices = runtime::place_devices(topology, {.policy = policy, .use_smt = smt});
         for (const runtime::DeviceSpec& d : devices) {
           if (d.threads < 1 || d.cpuset.empty()) {
-            std::fprintf(stderr, "topology_fuzz: policy %d smt %d: device %d (%s) has %d threads on cpuset '%s'\n",
-                         static_cast<int>(policy), smt ? 1 : 0, d.index, d.label.c_str(), d.threads,
-                         d.cpuset.to_string().c_str());
+            std::fprintf(
+                stderr,
+                "topology_fuzz: policy %d smt %d: device %d (%s) has %d threads on cpuset '%s'\n",
+                static_cast<int>(policy), smt ? 1 : 0, d.index, d.label.c_str(), d.threads,
+                d.cpuset.to_string().c_str());
             std::abort();
           }
         }

@@ -22,16 +22,19 @@ namespace rt = numesh::runtime;
 int main(int argc, char** argv) {
   try {
     const bool machine = argc > 1 && std::string(argv[1]) == "machine";
-    auto devices = rt::DeviceSet::create(machine ? rt::Topology::discover()
-                                                 : rt::Topology::from_synthetic("numa:2 core:1 pu:1"));
-    const int last = static_cast<int>(devices->size()) - 1;  // the consumer's device (0 on one node)
+    auto devices = rt::DeviceSet::create(
+        machine ? rt::Topology::discover() : rt::Topology::from_synthetic("numa:2 core:1 pu:1"));
+    const int last =
+        static_cast<int>(devices->size()) - 1;  // the consumer's device (0 on one node)
     constexpr std::size_t kCount = 1 << 16;
 
     // Each buffer lives in its device's NUMA node.
     rt::DeviceBuffer produced = devices->device(0).allocate(kCount * sizeof(double));
-    rt::DeviceBuffer consumed = devices->device(static_cast<std::size_t>(last)).allocate(kCount * sizeof(double));
+    rt::DeviceBuffer consumed =
+        devices->device(static_cast<std::size_t>(last)).allocate(kCount * sizeof(double));
     const auto as_doubles = [](rt::DeviceBuffer& b) {
-      return std::span<double>(reinterpret_cast<double*>(b.data()), b.size_bytes() / sizeof(double));
+      return std::span<double>(reinterpret_cast<double*>(b.data()),
+                               b.size_bytes() / sizeof(double));
     };
     double total = 0.0;
     bool cancel_this_run = false;
@@ -44,31 +47,38 @@ int main(int argc, char** argv) {
       auto v = as_doubles(produced);
       std::iota(v.begin(), v.end(), 1.0);
     });
-    const rt::NodeId copy = builder.add(last, "copy", [&] {
-      if (cancel_this_run) running->cancel();  // nodes not yet started are skipped
-      if (fail_this_run) throw std::runtime_error("the caller's own error");
-      auto from = as_doubles(produced);
-      auto to = as_doubles(consumed);
-      std::copy(from.begin(), from.end(), to.begin());
-    }, {produce});
-    builder.add(last, "reduce", [&] {
-      auto v = as_doubles(consumed);
-      total = std::accumulate(v.begin(), v.end(), 0.0);
-    }, {copy});
+    const rt::NodeId copy = builder.add(last, "copy",
+                                        [&] {
+                                          if (cancel_this_run)
+                                            running->cancel();  // nodes not yet started are skipped
+                                          if (fail_this_run)
+                                            throw std::runtime_error("the caller's own error");
+                                          auto from = as_doubles(produced);
+                                          auto to = as_doubles(consumed);
+                                          std::copy(from.begin(), from.end(), to.begin());
+                                        },
+                                        {produce});
+    builder.add(last, "reduce",
+                [&] {
+                  auto v = as_doubles(consumed);
+                  total = std::accumulate(v.begin(), v.end(), 0.0);
+                },
+                {copy});
     rt::CompiledGraph graph = builder.compile();
     running = &graph;
 
     const double expected = static_cast<double>(kCount) * (kCount + 1) / 2;
     graph.run();
-    std::printf("scheduler: %zu devices, %zu nodes, total %.0f (expected %.0f)\n", devices->size(), graph.size(),
-                total, expected);
+    std::printf("scheduler: %zu devices, %zu nodes, total %.0f (expected %.0f)\n", devices->size(),
+                graph.size(), total, expected);
 
     total = 0.0;
     cancel_this_run = true;
     try {
       graph.run();
     } catch (const numesh::CancelledError& e) {
-      std::printf("scheduler: cancelled: %s; reduce ran: %s\n", e.what(), total == 0.0 ? "no" : "yes");
+      std::printf("scheduler: cancelled: %s; reduce ran: %s\n", e.what(),
+                  total == 0.0 ? "no" : "yes");
     }
     cancel_this_run = false;
 

@@ -19,37 +19,45 @@ constexpr std::int64_t kRowBlock = 64;
 
 // Reads matrix `name` [out, in]'s box [o0, o0 + no) x [i0, i0 + ni) transposed into `dst`, the
 // row-major [ni, no] block of a shard (elements of `dtype`), over the calling arena's threads.
-void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string& name, std::int64_t o0,
-                     std::int64_t no, std::int64_t i0, std::int64_t ni, DType dtype, std::byte* dst) {
+void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string& name,
+                     std::int64_t o0, std::int64_t no, std::int64_t i0, std::int64_t ni,
+                     DType dtype, std::byte* dst) {
   const std::size_t size = dtype_size(dtype);
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, no, kRowBlock), [&](const tbb::blocked_range<std::int64_t>& r) {
-    const std::int64_t rows = r.end() - r.begin();
-    // Each task stages its own block (tasks may nest on one thread, so not thread-local).
-    std::vector<std::byte> block(static_cast<std::size_t>(rows * ni) * size);
-    const std::array<std::int64_t, 2> offsets{o0 + r.begin(), i0}, sizes{rows, ni};
-    checkpoint.read_box(name, offsets, sizes, dtype, block);
-    transpose(block.data(), rows, ni, size, dst + static_cast<std::size_t>(r.begin()) * size, no);
-  });
+  tbb::parallel_for(
+      tbb::blocked_range<std::int64_t>(0, no, kRowBlock),
+      [&](const tbb::blocked_range<std::int64_t>& r) {
+        const std::int64_t rows = r.end() - r.begin();
+        // Each task stages its own block (tasks may nest on one thread, so not thread-local).
+        std::vector<std::byte> block(static_cast<std::size_t>(rows * ni) * size);
+        const std::array<std::int64_t, 2> offsets{o0 + r.begin(), i0}, sizes{rows, ni};
+        checkpoint.read_box(name, offsets, sizes, dtype, block);
+        transpose(block.data(), rows, ni, size, dst + static_cast<std::size_t>(r.begin()) * size,
+                  no);
+      });
 }
 
 // Reads tensor `name`'s box [r0, r0 + nr) x [c0, c0 + nc) as it is into `dst` ([nr, nc]), in
 // row blocks over the calling arena's threads.
-void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& name, std::int64_t r0,
-                   std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype, std::byte* dst) {
+void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& name,
+                   std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype,
+                   std::byte* dst) {
   const std::size_t row_bytes = static_cast<std::size_t>(nc) * dtype_size(dtype);
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, nr, kRowBlock), [&](const tbb::blocked_range<std::int64_t>& r) {
-    const std::int64_t rows = r.end() - r.begin();
-    const std::array<std::int64_t, 2> offsets{r0 + r.begin(), c0}, sizes{rows, nc};
-    checkpoint.read_box(name, offsets, sizes, dtype,
-                        std::span<std::byte>(dst + static_cast<std::size_t>(r.begin()) * row_bytes,
-                                             static_cast<std::size_t>(rows) * row_bytes));
-  });
+  tbb::parallel_for(
+      tbb::blocked_range<std::int64_t>(0, nr, kRowBlock),
+      [&](const tbb::blocked_range<std::int64_t>& r) {
+        const std::int64_t rows = r.end() - r.begin();
+        const std::array<std::int64_t, 2> offsets{r0 + r.begin(), c0}, sizes{rows, nc};
+        checkpoint.read_box(
+            name, offsets, sizes, dtype,
+            std::span<std::byte>(dst + static_cast<std::size_t>(r.begin()) * row_bytes,
+                                 static_cast<std::size_t>(rows) * row_bytes));
+      });
 }
 
 }  // namespace
 
-void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source, runtime::ShardedTensor& tensor,
-                 ops::WeightLayout stored) {
+void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source,
+                 runtime::ShardedTensor& tensor, ops::WeightLayout stored) {
   // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
   // transposed; other sources ([rows, cols], the embedding table) as they are.
   const bool straight = !source.transposed || stored == ops::WeightLayout::kOutIn;

@@ -95,8 +95,8 @@ J parse_strict(std::string_view text, std::string_view where, std::string_view w
     return J::parse(text.begin(), text.end(), check_keys);
   } catch (const typename J::exception& e) {
     // A parse_error, or an out_of_range for a number beyond double ("1e999": found by
-    // safetensors_index_fuzz, where it escaped as nlohmann's own exception). nlohmann's text starts with "[json.exception.parse_error.101] ", which says nothing to a
-    // reader of the message.
+    // safetensors_index_fuzz, where it escaped as nlohmann's own exception). nlohmann's text starts
+    // with "[json.exception.parse_error.101] ", which says nothing to a reader of the message.
     std::string_view message = e.what();
     if (const auto close = message.find("] ");
         message.starts_with("[json.") && close != std::string_view::npos) {

@@ -13,7 +13,7 @@ namespace numesh::models::detail {
 /// writes stay within a few cache lines (element by element, the strided writes made loading
 /// 4x slower).
 /// REQUIRES: size is 2 or 4; dst_stride >= rows; the buffers do not overlap.
-void transpose(const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t size, std::byte* dst,
-               std::int64_t dst_stride);
+void transpose(const std::byte* src, std::int64_t rows, std::int64_t cols, std::size_t size,
+               std::byte* dst, std::int64_t dst_stride);
 
 }  // namespace numesh::models::detail

@@ -6,19 +6,22 @@
 
 namespace numesh::ops {
 
-void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c, std::int64_t hidden) {
+void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c,
+                            std::int64_t hidden) {
   const std::int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   const struct {
     const char* name;
     const runtime::HostTensor& t;
     std::int64_t size;
     const char* what;
-  } expected[] = {{"bq", w.bq, q, "num_heads * head_dim"},    {"bk", w.bk, kv, "num_kv_heads * head_dim"},
-                  {"bv", w.bv, kv, "num_kv_heads * head_dim"}, {"bo", w.bo, hidden, "hidden"},
-                  {"q_norm", w.q_norm, c.head_dim, "head_dim"}, {"k_norm", w.k_norm, c.head_dim, "head_dim"}};
+  } expected[] = {
+      {"bq", w.bq, q, "num_heads * head_dim"},      {"bk", w.bk, kv, "num_kv_heads * head_dim"},
+      {"bv", w.bv, kv, "num_kv_heads * head_dim"},  {"bo", w.bo, hidden, "hidden"},
+      {"q_norm", w.q_norm, c.head_dim, "head_dim"}, {"k_norm", w.k_norm, c.head_dim, "head_dim"}};
   for (const auto& e : expected) {
     NUMESH_CHECK(e.t.shape.empty() || e.t.shape == std::vector<std::int64_t>{e.size}, ShapeError,
-                 "attention: {} {} must be [{}] ({}) or empty", e.name, detail::shape_text(e.t), e.size, e.what);
+                 "attention: {} {} must be [{}] ({}) or empty", e.name, detail::shape_text(e.t),
+                 e.size, e.what);
   }
 }
 

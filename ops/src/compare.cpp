@@ -18,10 +18,10 @@ bool same_nonfinite(double a, double b) noexcept {
 }
 
 template <typename Got, typename Want>
-Comparison compare_values(std::span<const Got> got, std::span<const Want> want, std::span<const std::int64_t> shape,
-                          const CompareOptions& options) {
-  NUMESH_CHECK(got.size() == want.size(), ShapeError, "compare: the output has {} elements and the reference {}",
-               got.size(), want.size());
+Comparison compare_values(std::span<const Got> got, std::span<const Want> want,
+                          std::span<const std::int64_t> shape, const CompareOptions& options) {
+  NUMESH_CHECK(got.size() == want.size(), ShapeError,
+               "compare: the output has {} elements and the reference {}", got.size(), want.size());
   Comparison c;
   c.shape.assign(shape.begin(), shape.end());
   c.elements = static_cast<std::int64_t>(want.size());
@@ -74,39 +74,40 @@ std::string Comparison::describe() const {
   if (elements == 0) return "nothing to compare (0 elements)";
   std::string out;
   if (nonfinite_mismatches > 0) {
-    out = fmt::format("got {:.7g} at {} where the reference is {:.7g} ({} non-finite mismatch{}); ", got_at_mismatch,
-                      index_text(first_mismatch), want_at_mismatch, nonfinite_mismatches,
-                      nonfinite_mismatches == 1 ? "" : "es");
+    out = fmt::format("got {:.7g} at {} where the reference is {:.7g} ({} non-finite mismatch{}); ",
+                      got_at_mismatch, index_text(first_mismatch), want_at_mismatch,
+                      nonfinite_mismatches, nonfinite_mismatches == 1 ? "" : "es");
   }
   if (worst_index >= 0) {
-    out += fmt::format("max relative error {:.2e} at {}: got {:.7g}, want {:.7g}, scale {:.3g}", relative_error,
-                       index_text(worst_index), got_at_worst, want_at_worst, scale);
+    out += fmt::format("max relative error {:.2e} at {}: got {:.7g}, want {:.7g}, scale {:.3g}",
+                       relative_error, index_text(worst_index), got_at_worst, want_at_worst, scale);
   } else {
     out += "no element is finite in both";
   }
   if (nonfinite_reference > 0) {
-    out += fmt::format("; {} of {} reference elements are not finite (the first at {})", nonfinite_reference,
-                       elements, index_text(first_nonfinite_reference));
+    out += fmt::format("; {} of {} reference elements are not finite (the first at {})",
+                       nonfinite_reference, elements, index_text(first_nonfinite_reference));
   }
   return out;
 }
 
-Comparison compare(std::span<const float> got, std::span<const float> want, std::span<const std::int64_t> shape,
-                   const CompareOptions& options) {
+Comparison compare(std::span<const float> got, std::span<const float> want,
+                   std::span<const std::int64_t> shape, const CompareOptions& options) {
   return compare_values(got, want, shape, options);
 }
 
-Comparison compare(std::span<const float> got, std::span<const double> want, std::span<const std::int64_t> shape,
-                   const CompareOptions& options) {
+Comparison compare(std::span<const float> got, std::span<const double> want,
+                   std::span<const std::int64_t> shape, const CompareOptions& options) {
   return compare_values(got, want, shape, options);
 }
 
-Comparison compare(std::span<const double> got, std::span<const double> want, std::span<const std::int64_t> shape,
-                   const CompareOptions& options) {
+Comparison compare(std::span<const double> got, std::span<const double> want,
+                   std::span<const std::int64_t> shape, const CompareOptions& options) {
   return compare_values(got, want, shape, options);
 }
 
-Comparison compare(const runtime::HostTensor& got, const runtime::HostTensor& want, const CompareOptions& options) {
+Comparison compare(const runtime::HostTensor& got, const runtime::HostTensor& want,
+                   const CompareOptions& options) {
   NUMESH_CHECK(got.shape == want.shape && got.data.size() == want.data.size(), ShapeError,
                "compare: the output is [{}] and the reference [{}]", fmt::join(got.shape, ", "),
                fmt::join(want.shape, ", "));

@@ -10,14 +10,15 @@
 
 namespace numesh::ops {
 
-
 runtime::HostTensor transposed(const runtime::HostTensor& m) {
-  NUMESH_CHECK(m.shape.size() == 2, ShapeError, "transposed: {} is not a matrix", detail::shape_text(m));
+  NUMESH_CHECK(m.shape.size() == 2, ShapeError, "transposed: {} is not a matrix",
+               detail::shape_text(m));
   const std::int64_t rows = m.shape[0], cols = m.shape[1];
   runtime::HostTensor t = runtime::HostTensor::zeros({cols, rows});
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      t.data[static_cast<std::size_t>(c * rows + r)] = m.data[static_cast<std::size_t>(r * cols + c)];
+      t.data[static_cast<std::size_t>(c * rows + r)] =
+          m.data[static_cast<std::size_t>(r * cols + c)];
     }
   }
   return t;
@@ -25,8 +26,8 @@ runtime::HostTensor transposed(const runtime::HostTensor& m) {
 
 runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
   NUMESH_CHECK(x.shape.size() >= 2 && from >= 0 && n >= 0 && from + n <= x.shape[1], ShapeError,
-               "slice_tokens: tokens [{}, {}) of {} (needs [B, T, ...] and the range inside T)", from, from + n,
-               detail::shape_text(x));
+               "slice_tokens: tokens [{}, {}) of {} (needs [B, T, ...] and the range inside T)",
+               from, from + n, detail::shape_text(x));
   std::vector<std::int64_t> shape = x.shape;
   const std::int64_t b = shape[0], t = shape[1];
   const std::int64_t inner =
@@ -34,7 +35,8 @@ runtime::HostTensor slice_tokens(const runtime::HostTensor& x, std::int64_t from
   shape[1] = n;
   runtime::HostTensor out = runtime::HostTensor::zeros(shape);
   for (std::int64_t bi = 0; bi < b; ++bi) {
-    std::copy_n(x.data.begin() + (bi * t + from) * inner, n * inner, out.data.begin() + bi * n * inner);
+    std::copy_n(x.data.begin() + (bi * t + from) * inner, n * inner,
+                out.data.begin() + bi * n * inner);
   }
   return out;
 }

@@ -6,7 +6,8 @@
 
 namespace numesh::ops {
 
-void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden, std::int64_t intermediate) {
+void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden,
+                  std::int64_t intermediate) {
   NUMESH_CHECK(kind == MlpKind::kSwiGLU || w.gate_bias.shape.empty(), ShapeError,
                "mlp ({}): gate_bias {} given, but a GELU MLP has no gate", to_string(kind),
                detail::shape_text(w.gate_bias));
@@ -20,8 +21,8 @@ void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden, std::i
                   {"down_bias", w.down_bias, hidden, "hidden"}};
   for (const auto& e : expected) {
     NUMESH_CHECK(e.t.shape.empty() || e.t.shape == std::vector<std::int64_t>{e.size}, ShapeError,
-                 "mlp ({}): {} {} must be [{}] ({}) or empty", to_string(kind), e.name, detail::shape_text(e.t),
-                 e.size, e.what);
+                 "mlp ({}): {} {} must be [{}] ({}) or empty", to_string(kind), e.name,
+                 detail::shape_text(e.t), e.size, e.what);
   }
 }
 

@@ -12,7 +12,8 @@ namespace numesh::ops {
 
 namespace {
 
-runtime::HostTensor normal(std::vector<std::int64_t> shape, std::mt19937& rng, float mean, float stddev) {
+runtime::HostTensor normal(std::vector<std::int64_t> shape, std::mt19937& rng, float mean,
+                           float stddev) {
   std::normal_distribution<float> dist(mean, stddev);
   runtime::HostTensor t = runtime::HostTensor::zeros(std::move(shape));
   for (float& v : t.data) v = dist(rng);
@@ -25,9 +26,13 @@ float fan_in_scale(std::int64_t fan_in) { return 1.0f / std::sqrt(static_cast<fl
 
 void TransformerConfig::validate() const {
   const AttentionConfig& a = attention;
-  NUMESH_CHECK(hidden > 0 && layers > 0 && ffn > 0 && a.num_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0,
-               ValueError, "transformer: hidden {}, layers {}, ffn {}, heads {}, kv heads {}, head_dim {} must all "
-               "be positive", hidden, layers, ffn, a.num_heads, a.num_kv_heads, a.head_dim);
+  NUMESH_CHECK(
+      hidden > 0 && layers > 0 && ffn > 0 && a.num_heads > 0 && a.num_kv_heads > 0 &&
+          a.head_dim > 0,
+      ValueError,
+      "transformer: hidden {}, layers {}, ffn {}, heads {}, kv heads {}, head_dim {} must all "
+      "be positive",
+      hidden, layers, ffn, a.num_heads, a.num_kv_heads, a.head_dim);
   NUMESH_CHECK(a.num_heads % a.num_kv_heads == 0, ValueError,
                "transformer: kv heads {} must divide heads {}", a.num_kv_heads, a.num_heads);
   NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,
@@ -36,19 +41,22 @@ void TransformerConfig::validate() const {
   NUMESH_CHECK(moe_every >= 0, ValueError, "transformer: moe_every {} is negative", moe_every);
   if (moe_every > 0) {
     NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,
-                 "transformer: top_k {} must be between 1 and the {} experts", moe.top_k, moe.num_experts);
+                 "transformer: top_k {} must be between 1 and the {} experts", moe.top_k,
+                 moe.num_experts);
     NUMESH_CHECK(moe_ffn > 0 && moe.capacity_factor >= 0.0f, ValueError,
-                 "transformer: moe_ffn {} must be positive and capacity_factor {} not negative", moe_ffn,
-                 moe.capacity_factor);
+                 "transformer: moe_ffn {} must be positive and capacity_factor {} not negative",
+                 moe_ffn, moe.capacity_factor);
   }
   NUMESH_CHECK(shared_expert_ffn >= 0, ValueError, "transformer: shared_expert_ffn {} is negative",
                shared_expert_ffn);
   for (std::size_t i = 0; i < dense_layers.size(); ++i) {
     const std::int64_t l = dense_layers[i];
-    NUMESH_CHECK(l >= 0 && l < layers, ValueError, "transformer: dense layer {} is outside the {} layers", l, layers);
-    NUMESH_CHECK(std::find(dense_layers.begin(), dense_layers.begin() + static_cast<std::ptrdiff_t>(i), l) ==
-                     dense_layers.begin() + static_cast<std::ptrdiff_t>(i),
-                 ValueError, "transformer: dense layer {} is listed twice", l);
+    NUMESH_CHECK(l >= 0 && l < layers, ValueError,
+                 "transformer: dense layer {} is outside the {} layers", l, layers);
+    NUMESH_CHECK(
+        std::find(dense_layers.begin(), dense_layers.begin() + static_cast<std::ptrdiff_t>(i), l) ==
+            dense_layers.begin() + static_cast<std::ptrdiff_t>(i),
+        ValueError, "transformer: dense layer {} is listed twice", l);
   }
   NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
 }
@@ -58,21 +66,25 @@ std::int64_t TransformerConfig::parameters() const noexcept {
   std::int64_t total = hidden;  // final norm
   for (std::int64_t l = 0; l < layers; ++l) {
     total += 2 * hidden + hidden * a.head_dim * (2 * a.num_heads + 2 * a.num_kv_heads);
-    total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn : 3 * hidden * ffn;
+    total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn
+                       : 3 * hidden * ffn;
     if (is_moe(l) && shared_expert_ffn > 0) total += 3 * hidden * shared_expert_ffn + hidden;
   }
   return total;
 }
 
-double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept {
+double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens,
+                                std::int64_t position) const noexcept {
   const auto rows = static_cast<double>(batch * tokens);
   const auto h = static_cast<double>(hidden);
   double total = 0.0;
   for (std::int64_t l = 0; l < layers; ++l) {
     total += attention_flops(attention, hidden, batch, tokens, position);
-    total += is_moe(l) ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
-                                 static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
-                       : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
+    total +=
+        is_moe(l)
+            ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
+                      static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
+            : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
     if (is_moe(l) && shared_expert_ffn > 0) {
       total += rows * (3.0 * 2.0 * h * static_cast<double>(shared_expert_ffn) + 2.0 * h);
     }
@@ -83,7 +95,8 @@ double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens, std::in
 TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::uint32_t seed) {
   c.validate();
   std::mt19937 rng(seed);
-  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
+  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads,
+                     d = c.attention.head_dim;
   TransformerWeights w;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     BlockWeights b;

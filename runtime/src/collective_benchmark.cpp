@@ -1,5 +1,6 @@
 #include "numesh/runtime/collective_benchmark.hpp"
 
+#include <fmt/format.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -12,8 +13,6 @@
 #include <new>
 #include <span>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -30,7 +29,8 @@ namespace detail {
 class AlignedBytes {
  public:
   explicit AlignedBytes(std::size_t n)
-      : data_(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))), size_(n) {
+      : data_(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))),
+        size_(n) {
     if (data_ == nullptr) throw std::bad_alloc();
     std::memset(data_, 0, n);
   }
@@ -60,9 +60,12 @@ float input_value(std::size_t rank, std::size_t i) {
 // `v` as `dtype` holds it (the reductions round their fp32 sums once).
 float stored_value(float v, DType dtype) {
   switch (dtype) {
-    case DType::kF32: return v;
-    case DType::kBF16: return f32_from_bf16(bf16_from_f32(v));
-    case DType::kF16: return f32_from_f16(f16_from_f32(v));
+    case DType::kF32:
+      return v;
+    case DType::kBF16:
+      return f32_from_bf16(bf16_from_f32(v));
+    case DType::kF16:
+      return f32_from_f16(f16_from_f32(v));
   }
   return v;
 }
@@ -77,9 +80,15 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
   for (std::size_t i = 0; i < count; ++i) {
     const float v = input_value(rank, i);
     switch (dtype) {
-      case DType::kF32: static_cast<float*>(data)[i] = v; break;
-      case DType::kBF16: static_cast<std::uint16_t*>(data)[i] = bf16_from_f32(v); break;
-      case DType::kF16: static_cast<std::uint16_t*>(data)[i] = f16_from_f32(v); break;
+      case DType::kF32:
+        static_cast<float*>(data)[i] = v;
+        break;
+      case DType::kBF16:
+        static_cast<std::uint16_t*>(data)[i] = bf16_from_f32(v);
+        break;
+      case DType::kF16:
+        static_cast<std::uint16_t*>(data)[i] = f16_from_f32(v);
+        break;
     }
   }
 }
@@ -87,17 +96,20 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
 std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks, DType dtype) {
   const std::size_t elem = dtype_size(dtype);
   NUMESH_CHECK(bytes > 0 && bytes % (elem * ranks) == 0, ValueError,
-               "{}: {} bytes is not a positive multiple of {} bytes ({}) x {} devices", to_string(op), bytes,
-               elem, to_string(dtype), ranks);
+               "{}: {} bytes is not a positive multiple of {} bytes ({}) x {} devices",
+               to_string(op), bytes, elem, to_string(dtype), ranks);
   return bytes / elem;
 }
 
 // Output elements per rank for `count` input elements per rank.
 std::size_t output_count(CollectiveOp op, std::size_t count, std::size_t ranks) {
   switch (op) {
-    case CollectiveOp::kAllGather: return count * ranks;
-    case CollectiveOp::kReduceScatter: return count / ranks;
-    default: return count;
+    case CollectiveOp::kAllGather:
+      return count * ranks;
+    case CollectiveOp::kReduceScatter:
+      return count / ranks;
+    default:
+      return count;
   }
 }
 
@@ -111,13 +123,15 @@ float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std:
       for (std::size_t r = 0; r < ranks; ++r) acc += input_value(r, i);
       return acc;
     }
-    case CollectiveOp::kAllGather: return input_value(i / count, i % count);
+    case CollectiveOp::kAllGather:
+      return input_value(i / count, i % count);
     case CollectiveOp::kReduceScatter: {
       float acc = 0;
       for (std::size_t r = 0; r < ranks; ++r) acc += input_value(r, rank * chunk + i);
       return acc;
     }
-    case CollectiveOp::kAllToAll: return input_value(i / chunk, rank * chunk + i % chunk);
+    case CollectiveOp::kAllToAll:
+      return input_value(i / chunk, rank * chunk + i % chunk);
   }
   return 0;
 }
@@ -143,8 +157,8 @@ bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks, DType 
 // dst[0, n) = the sum over `srcs` of their [offset, offset + n), as a plain loop would: fp32
 // adds in source order, and for 16-bit buffers the sources widened a block at a time with the
 // library's conversion kernels and the sum rounded once (what numesh's reductions compute).
-void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::size_t offset, std::size_t n,
-                  std::byte* dst) {
+void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::size_t offset,
+                  std::size_t n, std::byte* dst) {
   const std::size_t elem = dtype_size(dtype);
   if (dtype == DType::kF32) {
     auto* d = reinterpret_cast<float*>(dst);
@@ -185,10 +199,14 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
 
 std::string_view to_string(CollectiveOp op) noexcept {
   switch (op) {
-    case CollectiveOp::kAllReduce: return "all-reduce";
-    case CollectiveOp::kAllGather: return "all-gather";
-    case CollectiveOp::kReduceScatter: return "reduce-scatter";
-    case CollectiveOp::kAllToAll: return "all-to-all";
+    case CollectiveOp::kAllReduce:
+      return "all-reduce";
+    case CollectiveOp::kAllGather:
+      return "all-gather";
+    case CollectiveOp::kReduceScatter:
+      return "reduce-scatter";
+    case CollectiveOp::kAllToAll:
+      return "all-to-all";
   }
   return "?";
 }
@@ -207,8 +225,8 @@ std::vector<CollectiveOp> all_collective_ops() {
           CollectiveOp::kAllToAll};
 }
 
-GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op, std::size_t bytes,
-                                 DType dtype)
+GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op,
+                                 std::size_t bytes, DType dtype)
     : op_(op),
       dtype_(dtype),
       count_(element_count(op, bytes, devices->size(), dtype)),
@@ -219,8 +237,10 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
         std::vector<BufferView> iv, ov;
         for (std::size_t r = 0; r < ranks; ++r) {
           const auto slot = static_cast<std::int64_t>(r);
-          in_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(count_)}, dtype);
-          out_.emplace_back(mesh_.device(slot), std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)}, dtype);
+          in_.emplace_back(mesh_.device(slot),
+                           std::vector<std::int64_t>{static_cast<std::int64_t>(count_)}, dtype);
+          out_.emplace_back(mesh_.device(slot),
+                            std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)}, dtype);
           void* v = in_.back().data();
           // Written by the device's threads, so the pages stay on its node.
           mesh_.device(slot).execute([&] { fill_inputs(v, dtype, count_, r); });
@@ -233,15 +253,18 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
           case CollectiveOp::kAllReduce:
             all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
             break;
-          case CollectiveOp::kAllGather: all_gather(b, mesh_, iv, ov, count_, args); break;
+          case CollectiveOp::kAllGather:
+            all_gather(b, mesh_, iv, ov, count_, args);
+            break;
           case CollectiveOp::kReduceScatter:
             reduce_scatter(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
             break;
           case CollectiveOp::kAllToAll: {
             const std::size_t chunk = count_ / ranks;
             all_to_all(b, mesh_, iv, ov,
-                                std::vector<std::vector<std::size_t>>(ranks, std::vector<std::size_t>(ranks, chunk)),
-                                args);
+                       std::vector<std::vector<std::size_t>>(
+                           ranks, std::vector<std::size_t>(ranks, chunk)),
+                       args);
             break;
           }
         }
@@ -249,7 +272,8 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
       }()) {}
 
 bool GraphCollective::check() const {
-  return check_outputs(op_, count_, in_.size(), dtype_, [this](std::size_t r) { return out_[r].data(); });
+  return check_outputs(op_, count_, in_.size(), dtype_,
+                       [this](std::size_t r) { return out_[r].data(); });
 }
 
 // The plain baseline.
@@ -263,10 +287,10 @@ struct PlainCollective::State {
   std::vector<std::unique_ptr<detail::AlignedBytes>> in, out;
   std::vector<const std::byte*> inputs;  // in's data, for the reductions (filled once)
   std::vector<std::thread> threads;
-  std::atomic<std::uint64_t> go{0};        // generation the helpers should run
+  std::atomic<std::uint64_t> go{0};  // generation the helpers should run
   std::atomic<bool> quit{false};
-  std::atomic<std::size_t> arrived{0};     // barrier: threads arrived in this phase
-  std::atomic<std::uint64_t> phase{0};     // barrier: completed phases
+  std::atomic<std::size_t> arrived{0};  // barrier: threads arrived in this phase
+  std::atomic<std::uint64_t> phase{0};  // barrier: completed phases
 
   void wait_until(const std::function<bool()>& ready) const {
     int spins = 0;
@@ -294,12 +318,14 @@ struct PlainCollective::State {
         plain_reduce(dtype, inputs, b, chunk, dst + b * elem);
         barrier();
         for (std::size_t j = 0; j < ranks; ++j) {
-          if (j != r) std::memcpy(dst + j * chunk * elem, out[j]->data() + j * chunk * elem, chunk * elem);
+          if (j != r)
+            std::memcpy(dst + j * chunk * elem, out[j]->data() + j * chunk * elem, chunk * elem);
         }
         break;
       }
       case CollectiveOp::kAllGather:
-        for (std::size_t j = 0; j < ranks; ++j) std::memcpy(dst + j * count * elem, in[j]->data(), count * elem);
+        for (std::size_t j = 0; j < ranks; ++j)
+          std::memcpy(dst + j * count * elem, in[j]->data(), count * elem);
         break;
       case CollectiveOp::kReduceScatter:
         plain_reduce(dtype, inputs, r * chunk, chunk, dst);
@@ -313,7 +339,7 @@ struct PlainCollective::State {
     barrier();
   }
 
-  std::vector<int> cpus;     // the CPUs this process may use (taskset, cgroups)
+  std::vector<int> cpus;      // the CPUs this process may use (taskset, cgroups)
   cpu_set_t caller_affinity;  // rank 0's binding before the benchmark, restored after
 
   void setup(std::size_t r) {
@@ -379,7 +405,8 @@ void PlainCollective::run() {
 
 bool PlainCollective::check() const {
   const State& s = *state_;
-  return check_outputs(s.op, s.count, s.ranks, s.dtype, [&s](std::size_t r) { return s.out[r]->data(); });
+  return check_outputs(s.op, s.count, s.ranks, s.dtype,
+                       [&s](std::size_t r) { return s.out[r]->data(); });
 }
 
 struct MemcpyBaseline::Buffers {
@@ -387,7 +414,8 @@ struct MemcpyBaseline::Buffers {
   detail::AlignedBytes src, dst;
 };
 
-MemcpyBaseline::MemcpyBaseline(std::size_t bytes) : buffers_(std::make_unique<Buffers>(bytes)), bytes_(bytes) {
+MemcpyBaseline::MemcpyBaseline(std::size_t bytes)
+    : buffers_(std::make_unique<Buffers>(bytes)), bytes_(bytes) {
   // 1 + i mod 251: never 0, and a copy that drops or shifts bytes does not give it back.
   auto* src = reinterpret_cast<unsigned char*>(buffers_->src.data());
   for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(1 + i % 251);

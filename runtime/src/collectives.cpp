@@ -6,10 +6,10 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
-#include <memory>
-#include <span>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <span>
 #include <utility>
 
 #include "box_runs.hpp"
@@ -39,10 +39,9 @@ void for_range(std::size_t n, Fn&& fn) {
     if (n > 0) fn(std::size_t{0}, n);
     return;
   }
-  oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, n, kGrain),
-                            [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
-                              fn(r.begin(), r.end());
-                            });
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<std::size_t>(0, n, kGrain),
+      [&](const oneapi::tbb::blocked_range<std::size_t>& r) { fn(r.begin(), r.end()); });
 }
 
 // Element `i` of a buffer of `type`.
@@ -57,7 +56,8 @@ const std::byte* element(const void* data, std::size_t i, DType type) {
 void copy_parallel(void* dst, const void* src, std::size_t n, DType type) {
   const bool nt = detail::streams_bytes(n * dtype_size(type));
   for_range(n, [&](std::size_t b, std::size_t e) {
-    detail::copy_bytes(element(dst, b, type), element(src, b, type), (e - b) * dtype_size(type), nt);
+    detail::copy_bytes(element(dst, b, type), element(src, b, type), (e - b) * dtype_size(type),
+                       nt);
   });
 }
 
@@ -89,14 +89,16 @@ void reduce_block(float* dst, const std::vector<const void*>& inputs, std::size_
 // reduce_block for 16-bit elements: each input block widened to fp32 (exact), combined in fp32
 // in rank order, rounded once to `type` (nearest even). The same bits whichever algorithm or
 // chunking reaches an element, as every element is combined once.
-void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inputs, std::size_t offset,
-                        std::size_t n, ReduceOp op, DType type) {
+void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inputs,
+                        std::size_t offset, std::size_t n, ReduceOp op, DType type) {
   float acc[kReduceBlock];
   float next[kReduceBlock];
   auto widen = [type](const void* in, std::size_t at, float* out, std::size_t len) {
     const std::span<const std::uint16_t> src(static_cast<const std::uint16_t*>(in) + at, len);
-    if (type == DType::kBF16) convert_bf16_to_f32(src, {out, len});
-    else convert_f16_to_f32(src, {out, len});
+    if (type == DType::kBF16)
+      convert_bf16_to_f32(src, {out, len});
+    else
+      convert_f16_to_f32(src, {out, len});
   };
   widen(inputs[0], offset, acc, n);
   for (std::size_t k = 1; k < inputs.size(); ++k) {
@@ -107,8 +109,10 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
       for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], next[i]);
     }
   }
-  if (type == DType::kBF16) convert_f32_to_bf16({acc, n}, {dst, n});
-  else convert_f32_to_f16({acc, n}, {dst, n});
+  if (type == DType::kBF16)
+    convert_f32_to_bf16({acc, n}, {dst, n});
+  else
+    convert_f32_to_f16({acc, n}, {dst, n});
 }
 
 // dst[0, n) = op over inputs[k][offset, offset + n), elements of `type`.
@@ -144,9 +148,9 @@ void check_frontier(std::string_view what, const DeviceMesh& mesh, const Collect
 // Validates the per-slot views of a buffer collective and returns their common dtype.
 // `in_count(s)` / `out_count(s)` give the elements slot s needs.
 DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const BufferView> in,
-                 std::span<const BufferView> out, const CollectiveArgs& args,
-                 const std::function<std::size_t(std::int64_t)>& in_count,
-                 const std::function<std::size_t(std::int64_t)>& out_count) {
+                  std::span<const BufferView> out, const CollectiveArgs& args,
+                  const std::function<std::size_t(std::int64_t)>& in_count,
+                  const std::function<std::size_t(std::int64_t)>& out_count) {
   const auto slots = static_cast<std::size_t>(mesh.size());
   NUMESH_CHECK(in.size() == slots && out.size() == slots, ValueError,
                "{}: needs one input and one output view per mesh slot ({}), got {} and {}", what,
@@ -226,9 +230,8 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "all_reduce");
   if (algorithm == AllReduceAlgorithm::kAuto) {
-    algorithm = count * item <= kDirectAllReduceBytes
-                    ? AllReduceAlgorithm::kDirect
-                    : AllReduceAlgorithm::kReduceScatterAllGather;
+    algorithm = count * item <= kDirectAllReduceBytes ? AllReduceAlgorithm::kDirect
+                                                      : AllReduceAlgorithm::kReduceScatterAllGather;
   }
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -241,8 +244,8 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
         void* dst = out[static_cast<std::size_t>(s)].data;
         next[static_cast<std::size_t>(s)] = builder.add(
             device_of(mesh, s), fmt::format("{}[{}]", name, s),
-            [dst, inputs, count, op, type] { reduce_parallel(dst, inputs, 0, count, op, type); }, deps,
-            NodeKind::kCollective, (ranks - 1) * count * item);
+            [dst, inputs, count, op, type] { reduce_parallel(dst, inputs, 0, count, op, type); },
+            deps, NodeKind::kCollective, (ranks - 1) * count * item);
       }
       continue;
     }
@@ -254,7 +257,9 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
       void* dst = out[static_cast<std::size_t>(s)].data;
       rs.push_back(builder.add(
           device_of(mesh, s), fmt::format("{}.rs[{}]", name, s),
-          [dst, inputs, b, e, op, type] { reduce_parallel(element(dst, b, type), inputs, b, e - b, op, type); },
+          [dst, inputs, b, e, op, type] {
+            reduce_parallel(element(dst, b, type), inputs, b, e - b, op, type);
+          },
           deps, NodeKind::kCollective, (ranks - 1) * (e - b) * item));
     }
     // All-gather: rank r copies every other rank's reduced chunk.
@@ -281,11 +286,13 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
 }
 
 Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
-                    std::span<const BufferView> out, std::size_t count, const CollectiveArgs& args) {
+                    std::span<const BufferView> out, std::size_t count,
+                    const CollectiveArgs& args) {
   const auto groups = mesh.groups(args.axes);
   const std::size_t ranks = groups.empty() ? 1 : groups.front().size();
-  const DType type = check_views("all_gather", mesh, in, out, args, [count](std::int64_t) { return count; },
-                                 [count, ranks](std::int64_t) { return count * ranks; });
+  const DType type = check_views(
+      "all_gather", mesh, in, out, args, [count](std::int64_t) { return count; },
+      [count, ranks](std::int64_t) { return count * ranks; });
   const std::string name = prefix(args, "all_gather");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -316,8 +323,9 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
                "reduce_scatter: {} elements do not split evenly over groups of {} devices", count,
                ranks);
   const std::size_t chunk = count / ranks;
-  const DType type = check_views("reduce_scatter", mesh, in, out, args, [count](std::int64_t) { return count; },
-                                 [chunk](std::int64_t) { return chunk; });
+  const DType type = check_views(
+      "reduce_scatter", mesh, in, out, args, [count](std::int64_t) { return count; },
+      [chunk](std::int64_t) { return chunk; });
   const std::string name = prefix(args, "reduce_scatter");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -329,7 +337,9 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
       void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, inputs, r, chunk, op, type] { reduce_parallel(dst, inputs, r * chunk, chunk, op, type); },
+          [dst, inputs, r, chunk, op, type] {
+            reduce_parallel(dst, inputs, r * chunk, chunk, op, type);
+          },
           deps, NodeKind::kCollective, (ranks - 1) * chunk * dtype_size(type));
     }
   }
@@ -366,9 +376,10 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   for (const auto& group : groups) {
     for (std::size_t r = 0; r < group.size(); ++r) rank_of[static_cast<std::size_t>(group[r])] = r;
   }
-  const DType type = check_views("all_to_all", mesh, in, out, args,
-              [&](std::int64_t s) { return send_total[rank_of[static_cast<std::size_t>(s)]]; },
-              [&](std::int64_t s) { return recv_total[rank_of[static_cast<std::size_t>(s)]]; });
+  const DType type = check_views(
+      "all_to_all", mesh, in, out, args,
+      [&](std::int64_t s) { return send_total[rank_of[static_cast<std::size_t>(s)]]; },
+      [&](std::int64_t s) { return recv_total[rank_of[static_cast<std::size_t>(s)]]; });
   const std::string name = prefix(args, "all_to_all");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -387,13 +398,15 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
       std::vector<Piece> pieces;
       std::uint64_t remote = 0;
       for (std::size_t i = 0; i < ranks; ++i) {
-        pieces.push_back({element(inputs[i], send_offset[i][j], type), recv_offset[j][i], send_counts[i][j]});
+        pieces.push_back(
+            {element(inputs[i], send_offset[i][j], type), recv_offset[j][i], send_counts[i][j]});
         if (i != j) remote += send_counts[i][j] * dtype_size(type);
       }
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
           [dst, pieces, type] {
-            for (const Piece& p : pieces) copy_parallel(element(dst, p.dst_offset, type), p.src, p.count, type);
+            for (const Piece& p : pieces)
+              copy_parallel(element(dst, p.dst_offset, type), p.src, p.count, type);
           },
           deps, NodeKind::kCollective, remote);
     }
@@ -408,8 +421,9 @@ Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<cons
   const auto ranks = static_cast<std::int64_t>(groups.empty() ? 1 : groups.front().size());
   NUMESH_CHECK(root >= 0 && root < ranks, ValueError,
                "broadcast: root rank {} is outside the groups of {} devices", root, ranks);
-  const DType type = check_views("broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
-                                 [count](std::int64_t) { return count; });
+  const DType type = check_views(
+      "broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
+      [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "broadcast");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
@@ -420,8 +434,9 @@ Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<cons
       void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count, type] { copy_parallel(dst, src, count, type); }, deps_of(args.after, reads),
-          NodeKind::kCollective, s == root_slot ? 0 : count * dtype_size(type));
+          [dst, src, count, type] { copy_parallel(dst, src, count, type); },
+          deps_of(args.after, reads), NodeKind::kCollective,
+          s == root_slot ? 0 : count * dtype_size(type));
     }
   }
   return next;
@@ -431,22 +446,25 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
                  std::span<const BufferView> out, std::size_t count, std::int64_t shift,
                  const CollectiveArgs& args) {
   const auto groups = mesh.groups(args.axes);
-  const DType type = check_views("permute", mesh, in, out, args, [count](std::int64_t) { return count; },
-                                 [count](std::int64_t) { return count; });
+  const DType type = check_views(
+      "permute", mesh, in, out, args, [count](std::int64_t) { return count; },
+      [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "permute");
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
     const auto ranks = static_cast<std::int64_t>(group.size());
     for (std::int64_t r = 0; r < ranks; ++r) {
       const std::int64_t s = group[static_cast<std::size_t>(r)];
-      const std::int64_t from = group[static_cast<std::size_t>(((r - shift) % ranks + ranks) % ranks)];
+      const std::int64_t from =
+          group[static_cast<std::size_t>(((r - shift) % ranks + ranks) % ranks)];
       const std::int64_t reads[] = {from, s};
       const void* src = in[static_cast<std::size_t>(from)].data;
       void* dst = out[static_cast<std::size_t>(s)].data;
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count, type] { copy_parallel(dst, src, count, type); }, deps_of(args.after, reads),
-          NodeKind::kCollective, from == s ? 0 : count * dtype_size(type));
+          [dst, src, count, type] { copy_parallel(dst, src, count, type); },
+          deps_of(args.after, reads), NodeKind::kCollective,
+          from == s ? 0 : count * dtype_size(type));
     }
   }
   return next;
@@ -463,16 +481,16 @@ void check_same_mesh(std::string_view what, const ShardedTensor& in, const Shard
   NUMESH_CHECK(&in != &out, ValueError,
                "{}: input and output are the same tensor; collectives need separate ones", what);
   check_frontier(what, out.mesh(), args);
-  NUMESH_CHECK(in.mesh().mesh() == out.mesh().mesh() &&
-                   in.mesh().device_set() == out.mesh().device_set(),
-               ValueError, "{}: input and output live on different meshes ({} and {})", what,
-               in.mesh().to_string(), out.mesh().to_string());
+  NUMESH_CHECK(
+      in.mesh().mesh() == out.mesh().mesh() && in.mesh().device_set() == out.mesh().device_set(),
+      ValueError, "{}: input and output live on different meshes ({} and {})", what,
+      in.mesh().to_string(), out.mesh().to_string());
   NUMESH_CHECK(in.shape() == out.shape(), ShapeError,
                "{}: input shape ({}) differs from output shape ({})", what,
                fmt::join(in.shape(), ", "), fmt::join(out.shape(), ", "));
   NUMESH_CHECK(in.dtype() == out.dtype(), ValueError,
-               "{}: input is {} and output is {}; collectives keep the dtype", what, to_string(in.dtype()),
-               to_string(out.dtype()));
+               "{}: input is {} and output is {}; collectives keep the dtype", what,
+               to_string(in.dtype()), to_string(out.dtype()));
 }
 
 std::vector<BufferView> shard_views(ShardedTensor& t) {
@@ -491,13 +509,13 @@ Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out
   for (std::int64_t s = 0; same_layout && s < in.mesh().size(); ++s) {
     same_layout = in.layout().device(s).slices == out.layout().device(s).slices;
   }
-  NUMESH_CHECK(same_layout, ShapeError,
-               "all_reduce: input spec {} differs from output spec {}", in.spec().repr(),
-               out.spec().repr());
+  NUMESH_CHECK(same_layout, ShapeError, "all_reduce: input spec {} differs from output spec {}",
+               in.spec().repr(), out.spec().repr());
   const auto in_views = shard_views(in);
   const auto out_views = shard_views(out);
   return all_reduce(builder, in.mesh(), in_views, out_views,
-                    static_cast<std::size_t>(in.layout().elements_per_device()), op, args, algorithm);
+                    static_cast<std::size_t>(in.layout().elements_per_device()), op, args,
+                    algorithm);
 }
 
 Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out,
@@ -541,7 +559,8 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
       std::uint64_t remote = 0;
       for (const Part& p : parts) {
         reads.push_back(p.from);
-        if (p.from != s) remote += static_cast<std::uint64_t>(volume(p.box)) * dtype_size(in.dtype());
+        if (p.from != s)
+          remote += static_cast<std::uint64_t>(volume(p.box)) * dtype_size(in.dtype());
       }
       // Pointers and slices are bound now: shards never move once allocated.
       struct Copy {
@@ -560,7 +579,8 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
           [copies, dst, dst_layout, type] {
-            for (const Copy& c : copies) copy_box(c.box, c.src, *c.src_slices, dst, *dst_layout, type);
+            for (const Copy& c : copies)
+              copy_box(c.box, c.src, *c.src_slices, dst, *dst_layout, type);
           },
           deps_of(args.after, reads), NodeKind::kCollective, remote);
     }
@@ -596,9 +616,10 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
       const std::vector<DimSlice>* dst_layout = &dst_slices;
       const DType type = in.dtype();
       // 16-bit: fp32 buffers for the sum and one source, made once with the graph (not per run).
-      const auto widened = type == DType::kF32 ? nullptr
-                                               : std::make_shared<std::vector<float>>(
-                                                     2 * static_cast<std::size_t>(volume(dst_slices)));
+      const auto widened = type == DType::kF32
+                               ? nullptr
+                               : std::make_shared<std::vector<float>>(
+                                     2 * static_cast<std::size_t>(volume(dst_slices)));
       next[static_cast<std::size_t>(s)] = builder.add(
           device_of(mesh, s), fmt::format("{}[{}]", name, s),
           [sources, dst_data, dst_layout, op, type, widened] {
@@ -608,9 +629,11 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
               // rounded once into the output.
               const auto n = static_cast<std::size_t>(volume(box));
               const std::span<float> acc(widened->data(), n), part(widened->data() + n, n);
-              copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32, box);
+              copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32,
+                       box);
               for (std::size_t k = 1; k < sources.size(); ++k) {
-                copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32, box);
+                copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32,
+                         box);
                 for (std::size_t i = 0; i < n; ++i) {
                   acc[i] = op == ReduceOp::kSum ? acc[i] + part[i] : std::max(acc[i], part[i]);
                 }
@@ -629,13 +652,15 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
                                      if (op == ReduceOp::kSum) {
                                        for (std::int64_t i = 0; i < n; ++i) d[i] += x[i];
                                      } else {
-                                       for (std::int64_t i = 0; i < n; ++i) d[i] = std::max(d[i], x[i]);
+                                       for (std::int64_t i = 0; i < n; ++i)
+                                         d[i] = std::max(d[i], x[i]);
                                      }
                                    });
             }
           },
           deps_of(args.after, group), NodeKind::kCollective,
-          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) * dtype_size(in.dtype()));
+          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) *
+              dtype_size(in.dtype()));
     }
   }
   return next;

@@ -14,7 +14,6 @@ namespace numesh::runtime {
 
 namespace {
 
-
 void f32_to_bf16_scalar(const float* src, std::uint16_t* dst, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_from_f32(src[i]);
 }
@@ -35,15 +34,18 @@ void f16_to_f32_scalar(const std::uint16_t* src, float* dst, std::size_t n) {
 __attribute__((target("avx2,fma,f16c"))) __m256i bf16_round_avx2(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
   const __m256i abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
   const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x8000)),
-                                        _mm256_set1_epi32(0x7FC0));
+  const __m256i quiet =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x8000)),
+                      _mm256_set1_epi32(0x7FC0));
   return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void f32_to_bf16_avx2(const float* src, std::uint16_t* dst, std::size_t n) {
+__attribute__((target("avx2,fma,f16c"))) void f32_to_bf16_avx2(const float* src, std::uint16_t* dst,
+                                                               std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i lo = bf16_round_avx2(_mm256_loadu_ps(src + i));
@@ -55,7 +57,8 @@ __attribute__((target("avx2,fma,f16c"))) void f32_to_bf16_avx2(const float* src,
   f32_to_bf16_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void bf16_to_f32_avx2(const std::uint16_t* src, float* dst, std::size_t n) {
+__attribute__((target("avx2,fma,f16c"))) void bf16_to_f32_avx2(const std::uint16_t* src, float* dst,
+                                                               std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -64,7 +67,8 @@ __attribute__((target("avx2,fma,f16c"))) void bf16_to_f32_avx2(const std::uint16
   bf16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void f32_to_f16_avx2(const float* src, std::uint16_t* dst, std::size_t n) {
+__attribute__((target("avx2,fma,f16c"))) void f32_to_f16_avx2(const float* src, std::uint16_t* dst,
+                                                              std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(src + i);
@@ -73,17 +77,20 @@ __attribute__((target("avx2,fma,f16c"))) void f32_to_f16_avx2(const float* src, 
     const __m128i nan = _mm_packs_epi32(
         _mm256_castsi256_si128(_mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))),
         _mm256_extracti128_si256(_mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)), 1));
-    const __m128i quiet = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0x8000))), _mm_set1_epi16(0x7E00));
+    const __m128i quiet = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0x8000))),
+                                       _mm_set1_epi16(0x7E00));
     h = _mm_blendv_epi8(h, quiet, nan);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
   }
   f32_to_f16_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const std::uint16_t* src, float* dst, std::size_t n) {
+__attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const std::uint16_t* src, float* dst,
+                                                              std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   }
   f16_to_f32_scalar(src + i, dst + i, n - i);
 }
@@ -92,26 +99,28 @@ __attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const std::uint16_
 // bf16 rounding stays integer arithmetic even where AVX512_BF16 exists: its vcvtneps2bf16
 // treats subnormal inputs as zero, which PyTorch does not.
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_bf16_avx512(const float* src, std::uint16_t* dst,
-                                                                               std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_bf16_avx512(const float* src,
+                                                                             std::uint16_t* dst,
+                                                                             std::size_t n) {
   std::size_t i = 0;
   const __m512i one = _mm512_set1_epi32(1), round = _mm512_set1_epi32(0x7FFF);
   for (; i + 16 <= n; i += 16) {
     const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(src + i));
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
     __m512i out = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, round)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                  _mm512_set1_epi32(0x7F800000));
-    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
-                                          _mm512_set1_epi32(0x7FC0));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    const __m512i quiet =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                        _mm512_set1_epi32(0x7FC0));
     out = _mm512_mask_blend_epi32(nan, out, quiet);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(out));
   }
   f32_to_bf16_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(const std::uint16_t* src, float* dst,
-                                                                               std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(
+    const std::uint16_t* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -120,53 +129,62 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(con
   bf16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_f16_avx512(const float* src, std::uint16_t* dst,
-                                                                              std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_f16_avx512(const float* src,
+                                                                            std::uint16_t* dst,
+                                                                            std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(src + i);
     __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     const __m256i quiet =
-        _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0x8000))), _mm256_set1_epi16(0x7E00));
+        _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0x8000))),
+                        _mm256_set1_epi16(0x7E00));
     h = _mm256_mask_blend_epi16(nan, h, quiet);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
   }
   f32_to_f16_scalar(src + i, dst + i, n - i);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void f16_to_f32_avx512(const std::uint16_t* src, float* dst,
-                                                                              std::size_t n) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void f16_to_f32_avx512(
+    const std::uint16_t* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+    _mm512_storeu_ps(
+        dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
   }
   f16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
-bool wide(KernelLevel level) { return level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16; }
+bool wide(KernelLevel level) {
+  return level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
+}
 
 }  // namespace
 
-void convert_f32_to_bf16(std::span<const float> src, std::span<std::uint16_t> dst, KernelLevel level) {
+void convert_f32_to_bf16(std::span<const float> src, std::span<std::uint16_t> dst,
+                         KernelLevel level) {
   if (wide(level)) return f32_to_bf16_avx512(src.data(), dst.data(), src.size());
   if (level == KernelLevel::kAvx2) return f32_to_bf16_avx2(src.data(), dst.data(), src.size());
   f32_to_bf16_scalar(src.data(), dst.data(), src.size());
 }
 
-void convert_bf16_to_f32(std::span<const std::uint16_t> src, std::span<float> dst, KernelLevel level) {
+void convert_bf16_to_f32(std::span<const std::uint16_t> src, std::span<float> dst,
+                         KernelLevel level) {
   if (wide(level)) return bf16_to_f32_avx512(src.data(), dst.data(), src.size());
   if (level == KernelLevel::kAvx2) return bf16_to_f32_avx2(src.data(), dst.data(), src.size());
   bf16_to_f32_scalar(src.data(), dst.data(), src.size());
 }
 
-void convert_f32_to_f16(std::span<const float> src, std::span<std::uint16_t> dst, KernelLevel level) {
+void convert_f32_to_f16(std::span<const float> src, std::span<std::uint16_t> dst,
+                        KernelLevel level) {
   if (wide(level)) return f32_to_f16_avx512(src.data(), dst.data(), src.size());
   if (level == KernelLevel::kAvx2) return f32_to_f16_avx2(src.data(), dst.data(), src.size());
   f32_to_f16_scalar(src.data(), dst.data(), src.size());
 }
 
-void convert_f16_to_f32(std::span<const std::uint16_t> src, std::span<float> dst, KernelLevel level) {
+void convert_f16_to_f32(std::span<const std::uint16_t> src, std::span<float> dst,
+                        KernelLevel level) {
   if (wide(level)) return f16_to_f32_avx512(src.data(), dst.data(), src.size());
   if (level == KernelLevel::kAvx2) return f16_to_f32_avx2(src.data(), dst.data(), src.size());
   f16_to_f32_scalar(src.data(), dst.data(), src.size());

@@ -1,7 +1,6 @@
 #include "numesh/runtime/cpu_features.hpp"
 
 #include <cpuid.h>
-
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -29,10 +28,14 @@ std::string CpuFeatures::text() const {
 
 std::string_view to_string(KernelLevel level) noexcept {
   switch (level) {
-    case KernelLevel::kScalar: return "scalar";
-    case KernelLevel::kAvx2: return "avx2";
-    case KernelLevel::kAvx512: return "avx512";
-    case KernelLevel::kAvx512Bf16: return "avx512-bf16";
+    case KernelLevel::kScalar:
+      return "scalar";
+    case KernelLevel::kAvx2:
+      return "avx2";
+    case KernelLevel::kAvx512:
+      return "avx512";
+    case KernelLevel::kAvx512Bf16:
+      return "avx512-bf16";
   }
   return "?";
 }
@@ -52,7 +55,8 @@ const CpuFeatures& cpu_features() noexcept {
     f.avx512vl = __builtin_cpu_supports("avx512vl") != 0;
     // AVX512_BF16 is CPUID leaf 7, sub-leaf 1, EAX bit 5. Its registers' OS support is
     // AVX-512's, which the avx512f check covers.
-    f.avx512_bf16 = f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1U << 5)) != 0;
+    f.avx512_bf16 =
+        f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1U << 5)) != 0;
     return f;
   }();
   return features;
@@ -67,7 +71,8 @@ KernelLevel widest_kernel_level(const CpuFeatures& f) noexcept {
 std::vector<KernelLevel> runnable_kernel_levels() {
   std::vector<KernelLevel> levels;
   const KernelLevel widest = widest_kernel_level(cpu_features());
-  for (KernelLevel l : {KernelLevel::kScalar, KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
+  for (KernelLevel l :
+       {KernelLevel::kScalar, KernelLevel::kAvx2, KernelLevel::kAvx512, KernelLevel::kAvx512Bf16}) {
     if (static_cast<int>(l) <= static_cast<int>(widest)) levels.push_back(l);
   }
   return levels;
@@ -81,8 +86,8 @@ KernelLevel kernel_level() noexcept {
     for (KernelLevel l : runnable_kernel_levels()) {
       if (to_string(l) == env) return l;
     }
-    log::warn("NUMESH_KERNELS={} is not a kernel level this CPU runs ({}); using {}", env, cpu_features().text(),
-              to_string(widest));
+    log::warn("NUMESH_KERNELS={} is not a kernel level this CPU runs ({}); using {}", env,
+              cpu_features().text(), to_string(widest));
     return widest;
   }();
   return level;

@@ -17,16 +17,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <set>
 #include <thread>
-#include <cstring>
-#include <new>
 
 #include "hwloc_handle.hpp"
 #include "numesh/core/check.hpp"
-#include "size_text.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/log.hpp"
+#include "size_text.hpp"
 
 namespace numesh::runtime {
 
@@ -65,9 +64,9 @@ hwloc_const_nodeset_t node_set(const Topology& topology, const DeviceSpec& spec)
 void* membind_alloc(const Topology& topology, const DeviceSpec& spec, std::size_t bytes) {
   hwloc_const_nodeset_t nodes = node_set(topology, spec);
   if (nodes == nullptr) return nullptr;
-  return hwloc_alloc_membind(topology.hwloc()->get(), bytes, nodes, HWLOC_MEMBIND_BIND,
-                             HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT |
-                                 HWLOC_MEMBIND_NOCPUBIND);
+  return hwloc_alloc_membind(
+      topology.hwloc()->get(), bytes, nodes, HWLOC_MEMBIND_BIND,
+      HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND);
 }
 
 // One tbb::global_control for every live DeviceSet, at the largest limit any of them needs.
@@ -113,18 +112,24 @@ class WorkerLimit {
 
 std::string_view to_string(Pinning pinning) noexcept {
   switch (pinning) {
-    case Pinning::kNumaConstraints: return "numa-constraints";
-    case Pinning::kObserver: return "observer";
-    case Pinning::kUnpinned: return "unpinned";
+    case Pinning::kNumaConstraints:
+      return "numa-constraints";
+    case Pinning::kObserver:
+      return "observer";
+    case Pinning::kUnpinned:
+      return "unpinned";
   }
   return "?";
 }
 
 std::string_view to_string(MemoryBinding binding) noexcept {
   switch (binding) {
-    case MemoryBinding::kBound: return "bound";
-    case MemoryBinding::kFirstTouch: return "first-touch";
-    case MemoryBinding::kUnbound: return "unbound";
+    case MemoryBinding::kBound:
+      return "bound";
+    case MemoryBinding::kFirstTouch:
+      return "first-touch";
+    case MemoryBinding::kUnbound:
+      return "unbound";
   }
   return "?";
 }
@@ -193,8 +198,7 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
       topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].cpuset == spec_.cpuset;
   if (topology_->can_bind() && whole_node_cpuset && spec_.numa_os_index >= 0) {
     const auto ids = oneapi::tbb::info::numa_nodes();
-    numa_constraints =
-        std::find(ids.begin(), ids.end(), spec_.numa_os_index) != ids.end();
+    numa_constraints = std::find(ids.begin(), ids.end(), spec_.numa_os_index) != ids.end();
   }
   if (numa_constraints) {
     arena_.initialize(oneapi::tbb::task_arena::constraints{}
@@ -258,14 +262,17 @@ DeviceBuffer Device::allocate(std::size_t bytes) {
   // or the OOM killer after minutes of paging).
   std::atomic<std::uint64_t>* in_use = node_bytes_in_use();
   if (in_use != nullptr) {
-    const std::uint64_t node_bytes = topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].memory_bytes;
+    const std::uint64_t node_bytes =
+        topology_->numa_nodes()[static_cast<std::size_t>(spec_.numa_node)].memory_bytes;
     const std::uint64_t before = in_use->fetch_add(bytes);
     if (before + bytes > node_bytes || before + bytes < before) {
       in_use->fetch_sub(bytes);
-      throw ValueError(fmt::format(
-          "device {} ({}): cannot allocate {}, more than the {} of its NUMA node {} leaves (numesh's buffers there "
-          "already take {})",
-          spec_.index, spec_.label, size_text(bytes), size_text(node_bytes), spec_.numa_node, size_text(before)));
+      throw ValueError(
+          fmt::format("device {} ({}): cannot allocate {}, more than the {} of its NUMA node {} "
+                      "leaves (numesh's buffers there "
+                      "already take {})",
+                      spec_.index, spec_.label, size_text(bytes), size_text(node_bytes),
+                      spec_.numa_node, size_text(before)));
     }
   }
   // From here the bytes are counted: a failed allocation gives them back.
@@ -294,8 +301,8 @@ DeviceBuffer Device::allocate(std::size_t bytes) {
     void* p = std::aligned_alloc(align, rounded);
     if (p == nullptr) throw std::bad_alloc();
     buffer.data_ = static_cast<std::byte*>(p);
-    buffer.binding_ = pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
-                                                     : MemoryBinding::kFirstTouch;
+    buffer.binding_ =
+        pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound : MemoryBinding::kFirstTouch;
   }
   uncount.keep = true;  // the buffer's release() gives the bytes back
   std::byte* data = buffer.data_;
@@ -339,7 +346,8 @@ DeviceBuffer::~DeviceBuffer() { release(); }
 
 void DeviceBuffer::release() noexcept {
   if (data_ != nullptr) {
-    if (std::atomic<std::uint64_t>* in_use = device_->node_bytes_in_use(); in_use != nullptr) in_use->fetch_sub(bytes_);
+    if (std::atomic<std::uint64_t>* in_use = device_->node_bytes_in_use(); in_use != nullptr)
+      in_use->fetch_sub(bytes_);
     if (hwloc_allocated_) {
       hwloc_free(device_->topology_->hwloc()->get(), data_, bytes_);
     } else {

@@ -24,11 +24,12 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> devices,
     resolved = sharding::resolve_mesh_dims(dims, n);
   } catch (const ValueError& e) {
     std::vector<std::string> labels;
-    for (std::size_t i = 0; i < devices->size(); ++i) labels.push_back(devices->device(i).spec().label);
-    throw ValueError(fmt::format(
-        "mesh dims ({}) do not fit the {} devices the {} placement made ({}): {}",
-        fmt::join(dims, ","), n, runtime::to_string(devices->options().policy), fmt::join(labels, ", "),
-        e.what()));
+    for (std::size_t i = 0; i < devices->size(); ++i)
+      labels.push_back(devices->device(i).spec().label);
+    throw ValueError(
+        fmt::format("mesh dims ({}) do not fit the {} devices the {} placement made ({}): {}",
+                    fmt::join(dims, ","), n, runtime::to_string(devices->options().policy),
+                    fmt::join(labels, ", "), e.what()));
   }
   DeviceMesh mesh;
   mesh.devices_ = std::move(devices);

@@ -5,7 +5,6 @@
 #include "numesh/runtime/graph.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <oneapi/tbb/flow_graph.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -135,7 +135,8 @@ struct CompiledGraph::Impl {
     } else {
       try {
         if (static_cast<std::int64_t>(id) == armed_fault) {
-          throw InjectedFault(fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
+          throw InjectedFault(
+              fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
         }
         if (timing_on) {
           NodeTiming& t = timings[id];
@@ -265,8 +266,8 @@ std::string CompiledGraph::failed_node() const {
 }
 
 void CompiledGraph::inject_fault(NodeId id) {
-  NUMESH_CHECK(id < impl_->nodes.size(), IndexError, "inject_fault: node {} does not exist ({} nodes)", id,
-               impl_->nodes.size());
+  NUMESH_CHECK(id < impl_->nodes.size(), IndexError,
+               "inject_fault: node {} does not exist ({} nodes)", id, impl_->nodes.size());
   impl_->next_fault.store(static_cast<std::int64_t>(id), std::memory_order_release);
 }
 
@@ -288,9 +289,8 @@ std::string CompiledGraph::timing_table() const {
                                 "thread", "start us", "duration us");
   for (std::size_t i : order) {
     const NodeTiming& t = g.timings[i];
-    out += fmt::format("{:<{}}  {:>6}  {:>6}  {:>12.1f}  {:>12.1f}\n", g.nodes[i].info.name,
-                       width, g.nodes[i].info.device, t.thread, t.start * 1e6,
-                       (t.end - t.start) * 1e6);
+    out += fmt::format("{:<{}}  {:>6}  {:>6}  {:>12.1f}  {:>12.1f}\n", g.nodes[i].info.name, width,
+                       g.nodes[i].info.device, t.thread, t.start * 1e6, (t.end - t.start) * 1e6);
   }
   return out;
 }
@@ -303,8 +303,9 @@ std::string CompiledGraph::chrome_trace() const {
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
                       {"pid", d},
-                      {"args", {{"name", fmt::format("device {} ({}, cpus {})", d, spec.label,
-                                                     spec.cpuset.to_string())}}}});
+                      {"args",
+                       {{"name", fmt::format("device {} ({}, cpus {})", d, spec.label,
+                                             spec.cpuset.to_string())}}}});
   }
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const NodeTiming& t = g.timings[i];

@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 #include <hwloc.h>
-#include <nlohmann/json.hpp>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
@@ -21,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <utility>

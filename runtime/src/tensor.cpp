@@ -2,20 +2,19 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include <unistd.h>
-
 #include "box_runs.hpp"
 #include "copy_kernels.hpp"
-#include "size_text.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
+#include "size_text.hpp"
 
 namespace numesh::runtime {
 
@@ -36,7 +35,9 @@ namespace {
 std::uint64_t physical_memory_bytes() {
   static const std::uint64_t bytes = [] {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+    return pages > 0 && page > 0
+               ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+               : 0;
   }();
   return bytes;
 }
@@ -49,15 +50,16 @@ HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
   // hold it at all, rather than left to the allocator (std::bad_alloc, or paging for minutes).
   const std::uint64_t memory = physical_memory_bytes();
   const auto bytes = static_cast<std::uint64_t>(n) * sizeof(float);
-  NUMESH_CHECK(memory == 0 || (n <= memory / sizeof(float) && bytes <= memory), ValueError,
-               "host memory: cannot allocate a [{}] tensor of {}, more than the {} this machine has",
-               fmt::join(shape, ", "), detail::size_text(bytes), detail::size_text(memory));
+  NUMESH_CHECK(
+      memory == 0 || (n <= memory / sizeof(float) && bytes <= memory), ValueError,
+      "host memory: cannot allocate a [{}] tensor of {}, more than the {} this machine has",
+      fmt::join(shape, ", "), detail::size_text(bytes), detail::size_text(memory));
   return HostTensor{std::move(shape), std::vector<float>(n, 0.0f)};
 }
 
 HostTensor HostTensor::shape_only(std::vector<std::int64_t> shape) {
-  NUMESH_CHECK(num_elements(shape) > 0, ShapeError, "a shape-only tensor needs elements, not shape [{}]",
-               fmt::join(shape, ", "));
+  NUMESH_CHECK(num_elements(shape) > 0, ShapeError,
+               "a shape-only tensor needs elements, not shape [{}]", fmt::join(shape, ", "));
   return HostTensor{std::move(shape), {}};
 }
 
@@ -87,16 +89,20 @@ std::span<float> Tensor::values() {
 std::span<const float> Tensor::values() const { return const_cast<Tensor*>(this)->values(); }
 
 std::span<std::uint16_t> Tensor::bits16() {
-  NUMESH_CHECK(dtype_ != DType::kF32, TypeError, "tensor of shape ({}) holds f32 values, not 16-bit ones",
-               fmt::join(shape_, ", "));
+  NUMESH_CHECK(dtype_ != DType::kF32, TypeError,
+               "tensor of shape ({}) holds f32 values, not 16-bit ones", fmt::join(shape_, ", "));
   return {reinterpret_cast<std::uint16_t*>(buffer_.data()), static_cast<std::size_t>(size_)};
 }
 
-std::span<const std::uint16_t> Tensor::bits16() const { return const_cast<Tensor*>(this)->bits16(); }
+std::span<const std::uint16_t> Tensor::bits16() const {
+  return const_cast<Tensor*>(this)->bits16();
+}
 
 ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
                              sharding::PartitionSpec spec, DType dtype)
-    : mesh_(std::move(mesh)), layout_(std::move(shape), std::move(spec), mesh_.mesh()), dtype_(dtype) {
+    : mesh_(std::move(mesh)),
+      layout_(std::move(shape), std::move(spec), mesh_.mesh()),
+      dtype_(dtype) {
   shards_.reserve(static_cast<std::size_t>(mesh_.size()));
   for (std::int64_t slot = 0; slot < mesh_.size(); ++slot) {
     shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_);
@@ -127,24 +133,26 @@ std::optional<std::vector<DimSlice>> intersect_boxes(std::span<const DimSlice> a
 
 void copy_box(std::span<const DimSlice> box, const float* src, std::span<const DimSlice> src_slices,
               float* dst, std::span<const DimSlice> dst_slices) {
-  detail::for_each_run(box, src_slices, dst_slices,
-                       [src, dst, nt = detail::streams(static_cast<std::size_t>(detail::volume(box)))](
-                           std::int64_t s, std::int64_t t, std::int64_t run) {
-                         detail::copy_floats(dst + t, src + s, static_cast<std::size_t>(run), nt);
-                       });
+  detail::for_each_run(
+      box, src_slices, dst_slices,
+      [src, dst, nt = detail::streams(static_cast<std::size_t>(detail::volume(box)))](
+          std::int64_t s, std::int64_t t, std::int64_t run) {
+        detail::copy_floats(dst + t, src + s, static_cast<std::size_t>(run), nt);
+      });
 }
 
-void copy_box(std::span<const DimSlice> box, const void* src, std::span<const DimSlice> src_slices, void* dst,
-              std::span<const DimSlice> dst_slices, DType dtype) {
+void copy_box(std::span<const DimSlice> box, const void* src, std::span<const DimSlice> src_slices,
+              void* dst, std::span<const DimSlice> dst_slices, DType dtype) {
   const std::size_t item = dtype_size(dtype);
-  detail::for_each_run(box, src_slices, dst_slices,
-                       [src = static_cast<const std::byte*>(src), dst = static_cast<std::byte*>(dst), item,
-                        nt = detail::streams_bytes(static_cast<std::size_t>(detail::volume(box)) * item)](
-                           std::int64_t s, std::int64_t t, std::int64_t run) {
-                         detail::copy_bytes(dst + static_cast<std::size_t>(t) * item,
-                                            src + static_cast<std::size_t>(s) * item,
-                                            static_cast<std::size_t>(run) * item, nt);
-                       });
+  detail::for_each_run(
+      box, src_slices, dst_slices,
+      [src = static_cast<const std::byte*>(src), dst = static_cast<std::byte*>(dst), item,
+       nt = detail::streams_bytes(static_cast<std::size_t>(detail::volume(box)) * item)](
+          std::int64_t s, std::int64_t t, std::int64_t run) {
+        detail::copy_bytes(dst + static_cast<std::size_t>(t) * item,
+                           src + static_cast<std::size_t>(s) * item,
+                           static_cast<std::size_t>(run) * item, nt);
+      });
 }
 
 namespace {
@@ -159,14 +167,18 @@ void convert_run(const void* src, DType from, void* dst, DType to, std::size_t n
   auto* d16 = static_cast<std::uint16_t*>(dst);
   if (from == DType::kF32) {
     const std::span<const float> s(static_cast<const float*>(src), n);
-    if (to == DType::kBF16) convert_f32_to_bf16(s, {d16, n});
-    else convert_f32_to_f16(s, {d16, n});
+    if (to == DType::kBF16)
+      convert_f32_to_bf16(s, {d16, n});
+    else
+      convert_f32_to_f16(s, {d16, n});
     return;
   }
   if (to == DType::kF32) {
     const std::span<float> d(static_cast<float*>(dst), n);
-    if (from == DType::kBF16) convert_bf16_to_f32({s16, n}, d);
-    else convert_f16_to_f32({s16, n}, d);
+    if (from == DType::kBF16)
+      convert_bf16_to_f32({s16, n}, d);
+    else
+      convert_f16_to_f32({s16, n}, d);
     return;
   }
   // bf16 <-> f16: through fp32, a block at a time.
@@ -181,20 +193,21 @@ void convert_run(const void* src, DType from, void* dst, DType to, std::size_t n
 
 }  // namespace
 
-void copy_box(std::span<const DimSlice> box, const void* src, DType src_type, std::span<const DimSlice> src_slices,
-              void* dst, DType dst_type, std::span<const DimSlice> dst_slices) {
+void copy_box(std::span<const DimSlice> box, const void* src, DType src_type,
+              std::span<const DimSlice> src_slices, void* dst, DType dst_type,
+              std::span<const DimSlice> dst_slices) {
   if (src_type == dst_type) {
     copy_box(box, src, src_slices, dst, dst_slices, src_type);
     return;
   }
   const std::size_t src_item = dtype_size(src_type);
   const std::size_t dst_item = dtype_size(dst_type);
-  detail::for_each_run(box, src_slices, dst_slices,
-                       [&](std::int64_t s, std::int64_t t, std::int64_t run) {
-                         convert_run(static_cast<const std::byte*>(src) + static_cast<std::size_t>(s) * src_item,
-                                     src_type, static_cast<std::byte*>(dst) + static_cast<std::size_t>(t) * dst_item,
-                                     dst_type, static_cast<std::size_t>(run));
-                       });
+  detail::for_each_run(
+      box, src_slices, dst_slices, [&](std::int64_t s, std::int64_t t, std::int64_t run) {
+        convert_run(static_cast<const std::byte*>(src) + static_cast<std::size_t>(s) * src_item,
+                    src_type, static_cast<std::byte*>(dst) + static_cast<std::size_t>(t) * dst_item,
+                    dst_type, static_cast<std::size_t>(run));
+      });
 }
 
 namespace {
@@ -209,14 +222,15 @@ void check_host_shape(const HostTensor& host, const ShardedTensor& tensor) {
   NUMESH_CHECK(host.shape == tensor.shape(), ShapeError,
                "host tensor has shape ({}) but the sharded tensor has shape ({})",
                fmt::join(host.shape, ", "), fmt::join(tensor.shape(), ", "));
-  NUMESH_CHECK(static_cast<std::int64_t>(host.data.size()) == num_elements(host.shape),
-               ShapeError, "host tensor of shape ({}) holds {} values, expected {}",
+  NUMESH_CHECK(static_cast<std::int64_t>(host.data.size()) == num_elements(host.shape), ShapeError,
+               "host tensor of shape ({}) holds {} values, expected {}",
                fmt::join(host.shape, ", "), host.data.size(), num_elements(host.shape));
 }
 
 }  // namespace
 
-void fill_shards(ShardedTensor& tensor, const std::function<void(std::int64_t slot, Tensor& shard)>& fill) {
+void fill_shards(ShardedTensor& tensor,
+                 const std::function<void(std::int64_t slot, Tensor& shard)>& fill) {
   GraphBuilder builder(tensor.mesh().device_set());
   for (std::int64_t slot = 0; slot < tensor.mesh().size(); ++slot) {
     Tensor& shard = tensor.shard(slot);
@@ -247,8 +261,8 @@ HostTensor gather(const ShardedTensor& tensor) {
     const Tensor& shard = tensor.shard(slot);
     builder.add(tensor.mesh().device(slot).index(), fmt::format("gather[{}]", slot),
                 [&host, &global, &shard_info, &shard] {
-                  copy_box(shard_info.slices, shard.data(), shard.dtype(), shard_info.slices, host.data.data(),
-                           DType::kF32, global);
+                  copy_box(shard_info.slices, shard.data(), shard.dtype(), shard_info.slices,
+                           host.data.data(), DType::kF32, global);
                 });
   }
   builder.compile().run();

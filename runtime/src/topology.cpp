@@ -24,7 +24,8 @@ namespace detail {
 std::optional<int> pages_node(const Topology& topology, const void* p, std::size_t bytes) {
   if (p == nullptr || !topology.can_bind()) return std::nullopt;
   UniqueBitmap nodes = make_bitmap();
-  if (hwloc_get_area_memlocation(topology.hwloc()->get(), p, bytes, nodes.get(), HWLOC_MEMBIND_BYNODESET) != 0 ||
+  if (hwloc_get_area_memlocation(topology.hwloc()->get(), p, bytes, nodes.get(),
+                                 HWLOC_MEMBIND_BYNODESET) != 0 ||
       hwloc_bitmap_iszero(nodes.get())) {
     return std::nullopt;
   }
@@ -367,7 +368,8 @@ std::uint64_t synthetic_leaves(std::string_view desc) {
       count = count * 10 + static_cast<std::uint64_t>(desc[j] - '0');
     }
     if (j == i + 1) continue;  // not a count (an attribute such as indexes=numa:core)
-    leaves = count > kMaxSyntheticPus ? kMaxSyntheticPus + 1 : std::min(leaves * count, kMaxSyntheticPus + 1);
+    leaves = count > kMaxSyntheticPus ? kMaxSyntheticPus + 1
+                                      : std::min(leaves * count, kMaxSyntheticPus + 1);
   }
   return leaves;
 }
@@ -377,8 +379,8 @@ std::uint64_t synthetic_leaves(std::string_view desc) {
 Topology Topology::from_synthetic(std::string_view description) {
   const std::string desc(description);
   NUMESH_CHECK(synthetic_leaves(desc) <= kMaxSyntheticPus, TopologyError,
-               "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts", desc,
-               kMaxSyntheticPus);
+               "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts",
+               desc, kMaxSyntheticPus);
   UniqueTopology topo = init_topology();
   NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
                "hwloc rejected the synthetic topology description '{}'", desc);

@@ -51,8 +51,8 @@ std::int64_t entry_mesh_size(const Mesh& mesh, const AxisRule& entry) {
     }
     return product;
   }
-  throw TypeError(fmt::format(
-      "expected a mesh axis name or a tuple of mesh axis names, got {}", entry.repr()));
+  throw TypeError(
+      fmt::format("expected a mesh axis name or a tuple of mesh axis names, got {}", entry.repr()));
 }
 
 AutoSpec auto_spec(const ArrayInfo& array, const std::optional<Mesh>& mesh_arg,
@@ -63,9 +63,8 @@ AutoSpec auto_spec(const ArrayInfo& array, const std::optional<Mesh>& mesh_arg,
   auto note = [&](std::string line) { out.reasoning.push_back(std::move(line)); };
 
   // `min_sharding_size or device_count`: 0 counts as "not given", as in eformer.
-  const std::int64_t min_size = options.min_sharding_size.value_or(0) != 0
-                                    ? *options.min_sharding_size
-                                    : mesh.size();
+  const std::int64_t min_size =
+      options.min_sharding_size.value_or(0) != 0 ? *options.min_sharding_size : mesh.size();
   if (array.size() < min_size) {
     note(fmt::format("array has {} elements, fewer than min_sharding_size {}: replicated (P())",
                      array.size(), min_size));
@@ -101,9 +100,8 @@ AutoSpec auto_spec(const ArrayInfo& array, const std::optional<Mesh>& mesh_arg,
   }
 
   const auto& shape = array.shape;
-  const auto dims = stable_argsort(shape.size(), [&](std::size_t d) {
-    return options.reverse ? shape[d] : -shape[d];
-  });
+  const auto dims = stable_argsort(
+      shape.size(), [&](std::size_t d) { return options.reverse ? shape[d] : -shape[d]; });
 
   std::vector<AxisRule> entries(shape.size());
   for (std::size_t d : dims) {

@@ -11,8 +11,8 @@ namespace {
 
 // Checks one entry against the mesh and the extent of its dim (eformer's loop body).
 // Returns the correction when the entry has to be dropped.
-std::optional<Correction> check_entry(std::size_t dim, const AxisRule& entry,
-                                      std::int64_t extent, const Mesh& mesh) {
+std::optional<Correction> check_entry(std::size_t dim, const AxisRule& entry, std::int64_t extent,
+                                      const Mesh& mesh) {
   Correction c;
   c.dim = dim;
   c.original = entry;

@@ -60,7 +60,8 @@ std::optional<Mesh> pick_mesh(const std::optional<Mesh>& mesh) {
 }  // namespace
 
 AttnShardingRules get_shardings(const PartitionManager& pm, ModeArg mode, std::string_view layout,
-                                bool qkv_mni_sharding, std::optional<std::size_t> softmax_aux_rank) {
+                                bool qkv_mni_sharding,
+                                std::optional<std::size_t> softmax_aux_rank) {
   // EasyDeL checks the layout before resolving anything (its else branch), so "thd" raises
   // NotImplementedError even with a dimension mode.
   const bool bthd = layout == "bthd";
@@ -159,8 +160,8 @@ Mesh expert_mesh(const Mesh& mesh, const PartitionManager& pm, bool fsdp_is_ep_b
   std::vector<std::string> names;
   for (const AxisRule& n : shape.names) {
     if (!n.is_name()) {
-      throw ValueError(fmt::format("easydel: expert mesh axis name {} is not a plain name",
-                                   n.repr()));
+      throw ValueError(
+          fmt::format("easydel: expert mesh axis name {} is not a plain name", n.repr()));
     }
     names.push_back(n.name());
   }
@@ -210,12 +211,10 @@ std::string generalize_numeric_path(std::string_view pattern) {
   std::size_t start = 0;
   while (true) {
     const std::size_t slash = pattern.find('/', start);
-    const std::string_view part =
-        pattern.substr(start, slash == std::string_view::npos ? std::string_view::npos
-                                                              : slash - start);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
-      return c >= '0' && c <= '9';
-    });
+    const std::string_view part = pattern.substr(
+        start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(),
+                                                     [](char c) { return c >= '0' && c <= '9'; });
     if (digits) {
       out += "\\d+";
     } else {

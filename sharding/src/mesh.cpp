@@ -22,8 +22,8 @@ Mesh::Mesh(std::vector<std::string> names, std::vector<std::int64_t> sizes)
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (names_[j] == names_[i]) {
-        throw ValueError(fmt::format("mesh axis name '{}' appears twice (axes {} and {})",
-                                     names_[i], j, i));
+        throw ValueError(
+            fmt::format("mesh axis name '{}' appears twice (axes {} and {})", names_[i], j, i));
       }
     }
   }
@@ -45,8 +45,8 @@ std::optional<std::size_t> Mesh::find_axis(std::string_view name) const noexcept
 
 std::int64_t Mesh::axis_size(std::string_view name) const {
   if (auto i = find_axis(name)) return sizes_[*i];
-  throw KeyError(std::string(name), fmt::format("mesh axis '{}' is not in the mesh {}", name,
-                                                names_repr()));
+  throw KeyError(std::string(name),
+                 fmt::format("mesh axis '{}' is not in the mesh {}", name, names_repr()));
 }
 
 std::vector<std::int64_t> Mesh::coords_of(std::int64_t device) const {

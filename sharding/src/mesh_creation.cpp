@@ -56,16 +56,16 @@ AxisType parse_axis_type(const std::string& text) {
   if (key == "auto") return AxisType::kAuto;
   if (key == "explicit") return AxisType::kExplicit;
   if (key == "manual") return AxisType::kManual;
-  throw ValueError(fmt::format(
-      "axis_types must be one of {{'auto', 'explicit', 'manual'}} or AxisType, got {}.",
-      python_repr(text)));
+  throw ValueError(
+      fmt::format("axis_types must be one of {{'auto', 'explicit', 'manual'}} or AxisType, got {}.",
+                  python_repr(text)));
 }
 
 void check_length(std::size_t n_types, std::size_t n_names) {
   if (n_types != n_names) {
     throw ValueError(fmt::format(
-        "axis_types length must match axis_names length. Got {} types for {} axis names.",
-        n_types, n_names));
+        "axis_types length must match axis_names length. Got {} types for {} axis names.", n_types,
+        n_names));
   }
 }
 
@@ -101,8 +101,7 @@ std::int64_t python_int(std::string_view text) {
     last_digit = true;
   }
   if (!ok || !last_digit) {
-    throw ValueError(
-        fmt::format("invalid literal for int() with base 10: {}", python_repr(text)));
+    throw ValueError(fmt::format("invalid literal for int() with base 10: {}", python_repr(text)));
   }
   return negative ? -value : value;
 }
@@ -163,8 +162,8 @@ std::optional<std::vector<AxisType>> normalize_axis_types(
   out.reserve(entries.size());
   for (const nlohmann::json& e : entries) {
     if (!e.is_string()) {
-      throw TypeError(fmt::format(
-          "axis_types entries must be strings or AxisType values, got {}.", python_type(e)));
+      throw TypeError(fmt::format("axis_types entries must be strings or AxisType values, got {}.",
+                                  python_type(e)));
     }
     out.push_back(parse_axis_type(e.get<std::string>()));
   }
@@ -177,9 +176,10 @@ std::vector<std::int64_t> calculate_host_mesh_shape(
     std::int64_t num_processes) {
   const std::int64_t total = product(global_mesh_shape);
   if (total != total_devices * num_processes) {
-    throw ValueError(fmt::format("Mesh size {} doesn't match available devices {} (local x "
-                                 "processes)",
-                                 total, total_devices * num_processes));
+    throw ValueError(
+        fmt::format("Mesh size {} doesn't match available devices {} (local x "
+                    "processes)",
+                    total, total_devices * num_processes));
   }
   std::vector<std::int64_t> host = global_mesh_shape;
   std::int64_t remaining = num_processes;
@@ -220,8 +220,8 @@ std::vector<std::int64_t> fill_minus_one_to_target(const std::vector<std::int64_
   }
   if (!minus.empty()) {
     if (target % known != 0) {
-      throw ValueError(fmt::format("dcn_mesh_dims product ({}) does not divide target ({}).",
-                                   known, target));
+      throw ValueError(
+          fmt::format("dcn_mesh_dims product ({}) does not divide target ({}).", known, target));
     }
     out[minus[0]] = target / known;
   }
@@ -239,13 +239,13 @@ MeshLayout create_mesh_layout(const std::vector<std::int64_t>& axis_dims,
   std::vector<std::int64_t> local = global;
   std::vector<std::int64_t> dcn(global.size(), 1);
   if (options.num_slices > 1) {
-    const auto axis = std::find_if(global.begin(), global.end(), [&](std::int64_t d) {
-      return d % options.num_slices == 0;
-    });
+    const auto axis = std::find_if(global.begin(), global.end(),
+                                   [&](std::int64_t d) { return d % options.num_slices == 0; });
     if (axis == global.end()) {
-      throw ValueError(fmt::format("Multi-slice detected (num_slices={}) but no mesh axis in {} "
-                                   "is divisible by num_slices.",
-                                   options.num_slices, tuple_repr(global)));
+      throw ValueError(
+          fmt::format("Multi-slice detected (num_slices={}) but no mesh axis in {} "
+                      "is divisible by num_slices.",
+                      options.num_slices, tuple_repr(global)));
     }
     const auto index = static_cast<std::size_t>(axis - global.begin());
     local[index] /= options.num_slices;
@@ -294,8 +294,8 @@ ParsedMeshSpec parse_mesh_from_string(std::string_view axis_dims,
       if (kv.size() < 2) throw ValueError("not enough values to unpack (expected 2, got 1)");
       if (kv.size() > 2) throw ValueError("too many values to unpack (expected 2)");
       if (std::find(names.begin(), names.end(), kv[0]) == names.end()) {
-        throw ValueError(fmt::format("Axis name '{}' not found in provided names: {}", kv[0],
-                                     list_repr(names)));
+        throw ValueError(
+            fmt::format("Axis name '{}' not found in provided names: {}", kv[0], list_repr(names)));
       }
       out.axis_dims.push_back(python_int(kv[1]));
       out.axis_names.push_back(kv[0]);
@@ -304,7 +304,8 @@ ParsedMeshSpec parse_mesh_from_string(std::string_view axis_dims,
     const std::set<std::string> wanted(names.begin(), names.end());
     if (used != wanted) throw ValueError("Not all axis names were used in 'axis_dims'");
   } else {
-    for (const std::string& piece : split(axis_dims, ',')) out.axis_dims.push_back(python_int(piece));
+    for (const std::string& piece : split(axis_dims, ','))
+      out.axis_dims.push_back(python_int(piece));
     out.axis_names = names;
   }
   if (out.axis_dims.size() != names.size()) {
@@ -365,8 +366,8 @@ PartitionSpec MeshPartitionHelper::create_partition_spec(const std::vector<std::
       // numpy int64 `%` by 0 gives 0 as well.
       const std::int64_t area = dims >= 2 ? shape[0] * shape[1] : 0;
       if (dims >= 2 && area >= combined && (combined == 0 || area % combined == 0)) {
-        if (shape[0] >= size_of(method[0]) && shape[1] >= size_of(method[1]) &&
-            spec[0].is_none() && spec[1].is_none()) {
+        if (shape[0] >= size_of(method[0]) && shape[1] >= size_of(method[1]) && spec[0].is_none() &&
+            spec[1].is_none()) {
           spec[0] = AxisRule(method[0]);
           spec[1] = AxisRule(method[1]);
           break;

@@ -43,8 +43,8 @@ std::string python_type(const AxisRule& r) {
 // mesh.shape[name], raising KeyError as a Python dict does.
 std::int64_t axis_size_or_key_error(const Mesh& mesh, const AxisRule& name) {
   if (name.is_name()) return mesh.axis_size(name.name());
-  throw KeyError(name.repr(), fmt::format("{} is not an axis of mesh {}", name.repr(),
-                                          mesh.names_repr()));
+  throw KeyError(name.repr(),
+                 fmt::format("{} is not an axis of mesh {}", name.repr(), mesh.names_repr()));
 }
 
 std::int64_t unbound_checked_size(const Mesh& mesh, const std::string& name) {
@@ -97,9 +97,9 @@ std::string big_endian_to_decimal(const unsigned char* bytes, std::size_t n) {
 
 const EVP_MD* find_digest(std::string_view algorithm) {
   static const std::pair<std::string_view, const EVP_MD* (*)()> kDigests[] = {
-      {"md5", EVP_md5},         {"sha1", EVP_sha1},         {"sha224", EVP_sha224},
-      {"sha256", EVP_sha256},   {"sha384", EVP_sha384},     {"sha512", EVP_sha512},
-      {"sha3_224", EVP_sha3_224}, {"sha3_256", EVP_sha3_256}, {"sha3_384", EVP_sha3_384},
+      {"md5", EVP_md5},           {"sha1", EVP_sha1},          {"sha224", EVP_sha224},
+      {"sha256", EVP_sha256},     {"sha384", EVP_sha384},      {"sha512", EVP_sha512},
+      {"sha3_224", EVP_sha3_224}, {"sha3_256", EVP_sha3_256},  {"sha3_384", EVP_sha3_384},
       {"sha3_512", EVP_sha3_512}, {"blake2b", EVP_blake2b512}, {"blake2s", EVP_blake2s256},
   };
   for (const auto& [name, fn] : kDigests) {
@@ -135,8 +135,8 @@ std::int64_t get_axes_size_in_mesh(const AxisRule& axis_names, const Mesh* mesh)
     for (const AxisRule& n : axis_names.members()) product *= axis_size_or_key_error(m, n);
     return product;
   }
-  throw TypeError(fmt::format("axis_names must be str or Sequence[str], got {}",
-                              python_type(axis_names)));
+  throw TypeError(
+      fmt::format("axis_names must be str or Sequence[str], got {}", python_type(axis_names)));
 }
 
 std::vector<std::string> get_mesh_axis_names(const Mesh* mesh) {

@@ -11,9 +11,9 @@ namespace numesh::sharding {
 
 std::int64_t ArrayInfo::itemsize() const {
   static constexpr std::pair<std::string_view, std::int64_t> kSizes[] = {
-      {"float64", 8}, {"float32", 4}, {"float16", 2}, {"bfloat16", 2}, {"int64", 8},
-      {"int32", 4},   {"int16", 2},   {"int8", 1},    {"uint64", 8},   {"uint32", 4},
-      {"uint16", 2},  {"uint8", 1},   {"bool", 1},    {"complex64", 8}, {"complex128", 16},
+      {"float64", 8},       {"float32", 4},    {"float16", 2}, {"bfloat16", 2},  {"int64", 8},
+      {"int32", 4},         {"int16", 2},      {"int8", 1},    {"uint64", 8},    {"uint32", 4},
+      {"uint16", 2},        {"uint8", 1},      {"bool", 1},    {"complex64", 8}, {"complex128", 16},
       {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
   for (const auto& [name, bytes] : kSizes) {
     if (name == dtype) return bytes;

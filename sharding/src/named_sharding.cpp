@@ -12,9 +12,7 @@ namespace numesh::sharding {
 namespace {
 
 // str() of a spec member as Python prints it in JAX's messages: names bare, None, ints.
-std::string member_str(const AxisRule& r) {
-  return r.is_name() ? r.name() : r.repr();
-}
+std::string member_str(const AxisRule& r) { return r.is_name() ? r.name() : r.repr(); }
 
 // The members of an entry as JAX iterates them: a tuple's members, else the entry itself.
 std::vector<AxisRule> entry_members(const AxisRule& entry) {

@@ -20,7 +20,8 @@ struct FieldInfo {
   AxisRule PartitionAxisFields::*member;
 };
 
-#define NUMESH_FIELD(f) FieldInfo{#f, &PartitionAxisFields::f}
+#define NUMESH_FIELD(f) \
+  FieldInfo { #f, &PartitionAxisFields::f }
 // eformer's field order: it decides which unresolved field _safety_check reports first.
 constexpr std::array<FieldInfo, 27> kFields = {{
     NUMESH_FIELD(data_parallel_axis),
@@ -166,8 +167,7 @@ PartitionAxis::PartitionAxis(PartitionAxisFields fields) : fields_(std::move(fie
   auto derive = [](AxisRule& field, const AxisRule& value) {
     if (field.is_not_given()) field = value;
   };
-  derive(f.batch_axis,
-         AxisRule::tuple({f.fully_sharded_data_parallel_axis, f.data_parallel_axis}));
+  derive(f.batch_axis, AxisRule::tuple({f.fully_sharded_data_parallel_axis, f.data_parallel_axis}));
   derive(f.sequence_axis, f.sequence_parallel_axis);
   derive(f.query_sequence_axis, f.sequence_parallel_axis);
   derive(f.key_sequence_axis, f.sequence_parallel_axis);
@@ -333,8 +333,8 @@ void PartitionAxis::register_axis(std::string_view semantic_axis, AxisRule axis_
   Registry& reg = registry();
   std::unique_lock lock(reg.mutex);
   if (!override_existing && (builtin_field_of(name) || reg.rules.count(name))) {
-    throw ValueError(fmt::format(
-        "Semantic axis '{}' already exists. Use override=True to replace it.", name));
+    throw ValueError(
+        fmt::format("Semantic axis '{}' already exists. Use override=True to replace it.", name));
   }
   if (generation_axis_rule.is_not_given()) {
     // Infer the generation rule when the rule names a field with a decode twin.
@@ -381,14 +381,15 @@ std::map<std::string, PartitionAxis::RegisteredAxis> PartitionAxis::get_register
 
 nlohmann::json PartitionAxis::to_json() const {
   nlohmann::json out = nlohmann::json::object();
-  for (const FieldInfo& info : kFields) out[std::string(info.name)] = rule_to_json(fields_.*info.member);
+  for (const FieldInfo& info : kFields)
+    out[std::string(info.name)] = rule_to_json(fields_.*info.member);
   return out;
 }
 
 PartitionAxis PartitionAxis::from_json(const nlohmann::json& j) {
   if (!j.is_object()) {
-    throw TypeError(fmt::format("a PartitionAxis must be a JSON object of fields (got {})",
-                                j.dump()));
+    throw TypeError(
+        fmt::format("a PartitionAxis must be a JSON object of fields (got {})", j.dump()));
   }
   std::vector<std::pair<std::string, AxisRule>> kwargs;
   for (const auto& [key, value] : j.items()) kwargs.emplace_back(key, rule_from_json(value, key));

@@ -38,16 +38,17 @@ PartitionManager::PartitionManager(PartitionAxis paxis) : paxis_(std::move(paxis
   set_last(*this);
 }
 
-PartitionSpec PartitionManager::resolve(const std::vector<AxisRule>& axes, ModeArg mode,
-                                        const std::optional<std::vector<std::int64_t>>& shape)
-    const {
-  if (mode.is_dim() && !shape) throw ValueError("when using dynamic mode detection shape should be provided");
+PartitionSpec PartitionManager::resolve(
+    const std::vector<AxisRule>& axes, ModeArg mode,
+    const std::optional<std::vector<std::int64_t>>& shape) const {
+  if (mode.is_dim() && !shape)
+    throw ValueError("when using dynamic mode detection shape should be provided");
   return paxis_.resolve_spec(axes, shape ? infer_mode(mode, *shape) : mode.mode());
 }
 
-PartitionSpec PartitionManager::resolve(const DynamicShardingAxes& dynamic_axes,
-                                        const std::optional<std::vector<std::int64_t>>& shape)
-    const {
+PartitionSpec PartitionManager::resolve(
+    const DynamicShardingAxes& dynamic_axes,
+    const std::optional<std::vector<std::int64_t>>& shape) const {
   return resolve(dynamic_axes.axes, dynamic_axes.mode, shape);
 }
 
@@ -61,7 +62,7 @@ PartitionSpec PartitionManager::resolve(const ResolveArgs& args) const {
 }
 
 std::optional<NamedSharding> PartitionManager::shard(const std::vector<std::int64_t>& shape,
-                                                    ResolveArgs args, bool auto_correct) const {
+                                                     ResolveArgs args, bool auto_correct) const {
   args.shape = shape;
   PartitionSpec spec = resolve(args);
   if (auto_correct) spec = get_corrected_named_sharding(shape, spec).spec();

@@ -125,9 +125,9 @@ class SpecParser {
     }
     if (c == '\'' || c == '"') return AxisRule(parse_quoted(c));
     const std::size_t start = pos_;
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
-                                   text_[pos_] == '_' || text_[pos_] == '-' ||
-                                   text_[pos_] == '.')) {
+    while (pos_ < text_.size() &&
+           (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_' ||
+            text_[pos_] == '-' || text_[pos_] == '.')) {
       ++pos_;
     }
     if (pos_ == start) fail("expected a name, None, or a tuple");
@@ -154,16 +154,26 @@ class SpecParser {
       }
       const char e = text_[++pos_];
       switch (e) {
-        case 'n': name += '\n'; break;
-        case 'r': name += '\r'; break;
-        case 't': name += '\t'; break;
+        case 'n':
+          name += '\n';
+          break;
+        case 'r':
+          name += '\r';
+          break;
+        case 't':
+          name += '\t';
+          break;
         case '\\':
         case '\'':
-        case '"': name += e; break;
+        case '"':
+          name += e;
+          break;
         case 'x': {
           const auto hex = [](char h) {
             return std::isxdigit(static_cast<unsigned char>(h)) != 0
-                       ? (std::isdigit(static_cast<unsigned char>(h)) != 0 ? h - '0' : (std::tolower(h) - 'a' + 10))
+                       ? (std::isdigit(static_cast<unsigned char>(h)) != 0
+                              ? h - '0'
+                              : (std::tolower(h) - 'a' + 10))
                        : -1;
           };
           const int hi = pos_ + 2 < text_.size() ? hex(text_[pos_ + 1]) : -1;

@@ -19,7 +19,6 @@ using detail::hash_combine;
 using detail::quoted_axis;
 using detail::splitters;
 
-
 // ---------------------------------------------------------------------------------------------
 // Placement
 

@@ -22,11 +22,14 @@ inline std::size_t hash_combine(std::size_t h, std::size_t v) noexcept {
 }
 
 /// Mesh axis `a`'s name as Python's repr quotes it ('tp').
-inline std::string quoted_axis(const Mesh& mesh, std::size_t a) { return python_repr(mesh.names()[a]); }
+inline std::string quoted_axis(const Mesh& mesh, std::size_t a) {
+  return python_repr(mesh.names()[a]);
+}
 
 /// Per tensor dim, the mesh axes splitting it, major to minor. REQUIRES: check_placements
 /// passed, so the orders of each dim are 0..k-1. The result has at least `min_dims` entries.
-inline std::vector<AxisList> splitters(const std::vector<Placement>& placements, std::size_t min_dims = 0) {
+inline std::vector<AxisList> splitters(const std::vector<Placement>& placements,
+                                       std::size_t min_dims = 0) {
   std::size_t dims = min_dims;
   for (const Placement& p : placements) {
     if (p.is_shard()) dims = std::max(dims, static_cast<std::size_t>(p.dim) + 1);

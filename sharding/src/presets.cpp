@@ -8,11 +8,11 @@ namespace presets {
 namespace {
 using T = AxisRule;
 // eformer's ColumnWise/RowWise composite [FSDP, SP] is a Python list.
-const AxisRule kFsdpSp = AxisRule::list({T(tokens::kFullyShardedDataParallel),
-                                         T(tokens::kSequenceParallel)});
-const AxisRule kFsdpSpEp = AxisRule::list({T(tokens::kFullyShardedDataParallel),
-                                           T(tokens::kSequenceParallel),
-                                           T(tokens::kExpertParallel)});
+const AxisRule kFsdpSp =
+    AxisRule::list({T(tokens::kFullyShardedDataParallel), T(tokens::kSequenceParallel)});
+const AxisRule kFsdpSpEp =
+    AxisRule::list({T(tokens::kFullyShardedDataParallel), T(tokens::kSequenceParallel),
+                    T(tokens::kExpertParallel)});
 }  // namespace
 
 const DynamicShardingAxes kHiddenStateSharding{
@@ -29,12 +29,10 @@ const DynamicShardingAxes kColumnWise{{kFsdpSp, T(tokens::kTensorParallel)}, Mod
 const DynamicShardingAxes kSColumnWise{{kFsdpSp}, Mode::kTrain};
 const DynamicShardingAxes kReplicated{{T(tokens::kEmpty)}, Mode::kTrain};
 const DynamicShardingAxes kExpertColumnWise{
-    {T(tokens::kExpertParallel), T(tokens::kFullyShardedDataParallel),
-     T(tokens::kTensorParallel)},
+    {T(tokens::kExpertParallel), T(tokens::kFullyShardedDataParallel), T(tokens::kTensorParallel)},
     Mode::kTrain};
 const DynamicShardingAxes kExpertRowWise{
-    {T(tokens::kExpertParallel), T(tokens::kTensorParallel),
-     T(tokens::kFullyShardedDataParallel)},
+    {T(tokens::kExpertParallel), T(tokens::kTensorParallel), T(tokens::kFullyShardedDataParallel)},
     Mode::kTrain};
 const DynamicShardingAxes kExpertColumnWiseAlt{
     {T(tokens::kExpertParallel), kFsdpSp, T(tokens::kTensorParallel)}, Mode::kTrain};

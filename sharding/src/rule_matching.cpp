@@ -1,7 +1,5 @@
 #include "numesh/sharding/rule_matching.hpp"
 
-#include "numesh/sharding/semantic_axis.hpp"
-
 #include <fmt/format.h>
 
 #include <cctype>
@@ -10,6 +8,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
+#include "numesh/sharding/semantic_axis.hpp"
 
 namespace numesh::sharding {
 
@@ -50,9 +49,10 @@ void check_repeat_bounds(const std::string& pattern, std::size_t i, std::size_t 
     }
     count = count * 10 + static_cast<std::size_t>(pattern[k] - '0');
     if (count > kMaxRepeat) {
-      throw ValueError(fmt::format("cannot compile partition rule pattern {}: the repetition number at position {} "
-                                   "is larger than numesh's limit of {}",
-                                   python_repr(pattern), i, kMaxRepeat));
+      throw ValueError(fmt::format(
+          "cannot compile partition rule pattern {}: the repetition number at position {} "
+          "is larger than numesh's limit of {}",
+          python_repr(pattern), i, kMaxRepeat));
     }
   }
 }
@@ -63,29 +63,35 @@ void check_repeat_bounds(const std::string& pattern, std::size_t i, std::size_t 
 // `\xHH`; outside a class one or two digits are a group reference, and a digit after them is a
 // literal. std::regex would read a whole run of digits as one reference, and overflows a long
 // on a long run (found by rule_regex_fuzz under UBSan).
-std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, bool in_class, std::string& out) {
-  const auto is_octal = [&](std::size_t k) { return k < pattern.size() && pattern[k] >= '0' && pattern[k] <= '7'; };
+std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, bool in_class,
+                                     std::string& out) {
+  const auto is_octal = [&](std::size_t k) {
+    return k < pattern.size() && pattern[k] >= '0' && pattern[k] <= '7';
+  };
   const auto is_digit = [&](std::size_t k) {
     return k < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[k])) != 0;
   };
   const std::size_t first = i + 1;
   std::size_t end = first;  // one past the escape's digits
   const bool octal = in_class ? is_octal(first)
-                              : pattern[first] == '0' || (is_octal(first) && is_octal(first + 1) && is_octal(first + 2));
+                              : pattern[first] == '0' ||
+                                    (is_octal(first) && is_octal(first + 1) && is_octal(first + 2));
   if (octal) {
     while (end < first + 3 && is_octal(end)) ++end;
     const int value = std::stoi(pattern.substr(first, end - first), nullptr, 8);
     if (value > 0377) {
-      throw ValueError(fmt::format("cannot compile partition rule pattern {}: octal escape value \\{} outside of "
-                                   "range 0-0o377 at position {}",
-                                   python_repr(pattern), pattern.substr(first, end - first), i));
+      throw ValueError(fmt::format(
+          "cannot compile partition rule pattern {}: octal escape value \\{} outside of "
+          "range 0-0o377 at position {}",
+          python_repr(pattern), pattern.substr(first, end - first), i));
     }
     out += fmt::format("\\x{:02x}", value);
     return end - 1;
   }
   if (in_class) {
-    throw ValueError(fmt::format("cannot compile partition rule pattern {}: bad escape \\{} at position {}",
-                                 python_repr(pattern), pattern[first], i));
+    throw ValueError(
+        fmt::format("cannot compile partition rule pattern {}: bad escape \\{} at position {}",
+                    python_repr(pattern), pattern[first], i));
   }
   end = is_digit(first + 1) ? first + 2 : first + 1;
   out += '\\';
@@ -103,9 +109,10 @@ std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, 
 // possessive quantifiers (`a*+`) have no ECMAScript equivalent.
 std::regex compile_python_regex(const std::string& pattern) {
   auto unsupported = [&](std::string_view what) {
-    return ValueError(fmt::format("cannot compile partition rule pattern {}: {} is Python-only "
-                                  "regex syntax that numesh does not support",
-                                  python_repr(pattern), what));
+    return ValueError(
+        fmt::format("cannot compile partition rule pattern {}: {} is Python-only "
+                    "regex syntax that numesh does not support",
+                    python_repr(pattern), what));
   };
   std::string out;
   auto flags = std::regex::ECMAScript;
@@ -128,8 +135,9 @@ std::regex compile_python_regex(const std::string& pattern) {
             continue;
           }
           if (c == '+' && !lazy) throw unsupported("a possessive quantifier");
-          throw ValueError(fmt::format("cannot compile partition rule pattern {}: multiple repeat at position {}",
-                                       python_repr(pattern), i));
+          throw ValueError(fmt::format(
+              "cannot compile partition rule pattern {}: multiple repeat at position {}",
+              python_repr(pattern), i));
         }
         quantified = true;
         lazy = false;
@@ -314,9 +322,8 @@ PartitionSpec PatternPartitionSpec::operator()(std::string_view name) const {
   return default_spec_;
 }
 
-PatternPartitionSpec create_pattern_based_partition_spec(std::string_view pattern,
-                                                         const Mesh* mesh,
-                                                         std::optional<PartitionSpec> default_spec) {
+PatternPartitionSpec create_pattern_based_partition_spec(
+    std::string_view pattern, const Mesh* mesh, std::optional<PartitionSpec> default_spec) {
   if (mesh == nullptr && current_mesh().empty()) {
     throw NoMeshError("No mesh found under this context manager.");
   }
@@ -341,8 +348,8 @@ PatternPartitionSpec create_pattern_based_partition_spec(std::string_view patter
     const PartitionSpec spec(std::move(entries));  // "" canonicalises to None
     for (const std::string& regex : split(sides[0], "|")) rules.push_back({regex, spec});
   }
-  return PatternPartitionSpec(std::move(rules), default_spec ? std::move(*default_spec)
-                                                             : PartitionSpec());
+  return PatternPartitionSpec(std::move(rules),
+                              default_spec ? std::move(*default_spec) : PartitionSpec());
 }
 
 }  // namespace numesh::sharding

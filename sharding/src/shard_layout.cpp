@@ -36,13 +36,13 @@ ShardLayout::ShardLayout(std::vector<std::int64_t> shape, PartitionSpec spec, Me
     }
   }
   if (mesh_.empty()) {
-    throw NoMeshError(fmt::format("sharding: cannot lay out an array over the empty mesh {}",
-                                  mesh_.repr()));
+    throw NoMeshError(
+        fmt::format("sharding: cannot lay out an array over the empty mesh {}", mesh_.repr()));
   }
   if (spec_.size() > shape_.size()) {
-    throw ShapeError(fmt::format(
-        "sharding: {} has {} entries but the array has rank {} (shape [{}])", spec_.repr(),
-        spec_.size(), shape_.size(), fmt::join(shape_, ", ")));
+    throw ShapeError(
+        fmt::format("sharding: {} has {} entries but the array has rank {} (shape [{}])",
+                    spec_.repr(), spec_.size(), shape_.size(), fmt::join(shape_, ", ")));
   }
   // Duplicates and unknown axes, with NamedSharding's own errors and messages.
   check_partition_spec(mesh_, spec_);

@@ -13,7 +13,6 @@ namespace numesh::sharding {
 
 namespace {
 
-
 std::vector<std::string> names_or_mesh(std::optional<std::vector<std::string>> names,
                                        const Mesh& mesh) {
   if (names && !names->empty()) return std::move(*names);
@@ -32,9 +31,10 @@ std::vector<std::size_t> dim_order(const std::vector<std::int64_t>& shape, bool 
 
 void require_same_length(std::size_t leaves, std::size_t specs, std::string_view fn) {
   if (leaves != specs) {
-    throw ValueError(fmt::format("{}: {} leaves but {} partition specs; the two trees must have "
-                                 "the same structure",
-                                 fn, leaves, specs));
+    throw ValueError(
+        fmt::format("{}: {} leaves but {} partition specs; the two trees must have "
+                    "the same structure",
+                    fn, leaves, specs));
   }
 }
 
@@ -134,7 +134,8 @@ ShapeBasedShardingRule::ShapeBasedShardingRule(
     std::vector<std::pair<ShapePattern, PartitionSpec>> patterns)
     : patterns_(std::move(patterns)) {}
 
-std::vector<PartitionSpec> ShapeBasedShardingRule::apply(const std::vector<NamedLeaf>& leaves) const {
+std::vector<PartitionSpec> ShapeBasedShardingRule::apply(
+    const std::vector<NamedLeaf>& leaves) const {
   std::vector<PartitionSpec> out;
   out.reserve(leaves.size());
   for (const NamedLeaf& leaf : leaves) {
@@ -156,7 +157,8 @@ std::vector<PartitionSpec> ShapeBasedShardingRule::apply(const std::vector<Named
 CompositeShardingRule::CompositeShardingRule(std::vector<std::shared_ptr<const ShardingRule>> rules)
     : rules_(std::move(rules)) {}
 
-std::vector<PartitionSpec> CompositeShardingRule::apply(const std::vector<NamedLeaf>& leaves) const {
+std::vector<PartitionSpec> CompositeShardingRule::apply(
+    const std::vector<NamedLeaf>& leaves) const {
   std::vector<PartitionSpec> out(leaves.size());
   std::vector<bool> chosen(leaves.size(), false);
   for (const auto& rule : rules_) {  // eformer applies every rule, so every rule's errors surface
@@ -173,7 +175,8 @@ std::vector<PartitionSpec> CompositeShardingRule::apply(const std::vector<NamedL
 
 // ---- ShardingAnalyzer -----------------------------------------------------------------------
 
-ShardingAnalyzer::ShardingAnalyzer(const std::optional<Mesh>& mesh) : mesh_(mesh_or_current(mesh)) {}
+ShardingAnalyzer::ShardingAnalyzer(const std::optional<Mesh>& mesh)
+    : mesh_(mesh_or_current(mesh)) {}
 
 std::vector<std::string> ShardingAnalyzer::validate_partition_specs(
     const std::vector<NamedLeaf>& leaves, const std::vector<PartitionSpec>& specs) const {
@@ -198,8 +201,8 @@ std::vector<std::string> ShardingAnalyzer::validate_partition_specs(
   return issues;
 }
 
-MemoryEstimate ShardingAnalyzer::estimate_memory_usage(const std::vector<NamedLeaf>& leaves,
-                                                       const std::vector<PartitionSpec>& specs) const {
+MemoryEstimate ShardingAnalyzer::estimate_memory_usage(
+    const std::vector<NamedLeaf>& leaves, const std::vector<PartitionSpec>& specs) const {
   require_same_length(leaves.size(), specs.size(), "estimate_memory_usage");
   if (mesh_.size() == 0) {
     throw ValueError(fmt::format("estimate_memory_usage: mesh {} has no devices", mesh_.repr()));

@@ -12,13 +12,13 @@ namespace numesh::sharding {
 
 namespace {
 
-
 void require_same_length(const std::vector<NamedLeaf>& leaves,
                          const std::vector<PartitionSpec>& specs, std::string_view fn) {
   if (leaves.size() != specs.size()) {
-    throw ValueError(fmt::format("{}: {} leaves but {} partition specs; the two trees must have "
-                                 "the same structure",
-                                 fn, leaves.size(), specs.size()));
+    throw ValueError(
+        fmt::format("{}: {} leaves but {} partition specs; the two trees must have "
+                    "the same structure",
+                    fn, leaves.size(), specs.size()));
   }
 }
 
@@ -35,8 +35,8 @@ std::string jax_keypath_repr(std::string_view path) {
     std::size_t start = 0;
     while (true) {
       const std::size_t slash = path.find('/', start);
-      const std::string_view part =
-          path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+      const std::string_view part = path.substr(
+          start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
       const bool index = !part.empty() && std::all_of(part.begin(), part.end(), [](char ch) {
         return std::isdigit(static_cast<unsigned char>(ch)) != 0;
       });
@@ -104,9 +104,9 @@ std::vector<std::string> validate_sharding_config(const std::vector<NamedLeaf>& 
       if (d >= array.shape.size()) throw IndexError("tuple index out of range");
       const std::int64_t size = entry_mesh_size(mesh, spec[d]);
       if (size == 0 || array.shape[d] % size != 0) {
-        issues.push_back(fmt::format("Array at {} with shape {} not divisible by mesh axis {} size {}",
-                                     path, python_shape_repr(array.shape), spec[d].str(),
-                                     size));
+        issues.push_back(
+            fmt::format("Array at {} with shape {} not divisible by mesh axis {} size {}", path,
+                        python_shape_repr(array.shape), spec[d].str(), size));
       }
     }
     if (array.size() < 1024 && !spec.empty()) {
@@ -142,8 +142,9 @@ ShardingAnalysis analyze_sharding_strategy(const std::vector<NamedLeaf>& leaves,
       if (spec[d].is_none()) continue;
       (void)entry_mesh_size(mesh, spec[d]);  // KeyError / TypeError before the rank check
       if (d >= array.shape.size()) {
-        throw ValueError(fmt::format("spec {} of leaf '{}' shards dim {}, but the array has rank {}",
-                                     spec.repr(), leaves[i].path, d, array.shape.size()));
+        throw ValueError(
+            fmt::format("spec {} of leaf '{}' shards dim {}, but the array has rank {}",
+                        spec.repr(), leaves[i].path, d, array.shape.size()));
       }
       for (const std::string& name : spec.entry_names(d)) {
         const std::size_t axis = *mesh.find_axis(name);

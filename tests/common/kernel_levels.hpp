@@ -50,8 +50,8 @@ class KernelLevelTest : public ::testing::TestWithParam<runtime::KernelLevel> {
  protected:
   void SetUp() override {
     if (!runs_here(level())) {
-      GTEST_SKIP() << "kernel level " << runtime::to_string(level()) << ": this CPU cannot run it (it has "
-                   << runtime::cpu_features().text() << ")";
+      GTEST_SKIP() << "kernel level " << runtime::to_string(level())
+                   << ": this CPU cannot run it (it has " << runtime::cpu_features().text() << ")";
     }
   }
   /// The level under test.
@@ -61,6 +61,7 @@ class KernelLevelTest : public ::testing::TestWithParam<runtime::KernelLevel> {
 }  // namespace numesh::testing
 
 /// Instantiates the TEST_Ps of `fixture` (a KernelLevelTest) once per kernel level.
-#define NUMESH_INSTANTIATE_LEVELS(fixture)                                                          \
-  INSTANTIATE_TEST_SUITE_P(Level, fixture, ::testing::ValuesIn(::numesh::testing::all_kernel_levels()), \
+#define NUMESH_INSTANTIATE_LEVELS(fixture)                                              \
+  INSTANTIATE_TEST_SUITE_P(Level, fixture,                                              \
+                           ::testing::ValuesIn(::numesh::testing::all_kernel_levels()), \
                            ::numesh::testing::level_test_name)

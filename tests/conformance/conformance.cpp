@@ -54,9 +54,7 @@ sharding::Mesh decode_mesh(const json& j) {
                         j.at("sizes").get<std::vector<std::int64_t>>());
 }
 
-std::vector<std::int64_t> decode_shape(const json& j) {
-  return j.get<std::vector<std::int64_t>>();
-}
+std::vector<std::int64_t> decode_shape(const json& j) { return j.get<std::vector<std::int64_t>>(); }
 
 json encode_rule(const sharding::AxisRule& r) {
   using Kind = sharding::AxisRule::Kind;
@@ -120,7 +118,8 @@ json capture(const std::function<json()>& fn) {
 const json& partition_axis_config(const json& file, const std::string& name) {
   // Files that name a config without defining it use the six configs that resolve_spec.json
   // defines (their inputs, not results: the PartitionAxis keyword arguments).
-  static const json kSharedConfigs = json::parse(R"json({"default": {}, "renamed_mesh_axes": {"data_parallel_axis": "data", "fully_sharded_data_parallel_axis": "zero", "tensor_parallel_axis": "model", "sequence_parallel_axis": "seq", "expert_parallel_axis": "expert"}, "decode_overrides": {"decode_batch_axis": "dp", "decode_query_sequence_axis": "dp", "decode_key_sequence_axis": "tp", "decode_head_axis": null, "decode_kv_head_axis": ["tp", "sp"], "decode_attention_dim_axis": "sp", "decode_attention_kv_dim_axis": "ep"}, "dim_and_bias_axes_set": {"attention_dim_axis": "tp", "attention_kv_dim_axis": "sp", "expert_gate_axis": "ep", "bias_head_sequence_axis": "tp", "bias_key_sequence_axis": "sp", "head_axis": null, "kv_head_axis": "ep"}, "tuple_and_list_overrides": {"batch_axis": "dp", "head_axis": ["tp", "ep"], "hidden_state_axis": ["fsdp", "sp"], "mlp_intermediate_axis": ["tp"], "vocab_axis": null, "sequence_axis": null, "key_sequence_axis": ["sp", "fsdp"]}, "empty_string_and_underscore_decode": {"decode_key_sequence_axis": "", "decode_batch_axis": "_", "decode_query_sequence_axis": "", "decode_head_axis": ""}})json");
+  static const json kSharedConfigs = json::parse(
+      R"json({"default": {}, "renamed_mesh_axes": {"data_parallel_axis": "data", "fully_sharded_data_parallel_axis": "zero", "tensor_parallel_axis": "model", "sequence_parallel_axis": "seq", "expert_parallel_axis": "expert"}, "decode_overrides": {"decode_batch_axis": "dp", "decode_query_sequence_axis": "dp", "decode_key_sequence_axis": "tp", "decode_head_axis": null, "decode_kv_head_axis": ["tp", "sp"], "decode_attention_dim_axis": "sp", "decode_attention_kv_dim_axis": "ep"}, "dim_and_bias_axes_set": {"attention_dim_axis": "tp", "attention_kv_dim_axis": "sp", "expert_gate_axis": "ep", "bias_head_sequence_axis": "tp", "bias_key_sequence_axis": "sp", "head_axis": null, "kv_head_axis": "ep"}, "tuple_and_list_overrides": {"batch_axis": "dp", "head_axis": ["tp", "ep"], "hidden_state_axis": ["fsdp", "sp"], "mlp_intermediate_axis": ["tp"], "vocab_axis": null, "sequence_axis": null, "key_sequence_axis": ["sp", "fsdp"]}, "empty_string_and_underscore_decode": {"decode_key_sequence_axis": "", "decode_batch_axis": "_", "decode_query_sequence_axis": "", "decode_head_axis": ""}})json");
   const json& configs =
       file.contains("partition_axis_configs") ? file["partition_axis_configs"] : kSharedConfigs;
   if (!configs.contains(name)) throw NotEvaluated("unknown partition_axis config " + name);

@@ -9,11 +9,10 @@
 // throws NotEvaluated with the reason, and the runner counts and names it.
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/axis_rule.hpp"
@@ -83,6 +82,6 @@ const json& partition_axis_config(const json& file, const std::string& name);
 }  // namespace numesh::conformance
 
 /// Registers `fn` as the evaluator for vector file `file` at static-initialisation time.
-#define NUMESH_CONFORMANCE_EVALUATOR(file, fn) \
+#define NUMESH_CONFORMANCE_EVALUATOR(file, fn)           \
   static const bool numesh_conformance_registered_##fn = \
       ::numesh::conformance::register_evaluator(file, fn)

@@ -37,7 +37,8 @@ json eval_auto_partition_spec(const json& /*file*/, const json& c) {
   if (in.contains("min_sharding_size") && !in["min_sharding_size"].is_null()) {
     min_size = in["min_sharding_size"].get<std::int64_t>();
   }
-  const bool reverse = in.contains("reverse") && in["reverse"].is_boolean() && in["reverse"].get<bool>();
+  const bool reverse =
+      in.contains("reverse") && in["reverse"].is_boolean() && in["reverse"].get<bool>();
 
   const json result = capture([&] {
     const auto spec = fn == "vrn_auto_partition_spec"

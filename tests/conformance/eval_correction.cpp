@@ -63,8 +63,7 @@ bool untyped_sharding(const json& in) {
   if (in.contains("named_sharding_spec")) return false;
   if (!in.contains("spec")) return true;
   const json& spec = in["spec"];
-  const bool encoded_leaf =
-      spec.is_object() && (spec.contains("$spec") || spec.contains("$pspec"));
+  const bool encoded_leaf = spec.is_object() && (spec.contains("$spec") || spec.contains("$pspec"));
   if (!spec.is_array() && !encoded_leaf) return true;
   // The encoding cannot tell a tuple from a list from a P, so a case marks it: a flag such as
   // `spec_is_tuple`, or a `..._type` / `..._kind` field naming the Python type.
@@ -74,8 +73,8 @@ bool untyped_sharding(const json& in) {
         key.find("type") != std::string::npos || key.find("kind") != std::string::npos;
     if (!names_type || !v.is_string()) continue;
     const std::string t = v.get<std::string>();
-    if (t.find("tuple") != std::string::npos || t.find("list") != std::string::npos ||
-        t == "str" || t.find("'str'") != std::string::npos) {
+    if (t.find("tuple") != std::string::npos || t.find("list") != std::string::npos || t == "str" ||
+        t.find("'str'") != std::string::npos) {
       return true;
     }
   }
@@ -105,8 +104,8 @@ json eval_wsc(const json& in) {
   if (!context.is_null()) scope.emplace(decode_mesh(context));
 
   const json& value = constrained_value(in);
-  const bool is_tree = in.contains("tree") && (value.is_object() || value.is_array()) &&
-                       !is_array_value(value);
+  const bool is_tree =
+      in.contains("tree") && (value.is_object() || value.is_array()) && !is_array_value(value);
   if (!is_tree && !is_array_value(value)) {
     // A Python value that is not an array (a scalar, a string, None): eformer checks for an
     // array before it looks at the sharding, and returns the value itself. numesh's nearest

@@ -1,6 +1,6 @@
-// Evaluator for derived_from_source.json: golden cases derived by reading eformer's and EasyDeL's code at
-// the pinned commits (JAX cannot run where they were written). Each case is encoded as the cases
-// of the vector file it names in `vector_file`, and that file's evaluator evaluates it.
+// Evaluator for derived_from_source.json: golden cases derived by reading eformer's and EasyDeL's
+// code at the pinned commits (JAX cannot run where they were written). Each case is encoded as the
+// cases of the vector file it names in `vector_file`, and that file's evaluator evaluates it.
 
 #include <string>
 

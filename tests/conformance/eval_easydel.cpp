@@ -43,8 +43,9 @@ json eval_attention(const json& file, const json& c) {
   std::optional<std::size_t> aux_rank;
   if (!in.at("softmax_aux_shape").is_null()) aux_rank = in["softmax_aux_shape"].size();
   try {
-    const auto r = ed::get_shardings(pm, decode_mode(in.at("mode")), in.at("layout").get<std::string>(),
-                                     in.at("qkv_mni_sharding").get<bool>(), aux_rank);
+    const auto r =
+        ed::get_shardings(pm, decode_mode(in.at("mode")), in.at("layout").get<std::string>(),
+                          in.at("qkv_mni_sharding").get<bool>(), aux_rank);
     return json{{"query3d", encode_spec(r.query3d)},
                 {"query", encode_spec(r.query)},
                 {"key", encode_spec(r.key)},
@@ -86,9 +87,9 @@ json eval_misc(const json& file, const json& c) {
   if (fn == "_mesh_shape_ep") {
     const PartitionManager pm = manager_from(file, in);
     return capture([&] {
-      const auto s = ed::mesh_shape_ep(decode_mesh(in.at("mesh")), pm,
-                                       in.at("fsdp_is_ep_bound").get<bool>(),
-                                       in.at("sp_is_ep_bound").get<bool>());
+      const auto s =
+          ed::mesh_shape_ep(decode_mesh(in.at("mesh")), pm, in.at("fsdp_is_ep_bound").get<bool>(),
+                            in.at("sp_is_ep_bound").get<bool>());
       json names = json::array();
       for (const auto& n : s.names) names.push_back(encode_rule(n));
       return json{{"sizes", s.sizes}, {"names", names}};
@@ -115,7 +116,8 @@ json eval_misc(const json& file, const json& c) {
     });
   }
   if (fn == "_generalize_numeric_path") {
-    return capture([&] { return json(ed::generalize_numeric_path(in.at("pattern").get<std::string>())); });
+    return capture(
+        [&] { return json(ed::generalize_numeric_path(in.at("pattern").get<std::string>())); });
   }
   if (fn == "resolve_safe_sharding") {
     // `axes` is a preset's name (the class) or a list of semantic axes; `mode` is EasyDeL's

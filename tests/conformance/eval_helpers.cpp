@@ -47,10 +47,12 @@ std::shared_ptr<const sharding::ShardingRule> rule_from_description(const std::s
     std::size_t start = 0;
     while (start < body.size()) {
       const std::size_t comma = body.find(',', start);
-      const std::string piece = body.substr(start, comma == std::string::npos ? comma : comma - start);
+      const std::string piece =
+          body.substr(start, comma == std::string::npos ? comma : comma - start);
       std::smatch im;
       if (!std::regex_match(piece, im, item)) throw NotEvaluated("cannot read pattern " + body);
-      pattern.push_back(im[1] == "None" ? std::nullopt : std::optional<std::int64_t>(std::stoll(im[1])));
+      pattern.push_back(im[1] == "None" ? std::nullopt
+                                        : std::optional<std::int64_t>(std::stoll(im[1])));
       if (comma == std::string::npos) break;
       start = comma + 1;
     }
@@ -82,9 +84,9 @@ json eval_helpers(const json& /*file*/, const json& c) {
 
   json result = capture([&]() -> json {
     if (kind == "MemoryConstrainedShardingRule") {
-      sharding::MemoryConstrainedShardingRule rule(in.at("max_memory_per_device").get<std::int64_t>(),
-                                                   decode_mesh(in.at("mesh")),
-                                                   optional_names(in.at("axis_names")));
+      sharding::MemoryConstrainedShardingRule rule(
+          in.at("max_memory_per_device").get<std::int64_t>(), decode_mesh(in.at("mesh")),
+          optional_names(in.at("axis_names")));
       return json{{"tree", specs_tree(tree, rule.apply(leaves))}};
     }
     if (kind == "ShapeBasedShardingRule") {
@@ -92,7 +94,8 @@ json eval_helpers(const json& /*file*/, const json& c) {
       for (const json& p : in.at("patterns")) {
         sharding::ShapePattern pattern;
         for (const json& e : p.at(0)) {
-          pattern.push_back(e.is_null() ? std::nullopt : std::optional<std::int64_t>(e.get<std::int64_t>()));
+          pattern.push_back(e.is_null() ? std::nullopt
+                                        : std::optional<std::int64_t>(e.get<std::int64_t>()));
         }
         patterns.emplace_back(std::move(pattern), decode_spec(p.at(1)));
       }
@@ -101,15 +104,16 @@ json eval_helpers(const json& /*file*/, const json& c) {
     }
     if (kind == "CompositeShardingRule") {
       std::vector<std::shared_ptr<const sharding::ShardingRule>> rules;
-      for (const json& r : in.at("rules")) rules.push_back(rule_from_description(r.get<std::string>()));
+      for (const json& r : in.at("rules"))
+        rules.push_back(rule_from_description(r.get<std::string>()));
       sharding::CompositeShardingRule rule(std::move(rules));
       return json{{"tree", specs_tree(tree, rule.apply(leaves))}};
     }
     if (kind == "AutoShardingRule") {
       std::optional<std::int64_t> min_size;
       if (!in.at("min_shard_size").is_null()) min_size = in["min_shard_size"].get<std::int64_t>();
-      sharding::AutoShardingRule rule(decode_mesh(in.at("mesh")), optional_names(in.at("axis_names")),
-                                      min_size);
+      sharding::AutoShardingRule rule(decode_mesh(in.at("mesh")),
+                                      optional_names(in.at("axis_names")), min_size);
       return json{{"tree", specs_tree(tree, rule.apply(leaves))}};
     }
     std::vector<PartitionSpec> specs;

@@ -70,7 +70,8 @@ json eval_misc(const json& file, const json& c) {
     });
   }
   if (fn == "names_in_current_mesh") {
-    return capture([&] { return json(sharding::names_in_current_mesh(decode_names(in.at("names")))); });
+    return capture(
+        [&] { return json(sharding::names_in_current_mesh(decode_names(in.at("names")))); });
   }
   if (fn == "create_pattern_based_partition_spec") {
     return capture([&] {

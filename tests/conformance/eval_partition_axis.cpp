@@ -325,8 +325,7 @@ json eval_shard(const json& file, const json& c) {
       sharding::ResolveArgs args{.axes = decode_rules(in.at("axes")), .mode = Mode::kTrain};
       return constraint_json(sharding::apply_logical_sharding(
           decode_shape(in.at("array").at("shape")), args,
-          explicit_pm && !in.value("partition_manager_arg_none", false) ? &*explicit_pm
-                                                                         : nullptr));
+          explicit_pm && !in.value("partition_manager_arg_none", false) ? &*explicit_pm : nullptr));
     });
   }
   const PartitionManager pm(paxis_from_config(file, in));
@@ -341,8 +340,8 @@ json eval_shard(const json& file, const json& c) {
   }
   sharding::MeshScope mesh(decode_mesh(in.at("mesh")));
   return capture([&] {
-    return constraint_json(pm.shard(decode_shape(in.at("array").at("shape")), args,
-                                    in.value("auto_correct", true)));
+    return constraint_json(
+        pm.shard(decode_shape(in.at("array").at("shape")), args, in.value("auto_correct", true)));
   });
 }
 

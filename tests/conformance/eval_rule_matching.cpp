@@ -35,11 +35,13 @@ json unwrap_python_leaves(const json& tree) {
 json eval_match_partition_rules(const json& /*file*/, const json& c) {
   const json& in = c.at("inputs");
   std::vector<sharding::PartitionRule> rules;
-  for (const json& r : in.at("rules")) rules.push_back({r.at(0).get<std::string>(), decode_spec(r.at(1))});
+  for (const json& r : in.at("rules"))
+    rules.push_back({r.at(0).get<std::string>(), decode_spec(r.at(1))});
   std::optional<std::int64_t> min_size = 0;
   if (in.contains("min_size")) {
-    min_size = in["min_size"].is_null() ? std::nullopt
-                                        : std::optional<std::int64_t>(in["min_size"].get<std::int64_t>());
+    min_size = in["min_size"].is_null()
+                   ? std::nullopt
+                   : std::optional<std::int64_t>(in["min_size"].get<std::int64_t>());
   }
   const bool strict = in.value("strict", true);
   const json tree = unwrap_python_leaves(in.at("tree"));

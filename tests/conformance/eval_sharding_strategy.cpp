@@ -30,7 +30,8 @@ json eval_sharding_strategy(const json& /*file*/, const json& c) {
   if (fn == "optimize_sharding_for_memory") {
     const auto flat = flatten_tree(in.at("tree"));
     std::optional<std::int64_t> max;
-    if (!in["max_memory_per_device"].is_null()) max = in["max_memory_per_device"].get<std::int64_t>();
+    if (!in["max_memory_per_device"].is_null())
+      max = in["max_memory_per_device"].get<std::int64_t>();
     std::optional<std::vector<sharding::AxisRule>> names;
     if (!in["names"].is_null()) names = decode_rules(in["names"]);
     return with_error(capture([&] {
@@ -45,38 +46,40 @@ json eval_sharding_strategy(const json& /*file*/, const json& c) {
 
   if (fn == "validate_sharding_config") {
     const auto flat = flatten_tree(in.at("tree"));
-    return with_error(capture([&] {
-                        return json(sharding::validate_sharding_config(
-                            named_leaves(flat), specs_along(in.at("specs"), flat),
-                            decode_mesh(in.at("mesh"))));
-                      }),
-                      "issues");
+    return with_error(
+        capture([&] {
+          return json(sharding::validate_sharding_config(
+              named_leaves(flat), specs_along(in.at("specs"), flat), decode_mesh(in.at("mesh"))));
+        }),
+        "issues");
   }
 
   if (fn == "analyze_sharding_strategy") {
     const auto flat = flatten_tree(in.at("tree"));
-    return with_error(
-        capture([&] {
-          const auto a = sharding::analyze_sharding_strategy(
-              named_leaves(flat), specs_along(in.at("specs"), flat), decode_mesh(in.at("mesh")));
-          json out{{"total_parameters", a.total_parameters},
-                   {"sharded_parameters", a.sharded_parameters}};
-          // eformer leaves memory_per_device, balance_score and partition_stats as
-          // placeholders ({}, 0.0, {}); numesh computes them, so these cases differ on purpose.
-          // docs/eformer-compat.md lists numesh's numbers, which the runner checks, and states
-          // that they differ from eformer's only at those three fields, so the runner also
-          // checks total_parameters and sharded_parameters against eformer's.
-          // sharding_strategy_test checks the computed fields on hand-worked examples.
-          out["memory_per_device"] = a.memory_per_device;
-          out["balance_score"] = a.balance_score;
-          json stats{{"leaves", a.partition_stats.leaves},
-                     {"sharded_leaves", a.partition_stats.sharded_leaves},
-                     {"replicated_leaves", a.partition_stats.replicated_leaves}};
-          for (const auto& [axis, n] : a.partition_stats.axis_usage) stats["axis_usage"][axis] = n;
-          out["partition_stats"] = stats;
-          return out;
-        }),
-        nullptr);
+    return with_error(capture([&] {
+                        const auto a = sharding::analyze_sharding_strategy(
+                            named_leaves(flat), specs_along(in.at("specs"), flat),
+                            decode_mesh(in.at("mesh")));
+                        json out{{"total_parameters", a.total_parameters},
+                                 {"sharded_parameters", a.sharded_parameters}};
+                        // eformer leaves memory_per_device, balance_score and partition_stats as
+                        // placeholders ({}, 0.0, {}); numesh computes them, so these cases differ
+                        // on purpose. docs/eformer-compat.md lists numesh's numbers, which the
+                        // runner checks, and states that they differ from eformer's only at those
+                        // three fields, so the runner also checks total_parameters and
+                        // sharded_parameters against eformer's. sharding_strategy_test checks the
+                        // computed fields on hand-worked examples.
+                        out["memory_per_device"] = a.memory_per_device;
+                        out["balance_score"] = a.balance_score;
+                        json stats{{"leaves", a.partition_stats.leaves},
+                                   {"sharded_leaves", a.partition_stats.sharded_leaves},
+                                   {"replicated_leaves", a.partition_stats.replicated_leaves}};
+                        for (const auto& [axis, n] : a.partition_stats.axis_usage)
+                          stats["axis_usage"][axis] = n;
+                        out["partition_stats"] = stats;
+                        return out;
+                      }),
+                      nullptr);
   }
 
   if (fn == "convert_sharding_strategy") {

@@ -31,8 +31,8 @@
 
 namespace fs = std::filesystem;
 using numesh::conformance::DocumentedDivergence;
-using numesh::conformance::UnevaluatedKind;
 using numesh::conformance::json;
+using numesh::conformance::UnevaluatedKind;
 
 namespace {
 
@@ -122,8 +122,8 @@ std::string contradiction(const DocumentedDivergence& d, const Outcome& o, const
 
 struct Totals {
   int files = 0, cases = 0, passed = 0, not_evaluated = 0, documented = 0,
-      documented_not_evaluated = 0, documented_by_kind = 0, value_mismatches = 0,
-      undocumented = 0, count_mismatches = 0;
+      documented_not_evaluated = 0, documented_by_kind = 0, value_mismatches = 0, undocumented = 0,
+      count_mismatches = 0;
 };
 
 // State shared across files: the documented items by key, which items' cases were seen, and
@@ -204,9 +204,9 @@ void run_file(const fs::path& path, Run& run) {
         ++t.documented;
         ++t.documented_not_evaluated;
         ++t.documented_by_kind;
-        lines.push_back(fmt::format(
-            "  DOCUMENTED {}: not evaluated ({}), a kind of call {} line {} lists", id,
-            o.not_evaluated, run.doc_name, kind->second->line));
+        lines.push_back(
+            fmt::format("  DOCUMENTED {}: not evaluated ({}), a kind of call {} line {} lists", id,
+                        o.not_evaluated, run.doc_name, kind->second->line));
         continue;
       }
     }
@@ -283,22 +283,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: eformer_conformance [--compat FILE] [--quiet] [PATH...]\n"
-                   "Evaluates eformer golden vectors (files or folders; default "
-                << NUMESH_VECTOR_DIR
-                << ").\nA case passes when numesh's result equals eformer's, or is a documented "
-                   "divergence when\nFILE lists it under \"## Vector cases that differ\" with the "
-                   "result numesh returns,\nwhich is checked, or it is not evaluated for a reason "
-                   "FILE lists under\n\"## Calls that cannot be written in C++\". Items whose "
-                   "case passes or does not exist,\nand rows no case needs, are stale; with PATHs "
-                   "that are files (not folders),\nonly the items of those files are checked for "
-                   "staleness, and rows are not.\n"
-                   "  --compat FILE  list of documented divergences (default "
-                << NUMESH_COMPAT_DOC
-                << ")\n  --quiet        no per-case lines\n"
-                   "Exit status: 0 all as expected; 1 an undocumented failure, a documented value "
-                   "numesh\ndoes not return, a stale item or row or a count mismatch; 2 bad arguments, "
-                   "unreadable files\nor a malformed list.\n";
+      std::cout
+          << "usage: eformer_conformance [--compat FILE] [--quiet] [PATH...]\n"
+             "Evaluates eformer golden vectors (files or folders; default "
+          << NUMESH_VECTOR_DIR
+          << ").\nA case passes when numesh's result equals eformer's, or is a documented "
+             "divergence when\nFILE lists it under \"## Vector cases that differ\" with the "
+             "result numesh returns,\nwhich is checked, or it is not evaluated for a reason "
+             "FILE lists under\n\"## Calls that cannot be written in C++\". Items whose "
+             "case passes or does not exist,\nand rows no case needs, are stale; with PATHs "
+             "that are files (not folders),\nonly the items of those files are checked for "
+             "staleness, and rows are not.\n"
+             "  --compat FILE  list of documented divergences (default "
+          << NUMESH_COMPAT_DOC
+          << ")\n  --quiet        no per-case lines\n"
+             "Exit status: 0 all as expected; 1 an undocumented failure, a documented value "
+             "numesh\ndoes not return, a stale item or row or a count mismatch; 2 bad arguments, "
+             "unreadable files\nor a malformed list.\n";
       return 0;
     } else if (arg == "--compat") {
       if (i + 1 == argc) {

@@ -23,7 +23,8 @@ TEST(LogTest, ASinkReceivesTheMessagesInsteadOfStderr) {
   EXPECT_FALSE(warn_once("log_test.once", "said once"));
   set_sink({});
   warn("back on stderr");
-  EXPECT_THAT(got, ElementsAre(Pair("warning", "device 3 runs unpinned"), Pair("warning", "said once")));
+  EXPECT_THAT(got,
+              ElementsAre(Pair("warning", "device 3 runs unpinned"), Pair("warning", "said once")));
 }
 
 }  // namespace

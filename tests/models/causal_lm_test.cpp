@@ -4,23 +4,23 @@
 // checked against PyTorch by models_hf_match_pytorch.)
 
 #include "numesh/models/lm/causal_lm.hpp"
-#include "numesh/models/lm/generation.hpp"
-#include "numesh/models/lm/perplexity.hpp"
-#include "numesh/models/hf/random_model.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <map>
-#include <span>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/lm/generation.hpp"
+#include "numesh/models/lm/perplexity.hpp"
 #include "safetensors_writer.hpp"
 
 namespace numesh::models {
@@ -28,14 +28,16 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::ScratchDir;
 using testing::StoredTensor;
+using ::testing::ThrowsMessage;
 
 json tiny_llama() {
-  return json{{"model_type", "llama"},  {"vocab_size", 32},       {"hidden_size", 16},
-              {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-              {"num_key_value_heads", 2}, {"max_position_embeddings", 64}, {"tie_word_embeddings", true}};
+  return json{{"model_type", "llama"},      {"vocab_size", 32},
+              {"hidden_size", 16},          {"intermediate_size", 24},
+              {"num_hidden_layers", 2},     {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},   {"max_position_embeddings", 64},
+              {"tie_word_embeddings", true}};
 }
 
 // Every tensor of tiny_llama() in Hugging Face's names and [out, in] layout, random F32.
@@ -60,11 +62,14 @@ std::map<std::string, std::vector<std::int64_t>> llama_shapes() {
 // A tiny Qwen2-MoE: layer 0 MoE (4 experts of 8, top-2 raw weights, a shared expert of 12),
 // layer 1 dense (mlp_only_layers, intermediate 24); q/k/v biases.
 json tiny_qwen2_moe() {
-  return json{{"model_type", "qwen2_moe"}, {"vocab_size", 32}, {"hidden_size", 16}, {"intermediate_size", 24},
-              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-              {"max_position_embeddings", 64}, {"num_experts", 4}, {"num_experts_per_tok", 2},
-              {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 12}, {"norm_topk_prob", false},
-              {"mlp_only_layers", {1}}, {"tie_word_embeddings", true}};
+  return json{{"model_type", "qwen2_moe"},  {"vocab_size", 32},
+              {"hidden_size", 16},          {"intermediate_size", 24},
+              {"num_hidden_layers", 2},     {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},   {"max_position_embeddings", 64},
+              {"num_experts", 4},           {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 12},
+              {"norm_topk_prob", false},    {"mlp_only_layers", {1}},
+              {"tie_word_embeddings", true}};
 }
 
 std::map<std::string, std::vector<std::int64_t>> qwen2_moe_shapes() {
@@ -76,7 +81,8 @@ std::map<std::string, std::vector<std::int64_t>> qwen2_moe_shapes() {
     s[p + "self_attn.v_proj.bias"] = {8};
   }
   const std::string moe = "model.layers.0.mlp.";
-  for (const char* name : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) s.erase(moe + name);
+  for (const char* name : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"})
+    s.erase(moe + name);
   s[moe + "gate.weight"] = {4, 16};
   for (int e = 0; e < 4; ++e) {
     const std::string ep = moe + "experts." + std::to_string(e) + ".";
@@ -92,7 +98,8 @@ std::map<std::string, std::vector<std::int64_t>> qwen2_moe_shapes() {
 }
 
 // Writes config.json and model.safetensors of `shapes` into `dir`.
-void write_model(const ScratchDir& dir, const json& config, const std::map<std::string, std::vector<std::int64_t>>& shapes) {
+void write_model(const ScratchDir& dir, const json& config,
+                 const std::map<std::string, std::vector<std::int64_t>>& shapes) {
   dir.file("config.json", config.dump());
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 0.3f);
@@ -108,8 +115,9 @@ void write_model(const ScratchDir& dir, const json& config, const std::map<std::
 }
 
 runtime::DeviceMesh mesh(std::int64_t n, const std::string& axis) {
-  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))),
-                                     {n}, {axis});
+  return runtime::DeviceMesh::create(
+      runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))), {n},
+      {axis});
 }
 
 TEST(CausalLmTest, ATinyLlamaLoadsAndDecodesTheSameOnEveryMesh) {
@@ -117,15 +125,20 @@ TEST(CausalLmTest, ATinyLlamaLoadsAndDecodesTheSameOnEveryMesh) {
   write_model(dir, tiny_llama(), llama_shapes());
   const HfConfig config = HfConfig::load(dir.path());
   const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
-  EXPECT_EQ(w.lm_head.weight.shape, (std::vector<std::int64_t>{16, 32})) << "the tied head: the table transposed";
+  EXPECT_EQ(w.lm_head.weight.shape, (std::vector<std::int64_t>{16, 32}))
+      << "the tied head: the table transposed";
   EXPECT_EQ(w.stack.blocks.size(), 2u);
-  EXPECT_EQ(w.stack.blocks[0].attention.wk.shape, (std::vector<std::int64_t>{16, 8})) << "[in, out]";
+  EXPECT_EQ(w.stack.blocks[0].attention.wk.shape, (std::vector<std::int64_t>{16, 8}))
+      << "[in, out]";
   std::vector<std::vector<std::int64_t>> runs;
-  for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+  for (const auto& [n, axis] :
+       std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
     CausalLm lm(mesh(n, axis), config, w, 2, 8);
     std::vector<std::int64_t> tokens = lm.greedy(std::vector<std::int32_t>{3, 4, 5, 6, 7, 8}, 3, 0);
     const std::vector<std::int64_t> next =
-        lm.greedy(std::vector<std::int32_t>{static_cast<std::int32_t>(tokens[0]), static_cast<std::int32_t>(tokens[1])}, 1, 3);
+        lm.greedy(std::vector<std::int32_t>{static_cast<std::int32_t>(tokens[0]),
+                                            static_cast<std::int32_t>(tokens[1])},
+                  1, 3);
     tokens.insert(tokens.end(), next.begin(), next.end());
     for (std::int64_t t : tokens) EXPECT_TRUE(t >= 0 && t < 32) << t;
     runs.push_back(tokens);
@@ -137,16 +150,19 @@ TEST(CausalLmTest, ATinyLlamaLoadsAndDecodesTheSameOnEveryMesh) {
 TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
   // One scratch directory per test: each case rewrites the checkpoint in it.
   ScratchDir dir;
-  const auto refused = [&](const std::map<std::string, std::vector<std::int64_t>>& shapes, const json& config,
-                           const auto& matcher) {
+  const auto refused = [&](const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                           const json& config, const auto& matcher) {
     write_model(dir, tiny_llama(), shapes);
     const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
-    EXPECT_THAT([&] { (void)CausalLmWeights::load(HfConfig::parse(config, "config.json"), checkpoint); }, matcher);
+    EXPECT_THAT(
+        [&] { (void)CausalLmWeights::load(HfConfig::parse(config, "config.json"), checkpoint); },
+        matcher);
   };
   auto shapes = llama_shapes();
   shapes["model.layers.1.self_attn.k_proj.weight"] = {16, 16};
   refused(shapes, tiny_llama(),
-          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.1.self_attn.k_proj.weight is [16, "
+          ThrowsMessage<ShapeError>(dir.path().string() +
+                                    ": tensor model.layers.1.self_attn.k_proj.weight is [16, "
                                     "16], the config implies [8, 16]"));
   shapes = llama_shapes();
   shapes.erase("model.norm.weight");
@@ -156,10 +172,12 @@ TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
   refused(llama_shapes(), untied, ThrowsMessage<KeyError>(HasSubstr("lm_head.weight")));
   json qwen2 = tiny_llama();  // Qwen2 adds q/k/v biases the Llama checkpoint lacks
   qwen2["model_type"] = "qwen2";
-  refused(llama_shapes(), qwen2, ThrowsMessage<KeyError>(HasSubstr("model.layers.0.self_attn.q_proj.bias")));
+  refused(llama_shapes(), qwen2,
+          ThrowsMessage<KeyError>(HasSubstr("model.layers.0.self_attn.q_proj.bias")));
   json mlp_bias = tiny_llama();  // mlp_bias asks for the MLP biases the checkpoint lacks
   mlp_bias["mlp_bias"] = true;
-  refused(llama_shapes(), mlp_bias, ThrowsMessage<KeyError>(HasSubstr("model.layers.0.mlp.gate_proj.bias")));
+  refused(llama_shapes(), mlp_bias,
+          ThrowsMessage<KeyError>(HasSubstr("model.layers.0.mlp.gate_proj.bias")));
   shapes = llama_shapes();
   for (int l = 0; l < 2; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
@@ -168,12 +186,14 @@ TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
     shapes[p + "down_proj.bias"] = {24};
   }
   refused(shapes, mlp_bias,
-          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.0.mlp.down_proj.bias is [24], the "
+          ThrowsMessage<ShapeError>(dir.path().string() +
+                                    ": tensor model.layers.0.mlp.down_proj.bias is [24], the "
                                     "config implies [16]"));
   shapes = qwen2_moe_shapes();
   shapes["model.layers.0.mlp.shared_expert_gate.weight"] = {16};
   refused(shapes, tiny_qwen2_moe(),
-          ThrowsMessage<ShapeError>(dir.path().string() + ": tensor model.layers.0.mlp.shared_expert_gate.weight is "
+          ThrowsMessage<ShapeError>(dir.path().string() +
+                                    ": tensor model.layers.0.mlp.shared_expert_gate.weight is "
                                     "[16], the config implies [1, 16]"));
   shapes = qwen2_moe_shapes();
   shapes.erase("model.layers.0.mlp.shared_expert.up_proj.weight");
@@ -181,7 +201,8 @@ TEST(CausalLmTest, CheckpointsThatDoNotFitTheConfigAreRefusedNamingTheTensor) {
           ThrowsMessage<KeyError>(HasSubstr("model.layers.0.mlp.shared_expert.up_proj.weight")));
   shapes = qwen2_moe_shapes();
   shapes.erase("model.layers.1.mlp.up_proj.weight");  // the dense layer of mlp_only_layers
-  refused(shapes, tiny_qwen2_moe(), ThrowsMessage<KeyError>(HasSubstr("model.layers.1.mlp.up_proj.weight")));
+  refused(shapes, tiny_qwen2_moe(),
+          ThrowsMessage<KeyError>(HasSubstr("model.layers.1.mlp.up_proj.weight")));
 }
 
 // Llama with mlp_bias and a Qwen2-MoE with its shared expert and a dense layer, checkpoints of
@@ -207,25 +228,32 @@ TEST(CausalLmTest, MlpBiasesSharedExpertsAndDenseLayersLoadAndDecodeTheSameOnEve
       } else {
         write_model(dir, config, shapes);
       }
-      const std::string label =
-          config["model_type"].get<std::string>() + (written_by_numesh ? " (write_random_model)" : "");
+      const std::string label = config["model_type"].get<std::string>() +
+                                (written_by_numesh ? " (write_random_model)" : "");
       const HfConfig c = HfConfig::load(dir.path());
       const CausalLmWeights w = CausalLmWeights::load(c, SafetensorsCheckpoint::open(dir.path()));
       if (c.mlp_bias) {
         EXPECT_EQ(w.stack.blocks[1].mlp.up_bias.shape, (std::vector<std::int64_t>{24})) << label;
         EXPECT_EQ(w.stack.blocks[1].mlp.down_bias.shape, (std::vector<std::int64_t>{16})) << label;
       } else {
-        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert.down.shape, (std::vector<std::int64_t>{12, 16}))
+        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert.down.shape,
+                  (std::vector<std::int64_t>{12, 16}))
             << label << ": [in, out]";
-        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert_gate.shape, (std::vector<std::int64_t>{16, 1})) << label;
-        EXPECT_EQ(w.stack.blocks[1].mlp.up.shape, (std::vector<std::int64_t>{16, 24})) << label << ": the dense layer";
+        EXPECT_EQ(w.stack.blocks[0].moe.shared_expert_gate.shape,
+                  (std::vector<std::int64_t>{16, 1}))
+            << label;
+        EXPECT_EQ(w.stack.blocks[1].mlp.up.shape, (std::vector<std::int64_t>{16, 24}))
+            << label << ": the dense layer";
         EXPECT_TRUE(w.stack.blocks[1].moe.router.shape.empty()) << label;
       }
       std::vector<std::vector<std::int64_t>> runs;
-      for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "ep"}}) {
+      for (const auto& [n, axis] :
+           std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "ep"}}) {
         CausalLm lm(mesh(n, axis), c, w, 2, 8);
-        std::vector<std::int64_t> tokens = lm.greedy(std::vector<std::int32_t>{3, 4, 5, 6, 7, 8}, 3, 0);
-        const std::vector<std::int32_t> fed{static_cast<std::int32_t>(tokens[0]), static_cast<std::int32_t>(tokens[1])};
+        std::vector<std::int64_t> tokens =
+            lm.greedy(std::vector<std::int32_t>{3, 4, 5, 6, 7, 8}, 3, 0);
+        const std::vector<std::int32_t> fed{static_cast<std::int32_t>(tokens[0]),
+                                            static_cast<std::int32_t>(tokens[1])};
         const std::vector<std::int64_t> next = lm.greedy(fed, 1, 3);
         tokens.insert(tokens.end(), next.begin(), next.end());
         runs.push_back(tokens);
@@ -243,10 +271,11 @@ TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
   untied["tie_word_embeddings"] = false;
   auto untied_shapes = llama_shapes();
   untied_shapes["lm_head.weight"] = {32, 16};
-  const auto four = runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(4)),
-                                                {2, 2}, {"ep", "tp"});
-  for (const auto& [config, shapes] : {std::pair{tiny_llama(), llama_shapes()}, std::pair{untied, untied_shapes},
-                                       std::pair{tiny_qwen2_moe(), qwen2_moe_shapes()}}) {
+  const auto four = runtime::DeviceMesh::create(
+      runtime::testing::synthetic_devices(runtime::testing::nodes(4)), {2, 2}, {"ep", "tp"});
+  for (const auto& [config, shapes] :
+       {std::pair{tiny_llama(), llama_shapes()}, std::pair{untied, untied_shapes},
+        std::pair{tiny_qwen2_moe(), qwen2_moe_shapes()}}) {
     ScratchDir dir;
     write_model(dir, config, shapes);
     const HfConfig c = HfConfig::load(dir.path());
@@ -255,17 +284,21 @@ TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
                               (config["tie_word_embeddings"].get<bool>() ? " (tied)" : " (untied)");
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       const CausalLmWeights host = CausalLmWeights::load(c, checkpoint, dtype);
-      for (const runtime::DeviceMesh& m : {mesh(1, "tp"), mesh(2, "tp"), mesh(2, "ep"), mesh(2, "dp"), four}) {
+      for (const runtime::DeviceMesh& m :
+           {mesh(1, "tp"), mesh(2, "tp"), mesh(2, "ep"), mesh(2, "dp"), four}) {
         std::vector<std::pair<std::int64_t, std::int64_t>> reports;
-        CausalLm direct = CausalLm::load(m, c, checkpoint, 2, 8, dtype, {},
-                                         [&](std::int64_t done, std::int64_t total) { reports.emplace_back(done, total); });
+        CausalLm direct = CausalLm::load(
+            m, c, checkpoint, 2, 8, dtype, {},
+            [&](std::int64_t done, std::int64_t total) { reports.emplace_back(done, total); });
         CausalLm reference(m, c, host, 2, 8);
         const std::vector<std::int32_t> ids{3, 4, 5, 6, 7, 8};
-        EXPECT_EQ(direct.logits(ids, 3, 0), reference.logits(ids, 3, 0)) << label << " " << to_string(dtype) << " on "
-                                                                          << m.mesh().repr();
+        EXPECT_EQ(direct.logits(ids, 3, 0), reference.logits(ids, 3, 0))
+            << label << " " << to_string(dtype) << " on " << m.mesh().repr();
         ASSERT_FALSE(reports.empty());
-        for (std::size_t i = 1; i < reports.size(); ++i) EXPECT_GT(reports[i].first, reports[i - 1].first);
-        EXPECT_EQ(reports.back().first, reports.back().second) << label << ": progress ends at the total";
+        for (std::size_t i = 1; i < reports.size(); ++i)
+          EXPECT_GT(reports[i].first, reports[i - 1].first);
+        EXPECT_EQ(reports.back().first, reports.back().second)
+            << label << ": progress ends at the total";
       }
     }
   }
@@ -277,14 +310,26 @@ TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
   const HfConfig config = HfConfig::load(dir.path());
   const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
   EXPECT_THAT([&] { CausalLm(mesh(1, "tp"), config, w, 1, 65); },
-              ThrowsMessage<ShapeError>("llama model: a context of 65 tokens is longer than the 64 it runs over "
-                                        "(max_position_embeddings, or the sliding window)"));
+              ThrowsMessage<ShapeError>(
+                  "llama model: a context of 65 tokens is longer than the 64 it runs over "
+                  "(max_position_embeddings, or the sliding window)"));
   CausalLm lm(mesh(1, "tp"), config, w, 2, 8);
-  EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2, 3}, 2, 0); },
-              ThrowsMessage<ShapeError>("model: 3 ids for 2 sequences of 2 tokens (expected 4)"));
-  EXPECT_THAT([&] { lm.logits(std::vector<std::int32_t>{1, 32}, 1, 0); },
-              ThrowsMessage<IndexError>("embedding: token 32 at position 1 is outside the vocabulary [0, 32)"));
-  EXPECT_THAT([&] { lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8); }, ThrowsMessage<IndexError>(HasSubstr("8")));
+  EXPECT_THAT(
+      [&] {
+        lm.greedy(std::vector<std::int32_t>{1, 2, 3}, 2, 0);
+      },
+      ThrowsMessage<ShapeError>("model: 3 ids for 2 sequences of 2 tokens (expected 4)"));
+  EXPECT_THAT(
+      [&] {
+        lm.logits(std::vector<std::int32_t>{1, 32}, 1, 0);
+      },
+      ThrowsMessage<IndexError>(
+          "embedding: token 32 at position 1 is outside the vocabulary [0, 32)"));
+  EXPECT_THAT(
+      [&] {
+        lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8);
+      },
+      ThrowsMessage<IndexError>(HasSubstr("8")));
 }
 
 // The largest |a - b| over max |b| (0 for two empty rows).
@@ -318,16 +363,19 @@ TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
     for (std::size_t b : {0u, 2u, 3u}) {
       for (std::int64_t id : alone[b].ids[0]) stop_elsewhere |= id == stop;
     }
-    EXPECT_FALSE(stop_elsewhere) << "the seed gives a stop id only sequence 1 makes (else pick another seed)";
-    for (const auto& [n, axis] : std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+    EXPECT_FALSE(stop_elsewhere)
+        << "the seed gives a stop id only sequence 1 makes (else pick another seed)";
+    for (const auto& [n, axis] :
+         std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
       CausalLm lm(mesh(n, axis), config, w, 4, 16);
       std::vector<std::int64_t> steps;
-      const GenerationResult all =
-          generate(lm, prompts, options, rng, [&](std::int64_t step, std::span<const std::int64_t> tokens) {
+      const GenerationResult all = generate(
+          lm, prompts, options, rng, [&](std::int64_t step, std::span<const std::int64_t> tokens) {
             steps.push_back(step);
             EXPECT_EQ(tokens.size(), 4u);
           });
-      EXPECT_EQ(steps, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5})) << "the prefill, then five decode steps";
+      EXPECT_EQ(steps, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}))
+          << "the prefill, then five decode steps";
       EXPECT_EQ(all.decode_steps, 5);
       EXPECT_EQ(all.decoded_tokens, 4 * 5);
       for (std::size_t b = 0; b < prompts.size(); ++b) {
@@ -344,7 +392,8 @@ TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
       EXPECT_EQ(stopped.ids[1], (std::vector<std::int64_t>{alone[1].ids[0][0], stop}));
       EXPECT_EQ(stopped.stopped[1], StopReason::kStopId);
       for (std::size_t b : {0u, 2u, 3u}) {
-        EXPECT_EQ(stopped.ids[b], alone[b].ids[0]) << "the others run on past sequence 1's stop: " << b;
+        EXPECT_EQ(stopped.ids[b], alone[b].ids[0])
+            << "the others run on past sequence 1's stop: " << b;
       }
       EXPECT_EQ(stopped.decoded_tokens, 3 * 5 + 1);
     }
@@ -361,23 +410,36 @@ TEST(GenerationTest, SamplingFromTheTopOneIsGreedyAndBadCallsAreRefused) {
   std::mt19937_64 rng(5);
   const GenerationResult greedy = generate(lm, prompts, {.max_new_tokens = 4}, rng);
   for (const bool keep_logits : {false, true}) {
-    const GenerationResult top1 = generate(
-        lm, prompts,
-        {.max_new_tokens = 4, .sampling = ops::SamplingOptions{.temperature = 0.7, .top_k = 1}, .keep_logits = keep_logits},
-        rng);
+    const GenerationResult top1 =
+        generate(lm, prompts,
+                 {.max_new_tokens = 4,
+                  .sampling = ops::SamplingOptions{.temperature = 0.7, .top_k = 1},
+                  .keep_logits = keep_logits},
+                 rng);
     EXPECT_EQ(top1.ids, greedy.ids) << "keep_logits " << keep_logits;
   }
-  EXPECT_THAT([&] { generate(lm, {{1, 2}}, {}, rng); },
-              ThrowsMessage<ShapeError>("generate: 1 prompts for a model of 2 sequences"));
-  EXPECT_THAT([&] { generate(lm, {{1, 2}, {}}, {}, rng); }, ThrowsMessage<ShapeError>("generate: prompt 1 is empty"));
+  EXPECT_THAT(
+      [&] {
+        generate(lm, {{1, 2}}, {}, rng);
+      },
+      ThrowsMessage<ShapeError>("generate: 1 prompts for a model of 2 sequences"));
+  EXPECT_THAT(
+      [&] {
+        generate(lm, {{1, 2}, {}}, {}, rng);
+      },
+      ThrowsMessage<ShapeError>("generate: prompt 1 is empty"));
   EXPECT_THAT([&] { generate(lm, prompts, {.max_new_tokens = 0}, rng); },
               ThrowsMessage<ValueError>("generate: max_new_tokens 0 must be at least 1"));
   EXPECT_THAT([&] { generate(lm, prompts, {.max_new_tokens = 7}, rng); },
-              ThrowsMessage<IndexError>(
-                  "generate: the longest prompt (3 tokens) and 7 new tokens do not fit the model's 8 positions"));
-  EXPECT_THAT([&] { generate(lm, {{1, 2}, {32}}, {.max_new_tokens = 2}, rng); },
-              ThrowsMessage<IndexError>(HasSubstr("token 32")));
-  EXPECT_NO_THROW(generate(lm, prompts, {.max_new_tokens = 6}, rng)) << "the last new token is not fed: 3 + 6 - 1 fit 8";
+              ThrowsMessage<IndexError>("generate: the longest prompt (3 tokens) and 7 new tokens "
+                                        "do not fit the model's 8 positions"));
+  EXPECT_THAT(
+      [&] {
+        generate(lm, {{1, 2}, {32}}, {.max_new_tokens = 2}, rng);
+      },
+      ThrowsMessage<IndexError>(HasSubstr("token 32")));
+  EXPECT_NO_THROW(generate(lm, prompts, {.max_new_tokens = 6}, rng))
+      << "the last new token is not fed: 3 + 6 - 1 fit 8";
 }
 
 TEST(PerplexityTest, ChunksBosAndTheScoredHalfFollowLlamaCpp) {
@@ -386,10 +448,12 @@ TEST(PerplexityTest, ChunksBosAndTheScoredHalfFollowLlamaCpp) {
   const HfConfig config = HfConfig::load(dir.path());
   const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
   std::vector<std::int32_t> tokens(21);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % 32);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % 32);
   CausalLm lm(mesh(2, "tp"), config, w, 1, 8);
   std::vector<std::int64_t> progress;
-  const PerplexityResult r = perplexity(lm, tokens, 8, 1, [&](std::int64_t c, double) { progress.push_back(c); });
+  const PerplexityResult r =
+      perplexity(lm, tokens, 8, 1, [&](std::int64_t c, double) { progress.push_back(c); });
   EXPECT_EQ(r.chunks, 2) << "21 tokens hold two chunks of 8; the rest is left out";
   EXPECT_EQ(r.scored, 6) << "tokens 5, 6, 7 of each chunk, from the logits at 4, 5, 6";
   EXPECT_EQ(progress, (std::vector<std::int64_t>{1, 2}));
@@ -406,12 +470,14 @@ TEST(PerplexityTest, ChunksBosAndTheScoredHalfFollowLlamaCpp) {
   EXPECT_NEAR(r.perplexity, std::exp(sum / 6.0), 1e-4 * r.perplexity);
   EXPECT_GT(r.standard_error, 0.0);
   EXPECT_THAT([&] { (void)perplexity(lm, std::span<const std::int32_t>(tokens).first(7), 8, 1); },
-              ThrowsMessage<ValueError>("perplexity: the text has 7 tokens; a context of 8 needs at least 4 and that "
-                                        "many tokens (one chunk)"));
+              ThrowsMessage<ValueError>(
+                  "perplexity: the text has 7 tokens; a context of 8 needs at least 4 and that "
+                  "many tokens (one chunk)"));
   CausalLm two(mesh(1, "tp"), config, w, 2, 8);
   EXPECT_THAT([&] { (void)perplexity(two, tokens, 8, 1); },
-              ThrowsMessage<ValueError>("perplexity: the model runs 2 sequences of up to 8 tokens; it needs 1 of at "
-                                        "least 8"));
+              ThrowsMessage<ValueError>(
+                  "perplexity: the model runs 2 sequences of up to 8 tokens; it needs 1 of at "
+                  "least 8"));
 }
 
 TEST(PerplexityTest, TokenNllIsTheLogSoftmax) {

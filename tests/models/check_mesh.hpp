@@ -24,13 +24,15 @@ inline runtime::DeviceMesh make_mesh(const MeshChoice& m) {
   std::int64_t n = 1;
   for (std::int64_t d : m.dims) n *= d;
   return runtime::DeviceMesh::create(
-      runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))), m.dims, m.names);
+      runtime::testing::synthetic_devices(runtime::testing::nodes(static_cast<int>(n))), m.dims,
+      m.names);
 }
 
 /// A one-axis mesh named `names[0]` over `devices` synthetic NUMA nodes.
 inline runtime::DeviceMesh mesh_of(int devices, std::vector<std::string> names) {
-  return runtime::DeviceMesh::create(runtime::testing::synthetic_devices(runtime::testing::nodes(devices)),
-                                     {static_cast<std::int64_t>(devices)}, std::move(names));
+  return runtime::DeviceMesh::create(
+      runtime::testing::synthetic_devices(runtime::testing::nodes(devices)),
+      {static_cast<std::int64_t>(devices)}, std::move(names));
 }
 
 }  // namespace numesh::models::testing

@@ -7,10 +7,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "numesh/core/error.hpp"
@@ -24,7 +24,8 @@ using ::testing::ThrowsMessage;
 
 // Llama 3.2 1B.
 json llama32() {
-  return json::parse(R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  return json::parse(
+      R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
     "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
     "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
     "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
@@ -35,7 +36,8 @@ json llama32() {
 
 // Mistral 7B v0.1.
 json mistral() {
-  return json::parse(R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  return json::parse(
+      R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
     "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
     "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
     "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
@@ -44,7 +46,8 @@ json mistral() {
 
 // Qwen2 0.5B.
 json qwen2() {
-  return json::parse(R"({"architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151643,
+  return json::parse(
+      R"({"architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151643,
     "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 131072,
     "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
     "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
@@ -53,7 +56,8 @@ json qwen2() {
 
 // Qwen3 0.6B.
 json qwen3() {
-  return json::parse(R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
+  return json::parse(
+      R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
     "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
     "max_position_embeddings": 40960, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
     "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
@@ -62,7 +66,8 @@ json qwen3() {
 
 // Mixtral 8x7B.
 json mixtral() {
-  return json::parse(R"({"architectures": ["MixtralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  return json::parse(
+      R"({"architectures": ["MixtralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
     "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
     "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
     "num_key_value_heads": 8, "num_local_experts": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
@@ -71,7 +76,8 @@ json mixtral() {
 
 // Qwen3 30B-A3B.
 json qwen3_moe() {
-  return json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "bos_token_id": 151643, "decoder_sparse_step": 1,
+  return json::parse(
+      R"({"architectures": ["Qwen3MoeForCausalLM"], "bos_token_id": 151643, "decoder_sparse_step": 1,
     "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
     "max_position_embeddings": 40960, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
     "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
@@ -81,7 +87,8 @@ json qwen3_moe() {
 
 // Qwen1.5 MoE A2.7B.
 json qwen2_moe() {
-  return json::parse(R"({"architectures": ["Qwen2MoeForCausalLM"], "bos_token_id": 151643, "decoder_sparse_step": 1,
+  return json::parse(
+      R"({"architectures": ["Qwen2MoeForCausalLM"], "bos_token_id": 151643, "decoder_sparse_step": 1,
     "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5632,
     "max_position_embeddings": 8192, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
     "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
@@ -118,8 +125,9 @@ TEST(HfConfigTest, Llama32ReadsEveryFieldAndBuildsItsStack) {
 
 TEST(HfConfigTest, AbsentOptionalFieldsTakeTransformersDefaults) {
   json j = llama32();
-  for (const char* key : {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
-                          "tie_word_embeddings", "max_position_embeddings", "hidden_act", "bos_token_id"}) {
+  for (const char* key :
+       {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "tie_word_embeddings", "max_position_embeddings", "hidden_act", "bos_token_id"}) {
     j.erase(key);
   }
   const HfConfig c = HfConfig::parse(j, "config.json");
@@ -133,13 +141,16 @@ TEST(HfConfigTest, AbsentOptionalFieldsTakeTransformersDefaults) {
   EXPECT_TRUE(c.bos_token_ids.empty());
   json q = qwen3();
   q.erase("head_dim");
-  EXPECT_EQ(HfConfig::parse(q, "config.json").head_dim, 128) << "Qwen3's default, not hidden / heads (64)";
+  EXPECT_EQ(HfConfig::parse(q, "config.json").head_dim, 128)
+      << "Qwen3's default, not hidden / heads (64)";
   json linear = llama32();
   linear["rope_scaling"] = json{{"type", "linear"}, {"factor", 2.0}};  // the older key
-  EXPECT_EQ(HfConfig::parse(linear, "config.json").rope_scaling.kind, ops::RopeScaling::Kind::kLinear);
+  EXPECT_EQ(HfConfig::parse(linear, "config.json").rope_scaling.kind,
+            ops::RopeScaling::Kind::kLinear);
   json eos_list = llama32();
   eos_list["eos_token_id"] = json::array({128001, 128008, 128009});
-  EXPECT_EQ(HfConfig::parse(eos_list, "config.json").eos_token_ids, (std::vector<std::int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(HfConfig::parse(eos_list, "config.json").eos_token_ids,
+            (std::vector<std::int64_t>{128001, 128008, 128009}));
 }
 
 TEST(HfConfigTest, MistralsSlidingWindowBoundsTheContext) {
@@ -206,25 +217,31 @@ TEST(HfConfigTest, MlpBiasesSharedExpertsAndDenseLayersBuildTheirStacks) {
   biases["mlp_bias"] = true;
   const HfConfig lb = HfConfig::parse(biases, "config.json");
   EXPECT_TRUE(lb.mlp_bias);
-  EXPECT_EQ(lb.transformer_config().ffn, 8192) << "the biases ride on the weights, the stack is Llama's";
+  EXPECT_EQ(lb.transformer_config().ffn, 8192)
+      << "the biases ride on the weights, the stack is Llama's";
   json mistral_bias = mistral();
   mistral_bias["mlp_bias"] = true;
-  EXPECT_FALSE(HfConfig::parse(mistral_bias, "config.json").mlp_bias) << "MistralMLP has no biases whatever the field";
+  EXPECT_FALSE(HfConfig::parse(mistral_bias, "config.json").mlp_bias)
+      << "MistralMLP has no biases whatever the field";
 
-  const ops::TransformerConfig q2 = HfConfig::parse(qwen2_moe(), "config.json").transformer_config();
+  const ops::TransformerConfig q2 =
+      HfConfig::parse(qwen2_moe(), "config.json").transformer_config();
   EXPECT_EQ(q2.shared_expert_ffn, 5632);
   EXPECT_EQ(q2.moe_ffn, 1408);
   EXPECT_FALSE(q2.moe.renormalize) << "norm_topk_prob false: the raw softmax weights";
   EXPECT_TRUE(q2.dense_layers.empty());
   json absent = qwen2_moe();
   absent.erase("shared_expert_intermediate_size");
-  EXPECT_EQ(HfConfig::parse(absent, "config.json").shared_expert_intermediate_size, 5632) << "transformers' default";
+  EXPECT_EQ(HfConfig::parse(absent, "config.json").shared_expert_intermediate_size, 5632)
+      << "transformers' default";
   EXPECT_EQ(HfConfig::parse(qwen3_moe(), "config.json").transformer_config().shared_expert_ffn, 0);
 
   json dense_layers = qwen2_moe();
   dense_layers["mlp_only_layers"] = json::array({5, 0, 5});
-  const ops::TransformerConfig t = HfConfig::parse(dense_layers, "config.json").transformer_config();
-  EXPECT_EQ(t.dense_layers, (std::vector<std::int64_t>{0, 5})) << "sorted, a repeat meaning nothing more";
+  const ops::TransformerConfig t =
+      HfConfig::parse(dense_layers, "config.json").transformer_config();
+  EXPECT_EQ(t.dense_layers, (std::vector<std::int64_t>{0, 5}))
+      << "sorted, a repeat meaning nothing more";
   EXPECT_FALSE(t.is_moe(0));
   EXPECT_TRUE(t.is_moe(1));
   EXPECT_FALSE(t.is_moe(5));
@@ -233,12 +250,16 @@ TEST(HfConfigTest, MlpBiasesSharedExpertsAndDenseLayersBuildTheirStacks) {
 
 TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   const auto refused = [](json j, const std::string& message) {
-    EXPECT_THAT([&] { (void)HfConfig::parse(j, "m/config.json"); }, ThrowsMessage<ValueError>(message)) << message;
+    EXPECT_THAT([&] { (void)HfConfig::parse(j, "m/config.json"); },
+                ThrowsMessage<ValueError>(message))
+        << message;
   };
   json j = llama32();
   j["model_type"] = "gpt2";
-  refused(j, "m/config.json: model_type 'gpt2' is not an architecture numesh reads (it reads llama, mistral, "
-             "qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)");
+  refused(j,
+          "m/config.json: model_type 'gpt2' is not an architecture numesh reads (it reads llama, "
+          "mistral, "
+          "qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)");
   j = llama32();
   j.erase("model_type");
   refused(j, "m/config.json: config field 'model_type' is missing");
@@ -262,7 +283,9 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j, "m/config.json: head_dim 63 is odd; RoPE needs it even");
   j = llama32();
   j["rope_scaling"] = json{{"rope_type", "yarn"}, {"factor", 4.0}};
-  refused(j, "m/config.json: rope_scaling type 'yarn' is not one numesh implements (linear, llama3, default)");
+  refused(j,
+          "m/config.json: rope_scaling type 'yarn' is not one numesh implements (linear, llama3, "
+          "default)");
   j = llama32();
   j["rope_scaling"].erase("low_freq_factor");
   refused(j, "m/config.json: rope_scaling 'llama3' has no 'low_freq_factor'");
@@ -271,7 +294,8 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j, "m/config.json: rope scaling llama3: factor 0 must be positive");
   j = llama32();
   j["rope_scaling"] = "llama3";
-  refused(j, "m/config.json: config field 'rope_scaling' is \"llama3\", expected an object or null");
+  refused(j,
+          "m/config.json: config field 'rope_scaling' is \"llama3\", expected an object or null");
   j = llama32();
   j["tie_word_embeddings"] = 1;
   refused(j, "m/config.json: config field 'tie_word_embeddings' is 1, expected true or false");
@@ -280,7 +304,9 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j, "m/config.json: token id 128256 is outside the vocabulary of 128256");
   j = llama32();
   j["bos_token_id"] = json::array({1, "two"});
-  refused(j, "m/config.json: config field 'bos_token_id' holds [1,\"two\"], expected non-negative token ids");
+  refused(j,
+          "m/config.json: config field 'bos_token_id' holds [1,\"two\"], expected non-negative "
+          "token ids");
   j = mixtral();
   j["num_experts_per_tok"] = 9;
   refused(j, "m/config.json: num_experts_per_tok 9 is more than the 8 experts");
@@ -289,7 +315,9 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j, "m/config.json: mlp_only_layers names layer 48, outside the 48 layers");
   j = qwen2_moe();
   j["shared_expert_intermediate_size"] = 0;
-  refused(j, "m/config.json: config field 'shared_expert_intermediate_size' is 0, expected a positive integer");
+  refused(j,
+          "m/config.json: config field 'shared_expert_intermediate_size' is 0, expected a positive "
+          "integer");
   j = qwen3_moe();
   j.erase("moe_intermediate_size");
   refused(j, "m/config.json: config field 'moe_intermediate_size' is missing");
@@ -297,40 +325,37 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
 }
 
 TEST(HfConfigTest, LoadReadsAFileOrAFolderAndNamesWhatItCannotRead) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "numesh_hf_config_test";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "numesh_hf_config_test";
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "config.json") << llama32().dump();
-  }
+  { std::ofstream(dir / "config.json") << llama32().dump(); }
   EXPECT_EQ(HfConfig::load(dir).hidden_size, 2048);
   EXPECT_EQ(HfConfig::load(dir / "config.json").vocab_size, 128256);
-  EXPECT_THAT([&] { (void)HfConfig::load(dir / "missing.json"); },
-              ThrowsMessage<IoError>((dir / "missing.json").string() +
-                                     " does not exist (expected a model folder holding config.json, or a "
-                                     "config.json file)"));
+  EXPECT_THAT(
+      [&] { (void)HfConfig::load(dir / "missing.json"); },
+      ThrowsMessage<IoError>((dir / "missing.json").string() +
+                             " does not exist (expected a model folder holding config.json, or a "
+                             "config.json file)"));
   std::filesystem::create_directories(dir / "empty");
   EXPECT_THAT([&] { (void)HfConfig::load(dir / "empty"); },
               ThrowsMessage<IoError>("cannot read " + (dir / "empty" / "config.json").string()));
-  {
-    std::ofstream(dir / "broken.json") << "{\"model_type\": ";
-  }
+  { std::ofstream(dir / "broken.json") << "{\"model_type\": "; }
   EXPECT_THAT([&] { (void)HfConfig::load(dir / "broken.json"); },
               ThrowsMessage<IoError>(HasSubstr((dir / "broken.json").string() + " is not JSON: ")));
   // A number beyond double is nlohmann's out_of_range, not a parse_error: still an IoError.
-  {
-    std::ofstream(dir / "huge.json") << "{\"rope_theta\": 1e999}";
-  }
-  EXPECT_THAT([&] { (void)HfConfig::load(dir / "huge.json"); },
-              ThrowsMessage<IoError>(HasSubstr("huge.json is not JSON: [json.exception.out_of_range.406] number overflow parsing '1e999'")));
+  { std::ofstream(dir / "huge.json") << "{\"rope_theta\": 1e999}"; }
+  EXPECT_THAT(
+      [&] { (void)HfConfig::load(dir / "huge.json"); },
+      ThrowsMessage<IoError>(HasSubstr("huge.json is not JSON: [json.exception.out_of_range.406] "
+                                       "number overflow parsing '1e999'")));
   // generation_config.json beside it: its special ids win (Llama 3 Instruct's end-of-turn ids).
   {
-    std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
+    std::ofstream(dir / "generation_config.json")
+        << R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})";
   }
   EXPECT_EQ(HfConfig::load(dir).eos_token_ids, (std::vector<std::int64_t>{128001, 128008, 128009}));
   EXPECT_EQ(HfConfig::load(dir / "config.json").bos_token_ids, (std::vector<std::int64_t>{128000}));
-  {
-    std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 999999})";
-  }
+  { std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 999999})"; }
   EXPECT_THAT([&] { (void)HfConfig::load(dir); },
               ThrowsMessage<ValueError>((dir / "generation_config.json").string() +
                                         ": token id 999999 is outside the vocabulary of 128256"));

@@ -5,23 +5,22 @@
 // token stream (DIR/results.json and .npy files).
 //   hf_model_check_main DIR
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/formats/npy.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/perplexity.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
-#include "numesh/models/formats/npy.hpp"
 
 namespace {
 
@@ -48,7 +47,9 @@ void run(const fs::path& dir) {
     const auto batch = static_cast<std::int64_t>(c["prompt"].size());
     const auto prompt_len = static_cast<std::int64_t>(prompt.size()) / batch;
     const std::int64_t new_tokens = c["new_tokens"];
-    std::vector<MeshChoice> meshes{{"tp1", {1}, {"tp"}}, {"tp2", {2}, {"tp"}}, {"dp2", {2}, {"dp"}},
+    std::vector<MeshChoice> meshes{{"tp1", {1}, {"tp"}},
+                                   {"tp2", {2}, {"tp"}},
+                                   {"dp2", {2}, {"dp"}},
                                    {"dp2xtp2", {2, 2}, {"dp", "tp"}}};
     if (config.num_experts > 0) {
       meshes.push_back({"ep2", {2}, {"ep"}});
@@ -63,12 +64,14 @@ void run(const fs::path& dir) {
         // Greedy generation: the prompt, then one token per sequence per step, on a model whose
         // devices read their shards straight from the checkpoint (CausalLm::load; the scorer
         // below takes the host path, so PyTorch checks both).
-        CausalLm generator = CausalLm::load(mesh, config, checkpoint, batch, prompt_len + new_tokens, stored);
+        CausalLm generator =
+            CausalLm::load(mesh, config, checkpoint, batch, prompt_len + new_tokens, stored);
         std::vector<std::vector<std::int64_t>> generated(static_cast<std::size_t>(batch));
         std::vector<std::int64_t> next = generator.greedy(prompt, prompt_len, 0);
         std::vector<std::vector<std::int32_t>> fed;  // the tokens each decode step feeds
         for (std::int64_t step = 0; step < new_tokens; ++step) {
-          for (std::int64_t b = 0; b < batch; ++b) generated[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
+          for (std::int64_t b = 0; b < batch; ++b)
+            generated[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
           if (step + 1 == new_tokens) break;
           fed.emplace_back(next.begin(), next.end());
           next = generator.greedy(fed.back(), 1, prompt_len + step);
@@ -80,7 +83,8 @@ void run(const fs::path& dir) {
         json step_files = json::array();
         for (std::size_t i = 0; i < fed.size(); ++i) {
           const std::string file = tag + "_step" + std::to_string(i + 1) + "_logits.npy";
-          numesh::models::save_npy(dir / file, scorer.logits(fed[i], 1, prompt_len + static_cast<std::int64_t>(i)));
+          numesh::models::save_npy(
+              dir / file, scorer.logits(fed[i], 1, prompt_len + static_cast<std::int64_t>(i)));
           step_files.push_back(file);
         }
         // Perplexity over the case's stream, as numesh perplexity computes it.
@@ -88,7 +92,9 @@ void run(const fs::path& dir) {
         const std::int64_t context = p["context"];
         CausalLm ppl_model(mesh, config, weights, 1, context);
         const std::vector<std::int32_t> stream = p["tokens"].get<std::vector<std::int32_t>>();
-        const double ppl = numesh::models::perplexity(ppl_model, stream, context, p["bos"].get<std::int32_t>()).perplexity;
+        const double ppl =
+            numesh::models::perplexity(ppl_model, stream, context, p["bos"].get<std::int32_t>())
+                .perplexity;
         results.push_back({{"name", name},
                            {"stored", stored_name},
                            {"mesh", m.label},

@@ -113,29 +113,36 @@ TEST_F(NpyTest, LoadsTokenIdsOfBothIntegerWidths) {
   const std::int64_t wide[3] = {0, 4095, -2147483648LL};
   std::memcpy(i4.data(), small, 12);
   std::memcpy(i8.data(), wide, 24);
-  const NpyIds a =
-      load_npy_ids(file_with("i4.npy", npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (1, 3), }", i4)));
+  const NpyIds a = load_npy_ids(file_with(
+      "i4.npy", npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (1, 3), }", i4)));
   EXPECT_THAT(a.shape, ElementsAre(1, 3));
   EXPECT_THAT(a.values, ElementsAre(7, -1, 2147483647));
-  const NpyIds b =
-      load_npy_ids(file_with("i8.npy", npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", i8)));
+  const NpyIds b = load_npy_ids(file_with(
+      "i8.npy", npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", i8)));
   EXPECT_THAT(b.shape, ElementsAre(3));
   EXPECT_THAT(b.values, ElementsAre(0, 4095, -2147483648));
 }
 
 TEST_F(NpyTest, TokenIdsRefuseOtherDtypesAndValuesPastInt32) {
   EXPECT_THAT([&] { load_npy_ids(kData / "f4_2x3.npy"); },
-              ThrowsMessage<ValueError>(HasSubstr("descr '<f4' is float32; numesh reads only '<i4' or '<i8' (integer "
-                                                  "token ids); save it with np.save(f, a.astype('<i4'))")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("descr '<f4' is float32; numesh reads only '<i4' or '<i8' (integer "
+                            "token ids); save it with np.save(f, a.astype('<i4'))")));
   std::string i8(16, '\0');
   const std::int64_t wide[2] = {1, std::int64_t{1} << 40};
   std::memcpy(i8.data(), wide, 16);
-  const fs::path big =
-      file_with("big.npy", npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", i8));
-  EXPECT_THAT([&] { load_npy_ids(big); },
-              ThrowsMessage<ValueError>(HasSubstr("id 1099511627776 at index 1 does not fit int32")));
-  EXPECT_THAT([&] { load_npy_ids(file_with("cut.npy", npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }", i8.substr(0, 8)))); },
-              ThrowsMessage<IoError>(HasSubstr("shape (4,) of '<i4' needs 16 data bytes")));
+  const fs::path big = file_with(
+      "big.npy", npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", i8));
+  EXPECT_THAT(
+      [&] { load_npy_ids(big); },
+      ThrowsMessage<ValueError>(HasSubstr("id 1099511627776 at index 1 does not fit int32")));
+  EXPECT_THAT(
+      [&] {
+        load_npy_ids(file_with(
+            "cut.npy", npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }",
+                                 i8.substr(0, 8))));
+      },
+      ThrowsMessage<IoError>(HasSubstr("shape (4,) of '<i4' needs 16 data bytes")));
 }
 
 TEST_F(NpyTest, LoadsNumpyScalarAsRankZero) {

@@ -3,12 +3,11 @@
 // DIR/numesh.json for the script to compare with SentencePiece's own.
 //   sentencepiece_check_main DIR
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
 

@@ -1,5 +1,5 @@
-// tokenizer.json as numesh reads it (numesh/models/tokenizers/tokenizer.hpp), on small byte-level BPE
-// tokenizers written by the tests: merges applied by rank, ignore_merges, the pre-tokenizer's
+// tokenizer.json as numesh reads it (numesh/models/tokenizers/tokenizer.hpp), on small byte-level
+// BPE tokenizers written by the tests: merges applied by rank, ignore_merges, the pre-tokenizer's
 // regex split and ByteLevel's prefix space, added tokens (longest match, lstrip, rstrip,
 // special, normalized), NFC, the BOS template, decoding (GPT-2's table backwards, U+FFFD for
 // cut characters), and every error with its type and message. The real Llama 3 and Qwen3 files
@@ -214,8 +214,8 @@ TEST(TokenizerTest, NormalizerSequenceOfNothingOrNfc) {
 
 TEST(TokenizerTest, AddedTokensMatchFirstLongestAndDecodeOrSkip) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = json::array({added(256, "<s>", true), added(257, "<s>x", true),
-                       added(258, "<tool>", false)});
+  j["added_tokens"] =
+      json::array({added(256, "<s>", true), added(257, "<s>x", true), added(258, "<tool>", false)});
   const auto t = parse(j);
   // "<s>x" is the longer match at the same place; the added tokens split words.
   EXPECT_THAT(t.encode("a<s>xb<s><tool>"), ElementsAre('a', 257, 'b', 256, 258));
@@ -229,8 +229,8 @@ TEST(TokenizerTest, AddedTokensMatchFirstLongestAndDecodeOrSkip) {
 
 TEST(TokenizerTest, AddedTokensLstripAndRstripTakeTheWhitespace) {
   auto j = make_tokenizer({}, json::array());
-  j["added_tokens"] = json::array({added(256, "<L>", true, /*lstrip=*/true),
-                       added(257, "<R>", true, false, /*rstrip=*/true)});
+  j["added_tokens"] = json::array(
+      {added(256, "<L>", true, /*lstrip=*/true), added(257, "<R>", true, false, /*rstrip=*/true)});
   const auto t = parse(j);
   EXPECT_THAT(t.encode("a  <L> b"), ElementsAre('a', 256, ' ', 'b'));
   EXPECT_THAT(t.encode("a <R>\t b"), ElementsAre('a', ' ', 257, 'b'));
@@ -244,7 +244,7 @@ TEST(TokenizerTest, NormalizedAddedTokensMatchAfterNfc) {
   auto j = make_tokenizer({}, json::array());
   j["normalizer"] = {{"type", "NFC"}};
   j["added_tokens"] = json::array({added(256, "\xC3\xA9", false, false, false, /*normalized=*/true),
-                       added(257, "\xC3\xAB", false)});
+                                   added(257, "\xC3\xAB", false)});
   const auto t = parse(j);
   EXPECT_THAT(t.encode("e\xCC\x81"), ElementsAre(256));
   EXPECT_THAT(t.encode("\xC3\xAB"), ElementsAre(257));
@@ -332,7 +332,8 @@ TEST(TokenizerErrorTest, Model) {
   auto j = make_tokenizer({}, json::array());
   j["model"]["type"] = "WordPiece";
   expect_refused(j, "tok.json: model type 'WordPiece' is not supported (BPE)");
-  j["model"]["type"] = json::object();  // not a string: named by its JSON, not nlohmann's type_error
+  j["model"]["type"] =
+      json::object();  // not a string: named by its JSON, not nlohmann's type_error
   expect_refused(j, "tok.json: model type '{}' is not supported (BPE)");
   j = make_tokenizer({}, json::array());
   j["model"]["byte_fallback"] = true;

@@ -5,19 +5,18 @@
 // halfway, saves, and resumes from the saved folder in a new trainer.
 //   train_check_main DIR
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "check_mesh.hpp"
-#include "numesh/models/lm/trainer.hpp"
 #include "numesh/models/formats/npy.hpp"
+#include "numesh/models/lm/trainer.hpp"
 
 namespace {
 
@@ -44,11 +43,16 @@ numesh::models::TrainingOptions options_of(const json& o) {
   numesh::models::TrainingOptions t;
   t.batch = o["batch"];
   t.tokens = o["tokens"];
-  t.adamw = numesh::ops::AdamWOptions{.lr = o["lr"], .beta1 = o["beta1"], .beta2 = o["beta2"], .eps = o["eps"],
+  t.adamw = numesh::ops::AdamWOptions{.lr = o["lr"],
+                                      .beta1 = o["beta1"],
+                                      .beta2 = o["beta2"],
+                                      .eps = o["eps"],
                                       .weight_decay = o["weight_decay"]};
   t.clip = o["clip"];
   t.schedule = numesh::ops::LearningRateSchedule{
-      .lr = o["lr"], .warmup = o["warmup"], .total = o["steps"],
+      .lr = o["lr"],
+      .warmup = o["warmup"],
+      .total = o["steps"],
       .kind = o["schedule"] == "cosine" ? numesh::ops::LearningRateSchedule::Kind::kCosine
                                         : numesh::ops::LearningRateSchedule::Kind::kConstant};
   return t;
@@ -61,8 +65,8 @@ struct Trajectory {
 };
 
 // Steps [from, to) of `trainer` on `data`, appended to `out`.
-void train(CausalLmTrainer& trainer, const numesh::models::NpyIds& data, std::int64_t from, std::int64_t to,
-           const numesh::models::TrainingOptions& o, Trajectory& out) {
+void train(CausalLmTrainer& trainer, const numesh::models::NpyIds& data, std::int64_t from,
+           std::int64_t to, const numesh::models::TrainingOptions& o, Trajectory& out) {
   for (std::int64_t k = from; k < to; ++k) {
     const numesh::models::StepStats s =
         trainer.step(numesh::models::training_batch(data.values, data.shape, k, o.batch, o.tokens));
@@ -76,21 +80,32 @@ void run(const fs::path& dir) {
   std::ifstream(dir / "cases.json") >> spec;
   const numesh::models::TrainingOptions options = options_of(spec["options"]);
   const std::int64_t steps = spec["options"]["steps"];
-  const std::vector<MeshChoice> meshes{
-      {"tp1", {1}, {"tp"}},          {"tp2", {2}, {"tp"}},          {"tp4", {4}, {"tp"}},
-      {"dp2", {2}, {"dp"}},          {"fsdp2", {2}, {"fsdp"}},      {"sp2", {2}, {"sp"}},
-      {"dp2xtp2", {2, 2}, {"dp", "tp"}}, {"sp2xtp2", {2, 2}, {"sp", "tp"}},
-      {"dp2xfsdp2xtp2", {2, 2, 2}, {"dp", "fsdp", "tp"}}, {"dp2xsp2xtp2", {2, 2, 2}, {"dp", "sp", "tp"}}};
+  const std::vector<MeshChoice> meshes{{"tp1", {1}, {"tp"}},
+                                       {"tp2", {2}, {"tp"}},
+                                       {"tp4", {4}, {"tp"}},
+                                       {"dp2", {2}, {"dp"}},
+                                       {"fsdp2", {2}, {"fsdp"}},
+                                       {"sp2", {2}, {"sp"}},
+                                       {"dp2xtp2", {2, 2}, {"dp", "tp"}},
+                                       {"sp2xtp2", {2, 2}, {"sp", "tp"}},
+                                       {"dp2xfsdp2xtp2", {2, 2, 2}, {"dp", "fsdp", "tp"}},
+                                       {"dp2xsp2xtp2", {2, 2, 2}, {"dp", "sp", "tp"}}};
   // The MoE model's experts split over ep, alone and with every other axis.
-  const std::vector<MeshChoice> moe_meshes{
-      {"tp1", {1}, {"tp"}},          {"tp2", {2}, {"tp"}},          {"ep2", {2}, {"ep"}},
-      {"dp2", {2}, {"dp"}},          {"ep4", {4}, {"ep"}},          {"sp2xep2", {2, 2}, {"sp", "ep"}},
-      {"dp2xep2", {2, 2}, {"dp", "ep"}}, {"ep2xtp2", {2, 2}, {"ep", "tp"}},
-      {"fsdp2xep2", {2, 2}, {"fsdp", "ep"}}, {"dp2xep2xtp2", {2, 2, 2}, {"dp", "ep", "tp"}}};
+  const std::vector<MeshChoice> moe_meshes{{"tp1", {1}, {"tp"}},
+                                           {"tp2", {2}, {"tp"}},
+                                           {"ep2", {2}, {"ep"}},
+                                           {"dp2", {2}, {"dp"}},
+                                           {"ep4", {4}, {"ep"}},
+                                           {"sp2xep2", {2, 2}, {"sp", "ep"}},
+                                           {"dp2xep2", {2, 2}, {"dp", "ep"}},
+                                           {"ep2xtp2", {2, 2}, {"ep", "tp"}},
+                                           {"fsdp2xep2", {2, 2}, {"fsdp", "ep"}},
+                                           {"dp2xep2xtp2", {2, 2, 2}, {"dp", "ep", "tp"}}};
   // The MoE models once more with the tokens split over ep as well (GShard's all-to-all
   // dispatch and combine, and their transposes in the backward).
-  const std::vector<MeshChoice> all_to_all_meshes{
-      {"ep2_a2a", {2}, {"ep"}}, {"dp2xep2_a2a", {2, 2}, {"dp", "ep"}}, {"ep2xtp2_a2a", {2, 2}, {"ep", "tp"}}};
+  const std::vector<MeshChoice> all_to_all_meshes{{"ep2_a2a", {2}, {"ep"}},
+                                                  {"dp2xep2_a2a", {2, 2}, {"dp", "ep"}},
+                                                  {"ep2xtp2_a2a", {2, 2}, {"ep", "tp"}}};
   json results = json::array();
   for (const json& c : spec["cases"]) {
     const std::string name = c["name"];

@@ -6,16 +6,16 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 #include "safetensors_writer.hpp"
 
 namespace numesh::models {
@@ -23,16 +23,17 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::ScratchDir;
+using ::testing::ThrowsMessage;
 
 constexpr std::int64_t kVocab = 32, kTokens = 16;
 
 json tiny_llama(bool tied) {
-  return json{{"model_type", "llama"},         {"vocab_size", kVocab},        {"hidden_size", 32},
-              {"intermediate_size", 64},       {"num_hidden_layers", 2},     {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},      {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-5},
-              {"tie_word_embeddings", tied}};
+  return json{{"model_type", "llama"},    {"vocab_size", kVocab},
+              {"hidden_size", 32},        {"intermediate_size", 64},
+              {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+              {"rms_norm_eps", 1e-5},     {"tie_word_embeddings", tied}};
 }
 
 using testing::mesh_of;
@@ -50,7 +51,8 @@ TrainingOptions options(std::int64_t batch, double lr, std::int64_t steps) {
 std::vector<std::int32_t> counting_rows(std::int64_t rows) {
   std::vector<std::int32_t> ids;
   for (std::int64_t s = 0; s < rows; ++s) {
-    for (std::int64_t t = 0; t <= kTokens; ++t) ids.push_back(static_cast<std::int32_t>((s * 7 + t) % kVocab));
+    for (std::int64_t t = 0; t <= kTokens; ++t)
+      ids.push_back(static_cast<std::int32_t>((s * 7 + t) % kVocab));
   }
   return ids;
 }
@@ -59,16 +61,19 @@ std::vector<std::int32_t> counting_rows(std::int64_t rows) {
 // MoE router its transpose; stacked experts one transposed tensor per expert, named as the
 // architecture names them.
 TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
-  const std::vector<HfTensorPart> dense = hf_tensor_parts("layers.1.mlp.up", Architecture::kLlama, 0);
+  const std::vector<HfTensorPart> dense =
+      hf_tensor_parts("layers.1.mlp.up", Architecture::kLlama, 0);
   ASSERT_EQ(dense.size(), 1u);
   EXPECT_EQ(dense[0].name, "model.layers.1.mlp.up_proj.weight");
   EXPECT_EQ(dense[0].expert, -1);
   EXPECT_FALSE(dense[0].transposed);
-  const std::vector<HfTensorPart> router = hf_tensor_parts("layers.0.moe.router", Architecture::kMixtral, 4);
+  const std::vector<HfTensorPart> router =
+      hf_tensor_parts("layers.0.moe.router", Architecture::kMixtral, 4);
   ASSERT_EQ(router.size(), 1u);
   EXPECT_EQ(router[0].name, "model.layers.0.block_sparse_moe.gate.weight");
   EXPECT_TRUE(router[0].transposed);
-  const std::vector<HfTensorPart> down = hf_tensor_parts("layers.3.moe.down", Architecture::kMixtral, 2);
+  const std::vector<HfTensorPart> down =
+      hf_tensor_parts("layers.3.moe.down", Architecture::kMixtral, 2);
   ASSERT_EQ(down.size(), 2u);
   EXPECT_EQ(down[1].name, "model.layers.3.block_sparse_moe.experts.1.w2.weight");
   EXPECT_EQ(down[1].expert, 1);
@@ -76,7 +81,8 @@ TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
   EXPECT_EQ(hf_tensor_parts("layers.2.moe.gate", Architecture::kQwen3Moe, 3)[2].name,
             "model.layers.2.mlp.experts.2.gate_proj.weight");
   EXPECT_THAT([] { hf_tensor_parts("layers.2.moe.shared", Architecture::kMixtral, 3); },
-              ThrowsMessage<KeyError>(HasSubstr("no Hugging Face tensor is known for the weight 'layers.2.moe.shared'")));
+              ThrowsMessage<KeyError>(HasSubstr(
+                  "no Hugging Face tensor is known for the weight 'layers.2.moe.shared'")));
   EXPECT_THAT([] { hf_tensor_parts("layers.x.attention.wq", Architecture::kLlama, 0); },
               ThrowsMessage<KeyError>(HasSubstr("'layers.x.attention.wq'")));
 }
@@ -84,7 +90,8 @@ TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
 TEST(TrainerTest, LearnsToCount) {
   const std::int64_t steps = 120;
   const HfConfig config = HfConfig::parse(tiny_llama(false), "config.json");
-  CausalLmTrainer trainer(mesh_of(2, {"dp"}), tiny_llama(false), initial_weights(config, 1), options(8, 1e-2, steps));
+  CausalLmTrainer trainer(mesh_of(2, {"dp"}), tiny_llama(false), initial_weights(config, 1),
+                          options(8, 1e-2, steps));
   const std::vector<std::int32_t> data = counting_rows(32);
   const std::vector<std::int64_t> shape{32, kTokens + 1};
   StepStats first, last;
@@ -112,22 +119,26 @@ TEST(TrainerTest, ResumesTheSameTrajectoryExactly) {
     const TrainingOptions o = options(4, 3e-3, 6);
     CausalLmTrainer straight(mesh_of(2, {"tp"}), tiny_llama(tied), start, o);
     std::vector<double> want;
-    for (std::int64_t k = 0; k < 6; ++k) want.push_back(straight.step(training_batch(data, shape, k, 4, kTokens)).loss);
+    for (std::int64_t k = 0; k < 6; ++k)
+      want.push_back(straight.step(training_batch(data, shape, k, 4, kTokens)).loss);
     straight.save(dir.path() / "straight");
 
     CausalLmTrainer first(mesh_of(2, {"tp"}), tiny_llama(tied), start, o);
     std::vector<double> got;
-    for (std::int64_t k = 0; k < 3; ++k) got.push_back(first.step(training_batch(data, shape, k, 4, kTokens)).loss);
+    for (std::int64_t k = 0; k < 3; ++k)
+      got.push_back(first.step(training_batch(data, shape, k, 4, kTokens)).loss);
     first.save(dir.path() / "half");
     CausalLmTrainer resumed = CausalLmTrainer::load(mesh_of(2, {"tp"}), dir.path() / "half", o);
     ASSERT_EQ(resumed.steps(), 3);
-    for (std::int64_t k = 3; k < 6; ++k) got.push_back(resumed.step(training_batch(data, shape, k, 4, kTokens)).loss);
+    for (std::int64_t k = 3; k < 6; ++k)
+      got.push_back(resumed.step(training_batch(data, shape, k, 4, kTokens)).loss);
     resumed.save(dir.path() / "resumed");
     EXPECT_EQ(got, want) << (tied ? "tied" : "untied");
     // The saved model loads for inference, and both checkpoints hold the same weights.
     const SafetensorsCheckpoint a = SafetensorsCheckpoint::open(dir.path() / "straight");
     const SafetensorsCheckpoint b = SafetensorsCheckpoint::open(dir.path() / "resumed");
-    const CausalLmWeights wa = CausalLmWeights::load(config, a), wb = CausalLmWeights::load(config, b);
+    const CausalLmWeights wa = CausalLmWeights::load(config, a),
+                          wb = CausalLmWeights::load(config, b);
     EXPECT_EQ(wa.stack.blocks[1].mlp.down.data, wb.stack.blocks[1].mlp.down.data);
     EXPECT_EQ(wa.embedding.table.data, wb.embedding.table.data);
     EXPECT_NE(wa.embedding.table.data, start.embedding.table.data);  // it did train
@@ -142,11 +153,14 @@ TEST(TrainerTest, RefusesBadDataAndCheckpointsBeforeWork) {
   const std::vector<std::int32_t> data = counting_rows(3);
   const std::vector<std::int64_t> shape{3, kTokens + 1};
   EXPECT_THAT([&] { training_batch(data, shape, 0, 4, kTokens); },
-              ThrowsMessage<ShapeError>(HasSubstr("training data holds 3 sequences, fewer than one batch of 4")));
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("training data holds 3 sequences, fewer than one batch of 4")));
   EXPECT_THAT([&] { training_batch(data, shape, 0, 2, kTokens + 1); },
               ThrowsMessage<ShapeError>(HasSubstr("training data is [3, 17]; it must be [S, 18]")));
-  EXPECT_THAT([&] { CausalLmTrainer(mesh_of(2, {"dp"}), tiny_llama(false), start, options(3, 1e-3, 1)); },
-              ThrowsMessage<ShapeError>(HasSubstr("a batch of 3 sequences does not split over the data-parallel axes")));
+  EXPECT_THAT(
+      [&] { CausalLmTrainer(mesh_of(2, {"dp"}), tiny_llama(false), start, options(3, 1e-3, 1)); },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("a batch of 3 sequences does not split over the data-parallel axes")));
   TrainingOptions bad_clip = options(2, 1e-3, 1);
   bad_clip.clip = -1.0;
   EXPECT_THAT([&] { CausalLmTrainer(mesh_of(1, {"tp"}), tiny_llama(false), start, bad_clip); },
@@ -156,7 +170,8 @@ TEST(TrainerTest, RefusesBadDataAndCheckpointsBeforeWork) {
   std::vector<std::int32_t> rows = training_batch(data, shape, 0, 2, kTokens);
   rows[kTokens + 1 + 5] = static_cast<std::int32_t>(kVocab);
   EXPECT_THAT([&] { trainer.step(rows); },
-              ThrowsMessage<IndexError>(HasSubstr("input id 32 of sequence 1 at position 5 is outside the vocabulary")));
+              ThrowsMessage<IndexError>(
+                  HasSubstr("input id 32 of sequence 1 at position 5 is outside the vocabulary")));
   EXPECT_THAT([&] { trainer.step(std::vector<std::int32_t>(5, 0)); },
               ThrowsMessage<ShapeError>(HasSubstr("5 ids for a batch of 2 rows of 17 ids")));
   EXPECT_EQ(trainer.steps(), 0);
@@ -167,8 +182,10 @@ TEST(TrainerTest, RefusesBadDataAndCheckpointsBeforeWork) {
   json wider = tiny_llama(false);
   wider["intermediate_size"] = 96;
   std::ofstream(dir.path() / "saved" / "config.json") << wider.dump();
-  EXPECT_THAT([&] { CausalLmTrainer::load(mesh_of(1, {"tp"}), dir.path() / "saved", options(2, 1e-3, 1)); },
-              ThrowsMessage<ShapeError>(HasSubstr("mlp.gate_proj.weight is [64, 32], the config implies [96, 32]")));
+  EXPECT_THAT(
+      [&] { CausalLmTrainer::load(mesh_of(1, {"tp"}), dir.path() / "saved", options(2, 1e-3, 1)); },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("mlp.gate_proj.weight is [64, 32], the config implies [96, 32]")));
 
   // A step whose gradients are not finite leaves the weights as they were.
   CausalLmWeights broken = start;

@@ -26,24 +26,29 @@ struct CoreCase {
 };
 
 std::string label(const CoreCase& c) {
-  return "B" + std::to_string(c.batch) + " T" + std::to_string(c.q_len) + " S" + std::to_string(c.kv_len) +
-         " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d" + std::to_string(c.head_dim) +
-         " at " + std::to_string(c.q_offset) + (c.causal ? " causal" : " full") + (c.bhtd ? " bhtd" : " bthd");
+  return "B" + std::to_string(c.batch) + " T" + std::to_string(c.q_len) + " S" +
+         std::to_string(c.kv_len) + " heads " + std::to_string(c.heads) + "/" +
+         std::to_string(c.kv_heads) + " d" + std::to_string(c.head_dim) + " at " +
+         std::to_string(c.q_offset) + (c.causal ? " causal" : " full") +
+         (c.bhtd ? " bhtd" : " bthd");
 }
 
 // attention_core in an arena of `threads` threads; keys and values given bthd and, for a bhtd
 // case, transposed into that layout first.
-runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q, const runtime::HostTensor& k,
-                             const runtime::HostTensor& v, int threads) {
+runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q,
+                             const runtime::HostTensor& k, const runtime::HostTensor& v,
+                             int threads) {
   const std::int64_t d = c.head_dim;
   std::vector<float> kl = k.data, vl = v.data;
-  KvView kv{.batch_stride = c.kv_len * c.kv_heads * d, .pos_stride = c.kv_heads * d, .head_stride = d};
+  KvView kv{
+      .batch_stride = c.kv_len * c.kv_heads * d, .pos_stride = c.kv_heads * d, .head_stride = d};
   if (c.bhtd) {
     for (std::int64_t b = 0; b < c.batch; ++b) {
       for (std::int64_t s = 0; s < c.kv_len; ++s) {
         for (std::int64_t h = 0; h < c.kv_heads; ++h) {
           for (std::int64_t i = 0; i < d; ++i) {
-            const auto from = static_cast<std::size_t>(((b * c.kv_len + s) * c.kv_heads + h) * d + i);
+            const auto from =
+                static_cast<std::size_t>(((b * c.kv_len + s) * c.kv_heads + h) * d + i);
             const auto to = static_cast<std::size_t>(((b * c.kv_heads + h) * c.kv_len + s) * d + i);
             kl[to] = k.data[from];
             vl[to] = v.data[from];
@@ -56,8 +61,12 @@ runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q, co
   }
   kv.k = kl.data();
   kv.v = vl.data();
-  const AttentionSlice slice{.batch = c.batch, .q_len = c.q_len, .kv_len = c.kv_len, .q_heads = c.heads,
-                             .kv_heads = c.kv_heads, .group = c.heads / c.kv_heads};
+  const AttentionSlice slice{.batch = c.batch,
+                             .q_len = c.q_len,
+                             .kv_len = c.kv_len,
+                             .q_heads = c.heads,
+                             .kv_heads = c.kv_heads,
+                             .group = c.heads / c.kv_heads};
   runtime::HostTensor out = runtime::HostTensor::zeros({c.batch, c.q_len, c.heads, d});
   std::vector<float> scratch(static_cast<std::size_t>(attention_scratch_floats(slice, d, threads)));
   oneapi::tbb::task_arena arena(threads);
@@ -73,7 +82,8 @@ runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q, co
 TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
   // Enough workers that an arena of 7 really runs 7 threads at once (on 2 cores too): the
   // per-thread scratch and the tiles are then used concurrently, not one after another.
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
   for (const CoreCase& c : {CoreCase{2, 150, 150, 4, 2, 16, 0, true, false},
                             CoreCase{1, 70, 100, 2, 1, 32, 30, true, true},
                             CoreCase{2, 20, 33, 3, 3, 8, 0, false, false},
@@ -81,11 +91,18 @@ TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
                             CoreCase{1, 3, 600, 4, 4, 8, 597, true, true},
                             CoreCase{1, 5, 300, 2, 1, 16, 100, true, false},
                             CoreCase{3, 1, 9, 2, 2, 8, 8, false, false}}) {
-    const runtime::HostTensor q = testing::random_host({c.batch, c.q_len, c.heads, c.head_dim}, 3, 1.0f);
-    const runtime::HostTensor k = testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 4, 1.0f);
-    const runtime::HostTensor v = testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 5, 1.0f);
-    AttentionConfig config{.num_heads = c.heads, .num_kv_heads = c.kv_heads, .head_dim = c.head_dim,
-                           .causal = c.causal, .q_offset = c.q_offset, .rope_theta = 0.0f};
+    const runtime::HostTensor q =
+        testing::random_host({c.batch, c.q_len, c.heads, c.head_dim}, 3, 1.0f);
+    const runtime::HostTensor k =
+        testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 4, 1.0f);
+    const runtime::HostTensor v =
+        testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 5, 1.0f);
+    AttentionConfig config{.num_heads = c.heads,
+                           .num_kv_heads = c.kv_heads,
+                           .head_dim = c.head_dim,
+                           .causal = c.causal,
+                           .q_offset = c.q_offset,
+                           .rope_theta = 0.0f};
     const runtime::HostTensor want = attention_reference(q, k, v, config);
     std::optional<runtime::HostTensor> first;
     for (int threads : {1, 2, 3, 4, 7}) {
@@ -103,10 +120,16 @@ TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
 TEST(AttentionCoreTest, ShortScratchIsRefusedNamingTheSizes) {
   const AttentionSlice slice{.batch = 1, .q_len = 1, .kv_len = 8, .q_heads = 1, .kv_heads = 1};
   std::vector<float> q(8), k(64), v(64), out(8), scratch(4);
-  const KvView kv{.k = k.data(), .v = v.data(), .batch_stride = 64, .pos_stride = 8, .head_stride = 8};
+  const KvView kv{
+      .k = k.data(), .v = v.data(), .batch_stride = 64, .pos_stride = 8, .head_stride = 8};
   oneapi::tbb::task_arena arena(1);
-  EXPECT_THAT([&] { arena.execute([&] { attention_core(q.data(), kv, out.data(), slice, 8, 7, true, scratch); }); },
-              ThrowsMessage<ShapeError>(HasSubstr("attention: scratch of 4 floats; 8 keys, 1 queries and 1 threads need")));
+  EXPECT_THAT(
+      [&] {
+        arena.execute(
+            [&] { attention_core(q.data(), kv, out.data(), slice, 8, 7, true, scratch); });
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("attention: scratch of 4 floats; 8 keys, 1 queries and 1 threads need")));
 }
 
 }  // namespace

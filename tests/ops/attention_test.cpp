@@ -18,11 +18,11 @@ using ::testing::ThrowsMessage;
 
 using testing::devices;
 using testing::make_mesh;
-using testing::mesh_case_name;
-using testing::MeshCase;
 using testing::matches_reference;
-using testing::token_slice;
+using testing::mesh_case_name;
 using testing::mesh_label;
+using testing::MeshCase;
+using testing::token_slice;
 
 using testing::random_host;
 
@@ -32,8 +32,9 @@ runtime::HostTensor dense_attention(const runtime::HostTensor& x, const Attentio
 }
 
 // A config of hq/hkv heads of dim d and random weights for hidden size `hidden`.
-std::pair<AttentionConfig, AttentionWeights> random_layer(std::int64_t hidden, std::int64_t hq, std::int64_t hkv,
-                                                          std::int64_t d, std::uint32_t seed) {
+std::pair<AttentionConfig, AttentionWeights> random_layer(std::int64_t hidden, std::int64_t hq,
+                                                          std::int64_t hkv, std::int64_t d,
+                                                          std::uint32_t seed) {
   AttentionConfig c;
   c.num_heads = hq;
   c.num_kv_heads = hkv;
@@ -60,7 +61,8 @@ TEST_P(ShardedAttentionTest, EqualsTheDenseLayerForMhaGqaAndMqa) {
       const runtime::HostTensor want = dense_attention(x, w, c);
       // The output projection's sum runs split over tp, then the all-reduce: fp32 bound
       // max(1e-5, 2 * (heads * head_dim) * epsilon) relative.
-      EXPECT_TRUE(matches_reference(y, want, std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon())))
+      EXPECT_TRUE(matches_reference(
+          y, want, std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon())))
           << "heads " << hq << "/" << hkv << " batch " << batch << " local heads "
           << layer.local_heads();
       EXPECT_EQ(layer.forward(x), y) << "runs again with the same result";
@@ -114,17 +116,20 @@ TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
     const runtime::HostTensor want = dense_attention(x, w, c);
     const double bound = std::max(1e-5, 2.0 * hq * d * std::numeric_limits<float>::epsilon());
     ShardedAttention train(mesh, c, w, batch);
-    EXPECT_TRUE(matches_reference(train.forward(x), want, bound)) << "train, heads " << hq << "/" << hkv;
+    EXPECT_TRUE(matches_reference(train.forward(x), want, bound))
+        << "train, heads " << hq << "/" << hkv;
     ShardedAttention cached(mesh, c, w, batch, /*max_len=*/8);
     for (auto [from, n] : {std::pair{0, 4}, std::pair{4, 1}, std::pair{5, 1}}) {
-      EXPECT_TRUE(matches_reference(cached.forward(token_slice(x, from, n), from), token_slice(want, from, n), bound))
+      EXPECT_TRUE(matches_reference(cached.forward(token_slice(x, from, n), from),
+                                    token_slice(want, from, n), bound))
           << "heads " << hq << "/" << hkv << " tokens [" << from << ", " << from + n << ")";
     }
     // Without the extras the layer is another one: the check sees them.
     AttentionWeights plain = w;
     plain.bq = plain.bk = plain.bv = plain.bo = plain.q_norm = plain.k_norm = {};
-    EXPECT_FALSE(numesh::testing::within_abs(std::span<const float>(dense_attention(x, plain, c).data),
-                                             std::span<const float>(want.data), 1e-3));
+    EXPECT_FALSE(
+        numesh::testing::within_abs(std::span<const float>(dense_attention(x, plain, c).data),
+                                    std::span<const float>(want.data), 1e-3));
   }
   // Named references, not a structured binding: clang 14 cannot capture a binding in a lambda.
   auto layer = random_layer(hidden, 4, 2, d, 21);
@@ -132,7 +137,8 @@ TEST_P(ShardedAttentionTest, BiasesAndQkNormsEqualTheDenseLayer) {
   auto& w = layer.second;
   w.bk = random_host({3}, 1, 1.0f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, batch); },
-              ::testing::ThrowsMessage<ShapeError>("attention: bk [3] must be [16] (num_kv_heads * head_dim) or empty"));
+              ::testing::ThrowsMessage<ShapeError>(
+                  "attention: bk [3] must be [16] (num_kv_heads * head_dim) or empty"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, ShardedAttentionTest,
@@ -153,13 +159,17 @@ TEST(ShardedAttentionTest, TheBlockedPathForLongInputsEqualsTheReference) {
     const runtime::HostTensor x = random_host({batch, 171, hidden}, 35, 1.0f);
     const runtime::HostTensor want = dense_attention(x, w, c);
     const double bound = std::max(1e-5, 2.0 * 4 * d * std::numeric_limits<float>::epsilon());
-    ShardedAttention layer(mesh, c, w, batch, 171, AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"});
+    ShardedAttention layer(mesh, c, w, batch, 171,
+                           AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"});
     for (auto [from, n] : {std::pair{0, 150}, std::pair{150, 20}, std::pair{170, 1}}) {
-      EXPECT_TRUE(matches_reference(layer.forward(token_slice(x, from, n), from), token_slice(want, from, n), bound))
+      EXPECT_TRUE(matches_reference(layer.forward(token_slice(x, from, n), from),
+                                    token_slice(want, from, n), bound))
           << mesh_label(mc) << " tokens [" << from << ", " << from + n << ")";
     }
-    ShardedAttention train(mesh, c, w, batch, 0, AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"});
-    EXPECT_TRUE(matches_reference(train.forward(token_slice(x, 0, 150)), token_slice(want, 0, 150), bound))
+    ShardedAttention train(mesh, c, w, batch, 0,
+                           AttentionAxes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"});
+    EXPECT_TRUE(
+        matches_reference(train.forward(token_slice(x, 0, 150)), token_slice(want, 0, 150), bound))
         << mesh_label(mc) << " train";
   }
 }
@@ -168,8 +178,8 @@ TEST(ShardedAttentionTest, TheBlockedPathForLongInputsEqualsTheReference) {
 // cache and with one (prefill 4 split over sp, then decode steps replicated over sp).
 TEST(ShardedAttentionTest, SequenceParallelEqualsTheFullLayer) {
   const std::int64_t hidden = 16, d = 8, batch = 2, total = 6;
-  for (const MeshCase& mc : {MeshCase{{2}, {"sp"}}, MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2}, {"dp", "sp"}},
-                             MeshCase{{4}, {"sp"}}}) {
+  for (const MeshCase& mc : {MeshCase{{2}, {"sp"}}, MeshCase{{2, 2}, {"sp", "tp"}},
+                             MeshCase{{2, 2}, {"dp", "sp"}}, MeshCase{{4}, {"sp"}}}) {
     const auto mesh = make_mesh(mc);
     const auto [c, w] = random_layer(hidden, 4, 2, d, 21);
     const runtime::HostTensor x = random_host({batch, total, hidden}, 25, 1.0f);
@@ -178,16 +188,21 @@ TEST(ShardedAttentionTest, SequenceParallelEqualsTheFullLayer) {
     const AttentionAxes axes{.batch = {"dp"}, .sequence = {"sp"}, .heads = "tp"};
     ShardedAttention train(mesh, c, w, batch, 0, axes);
     const runtime::HostTensor x4 = token_slice(x, 0, 4);
-    EXPECT_TRUE(matches_reference(train.forward(x4), token_slice(want, 0, 4), bound)) << mesh_label(mc) << " train";
+    EXPECT_TRUE(matches_reference(train.forward(x4), token_slice(want, 0, 4), bound))
+        << mesh_label(mc) << " train";
     const auto& collectives = train.program(4).plan().collectives;
-    const bool gathers = std::any_of(collectives.begin(), collectives.end(), [](const CollectivePlan& p) {
-      return p.step.kind == sharding::ReshardStep::Kind::kAllGather && p.step.axes == std::vector<std::string>{"sp"};
-    });
+    const bool gathers =
+        std::any_of(collectives.begin(), collectives.end(), [](const CollectivePlan& p) {
+          return p.step.kind == sharding::ReshardStep::Kind::kAllGather &&
+                 p.step.axes == std::vector<std::string>{"sp"};
+        });
     EXPECT_TRUE(gathers) << mesh_label(mc) << ": keys and values gathered over sp";
     ShardedAttention cached(mesh, c, w, batch, total, axes);
-    EXPECT_TRUE(matches_reference(cached.forward(x4, 0), token_slice(want, 0, 4), bound)) << mesh_label(mc) << " prefill";
+    EXPECT_TRUE(matches_reference(cached.forward(x4, 0), token_slice(want, 0, 4), bound))
+        << mesh_label(mc) << " prefill";
     for (std::int64_t p : {4, 5}) {
-      EXPECT_TRUE(matches_reference(cached.forward(token_slice(x, p, 1), p), token_slice(want, p, 1), bound))
+      EXPECT_TRUE(matches_reference(cached.forward(token_slice(x, p, 1), p),
+                                    token_slice(want, p, 1), bound))
           << mesh_label(mc) << " decode at " << p;
     }
   }
@@ -217,24 +232,37 @@ TEST(ShardedAttentionTest, BadConfigsAreRejectedNamingThem) {
               ThrowsMessage<ValueError>(HasSubstr("num_kv_heads 3 must divide num_heads 4")));
   c.num_kv_heads = 2;
   c.q_offset = 2;
-  EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
-              ThrowsMessage<ValueError>(HasSubstr("q_offset 2: a lowered layer takes positions per run")));
+  EXPECT_THAT(
+      [&] { ShardedAttention(mesh, c, w, 1, 3); },
+      ThrowsMessage<ValueError>(HasSubstr("q_offset 2: a lowered layer takes positions per run")));
   c.q_offset = 0;
   w.wo = random_host({12, 8}, 4, 0.3f);
   EXPECT_THAT([&] { ShardedAttention(mesh, c, w, 1, 3); },
-              ThrowsMessage<ShapeError>(HasSubstr("wo [12, 8] do not fit 4 heads, 2 kv heads, head_dim 4")));
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("wo [12, 8] do not fit 4 heads, 2 kv heads, head_dim 4")));
   w.wo = random_host({16, 8}, 4, 0.3f);
   ShardedAttention layer(mesh, c, w, 1);
-  EXPECT_THAT([&] { layer.forward(random_host({1, 4, 9}, 6, 1.0f)); },
-              ThrowsMessage<ShapeError>(HasSubstr("input is [1, 4, 9] but the layer takes [1, T, 8] with T >= 1")));
-  EXPECT_THAT([&] { layer.forward(random_host({1, 4, 8}, 6, 1.0f), 2); },
-              ThrowsMessage<IndexError>(HasSubstr("position 2 without a KV cache")));
+  EXPECT_THAT(
+      [&] {
+        layer.forward(random_host({1, 4, 9}, 6, 1.0f));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("input is [1, 4, 9] but the layer takes [1, T, 8] with T >= 1")));
+  EXPECT_THAT(
+      [&] {
+        layer.forward(random_host({1, 4, 8}, 6, 1.0f), 2);
+      },
+      ThrowsMessage<IndexError>(HasSubstr("position 2 without a KV cache")));
   EXPECT_THAT([&] { layer.program(7); },
               ThrowsMessage<KeyError>(HasSubstr("no program compiled for 7 tokens yet")));
   ShardedAttention cached(mesh, c, w, 1, 6);
   cached.forward(random_host({1, 4, 8}, 6, 1.0f), 0);
-  EXPECT_THAT([&] { cached.forward(random_host({1, 3, 8}, 7, 1.0f), 4); },
-              ThrowsMessage<IndexError>(HasSubstr("3 tokens at position 4 do not fit the KV cache of 6 positions")));
+  EXPECT_THAT(
+      [&] {
+        cached.forward(random_host({1, 3, 8}, 7, 1.0f), 4);
+      },
+      ThrowsMessage<IndexError>(
+          HasSubstr("3 tokens at position 4 do not fit the KV cache of 6 positions")));
 }
 
 }  // namespace

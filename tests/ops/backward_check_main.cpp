@@ -4,12 +4,11 @@
 //   DIR/cases.json          per case its kind, eps, ids/targets and numesh's loss
 //   backward_check_main DIR
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,10 +55,12 @@ int main(int argc, char** argv) try {
     // LayerNorm, its rows offset by 3 (a mean far from 0, as activations have).
     rt::HostTensor x = random_tensor({5, 16}, 40, 1.0f);
     for (float& v : x.data) v += 3.0f;
-    const rt::HostTensor w = random_tensor({1, 16}, 41, 1.0f), dy = random_tensor({5, 16}, 42, 1.0f);
+    const rt::HostTensor w = random_tensor({1, 16}, 41, 1.0f),
+                         dy = random_tensor({5, 16}, 42, 1.0f);
     const ops::LayerNormGrads g = ops::layernorm_backward(x, w, dy, 1e-5);
     save("layernorm", "x", x), save("layernorm", "w", w), save("layernorm", "dy", dy);
-    save("layernorm", "dx", g.dx), save("layernorm", "dw", g.dweight), save("layernorm", "db", g.dbias);
+    save("layernorm", "dx", g.dx), save("layernorm", "dw", g.dweight),
+        save("layernorm", "db", g.dbias);
     cases.push_back({{"name", "layernorm"}, {"eps", 1e-5}});
   }
   {
@@ -75,7 +76,8 @@ int main(int argc, char** argv) try {
     w.gate = random_tensor({16, 24}, 7, 0.3f);
     w.up = random_tensor({16, 24}, 8, 0.3f);
     w.down = random_tensor({24, 16}, 9, 0.3f);
-    const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f), dy = random_tensor({5, 16}, 11, 1.0f);
+    const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f),
+                         dy = random_tensor({5, 16}, 11, 1.0f);
     const ops::MlpGrads g = ops::swiglu_mlp_backward(x, w, dy);
     save("swiglu", "x", x), save("swiglu", "gate", w.gate), save("swiglu", "up", w.up);
     save("swiglu", "down", w.down), save("swiglu", "dy", dy);
@@ -83,7 +85,8 @@ int main(int argc, char** argv) try {
     save("swiglu", "ddown", g.ddown);
     cases.push_back({{"name", "swiglu"}});
     const ops::MlpGrads ge = ops::gelu_mlp_backward(x, w, dy);
-    save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down), save("gelu", "dy", dy);
+    save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down),
+        save("gelu", "dy", dy);
     save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
     // With Llama's mlp_bias: biases on all three projections.
     w.gate_bias = random_tensor({24}, 12, 0.5f);
@@ -91,10 +94,14 @@ int main(int argc, char** argv) try {
     w.down_bias = random_tensor({16}, 14, 0.5f);
     const ops::MlpGrads gb = ops::swiglu_mlp_backward(x, w, dy);
     const std::string nb = "swiglu_bias";
-    save(nb, "x", x), save(nb, "gate", w.gate), save(nb, "up", w.up), save(nb, "down", w.down), save(nb, "dy", dy);
-    save(nb, "gate_bias", w.gate_bias), save(nb, "up_bias", w.up_bias), save(nb, "down_bias", w.down_bias);
-    save(nb, "dx", gb.dx), save(nb, "dgate", gb.dgate), save(nb, "dup", gb.dup), save(nb, "ddown", gb.ddown);
-    save(nb, "dgate_bias", gb.dgate_bias), save(nb, "dup_bias", gb.dup_bias), save(nb, "ddown_bias", gb.ddown_bias);
+    save(nb, "x", x), save(nb, "gate", w.gate), save(nb, "up", w.up), save(nb, "down", w.down),
+        save(nb, "dy", dy);
+    save(nb, "gate_bias", w.gate_bias), save(nb, "up_bias", w.up_bias),
+        save(nb, "down_bias", w.down_bias);
+    save(nb, "dx", gb.dx), save(nb, "dgate", gb.dgate), save(nb, "dup", gb.dup),
+        save(nb, "ddown", gb.ddown);
+    save(nb, "dgate_bias", gb.dgate_bias), save(nb, "dup_bias", gb.dup_bias),
+        save(nb, "ddown_bias", gb.ddown_bias);
     cases.push_back({{"name", nb}});
     cases.push_back({{"name", "gelu"}});
   }
@@ -121,18 +128,29 @@ int main(int argc, char** argv) try {
         w.q_norm = random_tensor({8}, 36, 1.0f);
         w.k_norm = random_tensor({8}, 37, 1.0f);
       }
-      const rt::HostTensor x = random_tensor({2, 5, 16}, 24, 1.0f), dy = random_tensor({2, 5, 16}, 25, 1.0f);
+      const rt::HostTensor x = random_tensor({2, 5, 16}, 24, 1.0f),
+                           dy = random_tensor({2, 5, 16}, 25, 1.0f);
       const ops::AttentionGrads g = ops::attention_layer_backward(x, w, c, dy);
-      save(n, "x", x), save(n, "wq", w.wq), save(n, "wk", w.wk), save(n, "wv", w.wv), save(n, "wo", w.wo);
-      save(n, "dy", dy), save(n, "dx", g.dx), save(n, "dwq", g.dwq), save(n, "dwk", g.dwk), save(n, "dwv", g.dwv);
+      save(n, "x", x), save(n, "wq", w.wq), save(n, "wk", w.wk), save(n, "wv", w.wv),
+          save(n, "wo", w.wo);
+      save(n, "dy", dy), save(n, "dx", g.dx), save(n, "dwq", g.dwq), save(n, "dwk", g.dwk),
+          save(n, "dwv", g.dwv);
       save(n, "dwo", g.dwo);
       if (extras) {
         save(n, "bq", w.bq), save(n, "bk", w.bk), save(n, "bv", w.bv), save(n, "bo", w.bo);
-        save(n, "q_norm", w.q_norm), save(n, "k_norm", w.k_norm), save(n, "dbq", g.dbq), save(n, "dbk", g.dbk);
-        save(n, "dbv", g.dbv), save(n, "dbo", g.dbo), save(n, "dq_norm", g.dq_norm), save(n, "dk_norm", g.dk_norm);
+        save(n, "q_norm", w.q_norm), save(n, "k_norm", w.k_norm), save(n, "dbq", g.dbq),
+            save(n, "dbk", g.dbk);
+        save(n, "dbv", g.dbv), save(n, "dbo", g.dbo), save(n, "dq_norm", g.dq_norm),
+            save(n, "dk_norm", g.dk_norm);
       }
-      cases.push_back({{"name", n}, {"kind", "attention"}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 8},
-                       {"theta", 10000.0}, {"extras", extras}, {"qk_norm_eps", c.qk_norm_eps}});
+      cases.push_back({{"name", n},
+                       {"kind", "attention"},
+                       {"heads", 4},
+                       {"kv_heads", 2},
+                       {"head_dim", 8},
+                       {"theta", 10000.0},
+                       {"extras", extras},
+                       {"qk_norm_eps", c.qk_norm_eps}});
     }
   }
   {
@@ -143,7 +161,8 @@ int main(int argc, char** argv) try {
   }
   {
     const std::vector<std::int32_t> targets{0, 19, 4, 4, 11, 7};
-    const rt::HostTensor x = random_tensor({6, 16}, 13, 1.0f), w = random_tensor({16, 20}, 14, 0.5f);
+    const rt::HostTensor x = random_tensor({6, 16}, 13, 1.0f),
+                         w = random_tensor({16, 20}, 14, 0.5f);
     const ops::CrossEntropyGrads g = ops::lm_head_cross_entropy(x, w, targets);
     save("cross_entropy", "x", x), save("cross_entropy", "w", w);
     save("cross_entropy", "dx", g.dx), save("cross_entropy", "dw", g.dw);
@@ -161,12 +180,13 @@ int main(int argc, char** argv) try {
       double aux_coef = 0.0;
       bool shared = false;
     };
-    for (const MoeCase& mc : {MoeCase{"moe_top2", {.num_experts = 4, .top_k = 2}},
-                              MoeCase{"moe_capacity", {.num_experts = 4, .top_k = 2, .capacity_factor = 0.75f}},
-                              MoeCase{"moe_top1", {.num_experts = 4, .top_k = 1, .capacity_factor = 1.0f,
-                                                   .renormalize = false}},
-                              MoeCase{"moe_aux", {.num_experts = 4, .top_k = 2}, 0.5},
-                              MoeCase{"moe_shared", {.num_experts = 4, .top_k = 2, .renormalize = false}, 0.0, true}}) {
+    for (const MoeCase& mc :
+         {MoeCase{"moe_top2", {.num_experts = 4, .top_k = 2}},
+          MoeCase{"moe_capacity", {.num_experts = 4, .top_k = 2, .capacity_factor = 0.75f}},
+          MoeCase{"moe_top1",
+                  {.num_experts = 4, .top_k = 1, .capacity_factor = 1.0f, .renormalize = false}},
+          MoeCase{"moe_aux", {.num_experts = 4, .top_k = 2}, 0.5},
+          MoeCase{"moe_shared", {.num_experts = 4, .top_k = 2, .renormalize = false}, 0.0, true}}) {
       ops::MoeWeights w;
       w.router = random_tensor({16, 4}, 30, 0.5f);
       w.gate = random_tensor({4, 16, 12}, 31, 0.3f);
@@ -178,7 +198,8 @@ int main(int argc, char** argv) try {
         w.shared_expert.down = random_tensor({20, 16}, 38, 0.3f);
         w.shared_expert_gate = random_tensor({16, 1}, 39, 0.5f);
       }
-      const rt::HostTensor x = random_tensor({10, 16}, 34, 1.0f), dy = random_tensor({10, 16}, 35, 1.0f);
+      const rt::HostTensor x = random_tensor({10, 16}, 34, 1.0f),
+                           dy = random_tensor({10, 16}, 35, 1.0f);
       std::vector<double> dprobs;
       double aux_loss = 0.0;
       if (mc.aux_coef > 0.0) {
@@ -189,17 +210,25 @@ int main(int argc, char** argv) try {
       const ops::MoeGrads g = ops::moe_backward(x, w, mc.config, dy, dprobs);
       const std::string n = mc.name;
       save(n, "x", x), save(n, "router", w.router), save(n, "gate", w.gate), save(n, "up", w.up);
-      save(n, "down", w.down), save(n, "dy", dy), save(n, "dx", g.dx), save(n, "drouter", g.drouter);
+      save(n, "down", w.down), save(n, "dy", dy), save(n, "dx", g.dx),
+          save(n, "drouter", g.drouter);
       save(n, "dgate", g.dgate), save(n, "dup", g.dup), save(n, "ddown", g.ddown);
       if (mc.shared) {
         save(n, "shared_gate", w.shared_expert.gate), save(n, "shared_up", w.shared_expert.up);
-        save(n, "shared_down", w.shared_expert.down), save(n, "shared_expert_gate", w.shared_expert_gate);
+        save(n, "shared_down", w.shared_expert.down),
+            save(n, "shared_expert_gate", w.shared_expert_gate);
         save(n, "dshared_gate", g.dshared_gate), save(n, "dshared_up", g.dshared_up);
-        save(n, "dshared_down", g.dshared_down), save(n, "dshared_expert_gate", g.dshared_expert_gate);
+        save(n, "dshared_down", g.dshared_down),
+            save(n, "dshared_expert_gate", g.dshared_expert_gate);
       }
-      cases.push_back({{"name", n}, {"kind", "moe"}, {"shared", mc.shared}, {"top_k", mc.config.top_k},
-                       {"capacity_factor", mc.config.capacity_factor}, {"renormalize", mc.config.renormalize},
-                       {"aux_coef", mc.aux_coef}, {"aux_loss", aux_loss}});
+      cases.push_back({{"name", n},
+                       {"kind", "moe"},
+                       {"shared", mc.shared},
+                       {"top_k", mc.config.top_k},
+                       {"capacity_factor", mc.config.capacity_factor},
+                       {"renormalize", mc.config.renormalize},
+                       {"aux_coef", mc.aux_coef},
+                       {"aux_loss", aux_loss}});
     }
   }
   std::ofstream(dir / "cases.json") << cases.dump(2);

@@ -24,7 +24,8 @@ runtime::HostTensor tensor(std::vector<std::int64_t> shape, std::vector<float> v
 }
 
 TEST(CompareTest, MeasuresTheLargestErrorAgainstTheReferenceScale) {
-  const Comparison c = compare(tensor({2, 2}, {1.0f, 2.0f, 3.0f, 4.5f}), tensor({2, 2}, {1.0f, 2.0f, 3.0f, -4.0f}));
+  const Comparison c =
+      compare(tensor({2, 2}, {1.0f, 2.0f, 3.0f, 4.5f}), tensor({2, 2}, {1.0f, 2.0f, 3.0f, -4.0f}));
   EXPECT_EQ(c.elements, 4);
   EXPECT_DOUBLE_EQ(c.max_abs_error, 8.5);
   EXPECT_EQ(c.worst_index, 3);
@@ -32,16 +33,19 @@ TEST(CompareTest, MeasuresTheLargestErrorAgainstTheReferenceScale) {
   EXPECT_DOUBLE_EQ(c.relative_error, 8.5 / 4.0);
   EXPECT_FALSE(c.within(2.0));
   EXPECT_TRUE(c.within(2.2));
-  EXPECT_THAT(c.describe(), HasSubstr("max relative error 2.12e+00 at [1, 1]: got 4.5, want -4, scale 4"));
+  EXPECT_THAT(c.describe(),
+              HasSubstr("max relative error 2.12e+00 at [1, 1]: got 4.5, want -4, scale 4"));
 }
 
 TEST(CompareTest, ANanInTheOutputFailsAndSaysWhere) {
-  const Comparison c = compare(tensor({2, 3}, {1, 2, 3, 4, kNaN, 6}), tensor({2, 3}, {1, 2, 3, 4, 5, 6}));
+  const Comparison c =
+      compare(tensor({2, 3}, {1, 2, 3, 4, kNaN, 6}), tensor({2, 3}, {1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(c.nonfinite_mismatches, 1);
   EXPECT_EQ(c.first_mismatch, 4);
   EXPECT_DOUBLE_EQ(c.relative_error, 0.0) << "the finite elements agree";
   EXPECT_FALSE(c.within(1e9)) << "no bound admits a NaN where the reference is finite";
-  EXPECT_THAT(c.describe(), HasSubstr("got nan at [1, 1] where the reference is 5 (1 non-finite mismatch)"));
+  EXPECT_THAT(c.describe(),
+              HasSubstr("got nan at [1, 1] where the reference is 5 (1 non-finite mismatch)"));
 }
 
 TEST(CompareTest, ANanInTheReferenceFailsToo) {
@@ -67,9 +71,11 @@ TEST(CompareTest, AllNanNeverMeasuresAsZeroError) {
   EXPECT_FALSE(both.is_finite_reference());
   EXPECT_EQ(both.worst_index, -1);
   EXPECT_GT(both.scale, 0.0) << "the scale cannot be 0";
-  EXPECT_THAT(both.describe(), HasSubstr("no element is finite in both; 2 of 2 reference elements are not finite"));
+  EXPECT_THAT(both.describe(),
+              HasSubstr("no element is finite in both; 2 of 2 reference elements are not finite"));
   // The old measure (std::max over |got - want|) reported 0 here; matches_reference refuses.
-  EXPECT_FALSE(testing::matches_reference(tensor({2}, {kNaN, kNaN}), tensor({2}, {kNaN, kNaN}), 1e-5));
+  EXPECT_FALSE(
+      testing::matches_reference(tensor({2}, {kNaN, kNaN}), tensor({2}, {kNaN, kNaN}), 1e-5));
 }
 
 TEST(CompareTest, InfinitiesMatchOnlyTheSameInfinity) {
@@ -99,7 +105,8 @@ TEST(CompareTest, AnAllZeroReferenceIsJudgedAgainstTheScaleFloor) {
   EXPECT_DOUBLE_EQ(c.scale, static_cast<double>(std::numeric_limits<float>::min()));
   EXPECT_FALSE(c.within(1e-3));
   // A caller that knows the magnitude that matters says so.
-  EXPECT_TRUE(compare(tensor({3}, {0, 1e-20f, 0}), tensor({3}, {0, 0, 0}), {.scale_floor = 1.0}).within(1e-6));
+  EXPECT_TRUE(compare(tensor({3}, {0, 1e-20f, 0}), tensor({3}, {0, 0, 0}), {.scale_floor = 1.0})
+                  .within(1e-6));
 }
 
 TEST(CompareTest, EmptyTensorsCompareEqualAndShapesMustAgree) {
@@ -109,11 +116,15 @@ TEST(CompareTest, EmptyTensorsCompareEqualAndShapesMustAgree) {
   EXPECT_EQ(c.describe(), "nothing to compare (0 elements)");
   EXPECT_FALSE(testing::matches_reference(tensor({0, 4}, {}), tensor({0, 4}, {}), 1e-5))
       << "an operator test that compares nothing proves nothing";
-  EXPECT_THAT([&] { (void)compare(tensor({2}, {1, 2}), tensor({1, 2}, {1, 2})); },
-              ThrowsMessage<ShapeError>(HasSubstr("compare: the output is [2] and the reference [1, 2]")));
+  EXPECT_THAT(
+      [&] {
+        (void)compare(tensor({2}, {1, 2}), tensor({1, 2}, {1, 2}));
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("compare: the output is [2] and the reference [1, 2]")));
   const std::vector<float> three{1, 2, 3}, two{1, 2};
-  EXPECT_THAT([&] { (void)compare(std::span<const float>(three), std::span<const float>(two)); },
-              ThrowsMessage<ShapeError>(HasSubstr("the output has 3 elements and the reference 2")));
+  EXPECT_THAT(
+      [&] { (void)compare(std::span<const float>(three), std::span<const float>(two)); },
+      ThrowsMessage<ShapeError>(HasSubstr("the output has 3 elements and the reference 2")));
 }
 
 TEST(CompareTest, AFloat64ReferenceIsComparedWithoutRoundingIt) {
@@ -133,7 +144,9 @@ TEST(MatchesReferenceTest, RejectsBoundsTooLooseToSeeABrokenElement) {
   EXPECT_TRUE(testing::matches_reference(got, want, 1e-5));
   const ::testing::AssertionResult loose = testing::matches_reference(got, want, 0.5);
   EXPECT_FALSE(loose);
-  EXPECT_THAT(loose.message(), HasSubstr("cannot see an error of 0.001 of the scale at [2, 0] (bound 0.5 is too loose)"));
+  EXPECT_THAT(
+      loose.message(),
+      HasSubstr("cannot see an error of 0.001 of the scale at [2, 0] (bound 0.5 is too loose)"));
   // A broken output: by NaN, by 1e-3 of the scale.
   runtime::HostTensor nan = want, off = want;
   nan.data[17] = kNaN;

@@ -30,7 +30,8 @@ struct Case {
   std::int64_t ldb() const { return tight ? k : k + 5; }
   std::int64_t ldc() const { return tight ? n : n + 3; }
   std::string text() const {
-    return "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + (tight ? " tight" : "");
+    return "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+           (tight ? " tight" : "");
   }
 };
 
@@ -38,18 +39,21 @@ struct Case {
 // or padded), below a block, and 0; each padded and tight.
 std::vector<Case> dot_cases() {
   std::vector<Case> out;
-  for (const Case cs : {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32}, Case{3, 4, 33},
-                        Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100}, Case{2, 3, 128},
-                        Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}}) {
+  for (const Case cs :
+       {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32},
+        Case{3, 4, 33}, Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100},
+        Case{2, 3, 128}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;
 }
 
 struct Stored {
-  std::vector<float> f32;          // the weights as fp32 (f32) or their widened 16-bit values
+  std::vector<float> f32;           // the weights as fp32 (f32) or their widened 16-bit values
   std::vector<std::uint16_t> bits;  // 16-bit weights
-  const void* data(DType t) const { return t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data(); }
+  const void* data(DType t) const {
+    return t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data();
+  }
 };
 
 Stored store(const std::vector<float>& values, DType t) {
@@ -63,8 +67,8 @@ Stored store(const std::vector<float>& values, DType t) {
 
 // Runs dot_gemm into a c of NaN with a sentinel in its padding (which must survive); returns
 // c packed to [m, n].
-std::vector<float> run(const Case& cs, const std::vector<float>& a, const Stored& w, DType t, KernelLevel level,
-                       const std::string& label) {
+std::vector<float> run(const Case& cs, const std::vector<float>& a, const Stored& w, DType t,
+                       KernelLevel level, const std::string& label) {
   const std::int64_t lda = cs.lda(), ldb = cs.ldb(), ldc = cs.ldc();
   constexpr float kSentinel = 777.0f;
   std::vector<float> c(static_cast<std::size_t>(cs.m * ldc), kSentinel);
@@ -77,7 +81,8 @@ std::vector<float> run(const Case& cs, const std::vector<float>& a, const Stored
       if (j < cs.n) {
         packed.push_back(x);
       } else {
-        EXPECT_EQ(x, kSentinel) << label << ": c's padding at [" << i << ", " << j << "] was written";
+        EXPECT_EQ(x, kSentinel) << label << ": c's padding at [" << i << ", " << j
+                                << "] was written";
       }
     }
   }
@@ -91,8 +96,11 @@ struct DotInputs {
 };
 
 DotInputs dot_inputs(const Case& cs, DType t, std::uint32_t seed) {
-  return {testing::random_host({std::max<std::int64_t>(cs.m * cs.lda(), 1)}, 2 * seed + 1, 1.0f).data,
-          store(testing::random_host({std::max<std::int64_t>(cs.n * cs.ldb(), 1)}, 2 * seed + 2, 1.0f).data, t)};
+  return {
+      testing::random_host({std::max<std::int64_t>(cs.m * cs.lda(), 1)}, 2 * seed + 1, 1.0f).data,
+      store(testing::random_host({std::max<std::int64_t>(cs.n * cs.ldb(), 1)}, 2 * seed + 2, 1.0f)
+                .data,
+            t)};
 }
 
 // The scalar kernel is within fp32 accumulation of the float64 product of its inputs (a rounded
@@ -119,8 +127,10 @@ TEST(DotGemmTest, TheScalarKernelIsTheFloat64ProductOfItsInputs) {
               magnitude += std::abs(prod);
             }
             // (k + 2) u sum |a b|: one rounding per fma and per fold step (Higham, 3.1).
-            const double bound = static_cast<double>(cs.k + 2) * std::ldexp(1.0, -24) * magnitude + 1e-30;
-            within = within && std::abs(scalar[static_cast<std::size_t>(i * cs.n + j)] - want) <= bound;
+            const double bound =
+                static_cast<double>(cs.k + 2) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+            within =
+                within && std::abs(scalar[static_cast<std::size_t>(i * cs.n + j)] - want) <= bound;
           }
         }
         if (round_a) {
@@ -142,7 +152,8 @@ TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
     for (std::uint32_t index = 0; index < cases.size(); ++index) {
       const Case& cs = cases[index];
       const DotInputs in = dot_inputs(cs, t, index);
-      const std::string label = std::string(to_string(t)) + " " + cs.text() + " at " + std::string(runtime::to_string(level()));
+      const std::string label = std::string(to_string(t)) + " " + cs.text() + " at " +
+                                std::string(runtime::to_string(level()));
       const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
       const std::vector<float> got = run(cs, in.a, in.w, t, level(), label);
       EXPECT_TRUE(std::equal(got.begin(), got.end(), scalar.begin(), [](float x, float y) {

@@ -23,7 +23,8 @@ namespace {
 template <typename T>
 void write(const std::filesystem::path& path, const std::vector<T>& v) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  out.write(reinterpret_cast<const char*>(v.data()),
+            static_cast<std::streamsize>(v.size() * sizeof(T)));
 }
 
 }  // namespace

@@ -38,8 +38,10 @@ struct Problem {
   std::vector<float> b_values;  // the weights before rounding to the 16-bit dtype
 };
 
-Problem make_problem(std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed, bool tight = false) {
-  Problem p = tight ? Problem{m, n, k, k, n, n, {}, {}} : Problem{m, n, k, k + 3, n + 5, n + 7, {}, {}};
+Problem make_problem(std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed,
+                     bool tight = false) {
+  Problem p =
+      tight ? Problem{m, n, k, k, n, n, {}, {}} : Problem{m, n, k, k + 3, n + 5, n + 7, {}, {}};
   p.a = random_floats(static_cast<std::size_t>(m * p.lda), seed);
   p.b_values = random_floats(static_cast<std::size_t>(k * p.ldb), seed + 1);
   return p;
@@ -53,12 +55,15 @@ std::vector<std::uint16_t> weights_as(const std::vector<float>& values, DType t)
   return bits;
 }
 
-float weight_value(std::uint16_t bits, DType t) { return t == DType::kBF16 ? f32_from_bf16(bits) : f32_from_f16(bits); }
+float weight_value(std::uint16_t bits, DType t) {
+  return t == DType::kBF16 ? f32_from_bf16(bits) : f32_from_f16(bits);
+}
 
 constexpr float kSentinel = 12345.0f;
 
 // c [m, ldc] packed to [m, n]; fails the test if c's padding no longer holds kSentinel.
-std::vector<float> unpadded(const Problem& p, const std::vector<float>& c, const std::string& label) {
+std::vector<float> unpadded(const Problem& p, const std::vector<float>& c,
+                            const std::string& label) {
   std::vector<float> packed(static_cast<std::size_t>(p.m * p.n));
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.ldc; ++j) {
@@ -66,7 +71,8 @@ std::vector<float> unpadded(const Problem& p, const std::vector<float>& c, const
       if (j < p.n) {
         packed[static_cast<std::size_t>(i * p.n + j)] = x;
       } else if (std::bit_cast<std::uint32_t>(x) != std::bit_cast<std::uint32_t>(kSentinel)) {
-        ADD_FAILURE() << label << ": c's padding at row " << i << ", column " << j << " was overwritten";
+        ADD_FAILURE() << label << ": c's padding at row " << i << ", column " << j
+                      << " was overwritten";
         return packed;
       }
     }
@@ -76,17 +82,20 @@ std::vector<float> unpadded(const Problem& p, const std::vector<float>& c, const
 
 // Runs gemm_16bit on `p` into a c that holds NaN (c is output only) with kSentinel in its
 // padding; fails the test if the padding changed. Returns c packed to [m, n].
-std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t, KernelLevel level,
-                       const std::string& label, WeightLayout layout = WeightLayout::kInOut, std::int64_t ldb = 0) {
+std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DType t,
+                       KernelLevel level, const std::string& label,
+                       WeightLayout layout = WeightLayout::kInOut, std::int64_t ldb = 0) {
   std::vector<float> c(static_cast<std::size_t>(std::max<std::int64_t>(p.m * p.ldc, 1)), kSentinel);
   for (std::int64_t i = 0; i < p.m; ++i) {
     std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
   }
-  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc, level, layout);
+  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc,
+             level, layout);
   return unpadded(p, c, label);
 }
 
-// ---- The oracle of the vdpbf16ps path -------------------------------------------------------------
+// ---- The oracle of the vdpbf16ps path
+// -------------------------------------------------------------
 
 // A bf16 value as vdpbf16ps reads it: subnormals are zero (DAZ).
 float bf16_daz(std::uint16_t h) {
@@ -125,7 +134,8 @@ std::vector<float> emulate_dpbf16(const Problem& p, const std::vector<std::uint1
   return c;
 }
 
-// ---- The float64 reference and its bound ---------------------------------------------------------
+// ---- The float64 reference and its bound
+// ---------------------------------------------------------
 
 // The float64 product of a (rounded to bf16 when `round_a`) and the stored weights, and for
 // each element the sum of |a[i][r] b[r][j]|, which bounds the fp32 rounding error.
@@ -155,15 +165,16 @@ Reference reference(const Problem& p, const std::vector<std::uint16_t>& b, DType
 // fused multiply-add is within (k + 1) u sum |terms| of the exact sum to first order (Higham,
 // Accuracy and Stability, 3.1). The vdpbf16ps chain makes at most k + 1 roundings (a zero pair
 // pads an odd k), OpenBLAS k; the bound takes (k + 2) u sum |a b| plus 1e-30 for the sign of zero.
-::testing::AssertionResult within_fp32_accumulation(const std::vector<float>& got, const Reference& want,
-                                                    std::int64_t k) {
+::testing::AssertionResult within_fp32_accumulation(const std::vector<float>& got,
+                                                    const Reference& want, std::int64_t k) {
   const double unit = std::ldexp(1.0, -24);
   for (std::size_t e = 0; e < got.size(); ++e) {
     const double bound = static_cast<double>(k + 2) * unit * want.magnitude[e] + 1e-30;
     const double err = std::abs(static_cast<double>(got[e]) - want.value[e]);
     if (!(err <= bound)) {
-      return ::testing::AssertionFailure() << "element " << e << ": got " << got[e] << ", want " << want.value[e]
-                                           << ", error " << err << " > bound " << bound;
+      return ::testing::AssertionFailure()
+             << "element " << e << ": got " << got[e] << ", want " << want.value[e] << ", error "
+             << err << " > bound " << bound;
     }
   }
   return ::testing::AssertionSuccess();
@@ -179,21 +190,22 @@ struct Shape {
 // the whole test to run in well under a second in a Debug build.
 const std::vector<Shape>& shapes() {
   static const std::vector<Shape> s = {
-      {1, 1, 1},     {3, 15, 2},     {8, 16, 31},   {13, 33, 64},   {64, 48, 255},
-      {77, 257, 20}, {200, 17, 261}, {5, 40, 1000}, {1, 4100, 3},   {24, 1030, 33},
+      {1, 1, 1},     {3, 15, 2},     {8, 16, 31},   {13, 33, 64}, {64, 48, 255},
+      {77, 257, 20}, {200, 17, 261}, {5, 40, 1000}, {1, 4100, 3}, {24, 1030, 33},
   };
   return s;
 }
 
 std::string label_of(const Shape& s, DType t, KernelLevel l) {
-  return std::string(to_string(t)) + " m" + std::to_string(s.m) + " n" + std::to_string(s.n) + " k" +
-         std::to_string(s.k) + " at " + std::string(runtime::to_string(l));
+  return std::string(to_string(t)) + " m" + std::to_string(s.m) + " n" + std::to_string(s.n) +
+         " k" + std::to_string(s.k) + " at " + std::string(runtime::to_string(l));
 }
 
 // The vdpbf16ps path gives the bits of the scalar emulation of Intel's definition (two fp32
 // roundings per pair, the odd element first), on normal-range random data, for every shape.
 TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
-  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
+  if (!runs_here(KernelLevel::kAvx512Bf16))
+    GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
   std::uint32_t seed = 10;
   for (const Shape& s : shapes()) {
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
@@ -216,7 +228,8 @@ TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
 // The emulation's subnormal rules hold on this CPU: a bf16 subnormal weight reads as zero, and
 // a subnormal partial sum is flushed to zero before the pair's second product is added.
 TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
-  if (!runs_here(KernelLevel::kAvx512Bf16)) GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
+  if (!runs_here(KernelLevel::kAvx512Bf16))
+    GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
   const auto p2 = [](int e) { return std::ldexp(1.0f, e); };
   // Weight 0x0001 (2^-133, subnormal) times 2^100: 2^-33 exactly, but read as zero.
   {
@@ -260,8 +273,10 @@ TEST_P(Gemm16BitLevelTest, MatchesTheFloat64ProductOfItsInputs) {
         const std::string label = label_of(s, t, l) + (tight ? " tight" : "");
         const std::vector<float> got = run(p, b, t, l, label);
         if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
-          EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/true), s.k)) << label;
-          EXPECT_FALSE(within_fp32_accumulation(got, exact_a, s.k)) << label << ": a was not rounded to bf16";
+          EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/true), s.k))
+              << label;
+          EXPECT_FALSE(within_fp32_accumulation(got, exact_a, s.k))
+              << label << ": a was not rounded to bf16";
         } else {
           EXPECT_TRUE(within_fp32_accumulation(got, exact_a, s.k)) << label;
         }
@@ -281,16 +296,19 @@ TEST_P(Gemm16BitLevelTest, OutInWeightsGiveTheProductOfInOutOnes) {
     const std::int64_t ldt = s.k + 2;
     for (DType t : {DType::kBF16, DType::kF16}) {
       const std::vector<std::uint16_t> b = weights_as(p.b_values, t);
-      std::vector<std::uint16_t> bt(static_cast<std::size_t>(std::max<std::int64_t>(s.n * ldt, 1)), 0xFFFF);
+      std::vector<std::uint16_t> bt(static_cast<std::size_t>(std::max<std::int64_t>(s.n * ldt, 1)),
+                                    0xFFFF);
       for (std::int64_t r = 0; r < s.k; ++r) {
-        for (std::int64_t j = 0; j < s.n; ++j) bt[static_cast<std::size_t>(j * ldt + r)] = b[static_cast<std::size_t>(r * p.ldb + j)];
+        for (std::int64_t j = 0; j < s.n; ++j)
+          bt[static_cast<std::size_t>(j * ldt + r)] = b[static_cast<std::size_t>(r * p.ldb + j)];
       }
       const std::string label = label_of(s, t, l) + " out-in";
       const std::vector<float> got = run(p, bt, t, l, label, WeightLayout::kOutIn, ldt);
       if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
         EXPECT_TRUE(got == run(p, b, t, l, label)) << label;
       } else {
-        EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k)) << label;
+        EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k))
+            << label;
       }
     }
   }
@@ -299,19 +317,25 @@ TEST_P(Gemm16BitLevelTest, OutInWeightsGiveTheProductOfInOutOnes) {
 TEST(Gemm16BitTest, RefusesAnOutInLeadingDimensionShorterThanK) {
   const std::vector<std::uint16_t> bits(8, 0);
   float c[4];
-  EXPECT_THAT([&] { gemm_16bit(1, 4, 2, c, 2, bits.data(), DType::kBF16, 1, c, 4, KernelLevel::kScalar, WeightLayout::kOutIn); },
-              ThrowsMessage<ShapeError>(HasSubstr("ldb 1 (out-in)")));
+  EXPECT_THAT(
+      [&] {
+        gemm_16bit(1, 4, 2, c, 2, bits.data(), DType::kBF16, 1, c, 4, KernelLevel::kScalar,
+                   WeightLayout::kOutIn);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("ldb 1 (out-in)")));
 }
 
 // k = 0 writes zeros; m = 0 or n = 0 writes nothing.
 TEST_P(Gemm16BitLevelTest, EmptyProducts) {
   const KernelLevel l = level();
   for (DType t : {DType::kBF16, DType::kF16}) {
-    const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+    const std::string label =
+        std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
     const Problem p = make_problem(5, 40, 0, 7);
     const std::vector<float> got = run(p, {0}, t, l, label);
-    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }))
-        << label;
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) {
+      return std::bit_cast<std::uint32_t>(x) == 0u;
+    })) << label;
     float c = kSentinel;
     const float a = 1.0f;
     const std::uint16_t w = 0x3F80;
@@ -328,12 +352,14 @@ TEST_P(Gemm16BitLevelTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
   const KernelLevel l = level();
   const std::int64_t m = 14, n = 45, k = 33, nan_row = 32, nan_col = 44, inf_row = 5, inf_col = 3;
   Problem p = make_problem(m, n, k, 3);
-  for (float& x : p.a) x = x < 0.0f ? x - 0.5f : x + 0.5f;  // no zero (0 * inf is NaN), no subnormal
+  for (float& x : p.a)
+    x = x < 0.0f ? x - 0.5f : x + 0.5f;  // no zero (0 * inf is NaN), no subnormal
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::vector<std::uint16_t> b = weights_as(p.b_values, t);
     b[static_cast<std::size_t>(nan_row * p.ldb + nan_col)] = t == DType::kBF16 ? 0x7FC0 : 0x7E00;
     b[static_cast<std::size_t>(inf_row * p.ldb + inf_col)] = t == DType::kBF16 ? 0x7F80 : 0x7C00;
-    const std::string label = std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
+    const std::string label =
+        std::string(to_string(t)) + " at " + std::string(runtime::to_string(l));
     const std::vector<float> got = run(p, b, t, l, label);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t j = 0; j < n; ++j) {
@@ -341,8 +367,10 @@ TEST_P(Gemm16BitLevelTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
         if (j == nan_col) {
           EXPECT_TRUE(std::isnan(x)) << label << " [" << i << ", " << j << "] = " << x;
         } else if (j == inf_col) {
-          const float sign = p.a[static_cast<std::size_t>(i * p.lda + inf_row)] < 0.0f ? -1.0f : 1.0f;
-          EXPECT_EQ(x, sign * std::numeric_limits<float>::infinity()) << label << " [" << i << ", " << j << "]";
+          const float sign =
+              p.a[static_cast<std::size_t>(i * p.lda + inf_row)] < 0.0f ? -1.0f : 1.0f;
+          EXPECT_EQ(x, sign * std::numeric_limits<float>::infinity())
+              << label << " [" << i << ", " << j << "]";
         } else {
           EXPECT_TRUE(std::isfinite(x)) << label << " [" << i << ", " << j << "] = " << x;
         }
@@ -360,20 +388,26 @@ TEST(Gemm16BitTest, RejectsFp32WeightsAndNegativeSizes) {
   EXPECT_THROW(gemm_16bit(2, 2, 2, a, 1, w, DType::kF16, 2, c, 2), ShapeError);
 }
 
-
-// ---- bf16 compute: fp32 operands, each rounded to bf16 -------------------------------------------
+// ---- bf16 compute: fp32 operands, each rounded to bf16
+// -------------------------------------------
 
 // gemm_bf16_compute on p's values with a and b stored as the transposes say (a transposed is
 // [k, m] with rows m + 3 apart, b transposed [n, k] with rows k + 2 apart), into c (NaN unless
 // `accumulate`, when it holds `c0`), c's padding checked as run() checks it. Returns c as [m, n].
-std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool transpose_b, KernelLevel level,
-                                    const std::string& label, const std::vector<float>* c0 = nullptr) {
+std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool transpose_b,
+                                    KernelLevel level, const std::string& label,
+                                    const std::vector<float>* c0 = nullptr) {
   const std::int64_t lda = transpose_a ? p.m + 3 : p.lda, ldb = transpose_b ? p.k + 2 : p.ldb;
-  std::vector<float> a(static_cast<std::size_t>(std::max<std::int64_t>(transpose_a ? p.k * lda : p.m * lda, 1)), 7.0f);
-  std::vector<float> b(static_cast<std::size_t>(std::max<std::int64_t>(transpose_b ? p.n * ldb : p.k * ldb, 1)), 7.0f);
+  std::vector<float> a(
+      static_cast<std::size_t>(std::max<std::int64_t>(transpose_a ? p.k * lda : p.m * lda, 1)),
+      7.0f);
+  std::vector<float> b(
+      static_cast<std::size_t>(std::max<std::int64_t>(transpose_b ? p.n * ldb : p.k * ldb, 1)),
+      7.0f);
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t r = 0; r < p.k; ++r) {
-      a[static_cast<std::size_t>(transpose_a ? r * lda + i : i * lda + r)] = p.a[static_cast<std::size_t>(i * p.lda + r)];
+      a[static_cast<std::size_t>(transpose_a ? r * lda + i : i * lda + r)] =
+          p.a[static_cast<std::size_t>(i * p.lda + r)];
     }
   }
   for (std::int64_t r = 0; r < p.k; ++r) {
@@ -386,11 +420,12 @@ std::vector<float> run_bf16_compute(const Problem& p, bool transpose_a, bool tra
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.n; ++j) {
       c[static_cast<std::size_t>(i * p.ldc + j)] =
-          c0 != nullptr ? (*c0)[static_cast<std::size_t>(i * p.n + j)] : std::numeric_limits<float>::quiet_NaN();
+          c0 != nullptr ? (*c0)[static_cast<std::size_t>(i * p.n + j)]
+                        : std::numeric_limits<float>::quiet_NaN();
     }
   }
-  gemm_bf16_compute(p.m, p.n, p.k, a.data(), lda, transpose_a, b.data(), ldb, transpose_b, c0 != nullptr, c.data(),
-                    p.ldc, level);
+  gemm_bf16_compute(p.m, p.n, p.k, a.data(), lda, transpose_a, b.data(), ldb, transpose_b,
+                    c0 != nullptr, c.data(), p.ldc, level);
   return unpadded(p, c, label);
 }
 
@@ -404,7 +439,8 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEver
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
     const std::vector<std::uint16_t> b = weights_as(p.b_values, DType::kBF16);
     const Reference rounded = reference(p, b, DType::kBF16, /*round_a=*/true);
-    Reference exact{std::vector<double>(rounded.value.size(), 0.0), std::vector<double>(rounded.value.size(), 0.0)};
+    Reference exact{std::vector<double>(rounded.value.size(), 0.0),
+                    std::vector<double>(rounded.value.size(), 0.0)};
     for (std::int64_t i = 0; i < s.m; ++i) {
       for (std::int64_t r = 0; r < s.k; ++r) {
         for (std::int64_t j = 0; j < s.n; ++j) {
@@ -418,14 +454,16 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEver
     const std::vector<float> chain = emulate_dpbf16(p, b);
     for (const bool ta : {false, true}) {
       for (const bool tb : {false, true}) {
-        const std::string label = label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
+        const std::string label =
+            label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
         const std::vector<float> got = run_bf16_compute(p, ta, tb, l, label);
         if (l == KernelLevel::kAvx512Bf16) {
           EXPECT_TRUE(got == chain) << label << ": not the vdpbf16ps chain";
         }
         EXPECT_TRUE(within_fp32_accumulation(got, rounded, s.k)) << label;
         if (s.k >= 20) {
-          EXPECT_FALSE(within_fp32_accumulation(got, exact, s.k)) << label << ": nothing was rounded";
+          EXPECT_FALSE(within_fp32_accumulation(got, exact, s.k))
+              << label << ": nothing was rounded";
         }
       }
     }
@@ -437,7 +475,8 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEver
 TEST_P(Gemm16BitLevelTest, BfloatComputeAccumulatesOntoC) {
   const KernelLevel l = level();
   const Problem p = make_problem(30, 70, 41, 900);
-  Reference twice = reference(p, weights_as(p.b_values, DType::kBF16), DType::kBF16, /*round_a=*/true);
+  Reference twice =
+      reference(p, weights_as(p.b_values, DType::kBF16), DType::kBF16, /*round_a=*/true);
   for (std::size_t e = 0; e < twice.value.size(); ++e) {
     twice.value[e] *= 2.0;
     twice.magnitude[e] *= 2.0;
@@ -445,7 +484,9 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeAccumulatesOntoC) {
   for (const bool ta : {false, true}) {
     const std::string label = std::string(runtime::to_string(l)) + (ta ? " a^T" : "");
     const std::vector<float> once = run_bf16_compute(p, ta, false, l, label);
-    EXPECT_TRUE(within_fp32_accumulation(run_bf16_compute(p, ta, false, l, label, &once), twice, p.k)) << label;
+    EXPECT_TRUE(
+        within_fp32_accumulation(run_bf16_compute(p, ta, false, l, label, &once), twice, p.k))
+        << label;
   }
   // k = 0: c = 0 without accumulate, untouched with it.
   const Problem empty = make_problem(3, 5, 0, 901);
@@ -457,12 +498,15 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeAccumulatesOntoC) {
 TEST(Gemm16BitTest, BfloatComputeRefusesShortLeadingDimensions) {
   const float x[8] = {};
   float c[8] = {};
-  EXPECT_THAT([&] { gemm_bf16_compute(2, 2, 3, x, 2, /*transpose_a=*/false, x, 2, false, false, c, 2); },
-              ThrowsMessage<ShapeError>(HasSubstr("m 2, n 2, k 3 with lda 2, ldb 2, ldc 2")));
-  EXPECT_THAT([&] { gemm_bf16_compute(3, 2, 2, x, 2, /*transpose_a=*/true, x, 2, false, false, c, 2); },
-              ThrowsMessage<ShapeError>(HasSubstr("lda 2 (transposed)")));
-  EXPECT_THAT([&] { gemm_bf16_compute(2, 2, 3, x, 3, false, x, 2, /*transpose_b=*/true, false, c, 2); },
-              ThrowsMessage<ShapeError>(HasSubstr("ldb 2 (transposed)")));
+  EXPECT_THAT(
+      [&] { gemm_bf16_compute(2, 2, 3, x, 2, /*transpose_a=*/false, x, 2, false, false, c, 2); },
+      ThrowsMessage<ShapeError>(HasSubstr("m 2, n 2, k 3 with lda 2, ldb 2, ldc 2")));
+  EXPECT_THAT(
+      [&] { gemm_bf16_compute(3, 2, 2, x, 2, /*transpose_a=*/true, x, 2, false, false, c, 2); },
+      ThrowsMessage<ShapeError>(HasSubstr("lda 2 (transposed)")));
+  EXPECT_THAT(
+      [&] { gemm_bf16_compute(2, 2, 3, x, 3, false, x, 2, /*transpose_b=*/true, false, c, 2); },
+      ThrowsMessage<ShapeError>(HasSubstr("ldb 2 (transposed)")));
 }
 
 NUMESH_INSTANTIATE_LEVELS(Gemm16BitLevelTest);

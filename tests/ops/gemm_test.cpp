@@ -2,7 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
@@ -50,7 +49,8 @@ Eigen::MatrixXd naive(const RowMatrix& a, const RowMatrix& b) {
 RowMatrix rounded_to(const RowMatrix& w, DType t) {
   RowMatrix r = w;
   for (Eigen::Index i = 0; i < r.size() && t != DType::kF32; ++i) {
-    r.data()[i] = t == DType::kBF16 ? f32_from_bf16(bf16_from_f32(w.data()[i])) : f32_from_f16(f16_from_f32(w.data()[i]));
+    r.data()[i] = t == DType::kBF16 ? f32_from_bf16(bf16_from_f32(w.data()[i]))
+                                    : f32_from_f16(f16_from_f32(w.data()[i]));
   }
   return r;
 }
@@ -107,12 +107,15 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   };
   // Enough workers that an arena of 7 really runs 7 threads at once (on 2 cores too): the
   // per-thread scratch and the tiles are then used concurrently, not one after another.
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
-  for (const Shape sh : {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{16, 96, 2050},
-                         Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520},
-                         Shape{3, 2048, 1024}}) {  // from 1 MiB of b: blocks of whole rows, partials summed
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
+  for (const Shape sh :
+       {Shape{4, 8, 8}, Shape{1, 128, 4096}, Shape{7, 300, 1000}, Shape{16, 96, 2050},
+        Shape{64, 64, 64}, Shape{130, 48, 777}, Shape{200, 50, 300}, Shape{256, 40, 520},
+        Shape{3, 2048, 1024}}) {  // from 1 MiB of b: blocks of whole rows, partials summed
     const RowMatrix a = pattern(sh.m, sh.k, 0.4f), b = pattern(sh.k, sh.n, 1.9f);
-    const std::string label = std::to_string(sh.m) + "x" + std::to_string(sh.k) + "x" + std::to_string(sh.n);
+    const std::string label =
+        std::to_string(sh.m) + "x" + std::to_string(sh.k) + "x" + std::to_string(sh.n);
     std::optional<RowMatrix> first;
     for (int threads : {1, 2, 3, 4, 7}) {
       RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
@@ -134,15 +137,18 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   }
   // Decode: a single row is split along n; prefill-sized products in row and column tiles.
   EXPECT_EQ(gemm_tiling(1, 4096, 1024).row_block, 1);
-  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 64) << "strips (device_gemm takes them under 1 MiB)";
-  EXPECT_EQ(skinny_k_block(4096, 1024), 64) << "1 MiB and more in blocks of a sixteenth, at most 1 MiB";
+  EXPECT_EQ(gemm_tiling(1, 4096, 1024).col_block, 64)
+      << "strips (device_gemm takes them under 1 MiB)";
+  EXPECT_EQ(skinny_k_block(4096, 1024), 64)
+      << "1 MiB and more in blocks of a sixteenth, at most 1 MiB";
   EXPECT_EQ(skinny_k_block(1024, 4096), 256);
   EXPECT_EQ(skinny_k_block(1024, 1024), 64) << "4 MiB: 16 blocks of 256 KiB";
   EXPECT_EQ(skinny_k_block(1024, 1024, DType::kBF16), 64) << "the same rows for 16-bit weights";
   EXPECT_EQ(skinny_k_block(256, 256), 64) << "at least 64 KiB a block";
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).col_block, 256) << "column strips first";
   EXPECT_EQ(gemm_tiling(512, 4096, 1024).row_block, 256) << "then row blocks, for 64 tiles";
-  EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512), 4)
+  EXPECT_EQ(gemm_tiling(512, 512, 512).row_tiles(512) * gemm_tiling(512, 512, 512).col_tiles(512),
+            4)
       << "16 tiles wanted, but no strip narrower than 256 nor block shorter than 256 rows";
   EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
 }
@@ -151,7 +157,8 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
 // gradient's transposed product: bitwise the same in arenas of 1, 2 and 7 threads, and the
 // product of the bf16-rounded operands (within fp32 accumulation of k terms, not fp32's own).
 TEST(GemmTest, BfloatComputeIsBitwiseTheSameForAnyThreadCount) {
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
   for (const Eigen::Index m : {Eigen::Index{5}, Eigen::Index{300}}) {
     const Eigen::Index k = 100, n = 700;  // m = 300: three tiles
     const RowMatrix a = pattern(m, k, 0.3f), b = pattern(k, n, 1.1f);
@@ -166,21 +173,23 @@ TEST(GemmTest, BfloatComputeIsBitwiseTheSameForAnyThreadCount) {
         oneapi::tbb::task_arena arena(threads);
         arena.execute([&] {
           if (kind == 0) {
-            device_gemm(ConstMatrixMap(a.data(), m, k), ConstMatrixMap(b.data(), k, n), MatrixMap(c.data(), m, n),
-                        MatmulPrecision::kBF16);
+            device_gemm(ConstMatrixMap(a.data(), m, k), ConstMatrixMap(b.data(), k, n),
+                        MatrixMap(c.data(), m, n), MatmulPrecision::kBF16);
           } else if (kind == 1) {
             device_gemm(ConstMatrixMap(a.data(), m, k),
                         WeightMatrix{b_out_in.data(), DType::kF32, k, n, WeightLayout::kOutIn},
                         MatrixMap(c.data(), m, n), MatmulPrecision::kBF16);
           } else {
             const RowMatrix at = a.transpose();  // [k, m]: c = at^T b
-            device_gemm_transposed_a(ConstMatrixMap(at.data(), k, m), ConstMatrixMap(b.data(), k, n),
-                                     MatrixMap(c.data(), m, n), 0.0f, MatmulPrecision::kBF16);
+            device_gemm_transposed_a(ConstMatrixMap(at.data(), k, m),
+                                     ConstMatrixMap(b.data(), k, n), MatrixMap(c.data(), m, n),
+                                     0.0f, MatmulPrecision::kBF16);
           }
         });
         if (!first) {
           EXPECT_TRUE(close(c, want, 1e-5 * static_cast<double>(k))) << label;
-          EXPECT_FALSE(close(c, unrounded, 1e-5 * static_cast<double>(k))) << label << ": nothing was rounded";
+          EXPECT_FALSE(close(c, unrounded, 1e-5 * static_cast<double>(k)))
+              << label << ": nothing was rounded";
           first = c;
         } else {
           EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
@@ -190,22 +199,27 @@ TEST(GemmTest, BfloatComputeIsBitwiseTheSameForAnyThreadCount) {
   }
   RowMatrix c(2, 2);
   const RowMatrix a = pattern(2, 2, 0.1f);
-  EXPECT_THAT([&] { device_gemm_transposed_a(ConstMatrixMap(a.data(), 2, 2), ConstMatrixMap(a.data(), 2, 2), MatrixMap(c.data(), 2, 2), 0.5f,
-                                                       MatmulPrecision::kBF16); },
-              ThrowsMessage<ValueError>(HasSubstr("beta 0.5 with bf16 compute")));
+  EXPECT_THAT(
+      [&] {
+        device_gemm_transposed_a(ConstMatrixMap(a.data(), 2, 2), ConstMatrixMap(a.data(), 2, 2),
+                                 MatrixMap(c.data(), 2, 2), 0.5f, MatmulPrecision::kBF16);
+      },
+      ThrowsMessage<ValueError>(HasSubstr("beta 0.5 with bf16 compute")));
 }
 
 // The decode path with 16-bit weights: blocks of whole rows, partials summed in order; bitwise the
 // same in arenas of 1, 2, 3, 4 and 7 threads, and the product of the weights as stored.
 TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
   const Eigen::Index m = 3, k = 2048, n = 1024;
   const RowMatrix a = pattern(m, k, 0.3f), w = pattern(k, n, 0.8f);
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::vector<std::uint16_t> bits(static_cast<std::size_t>(k * n));
     RowMatrix stored(k, n);
     for (Eigen::Index i = 0; i < w.size(); ++i) {
-      bits[static_cast<std::size_t>(i)] = t == DType::kBF16 ? bf16_from_f32(w.data()[i]) : f16_from_f32(w.data()[i]);
+      bits[static_cast<std::size_t>(i)] =
+          t == DType::kBF16 ? bf16_from_f32(w.data()[i]) : f16_from_f32(w.data()[i]);
       stored.data()[i] = t == DType::kBF16 ? f32_from_bf16(bits[static_cast<std::size_t>(i)])
                                            : f32_from_f16(bits[static_cast<std::size_t>(i)]);
     }
@@ -214,7 +228,10 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
     for (int threads : {1, 2, 3, 4, 7}) {
       RowMatrix c = RowMatrix::Constant(m, n, std::numeric_limits<float>::quiet_NaN());
       oneapi::tbb::task_arena arena(threads);
-      arena.execute([&] { device_decode_gemm(ConstMatrixMap(a.data(), m, k), bits.data(), t, MatrixMap(c.data(), m, n)); });
+      arena.execute([&] {
+        device_decode_gemm(ConstMatrixMap(a.data(), m, k), bits.data(), t,
+                           MatrixMap(c.data(), m, n));
+      });
       if (!first) {
         EXPECT_TRUE(close(c, naive(a, stored), 1e-4 * static_cast<double>(k))) << to_string(t);
         first = c;
@@ -227,13 +244,17 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
 
 // device_gemm(a, w) in arenas of 1, 2, 3, 4 and 7 threads: within `bound` of the float64 product
 // of a and `stored` (w's values), and bitwise the same in every arena.
-void expect_the_product_for_any_thread_count(const RowMatrix& a, const WeightMatrix& w, const RowMatrix& stored,
-                                             double bound, const std::string& label) {
+void expect_the_product_for_any_thread_count(const RowMatrix& a, const WeightMatrix& w,
+                                             const RowMatrix& stored, double bound,
+                                             const std::string& label) {
   std::optional<RowMatrix> first;
   for (int threads : {1, 2, 3, 4, 7}) {
     RowMatrix c = RowMatrix::Constant(a.rows(), w.cols, std::numeric_limits<float>::quiet_NaN());
     oneapi::tbb::task_arena arena(threads);
-    arena.execute([&] { device_gemm(ConstMatrixMap(a.data(), a.rows(), a.cols()), w, MatrixMap(c.data(), c.rows(), c.cols())); });
+    arena.execute([&] {
+      device_gemm(ConstMatrixMap(a.data(), a.rows(), a.cols()), w,
+                  MatrixMap(c.data(), c.rows(), c.cols()));
+    });
     if (!first) {
       EXPECT_TRUE(close(c, naive(a, stored), bound)) << label;
       first = c;
@@ -254,16 +275,18 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
   struct Shape {
     Eigen::Index m, k, n;
   };
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
   for (DType t : {DType::kBF16, DType::kF16}) {
     // One tile; decode strips (under 1 MiB of b as fp32, 16 columns and not); decode row blocks
     // (1 MiB and more); prefill tiles.
-    for (const Shape sh : {Shape{4, 8, 8}, Shape{4, 256, 512}, Shape{16, 96, 2050}, Shape{1, 128, 4096},
-                           Shape{7, 300, 1000}, Shape{130, 48, 777}, Shape{260, 40, 300}, Shape{3, 2048, 2048},
-                           // Activations of several 16 Ki-element row blocks, rounded to bf16 by
-                           // several threads (a 128-token bf16 prefill crashed there once: the
-                           // workers wrote to buffers of their own instead of the caller's).
-                           Shape{64, 1024, 256}, Shape{200, 768, 64}}) {
+    for (const Shape sh :
+         {Shape{4, 8, 8}, Shape{4, 256, 512}, Shape{16, 96, 2050}, Shape{1, 128, 4096},
+          Shape{7, 300, 1000}, Shape{130, 48, 777}, Shape{260, 40, 300}, Shape{3, 2048, 2048},
+          // Activations of several 16 Ki-element row blocks, rounded to bf16 by
+          // several threads (a 128-token bf16 prefill crashed there once: the
+          // workers wrote to buffers of their own instead of the caller's).
+          Shape{64, 1024, 256}, Shape{200, 768, 64}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       std::vector<std::uint16_t> bits(static_cast<std::size_t>(w.size()));
       RowMatrix stored(sh.k, sh.n);
@@ -272,19 +295,25 @@ TEST(GemmTest, DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount) {
         bits[at] = t == DType::kBF16 ? bf16_from_f32(w.data()[i]) : f16_from_f32(w.data()[i]);
         stored.data()[i] = t == DType::kBF16 ? f32_from_bf16(bits[at]) : f32_from_f16(bits[at]);
       }
-      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
-                                "x" + std::to_string(sh.n);
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" +
+                                std::to_string(sh.k) + "x" + std::to_string(sh.n);
       const bool rounds_a = t == DType::kBF16;
-      const double bound = (1e-4 + (rounds_a ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
-      expect_the_product_for_any_thread_count(a, WeightMatrix{bits.data(), t, sh.k, sh.n}, stored, bound, label);
+      const double bound =
+          (1e-4 + (rounds_a ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
+      expect_the_product_for_any_thread_count(a, WeightMatrix{bits.data(), t, sh.k, sh.n}, stored,
+                                              bound, label);
     }
   }
   const std::vector<std::uint16_t> bits(12, 0);
   const RowMatrix a = RowMatrix::Zero(2, 3);
   RowMatrix c(2, 4);
-  EXPECT_THAT([&] { device_gemm(ConstMatrixMap(a.data(), 2, 3), WeightMatrix{bits.data(), DType::kBF16, 4, 3},
-                                MatrixMap(c.data(), 2, 4)); },
-              ThrowsMessage<ShapeError>(HasSubstr("gemm: a is [2, 3], b is [4, 3] (bf16), c is [2, 4]: they do not multiply")));
+  EXPECT_THAT(
+      [&] {
+        device_gemm(ConstMatrixMap(a.data(), 2, 3), WeightMatrix{bits.data(), DType::kBF16, 4, 3},
+                    MatrixMap(c.data(), 2, 4));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("gemm: a is [2, 3], b is [4, 3] (bf16), c is [2, 4]: they do not multiply")));
 }
 
 // device_gemm on weights stored out-in, every dtype: decode products (dot_gemm over blocks of
@@ -294,10 +323,12 @@ TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
   struct Shape {
     Eigen::Index m, k, n;
   };
-  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism, 8);
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (const Shape sh : {Shape{1, 8, 8}, Shape{3, 1000, 70}, Shape{1, 1024, 4096}, Shape{16, 300, 257},
-                           Shape{17, 64, 100}, Shape{130, 48, 777}, Shape{260, 300, 40}}) {
+    for (const Shape sh :
+         {Shape{1, 8, 8}, Shape{3, 1000, 70}, Shape{1, 1024, 4096}, Shape{16, 300, 257},
+          Shape{17, 64, 100}, Shape{130, 48, 777}, Shape{260, 300, 40}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       const RowMatrix stored = rounded_to(w, t);
       std::vector<float> f32(static_cast<std::size_t>(w.size()));
@@ -310,11 +341,12 @@ TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
         }
       }
       const void* data = t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data();
-      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" + std::to_string(sh.k) +
-                                "x" + std::to_string(sh.n);
-      const double bound = (1e-4 + (t == DType::kBF16 ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
-      expect_the_product_for_any_thread_count(a, WeightMatrix{data, t, sh.k, sh.n, WeightLayout::kOutIn}, stored,
-                                              bound, label);
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" +
+                                std::to_string(sh.k) + "x" + std::to_string(sh.n);
+      const double bound =
+          (1e-4 + (t == DType::kBF16 ? std::ldexp(1.0, -9) : 0.0)) * static_cast<double>(sh.k);
+      expect_the_product_for_any_thread_count(
+          a, WeightMatrix{data, t, sh.k, sh.n, WeightLayout::kOutIn}, stored, bound, label);
     }
   }
   EXPECT_EQ(dot_out_block(4096, 1024, DType::kBF16), 256) << "8 MiB: blocks of 512 KiB";
@@ -326,11 +358,13 @@ TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {
   // No rows: nothing to do, on the decode-sized and the small path alike.
   const RowMatrix none(0, 1024), w = pattern(1024, 1024, 0.1f);
   RowMatrix c0(0, 1024);
-  device_gemm(ConstMatrixMap(none.data(), 0, 1024), ConstMatrixMap(w.data(), 1024, 1024), MatrixMap(c0.data(), 0, 1024));
+  device_gemm(ConstMatrixMap(none.data(), 0, 1024), ConstMatrixMap(w.data(), 1024, 1024),
+              MatrixMap(c0.data(), 0, 1024));
   // No reduction: the decode path writes zeros.
   const RowMatrix a(2, 0);
   RowMatrix c = RowMatrix::Constant(2, 8, 5.0f);
-  device_decode_gemm(ConstMatrixMap(a.data(), 2, 0), w.data(), DType::kF32, MatrixMap(c.data(), 2, 8));
+  device_decode_gemm(ConstMatrixMap(a.data(), 2, 0), w.data(), DType::kF32,
+                     MatrixMap(c.data(), 2, 8));
   EXPECT_EQ(c, RowMatrix::Zero(2, 8));
 }
 
@@ -340,18 +374,25 @@ TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {
     const Eigen::Index m = 3 * scale, k = 6 * scale, n = 3 * scale;
     const RowMatrix a = pattern(m + 2, k + 5, 0.1f), b = pattern(k + 4, n + 3, 0.2f);
     RowMatrix c = RowMatrix::Zero(m, n + 4);
-    gemm(m, n, k, 1.0f, a.data() + 1 * a.cols() + 3, a.cols(), b.data() + 3 * b.cols() + 1, b.cols(),
+    gemm(m, n, k, 1.0f, a.data() + 1 * a.cols() + 3, a.cols(), b.data() + 3 * b.cols() + 1,
+         b.cols(),
          /*transpose_b=*/false, 0.0f, c.data() + 2, c.cols());
     const RowMatrix want = a.block(1, 3, m, k) * b.block(3, 1, k, n);
-    EXPECT_TRUE(close(c.block(0, 2, m, n), want.cast<double>(), 1e-4 * static_cast<double>(k))) << "scale " << scale;
+    EXPECT_TRUE(close(c.block(0, 2, m, n), want.cast<double>(), 1e-4 * static_cast<double>(k)))
+        << "scale " << scale;
     EXPECT_EQ(c.block(0, 0, m, 2), RowMatrix::Zero(m, 2)) << "columns outside the block untouched";
   }
 }
 
 TEST(GemmTest, MismatchedShapesNameAllThree) {
   RowMatrix a(2, 3), b(4, 5), c(2, 5);
-  EXPECT_THAT([&] { gemm(ConstMatrixMap(a.data(), 2, 3), ConstMatrixMap(b.data(), 4, 5), MatrixMap(c.data(), 2, 5)); },
-              ThrowsMessage<ShapeError>(HasSubstr("gemm: a is [2, 3], b is [4, 5], c is [2, 5]: they do not multiply")));
+  EXPECT_THAT(
+      [&] {
+        gemm(ConstMatrixMap(a.data(), 2, 3), ConstMatrixMap(b.data(), 4, 5),
+             MatrixMap(c.data(), 2, 5));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("gemm: a is [2, 3], b is [4, 5], c is [2, 5]: they do not multiply")));
 }
 
 }  // namespace

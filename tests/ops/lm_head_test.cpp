@@ -23,8 +23,8 @@ namespace numesh::ops {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::MeshCase;
+using ::testing::ThrowsMessage;
 
 class LmHeadTest : public ::testing::TestWithParam<MeshCase> {};
 
@@ -37,14 +37,16 @@ TEST_P(LmHeadTest, LogitsMatchTheReferenceAndGreedyPicksTheirArgmax) {
       for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
         const std::string label = testing::mesh_label(c) + " V=" + std::to_string(vocab) +
                                   " rows=" + std::to_string(rows) + " " + std::string(to_string(t));
-        const LmHeadWeights w{.weight = testing::random_host({64, vocab}, 5, 0.125f), .stored_as = t};
+        const LmHeadWeights w{.weight = testing::random_host({64, vocab}, 5, 0.125f),
+                              .stored_as = t};
         const runtime::HostTensor x = testing::random_host({rows, 64}, 6, 1.0f);
         ShardedLmHead head(mesh, w, rows);
         const runtime::HostTensor logits = head.logits(x);
         const runtime::HostTensor want = lm_head_reference(x, w);
         // fp32 sums of 64 products: the sharded operators' bound (bf16: the rare activation
         // rounding to the other neighbour, as in WeightDtypeTest).
-        EXPECT_TRUE(testing::matches_reference(logits, want, t == DType::kBF16 ? 1e-4 : 1e-5)) << label;
+        EXPECT_TRUE(testing::matches_reference(logits, want, t == DType::kBF16 ? 1e-4 : 1e-5))
+            << label;
         // Greedy is the argmax of the logits the devices computed, exactly.
         EXPECT_EQ(head.greedy(x), argmax_rows(logits)) << label;
       }
@@ -53,8 +55,9 @@ TEST_P(LmHeadTest, LogitsMatchTheReferenceAndGreedyPicksTheirArgmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, LmHeadTest,
-                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
-                                           MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "tp"}}),
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
+                                           MeshCase{{4}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}}),
                          testing::mesh_case_name);
 
 TEST(LmHeadTest, TheVocabularyIsSplitWhenItDividesAndReplicatedOtherwise) {
@@ -82,16 +85,32 @@ TEST(LmHeadTest, TiesGoToTheLowestIndexAcrossShards) {
 TEST(LmHeadTest, ANanLogitIsPickedAsTorchArgmaxPicksIt) {
   // torch.argmax treats NaN as the largest value: the first NaN of the row wins.
   runtime::HostTensor w = testing::random_host({4, 1000}, 2, 1.0f);
-  for (std::int64_t h = 0; h < 4; ++h) w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
+  for (std::int64_t h = 0; h < 4; ++h)
+    w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
   const runtime::HostTensor x = testing::random_host({1, 4}, 3, 1.0f);
   ShardedLmHead head(testing::make_mesh({{4}, {"tp"}}), LmHeadWeights{.weight = w}, 1);
   EXPECT_EQ(head.greedy(x), (std::vector<std::int64_t>{700}));
   EXPECT_EQ(argmax_rows(head.logits(x)), (std::vector<std::int64_t>{700}));
   // The host's half on hand-made candidates: (value, index) per shard in vocabulary order.
   runtime::HostTensor candidates = runtime::HostTensor::zeros({3, 6});
-  candidates.data = {1, 10, 3, 250, 3, 600,                       // a tie: the first shard's index
-                     5, 7, std::nanf(""), 300, std::nanf(""), 800,  // the first NaN
-                     -1, 0, -2, 260, -3, 510};
+  candidates.data = {1,
+                     10,
+                     3,
+                     250,
+                     3,
+                     600,  // a tie: the first shard's index
+                     5,
+                     7,
+                     std::nanf(""),
+                     300,
+                     std::nanf(""),
+                     800,  // the first NaN
+                     -1,
+                     0,
+                     -2,
+                     260,
+                     -3,
+                     510};
   EXPECT_EQ(pick_greedy(candidates), (std::vector<std::int64_t>{250, 300, 0}));
 }
 
@@ -101,11 +120,13 @@ TEST(LmHeadTest, RowArgmaxIsTheSameForAnyThreadCount) {
   for (int threads : {1, 2, 3, 4, 7}) {
     std::vector<float> out(2 * 37);
     oneapi::tbb::task_arena arena(threads);
-    arena.execute([&] { row_argmax(ConstMatrixMap(logits.data.data(), 37, 3000), 5000, out.data()); });
+    arena.execute(
+        [&] { row_argmax(ConstMatrixMap(logits.data.data(), 37, 3000), 5000, out.data()); });
     if (first.empty()) {
       first = out;
       const std::vector<std::int64_t> want = argmax_rows(logits);
-      for (std::size_t r = 0; r < 37; ++r) EXPECT_EQ(out[2 * r + 1], static_cast<float>(5000 + want[r])) << r;
+      for (std::size_t r = 0; r < 37; ++r)
+        EXPECT_EQ(out[2 * r + 1], static_cast<float>(5000 + want[r])) << r;
     } else {
       EXPECT_EQ(out, first) << threads << " threads";
     }
@@ -119,11 +140,16 @@ TEST(LmHeadTest, RowTopKIsTheSortedHeadOfEveryRow) {
   row_top_k(ConstMatrixMap(logits.data.data(), 9, 300), 1000, 5, out.data());
   for (std::int64_t r = 0; r < 9; ++r) {
     std::vector<std::pair<float, std::int64_t>> row;
-    for (std::int64_t j = 0; j < 300; ++j) row.push_back({logits.data[static_cast<std::size_t>(r * 300 + j)], j});
-    std::stable_sort(row.begin(), row.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (std::int64_t j = 0; j < 300; ++j)
+      row.push_back({logits.data[static_cast<std::size_t>(r * 300 + j)], j});
+    std::stable_sort(row.begin(), row.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
     for (std::int64_t i = 0; i < 5; ++i) {
-      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i)], row[static_cast<std::size_t>(i)].first) << r << " " << i;
-      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i + 1)], static_cast<float>(1000 + row[static_cast<std::size_t>(i)].second));
+      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i)],
+                row[static_cast<std::size_t>(i)].first)
+          << r << " " << i;
+      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i + 1)],
+                static_cast<float>(1000 + row[static_cast<std::size_t>(i)].second));
     }
   }
   EXPECT_EQ(out[1], 1005.0f);
@@ -149,8 +175,12 @@ TEST(LmHeadTest, SamplingDrawsFromTheSoftmaxOfTheKeptTokens) {
   const SamplingOptions nucleus{.temperature = 1.0, .top_k = 3, .top_p = 0.5};
   for (int i = 0; i < 100; ++i) EXPECT_EQ(pick_sampled(c, nucleus, rng).front(), 3);
   // A tiny temperature is greedy; top-k 1 is greedy whatever the temperature.
-  EXPECT_EQ(pick_sampled(c, SamplingOptions{.temperature = 1e-3, .top_k = 5, .top_p = 1.0}, rng).front(), 3);
-  EXPECT_EQ(pick_sampled(c, SamplingOptions{.temperature = 50.0, .top_k = 1, .top_p = 1.0}, rng).front(), 3);
+  EXPECT_EQ(
+      pick_sampled(c, SamplingOptions{.temperature = 1e-3, .top_k = 5, .top_p = 1.0}, rng).front(),
+      3);
+  EXPECT_EQ(
+      pick_sampled(c, SamplingOptions{.temperature = 50.0, .top_k = 1, .top_p = 1.0}, rng).front(),
+      3);
   // The same seed draws the same tokens.
   std::mt19937_64 a(5), b(5);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(pick_sampled(c, top3, a), pick_sampled(c, top3, b));
@@ -161,18 +191,23 @@ TEST(LmHeadTest, ShardedSamplingKeepsTheGlobalTopK) {
   const LmHeadWeights w{.weight = testing::random_host({32, 1000}, 12, 0.3f)};
   const runtime::HostTensor x = testing::random_host({3, 32}, 13, 1.0f);
   std::mt19937_64 rng(1);
-  for (const MeshCase& c : {MeshCase{{1}, {"tp"}}, MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}}}) {
+  for (const MeshCase& c :
+       {MeshCase{{1}, {"tp"}}, MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}}}) {
     ShardedLmHead head(testing::make_mesh(c), w, 3);
-    EXPECT_EQ(head.sample(x, SamplingOptions{.temperature = 0.7, .top_k = 1, .top_p = 1.0}, rng), head.greedy(x))
+    EXPECT_EQ(head.sample(x, SamplingOptions{.temperature = 0.7, .top_k = 1, .top_p = 1.0}, rng),
+              head.greedy(x))
         << testing::mesh_label(c);
     // Top-k 40 over the devices' candidates draws only among the global top 40.
     const runtime::HostTensor logits = head.logits(x);
     for (int i = 0; i < 50; ++i) {
-      const std::vector<std::int64_t> t = head.sample(x, SamplingOptions{.temperature = 1.0, .top_k = 40, .top_p = 1.0}, rng);
+      const std::vector<std::int64_t> t =
+          head.sample(x, SamplingOptions{.temperature = 1.0, .top_k = 40, .top_p = 1.0}, rng);
       for (std::int64_t r = 0; r < 3; ++r) {
-        const float chosen = logits.data[static_cast<std::size_t>(r * 1000 + t[static_cast<std::size_t>(r)])];
+        const float chosen =
+            logits.data[static_cast<std::size_t>(r * 1000 + t[static_cast<std::size_t>(r)])];
         int larger = 0;
-        for (std::int64_t j = 0; j < 1000; ++j) larger += logits.data[static_cast<std::size_t>(r * 1000 + j)] > chosen;
+        for (std::int64_t j = 0; j < 1000; ++j)
+          larger += logits.data[static_cast<std::size_t>(r * 1000 + j)] > chosen;
         EXPECT_LT(larger, 40) << testing::mesh_label(c) << " row " << r;
       }
     }
@@ -180,8 +215,10 @@ TEST(LmHeadTest, ShardedSamplingKeepsTheGlobalTopK) {
 }
 
 TEST(LmHeadTest, BadSamplingOptionsAreRefused) {
-  EXPECT_THAT([] { validate(SamplingOptions{.temperature = -1.0}); },
-              ThrowsMessage<ValueError>("sampling: temperature -1 must be positive (greedy decoding takes no temperature)"));
+  EXPECT_THAT(
+      [] { validate(SamplingOptions{.temperature = -1.0}); },
+      ThrowsMessage<ValueError>(
+          "sampling: temperature -1 must be positive (greedy decoding takes no temperature)"));
   EXPECT_THAT([] { validate(SamplingOptions{.temperature = 1.0, .top_k = 0}); },
               ThrowsMessage<ValueError>("sampling: top-k 0 must be at least 1"));
   EXPECT_THAT([] { validate(SamplingOptions{.temperature = 1.0, .top_k = 4, .top_p = 1.5}); },
@@ -190,37 +227,63 @@ TEST(LmHeadTest, BadSamplingOptionsAreRefused) {
   c.data = {1.0f, 0.0f, std::nanf(""), 1.0f};
   std::mt19937_64 rng(1);
   EXPECT_THAT([&] { pick_sampled(c, SamplingOptions{}, rng); },
-              ThrowsMessage<ValueError>("sampling: row 0 holds a logit of nan: nothing sound to sample from"));
+              ThrowsMessage<ValueError>(
+                  "sampling: row 0 holds a logit of nan: nothing sound to sample from"));
   // -inf rules a token out; a row of nothing else is refused.
   c.data = {-std::numeric_limits<float>::infinity(), 0.0f, 2.0f, 1.0f};
   for (int i = 0; i < 20; ++i) EXPECT_EQ(pick_sampled(c, SamplingOptions{}, rng).front(), 1);
-  c.data = {-std::numeric_limits<float>::infinity(), 0.0f, -std::numeric_limits<float>::infinity(), 1.0f};
-  EXPECT_THAT([&] { pick_sampled(c, SamplingOptions{}, rng); },
-              ThrowsMessage<ValueError>("sampling: row 0 rules out every token (all its logits are -inf)"));
+  c.data = {-std::numeric_limits<float>::infinity(), 0.0f, -std::numeric_limits<float>::infinity(),
+            1.0f};
+  EXPECT_THAT(
+      [&] { pick_sampled(c, SamplingOptions{}, rng); },
+      ThrowsMessage<ValueError>("sampling: row 0 rules out every token (all its logits are -inf)"));
   // A NaN logit on the devices reaches the host's check whatever its rank (row_top_k ranks it
   // first).
   runtime::HostTensor w = testing::random_host({4, 1000}, 2, 1.0f);
-  for (std::int64_t h = 0; h < 4; ++h) w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
+  for (std::int64_t h = 0; h < 4; ++h)
+    w.data[static_cast<std::size_t>(h * 1000 + 700)] = std::nanf("");
   ShardedLmHead head(testing::make_mesh({{2}, {"tp"}}), LmHeadWeights{.weight = w}, 1);
-  EXPECT_THAT([&] { head.sample(testing::random_host({1, 4}, 3, 1.0f), SamplingOptions{.top_k = 3}, rng); },
-              ThrowsMessage<ValueError>("sampling: row 0 holds a logit of nan: nothing sound to sample from"));
+  EXPECT_THAT(
+      [&] {
+        head.sample(testing::random_host({1, 4}, 3, 1.0f), SamplingOptions{.top_k = 3}, rng);
+      },
+      ThrowsMessage<ValueError>(
+          "sampling: row 0 holds a logit of nan: nothing sound to sample from"));
 }
 
 TEST(LmHeadTest, BadShapesAreRefusedNamingThem) {
   const runtime::DeviceMesh mesh = testing::make_mesh({{2}, {"tp"}});
-  EXPECT_THAT([&] { ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8})}, 1); },
-              ThrowsMessage<ShapeError>("lm head: weight [8] must be [H, V] with H, V >= 1 and V <= 16777216"));
-  EXPECT_THAT([&] { ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}, 0); },
-              ThrowsMessage<ShapeError>("lm head: 0 rows; need at least one"));
+  EXPECT_THAT(
+      [&] { ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8})}, 1); },
+      ThrowsMessage<ShapeError>(
+          "lm head: weight [8] must be [H, V] with H, V >= 1 and V <= 16777216"));
+  EXPECT_THAT(
+      [&] {
+        ShardedLmHead(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}, 0);
+      },
+      ThrowsMessage<ShapeError>("lm head: 0 rows; need at least one"));
   ShardedLmHead head(mesh, LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}, 2);
-  EXPECT_THAT([&] { head.greedy(runtime::HostTensor::zeros({2, 7})); },
-              ThrowsMessage<ShapeError>("lm head: input is [2, 7] but the head was compiled for [2, 8]"));
-  EXPECT_THAT([] { lm_head_reference(runtime::HostTensor::zeros({2, 7}), LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})}); },
-              ThrowsMessage<ShapeError>(HasSubstr("lm head: x [2, 7] and weight [8, 10] do not multiply")));
-  EXPECT_THAT([] { argmax_rows(runtime::HostTensor::zeros({2, 0})); },
-              ThrowsMessage<ShapeError>("argmax: logits [2, 0] must be [rows, V] with V >= 1"));
-  EXPECT_THAT([] { pick_greedy(runtime::HostTensor::zeros({2, 3})); },
-              ThrowsMessage<ShapeError>("greedy pick: candidates [2, 3] must be [rows, 2 * shards]"));
+  EXPECT_THAT(
+      [&] {
+        head.greedy(runtime::HostTensor::zeros({2, 7}));
+      },
+      ThrowsMessage<ShapeError>("lm head: input is [2, 7] but the head was compiled for [2, 8]"));
+  EXPECT_THAT(
+      [] {
+        lm_head_reference(runtime::HostTensor::zeros({2, 7}),
+                          LmHeadWeights{.weight = runtime::HostTensor::zeros({8, 10})});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("lm head: x [2, 7] and weight [8, 10] do not multiply")));
+  EXPECT_THAT(
+      [] {
+        argmax_rows(runtime::HostTensor::zeros({2, 0}));
+      },
+      ThrowsMessage<ShapeError>("argmax: logits [2, 0] must be [rows, V] with V >= 1"));
+  EXPECT_THAT(
+      [] {
+        pick_greedy(runtime::HostTensor::zeros({2, 3}));
+      },
+      ThrowsMessage<ShapeError>("greedy pick: candidates [2, 3] must be [rows, 2 * shards]"));
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // (lm_training_reference: the operators' backward references chained, each checked against
 // PyTorch's autograd) on many mesh shapes, tied and untied heads; and its refusals.
 
+#include "numesh/ops/lowering/lm_training.hpp"
+
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,19 +16,18 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/ops/compare.hpp"
-#include "numesh/ops/lowering/lm_training.hpp"
-#include "numesh/ops/reference/lm_training.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/reference/lm_training.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::make_mesh;
 using testing::mesh_case_name;
 using testing::MeshCase;
+using ::testing::ThrowsMessage;
 
 constexpr std::int64_t kVocab = 64, kBatch = 4, kTokens = 8;
 
@@ -61,13 +62,15 @@ ModelAxes axes_for(const MeshCase& c) {
 
 // Every parameter's gradient of `step`'s last run equals the reference's within 1e-4
 // (matches_reference, which also proves the check can fail).
-void expect_gradients_match(const LmTrainingStep& step, const LmTrainingGrads& want, const std::string& where) {
+void expect_gradients_match(const LmTrainingStep& step, const LmTrainingGrads& want,
+                            const std::string& where) {
   ASSERT_EQ(step.parameters().size(), want.grads.size()) << where;
   for (const TrainableParameter& p : step.parameters()) {
     runtime::HostTensor got = runtime::gather(*p.grad);
     if (p.layout == WeightLayout::kOutIn) got = transposed(got);
     ASSERT_TRUE(want.grads.contains(p.name)) << where << ": " << p.name;
-    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4)) << where << ": " << p.name;
+    EXPECT_TRUE(testing::matches_reference(got, want.grads.at(p.name), 1e-4))
+        << where << ": " << p.name;
   }
 }
 
@@ -80,9 +83,10 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
   const std::vector<std::int32_t> inputs = ids(1), targets = ids(2);
   for (const bool tied : {false, true}) {
     const LmHeadWeights* head = tied ? nullptr : &m.head;
-    const LmTrainingGrads want =
-        lm_training_reference(m.config, m.embedding, m.stack, head, inputs, targets, kBatch, kTokens);
-    LmTrainingStep step(mesh, m.config, m.embedding, m.stack, head, kBatch, kTokens, axes_for(GetParam()));
+    const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, head, inputs,
+                                                       targets, kBatch, kTokens);
+    LmTrainingStep step(mesh, m.config, m.embedding, m.stack, head, kBatch, kTokens,
+                        axes_for(GetParam()));
     const double loss = step.run(inputs, targets);
     const std::string where = tied ? "tied" : "untied";
     EXPECT_NEAR(loss, want.loss, 1e-5 * want.loss) << where;
@@ -93,7 +97,9 @@ TEST_P(LmTrainingStepTest, LossAndGradientsEqualTheDenseReference) {
         lm_training_reference(m.config, m.embedding, m.stack, head, more, inputs, kBatch, kTokens);
     EXPECT_NEAR(step.run(more, inputs), again.loss, 1e-5 * again.loss) << where;
     const TrainableParameter& table = step.parameters().front();
-    EXPECT_TRUE(testing::matches_reference(runtime::gather(*table.grad), again.grads.at(table.name), 1e-4)) << where;
+    EXPECT_TRUE(
+        testing::matches_reference(runtime::gather(*table.grad), again.grads.at(table.name), 1e-4))
+        << where;
   }
 }
 
@@ -118,32 +124,37 @@ TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
     b.mlp.down_bias = testing::random_host({32}, seed++, 0.5f);
   }
   const std::vector<std::int32_t> inputs = ids(8), targets = ids(9);
-  const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, &m.head, inputs, targets, kBatch, kTokens);
-  for (const char* slot : {"attention.bq", "attention.bk", "attention.bv", "attention.bo", "attention.q_norm",
-                           "attention.k_norm", "mlp.gate_bias", "mlp.up_bias", "mlp.down_bias"}) {
+  const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, &m.head,
+                                                     inputs, targets, kBatch, kTokens);
+  for (const char* slot :
+       {"attention.bq", "attention.bk", "attention.bv", "attention.bo", "attention.q_norm",
+        "attention.k_norm", "mlp.gate_bias", "mlp.up_bias", "mlp.down_bias"}) {
     ASSERT_TRUE(want.grads.contains(std::string("layers.1.") + slot)) << slot;
   }
-  LmTrainingStep step(mesh, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
+  LmTrainingStep step(mesh, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens,
+                      axes_for(GetParam()));
   EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
   expect_gradients_match(step, want, "biases and q/k norms");
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepTest,
-                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
-                                           MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"fsdp"}}, MeshCase{{2}, {"sp"}},
-                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"fsdp", "tp"}},
-                                           MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2}, {"dp", "sp"}},
-                                           MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}},
-                                           MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
-                         mesh_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, LmTrainingStepTest,
+    ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},
+                      MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"fsdp"}}, MeshCase{{2}, {"sp"}},
+                      MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"fsdp", "tp"}},
+                      MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2}, {"dp", "sp"}},
+                      MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}},
+                      MeshCase{{2, 2, 2}, {"dp", "fsdp", "tp"}}),
+    mesh_case_name);
 
 // bf16 compute (MatmulPrecision::kBF16): every product of activations and weights rounds both to
 // bf16, so the step is the oracle's within bf16's precision (unit roundoff 2^-9 = 2e-3 per
 // operand), not fp32's. Measured on these meshes (the same on all five: each element's vdpbf16ps
 // chain does not depend on the tiling): the loss within 4.4e-4 relative, the gradients within
-// 1.5e-2 of their scale (ops::compare; the dense MLP's gate the farthest, the router 1.1e-2). The bound must also be one
-// that the fp32 step passes by far, and the bf16 step must differ from the fp32 one by more
-// than fp32 rounding does: a step that ignored the precision would pass the bound unseen.
+// 1.5e-2 of their scale (ops::compare; the dense MLP's gate the farthest, the router 1.1e-2). The
+// bound must also be one that the fp32 step passes by far, and the bf16 step must differ from the
+// fp32 one by more than fp32 rounding does: a step that ignored the precision would pass the bound
+// unseen.
 class LmTrainingStepBf16Test : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(LmTrainingStepBf16Test, LossAndGradientsEqualTheDenseReferenceWithinBf16) {
@@ -156,10 +167,12 @@ TEST_P(LmTrainingStepBf16Test, LossAndGradientsEqualTheDenseReferenceWithinBf16)
     const TransformerConfig& c = with_moe ? moe : m.config;
     const TransformerWeights& stack = with_moe ? moe_stack : m.stack;
     const std::string where = with_moe ? "moe" : "dense";
-    const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
+    const LmTrainingGrads want =
+        lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
     LmTrainingStep bf16(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()),
                         MatmulPrecision::kBF16);
-    LmTrainingStep fp32(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
+    LmTrainingStep fp32(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens,
+                        axes_for(GetParam()));
     EXPECT_EQ(bf16.precision(), MatmulPrecision::kBF16);
     const double loss = bf16.run(inputs, targets);
     fp32.run(inputs, targets);
@@ -167,25 +180,32 @@ TEST_P(LmTrainingStepBf16Test, LossAndGradientsEqualTheDenseReferenceWithinBf16)
     double largest_difference = 0.0;
     for (std::size_t i = 0; i < bf16.parameters().size(); ++i) {
       const TrainableParameter& p = bf16.parameters()[i];
-      runtime::HostTensor got = runtime::gather(*p.grad), exact = runtime::gather(*fp32.parameters()[i].grad);
+      runtime::HostTensor got = runtime::gather(*p.grad),
+                          exact = runtime::gather(*fp32.parameters()[i].grad);
       if (p.layout == WeightLayout::kOutIn) {
         got = transposed(got);
         exact = transposed(exact);
       }
       const runtime::HostTensor& ref = want.grads.at(p.name);
-      const Comparison c_bf16 = compare(std::span<const float>(got.data), std::span<const float>(ref.data), ref.shape);
-      EXPECT_TRUE(c_bf16.is_finite_reference() && c_bf16.within(3e-2)) << where << ": " << p.name << ": " << c_bf16.describe();
-      const Comparison c_fp32 = compare(std::span<const float>(exact.data), std::span<const float>(ref.data), ref.shape);
-      EXPECT_TRUE(c_fp32.within(1e-4)) << where << ": " << p.name << " (f32): " << c_fp32.describe();
+      const Comparison c_bf16 =
+          compare(std::span<const float>(got.data), std::span<const float>(ref.data), ref.shape);
+      EXPECT_TRUE(c_bf16.is_finite_reference() && c_bf16.within(3e-2))
+          << where << ": " << p.name << ": " << c_bf16.describe();
+      const Comparison c_fp32 =
+          compare(std::span<const float>(exact.data), std::span<const float>(ref.data), ref.shape);
+      EXPECT_TRUE(c_fp32.within(1e-4))
+          << where << ": " << p.name << " (f32): " << c_fp32.describe();
       largest_difference = std::max(largest_difference, c_bf16.relative_error);
     }
-    EXPECT_GT(largest_difference, 1e-3) << where << ": bf16 compute gave fp32's gradients: nothing was rounded";
+    EXPECT_GT(largest_difference, 1e-3)
+        << where << ": bf16 compute gave fp32's gradients: nothing was rounded";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepBf16Test,
-                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"fsdp"}},
-                                           MeshCase{{2, 2}, {"dp", "ep"}}, MeshCase{{2, 2}, {"sp", "tp"}}),
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
+                                           MeshCase{{2}, {"fsdp"}}, MeshCase{{2, 2}, {"dp", "ep"}},
+                                           MeshCase{{2, 2}, {"sp", "tp"}}),
                          mesh_case_name);
 
 // A model whose second block is a mixture of experts (Mixtral's top-2 of 4, renormalised,
@@ -203,17 +223,20 @@ TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
   const TransformerWeights stack = TransformerWeights::random(c, 14);
   const TinyModel m;
   const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
-  const LmTrainingGrads plain = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
+  const LmTrainingGrads plain =
+      lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
   constexpr double kCoef = 0.05;
-  const LmTrainingGrads with_aux =
-      lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, kCoef);
+  const LmTrainingGrads with_aux = lm_training_reference(c, m.embedding, stack, &m.head, inputs,
+                                                         targets, kBatch, kTokens, kCoef);
   EXPECT_TRUE(plain.grads.contains("layers.1.moe.router"));
   ASSERT_GT(with_aux.router_aux_loss, 0.5) << "E sum f p is about k = 2 for a balanced router";
   EXPECT_NEAR(with_aux.loss, plain.loss + kCoef * with_aux.router_aux_loss, 1e-12);
-  const Comparison moved = compare(std::span<const float>(plain.grads.at("layers.1.moe.router").data),
-                                   std::span<const float>(with_aux.grads.at("layers.1.moe.router").data),
-                                   with_aux.grads.at("layers.1.moe.router").shape);
-  ASSERT_FALSE(moved.within(1e-2)) << "the aux term must move the router's gradient: " << moved.describe();
+  const Comparison moved =
+      compare(std::span<const float>(plain.grads.at("layers.1.moe.router").data),
+              std::span<const float>(with_aux.grads.at("layers.1.moe.router").data),
+              with_aux.grads.at("layers.1.moe.router").shape);
+  ASSERT_FALSE(moved.within(1e-2))
+      << "the aux term must move the router's gradient: " << moved.describe();
   for (const double coef : {0.0, kCoef}) {
     const LmTrainingGrads& want = coef > 0.0 ? with_aux : plain;
     const std::string where = coef > 0.0 ? "with the router's aux loss" : "moe";
@@ -223,8 +246,13 @@ TEST_P(LmTrainingStepMoeTest, LossAndGradientsEqualTheDenseReference) {
     EXPECT_NEAR(step.router_aux_loss(), want.router_aux_loss, 1e-5 * want.router_aux_loss) << where;
     expect_gradients_match(step, want, where);
   }
-  EXPECT_THAT([&] { LmTrainingStep(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, {}, MatmulPrecision::kF32, -1.0); },
-              ThrowsMessage<ValueError>(HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
+  EXPECT_THAT(
+      [&] {
+        LmTrainingStep(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, {},
+                       MatmulPrecision::kF32, -1.0);
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("the router's aux loss coefficient -1 must be finite and not negative")));
 }
 
 // Tokens split over the expert axis as well as the batch axes: the MoE block's tokens go to
@@ -240,9 +268,10 @@ TEST_P(LmTrainingStepMoeTest, TokensSplitOverTheExpertAxisTravelByAllToAll) {
   ModelAxes axes = axes_for(GetParam());
   axes.batch = {"dp", "fsdp", "ep"};
   for (const double coef : {0.0, 0.05}) {
-    const LmTrainingGrads want =
-        lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens, coef);
-    LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes, MatmulPrecision::kF32, coef);
+    const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs,
+                                                       targets, kBatch, kTokens, coef);
+    LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes,
+                        MatmulPrecision::kF32, coef);
     step.run(ids(6), ids(7));  // other tokens first: nothing of that run may linger
     EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss) << "coef " << coef;
     expect_gradients_match(step, want, fmt::format("all-to-all, coef {}", coef));
@@ -259,8 +288,10 @@ TEST_P(LmTrainingStepMoeTest, ASharedExpertHasTheReferenceGradients) {
   const TransformerWeights stack = TransformerWeights::random(c, 15);
   const TinyModel m;
   const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
-  const LmTrainingGrads want = lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
-  for (const char* slot : {"shared_expert.gate", "shared_expert.up", "shared_expert.down", "shared_expert_gate"}) {
+  const LmTrainingGrads want =
+      lm_training_reference(c, m.embedding, stack, &m.head, inputs, targets, kBatch, kTokens);
+  for (const char* slot :
+       {"shared_expert.gate", "shared_expert.up", "shared_expert.down", "shared_expert_gate"}) {
     ASSERT_TRUE(want.grads.contains(std::string("layers.1.moe.") + slot)) << slot;
   }
   LmTrainingStep step(mesh, c, m.embedding, stack, &m.head, kBatch, kTokens, axes_for(GetParam()));
@@ -269,20 +300,21 @@ TEST_P(LmTrainingStepMoeTest, ASharedExpertHasTheReferenceGradients) {
   expect_gradients_match(step, want, "shared expert");
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, LmTrainingStepMoeTest,
-                         ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
-                                           MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
-                                           MeshCase{{2, 2}, {"dp", "ep"}}, MeshCase{{2, 2}, {"ep", "tp"}},
-                                           MeshCase{{2, 2}, {"sp", "ep"}}, MeshCase{{2, 2}, {"fsdp", "ep"}},
-                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
-                         mesh_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, LmTrainingStepMoeTest,
+    ::testing::Values(MeshCase{{1}, {"ep"}}, MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"ep"}},
+                      MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}}, MeshCase{{2, 2}, {"dp", "ep"}},
+                      MeshCase{{2, 2}, {"ep", "tp"}}, MeshCase{{2, 2}, {"sp", "ep"}},
+                      MeshCase{{2, 2}, {"fsdp", "ep"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}}),
+    mesh_case_name);
 
 // The gradients' reductions overlap the rest of the backward: on dp2 every parameter gradient
 // is all-reduced over dp, and no node of block 0's backward (which runs after block 1's) waits
 // for block 1's weight-gradient collectives, only for block 1's dx.
 TEST(LmTrainingStepOverlapTest, GradientCollectivesDoNotHoldUpTheRestOfTheBackward) {
   const TinyModel m;
-  LmTrainingStep step(make_mesh(MeshCase{{2}, {"dp"}}), m.config, m.embedding, m.stack, &m.head, kBatch, kTokens);
+  LmTrainingStep step(make_mesh(MeshCase{{2}, {"dp"}}), m.config, m.embedding, m.stack, &m.head,
+                      kBatch, kTokens);
   const runtime::CompiledGraph& graph = step.program().graph();
   std::vector<runtime::NodeId> reductions, block0;
   const auto nodes = static_cast<runtime::NodeId>(graph.size());
@@ -294,7 +326,8 @@ TEST(LmTrainingStepOverlapTest, GradientCollectivesDoNotHoldUpTheRestOfTheBackwa
     }
     if (name.starts_with("block0.") && name.find(".bwd") != std::string::npos) block0.push_back(id);
   }
-  ASSERT_GE(reductions.size(), 7u) << "block 1's wq, wk, wv, wo, gate, up, down and norms all-reduced over dp";
+  ASSERT_GE(reductions.size(), 7u)
+      << "block 1's wq, wk, wv, wo, gate, up, down and norms all-reduced over dp";
   ASSERT_FALSE(block0.empty());
   // Every node block 0's backward nodes wait for, directly or not (ids only grow along edges).
   std::vector<bool> waited(graph.size(), false);
@@ -319,8 +352,8 @@ TEST(LmTrainingStepOverlapTest, GradientsWithNothingToReduceAreWrittenInPlace) {
     std::vector<std::string> names;
     for (runtime::NodeId id = 0; id < static_cast<runtime::NodeId>(graph.size()); ++id) {
       const std::string& name = graph.node(id).name;
-      for (const char* weight : {".w_up.grad", ".w_gate.grad", ".w_down.grad", ".wq.grad", ".wo.grad",
-                                 "lm_head.bwd.weight.grad", "embedding.bwd.grad"}) {
+      for (const char* weight : {".w_up.grad", ".w_gate.grad", ".w_down.grad", ".wq.grad",
+                                 ".wo.grad", "lm_head.bwd.weight.grad", "embedding.bwd.grad"}) {
         if (name.find(weight) != std::string::npos) names.push_back(name);
       }
     }
@@ -328,18 +361,20 @@ TEST(LmTrainingStepOverlapTest, GradientsWithNothingToReduceAreWrittenInPlace) {
   };
   EXPECT_THAT(moving(MeshCase{{1, 1, 1}, {"dp", "ep", "tp"}}), ::testing::IsEmpty());
   EXPECT_THAT(moving(MeshCase{{1}, {"tp"}}), ::testing::IsEmpty());
-  EXPECT_GE(moving(MeshCase{{2}, {"dp"}}).size(), 2u * 7u) << "two devices' parts of each all-reduce";
+  EXPECT_GE(moving(MeshCase{{2}, {"dp"}}).size(), 2u * 7u)
+      << "two devices' parts of each all-reduce";
 }
 
 TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   const TinyModel m;
   const runtime::DeviceMesh dp2 = make_mesh(MeshCase{{2}, {"dp"}});
   EXPECT_THAT([&] { LmTrainingStep(dp2, m.config, m.embedding, m.stack, &m.head, 3, kTokens); },
-              ThrowsMessage<ShapeError>(HasSubstr(
-                  "a batch of 3 sequences does not split over the data-parallel axes (dp, fsdp) of size 2")));
+              ThrowsMessage<ShapeError>(HasSubstr("a batch of 3 sequences does not split over the "
+                                                  "data-parallel axes (dp, fsdp) of size 2")));
   const runtime::DeviceMesh sp2 = make_mesh(MeshCase{{2}, {"sp"}});
   EXPECT_THAT([&] { LmTrainingStep(sp2, m.config, m.embedding, m.stack, &m.head, kBatch, 7); },
-              ThrowsMessage<ShapeError>(HasSubstr("7 tokens per sequence do not split over the sequence axis sp of size 2")));
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "7 tokens per sequence do not split over the sequence axis sp of size 2")));
   const runtime::DeviceMesh one = make_mesh(MeshCase{{1}, {"tp"}});
   TransformerConfig moe = m.config;
   moe.moe = MoeConfig{.num_experts = 4, .top_k = 2};
@@ -354,18 +389,21 @@ TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   EmbeddingWeights bf16 = m.embedding;
   bf16.stored_as = DType::kBF16;
   EXPECT_THAT([&] { LmTrainingStep(one, m.config, bf16, m.stack, &m.head, kBatch, kTokens); },
-              ThrowsMessage<ValueError>(HasSubstr("the embedding is stored as bf16; training keeps fp32 master weights")));
+              ThrowsMessage<ValueError>(HasSubstr(
+                  "the embedding is stored as bf16; training keeps fp32 master weights")));
 
   LmTrainingStep step(one, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens);
   std::vector<std::int32_t> bad = ids(1);
   bad[static_cast<std::size_t>(kTokens + 3)] = static_cast<std::int32_t>(kVocab);
   EXPECT_THAT([&] { step.run(bad, ids(2)); },
-              ThrowsMessage<IndexError>(HasSubstr("input id 64 of sequence 1 at position 3 is outside the vocabulary [0, 64)")));
+              ThrowsMessage<IndexError>(HasSubstr(
+                  "input id 64 of sequence 1 at position 3 is outside the vocabulary [0, 64)")));
   bad[static_cast<std::size_t>(kTokens + 3)] = -1;
   EXPECT_THAT([&] { step.run(ids(2), bad); },
               ThrowsMessage<IndexError>(HasSubstr("target id -1 of sequence 1 at position 3")));
-  EXPECT_THAT([&] { step.run(std::vector<std::int32_t>(5, 0), ids(2)); },
-              ThrowsMessage<ShapeError>(HasSubstr("5 inputs and 32 targets for 4 sequences of 8 tokens")));
+  EXPECT_THAT(
+      [&] { step.run(std::vector<std::int32_t>(5, 0), ids(2)); },
+      ThrowsMessage<ShapeError>(HasSubstr("5 inputs and 32 targets for 4 sequences of 8 tokens")));
 }
 
 }  // namespace

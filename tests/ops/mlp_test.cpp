@@ -28,15 +28,19 @@ using testing::MeshCase;
 using testing::matrix;
 using testing::random_host;
 
-
 class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
  protected:
   runtime::DeviceMesh mesh() const { return make_mesh(GetParam()); }
 };
 
 // The sharded result against the dense reference (testing::matches_reference).
-::testing::AssertionResult matches(const runtime::HostTensor& got, const RowMatrix& want, double bound) {
-  return testing::matches_reference(got, runtime::HostTensor{.shape = got.shape, .data = std::vector<float>(want.data(), want.data() + want.size())}, bound);
+::testing::AssertionResult matches(const runtime::HostTensor& got, const RowMatrix& want,
+                                   double bound) {
+  return testing::matches_reference(
+      got,
+      runtime::HostTensor{.shape = got.shape,
+                          .data = std::vector<float>(want.data(), want.data() + want.size())},
+      bound);
 }
 
 TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
@@ -51,10 +55,10 @@ TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
       if (kind == MlpKind::kSwiGLU) w.gate = random_host({h, f}, 3, 0.3f);
       const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
       ShardedMlp mlp(m, kind, w, t);
-      const RowMatrix want = kind == MlpKind::kGelu
-                                 ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down))
-                                 : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up),
-                                                        matrix(w.down));
+      const RowMatrix want =
+          kind == MlpKind::kGelu
+              ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down))
+              : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
       const runtime::HostTensor y = mlp.forward(x);
       // The sharded sums run in another order (F split over tp, then the all-reduce): the
       // bound grows with the reduction length, max(1e-5, 2 * F * epsilon).
@@ -96,7 +100,8 @@ TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
   w.up = random_host({h, f}, 1, 0.3f);
   w.down = random_host({f, h}, 2, 0.3f);
   const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
-  const RowMatrix want = mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
+  const RowMatrix want =
+      mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
   const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
   using Kind = sharding::ReshardStep::Kind;
   auto kinds = [](const ShardedMlp& mlp) {
@@ -148,7 +153,8 @@ TEST_P(ShardedMlpTest, BiasesEqualTheDenseReference) {
             std::pair{"fsdp weights", MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}}}}) {
         ShardedMlp mlp(m, kind, w, t, axes);
         EXPECT_TRUE(matches(mlp.forward(x), want, bound))
-            << to_string(kind) << " T=" << t << " F=" << f << " " << label << ", up spec " << mlp.up_spec().repr();
+            << to_string(kind) << " T=" << t << " F=" << f << " " << label << ", up spec "
+            << mlp.up_spec().repr();
       }
       // Without the biases the MLP is another one: the check sees them.
       MlpWeights plain = w;
@@ -174,8 +180,10 @@ TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
   MlpWeights w;
   w.up = random_host({16, 32}, 1, 0.3f);
   w.down = random_host({31, 16}, 2, 0.3f);
-  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 8); },
-              ThrowsMessage<ShapeError>(HasSubstr("mlp (gelu): up [16, 32] and down [31, 16] do not chain (expected down [32, 16])")));
+  EXPECT_THAT(
+      [&] { ShardedMlp(m, MlpKind::kGelu, w, 8); },
+      ThrowsMessage<ShapeError>(HasSubstr(
+          "mlp (gelu): up [16, 32] and down [31, 16] do not chain (expected down [32, 16])")));
   w.down = random_host({32, 16}, 2, 0.3f);
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, w, 8); },
               ThrowsMessage<ShapeError>(HasSubstr("mlp (swiglu): gate [] and up [16, 32] differ")));
@@ -186,20 +194,27 @@ TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
   biased.gate = random_host({16, 32}, 3, 0.3f);
   biased.up_bias = random_host({31}, 4, 0.5f);
   const auto up_bias_message = "mlp (swiglu): up_bias [31] must be [32] (intermediate) or empty";
-  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, biased, 8); }, ThrowsMessage<ShapeError>(up_bias_message));
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kSwiGLU, biased, 8); },
+              ThrowsMessage<ShapeError>(up_bias_message));
   EXPECT_THAT([&] { (void)mlp_reference(RowMatrix::Zero(8, 16), MlpKind::kSwiGLU, biased); },
               ThrowsMessage<ShapeError>(up_bias_message));
   biased.up_bias = {};
   biased.down_bias = random_host({32}, 4, 0.5f);
-  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
-              ThrowsMessage<ShapeError>("mlp (gelu): down_bias [32] must be [16] (hidden) or empty"));
+  EXPECT_THAT(
+      [&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
+      ThrowsMessage<ShapeError>("mlp (gelu): down_bias [32] must be [16] (hidden) or empty"));
   biased.down_bias = {};
   biased.gate_bias = random_host({32}, 4, 0.5f);
-  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
-              ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a GELU MLP has no gate"));
+  EXPECT_THAT(
+      [&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
+      ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a GELU MLP has no gate"));
   ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
-  EXPECT_THAT([&] { mlp.forward(random_host({4, 16}, 5, 1.0f)); },
-              ThrowsMessage<ShapeError>(HasSubstr("mlp: input is [4, 16] but the MLP was compiled for [8, 16]")));
+  EXPECT_THAT(
+      [&] {
+        mlp.forward(random_host({4, 16}, 5, 1.0f));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("mlp: input is [4, 16] but the MLP was compiled for [8, 16]")));
 }
 
 }  // namespace

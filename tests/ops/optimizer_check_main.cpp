@@ -9,12 +9,11 @@
 //                                      and learning rates
 //   optimizer_check_main DIR
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,10 +56,12 @@ int main(int argc, char** argv) try {
   const std::filesystem::path dir = argv[1];
   std::filesystem::create_directories(dir);
   constexpr int kSteps = 12;
-  const AdamWOptions options{.lr = 0.05, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const AdamWOptions options{
+      .lr = 0.05, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const double max_norm = 1.0;
   // A matrix split over tp, a vector replicated; gradients large enough that the clip acts.
-  const std::vector<rt::HostTensor> initial{random_tensor({8, 6}, 1, 1.0f), random_tensor({5}, 2, 1.0f)};
+  const std::vector<rt::HostTensor> initial{random_tensor({8, 6}, 1, 1.0f),
+                                            random_tensor({5}, 2, 1.0f)};
   for (std::size_t i = 0; i < initial.size(); ++i) {
     numesh::models::save_npy(dir / ("param" + std::to_string(i) + ".npy"), initial[i]);
   }
@@ -68,11 +69,13 @@ int main(int argc, char** argv) try {
   for (int k = 0; k < kSteps; ++k) {
     // Shrinking gradients: the first steps are clipped, the last ones not.
     const float scale = 2.0f / static_cast<float>(k + 1);
-    grads[static_cast<std::size_t>(k)] = {random_tensor({8, 6}, 100 + static_cast<std::uint32_t>(k), scale),
-                                          random_tensor({5}, 200 + static_cast<std::uint32_t>(k), scale)};
+    grads[static_cast<std::size_t>(k)] = {
+        random_tensor({8, 6}, 100 + static_cast<std::uint32_t>(k), scale),
+        random_tensor({5}, 200 + static_cast<std::uint32_t>(k), scale)};
     for (std::size_t i = 0; i < 2; ++i) {
-      numesh::models::save_npy(dir / ("grad" + std::to_string(k) + "_" + std::to_string(i) + ".npy"),
-                            grads[static_cast<std::size_t>(k)][i]);
+      numesh::models::save_npy(
+          dir / ("grad" + std::to_string(k) + "_" + std::to_string(i) + ".npy"),
+          grads[static_cast<std::size_t>(k)][i]);
     }
   }
   nlohmann::json runs = nlohmann::json::array();
@@ -82,15 +85,19 @@ int main(int argc, char** argv) try {
       {"tp1", {1}, {"tp"}}, {"tp2", {2}, {"tp"}}, {"dp2xtp2", {2, 2}, {"dp", "tp"}}};
   for (const std::int64_t warmup : {3, 0}) {
     for (const MeshChoice& m : meshes) {
-      const LearningRateSchedule schedule{.lr = options.lr, .warmup = warmup, .total = kSteps,
+      const LearningRateSchedule schedule{.lr = options.lr,
+                                          .warmup = warmup,
+                                          .total = kSteps,
                                           .kind = LearningRateSchedule::Kind::kCosine};
       const std::string run = m.label + "_w" + std::to_string(warmup);
       std::int64_t devices = 1;
       for (std::int64_t d : m.dims) devices *= d;
       const rt::DeviceMesh mesh = rt::DeviceMesh::create(
-          rt::DeviceSet::create(rt::Topology::from_synthetic("numa:" + std::to_string(devices) + " core:1 pu:1")),
+          rt::DeviceSet::create(
+              rt::Topology::from_synthetic("numa:" + std::to_string(devices) + " core:1 pu:1")),
           m.dims, m.names);
-      const std::vector<PartitionSpec> specs{PartitionSpec({AxisRule("tp"), AxisRule()}), PartitionSpec({AxisRule()})};
+      const std::vector<PartitionSpec> specs{PartitionSpec({AxisRule("tp"), AxisRule()}),
+                                             PartitionSpec({AxisRule()})};
       std::vector<std::unique_ptr<rt::ShardedTensor>> params;
       std::vector<rt::ShardedTensor*> raw;
       for (std::size_t i = 0; i < 2; ++i) {
@@ -115,9 +122,11 @@ int main(int argc, char** argv) try {
         adam.step(const_grads, lr);
       }
       for (std::size_t i = 0; i < 2; ++i) {
-        numesh::models::save_npy(dir / (run + "_param" + std::to_string(i) + ".npy"), rt::gather(*params[i]));
+        numesh::models::save_npy(dir / (run + "_param" + std::to_string(i) + ".npy"),
+                                 rt::gather(*params[i]));
       }
-      runs.push_back({{"run", run}, {"mesh", m.label}, {"warmup", warmup}, {"norms", norms}, {"lrs", lrs}});
+      runs.push_back(
+          {{"run", run}, {"mesh", m.label}, {"warmup", warmup}, {"norms", norms}, {"lrs", lrs}});
     }
   }
   std::ofstream(dir / "results.json") << nlohmann::json{{"steps", kSteps},

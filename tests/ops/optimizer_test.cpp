@@ -19,13 +19,14 @@ namespace numesh::ops {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::make_mesh;
 using testing::MeshCase;
 using testing::random_host;
+using ::testing::ThrowsMessage;
 
 // `host` laid out by `spec` on `mesh`.
-std::unique_ptr<runtime::ShardedTensor> laid(const runtime::DeviceMesh& mesh, const runtime::HostTensor& host,
+std::unique_ptr<runtime::ShardedTensor> laid(const runtime::DeviceMesh& mesh,
+                                             const runtime::HostTensor& host,
                                              const sharding::PartitionSpec& spec) {
   auto t = std::make_unique<runtime::ShardedTensor>(mesh, host.shape, spec);
   runtime::scatter(host, *t);
@@ -59,11 +60,13 @@ TEST(OptimizerTest, TwoAdamWStepsAreTorchsFormula) {
       const double ge = g.data[e];
       m[e] = o.beta1 * m[e] + (1.0 - o.beta1) * ge;
       v[e] = o.beta2 * v[e] + (1.0 - o.beta2) * ge * ge;
-      want[e] = want[e] * (1.0 - o.lr * o.weight_decay) - o.lr / c1 * m[e] / (std::sqrt(v[e]) / std::sqrt(c2) + o.eps);
+      want[e] = want[e] * (1.0 - o.lr * o.weight_decay) -
+                o.lr / c1 * m[e] / (std::sqrt(v[e]) / std::sqrt(c2) + o.eps);
     }
     const runtime::HostTensor got = runtime::gather(*pt);
     // fp32 moments and update: a few ulps of |p| <= 2 (a missing bias correction is off by ~2).
-    for (std::size_t e = 0; e < 2; ++e) EXPECT_NEAR(got.data[e], want[e], 3e-6) << "step " << t << ", element " << e;
+    for (std::size_t e = 0; e < 2; ++e)
+      EXPECT_NEAR(got.data[e], want[e], 3e-6) << "step " << t << ", element " << e;
     EXPECT_EQ(adam.steps(), static_cast<std::int64_t>(t));
   }
 }
@@ -72,14 +75,15 @@ TEST(OptimizerTest, EveryLayoutGivesTheSameParametersNormsAndMoments) {
   const runtime::HostTensor p0 = random_host({8, 6}, 1, 1.0f), p1 = random_host({5}, 2, 1.0f);
   std::vector<runtime::HostTensor> results;
   std::vector<double> norms;
-  for (const MeshCase& c : {MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}}}) {
+  for (const MeshCase& c :
+       {MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}}}) {
     const auto mesh = make_mesh(c);
     // The matrix split over tp (replicated over dp), the vector replicated everywhere.
     auto a = laid(mesh, p0, sharding::PartitionSpec({sharding::AxisRule("tp"), {}}));
     auto b = laid(mesh, p1, sharding::PartitionSpec({{}}));
     AdamW adam({a.get(), b.get()}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
-    const LearningRateSchedule schedule{.lr = 0.01, .warmup = 2, .total = 6,
-                                        .kind = LearningRateSchedule::Kind::kCosine};
+    const LearningRateSchedule schedule{
+        .lr = 0.01, .warmup = 2, .total = 6, .kind = LearningRateSchedule::Kind::kCosine};
     for (std::uint32_t step = 0; step < 6; ++step) {
       auto ga = laid(mesh, random_host({8, 6}, 10 + step, 3.0f), a->spec());
       auto gb = laid(mesh, random_host({5}, 20 + step, 3.0f), b->spec());
@@ -92,8 +96,10 @@ TEST(OptimizerTest, EveryLayoutGivesTheSameParametersNormsAndMoments) {
     results.push_back(runtime::gather(*b));
     results.push_back(runtime::gather(adam.exp_avg_sq(0)));
   }
-  for (std::size_t r = 3; r < results.size(); ++r) EXPECT_EQ(results[r], results[r % 3]) << "layout " << r / 3;
-  for (std::size_t k = 6; k < norms.size(); ++k) EXPECT_DOUBLE_EQ(norms[k], norms[k % 6]) << "norms counted once";
+  for (std::size_t r = 3; r < results.size(); ++r)
+    EXPECT_EQ(results[r], results[r % 3]) << "layout " << r / 3;
+  for (std::size_t k = 6; k < norms.size(); ++k)
+    EXPECT_DOUBLE_EQ(norms[k], norms[k % 6]) << "norms counted once";
 }
 
 // The trainer's fused clip: grad_norm, then AdamW reading each gradient scaled by the clip
@@ -101,7 +107,8 @@ TEST(OptimizerTest, EveryLayoutGivesTheSameParametersNormsAndMoments) {
 // leaves the gradients as they were.
 TEST(OptimizerTest, TheClipFusedIntoTheUpdateIsTheClipThenTheUpdate) {
   const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
-  const runtime::HostTensor p0 = random_host({300, 7}, 3, 1.0f), g0 = random_host({300, 7}, 4, 5.0f);
+  const runtime::HostTensor p0 = random_host({300, 7}, 3, 1.0f),
+                            g0 = random_host({300, 7}, 4, 5.0f);
   const sharding::PartitionSpec spec({sharding::AxisRule("tp"), {}});
   auto fused_p = laid(mesh, p0, spec), plain_p = laid(mesh, p0, spec);
   auto fused_g = laid(mesh, g0, spec), plain_g = laid(mesh, g0, spec);
@@ -124,7 +131,8 @@ TEST(OptimizerTest, TheClipFusedIntoTheUpdateIsTheClipThenTheUpdate) {
   EXPECT_EQ(runtime::gather(*fused_g), g0) << "the fused update reads the gradients only";
   const runtime::ShardedTensor* fg[] = {fused_g.get()};
   EXPECT_THAT([&] { fused.step(fg, 0.01, -1.0); },
-              ThrowsMessage<ValueError>(HasSubstr("the gradients' scale -1 must be finite and not negative")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("the gradients' scale -1 must be finite and not negative")));
   EXPECT_THAT([&] { clip_coefficient(2.0, 0.0); },
               ThrowsMessage<ValueError>(HasSubstr("max_norm 0 must be positive")));
 }
@@ -149,7 +157,8 @@ TEST(OptimizerTest, SchedulesWarmUpThenHoldOrDecay) {
   EXPECT_DOUBLE_EQ(constant.at(2), 0.5);
   EXPECT_DOUBLE_EQ(constant.at(4), 1.0);
   EXPECT_DOUBLE_EQ(constant.at(100), 1.0);
-  const LearningRateSchedule cosine{.lr = 2.0, .warmup = 2, .total = 6, .kind = LearningRateSchedule::Kind::kCosine};
+  const LearningRateSchedule cosine{
+      .lr = 2.0, .warmup = 2, .total = 6, .kind = LearningRateSchedule::Kind::kCosine};
   EXPECT_DOUBLE_EQ(cosine.at(1), 1.0);
   EXPECT_DOUBLE_EQ(cosine.at(2), 2.0);
   EXPECT_NEAR(cosine.at(4), 1.0, 1e-12) << "half way down";
@@ -159,25 +168,29 @@ TEST(OptimizerTest, SchedulesWarmUpThenHoldOrDecay) {
 
 TEST(OptimizerTest, BadArgumentsAreNamed) {
   const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
-  auto p = laid(mesh, random_host({4, 2}, 1, 1.0f), sharding::PartitionSpec({sharding::AxisRule("tp"), {}}));
+  auto p = laid(mesh, random_host({4, 2}, 1, 1.0f),
+                sharding::PartitionSpec({sharding::AxisRule("tp"), {}}));
   EXPECT_THAT([&] { AdamW({p.get()}, AdamWOptions{.beta1 = 1.0}); },
               ThrowsMessage<ValueError>("adamw: invalid beta parameter at index 0: 1"));
   EXPECT_THAT([&] { AdamW({p.get()}, AdamWOptions{.lr = -1.0}); },
               ThrowsMessage<ValueError>("adamw: invalid learning rate -1"));
-  EXPECT_THAT([&] { AdamW({nullptr}, AdamWOptions{}); }, ThrowsMessage<ValueError>("adamw: parameter 0 is null"));
+  EXPECT_THAT([&] { AdamW({nullptr}, AdamWOptions{}); },
+              ThrowsMessage<ValueError>("adamw: parameter 0 is null"));
   AdamW adam({p.get()}, AdamWOptions{});
   auto replicated = laid(mesh, random_host({4, 2}, 2, 1.0f), sharding::PartitionSpec({{}, {}}));
   const runtime::ShardedTensor* wrong[] = {replicated.get()};
   EXPECT_THAT([&] { adam.step(wrong); },
-              ThrowsMessage<ShapeError>(HasSubstr("adamw: gradient 0 is f32 [4, 2] P(None, None) but its parameter is f32 "
-                                                  "[4, 2] P('tp', None)")));
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "adamw: gradient 0 is f32 [4, 2] P(None, None) but its parameter is f32 "
+                  "[4, 2] P('tp', None)")));
   EXPECT_THAT([&] { adam.step(std::span<const runtime::ShardedTensor* const>{}); },
               ThrowsMessage<ShapeError>("adamw: 0 gradients for 1 parameters"));
   runtime::ShardedTensor* grads[] = {p.get()};
   EXPECT_THAT([&] { clip_grad_norm(grads, 0.0); },
               ThrowsMessage<ValueError>("clip_grad_norm: max_norm 0 must be positive"));
   const LearningRateSchedule bad{.lr = 1.0, .warmup = -1};
-  EXPECT_THAT([&] { bad.validate(); }, ThrowsMessage<ValueError>(HasSubstr("warmup -1 must not be negative")));
+  EXPECT_THAT([&] { bad.validate(); },
+              ThrowsMessage<ValueError>(HasSubstr("warmup -1 must not be negative")));
   EXPECT_EQ(adam.steps(), 0) << "refused steps count nothing";
 }
 

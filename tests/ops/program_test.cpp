@@ -13,10 +13,10 @@
 namespace numesh::ops {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::devices;
+using ::testing::HasSubstr;
 using testing::random_host;
+using ::testing::ThrowsMessage;
 
 // A program that all-reduces its input over tp: x [4, 6] placed Partial(sum) over tp (each
 // device holds a full-size summand, here the same x), y = 2x replicated.
@@ -24,9 +24,10 @@ Program sum_program(const runtime::DeviceMesh& mesh) {
   ProgramBuilder pb(mesh, "sum");
   runtime::Frontier loaded;
   runtime::ShardedTensor& x = pb.input("x", {4, 6}, sharding::PartitionSpec::replicated(2), loaded);
-  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, {4, 6}, sharding::PartitionSpec::replicated(2));
-  const runtime::Frontier done =
-      pb.reshard(x, {sharding::Placement::partial()}, y, {sharding::Placement::replicate()}, loaded, "sum.out");
+  runtime::ShardedTensor& y =
+      pb.tensor("y", TensorRole::kOutput, {4, 6}, sharding::PartitionSpec::replicated(2));
+  const runtime::Frontier done = pb.reshard(x, {sharding::Placement::partial()}, y,
+                                            {sharding::Placement::replicate()}, loaded, "sum.out");
   pb.output("y", y, done);
   return std::move(pb).compile();
 }
@@ -64,12 +65,20 @@ TEST(ProgramTest, ThePlanCountsTensorsCollectivesAndMemory) {
 TEST(ProgramTest, BadBindingsAreRefusedNamingThem) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
   Program p = sum_program(mesh);
-  EXPECT_THAT([&] { p.run(); }, ThrowsMessage<ValueError>(HasSubstr("program sum: input 'x' was never set")));
-  EXPECT_THAT([&] { p.set_input("z", random_host({4, 6}, 1, 1.0f)); },
-              ThrowsMessage<KeyError>(HasSubstr("program sum has no input 'z'")));
-  EXPECT_THAT([&] { p.set_input("x", random_host({4, 5}, 1, 1.0f)); },
-              ThrowsMessage<ShapeError>(HasSubstr("input 'x' is [4, 6], got [4, 5]")));
-  EXPECT_THAT([&] { (void)p.output("x"); }, ThrowsMessage<KeyError>(HasSubstr("program sum has no output 'x'")));
+  EXPECT_THAT([&] { p.run(); },
+              ThrowsMessage<ValueError>(HasSubstr("program sum: input 'x' was never set")));
+  EXPECT_THAT(
+      [&] {
+        p.set_input("z", random_host({4, 6}, 1, 1.0f));
+      },
+      ThrowsMessage<KeyError>(HasSubstr("program sum has no input 'z'")));
+  EXPECT_THAT(
+      [&] {
+        p.set_input("x", random_host({4, 5}, 1, 1.0f));
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("input 'x' is [4, 6], got [4, 5]")));
+  EXPECT_THAT([&] { (void)p.output("x"); },
+              ThrowsMessage<KeyError>(HasSubstr("program sum has no output 'x'")));
   ProgramBuilder pb(mesh, "twice");
   runtime::Frontier loaded;
   pb.input("x", {2}, sharding::PartitionSpec::replicated(1), loaded);
@@ -81,33 +90,40 @@ TEST(ProgramTest, BadBindingsAreRefusedNamingThem) {
 // operator emits, and each all-reduce algorithm pinned through them gives the dense result.
 TEST(ProgramTest, CollectivesAreInjectableCountableAndTheirAlgorithmPinned) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  MlpWeights w{.gate = {}, .up = random_host({16, 32}, 1, 0.3f), .down = random_host({32, 16}, 2, 0.3f)};
+  MlpWeights w{
+      .gate = {}, .up = random_host({16, 32}, 1, 0.3f), .down = random_host({32, 16}, 2, 0.3f)};
   const MlpLayer layer = MlpLayer::create(mesh, MlpKind::kGelu, w);
   const runtime::HostTensor x = random_host({8, 16}, 3, 1.0f);
-  const RowMatrix want = mlp_gelu_reference(Eigen::Map<const RowMatrix>(x.data.data(), 8, 16),
-                                            Eigen::Map<const RowMatrix>(w.up.data.data(), 16, 32),
-                                            Eigen::Map<const RowMatrix>(w.down.data.data(), 32, 16));
-  for (runtime::AllReduceAlgorithm algorithm : {runtime::AllReduceAlgorithm::kDirect,
-                                               runtime::AllReduceAlgorithm::kReduceScatterAllGather}) {
+  const RowMatrix want =
+      mlp_gelu_reference(Eigen::Map<const RowMatrix>(x.data.data(), 8, 16),
+                         Eigen::Map<const RowMatrix>(w.up.data.data(), 16, 32),
+                         Eigen::Map<const RowMatrix>(w.down.data.data(), 32, 16));
+  for (runtime::AllReduceAlgorithm algorithm :
+       {runtime::AllReduceAlgorithm::kDirect,
+        runtime::AllReduceAlgorithm::kReduceScatterAllGather}) {
     CollectiveOps ops = CollectiveOps::runtime_collectives(algorithm);
     int all_reduces = 0, others = 0;
     std::vector<std::string> axes_seen;
-    ops.all_reduce = [&, inner = ops.all_reduce](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+    ops.all_reduce = [&, inner = ops.all_reduce](runtime::GraphBuilder& b,
+                                                 runtime::ShardedTensor& in,
                                                  runtime::ShardedTensor& out, runtime::ReduceOp op,
                                                  const runtime::CollectiveArgs& args) {
       ++all_reduces;
       axes_seen.insert(axes_seen.end(), args.axes.begin(), args.axes.end());
       return inner(b, in, out, op, args);
     };
-    ops.redistribute = [&, inner = ops.redistribute](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
-                                                     runtime::ShardedTensor& out, const runtime::CollectiveArgs& args) {
+    ops.redistribute = [&, inner = ops.redistribute](
+                           runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                           runtime::ShardedTensor& out, const runtime::CollectiveArgs& args) {
       ++others;
       return inner(b, in, out, args);
     };
     ProgramBuilder pb(mesh, "mlp", ops);
     runtime::Frontier loaded;
-    runtime::ShardedTensor& xs = pb.input("x", {8, 16}, sharding::PartitionSpec::replicated(2), loaded);
-    runtime::ShardedTensor& ys = pb.tensor("y", TensorRole::kOutput, {8, 16}, sharding::PartitionSpec::replicated(2));
+    runtime::ShardedTensor& xs =
+        pb.input("x", {8, 16}, sharding::PartitionSpec::replicated(2), loaded);
+    runtime::ShardedTensor& ys =
+        pb.tensor("y", TensorRole::kOutput, {8, 16}, sharding::PartitionSpec::replicated(2));
     pb.output("y", ys, emit_mlp(pb, layer, xs, loaded, ys, "mlp"));
     Program program = std::move(pb).compile();
     EXPECT_EQ(all_reduces, 1) << "one all-reduce of the down projection's partial sums";
@@ -115,13 +131,16 @@ TEST(ProgramTest, CollectivesAreInjectableCountableAndTheirAlgorithmPinned) {
     EXPECT_EQ(others, 0);
     const runtime::HostTensor& y = program.run("x", x, "y");
     EXPECT_TRUE(testing::matches_reference(
-        y, runtime::HostTensor{.shape = {8, 16}, .data = std::vector<float>(want.data(), want.data() + want.size())},
+        y,
+        runtime::HostTensor{.shape = {8, 16},
+                            .data = std::vector<float>(want.data(), want.data() + want.size())},
         1e-5));
   }
   CollectiveOps broken = CollectiveOps::runtime_collectives();
   broken.reduce_scatter = nullptr;
   EXPECT_THAT([&] { ProgramBuilder(mesh, "p", broken); },
-              ThrowsMessage<ValueError>(HasSubstr("program p: the CollectiveOps leave a collective unset")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("program p: the CollectiveOps leave a collective unset")));
 }
 
 TEST(ProgramTest, HelpersRefuseWhatTheyCannotDo) {
@@ -129,11 +148,19 @@ TEST(ProgramTest, HelpersRefuseWhatTheyCannotDo) {
   ProgramBuilder pb(mesh, "p");
   EXPECT_THAT([&] { pb.use("w", TensorRole::kWeight, nullptr); },
               ThrowsMessage<ValueError>(HasSubstr("program p: tensor 'w' is null")));
-  EXPECT_THAT([&] { (void)compare(random_host({2, 3}, 1, 1.0f), random_host({3, 2}, 1, 1.0f)); },
-              ThrowsMessage<ShapeError>(HasSubstr("compare: the output is [2, 3] and the reference [3, 2]")));
-  EXPECT_THAT([&] { (void)slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 3, 3); },
-              ThrowsMessage<ShapeError>(HasSubstr("tokens [3, 6) of [2, 5, 4]")));
-  EXPECT_EQ(slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 1, 2).shape, (std::vector<std::int64_t>{2, 2, 4}));
+  EXPECT_THAT(
+      [&] {
+        (void)compare(random_host({2, 3}, 1, 1.0f), random_host({3, 2}, 1, 1.0f));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("compare: the output is [2, 3] and the reference [3, 2]")));
+  EXPECT_THAT(
+      [&] {
+        (void)slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 3, 3);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("tokens [3, 6) of [2, 5, 4]")));
+  EXPECT_EQ(slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 1, 2).shape,
+            (std::vector<std::int64_t>{2, 2, 4}));
 }
 
 }  // namespace

@@ -8,10 +8,10 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/compare.hpp"
-#include "numesh/ops/reference/mlp.hpp"
-#include "numesh/ops/reference/norms.hpp"
 #include "numesh/ops/reference/attention.hpp"
+#include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/moe.hpp"
+#include "numesh/ops/reference/norms.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
@@ -24,7 +24,8 @@ RowMatrix pattern(Eigen::Index rows, Eigen::Index cols, float phase, float scale
   RowMatrix m(rows, cols);
   for (Eigen::Index i = 0; i < rows; ++i) {
     for (Eigen::Index j = 0; j < cols; ++j) {
-      m(i, j) = scale * std::sin(phase + 0.37f * static_cast<float>(i) + 0.11f * static_cast<float>(j));
+      m(i, j) =
+          scale * std::sin(phase + 0.37f * static_cast<float>(i) + 0.11f * static_cast<float>(j));
     }
   }
   return m;
@@ -49,7 +50,8 @@ TEST(ReferenceTest, GeluAndSiluMatchTheirClosedForms) {
 }
 
 TEST(ReferenceTest, MlpGeluMatchesADoublePrecisionComputation) {
-  const RowMatrix x = pattern(6, 16, 0.1f), w1 = pattern(16, 40, 0.5f, 0.3f), w2 = pattern(40, 16, 0.9f, 0.3f);
+  const RowMatrix x = pattern(6, 16, 0.1f), w1 = pattern(16, 40, 0.5f, 0.3f),
+                  w2 = pattern(40, 16, 0.9f, 0.3f);
   const RowMatrix y = mlp_gelu_reference(x, w1, w2);
   Eigen::MatrixXd h = dmatmul(x.cast<double>(), w1.cast<double>());
   h = h.unaryExpr([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
@@ -95,7 +97,8 @@ runtime::HostTensor random_tensor(std::vector<std::int64_t> shape, unsigned seed
   return t;
 }
 
-AttentionConfig config(std::int64_t hq, std::int64_t hkv, std::int64_t d, std::int64_t q_offset = 0) {
+AttentionConfig config(std::int64_t hq, std::int64_t hkv, std::int64_t d,
+                       std::int64_t q_offset = 0) {
   AttentionConfig c;
   c.num_heads = hq;
   c.num_kv_heads = hkv;
@@ -120,12 +123,15 @@ TEST(AttentionReferenceTest, GqaEqualsMhaWithRepeatedKvHeads) {
   for (std::int64_t bt = 0; bt < 10; ++bt) {
     for (std::int64_t h = 0; h < 4; ++h) {
       for (std::int64_t i = 0; i < 6; ++i) {
-        k4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] = k.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
-        v4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] = v.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
+        k4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] =
+            k.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
+        v4.data[static_cast<std::size_t>((bt * 4 + h) * 6 + i)] =
+            v.data[static_cast<std::size_t>((bt * 2 + h / 2) * 6 + i)];
       }
     }
   }
-  EXPECT_EQ(attention_reference(q, k, v, config(4, 2, 6)), attention_reference(q, k4, v4, config(4, 4, 6)));
+  EXPECT_EQ(attention_reference(q, k, v, config(4, 2, 6)),
+            attention_reference(q, k4, v4, config(4, 4, 6)));
 }
 
 TEST(AttentionReferenceTest, DecodingTheLastTokenEqualsTheLastRowOfPrefill) {
@@ -146,9 +152,12 @@ TEST(AttentionReferenceTest, BadShapesAreRejectedNamingThem) {
   EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 3, 8)); },
               ThrowsMessage<ShapeError>(HasSubstr("num_kv_heads 3 must divide num_heads 4")));
   EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 4, 8)); },
-              ThrowsMessage<ShapeError>(HasSubstr("attention: q [1, 4, 4, 8], k [1, 4, 2, 8], v [1, 4, 2, 8] do not fit num_heads 4, num_kv_heads 4, head_dim 8")));
-  EXPECT_THAT([&] { attention_reference(q, k, k, config(4, 2, 8, 3)); },
-              ThrowsMessage<ShapeError>(HasSubstr("4 keys cannot cover causal queries at positions 3..6")));
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("attention: q [1, 4, 4, 8], k [1, 4, 2, 8], v [1, 4, 2, 8] do not fit "
+                            "num_heads 4, num_kv_heads 4, head_dim 8")));
+  EXPECT_THAT(
+      [&] { attention_reference(q, k, k, config(4, 2, 8, 3)); },
+      ThrowsMessage<ShapeError>(HasSubstr("4 keys cannot cover causal queries at positions 3..6")));
   auto odd = random_tensor({1, 2, 1, 3}, 3);
   EXPECT_THAT([&] { apply_rope_reference(odd, 0, 10000.0f); },
               ThrowsMessage<ShapeError>(HasSubstr("rope: head_dim 3 is odd")));
@@ -172,7 +181,8 @@ TEST(MoeReferenceTest, AllExpertsWithRenormalisationIsTheProbabilityWeightedSum)
   const RowMatrix x = pattern(t, h, 0.4f);
   const MoeWeights w = moe_weights(h, f, e);
   MoeStats stats;
-  const RowMatrix y = moe_reference(x, w, {.num_experts = e, .top_k = e, .capacity_factor = 0.0f, .renormalize = true}, &stats);
+  const RowMatrix y = moe_reference(
+      x, w, {.num_experts = e, .top_k = e, .capacity_factor = 0.0f, .renormalize = true}, &stats);
   const RowMatrix router = Eigen::Map<const RowMatrix>(w.router.data.data(), h, e);
   RowMatrix want = RowMatrix::Zero(t, h);
   for (std::int64_t ti = 0; ti < t; ++ti) {
@@ -199,8 +209,11 @@ TEST(MoeReferenceTest, CapacityDropsAssignmentsAndCountsThem) {
   const RowMatrix x = pattern(t, h, 1.1f, 2.0f);
   const MoeWeights w = moe_weights(h, f, e);
   MoeStats dropless, capped;
-  const RowMatrix y0 = moe_reference(x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = true}, &dropless);
-  const RowMatrix y1 = moe_reference(x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.5f, .renormalize = true}, &capped);
+  const RowMatrix y0 = moe_reference(
+      x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.0f, .renormalize = true},
+      &dropless);
+  const RowMatrix y1 = moe_reference(
+      x, w, {.num_experts = e, .top_k = 2, .capacity_factor = 0.5f, .renormalize = true}, &capped);
   std::int64_t kept0 = 0, kept1 = 0;
   for (auto n : dropless.tokens_per_expert) kept0 += n;
   for (auto n : capped.tokens_per_expert) {
@@ -212,8 +225,9 @@ TEST(MoeReferenceTest, CapacityDropsAssignmentsAndCountsThem) {
   EXPECT_EQ(capped.capacity, 4);
   EXPECT_EQ(kept1 + capped.dropped, 32);
   EXPECT_GT(capped.dropped, 0) << "16 tokens x 2 choices cannot fit 4 experts x 4 slots";
-  const Comparison dropped_vs_not = compare(std::span<const float>(y1.data(), static_cast<std::size_t>(y1.size())),
-                                            std::span<const float>(y0.data(), static_cast<std::size_t>(y0.size())));
+  const Comparison dropped_vs_not =
+      compare(std::span<const float>(y1.data(), static_cast<std::size_t>(y1.size())),
+              std::span<const float>(y0.data(), static_cast<std::size_t>(y0.size())));
   EXPECT_TRUE(dropped_vs_not.is_finite_reference() && dropped_vs_not.nonfinite_mismatches == 0);
   EXPECT_GT(dropped_vs_not.max_abs_error, 0.0) << "dropping changes some outputs";
 }
@@ -221,26 +235,45 @@ TEST(MoeReferenceTest, CapacityDropsAssignmentsAndCountsThem) {
 TEST(MoeReferenceTest, BadConfigsAreRejectedNamingThem) {
   const RowMatrix x = pattern(4, 6, 0.0f);
   const MoeWeights w = moe_weights(6, 8, 2);
-  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 2, .top_k = 3, .capacity_factor = 0.0f, .renormalize = true}); },
-              ThrowsMessage<ValueError>(HasSubstr("moe: top_k 3 must be between 1 and the 2 experts")));
-  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 2, .top_k = 1, .capacity_factor = -1.0f, .renormalize = true}); },
-              ThrowsMessage<ValueError>(HasSubstr("capacity_factor -1 is negative")));
-  EXPECT_THAT([&] { moe_reference(x, w, {.num_experts = 3, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true}); },
-              ThrowsMessage<ShapeError>(HasSubstr("moe: router is [6, 2], expected [6, 3] for x [4, 6] and 3 experts")));
+  EXPECT_THAT(
+      [&] {
+        moe_reference(x, w,
+                      {.num_experts = 2, .top_k = 3, .capacity_factor = 0.0f, .renormalize = true});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("moe: top_k 3 must be between 1 and the 2 experts")));
+  EXPECT_THAT(
+      [&] {
+        moe_reference(
+            x, w, {.num_experts = 2, .top_k = 1, .capacity_factor = -1.0f, .renormalize = true});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("capacity_factor -1 is negative")));
+  EXPECT_THAT(
+      [&] {
+        moe_reference(x, w,
+                      {.num_experts = 3, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true});
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("moe: router is [6, 2], expected [6, 3] for x [4, 6] and 3 experts")));
   MoeWeights bad = w;
   bad.down = random_tensor({2, 7, 6}, 1);
-  EXPECT_THAT([&] { moe_reference(x, bad, {.num_experts = 2, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true}); },
-              ThrowsMessage<ShapeError>(HasSubstr("do not fit 2 experts and hidden 6")));
+  EXPECT_THAT(
+      [&] {
+        moe_reference(x, bad,
+                      {.num_experts = 2, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("do not fit 2 experts and hidden 6")));
 }
 
 // The biases the MLP oracle adds (Llama's mlp_bias), against the computation written out in
 // double: silu(x wg + bg) .* (x wu + bu) wd + bd, and gelu(x w1 + b1) w2 + b2.
 TEST(ReferenceTest, MlpBiasesAreAddedToEachProjection) {
-  const RowMatrix x = pattern(5, 8, 0.2f), wg = pattern(8, 12, 0.4f, 0.3f), wu = pattern(8, 12, 0.7f, 0.3f),
-                  wd = pattern(12, 8, 1.1f, 0.3f);
-  const RowMatrix bg = pattern(1, 12, 1.3f, 0.5f), bu = pattern(1, 12, 1.7f, 0.5f), bd = pattern(1, 8, 2.3f, 0.5f);
+  const RowMatrix x = pattern(5, 8, 0.2f), wg = pattern(8, 12, 0.4f, 0.3f),
+                  wu = pattern(8, 12, 0.7f, 0.3f), wd = pattern(12, 8, 1.1f, 0.3f);
+  const RowMatrix bg = pattern(1, 12, 1.3f, 0.5f), bu = pattern(1, 12, 1.7f, 0.5f),
+                  bd = pattern(1, 8, 2.3f, 0.5f);
   const auto host = [](const RowMatrix& m, std::vector<std::int64_t> shape) {
-    return runtime::HostTensor{.shape = std::move(shape), .data = std::vector<float>(m.data(), m.data() + m.size())};
+    return runtime::HostTensor{.shape = std::move(shape),
+                               .data = std::vector<float>(m.data(), m.data() + m.size())};
   };
   MlpWeights w{.gate = host(wg, {8, 12}), .up = host(wu, {8, 12}), .down = host(wd, {12, 8})};
   w.gate_bias = host(bg, {12});
@@ -257,13 +290,15 @@ TEST(ReferenceTest, MlpBiasesAreAddedToEachProjection) {
   MlpWeights g = w;
   g.gate = {};
   g.gate_bias = {};
-  const Eigen::MatrixXd h = up.unaryExpr([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
-  EXPECT_TRUE(close(mlp_reference(x, MlpKind::kGelu, g), (h * wd.cast<double>()).rowwise() + bdd, 1e-5));
+  const Eigen::MatrixXd h =
+      up.unaryExpr([](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
+  EXPECT_TRUE(
+      close(mlp_reference(x, MlpKind::kGelu, g), (h * wd.cast<double>()).rowwise() + bdd, 1e-5));
   // Without biases it is mlp_swiglu_reference.
   MlpWeights plain = w;
   plain.gate_bias = plain.up_bias = plain.down_bias = {};
-  EXPECT_TRUE(
-      close(mlp_reference(x, MlpKind::kSwiGLU, plain), mlp_swiglu_reference(x, wg, wu, wd).cast<double>(), 1e-6));
+  EXPECT_TRUE(close(mlp_reference(x, MlpKind::kSwiGLU, plain),
+                    mlp_swiglu_reference(x, wg, wu, wd).cast<double>(), 1e-6));
 }
 
 // Qwen2-MoE's shared expert: the layer's output is the routed experts' plus
@@ -281,8 +316,8 @@ TEST(MoeReferenceTest, TheSharedExpertAddsItsGatedOutput) {
   const auto mat = [](const runtime::HostTensor& m) {
     return Eigen::Map<const RowMatrix>(m.data.data(), m.shape[0], m.shape[1]);
   };
-  const RowMatrix shared = mlp_swiglu_reference(x, mat(w.shared_expert.gate), mat(w.shared_expert.up),
-                                                mat(w.shared_expert.down));
+  const RowMatrix shared = mlp_swiglu_reference(x, mat(w.shared_expert.gate),
+                                                mat(w.shared_expert.up), mat(w.shared_expert.down));
   const Eigen::VectorXd logit = x.cast<double>() * mat(w.shared_expert_gate).cast<double>();
   Eigen::MatrixXd want = routed.cast<double>();
   for (std::int64_t ti = 0; ti < t; ++ti) {
@@ -293,12 +328,16 @@ TEST(MoeReferenceTest, TheSharedExpertAddsItsGatedOutput) {
 
 TEST(ReferenceTest, BadShapesAreRejectedNamingThem) {
   const RowMatrix x(4, 8), w1(8, 16), bad(9, 8), wd(16, 8);
-  EXPECT_THAT([&] { mlp_gelu_reference(x, w1, bad); },
-              ThrowsMessage<ShapeError>(HasSubstr("mlp_gelu: x [4, 8], up-projection [8, 16] and down-projection [9, 8] do not chain")));
+  EXPECT_THAT(
+      [&] { mlp_gelu_reference(x, w1, bad); },
+      ThrowsMessage<ShapeError>(HasSubstr(
+          "mlp_gelu: x [4, 8], up-projection [8, 16] and down-projection [9, 8] do not chain")));
   EXPECT_THAT([&] { mlp_swiglu_reference(x, w1, RowMatrix(8, 15), wd); },
-              ThrowsMessage<ShapeError>(HasSubstr("mlp_swiglu: gate [8, 16] and up [8, 15] projections differ in shape")));
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "mlp_swiglu: gate [8, 16] and up [8, 15] projections differ in shape")));
   EXPECT_THAT([&] { rmsnorm_reference(x, RowMatrix(1, 7)); },
-              ThrowsMessage<ShapeError>(HasSubstr("rmsnorm: weight is [1, 7], expected [1, 8] for x [4, 8]")));
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("rmsnorm: weight is [1, 7], expected [1, 8] for x [4, 8]")));
   EXPECT_THAT([&] { rmsnorm_reference(x, RowMatrix::Ones(1, 8), -1.0f); },
               ThrowsMessage<ValueError>(HasSubstr("rmsnorm: eps -1 is negative")));
 }

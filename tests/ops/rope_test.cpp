@@ -3,6 +3,8 @@
 // The formulas themselves are checked against Hugging Face's, written in PyTorch, by the
 // PyTorch check (torch_check.py: the attn_*_scaling and layer_*_llama3 cases).
 
+#include "numesh/ops/kernels/rope.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
-#include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/reference/attention.hpp"
 #include "numesh/ops/rope_scaling.hpp"
 #include "test_util.hpp"
@@ -96,12 +97,14 @@ TEST(RopeTest, InvalidScalingIsRejectedNamingTheField) {
   RopeScaling bands = llama3();
   bands.low_freq_factor = 4.0;
   EXPECT_THAT([&] { validate(bands); },
-              ThrowsMessage<ValueError>("rope scaling llama3: low_freq_factor 4 and high_freq_factor 4 must satisfy "
-                                        "0 < low < high"));
+              ThrowsMessage<ValueError>(
+                  "rope scaling llama3: low_freq_factor 4 and high_freq_factor 4 must satisfy "
+                  "0 < low < high"));
   RopeScaling context = llama3();
   context.original_max_position = 0;
-  EXPECT_THAT([&] { validate(context); },
-              ThrowsMessage<ValueError>("rope scaling llama3: original_max_position 0 must be positive"));
+  EXPECT_THAT(
+      [&] { validate(context); },
+      ThrowsMessage<ValueError>("rope scaling llama3: original_max_position 0 must be positive"));
   RopeScaling none;
   none.factor = -1.0;
   validate(none);  // none reads no field
@@ -111,8 +114,9 @@ TEST(RopeTest, InvalidScalingIsRejectedNamingTheField) {
               ThrowsMessage<ValueError>("rope scaling linear: factor -2 must be positive"));
   AttentionConfig config{.num_heads = 1, .num_kv_heads = 1, .head_dim = 8};
   config.rope_scaling = bands;
-  EXPECT_THAT([&] { attention_reference(x, x, x, config); },
-              ThrowsMessage<ValueError>(::testing::HasSubstr("low_freq_factor 4 and high_freq_factor 4")));
+  EXPECT_THAT(
+      [&] { attention_reference(x, x, x, config); },
+      ThrowsMessage<ValueError>(::testing::HasSubstr("low_freq_factor 4 and high_freq_factor 4")));
   EXPECT_EQ(to_string(RopeScaling::Kind::kLlama3), "llama3");
   EXPECT_EQ(to_string(RopeScaling::Kind::kLinear), "linear");
   EXPECT_EQ(to_string(RopeScaling::Kind::kNone), "none");

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,9 +19,9 @@
 namespace numesh::ops {
 namespace {
 
-using runtime::KernelLevel;
 using runtime::convert_f32_to_bf16;
 using runtime::convert_f32_to_f16;
+using runtime::KernelLevel;
 
 using testing::random_floats;
 
@@ -29,9 +29,13 @@ using testing::random_floats;
 struct SkinnyWeights {
   std::vector<float> f32;
   std::vector<std::uint16_t> bits;
-  const void* data(DType t) const { return t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data(); }
+  const void* data(DType t) const {
+    return t == DType::kF32 ? static_cast<const void*>(f32.data()) : bits.data();
+  }
   float value(DType t, std::size_t at) const {
-    return t == DType::kF32 ? f32[at] : t == DType::kBF16 ? f32_from_bf16(bits[at]) : f32_from_f16(bits[at]);
+    return t == DType::kF32    ? f32[at]
+           : t == DType::kBF16 ? f32_from_bf16(bits[at])
+                               : f32_from_f16(bits[at]);
   }
 };
 
@@ -53,7 +57,8 @@ struct SkinnyShape {
   std::int64_t ldb() const { return tight ? n : n + 3; }
   std::int64_t ldc() const { return tight ? n : n + 5; }
   std::string text() const {
-    return "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) + (tight ? " tight" : "");
+    return "m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k) +
+           (tight ? " tight" : "");
   }
 };
 
@@ -74,7 +79,8 @@ std::vector<SkinnyShape> skinny_shapes() {
 
 // c of the shape's layout from `level`: written by the kernel over NaN (every element must be
 // written); padding columns must keep their sentinel.
-std::vector<float> skinny_product(const SkinnyShape& s, const std::vector<float>& a, const SkinnyWeights& w, DType t, KernelLevel level) {
+std::vector<float> skinny_product(const SkinnyShape& s, const std::vector<float>& a,
+                                  const SkinnyWeights& w, DType t, KernelLevel level) {
   constexpr float kSentinel = 777.0f;
   std::vector<float> c(static_cast<std::size_t>(s.m * s.ldc()), kSentinel);
   for (std::int64_t i = 0; i < s.m; ++i) std::fill_n(c.begin() + i * s.ldc(), s.n, std::nanf(""));
@@ -82,7 +88,8 @@ std::vector<float> skinny_product(const SkinnyShape& s, const std::vector<float>
   for (std::int64_t i = 0; i < s.m; ++i) {
     for (std::int64_t j = s.n; j < s.ldc(); ++j) {
       EXPECT_EQ(c[static_cast<std::size_t>(i * s.ldc() + j)], kSentinel)
-          << s.text() << ": c's padding at [" << i << ", " << j << "] was written at " << runtime::to_string(level);
+          << s.text() << ": c's padding at [" << i << ", " << j << "] was written at "
+          << runtime::to_string(level);
     }
   }
   return c;
@@ -94,20 +101,24 @@ TEST(SkinnyGemmTest, TheScalarKernelIsTheFloat64ProductOfItsInputs) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const SkinnyShape& s : skinny_shapes()) {
       const std::vector<float> a = random_floats(static_cast<std::size_t>(s.m * s.lda()), 1);
-      const SkinnyWeights w = skinny_stored(random_floats(static_cast<std::size_t>(s.k * s.ldb()), 2), t);
+      const SkinnyWeights w =
+          skinny_stored(random_floats(static_cast<std::size_t>(s.k * s.ldb()), 2), t);
       std::vector<double> want(static_cast<std::size_t>(s.m * s.n), 0.0);
       for (std::int64_t i = 0; i < s.m; ++i) {
         for (std::int64_t j = 0; j < s.n; ++j) {
           for (std::int64_t r = 0; r < s.k; ++r) {
-            want[static_cast<std::size_t>(i * s.n + j)] += static_cast<double>(a[static_cast<std::size_t>(i * s.lda() + r)]) *
-                                                           w.value(t, static_cast<std::size_t>(r * s.ldb() + j));
+            want[static_cast<std::size_t>(i * s.n + j)] +=
+                static_cast<double>(a[static_cast<std::size_t>(i * s.lda() + r)]) *
+                w.value(t, static_cast<std::size_t>(r * s.ldb() + j));
           }
         }
       }
       const std::vector<float> c = skinny_product(s, a, w, t, KernelLevel::kScalar);
       std::vector<float> dense(static_cast<std::size_t>(s.m * s.n));
-      for (std::int64_t i = 0; i < s.m; ++i) std::copy_n(c.begin() + i * s.ldc(), s.n, dense.begin() + i * s.n);
-      EXPECT_TRUE(numesh::testing::within_abs(std::span<const float>(dense), std::span<const double>(want), 1e-4))
+      for (std::int64_t i = 0; i < s.m; ++i)
+        std::copy_n(c.begin() + i * s.ldc(), s.n, dense.begin() + i * s.n);
+      EXPECT_TRUE(numesh::testing::within_abs(std::span<const float>(dense),
+                                              std::span<const double>(want), 1e-4))
           << to_string(t) << " " << s.text();
     }
   }
@@ -120,12 +131,16 @@ TEST_P(SkinnyGemmLevelTest, EqualsTheScalarKernelBitForBit) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const SkinnyShape& s : skinny_shapes()) {
       const std::vector<float> a = random_floats(static_cast<std::size_t>(s.m * s.lda()), 1);
-      const SkinnyWeights w = skinny_stored(random_floats(static_cast<std::size_t>(s.k * s.ldb()), 2), t);
+      const SkinnyWeights w =
+          skinny_stored(random_floats(static_cast<std::size_t>(s.k * s.ldb()), 2), t);
       const std::vector<float> want = skinny_product(s, a, w, t, KernelLevel::kScalar);
       const std::vector<float> got = skinny_product(s, a, w, t, level());
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), [](float x, float y) {
-        return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
-      })) << to_string(t) << " " << s.text();
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(),
+                             [](float x, float y) {
+                               return std::bit_cast<std::uint32_t>(x) ==
+                                      std::bit_cast<std::uint32_t>(y);
+                             }))
+          << to_string(t) << " " << s.text();
     }
   }
 }

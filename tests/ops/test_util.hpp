@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <span>
 #include <string>
@@ -16,8 +16,8 @@
 
 #include "../common/matches_reference.hpp"
 #include "../runtime/test_devices.hpp"
-#include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -37,14 +37,17 @@ inline runtime::HostTensor random_host(std::vector<std::int64_t> shape, std::uin
 
 /// `got` within `max_abs` of `want` everywhere, and of its shape (want is a column-major Eigen
 /// matrix of doubles, as the dense references compute).
-inline ::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want, double max_abs) {
+inline ::testing::AssertionResult close(const RowMatrix& got, const Eigen::MatrixXd& want,
+                                        double max_abs) {
   if (got.rows() != want.rows() || got.cols() != want.cols()) {
-    return ::testing::AssertionFailure() << "shape [" << got.rows() << ", " << got.cols() << "], want ["
-                                         << want.rows() << ", " << want.cols() << "]";
+    return ::testing::AssertionFailure()
+           << "shape [" << got.rows() << ", " << got.cols() << "], want [" << want.rows() << ", "
+           << want.cols() << "]";
   }
   const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = want;
-  return numesh::testing::within_abs(std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
-                                     std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
+  return numesh::testing::within_abs(
+      std::span<const float>(got.data(), static_cast<std::size_t>(got.size())),
+      std::span<const double>(w.data(), static_cast<std::size_t>(w.size())), max_abs);
 }
 
 /// `n` normal(0, 1) values from a seeded generator.
@@ -83,7 +86,9 @@ inline std::string mesh_label(const MeshCase& c) {
 }
 
 /// mesh_label of a parameterised test's case.
-inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) { return mesh_label(info.param); }
+inline std::string mesh_case_name(const ::testing::TestParamInfo<MeshCase>& info) {
+  return mesh_label(info.param);
+}
 
 using numesh::testing::matches_reference;
 
@@ -91,7 +96,8 @@ using numesh::testing::matches_reference;
 /// mesh of `c`: the product of the sizes of those axes the mesh has, when it divides `extent`;
 /// 1 otherwise (eformer's correction replicates a dim its axes do not divide). Computed from the
 /// mesh case for the oracles, never read from the layer under test.
-inline std::int64_t expected_groups(const MeshCase& c, const std::vector<std::string>& axes, std::int64_t extent) {
+inline std::int64_t expected_groups(const MeshCase& c, const std::vector<std::string>& axes,
+                                    std::int64_t extent) {
   std::int64_t n = 1;
   for (const std::string& a : axes) {
     for (std::size_t i = 0; i < c.names.size(); ++i) {
@@ -113,7 +119,8 @@ inline MoeWeights random_moe_weights(std::int64_t h, std::int64_t f, std::int64_
 }
 
 /// random_moe_weights with Qwen2-MoE's shared expert of intermediate size fs and its gate [H, 1].
-inline MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e, std::int64_t fs) {
+inline MoeWeights with_shared_expert(std::int64_t h, std::int64_t f, std::int64_t e,
+                                     std::int64_t fs) {
   MoeWeights w = random_moe_weights(h, f, e);
   w.shared_expert.gate = random_host({h, fs}, 27, 0.3f);
   w.shared_expert.up = random_host({h, fs}, 28, 0.3f);
@@ -147,7 +154,8 @@ inline TransformerConfig tiny_moe_lm_config() {
 }
 
 /// The spec entry splitting a dim over those of `names` the mesh has: None, a name or a tuple.
-inline sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std::vector<std::string>& names) {
+inline sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh,
+                                     const std::vector<std::string>& names) {
   std::vector<sharding::AxisRule> present;
   for (const std::string& a : names) {
     if (mesh.mesh().has_axis(a)) present.emplace_back(a);
@@ -157,7 +165,8 @@ inline sharding::AxisRule entry_over(const runtime::DeviceMesh& mesh, const std:
 }
 
 /// Tokens [from, from + n) of a [B, T, ...] tensor.
-inline runtime::HostTensor token_slice(const runtime::HostTensor& x, std::int64_t from, std::int64_t n) {
+inline runtime::HostTensor token_slice(const runtime::HostTensor& x, std::int64_t from,
+                                       std::int64_t n) {
   return numesh::ops::slice_tokens(x, from, n);
 }
 

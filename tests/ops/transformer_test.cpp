@@ -17,12 +17,12 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 using testing::devices;
+using testing::expected_groups;
 using testing::make_mesh;
+using testing::matches_reference;
 using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::random_host;
-using testing::expected_groups;
-using testing::matches_reference;
 
 TransformerConfig small_config() {
   TransformerConfig c;
@@ -63,17 +63,19 @@ TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
     // Prefill 5 tokens, insert 2 at position 5, then decode 3 tokens one by one.
     std::int64_t position = 0;
     for (std::int64_t n : {5, 2, 1, 1, 1}) {
-      const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
+      const runtime::HostTensor x =
+          random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
       const runtime::HostTensor y = model.forward(x, position);
       const runtime::HostTensor want = reference.forward(x, position);
-      EXPECT_TRUE(matches_reference(y, want, kBound)) << "capacity " << capacity << " tokens [" << position << ", "
-                                                 << position + n << ")";
+      EXPECT_TRUE(matches_reference(y, want, kBound))
+          << "capacity " << capacity << " tokens [" << position << ", " << position + n << ")";
       position += n;
     }
     const MoeStats stats = model.moe_stats();
     std::int64_t kept = 0;
     for (std::int64_t n : stats.tokens_per_expert) kept += n;
-    EXPECT_EQ(kept + stats.dropped, batch * 1 * c.moe.top_k) << "the last decode step routed every token k times";
+    EXPECT_EQ(kept + stats.dropped, batch * 1 * c.moe.top_k)
+        << "the last decode step routed every token k times";
   }
 }
 
@@ -87,10 +89,12 @@ runtime::HostTensor sequence_rows(const runtime::HostTensor& x, std::int64_t b, 
 
 TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
   const auto mesh = make_mesh(GetParam());
-  const TransformerConfig c = small_config();  // dropless MoE: the padding takes no real token's place
+  const TransformerConfig c =
+      small_config();  // dropless MoE: the padding takes no real token's place
   const TransformerWeights w = TransformerWeights::random(c, 11);
   const std::int64_t batch = 4, max_len = 12, longest = 6;
-  const std::vector<std::int64_t> lengths{6, 3, 4, 1};  // on dp=2, one device gets [6, 3], the other [4, 1]
+  const std::vector<std::int64_t> lengths{6, 3, 4,
+                                          1};  // on dp=2, one device gets [6, 3], the other [4, 1]
   const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
   ShardedTransformer model(mesh, c, w, batch, max_len, axes);
   std::vector<TransformerReference> alone;
@@ -101,8 +105,10 @@ TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
   const runtime::HostTensor y = model.forward(prompts, std::vector<std::int64_t>(batch, 0));
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t n = lengths[static_cast<std::size_t>(b)];
-    const runtime::HostTensor want = alone[static_cast<std::size_t>(b)].forward(sequence_rows(prompts, b, n), 0);
-    EXPECT_TRUE(matches_reference(sequence_rows(y, b, n), want, kBound)) << "prompt of sequence " << b;
+    const runtime::HostTensor want =
+        alone[static_cast<std::size_t>(b)].forward(sequence_rows(prompts, b, n), 0);
+    EXPECT_TRUE(matches_reference(sequence_rows(y, b, n), want, kBound))
+        << "prompt of sequence " << b;
   }
   // Then three decode steps, each sequence at its own position.
   std::vector<std::int64_t> positions = lengths;
@@ -111,7 +117,8 @@ TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
     const runtime::HostTensor got = model.forward(x, positions);
     for (std::int64_t b = 0; b < batch; ++b) {
       const std::int64_t p = positions[static_cast<std::size_t>(b)];
-      const runtime::HostTensor want = alone[static_cast<std::size_t>(b)].forward(sequence_rows(x, b, 1), p);
+      const runtime::HostTensor want =
+          alone[static_cast<std::size_t>(b)].forward(sequence_rows(x, b, 1), p);
       EXPECT_TRUE(matches_reference(sequence_rows(got, b, 1), want, kBound))
           << "decode step " << step << ", sequence " << b << " at position " << p;
     }
@@ -138,12 +145,15 @@ TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesE
   dense.mlp.down_bias = random_host({c.hidden}, 14, 0.5f);
   const std::int64_t batch = 2, max_len = 8;
   ShardedTransformer model(mesh, c, w, batch, max_len);
-  TransformerReference reference(c, w, batch, max_len, expected_groups(GetParam(), {"dp", "fsdp"}, batch),
+  TransformerReference reference(c, w, batch, max_len,
+                                 expected_groups(GetParam(), {"dp", "fsdp"}, batch),
                                  expected_groups(GetParam(), {"sp"}, 0));
   std::int64_t position = 0;
   for (std::int64_t n : {4, 1, 1}) {
-    const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(200 + position), 1.0f);
-    EXPECT_TRUE(matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
+    const runtime::HostTensor x =
+        random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(200 + position), 1.0f);
+    EXPECT_TRUE(
+        matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
         << "tokens [" << position << ", " << position + n << ")";
     position += n;
   }
@@ -153,14 +163,14 @@ TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesE
   EXPECT_THAT(plan, ::testing::Not(HasSubstr("block1.moe")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, ShardedTransformerTest,
-                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
-                                           MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}},
-                                           MeshCase{{2, 2}, {"dp", "tp"}}, MeshCase{{2, 2}, {"ep", "tp"}},
-                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
-                                           MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2}, {"sp"}},
-                                           MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}}),
-                         mesh_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, ShardedTransformerTest,
+    ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
+                      MeshCase{{2}, {"ep"}}, MeshCase{{4}, {"tp"}}, MeshCase{{2, 2}, {"dp", "tp"}},
+                      MeshCase{{2, 2}, {"ep", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
+                      MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2}, {"sp"}},
+                      MeshCase{{2, 2}, {"sp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "sp", "tp"}}),
+    mesh_case_name);
 
 TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
@@ -170,7 +180,8 @@ TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
   ShardedTransformer bhtd(mesh, c, w, 2, 8, {}, KvLayout::kBHTD);
   for (std::int64_t position : {0, 4, 5}) {
     const std::int64_t n = position == 0 ? 4 : 1;
-    const runtime::HostTensor x = random_host({2, n, c.hidden}, static_cast<std::uint32_t>(position), 1.0f);
+    const runtime::HostTensor x =
+        random_host({2, n, c.hidden}, static_cast<std::uint32_t>(position), 1.0f);
     EXPECT_EQ(bthd.forward(x, position), bhtd.forward(x, position)) << "position " << position;
   }
 }
@@ -204,8 +215,9 @@ TEST(ShardedTransformerTest, TheProgramDescribesItself) {
   EXPECT_EQ(plan.collectives[0].name, "block0.attn.out");
   EXPECT_GT(plan.flops[0], 0.0);
   EXPECT_EQ(plan.flops[0], plan.flops[1]) << "tp splits the work evenly";
-  const auto cache = std::find_if(plan.tensors.begin(), plan.tensors.end(),
-                                  [](const TensorPlan& t) { return t.name == "block0.attn.cache_k"; });
+  const auto cache =
+      std::find_if(plan.tensors.begin(), plan.tensors.end(),
+                   [](const TensorPlan& t) { return t.name == "block0.attn.cache_k"; });
   ASSERT_NE(cache, plan.tensors.end());
   EXPECT_EQ(cache->spec.repr(), "P(None, None, 'tp', None)") << "kv heads split over tp";
   EXPECT_EQ(cache->shard_bytes, 2 * 8 * 1 * 8 * 4) << "[2, 8, 1 of 2 kv heads, 8] per device";
@@ -221,7 +233,8 @@ TEST(ShardedTransformerTest, AxesComeFromThePartitionManager) {
   EXPECT_EQ(axes.expert, "ep");
   EXPECT_EQ(axes.expert_tensor, "tp");
   EXPECT_EQ(axes.sequence, "sp");
-  EXPECT_EQ(axes.weights, (std::vector<std::string>{"fsdp", "sp"})) << "ColumnWise ((fsdp, sp), tp)";
+  EXPECT_EQ(axes.weights, (std::vector<std::string>{"fsdp", "sp"}))
+      << "ColumnWise ((fsdp, sp), tp)";
 }
 
 TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
@@ -230,17 +243,29 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {[](TransformerConfig& c) { c.hidden = 0; }, "hidden 0, layers 2, ffn 64, heads 4, kv heads 2, head_dim 8 must all be positive"},
-      {[](TransformerConfig& c) { c.attention.num_kv_heads = 3; }, "kv heads 3 must divide heads 4"},
-      {[](TransformerConfig& c) { c.attention.head_dim = 7; }, "head_dim 7 is odd, RoPE needs it even"},
+      {[](TransformerConfig& c) { c.hidden = 0; },
+       "hidden 0, layers 2, ffn 64, heads 4, kv heads 2, head_dim 8 must all be positive"},
+      {[](TransformerConfig& c) { c.attention.num_kv_heads = 3; },
+       "kv heads 3 must divide heads 4"},
+      {[](TransformerConfig& c) { c.attention.head_dim = 7; },
+       "head_dim 7 is odd, RoPE needs it even"},
       {[](TransformerConfig& c) { c.moe_every = -1; }, "moe_every -1 is negative"},
-      {[](TransformerConfig& c) { c.moe.top_k = 0; }, "top_k 0 must be between 1 and the 4 experts"},
-      {[](TransformerConfig& c) { c.moe_ffn = 0; }, "moe_ffn 0 must be positive and capacity_factor 0 not negative"},
+      {[](TransformerConfig& c) { c.moe.top_k = 0; },
+       "top_k 0 must be between 1 and the 4 experts"},
+      {[](TransformerConfig& c) { c.moe_ffn = 0; },
+       "moe_ffn 0 must be positive and capacity_factor 0 not negative"},
       {[](TransformerConfig& c) { c.norm_eps = -1.0f; }, "norm_eps -1 is negative"},
       {[](TransformerConfig& c) { c.shared_expert_ffn = -1; }, "shared_expert_ffn -1 is negative"},
-      {[](TransformerConfig& c) { c.dense_layers = {0, 2}; }, "dense layer 2 is outside the 2 layers"},
-      {[](TransformerConfig& c) { c.dense_layers = {-1}; }, "dense layer -1 is outside the 2 layers"},
-      {[](TransformerConfig& c) { c.dense_layers = {1, 0, 1}; }, "dense layer 1 is listed twice"},
+      {[](TransformerConfig& c) {
+         c.dense_layers = {0, 2};
+       },
+       "dense layer 2 is outside the 2 layers"},
+      {[](TransformerConfig& c) { c.dense_layers = {-1}; },
+       "dense layer -1 is outside the 2 layers"},
+      {[](TransformerConfig& c) {
+         c.dense_layers = {1, 0, 1};
+       },
+       "dense layer 1 is listed twice"},
   };
   for (const Case& cs : cases) {
     TransformerConfig c = small_config();
@@ -260,23 +285,29 @@ TEST(TransformerConfigTest, DenseLayersAndTheSharedExpertAreCounted) {
   EXPECT_TRUE(c.is_moe(0));
   EXPECT_FALSE(c.is_moe(1));
   EXPECT_TRUE(c.is_moe(2));
-  const std::int64_t attention = 2 * 32 + 32 * 8 * (2 * 4 + 2 * 2);  // two norms and four projections
+  const std::int64_t attention =
+      2 * 32 + 32 * 8 * (2 * 4 + 2 * 2);  // two norms and four projections
   const std::int64_t moe = 32 * 4 + 3 * 4 * 32 * 16, mlp = 3 * 32 * 64;
   EXPECT_EQ(c.parameters(), 32 + 3 * attention + 2 * moe + mlp);
-  const double moe_flops = 2.0 * 32 * 4 + 2.0 * 3.0 * 2.0 * 32 * 16, mlp_flops = 3.0 * 2.0 * 32 * 64;
+  const double moe_flops = 2.0 * 32 * 4 + 2.0 * 3.0 * 2.0 * 32 * 16,
+               mlp_flops = 3.0 * 2.0 * 32 * 64;
   const double attention_flops_1 = attention_flops(c.attention, 32, 1, 1, 0);
   EXPECT_DOUBLE_EQ(c.flops(1, 1, 0), 3 * attention_flops_1 + 2 * moe_flops + mlp_flops);
   c.shared_expert_ffn = 24;
   EXPECT_EQ(c.parameters(), 32 + 3 * attention + 2 * (moe + 3 * 32 * 24 + 32) + mlp)
       << "the shared expert and its gate in each MoE layer";
-  EXPECT_DOUBLE_EQ(c.flops(1, 1, 0),
-                   3 * attention_flops_1 + 2 * (moe_flops + 3.0 * 2.0 * 32 * 24 + 2.0 * 32) + mlp_flops);
+  EXPECT_DOUBLE_EQ(
+      c.flops(1, 1, 0),
+      3 * attention_flops_1 + 2 * (moe_flops + 3.0 * 2.0 * 32 * 24 + 2.0 * 32) + mlp_flops);
 }
 
 TEST(ModelAxesTest, AHeadAxisThatResolvesToSeveralMeshAxesIsRefused) {
-  const sharding::PartitionAxis paxis = sharding::PartitionAxis::from_json({{"head_axis", {"tp", "sp"}}});
-  EXPECT_THAT([&] { (void)ModelAxes::resolve(sharding::PartitionManager(paxis), sharding::Mode::kTrain); },
-              ThrowsMessage<ValueError>(HasSubstr("__HEAD__ resolves to the axes (tp, sp) in mode __train__; numesh splits that dim over one mesh axis")));
+  const sharding::PartitionAxis paxis =
+      sharding::PartitionAxis::from_json({{"head_axis", {"tp", "sp"}}});
+  EXPECT_THAT(
+      [&] { (void)ModelAxes::resolve(sharding::PartitionManager(paxis), sharding::Mode::kTrain); },
+      ThrowsMessage<ValueError>(HasSubstr("__HEAD__ resolves to the axes (tp, sp) in mode "
+                                          "__train__; numesh splits that dim over one mesh axis")));
 }
 
 TEST(ModelAxesTest, AnIntegerModeOnTTakesTrainAxesWhenDecodeAgrees) {
@@ -294,24 +325,33 @@ TEST(ModelAxesTest, AnIntegerModeOnTTakesTrainAxesWhenDecodeAgrees) {
 }
 
 TEST(ModelAxesTest, AnIntegerModeOnAnotherDimIsInferredOnceFromItsExtent) {
-  const sharding::PartitionManager pm(sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
-  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 1, 64).heads, "sp") << "batch 1: decode";
-  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 4, 64).heads, "tp") << "batch 4: train";
+  const sharding::PartitionManager pm(
+      sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
+  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 1, 64).heads, "sp")
+      << "batch 1: decode";
+  EXPECT_EQ(ModelAxes::resolve(pm, sharding::ModeArg::from_dim(0), 4, 64).heads, "tp")
+      << "batch 4: train";
   EXPECT_EQ(ModelAxes::resolve(pm, sharding::Mode::kDecode).heads, "sp");
 }
 
 TEST(ModelAxesTest, AnIntegerModeOnTRefusesAxesThatDifferBetweenTrainAndDecode) {
-  const sharding::PartitionManager pm(sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
+  const sharding::PartitionManager pm(
+      sharding::PartitionAxis::from_json({{"decode_head_axis", "sp"}}));
   EXPECT_THAT([&] { (void)ModelAxes::resolve(pm, sharding::ModeArg::from_dim(1), 4, 64); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "mode dim:1: a model lays its weights and KV caches out once, but its prefill (train) and decode "
-                  "calls resolve different axes: heads: tp in train, sp in decode")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("mode dim:1: a model lays its weights and KV caches out once, but its "
+                            "prefill (train) and decode "
+                            "calls resolve different axes: heads: tp in train, sp in decode")));
 }
 
 TEST(ModelAxesTest, AnIntegerModeOutsideTheActivationsRankIsAnIndexError) {
   for (const std::int64_t dim : {3, -4}) {
-    EXPECT_THAT([&] { (void)ModelAxes::resolve(sharding::PartitionManager(), sharding::ModeArg::from_dim(dim), 4, 64); },
-                ThrowsMessage<IndexError>(HasSubstr("tuple index out of range")))
+    EXPECT_THAT(
+        [&] {
+          (void)ModelAxes::resolve(sharding::PartitionManager(), sharding::ModeArg::from_dim(dim),
+                                   4, 64);
+        },
+        ThrowsMessage<IndexError>(HasSubstr("tuple index out of range")))
         << dim;
   }
 }
@@ -335,25 +375,38 @@ TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
   c = small_config();
   c.shared_expert_ffn = 24;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
-              ThrowsMessage<ShapeError>(
-                  "transformer: block 1 has a shared expert of intermediate size 0 (0: none), the config says 24"));
+              ThrowsMessage<ShapeError>("transformer: block 1 has a shared expert of intermediate "
+                                        "size 0 (0: none), the config says 24"));
   EXPECT_THAT([&] { TransformerReference(c, w, 2, 8); },
-              ThrowsMessage<ShapeError>("transformer reference: block 1 shared expert up is [], expected [32, 24]"));
+              ThrowsMessage<ShapeError>(
+                  "transformer reference: block 1 shared expert up is [], expected [32, 24]"));
   const TransformerWeights shared = TransformerWeights::random(c, 3);
   EXPECT_THAT([&] { ShardedTransformer(mesh, small_config(), shared, 2, 8); },
-              ThrowsMessage<ShapeError>(
-                  "transformer: block 1 has a shared expert of intermediate size 24 (0: none), the config says 0"));
+              ThrowsMessage<ShapeError>("transformer: block 1 has a shared expert of intermediate "
+                                        "size 24 (0: none), the config says 0"));
   ShardedTransformer model(mesh, small_config(), w, 2, 8);
-  EXPECT_THAT([&] { model.forward(random_host({2, 4, 32}, 1, 1.0f), 6); },
-              ThrowsMessage<IndexError>(
-                  HasSubstr("4 tokens at position 6 (sequence 0) do not fit the KV cache of 8 positions")));
-  EXPECT_THAT([&] { model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3, 8}); },
-              ThrowsMessage<IndexError>(
-                  HasSubstr("1 tokens at position 8 (sequence 1) do not fit the KV cache of 8 positions")));
-  EXPECT_THAT([&] { model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3}); },
-              ThrowsMessage<ShapeError>(HasSubstr("transformer: 1 positions for 2 sequences")));
-  EXPECT_THAT([&] { model.forward(random_host({3, 4, 32}, 1, 1.0f), 0); },
-              ThrowsMessage<ShapeError>(HasSubstr("input is [3, 4, 32] but the model takes [2, T, 32]")));
+  EXPECT_THAT(
+      [&] {
+        model.forward(random_host({2, 4, 32}, 1, 1.0f), 6);
+      },
+      ThrowsMessage<IndexError>(
+          HasSubstr("4 tokens at position 6 (sequence 0) do not fit the KV cache of 8 positions")));
+  EXPECT_THAT(
+      [&] {
+        model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3, 8});
+      },
+      ThrowsMessage<IndexError>(
+          HasSubstr("1 tokens at position 8 (sequence 1) do not fit the KV cache of 8 positions")));
+  EXPECT_THAT(
+      [&] {
+        model.forward(random_host({2, 1, 32}, 1, 1.0f), std::vector<std::int64_t>{3});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("transformer: 1 positions for 2 sequences")));
+  EXPECT_THAT(
+      [&] {
+        model.forward(random_host({3, 4, 32}, 1, 1.0f), 0);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("input is [3, 4, 32] but the model takes [2, T, 32]")));
 }
 
 }  // namespace

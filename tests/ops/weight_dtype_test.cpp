@@ -36,7 +36,9 @@ using testing::MeshCase;
 using testing::random_host;
 
 // The bound for a result with weights of `t`, given the fp32 test's bound.
-double bound_for(DType t, double fp32_bound) { return t == DType::kBF16 ? std::max(fp32_bound, 1e-4) : fp32_bound; }
+double bound_for(DType t, double fp32_bound) {
+  return t == DType::kBF16 ? std::max(fp32_bound, 1e-4) : fp32_bound;
+}
 
 using testing::matrix;
 
@@ -62,27 +64,32 @@ TEST_P(WeightDtypeTest, MlpEqualsTheReferenceOfItsStoredWeights) {
         w.stored_as = t;
         const runtime::HostTensor x = random_host({tokens, h}, 4, 1.0f);
         ShardedMlp mlp(mesh, kind, w, tokens, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
-        const RowMatrix want = kind == MlpKind::kGelu
-                                   ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), t)
-                                   : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down), t);
+        const RowMatrix want =
+            kind == MlpKind::kGelu
+                ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), t)
+                : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down), t);
         const runtime::HostTensor y = mlp.forward(x);
         const double bound = std::max(1e-5, 2.0 * f * std::numeric_limits<float>::epsilon());
         EXPECT_TRUE(matches_reference(y, host(want), bound_for(t, bound)))
             << to_string(t) << " " << to_string(kind) << " tokens " << tokens;
         for (const TensorPlan& p : mlp.program().plan().tensors) {
           if (p.role == TensorRole::kWeight || p.name.find("gathered") != std::string::npos) {
-            EXPECT_EQ(p.dtype, t) << p.name << ": weights and their gathered copies keep the stored dtype";
+            EXPECT_EQ(p.dtype, t) << p.name
+                                  << ": weights and their gathered copies keep the stored dtype";
           }
         }
         MlpWeights w32 = w;
         w32.stored_as = DType::kF32;
-        const ShardedMlp fp32(mesh, kind, w32, tokens, MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
+        const ShardedMlp fp32(mesh, kind, w32, tokens,
+                              MlpAxes{.batch = {"dp"}, .weights = {"fsdp"}});
         ASSERT_EQ(mlp.collectives().size(), fp32.collectives().size());
         for (std::size_t i = 0; i < mlp.collectives().size(); ++i) {
           const CollectivePlan& c = mlp.collectives()[i];
           const bool weight = c.name.find(".w_") != std::string::npos;
           EXPECT_EQ(c.payload_bytes * (weight ? 2 : 1), fp32.collectives()[i].payload_bytes)
-              << c.name << ": a 16-bit weight gather moves half the bytes of an fp32 one, activations the same";
+              << c.name
+              << ": a 16-bit weight gather moves half the bytes of an fp32 one, activations the "
+                 "same";
         }
       }
     }
@@ -116,7 +123,8 @@ TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
     std::int64_t position = 0;
     double worst_vs_fp32 = 0.0;
     for (std::int64_t n : {20, 2, 1, 1, 1}) {
-      const runtime::HostTensor x = random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
+      const runtime::HostTensor x =
+          random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
       const runtime::HostTensor y = model.forward(x, position);
       // Prefill of 20 tokens a sequence: 40 rows (20 per batch device) take the prefill kernel.
       EXPECT_TRUE(matches_reference(y, stored.forward(x, position), bound_for(t, 2e-5)))
@@ -130,15 +138,17 @@ TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
     const double allowed = t == DType::kBF16 ? 1.5e-2 : 1.5e-3;  // measured 6.0e-3 and 5.0e-4
     EXPECT_LE(worst_vs_fp32, allowed) << to_string(t) << " vs the fp32 model";
     EXPECT_GT(worst_vs_fp32, 0.0) << to_string(t) << ": the stored weights really were rounded";
-    std::cout << "[ " << mesh_label(GetParam()) << " ] " << to_string(t) << " model vs fp32 model: max relative error "
-              << worst_vs_fp32 << "\n";
+    std::cout << "[ " << mesh_label(GetParam()) << " ] " << to_string(t)
+              << " model vs fp32 model: max relative error " << worst_vs_fp32 << "\n";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, WeightDtypeTest,
-                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
-                                           MeshCase{{2}, {"ep"}}, MeshCase{{2, 2}, {"dp", "tp"}},
-                                           MeshCase{{2, 2}, {"fsdp", "tp"}}, MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
+                         ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
+                                           MeshCase{{2}, {"dp"}}, MeshCase{{2}, {"ep"}},
+                                           MeshCase{{2, 2}, {"dp", "tp"}},
+                                           MeshCase{{2, 2}, {"fsdp", "tp"}},
+                                           MeshCase{{2, 2, 2}, {"dp", "ep", "tp"}},
                                            MeshCase{{2, 2}, {"sp", "tp"}}),
                          testing::mesh_case_name);
 

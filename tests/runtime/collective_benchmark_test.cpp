@@ -28,9 +28,10 @@ std::shared_ptr<DeviceSet> synthetic_devices(const std::string& description) {
 TEST(CollectiveOpTest, NamesRoundTrip) {
   for (CollectiveOp op : all_collective_ops()) EXPECT_EQ(parse_collective_op(to_string(op)), op);
   EXPECT_EQ(all_collective_ops().size(), 4u);
-  EXPECT_THAT([] { parse_collective_op("all-sum"); },
-              ThrowsMessage<ValueError>("unknown collective 'all-sum' (choose all-reduce, all-gather, "
-                                        "reduce-scatter or all-to-all)"));
+  EXPECT_THAT(
+      [] { parse_collective_op("all-sum"); },
+      ThrowsMessage<ValueError>("unknown collective 'all-sum' (choose all-reduce, all-gather, "
+                                "reduce-scatter or all-to-all)"));
 }
 
 class CollectiveBenchmarkTest : public ::testing::TestWithParam<CollectiveOp> {};

@@ -64,7 +64,8 @@ struct Buffers {
   std::vector<BufferView> views;
   Buffers(const DeviceMesh& mesh, std::size_t count) {
     for (std::int64_t s = 0; s < mesh.size(); ++s) {
-      tensors.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(count)});
+      tensors.emplace_back(mesh.device(s),
+                           std::vector<std::int64_t>{static_cast<std::int64_t>(count)});
     }
     for (auto& t : tensors) views.push_back(view(t));
   }
@@ -239,7 +240,8 @@ TEST_P(CollectivesTest, BroadcastAndPermuteMoveWholeBuffers) {
     for (const auto& group : groups) {
       for (std::int64_t r = 0; r < ranks; ++r) {
         const auto s = static_cast<std::size_t>(group[static_cast<std::size_t>(r)]);
-        EXPECT_EQ(bcast.values(s), in.values(static_cast<std::size_t>(group[static_cast<std::size_t>(root)])));
+        EXPECT_EQ(bcast.values(s),
+                  in.values(static_cast<std::size_t>(group[static_cast<std::size_t>(root)])));
         const auto from = group[static_cast<std::size_t>((r - 1 + ranks) % ranks)];
         EXPECT_EQ(perm.values(s), in.values(static_cast<std::size_t>(from)));
       }
@@ -258,7 +260,8 @@ TEST_P(CollectivesTest, ChainedCollectivesFollowTheirFrontier) {
   GraphBuilder b(m.device_set());
   Frontier f = all_reduce(b, m, in.views, mid.views, count, ReduceOp::kSum,
                           {.axes = GetParam().names, .after = {}, .name = {}});
-  all_gather(b, m, mid.views, out.views, count, {.axes = GetParam().names, .after = f, .name = "ag"});
+  all_gather(b, m, mid.views, out.views, count,
+             {.axes = GetParam().names, .after = f, .name = "ag"});
   b.compile().run();
   std::vector<float> sum(count, 0.0f);
   for (std::size_t i = 0; i < count; ++i) {
@@ -283,25 +286,44 @@ TEST(CollectivesErrorsTest, BadArgumentsNameWhatIsWrong) {
   Buffers in(m, 8), out(m, 8), small(m, 4);
   GraphBuilder b(m.device_set());
   const CollectiveArgs tp{.axes = {"tp"}, .after = {}, .name = {}};
-  EXPECT_THAT([&] { all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum, {.axes = {"xp"}, .after = {}, .name = {}}); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'xp' is not in the mesh (axes: dp, tp)")));
+  EXPECT_THAT(
+      [&] {
+        all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum,
+                   {.axes = {"xp"}, .after = {}, .name = {}});
+      },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'xp' is not in the mesh (axes: dp, tp)")));
   EXPECT_THAT([&] { all_reduce(b, m, in.views, small.views, 8, ReduceOp::kSum, tp); },
-              ThrowsMessage<ValueError>(HasSubstr("all_reduce: the output of slot 0 holds 4 elements, needs 8")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("all_reduce: the output of slot 0 holds 4 elements, needs 8")));
   EXPECT_THAT([&] { all_reduce(b, m, in.views, in.views, 8, ReduceOp::kSum, tp); },
               ThrowsMessage<ValueError>(HasSubstr("overlaps the input of slot 0")));
   std::vector<BufferView> three(in.views.begin(), in.views.begin() + 3);
   EXPECT_THAT([&] { all_gather(b, m, three, out.views, 4, tp); },
-              ThrowsMessage<ValueError>(HasSubstr("one input and one output view per mesh slot (4), got 3 and 4")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("one input and one output view per mesh slot (4), got 3 and 4")));
   EXPECT_THAT([&] { reduce_scatter(b, m, in.views, small.views, 7, ReduceOp::kSum, tp); },
-              ThrowsMessage<ValueError>(HasSubstr("7 elements do not split evenly over groups of 2 devices")));
-  EXPECT_THAT([&] { all_to_all(b, m, in.views, out.views, {{1, 1}}, tp); },
-              ThrowsMessage<ValueError>(HasSubstr("send_counts has 1 rows, the groups have 2 devices")));
-  EXPECT_THAT([&] { broadcast(b, m, in.views, out.views, 8, 2, tp); },
-              ThrowsMessage<ValueError>(HasSubstr("root rank 2 is outside the groups of 2 devices")));
-  EXPECT_THAT([&] { all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum, {.axes = {"tp", "tp"}, .after = {}, .name = {}}); },
-              ThrowsMessage<ValueError>(HasSubstr("mesh axis 'tp' is given twice")));
-  EXPECT_THAT([&] { all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum, {.axes = {"tp"}, .after = {0}, .name = {}}); },
-              ThrowsMessage<ValueError>(HasSubstr("the frontier has 1 entries, the mesh has 4 slots")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("7 elements do not split evenly over groups of 2 devices")));
+  EXPECT_THAT(
+      [&] {
+        all_to_all(b, m, in.views, out.views, {{1, 1}}, tp);
+      },
+      ThrowsMessage<ValueError>(HasSubstr("send_counts has 1 rows, the groups have 2 devices")));
+  EXPECT_THAT(
+      [&] { broadcast(b, m, in.views, out.views, 8, 2, tp); },
+      ThrowsMessage<ValueError>(HasSubstr("root rank 2 is outside the groups of 2 devices")));
+  EXPECT_THAT(
+      [&] {
+        all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum,
+                   {.axes = {"tp", "tp"}, .after = {}, .name = {}});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("mesh axis 'tp' is given twice")));
+  EXPECT_THAT(
+      [&] {
+        all_reduce(b, m, in.views, out.views, 8, ReduceOp::kSum,
+                   {.axes = {"tp"}, .after = {0}, .name = {}});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("the frontier has 1 entries, the mesh has 4 slots")));
   EXPECT_EQ(b.size(), 0u) << "a rejected collective adds no node";
 }
 

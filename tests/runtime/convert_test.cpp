@@ -18,21 +18,44 @@
 namespace numesh::runtime {
 namespace {
 
-
 float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
 
 // Values that exercise every rounding case: ties to even in both directions, carries into the
 // exponent, overflow to infinity, f16 and bf16 subnormals, signed zeros, NaN, plus random
 // values over every exponent. Length 1000 + 7: not a multiple of any vector width.
 std::vector<float> edge_and_random_values() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 65536.0f, -65520.0f,
-                          6.0e-8f, 5.9604645e-8f, 2.9802322e-8f, 2.9e-8f, 3.0e-8f, 6.1035156e-5f, 6.1e-5f,
-                          1.0e-40f, -1.0e-40f, 3.4e38f, std::numeric_limits<float>::max(),
-                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                          from_bits(0x7F800001u), from_bits(0xFFA00000u),
-                          from_bits(0x3F808000u), from_bits(0x3F818000u), from_bits(0x3F808001u),  // bf16 ties
-                          from_bits(0x3F801000u), from_bits(0x3F803000u), from_bits(0x3F801001u)};  // f16 ties
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          65536.0f,
+                          -65520.0f,
+                          6.0e-8f,
+                          5.9604645e-8f,
+                          2.9802322e-8f,
+                          2.9e-8f,
+                          3.0e-8f,
+                          6.1035156e-5f,
+                          6.1e-5f,
+                          1.0e-40f,
+                          -1.0e-40f,
+                          3.4e38f,
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::quiet_NaN(),
+                          from_bits(0x7F800001u),
+                          from_bits(0xFFA00000u),
+                          from_bits(0x3F808000u),
+                          from_bits(0x3F818000u),
+                          from_bits(0x3F808001u),  // bf16 ties
+                          from_bits(0x3F801000u),
+                          from_bits(0x3F803000u),
+                          from_bits(0x3F801001u)};  // f16 ties
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::uint32_t> any;
   while (v.size() < 1007) v.push_back(from_bits(any(rng)));
@@ -112,9 +135,11 @@ TEST_P(ConvertLevelTest, EqualsTheScalarConversion) {
   EXPECT_EQ(bf, bf_want);
   EXPECT_EQ(f16, f16_want);
   for (std::size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(bf_back[i]), std::bit_cast<std::uint32_t>(bf_back_want[i]))
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(bf_back[i]),
+              std::bit_cast<std::uint32_t>(bf_back_want[i]))
         << "bf16 -> f32 at " << i;
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(f16_back[i]), std::bit_cast<std::uint32_t>(f16_back_want[i]))
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(f16_back[i]),
+              std::bit_cast<std::uint32_t>(f16_back_want[i]))
         << "f16 -> f32 at " << i;
   }
 }
@@ -131,7 +156,8 @@ TEST(CpuFeaturesTest, TheWidestLevelFollowsTheFeatures) {
   f.avx512_bf16 = true;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512Bf16);
   f.f16c = false;
-  EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kScalar) << "every level needs the AVX2 set";
+  EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kScalar)
+      << "every level needs the AVX2 set";
   EXPECT_EQ(runnable_kernel_levels().front(), KernelLevel::kScalar);
   EXPECT_EQ(runnable_kernel_levels().back(), runtime::widest_kernel_level(runtime::cpu_features()));
 }

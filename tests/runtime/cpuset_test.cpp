@@ -29,8 +29,11 @@ TEST(CpuSetTest, DefaultIsEmptyAndPrintsAsEmptyString) {
 }
 
 TEST(CpuSetTest, ConstructorRejectsNegativeIndex) {
-  EXPECT_THAT([] { CpuSet({0, -2}); },
-              ThrowsMessage<ValueError>(HasSubstr("cpuset PU index -2 is negative")));
+  EXPECT_THAT(
+      [] {
+        CpuSet({0, -2});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("cpuset PU index -2 is negative")));
 }
 
 TEST(CpuSetTest, ConstructorRejectsHugeIndex) {
@@ -62,21 +65,19 @@ TEST(CpuSetTest, ParseAndToStringRoundTrip) {
   }
 }
 
-TEST(CpuSetTest, FormatsWithFmt) {
-  EXPECT_EQ(fmt::format("[{}]", CpuSet({0, 1, 5})), "[0-1,5]");
-}
+TEST(CpuSetTest, FormatsWithFmt) { EXPECT_EQ(fmt::format("[{}]", CpuSet({0, 1, 5})), "[0-1,5]"); }
 
 TEST(CpuSetTest, ParseRejectsNonNumberNamingTextAndPosition) {
   EXPECT_THAT([] { CpuSet::parse("a-3"); },
               ThrowsMessage<ValueError>(HasSubstr("bad cpuset 'a-3': expected a number at 'a-3'")));
   EXPECT_THAT([] { CpuSet::parse("1,,2"); },
               ThrowsMessage<ValueError>(HasSubstr("bad cpuset '1,,2': expected a number at ',2'")));
-  EXPECT_THAT([] { CpuSet::parse("1,"); },
-              ThrowsMessage<ValueError>(
-                  HasSubstr("bad cpuset '1,': expected a number at the end")));
-  EXPECT_THAT([] { CpuSet::parse("3-"); },
-              ThrowsMessage<ValueError>(
-                  HasSubstr("bad cpuset '3-': expected a number at the end")));
+  EXPECT_THAT(
+      [] { CpuSet::parse("1,"); },
+      ThrowsMessage<ValueError>(HasSubstr("bad cpuset '1,': expected a number at the end")));
+  EXPECT_THAT(
+      [] { CpuSet::parse("3-"); },
+      ThrowsMessage<ValueError>(HasSubstr("bad cpuset '3-': expected a number at the end")));
 }
 
 TEST(CpuSetTest, ParseRejectsNegativeNumber) {
@@ -92,12 +93,12 @@ TEST(CpuSetTest, ParseRejectsReversedRange) {
 }
 
 TEST(CpuSetTest, ParseRejectsStrayCharacter) {
-  EXPECT_THAT([] { CpuSet::parse("0-3x"); },
-              ThrowsMessage<ValueError>(
-                  HasSubstr("bad cpuset '0-3x': unexpected character 'x' at 'x'")));
-  EXPECT_THAT([] { CpuSet::parse("1 2"); },
-              ThrowsMessage<ValueError>(
-                  HasSubstr("bad cpuset '1 2': unexpected character ' ' at ' 2'")));
+  EXPECT_THAT(
+      [] { CpuSet::parse("0-3x"); },
+      ThrowsMessage<ValueError>(HasSubstr("bad cpuset '0-3x': unexpected character 'x' at 'x'")));
+  EXPECT_THAT(
+      [] { CpuSet::parse("1 2"); },
+      ThrowsMessage<ValueError>(HasSubstr("bad cpuset '1 2': unexpected character ' ' at ' 2'")));
 }
 
 TEST(CpuSetTest, ParseRejectsNumberAboveLimit) {

@@ -2,17 +2,17 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <oneapi/tbb/global_control.h>
 #include <unistd.h>
-#include <sstream>
-#include <regex>
-#include <fstream>
-#include <filesystem>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <string>
-
-#include <oneapi/tbb/global_control.h>
 
 #include "numesh/core/error.hpp"
 #include "test_devices.hpp"
@@ -82,8 +82,10 @@ TEST(DeviceSetTest, LargeBuffersAskForHugePages) {
   std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string mode;
   std::getline(setting, mode);
-  if (mode.empty() || mode.find("[never]") != std::string::npos || mode.find("[always]") != std::string::npos) {
-    std::cout << "[ SKIPPED  ] transparent huge pages are '" << mode << "' here: madvise changes nothing\n";
+  if (mode.empty() || mode.find("[never]") != std::string::npos ||
+      mode.find("[always]") != std::string::npos) {
+    std::cout << "[ SKIPPED  ] transparent huge pages are '" << mode
+              << "' here: madvise changes nothing\n";
     return;
   }
   auto devices = testing::synthetic_devices(testing::nodes(1));
@@ -100,8 +102,9 @@ TEST(DeviceSetTest, AllocationsLargerThanTheNodeAreRefusedBeforeTheyAreMade) {
       Topology::from_xml(std::string(NUMESH_TOPOLOGY_DIR) + "/24em64t-2n6c2t-pci.xml"), one_thread);
   Device& d = devices->device(0);
   EXPECT_THAT([&] { d.allocate(std::size_t{20} << 30); },
-              ThrowsMessage<ValueError>(HasSubstr("cannot allocate 21.5 GB, more than the 19.3 GB of its NUMA node 0 "
-                                                  "leaves (numesh's buffers there already take 0 bytes)")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("cannot allocate 21.5 GB, more than the 19.3 GB of its NUMA node 0 "
+                            "leaves (numesh's buffers there already take 0 bytes)")));
   EXPECT_FALSE(d.allocate(4096).empty()) << "smaller sizes still allocate";
 }
 
@@ -126,10 +129,12 @@ TEST(DeviceSetTest, LiveBuffersOfTheDevicesOnANodeCountTogether) {
   {
     DeviceBuffer first = a.allocate(600000);
     EXPECT_THAT([&] { b.allocate(600000); },
-                ThrowsMessage<ValueError>(HasSubstr("cannot allocate 600000 bytes, more than the 1.0 MB of its NUMA "
-                                                    "node 0 leaves (numesh's buffers there already take 600000 bytes)")));
+                ThrowsMessage<ValueError>(
+                    HasSubstr("cannot allocate 600000 bytes, more than the 1.0 MB of its NUMA "
+                              "node 0 leaves (numesh's buffers there already take 600000 bytes)")));
   }
-  EXPECT_FALSE(b.allocate(600000).empty()) << "the first buffer's bytes came back when it was freed";
+  EXPECT_FALSE(b.allocate(600000).empty())
+      << "the first buffer's bytes came back when it was freed";
 }
 
 TEST(DeviceSetTest, TheWorkerLimitServesTheLargestLiveSet) {
@@ -158,9 +163,10 @@ TEST(DeviceMeshTest, CreateResolvesMinusOneAndNamesAxes) {
 }
 
 TEST(DeviceMeshTest, GroupsFollowEveryAxisSubset) {
-  const DeviceMesh m =
-      DeviceMesh::create(testing::synthetic_devices(testing::nodes(8)), {2, 2, 2}, {"dp", "fsdp", "tp"});
-  const std::vector<std::string> none, tp{"tp"}, dp{"dp"}, dp_tp{"dp", "tp"}, all{"dp", "fsdp", "tp"};
+  const DeviceMesh m = DeviceMesh::create(testing::synthetic_devices(testing::nodes(8)), {2, 2, 2},
+                                          {"dp", "fsdp", "tp"});
+  const std::vector<std::string> none, tp{"tp"}, dp{"dp"}, dp_tp{"dp", "tp"},
+      all{"dp", "fsdp", "tp"};
   EXPECT_EQ(m.groups(none), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
   EXPECT_EQ(m.groups(tp), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
   EXPECT_EQ(m.groups(dp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
@@ -173,20 +179,34 @@ TEST(DeviceMeshTest, GroupsFollowEveryAxisSubset) {
 
 TEST(DeviceMeshTest, BadMeshesAreRejectedNamingTheValues) {
   auto devices = testing::synthetic_devices(testing::nodes(2));
-  EXPECT_THAT([&] { DeviceMesh::create(devices, {2, 4}, {"dp", "tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "mesh dims (2,4) do not fit the 2 devices the numa placement made (numa0, numa1)")));
-  EXPECT_THAT([&] { DeviceMesh::create(devices, {-1, -1}, {"dp", "tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr("can only specify one unknown dimension")));
-  EXPECT_THAT([&] { DeviceMesh::create(devices, {2}, {"dp", "tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr("mesh dims (2) and names (dp,tp) differ in length")));
-  EXPECT_THAT([&] { DeviceMesh::create(devices, {1, 2}, {"tp", "tp"}); }, ::testing::Throws<ValueError>());
+  EXPECT_THAT(
+      [&] {
+        DeviceMesh::create(devices, {2, 4}, {"dp", "tp"});
+      },
+      ThrowsMessage<ValueError>(HasSubstr(
+          "mesh dims (2,4) do not fit the 2 devices the numa placement made (numa0, numa1)")));
+  EXPECT_THAT(
+      [&] {
+        DeviceMesh::create(devices, {-1, -1}, {"dp", "tp"});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("can only specify one unknown dimension")));
+  EXPECT_THAT(
+      [&] {
+        DeviceMesh::create(devices, {2}, {"dp", "tp"});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("mesh dims (2) and names (dp,tp) differ in length")));
+  EXPECT_THAT(
+      [&] {
+        DeviceMesh::create(devices, {1, 2}, {"tp", "tp"});
+      },
+      ::testing::Throws<ValueError>());
   const DeviceMesh m = DeviceMesh::create(devices, {2}, {"tp"});
   const std::vector<std::string> bad{"sp"};
   EXPECT_THAT([&] { m.groups(bad); },
               ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh (axes: tp)")));
-  EXPECT_THAT([&] { m.device(2); },
-              ThrowsMessage<IndexError>(HasSubstr("mesh slot 2 is out of range: the mesh has 2 devices")));
+  EXPECT_THAT(
+      [&] { m.device(2); },
+      ThrowsMessage<IndexError>(HasSubstr("mesh slot 2 is out of range: the mesh has 2 devices")));
 }
 
 }  // namespace

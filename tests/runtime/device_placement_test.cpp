@@ -32,7 +32,8 @@ std::vector<std::string> labels(const std::vector<DeviceSpec>& devices) {
 // device of one thread per PU: it was once a device of no thread, which no arena can be.
 TEST(PlacementTest, PusThatNoCoreHoldsAreCoresOfTheirOwn) {
   const Topology t = topology_fixture("fuzzed-numa-node-without-cores.xml");
-  for (const PlacementPolicy policy : {PlacementPolicy::kNuma, PlacementPolicy::kL3, PlacementPolicy::kCore}) {
+  for (const PlacementPolicy policy :
+       {PlacementPolicy::kNuma, PlacementPolicy::kL3, PlacementPolicy::kCore}) {
     for (const bool smt : {false, true}) {
       const auto devices = place_devices(t, {.policy = policy, .use_smt = smt});
       ASSERT_FALSE(devices.empty());
@@ -58,8 +59,8 @@ TEST(PlacementTest, PolicyNamesRoundTrip) {
 
 TEST(PlacementTest, UnknownPolicyNamesTextAndChoices) {
   EXPECT_THAT([] { parse_placement_policy("foo"); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "unknown placement policy 'foo' (choose numa, l3, core or explicit)")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("unknown placement policy 'foo' (choose numa, l3, core or explicit)")));
   EXPECT_THAT([] { parse_placement_policy("NUMA"); },
               ThrowsMessage<ValueError>(HasSubstr("'NUMA'")));
 }
@@ -88,8 +89,7 @@ TEST(PlacementTest, NumaWithSmtUsesEveryPu) {
 }
 
 TEST(PlacementTest, MaxThreadsCapsThreadsButKeepsCpuset) {
-  const auto devices =
-      place_devices(two_by_two(), {.use_smt = true, .max_threads_per_device = 2});
+  const auto devices = place_devices(two_by_two(), {.use_smt = true, .max_threads_per_device = 2});
   ASSERT_EQ(devices.size(), 4U);
   EXPECT_EQ(devices[0].threads, 2);
   EXPECT_EQ(devices[0].cpuset, CpuSet::parse("0-15"));
@@ -194,8 +194,8 @@ TEST(PlacementTest, L3WithoutL3FallsBackToNumaWithNote) {
   const auto devices = place_devices(t, {.policy = PlacementPolicy::kL3}, &notes);
   ASSERT_EQ(devices.size(), 8U);
   // Labels carry the OS node number, devices follow hwloc's logical order.
-  EXPECT_THAT(labels(devices), ElementsAre("numa1", "numa0", "numa2", "numa5", "numa4", "numa3",
-                                           "numa6", "numa7"));
+  EXPECT_THAT(labels(devices),
+              ElementsAre("numa1", "numa0", "numa2", "numa5", "numa4", "numa3", "numa6", "numa7"));
   EXPECT_EQ(devices[1].numa_node, 1);
   EXPECT_EQ(devices[1].numa_os_index, 0);
   EXPECT_THAT(notes,
@@ -212,9 +212,8 @@ TEST(PlacementTest, NumaSkipsMemoryOnlyNodesAndNodelessPusWithNotes) {
   EXPECT_EQ(devices[0].threads, 2);
   EXPECT_EQ(devices[2].cpuset, CpuSet({6}));
   EXPECT_EQ(devices[2].numa_node, 2);
-  EXPECT_THAT(notes,
-              ElementsAre("NUMA nodes without PUs get no device (memory only): numa5, numa4",
-                          "PUs 0-1,12-15 belong to no NUMA node and get no device"));
+  EXPECT_THAT(notes, ElementsAre("NUMA nodes without PUs get no device (memory only): numa5, numa4",
+                                 "PUs 0-1,12-15 belong to no NUMA node and get no device"));
 }
 
 TEST(PlacementTest, CorePolicyGivesNodelessCoresNoNode) {
@@ -229,10 +228,9 @@ TEST(PlacementTest, CorePolicyGivesNodelessCoresNoNode) {
 }
 
 TEST(PlacementTest, ExplicitCpusetsBecomeDevicesInListOrder) {
-  const PlacementOptions options{
-      .policy = PlacementPolicy::kExplicit,
-      .explicit_cpusets = {CpuSet::parse("32-47"), CpuSet::parse("0-3"),
-                           CpuSet::parse("16-17,48-63")}};
+  const PlacementOptions options{.policy = PlacementPolicy::kExplicit,
+                                 .explicit_cpusets = {CpuSet::parse("32-47"), CpuSet::parse("0-3"),
+                                                      CpuSet::parse("16-17,48-63")}};
   const auto devices = place_devices(two_by_two(), options);
   ASSERT_EQ(devices.size(), 3U);
   EXPECT_THAT(labels(devices), ElementsAre("cpus32-47", "cpus0-3", "cpus16-17,48-63"));
@@ -274,8 +272,8 @@ TEST(PlacementTest, ExplicitRejectsCpusetOutsideTopology) {
   const PlacementOptions options{.policy = PlacementPolicy::kExplicit,
                                  .explicit_cpusets = {CpuSet::parse("60-70")}};
   EXPECT_THAT([&] { place_devices(two_by_two(), options); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "explicit cpuset 0 '60-70' is outside the topology's PUs '0-63'")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr("explicit cpuset 0 '60-70' is outside the topology's PUs '0-63'")));
 }
 
 TEST(PlacementTest, ExplicitRejectsOverlapNamingBothCpusets) {

@@ -2,6 +2,8 @@
 // on bf16 and f16 buffers and sharded tensors (copies move the 16-bit bits; reductions widen,
 // combine in fp32 in rank order and round once).
 
+#include "numesh/core/dtype.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -26,11 +27,17 @@ using ::testing::ThrowsMessage;
 
 constexpr DType k16BitTypes[] = {DType::kBF16, DType::kF16};
 
-std::uint16_t round_to(DType t, float x) { return t == DType::kBF16 ? bf16_from_f32(x) : f16_from_f32(x); }
-float widen(DType t, std::uint16_t h) { return t == DType::kBF16 ? f32_from_bf16(h) : f32_from_f16(h); }
+std::uint16_t round_to(DType t, float x) {
+  return t == DType::kBF16 ? bf16_from_f32(x) : f16_from_f32(x);
+}
+float widen(DType t, std::uint16_t h) {
+  return t == DType::kBF16 ? f32_from_bf16(h) : f32_from_f16(h);
+}
 
-DeviceMesh mesh_of(const std::string& topology, std::vector<std::int64_t> dims, std::vector<std::string> names) {
-  return DeviceMesh::create(testing::synthetic_devices(topology), std::move(dims), std::move(names));
+DeviceMesh mesh_of(const std::string& topology, std::vector<std::int64_t> dims,
+                   std::vector<std::string> names) {
+  return DeviceMesh::create(testing::synthetic_devices(topology), std::move(dims),
+                            std::move(names));
 }
 
 // Values that do not fit 16 bits exactly, in f16's range, so rounding matters.
@@ -51,13 +58,14 @@ TEST(DTypeTensorTest, SixteenBitTensorsHoldBitsAndRefuseTheFloatView) {
     EXPECT_EQ(x.bits16().size(), 15u);
     EXPECT_EQ(x.buffer().size_bytes(), 30u) << "16-bit storage is half the bytes of fp32";
     EXPECT_THAT([&] { (void)x.values(); },
-                ThrowsMessage<TypeError>(HasSubstr(fmt::format("tensor of shape (3, 5) holds {} values, not f32",
-                                                               to_string(t)))));
+                ThrowsMessage<TypeError>(HasSubstr(
+                    fmt::format("tensor of shape (3, 5) holds {} values, not f32", to_string(t)))));
   }
   Tensor f(m.device(0), {4});
   EXPECT_EQ(f.size_bytes(), 16u);
-  EXPECT_THAT([&] { (void)f.bits16(); },
-              ThrowsMessage<TypeError>(HasSubstr("tensor of shape (4) holds f32 values, not 16-bit ones")));
+  EXPECT_THAT(
+      [&] { (void)f.bits16(); },
+      ThrowsMessage<TypeError>(HasSubstr("tensor of shape (4) holds f32 values, not 16-bit ones")));
 }
 
 TEST(DTypeTensorTest, ScatterRoundsToNearestEvenAndGatherWidensExactly) {
@@ -67,8 +75,9 @@ TEST(DTypeTensorTest, ScatterRoundsToNearestEvenAndGatherWidensExactly) {
   // A tie (exactly halfway between two bf16 values, odd lower neighbour): rounds up to even.
   host.data[3] = std::bit_cast<float>(0x3F818000u);
   for (DType t : k16BitTypes) {
-    for (const auto& spec : {sharding::PartitionSpec({"dp", "tp"}), sharding::PartitionSpec({sharding::AxisRule(), "tp"}),
-                             sharding::PartitionSpec()}) {
+    for (const auto& spec :
+         {sharding::PartitionSpec({"dp", "tp"}),
+          sharding::PartitionSpec({sharding::AxisRule(), "tp"}), sharding::PartitionSpec()}) {
       ShardedTensor x(m, shape, spec, t);
       EXPECT_EQ(x.dtype(), t);
       scatter(host, x);
@@ -92,18 +101,22 @@ struct Buffers16 {
   std::vector<BufferView> views;
   Buffers16(const DeviceMesh& mesh, std::size_t count, DType t) : type(t) {
     for (std::int64_t s = 0; s < mesh.size(); ++s) {
-      tensors.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(count)}, t);
+      tensors.emplace_back(mesh.device(s),
+                           std::vector<std::int64_t>{static_cast<std::int64_t>(count)}, t);
     }
     for (auto& x : tensors) views.push_back(view(x));
   }
   void fill(std::uint32_t seed) {
     for (std::size_t s = 0; s < tensors.size(); ++s) {
-      const auto v = random_values(tensors[s].bits16().size(), seed + static_cast<std::uint32_t>(s));
+      const auto v =
+          random_values(tensors[s].bits16().size(), seed + static_cast<std::uint32_t>(s));
       auto bits = tensors[s].bits16();
       for (std::size_t i = 0; i < v.size(); ++i) bits[i] = round_to(type, v[i]);
     }
   }
-  std::uint16_t at(std::int64_t slot, std::size_t i) const { return tensors[static_cast<std::size_t>(slot)].bits16()[i]; }
+  std::uint16_t at(std::int64_t slot, std::size_t i) const {
+    return tensors[static_cast<std::size_t>(slot)].bits16()[i];
+  }
 };
 
 TEST(DTypeCollectivesTest, AllReduceWidensSumsInRankOrderAndRoundsOnceWithEitherAlgorithm) {
@@ -111,11 +124,13 @@ TEST(DTypeCollectivesTest, AllReduceWidensSumsInRankOrderAndRoundsOnceWithEither
   for (DType t : k16BitTypes) {
     for (std::size_t count : {std::size_t{5}, std::size_t{40000}}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-        for (auto algo : {AllReduceAlgorithm::kDirect, AllReduceAlgorithm::kReduceScatterAllGather}) {
+        for (auto algo :
+             {AllReduceAlgorithm::kDirect, AllReduceAlgorithm::kReduceScatterAllGather}) {
           Buffers16 in(m, count, t), out(m, count, t);
           in.fill(11);
           GraphBuilder b(m.device_set());
-          all_reduce(b, m, in.views, out.views, count, op, {.axes = {"tp"}, .after = {}, .name = {}}, algo);
+          all_reduce(b, m, in.views, out.views, count, op,
+                     {.axes = {"tp"}, .after = {}, .name = {}}, algo);
           b.compile().run();
           for (const auto& group : m.groups(std::vector<std::string>{"tp"})) {
             for (std::size_t i = 0; i < count; ++i) {
@@ -140,14 +155,15 @@ TEST(DTypeCollectivesTest, CopyingCollectivesMoveTheBitsAndHalfTheBytes) {
   const DeviceMesh m = mesh_of(testing::nodes(4), {4}, {"tp"});
   const std::size_t count = 1000;
   for (DType t : k16BitTypes) {
-    Buffers16 in(m, count, t), gathered(m, 4 * count, t), scattered(m, count / 4, t), swapped(m, count, t),
-        sent(m, count, t), shifted(m, count, t);
+    Buffers16 in(m, count, t), gathered(m, 4 * count, t), scattered(m, count / 4, t),
+        swapped(m, count, t), sent(m, count, t), shifted(m, count, t);
     in.fill(3);
     GraphBuilder b(m.device_set());
     const CollectiveArgs tp{.axes = {"tp"}, .after = {}, .name = {}};
     const Frontier ag = all_gather(b, m, in.views, gathered.views, count, tp);
     reduce_scatter(b, m, in.views, scattered.views, count, ReduceOp::kSum, tp);
-    all_to_all(b, m, in.views, swapped.views, std::vector<std::vector<std::size_t>>(4, std::vector<std::size_t>(4, 250)), tp);
+    all_to_all(b, m, in.views, swapped.views,
+               std::vector<std::vector<std::size_t>>(4, std::vector<std::size_t>(4, 250)), tp);
     broadcast(b, m, in.views, sent.views, count, 2, tp);
     permute(b, m, in.views, shifted.views, count, 1, tp);
     EXPECT_EQ(b.node(ag[0]).bytes, 3 * count * 2) << "a 16-bit all-gather moves 2 bytes an element";
@@ -160,11 +176,13 @@ TEST(DTypeCollectivesTest, CopyingCollectivesMoveTheBitsAndHalfTheBytes) {
         ASSERT_EQ(sent.at(s, i), in.at(2, i));
         ASSERT_EQ(shifted.at(s, i), in.at((s + 3) % 4, i));
         // all_to_all: slot s receives piece s (250 elements) of every rank, in rank order.
-        ASSERT_EQ(swapped.at(s, i), in.at(static_cast<std::int64_t>(i / 250), static_cast<std::size_t>(s) * 250 + i % 250));
+        ASSERT_EQ(swapped.at(s, i), in.at(static_cast<std::int64_t>(i / 250),
+                                          static_cast<std::size_t>(s) * 250 + i % 250));
       }
       for (std::size_t i = 0; i < count / 4; ++i) {
         float acc = 0.0f;
-        for (std::int64_t r = 0; r < 4; ++r) acc += widen(t, in.at(r, static_cast<std::size_t>(s) * (count / 4) + i));
+        for (std::int64_t r = 0; r < 4; ++r)
+          acc += widen(t, in.at(r, static_cast<std::size_t>(s) * (count / 4) + i));
         ASSERT_EQ(scattered.at(s, i), round_to(t, acc));
       }
     }
@@ -183,7 +201,8 @@ TEST(DTypeCollectivesTest, ShardedCollectivesKeepTheDtype) {
     GraphBuilder b(m.device_set());
     redistribute(b, split, rows, {.axes = {"tp"}, .after = {}, .name = {}});
     // Partial sums: every slot holds the whole tensor; the sum over tp is twice each value.
-    ShardedTensor partial(m, shape, sharding::PartitionSpec(), t), summed(m, shape, sharding::PartitionSpec(), t),
+    ShardedTensor partial(m, shape, sharding::PartitionSpec(), t),
+        summed(m, shape, sharding::PartitionSpec(), t),
         reduced(m, shape, sharding::PartitionSpec({sharding::AxisRule(), "tp"}), t);
     scatter(host, partial);
     all_reduce(b, partial, summed, ReduceOp::kSum, {.axes = {"tp"}, .after = {}, .name = {}});
@@ -200,7 +219,8 @@ TEST(DTypeCollectivesTest, ShardedCollectivesKeepTheDtype) {
     GraphBuilder b2(m.device_set());
     EXPECT_THAT([&] { redistribute(b2, split, f32, {.axes = {"tp"}, .after = {}, .name = {}}); },
                 ThrowsMessage<ValueError>(HasSubstr(fmt::format(
-                    "redistribute: input is {} and output is f32; collectives keep the dtype", to_string(t)))));
+                    "redistribute: input is {} and output is f32; collectives keep the dtype",
+                    to_string(t)))));
   }
 }
 
@@ -212,9 +232,10 @@ TEST(DTypeCollectivesTest, MixedDtypesAreRefusedNamingTheSlot) {
   std::vector<BufferView> mixed = out.views;
   mixed[1] = view(f32[1]);
   GraphBuilder b(m.device_set());
-  EXPECT_THAT([&] { all_gather(b, m, in.views, mixed, 4, {.axes = {"tp"}, .after = {}, .name = {}}); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "all_gather: slot 1 has bf16 input and f32 output views, slot 0 has bf16 input: one dtype per collective")));
+  EXPECT_THAT(
+      [&] { all_gather(b, m, in.views, mixed, 4, {.axes = {"tp"}, .after = {}, .name = {}}); },
+      ThrowsMessage<ValueError>(HasSubstr("all_gather: slot 1 has bf16 input and f32 output views, "
+                                          "slot 0 has bf16 input: one dtype per collective")));
   EXPECT_EQ(b.size(), 0u);
 }
 

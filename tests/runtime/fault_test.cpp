@@ -38,15 +38,18 @@ struct FaultGraph {
                                       std::span<const BufferView>, const CollectiveArgs&)>;
 
   FaultGraph(std::size_t out_count, const Emit& emit)
-      : mesh(DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2}, {"dp", "tp"})),
+      : mesh(DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2},
+                                {"dp", "tp"})),
         graph(build(out_count, emit)) {}
 
   CompiledGraph build(std::size_t out_count, const Emit& emit) {
     std::vector<BufferView> in_views, out_views;
     for (std::int64_t s = 0; s < mesh.size(); ++s) {
       in.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(kCount)});
-      out.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(out_count)});
-      result.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(out_count)});
+      out.emplace_back(mesh.device(s),
+                       std::vector<std::int64_t>{static_cast<std::int64_t>(out_count)});
+      result.emplace_back(mesh.device(s),
+                          std::vector<std::int64_t>{static_cast<std::int64_t>(out_count)});
     }
     for (auto& t : in) in_views.push_back(view(t));
     for (auto& t : out) out_views.push_back(view(t));
@@ -56,15 +59,19 @@ struct FaultGraph {
       Tensor& t = in[static_cast<std::size_t>(s)];
       filled.push_back(b.add(static_cast<int>(s), "fill[" + std::to_string(s) + "]", [&t, s] {
         auto v = t.values();
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((s + 1) * 100 + static_cast<std::int64_t>(i));
+        for (std::size_t i = 0; i < v.size(); ++i)
+          v[i] = static_cast<float>((s + 1) * 100 + static_cast<std::int64_t>(i));
       }));
     }
-    const Frontier done = emit(b, mesh, in_views, out_views, {.axes = {}, .after = filled, .name = {}});
+    const Frontier done =
+        emit(b, mesh, in_views, out_views, {.axes = {}, .after = filled, .name = {}});
     for (std::int64_t s = 0; s < mesh.size(); ++s) {
       Tensor& from = out[static_cast<std::size_t>(s)];
       Tensor& to = result[static_cast<std::size_t>(s)];
       b.add(static_cast<int>(s), "copy[" + std::to_string(s) + "]",
-            [&from, &to] { std::copy(from.values().begin(), from.values().end(), to.values().begin()); },
+            [&from, &to] {
+              std::copy(from.values().begin(), from.values().end(), to.values().begin());
+            },
             {done[static_cast<std::size_t>(s)]});
     }
     return b.compile();
@@ -107,7 +114,8 @@ std::vector<CollectiveCase> collective_cases() {
   return {
       {"all_reduce_direct", kCount,
        [=](GraphBuilder& b, const DeviceMesh& m, Views i, Views o, const CollectiveArgs& a) {
-         return all_reduce(b, m, i, o, kCount, ReduceOp::kSum, with_axes(a, {"dp", "tp"}), AllReduceAlgorithm::kDirect);
+         return all_reduce(b, m, i, o, kCount, ReduceOp::kSum, with_axes(a, {"dp", "tp"}),
+                           AllReduceAlgorithm::kDirect);
        }},
       {"all_reduce_two_stage", kCount,
        [=](GraphBuilder& b, const DeviceMesh& m, Views i, Views o, const CollectiveArgs& a) {
@@ -152,7 +160,8 @@ TEST_P(CollectiveFaultTest, AFaultInAnyNodeEndsTheRunOnceAndTheGraphRunsAgain) {
     g.clear();
     g.graph.inject_fault(id);
     EXPECT_THAT([&] { g.graph.run(); },
-                ThrowsMessage<InjectedFault>(fmt::format("injected fault in node {} (device {})", node.name, node.device)));
+                ThrowsMessage<InjectedFault>(
+                    fmt::format("injected fault in node {} (device {})", node.name, node.device)));
     EXPECT_EQ(g.graph.failed_node(), node.name);
     const std::vector<bool> downstream = g.downstream_of(id);
     for (NodeId n = 0; n < g.graph.size(); ++n) {
@@ -173,7 +182,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CollectiveFaultTest, ::testing::ValuesIn(collect
 TEST(CollectiveFaultTest, InjectingIntoANodeThatDoesNotExistIsAnIndexError) {
   FaultGraph g(kCount, collective_cases()[0].emit);
   EXPECT_THAT([&] { g.graph.inject_fault(static_cast<NodeId>(g.graph.size())); },
-              ThrowsMessage<IndexError>(fmt::format("inject_fault: node {0} does not exist ({0} nodes)", g.graph.size())));
+              ThrowsMessage<IndexError>(fmt::format(
+                  "inject_fault: node {0} does not exist ({0} nodes)", g.graph.size())));
 }
 
 // run() from a second thread while a run is in progress is refused; the first run completes.
@@ -189,7 +199,8 @@ TEST(CollectiveFaultTest, ASecondRunWhileOneIsInProgressIsRefused) {
   std::thread first([&] { graph.run(); });
   while (!started) std::this_thread::yield();
   EXPECT_THAT([&] { graph.run(); },
-              ThrowsMessage<ValueError>("CompiledGraph::run: the graph is already running in another thread"));
+              ThrowsMessage<ValueError>(
+                  "CompiledGraph::run: the graph is already running in another thread"));
   release = true;
   first.join();
   EXPECT_NO_THROW(graph.run());  // `release` stays set: the node returns at once
@@ -199,8 +210,9 @@ TEST(CollectiveFaultTest, ASecondRunWhileOneIsInProgressIsRefused) {
 // random delay: every run either completes or throws CancelledError, none hangs, and the next
 // uncancelled run is right. (LeakSanitizer, in the sanitize preset, checks nothing leaks.)
 TEST(CancellationStormTest, AThousandRandomCancelsLeaveTheGraphCorrect) {
-  const FaultGraph::Emit chain = [](GraphBuilder& b, const DeviceMesh& m, std::span<const BufferView> i,
-                                    std::span<const BufferView> o, const CollectiveArgs& a) {
+  const FaultGraph::Emit chain = [](GraphBuilder& b, const DeviceMesh& m,
+                                    std::span<const BufferView> i, std::span<const BufferView> o,
+                                    const CollectiveArgs& a) {
     Frontier f = a.after;
     for (int k = 0; k < 16; ++k) {
       // in -> out and back, so that every step depends on the one before.

@@ -2,10 +2,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
 
@@ -54,7 +54,8 @@ TEST(GraphTest, ALongChainOnTwoDevicesRunsInOrderEveryTime) {
   for (int i = 0; i < 200; ++i) {
     std::vector<NodeId> deps;
     if (i > 0) deps.push_back(prev);
-    prev = b.add(i % 2, "n" + std::to_string(i), [&seen, i] { seen.push_back(i); }, deps);
+    prev = b.add(
+        i % 2, "n" + std::to_string(i), [&seen, i] { seen.push_back(i); }, deps);
   }
   CompiledGraph g = b.compile();
   for (int run = 0; run < 5; ++run) {
@@ -81,9 +82,12 @@ TEST(GraphTest, EachNodeRunsInItsDevicesArena) {
     const int d = i % 2;
     std::vector<NodeId> deps;
     if (i > 0) deps.push_back(prev);
-    prev = b.add(d, "n", [&, d] {
-      if (oneapi::tbb::this_task_arena::max_concurrency() != (d == 0 ? 1 : 3)) ++wrong;
-    }, deps);
+    prev = b.add(
+        d, "n",
+        [&, d] {
+          if (oneapi::tbb::this_task_arena::max_concurrency() != (d == 0 ? 1 : 3)) ++wrong;
+        },
+        deps);
   }
   CompiledGraph g = b.compile();
   g.run();
@@ -96,9 +100,11 @@ TEST(GraphTest, AnExceptionReachesTheCallerAndTheGraphRunsAgain) {
   std::atomic<bool> fail{true};
   std::atomic<int> after{0};
   const NodeId a = b.add(0, "ok", [] {});
-  const NodeId bad = b.add(1, "bad", [&] {
-    if (fail) throw std::runtime_error("shard 3 is broken");
-  }, {a});
+  const NodeId bad = b.add(1, "bad",
+                           [&] {
+                             if (fail) throw std::runtime_error("shard 3 is broken");
+                           },
+                           {a});
   b.add(0, "after", [&] { ++after; }, {bad});
   CompiledGraph g = b.compile();
   EXPECT_THAT([&] { g.run(); }, ThrowsMessage<std::runtime_error>(HasSubstr("shard 3 is broken")));
@@ -164,8 +170,9 @@ TEST(GraphTest, AnEmptyGraphRuns) {
 
 TEST(GraphTest, BadNodesAreRejectedWithTheirNames) {
   GraphBuilder b(two_devices());
-  EXPECT_THAT([&] { b.add(5, "far", [] {}); },
-              ThrowsMessage<IndexError>(HasSubstr("node 'far': device 5 does not exist (2 devices)")));
+  EXPECT_THAT(
+      [&] { b.add(5, "far", [] {}); },
+      ThrowsMessage<IndexError>(HasSubstr("node 'far': device 5 does not exist (2 devices)")));
   EXPECT_THAT([&] { b.add(0, "dangling", [] {}, {3}); },
               ThrowsMessage<IndexError>(HasSubstr("node 'dangling' depends on node 3")));
   EXPECT_THAT([&] { b.add(0, "empty", std::function<void()>()); },
@@ -193,7 +200,8 @@ TEST(GraphTest, DependAddsAnEdge) {
 TEST(GraphTest, DotShowsDeviceClustersAndCrossDeviceEdges) {
   GraphBuilder b(two_devices());
   const NodeId a = b.add(0, "load \"x\"", [] {});
-  b.add(1, "reduce", [] {}, {a}, NodeKind::kCollective, 64);
+  b.add(
+      1, "reduce", [] {}, {a}, NodeKind::kCollective, 64);
   const std::string dot = b.compile().to_dot();
   EXPECT_THAT(dot, HasSubstr("subgraph cluster_device0"));
   EXPECT_THAT(dot, HasSubstr("subgraph cluster_device1"));
@@ -205,7 +213,8 @@ TEST(GraphTest, DotShowsDeviceClustersAndCrossDeviceEdges) {
 TEST(GraphTest, TimingGivesATableAndAChromeTrace) {
   GraphBuilder b(two_devices());
   const NodeId a = b.add(0, "first", [] {});
-  b.add(1, "second", [] {}, {a}, NodeKind::kCollective, 128);
+  b.add(
+      1, "second", [] {}, {a}, NodeKind::kCollective, 128);
   CompiledGraph g = b.compile();
   g.run();
   EXPECT_FALSE(g.timings()[0].ran) << "timing is off by default";
@@ -241,7 +250,9 @@ TEST(GraphTest, MoreDevicesThanCoresCompleteWithoutSpinning) {
   for (int d = 0; d < 8; ++d) layer.push_back(b.add(d, "l0", [&] { ++sum; }));
   for (int l = 1; l < 10; ++l) {
     std::vector<NodeId> next;
-    for (int d = 0; d < 8; ++d) next.push_back(b.add(d, "l", [&] { ++sum; }, layer));
+    for (int d = 0; d < 8; ++d)
+      next.push_back(b.add(
+          d, "l", [&] { ++sum; }, layer));
     layer = next;
   }
   CompiledGraph g = b.compile();

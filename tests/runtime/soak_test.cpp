@@ -4,12 +4,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "numesh/runtime/collectives.hpp"
@@ -46,7 +46,8 @@ struct SumGraph {
   std::vector<float> want;  // every slot's [n] output
 
   SumGraph(const DeviceMesh& mesh, std::int64_t n, float seed)
-      : in(mesh, {mesh.size(), n}, sharding::PartitionSpec({sharding::AxisRule::tuple({"dp", "tp"}), {}})),
+      : in(mesh, {mesh.size(), n},
+           sharding::PartitionSpec({sharding::AxisRule::tuple({"dp", "tp"}), {}})),
         out(mesh, {mesh.size(), n}, in.spec()),
         graph(build(mesh)) {
     HostTensor host = HostTensor::zeros({mesh.size(), n});
@@ -80,7 +81,8 @@ struct SumGraph {
 };
 
 DeviceMesh mesh_2x2() {
-  return DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2}, {"dp", "tp"});
+  return DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2},
+                            {"dp", "tp"});
 }
 
 TEST(SoakTest, TenThousandRunsLeaveResidentMemoryAndThreadsAsTheyWere) {

@@ -90,20 +90,35 @@ TEST(TensorTest, ReplicatedShardsAreRealCopiesOnEachDevice) {
 TEST(TensorTest, BadShapesAreRejected) {
   const DeviceMesh m = mesh_2x4();
   ShardedTensor t(m, {8, 16}, P({AxisRule("dp")}));
-  EXPECT_THAT([&] { scatter(iota({8, 15}), t); },
-              ThrowsMessage<ShapeError>(HasSubstr("host tensor has shape (8, 15) but the sharded tensor has shape (8, 16)")));
-  EXPECT_THAT([&] { ShardedTensor(m, {7, 16}, P({AxisRule("dp")})); },
-              ThrowsMessage<ShapeError>(HasSubstr("7")));
+  EXPECT_THAT(
+      [&] {
+        scatter(iota({8, 15}), t);
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("host tensor has shape (8, 15) but the sharded tensor has shape (8, 16)")));
+  EXPECT_THAT(
+      [&] {
+        ShardedTensor(m, {7, 16}, P({AxisRule("dp")}));
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("7")));
   EXPECT_THAT([&] { ShardedTensor(m, {8}, P({AxisRule("xp")})); }, ::testing::Throws<Error>());
-  EXPECT_THAT([&] { HostTensor::zeros({2, -1}); },
-              ThrowsMessage<ShapeError>(HasSubstr("shape (2, -1) has a negative extent")));
+  EXPECT_THAT(
+      [&] {
+        HostTensor::zeros({2, -1});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("shape (2, -1) has a negative extent")));
   // Larger than the machine's memory: refused, named, before the allocator sees it (4.4 TB).
-  EXPECT_THAT([&] { HostTensor::zeros({1 << 20, 1 << 20}); },
-              ThrowsMessage<ValueError>(::testing::ContainsRegex(
-                  "host memory: cannot allocate a \\[1048576, 1048576\\] tensor of 4398\\.0 GB, more than the "
-                  "[0-9.]+ GB this machine has")));
-  EXPECT_THAT([&] { (void)t.shard(8); },
-              ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
+  EXPECT_THAT(
+      [&] {
+        HostTensor::zeros({1 << 20, 1 << 20});
+      },
+      ThrowsMessage<ValueError>(
+          ::testing::ContainsRegex("host memory: cannot allocate a \\[1048576, 1048576\\] tensor "
+                                   "of 4398\\.0 GB, more than the "
+                                   "[0-9.]+ GB this machine has")));
+  EXPECT_THAT(
+      [&] { (void)t.shard(8); },
+      ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
 }
 
 TEST(TensorTest, CopyBoxCopiesAStridedBlock) {
@@ -169,7 +184,8 @@ TEST(ShardedCollectivesTest, AllGatherOverTpOnlyKeepsDp) {
 // sharded all-reduce: each slot's two summands over tp add up.
 TEST(ShardedCollectivesTest, AllReduceAcceptsSpecsThatDifferOnlyInTrailingNones) {
   const DeviceMesh m = mesh_2x4();
-  ShardedTensor in(m, {8, 16}, P({AxisRule("dp")})), out(m, {8, 16}, P({AxisRule("dp"), AxisRule()}));
+  ShardedTensor in(m, {8, 16}, P({AxisRule("dp")})),
+      out(m, {8, 16}, P({AxisRule("dp"), AxisRule()}));
   for (std::int64_t s = 0; s < m.size(); ++s) {
     for (float& v : in.shard(s).values()) v = 1.0f;
   }
@@ -184,14 +200,21 @@ TEST(ShardedCollectivesTest, BadArgumentsAreRejectedBeforeAnyNodeIsAdded) {
   ShardedTensor a(m, {8, 16}, P({AxisRule("dp")})), b(m, {8, 16}, P({})), c(m, {8, 8}, P({}));
   GraphBuilder builder(m.device_set());
   const CollectiveArgs all{.axes = {"dp", "tp"}, .after = {}, .name = {}};
-  EXPECT_THAT([&] { redistribute(builder, a, a, all); },
-              ThrowsMessage<ValueError>(HasSubstr("redistribute: input and output are the same tensor")));
-  EXPECT_THAT([&] { redistribute(builder, a, b, {.axes = {"dp"}, .after = {0, 1}, .name = {}}); },
-              ThrowsMessage<ValueError>(HasSubstr("redistribute: the frontier has 2 entries, the mesh has 8 slots")));
+  EXPECT_THAT(
+      [&] { redistribute(builder, a, a, all); },
+      ThrowsMessage<ValueError>(HasSubstr("redistribute: input and output are the same tensor")));
+  EXPECT_THAT(
+      [&] {
+        redistribute(builder, a, b, {.axes = {"dp"}, .after = {0, 1}, .name = {}});
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("redistribute: the frontier has 2 entries, the mesh has 8 slots")));
   EXPECT_THAT([&] { reduce_scatter(builder, b, c, ReduceOp::kSum, all); },
-              ThrowsMessage<ShapeError>(HasSubstr("reduce_scatter: input shape (8, 16) differs from output shape (8, 8)")));
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "reduce_scatter: input shape (8, 16) differs from output shape (8, 8)")));
   EXPECT_THAT([&] { all_reduce(builder, a, b, ReduceOp::kSum, all); },
-              ThrowsMessage<ShapeError>(HasSubstr("all_reduce: input spec P('dp',) differs from output spec P()")));
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("all_reduce: input spec P('dp',) differs from output spec P()")));
   EXPECT_THAT([&] { redistribute(builder, a, b, {.axes = {"xp"}, .after = {}, .name = {}}); },
               ThrowsMessage<KeyError>(HasSubstr("mesh axis 'xp' is not in the mesh")));
   EXPECT_EQ(builder.size(), 0u);
@@ -203,7 +226,8 @@ TEST(ShardedCollectivesTest, ReduceScatterAndAllReduceSumPartialShards) {
   ShardedTensor partial(m, {4, 8}, P({}));
   for (std::int64_t s = 0; s < m.size(); ++s) {
     auto v = partial.shard(s).values();
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(s * 100 + static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(s * 100 + static_cast<std::int64_t>(i));
   }
   // Reduce over tp into a layout that splits dim 1 over tp.
   ShardedTensor scattered(m, {4, 8}, P({AxisRule(), AxisRule("tp")}));

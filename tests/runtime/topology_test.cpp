@@ -25,7 +25,6 @@ using ::testing::ThrowsMessage;
 using testing::topology_fixture;
 constexpr std::uint64_t kGiB = 1024ULL * 1024 * 1024;
 
-
 std::vector<int> os_indexes(const std::vector<NumaNode>& nodes) {
   std::vector<int> out;
   for (const NumaNode& n : nodes) out.push_back(n.os_index);
@@ -189,9 +188,11 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
 // (topology_fuzz found "... core:622 pu:2" taking 32 s); the largest accepted still loads.
 TEST(TopologyTest, SyntheticDescriptionsOfMoreThan4096PusAreRefusedBeforeHwlocBuildsThem) {
   EXPECT_THAT([] { Topology::from_synthetic("pack:64 core:64 pu:2"); },
-              ThrowsMessage<TopologyError>("the synthetic topology 'pack:64 core:64 pu:2' describes more than 4096 PUs, "
-                                           "the most numesh accepts"));
-  EXPECT_THAT([] { Topology::from_synthetic("pu:99999999999999999999999"); }, ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+              ThrowsMessage<TopologyError>(
+                  "the synthetic topology 'pack:64 core:64 pu:2' describes more than 4096 PUs, "
+                  "the most numesh accepts"));
+  EXPECT_THAT([] { Topology::from_synthetic("pu:99999999999999999999999"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
   EXPECT_EQ(Topology::from_synthetic("pack:2 numa:2 core:512 pu:2").cpuset().size(), 4096u);
 }
 

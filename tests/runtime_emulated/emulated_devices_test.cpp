@@ -19,12 +19,12 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/ops/reference/mlp.hpp"
+#include "numesh/ops/reference/transformer.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
-#include "numesh/ops/reference/mlp.hpp"
-#include "numesh/ops/reference/transformer.hpp"
 
 namespace numesh::runtime {
 namespace {
@@ -82,7 +82,8 @@ TEST_F(EmulatedDevicesTest, NodesRunOnTheirDevicesCpu) {
   for (int i = 0; i < 8; ++i) {
     std::vector<NodeId> deps;
     if (i > 0) deps.push_back(prev);
-    prev = b.add(i % 2, "n", [&cpu, i] { cpu[static_cast<std::size_t>(i)] = sched_getcpu(); }, deps);
+    prev = b.add(
+        i % 2, "n", [&cpu, i] { cpu[static_cast<std::size_t>(i)] = sched_getcpu(); }, deps);
   }
   CompiledGraph g = b.compile();
   for (int run = 0; run < 3; ++run) {
@@ -100,7 +101,8 @@ TEST_F(EmulatedDevicesTest, AllReduceAndShardGatherWorkOnPinnedDevices) {
       in.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(count)});
       out.emplace_back(mesh.device(s), std::vector<std::int64_t>{static_cast<std::int64_t>(count)});
       auto v = in.back().values();
-      for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(s + 1) * static_cast<float>(i % 100);
+      for (std::size_t i = 0; i < count; ++i)
+        v[i] = static_cast<float>(s + 1) * static_cast<float>(i % 100);
     }
     for (auto& t : in) iv.push_back(view(t));
     for (auto& t : out) ov.push_back(view(t));
@@ -142,7 +144,9 @@ TEST_F(EmulatedDevicesTest, ShardedSwigluMlpOnPinnedDevicesEqualsTheReference) {
   const ops::RowMatrix want = ops::mlp_swiglu_reference(m(x), m(w.gate), m(w.up), m(w.down));
   // fp32 sums of 256 products in another order (split over tp): bound 2 * F * epsilon.
   EXPECT_TRUE(numesh::testing::matches_reference(
-      y, HostTensor{.shape = y.shape, .data = std::vector<float>(want.data(), want.data() + want.size())},
+      y,
+      HostTensor{.shape = y.shape,
+                 .data = std::vector<float>(want.data(), want.data() + want.size())},
       2.0 * 256 * std::numeric_limits<float>::epsilon()));
 }
 
@@ -170,7 +174,8 @@ TEST_F(EmulatedDevicesTest, ShardedTransformerOnPinnedDevicesEqualsTheDenseModel
       }
       const HostTensor y = model.forward(x, position);
       const HostTensor want = reference.forward(x, position);
-      EXPECT_TRUE(numesh::testing::matches_reference(y, want, 2e-5)) << axis << " tokens [" << position << ", " << position + n << ")";
+      EXPECT_TRUE(numesh::testing::matches_reference(y, want, 2e-5))
+          << axis << " tokens [" << position << ", " << position + n << ")";
       position += n;
     }
   }

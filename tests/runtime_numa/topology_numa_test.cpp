@@ -1,8 +1,6 @@
 // Tests that load the real machine (Topology::discover()). They live in runtime_numa_test,
 // labelled `numa`, so that sanitizer runs can leave them out (STYLE.md §2.11).
 
-#include "numesh/runtime/topology.hpp"
-
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "numesh/runtime/cpuset.hpp"
+#include "numesh/runtime/topology.hpp"
 
 namespace numesh::runtime {
 namespace {

@@ -3,9 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
-#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -57,8 +57,7 @@ TEST(AutoSpecTest, EmptyTupleCandidateIsSkippedByAutoButAssignedByVrn) {
   const std::vector<AxisRule> names{AxisRule::tuple({}), "tp"};
   // auto: () divides dim 0 but is falsy, so dim 0 stays None and () is not used up; dim 1
   // again finds () first.
-  EXPECT_EQ(auto_partition_spec(array({8, 8}), kDpTp, names, 1),
-            (PartitionSpec{nullptr, nullptr}));
+  EXPECT_EQ(auto_partition_spec(array({8, 8}), kDpTp, names, 1), (PartitionSpec{nullptr, nullptr}));
   // vrn: () is assigned (and canonicalised to None), then 'tp' takes dim 1.
   EXPECT_EQ(vrn_auto_partition_spec(array({8, 8}), kDpTp, names, 1),
             (PartitionSpec{nullptr, "tp"}));
@@ -75,7 +74,8 @@ TEST(AutoSpecTest, ReasoningExplainsEachDecision) {
   options.min_sharding_size = 1;
   const AutoSpec a = auto_spec(array({4096, 3}), kDpTp, options);
   EXPECT_EQ(a.spec, (PartitionSpec{"tp", nullptr}));
-  EXPECT_THAT(a.reasoning, Contains(HasSubstr("candidates in order: 'tp' (size 4), 'dp' (size 2)")));
+  EXPECT_THAT(a.reasoning,
+              Contains(HasSubstr("candidates in order: 'tp' (size 4), 'dp' (size 2)")));
   EXPECT_THAT(a.reasoning, Contains(HasSubstr("dim 0 (size 4096) takes 'tp' (size 4)")));
   EXPECT_THAT(a.reasoning, Contains(HasSubstr("dim 1 (size 3): no remaining candidate divides 3")));
   EXPECT_THAT(a.reasoning, Contains("result: P('tp', None)"));
@@ -98,10 +98,12 @@ TEST(AutoSpecTest, NoMeshIsAnError) {
 
 TEST(AutoSpecTest, UnknownNameIsKeyErrorEvenIfAnEarlierNameWouldDo) {
   const std::vector<AxisRule> names{"tp", "fsdp"};
-  EXPECT_THAT([&] { (void)auto_partition_spec(array({16}), kDpTp, names, 1); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'fsdp' is not in the mesh ('dp', 'tp')")));
+  EXPECT_THAT(
+      [&] { (void)auto_partition_spec(array({16}), kDpTp, names, 1); },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'fsdp' is not in the mesh ('dp', 'tp')")));
   try {
-    (void)vrn_auto_partition_spec(array({16}), kDpTp, std::vector<AxisRule>{AxisRule::tuple({"dp", "x"})}, 1);
+    (void)vrn_auto_partition_spec(array({16}), kDpTp,
+                                  std::vector<AxisRule>{AxisRule::tuple({"dp", "x"})}, 1);
     FAIL() << "expected KeyError";
   } catch (const KeyError& e) {
     EXPECT_EQ(e.key(), "x");
@@ -109,12 +111,14 @@ TEST(AutoSpecTest, UnknownNameIsKeyErrorEvenIfAnEarlierNameWouldDo) {
 }
 
 TEST(AutoSpecTest, CandidatesThatAreNotNamesAreTypeErrors) {
-  EXPECT_THAT([] { (void)auto_partition_spec(array({16}), kDpTp, std::vector<AxisRule>{nullptr}, 1); },
-              ThrowsMessage<TypeError>(
-                  "expected a mesh axis name or a tuple of mesh axis names, got None"));
+  EXPECT_THAT(
+      [] { (void)auto_partition_spec(array({16}), kDpTp, std::vector<AxisRule>{nullptr}, 1); },
+      ThrowsMessage<TypeError>(
+          "expected a mesh axis name or a tuple of mesh axis names, got None"));
   const std::vector<AxisRule> nested{AxisRule::tuple({"dp", AxisRule::tuple({"tp"})})};
-  EXPECT_THAT([&] { (void)auto_partition_spec(array({16}), kDpTp, nested, 1); },
-              ThrowsMessage<TypeError>(HasSubstr("a tuple of mesh axis names may only hold names")));
+  EXPECT_THAT(
+      [&] { (void)auto_partition_spec(array({16}), kDpTp, nested, 1); },
+      ThrowsMessage<TypeError>(HasSubstr("a tuple of mesh axis names may only hold names")));
   EXPECT_THAT([] { (void)entry_mesh_size(kDpTp, AxisRule::integer(3)); },
               ThrowsMessage<TypeError>(HasSubstr("got 3")));
 }

@@ -23,7 +23,8 @@ TEST(CorrectSpecTest, KeepsFittingEntriesAndPadsToRank) {
 }
 
 TEST(CorrectSpecTest, ReportsMissingAxisWithItsName) {
-  const auto r = correct_spec({8, 8}, PartitionSpec{AxisRule::tuple({"dp", "model"}), "fsdp"}, kMesh);
+  const auto r =
+      correct_spec({8, 8}, PartitionSpec{AxisRule::tuple({"dp", "model"}), "fsdp"}, kMesh);
   EXPECT_EQ(r.spec, (PartitionSpec{nullptr, "fsdp"}));
   ASSERT_EQ(r.corrections.size(), 1U);
   EXPECT_EQ(r.corrections[0].dim, 0U);
@@ -39,8 +40,7 @@ TEST(CorrectSpecTest, ReportsNonDivisibleDimWithSizes) {
   EXPECT_EQ(r.corrections[0].reason, CorrectionReason::kNotDivisible);
   EXPECT_EQ(r.corrections[0].dim_size, 12);
   EXPECT_EQ(r.corrections[0].mesh_size, 8);
-  EXPECT_THAT(r.corrections[0].message(),
-              HasSubstr("extent 12 is not divisible by mesh size 8"));
+  EXPECT_THAT(r.corrections[0].message(), HasSubstr("extent 12 is not divisible by mesh size 8"));
 }
 
 TEST(CorrectSpecTest, ReportsTruncatedAndUnsupportedEntries) {
@@ -93,8 +93,11 @@ TEST(GetCorrectedNamedShardingTest, UsesCurrentOrExplicitMesh) {
 
 TEST(GetCorrectedNamedShardingTest, DuplicatesSurviveCorrectionAndThrow) {
   MeshScope scope(kMesh);
-  EXPECT_THAT([] { (void)get_corrected_named_sharding({4, 4}, PartitionSpec{"dp", "dp"}); },
-              ThrowsMessage<DuplicateSpecError>(HasSubstr("has duplicate entries for `dp`")));
+  EXPECT_THAT(
+      [] {
+        (void)get_corrected_named_sharding({4, 4}, PartitionSpec{"dp", "dp"});
+      },
+      ThrowsMessage<DuplicateSpecError>(HasSubstr("has duplicate entries for `dp`")));
 }
 
 TEST(WithShardingConstraintTest, NoMeshOrEmptySpecAppliesNothing) {
@@ -116,20 +119,24 @@ TEST(WithShardingConstraintTest, NamedShardingFormIgnoresCurrentMesh) {
 
 TEST(WithShardingConstraintTest, DuplicateAfterCorrectionThrows) {
   MeshScope scope(kMesh);
-  EXPECT_THAT([] { (void)with_sharding_constraint({4, 4}, PartitionSpec{"dp", "dp"}); },
-              ThrowsMessage<DuplicateSpecError>(HasSubstr("P('dp', 'dp')")));
+  EXPECT_THAT(
+      [] {
+        (void)with_sharding_constraint({4, 4}, PartitionSpec{"dp", "dp"});
+      },
+      ThrowsMessage<DuplicateSpecError>(HasSubstr("P('dp', 'dp')")));
 }
 
 TEST(WithShardingConstraintTest, LeavesWithoutArraysAreUntouched) {
   MeshScope scope(kMesh);
-  const std::vector<NamedLeaf> leaves{{"a", ArrayInfo{{16, 32}}}, {"b/0", ArrayInfo{{6}}},
-                                      {"b/1", std::nullopt}};
+  const std::vector<NamedLeaf> leaves{
+      {"a", ArrayInfo{{16, 32}}}, {"b/0", ArrayInfo{{6}}}, {"b/1", std::nullopt}};
   const auto r = with_sharding_constraint_tree(leaves, PartitionSpec{"fsdp"});
   ASSERT_EQ(r.size(), 3U);
   EXPECT_EQ(r[0]->spec(), (PartitionSpec{"fsdp", nullptr}));
   EXPECT_EQ(r[1]->spec(), PartitionSpec());
   EXPECT_FALSE(r[2].has_value());
-  const auto named = with_sharding_constraint_tree(leaves, NamedSharding(kMesh, PartitionSpec{"dp"}));
+  const auto named =
+      with_sharding_constraint_tree(leaves, NamedSharding(kMesh, PartitionSpec{"dp"}));
   EXPECT_EQ(named[1]->spec(), PartitionSpec{"dp"});
   EXPECT_FALSE(named[2].has_value());
 }

@@ -16,7 +16,8 @@ namespace numesh::sharding::fixtures {
 inline const Mesh kDpTp({"dp", "tp"}, {2, 4});
 
 /// A pytree leaf at `path` holding an array of `shape` and `dtype`.
-inline NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape, std::string dtype = "float32") {
+inline NamedLeaf leaf(std::string path, std::vector<std::int64_t> shape,
+                      std::string dtype = "float32") {
   return NamedLeaf{std::move(path), ArrayInfo{std::move(shape), std::move(dtype)}};
 }
 

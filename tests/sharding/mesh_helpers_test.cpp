@@ -37,8 +37,8 @@ TEST(GetAxesSizeInMeshTest, NamesSequencesAndErrors) {
     EXPECT_EQ(e.key(), "None");
   }
   EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule::integer(5), &kFiveAxes); },
-              ThrowsMessage<TypeError>(HasSubstr(
-                  "axis_names must be str or Sequence[str], got <class 'int'>")));
+              ThrowsMessage<TypeError>(
+                  HasSubstr("axis_names must be str or Sequence[str], got <class 'int'>")));
   EXPECT_THAT([] { (void)get_axes_size_in_mesh(AxisRule(), &kFiveAxes); },
               ThrowsMessage<TypeError>(HasSubstr("got <class 'NoneType'>")));
   EXPECT_THAT([] { (void)get_axes_size_in_mesh("dp"); },
@@ -58,12 +58,21 @@ TEST(SubmeshTest, RowMajorOverGivenAxes) {
 }
 
 TEST(SubmeshTest, Errors) {
-  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 1}, {"tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr("need one entry per axis")));
-  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 4, 0, 0, 0}, {"tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr("outside axis 'fsdp' of size 4")));
-  EXPECT_THAT([] { (void)get_submesh_device_index(kFiveAxes, {0, 0, 0, 0, 0}, {"zz"}); },
-              ThrowsMessage<KeyError>(HasSubstr("unbound axis name: zz")));
+  EXPECT_THAT(
+      [] {
+        (void)get_submesh_device_index(kFiveAxes, {0, 1}, {"tp"});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("need one entry per axis")));
+  EXPECT_THAT(
+      [] {
+        (void)get_submesh_device_index(kFiveAxes, {0, 4, 0, 0, 0}, {"tp"});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("outside axis 'fsdp' of size 4")));
+  EXPECT_THAT(
+      [] {
+        (void)get_submesh_device_index(kFiveAxes, {0, 0, 0, 0, 0}, {"zz"});
+      },
+      ThrowsMessage<KeyError>(HasSubstr("unbound axis name: zz")));
   EXPECT_THAT([] { (void)get_mesh_axis_size(kFiveAxes, {"zz"}); },
               ThrowsMessage<KeyError>(HasSubstr("unbound axis name: zz")));
 }
@@ -106,8 +115,9 @@ TEST(GetNamesFromPartitionSpecTest, CollectsSortedUniqueNames) {
               ElementsAre("dp"));
   EXPECT_THAT([] { (void)get_names_from_partition_spec({PartitionSpec{AxisRule::integer(5)}}); },
               ThrowsMessage<TypeError>(HasSubstr("'int' object is not iterable")));
-  EXPECT_THAT([] { (void)get_names_from_partition_spec({PartitionSpec{AxisRule::unconstrained()}}); },
-              ThrowsMessage<TypeError>(HasSubstr("'UnconstrainedSingleton' object is not iterable")));
+  EXPECT_THAT(
+      [] { (void)get_names_from_partition_spec({PartitionSpec{AxisRule::unconstrained()}}); },
+      ThrowsMessage<TypeError>(HasSubstr("'UnconstrainedSingleton' object is not iterable")));
 }
 
 }  // namespace

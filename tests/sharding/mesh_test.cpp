@@ -27,10 +27,16 @@ TEST(MeshTest, EmptyWhenNoAxesOrAZeroAxis) {
 }
 
 TEST(MeshTest, BadConstructionNamesTheValues) {
-  EXPECT_THAT([] { Mesh({"dp", "tp"}, {2}); },
-              ThrowsMessage<ValueError>(HasSubstr("2 axis names (dp, tp) but 1 sizes (2)")));
-  EXPECT_THAT([] { Mesh({"dp", "dp"}, {2, 2}); },
-              ThrowsMessage<ValueError>(HasSubstr("'dp' appears twice")));
+  EXPECT_THAT(
+      [] {
+        Mesh({"dp", "tp"}, {2});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("2 axis names (dp, tp) but 1 sizes (2)")));
+  EXPECT_THAT(
+      [] {
+        Mesh({"dp", "dp"}, {2, 2});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("'dp' appears twice")));
   EXPECT_THAT([] { Mesh({"dp"}, {-2}); },
               ThrowsMessage<ValueError>(HasSubstr("'dp' has negative size -2")));
 }
@@ -50,25 +56,37 @@ TEST(MeshTest, AxisSizeOfUnknownAxisThrowsKeyError) {
 TEST(MeshTest, ResolveDimsFollowsNumpyReshape) {
   EXPECT_EQ(resolve_mesh_dims({2, -1, 1, 2, 1}, 8), (std::vector<std::int64_t>{2, 2, 1, 2, 1}));
   EXPECT_EQ(resolve_mesh_dims({1, -1}, 0), (std::vector<std::int64_t>{1, 0}));
-  EXPECT_THAT([] { (void)resolve_mesh_dims({-1, -1}, 4); },
-              ThrowsMessage<ValueError>(HasSubstr("can only specify one unknown dimension")));
-  EXPECT_THAT([] { (void)resolve_mesh_dims({3, -1}, 8); },
-              ThrowsMessage<ValueError>(
-                  HasSubstr("cannot reshape array of size 8 into shape (3,newaxis)")));
+  EXPECT_THAT(
+      [] {
+        (void)resolve_mesh_dims({-1, -1}, 4);
+      },
+      ThrowsMessage<ValueError>(HasSubstr("can only specify one unknown dimension")));
+  EXPECT_THAT(
+      [] {
+        (void)resolve_mesh_dims({3, -1}, 8);
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("cannot reshape array of size 8 into shape (3,newaxis)")));
 }
 
 TEST(NamedShardingTest, RejectsDuplicateAxes) {
   Mesh m({"dp", "tp"}, {2, 4});
-  EXPECT_THAT([&] { NamedSharding(m, PartitionSpec{"dp", "dp"}); },
-              ThrowsMessage<DuplicateSpecError>(HasSubstr(
-                  "but P('dp', 'dp') has duplicate entries for `dp`")));
+  EXPECT_THAT(
+      [&] {
+        NamedSharding(m, PartitionSpec{"dp", "dp"});
+      },
+      ThrowsMessage<DuplicateSpecError>(
+          HasSubstr("but P('dp', 'dp') has duplicate entries for `dp`")));
 }
 
 TEST(NamedShardingTest, RejectsAxesMissingFromTheMesh) {
   Mesh m({"dp", "tp"}, {2, 4});
-  EXPECT_THAT([&] { NamedSharding(m, PartitionSpec{"fsdp", "tp"}); },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "Resource axis: fsdp of P('fsdp', 'tp') is not found in mesh: ('dp', 'tp').")));
+  EXPECT_THAT(
+      [&] {
+        NamedSharding(m, PartitionSpec{"fsdp", "tp"});
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("Resource axis: fsdp of P('fsdp', 'tp') is not found in mesh: ('dp', 'tp').")));
   NamedSharding ok(m, PartitionSpec{AxisRule::tuple({"dp", "tp"})});
   EXPECT_EQ(ok.spec().size(), 1u);
 }

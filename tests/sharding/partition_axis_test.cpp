@@ -39,13 +39,17 @@ TEST(PartitionAxisTest, ExplicitNoneIsKeptNotDerived) {
 }
 
 TEST(PartitionAxisTest, NotGivenMeshNameIsReported) {
-  EXPECT_THAT([] { PartitionAxis pa({.data_parallel_axis = not_given}); },
-              ThrowsMessage<ValueError>("Partitioning rule `data_parallel_axis` was not resolved."));
+  EXPECT_THAT(
+      [] { PartitionAxis pa({.data_parallel_axis = not_given}); },
+      ThrowsMessage<ValueError>("Partitioning rule `data_parallel_axis` was not resolved."));
 }
 
 TEST(PartitionAxisTest, UnknownKeywordIsATypeError) {
-  EXPECT_THAT([] { (void)PartitionAxis::from_kwargs({{"heads_axis", "tp"}}); },
-              ThrowsMessage<TypeError>(HasSubstr("unexpected keyword argument 'heads_axis'")));
+  EXPECT_THAT(
+      [] {
+        (void)PartitionAxis::from_kwargs({{"heads_axis", "tp"}});
+      },
+      ThrowsMessage<TypeError>(HasSubstr("unexpected keyword argument 'heads_axis'")));
 }
 
 TEST(PartitionAxisTest, ReplaceDoesNotRederive) {
@@ -58,8 +62,7 @@ TEST(PartitionAxisTest, DecodeTwinAppliesOnlyInGenerationModes) {
   PartitionAxis pa({.decode_batch_axis = "dp"});
   const std::vector<AxisRule> axes = {std::string(tokens::kBatch)};
   EXPECT_EQ(pa.resolve_spec(axes, Mode::kTrain), PartitionSpec{AxisRule::tuple({"fsdp", "dp"})});
-  EXPECT_EQ(pa.resolve_spec(axes, Mode::kPrefill),
-            PartitionSpec{AxisRule::tuple({"fsdp", "dp"})});
+  EXPECT_EQ(pa.resolve_spec(axes, Mode::kPrefill), PartitionSpec{AxisRule::tuple({"fsdp", "dp"})});
   EXPECT_EQ(pa.resolve_spec(axes, Mode::kDecode), PartitionSpec{"dp"});
   EXPECT_EQ(pa.resolve_spec(axes, Mode::kInsert), PartitionSpec{"dp"});
 }
@@ -84,8 +87,11 @@ TEST(PartitionAxisTest, JsonRoundTripKeepsEveryField) {
 }
 
 TEST(PartitionAxisTest, FromJsonRejectsBadValuesByName) {
-  EXPECT_THAT([] { (void)PartitionAxis::from_json({{"head_axis", {{"x", 1}}}}); },
-              ThrowsMessage<TypeError>(HasSubstr("field 'head_axis' must be null")));
+  EXPECT_THAT(
+      [] {
+        (void)PartitionAxis::from_json({{"head_axis", {{"x", 1}}}});
+      },
+      ThrowsMessage<TypeError>(HasSubstr("field 'head_axis' must be null")));
   EXPECT_THAT([] { (void)PartitionAxis::from_json(nlohmann::json::array()); },
               ThrowsMessage<TypeError>(HasSubstr("must be a JSON object")));
 }

@@ -32,13 +32,14 @@ TEST(PartitionManagerTest, DimModeInfersDecodeFromASizeOneDim) {
 
 TEST(PartitionManagerTest, DimModeErrors) {
   PartitionManager pm;
-  EXPECT_THAT([&] { (void)pm.resolve(presets::kHiddenStateSharding); },
-              ThrowsMessage<ValueError>(
-                  "when using dynamic mode detection shape should be provided"));
+  EXPECT_THAT(
+      [&] { (void)pm.resolve(presets::kHiddenStateSharding); },
+      ThrowsMessage<ValueError>("when using dynamic mode detection shape should be provided"));
   EXPECT_THAT([&] { (void)pm.resolve(presets::kHiddenStateSharding, {{8}}); },
               ThrowsMessage<IndexError>("tuple index out of range"));
-  EXPECT_THAT([&] { (void)pm.resolve(ResolveArgs{.axes = {{"_"}}}); },
-              ThrowsMessage<ValueError>("if axes or mode is empty you should provide dynamic axes"));
+  EXPECT_THAT(
+      [&] { (void)pm.resolve(ResolveArgs{.axes = {{"_"}}}); },
+      ThrowsMessage<ValueError>("if axes or mode is empty you should provide dynamic axes"));
 }
 
 TEST(PartitionManagerTest, ScopesNestAndRestore) {
@@ -94,8 +95,11 @@ TEST(PartitionManagerTest, ApplyLogicalShardingWithoutAnyManager) {
 TEST(PartitionManagerTest, ShardCorrectsAgainstTheCurrentMesh) {
   const PartitionManager pm;
   const ResolveArgs args{.dynamic_axes = presets::kColumnWise};
-  EXPECT_THAT([&] { (void)pm.shard({64, 30}, args); },
-              ThrowsMessage<NoMeshError>("No mesh found under this context manager."));
+  EXPECT_THAT(
+      [&] {
+        (void)pm.shard({64, 30}, args);
+      },
+      ThrowsMessage<NoMeshError>("No mesh found under this context manager."));
   MeshScope scope(Mesh({"dp", "fsdp", "ep", "tp", "sp"}, {1, 4, 1, 2, 1}));
   // 64 % (fsdp*sp = 4) == 0 and 30 % (tp = 2) == 0: both dims stay sharded.
   EXPECT_EQ(pm.shard({64, 30}, args)->spec(),
@@ -111,8 +115,11 @@ TEST(PartitionManagerTest, ShardCorrectsAgainstTheCurrentMesh) {
 TEST(PartitionManagerTest, JsonRoundTrip) {
   const PartitionManager pm(PartitionAxis({.expert_parallel_axis = "experts"}));
   EXPECT_EQ(PartitionManager::from_json(pm.to_json()), pm);
-  EXPECT_THAT([] { (void)PartitionManager::from_json({{"paxis", "x"}}); },
-              ThrowsMessage<TypeError>("Expected PartitionAxis, got <class 'str'>"));
+  EXPECT_THAT(
+      [] {
+        (void)PartitionManager::from_json({{"paxis", "x"}});
+      },
+      ThrowsMessage<TypeError>("Expected PartitionAxis, got <class 'str'>"));
 }
 
 }  // namespace

@@ -27,10 +27,13 @@ TEST(PartitionSpecTest, OneMemberSequenceBecomesItsMember) {
 }
 
 TEST(PartitionSpecTest, NestedTupleThrowsValueError) {
-  EXPECT_THAT([] { PartitionSpec p{AxisRule::list({AxisRule::tuple({"fsdp", "dp"}), "tp"})}; },
-              ThrowsMessage<ValueError>(HasSubstr(
-                  "cannot contain a nested tuple. Got partition: [('fsdp', 'dp'), 'tp'] and the "
-                  "nested tuple: ('fsdp', 'dp')")));
+  EXPECT_THAT(
+      [] {
+        PartitionSpec p{AxisRule::list({AxisRule::tuple({"fsdp", "dp"}), "tp"})};
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("cannot contain a nested tuple. Got partition: [('fsdp', 'dp'), 'tp'] and the "
+                    "nested tuple: ('fsdp', 'dp')")));
 }
 
 TEST(PartitionSpecTest, EmptySpecDiffersFromSingleNone) {
@@ -68,8 +71,9 @@ TEST(PartitionSpecTest, ParseErrorNamesTheText) {
 // for any name, control characters and quotes included (found by partition_spec_fuzz: a raw
 // \x02 in a quoted name came back as the four characters of its escape).
 TEST(PartitionSpecTest, QuotedNamesDecodeTheEscapesReprWrites) {
-  for (const std::string& name : {std::string("a\x02b"), std::string("it's"), std::string("say \"hi\" 'x'"),
-                                 std::string("back\\slash"), std::string("tab\tnew\nline\r")}) {
+  for (const std::string& name :
+       {std::string("a\x02b"), std::string("it's"), std::string("say \"hi\" 'x'"),
+        std::string("back\\slash"), std::string("tab\tnew\nline\r")}) {
     const PartitionSpec spec{AxisRule::tuple({AxisRule(name), "dp"})};
     EXPECT_EQ(PartitionSpec::parse(spec.repr()), spec) << spec.repr();
   }

@@ -1,5 +1,4 @@
 #include "numesh/sharding/placement.hpp"
-#include "numesh/sharding/reshard_plan.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,9 +13,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "numesh/core/error.hpp"
-#include "numesh/sharding/shard_layout.hpp"
 #include "fixtures.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/sharding/reshard_plan.hpp"
+#include "numesh/sharding/shard_layout.hpp"
 
 namespace numesh::sharding {
 namespace {

@@ -3,9 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
-#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -29,7 +29,8 @@ TEST(MatchPartitionRulesTest, FirstSearchMatchWinsAndTrimsToRank) {
                                          {".*", PartitionSpec()}};
   const auto specs = match_partition_rules(
       rules, {leaf("attn/q_proj/kernel", {8, 8}), leaf("mlp/kernel", {8}), leaf("x", {8})});
-  EXPECT_THAT(specs, ElementsAre(PartitionSpec{"tp", "fsdp"}, PartitionSpec{"fsdp"}, PartitionSpec()));
+  EXPECT_THAT(specs,
+              ElementsAre(PartitionSpec{"tp", "fsdp"}, PartitionSpec{"fsdp"}, PartitionSpec()));
 }
 
 TEST(MatchPartitionRulesTest, ScalarsAndNonArraysGetReplicatedInStrictMode) {
@@ -41,31 +42,41 @@ TEST(MatchPartitionRulesTest, ScalarsAndNonArraysGetReplicatedInStrictMode) {
 TEST(MatchPartitionRulesTest, MinSizeNulloptUsesMinShardingSize) {
   const std::vector<PartitionRule> rules{{"w", PartitionSpec{"x"}}};
   EXPECT_EQ(min_sharding_size(), 16384);  // the test environment does not set the variable
-  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {127, 128})}, std::nullopt)[0], PartitionSpec());
-  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {128, 128})}, std::nullopt)[0], PartitionSpec{"x"});
+  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {127, 128})}, std::nullopt)[0],
+            PartitionSpec());
+  EXPECT_EQ(match_partition_rules(rules, {leaf("w", {128, 128})}, std::nullopt)[0],
+            PartitionSpec{"x"});
 }
 
 TEST(MatchPartitionRulesTest, NonStrictNeedsARuleForEveryLeafAndKeepsLongSpecs) {
   const std::vector<PartitionRule> rules{{"w", PartitionSpec{"a", "b", "c"}}};
   EXPECT_EQ(match_partition_rules(rules, {leaf("w", {4})}, 0, false)[0],
             (PartitionSpec{"a", "b", "c"}));
-  EXPECT_THAT([&] { (void)match_partition_rules(rules, {NamedLeaf{"step", std::nullopt}}, 0, false); },
-              ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: step")));
+  EXPECT_THAT(
+      [&] {
+        (void)match_partition_rules(rules, {NamedLeaf{"step", std::nullopt}}, 0, false);
+      },
+      ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: step")));
 }
 
 TEST(MatchPartitionRulesTest, NoRuleNamesTheFirstFailingLeaf) {
   const std::vector<PartitionRule> rules{{"kernel", PartitionSpec{"x"}}};
   EXPECT_THAT(
-      [&] { (void)match_partition_rules(rules, {leaf("a/kernel", {4}), leaf("a/bias", {4}), leaf("b", {4})}); },
+      [&] {
+        (void)match_partition_rules(rules,
+                                    {leaf("a/kernel", {4}), leaf("a/bias", {4}), leaf("b", {4})});
+      },
       ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: a/bias")));
 }
 
 TEST(MatchPartitionRulesTest, EasyDeLStyleAnchoredPatterns) {
   const std::vector<PartitionRule> rules{
-      {R"(^(?:.*/)?model/layers/\d+/attn/q_proj/kernel$)", PartitionSpec{"tp"}}, {".*", PartitionSpec()}};
-  const auto specs = match_partition_rules(rules, {leaf("model/layers/12/attn/q_proj/kernel", {4}),
-                                                   leaf("mu/model/layers/3/attn/q_proj/kernel", {4}),
-                                                   leaf("model_extra/layers/0/attn/q_proj/kernel", {4})});
+      {R"(^(?:.*/)?model/layers/\d+/attn/q_proj/kernel$)", PartitionSpec{"tp"}},
+      {".*", PartitionSpec()}};
+  const auto specs =
+      match_partition_rules(rules, {leaf("model/layers/12/attn/q_proj/kernel", {4}),
+                                    leaf("mu/model/layers/3/attn/q_proj/kernel", {4}),
+                                    leaf("model_extra/layers/0/attn/q_proj/kernel", {4})});
   EXPECT_THAT(specs, ElementsAre(PartitionSpec{"tp"}, PartitionSpec{"tp"}, PartitionSpec()));
 }
 
@@ -77,8 +88,10 @@ TEST(MatchPartitionRulesTest, PythonSyntaxIsTranslatedOrRejected) {
   EXPECT_EQ(spec_for("[]a]", "]"), PartitionSpec{"x"});
   EXPECT_THAT([&] { (void)spec_for("(?<=a)b", "ab"); },
               ThrowsMessage<ValueError>(HasSubstr("lookbehind")));
-  EXPECT_THAT([&] { (void)spec_for("(?P=x)", "a"); }, ThrowsMessage<ValueError>(HasSubstr("(?P=name)")));
-  EXPECT_THAT([&] { (void)spec_for("(?s).", "a"); }, ThrowsMessage<ValueError>(HasSubstr("inline flag")));
+  EXPECT_THAT([&] { (void)spec_for("(?P=x)", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr("(?P=name)")));
+  EXPECT_THAT([&] { (void)spec_for("(?s).", "a"); },
+              ThrowsMessage<ValueError>(HasSubstr("inline flag")));
   EXPECT_THAT([&] { (void)spec_for("(a", "a"); },
               ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '(a'")));
 }
@@ -87,10 +100,14 @@ TEST(MatchPartitionRulesTest, PythonSyntaxIsTranslatedOrRejected) {
 // backtrack exponentially: found by rule_regex_fuzz); lazy quantifiers and repeated groups stay.
 TEST(MatchPartitionRulesTest, MultipleRepeatsAreRefusedAsPythonRefusesThem) {
   EXPECT_THAT([&] { (void)spec_for(".+*+", "abc"); },
-              ThrowsMessage<ValueError>(HasSubstr("cannot compile partition rule pattern '.+*+': multiple repeat at position 2")));
-  EXPECT_THAT([&] { (void)spec_for("a{2}*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 4")));
-  EXPECT_THAT([&] { (void)spec_for("a+?*", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 3")));
-  EXPECT_THAT([&] { (void)spec_for("a*+", "aa"); }, ThrowsMessage<ValueError>(HasSubstr("possessive quantifier")));
+              ThrowsMessage<ValueError>(HasSubstr(
+                  "cannot compile partition rule pattern '.+*+': multiple repeat at position 2")));
+  EXPECT_THAT([&] { (void)spec_for("a{2}*", "aa"); },
+              ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 4")));
+  EXPECT_THAT([&] { (void)spec_for("a+?*", "aa"); },
+              ThrowsMessage<ValueError>(HasSubstr("multiple repeat at position 3")));
+  EXPECT_THAT([&] { (void)spec_for("a*+", "aa"); },
+              ThrowsMessage<ValueError>(HasSubstr("possessive quantifier")));
   EXPECT_EQ(spec_for("^a+?b*?c??$", "aac"), PartitionSpec{"x"});
   EXPECT_EQ(spec_for(R"((ab)+[+*]\d*x{1,2})", "abab+1x"), PartitionSpec{"x"});
   EXPECT_EQ(spec_for("(?:a|b)*(?=c)", "abc"), PartitionSpec{"x"});
@@ -100,19 +117,23 @@ TEST(MatchPartitionRulesTest, MultipleRepeatsAreRefusedAsPythonRefusesThem) {
   EXPECT_EQ(spec_for("a{,x}", "a{,x}"), PartitionSpec{"x"});
   EXPECT_EQ(spec_for("^a{}}$", "a{}}"), PartitionSpec{"x"});
   EXPECT_THAT([&] { (void)spec_for("a{70000}", "a"); },
-              ThrowsMessage<ValueError>(HasSubstr("the repetition number at position 1 is larger than numesh's limit of 65535")));
+              ThrowsMessage<ValueError>(HasSubstr(
+                  "the repetition number at position 1 is larger than numesh's limit of 65535")));
 }
 
 // Backslash-digit escapes as Python's sre_parse reads them (std::regex read a run of digits as
 // one back-reference and overflowed on a long one: found by rule_regex_fuzz).
 TEST(MatchPartitionRulesTest, NumericEscapesAreReadAsPythonReadsThem) {
-  EXPECT_EQ(spec_for(R"(^(a)\1$)", "aa"), PartitionSpec{"x"});                               // a group reference
-  EXPECT_EQ(spec_for(R"(^\101\0$)", std::string("A\0", 2)), PartitionSpec{"x"});            // octal escapes
-  EXPECT_EQ(spec_for(R"(^[\101-\103]$)", "B"), PartitionSpec{"x"});                          // octal in a class
-  EXPECT_EQ(spec_for(R"(^(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\108$)", "abcdefghijj8"), PartitionSpec{"x"});  // \10 then '8'
+  EXPECT_EQ(spec_for(R"(^(a)\1$)", "aa"), PartitionSpec{"x"});  // a group reference
+  EXPECT_EQ(spec_for(R"(^\101\0$)", std::string("A\0", 2)), PartitionSpec{"x"});  // octal escapes
+  EXPECT_EQ(spec_for(R"(^[\101-\103]$)", "B"), PartitionSpec{"x"});  // octal in a class
+  EXPECT_EQ(spec_for(R"(^(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\108$)", "abcdefghijj8"),
+            PartitionSpec{"x"});  // \10 then '8'
   EXPECT_THAT([&] { (void)spec_for(R"(\400)", "a"); },
-              ThrowsMessage<ValueError>(HasSubstr(R"(octal escape value \400 outside of range 0-0o377 at position 0)")));
-  EXPECT_THAT([&] { (void)spec_for(R"([\9])", "9"); }, ThrowsMessage<ValueError>(HasSubstr(R"(bad escape \9 at position 1)")));
+              ThrowsMessage<ValueError>(
+                  HasSubstr(R"(octal escape value \400 outside of range 0-0o377 at position 0)")));
+  EXPECT_THAT([&] { (void)spec_for(R"([\9])", "9"); },
+              ThrowsMessage<ValueError>(HasSubstr(R"(bad escape \9 at position 1)")));
   // A long run of digits: three octal digits and literals, or a two-digit group reference (here
   // to a group that does not exist) and literals; never one huge reference.
   EXPECT_EQ(spec_for(R"(^(a)\3332222$)", "a\3332222"), PartitionSpec{"x"});

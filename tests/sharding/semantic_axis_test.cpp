@@ -38,7 +38,8 @@ TEST(SemanticAxisTest, ParseModeAcceptsEformerAndShortNames) {
 TEST(SemanticAxisTest, InferModeReadsTheDimsExtent) {
   const std::vector<std::int64_t> step{4, 1, 64}, prompt{4, 9, 64};
   EXPECT_EQ(infer_mode(ModeArg::from_dim(1), step), Mode::kDecode);
-  EXPECT_EQ(infer_mode(ModeArg::from_dim(-2), step), Mode::kDecode) << "negative dims count from the end";
+  EXPECT_EQ(infer_mode(ModeArg::from_dim(-2), step), Mode::kDecode)
+      << "negative dims count from the end";
   EXPECT_EQ(infer_mode(ModeArg::from_dim(1), prompt), Mode::kTrain) << "never prefill";
   EXPECT_EQ(infer_mode(Mode::kInsert, step), Mode::kInsert) << "a named mode stays";
   EXPECT_THAT([&] { (void)infer_mode(ModeArg::from_dim(3), step); },

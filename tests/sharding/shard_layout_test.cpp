@@ -75,8 +75,7 @@ TEST(ShardLayoutTest, ReplicatedDimMakesReplicaGroups) {
   EXPECT_EQ(l.shard_shape(), (I64{8, 4}));
   EXPECT_EQ(l.num_shards(), 4);
   EXPECT_EQ(l.replication(), 2);
-  EXPECT_EQ(l.replica_groups(),
-            (std::vector<I64>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(l.replica_groups(), (std::vector<I64>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(l.device(5).replica_group, 1u);
   EXPECT_EQ(l.device(5).replica_id, 1u);
   EXPECT_EQ(l.device(1).replica_id, 0u);
@@ -148,26 +147,38 @@ TEST(ShardLayoutTest, SizeOneAxesAndZeroExtentsAndScalars) {
 
 TEST(ShardLayoutTest, NotDivisibleNamesDimSizeAxesAndProduct) {
   Mesh mesh({"dp", "tp"}, {2, 4});
-  EXPECT_THAT([&] { ShardLayout({8, 30}, PartitionSpec{nullptr, "tp"}, mesh); },
-              ThrowsMessage<ShapeError>(
-                  "sharding: dim 1 (size 30) is not divisible by mesh axis 'tp' (size 4) in "
-                  "P(None, 'tp'); use correct_spec() or pad to 32"));
-  EXPECT_THAT([&] { ShardLayout({12}, PartitionSpec{AxisRule::tuple({"dp", "tp"})}, mesh); },
-              ThrowsMessage<ShapeError>(
-                  "sharding: dim 0 (size 12) is not divisible by mesh axes ('dp', 'tp') "
-                  "(product 8) in P(('dp', 'tp'),); use correct_spec() or pad to 16"));
+  EXPECT_THAT(
+      [&] {
+        ShardLayout({8, 30}, PartitionSpec{nullptr, "tp"}, mesh);
+      },
+      ThrowsMessage<ShapeError>(
+          "sharding: dim 1 (size 30) is not divisible by mesh axis 'tp' (size 4) in "
+          "P(None, 'tp'); use correct_spec() or pad to 32"));
+  EXPECT_THAT(
+      [&] {
+        ShardLayout({12}, PartitionSpec{AxisRule::tuple({"dp", "tp"})}, mesh);
+      },
+      ThrowsMessage<ShapeError>(
+          "sharding: dim 0 (size 12) is not divisible by mesh axes ('dp', 'tp') "
+          "(product 8) in P(('dp', 'tp'),); use correct_spec() or pad to 16"));
 }
 
 TEST(ShardLayoutTest, InvalidSpecsAndShapes) {
   Mesh mesh({"dp", "tp"}, {2, 4});
-  EXPECT_THAT([&] { ShardLayout({8}, PartitionSpec{"dp", "tp"}, mesh); },
-              ThrowsMessage<ShapeError>(HasSubstr("has 2 entries but the array has rank 1")));
+  EXPECT_THAT(
+      [&] {
+        ShardLayout({8}, PartitionSpec{"dp", "tp"}, mesh);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("has 2 entries but the array has rank 1")));
   EXPECT_THROW(ShardLayout({8, 8}, PartitionSpec{"dp", "dp"}, mesh), DuplicateSpecError);
   EXPECT_THAT([&] { ShardLayout({8}, PartitionSpec{"model"}, mesh); },
               ThrowsMessage<ValueError>(HasSubstr("Resource axis: model")));
   EXPECT_THROW(ShardLayout({8}, PartitionSpec{AxisRule::unconstrained()}, mesh), ValueError);
-  EXPECT_THAT([&] { ShardLayout({8, -1}, PartitionSpec{}, mesh); },
-              ThrowsMessage<ShapeError>(HasSubstr("dim 1 has negative size -1")));
+  EXPECT_THAT(
+      [&] {
+        ShardLayout({8, -1}, PartitionSpec{}, mesh);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("dim 1 has negative size -1")));
   EXPECT_THROW(ShardLayout({8}, PartitionSpec{}, Mesh()), NoMeshError);
   ShardLayout ok({8}, PartitionSpec{}, mesh);
   EXPECT_THROW((void)ok.bytes_per_device(0), ValueError);

@@ -3,9 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
-#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -23,12 +23,12 @@ const NamedLeaf kNoArray{"n", std::nullopt};
 
 TEST(AutoShardingRuleTest, TriesAxesInTheGivenOrder) {
   AutoShardingRule rule(kDpTp, std::vector<std::string>{"tp", "dp", "tp"}, 1);
-  EXPECT_THAT(rule.apply({leaf("w", {4096, 4096}), leaf("s", {3, 5}), leaf("b", {6})}),
-              ElementsAre(PartitionSpec{"tp", "dp"}, PartitionSpec{nullptr, nullptr},
-                          PartitionSpec{"dp"}));
-  EXPECT_EQ(AutoShardingRule(kDpTp, std::vector<std::string>{"tp"}, 1, /*reverse=*/true)
-                .spec_for({8, 4}),
-            (PartitionSpec{nullptr, "tp"}));
+  EXPECT_THAT(
+      rule.apply({leaf("w", {4096, 4096}), leaf("s", {3, 5}), leaf("b", {6})}),
+      ElementsAre(PartitionSpec{"tp", "dp"}, PartitionSpec{nullptr, nullptr}, PartitionSpec{"dp"}));
+  EXPECT_EQ(
+      AutoShardingRule(kDpTp, std::vector<std::string>{"tp"}, 1, /*reverse=*/true).spec_for({8, 4}),
+      (PartitionSpec{nullptr, "tp"}));
 }
 
 TEST(AutoShardingRuleTest, DefaultsAreMeshAxesAndDeviceCount) {
@@ -58,9 +58,9 @@ TEST(MemoryConstrainedShardingRuleTest, ShardsOnlyUntilTheLeafFits) {
   EXPECT_THAT(MemoryConstrainedShardingRule(32 << 20, kDpTp).apply(leaves),
               ElementsAre(PartitionSpec{"tp", nullptr}, PartitionSpec(), PartitionSpec()));
   // A 1-byte budget uses every axis that divides; (3, 5) fits none.
-  EXPECT_THAT(MemoryConstrainedShardingRule(1, kDpTp).apply(leaves),
-              ElementsAre(PartitionSpec{"tp", "dp"}, PartitionSpec{"tp"},
-                          PartitionSpec{nullptr, nullptr}));
+  EXPECT_THAT(
+      MemoryConstrainedShardingRule(1, kDpTp).apply(leaves),
+      ElementsAre(PartitionSpec{"tp", "dp"}, PartitionSpec{"tp"}, PartitionSpec{nullptr, nullptr}));
   // At exactly the budget a leaf is left alone.
   EXPECT_THAT(MemoryConstrainedShardingRule(16384, kDpTp).apply({leaf("b", {4096})}),
               ElementsAre(PartitionSpec()));
@@ -84,17 +84,18 @@ TEST(ShapeBasedShardingRuleTest, FirstPatternOfTheSameRankWins) {
   ShapeBasedShardingRule rule({{{4096, std::nullopt}, PartitionSpec{"tp", nullptr}},
                                {{std::nullopt}, PartitionSpec{"dp"}},
                                {{std::nullopt, std::nullopt}, PartitionSpec{nullptr, "tp"}}});
-  EXPECT_THAT(rule.apply({leaf("w", {4096, 8}), leaf("b", {3}), leaf("e", {5, 4096}), leaf("s", {})}),
-              ElementsAre(PartitionSpec{"tp", nullptr}, PartitionSpec{"dp"},
-                          PartitionSpec{nullptr, "tp"}, PartitionSpec()));
+  EXPECT_THAT(
+      rule.apply({leaf("w", {4096, 8}), leaf("b", {3}), leaf("e", {5, 4096}), leaf("s", {})}),
+      ElementsAre(PartitionSpec{"tp", nullptr}, PartitionSpec{"dp"}, PartitionSpec{nullptr, "tp"},
+                  PartitionSpec()));
   EXPECT_THAT([&] { (void)rule.apply({kNoArray}); },
               ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
 }
 
 TEST(CompositeShardingRuleTest, FirstSpecOtherThanEmptyWins) {
-  auto shape = std::make_shared<ShapeBasedShardingRule>(
-      std::vector<std::pair<ShapePattern, PartitionSpec>>{{{std::nullopt}, PartitionSpec{"dp"}},
-                                                          {{3, 5}, PartitionSpec{nullptr, nullptr}}});
+  auto shape =
+      std::make_shared<ShapeBasedShardingRule>(std::vector<std::pair<ShapePattern, PartitionSpec>>{
+          {{std::nullopt}, PartitionSpec{"dp"}}, {{3, 5}, PartitionSpec{nullptr, nullptr}}});
   auto memory = std::make_shared<MemoryConstrainedShardingRule>(1 << 20, kDpTp);
   CompositeShardingRule rule({shape, memory});
   EXPECT_THAT(rule.apply({leaf("b", {4096}), leaf("w", {4096, 4096}), leaf("s", {3, 5})}),
@@ -122,12 +123,12 @@ TEST(ShardingAnalyzerTest, ValidateChecksEveryEntryIncludingTuples) {
 TEST(ShardingAnalyzerTest, ValidSpecsGiveNoIssues) {
   // eformer ShardingAnalyzer.validate_partition_specs on specs that all divide their dims.
   ShardingAnalyzer analyzer(kDpTp);
-  EXPECT_THAT(analyzer.validate_partition_specs(
-                  {leaf("b", {4096}), leaf("e", {32000, 4096}, "float16"), leaf("s", {3, 5}),
-                   leaf("w", {4096, 4096})},
-                  {PartitionSpec{"tp"}, PartitionSpec{nullptr, "tp"}, PartitionSpec(),
-                   PartitionSpec{"dp", "tp"}}),
-              ::testing::IsEmpty());
+  EXPECT_THAT(
+      analyzer.validate_partition_specs({leaf("b", {4096}), leaf("e", {32000, 4096}, "float16"),
+                                         leaf("s", {3, 5}), leaf("w", {4096, 4096})},
+                                        {PartitionSpec{"tp"}, PartitionSpec{nullptr, "tp"},
+                                         PartitionSpec(), PartitionSpec{"dp", "tp"}}),
+      ::testing::IsEmpty());
 }
 
 TEST(ShardingAnalyzerTest, ValidateNeverReadsAReplicatedLeaf) {
@@ -150,8 +151,8 @@ TEST(ShardingAnalyzerTest, EstimateDividesByShardsThenByDeviceCount) {
       {PartitionSpec{"dp", "tp"}, PartitionSpec{"tp"}, PartitionSpec()});
   EXPECT_EQ(usage.total_size, 8388608 + 4096 + 60);
   EXPECT_EQ(usage.size_per_device, (8388608 + 4096 + 60) / 8);
-  const auto tuple = analyzer.estimate_memory_usage(
-      {leaf("w", {64})}, {PartitionSpec{AxisRule::tuple({"dp", "tp"})}});
+  const auto tuple = analyzer.estimate_memory_usage({leaf("w", {64})},
+                                                    {PartitionSpec{AxisRule::tuple({"dp", "tp"})}});
   EXPECT_EQ(tuple.total_size, 32);
 }
 
@@ -163,12 +164,17 @@ TEST(ShardingAnalyzerTest, Errors) {
               ThrowsMessage<ValueError>(HasSubstr("validate_partition_specs: 1 leaves but 0")));
   EXPECT_THAT([&] { (void)analyzer.estimate_memory_usage({leaf("x", {4})}, {}); },
               ThrowsMessage<ValueError>(HasSubstr("estimate_memory_usage: 1 leaves but 0")));
-  EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({leaf("x", {4})}, {PartitionSpec{nullptr, "dp"}}); },
-              ThrowsMessage<IndexError>("tuple index out of range"));
-  EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({leaf("x", {4})}, {PartitionSpec{"sp"}}); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
-  EXPECT_THAT([&] { (void)analyzer.estimate_memory_usage({leaf("x", {4})}, {PartitionSpec{"sp"}}); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
+  EXPECT_THAT(
+      [&] {
+        (void)analyzer.validate_partition_specs({leaf("x", {4})}, {PartitionSpec{nullptr, "dp"}});
+      },
+      ThrowsMessage<IndexError>("tuple index out of range"));
+  EXPECT_THAT(
+      [&] { (void)analyzer.validate_partition_specs({leaf("x", {4})}, {PartitionSpec{"sp"}}); },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
+  EXPECT_THAT(
+      [&] { (void)analyzer.estimate_memory_usage({leaf("x", {4})}, {PartitionSpec{"sp"}}); },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'sp' is not in the mesh")));
   // A leaf whose spec is P() is never read (see ValidateNeverReadsAReplicatedLeaf).
   EXPECT_THAT([&] { (void)analyzer.validate_partition_specs({kNoArray}, {PartitionSpec{"dp"}}); },
               ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));

@@ -3,9 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fixtures.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/sharding/mesh_context.hpp"
-#include "fixtures.hpp"
 
 namespace numesh::sharding {
 namespace {
@@ -67,13 +67,20 @@ TEST(AnalyzeShardingStrategyTest, NoneSpecCountsAsShardedParametersButReplicated
 TEST(AnalyzeShardingStrategyTest, Errors) {
   EXPECT_THAT([] { (void)analyze_sharding_strategy({leaf("x", {4})}, {}, kDpTp); },
               ThrowsMessage<ValueError>(HasSubstr("1 leaves but 0 partition specs")));
-  EXPECT_THAT([] { (void)analyze_sharding_strategy({leaf("x", {4})}, {PartitionSpec{nullptr, "tp"}}, kDpTp); },
-              ThrowsMessage<ValueError>(
-                  "spec P(None, 'tp') of leaf 'x' shards dim 1, but the array has rank 1"));
-  EXPECT_THAT([] { (void)analyze_sharding_strategy({leaf("x", {4})}, {PartitionSpec{"fsdp"}}, kDpTp); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'fsdp' is not in the mesh")));
-  EXPECT_THAT([] { (void)analyze_sharding_strategy({NamedLeaf{"n", std::nullopt}}, {PartitionSpec()}, kDpTp); },
-              ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
+  EXPECT_THAT(
+      [] {
+        (void)analyze_sharding_strategy({leaf("x", {4})}, {PartitionSpec{nullptr, "tp"}}, kDpTp);
+      },
+      ThrowsMessage<ValueError>(
+          "spec P(None, 'tp') of leaf 'x' shards dim 1, but the array has rank 1"));
+  EXPECT_THAT(
+      [] { (void)analyze_sharding_strategy({leaf("x", {4})}, {PartitionSpec{"fsdp"}}, kDpTp); },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'fsdp' is not in the mesh")));
+  EXPECT_THAT(
+      [] {
+        (void)analyze_sharding_strategy({NamedLeaf{"n", std::nullopt}}, {PartitionSpec()}, kDpTp);
+      },
+      ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
   EXPECT_THAT([] { (void)analyze_sharding_strategy({leaf("x", {4})}, {PartitionSpec()}); },
               ThrowsMessage<NoMeshError>("No mesh found under this context manager."));
 }
@@ -81,9 +88,9 @@ TEST(AnalyzeShardingStrategyTest, Errors) {
 // ---- validate_sharding_config ----------------------------------------------------------------
 
 TEST(ValidateShardingConfigTest, MessagesMatchEformer) {
-  const auto issues = validate_sharding_config(
-      {leaf("w", {4096, 4096}), leaf("x", {30, 7})},
-      {PartitionSpec{"tp", "dp"}, PartitionSpec{"tp"}}, kDpTp);
+  const auto issues =
+      validate_sharding_config({leaf("w", {4096, 4096}), leaf("x", {30, 7})},
+                               {PartitionSpec{"tp", "dp"}, PartitionSpec{"tp"}}, kDpTp);
   EXPECT_THAT(issues,
               ElementsAre("Array at (DictKey(key='x'),) with shape (30, 7) not divisible by mesh "
                           "axis tp size 4",
@@ -111,15 +118,22 @@ TEST(ValidateShardingConfigTest, UsesTheCurrentMesh) {
 TEST(ValidateShardingConfigTest, Errors) {
   EXPECT_THAT([] { (void)validate_sharding_config({leaf("x", {4})}, {}, kDpTp); },
               ThrowsMessage<ValueError>(HasSubstr("validate_sharding_config: 1 leaves but 0")));
-  EXPECT_THAT([] { (void)validate_sharding_config({leaf("x", {4})}, {PartitionSpec{nullptr, "tp"}}, kDpTp); },
-              ThrowsMessage<IndexError>("tuple index out of range"));
+  EXPECT_THAT(
+      [] {
+        (void)validate_sharding_config({leaf("x", {4})}, {PartitionSpec{nullptr, "tp"}}, kDpTp);
+      },
+      ThrowsMessage<IndexError>("tuple index out of range"));
   // A None entry past the rank is never indexed (eformer).
   EXPECT_THAT(validate_sharding_config({leaf("x", {4096})}, {PartitionSpec{"tp", nullptr}}, kDpTp),
               IsEmpty());
-  EXPECT_THAT([] { (void)validate_sharding_config({leaf("x", {4})}, {PartitionSpec{"missing"}}, kDpTp); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'missing' is not in the mesh")));
-  EXPECT_THAT([] { (void)validate_sharding_config({NamedLeaf{"n", std::nullopt}}, {PartitionSpec()}, kDpTp); },
-              ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
+  EXPECT_THAT(
+      [] { (void)validate_sharding_config({leaf("x", {4})}, {PartitionSpec{"missing"}}, kDpTp); },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'missing' is not in the mesh")));
+  EXPECT_THAT(
+      [] {
+        (void)validate_sharding_config({NamedLeaf{"n", std::nullopt}}, {PartitionSpec()}, kDpTp);
+      },
+      ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
   EXPECT_THAT([] { (void)validate_sharding_config({leaf("x", {4})}, {PartitionSpec()}); },
               ThrowsMessage<NoMeshError>("No mesh found under this context manager."));
 }
@@ -156,10 +170,17 @@ TEST(OptimizeShardingForMemoryTest, OnlyLeavesOverTheBudgetAreSharded) {
 TEST(OptimizeShardingForMemoryTest, Errors) {
   EXPECT_THAT([] { (void)optimize_sharding_for_memory({leaf("x", {4})}); },
               ThrowsMessage<NoMeshError>("No mesh found under this context manager."));
-  EXPECT_THAT([] { (void)optimize_sharding_for_memory({NamedLeaf{"n", std::nullopt}}, kDpTp); },
-              ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
-  EXPECT_THAT([] { (void)optimize_sharding_for_memory({leaf("x", {64})}, kDpTp, 1, std::vector<AxisRule>{"ep"}); },
-              ThrowsMessage<KeyError>(HasSubstr("mesh axis 'ep' is not in the mesh")));
+  EXPECT_THAT(
+      [] {
+        (void)optimize_sharding_for_memory({NamedLeaf{"n", std::nullopt}}, kDpTp);
+      },
+      ThrowsMessage<TypeError>("leaf 'n' is not an array: it has no shape"));
+  EXPECT_THAT(
+      [] {
+        (void)optimize_sharding_for_memory({leaf("x", {64})}, kDpTp, 1,
+                                           std::vector<AxisRule>{"ep"});
+      },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'ep' is not in the mesh")));
   EXPECT_THAT([] { (void)optimize_sharding_for_memory({leaf("x", {64}, "float7")}, kDpTp, 1); },
               ThrowsMessage<ValueError>("unknown dtype 'float7'"));
 }
@@ -181,11 +202,15 @@ TEST(ConvertShardingStrategyTest, PreserveBalanceUsesTheOldParallelFactor) {
 
 TEST(ConvertShardingStrategyTest, UnknownStrategyYieldsNothingAndUnknownAxisIsKeyError) {
   const NamedSpecs old{{"w", PartitionSpec{"dp"}}};
-  EXPECT_THAT(convert_sharding_strategy(ArrayInfo{{64}, "float32"}, old, kDpTp, kDpTp, "something_else"),
-              IsEmpty());
-  EXPECT_THAT([] {
-    (void)convert_sharding_strategy(ArrayInfo{{64}, "float32"}, {{"w", PartitionSpec{"nonexistent"}}}, kDpTp, kDpTp);
-  }, ThrowsMessage<KeyError>(HasSubstr("mesh axis 'nonexistent' is not in the mesh")));
+  EXPECT_THAT(
+      convert_sharding_strategy(ArrayInfo{{64}, "float32"}, old, kDpTp, kDpTp, "something_else"),
+      IsEmpty());
+  EXPECT_THAT(
+      [] {
+        (void)convert_sharding_strategy(ArrayInfo{{64}, "float32"},
+                                        {{"w", PartitionSpec{"nonexistent"}}}, kDpTp, kDpTp);
+      },
+      ThrowsMessage<KeyError>(HasSubstr("mesh axis 'nonexistent' is not in the mesh")));
 }
 
 }  // namespace

@@ -68,17 +68,17 @@ TEST(ParseBytesTest, ReadsBinaryUnits) {
 }
 
 TEST(ParseBytesTest, NamesTheTextAndTheUnit) {
-  EXPECT_THAT([] { parse_bytes("4X"); },
-              ThrowsMessage<ValueError>(
-                  "bad size '4X': unknown unit 'X' (use K, KiB, M, MiB, G or GiB)"));
-  EXPECT_THAT([] { parse_bytes("X"); },
-              ThrowsMessage<ValueError>(
-                  "bad size 'X': expected a number such as 4K, 64MiB or 4096"));
+  EXPECT_THAT(
+      [] { parse_bytes("4X"); },
+      ThrowsMessage<ValueError>("bad size '4X': unknown unit 'X' (use K, KiB, M, MiB, G or GiB)"));
+  EXPECT_THAT(
+      [] { parse_bytes("X"); },
+      ThrowsMessage<ValueError>("bad size 'X': expected a number such as 4K, 64MiB or 4096"));
   EXPECT_THAT([] { parse_bytes(""); }, ThrowsMessage<ValueError>(HasSubstr("bad size ''")));
   // Sizes that do not fit a 64-bit count are refused rather than wrapped.
-  EXPECT_THAT([] { parse_bytes("99999999999999999999"); },
-              ThrowsMessage<ValueError>(
-                  "bad size '99999999999999999999': too large for a byte count"));
+  EXPECT_THAT(
+      [] { parse_bytes("99999999999999999999"); },
+      ThrowsMessage<ValueError>("bad size '99999999999999999999': too large for a byte count"));
   EXPECT_THAT([] { parse_bytes("17179869184G"); },
               ThrowsMessage<ValueError>("bad size '17179869184G': too large for a byte count"));
   EXPECT_EQ(parse_bytes("17179869183G"), std::size_t{17179869183} << 30);
@@ -110,17 +110,17 @@ TEST(ParseMemoryKernelsTest, KeepsTheOrderAndRefusesUnknownOrRepeatedKernels) {
                   "triad)"));
   EXPECT_THAT([] { parse_memory_kernels("copy,copy"); },
               ThrowsMessage<ValueError>("--kernels 'copy,copy': 'copy' is listed twice"));
-  EXPECT_THAT([] { parse_memory_kernels(","); },
-              ThrowsMessage<ValueError>(
-                  "--kernels ',' names no kernel (choose from read, copy, triad)"));
+  EXPECT_THAT(
+      [] { parse_memory_kernels(","); },
+      ThrowsMessage<ValueError>("--kernels ',' names no kernel (choose from read, copy, triad)"));
 }
 
 TEST(ParseThreadsSweepTest, ReadsCountsAndAll) {
   EXPECT_THAT(parse_threads_sweep("1,2,4,all"), ElementsAre(1, 2, 4, 0));
   EXPECT_THAT(parse_threads_sweep("all"), ElementsAre(0));
-  EXPECT_THAT([] { parse_threads_sweep("1,x"); },
-              ThrowsMessage<ValueError>(
-                  "--threads-sweep '1,x': 'x' is neither a thread count nor 'all'"));
+  EXPECT_THAT(
+      [] { parse_threads_sweep("1,x"); },
+      ThrowsMessage<ValueError>("--threads-sweep '1,x': 'x' is neither a thread count nor 'all'"));
   EXPECT_THAT([] { parse_threads_sweep("0"); },
               ThrowsMessage<ValueError>("--threads-sweep '0': 0 is not a positive thread count "
                                         "('all' means every thread of a device)"));
@@ -130,9 +130,9 @@ TEST(ParseThreadsSweepTest, ReadsCountsAndAll) {
               ThrowsMessage<ValueError>("--threads-sweep '2,all,2': '2' is listed twice"));
   EXPECT_THAT([] { parse_threads_sweep("all,all"); },
               ThrowsMessage<ValueError>("--threads-sweep 'all,all': 'all' is listed twice"));
-  EXPECT_THAT([] { parse_threads_sweep(""); },
-              ThrowsMessage<ValueError>(
-                  "--threads-sweep '' names no thread count (e.g. 1,2,4,all)"));
+  EXPECT_THAT(
+      [] { parse_threads_sweep(""); },
+      ThrowsMessage<ValueError>("--threads-sweep '' names no thread count (e.g. 1,2,4,all)"));
 }
 
 TEST(ParsePolicyOptionTest, AcceptsWhatTheCommandLineCanPlace) {
@@ -152,9 +152,10 @@ TEST(ParseModeArgTest, ReadsNamedAndIntegerModes) {
   const sharding::ModeArg dim = parse_mode_arg("dim:1");
   ASSERT_TRUE(dim.is_dim());
   EXPECT_EQ(dim.dim(), 1);
-  EXPECT_THAT([] { parse_mode_arg("fast"); },
-              ThrowsMessage<ValueError>(
-                  "--mode 'fast' is not a mode (expected train, prefill, decode, insert or dim:N)"));
+  EXPECT_THAT(
+      [] { parse_mode_arg("fast"); },
+      ThrowsMessage<ValueError>(
+          "--mode 'fast' is not a mode (expected train, prefill, decode, insert or dim:N)"));
   EXPECT_THAT([] { parse_mode_arg("dim:x"); },
               ThrowsMessage<ValueError>("--mode dim:N 'x': 'x' is not an integer"));
   EXPECT_THAT([] { parse_mode_arg("dim:1,2"); },
@@ -164,16 +165,18 @@ TEST(ParseModeArgTest, ReadsNamedAndIntegerModes) {
 TEST(ParseRunModeTest, RefusesInsert) {
   EXPECT_EQ(parse_run_mode("prefill").mode(), sharding::Mode::kPrefill);
   EXPECT_TRUE(parse_run_mode("dim:1").is_dim());
-  EXPECT_THAT([] { parse_run_mode("insert"); },
-              ThrowsMessage<ValueError>("--mode 'insert': expected train, prefill, decode or dim:N"));
+  EXPECT_THAT(
+      [] { parse_run_mode("insert"); },
+      ThrowsMessage<ValueError>("--mode 'insert': expected train, prefill, decode or dim:N"));
   EXPECT_THAT([] { parse_run_mode("dim:x"); },
               ThrowsMessage<ValueError>("--mode dim:N 'x': 'x' is not an integer"));
 }
 
 TEST(ParseOpModeTest, RefusesIntegerModes) {
   EXPECT_EQ(parse_op_mode("insert"), sharding::Mode::kInsert);
-  EXPECT_THAT([] { parse_op_mode("dim:1"); },
-              ThrowsMessage<ValueError>("--mode 'dim:1': expected train, prefill, decode or insert"));
+  EXPECT_THAT(
+      [] { parse_op_mode("dim:1"); },
+      ThrowsMessage<ValueError>("--mode 'dim:1': expected train, prefill, decode or insert"));
 }
 
 TEST(ParseKvLayoutTest, ReadsBothLayouts) {

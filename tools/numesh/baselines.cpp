@@ -25,9 +25,11 @@ double plain_read_seconds(const std::vector<std::filesystem::path>& files) {
   return seconds_since(start);
 }
 
-double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int threads, int repeats) {
+double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int threads,
+                             int repeats) {
   NUMESH_CHECK(m > 0 && k > 0 && n > 0 && threads > 0 && repeats > 0, ValueError,
-               "sgemm baseline: sizes {}x{}x{}, {} threads and {} repeats must be positive", m, k, n, threads, repeats);
+               "sgemm baseline: sizes {}x{}x{}, {} threads and {} repeats must be positive", m, k,
+               n, threads, repeats);
   std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
       c(static_cast<std::size_t>(m * n));
   std::mt19937 rng(1);
@@ -39,12 +41,13 @@ double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int
   openblas_set_num_threads(threads);
   const auto once = [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f,
-                c.data(), static_cast<int>(n));
+                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(),
+                static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
   };
   const double seconds = median_seconds(once, repeats, 0.0);
   openblas_set_num_threads(before);
-  return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) / seconds / 1e9;
+  return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) / seconds /
+         1e9;
 }
 
 double read_bandwidth_gbps(const runtime::DeviceMesh& mesh, std::int64_t bytes, int repeats) {
@@ -53,7 +56,8 @@ double read_bandwidth_gbps(const runtime::DeviceMesh& mesh, std::int64_t bytes, 
   options.kernels = {runtime::MemoryKernel::kRead};
   options.threads = {0};
   options.repeats = repeats;
-  const runtime::DeviceBandwidthResult read = runtime::measure_device_bandwidth(*mesh.device_set(), options);
+  const runtime::DeviceBandwidthResult read =
+      runtime::measure_device_bandwidth(*mesh.device_set(), options);
   double gbps = 0.0;
   for (const runtime::BandwidthMeasurement& m : read.measurements) gbps += m.gbps;
   return gbps;

@@ -21,7 +21,8 @@ double plain_read_seconds(const std::vector<std::filesystem::path>& files);
 /// median of `repeats` timed calls after one untimed), random operands. OpenBLAS's thread count
 /// is restored to what it was.
 /// Throws: ValueError for non-positive sizes, threads or repeats.
-double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int threads, int repeats);
+double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int threads,
+                             int repeats);
 
 /// The read kernel's GB/s summed over the mesh's devices (each with all its threads, `bytes`
 /// per device, the median of `repeats` passes): the roofline of a decode step.

@@ -1,13 +1,13 @@
 #include "bench_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "numesh/core/check.hpp"
@@ -47,7 +47,8 @@ Examples:
   cmd->add_option("--ops", o.ops, "Collectives to run, comma-separated")->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "Bytes per device, comma-separated (4K, 64KiB, 1M, 64MiB)")
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype, "Element type of the buffers: f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "Element type of the buffers: f32, bf16 or f16")
+      ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "At least this many timed runs per case")
       ->capture_default_str();
   cmd->add_option("--min-time", o.min_time, "And at least this many seconds per case")
@@ -59,7 +60,8 @@ Examples:
 
 void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
   std::vector<runtime::CollectiveOp> ops;
-  for (const std::string& name : parse_items(o.ops)) ops.push_back(runtime::parse_collective_op(name));
+  for (const std::string& name : parse_items(o.ops))
+    ops.push_back(runtime::parse_collective_op(name));
   std::vector<std::size_t> sizes;
   for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
   const DType dtype = parse_dtype(o.dtype);
@@ -77,19 +79,23 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   const auto d = static_cast<int>(devices->size());
   for (std::size_t s : sizes) {
     NUMESH_CHECK(s % (dtype_size(dtype) * devices->size()) == 0, ValueError,
-                 "size {} bytes is not a multiple of {} bytes ({}) x {} devices", s, dtype_size(dtype),
-                 to_string(dtype), devices->size());
+                 "size {} bytes is not a multiple of {} bytes ({}) x {} devices", s,
+                 dtype_size(dtype), to_string(dtype), devices->size());
   }
   out << fmt::format("devices: {}", d);
   for (std::size_t i = 0; i < devices->size(); ++i) {
     const auto& dev = devices->device(i);
     out << fmt::format("{} {} (cpus {}, {} threads, {})", i == 0 ? "" : ",", dev.spec().label,
-                       dev.spec().cpuset.to_string(), dev.spec().threads, runtime::to_string(dev.pinning()));
+                       dev.spec().cpuset.to_string(), dev.spec().threads,
+                       runtime::to_string(dev.pinning()));
   }
-  out << fmt::format("\nbuffers: {}{}\nbaseline: plain loop of {} threads (reduce-scatter + all-gather for "
-                     "all-reduce), memcpy on one thread\n\n",
-                     to_string(dtype),
-                     dtype == DType::kF32 ? "" : " (reductions widen, add in fp32 and round once; the baseline too)", d);
+  out << fmt::format(
+      "\nbuffers: {}{}\nbaseline: plain loop of {} threads (reduce-scatter + all-gather for "
+      "all-reduce), memcpy on one thread\n\n",
+      to_string(dtype),
+      dtype == DType::kF32 ? ""
+                           : " (reductions widen, add in fp32 and round once; the baseline too)",
+      d);
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10} {:>12}\n", "collective", "bytes",
                      "numesh us", "baseline us", "ratio", "GB/s", "memcpy us");
   out.flush();
@@ -118,8 +124,8 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
       NUMESH_CHECK(plain.check(), Error, "the baseline {} of {} gave a wrong result",
                    runtime::to_string(op), format_bytes(bytes));
       out << fmt::format("{:<15} {:>9} {:>12.1f} {:>12.1f} {:>7.2f} {:>10.2f} {:>12.1f}\n",
-                         runtime::to_string(op), format_bytes(bytes), t_graph * 1e6,
-                         t_plain * 1e6, t_plain / t_graph, static_cast<double>(bytes) / t_graph / 1e9,
+                         runtime::to_string(op), format_bytes(bytes), t_graph * 1e6, t_plain * 1e6,
+                         t_plain / t_graph, static_cast<double>(bytes) / t_graph / 1e9,
                          t_copy * 1e6);
       out.flush();
       records.push_back({{"name", fmt::format("{}/{}", runtime::to_string(op), bytes)},

@@ -17,14 +17,14 @@ namespace numesh::tools {
 
 /// The options of `numesh bench collectives`.
 struct BenchCollectivesOptions {
-  MachineOptions machine;  ///< topology and placement
+  MachineOptions machine;                                               ///< topology and placement
   std::string ops = "all-reduce,all-gather,reduce-scatter,all-to-all";  ///< --ops
   std::string sizes = "4K,16K,64K,256K,1M,4M,16M,64M";  ///< --sizes (bytes per device)
   std::string dtype = "f32";  ///< --dtype: the buffers' element type (f32, bf16, f16)
-  int repeats = 20;        ///< --repeats: at least this many timed runs per case
-  double min_time = 0.2;   ///< --min-time: and at least this many seconds per case
-  std::string json;        ///< --json FILE: one record per case
-  bool quiet = false;      ///< --quiet: no progress line
+  int repeats = 20;           ///< --repeats: at least this many timed runs per case
+  double min_time = 0.2;      ///< --min-time: and at least this many seconds per case
+  std::string json;           ///< --json FILE: one record per case
+  bool quiet = false;         ///< --quiet: no progress line
 };
 
 /// Registers `bench`, the group of the benchmark subcommands (collectives here, memory and

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "hidden_steps.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
@@ -25,7 +26,6 @@
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/sharding/partition_manager.hpp"
-#include "hidden_steps.hpp"
 #include "parsers.hpp"
 #include "render.hpp"
 
@@ -196,7 +196,8 @@ Examples:
   cmd->add_option("--repeats", o.repeats, "Timed passes of the read bandwidth (median)")
       ->capture_default_str();
   cmd->add_option("--dtypes", o.dtypes,
-                  "Weight storage dtypes, comma-separated (f32, bf16, f16): each size runs once per dtype, in "
+                  "Weight storage dtypes, comma-separated (f32, bf16, f16): each size runs once "
+                  "per dtype, in "
                   "this order; rows after an f32 row give their tokens/s over it (x f32)")
       ->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
@@ -299,9 +300,9 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
         "route to top-k experts reads");
   }
   for (const std::string& note : notes) out << "note: " << note << "\n";
-  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n", "hidden",
-                     "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms", "tokens/s", "GB/s",
-                     "of read", "x f32");
+  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n",
+                     "hidden", "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms",
+                     "tokens/s", "GB/s", "of read", "x f32");
   out.flush();
 
   nlohmann::json models = nlohmann::json::array();
@@ -313,32 +314,37 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
       const double fraction = f.gbps / read_gbps;
       const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
       if (dtype == DType::kF32) f32_tokens_per_second = tokens_per_second;
-      const double speedup = f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
+      const double speedup =
+          f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
       out << fmt::format(
-          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} {:>6}\n", c.hidden,
-          c.ffn, c.layers, fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
-          static_cast<double>(c.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6, f.median_step * 1e3,
-          tokens_per_second, f.gbps, fraction, speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
+          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} "
+          "{:>6}\n",
+          c.hidden, c.ffn, c.layers,
+          fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
+          static_cast<double>(c.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6,
+          f.median_step * 1e3, tokens_per_second, f.gbps, fraction,
+          speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
       out.flush();
-      nlohmann::json model{{"hidden", c.hidden},
-                           {"ffn", c.ffn},
-                           {"layers", c.layers},
-                           {"heads", c.attention.num_heads},
-                           {"kv_heads", c.attention.num_kv_heads},
-                           {"head_dim", c.attention.head_dim},
-                           {"moe_every", c.moe_every},
-                           {"parameters", c.parameters()},
-                           {"dtype", to_string(dtype)},
-                           {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
-                           {"batch", o.batch},
-                           {"prompt", o.prompt},
-                           {"steps", o.steps},
-                           {"bytes_per_step", f.bytes_per_step},
-                           {"median_step_seconds", f.median_step},
-                           {"min_step_seconds", f.min_step},
-                           {"tokens_per_second", tokens_per_second},
-                           {"gbps", f.gbps},
-                           {"fraction_of_read", fraction}};
+      nlohmann::json model{
+          {"hidden", c.hidden},
+          {"ffn", c.ffn},
+          {"layers", c.layers},
+          {"heads", c.attention.num_heads},
+          {"kv_heads", c.attention.num_kv_heads},
+          {"head_dim", c.attention.head_dim},
+          {"moe_every", c.moe_every},
+          {"parameters", c.parameters()},
+          {"dtype", to_string(dtype)},
+          {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
+          {"batch", o.batch},
+          {"prompt", o.prompt},
+          {"steps", o.steps},
+          {"bytes_per_step", f.bytes_per_step},
+          {"median_step_seconds", f.median_step},
+          {"min_step_seconds", f.min_step},
+          {"tokens_per_second", tokens_per_second},
+          {"gbps", f.gbps},
+          {"fraction_of_read", fraction}};
       if (speedup > 0.0 && dtype != DType::kF32) model["tokens_per_second_vs_f32"] = speedup;
       models.push_back(std::move(model));
     }

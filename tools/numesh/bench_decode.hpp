@@ -38,10 +38,11 @@ struct BenchDecodeOptions {
   std::string size = "256M";       ///< --size: bytes of the read array per device
   int repeats = 5;                 ///< --repeats: timed read passes (median)
   std::string kv_layout = "bthd";  ///< --kv-layout
-  std::string dtypes = "f32";      ///< --dtypes: weight storage dtypes, comma-separated, each its own row
-  std::uint32_t seed = 0;          ///< --seed: weights and inputs
-  std::string json;                ///< --json FILE
-  bool quiet = false;              ///< --quiet: no progress line
+  std::string dtypes =
+      "f32";               ///< --dtypes: weight storage dtypes, comma-separated, each its own row
+  std::uint32_t seed = 0;  ///< --seed: weights and inputs
+  std::string json;        ///< --json FILE
+  bool quiet = false;      ///< --quiet: no progress line
 };
 
 /// Registers `decode` under the `bench` subcommand. Not thread-safe (CLI11 setup).

@@ -1,39 +1,38 @@
 #include "generate_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <ostream>
+#include <random>
 #include <vector>
 
+#include "baselines.hpp"
+#include "bench_common.hpp"
+#include "nonfinite_note.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/models/lm/causal_lm.hpp"
-#include "numesh/models/lm/generation.hpp"
+#include "numesh/models/formats/npy.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/models/hf/random_model.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/lm/generation.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
-#include "numesh/sharding/partition_manager.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
-#include "numesh/models/formats/npy.hpp"
-#include "baselines.hpp"
-#include "bench_common.hpp"
-#include "nonfinite_note.hpp"
+#include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 
@@ -52,12 +51,14 @@ void progress(bool quiet, const std::string& text) {
 }  // namespace
 
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
-  CLI::App* cmd = app.add_subcommand(
-      "generate",
-      "Generate tokens from a Hugging Face checkpoint (config.json + safetensors) on the machine's mesh: greedy "
-      "or sampled decoding of a prompt (text or token ids), the ids streamed as they come, with load, prefill "
-      "and decode rates.");
-  cmd->footer(R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
+  CLI::App* cmd = app.add_subcommand("generate",
+                                     "Generate tokens from a Hugging Face checkpoint (config.json "
+                                     "+ safetensors) on the machine's mesh: greedy "
+                                     "or sampled decoding of a prompt (text or token ids), the ids "
+                                     "streamed as they come, with load, prefill "
+                                     "and decode rates.");
+  cmd->footer(
+      R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
 shards with model.safetensors.index.json). Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,
@@ -75,52 +76,70 @@ sequence, each at its own position and stopping on its own; their ids and text a
 all have stopped.)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--mode", o.mode,
-                  "The mode eformer's semantic axes resolve in for the layout: train, prefill, decode or dim:N (the "
+                  "The mode eformer's semantic axes resolve in for the layout: train, prefill, "
+                  "decode or dim:N (the "
                   "model prefills and decodes with one layout)")
       ->capture_default_str();
-  cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
+  cmd->add_option("--paxis-json", o.paxis_json,
+                  "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
-  cmd->add_option("--model", o.model, "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
+  cmd->add_option("--model", o.model,
+                  "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
   cmd->add_option("--random-model", o.random_model,
-                  "Write a random Llama in Hugging Face layout to DIR and generate from it (the default without "
+                  "Write a random Llama in Hugging Face layout to DIR and generate from it (the "
+                  "default without "
                   "--model, in a temporary folder)");
-  cmd->add_option("--random-hidden", o.random_hidden, "The random model's hidden size (a multiple of 64)")
+  cmd->add_option("--random-hidden", o.random_hidden,
+                  "The random model's hidden size (a multiple of 64)")
       ->capture_default_str();
-  cmd->add_option("--random-layers", o.random_layers, "The random model's layers")->capture_default_str();
+  cmd->add_option("--random-layers", o.random_layers, "The random model's layers")
+      ->capture_default_str();
   cmd->add_option("--ids", o.ids,
-                  "The prompt's token ids, comma-separated; give --ids again for more prompts, decoded together")
+                  "The prompt's token ids, comma-separated; give --ids again for more prompts, "
+                  "decoded together")
       ->take_all()
       ->expected(1);
   cmd->add_option("--prompt", o.prompt,
-                  "The prompt as text, encoded by the model's tokenizer.json or tokenizer.model (with BOS); give "
+                  "The prompt as text, encoded by the model's tokenizer.json or tokenizer.model "
+                  "(with BOS); give "
                   "--prompt again for more prompts")
       ->take_all()
       ->expected(1);
   cmd->add_option("--prompt-file", o.prompt_file,
-                  "Prompts as text, one per non-empty line, decoded together as one batch of different lengths");
-  cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")->capture_default_str();
+                  "Prompts as text, one per non-empty line, decoded together as one batch of "
+                  "different lengths");
+  cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most")
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Do not stop at the model's end-of-sequence ids");
   cmd->add_flag("--greedy", o.greedy, "Pick the most likely token (the default)");
-  cmd->add_option("--temperature", o.temperature,
-                  "Sample instead, from the logits divided by T > 0 (then --top-k, --top-p, --seed)");
-  cmd->add_option("--top-k", o.top_k, "Sampling: keep the K most likely tokens (only they leave the devices)")
+  cmd->add_option(
+      "--temperature", o.temperature,
+      "Sample instead, from the logits divided by T > 0 (then --top-k, --top-p, --seed)");
+  cmd->add_option("--top-k", o.top_k,
+                  "Sampling: keep the K most likely tokens (only they leave the devices)")
       ->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Sampling: then the most likely whose probabilities sum to P")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Sampling: the generator's seed (the same seed gives the same tokens)")
+  cmd->add_option("--seed", o.seed,
+                  "Sampling: the generator's seed (the same seed gives the same tokens)")
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype,
-                  "How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32)")
+  cmd->add_option(
+         "--dtype", o.dtype,
+         "How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32)")
       ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
-                  "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then each decode step "
+                  "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
+                  "each decode step "
                   "(one prompt)");
   cmd->add_option("--json", o.json, "Write the prompt, the ids and the timings as JSON to FILE");
-  cmd->add_flag("--baselines", o.baselines,
-                "Also measure, in this run, a plain read of the checkpoint's files, OpenBLAS's sgemm at the "
-                "prefill's rows and the memory read bandwidth, and print the load, prefill and decode against them");
-  cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
-                "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
+  cmd->add_flag(
+      "--baselines", o.baselines,
+      "Also measure, in this run, a plain read of the checkpoint's files, OpenBLAS's sgemm at the "
+      "prefill's rows and the memory read bandwidth, and print the load, prefill and decode "
+      "against them");
+  cmd->add_flag(
+      "--refuse-nonfinite", o.refuse_nonfinite,
+      "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -129,18 +148,24 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   // Every option is checked before anything is written, loaded or created.
   const DType dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
-               "--model and --random-model exclude each other: generate from a checkpoint, or write a random one");
+               "--model and --random-model exclude each other: generate from a checkpoint, or "
+               "write a random one");
   NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
                "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
   const bool sampling = o.temperature != 0.0;
-  NUMESH_CHECK(!(sampling && o.greedy), ValueError,
-               "--greedy and --temperature {} exclude each other: pick the most likely token, or sample", o.temperature);
-  const ops::SamplingOptions sampling_options{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  NUMESH_CHECK(
+      !(sampling && o.greedy), ValueError,
+      "--greedy and --temperature {} exclude each other: pick the most likely token, or sample",
+      o.temperature);
+  const ops::SamplingOptions sampling_options{
+      .temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
   if (sampling) ops::validate(sampling_options);
   std::mt19937_64 rng(o.seed);
-  const int kinds = (o.prompt.empty() ? 0 : 1) + (o.ids.empty() ? 0 : 1) + (o.prompt_file.empty() ? 0 : 1);
+  const int kinds =
+      (o.prompt.empty() ? 0 : 1) + (o.ids.empty() ? 0 : 1) + (o.prompt_file.empty() ? 0 : 1);
   NUMESH_CHECK(kinds == 1, ValueError,
-               "give the prompts as text with --prompt or --prompt-file (the model's tokenizer encodes them) or as "
+               "give the prompts as text with --prompt or --prompt-file (the model's tokenizer "
+               "encodes them) or as "
                "token ids with --ids, one of the three");
   // Prompts given as text: --prompt's, or --prompt-file's non-empty lines (read now, so that a
   // missing file is refused before the model loads).
@@ -152,14 +177,15 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") != std::string::npos) texts.push_back(line);
     }
-    NUMESH_CHECK(!texts.empty(), ValueError, "--prompt-file '{}' holds no prompt (no non-empty line)",
-                 o.prompt_file);
+    NUMESH_CHECK(!texts.empty(), ValueError,
+                 "--prompt-file '{}' holds no prompt (no non-empty line)", o.prompt_file);
   }
   std::vector<std::vector<std::int32_t>> prompts;
   for (const std::string& ids : o.ids) prompts.push_back(parse_token_ids(ids, "--ids"));
   const std::size_t sequences = std::max(prompts.size(), texts.size());
   NUMESH_CHECK(o.logits_out.empty() || sequences == 1, ValueError,
-               "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given", sequences);
+               "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given",
+               sequences);
   check_mesh_options(o.mesh);
   const sharding::ModeArg mode = parse_run_mode(o.mode);
   const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
@@ -169,7 +195,8 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   std::ofstream logits_file;
   if (!o.logits_out.empty()) {
     logits_file.open(o.logits_out, std::ios::binary);
-    NUMESH_CHECK(logits_file.is_open(), IoError, "cannot write --logits-out file '{}'", o.logits_out);
+    NUMESH_CHECK(logits_file.is_open(), IoError, "cannot write --logits-out file '{}'",
+                 o.logits_out);
   }
 
   std::filesystem::path dir = o.model;
@@ -184,57 +211,71 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   } temporary;
   if (o.model.empty()) {
     if (o.random_model.empty()) {
-      temporary.path = std::filesystem::temp_directory_path() / fmt::format("numesh-random-model-{}", ::getpid());
+      temporary.path = std::filesystem::temp_directory_path() /
+                       fmt::format("numesh-random-model-{}", ::getpid());
     }
     dir = !o.random_model.empty() ? std::filesystem::path(o.random_model) : temporary.path;
     NUMESH_CHECK(!std::filesystem::exists(dir / "model.safetensors.index.json"), ValueError,
-                 "--random-model {}: the folder holds a sharded checkpoint (model.safetensors.index.json), which the "
+                 "--random-model {}: the folder holds a sharded checkpoint "
+                 "(model.safetensors.index.json), which the "
                  "random model's files would not replace; give an empty or new folder",
                  dir.string());
-    NUMESH_CHECK(o.random_hidden > 0 && o.random_hidden % 64 == 0 && o.random_layers >= 1, ValueError,
-                 "--random-hidden {} must be a positive multiple of 64 and --random-layers {} positive",
-                 o.random_hidden, o.random_layers);
-    progress(o.quiet, fmt::format("writing a random Llama (hidden {}, {} layers) to {} ...", o.random_hidden,
-                                  o.random_layers, dir.string()));
-    models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers), dtype, 1234);
+    NUMESH_CHECK(
+        o.random_hidden > 0 && o.random_hidden % 64 == 0 && o.random_layers >= 1, ValueError,
+        "--random-hidden {} must be a positive multiple of 64 and --random-layers {} positive",
+        o.random_hidden, o.random_layers);
+    progress(o.quiet, fmt::format("writing a random Llama (hidden {}, {} layers) to {} ...",
+                                  o.random_hidden, o.random_layers, dir.string()));
+    models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
+                               dtype, 1234);
   }
   const models::HfConfig config = models::HfConfig::load(dir);
   // The tokenizer, when the folder has one: it encodes --prompt and turns the ids into text.
   std::unique_ptr<models::TextTokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tokenizer.model")) {
+  if (std::filesystem::exists(dir / "tokenizer.json") ||
+      std::filesystem::exists(dir / "tokenizer.model")) {
     tokenizer = models::TextTokenizer::load(dir);
   }
   const char* source = !o.ids.empty() ? "--ids" : !o.prompt.empty() ? "--prompt" : "--prompt-file";
   if (!texts.empty()) {
-    NUMESH_CHECK(tokenizer != nullptr, IoError,
-                 "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
-                 "with --ids",
-                 source, dir.string());
+    NUMESH_CHECK(
+        tokenizer != nullptr, IoError,
+        "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
+        "with --ids",
+        source, dir.string());
     for (const std::string& text : texts) {
       prompts.push_back(tokenizer->encode(text, /*add_special_tokens=*/true));
-      NUMESH_CHECK(!prompts.back().empty(), ValueError, "{} '{}' encodes to no token", source, text);
+      NUMESH_CHECK(!prompts.back().empty(), ValueError, "{} '{}' encodes to no token", source,
+                   text);
     }
   }
   std::int64_t longest = 0;
   for (std::size_t b = 0; b < prompts.size(); ++b) {
     const std::vector<std::int32_t>& prompt = prompts[b];
     for (std::size_t i = 0; i < prompt.size(); ++i) {
-      NUMESH_CHECK(prompt[i] < config.vocab_size, IndexError,
-                   "{}: token {} at position {}{} is outside the model's vocabulary [0, {})", source, prompt[i], i,
-                   prompts.size() > 1 ? fmt::format(" of prompt {}", b) : std::string(), config.vocab_size);
+      NUMESH_CHECK(
+          prompt[i]<config.vocab_size, IndexError,
+                    "{}: token {} at position {}{} is outside the model's vocabulary [0, {})",
+                    source, prompt[i], i, prompts.size()> 1
+              ? fmt::format(" of prompt {}", b)
+              : std::string(),
+          config.vocab_size);
     }
     longest = std::max(longest, static_cast<std::int64_t>(prompt.size()));
   }
   const std::int64_t max_len = longest + o.max_new_tokens;
-  NUMESH_CHECK(max_len <= config.max_context(), ValueError,
-               "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}", longest,
-               o.max_new_tokens, max_len, config.max_context());
+  NUMESH_CHECK(
+      max_len <= config.max_context(), ValueError,
+      "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}",
+      longest, o.max_new_tokens, max_len, config.max_context());
   (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
 
-  progress(o.quiet, fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
+  progress(o.quiet,
+           fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   const auto batch = static_cast<std::int64_t>(prompts.size());
-  const ops::ModelAxes axes = ops::ModelAxes::resolve(partition_manager, mode, batch, config.hidden_size);
+  const ops::ModelAxes axes =
+      ops::ModelAxes::resolve(partition_manager, mode, batch, config.hidden_size);
   // --baselines: a plain read of the files before the load (so both find them in the page
   // cache when they fit) and after it (the figure reported).
   const auto checkpoint_files = [&] {
@@ -247,35 +288,43 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const auto load_start = Clock::now();
   const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
   std::int64_t bytes = 0;
-  for (const std::string& name : checkpoint.names()) bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
+  for (const std::string& name : checkpoint.names())
+    bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
   std::optional<models::CausalLm> loaded;
   {
     const ProgressLine line(o.quiet);
-    loaded.emplace(models::CausalLm::load(mesh, config, checkpoint, batch, max_len, dtype, axes,
-                                          [&](std::int64_t done, std::int64_t total) {
-                                            line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
-                                                                    100.0 * static_cast<double>(done) /
-                                                                        static_cast<double>(total),
-                                                                    static_cast<double>(done) / 1e6,
-                                                                    static_cast<double>(total) / 1e6));
-                                          }));
+    loaded.emplace(models::CausalLm::load(
+        mesh, config, checkpoint, batch, max_len, dtype, axes,
+        [&](std::int64_t done, std::int64_t total) {
+          line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
+                                  100.0 * static_cast<double>(done) / static_cast<double>(total),
+                                  static_cast<double>(done) / 1e6,
+                                  static_cast<double>(total) / 1e6));
+        }));
   }
   models::CausalLm& lm = *loaded;
   const double load_seconds = seconds_since(load_start);
   const double read_seconds = o.baselines ? plain_read_seconds(checkpoint_files()) : 0.0;
 
-  out << fmt::format("numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
-                     dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
-                     config.vocab_size, to_string(dtype), mesh.mesh().repr());
+  out << fmt::format(
+      "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
+      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
+      config.vocab_size, to_string(dtype), mesh.mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
-  out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and laid "
-                     "out)\n",
-                     static_cast<double>(bytes) / 1e6, load_seconds, static_cast<double>(bytes) / load_seconds / 1e9);
+  out << fmt::format(
+      "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
+      "laid "
+      "out)\n",
+      static_cast<double>(bytes) / 1e6, load_seconds,
+      static_cast<double>(bytes) / load_seconds / 1e9);
   if (o.baselines) {
-    out << fmt::format("         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x its time\n",
-                       read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
+    out << fmt::format(
+        "         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x "
+        "its time\n",
+        read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
   }
-  note_nonfinite_weights(models::find_nonfinite_weights(lm.weights()), o.refuse_nonfinite, dir.string(), out);
+  note_nonfinite_weights(models::find_nonfinite_weights(lm.weights()), o.refuse_nonfinite,
+                         dir.string(), out);
   // With a tokenizer the text follows the ids, decoded at the end (a token can end inside a
   // character, so decoding token by token would print broken characters). A model's
   // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a
@@ -293,10 +342,11 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     return tokenizer->decode(known, /*skip_special_tokens=*/true);
   };
 
-  models::GenerationOptions options{.max_new_tokens = o.max_new_tokens,
-                                    .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
-                                    .sampling = sampling ? std::optional(sampling_options) : std::nullopt,
-                                    .keep_logits = !o.logits_out.empty()};
+  models::GenerationOptions options{
+      .max_new_tokens = o.max_new_tokens,
+      .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
+      .sampling = sampling ? std::optional(sampling_options) : std::nullopt,
+      .keep_logits = !o.logits_out.empty()};
   // One prompt: its ids streamed as they come. Several: printed when all have stopped.
   const bool streamed = batch == 1;
   if (streamed) {
@@ -306,12 +356,14 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   } else {
     progress(o.quiet, fmt::format("generating {} sequences (prompts of {} to {} tokens) ...", batch,
                                   std::min_element(prompts.begin(), prompts.end(),
-                                                   [](const auto& a, const auto& b) { return a.size() < b.size(); })
+                                                   [](const auto& a, const auto& b) {
+                                                     return a.size() < b.size();
+                                                   })
                                       ->size(),
                                   longest));
   }
-  const models::GenerationResult result =
-      models::generate(lm, prompts, options, rng, [&](std::int64_t, std::span<const std::int64_t> tokens) {
+  const models::GenerationResult result = models::generate(
+      lm, prompts, options, rng, [&](std::int64_t, std::span<const std::int64_t> tokens) {
         if (!streamed || tokens.front() < 0) return;
         out << " " << tokens.front();
         out.flush();
@@ -323,11 +375,12 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   for (std::size_t b = 0; b < prompts.size(); ++b) {
     if (tokenizer) texts_out[b] = text_of(result.ids[b]);
     if (streamed) {
-      out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]), result.ids[b].size());
+      out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]),
+                         result.ids[b].size());
     } else {
       out << fmt::format("sequence {}\nprompt   {}\nids      {}\nstopped  at {} ({} tokens)\n", b,
-                         fmt::join(prompts[b], " "), fmt::join(result.ids[b], " "), stopped_text(result.stopped[b]),
-                         result.ids[b].size());
+                         fmt::join(prompts[b], " "), fmt::join(result.ids[b], " "),
+                         stopped_text(result.stopped[b]), result.ids[b].size());
     }
     if (tokenizer) {
       const std::string prompt_text = !texts.empty() ? texts[b] : text_of(prompts[b]);
@@ -335,8 +388,9 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     }
   }
   if (tokenizer && unknown_ids > 0) {
-    out << fmt::format("         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
-                       unknown_ids, tokenizer->vocab_size());
+    out << fmt::format(
+        "         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
+        unknown_ids, tokenizer->vocab_size());
   }
   // --baselines: the prefill's FLOPs against OpenBLAS's sgemm at its rows and the model's
   // widest projection, and the decode's bytes per step against the memory read bandwidth.
@@ -344,17 +398,20 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   std::string prefill_note, decode_note;  // printed under the prefill and decode lines
   if (o.baselines) {
     const ops::TransformerConfig t = config.transformer_config();
-    const double prefill_flops = t.flops(batch, longest, 0) +
-                                 2.0 * static_cast<double>(batch * config.hidden_size * config.vocab_size);
+    const double prefill_flops =
+        t.flops(batch, longest, 0) +
+        2.0 * static_cast<double>(batch * config.hidden_size * config.vocab_size);
     const std::int64_t widest = std::max({t.ffn, t.moe_ffn, config.hidden_size});
     const int threads = static_cast<int>(mesh.device_set()->total_threads());
     progress(o.quiet, "baselines: OpenBLAS sgemm and the memory read bandwidth ...");
-    const double sgemm = openblas_sgemm_gflops(batch * longest, config.hidden_size, widest, threads, 5);
+    const double sgemm =
+        openblas_sgemm_gflops(batch * longest, config.hidden_size, widest, threads, 5);
     const double prefill_gflops = prefill_flops / result.prefill_seconds / 1e9;
-    prefill_note = fmt::format("         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
-                       "(the prefill at {:.2f} of it)\n",
-                       prefill_gflops, batch * longest, config.hidden_size, config.hidden_size, widest, threads, sgemm,
-                       prefill_gflops / sgemm);
+    prefill_note = fmt::format(
+        "         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
+        "(the prefill at {:.2f} of it)\n",
+        prefill_gflops, batch * longest, config.hidden_size, config.hidden_size, widest, threads,
+        sgemm, prefill_gflops / sgemm);
     baselines = {{"plain_read_seconds", read_seconds},
                  {"plain_read_gbps", static_cast<double>(bytes) / read_seconds / 1e9},
                  {"load_fraction_of_plain_read", read_seconds / load_seconds},
@@ -365,11 +422,14 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
     if (result.decode_steps > 0) {
       const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);
       // The weights and caches a step reads, at the middle of the decode.
-      const double step_bytes = static_cast<double>(lm.decode_bytes(longest + result.decode_steps / 2));
-      const double step_gbps = step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
-      decode_note = fmt::format("         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
-                         "decode at {:.2f} of it)\n",
-                         step_bytes / 1e6, step_gbps, read, step_gbps / read);
+      const double step_bytes =
+          static_cast<double>(lm.decode_bytes(longest + result.decode_steps / 2));
+      const double step_gbps =
+          step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
+      decode_note = fmt::format(
+          "         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
+          "decode at {:.2f} of it)\n",
+          step_bytes / 1e6, step_gbps, read, step_gbps / read);
       baselines["decode_bytes_per_step"] = step_bytes;
       baselines["decode_gbps"] = step_gbps;
       baselines["read_gbps"] = read;
@@ -380,21 +440,25 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   for (const auto& prompt : prompts) prompt_tokens += static_cast<std::int64_t>(prompt.size());
   // A batch's prefill computes every padded position; the rate counts the real tokens.
   out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", prompt_tokens,
-                     result.prefill_seconds * 1e3, static_cast<double>(prompt_tokens) / result.prefill_seconds);
+                     result.prefill_seconds * 1e3,
+                     static_cast<double>(prompt_tokens) / result.prefill_seconds);
   out << prefill_note;
   if (result.decode_steps > 0) {
-    out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n", result.decoded_tokens,
-                       result.decode_steps, result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
+    out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n",
+                       result.decoded_tokens, result.decode_steps,
+                       result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
                        static_cast<double>(result.decoded_tokens) / result.decode_seconds);
   }
   out << decode_note;
   if (!o.logits_out.empty()) {
     runtime::HostTensor all = runtime::HostTensor::zeros(
-        {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size, config.vocab_size});
+        {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size,
+         config.vocab_size});
     all.data = result.logits.front();
     logits_file.close();
     models::save_npy(o.logits_out, all);
-    out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1], o.logits_out);
+    out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1],
+                       o.logits_out);
   }
   if (json_file.is_open()) {
     nlohmann::json seqs = nlohmann::json::array();
@@ -404,28 +468,30 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                       {"text", tokenizer ? nlohmann::json(texts_out[b]) : nlohmann::json(nullptr)},
                       {"stopped", stopped_text(result.stopped[b])}});
     }
-    nlohmann::json j{{"model", dir.string()},
-                     {"architecture", std::string(to_string(config.architecture))},
-                     {"dtype", std::string(to_string(dtype))},
-                     {"mesh", mesh.mesh().repr()},
-                     {"sequences", seqs},
-                     {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
-                                                            {"top_k", o.top_k},
-                                                            {"top_p", o.top_p},
-                                                            {"seed", o.seed}}
-                                           : nlohmann::json("greedy")},
-                     {"load_seconds", load_seconds},
-                     {"load_bytes", bytes},
-                     {"baselines", baselines},
-                     {"prefill_tokens", prompt_tokens},
-                     {"prefill_seconds", result.prefill_seconds},
-                     {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},
-                     {"decode_steps", result.decode_steps},
-                     {"decode_tokens", result.decoded_tokens},
-                     {"decode_seconds", result.decode_seconds},
-                     {"decode_tokens_per_second", result.decoded_tokens > 0
-                                                      ? static_cast<double>(result.decoded_tokens) / result.decode_seconds
-                                                      : 0.0}};
+    nlohmann::json j{
+        {"model", dir.string()},
+        {"architecture", std::string(to_string(config.architecture))},
+        {"dtype", std::string(to_string(dtype))},
+        {"mesh", mesh.mesh().repr()},
+        {"sequences", seqs},
+        {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
+                                               {"top_k", o.top_k},
+                                               {"top_p", o.top_p},
+                                               {"seed", o.seed}}
+                              : nlohmann::json("greedy")},
+        {"load_seconds", load_seconds},
+        {"load_bytes", bytes},
+        {"baselines", baselines},
+        {"prefill_tokens", prompt_tokens},
+        {"prefill_seconds", result.prefill_seconds},
+        {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},
+        {"decode_steps", result.decode_steps},
+        {"decode_tokens", result.decoded_tokens},
+        {"decode_seconds", result.decode_seconds},
+        {"decode_tokens_per_second",
+         result.decoded_tokens > 0
+             ? static_cast<double>(result.decoded_tokens) / result.decode_seconds
+             : 0.0}};
     if (streamed) {  // one prompt: its fields at the top level too
       j["prompt_ids"] = seqs[0]["prompt_ids"];
       j["ids"] = seqs[0]["ids"];

@@ -22,30 +22,31 @@ namespace numesh::tools {
 
 /// The options of `numesh generate`.
 struct GenerateOptions {
-  MeshOptions mesh;                 ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string mode = "decode";      ///< --mode: the mode the semantic axes resolve in
-  std::string paxis_json;           ///< --paxis-json FILE
-  std::vector<std::string> sets;    ///< --set field=value
-  std::string model;                ///< --model DIR: config.json + *.safetensors
-  std::string random_model;         ///< --random-model DIR: write a random Llama there and use it
+  MeshOptions mesh;                  ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string mode = "decode";       ///< --mode: the mode the semantic axes resolve in
+  std::string paxis_json;            ///< --paxis-json FILE
+  std::vector<std::string> sets;     ///< --set field=value
+  std::string model;                 ///< --model DIR: config.json + *.safetensors
+  std::string random_model;          ///< --random-model DIR: write a random Llama there and use it
   std::int64_t random_hidden = 512;  ///< --random-hidden: its hidden size (a multiple of 64)
   std::int64_t random_layers = 4;    ///< --random-layers
-  std::vector<std::string> ids;     ///< --ids 1,2,3 (repeatable): prompts as token ids
-  std::vector<std::string> prompt;  ///< --prompt TEXT (repeatable): encoded by the model's tokenizer
-  std::string prompt_file;          ///< --prompt-file F: one prompt per non-empty line
+  std::vector<std::string> ids;      ///< --ids 1,2,3 (repeatable): prompts as token ids
+  std::vector<std::string>
+      prompt;               ///< --prompt TEXT (repeatable): encoded by the model's tokenizer
+  std::string prompt_file;  ///< --prompt-file F: one prompt per non-empty line
   std::int64_t max_new_tokens = 32;  ///< --max-new-tokens
-  bool ignore_eos = false;          ///< --ignore-eos: do not stop at an end-of-sequence id
-  bool greedy = false;              ///< --greedy: argmax (the default without --temperature)
-  double temperature = 0.0;         ///< --temperature T > 0: sample instead of argmax
-  std::int64_t top_k = 40;          ///< --top-k K (sampling)
-  double top_p = 1.0;               ///< --top-p P (sampling)
-  std::uint64_t seed = 0;           ///< --seed S (sampling)
-  std::string dtype = "f32";        ///< --dtype: how the devices store the matrices
-  std::string logits_out;           ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
-  std::string json;                 ///< --json FILE
-  bool baselines = false;           ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
-  bool quiet = false;               ///< --quiet: no progress on stderr
-  bool refuse_nonfinite = false;    ///< --refuse-nonfinite: a weight holding NaN or inf is an error
+  bool ignore_eos = false;           ///< --ignore-eos: do not stop at an end-of-sequence id
+  bool greedy = false;               ///< --greedy: argmax (the default without --temperature)
+  double temperature = 0.0;          ///< --temperature T > 0: sample instead of argmax
+  std::int64_t top_k = 40;           ///< --top-k K (sampling)
+  double top_p = 1.0;                ///< --top-p P (sampling)
+  std::uint64_t seed = 0;            ///< --seed S (sampling)
+  std::string dtype = "f32";         ///< --dtype: how the devices store the matrices
+  std::string logits_out;            ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
+  std::string json;                  ///< --json FILE
+  bool baselines = false;            ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
+  bool quiet = false;                ///< --quiet: no progress on stderr
+  bool refuse_nonfinite = false;  ///< --refuse-nonfinite: a weight holding NaN or inf is an error
 };
 
 /// Registers `generate`. Not thread-safe (CLI11 setup).

@@ -5,7 +5,8 @@
 
 namespace numesh::tools {
 
-runtime::HostTensor random_tokens(std::int64_t batch, std::int64_t tokens, std::int64_t hidden, std::uint32_t seed) {
+runtime::HostTensor random_tokens(std::int64_t batch, std::int64_t tokens, std::int64_t hidden,
+                                  std::uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   runtime::HostTensor t = runtime::HostTensor::zeros({batch, tokens, hidden});

@@ -12,11 +12,11 @@
 //   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
 //   numesh train ....... train a Hugging Face causal LM (AdamW, CSV log, resumable checkpoints)
 //
-// Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad input (CLI11 parse errors included), reported as one
-// line `numesh: error: ...` on stderr naming the offending value.
+// Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad
+// input (CLI11 parse errors included), reported as one line `numesh: error: ...` on stderr naming
+// the offending value.
 
 #include <CLI/CLI.hpp>
-
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -26,15 +26,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "numesh/core/error.hpp"
 #include "bench_command.hpp"
 #include "bench_decode.hpp"
 #include "bench_memory.hpp"
-#include "mesh_command.hpp"
-#include "resolve_command.hpp"
-#include "op_command.hpp"
 #include "generate_command.hpp"
+#include "mesh_command.hpp"
+#include "numesh/core/error.hpp"
+#include "op_command.hpp"
 #include "perplexity_command.hpp"
+#include "resolve_command.hpp"
 #include "run_command.hpp"
 #include "tokenize_command.hpp"
 #include "topology_command.hpp"
@@ -66,14 +66,15 @@ template <class Options, class Add, class Run>
 Command command(CLI::App& parent, Add add, Run run) {
   auto options = std::make_shared<Options>();
   CLI::App* app = add(parent, *options);
-  return {app, [options, run]() -> int {
-            if constexpr (std::is_void_v<std::invoke_result_t<Run, const Options&, std::ostream&>>) {
-              run(*options, std::cout);
-              return 0;
-            } else {
-              return run(*options, std::cout);
-            }
-          }};
+  return {
+      app, [options, run]() -> int {
+        if constexpr (std::is_void_v<std::invoke_result_t<Run, const Options&, std::ostream&>>) {
+          run(*options, std::cout);
+          return 0;
+        } else {
+          return run(*options, std::cout);
+        }
+      }};
 }
 
 }  // namespace
@@ -89,15 +90,18 @@ int main(int argc, char** argv) {
   commands.push_back(command<t::TopologyOptions>(app, t::add_topology_command, t::run_topology));
   commands.push_back(command<t::MeshCommandOptions>(app, t::add_mesh_command, t::run_mesh));
   CLI::App* bench = t::add_bench_command(app);
+  commands.push_back(command<t::BenchCollectivesOptions>(*bench, t::add_bench_collectives_command,
+                                                         t::run_bench_collectives));
   commands.push_back(
-      command<t::BenchCollectivesOptions>(*bench, t::add_bench_collectives_command, t::run_bench_collectives));
-  commands.push_back(command<t::BenchMemoryOptions>(*bench, t::add_bench_memory_command, t::run_bench_memory));
-  commands.push_back(command<t::BenchDecodeOptions>(*bench, t::add_bench_decode_command, t::run_bench_decode));
+      command<t::BenchMemoryOptions>(*bench, t::add_bench_memory_command, t::run_bench_memory));
+  commands.push_back(
+      command<t::BenchDecodeOptions>(*bench, t::add_bench_decode_command, t::run_bench_decode));
   commands.push_back(command<t::OpOptions>(app, t::add_op_command, t::run_op));
   commands.push_back(command<t::RunOptions>(app, t::add_run_command, t::run_run));
   commands.push_back(command<t::GenerateOptions>(app, t::add_generate_command, t::run_generate));
   commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
-  commands.push_back(command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
+  commands.push_back(
+      command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
   commands.push_back(command<t::TrainOptions>(app, t::add_train_command, t::run_train));
 
   try {
@@ -117,7 +121,8 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // The sizes fit each device's node one by one but not all together (or the system is out
     // of memory): say so instead of aborting.
-    return fail("out of memory: the sizes asked for need more memory than this machine gives the process");
+    return fail(
+        "out of memory: the sizes asked for need more memory than this machine gives the process");
   } catch (const std::exception& e) {
     return fail(std::string("internal error: ") + e.what());
   }

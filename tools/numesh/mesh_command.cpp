@@ -1,10 +1,10 @@
 #include "mesh_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "numesh/runtime/device_mesh.hpp"
@@ -64,7 +64,8 @@ void run_mesh(const MeshCommandOptions& o, std::ostream& out) {
     groups[axis] = mesh.groups(std::vector<std::string>{axis});
   }
   if (o.json) {
-    out << nlohmann::json{{"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
+    out << nlohmann::json{{"mesh",
+                           {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
                           {"policy", std::string(runtime::to_string(placement.policy))},
                           {"slots", slots},
                           {"groups", groups},

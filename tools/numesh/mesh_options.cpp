@@ -27,7 +27,8 @@ void add_machine_options(CLI::App& cmd, MachineOptions& o, bool with_threads) {
 }
 
 void add_mesh_shape_options(CLI::App& cmd, MeshOptions& o) {
-  cmd.add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")->capture_default_str();
+  cmd.add_option("--dims", o.dims, "Mesh dims, comma-separated; one -1 takes the rest")
+      ->capture_default_str();
   cmd.add_option("--names", o.names, "Mesh axis names, comma-separated")->capture_default_str();
 }
 

@@ -13,7 +13,7 @@ namespace numesh::tools {
 /// values of M (the first, nan, at [i, j])" for each of the first five such weights (then how
 /// many more), or, with `refuse` (--refuse-nonfinite), nothing written and an error.
 /// Throws: ValueError naming the first such weight and how many there are, when `refuse`.
-void note_nonfinite_weights(const std::vector<models::NonfiniteWeight>& found, bool refuse, const std::string& where,
-                            std::ostream& out);
+void note_nonfinite_weights(const std::vector<models::NonfiniteWeight>& found, bool refuse,
+                            const std::string& where, std::ostream& out);
 
 }  // namespace numesh::tools

@@ -1,12 +1,12 @@
 #include "op_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <ostream>
 #include <string>
@@ -14,8 +14,8 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/models/formats/npy.hpp"
+#include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "op_table.hpp"
@@ -39,21 +39,26 @@ void require_files(const OpInputs& in, std::string_view op, const std::vector<st
   for (const std::string& n : names) {
     if (!in.has(n)) missing.push_back(n + ".npy");
   }
-  NUMESH_CHECK(missing.empty(), IoError, "op {}: missing input file{} in '{}': {} (needs {}.npy; see docs/ops.md)",
-               op, missing.size() > 1 ? "s" : "", in.dir.string(), fmt::join(missing, ", "),
+  NUMESH_CHECK(missing.empty(), IoError,
+               "op {}: missing input file{} in '{}': {} (needs {}.npy; see docs/ops.md)", op,
+               missing.size() > 1 ? "s" : "", in.dir.string(), fmt::join(missing, ", "),
                fmt::join(names, ".npy, "));
 }
 
 TokenPlan token_plan(const OpOptions& o, sharding::Mode mode, std::int64_t t) {
   switch (mode) {
-    case sharding::Mode::kDecode: return {t - 1, 1};
+    case sharding::Mode::kDecode:
+      return {t - 1, 1};
     case sharding::Mode::kInsert: {
       const std::int64_t p = o.position < 0 ? t / 2 : o.position;
-      NUMESH_CHECK(p < t, ValueError, "--position {}: x has {} tokens, insert needs at least one at or after it", p, t);
+      NUMESH_CHECK(p < t, ValueError,
+                   "--position {}: x has {} tokens, insert needs at least one at or after it", p,
+                   t);
       return {p, t - p};
     }
     default:
-      NUMESH_CHECK(o.position <= 0, ValueError, "--position {} applies to --mode insert only", o.position);
+      NUMESH_CHECK(o.position <= 0, ValueError, "--position {} applies to --mode insert only",
+                   o.position);
       return {0, t};
   }
 }
@@ -78,12 +83,14 @@ CLI::App* add_op_command(CLI::App& app, OpOptions& o) {
   const std::string names = op_names_text();
   CLI::App* cmd = app.add_subcommand(
       "op",
-      fmt::format("Run one layer ({}) sharded over a mesh on weights and inputs read from a folder of .npy "
-                  "files; print the plan and the time, check the output against the dense reference, and "
-                  "write y.npy.",
-                  names));
-  cmd->footer("Input files (fp32 .npy, C order; docs/ops.md has the shapes):\n" + inputs_help() +
-              R"(Modes (attention, block): train and prefill run all T tokens from position 0; decode caches the
+      fmt::format(
+          "Run one layer ({}) sharded over a mesh on weights and inputs read from a folder of .npy "
+          "files; print the plan and the time, check the output against the dense reference, and "
+          "write y.npy.",
+          names));
+  cmd->footer(
+      "Input files (fp32 .npy, C order; docs/ops.md has the shapes):\n" + inputs_help() +
+      R"(Modes (attention, block): train and prefill run all T tokens from position 0; decode caches the
 first T-1 and times the last one against the cache; insert caches [0, --position) and times the
 chunk from --position. The output y.npy holds the timed call's tokens.
 Exit status: 0; 1 when the output differs from the dense reference beyond 1e-4 relative; 2 for bad input.
@@ -99,19 +106,24 @@ Examples:
   // After --dir and --out, as --help has always listed them.
   add_mesh_shape_options(*cmd, o.mesh);
   cmd->add_option("--mode", o.mode, "train, prefill, decode or insert")->capture_default_str();
-  cmd->add_option("--position", o.position, "Insert mode: first position of the chunk (default: T/2)");
+  cmd->add_option("--position", o.position,
+                  "Insert mode: first position of the chunk (default: T/2)");
   cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
   cmd->add_option("--heads", o.heads, "Query heads (attention, block)");
   cmd->add_option("--kv-heads", o.kv_heads, "Key/value heads (default: --heads)");
   cmd->add_option("--rope-theta", o.rope_theta, "RoPE base (0: none)")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Experts per token (moe, block)")->capture_default_str();
-  cmd->add_option("--capacity", o.capacity, "MoE capacity factor (0: dropless)")->capture_default_str();
-  cmd->add_flag("--raw-weights", o.raw_weights, "MoE: use the softmax probabilities without renormalising");
+  cmd->add_option("--capacity", o.capacity, "MoE capacity factor (0: dropless)")
+      ->capture_default_str();
+  cmd->add_flag("--raw-weights", o.raw_weights,
+                "MoE: use the softmax probabilities without renormalising");
   cmd->add_option("--norm-eps", o.norm_eps, "RMSNorm epsilon (block)")->capture_default_str();
-  cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")->capture_default_str();
+  cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
+      ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
-                  "Storage dtype of the operator's matrices: f32, bf16 or f16 (the .npy files are f32 and are "
+                  "Storage dtype of the operator's matrices: f32, bf16 or f16 (the .npy files are "
+                  "f32 and are "
                   "rounded; the reference uses the rounded weights)")
       ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
@@ -119,8 +131,10 @@ Examples:
   cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
                 "Refuse an input .npy holding NaN or infinities (default: say so and run)");
   cmd->add_option("--json", o.json, "Write the plan, time and check as JSON to FILE");
-  cmd->add_flag("--timing", o.timing, "Print when each node of one more run started and how long it took");
-  cmd->add_option("--trace", o.trace, "Write that run as a Chrome trace (chrome://tracing, Perfetto) to FILE");
+  cmd->add_flag("--timing", o.timing,
+                "Print when each node of one more run started and how long it took");
+  cmd->add_option("--trace", o.trace,
+                  "Write that run as a Chrome trace (chrome://tracing, Perfetto) to FILE");
   return cmd;
 }
 
@@ -139,8 +153,8 @@ int run_op(const OpOptions& o, std::ostream& out) {
   NUMESH_CHECK(fs::is_directory(out_dir), IoError, "--out '{}' is not a folder", out_dir.string());
   if (!o.trace.empty()) {
     const fs::path parent = fs::absolute(o.trace).parent_path();
-    NUMESH_CHECK(fs::is_directory(parent), IoError, "--trace '{}': folder '{}' does not exist", o.trace,
-                 parent.string());
+    NUMESH_CHECK(fs::is_directory(parent), IoError, "--trace '{}': folder '{}' does not exist",
+                 o.trace, parent.string());
   }
 
   const sharding::PartitionManager pm(build_paxis(o.paxis_json, o.sets));
@@ -148,17 +162,20 @@ int run_op(const OpOptions& o, std::ostream& out) {
   check_mesh_options(o.mesh);  // a bad --dims is reported before the inputs load
   const HostTensor x = in.load("x");
   if (entry->sequence) {
-    NUMESH_CHECK(x.shape.size() == 3, ShapeError, "x.npy is [{}]; {} takes x [B, T, H]", fmt::join(x.shape, ", "),
-                 o.op);
+    NUMESH_CHECK(x.shape.size() == 3, ShapeError, "x.npy is [{}]; {} takes x [B, T, H]",
+                 fmt::join(x.shape, ", "), o.op);
   } else {
-    NUMESH_CHECK(x.shape.size() == 2, ShapeError, "x.npy is [{}]; {} takes x [T, H]", fmt::join(x.shape, ", "), o.op);
+    NUMESH_CHECK(x.shape.size() == 2, ShapeError, "x.npy is [{}]; {} takes x [T, H]",
+                 fmt::join(x.shape, ", "), o.op);
   }
   const TokenPlan tp = entry->sequence ? token_plan(o, mode, x.shape[1]) : TokenPlan{0, x.shape[0]};
 
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  out << fmt::format("numesh op {}: x [{}] from {}, mesh [{}], mode {}, {} weights", o.op, fmt::join(x.shape, ", "),
-                     in.dir.string(), axes_text(mesh.mesh()), o.mode, to_string(dtype));
-  if (entry->sequence) out << fmt::format(", timed tokens [{}, {})", tp.prefix, tp.prefix + tp.count);
+  out << fmt::format("numesh op {}: x [{}] from {}, mesh [{}], mode {}, {} weights", o.op,
+                     fmt::join(x.shape, ", "), in.dir.string(), axes_text(mesh.mesh()), o.mode,
+                     to_string(dtype));
+  if (entry->sequence)
+    out << fmt::format(", timed tokens [{}, {})", tp.prefix, tp.prefix + tp.count);
   out << "\n";
 
   const OpResult r = entry->run(OpContext{.options = o,
@@ -173,15 +190,17 @@ int run_op(const OpOptions& o, std::ostream& out) {
   out << "\n" << r.plan.text();
 
   const double flops = std::accumulate(r.plan.flops.begin(), r.plan.flops.end(), 0.0);
-  out << fmt::format("\ntime     {:.3f} ms (median of {}), {:.2f} GFLOP/s summed over devices\n", r.seconds * 1e3,
-                     o.repeats, flops / r.seconds / 1e9);
+  out << fmt::format("\ntime     {:.3f} ms (median of {}), {:.2f} GFLOP/s summed over devices\n",
+                     r.seconds * 1e3, o.repeats, flops / r.seconds / 1e9);
   if (r.stats) {
-    out << fmt::format("routing  tokens per expert [{}], {} dropped{}\n", fmt::join(r.stats->tokens_per_expert, ", "),
-                       r.stats->dropped,
-                       r.stats->capacity > 0 ? fmt::format(" (capacity {} per group)", r.stats->capacity) : "");
+    out << fmt::format(
+        "routing  tokens per expert [{}], {} dropped{}\n",
+        fmt::join(r.stats->tokens_per_expert, ", "), r.stats->dropped,
+        r.stats->capacity > 0 ? fmt::format(" (capacity {} per group)", r.stats->capacity) : "");
   }
   if (!r.timing_table.empty()) out << "\nper-node timing of one more run:\n" << r.timing_table;
-  if (!o.trace.empty()) out << fmt::format("trace    {} (one more run; chrome://tracing or Perfetto)\n", o.trace);
+  if (!o.trace.empty())
+    out << fmt::format("trace    {} (one more run; chrome://tracing or Perfetto)\n", o.trace);
   ReferenceCheck check(kCheckBound);
   if (r.want) {
     check.add("output", r.y, *r.want);
@@ -195,7 +214,11 @@ int run_op(const OpOptions& o, std::ostream& out) {
   if (!o.json.empty()) {
     std::ofstream file(o.json);
     NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
-    nlohmann::json j{{"op", o.op}, {"mode", o.mode}, {"dtype", to_string(dtype)}, {"median_seconds", r.seconds}, {"plan", r.plan.to_json()},
+    nlohmann::json j{{"op", o.op},
+                     {"mode", o.mode},
+                     {"dtype", to_string(dtype)},
+                     {"median_seconds", r.seconds},
+                     {"plan", r.plan.to_json()},
                      {"output", y_file.string()}};
     if (r.want) {
       j["check"] = check.to_json();

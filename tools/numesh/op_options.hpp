@@ -13,12 +13,12 @@ namespace numesh::tools {
 
 /// The options of `numesh op`.
 struct OpOptions {
-  std::string op;                  ///< mlp, attention, moe or block (the positional argument; op_table.hpp)
-  MeshOptions mesh;                ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string dir;                 ///< --dir: folder of input .npy files
-  std::string out;                 ///< --out: folder for y.npy (default: --dir)
-  std::string mode = "prefill";    ///< --mode: train, prefill, decode or insert
-  std::int64_t position = -1;      ///< --position: insert's first position (default: half of T)
+  std::string op;    ///< mlp, attention, moe or block (the positional argument; op_table.hpp)
+  MeshOptions mesh;  ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string dir;   ///< --dir: folder of input .npy files
+  std::string out;   ///< --out: folder for y.npy (default: --dir)
+  std::string mode = "prefill";  ///< --mode: train, prefill, decode or insert
+  std::int64_t position = -1;    ///< --position: insert's first position (default: half of T)
   std::string paxis_json;
   std::vector<std::string> sets;
   std::int64_t heads = 0;          ///< --heads (attention, block)

@@ -11,12 +11,12 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
-#include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/reference/attention.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/moe.hpp"
@@ -36,10 +36,12 @@ HostTensor as_row(HostTensor t) {
 }
 
 ops::AttentionConfig attention_config(const OpOptions& o, const HostTensor& wq) {
-  NUMESH_CHECK(o.heads > 0, ValueError, "--heads {}: attention needs the number of query heads (--heads N)", o.heads);
+  NUMESH_CHECK(o.heads > 0, ValueError,
+               "--heads {}: attention needs the number of query heads (--heads N)", o.heads);
   const std::int64_t kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
   NUMESH_CHECK(wq.shape.size() == 2 && wq.shape[1] % o.heads == 0, ShapeError,
-               "wq.npy is [{}]; its columns must be --heads {} times head_dim", fmt::join(wq.shape, ", "), o.heads);
+               "wq.npy is [{}]; its columns must be --heads {} times head_dim",
+               fmt::join(wq.shape, ", "), o.heads);
   return ops::AttentionConfig{.num_heads = o.heads,
                               .num_kv_heads = kv,
                               .head_dim = wq.shape[1] / o.heads,
@@ -49,13 +51,19 @@ ops::AttentionConfig attention_config(const OpOptions& o, const HostTensor& wq) 
 }
 
 ops::AttentionWeights attention_weights(const OpInputs& in, DType stored_as) {
-  return ops::AttentionWeights{
-      .wq = in.load("wq"), .wk = in.load("wk"), .wv = in.load("wv"), .wo = in.load("wo"), .stored_as = stored_as};
+  return ops::AttentionWeights{.wq = in.load("wq"),
+                               .wk = in.load("wk"),
+                               .wv = in.load("wv"),
+                               .wo = in.load("wo"),
+                               .stored_as = stored_as};
 }
 
 ops::MoeWeights moe_weights(const OpInputs& in, DType stored_as) {
-  return ops::MoeWeights{.router = in.load("router"), .gate = in.load("w_gate"), .up = in.load("w_up"),
-                         .down = in.load("w_down"), .stored_as = stored_as};
+  return ops::MoeWeights{.router = in.load("router"),
+                         .gate = in.load("w_gate"),
+                         .up = in.load("w_up"),
+                         .down = in.load("w_down"),
+                         .stored_as = stored_as};
 }
 
 ops::MoeConfig moe_config(const OpOptions& o, const HostTensor& router) {
@@ -69,7 +77,8 @@ ops::MoeConfig moe_config(const OpOptions& o, const HostTensor& router) {
 
 // --timing / --trace: one more run, after the timed ones, with per-node timing on (timing
 // costs two clock reads per node, so the median is taken without it).
-void traced_run(const OpOptions& o, ops::Program& program, const std::function<void()>& run, OpResult& r) {
+void traced_run(const OpOptions& o, ops::Program& program, const std::function<void()>& run,
+                OpResult& r) {
   if (!o.timing && o.trace.empty()) return;
   program.graph().set_timing(true);
   run();
@@ -92,21 +101,28 @@ OpResult run_mlp(const OpContext& ctx) {
   const OpOptions& o = ctx.options;
   const HostTensor& x = ctx.x;
   const bool swiglu = ctx.inputs.has("w_gate");
-  const ops::MlpWeights w =
-      swiglu ? ops::MlpWeights{.gate = ctx.inputs.load("w_gate"), .up = ctx.inputs.load("w_up"),
-                               .down = ctx.inputs.load("w_down"), .stored_as = ctx.weights}
-             : ops::MlpWeights{.gate = {}, .up = ctx.inputs.load("w1"), .down = ctx.inputs.load("w2"), .stored_as = ctx.weights};
+  const ops::MlpWeights w = swiglu ? ops::MlpWeights{.gate = ctx.inputs.load("w_gate"),
+                                                     .up = ctx.inputs.load("w_up"),
+                                                     .down = ctx.inputs.load("w_down"),
+                                                     .stored_as = ctx.weights}
+                                   : ops::MlpWeights{.gate = {},
+                                                     .up = ctx.inputs.load("w1"),
+                                                     .down = ctx.inputs.load("w2"),
+                                                     .stored_as = ctx.weights};
   ops::ShardedMlp mlp(ctx.mesh, swiglu ? ops::MlpKind::kSwiGLU : ops::MlpKind::kGelu, w, x.shape[0],
                       ops::MlpAxes{.batch = ctx.axes.batch, .tensor = ctx.axes.mlp});
   OpResult r;
   r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats, 0.0);
-  traced_run(o, mlp.program(), [&] { mlp.forward(x); }, r);
+  traced_run(
+      o, mlp.program(), [&] { mlp.forward(x); }, r);
   r.plan = mlp.program().plan();
   if (!o.no_check) {
     const ops::RowMatrix want =
-        swiglu ? ops::mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down), w.stored_as)
+        swiglu ? ops::mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down),
+                                           w.stored_as)
                : ops::mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), w.stored_as);
-    r.want = HostTensor{.shape = x.shape, .data = std::vector<float>(want.data(), want.data() + want.size())};
+    r.want = HostTensor{.shape = x.shape,
+                        .data = std::vector<float>(want.data(), want.data() + want.size())};
   }
   return r;
 }
@@ -117,21 +133,24 @@ OpResult run_moe(const OpContext& ctx) {
   const HostTensor& x = ctx.x;
   const ops::MoeWeights w = moe_weights(ctx.inputs, ctx.weights);
   const ops::MoeConfig c = moe_config(o, w.router);
-  ops::ShardedMoe moe(ctx.mesh, c, w, x.shape[0],
-                      ops::MoeAxes{.batch = ctx.axes.batch, .expert = ctx.axes.expert, .tensor = ctx.axes.expert_tensor});
+  ops::ShardedMoe moe(
+      ctx.mesh, c, w, x.shape[0],
+      ops::MoeAxes{
+          .batch = ctx.axes.batch, .expert = ctx.axes.expert, .tensor = ctx.axes.expert_tensor});
   OpResult r;
   r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats, 0.0);
-  traced_run(o, moe.program(), [&] { moe.forward(x); }, r);
+  traced_run(
+      o, moe.program(), [&] { moe.forward(x); }, r);
   r.plan = moe.program().plan();
   r.stats = moe.stats();
   if (!o.no_check) {
     // One routing group per split of the tokens over the batch axes (from the mesh, not the layer).
-    const std::int64_t groups = split_count(ctx.mesh.mesh(), ctx.axes.batch, x.shape[0]), per = x.shape[0] / groups,
-                       h = x.shape[1];
+    const std::int64_t groups = split_count(ctx.mesh.mesh(), ctx.axes.batch, x.shape[0]),
+                       per = x.shape[0] / groups, h = x.shape[1];
     HostTensor want = HostTensor::zeros(x.shape);
     for (std::int64_t g = 0; g < groups; ++g) {
-      const ops::RowMatrix yg =
-          ops::moe_reference(Eigen::Map<const ops::RowMatrix>(x.data.data() + g * per * h, per, h), w, c);
+      const ops::RowMatrix yg = ops::moe_reference(
+          Eigen::Map<const ops::RowMatrix>(x.data.data() + g * per * h, per, h), w, c);
       std::copy(yg.data(), yg.data() + yg.size(), want.data.begin() + g * per * h);
     }
     r.want = std::move(want);
@@ -148,14 +167,17 @@ OpResult run_attention(const OpContext& ctx) {
   const ops::AttentionConfig c = attention_config(o, w.wq);
   const std::int64_t cache = ctx.mode == sharding::Mode::kTrain ? 0 : x.shape[1];
   ops::ShardedAttention layer(ctx.mesh, c, w, x.shape[0], cache,
-                              ops::AttentionAxes{.batch = ctx.axes.batch, .heads = ctx.axes.heads}, ctx.kv_layout);
+                              ops::AttentionAxes{.batch = ctx.axes.batch, .heads = ctx.axes.heads},
+                              ctx.kv_layout);
   if (tp.prefix > 0) layer.forward(ops::slice_tokens(x, 0, tp.prefix), 0);
   const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
   OpResult r;
   r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats, 0.0);
-  traced_run(o, layer.program(tp.count), [&] { layer.forward(chunk, tp.prefix); }, r);
+  traced_run(
+      o, layer.program(tp.count), [&] { layer.forward(chunk, tp.prefix); }, r);
   r.plan = layer.program(tp.count).plan();
-  if (!o.no_check) r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
+  if (!o.no_check)
+    r.want = ops::slice_tokens(ops::attention_layer_reference(x, w, c), tp.prefix, tp.count);
   return r;
 }
 
@@ -184,8 +206,10 @@ OpResult run_block(const OpContext& ctx) {
     c.moe_ffn = b.moe.gate.shape[2];
     c.moe_every = 1;
   } else {
-    b.mlp = ops::MlpWeights{
-        .gate = in.load("w_gate"), .up = in.load("w_up"), .down = in.load("w_down"), .stored_as = ctx.weights};
+    b.mlp = ops::MlpWeights{.gate = in.load("w_gate"),
+                            .up = in.load("w_up"),
+                            .down = in.load("w_down"),
+                            .stored_as = ctx.weights};
     NUMESH_CHECK(b.mlp.up.shape.size() == 2, ShapeError, "w_up.npy is [{}]; expected [H, F]",
                  fmt::join(b.mlp.up.shape, ", "));
     c.ffn = b.mlp.up.shape[1];
@@ -197,7 +221,8 @@ OpResult run_block(const OpContext& ctx) {
   const HostTensor chunk = ops::slice_tokens(x, tp.prefix, tp.count);
   OpResult r;
   r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats, 0.0);
-  traced_run(o, model.program(tp.count), [&] { model.forward(chunk, tp.prefix); }, r);
+  traced_run(
+      o, model.program(tp.count), [&] { model.forward(chunk, tp.prefix); }, r);
   r.plan = model.program(tp.count).plan();
   if (c.moe_every > 0) r.stats = model.moe_stats();
   if (!o.no_check) {
@@ -219,21 +244,25 @@ HostTensor OpInputs::load(const std::string& name) const {
   // else differs.
   const ops::Comparison found = ops::compare(t, t);
   if (found.nonfinite_reference == 0) return t;
-  const std::string text = fmt::format(
-      "{}.npy holds {} non-finite value{} of {} (the first, {}, at {})", name, found.nonfinite_reference,
-      found.nonfinite_reference == 1 ? "" : "s", t.data.size(),
-      t.data[static_cast<std::size_t>(found.first_nonfinite_reference)], found.index_text(found.first_nonfinite_reference));
+  const std::string text =
+      fmt::format("{}.npy holds {} non-finite value{} of {} (the first, {}, at {})", name,
+                  found.nonfinite_reference, found.nonfinite_reference == 1 ? "" : "s",
+                  t.data.size(), t.data[static_cast<std::size_t>(found.first_nonfinite_reference)],
+                  found.index_text(found.first_nonfinite_reference));
   NUMESH_CHECK(!refuse_nonfinite, ValueError, "{}; --refuse-nonfinite refuses it", text);
   if (notes != nullptr) *notes << "note: " << text << "\n";
   return t;
 }
 
-bool OpInputs::has(const std::string& name) const { return std::filesystem::exists(dir / (name + ".npy")); }
+bool OpInputs::has(const std::string& name) const {
+  return std::filesystem::exists(dir / (name + ".npy"));
+}
 
 std::span<const OpEntry> op_table() {
   static const std::vector<OpEntry> table{
       {.name = "mlp",
-       .inputs_help = "x [T, H]; GELU: w1 [H, F], w2 [F, H]; SwiGLU (when w_gate.npy exists): w_gate, w_up [H, F], "
+       .inputs_help = "x [T, H]; GELU: w1 [H, F], w2 [F, H]; SwiGLU (when w_gate.npy exists): "
+                      "w_gate, w_up [H, F], "
                       "w_down [F, H]",
        .sequence = false,
        .files = {.required = {},
@@ -242,9 +271,13 @@ std::span<const OpEntry> op_table() {
                  .when_absent = {"w1", "w2"}},
        .run = run_mlp},
       {.name = "attention",
-       .inputs_help = "x [B, T, H], wq [H, heads*d], wk, wv [H, kv_heads*d], wo [heads*d, H]; needs --heads",
+       .inputs_help =
+           "x [B, T, H], wq [H, heads*d], wk, wv [H, kv_heads*d], wo [heads*d, H]; needs --heads",
        .sequence = true,
-       .files = {.required = {"wq", "wk", "wv", "wo"}, .switch_file = {}, .when_present = {}, .when_absent = {}},
+       .files = {.required = {"wq", "wk", "wv", "wo"},
+                 .switch_file = {},
+                 .when_present = {},
+                 .when_absent = {}},
        .run = run_attention},
       {.name = "moe",
        .inputs_help = "x [T, H], router [H, E], w_gate, w_up [E, H, F], w_down [E, F, H]",
@@ -289,7 +322,8 @@ std::vector<std::string> needed_files(const OpEntry& entry, const OpInputs& inpu
   std::vector<std::string> out{"x"};
   out.insert(out.end(), f.required.begin(), f.required.end());
   if (!f.switch_file.empty()) {
-    const std::vector<std::string>& variant = inputs.has(f.switch_file) ? f.when_present : f.when_absent;
+    const std::vector<std::string>& variant =
+        inputs.has(f.switch_file) ? f.when_present : f.when_absent;
     out.insert(out.end(), variant.begin(), variant.end());
   }
   return out;

@@ -68,21 +68,21 @@ struct OpContext {
   const OpInputs& inputs;        ///< every file of needed_files() exists
   const runtime::HostTensor& x;  ///< of the rank OpEntry::sequence says
   sharding::Mode mode;
-  const ops::ModelAxes& axes;    ///< resolved in `mode`
+  const ops::ModelAxes& axes;  ///< resolved in `mode`
   const runtime::DeviceMesh& mesh;
   ops::KvLayout kv_layout;
   TokenPlan tokens;
-  DType weights = DType::kF32;   ///< --dtype: the storage dtype of the operator's matrices
+  DType weights = DType::kF32;  ///< --dtype: the storage dtype of the operator's matrices
 };
 
 /// What an operator's run produced.
 struct OpResult {
-  runtime::HostTensor y;                     ///< the timed call's output
-  std::optional<runtime::HostTensor> want;   ///< the dense reference's output (not with --no-check)
-  ops::ProgramPlan plan;                     ///< a copy: the layer (and its program) dies with the run
-  double seconds = 0.0;                      ///< median of --repeats timed calls
-  std::optional<ops::MoeStats> stats;        ///< routing of the last call, for operators with a MoE
-  std::string timing_table;                  ///< --timing: the per-node table of one more run
+  runtime::HostTensor y;                    ///< the timed call's output
+  std::optional<runtime::HostTensor> want;  ///< the dense reference's output (not with --no-check)
+  ops::ProgramPlan plan;               ///< a copy: the layer (and its program) dies with the run
+  double seconds = 0.0;                ///< median of --repeats timed calls
+  std::optional<ops::MoeStats> stats;  ///< routing of the last call, for operators with a MoE
+  std::string timing_table;            ///< --timing: the per-node table of one more run
 };
 
 /// One operator of `numesh op`.

@@ -130,8 +130,8 @@ std::size_t parse_array_bytes(std::string_view option, std::string_view text, st
     throw ValueError(fmt::format("{}: {}", option, e.what()));
   }
   NUMESH_CHECK(bytes % kLine == 0 && bytes >= kMinBytes && bytes <= max, ValueError,
-               "{} '{}' is {} bytes; it must be a multiple of 64 bytes from {} to {}", option,
-               text, bytes, human_bytes(kMinBytes), human_bytes(max));
+               "{} '{}' is {} bytes; it must be a multiple of 64 bytes from {} to {}", option, text,
+               bytes, human_bytes(kMinBytes), human_bytes(max));
   return bytes;
 }
 
@@ -181,8 +181,8 @@ runtime::PlacementPolicy parse_policy_option(std::string_view text) {
     policy = runtime::parse_placement_policy(text);
   } catch (const ValueError&) {
     // The runtime's message lists `explicit` too, which the command line cannot take.
-    throw ValueError(fmt::format(
-        "--policy '{}' is not a placement policy (choose numa, l3 or core)", text));
+    throw ValueError(
+        fmt::format("--policy '{}' is not a placement policy (choose numa, l3 or core)", text));
   }
   NUMESH_CHECK(policy != runtime::PlacementPolicy::kExplicit, ValueError,
                "--policy 'explicit' needs cpusets, which the command line does not take (choose "
@@ -203,23 +203,27 @@ sharding::ModeArg parse_mode_arg(std::string_view text) {
 
 sharding::ModeArg parse_run_mode(std::string_view text) {
   const std::optional<sharding::Mode> named = sharding::parse_mode(text);
-  NUMESH_CHECK(text.rfind("dim:", 0) == 0 || (named && *named != sharding::Mode::kInsert), ValueError,
-               "--mode '{}': expected train, prefill, decode or dim:N", text);
+  NUMESH_CHECK(text.rfind("dim:", 0) == 0 || (named && *named != sharding::Mode::kInsert),
+               ValueError, "--mode '{}': expected train, prefill, decode or dim:N", text);
   return parse_mode_arg(text);
 }
 
 sharding::Mode parse_op_mode(std::string_view text) {
   const std::optional<sharding::Mode> mode = sharding::parse_mode(text);
-  NUMESH_CHECK(mode.has_value(), ValueError, "--mode '{}': expected train, prefill, decode or insert", text);
+  NUMESH_CHECK(mode.has_value(), ValueError,
+               "--mode '{}': expected train, prefill, decode or insert", text);
   return *mode;
 }
 
 ops::KvLayout parse_kv_layout(std::string_view text) {
-  NUMESH_CHECK(text == "bthd" || text == "bhtd", ValueError, "--kv-layout '{}': expected bthd or bhtd", text);
+  NUMESH_CHECK(text == "bthd" || text == "bhtd", ValueError,
+               "--kv-layout '{}': expected bthd or bhtd", text);
   return text == "bthd" ? ops::KvLayout::kBTHD : ops::KvLayout::kBHTD;
 }
 
-bool is_none_word(std::string_view s) { return s.empty() || s == "None" || s == "none" || s == "null"; }
+bool is_none_word(std::string_view s) {
+  return s.empty() || s == "None" || s == "none" || s == "null";
+}
 
 std::vector<AxisRule> parse_axes(std::string_view text) {
   int depth = 0;
@@ -237,8 +241,8 @@ std::vector<AxisRule> parse_axes(std::string_view text) {
     if (!entry.empty() && (entry.front() == '(' || entry.front() == '[')) {
       const char close = entry.front() == '(' ? ')' : ']';
       if (entry.back() != close) {
-        throw ValueError(fmt::format("--axes '{}': entry '{}' has text after its bracket", text,
-                                     entry));
+        throw ValueError(
+            fmt::format("--axes '{}': entry '{}' has text after its bracket", text, entry));
       }
       std::vector<AxisRule> members;
       const std::string_view inner = trim(entry.substr(1, entry.size() - 2));

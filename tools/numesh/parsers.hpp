@@ -7,18 +7,17 @@
 //
 // Thread-safety: every function here is pure (no shared state) and safe to call concurrently.
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "numesh/ops/attention_config.hpp"
-#include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/runtime/device_placement.hpp"
+#include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
 

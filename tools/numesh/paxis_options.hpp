@@ -16,7 +16,8 @@ namespace numesh::tools {
 /// dependent fields are derived.
 /// Throws: ValueError naming the file or the --set text when either is malformed; what
 /// PartitionAxis::from_json throws for bad fields.
-sharding::PartitionAxis build_paxis(const std::string& paxis_json, const std::vector<std::string>& sets);
+sharding::PartitionAxis build_paxis(const std::string& paxis_json,
+                                    const std::vector<std::string>& sets);
 
 /// The axes a model is laid out by, one line: "batch (dp, fsdp), sequence sp, heads tp, mlp tp,
 /// experts ep, expert ffn tp" ("-" for an axis not used).

@@ -17,13 +17,13 @@ namespace numesh::tools {
 
 /// The options of `numesh perplexity`.
 struct PerplexityOptions {
-  MeshOptions mesh;             ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string model;            ///< --model DIR: config.json, *.safetensors, a tokenizer
-  std::string text_file;        ///< --text-file F
-  std::int64_t context = 512;   ///< --context: tokens per chunk
-  std::string dtype = "f32";    ///< --dtype
-  std::string json;             ///< --json FILE
-  bool quiet = false;           ///< --quiet: no per-chunk progress
+  MeshOptions mesh;            ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string model;           ///< --model DIR: config.json, *.safetensors, a tokenizer
+  std::string text_file;       ///< --text-file F
+  std::int64_t context = 512;  ///< --context: tokens per chunk
+  std::string dtype = "f32";   ///< --dtype
+  std::string json;            ///< --json FILE
+  bool quiet = false;          ///< --quiet: no per-chunk progress
 };
 
 /// Registers `perplexity`. Not thread-safe (CLI11 setup).

@@ -6,12 +6,14 @@
 
 namespace numesh::tools {
 
-void ReferenceCheck::add(const std::string& what, const runtime::HostTensor& got, const runtime::HostTensor& want) {
+void ReferenceCheck::add(const std::string& what, const runtime::HostTensor& got,
+                         const runtime::HostTensor& want) {
   const ops::Comparison c = ops::compare(got, want);
   ++parts_;
   double err = -1.0;
   if (c.nonfinite_mismatches == 0 && c.is_finite_reference()) err = c.relative_error;
-  auto it = std::find_if(errors_.begin(), errors_.end(), [&](const auto& e) { return e.first == what; });
+  auto it =
+      std::find_if(errors_.begin(), errors_.end(), [&](const auto& e) { return e.first == what; });
   if (it == errors_.end()) {
     errors_.emplace_back(what, err);
   } else if (err < 0 || (it->second >= 0 && err > it->second)) {
@@ -22,16 +24,18 @@ void ReferenceCheck::add(const std::string& what, const runtime::HostTensor& got
   if (c.nonfinite_mismatches > 0) {
     failure_ = fmt::format("{}: {}", what, c.describe());
   } else if (!c.is_finite_reference()) {
-    failure_ = fmt::format("{}: the dense reference is not finite ({} of {} elements, the first at {}): the inputs "
-                           "hold NaN or infinities, or the model overflows",
-                           what, c.nonfinite_reference, c.elements, c.index_text(c.first_nonfinite_reference));
+    failure_ = fmt::format(
+        "{}: the dense reference is not finite ({} of {} elements, the first at {}): the inputs "
+        "hold NaN or infinities, or the model overflows",
+        what, c.nonfinite_reference, c.elements, c.index_text(c.first_nonfinite_reference));
   } else if (!c.within(bound_)) {
     failure_ = fmt::format("{}: {} is above the bound {:.0e}", what, c.describe(), bound_);
   }
 }
 
 double ReferenceCheck::relative_error(const std::string& what) const {
-  auto it = std::find_if(errors_.begin(), errors_.end(), [&](const auto& e) { return e.first == what; });
+  auto it =
+      std::find_if(errors_.begin(), errors_.end(), [&](const auto& e) { return e.first == what; });
   return it == errors_.end() ? -1.0 : it->second;
 }
 
@@ -51,7 +55,8 @@ nlohmann::json ReferenceCheck::to_json() const {
   return j;
 }
 
-std::int64_t split_count(const sharding::Mesh& mesh, const std::vector<std::string>& axes, std::int64_t extent) {
+std::int64_t split_count(const sharding::Mesh& mesh, const std::vector<std::string>& axes,
+                         std::int64_t extent) {
   std::int64_t n = 1;
   for (const std::string& a : axes) {
     if (mesh.has_axis(a)) n *= mesh.axis_size(a);

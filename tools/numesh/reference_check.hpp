@@ -4,9 +4,8 @@
 // and the parameters the reference needs, derived from the mesh and the axes the user chose
 // (never read back from the sharded model that is being checked).
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,7 +25,8 @@ class ReferenceCheck {
   explicit ReferenceCheck(double bound) : bound_(bound) {}
 
   /// Compares `got` with `want` as the part `what`. Throws: ShapeError when the shapes differ.
-  void add(const std::string& what, const runtime::HostTensor& got, const runtime::HostTensor& want);
+  void add(const std::string& what, const runtime::HostTensor& got,
+           const runtime::HostTensor& want);
   /// True when every part passed (and at least one was added).
   [[nodiscard]] bool ok() const noexcept { return parts_ > 0 && failure_.empty(); }
   /// The largest relative error of the parts whose elements are all finite in both.
@@ -53,11 +53,12 @@ class ReferenceCheck {
 /// The routing groups (or any split) the lowering makes of `extent` rows over `axes`: the
 /// product of the sizes of the axes the mesh has, when it divides extent; 1 otherwise (the
 /// corrected spec then replicates that dim).
-[[nodiscard]] std::int64_t split_count(const sharding::Mesh& mesh, const std::vector<std::string>& axes,
-                                       std::int64_t extent);
+[[nodiscard]] std::int64_t split_count(const sharding::Mesh& mesh,
+                                       const std::vector<std::string>& axes, std::int64_t extent);
 
 /// The token groups of a call whose T the sequence axis divides: that axis's size, 1 without
 /// one (the dense transformer reference's `sequence_groups`).
-[[nodiscard]] std::int64_t sequence_groups(const sharding::Mesh& mesh, const std::string& sequence_axis);
+[[nodiscard]] std::int64_t sequence_groups(const sharding::Mesh& mesh,
+                                           const std::string& sequence_axis);
 
 }  // namespace numesh::tools

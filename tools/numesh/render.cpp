@@ -53,9 +53,10 @@ void render_layout_text(const ShardLayout& l, std::int64_t itemsize, std::ostrea
   out << fmt::format("layout:    each device holds [{}] of [{}]: {} ({} bytes at itemsize {})\n",
                      fmt::join(l.shard_shape(), ", "), fmt::join(l.shape(), ", "),
                      human_bytes(static_cast<std::uint64_t>(bytes)), bytes, itemsize);
-  out << fmt::format("           blocks per dim [{}]; {} distinct shards; each held by {} "
-                     "device(s)\n\n",
-                     fmt::join(l.blocks_per_dim(), ", "), l.num_shards(), l.replication());
+  out << fmt::format(
+      "           blocks per dim [{}]; {} distinct shards; each held by {} "
+      "device(s)\n\n",
+      fmt::join(l.blocks_per_dim(), ", "), l.num_shards(), l.replication());
 
   const auto& bpd = l.blocks_per_dim();
   const auto& ext = l.shard_shape();

@@ -7,14 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "numesh/core/units.hpp"
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/shard_layout.hpp"
-
-#include "numesh/core/units.hpp"
 
 namespace numesh::tools {
 

@@ -1,11 +1,11 @@
 #include "resolve_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "numesh/core/error.hpp"
@@ -72,7 +72,8 @@ json spec_json(const sharding::PartitionSpec& spec) {
       out.push_back(e.name());
     } else if (e.is_sequence()) {
       json members = json::array();
-      for (const AxisRule& m : e.members()) members.push_back(m.is_name() ? json(m.name()) : json(m.repr()));
+      for (const AxisRule& m : e.members())
+        members.push_back(m.is_name() ? json(m.name()) : json(m.repr()));
       out.push_back(members);
     } else {
       out.push_back(e.repr());
@@ -133,8 +134,7 @@ Lists whose first item is negative need =: --mesh-dims=-1,2
   cmd->add_option("--set", o.sets,
                   "field=value for one PartitionAxis field, repeatable, applied over "
                   "--paxis-json before fields are derived; value: a name, None, or (a,b)");
-  cmd->add_option("--mesh-dims", o.mesh_dims,
-                  "Mesh axis sizes; one -1 takes the remaining devices")
+  cmd->add_option("--mesh-dims", o.mesh_dims, "Mesh axis sizes; one -1 takes the remaining devices")
       ->capture_default_str();
   cmd->add_option("--mesh-names", o.mesh_names, "Mesh axis names, one per dim")
       ->capture_default_str();
@@ -155,8 +155,8 @@ void run_resolve(const ResolveOptions& o, std::ostream& out) {
   }
   if (!o.preset.empty() && !o.mode.empty()) {
     throw ValueError(fmt::format(
-        "--mode '{}' cannot be combined with --preset '{}' (a preset carries its own mode)",
-        o.mode, o.preset));
+        "--mode '{}' cannot be combined with --preset '{}' (a preset carries its own mode)", o.mode,
+        o.preset));
   }
   if (o.itemsize <= 0) throw ValueError(fmt::format("--itemsize {} is not positive", o.itemsize));
 

@@ -20,13 +20,13 @@ namespace numesh::tools {
 
 /// The options of `numesh run`. Every field has a default: a model that runs in seconds.
 struct RunOptions {
-  MeshOptions mesh;                ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string mode = "decode";     ///< --mode: train | prefill | decode
-  std::string paxis_json;          ///< --paxis-json FILE
-  std::vector<std::string> sets;   ///< --set field=value
-  std::int64_t batch = 4;          ///< --batch: sequences
-  std::int64_t prompt = 128;       ///< --prompt: prefill tokens per sequence
-  std::int64_t steps = 32;         ///< --steps: decode steps (tokens per sequence)
+  MeshOptions mesh;               ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string mode = "decode";    ///< --mode: train | prefill | decode
+  std::string paxis_json;         ///< --paxis-json FILE
+  std::vector<std::string> sets;  ///< --set field=value
+  std::int64_t batch = 4;         ///< --batch: sequences
+  std::int64_t prompt = 128;      ///< --prompt: prefill tokens per sequence
+  std::int64_t steps = 32;        ///< --steps: decode steps (tokens per sequence)
   std::int64_t hidden = 512;
   std::int64_t layers = 4;
   std::int64_t heads = 8;
@@ -37,16 +37,16 @@ struct RunOptions {
   std::int64_t top_k = 2;
   std::int64_t moe_ffn = 512;
   std::int64_t moe_every = 2;
-  double capacity = 0.0;           ///< --capacity: 0 = dropless
+  double capacity = 0.0;  ///< --capacity: 0 = dropless
   std::string kv_layout = "bthd";
   /// Storage dtype of the attention, MLP and expert matrices: f32, bf16 or f16.
   std::string dtype = "f32";
   std::uint32_t seed = 0;
-  int repeats = 3;                 ///< --repeats: timed prefill runs (median)
-  bool no_check = false;           ///< --no-check: skip the dense comparison
-  bool plan = false;               ///< --plan: print both programs' full plans
-  std::string json;                ///< --json FILE: the summary as JSON
-  bool quiet = false;              ///< --quiet: no progress line
+  int repeats = 3;        ///< --repeats: timed prefill runs (median)
+  bool no_check = false;  ///< --no-check: skip the dense comparison
+  bool plan = false;      ///< --plan: print both programs' full plans
+  std::string json;       ///< --json FILE: the summary as JSON
+  bool quiet = false;     ///< --quiet: no progress line
 };
 
 /// Registers `run`. Not thread-safe (CLI11 setup).

@@ -1,13 +1,13 @@
 #include "tokenize_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <vector>
 
@@ -20,20 +20,24 @@ namespace numesh::tools {
 
 CLI::App* add_tokenize_command(CLI::App& app, TokenizeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Encode a text into token ids, or decode ids into text, with a model's tokenizer.");
-  cmd->footer(R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o) or, when it is of
+      "tokenize",
+      "Encode a text into token ids, or decode ids into text, with a model's tokenizer.");
+  cmd->footer(
+      R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o) or, when it is of
 another kind or missing, DIR/tokenizer.model (SentencePiece: Llama 2, Mistral, TinyLlama); the
 folder needs no weights. Ids and text are exactly those of Hugging Face's tokenizers and of
 SentencePiece.
 Examples:
   numesh tokenize --model ~/models/Llama-3.2-1B --text "Hello, world"
   numesh tokenize --model ~/models/Llama-3.2-1B --decode 128000,9906,11,1917 --json)");
-  cmd->add_option("--model", o.model, "Model folder holding tokenizer.json or tokenizer.model (or the file itself)")
+  cmd->add_option("--model", o.model,
+                  "Model folder holding tokenizer.json or tokenizer.model (or the file itself)")
       ->required();
   cmd->add_option("--text", o.text, "Text to encode");
   cmd->add_option("--decode", o.decode, "Token ids to decode, comma-separated");
-  cmd->add_flag("--no-special", o.no_special,
-                "Encode without the template's special tokens (BOS); decode without special tokens");
+  cmd->add_flag(
+      "--no-special", o.no_special,
+      "Encode without the template's special tokens (BOS); decode without special tokens");
   cmd->add_flag("--json", o.json, R"(Print {"ids": [...]} or {"text": "..."} instead)");
   return cmd;
 }
@@ -43,7 +47,8 @@ int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
                "give a text to encode with --text or ids to decode with --decode, one of the two");
   const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(o.model);
   if (!o.text.empty()) {
-    const std::vector<std::int32_t> ids = tokenizer->encode(o.text, /*add_special_tokens=*/!o.no_special);
+    const std::vector<std::int32_t> ids =
+        tokenizer->encode(o.text, /*add_special_tokens=*/!o.no_special);
     if (o.json) {
       out << nlohmann::json{{"ids", ids}}.dump() << "\n";
     } else {

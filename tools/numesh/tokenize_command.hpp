@@ -15,11 +15,11 @@ namespace numesh::tools {
 
 /// The options of `numesh tokenize`.
 struct TokenizeOptions {
-  std::string model;          ///< --model DIR (or a tokenizer.json or tokenizer.model file)
-  std::string text;           ///< --text TEXT: encode it
-  std::string decode;         ///< --decode 1,2,3: decode them
-  bool no_special = false;    ///< --no-special: no BOS on encode; special tokens dropped on decode
-  bool json = false;          ///< --json: {"ids": [...]} or {"text": "..."}
+  std::string model;        ///< --model DIR (or a tokenizer.json or tokenizer.model file)
+  std::string text;         ///< --text TEXT: encode it
+  std::string decode;       ///< --decode 1,2,3: decode them
+  bool no_special = false;  ///< --no-special: no BOS on encode; special tokens dropped on decode
+  bool json = false;        ///< --json: {"ids": [...]} or {"text": "..."}
 };
 
 /// Registers `tokenize`. Not thread-safe (CLI11 setup).

@@ -1,7 +1,5 @@
 #include "topology_command.hpp"
 
-#include "render.hpp"
-
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +13,7 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/cpu_features.hpp"
+#include "render.hpp"
 
 namespace numesh::tools {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "mesh_options.hpp"
 #include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
-#include "mesh_options.hpp"
 
 namespace CLI {
 class App;

@@ -1,8 +1,8 @@
 #include "train_command.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -12,18 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
+#include "nonfinite_note.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/models/formats/npy.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/random_model.hpp"
-#include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "numesh/models/lm/trainer.hpp"
-#include "numesh/models/formats/npy.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 #include "numesh/sharding/partition_manager.hpp"
-#include "bench_common.hpp"
-#include "nonfinite_note.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 
@@ -46,21 +46,24 @@ Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
   Data d;
   if (std::filesystem::path(o.data).extension() == ".npy") {
     models::NpyIds npy = models::load_npy_ids(o.data);
-    NUMESH_CHECK(npy.shape.size() == 2 && npy.shape[1] >= 2, ShapeError,
-                 "--data '{}' is [{}]; training data is [S, T + 1] (rows of T inputs and their next token)", o.data,
-                 fmt::join(npy.shape, ", "));
+    NUMESH_CHECK(
+        npy.shape.size() == 2 && npy.shape[1] >= 2, ShapeError,
+        "--data '{}' is [{}]; training data is [S, T + 1] (rows of T inputs and their next token)",
+        o.data, fmt::join(npy.shape, ", "));
     NUMESH_CHECK(o.tokens == 0 || o.tokens == npy.shape[1] - 1, ValueError,
-                 "--tokens {} does not match --data '{}', whose rows hold {} ids (T = {})", o.tokens, o.data,
-                 npy.shape[1], npy.shape[1] - 1);
+                 "--tokens {} does not match --data '{}', whose rows hold {} ids (T = {})",
+                 o.tokens, o.data, npy.shape[1], npy.shape[1] - 1);
     d.ids = std::move(npy.values);
     d.shape = npy.shape;
     return d;
   }
-  NUMESH_CHECK(o.tokens >= 1, ValueError, "--data '{}' is text: give the sequence length with --tokens T", o.data);
+  NUMESH_CHECK(o.tokens >= 1, ValueError,
+               "--data '{}' is text: give the sequence length with --tokens T", o.data);
   NUMESH_CHECK(std::filesystem::exists(model_dir / "tokenizer.json") ||
                    std::filesystem::exists(model_dir / "tokenizer.model"),
-               IoError, "--data '{}' is text, but {} has no tokenizer.json or tokenizer.model to encode it", o.data,
-               model_dir.string());
+               IoError,
+               "--data '{}' is text, but {} has no tokenizer.json or tokenizer.model to encode it",
+               o.data, model_dir.string());
   std::ifstream in(o.data, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::vector<std::int32_t> all = models::TextTokenizer::load(model_dir)->encode(text, false);
@@ -74,9 +77,11 @@ Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
 void check_ids(const Data& d, std::int64_t vocab, const std::string& file) {
   for (std::size_t i = 0; i < d.ids.size(); ++i) {
     const std::int32_t id = d.ids[i];
-    NUMESH_CHECK(id >= 0 && id < vocab, IndexError,
-                 "--data '{}': id {} at row {}, column {} is outside the model's vocabulary [0, {})", file, id,
-                 static_cast<std::int64_t>(i) / d.shape[1], static_cast<std::int64_t>(i) % d.shape[1], vocab);
+    NUMESH_CHECK(
+        id >= 0 && id < vocab, IndexError,
+        "--data '{}': id {} at row {}, column {} is outside the model's vocabulary [0, {})", file,
+        id, static_cast<std::int64_t>(i) / d.shape[1], static_cast<std::int64_t>(i) % d.shape[1],
+        vocab);
   }
 }
 
@@ -85,22 +90,27 @@ void check_ids(const Data& d, std::int64_t vocab, const std::string& file) {
 void copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to) {
   std::error_code ec;
   if (std::filesystem::equivalent(from, to, ec)) return;
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                           "generation_config.json"}) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"}) {
     if (!std::filesystem::exists(from / name)) continue;
-    std::filesystem::copy_file(from / name, to / name, std::filesystem::copy_options::overwrite_existing, ec);
-    NUMESH_CHECK(!ec, IoError, "cannot copy {} into {}: {}", (from / name).string(), to.string(), ec.message());
+    std::filesystem::copy_file(from / name, to / name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    NUMESH_CHECK(!ec, IoError, "cannot copy {} into {}: {}", (from / name).string(), to.string(),
+                 ec.message());
   }
 }
 
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
-  CLI::App* cmd = app.add_subcommand(
-      "train",
-      "Train a Hugging Face causal LM (the Llama family, Qwen2/3, Mixtral, Qwen2-MoE) on the machine's mesh: AdamW with clipping and a "
-      "warm-up/cosine schedule, a CSV log, Hugging Face checkpoints with the optimizer's state, resumable.");
-  cmd->footer(R"(Data: an int32 (or int64) .npy of shape [S, T+1]: step k trains on rows (k*B .. k*B+B-1) mod S,
+  CLI::App* cmd =
+      app.add_subcommand("train",
+                         "Train a Hugging Face causal LM (the Llama family, Qwen2/3, Mixtral, "
+                         "Qwen2-MoE) on the machine's mesh: AdamW with clipping and a "
+                         "warm-up/cosine schedule, a CSV log, Hugging Face checkpoints with the "
+                         "optimizer's state, resumable.");
+  cmd->footer(
+      R"(Data: an int32 (or int64) .npy of shape [S, T+1]: step k trains on rows (k*B .. k*B+B-1) mod S,
 inputs [:, :T], targets [:, 1:], the loss the mean cross-entropy over all B*T targets. Or a text
 file, encoded by the model folder's tokenizer and cut into rows of --tokens + 1 ids.
 The model: --model DIR holds config.json and, to start from them, safetensors weights; with
@@ -115,45 +125,63 @@ Examples:
   numesh train --model DIR --data corpus.txt --tokens 128 --batch 4 --steps 50 --dims 2,1,1 --names dp,ep,tp
   python3 scripts/plot_loss.py log.csv   # the loss curve, log_loss.png)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
-  cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in for the layout")->capture_default_str();
-  cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
+  cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in for the layout")
+      ->capture_default_str();
+  cmd->add_option("--paxis-json", o.paxis_json,
+                  "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
-  cmd->add_option("--model", o.model, "Folder with config.json (and safetensors, optimizer state)")->required();
-  cmd->add_option("--init", o.init, "checkpoint: start from the folder's weights; random: initialise them")
+  cmd->add_option("--model", o.model, "Folder with config.json (and safetensors, optimizer state)")
+      ->required();
+  cmd->add_option("--init", o.init,
+                  "checkpoint: start from the folder's weights; random: initialise them")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "The random initial weights' seed")->capture_default_str();
-  cmd->add_option("--data", o.data, "Token ids .npy [S, T+1], or a text file (with --tokens)")->required();
+  cmd->add_option("--data", o.data, "Token ids .npy [S, T+1], or a text file (with --tokens)")
+      ->required();
   cmd->add_option("--tokens", o.tokens, "Sequence length T for text data (an .npy gives it)");
   cmd->add_option("--batch", o.batch, "Sequences per step")->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Train until this many steps are done")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Train until this many steps are done")
+      ->capture_default_str();
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay")
+      ->capture_default_str();
   cmd->add_option("--beta1", o.beta1, "AdamW's beta1")->capture_default_str();
   cmd->add_option("--beta2", o.beta2, "AdamW's beta2")->capture_default_str();
   cmd->add_option("--eps", o.eps, "AdamW's eps")->capture_default_str();
-  cmd->add_option("--clip", o.clip, "Clip the gradients' global 2-norm to this (0: no clipping)")->capture_default_str();
-  cmd->add_option("--warmup", o.warmup, "Steps of linear warm-up from 0 to --lr")->capture_default_str();
-  cmd->add_option("--schedule", o.schedule, "After warm-up: constant, or cosine decay to 0 at --steps")
+  cmd->add_option("--clip", o.clip, "Clip the gradients' global 2-norm to this (0: no clipping)")
       ->capture_default_str();
-  cmd->add_option("--log", o.log, "Write step,loss,lr,grad_norm,tokens_per_second,seconds per step to a CSV file");
-  cmd->add_option("--save", o.save,
-                  "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end (with the model "
-                  "folder's tokenizer and generation_config.json)");
-  cmd->add_option("--save-every", o.save_every, "Also save every K steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Steps of linear warm-up from 0 to --lr")
+      ->capture_default_str();
+  cmd->add_option("--schedule", o.schedule,
+                  "After warm-up: constant, or cosine decay to 0 at --steps")
+      ->capture_default_str();
+  cmd->add_option("--log", o.log,
+                  "Write step,loss,lr,grad_norm,tokens_per_second,seconds per step to a CSV file");
+  cmd->add_option(
+      "--save", o.save,
+      "Save a Hugging Face checkpoint with the optimizer's state to DIR at the end (with the model "
+      "folder's tokenizer and generation_config.json)");
+  cmd->add_option("--save-every", o.save_every, "Also save every K steps (0: only at the end)")
+      ->capture_default_str();
   cmd->add_option("--router-aux-loss-coef", o.router_aux_loss_coef,
                   "MoE models: add this times the router's load-balancing loss (transformers' "
-                  "load_balancing_loss_func over every MoE layer) to the loss; 0: off. Default: as config.json says "
+                  "load_balancing_loss_func over every MoE layer) to the loss; 0: off. Default: as "
+                  "config.json says "
                   "(router_aux_loss_coef when output_router_logits is true, else off)");
   cmd->add_option("--dtype", o.dtype,
-                  "Compute dtype: f32, or bf16 (every product of activations and weights, forward and backward, "
-                  "rounds both to bf16 and sums in f32: twice the f32 rate on CPUs with AVX-512 BF16, no faster "
+                  "Compute dtype: f32, or bf16 (every product of activations and weights, forward "
+                  "and backward, "
+                  "rounds both to bf16 and sums in f32: twice the f32 rate on CPUs with AVX-512 "
+                  "BF16, no faster "
                   "elsewhere). Master weights, gradients, AdamW's state and checkpoints stay f32")
       ->capture_default_str();
   cmd->add_option("--trace", o.trace,
-                  "Write the last step's forward and backward, node by node, as Chrome trace JSON (chrome://tracing, "
+                  "Write the last step's forward and backward, node by node, as Chrome trace JSON "
+                  "(chrome://tracing, "
                   "Perfetto) to FILE");
-  cmd->add_flag("--refuse-nonfinite", o.refuse_nonfinite,
-                "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
+  cmd->add_flag(
+      "--refuse-nonfinite", o.refuse_nonfinite,
+      "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
@@ -166,9 +194,11 @@ int run_train(const TrainOptions& o, std::ostream& out) {
                "--schedule '{}' is not constant or cosine", o.schedule);
   NUMESH_CHECK(o.steps >= 1, ValueError, "--steps {} must be at least 1", o.steps);
   NUMESH_CHECK(o.dtype == "f32" || o.dtype == "bf16", ValueError,
-               "--dtype '{}' is not a compute dtype training takes: f32 or bf16 (weights stay f32)", o.dtype);
+               "--dtype '{}' is not a compute dtype training takes: f32 or bf16 (weights stay f32)",
+               o.dtype);
   NUMESH_CHECK(o.save_every >= 0, ValueError, "--save-every {} is negative", o.save_every);
-  NUMESH_CHECK(o.save_every == 0 || !o.save.empty(), ValueError, "--save-every {} needs --save DIR", o.save_every);
+  NUMESH_CHECK(o.save_every == 0 || !o.save.empty(), ValueError, "--save-every {} needs --save DIR",
+               o.save_every);
   check_mesh_options(o.mesh);
   const sharding::ModeArg mode = parse_run_mode(o.mode);
   const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
@@ -178,47 +208,56 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   const Data data = read_data(o, dir);
   const std::int64_t tokens = data.shape[1] - 1;
   NUMESH_CHECK(data.shape[0] >= o.batch, ShapeError,
-               "--data '{}' holds {} sequences of {} ids, fewer than one batch of --batch {}", o.data, data.shape[0],
-               data.shape[1], o.batch);
+               "--data '{}' holds {} sequences of {} ids, fewer than one batch of --batch {}",
+               o.data, data.shape[0], data.shape[1], o.batch);
   check_ids(data, config.vocab_size, o.data);
   NUMESH_CHECK(tokens <= config.max_context(), ValueError,
-               "sequences of {} tokens are longer than the model's context of {}", tokens, config.max_context());
+               "sequences of {} tokens are longer than the model's context of {}", tokens,
+               config.max_context());
 
   models::TrainingOptions options;
   options.batch = o.batch;
   options.tokens = tokens;
-  options.adamw = ops::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                    .weight_decay = o.weight_decay};
+  options.adamw = ops::AdamWOptions{
+      .lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
   options.clip = o.clip;
   options.precision = o.dtype == "bf16" ? ops::MatmulPrecision::kBF16 : ops::MatmulPrecision::kF32;
   if (!std::isnan(o.router_aux_loss_coef)) options.router_aux_loss_coef = o.router_aux_loss_coef;
   options.schedule = ops::LearningRateSchedule{
-      .lr = o.lr, .warmup = o.warmup, .total = o.steps,
+      .lr = o.lr,
+      .warmup = o.warmup,
+      .total = o.steps,
       .kind = o.schedule == "cosine" ? ops::LearningRateSchedule::Kind::kCosine
                                      : ops::LearningRateSchedule::Kind::kConstant};
   options.validate();
   std::ofstream log;  // opened before training, so that an unwritable path is refused first
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const ops::ModelAxes axes = ops::ModelAxes::resolve(partition_manager, mode, o.batch, config.hidden_size);
+  const ops::ModelAxes axes =
+      ops::ModelAxes::resolve(partition_manager, mode, o.batch, config.hidden_size);
 
   std::optional<models::CausalLmTrainer> trainer;
   if (o.init == "random") {
     std::ifstream in(dir / "config.json");
-    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed), options, axes);
+    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed),
+                    options, axes);
   } else {
     NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
                      std::filesystem::exists(dir / "model.safetensors.index.json"),
-                 IoError, "--model {} holds no safetensors weights to start from; give --init random to initialise them",
+                 IoError,
+                 "--model {} holds no safetensors weights to start from; give --init random to "
+                 "initialise them",
                  dir.string());
     trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
   }
   // Before the log or trace file is opened: a refused checkpoint leaves them as they were.
   if (o.init == "checkpoint") {
-    note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite, dir.string(), out);
+    note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite,
+                           dir.string(), out);
   }
   const std::int64_t first = trainer->steps();
-  NUMESH_CHECK(first < o.steps, ValueError, "--model {} is already at step {}; --steps {} asks for no more",
-               dir.string(), first, o.steps);
+  NUMESH_CHECK(first < o.steps, ValueError,
+               "--model {} is already at step {}; --steps {} asks for no more", dir.string(), first,
+               o.steps);
   if (!o.log.empty()) {
     const bool append = first > 0 && std::filesystem::exists(o.log);
     log.open(o.log, append ? std::ios::app : std::ios::trunc);
@@ -231,25 +270,31 @@ int run_train(const TrainOptions& o, std::ostream& out) {
     NUMESH_CHECK(trace.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
   }
   const double params = static_cast<double>(trainer->parameter_count());
-  out << fmt::format("numesh train: {} ({} model, {} layers, hidden {}, vocabulary {}), {:.2f} M parameters, mesh {}\n",
-                     dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
-                     config.vocab_size, params / 1e6, mesh.mesh().repr());
+  out << fmt::format(
+      "numesh train: {} ({} model, {} layers, hidden {}, vocabulary {}), {:.2f} M parameters, mesh "
+      "{}\n",
+      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
+      config.vocab_size, params / 1e6, mesh.mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
-  out << fmt::format("data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
-                     data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
+  out << fmt::format(
+      "data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
+      data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
   const bool fast_bf16 = runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
   out << fmt::format("compute  {} (master weights, gradients and AdamW state f32){}\n", o.dtype,
                      o.dtype == "bf16" && !fast_bf16
-                         ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products run through the f32 "
+                         ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products "
+                           "run through the f32 "
                            "GEMM on rounded operands: no faster than f32"
                          : "");
   const bool moe = config.num_experts > 0;
   if (moe) {
-    out << fmt::format("router   load-balancing loss {}\n",
-                       trainer->router_aux_loss_coef() > 0.0
-                           ? fmt::format("x {} added to the loss ({})", trainer->router_aux_loss_coef(),
-                                         std::isnan(o.router_aux_loss_coef) ? "config.json" : "--router-aux-loss-coef")
-                           : std::string("off"));
+    out << fmt::format(
+        "router   load-balancing loss {}\n",
+        trainer->router_aux_loss_coef() > 0.0
+            ? fmt::format(
+                  "x {} added to the loss ({})", trainer->router_aux_loss_coef(),
+                  std::isnan(o.router_aux_loss_coef) ? "config.json" : "--router-aux-loss-coef")
+            : std::string("off"));
   }
   out.flush();
 
@@ -261,7 +306,8 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   double program_seconds = 0.0, norm_seconds = 0.0, update_seconds = 0.0;
   runtime::CompiledGraph& graph = trainer->program().program().graph();
   for (std::int64_t k = first; k < o.steps; ++k) {
-    const std::vector<std::int32_t> rows = models::training_batch(data.ids, data.shape, k, o.batch, tokens);
+    const std::vector<std::int32_t> rows =
+        models::training_batch(data.ids, data.shape, k, o.batch, tokens);
     // --trace: per-node timing on for the last step only (it costs two clock reads a node).
     graph.set_timing(!o.trace.empty() && k + 1 == o.steps);
     const auto start = Clock::now();
@@ -273,12 +319,13 @@ int run_train(const TrainOptions& o, std::ostream& out) {
     update_seconds += last.update_seconds;
     if (!first_loss) first_loss = last.loss;
     if (log.is_open()) {
-      log << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6g},{:.6g}\n", last.step, last.loss, last.lr, last.grad_norm,
-                         tokens_per_step / seconds, seconds);
+      log << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6g},{:.6g}\n", last.step, last.loss, last.lr,
+                         last.grad_norm, tokens_per_step / seconds, seconds);
       log.flush();
     }
-    line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s", last.step, o.steps,
-                          last.loss, last.lr, last.grad_norm, tokens_per_step / seconds));
+    line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s",
+                          last.step, o.steps, last.loss, last.lr, last.grad_norm,
+                          tokens_per_step / seconds));
     if (o.save_every > 0 && last.step % o.save_every == 0 && last.step < o.steps) {
       trainer->save(o.save);
       copy_model_files(dir, o.save);
@@ -295,18 +342,25 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   }
   const double steps_run = static_cast<double>(o.steps - first);
   const double tokens_per_second = steps_run * tokens_per_step / total_seconds;
-  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}{}\n", *first_loss, first + 1, last.loss, last.step,
+  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}{}\n", *first_loss, first + 1,
+                     last.loss, last.step,
                      moe && trainer->router_aux_loss_coef() > 0.0
-                         ? fmt::format(" (router load-balancing loss {:.4f} at the last step)", last.router_aux_loss)
+                         ? fmt::format(" (router load-balancing loss {:.4f} at the last step)",
+                                       last.router_aux_loss)
                          : "");
-  out << fmt::format("speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
-                     1e3 * total_seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
-  out << fmt::format("time     {:.1f} ms forward and backward, {:.1f} ms gradient norm, {:.1f} ms AdamW with clipping "
-                     "(a step, the mean)\n",
-                     1e3 * program_seconds / steps_run, 1e3 * norm_seconds / steps_run,
-                     1e3 * update_seconds / steps_run);
+  out << fmt::format(
+      "speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
+      1e3 * total_seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
+  out << fmt::format(
+      "time     {:.1f} ms forward and backward, {:.1f} ms gradient norm, {:.1f} ms AdamW with "
+      "clipping "
+      "(a step, the mean)\n",
+      1e3 * program_seconds / steps_run, 1e3 * norm_seconds / steps_run,
+      1e3 * update_seconds / steps_run);
   if (!o.trace.empty()) out << fmt::format("trace    {} (step {})\n", o.trace, last.step);
-  if (!o.save.empty()) out << fmt::format("saved    {} (config.json, model.safetensors, optimizer.safetensors)\n", o.save);
+  if (!o.save.empty())
+    out << fmt::format("saved    {} (config.json, model.safetensors, optimizer.safetensors)\n",
+                       o.save);
   if (!o.log.empty()) out << fmt::format("log      {}\n", o.log);
   return 0;
 }

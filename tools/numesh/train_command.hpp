@@ -6,8 +6,8 @@
 // checkpoints with the optimizer's state, and resumes from them.
 
 #include <cstdint>
-#include <ostream>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,24 +21,24 @@ namespace numesh::tools {
 
 /// The options of `numesh train`.
 struct TrainOptions {
-  MeshOptions mesh;               ///< topology, placement, --dims, --names
-  std::string mode = "train";     ///< --mode: the mode the semantic axes resolve in
-  std::string paxis_json;         ///< --paxis-json FILE
-  std::vector<std::string> sets;  ///< --set field=value
-  std::string model;              ///< --model DIR: config.json (+ safetensors, optimizer state)
+  MeshOptions mesh;                 ///< topology, placement, --dims, --names
+  std::string mode = "train";       ///< --mode: the mode the semantic axes resolve in
+  std::string paxis_json;           ///< --paxis-json FILE
+  std::vector<std::string> sets;    ///< --set field=value
+  std::string model;                ///< --model DIR: config.json (+ safetensors, optimizer state)
   std::string init = "checkpoint";  ///< --init checkpoint|random
-  std::uint32_t seed = 0;         ///< --seed: random initial weights
-  std::string data;               ///< --data FILE: .npy [S, T+1] ids, or text
-  std::int64_t tokens = 0;        ///< --tokens T: sequence length for text data
-  std::int64_t batch = 8;         ///< --batch
-  std::int64_t steps = 100;       ///< --steps: the step count to reach (resumed steps count)
-  double lr = 1e-3;               ///< --lr
-  double weight_decay = 1e-2;     ///< --weight-decay (torch.optim.AdamW's default)
+  std::uint32_t seed = 0;           ///< --seed: random initial weights
+  std::string data;                 ///< --data FILE: .npy [S, T+1] ids, or text
+  std::int64_t tokens = 0;          ///< --tokens T: sequence length for text data
+  std::int64_t batch = 8;           ///< --batch
+  std::int64_t steps = 100;         ///< --steps: the step count to reach (resumed steps count)
+  double lr = 1e-3;                 ///< --lr
+  double weight_decay = 1e-2;       ///< --weight-decay (torch.optim.AdamW's default)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< --beta1, --beta2, --eps
-  double clip = 1.0;              ///< --clip: max global gradient norm; 0: none
-  std::int64_t warmup = 0;        ///< --warmup steps
-  std::string schedule = "constant";  ///< --schedule constant|cosine
-  std::string log;                ///< --log FILE.csv
+  double clip = 1.0;                              ///< --clip: max global gradient norm; 0: none
+  std::int64_t warmup = 0;                        ///< --warmup steps
+  std::string schedule = "constant";              ///< --schedule constant|cosine
+  std::string log;                                ///< --log FILE.csv
   /// --router-aux-loss-coef (NaN: as config.json says, transformers' output_router_logits)
   double router_aux_loss_coef = std::numeric_limits<double>::quiet_NaN();
   std::string dtype = "f32";      ///< --dtype: the compute dtype (f32 or bf16; weights stay f32)

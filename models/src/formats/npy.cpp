@@ -341,7 +341,8 @@ struct Accepted {
 };
 
 const Accepted kFp32{{"<f4"}, "'<f4' (fp32)", "np.save(f, a.astype('<f4'))"};
-const Accepted kTokenIds{{"<i4", "<i8"}, "'<i4' or '<i8' (integer token ids)", "np.save(f, a.astype('<i4'))"};
+const Accepted kTokenIds{
+    {"<i4", "<i8"}, "'<i4' or '<i8' (integer token ids)", "np.save(f, a.astype('<i4'))"};
 
 /// Checks the parsed dict against what numesh reads: exactly the three keys, descr '<f4',
 /// fortran_order False, shape a tuple of non-negative ints.
@@ -377,15 +378,16 @@ Header interpret_header(std::string_view text, const std::string& where, const A
   NUMESH_CHECK(descr->kind == PyValue::Kind::kString, ValueError,
                "{}: descr {} is not a dtype string; numesh reads only {}", where,
                printable(descr->text), accepted.only);
-  if (std::find(accepted.descrs.begin(), accepted.descrs.end(), descr->str) == accepted.descrs.end()) {
+  if (std::find(accepted.descrs.begin(), accepted.descrs.end(), descr->str) ==
+      accepted.descrs.end()) {
     bool numeric = false;
     const auto words = describe_descr(descr->str, numeric);
     NUMESH_CHECK(words.has_value(), ValueError,
-                 "{}: descr '{}' is not a dtype numesh knows; numesh reads only {}",
-                 where, printable(descr->str), accepted.only);
-    throw ValueError(fmt::format("{}: descr '{}' is {}; numesh reads only {}{}", where,
-                                 printable(descr->str), *words, accepted.only,
-                                 numeric ? fmt::format("; save it with {}", accepted.fix) : std::string()));
+                 "{}: descr '{}' is not a dtype numesh knows; numesh reads only {}", where,
+                 printable(descr->str), accepted.only);
+    throw ValueError(fmt::format(
+        "{}: descr '{}' is {}; numesh reads only {}{}", where, printable(descr->str), *words,
+        accepted.only, numeric ? fmt::format("; save it with {}", accepted.fix) : std::string()));
   }
 
   NUMESH_CHECK(fortran->kind == PyValue::Kind::kBool, ValueError,
@@ -535,8 +537,9 @@ RawArray load_array(const std::filesystem::path& file, const Accepted& accepted)
 
   const std::uint64_t count = *element_count(header.shape);
   const std::uint64_t item = header.descr == "<i8" ? 8 : 4;
-  NUMESH_CHECK(count <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / item, ValueError,
-               "{}: shape {} is too large (its size in bytes overflows int64)", where, shape_repr(header.shape));
+  NUMESH_CHECK(count <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / item,
+               ValueError, "{}: shape {} is too large (its size in bytes overflows int64)", where,
+               shape_repr(header.shape));
   const std::uint64_t data_bytes = count * item;
   const std::uint64_t data_offset = preamble + header_len;
   const std::uint64_t available = file_size - data_offset;
@@ -544,15 +547,16 @@ RawArray load_array(const std::filesystem::path& file, const Accepted& accepted)
                "{}: file ends early: shape {} of '{}' needs {} data bytes after the {}-byte "
                "header, the file has "
                "{} ({} bytes in all)",
-               where, shape_repr(header.shape), header.descr, data_bytes, data_offset, available, file_size);
+               where, shape_repr(header.shape), header.descr, data_bytes, data_offset, available,
+               file_size);
   // Extra bytes mean the header does not describe the file (a wrong shape, or two arrays
   // concatenated): refusing is safer than silently reading a prefix.
   NUMESH_CHECK(available == data_bytes, ValueError,
                "{}: {} unexpected bytes after the data: shape {} of '{}' needs {} data bytes "
                "after the {}-byte "
                "header, the file has {}",
-               where, available - data_bytes, shape_repr(header.shape), header.descr, data_bytes, data_offset,
-               available);
+               where, available - data_bytes, shape_repr(header.shape), header.descr, data_bytes,
+               data_offset, available);
 
   RawArray raw{std::move(header), std::vector<unsigned char>(static_cast<std::size_t>(data_bytes))};
   read_exact(f.get(), raw.bytes.data(), raw.bytes.size(), data_offset, where);
@@ -563,7 +567,8 @@ RawArray load_array(const std::filesystem::path& file, const Accepted& accepted)
 
 runtime::HostTensor load_npy(const std::filesystem::path& file) {
   RawArray raw = load_array(file, kFp32);
-  runtime::HostTensor tensor{std::move(raw.header.shape), std::vector<float>(raw.bytes.size() / sizeof(float))};
+  runtime::HostTensor tensor{std::move(raw.header.shape),
+                             std::vector<float>(raw.bytes.size() / sizeof(float))};
   // An empty array's vectors may hold null pointers, which memcpy must not be given even for
   // zero bytes (found by npy_fuzz under UBSan).
   if (!raw.bytes.empty()) std::memcpy(tensor.data.data(), raw.bytes.data(), raw.bytes.size());
@@ -581,8 +586,10 @@ NpyIds load_npy_ids(const std::filesystem::path& file) {
         wide ? read_le(std::span(raw.bytes).subspan(i * 8, 8))
              : static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(
                    static_cast<std::uint32_t>(read_le(std::span(raw.bytes).subspan(i * 4, 4)))))));
-    NUMESH_CHECK(value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max(),
-                 ValueError, "npy: cannot load '{}': id {} at index {} does not fit int32", file.string(), value, i);
+    NUMESH_CHECK(value >= std::numeric_limits<std::int32_t>::min() &&
+                     value <= std::numeric_limits<std::int32_t>::max(),
+                 ValueError, "npy: cannot load '{}': id {} at index {} does not fit int32",
+                 file.string(), value, i);
     ids.values[i] = static_cast<std::int32_t>(value);
   }
   return ids;

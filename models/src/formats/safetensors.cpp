@@ -17,10 +17,10 @@
 
 #include "../box_copy.hpp"
 #include "../closest_names.hpp"
+#include "../strict_json.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "os_error.hpp"
-#include "../strict_json.hpp"
 
 // The rules are those of the official reader, huggingface/safetensors (Rust crate, read at commit
 // 24b0b28, safetensors/src/tensor.rs: SafeTensors::read_metadata and Metadata::validate), and the

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "../closest_names.hpp"
+#include "../strict_json.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "../strict_json.hpp"
 
 // The index is a transformers convention rather than part of the safetensors format
 // (transformers/utils/hub.py, get_checkpoint_shard_files, reads only "weight_map"), so only what

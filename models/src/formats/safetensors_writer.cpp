@@ -1,12 +1,12 @@
 #include "numesh/models/formats/safetensors_writer.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <span>
 
@@ -20,9 +20,12 @@ namespace {
 
 std::string_view header_dtype(DType d) {
   switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -58,7 +61,8 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Tens
   std::vector<const TensorToWrite*> order;
   for (const TensorToWrite& t : tensors) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](const TensorToWrite* a, const TensorToWrite* b) {
-    return rust_rank(a->dtype) != rust_rank(b->dtype) ? rust_rank(a->dtype) > rust_rank(b->dtype) : a->name < b->name;
+    return rust_rank(a->dtype) != rust_rank(b->dtype) ? rust_rank(a->dtype) > rust_rank(b->dtype)
+                                                      : a->name < b->name;
   });
   // nlohmann's ordered_json keeps insertion order: __metadata__ first, then the tensors.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "numesh/core/check.hpp"
@@ -19,10 +19,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<Architecture, 7> kArchitectures{Architecture::kLlama,   Architecture::kMistral,
-                                                     Architecture::kQwen2,   Architecture::kQwen3,
-                                                     Architecture::kMixtral, Architecture::kQwen2Moe,
-                                                     Architecture::kQwen3Moe};
+constexpr std::array<Architecture, 7> kArchitectures{
+    Architecture::kLlama,   Architecture::kMistral,  Architecture::kQwen2,   Architecture::kQwen3,
+    Architecture::kMixtral, Architecture::kQwen2Moe, Architecture::kQwen3Moe};
 
 // Typed reads of config.json fields, each error naming the file and the field.
 class Fields {
@@ -34,11 +33,13 @@ class Fields {
   std::int64_t integer(const char* key) const {
     NUMESH_CHECK(has(key), ValueError, "{}: config field '{}' is missing", source_, key);
     const json& v = j_.at(key);
-    NUMESH_CHECK(v.is_number_integer(), ValueError, "{}: config field '{}' is {}, expected an integer", source_,
-                 key, v.dump());
+    NUMESH_CHECK(v.is_number_integer(), ValueError,
+                 "{}: config field '{}' is {}, expected an integer", source_, key, v.dump());
     return v.get<std::int64_t>();
   }
-  std::int64_t integer(const char* key, std::int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+  std::int64_t integer(const char* key, std::int64_t fallback) const {
+    return has(key) ? integer(key) : fallback;
+  }
   std::int64_t positive(const char* key) const { return check_positive(key, integer(key)); }
   std::int64_t positive(const char* key, std::int64_t fallback) const {
     return check_positive(key, integer(key, fallback));
@@ -47,21 +48,22 @@ class Fields {
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const json& v = j_.at(key);
-    NUMESH_CHECK(v.is_number(), ValueError, "{}: config field '{}' is {}, expected a number", source_, key,
-                 v.dump());
+    NUMESH_CHECK(v.is_number(), ValueError, "{}: config field '{}' is {}, expected a number",
+                 source_, key, v.dump());
     return v.get<double>();
   }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     const json& v = j_.at(key);
-    NUMESH_CHECK(v.is_boolean(), ValueError, "{}: config field '{}' is {}, expected true or false", source_, key,
-                 v.dump());
+    NUMESH_CHECK(v.is_boolean(), ValueError, "{}: config field '{}' is {}, expected true or false",
+                 source_, key, v.dump());
     return v.get<bool>();
   }
   std::string text(const char* key) const {
     NUMESH_CHECK(has(key), ValueError, "{}: config field '{}' is missing", source_, key);
     const json& v = j_.at(key);
-    NUMESH_CHECK(v.is_string(), ValueError, "{}: config field '{}' is {}, expected a string", source_, key, v.dump());
+    NUMESH_CHECK(v.is_string(), ValueError, "{}: config field '{}' is {}, expected a string",
+                 source_, key, v.dump());
     return v.get<std::string>();
   }
   // One id or a list of ids (bos_token_id, eos_token_id); empty when absent.
@@ -71,7 +73,8 @@ class Fields {
     std::vector<std::int64_t> out;
     const auto take = [&](const json& e) {
       NUMESH_CHECK(e.is_number_integer() && e.get<std::int64_t>() >= 0, ValueError,
-                   "{}: config field '{}' holds {}, expected non-negative token ids", source_, key, v.dump());
+                   "{}: config field '{}' holds {}, expected non-negative token ids", source_, key,
+                   v.dump());
       out.push_back(e.get<std::int64_t>());
     };
     if (v.is_array()) {
@@ -84,12 +87,14 @@ class Fields {
   std::vector<std::int64_t> integers(const char* key) const {
     if (!has(key)) return {};
     const json& v = j_.at(key);
-    NUMESH_CHECK(v.is_array(), ValueError, "{}: config field '{}' is {}, expected a list of integers", source_, key,
+    NUMESH_CHECK(v.is_array(), ValueError,
+                 "{}: config field '{}' is {}, expected a list of integers", source_, key,
                  v.dump());
     std::vector<std::int64_t> out;
     for (const json& e : v) {
-      NUMESH_CHECK(e.is_number_integer(), ValueError, "{}: config field '{}' is {}, expected a list of integers",
-                   source_, key, v.dump());
+      NUMESH_CHECK(e.is_number_integer(), ValueError,
+                   "{}: config field '{}' is {}, expected a list of integers", source_, key,
+                   v.dump());
       out.push_back(e.get<std::int64_t>());
     }
     return out;
@@ -99,7 +104,8 @@ class Fields {
 
  private:
   std::int64_t check_positive(const char* key, std::int64_t v) const {
-    NUMESH_CHECK(v > 0, ValueError, "{}: config field '{}' is {}, expected a positive integer", source_, key, v);
+    NUMESH_CHECK(v > 0, ValueError, "{}: config field '{}' is {}, expected a positive integer",
+                 source_, key, v);
     return v;
   }
 
@@ -113,31 +119,40 @@ Architecture architecture_of(const std::string& model_type, std::string_view sou
   }
   std::vector<std::string_view> names;
   for (Architecture a : kArchitectures) names.push_back(to_string(a));
-  throw ValueError(fmt::format("{}: model_type '{}' is not an architecture numesh reads (it reads {})", source,
-                               model_type, fmt::join(names, ", ")));
+  throw ValueError(
+      fmt::format("{}: model_type '{}' is not an architecture numesh reads (it reads {})", source,
+                  model_type, fmt::join(names, ", ")));
 }
 
 // rope_scaling: null, or {"rope_type" (or the older "type"): "linear" | "llama3" | "default", ...}.
 ops::RopeScaling rope_scaling_of(const Fields& f) {
   if (!f.has("rope_scaling")) return {};
   const json& r = f.raw("rope_scaling");
-  NUMESH_CHECK(r.is_object(), ValueError, "{}: config field 'rope_scaling' is {}, expected an object or null",
-               f.source(), r.dump());
+  NUMESH_CHECK(r.is_object(), ValueError,
+               "{}: config field 'rope_scaling' is {}, expected an object or null", f.source(),
+               r.dump());
   const Fields rf(r, f.source());
-  const std::string type = rf.has("rope_type") ? rf.text("rope_type") : rf.has("type") ? rf.text("type") : "";
+  const std::string type = rf.has("rope_type") ? rf.text("rope_type")
+                           : rf.has("type")    ? rf.text("type")
+                                               : "";
   ops::RopeScaling s;
   if (type == "default") return s;
   NUMESH_CHECK(type == "linear" || type == "llama3", ValueError,
-               "{}: rope_scaling type '{}' is not one numesh implements (linear, llama3, default)", f.source(), type);
-  NUMESH_CHECK(rf.has("factor"), ValueError, "{}: rope_scaling '{}' has no 'factor'", f.source(), type);
+               "{}: rope_scaling type '{}' is not one numesh implements (linear, llama3, default)",
+               f.source(), type);
+  NUMESH_CHECK(rf.has("factor"), ValueError, "{}: rope_scaling '{}' has no 'factor'", f.source(),
+               type);
   if (type == "linear") {
     s = ops::RopeScaling::linear(rf.number("factor", 1.0));
   } else {
-    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-      NUMESH_CHECK(rf.has(key), ValueError, "{}: rope_scaling 'llama3' has no '{}'", f.source(), key);
+    for (const char* key :
+         {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      NUMESH_CHECK(rf.has(key), ValueError, "{}: rope_scaling 'llama3' has no '{}'", f.source(),
+                   key);
     }
     s = ops::RopeScaling::llama3(rf.number("factor", 1.0), rf.number("low_freq_factor", 1.0),
-                                 rf.number("high_freq_factor", 4.0), rf.integer("original_max_position_embeddings"));
+                                 rf.number("high_freq_factor", 4.0),
+                                 rf.integer("original_max_position_embeddings"));
   }
   try {
     ops::validate(s);
@@ -148,46 +163,57 @@ ops::RopeScaling rope_scaling_of(const Fields& f) {
 }
 
 bool is_moe(Architecture a) {
-  return a == Architecture::kMixtral || a == Architecture::kQwen2Moe || a == Architecture::kQwen3Moe;
+  return a == Architecture::kMixtral || a == Architecture::kQwen2Moe ||
+         a == Architecture::kQwen3Moe;
 }
 
 }  // namespace
 
 std::string_view to_string(Architecture a) noexcept {
   switch (a) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kMistral: return "mistral";
-    case Architecture::kQwen2: return "qwen2";
-    case Architecture::kQwen3: return "qwen3";
-    case Architecture::kMixtral: return "mixtral";
-    case Architecture::kQwen2Moe: return "qwen2_moe";
-    case Architecture::kQwen3Moe: return "qwen3_moe";
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kMistral:
+      return "mistral";
+    case Architecture::kQwen2:
+      return "qwen2";
+    case Architecture::kQwen3:
+      return "qwen3";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kQwen2Moe:
+      return "qwen2_moe";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
   }
   return "?";
 }
 
 bool HfConfig::is_moe_layer(std::int64_t i) const noexcept {
   if (num_experts == 0) return false;
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end())
+    return false;
   return (i + 1) % decoder_sparse_step == 0;
 }
 
 std::int64_t HfConfig::max_context() const noexcept {
-  return sliding_window ? std::min(*sliding_window, max_position_embeddings) : max_position_embeddings;
+  return sliding_window ? std::min(*sliding_window, max_position_embeddings)
+                        : max_position_embeddings;
 }
 
 HfConfig HfConfig::parse(const json& config, std::string_view source) {
-  NUMESH_CHECK(config.is_object(), ValueError, "{}: a config.json holds a JSON object, not {}", source,
-               config.type_name());
+  NUMESH_CHECK(config.is_object(), ValueError, "{}: a config.json holds a JSON object, not {}",
+               source, config.type_name());
   const Fields f(config, source);
   HfConfig c;
   c.architecture = architecture_of(f.text("model_type"), source);
   const Architecture a = c.architecture;
-  const bool qwen = a == Architecture::kQwen2 || a == Architecture::kQwen3 || a == Architecture::kQwen2Moe ||
-                    a == Architecture::kQwen3Moe;
+  const bool qwen = a == Architecture::kQwen2 || a == Architecture::kQwen3 ||
+                    a == Architecture::kQwen2Moe || a == Architecture::kQwen3Moe;
 
   const std::string act = f.has("hidden_act") ? f.text("hidden_act") : "silu";
-  NUMESH_CHECK(act == "silu", ValueError, "{}: hidden_act '{}': numesh's MLPs are SwiGLU (silu)", source, act);
+  NUMESH_CHECK(act == "silu", ValueError, "{}: hidden_act '{}': numesh's MLPs are SwiGLU (silu)",
+               source, act);
 
   c.vocab_size = f.positive("vocab_size");
   c.hidden_size = f.positive("hidden_size");
@@ -195,8 +221,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   c.num_attention_heads = f.positive("num_attention_heads");
   c.num_key_value_heads = f.positive("num_key_value_heads", c.num_attention_heads);
   NUMESH_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, ValueError,
-               "{}: num_key_value_heads {} does not divide num_attention_heads {}", source, c.num_key_value_heads,
-               c.num_attention_heads);
+               "{}: num_key_value_heads {} does not divide num_attention_heads {}", source,
+               c.num_key_value_heads, c.num_attention_heads);
   // Qwen3's head_dim defaults to 128 in transformers; the others to hidden / heads.
   const bool qwen3 = a == Architecture::kQwen3 || a == Architecture::kQwen3Moe;
   if (f.has("head_dim")) {
@@ -204,12 +230,14 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   } else if (qwen3) {
     c.head_dim = 128;
   } else {
-    NUMESH_CHECK(c.hidden_size % c.num_attention_heads == 0, ValueError,
-                 "{}: hidden_size {} is not a multiple of num_attention_heads {} and no head_dim is given", source,
-                 c.hidden_size, c.num_attention_heads);
+    NUMESH_CHECK(
+        c.hidden_size % c.num_attention_heads == 0, ValueError,
+        "{}: hidden_size {} is not a multiple of num_attention_heads {} and no head_dim is given",
+        source, c.hidden_size, c.num_attention_heads);
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  NUMESH_CHECK(c.head_dim % 2 == 0, ValueError, "{}: head_dim {} is odd; RoPE needs it even", source, c.head_dim);
+  NUMESH_CHECK(c.head_dim % 2 == 0, ValueError, "{}: head_dim {} is odd; RoPE needs it even",
+               source, c.head_dim);
   c.rms_norm_eps = f.number("rms_norm_eps", a == Architecture::kMixtral ? 1e-5 : 1e-6);
   NUMESH_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0.0, ValueError,
                "{}: rms_norm_eps {} must be a non-negative number", source, c.rms_norm_eps);
@@ -240,8 +268,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
     c.num_experts = f.positive(a == Architecture::kMixtral ? "num_local_experts" : "num_experts");
     c.num_experts_per_tok = f.positive("num_experts_per_tok");
     NUMESH_CHECK(c.num_experts_per_tok <= c.num_experts, ValueError,
-                 "{}: num_experts_per_tok {} is more than the {} experts", source, c.num_experts_per_tok,
-                 c.num_experts);
+                 "{}: num_experts_per_tok {} is more than the {} experts", source,
+                 c.num_experts_per_tok, c.num_experts);
     if (a == Architecture::kMixtral) {
       // Mixtral's experts are intermediate_size wide and always renormalised.
       c.moe_intermediate_size = f.positive("intermediate_size");
@@ -253,7 +281,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
       c.mlp_only_layers = f.integers("mlp_only_layers");
       for (std::int64_t l : c.mlp_only_layers) {
         NUMESH_CHECK(l >= 0 && l < c.num_hidden_layers, ValueError,
-                     "{}: mlp_only_layers names layer {}, outside the {} layers", source, l, c.num_hidden_layers);
+                     "{}: mlp_only_layers names layer {}, outside the {} layers", source, l,
+                     c.num_hidden_layers);
       }
       // Qwen2-MoE's MoE layers always have a shared expert (transformers' default size 5632).
       if (a == Architecture::kQwen2Moe) {
@@ -262,7 +291,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
     }
   }
   bool dense_layers = !is_moe(a);
-  for (std::int64_t l = 0; l < c.num_hidden_layers && !dense_layers; ++l) dense_layers = !c.is_moe_layer(l);
+  for (std::int64_t l = 0; l < c.num_hidden_layers && !dense_layers; ++l)
+    dense_layers = !c.is_moe_layer(l);
   if (dense_layers) {
     c.intermediate_size = f.positive("intermediate_size");
   } else if (a != Architecture::kMixtral) {
@@ -272,8 +302,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   c.eos_token_ids = f.ids("eos_token_id");
   for (const auto* list : {&c.bos_token_ids, &c.eos_token_ids}) {
     for (std::int64_t id : *list) {
-      NUMESH_CHECK(id < c.vocab_size, ValueError, "{}: token id {} is outside the vocabulary of {}", source, id,
-                   c.vocab_size);
+      NUMESH_CHECK(id < c.vocab_size, ValueError, "{}: token id {} is outside the vocabulary of {}",
+                   source, id, c.vocab_size);
     }
   }
   return c;
@@ -297,26 +327,30 @@ json read_json(const std::filesystem::path& file) {
 }  // namespace
 
 HfConfig HfConfig::load(const std::filesystem::path& path) {
-  NUMESH_CHECK(std::filesystem::exists(path), IoError,
-               "{} does not exist (expected a model folder holding config.json, or a config.json file)",
-               path.string());
+  NUMESH_CHECK(
+      std::filesystem::exists(path), IoError,
+      "{} does not exist (expected a model folder holding config.json, or a config.json file)",
+      path.string());
   const bool folder = std::filesystem::is_directory(path);
   const std::filesystem::path file = folder ? path / "config.json" : path;
   HfConfig c = parse(read_json(file), file.string());
   // generation_config.json's special ids win, as they do when transformers generates (Llama 3
   // Instruct lists its end-of-turn ids there only).
-  const std::filesystem::path generation = (folder ? path : path.parent_path()) / "generation_config.json";
+  const std::filesystem::path generation =
+      (folder ? path : path.parent_path()) / "generation_config.json";
   if (std::filesystem::exists(generation)) {
     const json g = read_json(generation);
-    NUMESH_CHECK(g.is_object(), ValueError, "{}: a generation_config.json holds a JSON object, not {}",
-                 generation.string(), g.type_name());
+    NUMESH_CHECK(g.is_object(), ValueError,
+                 "{}: a generation_config.json holds a JSON object, not {}", generation.string(),
+                 g.type_name());
     const Fields f(g, generation.string());
     if (f.has("bos_token_id")) c.bos_token_ids = f.ids("bos_token_id");
     if (f.has("eos_token_id")) c.eos_token_ids = f.ids("eos_token_id");
     for (const auto* list : {&c.bos_token_ids, &c.eos_token_ids}) {
       for (std::int64_t id : *list) {
-        NUMESH_CHECK(id < c.vocab_size, ValueError, "{}: token id {} is outside the vocabulary of {}",
-                     generation.string(), id, c.vocab_size);
+        NUMESH_CHECK(id < c.vocab_size, ValueError,
+                     "{}: token id {} is outside the vocabulary of {}", generation.string(), id,
+                     c.vocab_size);
       }
     }
   }
@@ -337,13 +371,15 @@ ops::TransformerConfig HfConfig::transformer_config() const {
   t.norm_eps = static_cast<float>(rms_norm_eps);
   t.moe_every = num_experts > 0 ? decoder_sparse_step : 0;
   if (num_experts > 0) {
-    t.moe = ops::MoeConfig{.num_experts = num_experts, .top_k = num_experts_per_tok, .renormalize = norm_topk_prob};
+    t.moe = ops::MoeConfig{
+        .num_experts = num_experts, .top_k = num_experts_per_tok, .renormalize = norm_topk_prob};
     t.moe_ffn = moe_intermediate_size;
     t.shared_expert_ffn = shared_expert_intermediate_size;
     // transformers asks only whether a layer is listed: a repeat means nothing more.
     t.dense_layers = mlp_only_layers;
     std::sort(t.dense_layers.begin(), t.dense_layers.end());
-    t.dense_layers.erase(std::unique(t.dense_layers.begin(), t.dense_layers.end()), t.dense_layers.end());
+    t.dense_layers.erase(std::unique(t.dense_layers.begin(), t.dense_layers.end()),
+                         t.dense_layers.end());
   }
   t.validate();
   return t;

@@ -17,8 +17,8 @@
 namespace numesh::models {
 
 std::string NonfiniteWeight::describe() const {
-  return fmt::format("{} holds {} non-finite value{} of {} (the first, {}, at {})", name, count, count == 1 ? "" : "s",
-                     elements, first, first_at);
+  return fmt::format("{} holds {} non-finite value{} of {} (the first, {}, at {})", name, count,
+                     count == 1 ? "" : "s", elements, first, first_at);
 }
 
 std::string weight_label(const std::string& slot, Architecture architecture, std::int64_t experts) {
@@ -66,10 +66,11 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
       if (t.layout().device(slot).replica_id != 0) continue;
       const runtime::Tensor& shard = t.shard(slot);
-      builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot), [&per_slot, &shard, dtype, slot] {
-        per_slot[static_cast<std::size_t>(slot)] =
-            count_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()), dtype);
-      });
+      builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot),
+                  [&per_slot, &shard, dtype, slot] {
+                    per_slot[static_cast<std::size_t>(slot)] = count_nonfinite(
+                        shard.data(), static_cast<std::size_t>(shard.size()), dtype);
+                  });
     }
     builder.compile().run();
     NonfiniteWeight report;
@@ -81,7 +82,8 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     // The first, located by ops::compare in the first shard that holds one, its coordinates
     // moved to the shard's place.
     const auto first_slot = static_cast<std::int64_t>(
-        std::find_if(per_slot.begin(), per_slot.end(), [](std::int64_t n) { return n > 0; }) - per_slot.begin());
+        std::find_if(per_slot.begin(), per_slot.end(), [](std::int64_t n) { return n > 0; }) -
+        per_slot.begin());
     const runtime::Tensor& shard = t.shard(first_slot);
     const auto n = static_cast<std::size_t>(shard.size());
     std::vector<float> values(n);
@@ -96,7 +98,8 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
       }
     }
     const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
-    const ops::Comparison c = ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);
+    const ops::Comparison c =
+        ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);
     std::int64_t rest = c.first_nonfinite_reference;
     std::vector<std::int64_t> at(shard_shape.size());
     for (std::size_t d = shard_shape.size(); d-- > 0;) {

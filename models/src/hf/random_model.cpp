@@ -1,20 +1,20 @@
 #include "numesh/models/hf/random_model.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <list>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/formats/safetensors_writer.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 #include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::models {
@@ -45,8 +45,8 @@ nlohmann::json small_llama_config(std::int64_t hidden, std::int64_t layers) {
                         {"eos_token_id", 2}};
 }
 
-void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config_doc, DType dtype,
-                        std::uint32_t seed) {
+void write_random_model(const std::filesystem::path& dir, const nlohmann::json& config_doc,
+                        DType dtype, std::uint32_t seed) {
   const HfConfig c = HfConfig::parse(config_doc, (dir / "config.json").string());
   const ops::TransformerConfig t = c.transformer_config();
   std::filesystem::create_directories(dir);
@@ -59,8 +59,8 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
   std::vector<TensorToWrite> tensors;
-  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float scale, float offset,
-                       DType stored) {
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float scale,
+                       float offset, DType stored) {
     runtime::HostTensor& v = storage.emplace_back(runtime::HostTensor::zeros(std::move(shape)));
     for (float& x : v.data) x = offset + scale * normal(rng);
     tensors.push_back({name, &v, stored});
@@ -70,7 +70,9 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
   const auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in) {
     add(name, {out, in}, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f, dtype);
   };
-  const auto norm = [&](const std::string& name) { add(name, {c.hidden_size}, 0.1f, 1.0f, DType::kF32); };
+  const auto norm = [&](const std::string& name) {
+    add(name, {c.hidden_size}, 0.1f, 1.0f, DType::kF32);
+  };
   const std::int64_t h = c.hidden_size, d = t.attention.head_dim;
   add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0.0f, dtype);
   norm("model.norm.weight");
@@ -95,7 +97,8 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
     if (t.is_moe(l)) {
       const bool mixtral = c.architecture == Architecture::kMixtral;
       const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-      add(moe + "gate.weight", {t.moe.num_experts, h}, 1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
+      add(moe + "gate.weight", {t.moe.num_experts, h}, 1.0f / std::sqrt(static_cast<float>(h)),
+          0.0f, DType::kF32);
       for (std::int64_t e = 0; e < t.moe.num_experts; ++e) {
         const std::string ep = fmt::format("{}experts.{}.", moe, e);
         linear(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), t.moe_ffn, h);
@@ -106,7 +109,8 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
         linear(moe + "shared_expert.gate_proj.weight", t.shared_expert_ffn, h);
         linear(moe + "shared_expert.up_proj.weight", t.shared_expert_ffn, h);
         linear(moe + "shared_expert.down_proj.weight", h, t.shared_expert_ffn);
-        add(moe + "shared_expert_gate.weight", {1, h}, 1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
+        add(moe + "shared_expert_gate.weight", {1, h}, 1.0f / std::sqrt(static_cast<float>(h)),
+            0.0f, DType::kF32);
       }
     } else {
       linear(p + "mlp.gate_proj.weight", t.ffn, h);
@@ -124,8 +128,8 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
 }
 
 CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, double stddev) {
-  NUMESH_CHECK(stddev > 0.0 && std::isfinite(stddev), ValueError, "initial weights: stddev {} must be positive",
-               stddev);
+  NUMESH_CHECK(stddev > 0.0 && std::isfinite(stddev), ValueError,
+               "initial weights: stddev {} must be positive", stddev);
   const ops::TransformerConfig t = config.transformer_config();
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, static_cast<float>(stddev));

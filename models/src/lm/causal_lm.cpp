@@ -6,9 +6,9 @@
 #include <string>
 #include <utility>
 
+#include "../shard_reader.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "../shard_reader.hpp"
 
 namespace numesh::models {
 
@@ -17,7 +17,8 @@ namespace {
 // max_len, refused before the stack allocates its caches when the model does not run that long.
 std::int64_t checked_max_len(const HfConfig& config, std::int64_t max_len) {
   NUMESH_CHECK(max_len <= config.max_context(), ShapeError,
-               "{} model: a context of {} tokens is longer than the {} it runs over (max_position_embeddings, "
+               "{} model: a context of {} tokens is longer than the {} it runs over "
+               "(max_position_embeddings, "
                "or the sliding window)",
                to_string(config.architecture), max_len, config.max_context());
   return max_len;
@@ -34,11 +35,13 @@ CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const Causa
       embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
       head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
       stack_(mesh, config.transformer_config(), weights.stack, batch, max_len_, std::move(axes)) {
-  NUMESH_CHECK(embedding_layer_.vocab == config.vocab_size && head_layer_.vocab == config.vocab_size &&
-                   embedding_layer_.hidden == config.hidden_size && head_layer_.hidden == config.hidden_size,
-               ShapeError, "{} model: embedding [{}, {}] and LM head [{}, {}] do not fit vocabulary {} and hidden {}",
-               to_string(config.architecture), embedding_layer_.vocab, embedding_layer_.hidden, head_layer_.hidden,
-               head_layer_.vocab, config.vocab_size, config.hidden_size);
+  NUMESH_CHECK(
+      embedding_layer_.vocab == config.vocab_size && head_layer_.vocab == config.vocab_size &&
+          embedding_layer_.hidden == config.hidden_size && head_layer_.hidden == config.hidden_size,
+      ShapeError,
+      "{} model: embedding [{}, {}] and LM head [{}, {}] do not fit vocabulary {} and hidden {}",
+      to_string(config.architecture), embedding_layer_.vocab, embedding_layer_.hidden,
+      head_layer_.hidden, head_layer_.vocab, config.vocab_size, config.hidden_size);
 }
 
 std::vector<NamedTensor> CausalLm::weights() const {
@@ -49,24 +52,29 @@ std::vector<NamedTensor> CausalLm::weights() const {
     all.push_back({weight_label(w.name, config_.architecture, experts), w.tensor.get()});
   }
   if (head_layer_.weight != embedding_layer_.table) {
-    all.push_back({weight_label("lm_head.weight", config_.architecture, experts), head_layer_.weight.get()});
+    all.push_back(
+        {weight_label("lm_head.weight", config_.architecture, experts), head_layer_.weight.get()});
   }
   return all;
 }
 
-CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
-                        std::int64_t batch, std::int64_t max_len, DType stored_as, ops::ModelAxes axes,
+CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
+                        const SafetensorsCheckpoint& checkpoint, std::int64_t batch,
+                        std::int64_t max_len, DType stored_as, ops::ModelAxes axes,
                         const LoadProgress& progress) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
-  CausalLm lm(std::move(mesh), config, d.weights, batch, max_len, std::move(axes));  // matrices laid out unfilled
+  CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
+              std::move(axes));  // matrices laid out unfilled
   using Named = ops::ShardedTransformer::NamedWeight;
   std::map<std::string, Named> slots{
       {"embedding.table", Named{"embedding.table", lm.embedding_layer_.table}},
-      {"lm_head.weight", Named{"lm_head.weight", lm.head_layer_.weight, ops::WeightLayout::kOutIn}}};
+      {"lm_head.weight",
+       Named{"lm_head.weight", lm.head_layer_.weight, ops::WeightLayout::kOutIn}}};
   for (const Named& w : lm.stack_.weights()) slots[w.name] = w;
   const auto bytes_of = [&](const MatrixSource& source) {
     std::int64_t bytes = 0;
-    for (const std::string& t : source.tensors) bytes += static_cast<std::int64_t>(checkpoint.info(t).size_bytes());
+    for (const std::string& t : source.tensors)
+      bytes += static_cast<std::int64_t>(checkpoint.info(t).size_bytes());
     return bytes;
   };
   std::int64_t total = 0, done = 0;
@@ -74,8 +82,8 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const 
   for (const auto& [slot, source] : d.sources) {
     const auto it = slots.find(slot);
     // Every deferred slot names a laid-out weight: hf_weights.cpp and the layers agree on names.
-    NUMESH_CHECK(it != slots.end(), ValueError, "model: no laid-out weight is called {} (an internal naming mismatch)",
-                 slot);
+    NUMESH_CHECK(it != slots.end(), ValueError,
+                 "model: no laid-out weight is called {} (an internal naming mismatch)", slot);
     detail::read_shards(checkpoint, source, *it->second.tensor, it->second.layout);
     done += bytes_of(source);
     if (progress) progress(done, total);
@@ -86,14 +94,16 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config, const 
 std::int64_t CausalLm::decode_bytes(std::int64_t position) const {
   const runtime::ShardedTensor& head = *head_layer_.weight;
   const auto element = static_cast<std::int64_t>(dtype_size(head.dtype()));
-  return mesh_.size() * (stack_.decode_bytes_per_device(position) + head.layout().bytes_per_device(element));
+  return mesh_.size() *
+         (stack_.decode_bytes_per_device(position) + head.layout().bytes_per_device(element));
 }
 
 CausalLm::~CausalLm() = default;
 CausalLm::CausalLm(CausalLm&&) noexcept = default;
 CausalLm& CausalLm::operator=(CausalLm&&) noexcept = default;
 
-TokenPositions TokenPositions::level(std::int64_t batch, std::int64_t position, std::int64_t tokens) {
+TokenPositions TokenPositions::level(std::int64_t batch, std::int64_t position,
+                                     std::int64_t tokens) {
   const auto n = static_cast<std::size_t>(std::max<std::int64_t>(batch, 0));
   return TokenPositions{.first = std::vector<std::int64_t>(n, position),
                         .last = std::vector<std::int64_t>(n, tokens - 1)};
@@ -102,19 +112,21 @@ TokenPositions TokenPositions::level(std::int64_t batch, std::int64_t position, 
 runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
                                      const TokenPositions& at) {
   NUMESH_CHECK(tokens >= 1 && static_cast<std::int64_t>(ids.size()) == batch_ * tokens, ShapeError,
-               "model: {} ids for {} sequences of {} tokens (expected {})", ids.size(), batch_, tokens,
-               batch_ * tokens);
+               "model: {} ids for {} sequences of {} tokens (expected {})", ids.size(), batch_,
+               tokens, batch_ * tokens);
   NUMESH_CHECK(static_cast<std::int64_t>(at.first.size()) == batch_ &&
                    static_cast<std::int64_t>(at.last.size()) == batch_,
-               ShapeError, "model: {} first positions and {} last tokens for {} sequences", at.first.size(),
-               at.last.size(), batch_);
+               ShapeError, "model: {} first positions and {} last tokens for {} sequences",
+               at.first.size(), at.last.size(), batch_);
   for (std::size_t b = 0; b < at.last.size(); ++b) {
     NUMESH_CHECK(at.last[b] >= 0 && at.last[b] < tokens, ShapeError,
-                 "model: sequence {}'s last real token {} is outside the call's {} tokens", b, at.last[b], tokens);
+                 "model: sequence {}'s last real token {} is outside the call's {} tokens", b,
+                 at.last[b], tokens);
   }
   const std::int64_t rows = batch_ * tokens;
   auto& embedding = embeddings_[rows];
-  if (!embedding) embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, rows);
+  if (!embedding)
+    embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, rows);
   runtime::HostTensor x = embedding->forward(ids);
   x.shape = {batch_, tokens, config_.hidden_size};
   return stack_.forward(x, at.first);
@@ -153,7 +165,8 @@ std::vector<std::int64_t> CausalLm::greedy(std::span<const std::int32_t> ids, st
 }
 
 std::vector<std::int64_t> CausalLm::sample(std::span<const std::int32_t> ids, std::int64_t tokens,
-                                           const TokenPositions& at, const ops::SamplingOptions& options,
+                                           const TokenPositions& at,
+                                           const ops::SamplingOptions& options,
                                            std::mt19937_64& rng) {
   ops::validate(options);
   return head_for(batch_).sample(last_hidden(ids, tokens, at), options, rng);

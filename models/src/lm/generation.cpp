@@ -17,7 +17,8 @@ using Clock = std::chrono::steady_clock;
 
 // The pick from one row of whole logits, by the rules the devices follow: the argmax, or a
 // draw with every token a candidate.
-std::int64_t pick_from_row(std::span<const float> row, const GenerationOptions& options, std::mt19937_64& rng) {
+std::int64_t pick_from_row(std::span<const float> row, const GenerationOptions& options,
+                           std::mt19937_64& rng) {
   const auto v = static_cast<std::int64_t>(row.size());
   if (!options.sampling) {
     // The devices' argmax kernel on the one row: its value, then its index as an fp32 number.
@@ -40,14 +41,15 @@ const char* to_string(StopReason reason) noexcept {
   return reason == StopReason::kStopId ? "stop id" : "max new tokens";
 }
 
-GenerationResult generate(CausalLm& lm, const std::vector<std::vector<std::int32_t>>& prompts,
-                          const GenerationOptions& options, std::mt19937_64& rng,
-                          const std::function<void(std::int64_t, std::span<const std::int64_t>)>& on_tokens) {
+GenerationResult generate(
+    CausalLm& lm, const std::vector<std::vector<std::int32_t>>& prompts,
+    const GenerationOptions& options, std::mt19937_64& rng,
+    const std::function<void(std::int64_t, std::span<const std::int64_t>)>& on_tokens) {
   const std::int64_t batch = lm.batch();
   NUMESH_CHECK(static_cast<std::int64_t>(prompts.size()) == batch, ShapeError,
                "generate: {} prompts for a model of {} sequences", prompts.size(), batch);
-  NUMESH_CHECK(options.max_new_tokens >= 1, ValueError, "generate: max_new_tokens {} must be at least 1",
-               options.max_new_tokens);
+  NUMESH_CHECK(options.max_new_tokens >= 1, ValueError,
+               "generate: max_new_tokens {} must be at least 1", options.max_new_tokens);
   if (options.sampling) ops::validate(*options.sampling);
   std::int64_t longest = 0;
   for (std::size_t b = 0; b < prompts.size(); ++b) {
@@ -57,7 +59,8 @@ GenerationResult generate(CausalLm& lm, const std::vector<std::vector<std::int32
   // The longest prompt's last new token goes to position longest + max_new_tokens - 2, and the
   // prefill itself needs longest positions.
   NUMESH_CHECK(longest + options.max_new_tokens - 1 <= lm.max_len(), IndexError,
-               "generate: the longest prompt ({} tokens) and {} new tokens do not fit the model's {} positions",
+               "generate: the longest prompt ({} tokens) and {} new tokens do not fit the model's "
+               "{} positions",
                longest, options.max_new_tokens, lm.max_len());
 
   GenerationResult result;
@@ -78,8 +81,8 @@ GenerationResult generate(CausalLm& lm, const std::vector<std::vector<std::int32
     }
   };
   // One call of T tokens per sequence at `at`; each running sequence's pick recorded.
-  const auto call = [&](std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at,
-                        const std::vector<std::int64_t>& real) {
+  const auto call = [&](std::span<const std::int32_t> ids, std::int64_t tokens,
+                        const TokenPositions& at, const std::vector<std::int64_t>& real) {
     std::vector<std::int64_t> next(sequences, -1);
     if (options.keep_logits) {
       const runtime::HostTensor l = lm.logits(ids, tokens, at);
@@ -89,12 +92,14 @@ GenerationResult generate(CausalLm& lm, const std::vector<std::vector<std::int32
         const auto first_row = static_cast<std::int64_t>(b) * tokens;
         const auto rows = l.data.begin() + first_row * v;
         result.logits[b].insert(result.logits[b].end(), rows, rows + real[b] * v);
-        next[b] = pick_from_row(std::span<const float>(&*(rows + at.last[b] * v), static_cast<std::size_t>(v)),
-                                options, rng);
+        next[b] = pick_from_row(
+            std::span<const float>(&*(rows + at.last[b] * v), static_cast<std::size_t>(v)), options,
+            rng);
       }
     } else {
-      const std::vector<std::int64_t> all =
-          options.sampling ? lm.sample(ids, tokens, at, *options.sampling, rng) : lm.greedy(ids, tokens, at);
+      const std::vector<std::int64_t> all = options.sampling
+                                                ? lm.sample(ids, tokens, at, *options.sampling, rng)
+                                                : lm.greedy(ids, tokens, at);
       for (std::size_t b = 0; b < sequences; ++b) {
         if (running[b]) next[b] = all[b];
       }

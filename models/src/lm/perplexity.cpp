@@ -17,15 +17,18 @@ double token_nll(const runtime::HostTensor& logits, std::int64_t row, std::int64
   return std::log(sum) + top - static_cast<double>(l[next]);
 }
 
-PerplexityResult perplexity(CausalLm& model, std::span<const std::int32_t> tokens, std::int64_t context,
-                            std::optional<std::int32_t> bos, const std::function<void(std::int64_t, double)>& progress) {
+PerplexityResult perplexity(CausalLm& model, std::span<const std::int32_t> tokens,
+                            std::int64_t context, std::optional<std::int32_t> bos,
+                            const std::function<void(std::int64_t, double)>& progress) {
   const auto n = static_cast<std::int64_t>(tokens.size());
   NUMESH_CHECK(context >= 4 && n >= context, ValueError,
-               "perplexity: the text has {} tokens; a context of {} needs at least 4 and that many tokens (one chunk)",
+               "perplexity: the text has {} tokens; a context of {} needs at least 4 and that many "
+               "tokens (one chunk)",
                n, context);
-  NUMESH_CHECK(model.batch() == 1 && model.max_len() >= context, ValueError,
-               "perplexity: the model runs {} sequences of up to {} tokens; it needs 1 of at least {}", model.batch(),
-               model.max_len(), context);
+  NUMESH_CHECK(
+      model.batch() == 1 && model.max_len() >= context, ValueError,
+      "perplexity: the model runs {} sequences of up to {} tokens; it needs 1 of at least {}",
+      model.batch(), model.max_len(), context);
   PerplexityResult r;
   r.chunks = n / context;
   double sum = 0.0, sum_squares = 0.0;
@@ -48,8 +51,10 @@ PerplexityResult perplexity(CausalLm& model, std::span<const std::int32_t> token
   r.perplexity = std::exp(r.mean_nll);
   // llama.cpp's uncertainty: the standard error of the mean NLL, carried through exp().
   const double variance = sum_squares / static_cast<double>(r.scored) - r.mean_nll * r.mean_nll;
-  r.standard_error = r.scored > 1 ? r.perplexity * std::sqrt(std::max(0.0, variance) / static_cast<double>(r.scored - 1))
-                                  : 0.0;
+  r.standard_error =
+      r.scored > 1
+          ? r.perplexity * std::sqrt(std::max(0.0, variance) / static_cast<double>(r.scored - 1))
+          : 0.0;
   return r;
 }
 

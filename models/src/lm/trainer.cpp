@@ -55,25 +55,30 @@ std::vector<std::int64_t> hf_shape(std::vector<std::int64_t> shape, const HfTens
 runtime::HostTensor as_hf(const runtime::HostTensor& host, const HfTensorPart& part) {
   if (part.expert < 0) return part.transposed ? ops::transposed(host) : host;
   runtime::HostTensor one = runtime::HostTensor::zeros({host.shape[1], host.shape[2]});
-  std::copy_n(host.data.begin() + part.expert * static_cast<std::int64_t>(one.data.size()), one.data.size(),
-              one.data.begin());
+  std::copy_n(host.data.begin() + part.expert * static_cast<std::int64_t>(one.data.size()),
+              one.data.size(), one.data.begin());
   return part.transposed ? ops::transposed(one) : one;
 }
 
 }  // namespace
 
 void TrainingOptions::validate() const {
-  NUMESH_CHECK(batch > 0 && tokens > 0, ValueError, "training: batch {} and tokens {} must be positive", batch, tokens);
-  NUMESH_CHECK(clip >= 0.0 && std::isfinite(clip), ValueError, "training: clip {} must be 0 (none) or positive", clip);
-  NUMESH_CHECK(!router_aux_loss_coef || (*router_aux_loss_coef >= 0.0 && std::isfinite(*router_aux_loss_coef)),
-               ValueError, "training: the router's aux loss coefficient {} must be 0 (off) or positive",
+  NUMESH_CHECK(batch > 0 && tokens > 0, ValueError,
+               "training: batch {} and tokens {} must be positive", batch, tokens);
+  NUMESH_CHECK(clip >= 0.0 && std::isfinite(clip), ValueError,
+               "training: clip {} must be 0 (none) or positive", clip);
+  NUMESH_CHECK(!router_aux_loss_coef ||
+                   (*router_aux_loss_coef >= 0.0 && std::isfinite(*router_aux_loss_coef)),
+               ValueError,
+               "training: the router's aux loss coefficient {} must be 0 (off) or positive",
                router_aux_loss_coef.value_or(0.0));
   ops::validate(adamw);
   schedule.validate();
 }
 
-CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc, const CausalLmWeights& weights,
-                                 TrainingOptions options, ops::ModelAxes axes)
+CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc,
+                                 const CausalLmWeights& weights, TrainingOptions options,
+                                 ops::ModelAxes axes)
     : config_doc_(std::move(config_doc)),
       config_(HfConfig::parse(config_doc_, "config.json")),
       options_(std::move(options)) {
@@ -88,14 +93,16 @@ CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config
     const auto coef = config_doc_.find("router_aux_loss_coef");
     NUMESH_CHECK(coef == config_doc_.end() || coef->is_number(), ValueError,
                  "config.json: router_aux_loss_coef is {}, not a number", coef->dump());
-    router_aux_loss_coef_ = coef != config_doc_.end() ? coef->get<double>() : 0.001;  // transformers' default
+    router_aux_loss_coef_ =
+        coef != config_doc_.end() ? coef->get<double>() : 0.001;  // transformers' default
     NUMESH_CHECK(router_aux_loss_coef_ >= 0.0 && std::isfinite(router_aux_loss_coef_), ValueError,
-                 "config.json: router_aux_loss_coef {} must not be negative", router_aux_loss_coef_);
+                 "config.json: router_aux_loss_coef {} must not be negative",
+                 router_aux_loss_coef_);
   }
   step_ = std::make_unique<ops::LmTrainingStep>(
       std::move(mesh), config_.transformer_config(), weights.embedding, weights.stack,
-      config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens, std::move(axes),
-      options_.precision, router_aux_loss_coef_);
+      config_.tie_word_embeddings ? nullptr : &weights.lm_head, options_.batch, options_.tokens,
+      std::move(axes), options_.precision, router_aux_loss_coef_);
   std::vector<runtime::ShardedTensor*> values;
   for (const ops::TrainableParameter& p : step_->parameters()) values.push_back(p.value.get());
   adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
@@ -108,8 +115,10 @@ CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::files
   nlohmann::json doc = nlohmann::json::parse(in);  // well-formed: HfConfig::load read it
   const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(dir);
   const CausalLmWeights weights = CausalLmWeights::load(config, checkpoint, DType::kF32);
-  CausalLmTrainer trainer(std::move(mesh), std::move(doc), weights, std::move(options), std::move(axes));
-  if (std::filesystem::exists(dir / kOptimizerFile)) trainer.restore_optimizer(dir / kOptimizerFile);
+  CausalLmTrainer trainer(std::move(mesh), std::move(doc), weights, std::move(options),
+                          std::move(axes));
+  if (std::filesystem::exists(dir / kOptimizerFile))
+    trainer.restore_optimizer(dir / kOptimizerFile);
   return trainer;
 }
 
@@ -140,12 +149,13 @@ std::int64_t CausalLmTrainer::parameter_count() const {
 StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
   const std::int64_t b = options_.batch, t = options_.tokens;
   NUMESH_CHECK(static_cast<std::int64_t>(rows.size()) == b * (t + 1), ShapeError,
-               "training: {} ids for a batch of {} rows of {} ids (tokens + 1; expected {})", rows.size(), b, t + 1,
-               b * (t + 1));
+               "training: {} ids for a batch of {} rows of {} ids (tokens + 1; expected {})",
+               rows.size(), b, t + 1, b * (t + 1));
   inputs_.resize(static_cast<std::size_t>(b * t));
   targets_.resize(static_cast<std::size_t>(b * t));
   for (std::int64_t r = 0; r < b; ++r) {
-    const auto row = rows.subspan(static_cast<std::size_t>(r * (t + 1)), static_cast<std::size_t>(t + 1));
+    const auto row =
+        rows.subspan(static_cast<std::size_t>(r * (t + 1)), static_cast<std::size_t>(t + 1));
     std::copy(row.begin(), row.end() - 1, inputs_.begin() + r * t);
     std::copy(row.begin() + 1, row.end(), targets_.begin() + r * t);
   }
@@ -162,10 +172,12 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
   stats.grad_norm = ops::grad_norm(grads);
   stats.grad_norm_seconds = seconds_since(start);
   NUMESH_CHECK(std::isfinite(stats.grad_norm), ValueError,
-               "training: step {} has a gradient norm of {} (loss {}); the weights are left as they were before it",
+               "training: step {} has a gradient norm of {} (loss {}); the weights are left as "
+               "they were before it",
                adamw_->steps() + 1, stats.grad_norm, stats.loss);
   stats.lr = options_.schedule.at(adamw_->steps());
-  const double scale = options_.clip > 0.0 ? ops::clip_coefficient(stats.grad_norm, options_.clip) : 1.0;
+  const double scale =
+      options_.clip > 0.0 ? ops::clip_coefficient(stats.grad_norm, options_.clip) : 1.0;
   start = std::chrono::steady_clock::now();
   adamw_->step(grads, stats.lr, scale);
   stats.update_seconds = seconds_since(start);
@@ -176,7 +188,8 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
 void CausalLmTrainer::save(const std::filesystem::path& dir) const {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  NUMESH_CHECK(!ec, IoError, "cannot create the checkpoint directory {}: {}", dir.string(), ec.message());
+  NUMESH_CHECK(!ec, IoError, "cannot create the checkpoint directory {}: {}", dir.string(),
+               ec.message());
   {
     std::ofstream out(dir / "config.json");
     out << config_doc_.dump(2) << "\n";
@@ -191,7 +204,8 @@ void CausalLmTrainer::save(const std::filesystem::path& dir) const {
     for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
       weights.push_back({part.name, &storage.emplace_back(as_hf(value, part)), DType::kF32});
       state.push_back({"exp_avg." + part.name, &storage.emplace_back(as_hf(m, part)), DType::kF32});
-      state.push_back({"exp_avg_sq." + part.name, &storage.emplace_back(as_hf(v, part)), DType::kF32});
+      state.push_back(
+          {"exp_avg_sq." + part.name, &storage.emplace_back(as_hf(v, part)), DType::kF32});
     }
   }
   write_safetensors(dir / "model.safetensors", weights, {{"format", "pt"}});
@@ -204,25 +218,30 @@ void CausalLmTrainer::restore_optimizer(const std::filesystem::path& file) {
   const auto& meta = f.metadata();
   const auto step = meta.find("step");
   NUMESH_CHECK(step != meta.end() && !step->second.empty() &&
-                   step->second.find_first_not_of("0123456789") == std::string::npos && step->second.size() < 12,
-               ValueError, "{}: the metadata has no step count (a file numesh train did not write?)", file.string());
+                   step->second.find_first_not_of("0123456789") == std::string::npos &&
+                   step->second.size() < 12,
+               ValueError,
+               "{}: the metadata has no step count (a file numesh train did not write?)",
+               file.string());
   const std::vector<ops::TrainableParameter>& params = step_->parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::vector<std::int64_t> saved = saved_shape(*params[i].value);
-    for (const auto& [prefix, tensor] :
-         {std::pair{"exp_avg.", &adamw_->exp_avg(i)}, std::pair{"exp_avg_sq.", &adamw_->exp_avg_sq(i)}}) {
+    for (const auto& [prefix, tensor] : {std::pair{"exp_avg.", &adamw_->exp_avg(i)},
+                                         std::pair{"exp_avg_sq.", &adamw_->exp_avg_sq(i)}}) {
       runtime::HostTensor host = runtime::HostTensor::zeros(tensor->shape());
       for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
         const std::string key = prefix + part.name;
         const std::vector<std::int64_t> shape = hf_shape(saved, part);
         const TensorInfo& info = f.info(key);
-        NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]", file.string(),
-                     key, fmt::join(info.shape, ", "), part.name, fmt::join(shape, ", "));
+        NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]",
+                     file.string(), key, fmt::join(info.shape, ", "), part.name,
+                     fmt::join(shape, ", "));
         runtime::HostTensor read = runtime::HostTensor::zeros(shape);
         f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(read.data)));
         if (part.transposed) read = ops::transposed(read);
         std::copy(read.data.begin(), read.data.end(),
-                  host.data.begin() + std::max<std::int64_t>(part.expert, 0) * static_cast<std::int64_t>(read.data.size()));
+                  host.data.begin() + std::max<std::int64_t>(part.expert, 0) *
+                                          static_cast<std::int64_t>(read.data.size()));
       }
       runtime::scatter(host, *tensor);
     }
@@ -230,12 +249,13 @@ void CausalLmTrainer::restore_optimizer(const std::filesystem::path& file) {
   adamw_->set_steps(std::stoll(step->second));
 }
 
-std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data, std::span<const std::int64_t> shape,
-                                         std::int64_t step, std::int64_t batch, std::int64_t tokens) {
+std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data,
+                                         std::span<const std::int64_t> shape, std::int64_t step,
+                                         std::int64_t batch, std::int64_t tokens) {
   NUMESH_CHECK(shape.size() == 2 && shape[1] == tokens + 1 &&
                    static_cast<std::int64_t>(data.size()) == shape[0] * shape[1],
-               ShapeError, "training data is [{}]; it must be [S, {}] (rows of tokens + 1 ids)", fmt::join(shape, ", "),
-               tokens + 1);
+               ShapeError, "training data is [{}]; it must be [S, {}] (rows of tokens + 1 ids)",
+               fmt::join(shape, ", "), tokens + 1);
   NUMESH_CHECK(shape[0] >= batch, ShapeError,
                "training data holds {} sequences, fewer than one batch of {}", shape[0], batch);
   std::vector<std::int32_t> rows(static_cast<std::size_t>(batch * (tokens + 1)));

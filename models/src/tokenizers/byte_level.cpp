@@ -1,8 +1,8 @@
 #include "byte_level.hpp"
 
-#include "../utf8.hpp"
-
 #include <optional>
+
+#include "../utf8.hpp"
 
 namespace numesh::models::detail {
 namespace {

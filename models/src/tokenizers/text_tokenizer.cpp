@@ -15,8 +15,12 @@ namespace {
 class HfTokenizer final : public TextTokenizer {
  public:
   explicit HfTokenizer(Tokenizer t) : t_(std::move(t)) {}
-  std::vector<std::int32_t> encode(std::string_view text, bool special) const override { return t_.encode(text, special); }
-  std::string decode(std::span<const std::int32_t> ids, bool skip) const override { return t_.decode(ids, skip); }
+  std::vector<std::int32_t> encode(std::string_view text, bool special) const override {
+    return t_.encode(text, special);
+  }
+  std::string decode(std::span<const std::int32_t> ids, bool skip) const override {
+    return t_.decode(ids, skip);
+  }
   std::int64_t vocab_size() const noexcept override { return t_.vocab_size(); }
   bool knows(std::int32_t id) const noexcept override {
     try {
@@ -36,12 +40,14 @@ class SentencePieceTokenizer final : public TextTokenizer {
  public:
   explicit SentencePieceTokenizer(const std::filesystem::path& file) {
     const auto status = sp_.Load(file.string());
-    NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(), status.ToString());
+    NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(),
+                 status.ToString());
   }
   std::vector<std::int32_t> encode(std::string_view text, bool special) const override {
     std::vector<int> ids;
     const auto status = sp_.Encode(text, &ids);
-    NUMESH_CHECK(status.ok(), ValueError, "tokenizer: SentencePiece cannot encode the text: {}", status.ToString());
+    NUMESH_CHECK(status.ok(), ValueError, "tokenizer: SentencePiece cannot encode the text: {}",
+                 status.ToString());
     std::vector<std::int32_t> out;
     if (special && sp_.bos_id() >= 0) out.push_back(sp_.bos_id());
     out.insert(out.end(), ids.begin(), ids.end());
@@ -51,14 +57,15 @@ class SentencePieceTokenizer final : public TextTokenizer {
     std::vector<int> kept;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       NUMESH_CHECK(ids[i] >= 0 && ids[i] < sp_.GetPieceSize(), IndexError,
-                   "tokenizer: token id {} at position {} is outside the vocabulary (size {})", ids[i], i,
-                   sp_.GetPieceSize());
+                   "tokenizer: token id {} at position {} is outside the vocabulary (size {})",
+                   ids[i], i, sp_.GetPieceSize());
       if (skip && (sp_.IsControl(ids[i]) || sp_.IsUnknown(ids[i]))) continue;
       kept.push_back(ids[i]);
     }
     std::string text;
     const auto status = sp_.Decode(kept, &text);
-    NUMESH_CHECK(status.ok(), ValueError, "tokenizer: SentencePiece cannot decode the ids: {}", status.ToString());
+    NUMESH_CHECK(status.ok(), ValueError, "tokenizer: SentencePiece cannot decode the ids: {}",
+                 status.ToString());
     return text;
   }
   std::int64_t vocab_size() const noexcept override { return sp_.GetPieceSize(); }

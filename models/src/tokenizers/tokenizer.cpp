@@ -96,7 +96,8 @@ struct Segment {
 // Cuts `text` at the added tokens of `matcher` (tokenizers' AddedVocabulary::find_matches):
 // lstrip takes the whitespace before a match into it (never past the previous match), rstrip the
 // whitespace after it.
-void split_added(std::string_view text, const detail::AddedMatcher& matcher, std::vector<Segment>& out) {
+void split_added(std::string_view text, const detail::AddedMatcher& matcher,
+                 std::vector<Segment>& out) {
   std::size_t emitted = 0;  // the end of the last segment
   std::size_t search = 0;   // where the matcher looks next: matches never overlap
   std::size_t at = 0;
@@ -357,7 +358,8 @@ Tokenizer Tokenizer::parse(std::string_view json_text, std::string_view source) 
   try {
     return parse_checked(json_text, source);
   } catch (const nlohmann::json::exception& e) {
-    throw ValueError(fmt::format("{}: the tokenizer has a value of the wrong type: {}", source, e.what()));
+    throw ValueError(
+        fmt::format("{}: the tokenizer has a value of the wrong type: {}", source, e.what()));
   }
 }
 

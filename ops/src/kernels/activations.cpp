@@ -30,7 +30,8 @@ void silu_mul_inplace(MatrixMap gate, ConstMatrixMap up) {
   });
 }
 
-void silu_mul_backward(ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da, MatrixMap d_gate, MatrixMap d_up) {
+void silu_mul_backward(ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da, MatrixMap d_gate,
+                       MatrixMap d_up) {
   parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
     const std::int64_t n = r1 - r0;
     const auto g = gate.middleRows(r0, n).array();

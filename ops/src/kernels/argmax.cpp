@@ -34,11 +34,12 @@ void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, 
       std::iota(order.begin(), order.end(), 0);
       // NaN ranks above every number (as in row_argmax), so a NaN row reaches the host's check;
       // the order stays a strict weak one.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](std::int32_t a, std::int32_t b) {
-        const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
-        if (na != nb) return na;
-        return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
-      });
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [row](std::int32_t a, std::int32_t b) {
+                          const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+                          if (na != nb) return na;
+                          return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
+                        });
       for (std::int64_t i = 0; i < k; ++i) {
         const std::int32_t c = order[static_cast<std::size_t>(i)];
         out[r * 2 * k + 2 * i] = row[c];

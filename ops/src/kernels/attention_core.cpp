@@ -1,18 +1,18 @@
 #include "numesh/ops/kernels/attention_core.hpp"
 
-#include <Eigen/Core>
 #include <oneapi/tbb/task_arena.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/rope.hpp"
-#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::ops {
 
@@ -37,8 +37,8 @@ void softmax_prefix(float* row, std::int64_t visible, std::int64_t width) {
 }
 
 // One query at a time: dot products against each visible key (decode).
-void attention_rows(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
-                    std::int64_t q_offset, bool causal, float* scores) {
+void attention_rows(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
+                    std::int64_t d, std::int64_t q_offset, bool causal, float* scores) {
   using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (std::int64_t bi = 0; bi < sl.batch; ++bi) {
@@ -49,11 +49,13 @@ void attention_rows(const float* q, const KvView& kv, float* out, const Attentio
       for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
         const Vec qr(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
         const std::int64_t visible = causal ? q_offset + ti + 1 : sl.kv_len;
-        for (std::int64_t si = 0; si < visible; ++si) scores[si] = qr.dot(Vec(kb + si * kv.pos_stride, d)) * scale;
+        for (std::int64_t si = 0; si < visible; ++si)
+          scores[si] = qr.dot(Vec(kb + si * kv.pos_stride, d)) * scale;
         softmax_prefix(scores, visible, visible);
         Eigen::Map<Eigen::VectorXf> orow(out + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
         orow.setZero();
-        for (std::int64_t si = 0; si < visible; ++si) orow += scores[si] * Vec(vb + si * kv.pos_stride, d);
+        for (std::int64_t si = 0; si < visible; ++si)
+          orow += scores[si] * Vec(vb + si * kv.pos_stride, d);
       }
     }
   }
@@ -64,8 +66,12 @@ void attention_rows(const float* q, const KvView& kv, float* out, const Attentio
 // in block order.
 constexpr std::int64_t kKeyBlock = 256;
 
-std::int64_t key_blocks(std::int64_t kv_len) noexcept { return (kv_len + kKeyBlock - 1) / kKeyBlock; }
-std::int64_t query_blocks(std::int64_t q_len) noexcept { return (q_len + kQueryBlock - 1) / kQueryBlock; }
+std::int64_t key_blocks(std::int64_t kv_len) noexcept {
+  return (kv_len + kKeyBlock - 1) / kKeyBlock;
+}
+std::int64_t query_blocks(std::int64_t q_len) noexcept {
+  return (q_len + kQueryBlock - 1) / kQueryBlock;
+}
 
 // Per-thread scratch floats of each path, and the decode path's shared partials (per query and
 // key block: the block's max score, its sum of exponentials and its weighted sum of values).
@@ -73,13 +79,16 @@ std::int64_t per_thread_floats(std::int64_t q_len, std::int64_t kv_capacity) noe
   return q_len < kBlockedFrom ? kKeyBlock : kQueryBlock * kv_capacity;
 }
 std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
-  return sl.q_len < kBlockedFrom ? sl.batch * sl.q_heads * sl.q_len * key_blocks(sl.kv_len) * (d + 2) : 0;
+  return sl.q_len < kBlockedFrom
+             ? sl.batch * sl.q_heads * sl.q_len * key_blocks(sl.kv_len) * (d + 2)
+             : 0;
 }
 
 // Decode (fewer than kBlockedFrom queries): tasks over (sequence, head, key block) each write
 // the block's statistics for every query, then tasks over (sequence, head) merge the blocks.
-void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
-                      std::int64_t q_offset, bool causal, std::span<float> scratch, std::int64_t per_thread) {
+void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
+                      std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scratch,
+                      std::int64_t per_thread) {
   using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t blocks = key_blocks(sl.kv_len), stride = d + 2;
@@ -87,7 +96,8 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
   float* partials = scratch.data() + slots * per_thread;
   // Partial (b, h, t, block) lives at ((((b * q_heads + h) * q_len + t) * blocks + block) * stride.
   for_each_task(sl.batch * sl.q_heads * blocks, [&](std::int64_t task) {
-    const std::int64_t block = task % blocks, bh = task / blocks, h = bh % sl.q_heads, bi = bh / sl.q_heads;
+    const std::int64_t block = task % blocks, bh = task / blocks, h = bh % sl.q_heads,
+                       bi = bh / sl.q_heads;
     const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
     const float* kb = kv.k + bi * kv.batch_stride + kvh * kv.head_stride;
     const float* vb = kv.v + bi * kv.batch_stride + kvh * kv.head_stride;
@@ -142,8 +152,9 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
 // Prefill: tasks over (sequence, head, block of 64 queries), each two GEMMs (q k^T, then p v)
 // around a row softmax, reading q, keys, values and writing out in place through their strides,
 // skipping the key blocks the causal mask hides.
-void attention_blocked(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
-                       std::int64_t q_offset, bool causal, std::span<float> scratch, std::int64_t per_thread) {
+void attention_blocked(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
+                       std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scratch,
+                       std::int64_t per_thread) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t s_len = sl.kv_len, qb = query_blocks(sl.q_len), row_stride = sl.q_heads * d;
   const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
@@ -158,30 +169,34 @@ void attention_blocked(const float* q, const KvView& kv, float* out, const Atten
     float* scores = thread_scratch(scratch, per_thread, slots);
     const float* q_rows = q + ((bi * sl.q_len + i0) * sl.q_heads + h) * d;
     float* out_rows = out + ((bi * sl.q_len + i0) * sl.q_heads + h) * d;
-    gemm(rows, width, d, scale, q_rows, row_stride, kb, kv.pos_stride, /*transpose_b=*/true, 0.0f, scores, width);
+    gemm(rows, width, d, scale, q_rows, row_stride, kb, kv.pos_stride, /*transpose_b=*/true, 0.0f,
+         scores, width);
     for (std::int64_t r = 0; r < rows; ++r) {
       softmax_prefix(scores + r * width, causal ? q_offset + i0 + r + 1 : s_len, width);
     }
-    gemm(rows, d, width, 1.0f, scores, width, vb, kv.pos_stride, /*transpose_b=*/false, 0.0f, out_rows, row_stride);
+    gemm(rows, d, width, 1.0f, scores, width, vb, kv.pos_stride, /*transpose_b=*/false, 0.0f,
+         out_rows, row_stride);
   });
 }
 
 }  // namespace
 
-std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim, std::int64_t threads) noexcept {
-  return arena_scratch_slots(threads) * per_thread_floats(slice.q_len, slice.kv_len) + partial_floats(slice, head_dim);
+std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim,
+                                      std::int64_t threads) noexcept {
+  return arena_scratch_slots(threads) * per_thread_floats(slice.q_len, slice.kv_len) +
+         partial_floats(slice, head_dim);
 }
 
-void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& sl, std::int64_t d,
-                    std::int64_t q_offset, bool causal, std::span<float> scratch) {
+void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
+                    std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scratch) {
   // One block of scratch per arena slot, then (decode) the partials, laid out for this call's
   // sizes: a scratch sized for a larger capacity holds them too.
   const std::int64_t threads = oneapi::tbb::this_task_arena::max_concurrency();
   const std::int64_t per_thread = per_thread_floats(sl.q_len, sl.kv_len);
   const std::int64_t needed = attention_scratch_floats(sl, d, threads);
   NUMESH_CHECK(static_cast<std::int64_t>(scratch.size()) >= needed, ShapeError,
-               "attention: scratch of {} floats; {} keys, {} queries and {} threads need {}", scratch.size(),
-               sl.kv_len, sl.q_len, threads, needed);
+               "attention: scratch of {} floats; {} keys, {} queries and {} threads need {}",
+               scratch.size(), sl.kv_len, sl.q_len, threads, needed);
   if (sl.q_len < kBlockedFrom) {
     attention_decode(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   } else {
@@ -193,7 +208,8 @@ void attention_kernel(float* q, float* k, const float* v, float* out, const Atte
                       const AttentionConfig& config, std::span<float> scratch) {
   const std::int64_t d = config.head_dim;
   if (config.rope_theta > 0.0f) {
-    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta, config.rope_scaling);
+    rope_inplace(q, sl.batch, sl.q_len, sl.q_heads, d, config.q_offset, config.rope_theta,
+                 config.rope_scaling);
     rope_inplace(k, sl.batch, sl.kv_len, sl.kv_heads, d, 0, config.rope_theta, config.rope_scaling);
   }
   const KvView kv{.k = k,

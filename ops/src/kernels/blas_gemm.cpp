@@ -20,14 +20,15 @@ void use_one_blas_thread() {
 
 }  // namespace
 
-void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-          const float* b, std::int64_t ldb, bool transpose_b, float beta, float* c, std::int64_t ldc) {
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, bool transpose_b, float beta,
+          float* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (m * n * k >= kBlasMinMultiplyAdds) {
     use_one_blas_thread();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
     return;
   }
   // Small products: Eigen, never `auto` on an expression (it would re-evaluate or dangle).
@@ -40,13 +41,15 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
     cm *= beta;
   }
   if (transpose_b) {
-    cm.noalias() += alpha * (am * Eigen::Map<const RowMatrix, 0, Strided>(b, n, k, Strided(ldb)).transpose());
+    cm.noalias() +=
+        alpha * (am * Eigen::Map<const RowMatrix, 0, Strided>(b, n, k, Strided(ldb)).transpose());
   } else {
     cm.noalias() += alpha * (am * Eigen::Map<const RowMatrix, 0, Strided>(b, k, n, Strided(ldb)));
   }
 }
 
-void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float beta, bool transpose_b) {
+void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float beta,
+          bool transpose_b) {
   const Eigen::Index m = a.rows(), k = a.cols();
   const Eigen::Index n = transpose_b ? b.rows() : b.cols();
   const Eigen::Index kb = transpose_b ? b.cols() : b.rows();
@@ -56,13 +59,15 @@ void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha, float be
   gemm(m, n, k, alpha, a.data(), k, b.data(), b.cols(), transpose_b, beta, c.data(), n);
 }
 
-void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-                       const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (m * n * k >= kBlasMinMultiplyAdds) {
     use_one_blas_thread();
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
     return;
   }
   using Strided = Eigen::OuterStride<>;

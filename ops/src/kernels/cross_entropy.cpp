@@ -36,24 +36,26 @@ void shifted_exp(const float* in, float shift, std::int64_t n, float* out) {
 }  // namespace
 
 void row_max(ConstMatrixMap logits, std::span<float> max) {
-  parallel_blocks(logits.rows(), row_block_for(logits.cols()), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      float best = -std::numeric_limits<float>::infinity();
-      for (std::int64_t c = 0; c < logits.cols(); ++c) {
-        const float v = logits(r, c);
-        if (std::isnan(v)) {
-          best = v;
-          break;
-        }
-        best = v > best ? v : best;
-      }
-      max[static_cast<std::size_t>(r)] = best;
-    }
-  });
+  parallel_blocks(logits.rows(), row_block_for(logits.cols()),
+                  [&](std::int64_t r0, std::int64_t r1) {
+                    for (std::int64_t r = r0; r < r1; ++r) {
+                      float best = -std::numeric_limits<float>::infinity();
+                      for (std::int64_t c = 0; c < logits.cols(); ++c) {
+                        const float v = logits(r, c);
+                        if (std::isnan(v)) {
+                          best = v;
+                          break;
+                        }
+                        best = v > best ? v : best;
+                      }
+                      max[static_cast<std::size_t>(r)] = best;
+                    }
+                  });
 }
 
-void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max, std::span<const std::int32_t> targets,
-                        std::int64_t v0, std::span<float> sums) {
+void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max,
+                        std::span<const std::int32_t> targets, std::int64_t v0,
+                        std::span<float> sums) {
   const std::int64_t cols = logits.cols();
   parallel_blocks(logits.rows(), row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
     // The exponentials (shifted_exp) into the task's buffer, then summed in double by eight
@@ -67,9 +69,11 @@ void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max, std::
       double partial[8] = {};
       const std::int64_t whole = cols / 8 * 8;
       for (std::int64_t c = 0; c < whole; c += 8) {
-        for (std::int64_t j = 0; j < 8; ++j) partial[j] += static_cast<double>(terms[static_cast<std::size_t>(c + j)]);
+        for (std::int64_t j = 0; j < 8; ++j)
+          partial[j] += static_cast<double>(terms[static_cast<std::size_t>(c + j)]);
       }
-      for (std::int64_t c = whole; c < cols; ++c) partial[c - whole] += static_cast<double>(terms[static_cast<std::size_t>(c)]);
+      for (std::int64_t c = whole; c < cols; ++c)
+        partial[c - whole] += static_cast<double>(terms[static_cast<std::size_t>(c)]);
       const double total = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
                            ((partial[4] + partial[5]) + (partial[6] + partial[7]));
       sums[2 * i] = static_cast<float>(total);
@@ -79,8 +83,10 @@ void cross_entropy_sums(ConstMatrixMap logits, std::span<const float> max, std::
   });
 }
 
-void cross_entropy_logit_gradient(MatrixMap logits, std::span<const float> max, std::span<const float> sums,
-                                  std::span<const std::int32_t> targets, std::int64_t v0, double scale) {
+void cross_entropy_logit_gradient(MatrixMap logits, std::span<const float> max,
+                                  std::span<const float> sums,
+                                  std::span<const std::int32_t> targets, std::int64_t v0,
+                                  double scale) {
   const std::int64_t cols = logits.cols();
   parallel_blocks(logits.rows(), row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {

@@ -28,7 +28,8 @@ float fold(const float* s) {
   return t[0];
 }
 
-// ---- Scalar: the order written out ---------------------------------------------------------------
+// ---- Scalar: the order written out
+// ---------------------------------------------------------------
 
 // One output of fp32 / f16 weights: blocks of 32, element e into s[e mod 32], zeros past k.
 float dot_scalar(std::int64_t k, const float* x, const void* w, DType t) {
@@ -46,7 +47,9 @@ float dot_scalar(std::int64_t k, const float* x, const void* w, DType t) {
 float dot_scalar_bf16(std::int64_t k, const std::uint16_t* x, const std::uint16_t* w) {
   float s[kLanes] = {};
   const std::int64_t padded = (k + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
-  auto at = [k](const std::uint16_t* v, std::int64_t e) { return e < k ? f32_from_bf16(v[e]) : 0.0f; };
+  auto at = [k](const std::uint16_t* v, std::int64_t e) {
+    return e < k ? f32_from_bf16(v[e]) : 0.0f;
+  };
   for (std::int64_t e = 0; e < padded; e += 2) {
     float& acc = s[(e % (2 * kLanes)) / 2];
     acc = std::fma(at(w, e + 1), at(x, e + 1), acc);
@@ -57,9 +60,11 @@ float dot_scalar_bf16(std::int64_t k, const std::uint16_t* x, const std::uint16_
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__m512 low, __m512 high) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__m512 low,
+                                                                              __m512 high) {
   const __m512 t = _mm512_add_ps(low, high);  // t[l] = s[l] + s[l + 16]
-  const __m256 high8 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));  // AVX-512F only
+  const __m256 high8 =
+      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));  // AVX-512F only
   const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(t), high8);
   const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
@@ -68,23 +73,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__
 
 // 16 elements of w from `at`, the lanes of `mask` (zero elsewhere), widened to fp32.
 template <DType T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(const void* w, std::int64_t at,
-                                                                             __mmask16 mask) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(const void* w,
+                                                                            std::int64_t at,
+                                                                            __mmask16 mask) {
   if constexpr (T == DType::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(w) + at);
   } else {
     const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const std::uint16_t*>(w) + at);
-    if constexpr (T == DType::kBF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if constexpr (T == DType::kBF16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
   }
 }
 
 // Outputs [j0, j1) for R rows of a (fp32 / f16 weights).
 template <DType T, int R>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_rows_avx512(std::int64_t k, const float* a,
-                                                                          std::int64_t lda, const void* b,
-                                                                          std::int64_t ldb, std::int64_t j0,
-                                                                          std::int64_t j1, float* c, std::int64_t ldc) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_rows_avx512(
+    std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
+    std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
   const auto elem = static_cast<std::int64_t>(dtype_size(T));
   for (std::int64_t j = j0; j < j1; ++j) {
     const void* w = static_cast<const char*>(b) + j * ldb * elem;
@@ -93,7 +99,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_rows_avx512(std::i
     for (std::int64_t e = 0; e < k; e += kLanes) {
       const std::int64_t left = k - e;
       const auto m0 = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
-      const auto m1 = static_cast<__mmask16>(left >= 32 ? 0xFFFF : left <= 16 ? 0u : (1u << (left - 16)) - 1u);
+      const auto m1 = static_cast<__mmask16>(left >= 32   ? 0xFFFF
+                                             : left <= 16 ? 0u
+                                                          : (1u << (left - 16)) - 1u);
       const __m512 w0 = load_w16<T>(w, e, m0), w1 = load_w16<T>(w, e + 16, m1);
       for (int r = 0; r < R; ++r) {
         const float* x = a + r * lda + e;
@@ -113,14 +121,14 @@ inline __mmask32 mask32(std::int64_t left) {
 // One step over 16 pairs of bf16 weights `wv` and activations `xv`: vdpbf16ps, or the same two
 // roundings with fma (the odd elements are the high halves of the dwords).
 template <bool kDpbf16>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pair_step(__m512 acc, __m512i wv,
-                                                                                        __m512i xv) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pair_step(
+    __m512 acc, __m512i wv, __m512i xv) {
   if constexpr (kDpbf16) {
     return _mm512_dpbf16_ps(acc, (__m512bh)xv, (__m512bh)wv);
   } else {
     const __m512i odd = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, odd)), _mm512_castsi512_ps(_mm512_and_si512(xv, odd)),
-                          acc);
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(wv, odd)),
+                          _mm512_castsi512_ps(_mm512_and_si512(xv, odd)), acc);
     return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)),
                            _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16)), acc);
   }
@@ -131,8 +139,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pa
 // both: the fma instantiation holds no bf16 instruction, and runs where kAvx512 does.
 template <bool kDpbf16, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf16_avx512(
-    std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb,
-    std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
+    std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
+    std::int64_t ldb, std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
   const auto step = pair_step<kDpbf16>;
   for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
@@ -148,7 +156,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf
     }
     if (e < k) {  // the last block, zero past k
       const __mmask32 m0 = mask32(k - e), m1 = mask32(k - e - kLanes);
-      const __m512i w0 = _mm512_maskz_loadu_epi16(m0, w + e), w1 = _mm512_maskz_loadu_epi16(m1, w + e + kLanes);
+      const __m512i w0 = _mm512_maskz_loadu_epi16(m0, w + e),
+                    w1 = _mm512_maskz_loadu_epi16(m1, w + e + kLanes);
       for (int r = 0; r < R; ++r) {
         acc0[r] = step(acc0[r], w0, _mm512_maskz_loadu_epi16(m0, x + r * ldx + e));
         acc1[r] = step(acc1[r], w1, _mm512_maskz_loadu_epi16(m1, x + r * ldx + e + kLanes));
@@ -160,8 +169,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf
 
 // ---- AVX2: the 32 partial sums in four vectors -------------------------------------------------
 
-__attribute__((target("avx2,fma,f16c"))) inline float fold_avx2(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
-  const __m256 t8 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));  // (s[l] + s[l+16]) + (...)
+__attribute__((target("avx2,fma,f16c"))) inline float fold_avx2(__m256 s0, __m256 s1, __m256 s2,
+                                                                __m256 s3) {
+  const __m256 t8 =
+      _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));  // (s[l] + s[l+16]) + (...)
   const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
@@ -169,13 +180,16 @@ __attribute__((target("avx2,fma,f16c"))) inline float fold_avx2(__m256 s0, __m25
 
 // 8 elements of w from `at` widened to fp32; only the first `count` (<= 8) are read, the rest 0.
 template <DType T>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const void* w, std::int64_t at, std::int64_t count) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const void* w, std::int64_t at,
+                                                               std::int64_t count) {
   if (count >= 8) {
     if constexpr (T == DType::kF32) {
       return _mm256_loadu_ps(static_cast<const float*>(w) + at);
     } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + at));
-      if constexpr (T == DType::kBF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      const __m128i h = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + at));
+      if constexpr (T == DType::kBF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
       return _mm256_cvtph_ps(h);
     }
   }
@@ -193,13 +207,15 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_x8(const float* x, s
 
 // Outputs [j0, j1) for one row of a (fp32 / f16 weights).
 template <DType T>
-__attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const float* x, const void* b,
-                                                            std::int64_t ldb, std::int64_t j0, std::int64_t j1,
-                                                            float* c) {
+__attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const float* x,
+                                                           const void* b, std::int64_t ldb,
+                                                           std::int64_t j0, std::int64_t j1,
+                                                           float* c) {
   const auto elem = static_cast<std::int64_t>(dtype_size(T));
   for (std::int64_t j = j0; j < j1; ++j) {
     const void* w = static_cast<const char*>(b) + j * ldb * elem;
-    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (std::int64_t e = 0; e < k; e += kLanes) {
       for (int q = 0; q < 4; ++q) {
         const std::int64_t at = e + 8 * q, left = std::clamp<std::int64_t>(k - at, 0, 8);
@@ -211,7 +227,8 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
 }
 
 // 16 bf16 values from `at`, the first `count` of them (the rest 0), as 8 dwords.
-__attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16(const std::uint16_t* v, std::int64_t count) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16(const std::uint16_t* v,
+                                                                     std::int64_t count) {
   if (count >= 16) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
   alignas(32) std::uint16_t tmp[16] = {};
   for (std::int64_t i = 0; i < count; ++i) tmp[i] = v[i];
@@ -220,13 +237,16 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16(const std::
 
 // Outputs [j0, j1) for one row of bf16 activations and bf16 weights: each 16-value load holds
 // 8 pairs, four loads a block of 64.
-__attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k, const std::uint16_t* x,
-                                                                 const std::uint16_t* b, std::int64_t ldb,
-                                                                 std::int64_t j0, std::int64_t j1, float* c) {
+__attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
+                                                                const std::uint16_t* x,
+                                                                const std::uint16_t* b,
+                                                                std::int64_t ldb, std::int64_t j0,
+                                                                std::int64_t j1, float* c) {
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
-    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
     for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
       for (int q = 0; q < 4; ++q) {
         const std::int64_t at = e + 16 * q, left = std::clamp<std::int64_t>(k - at, 0, 16);
@@ -241,14 +261,15 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k, 
   }
 }
 
-// ---- Dispatch ------------------------------------------------------------------------------------
+// ---- Dispatch
+// ------------------------------------------------------------------------------------
 
 // Rows of a at a time on AVX-512: each weight row is read once for them (from L1 after the first).
 constexpr std::int64_t kRowsAvx512 = 4;
 
 template <DType T>
-void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                 std::int64_t ldb, float* c, std::int64_t ldc) {
+void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   std::int64_t i = 0;
   for (; i + kRowsAvx512 <= m; i += kRowsAvx512) {
     dot_rows_avx512<T, kRowsAvx512>(k, a + i * lda, lda, b, ldb, 0, n, c + i * ldc, ldc);
@@ -257,43 +278,52 @@ void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
 }
 
 template <bool kDpbf16>
-void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* x, std::int64_t ldx,
-                      const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* x,
+                      std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb, float* c,
+                      std::int64_t ldc) {
   std::int64_t i = 0;
   for (; i + kRowsAvx512 <= m; i += kRowsAvx512) {
     dot_rows_bf16_avx512<kDpbf16, kRowsAvx512>(k, x + i * ldx, ldx, b, ldb, 0, n, c + i * ldc, ldc);
   }
-  for (; i < m; ++i) dot_rows_bf16_avx512<kDpbf16, 1>(k, x + i * ldx, ldx, b, ldb, 0, n, c + i * ldc, ldc);
+  for (; i < m; ++i)
+    dot_rows_bf16_avx512<kDpbf16, 1>(k, x + i * ldx, ldx, b, ldb, 0, n, c + i * ldc, ldc);
 }
 
 }  // namespace
 
-void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a, std::int64_t lda,
-                   const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a,
+                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float* c,
+                   std::int64_t ldc, KernelLevel level) {
   if (m <= 0 || n <= 0) return;
-  if (level == KernelLevel::kAvx512Bf16) return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
-  if (level == KernelLevel::kAvx512) return rows_bf16_avx512<false>(m, n, k, a, lda, b, ldb, c, ldc);
+  if (level == KernelLevel::kAvx512Bf16)
+    return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
+  if (level == KernelLevel::kAvx512)
+    return rows_bf16_avx512<false>(m, n, k, a, lda, b, ldb, c, ldc);
   for (std::int64_t i = 0; i < m; ++i) {
     if (level == KernelLevel::kAvx2) {
       dot_row_bf16_avx2(k, a + i * lda, b, ldb, 0, n, c + i * ldc);
     } else {
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = dot_scalar_bf16(k, a + i * lda, b + j * ldb);
+      for (std::int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = dot_scalar_bf16(k, a + i * lda, b + j * ldb);
     }
   }
 }
 
-void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-              DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+              const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+              KernelLevel level) {
   if (m <= 0 || n <= 0) return;
   if (b_type == DType::kBF16) {
     // a's bf16 bits, row after row (the calling thread's buffer).
     thread_local std::vector<std::uint16_t> bits;
     bits.resize(static_cast<std::size_t>(m * k));
     for (std::int64_t i = 0; i < m; ++i) {
-      runtime::convert_f32_to_bf16(std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
-                                   std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
+      runtime::convert_f32_to_bf16(
+          std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
+          std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
     }
-    dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc, level);
+    dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc,
+                  level);
     return;
   }
   switch (level) {
@@ -310,12 +340,14 @@ void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
         }
       }
       return;
-    case KernelLevel::kScalar: break;
+    case KernelLevel::kScalar:
+      break;
   }
   const auto elem = static_cast<std::int64_t>(dtype_size(b_type));
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
-      c[i * ldc + j] = dot_scalar(k, a + i * lda, static_cast<const char*>(b) + j * ldb * elem, b_type);
+      c[i * ldc + j] =
+          dot_scalar(k, a + i * lda, static_cast<const char*>(b) + j * ldb * elem, b_type);
     }
   }
 }

@@ -56,13 +56,14 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
   if (m <= 0 || n <= 0) return {std::max<std::int64_t>(m, 0), std::max<std::int64_t>(n, 0)};
   if (m * n * k < kOneTileBelow) return {m, n};
   const bool skinny = m <= kSkinnyMaxRows;
-  const std::int64_t wanted =
-      std::clamp<std::int64_t>(skinny ? n * k * static_cast<std::int64_t>(sizeof(float)) / kBytesPerSkinnyTile
-                                      : m * n * k / kWorkPerTile,
-                               1, kMaxTiles);
+  const std::int64_t wanted = std::clamp<std::int64_t>(
+      skinny ? n * k * static_cast<std::int64_t>(sizeof(float)) / kBytesPerSkinnyTile
+             : m * n * k / kWorkPerTile,
+      1, kMaxTiles);
   // Column strips first (b, the weights, is then packed once per strip), rounded to 16 columns.
   const std::int64_t min_cols = skinny ? kMinColBlockSkinny : kMinColBlock;
-  const std::int64_t col_block = std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + 15) / 16 * 16));
+  const std::int64_t col_block =
+      std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + 15) / 16 * 16));
   const std::int64_t col_tiles = (n + col_block - 1) / col_block;
   std::int64_t row_block = m;
   if (!skinny && col_tiles < wanted) {
@@ -75,10 +76,12 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // A sixteenth of b per block (whole rows), within [64 KiB, 1 MiB], at most kMaxTiles blocks, a
   // multiple of 4 rows (skinny_gemm takes four or eight rows per update; a tail runs row by row).
-  const std::int64_t row_bytes = std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(dtype_size(b_type));
-  const std::int64_t block_bytes =
-      std::clamp<std::int64_t>(row_bytes * k / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
-  std::int64_t rows = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes, (k + kMaxTiles - 1) / kMaxTiles);
+  const std::int64_t row_bytes =
+      std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(dtype_size(b_type));
+  const std::int64_t block_bytes = std::clamp<std::int64_t>(
+      row_bytes * k / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
+  std::int64_t rows = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
+                                             (k + kMaxTiles - 1) / kMaxTiles);
   rows = (rows + 3) / 4 * 4;
   return std::max<std::int64_t>(1, std::min(rows, k));
 }
@@ -90,8 +93,8 @@ std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexce
 void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = c.cols();
   NUMESH_CHECK(m >= 1 && m <= kSkinnyMaxRows && c.rows() == m, ShapeError,
-               "decode gemm: a is [{}, {}] and c [{}, {}]; it takes 1 to {} rows, the same in both", m, k, c.rows(),
-               n, kSkinnyMaxRows);
+               "decode gemm: a is [{}, {}] and c [{}, {}]; it takes 1 to {} rows, the same in both",
+               m, k, c.rows(), n, kSkinnyMaxRows);
   if (k == 0) {
     c.setZero();
     return;
@@ -113,8 +116,8 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
     parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t t = first; t < last; ++t) {
         const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
-        skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem, b_type, n,
-                    p + t * m * n, n);
+        skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem,
+                    b_type, n, p + t * m * n, n);
       }
     });
     // Sum in block order, each element by one task: the same bits for any thread count. Block
@@ -134,11 +137,12 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // As skinny_k_block, over outputs: a sixteenth of b per task within [64 KiB, 1 MiB], at most
   // kMaxTiles tasks.
-  const std::int64_t row_bytes = std::max<std::int64_t>(k, 1) * static_cast<std::int64_t>(dtype_size(b_type));
-  const std::int64_t block_bytes =
-      std::clamp<std::int64_t>(row_bytes * n / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
-  const std::int64_t outputs =
-      std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes, (n + kMaxTiles - 1) / kMaxTiles);
+  const std::int64_t row_bytes =
+      std::max<std::int64_t>(k, 1) * static_cast<std::int64_t>(dtype_size(b_type));
+  const std::int64_t block_bytes = std::clamp<std::int64_t>(
+      row_bytes * n / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
+  const std::int64_t outputs = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
+                                                      (n + kMaxTiles - 1) / kMaxTiles);
   return std::max<std::int64_t>(1, std::min(outputs, n));
 }
 
@@ -162,14 +166,16 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
 // Decode on out-in weights: dot_gemm over blocks of dot_out_block() outputs, one task each. Every
 // element is one task's dot product: the same bits for any thread count, and no partial sums.
 // `a_bf16`: a's bf16 bits for bf16 weights (device_gemm has them), else null.
-void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, const std::uint16_t* a_bf16) {
+void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
+                     const std::uint16_t* a_bf16) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const std::int64_t block = dot_out_block(n, k, b.dtype);
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
   const auto dot_tile = [&](std::int64_t j0, std::int64_t j1) {
     const char* w = static_cast<const char*>(b.data) + j0 * k * elem;
     if (a_bf16 != nullptr && b.dtype == DType::kBF16) {
-      dot_gemm_bf16(m, j1 - j0, k, a_bf16, k, reinterpret_cast<const std::uint16_t*>(w), k, c.data() + j0, n);
+      dot_gemm_bf16(m, j1 - j0, k, a_bf16, k, reinterpret_cast<const std::uint16_t*>(w), k,
+                    c.data() + j0, n);
     } else {
       dot_gemm(m, j1 - j0, k, a.data(), k, w, b.dtype, k, c.data() + j0, n);
     }
@@ -179,7 +185,8 @@ void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, const
 
 // device_gemm once the activations are what the weights' dtype multiplies (bf16 values for bf16
 // weights, their bits in `a_bf16`; null for other weights): the decode row blocks, or the tiles.
-void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, const std::uint16_t* a_bf16) {
+void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
+                         const std::uint16_t* a_bf16) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
   const bool out_in = b.layout == WeightLayout::kOutIn;
@@ -197,27 +204,30 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, c
     return;
   }
   const auto* bytes = static_cast<const char*>(b.data);
-  for_each_tile(m, n, k, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-    const float* at = a.data() + r0 * k;
-    // The tile's columns of b: c0 columns in (in-out), or c0 rows down (out-in).
-    const void* bt = bytes + c0 * (out_in ? k : 1) * elem;
-    const std::int64_t ldb = out_in ? k : n;
-    float* ct_data = c.data() + r0 * n + c0;
-    if (rows <= kSkinnyMaxRows) {
-      // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at its best on
-      // a few rows; docs/benchmarks.md has the decode figures). Only the tail of m reaches here
-      // for out-in weights.
-      if (out_in) {
-        dot_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
-      } else {
-        skinny_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
-      }
-    } else if (b.dtype == DType::kF32) {
-      gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), ldb, /*transpose_b=*/out_in, 0.0f, ct_data, n);
-    } else {
-      gemm_16bit(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n, runtime::kernel_level(), b.layout);
-    }
-  });
+  for_each_tile(m, n, k,
+                [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+                  const float* at = a.data() + r0 * k;
+                  // The tile's columns of b: c0 columns in (in-out), or c0 rows down (out-in).
+                  const void* bt = bytes + c0 * (out_in ? k : 1) * elem;
+                  const std::int64_t ldb = out_in ? k : n;
+                  float* ct_data = c.data() + r0 * n + c0;
+                  if (rows <= kSkinnyMaxRows) {
+                    // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at
+                    // its best on a few rows; docs/benchmarks.md has the decode figures). Only the
+                    // tail of m reaches here for out-in weights.
+                    if (out_in) {
+                      dot_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
+                    } else {
+                      skinny_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
+                    }
+                  } else if (b.dtype == DType::kF32) {
+                    gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), ldb,
+                         /*transpose_b=*/out_in, 0.0f, ct_data, n);
+                  } else {
+                    gemm_16bit(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n,
+                               runtime::kernel_level(), b.layout);
+                  }
+                });
 }
 
 }  // namespace
@@ -225,18 +235,20 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, c
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPrecision precision) {
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
   NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
-               "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k, b.rows, b.cols,
-               to_string(b.dtype), c.rows(), c.cols());
+               "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k,
+               b.rows, b.cols, to_string(b.dtype), c.rows(), c.cols());
   if (precision == MatmulPrecision::kBF16 && b.dtype == DType::kF32) {
     // bf16 compute on fp32 weights: the prefill tiles for every shape, each rounding its
     // operands as it packs them (the level read here, once, for every tile).
     const bool out_in = b.layout == WeightLayout::kOutIn;
     const runtime::KernelLevel level = runtime::kernel_level();
     const auto* w = static_cast<const float*>(b.data);
-    for_each_tile(m, n, k, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-      gemm_bf16_compute(rows, cols, k, a.data() + r0 * k, k, /*transpose_a=*/false, w + c0 * (out_in ? k : 1),
-                        out_in ? k : n, /*transpose_b=*/out_in, /*accumulate=*/false, c.data() + r0 * n + c0, n, level);
-    });
+    for_each_tile(
+        m, n, k, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+          gemm_bf16_compute(rows, cols, k, a.data() + r0 * k, k, /*transpose_a=*/false,
+                            w + c0 * (out_in ? k : 1), out_in ? k : n, /*transpose_b=*/out_in,
+                            /*accumulate=*/false, c.data() + r0 * n + c0, n, level);
+        });
     return;
   }
   if (b.dtype == DType::kBF16) {
@@ -256,7 +268,8 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
       std::uint16_t* const bits_of_caller = bits.data();
       float* const rounded_of_caller = rounded.data();
       parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
-        const auto at = static_cast<std::size_t>(r0 * k), len = static_cast<std::size_t>((r1 - r0) * k);
+        const auto at = static_cast<std::size_t>(r0 * k),
+                   len = static_cast<std::size_t>((r1 - r0) * k);
         runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
         runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
       });
@@ -269,31 +282,34 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
 
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision) {
   NUMESH_CHECK(b.rows() == a.cols() && c.rows() == a.rows() && c.cols() == b.cols(), ShapeError,
-               "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", a.rows(), a.cols(), b.rows(),
-               b.cols(), c.rows(), c.cols());
+               "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", a.rows(),
+               a.cols(), b.rows(), b.cols(), c.rows(), c.cols());
   device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c, precision);
 }
-
 
 void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta,
                               MatmulPrecision precision) {
   const std::int64_t m = a.rows(), n = a.cols(), k = b.cols();
-  NUMESH_CHECK(b.rows() == m && c.rows() == n && c.cols() == k, ShapeError,
-               "gemm: a is [{}, {}] (transposed), b is [{}, {}], c is [{}, {}]: they do not multiply", m, n, b.rows(),
-               k, c.rows(), c.cols());
+  NUMESH_CHECK(
+      b.rows() == m && c.rows() == n && c.cols() == k, ShapeError,
+      "gemm: a is [{}, {}] (transposed), b is [{}, {}], c is [{}, {}]: they do not multiply", m, n,
+      b.rows(), k, c.rows(), c.cols());
   const bool bf16 = precision == MatmulPrecision::kBF16;
   NUMESH_CHECK(!bf16 || beta == 0.0f || beta == 1.0f, ValueError,
                "gemm: beta {} with bf16 compute; it takes 0 (overwrite) or 1 (accumulate)", beta);
   if (n == 0 || k == 0) return;
   const runtime::KernelLevel level = bf16 ? runtime::kernel_level() : runtime::KernelLevel::kScalar;
-  for_each_tile(n, k, m, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-    if (bf16) {
-      gemm_bf16_compute(rows, cols, m, a.data() + r0, n, /*transpose_a=*/true, b.data() + c0, k, /*transpose_b=*/false,
-                        /*accumulate=*/beta == 1.0f, c.data() + r0 * k + c0, k, level);
-    } else {
-      gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta, c.data() + r0 * k + c0, k);
-    }
-  });
+  for_each_tile(
+      n, k, m, [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+        if (bf16) {
+          gemm_bf16_compute(rows, cols, m, a.data() + r0, n, /*transpose_a=*/true, b.data() + c0, k,
+                            /*transpose_b=*/false,
+                            /*accumulate=*/beta == 1.0f, c.data() + r0 * k + c0, k, level);
+        } else {
+          gemm_transposed_a(rows, cols, m, 1.0f, a.data() + r0, n, b.data() + c0, k, beta,
+                            c.data() + r0 * k + c0, k);
+        }
+      });
 }
 
 }  // namespace numesh::ops

@@ -11,17 +11,17 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/runtime/convert.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
+#include "numesh/runtime/convert.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
-using runtime::KernelLevel;
 using runtime::convert_bf16_to_f32;
 using runtime::convert_f16_to_f32;
 using runtime::convert_f32_to_bf16;
+using runtime::KernelLevel;
 
 // ---- Widened panels and OpenBLAS ----------------------------------------------------------------
 
@@ -35,8 +35,8 @@ constexpr std::int64_t kWidenRows = 256;  // of k
 constexpr std::int64_t kWidenCols = 4096;
 
 void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                  const std::uint16_t* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                  KernelLevel level, bool out_in) {
+                  const std::uint16_t* b, DType b_type, std::int64_t ldb, float* c,
+                  std::int64_t ldc, KernelLevel level, bool out_in) {
   thread_local std::vector<float> panel;
   const std::int64_t nc_max = std::min(n, kWidenCols), kc_max = std::min(k, kWidenRows);
   const auto need = static_cast<std::size_t>(nc_max * kc_max);
@@ -57,13 +57,14 @@ void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
           convert_f16_to_f32(src, dst, level);
         }
       }
-      gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), run, /*transpose_b=*/out_in, r0 == 0 ? 0.0f : 1.0f,
-           c + j0, ldc);
+      gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), run, /*transpose_b=*/out_in,
+           r0 == 0 ? 0.0f : 1.0f, c + j0, ldc);
     }
   }
 }
 
-// ---- vdpbf16ps ------------------------------------------------------------------------------------
+// ---- vdpbf16ps
+// ------------------------------------------------------------------------------------
 
 // The micro-kernel computes kMr x kNr of c: 24 zmm accumulators, two zmm of b and a broadcast
 // pair of a in the 32 registers. Zen 4 issues one 512-bit vdpbf16ps a cycle at a latency of
@@ -77,10 +78,11 @@ constexpr int kNr = 32;
 // of a packed kc x nc block of b (512 KiB, in L2). Consecutive tiles of c then lie side by side
 // in the same 12 rows, 12 sequential streams. Sweeping a strip of b down the rows instead (the
 // textbook order) was 10-15 % slower (165-175 GFLOP/s against 185-197), nearly all of it in
-// reloading c: its tiles' 12 rows lie 16 KiB apart (ldc = 4096), in one L1 set. kc = 320 or 384, nc = 512 to 2048 measured the same
-// within noise; kc = 192 was slower (more passes over c). kc is even so that every block but
-// the last holds whole pairs: each element's chain runs over the pairs in k order whatever the
-// blocking, because the accumulators start from c's partial sums (see the header).
+// reloading c: its tiles' 12 rows lie 16 KiB apart (ldc = 4096), in one L1 set. kc = 320 or 384, nc
+// = 512 to 2048 measured the same within noise; kc = 192 was slower (more passes over c). kc is
+// even so that every block but the last holds whole pairs: each element's chain runs over the pairs
+// in k order whatever the blocking, because the accumulators start from c's partial sums (see the
+// header).
 constexpr std::int64_t kKc = 256;
 constexpr std::int64_t kNc = 1024;
 // Rows of a packed at a time (bounds the buffer; the order above does not depend on it).
@@ -100,9 +102,11 @@ PackBuffers& pack_buffers() {
 // Packs rows [r0, r0 + rows) and columns [j0, j0 + cols) of b into kNr-column strips of pair
 // dwords: strip s holds, for each pair p, 32 dwords (b[r0 + 2p][j], b[r0 + 2p + 1][j]) for its
 // columns j, columns past `cols` and the row past an odd `rows` zero.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const std::uint16_t* b, std::int64_t ldb,
-                                                                 std::int64_t r0, std::int64_t rows, std::int64_t j0,
-                                                                 std::int64_t cols, std::uint32_t* out) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const std::uint16_t* b,
+                                                                 std::int64_t ldb, std::int64_t r0,
+                                                                 std::int64_t rows, std::int64_t j0,
+                                                                 std::int64_t cols,
+                                                                 std::uint32_t* out) {
   const std::int64_t pairs = (rows + 1) / 2;
   // vpermt2w indices interleaving two rows of 32 16-bit elements: the low 16 columns of both
   // rows into the first vector, the high 16 into the second.
@@ -121,7 +125,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const std::uint
     for (std::int64_t p = 0; p < pairs; ++p) {
       const std::uint16_t* even = b + (r0 + 2 * p) * ldb + j0 + s;
       const __m512i e = _mm512_maskz_loadu_epi16(mask, even);
-      const __m512i o = 2 * p + 1 < rows ? _mm512_maskz_loadu_epi16(mask, even + ldb) : _mm512_setzero_si512();
+      const __m512i o =
+          2 * p + 1 < rows ? _mm512_maskz_loadu_epi16(mask, even + ldb) : _mm512_setzero_si512();
       _mm512_storeu_si512(strip + p * kNr, _mm512_permutex2var_epi16(e, lo, o));
       _mm512_storeu_si512(strip + p * kNr + 16, _mm512_permutex2var_epi16(e, hi, o));
     }
@@ -130,8 +135,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const std::uint
 
 // pack_b for b stored out-in ([n, k], rows `ldb` apart): the same strips, each pair dword read
 // whole from output j's row (its two elements lie side by side there).
-void pack_b_out_in(const std::uint16_t* b, std::int64_t ldb, std::int64_t r0, std::int64_t rows, std::int64_t j0,
-                   std::int64_t cols, std::uint32_t* out) {
+void pack_b_out_in(const std::uint16_t* b, std::int64_t ldb, std::int64_t r0, std::int64_t rows,
+                   std::int64_t j0, std::int64_t cols, std::uint32_t* out) {
   const std::int64_t pairs = (rows + 1) / 2;
   for (std::int64_t s = 0; s < cols; s += kNr) {
     const std::int64_t width = std::min<std::int64_t>(kNr, cols - s);
@@ -154,13 +159,14 @@ void pack_b_out_in(const std::uint16_t* b, std::int64_t ldb, std::int64_t r0, st
 // each padded with a zero to whole pairs (rows 2 * pairs elements apart; pair p of row r is the
 // dword at element 2 (r * pairs + p)). Row-major needs no transposition: one vector conversion
 // per row, a third of the time of a [pair][row] layout, which showed at 256 columns of b.
-void pack_a(const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t cols,
-            KernelLevel level, std::uint16_t* out) {
+void pack_a(const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t k0,
+            std::int64_t cols, KernelLevel level, std::uint16_t* out) {
   const std::int64_t pairs = (cols + 1) / 2;
   for (std::int64_t r = 0; r < rows; ++r) {
     std::uint16_t* row = out + r * 2 * pairs;
-    convert_f32_to_bf16(std::span<const float>(a + (i0 + r) * lda + k0, static_cast<std::size_t>(cols)),
-                        std::span<std::uint16_t>(row, static_cast<std::size_t>(cols)), level);
+    convert_f32_to_bf16(
+        std::span<const float>(a + (i0 + r) * lda + k0, static_cast<std::size_t>(cols)),
+        std::span<std::uint16_t>(row, static_cast<std::size_t>(cols)), level);
     if (cols % 2 != 0) row[cols] = 0;
   }
 }
@@ -171,8 +177,8 @@ void pack_a(const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows
 // (the dword p * kMr + r; pack_a_transposed).
 template <int MR, bool kPairMajor>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_dpbf16(
-    std::int64_t pairs, const std::uint16_t* a_rows, const std::uint32_t* b_strip, float* c, std::int64_t ldc,
-    __mmask16 mask0, __mmask16 mask1, bool first) {
+    std::int64_t pairs, const std::uint16_t* a_rows, const std::uint32_t* b_strip, float* c,
+    std::int64_t ldc, __mmask16 mask0, __mmask16 mask1, bool first) {
   __m512 acc0[MR], acc1[MR];
   if (first) {
 #pragma GCC unroll 16
@@ -204,8 +210,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_dpbf1
   }
 }
 
-using MicroKernel = void (*)(std::int64_t, const std::uint16_t*, const std::uint32_t*, float*, std::int64_t,
-                             __mmask16, __mmask16, bool);
+using MicroKernel = void (*)(std::int64_t, const std::uint16_t*, const std::uint32_t*, float*,
+                             std::int64_t, __mmask16, __mmask16, bool);
 
 // micro_dpbf16<MR, kPairMajor> for MR = 1 .. kMr, indexed by MR - 1.
 template <bool kPairMajor, int... R>
@@ -213,17 +219,20 @@ constexpr auto make_micro_kernels(std::integer_sequence<int, R...>) {
   return std::array<MicroKernel, sizeof...(R)>{&micro_dpbf16<R + 1, kPairMajor>...};
 }
 constexpr auto kMicroKernels = make_micro_kernels<false>(std::make_integer_sequence<int, kMr>{});
-constexpr auto kPairMajorMicroKernels = make_micro_kernels<true>(std::make_integer_sequence<int, kMr>{});
+constexpr auto kPairMajorMicroKernels =
+    make_micro_kernels<true>(std::make_integer_sequence<int, kMr>{});
 
 // The vdpbf16ps GEMM over packers of its operands: pack_b(k0, kc, j0, nc, out) packs rows
 // [k0, k0 + kc) and columns [j0, j0 + nc) of b as pack_b does; pack_a(i0, mc, k0, kc, out) packs
 // rows [i0, i0 + mc) and columns [k0, k0 + kc) of a as pack_a does or, when `a_pair_major`, as
 // pack_a_transposed does. `accumulate`: c += a b (else c = a b).
 template <typename PackA, typename PackB>
-void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pack_a_block, bool a_pair_major,
-                 const PackB& pack_b_block, float* c, std::int64_t ldc, bool accumulate) {
+void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pack_a_block,
+                 bool a_pair_major, const PackB& pack_b_block, float* c, std::int64_t ldc,
+                 bool accumulate) {
   PackBuffers& buf = pack_buffers();
-  const std::int64_t a_rows = (std::min(m, kMc) + kMr - 1) / kMr * kMr, a_pairs = (std::min(k, kKc) + 1) / 2;
+  const std::int64_t a_rows = (std::min(m, kMc) + kMr - 1) / kMr * kMr,
+                     a_pairs = (std::min(k, kKc) + 1) / 2;
   buf.a.resize(static_cast<std::size_t>(a_rows * 2 * a_pairs));
   buf.b.resize(static_cast<std::size_t>(a_pairs * ((std::min(n, kNc) + kNr - 1) / kNr * kNr)));
   const auto& kernels = a_pair_major ? kPairMajorMicroKernels : kMicroKernels;
@@ -245,10 +254,11 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pa
             // Columns past n are masked off; their accumulators hold the packed zeros' products.
             const std::int64_t width = std::min<std::int64_t>(kNr, nc - s);
             const auto mask0 = static_cast<__mmask16>(width >= 16 ? 0xFFFFu : (1u << width) - 1u);
-            const auto mask1 =
-                static_cast<__mmask16>(width >= 32 ? 0xFFFFu : width <= 16 ? 0u : (1u << (width - 16)) - 1u);
-            kernel(pairs, a_panel, buf.b.data() + s * pairs, c + (i0 + q) * ldc + j0 + s, ldc, mask0, mask1,
-                   k0 == 0 && !accumulate);
+            const auto mask1 = static_cast<__mmask16>(width >= 32   ? 0xFFFFu
+                                                      : width <= 16 ? 0u
+                                                                    : (1u << (width - 16)) - 1u);
+            kernel(pairs, a_panel, buf.b.data() + s * pairs, c + (i0 + q) * ldc + j0 + s, ldc,
+                   mask0, mask1, k0 == 0 && !accumulate);
           }
         }
       }
@@ -257,9 +267,9 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pa
 }
 
 // The 16-bit weights' product: a fp32 rounded by pack_a, b bf16 bits packed as they are.
-void gemm_dpbf16_weights(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                         const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
-                         bool out_in) {
+void gemm_dpbf16_weights(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                         std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float* c,
+                         std::int64_t ldc, KernelLevel level, bool out_in) {
   gemm_dpbf16(
       m, n, k,
       [&](std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
@@ -284,8 +294,8 @@ void gemm_dpbf16_weights(std::int64_t m, std::int64_t n, std::int64_t k, const f
 // r is the dword P * kMr * pairs + p * kMr + r; rows past `rows` and the element past an odd
 // `cols` are zero.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_a_transposed(
-    const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t cols,
-    std::uint16_t* out) {
+    const float* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t k0,
+    std::int64_t cols, std::uint16_t* out) {
   const std::int64_t pairs = (cols + 1) / 2;
   auto* dwords = reinterpret_cast<std::uint32_t*>(out);
   for (std::int64_t q = 0; q < rows; q += kMr) {
@@ -295,11 +305,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_a_tran
     for (std::int64_t p = 0; p < pairs; ++p) {
       const float* even = a + (k0 + 2 * p) * lda + i0 + q;
       const __m512 e = _mm512_maskz_loadu_ps(mask, even);
-      const __m512 o = 2 * p + 1 < cols ? _mm512_maskz_loadu_ps(mask, even + lda) : _mm512_setzero_ps();
+      const __m512 o =
+          2 * p + 1 < cols ? _mm512_maskz_loadu_ps(mask, even + lda) : _mm512_setzero_ps();
       // Lane i: the bf16 of e[i] in the low half, of o[i] in the high half.
       const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e));
-      const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(o)), 16);
-      _mm512_mask_storeu_epi32(panel + p * kMr, static_cast<__mmask16>(0x0FFFu), _mm512_or_si512(lo, hi));
+      const __m512i hi =
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(o)), 16);
+      _mm512_mask_storeu_epi32(panel + p * kMr, static_cast<__mmask16>(0x0FFFu),
+                               _mm512_or_si512(lo, hi));
     }
   }
 }
@@ -307,14 +320,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_a_tran
 // Rounds b's block (rows [k0, k0 + kc), columns [j0, j0 + nc) of op(b); b stored [k, n] or, when
 // `out_in`, [n, k], rows `ldb` apart) to bf16 into `bits` as stored (kc rows of nc, or nc rows of
 // kc), then packs it as the bf16 weights' packers do.
-void pack_b_rounded(const float* b, std::int64_t ldb, bool out_in, std::int64_t k0, std::int64_t kc, std::int64_t j0,
-                    std::int64_t nc, KernelLevel level, std::vector<std::uint16_t>& bits, std::uint32_t* out) {
+void pack_b_rounded(const float* b, std::int64_t ldb, bool out_in, std::int64_t k0, std::int64_t kc,
+                    std::int64_t j0, std::int64_t nc, KernelLevel level,
+                    std::vector<std::uint16_t>& bits, std::uint32_t* out) {
   const std::int64_t runs = out_in ? nc : kc, run = out_in ? kc : nc;
   bits.resize(static_cast<std::size_t>(runs * run));
   for (std::int64_t q = 0; q < runs; ++q) {
     const float* from = out_in ? b + (j0 + q) * ldb + k0 : b + (k0 + q) * ldb + j0;
-    convert_f32_to_bf16(std::span<const float>(from, static_cast<std::size_t>(run)),
-                        std::span<std::uint16_t>(bits.data() + q * run, static_cast<std::size_t>(run)), level);
+    convert_f32_to_bf16(
+        std::span<const float>(from, static_cast<std::size_t>(run)),
+        std::span<std::uint16_t>(bits.data() + q * run, static_cast<std::size_t>(run)), level);
   }
   if (out_in) {
     pack_b_out_in(bits.data(), kc, 0, kc, 0, nc, out);
@@ -325,14 +340,16 @@ void pack_b_rounded(const float* b, std::int64_t ldb, bool out_in, std::int64_t 
 
 // op(x) of a stored matrix, rounded to bf16 values kept as fp32, row-major [rows, cols]: the
 // operands of the emulated product below.
-void rounded_operand(const float* x, std::int64_t ld, bool transposed, std::int64_t rows, std::int64_t cols,
-                     KernelLevel level, std::vector<std::uint16_t>& bits, std::vector<float>& out) {
+void rounded_operand(const float* x, std::int64_t ld, bool transposed, std::int64_t rows,
+                     std::int64_t cols, KernelLevel level, std::vector<std::uint16_t>& bits,
+                     std::vector<float>& out) {
   const auto count = static_cast<std::size_t>(rows * cols);
   bits.resize(count);
   out.resize(count);
   if (transposed) {
     for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i * cols + j)] = x[j * ld + i];
+      for (std::int64_t j = 0; j < cols; ++j)
+        out[static_cast<std::size_t>(i * cols + j)] = x[j * ld + i];
     }
   } else {
     for (std::int64_t i = 0; i < rows; ++i) std::copy_n(x + i * ld, cols, out.begin() + i * cols);
@@ -343,14 +360,17 @@ void rounded_operand(const float* x, std::int64_t ld, bool transposed, std::int6
 
 }  // namespace
 
-void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level,
-                WeightLayout b_layout) {
+void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+                KernelLevel level, WeightLayout b_layout) {
   NUMESH_CHECK(b_type == DType::kBF16 || b_type == DType::kF16, ShapeError,
-               "gemm_16bit: weights of dtype {}; it takes bf16 or f16 (fp32 weights go to gemm())", to_string(b_type));
+               "gemm_16bit: weights of dtype {}; it takes bf16 or f16 (fp32 weights go to gemm())",
+               to_string(b_type));
   const bool out_in = b_layout == WeightLayout::kOutIn;
-  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= k && ldb >= (out_in ? k : n) && ldc >= n, ShapeError,
-               "gemm_16bit: m {}, n {}, k {} with lda {}, ldb {} ({}), ldc {}: sizes must be >= 0 and each leading "
+  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= k && ldb >= (out_in ? k : n) && ldc >= n,
+               ShapeError,
+               "gemm_16bit: m {}, n {}, k {} with lda {}, ldb {} ({}), ldc {}: sizes must be >= 0 "
+               "and each leading "
                "dimension at least its row's length",
                m, n, k, lda, ldb, out_in ? "out-in" : "in-out", ldc);
   if (m == 0 || n == 0) return;
@@ -366,14 +386,18 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
   gemm_widened(m, n, k, a, lda, w, b_type, ldb, c, ldc, level, out_in);
 }
 
-void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                       bool transpose_a, const float* b, std::int64_t ldb, bool transpose_b, bool accumulate, float* c,
-                       std::int64_t ldc, KernelLevel level) {
-  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= (transpose_a ? m : k) && ldb >= (transpose_b ? k : n) && ldc >= n,
+void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                       std::int64_t lda, bool transpose_a, const float* b, std::int64_t ldb,
+                       bool transpose_b, bool accumulate, float* c, std::int64_t ldc,
+                       KernelLevel level) {
+  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && lda >= (transpose_a ? m : k) &&
+                   ldb >= (transpose_b ? k : n) && ldc >= n,
                ShapeError,
-               "gemm_bf16_compute: m {}, n {}, k {} with lda {}{}, ldb {}{}, ldc {}: sizes must be >= 0 and each "
+               "gemm_bf16_compute: m {}, n {}, k {} with lda {}{}, ldb {}{}, ldc {}: sizes must be "
+               ">= 0 and each "
                "leading dimension at least its row's length",
-               m, n, k, lda, transpose_a ? " (transposed)" : "", ldb, transpose_b ? " (transposed)" : "", ldc);
+               m, n, k, lda, transpose_a ? " (transposed)" : "", ldb,
+               transpose_b ? " (transposed)" : "", ldc);
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) {
@@ -385,7 +409,8 @@ void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const flo
     thread_local std::vector<std::uint16_t> b_bits;
     gemm_dpbf16(
         m, n, k,
-        [&](std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
+        [&](std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
+            std::uint16_t* out) {
           if (transpose_a) {
             pack_a_transposed(a, lda, i0, mc, k0, kc, out);
           } else {
@@ -393,7 +418,8 @@ void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const flo
           }
         },
         transpose_a,
-        [&](std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc, std::uint32_t* out) {
+        [&](std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
+            std::uint32_t* out) {
           pack_b_rounded(b, ldb, transpose_b, k0, kc, j0, nc, level, b_bits, out);
         },
         c, ldc, accumulate);
@@ -405,8 +431,8 @@ void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const flo
   thread_local std::vector<float> a_rounded, b_rounded;
   rounded_operand(a, lda, transpose_a, m, k, level, bits, a_rounded);
   rounded_operand(b, ldb, transpose_b, k, n, level, bits, b_rounded);
-  gemm(m, n, k, 1.0f, a_rounded.data(), k, b_rounded.data(), n, /*transpose_b=*/false, accumulate ? 1.0f : 0.0f, c,
-       ldc);
+  gemm(m, n, k, 1.0f, a_rounded.data(), k, b_rounded.data(), n, /*transpose_b=*/false,
+       accumulate ? 1.0f : 0.0f, c, ldc);
 }
 
 }  // namespace numesh::ops

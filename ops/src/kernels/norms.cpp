@@ -20,8 +20,8 @@ void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float ep
   });
 }
 
-void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps, MatrixMap dx,
-                           MatrixMap d_weight) {
+void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps,
+                           MatrixMap dx, MatrixMap d_weight) {
   const Eigen::Index rows = x.rows(), h = x.cols();
   const std::int64_t block = row_block_for(h);
   const std::int64_t blocks = (rows + block - 1) / block;
@@ -33,12 +33,14 @@ void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixM
       const float r = 1.0f / std::sqrt(x.row(t).squaredNorm() / static_cast<float>(h) + eps);
       part += dy.row(t).cwiseProduct(x.row(t)) * r;
       // g . x before dx (which may be dy's storage) is written.
-      const float mean_gx = dy.row(t).cwiseProduct(weight.row(0)).dot(x.row(t)) / static_cast<float>(h);
+      const float mean_gx =
+          dy.row(t).cwiseProduct(weight.row(0)).dot(x.row(t)) / static_cast<float>(h);
       dx.row(t) = dy.row(t).cwiseProduct(weight.row(0)) * r - x.row(t) * (r * r * r * mean_gx);
     }
   });
   d_weight.setZero();
-  for (std::int64_t b = 0; b < blocks; ++b) d_weight.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * h, h);
+  for (std::int64_t b = 0; b < blocks; ++b)
+    d_weight.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * h, h);
 }
 
 namespace {
@@ -54,7 +56,8 @@ std::pair<float, float> row_moments(const Eigen::Ref<const Eigen::RowVectorXf>& 
 
 }  // namespace
 
-void layernorm_rows(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap bias, MatrixMap y, float eps) {
+void layernorm_rows(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap bias, MatrixMap y,
+                    float eps) {
   parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
     for (Eigen::Index t = r0; t < r1; ++t) {
       const auto [mean, r] = row_moments(x.row(t), eps);
@@ -64,13 +67,14 @@ void layernorm_rows(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap bias
   });
 }
 
-void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps, MatrixMap dx,
-                             MatrixMap d_weight, MatrixMap d_bias) {
+void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps,
+                             MatrixMap dx, MatrixMap d_weight, MatrixMap d_bias) {
   const Eigen::Index rows = x.rows(), h = x.cols();
   const std::int64_t block = row_block_for(h);
   const std::int64_t blocks = (rows + block - 1) / block;
   // Each block's parts of d_weight and d_bias, folded in block order below.
-  std::vector<float> parts(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1) * 2 * h), 0.0f);
+  std::vector<float> parts(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1) * 2 * h),
+                           0.0f);
   parallel_blocks(rows, block, [&](std::int64_t r0, std::int64_t r1) {
     Eigen::Map<Eigen::RowVectorXf> dw_part(parts.data() + (r0 / block) * 2 * h, h);
     Eigen::Map<Eigen::RowVectorXf> db_part(parts.data() + (r0 / block) * 2 * h + h, h);
@@ -80,7 +84,8 @@ void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatri
       xhat = ((x.row(t).array() - mean) * r).matrix();
       dw_part += dy.row(t).cwiseProduct(xhat);
       db_part += dy.row(t);
-      g = dy.row(t).cwiseProduct(weight.row(0));  // before dx (which may be dy's storage) is written
+      g = dy.row(t).cwiseProduct(
+          weight.row(0));  // before dx (which may be dy's storage) is written
       const float mean_g = g.sum() / static_cast<float>(h);
       const float mean_gx = g.dot(xhat) / static_cast<float>(h);
       dx.row(t) = ((g.array() - mean_g - xhat.array() * mean_gx) * r).matrix();
@@ -90,7 +95,8 @@ void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatri
   if (d_bias.cols() > 0) d_bias.setZero();
   for (std::int64_t b = 0; b < blocks; ++b) {
     d_weight.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * 2 * h, h);
-    if (d_bias.cols() > 0) d_bias.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * 2 * h + h, h);
+    if (d_bias.cols() > 0)
+      d_bias.row(0) += Eigen::Map<const Eigen::RowVectorXf>(parts.data() + b * 2 * h + h, h);
   }
 }
 

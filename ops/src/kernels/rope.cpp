@@ -14,8 +14,11 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
     const double base = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
     double scaled = base;
     switch (scaling.kind) {
-      case RopeScaling::Kind::kNone: break;
-      case RopeScaling::Kind::kLinear: scaled = base / scaling.factor; break;
+      case RopeScaling::Kind::kNone:
+        break;
+      case RopeScaling::Kind::kLinear:
+        scaled = base / scaling.factor;
+        break;
       case RopeScaling::Kind::kLlama3: {
         const double wavelength = 2.0 * std::numbers::pi / base;
         const auto context = static_cast<double>(scaling.original_max_position);
@@ -36,7 +39,8 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 }
 
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
-                  std::int64_t first_position, float theta, const RopeScaling& scaling, bool inverse) {
+                  std::int64_t first_position, float theta, const RopeScaling& scaling,
+                  bool inverse) {
   const std::int64_t half = d / 2;
   const std::vector<double> freq = rope_frequencies(d, static_cast<double>(theta), scaling);
   // Tasks over blocks of (sequence, token) rows; every pair is turned by its own angle.

@@ -20,7 +20,8 @@ void route_tokens(MatrixMap logits, const MoeConfig& c, std::int64_t first_exper
       std::int64_t best = -1;
       for (std::int64_t ex = 0; ex < e; ++ex) {
         bool taken = false;
-        for (std::int64_t p = 0; p < j; ++p) taken = taken || r.choice[static_cast<std::size_t>(t * k + p)] == ex;
+        for (std::int64_t p = 0; p < j; ++p)
+          taken = taken || r.choice[static_cast<std::size_t>(t * k + p)] == ex;
         if (!taken && (best < 0 || row(ex) > row(best))) best = ex;
       }
       r.choice[static_cast<std::size_t>(t * k + j)] = best;
@@ -31,11 +32,11 @@ void route_tokens(MatrixMap logits, const MoeConfig& c, std::int64_t first_exper
       for (std::int64_t j = 0; j < k; ++j) r.weight[static_cast<std::size_t>(t * k + j)] /= total;
     }
   }
-  const std::int64_t capacity =
-      c.capacity_factor > 0.0f
-          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
-                                                static_cast<double>(rows * k) / static_cast<double>(e)))
-          : 0;
+  const std::int64_t capacity = c.capacity_factor > 0.0f
+                                    ? static_cast<std::int64_t>(std::ceil(
+                                          static_cast<double>(c.capacity_factor) *
+                                          static_cast<double>(rows * k) / static_cast<double>(e)))
+                                    : 0;
   std::fill(r.load.begin(), r.load.end(), 0);
   std::int64_t dropped = 0;
   // GShard's priority: every token's first choice before any second choice.

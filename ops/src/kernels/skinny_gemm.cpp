@@ -16,12 +16,14 @@ float weight(const void* b, DType t, std::int64_t ldb, std::int64_t r, std::int6
 }
 
 // Columns [j0, j1) of c, one element at a time: the order every level follows.
-void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, const float* a,
-                    std::int64_t lda, const void* b, DType t, std::int64_t ldb, float* c, std::int64_t ldc) {
+void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k,
+                    const float* a, std::int64_t lda, const void* b, DType t, std::int64_t ldb,
+                    float* c, std::int64_t ldc) {
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = j0; j < j1; ++j) {
       float acc = 0.0f;
-      for (std::int64_t r = 0; r < k; ++r) acc = std::fma(a[i * lda + r], weight(b, t, ldb, r, j), acc);
+      for (std::int64_t r = 0; r < k; ++r)
+        acc = std::fma(a[i * lda + r], weight(b, t, ldb, r, j), acc);
       c[i * ldc + j] = acc;
     }
   }
@@ -36,24 +38,25 @@ void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64
 // ---- AVX-512 ---------------------------------------------------------------------------------
 
 template <DType T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16_avx512(const void* b, std::int64_t at) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16_avx512(const void* b,
+                                                                                 std::int64_t at) {
   if constexpr (T == DType::kF32) {
     return _mm512_loadu_ps(static_cast<const float*>(b) + at);
   } else if constexpr (T == DType::kBF16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(b) + at));
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(b) + at));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   } else {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(b) + at)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(b) + at)));
   }
 }
 
 // Columns [j0, j0 + width) of c, width a multiple of 16.
 template <DType T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void strip_avx512(std::int64_t m, std::int64_t j0,
-                                                                        std::int64_t width, std::int64_t k,
-                                                                        const float* a, std::int64_t lda,
-                                                                        const void* b, std::int64_t ldb, float* c,
-                                                                        std::int64_t ldc) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void strip_avx512(
+    std::int64_t m, std::int64_t j0, std::int64_t width, std::int64_t k, const float* a,
+    std::int64_t lda, const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   // 16-bit weights take eight rows per update of c: a byte of them carries twice the
   // accumulator traffic of an fp32 byte (decode_bench, docs/benchmarks.md).
   constexpr int kUnroll = T == DType::kF32 ? 4 : 8;
@@ -75,23 +78,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void strip_avx512(std::int6
   }
   if (r == 0) {
     for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = j0; j < j0 + width; j += 16) _mm512_storeu_ps(c + i * ldc + j, _mm512_setzero_ps());
+      for (std::int64_t j = j0; j < j0 + width; j += 16)
+        _mm512_storeu_ps(c + i * ldc + j, _mm512_setzero_ps());
     }
   }
   for (; r < k; ++r) {
     for (std::int64_t j = j0; j < j0 + width; j += 16) {
       const __m512 w = load16_avx512<T>(b, r * ldb + j);
       for (std::int64_t i = 0; i < m; ++i) {
-        _mm512_storeu_ps(c + i * ldc + j,
-                         _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + r]), w, _mm512_loadu_ps(c + i * ldc + j)));
+        _mm512_storeu_ps(c + i * ldc + j, _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + r]), w,
+                                                          _mm512_loadu_ps(c + i * ldc + j)));
       }
     }
   }
 }
 
 template <DType T>
-void skinny_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                   std::int64_t ldb, float* c, std::int64_t ldc) {
+void skinny_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                   const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   const std::int64_t vec_end = n / 16 * 16;
   if (vec_end > 0) strip_avx512<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
   columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
@@ -104,17 +108,21 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load8_avx2(const void* b,
   if constexpr (T == DType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(b) + at);
   } else if constexpr (T == DType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(b) + at));
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(b) + at));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(b) + at)));
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(b) + at)));
   }
 }
 
 template <DType T>
-__attribute__((target("avx2,fma,f16c"))) void strip_avx2(std::int64_t m, std::int64_t j0, std::int64_t width,
-                                                          std::int64_t k, const float* a, std::int64_t lda,
-                                                          const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+__attribute__((target("avx2,fma,f16c"))) void strip_avx2(std::int64_t m, std::int64_t j0,
+                                                         std::int64_t width, std::int64_t k,
+                                                         const float* a, std::int64_t lda,
+                                                         const void* b, std::int64_t ldb, float* c,
+                                                         std::int64_t ldc) {
   // Four rows per update of c: with 16 vector registers, more weights in flight would spill.
   constexpr int kUnroll = 4;
   std::int64_t r = 0;
@@ -132,23 +140,24 @@ __attribute__((target("avx2,fma,f16c"))) void strip_avx2(std::int64_t m, std::in
   }
   if (r == 0) {
     for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = j0; j < j0 + width; j += 8) _mm256_storeu_ps(c + i * ldc + j, _mm256_setzero_ps());
+      for (std::int64_t j = j0; j < j0 + width; j += 8)
+        _mm256_storeu_ps(c + i * ldc + j, _mm256_setzero_ps());
     }
   }
   for (; r < k; ++r) {
     for (std::int64_t j = j0; j < j0 + width; j += 8) {
       const __m256 w = load8_avx2<T>(b, r * ldb + j);
       for (std::int64_t i = 0; i < m; ++i) {
-        _mm256_storeu_ps(c + i * ldc + j,
-                         _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + r]), w, _mm256_loadu_ps(c + i * ldc + j)));
+        _mm256_storeu_ps(c + i * ldc + j, _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + r]), w,
+                                                          _mm256_loadu_ps(c + i * ldc + j)));
       }
     }
   }
 }
 
 template <DType T>
-void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                 std::int64_t ldb, float* c, std::int64_t ldc) {
+void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   const std::int64_t vec_end = n / 8 * 8;
   if (vec_end > 0) strip_avx2<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
   columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
@@ -156,8 +165,9 @@ void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
 
 }  // namespace
 
-void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                 DType b_type, std::int64_t ldb, float* c, std::int64_t ldc, KernelLevel level) {
+void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+                 KernelLevel level) {
   if (m <= 0 || n <= 0) return;
   const bool avx512 = level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
   const bool avx2 = level == KernelLevel::kAvx2;

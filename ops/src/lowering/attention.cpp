@@ -8,14 +8,14 @@
 #include <limits>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/kernels/attention_core.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/kernels/rope.hpp"
-#include "numesh/ops/eigen_views.hpp"
-#include "lowering_util.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
@@ -34,14 +34,18 @@ using detail::shape_text;
 // position: one run of all of them when positions is null (full sequences from 0) or when
 // they are all level, so that equal positions keep the batched kernels.
 template <typename F>
-void for_each_run(const std::vector<std::int64_t>* positions, std::int64_t offset, std::int64_t count, F&& f) {
+void for_each_run(const std::vector<std::int64_t>* positions, std::int64_t offset,
+                  std::int64_t count, F&& f) {
   if (positions == nullptr) {
     f(std::int64_t{0}, count, std::int64_t{0});
     return;
   }
   NUMESH_CHECK(static_cast<std::int64_t>(positions->size()) >= offset + count, ShapeError,
-               "attention: {} positions given for sequences [{}, {})", positions->size(), offset, offset + count);
-  const auto at = [&](std::int64_t b) { return (*positions)[static_cast<std::size_t>(offset + b)]; };
+               "attention: {} positions given for sequences [{}, {})", positions->size(), offset,
+               offset + count);
+  const auto at = [&](std::int64_t b) {
+    return (*positions)[static_cast<std::size_t>(offset + b)];
+  };
   for (std::int64_t b = 0; b < count;) {
     std::int64_t e = b + 1;
     while (e < count && at(e) == at(b)) ++e;
@@ -52,8 +56,9 @@ void for_each_run(const std::vector<std::int64_t>* positions, std::int64_t offse
 
 }  // namespace
 
-AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
-                                      const AttentionWeights& w, const AttentionAxes& axes) {
+AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
+                                      const AttentionConfig& config, const AttentionWeights& w,
+                                      const AttentionAxes& axes) {
   const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
   NUMESH_CHECK(hq > 0 && hkv > 0 && d > 0 && hq % hkv == 0, ValueError,
                "attention: num_kv_heads {} must divide num_heads {} (both positive, head_dim {})",
@@ -65,20 +70,21 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   NUMESH_CHECK(config.rope_theta <= 0.0f || d % 2 == 0, ShapeError,
                "attention: head_dim {} is odd, RoPE needs it even", d);
   validate(config.rope_scaling);
-  NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix", shape_text(w.wq));
+  NUMESH_CHECK(w.wq.shape.size() == 2, ShapeError, "attention: wq {} must be a matrix",
+               shape_text(w.wq));
   AttentionLayer layer;
   layer.config = config;
   layer.hidden = w.wq.shape[0];
   const std::int64_t hidden = layer.hidden;
-  NUMESH_CHECK(w.wq.shape == (std::vector<std::int64_t>{hidden, hq * d}) &&
-                   w.wk.shape == (std::vector<std::int64_t>{hidden, hkv * d}) &&
-                   w.wv.shape == w.wk.shape &&
-                   w.wo.shape == (std::vector<std::int64_t>{hq * d, hidden}),
-               ShapeError,
-               "attention: wq {}, wk {}, wv {}, wo {} do not fit {} heads, {} kv heads, head_dim {} "
-               "(expected [H, {}], [H, {}], [H, {}], [{}, H])",
-               shape_text(w.wq), shape_text(w.wk), shape_text(w.wv), shape_text(w.wo), hq, hkv, d, hq * d, hkv * d,
-               hkv * d, hq * d);
+  NUMESH_CHECK(
+      w.wq.shape == (std::vector<std::int64_t>{hidden, hq * d}) &&
+          w.wk.shape == (std::vector<std::int64_t>{hidden, hkv * d}) && w.wv.shape == w.wk.shape &&
+          w.wo.shape == (std::vector<std::int64_t>{hq * d, hidden}),
+      ShapeError,
+      "attention: wq {}, wk {}, wv {}, wo {} do not fit {} heads, {} kv heads, head_dim {} "
+      "(expected [H, {}], [H, {}], [H, {}], [{}, H])",
+      shape_text(w.wq), shape_text(w.wk), shape_text(w.wv), shape_text(w.wo), hq, hkv, d, hq * d,
+      hkv * d, hkv * d, hq * d);
 
   const sharding::Mesh& m = mesh.mesh();
   // Heads split only at head granularity (a dim check alone would cut heads apart).
@@ -106,8 +112,9 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh, const Att
   return layer;
 }
 
-KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer, std::int64_t batch,
-                        std::int64_t max_len, KvLayout layout, const AxisRule& batch_entry) {
+KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer,
+                        std::int64_t batch, std::int64_t max_len, KvLayout layout,
+                        const AxisRule& batch_entry) {
   NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError,
                "kv cache: batch {} and max_len {} must be positive", batch, max_len);
   const std::int64_t hkv = layer.config.num_kv_heads, d = layer.config.head_dim;
@@ -117,8 +124,8 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
   cache.batch = batch;
   cache.max_len = max_len;
   const bool bthd = layout == KvLayout::kBTHD;
-  const std::vector<std::int64_t> shape =
-      bthd ? std::vector<std::int64_t>{batch, max_len, hkv, d} : std::vector<std::int64_t>{batch, hkv, max_len, d};
+  const std::vector<std::int64_t> shape = bthd ? std::vector<std::int64_t>{batch, max_len, hkv, d}
+                                               : std::vector<std::int64_t>{batch, hkv, max_len, d};
   const PartitionSpec spec = bthd ? PartitionSpec({batch_entry, AxisRule(), heads, AxisRule()})
                                   : PartitionSpec({batch_entry, heads, AxisRule(), AxisRule()});
   cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
@@ -126,9 +133,10 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
   return cache;
 }
 
-runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer, runtime::ShardedTensor& x,
-                                 const runtime::Frontier& after, runtime::ShardedTensor& y,
-                                 const std::string& name, const AttentionStep& step, AttentionSaved* saved) {
+runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer,
+                                 runtime::ShardedTensor& x, const runtime::Frontier& after,
+                                 runtime::ShardedTensor& y, const std::string& name,
+                                 const AttentionStep& step, AttentionSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -137,7 +145,8 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const std::int64_t hidden = layer.hidden;
   NUMESH_CHECK(x.shape().size() == 3 && x.shape()[2] == hidden && y.shape() == x.shape() &&
                    x.layout().shard_shape()[2] == hidden,
-               ShapeError, "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], H not split)", name,
+               ShapeError,
+               "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], H not split)", name,
                fmt::join(x.shape(), ", "), x.spec().repr(), fmt::join(y.shape(), ", "), hidden);
   const std::int64_t batch = x.shape()[0], t = x.shape()[1];
   const std::int64_t local_batch = x.layout().shard_shape()[0];
@@ -147,12 +156,14 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   const std::vector<std::string> seq_axes = detail::axes_of(x.spec(), 1);
   KvCache* cache = step.cache;
   if (cache != nullptr) {
-    NUMESH_CHECK(step.positions != nullptr, ValueError, "{}: a cache step needs the sequences' positions", name);
-    NUMESH_CHECK(cache->batch == batch && detail::entry(cache->k->spec(), 0) == detail::entry(x.spec(), 0),
-                 ShapeError, "{}: the cache holds {} sequences split {} but x has {} split {}", name,
-                 cache->batch, cache->k->spec().repr(), batch, x.spec().repr());
-    NUMESH_CHECK(t <= cache->max_len, ShapeError, "{}: {} tokens do not fit a cache of {} positions", name, t,
-                 cache->max_len);
+    NUMESH_CHECK(step.positions != nullptr, ValueError,
+                 "{}: a cache step needs the sequences' positions", name);
+    NUMESH_CHECK(
+        cache->batch == batch && detail::entry(cache->k->spec(), 0) == detail::entry(x.spec(), 0),
+        ShapeError, "{}: the cache holds {} sequences split {} but x has {} split {}", name,
+        cache->batch, cache->k->spec().repr(), batch, x.spec().repr());
+    NUMESH_CHECK(t <= cache->max_len, ShapeError,
+                 "{}: {} tokens do not fit a cache of {} positions", name, t, cache->max_len);
   }
 
   runtime::ShardedTensor& wq = pb.use(name + ".wq", TensorRole::kWeight, layer.wq);
@@ -168,35 +179,44 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   // This run's keys and values [B, T, kv_heads * D], split like x's tokens and wk's heads.
   const AxisRule kv_rule = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   const PartitionSpec kv_spec({detail::entry(x.spec(), 0), detail::entry(x.spec(), 1), kv_rule});
-  runtime::ShardedTensor& k_new = pb.tensor(name + ".k", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
-  runtime::ShardedTensor& v_new = pb.tensor(name + ".v", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  runtime::ShardedTensor& k_new =
+      pb.tensor(name + ".k", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
+  runtime::ShardedTensor& v_new =
+      pb.tensor(name + ".v", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, 3);
-  if (layer.splits_heads()) y_placed[*m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
+  if (layer.splits_heads())
+    y_placed[*m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
 
   const std::int64_t rows = local_batch * local_t;
   const std::int64_t lq = layer.local_q_heads, lkv = layer.local_kv_heads;
   const std::int64_t key_capacity = cache != nullptr ? cache->max_len : t;
-  const double flops = attention_flops(config, hidden, local_batch, t, 0) * static_cast<double>(lq) /
-                       static_cast<double>(hq) * static_cast<double>(local_t) / static_cast<double>(t);
+  const double flops = attention_flops(config, hidden, local_batch, t, 0) *
+                       static_cast<double>(lq) / static_cast<double>(hq) *
+                       static_cast<double>(local_t) / static_cast<double>(t);
   const std::vector<std::int64_t>* positions = step.positions;
   std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
-  std::vector<runtime::Tensor*> q_pre_of(static_cast<std::size_t>(mesh.size())), k_pre_of(q_pre_of.size());
+  std::vector<runtime::Tensor*> q_pre_of(static_cast<std::size_t>(mesh.size())),
+      k_pre_of(q_pre_of.size());
   // The optional rows (biases, q/k norm weights), registered once; a device reads its shard.
   constexpr TensorRole kWeight = TensorRole::kWeight;
-  runtime::ShardedTensor *const bq = pb.use_if_present(name + ".bq", kWeight, layer.bq);
-  runtime::ShardedTensor *const bk = pb.use_if_present(name + ".bk", kWeight, layer.bk);
-  runtime::ShardedTensor *const bv = pb.use_if_present(name + ".bv", kWeight, layer.bv);
-  runtime::ShardedTensor *const bo = pb.use_if_present(name + ".bo", kWeight, layer.bo);
-  runtime::ShardedTensor *const q_norm = pb.use_if_present(name + ".q_norm", kWeight, layer.q_norm);
-  runtime::ShardedTensor *const k_norm = pb.use_if_present(name + ".k_norm", kWeight, layer.k_norm);
+  runtime::ShardedTensor* const bq = pb.use_if_present(name + ".bq", kWeight, layer.bq);
+  runtime::ShardedTensor* const bk = pb.use_if_present(name + ".bk", kWeight, layer.bk);
+  runtime::ShardedTensor* const bv = pb.use_if_present(name + ".bv", kWeight, layer.bv);
+  runtime::ShardedTensor* const bo = pb.use_if_present(name + ".bo", kWeight, layer.bo);
+  runtime::ShardedTensor* const q_norm = pb.use_if_present(name + ".q_norm", kWeight, layer.q_norm);
+  runtime::ShardedTensor* const k_norm = pb.use_if_present(name + ".k_norm", kWeight, layer.k_norm);
   const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
-    const std::span<const float> bqs = detail::row_of(bq, s), bks = detail::row_of(bk, s), bvs = detail::row_of(bv, s);
+    const std::span<const float> bqs = detail::row_of(bq, s), bks = detail::row_of(bk, s),
+                                 bvs = detail::row_of(bv, s);
     const std::span<const float> qns = detail::row_of(q_norm, s), kns = detail::row_of(k_norm, s);
     // For the backward of the q/k norms: q and k as they enter them.
-    runtime::Tensor* q_pre = saved != nullptr && q_norm != nullptr ? &pb.scratch(s, {rows, lq * d}) : nullptr;
-    runtime::Tensor* k_pre = saved != nullptr && k_norm != nullptr ? &pb.scratch(s, {rows, lkv * d}) : nullptr;
+    runtime::Tensor* q_pre =
+        saved != nullptr && q_norm != nullptr ? &pb.scratch(s, {rows, lq * d}) : nullptr;
+    runtime::Tensor* k_pre =
+        saved != nullptr && k_norm != nullptr ? &pb.scratch(s, {rows, lkv * d}) : nullptr;
     q_pre_of[static_cast<std::size_t>(s)] = q_pre;
     k_pre_of[static_cast<std::size_t>(s)] = k_pre;
     // The first global token of the slot's block of x's tokens, and its first sequence.
@@ -210,8 +230,9 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     runtime::Tensor& wqs = wq.shard(s);
     runtime::Tensor& wks = wk.shard(s);
     runtime::Tensor& wvs = wv.shard(s);
-    return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv, token_offset,
-            first_sequence, positions, config, bqs, bks, bvs, qns, kns, q_pre, k_pre] {
+    return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
+            token_offset, first_sequence, positions, config, bqs, bks, bvs, qns, kns, q_pre,
+            k_pre] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_out_in_weight(wqs), as_matrix(q), prec);
@@ -220,108 +241,124 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), bqs);
       add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), bks);
       add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), bvs);
-      if (q_pre != nullptr) std::copy(q.values().begin(), q.values().end(), q_pre->values().begin());
-      if (k_pre != nullptr) std::copy(k.values().begin(), k.values().end(), k_pre->values().begin());
+      if (q_pre != nullptr)
+        std::copy(q.values().begin(), q.values().end(), q_pre->values().begin());
+      if (k_pre != nullptr)
+        std::copy(k.values().begin(), k.values().end(), k_pre->values().begin());
       // Qwen3's RMSNorm of every head of q and k, before RoPE.
       if (!qns.empty()) {
-        rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd), ConstMatrixMap(qns.data(), 1, dd),
-                     MatrixMap(q.values().data(), rows * lq, dd), config.qk_norm_eps);
+        rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd),
+                     ConstMatrixMap(qns.data(), 1, dd), MatrixMap(q.values().data(), rows * lq, dd),
+                     config.qk_norm_eps);
       }
       if (!kns.empty()) {
-        rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd), ConstMatrixMap(kns.data(), 1, dd),
+        rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd),
+                     ConstMatrixMap(kns.data(), 1, dd),
                      MatrixMap(k.values().data(), rows * lkv, dd), config.qk_norm_eps);
       }
       if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
-        for_each_run(positions, first_sequence, local_batch, [&](std::int64_t b, std::int64_t n, std::int64_t p) {
-          rope_inplace(q.values().data() + b * local_t * lq * dd, n, local_t, lq, dd, p + token_offset,
-                       config.rope_theta, config.rope_scaling);
-          rope_inplace(k.values().data() + b * local_t * lkv * dd, n, local_t, lkv, dd, p + token_offset,
-                       config.rope_theta, config.rope_scaling);
-        });
+        for_each_run(positions, first_sequence, local_batch,
+                     [&](std::int64_t b, std::int64_t n, std::int64_t p) {
+                       rope_inplace(q.values().data() + b * local_t * lq * dd, n, local_t, lq, dd,
+                                    p + token_offset, config.rope_theta, config.rope_scaling);
+                       rope_inplace(k.values().data() + b * local_t * lkv * dd, n, local_t, lkv, dd,
+                                    p + token_offset, config.rope_theta, config.rope_scaling);
+                     });
       }
     };
   });
   // Keys and values of every token: gathered over the sequence axes (nothing when T is whole).
   runtime::Frontier k_ready = projected, v_ready = projected;
-  runtime::ShardedTensor& k_all = pb.gather_over(k_new, seq_axes, TensorRole::kActivation, name + ".k_gathered", k_ready);
-  runtime::ShardedTensor& v_all = pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
+  runtime::ShardedTensor& k_all =
+      pb.gather_over(k_new, seq_axes, TensorRole::kActivation, name + ".k_gathered", k_ready);
+  runtime::ShardedTensor& v_all =
+      pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
 
   std::vector<runtime::Tensor*> o_of(static_cast<std::size_t>(mesh.size()));
   NUMESH_CHECK(saved == nullptr || cache == nullptr, ValueError,
                "{}: a forward kept for the backward runs full sequences, without a cache", name);
-  const runtime::Frontier attended = pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
-    const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
-    const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
-    const AttentionSlice slice = layer.slice(x, s);
-    runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
-    runtime::Tensor& k = k_all.shard(s);
-    runtime::Tensor& v = v_all.shard(s);
-    runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
-    o_of[static_cast<std::size_t>(s)] = &o;
-    AttentionSlice widest = slice;
-    widest.kv_len = key_capacity;
-    runtime::Tensor& scores =
-        pb.scratch(s, {attention_scratch_floats(widest, d, mesh.device(s).spec().threads)});
-    runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
-    runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
-    const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
-    const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
-    return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, positions, first_sequence,
-            token_offset] {
-      const std::int64_t dd = config.head_dim;
-      if (ck == nullptr) {
-        const KvView kv{.k = k.values().data(),
-                        .v = v.values().data(),
-                        .batch_stride = slice.kv_len * slice.kv_heads * dd,
-                        .pos_stride = slice.kv_heads * dd,
-                        .head_stride = dd};
-        attention_core(q.values().data(), kv, o.values().data(), slice, dd, token_offset, config.causal,
-                       scores.values());
-        return;
-      }
-      const bool bthd = layout == KvLayout::kBTHD;
-      const KvView kv_cache{.k = ck->values().data(),
-                         .v = cv->values().data(),
-                         .batch_stride = max_len * slice.kv_heads * dd,
-                         .pos_stride = bthd ? slice.kv_heads * dd : dd,
-                         .head_stride = bthd ? dd : max_len * dd};
-      const std::int64_t q_stride = slice.q_len * slice.q_heads * dd;  // floats per sequence of q and out
-      for_each_run(positions, first_sequence, slice.batch, [&](std::int64_t b0, std::int64_t n, std::int64_t first) {
-        NUMESH_CHECK(first >= 0 && first + slice.kv_len <= max_len, IndexError,
-                     "attention: tokens at positions [{}, {}) do not fit the cache of {} positions", first,
-                     first + slice.kv_len, max_len);
-        // Write every new key and value at its position (each sequence-parallel rank keeps the
-        // whole cache).
-        for (std::int64_t bi = b0; bi < b0 + n; ++bi) {
-          for (std::int64_t ti = 0; ti < slice.kv_len; ++ti) {
-            const std::int64_t row = (bi * slice.kv_len + ti) * slice.kv_heads * dd;
-            for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
-              const std::int64_t at = bi * kv_cache.batch_stride + (first + ti) * kv_cache.pos_stride + hi * kv_cache.head_stride;
-              std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
-              std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
-            }
+  const runtime::Frontier attended =
+      pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
+        const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
+        const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
+        const AttentionSlice slice = layer.slice(x, s);
+        runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
+        runtime::Tensor& k = k_all.shard(s);
+        runtime::Tensor& v = v_all.shard(s);
+        runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
+        o_of[static_cast<std::size_t>(s)] = &o;
+        AttentionSlice widest = slice;
+        widest.kv_len = key_capacity;
+        runtime::Tensor& scores =
+            pb.scratch(s, {attention_scratch_floats(widest, d, mesh.device(s).spec().threads)});
+        runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
+        runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
+        const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
+        const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
+        return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, positions,
+                first_sequence, token_offset] {
+          const std::int64_t dd = config.head_dim;
+          if (ck == nullptr) {
+            const KvView kv{.k = k.values().data(),
+                            .v = v.values().data(),
+                            .batch_stride = slice.kv_len * slice.kv_heads * dd,
+                            .pos_stride = slice.kv_heads * dd,
+                            .head_stride = dd};
+            attention_core(q.values().data(), kv, o.values().data(), slice, dd, token_offset,
+                           config.causal, scores.values());
+            return;
           }
-        }
-        // The run's sequences see the cache up to their own last new token.
-        AttentionSlice run = slice;
-        run.batch = n;
-        run.kv_len = first + slice.kv_len;
-        KvView kv = kv_cache;
-        kv.k += b0 * kv_cache.batch_stride;
-        kv.v += b0 * kv_cache.batch_stride;
-        attention_core(q.values().data() + b0 * q_stride, kv, o.values().data() + b0 * q_stride, run, dd,
-                       first + token_offset, config.causal, scores.values());
+          const bool bthd = layout == KvLayout::kBTHD;
+          const KvView kv_cache{.k = ck->values().data(),
+                                .v = cv->values().data(),
+                                .batch_stride = max_len * slice.kv_heads * dd,
+                                .pos_stride = bthd ? slice.kv_heads * dd : dd,
+                                .head_stride = bthd ? dd : max_len * dd};
+          const std::int64_t q_stride =
+              slice.q_len * slice.q_heads * dd;  // floats per sequence of q and out
+          for_each_run(
+              positions, first_sequence, slice.batch,
+              [&](std::int64_t b0, std::int64_t n, std::int64_t first) {
+                NUMESH_CHECK(
+                    first >= 0 && first + slice.kv_len <= max_len, IndexError,
+                    "attention: tokens at positions [{}, {}) do not fit the cache of {} positions",
+                    first, first + slice.kv_len, max_len);
+                // Write every new key and value at its position (each sequence-parallel rank keeps
+                // the whole cache).
+                for (std::int64_t bi = b0; bi < b0 + n; ++bi) {
+                  for (std::int64_t ti = 0; ti < slice.kv_len; ++ti) {
+                    const std::int64_t row = (bi * slice.kv_len + ti) * slice.kv_heads * dd;
+                    for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
+                      const std::int64_t at = bi * kv_cache.batch_stride +
+                                              (first + ti) * kv_cache.pos_stride +
+                                              hi * kv_cache.head_stride;
+                      std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
+                      std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
+                    }
+                  }
+                }
+                // The run's sequences see the cache up to their own last new token.
+                AttentionSlice run = slice;
+                run.batch = n;
+                run.kv_len = first + slice.kv_len;
+                KvView kv = kv_cache;
+                kv.k += b0 * kv_cache.batch_stride;
+                kv.v += b0 * kv_cache.batch_stride;
+                attention_core(q.values().data() + b0 * q_stride, kv,
+                               o.values().data() + b0 * q_stride, run, dd, first + token_offset,
+                               config.causal, scores.values());
+              });
+        };
       });
-    };
-  });
   const runtime::Frontier done = pb.per_device(name + ".out", {&attended}, [&](std::int64_t s) {
     runtime::Tensor& o = *o_of[static_cast<std::size_t>(s)];
     runtime::Tensor& wos = wo.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     // The output bias is added once: by every device when heads are not split, else by the
     // first of the devices whose partial sums the all-reduce adds.
-    const bool adds_bias = !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
+    const bool adds_bias =
+        !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
     const std::span<const float> bos = detail::row_of(bo, s);
     return [prec, &o, &wos, &yp, rows, hidden, bos, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, hidden);
@@ -330,15 +367,24 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     };
   });
   if (saved != nullptr) {
-    *saved = AttentionSaved{.x = &x, .k_local = &k_new, .k = &k_all, .v = &v_all, .q = q_of, .out = o_of,
-                            .q_pre = q_pre_of, .k_pre = k_pre_of, .partial_placed = y_placed};
+    *saved = AttentionSaved{.x = &x,
+                            .k_local = &k_new,
+                            .k = &k_all,
+                            .v = &v_all,
+                            .q = q_of,
+                            .out = o_of,
+                            .q_pre = q_pre_of,
+                            .k_pre = k_pre_of,
+                            .partial_placed = y_placed};
   }
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done, name + ".out");
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done,
+                    name + ".out");
 }
 
 AttentionSlice AttentionLayer::slice(const runtime::ShardedTensor& x, std::int64_t slot) const {
   const runtime::DeviceMesh& mesh = x.mesh();
-  const std::int64_t head_rank = splits_heads() ? mesh.coords(slot)[*mesh.mesh().find_axis(heads_axis)] : 0;
+  const std::int64_t head_rank =
+      splits_heads() ? mesh.coords(slot)[*mesh.mesh().find_axis(heads_axis)] : 0;
   return AttentionSlice{.batch = x.layout().shard_shape()[0],
                         .q_len = x.layout().shard_shape()[1],
                         .kv_len = x.shape()[1],
@@ -363,18 +409,24 @@ AttentionGradients AttentionGradients::like(const AttentionLayer& layer) {
 }
 
 ShardedAttention::ShardedAttention(runtime::DeviceMesh mesh, const AttentionConfig& config,
-                                   const AttentionWeights& w, std::int64_t batch, std::int64_t max_len,
-                                   AttentionAxes axes, KvLayout layout)
-    : mesh_(std::move(mesh)), axes_(std::move(axes)), layer_(AttentionLayer::create(mesh_, config, w, axes_)),
+                                   const AttentionWeights& w, std::int64_t batch,
+                                   std::int64_t max_len, AttentionAxes axes, KvLayout layout)
+    : mesh_(std::move(mesh)),
+      axes_(std::move(axes)),
+      layer_(AttentionLayer::create(mesh_, config, w, axes_)),
       batch_(batch) {
   NUMESH_CHECK(batch > 0 && max_len >= 0, ShapeError,
                "attention: batch {} must be positive and max_len {} not negative", batch, max_len);
-  positions_.assign(static_cast<std::size_t>(batch), 0);  // a program run straight from program() starts at 0
+  positions_.assign(static_cast<std::size_t>(batch),
+                    0);  // a program run straight from program() starts at 0
   if (max_len > 0) {
     const std::vector<std::int64_t> x_shape{batch, 1, layer_.hidden};
-    const PartitionSpec spec = sharding::correct_spec(
-        x_shape, PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}),
-        mesh_.mesh()).spec;
+    const PartitionSpec spec =
+        sharding::correct_spec(
+            x_shape,
+            PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()), AxisRule(), AxisRule()}),
+            mesh_.mesh())
+            .spec;
     cache_ = KvCache::create(mesh_, layer_, batch, max_len, layout, detail::entry(spec, 0));
   }
 }
@@ -384,23 +436,29 @@ ShardedAttention::ShardedAttention(ShardedAttention&&) noexcept = default;
 ShardedAttention& ShardedAttention::operator=(ShardedAttention&&) noexcept = default;
 
 Program& ShardedAttention::compiled_for(std::int64_t tokens) {
-  return *programs_.get(tokens, [&](std::int64_t t, std::monostate&) {
-    ProgramBuilder pb(mesh_, fmt::format("attention (T={})", t));
-    const std::vector<std::int64_t> shape{batch_, t, layer_.hidden};
-    const PartitionSpec spec =
-        sharding::correct_spec(shape,
-                               PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
-                                              detail::entry_over(axes_.sequence, mesh_.mesh()), AxisRule()}),
-                               mesh_.mesh())
-            .spec;
-    runtime::Frontier loaded;
-    runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
-    runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
-    pb.output("y", y,
-              emit_attention(pb, layer_, x, loaded, y, "attn",
-                             AttentionStep{.cache = cache_ ? &*cache_ : nullptr, .positions = &positions_}));
-    return std::move(pb).compile();
-  }).program;
+  return *programs_
+              .get(tokens,
+                   [&](std::int64_t t, std::monostate&) {
+                     ProgramBuilder pb(mesh_, fmt::format("attention (T={})", t));
+                     const std::vector<std::int64_t> shape{batch_, t, layer_.hidden};
+                     const PartitionSpec spec =
+                         sharding::correct_spec(
+                             shape,
+                             PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
+                                            detail::entry_over(axes_.sequence, mesh_.mesh()),
+                                            AxisRule()}),
+                             mesh_.mesh())
+                             .spec;
+                     runtime::Frontier loaded;
+                     runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
+                     runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
+                     pb.output("y", y,
+                               emit_attention(pb, layer_, x, loaded, y, "attn",
+                                              AttentionStep{.cache = cache_ ? &*cache_ : nullptr,
+                                                            .positions = &positions_}));
+                     return std::move(pb).compile();
+                   })
+              .program;
 }
 
 Program& ShardedAttention::program(std::int64_t tokens) {
@@ -410,17 +468,19 @@ Program& ShardedAttention::program(std::int64_t tokens) {
 }
 
 runtime::HostTensor ShardedAttention::forward(const runtime::HostTensor& x, std::int64_t position) {
-  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == layer_.hidden,
-               ShapeError, "attention: input is {} but the layer takes [{}, T, {}] with T >= 1", shape_text(x),
-               batch_, layer_.hidden);
+  NUMESH_CHECK(
+      x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == layer_.hidden,
+      ShapeError, "attention: input is {} but the layer takes [{}, T, {}] with T >= 1",
+      shape_text(x), batch_, layer_.hidden);
   const std::int64_t tokens = x.shape[1];
   if (!cache_) {
     NUMESH_CHECK(position == 0, IndexError,
-                 "attention: position {} without a KV cache (max_len 0): full sequences start at 0", position);
+                 "attention: position {} without a KV cache (max_len 0): full sequences start at 0",
+                 position);
   } else {
     NUMESH_CHECK(position >= 0 && position + tokens <= cache_->max_len, IndexError,
-                 "attention: {} tokens at position {} do not fit the KV cache of {} positions", tokens, position,
-                 cache_->max_len);
+                 "attention: {} tokens at position {} do not fit the KV cache of {} positions",
+                 tokens, position, cache_->max_len);
   }
   Program& program = compiled_for(tokens);
   positions_.assign(static_cast<std::size_t>(batch_), position);

@@ -7,28 +7,34 @@
 #include <cstring>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
-#include "numesh/ops/kernels/parallel.hpp"
-#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
+using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
-using detail::shape_text;
 
 // Row `row` of a [rows, h] table shard of `dtype`, widened into `out`.
 void widen_row(const runtime::Tensor& table, std::int64_t row, std::int64_t h, float* out) {
   const auto at = static_cast<std::size_t>(row * h), n = static_cast<std::size_t>(h);
   switch (table.dtype()) {
-    case DType::kF32: std::memcpy(out, table.values().data() + at, n * sizeof(float)); return;
-    case DType::kBF16: runtime::convert_bf16_to_f32(table.bits16().subspan(at, n), {out, n}); return;
-    case DType::kF16: runtime::convert_f16_to_f32(table.bits16().subspan(at, n), {out, n}); return;
+    case DType::kF32:
+      std::memcpy(out, table.values().data() + at, n * sizeof(float));
+      return;
+    case DType::kBF16:
+      runtime::convert_bf16_to_f32(table.bits16().subspan(at, n), {out, n});
+      return;
+    case DType::kF16:
+      runtime::convert_f16_to_f32(table.bits16().subspan(at, n), {out, n});
+      return;
   }
 }
 
@@ -37,14 +43,16 @@ void widen_row(const runtime::Tensor& table, std::int64_t row, std::int64_t h, f
 void check_token_ids(std::span<const std::int32_t> ids, std::int64_t vocab) {
   for (std::size_t r = 0; r < ids.size(); ++r) {
     NUMESH_CHECK(ids[r] >= 0 && ids[r] < vocab, IndexError,
-                 "embedding: token {} at position {} is outside the vocabulary [0, {})", ids[r], r, vocab);
+                 "embedding: token {} at position {} is outside the vocabulary [0, {})", ids[r], r,
+                 vocab);
   }
 }
 
 EmbeddingLayer EmbeddingLayer::create(const runtime::DeviceMesh& mesh, const EmbeddingWeights& w,
                                       const EmbeddingAxes& axes) {
-  NUMESH_CHECK(w.table.shape.size() == 2 && w.table.shape[0] >= 1 && w.table.shape[1] >= 1, ShapeError,
-               "embedding: table {} must be [V, H] with V, H >= 1", shape_text(w.table));
+  NUMESH_CHECK(w.table.shape.size() == 2 && w.table.shape[0] >= 1 && w.table.shape[1] >= 1,
+               ShapeError, "embedding: table {} must be [V, H] with V, H >= 1",
+               shape_text(w.table));
   EmbeddingLayer layer;
   layer.vocab = w.table.shape[0];
   layer.hidden = w.table.shape[1];
@@ -54,12 +62,14 @@ EmbeddingLayer EmbeddingLayer::create(const runtime::DeviceMesh& mesh, const Emb
 }
 
 runtime::Frontier emit_embedding(ProgramBuilder& pb, const EmbeddingLayer& layer,
-                                 const std::vector<std::int32_t>* ids, const runtime::Frontier& after,
-                                 runtime::ShardedTensor& x, const std::string& name) {
+                                 const std::vector<std::int32_t>* ids,
+                                 const runtime::Frontier& after, runtime::ShardedTensor& x,
+                                 const std::string& name) {
   const auto& m = pb.mesh().mesh();
-  NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden && x.layout().shard_shape()[1] == layer.hidden,
-               ShapeError, "{}: x {} {} does not fit hidden {} (x is [tokens, H], H not split)", name,
-               fmt::join(x.shape(), "x"), x.spec().repr(), layer.hidden);
+  NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden &&
+                   x.layout().shard_shape()[1] == layer.hidden,
+               ShapeError, "{}: x {} {} does not fit hidden {} (x is [tokens, H], H not split)",
+               name, fmt::join(x.shape(), "x"), x.spec().repr(), layer.hidden);
   runtime::ShardedTensor& table = pb.use(name + ".table", TensorRole::kWeight, layer.table);
   // Without a split table (no vocabulary axis, or one of size 1) each device looks its rows up
   // into x directly; with one, into a partial sum over the vocabulary axes that the reshard
@@ -94,22 +104,24 @@ runtime::Frontier emit_embedding(ProgramBuilder& pb, const EmbeddingLayer& layer
   for (std::size_t a = 0; a < table_placed.size(); ++a) {
     if (table_placed[a].is_shard()) from[a] = sharding::Placement::partial();
   }
-  return pb.reshard(out, from, x, sharding::to_placements(x.spec(), m, rank), looked_up, name + ".sum");
+  return pb.reshard(out, from, x, sharding::to_placements(x.spec(), m, rank), looked_up,
+                    name + ".sum");
 }
 
-ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, const EmbeddingWeights& weights, std::int64_t tokens,
-                                   EmbeddingAxes axes)
+ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, const EmbeddingWeights& weights,
+                                   std::int64_t tokens, EmbeddingAxes axes)
     : ShardedEmbedding(mesh, EmbeddingLayer::create(mesh, weights, axes), tokens, axes) {}
 
-ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens,
-                                   EmbeddingAxes axes)
+ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer,
+                                   std::int64_t tokens, EmbeddingAxes axes)
     : layer_(std::move(layer)), tokens_(tokens) {
   NUMESH_CHECK(tokens >= 1, ShapeError, "embedding: {} tokens; need at least one", tokens);
   ids_.assign(static_cast<std::size_t>(tokens), 0);
   const std::vector<std::int64_t> shape{tokens, layer_.hidden};
   const PartitionSpec spec =
-      sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
-                             mesh.mesh())
+      sharding::correct_spec(
+          shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
+          mesh.mesh())
           .spec;
   ProgramBuilder pb(mesh, "embedding");
   runtime::ShardedTensor& x = pb.tensor("x", TensorRole::kOutput, shape, spec);

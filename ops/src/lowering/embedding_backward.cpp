@@ -14,23 +14,27 @@
 namespace numesh::ops {
 
 runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLayer& layer,
-                                          const std::vector<std::int32_t>* ids, runtime::ShardedTensor& dx,
-                                          const runtime::Frontier& after, runtime::ShardedTensor& d_table,
+                                          const std::vector<std::int32_t>* ids,
+                                          runtime::ShardedTensor& dx,
+                                          const runtime::Frontier& after,
+                                          runtime::ShardedTensor& d_table,
                                           const std::string& name) {
   const auto& m = pb.mesh().mesh();
   const std::int64_t h = layer.hidden;
-  NUMESH_CHECK(dx.shape().size() == 2 && dx.shape()[1] == h && dx.layout().shard_shape()[1] == h, ShapeError,
-               "{}: dx {} {} does not fit hidden {} (dx is [tokens, H], H not split)", name, fmt::join(dx.shape(), "x"),
-               dx.spec().repr(), h);
+  NUMESH_CHECK(dx.shape().size() == 2 && dx.shape()[1] == h && dx.layout().shard_shape()[1] == h,
+               ShapeError, "{}: dx {} {} does not fit hidden {} (dx is [tokens, H], H not split)",
+               name, fmt::join(dx.shape(), "x"), dx.spec().repr(), h);
   check_laid_out_like(d_table, *layer.table, "the table's gradient", name);
   const std::vector<sharding::Placement> x_placed = sharding::to_placements(dx.spec(), m, 2);
-  runtime::ShardedTensor& partial = weight_gradient_target(pb, d_table, x_placed, 2, d_table, name + ".grad_partial");
+  runtime::ShardedTensor& partial =
+      weight_gradient_target(pb, d_table, x_placed, 2, d_table, name + ".grad_partial");
   const std::int64_t rows = dx.layout().shard_shape()[0];
   const runtime::Frontier added = pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& dxs = dx.shard(s);
     runtime::Tensor& ps = partial.shard(s);
     const std::int64_t first_row = dx.layout().tile_offset(s)[0];
-    const std::int64_t v0 = partial.layout().tile_offset(s)[0], v1 = partial.layout().tile_limit(s)[0];
+    const std::int64_t v0 = partial.layout().tile_offset(s)[0],
+                       v1 = partial.layout().tile_limit(s)[0];
     return [&dxs, &ps, ids, rows, h, first_row, v0, v1] {
       const float* g = dxs.values().data();
       float* table = ps.values().data();
@@ -48,8 +52,7 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
       });
     };
   });
-  return reduce_weight_gradient(pb, partial, d_table, x_placed, 2, d_table, added,
-                                name + ".grad");
+  return reduce_weight_gradient(pb, partial, d_table, x_placed, 2, d_table, added, name + ".grad");
 }
 
 }  // namespace numesh::ops

@@ -3,13 +3,14 @@
 #include <utility>
 
 #include "lowering_util.hpp"
-#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 
 namespace numesh::ops {
 
-runtime::Frontier emit_layernorm(ProgramBuilder& pb, runtime::ShardedTensor& x, runtime::ShardedTensor& weight,
-                                 runtime::ShardedTensor* bias, runtime::ShardedTensor& out, float eps,
+runtime::Frontier emit_layernorm(ProgramBuilder& pb, runtime::ShardedTensor& x,
+                                 runtime::ShardedTensor& weight, runtime::ShardedTensor* bias,
+                                 runtime::ShardedTensor& out, float eps,
                                  const runtime::Frontier& after, const std::string& name) {
   const std::int64_t h = x.shape().back();
   detail::check_rows_alike(x, out, out, name);
@@ -25,8 +26,8 @@ runtime::Frontier emit_layernorm(ProgramBuilder& pb, runtime::ShardedTensor& x, 
     return [&xs, &ws, bs, &os, rows, h, eps] {
       const ConstMatrixMap no_bias(nullptr, 1, 0);
       layernorm_rows(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(ws)),
-                     bs != nullptr ? as_matrix(std::as_const(*bs)) : no_bias, MatrixMap(os.values().data(), rows, h),
-                     eps);
+                     bs != nullptr ? as_matrix(std::as_const(*bs)) : no_bias,
+                     MatrixMap(os.values().data(), rows, h), eps);
     };
   });
 }

@@ -7,38 +7,40 @@
 #include <limits>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/argmax.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
-#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
+using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
-using detail::shape_text;
 
 // Rows of a [rows, cols] tensor's shard.
 std::int64_t local_rows(const runtime::ShardedTensor& t) { return t.layout().shard_shape()[0]; }
 
 }  // namespace
 
-LmHeadLayer LmHeadLayer::create(const runtime::DeviceMesh& mesh, const LmHeadWeights& w, const LmHeadAxes& axes) {
+LmHeadLayer LmHeadLayer::create(const runtime::DeviceMesh& mesh, const LmHeadWeights& w,
+                                const LmHeadAxes& axes) {
   NUMESH_CHECK(w.weight.shape.size() == 2 && w.weight.shape[0] >= 1 && w.weight.shape[1] >= 1 &&
                    w.weight.shape[1] <= kMaxVocabulary,
-               ShapeError, "lm head: weight {} must be [H, V] with H, V >= 1 and V <= {}", shape_text(w.weight),
-               kMaxVocabulary);
+               ShapeError, "lm head: weight {} must be [H, V] with H, V >= 1 and V <= {}",
+               shape_text(w.weight), kMaxVocabulary);
   LmHeadLayer layer;
   layer.hidden = w.weight.shape[0];
   layer.vocab = w.weight.shape[1];
   const AxisRule vocab = mesh.mesh().has_axis(axes.vocab) ? AxisRule(axes.vocab) : AxisRule();
   // Stored out-in ([V, H], nn.Linear's and the embedding table's layout): decode reads each
   // token's weights in one run.
-  layer.weight = detail::laid_out_out_in(mesh, w.weight, PartitionSpec({AxisRule(), vocab}), w.stored_as);
+  layer.weight =
+      detail::laid_out_out_in(mesh, w.weight, PartitionSpec({AxisRule(), vocab}), w.stored_as);
   return layer;
 }
 
@@ -46,17 +48,20 @@ PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const PartitionSpec&
   return PartitionSpec({detail::entry(x_spec, 0), detail::entry(layer.weight->spec(), 0)});
 }
 
-runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, runtime::ShardedTensor& x,
-                               const runtime::Frontier& after, runtime::ShardedTensor& logits,
-                               const std::string& name) {
+runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer,
+                               runtime::ShardedTensor& x, const runtime::Frontier& after,
+                               runtime::ShardedTensor& logits, const std::string& name) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden && x.layout().shard_shape()[1] == layer.hidden &&
+  NUMESH_CHECK(x.shape().size() == 2 && x.shape()[1] == layer.hidden &&
+                   x.layout().shard_shape()[1] == layer.hidden &&
                    logits.shape() == (std::vector<std::int64_t>{x.shape()[0], layer.vocab}) &&
                    logits.spec() == lm_head_logits_spec(layer, x.spec()),
                ShapeError,
-               "{}: x {} {} and logits {} {} do not fit hidden {} and vocabulary {} (H not split; logits {})", name,
-               fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(logits.shape(), "x"), logits.spec().repr(),
-               layer.hidden, layer.vocab, lm_head_logits_spec(layer, x.spec()).repr());
+               "{}: x {} {} and logits {} {} do not fit hidden {} and vocabulary {} (H not split; "
+               "logits {})",
+               name, fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(logits.shape(), "x"),
+               logits.spec().repr(), layer.hidden, layer.vocab,
+               lm_head_logits_spec(layer, x.spec()).repr());
   runtime::ShardedTensor& w = pb.use(name + ".weight", TensorRole::kWeight, layer.weight);
   const std::int64_t rows = local_rows(x), h = layer.hidden, v_local = w.layout().shard_shape()[0];
   return pb.per_device(name, {&after}, [&](std::int64_t s) {
@@ -72,15 +77,17 @@ runtime::Frontier emit_lm_head(ProgramBuilder& pb, const LmHeadLayer& layer, run
 }
 
 runtime::Frontier emit_greedy_candidates(ProgramBuilder& pb, runtime::ShardedTensor& logits,
-                                         const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                         const runtime::Frontier& after,
+                                         runtime::ShardedTensor& candidates,
                                          const std::string& name) {
   const std::int64_t rows = local_rows(logits), v_local = logits.layout().shard_shape()[1];
   const std::int64_t shards = logits.shape()[1] / v_local;
   NUMESH_CHECK(candidates.shape() == (std::vector<std::int64_t>{logits.shape()[0], 2 * shards}) &&
                    candidates.spec() == logits.spec(),
-               ShapeError, "{}: candidates {} {} do not fit logits {} {} (expected [{}, {}], the logits' spec)", name,
-               fmt::join(candidates.shape(), "x"), candidates.spec().repr(), fmt::join(logits.shape(), "x"),
-               logits.spec().repr(), logits.shape()[0], 2 * shards);
+               ShapeError,
+               "{}: candidates {} {} do not fit logits {} {} (expected [{}, {}], the logits' spec)",
+               name, fmt::join(candidates.shape(), "x"), candidates.spec().repr(),
+               fmt::join(logits.shape(), "x"), logits.spec().repr(), logits.shape()[0], 2 * shards);
   return pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& ls = logits.shard(s);
     runtime::Tensor& cs = candidates.shard(s);
@@ -92,17 +99,19 @@ runtime::Frontier emit_greedy_candidates(ProgramBuilder& pb, runtime::ShardedTen
 }
 
 runtime::Frontier emit_top_k_candidates(ProgramBuilder& pb, runtime::ShardedTensor& logits,
-                                        const runtime::Frontier& after, runtime::ShardedTensor& candidates,
-                                        std::int64_t k, const std::string& name) {
+                                        const runtime::Frontier& after,
+                                        runtime::ShardedTensor& candidates, std::int64_t k,
+                                        const std::string& name) {
   const std::int64_t rows = local_rows(logits), v_local = logits.layout().shard_shape()[1];
   const std::int64_t shards = logits.shape()[1] / v_local;
-  NUMESH_CHECK(k >= 1 && k <= v_local, ShapeError, "{}: top-k {} must be between 1 and a device's {} tokens", name, k,
-               v_local);
-  NUMESH_CHECK(candidates.shape() == (std::vector<std::int64_t>{logits.shape()[0], 2 * k * shards}) &&
-                   candidates.spec() == logits.spec(),
-               ShapeError, "{}: candidates {} {} do not fit logits {} {} and k {} (expected [{}, {}])", name,
-               fmt::join(candidates.shape(), "x"), candidates.spec().repr(), fmt::join(logits.shape(), "x"),
-               logits.spec().repr(), k, logits.shape()[0], 2 * k * shards);
+  NUMESH_CHECK(k >= 1 && k <= v_local, ShapeError,
+               "{}: top-k {} must be between 1 and a device's {} tokens", name, k, v_local);
+  NUMESH_CHECK(
+      candidates.shape() == (std::vector<std::int64_t>{logits.shape()[0], 2 * k * shards}) &&
+          candidates.spec() == logits.spec(),
+      ShapeError, "{}: candidates {} {} do not fit logits {} {} and k {} (expected [{}, {}])", name,
+      fmt::join(candidates.shape(), "x"), candidates.spec().repr(), fmt::join(logits.shape(), "x"),
+      logits.spec().repr(), k, logits.shape()[0], 2 * k * shards);
   return pb.per_device(name, {&after}, [&](std::int64_t s) {
     runtime::Tensor& ls = logits.shard(s);
     runtime::Tensor& cs = candidates.shard(s);
@@ -115,16 +124,19 @@ runtime::Frontier emit_top_k_candidates(ProgramBuilder& pb, runtime::ShardedTens
 
 void validate(const SamplingOptions& o) {
   NUMESH_CHECK(std::isfinite(o.temperature) && o.temperature > 0.0, ValueError,
-               "sampling: temperature {} must be positive (greedy decoding takes no temperature)", o.temperature);
+               "sampling: temperature {} must be positive (greedy decoding takes no temperature)",
+               o.temperature);
   NUMESH_CHECK(o.top_k >= 1, ValueError, "sampling: top-k {} must be at least 1", o.top_k);
-  NUMESH_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, ValueError, "sampling: top-p {} must be in (0, 1]", o.top_p);
+  NUMESH_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, ValueError, "sampling: top-p {} must be in (0, 1]",
+               o.top_p);
 }
 
-std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, const SamplingOptions& o,
-                                       std::mt19937_64& rng) {
+std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates,
+                                       const SamplingOptions& o, std::mt19937_64& rng) {
   validate(o);
-  NUMESH_CHECK(candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0, ShapeError,
-               "sampling: candidates {} must be [rows, 2 * m]", shape_text(candidates));
+  NUMESH_CHECK(
+      candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0,
+      ShapeError, "sampling: candidates {} must be [rows, 2 * m]", shape_text(candidates));
   const std::int64_t rows = candidates.shape[0], m = candidates.shape[1] / 2;
   std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
   std::vector<std::pair<float, std::int64_t>> c(static_cast<std::size_t>(m));
@@ -136,10 +148,14 @@ std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, co
       // -inf is a token the model rules out; NaN and +inf leave nothing sound to sample from.
       NUMESH_CHECK(!std::isnan(v) && v != std::numeric_limits<float>::infinity(), ValueError,
                    "sampling: row {} holds a logit of {}: nothing sound to sample from", r, v);
-      c[static_cast<std::size_t>(i)] = {v, static_cast<std::int64_t>(candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i + 1)])};
+      c[static_cast<std::size_t>(i)] = {
+          v, static_cast<std::int64_t>(
+                 candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i + 1)])};
     }
     // Largest first, the lower index first among equals: the global order whatever the devices.
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
     NUMESH_CHECK(c[0].first != -std::numeric_limits<float>::infinity(), ValueError,
                  "sampling: row {} rules out every token (all its logits are -inf)", r);
     const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(o.top_k, m));
@@ -147,7 +163,8 @@ std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, co
     p.assign(keep, 0.0);
     double total = 0.0;
     for (std::size_t i = 0; i < keep; ++i) {
-      p[i] = std::exp((static_cast<double>(c[i].first) - static_cast<double>(c[0].first)) / o.temperature);
+      p[i] = std::exp((static_cast<double>(c[i].first) - static_cast<double>(c[0].first)) /
+                      o.temperature);
       total += p[i];
     }
     // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
@@ -163,8 +180,9 @@ std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, co
 }
 
 std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
-  NUMESH_CHECK(candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0, ShapeError,
-               "greedy pick: candidates {} must be [rows, 2 * shards]", shape_text(candidates));
+  NUMESH_CHECK(
+      candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0,
+      ShapeError, "greedy pick: candidates {} must be [rows, 2 * shards]", shape_text(candidates));
   const std::int64_t rows = candidates.shape[0], n = candidates.shape[1] / 2;
   std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -179,17 +197,19 @@ std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
   return picked;
 }
 
-ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows,
-                             LmHeadAxes axes)
+ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights,
+                             std::int64_t rows, LmHeadAxes axes)
     : ShardedLmHead(mesh, LmHeadLayer::create(mesh, weights, axes), rows, axes) {}
 
-ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes)
+ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows,
+                             LmHeadAxes axes)
     : layer_(std::move(layer)), rows_(rows), mesh_(mesh) {
   NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
-  x_spec_ = sharding::correct_spec({rows, layer_.hidden},
-                                   PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
-                                   mesh.mesh())
-                .spec;
+  x_spec_ =
+      sharding::correct_spec(
+          {rows, layer_.hidden},
+          PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}), mesh.mesh())
+          .spec;
   greedy_ = compile(kGreedy);
   logits_ = compile(kLogits);
 }
@@ -203,8 +223,9 @@ std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
   const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
   runtime::Frontier loaded;
   runtime::ShardedTensor& x = pb.input("x", {rows_, layer_.hidden}, x_spec_, loaded);
-  runtime::ShardedTensor& logits = pb.tensor("logits", tail == kLogits ? TensorRole::kOutput : TensorRole::kActivation,
-                                             {rows_, layer_.vocab}, logits_spec);
+  runtime::ShardedTensor& logits =
+      pb.tensor("logits", tail == kLogits ? TensorRole::kOutput : TensorRole::kActivation,
+                {rows_, layer_.vocab}, logits_spec);
   const runtime::Frontier projected = emit_lm_head(pb, layer_, x, loaded, logits, "lm_head");
   if (tail == kLogits) {
     pb.output("logits", logits, projected);
@@ -214,15 +235,17 @@ std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
     runtime::ShardedTensor& candidates =
         pb.tensor("candidates", TensorRole::kOutput, {rows_, 2 * k * shards}, logits_spec);
     pb.output("candidates", candidates,
-              tail == kGreedy ? emit_greedy_candidates(pb, logits, projected, candidates, "greedy")
-                              : emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
+              tail == kGreedy
+                  ? emit_greedy_candidates(pb, logits, projected, candidates, "greedy")
+                  : emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
   }
   return std::make_unique<Program>(std::move(pb).compile());
 }
 
 void ShardedLmHead::check_input(const runtime::HostTensor& x) const {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{rows_, layer_.hidden}), ShapeError,
-               "lm head: input is {} but the head was compiled for [{}, {}]", shape_text(x), rows_, layer_.hidden);
+               "lm head: input is {} but the head was compiled for [{}, {}]", shape_text(x), rows_,
+               layer_.hidden);
 }
 
 std::vector<std::int64_t> ShardedLmHead::greedy(const runtime::HostTensor& x) {
@@ -235,7 +258,8 @@ runtime::HostTensor ShardedLmHead::logits(const runtime::HostTensor& x) {
   return logits_->run("x", x, "logits");
 }
 
-std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x, const SamplingOptions& options,
+std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x,
+                                                const SamplingOptions& options,
                                                 std::mt19937_64& rng) {
   validate(options);
   check_input(x);

@@ -9,8 +9,10 @@
 #include <tuple>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/routing.hpp"
 #include "numesh/ops/lowering/attention.hpp"
 #include "numesh/ops/lowering/cross_entropy.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
@@ -19,8 +21,6 @@
 #include "numesh/ops/lowering/mlp.hpp"
 #include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
-#include "numesh/ops/kernels/routing.hpp"
-#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
@@ -41,7 +41,8 @@ std::int64_t size_over(const std::vector<std::string>& axes, const sharding::Mes
 
 // The sequence-parallel axis as a list of axes (empty: tokens are not split).
 std::vector<std::string> sequence_axes(const ModelAxes& axes) {
-  return axes.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes.sequence};
+  return axes.sequence.empty() ? std::vector<std::string>{}
+                               : std::vector<std::string>{axes.sequence};
 }
 
 // One node per device copying its shard of `from` into its shard of `to`: the same values seen
@@ -53,17 +54,19 @@ runtime::Frontier emit_same_shards(ProgramBuilder& pb, ShardedTensor& from, Shar
     runtime::Tensor& f = from.shard(s);
     runtime::Tensor& t = to.shard(s);
     NUMESH_CHECK(f.values().size() == t.values().size(), ValueError,
-                 "{}: (internal) shard {} holds {} values in one view and {} in the other", name, s, f.values().size(),
-                 t.values().size());
-    return [&f, &t] { std::memcpy(t.values().data(), f.values().data(), f.values().size() * sizeof(float)); };
+                 "{}: (internal) shard {} holds {} values in one view and {} in the other", name, s,
+                 f.values().size(), t.values().size());
+    return [&f, &t] {
+      std::memcpy(t.values().data(), f.values().data(), f.values().size() * sizeof(float));
+    };
   });
 }
 
 // Refuses a weight the trainer cannot update in place as fp32 master weights.
 void check_fp32(DType stored_as, std::string_view what) {
   NUMESH_CHECK(stored_as == DType::kF32, ValueError,
-               "training: {} is stored as {}; training keeps fp32 master weights (load it as f32)", what,
-               to_string(stored_as));
+               "training: {} is stored as {}; training keeps fp32 master weights (load it as f32)",
+               what, to_string(stored_as));
 }
 
 }  // namespace
@@ -87,9 +90,10 @@ struct LmTrainingStep::Layers {
   std::shared_ptr<ShardedTensor> table_grad, head_grad, final_norm_grad;
 };
 
-LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
-                               const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch,
-                               std::int64_t tokens, ModelAxes axes, MatmulPrecision precision,
+LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config,
+                               const EmbeddingWeights& embedding, const TransformerWeights& stack,
+                               const LmHeadWeights* head, std::int64_t batch, std::int64_t tokens,
+                               ModelAxes axes, MatmulPrecision precision,
                                double router_aux_loss_coef)
     : mesh_(std::move(mesh)),
       config_(std::move(config)),
@@ -100,23 +104,26 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
       router_aux_loss_coef_(router_aux_loss_coef) {
   config_.validate();
   NUMESH_CHECK(router_aux_loss_coef >= 0.0 && std::isfinite(router_aux_loss_coef), ValueError,
-               "training: the router's aux loss coefficient {} must be finite and not negative", router_aux_loss_coef);
+               "training: the router's aux loss coefficient {} must be finite and not negative",
+               router_aux_loss_coef);
   const sharding::Mesh& m = mesh_.mesh();
-  NUMESH_CHECK(batch > 0 && tokens > 0, ShapeError, "training: batch {} and tokens {} must be positive", batch,
-               tokens);
+  NUMESH_CHECK(batch > 0 && tokens > 0, ShapeError,
+               "training: batch {} and tokens {} must be positive", batch, tokens);
   const std::int64_t batch_ways = size_over(axes_.batch, m);
   NUMESH_CHECK(batch % batch_ways == 0, ShapeError,
-               "training: a batch of {} sequences does not split over the data-parallel axes ({}) of size {}; use a "
+               "training: a batch of {} sequences does not split over the data-parallel axes ({}) "
+               "of size {}; use a "
                "batch that is a multiple of {}",
                batch, fmt::join(axes_.batch, ", "), batch_ways, batch_ways);
   const std::vector<std::string> sequence = sequence_axes(axes_);
   const std::int64_t sequence_ways = size_over(sequence, m);
   NUMESH_CHECK(tokens % sequence_ways == 0, ShapeError,
-               "training: {} tokens per sequence do not split over the sequence axis {} of size {}", tokens,
-               axes_.sequence, sequence_ways);
+               "training: {} tokens per sequence do not split over the sequence axis {} of size {}",
+               tokens, axes_.sequence, sequence_ways);
   NUMESH_CHECK(static_cast<std::int64_t>(stack.blocks.size()) == config_.layers, ShapeError,
                "training: {} blocks of weights for {} layers", stack.blocks.size(), config_.layers);
-  NUMESH_CHECK(!stack.final_norm.shape.empty(), ShapeError, "training: the model has no final norm");
+  NUMESH_CHECK(!stack.final_norm.shape.empty(), ShapeError,
+               "training: the model has no final norm");
   check_fp32(embedding.stored_as, "the embedding");
   if (head != nullptr) check_fp32(head->stored_as, "the LM head");
 
@@ -125,22 +132,25 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
   L.embedding = EmbeddingLayer::create(mesh_, embedding);
   vocab_ = L.embedding.vocab;
   NUMESH_CHECK(L.embedding.hidden == config_.hidden, ShapeError,
-               "training: the embedding is [{}, {}] but the model's hidden size is {}", L.embedding.vocab,
-               L.embedding.hidden, config_.hidden);
+               "training: the embedding is [{}, {}] but the model's hidden size is {}",
+               L.embedding.vocab, L.embedding.hidden, config_.hidden);
   L.tied = head == nullptr;
   if (L.tied) {
     // The head's matrix is the table itself: both are [V, H] split over the vocabulary alike.
-    L.head = LmHeadLayer{.hidden = L.embedding.hidden, .vocab = L.embedding.vocab, .weight = L.embedding.table};
+    L.head = LmHeadLayer{
+        .hidden = L.embedding.hidden, .vocab = L.embedding.vocab, .weight = L.embedding.table};
   } else {
     L.head = LmHeadLayer::create(mesh_, *head);
-    NUMESH_CHECK(L.head.hidden == config_.hidden && L.head.vocab == vocab_, ShapeError,
-                 "training: the LM head is [{}, {}] (H, V) but the model is hidden {}, vocabulary {}", L.head.hidden,
-                 L.head.vocab, config_.hidden, vocab_);
+    NUMESH_CHECK(
+        L.head.hidden == config_.hidden && L.head.vocab == vocab_, ShapeError,
+        "training: the LM head is [{}, {}] (H, V) but the model is hidden {}, vocabulary {}",
+        L.head.hidden, L.head.vocab, config_.hidden, vocab_);
   }
   const PartitionSpec replicated({AxisRule(), AxisRule()});
   auto norm = [&](const runtime::HostTensor& t, std::string_view what) {
     NUMESH_CHECK(t.shape == (std::vector<std::int64_t>{1, config_.hidden}), ShapeError,
-                 "training: {} is {}, expected [1, {}]", what, detail::shape_text(t), config_.hidden);
+                 "training: {} is {}, expected [1, {}]", what, detail::shape_text(t),
+                 config_.hidden);
     return detail::laid_out(mesh_, t, replicated);
   };
   const auto add = [&](std::string name, const std::shared_ptr<ShardedTensor>& value,
@@ -159,15 +169,18 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
         AttentionAxes{.batch = axes_.batch, .sequence = sequence, .heads = axes_.heads});
     if (config_.is_moe(l)) {
       check_fp32(w.moe.stored_as, fmt::format("block {}'s experts", l));
-      if (w.moe.has_shared_expert()) check_fp32(w.moe.shared_expert.stored_as, fmt::format("block {}'s shared expert", l));
-      b.moe = MoeLayer::create(mesh_, config_.moe, w.moe,
-                               MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
+      if (w.moe.has_shared_expert())
+        check_fp32(w.moe.shared_expert.stored_as, fmt::format("block {}'s shared expert", l));
+      b.moe = MoeLayer::create(
+          mesh_, config_.moe, w.moe,
+          MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
       b.moe_grads = MoeGradients::like(*b.moe);
     } else {
       check_fp32(w.mlp.stored_as, fmt::format("block {}'s MLP", l));
       b.mlp = MlpLayer::create(
           mesh_, MlpKind::kSwiGLU, w.mlp,
-          MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
+          MlpAxes{
+              .batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
       b.mlp_grads = MlpGradients::like(*b.mlp);
     }
     b.attn_norm = norm(w.attn_norm, fmt::format("block {} attn_norm", l));
@@ -183,8 +196,10 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
     add(p + "attention.wo", b.attention.wo, b.attention_grads.wo, kOutIn);
     // Qwen2's biases and Qwen3's q/k norms, rows [1, n], where the model has them.
     for (const auto& [slot, value, grad] :
-         {std::tuple{"bq", b.attention.bq, b.attention_grads.bq}, std::tuple{"bk", b.attention.bk, b.attention_grads.bk},
-          std::tuple{"bv", b.attention.bv, b.attention_grads.bv}, std::tuple{"bo", b.attention.bo, b.attention_grads.bo},
+         {std::tuple{"bq", b.attention.bq, b.attention_grads.bq},
+          std::tuple{"bk", b.attention.bk, b.attention_grads.bk},
+          std::tuple{"bv", b.attention.bv, b.attention_grads.bv},
+          std::tuple{"bo", b.attention.bo, b.attention_grads.bo},
           std::tuple{"q_norm", b.attention.q_norm, b.attention_grads.q_norm},
           std::tuple{"k_norm", b.attention.k_norm, b.attention_grads.k_norm}}) {
       if (value != nullptr) add(p + "attention." + slot, value, grad, kInOut);
@@ -196,19 +211,23 @@ LmTrainingStep::LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig confi
       add(p + "moe.up", b.moe->up, b.moe_grads.up, kInOut);
       add(p + "moe.down", b.moe->down, b.moe_grads.down, kInOut);
       if (b.moe->shared_expert) {  // Qwen2-MoE
-        add(p + "moe.shared_expert.gate", b.moe->shared_expert->gate, b.moe_grads.shared_gate, kOutIn);
+        add(p + "moe.shared_expert.gate", b.moe->shared_expert->gate, b.moe_grads.shared_gate,
+            kOutIn);
         add(p + "moe.shared_expert.up", b.moe->shared_expert->up, b.moe_grads.shared_up, kOutIn);
-        add(p + "moe.shared_expert.down", b.moe->shared_expert->down, b.moe_grads.shared_down, kOutIn);
-        add(p + "moe.shared_expert_gate", b.moe->shared_expert_gate, b.moe_grads.shared_expert_gate, kInOut);
+        add(p + "moe.shared_expert.down", b.moe->shared_expert->down, b.moe_grads.shared_down,
+            kOutIn);
+        add(p + "moe.shared_expert_gate", b.moe->shared_expert_gate, b.moe_grads.shared_expert_gate,
+            kInOut);
       }
     } else {
       add(p + "mlp.gate", b.mlp->gate, b.mlp_grads.gate, kOutIn);
       add(p + "mlp.up", b.mlp->up, b.mlp_grads.up, kOutIn);
       add(p + "mlp.down", b.mlp->down, b.mlp_grads.down, kOutIn);
       // Llama's mlp_bias, rows [1, n], where the model has them.
-      for (const auto& [slot, value, grad] : {std::tuple{"gate_bias", b.mlp->gate_bias, b.mlp_grads.gate_bias},
-                                              std::tuple{"up_bias", b.mlp->up_bias, b.mlp_grads.up_bias},
-                                              std::tuple{"down_bias", b.mlp->down_bias, b.mlp_grads.down_bias}}) {
+      for (const auto& [slot, value, grad] :
+           {std::tuple{"gate_bias", b.mlp->gate_bias, b.mlp_grads.gate_bias},
+            std::tuple{"up_bias", b.mlp->up_bias, b.mlp_grads.up_bias},
+            std::tuple{"down_bias", b.mlp->down_bias, b.mlp_grads.down_bias}}) {
         if (value != nullptr) add(p + "mlp." + slot, value, grad, kInOut);
       }
     }
@@ -236,10 +255,12 @@ void LmTrainingStep::compile() {
   std::vector<std::string> row_axes = axes_.batch;
   row_axes.insert(row_axes.end(), sequence.begin(), sequence.end());
   const std::vector<std::int64_t> shape{batch_, tokens_, h};
-  const PartitionSpec spec({detail::entry_over(axes_.batch, m), detail::entry_over(sequence, m), AxisRule()});
+  const PartitionSpec spec(
+      {detail::entry_over(axes_.batch, m), detail::entry_over(sequence, m), AxisRule()});
   const PartitionSpec row_spec({detail::entry_over(row_axes, m), AxisRule()});
 
-  ProgramBuilder pb(mesh_, fmt::format("training step (B={}, T={}, {} compute)", batch_, tokens_, to_string(precision_)));
+  ProgramBuilder pb(mesh_, fmt::format("training step (B={}, T={}, {} compute)", batch_, tokens_,
+                                       to_string(precision_)));
   pb.set_matmul_precision(precision_);
   auto activation = [&](const std::string& name) -> ShardedTensor& {
     return pb.tensor(name, TensorRole::kActivation, shape, spec);
@@ -259,10 +280,12 @@ void LmTrainingStep::compile() {
     const std::int64_t first_row = x_rows.layout().tile_offset(s)[0];
     for (std::int64_t b = 0; b < local[0]; ++b) {
       for (std::int64_t t = 0; t < local[1]; ++t) {
-        const std::int64_t row = first_row + b * local[1] + t, position = (at[0] + b) * tokens_ + at[1] + t;
+        const std::int64_t row = first_row + b * local[1] + t,
+                           position = (at[0] + b) * tokens_ + at[1] + t;
         std::int64_t& slot = position_of_row_[static_cast<std::size_t>(row)];
         NUMESH_CHECK(slot == -1 || slot == position, ValueError,
-                     "training: (internal) row {} holds positions {} and {} on different devices", row, slot, position);
+                     "training: (internal) row {} holds positions {} and {} on different devices",
+                     row, slot, position);
         slot = position;
       }
     }
@@ -294,15 +317,18 @@ void LmTrainingStep::compile() {
     k.attn_norm = &norm_w;
     ShardedTensor& n1 = activation(p + ".attn_in");
     k.block_in = ffn_out != nullptr ? &activation(p + ".x") : stream;
-    front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, ffn_out != nullptr ? k.block_in : nullptr, n1, eps,
-                                  front, p + ".attn_norm");
+    front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w,
+                                  ffn_out != nullptr ? k.block_in : nullptr, n1, eps, front,
+                                  p + ".attn_norm");
     ShardedTensor& attn_out = activation(p + ".attn_out");
-    front = emit_attention(pb, b.attention, n1, front, attn_out, p + ".attn", AttentionStep{}, &k.attention);
+    front = emit_attention(pb, b.attention, n1, front, attn_out, p + ".attn", AttentionStep{},
+                           &k.attention);
     ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, b.ffn_norm);
     k.ffn_norm = &ffn_norm_w;
     k.mid = &activation(p + ".h");
     ShardedTensor& n2 = activation(p + ".ffn_in");
-    front = emit_residual_rmsnorm(pb, *k.block_in, &attn_out, &ffn_norm_w, k.mid, n2, eps, front, p + ".ffn_norm");
+    front = emit_residual_rmsnorm(pb, *k.block_in, &attn_out, &ffn_norm_w, k.mid, n2, eps, front,
+                                  p + ".ffn_norm");
     ShardedTensor& f = activation(p + ".ffn_out");
     front = b.moe ? emit_moe(pb, *b.moe, n2, front, f, p + ".moe", nullptr, &k.moe)
                   : emit_mlp(pb, *b.mlp, n2, front, f, p + ".mlp", &k.mlp);
@@ -318,32 +344,41 @@ void LmTrainingStep::compile() {
   if (router_aux_loss_coef_ > 0.0 && moe_layers > 0) {
     const std::int64_t e = config_.moe.num_experts, k = config_.moe.top_k;
     const PartitionSpec replicated({AxisRule(), AxisRule()});
-    ShardedTensor& counts = pb.tensor("router_aux.local", TensorRole::kActivation, {1, 2 * e}, replicated);
-    ShardedTensor& stats = pb.tensor("router_aux.stats", TensorRole::kOutput, {1, 2 * e}, replicated);
-    const runtime::Frontier counted = pb.per_device("router_aux.count", {&front}, [&](std::int64_t s) {
-      std::vector<std::pair<const RoutingTables*, const runtime::Tensor*>> layers;
-      for (std::size_t l = 0; l < L.blocks.size(); ++l) {
-        const MoeSaved& saved = kept[l].moe;
-        if (!L.blocks[l].moe || !detail::first_of_partial_sum(mesh_, saved.partial_placed, s)) continue;
-        layers.emplace_back(saved.tables[static_cast<std::size_t>(s)], saved.probs[static_cast<std::size_t>(s)]);
-        router_aux_rows_ += saved.probs[static_cast<std::size_t>(s)]->shape()[0];
-      }
-      runtime::Tensor& out = counts.shard(s);
-      return [layers, &out, e, k] {
-        const std::span<float> v = out.values();
-        std::vector<double> sums(static_cast<std::size_t>(2 * e), 0.0);
-        for (const auto& [tables, probs] : layers) {
-          const std::int64_t routed = probs->shape()[0];
-          for (std::int64_t a = 0; a < routed * k; ++a) sums[static_cast<std::size_t>(tables->choice[static_cast<std::size_t>(a)])] += 1.0;
-          const ConstMatrixMap p(probs->values().data(), routed, e);
-          for (std::int64_t ex = 0; ex < e; ++ex) sums[static_cast<std::size_t>(e + ex)] += p.col(ex).cast<double>().sum();
-        }
-        for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sums[i]);
-      };
-    });
+    ShardedTensor& counts =
+        pb.tensor("router_aux.local", TensorRole::kActivation, {1, 2 * e}, replicated);
+    ShardedTensor& stats =
+        pb.tensor("router_aux.stats", TensorRole::kOutput, {1, 2 * e}, replicated);
+    const runtime::Frontier counted =
+        pb.per_device("router_aux.count", {&front}, [&](std::int64_t s) {
+          std::vector<std::pair<const RoutingTables*, const runtime::Tensor*>> layers;
+          for (std::size_t l = 0; l < L.blocks.size(); ++l) {
+            const MoeSaved& saved = kept[l].moe;
+            if (!L.blocks[l].moe || !detail::first_of_partial_sum(mesh_, saved.partial_placed, s))
+              continue;
+            layers.emplace_back(saved.tables[static_cast<std::size_t>(s)],
+                                saved.probs[static_cast<std::size_t>(s)]);
+            router_aux_rows_ += saved.probs[static_cast<std::size_t>(s)]->shape()[0];
+          }
+          runtime::Tensor& out = counts.shard(s);
+          return [layers, &out, e, k] {
+            const std::span<float> v = out.values();
+            std::vector<double> sums(static_cast<std::size_t>(2 * e), 0.0);
+            for (const auto& [tables, probs] : layers) {
+              const std::int64_t routed = probs->shape()[0];
+              for (std::int64_t a = 0; a < routed * k; ++a)
+                sums[static_cast<std::size_t>(tables->choice[static_cast<std::size_t>(a)])] += 1.0;
+              const ConstMatrixMap p(probs->values().data(), routed, e);
+              for (std::int64_t ex = 0; ex < e; ++ex)
+                sums[static_cast<std::size_t>(e + ex)] += p.col(ex).cast<double>().sum();
+            }
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sums[i]);
+          };
+        });
     const std::vector<sharding::Placement> all_partial(m.rank(), sharding::Placement::partial());
-    const std::vector<sharding::Placement> all_replicated(m.rank(), sharding::Placement::replicate());
-    const runtime::Frontier reduced = pb.reshard(counts, all_partial, stats, all_replicated, counted, "router_aux.stats");
+    const std::vector<sharding::Placement> all_replicated(m.rank(),
+                                                          sharding::Placement::replicate());
+    const runtime::Frontier reduced =
+        pb.reshard(counts, all_partial, stats, all_replicated, counted, "router_aux.stats");
     pb.output("router_aux.stats", stats, reduced);
     aux = RouterAuxGradient{
         .stats = &stats,
@@ -364,9 +399,10 @@ void LmTrainingStep::compile() {
 
   // ---- backward: the mean over the rows, every operator's backward in reverse ----
   ShardedTensor& dy_rows = rows_tensor("final.y.rows.grad");
-  ShardedTensor& head_grad =
-      L.tied ? pb.tensor("lm_head.weight.grad", TensorRole::kActivation, L.head.weight->shape(), L.head.weight->spec())
-             : pb.use("lm_head.weight.grad", TensorRole::kOutput, L.head_grad);
+  ShardedTensor& head_grad = L.tied
+                                 ? pb.tensor("lm_head.weight.grad", TensorRole::kActivation,
+                                             L.head.weight->shape(), L.head.weight->spec())
+                                 : pb.use("lm_head.weight.grad", TensorRole::kOutput, L.head_grad);
   // Each backward hands the next its dx as soon as dx is complete (dx_ready); its parameters'
   // gradients reduce meanwhile, overlapping the rest of the backward. The program's run waits
   // for every node, those reductions included.
@@ -378,8 +414,8 @@ void LmTrainingStep::compile() {
   front = emit_same_shards(pb, dy_rows, dy, front, "final.grad_to_activations");
   ShardedTensor* d_stream = &activation("final.x.grad");
   emit_rmsnorm_backward(pb, z, final_w, dy, nullptr, *d_stream,
-                        pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), eps, front, "final_norm.bwd",
-                        &dx_ready);
+                        pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), eps,
+                        front, "final_norm.bwd", &dx_ready);
   front = dx_ready;
   for (std::size_t i = L.blocks.size(); i-- > 0;) {
     Layers::Block& b = L.blocks[i];
@@ -388,32 +424,34 @@ void LmTrainingStep::compile() {
     // d_stream is the gradient of the block's output mid + f: f's, and mid's through the residual.
     ShardedTensor& dn2 = activation(p + ".ffn_in.grad");
     if (b.moe) {
-      emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd", aux ? &*aux : nullptr,
-                        &dx_ready);
+      emit_moe_backward(pb, *b.moe, k.moe, *d_stream, front, dn2, b.moe_grads, p + ".moe.bwd",
+                        aux ? &*aux : nullptr, &dx_ready);
     } else {
-      emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd", &dx_ready);
+      emit_mlp_backward(pb, *b.mlp, k.mlp, *d_stream, front, dn2, b.mlp_grads, p + ".mlp.bwd",
+                        &dx_ready);
     }
     front = dx_ready;
     ShardedTensor& dmid = activation(p + ".h.grad");
     emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream, dmid,
-                          pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, b.ffn_norm_grad), eps, front,
-                          p + ".ffn_norm.bwd", &dx_ready);
+                          pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, b.ffn_norm_grad), eps,
+                          front, p + ".ffn_norm.bwd", &dx_ready);
     front = dx_ready;
     ShardedTensor& dn1 = activation(p + ".attn_in.grad");
-    emit_attention_backward(pb, b.attention, k.attention, dmid, front, dn1, b.attention_grads, p + ".attn.bwd",
-                            &dx_ready);
+    emit_attention_backward(pb, b.attention, k.attention, dmid, front, dn1, b.attention_grads,
+                            p + ".attn.bwd", &dx_ready);
     front = dx_ready;
     ShardedTensor& d_in = activation(p + ".x.grad");
     emit_rmsnorm_backward(pb, *k.block_in, *k.attn_norm, dn1, &dmid, d_in,
-                          pb.use(p + ".attn_norm.grad", TensorRole::kOutput, b.attn_norm_grad), eps, front,
-                          p + ".attn_norm.bwd", &dx_ready);
+                          pb.use(p + ".attn_norm.grad", TensorRole::kOutput, b.attn_norm_grad), eps,
+                          front, p + ".attn_norm.bwd", &dx_ready);
     front = dx_ready;
     d_stream = &d_in;
   }
   ShardedTensor& dx_rows = rows_tensor("x.rows.grad");
   front = emit_same_shards(pb, *d_stream, dx_rows, front, "embedding.grad_to_rows");
   ShardedTensor& table_grad = pb.use("embedding.table.grad", TensorRole::kOutput, L.table_grad);
-  front = emit_embedding_backward(pb, L.embedding, &inputs_, dx_rows, front, table_grad, "embedding.bwd");
+  front = emit_embedding_backward(pb, L.embedding, &inputs_, dx_rows, front, table_grad,
+                                  "embedding.bwd");
   if (L.tied) {
     // One matrix used twice: its gradient is the sum of both uses'.
     pb.per_device("tied.grad", {&front, &head_grad_done}, [&](std::int64_t s) {
@@ -429,18 +467,23 @@ void LmTrainingStep::compile() {
   program_ = std::make_unique<Program>(std::move(pb).compile());
 }
 
-double LmTrainingStep::run(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+double LmTrainingStep::run(std::span<const std::int32_t> inputs,
+                           std::span<const std::int32_t> targets) {
   const std::int64_t rows = batch_ * tokens_;
-  NUMESH_CHECK(static_cast<std::int64_t>(inputs.size()) == rows && static_cast<std::int64_t>(targets.size()) == rows,
-               ShapeError, "training: {} inputs and {} targets for {} sequences of {} tokens (expected {} each)",
-               inputs.size(), targets.size(), batch_, tokens_, rows);
+  NUMESH_CHECK(
+      static_cast<std::int64_t>(inputs.size()) == rows &&
+          static_cast<std::int64_t>(targets.size()) == rows,
+      ShapeError,
+      "training: {} inputs and {} targets for {} sequences of {} tokens (expected {} each)",
+      inputs.size(), targets.size(), batch_, tokens_, rows);
   for (const auto* ids : {&inputs, &targets}) {
     for (std::size_t i = 0; i < ids->size(); ++i) {
       const std::int32_t id = (*ids)[i];
-      NUMESH_CHECK(id >= 0 && id < vocab_, IndexError,
-                   "training: {} id {} of sequence {} at position {} is outside the vocabulary [0, {})",
-                   ids == &inputs ? "input" : "target", id, static_cast<std::int64_t>(i) / tokens_,
-                   static_cast<std::int64_t>(i) % tokens_, vocab_);
+      NUMESH_CHECK(
+          id >= 0 && id < vocab_, IndexError,
+          "training: {} id {} of sequence {} at position {} is outside the vocabulary [0, {})",
+          ids == &inputs ? "input" : "target", id, static_cast<std::int64_t>(i) / tokens_,
+          static_cast<std::int64_t>(i) % tokens_, vocab_);
     }
   }
   for (std::size_t r = 0; r < position_of_row_.size(); ++r) {
@@ -460,7 +503,8 @@ double LmTrainingStep::run(std::span<const std::int32_t> inputs, std::span<const
     const std::size_t e = stats.size() / 2;
     const auto n = static_cast<double>(router_aux_rows_);
     for (std::size_t i = 0; i < e; ++i) {
-      router_aux_loss_ += static_cast<double>(e) * static_cast<double>(stats[i]) * static_cast<double>(stats[e + i]) / (n * n);
+      router_aux_loss_ += static_cast<double>(e) * static_cast<double>(stats[i]) *
+                          static_cast<double>(stats[e + i]) / (n * n);
     }
     loss += router_aux_loss_coef_ * router_aux_loss_;
   }

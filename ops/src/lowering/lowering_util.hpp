@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "../shape_text.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
-#include "../shape_text.hpp"
-#include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/axis_rule.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/placement.hpp"
 
@@ -68,12 +68,14 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::De
   std::vector<std::int64_t> shape = host.shape;
   std::swap(shape[rank - 2], shape[rank - 1]);
   const sharding::PartitionSpec stored_spec = swap_last_two(spec, rank);
-  if (host.is_shape_only()) return laid_out(mesh, runtime::HostTensor::shape_only(std::move(shape)), stored_spec, dtype);
+  if (host.is_shape_only())
+    return laid_out(mesh, runtime::HostTensor::shape_only(std::move(shape)), stored_spec, dtype);
   // Each [in, out] matrix of the batch transposed, in 64 x 64 tiles (a row-by-row loop writes
   // one element per cache line and took 12 % of a bench decode's set-up).
   constexpr std::int64_t kTile = 64;
   const std::int64_t in = host.shape[rank - 2], out = host.shape[rank - 1];
-  const std::int64_t matrices = static_cast<std::int64_t>(host.data.size()) / std::max<std::int64_t>(in * out, 1);
+  const std::int64_t matrices =
+      static_cast<std::int64_t>(host.data.size()) / std::max<std::int64_t>(in * out, 1);
   runtime::HostTensor t = runtime::HostTensor::zeros(shape);
   for (std::int64_t b = 0; b < matrices; ++b) {
     const float* from = host.data.data() + b * in * out;
@@ -81,7 +83,8 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::De
     for (std::int64_t r0 = 0; r0 < in; r0 += kTile) {
       for (std::int64_t c0 = 0; c0 < out; c0 += kTile) {
         for (std::int64_t c = c0; c < std::min(out, c0 + kTile); ++c) {
-          for (std::int64_t r = r0; r < std::min(in, r0 + kTile); ++r) to[c * in + r] = from[r * out + c];
+          for (std::int64_t r = r0; r < std::min(in, r0 + kTile); ++r)
+            to[c * in + r] = from[r * out + c];
         }
       }
     }
@@ -91,7 +94,8 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::De
 
 /// `spec` with every use of `axes` removed (a tuple keeps its other members; an emptied entry
 /// becomes None): the layout of the tensor after an all-gather over those axes.
-inline sharding::PartitionSpec without_axes(const sharding::PartitionSpec& spec, const std::vector<std::string>& axes,
+inline sharding::PartitionSpec without_axes(const sharding::PartitionSpec& spec,
+                                            const std::vector<std::string>& axes,
                                             std::size_t rank) {
   std::vector<sharding::AxisRule> entries;
   for (std::size_t i = 0; i < rank; ++i) {
@@ -128,8 +132,8 @@ inline void add_bias_rows(MatrixMap m, const runtime::HostTensor& bias, std::int
 /// An optional vector (a bias, a norm weight; [n], or absent: no shape) laid out as a row
 /// [1, n] split by `rule` as the outputs it is added to; null when absent.
 inline std::shared_ptr<runtime::ShardedTensor> laid_out_row(const runtime::DeviceMesh& mesh,
-                                                           const runtime::HostTensor& values,
-                                                           const sharding::AxisRule& rule) {
+                                                            const runtime::HostTensor& values,
+                                                            const sharding::AxisRule& rule) {
   if (values.shape.empty()) return nullptr;
   runtime::HostTensor row = values;
   row.shape = {1, static_cast<std::int64_t>(values.data.size())};
@@ -152,7 +156,8 @@ inline std::span<const float> row_of(runtime::ShardedTensor* t, std::int64_t slo
 /// True when `slot` is the first device (coordinate 0) on every mesh axis whose placement in
 /// `placed` is Partial: the one device of its reduction group that adds a term which must be
 /// counted once in the sum (an output bias).
-inline bool first_of_partial_sum(const runtime::DeviceMesh& mesh, const std::vector<sharding::Placement>& placed,
+inline bool first_of_partial_sum(const runtime::DeviceMesh& mesh,
+                                 const std::vector<sharding::Placement>& placed,
                                  std::int64_t slot) {
   const std::vector<std::int64_t> coords = mesh.coords(slot);
   for (std::size_t a = 0; a < placed.size(); ++a) {
@@ -163,23 +168,27 @@ inline bool first_of_partial_sum(const runtime::DeviceMesh& mesh, const std::vec
 
 /// Checks that `a` and `b` are laid out as x ([..., H], shape and spec) with H whole on every
 /// device: the operands of a row-wise operator (a norm and its gradients).
-/// Throws: ShapeError "NAME: x [shape] spec, [shape] spec and [shape] spec must be laid out alike, H whole".
+/// Throws: ShapeError "NAME: x [shape] spec, [shape] spec and [shape] spec must be laid out alike,
+/// H whole".
 inline void check_rows_alike(const runtime::ShardedTensor& x, const runtime::ShardedTensor& a,
                              const runtime::ShardedTensor& b, const std::string& name) {
   const std::int64_t h = x.shape().back();
-  const auto alike = [&](const runtime::ShardedTensor& t) { return t.shape() == x.shape() && t.spec() == x.spec(); };
+  const auto alike = [&](const runtime::ShardedTensor& t) {
+    return t.shape() == x.shape() && t.spec() == x.spec();
+  };
   NUMESH_CHECK(alike(a) && alike(b) && x.layout().shard_shape().back() == h, ShapeError,
-               "{}: x {} {}, {} {} and {} {} must be laid out alike, H whole", name, fmt::join(x.shape(), "x"),
-               x.spec().repr(), fmt::join(a.shape(), "x"), a.spec().repr(), fmt::join(b.shape(), "x"),
-               b.spec().repr());
+               "{}: x {} {}, {} {} and {} {} must be laid out alike, H whole", name,
+               fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(a.shape(), "x"),
+               a.spec().repr(), fmt::join(b.shape(), "x"), b.spec().repr());
 }
 
 /// Checks that `row` (a norm's weight or bias; null: none) is a replicated [1, h].
 /// Throws: ShapeError "NAME: the WHAT is [shape] spec, expected a replicated [1, h]".
-inline void check_replicated_row(const runtime::ShardedTensor* row, std::int64_t h, const std::string& what,
-                                 const std::string& name) {
+inline void check_replicated_row(const runtime::ShardedTensor* row, std::int64_t h,
+                                 const std::string& what, const std::string& name) {
   if (row == nullptr) return;
-  NUMESH_CHECK(row->shape() == (std::vector<std::int64_t>{1, h}) && row->layout().shard_shape() == row->shape(),
+  NUMESH_CHECK(row->shape() == (std::vector<std::int64_t>{1, h}) &&
+                   row->layout().shard_shape() == row->shape(),
                ShapeError, "{}: the {} is {} {}, expected a replicated [1, {}]", name, what,
                fmt::join(row->shape(), "x"), row->spec().repr(), h);
 }

@@ -1,27 +1,26 @@
 #include "numesh/ops/lowering/mlp.hpp"
 
 #include <fmt/format.h>
-
 #include <fmt/ranges.h>
 
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/activations.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
-#include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
-using sharding::AxisRule;
-using sharding::PartitionSpec;
 using detail::add_bias_rows;
 using detail::shape_text;
+using sharding::AxisRule;
+using sharding::PartitionSpec;
 
 }  // namespace
 
@@ -29,14 +28,15 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
                           const MlpAxes& axes) {
   const char* what = kind == MlpKind::kGelu ? "mlp (gelu)" : "mlp (swiglu)";
   NUMESH_CHECK(w.up.shape.size() == 2 && w.down.shape.size() == 2, ShapeError,
-               "{}: up {} and down {} must be matrices", what, shape_text(w.up), shape_text(w.down));
+               "{}: up {} and down {} must be matrices", what, shape_text(w.up),
+               shape_text(w.down));
   MlpLayer layer;
   layer.kind = kind;
   layer.hidden = w.up.shape[0];
   layer.intermediate = w.up.shape[1];
-  NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{layer.intermediate, layer.hidden}), ShapeError,
-               "{}: up {} and down {} do not chain (expected down [{}, {}])", what, shape_text(w.up),
-               shape_text(w.down), layer.intermediate, layer.hidden);
+  NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{layer.intermediate, layer.hidden}),
+               ShapeError, "{}: up {} and down {} do not chain (expected down [{}, {}])", what,
+               shape_text(w.up), shape_text(w.down), layer.intermediate, layer.hidden);
   NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   check_biases(w, kind, layer.hidden, layer.intermediate);
@@ -49,7 +49,8 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
   layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
   layer.down = detail::laid_out_out_in(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
-  if (kind == MlpKind::kSwiGLU) layer.gate = detail::laid_out_out_in(mesh, w.gate, PartitionSpec({zero, tp}), w.stored_as);
+  if (kind == MlpKind::kSwiGLU)
+    layer.gate = detail::laid_out_out_in(mesh, w.gate, PartitionSpec({zero, tp}), w.stored_as);
   return layer;
 }
 
@@ -60,31 +61,35 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const runtime::DeviceMesh& mesh = pb.mesh();
   const auto& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
-  NUMESH_CHECK(rank >= 2 && x.shape().back() == layer.hidden && x.layout().shard_shape().back() == layer.hidden &&
-                   y.shape() == x.shape(),
-               ShapeError, "{}: x {} {} and y {} do not fit hidden {} (H must be last and not split)", name,
+  NUMESH_CHECK(rank >= 2 && x.shape().back() == layer.hidden &&
+                   x.layout().shard_shape().back() == layer.hidden && y.shape() == x.shape(),
+               ShapeError,
+               "{}: x {} {} and y {} do not fit hidden {} (H must be last and not split)", name,
                fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(y.shape(), "x"), layer.hidden);
   // FSDP: weights stored split along H are gathered for the run (each into its own buffer;
   // the gathers start at once, overlapping whatever runs before the MLP).
   std::vector<runtime::Frontier> ready;
-  auto gather_weight = [&](const std::shared_ptr<runtime::ShardedTensor>& stored, const std::string& wname,
-                           std::size_t h_dim) -> runtime::ShardedTensor& {
+  auto gather_weight = [&](const std::shared_ptr<runtime::ShardedTensor>& stored,
+                           const std::string& wname, std::size_t h_dim) -> runtime::ShardedTensor& {
     runtime::ShardedTensor& t = pb.use(name + "." + wname, TensorRole::kWeight, stored);
     runtime::Frontier f;
     runtime::ShardedTensor& g =
-        pb.gather_over(t, detail::axes_of(t.spec(), h_dim), TensorRole::kActivation, name + "." + wname + ".gathered", f);
+        pb.gather_over(t, detail::axes_of(t.spec(), h_dim), TensorRole::kActivation,
+                       name + "." + wname + ".gathered", f);
     if (!f.empty()) ready.push_back(std::move(f));
     return g;
   };
-  runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 1);  // [F, H]
+  runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 1);        // [F, H]
   runtime::ShardedTensor& down = gather_weight(layer.down, "w_down", 0);  // [H, F]
   runtime::ShardedTensor* gate = layer.gate ? &gather_weight(layer.gate, "w_gate", 1) : nullptr;
   // Sequence parallelism over the F axis: gather the tokens first.
   const std::vector<std::string> f_axes = detail::axes_of(up.spec(), 0);
   runtime::Frontier x_ready = after;
-  runtime::ShardedTensor& xc = pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
+  runtime::ShardedTensor& xc =
+      pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
   ready.push_back(x_ready);
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // Placements of the partial output: the gathered x's, plus Partial(sum) on the axes that
   // split F.
@@ -97,17 +102,26 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
   const std::int64_t f_local = up.layout().shard_shape()[0];
   const std::int64_t h = layer.hidden;
-  const double flops = 2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
+  const double flops =
+      2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
   // The biases, registered once; a device reads its shard (its slice of F for gate and up).
-  runtime::ShardedTensor *const gate_bias = pb.use_if_present(name + ".gate_bias", TensorRole::kWeight, layer.gate_bias);
-  runtime::ShardedTensor *const up_bias = pb.use_if_present(name + ".up_bias", TensorRole::kWeight, layer.up_bias);
-  runtime::ShardedTensor *const down_bias = pb.use_if_present(name + ".down_bias", TensorRole::kWeight, layer.down_bias);
+  runtime::ShardedTensor* const gate_bias =
+      pb.use_if_present(name + ".gate_bias", TensorRole::kWeight, layer.gate_bias);
+  runtime::ShardedTensor* const up_bias =
+      pb.use_if_present(name + ".up_bias", TensorRole::kWeight, layer.up_bias);
+  runtime::ShardedTensor* const down_bias =
+      pb.use_if_present(name + ".down_bias", TensorRole::kWeight, layer.down_bias);
   const auto slots = static_cast<std::size_t>(mesh.size());
   if (saved != nullptr) {
-    *saved = MlpSaved{.x = &xc, .up = &up, .gate = gate, .down = &down,
-                      .up_pre = std::vector<runtime::Tensor*>(slots), .gate_pre = std::vector<runtime::Tensor*>(slots),
+    *saved = MlpSaved{.x = &xc,
+                      .up = &up,
+                      .gate = gate,
+                      .down = &down,
+                      .up_pre = std::vector<runtime::Tensor*>(slots),
+                      .gate_pre = std::vector<runtime::Tensor*>(slots),
                       .hidden = std::vector<runtime::Tensor*>(slots),
-                      .x_placed = sharding::to_placements(x.spec(), m, rank), .partial_placed = y_placed,
+                      .x_placed = sharding::to_placements(x.spec(), m, rank),
+                      .partial_placed = y_placed,
                       .y_placed = sharding::to_placements(y.spec(), m, rank)};
   }
   // Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
@@ -121,8 +135,10 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& hs = pb.scratch(s, {rows, f_local});
     hidden[i] = &hs;
-    runtime::Tensor* us = gate != nullptr || saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
-    runtime::Tensor* gs = gate != nullptr && saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    runtime::Tensor* us =
+        gate != nullptr || saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    runtime::Tensor* gs =
+        gate != nullptr && saved != nullptr ? &pb.scratch(s, {rows, f_local}) : nullptr;
     if (saved != nullptr) {
       saved->up_pre[i] = us;
       saved->gate_pre[i] = gs;
@@ -165,7 +181,8 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       if (adds_bias) add_bias_rows(ym, bd);
     };
   });
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done, name + ".out");
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done,
+                    name + ".out");
 }
 
 MlpGradients MlpGradients::like(const MlpLayer& layer) {
@@ -180,14 +197,16 @@ MlpGradients MlpGradients::like(const MlpLayer& layer) {
 ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& w,
                        std::int64_t tokens, MlpAxes axes)
     : layer_(MlpLayer::create(mesh, kind, w, axes)), tokens_(tokens) {
-  NUMESH_CHECK(tokens > 0, ShapeError, "mlp ({}): {} tokens; need at least one", to_string(kind), tokens);
+  NUMESH_CHECK(tokens > 0, ShapeError, "mlp ({}): {} tokens; need at least one", to_string(kind),
+               tokens);
   ProgramBuilder pb(mesh, fmt::format("mlp ({})", to_string(kind)));
   const std::vector<std::int64_t> shape{tokens, layer_.hidden};
   std::vector<std::string> token_axes = axes.batch;
   token_axes.insert(token_axes.end(), axes.sequence.begin(), axes.sequence.end());
   const PartitionSpec spec =
-      sharding::correct_spec(shape, PartitionSpec({detail::entry_over(token_axes, mesh.mesh()), AxisRule()}),
-                             mesh.mesh())
+      sharding::correct_spec(
+          shape, PartitionSpec({detail::entry_over(token_axes, mesh.mesh()), AxisRule()}),
+          mesh.mesh())
           .spec;
   runtime::Frontier loaded;
   runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
@@ -199,7 +218,8 @@ ShardedMlp::ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights&
 
 runtime::HostTensor ShardedMlp::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
-               "mlp: input is {} but the MLP was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
+               "mlp: input is {} but the MLP was compiled for [{}, {}]", shape_text(x), tokens_,
+               layer_.hidden);
   return program_->run("x", x, "y");
 }
 

@@ -22,9 +22,10 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
   };
   auto one_of = [&](std::string_view token) {
     const std::vector<std::string> names = names_of(token);
-    NUMESH_CHECK(names.size() <= 1, ValueError,
-                 "{} resolves to the axes ({}) in mode {}; numesh splits that dim over one mesh axis", token,
-                 fmt::join(names, ", "), sharding::mode_string(mode));
+    NUMESH_CHECK(
+        names.size() <= 1, ValueError,
+        "{} resolves to the axes ({}) in mode {}; numesh splits that dim over one mesh axis", token,
+        fmt::join(names, ", "), sharding::mode_string(mode));
     return names.empty() ? std::string() : names.front();
   };
   ModelAxes axes;
@@ -40,20 +41,25 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
   return axes;
 }
 
-ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode, std::int64_t batch,
-                             std::int64_t hidden) {
+ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode,
+                             std::int64_t batch, std::int64_t hidden) {
   // A prompt call (any T but 1) and a decode step; infer_mode also checks the dim.
   const std::array<std::int64_t, 3> prompt{batch, 2, hidden}, step{batch, 1, hidden};
   const sharding::Mode prompt_mode = sharding::infer_mode(mode, prompt);
-  if (prompt_mode == sharding::infer_mode(mode, step)) return resolve(pm, prompt_mode);  // one mode for all calls
+  if (prompt_mode == sharding::infer_mode(mode, step))
+    return resolve(pm, prompt_mode);  // one mode for all calls
   const ModelAxes train = resolve(pm, prompt_mode);
   const ModelAxes decode = resolve(pm, sharding::infer_mode(mode, step));
   std::vector<std::string> differ;
-  auto compare = [&](std::string_view field, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  auto compare = [&](std::string_view field, const std::vector<std::string>& a,
+                     const std::vector<std::string>& b) {
     const auto text = [](const std::vector<std::string>& v) {
-      return v.empty() ? std::string("none") : v.size() == 1 ? v.front() : fmt::format("({})", fmt::join(v, ", "));
+      return v.empty()       ? std::string("none")
+             : v.size() == 1 ? v.front()
+                             : fmt::format("({})", fmt::join(v, ", "));
     };
-    if (a != b) differ.push_back(fmt::format("{}: {} in train, {} in decode", field, text(a), text(b)));
+    if (a != b)
+      differ.push_back(fmt::format("{}: {} in train, {} in decode", field, text(a), text(b)));
   };
   const auto one = [](const std::string& axis) {
     return axis.empty() ? std::vector<std::string>{} : std::vector<std::string>{axis};
@@ -64,7 +70,8 @@ ModelAxes ModelAxes::resolve(const sharding::PartitionManager& pm, sharding::Mod
   compare("experts", one(train.expert), one(decode.expert));
   compare("expert ffn", one(train.expert_tensor), one(decode.expert_tensor));
   NUMESH_CHECK(differ.empty(), ValueError,
-               "mode dim:{}: a model lays its weights and KV caches out once, but its prefill (train) and decode "
+               "mode dim:{}: a model lays its weights and KV caches out once, but its prefill "
+               "(train) and decode "
                "calls resolve different axes: {}",
                mode.dim(), fmt::join(differ, "; "));
   return train;

@@ -8,21 +8,21 @@
 #include <functional>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/activations.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/routing.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
-#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
+using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
-using detail::shape_text;
 
 }  // namespace
 
@@ -31,7 +31,8 @@ MoeStats MoeRouting::total() const {
   for (std::int64_t s : group_leaders) {
     const MoeStats& g = per_slot[static_cast<std::size_t>(s)];
     if (sum.tokens_per_expert.empty()) sum.tokens_per_expert.assign(g.tokens_per_expert.size(), 0);
-    for (std::size_t e = 0; e < g.tokens_per_expert.size(); ++e) sum.tokens_per_expert[e] += g.tokens_per_expert[e];
+    for (std::size_t e = 0; e < g.tokens_per_expert.size(); ++e)
+      sum.tokens_per_expert[e] += g.tokens_per_expert[e];
     sum.dropped += g.dropped;
     sum.capacity = g.capacity;
   }
@@ -41,13 +42,16 @@ MoeStats MoeRouting::total() const {
 MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, const MoeWeights& w,
                           const MoeAxes& axes) {
   const std::int64_t e = c.num_experts, k = c.top_k;
-  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError, "moe: top_k {} must be between 1 and the {} experts", k, e);
-  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative", c.capacity_factor);
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
+               "moe: top_k {} must be between 1 and the {} experts", k, e);
+  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
+               c.capacity_factor);
   NUMESH_CHECK(w.router.shape.size() == 2 && w.router.shape[1] == e, ShapeError,
                "moe: router is {}, expected [H, {}] for {} experts", shape_text(w.router), e, e);
   const std::int64_t h = w.router.shape[0];
   const std::int64_t f = w.gate.shape.size() == 3 ? w.gate.shape[2] : -1;
-  NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) && w.up.shape == w.gate.shape &&
+  NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) &&
+                   w.up.shape == w.gate.shape &&
                    w.down.shape == (std::vector<std::int64_t>{e, f, h}),
                ShapeError,
                "moe: expert weights gate {}, up {}, down {} do not fit {} experts and hidden {} "
@@ -72,10 +76,13 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
     // joins the experts' partial sum, which runs over their weights' axes only.
     const std::vector<std::string> f_axes = detail::axes_of(layer.gate->spec(), 2);
     const bool split = std::find(f_axes.begin(), f_axes.end(), axes.tensor) != f_axes.end();
-    layer.shared_expert = MlpLayer::create(
-        mesh, MlpKind::kSwiGLU, w.shared_expert,
-        MlpAxes{.batch = {}, .sequence = {}, .weights = {}, .tensor = split ? axes.tensor : std::string()});
-    layer.shared_expert_gate = detail::laid_out(mesh, w.shared_expert_gate, PartitionSpec({AxisRule(), AxisRule()}));
+    layer.shared_expert = MlpLayer::create(mesh, MlpKind::kSwiGLU, w.shared_expert,
+                                           MlpAxes{.batch = {},
+                                                   .sequence = {},
+                                                   .weights = {},
+                                                   .tensor = split ? axes.tensor : std::string()});
+    layer.shared_expert_gate =
+        detail::laid_out(mesh, w.shared_expert_gate, PartitionSpec({AxisRule(), AxisRule()}));
   }
   return layer;
 }
@@ -102,7 +109,8 @@ ProgramWeights use_weights(ProgramBuilder& pb, const MoeLayer& layer, const std:
 // of x, of the partial output and of y.
 void keep_routing(MoeSaved& saved, runtime::ShardedTensor& routed, const runtime::ShardedTensor& x,
                   const ProgramWeights& w, const std::vector<RoutingTables*>& tables,
-                  const std::vector<runtime::Tensor*>& probs, const std::vector<sharding::Placement>& partial_placed,
+                  const std::vector<runtime::Tensor*>& probs,
+                  const std::vector<sharding::Placement>& partial_placed,
                   const runtime::ShardedTensor& y) {
   const sharding::Mesh& m = x.mesh().mesh();
   const std::size_t rank = x.shape().size();
@@ -123,10 +131,11 @@ void keep_routing(MoeSaved& saved, runtime::ShardedTensor& routed, const runtime
 // every row's term is counted once and the work is spread. Returns `after` without a shared
 // expert. With `saved`, keeps what the backward needs (MoeSaved's shared_ fields): the gate
 // pre-activation gets a buffer of its own instead of turning into the activation in place.
-runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
-                                     runtime::ShardedTensor& y_partial,
-                                     const std::vector<sharding::Placement>& y_placed, const runtime::Frontier& after,
-                                     const std::string& name, MoeSaved* saved) {
+runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer,
+                                     runtime::ShardedTensor& x, runtime::ShardedTensor& y_partial,
+                                     const std::vector<sharding::Placement>& y_placed,
+                                     const runtime::Frontier& after, const std::string& name,
+                                     MoeSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   if (!layer.shared_expert) return after;
   const runtime::DeviceMesh& mesh = pb.mesh();
@@ -135,15 +144,17 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
   runtime::ShardedTensor& gate = pb.use(name + ".shared_w_gate", TensorRole::kWeight, shared.gate);
   runtime::ShardedTensor& up = pb.use(name + ".shared_w_up", TensorRole::kWeight, shared.up);
   runtime::ShardedTensor& down = pb.use(name + ".shared_w_down", TensorRole::kWeight, shared.down);
-  runtime::ShardedTensor& scale = pb.use(name + ".shared_gate", TensorRole::kWeight, layer.shared_expert_gate);
+  runtime::ShardedTensor& scale =
+      pb.use(name + ".shared_gate", TensorRole::kWeight, layer.shared_expert_gate);
   const std::int64_t h = layer.hidden, rows = x.layout().elements_per_device() / h;
   const std::int64_t fl = up.layout().shard_shape()[0];  // MlpLayer stores up out-in, [Fs, H]
   const std::vector<sharding::Placement> fs_placed = sharding::to_placements(up.spec(), m, 2);
   std::vector<std::size_t> sharing;  // the partial axes Fs is not split over
   for (std::size_t a = 0; a < fs_placed.size(); ++a) {
-    NUMESH_CHECK(!fs_placed[a].is_shard() || y_placed[a].is_partial(), ValueError,
-                 "{}: the shared expert is split over {}, which the experts' partial sum does not run over", name,
-                 m.names()[a]);
+    NUMESH_CHECK(
+        !fs_placed[a].is_shard() || y_placed[a].is_partial(), ValueError,
+        "{}: the shared expert is split over {}, which the experts' partial sum does not run over",
+        name, m.names()[a]);
     if (y_placed[a].is_partial() && !fs_placed[a].is_shard()) sharing.push_back(a);
   }
   if (saved != nullptr) {
@@ -152,7 +163,8 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     saved->shared_expert_gate = &scale;
     saved->shared_sharing = sharing;
     saved->shared_first.assign(slots, 0), saved->shared_count.assign(slots, 0);
-    for (auto* v : {&saved->shared_gate_pre, &saved->shared_up_pre, &saved->shared_hidden, &saved->shared_out}) {
+    for (auto* v : {&saved->shared_gate_pre, &saved->shared_up_pre, &saved->shared_hidden,
+                    &saved->shared_out}) {
       v->assign(slots, nullptr);
     }
   }
@@ -181,7 +193,8 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
     runtime::Tensor& hs = pb.scratch(s, {n, fl});
     runtime::Tensor& us = pb.scratch(s, {n, fl});
     runtime::Tensor& ys = pb.scratch(s, {n, h});
-    runtime::Tensor& act = saved != nullptr ? pb.scratch(s, {n, fl}) : hs;  // in place without saved
+    runtime::Tensor& act =
+        saved != nullptr ? pb.scratch(s, {n, fl}) : hs;  // in place without saved
     if (saved != nullptr) {
       const auto i = static_cast<std::size_t>(s);
       saved->shared_gate_pre[i] = &hs, saved->shared_up_pre[i] = &us;
@@ -215,27 +228,29 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer, 
 // split too, those rows are partial sums, all-reduced over the tensor axis at the end. With
 // `saved`, keeps what the backward needs: the routing, the slot tensors, and each expert's
 // intermediates packed expert after expert instead of one reused scratch.
-runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
-                                      const runtime::Frontier& after, runtime::ShardedTensor& y,
-                                      const std::string& name, MoeRouting& routing,
+runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
+                                      runtime::ShardedTensor& x, const runtime::Frontier& after,
+                                      runtime::ShardedTensor& y, const std::string& name,
+                                      MoeRouting& routing,
                                       const std::vector<std::string>& token_axes,
-                                      const std::vector<std::string>& expert_axes, MoeSaved* saved) {
+                                      const std::vector<std::string>& expert_axes,
+                                      MoeSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
   const std::size_t rank = x.shape().size();
   const MoeConfig& c = layer.config;
-  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k, le_count = layer.local_experts,
-                     fl = layer.local_ffn;
+  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k,
+                     le_count = layer.local_experts, fl = layer.local_ffn;
   const std::int64_t rows = x.layout().elements_per_device() / h;
   std::int64_t blocks = 1, ep = 1;
   for (const std::string& a : token_axes) blocks *= m.axis_size(a);
   for (const std::string& a : expert_axes) ep *= m.axis_size(a);
-  const std::int64_t capacity =
-      c.capacity_factor > 0.0f
-          ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
-                                                static_cast<double>(rows * k) / static_cast<double>(e)))
-          : rows;
+  const std::int64_t capacity = c.capacity_factor > 0.0f
+                                    ? static_cast<std::int64_t>(std::ceil(
+                                          static_cast<double>(c.capacity_factor) *
+                                          static_cast<double>(rows * k) / static_cast<double>(e)))
+                                    : rows;
   const std::int64_t slots = std::min(capacity, rows);  // an expert takes a token at most once
 
   auto tuple_of = [](const std::vector<std::string>& axes) {
@@ -246,27 +261,37 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   };
   std::vector<std::string> other_axes;
   for (const std::string& a : token_axes) {
-    if (std::find(expert_axes.begin(), expert_axes.end(), a) == expert_axes.end()) other_axes.push_back(a);
+    if (std::find(expert_axes.begin(), expert_axes.end(), a) == expert_axes.end())
+      other_axes.push_back(a);
   }
   const PartitionSpec at_source({tuple_of(token_axes), AxisRule(), AxisRule(), AxisRule()});
-  const PartitionSpec at_expert({tuple_of(other_axes), tuple_of(expert_axes), AxisRule(), AxisRule()});
+  const PartitionSpec at_expert(
+      {tuple_of(other_axes), tuple_of(expert_axes), AxisRule(), AxisRule()});
   const PartitionSpec counts_at_source({tuple_of(token_axes), AxisRule()});
   const PartitionSpec counts_at_expert({tuple_of(other_axes), tuple_of(expert_axes)});
   const std::vector<std::int64_t> slots_shape{blocks, e, slots, h};
   const std::vector<std::int64_t> counts_shape{blocks, e};
-  runtime::ShardedTensor& sent = pb.tensor(name + ".dispatch", TensorRole::kActivation, slots_shape, at_source);
-  runtime::ShardedTensor& received = pb.tensor(name + ".dispatched", TensorRole::kActivation, slots_shape, at_expert);
-  runtime::ShardedTensor& counts = pb.tensor(name + ".counts", TensorRole::kActivation, counts_shape, counts_at_source);
-  runtime::ShardedTensor& counts_received =
-      pb.tensor(name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
-  runtime::ShardedTensor& computed = pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
-  runtime::ShardedTensor& returned = pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
+  runtime::ShardedTensor& sent =
+      pb.tensor(name + ".dispatch", TensorRole::kActivation, slots_shape, at_source);
+  runtime::ShardedTensor& received =
+      pb.tensor(name + ".dispatched", TensorRole::kActivation, slots_shape, at_expert);
+  runtime::ShardedTensor& counts =
+      pb.tensor(name + ".counts", TensorRole::kActivation, counts_shape, counts_at_source);
+  runtime::ShardedTensor& counts_received = pb.tensor(
+      name + ".counts_dispatched", TensorRole::kActivation, counts_shape, counts_at_expert);
+  runtime::ShardedTensor& computed =
+      pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
+  runtime::ShardedTensor& returned =
+      pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
   // Named references rather than a structured binding: clang 14 cannot capture bindings.
   const ProgramWeights weights = use_weights(pb, layer, name);
-  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up, &down = weights.down;
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up,
+                         &down = weights.down;
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
-  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2)) y_placed[*m.find_axis(a)] = sharding::Placement::partial();
+  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2))
+    y_placed[*m.find_axis(a)] = sharding::Placement::partial();
 
   const std::int64_t held_blocks = received.layout().shard_shape()[0];
   std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
@@ -274,7 +299,8 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   const runtime::Frontier packed = pb.per_device(name + ".route", {&after}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
-                        3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) / static_cast<double>(ep));
+                        3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
+                            static_cast<double>(ep));
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, e);
     tables[i] = &r;
     MoeStats& stats = routing.per_slot[i];
@@ -285,111 +311,131 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     runtime::Tensor& out = sent.shard(s);
     runtime::Tensor& n = counts.shard(s);
     return [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
-      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
+      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
+           as_matrix(logits));
       route_tokens(as_matrix(logits), c, 0, r, stats);
       for (std::int64_t ex = 0; ex < e; ++ex) {
         const std::int64_t count = r.expert_count[static_cast<std::size_t>(ex)];
         n.values()[static_cast<std::size_t>(ex)] = static_cast<float>(count);
         for (std::int64_t j = 0; j < count; ++j) {
-          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const std::int64_t row =
+              r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
           std::copy_n(xs.values().data() + row * h, h, out.values().data() + (ex * slots + j) * h);
         }
       }
     };
   });
   // Dispatch: the slots and their counts to the devices holding their experts.
-  const auto placed = [&](const runtime::ShardedTensor& t) { return sharding::to_placements(t.spec(), m, t.shape().size()); };
-  const runtime::Frontier slots_there = pb.reshard(sent, placed(sent), received, placed(received), packed, name + ".dispatch");
+  const auto placed = [&](const runtime::ShardedTensor& t) {
+    return sharding::to_placements(t.spec(), m, t.shape().size());
+  };
+  const runtime::Frontier slots_there =
+      pb.reshard(sent, placed(sent), received, placed(received), packed, name + ".dispatch");
   const runtime::Frontier counts_there =
-      pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed, name + ".dispatch_counts");
+      pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed,
+                 name + ".dispatch_counts");
 
   if (saved != nullptr) {
     const auto n = static_cast<std::size_t>(mesh.size());
-    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr), saved->hidden.assign(n, nullptr);
+    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr),
+        saved->hidden.assign(n, nullptr);
   }
-  const runtime::Frontier expert_done = pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
-    const auto i = static_cast<std::size_t>(s);
-    runtime::Tensor& in = received.shard(s);
-    runtime::Tensor& n = counts_received.shard(s);
-    runtime::Tensor& res = computed.shard(s);
-    // With `saved`, every expert's slots get rows of their own (packed expert after expert).
-    const std::int64_t buffer_rows = held_blocks * slots * (saved != nullptr ? le_count : 1);
-    runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
-    runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
-    runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
-    runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
-    runtime::Tensor* act = saved != nullptr ? &pb.scratch(s, {buffer_rows, fl}) : &he;  // in place without saved
-    if (saved != nullptr) saved->gate_pre[i] = &he, saved->up_pre[i] = &ue, saved->hidden[i] = act;
-    runtime::Tensor& wg = gate.shard(s);
-    runtime::Tensor& wu = up.shard(s);
-    runtime::Tensor& wd = down.shard(s);
-    const bool packed_rows = saved != nullptr;
-    return [prec, &in, &n, &res, &xe, &he, &ue, act, &ye, &wg, &wu, &wd, held_blocks, le_count, slots, h, fl,
-            packed_rows] {
-      std::int64_t first = 0;  // the expert's first row in the saved buffers
-      for (std::int64_t le = 0; le < le_count; ++le) {
-        // Every source block's slots for this expert, packed into one GEMM.
-        std::int64_t total = 0;
-        for (std::int64_t b = 0; b < held_blocks; ++b) {
-          const auto count = static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
-          std::copy_n(in.values().data() + ((b * le_count + le) * slots) * h, count * h, xe.values().data() + total * h);
-          total += count;
-        }
-        if (total == 0) continue;
-        MatrixMap hm(he.values().data() + first * fl, total, fl);
-        MatrixMap um(ue.values().data() + first * fl, total, fl);
-        MatrixMap am(act->values().data() + first * fl, total, fl);
-        if (packed_rows) first += total;
-        const ConstMatrixMap xm(xe.values().data(), total, h);
-        const std::int64_t wgt = h * fl;
-        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
-        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
-        if (am.data() != hm.data()) am = hm;
-        silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
-        device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
-                    MatrixMap(ye.values().data(), total, h), prec);
-        std::int64_t at = 0;
-        for (std::int64_t b = 0; b < held_blocks; ++b) {
-          const auto count = static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
-          std::copy_n(ye.values().data() + at * h, count * h, res.values().data() + ((b * le_count + le) * slots) * h);
-          at += count;
-        }
-      }
-    };
-  });
+  const runtime::Frontier expert_done =
+      pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
+        const auto i = static_cast<std::size_t>(s);
+        runtime::Tensor& in = received.shard(s);
+        runtime::Tensor& n = counts_received.shard(s);
+        runtime::Tensor& res = computed.shard(s);
+        // With `saved`, every expert's slots get rows of their own (packed expert after expert).
+        const std::int64_t buffer_rows = held_blocks * slots * (saved != nullptr ? le_count : 1);
+        runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
+        runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
+        runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
+        runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
+        runtime::Tensor* act =
+            saved != nullptr ? &pb.scratch(s, {buffer_rows, fl}) : &he;  // in place without saved
+        if (saved != nullptr)
+          saved->gate_pre[i] = &he, saved->up_pre[i] = &ue, saved->hidden[i] = act;
+        runtime::Tensor& wg = gate.shard(s);
+        runtime::Tensor& wu = up.shard(s);
+        runtime::Tensor& wd = down.shard(s);
+        const bool packed_rows = saved != nullptr;
+        return [prec, &in, &n, &res, &xe, &he, &ue, act, &ye, &wg, &wu, &wd, held_blocks, le_count,
+                slots, h, fl, packed_rows] {
+          std::int64_t first = 0;  // the expert's first row in the saved buffers
+          for (std::int64_t le = 0; le < le_count; ++le) {
+            // Every source block's slots for this expert, packed into one GEMM.
+            std::int64_t total = 0;
+            for (std::int64_t b = 0; b < held_blocks; ++b) {
+              const auto count = static_cast<std::int64_t>(
+                  n.values()[static_cast<std::size_t>(b * le_count + le)]);
+              std::copy_n(in.values().data() + ((b * le_count + le) * slots) * h, count * h,
+                          xe.values().data() + total * h);
+              total += count;
+            }
+            if (total == 0) continue;
+            MatrixMap hm(he.values().data() + first * fl, total, fl);
+            MatrixMap um(ue.values().data() + first * fl, total, fl);
+            MatrixMap am(act->values().data() + first * fl, total, fl);
+            if (packed_rows) first += total;
+            const ConstMatrixMap xm(xe.values().data(), total, h);
+            const std::int64_t wgt = h * fl;
+            device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
+            device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
+            if (am.data() != hm.data()) am = hm;
+            silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
+            device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
+                        MatrixMap(ye.values().data(), total, h), prec);
+            std::int64_t at = 0;
+            for (std::int64_t b = 0; b < held_blocks; ++b) {
+              const auto count = static_cast<std::int64_t>(
+                  n.values()[static_cast<std::size_t>(b * le_count + le)]);
+              std::copy_n(ye.values().data() + at * h, count * h,
+                          res.values().data() + ((b * le_count + le) * slots) * h);
+              at += count;
+            }
+          }
+        };
+      });
   // Combine: the outputs back to their tokens' devices (partial sums over the tensor axis travel
   // as they are: the move is linear).
-  const runtime::Frontier home = pb.reshard(computed, placed(computed), returned, placed(returned), expert_done,
-                                            name + ".combine");
-  const runtime::Frontier done = pb.per_device(name + ".unpack", {&home, &packed}, [&](std::int64_t s) {
-    RoutingTables& r = *tables[static_cast<std::size_t>(s)];
-    runtime::Tensor& back = returned.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
-    return [&r, &back, &yp, e, slots, h] {
-      std::fill(yp.values().begin(), yp.values().end(), 0.0f);
-      for (std::int64_t ex = 0; ex < e; ++ex) {
-        for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
-          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-          const float w = r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-          MatrixMap(yp.values().data() + row * h, 1, h) +=
-              w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
-        }
-      }
-    };
-  });
+  const runtime::Frontier home = pb.reshard(computed, placed(computed), returned, placed(returned),
+                                            expert_done, name + ".combine");
+  const runtime::Frontier done =
+      pb.per_device(name + ".unpack", {&home, &packed}, [&](std::int64_t s) {
+        RoutingTables& r = *tables[static_cast<std::size_t>(s)];
+        runtime::Tensor& back = returned.shard(s);
+        runtime::Tensor& yp = y_partial.shard(s);
+        return [&r, &back, &yp, e, slots, h] {
+          std::fill(yp.values().begin(), yp.values().end(), 0.0f);
+          for (std::int64_t ex = 0; ex < e; ++ex) {
+            for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
+              const std::int64_t row =
+                  r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+              const float w =
+                  r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+              MatrixMap(yp.values().data() + row * h, 1, h) +=
+                  w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
+            }
+          }
+        };
+      });
   if (saved != nullptr) {
     keep_routing(*saved, x, x, weights, tables, probs, y_placed, y);
-    saved->dispatched = &received, saved->dispatched_counts = &counts_received, saved->combined = &returned;
+    saved->dispatched = &received, saved->dispatched_counts = &counts_received,
+    saved->combined = &returned;
   }
-  const runtime::Frontier summed = emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name, saved);
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
+  const runtime::Frontier summed =
+      emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name, saved);
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed,
+                    name + ".out");
 }
 
 }  // namespace
 
 runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
-                           const runtime::Frontier& after, runtime::ShardedTensor& y, const std::string& name,
-                           MoeRouting** routing_out, MoeSaved* saved) {
+                           const runtime::Frontier& after, runtime::ShardedTensor& y,
+                           const std::string& name, MoeRouting** routing_out, MoeSaved* saved) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -398,8 +444,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   NUMESH_CHECK(rank >= 2 && x.shape().back() == h && y.shape() == x.shape(), ShapeError,
                "{}: x [{}] and y [{}] do not fit hidden {}", name, fmt::join(x.shape(), ", "),
                fmt::join(y.shape(), ", "), h);
-  NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim", name,
-               x.spec().repr());
+  NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim",
+               name, x.spec().repr());
   std::vector<std::string> token_axes;
   for (std::size_t dim = 0; dim + 1 < rank; ++dim) {
     for (const std::string& a : detail::axes_of(x.spec(), dim)) token_axes.push_back(a);
@@ -413,12 +459,15 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   };
   MoeRouting& routing = pb.make<MoeRouting>();
   routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
-                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(static_cast<std::size_t>(layer.config.num_experts), 0)});
+                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(
+                                       static_cast<std::size_t>(layer.config.num_experts), 0)});
   if (routing_out != nullptr) *routing_out = &routing;
   if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
     // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
-    for (const auto& group : x.layout().replica_groups()) routing.group_leaders.push_back(group.front());
-    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes, saved);
+    for (const auto& group : x.layout().replica_groups())
+      routing.group_leaders.push_back(group.front());
+    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes,
+                               saved);
   }
   // Otherwise tokens split over an axis that splits the experts' weights are gathered over it
   // (dispatch by all-gather) and their outputs reduce-scattered back (EasyDeL's ring of
@@ -430,11 +479,14 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     }
   }
   runtime::Frontier x_ready = after;
-  runtime::ShardedTensor& xc = pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
+  runtime::ShardedTensor& xc =
+      pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
   // Named references rather than a structured binding: clang 14 cannot capture bindings.
   const ProgramWeights weights = use_weights(pb, layer, name);
-  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up, &down = weights.down;
-  runtime::ShardedTensor& y_partial = pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up,
+                         &down = weights.down;
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
 
   // The partial output is pending a sum over every axis that splits the experts' weights.
   std::vector<sharding::Placement> y_placed = sharding::to_placements(xc.spec(), m, rank);
@@ -447,12 +499,15 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
 
   const MoeConfig& c = layer.config;
   const std::int64_t rows = xc.layout().elements_per_device() / h;
-  const std::int64_t e = c.num_experts, k = c.top_k, le_count = layer.local_experts, fl = layer.local_ffn;
-  for (const auto& group : xc.layout().replica_groups()) routing.group_leaders.push_back(group.front());
+  const std::int64_t e = c.num_experts, k = c.top_k, le_count = layer.local_experts,
+                     fl = layer.local_ffn;
+  for (const auto& group : xc.layout().replica_groups())
+    routing.group_leaders.push_back(group.front());
 
   // Expected FLOPs with balanced routing: each expert sees rows * k / E tokens.
-  const double expert_flops = 3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
-                              static_cast<double>(e) * static_cast<double>(le_count);
+  const double expert_flops = 3.0 * 2.0 * static_cast<double>(h * fl) *
+                              static_cast<double>(rows * k) / static_cast<double>(e) *
+                              static_cast<double>(le_count);
   const double router_flops = 2.0 * static_cast<double>(rows * h * e);
   const auto gate_pos = sharding::to_placements(layer.gate->spec(), m, 3);
   const std::size_t expert_axis = [&] {
@@ -468,7 +523,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
   const runtime::Frontier routed = pb.per_device(name + ".route", {&x_ready}, [&](std::int64_t s) {
     pb.add_flops(s, expert_flops + router_flops);
-    const std::int64_t first_expert = expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
+    const std::int64_t first_expert =
+        expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, le_count);
     tables[static_cast<std::size_t>(s)] = &r;
     MoeStats& stats = routing.per_slot[static_cast<std::size_t>(s)];
@@ -478,7 +534,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
     return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
-      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)), as_matrix(logits));
+      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
+           as_matrix(logits));
       route_tokens(as_matrix(logits), c, first_expert, r, stats);
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     };
@@ -502,7 +559,8 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
     runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
     runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
     runtime::Tensor& ye = pb.scratch(s, {buffer_rows, h});
-    runtime::Tensor* act = packed ? &pb.scratch(s, {assignments, fl}) : &he;  // in place without saved
+    runtime::Tensor* act =
+        packed ? &pb.scratch(s, {assignments, fl}) : &he;  // in place without saved
     if (packed) {
       saved->gate_pre[i] = &he;
       saved->up_pre[i] = &ue;
@@ -539,14 +597,17 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
         device_gemm(ConstMatrixMap(am.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym, prec);
         float* yv = yp.values().data();
         for (std::int64_t j = 0; j < n; ++j) {
-          MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += scale[static_cast<std::size_t>(j)] * ym.row(j);
+          MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) +=
+              scale[static_cast<std::size_t>(j)] * ym.row(j);
         }
       }
     };
   });
   if (saved != nullptr) keep_routing(*saved, xc, x, weights, tables, probs, y_placed, y);
-  const runtime::Frontier summed = emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name, saved);
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed, name + ".out");
+  const runtime::Frontier summed =
+      emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name, saved);
+  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), summed,
+                    name + ".out");
 }
 
 MoeGradients MoeGradients::like(const MoeLayer& layer) {
@@ -571,8 +632,9 @@ ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const 
   ProgramBuilder pb(mesh, "moe");
   const std::vector<std::int64_t> shape{tokens, layer_.hidden};
   const PartitionSpec spec =
-      sharding::correct_spec(shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
-                             mesh.mesh())
+      sharding::correct_spec(
+          shape, PartitionSpec({detail::entry_over(axes.batch, mesh.mesh()), AxisRule()}),
+          mesh.mesh())
           .spec;
   runtime::Frontier loaded;
   runtime::ShardedTensor& x = pb.input("x", shape, spec, loaded);
@@ -583,7 +645,8 @@ ShardedMoe::ShardedMoe(runtime::DeviceMesh mesh, const MoeConfig& config, const 
 
 runtime::HostTensor ShardedMoe::forward(const runtime::HostTensor& x) {
   NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{tokens_, layer_.hidden}), ShapeError,
-               "moe: input is {} but the layer was compiled for [{}, {}]", shape_text(x), tokens_, layer_.hidden);
+               "moe: input is {} but the layer was compiled for [{}, {}]", shape_text(x), tokens_,
+               layer_.hidden);
   return program_->run("x", x, "y");
 }
 

@@ -31,7 +31,8 @@ using StridedConstMatrixMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<
 // the softmax, dlogits = p .* (dp - p . dp). `dprobs` (E values, or none) is added to every
 // row's dp first: the router's load-balancing loss.
 void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstMatrixMap probs,
-                              StridedConstMatrixMap dweight, std::span<const float> dprobs, MatrixMap dlogits) {
+                              StridedConstMatrixMap dweight, std::span<const float> dprobs,
+                              MatrixMap dlogits) {
   const std::int64_t k = c.top_k;
   for (Eigen::Index t = 0; t < probs.rows(); ++t) {
     double z = 0.0, mean = 0.0;
@@ -47,7 +48,9 @@ void routing_weights_backward(const RoutingTables& r, const MoeConfig& c, ConstM
       const double dw = dweight(t, j);
       dl(r.choice[at]) = static_cast<float>(c.renormalize ? (dw - mean) / z : dw);
     }
-    if (!dprobs.empty()) dl += Eigen::Map<const Eigen::RowVectorXf>(dprobs.data(), static_cast<Eigen::Index>(dprobs.size()));
+    if (!dprobs.empty())
+      dl += Eigen::Map<const Eigen::RowVectorXf>(dprobs.data(),
+                                                 static_cast<Eigen::Index>(dprobs.size()));
     const float pdp = probs.row(t).dot(dl);
     dl = (probs.row(t).array() * (dl.array() - pdp)).matrix();
   }
@@ -70,7 +73,8 @@ struct ExpertsBackward {
 };
 
 // Which of row's k choices names `expert` (top-k names each expert at most once).
-std::int64_t choice_of(const RoutingTables& r, std::int64_t row, std::int64_t k, std::int64_t expert) {
+std::int64_t choice_of(const RoutingTables& r, std::int64_t row, std::int64_t k,
+                       std::int64_t expert) {
   std::int64_t choice = 0;
   while (r.choice[static_cast<std::size_t>(row * k + choice)] != expert) ++choice;
   return choice;
@@ -86,9 +90,9 @@ struct ExpertTensors {
 ExpertTensors expert_tensors(const ExpertsBackward& a, std::int64_t s) {
   const auto i = static_cast<std::size_t>(s);
   const MoeSaved& saved = a.saved;
-  return {*saved.gate_pre[i],   *saved.up_pre[i],    *saved.hidden[i],
-          saved.gate->shard(s), saved.up->shard(s),  saved.down->shard(s),
-          a.d_gate.shard(s),    a.d_up.shard(s),     a.d_down.shard(s)};
+  return {*saved.gate_pre[i],   *saved.up_pre[i],   *saved.hidden[i],
+          saved.gate->shard(s), saved.up->shard(s), saved.down->shard(s),
+          a.d_gate.shard(s),    a.d_up.shard(s),    a.d_down.shard(s)};
 }
 
 // Local expert `le`'s SwiGLU backward on n packed rows, the forward's intermediates from row
@@ -96,8 +100,9 @@ ExpertTensors expert_tensors(const ExpertsBackward& a, std::int64_t s) {
 // routing weights). Overwrites the expert's slices of the stacked weight gradients (gg, gu
 // [E_local, H, F_local], gd [E_local, F_local, H]) and dx [n, H]; da, du [n, F_local] are
 // scratch, and so is g once read (dx's second term goes there).
-void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int64_t le, std::int64_t at,
-                          ConstMatrixMap x, MatrixMap g, MatrixMap da, MatrixMap du, MatrixMap dx) {
+void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int64_t le,
+                          std::int64_t at, ConstMatrixMap x, MatrixMap g, MatrixMap da,
+                          MatrixMap du, MatrixMap dx) {
   const std::int64_t n = x.rows(), h = x.cols(), fl = da.cols(), wgt = h * fl;
   const ConstMatrixMap gate_pre(t.gate_pre.values().data() + at * fl, n, fl);
   const ConstMatrixMap up_pre(t.up_pre.values().data() + at * fl, n, fl);
@@ -116,14 +121,17 @@ void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int
   device_gemm_transposed_a(x, dac, dwg, 0.0f, prec);
   device_gemm_transposed_a(x, duc, dwu, 0.0f, prec);
   device_gemm(dac, as_weight(wg, le * wgt, fl, h, WeightLayout::kOutIn), dx, prec);
-  device_gemm(duc, as_weight(wu, le * wgt, fl, h, WeightLayout::kOutIn), g, prec);  // g is no longer needed
+  device_gemm(duc, as_weight(wu, le * wgt, fl, h, WeightLayout::kOutIn), g,
+              prec);  // g is no longer needed
   dx += g;
 }
 
 // Local expert `le`'s slices of the stacked weight gradients set to zero: an expert without
 // tokens has no gradient, but the buffers hold the last step's.
-void zero_expert_gradients(const ExpertTensors& t, std::int64_t le, std::int64_t h, std::int64_t fl) {
-  for (runtime::Tensor* g : {&t.gg, &t.gu, &t.gd}) std::fill_n(g->values().begin() + le * h * fl, h * fl, 0.0f);
+void zero_expert_gradients(const ExpertTensors& t, std::int64_t le, std::int64_t h,
+                           std::int64_t fl) {
+  for (runtime::Tensor* g : {&t.gg, &t.gu, &t.gd})
+    std::fill_n(g->values().begin() + le * h * fl, h * fl, 0.0f);
 }
 
 // The experts' part when the tokens were gathered to the experts (or replicated there): per
@@ -135,11 +143,12 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
   const MoeSaved& saved = a.saved;
   runtime::ShardedTensor& xc = *saved.x;
   const MoeConfig& c = a.layer.config;
-  const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k, le_count = a.layer.local_experts,
-                     fl = a.layer.local_ffn, cols = a.cols;
+  const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k,
+                     le_count = a.layer.local_experts, fl = a.layer.local_ffn, cols = a.cols;
   const std::int64_t rows = xc.layout().elements_per_device() / h;
-  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
-                              static_cast<double>(e) * static_cast<double>(le_count);
+  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) *
+                              static_cast<double>(rows * k) / static_cast<double>(e) *
+                              static_cast<double>(le_count);
   return pb.per_device(a.name + ".experts_bwd", {&a.after}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, expert_flops);
@@ -155,7 +164,8 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
     runtime::Tensor& da = pb.scratch(s, {rows, fl});
     runtime::Tensor& du = pb.scratch(s, {rows, fl});
     runtime::Tensor& dxe = pb.scratch(s, {rows, h});
-    return [prec, &r, &xs, &dys, &out, t, &dws, &dxs, &xe, &ge, &da, &du, &dxe, le_count, h, fl, k, cols] {
+    return [prec, &r, &xs, &dys, &out, t, &dws, &dxs, &xe, &ge, &da, &du, &dxe, le_count, h, fl, k,
+            cols] {
       std::fill(dws.values().begin(), dws.values().end(), 0.0f);
       std::fill(dxs.values().begin(), dxs.values().end(), 0.0f);
       std::int64_t at = 0;  // the expert's first row in the packed buffers
@@ -179,10 +189,12 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
           gm.row(j) *= scale[static_cast<std::size_t>(j)];
         }
         MatrixMap dxm(dxe.values().data(), n, h);
-        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xm.data(), n, h), gm, MatrixMap(da.values().data(), n, fl),
+        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xm.data(), n, h), gm,
+                             MatrixMap(da.values().data(), n, fl),
                              MatrixMap(du.values().data(), n, fl), dxm);
         for (std::int64_t j = 0; j < n; ++j) {
-          MatrixMap(dxs.values().data() + rows_of[static_cast<std::size_t>(j)] * h, 1, h) += dxm.row(j);
+          MatrixMap(dxs.values().data() + rows_of[static_cast<std::size_t>(j)] * h, 1, h) +=
+              dxm.row(j);
         }
         at += n;
       }
@@ -206,97 +218,106 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
   runtime::ShardedTensor& counts = *saved.dispatched_counts;
   runtime::ShardedTensor& returned = *saved.combined;  // the experts' outputs at the tokens
   const MoeConfig& c = a.layer.config;
-  const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k, le_count = a.layer.local_experts,
-                     fl = a.layer.local_ffn, cols = a.cols;
+  const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k,
+                     le_count = a.layer.local_experts, fl = a.layer.local_ffn, cols = a.cols;
   const std::int64_t slots = received.shape()[2], held_blocks = received.layout().shard_shape()[0];
   const auto placed = [&](const runtime::ShardedTensor& t) {
     return sharding::to_placements(t.spec(), m, t.shape().size());
   };
   runtime::ShardedTensor& at_source =
       pb.tensor(a.name + ".dcombined", TensorRole::kActivation, returned.shape(), returned.spec());
-  runtime::ShardedTensor& at_experts =
-      pb.tensor(a.name + ".ddispatched", TensorRole::kActivation, received.shape(), received.spec());
+  runtime::ShardedTensor& at_experts = pb.tensor(a.name + ".ddispatched", TensorRole::kActivation,
+                                                 received.shape(), received.spec());
 
-  const runtime::Frontier unpacked = pb.per_device(a.name + ".unpack_bwd", {&a.after}, [&](std::int64_t s) {
-    RoutingTables& r = *saved.tables[static_cast<std::size_t>(s)];
-    runtime::Tensor& dys = a.dy.shard(s);
-    runtime::Tensor& back = returned.shard(s);
-    runtime::Tensor& slot_grads = at_source.shard(s);
-    runtime::Tensor& dws = a.dweights.shard(s);
-    return [&r, &dys, &back, &slot_grads, &dws, e, k, slots, h, cols] {
-      std::fill(dws.values().begin(), dws.values().end(), 0.0f);
-      for (std::int64_t ex = 0; ex < e; ++ex) {
-        for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
-          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-          const float w = r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-          const auto dy_row = ConstMatrixMap(dys.values().data(), dys.size() / h, h).row(row);
-          const std::int64_t slot = (ex * slots + j) * h;
-          dws.values()[static_cast<std::size_t>(row * cols + choice_of(r, row, k, ex))] =
-              dy_row.dot(ConstMatrixMap(back.values().data() + slot, 1, h).row(0));
-          MatrixMap(slot_grads.values().data() + slot, 1, h) = w * dy_row;
-        }
-      }
-    };
-  });
-  const runtime::Frontier there =
-      pb.reshard(at_source, placed(at_source), at_experts, placed(at_experts), unpacked, a.name + ".dcombine");
+  const runtime::Frontier unpacked =
+      pb.per_device(a.name + ".unpack_bwd", {&a.after}, [&](std::int64_t s) {
+        RoutingTables& r = *saved.tables[static_cast<std::size_t>(s)];
+        runtime::Tensor& dys = a.dy.shard(s);
+        runtime::Tensor& back = returned.shard(s);
+        runtime::Tensor& slot_grads = at_source.shard(s);
+        runtime::Tensor& dws = a.dweights.shard(s);
+        return [&r, &dys, &back, &slot_grads, &dws, e, k, slots, h, cols] {
+          std::fill(dws.values().begin(), dws.values().end(), 0.0f);
+          for (std::int64_t ex = 0; ex < e; ++ex) {
+            for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
+              const std::int64_t row =
+                  r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+              const float w =
+                  r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+              const auto dy_row = ConstMatrixMap(dys.values().data(), dys.size() / h, h).row(row);
+              const std::int64_t slot = (ex * slots + j) * h;
+              dws.values()[static_cast<std::size_t>(row * cols + choice_of(r, row, k, ex))] =
+                  dy_row.dot(ConstMatrixMap(back.values().data() + slot, 1, h).row(0));
+              MatrixMap(slot_grads.values().data() + slot, 1, h) = w * dy_row;
+            }
+          }
+        };
+      });
+  const runtime::Frontier there = pb.reshard(at_source, placed(at_source), at_experts,
+                                             placed(at_experts), unpacked, a.name + ".dcombine");
 
   // Expected FLOPs with balanced routing, as the forward counts them: each expert sees the
   // rows x k / E assignments of every block it holds, rows a block's tokens.
   const std::int64_t rows = saved.x->layout().elements_per_device() / h;
-  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
-                              static_cast<double>(e) * static_cast<double>(le_count * held_blocks);
-  const runtime::Frontier experts_done = pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
-    pb.add_flops(s, expert_flops);
-    runtime::Tensor& in = received.shard(s);
-    runtime::Tensor& n = counts.shard(s);
-    runtime::Tensor& slot_grads = at_experts.shard(s);
-    const ExpertTensors t = expert_tensors(a, s);
-    const std::int64_t most = held_blocks * slots;  // an expert's slots from every block
-    runtime::Tensor& xe = pb.scratch(s, {most, h});
-    runtime::Tensor& ge = pb.scratch(s, {most, h});
-    runtime::Tensor& da = pb.scratch(s, {most, fl});
-    runtime::Tensor& du = pb.scratch(s, {most, fl});
-    runtime::Tensor& dxe = pb.scratch(s, {most, h});
-    return [prec, &in, &n, &slot_grads, t, &xe, &ge, &da, &du, &dxe, held_blocks, le_count, slots, h, fl] {
-      // Where block b's slots for local expert le start, and how many of them it filled.
-      const auto slot_at = [&](std::int64_t b, std::int64_t le) {
-        return ((b * le_count + le) * slots) * h;
-      };
-      const auto filled = [&](std::int64_t b, std::int64_t le) {
-        return static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
-      };
-      std::int64_t at = 0;  // the expert's first row in the saved buffers
-      for (std::int64_t le = 0; le < le_count; ++le) {
-        std::int64_t total = 0;
-        for (std::int64_t b = 0; b < held_blocks; ++b) {
-          const std::int64_t count = filled(b, le);
-          std::copy_n(in.values().data() + slot_at(b, le), count * h, xe.values().data() + total * h);
-          std::copy_n(slot_grads.values().data() + slot_at(b, le), count * h,
-                      ge.values().data() + total * h);
-          total += count;
-        }
-        if (total == 0) {
-          zero_expert_gradients(t, le, h, fl);
-          continue;
-        }
-        MatrixMap dxm(dxe.values().data(), total, h);
-        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xe.values().data(), total, h),
-                             MatrixMap(ge.values().data(), total, h), MatrixMap(da.values().data(), total, fl),
-                             MatrixMap(du.values().data(), total, fl), dxm);
-        std::int64_t from = 0;
-        for (std::int64_t b = 0; b < held_blocks; ++b) {
-          const std::int64_t count = filled(b, le);
-          std::copy_n(dxe.values().data() + from * h, count * h,
-                      slot_grads.values().data() + slot_at(b, le));
-          from += count;
-        }
-        at += total;
-      }
-    };
-  });
-  const runtime::Frontier home =
-      pb.reshard(at_experts, placed(at_experts), at_source, placed(at_source), experts_done, a.name + ".ddispatch");
+  const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) *
+                              static_cast<double>(rows * k) / static_cast<double>(e) *
+                              static_cast<double>(le_count * held_blocks);
+  const runtime::Frontier experts_done =
+      pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
+        pb.add_flops(s, expert_flops);
+        runtime::Tensor& in = received.shard(s);
+        runtime::Tensor& n = counts.shard(s);
+        runtime::Tensor& slot_grads = at_experts.shard(s);
+        const ExpertTensors t = expert_tensors(a, s);
+        const std::int64_t most = held_blocks * slots;  // an expert's slots from every block
+        runtime::Tensor& xe = pb.scratch(s, {most, h});
+        runtime::Tensor& ge = pb.scratch(s, {most, h});
+        runtime::Tensor& da = pb.scratch(s, {most, fl});
+        runtime::Tensor& du = pb.scratch(s, {most, fl});
+        runtime::Tensor& dxe = pb.scratch(s, {most, h});
+        return [prec, &in, &n, &slot_grads, t, &xe, &ge, &da, &du, &dxe, held_blocks, le_count,
+                slots, h, fl] {
+          // Where block b's slots for local expert le start, and how many of them it filled.
+          const auto slot_at = [&](std::int64_t b, std::int64_t le) {
+            return ((b * le_count + le) * slots) * h;
+          };
+          const auto filled = [&](std::int64_t b, std::int64_t le) {
+            return static_cast<std::int64_t>(
+                n.values()[static_cast<std::size_t>(b * le_count + le)]);
+          };
+          std::int64_t at = 0;  // the expert's first row in the saved buffers
+          for (std::int64_t le = 0; le < le_count; ++le) {
+            std::int64_t total = 0;
+            for (std::int64_t b = 0; b < held_blocks; ++b) {
+              const std::int64_t count = filled(b, le);
+              std::copy_n(in.values().data() + slot_at(b, le), count * h,
+                          xe.values().data() + total * h);
+              std::copy_n(slot_grads.values().data() + slot_at(b, le), count * h,
+                          ge.values().data() + total * h);
+              total += count;
+            }
+            if (total == 0) {
+              zero_expert_gradients(t, le, h, fl);
+              continue;
+            }
+            MatrixMap dxm(dxe.values().data(), total, h);
+            expert_backward_rows(prec, t, le, at, ConstMatrixMap(xe.values().data(), total, h),
+                                 MatrixMap(ge.values().data(), total, h),
+                                 MatrixMap(da.values().data(), total, fl),
+                                 MatrixMap(du.values().data(), total, fl), dxm);
+            std::int64_t from = 0;
+            for (std::int64_t b = 0; b < held_blocks; ++b) {
+              const std::int64_t count = filled(b, le);
+              std::copy_n(dxe.values().data() + from * h, count * h,
+                          slot_grads.values().data() + slot_at(b, le));
+              from += count;
+            }
+            at += total;
+          }
+        };
+      });
+  const runtime::Frontier home = pb.reshard(at_experts, placed(at_experts), at_source,
+                                            placed(at_source), experts_done, a.name + ".ddispatch");
 
   return pb.per_device(a.name + ".pack_bwd", {&home}, [&](std::int64_t s) {
     RoutingTables& r = *saved.tables[static_cast<std::size_t>(s)];
@@ -306,7 +327,8 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
       std::fill(dxs.values().begin(), dxs.values().end(), 0.0f);
       for (std::int64_t ex = 0; ex < e; ++ex) {
         for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
-          const std::int64_t row = r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const std::int64_t row =
+              r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
           MatrixMap(dxs.values().data() + row * h, 1, h) +=
               ConstMatrixMap(slot_grads.values().data() + (ex * slots + j) * h, 1, h);
         }
@@ -321,77 +343,81 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
 // gradients), then the SwiGLU backward of s dy: the weights' gradients over the rows (zero on
 // a device without rows: the buffers hold the last step's) and the input's gradient added into
 // dx_partial's rows. Starts after `after`; returns the frontier after which all are written.
-runtime::Frontier emit_shared_expert_backward(ProgramBuilder& pb, const MoeSaved& saved, runtime::ShardedTensor& dyc,
-                                              runtime::ShardedTensor& d_gate, runtime::ShardedTensor& d_up,
-                                              runtime::ShardedTensor& d_down, runtime::ShardedTensor& dweights,
-                                              runtime::ShardedTensor& dx_partial, const runtime::Frontier& after,
-                                              const std::string& name) {
+runtime::Frontier emit_shared_expert_backward(
+    ProgramBuilder& pb, const MoeSaved& saved, runtime::ShardedTensor& dyc,
+    runtime::ShardedTensor& d_gate, runtime::ShardedTensor& d_up, runtime::ShardedTensor& d_down,
+    runtime::ShardedTensor& dweights, runtime::ShardedTensor& dx_partial,
+    const runtime::Frontier& after, const std::string& name) {
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
   runtime::ShardedTensor& xc = *saved.x;
   const std::int64_t h = xc.shape().back(), cols = dweights.shape().back();
   const std::int64_t fl = saved.shared_up->layout().shard_shape()[0];  // stored out-in, [Fs, H]
-  return pb.per_device(name + ".shared_bwd", {&after}, [&](std::int64_t s) -> std::function<void()> {
-    const auto i = static_cast<std::size_t>(s);
-    const std::int64_t first = saved.shared_first[i], n = saved.shared_count[i];
-    runtime::Tensor& gg = d_gate.shard(s);
-    runtime::Tensor& gu = d_up.shard(s);
-    runtime::Tensor& gd = d_down.shard(s);
-    if (n == 0) {
-      return [&gg, &gu, &gd] {
-        for (runtime::Tensor* t : {&gg, &gu, &gd}) std::fill(t->values().begin(), t->values().end(), 0.0f);
-      };
-    }
-    pb.add_flops(s, 2.0 * 2.0 * 3.0 * static_cast<double>(n * h * fl));
-    runtime::Tensor& xs = xc.shard(s);
-    runtime::Tensor& dys = dyc.shard(s);
-    runtime::Tensor& ws = saved.shared_expert_gate->shard(s);
-    runtime::Tensor& wg = saved.shared_gate->shard(s);  // [Fs_local, H]
-    runtime::Tensor& wu = saved.shared_up->shard(s);    // [Fs_local, H]
-    runtime::Tensor& wd = saved.shared_down->shard(s);  // [H, Fs_local]
-    runtime::Tensor& gate_pre = *saved.shared_gate_pre[i];
-    runtime::Tensor& up_pre = *saved.shared_up_pre[i];
-    runtime::Tensor& act = *saved.shared_hidden[i];
-    runtime::Tensor& out = *saved.shared_out[i];
-    runtime::Tensor& dws = dweights.shard(s);
-    runtime::Tensor& dxs = dx_partial.shard(s);
-    runtime::Tensor& logit = pb.scratch(s, {n, 1});
-    runtime::Tensor& scaled = pb.scratch(s, {n, h});
-    runtime::Tensor& da = pb.scratch(s, {n, fl});
-    runtime::Tensor& du = pb.scratch(s, {n, fl});
-    runtime::Tensor& dx_gate = pb.scratch(s, {n, h});
-    runtime::Tensor& dx_up = pb.scratch(s, {n, h});
-    return [prec, &gg, &gu, &gd, &xs, &dys, &ws, &wg, &wu, &wd, &gate_pre, &up_pre, &act, &out, &dws, &dxs, &logit,
-            &scaled, &da, &du, &dx_gate, &dx_up, first, n, h, cols] {
-      const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
-      const ConstMatrixMap dym(dys.values().data() + first * h, n, h);
-      const ConstMatrixMap om = as_matrix(std::as_const(out));
-      MatrixMap lg = as_matrix(logit);
-      gemm(xm, as_matrix(std::as_const(ws)), lg);  // as the forward computed it
-      MatrixMap sm = as_matrix(scaled);
-      for (std::int64_t j = 0; j < n; ++j) {
-        dws.values()[static_cast<std::size_t>((first + j) * cols + cols - 1)] = dym.row(j).dot(om.row(j));
-        sm.row(j) = (1.0f / (1.0f + std::exp(-lg(j, 0)))) * dym.row(j);
-      }
-      const ConstMatrixMap smc(sm.data(), n, h);
-      device_gemm(smc, as_weight(wd), as_matrix(da), prec);
-      device_gemm_transposed_a(smc, as_matrix(std::as_const(act)), as_matrix(gd), 0.0f, prec);
-      silu_mul_backward(as_matrix(std::as_const(gate_pre)), as_matrix(std::as_const(up_pre)),
-                        as_matrix(std::as_const(da)), as_matrix(da), as_matrix(du));
-      device_gemm_transposed_a(as_matrix(std::as_const(da)), xm, as_matrix(gg), 0.0f, prec);
-      device_gemm_transposed_a(as_matrix(std::as_const(du)), xm, as_matrix(gu), 0.0f, prec);
-      device_gemm(as_matrix(std::as_const(da)), as_weight(wg), as_matrix(dx_gate), prec);
-      device_gemm(as_matrix(std::as_const(du)), as_weight(wu), as_matrix(dx_up), prec);
-      MatrixMap(dxs.values().data() + first * h, n, h) +=
-          as_matrix(std::as_const(dx_gate)) + as_matrix(std::as_const(dx_up));
-    };
-  });
+  return pb.per_device(
+      name + ".shared_bwd", {&after}, [&](std::int64_t s) -> std::function<void()> {
+        const auto i = static_cast<std::size_t>(s);
+        const std::int64_t first = saved.shared_first[i], n = saved.shared_count[i];
+        runtime::Tensor& gg = d_gate.shard(s);
+        runtime::Tensor& gu = d_up.shard(s);
+        runtime::Tensor& gd = d_down.shard(s);
+        if (n == 0) {
+          return [&gg, &gu, &gd] {
+            for (runtime::Tensor* t : {&gg, &gu, &gd})
+              std::fill(t->values().begin(), t->values().end(), 0.0f);
+          };
+        }
+        pb.add_flops(s, 2.0 * 2.0 * 3.0 * static_cast<double>(n * h * fl));
+        runtime::Tensor& xs = xc.shard(s);
+        runtime::Tensor& dys = dyc.shard(s);
+        runtime::Tensor& ws = saved.shared_expert_gate->shard(s);
+        runtime::Tensor& wg = saved.shared_gate->shard(s);  // [Fs_local, H]
+        runtime::Tensor& wu = saved.shared_up->shard(s);    // [Fs_local, H]
+        runtime::Tensor& wd = saved.shared_down->shard(s);  // [H, Fs_local]
+        runtime::Tensor& gate_pre = *saved.shared_gate_pre[i];
+        runtime::Tensor& up_pre = *saved.shared_up_pre[i];
+        runtime::Tensor& act = *saved.shared_hidden[i];
+        runtime::Tensor& out = *saved.shared_out[i];
+        runtime::Tensor& dws = dweights.shard(s);
+        runtime::Tensor& dxs = dx_partial.shard(s);
+        runtime::Tensor& logit = pb.scratch(s, {n, 1});
+        runtime::Tensor& scaled = pb.scratch(s, {n, h});
+        runtime::Tensor& da = pb.scratch(s, {n, fl});
+        runtime::Tensor& du = pb.scratch(s, {n, fl});
+        runtime::Tensor& dx_gate = pb.scratch(s, {n, h});
+        runtime::Tensor& dx_up = pb.scratch(s, {n, h});
+        return [prec, &gg, &gu, &gd, &xs, &dys, &ws, &wg, &wu, &wd, &gate_pre, &up_pre, &act, &out,
+                &dws, &dxs, &logit, &scaled, &da, &du, &dx_gate, &dx_up, first, n, h, cols] {
+          const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
+          const ConstMatrixMap dym(dys.values().data() + first * h, n, h);
+          const ConstMatrixMap om = as_matrix(std::as_const(out));
+          MatrixMap lg = as_matrix(logit);
+          gemm(xm, as_matrix(std::as_const(ws)), lg);  // as the forward computed it
+          MatrixMap sm = as_matrix(scaled);
+          for (std::int64_t j = 0; j < n; ++j) {
+            dws.values()[static_cast<std::size_t>((first + j) * cols + cols - 1)] =
+                dym.row(j).dot(om.row(j));
+            sm.row(j) = (1.0f / (1.0f + std::exp(-lg(j, 0)))) * dym.row(j);
+          }
+          const ConstMatrixMap smc(sm.data(), n, h);
+          device_gemm(smc, as_weight(wd), as_matrix(da), prec);
+          device_gemm_transposed_a(smc, as_matrix(std::as_const(act)), as_matrix(gd), 0.0f, prec);
+          silu_mul_backward(as_matrix(std::as_const(gate_pre)), as_matrix(std::as_const(up_pre)),
+                            as_matrix(std::as_const(da)), as_matrix(da), as_matrix(du));
+          device_gemm_transposed_a(as_matrix(std::as_const(da)), xm, as_matrix(gg), 0.0f, prec);
+          device_gemm_transposed_a(as_matrix(std::as_const(du)), xm, as_matrix(gu), 0.0f, prec);
+          device_gemm(as_matrix(std::as_const(da)), as_weight(wg), as_matrix(dx_gate), prec);
+          device_gemm(as_matrix(std::as_const(du)), as_weight(wu), as_matrix(dx_up), prec);
+          MatrixMap(dxs.values().data() + first * h, n, h) +=
+              as_matrix(std::as_const(dx_gate)) + as_matrix(std::as_const(dx_up));
+        };
+      });
 }
 
 }  // namespace
 
-runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, const MoeSaved& saved,
-                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
+runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
+                                    const MoeSaved& saved, runtime::ShardedTensor& dy,
+                                    const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                    const MoeGradients& grads, const std::string& name,
                                     const RouterAuxGradient* aux, runtime::Frontier* dx_ready) {
   const runtime::DeviceMesh& mesh = pb.mesh();
   const sharding::Mesh& m = mesh.mesh();
@@ -405,22 +431,26 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
   check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
   const bool shared = layer.shared_expert.has_value();
   if (shared) {
-    NUMESH_CHECK(grads.shared_gate && grads.shared_up && grads.shared_down && grads.shared_expert_gate, ValueError,
-                 "{}: the layer has a shared expert but no gradients are given for it", name);
+    NUMESH_CHECK(
+        grads.shared_gate && grads.shared_up && grads.shared_down && grads.shared_expert_gate,
+        ValueError, "{}: the layer has a shared expert but no gradients are given for it", name);
     NUMESH_CHECK(saved.shared_gate != nullptr && !saved.shared_out.empty(), ValueError,
                  "{}: the forward kept nothing of the shared expert for the backward", name);
-    check_laid_out_like(*grads.shared_gate, *layer.shared_expert->gate, "the shared expert's gate gradient", name);
-    check_laid_out_like(*grads.shared_up, *layer.shared_expert->up, "the shared expert's up gradient", name);
-    check_laid_out_like(*grads.shared_down, *layer.shared_expert->down, "the shared expert's down gradient", name);
-    check_laid_out_like(*grads.shared_expert_gate, *layer.shared_expert_gate, "the shared_expert_gate gradient",
-                        name);
+    check_laid_out_like(*grads.shared_gate, *layer.shared_expert->gate,
+                        "the shared expert's gate gradient", name);
+    check_laid_out_like(*grads.shared_up, *layer.shared_expert->up,
+                        "the shared expert's up gradient", name);
+    check_laid_out_like(*grads.shared_down, *layer.shared_expert->down,
+                        "the shared expert's down gradient", name);
+    check_laid_out_like(*grads.shared_expert_gate, *layer.shared_expert_gate,
+                        "the shared_expert_gate gradient", name);
   }
 
   // dy as the partial output was laid out: gathered over the weights' axes (the transpose of
   // the forward's reduction), the same tensor when no axis splits the weights.
   runtime::Frontier dy_ready = after;
-  runtime::ShardedTensor& dyc =
-      canonical_gradient(pb, dy, gradient_placements(saved.y_placed), saved.partial_placed, name + ".dy", dy_ready);
+  runtime::ShardedTensor& dyc = canonical_gradient(pb, dy, gradient_placements(saved.y_placed),
+                                                   saved.partial_placed, name + ".dy", dy_ready);
 
   runtime::ShardedTensor& xc = *saved.x;
   const MoeConfig& c = layer.config;
@@ -439,12 +469,14 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
   runtime::ShardedTensor& dw_partial =
       pb.tensor(name + ".dweights_partial", TensorRole::kActivation, table_shape, xc.spec());
   runtime::ShardedTensor& dw_full =
-      reduced ? pb.tensor(name + ".dweights", TensorRole::kActivation, table_shape, xc.spec()) : dw_partial;
+      reduced ? pb.tensor(name + ".dweights", TensorRole::kActivation, table_shape, xc.spec())
+              : dw_partial;
   // Each weight's gradient as this device computes it (the gradient itself when nothing is left
   // to reduce).
   auto produced = [&](const runtime::ShardedTensor& used, runtime::ShardedTensor& out,
                       const std::string& wname) -> runtime::ShardedTensor& {
-    return weight_gradient_target(pb, used, x_placed, rank, out, name + "." + wname + ".grad_partial");
+    return weight_gradient_target(pb, used, x_placed, rank, out,
+                                  name + "." + wname + ".grad_partial");
   };
   runtime::ShardedTensor& d_gate = produced(*saved.gate, *grads.gate, "w_gate");
   runtime::ShardedTensor& d_up = produced(*saved.up, *grads.up, "w_up");
@@ -459,42 +491,51 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
 
   // The experts' part: the routing weights' gradients into dw_partial (zeroed first), the
   // experts' weight gradients, and their input gradients into dx_partial (zeroed first).
-  const ExpertsBackward part{pb,  layer, saved,   dyc, dw_partial, dx_partial, d_gate,
-                             d_up, d_down, dy_ready, name, cols};
-  const runtime::Frontier experts_done =
-      saved.dispatched != nullptr ? emit_experts_backward_all_to_all(part) : emit_experts_backward_gathered(part);
+  const ExpertsBackward part{pb,     layer, saved,  dyc,      dw_partial, dx_partial,
+                             d_gate, d_up,  d_down, dy_ready, name,       cols};
+  const runtime::Frontier experts_done = saved.dispatched != nullptr
+                                             ? emit_experts_backward_all_to_all(part)
+                                             : emit_experts_backward_gathered(part);
   // The shared expert on the rows its forward ran on (after the experts: both write dw and dx).
   // Its weights' gradients are Partial over the axes sharing out its rows as well.
   const auto shared_placed = [&](const runtime::ShardedTensor& used) {
-    std::vector<sharding::Placement> placed =
-        weight_gradient_placements(sharding::to_placements(used.spec(), m, used.shape().size()), x_placed, rank);
+    std::vector<sharding::Placement> placed = weight_gradient_placements(
+        sharding::to_placements(used.spec(), m, used.shape().size()), x_placed, rank);
     for (const std::size_t a : saved.shared_sharing) placed[a] = sharding::Placement::partial();
     return placed;
   };
-  const auto shared_target = [&](const runtime::ShardedTensor* used, const std::shared_ptr<runtime::ShardedTensor>& out,
+  const auto shared_target = [&](const runtime::ShardedTensor* used,
+                                 const std::shared_ptr<runtime::ShardedTensor>& out,
                                  const std::string& wname) -> runtime::ShardedTensor* {
     if (!shared) return nullptr;
-    return &gradient_target(pb, *used, shared_placed(*used), *out, name + "." + wname + ".grad_partial");
+    return &gradient_target(pb, *used, shared_placed(*used), *out,
+                            name + "." + wname + ".grad_partial");
   };
-  runtime::ShardedTensor* d_shared_gate = shared_target(saved.shared_gate, grads.shared_gate, "shared_w_gate");
-  runtime::ShardedTensor* d_shared_up = shared_target(saved.shared_up, grads.shared_up, "shared_w_up");
-  runtime::ShardedTensor* d_shared_down = shared_target(saved.shared_down, grads.shared_down, "shared_w_down");
+  runtime::ShardedTensor* d_shared_gate =
+      shared_target(saved.shared_gate, grads.shared_gate, "shared_w_gate");
+  runtime::ShardedTensor* d_shared_up =
+      shared_target(saved.shared_up, grads.shared_up, "shared_w_up");
+  runtime::ShardedTensor* d_shared_down =
+      shared_target(saved.shared_down, grads.shared_down, "shared_w_down");
   runtime::ShardedTensor* d_shared_scale =
-      shared ? &produced(*saved.shared_expert_gate, *grads.shared_expert_gate, "shared_gate") : nullptr;
+      shared ? &produced(*saved.shared_expert_gate, *grads.shared_expert_gate, "shared_gate")
+             : nullptr;
   const runtime::Frontier shared_done =
-      shared ? emit_shared_expert_backward(pb, saved, dyc, *d_shared_gate, *d_shared_up, *d_shared_down, dw_partial,
-                                           dx_partial, experts_done, name)
-             : experts_done;
+      shared
+          ? emit_shared_expert_backward(pb, saved, dyc, *d_shared_gate, *d_shared_up,
+                                        *d_shared_down, dw_partial, dx_partial, experts_done, name)
+          : experts_done;
   // The routing weights' gradients summed over the weights' axes.
-  const runtime::Frontier dw_ready =
-      reduced ? pb.reshard(dw_partial, saved.partial_placed, dw_full, full_placed, shared_done, name + ".dweights")
-              : shared_done;
+  const runtime::Frontier dw_ready = reduced
+                                         ? pb.reshard(dw_partial, saved.partial_placed, dw_full,
+                                                      full_placed, shared_done, name + ".dweights")
+                                         : shared_done;
 
   // Per device: the router's backward on its rows (every device of a partial sum computes the
   // same values; the first adds the input gradient into dx).
   const runtime::Frontier* aux_ready = aux != nullptr ? &aux->ready : nullptr;
-  const runtime::Frontier router_done =
-      pb.per_device(name + ".router_bwd", {&dw_ready, &shared_done, aux_ready}, [&](std::int64_t s) {
+  const runtime::Frontier router_done = pb.per_device(
+      name + ".router_bwd", {&dw_ready, &shared_done, aux_ready}, [&](std::int64_t s) {
         const auto i = static_cast<std::size_t>(s);
         pb.add_flops(s, 2.0 * 2.0 * static_cast<double>(rows * h * e));
         const bool adds_dx = detail::first_of_partial_sum(mesh, saved.partial_placed, s);
@@ -514,26 +555,31 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
         runtime::Tensor* ws = shared ? &saved.shared_expert_gate->shard(s) : nullptr;
         runtime::Tensor* gws = shared ? &d_shared_scale->shard(s) : nullptr;
         runtime::Tensor* dlogit = shared ? &pb.scratch(s, {rows, 1}) : nullptr;
-        return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, stats, dprobs, ws, gws, dlogit, aux_scale, c, rows, h, e, k,
-                cols, adds_dx] {
+        return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, stats, dprobs, ws, gws, dlogit, aux_scale,
+                c, rows, h, e, k, cols, adds_dx] {
           std::span<const float> extra;
           if (stats != nullptr) {
-            const std::span<const float> counts = stats->values().first(static_cast<std::size_t>(e));
+            const std::span<const float> counts =
+                stats->values().first(static_cast<std::size_t>(e));
             for (std::size_t ex = 0; ex < counts.size(); ++ex) {
-              dprobs->values()[ex] = static_cast<float>(aux_scale * static_cast<double>(counts[ex]));
+              dprobs->values()[ex] =
+                  static_cast<float>(aux_scale * static_cast<double>(counts[ex]));
             }
             extra = dprobs->values();
           }
-          routing_weights_backward(r, c, as_matrix(std::as_const(p)),
-                                   StridedConstMatrixMap(dws.values().data(), rows, k, Eigen::OuterStride<>(cols)),
-                                   extra, as_matrix(dl));
+          routing_weights_backward(
+              r, c, as_matrix(std::as_const(p)),
+              StridedConstMatrixMap(dws.values().data(), rows, k, Eigen::OuterStride<>(cols)),
+              extra, as_matrix(dl));
           const ConstMatrixMap xm(xs.values().data(), rows, h);
           const ConstMatrixMap dlm(dl.values().data(), rows, e);
           device_gemm_transposed_a(xm, dlm, as_matrix(gr));
           MatrixMap dxm(dxs.values().data(), rows, h);
-          if (adds_dx) gemm(dlm, as_matrix(std::as_const(wr)), dxm, 1.0f, 1.0f, /*transpose_b=*/true);
+          if (adds_dx)
+            gemm(dlm, as_matrix(std::as_const(wr)), dxm, 1.0f, 1.0f, /*transpose_b=*/true);
           if (ws == nullptr) return;
-          // d logit = s (1 - s) (dy . shared output), s = sigmoid(logit) as the forward computed it.
+          // d logit = s (1 - s) (dy . shared output), s = sigmoid(logit) as the forward computed
+          // it.
           MatrixMap dlg = as_matrix(*dlogit);
           gemm(xm, as_matrix(std::as_const(*ws)), dlg);
           for (std::int64_t t = 0; t < rows; ++t) {
@@ -541,36 +587,43 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer, c
             dlg(t, 0) = sg * (1.0f - sg) * dws.values()[static_cast<std::size_t>(t * cols + k)];
           }
           device_gemm_transposed_a(xm, as_matrix(std::as_const(*dlogit)), as_matrix(*gws));
-          if (adds_dx) gemm(as_matrix(std::as_const(*dlogit)), as_matrix(std::as_const(*ws)), dxm, 1.0f, 1.0f,
-                            /*transpose_b=*/true);
+          if (adds_dx)
+            gemm(as_matrix(std::as_const(*dlogit)), as_matrix(std::as_const(*ws)), dxm, 1.0f, 1.0f,
+                 /*transpose_b=*/true);
         };
       });
 
   // The weights' gradients over the axes splitting the tokens; dx over the weights' axes.
   std::vector<runtime::Frontier> parts;
-  auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used, runtime::ShardedTensor& grad,
-                    const runtime::Frontier& ready, const std::string& wname) {
-    parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, rank, grad, ready, name + "." + wname + ".grad"));
+  auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used,
+                    runtime::ShardedTensor& grad, const runtime::Frontier& ready,
+                    const std::string& wname) {
+    parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, rank, grad, ready,
+                                           name + "." + wname + ".grad"));
   };
   reduce(d_gate, *saved.gate, *grads.gate, experts_done, "w_gate");
   reduce(d_up, *saved.up, *grads.up, experts_done, "w_up");
   reduce(d_down, *saved.down, *grads.down, experts_done, "w_down");
   reduce(d_router, *saved.router, *grads.router, router_done, "router");
   if (shared) {
-    reduce(*d_shared_scale, *saved.shared_expert_gate, *grads.shared_expert_gate, router_done, "shared_gate");
+    reduce(*d_shared_scale, *saved.shared_expert_gate, *grads.shared_expert_gate, router_done,
+           "shared_gate");
     // The shared expert's weights: each device summed over its share of the rows, so Partial
     // over the axes sharing the rows out as well as over those splitting the tokens.
     auto reduce_shared = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used,
                              runtime::ShardedTensor& grad, const std::string& wname) {
-      parts.push_back(
-          reduce_gradient_into(pb, partial, shared_placed(used), grad, shared_done, name + "." + wname + ".grad"));
+      parts.push_back(reduce_gradient_into(pb, partial, shared_placed(used), grad, shared_done,
+                                           name + "." + wname + ".grad"));
     };
     reduce_shared(*d_shared_gate, *saved.shared_gate, *grads.shared_gate, "shared_w_gate");
     reduce_shared(*d_shared_up, *saved.shared_up, *grads.shared_up, "shared_w_up");
     reduce_shared(*d_shared_down, *saved.shared_down, *grads.shared_down, "shared_w_down");
   }
-  if (!direct) parts.push_back(pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, router_done, name + ".dx"));
-  else parts.push_back(router_done);
+  if (!direct)
+    parts.push_back(
+        pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, router_done, name + ".dx"));
+  else
+    parts.push_back(router_done);
   if (dx_ready != nullptr) *dx_ready = parts.back();
   std::vector<const runtime::Frontier*> all;
   for (const runtime::Frontier& f : parts) all.push_back(&f);

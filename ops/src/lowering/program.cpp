@@ -8,20 +8,25 @@
 #include <numeric>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
-#include "lowering_util.hpp"
 
 namespace numesh::ops {
 
 std::string_view to_string(TensorRole role) noexcept {
   switch (role) {
-    case TensorRole::kInput: return "input";
-    case TensorRole::kWeight: return "weight";
-    case TensorRole::kCache: return "cache";
-    case TensorRole::kActivation: return "activation";
-    case TensorRole::kOutput: return "output";
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kWeight:
+      return "weight";
+    case TensorRole::kCache:
+      return "cache";
+    case TensorRole::kActivation:
+      return "activation";
+    case TensorRole::kOutput:
+      return "output";
   }
   return "?";
 }
@@ -31,11 +36,15 @@ namespace {
 std::int64_t moved_bytes(const sharding::ReshardStep& step, std::int64_t g, std::int64_t payload) {
   using Kind = sharding::ReshardStep::Kind;
   switch (step.kind) {
-    case Kind::kAllReduce: return 2 * (g - 1) * payload / g;
+    case Kind::kAllReduce:
+      return 2 * (g - 1) * payload / g;
     case Kind::kReduceScatter:
-    case Kind::kAllToAll: return (g - 1) * payload / g;
-    case Kind::kAllGather: return (g - 1) * payload;
-    case Kind::kLocalSlice: return 0;
+    case Kind::kAllToAll:
+      return (g - 1) * payload / g;
+    case Kind::kAllGather:
+      return (g - 1) * payload;
+    case Kind::kLocalSlice:
+      return 0;
   }
   return 0;
 }
@@ -62,11 +71,12 @@ std::string ProgramPlan::text() const {
     name_w = std::max(name_w, t.name.size());
     spec_w = std::max(spec_w, t.spec.repr().size());
   }
-  out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", "tensor", name_w, "role", "shape",
-                     "dtype", "spec", spec_w, "per device");
+  out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", "tensor", name_w, "role",
+                     "shape", "dtype", "spec", spec_w, "per device");
   for (const TensorPlan& t : tensors) {
-    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", t.name, name_w, to_string(t.role),
-                       fmt::format("[{}]", fmt::join(t.shape, ", ")), to_string(t.dtype), t.spec.repr(), spec_w,
+    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", t.name, name_w,
+                       to_string(t.role), fmt::format("[{}]", fmt::join(t.shape, ", ")),
+                       to_string(t.dtype), t.spec.repr(), spec_w,
                        human_bytes(static_cast<std::uint64_t>(t.shard_bytes)));
   }
   if (collectives.empty()) {
@@ -74,11 +84,12 @@ std::string ProgramPlan::text() const {
   } else {
     std::size_t cname_w = 10;
     for (const CollectivePlan& c : collectives) cname_w = std::max(cname_w, c.name.size());
-    out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", "collective", cname_w, "step", "group",
-                       "payload", "moved");
+    out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", "collective", cname_w, "step",
+                       "group", "payload", "moved");
     for (const CollectivePlan& c : collectives) {
-      out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", c.name, cname_w, c.step.to_string(),
-                         c.group_size, human_bytes(static_cast<std::uint64_t>(c.payload_bytes)),
+      out += fmt::format("  {:<{}}  {:<40}  {:>5}  {:>10}  {:>10}\n", c.name, cname_w,
+                         c.step.to_string(), c.group_size,
+                         human_bytes(static_cast<std::uint64_t>(c.payload_bytes)),
                          human_bytes(static_cast<std::uint64_t>(c.moved_bytes)));
     }
   }
@@ -148,24 +159,27 @@ ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name)
   plan_.memory_bytes.assign(static_cast<std::size_t>(mesh_.size()), 0);
 }
 
-ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name, CollectiveOps collectives)
+ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name,
+                               CollectiveOps collectives)
     : ProgramBuilder(std::move(mesh), std::move(name)) {
-  NUMESH_CHECK(collectives.all_reduce && collectives.reduce_scatter && collectives.redistribute, ValueError,
-               "program {}: the CollectiveOps leave a collective unset", name_);
+  NUMESH_CHECK(collectives.all_reduce && collectives.reduce_scatter && collectives.redistribute,
+               ValueError, "program {}: the CollectiveOps leave a collective unset", name_);
   collectives_ = std::move(collectives);
 }
 
 runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role,
                                                std::vector<std::int64_t> shape,
                                                sharding::PartitionSpec spec, DType dtype) {
-  return use(std::move(name), role,
-             std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec), dtype));
+  return use(
+      std::move(name), role,
+      std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec), dtype));
 }
 
 runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
                                             std::shared_ptr<runtime::ShardedTensor> tensor) {
   NUMESH_CHECK(tensor != nullptr, ValueError, "program {}: tensor '{}' is null", name_, name);
-  const std::int64_t bytes = tensor->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(tensor->dtype())));
+  const std::int64_t bytes =
+      tensor->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(tensor->dtype())));
   plan_.tensors.push_back(TensorPlan{.name = std::move(name),
                                      .role = role,
                                      .shape = tensor->shape(),
@@ -194,7 +208,8 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                           const std::vector<sharding::Placement>& to,
                                           const runtime::Frontier& after, const std::string& name) {
   ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name, collectives_);
-  const std::int64_t payload = in.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(in.dtype())));
+  const std::int64_t payload =
+      in.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(in.dtype())));
   for (const sharding::ReshardStep& step : r.plan) {
     std::int64_t g = 1;
     for (const std::string& axis : step.axes) g *= mesh_.mesh().axis_size(axis);
@@ -205,17 +220,22 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                                .moved_bytes = moved_bytes(step, g, payload)});
   }
   for (auto& t : r.temporaries) {
-    const std::int64_t bytes = t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())));
+    const std::int64_t bytes =
+        t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())));
     for (auto& m : plan_.memory_bytes) m += bytes;
     tensors_.push_back(std::move(t));
   }
   return std::move(r.frontier);
 }
 
-runtime::ShardedTensor& ProgramBuilder::input(const std::string& name, std::vector<std::int64_t> shape,
-                                              sharding::PartitionSpec spec, runtime::Frontier& loaded) {
+runtime::ShardedTensor& ProgramBuilder::input(const std::string& name,
+                                              std::vector<std::int64_t> shape,
+                                              sharding::PartitionSpec spec,
+                                              runtime::Frontier& loaded) {
   for (const auto& b : bindings_) {
-    if (b->name == name) throw KeyError(name, fmt::format("program {}: '{}' is already an input or output", name_, name));
+    if (b->name == name)
+      throw KeyError(name,
+                     fmt::format("program {}: '{}' is already an input or output", name_, name));
   }
   runtime::ShardedTensor& t = tensor(name, TensorRole::kInput, shape, std::move(spec));
   auto binding = std::make_shared<Binding>();
@@ -229,17 +249,20 @@ runtime::ShardedTensor& ProgramBuilder::input(const std::string& name, std::vect
   for (std::int64_t s = 0; s < mesh_.size(); ++s) {
     const auto& slices = t.layout().device(s).slices;
     runtime::Tensor& shard = t.shard(s);
-    loaded[static_cast<std::size_t>(s)] =
-        graph_.add(mesh_.device(s).index(), fmt::format("{}.load[{}]", name, s), [b, &slices, &shard, global] {
+    loaded[static_cast<std::size_t>(s)] = graph_.add(
+        mesh_.device(s).index(), fmt::format("{}.load[{}]", name, s), [b, &slices, &shard, global] {
           runtime::copy_box(slices, b->source->data.data(), *global, shard.values().data(), slices);
         });
   }
   return t;
 }
 
-void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t, const runtime::Frontier& after) {
+void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t,
+                            const runtime::Frontier& after) {
   for (const auto& b : bindings_) {
-    if (b->name == name) throw KeyError(name, fmt::format("program {}: '{}' is already an input or output", name_, name));
+    if (b->name == name)
+      throw KeyError(name,
+                     fmt::format("program {}: '{}' is already an input or output", name_, name));
   }
   auto binding = std::make_shared<Binding>();
   binding->name = name;
@@ -254,9 +277,10 @@ void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t, 
     const auto& info = t.layout().device(s);
     if (info.replica_id != 0) continue;  // one copy of each slice
     const runtime::Tensor& shard = t.shard(s);
-    const runtime::NodeId store =
-        graph_.add(mesh_.device(s).index(), fmt::format("{}.store[{}]", name, s), [b, &info, &shard, global] {
-          runtime::copy_box(info.slices, shard.values().data(), info.slices, b->result.data.data(), *global);
+    const runtime::NodeId store = graph_.add(
+        mesh_.device(s).index(), fmt::format("{}.store[{}]", name, s), [b, &info, &shard, global] {
+          runtime::copy_box(info.slices, shard.values().data(), info.slices, b->result.data.data(),
+                            *global);
         });
     if (!after.empty() && after[static_cast<std::size_t>(s)] != runtime::kReady) {
       graph_.depend(after[static_cast<std::size_t>(s)], store);
@@ -264,12 +288,14 @@ void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t, 
   }
 }
 
-runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in, const std::vector<std::string>& axes,
+runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in,
+                                                    const std::vector<std::string>& axes,
                                                     TensorRole role, const std::string& name,
                                                     runtime::Frontier& ready) {
   const std::size_t rank = in.shape().size();
   const sharding::PartitionSpec gathered = detail::without_axes(in.spec(), axes, rank);
-  if (sharding::to_placements(gathered, mesh_.mesh(), rank) == sharding::to_placements(in.spec(), mesh_.mesh(), rank)) {
+  if (sharding::to_placements(gathered, mesh_.mesh(), rank) ==
+      sharding::to_placements(in.spec(), mesh_.mesh(), rank)) {
     return in;
   }
   runtime::ShardedTensor& out = tensor(name, role, in.shape(), gathered, in.dtype());
@@ -297,8 +323,8 @@ Program::~Program() = default;
 void Program::set_input(const std::string& name, const runtime::HostTensor& host) {
   for (const auto& b : bindings_) {
     if (b->is_input && b->name == name) {
-      NUMESH_CHECK(host.shape == b->shape, ShapeError, "program {}: input '{}' is [{}], got [{}]", plan_.name, name,
-                   fmt::join(b->shape, ", "), fmt::join(host.shape, ", "));
+      NUMESH_CHECK(host.shape == b->shape, ShapeError, "program {}: input '{}' is [{}], got [{}]",
+                   plan_.name, name, fmt::join(b->shape, ", "), fmt::join(host.shape, ", "));
       b->source = &host;
       return;
     }
@@ -315,8 +341,8 @@ const runtime::HostTensor& Program::output(const std::string& name) const {
 
 void Program::run() {
   for (const auto& b : bindings_) {
-    NUMESH_CHECK(!b->is_input || b->source != nullptr, ValueError, "program {}: input '{}' was never set",
-                 plan_.name, b->name);
+    NUMESH_CHECK(!b->is_input || b->source != nullptr, ValueError,
+                 "program {}: input '{}' was never set", plan_.name, b->name);
   }
   graph_->run();
 }

@@ -37,16 +37,20 @@ sharding::PartitionSpec layout_spec(std::vector<Placement> placements, const sha
 
 CollectiveOps CollectiveOps::runtime_collectives(runtime::AllReduceAlgorithm algorithm) {
   CollectiveOps ops;
-  ops.all_reduce = [algorithm](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                               runtime::ReduceOp op, const runtime::CollectiveArgs& args) {
+  ops.all_reduce = [algorithm](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                               runtime::ShardedTensor& out, runtime::ReduceOp op,
+                               const runtime::CollectiveArgs& args) {
     return runtime::all_reduce(b, in, out, op, args, algorithm);
   };
-  ops.reduce_scatter = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                          runtime::ReduceOp op, const runtime::CollectiveArgs& args) {
+  ops.reduce_scatter = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                          runtime::ShardedTensor& out, runtime::ReduceOp op,
+                          const runtime::CollectiveArgs& args) {
     return runtime::reduce_scatter(b, in, out, op, args);
   };
-  ops.redistribute = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                        const runtime::CollectiveArgs& args) { return runtime::redistribute(b, in, out, args); };
+  ops.redistribute = [](runtime::GraphBuilder& b, runtime::ShardedTensor& in,
+                        runtime::ShardedTensor& out, const runtime::CollectiveArgs& args) {
+    return runtime::redistribute(b, in, out, args);
+  };
   return ops;
 }
 
@@ -63,12 +67,14 @@ ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in
                in.spec().repr(), sharding::to_string(from), layout_spec(from, mesh, rank).repr());
   NUMESH_CHECK(same_layout(out, to), ValueError,
                "{}: the output is laid out as {} but the target placements {} need {}", name,
-               out.spec().repr(), sharding::to_string(to), sharding::to_spec(to, mesh, rank).repr());
+               out.spec().repr(), sharding::to_string(to),
+               sharding::to_spec(to, mesh, rank).repr());
   ReshardResult result;
   result.plan = sharding::plan_reshard(from, to, mesh);
   if (result.plan.empty()) {
     // Same placements: a local copy per slot.
-    result.frontier = ops.redistribute(builder, in, out, {.axes = {}, .after = after, .name = name});
+    result.frontier =
+        ops.redistribute(builder, in, out, {.axes = {}, .after = after, .name = name});
     return result;
   }
   runtime::ShardedTensor* src = &in;

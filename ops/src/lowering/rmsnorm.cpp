@@ -2,14 +2,15 @@
 
 #include <utility>
 
-#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 
 namespace numesh::ops {
 
-runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& pb, runtime::ShardedTensor& a, runtime::ShardedTensor* b,
-                                        runtime::ShardedTensor* weight, runtime::ShardedTensor* sum,
-                                        runtime::ShardedTensor& out, float eps, const runtime::Frontier& after,
+runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& pb, runtime::ShardedTensor& a,
+                                        runtime::ShardedTensor* b, runtime::ShardedTensor* weight,
+                                        runtime::ShardedTensor* sum, runtime::ShardedTensor& out,
+                                        float eps, const runtime::Frontier& after,
                                         const std::string& name) {
   const std::int64_t h = a.shape().back();
   const std::int64_t rows = a.layout().elements_per_device() / h;
@@ -30,7 +31,8 @@ runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& pb, runtime::ShardedTens
       // The sum goes to `sum` when kept, else straight into out, then normalised in place.
       MatrixMap total = ss != nullptr ? MatrixMap(ss->values().data(), rows, h) : o;
       total = x + ConstMatrixMap(bs->values().data(), rows, h);
-      if (ws != nullptr) rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(*ws)), o, eps);
+      if (ws != nullptr)
+        rmsnorm_rows(ConstMatrixMap(total.data(), rows, h), as_matrix(std::as_const(*ws)), o, eps);
     };
   });
 }

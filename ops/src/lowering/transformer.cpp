@@ -9,10 +9,10 @@
 #include <random>
 #include <utility>
 
+#include "lowering_util.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/rmsnorm.hpp"
-#include "lowering_util.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/presets.hpp"
 
@@ -20,9 +20,9 @@ namespace numesh::ops {
 
 namespace {
 
+using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
-using detail::shape_text;
 
 }  // namespace
 
@@ -38,42 +38,55 @@ struct ShardedTransformer::Layer {
 };
 
 ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
-                                       const TransformerWeights& w, std::int64_t batch, std::int64_t max_len,
-                                       ModelAxes axes, KvLayout layout)
-    : mesh_(std::move(mesh)), config_(std::move(config)), axes_(std::move(axes)), batch_(batch), max_len_(max_len) {
+                                       const TransformerWeights& w, std::int64_t batch,
+                                       std::int64_t max_len, ModelAxes axes, KvLayout layout)
+    : mesh_(std::move(mesh)),
+      config_(std::move(config)),
+      axes_(std::move(axes)),
+      batch_(batch),
+      max_len_(max_len) {
   config_.validate();
-  NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError, "transformer: batch {} and max_len {} must be positive", batch,
-               max_len);
-  positions_.assign(static_cast<std::size_t>(batch), 0);  // a program run straight from program() starts at 0
+  NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError,
+               "transformer: batch {} and max_len {} must be positive", batch, max_len);
+  positions_.assign(static_cast<std::size_t>(batch),
+                    0);  // a program run straight from program() starts at 0
   NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == config_.layers, ShapeError,
                "transformer: {} blocks of weights for {} layers", w.blocks.size(), config_.layers);
   const std::int64_t h = config_.hidden;
   const PartitionSpec replicated({AxisRule(), AxisRule()});
   auto norm = [&](const runtime::HostTensor& t, std::string_view what) {
-    NUMESH_CHECK(t.shape == (std::vector<std::int64_t>{1, h}), ShapeError, "transformer: {} is {}, expected [1, {}]",
-                 what, shape_text(t), h);
+    NUMESH_CHECK(t.shape == (std::vector<std::int64_t>{1, h}), ShapeError,
+                 "transformer: {} is {}, expected [1, {}]", what, shape_text(t), h);
     return detail::laid_out(mesh_, t, replicated);
   };
   const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
   for (std::int64_t l = 0; l < config_.layers; ++l) {
     const BlockWeights& b = w.blocks[static_cast<std::size_t>(l)];
     auto layer = std::make_unique<Layer>();
-    layer->attention = AttentionLayer::create(mesh_, config_.attention, b.attention,
-                                              AttentionAxes{.batch = axes_.batch, .sequence = {}, .heads = axes_.heads});
-    NUMESH_CHECK(layer->attention.hidden == h, ShapeError, "transformer: block {} attention has hidden {}, expected {}",
-                 l, layer->attention.hidden, h);
+    layer->attention = AttentionLayer::create(
+        mesh_, config_.attention, b.attention,
+        AttentionAxes{.batch = axes_.batch, .sequence = {}, .heads = axes_.heads});
+    NUMESH_CHECK(layer->attention.hidden == h, ShapeError,
+                 "transformer: block {} attention has hidden {}, expected {}", l,
+                 layer->attention.hidden, h);
     layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
     layer->attn_norm = norm(b.attn_norm, fmt::format("block {} attn_norm", l));
     layer->ffn_norm = norm(b.ffn_norm, fmt::format("block {} ffn_norm", l));
     if (config_.is_moe(l)) {
-      layer->moe = MoeLayer::create(mesh_, config_.moe, b.moe,
-                                    MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
-      const std::int64_t shared = layer->moe->shared_expert ? layer->moe->shared_expert->intermediate : 0;
+      layer->moe = MoeLayer::create(
+          mesh_, config_.moe, b.moe,
+          MoeAxes{.batch = axes_.batch, .expert = axes_.expert, .tensor = axes_.expert_tensor});
+      const std::int64_t shared =
+          layer->moe->shared_expert ? layer->moe->shared_expert->intermediate : 0;
       NUMESH_CHECK(shared == config_.shared_expert_ffn, ShapeError,
-                   "transformer: block {} has a shared expert of intermediate size {} (0: none), the config says {}",
+                   "transformer: block {} has a shared expert of intermediate size {} (0: none), "
+                   "the config says {}",
                    l, shared, config_.shared_expert_ffn);
     } else {
-      layer->mlp = MlpLayer::create(mesh_, MlpKind::kSwiGLU, b.mlp, MlpAxes{.batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
+      layer->mlp = MlpLayer::create(
+          mesh_, MlpKind::kSwiGLU, b.mlp,
+          MlpAxes{
+              .batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
     }
     layers_.push_back(std::move(layer));
   }
@@ -133,17 +146,21 @@ ShardedTransformer& ShardedTransformer::operator=(ShardedTransformer&&) noexcept
 
 PartitionSpec ShardedTransformer::activation_spec(std::int64_t tokens) const {
   const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
-  const std::vector<std::string> sequence =
-      axes_.sequence.empty() ? std::vector<std::string>{} : std::vector<std::string>{axes_.sequence};
-  return sharding::correct_spec(shape,
-                                PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
-                                               detail::entry_over(sequence, mesh_.mesh()), AxisRule()}),
-                                mesh_.mesh())
+  const std::vector<std::string> sequence = axes_.sequence.empty()
+                                                ? std::vector<std::string>{}
+                                                : std::vector<std::string>{axes_.sequence};
+  return sharding::correct_spec(
+             shape,
+             PartitionSpec({detail::entry_over(axes_.batch, mesh_.mesh()),
+                            detail::entry_over(sequence, mesh_.mesh()), AxisRule()}),
+             mesh_.mesh())
       .spec;
 }
 
 ShardedTransformer::Programs::Entry& ShardedTransformer::compiled_for(std::int64_t tokens) {
-  return programs_.get(tokens, [&](std::int64_t, std::vector<MoeRouting*>& routings) { return compile(tokens, routings); });
+  return programs_.get(tokens, [&](std::int64_t, std::vector<MoeRouting*>& routings) {
+    return compile(tokens, routings);
+  });
 }
 
 Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*>& routings) {
@@ -169,17 +186,21 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
     runtime::ShardedTensor* block_in = stream;
     if (ffn_out != nullptr) {
       block_in = &activation(p + ".x");
-      front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front,
+                                    p + ".attn_norm");
     } else {
-      front = emit_residual_rmsnorm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front, p + ".attn_norm");
+      front = emit_residual_rmsnorm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front,
+                                    p + ".attn_norm");
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
     front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
                            AttentionStep{.cache = &layer.cache, .positions = &positions_});
-    runtime::ShardedTensor& ffn_norm_w = pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
+    runtime::ShardedTensor& ffn_norm_w =
+        pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
     runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
-    front = emit_residual_rmsnorm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front, p + ".ffn_norm");
+    front = emit_residual_rmsnorm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front,
+                                  p + ".ffn_norm");
     runtime::ShardedTensor& f = activation(p + ".ffn_out");
     if (layer.moe) {
       MoeRouting* routing = nullptr;
@@ -192,36 +213,40 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
     ffn_out = &f;
   }
   // The last residual add, with the final norm when the model has one.
-  runtime::ShardedTensor* final_w = final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
+  runtime::ShardedTensor* final_w =
+      final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
   pb.output("y", y,
             emit_residual_rmsnorm(pb, *stream, ffn_out, final_w, nullptr, y, eps, front,
-                               final_w ? "final_norm" : "residual"));
+                                  final_w ? "final_norm" : "residual"));
   return std::move(pb).compile();
 }
 
 Program& ShardedTransformer::program(std::int64_t tokens) {
-  NUMESH_CHECK(tokens > 0 && tokens <= max_len_, ShapeError, "transformer: {} tokens; the caches hold {} positions",
-               tokens, max_len_);
+  NUMESH_CHECK(tokens > 0 && tokens <= max_len_, ShapeError,
+               "transformer: {} tokens; the caches hold {} positions", tokens, max_len_);
   return *compiled_for(tokens).program;
 }
 
-runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x, std::int64_t position) {
+runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
+                                                std::int64_t position) {
   const std::vector<std::int64_t> level(static_cast<std::size_t>(batch_), position);
   return forward(x, level);
 }
 
 runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
                                                 std::span<const std::int64_t> positions) {
-  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
-               ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1", shape_text(x),
-               batch_, config_.hidden);
+  NUMESH_CHECK(
+      x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
+      ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1",
+      shape_text(x), batch_, config_.hidden);
   NUMESH_CHECK(static_cast<std::int64_t>(positions.size()) == batch_, ShapeError,
                "transformer: {} positions for {} sequences", positions.size(), batch_);
   const std::int64_t tokens = x.shape[1];
   for (std::size_t b = 0; b < positions.size(); ++b) {
     const std::int64_t position = positions[b];
     NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
-                 "transformer: {} tokens at position {} (sequence {}) do not fit the KV cache of {} positions",
+                 "transformer: {} tokens at position {} (sequence {}) do not fit the KV cache of "
+                 "{} positions",
                  tokens, position, b, max_len_);
   }
   Programs::Entry& e = compiled_for(tokens);
@@ -238,7 +263,8 @@ MoeStats ShardedTransformer::moe_stats() const {
   for (const MoeRouting* r : last_->extra) {
     const MoeStats s = r->total();
     if (sum.tokens_per_expert.empty()) sum.tokens_per_expert.assign(s.tokens_per_expert.size(), 0);
-    for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e) sum.tokens_per_expert[e] += s.tokens_per_expert[e];
+    for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e)
+      sum.tokens_per_expert[e] += s.tokens_per_expert[e];
     sum.dropped += s.dropped;
     sum.capacity = s.capacity;
   }
@@ -261,24 +287,28 @@ std::int64_t ShardedTransformer::sequence_groups() const noexcept {
 
 std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) const {
   auto bytes = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
-    return t ? t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype()))) : std::int64_t{0};
+    return t ? t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())))
+             : std::int64_t{0};
   };
   std::int64_t total = bytes(final_norm_);
   for (const auto& layer : layers_) {
     const AttentionLayer& a = layer->attention;
-    total += bytes(a.wq) + bytes(a.wk) + bytes(a.wv) + bytes(a.wo) + bytes(layer->attn_norm) + bytes(layer->ffn_norm);
-    if (layer->mlp) total += bytes(layer->mlp->gate) + bytes(layer->mlp->up) + bytes(layer->mlp->down);
+    total += bytes(a.wq) + bytes(a.wk) + bytes(a.wv) + bytes(a.wo) + bytes(layer->attn_norm) +
+             bytes(layer->ffn_norm);
+    if (layer->mlp)
+      total += bytes(layer->mlp->gate) + bytes(layer->mlp->up) + bytes(layer->mlp->down);
     if (layer->moe) {
       const MoeLayer& moe = *layer->moe;
       total += bytes(moe.router) + bytes(moe.gate) + bytes(moe.up) + bytes(moe.down);
       if (moe.shared_expert) {
-        total += bytes(moe.shared_expert->gate) + bytes(moe.shared_expert->up) + bytes(moe.shared_expert->down) +
-                 bytes(moe.shared_expert_gate);
+        total += bytes(moe.shared_expert->gate) + bytes(moe.shared_expert->up) +
+                 bytes(moe.shared_expert->down) + bytes(moe.shared_expert_gate);
       }
     }
     // The valid part of both caches: local sequences x (position + 1) x local kv heads x d.
     const std::int64_t cache_per_position =
-        layer->cache.k->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(layer->cache.k->dtype()))) /
+        layer->cache.k->layout().bytes_per_device(
+            static_cast<std::int64_t>(dtype_size(layer->cache.k->dtype()))) /
         layer->cache.max_len;
     total += 2 * cache_per_position * (position + 1);
   }

@@ -1,5 +1,3 @@
-#include "numesh/ops/reference/backward.hpp"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,6 +9,7 @@
 #include "backward_detail.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/backward.hpp"
 
 // The attention layer's reference gradients (projections, biases, q/k norms, RoPE, causal softmax).
 
@@ -23,8 +22,8 @@ using oracle::MatrixD;
 namespace {
 
 // RoPE's transpose: the rotation back, as J R J with J negating the second of each pair.
-void rope_transpose(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads, std::int64_t d,
-                    double theta, const RopeScaling& scaling) {
+void rope_transpose(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::int64_t heads,
+                    std::int64_t d, double theta, const RopeScaling& scaling) {
   const std::int64_t half = d / 2;
   for (std::int64_t h = 0; h < heads; ++h) x.middleCols(h * d + half, half) *= -1.0;
   oracle::rope(x, batch, tokens, heads, d, 0, theta, scaling);
@@ -37,9 +36,10 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
                                         const AttentionConfig& c, const runtime::HostTensor& dy) {
   NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
                "attention backward: 16-bit weights are not differentiated yet");
-  NUMESH_CHECK(x.shape.size() == 3 && dy.shape == x.shape && c.q_offset == 0 && c.num_kv_heads > 0 &&
-                   c.num_heads % c.num_kv_heads == 0,
-               ShapeError, "attention backward: x [{}] and dy [{}] must be [B, T, H] alike, q_offset 0",
+  NUMESH_CHECK(x.shape.size() == 3 && dy.shape == x.shape && c.q_offset == 0 &&
+                   c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
+               ShapeError,
+               "attention backward: x [{}] and dy [{}] must be [B, T, H] alike, q_offset 0",
                fmt::join(x.shape, ", "), fmt::join(dy.shape, ", "));
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
   const std::int64_t hq = c.num_heads, hkv = c.num_kv_heads, group = hq / hkv;
@@ -97,14 +97,15 @@ AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const Atte
   AttentionGrads out;
   // Through the q/k norms: each head's d values a row of its own, one weight for all heads.
   const auto head_norm_backward = [&](MatrixD& dz, const MatrixD& raw, std::int64_t heads,
-                                      const runtime::HostTensor& weight, runtime::HostTensor& dweight) {
+                                      const runtime::HostTensor& weight,
+                                      runtime::HostTensor& dweight) {
     if (weight.shape.empty()) return;
     const MatrixD wn = checked_matrix(weight, 1, d, "attention backward: q/k norm");
     MatrixD dw = MatrixD::Zero(1, d);
     for (std::int64_t r = 0; r < b * t; ++r) {
       for (std::int64_t hh = 0; hh < heads; ++hh) {
-        oracle::rmsnorm_row_backward(raw.block(r, hh * d, 1, d), wn.row(0), c.qk_norm_eps, dz.block(r, hh * d, 1, d),
-                             dw.row(0));
+        oracle::rmsnorm_row_backward(raw.block(r, hh * d, 1, d), wn.row(0), c.qk_norm_eps,
+                                     dz.block(r, hh * d, 1, d), dw.row(0));
       }
     }
     dweight = oracle::narrow(dw, weight.shape);

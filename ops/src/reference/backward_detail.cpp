@@ -11,23 +11,27 @@
 namespace numesh::ops::oracle {
 
 // t as a [rows, cols] matrix, after checking it has that shape (2-D, or [cols] for rows 1).
-MatrixD checked_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, const char* what) {
+MatrixD checked_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols,
+                       const char* what) {
   const bool fits = (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == cols) ||
                     (rows == 1 && t.shape.size() == 1 && t.shape[0] == cols);
-  NUMESH_CHECK(fits, ShapeError, "{} is [{}], expected [{}, {}]", what, fmt::join(t.shape, ", "), rows, cols);
+  NUMESH_CHECK(fits, ShapeError, "{} is [{}], expected [{}, {}]", what, fmt::join(t.shape, ", "),
+               rows, cols);
   return oracle::widen(t, rows, cols);
 }
 
 std::int64_t matrix_dim(const runtime::HostTensor& t, std::size_t i, const char* what) {
-  NUMESH_CHECK(t.shape.size() == 2, ShapeError, "{} is [{}], expected a matrix", what, fmt::join(t.shape, ", "));
+  NUMESH_CHECK(t.shape.size() == 2, ShapeError, "{} is [{}], expected a matrix", what,
+               fmt::join(t.shape, ", "));
   return t.shape[i];
 }
 
 // The SwiGLU MLP's gradients in float64: x [rows, H], w_gate and w_up [H, F], w_down [F, H],
 // g = dy [rows, H].
 // `gate_bias` and `up_bias`: [1, F] rows added to the pre-activations (empty: none).
-SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu, const MatrixD& wd,
-                              const MatrixD& g, const MatrixD& gate_bias, const MatrixD& up_bias) {
+SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
+                              const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias,
+                              const MatrixD& up_bias) {
   MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
   if (gate_bias.size() > 0) a.rowwise() += gate_bias.row(0);
   if (up_bias.size() > 0) b.rowwise() += up_bias.row(0);
@@ -43,8 +47,12 @@ SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const Matrix
       da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
     }
   }
-  return {da * wg.transpose() + db * wu.transpose(), xm.transpose() * da, xm.transpose() * db, act.transpose() * g,
-          da.colwise().sum(), db.colwise().sum()};
+  return {da * wg.transpose() + db * wu.transpose(),
+          xm.transpose() * da,
+          xm.transpose() * db,
+          act.transpose() * g,
+          da.colwise().sum(),
+          db.colwise().sum()};
 }
 
 // RMSNorm's backward for one row z of n values: y = z s w with s = (mean(z^2) + eps)^(-1/2)

@@ -5,9 +5,8 @@
 // (the dense MLP's and every expert's) and RMSNorm's row backward (the norms' and attention's
 // q/k norms). Private to the references.
 
-#include <cstdint>
-
 #include <Eigen/Core>
+#include <cstdint>
 
 #include "numesh/runtime/tensor.hpp"
 #include "oracle.hpp"
@@ -16,7 +15,8 @@ namespace numesh::ops::oracle {
 
 /// t as a [rows, cols] matrix, after checking it has that shape (2-D, or [cols] for rows 1).
 /// Throws: ShapeError naming `what` and both shapes.
-MatrixD checked_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, const char* what);
+MatrixD checked_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols,
+                       const char* what);
 
 /// Dim i of the matrix t. Throws: ShapeError naming `what` when t is not 2-D.
 std::int64_t matrix_dim(const runtime::HostTensor& t, std::size_t i, const char* what);
@@ -29,8 +29,9 @@ struct SwigluGradsD {
 
 /// x [rows, H], w_gate and w_up [H, F], w_down [F, H], g = dy [rows, H]; `gate_bias` and
 /// `up_bias`: [1, F] rows added to the pre-activations (empty: none).
-SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu, const MatrixD& wd,
-                              const MatrixD& g, const MatrixD& gate_bias = {}, const MatrixD& up_bias = {});
+SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
+                              const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias = {},
+                              const MatrixD& up_bias = {});
 
 using RowRef = Eigen::Ref<Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;
 using ConstRowRef = Eigen::Ref<const Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;

@@ -1,5 +1,3 @@
-#include "numesh/ops/reference/backward.hpp"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,6 +9,7 @@
 #include "backward_detail.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/backward.hpp"
 
 // The token embedding's reference gradient.
 
@@ -28,8 +27,8 @@ runtime::HostTensor embedding_backward(std::span<const std::int32_t> ids, std::i
   MatrixD table = MatrixD::Zero(vocab, h);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int32_t id = ids[static_cast<std::size_t>(r)];
-    NUMESH_CHECK(id >= 0 && id < vocab, IndexError, "embedding backward: token {} at row {} is outside [0, {})", id, r,
-                 vocab);
+    NUMESH_CHECK(id >= 0 && id < vocab, IndexError,
+                 "embedding backward: token {} at row {} is outside [0, {})", id, r, vocab);
     table.row(id) += g.row(r);
   }
   return oracle::narrow(table, {vocab, h});

@@ -2,9 +2,9 @@
 
 #include <cmath>
 
+#include "../shape_text.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "../shape_text.hpp"
 #include "oracle.hpp"
 
 namespace numesh::ops {
@@ -12,9 +12,10 @@ namespace numesh::ops {
 using detail::shape_text;
 
 runtime::HostTensor lm_head_reference(const runtime::HostTensor& x, const LmHeadWeights& w) {
-  NUMESH_CHECK(w.weight.shape.size() == 2 && x.shape.size() == 2 && x.shape[1] == w.weight.shape[0], ShapeError,
-               "lm head: x {} and weight {} do not multiply (expected x [rows, H], weight [H, V])", shape_text(x),
-               shape_text(w.weight));
+  NUMESH_CHECK(w.weight.shape.size() == 2 && x.shape.size() == 2 && x.shape[1] == w.weight.shape[0],
+               ShapeError,
+               "lm head: x {} and weight {} do not multiply (expected x [rows, H], weight [H, V])",
+               shape_text(x), shape_text(w.weight));
   const std::int64_t rows = x.shape[0], h = w.weight.shape[0], v = w.weight.shape[1];
   const oracle::MatrixD xd = oracle::projection_input(oracle::widen(x, rows, h), w.stored_as);
   return oracle::narrow(xd * oracle::stored(w.weight, h, v, w.stored_as), {rows, v});

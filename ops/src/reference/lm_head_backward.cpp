@@ -1,5 +1,3 @@
-#include "numesh/ops/reference/backward.hpp"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,6 +9,7 @@
 #include "backward_detail.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/backward.hpp"
 
 // The LM head's mean cross-entropy and its reference gradients.
 
@@ -22,7 +21,8 @@ using oracle::MatrixD;
 
 CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runtime::HostTensor& w,
                                         std::span<const std::int32_t> targets) {
-  const std::int64_t rows = matrix_dim(x, 0, "cross entropy: x"), h = matrix_dim(x, 1, "cross entropy: x");
+  const std::int64_t rows = matrix_dim(x, 0, "cross entropy: x"),
+                     h = matrix_dim(x, 1, "cross entropy: x");
   const std::int64_t v = matrix_dim(w, 1, "cross entropy: w");
   NUMESH_CHECK(rows >= 1 && static_cast<std::int64_t>(targets.size()) == rows, ShapeError,
                "cross entropy: {} targets for {} rows (at least one)", targets.size(), rows);
@@ -34,12 +34,14 @@ CrossEntropyGrads lm_head_cross_entropy(const runtime::HostTensor& x, const runt
   double loss = 0.0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int32_t t = targets[static_cast<std::size_t>(r)];
-    NUMESH_CHECK(t >= 0 && t < v, IndexError, "cross entropy: target {} at row {} is outside [0, {})", t, r, v);
+    NUMESH_CHECK(t >= 0 && t < v, IndexError,
+                 "cross entropy: target {} at row {} is outside [0, {})", t, r, v);
     const double top = logits.row(r).maxCoeff();
     double sum = 0.0;
     for (std::int64_t j = 0; j < v; ++j) sum += std::exp(logits(r, j) - top);
     loss += top + std::log(sum) - logits(r, t);
-    for (std::int64_t j = 0; j < v; ++j) dl(r, j) = std::exp(logits(r, j) - top) / sum / static_cast<double>(rows);
+    for (std::int64_t j = 0; j < v; ++j)
+      dl(r, j) = std::exp(logits(r, j) - top) / sum / static_cast<double>(rows);
     dl(r, t) -= 1.0 / static_cast<double>(rows);
   }
   return {loss / static_cast<double>(rows), oracle::narrow(dl * wm.transpose(), {rows, h}),

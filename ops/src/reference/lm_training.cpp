@@ -41,16 +41,19 @@ HostTensor sum(const HostTensor& a, const HostTensor& b) {
 
 LmTrainingGrads lm_training_reference(const TransformerConfig& c, const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,
-                                      std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                      std::int64_t batch, std::int64_t tokens, double router_aux_loss_coef) {
-  NUMESH_CHECK(router_aux_loss_coef >= 0.0, ValueError, "training reference: router_aux_loss_coef {} is negative",
-               router_aux_loss_coef);
+                                      std::span<const std::int32_t> inputs,
+                                      std::span<const std::int32_t> targets, std::int64_t batch,
+                                      std::int64_t tokens, double router_aux_loss_coef) {
+  NUMESH_CHECK(router_aux_loss_coef >= 0.0, ValueError,
+               "training reference: router_aux_loss_coef {} is negative", router_aux_loss_coef);
   const std::int64_t rows = batch * tokens, h = c.hidden, vocab = embedding.table.shape.at(0);
-  NUMESH_CHECK(static_cast<std::int64_t>(inputs.size()) == rows && static_cast<std::int64_t>(targets.size()) == rows,
-               ShapeError, "training reference: {} inputs and {} targets for {} x {} tokens", inputs.size(),
-               targets.size(), batch, tokens);
+  NUMESH_CHECK(static_cast<std::int64_t>(inputs.size()) == rows &&
+                   static_cast<std::int64_t>(targets.size()) == rows,
+               ShapeError, "training reference: {} inputs and {} targets for {} x {} tokens",
+               inputs.size(), targets.size(), batch, tokens);
   NUMESH_CHECK(static_cast<std::int64_t>(stack.blocks.size()) == c.layers, ShapeError,
-               "training reference: {} blocks of weights for {} layers", stack.blocks.size(), c.layers);
+               "training reference: {} blocks of weights for {} layers", stack.blocks.size(),
+               c.layers);
   const std::vector<std::int64_t> flat{rows, h}, shaped{batch, tokens, h};
   auto norm = [&](const HostTensor& x, const HostTensor& w) {
     return as_tensor(rmsnorm_reference(as_rows(x, rows, h), as_rows(w, 1, h), c.norm_eps), flat);
@@ -72,8 +75,9 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     k.mid = sum(stream, a);
     k.n2 = norm(k.mid, b.ffn_norm);
     const HostTensor f =
-        c.is_moe(l) ? as_tensor(moe_reference(as_rows(k.n2, rows, h), b.moe, c.moe), flat)
-                    : as_tensor(mlp_reference(as_rows(k.n2, rows, h), MlpKind::kSwiGLU, b.mlp), flat);
+        c.is_moe(l)
+            ? as_tensor(moe_reference(as_rows(k.n2, rows, h), b.moe, c.moe), flat)
+            : as_tensor(mlp_reference(as_rows(k.n2, rows, h), MlpKind::kSwiGLU, b.mlp), flat);
     stream = sum(k.mid, f);
   }
   const HostTensor y = norm(stream, stack.final_norm);
@@ -122,8 +126,9 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     } else {
       MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
       // Llama's mlp_bias, where the model has it, as rows [1, n] (the step's layout).
-      for (auto& [slot, grad] : {std::pair{"gate_bias", &mlp.dgate_bias}, std::pair{"up_bias", &mlp.dup_bias},
-                                 std::pair{"down_bias", &mlp.ddown_bias}}) {
+      for (auto& [slot, grad] :
+           {std::pair{"gate_bias", &mlp.dgate_bias}, std::pair{"up_bias", &mlp.dup_bias},
+            std::pair{"down_bias", &mlp.ddown_bias}}) {
         if (grad->shape.empty()) continue;
         grad->shape = {1, static_cast<std::int64_t>(grad->data.size())};
         out.grads[p + "mlp." + slot] = *grad;
@@ -148,14 +153,16 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
     out.grads[p + "attention.wv"] = attention.dwv;
     out.grads[p + "attention.wo"] = attention.dwo;
     // Biases and q/k norms, where the model has them, as rows [1, n] (the step's layout).
-    for (auto& [slot, grad] : {std::pair{"bq", &attention.dbq}, std::pair{"bk", &attention.dbk},
-                               std::pair{"bv", &attention.dbv}, std::pair{"bo", &attention.dbo},
-                               std::pair{"q_norm", &attention.dq_norm}, std::pair{"k_norm", &attention.dk_norm}}) {
+    for (auto& [slot, grad] :
+         {std::pair{"bq", &attention.dbq}, std::pair{"bk", &attention.dbk},
+          std::pair{"bv", &attention.dbv}, std::pair{"bo", &attention.dbo},
+          std::pair{"q_norm", &attention.dq_norm}, std::pair{"k_norm", &attention.dk_norm}}) {
       if (grad->shape.empty()) continue;
       grad->shape = {1, static_cast<std::int64_t>(grad->data.size())};
       out.grads[p + "attention." + slot] = *grad;
     }
-    const RmsNormGrads attn_norm = rmsnorm_backward(k.block_in, b.attn_norm, attention.dx, c.norm_eps);
+    const RmsNormGrads attn_norm =
+        rmsnorm_backward(k.block_in, b.attn_norm, attention.dx, c.norm_eps);
     out.grads[p + "attn_norm"] = attn_norm.dweight;
     d_stream = sum(attn_norm.dx, dmid);
   }

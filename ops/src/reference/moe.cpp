@@ -5,9 +5,9 @@
 
 #include <vector>
 
+#include "../shape_text.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "../shape_text.hpp"
 #include "oracle.hpp"
 
 namespace numesh::ops {

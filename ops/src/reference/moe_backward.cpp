@@ -1,5 +1,3 @@
-#include "numesh/ops/reference/backward.hpp"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -11,8 +9,10 @@
 #include "backward_detail.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/reference/backward.hpp"
 
-// The MoE layer's reference gradients (router, experts, shared expert) and the router's load-balancing loss.
+// The MoE layer's reference gradients (router, experts, shared expert) and the router's
+// load-balancing loss.
 
 namespace numesh::ops {
 
@@ -23,18 +23,22 @@ using oracle::SwigluGradsD;
 
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
                       const runtime::HostTensor& dy, std::span<const double> dprobs) {
-  NUMESH_CHECK(w.stored_as == DType::kF32 && w.shared_expert.stored_as == DType::kF32, NotImplementedError,
-               "moe backward: 16-bit experts are not differentiated yet");
-  const std::int64_t t = matrix_dim(x, 0, "moe backward: x"), h = matrix_dim(x, 1, "moe backward: x");
+  NUMESH_CHECK(w.stored_as == DType::kF32 && w.shared_expert.stored_as == DType::kF32,
+               NotImplementedError, "moe backward: 16-bit experts are not differentiated yet");
+  const std::int64_t t = matrix_dim(x, 0, "moe backward: x"),
+                     h = matrix_dim(x, 1, "moe backward: x");
   const std::int64_t e = c.num_experts, k = c.top_k;
   NUMESH_CHECK(e >= 1 && k >= 1 && k <= e && c.capacity_factor >= 0.0f, ValueError,
-               "moe backward: top_k {} must be between 1 and the {} experts and capacity_factor {} not negative", k,
-               e, c.capacity_factor);
+               "moe backward: top_k {} must be between 1 and the {} experts and capacity_factor {} "
+               "not negative",
+               k, e, c.capacity_factor);
   const std::int64_t f = w.gate.shape.size() == 3 ? w.gate.shape[2] : -1;
-  NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) && w.up.shape == w.gate.shape &&
-                   w.down.shape == (std::vector<std::int64_t>{e, f, h}),
-               ShapeError, "moe backward: gate [{}], up [{}], down [{}] do not fit {} experts and hidden {}",
-               fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "), fmt::join(w.down.shape, ", "), e, h);
+  NUMESH_CHECK(
+      f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) && w.up.shape == w.gate.shape &&
+          w.down.shape == (std::vector<std::int64_t>{e, f, h}),
+      ShapeError, "moe backward: gate [{}], up [{}], down [{}] do not fit {} experts and hidden {}",
+      fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "), fmt::join(w.down.shape, ", "), e,
+      h);
   NUMESH_CHECK(dprobs.empty() || static_cast<std::int64_t>(dprobs.size()) == e, ShapeError,
                "moe backward: {} probability gradients for {} experts", dprobs.size(), e);
   check_shared_expert(w, h);
@@ -89,9 +93,11 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
     }
     Eigen::RowVectorXd dp = Eigen::RowVectorXd::Zero(e);
     for (std::int64_t j = 0; j < k; ++j) {
-      dp(r.chosen[i][static_cast<std::size_t>(j)]) = c.renormalize ? (dweight(ti, j) - mean) / z : dweight(ti, j);
+      dp(r.chosen[i][static_cast<std::size_t>(j)]) =
+          c.renormalize ? (dweight(ti, j) - mean) / z : dweight(ti, j);
     }
-    for (std::size_t ex = 0; ex < dprobs.size(); ++ex) dp(static_cast<Eigen::Index>(ex)) += dprobs[ex];
+    for (std::size_t ex = 0; ex < dprobs.size(); ++ex)
+      dp(static_cast<Eigen::Index>(ex)) += dprobs[ex];
     const double pdp = r.probs.row(ti).dot(dp);
     dlogits.row(ti) = r.probs.row(ti).array() * (dp.array() - pdp);
   }
@@ -105,10 +111,13 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
   // gate's logit gets s (1 - s) (dy . S(x)).
   if (w.has_shared_expert()) {
     const std::int64_t fs = w.shared_expert.up.shape[1];
-    const MatrixD sg = checked_matrix(w.shared_expert.gate, h, fs, "moe backward: shared expert gate");
+    const MatrixD sg =
+        checked_matrix(w.shared_expert.gate, h, fs, "moe backward: shared expert gate");
     const MatrixD su = checked_matrix(w.shared_expert.up, h, fs, "moe backward: shared expert up");
-    const MatrixD sd = checked_matrix(w.shared_expert.down, fs, h, "moe backward: shared expert down");
-    const MatrixD gate = checked_matrix(w.shared_expert_gate, h, 1, "moe backward: shared_expert_gate");
+    const MatrixD sd =
+        checked_matrix(w.shared_expert.down, fs, h, "moe backward: shared expert down");
+    const MatrixD gate =
+        checked_matrix(w.shared_expert_gate, h, 1, "moe backward: shared_expert_gate");
     const MatrixD logit = xm * gate;
     const MatrixD shared = oracle::swiglu_mlp(xm, sg, su, sd);
     MatrixD scaled(t, h), dlogit(t, 1);
@@ -131,22 +140,27 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
 RouterAuxLoss router_aux_loss(const std::vector<runtime::HostTensor>& xs,
                               const std::vector<runtime::HostTensor>& routers, const MoeConfig& c) {
   NUMESH_CHECK(!xs.empty() && xs.size() == routers.size(), ValueError,
-               "router aux loss: {} layers' inputs and {} routers (at least one of each, as many)", xs.size(),
-               routers.size());
+               "router aux loss: {} layers' inputs and {} routers (at least one of each, as many)",
+               xs.size(), routers.size());
   const std::int64_t e = c.num_experts, k = c.top_k;
-  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError, "router aux loss: top_k {} must be between 1 and the {} experts",
-               k, e);
-  std::vector<double> choices(static_cast<std::size_t>(e), 0.0), probs(static_cast<std::size_t>(e), 0.0);
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
+               "router aux loss: top_k {} must be between 1 and the {} experts", k, e);
+  std::vector<double> choices(static_cast<std::size_t>(e), 0.0),
+      probs(static_cast<std::size_t>(e), 0.0);
   std::int64_t n = 0;
   for (std::size_t l = 0; l < xs.size(); ++l) {
-    const std::int64_t t = matrix_dim(xs[l], 0, "router aux loss: x"), h = matrix_dim(xs[l], 1, "router aux loss: x");
+    const std::int64_t t = matrix_dim(xs[l], 0, "router aux loss: x"),
+                       h = matrix_dim(xs[l], 1, "router aux loss: x");
     NUMESH_CHECK(routers[l].shape == (std::vector<std::int64_t>{h, e}), ShapeError,
-                 "router aux loss: layer {}'s router is [{}], expected [{}, {}]", l, fmt::join(routers[l].shape, ", "),
-                 h, e);
-    const oracle::Routing r = oracle::route(checked_matrix(xs[l], t, h, "router aux loss: x"), routers[l], c);
+                 "router aux loss: layer {}'s router is [{}], expected [{}, {}]", l,
+                 fmt::join(routers[l].shape, ", "), h, e);
+    const oracle::Routing r =
+        oracle::route(checked_matrix(xs[l], t, h, "router aux loss: x"), routers[l], c);
     for (std::int64_t ti = 0; ti < t; ++ti) {
-      for (const std::int64_t ex : r.chosen[static_cast<std::size_t>(ti)]) choices[static_cast<std::size_t>(ex)] += 1.0;
-      for (std::int64_t ex = 0; ex < e; ++ex) probs[static_cast<std::size_t>(ex)] += r.probs(ti, ex);
+      for (const std::int64_t ex : r.chosen[static_cast<std::size_t>(ti)])
+        choices[static_cast<std::size_t>(ex)] += 1.0;
+      for (std::int64_t ex = 0; ex < e; ++ex)
+        probs[static_cast<std::size_t>(ex)] += r.probs(ti, ex);
     }
     n += t;
   }

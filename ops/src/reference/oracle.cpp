@@ -56,15 +56,17 @@ MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dt
 
 MatrixD projection_input(const MatrixD& x, DType weights) {
   if (weights != DType::kBF16) return x;
-  return x.unaryExpr([](double v) { return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v)))); });
+  return x.unaryExpr([](double v) {
+    return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v))));
+  });
 }
 
 namespace {
 
 // act(x w_in + b_in) w_out + b_out, act gelu without a gate, else silu(x w_gate + b_gate) .*
 // (x w_up + b_up); `biases` (nullptr: none) gives the b's, an empty one adding nothing.
-MatrixD mlp_of(const MatrixD& x, const MatrixD* w_gate, const MatrixD& w_in, const MatrixD& w_out, DType weights,
-               const MlpWeights* biases) {
+MatrixD mlp_of(const MatrixD& x, const MatrixD* w_gate, const MatrixD& w_in, const MatrixD& w_out,
+               DType weights, const MlpWeights* biases) {
   const runtime::HostTensor none;
   const MatrixD in = projection_input(x, weights);
   MatrixD up = in * w_in;
@@ -88,8 +90,8 @@ MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType w
   return mlp_of(x, nullptr, w1, w2, weights, nullptr);
 }
 
-MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
-                   DType weights) {
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
+                   const MatrixD& w_down, DType weights) {
   return mlp_of(x, &w_gate, w_up, w_down, weights, nullptr);
 }
 
@@ -97,7 +99,8 @@ MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w) {
   const std::int64_t h = w.up.shape[0], f = w.up.shape[1];
   const DType d = w.stored_as;
   const MatrixD gate = kind == MlpKind::kSwiGLU ? stored(w.gate, h, f, d) : MatrixD();
-  return mlp_of(x, kind == MlpKind::kSwiGLU ? &gate : nullptr, stored(w.up, h, f, d), stored(w.down, f, h, d), d, &w);
+  return mlp_of(x, kind == MlpKind::kSwiGLU ? &gate : nullptr, stored(w.up, h, f, d),
+                stored(w.down, f, h, d), d, &w);
 }
 
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
@@ -123,7 +126,8 @@ MatrixD layernorm(const MatrixD& x, const MatrixD& weight, const MatrixD& bias, 
 
 void add_bias(MatrixD& x, const runtime::HostTensor& bias) {
   if (bias.shape.empty()) return;
-  for (Eigen::Index c = 0; c < x.cols(); ++c) x.col(c).array() += static_cast<double>(bias.data[static_cast<std::size_t>(c)]);
+  for (Eigen::Index c = 0; c < x.cols(); ++c)
+    x.col(c).array() += static_cast<double>(bias.data[static_cast<std::size_t>(c)]);
 }
 
 void head_rmsnorm(MatrixD& x, std::int64_t d, const runtime::HostTensor& weight, double eps) {
@@ -145,7 +149,8 @@ namespace {
 // Hugging Face's inverse frequency of pair i after rope_scaling, written as its
 // _compute_llama3_parameters and linear scaling are: wavelengths against the original context.
 double scaled_frequency(std::int64_t i, std::int64_t d, double theta, const RopeScaling& scaling) {
-  const double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d));
+  const double inv_freq =
+      1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d));
   if (scaling.kind == RopeScaling::Kind::kLinear) return inv_freq / scaling.factor;
   if (scaling.kind != RopeScaling::Kind::kLlama3) return inv_freq;
   const double context = static_cast<double>(scaling.original_max_position);
@@ -229,24 +234,27 @@ Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConf
   for (std::int64_t ti = 0; ti < t; ++ti) {
     auto& order = r.chosen[static_cast<std::size_t>(ti)];
     for (std::int64_t i = 0; i < e; ++i) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::int64_t a, std::int64_t b) { return r.probs(ti, a) > r.probs(ti, b); });
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return r.probs(ti, a) > r.probs(ti, b);
+    });
     order.resize(static_cast<std::size_t>(k));
     double total = 0.0;
     for (std::int64_t j : order) total += r.probs(ti, j);
     for (std::int64_t j : order) {
-      r.weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? r.probs(ti, j) / total : r.probs(ti, j));
+      r.weight[static_cast<std::size_t>(ti)].push_back(c.renormalize ? r.probs(ti, j) / total
+                                                                     : r.probs(ti, j));
     }
   }
   // Capacity, in GShard's priority order: every token's first choice before any second.
-  r.capacity = c.capacity_factor > 0.0f
-                   ? static_cast<std::int64_t>(std::ceil(static_cast<double>(c.capacity_factor) *
-                                                         static_cast<double>(t * k) / static_cast<double>(e)))
-                   : 0;
+  r.capacity = c.capacity_factor > 0.0f ? static_cast<std::int64_t>(std::ceil(
+                                              static_cast<double>(c.capacity_factor) *
+                                              static_cast<double>(t * k) / static_cast<double>(e)))
+                                        : 0;
   r.load.assign(static_cast<std::size_t>(e), 0);
   for (std::int64_t j = 0; j < k; ++j) {
     for (std::int64_t ti = 0; ti < t; ++ti) {
-      const auto ex = static_cast<std::size_t>(r.chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
+      const auto ex = static_cast<std::size_t>(
+          r.chosen[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)]);
       if (r.capacity > 0 && r.load[ex] >= r.capacity) {
         ++r.dropped;
         continue;
@@ -259,7 +267,8 @@ Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConf
 }
 
 MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats* stats) {
-  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k, f = w.gate.shape[2];
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k,
+                     f = w.gate.shape[2];
   const Routing routing = route(x, w.router, c);
   // Per expert, its kept tokens (in the priority order they were taken) and their weights.
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(e));
@@ -279,13 +288,16 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
     const auto& kept = rows[static_cast<std::size_t>(ex)];
     if (kept.empty()) continue;
     MatrixD xe(static_cast<Eigen::Index>(kept.size()), h);
-    for (std::size_t r = 0; r < kept.size(); ++r) xe.row(static_cast<Eigen::Index>(r)) = x.row(kept[r]);
+    for (std::size_t r = 0; r < kept.size(); ++r)
+      xe.row(static_cast<Eigen::Index>(r)) = x.row(kept[r]);
     const std::size_t off = static_cast<std::size_t>(ex * h * f);
-    const MatrixD out = swiglu_mlp(xe, stored(w.gate.data.data() + off, h, f, w.stored_as),
-                                   stored(w.up.data.data() + off, h, f, w.stored_as),
-                                   stored(w.down.data.data() + off, f, h, w.stored_as), w.stored_as);
+    const MatrixD out =
+        swiglu_mlp(xe, stored(w.gate.data.data() + off, h, f, w.stored_as),
+                   stored(w.up.data.data() + off, h, f, w.stored_as),
+                   stored(w.down.data.data() + off, f, h, w.stored_as), w.stored_as);
     for (std::size_t r = 0; r < kept.size(); ++r) {
-      y.row(kept[r]) += scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
+      y.row(kept[r]) +=
+          scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
     }
   }
   // The shared expert, every token through it, scaled by its own gate.

@@ -10,15 +10,14 @@
 // [B * T, heads * head_dim] (the same bytes in bthd order).
 
 #include <Eigen/Core>
-
 #include <cstdint>
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/rope_scaling.hpp"
-#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 namespace numesh::ops::oracle {
@@ -56,10 +55,11 @@ double silu(double x) noexcept;
 
 /// gelu(x w1) w2, the weights stored as `weights` (already rounded by the caller; the
 /// projections' inputs are rounded here, projection_input()).
-MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights = DType::kF32);
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2,
+                 DType weights = DType::kF32);
 /// (silu(x w_gate) .* (x w_up)) w_down, as gelu_mlp for `weights`.
-MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up, const MatrixD& w_down,
-                   DType weights = DType::kF32);
+MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
+                   const MatrixD& w_down, DType weights = DType::kF32);
 /// The MLP of `w` on x [T, H]: its matrices as stored in w.stored_as (stored()), the
 /// projections' inputs rounded as gelu_mlp says, each bias (when not empty) added to its
 /// projection's output. Weights validated by the caller.
@@ -92,18 +92,19 @@ struct AttentionShape {
 /// softmax(q k^T / sqrt(d) + mask) v per sequence and head (query head h reads kv head
 /// h / (heads / kv_heads)): q [batch * q_len, heads * d], k and v [batch * kv_len, kv_heads * d];
 /// returns [batch * q_len, heads * d]. No RoPE.
-MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v, const AttentionShape& shape);
+MatrixD attention(const MatrixD& q, const MatrixD& k, const MatrixD& v,
+                  const AttentionShape& shape);
 
 /// A MoE router's decisions on x [T, H] (moe_reference's: stable softmax, top-k with ties to
 /// the lower index, weights renormalised when asked, capacity in GShard's priority order).
 struct Routing {
-  MatrixD probs;                                 ///< [T, E] softmax of x router
-  std::vector<std::vector<std::int64_t>> chosen; ///< [T][k] experts, best first
-  std::vector<std::vector<double>> weight;       ///< [T][k] routing weights
-  std::vector<std::vector<bool>> kept;           ///< [T][k] within capacity
-  std::vector<std::int64_t> load;                ///< [E] kept assignments
+  MatrixD probs;                                  ///< [T, E] softmax of x router
+  std::vector<std::vector<std::int64_t>> chosen;  ///< [T][k] experts, best first
+  std::vector<std::vector<double>> weight;        ///< [T][k] routing weights
+  std::vector<std::vector<bool>> kept;            ///< [T][k] within capacity
+  std::vector<std::int64_t> load;                 ///< [E] kept assignments
   std::int64_t dropped = 0;
-  std::int64_t capacity = 0;                     ///< 0: dropless
+  std::int64_t capacity = 0;  ///< 0: dropless
 };
 /// Routes x's tokens with `router` [H, E] as `config` says (validated by the caller).
 Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConfig& config);

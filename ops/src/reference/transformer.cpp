@@ -1,5 +1,7 @@
 // TransformerReference: the dense oracle of ShardedTransformer, in float64 (oracle.hpp).
 
+#include "numesh/ops/reference/transformer.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -7,7 +9,6 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/reference/transformer.hpp"
 #include "oracle.hpp"
 
 namespace numesh::ops {
@@ -16,16 +17,18 @@ namespace {
 
 using oracle::MatrixD;
 
-void expect_shape(const runtime::HostTensor& t, const std::vector<std::int64_t>& shape, std::int64_t layer,
-                  const char* name) {
-  NUMESH_CHECK(t.shape == shape, ShapeError, "transformer reference: block {} {} is [{}], expected [{}]", layer, name,
+void expect_shape(const runtime::HostTensor& t, const std::vector<std::int64_t>& shape,
+                  std::int64_t layer, const char* name) {
+  NUMESH_CHECK(t.shape == shape, ShapeError,
+               "transformer reference: block {} {} is [{}], expected [{}]", layer, name,
                fmt::join(t.shape, ", "), fmt::join(shape, ", "));
 }
 
 // Every weight the forward reads, against the config: the float64 code indexes raw storage.
 void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
   NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == c.layers, ShapeError,
-               "transformer reference: {} blocks of weights for {} layers", w.blocks.size(), c.layers);
+               "transformer reference: {} blocks of weights for {} layers", w.blocks.size(),
+               c.layers);
   const std::int64_t h = c.hidden, q = c.attention.num_heads * c.attention.head_dim,
                      kv = c.attention.num_kv_heads * c.attention.head_dim, e = c.moe.num_experts;
   for (std::int64_t l = 0; l < c.layers; ++l) {
@@ -56,7 +59,8 @@ void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
   }
   if (!w.final_norm.shape.empty()) {
     NUMESH_CHECK(w.final_norm.shape == (std::vector<std::int64_t>{1, h}), ShapeError,
-                 "transformer reference: final_norm is [{}], expected [1, {}]", fmt::join(w.final_norm.shape, ", "), h);
+                 "transformer reference: final_norm is [{}], expected [1, {}]",
+                 fmt::join(w.final_norm.shape, ", "), h);
   }
 }
 
@@ -69,14 +73,21 @@ struct TransformerReference::Caches {
 };
 
 TransformerReference::TransformerReference(TransformerConfig config, TransformerWeights weights,
-                                           std::int64_t batch, std::int64_t max_len, std::int64_t batch_groups,
-                                           std::int64_t sequence_groups)
-    : config_(std::move(config)), weights_(std::move(weights)), batch_(batch), max_len_(max_len),
-      batch_groups_(batch_groups), sequence_groups_(sequence_groups), caches_(std::make_unique<Caches>()) {
+                                           std::int64_t batch, std::int64_t max_len,
+                                           std::int64_t batch_groups, std::int64_t sequence_groups)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      batch_(batch),
+      max_len_(max_len),
+      batch_groups_(batch_groups),
+      sequence_groups_(sequence_groups),
+      caches_(std::make_unique<Caches>()) {
   config_.validate();
-  NUMESH_CHECK(batch > 0 && max_len > 0 && batch_groups > 0 && batch % batch_groups == 0 && sequence_groups > 0,
+  NUMESH_CHECK(batch > 0 && max_len > 0 && batch_groups > 0 && batch % batch_groups == 0 &&
+                   sequence_groups > 0,
                ShapeError,
-               "transformer reference: batch {}, max_len {} must be positive, {} batch groups must divide the batch "
+               "transformer reference: batch {}, max_len {} must be positive, {} batch groups must "
+               "divide the batch "
                "and {} sequence groups be positive",
                batch, max_len, batch_groups, sequence_groups);
   check_weights(config_, weights_);
@@ -89,15 +100,18 @@ TransformerReference::~TransformerReference() = default;
 TransformerReference::TransformerReference(TransformerReference&&) noexcept = default;
 TransformerReference& TransformerReference::operator=(TransformerReference&&) noexcept = default;
 
-runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, std::int64_t position) {
+runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
+                                                  std::int64_t position) {
   const TransformerConfig& c = config_;
-  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads, d = c.attention.head_dim;
-  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == h, ShapeError,
-               "transformer: input is [{}] but the model takes [{}, T, {}] with T >= 1", fmt::join(x.shape, ", "),
-               batch_, h);
+  const std::int64_t h = c.hidden, hq = c.attention.num_heads, hkv = c.attention.num_kv_heads,
+                     d = c.attention.head_dim;
+  NUMESH_CHECK(x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == h,
+               ShapeError, "transformer: input is [{}] but the model takes [{}, T, {}] with T >= 1",
+               fmt::join(x.shape, ", "), batch_, h);
   const std::int64_t t = x.shape[1];
   NUMESH_CHECK(position >= 0 && position + t <= max_len_, IndexError,
-               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", t, position, max_len_);
+               "transformer: {} tokens at position {} do not fit the KV cache of {} positions", t,
+               position, max_len_);
   const std::int64_t seen = position + t;
   MatrixD xs = oracle::widen(x, batch_ * t, h);
   for (std::int64_t l = 0; l < c.layers; ++l) {
@@ -108,7 +122,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
       return oracle::stored(m, m.shape[0], m.shape[1], attention_dtype);
     };
     const MatrixD n1_in = oracle::projection_input(n1, attention_dtype);
-    MatrixD q = n1_in * attention_weight(b.attention.wq), k = n1_in * attention_weight(b.attention.wk);
+    MatrixD q = n1_in * attention_weight(b.attention.wq),
+            k = n1_in * attention_weight(b.attention.wk);
     MatrixD v = n1_in * attention_weight(b.attention.wv);
     oracle::add_bias(q, b.attention.bq);
     oracle::add_bias(k, b.attention.bk);
@@ -117,7 +132,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     oracle::head_rmsnorm(k, d, b.attention.k_norm, c.attention.qk_norm_eps);
     if (c.attention.rope_theta > 0.0f) {
       oracle::rope(q, batch_, t, hq, d, position, c.attention.rope_theta, c.attention.rope_scaling);
-      oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta, c.attention.rope_scaling);
+      oracle::rope(k, batch_, t, hkv, d, position, c.attention.rope_theta,
+                   c.attention.rope_scaling);
     }
     // The cache holds positions [0, seen) of every sequence; attention reads exactly those.
     MatrixD& kc = caches_->k[static_cast<std::size_t>(l)];
@@ -129,10 +145,17 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
       keys.middleRows(s * seen, seen) = kc.middleRows(s * max_len_, seen);
       values.middleRows(s * seen, seen) = vc.middleRows(s * max_len_, seen);
     }
-    const oracle::AttentionShape shape{.batch = batch_, .q_len = t, .kv_len = seen, .heads = hq, .kv_heads = hkv,
-                                       .head_dim = d, .q_offset = position, .causal = c.attention.causal};
-    MatrixD attended = oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
-                       attention_weight(b.attention.wo);
+    const oracle::AttentionShape shape{.batch = batch_,
+                                       .q_len = t,
+                                       .kv_len = seen,
+                                       .heads = hq,
+                                       .kv_heads = hkv,
+                                       .head_dim = d,
+                                       .q_offset = position,
+                                       .causal = c.attention.causal};
+    MatrixD attended =
+        oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
+        attention_weight(b.attention.wo);
     oracle::add_bias(attended, b.attention.bo);
     const MatrixD hs = xs + attended;
     const MatrixD n2 = oracle::rmsnorm(hs, widen2(b.ffn_norm), c.norm_eps);
@@ -145,7 +168,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
       for (std::int64_t gi = 0; gi < batch_groups_; ++gi) {
         for (std::int64_t gj = 0; gj < sg; ++gj) {
           for (std::int64_t bi = 0; bi < seqs; ++bi) {
-            group.middleRows(bi * toks, toks) = n2.middleRows((gi * seqs + bi) * t + gj * toks, toks);
+            group.middleRows(bi * toks, toks) =
+                n2.middleRows((gi * seqs + bi) * t + gj * toks, toks);
           }
           const MatrixD out = oracle::moe(group, b.moe, c.moe, nullptr);
           for (std::int64_t bi = 0; bi < seqs; ++bi) {
@@ -158,7 +182,8 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x, 
     }
     xs = hs + f;
   }
-  if (!weights_.final_norm.shape.empty()) xs = oracle::rmsnorm(xs, widen2(weights_.final_norm), c.norm_eps);
+  if (!weights_.final_norm.shape.empty())
+    xs = oracle::rmsnorm(xs, widen2(weights_.final_norm), c.norm_eps);
   return oracle::narrow(xs, {batch_, t, h});
 }
 

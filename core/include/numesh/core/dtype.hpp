@@ -33,9 +33,12 @@ constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::kF32 ? 4
 /// "f32", "bf16" or "f16".
 constexpr std::string_view to_string(DType t) noexcept {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -52,7 +55,8 @@ inline DType parse_dtype(std::string_view text) {
 /// fp32 to bfloat16 bits, rounding to nearest even.
 constexpr std::uint16_t bf16_from_f32(float x) noexcept {
   const auto bits = std::bit_cast<std::uint32_t>(x);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) & 0x8000u) | 0x7FC0u;
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<std::uint16_t>((bits >> 16) & 0x8000u) | 0x7FC0u;
   // Adding 0x7FFF plus the kept part's lowest bit rounds the dropped 16 bits to nearest, ties to
   // the even kept value; a carry into the exponent is the correct rounding (up to infinity).
   const std::uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
@@ -98,9 +102,11 @@ constexpr float f32_from_f16(std::uint16_t h) noexcept {
   const std::uint32_t exponent = (h >> 10) & 0x1Fu;
   std::uint32_t mantissa = h & 0x3FFu;
   if (exponent == 0x1Fu) {  // infinity, or NaN: quiet, payload kept (as x86's vcvtph2ps)
-    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u));
+    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13) |
+                                (mantissa != 0 ? 0x00400000u : 0u));
   }
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (exponent != 0)
+    return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
   if (mantissa == 0) return std::bit_cast<float>(sign);  // signed zero
   // Subnormal: normalise the mantissa.
   std::uint32_t e = 113;
@@ -114,9 +120,12 @@ constexpr float f32_from_f16(std::uint16_t h) noexcept {
 /// Element `i` of a buffer of `dtype` (fp32 floats, or bf16 / f16 bits), widened to fp32 exactly.
 inline float widened_element(const void* data, DType dtype, std::int64_t i) noexcept {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
-    case DType::kBF16: return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::kF16: return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF16:
+      return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
   }
   return 0.0f;
 }

@@ -75,7 +75,8 @@ inline void set_sink(Sink sink) {
 /// Logs a warning. Thread-safe.
 template <typename... Args>
 void warn(fmt::format_string<Args...> f, Args&&... args) {
-  if (enabled(Level::kWarning)) detail::write("warning", fmt::format(f, std::forward<Args>(args)...));
+  if (enabled(Level::kWarning))
+    detail::write("warning", fmt::format(f, std::forward<Args>(args)...));
 }
 
 /// Logs an informational message. Thread-safe.

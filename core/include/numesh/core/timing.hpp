@@ -39,7 +39,7 @@ inline double median(std::vector<double> samples) {
 /// `fn` throws.
 /// Thread-safety: calls `fn` on the calling thread only; as thread-safe as `fn`.
 template <typename Fn>
-  requires std::invocable<Fn&>
+requires std::invocable<Fn&>
 double median_seconds(Fn&& fn, int min_repeats, double min_seconds) {
   NUMESH_CHECK(min_repeats >= 1, ValueError, "median_seconds: min_repeats {} must be at least 1",
                min_repeats);

@@ -60,7 +60,8 @@ struct AttentionWeights {
 /// empty or a vector of its size (bq [num_heads * head_dim], bk and bv [num_kv_heads *
 /// head_dim], bo [hidden], q_norm and k_norm [head_dim]).
 /// Throws: ShapeError naming the tensor, its shape and the size it must have.
-void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c, std::int64_t hidden);
+void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c,
+                            std::int64_t hidden);
 
 /// Memory layout of a KV cache (EasyDeL's attention layouts).
 enum class KvLayout : std::uint8_t {
@@ -80,12 +81,13 @@ inline double attention_flops(const AttentionConfig& c, std::int64_t hidden, std
                               std::int64_t q_len, std::int64_t position) noexcept {
   const auto rows = static_cast<double>(batch * q_len);
   const auto d = static_cast<double>(c.head_dim);
-  const double projections =
-      2.0 * rows * static_cast<double>(hidden) * d * static_cast<double>(2 * c.num_heads + 2 * c.num_kv_heads);
+  const double projections = 2.0 * rows * static_cast<double>(hidden) * d *
+                             static_cast<double>(2 * c.num_heads + 2 * c.num_kv_heads);
   // Keys seen, summed over the new tokens: (position + 1) + ... + (position + q_len).
   const double keys = static_cast<double>(q_len) * static_cast<double>(position) +
                       static_cast<double>(q_len) * static_cast<double>(q_len + 1) / 2.0;
-  return projections + 2.0 * 2.0 * static_cast<double>(batch) * keys * static_cast<double>(c.num_heads) * d;
+  return projections +
+         2.0 * 2.0 * static_cast<double>(batch) * keys * static_cast<double>(c.num_heads) * d;
 }
 
 }  // namespace numesh::ops

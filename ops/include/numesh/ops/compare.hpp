@@ -72,13 +72,16 @@ struct Comparison {
 /// REQUIRES: when `shape` is not empty, its product is the number of elements.
 /// Throws: ShapeError naming both sizes when got and want differ in size.
 [[nodiscard]] Comparison compare(std::span<const float> got, std::span<const float> want,
-                                 std::span<const std::int64_t> shape = {}, const CompareOptions& options = {});
+                                 std::span<const std::int64_t> shape = {},
+                                 const CompareOptions& options = {});
 /// As above against a float64 reference.
 [[nodiscard]] Comparison compare(std::span<const float> got, std::span<const double> want,
-                                 std::span<const std::int64_t> shape = {}, const CompareOptions& options = {});
+                                 std::span<const std::int64_t> shape = {},
+                                 const CompareOptions& options = {});
 /// As above for two float64 arrays.
 [[nodiscard]] Comparison compare(std::span<const double> got, std::span<const double> want,
-                                 std::span<const std::int64_t> shape = {}, const CompareOptions& options = {});
+                                 std::span<const std::int64_t> shape = {},
+                                 const CompareOptions& options = {});
 /// Compares two host tensors. Throws: ShapeError naming both shapes when they differ.
 [[nodiscard]] Comparison compare(const runtime::HostTensor& got, const runtime::HostTensor& want,
                                  const CompareOptions& options = {});

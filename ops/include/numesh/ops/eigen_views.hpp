@@ -1,7 +1,6 @@
 #pragma once
 
 #include <Eigen/Core>
-
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -54,10 +53,12 @@ struct WeightMatrix {
 /// `spec` with its entries for the last two of `rank` dims swapped (None past its end): the spec
 /// of an [..., in, out] matrix stored out-in as [..., out, in], and back. P() (replicated, as
 /// eformer's correction may leave a spec) stays P().
-inline sharding::PartitionSpec swap_last_two(const sharding::PartitionSpec& spec, std::size_t rank) {
+inline sharding::PartitionSpec swap_last_two(const sharding::PartitionSpec& spec,
+                                             std::size_t rank) {
   if (spec.size() == 0) return spec;
   std::vector<sharding::AxisRule> entries;
-  for (std::size_t i = 0; i < rank; ++i) entries.push_back(i < spec.size() ? spec[i] : sharding::AxisRule());
+  for (std::size_t i = 0; i < rank; ++i)
+    entries.push_back(i < spec.size() ? spec[i] : sharding::AxisRule());
   if (rank >= 2) std::swap(entries[rank - 2], entries[rank - 1]);
   return sharding::PartitionSpec(std::move(entries));
 }
@@ -79,10 +80,11 @@ inline WeightMatrix as_out_in_weight(const runtime::Tensor& t) {
 /// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
 /// [E, rows, cols] weight). REQUIRES: it lies inside t.
 /// `layout` says how it is stored (kOutIn: as [cols, rows]).
-inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows, std::int64_t cols,
-                              WeightLayout layout = WeightLayout::kInOut) {
-  return {static_cast<const char*>(t.data()) + offset * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(),
-          rows, cols, layout};
+inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows,
+                              std::int64_t cols, WeightLayout layout = WeightLayout::kInOut) {
+  return {static_cast<const char*>(t.data()) +
+              offset * static_cast<std::int64_t>(dtype_size(t.dtype())),
+          t.dtype(), rows, cols, layout};
 }
 
 /// The transpose [cols, rows] of a [rows, cols] host tensor (a stored out-in matrix as the

@@ -42,6 +42,7 @@ struct MlpWeights {
 /// up_bias empty or [intermediate], down_bias empty or [hidden].
 /// Throws: ShapeError naming the bias, its shape and the size it must have; a gate_bias on a
 /// GELU MLP (which has no gate).
-void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden, std::int64_t intermediate);
+void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden,
+                  std::int64_t intermediate);
 
 }  // namespace numesh::ops

@@ -48,7 +48,8 @@ class AdamW {
   /// bits as clip_grad_norm() scaling the gradients first, without their extra pass.
   /// Throws: ShapeError when a gradient does not match its parameter (naming its index, both
   /// shapes and specs); ValueError for a negative lr or a negative or non-finite grad_scale.
-  void step(std::span<const runtime::ShardedTensor* const> grads, double lr, double grad_scale = 1.0);
+  void step(std::span<const runtime::ShardedTensor* const> grads, double lr,
+            double grad_scale = 1.0);
   /// step(grads, options().lr).
   void step(std::span<const runtime::ShardedTensor* const> grads) { step(grads, options_.lr); }
 

@@ -64,9 +64,9 @@ struct TransformerConfig {
 struct BlockWeights {
   runtime::HostTensor attn_norm;  ///< [1, H]
   AttentionWeights attention;
-  runtime::HostTensor ffn_norm;   ///< [1, H]
-  MlpWeights mlp;                 ///< SwiGLU (biases optional), dense blocks only
-  MoeWeights moe;                 ///< MoE blocks only; its shared expert when shared_expert_ffn > 0
+  runtime::HostTensor ffn_norm;  ///< [1, H]
+  MlpWeights mlp;                ///< SwiGLU (biases optional), dense blocks only
+  MoeWeights moe;                ///< MoE blocks only; its shared expert when shared_expert_ffn > 0
 };
 
 /// A whole stack's weights.
@@ -76,7 +76,8 @@ struct TransformerWeights {
 
   /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
   /// seeded generator (the same seed gives the same weights everywhere); no biases.
-  [[nodiscard]] static TransformerWeights random(const TransformerConfig& config, std::uint32_t seed);
+  [[nodiscard]] static TransformerWeights random(const TransformerConfig& config,
+                                                 std::uint32_t seed);
   /// Stores every block's attention, MLP, expert and shared-expert matrices as `dtype` (norms,
   /// biases, routers and shared-expert gates stay fp32): sets each layer's stored_as.
   void store_as(DType dtype);

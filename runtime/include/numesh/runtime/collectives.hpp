@@ -20,8 +20,9 @@
 // rank r of a group is its r-th slot.
 //
 // Buffers: inputs and outputs are views (fp32, bf16 or f16; one dtype per collective) that must
-// stay valid while the compiled graph is used; outputs must not overlap any input (checked). Inputs are read by other devices (remote
-// reads); each device writes only its own output, so writes stay on the writer's node.
+// stay valid while the compiled graph is used; outputs must not overlap any input (checked). Inputs
+// are read by other devices (remote reads); each device writes only its own output, so writes stay
+// on the writer's node.
 
 namespace numesh::runtime {
 
@@ -66,8 +67,8 @@ std::string_view to_string(ReduceOp op) noexcept;
 
 /// All-reduce algorithms.
 enum class AllReduceAlgorithm {
-  kAuto,                    ///< kDirect up to kDirectAllReduceBytes per slot, else kReduceScatterAllGather
-  kDirect,                  ///< one stage: every rank reduces all inputs into its output
+  kAuto,    ///< kDirect up to kDirectAllReduceBytes per slot, else kReduceScatterAllGather
+  kDirect,  ///< one stage: every rank reduces all inputs into its output
   kReduceScatterAllGather,  ///< rank r reduces chunk r, then every rank gathers all chunks
 };
 
@@ -87,7 +88,8 @@ struct CollectiveArgs {
 
 /// out[s] = op over the group of s of in[g] (all `count` elements), for every slot s.
 /// Throws: KeyError for an unknown axis; ValueError for views of the wrong number or size,
-/// null data, overlapping input/output or mixed dtypes (naming the slot), or a frontier of the wrong size.
+/// null data, overlapping input/output or mixed dtypes (naming the slot), or a frontier of the
+/// wrong size.
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, ReduceOp op,
                     const CollectiveArgs& args,
@@ -133,7 +135,8 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
 /// Throws: ShapeError when the layouts differ; KeyError for unknown axes; ValueError when in
 /// and out are the same tensor, live on different meshes, or the frontier has the wrong size.
 Frontier all_reduce(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
-                    const CollectiveArgs& args, AllReduceAlgorithm algorithm = AllReduceAlgorithm::kAuto);
+                    const CollectiveArgs& args,
+                    AllReduceAlgorithm algorithm = AllReduceAlgorithm::kAuto);
 
 /// Moves `in` into `out`'s layout by copying, within each group over `axes`, every part of a
 /// destination shard from the group member holding it (the destination itself when it can):

@@ -16,9 +16,9 @@ namespace numesh::runtime {
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
-  bool f16c = false;       ///< vcvtph2ps / vcvtps2ph: f16 <-> f32
+  bool f16c = false;  ///< vcvtph2ps / vcvtps2ph: f16 <-> f32
   bool avx512f = false;
-  bool avx512bw = false;   ///< 16-bit lanes in 512-bit vectors
+  bool avx512bw = false;  ///< 16-bit lanes in 512-bit vectors
   bool avx512vl = false;
   bool avx512_bf16 = false;  ///< vdpbf16ps, vcvtne2ps2bf16
 

@@ -3,8 +3,8 @@
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>

@@ -24,7 +24,8 @@ class DeviceMesh {
   /// Throws: ValueError when names and dims differ in length, a name repeats, two dims are -1,
   /// or the dims do not fit the device count (the message names the dims, the device count and
   /// the placement that made them).
-  static DeviceMesh create(std::shared_ptr<DeviceSet> devices, const std::vector<std::int64_t>& dims,
+  static DeviceMesh create(std::shared_ptr<DeviceSet> devices,
+                           const std::vector<std::int64_t>& dims,
                            const std::vector<std::string>& names);
 
   /// The logical mesh (axis names and sizes).

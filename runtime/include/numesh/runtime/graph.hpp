@@ -68,8 +68,8 @@ class GraphBuilder {
   NodeId add(int device, std::string name, std::function<void()> body,
              std::initializer_list<NodeId> deps, NodeKind kind = NodeKind::kCompute,
              std::uint64_t bytes = 0) {
-    return add(device, std::move(name), std::move(body), std::span<const NodeId>(deps.begin(), deps.size()),
-               kind, bytes);
+    return add(device, std::move(name), std::move(body),
+               std::span<const NodeId>(deps.begin(), deps.size()), kind, bytes);
   }
   /// Makes `after` wait for `before` as well. Throws: IndexError for unknown ids; ValueError
   /// unless before < after (edges go forward, which keeps the graph acyclic).

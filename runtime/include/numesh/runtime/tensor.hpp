@@ -76,7 +76,9 @@ class Tensor {
   /// The first element, writable (nullptr when empty).
   void* data() noexcept { return buffer_.data(); }
   /// Bytes of the elements (size() * dtype_size(dtype())).
-  std::size_t size_bytes() const noexcept { return static_cast<std::size_t>(size_) * dtype_size(dtype_); }
+  std::size_t size_bytes() const noexcept {
+    return static_cast<std::size_t>(size_) * dtype_size(dtype_);
+  }
   /// The owning device, or nullptr for an empty tensor.
   Device* device() const noexcept { return buffer_.device(); }
   /// The storage.
@@ -133,7 +135,8 @@ void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// its arena: the pages it writes are its node's, and tbb algorithms inside use its threads),
 /// all devices in parallel. The shard's global box is tensor.layout().device(slot).slices.
 /// Throws: what fill throws (rethrown once every device has stopped).
-void fill_shards(ShardedTensor& tensor, const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
+void fill_shards(ShardedTensor& tensor,
+                 const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly.
 HostTensor gather(const ShardedTensor& tensor);
@@ -153,7 +156,8 @@ struct ShardAndGatherFns {
 
 /// Builds the pair for an array of `shape` sharded by `spec` over `mesh`.
 /// Throws: what correct_spec and ShardLayout throw for bad specs.
-ShardAndGatherFns make_shard_and_gather_fns(const DeviceMesh& mesh, const std::vector<std::int64_t>& shape,
+ShardAndGatherFns make_shard_and_gather_fns(const DeviceMesh& mesh,
+                                            const std::vector<std::int64_t>& shape,
                                             const sharding::PartitionSpec& spec);
 
 /// Copies the box `box` (per-dim [offset, offset+extent) in global coordinates) from `src`,
@@ -175,7 +179,7 @@ void copy_box(std::span<const sharding::DimSlice> box, const void* src, DType sr
               std::span<const sharding::DimSlice> dst_slices);
 
 /// The intersection of two boxes, or nullopt when it is empty.
-std::optional<std::vector<sharding::DimSlice>> intersect_boxes(std::span<const sharding::DimSlice> a,
-                                                               std::span<const sharding::DimSlice> b);
+std::optional<std::vector<sharding::DimSlice>> intersect_boxes(
+    std::span<const sharding::DimSlice> a, std::span<const sharding::DimSlice> b);
 
 }  // namespace numesh::runtime

@@ -63,7 +63,8 @@ struct AutoSpec {
 /// TypeError when a candidate is neither a name nor a tuple/list of names (a nested tuple
 /// included).
 /// Thread-safety: safe to call concurrently (reads only this thread's mesh scope).
-[[nodiscard]] AutoSpec auto_spec(const ArrayInfo& array, const std::optional<Mesh>& mesh = std::nullopt,
+[[nodiscard]] AutoSpec auto_spec(const ArrayInfo& array,
+                                 const std::optional<Mesh>& mesh = std::nullopt,
                                  const AutoSpecOptions& options = {});
 
 /// eformer's `auto_partition_spec(x, mesh, names, min_sharding_size, reverse)`: auto_spec()

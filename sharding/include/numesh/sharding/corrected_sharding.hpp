@@ -88,8 +88,8 @@ inline constexpr const char* kEmptyMeshWarning =
 /// twice (correction never removes duplicates). Thread-safety: safe to call concurrently; each
 /// thread sees its own current mesh.
 [[nodiscard]] NamedSharding get_corrected_named_sharding(
-    const std::vector<std::int64_t>& shape, const PartitionSpec& spec,
-    bool raise_mesh_error = true, std::vector<std::string>* warnings = nullptr);
+    const std::vector<std::int64_t>& shape, const PartitionSpec& spec, bool raise_mesh_error = true,
+    std::vector<std::string>* warnings = nullptr);
 
 /// As above, on an explicit `mesh` instead of the current one (an empty `mesh` behaves as an
 /// empty current mesh does).

@@ -149,8 +149,8 @@ struct StableShardingArgs {
 /// spec, "list assignment index out of range" when outside state_ps; NoMeshError when a
 /// correction is needed and `mesh` is empty; DuplicateSpecError as
 /// get_corrected_named_sharding. Thread-safety: safe to call concurrently.
-[[nodiscard]] std::optional<PartitionSpec> create_stable_sharding(
-    const StableShardingArgs& args, const std::optional<Mesh>& mesh);
+[[nodiscard]] std::optional<PartitionSpec> create_stable_sharding(const StableShardingArgs& args,
+                                                                  const std::optional<Mesh>& mesh);
 
 /// EasyDeL's OperationImpl.get_mode: decode when the query's sequence dim has extent 1 (dim 1
 /// for bthd, dim 2 otherwise), else train. Never prefill or insert.

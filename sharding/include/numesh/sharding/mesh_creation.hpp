@@ -1,12 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/partition_spec.hpp"

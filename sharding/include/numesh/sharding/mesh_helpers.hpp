@@ -25,8 +25,7 @@ namespace numesh::sharding {
 /// current mesh when `mesh` is nullptr.
 /// Throws: NoMeshError when `mesh` is nullptr and the current mesh is empty; KeyError (key =
 /// the name) when the mesh has no such axis. Thread-safety: safe to call concurrently.
-[[nodiscard]] std::int64_t get_axes_size_in_mesh(std::string_view name,
-                                                 const Mesh* mesh = nullptr);
+[[nodiscard]] std::int64_t get_axes_size_in_mesh(std::string_view name, const Mesh* mesh = nullptr);
 
 /// get_axes_size_in_mesh for a string literal (the single-name form).
 [[nodiscard]] inline std::int64_t get_axes_size_in_mesh(const char* name,

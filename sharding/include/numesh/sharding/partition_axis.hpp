@@ -1,13 +1,12 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/partition_spec.hpp"

@@ -1,10 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/named_sharding.hpp"

@@ -1,12 +1,12 @@
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "numesh/sharding/axis_rule.hpp"
 

@@ -28,7 +28,8 @@ class ShardingRule {
   virtual ~ShardingRule() = default;
   /// One spec per leaf, in the order of `leaves`.
   /// Throws: TypeError for a leaf without an array; rule-specific errors (see each class).
-  [[nodiscard]] virtual std::vector<PartitionSpec> apply(const std::vector<NamedLeaf>& leaves) const = 0;
+  [[nodiscard]] virtual std::vector<PartitionSpec> apply(
+      const std::vector<NamedLeaf>& leaves) const = 0;
 };
 
 /// eformer's AutoShardingRule: the auto_partition_spec walk over a rule's own axes. Leaves
@@ -52,7 +53,8 @@ class AutoShardingRule final : public ShardingRule {
                             bool reverse = false);
   /// Throws: TypeError for a leaf without an array; KeyError (key = the name) for an axis
   /// name missing from the mesh (when a leaf is large enough to be sharded).
-  [[nodiscard]] std::vector<PartitionSpec> apply(const std::vector<NamedLeaf>& leaves) const override;
+  [[nodiscard]] std::vector<PartitionSpec> apply(
+      const std::vector<NamedLeaf>& leaves) const override;
   /// The spec for one shape. Throws: KeyError as apply().
   [[nodiscard]] PartitionSpec spec_for(const std::vector<std::int64_t>& shape) const;
 
@@ -75,12 +77,13 @@ class MemoryConstrainedShardingRule final : public ShardingRule {
  public:
   /// `mesh` nullopt: current_mesh(). `axis_names` nullopt or empty: the mesh's axes.
   /// Throws: NoMeshError without a mesh.
-  explicit MemoryConstrainedShardingRule(std::int64_t max_memory_per_device,
-                                         const std::optional<Mesh>& mesh = std::nullopt,
-                                         std::optional<std::vector<std::string>> axis_names = std::nullopt);
+  explicit MemoryConstrainedShardingRule(
+      std::int64_t max_memory_per_device, const std::optional<Mesh>& mesh = std::nullopt,
+      std::optional<std::vector<std::string>> axis_names = std::nullopt);
   /// Throws: TypeError for a leaf without an array; KeyError (key = the name) for an axis
   /// missing from the mesh (when a leaf is over budget); ValueError for an unknown dtype.
-  [[nodiscard]] std::vector<PartitionSpec> apply(const std::vector<NamedLeaf>& leaves) const override;
+  [[nodiscard]] std::vector<PartitionSpec> apply(
+      const std::vector<NamedLeaf>& leaves) const override;
   /// The spec for one array. Throws: as apply().
   [[nodiscard]] PartitionSpec spec_for(const ArrayInfo& array) const;
 
@@ -104,7 +107,8 @@ class ShapeBasedShardingRule final : public ShardingRule {
   /// position there but its last spec. Here the first one wins.)
   explicit ShapeBasedShardingRule(std::vector<std::pair<ShapePattern, PartitionSpec>> patterns);
   /// Throws: TypeError for a leaf without an array.
-  [[nodiscard]] std::vector<PartitionSpec> apply(const std::vector<NamedLeaf>& leaves) const override;
+  [[nodiscard]] std::vector<PartitionSpec> apply(
+      const std::vector<NamedLeaf>& leaves) const override;
 
  private:
   std::vector<std::pair<ShapePattern, PartitionSpec>> patterns_;
@@ -117,7 +121,8 @@ class CompositeShardingRule final : public ShardingRule {
   /// Rules in priority order. REQUIRES: no rule is null.
   explicit CompositeShardingRule(std::vector<std::shared_ptr<const ShardingRule>> rules);
   /// Throws: whatever a rule throws.
-  [[nodiscard]] std::vector<PartitionSpec> apply(const std::vector<NamedLeaf>& leaves) const override;
+  [[nodiscard]] std::vector<PartitionSpec> apply(
+      const std::vector<NamedLeaf>& leaves) const override;
 
  private:
   std::vector<std::shared_ptr<const ShardingRule>> rules_;

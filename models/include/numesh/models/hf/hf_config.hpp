@@ -2,12 +2,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "numesh/ops/rope_scaling.hpp"
 #include "numesh/ops/transformer_config.hpp"
@@ -21,7 +20,7 @@ namespace numesh::models {
 
 /// The decoder-only architectures numesh reads (config.json's model_type).
 enum class Architecture : std::uint8_t {
-  kLlama,     ///< "llama": Llama 1/2/3, TinyLlama, SmolLM; optional biases, llama3/linear RoPE scaling
+  kLlama,  ///< "llama": Llama 1/2/3, TinyLlama, SmolLM; optional biases, llama3/linear RoPE scaling
   kMistral,   ///< "mistral": Llama's block with a sliding window
   kQwen2,     ///< "qwen2": q, k, v projections with biases
   kQwen3,     ///< "qwen3": RMSNorm on each head of q and k before RoPE

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/hf/hf_config.hpp"
 #include "numesh/ops/embedding_config.hpp"
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/transformer_config.hpp"
@@ -33,7 +33,7 @@ struct MatrixSource {
 struct CausalLmWeights {
   ops::EmbeddingWeights embedding;  ///< model.embed_tokens.weight [V, H]
   ops::TransformerWeights stack;    ///< the blocks and model.norm
-  ops::LmHeadWeights lm_head;       ///< lm_head.weight transposed [H, V], or the embedding's when tied
+  ops::LmHeadWeights lm_head;  ///< lm_head.weight transposed [H, V], or the embedding's when tied
 
   /// Reads every tensor `config`'s architecture names from `checkpoint` (Llama's names:
   /// model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
@@ -54,7 +54,8 @@ struct CausalLmWeights {
   /// what CausalLm::load reads straight into the devices. Shapes are checked as load() does;
   /// norms, biases and routers are read.
   /// Throws: as load().
-  static DeferredCausalLmWeights deferred(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+  static DeferredCausalLmWeights deferred(const HfConfig& config,
+                                          const SafetensorsCheckpoint& checkpoint,
                                           DType stored_as = DType::kF32);
 };
 
@@ -72,7 +73,7 @@ std::string hf_tensor_name(std::string_view slot);
 struct HfTensorPart {
   std::string name;          ///< the tensor's name in the checkpoint
   std::int64_t expert = -1;  ///< which expert of a stacked [E, ...] weight; -1: the whole weight
-  bool transposed = false;   ///< saved as nn.Linear's [out, in], the transpose of numesh's [in, out]
+  bool transposed = false;  ///< saved as nn.Linear's [out, in], the transpose of numesh's [in, out]
 };
 
 /// The Hugging Face tensors of a weight of slot `slot` in `architecture`: one per dense slot
@@ -84,7 +85,8 @@ struct HfTensorPart {
 /// ".up", ".down" (stored out-in) "mlp.shared_expert.gate_proj.weight", ... as they are, and
 /// for "layers.L.moe.shared_expert_gate" ([H, 1]) "mlp.shared_expert_gate.weight", transposed.
 /// Throws: KeyError naming the slot when it is none of those.
-std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture, std::int64_t experts);
+std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture,
+                                          std::int64_t experts);
 
 /// CausalLmWeights::deferred's result: the weights, and each shape-only matrix's source keyed
 /// by its slot: "embedding.table", "lm_head.weight", and the names of

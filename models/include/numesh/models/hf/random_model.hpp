@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <filesystem>
-
 #include <nlohmann/json_fwd.hpp>
 
 #include "numesh/core/dtype.hpp"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "numesh/models/hf/hf_config.hpp"
-#include "numesh/models/hf/nonfinite_weights.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/hf/nonfinite_weights.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
@@ -47,8 +47,8 @@ class CausalLm {
   /// Throws: ValueError as HfConfig::transformer_config(); ShapeError when the
   /// weights do not fit the config, batch or max_len is not positive, or max_len exceeds the
   /// model's max_context(); what the layers' layouts throw.
-  CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights, std::int64_t batch,
-           std::int64_t max_len, ops::ModelAxes axes = {});
+  CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
+           std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes = {});
   /// Checkpoint bytes read so far and in all, reported by load() after each matrix.
   using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
   /// The model of `checkpoint`, with each device reading only its own shard of every large
@@ -59,8 +59,9 @@ class CausalLm {
   /// shards filled in place). Norms, biases and routers, which are small, are read on the host.
   /// Gives the same model as the constructor on CausalLmWeights::load.
   /// Throws: as CausalLmWeights::load and the constructor.
-  static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
-                       std::int64_t batch, std::int64_t max_len, DType stored_as = DType::kF32,
+  static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
+                       const SafetensorsCheckpoint& checkpoint, std::int64_t batch,
+                       std::int64_t max_len, DType stored_as = DType::kF32,
                        ops::ModelAxes axes = {}, const LoadProgress& progress = {});
   ~CausalLm();
   CausalLm(CausalLm&&) noexcept;
@@ -70,26 +71,32 @@ class CausalLm {
   /// Throws: ShapeError when ids.size() is not batch * tokens or `at` does not hold one entry
   /// per sequence (a `last` out of [0, T) included); IndexError for an id outside the
   /// vocabulary (naming it) or tokens that do not fit the caches; what a node throws.
-  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens,
+                             const TokenPositions& at);
   /// Each sequence's greedy next token: the argmax of the logits at its last real new token
   /// (the head runs on those rows only, and the logits stay on the devices).
   /// Throws: as logits().
-  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                   const TokenPositions& at);
   /// Each sequence's next token drawn from the logits at its last real new token as `options`
   /// say (ShardedLmHead::sample: only every device's top-k candidates leave the devices).
   /// Throws: as logits(); ValueError for bad options.
-  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at,
-                                   const ops::SamplingOptions& options, std::mt19937_64& rng);
+  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                   const TokenPositions& at, const ops::SamplingOptions& options,
+                                   std::mt19937_64& rng);
 
   /// The three calls above with every sequence at `position` (TokenPositions::level).
-  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+  runtime::HostTensor logits(std::span<const std::int32_t> ids, std::int64_t tokens,
+                             std::int64_t position) {
     return logits(ids, tokens, TokenPositions::level(batch_, position, tokens));
   }
-  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position) {
+  std::vector<std::int64_t> greedy(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                   std::int64_t position) {
     return greedy(ids, tokens, TokenPositions::level(batch_, position, tokens));
   }
-  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens, std::int64_t position,
-                                   const ops::SamplingOptions& options, std::mt19937_64& rng) {
+  std::vector<std::int64_t> sample(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                   std::int64_t position, const ops::SamplingOptions& options,
+                                   std::mt19937_64& rng) {
     return sample(ids, tokens, TokenPositions::level(batch_, position, tokens), options, rng);
   }
 
@@ -111,9 +118,11 @@ class CausalLm {
 
  private:
   // The final hidden states [batch, T, H] of the new tokens.
-  runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
+                             const TokenPositions& at);
   // The last real new token's hidden state of every sequence [batch, H], and the head for them.
-  runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens, const TokenPositions& at);
+  runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
+                                  const TokenPositions& at);
   ops::ShardedLmHead& head_for(std::int64_t rows);
 
   runtime::DeviceMesh mesh_;

@@ -35,13 +35,14 @@ enum class StopReason { kStopId, kMaxNewTokens };
 
 /// What generate() made, per sequence in the prompts' order.
 struct GenerationResult {
-  std::vector<std::vector<std::int64_t>> ids;  ///< each sequence's generated ids (its stop id included)
-  std::vector<StopReason> stopped;             ///< why each stopped
+  std::vector<std::vector<std::int64_t>>
+      ids;                          ///< each sequence's generated ids (its stop id included)
+  std::vector<StopReason> stopped;  ///< why each stopped
   /// With keep_logits: sequence b's float32 logits, row-major [P_b + N_b - 1, V]: its prompt's
   /// positions, then each decode step's (P_b prompt tokens, N_b generated).
   std::vector<std::vector<float>> logits;
-  double prefill_seconds = 0;  ///< the prompts' call (all sequences at once)
-  double decode_seconds = 0;   ///< the decode steps
+  double prefill_seconds = 0;     ///< the prompts' call (all sequences at once)
+  double decode_seconds = 0;      ///< the decode steps
   std::int64_t decode_steps = 0;  ///< calls after the prefill (each one token per running sequence)
   std::int64_t decoded_tokens = 0;  ///< tokens those steps generated, over the sequences
 };
@@ -59,9 +60,10 @@ struct GenerationResult {
 /// max_new_tokens < 1 or bad sampling options; IndexError when the longest prompt plus
 /// max_new_tokens exceeds lm.max_len() (naming them) or an id is outside the vocabulary; what
 /// the model throws.
-GenerationResult generate(CausalLm& lm, const std::vector<std::vector<std::int32_t>>& prompts,
-                          const GenerationOptions& options, std::mt19937_64& rng,
-                          const std::function<void(std::int64_t, std::span<const std::int64_t>)>& on_tokens = {});
+GenerationResult generate(
+    CausalLm& lm, const std::vector<std::vector<std::int32_t>>& prompts,
+    const GenerationOptions& options, std::mt19937_64& rng,
+    const std::function<void(std::int64_t, std::span<const std::int64_t>)>& on_tokens = {});
 
 /// "stop id" or "max new tokens".
 const char* to_string(StopReason reason) noexcept;

@@ -17,12 +17,12 @@ namespace numesh::models {
 
 /// What perplexity() measured.
 struct PerplexityResult {
-  std::int64_t chunks = 0;            ///< chunks of `context` tokens run
-  std::int64_t scored = 0;            ///< tokens whose probability was scored
-  double mean_nll = 0.0;              ///< mean negative log-likelihood (natural log) per scored token
-  double perplexity = 0.0;            ///< exp(mean_nll)
-  double standard_error = 0.0;        ///< of the perplexity, from the NLLs' spread (llama.cpp's ±)
-  std::vector<double> running;        ///< the perplexity after each chunk
+  std::int64_t chunks = 0;      ///< chunks of `context` tokens run
+  std::int64_t scored = 0;      ///< tokens whose probability was scored
+  double mean_nll = 0.0;        ///< mean negative log-likelihood (natural log) per scored token
+  double perplexity = 0.0;      ///< exp(mean_nll)
+  double standard_error = 0.0;  ///< of the perplexity, from the NLLs' spread (llama.cpp's ±)
+  std::vector<double> running;  ///< the perplexity after each chunk
 };
 
 /// Runs `tokens` through `model` (batch 1, max_len >= context) in floor(n / context) chunks
@@ -31,8 +31,8 @@ struct PerplexityResult {
 /// chunk with its index (from 1) and the running perplexity.
 /// Throws: ValueError when context < 4 or the stream is shorter than one chunk (naming both),
 /// or the model's batch is not 1 or its max_len < context; what the model throws.
-PerplexityResult perplexity(CausalLm& model, std::span<const std::int32_t> tokens, std::int64_t context,
-                            std::optional<std::int32_t> bos,
+PerplexityResult perplexity(CausalLm& model, std::span<const std::int32_t> tokens,
+                            std::int64_t context, std::optional<std::int32_t> bos,
                             const std::function<void(std::int64_t, double)>& progress = {});
 
 /// The negative log-likelihood of `next` under logits row `row` of `logits` [rows, V], in double.

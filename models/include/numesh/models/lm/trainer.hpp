@@ -3,11 +3,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
@@ -67,8 +66,9 @@ class CausalLmTrainer {
   /// Throws: ValueError as HfConfig::parse and TrainingOptions::validate; what
   /// ops::LmTrainingStep's constructor throws (a batch the data-parallel axes do not split,
   /// weights not stored fp32).
-  CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc, const CausalLmWeights& weights,
-                  TrainingOptions options, ops::ModelAxes axes = {});
+  CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config_doc,
+                  const CausalLmWeights& weights, TrainingOptions options,
+                  ops::ModelAxes axes = {});
   /// The model in `dir` (config.json and its safetensors, read as F32), and, when dir holds an
   /// optimizer.safetensors that a save() wrote, the optimizer's moments and step count, so that
   /// training continues where it stopped.
@@ -76,8 +76,8 @@ class CausalLmTrainer {
   /// checkpoint that does not fit the config: ShapeError naming the tensor); ShapeError or
   /// KeyError naming the tensor when the optimizer's state does not fit the model; as the
   /// constructor.
-  static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir, TrainingOptions options,
-                              ops::ModelAxes axes = {});
+  static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
+                              TrainingOptions options, ops::ModelAxes axes = {});
   ~CausalLmTrainer();
   CausalLmTrainer(CausalLmTrainer&&) noexcept;
   CausalLmTrainer& operator=(CausalLmTrainer&&) noexcept;
@@ -129,7 +129,8 @@ class CausalLmTrainer {
 /// mod S, as one row-major block.
 /// Throws: ShapeError when `shape` is not [S, tokens + 1] with S >= batch (the data must hold
 /// one batch; naming both).
-std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data, std::span<const std::int64_t> shape,
-                                         std::int64_t step, std::int64_t batch, std::int64_t tokens);
+std::vector<std::int32_t> training_batch(std::span<const std::int32_t> data,
+                                         std::span<const std::int64_t> shape, std::int64_t step,
+                                         std::int64_t batch, std::int64_t tokens);
 
 }  // namespace numesh::models

@@ -20,10 +20,12 @@ class TextTokenizer {
   virtual ~TextTokenizer() = default;
   /// The ids of `text`; with `add_special_tokens` the template's special tokens (BOS) too.
   /// Throws: ValueError for text that is not UTF-8 (naming the offset).
-  [[nodiscard]] virtual std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
+  [[nodiscard]] virtual std::vector<std::int32_t> encode(std::string_view text,
+                                                         bool add_special_tokens) const = 0;
   /// The text of `ids`; with `skip_special_tokens` special and control tokens are left out.
   /// Throws: IndexError naming an id the tokenizer does not have.
-  [[nodiscard]] virtual std::string decode(std::span<const std::int32_t> ids, bool skip_special_tokens) const = 0;
+  [[nodiscard]] virtual std::string decode(std::span<const std::int32_t> ids,
+                                           bool skip_special_tokens) const = 0;
   /// Ids are below this.
   [[nodiscard]] virtual std::int64_t vocab_size() const noexcept = 0;
   /// Whether `id` names a token.

@@ -23,6 +23,7 @@ void silu_mul_inplace(MatrixMap gate, ConstMatrixMap up);
 /// The backward of a = silu(gate) .* up given da: d_gate = da .* up .* silu'(gate) and d_up =
 /// da .* silu(gate), with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). d_gate may alias da.
 /// REQUIRES: every matrix has gate's shape.
-void silu_mul_backward(ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da, MatrixMap d_gate, MatrixMap d_up);
+void silu_mul_backward(ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da, MatrixMap d_gate,
+                       MatrixMap d_up);
 
 }  // namespace numesh::ops

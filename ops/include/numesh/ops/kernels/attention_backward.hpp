@@ -29,8 +29,9 @@ std::int64_t attention_backward_scratch_floats(const AttentionSlice& slice, std:
 /// Seven GEMM-sized products against the forward's two; results are bitwise the same for any
 /// number of threads. REQUIRES: q_offset + q_len <= kv_len when causal.
 /// Throws: ShapeError when scratch holds fewer than attention_backward_scratch_floats() floats.
-void attention_core_backward(const float* q, const float* k, const float* v, const float* d_out, float* dq, float* dk,
-                             float* dv, const AttentionSlice& slice, std::int64_t head_dim, std::int64_t q_offset,
-                             bool causal, std::span<float> scratch);
+void attention_core_backward(const float* q, const float* k, const float* v, const float* d_out,
+                             float* dq, float* dk, float* dv, const AttentionSlice& slice,
+                             std::int64_t head_dim, std::int64_t q_offset, bool causal,
+                             std::span<float> scratch);
 
 }  // namespace numesh::ops

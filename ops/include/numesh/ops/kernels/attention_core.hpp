@@ -48,7 +48,8 @@ struct KvView {
 /// Scratch floats attention_core needs for `slice` (with kv_len the most keys it will see)
 /// and head dim `head_dim` when called from an arena of `threads` threads: a block per thread,
 /// plus, for decode, the per-key-block partial results.
-std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim, std::int64_t threads) noexcept;
+std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim,
+                                      std::int64_t threads) noexcept;
 
 /// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating, over the
 /// calling thread's oneTBB arena (a device's threads when called from a node body): q and out

@@ -32,14 +32,16 @@ void gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float alpha = 1.0f, f
 /// op(b) + beta c. Lets callers multiply blocks of larger matrices (one head of a bthd
 /// activation, a column block of a weight) without copying them.
 /// REQUIRES: m, n, k >= 0; each leading dimension at least its matrix's row length.
-void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-          const float* b, std::int64_t ldb, bool transpose_b, float beta, float* c, std::int64_t ldc);
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, bool transpose_b, float beta,
+          float* c, std::int64_t ldc);
 
 /// c = alpha a^T b + beta c on the calling thread, row-major: a is [k, m] with rows `lda` floats
 /// apart, b is [k, n] (rows `ldb` apart), c is [m, n] (rows `ldc` apart). The weight-gradient
 /// product (a sum over k rows); OpenBLAS from kBlasMinMultiplyAdds, Eigen below.
 /// REQUIRES: m, n, k >= 0; leading dimensions at least the row lengths.
-void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-                       const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+void gemm_transposed_a(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc);
 
 }  // namespace numesh::ops

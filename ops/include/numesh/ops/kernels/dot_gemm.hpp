@@ -33,15 +33,15 @@ namespace numesh::ops {
 /// apart, c fp32 with rows `ldc` apart (overwritten; k = 0 writes zeros). Keeps a buffer of the
 /// calling thread for a's bf16 bits (m * k of them) between calls.
 /// REQUIRES: m, n, k >= 0; `level` runs on this CPU; lda >= k, ldb >= k, ldc >= n.
-void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-              DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+              const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
               runtime::KernelLevel level = runtime::kernel_level());
 
 /// dot_gemm for bf16 weights whose activations are bf16 already: `a` holds their bits (rows
 /// `lda` elements apart), as device_gemm has them, so that no task converts them again.
 /// REQUIRES: as dot_gemm.
-void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a, std::int64_t lda,
-                   const std::uint16_t* b, std::int64_t ldb, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
+void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a,
+                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float* c,
+                   std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
 
 }  // namespace numesh::ops

@@ -3,9 +3,9 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
 #include "numesh/ops/matmul_precision.hpp"
-#include "numesh/ops/eigen_views.hpp"
 
 // The device-level products: device_gemm and its kin spread one product over the calling
 // device's threads in tiles fixed by the shapes, each tile a single-threaded product of the
@@ -18,8 +18,12 @@ struct GemmTiling {
   std::int64_t row_block = 0;  ///< rows of a tile (the last one may be shorter)
   std::int64_t col_block = 0;  ///< columns of a tile (the last one may be narrower)
   /// Tiles along m and n.
-  std::int64_t row_tiles(std::int64_t m) const noexcept { return row_block > 0 ? (m + row_block - 1) / row_block : 0; }
-  std::int64_t col_tiles(std::int64_t n) const noexcept { return col_block > 0 ? (n + col_block - 1) / col_block : 0; }
+  std::int64_t row_tiles(std::int64_t m) const noexcept {
+    return row_block > 0 ? (m + row_block - 1) / row_block : 0;
+  }
+  std::int64_t col_tiles(std::int64_t n) const noexcept {
+    return col_block > 0 ? (n + col_block - 1) / col_block : 0;
+  }
 };
 
 /// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes and
@@ -53,9 +57,9 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 /// and gemm_16bit() (prefill tiles). Weights stored out-in take dot_gemm() for every decode
 /// product (blocks of dot_out_block() outputs, one task each) and the same prefill tiles read
 /// transposed. bf16 weights multiply bf16-rounded activations on every
-/// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for any number of threads.
-/// With `precision` kBF16, fp32 weights multiply in bf16 compute: every tile, decode-sized ones
-/// too, is one gemm_bf16_compute() call (16-bit weights are unaffected).
+/// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for
+/// any number of threads. With `precision` kBF16, fp32 weights multiply in bf16 compute: every
+/// tile, decode-sized ones too, is one gemm_bf16_compute() call (16-bit weights are unaffected).
 /// Throws: ShapeError naming the shapes when they do not multiply.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
                  MatmulPrecision precision = MatmulPrecision::kF32);
@@ -66,7 +70,8 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
 /// into a partial product, the partials summed in block order.
 /// Bitwise identical results for any number of threads. `precision` as above.
 /// Throws: as gemm().
-void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision = MatmulPrecision::kF32);
+void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c,
+                 MatmulPrecision precision = MatmulPrecision::kF32);
 
 /// c = a^T b + beta c for fp32 a [m, n] and b [m, k], c [n, k]: a weight's gradient dW = dy^T x
 /// (dy [rows, out], x [rows, in], dW stored out-in [out, in]), summed over the rows. Over the

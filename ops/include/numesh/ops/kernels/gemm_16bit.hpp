@@ -45,9 +45,10 @@ namespace numesh::ops {
 /// REQUIRES: `level` runs on this CPU.
 /// Throws: ShapeError when b_type is not kBF16 or kF16 (fp32 weights go to gemm()), a size is
 /// negative, or a leading dimension is shorter than its row (lda < k, ldb < n or k, ldc < n).
-void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                runtime::KernelLevel level = runtime::kernel_level(), WeightLayout b_layout = WeightLayout::kInOut);
+void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+                runtime::KernelLevel level = runtime::kernel_level(),
+                WeightLayout b_layout = WeightLayout::kInOut);
 
 /// c[m, n] = op(a) op(b) (or c += with `accumulate`) in bf16 compute, on the calling thread:
 /// both operands are fp32 and each is rounded to bf16 (to nearest even) before it multiplies,
@@ -61,8 +62,9 @@ void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, 
 /// summed in another order). Buffers as gemm_16bit()'s, plus the rounded block of b.
 /// REQUIRES: `level` runs on this CPU.
 /// Throws: ShapeError when a size is negative or a leading dimension is shorter than its row.
-void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                       bool transpose_a, const float* b, std::int64_t ldb, bool transpose_b, bool accumulate, float* c,
-                       std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
+void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                       std::int64_t lda, bool transpose_a, const float* b, std::int64_t ldb,
+                       bool transpose_b, bool accumulate, float* c, std::int64_t ldc,
+                       runtime::KernelLevel level = runtime::kernel_level());
 
 }  // namespace numesh::ops

@@ -15,21 +15,22 @@ void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float ep
 /// the sum over rows of dy .* x r. The rows are summed in blocks fixed by the shapes, the
 /// blocks' sums in block order, so d_weight has the same bits for any thread count.
 /// REQUIRES: x, dy and dx have one shape; weight and d_weight are [1, H].
-void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps, MatrixMap dx,
-                           MatrixMap d_weight);
+void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps,
+                           MatrixMap dx, MatrixMap d_weight);
 
 /// y[t, :] = (x[t, :] - mean) / sqrt(var + eps) .* weight + bias (LayerNorm; mean and the
 /// biased variance over the row, the variance from the centred values), per row, in fp32.
 /// weight is [1, H]; bias is [1, H] or has no columns (none); y may alias x.
 /// REQUIRES: shapes agree.
-void layernorm_rows(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap bias, MatrixMap y, float eps);
+void layernorm_rows(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap bias, MatrixMap y,
+                    float eps);
 
 /// The backward of layernorm_rows given dy: with r = 1 / sqrt(var + eps), x̂ = (x - mean) r and
 /// g = dy .* weight per row, dx = r (g - mean(g) - x̂ mean(g .* x̂)) (dx may alias dy); d_weight
 /// [1, H] = the sum over rows of dy .* x̂ and d_bias [1, H] = the sum of dy (d_bias may have no
 /// columns: not wanted). Summed in blocks fixed by the shapes, as rmsnorm_rows_backward.
 /// REQUIRES: x, dy and dx have one shape; weight and d_weight are [1, H].
-void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps, MatrixMap dx,
-                             MatrixMap d_weight, MatrixMap d_bias);
+void layernorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps,
+                             MatrixMap dx, MatrixMap d_weight, MatrixMap d_bias);
 
 }  // namespace numesh::ops

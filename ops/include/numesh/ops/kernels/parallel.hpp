@@ -32,7 +32,8 @@ void parallel_blocks(std::int64_t n, std::int64_t block, const Body& body) {
   oneapi::tbb::parallel_for(
       oneapi::tbb::blocked_range<std::int64_t>(0, blocks, 1),
       [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-        for (std::int64_t b = r.begin(); b != r.end(); ++b) body(b * block, std::min(n, (b + 1) * block));
+        for (std::int64_t b = r.begin(); b != r.end(); ++b)
+          body(b * block, std::min(n, (b + 1) * block));
       },
       oneapi::tbb::simple_partitioner());
 }
@@ -55,10 +56,11 @@ inline std::int64_t arena_scratch_slots(std::int64_t threads) noexcept { return 
 /// The calling thread's block of `per_thread` floats in `scratch` (arena_scratch_slots() blocks
 /// of them): block current_thread_index().
 /// Throws: IndexError when the thread's slot is outside the `slots` blocks.
-inline float* thread_scratch(std::span<float> scratch, std::int64_t per_thread, std::int64_t slots) {
+inline float* thread_scratch(std::span<float> scratch, std::int64_t per_thread,
+                             std::int64_t slots) {
   const auto slot = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::current_thread_index());
-  NUMESH_CHECK(slot >= 0 && slot < slots, IndexError, "thread slot {} outside the {} scratch blocks of this arena",
-               slot, slots);
+  NUMESH_CHECK(slot >= 0 && slot < slots, IndexError,
+               "thread slot {} outside the {} scratch blocks of this arena", slot, slots);
   return scratch.data() + slot * per_thread;
 }
 

@@ -22,6 +22,7 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 /// RoPE's backward (the gradient of the rotated values to that of the inputs).
 /// REQUIRES: d even; scaling valid.
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
-                  std::int64_t first_position, float theta, const RopeScaling& scaling = {}, bool inverse = false);
+                  std::int64_t first_position, float theta, const RopeScaling& scaling = {},
+                  bool inverse = false);
 
 }  // namespace numesh::ops

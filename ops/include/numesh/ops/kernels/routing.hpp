@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/moe_config.hpp"
 
 // MoE routing on one group of tokens, no mesh: the kernel every device's route node runs.
 
@@ -19,13 +19,15 @@ struct RoutingTables {
         weight(static_cast<std::size_t>(rows * k)),
         kept(static_cast<std::size_t>(rows * k)),
         load(static_cast<std::size_t>(experts)),
-        expert_rows(static_cast<std::size_t>(local_experts), std::vector<std::int64_t>(static_cast<std::size_t>(rows))),
-        expert_scale(static_cast<std::size_t>(local_experts), std::vector<float>(static_cast<std::size_t>(rows))),
+        expert_rows(static_cast<std::size_t>(local_experts),
+                    std::vector<std::int64_t>(static_cast<std::size_t>(rows))),
+        expert_scale(static_cast<std::size_t>(local_experts),
+                     std::vector<float>(static_cast<std::size_t>(rows))),
         expert_count(static_cast<std::size_t>(local_experts)) {}
-  std::vector<std::int64_t> choice;  // [rows, k]: chosen experts, best first
-  std::vector<float> weight;         // [rows, k]
-  std::vector<char> kept;            // [rows, k]: within capacity
-  std::vector<std::int64_t> load;    // [E]
+  std::vector<std::int64_t> choice;                    // [rows, k]: chosen experts, best first
+  std::vector<float> weight;                           // [rows, k]
+  std::vector<char> kept;                              // [rows, k]: within capacity
+  std::vector<std::int64_t> load;                      // [E]
   std::vector<std::vector<std::int64_t>> expert_rows;  // per local expert: its rows, token order
   std::vector<std::vector<float>> expert_scale;        // per local expert: the routing weights
   std::vector<std::int64_t> expert_count;
@@ -39,7 +41,7 @@ struct RoutingTables {
 /// E] (overwritten with the probabilities): the decisions moe_reference makes, without
 /// allocating. Fills `stats` (tokens_per_expert must hold E entries).
 /// REQUIRES: tables sized for logits.rows() tokens and config's k and E.
-void route_tokens(MatrixMap logits, const MoeConfig& config, std::int64_t first_expert, RoutingTables& tables,
-                  MoeStats& stats);
+void route_tokens(MatrixMap logits, const MoeConfig& config, std::int64_t first_expert,
+                  RoutingTables& tables, MoeStats& stats);
 
 }  // namespace numesh::ops

@@ -24,8 +24,8 @@ inline constexpr std::int64_t kSkinnyMaxRows = 16;
 /// `b_type` (fp32 floats, or bf16 / f16 bits) with rows `ldb` elements apart, c fp32 with rows
 /// `ldc` apart (overwritten). REQUIRES: 1 <= m <= kSkinnyMaxRows; n, k >= 0; `level` runs on
 /// this CPU; leading dimensions at least the row lengths.
-void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda, const void* b,
-                 DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
+void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
                  runtime::KernelLevel level = runtime::kernel_level());
 
 }  // namespace numesh::ops

@@ -39,7 +39,8 @@ struct AttentionLayer {
   std::string heads_axis;  ///< the axis splitting heads; empty when none does
   std::int64_t local_q_heads = 0;
   std::int64_t local_kv_heads = 0;
-  /// The projections, stored out-in (wq [Q, H], wk and wv [KV, H], wo [H, Q]; WeightLayout::kOutIn).
+  /// The projections, stored out-in (wq [Q, H], wk and wv [KV, H], wo [H, Q];
+  /// WeightLayout::kOutIn).
   std::shared_ptr<runtime::ShardedTensor> wq, wk, wv, wo;
   /// The optional biases and q/k norm weights (AttentionWeights), fp32 rows [1, n] laid out as
   /// the projections they follow: bq split like wq's heads, bk and bv like wk's, bo, q_norm and
@@ -49,7 +50,9 @@ struct AttentionLayer {
   /// True when query heads are split over heads_axis.
   bool splits_heads() const noexcept { return !heads_axis.empty(); }
   /// True when kv heads are split too.
-  bool splits_kv_heads() const noexcept { return splits_heads() && local_kv_heads < config.num_kv_heads; }
+  bool splits_kv_heads() const noexcept {
+    return splits_heads() && local_kv_heads < config.num_kv_heads;
+  }
 
   /// What mesh slot `slot` attends over for an input x [B, T, H] laid out as x is: its
   /// sequences and tokens (queries), all T keys, and its query and kv heads.
@@ -59,8 +62,10 @@ struct AttentionLayer {
   /// Throws: ShapeError naming the shapes when the weights do not fit the config, or head_dim
   /// is odd with RoPE on; ValueError when num_kv_heads does not divide num_heads or
   /// config.q_offset is not 0 (positions are given per run).
-  [[nodiscard]] static AttentionLayer create(const runtime::DeviceMesh& mesh, const AttentionConfig& config,
-                                             const AttentionWeights& weights, const AttentionAxes& axes = {});
+  [[nodiscard]] static AttentionLayer create(const runtime::DeviceMesh& mesh,
+                                             const AttentionConfig& config,
+                                             const AttentionWeights& weights,
+                                             const AttentionAxes& axes = {});
 };
 
 /// The per-device KV cache of one attention layer: k and v of shape [B, max_len, kv_heads,
@@ -98,16 +103,18 @@ struct AttentionStep {
 
 /// What a forward emit_attention keeps for its backward (program-owned; filled by it).
 struct AttentionSaved {
-  runtime::ShardedTensor* x = nullptr;       ///< the input
-  runtime::ShardedTensor* k_local = nullptr;  ///< this run's keys [B, T, KV * D] after RoPE, split as x's tokens
-  runtime::ShardedTensor* k = nullptr;        ///< the keys attention read (gathered over T's axes)
-  runtime::ShardedTensor* v = nullptr;        ///< the values attention read
-  std::vector<runtime::Tensor*> q;            ///< per slot: its queries [rows, local heads * D] after RoPE
-  std::vector<runtime::Tensor*> out;          ///< per slot: attention's output before wo, like q
+  runtime::ShardedTensor* x = nullptr;  ///< the input
+  runtime::ShardedTensor* k_local =
+      nullptr;  ///< this run's keys [B, T, KV * D] after RoPE, split as x's tokens
+  runtime::ShardedTensor* k = nullptr;  ///< the keys attention read (gathered over T's axes)
+  runtime::ShardedTensor* v = nullptr;  ///< the values attention read
+  std::vector<runtime::Tensor*> q;    ///< per slot: its queries [rows, local heads * D] after RoPE
+  std::vector<runtime::Tensor*> out;  ///< per slot: attention's output before wo, like q
   /// Per slot, with q/k norms: q [rows, local heads * D] and this run's k [rows, local kv heads
   /// * D] as they entered the norms (after the biases); null entries without them.
   std::vector<runtime::Tensor*> q_pre, k_pre;
-  std::vector<sharding::Placement> partial_placed;  ///< the output projection's (Partial over heads)
+  std::vector<sharding::Placement>
+      partial_placed;  ///< the output projection's (Partial over heads)
 };
 
 /// Emits y = attention(x) into `program`: per device, its sequences' q, k, v projections for
@@ -115,15 +122,14 @@ struct AttentionSaved {
 /// on those heads, the output projection of its heads (a Partial(sum) over the heads axis),
 /// then reshard() into y: one all-reduce over tp when heads are split. x is [B, T, H] with B
 /// and T (sequence parallel: keys and values all-gathered over T's axes before attention; every
-/// rank keeps the whole cache) split; H whole. y must have x's shape and layout. Returns the frontier after which y is
-/// complete. With `saved` (training: no cache), also keeps what emit_attention_backward needs.
-/// Throws: ShapeError when x, y or the cache do not fit the layer (naming them); as
-/// reshard().
+/// rank keeps the whole cache) split; H whole. y must have x's shape and layout. Returns the
+/// frontier after which y is complete. With `saved` (training: no cache), also keeps what
+/// emit_attention_backward needs. Throws: ShapeError when x, y or the cache do not fit the layer
+/// (naming them); as reshard().
 runtime::Frontier emit_attention(ProgramBuilder& program, const AttentionLayer& layer,
                                  runtime::ShardedTensor& x, const runtime::Frontier& after,
                                  runtime::ShardedTensor& y, const std::string& name,
                                  const AttentionStep& step = {}, AttentionSaved* saved = nullptr);
-
 
 /// A parameter gradient for each of an AttentionLayer's projections, laid out as it is
 /// (gradient_like: stored out-in, same spec), fp32; and for each bias and q/k norm the layer
@@ -156,7 +162,8 @@ struct AttentionGradients {
 /// forward kept nothing or a bias or norm of the layer has no gradient in `grads`.
 runtime::Frontier emit_attention_backward(ProgramBuilder& program, const AttentionLayer& layer,
                                           const AttentionSaved& saved, runtime::ShardedTensor& dy,
-                                          const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                          const runtime::Frontier& after,
+                                          runtime::ShardedTensor& dx,
                                           const AttentionGradients& grads, const std::string& name,
                                           runtime::Frontier* dx_ready = nullptr);
 
@@ -198,7 +205,8 @@ class ShardedAttention {
   AttentionLayer layer_;
   std::int64_t batch_;
   std::optional<KvCache> cache_;
-  std::vector<std::int64_t> positions_;  // each sequence's; read by the programs' nodes when they run
+  std::vector<std::int64_t>
+      positions_;  // each sequence's; read by the programs' nodes when they run
   ProgramCache<> programs_;
 };
 

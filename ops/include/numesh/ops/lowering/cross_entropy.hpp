@@ -36,10 +36,10 @@ struct CrossEntropySaved {
 /// REQUIRES: *targets holds rows ids in [0, V) whenever the program runs, and outlives it
 /// (callers check first: check_token_ids).
 /// Throws: ShapeError naming the shapes when x or losses do not fit the layer.
-runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& program, const LmHeadLayer& layer,
-                                             runtime::ShardedTensor& x, const std::vector<std::int32_t>* targets,
-                                             const runtime::Frontier& after, runtime::ShardedTensor& losses,
-                                             const std::string& name, CrossEntropySaved* saved = nullptr);
+runtime::Frontier emit_lm_head_cross_entropy(
+    ProgramBuilder& program, const LmHeadLayer& layer, runtime::ShardedTensor& x,
+    const std::vector<std::int32_t>* targets, const runtime::Frontier& after,
+    runtime::ShardedTensor& losses, const std::string& name, CrossEntropySaved* saved = nullptr);
 
 /// The backward of `scale` times the sum of the losses (scale = 1 / N for the mean over N
 /// tokens of the global batch): the logits' gradient scale (softmax(l) - onehot(target)) in
@@ -52,10 +52,9 @@ runtime::Frontier emit_lm_head_cross_entropy(ProgramBuilder& program, const LmHe
 /// the backward instead of holding it up.
 /// Throws: ShapeError naming the shapes when dx or d_weight does not fit; ValueError when the
 /// forward kept nothing (emit_lm_head_cross_entropy without `saved`).
-runtime::Frontier emit_lm_head_cross_entropy_backward(ProgramBuilder& program, const CrossEntropySaved& saved,
-                                                      double scale, const runtime::Frontier& after,
-                                                      runtime::ShardedTensor& dx, runtime::ShardedTensor& d_weight,
-                                                      const std::string& name,
-                                                      runtime::Frontier* dx_ready = nullptr);
+runtime::Frontier emit_lm_head_cross_entropy_backward(
+    ProgramBuilder& program, const CrossEntropySaved& saved, double scale,
+    const runtime::Frontier& after, runtime::ShardedTensor& dx, runtime::ShardedTensor& d_weight,
+    const std::string& name, runtime::Frontier* dx_ready = nullptr);
 
 }  // namespace numesh::ops

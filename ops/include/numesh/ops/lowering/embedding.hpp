@@ -34,7 +34,8 @@ struct EmbeddingLayer {
   std::shared_ptr<runtime::ShardedTensor> table;
 
   /// Throws: ShapeError naming the shape when the table is not [V, H] with V, H >= 1.
-  [[nodiscard]] static EmbeddingLayer create(const runtime::DeviceMesh& mesh, const EmbeddingWeights& weights,
+  [[nodiscard]] static EmbeddingLayer create(const runtime::DeviceMesh& mesh,
+                                             const EmbeddingWeights& weights,
                                              const EmbeddingAxes& axes = {});
 };
 
@@ -46,8 +47,9 @@ struct EmbeddingLayer {
 /// check the ids first: ShardedEmbedding does).
 /// Throws: ShapeError naming the shapes when x does not fit the layer.
 runtime::Frontier emit_embedding(ProgramBuilder& program, const EmbeddingLayer& layer,
-                                 const std::vector<std::int32_t>* ids, const runtime::Frontier& after,
-                                 runtime::ShardedTensor& x, const std::string& name);
+                                 const std::vector<std::int32_t>* ids,
+                                 const runtime::Frontier& after, runtime::ShardedTensor& x,
+                                 const std::string& name);
 
 /// The backward of emit_embedding: given dx (the gradient of x, laid out like x), overwrites
 /// d_table (laid out as the table: gradient_like) with each row of dx added into its token's
@@ -58,9 +60,10 @@ runtime::Frontier emit_embedding(ProgramBuilder& program, const EmbeddingLayer& 
 /// Returns the frontier after which d_table is complete.
 /// Throws: ShapeError naming the shapes when dx or d_table does not fit.
 runtime::Frontier emit_embedding_backward(ProgramBuilder& program, const EmbeddingLayer& layer,
-                                          const std::vector<std::int32_t>* ids, runtime::ShardedTensor& dx,
-                                          const runtime::Frontier& after, runtime::ShardedTensor& d_table,
-                                          const std::string& name);
+                                          const std::vector<std::int32_t>* ids,
+                                          runtime::ShardedTensor& dx,
+                                          const runtime::Frontier& after,
+                                          runtime::ShardedTensor& d_table, const std::string& name);
 
 /// The embedding lowered onto a device mesh for a fixed number of tokens, one program compiled
 /// once. Not thread-safe: one thread drives an instance.
@@ -71,7 +74,8 @@ class ShardedEmbedding {
                    EmbeddingAxes axes = {});
   /// The same over a table already laid out on `mesh` (programs for several token counts
   /// share it). Throws: ShapeError when tokens < 1.
-  ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens, EmbeddingAxes axes = {});
+  ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens,
+                   EmbeddingAxes axes = {});
   /// The vectors [tokens, H] of `ids`.
   /// Throws: ShapeError when ids.size() is not the token count; IndexError naming the position
   /// and the id when an id is outside [0, V) (before anything runs).

@@ -44,17 +44,17 @@ std::vector<sharding::Placement> gradient_placements(std::vector<sharding::Place
 /// as placed `weight` and an activation x [..., in] placed `x` (rank `x_rank`): the weight's
 /// Shards, Partial(sum) on every other axis that splits one of x's token dims (all but the
 /// last: each device summed over its own tokens), Replicate elsewhere.
-std::vector<sharding::Placement> weight_gradient_placements(const std::vector<sharding::Placement>& weight,
-                                                            const std::vector<sharding::Placement>& x,
-                                                            std::size_t x_rank);
+std::vector<sharding::Placement> weight_gradient_placements(
+    const std::vector<sharding::Placement>& weight, const std::vector<sharding::Placement>& x,
+    std::size_t x_rank);
 
 /// `placed` with Partial(op) on every axis where `by` holds a Shard: the placement of an
 /// output whose devices each reduced over their own slice of a dimension split as `by` (a
 /// row-parallel product, an input gradient through a column-parallel one, a row's max over a
 /// vocabulary slice).
-std::vector<sharding::Placement> partial_where_sharded(std::vector<sharding::Placement> placed,
-                                                       const std::vector<sharding::Placement>& by,
-                                                       sharding::PartialOp op = sharding::PartialOp::kSum);
+std::vector<sharding::Placement> partial_where_sharded(
+    std::vector<sharding::Placement> placed, const std::vector<sharding::Placement>& by,
+    sharding::PartialOp op = sharding::PartialOp::kSum);
 
 /// The gradient of a tensor placed `forward`, from `produced` (a program tensor holding it
 /// placed `produced_placed`): `produced` itself when that already is the canonical placement
@@ -64,7 +64,8 @@ std::vector<sharding::Placement> partial_where_sharded(std::vector<sharding::Pla
 /// the returned tensor is complete.
 /// Throws: as ProgramBuilder::reshard (a produced placement the planner cannot take to the
 /// canonical one, e.g. a Partial where the forward tensor was Shard on the same axis).
-runtime::ShardedTensor& canonical_gradient(ProgramBuilder& program, runtime::ShardedTensor& produced,
+runtime::ShardedTensor& canonical_gradient(ProgramBuilder& program,
+                                           runtime::ShardedTensor& produced,
                                            const std::vector<sharding::Placement>& produced_placed,
                                            const std::vector<sharding::Placement>& forward,
                                            const std::string& name, runtime::Frontier& ready);
@@ -84,9 +85,10 @@ runtime::Frontier reduce_gradient_into(ProgramBuilder& program, runtime::Sharded
 /// (rank `x_rank`): produced placed as weight_gradient_placements(used's, x, x_rank).
 /// Throws: as reduce_gradient_into.
 runtime::Frontier reduce_weight_gradient(ProgramBuilder& program, runtime::ShardedTensor& produced,
-                                         const runtime::ShardedTensor& used, const std::vector<sharding::Placement>& x,
-                                         std::size_t x_rank, runtime::ShardedTensor& out, const runtime::Frontier& after,
-                                         const std::string& name);
+                                         const runtime::ShardedTensor& used,
+                                         const std::vector<sharding::Placement>& x,
+                                         std::size_t x_rank, runtime::ShardedTensor& out,
+                                         const runtime::Frontier& after, const std::string& name);
 
 /// The tensor a backward node writes a parameter's gradient into as it computes it, placed
 /// `produced_placed` and laid out as `like` (the parameter as the node multiplied it): `out`
@@ -99,21 +101,24 @@ runtime::ShardedTensor& gradient_target(ProgramBuilder& program, const runtime::
 
 /// gradient_target() for a weight's gradient dW = dy^T x over an activation x placed `x` (rank
 /// `x_rank`), the weight multiplied as `used`: placed as weight_gradient_placements() says.
-runtime::ShardedTensor& weight_gradient_target(ProgramBuilder& program, const runtime::ShardedTensor& used,
-                                               const std::vector<sharding::Placement>& x, std::size_t x_rank,
-                                               runtime::ShardedTensor& out, const std::string& name);
+runtime::ShardedTensor& weight_gradient_target(ProgramBuilder& program,
+                                               const runtime::ShardedTensor& used,
+                                               const std::vector<sharding::Placement>& x,
+                                               std::size_t x_rank, runtime::ShardedTensor& out,
+                                               const std::string& name);
 
 /// Checks that `t` (a gradient, or a tensor in a backward's signature) has `like`'s shape and
 /// spec. Throws: ShapeError "NAME: WHAT is [shape] spec but must be laid out as [shape] spec".
-void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like, std::string_view what,
-                         std::string_view name);
+void check_laid_out_like(const runtime::ShardedTensor& t, const runtime::ShardedTensor& like,
+                         std::string_view what, std::string_view name);
 
 /// Checks a backward's dy and dx against its forward: both of shape `x_shape` (the forward's
 /// x and y), dy laid out as gradient_placements(y_placed) and dx as
 /// gradient_placements(x_placed). Throws: ShapeError "NAME: dy [shape] spec and dx [shape] spec
 /// must be laid out as the forward's y and x ([shape])".
 void check_backward_io(const runtime::ShardedTensor& dy, const runtime::ShardedTensor& dx,
-                       const std::vector<std::int64_t>& x_shape, const std::vector<sharding::Placement>& y_placed,
+                       const std::vector<std::int64_t>& x_shape,
+                       const std::vector<sharding::Placement>& y_placed,
                        const std::vector<sharding::Placement>& x_placed, std::string_view name);
 
 /// An fp32 tensor laid out exactly as `parameter` (same mesh, shape and spec), zero-filled:
@@ -124,20 +129,21 @@ std::shared_ptr<runtime::ShardedTensor> gradient_like(const runtime::ShardedTens
 // backward: each helper passes null through.
 
 /// gradient_like(*parameter), or null for null.
-std::shared_ptr<runtime::ShardedTensor> optional_gradient_like(const std::shared_ptr<runtime::ShardedTensor>& parameter);
+std::shared_ptr<runtime::ShardedTensor> optional_gradient_like(
+    const std::shared_ptr<runtime::ShardedTensor>& parameter);
 
 /// Checks an optional parameter's gradient: nothing when the parameter is null, else that the
 /// gradient is given and laid out like it (check_laid_out_like, "the WHAT gradient").
 /// Throws: ValueError "NAME: the layer has the WHAT but no gradient is given for it";
 /// ShapeError as check_laid_out_like.
 void check_optional_gradient(const std::shared_ptr<runtime::ShardedTensor>& grad,
-                             const std::shared_ptr<runtime::ShardedTensor>& parameter, std::string_view what,
-                             std::string_view name);
+                             const std::shared_ptr<runtime::ShardedTensor>& parameter,
+                             std::string_view what, std::string_view name);
 
 /// The gradient of an optional parameter as one device computes it, before its reduction: a
 /// program tensor "NAME.WHAT.grad_partial" laid out like the parameter; null for null.
-runtime::ShardedTensor* optional_partial_gradient(ProgramBuilder& program,
-                                                  const std::shared_ptr<runtime::ShardedTensor>& parameter,
-                                                  const std::string& name, const std::string& what);
+runtime::ShardedTensor* optional_partial_gradient(
+    ProgramBuilder& program, const std::shared_ptr<runtime::ShardedTensor>& parameter,
+    const std::string& name, const std::string& what);
 
 }  // namespace numesh::ops

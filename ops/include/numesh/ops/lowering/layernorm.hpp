@@ -19,8 +19,9 @@ namespace numesh::ops {
 /// Returns the frontier after which out is complete.
 /// Throws: ShapeError naming the shapes and specs when x and out are not laid out alike, H is
 /// split, or weight or bias is not a replicated [1, H].
-runtime::Frontier emit_layernorm(ProgramBuilder& program, runtime::ShardedTensor& x, runtime::ShardedTensor& weight,
-                                 runtime::ShardedTensor* bias, runtime::ShardedTensor& out, float eps,
+runtime::Frontier emit_layernorm(ProgramBuilder& program, runtime::ShardedTensor& x,
+                                 runtime::ShardedTensor& weight, runtime::ShardedTensor* bias,
+                                 runtime::ShardedTensor& out, float eps,
                                  const runtime::Frontier& after, const std::string& name);
 
 /// The backward of emit_layernorm on x: given d_out (laid out as out), writes d_x (laid out as
@@ -31,9 +32,11 @@ runtime::Frontier emit_layernorm(ProgramBuilder& program, runtime::ShardedTensor
 /// Throws: ShapeError naming the shapes and specs when the tensors are not laid out alike or a
 /// gradient not like the weight.
 runtime::Frontier emit_layernorm_backward(ProgramBuilder& program, runtime::ShardedTensor& x,
-                                          runtime::ShardedTensor& weight, runtime::ShardedTensor& d_out,
-                                          runtime::ShardedTensor& d_x, runtime::ShardedTensor& d_weight,
-                                          runtime::ShardedTensor* d_bias, float eps, const runtime::Frontier& after,
-                                          const std::string& name);
+                                          runtime::ShardedTensor& weight,
+                                          runtime::ShardedTensor& d_out,
+                                          runtime::ShardedTensor& d_x,
+                                          runtime::ShardedTensor& d_weight,
+                                          runtime::ShardedTensor* d_bias, float eps,
+                                          const runtime::Frontier& after, const std::string& name);
 
 }  // namespace numesh::ops

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/lowering/program.hpp"
-#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -38,7 +38,8 @@ struct LmHeadLayer {
 
   /// Throws: ShapeError naming the shape when the weight is not [H, V] with H, V >= 1 or V is
   /// above kMaxVocabulary.
-  [[nodiscard]] static LmHeadLayer create(const runtime::DeviceMesh& mesh, const LmHeadWeights& weights,
+  [[nodiscard]] static LmHeadLayer create(const runtime::DeviceMesh& mesh,
+                                          const LmHeadWeights& weights,
                                           const LmHeadAxes& axes = {});
 };
 
@@ -47,12 +48,13 @@ struct LmHeadLayer {
 /// (lm_head_logits_spec()). x is [rows, H] with H not split. Returns the frontier after which
 /// the logits are complete; nothing crosses devices.
 /// Throws: ShapeError naming the shapes and specs when x or logits do not fit the layer.
-runtime::Frontier emit_lm_head(ProgramBuilder& program, const LmHeadLayer& layer, runtime::ShardedTensor& x,
-                               const runtime::Frontier& after, runtime::ShardedTensor& logits,
-                               const std::string& name);
+runtime::Frontier emit_lm_head(ProgramBuilder& program, const LmHeadLayer& layer,
+                               runtime::ShardedTensor& x, const runtime::Frontier& after,
+                               runtime::ShardedTensor& logits, const std::string& name);
 
 /// The spec of the logits for x's spec (rows) and the layer's weight (vocabulary).
-sharding::PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const sharding::PartitionSpec& x_spec);
+sharding::PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer,
+                                            const sharding::PartitionSpec& x_spec);
 
 /// Emits the devices' half of a greedy pick: for each row, each device's best logit and its
 /// global token index (row_argmax) into `candidates` [rows, 2 * n], n the vocabulary shards of
@@ -60,7 +62,8 @@ sharding::PartitionSpec lm_head_logits_spec(const LmHeadLayer& layer, const shar
 /// gathered candidates finishes the argmax.
 /// Throws: ShapeError when candidates does not fit the logits.
 runtime::Frontier emit_greedy_candidates(ProgramBuilder& program, runtime::ShardedTensor& logits,
-                                         const runtime::Frontier& after, runtime::ShardedTensor& candidates,
+                                         const runtime::Frontier& after,
+                                         runtime::ShardedTensor& candidates,
                                          const std::string& name);
 
 /// The host's half of a greedy pick: each row's token from candidates [rows, 2 * n] (value,
@@ -74,8 +77,9 @@ std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates);
 /// global top-k is among them (each device's k best include every one of its tokens in it).
 /// Throws: ShapeError when candidates does not fit, or k exceeds a device's vocabulary slice.
 runtime::Frontier emit_top_k_candidates(ProgramBuilder& program, runtime::ShardedTensor& logits,
-                                        const runtime::Frontier& after, runtime::ShardedTensor& candidates,
-                                        std::int64_t k, const std::string& name);
+                                        const runtime::Frontier& after,
+                                        runtime::ShardedTensor& candidates, std::int64_t k,
+                                        const std::string& name);
 
 /// How the next token is drawn from the logits: logits / temperature, the top_k largest kept,
 /// softmax over them, then the smallest set of the most likely whose probabilities sum to
@@ -94,8 +98,8 @@ void validate(const SamplingOptions& options);
 /// Throws: ShapeError for a malformed candidates tensor; ValueError when a row holds a NaN or
 /// +inf logit, or only -inf ones (nothing sound to sample from; -inf alone rules a token out);
 /// as validate().
-std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates, const SamplingOptions& options,
-                                       std::mt19937_64& rng);
+std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates,
+                                       const SamplingOptions& options, std::mt19937_64& rng);
 
 /// The LM head lowered onto a device mesh for a fixed number of rows, as two programs compiled
 /// once: greedy() (logits stay on the devices, only each device's best candidate per row comes
@@ -105,10 +109,12 @@ class ShardedLmHead {
  public:
   /// Lays out the weight and compiles both programs for `rows` rows.
   /// Throws: as LmHeadLayer::create; ShapeError when rows < 1.
-  ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows, LmHeadAxes axes = {});
+  ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows,
+                LmHeadAxes axes = {});
   /// The same over a layer already laid out on `mesh` (heads for several row counts share it).
   /// Throws: ShapeError when rows < 1.
-  ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows, LmHeadAxes axes = {});
+  ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows,
+                LmHeadAxes axes = {});
   /// The argmax token of each row of x [rows, H] (torch.argmax's rule).
   /// Throws: ShapeError when x is not [rows, H]; what a node throws.
   std::vector<std::int64_t> greedy(const runtime::HostTensor& x);

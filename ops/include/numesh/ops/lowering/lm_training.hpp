@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/embedding_config.hpp"
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/matmul_precision.hpp"
-#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -65,11 +65,13 @@ class LmTrainingStep {
   /// ModelAxes::expert and expert_tensor, the tokens gathered over those, or, when the batch
   /// axes include the expert axis, sent to their experts and back by all-to-all (GShard).
   /// Throws: ValueError as TransformerConfig::validate, when a weight is not stored fp32 or
-  /// router_aux_loss_coef is negative or not finite; ShapeError naming the sizes when batch or tokens is not positive, batch is not a
-  /// multiple of the batch axes' size, tokens not a multiple of the sequence axis' size, the
-  /// weights do not fit the config or there is no final norm; what the layers' layouts throw.
-  LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config, const EmbeddingWeights& embedding,
-                 const TransformerWeights& stack, const LmHeadWeights* head, std::int64_t batch, std::int64_t tokens,
+  /// router_aux_loss_coef is negative or not finite; ShapeError naming the sizes when batch or
+  /// tokens is not positive, batch is not a multiple of the batch axes' size, tokens not a multiple
+  /// of the sequence axis' size, the weights do not fit the config or there is no final norm; what
+  /// the layers' layouts throw.
+  LmTrainingStep(runtime::DeviceMesh mesh, TransformerConfig config,
+                 const EmbeddingWeights& embedding, const TransformerWeights& stack,
+                 const LmHeadWeights* head, std::int64_t batch, std::int64_t tokens,
                  ModelAxes axes = {}, MatmulPrecision precision = MatmulPrecision::kF32,
                  double router_aux_loss_coef = 0.0);
   ~LmTrainingStep();

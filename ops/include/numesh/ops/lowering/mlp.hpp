@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/mlp_config.hpp"
-#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -37,8 +37,8 @@ struct MlpAxes {
 
 /// An MLP's weights laid out on a mesh: up/gate P(None, tensor), down P(tensor, None) as [in,
 /// out] matrices, stored out-in (up/gate [F, H], down [H, F], their specs swapped to match;
-/// WeightLayout::kOutIn), each shard on its device's node (written by the device's own threads). Shared by every program
-/// that runs the layer (prefill and decode programs read the same shards).
+/// WeightLayout::kOutIn), each shard on its device's node (written by the device's own threads).
+/// Shared by every program that runs the layer (prefill and decode programs read the same shards).
 struct MlpLayer {
   MlpKind kind = MlpKind::kGelu;
   std::int64_t hidden = 0;
@@ -80,14 +80,15 @@ struct MlpSaved {
 /// + b_up)) and y_partial = h w_down_local (+ b_down on the first device of each partial sum), a
 /// Partial(sum) over the axes splitting F, resharded into y's layout: an
 /// all-reduce over tp, or a reduce-scatter when y's tokens are split over tp; nothing when F
-/// is not split. x is [..., H] with H not split; y must have x's shape. Starts after `after`; returns the
-/// frontier after which y is complete. Node and tensor names start with `name`.
-/// With `saved`, the forward also keeps what emit_mlp_backward needs (one more [rows, F_local]
-/// buffer per device for SwiGLU's gate).
-/// Throws: ShapeError when x or y do not fit the layer (naming the shapes); as reshard().
-runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer, runtime::ShardedTensor& x,
-                           const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name, MlpSaved* saved = nullptr);
+/// is not split. x is [..., H] with H not split; y must have x's shape. Starts after `after`;
+/// returns the frontier after which y is complete. Node and tensor names start with `name`. With
+/// `saved`, the forward also keeps what emit_mlp_backward needs (one more [rows, F_local] buffer
+/// per device for SwiGLU's gate). Throws: ShapeError when x or y do not fit the layer (naming the
+/// shapes); as reshard().
+runtime::Frontier emit_mlp(ProgramBuilder& program, const MlpLayer& layer,
+                           runtime::ShardedTensor& x, const runtime::Frontier& after,
+                           runtime::ShardedTensor& y, const std::string& name,
+                           MlpSaved* saved = nullptr);
 
 /// A parameter gradient for each of an MlpLayer's matrices, laid out as the matrix is
 /// (gradient_like: stored out-in, same spec), fp32. gate is null for kGelu.
@@ -114,9 +115,10 @@ struct MlpGradients {
 /// the backward instead of holding it up.
 /// Throws: ShapeError when dy, dx or a gradient does not fit (naming the shapes);
 /// ValueError when a bias of the layer has no gradient in `grads`.
-runtime::Frontier emit_mlp_backward(ProgramBuilder& program, const MlpLayer& layer, const MlpSaved& saved,
-                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MlpGradients& grads, const std::string& name,
+runtime::Frontier emit_mlp_backward(ProgramBuilder& program, const MlpLayer& layer,
+                                    const MlpSaved& saved, runtime::ShardedTensor& dy,
+                                    const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                    const MlpGradients& grads, const std::string& name,
                                     runtime::Frontier* dx_ready = nullptr);
 
 /// The MLP lowered onto a device mesh as one program, compiled once, run many times:
@@ -129,8 +131,8 @@ class ShardedMlp {
   /// Lays out the weights on the mesh and compiles the program for `tokens` rows.
   /// Throws: ShapeError naming the shapes when the weights do not fit one another or `tokens`
   /// is not positive; what the layout and correction throw for bad axes.
-  ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& weights,
-             std::int64_t tokens, MlpAxes axes = {});
+  ShardedMlp(runtime::DeviceMesh mesh, MlpKind kind, const MlpWeights& weights, std::int64_t tokens,
+             MlpAxes axes = {});
 
   /// Runs the MLP on x [T, H] and returns y [T, H].
   /// Throws: ShapeError when x's shape is not [tokens, H]; what a node throws.
@@ -141,7 +143,9 @@ class ShardedMlp {
   sharding::PartitionSpec up_spec() const { return swap_last_two(layer_.up->spec(), 2); }
   sharding::PartitionSpec down_spec() const { return swap_last_two(layer_.down->spec(), 2); }
   /// The collectives the program emits (empty: none needed).
-  const std::vector<CollectivePlan>& collectives() const noexcept { return program_->plan().collectives; }
+  const std::vector<CollectivePlan>& collectives() const noexcept {
+    return program_->plan().collectives;
+  }
   /// The program (plan, graph).
   Program& program() noexcept { return *program_; }
   /// The compiled graph (DOT, timing).

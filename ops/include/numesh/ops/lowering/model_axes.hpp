@@ -23,9 +23,9 @@ struct ModelAxes {
   std::vector<std::string> weights = {};
 
   /// Resolves BATCH, HEAD, MLP_INTERMEDIATE, EXPERT, TENSOR_PARALLEL and QUERY_LENGTH with
-  /// `pm` in `mode`, and `weights` from the ColumnWise preset's dim 0. Throws: ValueError naming the token when HEAD, MLP_INTERMEDIATE, EXPERT
-  /// or TENSOR_PARALLEL resolves to more than one mesh axis (numesh splits those dims over
-  /// one axis); what PartitionManager::resolve throws.
+  /// `pm` in `mode`, and `weights` from the ColumnWise preset's dim 0. Throws: ValueError naming
+  /// the token when HEAD, MLP_INTERMEDIATE, EXPERT or TENSOR_PARALLEL resolves to more than one
+  /// mesh axis (numesh splits those dims over one axis); what PartitionManager::resolve throws.
   [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm, sharding::Mode mode);
   /// As above for eformer's mode argument on the model's activations [batch, T, hidden]. A
   /// named mode resolves as above. An integer mode (ModeArg::from_dim) is inferred per call as
@@ -35,8 +35,9 @@ struct ModelAxes {
   /// train's (a one-token call never splits T).
   /// Throws: as above; IndexError when the dim is outside [-3, 3); ValueError naming each
   /// field whose axes differ between train and decode.
-  [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm, sharding::ModeArg mode,
-                                         std::int64_t batch, std::int64_t hidden);
+  [[nodiscard]] static ModelAxes resolve(const sharding::PartitionManager& pm,
+                                         sharding::ModeArg mode, std::int64_t batch,
+                                         std::int64_t hidden);
 };
 
 }  // namespace numesh::ops

@@ -84,8 +84,8 @@ struct MoeSaved {
   /// back at the tokens' devices. Null otherwise.
   runtime::ShardedTensor *dispatched = nullptr, *dispatched_counts = nullptr, *combined = nullptr;
   std::vector<sharding::Placement> x_placed;        ///< the input's placements (before any gather)
-  std::vector<sharding::Placement> partial_placed;  ///< the partial output's (the routed x's, Partial over
-                                                    ///< the weights' axes)
+  std::vector<sharding::Placement> partial_placed;  ///< the partial output's (the routed x's,
+                                                    ///< Partial over the weights' axes)
   std::vector<sharding::Placement> y_placed;        ///< the output's
   /// With a shared expert: its weights and gate as the program registered them; the mesh axes
   /// over which its devices share the rows out (the partial output's axes that do not split
@@ -116,9 +116,10 @@ struct MoeSaved {
 /// [same, H]; with the all-to-all dispatch, three [slots received, F_local]; with a shared
 /// expert, three [its rows, Fs_local] and one [its rows, H]).
 /// Throws: ShapeError when x or y do not fit (naming them); as reshard().
-runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer, runtime::ShardedTensor& x,
-                           const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name, MoeRouting** routing = nullptr, MoeSaved* saved = nullptr);
+runtime::Frontier emit_moe(ProgramBuilder& program, const MoeLayer& layer,
+                           runtime::ShardedTensor& x, const runtime::Frontier& after,
+                           runtime::ShardedTensor& y, const std::string& name,
+                           MoeRouting** routing = nullptr, MoeSaved* saved = nullptr);
 
 /// A parameter gradient for each of a MoeLayer's matrices, laid out as the matrix is
 /// (gradient_like), fp32.
@@ -168,10 +169,12 @@ struct RouterAuxGradient {
 /// `dx_ready` (when given) receives the frontier after which dx alone is complete: what the
 /// next backward in a chain waits for, so that the gradients' reductions overlap the rest of
 /// the backward instead of holding it up.
-runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer, const MoeSaved& saved,
-                                    runtime::ShardedTensor& dy, const runtime::Frontier& after,
-                                    runtime::ShardedTensor& dx, const MoeGradients& grads, const std::string& name,
-                                    const RouterAuxGradient* aux = nullptr, runtime::Frontier* dx_ready = nullptr);
+runtime::Frontier emit_moe_backward(ProgramBuilder& program, const MoeLayer& layer,
+                                    const MoeSaved& saved, runtime::ShardedTensor& dy,
+                                    const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                    const MoeGradients& grads, const std::string& name,
+                                    const RouterAuxGradient* aux = nullptr,
+                                    runtime::Frontier* dx_ready = nullptr);
 
 /// A MoE layer as one program over [tokens, H]. Not thread-safe: one thread drives it.
 class ShardedMoe {
@@ -186,7 +189,9 @@ class ShardedMoe {
   /// The last forward's routing statistics, summed over the routing groups.
   MoeStats stats() const { return routing_->total(); }
   /// Routing groups (token splits); each decides top-k and capacity among its own tokens.
-  std::int64_t groups() const noexcept { return static_cast<std::int64_t>(routing_->group_leaders.size()); }
+  std::int64_t groups() const noexcept {
+    return static_cast<std::int64_t>(routing_->group_leaders.size());
+  }
   /// The layer.
   const MoeLayer& layer() const noexcept { return layer_; }
   /// The program (plan, graph).

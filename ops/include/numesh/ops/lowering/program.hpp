@@ -1,14 +1,13 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <initializer_list>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "numesh/ops/lowering/reshard.hpp"
 #include "numesh/ops/matmul_precision.hpp"
@@ -133,7 +132,8 @@ class ProgramBuilder {
   /// An output read by the caller after each run (Program::output): one store node per
   /// distinct slice, after `after`, copies `tensor`'s shards into a host tensor the program
   /// owns. Throws: KeyError when an input or output called `name` exists.
-  void output(const std::string& name, runtime::ShardedTensor& tensor, const runtime::Frontier& after);
+  void output(const std::string& name, runtime::ShardedTensor& tensor,
+              const runtime::Frontier& after);
 
   /// A host object (routing tables, statistics) owned by the program, constructed from `args`.
   template <typename T, typename... Args>
@@ -158,14 +158,17 @@ class ProgramBuilder {
   /// `after` (an empty frontier, or a kReady entry, imposes nothing). Returns the frontier of
   /// the new nodes. Throws: what GraphBuilder::add throws.
   template <typename MakeBody>
-  runtime::Frontier per_device(const std::string& name, const std::vector<const runtime::Frontier*>& after,
+  runtime::Frontier per_device(const std::string& name,
+                               const std::vector<const runtime::Frontier*>& after,
                                MakeBody&& make_body) {
     runtime::Frontier done(static_cast<std::size_t>(mesh_.size()), runtime::kReady);
     for (std::int64_t s = 0; s < mesh_.size(); ++s) {
       const auto i = static_cast<std::size_t>(s);
-      done[i] = graph_.add(mesh_.device(s).index(), name + "[" + std::to_string(s) + "]", make_body(s));
+      done[i] =
+          graph_.add(mesh_.device(s).index(), name + "[" + std::to_string(s) + "]", make_body(s));
       for (const runtime::Frontier* f : after) {
-        if (f != nullptr && !f->empty() && (*f)[i] != runtime::kReady) graph_.depend((*f)[i], done[i]);
+        if (f != nullptr && !f->empty() && (*f)[i] != runtime::kReady)
+          graph_.depend((*f)[i], done[i]);
       }
     }
     return done;
@@ -174,14 +177,16 @@ class ProgramBuilder {
   /// One empty node per mesh slot, node s after entry s of every frontier in `after`: the
   /// frontier at which all of them are complete (a result made of several parts, each with
   /// its own collectives). Throws: what GraphBuilder::add throws.
-  runtime::Frontier join(const std::string& name, const std::vector<const runtime::Frontier*>& after) {
+  runtime::Frontier join(const std::string& name,
+                         const std::vector<const runtime::Frontier*>& after) {
     return per_device(name, after, [](std::int64_t) { return [] {}; });
   }
 
   /// reshard() recorded in the plan: emits the collectives taking `in` (placed `from`) to
   /// `out` (placed `to`) after `after`, keeps the intermediates. Returns the frontier after
   /// which `out` is complete. Throws: as reshard().
-  runtime::Frontier reshard(runtime::ShardedTensor& in, const std::vector<sharding::Placement>& from,
+  runtime::Frontier reshard(runtime::ShardedTensor& in,
+                            const std::vector<sharding::Placement>& from,
                             runtime::ShardedTensor& out, const std::vector<sharding::Placement>& to,
                             const runtime::Frontier& after, const std::string& name);
 
@@ -189,8 +194,9 @@ class ProgramBuilder {
   /// laid out without them, filled by an all-gather over them that starts after `ready`; else
   /// `in` itself. `ready` becomes the frontier after which the returned tensor is complete.
   /// Throws: as reshard().
-  runtime::ShardedTensor& gather_over(runtime::ShardedTensor& in, const std::vector<std::string>& axes,
-                                      TensorRole role, const std::string& name, runtime::Frontier& ready);
+  runtime::ShardedTensor& gather_over(runtime::ShardedTensor& in,
+                                      const std::vector<std::string>& axes, TensorRole role,
+                                      const std::string& name, runtime::Frontier& ready);
 
   /// Compiles the graph; the builder is spent afterwards.
   Program compile() &&;
@@ -229,7 +235,8 @@ class Program {
   void run();
   /// The usual run of a one-input, one-output program: binds `input` to `host`, runs, and
   /// returns `output`. Throws: as set_input, run and output.
-  const runtime::HostTensor& run(const std::string& input, const runtime::HostTensor& host, const std::string& output);
+  const runtime::HostTensor& run(const std::string& input, const runtime::HostTensor& host,
+                                 const std::string& output);
   /// The compiled graph (timing, traces, DOT).
   runtime::CompiledGraph& graph() noexcept { return *graph_; }
   /// What the program does.

@@ -37,17 +37,19 @@ struct ReshardResult {
 /// Every member is set (ValueError from reshard() otherwise).
 struct CollectiveOps {
   /// Sums (or maxes) `in` over args.axes into `out` (same layout).
-  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                                  runtime::ReduceOp, const runtime::CollectiveArgs&)>
+  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in,
+                                  runtime::ShardedTensor& out, runtime::ReduceOp,
+                                  const runtime::CollectiveArgs&)>
       all_reduce;
   /// Reduces `in`'s partial values over args.axes into `out`'s layout.
-  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                                  runtime::ReduceOp, const runtime::CollectiveArgs&)>
+  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in,
+                                  runtime::ShardedTensor& out, runtime::ReduceOp,
+                                  const runtime::CollectiveArgs&)>
       reduce_scatter;
   /// Copies `in` into `out`'s layout within the groups over args.axes (all-gather, all-to-all,
   /// local slice).
-  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in, runtime::ShardedTensor& out,
-                                  const runtime::CollectiveArgs&)>
+  std::function<runtime::Frontier(runtime::GraphBuilder&, runtime::ShardedTensor& in,
+                                  runtime::ShardedTensor& out, const runtime::CollectiveArgs&)>
       redistribute;
 
   /// The runtime's collectives, all-reduces by `algorithm`.
@@ -68,6 +70,7 @@ sharding::PartitionSpec layout_spec(std::vector<sharding::Placement> placements,
 ReshardResult reshard(runtime::GraphBuilder& builder, runtime::ShardedTensor& in,
                       const std::vector<sharding::Placement>& from, runtime::ShardedTensor& out,
                       const std::vector<sharding::Placement>& to, const runtime::Frontier& after,
-                      const std::string& name, const CollectiveOps& ops = CollectiveOps::runtime_collectives());
+                      const std::string& name,
+                      const CollectiveOps& ops = CollectiveOps::runtime_collectives());
 
 }  // namespace numesh::ops

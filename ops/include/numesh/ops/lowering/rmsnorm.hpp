@@ -20,8 +20,9 @@ namespace numesh::ops {
 /// Returns the frontier after which out (and sum) are complete.
 runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::ShardedTensor& a,
                                         runtime::ShardedTensor* b, runtime::ShardedTensor* weight,
-                                        runtime::ShardedTensor* sum, runtime::ShardedTensor& out, float eps,
-                                        const runtime::Frontier& after, const std::string& name);
+                                        runtime::ShardedTensor* sum, runtime::ShardedTensor& out,
+                                        float eps, const runtime::Frontier& after,
+                                        const std::string& name);
 
 /// The backward of an RMSNorm that emit_residual_rmsnorm ran on `input` (the sum it kept, or
 /// `a` without a residual add) with `weight`: given d_out (the gradient of out, laid out like
@@ -35,10 +36,10 @@ runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::Sharde
 /// emit_mlp_backward).
 /// Throws: ShapeError naming the shapes when the tensors are not laid out alike or the weight
 /// is not [1, H]; ValueError when d_input is d_residual.
-runtime::Frontier emit_rmsnorm_backward(ProgramBuilder& program, runtime::ShardedTensor& input,
-                                        runtime::ShardedTensor& weight, runtime::ShardedTensor& d_out,
-                                        runtime::ShardedTensor* d_residual, runtime::ShardedTensor& d_input,
-                                        runtime::ShardedTensor& d_weight, float eps, const runtime::Frontier& after,
-                                        const std::string& name, runtime::Frontier* dx_ready = nullptr);
+runtime::Frontier emit_rmsnorm_backward(
+    ProgramBuilder& program, runtime::ShardedTensor& input, runtime::ShardedTensor& weight,
+    runtime::ShardedTensor& d_out, runtime::ShardedTensor* d_residual,
+    runtime::ShardedTensor& d_input, runtime::ShardedTensor& d_weight, float eps,
+    const runtime::Frontier& after, const std::string& name, runtime::Frontier* dx_ready = nullptr);
 
 }  // namespace numesh::ops

@@ -34,9 +34,9 @@ class ShardedTransformer {
   /// Throws: as TransformerConfig::validate and the layers' create functions; ShapeError when
   /// batch or max_len is not positive, or a MoE block's shared expert is not the config's
   /// (shared_expert_ffn; 0: none).
-  ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config, const TransformerWeights& weights,
-                     std::int64_t batch, std::int64_t max_len, ModelAxes axes = {},
-                     KvLayout layout = KvLayout::kBTHD);
+  ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
+                     const TransformerWeights& weights, std::int64_t batch, std::int64_t max_len,
+                     ModelAxes axes = {}, KvLayout layout = KvLayout::kBTHD);
   ~ShardedTransformer();
   ShardedTransformer(ShardedTransformer&&) noexcept;
   ShardedTransformer& operator=(ShardedTransformer&&) noexcept;
@@ -54,7 +54,8 @@ class ShardedTransformer {
   /// real token's output.
   /// Throws: as forward(x, position); ShapeError when positions does not hold one entry per
   /// sequence; IndexError naming the first sequence whose tokens do not fit the caches.
-  runtime::HostTensor forward(const runtime::HostTensor& x, std::span<const std::int64_t> positions);
+  runtime::HostTensor forward(const runtime::HostTensor& x,
+                              std::span<const std::int64_t> positions);
   /// Compiles (if needed) and returns the program for T new tokens.
   Program& program(std::int64_t tokens);
   /// The MoE layers' routing statistics of the last run, summed over layers (empty without
@@ -81,8 +82,8 @@ class ShardedTransformer {
   };
   /// Every laid-out weight, in layer order: "layers.L.attn_norm", "layers.L.attention.{wq, wk,
   /// wv, wo}" (stored out-in) and, where the model has them, "layers.L.attention.{bq, bk, bv,
-  /// bo, q_norm, k_norm}" (rows [1, n]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}" (out-in) with
-  /// "layers.L.mlp.{gate_bias, up_bias, down_bias}" where it has them, or
+  /// bo, q_norm, k_norm}" (rows [1, n]), "layers.L.ffn_norm", then "layers.L.mlp.{gate, up, down}"
+  /// (out-in) with "layers.L.mlp.{gate_bias, up_bias, down_bias}" where it has them, or
   /// "layers.L.moe.{router, gate, up, down}" (experts stacked [E, in, out]) with, for a shared
   /// expert, "layers.L.moe.shared_expert.{gate, up, down}" and "layers.L.moe.shared_expert_gate"
   /// ([H, 1]), and "final_norm".
@@ -101,7 +102,8 @@ class ShardedTransformer {
   std::int64_t batch_, max_len_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::shared_ptr<runtime::ShardedTensor> final_norm_;
-  std::vector<std::int64_t> positions_;  // each sequence's; read by the programs' nodes when they run
+  std::vector<std::int64_t>
+      positions_;  // each sequence's; read by the programs' nodes when they run
   Programs programs_;
   Programs::Entry* last_ = nullptr;
 };

@@ -31,7 +31,8 @@ runtime::HostTensor attention_reference(const runtime::HostTensor& q, const runt
 /// rounded once): q, k, v = x wq, x wk, x wv; attention_reference (causal from position 0,
 /// RoPE per config); times wo. x is [B, T, H]; returns [B, T, H].
 /// Throws: ShapeError naming the shapes when x and the weights do not fit the config.
-runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x, const AttentionWeights& weights,
+runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x,
+                                              const AttentionWeights& weights,
                                               const AttentionConfig& config);
 
 }  // namespace numesh::ops

@@ -14,6 +14,7 @@ namespace numesh::ops {
 /// [ids.size(), H].
 /// Throws: ShapeError when the table is not [V, H]; IndexError naming the position and the id
 /// when an id is outside [0, V).
-runtime::HostTensor embedding_reference(std::span<const std::int32_t> ids, const EmbeddingWeights& weights);
+runtime::HostTensor embedding_reference(std::span<const std::int32_t> ids,
+                                        const EmbeddingWeights& weights);
 
 }  // namespace numesh::ops

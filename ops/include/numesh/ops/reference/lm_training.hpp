@@ -41,9 +41,11 @@ struct LmTrainingGrads {
 /// Throws: ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
 /// negative router_aux_loss_coef.
-LmTrainingGrads lm_training_reference(const TransformerConfig& config, const EmbeddingWeights& embedding,
+LmTrainingGrads lm_training_reference(const TransformerConfig& config,
+                                      const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,
-                                      std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets,
-                                      std::int64_t batch, std::int64_t tokens, double router_aux_loss_coef = 0.0);
+                                      std::span<const std::int32_t> inputs,
+                                      std::span<const std::int32_t> targets, std::int64_t batch,
+                                      std::int64_t tokens, double router_aux_loss_coef = 0.0);
 
 }  // namespace numesh::ops

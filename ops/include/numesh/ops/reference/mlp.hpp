@@ -1,8 +1,8 @@
 #pragma once
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/mlp_config.hpp"
 
 // Dense single-device references: the oracles every sharded operator is checked against, and
 // themselves checked against PyTorch (tests/ops, docs/ops.md). Plain and serial on purpose,

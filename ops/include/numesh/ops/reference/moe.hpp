@@ -1,7 +1,7 @@
 #pragma once
 
-#include "numesh/ops/moe_config.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/moe_config.hpp"
 
 // The MoE reference (see reference/mlp.hpp for what the references are).
 

@@ -15,6 +15,7 @@ RowMatrix rmsnorm_reference(const RowMatrix& x, const RowMatrix& weight, float e
 /// eps) .* weight + bias, var the biased variance of the row. x: [T, H], weight: [1, H], bias:
 /// [1, H] or empty (0 x 0: none). Throws: ShapeError when weight or bias is not [1, H];
 /// ValueError when eps < 0.
-RowMatrix layernorm_reference(const RowMatrix& x, const RowMatrix& weight, const RowMatrix& bias, float eps = 1e-5f);
+RowMatrix layernorm_reference(const RowMatrix& x, const RowMatrix& weight, const RowMatrix& bias,
+                              float eps = 1e-5f);
 
 }  // namespace numesh::ops

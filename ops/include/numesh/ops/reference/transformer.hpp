@@ -22,7 +22,8 @@ class TransformerReference {
   /// Throws: as TransformerConfig::validate; ShapeError when batch or max_len is not positive,
   /// the batch groups do not divide the batch, or the weights do not fit the config.
   TransformerReference(TransformerConfig config, TransformerWeights weights, std::int64_t batch,
-                       std::int64_t max_len, std::int64_t batch_groups = 1, std::int64_t sequence_groups = 1);
+                       std::int64_t max_len, std::int64_t batch_groups = 1,
+                       std::int64_t sequence_groups = 1);
   ~TransformerReference();
   TransformerReference(TransformerReference&&) noexcept;
   TransformerReference& operator=(TransformerReference&&) noexcept;
