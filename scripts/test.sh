@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: everything CI checks. Installs missing packages, then
-#   1. checks that README.md's example is the compiled one (examples/resolve_spec.cpp);
+#   1. checks that README.md's example is the compiled one (examples/resolve_spec.cpp), and that
+#      every C++ source is formatted as .clang-format says (clang-format 14, --dry-run);
 #   2. builds the `dev` preset (Debug, warnings are errors) and runs `ctest --preset dev`:
 #      the unit tests and the eformer_conformance runner; runs the examples;
 #   3. builds the `portable` preset (Release, NUMESH_NATIVE=OFF: no -march=native, every kernel
@@ -114,6 +115,17 @@ if [[ "$example" != "$readme" ]]; then
   diff <(printf '%s\n' "$example") <(printf '%s\n' "$readme") || true
   die "README.md's example differs from examples/resolve_spec.cpp (diff above: < example, > README)"
 fi
+passed=$((passed + 1))
+
+# Every C++ source as clang-format 14 formats it with .clang-format (the version is pinned:
+# another formats some constructs differently). `clang-format-14 -i FILE...` fixes a file.
+step "clang-format-14 --dry-run -Werror over the C++ sources"
+mapfile -t sources < <(cd "$NUMESH_ROOT" && git ls-files '*.cpp' '*.hpp' ':!tests/data/*' 2>/dev/null ||
+                       find core sharding runtime ops models tools tests bench examples fuzz \
+                         -path tests/data -prune -o \( -name '*.cpp' -o -name '*.hpp' \) -print)
+((${#sources[@]} > 0)) || die "no C++ sources found to check the format of"
+(cd "$NUMESH_ROOT" && clang-format-14 --dry-run -Werror "${sources[@]}") ||
+  die "the sources above are not formatted as .clang-format says; run: clang-format-14 -i FILE..."
 passed=$((passed + 1))
 
 # 2. Debug build, unit tests, conformance, examples.
