@@ -5,7 +5,6 @@
 #include "numesh/runtime/memory_benchmark.hpp"
 
 #include <fmt/format.h>
-#include <hwloc.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
@@ -25,10 +24,10 @@
 #include <random>
 #include <utility>
 
-#include "hwloc_handle.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
+#include "numesh/runtime/node_memory.hpp"
 
 namespace numesh::runtime {
 
@@ -343,29 +342,22 @@ class NodeBuffer {
     }
     if (data_ == nullptr && topology.can_bind()) {
       // No device lives on the node (memory only, or its PUs are outside the process binding).
-      hwloc_obj_t obj = topology.hwloc()->numa_obj(node);
-      void* p = obj == nullptr
-                    ? nullptr
-                    : hwloc_alloc_membind(
-                          topology.hwloc()->get(), bytes, obj->nodeset, HWLOC_MEMBIND_BIND,
-                          HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND);
-      if (p == nullptr) {
-        const int error = errno;
+      try {
+        node_memory_.emplace(topology, node, bytes);
+      } catch (const TopologyError& e) {
         note_ = fmt::format(
             "memory cannot be bound to NUMA node {} ({}) and no device lives on it to place it "
             "by first touch: not measured",
-            node, obj == nullptr ? "hwloc has no such node" : std::strerror(error));
+            node, e.what());
         return;
       }
-      raw_ = RawPtr(p, RawFree{topology.hwloc(), bytes});
-      data_ = static_cast<float*>(p);
+      data_ = reinterpret_cast<float*>(node_memory_->data());
       binding_ = MemoryBinding::kBound;
-      std::memset(p, 0, bytes);  // bound: whoever touches the pages, they land on the node
-      pages_on_node_ = detail::pages_node(topology, p, bytes);
+      pages_on_node_ = node_memory_->query_node();
     } else if (data_ == nullptr) {
       void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
       if (p == nullptr) throw std::bad_alloc();
-      raw_ = RawPtr(p, RawFree{nullptr, bytes});
+      raw_ = RawPtr(p, RawFree{});
       data_ = static_cast<float*>(p);
       binding_ = MemoryBinding::kUnbound;
       std::memset(p, 0, bytes);
@@ -392,20 +384,13 @@ class NodeBuffer {
   const std::string& note() const noexcept { return note_; }
 
  private:
-  struct RawFree {
-    std::shared_ptr<const detail::HwlocTopology> hwloc;  // null: allocated with aligned_alloc
-    std::size_t bytes = 0;
-    void operator()(void* p) const noexcept {
-      if (hwloc != nullptr) {
-        hwloc_free(hwloc->get(), p, bytes);
-      } else {
-        std::free(p);
-      }
-    }
+  struct RawFree {  // aligned_alloc's memory
+    void operator()(void* p) const noexcept { std::free(p); }
   };
   using RawPtr = std::unique_ptr<void, RawFree>;
 
   DeviceBuffer device_buffer_;
+  std::optional<NodeMemory> node_memory_;
   RawPtr raw_{nullptr, RawFree{}};
   float* data_ = nullptr;
   std::size_t bytes_ = 0;

@@ -6,10 +6,15 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "numesh/core/error.hpp"
 #include "numesh/runtime/cpuset.hpp"
+#include "numesh/runtime/node_memory.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace numesh::runtime {
@@ -65,6 +70,25 @@ TEST(TopologyNumaTest, DiscoverMatchesTheAffinityAndHonoursANarrowerBinding) {
   std::size_t nodes_with_pus = 0;
   for (const NumaNode& n : t.numa_nodes()) nodes_with_pus += n.cpuset.empty() ? 0 : 1;
   EXPECT_EQ(nodes_with_pus, 1U);
+}
+
+// Memory bound to the machine's first node holds zeros, reports that node where the OS can
+// tell, and a node the machine lacks is refused with hwloc's reason.
+TEST(NodeMemoryNumaTest, BindsToANodeOfTheMachineAndRefusesOneItLacks) {
+  const Topology t = Topology::discover();
+  if (!t.can_bind()) GTEST_SKIP() << "this machine's topology cannot bind memory";
+  NodeMemory m(t, 0, 1 << 20);
+  ASSERT_EQ(m.size_bytes(), std::size_t{1} << 20);
+  const std::byte* p = m.data();
+  EXPECT_EQ(std::count(p, p + m.size_bytes(), std::byte{0}),
+            static_cast<std::ptrdiff_t>(m.size_bytes()));
+  const std::optional<int> node = m.query_node();
+  if (node.has_value()) {
+    EXPECT_EQ(*node, 0);
+  }
+  const int missing = static_cast<int>(t.numa_nodes().size());
+  EXPECT_THAT([&] { NodeMemory(t, missing, 4096); },
+              ::testing::ThrowsMessage<TopologyError>("hwloc has no such node"));
 }
 
 }  // namespace
