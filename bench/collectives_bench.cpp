@@ -1,5 +1,5 @@
 // Collectives on the benchmark devices (bench_devices.hpp) against the plain shared-memory loop
-// and memcpy, 4 KiB to 64 MiB per device: the cases of numesh/runtime/collective_benchmark.hpp,
+// and memcpy, 4 KiB to 64 MiB per device: the cases of numesh/diagnostics/collective_benchmark.hpp,
 // the same that `numesh bench collectives` times. Each registers BM_Graph/<Op> beside
 // BM_PlainLoop/<Op>, and BM_Memcpy covers the same sizes; compare rows of one run.
 // BM_GraphChain runs 64 all-reduces back to back inside one graph run and reports
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench_devices.hpp"
-#include "numesh/runtime/collective_benchmark.hpp"
+#include "numesh/diagnostics/collective_benchmark.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -20,10 +20,10 @@
 namespace numesh::bench {
 namespace {
 
-using runtime::CollectiveOp;
-using runtime::GraphCollective;
-using runtime::MemcpyBaseline;
-using runtime::PlainCollective;
+using diagnostics::CollectiveOp;
+using diagnostics::GraphCollective;
+using diagnostics::MemcpyBaseline;
+using diagnostics::PlainCollective;
 
 void set_counters(benchmark::State& state, std::size_t bytes) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *

@@ -103,7 +103,7 @@ TEST(ParseArrayBytesTest, ChecksCacheLinesAndLimitsNamingTheOption) {
 
 TEST(ParseMemoryKernelsTest, KeepsTheOrderAndRefusesUnknownOrRepeatedKernels) {
   EXPECT_THAT(parse_memory_kernels("triad, read"),
-              ElementsAre(runtime::MemoryKernel::kTriad, runtime::MemoryKernel::kRead));
+              ElementsAre(diagnostics::MemoryKernel::kTriad, diagnostics::MemoryKernel::kRead));
   EXPECT_THAT([] { parse_memory_kernels("read,scale"); },
               ThrowsMessage<ValueError>(
                   "--kernels 'read,scale': unknown memory kernel 'scale' (choose read, copy or "

@@ -9,7 +9,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/runtime/memory_benchmark.hpp"
+#include "numesh/diagnostics/memory_benchmark.hpp"
 
 namespace numesh::tools {
 
@@ -51,15 +51,15 @@ double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int
 }
 
 double read_bandwidth_gbps(const runtime::DeviceMesh& mesh, std::int64_t bytes, int repeats) {
-  runtime::MemoryBenchmarkOptions options;
+  diagnostics::MemoryBenchmarkOptions options;
   options.bytes = bytes;
-  options.kernels = {runtime::MemoryKernel::kRead};
+  options.kernels = {diagnostics::MemoryKernel::kRead};
   options.threads = {0};
   options.repeats = repeats;
-  const runtime::DeviceBandwidthResult read =
-      runtime::measure_device_bandwidth(*mesh.device_set(), options);
+  const diagnostics::DeviceBandwidthResult read =
+      diagnostics::measure_device_bandwidth(*mesh.device_set(), options);
   double gbps = 0.0;
-  for (const runtime::BandwidthMeasurement& m : read.measurements) gbps += m.gbps;
+  for (const diagnostics::BandwidthMeasurement& m : read.measurements) gbps += m.gbps;
   return gbps;
 }
 

@@ -14,7 +14,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/runtime/collective_benchmark.hpp"
+#include "numesh/diagnostics/collective_benchmark.hpp"
 #include "numesh/runtime/device.hpp"
 #include "parsers.hpp"
 #include "render.hpp"
@@ -59,9 +59,9 @@ Examples:
 }
 
 void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
-  std::vector<runtime::CollectiveOp> ops;
+  std::vector<diagnostics::CollectiveOp> ops;
   for (const std::string& name : parse_items(o.ops))
-    ops.push_back(runtime::parse_collective_op(name));
+    ops.push_back(diagnostics::parse_collective_op(name));
   std::vector<std::size_t> sizes;
   for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
   const DType dtype = parse_dtype(o.dtype);
@@ -104,32 +104,32 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   const std::size_t total = ops.size() * sizes.size();
   std::size_t done = 0;
   nlohmann::json records = nlohmann::json::array();
-  for (runtime::CollectiveOp op : ops) {
+  for (diagnostics::CollectiveOp op : ops) {
     for (std::size_t bytes : sizes) {
       ++done;
       if (!o.quiet) {
         std::fprintf(stderr, "%s[%zu/%zu] %s %s ...%s", progress ? "\r\033[K" : "", done, total,
-                     std::string(runtime::to_string(op)).c_str(), format_bytes(bytes).c_str(),
+                     std::string(diagnostics::to_string(op)).c_str(), format_bytes(bytes).c_str(),
                      progress ? "" : "\n");
         std::fflush(stderr);
       }
-      runtime::GraphCollective graph(devices, op, bytes, dtype);
-      runtime::PlainCollective plain(d, op, bytes, dtype);
-      runtime::MemcpyBaseline copy(bytes);
+      diagnostics::GraphCollective graph(devices, op, bytes, dtype);
+      diagnostics::PlainCollective plain(d, op, bytes, dtype);
+      diagnostics::MemcpyBaseline copy(bytes);
       const double t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time);
       const double t_plain = median_seconds([&] { plain.run(); }, o.repeats, o.min_time);
       const double t_copy = median_seconds([&] { copy.run(); }, o.repeats, o.min_time);
       NUMESH_CHECK(graph.check(), Error, "{} of {} on {} devices gave a wrong result",
-                   runtime::to_string(op), format_bytes(bytes), d);
+                   diagnostics::to_string(op), format_bytes(bytes), d);
       NUMESH_CHECK(plain.check(), Error, "the baseline {} of {} gave a wrong result",
-                   runtime::to_string(op), format_bytes(bytes));
+                   diagnostics::to_string(op), format_bytes(bytes));
       out << fmt::format("{:<15} {:>9} {:>12.1f} {:>12.1f} {:>7.2f} {:>10.2f} {:>12.1f}\n",
-                         runtime::to_string(op), format_bytes(bytes), t_graph * 1e6, t_plain * 1e6,
+                         diagnostics::to_string(op), format_bytes(bytes), t_graph * 1e6, t_plain * 1e6,
                          t_plain / t_graph, static_cast<double>(bytes) / t_graph / 1e9,
                          t_copy * 1e6);
       out.flush();
-      records.push_back({{"name", fmt::format("{}/{}", runtime::to_string(op), bytes)},
-                         {"collective", std::string(runtime::to_string(op))},
+      records.push_back({{"name", fmt::format("{}/{}", diagnostics::to_string(op), bytes)},
+                         {"collective", std::string(diagnostics::to_string(op))},
                          {"dtype", std::string(to_string(dtype))},
                          {"devices", d},
                          {"bytes", bytes},

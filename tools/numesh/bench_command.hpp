@@ -35,7 +35,7 @@ CLI::App* add_bench_command(CLI::App& app);
 /// Registers `collectives` under `bench`. Not thread-safe (CLI11 setup).
 CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions& options);
 
-/// Runs the benchmark (the cases of numesh/runtime/collective_benchmark.hpp, timed with
+/// Runs the benchmark (the cases of numesh/diagnostics/collective_benchmark.hpp, timed with
 /// numesh::median_seconds), writes the table to `out` (and the JSON file when asked); progress
 /// goes to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
 void run_bench_collectives(const BenchCollectivesOptions& options, std::ostream& out);

@@ -21,10 +21,10 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/diagnostics/memory_benchmark.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
-#include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "render.hpp"
@@ -252,21 +252,21 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
   out.flush();
 
   const ProgressLine progress(o.quiet);
-  runtime::MemoryBenchmarkOptions read_options;
+  diagnostics::MemoryBenchmarkOptions read_options;
   read_options.bytes = bytes;
-  read_options.kernels = {runtime::MemoryKernel::kRead};
+  read_options.kernels = {diagnostics::MemoryKernel::kRead};
   read_options.threads = {0};
   read_options.repeats = o.repeats;
   read_options.progress = [&](const std::string& what) {
     progress.show(fmt::format("read bandwidth: {} ...", what));
   };
-  const runtime::DeviceBandwidthResult read =
-      runtime::measure_device_bandwidth(devices, read_options);
+  const diagnostics::DeviceBandwidthResult read =
+      diagnostics::measure_device_bandwidth(devices, read_options);
   double read_gbps = 0.0;
   nlohmann::json read_devices = nlohmann::json::array();
   std::map<int, std::vector<std::string>> by_node;
-  for (const runtime::BandwidthMeasurement& m : read.measurements) {
-    const runtime::DeviceMemoryInfo& info = read.devices[static_cast<std::size_t>(m.device)];
+  for (const diagnostics::BandwidthMeasurement& m : read.measurements) {
+    const diagnostics::DeviceMemoryInfo& info = read.devices[static_cast<std::size_t>(m.device)];
     read_gbps += m.gbps;
     read_devices.push_back({{"device", m.device},
                             {"label", info.label},
@@ -281,7 +281,7 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
       "device, "
       "median of {} pass{}):",
       read_gbps, format_bytes(bytes), o.repeats, o.repeats == 1 ? "" : "es");
-  for (const runtime::BandwidthMeasurement& m : read.measurements) {
+  for (const diagnostics::BandwidthMeasurement& m : read.measurements) {
     out << fmt::format(" {} {:.2f}", read.devices[static_cast<std::size_t>(m.device)].label,
                        m.gbps);
   }

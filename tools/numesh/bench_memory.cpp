@@ -18,9 +18,9 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
+#include "numesh/diagnostics/memory_benchmark.hpp"
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_buffer.hpp"
-#include "numesh/runtime/memory_benchmark.hpp"
 #include "parsers.hpp"
 #include "render.hpp"
 
@@ -28,7 +28,7 @@ namespace numesh::tools {
 
 namespace {
 
-using runtime::MemoryKernel;
+using diagnostics::MemoryKernel;
 
 // The memory benchmark's own limits (memory_benchmark.hpp), checked here first so that the
 // messages name the options.
@@ -70,15 +70,16 @@ std::string cell(const std::optional<double>& v, int precision) {
 
 // One devices x nodes table of the matrix, values from `at(row, col)`.
 template <typename At>
-void write_matrix(const runtime::NodeMatrixResult& m, int precision, At&& at, std::ostream& out) {
+void write_matrix(const diagnostics::NodeMatrixResult& m, int precision, At&& at,
+                  std::ostream& out) {
   std::vector<std::string> labels;
   std::size_t label_width = 0;
-  for (const runtime::DeviceMemoryInfo& d : m.devices) {
+  for (const diagnostics::DeviceMemoryInfo& d : m.devices) {
     labels.push_back(fmt::format("{} {}", d.device, d.label));
     label_width = std::max(label_width, labels.back().size());
   }
   out << fmt::format("  {:<{}}", "", label_width);
-  for (const runtime::NodeMemoryInfo& n : m.nodes) {
+  for (const diagnostics::NodeMemoryInfo& n : m.nodes) {
     out << fmt::format(" {:>9}", fmt::format("node {}{}", n.node, n.note.empty() ? "" : "*"));
   }
   out << "\n";
@@ -90,9 +91,9 @@ void write_matrix(const runtime::NodeMatrixResult& m, int precision, At&& at, st
   }
 }
 
-void write_bandwidth(const runtime::DeviceBandwidthResult& r, std::ostream& out) {
+void write_bandwidth(const diagnostics::DeviceBandwidthResult& r, std::ostream& out) {
   bool oversubscribed = false;
-  for (const runtime::DeviceMemoryInfo& d : r.devices) {
+  for (const diagnostics::DeviceMemoryInfo& d : r.devices) {
     std::string pages = "pages on an unknown node";
     if (d.pages_on_node) {
       pages = *d.pages_on_node < 0 ? std::string("pages on several nodes")
@@ -103,12 +104,12 @@ void write_bandwidth(const runtime::DeviceBandwidthResult& r, std::ostream& out)
                        pages);
     out << fmt::format("  {:<6}  {:>7}  {:>8}  {:>9}  {:>9}  {:>6}\n", "kernel", "threads", "GB/s",
                        "best GB/s", "median ms", "passes");
-    for (const runtime::BandwidthMeasurement& m : r.measurements) {
+    for (const diagnostics::BandwidthMeasurement& m : r.measurements) {
       if (m.device != d.device) continue;
       const bool fewer = m.observed_threads < m.threads;
       oversubscribed = oversubscribed || fewer;
       out << fmt::format("  {:<6}  {:>7}  {:>8.2f}  {:>9.2f}  {:>9.3f}  {:>6}\n",
-                         runtime::to_string(m.kernel),
+                         diagnostics::to_string(m.kernel),
                          fmt::format("{}{}", m.threads, fewer ? "*" : ""), m.gbps, m.best_gbps,
                          m.median_seconds * 1e3, m.samples);
     }
@@ -119,7 +120,7 @@ void write_bandwidth(const runtime::DeviceBandwidthResult& r, std::ostream& out)
   }
 }
 
-void write_node_matrix(const runtime::NodeMatrixResult& m, std::ostream& out) {
+void write_node_matrix(const diagnostics::NodeMatrixResult& m, std::ostream& out) {
   out << fmt::format(
       "\nread GB/s: all of the row device's threads read {} on the column's NUMA node\n",
       human_bytes(m.bytes));
@@ -135,10 +136,10 @@ void write_node_matrix(const runtime::NodeMatrixResult& m, std::ostream& out) {
   for (const auto& v : m.read_gbps) unmeasured = unmeasured || !v;
   for (const auto& v : m.latency_ns) unmeasured = unmeasured || !v;
   bool noted = false;
-  for (const runtime::NodeMemoryInfo& n : m.nodes) noted = noted || !n.note.empty();
+  for (const diagnostics::NodeMemoryInfo& n : m.nodes) noted = noted || !n.note.empty();
   if (!noted && !unmeasured) return;
   out << "notes:\n";
-  for (const runtime::NodeMemoryInfo& n : m.nodes) {
+  for (const diagnostics::NodeMemoryInfo& n : m.nodes) {
     if (!n.note.empty()) out << fmt::format("  node {}* (P#{}): {}\n", n.node, n.os_index, n.note);
   }
   if (unmeasured) out << "  -: not measured (the column's note says why)\n";
@@ -249,14 +250,14 @@ void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
   int arrays = 0;
   MemoryKernel widest = MemoryKernel::kRead;
   for (MemoryKernel k : kernels) {
-    if (runtime::stream_arrays(k) > arrays) {
-      arrays = runtime::stream_arrays(k);
+    if (diagnostics::stream_arrays(k) > arrays) {
+      arrays = diagnostics::stream_arrays(k);
       widest = k;
     }
   }
   check_device_nodes_fit(
       *devices, "--size", bytes, arrays,
-      fmt::format("{} needs {}", runtime::to_string(widest), plural(arrays, "array")));
+      fmt::format("{} needs {}", diagnostics::to_string(widest), plural(arrays, "array")));
   const bool matrix = o.matrix || (!o.no_matrix && devices->topology().numa_nodes().size() > 1);
   if (matrix) {
     check_all_nodes_fit(*devices, "--size", bytes);
@@ -264,7 +265,7 @@ void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
   }
 
   std::vector<std::string> kernel_names;
-  for (MemoryKernel k : kernels) kernel_names.emplace_back(runtime::to_string(k));
+  for (MemoryKernel k : kernels) kernel_names.emplace_back(diagnostics::to_string(k));
   out << fmt::format("numesh bench memory: {} ({} policy), arrays of {}, kernels {}\n",
                      plural(static_cast<int>(devices->size()), "device"),
                      runtime::to_string(devices->options().policy), format_bytes(bytes),
@@ -283,7 +284,7 @@ void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
   if (matrix) total += 2 * devices->size() * devices->topology().numa_nodes().size();
   std::size_t done = 0;
   const ProgressLine progress(o.quiet);
-  runtime::MemoryBenchmarkOptions options;
+  diagnostics::MemoryBenchmarkOptions options;
   options.bytes = bytes;
   options.kernels = kernels;
   options.repeats = o.repeats;
@@ -294,11 +295,12 @@ void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
     progress.show(fmt::format("[{}/{}] {} ...", ++done, total, what));
   };
 
-  runtime::DeviceBandwidthResult bandwidth;
+  diagnostics::DeviceBandwidthResult bandwidth;
   bandwidth.array_bytes = bytes;
   for (std::size_t i = 0; i < devices->size(); ++i) {
     options.threads = threads[i];
-    runtime::DeviceBandwidthResult one = runtime::measure_device_bandwidth(*devices, i, options);
+    diagnostics::DeviceBandwidthResult one =
+        diagnostics::measure_device_bandwidth(*devices, i, options);
     bandwidth.devices.insert(bandwidth.devices.end(), one.devices.begin(), one.devices.end());
     bandwidth.measurements.insert(bandwidth.measurements.end(), one.measurements.begin(),
                                   one.measurements.end());
@@ -306,9 +308,9 @@ void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
   write_bandwidth(bandwidth, out);
   out.flush();
 
-  std::optional<runtime::NodeMatrixResult> node_matrix;
+  std::optional<diagnostics::NodeMatrixResult> node_matrix;
   if (matrix) {
-    node_matrix = runtime::measure_node_matrix(*devices, options);
+    node_matrix = diagnostics::measure_node_matrix(*devices, options);
     write_node_matrix(*node_matrix, out);
   } else {
     out << fmt::format("\nnode matrix: not measured ({}; --matrix measures it)\n",

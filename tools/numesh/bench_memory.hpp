@@ -3,7 +3,7 @@
 // `numesh bench memory`: the memory bandwidth of each device (STREAM's read, copy and triad by
 // the device's own threads on memory of its node, swept over thread counts) and, on machines
 // with several NUMA nodes, the device x node read bandwidth and latency matrix
-// (numesh/runtime/memory_benchmark.hpp does the measuring).
+// (numesh/diagnostics/memory_benchmark.hpp does the measuring).
 
 #include <cstdint>
 #include <iosfwd>

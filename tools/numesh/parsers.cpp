@@ -135,12 +135,12 @@ std::size_t parse_array_bytes(std::string_view option, std::string_view text, st
   return bytes;
 }
 
-std::vector<runtime::MemoryKernel> parse_memory_kernels(std::string_view text) {
-  std::vector<runtime::MemoryKernel> kernels;
+std::vector<diagnostics::MemoryKernel> parse_memory_kernels(std::string_view text) {
+  std::vector<diagnostics::MemoryKernel> kernels;
   for (const std::string& item : parse_items(text)) {
-    runtime::MemoryKernel k = runtime::MemoryKernel::kRead;
+    diagnostics::MemoryKernel k = diagnostics::MemoryKernel::kRead;
     try {
-      k = runtime::parse_memory_kernel(item);
+      k = diagnostics::parse_memory_kernel(item);
     } catch (const ValueError& e) {
       throw ValueError(fmt::format("--kernels '{}': {}", text, e.what()));
     }

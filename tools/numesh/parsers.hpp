@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "numesh/diagnostics/memory_benchmark.hpp"
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/runtime/device_placement.hpp"
-#include "numesh/runtime/memory_benchmark.hpp"
 #include "numesh/sharding/axis_rule.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
 
@@ -66,10 +66,10 @@ std::size_t parse_bytes(std::string_view text);
 std::size_t parse_array_bytes(std::string_view option, std::string_view text, std::size_t max);
 
 /// Parses --kernels of `numesh bench memory`: a comma-separated list of read, copy and triad
-/// (runtime::parse_memory_kernel), each at most once, in the order given.
+/// (diagnostics::parse_memory_kernel), each at most once, in the order given.
 /// Throws: ValueError "--kernels '{text}': ..." naming an unknown or repeated kernel, or saying
 /// the list names none.
-std::vector<runtime::MemoryKernel> parse_memory_kernels(std::string_view text);
+std::vector<diagnostics::MemoryKernel> parse_memory_kernels(std::string_view text);
 
 /// Parses --threads-sweep of `numesh bench memory`: positive thread counts or `all` (returned
 /// as 0: every thread of a device), each at most once, in the order given ("1,2,4,all").

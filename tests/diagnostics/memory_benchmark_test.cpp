@@ -1,4 +1,4 @@
-#include "numesh/runtime/memory_benchmark.hpp"
+#include "numesh/diagnostics/memory_benchmark.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,13 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
-#include "test_devices.hpp"
 
 // Structure and sanity only: the figures come from a shared 2-core machine (and from unpinned
 // synthetic devices here), so no test asserts a rate or a latency beyond "positive and finite".
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
+
+using namespace numesh::runtime;
 namespace {
 
 using ::testing::AllOf;
@@ -352,4 +354,4 @@ TEST(MemoryBenchmarkTest, JsonHoldsEveryFieldAndNullForWhatWasNotMeasured) {
 }
 
 }  // namespace
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics

@@ -2,7 +2,7 @@
 // triad run by each device's threads in its arena, and the device x node read and latency
 // matrix.
 
-#include "numesh/runtime/memory_benchmark.hpp"
+#include "numesh/diagnostics/memory_benchmark.hpp"
 
 #include <fmt/format.h>
 #include <oneapi/tbb/blocked_range.h>
@@ -29,7 +29,9 @@
 #include "numesh/core/units.hpp"
 #include "numesh/runtime/node_memory.hpp"
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
+
+using namespace numesh::runtime;  // the runtime is what this library measures
 
 namespace {
 
@@ -813,4 +815,4 @@ NodeMatrixResult measure_node_matrix(const DeviceSet& devices,
   return result;
 }
 
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics

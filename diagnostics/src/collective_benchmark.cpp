@@ -1,4 +1,4 @@
-#include "numesh/runtime/collective_benchmark.hpp"
+#include "numesh/diagnostics/collective_benchmark.hpp"
 
 #include <fmt/format.h>
 #include <pthread.h>
@@ -19,7 +19,9 @@
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/convert.hpp"
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
+
+using namespace numesh::runtime;  // the runtime is what this library measures
 
 // Named rather than anonymous: a member of a class with linkage must have a type with linkage.
 namespace detail {
@@ -429,4 +431,4 @@ bool MemcpyBaseline::copied() const {
   return std::memcmp(buffers_->dst.data(), buffers_->src.data(), bytes_) == 0;
 }
 
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics

@@ -32,7 +32,7 @@
 // cores), chunks run one after another and the rate drops (observed_threads says how many
 // threads really ran a pass) - it never hangs.
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
 
 /// A bandwidth kernel.
 enum class MemoryKernel {
@@ -103,11 +103,11 @@ struct DeviceMemoryInfo {
   /// The device's threads (its arena's concurrency).
   int threads = 1;
   /// How the device's threads are pinned.
-  Pinning pinning = Pinning::kUnpinned;
+  runtime::Pinning pinning = runtime::Pinning::kUnpinned;
   /// How the device's memory is placed: DeviceBuffer::binding() of the first benchmark array
   /// (measure_device_bandwidth), or Device::memory_binding() (measure_node_matrix, whose rows
   /// allocate nothing of their own).
-  MemoryBinding binding = MemoryBinding::kUnbound;
+  runtime::MemoryBinding binding = runtime::MemoryBinding::kUnbound;
   /// Where the kernel says the first array's pages are (DeviceBuffer::query_node()): a node
   /// index, -1 when spread over several, nullopt when it cannot tell (unbindable topology) and
   /// in measure_node_matrix's rows (NodeMemoryInfo says where each column's pages are).
@@ -173,7 +173,7 @@ struct NodeMemoryInfo {
   /// How the buffers were placed: kBound (hwloc bound them to the node), kFirstTouch (a
   /// device pinned to the node wrote them first), kUnbound (nothing could be bound: the pages
   /// lie wherever the OS put them, so the column is not really this node's).
-  MemoryBinding binding = MemoryBinding::kUnbound;
+  runtime::MemoryBinding binding = runtime::MemoryBinding::kUnbound;
   /// The device whose allocator made the buffers (the first device on the node), or -1 when
   /// no device lives on it (memory-only nodes: bound directly with hwloc).
   int allocated_by_device = -1;
@@ -234,12 +234,13 @@ struct NodeMatrixResult {
 /// runs out anyway; Error when a kernel's result is wrong.
 /// Thread-safety: runs work on the devices' arenas; do not run two measurements (or other
 /// work) on the same devices at once if the figures are to mean anything.
-DeviceBandwidthResult measure_device_bandwidth(const DeviceSet& devices,
+DeviceBandwidthResult measure_device_bandwidth(const runtime::DeviceSet& devices,
                                                const MemoryBenchmarkOptions& options = {});
 
 /// The same for device `device` of `devices` only.
 /// Throws: IndexError when `device` is out of range; as above otherwise.
-DeviceBandwidthResult measure_device_bandwidth(const DeviceSet& devices, std::size_t device,
+DeviceBandwidthResult measure_device_bandwidth(const runtime::DeviceSet& devices,
+                                               std::size_t device,
                                                const MemoryBenchmarkOptions& options = {});
 
 /// The NUMA matrix: for every device i (reader) and every NUMA node j of the topology (memory),
@@ -258,7 +259,7 @@ DeviceBandwidthResult measure_device_bandwidth(const DeviceSet& devices, std::si
 /// buffer would not fit in what the topology reports for the node; std::bad_alloc; Error when
 /// a read sum is wrong.
 /// Thread-safety: as measure_device_bandwidth().
-NodeMatrixResult measure_node_matrix(const DeviceSet& devices,
+NodeMatrixResult measure_node_matrix(const runtime::DeviceSet& devices,
                                      const MemoryBenchmarkOptions& options = {});
 
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics

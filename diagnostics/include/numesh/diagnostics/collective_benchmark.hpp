@@ -35,7 +35,7 @@
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/tensor.hpp"
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
 
 /// The collectives the benchmark cases run.
 enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
@@ -67,7 +67,7 @@ class GraphCollective {
   /// Throws: ValueError when bytes is not a positive multiple of the element size x devices
   /// (naming the op, the bytes, the dtype and the devices); what DeviceMesh::create and the
   /// collectives throw.
-  GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op, std::size_t bytes,
+  GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, CollectiveOp op, std::size_t bytes,
                   DType dtype = DType::kF32);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
@@ -80,15 +80,15 @@ class GraphCollective {
   /// The buffers' element type.
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
   /// The compiled graph (for DOT, timing tables and traces).
-  CompiledGraph& graph() noexcept { return graph_; }
+  runtime::CompiledGraph& graph() noexcept { return graph_; }
 
  private:
   CollectiveOp op_;
   DType dtype_;
   std::size_t count_;
-  DeviceMesh mesh_;
-  std::vector<Tensor> in_, out_;
-  CompiledGraph graph_;
+  runtime::DeviceMesh mesh_;
+  std::vector<runtime::Tensor> in_, out_;
+  runtime::CompiledGraph graph_;
 };
 
 /// The baseline: `threads` plain std::threads in one process, each owning its buffers of
@@ -149,4 +149,4 @@ class MemcpyBaseline {
   std::size_t bytes_;
 };
 
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics

@@ -1,9 +1,9 @@
 // The collective benchmark cases that `numesh bench collectives` and bench/collectives_bench.cpp
-// time (numesh/runtime/collective_benchmark.hpp), and the timing loop (numesh/core/timing.hpp):
+// time (numesh/diagnostics/collective_benchmark.hpp), and the timing loop (numesh/core/timing.hpp):
 // every case must compute the right result on synthetic devices, since a figure of a wrong
 // collective means nothing.
 
-#include "numesh/runtime/collective_benchmark.hpp"
+#include "numesh/diagnostics/collective_benchmark.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,9 @@
 #include "numesh/core/timing.hpp"
 #include "numesh/runtime/topology.hpp"
 
-namespace numesh::runtime {
+namespace numesh::diagnostics {
+
+using namespace numesh::runtime;
 namespace {
 
 using ::testing::HasSubstr;
@@ -135,4 +137,4 @@ TEST(MedianSecondsTest, RefusesBadArguments) {
 }
 
 }  // namespace
-}  // namespace numesh::runtime
+}  // namespace numesh::diagnostics
