@@ -10,10 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
 #include <random>
+#include <span>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "baselines.hpp"
@@ -46,6 +50,434 @@ void progress(bool quiet, const std::string& text) {
   if (quiet) return;
   std::fprintf(stderr, "%s\n", text.c_str());
   std::fflush(stderr);
+}
+
+// What run_generate's options say, checked before anything is written, loaded or created.
+struct CheckedOptions {
+  DType dtype = DType::kF32;
+  bool sampling = false;
+  ops::SamplingOptions sampling_options;
+  std::vector<std::string> texts;                    // prompts given as text, in order
+  std::vector<std::vector<std::int32_t>> prompts;    // prompts given as ids (--ids)
+  sharding::ModeArg mode = sharding::Mode::kDecode;  // --mode (set by check_options)
+  std::optional<sharding::PartitionManager> partition_manager;
+  // Opened now, so that a path that cannot be written is refused before the model loads (and
+  // the generation is not lost at the end).
+  std::ofstream json_file;
+  std::ofstream logits_file;
+};
+
+CheckedOptions check_options(const GenerateOptions& o) {
+  CheckedOptions c;
+  c.dtype = parse_dtype(o.dtype);
+  NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
+               "--model and --random-model exclude each other: generate from a checkpoint, or "
+               "write a random one");
+  NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
+               "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
+  c.sampling = o.temperature != 0.0;
+  NUMESH_CHECK(
+      !(c.sampling && o.greedy), ValueError,
+      "--greedy and --temperature {} exclude each other: pick the most likely token, or sample",
+      o.temperature);
+  c.sampling_options = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
+  if (c.sampling) ops::validate(c.sampling_options);
+  const int kinds =
+      (o.prompt.empty() ? 0 : 1) + (o.ids.empty() ? 0 : 1) + (o.prompt_file.empty() ? 0 : 1);
+  NUMESH_CHECK(kinds == 1, ValueError,
+               "give the prompts as text with --prompt or --prompt-file (the model's tokenizer "
+               "encodes them) or as "
+               "token ids with --ids, one of the three");
+  // Prompts given as text: --prompt's, or --prompt-file's non-empty lines (read now, so that a
+  // missing file is refused before the model loads).
+  c.texts = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream file(o.prompt_file);
+    NUMESH_CHECK(file.is_open(), IoError, "cannot read --prompt-file '{}'", o.prompt_file);
+    for (std::string line; std::getline(file, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") != std::string::npos) c.texts.push_back(line);
+    }
+    NUMESH_CHECK(!c.texts.empty(), ValueError,
+                 "--prompt-file '{}' holds no prompt (no non-empty line)", o.prompt_file);
+  }
+  for (const std::string& ids : o.ids) c.prompts.push_back(parse_token_ids(ids, "--ids"));
+  const std::size_t sequences = std::max(c.prompts.size(), c.texts.size());
+  NUMESH_CHECK(o.logits_out.empty() || sequences == 1, ValueError,
+               "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given",
+               sequences);
+  check_mesh_options(o.mesh);
+  c.mode = parse_run_mode(o.mode);
+  c.partition_manager.emplace(build_paxis(o.paxis_json, o.sets));
+  c.json_file = open_json_file(o.json);
+  if (!o.logits_out.empty()) {
+    c.logits_file.open(o.logits_out, std::ios::binary);
+    NUMESH_CHECK(c.logits_file.is_open(), IoError, "cannot write --logits-out file '{}'",
+                 o.logits_out);
+  }
+  return c;
+}
+
+// A folder removed when this goes (empty: nothing to remove).
+struct RemovedAtExit {
+  std::filesystem::path path;
+  RemovedAtExit() = default;
+  RemovedAtExit(const RemovedAtExit&) = delete;
+  RemovedAtExit& operator=(const RemovedAtExit&) = delete;
+  ~RemovedAtExit() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// The model's folder: --model, or a random Llama written to --random-model or, without it, to a
+// folder of this process's own that `temporary` removes at the end (a shared one would be
+// rewritten under another run's mapping).
+std::filesystem::path model_folder(const GenerateOptions& o, DType dtype,
+                                   RemovedAtExit& temporary) {
+  if (!o.model.empty()) return o.model;
+  if (o.random_model.empty()) {
+    temporary.path =
+        std::filesystem::temp_directory_path() / fmt::format("numesh-random-model-{}", ::getpid());
+  }
+  const std::filesystem::path dir =
+      !o.random_model.empty() ? std::filesystem::path(o.random_model) : temporary.path;
+  NUMESH_CHECK(!std::filesystem::exists(dir / "model.safetensors.index.json"), ValueError,
+               "--random-model {}: the folder holds a sharded checkpoint "
+               "(model.safetensors.index.json), which the "
+               "random model's files would not replace; give an empty or new folder",
+               dir.string());
+  NUMESH_CHECK(
+      o.random_hidden > 0 && o.random_hidden % 64 == 0 && o.random_layers >= 1, ValueError,
+      "--random-hidden {} must be a positive multiple of 64 and --random-layers {} positive",
+      o.random_hidden, o.random_layers);
+  progress(o.quiet, fmt::format("writing a random Llama (hidden {}, {} layers) to {} ...",
+                                o.random_hidden, o.random_layers, dir.string()));
+  models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
+                             dtype, 1234);
+  return dir;
+}
+
+// The prompts as ids, checked against the model: the text ones encoded by the folder's
+// tokenizer (kept: it also turns the generated ids into text), every id inside the
+// vocabulary, and the longest prompt plus --max-new-tokens within the model's context.
+struct Prompts {
+  std::unique_ptr<models::TextTokenizer> tokenizer;  // null when the folder has none
+  std::vector<std::vector<std::int32_t>> ids;
+  std::int64_t longest = 0;
+  std::int64_t max_len = 0;  // longest + --max-new-tokens
+};
+
+Prompts encode_prompts(const GenerateOptions& o, const CheckedOptions& c,
+                       const std::filesystem::path& dir, const models::HfConfig& config) {
+  Prompts p;
+  p.ids = c.prompts;
+  if (std::filesystem::exists(dir / "tokenizer.json") ||
+      std::filesystem::exists(dir / "tokenizer.model")) {
+    p.tokenizer = models::TextTokenizer::load(dir);
+  }
+  const char* source = !o.ids.empty() ? "--ids" : !o.prompt.empty() ? "--prompt" : "--prompt-file";
+  if (!c.texts.empty()) {
+    NUMESH_CHECK(
+        p.tokenizer != nullptr, IoError,
+        "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
+        "with --ids",
+        source, dir.string());
+    for (const std::string& text : c.texts) {
+      p.ids.push_back(p.tokenizer->encode(text, /*add_special_tokens=*/true));
+      NUMESH_CHECK(!p.ids.back().empty(), ValueError, "{} '{}' encodes to no token", source, text);
+    }
+  }
+  for (std::size_t b = 0; b < p.ids.size(); ++b) {
+    const std::vector<std::int32_t>& prompt = p.ids[b];
+    const std::string which = p.ids.size() > 1 ? fmt::format(" of prompt {}", b) : std::string();
+    for (std::size_t i = 0; i < prompt.size(); ++i) {
+      const bool inside = prompt[i] < config.vocab_size;
+      NUMESH_CHECK(inside, IndexError,
+                   "{}: token {} at position {}{} is outside the model's vocabulary [0, {})",
+                   source, prompt[i], i, which, config.vocab_size);
+    }
+    p.longest = std::max(p.longest, static_cast<std::int64_t>(prompt.size()));
+  }
+  p.max_len = p.longest + o.max_new_tokens;
+  NUMESH_CHECK(
+      p.max_len <= config.max_context(), ValueError,
+      "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}",
+      p.longest, o.max_new_tokens, p.max_len, config.max_context());
+  return p;
+}
+
+// The model on the mesh, and what its load measured.
+struct LoadedModel {
+  std::optional<models::CausalLm> lm;
+  std::int64_t bytes = 0;     // the checkpoint's tensor bytes
+  double load_seconds = 0.0;  // reading, converting and laying out on the devices
+  double read_seconds = 0.0;  // --baselines: a plain read of the same files, else 0
+};
+
+LoadedModel load_model(const GenerateOptions& o, const std::filesystem::path& dir,
+                       const models::HfConfig& config, const runtime::DeviceMesh& mesh,
+                       std::int64_t batch, std::int64_t max_len, DType dtype,
+                       const ops::ModelAxes& axes) {
+  LoadedModel m;
+  // --baselines: a plain read of the files before the load (so both find them in the page
+  // cache when they fit) and after it (the figure reported).
+  const auto checkpoint_files = [&] {
+    std::vector<std::filesystem::path> files;
+    const auto opened = models::SafetensorsCheckpoint::open(dir);
+    for (const auto& f : opened.files()) files.push_back(f.path());
+    return files;
+  };
+  if (o.baselines) (void)plain_read_seconds(checkpoint_files());
+  const auto load_start = Clock::now();
+  const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
+  for (const std::string& name : checkpoint.names())
+    m.bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
+  {
+    const ProgressLine line(o.quiet);
+    m.lm.emplace(models::CausalLm::load(
+        mesh, config, checkpoint, batch, max_len, dtype, axes,
+        [&](std::int64_t done, std::int64_t total) {
+          line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
+                                  100.0 * static_cast<double>(done) / static_cast<double>(total),
+                                  static_cast<double>(done) / 1e6,
+                                  static_cast<double>(total) / 1e6));
+        }));
+  }
+  m.load_seconds = seconds_since(load_start);
+  m.read_seconds = o.baselines ? plain_read_seconds(checkpoint_files()) : 0.0;
+  return m;
+}
+
+// Prints the model, its axes and the load's rate (with --baselines, a plain read's too), and
+// notes the weights holding NaN or infinities (refused with --refuse-nonfinite).
+void report_load(const GenerateOptions& o, const std::filesystem::path& dir,
+                 const models::HfConfig& config, DType dtype, const runtime::DeviceMesh& mesh,
+                 const ops::ModelAxes& axes, const LoadedModel& m, std::ostream& out) {
+  out << fmt::format(
+      "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
+      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
+      config.vocab_size, to_string(dtype), mesh.mesh().repr());
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
+  out << fmt::format(
+      "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
+      "laid "
+      "out)\n",
+      static_cast<double>(m.bytes) / 1e6, m.load_seconds,
+      static_cast<double>(m.bytes) / m.load_seconds / 1e9);
+  if (o.baselines) {
+    out << fmt::format(
+        "         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x "
+        "its time\n",
+        m.read_seconds, static_cast<double>(m.bytes) / m.read_seconds / 1e9,
+        m.load_seconds / m.read_seconds);
+  }
+  note_nonfinite_weights(models::find_nonfinite_weights(m.lm->weights()), o.refuse_nonfinite,
+                         dir.string(), out);
+}
+
+const char* stopped_text(models::StopReason r) {
+  return r == models::StopReason::kStopId ? "end-of-sequence id" : "--max-new-tokens";
+}
+
+// What the generation gave, and its text where the folder has a tokenizer.
+struct Generated {
+  models::GenerationResult result;
+  std::vector<std::string> texts;  // each sequence's generated text (empty without a tokenizer)
+};
+
+// Generates and prints each sequence: one prompt's ids streamed as they come; several printed
+// when all have stopped. With a tokenizer the text follows the ids, decoded at the end (a token
+// can end inside a character, so decoding token by token would print broken characters). A
+// model's vocabulary can be larger than its tokenizer's (padded embeddings; a random model
+// beside a small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
+Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c,
+                             const models::HfConfig& config, const Prompts& p, models::CausalLm& lm,
+                             std::mt19937_64& rng, std::ostream& out) {
+  std::int64_t unknown_ids = 0;
+  const auto text_of = [&](const auto& ids) {
+    std::vector<std::int32_t> known;
+    for (const auto id : ids) {
+      if (p.tokenizer->knows(static_cast<std::int32_t>(id))) {
+        known.push_back(static_cast<std::int32_t>(id));
+      } else {
+        ++unknown_ids;
+      }
+    }
+    return p.tokenizer->decode(known, /*skip_special_tokens=*/true);
+  };
+  const models::GenerationOptions options{
+      .max_new_tokens = o.max_new_tokens,
+      .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
+      .sampling = c.sampling ? std::optional(c.sampling_options) : std::nullopt,
+      .keep_logits = !o.logits_out.empty()};
+  const bool streamed = p.ids.size() == 1;
+  if (streamed) {
+    out << fmt::format("prompt   {}\n", fmt::join(p.ids.front(), " "));
+    out << "ids     ";
+    out.flush();
+  } else {
+    progress(o.quiet,
+             fmt::format(
+                 "generating {} sequences (prompts of {} to {} tokens) ...", p.ids.size(),
+                 std::min_element(p.ids.begin(), p.ids.end(),
+                                  [](const auto& a, const auto& b) { return a.size() < b.size(); })
+                     ->size(),
+                 p.longest));
+  }
+  Generated g;
+  g.result = models::generate(lm, p.ids, options, rng,
+                              [&](std::int64_t, std::span<const std::int64_t> tokens) {
+                                if (!streamed || tokens.front() < 0) return;
+                                out << " " << tokens.front();
+                                out.flush();
+                              });
+  const models::GenerationResult& result = g.result;
+  g.texts.resize(p.ids.size());
+  for (std::size_t b = 0; b < p.ids.size(); ++b) {
+    if (p.tokenizer) g.texts[b] = text_of(result.ids[b]);
+    if (streamed) {
+      out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]),
+                         result.ids[b].size());
+    } else {
+      out << fmt::format("sequence {}\nprompt   {}\nids      {}\nstopped  at {} ({} tokens)\n", b,
+                         fmt::join(p.ids[b], " "), fmt::join(result.ids[b], " "),
+                         stopped_text(result.stopped[b]), result.ids[b].size());
+    }
+    if (p.tokenizer) {
+      const std::string prompt_text = !c.texts.empty() ? c.texts[b] : text_of(p.ids[b]);
+      out << fmt::format("text     {}{}\n", prompt_text, g.texts[b]);
+    }
+  }
+  if (p.tokenizer && unknown_ids > 0) {
+    out << fmt::format(
+        "         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
+        unknown_ids, p.tokenizer->vocab_size());
+  }
+  return g;
+}
+
+// --baselines: the prefill's FLOPs against OpenBLAS's sgemm at its rows and the model's widest
+// projection, and the decode's bytes per step against the memory read bandwidth.
+struct BaselineReport {
+  nlohmann::json json = nullptr;
+  std::string prefill_note, decode_note;  // printed under the prefill and decode lines
+};
+
+BaselineReport measure_baselines(const GenerateOptions& o, const models::HfConfig& config,
+                                 const runtime::DeviceMesh& mesh, const Prompts& p,
+                                 const LoadedModel& m, const models::GenerationResult& result) {
+  BaselineReport r;
+  if (!o.baselines) return r;
+  const auto batch = static_cast<std::int64_t>(p.ids.size());
+  const ops::TransformerConfig t = config.transformer_config();
+  const double prefill_flops =
+      t.flops(batch, p.longest, 0) +
+      2.0 * static_cast<double>(batch * config.hidden_size * config.vocab_size);
+  const std::int64_t widest = std::max({t.ffn, t.moe_ffn, config.hidden_size});
+  const int threads = static_cast<int>(mesh.device_set()->total_threads());
+  progress(o.quiet, "baselines: OpenBLAS sgemm and the memory read bandwidth ...");
+  const double sgemm =
+      openblas_sgemm_gflops(batch * p.longest, config.hidden_size, widest, threads, 5);
+  const double prefill_gflops = prefill_flops / result.prefill_seconds / 1e9;
+  r.prefill_note = fmt::format(
+      "         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
+      "(the prefill at {:.2f} of it)\n",
+      prefill_gflops, batch * p.longest, config.hidden_size, config.hidden_size, widest, threads,
+      sgemm, prefill_gflops / sgemm);
+  r.json = {{"plain_read_seconds", m.read_seconds},
+            {"plain_read_gbps", static_cast<double>(m.bytes) / m.read_seconds / 1e9},
+            {"load_fraction_of_plain_read", m.read_seconds / m.load_seconds},
+            {"prefill_gflops", prefill_gflops},
+            {"sgemm_gflops", sgemm},
+            {"sgemm_shape", {batch * p.longest, config.hidden_size, widest}},
+            {"prefill_fraction_of_sgemm", prefill_gflops / sgemm}};
+  if (result.decode_steps > 0) {
+    const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);
+    // The weights and caches a step reads, at the middle of the decode.
+    const double step_bytes =
+        static_cast<double>(m.lm->decode_bytes(p.longest + result.decode_steps / 2));
+    const double step_gbps =
+        step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
+    r.decode_note = fmt::format(
+        "         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
+        "decode at {:.2f} of it)\n",
+        step_bytes / 1e6, step_gbps, read, step_gbps / read);
+    r.json["decode_bytes_per_step"] = step_bytes;
+    r.json["decode_gbps"] = step_gbps;
+    r.json["read_gbps"] = read;
+    r.json["decode_fraction_of_read"] = step_gbps / read;
+  }
+  return r;
+}
+
+// The prompts' tokens (a batch's prefill computes every padded position; the rate counts the
+// real tokens).
+std::int64_t prompt_tokens(const Prompts& p) {
+  std::int64_t n = 0;
+  for (const auto& prompt : p.ids) n += static_cast<std::int64_t>(prompt.size());
+  return n;
+}
+
+// Prints the prefill and decode rates (and the baselines' notes).
+void report_rates(const Prompts& p, const models::GenerationResult& result,
+                  const BaselineReport& baselines, std::ostream& out) {
+  out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", prompt_tokens(p),
+                     result.prefill_seconds * 1e3,
+                     static_cast<double>(prompt_tokens(p)) / result.prefill_seconds);
+  out << baselines.prefill_note;
+  if (result.decode_steps > 0) {
+    out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n",
+                       result.decoded_tokens, result.decode_steps,
+                       result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
+                       static_cast<double>(result.decoded_tokens) / result.decode_seconds);
+  }
+  out << baselines.decode_note;
+}
+
+// --json: the run as one JSON document (one prompt: its fields at the top level too).
+void write_json(const GenerateOptions& o, CheckedOptions& c, const std::filesystem::path& dir,
+                const models::HfConfig& config, const runtime::DeviceMesh& mesh, const Prompts& p,
+                const LoadedModel& m, const Generated& g, const BaselineReport& baselines) {
+  const models::GenerationResult& result = g.result;
+  nlohmann::json seqs = nlohmann::json::array();
+  for (std::size_t b = 0; b < p.ids.size(); ++b) {
+    seqs.push_back({{"prompt_ids", p.ids[b]},
+                    {"ids", result.ids[b]},
+                    {"text", p.tokenizer ? nlohmann::json(g.texts[b]) : nlohmann::json(nullptr)},
+                    {"stopped", stopped_text(result.stopped[b])}});
+  }
+  nlohmann::json j{
+      {"model", dir.string()},
+      {"architecture", std::string(to_string(config.architecture))},
+      {"dtype", std::string(to_string(c.dtype))},
+      {"mesh", mesh.mesh().repr()},
+      {"sequences", seqs},
+      {"sampling", c.sampling ? nlohmann::json{{"temperature", o.temperature},
+                                               {"top_k", o.top_k},
+                                               {"top_p", o.top_p},
+                                               {"seed", o.seed}}
+                              : nlohmann::json("greedy")},
+      {"load_seconds", m.load_seconds},
+      {"load_bytes", m.bytes},
+      {"baselines", baselines.json},
+      {"prefill_tokens", prompt_tokens(p)},
+      {"prefill_seconds", result.prefill_seconds},
+      {"prefill_tokens_per_second", static_cast<double>(prompt_tokens(p)) / result.prefill_seconds},
+      {"decode_steps", result.decode_steps},
+      {"decode_tokens", result.decoded_tokens},
+      {"decode_seconds", result.decode_seconds},
+      {"decode_tokens_per_second",
+       result.decoded_tokens > 0
+           ? static_cast<double>(result.decoded_tokens) / result.decode_seconds
+           : 0.0}};
+  if (p.ids.size() == 1) {
+    j["prompt_ids"] = seqs[0]["prompt_ids"];
+    j["ids"] = seqs[0]["ids"];
+    j["text"] = seqs[0]["text"];
+    j["stopped"] = seqs[0]["stopped"];
+  }
+  c.json_file << j.dump(2) << "\n";
 }
 
 }  // namespace
@@ -146,360 +578,37 @@ all have stopped.)");
 
 int run_generate(const GenerateOptions& o, std::ostream& out) {
   // Every option is checked before anything is written, loaded or created.
-  const DType dtype = parse_dtype(o.dtype);
-  NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
-               "--model and --random-model exclude each other: generate from a checkpoint, or "
-               "write a random one");
-  NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
-               "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
-  const bool sampling = o.temperature != 0.0;
-  NUMESH_CHECK(
-      !(sampling && o.greedy), ValueError,
-      "--greedy and --temperature {} exclude each other: pick the most likely token, or sample",
-      o.temperature);
-  const ops::SamplingOptions sampling_options{
-      .temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
-  if (sampling) ops::validate(sampling_options);
+  CheckedOptions c = check_options(o);
   std::mt19937_64 rng(o.seed);
-  const int kinds =
-      (o.prompt.empty() ? 0 : 1) + (o.ids.empty() ? 0 : 1) + (o.prompt_file.empty() ? 0 : 1);
-  NUMESH_CHECK(kinds == 1, ValueError,
-               "give the prompts as text with --prompt or --prompt-file (the model's tokenizer "
-               "encodes them) or as "
-               "token ids with --ids, one of the three");
-  // Prompts given as text: --prompt's, or --prompt-file's non-empty lines (read now, so that a
-  // missing file is refused before the model loads).
-  std::vector<std::string> texts = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream file(o.prompt_file);
-    NUMESH_CHECK(file.is_open(), IoError, "cannot read --prompt-file '{}'", o.prompt_file);
-    for (std::string line; std::getline(file, line);) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") != std::string::npos) texts.push_back(line);
-    }
-    NUMESH_CHECK(!texts.empty(), ValueError,
-                 "--prompt-file '{}' holds no prompt (no non-empty line)", o.prompt_file);
-  }
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const std::string& ids : o.ids) prompts.push_back(parse_token_ids(ids, "--ids"));
-  const std::size_t sequences = std::max(prompts.size(), texts.size());
-  NUMESH_CHECK(o.logits_out.empty() || sequences == 1, ValueError,
-               "--logits-out writes one prompt's logits [P + N - 1, V], but {} prompts were given",
-               sequences);
-  check_mesh_options(o.mesh);
-  const sharding::ModeArg mode = parse_run_mode(o.mode);
-  const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
-  // The output files are opened now, so that a path that cannot be written is refused before
-  // the model loads (and the generation is not lost at the end).
-  std::ofstream json_file = open_json_file(o.json);
-  std::ofstream logits_file;
-  if (!o.logits_out.empty()) {
-    logits_file.open(o.logits_out, std::ios::binary);
-    NUMESH_CHECK(logits_file.is_open(), IoError, "cannot write --logits-out file '{}'",
-                 o.logits_out);
-  }
-
-  std::filesystem::path dir = o.model;
-  // Without --random-model the random model goes to a folder of this process's own, removed at
-  // the end (a shared one would be rewritten under another run's mapping).
-  struct RemovedAtExit {
-    std::filesystem::path path;
-    ~RemovedAtExit() {
-      std::error_code ignored;
-      if (!path.empty()) std::filesystem::remove_all(path, ignored);
-    }
-  } temporary;
-  if (o.model.empty()) {
-    if (o.random_model.empty()) {
-      temporary.path = std::filesystem::temp_directory_path() /
-                       fmt::format("numesh-random-model-{}", ::getpid());
-    }
-    dir = !o.random_model.empty() ? std::filesystem::path(o.random_model) : temporary.path;
-    NUMESH_CHECK(!std::filesystem::exists(dir / "model.safetensors.index.json"), ValueError,
-                 "--random-model {}: the folder holds a sharded checkpoint "
-                 "(model.safetensors.index.json), which the "
-                 "random model's files would not replace; give an empty or new folder",
-                 dir.string());
-    NUMESH_CHECK(
-        o.random_hidden > 0 && o.random_hidden % 64 == 0 && o.random_layers >= 1, ValueError,
-        "--random-hidden {} must be a positive multiple of 64 and --random-layers {} positive",
-        o.random_hidden, o.random_layers);
-    progress(o.quiet, fmt::format("writing a random Llama (hidden {}, {} layers) to {} ...",
-                                  o.random_hidden, o.random_layers, dir.string()));
-    models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
-                               dtype, 1234);
-  }
+  RemovedAtExit temporary;
+  const std::filesystem::path dir = model_folder(o, c.dtype, temporary);
   const models::HfConfig config = models::HfConfig::load(dir);
-  // The tokenizer, when the folder has one: it encodes --prompt and turns the ids into text.
-  std::unique_ptr<models::TextTokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json") ||
-      std::filesystem::exists(dir / "tokenizer.model")) {
-    tokenizer = models::TextTokenizer::load(dir);
-  }
-  const char* source = !o.ids.empty() ? "--ids" : !o.prompt.empty() ? "--prompt" : "--prompt-file";
-  if (!texts.empty()) {
-    NUMESH_CHECK(
-        tokenizer != nullptr, IoError,
-        "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
-        "with --ids",
-        source, dir.string());
-    for (const std::string& text : texts) {
-      prompts.push_back(tokenizer->encode(text, /*add_special_tokens=*/true));
-      NUMESH_CHECK(!prompts.back().empty(), ValueError, "{} '{}' encodes to no token", source,
-                   text);
-    }
-  }
-  std::int64_t longest = 0;
-  for (std::size_t b = 0; b < prompts.size(); ++b) {
-    const std::vector<std::int32_t>& prompt = prompts[b];
-    for (std::size_t i = 0; i < prompt.size(); ++i) {
-      NUMESH_CHECK(
-          prompt[i]<config.vocab_size, IndexError,
-                    "{}: token {} at position {}{} is outside the model's vocabulary [0, {})",
-                    source, prompt[i], i, prompts.size()> 1
-              ? fmt::format(" of prompt {}", b)
-              : std::string(),
-          config.vocab_size);
-    }
-    longest = std::max(longest, static_cast<std::int64_t>(prompt.size()));
-  }
-  const std::int64_t max_len = longest + o.max_new_tokens;
-  NUMESH_CHECK(
-      max_len <= config.max_context(), ValueError,
-      "{} prompt tokens and --max-new-tokens {} make a context of {}, longer than the model's {}",
-      longest, o.max_new_tokens, max_len, config.max_context());
+  const Prompts p = encode_prompts(o, c, dir, config);
   (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
 
   progress(o.quiet,
            fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const auto batch = static_cast<std::int64_t>(prompts.size());
+  const auto batch = static_cast<std::int64_t>(p.ids.size());
   const ops::ModelAxes axes =
-      ops::ModelAxes::resolve(partition_manager, mode, batch, config.hidden_size);
-  // --baselines: a plain read of the files before the load (so both find them in the page
-  // cache when they fit) and after it (the figure reported).
-  const auto checkpoint_files = [&] {
-    std::vector<std::filesystem::path> files;
-    const auto opened = models::SafetensorsCheckpoint::open(dir);
-    for (const auto& f : opened.files()) files.push_back(f.path());
-    return files;
-  };
-  if (o.baselines) (void)plain_read_seconds(checkpoint_files());
-  const auto load_start = Clock::now();
-  const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
-  std::int64_t bytes = 0;
-  for (const std::string& name : checkpoint.names())
-    bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
-  std::optional<models::CausalLm> loaded;
-  {
-    const ProgressLine line(o.quiet);
-    loaded.emplace(models::CausalLm::load(
-        mesh, config, checkpoint, batch, max_len, dtype, axes,
-        [&](std::int64_t done, std::int64_t total) {
-          line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
-                                  100.0 * static_cast<double>(done) / static_cast<double>(total),
-                                  static_cast<double>(done) / 1e6,
-                                  static_cast<double>(total) / 1e6));
-        }));
-  }
-  models::CausalLm& lm = *loaded;
-  const double load_seconds = seconds_since(load_start);
-  const double read_seconds = o.baselines ? plain_read_seconds(checkpoint_files()) : 0.0;
+      ops::ModelAxes::resolve(*c.partition_manager, c.mode, batch, config.hidden_size);
+  LoadedModel m = load_model(o, dir, config, mesh, batch, p.max_len, c.dtype, axes);
+  report_load(o, dir, config, c.dtype, mesh, axes, m, out);
 
-  out << fmt::format(
-      "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
-      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
-      config.vocab_size, to_string(dtype), mesh.mesh().repr());
-  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
-  out << fmt::format(
-      "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
-      "laid "
-      "out)\n",
-      static_cast<double>(bytes) / 1e6, load_seconds,
-      static_cast<double>(bytes) / load_seconds / 1e9);
-  if (o.baselines) {
-    out << fmt::format(
-        "         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x "
-        "its time\n",
-        read_seconds, static_cast<double>(bytes) / read_seconds / 1e9, load_seconds / read_seconds);
-  }
-  note_nonfinite_weights(models::find_nonfinite_weights(lm.weights()), o.refuse_nonfinite,
-                         dir.string(), out);
-  // With a tokenizer the text follows the ids, decoded at the end (a token can end inside a
-  // character, so decoding token by token would print broken characters). A model's
-  // vocabulary can be larger than its tokenizer's (padded embeddings; a random model beside a
-  // small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
-  std::int64_t unknown_ids = 0;
-  const auto text_of = [&](const auto& ids) {
-    std::vector<std::int32_t> known;
-    for (const auto id : ids) {
-      if (tokenizer->knows(static_cast<std::int32_t>(id))) {
-        known.push_back(static_cast<std::int32_t>(id));
-      } else {
-        ++unknown_ids;
-      }
-    }
-    return tokenizer->decode(known, /*skip_special_tokens=*/true);
-  };
-
-  models::GenerationOptions options{
-      .max_new_tokens = o.max_new_tokens,
-      .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
-      .sampling = sampling ? std::optional(sampling_options) : std::nullopt,
-      .keep_logits = !o.logits_out.empty()};
-  // One prompt: its ids streamed as they come. Several: printed when all have stopped.
-  const bool streamed = batch == 1;
-  if (streamed) {
-    out << fmt::format("prompt   {}\n", fmt::join(prompts.front(), " "));
-    out << "ids     ";
-    out.flush();
-  } else {
-    progress(o.quiet, fmt::format("generating {} sequences (prompts of {} to {} tokens) ...", batch,
-                                  std::min_element(prompts.begin(), prompts.end(),
-                                                   [](const auto& a, const auto& b) {
-                                                     return a.size() < b.size();
-                                                   })
-                                      ->size(),
-                                  longest));
-  }
-  const models::GenerationResult result = models::generate(
-      lm, prompts, options, rng, [&](std::int64_t, std::span<const std::int64_t> tokens) {
-        if (!streamed || tokens.front() < 0) return;
-        out << " " << tokens.front();
-        out.flush();
-      });
-  const auto stopped_text = [](models::StopReason r) {
-    return r == models::StopReason::kStopId ? "end-of-sequence id" : "--max-new-tokens";
-  };
-  std::vector<std::string> texts_out(prompts.size());
-  for (std::size_t b = 0; b < prompts.size(); ++b) {
-    if (tokenizer) texts_out[b] = text_of(result.ids[b]);
-    if (streamed) {
-      out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]),
-                         result.ids[b].size());
-    } else {
-      out << fmt::format("sequence {}\nprompt   {}\nids      {}\nstopped  at {} ({} tokens)\n", b,
-                         fmt::join(prompts[b], " "), fmt::join(result.ids[b], " "),
-                         stopped_text(result.stopped[b]), result.ids[b].size());
-    }
-    if (tokenizer) {
-      const std::string prompt_text = !texts.empty() ? texts[b] : text_of(prompts[b]);
-      out << fmt::format("text     {}{}\n", prompt_text, texts_out[b]);
-    }
-  }
-  if (tokenizer && unknown_ids > 0) {
-    out << fmt::format(
-        "         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
-        unknown_ids, tokenizer->vocab_size());
-  }
-  // --baselines: the prefill's FLOPs against OpenBLAS's sgemm at its rows and the model's
-  // widest projection, and the decode's bytes per step against the memory read bandwidth.
-  nlohmann::json baselines = nullptr;
-  std::string prefill_note, decode_note;  // printed under the prefill and decode lines
-  if (o.baselines) {
-    const ops::TransformerConfig t = config.transformer_config();
-    const double prefill_flops =
-        t.flops(batch, longest, 0) +
-        2.0 * static_cast<double>(batch * config.hidden_size * config.vocab_size);
-    const std::int64_t widest = std::max({t.ffn, t.moe_ffn, config.hidden_size});
-    const int threads = static_cast<int>(mesh.device_set()->total_threads());
-    progress(o.quiet, "baselines: OpenBLAS sgemm and the memory read bandwidth ...");
-    const double sgemm =
-        openblas_sgemm_gflops(batch * longest, config.hidden_size, widest, threads, 5);
-    const double prefill_gflops = prefill_flops / result.prefill_seconds / 1e9;
-    prefill_note = fmt::format(
-        "         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
-        "(the prefill at {:.2f} of it)\n",
-        prefill_gflops, batch * longest, config.hidden_size, config.hidden_size, widest, threads,
-        sgemm, prefill_gflops / sgemm);
-    baselines = {{"plain_read_seconds", read_seconds},
-                 {"plain_read_gbps", static_cast<double>(bytes) / read_seconds / 1e9},
-                 {"load_fraction_of_plain_read", read_seconds / load_seconds},
-                 {"prefill_gflops", prefill_gflops},
-                 {"sgemm_gflops", sgemm},
-                 {"sgemm_shape", {batch * longest, config.hidden_size, widest}},
-                 {"prefill_fraction_of_sgemm", prefill_gflops / sgemm}};
-    if (result.decode_steps > 0) {
-      const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);
-      // The weights and caches a step reads, at the middle of the decode.
-      const double step_bytes =
-          static_cast<double>(lm.decode_bytes(longest + result.decode_steps / 2));
-      const double step_gbps =
-          step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
-      decode_note = fmt::format(
-          "         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
-          "decode at {:.2f} of it)\n",
-          step_bytes / 1e6, step_gbps, read, step_gbps / read);
-      baselines["decode_bytes_per_step"] = step_bytes;
-      baselines["decode_gbps"] = step_gbps;
-      baselines["read_gbps"] = read;
-      baselines["decode_fraction_of_read"] = step_gbps / read;
-    }
-  }
-  std::int64_t prompt_tokens = 0;
-  for (const auto& prompt : prompts) prompt_tokens += static_cast<std::int64_t>(prompt.size());
-  // A batch's prefill computes every padded position; the rate counts the real tokens.
-  out << fmt::format("prefill  {} tokens in {:.2f} ms ({:.0f} tokens/s)\n", prompt_tokens,
-                     result.prefill_seconds * 1e3,
-                     static_cast<double>(prompt_tokens) / result.prefill_seconds);
-  out << prefill_note;
-  if (result.decode_steps > 0) {
-    out << fmt::format("decode   {} tokens in {} steps, {:.2f} ms per step ({:.1f} tokens/s)\n",
-                       result.decoded_tokens, result.decode_steps,
-                       result.decode_seconds * 1e3 / static_cast<double>(result.decode_steps),
-                       static_cast<double>(result.decoded_tokens) / result.decode_seconds);
-  }
-  out << decode_note;
+  const Generated g = generate_and_print(o, c, config, p, *m.lm, rng, out);
+  const BaselineReport baselines = measure_baselines(o, config, mesh, p, m, g.result);
+  report_rates(p, g.result, baselines, out);
   if (!o.logits_out.empty()) {
     runtime::HostTensor all = runtime::HostTensor::zeros(
-        {static_cast<std::int64_t>(result.logits.front().size()) / config.vocab_size,
+        {static_cast<std::int64_t>(g.result.logits.front().size()) / config.vocab_size,
          config.vocab_size});
-    all.data = result.logits.front();
-    logits_file.close();
+    all.data = g.result.logits.front();
+    c.logits_file.close();
     models::save_npy(o.logits_out, all);
     out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1],
                        o.logits_out);
   }
-  if (json_file.is_open()) {
-    nlohmann::json seqs = nlohmann::json::array();
-    for (std::size_t b = 0; b < prompts.size(); ++b) {
-      seqs.push_back({{"prompt_ids", prompts[b]},
-                      {"ids", result.ids[b]},
-                      {"text", tokenizer ? nlohmann::json(texts_out[b]) : nlohmann::json(nullptr)},
-                      {"stopped", stopped_text(result.stopped[b])}});
-    }
-    nlohmann::json j{
-        {"model", dir.string()},
-        {"architecture", std::string(to_string(config.architecture))},
-        {"dtype", std::string(to_string(dtype))},
-        {"mesh", mesh.mesh().repr()},
-        {"sequences", seqs},
-        {"sampling", sampling ? nlohmann::json{{"temperature", o.temperature},
-                                               {"top_k", o.top_k},
-                                               {"top_p", o.top_p},
-                                               {"seed", o.seed}}
-                              : nlohmann::json("greedy")},
-        {"load_seconds", load_seconds},
-        {"load_bytes", bytes},
-        {"baselines", baselines},
-        {"prefill_tokens", prompt_tokens},
-        {"prefill_seconds", result.prefill_seconds},
-        {"prefill_tokens_per_second", static_cast<double>(prompt_tokens) / result.prefill_seconds},
-        {"decode_steps", result.decode_steps},
-        {"decode_tokens", result.decoded_tokens},
-        {"decode_seconds", result.decode_seconds},
-        {"decode_tokens_per_second",
-         result.decoded_tokens > 0
-             ? static_cast<double>(result.decoded_tokens) / result.decode_seconds
-             : 0.0}};
-    if (streamed) {  // one prompt: its fields at the top level too
-      j["prompt_ids"] = seqs[0]["prompt_ids"];
-      j["ids"] = seqs[0]["ids"];
-      j["text"] = seqs[0]["text"];
-      j["stopped"] = seqs[0]["stopped"];
-    }
-    json_file << j.dump(2) << "\n";
-  }
+  if (c.json_file.is_open()) write_json(o, c, dir, config, mesh, p, m, g, baselines);
   return 0;
 }
 
