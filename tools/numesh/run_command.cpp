@@ -75,6 +75,232 @@ class Progress {
   bool on_;
 };
 
+// The model `numesh run` builds, from its options (validated).
+ops::TransformerConfig model_config(const RunOptions& o) {
+  ops::TransformerConfig config;
+  config.hidden = o.hidden;
+  config.layers = o.layers;
+  config.attention = ops::AttentionConfig{
+      .num_heads = o.heads, .num_kv_heads = o.kv_heads, .head_dim = o.head_dim};
+  config.ffn = o.ffn;
+  config.moe = ops::MoeConfig{.num_experts = o.experts,
+                              .top_k = o.top_k,
+                              .capacity_factor = static_cast<float>(o.capacity)};
+  config.moe_ffn = o.moe_ffn;
+  config.moe_every = o.moe_every;
+  config.validate();
+  NUMESH_CHECK(o.heads * o.head_dim > 0 && o.hidden > 0, ValueError, "--hidden {} must be positive",
+               o.hidden);
+  return config;
+}
+
+// Prints the devices and mesh, the model and the axes (and the devices' notes).
+void report_setup(const RunOptions& o, const runtime::DeviceMesh& mesh,
+                  const ops::TransformerConfig& config, DType dtype, const ops::ModelAxes& axes,
+                  std::ostream& out) {
+  const runtime::PlacementOptions& placement = mesh.devices().options();
+  int threads = 0;
+  for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
+  out << fmt::format("numesh run: {} device{} ({} policy, {} thread{}), mesh [{}], mode {}\n",
+                     mesh.size(), mesh.size() == 1 ? "" : "s", runtime::to_string(placement.policy),
+                     threads, threads == 1 ? "" : "s", axes_text(mesh.mesh()), o.mode);
+  out << fmt::format(
+      "model: {} blocks ({} MoE), hidden {}, heads {}/{} x {}, ffn {}, experts {} top-{} x {}{}, "
+      "{:.2f} M parameters, {} weights, kv cache {}\n",
+      config.layers, config.moe_every > 0 ? config.layers / config.moe_every : 0, config.hidden,
+      config.attention.num_heads, config.attention.num_kv_heads, config.attention.head_dim,
+      config.ffn, config.moe.num_experts, config.moe.top_k, config.moe_ffn,
+      o.capacity > 0 ? fmt::format(" capacity {}", o.capacity) : std::string(" dropless"),
+      static_cast<double>(config.parameters()) / 1e6, to_string(dtype), o.kv_layout);
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
+  for (const std::string& note : mesh.devices().notes()) out << "note: " << note << "\n";
+  out.flush();
+}
+
+// What the timed runs produced and took.
+struct Runs {
+  runtime::HostTensor prompt, y;  // the prompt and the prefill's output
+  ops::MoeStats prefill_stats;
+  std::vector<double> prefill_times;
+  std::vector<runtime::HostTensor> decode_inputs, decode_outputs;
+  std::vector<double> decode_times;
+  double decode_seconds = 0.0, decode_flops = 0.0, decode_bytes = 0.0;
+};
+
+// The prefill (the prompt at position 0, --repeats times: it rewrites the same cache positions),
+// then `steps` decode steps, each feeding the last output back in.
+Runs run_model(const RunOptions& o, const runtime::DeviceMesh& mesh,
+               const ops::TransformerConfig& config, ops::ShardedTransformer& model,
+               std::int64_t steps, const Progress& progress) {
+  Runs r;
+  r.prompt = random_tokens(o.batch, o.prompt, o.hidden, o.seed + 1);
+  for (int i = 0; i < o.repeats; ++i) {
+    progress.show(fmt::format("prefill {}/{} ...", i + 1, o.repeats));
+    const auto t0 = Clock::now();
+    r.y = model.forward(r.prompt, 0);
+    r.prefill_times.push_back(seconds_since(t0));
+  }
+  r.prefill_stats = model.moe_stats();
+  runtime::HostTensor next = last_token(r.y);
+  const auto t_decode = Clock::now();
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const std::int64_t position = o.prompt + i;
+    const auto t0 = Clock::now();
+    runtime::HostTensor step_y = model.forward(next, position);
+    r.decode_times.push_back(seconds_since(t0));
+    r.decode_flops += config.flops(o.batch, 1, position);
+    r.decode_bytes += static_cast<double>(model.decode_bytes_per_device(position)) *
+                      static_cast<double>(mesh.size());
+    r.decode_inputs.push_back(std::move(next));
+    next = last_token(step_y);
+    r.decode_outputs.push_back(std::move(step_y));
+    const double elapsed = seconds_since(t_decode);
+    progress.show(fmt::format("decode {}/{}  {:.0f} tokens/s", i + 1, steps,
+                              static_cast<double>(o.batch * (i + 1)) / elapsed));
+  }
+  r.decode_seconds = seconds_since(t_decode);
+  return r;
+}
+
+// The check against the dense model on the same inputs.
+struct Check {
+  double bound = kCheckBound;
+  bool moe_bf16 = false;  // a MoE model with bf16 weights: not compared (see check_runs)
+  bool checked = false;
+  ReferenceCheck check{kCheckBound};
+  double vs_fp32 = 0.0;  // 16-bit weights: the largest relative distance from the fp32 model
+  bool ok() const { return !checked || check.ok(); }
+};
+
+// Every output against the dense model, teacher-forced (so each step is compared on its own
+// rather than as a drifting trajectory). A routing decision is discontinuous: bf16 boundary
+// flips move a router's logits enough to swap near-tied experts, and a swapped expert changes
+// a token's output entirely. MoE models with bf16 weights are therefore not compared
+// element-wise (the tests check them on small models, where no decision is that close).
+Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
+                 const ops::TransformerConfig& config, const ops::TransformerWeights& weights,
+                 DType dtype, const ops::ModelAxes& axes, std::int64_t steps, std::int64_t max_len,
+                 const Runs& r, const Progress& progress) {
+  Check c;
+  c.bound = dtype == DType::kBF16 ? kBf16CheckBound : kCheckBound;
+  c.check = ReferenceCheck(c.bound);
+  c.moe_bf16 = dtype == DType::kBF16 && config.moe_every > 0 && config.moe_every <= config.layers;
+  c.checked = !o.no_check && !c.moe_bf16;
+  if (!c.checked) return c;
+  progress.show("checking against the dense model ...");
+  // The reference's MoE routing groups follow from the mesh and the axes: sequences split
+  // over the batch axes, tokens over the sequence axis.
+  ops::TransformerReference reference(config, weights, o.batch, max_len,
+                                      split_count(mesh.mesh(), axes.batch, o.batch),
+                                      sequence_groups(mesh.mesh(), axes.sequence));
+  c.check.add("prefill", r.y, reference.forward(r.prompt, 0));
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const auto idx = static_cast<std::size_t>(i);
+    c.check.add("decode", r.decode_outputs[idx],
+                reference.forward(r.decode_inputs[idx], o.prompt + i));
+  }
+  if (dtype != DType::kF32) {
+    // What storing the weights in 16 bits costs: the same inputs through the fp32 dense model.
+    progress.show("measuring the distance from the fp32 model ...");
+    ops::TransformerWeights fp32_weights = weights;
+    fp32_weights.store_as(DType::kF32);
+    ops::TransformerReference fp32_model(config, fp32_weights, o.batch, max_len,
+                                         split_count(mesh.mesh(), axes.batch, o.batch),
+                                         sequence_groups(mesh.mesh(), axes.sequence));
+    c.vs_fp32 =
+        std::max(c.vs_fp32, ops::compare(r.y, fp32_model.forward(r.prompt, 0)).relative_error);
+    for (std::int64_t i = 0; i < steps; ++i) {
+      const auto idx = static_cast<std::size_t>(i);
+      c.vs_fp32 =
+          std::max(c.vs_fp32, ops::compare(r.decode_outputs[idx],
+                                           fp32_model.forward(r.decode_inputs[idx], o.prompt + i))
+                                  .relative_error);
+    }
+  }
+  return c;
+}
+
+// Prints the prefill and decode rates, the MoE routing and the check's verdict.
+void report_results(const RunOptions& o, const ops::TransformerConfig& config, DType dtype,
+                    std::int64_t steps, const Runs& r, const Check& c, std::ostream& out) {
+  const double prefill_s = median(r.prefill_times);
+  const double prefill_flops = config.flops(o.batch, o.prompt, 0);
+  const double prefill_tokens = static_cast<double>(o.batch * o.prompt);
+  out << fmt::format(
+      "\nprefill  {} x {} tokens: {:.2f} ms (median of {}), {:.0f} tokens/s, {:.2f} GFLOP/s\n",
+      o.batch, o.prompt, prefill_s * 1e3, o.repeats, prefill_tokens / prefill_s,
+      prefill_flops / prefill_s / 1e9);
+  if (steps > 0) {
+    const double step_s = median(r.decode_times);
+    out << fmt::format(
+        "decode   {} steps x {} sequences: {:.3f} ms per step (median), {:.0f} tokens/s, "
+        "{:.2f} GFLOP/s, {:.2f} GB/s of weights and cache\n",
+        steps, o.batch, step_s * 1e3, static_cast<double>(o.batch * steps) / r.decode_seconds,
+        r.decode_flops / r.decode_seconds / 1e9, r.decode_bytes / r.decode_seconds / 1e9);
+  }
+  if (!r.prefill_stats.tokens_per_expert.empty()) {
+    out << fmt::format(
+        "moe      prefill routing: tokens per expert [{}] (summed over MoE layers), {} dropped\n",
+        fmt::join(r.prefill_stats.tokens_per_expert, ", "), r.prefill_stats.dropped);
+  }
+  if (c.checked) {
+    out << fmt::format(
+        "check    max relative error vs the dense model: prefill {}, decode {} (bound {:.0e}): "
+        "{}\n",
+        c.check.error_text("prefill"), steps > 0 ? c.check.error_text("decode") : "-", c.bound,
+        c.check.verdict());
+    if (dtype != DType::kF32) {
+      out << fmt::format(
+          "         max relative error vs the fp32 model (what {} weights cost{}): {:.2e}\n",
+          to_string(dtype), config.moe_every > 0 ? ", MoE routing included" : "", c.vs_fp32);
+    }
+  } else if (c.moe_bf16 && !o.no_check) {
+    out << "check    skipped: with bf16 weights the MoE routing of near-tied experts can differ "
+           "from the float64 "
+           "reference's (use --dtype f16 or f32, or --moe-every 0, for a checked run)\n";
+  } else {
+    out << "check    skipped (--no-check)\n";
+  }
+}
+
+// --json: the run, its plans and its check as one JSON document.
+void write_json(const RunOptions& o, const runtime::DeviceMesh& mesh,
+                const ops::TransformerConfig& config, DType dtype, std::int64_t steps,
+                const ops::Program& prefill_program, const ops::Program* decode_program,
+                const Runs& r, const Check& c) {
+  std::ofstream file(o.json);
+  NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
+  const double prefill_s = median(r.prefill_times);
+  const double prefill_flops = config.flops(o.batch, o.prompt, 0);
+  const double prefill_tokens = static_cast<double>(o.batch * o.prompt);
+  nlohmann::json j{{"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
+                   {"mode", o.mode},
+                   {"dtype", to_string(dtype)},
+                   {"parameters", config.parameters()},
+                   {"prefill",
+                    {{"tokens", o.batch * o.prompt},
+                     {"median_seconds", prefill_s},
+                     {"tokens_per_second", prefill_tokens / prefill_s},
+                     {"gflops", prefill_flops / prefill_s / 1e9}}},
+                   {"plans", {prefill_program.plan().to_json()}}};
+  if (steps > 0) {
+    j["decode"] = {{"steps", steps},
+                   {"median_step_seconds", median(r.decode_times)},
+                   {"tokens_per_second", static_cast<double>(o.batch * steps) / r.decode_seconds},
+                   {"gflops", r.decode_flops / r.decode_seconds / 1e9},
+                   {"gbytes_per_second", r.decode_bytes / r.decode_seconds / 1e9}};
+    j["plans"].push_back(decode_program->plan().to_json());
+  }
+  if (c.checked) {
+    j["check"] = c.check.to_json();
+    j["check"]["prefill_relative_error"] = c.check.relative_error("prefill");
+    j["check"]["decode_relative_error"] = c.check.relative_error("decode");
+    if (dtype != DType::kF32) j["check"]["fp32_model_relative_error"] = c.vs_fp32;
+  }
+  j["moe_prefill_tokens_per_expert"] = r.prefill_stats.tokens_per_expert;
+  file << j.dump(2) << "\n";
+}
+
 }  // namespace
 
 CLI::App* add_run_command(CLI::App& app, RunOptions& o) {
@@ -152,43 +378,14 @@ int run_run(const RunOptions& o, std::ostream& out) {
       o.batch > 0 && o.prompt > 0 && o.steps >= 0 && o.repeats > 0, ValueError,
       "--batch {}, --prompt {} and --repeats {} must be positive and --steps {} not negative",
       o.batch, o.prompt, o.repeats, o.steps);
-  ops::TransformerConfig config;
-  config.hidden = o.hidden;
-  config.layers = o.layers;
-  config.attention = ops::AttentionConfig{
-      .num_heads = o.heads, .num_kv_heads = o.kv_heads, .head_dim = o.head_dim};
-  config.ffn = o.ffn;
-  config.moe = ops::MoeConfig{.num_experts = o.experts,
-                              .top_k = o.top_k,
-                              .capacity_factor = static_cast<float>(o.capacity)};
-  config.moe_ffn = o.moe_ffn;
-  config.moe_every = o.moe_every;
-  config.validate();
-  NUMESH_CHECK(o.heads * o.head_dim > 0 && o.hidden > 0, ValueError, "--hidden {} must be positive",
-               o.hidden);
+  const ops::TransformerConfig config = model_config(o);
   const sharding::PartitionManager pm(build_paxis(o.paxis_json, o.sets));
   const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, mode, o.batch, o.hidden);
   const std::int64_t steps = decode ? o.steps : 0;
   const std::int64_t max_len = o.prompt + steps;
 
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const runtime::PlacementOptions& placement = mesh.devices().options();
-  int threads = 0;
-  for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
-  out << fmt::format("numesh run: {} device{} ({} policy, {} thread{}), mesh [{}], mode {}\n",
-                     mesh.size(), mesh.size() == 1 ? "" : "s", runtime::to_string(placement.policy),
-                     threads, threads == 1 ? "" : "s", axes_text(mesh.mesh()), o.mode);
-  out << fmt::format(
-      "model: {} blocks ({} MoE), hidden {}, heads {}/{} x {}, ffn {}, experts {} top-{} x {}{}, "
-      "{:.2f} M parameters, {} weights, kv cache {}\n",
-      config.layers, config.moe_every > 0 ? config.layers / config.moe_every : 0, config.hidden,
-      config.attention.num_heads, config.attention.num_kv_heads, config.attention.head_dim,
-      config.ffn, config.moe.num_experts, config.moe.top_k, config.moe_ffn,
-      o.capacity > 0 ? fmt::format(" capacity {}", o.capacity) : std::string(" dropless"),
-      static_cast<double>(config.parameters()) / 1e6, to_string(dtype), o.kv_layout);
-  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
-  for (const std::string& note : mesh.devices().notes()) out << "note: " << note << "\n";
-  out.flush();
+  report_setup(o, mesh, config, dtype, axes, out);
 
   const Progress progress(o.quiet);
   progress.show("building weights ...");
@@ -211,156 +408,14 @@ int run_run(const RunOptions& o, std::ostream& out) {
   }
   out.flush();
 
-  // Prefill: the prompt at position 0, repeated (it rewrites the same cache positions).
-  const runtime::HostTensor prompt = random_tokens(o.batch, o.prompt, o.hidden, o.seed + 1);
-  std::vector<double> prefill_times;
-  runtime::HostTensor y;
-  for (int r = 0; r < o.repeats; ++r) {
-    progress.show(fmt::format("prefill {}/{} ...", r + 1, o.repeats));
-    const auto t0 = Clock::now();
-    y = model.forward(prompt, 0);
-    prefill_times.push_back(seconds_since(t0));
-  }
-  const ops::MoeStats prefill_stats = model.moe_stats();
-  const double prefill_s = median(prefill_times);
-  const double prefill_flops = config.flops(o.batch, o.prompt, 0);
-
-  // Decode: each step feeds the last output back in.
-  std::vector<runtime::HostTensor> decode_inputs, decode_outputs;
-  std::vector<double> decode_times;
-  double decode_flops = 0.0, decode_bytes = 0.0;
-  runtime::HostTensor next = last_token(y);
-  const auto t_decode = Clock::now();
-  for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t position = o.prompt + i;
-    const auto t0 = Clock::now();
-    runtime::HostTensor step_y = model.forward(next, position);
-    decode_times.push_back(seconds_since(t0));
-    decode_flops += config.flops(o.batch, 1, position);
-    decode_bytes += static_cast<double>(model.decode_bytes_per_device(position)) *
-                    static_cast<double>(mesh.size());
-    decode_inputs.push_back(std::move(next));
-    next = last_token(step_y);
-    decode_outputs.push_back(std::move(step_y));
-    const double elapsed = seconds_since(t_decode);
-    progress.show(fmt::format("decode {}/{}  {:.0f} tokens/s", i + 1, steps,
-                              static_cast<double>(o.batch * (i + 1)) / elapsed));
-  }
-  const double decode_s = seconds_since(t_decode);
-
-  // The check: the dense model on the same inputs (teacher-forced, so each step is compared
-  // on its own rather than as a drifting trajectory).
-  const double bound = dtype == DType::kBF16 ? kBf16CheckBound : kCheckBound;
-  // A routing decision is discontinuous: those bf16 boundary flips move a router's logits enough to
-  // swap near-tied experts, and a swapped expert changes a token's output entirely. MoE models
-  // with bf16 weights are therefore not compared element-wise (the tests check them on small
-  // models, where no decision is that close).
-  const bool moe_bf16 =
-      dtype == DType::kBF16 && config.moe_every > 0 && config.moe_every <= config.layers;
-  const bool checked = !o.no_check && !moe_bf16;
-  ReferenceCheck check(bound);
-  double vs_fp32 = 0.0;
-  if (checked) {
-    progress.show("checking against the dense model ...");
-    // The reference's MoE routing groups follow from the mesh and the axes: sequences split
-    // over the batch axes, tokens over the sequence axis.
-    ops::TransformerReference reference(config, weights, o.batch, max_len,
-                                        split_count(mesh.mesh(), axes.batch, o.batch),
-                                        sequence_groups(mesh.mesh(), axes.sequence));
-    check.add("prefill", y, reference.forward(prompt, 0));
-    for (std::int64_t i = 0; i < steps; ++i) {
-      const auto idx = static_cast<std::size_t>(i);
-      check.add("decode", decode_outputs[idx], reference.forward(decode_inputs[idx], o.prompt + i));
-    }
-    if (dtype != DType::kF32) {
-      // What storing the weights in 16 bits costs: the same inputs through the fp32 dense model.
-      progress.show("measuring the distance from the fp32 model ...");
-      ops::TransformerWeights fp32_weights = weights;
-      fp32_weights.store_as(DType::kF32);
-      ops::TransformerReference fp32_model(config, fp32_weights, o.batch, max_len,
-                                           split_count(mesh.mesh(), axes.batch, o.batch),
-                                           sequence_groups(mesh.mesh(), axes.sequence));
-      vs_fp32 = std::max(vs_fp32, ops::compare(y, fp32_model.forward(prompt, 0)).relative_error);
-      for (std::int64_t i = 0; i < steps; ++i) {
-        const auto idx = static_cast<std::size_t>(i);
-        vs_fp32 = std::max(
-            vs_fp32,
-            ops::compare(decode_outputs[idx], fp32_model.forward(decode_inputs[idx], o.prompt + i))
-                .relative_error);
-      }
-    }
-  }
-  const bool ok = !checked || check.ok();
+  const Runs runs = run_model(o, mesh, config, model, steps, progress);
+  const Check check =
+      check_runs(o, mesh, config, weights, dtype, axes, steps, max_len, runs, progress);
   progress.clear();
-
-  const double prefill_tokens = static_cast<double>(o.batch * o.prompt);
-  out << fmt::format(
-      "\nprefill  {} x {} tokens: {:.2f} ms (median of {}), {:.0f} tokens/s, {:.2f} GFLOP/s\n",
-      o.batch, o.prompt, prefill_s * 1e3, o.repeats, prefill_tokens / prefill_s,
-      prefill_flops / prefill_s / 1e9);
-  if (steps > 0) {
-    const double step_s = median(decode_times);
-    out << fmt::format(
-        "decode   {} steps x {} sequences: {:.3f} ms per step (median), {:.0f} tokens/s, "
-        "{:.2f} GFLOP/s, {:.2f} GB/s of weights and cache\n",
-        steps, o.batch, step_s * 1e3, static_cast<double>(o.batch * steps) / decode_s,
-        decode_flops / decode_s / 1e9, decode_bytes / decode_s / 1e9);
-  }
-  if (!prefill_stats.tokens_per_expert.empty()) {
-    out << fmt::format(
-        "moe      prefill routing: tokens per expert [{}] (summed over MoE layers), {} dropped\n",
-        fmt::join(prefill_stats.tokens_per_expert, ", "), prefill_stats.dropped);
-  }
-  if (checked) {
-    out << fmt::format(
-        "check    max relative error vs the dense model: prefill {}, decode {} (bound {:.0e}): "
-        "{}\n",
-        check.error_text("prefill"), steps > 0 ? check.error_text("decode") : "-", bound,
-        check.verdict());
-    if (dtype != DType::kF32) {
-      out << fmt::format(
-          "         max relative error vs the fp32 model (what {} weights cost{}): {:.2e}\n",
-          to_string(dtype), config.moe_every > 0 ? ", MoE routing included" : "", vs_fp32);
-    }
-  } else if (moe_bf16 && !o.no_check) {
-    out << "check    skipped: with bf16 weights the MoE routing of near-tied experts can differ "
-           "from the float64 "
-           "reference's (use --dtype f16 or f32, or --moe-every 0, for a checked run)\n";
-  } else {
-    out << "check    skipped (--no-check)\n";
-  }
-
-  if (!o.json.empty()) {
-    std::ofstream file(o.json);
-    NUMESH_CHECK(file.is_open(), IoError, "cannot write --json file '{}'", o.json);
-    nlohmann::json j{{"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
-                     {"mode", o.mode},
-                     {"dtype", to_string(dtype)},
-                     {"parameters", config.parameters()},
-                     {"prefill",
-                      {{"tokens", o.batch * o.prompt},
-                       {"median_seconds", prefill_s},
-                       {"tokens_per_second", prefill_tokens / prefill_s},
-                       {"gflops", prefill_flops / prefill_s / 1e9}}},
-                     {"plans", {prefill_program.plan().to_json()}}};
-    if (steps > 0) {
-      j["decode"] = {{"steps", steps},
-                     {"median_step_seconds", median(decode_times)},
-                     {"tokens_per_second", static_cast<double>(o.batch * steps) / decode_s},
-                     {"gflops", decode_flops / decode_s / 1e9},
-                     {"gbytes_per_second", decode_bytes / decode_s / 1e9}};
-      j["plans"].push_back(decode_program->plan().to_json());
-    }
-    if (checked) {
-      j["check"] = check.to_json();
-      j["check"]["prefill_relative_error"] = check.relative_error("prefill");
-      j["check"]["decode_relative_error"] = check.relative_error("decode");
-      if (dtype != DType::kF32) j["check"]["fp32_model_relative_error"] = vs_fp32;
-    }
-    j["moe_prefill_tokens_per_expert"] = prefill_stats.tokens_per_expert;
-    file << j.dump(2) << "\n";
-  }
-  return ok ? 0 : 1;
+  report_results(o, config, dtype, steps, runs, check, out);
+  if (!o.json.empty())
+    write_json(o, mesh, config, dtype, steps, prefill_program, decode_program, runs, check);
+  return check.ok() ? 0 : 1;
 }
 
 }  // namespace numesh::tools
