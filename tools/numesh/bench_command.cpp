@@ -124,9 +124,9 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
       NUMESH_CHECK(plain.check(), Error, "the baseline {} of {} gave a wrong result",
                    diagnostics::to_string(op), format_bytes(bytes));
       out << fmt::format("{:<15} {:>9} {:>12.1f} {:>12.1f} {:>7.2f} {:>10.2f} {:>12.1f}\n",
-                         diagnostics::to_string(op), format_bytes(bytes), t_graph * 1e6, t_plain * 1e6,
-                         t_plain / t_graph, static_cast<double>(bytes) / t_graph / 1e9,
-                         t_copy * 1e6);
+                         diagnostics::to_string(op), format_bytes(bytes), t_graph * 1e6,
+                         t_plain * 1e6, t_plain / t_graph,
+                         static_cast<double>(bytes) / t_graph / 1e9, t_copy * 1e6);
       out.flush();
       records.push_back({{"name", fmt::format("{}/{}", diagnostics::to_string(op), bytes)},
                          {"collective", std::string(diagnostics::to_string(op))},
