@@ -100,6 +100,177 @@ void copy_model_files(const std::filesystem::path& from, const std::filesystem::
   }
 }
 
+// The options that need nothing read to be checked.
+void check_options(const TrainOptions& o) {
+  NUMESH_CHECK(o.init == "checkpoint" || o.init == "random", ValueError,
+               "--init '{}' is not checkpoint or random", o.init);
+  NUMESH_CHECK(o.schedule == "constant" || o.schedule == "cosine", ValueError,
+               "--schedule '{}' is not constant or cosine", o.schedule);
+  NUMESH_CHECK(o.steps >= 1, ValueError, "--steps {} must be at least 1", o.steps);
+  NUMESH_CHECK(o.dtype == "f32" || o.dtype == "bf16", ValueError,
+               "--dtype '{}' is not a compute dtype training takes: f32 or bf16 (weights stay f32)",
+               o.dtype);
+  NUMESH_CHECK(o.save_every >= 0, ValueError, "--save-every {} is negative", o.save_every);
+  NUMESH_CHECK(o.save_every == 0 || !o.save.empty(), ValueError, "--save-every {} needs --save DIR",
+               o.save_every);
+  check_mesh_options(o.mesh);
+}
+
+// The trainer's options from the command's (validated), for sequences of `tokens` tokens.
+models::TrainingOptions training_options(const TrainOptions& o, std::int64_t tokens) {
+  models::TrainingOptions options;
+  options.batch = o.batch;
+  options.tokens = tokens;
+  options.adamw = ops::AdamWOptions{
+      .lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
+  options.clip = o.clip;
+  options.precision = o.dtype == "bf16" ? ops::MatmulPrecision::kBF16 : ops::MatmulPrecision::kF32;
+  if (!std::isnan(o.router_aux_loss_coef)) options.router_aux_loss_coef = o.router_aux_loss_coef;
+  options.schedule = ops::LearningRateSchedule{
+      .lr = o.lr,
+      .warmup = o.warmup,
+      .total = o.steps,
+      .kind = o.schedule == "cosine" ? ops::LearningRateSchedule::Kind::kCosine
+                                     : ops::LearningRateSchedule::Kind::kConstant};
+  options.validate();
+  return options;
+}
+
+// The trainer: the folder's config with transformers' initial weights (--init random), or the
+// folder's checkpoint (and optimizer state, when saved by numesh train) to resume from.
+std::optional<models::CausalLmTrainer> make_trainer(const TrainOptions& o,
+                                                    const std::filesystem::path& dir,
+                                                    const models::HfConfig& config,
+                                                    const runtime::DeviceMesh& mesh,
+                                                    const models::TrainingOptions& options,
+                                                    const ops::ModelAxes& axes) {
+  std::optional<models::CausalLmTrainer> trainer;
+  if (o.init == "random") {
+    std::ifstream in(dir / "config.json");
+    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed),
+                    options, axes);
+  } else {
+    NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
+                     std::filesystem::exists(dir / "model.safetensors.index.json"),
+                 IoError,
+                 "--model {} holds no safetensors weights to start from; give --init random to "
+                 "initialise them",
+                 dir.string());
+    trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
+  }
+  return trainer;
+}
+
+// Prints the model, the axes, the data, the compute dtype and the router's loss.
+void report_setup(const TrainOptions& o, const std::filesystem::path& dir,
+                  const models::HfConfig& config, const runtime::DeviceMesh& mesh,
+                  const ops::ModelAxes& axes, const Data& data, std::int64_t first,
+                  const models::CausalLmTrainer& trainer, std::ostream& out) {
+  const std::int64_t tokens = data.shape[1] - 1;
+  const double params = static_cast<double>(trainer.parameter_count());
+  out << fmt::format(
+      "numesh train: {} ({} model, {} layers, hidden {}, vocabulary {}), {:.2f} M parameters, mesh "
+      "{}\n",
+      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
+      config.vocab_size, params / 1e6, mesh.mesh().repr());
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
+  out << fmt::format(
+      "data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
+      data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
+  const bool fast_bf16 = runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
+  out << fmt::format("compute  {} (master weights, gradients and AdamW state f32){}\n", o.dtype,
+                     o.dtype == "bf16" && !fast_bf16
+                         ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products "
+                           "run through the f32 "
+                           "GEMM on rounded operands: no faster than f32"
+                         : "");
+  if (config.num_experts > 0) {
+    out << fmt::format(
+        "router   load-balancing loss {}\n",
+        trainer.router_aux_loss_coef() > 0.0
+            ? fmt::format(
+                  "x {} added to the loss ({})", trainer.router_aux_loss_coef(),
+                  std::isnan(o.router_aux_loss_coef) ? "config.json" : "--router-aux-loss-coef")
+            : std::string("off"));
+  }
+  out.flush();
+}
+
+// What the steps took, summed, and the first and last steps' figures.
+struct Totals {
+  models::StepStats last;
+  std::optional<double> first_loss;
+  double seconds = 0.0, program_seconds = 0.0, norm_seconds = 0.0, update_seconds = 0.0;
+};
+
+// Steps [first, --steps): each logged (--log) and shown; saved every --save-every steps; the
+// last one traced node by node with --trace (per-node timing costs two clock reads a node).
+Totals train_steps(const TrainOptions& o, const std::filesystem::path& dir, const Data& data,
+                   std::int64_t first, models::CausalLmTrainer& trainer, std::ofstream& log) {
+  const std::int64_t tokens = data.shape[1] - 1;
+  const ProgressLine line(o.quiet);
+  const double tokens_per_step = static_cast<double>(o.batch * tokens);
+  Totals t;
+  runtime::CompiledGraph& graph = trainer.program().program().graph();
+  for (std::int64_t k = first; k < o.steps; ++k) {
+    const std::vector<std::int32_t> rows =
+        models::training_batch(data.ids, data.shape, k, o.batch, tokens);
+    graph.set_timing(!o.trace.empty() && k + 1 == o.steps);
+    const auto start = Clock::now();
+    t.last = trainer.step(rows);
+    const double seconds = seconds_since(start);
+    t.seconds += seconds;
+    t.program_seconds += t.last.forward_backward_seconds;
+    t.norm_seconds += t.last.grad_norm_seconds;
+    t.update_seconds += t.last.update_seconds;
+    if (!t.first_loss) t.first_loss = t.last.loss;
+    if (log.is_open()) {
+      log << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6g},{:.6g}\n", t.last.step, t.last.loss,
+                         t.last.lr, t.last.grad_norm, tokens_per_step / seconds, seconds);
+      log.flush();
+    }
+    line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s",
+                          t.last.step, o.steps, t.last.loss, t.last.lr, t.last.grad_norm,
+                          tokens_per_step / seconds));
+    if (o.save_every > 0 && t.last.step % o.save_every == 0 && t.last.step < o.steps) {
+      trainer.save(o.save);
+      copy_model_files(dir, o.save);
+    }
+  }
+  return t;
+}
+
+// Prints the loss from the first step to the last, the speed, where a step's time went and
+// the files written.
+void report_totals(const TrainOptions& o, const models::HfConfig& config, const Data& data,
+                   std::int64_t first, const models::CausalLmTrainer& trainer, const Totals& t,
+                   std::ostream& out) {
+  const double tokens_per_step = static_cast<double>(o.batch * (data.shape[1] - 1));
+  const double params = static_cast<double>(trainer.parameter_count());
+  const double steps_run = static_cast<double>(o.steps - first);
+  const double tokens_per_second = steps_run * tokens_per_step / t.seconds;
+  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}{}\n", *t.first_loss,
+                     first + 1, t.last.loss, t.last.step,
+                     config.num_experts > 0 && trainer.router_aux_loss_coef() > 0.0
+                         ? fmt::format(" (router load-balancing loss {:.4f} at the last step)",
+                                       t.last.router_aux_loss)
+                         : "");
+  out << fmt::format(
+      "speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
+      1e3 * t.seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
+  out << fmt::format(
+      "time     {:.1f} ms forward and backward, {:.1f} ms gradient norm, {:.1f} ms AdamW with "
+      "clipping "
+      "(a step, the mean)\n",
+      1e3 * t.program_seconds / steps_run, 1e3 * t.norm_seconds / steps_run,
+      1e3 * t.update_seconds / steps_run);
+  if (!o.trace.empty()) out << fmt::format("trace    {} (step {})\n", o.trace, t.last.step);
+  if (!o.save.empty())
+    out << fmt::format("saved    {} (config.json, model.safetensors, optimizer.safetensors)\n",
+                       o.save);
+  if (!o.log.empty()) out << fmt::format("log      {}\n", o.log);
+}
+
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
@@ -188,18 +359,7 @@ Examples:
 
 int run_train(const TrainOptions& o, std::ostream& out) {
   // Options first, then the data and the config, all before any weight is laid out.
-  NUMESH_CHECK(o.init == "checkpoint" || o.init == "random", ValueError,
-               "--init '{}' is not checkpoint or random", o.init);
-  NUMESH_CHECK(o.schedule == "constant" || o.schedule == "cosine", ValueError,
-               "--schedule '{}' is not constant or cosine", o.schedule);
-  NUMESH_CHECK(o.steps >= 1, ValueError, "--steps {} must be at least 1", o.steps);
-  NUMESH_CHECK(o.dtype == "f32" || o.dtype == "bf16", ValueError,
-               "--dtype '{}' is not a compute dtype training takes: f32 or bf16 (weights stay f32)",
-               o.dtype);
-  NUMESH_CHECK(o.save_every >= 0, ValueError, "--save-every {} is negative", o.save_every);
-  NUMESH_CHECK(o.save_every == 0 || !o.save.empty(), ValueError, "--save-every {} needs --save DIR",
-               o.save_every);
-  check_mesh_options(o.mesh);
+  check_options(o);
   const sharding::ModeArg mode = parse_run_mode(o.mode);
   const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
   const std::filesystem::path dir = o.model;
@@ -214,41 +374,13 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   NUMESH_CHECK(tokens <= config.max_context(), ValueError,
                "sequences of {} tokens are longer than the model's context of {}", tokens,
                config.max_context());
-
-  models::TrainingOptions options;
-  options.batch = o.batch;
-  options.tokens = tokens;
-  options.adamw = ops::AdamWOptions{
-      .lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
-  options.clip = o.clip;
-  options.precision = o.dtype == "bf16" ? ops::MatmulPrecision::kBF16 : ops::MatmulPrecision::kF32;
-  if (!std::isnan(o.router_aux_loss_coef)) options.router_aux_loss_coef = o.router_aux_loss_coef;
-  options.schedule = ops::LearningRateSchedule{
-      .lr = o.lr,
-      .warmup = o.warmup,
-      .total = o.steps,
-      .kind = o.schedule == "cosine" ? ops::LearningRateSchedule::Kind::kCosine
-                                     : ops::LearningRateSchedule::Kind::kConstant};
-  options.validate();
+  const models::TrainingOptions options = training_options(o, tokens);
   std::ofstream log;  // opened before training, so that an unwritable path is refused first
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   const ops::ModelAxes axes =
       ops::ModelAxes::resolve(partition_manager, mode, o.batch, config.hidden_size);
-
-  std::optional<models::CausalLmTrainer> trainer;
-  if (o.init == "random") {
-    std::ifstream in(dir / "config.json");
-    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed),
-                    options, axes);
-  } else {
-    NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
-                     std::filesystem::exists(dir / "model.safetensors.index.json"),
-                 IoError,
-                 "--model {} holds no safetensors weights to start from; give --init random to "
-                 "initialise them",
-                 dir.string());
-    trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
-  }
+  std::optional<models::CausalLmTrainer> trainer =
+      make_trainer(o, dir, config, mesh, options, axes);
   // Before the log or trace file is opened: a refused checkpoint leaves them as they were.
   if (o.init == "checkpoint") {
     note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite,
@@ -269,69 +401,11 @@ int run_train(const TrainOptions& o, std::ostream& out) {
     trace.open(o.trace);
     NUMESH_CHECK(trace.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
   }
-  const double params = static_cast<double>(trainer->parameter_count());
-  out << fmt::format(
-      "numesh train: {} ({} model, {} layers, hidden {}, vocabulary {}), {:.2f} M parameters, mesh "
-      "{}\n",
-      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
-      config.vocab_size, params / 1e6, mesh.mesh().repr());
-  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
-  out << fmt::format(
-      "data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
-      data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
-  const bool fast_bf16 = runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
-  out << fmt::format("compute  {} (master weights, gradients and AdamW state f32){}\n", o.dtype,
-                     o.dtype == "bf16" && !fast_bf16
-                         ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products "
-                           "run through the f32 "
-                           "GEMM on rounded operands: no faster than f32"
-                         : "");
-  const bool moe = config.num_experts > 0;
-  if (moe) {
-    out << fmt::format(
-        "router   load-balancing loss {}\n",
-        trainer->router_aux_loss_coef() > 0.0
-            ? fmt::format(
-                  "x {} added to the loss ({})", trainer->router_aux_loss_coef(),
-                  std::isnan(o.router_aux_loss_coef) ? "config.json" : "--router-aux-loss-coef")
-            : std::string("off"));
-  }
-  out.flush();
+  report_setup(o, dir, config, mesh, axes, data, first, *trainer, out);
 
-  const ProgressLine line(o.quiet);
-  const double tokens_per_step = static_cast<double>(o.batch * tokens);
-  double total_seconds = 0.0;
-  models::StepStats last;
-  std::optional<double> first_loss;
-  double program_seconds = 0.0, norm_seconds = 0.0, update_seconds = 0.0;
-  runtime::CompiledGraph& graph = trainer->program().program().graph();
-  for (std::int64_t k = first; k < o.steps; ++k) {
-    const std::vector<std::int32_t> rows =
-        models::training_batch(data.ids, data.shape, k, o.batch, tokens);
-    // --trace: per-node timing on for the last step only (it costs two clock reads a node).
-    graph.set_timing(!o.trace.empty() && k + 1 == o.steps);
-    const auto start = Clock::now();
-    last = trainer->step(rows);
-    const double seconds = seconds_since(start);
-    total_seconds += seconds;
-    program_seconds += last.forward_backward_seconds;
-    norm_seconds += last.grad_norm_seconds;
-    update_seconds += last.update_seconds;
-    if (!first_loss) first_loss = last.loss;
-    if (log.is_open()) {
-      log << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6g},{:.6g}\n", last.step, last.loss, last.lr,
-                         last.grad_norm, tokens_per_step / seconds, seconds);
-      log.flush();
-    }
-    line.show(fmt::format("step {}/{}  loss {:.4f}  lr {:.3g}  grad norm {:.3g}  {:.0f} tokens/s",
-                          last.step, o.steps, last.loss, last.lr, last.grad_norm,
-                          tokens_per_step / seconds));
-    if (o.save_every > 0 && last.step % o.save_every == 0 && last.step < o.steps) {
-      trainer->save(o.save);
-      copy_model_files(dir, o.save);
-    }
-  }
+  const Totals totals = train_steps(o, dir, data, first, *trainer, log);
   if (trace.is_open()) {
+    runtime::CompiledGraph& graph = trainer->program().program().graph();
     graph.set_timing(false);
     trace << graph.chrome_trace() << "\n";
     NUMESH_CHECK(trace.good(), IoError, "cannot write --trace file '{}'", o.trace);
@@ -340,28 +414,7 @@ int run_train(const TrainOptions& o, std::ostream& out) {
     trainer->save(o.save);
     copy_model_files(dir, o.save);
   }
-  const double steps_run = static_cast<double>(o.steps - first);
-  const double tokens_per_second = steps_run * tokens_per_step / total_seconds;
-  out << fmt::format("loss     {:.4f} at step {} -> {:.4f} at step {}{}\n", *first_loss, first + 1,
-                     last.loss, last.step,
-                     moe && trainer->router_aux_loss_coef() > 0.0
-                         ? fmt::format(" (router load-balancing loss {:.4f} at the last step)",
-                                       last.router_aux_loss)
-                         : "");
-  out << fmt::format(
-      "speed    {:.1f} ms a step, {:.0f} tokens/s, {:.1f} GFLOP/s (6 x parameters x tokens)\n",
-      1e3 * total_seconds / steps_run, tokens_per_second, 6.0 * params * tokens_per_second / 1e9);
-  out << fmt::format(
-      "time     {:.1f} ms forward and backward, {:.1f} ms gradient norm, {:.1f} ms AdamW with "
-      "clipping "
-      "(a step, the mean)\n",
-      1e3 * program_seconds / steps_run, 1e3 * norm_seconds / steps_run,
-      1e3 * update_seconds / steps_run);
-  if (!o.trace.empty()) out << fmt::format("trace    {} (step {})\n", o.trace, last.step);
-  if (!o.save.empty())
-    out << fmt::format("saved    {} (config.json, model.safetensors, optimizer.safetensors)\n",
-                       o.save);
-  if (!o.log.empty()) out << fmt::format("log      {}\n", o.log);
+  report_totals(o, config, data, first, *trainer, totals, out);
   return 0;
 }
 
