@@ -16,7 +16,7 @@
 #   5. builds the `sanitize` preset (clang with ASan, UBSan and LeakSanitizer), runs the unit
 #      tests that need no real NUMA binding under it (ops_test's kernels and a sample of its
 #      operators included), the tests whose threads do not go through oneTBB under the `tsan`
-#      preset (ThreadSanitizer), and every fuzz target for a short time from a new seed, printed
+#      preset (ThreadSanitizer), and every fuzz target for a short time from a seed of the commit's own, printed
 #      (scripts/fuzz.sh).
 # Ends with a line naming the kernel levels run and skipped, then `summary: N passed, M skipped,
 # 0 failed` (skipped: tests that did not run, e.g. a kernel level this CPU lacks, the PyTorch
@@ -272,8 +272,16 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   done
 
   step "fuzz targets, ${NUMESH_FUZZ_SECONDS:-15} s each"
-  # A new seed each run (printed): CI's runs add up to a longer search than one seed repeated.
-  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --seed "${NUMESH_FUZZ_SEED:-0}" --time "${NUMESH_FUZZ_SECONDS:-15}" \
+  # A seed of the commit's own (printed): each commit searches anew, so CI's runs add up to a
+  # longer search than one seed repeated, and a commit's run repeats its own search. Outside a
+  # git checkout, a new seed each run.
+  fuzz_seed="${NUMESH_FUZZ_SEED:-}"
+  if [[ -z "$fuzz_seed" ]]; then
+    commit="$(git -C "$NUMESH_ROOT" rev-parse HEAD 2>/dev/null || true)"
+    fuzz_seed=0
+    [[ "$commit" =~ ^[0-9a-f]{7} ]] && fuzz_seed=$(( 16#${commit:0:7} % 1073741823 + 1 ))
+  fi
+  bash "$NUMESH_ROOT/scripts/fuzz.sh" --no-build --seed "$fuzz_seed" --time "${NUMESH_FUZZ_SECONDS:-15}" \
     --jobs "$NUMESH_JOBS" ||
     die "fuzzing found something (above)"
   passed=$((passed + $(find "$NUMESH_ROOT/fuzz" -maxdepth 1 -name '*_fuzz.cpp' | wc -l)))

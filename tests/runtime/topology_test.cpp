@@ -194,6 +194,16 @@ TEST(TopologyTest, SyntheticDescriptionsOfMoreThan4096PusAreRefusedBeforeHwlocBu
   EXPECT_THAT([] { Topology::from_synthetic("pu:99999999999999999999999"); },
               ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
   EXPECT_EQ(Topology::from_synthetic("pack:2 numa:2 core:512 pu:2").cpuset().size(), 4096u);
+  // Bare counts are levels too (topology_fuzz found "11111" taking 25 s), and attributes in
+  // parentheses or of the whole description are not counts.
+  EXPECT_THAT([] { Topology::from_synthetic("11111"); },
+              ThrowsMessage<TopologyError>(
+                  "the synthetic topology '11111' describes more than 4096 PUs, the most numesh "
+                  "accepts"));
+  EXPECT_THAT([] { Topology::from_synthetic("64 64 2"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+  EXPECT_EQ(Topology::from_synthetic("2 3").cpuset().size(), 6u);
+  EXPECT_EQ(Topology::from_synthetic("numa:2(memory=1GB) pu:2").cpuset().size(), 4u);
 }
 
 TEST(TopologyTest, IntelTwoNodeXmlReadsDistancesFromTheFile) {
