@@ -133,15 +133,12 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
   return cache;
 }
 
-runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer,
-                                 runtime::ShardedTensor& x, const runtime::Frontier& after,
-                                 runtime::ShardedTensor& y, const std::string& name,
-                                 const AttentionStep& step, AttentionSaved* saved) {
-  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const sharding::Mesh& m = mesh.mesh();
-  const AttentionConfig& config = layer.config;
-  const std::int64_t hq = config.num_heads, hkv = config.num_kv_heads, d = config.head_dim;
+namespace {
+
+// Refuses an x or y that does not fit the layer, and a cache step that does not fit its cache.
+void attention_fwd_check_shapes(const AttentionLayer& layer, runtime::ShardedTensor& x,
+                                runtime::ShardedTensor& y, const std::string& name,
+                                const AttentionStep& step) {
   const std::int64_t hidden = layer.hidden;
   NUMESH_CHECK(x.shape().size() == 3 && x.shape()[2] == hidden && y.shape() == x.shape() &&
                    x.layout().shard_shape()[2] == hidden,
@@ -149,11 +146,6 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
                "{}: x [{}] {} and y [{}] do not fit hidden {} (x is [B, T, H], H not split)", name,
                fmt::join(x.shape(), ", "), x.spec().repr(), fmt::join(y.shape(), ", "), hidden);
   const std::int64_t batch = x.shape()[0], t = x.shape()[1];
-  const std::int64_t local_batch = x.layout().shard_shape()[0];
-  // Sequence parallelism: each device holds T/sp of the tokens; keys and values are
-  // all-gathered over the sequence axes before attention (EasyDeL's non-ring path).
-  const std::int64_t local_t = x.layout().shard_shape()[1];
-  const std::vector<std::string> seq_axes = detail::axes_of(x.spec(), 1);
   KvCache* cache = step.cache;
   if (cache != nullptr) {
     NUMESH_CHECK(step.positions != nullptr, ValueError,
@@ -165,71 +157,175 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
     NUMESH_CHECK(t <= cache->max_len, ShapeError,
                  "{}: {} tokens do not fit a cache of {} positions", name, t, cache->max_len);
   }
+}
 
+// What every phase of the forward reads: the layer, x, the step's cache and positions, and the
+// sizes.
+struct AttentionFwd {
+  ProgramBuilder& pb;
+  const AttentionLayer& layer;
+  runtime::ShardedTensor& x;
+  const std::string& name;
+  MatmulPrecision prec;  // of the fp32 products
+  const runtime::DeviceMesh& mesh;
+  const sharding::Mesh& m;
+  std::int64_t hq, hkv, d, hidden, batch, t, local_batch;
+  // Sequence parallelism: each device holds T/sp of the tokens; keys and values are
+  // all-gathered over the sequence axes before attention (EasyDeL's non-ring path).
+  std::int64_t local_t;
+  std::vector<std::string> seq_axes;
+  KvCache* cache;
+  const std::vector<std::int64_t>* positions;
+  std::int64_t rows, lq, lkv;
+};
+
+// The shared state: the sizes from x and the layer, and the step's cache and positions.
+AttentionFwd attention_fwd_context(ProgramBuilder& pb, const AttentionLayer& layer,
+                                   runtime::ShardedTensor& x, const std::string& name,
+                                   const AttentionStep& step) {
+  const AttentionConfig& config = layer.config;
+  const std::int64_t local_batch = x.layout().shard_shape()[0],
+                     local_t = x.layout().shard_shape()[1];
+  return AttentionFwd{
+      .pb = pb,
+      .layer = layer,
+      .x = x,
+      .name = name,
+      .prec = pb.matmul_precision(),
+      .mesh = pb.mesh(),
+      .m = pb.mesh().mesh(),
+      .hq = config.num_heads,
+      .hkv = config.num_kv_heads,
+      .d = config.head_dim,
+      .hidden = layer.hidden,
+      .batch = x.shape()[0],
+      .t = x.shape()[1],
+      .local_batch = local_batch,
+      .local_t = local_t,
+      .seq_axes = detail::axes_of(x.spec(), 1),
+      .cache = step.cache,
+      .positions = step.positions,
+      .rows = local_batch * local_t,
+      .lq = layer.local_q_heads,
+      .lkv = layer.local_kv_heads,
+  };
+}
+
+// The program's tensors the phases read and write: the weights, the cache, this run's keys and
+// values, the output's partial sums (and their placements) and the optional rows.
+struct AttentionFwdTensors {
+  runtime::ShardedTensor& wq;
+  runtime::ShardedTensor& wk;
+  runtime::ShardedTensor& wv;
+  runtime::ShardedTensor& wo;
+  runtime::ShardedTensor* cache_k;
+  runtime::ShardedTensor* cache_v;
+  runtime::ShardedTensor& k_new;
+  runtime::ShardedTensor& v_new;
+  runtime::ShardedTensor& y_partial;
+  std::vector<sharding::Placement> y_placed;
+  runtime::ShardedTensor* bq;
+  runtime::ShardedTensor* bk;
+  runtime::ShardedTensor* bv;
+  runtime::ShardedTensor* bo;
+  runtime::ShardedTensor* q_norm;
+  runtime::ShardedTensor* k_norm;
+};
+
+// Registers the forward's tensors with the program (in the order it has always registered them).
+AttentionFwdTensors attention_fwd_tensors(const AttentionFwd& st) {
+  ProgramBuilder& pb = st.pb;
+  const AttentionLayer& layer = st.layer;
+  const std::string& name = st.name;
+  runtime::ShardedTensor& x = st.x;
   runtime::ShardedTensor& wq = pb.use(name + ".wq", TensorRole::kWeight, layer.wq);
   runtime::ShardedTensor& wk = pb.use(name + ".wk", TensorRole::kWeight, layer.wk);
   runtime::ShardedTensor& wv = pb.use(name + ".wv", TensorRole::kWeight, layer.wv);
   runtime::ShardedTensor& wo = pb.use(name + ".wo", TensorRole::kWeight, layer.wo);
   runtime::ShardedTensor* cache_k = nullptr;
   runtime::ShardedTensor* cache_v = nullptr;
-  if (cache != nullptr) {
-    cache_k = &pb.use(name + ".cache_k", TensorRole::kCache, cache->k);
-    cache_v = &pb.use(name + ".cache_v", TensorRole::kCache, cache->v);
+  if (st.cache != nullptr) {
+    cache_k = &pb.use(name + ".cache_k", TensorRole::kCache, st.cache->k);
+    cache_v = &pb.use(name + ".cache_v", TensorRole::kCache, st.cache->v);
   }
   // This run's keys and values [B, T, kv_heads * D], split like x's tokens and wk's heads.
   const AxisRule kv_rule = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   const PartitionSpec kv_spec({detail::entry(x.spec(), 0), detail::entry(x.spec(), 1), kv_rule});
   runtime::ShardedTensor& k_new =
-      pb.tensor(name + ".k", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
+      pb.tensor(name + ".k", TensorRole::kActivation, {st.batch, st.t, st.hkv * st.d}, kv_spec);
   runtime::ShardedTensor& v_new =
-      pb.tensor(name + ".v", TensorRole::kActivation, {batch, t, hkv * d}, kv_spec);
+      pb.tensor(name + ".v", TensorRole::kActivation, {st.batch, st.t, st.hkv * st.d}, kv_spec);
   runtime::ShardedTensor& y_partial =
       pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
-  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, 3);
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), st.m, 3);
   if (layer.splits_heads())
-    y_placed[*m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
-
-  const std::int64_t rows = local_batch * local_t;
-  const std::int64_t lq = layer.local_q_heads, lkv = layer.local_kv_heads;
-  const std::int64_t key_capacity = cache != nullptr ? cache->max_len : t;
-  const double flops = attention_flops(config, hidden, local_batch, t, 0) *
-                       static_cast<double>(lq) / static_cast<double>(hq) *
-                       static_cast<double>(local_t) / static_cast<double>(t);
-  const std::vector<std::int64_t>* positions = step.positions;
-  std::vector<runtime::Tensor*> q_of(static_cast<std::size_t>(mesh.size()));
-  std::vector<runtime::Tensor*> q_pre_of(static_cast<std::size_t>(mesh.size())),
-      k_pre_of(q_pre_of.size());
+    y_placed[*st.m.find_axis(layer.heads_axis)] = sharding::Placement::partial();
   // The optional rows (biases, q/k norm weights), registered once; a device reads its shard.
   constexpr TensorRole kWeight = TensorRole::kWeight;
-  runtime::ShardedTensor* const bq = pb.use_if_present(name + ".bq", kWeight, layer.bq);
-  runtime::ShardedTensor* const bk = pb.use_if_present(name + ".bk", kWeight, layer.bk);
-  runtime::ShardedTensor* const bv = pb.use_if_present(name + ".bv", kWeight, layer.bv);
-  runtime::ShardedTensor* const bo = pb.use_if_present(name + ".bo", kWeight, layer.bo);
-  runtime::ShardedTensor* const q_norm = pb.use_if_present(name + ".q_norm", kWeight, layer.q_norm);
-  runtime::ShardedTensor* const k_norm = pb.use_if_present(name + ".k_norm", kWeight, layer.k_norm);
-  const runtime::Frontier projected = pb.per_device(name + ".qkv", {&after}, [&](std::int64_t s) {
+  return AttentionFwdTensors{
+      .wq = wq,
+      .wk = wk,
+      .wv = wv,
+      .wo = wo,
+      .cache_k = cache_k,
+      .cache_v = cache_v,
+      .k_new = k_new,
+      .v_new = v_new,
+      .y_partial = y_partial,
+      .y_placed = std::move(y_placed),
+      .bq = pb.use_if_present(name + ".bq", kWeight, layer.bq),
+      .bk = pb.use_if_present(name + ".bk", kWeight, layer.bk),
+      .bv = pb.use_if_present(name + ".bv", kWeight, layer.bv),
+      .bo = pb.use_if_present(name + ".bo", kWeight, layer.bo),
+      .q_norm = pb.use_if_present(name + ".q_norm", kWeight, layer.q_norm),
+      .k_norm = pb.use_if_present(name + ".k_norm", kWeight, layer.k_norm),
+  };
+}
+
+// Per slot, the queries and (with `saved` and q/k norms) q and k as they entered the norms.
+struct AttentionFwdQueries {
+  std::vector<runtime::Tensor*> q_of, q_pre_of, k_pre_of;
+};
+
+// Per device: its sequences' q, k and v for its heads (biases added, Qwen3's q/k norms), with
+// RoPE at the tokens' global positions. Fills `queries`.
+runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const AttentionFwdTensors& tn,
+                                            bool keeps_pre_norm, const runtime::Frontier& after,
+                                            AttentionFwdQueries& queries) {
+  ProgramBuilder& pb = st.pb;
+  runtime::ShardedTensor& x = st.x;
+  const MatmulPrecision prec = st.prec;
+  const AttentionConfig& config = st.layer.config;
+  const std::int64_t rows = st.rows, hidden = st.hidden, local_batch = st.local_batch,
+                     local_t = st.local_t, lq = st.lq, lkv = st.lkv, d = st.d;
+  const std::vector<std::int64_t>* positions = st.positions;
+  const double flops = attention_flops(config, hidden, local_batch, st.t, 0) *
+                       static_cast<double>(lq) / static_cast<double>(st.hq) *
+                       static_cast<double>(local_t) / static_cast<double>(st.t);
+  return pb.per_device(st.name + ".qkv", {&after}, [&](std::int64_t s) {
     pb.add_flops(s, flops);
-    const std::span<const float> bqs = detail::row_of(bq, s), bks = detail::row_of(bk, s),
-                                 bvs = detail::row_of(bv, s);
-    const std::span<const float> qns = detail::row_of(q_norm, s), kns = detail::row_of(k_norm, s);
+    const std::span<const float> bqs = detail::row_of(tn.bq, s), bks = detail::row_of(tn.bk, s),
+                                 bvs = detail::row_of(tn.bv, s);
+    const std::span<const float> qns = detail::row_of(tn.q_norm, s),
+                                 kns = detail::row_of(tn.k_norm, s);
     // For the backward of the q/k norms: q and k as they enter them.
     runtime::Tensor* q_pre =
-        saved != nullptr && q_norm != nullptr ? &pb.scratch(s, {rows, lq * d}) : nullptr;
+        keeps_pre_norm && tn.q_norm != nullptr ? &pb.scratch(s, {rows, lq * d}) : nullptr;
     runtime::Tensor* k_pre =
-        saved != nullptr && k_norm != nullptr ? &pb.scratch(s, {rows, lkv * d}) : nullptr;
-    q_pre_of[static_cast<std::size_t>(s)] = q_pre;
-    k_pre_of[static_cast<std::size_t>(s)] = k_pre;
+        keeps_pre_norm && tn.k_norm != nullptr ? &pb.scratch(s, {rows, lkv * d}) : nullptr;
+    queries.q_pre_of[static_cast<std::size_t>(s)] = q_pre;
+    queries.k_pre_of[static_cast<std::size_t>(s)] = k_pre;
     // The first global token of the slot's block of x's tokens, and its first sequence.
     const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
     const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
     runtime::Tensor& xs = x.shard(s);
     runtime::Tensor& q = pb.scratch(s, {rows, lq * d});
-    q_of[static_cast<std::size_t>(s)] = &q;
-    runtime::Tensor& k = k_new.shard(s);
-    runtime::Tensor& v = v_new.shard(s);
-    runtime::Tensor& wqs = wq.shard(s);
-    runtime::Tensor& wks = wk.shard(s);
-    runtime::Tensor& wvs = wv.shard(s);
+    queries.q_of[static_cast<std::size_t>(s)] = &q;
+    runtime::Tensor& k = tn.k_new.shard(s);
+    runtime::Tensor& v = tn.v_new.shard(s);
+    runtime::Tensor& wqs = tn.wq.shard(s);
+    runtime::Tensor& wks = tn.wk.shard(s);
+    runtime::Tensor& wvs = tn.wv.shard(s);
     return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
             token_offset, first_sequence, positions, config, bqs, bks, bvs, qns, kns, q_pre,
             k_pre] {
@@ -268,32 +364,59 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
       }
     };
   });
-  // Keys and values of every token: gathered over the sequence axes (nothing when T is whole).
-  runtime::Frontier k_ready = projected, v_ready = projected;
-  runtime::ShardedTensor& k_all =
-      pb.gather_over(k_new, seq_axes, TensorRole::kActivation, name + ".k_gathered", k_ready);
-  runtime::ShardedTensor& v_all =
-      pb.gather_over(v_new, seq_axes, TensorRole::kActivation, name + ".v_gathered", v_ready);
+}
 
-  std::vector<runtime::Tensor*> o_of(static_cast<std::size_t>(mesh.size()));
-  NUMESH_CHECK(saved == nullptr || cache == nullptr, ValueError,
-               "{}: a forward kept for the backward runs full sequences, without a cache", name);
-  const runtime::Frontier attended =
-      pb.per_device(name + ".core", {&projected, &k_ready, &v_ready}, [&](std::int64_t s) {
+// The keys and values of every token (gathered over the sequence axes), each with the frontier
+// after which it is complete.
+struct AttentionFwdKeys {
+  runtime::ShardedTensor& k_all;
+  runtime::ShardedTensor& v_all;
+  runtime::Frontier k_ready, v_ready;
+};
+
+// Keys and values of every token: gathered over the sequence axes (nothing when T is whole).
+AttentionFwdKeys attention_fwd_gather_keys(const AttentionFwd& st, const AttentionFwdTensors& tn,
+                                           const runtime::Frontier& projected) {
+  runtime::Frontier k_ready = projected, v_ready = projected;
+  runtime::ShardedTensor& k_all = st.pb.gather_over(tn.k_new, st.seq_axes, TensorRole::kActivation,
+                                                    st.name + ".k_gathered", k_ready);
+  runtime::ShardedTensor& v_all = st.pb.gather_over(tn.v_new, st.seq_axes, TensorRole::kActivation,
+                                                    st.name + ".v_gathered", v_ready);
+  return AttentionFwdKeys{
+      .k_all = k_all, .v_all = v_all, .k_ready = std::move(k_ready), .v_ready = std::move(v_ready)};
+}
+
+// Per device: causal attention of its queries on its heads over every key, through the cache
+// when the step has one (its new keys and values written at their positions first). Fills o_of.
+runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFwdTensors& tn,
+                                       const std::vector<runtime::Tensor*>& q_of,
+                                       const AttentionFwdKeys& keys,
+                                       const runtime::Frontier& projected,
+                                       std::vector<runtime::Tensor*>& o_of) {
+  ProgramBuilder& pb = st.pb;
+  runtime::ShardedTensor& x = st.x;
+  const AttentionConfig& config = st.layer.config;
+  KvCache* cache = st.cache;
+  const std::vector<std::int64_t>* positions = st.positions;
+  const std::int64_t rows = st.rows, local_batch = st.local_batch, local_t = st.local_t, lq = st.lq,
+                     d = st.d;
+  const std::int64_t key_capacity = cache != nullptr ? cache->max_len : st.t;
+  return pb.per_device(
+      st.name + ".core", {&projected, &keys.k_ready, &keys.v_ready}, [&](std::int64_t s) {
         const std::int64_t token_offset = x.layout().device(s).block[1] * local_t;
         const std::int64_t first_sequence = x.layout().device(s).block[0] * local_batch;
-        const AttentionSlice slice = layer.slice(x, s);
+        const AttentionSlice slice = st.layer.slice(x, s);
         runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
-        runtime::Tensor& k = k_all.shard(s);
-        runtime::Tensor& v = v_all.shard(s);
+        runtime::Tensor& k = keys.k_all.shard(s);
+        runtime::Tensor& v = keys.v_all.shard(s);
         runtime::Tensor& o = pb.scratch(s, {rows, lq * d});
         o_of[static_cast<std::size_t>(s)] = &o;
         AttentionSlice widest = slice;
         widest.kv_len = key_capacity;
         runtime::Tensor& scores =
-            pb.scratch(s, {attention_scratch_floats(widest, d, mesh.device(s).spec().threads)});
-        runtime::Tensor* ck = cache_k != nullptr ? &cache_k->shard(s) : nullptr;
-        runtime::Tensor* cv = cache_v != nullptr ? &cache_v->shard(s) : nullptr;
+            pb.scratch(s, {attention_scratch_floats(widest, d, st.mesh.device(s).spec().threads)});
+        runtime::Tensor* ck = tn.cache_k != nullptr ? &tn.cache_k->shard(s) : nullptr;
+        runtime::Tensor* cv = tn.cache_v != nullptr ? &tn.cache_v->shard(s) : nullptr;
         const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
         const std::int64_t max_len = cache != nullptr ? cache->max_len : 0;
         return [&q, &k, &v, &o, &scores, ck, cv, slice, config, layout, max_len, positions,
@@ -351,33 +474,68 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
               });
         };
       });
-  const runtime::Frontier done = pb.per_device(name + ".out", {&attended}, [&](std::int64_t s) {
+}
+
+// Per device: the output projection of its heads into y's partial sums (the output bias added
+// once per reduction group).
+runtime::Frontier attention_fwd_output_projection(const AttentionFwd& st,
+                                                  const AttentionFwdTensors& tn,
+                                                  const std::vector<runtime::Tensor*>& o_of,
+                                                  const runtime::Frontier& attended) {
+  const MatmulPrecision prec = st.prec;
+  const std::int64_t rows = st.rows, hidden = st.hidden;
+  return st.pb.per_device(st.name + ".out", {&attended}, [&](std::int64_t s) {
     runtime::Tensor& o = *o_of[static_cast<std::size_t>(s)];
-    runtime::Tensor& wos = wo.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
+    runtime::Tensor& wos = tn.wo.shard(s);
+    runtime::Tensor& yp = tn.y_partial.shard(s);
     // The output bias is added once: by every device when heads are not split, else by the
     // first of the devices whose partial sums the all-reduce adds.
     const bool adds_bias =
-        !layer.splits_heads() || mesh.coords(s)[*m.find_axis(layer.heads_axis)] == 0;
-    const std::span<const float> bos = detail::row_of(bo, s);
+        !st.layer.splits_heads() || st.mesh.coords(s)[*st.m.find_axis(st.layer.heads_axis)] == 0;
+    const std::span<const float> bos = detail::row_of(tn.bo, s);
     return [prec, &o, &wos, &yp, rows, hidden, bos, adds_bias] {
       const MatrixMap ym(yp.values().data(), rows, hidden);
       device_gemm(as_matrix(std::as_const(o)), as_out_in_weight(wos), ym, prec);
       if (adds_bias) add_bias_rows(ym, bos);
     };
   });
+}
+
+}  // namespace
+
+runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer,
+                                 runtime::ShardedTensor& x, const runtime::Frontier& after,
+                                 runtime::ShardedTensor& y, const std::string& name,
+                                 const AttentionStep& step, AttentionSaved* saved) {
+  attention_fwd_check_shapes(layer, x, y, name, step);
+  const AttentionFwd st = attention_fwd_context(pb, layer, x, name, step);
+  const AttentionFwdTensors tn = attention_fwd_tensors(st);
+  const auto slots = static_cast<std::size_t>(st.mesh.size());
+  AttentionFwdQueries queries{.q_of = std::vector<runtime::Tensor*>(slots),
+                              .q_pre_of = std::vector<runtime::Tensor*>(slots),
+                              .k_pre_of = std::vector<runtime::Tensor*>(slots)};
+  const runtime::Frontier projected =
+      attention_fwd_project_qkv(st, tn, saved != nullptr, after, queries);
+  const AttentionFwdKeys keys = attention_fwd_gather_keys(st, tn, projected);
+
+  std::vector<runtime::Tensor*> o_of(slots);
+  NUMESH_CHECK(saved == nullptr || st.cache == nullptr, ValueError,
+               "{}: a forward kept for the backward runs full sequences, without a cache", name);
+  const runtime::Frontier attended =
+      attention_fwd_attend(st, tn, queries.q_of, keys, projected, o_of);
+  const runtime::Frontier done = attention_fwd_output_projection(st, tn, o_of, attended);
   if (saved != nullptr) {
     *saved = AttentionSaved{.x = &x,
-                            .k_local = &k_new,
-                            .k = &k_all,
-                            .v = &v_all,
-                            .q = q_of,
+                            .k_local = &tn.k_new,
+                            .k = &keys.k_all,
+                            .v = &keys.v_all,
+                            .q = queries.q_of,
                             .out = o_of,
-                            .q_pre = q_pre_of,
-                            .k_pre = k_pre_of,
-                            .partial_placed = y_placed};
+                            .q_pre = queries.q_pre_of,
+                            .k_pre = queries.k_pre_of,
+                            .partial_placed = tn.y_placed};
   }
-  return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, 3), done,
+  return pb.reshard(tn.y_partial, tn.y_placed, y, sharding::to_placements(y.spec(), st.m, 3), done,
                     name + ".out");
 }
 
