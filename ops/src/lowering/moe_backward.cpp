@@ -202,126 +202,124 @@ runtime::Frontier emit_experts_backward_gathered(const ExpertsBackward& a) {
   });
 }
 
-// The experts' part when the tokens travelled to the experts by all-to-all (GShard's dispatch,
-// MoeSaved::dispatched): the forward's steps transposed. At each token's device, every kept
-// assignment's slot gets w dy of its row and its routing weight's gradient dy . the expert's
-// output; the slots travel to the experts as the dispatch did; each expert runs its SwiGLU
-// backward on every slot it received and writes the input gradients back into them; they
-// travel home as the combine did, and each device adds its assignments' slots into their rows.
-// One buffer per side carries both directions.
-runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
+// The tensors the all-to-all backward's three phases share: the forward's buffers at the
+// experts and at the tokens, and the gradients of their slots on either side.
+struct AllToAllBackward {
+  runtime::ShardedTensor& received;  // [P, E, C, H] at the experts
+  runtime::ShardedTensor& counts;
+  runtime::ShardedTensor& returned;  // the experts' outputs at the tokens
+  runtime::ShardedTensor& at_source;
+  runtime::ShardedTensor& at_experts;
+  std::int64_t slots, held_blocks;
+};
+
+// Per device, at the tokens: every kept assignment's slot gets w dy of its row, and its routing
+// weight's gradient dy . the expert's output.
+runtime::Frontier emit_a2a_backward_unpack(const ExpertsBackward& a, const AllToAllBackward& bufs) {
+  const MoeConfig& c = a.layer.config;
+  const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k, cols = a.cols,
+                     slots = bufs.slots;
+  return a.pb.per_device(a.name + ".unpack_bwd", {&a.after}, [&](std::int64_t s) {
+    RoutingTables& r = *a.saved.tables[static_cast<std::size_t>(s)];
+    runtime::Tensor& dys = a.dy.shard(s);
+    runtime::Tensor& back = bufs.returned.shard(s);
+    runtime::Tensor& slot_grads = bufs.at_source.shard(s);
+    runtime::Tensor& dws = a.dweights.shard(s);
+    return [&r, &dys, &back, &slot_grads, &dws, e, k, slots, h, cols] {
+      std::fill(dws.values().begin(), dws.values().end(), 0.0f);
+      for (std::int64_t ex = 0; ex < e; ++ex) {
+        for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
+          const std::int64_t row =
+              r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const float w = r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const auto dy_row = ConstMatrixMap(dys.values().data(), dys.size() / h, h).row(row);
+          const std::int64_t slot = (ex * slots + j) * h;
+          dws.values()[static_cast<std::size_t>(row * cols + choice_of(r, row, k, ex))] =
+              dy_row.dot(ConstMatrixMap(back.values().data() + slot, 1, h).row(0));
+          MatrixMap(slot_grads.values().data() + slot, 1, h) = w * dy_row;
+        }
+      }
+    };
+  });
+}
+
+// Per device, at the experts: each expert's SwiGLU backward on every slot it received, the
+// input gradients written back into those slots.
+runtime::Frontier emit_a2a_backward_experts(const ExpertsBackward& a, const AllToAllBackward& bufs,
+                                            const runtime::Frontier& there) {
   ProgramBuilder& pb = a.pb;
   const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  const sharding::Mesh& m = pb.mesh().mesh();
-  const MoeSaved& saved = a.saved;
-  runtime::ShardedTensor& received = *saved.dispatched;  // [P, E, C, H] at the experts
-  runtime::ShardedTensor& counts = *saved.dispatched_counts;
-  runtime::ShardedTensor& returned = *saved.combined;  // the experts' outputs at the tokens
   const MoeConfig& c = a.layer.config;
   const std::int64_t h = a.layer.hidden, e = c.num_experts, k = c.top_k,
-                     le_count = a.layer.local_experts, fl = a.layer.local_ffn, cols = a.cols;
-  const std::int64_t slots = received.shape()[2], held_blocks = received.layout().shard_shape()[0];
-  const auto placed = [&](const runtime::ShardedTensor& t) {
-    return sharding::to_placements(t.spec(), m, t.shape().size());
-  };
-  runtime::ShardedTensor& at_source =
-      pb.tensor(a.name + ".dcombined", TensorRole::kActivation, returned.shape(), returned.spec());
-  runtime::ShardedTensor& at_experts = pb.tensor(a.name + ".ddispatched", TensorRole::kActivation,
-                                                 received.shape(), received.spec());
-
-  const runtime::Frontier unpacked =
-      pb.per_device(a.name + ".unpack_bwd", {&a.after}, [&](std::int64_t s) {
-        RoutingTables& r = *saved.tables[static_cast<std::size_t>(s)];
-        runtime::Tensor& dys = a.dy.shard(s);
-        runtime::Tensor& back = returned.shard(s);
-        runtime::Tensor& slot_grads = at_source.shard(s);
-        runtime::Tensor& dws = a.dweights.shard(s);
-        return [&r, &dys, &back, &slot_grads, &dws, e, k, slots, h, cols] {
-          std::fill(dws.values().begin(), dws.values().end(), 0.0f);
-          for (std::int64_t ex = 0; ex < e; ++ex) {
-            for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
-              const std::int64_t row =
-                  r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-              const float w =
-                  r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-              const auto dy_row = ConstMatrixMap(dys.values().data(), dys.size() / h, h).row(row);
-              const std::int64_t slot = (ex * slots + j) * h;
-              dws.values()[static_cast<std::size_t>(row * cols + choice_of(r, row, k, ex))] =
-                  dy_row.dot(ConstMatrixMap(back.values().data() + slot, 1, h).row(0));
-              MatrixMap(slot_grads.values().data() + slot, 1, h) = w * dy_row;
-            }
-          }
-        };
-      });
-  const runtime::Frontier there = pb.reshard(at_source, placed(at_source), at_experts,
-                                             placed(at_experts), unpacked, a.name + ".dcombine");
-
+                     le_count = a.layer.local_experts, fl = a.layer.local_ffn;
+  const std::int64_t slots = bufs.slots, held_blocks = bufs.held_blocks;
   // Expected FLOPs with balanced routing, as the forward counts them: each expert sees the
   // rows x k / E assignments of every block it holds, rows a block's tokens.
-  const std::int64_t rows = saved.x->layout().elements_per_device() / h;
+  const std::int64_t rows = a.saved.x->layout().elements_per_device() / h;
   const double expert_flops = 2.0 * 2.0 * 3.0 * static_cast<double>(h * fl) *
                               static_cast<double>(rows * k) / static_cast<double>(e) *
                               static_cast<double>(le_count * held_blocks);
-  const runtime::Frontier experts_done =
-      pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
-        pb.add_flops(s, expert_flops);
-        runtime::Tensor& in = received.shard(s);
-        runtime::Tensor& n = counts.shard(s);
-        runtime::Tensor& slot_grads = at_experts.shard(s);
-        const ExpertTensors t = expert_tensors(a, s);
-        const std::int64_t most = held_blocks * slots;  // an expert's slots from every block
-        runtime::Tensor& xe = pb.scratch(s, {most, h});
-        runtime::Tensor& ge = pb.scratch(s, {most, h});
-        runtime::Tensor& da = pb.scratch(s, {most, fl});
-        runtime::Tensor& du = pb.scratch(s, {most, fl});
-        runtime::Tensor& dxe = pb.scratch(s, {most, h});
-        return [prec, &in, &n, &slot_grads, t, &xe, &ge, &da, &du, &dxe, held_blocks, le_count,
-                slots, h, fl] {
-          // Where block b's slots for local expert le start, and how many of them it filled.
-          const auto slot_at = [&](std::int64_t b, std::int64_t le) {
-            return ((b * le_count + le) * slots) * h;
-          };
-          const auto filled = [&](std::int64_t b, std::int64_t le) {
-            return static_cast<std::int64_t>(
-                n.values()[static_cast<std::size_t>(b * le_count + le)]);
-          };
-          std::int64_t at = 0;  // the expert's first row in the saved buffers
-          for (std::int64_t le = 0; le < le_count; ++le) {
-            std::int64_t total = 0;
-            for (std::int64_t b = 0; b < held_blocks; ++b) {
-              const std::int64_t count = filled(b, le);
-              std::copy_n(in.values().data() + slot_at(b, le), count * h,
-                          xe.values().data() + total * h);
-              std::copy_n(slot_grads.values().data() + slot_at(b, le), count * h,
-                          ge.values().data() + total * h);
-              total += count;
-            }
-            if (total == 0) {
-              zero_expert_gradients(t, le, h, fl);
-              continue;
-            }
-            MatrixMap dxm(dxe.values().data(), total, h);
-            expert_backward_rows(prec, t, le, at, ConstMatrixMap(xe.values().data(), total, h),
-                                 MatrixMap(ge.values().data(), total, h),
-                                 MatrixMap(da.values().data(), total, fl),
-                                 MatrixMap(du.values().data(), total, fl), dxm);
-            std::int64_t from = 0;
-            for (std::int64_t b = 0; b < held_blocks; ++b) {
-              const std::int64_t count = filled(b, le);
-              std::copy_n(dxe.values().data() + from * h, count * h,
-                          slot_grads.values().data() + slot_at(b, le));
-              from += count;
-            }
-            at += total;
-          }
-        };
-      });
-  const runtime::Frontier home = pb.reshard(at_experts, placed(at_experts), at_source,
-                                            placed(at_source), experts_done, a.name + ".ddispatch");
+  return pb.per_device(a.name + ".experts_bwd", {&there}, [&](std::int64_t s) {
+    pb.add_flops(s, expert_flops);
+    runtime::Tensor& in = bufs.received.shard(s);
+    runtime::Tensor& n = bufs.counts.shard(s);
+    runtime::Tensor& slot_grads = bufs.at_experts.shard(s);
+    const ExpertTensors t = expert_tensors(a, s);
+    const std::int64_t most = held_blocks * slots;  // an expert's slots from every block
+    runtime::Tensor& xe = pb.scratch(s, {most, h});
+    runtime::Tensor& ge = pb.scratch(s, {most, h});
+    runtime::Tensor& da = pb.scratch(s, {most, fl});
+    runtime::Tensor& du = pb.scratch(s, {most, fl});
+    runtime::Tensor& dxe = pb.scratch(s, {most, h});
+    return [prec, &in, &n, &slot_grads, t, &xe, &ge, &da, &du, &dxe, held_blocks, le_count, slots,
+            h, fl] {
+      // Where block b's slots for local expert le start, and how many of them it filled.
+      const auto slot_at = [&](std::int64_t b, std::int64_t le) {
+        return ((b * le_count + le) * slots) * h;
+      };
+      const auto filled = [&](std::int64_t b, std::int64_t le) {
+        return static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
+      };
+      std::int64_t at = 0;  // the expert's first row in the saved buffers
+      for (std::int64_t le = 0; le < le_count; ++le) {
+        std::int64_t total = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const std::int64_t count = filled(b, le);
+          std::copy_n(in.values().data() + slot_at(b, le), count * h,
+                      xe.values().data() + total * h);
+          std::copy_n(slot_grads.values().data() + slot_at(b, le), count * h,
+                      ge.values().data() + total * h);
+          total += count;
+        }
+        if (total == 0) {
+          zero_expert_gradients(t, le, h, fl);
+          continue;
+        }
+        MatrixMap dxm(dxe.values().data(), total, h);
+        expert_backward_rows(prec, t, le, at, ConstMatrixMap(xe.values().data(), total, h),
+                             MatrixMap(ge.values().data(), total, h),
+                             MatrixMap(da.values().data(), total, fl),
+                             MatrixMap(du.values().data(), total, fl), dxm);
+        std::int64_t from = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const std::int64_t count = filled(b, le);
+          std::copy_n(dxe.values().data() + from * h, count * h,
+                      slot_grads.values().data() + slot_at(b, le));
+          from += count;
+        }
+        at += total;
+      }
+    };
+  });
+}
 
-  return pb.per_device(a.name + ".pack_bwd", {&home}, [&](std::int64_t s) {
-    RoutingTables& r = *saved.tables[static_cast<std::size_t>(s)];
-    runtime::Tensor& slot_grads = at_source.shard(s);
+// Per device, back at the tokens: its assignments' slots added into their rows of dx_partial.
+runtime::Frontier emit_a2a_backward_pack(const ExpertsBackward& a, const AllToAllBackward& bufs,
+                                         const runtime::Frontier& home) {
+  const std::int64_t h = a.layer.hidden, e = a.layer.config.num_experts, slots = bufs.slots;
+  return a.pb.per_device(a.name + ".pack_bwd", {&home}, [&](std::int64_t s) {
+    RoutingTables& r = *a.saved.tables[static_cast<std::size_t>(s)];
+    runtime::Tensor& slot_grads = bufs.at_source.shard(s);
     runtime::Tensor& dxs = a.dx_partial.shard(s);
     return [&r, &slot_grads, &dxs, e, slots, h] {
       std::fill(dxs.values().begin(), dxs.values().end(), 0.0f);
@@ -335,6 +333,43 @@ runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
       }
     };
   });
+}
+
+// The experts' part when the tokens travelled to the experts by all-to-all (GShard's dispatch,
+// MoeSaved::dispatched): the forward's steps transposed. At each token's device, every kept
+// assignment's slot gets w dy of its row and its routing weight's gradient dy . the expert's
+// output; the slots travel to the experts as the dispatch did; each expert runs its SwiGLU
+// backward on every slot it received and writes the input gradients back into them; they
+// travel home as the combine did, and each device adds its assignments' slots into their rows.
+// One buffer per side carries both directions.
+runtime::Frontier emit_experts_backward_all_to_all(const ExpertsBackward& a) {
+  ProgramBuilder& pb = a.pb;
+  const sharding::Mesh& m = pb.mesh().mesh();
+  const MoeSaved& saved = a.saved;
+  runtime::ShardedTensor& received = *saved.dispatched;
+  runtime::ShardedTensor& returned = *saved.combined;
+  const auto placed = [&](const runtime::ShardedTensor& t) {
+    return sharding::to_placements(t.spec(), m, t.shape().size());
+  };
+  runtime::ShardedTensor& at_source =
+      pb.tensor(a.name + ".dcombined", TensorRole::kActivation, returned.shape(), returned.spec());
+  runtime::ShardedTensor& at_experts = pb.tensor(a.name + ".ddispatched", TensorRole::kActivation,
+                                                 received.shape(), received.spec());
+  const AllToAllBackward bufs{.received = received,
+                              .counts = *saved.dispatched_counts,
+                              .returned = returned,
+                              .at_source = at_source,
+                              .at_experts = at_experts,
+                              .slots = received.shape()[2],
+                              .held_blocks = received.layout().shard_shape()[0]};
+
+  const runtime::Frontier unpacked = emit_a2a_backward_unpack(a, bufs);
+  const runtime::Frontier there = pb.reshard(at_source, placed(at_source), at_experts,
+                                             placed(at_experts), unpacked, a.name + ".dcombine");
+  const runtime::Frontier experts_done = emit_a2a_backward_experts(a, bufs, there);
+  const runtime::Frontier home = pb.reshard(at_experts, placed(at_experts), at_source,
+                                            placed(at_source), experts_done, a.name + ".ddispatch");
+  return emit_a2a_backward_pack(a, bufs, home);
 }
 
 // The shared expert's backward on the rows each device ran it on in the forward (MoeSaved's
@@ -412,16 +447,11 @@ runtime::Frontier emit_shared_expert_backward(
       });
 }
 
-}  // namespace
-
-runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
-                                    const MoeSaved& saved, runtime::ShardedTensor& dy,
-                                    const runtime::Frontier& after, runtime::ShardedTensor& dx,
-                                    const MoeGradients& grads, const std::string& name,
-                                    const RouterAuxGradient* aux, runtime::Frontier* dx_ready) {
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const sharding::Mesh& m = mesh.mesh();
-  const std::size_t rank = dx.shape().size();
+// Refuses a backward whose forward kept nothing for it, or whose dy, dx or gradients are not
+// laid out as what they differentiate.
+void check_moe_backward_inputs(const MoeLayer& layer, const MoeSaved& saved,
+                               runtime::ShardedTensor& dy, runtime::ShardedTensor& dx,
+                               const MoeGradients& grads, const std::string& name) {
   NUMESH_CHECK(saved.x != nullptr && !saved.tables.empty() && !saved.gate_pre.empty(), ValueError,
                "{}: the forward kept nothing for the backward (emit_moe without `saved`)", name);
   check_backward_io(dy, dx, saved.x->shape(), saved.y_placed, saved.x_placed, name);
@@ -429,8 +459,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
   check_laid_out_like(*grads.gate, *layer.gate, "the gate gradient", name);
   check_laid_out_like(*grads.up, *layer.up, "the up gradient", name);
   check_laid_out_like(*grads.down, *layer.down, "the down gradient", name);
-  const bool shared = layer.shared_expert.has_value();
-  if (shared) {
+  if (layer.shared_expert.has_value()) {
     NUMESH_CHECK(
         grads.shared_gate && grads.shared_up && grads.shared_down && grads.shared_expert_gate,
         ValueError, "{}: the layer has a shared expert but no gradients are given for it", name);
@@ -445,17 +474,56 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
     check_laid_out_like(*grads.shared_expert_gate, *layer.shared_expert_gate,
                         "the shared_expert_gate gradient", name);
   }
+}
 
-  // dy as the partial output was laid out: gathered over the weights' axes (the transpose of
-  // the forward's reduction), the same tensor when no axis splits the weights.
-  runtime::Frontier dy_ready = after;
-  runtime::ShardedTensor& dyc = canonical_gradient(pb, dy, gradient_placements(saved.y_placed),
-                                                   saved.partial_placed, name + ".dy", dy_ready);
+// What the backward's phases after the checks share: the sizes, the placements, and the
+// tensors each device writes its gradients into.
+struct MoeBackward {
+  ProgramBuilder& pb;
+  const MoeLayer& layer;
+  const MoeSaved& saved;
+  const MoeGradients& grads;
+  const std::string& name;
+  const sharding::Mesh& m;
+  std::size_t rank;
+  bool shared;
+  runtime::ShardedTensor& xc;
+  std::int64_t h, e, k, rows, cols;
+  std::vector<sharding::Placement> x_placed, full_placed;
+  bool reduced;  // some axis splits the weights
+  runtime::ShardedTensor& dw_partial;
+  runtime::ShardedTensor& dw_full;
+  runtime::ShardedTensor& d_gate;
+  runtime::ShardedTensor& d_up;
+  runtime::ShardedTensor& d_down;
+  runtime::ShardedTensor& d_router;
+  std::vector<sharding::Placement> dx_target;
+  bool direct;  // dx itself takes the partial sums
+  runtime::ShardedTensor& dx_partial;
+};
 
+// Each weight's gradient as this device computes it (the gradient itself when nothing is left
+// to reduce).
+runtime::ShardedTensor& moe_backward_produced(ProgramBuilder& pb,
+                                              const std::vector<sharding::Placement>& x_placed,
+                                              std::size_t rank, const runtime::ShardedTensor& used,
+                                              runtime::ShardedTensor& out, const std::string& name,
+                                              const std::string& wname) {
+  return weight_gradient_target(pb, used, x_placed, rank, out,
+                                name + "." + wname + ".grad_partial");
+}
+
+// The shared state: the sizes and placements, and the routing weights', the experts' and dx's
+// tensors as each device computes them.
+MoeBackward moe_backward_context(ProgramBuilder& pb, const MoeLayer& layer, const MoeSaved& saved,
+                                 const MoeGradients& grads, runtime::ShardedTensor& dx,
+                                 const std::string& name) {
+  const sharding::Mesh& m = pb.mesh().mesh();
+  const std::size_t rank = dx.shape().size();
+  const bool shared = layer.shared_expert.has_value();
   runtime::ShardedTensor& xc = *saved.x;
   const MoeConfig& c = layer.config;
-  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k;
-  const std::int64_t rows = xc.layout().elements_per_device() / h;
+  const std::int64_t h = layer.hidden;
   const std::vector<sharding::Placement> x_placed = sharding::to_placements(xc.spec(), m, rank);
   const std::vector<sharding::Placement> full_placed = gradient_placements(saved.partial_placed);
   const bool reduced = saved.partial_placed != full_placed;  // some axis splits the weights
@@ -463,7 +531,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
   // Tensors shaped as the tokens with k (the routing weights) in place of H, and with a shared
   // expert one more column (dy . its output, its gate's gradient): partial over the weights'
   // axes as each device computes them, then summed.
-  const std::int64_t cols = k + (shared ? 1 : 0);
+  const std::int64_t cols = c.top_k + (shared ? 1 : 0);
   std::vector<std::int64_t> table_shape = xc.shape();
   table_shape.back() = cols;
   runtime::ShardedTensor& dw_partial =
@@ -471,12 +539,9 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
   runtime::ShardedTensor& dw_full =
       reduced ? pb.tensor(name + ".dweights", TensorRole::kActivation, table_shape, xc.spec())
               : dw_partial;
-  // Each weight's gradient as this device computes it (the gradient itself when nothing is left
-  // to reduce).
-  auto produced = [&](const runtime::ShardedTensor& used, runtime::ShardedTensor& out,
-                      const std::string& wname) -> runtime::ShardedTensor& {
-    return weight_gradient_target(pb, used, x_placed, rank, out,
-                                  name + "." + wname + ".grad_partial");
+  const auto produced = [&](const runtime::ShardedTensor& used, runtime::ShardedTensor& out,
+                            const std::string& wname) -> runtime::ShardedTensor& {
+    return moe_backward_produced(pb, x_placed, rank, used, out, name, wname);
   };
   runtime::ShardedTensor& d_gate = produced(*saved.gate, *grads.gate, "w_gate");
   runtime::ShardedTensor& d_up = produced(*saved.up, *grads.up, "w_up");
@@ -484,68 +549,112 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
   runtime::ShardedTensor& d_router = produced(*saved.router, *grads.router, "router");
   // dx as computed: the experts' terms and the router's (added by one device of each partial
   // sum), a partial sum over the weights' axes.
-  const std::vector<sharding::Placement> dx_target = gradient_placements(saved.x_placed);
+  std::vector<sharding::Placement> dx_target = gradient_placements(saved.x_placed);
   const bool direct = saved.partial_placed == dx_target && xc.spec() == dx.spec();
   runtime::ShardedTensor& dx_partial =
       direct ? dx : pb.tensor(name + ".dx_partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  return MoeBackward{.pb = pb,
+                     .layer = layer,
+                     .saved = saved,
+                     .grads = grads,
+                     .name = name,
+                     .m = m,
+                     .rank = rank,
+                     .shared = shared,
+                     .xc = xc,
+                     .h = h,
+                     .e = c.num_experts,
+                     .k = c.top_k,
+                     .rows = xc.layout().elements_per_device() / h,
+                     .cols = cols,
+                     .x_placed = x_placed,
+                     .full_placed = full_placed,
+                     .reduced = reduced,
+                     .dw_partial = dw_partial,
+                     .dw_full = dw_full,
+                     .d_gate = d_gate,
+                     .d_up = d_up,
+                     .d_down = d_down,
+                     .d_router = d_router,
+                     .dx_target = std::move(dx_target),
+                     .direct = direct,
+                     .dx_partial = dx_partial};
+}
 
-  // The experts' part: the routing weights' gradients into dw_partial (zeroed first), the
-  // experts' weight gradients, and their input gradients into dx_partial (zeroed first).
-  const ExpertsBackward part{pb,     layer, saved,  dyc,      dw_partial, dx_partial,
-                             d_gate, d_up,  d_down, dy_ready, name,       cols};
-  const runtime::Frontier experts_done = saved.dispatched != nullptr
-                                             ? emit_experts_backward_all_to_all(part)
-                                             : emit_experts_backward_gathered(part);
-  // The shared expert on the rows its forward ran on (after the experts: both write dw and dx).
-  // Its weights' gradients are Partial over the axes sharing out its rows as well.
-  const auto shared_placed = [&](const runtime::ShardedTensor& used) {
-    std::vector<sharding::Placement> placed = weight_gradient_placements(
-        sharding::to_placements(used.spec(), m, used.shape().size()), x_placed, rank);
-    for (const std::size_t a : saved.shared_sharing) placed[a] = sharding::Placement::partial();
-    return placed;
-  };
+// The shared expert's weights' gradients as each device computes them: Partial over the axes
+// sharing out its rows as well as where a weight's gradient is.
+std::vector<sharding::Placement> shared_expert_gradient_placements(
+    const MoeBackward& st, const runtime::ShardedTensor& used) {
+  std::vector<sharding::Placement> placed = weight_gradient_placements(
+      sharding::to_placements(used.spec(), st.m, used.shape().size()), st.x_placed, st.rank);
+  for (const std::size_t a : st.saved.shared_sharing) placed[a] = sharding::Placement::partial();
+  return placed;
+}
+
+// The shared expert's gradients as each device computes them (all null without one), and the
+// frontier after which its backward is done.
+struct SharedExpertGradients {
+  runtime::ShardedTensor* d_gate = nullptr;
+  runtime::ShardedTensor* d_up = nullptr;
+  runtime::ShardedTensor* d_down = nullptr;
+  runtime::ShardedTensor* d_scale = nullptr;  // its gate's
+  runtime::Frontier done;
+};
+
+// The shared expert on the rows its forward ran on (after the experts: both write dw and dx).
+// Its weights' gradients are Partial over the axes sharing out its rows as well.
+SharedExpertGradients emit_moe_shared_expert_backward(const MoeBackward& st,
+                                                      runtime::ShardedTensor& dyc,
+                                                      const runtime::Frontier& experts_done) {
+  const MoeSaved& saved = st.saved;
+  const MoeGradients& grads = st.grads;
   const auto shared_target = [&](const runtime::ShardedTensor* used,
                                  const std::shared_ptr<runtime::ShardedTensor>& out,
                                  const std::string& wname) -> runtime::ShardedTensor* {
-    if (!shared) return nullptr;
-    return &gradient_target(pb, *used, shared_placed(*used), *out,
-                            name + "." + wname + ".grad_partial");
+    if (!st.shared) return nullptr;
+    return &gradient_target(st.pb, *used, shared_expert_gradient_placements(st, *used), *out,
+                            st.name + "." + wname + ".grad_partial");
   };
-  runtime::ShardedTensor* d_shared_gate =
-      shared_target(saved.shared_gate, grads.shared_gate, "shared_w_gate");
-  runtime::ShardedTensor* d_shared_up =
-      shared_target(saved.shared_up, grads.shared_up, "shared_w_up");
-  runtime::ShardedTensor* d_shared_down =
-      shared_target(saved.shared_down, grads.shared_down, "shared_w_down");
-  runtime::ShardedTensor* d_shared_scale =
-      shared ? &produced(*saved.shared_expert_gate, *grads.shared_expert_gate, "shared_gate")
-             : nullptr;
-  const runtime::Frontier shared_done =
-      shared
-          ? emit_shared_expert_backward(pb, saved, dyc, *d_shared_gate, *d_shared_up,
-                                        *d_shared_down, dw_partial, dx_partial, experts_done, name)
-          : experts_done;
-  // The routing weights' gradients summed over the weights' axes.
-  const runtime::Frontier dw_ready = reduced
-                                         ? pb.reshard(dw_partial, saved.partial_placed, dw_full,
-                                                      full_placed, shared_done, name + ".dweights")
-                                         : shared_done;
+  SharedExpertGradients g;
+  g.d_gate = shared_target(saved.shared_gate, grads.shared_gate, "shared_w_gate");
+  g.d_up = shared_target(saved.shared_up, grads.shared_up, "shared_w_up");
+  g.d_down = shared_target(saved.shared_down, grads.shared_down, "shared_w_down");
+  g.d_scale = st.shared
+                  ? &moe_backward_produced(st.pb, st.x_placed, st.rank, *saved.shared_expert_gate,
+                                           *grads.shared_expert_gate, st.name, "shared_gate")
+                  : nullptr;
+  g.done = st.shared
+               ? emit_shared_expert_backward(st.pb, saved, dyc, *g.d_gate, *g.d_up, *g.d_down,
+                                             st.dw_partial, st.dx_partial, experts_done, st.name)
+               : experts_done;
+  return g;
+}
 
-  // Per device: the router's backward on its rows (every device of a partial sum computes the
-  // same values; the first adds the input gradient into dx).
+// Per device: the router's backward on its rows (every device of a partial sum computes the
+// same values; the first adds the input gradient into dx).
+runtime::Frontier emit_moe_router_backward(const MoeBackward& st,
+                                           const SharedExpertGradients& shared_grads,
+                                           const runtime::Frontier& dw_ready,
+                                           const RouterAuxGradient* aux) {
+  ProgramBuilder& pb = st.pb;
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const MoeSaved& saved = st.saved;
+  const MoeConfig& c = st.layer.config;
+  const bool shared = st.shared;
+  const std::int64_t rows = st.rows, h = st.h, e = st.e, k = st.k, cols = st.cols;
   const runtime::Frontier* aux_ready = aux != nullptr ? &aux->ready : nullptr;
-  const runtime::Frontier router_done = pb.per_device(
-      name + ".router_bwd", {&dw_ready, &shared_done, aux_ready}, [&](std::int64_t s) {
+  return pb.per_device(
+      st.name + ".router_bwd", {&dw_ready, &shared_grads.done, aux_ready}, [&](std::int64_t s) {
         const auto i = static_cast<std::size_t>(s);
         pb.add_flops(s, 2.0 * 2.0 * static_cast<double>(rows * h * e));
         const bool adds_dx = detail::first_of_partial_sum(mesh, saved.partial_placed, s);
         RoutingTables& r = *saved.tables[i];
         runtime::Tensor& p = *saved.probs[i];
-        runtime::Tensor& dws = dw_full.shard(s);
-        runtime::Tensor& xs = xc.shard(s);
+        runtime::Tensor& dws = st.dw_full.shard(s);
+        runtime::Tensor& xs = st.xc.shard(s);
         runtime::Tensor& wr = saved.router->shard(s);
-        runtime::Tensor& gr = d_router.shard(s);
-        runtime::Tensor& dxs = dx_partial.shard(s);
+        runtime::Tensor& gr = st.d_router.shard(s);
+        runtime::Tensor& dxs = st.dx_partial.shard(s);
         runtime::Tensor& dl = pb.scratch(s, {rows, e});
         // The load-balancing loss's dp: every row's the same, scale x the step's choice counts.
         runtime::Tensor* stats = aux != nullptr ? &aux->stats->shard(s) : nullptr;
@@ -553,7 +662,7 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
         const double aux_scale = aux != nullptr ? aux->scale : 0.0;
         // The shared expert's gate: its logits again for every row, their gradient, its own.
         runtime::Tensor* ws = shared ? &saved.shared_expert_gate->shard(s) : nullptr;
-        runtime::Tensor* gws = shared ? &d_shared_scale->shard(s) : nullptr;
+        runtime::Tensor* gws = shared ? &shared_grads.d_scale->shard(s) : nullptr;
         runtime::Tensor* dlogit = shared ? &pb.scratch(s, {rows, 1}) : nullptr;
         return [&r, &p, &dws, &xs, &wr, &gr, &dxs, &dl, stats, dprobs, ws, gws, dlogit, aux_scale,
                 c, rows, h, e, k, cols, adds_dx] {
@@ -592,36 +701,83 @@ runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
                  /*transpose_b=*/true);
         };
       });
+}
 
-  // The weights' gradients over the axes splitting the tokens; dx over the weights' axes.
+// The weights' gradients over the axes splitting the tokens. Returns the frontiers after which
+// each is complete.
+std::vector<runtime::Frontier> reduce_moe_weight_gradients(const MoeBackward& st,
+                                                           const SharedExpertGradients& sg,
+                                                           const runtime::Frontier& experts_done,
+                                                           const runtime::Frontier& router_done) {
+  ProgramBuilder& pb = st.pb;
+  const MoeSaved& saved = st.saved;
+  const MoeGradients& grads = st.grads;
+  const std::string& name = st.name;
   std::vector<runtime::Frontier> parts;
   auto reduce = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used,
                     runtime::ShardedTensor& grad, const runtime::Frontier& ready,
                     const std::string& wname) {
-    parts.push_back(reduce_weight_gradient(pb, partial, used, x_placed, rank, grad, ready,
+    parts.push_back(reduce_weight_gradient(pb, partial, used, st.x_placed, st.rank, grad, ready,
                                            name + "." + wname + ".grad"));
   };
-  reduce(d_gate, *saved.gate, *grads.gate, experts_done, "w_gate");
-  reduce(d_up, *saved.up, *grads.up, experts_done, "w_up");
-  reduce(d_down, *saved.down, *grads.down, experts_done, "w_down");
-  reduce(d_router, *saved.router, *grads.router, router_done, "router");
-  if (shared) {
-    reduce(*d_shared_scale, *saved.shared_expert_gate, *grads.shared_expert_gate, router_done,
+  reduce(st.d_gate, *saved.gate, *grads.gate, experts_done, "w_gate");
+  reduce(st.d_up, *saved.up, *grads.up, experts_done, "w_up");
+  reduce(st.d_down, *saved.down, *grads.down, experts_done, "w_down");
+  reduce(st.d_router, *saved.router, *grads.router, router_done, "router");
+  if (st.shared) {
+    reduce(*sg.d_scale, *saved.shared_expert_gate, *grads.shared_expert_gate, router_done,
            "shared_gate");
     // The shared expert's weights: each device summed over its share of the rows, so Partial
     // over the axes sharing the rows out as well as over those splitting the tokens.
     auto reduce_shared = [&](runtime::ShardedTensor& partial, runtime::ShardedTensor& used,
                              runtime::ShardedTensor& grad, const std::string& wname) {
-      parts.push_back(reduce_gradient_into(pb, partial, shared_placed(used), grad, shared_done,
-                                           name + "." + wname + ".grad"));
+      parts.push_back(reduce_gradient_into(pb, partial, shared_expert_gradient_placements(st, used),
+                                           grad, sg.done, name + "." + wname + ".grad"));
     };
-    reduce_shared(*d_shared_gate, *saved.shared_gate, *grads.shared_gate, "shared_w_gate");
-    reduce_shared(*d_shared_up, *saved.shared_up, *grads.shared_up, "shared_w_up");
-    reduce_shared(*d_shared_down, *saved.shared_down, *grads.shared_down, "shared_w_down");
+    reduce_shared(*sg.d_gate, *saved.shared_gate, *grads.shared_gate, "shared_w_gate");
+    reduce_shared(*sg.d_up, *saved.shared_up, *grads.shared_up, "shared_w_up");
+    reduce_shared(*sg.d_down, *saved.shared_down, *grads.shared_down, "shared_w_down");
   }
-  if (!direct)
-    parts.push_back(
-        pb.reshard(dx_partial, saved.partial_placed, dx, dx_target, router_done, name + ".dx"));
+  return parts;
+}
+
+}  // namespace
+
+runtime::Frontier emit_moe_backward(ProgramBuilder& pb, const MoeLayer& layer,
+                                    const MoeSaved& saved, runtime::ShardedTensor& dy,
+                                    const runtime::Frontier& after, runtime::ShardedTensor& dx,
+                                    const MoeGradients& grads, const std::string& name,
+                                    const RouterAuxGradient* aux, runtime::Frontier* dx_ready) {
+  check_moe_backward_inputs(layer, saved, dy, dx, grads, name);
+
+  // dy as the partial output was laid out: gathered over the weights' axes (the transpose of
+  // the forward's reduction), the same tensor when no axis splits the weights.
+  runtime::Frontier dy_ready = after;
+  runtime::ShardedTensor& dyc = canonical_gradient(pb, dy, gradient_placements(saved.y_placed),
+                                                   saved.partial_placed, name + ".dy", dy_ready);
+  const MoeBackward st = moe_backward_context(pb, layer, saved, grads, dx, name);
+
+  // The experts' part: the routing weights' gradients into dw_partial (zeroed first), the
+  // experts' weight gradients, and their input gradients into dx_partial (zeroed first).
+  const ExpertsBackward part{pb,        layer,   saved,     dyc,      st.dw_partial, st.dx_partial,
+                             st.d_gate, st.d_up, st.d_down, dy_ready, name,          st.cols};
+  const runtime::Frontier experts_done = saved.dispatched != nullptr
+                                             ? emit_experts_backward_all_to_all(part)
+                                             : emit_experts_backward_gathered(part);
+  const SharedExpertGradients sg = emit_moe_shared_expert_backward(st, dyc, experts_done);
+  // The routing weights' gradients summed over the weights' axes.
+  const runtime::Frontier dw_ready =
+      st.reduced ? pb.reshard(st.dw_partial, saved.partial_placed, st.dw_full, st.full_placed,
+                              sg.done, name + ".dweights")
+                 : sg.done;
+  const runtime::Frontier router_done = emit_moe_router_backward(st, sg, dw_ready, aux);
+
+  // The weights' gradients over the axes splitting the tokens; dx over the weights' axes.
+  std::vector<runtime::Frontier> parts =
+      reduce_moe_weight_gradients(st, sg, experts_done, router_done);
+  if (!st.direct)
+    parts.push_back(pb.reshard(st.dx_partial, saved.partial_placed, dx, st.dx_target, router_done,
+                               name + ".dx"));
   else
     parts.push_back(router_done);
   if (dx_ready != nullptr) *dx_ready = parts.back();
