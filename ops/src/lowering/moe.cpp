@@ -218,30 +218,31 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer,
   });
 }
 
-// GShard's dispatch for tokens split over the expert axis: every device routes its own tokens
-// (its routing group), packs them into a dispatch tensor [P, E, C, H] (P token blocks, C slots
-// per expert: the capacity, or all its tokens when dropless), and one all-to-all over the
-// expert axis moves each expert's slots to the device holding that expert (dim 0 split over
-// the token axes becomes dim 1 split over the expert axis); the slot counts travel the same
-// way. Experts run on the slots they received, a second all-to-all brings the outputs home,
-// and each device adds them, scaled by their routing weights, into its tokens' rows. When F is
-// split too, those rows are partial sums, all-reduced over the tensor axis at the end. With
-// `saved`, keeps what the backward needs: the routing, the slot tensors, and each expert's
-// intermediates packed expert after expert instead of one reused scratch.
-runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
-                                      runtime::ShardedTensor& x, const runtime::Frontier& after,
-                                      runtime::ShardedTensor& y, const std::string& name,
-                                      MoeRouting& routing,
-                                      const std::vector<std::string>& token_axes,
-                                      const std::vector<std::string>& expert_axes,
-                                      MoeSaved* saved) {
-  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const sharding::Mesh& m = mesh.mesh();
-  const std::size_t rank = x.shape().size();
+// The all-to-all dispatch's sizes and its slot tensors at the tokens' devices and at the
+// experts'.
+struct AllToAllForward {
+  std::int64_t h, e, k, le_count, fl, rows;
+  std::int64_t ep;     // the devices the experts are split over
+  std::int64_t slots;  // per expert and token block
+  std::int64_t held_blocks;
+  runtime::ShardedTensor& sent;
+  runtime::ShardedTensor& received;
+  runtime::ShardedTensor& counts;
+  runtime::ShardedTensor& counts_received;
+  runtime::ShardedTensor& computed;
+  runtime::ShardedTensor& returned;
+};
+
+// The sizes, and the slot tensors [P, E, C, H] and their counts [P, E]: at the source split
+// over the token axes, at the experts over the token axes the expert axes leave and the expert
+// axes.
+AllToAllForward moe_a2a_buffers(ProgramBuilder& pb, const MoeLayer& layer,
+                                const runtime::ShardedTensor& x, const std::string& name,
+                                const std::vector<std::string>& token_axes,
+                                const std::vector<std::string>& expert_axes) {
+  const sharding::Mesh& m = pb.mesh().mesh();
   const MoeConfig& c = layer.config;
-  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k,
-                     le_count = layer.local_experts, fl = layer.local_ffn;
+  const std::int64_t h = layer.hidden, e = c.num_experts, k = c.top_k;
   const std::int64_t rows = x.layout().elements_per_device() / h;
   std::int64_t blocks = 1, ep = 1;
   for (const std::string& a : token_axes) blocks *= m.axis_size(a);
@@ -283,24 +284,38 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       pb.tensor(name + ".expert_out", TensorRole::kActivation, slots_shape, at_expert);
   runtime::ShardedTensor& returned =
       pb.tensor(name + ".combined", TensorRole::kActivation, slots_shape, at_source);
-  // Named references rather than a structured binding: clang 14 cannot capture bindings.
-  const ProgramWeights weights = use_weights(pb, layer, name);
-  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up,
-                         &down = weights.down;
-  runtime::ShardedTensor& y_partial =
-      pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
-  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
-  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2))
-    y_placed[*m.find_axis(a)] = sharding::Placement::partial();
+  return AllToAllForward{.h = h,
+                         .e = e,
+                         .k = k,
+                         .le_count = layer.local_experts,
+                         .fl = layer.local_ffn,
+                         .rows = rows,
+                         .ep = ep,
+                         .slots = slots,
+                         .held_blocks = received.layout().shard_shape()[0],
+                         .sent = sent,
+                         .received = received,
+                         .counts = counts,
+                         .counts_received = counts_received,
+                         .computed = computed,
+                         .returned = returned};
+}
 
-  const std::int64_t held_blocks = received.layout().shard_shape()[0];
-  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
-  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
-  const runtime::Frontier packed = pb.per_device(name + ".route", {&after}, [&](std::int64_t s) {
+// Per device: route its own tokens and pack each expert's into its slots of the dispatch
+// tensor, with the slot counts. Fills tables and probs.
+runtime::Frontier emit_a2a_forward_route(ProgramBuilder& pb, const MoeLayer& layer,
+                                         const AllToAllForward& a2a, runtime::ShardedTensor& x,
+                                         runtime::ShardedTensor& router, MoeRouting& routing,
+                                         const runtime::Frontier& after, const std::string& name,
+                                         std::vector<RoutingTables*>& tables,
+                                         std::vector<runtime::Tensor*>& probs) {
+  const MoeConfig& c = layer.config;
+  const std::int64_t rows = a2a.rows, h = a2a.h, e = a2a.e, k = a2a.k, slots = a2a.slots;
+  return pb.per_device(name + ".route", {&after}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     pb.add_flops(s, 2.0 * static_cast<double>(rows * h * e) +
-                        3.0 * 2.0 * static_cast<double>(h * fl) * static_cast<double>(rows * k) /
-                            static_cast<double>(ep));
+                        3.0 * 2.0 * static_cast<double>(h * a2a.fl) *
+                            static_cast<double>(rows * k) / static_cast<double>(a2a.ep));
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, e);
     tables[i] = &r;
     MoeStats& stats = routing.per_slot[i];
@@ -308,8 +323,8 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
     runtime::Tensor& logits = pb.scratch(s, {rows, e});  // the probabilities after routing
     probs[i] = &logits;
     runtime::Tensor& wr = router.shard(s);
-    runtime::Tensor& out = sent.shard(s);
-    runtime::Tensor& n = counts.shard(s);
+    runtime::Tensor& out = a2a.sent.shard(s);
+    runtime::Tensor& n = a2a.counts.shard(s);
     return [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
       gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
            as_matrix(logits));
@@ -325,105 +340,162 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
       }
     };
   });
+}
+
+// Per device, at the experts: each local expert's SwiGLU on every source block's slots for it,
+// packed into one GEMM, the outputs written back into those slots. With `saved`, every
+// expert's intermediates get rows of their own.
+runtime::Frontier emit_a2a_forward_experts(ProgramBuilder& pb, const AllToAllForward& a2a,
+                                           const ProgramWeights& weights,
+                                           const runtime::Frontier& slots_there,
+                                           const runtime::Frontier& counts_there,
+                                           const std::string& name, MoeSaved* saved) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
+  const std::int64_t h = a2a.h, le_count = a2a.le_count, fl = a2a.fl, slots = a2a.slots,
+                     held_blocks = a2a.held_blocks;
+  if (saved != nullptr) {
+    const auto n = static_cast<std::size_t>(pb.mesh().size());
+    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr),
+        saved->hidden.assign(n, nullptr);
+  }
+  return pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
+    const auto i = static_cast<std::size_t>(s);
+    runtime::Tensor& in = a2a.received.shard(s);
+    runtime::Tensor& n = a2a.counts_received.shard(s);
+    runtime::Tensor& res = a2a.computed.shard(s);
+    // With `saved`, every expert's slots get rows of their own (packed expert after expert).
+    const std::int64_t buffer_rows = held_blocks * slots * (saved != nullptr ? le_count : 1);
+    runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
+    runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
+    runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
+    runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
+    runtime::Tensor* act =
+        saved != nullptr ? &pb.scratch(s, {buffer_rows, fl}) : &he;  // in place without saved
+    if (saved != nullptr) saved->gate_pre[i] = &he, saved->up_pre[i] = &ue, saved->hidden[i] = act;
+    runtime::Tensor& wg = weights.gate.shard(s);
+    runtime::Tensor& wu = weights.up.shard(s);
+    runtime::Tensor& wd = weights.down.shard(s);
+    const bool packed_rows = saved != nullptr;
+    return [prec, &in, &n, &res, &xe, &he, &ue, act, &ye, &wg, &wu, &wd, held_blocks, le_count,
+            slots, h, fl, packed_rows] {
+      std::int64_t first = 0;  // the expert's first row in the saved buffers
+      for (std::int64_t le = 0; le < le_count; ++le) {
+        // Every source block's slots for this expert, packed into one GEMM.
+        std::int64_t total = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const auto count =
+              static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
+          std::copy_n(in.values().data() + ((b * le_count + le) * slots) * h, count * h,
+                      xe.values().data() + total * h);
+          total += count;
+        }
+        if (total == 0) continue;
+        MatrixMap hm(he.values().data() + first * fl, total, fl);
+        MatrixMap um(ue.values().data() + first * fl, total, fl);
+        MatrixMap am(act->values().data() + first * fl, total, fl);
+        if (packed_rows) first += total;
+        const ConstMatrixMap xm(xe.values().data(), total, h);
+        const std::int64_t wgt = h * fl;
+        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
+        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
+        if (am.data() != hm.data()) am = hm;
+        silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
+        device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
+                    MatrixMap(ye.values().data(), total, h), prec);
+        std::int64_t at = 0;
+        for (std::int64_t b = 0; b < held_blocks; ++b) {
+          const auto count =
+              static_cast<std::int64_t>(n.values()[static_cast<std::size_t>(b * le_count + le)]);
+          std::copy_n(ye.values().data() + at * h, count * h,
+                      res.values().data() + ((b * le_count + le) * slots) * h);
+          at += count;
+        }
+      }
+    };
+  });
+}
+
+// Per device, back at the tokens: the experts' outputs, scaled by their routing weights, added
+// into their tokens' rows of the (zeroed) partial output.
+runtime::Frontier emit_a2a_forward_unpack(ProgramBuilder& pb, const AllToAllForward& a2a,
+                                          const std::vector<RoutingTables*>& tables,
+                                          runtime::ShardedTensor& y_partial,
+                                          const runtime::Frontier& home,
+                                          const runtime::Frontier& packed,
+                                          const std::string& name) {
+  const std::int64_t e = a2a.e, slots = a2a.slots, h = a2a.h;
+  return pb.per_device(name + ".unpack", {&home, &packed}, [&](std::int64_t s) {
+    RoutingTables& r = *tables[static_cast<std::size_t>(s)];
+    runtime::Tensor& back = a2a.returned.shard(s);
+    runtime::Tensor& yp = y_partial.shard(s);
+    return [&r, &back, &yp, e, slots, h] {
+      std::fill(yp.values().begin(), yp.values().end(), 0.0f);
+      for (std::int64_t ex = 0; ex < e; ++ex) {
+        for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
+          const std::int64_t row =
+              r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          const float w = r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
+          MatrixMap(yp.values().data() + row * h, 1, h) +=
+              w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
+        }
+      }
+    };
+  });
+}
+
+// GShard's dispatch for tokens split over the expert axis: every device routes its own tokens
+// (its routing group), packs them into a dispatch tensor [P, E, C, H] (P token blocks, C slots
+// per expert: the capacity, or all its tokens when dropless), and one all-to-all over the
+// expert axis moves each expert's slots to the device holding that expert (dim 0 split over
+// the token axes becomes dim 1 split over the expert axis); the slot counts travel the same
+// way. Experts run on the slots they received, a second all-to-all brings the outputs home,
+// and each device adds them, scaled by their routing weights, into its tokens' rows. When F is
+// split too, those rows are partial sums, all-reduced over the tensor axis at the end. With
+// `saved`, keeps what the backward needs: the routing, the slot tensors, and each expert's
+// intermediates packed expert after expert instead of one reused scratch.
+runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
+                                      runtime::ShardedTensor& x, const runtime::Frontier& after,
+                                      runtime::ShardedTensor& y, const std::string& name,
+                                      MoeRouting& routing,
+                                      const std::vector<std::string>& token_axes,
+                                      const std::vector<std::string>& expert_axes,
+                                      MoeSaved* saved) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const std::size_t rank = x.shape().size();
+  const AllToAllForward a2a = moe_a2a_buffers(pb, layer, x, name, token_axes, expert_axes);
+  const ProgramWeights weights = use_weights(pb, layer, name);
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
+  std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
+  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2))
+    y_placed[*m.find_axis(a)] = sharding::Placement::partial();
+
+  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
+  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
+  const runtime::Frontier packed = emit_a2a_forward_route(pb, layer, a2a, x, weights.router,
+                                                          routing, after, name, tables, probs);
   // Dispatch: the slots and their counts to the devices holding their experts.
   const auto placed = [&](const runtime::ShardedTensor& t) {
     return sharding::to_placements(t.spec(), m, t.shape().size());
   };
-  const runtime::Frontier slots_there =
-      pb.reshard(sent, placed(sent), received, placed(received), packed, name + ".dispatch");
+  const runtime::Frontier slots_there = pb.reshard(
+      a2a.sent, placed(a2a.sent), a2a.received, placed(a2a.received), packed, name + ".dispatch");
   const runtime::Frontier counts_there =
-      pb.reshard(counts, placed(counts), counts_received, placed(counts_received), packed,
-                 name + ".dispatch_counts");
-
-  if (saved != nullptr) {
-    const auto n = static_cast<std::size_t>(mesh.size());
-    saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr),
-        saved->hidden.assign(n, nullptr);
-  }
+      pb.reshard(a2a.counts, placed(a2a.counts), a2a.counts_received, placed(a2a.counts_received),
+                 packed, name + ".dispatch_counts");
   const runtime::Frontier expert_done =
-      pb.per_device(name + ".experts", {&slots_there, &counts_there}, [&](std::int64_t s) {
-        const auto i = static_cast<std::size_t>(s);
-        runtime::Tensor& in = received.shard(s);
-        runtime::Tensor& n = counts_received.shard(s);
-        runtime::Tensor& res = computed.shard(s);
-        // With `saved`, every expert's slots get rows of their own (packed expert after expert).
-        const std::int64_t buffer_rows = held_blocks * slots * (saved != nullptr ? le_count : 1);
-        runtime::Tensor& xe = pb.scratch(s, {held_blocks * slots, h});
-        runtime::Tensor& he = pb.scratch(s, {buffer_rows, fl});
-        runtime::Tensor& ue = pb.scratch(s, {buffer_rows, fl});
-        runtime::Tensor& ye = pb.scratch(s, {held_blocks * slots, h});
-        runtime::Tensor* act =
-            saved != nullptr ? &pb.scratch(s, {buffer_rows, fl}) : &he;  // in place without saved
-        if (saved != nullptr)
-          saved->gate_pre[i] = &he, saved->up_pre[i] = &ue, saved->hidden[i] = act;
-        runtime::Tensor& wg = gate.shard(s);
-        runtime::Tensor& wu = up.shard(s);
-        runtime::Tensor& wd = down.shard(s);
-        const bool packed_rows = saved != nullptr;
-        return [prec, &in, &n, &res, &xe, &he, &ue, act, &ye, &wg, &wu, &wd, held_blocks, le_count,
-                slots, h, fl, packed_rows] {
-          std::int64_t first = 0;  // the expert's first row in the saved buffers
-          for (std::int64_t le = 0; le < le_count; ++le) {
-            // Every source block's slots for this expert, packed into one GEMM.
-            std::int64_t total = 0;
-            for (std::int64_t b = 0; b < held_blocks; ++b) {
-              const auto count = static_cast<std::int64_t>(
-                  n.values()[static_cast<std::size_t>(b * le_count + le)]);
-              std::copy_n(in.values().data() + ((b * le_count + le) * slots) * h, count * h,
-                          xe.values().data() + total * h);
-              total += count;
-            }
-            if (total == 0) continue;
-            MatrixMap hm(he.values().data() + first * fl, total, fl);
-            MatrixMap um(ue.values().data() + first * fl, total, fl);
-            MatrixMap am(act->values().data() + first * fl, total, fl);
-            if (packed_rows) first += total;
-            const ConstMatrixMap xm(xe.values().data(), total, h);
-            const std::int64_t wgt = h * fl;
-            device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
-            device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
-            if (am.data() != hm.data()) am = hm;
-            silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
-            device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
-                        MatrixMap(ye.values().data(), total, h), prec);
-            std::int64_t at = 0;
-            for (std::int64_t b = 0; b < held_blocks; ++b) {
-              const auto count = static_cast<std::int64_t>(
-                  n.values()[static_cast<std::size_t>(b * le_count + le)]);
-              std::copy_n(ye.values().data() + at * h, count * h,
-                          res.values().data() + ((b * le_count + le) * slots) * h);
-              at += count;
-            }
-          }
-        };
-      });
+      emit_a2a_forward_experts(pb, a2a, weights, slots_there, counts_there, name, saved);
   // Combine: the outputs back to their tokens' devices (partial sums over the tensor axis travel
   // as they are: the move is linear).
-  const runtime::Frontier home = pb.reshard(computed, placed(computed), returned, placed(returned),
-                                            expert_done, name + ".combine");
+  const runtime::Frontier home = pb.reshard(a2a.computed, placed(a2a.computed), a2a.returned,
+                                            placed(a2a.returned), expert_done, name + ".combine");
   const runtime::Frontier done =
-      pb.per_device(name + ".unpack", {&home, &packed}, [&](std::int64_t s) {
-        RoutingTables& r = *tables[static_cast<std::size_t>(s)];
-        runtime::Tensor& back = returned.shard(s);
-        runtime::Tensor& yp = y_partial.shard(s);
-        return [&r, &back, &yp, e, slots, h] {
-          std::fill(yp.values().begin(), yp.values().end(), 0.0f);
-          for (std::int64_t ex = 0; ex < e; ++ex) {
-            for (std::int64_t j = 0; j < r.expert_count[static_cast<std::size_t>(ex)]; ++j) {
-              const std::int64_t row =
-                  r.expert_rows[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-              const float w =
-                  r.expert_scale[static_cast<std::size_t>(ex)][static_cast<std::size_t>(j)];
-              MatrixMap(yp.values().data() + row * h, 1, h) +=
-                  w * ConstMatrixMap(back.values().data() + (ex * slots + j) * h, 1, h);
-            }
-          }
-        };
-      });
+      emit_a2a_forward_unpack(pb, a2a, tables, y_partial, home, packed, name);
   if (saved != nullptr) {
     keep_routing(*saved, x, x, weights, tables, probs, y_placed, y);
-    saved->dispatched = &received, saved->dispatched_counts = &counts_received,
-    saved->combined = &returned;
+    saved->dispatched = &a2a.received, saved->dispatched_counts = &a2a.counts_received,
+    saved->combined = &a2a.returned;
   }
   const runtime::Frontier summed =
       emit_shared_expert(pb, layer, x, y_partial, y_placed, done, name, saved);
