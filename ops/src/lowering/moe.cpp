@@ -503,14 +503,9 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
                     name + ".out");
 }
 
-}  // namespace
-
-runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
-                           const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name, MoeRouting** routing_out, MoeSaved* saved) {
-  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const sharding::Mesh& m = mesh.mesh();
+// Refuses an x or y that does not fit the layer ([..., H], H whole on every device).
+void check_moe_shapes(const MoeLayer& layer, const runtime::ShardedTensor& x,
+                      const runtime::ShardedTensor& y, const std::string& name) {
   const std::size_t rank = x.shape().size();
   const std::int64_t h = layer.hidden;
   NUMESH_CHECK(rank >= 2 && x.shape().back() == h && y.shape() == x.shape(), ShapeError,
@@ -518,49 +513,35 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
                fmt::join(y.shape(), ", "), h);
   NUMESH_CHECK(x.layout().shard_shape().back() == h, ShapeError, "{}: x {} splits the hidden dim",
                name, x.spec().repr());
+}
+
+// The axes splitting x's token dims (every dim but the last), in order.
+std::vector<std::string> moe_token_axes(const runtime::ShardedTensor& x) {
   std::vector<std::string> token_axes;
-  for (std::size_t dim = 0; dim + 1 < rank; ++dim) {
+  for (std::size_t dim = 0; dim + 1 < x.shape().size(); ++dim) {
     for (const std::string& a : detail::axes_of(x.spec(), dim)) token_axes.push_back(a);
   }
-  const std::vector<std::string> expert_axes = detail::axes_of(layer.gate->spec(), 0);
-  const std::vector<std::string> ffn_axes = detail::axes_of(layer.gate->spec(), 2);
-  auto among_tokens = [&](const std::vector<std::string>& axes) {
-    return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
-      return std::find(token_axes.begin(), token_axes.end(), a) != token_axes.end();
-    });
-  };
-  MoeRouting& routing = pb.make<MoeRouting>();
-  routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
-                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(
-                                       static_cast<std::size_t>(layer.config.num_experts), 0)});
-  if (routing_out != nullptr) *routing_out = &routing;
-  if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
-    // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
-    for (const auto& group : x.layout().replica_groups())
-      routing.group_leaders.push_back(group.front());
-    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes,
-                               saved);
-  }
-  // Otherwise tokens split over an axis that splits the experts' weights are gathered over it
-  // (dispatch by all-gather) and their outputs reduce-scattered back (EasyDeL's ring of
-  // experts); tokens replicated there need neither.
-  std::vector<std::string> weight_axes;
-  for (const auto& w : {layer.gate, layer.down}) {
-    for (std::size_t dim = 0; dim < w->spec().size(); ++dim) {
-      for (const std::string& axis : w->spec().entry_names(dim)) weight_axes.push_back(axis);
-    }
-  }
-  runtime::Frontier x_ready = after;
-  runtime::ShardedTensor& xc =
-      pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
-  // Named references rather than a structured binding: clang 14 cannot capture bindings.
-  const ProgramWeights weights = use_weights(pb, layer, name);
-  runtime::ShardedTensor &router = weights.router, &gate = weights.gate, &up = weights.up,
-                         &down = weights.down;
-  runtime::ShardedTensor& y_partial =
-      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  return token_axes;
+}
 
-  // The partial output is pending a sum over every axis that splits the experts' weights.
+// The gathered dispatch's state: the tokens gathered over the weights' axes, the weights, the
+// partial output and the sizes.
+struct GatheredMoe {
+  ProgramBuilder& pb;
+  const MoeLayer& layer;
+  const std::string& name;
+  runtime::ShardedTensor& xc;
+  const ProgramWeights& weights;
+  runtime::ShardedTensor& y_partial;
+  std::int64_t h, rows, e, k, le_count, fl;
+};
+
+// The partial output's placements: x's, pending a sum over every axis that splits the experts'
+// weights.
+std::vector<sharding::Placement> gathered_moe_partial_placements(const MoeLayer& layer,
+                                                                 const runtime::ShardedTensor& xc,
+                                                                 const sharding::Mesh& m,
+                                                                 std::size_t rank) {
   std::vector<sharding::Placement> y_placed = sharding::to_placements(xc.spec(), m, rank);
   for (const auto& w : {layer.gate, layer.down}) {
     const auto placed = sharding::to_placements(w->spec(), m, 3);
@@ -568,43 +549,43 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       if (placed[a].is_shard()) y_placed[a] = sharding::Placement::partial();
     }
   }
+  return y_placed;
+}
 
-  const MoeConfig& c = layer.config;
-  const std::int64_t rows = xc.layout().elements_per_device() / h;
-  const std::int64_t e = c.num_experts, k = c.top_k, le_count = layer.local_experts,
-                     fl = layer.local_ffn;
-  for (const auto& group : xc.layout().replica_groups())
-    routing.group_leaders.push_back(group.front());
-
+// Per device: route its tokens (router GEMM, softmax, top-k, capacity) and zero its partial
+// output. Fills tables and probs.
+runtime::Frontier emit_gathered_moe_route(const GatheredMoe& st, MoeRouting& routing,
+                                          const runtime::Frontier& x_ready,
+                                          std::vector<RoutingTables*>& tables,
+                                          std::vector<runtime::Tensor*>& probs) {
+  ProgramBuilder& pb = st.pb;
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const MoeConfig& c = st.layer.config;
+  const std::int64_t h = st.h, rows = st.rows, e = st.e, k = st.k, le_count = st.le_count;
   // Expected FLOPs with balanced routing: each expert sees rows * k / E tokens.
-  const double expert_flops = 3.0 * 2.0 * static_cast<double>(h * fl) *
+  const double expert_flops = 3.0 * 2.0 * static_cast<double>(h * st.fl) *
                               static_cast<double>(rows * k) / static_cast<double>(e) *
                               static_cast<double>(le_count);
   const double router_flops = 2.0 * static_cast<double>(rows * h * e);
-  const auto gate_pos = sharding::to_placements(layer.gate->spec(), m, 3);
+  const auto gate_pos = sharding::to_placements(st.layer.gate->spec(), mesh.mesh(), 3);
   const std::size_t expert_axis = [&] {
     for (std::size_t a = 0; a < gate_pos.size(); ++a) {
       if (gate_pos[a].is_shard() && gate_pos[a].dim == 0) return a;
     }
     return gate_pos.size();
   }();
-
-  // Per device: route its tokens (router GEMM, softmax, top-k, capacity) and zero its partial
-  // output, then run its local experts on the tokens routed to them.
-  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
-  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
-  const runtime::Frontier routed = pb.per_device(name + ".route", {&x_ready}, [&](std::int64_t s) {
+  return pb.per_device(st.name + ".route", {&x_ready}, [&](std::int64_t s) {
     pb.add_flops(s, expert_flops + router_flops);
     const std::int64_t first_expert =
         expert_axis < gate_pos.size() ? mesh.coords(s)[expert_axis] * le_count : 0;
     RoutingTables& r = pb.make<RoutingTables>(rows, k, e, le_count);
     tables[static_cast<std::size_t>(s)] = &r;
     MoeStats& stats = routing.per_slot[static_cast<std::size_t>(s)];
-    runtime::Tensor& xs = xc.shard(s);
+    runtime::Tensor& xs = st.xc.shard(s);
     runtime::Tensor& logits = pb.scratch(s, {rows, e});
     probs[static_cast<std::size_t>(s)] = &logits;
-    runtime::Tensor& wr = router.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
+    runtime::Tensor& wr = st.weights.router.shard(s);
+    runtime::Tensor& yp = st.y_partial.shard(s);
     return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
       gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
            as_matrix(logits));
@@ -612,19 +593,27 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     };
   });
-  // Per device, its local experts one after another, each on the rows routed to it. With
-  // `saved`, every expert's intermediates go to their own rows of the saved buffers (packed in
-  // expert order) instead of one reused scratch, and the activation is kept beside its input.
-  const std::int64_t assignments = rows * std::min(k, le_count);
+}
+
+// Per device, its local experts one after another, each on the rows routed to it. With
+// `saved`, every expert's intermediates go to their own rows of the saved buffers (packed in
+// expert order) instead of one reused scratch, and the activation is kept beside its input.
+runtime::Frontier emit_gathered_moe_experts(const GatheredMoe& st,
+                                            const std::vector<RoutingTables*>& tables,
+                                            const runtime::Frontier& routed, MoeSaved* saved) {
+  ProgramBuilder& pb = st.pb;
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
+  const std::int64_t h = st.h, rows = st.rows, le_count = st.le_count, fl = st.fl;
+  const std::int64_t assignments = rows * std::min(st.k, le_count);
   if (saved != nullptr) {
-    const auto n = static_cast<std::size_t>(mesh.size());
+    const auto n = static_cast<std::size_t>(pb.mesh().size());
     saved->gate_pre.assign(n, nullptr), saved->up_pre.assign(n, nullptr);
     saved->hidden.assign(n, nullptr), saved->expert_out.assign(n, nullptr);
   }
-  const runtime::Frontier done = pb.per_device(name + ".experts", {&routed}, [&](std::int64_t s) {
+  return pb.per_device(st.name + ".experts", {&routed}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     RoutingTables& r = *tables[i];
-    runtime::Tensor& xs = xc.shard(s);
+    runtime::Tensor& xs = st.xc.shard(s);
     runtime::Tensor& xe = pb.scratch(s, {rows, h});
     const bool packed = saved != nullptr;
     const std::int64_t buffer_rows = packed ? assignments : rows;  // all experts' rows, or one's
@@ -639,10 +628,10 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       saved->hidden[i] = act;
       saved->expert_out[i] = &ye;
     }
-    runtime::Tensor& wg = gate.shard(s);
-    runtime::Tensor& wu = up.shard(s);
-    runtime::Tensor& wd = down.shard(s);
-    runtime::Tensor& yp = y_partial.shard(s);
+    runtime::Tensor& wg = st.weights.gate.shard(s);
+    runtime::Tensor& wu = st.weights.up.shard(s);
+    runtime::Tensor& wd = st.weights.down.shard(s);
+    runtime::Tensor& yp = st.y_partial.shard(s);
     return [prec, &xs, &xe, &he, &ue, &ye, act, &wg, &wu, &wd, &yp, &r, le_count, h, fl, packed] {
       std::int64_t at = 0;  // the expert's first row in the packed buffers
       for (std::int64_t le = 0; le < le_count; ++le) {
@@ -675,6 +664,76 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
       }
     };
   });
+}
+
+}  // namespace
+
+runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::ShardedTensor& x,
+                           const runtime::Frontier& after, runtime::ShardedTensor& y,
+                           const std::string& name, MoeRouting** routing_out, MoeSaved* saved) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const sharding::Mesh& m = mesh.mesh();
+  const std::size_t rank = x.shape().size();
+  check_moe_shapes(layer, x, y, name);
+  const std::vector<std::string> token_axes = moe_token_axes(x);
+  const std::vector<std::string> expert_axes = detail::axes_of(layer.gate->spec(), 0);
+  const std::vector<std::string> ffn_axes = detail::axes_of(layer.gate->spec(), 2);
+  auto among_tokens = [&](const std::vector<std::string>& axes) {
+    return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
+      return std::find(token_axes.begin(), token_axes.end(), a) != token_axes.end();
+    });
+  };
+  MoeRouting& routing = pb.make<MoeRouting>();
+  routing.per_slot.assign(static_cast<std::size_t>(mesh.size()),
+                          MoeStats{.tokens_per_expert = std::vector<std::int64_t>(
+                                       static_cast<std::size_t>(layer.config.num_experts), 0)});
+  if (routing_out != nullptr) *routing_out = &routing;
+  if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
+    // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
+    for (const auto& group : x.layout().replica_groups())
+      routing.group_leaders.push_back(group.front());
+    return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes,
+                               saved);
+  }
+  // Otherwise tokens split over an axis that splits the experts' weights are gathered over it
+  // (dispatch by all-gather) and their outputs reduce-scattered back (EasyDeL's ring of
+  // experts); tokens replicated there need neither.
+  std::vector<std::string> weight_axes;
+  for (const auto& w : {layer.gate, layer.down}) {
+    for (std::size_t dim = 0; dim < w->spec().size(); ++dim) {
+      for (const std::string& axis : w->spec().entry_names(dim)) weight_axes.push_back(axis);
+    }
+  }
+  runtime::Frontier x_ready = after;
+  runtime::ShardedTensor& xc =
+      pb.gather_over(x, weight_axes, TensorRole::kActivation, name + ".dispatch", x_ready);
+  const ProgramWeights weights = use_weights(pb, layer, name);
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  const std::vector<sharding::Placement> y_placed =
+      gathered_moe_partial_placements(layer, xc, m, rank);
+  const std::int64_t h = layer.hidden;
+  const GatheredMoe st{.pb = pb,
+                       .layer = layer,
+                       .name = name,
+                       .xc = xc,
+                       .weights = weights,
+                       .y_partial = y_partial,
+                       .h = h,
+                       .rows = xc.layout().elements_per_device() / h,
+                       .e = layer.config.num_experts,
+                       .k = layer.config.top_k,
+                       .le_count = layer.local_experts,
+                       .fl = layer.local_ffn};
+  for (const auto& group : xc.layout().replica_groups())
+    routing.group_leaders.push_back(group.front());
+
+  // Per device: route its tokens and zero its partial output, then run its local experts on
+  // the tokens routed to them.
+  std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
+  std::vector<runtime::Tensor*> probs(static_cast<std::size_t>(mesh.size()));
+  const runtime::Frontier routed = emit_gathered_moe_route(st, routing, x_ready, tables, probs);
+  const runtime::Frontier done = emit_gathered_moe_experts(st, tables, routed, saved);
   if (saved != nullptr) keep_routing(*saved, xc, x, weights, tables, probs, y_placed, y);
   const runtime::Frontier summed =
       emit_shared_expert(pb, layer, xc, y_partial, y_placed, done, name, saved);
