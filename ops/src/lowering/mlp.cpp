@@ -54,21 +54,31 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   return layer;
 }
 
-runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::ShardedTensor& x,
-                           const runtime::Frontier& after, runtime::ShardedTensor& y,
-                           const std::string& name, MlpSaved* saved) {
-  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
-  const runtime::DeviceMesh& mesh = pb.mesh();
-  const auto& m = mesh.mesh();
+namespace {
+
+// Refuses an x or y that does not fit the layer (H last and whole on every device).
+void check_mlp_io_shapes(const MlpLayer& layer, const runtime::ShardedTensor& x,
+                         const runtime::ShardedTensor& y, const std::string& name) {
   const std::size_t rank = x.shape().size();
   NUMESH_CHECK(rank >= 2 && x.shape().back() == layer.hidden &&
                    x.layout().shard_shape().back() == layer.hidden && y.shape() == x.shape(),
                ShapeError,
                "{}: x {} {} and y {} do not fit hidden {} (H must be last and not split)", name,
                fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(y.shape(), "x"), layer.hidden);
-  // FSDP: weights stored split along H are gathered for the run (each into its own buffer;
-  // the gathers start at once, overlapping whatever runs before the MLP).
-  std::vector<runtime::Frontier> ready;
+}
+
+// The MLP's weights as the run multiplies them (gate null for GELU).
+struct MlpRunWeights {
+  runtime::ShardedTensor& up;    // [F, H]
+  runtime::ShardedTensor& down;  // [H, F]
+  runtime::ShardedTensor* gate;
+};
+
+// FSDP: weights stored split along H are gathered for the run (each into its own buffer;
+// the gathers start at once, overlapping whatever runs before the MLP). Each gather's frontier
+// goes to `ready`.
+MlpRunWeights gather_mlp_weights(ProgramBuilder& pb, const MlpLayer& layer, const std::string& name,
+                                 std::vector<runtime::Frontier>& ready) {
   auto gather_weight = [&](const std::shared_ptr<runtime::ShardedTensor>& stored,
                            const std::string& wname, std::size_t h_dim) -> runtime::ShardedTensor& {
     runtime::ShardedTensor& t = pb.use(name + "." + wname, TensorRole::kWeight, stored);
@@ -82,55 +92,37 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   runtime::ShardedTensor& up = gather_weight(layer.up, "w_up", 1);        // [F, H]
   runtime::ShardedTensor& down = gather_weight(layer.down, "w_down", 0);  // [H, F]
   runtime::ShardedTensor* gate = layer.gate ? &gather_weight(layer.gate, "w_gate", 1) : nullptr;
-  // Sequence parallelism over the F axis: gather the tokens first.
-  const std::vector<std::string> f_axes = detail::axes_of(up.spec(), 0);
-  runtime::Frontier x_ready = after;
-  runtime::ShardedTensor& xc =
-      pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
-  ready.push_back(x_ready);
-  runtime::ShardedTensor& y_partial =
-      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  return MlpRunWeights{.up = up, .down = down, .gate = gate};
+}
 
-  // Placements of the partial output: the gathered x's, plus Partial(sum) on the axes that
-  // split F.
+// Placements of the partial output: the gathered x's, plus Partial(sum) on the axes that
+// split F.
+std::vector<sharding::Placement> mlp_partial_placements(const runtime::ShardedTensor& xc,
+                                                        const runtime::ShardedTensor& up,
+                                                        const sharding::Mesh& m, std::size_t rank) {
   std::vector<sharding::Placement> y_placed = sharding::to_placements(xc.spec(), m, rank);
   const std::vector<sharding::Placement> up_placed = sharding::to_placements(up.spec(), m, 2);
   for (std::size_t a = 0; a < up_placed.size(); ++a) {
     if (up_placed[a].is_shard()) y_placed[a] = sharding::Placement::partial();
   }
+  return y_placed;
+}
 
-  const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
-  const std::int64_t f_local = up.layout().shard_shape()[0];
-  const std::int64_t h = layer.hidden;
+// Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
+// into scratch. A forward kept for the backward keeps the pre-activations too: the activation
+// then reads a copy. Fills hidden (and saved's per-slot buffers).
+runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w,
+                              runtime::ShardedTensor& xc, runtime::ShardedTensor* gate_bias,
+                              runtime::ShardedTensor* up_bias,
+                              const std::vector<const runtime::Frontier*>& inputs,
+                              std::int64_t rows, std::int64_t h, const std::string& name,
+                              MlpSaved* saved, std::vector<runtime::Tensor*>& hidden) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
+  runtime::ShardedTensor* gate = w.gate;
+  const std::int64_t f_local = w.up.layout().shard_shape()[0];
   const double flops =
       2.0 * static_cast<double>(rows * h * f_local) * (gate != nullptr ? 3.0 : 2.0);
-  // The biases, registered once; a device reads its shard (its slice of F for gate and up).
-  runtime::ShardedTensor* const gate_bias =
-      pb.use_if_present(name + ".gate_bias", TensorRole::kWeight, layer.gate_bias);
-  runtime::ShardedTensor* const up_bias =
-      pb.use_if_present(name + ".up_bias", TensorRole::kWeight, layer.up_bias);
-  runtime::ShardedTensor* const down_bias =
-      pb.use_if_present(name + ".down_bias", TensorRole::kWeight, layer.down_bias);
-  const auto slots = static_cast<std::size_t>(mesh.size());
-  if (saved != nullptr) {
-    *saved = MlpSaved{.x = &xc,
-                      .up = &up,
-                      .gate = gate,
-                      .down = &down,
-                      .up_pre = std::vector<runtime::Tensor*>(slots),
-                      .gate_pre = std::vector<runtime::Tensor*>(slots),
-                      .hidden = std::vector<runtime::Tensor*>(slots),
-                      .x_placed = sharding::to_placements(x.spec(), m, rank),
-                      .partial_placed = y_placed,
-                      .y_placed = sharding::to_placements(y.spec(), m, rank)};
-  }
-  // Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
-  // into scratch, then y_partial = h w_down (+ b_down once per partial sum). A forward kept for
-  // the backward keeps the pre-activations too: the activation then reads a copy.
-  std::vector<runtime::Tensor*> hidden(slots);
-  std::vector<const runtime::Frontier*> inputs;
-  for (const runtime::Frontier& f : ready) inputs.push_back(&f);
-  const runtime::Frontier projected = pb.per_device(name + ".up", inputs, [&](std::int64_t s) {
+  return pb.per_device(name + ".up", inputs, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     runtime::Tensor& xs = xc.shard(s);
     runtime::Tensor& hs = pb.scratch(s, {rows, f_local});
@@ -144,7 +136,7 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       saved->gate_pre[i] = gs;
       saved->hidden[i] = &hs;
     }
-    runtime::Tensor& wu = up.shard(s);
+    runtime::Tensor& wu = w.up.shard(s);
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
     const std::span<const float> bg = detail::row_of(gate_bias, s), bu = detail::row_of(up_bias, s);
     pb.add_flops(s, flops);
@@ -167,7 +159,19 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
     };
   });
-  const runtime::Frontier done = pb.per_device(name + ".down", {&projected}, [&](std::int64_t s) {
+}
+
+// Per device: y_partial = h w_down (+ b_down once per partial sum).
+runtime::Frontier emit_mlp_down(ProgramBuilder& pb, runtime::ShardedTensor& down,
+                                const std::vector<runtime::Tensor*>& hidden,
+                                runtime::ShardedTensor& y_partial,
+                                const std::vector<sharding::Placement>& y_placed,
+                                runtime::ShardedTensor* down_bias, std::int64_t rows,
+                                std::int64_t h, const runtime::Frontier& projected,
+                                const std::string& name) {
+  const MatmulPrecision prec = pb.matmul_precision();  // of the fp32 products
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  return pb.per_device(name + ".down", {&projected}, [&](std::int64_t s) {
     runtime::Tensor& hs = *hidden[static_cast<std::size_t>(s)];
     runtime::Tensor& wd = down.shard(s);
     runtime::Tensor& yp = y_partial.shard(s);
@@ -181,6 +185,59 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
       if (adds_bias) add_bias_rows(ym, bd);
     };
   });
+}
+
+}  // namespace
+
+runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::ShardedTensor& x,
+                           const runtime::Frontier& after, runtime::ShardedTensor& y,
+                           const std::string& name, MlpSaved* saved) {
+  const runtime::DeviceMesh& mesh = pb.mesh();
+  const auto& m = mesh.mesh();
+  const std::size_t rank = x.shape().size();
+  check_mlp_io_shapes(layer, x, y, name);
+  std::vector<runtime::Frontier> ready;
+  const MlpRunWeights w = gather_mlp_weights(pb, layer, name, ready);
+  // Sequence parallelism over the F axis: gather the tokens first.
+  const std::vector<std::string> f_axes = detail::axes_of(w.up.spec(), 0);
+  runtime::Frontier x_ready = after;
+  runtime::ShardedTensor& xc =
+      pb.gather_over(x, f_axes, TensorRole::kActivation, name + ".x_gathered", x_ready);
+  ready.push_back(x_ready);
+  runtime::ShardedTensor& y_partial =
+      pb.tensor(name + ".partial", TensorRole::kActivation, xc.shape(), xc.spec());
+  const std::vector<sharding::Placement> y_placed = mlp_partial_placements(xc, w.up, m, rank);
+  const std::int64_t rows = xc.layout().elements_per_device() / layer.hidden;
+
+  // The biases, registered once; a device reads its shard (its slice of F for gate and up).
+  runtime::ShardedTensor* const gate_bias =
+      pb.use_if_present(name + ".gate_bias", TensorRole::kWeight, layer.gate_bias);
+  runtime::ShardedTensor* const up_bias =
+      pb.use_if_present(name + ".up_bias", TensorRole::kWeight, layer.up_bias);
+  runtime::ShardedTensor* const down_bias =
+      pb.use_if_present(name + ".down_bias", TensorRole::kWeight, layer.down_bias);
+  const auto slots = static_cast<std::size_t>(mesh.size());
+  if (saved != nullptr) {
+    *saved = MlpSaved{.x = &xc,
+                      .up = &w.up,
+                      .gate = w.gate,
+                      .down = &w.down,
+                      .up_pre = std::vector<runtime::Tensor*>(slots),
+                      .gate_pre = std::vector<runtime::Tensor*>(slots),
+                      .hidden = std::vector<runtime::Tensor*>(slots),
+                      .x_placed = sharding::to_placements(x.spec(), m, rank),
+                      .partial_placed = y_placed,
+                      .y_placed = sharding::to_placements(y.spec(), m, rank)};
+  }
+  // Per device: the up projection and activation into scratch, then the down projection into
+  // y_partial.
+  std::vector<runtime::Tensor*> hidden(slots);
+  std::vector<const runtime::Frontier*> inputs;
+  for (const runtime::Frontier& f : ready) inputs.push_back(&f);
+  const runtime::Frontier projected =
+      emit_mlp_up(pb, w, xc, gate_bias, up_bias, inputs, rows, layer.hidden, name, saved, hidden);
+  const runtime::Frontier done = emit_mlp_down(pb, w.down, hidden, y_partial, y_placed, down_bias,
+                                               rows, layer.hidden, projected, name);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done,
                     name + ".out");
 }
