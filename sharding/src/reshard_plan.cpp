@@ -203,10 +203,12 @@ std::vector<Placement> apply_reshard_step(const std::vector<Placement>& placemen
 // ---------------------------------------------------------------------------------------------
 // plan_reshard
 
-std::vector<ReshardStep> plan_reshard(const std::vector<Placement>& from,
-                                      const std::vector<Placement>& to, const Mesh& mesh) {
-  check_placements(from, mesh);
-  check_placements(to, mesh);
+namespace {
+
+// Refuses pending reductions of different kinds in `from` and a target that creates or changes
+// one. Returns the pending reductions' kind (sum when none is pending).
+PartialOp check_reshard_partials(const std::vector<Placement>& from,
+                                 const std::vector<Placement>& to, const Mesh& mesh) {
   std::optional<std::size_t> partial_axis;
   for (std::size_t a = 0; a < from.size(); ++a) {
     if (!from[a].is_partial()) continue;
@@ -228,65 +230,86 @@ std::vector<ReshardStep> plan_reshard(const std::vector<Placement>& from,
           to_string(to)));
     }
   }
-  const PartialOp op = partial_axis ? from[*partial_axis].op : PartialOp::kSum;
+  return partial_axis ? from[*partial_axis].op : PartialOp::kSum;
+}
 
+// A plan under construction: the steps so far and the placements they reach, with the phases
+// plan_reshard runs in order.
+struct ReshardPlanner {
+  const std::vector<Placement>& to;
+  const Mesh& mesh;
+  PartialOp op;
+  std::size_t dims;
+  std::vector<AxisList> target;  // to's splitters of each dim
+  std::vector<Placement> cur;
   std::vector<ReshardStep> plan;
-  std::vector<Placement> cur = from;
-  const auto emit = [&](ReshardStep step) {
+
+  // Appends `step` and applies it to cur.
+  void emit(ReshardStep step) {
     cur = apply_reshard_step(cur, step, mesh);
     plan.push_back(std::move(step));
-  };
-  const std::size_t dims = std::max(splitters(from).size(), splitters(to).size());
-  const std::vector<AxisList> target = splitters(to, dims);
-  const auto current = [&](std::size_t d) { return splitters(cur, dims)[d]; };
-  const auto stays_on = [&](std::size_t a, std::size_t d) {
+  }
+  // The axes splitting dim d now, major to minor.
+  AxisList current(std::size_t d) const { return splitters(cur, dims)[d]; }
+  // True when axis a splits dim d in the target too.
+  bool stays_on(std::size_t a, std::size_t d) const {
     return to[a].is_shard() && static_cast<std::size_t>(to[a].dim) == d;
-  };
+  }
   // A change of order on `d` from `now` to `wanted` (same axes): the axes from the first
   // position that changes.
-  const auto reorder = [&](std::size_t d, const AxisList& now, const AxisList& wanted) {
+  void reorder(std::size_t d, const AxisList& now, const AxisList& wanted) {
     NUMESH_DCHECK(now.size() == wanted.size());
     if (now == wanted) return;
     const AxisList tail(wanted.begin() + static_cast<std::ptrdiff_t>(first_difference(now, wanted)),
                         wanted.end());
     emit(ReshardStep::all_to_all(axis_names(mesh, tail), static_cast<int>(d), static_cast<int>(d)));
-  };
+  }
 
   // 1. Local slices: Replicate -> Shard(d), appended in the target's order.
-  for (std::size_t d = 0; d < dims; ++d) {
-    AxisList axes;
-    for (std::size_t a : target[d]) {
-      if (cur[a].is_replicate()) axes.push_back(a);
+  void slice_locally() {
+    for (std::size_t d = 0; d < dims; ++d) {
+      AxisList axes;
+      for (std::size_t a : target[d]) {
+        if (cur[a].is_replicate()) axes.push_back(a);
+      }
+      if (!axes.empty())
+        emit(ReshardStep::local_slice(axis_names(mesh, axes), static_cast<int>(d)));
     }
-    if (!axes.empty()) emit(ReshardStep::local_slice(axis_names(mesh, axes), static_cast<int>(d)));
   }
+
   // 2. Reductions: reduce-scatters (Partial -> Shard(d)), then all-reduces on what is left.
-  for (std::size_t d = 0; d < dims; ++d) {
-    AxisList axes;
-    for (std::size_t a : target[d]) {
-      if (cur[a].is_partial()) axes.push_back(a);
+  void reduce() {
+    for (std::size_t d = 0; d < dims; ++d) {
+      AxisList axes;
+      for (std::size_t a : target[d]) {
+        if (cur[a].is_partial()) axes.push_back(a);
+      }
+      if (!axes.empty()) {
+        emit(ReshardStep::reduce_scatter(axis_names(mesh, axes), static_cast<int>(d), op));
+      }
     }
-    if (!axes.empty()) {
-      emit(ReshardStep::reduce_scatter(axis_names(mesh, axes), static_cast<int>(d), op));
-    }
-  }
-  {
     AxisList axes;
     for (std::size_t a = 0; a < cur.size(); ++a) {
       if (cur[a].is_partial() && to[a].is_replicate()) axes.push_back(a);
     }
     if (!axes.empty()) emit(ReshardStep::all_reduce(axis_names(mesh, axes), op));
   }
+
   // 3. All-to-alls out of each dim. The moving axes must be the minor-most splitters, grouped
   //    by destination; when they are not, reorder the dim first: the axes staying in their
   //    target order, then those to gather, then the moving ones by destination.
-  for (std::size_t d = 0; d < dims; ++d) {
+  void move_between_dims() {
+    for (std::size_t d = 0; d < dims; ++d) move_out_of(d);
+  }
+
+  // Step 3 on dim d.
+  void move_out_of(std::size_t d) {
     const AxisList now = current(d);
     AxisList moving;
     for (std::size_t a : now) {
       if (to[a].is_shard() && !stays_on(a, d)) moving.push_back(a);
     }
-    if (moving.empty()) continue;
+    if (moving.empty()) return;
     const auto dest = [&](std::size_t a) { return to[a].dim; };
     const AxisList suffix(now.end() - static_cast<std::ptrdiff_t>(moving.size()), now.end());
     // Grouped: no destination reappears after another one.
@@ -324,25 +347,53 @@ std::vector<ReshardStep> plan_reshard(const std::vector<Placement>& from,
       emit(ReshardStep::all_to_all(axis_names(mesh, group), static_cast<int>(d), e));
     }
   }
+
   // 4. Each dim in its target order, followed by the axes to gather.
-  for (std::size_t d = 0; d < dims; ++d) {
-    const AxisList now = current(d);
-    AxisList wanted = target[d];
-    for (std::size_t a : now) {
-      if (to[a].is_replicate()) wanted.push_back(a);
+  void order_dims() {
+    for (std::size_t d = 0; d < dims; ++d) {
+      const AxisList now = current(d);
+      AxisList wanted = target[d];
+      for (std::size_t a : now) {
+        if (to[a].is_replicate()) wanted.push_back(a);
+      }
+      reorder(d, now, wanted);
     }
-    reorder(d, now, wanted);
   }
+
   // 5. All-gathers last.
-  for (std::size_t d = 0; d < dims; ++d) {
-    AxisList axes;
-    for (std::size_t a : current(d)) {
-      if (to[a].is_replicate()) axes.push_back(a);
+  void gather() {
+    for (std::size_t d = 0; d < dims; ++d) {
+      AxisList axes;
+      for (std::size_t a : current(d)) {
+        if (to[a].is_replicate()) axes.push_back(a);
+      }
+      if (!axes.empty()) emit(ReshardStep::all_gather(axis_names(mesh, axes), static_cast<int>(d)));
     }
-    if (!axes.empty()) emit(ReshardStep::all_gather(axis_names(mesh, axes), static_cast<int>(d)));
   }
-  NUMESH_DCHECK(cur == to);
-  return plan;
+};
+
+}  // namespace
+
+std::vector<ReshardStep> plan_reshard(const std::vector<Placement>& from,
+                                      const std::vector<Placement>& to, const Mesh& mesh) {
+  check_placements(from, mesh);
+  check_placements(to, mesh);
+  const PartialOp op = check_reshard_partials(from, to, mesh);
+  const std::size_t dims = std::max(splitters(from).size(), splitters(to).size());
+  ReshardPlanner planner{.to = to,
+                         .mesh = mesh,
+                         .op = op,
+                         .dims = dims,
+                         .target = splitters(to, dims),
+                         .cur = from,
+                         .plan = {}};
+  planner.slice_locally();
+  planner.reduce();
+  planner.move_between_dims();
+  planner.order_dims();
+  planner.gather();
+  NUMESH_DCHECK(planner.cur == to);
+  return std::move(planner.plan);
 }
 
 }  // namespace numesh::sharding
