@@ -1,41 +1,13 @@
 #include "numesh/models/lm/generation.hpp"
 
 #include <algorithm>
-#include <chrono>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/core/timing.hpp"
-#include "numesh/ops/kernels/argmax.hpp"
+#include "numesh/models/lm/generator.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 
 namespace numesh::models {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// The pick from one row of whole logits, by the rules the devices follow: the argmax, or a
-// draw with every token a candidate.
-std::int64_t pick_from_row(std::span<const float> row, const GenerationOptions& options,
-                           std::mt19937_64& rng) {
-  const auto v = static_cast<std::int64_t>(row.size());
-  if (!options.sampling) {
-    // The devices' argmax kernel on the one row: its value, then its index as an fp32 number.
-    float best[2];
-    ops::row_argmax(ops::ConstMatrixMap(row.data(), 1, v), 0, best);
-    return static_cast<std::int64_t>(best[1]);
-  }
-  // pick_sampled's candidates: (logit, id) pairs.
-  runtime::HostTensor candidates = runtime::HostTensor::zeros({1, 2 * v});
-  for (std::int64_t j = 0; j < v; ++j) {
-    candidates.data[static_cast<std::size_t>(2 * j)] = row[static_cast<std::size_t>(j)];
-    candidates.data[static_cast<std::size_t>(2 * j + 1)] = static_cast<float>(j);
-  }
-  return ops::pick_sampled(candidates, *options.sampling, rng).front();
-}
-
-}  // namespace
 
 const char* to_string(StopReason reason) noexcept {
   return reason == StopReason::kStopId ? "stop id" : "max new tokens";
@@ -63,94 +35,36 @@ GenerationResult generate(
                "{} positions",
                longest, options.max_new_tokens, lm.max_len());
 
-  GenerationResult result;
+  // The prompts in slot order, prefilled together at the first step; then decode steps until
+  // every sequence has stopped. Sequence b is the b-th admitted.
+  Generator generator(lm);
   const auto sequences = static_cast<std::size_t>(batch);
-  result.ids.resize(sequences);
+  for (const std::vector<std::int32_t>& prompt : prompts) generator.admit(prompt, options);
+  GenerationResult result;
   result.stopped.assign(sequences, StopReason::kMaxNewTokens);
-  if (options.keep_logits) result.logits.resize(sequences);
-  std::vector<bool> running(sequences, true);
-  std::vector<std::int64_t> picked(sequences);
-  const auto record = [&](std::size_t b, std::int64_t id) {
-    result.ids[b].push_back(id);
-    picked[b] = id;
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end()) {
-      result.stopped[b] = StopReason::kStopId;
-      running[b] = false;
-    } else if (static_cast<std::int64_t>(result.ids[b].size()) >= options.max_new_tokens) {
-      running[b] = false;
+  std::vector<std::int64_t> next(sequences);
+  while (generator.has_work()) {
+    const StepOutput step = generator.step(rng);
+    std::fill(next.begin(), next.end(), -1);
+    for (const StepOutput::Token& token : step.tokens) {
+      const auto b = static_cast<std::size_t>(token.sequence);
+      next[b] = token.id;
+      if (token.stopped) result.stopped[b] = *token.stopped;
     }
-  };
-  // One call of T tokens per sequence at `at`; each running sequence's pick recorded.
-  const auto call = [&](std::span<const std::int32_t> ids, std::int64_t tokens,
-                        const TokenPositions& at, const std::vector<std::int64_t>& real) {
-    std::vector<std::int64_t> next(sequences, -1);
-    if (options.keep_logits) {
-      const runtime::HostTensor l = lm.logits(ids, tokens, at);
-      const std::int64_t v = l.shape[1];
-      for (std::size_t b = 0; b < sequences; ++b) {
-        if (!running[b]) continue;
-        const auto first_row = static_cast<std::int64_t>(b) * tokens;
-        const auto rows = l.data.begin() + first_row * v;
-        result.logits[b].insert(result.logits[b].end(), rows, rows + real[b] * v);
-        next[b] = pick_from_row(
-            std::span<const float>(&*(rows + at.last[b] * v), static_cast<std::size_t>(v)), options,
-            rng);
-      }
+    if (step.kind == StepOutput::Kind::kPrefill) {
+      result.prefill_seconds += step.seconds;
     } else {
-      const std::vector<std::int64_t> all = options.sampling
-                                                ? lm.sample(ids, tokens, at, *options.sampling, rng)
-                                                : lm.greedy(ids, tokens, at);
-      for (std::size_t b = 0; b < sequences; ++b) {
-        if (running[b]) next[b] = all[b];
-      }
-    }
-    for (std::size_t b = 0; b < sequences; ++b) {
-      if (running[b]) record(b, next[b]);
-    }
-    return next;
-  };
-
-  // The prefill: every prompt padded at its end with its own last token to the longest.
-  std::vector<std::int32_t> padded(sequences * static_cast<std::size_t>(longest));
-  TokenPositions at = TokenPositions::level(batch, 0, longest);
-  std::vector<std::int64_t> real(sequences);
-  for (std::size_t b = 0; b < sequences; ++b) {
-    const std::vector<std::int32_t>& p = prompts[b];
-    auto row = padded.begin() + static_cast<std::ptrdiff_t>(b * static_cast<std::size_t>(longest));
-    std::copy(p.begin(), p.end(), row);
-    std::fill(row + static_cast<std::ptrdiff_t>(p.size()), row + longest, p.back());
-    real[b] = static_cast<std::int64_t>(p.size());
-    at.last[b] = real[b] - 1;
-  }
-  const auto prefill_start = Clock::now();
-  std::vector<std::int64_t> next = call(padded, longest, at, real);
-  result.prefill_seconds = seconds_since(prefill_start);
-  if (on_tokens) on_tokens(0, next);
-
-  // Decode: sequence b's k-th generated token goes in at position P_b + k - 1 (at most
-  // P_b + max_new_tokens - 2); a stopped sequence holds its last position, rewriting it, and its
-  // row is ignored.
-  std::vector<std::int64_t> positions(sequences);
-  for (std::size_t b = 0; b < sequences; ++b) positions[b] = real[b];
-  std::fill(real.begin(), real.end(), 1);
-  const auto decode_start = Clock::now();
-  std::vector<std::int32_t> fed(sequences);
-  while (std::find(running.begin(), running.end(), true) != running.end()) {
-    for (std::size_t b = 0; b < sequences; ++b) {
-      fed[b] = static_cast<std::int32_t>(picked[b]);
-      at.first[b] = positions[b];
-      at.last[b] = 0;
-    }
-    const std::vector<bool> was_running = running;
-    next = call(fed, 1, at, real);
-    ++result.decode_steps;
-    for (std::size_t b = 0; b < sequences; ++b) {
-      if (was_running[b]) ++result.decoded_tokens;
-      if (running[b]) ++positions[b];  // a sequence that just stopped holds the position it wrote
+      result.decode_seconds += step.seconds;
+      ++result.decode_steps;
+      result.decoded_tokens += step.computed_tokens;
     }
     if (on_tokens) on_tokens(result.decode_steps, next);
   }
-  result.decode_seconds = seconds_since(decode_start);
+  for (std::size_t b = 0; b < sequences; ++b) {
+    const auto id = static_cast<SequenceId>(b);
+    result.ids.push_back(generator.generated(id));
+    if (options.keep_logits) result.logits.push_back(generator.logits(id));
+  }
   return result;
 }
 

@@ -16,6 +16,9 @@
 
 namespace numesh::models {
 
+/// A sequence's handle in a Generator or a Scheduler, unique over its owner's life.
+using SequenceId = std::int64_t;
+
 /// How generate() picks and stops.
 struct GenerationOptions {
   /// Tokens each sequence generates at most (>= 1).
