@@ -27,10 +27,10 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/models/engine/engine.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/npy.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
-#include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/generation.hpp"
@@ -159,32 +159,28 @@ std::filesystem::path model_folder(const GenerateOptions& o, DType dtype,
 }
 
 // The prompts as ids, checked against the model: the text ones encoded by the folder's
-// tokenizer (kept: it also turns the generated ids into text), every id inside the
-// vocabulary, and the longest prompt plus --max-new-tokens within the model's context.
+// tokenizer, every id inside the vocabulary, and the longest prompt plus --max-new-tokens
+// within the model's context.
 struct Prompts {
-  std::unique_ptr<models::TextTokenizer> tokenizer;  // null when the folder has none
   std::vector<std::vector<std::int32_t>> ids;
   std::int64_t longest = 0;
   std::int64_t max_len = 0;  // longest + --max-new-tokens
 };
 
 Prompts encode_prompts(const GenerateOptions& o, const CheckedOptions& c,
-                       const std::filesystem::path& dir, const models::HfConfig& config) {
+                       const models::ModelSource& model) {
+  const models::HfConfig& config = model.config();
   Prompts p;
   p.ids = c.prompts;
-  if (std::filesystem::exists(dir / "tokenizer.json") ||
-      std::filesystem::exists(dir / "tokenizer.model")) {
-    p.tokenizer = models::TextTokenizer::load(dir);
-  }
   const char* source = !o.ids.empty() ? "--ids" : !o.prompt.empty() ? "--prompt" : "--prompt-file";
   if (!c.texts.empty()) {
     NUMESH_CHECK(
-        p.tokenizer != nullptr, IoError,
+        model.tokenizer() != nullptr, IoError,
         "{}: {} has no tokenizer.json or tokenizer.model to encode it; give the prompt's token ids "
         "with --ids",
-        source, dir.string());
+        source, model.path().string());
     for (const std::string& text : c.texts) {
-      p.ids.push_back(p.tokenizer->encode(text, /*add_special_tokens=*/true));
+      p.ids.push_back(model.tokenizer()->encode(text, /*add_special_tokens=*/true));
       NUMESH_CHECK(!p.ids.back().empty(), ValueError, "{} '{}' encodes to no token", source, text);
     }
   }
@@ -207,73 +203,65 @@ Prompts encode_prompts(const GenerateOptions& o, const CheckedOptions& c,
   return p;
 }
 
-// The model on the mesh, and what its load measured.
+// The model on the mesh, and (--baselines) a plain read of its files.
 struct LoadedModel {
-  std::optional<models::CausalLm> lm;
-  std::int64_t bytes = 0;     // the checkpoint's tensor bytes
-  double load_seconds = 0.0;  // reading, converting and laying out on the devices
+  std::optional<models::Engine> engine;
   double read_seconds = 0.0;  // --baselines: a plain read of the same files, else 0
 };
 
-LoadedModel load_model(const GenerateOptions& o, const std::filesystem::path& dir,
-                       const models::HfConfig& config, const runtime::DeviceMesh& mesh,
-                       std::int64_t batch, std::int64_t max_len, DType dtype,
-                       const ops::ModelAxes& axes) {
+LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
+                       models::ModelSource source, std::int64_t batch, std::int64_t max_len) {
   LoadedModel m;
   // --baselines: a plain read of the files before the load (so both find them in the page
   // cache when they fit) and after it (the figure reported).
-  const auto checkpoint_files = [&] {
-    std::vector<std::filesystem::path> files;
-    const auto opened = models::SafetensorsCheckpoint::open(dir);
-    for (const auto& f : opened.files()) files.push_back(f.path());
-    return files;
-  };
-  if (o.baselines) (void)plain_read_seconds(checkpoint_files());
-  const auto load_start = Clock::now();
-  const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
-  for (const std::string& name : checkpoint.names())
-    m.bytes += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
+  const std::vector<std::filesystem::path> files =
+      o.baselines ? source.weight_files() : std::vector<std::filesystem::path>{};
+  if (o.baselines) (void)plain_read_seconds(files);
+  runtime::DeviceMesh mesh = make_mesh(o.mesh);
   {
     const ProgressLine line(o.quiet);
-    m.lm.emplace(models::CausalLm::load(
-        mesh, config, checkpoint, batch, max_len, dtype, axes,
-        [&](std::int64_t done, std::int64_t total) {
-          line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
-                                  100.0 * static_cast<double>(done) / static_cast<double>(total),
-                                  static_cast<double>(done) / 1e6,
-                                  static_cast<double>(total) / 1e6));
-        }));
+    m.engine.emplace(models::Engine::load(
+        std::move(source), std::move(mesh),
+        {.dtype = c.dtype,
+         .sequences = batch,
+         .context = max_len,
+         .partitions = *c.partition_manager,
+         .mode = c.mode,
+         .progress = [&](std::int64_t done, std::int64_t total) {
+           line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
+                                   100.0 * static_cast<double>(done) / static_cast<double>(total),
+                                   static_cast<double>(done) / 1e6,
+                                   static_cast<double>(total) / 1e6));
+         }}));
   }
-  m.load_seconds = seconds_since(load_start);
-  m.read_seconds = o.baselines ? plain_read_seconds(checkpoint_files()) : 0.0;
+  m.read_seconds = o.baselines ? plain_read_seconds(files) : 0.0;
   return m;
 }
 
 // Prints the model, its axes and the load's rate (with --baselines, a plain read's too), and
 // notes the weights holding NaN or infinities (refused with --refuse-nonfinite).
-void report_load(const GenerateOptions& o, const std::filesystem::path& dir,
-                 const models::HfConfig& config, DType dtype, const runtime::DeviceMesh& mesh,
-                 const ops::ModelAxes& axes, const LoadedModel& m, std::ostream& out) {
+void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& out) {
+  const models::Engine& e = *m.engine;
+  const models::HfConfig& config = e.config();
+  const double bytes = static_cast<double>(e.checkpoint_bytes());
   out << fmt::format(
       "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
-      dir.string(), to_string(config.architecture), config.num_hidden_layers, config.hidden_size,
-      config.vocab_size, to_string(dtype), mesh.mesh().repr());
-  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(axes));
+      e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
+      config.hidden_size, config.vocab_size, to_string(e.dtype()), e.mesh().mesh().repr());
+  out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
   out << fmt::format(
       "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
       "laid "
       "out)\n",
-      static_cast<double>(m.bytes) / 1e6, m.load_seconds,
-      static_cast<double>(m.bytes) / m.load_seconds / 1e9);
+      bytes / 1e6, e.load_seconds(), bytes / e.load_seconds() / 1e9);
   if (o.baselines) {
     out << fmt::format(
         "         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x "
         "its time\n",
-        m.read_seconds, static_cast<double>(m.bytes) / m.read_seconds / 1e9,
-        m.load_seconds / m.read_seconds);
+        m.read_seconds, bytes / m.read_seconds / 1e9, e.load_seconds() / m.read_seconds);
   }
-  note_nonfinite_weights(models::find_nonfinite_weights(m.lm->weights()), o.refuse_nonfinite,
-                         dir.string(), out);
+  note_nonfinite_weights(models::find_nonfinite_weights(e.model().weights()), o.refuse_nonfinite,
+                         e.source().path().string(), out);
 }
 
 const char* stopped_text(models::StopReason r) {
@@ -291,24 +279,24 @@ struct Generated {
 // can end inside a character, so decoding token by token would print broken characters). A
 // model's vocabulary can be larger than its tokenizer's (padded embeddings; a random model
 // beside a small tokenizer): ids the tokenizer lacks are left out of the text, and counted.
-Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c,
-                             const models::HfConfig& config, const Prompts& p, models::CausalLm& lm,
-                             std::mt19937_64& rng, std::ostream& out) {
+Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c, models::Engine& e,
+                             const Prompts& p, std::mt19937_64& rng, std::ostream& out) {
+  const models::TextTokenizer* tokenizer = e.source().tokenizer();
   std::int64_t unknown_ids = 0;
   const auto text_of = [&](const auto& ids) {
     std::vector<std::int32_t> known;
     for (const auto id : ids) {
-      if (p.tokenizer->knows(static_cast<std::int32_t>(id))) {
+      if (tokenizer->knows(static_cast<std::int32_t>(id))) {
         known.push_back(static_cast<std::int32_t>(id));
       } else {
         ++unknown_ids;
       }
     }
-    return p.tokenizer->decode(known, /*skip_special_tokens=*/true);
+    return tokenizer->decode(known, /*skip_special_tokens=*/true);
   };
   const models::GenerationOptions options{
       .max_new_tokens = o.max_new_tokens,
-      .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : config.eos_token_ids,
+      .stop_ids = o.ignore_eos ? std::vector<std::int64_t>{} : e.config().eos_token_ids,
       .sampling = c.sampling ? std::optional(c.sampling_options) : std::nullopt,
       .keep_logits = !o.logits_out.empty()};
   const bool streamed = p.ids.size() == 1;
@@ -326,7 +314,7 @@ Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c,
                  p.longest));
   }
   Generated g;
-  g.result = models::generate(lm, p.ids, options, rng,
+  g.result = models::generate(e.model(), p.ids, options, rng,
                               [&](std::int64_t, std::span<const std::int64_t> tokens) {
                                 if (!streamed || tokens.front() < 0) return;
                                 out << " " << tokens.front();
@@ -335,7 +323,7 @@ Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c,
   const models::GenerationResult& result = g.result;
   g.texts.resize(p.ids.size());
   for (std::size_t b = 0; b < p.ids.size(); ++b) {
-    if (p.tokenizer) g.texts[b] = text_of(result.ids[b]);
+    if (tokenizer) g.texts[b] = text_of(result.ids[b]);
     if (streamed) {
       out << fmt::format("\nstopped  at {} ({} tokens)\n", stopped_text(result.stopped[b]),
                          result.ids[b].size());
@@ -344,15 +332,15 @@ Generated generate_and_print(const GenerateOptions& o, const CheckedOptions& c,
                          fmt::join(p.ids[b], " "), fmt::join(result.ids[b], " "),
                          stopped_text(result.stopped[b]), result.ids[b].size());
     }
-    if (p.tokenizer) {
+    if (tokenizer) {
       const std::string prompt_text = !c.texts.empty() ? c.texts[b] : text_of(p.ids[b]);
       out << fmt::format("text     {}{}\n", prompt_text, g.texts[b]);
     }
   }
-  if (p.tokenizer && unknown_ids > 0) {
+  if (tokenizer && unknown_ids > 0) {
     out << fmt::format(
         "         ({} ids are outside the tokenizer's vocabulary of {} and left out of the text)\n",
-        unknown_ids, p.tokenizer->vocab_size());
+        unknown_ids, tokenizer->vocab_size());
   }
   return g;
 }
@@ -364,11 +352,14 @@ struct BaselineReport {
   std::string prefill_note, decode_note;  // printed under the prefill and decode lines
 };
 
-BaselineReport measure_baselines(const GenerateOptions& o, const models::HfConfig& config,
-                                 const runtime::DeviceMesh& mesh, const Prompts& p,
-                                 const LoadedModel& m, const models::GenerationResult& result) {
+BaselineReport measure_baselines(const GenerateOptions& o, const Prompts& p, const LoadedModel& m,
+                                 const models::GenerationResult& result) {
   BaselineReport r;
   if (!o.baselines) return r;
+  const models::Engine& e = *m.engine;
+  const models::HfConfig& config = e.config();
+  const runtime::DeviceMesh& mesh = e.mesh();
+  const double bytes = static_cast<double>(e.checkpoint_bytes());
   const auto batch = static_cast<std::int64_t>(p.ids.size());
   const ops::TransformerConfig t = config.transformer_config();
   const double prefill_flops =
@@ -386,8 +377,8 @@ BaselineReport measure_baselines(const GenerateOptions& o, const models::HfConfi
       prefill_gflops, batch * p.longest, config.hidden_size, config.hidden_size, widest, threads,
       sgemm, prefill_gflops / sgemm);
   r.json = {{"plain_read_seconds", m.read_seconds},
-            {"plain_read_gbps", static_cast<double>(m.bytes) / m.read_seconds / 1e9},
-            {"load_fraction_of_plain_read", m.read_seconds / m.load_seconds},
+            {"plain_read_gbps", bytes / m.read_seconds / 1e9},
+            {"load_fraction_of_plain_read", m.read_seconds / e.load_seconds()},
             {"prefill_gflops", prefill_gflops},
             {"sgemm_gflops", sgemm},
             {"sgemm_shape", {batch * p.longest, config.hidden_size, widest}},
@@ -396,7 +387,7 @@ BaselineReport measure_baselines(const GenerateOptions& o, const models::HfConfi
     const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);
     // The weights and caches a step reads, at the middle of the decode.
     const double step_bytes =
-        static_cast<double>(m.lm->decode_bytes(p.longest + result.decode_steps / 2));
+        static_cast<double>(e.model().decode_bytes(p.longest + result.decode_steps / 2));
     const double step_gbps =
         step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
     r.decode_note = fmt::format(
@@ -436,30 +427,31 @@ void report_rates(const Prompts& p, const models::GenerationResult& result,
 }
 
 // --json: the run as one JSON document (one prompt: its fields at the top level too).
-void write_json(const GenerateOptions& o, CheckedOptions& c, const std::filesystem::path& dir,
-                const models::HfConfig& config, const runtime::DeviceMesh& mesh, const Prompts& p,
-                const LoadedModel& m, const Generated& g, const BaselineReport& baselines) {
+void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, const LoadedModel& m,
+                const Generated& g, const BaselineReport& baselines) {
+  const models::Engine& e = *m.engine;
   const models::GenerationResult& result = g.result;
   nlohmann::json seqs = nlohmann::json::array();
   for (std::size_t b = 0; b < p.ids.size(); ++b) {
     seqs.push_back({{"prompt_ids", p.ids[b]},
                     {"ids", result.ids[b]},
-                    {"text", p.tokenizer ? nlohmann::json(g.texts[b]) : nlohmann::json(nullptr)},
+                    {"text", e.source().tokenizer() != nullptr ? nlohmann::json(g.texts[b])
+                                                               : nlohmann::json(nullptr)},
                     {"stopped", stopped_text(result.stopped[b])}});
   }
   nlohmann::json j{
-      {"model", dir.string()},
-      {"architecture", std::string(to_string(config.architecture))},
+      {"model", e.source().path().string()},
+      {"architecture", std::string(to_string(e.config().architecture))},
       {"dtype", std::string(to_string(c.dtype))},
-      {"mesh", mesh.mesh().repr()},
+      {"mesh", e.mesh().mesh().repr()},
       {"sequences", seqs},
       {"sampling", c.sampling ? nlohmann::json{{"temperature", o.temperature},
                                                {"top_k", o.top_k},
                                                {"top_p", o.top_p},
                                                {"seed", o.seed}}
                               : nlohmann::json("greedy")},
-      {"load_seconds", m.load_seconds},
-      {"load_bytes", m.bytes},
+      {"load_seconds", e.load_seconds()},
+      {"load_bytes", e.checkpoint_bytes()},
       {"baselines", baselines.json},
       {"prefill_tokens", prompt_tokens(p)},
       {"prefill_seconds", result.prefill_seconds},
@@ -581,34 +573,30 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   CheckedOptions c = check_options(o);
   std::mt19937_64 rng(o.seed);
   RemovedAtExit temporary;
-  const std::filesystem::path dir = model_folder(o, c.dtype, temporary);
-  const models::HfConfig config = models::HfConfig::load(dir);
-  const Prompts p = encode_prompts(o, c, dir, config);
-  (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
+  models::ModelSource source = models::ModelSource::open(model_folder(o, c.dtype, temporary));
+  const Prompts p = encode_prompts(o, c, source);
+  (void)source.config().transformer_config();  // refuses what numesh cannot run, before the load
 
-  progress(o.quiet,
-           fmt::format("loading {} ({} model) ...", dir.string(), to_string(config.architecture)));
-  const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const auto batch = static_cast<std::int64_t>(p.ids.size());
-  const ops::ModelAxes axes =
-      ops::ModelAxes::resolve(*c.partition_manager, c.mode, batch, config.hidden_size);
-  LoadedModel m = load_model(o, dir, config, mesh, batch, p.max_len, c.dtype, axes);
-  report_load(o, dir, config, c.dtype, mesh, axes, m, out);
+  progress(o.quiet, fmt::format("loading {} ({} model) ...", source.path().string(),
+                                to_string(source.config().architecture)));
+  LoadedModel m =
+      load_model(o, c, std::move(source), static_cast<std::int64_t>(p.ids.size()), p.max_len);
+  report_load(o, m, out);
 
-  const Generated g = generate_and_print(o, c, config, p, *m.lm, rng, out);
-  const BaselineReport baselines = measure_baselines(o, config, mesh, p, m, g.result);
+  const Generated g = generate_and_print(o, c, *m.engine, p, rng, out);
+  const BaselineReport baselines = measure_baselines(o, p, m, g.result);
   report_rates(p, g.result, baselines, out);
   if (!o.logits_out.empty()) {
+    const std::int64_t vocab = m.engine->config().vocab_size;
     runtime::HostTensor all = runtime::HostTensor::zeros(
-        {static_cast<std::int64_t>(g.result.logits.front().size()) / config.vocab_size,
-         config.vocab_size});
+        {static_cast<std::int64_t>(g.result.logits.front().size()) / vocab, vocab});
     all.data = g.result.logits.front();
     c.logits_file.close();
     models::save_npy(o.logits_out, all);
     out << fmt::format("logits   [{}, {}] written to {}\n", all.shape[0], all.shape[1],
                        o.logits_out);
   }
-  if (c.json_file.is_open()) write_json(o, c, dir, config, mesh, p, m, g, baselines);
+  if (c.json_file.is_open()) write_json(o, c, p, m, g, baselines);
   return 0;
 }
 

@@ -1,0 +1,44 @@
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
+
+// A model on disk, opened before any weight is read: its config and its tokenizer, so that a
+// front end checks prompts and chooses sizes before the load (Engine::load reads the weights).
+// Today a Hugging Face folder: config.json, safetensors (one file or shards), and
+// tokenizer.json or tokenizer.model when it has one.
+
+namespace numesh::models {
+
+/// An opened model folder. Move-only (it owns the tokenizer); immutable after open().
+class ModelSource {
+ public:
+  /// Opens `path`: reads its config (and generation_config.json) and its tokenizer when the
+  /// folder holds tokenizer.json or tokenizer.model.
+  /// Throws: what HfConfig::load throws (IoError naming a folder without config.json,
+  /// ValueError for a config numesh cannot read); what TextTokenizer::load throws for a
+  /// tokenizer it cannot load.
+  [[nodiscard]] static ModelSource open(const std::filesystem::path& path);
+
+  /// The folder given to open().
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// Its config.
+  [[nodiscard]] const HfConfig& config() const noexcept { return config_; }
+  /// Its tokenizer; null when the folder has none (ids only).
+  [[nodiscard]] const TextTokenizer* tokenizer() const noexcept { return tokenizer_.get(); }
+  /// The files holding its weights, in the checkpoint's order (a plain read of them is the
+  /// load's baseline).
+  /// Throws: what SafetensorsCheckpoint::open throws.
+  [[nodiscard]] std::vector<std::filesystem::path> weight_files() const;
+
+ private:
+  std::filesystem::path path_;
+  HfConfig config_;
+  std::unique_ptr<TextTokenizer> tokenizer_;
+};
+
+}  // namespace numesh::models

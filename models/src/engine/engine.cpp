@@ -1,0 +1,44 @@
+#include "numesh/models/engine/engine.hpp"
+
+#include <chrono>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+
+namespace numesh::models {
+
+Engine::Engine(ModelSource source, runtime::DeviceMesh mesh)
+    : source_(std::move(source)), mesh_(std::move(mesh)) {}
+
+Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOptions& options) {
+  Engine engine(std::move(source), std::move(mesh));
+  const HfConfig& config = engine.config();
+  NUMESH_CHECK(options.sequences >= 1, ValueError, "engine: sequences {} must be positive",
+               options.sequences);
+  const bool context_fits = options.context >= 0 && options.context <= config.max_context();
+  NUMESH_CHECK(context_fits, ValueError,
+               "engine: context {} must be 0 (the model's whole context) or at most its {} "
+               "positions",
+               options.context, config.max_context());
+  (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
+  engine.dtype_ = options.dtype;
+  engine.axes_ = ops::ModelAxes::resolve(options.partitions, options.mode, options.sequences,
+                                         config.hidden_size);
+  const auto start = std::chrono::steady_clock::now();
+  const auto checkpoint = SafetensorsCheckpoint::open(engine.source_.path());
+  for (const std::string& name : checkpoint.names()) {
+    engine.checkpoint_bytes_ += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
+  }
+  const std::int64_t context = options.context > 0 ? options.context : config.max_context();
+  engine.model_ = std::make_unique<CausalLm>(CausalLm::load(engine.mesh_, config, checkpoint,
+                                                            options.sequences, context,
+                                                            options.dtype, engine.axes_,
+                                                            options.progress));
+  engine.load_seconds_ = seconds_since(start);
+  return engine;
+}
+
+}  // namespace numesh::models

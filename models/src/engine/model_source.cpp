@@ -1,0 +1,26 @@
+#include "numesh/models/engine/model_source.hpp"
+
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+
+namespace numesh::models {
+
+ModelSource ModelSource::open(const std::filesystem::path& path) {
+  ModelSource source;
+  source.path_ = path;
+  source.config_ = HfConfig::load(path);
+  if (std::filesystem::exists(path / "tokenizer.json") ||
+      std::filesystem::exists(path / "tokenizer.model")) {
+    source.tokenizer_ = TextTokenizer::load(path);
+  }
+  return source;
+}
+
+std::vector<std::filesystem::path> ModelSource::weight_files() const {
+  // The checkpoint kept by name: a range-for over open(...).files() would outlive it.
+  const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(path_);
+  std::vector<std::filesystem::path> files;
+  for (const auto& f : checkpoint.files()) files.push_back(f.path());
+  return files;
+}
+
+}  // namespace numesh::models
