@@ -1,0 +1,109 @@
+#include "numesh/ops/kernels/paged_attention.hpp"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
+
+namespace numesh::ops {
+
+namespace {
+
+// Keys per task, as attention_core's decode path splits them (so the two agree bitwise).
+constexpr std::int64_t kPagedKeyBlock = 256;
+
+std::int64_t paged_key_blocks(std::int64_t context) noexcept {
+  return (context + kPagedKeyBlock - 1) / kPagedKeyBlock;
+}
+
+}  // namespace
+
+std::int64_t paged_attention_scratch_floats(std::int64_t tokens, std::int64_t q_heads,
+                                            std::int64_t head_dim, std::int64_t max_context,
+                                            std::int64_t threads) noexcept {
+  return arena_scratch_slots(threads) * kPagedKeyBlock +
+         tokens * q_heads * paged_key_blocks(max_context) * (head_dim + 2);
+}
+
+void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& keys, float* out,
+                     std::int64_t tokens, const AttentionSlice& sl, std::int64_t d,
+                     std::int64_t max_context, std::span<float> scratch) {
+  using Vec = Eigen::Map<const Eigen::VectorXf>;
+  const bool spans_fit = static_cast<std::int64_t>(keys.context.size()) == tokens &&
+                         static_cast<std::int64_t>(keys.table_of.size()) == tokens;
+  NUMESH_CHECK(spans_fit, ShapeError,
+               "paged attention: {} tokens, {} context lengths and {} table offsets", tokens,
+               keys.context.size(), keys.table_of.size());
+  const std::int64_t threads = oneapi::tbb::this_task_arena::max_concurrency();
+  const std::int64_t needed =
+      paged_attention_scratch_floats(tokens, sl.q_heads, d, max_context, threads);
+  NUMESH_CHECK(static_cast<std::int64_t>(scratch.size()) >= needed, ShapeError,
+               "paged attention: scratch of {} floats; {} tokens of up to {} keys and {} "
+               "threads need {}",
+               scratch.size(), tokens, max_context, threads, needed);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::int64_t blocks = paged_key_blocks(max_context), stride = d + 2;
+  const std::int64_t slots = arena_scratch_slots(threads);
+  float* partials = scratch.data() + slots * kPagedKeyBlock;
+  // Partial (t, h, block) lives at ((t * q_heads + h) * blocks + block) * stride.
+  for_each_task(tokens * sl.q_heads * blocks, [&](std::int64_t task) {
+    const std::int64_t block = task % blocks, th = task / blocks, h = th % sl.q_heads,
+                       t = th / sl.q_heads;
+    const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
+    const std::int32_t* table = keys.tables.data() + keys.table_of[static_cast<std::size_t>(t)];
+    const std::int64_t visible = keys.context[static_cast<std::size_t>(t)];
+    float* part = partials + (th * blocks + block) * stride;
+    const std::int64_t first = block * kPagedKeyBlock,
+                       last = std::min(visible, first + kPagedKeyBlock);
+    Eigen::Map<Eigen::VectorXf> o(part + 2, d);
+    o.setZero();
+    if (last <= first) {  // past the token's context
+      part[0] = -std::numeric_limits<float>::infinity();
+      part[1] = 0.0f;
+      return;
+    }
+    // Key si's row: slot si % block_size of block table[si / block_size].
+    const auto row = [&](const float* base, std::int64_t si) {
+      return base + table[si / kv.block_size] * kv.block_stride + kvh * kv.head_stride +
+             (si % kv.block_size) * kv.pos_stride;
+    };
+    float* scores = thread_scratch(scratch, kPagedKeyBlock, slots);
+    const Vec qr(q + (t * sl.q_heads + h) * d, d);
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t si = first; si < last; ++si) {
+      scores[si - first] = qr.dot(Vec(row(kv.k, si), d)) * scale;
+      m = std::max(m, scores[si - first]);
+    }
+    float sum = 0.0f;
+    for (std::int64_t si = first; si < last; ++si) {
+      const float e = std::exp(scores[si - first] - m);
+      sum += e;
+      o += e * Vec(row(kv.v, si), d);
+    }
+    part[0] = m;
+    part[1] = sum;
+  });
+  for_each_task(tokens * sl.q_heads, [&](std::int64_t th) {
+    const float* part = partials + th * blocks * stride;
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t b = 0; b < blocks; ++b) m = std::max(m, part[b * stride]);
+    Eigen::Map<Eigen::VectorXf> o(out + th * d, d);
+    o.setZero();
+    float sum = 0.0f;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      if (part[b * stride + 1] == 0.0f) continue;  // past the token's context
+      const float w = std::exp(part[b * stride] - m);
+      sum += w * part[b * stride + 1];
+      o += w * Vec(part + b * stride + 2, d);
+    }
+    o /= sum;
+  });
+}
+
+}  // namespace numesh::ops
