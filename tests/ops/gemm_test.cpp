@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -352,6 +353,47 @@ TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
   EXPECT_EQ(dot_out_block(4096, 1024, DType::kBF16), 256) << "8 MiB: blocks of 512 KiB";
   EXPECT_EQ(dot_out_block(100, 64), 100) << "under 64 KiB: one block";
   EXPECT_EQ(dot_out_block(std::int64_t{1} << 25, 1), std::int64_t{1} << 19) << "at most 64 blocks";
+}
+
+// kRowInvariant: each row of a product has the same bits alone as among 4, 16, 17 or 40 rows,
+// for every weight dtype and layout, on shapes that take the one-tile, tiled and k-split decode
+// paths (whichever kernel level this process runs: scripts/test.sh runs ops_test at each). A
+// serving engine's steps rest on it: a token's numbers must not depend on its batch.
+TEST(GemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Shape {
+    std::int64_t k, n;
+  };
+  for (const Shape shape : {Shape{24, 20}, Shape{96, 200}, Shape{600, 512}}) {
+    const std::int64_t k = shape.k, n = shape.n;
+    std::vector<float> w(static_cast<std::size_t>(k * n));
+    for (float& x : w) x = normal(rng);
+    for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<std::uint16_t> half(w.size());
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        half[i] = dtype == DType::kBF16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]);
+      }
+      const void* data = dtype == DType::kF32 ? static_cast<const void*>(w.data()) : half.data();
+      for (const WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+        const WeightMatrix b{data, dtype, k, n, layout};
+        for (const std::int64_t m : {4, 16, 17, 40}) {
+          std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+          for (float& x : a) x = normal(rng);
+          device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),
+                      MatmulPrecision::kRowInvariant);
+          for (std::int64_t r = 0; r < m; ++r) {
+            std::vector<float> alone(static_cast<std::size_t>(n));
+            device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
+                        MatmulPrecision::kRowInvariant);
+            ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
+                << to_string(dtype) << (layout == WeightLayout::kOutIn ? " out-in" : " in-out")
+                << " [" << k << ", " << n << "], row " << r << " of " << m;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {

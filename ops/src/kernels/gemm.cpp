@@ -237,6 +237,17 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
   NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k,
                b.rows, b.cols, to_string(b.dtype), c.rows(), c.cols());
+  if (precision == MatmulPrecision::kRowInvariant && m > kSkinnyMaxRows) {
+    // Row blocks of the decode size, one after the other, each as a decode product: a row's
+    // sums do not see the rows beside it (each block's own tiles and k blocks come from n and
+    // k; MatmulPrecision).
+    for (std::int64_t r0 = 0; r0 < m; r0 += kSkinnyMaxRows) {
+      const std::int64_t rows = std::min(kSkinnyMaxRows, m - r0);
+      device_gemm(ConstMatrixMap(a.data() + r0 * k, rows, k), b,
+                  MatrixMap(c.data() + r0 * n, rows, n), precision);
+    }
+    return;
+  }
   if (precision == MatmulPrecision::kBF16 && b.dtype == DType::kF32) {
     // bf16 compute on fp32 weights: the prefill tiles for every shape, each rounding its
     // operands as it packs them (the level read here, once, for every tile).

@@ -20,6 +20,19 @@ namespace numesh::ops {
 
 namespace {
 
+// The router's (and the shared expert's gate's) small fp32 product on the calling thread; with
+// kRowInvariant one row at a time, so that a token's routing does not depend on its batch.
+void router_gemm(ConstMatrixMap x, ConstMatrixMap w, MatrixMap out, MatmulPrecision prec) {
+  if (prec != MatmulPrecision::kRowInvariant) {
+    gemm(x, w, out);
+    return;
+  }
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    gemm(ConstMatrixMap(x.data() + r * x.cols(), 1, x.cols()), w,
+         MatrixMap(out.data() + r * out.cols(), 1, out.cols()));
+  }
+}
+
 using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
@@ -202,7 +215,7 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer,
     }
     return [prec, &xs, &yp, &wg, &wu, &wd, &ws, &logit, &hs, &us, &act, &ys, first, n, h] {
       const ConstMatrixMap xm(xs.values().data() + first * h, n, h);
-      gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit));
+      router_gemm(xm, as_matrix(std::as_const(ws)), as_matrix(logit), prec);
       device_gemm(xm, as_out_in_weight(wg), as_matrix(hs), prec);
       device_gemm(xm, as_out_in_weight(wu), as_matrix(us), prec);
       if (&act != &hs) as_matrix(act) = as_matrix(std::as_const(hs));
@@ -325,9 +338,10 @@ runtime::Frontier emit_a2a_forward_route(ProgramBuilder& pb, const MoeLayer& lay
     runtime::Tensor& wr = router.shard(s);
     runtime::Tensor& out = a2a.sent.shard(s);
     runtime::Tensor& n = a2a.counts.shard(s);
-    return [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots] {
-      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
-           as_matrix(logits));
+    const MatmulPrecision prec = pb.matmul_precision();
+    return [&xs, &logits, &wr, &r, &stats, &out, &n, c, rows, h, e, slots, prec] {
+      router_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
+                  as_matrix(logits), prec);
       route_tokens(as_matrix(logits), c, 0, r, stats);
       for (std::int64_t ex = 0; ex < e; ++ex) {
         const std::int64_t count = r.expert_count[static_cast<std::size_t>(ex)];
@@ -586,9 +600,10 @@ runtime::Frontier emit_gathered_moe_route(const GatheredMoe& st, MoeRouting& rou
     probs[static_cast<std::size_t>(s)] = &logits;
     runtime::Tensor& wr = st.weights.router.shard(s);
     runtime::Tensor& yp = st.y_partial.shard(s);
-    return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert] {
-      gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
-           as_matrix(logits));
+    const MatmulPrecision prec = pb.matmul_precision();
+    return [&xs, &logits, &wr, &r, &stats, &yp, c, rows, h, first_expert, prec] {
+      router_gemm(ConstMatrixMap(xs.values().data(), rows, h), as_matrix(std::as_const(wr)),
+                  as_matrix(logits), prec);
       route_tokens(as_matrix(logits), c, first_expert, r, stats);
       std::fill(yp.values().begin(), yp.values().end(), 0.0f);
     };

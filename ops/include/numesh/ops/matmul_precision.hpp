@@ -10,11 +10,24 @@ namespace numesh::ops {
 /// kBF16, where both operands are rounded to bf16 and the products summed in fp32 (twice the
 /// fp32 rate with AVX-512 BF16; gemm_16bit.hpp, gemm_bf16_compute()). Products of 16-bit
 /// weights are bf16 or f16 whatever is asked.
-enum class MatmulPrecision { kF32, kBF16 };
+/// kRowInvariant is kF32 (16-bit weights as ever) computed so that each row of the product
+/// has the same bits whatever rows are beside it and however many: every row block of at most
+/// kSkinnyMaxRows rows through the decode kernels, whose sums run along k in an order fixed by
+/// the shapes n and k alone. What a serving engine's steps use (a request's tokens must not
+/// depend on the batch it runs in); prefill is slower than kF32's tiles.
+enum class MatmulPrecision { kF32, kBF16, kRowInvariant };
 
-/// "f32" or "bf16".
+/// "f32", "bf16" or "f32-row-invariant".
 constexpr const char* to_string(MatmulPrecision precision) noexcept {
-  return precision == MatmulPrecision::kBF16 ? "bf16" : "f32";
+  switch (precision) {
+    case MatmulPrecision::kF32:
+      return "f32";
+    case MatmulPrecision::kBF16:
+      return "bf16";
+    case MatmulPrecision::kRowInvariant:
+      return "f32-row-invariant";
+  }
+  return "?";
 }
 
 }  // namespace numesh::ops
