@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <functional>
 #include <nlohmann/json.hpp>
 
@@ -123,6 +124,84 @@ TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
           << "decode step " << step << ", sequence " << b << " at position " << p;
     }
     for (std::int64_t& p : positions) ++p;
+  }
+}
+
+// One ragged step's tokens: for each (sequence, first position, count) of the step, its tokens
+// in order, then `padding` tokens (block 0, position 0, one key); block tables by sequence.
+RaggedBatch ragged_batch(const std::vector<std::vector<std::int32_t>>& tables,
+                         const std::vector<std::array<std::int64_t, 3>>& parts,
+                         std::int64_t padding, std::int64_t block_size, std::int64_t max_context) {
+  RaggedBatch r;
+  r.max_context = max_context;
+  std::vector<std::int64_t> table_start;
+  for (const auto& t : tables) {
+    table_start.push_back(static_cast<std::int64_t>(r.tables.size()));
+    r.tables.insert(r.tables.end(), t.begin(), t.end());
+  }
+  const auto padding_table = static_cast<std::int64_t>(r.tables.size());
+  r.tables.push_back(0);
+  for (const auto& [seq, first, count] : parts) {
+    const std::vector<std::int32_t>& table = tables[static_cast<std::size_t>(seq)];
+    for (std::int64_t p = first; p < first + count; ++p) {
+      r.positions.push_back(p);
+      r.slots.push_back(table[static_cast<std::size_t>(p / block_size)] * block_size +
+                        p % block_size);
+      r.context.push_back(p + 1);
+      r.table_of.push_back(table_start[static_cast<std::size_t>(seq)]);
+    }
+  }
+  for (std::int64_t i = 0; i < padding; ++i) {
+    r.positions.push_back(0);
+    r.slots.push_back(i % block_size);
+    r.context.push_back(1);
+    r.table_of.push_back(padding_table);
+  }
+  return r;
+}
+
+// Ragged steps over paged caches: three sequences in shuffled blocks, prefill chunks and
+// decode tokens of different sequences in one step, padding at the end; every real token's
+// output equals the dense model's for its sequence alone.
+TEST_P(ShardedTransformerTest, RaggedStepsOverPagedCachesEqualEachSequenceAlone) {
+  const auto mesh = make_mesh(GetParam());
+  const TransformerConfig c = small_config();  // dropless MoE: tokens do not compete
+  const TransformerWeights w = TransformerWeights::random(c, 13);
+  constexpr std::int64_t kBlock = 4, kContext = 12;
+  const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
+  ShardedTransformer model(
+      mesh, c, w, PagedCacheOptions{.blocks = 12, .block_size = kBlock, .max_context = kContext},
+      axes);
+  EXPECT_TRUE(model.paged());
+  std::vector<TransformerReference> alone;
+  for (int b = 0; b < 3; ++b) alone.emplace_back(c, w, 1, kContext);
+  const std::vector<std::vector<std::int32_t>> tables{{3, 7, 1}, {2, 9}, {5, 4, 11}};
+  // (sequence, first position, tokens) per step: two prompts (one in two chunks), then a third
+  // prompt beside two decodes, then three decodes.
+  const std::vector<std::vector<std::array<std::int64_t, 3>>> steps{
+      {{0, 0, 5}, {1, 0, 3}},
+      {{0, 5, 1}, {1, 3, 1}, {2, 0, 4}},
+      {{2, 4, 2}, {0, 6, 1}, {1, 4, 1}},
+      {{0, 7, 1}, {1, 5, 1}, {2, 6, 1}}};
+  const std::vector<std::int64_t> padding{2, 0, 3, 1};
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const RaggedBatch batch = ragged_batch(tables, steps[s], padding[s], kBlock, kContext);
+    const auto n = static_cast<std::int64_t>(batch.positions.size());
+    const runtime::HostTensor x =
+        random_host({1, n, c.hidden}, static_cast<std::uint32_t>(300 + s), 1.0f);
+    const runtime::HostTensor y = model.forward_ragged(x, batch);
+    std::int64_t row = 0;
+    for (const auto& [seq, first, count] : steps[s]) {
+      runtime::HostTensor rows = runtime::HostTensor::zeros({1, count, c.hidden});
+      std::copy_n(x.data.begin() + row * c.hidden, count * c.hidden, rows.data.begin());
+      const runtime::HostTensor want = alone[static_cast<std::size_t>(seq)].forward(rows, first);
+      runtime::HostTensor got = runtime::HostTensor::zeros({1, count, c.hidden});
+      std::copy_n(y.data.begin() + row * c.hidden, count * c.hidden, got.data.begin());
+      EXPECT_TRUE(matches_reference(got, want, kBound))
+          << "step " << s << ", sequence " << seq << " at [" << first << ", " << first + count
+          << ")";
+      row += count;
+    }
   }
 }
 
@@ -354,6 +433,45 @@ TEST(ModelAxesTest, AnIntegerModeOutsideTheActivationsRankIsAnIndexError) {
         ThrowsMessage<IndexError>(HasSubstr("tuple index out of range")))
         << dim;
   }
+}
+
+TEST(ShardedTransformerTest, RaggedStepsAndDenseCallsAreRefusedWhereTheyDoNotBelong) {
+  const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  const TransformerConfig c = small_config();
+  const TransformerWeights w = TransformerWeights::random(c, 13);
+  ShardedTransformer dense(mesh, c, w, 1, 8);
+  ShardedTransformer paged(mesh, c, w,
+                           PagedCacheOptions{.blocks = 4, .block_size = 4, .max_context = 8});
+  const RaggedBatch one = ragged_batch({{1, 2}}, {{0, 0, 2}}, 0, 4, 8);
+  const runtime::HostTensor x = random_host({1, 2, c.hidden}, 1, 1.0f);
+  EXPECT_THAT([&] { (void)dense.forward_ragged(x, one); },
+              ThrowsMessage<ValueError>(HasSubstr("ragged steps need paged caches")));
+  EXPECT_THAT([&] { (void)paged.forward(x, 0); },
+              ThrowsMessage<ValueError>(HasSubstr("runs ragged steps (forward_ragged)")));
+  EXPECT_THAT(
+      [&] {
+        ShardedTransformer(mesh, c, w,
+                           PagedCacheOptions{.blocks = 1, .block_size = 4, .max_context = 8});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("paged caches of 1 blocks of 4 positions")));
+  RaggedBatch bad = one;
+  bad.slots[1] = 16;
+  EXPECT_THAT([&] { (void)paged.forward_ragged(x, bad); },
+              ThrowsMessage<IndexError>(HasSubstr("ragged token 1 at position 1 (slot 16")));
+  bad = one;
+  bad.tables[0] = 4;
+  EXPECT_THAT([&] { (void)paged.forward_ragged(x, bad); },
+              ThrowsMessage<IndexError>(HasSubstr("block table names block 4 of 4")));
+  bad = one;
+  bad.context[0] = 9;
+  EXPECT_THAT(
+      [&] { (void)paged.forward_ragged(x, bad); },
+      ThrowsMessage<IndexError>(HasSubstr("ragged token 0 at position 0 (slot 4, context 9")));
+  bad = one;
+  bad.max_context = 7;
+  EXPECT_THAT([&] { (void)paged.forward_ragged(x, bad); },
+              ThrowsMessage<ShapeError>(HasSubstr("a ragged batch for contexts of 7")));
+  EXPECT_NO_THROW((void)paged.forward_ragged(x, one)) << "the good batch still runs";
 }
 
 TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {

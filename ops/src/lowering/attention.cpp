@@ -15,6 +15,7 @@
 #include "numesh/ops/kernels/attention_core.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/norms.hpp"
+#include "numesh/ops/kernels/paged_attention.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
@@ -133,6 +134,24 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
   return cache;
 }
 
+PagedKvCache PagedKvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer,
+                                  std::int64_t blocks, std::int64_t block_size) {
+  NUMESH_CHECK(blocks >= 2 && block_size >= 1, ShapeError,
+               "paged kv cache: {} blocks of {} positions; it needs at least 2 blocks (block 0 "
+               "takes the padding) of at least 1",
+               blocks, block_size);
+  const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
+  const std::vector<std::int64_t> shape{blocks, layer.config.num_kv_heads, block_size,
+                                        layer.config.head_dim};
+  const PartitionSpec spec({AxisRule(), heads, AxisRule(), AxisRule()});
+  PagedKvCache cache;
+  cache.blocks = blocks;
+  cache.block_size = block_size;
+  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  return cache;
+}
+
 namespace {
 
 // Refuses an x or y that does not fit the layer, and a cache step that does not fit its cache.
@@ -157,6 +176,50 @@ void attention_fwd_check_shapes(const AttentionLayer& layer, runtime::ShardedTen
     NUMESH_CHECK(t <= cache->max_len, ShapeError,
                  "{}: {} tokens do not fit a cache of {} positions", name, t, cache->max_len);
   }
+  NUMESH_CHECK((step.paged == nullptr) == (step.ragged == nullptr) &&
+                   (step.paged == nullptr || cache == nullptr),
+               ValueError,
+               "{}: a paged step needs its cache and its ragged batch, and no dense cache", name);
+  if (step.paged != nullptr) {
+    const bool whole = batch == 1 && x.layout().shard_shape()[1] == t;
+    NUMESH_CHECK(whole, ShapeError,
+                 "{}: a ragged step takes x [1, N, H] with the tokens whole on every device, not "
+                 "[{}] {}",
+                 name, fmt::join(x.shape(), ", "), x.spec().repr());
+    NUMESH_CHECK(step.ragged->max_context >= 1, ShapeError,
+                 "{}: a ragged step's max_context {} must be positive", name,
+                 step.ragged->max_context);
+  }
+}
+
+// Refuses a ragged batch that does not describe `tokens` tokens in `paged`, naming the first
+// bad entry (checked when the program runs: the caller fills it before each run).
+void check_ragged(const RaggedBatch& r, const PagedKvCache& paged, std::int64_t tokens) {
+  const auto n = static_cast<std::size_t>(tokens);
+  NUMESH_CHECK(r.positions.size() == n && r.slots.size() == n && r.context.size() == n &&
+                   r.table_of.size() == n,
+               ShapeError,
+               "attention: a ragged batch of {} positions, {} slots, {} context lengths and {} "
+               "table offsets for {} tokens",
+               r.positions.size(), r.slots.size(), r.context.size(), r.table_of.size(), tokens);
+  const std::int64_t slots = paged.blocks * paged.block_size;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t blocks_seen = (r.context[i] + paged.block_size - 1) / paged.block_size;
+    const bool fits = r.positions[i] >= 0 && r.slots[i] >= 0 && r.slots[i] < slots &&
+                      r.context[i] >= 1 && r.context[i] <= r.max_context && r.table_of[i] >= 0 &&
+                      r.table_of[i] + blocks_seen <= static_cast<std::int64_t>(r.tables.size());
+    NUMESH_CHECK(fits, IndexError,
+                 "attention: ragged token {} at position {} (slot {}, context {}, table at {}) "
+                 "does not fit a cache of {} blocks of {}, max_context {} and {} table entries",
+                 i, r.positions[i], r.slots[i], r.context[i], r.table_of[i], paged.blocks,
+                 paged.block_size, r.max_context, r.tables.size());
+    for (std::int64_t b = 0; b < blocks_seen; ++b) {
+      const std::int32_t block = r.tables[static_cast<std::size_t>(r.table_of[i] + b)];
+      NUMESH_CHECK(block >= 0 && block < paged.blocks, IndexError,
+                   "attention: ragged token {}'s block table names block {} of {}", i, block,
+                   paged.blocks);
+    }
+  }
 }
 
 // What every phase of the forward reads: the layer, x, the step's cache and positions, and the
@@ -176,6 +239,8 @@ struct AttentionFwd {
   std::vector<std::string> seq_axes;
   KvCache* cache;
   const std::vector<std::int64_t>* positions;
+  PagedKvCache* paged;        // a ragged step over a paged cache (with `ragged`)
+  const RaggedBatch* ragged;  // its tokens' positions, slots and block tables
   std::int64_t rows, lq, lkv;
 };
 
@@ -205,6 +270,8 @@ AttentionFwd attention_fwd_context(ProgramBuilder& pb, const AttentionLayer& lay
       .seq_axes = detail::axes_of(x.spec(), 1),
       .cache = step.cache,
       .positions = step.positions,
+      .paged = step.paged,
+      .ragged = step.ragged,
       .rows = local_batch * local_t,
       .lq = layer.local_q_heads,
       .lkv = layer.local_kv_heads,
@@ -247,6 +314,10 @@ AttentionFwdTensors attention_fwd_tensors(const AttentionFwd& st) {
   if (st.cache != nullptr) {
     cache_k = &pb.use(name + ".cache_k", TensorRole::kCache, st.cache->k);
     cache_v = &pb.use(name + ".cache_v", TensorRole::kCache, st.cache->v);
+  }
+  if (st.paged != nullptr) {
+    cache_k = &pb.use(name + ".paged_k", TensorRole::kCache, st.paged->k);
+    cache_v = &pb.use(name + ".paged_v", TensorRole::kCache, st.paged->v);
   }
   // This run's keys and values [B, T, kv_heads * D], split like x's tokens and wk's heads.
   const AxisRule kv_rule = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
@@ -299,6 +370,7 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
   const std::int64_t rows = st.rows, hidden = st.hidden, local_batch = st.local_batch,
                      local_t = st.local_t, lq = st.lq, lkv = st.lkv, d = st.d;
   const std::vector<std::int64_t>* positions = st.positions;
+  const RaggedBatch* ragged = st.ragged;
   const double flops = attention_flops(config, hidden, local_batch, st.t, 0) *
                        static_cast<double>(lq) / static_cast<double>(st.hq) *
                        static_cast<double>(local_t) / static_cast<double>(st.t);
@@ -327,7 +399,7 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
     runtime::Tensor& wks = tn.wk.shard(s);
     runtime::Tensor& wvs = tn.wv.shard(s);
     return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
-            token_offset, first_sequence, positions, config, bqs, bks, bvs, qns, kns, q_pre,
+            token_offset, first_sequence, positions, ragged, config, bqs, bks, bvs, qns, kns, q_pre,
             k_pre] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
@@ -352,7 +424,19 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
                      ConstMatrixMap(kns.data(), 1, dd),
                      MatrixMap(k.values().data(), rows * lkv, dd), config.qk_norm_eps);
       }
-      if (config.rope_theta > 0.0f) {
+      if (config.rope_theta > 0.0f && ragged != nullptr) {
+        // A ragged step: every token at its own sequence's position.
+        NUMESH_CHECK(static_cast<std::int64_t>(ragged->positions.size()) == local_t, ShapeError,
+                     "attention: {} ragged positions for {} tokens", ragged->positions.size(),
+                     local_t);
+        for (std::int64_t ti = 0; ti < local_t; ++ti) {
+          const std::int64_t p = ragged->positions[static_cast<std::size_t>(ti)];
+          rope_inplace(q.values().data() + ti * lq * dd, 1, 1, lq, dd, p, config.rope_theta,
+                       config.rope_scaling);
+          rope_inplace(k.values().data() + ti * lkv * dd, 1, 1, lkv, dd, p, config.rope_theta,
+                       config.rope_scaling);
+        }
+      } else if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
         for_each_run(positions, first_sequence, local_batch,
                      [&](std::int64_t b, std::int64_t n, std::int64_t p) {
@@ -476,6 +560,63 @@ runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFw
       });
 }
 
+// Per device, a ragged step: every token's key and value written into its slot of the paged
+// cache, then each token's attention over its own sequence's positions through its block table.
+// Fills o_of.
+runtime::Frontier attention_fwd_attend_paged(const AttentionFwd& st, const AttentionFwdTensors& tn,
+                                             const std::vector<runtime::Tensor*>& q_of,
+                                             const AttentionFwdKeys& keys,
+                                             const runtime::Frontier& projected,
+                                             std::vector<runtime::Tensor*>& o_of) {
+  ProgramBuilder& pb = st.pb;
+  const PagedKvCache& paged = *st.paged;
+  const RaggedBatch& ragged = *st.ragged;
+  const std::int64_t tokens = st.t, lq = st.lq, d = st.d, max_context = ragged.max_context;
+  return pb.per_device(
+      st.name + ".core", {&projected, &keys.k_ready, &keys.v_ready}, [&](std::int64_t s) {
+        const AttentionSlice slice = st.layer.slice(st.x, s);
+        runtime::Tensor& q = *q_of[static_cast<std::size_t>(s)];
+        runtime::Tensor& k = keys.k_all.shard(s);
+        runtime::Tensor& v = keys.v_all.shard(s);
+        runtime::Tensor& o = pb.scratch(s, {tokens, lq * d});
+        o_of[static_cast<std::size_t>(s)] = &o;
+        runtime::Tensor& scores =
+            pb.scratch(s, {paged_attention_scratch_floats(tokens, lq, d, max_context,
+                                                          st.mesh.device(s).spec().threads)});
+        runtime::Tensor& ck = tn.cache_k->shard(s);
+        runtime::Tensor& cv = tn.cache_v->shard(s);
+        const std::int64_t block_size = paged.block_size;
+        return [&q, &k, &v, &o, &scores, &ck, &cv, &paged, &ragged, slice, tokens, d, block_size,
+                max_context] {
+          check_ragged(ragged, paged, tokens);
+          const PagedKvView view{.k = ck.values().data(),
+                                 .v = cv.values().data(),
+                                 .block_size = block_size,
+                                 .block_stride = slice.kv_heads * block_size * d,
+                                 .head_stride = block_size * d,
+                                 .pos_stride = d};
+          // Every token's key and value into its slot (the step's tokens before any reads
+          // them: a prefill chunk's later tokens see its earlier ones).
+          for (std::int64_t ti = 0; ti < tokens; ++ti) {
+            const std::int64_t slot = ragged.slots[static_cast<std::size_t>(ti)];
+            const std::int64_t base =
+                (slot / block_size) * view.block_stride + (slot % block_size) * view.pos_stride;
+            for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
+              const std::int64_t row = (ti * slice.kv_heads + hi) * d;
+              std::copy_n(k.values().data() + row, d,
+                          ck.values().data() + base + hi * view.head_stride);
+              std::copy_n(v.values().data() + row, d,
+                          cv.values().data() + base + hi * view.head_stride);
+            }
+          }
+          const RaggedKeys keys_of{
+              .context = ragged.context, .table_of = ragged.table_of, .tables = ragged.tables};
+          paged_attention(q.values().data(), view, keys_of, o.values().data(), tokens, slice, d,
+                          max_context, scores.values());
+        };
+      });
+}
+
 // Per device: the output projection of its heads into y's partial sums (the output bias added
 // once per reduction group).
 runtime::Frontier attention_fwd_output_projection(const AttentionFwd& st,
@@ -521,8 +662,11 @@ runtime::Frontier emit_attention(ProgramBuilder& pb, const AttentionLayer& layer
   std::vector<runtime::Tensor*> o_of(slots);
   NUMESH_CHECK(saved == nullptr || st.cache == nullptr, ValueError,
                "{}: a forward kept for the backward runs full sequences, without a cache", name);
+  NUMESH_CHECK(saved == nullptr || st.paged == nullptr, ValueError,
+               "{}: a forward kept for the backward runs full sequences, not a ragged step", name);
   const runtime::Frontier attended =
-      attention_fwd_attend(st, tn, queries.q_of, keys, projected, o_of);
+      st.paged != nullptr ? attention_fwd_attend_paged(st, tn, queries.q_of, keys, projected, o_of)
+                          : attention_fwd_attend(st, tn, queries.q_of, keys, projected, o_of);
   const runtime::Frontier done = attention_fwd_output_projection(st, tn, o_of, attended);
   if (saved != nullptr) {
     *saved = AttentionSaved{.x = &x,

@@ -202,8 +202,8 @@ ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weig
     : ShardedLmHead(mesh, LmHeadLayer::create(mesh, weights, axes), rows, axes) {}
 
 ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows,
-                             LmHeadAxes axes)
-    : layer_(std::move(layer)), rows_(rows), mesh_(mesh) {
+                             LmHeadAxes axes, MatmulPrecision precision)
+    : layer_(std::move(layer)), rows_(rows), precision_(precision), mesh_(mesh) {
   NUMESH_CHECK(rows >= 1, ShapeError, "lm head: {} rows; need at least one", rows);
   x_spec_ =
       sharding::correct_spec(
@@ -220,6 +220,7 @@ std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
   ProgramBuilder pb(mesh_, tail == kLogits   ? std::string("lm head (logits)")
                            : tail == kGreedy ? std::string("lm head (greedy)")
                                              : fmt::format("lm head (top {})", tail));
+  pb.set_matmul_precision(precision_);
   const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
   runtime::Frontier loaded;
   runtime::ShardedTensor& x = pb.input("x", {rows_, layer_.hidden}, x_spec_, loaded);
@@ -262,12 +263,17 @@ std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x,
                                                 const SamplingOptions& options,
                                                 std::mt19937_64& rng) {
   validate(options);
+  return pick_sampled(candidates(x, options.top_k), options, rng);
+}
+
+runtime::HostTensor ShardedLmHead::candidates(const runtime::HostTensor& x, std::int64_t k) {
+  NUMESH_CHECK(k >= 1, ValueError, "lm head: top_k {} must be at least 1", k);
   check_input(x);
   const std::int64_t v_local = layer_.weight->layout().shard_shape()[0];
-  const std::int64_t k = std::min(options.top_k, v_local);
-  std::unique_ptr<Program>& program = top_k_[k];
-  if (!program) program = compile(k);
-  return pick_sampled(program->run("x", x, "candidates"), options, rng);
+  const std::int64_t kept = std::min(k, v_local);
+  std::unique_ptr<Program>& program = top_k_[kept];
+  if (!program) program = compile(kept);
+  return program->run("x", x, "candidates");
 }
 
 }  // namespace numesh::ops

@@ -31,7 +31,8 @@ using sharding::PartitionSpec;
 
 struct ShardedTransformer::Layer {
   AttentionLayer attention;
-  KvCache cache;
+  KvCache cache;       // dense caches (batch, max_len)
+  PagedKvCache paged;  // or paged ones (ragged steps)
   std::shared_ptr<runtime::ShardedTensor> attn_norm, ffn_norm;
   std::optional<MlpLayer> mlp;
   std::optional<MoeLayer> moe;
@@ -50,6 +51,35 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
                "transformer: batch {} and max_len {} must be positive", batch, max_len);
   positions_.assign(static_cast<std::size_t>(batch),
                     0);  // a program run straight from program() starts at 0
+  lay_out(w);
+  const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
+  for (const auto& layer : layers_) {
+    layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
+  }
+}
+
+ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
+                                       const TransformerWeights& w, const PagedCacheOptions& paged,
+                                       ModelAxes axes)
+    : mesh_(std::move(mesh)),
+      config_(std::move(config)),
+      axes_(std::move(axes)),
+      batch_(1),
+      max_len_(paged.max_context),
+      paged_(paged) {
+  config_.validate();
+  NUMESH_CHECK(paged.blocks >= 2 && paged.block_size >= 1 && paged.max_context >= 1, ShapeError,
+               "transformer: paged caches of {} blocks of {} positions for contexts of {}; they "
+               "need at least 2 blocks (block 0 takes the padding), and positive sizes",
+               paged.blocks, paged.block_size, paged.max_context);
+  ragged_.max_context = paged.max_context;
+  lay_out(w);
+  for (const auto& layer : layers_) {
+    layer->paged = PagedKvCache::create(mesh_, layer->attention, paged.blocks, paged.block_size);
+  }
+}
+
+void ShardedTransformer::lay_out(const TransformerWeights& w) {
   NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == config_.layers, ShapeError,
                "transformer: {} blocks of weights for {} layers", w.blocks.size(), config_.layers);
   const std::int64_t h = config_.hidden;
@@ -59,7 +89,6 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
                  "transformer: {} is {}, expected [1, {}]", what, shape_text(t), h);
     return detail::laid_out(mesh_, t, replicated);
   };
-  const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
   for (std::int64_t l = 0; l < config_.layers; ++l) {
     const BlockWeights& b = w.blocks[static_cast<std::size_t>(l)];
     auto layer = std::make_unique<Layer>();
@@ -69,7 +98,6 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
     NUMESH_CHECK(layer->attention.hidden == h, ShapeError,
                  "transformer: block {} attention has hidden {}, expected {}", l,
                  layer->attention.hidden, h);
-    layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
     layer->attn_norm = norm(b.attn_norm, fmt::format("block {} attn_norm", l));
     layer->ffn_norm = norm(b.ffn_norm, fmt::format("block {} ffn_norm", l));
     if (config_.is_moe(l)) {
@@ -146,6 +174,8 @@ ShardedTransformer& ShardedTransformer::operator=(ShardedTransformer&&) noexcept
 
 PartitionSpec ShardedTransformer::activation_spec(std::int64_t tokens) const {
   const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
+  // A ragged step's tokens are whole on every device (its attention reads any sequence's).
+  if (paged()) return PartitionSpec({AxisRule(), AxisRule(), AxisRule()});
   const std::vector<std::string> sequence = axes_.sequence.empty()
                                                 ? std::vector<std::string>{}
                                                 : std::vector<std::string>{axes_.sequence};
@@ -165,6 +195,9 @@ ShardedTransformer::Programs::Entry& ShardedTransformer::compiled_for(std::int64
 
 Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*>& routings) {
   ProgramBuilder pb(mesh_, fmt::format("transformer (T={})", tokens));
+  // A ragged step's rows are tokens of any sequences: each must get the same bits whatever
+  // step it runs in (a request's tokens must not depend on its batch).
+  if (paged()) pb.set_matmul_precision(MatmulPrecision::kRowInvariant);
   const std::vector<std::int64_t> shape{batch_, tokens, config_.hidden};
   const PartitionSpec spec = activation_spec(tokens);
   auto activation = [&](const std::string& name) -> runtime::ShardedTensor& {
@@ -193,8 +226,10 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
                                     p + ".attn_norm");
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
-    front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn",
-                           AttentionStep{.cache = &layer.cache, .positions = &positions_});
+    const AttentionStep step = paged()
+                                   ? AttentionStep{.paged = &layer.paged, .ragged = &ragged_}
+                                   : AttentionStep{.cache = &layer.cache, .positions = &positions_};
+    front = emit_attention(pb, layer.attention, n1, front, attn_out, p + ".attn", step);
     runtime::ShardedTensor& ffn_norm_w =
         pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
@@ -233,8 +268,35 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
   return forward(x, level);
 }
 
+runtime::HostTensor ShardedTransformer::forward_ragged(const runtime::HostTensor& x,
+                                                       const RaggedBatch& batch) {
+  NUMESH_CHECK(paged(), ValueError,
+               "transformer: ragged steps need paged caches (the constructor with "
+               "PagedCacheOptions)");
+  NUMESH_CHECK(
+      x.shape.size() == 3 && x.shape[0] == 1 && x.shape[1] > 0 && x.shape[2] == config_.hidden,
+      ShapeError, "transformer: a ragged step's input is {}; it takes [1, N, {}]", shape_text(x),
+      config_.hidden);
+  NUMESH_CHECK(batch.max_context == paged_.max_context, ShapeError,
+               "transformer: a ragged batch for contexts of {}; the caches were built for {}",
+               batch.max_context, paged_.max_context);
+  Programs::Entry& e = compiled_for(x.shape[1]);
+  // Copied into the programs' own batch (its vectors keep their capacity from step to step).
+  ragged_.positions.assign(batch.positions.begin(), batch.positions.end());
+  ragged_.slots.assign(batch.slots.begin(), batch.slots.end());
+  ragged_.context.assign(batch.context.begin(), batch.context.end());
+  ragged_.table_of.assign(batch.table_of.begin(), batch.table_of.end());
+  ragged_.tables.assign(batch.tables.begin(), batch.tables.end());
+  e.program->set_input("x", x);
+  e.program->run();
+  last_ = &e;
+  return e.program->output("y");
+}
+
 runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
                                                 std::span<const std::int64_t> positions) {
+  NUMESH_CHECK(!paged(), ValueError,
+               "transformer: a stack with paged caches runs ragged steps (forward_ragged)");
   NUMESH_CHECK(
       x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
       ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1",
@@ -306,10 +368,12 @@ std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) 
       }
     }
     // The valid part of both caches: local sequences x (position + 1) x local kv heads x d.
+    const runtime::ShardedTensor& cache_k = paged() ? *layer->paged.k : *layer->cache.k;
+    const std::int64_t positions =
+        paged() ? layer->paged.blocks * layer->paged.block_size : layer->cache.max_len;
     const std::int64_t cache_per_position =
-        layer->cache.k->layout().bytes_per_device(
-            static_cast<std::int64_t>(dtype_size(layer->cache.k->dtype()))) /
-        layer->cache.max_len;
+        cache_k.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(cache_k.dtype()))) /
+        positions;
     total += 2 * cache_per_position * (position + 1);
   }
   return total;

@@ -86,6 +86,38 @@ struct KvCache {
                                       const sharding::AxisRule& batch_entry);
 };
 
+/// The paged KV cache of one attention layer: k and v of shape [blocks, kv_heads, block_size,
+/// head_dim], kv heads split like the layer's wk, every device holding every block of its heads.
+/// Which blocks hold which sequence's positions is the caller's bookkeeping (block tables in a
+/// RaggedBatch); block 0 is where padding tokens write.
+struct PagedKvCache {
+  std::int64_t blocks = 0;
+  std::int64_t block_size = 0;
+  std::shared_ptr<runtime::ShardedTensor> k, v;
+
+  /// A zeroed cache of `blocks` blocks of `block_size` positions for `layer`.
+  /// Throws: ShapeError when blocks < 2 or block_size < 1.
+  [[nodiscard]] static PagedKvCache create(const runtime::DeviceMesh& mesh,
+                                           const AttentionLayer& layer, std::int64_t blocks,
+                                           std::int64_t block_size);
+};
+
+/// The tokens of one ragged step, flattened: token i of the step belongs to a sequence that
+/// stands at positions[i], writes its key and value into cache slot slots[i] (block * block_size
+/// + offset) and attends to the first context[i] = positions[i] + 1 positions of its sequence,
+/// whose block table starts at tables[table_of[i]]. Padding tokens (a program compiled for
+/// more tokens than the step has) write to block 0 and see one key. Filled by the caller before
+/// each run; programs read it when they run.
+struct RaggedBatch {
+  std::vector<std::int64_t> positions;
+  std::vector<std::int64_t> slots;
+  std::vector<std::int64_t> context;
+  std::vector<std::int64_t> table_of;
+  std::vector<std::int32_t> tables;
+  /// The most keys any token may see (fixed when the programs are compiled: scratch sizes).
+  std::int64_t max_context = 0;
+};
+
 /// How one attention program treats positions and the cache.
 struct AttentionStep {
   /// Null: full sequences (train): keys are x's tokens only, positions from 0. Otherwise
@@ -99,6 +131,12 @@ struct AttentionStep {
   /// REQUIRES with a cache: non-null with one entry per sequence; the caller keeps every
   /// 0 <= p and p + T <= max_len.
   const std::vector<std::int64_t>* positions = nullptr;
+  /// A ragged step over a paged cache instead (x is [1, N, H]: N tokens of any sequences,
+  /// each at its own position, the tokens whole on every device): each token's key and value
+  /// are written into its slot, and each token attends to its own sequence's positions through
+  /// its block table (paged_attention). Both non-null, or both null; not with `cache`.
+  PagedKvCache* paged = nullptr;
+  const RaggedBatch* ragged = nullptr;
 };
 
 /// What a forward emit_attention keeps for its backward (program-owned; filled by it).

@@ -111,10 +111,12 @@ class ShardedLmHead {
   /// Throws: as LmHeadLayer::create; ShapeError when rows < 1.
   ShardedLmHead(runtime::DeviceMesh mesh, const LmHeadWeights& weights, std::int64_t rows,
                 LmHeadAxes axes = {});
-  /// The same over a layer already laid out on `mesh` (heads for several row counts share it).
+  /// The same over a layer already laid out on `mesh` (heads for several row counts share it),
+  /// its products computed in `precision` (kRowInvariant: a serving engine's, each row's
+  /// logits the same whatever rows are beside it).
   /// Throws: ShapeError when rows < 1.
   ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::int64_t rows,
-                LmHeadAxes axes = {});
+                LmHeadAxes axes = {}, MatmulPrecision precision = MatmulPrecision::kF32);
   /// The argmax token of each row of x [rows, H] (torch.argmax's rule).
   /// Throws: ShapeError when x is not [rows, H]; what a node throws.
   std::vector<std::int64_t> greedy(const runtime::HostTensor& x);
@@ -126,6 +128,11 @@ class ShardedLmHead {
   /// Throws: as greedy() and pick_sampled().
   std::vector<std::int64_t> sample(const runtime::HostTensor& x, const SamplingOptions& options,
                                    std::mt19937_64& rng);
+  /// Every device's best min(k, its share of V) logits of each row of x [rows, H], as (value,
+  /// id) pairs [rows, 2 * m] in device order (pick_sampled's candidates; their best is the
+  /// row's argmax). A program per k, compiled on first use.
+  /// Throws: as greedy(); ValueError for k < 1.
+  runtime::HostTensor candidates(const runtime::HostTensor& x, std::int64_t k);
   /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
   sharding::PartitionSpec weight_spec() const { return swap_last_two(layer_.weight->spec(), 2); }
   /// The greedy program (plan, graph).
@@ -140,6 +147,7 @@ class ShardedLmHead {
 
   LmHeadLayer layer_;
   std::int64_t rows_;
+  MatmulPrecision precision_ = MatmulPrecision::kF32;
   runtime::DeviceMesh mesh_;
   sharding::PartitionSpec x_spec_;
   std::unique_ptr<Program> greedy_;

@@ -21,6 +21,16 @@
 
 namespace numesh::ops {
 
+/// The paged KV caches of a ShardedTransformer that runs ragged steps (forward_ragged).
+struct PagedCacheOptions {
+  /// Blocks per layer's cache, block 0 (the padding's) included.
+  std::int64_t blocks = 0;
+  /// Positions per block.
+  std::int64_t block_size = 16;
+  /// The most positions a sequence may take (scratch sizes).
+  std::int64_t max_context = 0;
+};
+
 /// A transformer stack lowered onto a device mesh: every layer's weights laid out once, one
 /// KV cache per layer (bthd or bhtd), and one program per distinct token count T, compiled on
 /// first use (prefill, insert chunks, decode steps), all sharing the weights and caches.
@@ -37,6 +47,14 @@ class ShardedTransformer {
   ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
                      const TransformerWeights& weights, std::int64_t batch, std::int64_t max_len,
                      ModelAxes axes = {}, KvLayout layout = KvLayout::kBTHD);
+  /// The same stack with paged caches, for ragged steps only (forward_ragged): every layer's
+  /// keys and values in `paged.blocks` blocks of `paged.block_size` positions, kv heads split
+  /// like wk. The tokens of a step are whole on every device (the batch and sequence axes do
+  /// not split them; heads, MLP and experts split as usual).
+  /// Throws: as the constructor above; ShapeError when the paged options are out of range.
+  ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
+                     const TransformerWeights& weights, const PagedCacheOptions& paged,
+                     ModelAxes axes = {});
   ~ShardedTransformer();
   ShardedTransformer(ShardedTransformer&&) noexcept;
   ShardedTransformer& operator=(ShardedTransformer&&) noexcept;
@@ -56,6 +74,16 @@ class ShardedTransformer {
   /// sequence; IndexError naming the first sequence whose tokens do not fit the caches.
   runtime::HostTensor forward(const runtime::HostTensor& x,
                               std::span<const std::int64_t> positions);
+  /// y = model(x) for the N tokens x [1, N, H] of a ragged step laid out by `batch` (each token
+  /// at its own sequence's position, its key and value written into its slot, attending through
+  /// its sequence's block table). A program per N, compiled on first use: callers pad N to a
+  /// few sizes (padding tokens write to block 0 and see one key; see RaggedBatch).
+  /// Throws: ValueError when the stack was not built with paged caches; ShapeError for an x not
+  /// [1, N, H], or a batch of other sizes or another max_context; IndexError naming a token whose
+  /// slot, context or block table does not fit the caches; what a node throws.
+  runtime::HostTensor forward_ragged(const runtime::HostTensor& x, const RaggedBatch& batch);
+  /// Whether the stack keeps paged caches (ragged steps) rather than dense ones.
+  bool paged() const noexcept { return paged_.blocks > 0; }
   /// Compiles (if needed) and returns the program for T new tokens.
   Program& program(std::int64_t tokens);
   /// The MoE layers' routing statistics of the last run, summed over layers (empty without
@@ -96,6 +124,8 @@ class ShardedTransformer {
   using Programs = ProgramCache<std::vector<MoeRouting*>>;  // extra: each MoE layer's routing
   Programs::Entry& compiled_for(std::int64_t tokens);
   Program compile(std::int64_t tokens, std::vector<MoeRouting*>& routings);
+  // Lays out the weights of every layer (the caches come after, dense or paged).
+  void lay_out(const TransformerWeights& weights);
   runtime::DeviceMesh mesh_;
   TransformerConfig config_;
   ModelAxes axes_;
@@ -103,7 +133,9 @@ class ShardedTransformer {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::shared_ptr<runtime::ShardedTensor> final_norm_;
   std::vector<std::int64_t>
-      positions_;  // each sequence's; read by the programs' nodes when they run
+      positions_;            // each sequence's; read by the programs' nodes when they run
+  PagedCacheOptions paged_;  // blocks 0: dense caches
+  RaggedBatch ragged_;       // a ragged step's tokens; read by the programs' nodes
   Programs programs_;
   Programs::Entry* last_ = nullptr;
 };
