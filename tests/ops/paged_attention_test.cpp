@@ -35,7 +35,7 @@ struct Sequence {
 };
 
 TEST(PagedAttentionTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
-  constexpr std::int64_t kBlock = 16, kBlocks = 80, d = 32, kv_heads = 2, q_heads = 4;
+  constexpr std::int64_t kBlock = 16, kBlocks = 80, d = 32, kv_heads = 2;
   // q heads 1..3 of 4 (offset 1) over kv heads 0..1: the group and the offsets are exercised.
   const AttentionSlice slice{
       .q_heads = 3, .kv_heads = kv_heads, .group = 2, .q_head_offset = 1, .kv_head_offset = 0};
@@ -115,7 +115,6 @@ TEST(PagedAttentionTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
           << "token " << t;
     }
   }
-  (void)q_heads;
 }
 
 TEST(PagedAttentionTest, SpansAndScratchAreChecked) {

@@ -33,10 +33,34 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
     engine.checkpoint_bytes_ += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
   }
   const std::int64_t context = options.context > 0 ? options.context : config.max_context();
-  engine.model_ = std::make_unique<CausalLm>(CausalLm::load(engine.mesh_, config, checkpoint,
-                                                            options.sequences, context,
-                                                            options.dtype, engine.axes_,
-                                                            options.progress));
+  if (!options.serving) {
+    engine.model_ = std::make_unique<CausalLm>(
+        CausalLm::load(engine.mesh_, config, checkpoint, options.sequences,
+                       context, options.dtype, engine.axes_, options.progress));
+  } else {
+    const ServingOptions& serving = *options.serving;
+    NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,
+                 ValueError,
+                 "engine: kv_tokens {}, block_size {} and candidates {} must be positive",
+                 serving.kv_tokens, serving.block_size, serving.candidates);
+    // The padding's block 0, then the blocks that hold kv_tokens.
+    const std::int64_t blocks =
+        1 + (serving.kv_tokens + serving.block_size - 1) / serving.block_size;
+    engine.serving_ = serving;
+    engine.scheduler_ =
+        std::make_unique<Scheduler>(SchedulerOptions{.block_size = serving.block_size,
+                                                     .blocks = blocks,
+                                                     .batch_tokens = serving.batch_tokens,
+                                                     .max_running = serving.max_running,
+                                                     .max_waiting = serving.max_waiting,
+                                                     .max_context = context,
+                                                     .prefix_caching = serving.prefix_caching});
+    engine.model_ = std::make_unique<CausalLm>(CausalLm::load(
+        engine.mesh_, config, checkpoint,
+        ops::PagedCacheOptions{
+            .blocks = blocks, .block_size = serving.block_size, .max_context = context},
+        options.dtype, engine.axes_, options.progress));
+  }
   engine.load_seconds_ = seconds_since(start);
   return engine;
 }

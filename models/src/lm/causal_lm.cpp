@@ -35,6 +35,23 @@ CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const Causa
       embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
       head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
       stack_(mesh, config.transformer_config(), weights.stack, batch, max_len_, std::move(axes)) {
+  check_layers();
+}
+
+CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
+                   const ops::PagedCacheOptions& paged, ops::ModelAxes axes)
+    : mesh_(mesh),
+      config_(config),
+      batch_(1),
+      max_len_(checked_max_len(config, paged.max_context)),
+      embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
+      head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
+      stack_(mesh, config.transformer_config(), weights.stack, paged, std::move(axes)) {
+  check_layers();
+}
+
+void CausalLm::check_layers() const {
+  const HfConfig& config = config_;
   NUMESH_CHECK(
       embedding_layer_.vocab == config.vocab_size && head_layer_.vocab == config.vocab_size &&
           embedding_layer_.hidden == config.hidden_size && head_layer_.hidden == config.hidden_size,
@@ -65,6 +82,23 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
   CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
               std::move(axes));  // matrices laid out unfilled
+  lm.fill(d, checkpoint, progress);
+  return lm;
+}
+
+CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
+                        const SafetensorsCheckpoint& checkpoint,
+                        const ops::PagedCacheOptions& paged, DType stored_as, ops::ModelAxes axes,
+                        const LoadProgress& progress) {
+  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
+  CausalLm lm(std::move(mesh), config, d.weights, paged, std::move(axes));
+  lm.fill(d, checkpoint, progress);
+  return lm;
+}
+
+void CausalLm::fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoint& checkpoint,
+                    const LoadProgress& progress) {
+  CausalLm& lm = *this;
   using Named = ops::ShardedTransformer::NamedWeight;
   std::map<std::string, Named> slots{
       {"embedding.table", Named{"embedding.table", lm.embedding_layer_.table}},
@@ -88,7 +122,6 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
     done += bytes_of(source);
     if (progress) progress(done, total);
   }
-  return lm;
 }
 
 std::int64_t CausalLm::decode_bytes(std::int64_t position) const {
@@ -134,7 +167,12 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
 
 ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {
   auto& head = heads_[rows];
-  if (!head) head = std::make_unique<ops::ShardedLmHead>(mesh_, head_layer_, rows);
+  // A model with paged caches serves: each row's logits the same whatever rows are beside it.
+  if (!head) {
+    head = std::make_unique<ops::ShardedLmHead>(
+        mesh_, head_layer_, rows, ops::LmHeadAxes{},
+        stack_.paged() ? ops::MatmulPrecision::kRowInvariant : ops::MatmulPrecision::kF32);
+  }
   return *head;
 }
 
@@ -170,6 +208,51 @@ std::vector<std::int64_t> CausalLm::sample(std::span<const std::int32_t> ids, st
                                            std::mt19937_64& rng) {
   ops::validate(options);
   return head_for(batch_).sample(last_hidden(ids, tokens, at), options, rng);
+}
+
+runtime::HostTensor CausalLm::ragged_rows(std::span<const std::int32_t> ids,
+                                          const ops::RaggedBatch& batch,
+                                          std::span<const std::int64_t> rows) {
+  NUMESH_CHECK(stack_.paged(), ValueError,
+               "model: ragged steps need paged caches (CausalLm's paged constructor or load)");
+  const auto n = static_cast<std::int64_t>(ids.size());
+  NUMESH_CHECK(n >= 1 && static_cast<std::int64_t>(batch.positions.size()) == n, ShapeError,
+               "model: a ragged step of {} ids and {} positions", ids.size(),
+               batch.positions.size());
+  NUMESH_CHECK(!rows.empty(), ShapeError, "model: a ragged step picks from no row");
+  for (const std::int64_t r : rows) {
+    NUMESH_CHECK(r >= 0 && r < n, ShapeError, "model: row {} is outside the step's {} tokens", r,
+                 n);
+  }
+  auto& embedding = embeddings_[n];
+  if (!embedding) embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, n);
+  runtime::HostTensor x = embedding->forward(ids);
+  x.shape = {1, n, config_.hidden_size};
+  const runtime::HostTensor h = stack_.forward_ragged(x, batch);
+  const std::int64_t hd = config_.hidden_size;
+  runtime::HostTensor picked =
+      runtime::HostTensor::zeros({static_cast<std::int64_t>(rows.size()), hd});
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::copy_n(h.data.begin() + rows[i] * hd, hd,
+                picked.data.begin() + static_cast<std::int64_t>(i) * hd);
+  }
+  return picked;
+}
+
+runtime::HostTensor CausalLm::ragged_candidates(std::span<const std::int32_t> ids,
+                                                const ops::RaggedBatch& batch,
+                                                std::span<const std::int64_t> rows,
+                                                std::int64_t k) {
+  NUMESH_CHECK(k >= 1, ValueError, "model: top_k {} must be at least 1", k);
+  const runtime::HostTensor h = ragged_rows(ids, batch, rows);
+  return head_for(h.shape[0]).candidates(h, k);
+}
+
+runtime::HostTensor CausalLm::ragged_logits(std::span<const std::int32_t> ids,
+                                            const ops::RaggedBatch& batch,
+                                            std::span<const std::int64_t> rows) {
+  const runtime::HostTensor h = ragged_rows(ids, batch, rows);
+  return head_for(h.shape[0]).logits(h);
 }
 
 }  // namespace numesh::models

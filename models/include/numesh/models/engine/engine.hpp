@@ -2,10 +2,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/models/engine/model_source.hpp"
+#include "numesh/models/engine/scheduler.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/lm/generation.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
@@ -16,6 +23,26 @@
 // perplexity, and the server and Python to come) assembles a model through it.
 
 namespace numesh::models {
+
+/// Continuous batching over paged KV caches (Engine::submit, step, cancel).
+struct ServingOptions {
+  /// Tokens per KV block.
+  std::int64_t block_size = 16;
+  /// Tokens the caches hold in all, over every sequence (rounded up to whole blocks; the
+  /// padding's block is added).
+  std::int64_t kv_tokens = 0;
+  /// Tokens a step computes at most (decodes first, then prefill chunks).
+  std::int64_t batch_tokens = 256;
+  /// Sequences running at once.
+  std::int64_t max_running = 8;
+  /// Requests waiting at most; submit() refuses more.
+  std::int64_t max_waiting = 64;
+  /// Each device's best this many logits of a row come to the host, whatever a request asks:
+  /// greedy picks their best, sampling draws from them (top_k at most this).
+  std::int64_t candidates = 64;
+  /// Reuse cached blocks of a prompt's prefix.
+  bool prefix_caching = true;
+};
 
 /// How Engine::load lays a model out.
 struct EngineOptions {
@@ -30,6 +57,38 @@ struct EngineOptions {
   sharding::ModeArg mode = sharding::Mode::kDecode;
   /// Told the checkpoint bytes read so far and in all after each matrix.
   CausalLm::LoadProgress progress{};
+  /// Set: the model keeps paged caches and serves requests (submit, step, cancel; sequences
+  /// and context as above bound the running sequences' positions); unset: dense caches for
+  /// `sequences` sequences of `context` positions (model(), generate()).
+  std::optional<ServingOptions> serving{};
+};
+
+/// How one request generates (Engine::submit).
+struct RequestOptions {
+  /// Tokens it generates at most (>= 1).
+  std::int64_t max_new_tokens = 16;
+  /// It stops after generating one of these (empty: only at max_new_tokens).
+  std::vector<std::int64_t> stop_ids{};
+  /// Empty: greedy. Otherwise sampled (top_k at most ServingOptions::candidates).
+  std::optional<ops::SamplingOptions> sampling{};
+  /// The seed of the request's own generator: its draws depend on it alone.
+  std::uint64_t seed = 0;
+};
+
+/// What one Engine::step did.
+struct EngineStep {
+  /// One sequence's new token.
+  struct Token {
+    SequenceId sequence = 0;
+    std::int32_t id = 0;
+    /// Set when the sequence stopped with this token (it is finished and gone).
+    std::optional<StopReason> stopped{};
+  };
+  std::vector<Token> tokens;
+  std::int64_t prefill_tokens = 0;  ///< prompt tokens computed (chunks)
+  std::int64_t decode_tokens = 0;   ///< sequences that decoded a token
+  std::int64_t padded_tokens = 0;   ///< the program's token count (a bucket)
+  double seconds = 0;               ///< the step's wall time
 };
 
 /// A model loaded onto a mesh, with what it was made from and what its load measured.
@@ -62,6 +121,28 @@ class Engine {
   /// Seconds the load took: reading, converting and laying out on the devices.
   [[nodiscard]] double load_seconds() const noexcept { return load_seconds_; }
 
+  /// Queues a request (an engine loaded with serving options); nullopt when max_waiting
+  /// requests already wait.
+  /// Throws: ValueError for an engine without serving options, bad options (max_new_tokens,
+  /// sampling, top_k past ServingOptions::candidates) or a request past the context or the
+  /// cache (Scheduler::add's message); ShapeError for an empty prompt; IndexError for an id
+  /// outside the vocabulary (naming it and its position). Nothing is queued then.
+  [[nodiscard]] std::optional<SequenceId> submit(std::vector<std::int32_t> prompt,
+                                                 const RequestOptions& options);
+  /// Runs one step: the scheduler's ragged batch through the model, each sampling sequence's
+  /// next token picked (its own options and generator), stopped sequences finished (their
+  /// blocks freed). A request's tokens do not depend on what else runs: see docs/serving.md.
+  /// An idle engine's step does nothing.
+  /// Throws: ValueError for an engine without serving options; what the model throws.
+  EngineStep step();
+  /// Ends a request, waiting or running (its client left): its blocks are freed at once.
+  /// Throws: KeyError for a request not submitted or already finished; ValueError without
+  /// serving options.
+  void cancel(SequenceId sequence);
+  /// Whether a request waits or runs.
+  [[nodiscard]] bool busy() const noexcept;
+  /// The scheduler (its counts, its blocks). Throws: ValueError without serving options.
+  [[nodiscard]] const Scheduler& scheduler() const;
 
  private:
   Engine(ModelSource source, runtime::DeviceMesh mesh);
@@ -72,6 +153,17 @@ class Engine {
   std::unique_ptr<CausalLm> model_;
   std::int64_t checkpoint_bytes_ = 0;
   double load_seconds_ = 0;
+  // Serving: the options, the scheduler, and each running request's options and generator.
+  struct Request {
+    RequestOptions options;
+    std::mt19937_64 rng;
+  };
+  std::optional<ServingOptions> serving_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<SequenceId, Request> requests_;
+  // Serving's checks and the step's parts (engine_step.cpp).
+  Scheduler& serving_scheduler(const char* call) const;
+  static std::int32_t pick(Request& request, std::span<const float> candidates);
 };
 
 }  // namespace numesh::models

@@ -63,6 +63,18 @@ class CausalLm {
                        const SafetensorsCheckpoint& checkpoint, std::int64_t batch,
                        std::int64_t max_len, DType stored_as = DType::kF32,
                        ops::ModelAxes axes = {}, const LoadProgress& progress = {});
+  /// The same model with paged caches, for ragged steps only (ragged_candidates,
+  /// ragged_logits): every layer's keys and values in `paged.blocks` blocks
+  /// (ShardedTransformer's paged constructor); the dense calls above are refused.
+  /// Throws: as the constructor above (paged.max_context for max_len); ShapeError for paged
+  /// options out of range.
+  CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
+           const ops::PagedCacheOptions& paged, ops::ModelAxes axes = {});
+  /// As load() above, with paged caches.
+  static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
+                       const SafetensorsCheckpoint& checkpoint, const ops::PagedCacheOptions& paged,
+                       DType stored_as = DType::kF32, ops::ModelAxes axes = {},
+                       const LoadProgress& progress = {});
   ~CausalLm();
   CausalLm(CausalLm&&) noexcept;
   CausalLm& operator=(CausalLm&&) noexcept;
@@ -100,6 +112,23 @@ class CausalLm {
     return sample(ids, tokens, TokenPositions::level(batch_, position, tokens), options, rng);
   }
 
+  /// One ragged step (a model with paged caches): the tokens `ids`, laid out by `batch` (each
+  /// at its own sequence's position, its keys and values written into its slot), run through
+  /// the model, and the logits at the rows `rows` (the tokens whose next token is picked)
+  /// reduced to every device's best `k` as (value, id) pairs [rows, 2 * m]
+  /// (ShardedLmHead::candidates). Programs per token count and per row count, compiled on
+  /// first use.
+  /// Throws: ValueError for a model with dense caches or k < 1; ShapeError when ids and batch
+  /// disagree, or rows is empty or names a row outside the step (naming it); IndexError for an
+  /// id outside the vocabulary or a batch that does not fit the caches; what a node throws.
+  runtime::HostTensor ragged_candidates(std::span<const std::int32_t> ids,
+                                        const ops::RaggedBatch& batch,
+                                        std::span<const std::int64_t> rows, std::int64_t k);
+  /// As ragged_candidates, the whole logits [rows, V] instead.
+  runtime::HostTensor ragged_logits(std::span<const std::int32_t> ids,
+                                    const ops::RaggedBatch& batch,
+                                    std::span<const std::int64_t> rows);
+
   /// The config it was built from.
   const HfConfig& config() const noexcept { return config_; }
   /// Sequences per call.
@@ -124,6 +153,14 @@ class CausalLm {
   runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
                                   const TokenPositions& at);
   ops::ShardedLmHead& head_for(std::int64_t rows);
+  // A ragged step's hidden states at `rows` [rows, H].
+  runtime::HostTensor ragged_rows(std::span<const std::int32_t> ids, const ops::RaggedBatch& batch,
+                                  std::span<const std::int64_t> rows);
+  // Refuses weights that do not fit the config (both constructors).
+  void check_layers() const;
+  // Fills the matrices laid out unfilled from `d` (load): each device reads its own shards.
+  void fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoint& checkpoint,
+            const LoadProgress& progress);
 
   runtime::DeviceMesh mesh_;
   HfConfig config_;

@@ -1,0 +1,172 @@
+// Engine's serving half: requests submitted, stepped as ragged batches over the paged caches,
+// picked each by its own options and generator, and finished.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <limits>
+#include <string>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/core/timing.hpp"
+#include "numesh/models/engine/engine.hpp"
+
+namespace numesh::models {
+
+namespace {
+
+// The token count a step's program is compiled for: the next power of two, at most the step
+// budget, so that a handful of programs serve every step.
+std::int64_t token_bucket(std::int64_t tokens, std::int64_t budget) {
+  return std::min(static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(tokens))),
+                  std::max(budget, tokens));
+}
+
+}  // namespace
+
+Scheduler& Engine::serving_scheduler(const char* call) const {
+  NUMESH_CHECK(scheduler_ != nullptr, ValueError,
+               "engine: {} needs an engine loaded with serving options", call);
+  return *scheduler_;
+}
+
+const Scheduler& Engine::scheduler() const { return serving_scheduler("scheduler"); }
+
+bool Engine::busy() const noexcept {
+  return scheduler_ != nullptr && (scheduler_->waiting() > 0 || scheduler_->running() > 0);
+}
+
+std::optional<SequenceId> Engine::submit(std::vector<std::int32_t> prompt,
+                                         const RequestOptions& options) {
+  Scheduler& scheduler = serving_scheduler("submit");
+  if (options.sampling) {
+    ops::validate(*options.sampling);
+    NUMESH_CHECK(options.sampling->top_k <= serving_->candidates, ValueError,
+                 "submit: top_k {} is more than the {} candidates the engine brings back per "
+                 "device",
+                 options.sampling->top_k, serving_->candidates);
+  }
+  const std::int64_t vocab = config().vocab_size;
+  for (std::size_t i = 0; i < prompt.size(); ++i) {
+    const bool inside = prompt[i] >= 0 && prompt[i] < vocab;
+    NUMESH_CHECK(inside, IndexError,
+                 "submit: token {} at position {} is outside the model's vocabulary [0, {})",
+                 prompt[i], i, vocab);
+  }
+  const std::optional<SequenceId> id = scheduler.add(std::move(prompt), options.max_new_tokens);
+  if (id) requests_.emplace(*id, Request{.options = options, .rng = std::mt19937_64(options.seed)});
+  return id;
+}
+
+void Engine::cancel(SequenceId sequence) {
+  Scheduler& scheduler = serving_scheduler("cancel");
+  if (!requests_.contains(sequence)) {
+    throw KeyError(std::to_string(sequence),
+                   fmt::format("cancel: no request {} (never submitted, or finished)", sequence));
+  }
+  scheduler.finish(sequence);
+  requests_.erase(sequence);
+}
+
+std::int32_t Engine::pick(Request& request, std::span<const float> candidates) {
+  const std::size_t m = candidates.size() / 2;
+  if (!request.options.sampling) {
+    // The best candidate, the lowest id among equals (torch.argmax's rule).
+    std::size_t best = 0;
+    for (std::size_t j = 1; j < m; ++j) {
+      const float v = candidates[2 * j], b = candidates[2 * best];
+      if (v > b || (v == b && candidates[2 * j + 1] < candidates[2 * best + 1])) best = j;
+    }
+    return static_cast<std::int32_t>(candidates[2 * best + 1]);
+  }
+  runtime::HostTensor row = runtime::HostTensor::zeros({1, static_cast<std::int64_t>(2 * m)});
+  std::copy(candidates.begin(), candidates.end(), row.data.begin());
+  return static_cast<std::int32_t>(
+      ops::pick_sampled(row, *request.options.sampling, request.rng).front());
+}
+
+EngineStep Engine::step() {
+  Scheduler& scheduler = serving_scheduler("step");
+  const auto start = std::chrono::steady_clock::now();
+  EngineStep out;
+  const ScheduledStep plan = scheduler.schedule();
+  if (plan.chunks.empty()) return out;
+  const std::int64_t bs = scheduler.options().block_size;
+  // The ragged batch: each chunk's tokens in order, each with its position, slot, context and
+  // its sequence's block table; then padding up to the program's bucket.
+  std::vector<std::int32_t> ids;
+  ops::RaggedBatch batch;
+  batch.max_context = scheduler.options().max_context;
+  std::vector<std::int64_t> rows;
+  for (const ScheduledChunk& c : plan.chunks) {
+    const std::vector<std::int32_t>& tokens = scheduler.tokens(c.sequence);
+    const std::span<const BlockId> table = scheduler.block_table(c.sequence);
+    const auto table_at = static_cast<std::int64_t>(batch.tables.size());
+    batch.tables.insert(batch.tables.end(), table.begin(), table.end());
+    for (std::int64_t p = c.start; p < c.start + c.count; ++p) {
+      ids.push_back(tokens[static_cast<std::size_t>(p)]);
+      batch.positions.push_back(p);
+      batch.slots.push_back(table[static_cast<std::size_t>(p / bs)] * bs + p % bs);
+      batch.context.push_back(p + 1);
+      batch.table_of.push_back(table_at);
+    }
+    if (c.sample) rows.push_back(static_cast<std::int64_t>(ids.size()) - 1);
+    // A sequence that has generated feeds its last token (one a step); the others, prompts.
+    (scheduler.generated(c.sequence) > 0 ? out.decode_tokens : out.prefill_tokens) += c.count;
+  }
+  const auto real = static_cast<std::int64_t>(ids.size());
+  const std::int64_t padded = token_bucket(real, scheduler.options().batch_tokens);
+  const auto padding_table = static_cast<std::int64_t>(batch.tables.size());
+  batch.tables.push_back(0);
+  for (std::int64_t i = real; i < padded; ++i) {
+    ids.push_back(0);
+    batch.positions.push_back(0);
+    batch.slots.push_back(i % bs);  // block 0, the padding's
+    batch.context.push_back(1);
+    batch.table_of.push_back(padding_table);
+  }
+  out.padded_tokens = padded;
+  // The picked rows, padded to a bucket too (copies of the first; their picks are dropped).
+  std::vector<std::int64_t> head_rows = rows;
+  if (head_rows.empty()) head_rows.push_back(0);  // a step of prefill chunks only
+  const std::int64_t head_bucket =
+      token_bucket(static_cast<std::int64_t>(head_rows.size()), scheduler.options().max_running);
+  head_rows.resize(static_cast<std::size_t>(head_bucket), head_rows.front());
+  const runtime::HostTensor candidates =
+      model_->ragged_candidates(ids, batch, head_rows, serving_->candidates);
+  const std::int64_t width = candidates.shape[1];
+  std::vector<std::int32_t> sampled;
+  std::vector<SequenceId> sampled_by;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    const auto i = static_cast<std::int64_t>(sampled.size());
+    Request& request = requests_.at(c.sequence);
+    sampled.push_back(pick(request, std::span<const float>(candidates.data)
+                                        .subspan(static_cast<std::size_t>(i * width),
+                                                 static_cast<std::size_t>(width))));
+    sampled_by.push_back(c.sequence);
+  }
+  scheduler.complete(plan, sampled);
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    const SequenceId id = sampled_by[i];
+    const RequestOptions& o = requests_.at(id).options;
+    EngineStep::Token token{.sequence = id, .id = sampled[i], .stopped = std::nullopt};
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), sampled[i]) != o.stop_ids.end()) {
+      token.stopped = StopReason::kStopId;
+    } else if (scheduler.generated(id) >= o.max_new_tokens) {
+      token.stopped = StopReason::kMaxNewTokens;
+    }
+    if (token.stopped) {
+      scheduler.finish(id);
+      requests_.erase(id);
+    }
+    out.tokens.push_back(token);
+  }
+  out.seconds = seconds_since(start);
+  return out;
+}
+
+}  // namespace numesh::models

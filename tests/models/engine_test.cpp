@@ -1,0 +1,285 @@
+// Engine: a model folder opened and loaded onto a mesh; with serving options, requests
+// submitted at any time and stepped as ragged batches over the paged caches give the tokens
+// each gives alone (batch invariance: greedy and seeded sampling), whatever runs beside them
+// and however their prompts were chunked; cancelled and finished requests give their blocks
+// back; every bad call is refused naming what is wrong.
+
+#include "numesh/models/engine/engine.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_mesh.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
+#include "numesh/models/lm/generation.hpp"
+#include "safetensors_writer.hpp"
+
+namespace numesh::models {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::mesh_of;
+using testing::ScratchDir;
+using ::testing::ThrowsMessage;
+
+// A random Llama of hidden 128 (2 heads of 64, as many KV heads), 2 layers and 256 tokens.
+void write_serving_model(const ScratchDir& dir) {
+  nlohmann::json config = small_llama_config(128, 2);
+  config["vocab_size"] = 256;
+  config["num_key_value_heads"] = 2;
+  write_random_model(dir.path(), config, DType::kF32, 7);
+}
+
+Engine serving_engine(const ScratchDir& dir, runtime::DeviceMesh mesh, ServingOptions serving) {
+  return Engine::load(ModelSource::open(dir.path()), std::move(mesh),
+                      {.context = 64, .serving = serving});
+}
+
+struct Request {
+  std::vector<std::int32_t> prompt;
+  RequestOptions options;
+};
+
+// Submits requests[i] at step arrival[i] (all at once when empty) and steps until all finish;
+// each request's tokens in submission order.
+std::vector<std::vector<std::int32_t>> serve(Engine& engine, const std::vector<Request>& requests,
+                                             const std::vector<int>& arrival = {}) {
+  std::vector<std::vector<std::int32_t>> out(requests.size());
+  std::map<SequenceId, std::size_t> index;
+  std::size_t next = 0;
+  for (int step = 0; next < requests.size() || engine.busy(); ++step) {
+    while (next < requests.size() && (arrival.empty() || arrival[next] <= step)) {
+      const std::optional<SequenceId> id =
+          engine.submit(requests[next].prompt, requests[next].options);
+      if (!id) break;  // the queue is full: try again next step
+      index[*id] = next++;
+    }
+    const EngineStep s = engine.step();
+    for (const EngineStep::Token& t : s.tokens) out[index.at(t.sequence)].push_back(t.id);
+    EXPECT_LT(step, 1000) << "the engine stalls";
+    if (step >= 1000) break;
+  }
+  return out;
+}
+
+std::vector<Request> sixteen_requests() {
+  std::mt19937 rng(21);
+  std::vector<Request> r;
+  for (int i = 0; i < 16; ++i) {
+    Request q;
+    const int length = 1 + static_cast<int>(rng() % 40);
+    // A shared prefix for half of them (prefix caching is then hit).
+    if (i % 2 == 0) q.prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+    for (int j = 0; j < length; ++j) q.prompt.push_back(static_cast<std::int32_t>(rng() % 256));
+    q.options.max_new_tokens = 1 + static_cast<std::int64_t>(rng() % 10);
+    if (i % 3 == 1) {
+      q.options.sampling = ops::SamplingOptions{.temperature = 0.9, .top_k = 20, .top_p = 0.95};
+      q.options.seed = 1000 + static_cast<std::uint64_t>(i);
+    }
+    r.push_back(q);
+  }
+  return r;
+}
+
+TEST(EngineTest, RequestsGiveTheSameTokensAloneAndTogetherArrivingAtAnyTime) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  const std::vector<Request> requests = sixteen_requests();
+  for (const int n : {1, 2}) {
+    SCOPED_TRACE(std::to_string(n) + " devices");
+    const ServingOptions serving{
+        .block_size = 4, .kv_tokens = 1024, .batch_tokens = 32, .max_running = 6};
+    std::vector<std::vector<std::int32_t>> alone;
+    {
+      Engine engine = serving_engine(dir, mesh_of(n, {"tp"}), serving);
+      for (const Request& r : requests) alone.push_back(serve(engine, {r}).front());
+    }
+    Engine engine = serving_engine(dir, mesh_of(n, {"tp"}), serving);
+    std::vector<int> arrival;
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      arrival.push_back(static_cast<int>(i % 5) * 2);
+    const auto together = serve(engine, requests, arrival);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(together[i], alone[i]) << "request " << i;
+      EXPECT_EQ(static_cast<std::int64_t>(alone[i].size()), requests[i].options.max_new_tokens);
+    }
+    EXPECT_GT(engine.scheduler().prefix_hit_tokens(), 0);
+    EXPECT_EQ(engine.scheduler().pool().used_blocks(), 0) << "every block came back";
+  }
+}
+
+// One step's tokens as a ragged batch: (sequence's table, first position, ids) parts, then
+// padding up to `padded` tokens.
+struct Part {
+  std::vector<std::int32_t> table;
+  std::int64_t first;
+  std::vector<std::int32_t> ids;
+};
+std::pair<std::vector<std::int32_t>, ops::RaggedBatch> ragged(const std::vector<Part>& parts,
+                                                              std::int64_t padded) {
+  constexpr std::int64_t kBlock = 4;
+  std::vector<std::int32_t> ids;
+  ops::RaggedBatch b;
+  b.max_context = 32;
+  for (const Part& p : parts) {
+    const auto at = static_cast<std::int64_t>(b.tables.size());
+    b.tables.insert(b.tables.end(), p.table.begin(), p.table.end());
+    for (std::size_t i = 0; i < p.ids.size(); ++i) {
+      const std::int64_t pos = p.first + static_cast<std::int64_t>(i);
+      ids.push_back(p.ids[i]);
+      b.positions.push_back(pos);
+      b.slots.push_back(p.table[static_cast<std::size_t>(pos / kBlock)] * kBlock + pos % kBlock);
+      b.context.push_back(pos + 1);
+      b.table_of.push_back(at);
+    }
+  }
+  b.tables.push_back(0);
+  while (static_cast<std::int64_t>(ids.size()) < padded) {
+    ids.push_back(0);
+    b.positions.push_back(0);
+    b.slots.push_back(0);
+    b.context.push_back(1);
+    b.table_of.push_back(static_cast<std::int64_t>(b.tables.size()) - 1);
+  }
+  return {ids, b};
+}
+
+// The claim docs/serving.md makes: a token's logits are the same bits whatever step it runs in
+// (alone, in a prompt chunk of another size, beside other sequences' prefill and decode tokens,
+// padded to another size, in other blocks). Products in kRowInvariant, attention per token.
+TEST(EngineTest, ATokensLogitsAreTheSameBitsWhateverStepItRunsIn) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  const HfConfig config = HfConfig::load(dir.path());
+  const ops::PagedCacheOptions paged{.blocks = 16, .block_size = 4, .max_context = 32};
+  const std::vector<std::int32_t> prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  const std::vector<std::int32_t> other{7, 7, 8, 9, 10};
+  for (const int n : {1, 2}) {
+    SCOPED_TRACE(std::to_string(n) + " devices");
+    const auto load = [&] {
+      return CausalLm::load(mesh_of(n, {"tp"}), config, SafetensorsCheckpoint::open(dir.path()),
+                            paged);
+    };
+    // The prompt alone in one chunk, then one decode token.
+    CausalLm a = load();
+    const auto [ids1, b1] = ragged({{{1, 2, 3}, 0, prompt}}, 32);
+    const runtime::HostTensor alone = a.ragged_logits(ids1, b1, std::vector<std::int64_t>{9});
+    const auto [ids2, b2] = ragged({{{1, 2, 3}, 10, {42}}}, 1);
+    const runtime::HostTensor alone_next = a.ragged_logits(ids2, b2, std::vector<std::int64_t>{0});
+    // The prompt in chunks of 3 and 7 among another sequence's tokens, in other blocks, padded.
+    CausalLm t = load();
+    const std::vector<std::int32_t> head(prompt.begin(), prompt.begin() + 3),
+        tail(prompt.begin() + 3, prompt.end());
+    const auto [ids3, b3] = ragged({{{5, 4, 8}, 0, other}, {{9, 7, 6}, 0, head}}, 24);
+    (void)t.ragged_logits(ids3, b3, std::vector<std::int64_t>{4});
+    const auto [ids4, b4] = ragged({{{5, 4, 8}, 5, {11}}, {{9, 7, 6}, 3, tail}}, 8);
+    const runtime::HostTensor together = t.ragged_logits(ids4, b4, std::vector<std::int64_t>{0, 7});
+    const auto [ids5, b5] = ragged({{{9, 7, 6}, 10, {42}}, {{5, 4, 8}, 6, {12}}}, 4);
+    const runtime::HostTensor together_next =
+        t.ragged_logits(ids5, b5, std::vector<std::int64_t>{0, 1});
+    const auto row = [](const runtime::HostTensor& l, std::int64_t r) {
+      const std::int64_t v = l.shape[1];
+      return std::vector<float>(l.data.begin() + r * v, l.data.begin() + (r + 1) * v);
+    };
+    EXPECT_EQ(row(together, 1), row(alone, 0)) << "the prompt's last token";
+    EXPECT_EQ(row(together_next, 0), row(alone_next, 0)) << "the first decode token";
+  }
+}
+
+TEST(EngineTest, GreedyRequestsGiveWhatGenerateGives) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  const std::vector<std::vector<std::int32_t>> prompts{{3, 40, 5}, {9, 200, 1, 2, 3, 4, 5}, {11}};
+  Engine engine = serving_engine(dir, mesh_of(2, {"tp"}),
+                                 {.block_size = 4, .kv_tokens = 256, .batch_tokens = 16});
+  std::vector<Request> requests;
+  for (const auto& p : prompts) requests.push_back({p, {.max_new_tokens = 6}});
+  const auto served = serve(engine, requests);
+  const HfConfig config = HfConfig::load(dir.path());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CausalLm one =
+        CausalLm::load(mesh_of(1, {"tp"}), config, SafetensorsCheckpoint::open(dir.path()), 1, 16);
+    std::mt19937_64 rng(0);
+    const GenerationResult g = generate(one, {prompts[i]}, {.max_new_tokens = 6}, rng);
+    EXPECT_EQ(std::vector<std::int64_t>(served[i].begin(), served[i].end()), g.ids[0])
+        << "prompt " << i;
+  }
+}
+
+TEST(EngineTest, StopIdsCancellationAndAFullQueue) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  Engine engine = serving_engine(
+      dir, mesh_of(1, {"tp"}),
+      {.block_size = 4, .kv_tokens = 64, .batch_tokens = 8, .max_running = 2, .max_waiting = 1});
+  const std::vector<std::int32_t> alone =
+      serve(engine, {{{1, 2, 3}, {.max_new_tokens = 5}}}).front();
+  // Stopping at its second token's id.
+  const auto stopped =
+      serve(engine, {{{1, 2, 3}, {.max_new_tokens = 5, .stop_ids = {alone[1]}}}}).front();
+  EXPECT_EQ(stopped, std::vector<std::int32_t>(alone.begin(), alone.begin() + 2));
+  // Cancelled while running, and while waiting: the blocks come back at once.
+  const SequenceId a = *engine.submit({1, 2, 3, 4, 5, 6, 7}, {.max_new_tokens = 8});
+  EXPECT_FALSE(engine.submit({1}, {}).has_value()) << "max_waiting 1";
+  (void)engine.step();
+  const SequenceId b = *engine.submit({9, 9}, {});
+  engine.cancel(a);
+  engine.cancel(b);
+  EXPECT_FALSE(engine.busy());
+  EXPECT_EQ(engine.scheduler().pool().used_blocks(), 0);
+  EXPECT_TRUE(engine.step().tokens.empty()) << "an idle step does nothing";
+}
+
+TEST(EngineTest, BadCallsAreRefusedByName) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  Engine dense = Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.context = 16});
+  EXPECT_THAT(
+      [&] { (void)dense.submit({1}, {}); },
+      ThrowsMessage<ValueError>("engine: submit needs an engine loaded with serving options"));
+  EXPECT_THAT(
+      [&] { (void)dense.step(); },
+      ThrowsMessage<ValueError>("engine: step needs an engine loaded with serving options"));
+  EXPECT_FALSE(dense.busy());
+  EXPECT_THAT(
+      [&] {
+        (void)Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.sequences = 0});
+      },
+      ThrowsMessage<ValueError>("engine: sequences 0 must be positive"));
+  EXPECT_THAT(
+      [&] {
+        (void)Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.context = 5000});
+      },
+      ThrowsMessage<ValueError>(HasSubstr("engine: context 5000 must be 0")));
+  Engine engine = serving_engine(dir, mesh_of(1, {"tp"}),
+                                 {.kv_tokens = 64, .batch_tokens = 8, .max_running = 2});
+  EXPECT_THAT(
+      [&] {
+        (void)engine.submit({1, 256}, {});
+      },
+      ThrowsMessage<IndexError>(
+          "submit: token 256 at position 1 is outside the model's vocabulary [0, 256)"));
+  EXPECT_THAT(
+      [&] { (void)engine.submit({1}, {.sampling = ops::SamplingOptions{.top_k = 65}}); },
+      ThrowsMessage<ValueError>(
+          "submit: top_k 65 is more than the 64 candidates the engine brings back per device"));
+  EXPECT_THAT([&] { (void)engine.submit({}, {}); },
+              ThrowsMessage<ShapeError>("add: the prompt is empty"));
+  EXPECT_THAT([&] { (void)engine.submit({1}, {.max_new_tokens = 65}); },
+              ThrowsMessage<ValueError>(HasSubstr("past the 64 a sequence may take")));
+  EXPECT_THAT([&] { engine.cancel(3); },
+              ThrowsMessage<KeyError>("cancel: no request 3 (never submitted, or finished)"));
+  EXPECT_FALSE(engine.busy()) << "nothing refused was queued";
+}
+
+}  // namespace
+}  // namespace numesh::models
