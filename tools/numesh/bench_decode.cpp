@@ -130,6 +130,229 @@ DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::Transfo
   return f;
 }
 
+// The options checked before a device exists: the read array's bytes, the KV layout, the
+// weight dtypes (each once) and each size's model.
+struct CheckedDecodeOptions {
+  std::size_t bytes = 0;
+  ops::KvLayout layout{};
+  std::vector<DType> dtypes;
+  std::vector<ops::TransformerConfig> configs;
+};
+
+// Checks every option and builds each size's model, in the order of their messages (the mesh
+// options last).
+// Throws: ValueError naming the option.
+CheckedDecodeOptions check_decode_options(const BenchDecodeOptions& o) {
+  NUMESH_CHECK(o.batch > 0 && o.prompt > 0 && o.steps > 0, ValueError,
+               "--batch {}, --prompt {} and --steps {} must be positive", o.batch, o.prompt,
+               o.steps);
+  NUMESH_CHECK(o.repeats >= 1 && o.repeats <= 100000, ValueError,
+               "--repeats {} must be between 1 and 100000", o.repeats);
+  CheckedDecodeOptions c;
+  c.bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
+  c.layout = parse_kv_layout(o.kv_layout);
+  for (std::string_view name : split_list(o.dtypes)) {
+    const DType t = parse_dtype(name);
+    NUMESH_CHECK(std::find(c.dtypes.begin(), c.dtypes.end(), t) == c.dtypes.end(), ValueError,
+                 "--dtypes '{}': {} is listed twice", o.dtypes, to_string(t));
+    c.dtypes.push_back(t);
+  }
+  NUMESH_CHECK(!c.dtypes.empty(), ValueError, "--dtypes '{}': no dtype given", o.dtypes);
+  for (std::int64_t hidden : hidden_sizes(o)) {
+    c.configs.push_back(
+        model_config(o, hidden, o.sweep_hidden.empty() ? "--hidden" : "--sweep-hidden"));
+  }
+  check_mesh_options(o.mesh);
+  return c;
+}
+
+// Each size's axes: decode mode, the default partition axes.
+std::vector<ops::ModelAxes> decode_axes(const std::vector<ops::TransformerConfig>& configs,
+                                        std::int64_t batch) {
+  const sharding::PartitionManager pm{sharding::PartitionAxis{}};
+  std::vector<ops::ModelAxes> axes;
+  for (const ops::TransformerConfig& c : configs) {
+    axes.push_back(
+        ops::ModelAxes::resolve(pm, sharding::ModeArg(sharding::Mode::kDecode), batch, c.hidden));
+  }
+  return axes;
+}
+
+// Prints the devices, the mesh and the run's shape.
+void report_decode_setup(const BenchDecodeOptions& o, const runtime::DeviceMesh& mesh,
+                         std::ostream& out) {
+  const runtime::DeviceSet& devices = mesh.devices();
+  out << fmt::format(
+      "numesh bench decode: {} device{} ({} policy, {} threads), mesh [{}], batch {}, prompt {}, "
+      "{} timed steps\n",
+      devices.size(), devices.size() == 1 ? "" : "s", runtime::to_string(devices.options().policy),
+      devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps);
+  write_devices_text(devices, out);
+  out.flush();
+}
+
+// The devices' read bandwidth: the measurements, their sum, each device's as JSON, and the
+// devices' labels by NUMA node.
+struct DecodeReadBandwidth {
+  diagnostics::DeviceBandwidthResult result;
+  double gbps = 0.0;  // summed over the devices
+  nlohmann::json devices = nlohmann::json::array();
+  std::map<int, std::vector<std::string>> labels_by_node;
+};
+
+// Each device in turn reads `bytes` of its node's memory with all its threads.
+DecodeReadBandwidth measure_decode_read_bandwidth(const runtime::DeviceSet& devices,
+                                                  std::size_t bytes, int repeats,
+                                                  const ProgressLine& progress) {
+  diagnostics::MemoryBenchmarkOptions read_options;
+  read_options.bytes = bytes;
+  read_options.kernels = {diagnostics::MemoryKernel::kRead};
+  read_options.threads = {0};
+  read_options.repeats = repeats;
+  read_options.progress = [&](const std::string& what) {
+    progress.show(fmt::format("read bandwidth: {} ...", what));
+  };
+  DecodeReadBandwidth r;
+  r.result = diagnostics::measure_device_bandwidth(devices, read_options);
+  for (const diagnostics::BandwidthMeasurement& m : r.result.measurements) {
+    const diagnostics::DeviceMemoryInfo& info =
+        r.result.devices[static_cast<std::size_t>(m.device)];
+    r.gbps += m.gbps;
+    r.devices.push_back({{"device", m.device},
+                         {"label", info.label},
+                         {"numa_node", info.numa_node},
+                         {"threads", m.threads},
+                         {"gbps", m.gbps},
+                         {"best_gbps", m.best_gbps}});
+    if (info.numa_node >= 0) r.labels_by_node[info.numa_node].push_back(info.label);
+  }
+  return r;
+}
+
+// The report's notes: devices that share a NUMA node, and MoE blocks' bytes.
+std::vector<std::string> decode_notes(const DecodeReadBandwidth& read,
+                                      const ops::TransformerConfig& first) {
+  std::vector<std::string> notes;
+  for (const auto& [node, labels] : read.labels_by_node) {
+    if (labels.size() < 2) continue;
+    notes.push_back(
+        fmt::format("devices {} share NUMA node {} and were measured one at a time: the sum counts "
+                    "that node's memory once per device, more than they read together",
+                    fmt::join(labels, ", "), node));
+  }
+  if (first.moe_every > 0) {
+    notes.push_back(
+        "MoE blocks: the bytes count every local expert's weights, more than a step whose tokens "
+        "route to top-k experts reads");
+  }
+  return notes;
+}
+
+// Prints the read bandwidth (the sum, then each device's), the notes and the table's head.
+void report_decode_read_bandwidth(const DecodeReadBandwidth& read, std::size_t bytes, int repeats,
+                                  const std::vector<std::string>& notes, std::ostream& out) {
+  out << fmt::format(
+      "read bandwidth: {:.2f} GB/s, summed over the devices (read kernel, all threads, {} per "
+      "device, "
+      "median of {} pass{}):",
+      read.gbps, format_bytes(bytes), repeats, repeats == 1 ? "" : "es");
+  for (const diagnostics::BandwidthMeasurement& m : read.result.measurements) {
+    out << fmt::format(" {} {:.2f}", read.result.devices[static_cast<std::size_t>(m.device)].label,
+                       m.gbps);
+  }
+  out << "\n";
+  for (const std::string& note : notes) out << "note: " << note << "\n";
+  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n",
+                     "hidden", "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms",
+                     "tokens/s", "GB/s", "of read", "x f32");
+  out.flush();
+}
+
+// One row of the table as the JSON file records it.
+nlohmann::json decode_row_json(const BenchDecodeOptions& o, const DecodeFigures& f, DType dtype,
+                               double tokens_per_second, double fraction, double speedup) {
+  const ops::TransformerConfig& c = f.config;
+  nlohmann::json model{
+      {"hidden", c.hidden},
+      {"ffn", c.ffn},
+      {"layers", c.layers},
+      {"heads", c.attention.num_heads},
+      {"kv_heads", c.attention.num_kv_heads},
+      {"head_dim", c.attention.head_dim},
+      {"moe_every", c.moe_every},
+      {"parameters", c.parameters()},
+      {"dtype", to_string(dtype)},
+      {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
+      {"batch", o.batch},
+      {"prompt", o.prompt},
+      {"steps", o.steps},
+      {"bytes_per_step", f.bytes_per_step},
+      {"median_step_seconds", f.median_step},
+      {"min_step_seconds", f.min_step},
+      {"tokens_per_second", tokens_per_second},
+      {"gbps", f.gbps},
+      {"fraction_of_read", fraction}};
+  if (speedup > 0.0 && dtype != DType::kF32) model["tokens_per_second_vs_f32"] = speedup;
+  return model;
+}
+
+// Each size in each dtype: its decode measured and its row printed; returns the rows as JSON.
+nlohmann::json measure_decode_rows(const BenchDecodeOptions& o, const CheckedDecodeOptions& c,
+                                   const runtime::DeviceMesh& mesh,
+                                   const std::vector<ops::ModelAxes>& axes, double read_gbps,
+                                   const ProgressLine& progress, std::ostream& out) {
+  nlohmann::json models = nlohmann::json::array();
+  for (std::size_t k = 0; k < c.configs.size(); ++k) {
+    double f32_tokens_per_second = 0.0;  // this size's fp32 row, when --dtypes starts with f32
+    for (DType dtype : c.dtypes) {
+      const DecodeFigures f =
+          measure_decode(mesh, c.configs[k], axes[k], o, c.layout, dtype, progress);
+      const ops::TransformerConfig& config = f.config;
+      const double fraction = f.gbps / read_gbps;
+      const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
+      if (dtype == DType::kF32) f32_tokens_per_second = tokens_per_second;
+      const double speedup =
+          f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
+      out << fmt::format(
+          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} "
+          "{:>6}\n",
+          config.hidden, config.ffn, config.layers,
+          fmt::format("{}/{}", config.attention.num_heads, config.attention.num_kv_heads),
+          static_cast<double>(config.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6,
+          f.median_step * 1e3, tokens_per_second, f.gbps, fraction,
+          speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
+      out.flush();
+      models.push_back(decode_row_json(o, f, dtype, tokens_per_second, fraction, speedup));
+    }
+  }
+  return models;
+}
+
+// --json: the machine, the mesh, the read bandwidth, the rows, their units and the notes.
+void write_decode_json(std::ofstream& json_file, const BenchDecodeOptions& o,
+                       const runtime::DeviceMesh& mesh, std::size_t bytes,
+                       const DecodeReadBandwidth& read, const nlohmann::json& models,
+                       const std::vector<std::string>& notes) {
+  nlohmann::json j{{"kind", "numesh bench decode"},
+                   {"machine", machine_json(mesh.devices())},
+                   {"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
+                   {"read",
+                    {{"gbps", read.gbps},
+                     {"array_bytes", bytes},
+                     {"repeats", o.repeats},
+                     {"devices", read.devices},
+                     {"bandwidth", read.result.to_json()}}},
+                   {"models", models},
+                   {"units",
+                    {{"gbps", "1e9 bytes per second of the median step"},
+                     {"bytes_per_step",
+                      "weights held plus the valid KV cache, summed over the devices "
+                      "(ShardedTransformer::decode_bytes_per_device), mean over the timed steps"},
+                     {"fraction_of_read", "gbps / read.gbps"}}},
+                   {"notes", notes}};
+  json_file << j.dump(2) << "\n";
+}
+
 }  // namespace
 
 CLI::App* add_bench_decode_command(CLI::App& bench, BenchDecodeOptions& o) {
@@ -210,166 +433,21 @@ Examples:
 
 void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
   // Everything the options decide is checked before a device exists.
-  NUMESH_CHECK(o.batch > 0 && o.prompt > 0 && o.steps > 0, ValueError,
-               "--batch {}, --prompt {} and --steps {} must be positive", o.batch, o.prompt,
-               o.steps);
-  NUMESH_CHECK(o.repeats >= 1 && o.repeats <= 100000, ValueError,
-               "--repeats {} must be between 1 and 100000", o.repeats);
-  const std::size_t bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
-  const ops::KvLayout layout = parse_kv_layout(o.kv_layout);
-  std::vector<DType> dtypes;
-  for (std::string_view name : split_list(o.dtypes)) {
-    const DType t = parse_dtype(name);
-    NUMESH_CHECK(std::find(dtypes.begin(), dtypes.end(), t) == dtypes.end(), ValueError,
-                 "--dtypes '{}': {} is listed twice", o.dtypes, to_string(t));
-    dtypes.push_back(t);
-  }
-  NUMESH_CHECK(!dtypes.empty(), ValueError, "--dtypes '{}': no dtype given", o.dtypes);
-  std::vector<ops::TransformerConfig> configs;
-  for (std::int64_t hidden : hidden_sizes(o)) {
-    configs.push_back(
-        model_config(o, hidden, o.sweep_hidden.empty() ? "--hidden" : "--sweep-hidden"));
-  }
-  check_mesh_options(o.mesh);
+  const CheckedDecodeOptions c = check_decode_options(o);
   std::ofstream json_file = open_json_file(o.json);
 
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
-  const runtime::DeviceSet& devices = mesh.devices();
-  check_device_nodes_fit(devices, "--size", bytes, 1, "the read bandwidth needs 1 array");
-  const sharding::PartitionManager pm{sharding::PartitionAxis{}};
-  std::vector<ops::ModelAxes> axes;
-  for (const ops::TransformerConfig& c : configs) {
-    axes.push_back(
-        ops::ModelAxes::resolve(pm, sharding::ModeArg(sharding::Mode::kDecode), o.batch, c.hidden));
-  }
-
-  out << fmt::format(
-      "numesh bench decode: {} device{} ({} policy, {} threads), mesh [{}], batch {}, prompt {}, "
-      "{} timed steps\n",
-      devices.size(), devices.size() == 1 ? "" : "s", runtime::to_string(devices.options().policy),
-      devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps);
-  write_devices_text(devices, out);
-  out.flush();
+  check_device_nodes_fit(mesh.devices(), "--size", c.bytes, 1, "the read bandwidth needs 1 array");
+  const std::vector<ops::ModelAxes> axes = decode_axes(c.configs, o.batch);
+  report_decode_setup(o, mesh, out);
 
   const ProgressLine progress(o.quiet);
-  diagnostics::MemoryBenchmarkOptions read_options;
-  read_options.bytes = bytes;
-  read_options.kernels = {diagnostics::MemoryKernel::kRead};
-  read_options.threads = {0};
-  read_options.repeats = o.repeats;
-  read_options.progress = [&](const std::string& what) {
-    progress.show(fmt::format("read bandwidth: {} ...", what));
-  };
-  const diagnostics::DeviceBandwidthResult read =
-      diagnostics::measure_device_bandwidth(devices, read_options);
-  double read_gbps = 0.0;
-  nlohmann::json read_devices = nlohmann::json::array();
-  std::map<int, std::vector<std::string>> by_node;
-  for (const diagnostics::BandwidthMeasurement& m : read.measurements) {
-    const diagnostics::DeviceMemoryInfo& info = read.devices[static_cast<std::size_t>(m.device)];
-    read_gbps += m.gbps;
-    read_devices.push_back({{"device", m.device},
-                            {"label", info.label},
-                            {"numa_node", info.numa_node},
-                            {"threads", m.threads},
-                            {"gbps", m.gbps},
-                            {"best_gbps", m.best_gbps}});
-    if (info.numa_node >= 0) by_node[info.numa_node].push_back(info.label);
-  }
-  out << fmt::format(
-      "read bandwidth: {:.2f} GB/s, summed over the devices (read kernel, all threads, {} per "
-      "device, "
-      "median of {} pass{}):",
-      read_gbps, format_bytes(bytes), o.repeats, o.repeats == 1 ? "" : "es");
-  for (const diagnostics::BandwidthMeasurement& m : read.measurements) {
-    out << fmt::format(" {} {:.2f}", read.devices[static_cast<std::size_t>(m.device)].label,
-                       m.gbps);
-  }
-  out << "\n";
-  std::vector<std::string> notes;
-  for (const auto& [node, labels] : by_node) {
-    if (labels.size() < 2) continue;
-    notes.push_back(
-        fmt::format("devices {} share NUMA node {} and were measured one at a time: the sum counts "
-                    "that node's memory once per device, more than they read together",
-                    fmt::join(labels, ", "), node));
-  }
-  if (configs.front().moe_every > 0) {
-    notes.push_back(
-        "MoE blocks: the bytes count every local expert's weights, more than a step whose tokens "
-        "route to top-k experts reads");
-  }
-  for (const std::string& note : notes) out << "note: " << note << "\n";
-  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n",
-                     "hidden", "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms",
-                     "tokens/s", "GB/s", "of read", "x f32");
-  out.flush();
-
-  nlohmann::json models = nlohmann::json::array();
-  for (std::size_t k = 0; k < configs.size(); ++k) {
-    double f32_tokens_per_second = 0.0;  // this size's fp32 row, when --dtypes starts with f32
-    for (DType dtype : dtypes) {
-      const DecodeFigures f = measure_decode(mesh, configs[k], axes[k], o, layout, dtype, progress);
-      const ops::TransformerConfig& c = f.config;
-      const double fraction = f.gbps / read_gbps;
-      const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
-      if (dtype == DType::kF32) f32_tokens_per_second = tokens_per_second;
-      const double speedup =
-          f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
-      out << fmt::format(
-          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} "
-          "{:>6}\n",
-          c.hidden, c.ffn, c.layers,
-          fmt::format("{}/{}", c.attention.num_heads, c.attention.num_kv_heads),
-          static_cast<double>(c.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6,
-          f.median_step * 1e3, tokens_per_second, f.gbps, fraction,
-          speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
-      out.flush();
-      nlohmann::json model{
-          {"hidden", c.hidden},
-          {"ffn", c.ffn},
-          {"layers", c.layers},
-          {"heads", c.attention.num_heads},
-          {"kv_heads", c.attention.num_kv_heads},
-          {"head_dim", c.attention.head_dim},
-          {"moe_every", c.moe_every},
-          {"parameters", c.parameters()},
-          {"dtype", to_string(dtype)},
-          {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
-          {"batch", o.batch},
-          {"prompt", o.prompt},
-          {"steps", o.steps},
-          {"bytes_per_step", f.bytes_per_step},
-          {"median_step_seconds", f.median_step},
-          {"min_step_seconds", f.min_step},
-          {"tokens_per_second", tokens_per_second},
-          {"gbps", f.gbps},
-          {"fraction_of_read", fraction}};
-      if (speedup > 0.0 && dtype != DType::kF32) model["tokens_per_second_vs_f32"] = speedup;
-      models.push_back(std::move(model));
-    }
-  }
-
-  if (json_file.is_open()) {
-    nlohmann::json j{{"kind", "numesh bench decode"},
-                     {"machine", machine_json(devices)},
-                     {"mesh", {{"names", mesh.mesh().names()}, {"sizes", mesh.mesh().sizes()}}},
-                     {"read",
-                      {{"gbps", read_gbps},
-                       {"array_bytes", bytes},
-                       {"repeats", o.repeats},
-                       {"devices", std::move(read_devices)},
-                       {"bandwidth", read.to_json()}}},
-                     {"models", std::move(models)},
-                     {"units",
-                      {{"gbps", "1e9 bytes per second of the median step"},
-                       {"bytes_per_step",
-                        "weights held plus the valid KV cache, summed over the devices "
-                        "(ShardedTransformer::decode_bytes_per_device), mean over the timed steps"},
-                       {"fraction_of_read", "gbps / read.gbps"}}},
-                     {"notes", notes}};
-    json_file << j.dump(2) << "\n";
-  }
+  const DecodeReadBandwidth read =
+      measure_decode_read_bandwidth(mesh.devices(), c.bytes, o.repeats, progress);
+  const std::vector<std::string> notes = decode_notes(read, c.configs.front());
+  report_decode_read_bandwidth(read, c.bytes, o.repeats, notes, out);
+  const nlohmann::json models = measure_decode_rows(o, c, mesh, axes, read.gbps, progress, out);
+  if (json_file.is_open()) write_decode_json(json_file, o, mesh, c.bytes, read, models, notes);
 }
 
 }  // namespace numesh::tools
