@@ -145,6 +145,186 @@ void write_node_matrix(const diagnostics::NodeMatrixResult& m, std::ostream& out
   if (unmeasured) out << "  -: not measured (the column's note says why)\n";
 }
 
+// The options checked before a device exists: the arrays' and the latency cycle's bytes, the
+// kernels (and their names) and the thread counts of the sweep.
+struct CheckedMemoryOptions {
+  std::size_t bytes = 0;
+  std::size_t latency_bytes = 0;
+  std::vector<MemoryKernel> kernels;
+  std::vector<std::string> kernel_names;
+  std::vector<int> sweep;
+};
+
+// Checks every option against the memory benchmark's limits, in the order of their messages.
+// Throws: ValueError naming the option.
+CheckedMemoryOptions check_memory_options(const BenchMemoryOptions& o) {
+  CheckedMemoryOptions c;
+  c.bytes = parse_array_bytes("--size", o.size, kMaxArrayBytes);
+  c.latency_bytes = parse_array_bytes("--latency-size", o.latency_size, kMaxLatencyBytes);
+  c.kernels = parse_memory_kernels(o.kernels);
+  c.sweep = parse_threads_sweep(o.threads_sweep);
+  NUMESH_CHECK(o.repeats >= 1 && o.repeats <= kMaxRepeats, ValueError,
+               "--repeats {} must be between 1 and {}", o.repeats, kMaxRepeats);
+  NUMESH_CHECK(std::isfinite(o.min_time) && o.min_time >= 0.0 && o.min_time <= kMaxMinTime,
+               ValueError, "--min-time {} must be between 0 and {} seconds", o.min_time,
+               kMaxMinTime);
+  NUMESH_CHECK(o.latency_loads >= 1 && o.latency_loads <= kMaxLatencyLoads, ValueError,
+               "--latency-loads {} must be between 1 and {}", o.latency_loads, kMaxLatencyLoads);
+  for (MemoryKernel k : c.kernels) c.kernel_names.emplace_back(diagnostics::to_string(k));
+  return c;
+}
+
+// Each device's thread counts, and one note per group of devices whose sweep lost the same
+// counts.
+struct MemorySweeps {
+  std::vector<std::vector<int>> threads;  // per device
+  std::vector<std::string> notes;
+};
+
+MemorySweeps memory_sweeps(const runtime::DeviceSet& devices, const std::vector<int>& sweep,
+                           const std::string& text) {
+  MemorySweeps s;
+  // Devices whose sweep lost the same counts, for one note each: (skipped, threads) -> devices.
+  std::vector<std::pair<std::pair<std::vector<int>, int>, std::vector<std::string>>> left_out;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const runtime::Device& d = devices.device(i);
+    std::vector<int> skipped;
+    s.threads.push_back(device_threads(d, sweep, text, skipped));
+    if (skipped.empty()) continue;
+    const std::pair<std::vector<int>, int> key{skipped, std::max(1, d.spec().threads)};
+    auto group = std::find_if(left_out.begin(), left_out.end(),
+                              [&](const auto& g) { return g.first == key; });
+    if (group == left_out.end()) group = left_out.insert(left_out.end(), {key, {}});
+    group->second.push_back(fmt::format("{} ({})", d.index(), d.spec().label));
+  }
+  for (const auto& [key, names] : left_out) {
+    s.notes.push_back(fmt::format("--threads-sweep {} left out for device{} {}, which {} {}",
+                                  fmt::join(key.first, ", "), names.size() == 1 ? "" : "s",
+                                  fmt::join(names, ", "), names.size() == 1 ? "has" : "have",
+                                  plural(key.second, "thread")));
+  }
+  return s;
+}
+
+// Checks the widest kernel's arrays against each device's node and, for the node matrix, the
+// arrays and the latency cycle against every node.
+// Throws: ValueError naming the option, the size and the node.
+void check_memory_fits(const runtime::DeviceSet& devices, const CheckedMemoryOptions& c,
+                       bool matrix) {
+  int arrays = 0;
+  MemoryKernel widest = MemoryKernel::kRead;
+  for (MemoryKernel k : c.kernels) {
+    if (diagnostics::stream_arrays(k) > arrays) {
+      arrays = diagnostics::stream_arrays(k);
+      widest = k;
+    }
+  }
+  check_device_nodes_fit(
+      devices, "--size", c.bytes, arrays,
+      fmt::format("{} needs {}", diagnostics::to_string(widest), plural(arrays, "array")));
+  if (matrix) {
+    check_all_nodes_fit(devices, "--size", c.bytes);
+    check_all_nodes_fit(devices, "--latency-size", c.latency_bytes);
+  }
+}
+
+// Prints the devices, the arrays and kernels, the notes and what GB/s counts.
+void report_memory_setup(const BenchMemoryOptions& o, const runtime::DeviceSet& devices,
+                         const CheckedMemoryOptions& c, const std::vector<std::string>& notes,
+                         std::ostream& out) {
+  out << fmt::format("numesh bench memory: {} ({} policy), arrays of {}, kernels {}\n",
+                     plural(static_cast<int>(devices.size()), "device"),
+                     runtime::to_string(devices.options().policy), format_bytes(c.bytes),
+                     fmt::join(c.kernel_names, ", "));
+  write_devices_text(devices, out);
+  for (const std::string& note : notes) out << "note: " << note << "\n";
+  out << fmt::format(
+      "GB/s: 1e9 bytes per second, STREAM's count (read 1x, copy 2x, triad 3x the array); "
+      "median and fastest of at least {} timed pass{} after one warm-up\n",
+      o.repeats, o.repeats == 1 ? "" : "es");
+  out.flush();
+}
+
+// The measurements of both parts: each device's kernels x thread counts, and the matrix's two
+// entries per device and node.
+std::size_t memory_measurement_count(const runtime::DeviceSet& devices,
+                                     const CheckedMemoryOptions& c, const MemorySweeps& sweeps,
+                                     bool matrix) {
+  std::size_t total = 0;
+  for (const auto& t : sweeps.threads) total += c.kernels.size() * t.size();
+  if (matrix) total += 2 * devices.size() * devices.topology().numa_nodes().size();
+  return total;
+}
+
+// The benchmark's options, but for the thread counts (each device's own) and the progress.
+diagnostics::MemoryBenchmarkOptions memory_benchmark_options(const BenchMemoryOptions& o,
+                                                             const CheckedMemoryOptions& c) {
+  diagnostics::MemoryBenchmarkOptions options;
+  options.bytes = c.bytes;
+  options.kernels = c.kernels;
+  options.repeats = o.repeats;
+  options.min_seconds = o.min_time;
+  options.latency_bytes = c.latency_bytes;
+  options.latency_loads = o.latency_loads;
+  return options;
+}
+
+// Each device in turn, over its own thread counts (left in `options.threads`: the last
+// device's).
+diagnostics::DeviceBandwidthResult measure_memory_bandwidth(
+    const runtime::DeviceSet& devices, std::size_t bytes, const MemorySweeps& sweeps,
+    diagnostics::MemoryBenchmarkOptions& options) {
+  diagnostics::DeviceBandwidthResult bandwidth;
+  bandwidth.array_bytes = bytes;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    options.threads = sweeps.threads[i];
+    diagnostics::DeviceBandwidthResult one =
+        diagnostics::measure_device_bandwidth(devices, i, options);
+    bandwidth.devices.insert(bandwidth.devices.end(), one.devices.begin(), one.devices.end());
+    bandwidth.measurements.insert(bandwidth.measurements.end(), one.measurements.begin(),
+                                  one.measurements.end());
+  }
+  return bandwidth;
+}
+
+// The node matrix measured and printed, or why it is not.
+std::optional<diagnostics::NodeMatrixResult> measure_memory_node_matrix(
+    const BenchMemoryOptions& o, const runtime::DeviceSet& devices, bool matrix,
+    const diagnostics::MemoryBenchmarkOptions& options, std::ostream& out) {
+  std::optional<diagnostics::NodeMatrixResult> node_matrix;
+  if (matrix) {
+    node_matrix = diagnostics::measure_node_matrix(devices, options);
+    write_node_matrix(*node_matrix, out);
+  } else {
+    out << fmt::format("\nnode matrix: not measured ({}; --matrix measures it)\n",
+                       o.no_matrix ? "--no-matrix" : "the topology has one NUMA node");
+  }
+  return node_matrix;
+}
+
+// --json: the machine, the options, the bandwidth, the matrix (null when not measured) and the
+// notes.
+void write_memory_json(std::ofstream& json_file, const BenchMemoryOptions& o,
+                       const runtime::DeviceSet& devices, const CheckedMemoryOptions& c,
+                       const diagnostics::DeviceBandwidthResult& bandwidth,
+                       const std::optional<diagnostics::NodeMatrixResult>& node_matrix,
+                       const std::vector<std::string>& notes) {
+  nlohmann::json j{{"kind", "numesh bench memory"},
+                   {"machine", machine_json(devices)},
+                   {"options",
+                    {{"size", c.bytes},
+                     {"kernels", c.kernel_names},
+                     {"threads_sweep", o.threads_sweep},
+                     {"repeats", o.repeats},
+                     {"min_time", o.min_time},
+                     {"latency_size", c.latency_bytes},
+                     {"latency_loads", o.latency_loads}}},
+                   {"bandwidth", bandwidth.to_json()},
+                   {"matrix", node_matrix ? node_matrix->to_json() : nlohmann::json(nullptr)},
+                   {"notes", notes}};
+  json_file << j.dump(2) << "\n";
+}
+
 }  // namespace
 
 CLI::App* add_bench_memory_command(CLI::App& bench, BenchMemoryOptions& o) {
@@ -211,128 +391,32 @@ Examples:
 
 void run_bench_memory(const BenchMemoryOptions& o, std::ostream& out) {
   // Everything the options decide is checked before a device exists.
-  const std::size_t bytes = parse_array_bytes("--size", o.size, kMaxArrayBytes);
-  const std::size_t latency_bytes =
-      parse_array_bytes("--latency-size", o.latency_size, kMaxLatencyBytes);
-  const std::vector<MemoryKernel> kernels = parse_memory_kernels(o.kernels);
-  const std::vector<int> sweep = parse_threads_sweep(o.threads_sweep);
-  NUMESH_CHECK(o.repeats >= 1 && o.repeats <= kMaxRepeats, ValueError,
-               "--repeats {} must be between 1 and {}", o.repeats, kMaxRepeats);
-  NUMESH_CHECK(std::isfinite(o.min_time) && o.min_time >= 0.0 && o.min_time <= kMaxMinTime,
-               ValueError, "--min-time {} must be between 0 and {} seconds", o.min_time,
-               kMaxMinTime);
-  NUMESH_CHECK(o.latency_loads >= 1 && o.latency_loads <= kMaxLatencyLoads, ValueError,
-               "--latency-loads {} must be between 1 and {}", o.latency_loads, kMaxLatencyLoads);
+  const CheckedMemoryOptions c = check_memory_options(o);
   std::ofstream json_file = open_json_file(o.json);
 
   const std::shared_ptr<runtime::DeviceSet> devices = make_devices(o.machine);
-  std::vector<std::vector<int>> threads;
-  // Devices whose sweep lost the same counts, for one note each: (skipped, threads) -> devices.
-  std::vector<std::pair<std::pair<std::vector<int>, int>, std::vector<std::string>>> left_out;
-  for (std::size_t i = 0; i < devices->size(); ++i) {
-    const runtime::Device& d = devices->device(i);
-    std::vector<int> skipped;
-    threads.push_back(device_threads(d, sweep, o.threads_sweep, skipped));
-    if (skipped.empty()) continue;
-    const std::pair<std::vector<int>, int> key{skipped, std::max(1, d.spec().threads)};
-    auto group = std::find_if(left_out.begin(), left_out.end(),
-                              [&](const auto& g) { return g.first == key; });
-    if (group == left_out.end()) group = left_out.insert(left_out.end(), {key, {}});
-    group->second.push_back(fmt::format("{} ({})", d.index(), d.spec().label));
-  }
-  std::vector<std::string> notes;
-  for (const auto& [key, names] : left_out) {
-    notes.push_back(fmt::format("--threads-sweep {} left out for device{} {}, which {} {}",
-                                fmt::join(key.first, ", "), names.size() == 1 ? "" : "s",
-                                fmt::join(names, ", "), names.size() == 1 ? "has" : "have",
-                                plural(key.second, "thread")));
-  }
-  int arrays = 0;
-  MemoryKernel widest = MemoryKernel::kRead;
-  for (MemoryKernel k : kernels) {
-    if (diagnostics::stream_arrays(k) > arrays) {
-      arrays = diagnostics::stream_arrays(k);
-      widest = k;
-    }
-  }
-  check_device_nodes_fit(
-      *devices, "--size", bytes, arrays,
-      fmt::format("{} needs {}", diagnostics::to_string(widest), plural(arrays, "array")));
+  const MemorySweeps sweeps = memory_sweeps(*devices, c.sweep, o.threads_sweep);
   const bool matrix = o.matrix || (!o.no_matrix && devices->topology().numa_nodes().size() > 1);
-  if (matrix) {
-    check_all_nodes_fit(*devices, "--size", bytes);
-    check_all_nodes_fit(*devices, "--latency-size", latency_bytes);
-  }
-
-  std::vector<std::string> kernel_names;
-  for (MemoryKernel k : kernels) kernel_names.emplace_back(diagnostics::to_string(k));
-  out << fmt::format("numesh bench memory: {} ({} policy), arrays of {}, kernels {}\n",
-                     plural(static_cast<int>(devices->size()), "device"),
-                     runtime::to_string(devices->options().policy), format_bytes(bytes),
-                     fmt::join(kernel_names, ", "));
-  write_devices_text(*devices, out);
-  for (const std::string& note : notes) out << "note: " << note << "\n";
-  out << fmt::format(
-      "GB/s: 1e9 bytes per second, STREAM's count (read 1x, copy 2x, triad 3x the array); "
-      "median and fastest of at least {} timed pass{} after one warm-up\n",
-      o.repeats, o.repeats == 1 ? "" : "es");
-  out.flush();
+  check_memory_fits(*devices, c, matrix);
+  report_memory_setup(o, *devices, c, sweeps.notes, out);
 
   // The progress line counts every measurement of both parts.
-  std::size_t total = 0;
-  for (const auto& t : threads) total += kernels.size() * t.size();
-  if (matrix) total += 2 * devices->size() * devices->topology().numa_nodes().size();
+  const std::size_t total = memory_measurement_count(*devices, c, sweeps, matrix);
   std::size_t done = 0;
   const ProgressLine progress(o.quiet);
-  diagnostics::MemoryBenchmarkOptions options;
-  options.bytes = bytes;
-  options.kernels = kernels;
-  options.repeats = o.repeats;
-  options.min_seconds = o.min_time;
-  options.latency_bytes = latency_bytes;
-  options.latency_loads = o.latency_loads;
+  diagnostics::MemoryBenchmarkOptions options = memory_benchmark_options(o, c);
   options.progress = [&](const std::string& what) {
     progress.show(fmt::format("[{}/{}] {} ...", ++done, total, what));
   };
 
-  diagnostics::DeviceBandwidthResult bandwidth;
-  bandwidth.array_bytes = bytes;
-  for (std::size_t i = 0; i < devices->size(); ++i) {
-    options.threads = threads[i];
-    diagnostics::DeviceBandwidthResult one =
-        diagnostics::measure_device_bandwidth(*devices, i, options);
-    bandwidth.devices.insert(bandwidth.devices.end(), one.devices.begin(), one.devices.end());
-    bandwidth.measurements.insert(bandwidth.measurements.end(), one.measurements.begin(),
-                                  one.measurements.end());
-  }
+  const diagnostics::DeviceBandwidthResult bandwidth =
+      measure_memory_bandwidth(*devices, c.bytes, sweeps, options);
   write_bandwidth(bandwidth, out);
   out.flush();
-
-  std::optional<diagnostics::NodeMatrixResult> node_matrix;
-  if (matrix) {
-    node_matrix = diagnostics::measure_node_matrix(*devices, options);
-    write_node_matrix(*node_matrix, out);
-  } else {
-    out << fmt::format("\nnode matrix: not measured ({}; --matrix measures it)\n",
-                       o.no_matrix ? "--no-matrix" : "the topology has one NUMA node");
-  }
-
-  if (json_file.is_open()) {
-    nlohmann::json j{{"kind", "numesh bench memory"},
-                     {"machine", machine_json(*devices)},
-                     {"options",
-                      {{"size", bytes},
-                       {"kernels", kernel_names},
-                       {"threads_sweep", o.threads_sweep},
-                       {"repeats", o.repeats},
-                       {"min_time", o.min_time},
-                       {"latency_size", latency_bytes},
-                       {"latency_loads", o.latency_loads}}},
-                     {"bandwidth", bandwidth.to_json()},
-                     {"matrix", node_matrix ? node_matrix->to_json() : nlohmann::json(nullptr)},
-                     {"notes", notes}};
-    json_file << j.dump(2) << "\n";
-  }
+  const std::optional<diagnostics::NodeMatrixResult> node_matrix =
+      measure_memory_node_matrix(o, *devices, matrix, options, out);
+  if (json_file.is_open())
+    write_memory_json(json_file, o, *devices, c, bandwidth, node_matrix, sweeps.notes);
 }
 
 }  // namespace numesh::tools
