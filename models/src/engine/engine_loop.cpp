@@ -1,0 +1,177 @@
+#include "numesh/models/engine/engine_loop.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::models {
+
+std::vector<RequestStream::Event> RequestStream::take(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, timeout, [&] { return !events_.empty() || cancelled_; });
+  std::vector<Event> out(events_.begin(), events_.end());
+  events_.clear();
+  return out;
+}
+
+void RequestStream::cancel() noexcept {
+  const std::lock_guard lock(mutex_);
+  cancelled_ = true;
+  ready_.notify_all();
+}
+
+bool RequestStream::ended() const {
+  const std::lock_guard lock(mutex_);
+  return (ended_ && events_.empty()) || cancelled_;
+}
+
+bool RequestStream::cancelled() const {
+  const std::lock_guard lock(mutex_);
+  return cancelled_;
+}
+
+void RequestStream::push(Event event) {
+  const std::lock_guard lock(mutex_);
+  if (event.stopped || !event.error.empty()) ended_ = true;
+  events_.push_back(std::move(event));
+  ready_.notify_all();
+}
+
+EngineLoop::EngineLoop(Engine engine) : engine_(std::move(engine)) {
+  (void)engine_.scheduler();  // throws ValueError without serving options
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    const std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Submitted EngineLoop::submit(std::vector<std::int32_t> prompt, const RequestOptions& options) {
+  std::promise<Submitted> answer;
+  std::future<Submitted> result = answer.get_future();
+  {
+    const std::lock_guard lock(mutex_);
+    if (draining_ || stopping_) return Submitted{.stream = nullptr, .busy = true, .error = {}};
+    inbox_.push_back(Pending{std::move(prompt), options, &answer});
+  }
+  wake_.notify_all();
+  return result.get();
+}
+
+EngineCounts EngineLoop::counts() const {
+  const std::lock_guard lock(mutex_);
+  return counts_;
+}
+
+void EngineLoop::drain() {
+  {
+    const std::lock_guard lock(mutex_);
+    draining_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::apply(Pending& p) {
+  Submitted s;
+  try {
+    const std::optional<SequenceId> id = engine_.submit(std::move(p.prompt), p.options);
+    if (!id) {
+      s.busy = true;
+    } else {
+      s.stream = std::make_shared<RequestStream>();
+      streams_.emplace_back(*id, s.stream);
+    }
+  } catch (const Error& e) {
+    s.error = e.what();
+  }
+  p.answer->set_value(std::move(s));
+}
+
+void EngineLoop::step() {
+  // Requests whose clients left are cancelled first: their blocks serve this step.
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    if (it->second->cancelled()) {
+      engine_.cancel(it->first);
+      it = streams_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  EngineStep out;
+  if (!engine_.busy()) {
+    count(out);  // the cancellations changed the counts
+    return;
+  }
+  try {
+    out = engine_.step();
+  } catch (const std::exception& e) {
+    // A step that throws fails every request it held; the engine goes on with new ones.
+    for (auto& [id, stream] : streams_) {
+      stream->push({.token = -1, .stopped = std::nullopt, .error = e.what()});
+      engine_.cancel(id);
+    }
+    streams_.clear();
+    return;
+  }
+  for (const EngineStep::Token& t : out.tokens) {
+    const auto it = std::find_if(streams_.begin(), streams_.end(),
+                                 [&](const auto& s) { return s.first == t.sequence; });
+    if (it == streams_.end()) continue;
+    it->second->push({.token = t.id, .stopped = t.stopped, .error = {}});
+    if (t.stopped) streams_.erase(it);
+  }
+  count(out);
+}
+
+void EngineLoop::count(const EngineStep& out) {
+  const Scheduler& s = engine_.scheduler();
+  const std::lock_guard lock(mutex_);
+  counts_.running = s.running();
+  counts_.waiting = s.waiting();
+  counts_.blocks_used = s.pool().used_blocks();
+  counts_.blocks_free = s.pool().free_blocks();
+  counts_.prefix_hit_tokens = s.prefix_hit_tokens();
+  counts_.prompt_tokens += out.prefill_tokens;
+  counts_.generated_tokens += static_cast<std::int64_t>(out.tokens.size());
+  if (out.padded_tokens == 0) return;  // no step ran
+  ++counts_.steps;
+  (out.prefill_tokens > 0 ? counts_.prefill_seconds : counts_.decode_seconds) += out.seconds;
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    std::deque<Pending> inbox;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] {
+        return stopping_ || draining_ || !inbox_.empty() || engine_.busy() ||
+               std::any_of(streams_.begin(), streams_.end(),
+                           [](const auto& s) { return s.second->cancelled(); });
+      });
+      inbox.swap(inbox_);
+      if (stopping_ || (draining_ && inbox.empty() && !engine_.busy())) {
+        for (Pending& p : inbox)
+          p.answer->set_value(Submitted{.stream = nullptr, .busy = true, .error = {}});
+        break;
+      }
+    }
+    for (Pending& p : inbox) apply(p);
+    step();
+  }
+  // Stopped: whatever still runs is cancelled and told so.
+  for (auto& [id, stream] : streams_) {
+    stream->push({.token = -1, .stopped = std::nullopt, .error = "the server is shutting down"});
+    engine_.cancel(id);
+  }
+  streams_.clear();
+}
+
+}  // namespace numesh::models
