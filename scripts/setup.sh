@@ -16,12 +16,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # with npm for the tokenizer's check against Hugging Face's tokenizers.js (tests/models/
 # tokenizer_check, installed by scripts/test.sh with `npm ci`); clang with its sanitizer and
 # libFuzzer runtimes for the sanitize and tsan presets and the fuzz targets; clang-format 14 for
-# the format check.
+# the format check; cpp-httplib for `numesh serve`.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev clang-format-14
   libfmt-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev libsentencepiece-dev
+  libcpp-httplib-dev
   nodejs
   python3-torch python3-numpy python3-matplotlib python3-sentencepiece
 )

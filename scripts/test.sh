@@ -236,7 +236,7 @@ done
 # out: Debian's oneTBB aborts under ASan when it loads tbbbind (docs/building.md).
 if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   sanitize="$(build_dir sanitize)"
-  sanitized_tests=(core_test sharding_test runtime_test diagnostics_test models_test cli_parsers_test)
+  sanitized_tests=(core_test sharding_test runtime_test diagnostics_test models_test serve_test cli_parsers_test)
   step "configure preset 'sanitize' in $sanitize"
   cmake -S "$NUMESH_ROOT" --preset sanitize -B "$sanitize"
   step "build the sanitized unit tests and the fuzz targets (-j$NUMESH_JOBS)"

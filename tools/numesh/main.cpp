@@ -8,6 +8,7 @@
 //   numesh op ...        one layer on .npy weights and inputs: plan, time, check, y.npy
 //   numesh run ...       the main job: a sharded transformer, prefill + decode, checked
 //   numesh generate ...  greedy or sampled generation from a Hugging Face checkpoint
+//   numesh serve ...     an OpenAI-compatible HTTP server, continuous batching over paged caches
 //   numesh tokenize ...  a model's tokenizer applied to a text or to ids
 //   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
 //   numesh train ....... train a Hugging Face causal LM (AdamW, CSV log, resumable checkpoints)
@@ -36,6 +37,7 @@
 #include "perplexity_command.hpp"
 #include "resolve_command.hpp"
 #include "run_command.hpp"
+#include "serve_command.hpp"
 #include "tokenize_command.hpp"
 #include "topology_command.hpp"
 #include "train_command.hpp"
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
   commands.push_back(command<t::OpOptions>(app, t::add_op_command, t::run_op));
   commands.push_back(command<t::RunOptions>(app, t::add_run_command, t::run_run));
   commands.push_back(command<t::GenerateOptions>(app, t::add_generate_command, t::run_generate));
+  commands.push_back(command<t::ServeOptions>(app, t::add_serve_command, t::run_serve));
   commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
   commands.push_back(
       command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));

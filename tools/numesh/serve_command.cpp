@@ -1,0 +1,246 @@
+#include "serve_command.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <ostream>
+#include <thread>
+
+#include "bench_common.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine.hpp"
+#include "numesh/models/engine/engine_loop.hpp"
+#include "numesh/models/engine/model_source.hpp"
+#include "numesh/serve/server.hpp"
+#include "parsers.hpp"
+#include "paxis_options.hpp"
+
+namespace numesh::tools {
+
+namespace {
+
+// The options checked before anything binds or loads.
+struct CheckedServe {
+  DType dtype = DType::kF32;
+  sharding::ModeArg mode = sharding::Mode::kDecode;
+  std::optional<sharding::PartitionManager> partitions;
+};
+
+CheckedServe check_serve_options(const ServeOptions& o) {
+  CheckedServe c;
+  c.dtype = parse_dtype(o.dtype);
+  NUMESH_CHECK(!o.model.empty(), ValueError, "--model DIR is required (a Hugging Face folder)");
+  NUMESH_CHECK(o.port >= 0 && o.port <= 65535, ValueError, "--port {} is not a port", o.port);
+  NUMESH_CHECK(o.parallel >= 1 && o.parallel <= 1024, ValueError,
+               "--parallel {} must be between 1 and 1024", o.parallel);
+  NUMESH_CHECK(o.ctx_size >= 0 && o.kv_cache_tokens >= 0 && o.max_queue >= 0, ValueError,
+               "--ctx-size {}, --kv-cache-tokens {} and --max-queue {} must not be negative",
+               o.ctx_size, o.kv_cache_tokens, o.max_queue);
+  NUMESH_CHECK(o.batch_tokens >= o.parallel, ValueError,
+               "--batch-tokens {} must be at least --parallel {} (every running request decodes "
+               "in every step)",
+               o.batch_tokens, o.parallel);
+  NUMESH_CHECK(o.block_size >= 1 && o.block_size <= 1024, ValueError,
+               "--block-size {} must be between 1 and 1024", o.block_size);
+  NUMESH_CHECK(o.http_threads >= 0 && o.max_body_bytes >= 1024, ValueError,
+               "--http-threads {} must not be negative and the body limit {} at least 1024",
+               o.http_threads, o.max_body_bytes);
+  check_mesh_options(o.mesh);
+  c.mode = parse_run_mode(o.mode);
+  c.partitions.emplace(build_paxis(o.paxis_json, o.sets));
+  return c;
+}
+
+// SIGINT and SIGTERM: the handler (in whichever thread the kernel picks: oneTBB's workers do
+// not keep a blocked mask) writes the signal's number to a pipe, and a thread reading it stops
+// the server, which then drains. Destroying the watcher ends that thread and restores the
+// handlers.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    NUMESH_CHECK(::pipe(fds_) == 0, IoError, "serve: cannot make a pipe for the signals");
+    write_end_ = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = [](int signal) {
+      const auto byte = static_cast<unsigned char>(signal);
+      [[maybe_unused]] const ssize_t n = ::write(write_end_, &byte, 1);
+    };
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  void start(serve::Server& server) {
+    thread_ = std::thread([this, &server] {
+      unsigned char byte = 0;
+      while (::read(fds_[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      if (byte != 0) {
+        caught_ = byte;
+        server.stop();
+      }
+    });
+  }
+  ~SignalWatcher() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    const unsigned char end = 0;  // wakes the reader when no signal came
+    [[maybe_unused]] const ssize_t n = ::write(fds_[1], &end, 1);
+    if (thread_.joinable()) thread_.join();
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+  [[nodiscard]] int caught() const noexcept { return caught_.load(); }
+
+ private:
+  static inline int write_end_ = -1;  // the handler's only state: one server per process
+  int fds_[2] = {-1, -1};
+  struct sigaction old_int_ {
+  }, old_term_{};
+  std::thread thread_;
+  std::atomic<int> caught_{0};
+};
+
+// The serving engine: the folder opened, the mesh made, the weights loaded with paged caches.
+models::Engine load_serving_engine(const ServeOptions& o, const CheckedServe& c) {
+  models::ModelSource source = models::ModelSource::open(o.model);
+  // Without --ctx-size, the model's context up to 4096 (llama-server's default): a long-context
+  // model's whole context for every request would book gigabytes of cache.
+  const std::int64_t context =
+      o.ctx_size > 0 ? o.ctx_size : std::min<std::int64_t>(source.config().max_context(), 4096);
+  const std::int64_t kv_tokens = o.kv_cache_tokens > 0 ? o.kv_cache_tokens : o.parallel * context;
+  const ProgressLine line(o.quiet);
+  return models::Engine::load(
+      std::move(source), make_mesh(o.mesh),
+      {.dtype = c.dtype,
+       .sequences = o.parallel,
+       .context = context,
+       .partitions = *c.partitions,
+       .mode = c.mode,
+       .progress =
+           [&](std::int64_t done, std::int64_t total) {
+             line.update(fmt::format("loading {:.0f}%", 100.0 * static_cast<double>(done) /
+                                                            static_cast<double>(total)));
+           },
+       .serving = models::ServingOptions{.block_size = o.block_size,
+                                         .kv_tokens = kv_tokens,
+                                         .batch_tokens = o.batch_tokens,
+                                         .max_running = o.parallel,
+                                         .max_waiting = o.max_queue,
+                                         .candidates = 64,
+                                         .prefix_caching = !o.no_prefix_cache}});
+}
+
+}  // namespace
+
+CLI::App* add_serve_command(CLI::App& app, ServeOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "Serve a Hugging Face checkpoint over HTTP with OpenAI's completions API: continuous "
+      "batching over paged KV caches on the machine's mesh, a request's tokens independent of "
+      "what else runs.");
+  cmd->footer(
+      R"(Endpoints: POST /v1/completions (prompt as text or token ids; max_tokens, temperature,
+top_p, top_k, seed, stop, stream, ignore_eos), GET /v1/models, GET /health (503 while loading),
+POST /tokenize, POST /detokenize, GET /metrics (Prometheus). docs/serving.md has the details.
+Examples:
+  numesh serve --model ~/models/Llama-3.2-1B --dtype bf16 --parallel 8 --ctx-size 4096
+  curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' \
+       -d '{"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}')");
+  add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
+  cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in")
+      ->capture_default_str();
+  cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields");
+  cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
+  cmd->add_option("--model", o.model,
+                  "Folder of a Hugging Face checkpoint (config.json, "
+                  "*.safetensors, tokenizer.json or tokenizer.model)");
+  cmd->add_option("--model-name", o.model_name,
+                  "The model's id in /v1/models and responses (default: the folder's name)");
+  cmd->add_option("--host", o.host, "Address to bind (127.0.0.1: this machine only)")
+      ->capture_default_str();
+  cmd->add_option("--port", o.port, "Port (0: any free one)")->capture_default_str();
+  cmd->add_option("--parallel", o.parallel, "Requests running at once")->capture_default_str();
+  cmd->add_option("--ctx-size", o.ctx_size,
+                  "Positions a request may take, prompt and completion (0: the model's context, "
+                  "at most 4096)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", o.kv_cache_tokens,
+                  "Tokens the KV cache holds over all requests (0: parallel x ctx-size)")
+      ->capture_default_str();
+  cmd->add_option("--batch-tokens", o.batch_tokens,
+                  "Tokens a step computes at most: every running request's next token, then "
+                  "prompt chunks")
+      ->capture_default_str();
+  cmd->add_option("--block-size", o.block_size, "Tokens per KV cache block")->capture_default_str();
+  cmd->add_option("--max-queue", o.max_queue,
+                  "Requests waiting at most; past it, 503 with Retry-After")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,
+                "Do not reuse the cached blocks of a prompt's prefix");
+  cmd->add_option("--dtype", o.dtype, "How the devices store the matrices: f32, bf16 or f16")
+      ->capture_default_str();
+  cmd->add_option("--api-key", o.api_key,
+                  "Require 'Authorization: Bearer KEY' on every request but /health");
+  cmd->add_option("--http-threads", o.http_threads,
+                  "HTTP worker threads, each open stream holding one (0: parallel x 2 + 8)")
+      ->capture_default_str();
+  cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+  return cmd;
+}
+
+int run_serve(const ServeOptions& o, std::ostream& out) {
+  SignalWatcher signals;
+  const CheckedServe c = check_serve_options(o);
+  const std::filesystem::path folder = std::filesystem::path(o.model).lexically_normal();
+  serve::Server server(serve::ServerOptions{
+      .host = o.host,
+      .port = o.port,
+      .http_threads = o.http_threads > 0 ? o.http_threads : static_cast<int>(o.parallel * 2 + 8),
+      .api_key = o.api_key,
+      .max_body_bytes = static_cast<std::size_t>(o.max_body_bytes),
+      .model_name =
+          !o.model_name.empty()
+              ? o.model_name
+              : (folder.has_filename() ? folder.filename() : folder.parent_path().filename())
+                    .string()});
+  const int port = server.bind();
+  signals.start(server);
+  std::thread http([&] { server.listen(); });
+  if (!o.quiet) std::fprintf(stderr, "numesh serve: loading %s ...\n", o.model.c_str());
+  std::optional<models::EngineLoop> loop;
+  try {
+    loop.emplace(load_serving_engine(o, c));
+  } catch (...) {
+    server.stop();
+    http.join();
+    throw;
+  }
+  server.attach(*loop);
+  const models::Engine& e = loop->engine();
+  out << fmt::format(
+      "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
+      "at once, {} KV tokens in blocks of {})\n",
+      o.host, port, o.model, to_string(e.config().architecture), to_string(e.dtype()),
+      e.mesh().mesh().repr(), o.parallel,
+      e.scheduler().pool().blocks() * o.block_size - o.block_size, o.block_size);
+  out.flush();
+  http.join();  // until a signal stops the server (the requests in flight answered)
+  loop->drain();
+  out << fmt::format("numesh serve: stopped{}\n",
+                     signals.caught() != 0 ? fmt::format(" on signal {}", signals.caught()) : "");
+  return 0;
+}
+
+}  // namespace numesh::tools
