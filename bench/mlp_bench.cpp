@@ -12,6 +12,9 @@
 //                   gemm() (single-threaded OpenBLAS) as f32 in the same run;
 //                   _n256 is one column strip of 256 as a device_gemm tile multiplies it (b and
 //                   c rows 4096 apart)
+//   BM_DeviceGemm/<dtype>[_row_invariant]  the same GEMM by device_gemm on two threads with the
+//                   weights stored out-in, in kF32 (the prefill tiles) and kRowInvariant (a
+//                   serving engine's: row blocks of 16 through the decode kernels)
 //   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's gelu_inplace
 //                   (Eigen's vectorized erf) against a scalar std::erf loop
 //   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
@@ -166,6 +169,32 @@ void BM_Gemm16(benchmark::State& state, DType t, std::int64_t cols) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// c[512, 4096] = x[512, 1024] . W1 stored out-in as `t` ([4096, 1024], as the layers store
+// it), by device_gemm over a two-thread arena in `precision`: kF32 (the prefill tiles) against
+// kRowInvariant (row blocks of 16 through the decode kernels: what a serving engine's steps
+// pay for batch invariance).
+void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precision) {
+  const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
+  const runtime::HostTensor w = random({kInter, kHidden}, 1, 0.02f);  // out-in
+  std::vector<std::uint16_t> w16(w.data.size());
+  if (t == DType::kBF16) runtime::convert_f32_to_bf16(w.data, w16);
+  if (t == DType::kF16) runtime::convert_f32_to_f16(w.data, w16);
+  const void* data = t == DType::kF32 ? static_cast<const void*>(w.data.data()) : w16.data();
+  const ops::WeightMatrix b{data, t, kHidden, kInter, ops::WeightLayout::kOutIn};
+  std::vector<float> h(static_cast<std::size_t>(kTokens * kInter));
+  oneapi::tbb::task_arena arena(2);
+  for (auto _ : state) {
+    arena.execute([&] {
+      ops::device_gemm(ops::ConstMatrixMap(x.data.data(), kTokens, kHidden), b,
+                       ops::MatrixMap(h.data(), kTokens, kInter), precision);
+    });
+    benchmark::DoNotOptimize(h.data());
+  }
+  state.SetLabel(std::string(runtime::to_string(runtime::kernel_level())));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * kHidden * kInter * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // GELU over an activation of the MLP's [512, 4096] (values of the spread x . W1 has), on one
 // thread: gelu_inplace inside a one-thread arena, or a scalar std::erf loop. Each iteration
 // starts again from the same values (copied in untimed).
@@ -220,6 +249,20 @@ BENCHMARK_CAPTURE(BM_Gemm, OpenBlas1, GemmLib::kOpenBlasOneThread)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gemm, OpenBlas2, GemmLib::kOpenBlasTwoThreads)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, f32, DType::kF32, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, f32_row_invariant, DType::kF32,
+                  ops::MatmulPrecision::kRowInvariant)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, bf16, DType::kBF16, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, bf16_row_invariant, DType::kBF16,
+                  ops::MatmulPrecision::kRowInvariant)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gemm16, f32, DType::kF32, kInter)
