@@ -35,8 +35,8 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   const std::int64_t context = options.context > 0 ? options.context : config.max_context();
   if (!options.serving) {
     engine.model_ = std::make_unique<CausalLm>(
-        CausalLm::load(engine.mesh_, config, checkpoint, options.sequences,
-                       context, options.dtype, engine.axes_, options.progress));
+        CausalLm::load(engine.mesh_, config, checkpoint, options.sequences, context, options.dtype,
+                       engine.axes_, options.progress));
   } else {
     const ServingOptions& serving = *options.serving;
     NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,
