@@ -56,6 +56,8 @@ const char* finish_reason(const std::optional<models::StopReason>& stopped, bool
 
 }  // namespace
 
+struct Accepted;
+
 struct Server::Impl {
   ServerOptions options;
   httplib::Server http;
@@ -68,10 +70,53 @@ struct Server::Impl {
 
   void routes();
   void completions(const httplib::Request& req, httplib::Response& res);
+  // The phases of a completion: the request parsed and submitted (or answered with its error),
+  // then the whole response, or the stream of chunks.
+  std::optional<Accepted> accept(const httplib::Request& req, httplib::Response& res, bool& stream);
+  void respond_whole(const Accepted& a, httplib::Response& res);
+  void respond_streamed(Accepted a, httplib::Response& res);
   void metrics(httplib::Response& res);
 };
 
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
+// A completion request accepted by the engine: its stream, its text and what its responses
+// repeat.
+struct Accepted {
+  std::shared_ptr<models::RequestStream> stream;
+  std::shared_ptr<TextStream> text;
+  std::size_t prompt_tokens = 0;
+  std::string id, model;
+  std::int64_t created = 0;
+
+  // A choice of the response or of a chunk: its text, its token ids (an extension, as
+  // llama-server's "tokens": the only output of a model without a tokenizer) and, at the end,
+  // why it stopped.
+  static json choice(const std::string& piece, const std::vector<std::int32_t>& tokens,
+                     const json& finish) {
+    return json{{"text", piece},
+                {"index", 0},
+                {"logprobs", nullptr},
+                {"finish_reason", finish},
+                {"tokens", tokens}};
+  }
+  // The response's or the last chunk's usage.
+  json usage() const {
+    const auto completion = static_cast<std::int64_t>(text->tokens().size());
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion},
+            {"total_tokens", static_cast<std::int64_t>(prompt_tokens) + completion}};
+  }
+  // A response or a chunk holding `choice`.
+  json body(json choice_json) const {
+    return json{{"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", model},
+                {"choices", json::array({std::move(choice_json)})}};
+  }
+};
+
+std::optional<Accepted> Server::Impl::accept(const httplib::Request& req, httplib::Response& res,
+                                             bool& stream) {
   models::EngineLoop& engine_loop = *loop.load();
   const models::Engine& engine = engine_loop.engine();
   const models::TextTokenizer* tokenizer = engine.source().tokenizer();
@@ -81,137 +126,126 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
                                  engine.config().eos_token_ids);
   } catch (const openai::RequestError& e) {
     send_error(res, 400, e.message, "invalid_request_error", e.param);
-    return;
+    return std::nullopt;
   }
-  const std::size_t prompt_tokens = r.prompt.size();
+  stream = r.stream;
+  Accepted a;
+  a.prompt_tokens = r.prompt.size();
   models::Submitted sub = engine_loop.submit(std::move(r.prompt), r.options);
   if (sub.busy) {
     res.set_header("Retry-After", "1");
     send_error(res, 503, "the server is busy: its queue of waiting requests is full; retry later",
                "server_busy");
-    return;
+    return std::nullopt;
   }
   if (!sub.stream) {
     send_error(res, 400, sub.error, "invalid_request_error");
-    return;
+    return std::nullopt;
   }
-  const std::string id = fmt::format("cmpl-{}", next_id++);
-  const std::int64_t created = unix_time();
-  const std::string model = options.model_name;
-  auto text = std::make_shared<TextStream>(tokenizer, r.stop);
-  std::shared_ptr<models::RequestStream> stream = sub.stream;
-  // A choice of the response or of a chunk: its text, its token ids (an extension, as
-  // llama-server's "tokens": the only output of a model without a tokenizer) and, at the end,
-  // why it stopped.
-  const auto choice = [](const std::string& piece, const std::vector<std::int32_t>& tokens,
-                         const json& finish) {
-    return json{{"text", piece},
-                {"index", 0},
-                {"logprobs", nullptr},
-                {"finish_reason", finish},
-                {"tokens", tokens}};
-  };
-  if (!r.stream) {
-    // The whole completion: waits for the end (a client that leaves meanwhile is not seen
-    // until then; its request runs at most max_tokens).
-    std::string all;
-    json finish = nullptr;
-    std::string failure;
-    while (finish.is_null() && failure.empty()) {
-      for (const models::RequestStream::Event& e : stream->take(kPoll)) {
-        if (!e.error.empty()) failure = e.error;
-        if (e.token < 0 || !finish.is_null()) continue;
-        all += text->add(e.token);
-        if (text->stopped()) {
-          stream->cancel();
-          finish = "stop";
-        } else if (e.stopped) {
-          all += text->finish();
-          finish = finish_reason(e.stopped, false);
-        }
+  a.stream = std::move(sub.stream);
+  a.text = std::make_shared<TextStream>(tokenizer, r.stop);
+  a.id = fmt::format("cmpl-{}", next_id++);
+  a.model = options.model_name;
+  a.created = unix_time();
+  return a;
+}
+
+void Server::Impl::respond_whole(const Accepted& a, httplib::Response& res) {
+  // Waits for the end (a client that leaves meanwhile is not seen until then; its request runs
+  // at most max_tokens).
+  std::string all;
+  json finish = nullptr;
+  std::string failure;
+  while (finish.is_null() && failure.empty()) {
+    for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
+      if (!e.error.empty()) failure = e.error;
+      if (e.token < 0 || !finish.is_null()) continue;
+      all += a.text->add(e.token);
+      if (a.text->stopped()) {
+        a.stream->cancel();
+        finish = "stop";
+      } else if (e.stopped) {
+        all += a.text->finish();
+        finish = finish_reason(e.stopped, false);
       }
     }
-    if (!failure.empty()) {
-      send_error(res, 500, failure, "server_error");
-      return;
-    }
-    const auto completion_tokens = static_cast<std::int64_t>(text->tokens().size());
-    res.set_content(
-        json{{"id", id},
-             {"object", "text_completion"},
-             {"created", created},
-             {"model", model},
-             {"choices", json::array({choice(all, text->tokens(), finish)})},
-             {"usage",
-              {{"prompt_tokens", prompt_tokens},
-               {"completion_tokens", completion_tokens},
-               {"total_tokens", static_cast<std::int64_t>(prompt_tokens) + completion_tokens}}}}
-            .dump(),
-        "application/json");
+  }
+  if (!failure.empty()) {
+    send_error(res, 500, failure, "server_error");
     return;
   }
-  // Server-sent events: a chunk per piece of text, the last with its finish reason and the
-  // usage, then [DONE]. A write that fails (the client left) cancels the request.
+  json body = a.body(Accepted::choice(all, a.text->tokens(), finish));
+  body["usage"] = a.usage();
+  res.set_content(body.dump(), "application/json");
+}
+
+void Server::Impl::respond_streamed(Accepted a, httplib::Response& res) {
+  // Server-sent events: a chunk per piece of text (without a tokenizer, per token), the last
+  // with its finish reason and the usage, then [DONE]. A write that fails (the client left)
+  // cancels the request.
   res.set_header("Cache-Control", "no-cache");
+  const bool per_token = loop.load()->engine().source().tokenizer() == nullptr;
+  auto sent = std::make_shared<std::size_t>(0);  // tokens in the chunks so far
+  const std::shared_ptr<models::RequestStream> stream = a.stream;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [stream, text, choice, id, created, model, prompt_tokens, tokenizer,
-       sent = std::make_shared<std::size_t>(0)](std::size_t, httplib::DataSink& sink) {
+      [a = std::move(a), per_token, sent](std::size_t, httplib::DataSink& sink) {
         const auto send = [&](const json& j) {
           const std::string line = "data: " + j.dump() + "\n\n";
           return sink.write(line.data(), line.size());
         };
         // A chunk holds the text and the tokens since the last one.
         const auto chunk = [&](const std::string& piece, const json& finish) {
-          const std::vector<std::int32_t>& all = text->tokens();
+          const std::vector<std::int32_t>& all = a.text->tokens();
           const std::vector<std::int32_t> fresh(all.begin() + static_cast<std::ptrdiff_t>(*sent),
                                                 all.end());
           *sent = all.size();
-          return json{{"id", id},
-                      {"object", "text_completion"},
-                      {"created", created},
-                      {"model", model},
-                      {"choices", json::array({choice(piece, fresh, finish)})}};
+          return a.body(Accepted::choice(piece, fresh, finish));
         };
         for (;;) {
-          for (const models::RequestStream::Event& e : stream->take(kPoll)) {
+          for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
             if (!e.error.empty()) {
               send(openai::error_object(e.error, "server_error"));
               sink.done();
               return true;
             }
             if (e.token < 0) continue;
-            std::string piece = text->add(e.token);
-            const bool stop_string = text->stopped();
-            if (stop_string) stream->cancel();
-            if (e.stopped && !stop_string) piece += text->finish();
+            std::string piece = a.text->add(e.token);
+            const bool stop_string = a.text->stopped();
+            if (stop_string) a.stream->cancel();
+            if (e.stopped && !stop_string) piece += a.text->finish();
             if (!stop_string && !e.stopped) {
-              // Without a tokenizer every token is a chunk of its own (its id, no text).
-              const bool due = !piece.empty() || tokenizer == nullptr;
-              if (due && !send(chunk(piece, nullptr))) {
-                stream->cancel();
+              if ((!piece.empty() || per_token) && !send(chunk(piece, nullptr))) {
+                a.stream->cancel();
                 return false;
               }
               continue;
             }
             json last = chunk(piece, finish_reason(e.stopped, stop_string));
-            const auto completion = static_cast<std::int64_t>(text->tokens().size());
-            last["usage"] = {
-                {"prompt_tokens", prompt_tokens},
-                {"completion_tokens", completion},
-                {"total_tokens", static_cast<std::int64_t>(prompt_tokens) + completion}};
+            last["usage"] = a.usage();
             const std::string done = "data: [DONE]\n\n";
             if (send(last)) sink.write(done.data(), done.size());
             sink.done();
             return true;
           }
           if (!sink.is_writable()) {
-            stream->cancel();
+            a.stream->cancel();
             return false;
           }
         }
       },
       [stream](bool) { stream->cancel(); });  // the response ended: nothing more is wanted
+}
+
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
+  bool streamed = false;
+  std::optional<Accepted> a = accept(req, res, streamed);
+  if (!a) return;
+  if (streamed) {
+    respond_streamed(std::move(*a), res);
+  } else {
+    respond_whole(*a, res);
+  }
 }
 
 void Server::Impl::metrics(httplib::Response& res) {
