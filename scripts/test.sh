@@ -101,6 +101,9 @@ if command -v npm >/dev/null; then
   step "npm ci in tests/models/tokenizer_check"
   (cd "$NUMESH_ROOT/tests/models/tokenizer_check" && npm ci --no-audit --no-fund) ||
     die "npm ci in tests/models/tokenizer_check failed"
+  step "npm ci in tests/serve/openai_client (the OpenAI client that drives numesh serve)"
+  (cd "$NUMESH_ROOT/tests/serve/openai_client" && npm ci --no-audit --no-fund) ||
+    die "npm ci in tests/serve/openai_client failed"
 fi
 
 step "README.md example matches examples/resolve_spec.cpp"

@@ -3,7 +3,8 @@
 
 Writes a tiny Llama (safetensors, written here, independent of numesh's writer) beside the
 repository's tiny byte-level BPE tokenizer, starts `numesh serve --port 0` on it and checks:
-every endpoint, streamed and whole; greedy completions equal `numesh generate`; the stream's
+every endpoint, streamed and whole (by hand and by the official OpenAI client, npm openai);
+greedy completions equal `numesh generate`; the stream's
 pieces add up to the whole response; stop strings; every bad-request class with its status and
 OpenAI's error object; the API key; the queue limit's 503; a client that leaves mid-stream frees
 its blocks; 8 concurrent requests give each the tokens it gets alone; SIGTERM drains and exits 0.
@@ -263,6 +264,17 @@ def main():
     check(m.get("numesh_requests_running") == 0 and m.get("numesh_kv_blocks_used") == 0,
           f"after the requests nothing runs and no block is held: {m}")
     check(m.get("numesh_generated_tokens_total", 0) > 0, "the metrics count tokens")
+
+    # The official OpenAI client (npm openai, pinned by openai_client/package-lock.json).
+    client_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_client")
+    if not os.path.isdir(os.path.join(client_dir, "node_modules", "openai")):
+        check(False, f"the OpenAI client is not installed: run `npm ci` in {client_dir}")
+    else:
+        run = subprocess.run(["node", os.path.join(client_dir, "check.mjs"),
+                              f"http://127.0.0.1:{server.port}"], capture_output=True, text=True,
+                             timeout=120)
+        print(run.stdout, end="")
+        check(run.returncode == 0, f"the OpenAI client's checks: {run.stdout} {run.stderr}")
 
     # A client that leaves mid-stream: its request is cancelled and its blocks freed.
     c = socket.create_connection(("127.0.0.1", server.port))
