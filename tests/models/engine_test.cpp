@@ -13,10 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine_loop.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
@@ -237,6 +239,64 @@ TEST(EngineTest, StopIdsCancellationAndAFullQueue) {
   EXPECT_FALSE(engine.busy());
   EXPECT_EQ(engine.scheduler().pool().used_blocks(), 0);
   EXPECT_TRUE(engine.step().tokens.empty()) << "an idle step does nothing";
+}
+
+// EngineLoop: requests submitted from several threads at once, each read from its own stream,
+// give the tokens the engine gives each alone; one client leaves mid-way and its blocks come
+// back; a bad request is refused with the engine's message; drain lets the rest finish.
+TEST(EngineLoopTest, ClientsOnTheirOwnThreadsGetWhatEachGetsAlone) {
+  ScratchDir dir;
+  write_serving_model(dir);
+  const ServingOptions serving{
+      .block_size = 4, .kv_tokens = 512, .batch_tokens = 16, .max_running = 3};
+  std::vector<Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    requests.push_back({{static_cast<std::int32_t>(3 + i), 7, static_cast<std::int32_t>(9 * i)},
+                        {.max_new_tokens = 5 + i, .seed = static_cast<std::uint64_t>(i)}});
+  }
+  std::vector<std::vector<std::int32_t>> alone;
+  {
+    Engine engine = serving_engine(dir, mesh_of(2, {"tp"}), serving);
+    for (const Request& r : requests) alone.push_back(serve(engine, {r}).front());
+  }
+  EngineLoop loop(serving_engine(dir, mesh_of(2, {"tp"}), serving));
+  std::vector<std::vector<std::int32_t>> got(requests.size());
+  std::vector<std::thread> clients;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back([&, i] {
+      const Submitted s = loop.submit(requests[i].prompt, requests[i].options);
+      ASSERT_TRUE(s.stream != nullptr) << s.error;
+      while (!s.stream->ended()) {
+        for (const RequestStream::Event& e : s.stream->take(std::chrono::milliseconds(20))) {
+          if (e.token >= 0) got[i].push_back(e.token);
+        }
+        if (i == 5 && got[i].size() >= 2) s.stream->cancel();  // this client leaves
+      }
+    });
+  }
+  const Submitted bad = loop.submit({1, 256}, {});
+  EXPECT_EQ(bad.stream, nullptr);
+  EXPECT_EQ(bad.error,
+            "submit: token 256 at position 1 is outside the model's vocabulary [0, 256)");
+  for (std::thread& t : clients) t.join();
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], alone[i]) << "request " << i;
+  EXPECT_GE(got[5].size(), 2u);
+  EXPECT_EQ(std::vector<std::int32_t>(
+                alone[5].begin(), alone[5].begin() + static_cast<std::ptrdiff_t>(got[5].size())),
+            got[5])
+      << "the client that left got a prefix of its tokens";
+  loop.drain();
+  const EngineCounts c = loop.counts();
+  EXPECT_EQ(c.running, 0);
+  EXPECT_EQ(c.waiting, 0);
+  EXPECT_EQ(c.blocks_used, 0) << "every block came back, the cancelled request's included";
+  EXPECT_TRUE(loop.submit({1}, {}).busy) << "a drained loop takes no request";
+  EXPECT_THAT(
+      [&] {
+        EngineLoop(
+            Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.context = 16}));
+      },
+      ThrowsMessage<ValueError>("engine: scheduler needs an engine loaded with serving options"));
 }
 
 TEST(EngineTest, BadCallsAreRefusedByName) {
