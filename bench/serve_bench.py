@@ -9,6 +9,8 @@ first token (TTFT) and inter-token latency (ITL, between a stream's chunks) at p
   bench/serve_bench.py --url http://127.0.0.1:8080 --concurrency 8 --requests 32
   bench/serve_bench.py --numesh build/release/tools/numesh --model DIR --concurrency 16 \\
       --server-args "--parallel 16 --batch-tokens 256"     # starts (and stops) the server
+  bench/serve_bench.py ... --concurrency 1 --requests 4 --prompt-len 512 --output-len 1 \\
+      --background 15                   # TTFT of a 512-token prompt while 15 streams decode
 
 --json FILE writes the figures. A request that fails counts as failed and is reported.
 """
@@ -120,6 +122,26 @@ def run(url, concurrency, requests, duration, prompt_len, prompt_max, output_len
     }
 
 
+def background_streams(url, count, output_len, vocab, stop):
+    """`count` streams of `output_len` tokens kept running (each restarted when it ends) until
+    `stop` is set: the load a measured request arrives into."""
+    parsed = urlparse(url)
+    rng = random.Random(99)
+
+    def loop():
+        while not stop.is_set():
+            try:
+                one_request(parsed.hostname, parsed.port or 80,
+                            [rng.randrange(1, vocab) for _ in range(16)], output_len, timeout=600)
+            except Exception:
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running server (else --numesh and --model start one)")
@@ -134,6 +156,10 @@ def main():
     ap.add_argument("--output-len", type=int, default=64, help="tokens each request generates")
     ap.add_argument("--vocab", type=int, default=4096, help="prompt ids are drawn below this")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--background", type=int, default=0,
+                    help="streams decoding meanwhile (each --background-len tokens, restarted), "
+                         "so that TTFT is measured under load")
+    ap.add_argument("--background-len", type=int, default=512)
     ap.add_argument("--json", help="write the figures to FILE")
     a = ap.parse_args()
     if not 1 <= a.concurrency <= 1024 or not 1 <= a.requests <= 100000 or a.duration <= 0:
@@ -155,10 +181,16 @@ def main():
             sys.exit(f"serve_bench: the server did not start: {line!r}")
         url = m.group(1)
         print(line.strip(), file=sys.stderr)
+    stop = threading.Event()
     try:
+        if a.background > 0:
+            background_streams(url, a.background, a.background_len, a.vocab, stop)
+            time.sleep(2.0)  # the streams are decoding when the measured requests come
         r = run(url, a.concurrency, a.requests, a.duration, a.prompt_len, a.prompt_max,
                 a.output_len, a.seed, a.vocab)
+        r["background_streams"] = a.background
     finally:
+        stop.set()
         if server is not None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=120)
