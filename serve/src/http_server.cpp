@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "numesh/core/error.hpp"
 #include "numesh/serve/server.hpp"
@@ -63,6 +65,7 @@ struct Server::Impl {
   httplib::Server http;
   std::atomic<models::EngineLoop*> loop{nullptr};
   std::atomic<std::int64_t> next_id{0};
+  std::atomic<bool> stop_requested{false}, listening{false};
   std::mutex counts_mutex;
   std::map<int, std::int64_t> responses_by_status;
 
@@ -189,49 +192,56 @@ void Server::Impl::respond_streamed(Accepted a, httplib::Response& res) {
   const std::shared_ptr<models::RequestStream> stream = a.stream;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [a = std::move(a), per_token, sent](std::size_t, httplib::DataSink& sink) {
-        const auto send = [&](const json& j) {
-          const std::string line = "data: " + j.dump() + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        // A chunk holds the text and the tokens since the last one.
-        const auto chunk = [&](const std::string& piece, const json& finish) {
-          const std::vector<std::int32_t>& all = a.text->tokens();
-          const std::vector<std::int32_t> fresh(all.begin() + static_cast<std::ptrdiff_t>(*sent),
-                                                all.end());
-          *sent = all.size();
-          return a.body(Accepted::choice(piece, fresh, finish));
-        };
-        for (;;) {
-          for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
-            if (!e.error.empty()) {
-              send(openai::error_object(e.error, "server_error"));
+      [a = std::move(a), per_token, sent](std::size_t, httplib::DataSink& sink) -> bool {
+        // cpp-httplib calls this outside its handlers' try: an exception here would end the
+        // process, so every one ends this response instead.
+        try {
+          const auto send = [&](const json& j) {
+            const std::string line = "data: " + j.dump() + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          // A chunk holds the text and the tokens since the last one.
+          const auto chunk = [&](const std::string& piece, const json& finish) {
+            const std::vector<std::int32_t>& all = a.text->tokens();
+            const std::vector<std::int32_t> fresh(all.begin() + static_cast<std::ptrdiff_t>(*sent),
+                                                  all.end());
+            *sent = all.size();
+            return a.body(Accepted::choice(piece, fresh, finish));
+          };
+          for (;;) {
+            for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
+              if (!e.error.empty()) {
+                send(openai::error_object(e.error, "server_error"));
+                sink.done();
+                return true;
+              }
+              if (e.token < 0) continue;
+              std::string piece = a.text->add(e.token);
+              const bool stop_string = a.text->stopped();
+              if (stop_string) a.stream->cancel();
+              if (e.stopped && !stop_string) piece += a.text->finish();
+              if (!stop_string && !e.stopped) {
+                if ((!piece.empty() || per_token) && !send(chunk(piece, nullptr))) {
+                  a.stream->cancel();
+                  return false;
+                }
+                continue;
+              }
+              json last = chunk(piece, finish_reason(e.stopped, stop_string));
+              last["usage"] = a.usage();
+              const std::string done = "data: [DONE]\n\n";
+              if (send(last)) sink.write(done.data(), done.size());
               sink.done();
               return true;
             }
-            if (e.token < 0) continue;
-            std::string piece = a.text->add(e.token);
-            const bool stop_string = a.text->stopped();
-            if (stop_string) a.stream->cancel();
-            if (e.stopped && !stop_string) piece += a.text->finish();
-            if (!stop_string && !e.stopped) {
-              if ((!piece.empty() || per_token) && !send(chunk(piece, nullptr))) {
-                a.stream->cancel();
-                return false;
-              }
-              continue;
+            if (!sink.is_writable()) {
+              a.stream->cancel();
+              return false;
             }
-            json last = chunk(piece, finish_reason(e.stopped, stop_string));
-            last["usage"] = a.usage();
-            const std::string done = "data: [DONE]\n\n";
-            if (send(last)) sink.write(done.data(), done.size());
-            sink.done();
-            return true;
           }
-          if (!sink.is_writable()) {
-            a.stream->cancel();
-            return false;
-          }
+        } catch (const std::exception&) {
+          a.stream->cancel();
+          return false;
         }
       },
       [stream](bool) { stream->cancel(); });  // the response ended: nothing more is wanted
@@ -362,6 +372,11 @@ void Server::Impl::routes() {
       send_error(res, 400, "the model has no tokenizer", "invalid_request_error");
       return;
     }
+    if (body.contains("add_special") && !body["add_special"].is_boolean()) {
+      send_error(res, 400, "'add_special' must be true or false", "invalid_request_error",
+                 "add_special");
+      return;
+    }
     const bool special = body.value("add_special", false);
     try {
       res.set_content(
@@ -385,7 +400,10 @@ void Server::Impl::routes() {
     }
     std::vector<std::int32_t> ids;
     for (const json& t : body["tokens"]) {
-      if (!t.is_number_integer() || !tokenizer->knows(t.get<std::int32_t>())) {
+      const bool id = t.is_number_integer() && t.get<std::int64_t>() >= 0 &&
+                      t.get<std::int64_t>() <= std::numeric_limits<std::int32_t>::max() &&
+                      tokenizer->knows(t.get<std::int32_t>());
+      if (!id) {
         send_error(res, 400, fmt::format("'tokens' holds {}, not a token id", t.dump()),
                    "invalid_request_error", "tokens");
         return;
@@ -422,8 +440,20 @@ int Server::bind() {
   return o.port;
 }
 
-void Server::listen() { impl_->http.listen_after_bind(); }
+void Server::listen() {
+  impl_->listening = true;
+  if (!impl_->stop_requested) impl_->http.listen_after_bind();
+  impl_->listening = false;
+}
 
-void Server::stop() { impl_->http.stop(); }
+void Server::stop() {
+  // cpp-httplib's stop() does nothing until listen has started running: a stop asked for
+  // earlier is remembered (listen() then returns at once) or waits for it to start.
+  impl_->stop_requested = true;
+  while (impl_->listening && !impl_->http.is_running()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_->http.stop();
+}
 
 }  // namespace numesh::serve

@@ -134,6 +134,21 @@ TEST(GeneratorTest, KeptLogitsAreThoseOfTheSequenceAlone) {
   }
 }
 
+// A prompt of the caches' whole length that stops at its prefill holds a position past them;
+// riding along in the others' decode steps it must not fail them.
+TEST(GeneratorTest, ASequenceStoppedAtAFullLengthPrefillRidesAlong) {
+  ScratchDir dir;
+  const HfConfig config = write_small_model(dir);
+  CausalLm lm = load(dir, config, mesh_of(1, {"tp"}), 2);
+  Generator g(lm);
+  std::mt19937_64 rng(3);
+  const SequenceId full = g.admit(std::vector<std::int32_t>(24, 5), {.max_new_tokens = 1});
+  const SequenceId other = g.admit({1, 2, 3}, {.max_new_tokens = 4});
+  while (g.has_work()) (void)g.step(rng);
+  EXPECT_EQ(g.generated(full).size(), 1u);
+  EXPECT_EQ(g.generated(other), alone(dir, config, {1, 2, 3}, {.max_new_tokens = 4}).ids[0]);
+}
+
 TEST(GeneratorTest, BadCallsAreRefusedByNameAndChangeNothing) {
   ScratchDir dir;
   const HfConfig config = write_small_model(dir);

@@ -336,6 +336,9 @@ TEST(SchedulerTest, BadCallsAreRefusedByNameAndChangeNothing) {
   EXPECT_THAT([] { Scheduler({.blocks = 8, .batch_tokens = 4, .max_running = 5}); },
               ThrowsMessage<ValueError>("scheduler: batch_tokens 4 must be at least max_running 5 "
                                         "(every running sequence decodes in every step)"));
+  EXPECT_THAT([] { Scheduler({.blocks = 8, .max_waiting = 0}); },
+              ThrowsMessage<ValueError>("scheduler: max_waiting 0 must be at least 1 (a request "
+                                        "waits for its first step)"));
   Scheduler s({.block_size = 4, .blocks = 5, .max_waiting = 1, .max_context = 20});
   EXPECT_THAT([&] { (void)s.add({}, 1); }, ThrowsMessage<ShapeError>("add: the prompt is empty"));
   EXPECT_THAT([&] { (void)s.add({1}, 0); },

@@ -44,7 +44,7 @@ def main():
     model = os.path.join(WORK, "soak-model")
     write_model(model)
     server = Server(model, "--parallel", "8", "--ctx-size", "256", "--batch-tokens", "64",
-                    "--max-queue", "1000")
+                    "--max-queue", "1000", "--http-threads", "32")
     rng_lock = threading.Lock()
     rng = random.Random(7)
     counts = {"ok": 0, "cut": 0, "refused": 0, "unexpected": []}

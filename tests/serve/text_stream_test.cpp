@@ -145,6 +145,7 @@ TEST(ParseCompletionTest, ReadsOpenAIsFieldsAndRefusesBadOnesByName) {
   refused(R"({"prompt": [1], "stop": ["a", ""]})", "stop",
           "'stop' holds \"\"; it takes non-empty strings");
   refused(R"({"prompt": [1], "stream": 1})", "stream", "'stream' must be true or false, not 1");
+  refused(R"({"prompt": [1], "stop": ""})", "stop", "'stop' is empty; it takes non-empty strings");
 }
 
 TEST(ErrorObjectTest, HasOpenAIsFourFields) {

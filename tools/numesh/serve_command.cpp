@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <ostream>
@@ -43,9 +44,11 @@ CheckedServe check_serve_options(const ServeOptions& o) {
   NUMESH_CHECK(o.port >= 0 && o.port <= 65535, ValueError, "--port {} is not a port", o.port);
   NUMESH_CHECK(o.parallel >= 1 && o.parallel <= 1024, ValueError,
                "--parallel {} must be between 1 and 1024", o.parallel);
-  NUMESH_CHECK(o.ctx_size >= 0 && o.kv_cache_tokens >= 0 && o.max_queue >= 0, ValueError,
-               "--ctx-size {}, --kv-cache-tokens {} and --max-queue {} must not be negative",
-               o.ctx_size, o.kv_cache_tokens, o.max_queue);
+  NUMESH_CHECK(o.ctx_size >= 0 && o.kv_cache_tokens >= 0, ValueError,
+               "--ctx-size {} and --kv-cache-tokens {} must not be negative", o.ctx_size,
+               o.kv_cache_tokens);
+  NUMESH_CHECK(o.max_queue >= 1 && o.max_queue <= 100000, ValueError,
+               "--max-queue {} must be between 1 and 100000", o.max_queue);
   NUMESH_CHECK(o.batch_tokens >= o.parallel, ValueError,
                "--batch-tokens {} must be at least --parallel {} (every running request decodes "
                "in every step)",
@@ -63,8 +66,8 @@ CheckedServe check_serve_options(const ServeOptions& o) {
 
 // SIGINT and SIGTERM: the handler (in whichever thread the kernel picks: oneTBB's workers do
 // not keep a blocked mask) writes the signal's number to a pipe, and a thread reading it stops
-// the server, which then drains. Destroying the watcher ends that thread and restores the
-// handlers.
+// the server, which then drains; a second signal exits at once. Destroying the watcher ends
+// that thread and restores the handlers.
 class SignalWatcher {
  public:
   SignalWatcher() {
@@ -81,12 +84,19 @@ class SignalWatcher {
   }
   void start(serve::Server& server) {
     thread_ = std::thread([this, &server] {
-      unsigned char byte = 0;
-      while (::read(fds_[0], &byte, 1) < 0 && errno == EINTR) {
-      }
-      if (byte != 0) {
-        caught_ = byte;
-        server.stop();
+      for (;;) {
+        unsigned char byte = 0;
+        const ssize_t n = ::read(fds_[0], &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || byte == 0) return;  // the watcher is done
+        if (caught_ == 0) {
+          caught_ = byte;  // the first: stop accepting, drain
+          server.stop();
+        } else {
+          // A second one: stop now, without waiting for the requests in flight.
+          std::fprintf(stderr, "numesh serve: signal %d again: stopping without draining\n", byte);
+          std::_Exit(128 + byte);
+        }
       }
     });
   }
@@ -194,20 +204,25 @@ Examples:
   cmd->add_option("--api-key", o.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
   cmd->add_option("--http-threads", o.http_threads,
-                  "HTTP worker threads, each open stream holding one (0: parallel x 2 + 8)")
+                  "HTTP worker threads, each request holding one while it runs or waits (0: "
+                  "parallel + max-queue + 8, at most 256)")
       ->capture_default_str();
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
 }
 
 int run_serve(const ServeOptions& o, std::ostream& out) {
-  SignalWatcher signals;
   const CheckedServe c = check_serve_options(o);
   const std::filesystem::path folder = std::filesystem::path(o.model).lexically_normal();
   serve::Server server(serve::ServerOptions{
       .host = o.host,
       .port = o.port,
-      .http_threads = o.http_threads > 0 ? o.http_threads : static_cast<int>(o.parallel * 2 + 8),
+      // Every request holds a worker from its arrival to its end, waiting ones too: enough
+      // for all that may run and wait (past them, the queue's 503), and a few for /health;
+      // at most 256 (past them, connections wait for a worker).
+      .http_threads = o.http_threads > 0 ? o.http_threads
+                                         : static_cast<int>(std::min<std::int64_t>(
+                                               o.parallel + o.max_queue + 8, 256)),
       .api_key = o.api_key,
       .max_body_bytes = static_cast<std::size_t>(o.max_body_bytes),
       .model_name =
@@ -215,6 +230,8 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
               ? o.model_name
               : (folder.has_filename() ? folder.filename() : folder.parent_path().filename())
                     .string()});
+  // After the server: destroyed before it, so its thread never stops a server that is gone.
+  SignalWatcher signals;
   const int port = server.bind();
   signals.start(server);
   std::thread http([&] { server.listen(); });

@@ -37,7 +37,7 @@ struct ServeOptions {
   bool no_prefix_cache = false;      ///< --no-prefix-cache
   std::string dtype = "f32";         ///< --dtype
   std::string api_key;               ///< --api-key
-  int http_threads = 0;              ///< --http-threads (0: parallel * 2 + 8)
+  int http_threads = 0;              ///< --http-threads (0: parallel + max-queue + 8, <= 256)
   std::int64_t max_body_bytes = 1 << 20;
   bool quiet = false;  ///< --quiet: no progress on stderr
 };

@@ -91,6 +91,8 @@ void EngineLoop::apply(Pending& p) {
     }
   } catch (const Error& e) {
     s.error = e.what();
+  } catch (const std::exception& e) {
+    s.error = std::string("internal error: ") + e.what();
   }
   p.answer->set_value(std::move(s));
 }

@@ -42,7 +42,9 @@ Scheduler::Scheduler(SchedulerOptions options)
                "scheduler: batch_tokens {} must be at least max_running {} (every running "
                "sequence decodes in every step)",
                options.batch_tokens, options.max_running);
-  NUMESH_CHECK(options.max_waiting >= 0, ValueError, "scheduler: max_waiting {} is negative",
+  NUMESH_CHECK(options.max_waiting >= 1, ValueError,
+               "scheduler: max_waiting {} must be at least 1 (a request waits for its first "
+               "step)",
                options.max_waiting);
   NUMESH_CHECK(options.max_context >= 1, ValueError, "scheduler: max_context {} must be positive",
                options.max_context);

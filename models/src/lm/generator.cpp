@@ -227,7 +227,9 @@ StepOutput Generator::decode(std::mt19937_64& rng) {
     running[b] = s.state == State::kRunning;
     if (running[b] || s.state == State::kStopped) {
       fed[b] = static_cast<std::int32_t>(s.generated.back());
-      at.first[b] = s.position;
+      // A sequence that stopped at its prefill with a prompt of max_len tokens holds a position
+      // past the caches: it rewrites the last one (its own, never read again).
+      at.first[b] = std::min(s.position, lm_->max_len() - 1);
     }
   }
   const std::vector<std::int64_t> real(sequences, 1);

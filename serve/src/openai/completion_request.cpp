@@ -94,7 +94,10 @@ std::vector<std::int32_t> prompt_ids(const json& body, const models::TextTokeniz
 std::vector<std::string> stop_strings(const json& body) {
   if (!body.contains("stop") || body["stop"].is_null()) return {};
   const json& s = body["stop"];
-  if (s.is_string()) return {s.get<std::string>()};
+  if (s.is_string()) {
+    if (s.get<std::string>().empty()) refuse("stop", "'stop' is empty; it takes non-empty strings");
+    return {s.get<std::string>()};
+  }
   std::vector<std::string> out;
   if (s.is_array() && s.size() <= 4) {
     for (const json& x : s) {

@@ -36,7 +36,7 @@ struct SchedulerOptions {
   std::int64_t batch_tokens = 512;
   /// Sequences running at once.
   std::int64_t max_running = 16;
-  /// Sequences waiting at most; add() refuses more.
+  /// Sequences waiting at most (>= 1: a request waits for its first step); add() refuses more.
   std::int64_t max_waiting = 64;
   /// Positions a sequence may take: its prompt and max_new_tokens - 1 generated tokens.
   std::int64_t max_context = 2048;
