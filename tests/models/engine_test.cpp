@@ -106,6 +106,7 @@ TEST(EngineTest, RequestsGiveTheSameTokensAloneAndTogetherArrivingAtAnyTime) {
       for (const Request& r : requests) alone.push_back(serve(engine, {r}).front());
     }
     Engine engine = serving_engine(dir, mesh_of(n, {"tp"}), serving);
+    const std::int64_t compiled = engine.compiled_programs();
     std::vector<int> arrival;
     for (std::size_t i = 0; i < requests.size(); ++i)
       arrival.push_back(static_cast<int>(i % 5) * 2);
@@ -116,6 +117,8 @@ TEST(EngineTest, RequestsGiveTheSameTokensAloneAndTogetherArrivingAtAnyTime) {
     }
     EXPECT_GT(engine.scheduler().prefix_hit_tokens(), 0);
     EXPECT_EQ(engine.scheduler().pool().used_blocks(), 0) << "every block came back";
+    EXPECT_EQ(engine.compiled_programs(), compiled)
+        << "load compiled every step size: serving compiled nothing more";
   }
 }
 

@@ -60,6 +60,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
         ops::PagedCacheOptions{
             .blocks = blocks, .block_size = serving.block_size, .max_context = context},
         options.dtype, engine.axes_, options.progress));
+    engine.compile_steps();
   }
   engine.load_seconds_ = seconds_since(start);
   return engine;

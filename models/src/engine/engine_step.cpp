@@ -27,6 +27,36 @@ std::int64_t token_bucket(std::int64_t tokens, std::int64_t budget) {
 
 }  // namespace
 
+void Engine::compile_steps() {
+  const SchedulerOptions& o = scheduler_->options();
+  // A step of `tokens` padding tokens (block 0, position 0, one key) sampling `rows` copies of
+  // its first row: the programs of that size, compiled.
+  const auto run_padding = [&](std::int64_t tokens, std::int64_t rows) {
+    ops::RaggedBatch batch;
+    batch.max_context = o.max_context;
+    batch.tables = {0};
+    for (std::int64_t i = 0; i < tokens; ++i) {
+      batch.positions.push_back(0);
+      batch.slots.push_back(i % o.block_size);
+      batch.context.push_back(1);
+      batch.table_of.push_back(0);
+    }
+    const std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens), 0);
+    const std::vector<std::int64_t> picked(static_cast<std::size_t>(rows), 0);
+    (void)model_->ragged_candidates(ids, batch, picked, serving_->candidates);
+  };
+  // Every size step() pads to: token counts by powers of two up to batch_tokens, sampled rows
+  // by powers of two up to max_running (each bucket ends at its bound).
+  for (std::int64_t t = 1;; t *= 2) {
+    const std::int64_t tokens = std::min(t, o.batch_tokens);
+    run_padding(token_bucket(tokens, o.batch_tokens), 1);
+    if (tokens >= o.batch_tokens) break;
+  }
+  for (std::int64_t r = 2; r / 2 < o.max_running; r *= 2) {
+    run_padding(1, token_bucket(std::min(r, o.max_running), o.max_running));
+  }
+}
+
 Scheduler& Engine::serving_scheduler(const char* call) const {
   NUMESH_CHECK(scheduler_ != nullptr, ValueError,
                "engine: {} needs an engine loaded with serving options", call);

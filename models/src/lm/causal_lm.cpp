@@ -255,4 +255,10 @@ runtime::HostTensor CausalLm::ragged_logits(std::span<const std::int32_t> ids,
   return head_for(h.shape[0]).logits(h);
 }
 
+std::int64_t CausalLm::compiled_programs() const noexcept {
+  std::int64_t n = static_cast<std::int64_t>(embeddings_.size()) + stack_.compiled_programs();
+  for (const auto& [rows, head] : heads_) n += head->compiled_programs();
+  return n;
+}
+
 }  // namespace numesh::models

@@ -139,6 +139,12 @@ class Engine {
   /// Throws: KeyError for a request not submitted or already finished; ValueError without
   /// serving options.
   void cancel(SequenceId sequence);
+  /// The model's programs compiled so far. With serving options every size a step can take
+  /// (token counts and sampled rows, padded to powers of two) is compiled by load(): serving
+  /// compiles nothing more.
+  [[nodiscard]] std::int64_t compiled_programs() const noexcept {
+    return model_->compiled_programs();
+  }
   /// Whether a request waits or runs.
   [[nodiscard]] bool busy() const noexcept;
   /// The scheduler (its counts, its blocks). Throws: ValueError without serving options.
@@ -164,6 +170,9 @@ class Engine {
   // Serving's checks and the step's parts (engine_step.cpp).
   Scheduler& serving_scheduler(const char* call) const;
   static std::int32_t pick(Request& request, std::span<const float> candidates);
+  // Compiles the programs of every step size (load, with serving options): steps of padding
+  // only, which write to block 0 and change no sequence.
+  void compile_steps();
 };
 
 }  // namespace numesh::models

@@ -129,6 +129,10 @@ class CausalLm {
                                     const ops::RaggedBatch& batch,
                                     std::span<const std::int64_t> rows);
 
+  /// Programs compiled so far: the embedding's, the stack's and the head's, one per size used
+  /// (a serving engine compiles every size its steps take before the first request).
+  [[nodiscard]] std::int64_t compiled_programs() const noexcept;
+
   /// The config it was built from.
   const HfConfig& config() const noexcept { return config_; }
   /// Sequences per call.

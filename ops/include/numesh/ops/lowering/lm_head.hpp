@@ -135,6 +135,10 @@ class ShardedLmHead {
   runtime::HostTensor candidates(const runtime::HostTensor& x, std::int64_t k);
   /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
   sharding::PartitionSpec weight_spec() const { return swap_last_two(layer_.weight->spec(), 2); }
+  /// Programs compiled so far: greedy, logits and one per top-k used.
+  std::int64_t compiled_programs() const noexcept {
+    return 2 + static_cast<std::int64_t>(top_k_.size());
+  }
   /// The greedy program (plan, graph).
   Program& greedy_program() noexcept { return *greedy_; }
 

@@ -280,6 +280,8 @@ class ProgramCache {
     entries_.push_back(std::move(e));
     return *entries_.back();
   }
+  /// Programs compiled so far.
+  std::size_t size() const noexcept { return entries_.size(); }
   /// The entry for `key`, or nullptr when none was compiled.
   Entry* find(std::int64_t key) noexcept {
     for (auto& e : entries_) {

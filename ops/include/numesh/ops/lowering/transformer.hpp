@@ -82,6 +82,10 @@ class ShardedTransformer {
   /// [1, N, H], or a batch of other sizes or another max_context; IndexError naming a token whose
   /// slot, context or block table does not fit the caches; what a node throws.
   runtime::HostTensor forward_ragged(const runtime::HostTensor& x, const RaggedBatch& batch);
+  /// Programs compiled so far (one per token count used).
+  std::int64_t compiled_programs() const noexcept {
+    return static_cast<std::int64_t>(programs_.size());
+  }
   /// Whether the stack keeps paged caches (ragged steps) rather than dense ones.
   bool paged() const noexcept { return paged_.blocks > 0; }
   /// Compiles (if needed) and returns the program for T new tokens.
