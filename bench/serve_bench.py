@@ -7,7 +7,7 @@ are done or T seconds pass, and the script reports requests/s, output tokens/s i
 first token (TTFT) and inter-token latency (ITL, between a stream's chunks) at p50/p90/p99.
 
   bench/serve_bench.py --url http://127.0.0.1:8080 --concurrency 8 --requests 32
-  bench/serve_bench.py --numesh build/release/tools/numesh --model DIR --concurrency 16 \\
+  bench/serve_bench.py --numesh build/release/tools/numesh --model DIR --concurrency 1,8,16 \\
       --server-args "--parallel 16 --batch-tokens 256"     # starts (and stops) the server
   bench/serve_bench.py ... --concurrency 1 --requests 4 --prompt-len 512 --output-len 1 \\
       --background 15                   # TTFT of a 512-token prompt while 15 streams decode
@@ -148,8 +148,11 @@ def main():
     ap.add_argument("--numesh", help="the numesh program, to start `numesh serve`")
     ap.add_argument("--model", help="the model folder to serve")
     ap.add_argument("--server-args", default="", help="more `numesh serve` options")
-    ap.add_argument("--concurrency", type=int, default=8, help="clients at once (1..1024)")
-    ap.add_argument("--requests", type=int, default=32, help="requests in all (1..100000)")
+    ap.add_argument("--concurrency", default="8",
+                    help="clients at once (1..1024), or a list (1,8,16) measured one after the "
+                         "other on the same server, each against the first")
+    ap.add_argument("--requests", type=int, default=32,
+                    help="requests in all at each concurrency (1..100000)")
     ap.add_argument("--duration", type=float, default=300, help="stop issuing after this many s")
     ap.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (or the least)")
     ap.add_argument("--prompt-max", type=int, default=0, help="draw prompt lengths up to this")
@@ -162,7 +165,11 @@ def main():
     ap.add_argument("--background-len", type=int, default=512)
     ap.add_argument("--json", help="write the figures to FILE")
     a = ap.parse_args()
-    if not 1 <= a.concurrency <= 1024 or not 1 <= a.requests <= 100000 or a.duration <= 0:
+    try:
+        levels = [int(c) for c in a.concurrency.split(",")]
+    except ValueError:
+        ap.error(f"--concurrency {a.concurrency!r} must be integers separated by commas")
+    if not all(1 <= c <= 1024 for c in levels) or not 1 <= a.requests <= 100000 or a.duration <= 0:
         ap.error(f"--concurrency {a.concurrency} must be 1..1024, --requests {a.requests} "
                  f"1..100000 and --duration {a.duration} positive")
     if a.prompt_len < 1 or a.output_len < 1:
@@ -186,25 +193,33 @@ def main():
         if a.background > 0:
             background_streams(url, a.background, a.background_len, a.vocab, stop)
             time.sleep(2.0)  # the streams are decoding when the measured requests come
-        r = run(url, a.concurrency, a.requests, a.duration, a.prompt_len, a.prompt_max,
-                a.output_len, a.seed, a.vocab)
-        r["background_streams"] = a.background
+        results = []
+        for c in levels:
+            r = run(url, c, a.requests, a.duration, a.prompt_len, a.prompt_max, a.output_len,
+                    a.seed, a.vocab)
+            r["background_streams"] = a.background
+            results.append(r)
     finally:
         stop.set()
         if server is not None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=120)
-    print(f"{r['concurrency']} clients: {r['requests']} requests ({r['failed']} failed) in "
-          f"{r['seconds']:.2f} s: {r['requests_per_second']:.2f} requests/s, "
-          f"{r['output_tokens_per_second']:.1f} output tokens/s")
-    print("TTFT ms p50/p90/p99: " + " / ".join(f"{r['ttft_ms'][p]:.1f}" for p in (50, 90, 99)) +
-          "; ITL ms p50/p90/p99: " + " / ".join(f"{r['itl_ms'][p]:.2f}" for p in (50, 90, 99)))
-    for e in r["errors"]:
-        print("error:", e)
+    failed = 0
+    for r in results:
+        ratio = r["output_tokens_per_second"] / results[0]["output_tokens_per_second"]
+        print(f"{r['concurrency']} clients: {r['requests']} requests ({r['failed']} failed) in "
+              f"{r['seconds']:.2f} s: {r['requests_per_second']:.2f} requests/s, "
+              f"{r['output_tokens_per_second']:.1f} output tokens/s"
+              + (f" ({ratio:.2f}x {results[0]['concurrency']} clients')" if len(results) > 1 else ""))
+        print("  TTFT ms p50/p90/p99: " + " / ".join(f"{r['ttft_ms'][p]:.1f}" for p in (50, 90, 99)) +
+              "; ITL ms p50/p90/p99: " + " / ".join(f"{r['itl_ms'][p]:.2f}" for p in (50, 90, 99)))
+        for e in r["errors"]:
+            print("  error:", e)
+        failed += r["failed"]
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(r, f, indent=2)
-    return 1 if r["failed"] else 0
+            json.dump(results if len(results) > 1 else results[0], f, indent=2)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

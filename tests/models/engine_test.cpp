@@ -24,6 +24,7 @@
 #include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/generation.hpp"
 #include "safetensors_writer.hpp"
+#include "small_llama.hpp"
 
 namespace numesh::models {
 namespace {
@@ -32,14 +33,6 @@ using ::testing::HasSubstr;
 using testing::mesh_of;
 using testing::ScratchDir;
 using ::testing::ThrowsMessage;
-
-// A random Llama of hidden 128 (2 heads of 64, as many KV heads), 2 layers and 256 tokens.
-void write_serving_model(const ScratchDir& dir) {
-  nlohmann::json config = small_llama_config(128, 2);
-  config["vocab_size"] = 256;
-  config["num_key_value_heads"] = 2;
-  write_random_model(dir.path(), config, DType::kF32, 7);
-}
 
 Engine serving_engine(const ScratchDir& dir, runtime::DeviceMesh mesh, ServingOptions serving) {
   return Engine::load(ModelSource::open(dir.path()), std::move(mesh),
@@ -94,7 +87,7 @@ std::vector<Request> sixteen_requests() {
 
 TEST(EngineTest, RequestsGiveTheSameTokensAloneAndTogetherArrivingAtAnyTime) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   const std::vector<Request> requests = sixteen_requests();
   for (const int n : {1, 2}) {
     SCOPED_TRACE(std::to_string(n) + " devices");
@@ -163,7 +156,7 @@ std::pair<std::vector<std::int32_t>, ops::RaggedBatch> ragged(const std::vector<
 // padded to another size, in other blocks). Products in kRowInvariant, attention per token.
 TEST(EngineTest, ATokensLogitsAreTheSameBitsWhateverStepItRunsIn) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   const HfConfig config = HfConfig::load(dir.path());
   const ops::PagedCacheOptions paged{.blocks = 16, .block_size = 4, .max_context = 32};
   const std::vector<std::int32_t> prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
@@ -202,7 +195,7 @@ TEST(EngineTest, ATokensLogitsAreTheSameBitsWhateverStepItRunsIn) {
 
 TEST(EngineTest, GreedyRequestsGiveWhatGenerateGives) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   const std::vector<std::vector<std::int32_t>> prompts{{3, 40, 5}, {9, 200, 1, 2, 3, 4, 5}, {11}};
   Engine engine = serving_engine(dir, mesh_of(2, {"tp"}),
                                  {.block_size = 4, .kv_tokens = 256, .batch_tokens = 16});
@@ -222,7 +215,7 @@ TEST(EngineTest, GreedyRequestsGiveWhatGenerateGives) {
 
 TEST(EngineTest, StopIdsCancellationAndAFullQueue) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   Engine engine = serving_engine(
       dir, mesh_of(1, {"tp"}),
       {.block_size = 4, .kv_tokens = 64, .batch_tokens = 8, .max_running = 2, .max_waiting = 1});
@@ -249,7 +242,7 @@ TEST(EngineTest, StopIdsCancellationAndAFullQueue) {
 // back; a bad request is refused with the engine's message; drain lets the rest finish.
 TEST(EngineLoopTest, ClientsOnTheirOwnThreadsGetWhatEachGetsAlone) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   const ServingOptions serving{
       .block_size = 4, .kv_tokens = 512, .batch_tokens = 16, .max_running = 3};
   std::vector<Request> requests;
@@ -304,7 +297,7 @@ TEST(EngineLoopTest, ClientsOnTheirOwnThreadsGetWhatEachGetsAlone) {
 
 TEST(EngineTest, BadCallsAreRefusedByName) {
   ScratchDir dir;
-  write_serving_model(dir);
+  testing::write_small_llama(dir);
   Engine dense = Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.context = 16});
   EXPECT_THAT(
       [&] { (void)dense.submit({1}, {}); },

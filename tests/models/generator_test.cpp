@@ -18,6 +18,7 @@
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/generation.hpp"
 #include "safetensors_writer.hpp"
+#include "small_llama.hpp"
 
 namespace numesh::models {
 namespace {
@@ -25,15 +26,6 @@ namespace {
 using testing::mesh_of;
 using testing::ScratchDir;
 using ::testing::ThrowsMessage;
-
-// A random Llama of hidden 128 (2 heads of 64, as many KV heads), 2 layers and 256 tokens.
-HfConfig write_small_model(const ScratchDir& dir) {
-  nlohmann::json config = small_llama_config(128, 2);
-  config["vocab_size"] = 256;
-  config["num_key_value_heads"] = 2;
-  write_random_model(dir.path(), config, DType::kF32, 7);
-  return HfConfig::load(dir.path());
-}
 
 CausalLm load(const ScratchDir& dir, const HfConfig& config, runtime::DeviceMesh mesh,
               std::int64_t slots) {
@@ -63,7 +55,7 @@ std::vector<StepOutput::Kind> step_until_stopped(Generator& g, SequenceId sequen
 
 TEST(GeneratorTest, SequencesAdmittedAtAnyTimeGiveWhatEachGivesAlone) {
   ScratchDir dir;
-  const HfConfig config = write_small_model(dir);
+  const HfConfig config = testing::write_small_llama(dir);
   const std::vector<std::vector<std::int32_t>> prompts{
       {3, 40, 5, 61, 7}, {9, 200}, {11, 12, 130}, {30}, {77, 78, 79, 80, 81, 82}};
   const std::vector<GenerationOptions> options{{.max_new_tokens = 6},
@@ -119,7 +111,7 @@ TEST(GeneratorTest, SequencesAdmittedAtAnyTimeGiveWhatEachGivesAlone) {
 
 TEST(GeneratorTest, KeptLogitsAreThoseOfTheSequenceAlone) {
   ScratchDir dir;
-  const HfConfig config = write_small_model(dir);
+  const HfConfig config = testing::write_small_llama(dir);
   const GenerationOptions keep{.max_new_tokens = 4, .keep_logits = true};
   const GenerationResult expected = alone(dir, config, {5, 6, 7}, keep);
   CausalLm lm = load(dir, config, mesh_of(2, {"tp"}), 2);
@@ -138,7 +130,7 @@ TEST(GeneratorTest, KeptLogitsAreThoseOfTheSequenceAlone) {
 // riding along in the others' decode steps it must not fail them.
 TEST(GeneratorTest, ASequenceStoppedAtAFullLengthPrefillRidesAlong) {
   ScratchDir dir;
-  const HfConfig config = write_small_model(dir);
+  const HfConfig config = testing::write_small_llama(dir);
   CausalLm lm = load(dir, config, mesh_of(1, {"tp"}), 2);
   Generator g(lm);
   std::mt19937_64 rng(3);
@@ -151,7 +143,7 @@ TEST(GeneratorTest, ASequenceStoppedAtAFullLengthPrefillRidesAlong) {
 
 TEST(GeneratorTest, BadCallsAreRefusedByNameAndChangeNothing) {
   ScratchDir dir;
-  const HfConfig config = write_small_model(dir);
+  const HfConfig config = testing::write_small_llama(dir);
   CausalLm lm = load(dir, config, mesh_of(1, {"tp"}), 2);
   Generator g(lm);
   std::mt19937_64 rng(3);

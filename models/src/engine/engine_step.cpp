@@ -25,6 +25,21 @@ std::int64_t token_bucket(std::int64_t tokens, std::int64_t budget) {
                   std::max(budget, tokens));
 }
 
+// Pads a step's tokens `ids` and `batch` to `tokens` with padding tokens: block 0 (which no
+// sequence holds), position 0, one key, through a one-block table of their own.
+void pad_step(std::vector<std::int32_t>& ids, ops::RaggedBatch& batch, std::int64_t tokens,
+              std::int64_t block_size) {
+  const auto table = static_cast<std::int64_t>(batch.tables.size());
+  batch.tables.push_back(0);
+  for (auto i = static_cast<std::int64_t>(ids.size()); i < tokens; ++i) {
+    ids.push_back(0);
+    batch.positions.push_back(0);
+    batch.slots.push_back(i % block_size);
+    batch.context.push_back(1);
+    batch.table_of.push_back(table);
+  }
+}
+
 }  // namespace
 
 void Engine::compile_steps() {
@@ -34,14 +49,8 @@ void Engine::compile_steps() {
   const auto run_padding = [&](std::int64_t tokens, std::int64_t rows) {
     ops::RaggedBatch batch;
     batch.max_context = o.max_context;
-    batch.tables = {0};
-    for (std::int64_t i = 0; i < tokens; ++i) {
-      batch.positions.push_back(0);
-      batch.slots.push_back(i % o.block_size);
-      batch.context.push_back(1);
-      batch.table_of.push_back(0);
-    }
-    const std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens), 0);
+    std::vector<std::int32_t> ids;
+    pad_step(ids, batch, tokens, o.block_size);
     const std::vector<std::int64_t> picked(static_cast<std::size_t>(rows), 0);
     (void)model_->ragged_candidates(ids, batch, picked, serving_->candidates);
   };
@@ -102,20 +111,16 @@ void Engine::cancel(SequenceId sequence) {
 }
 
 std::int32_t Engine::pick(Request& request, std::span<const float> candidates) {
-  const std::size_t m = candidates.size() / 2;
-  if (!request.options.sampling) {
-    // The best candidate, the lowest id among equals (torch.argmax's rule).
-    std::size_t best = 0;
-    for (std::size_t j = 1; j < m; ++j) {
-      const float v = candidates[2 * j], b = candidates[2 * best];
-      if (v > b || (v == b && candidates[2 * j + 1] < candidates[2 * best + 1])) best = j;
-    }
-    return static_cast<std::int32_t>(candidates[2 * best + 1]);
-  }
-  runtime::HostTensor row = runtime::HostTensor::zeros({1, static_cast<std::int64_t>(2 * m)});
+  // The row's candidates as the head's host halves take them: greedy's first best (the lowest
+  // id among equals, a NaN first), or a draw with the request's own generator.
+  runtime::HostTensor row =
+      runtime::HostTensor::zeros({1, static_cast<std::int64_t>(candidates.size())});
   std::copy(candidates.begin(), candidates.end(), row.data.begin());
-  return static_cast<std::int32_t>(
-      ops::pick_sampled(row, *request.options.sampling, request.rng).front());
+  const std::int64_t id =
+      request.options.sampling
+          ? ops::pick_sampled(row, *request.options.sampling, request.rng).front()
+          : ops::pick_greedy(row).front();
+  return static_cast<std::int32_t>(id);
 }
 
 EngineStep Engine::step() {
@@ -149,15 +154,7 @@ EngineStep Engine::step() {
   }
   const auto real = static_cast<std::int64_t>(ids.size());
   const std::int64_t padded = token_bucket(real, scheduler.options().batch_tokens);
-  const auto padding_table = static_cast<std::int64_t>(batch.tables.size());
-  batch.tables.push_back(0);
-  for (std::int64_t i = real; i < padded; ++i) {
-    ids.push_back(0);
-    batch.positions.push_back(0);
-    batch.slots.push_back(i % bs);  // block 0, the padding's
-    batch.context.push_back(1);
-    batch.table_of.push_back(padding_table);
-  }
+  pad_step(ids, batch, padded, bs);
   out.padded_tokens = padded;
   // The picked rows, padded to a bucket too (copies of the first; their picks are dropped).
   std::vector<std::int64_t> head_rows = rows;
