@@ -79,6 +79,9 @@ struct Server::Impl {
   void respond_whole(const Accepted& a, httplib::Response& res);
   void respond_streamed(Accepted a, httplib::Response& res);
   void metrics(httplib::Response& res);
+  // llama-server's /tokenize and /detokenize.
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
 // A completion request accepted by the engine: its stream, its text and what its responses
@@ -291,6 +294,60 @@ void Server::Impl::metrics(httplib::Response& res) {
   res.set_content(out, "text/plain; version=0.0.4");
 }
 
+void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  const models::TextTokenizer* tokenizer = loop.load()->engine().source().tokenizer();
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("content") || !body["content"].is_string()) {
+    send_error(res, 400, "the body must be {\"content\": TEXT}", "invalid_request_error",
+               "content");
+    return;
+  }
+  if (tokenizer == nullptr) {
+    send_error(res, 400, "the model has no tokenizer", "invalid_request_error");
+    return;
+  }
+  if (body.contains("add_special") && !body["add_special"].is_boolean()) {
+    send_error(res, 400, "'add_special' must be true or false", "invalid_request_error",
+               "add_special");
+    return;
+  }
+  const bool special = body.value("add_special", false);
+  try {
+    res.set_content(
+        json{{"tokens", tokenizer->encode(body["content"].get<std::string>(), special)}}.dump(),
+        "application/json");
+  } catch (const Error& e) {
+    send_error(res, 400, e.what(), "invalid_request_error", "content");
+  }
+}
+
+void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+  const models::TextTokenizer* tokenizer = loop.load()->engine().source().tokenizer();
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    send_error(res, 400, "the body must be {\"tokens\": [ids]}", "invalid_request_error", "tokens");
+    return;
+  }
+  if (tokenizer == nullptr) {
+    send_error(res, 400, "the model has no tokenizer", "invalid_request_error");
+    return;
+  }
+  std::vector<std::int32_t> ids;
+  for (const json& t : body["tokens"]) {
+    const bool id = t.is_number_integer() && t.get<std::int64_t>() >= 0 &&
+                    t.get<std::int64_t>() <= std::numeric_limits<std::int32_t>::max() &&
+                    tokenizer->knows(t.get<std::int32_t>());
+    if (!id) {
+      send_error(res, 400, fmt::format("'tokens' holds {}, not a token id", t.dump()),
+                 "invalid_request_error", "tokens");
+      return;
+    }
+    ids.push_back(t.get<std::int32_t>());
+  }
+  res.set_content(json{{"content", tokenizer->decode(ids, /*skip_special_tokens=*/false)}}.dump(),
+                  "application/json");
+}
+
 void Server::Impl::routes() {
   http.new_task_queue = [threads = options.http_threads] {
     return new httplib::ThreadPool(static_cast<std::size_t>(threads));
@@ -360,59 +417,10 @@ void Server::Impl::routes() {
                "/v1/completions",
                "not_implemented_error");
   });
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const models::TextTokenizer* tokenizer = loop.load()->engine().source().tokenizer();
-    const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (!body.is_object() || !body.contains("content") || !body["content"].is_string()) {
-      send_error(res, 400, "the body must be {\"content\": TEXT}", "invalid_request_error",
-                 "content");
-      return;
-    }
-    if (tokenizer == nullptr) {
-      send_error(res, 400, "the model has no tokenizer", "invalid_request_error");
-      return;
-    }
-    if (body.contains("add_special") && !body["add_special"].is_boolean()) {
-      send_error(res, 400, "'add_special' must be true or false", "invalid_request_error",
-                 "add_special");
-      return;
-    }
-    const bool special = body.value("add_special", false);
-    try {
-      res.set_content(
-          json{{"tokens", tokenizer->encode(body["content"].get<std::string>(), special)}}.dump(),
-          "application/json");
-    } catch (const Error& e) {
-      send_error(res, 400, e.what(), "invalid_request_error", "content");
-    }
-  });
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const models::TextTokenizer* tokenizer = loop.load()->engine().source().tokenizer();
-    const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
-      send_error(res, 400, "the body must be {\"tokens\": [ids]}", "invalid_request_error",
-                 "tokens");
-      return;
-    }
-    if (tokenizer == nullptr) {
-      send_error(res, 400, "the model has no tokenizer", "invalid_request_error");
-      return;
-    }
-    std::vector<std::int32_t> ids;
-    for (const json& t : body["tokens"]) {
-      const bool id = t.is_number_integer() && t.get<std::int64_t>() >= 0 &&
-                      t.get<std::int64_t>() <= std::numeric_limits<std::int32_t>::max() &&
-                      tokenizer->knows(t.get<std::int32_t>());
-      if (!id) {
-        send_error(res, 400, fmt::format("'tokens' holds {}, not a token id", t.dump()),
-                   "invalid_request_error", "tokens");
-        return;
-      }
-      ids.push_back(t.get<std::int32_t>());
-    }
-    res.set_content(json{{"content", tokenizer->decode(ids, /*skip_special_tokens=*/false)}}.dump(),
-                    "application/json");
-  });
+  http.Post("/tokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  http.Post("/detokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { metrics(res); });
 }
 
