@@ -1,9 +1,11 @@
 // The one file that includes httplib.h: the routes, the API key, the error objects and the
-// streams of server-sent events. The shapes of requests and responses are OpenAI's
-// (openai/completion_request.hpp) and llama-server's for /tokenize and /detokenize.
+// streams of server-sent events. The shapes of requests and responses are OpenAI's (openai/:
+// completion_request.hpp, chat_request.hpp, response.hpp) and llama-server's for /tokenize and
+// /detokenize.
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -14,7 +16,9 @@
 
 #include "numesh/core/error.hpp"
 #include "numesh/serve/server.hpp"
+#include "openai/chat_request.hpp"
 #include "openai/completion_request.hpp"
+#include "openai/response.hpp"
 #include "text_stream.hpp"
 
 // Last: with its OpenSSL, zlib and Brotli support (Debian's build) it brings macros that must
@@ -64,6 +68,9 @@ struct Server::Impl {
   ServerOptions options;
   httplib::Server http;
   std::atomic<models::EngineLoop*> loop{nullptr};
+  // Set by attach() before `loop`: the chat template and the positions a request may take.
+  openai::ChatSetup chat;
+  std::int64_t max_positions = 0;
   std::atomic<std::int64_t> next_id{0};
   std::atomic<bool> stop_requested{false}, listening{false};
   std::mutex counts_mutex;
@@ -72,10 +79,14 @@ struct Server::Impl {
   explicit Impl(ServerOptions o) : options(std::move(o)) {}
 
   void routes();
-  void completions(const httplib::Request& req, httplib::Response& res);
-  // The phases of a completion: the request parsed and submitted (or answered with its error),
-  // then the whole response, or the stream of chunks.
-  std::optional<Accepted> accept(const httplib::Request& req, httplib::Response& res, bool& stream);
+  // The two endpoints that generate: the request checked and submitted (or answered with its
+  // error), then answered whole or as a stream of chunks.
+  std::optional<Accepted> accept_completion(const httplib::Request& req, httplib::Response& res);
+  std::optional<Accepted> accept_chat(const httplib::Request& req, httplib::Response& res);
+  std::optional<Accepted> submit(std::vector<std::int32_t> prompt,
+                                 const openai::GenerationRequest& r, openai::Endpoint endpoint,
+                                 httplib::Response& res);
+  void respond(std::optional<Accepted> a, httplib::Response& res);
   void respond_whole(const Accepted& a, httplib::Response& res);
   void respond_streamed(Accepted a, httplib::Response& res);
   void metrics(httplib::Response& res);
@@ -84,60 +95,60 @@ struct Server::Impl {
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
-// A completion request accepted by the engine: its stream, its text and what its responses
-// repeat.
+// A request accepted by the engine: its stream, its text, and how its responses are shaped.
 struct Accepted {
   std::shared_ptr<models::RequestStream> stream;
   std::shared_ptr<TextStream> text;
   std::size_t prompt_tokens = 0;
-  std::string id, model;
-  std::int64_t created = 0;
+  bool streamed = false;
+  openai::ResponseShape shape;
 
-  // A choice of the response or of a chunk: its text, its token ids (an extension, as
-  // llama-server's "tokens": the only output of a model without a tokenizer) and, at the end,
-  // why it stopped.
-  static json choice(const std::string& piece, const std::vector<std::int32_t>& tokens,
-                     const json& finish) {
-    return json{{"text", piece},
-                {"index", 0},
-                {"logprobs", nullptr},
-                {"finish_reason", finish},
-                {"tokens", tokens}};
-  }
   // The response's or the last chunk's usage.
-  json usage() const {
-    const auto completion = static_cast<std::int64_t>(text->tokens().size());
-    return {{"prompt_tokens", prompt_tokens},
-            {"completion_tokens", completion},
-            {"total_tokens", static_cast<std::int64_t>(prompt_tokens) + completion}};
-  }
-  // A response or a chunk holding `choice`.
-  json body(json choice_json) const {
-    return json{{"id", id},
-                {"object", "text_completion"},
-                {"created", created},
-                {"model", model},
-                {"choices", json::array({std::move(choice_json)})}};
-  }
+  [[nodiscard]] json usage() const { return openai::usage(prompt_tokens, text->tokens().size()); }
 };
 
-std::optional<Accepted> Server::Impl::accept(const httplib::Request& req, httplib::Response& res,
-                                             bool& stream) {
-  models::EngineLoop& engine_loop = *loop.load();
-  const models::Engine& engine = engine_loop.engine();
-  const models::TextTokenizer* tokenizer = engine.source().tokenizer();
+std::optional<Accepted> Server::Impl::accept_completion(const httplib::Request& req,
+                                                        httplib::Response& res) {
+  const models::Engine& engine = loop.load()->engine();
   openai::CompletionRequest r;
   try {
-    r = openai::parse_completion(req.body, tokenizer, engine.config().vocab_size,
+    r = openai::parse_completion(req.body, engine.source().tokenizer(), engine.config().vocab_size,
                                  engine.config().eos_token_ids);
   } catch (const openai::RequestError& e) {
     send_error(res, 400, e.message, "invalid_request_error", e.param);
     return std::nullopt;
   }
-  stream = r.stream;
+  return submit(std::move(r.prompt), r, openai::Endpoint::kCompletions, res);
+}
+
+std::optional<Accepted> Server::Impl::accept_chat(const httplib::Request& req,
+                                                  httplib::Response& res) {
+  const models::Engine& engine = loop.load()->engine();
+  const models::TextTokenizer* tokenizer = engine.source().tokenizer();
+  openai::ChatRequest r;
+  std::vector<std::int32_t> prompt;
+  try {
+    r = openai::parse_chat(req.body, engine.config().eos_token_ids);
+    if (tokenizer == nullptr) openai::refuse("", "the model has no tokenizer");
+    // Rendered and encoded on this worker, as a completion's prompt is encoded: the engine's
+    // thread only steps.
+    prompt = openai::chat_prompt(chat, r, *tokenizer);
+  } catch (const openai::RequestError& e) {
+    send_error(res, 400, e.message, "invalid_request_error", e.param);
+    return std::nullopt;
+  }
+  if (r.options.max_new_tokens == 0) {
+    r.options.max_new_tokens = openai::default_max_tokens(max_positions, prompt.size());
+  }
+  return submit(std::move(prompt), r, openai::Endpoint::kChatCompletions, res);
+}
+
+std::optional<Accepted> Server::Impl::submit(std::vector<std::int32_t> prompt,
+                                             const openai::GenerationRequest& r,
+                                             openai::Endpoint endpoint, httplib::Response& res) {
   Accepted a;
-  a.prompt_tokens = r.prompt.size();
-  models::Submitted sub = engine_loop.submit(std::move(r.prompt), r.options);
+  a.prompt_tokens = prompt.size();
+  models::Submitted sub = loop.load()->submit(std::move(prompt), r.options);
   if (sub.busy) {
     res.set_header("Retry-After", "1");
     send_error(res, 503, "the server is busy: its queue of waiting requests is full; retry later",
@@ -149,23 +160,35 @@ std::optional<Accepted> Server::Impl::accept(const httplib::Request& req, httpli
     return std::nullopt;
   }
   a.stream = std::move(sub.stream);
-  a.text = std::make_shared<TextStream>(tokenizer, r.stop);
-  a.id = fmt::format("cmpl-{}", next_id++);
-  a.model = options.model_name;
-  a.created = unix_time();
+  a.text = std::make_shared<TextStream>(loop.load()->engine().source().tokenizer(), r.stop);
+  a.streamed = r.stream;
+  const char* prefix = endpoint == openai::Endpoint::kChatCompletions ? "chatcmpl" : "cmpl";
+  a.shape = openai::ResponseShape{.endpoint = endpoint,
+                                  .id = fmt::format("{}-{}", prefix, next_id++),
+                                  .model = options.model_name,
+                                  .created = unix_time()};
   return a;
+}
+
+void Server::Impl::respond(std::optional<Accepted> a, httplib::Response& res) {
+  if (!a) return;  // answered with its error
+  if (a->streamed) {
+    respond_streamed(std::move(*a), res);
+  } else {
+    respond_whole(*a, res);
+  }
 }
 
 void Server::Impl::respond_whole(const Accepted& a, httplib::Response& res) {
   // Waits for the end (a client that leaves meanwhile is not seen until then; its request runs
   // at most max_tokens).
   std::string all;
-  json finish = nullptr;
+  const char* finish = nullptr;
   std::string failure;
-  while (finish.is_null() && failure.empty()) {
+  while (finish == nullptr && failure.empty()) {
     for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
       if (!e.error.empty()) failure = e.error;
-      if (e.token < 0 || !finish.is_null()) continue;
+      if (e.token < 0 || finish != nullptr) continue;
       all += a.text->add(e.token);
       if (a.text->stopped()) {
         a.stream->cancel();
@@ -180,85 +203,103 @@ void Server::Impl::respond_whole(const Accepted& a, httplib::Response& res) {
     send_error(res, 500, failure, "server_error");
     return;
   }
-  json body = a.body(Accepted::choice(all, a.text->tokens(), finish));
-  body["usage"] = a.usage();
-  res.set_content(body.dump(), "application/json");
+  res.set_content(a.shape.whole(all, a.text->tokens(), finish, a.usage()).dump(),
+                  "application/json");
 }
 
+namespace {
+
+// One streamed response: its request's events as server-sent events, a chunk per piece of text
+// (without a tokenizer, per token), the closing chunks with the finish reason and the usage,
+// then [DONE]. A write that fails (the client left) cancels the request.
+class EventSource {
+ public:
+  EventSource(Accepted a, bool per_token) : a_(std::move(a)), per_token_(per_token) {}
+
+  // cpp-httplib's content provider: writes the stream to its end. False: the client is gone.
+  bool write(httplib::DataSink& sink) {
+    if (!opened_) {
+      opened_ = true;
+      for (const json& chunk : a_.shape.opening()) {
+        if (!send(sink, chunk)) return gone();
+      }
+    }
+    for (;;) {
+      for (const models::RequestStream::Event& e : a_.stream->take(kPoll)) {
+        if (!e.error.empty()) {
+          send(sink, openai::error_object(e.error, "server_error"));
+          sink.done();
+          return true;
+        }
+        if (e.token < 0) continue;
+        std::string piece = a_.text->add(e.token);
+        const bool stop_string = a_.text->stopped();
+        if (stop_string) a_.stream->cancel();
+        if (e.stopped && !stop_string) piece += a_.text->finish();
+        if (stop_string || e.stopped) {
+          return close(sink, piece, finish_reason(e.stopped, stop_string));
+        }
+        if ((!piece.empty() || per_token_) && !send(sink, a_.shape.piece(piece, fresh()))) {
+          return gone();
+        }
+      }
+      if (!sink.is_writable()) return gone();
+    }
+  }
+  // The client is gone or the response ended early: nothing more is wanted.
+  bool gone() {
+    a_.stream->cancel();
+    return false;
+  }
+
+ private:
+  static bool send(httplib::DataSink& sink, const json& j) {
+    const std::string line = "data: " + j.dump() + "\n\n";
+    return sink.write(line.data(), line.size());
+  }
+  bool close(httplib::DataSink& sink, const std::string& piece, const char* finish) {
+    bool sent = true;
+    for (const json& chunk : a_.shape.closing(piece, fresh(), finish, a_.usage())) {
+      sent = sent && send(sink, chunk);
+    }
+    const std::string done = "data: [DONE]\n\n";
+    if (sent) sink.write(done.data(), done.size());
+    sink.done();
+    return true;
+  }
+  // The tokens since the last chunk: a chunk holds those it adds.
+  std::vector<std::int32_t> fresh() {
+    const std::vector<std::int32_t>& all = a_.text->tokens();
+    std::vector<std::int32_t> out(all.begin() + static_cast<std::ptrdiff_t>(sent_), all.end());
+    sent_ = all.size();
+    return out;
+  }
+
+  Accepted a_;
+  bool per_token_;
+  bool opened_ = false;
+  std::size_t sent_ = 0;  // tokens in the chunks so far
+};
+
+}  // namespace
+
 void Server::Impl::respond_streamed(Accepted a, httplib::Response& res) {
-  // Server-sent events: a chunk per piece of text (without a tokenizer, per token), the last
-  // with its finish reason and the usage, then [DONE]. A write that fails (the client left)
-  // cancels the request.
   res.set_header("Cache-Control", "no-cache");
   const bool per_token = loop.load()->engine().source().tokenizer() == nullptr;
-  auto sent = std::make_shared<std::size_t>(0);  // tokens in the chunks so far
   const std::shared_ptr<models::RequestStream> stream = a.stream;
+  auto source = std::make_shared<EventSource>(std::move(a), per_token);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [a = std::move(a), per_token, sent](std::size_t, httplib::DataSink& sink) -> bool {
+      [source](std::size_t, httplib::DataSink& sink) -> bool {
         // cpp-httplib calls this outside its handlers' try: an exception here would end the
         // process, so every one ends this response instead.
         try {
-          const auto send = [&](const json& j) {
-            const std::string line = "data: " + j.dump() + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          // A chunk holds the text and the tokens since the last one.
-          const auto chunk = [&](const std::string& piece, const json& finish) {
-            const std::vector<std::int32_t>& all = a.text->tokens();
-            const std::vector<std::int32_t> fresh(all.begin() + static_cast<std::ptrdiff_t>(*sent),
-                                                  all.end());
-            *sent = all.size();
-            return a.body(Accepted::choice(piece, fresh, finish));
-          };
-          for (;;) {
-            for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
-              if (!e.error.empty()) {
-                send(openai::error_object(e.error, "server_error"));
-                sink.done();
-                return true;
-              }
-              if (e.token < 0) continue;
-              std::string piece = a.text->add(e.token);
-              const bool stop_string = a.text->stopped();
-              if (stop_string) a.stream->cancel();
-              if (e.stopped && !stop_string) piece += a.text->finish();
-              if (!stop_string && !e.stopped) {
-                if ((!piece.empty() || per_token) && !send(chunk(piece, nullptr))) {
-                  a.stream->cancel();
-                  return false;
-                }
-                continue;
-              }
-              json last = chunk(piece, finish_reason(e.stopped, stop_string));
-              last["usage"] = a.usage();
-              const std::string done = "data: [DONE]\n\n";
-              if (send(last)) sink.write(done.data(), done.size());
-              sink.done();
-              return true;
-            }
-            if (!sink.is_writable()) {
-              a.stream->cancel();
-              return false;
-            }
-          }
+          return source->write(sink);
         } catch (const std::exception&) {
-          a.stream->cancel();
-          return false;
+          return source->gone();
         }
       },
       [stream](bool) { stream->cancel(); });  // the response ended: nothing more is wanted
-}
-
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
-  bool streamed = false;
-  std::optional<Accepted> a = accept(req, res, streamed);
-  if (!a) return;
-  if (streamed) {
-    respond_streamed(std::move(*a), res);
-  } else {
-    respond_whole(*a, res);
-  }
 }
 
 void Server::Impl::metrics(httplib::Response& res) {
@@ -409,13 +450,11 @@ void Server::Impl::routes() {
                         .dump(),
                     "application/json");
   });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
-  http.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
-    send_error(res, 501,
-               "chat completions are not implemented yet (chat templates); use "
-               "/v1/completions",
-               "not_implemented_error");
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    respond(accept_completion(req, res), res);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    respond(accept_chat(req, res), res);
   });
   http.Post("/tokenize",
             [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
@@ -430,7 +469,17 @@ Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(o
 
 Server::~Server() = default;
 
-void Server::attach(models::EngineLoop& loop) { impl_->loop.store(&loop); }
+void Server::attach(models::EngineLoop& loop) {
+  const models::Engine& engine = loop.engine();
+  const std::optional<models::ChatTemplate>& own = impl_->options.chat_template;
+  impl_->chat = openai::chat_setup(engine.source(), own ? &*own : nullptr);
+  // A request's prompt and completion take at most the context, and the cache's blocks (block 0
+  // is the padding's).
+  const models::Scheduler& s = engine.scheduler();
+  impl_->max_positions =
+      std::min(s.options().max_context, (s.pool().blocks() - 1) * s.options().block_size);
+  impl_->loop.store(&loop);  // last: the handlers read the above once they see the loop
+}
 
 int Server::bind() {
   const ServerOptions& o = impl_->options;

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""numesh serve, driven over HTTP as clients drive it (Python's standard library only).
+"""numesh serve, driven over HTTP as clients drive it (Python's standard library, NumPy, and
+python3-jinja2 for the chat templates).
 
 Writes a tiny Llama (safetensors, written here, independent of numesh's writer) beside the
-repository's tiny byte-level BPE tokenizer, starts `numesh serve --port 0` on it and checks:
-every endpoint, streamed and whole (by hand and by the official OpenAI client, npm openai);
-greedy completions equal `numesh generate`; the stream's
-pieces add up to the whole response; stop strings; every bad-request class with its status and
-OpenAI's error object; the API key; the queue limit's 503; a client that leaves mid-stream frees
-its blocks; 8 concurrent requests give each the tokens it gets alone; SIGTERM drains and exits 0.
+repository's tiny byte-level BPE tokenizer and a chat template (tokenizer_config.json), starts
+`numesh serve --port 0` on it and checks: every endpoint, streamed and whole (by hand and by the
+official OpenAI client, npm openai); greedy completions equal `numesh generate`; the stream's
+pieces add up to the whole response; stop strings; chat completions equal completions of the
+prompt Python's jinja2 renders, as transformers does; --chat-template; every bad-request class
+with its status and OpenAI's error object; the API key; the queue limit's 503; a client that
+leaves mid-stream frees its blocks; 8 concurrent requests give each the tokens it gets alone;
+SIGTERM drains and exits 0.
 
 usage: server_check.py NUMESH WORK_DIR TOKENIZER_JSON
 """
@@ -45,10 +48,80 @@ def tokenizer_vocab():
 
 
 VOCAB = tokenizer_vocab()
+BOS = "<|begin_of_text|>"  # the tiny tokenizer's one special token, id VOCAB - 1
+
+# A ChatML-like chat template: a loop, trim, content parts, tool calls' arguments and tools
+# written with tojson (their keys in the order sent), raise_exception, add_generation_prompt and
+# a keyword a request gives through chat_template_kwargs (enable_thinking, as Qwen3's).
+CHAT_TEMPLATE = r"""{{ bos_token }}
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- for tool in tools %}{{ tool | tojson }}{% endfor %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message['role'] == 'system' and not loop.first %}
+{{- raise_exception('a system message must come first') }}
+{%- endif %}
+{{- '<|im_start|>' + message['role'] + '\n' }}
+{%- if message['content'] is string %}
+{{- message['content'] | trim }}
+{%- elif message['content'] is not none %}
+{%- for part in message['content'] %}{{ part['text'] }}{% endfor %}
+{%- endif %}
+{%- if message['tool_calls'] is defined %}
+{%- for call in message['tool_calls'] %}
+{{- '<call>' + call['function']['name'] + (call['function']['arguments'] | tojson) }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think></think>' }}
+{%- endif %}
+{%- endif %}"""
+RAISE_LINE = 1 + CHAT_TEMPLATE.split("\n").index(
+    "{{- raise_exception('a system message must come first') }}")
+# --chat-template's: another shape (Llama 2's), so that the override shows in the prompt.
+OVERRIDE_TEMPLATE = r"""{{ bos_token }}
+{%- for message in messages %}
+{%- if message['role'] == 'user' %}
+{{- '[INST] ' + message['content'] + ' [/INST]' }}
+{%- else %}
+{{- ' ' + message['content'] + ' ' }}
+{%- endif %}
+{%- endfor %}"""
 
 
-def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, ffn=128):
-    """A random Llama in Hugging Face's layout, its safetensors file written by hand."""
+def render_chat(template, messages, tools=None, add_generation_prompt=True, **kwargs):
+    """`template` rendered by Python's jinja2 as transformers' apply_chat_template does: a
+    sandbox with trim_blocks and lstrip_blocks, loop controls, its tojson (json.dumps, keys in
+    their order, no ASCII escapes) and raise_exception; the special tokens beneath."""
+    import jinja2.ext
+    import jinja2.sandbox
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(bos_token=BOS, eos_token=BOS, messages=messages,
+                                            tools=tools,
+                                            add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, ffn=128,
+                chat_template=None):
+    """A random Llama in Hugging Face's layout, its safetensors file written by hand; with
+    `chat_template`, a tokenizer_config.json holding it and the special tokens."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(5)
     tensors = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, hidden)),
@@ -83,6 +156,9 @@ def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, f
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     shutil.copy(TOKENIZER, os.path.join(folder, "tokenizer.json"))
+    if chat_template is not None:
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": BOS, "eos_token": BOS, "chat_template": chat_template}, f)
 
 
 class Server:
@@ -93,6 +169,7 @@ class Server:
                                       *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         line = self.proc.stdout.readline()
+        self.banner = line
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if not m:
             raise RuntimeError(f"no address: {line!r} {self.proc.stderr.read()}")
@@ -110,10 +187,10 @@ class Server:
         except json.JSONDecodeError:
             return r.status, raw, r
 
-    def stream(self, body):
+    def stream(self, body, path="/v1/completions"):
         """The events of a streamed completion: (list of JSON chunks, saw [DONE])."""
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+        c.request("POST", path, body=json.dumps({**body, "stream": True}),
                   headers={"Content-Type": "application/json"})
         r = c.getresponse()
         check(r.getheader("Content-Type", "").startswith("text/event-stream"), "stream content type")
@@ -153,11 +230,185 @@ def generate_ids(model, ids, n):
         return json.load(f)["ids"]
 
 
+def same_as_completion(server, request, template=CHAT_TEMPLATE, messages=None):
+    """A greedy chat completion of `request` equals the completion of the prompt jinja2 renders
+    from it (from `messages` when given: the request's with tool calls' arguments as objects),
+    encoded without special tokens (the template writes BOS, as transformers'
+    apply_chat_template with tokenize=True). Returns the chat's response (None on failure)."""
+    s = server.request
+    text = render_chat(template, messages or request["messages"], request.get("tools"),
+                       request.get("add_generation_prompt", True),
+                       **request.get("chat_template_kwargs", {}))
+    ids = s("POST", "/tokenize", {"content": text, "add_special": False})[1]["tokens"]
+    check(ids[0] == VOCAB - 1 and ids.count(VOCAB - 1) == 1, f"BOS once, first: {ids[:4]}")
+    limits = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    status, chat, _ = s("POST", "/v1/chat/completions", {**request, **limits})
+    check(status == 200, f"chat completion: {status} {chat}")
+    if status != 200:
+        return None
+    plain = s("POST", "/v1/completions", {"prompt": ids, **limits})[1]
+    check(chat["usage"]["prompt_tokens"] == len(ids),
+          f"the chat's prompt is jinja2's {text!r} ({len(ids)} ids): {chat['usage']}")
+    check(chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"],
+          f"the chat's text {chat['choices'][0]['message']['content']!r} is the completion's "
+          f"{plain['choices'][0]['text']!r}")
+    return chat
+
+
+def check_chat(server):
+    """Chat completions of the folder's template, whole and streamed, equal completions of the
+    prompts jinja2 renders; the stream adds up; max_tokens defaults to the rest of the context."""
+    conversation = [{"role": "system", "content": "  Be brief. "},
+                    {"role": "user", "content": [{"type": "text", "text": "hello "},
+                                                 {"type": "text", "text": "world"}]},
+                    {"role": "assistant", "content": "hi"},
+                    {"role": "user", "content": "the end"}]
+    chat = same_as_completion(server, {"messages": conversation})
+    if chat is not None:
+        choice = chat["choices"][0]
+        check(chat["object"] == "chat.completion" and chat["id"].startswith("chatcmpl-"),
+              f"a chat completion's object and id: {chat['object']} {chat['id']}")
+        check(choice["message"]["role"] == "assistant" and choice["finish_reason"] == "length",
+              f"the chat's choice: {choice}")
+        check(chat["usage"]["completion_tokens"] == 8, f"the chat's usage: {chat['usage']}")
+    same_as_completion(server, {"messages": conversation[1:2], "add_generation_prompt": False})
+    # Tools and a tool call (its arguments sent as a JSON string reach the template as the
+    # object, keys in their order), and a keyword of the template.
+    arguments = {"y": 1, "x": [2, "é"]}
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": json.dumps(arguments)}}
+    sent = [{"role": "user", "content": "use f"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    rendered = [*sent[:1], {**sent[1], "tool_calls": [{**call, "function": {
+        "name": "f", "arguments": arguments}}]}, *sent[2:]]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"y": 1, "b": 2}}}]
+    same_as_completion(server, {"messages": sent, "tools": tools,
+                                "chat_template_kwargs": {"enable_thinking": False}},
+                       messages=rendered)
+
+    request = {"messages": conversation, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    chunks, done = server.stream(request, "/v1/chat/completions")
+    check(done and len(chunks) >= 2, f"the chat stream ends with [DONE]: {len(chunks)} chunks")
+    if chunks:
+        check(all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
+                  for c in chunks), "every chunk is a chat.completion.chunk of one id")
+        check(chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""},
+              f"the first chunk gives the role: {chunks[0]}")
+        last = chunks[-1]
+        check(last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+              and last["usage"]["completion_tokens"] == 8, f"the last chunk: {last}")
+        streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        check(chat is not None and streamed == chat["choices"][0]["message"]["content"],
+              f"the chat stream adds up: {streamed!r}")
+    # Without max_tokens a chat may take the rest of the context (512 positions: a prompt of p
+    # tokens and n new ones take p + n - 1).
+    status, body, _ = server.request("POST", "/v1/chat/completions",
+                                     {"messages": conversation[3:], "temperature": 0,
+                                      "ignore_eos": True})
+    usage = body.get("usage", {}) if status == 200 else {}
+    check(usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0) == 513,
+          f"max_tokens defaults to the rest of the context: {status} {usage}")
+
+
+def check_bad_chats(server):
+    """Every bad chat request: 400 and OpenAI's error object naming the field; a template's own
+    raise_exception names its line."""
+    ok = [{"role": "user", "content": "hi"}]
+    bad = [("no messages", {"max_tokens": 3}, "messages"),
+           ("empty messages", {"messages": []}, "messages"),
+           ("messages not a list", {"messages": "hi"}, "messages"),
+           ("a message not an object", {"messages": ["hi"]}, "messages[0]"),
+           ("a message without role", {"messages": [{"content": "hi"}]}, "messages[0].role"),
+           ("a message without content", {"messages": [*ok, {"role": "user"}]},
+            "messages[1].content"),
+           ("content a number", {"messages": [{"role": "user", "content": 5}]},
+            "messages[0].content"),
+           ("a user's content null", {"messages": [{"role": "user", "content": None}]},
+            "messages[0].content"),
+           ("an image part", {"messages": [{"role": "user", "content": [
+               {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages[0].content"),
+           ("tools not a list", {"messages": ok, "tools": {"type": "function"}}, "tools"),
+           ("chat_template_kwargs not an object", {"messages": ok, "chat_template_kwargs": [1]},
+            "chat_template_kwargs"),
+           ("add_generation_prompt not a boolean",
+            {"messages": ok, "add_generation_prompt": "yes"}, "add_generation_prompt"),
+           ("max_completion_tokens a string", {"messages": ok, "max_completion_tokens": "3"},
+            "max_completion_tokens"),
+           ("max_tokens negative", {"messages": ok, "max_tokens": -1}, "max_tokens"),
+           ("temperature out of range", {"messages": ok, "temperature": 7}, "temperature"),
+           ("n of 2", {"messages": ok, "n": 2}, "n"),
+           ("stop of a wrong type", {"messages": ok, "stop": 3}, "stop"),
+           ("logprobs", {"messages": ok, "logprobs": True}, "logprobs"),
+           ("a body nested too deep", {"messages": ok, "x": json.loads("[" * 70 + "]" * 70)},
+            None),
+           ("a prompt past the context", {"messages": [{"role": "user", "content": "x " * 600}]},
+            None)]
+    for what, body_in, param in bad:
+        status, body, _ = server.request("POST", "/v1/chat/completions", body_in)
+        error_object(status, body, 400, param)
+        if status != 400:
+            print("  (the chat request was:", what, ")")
+    status, body, _ = server.request("POST", "/v1/chat/completions",
+                                     {"messages": ok, "logprobs": False, "max_tokens": 1})
+    check(status == 200, f"logprobs false asks for none: {status} {body}")
+    status, body, _ = server.request("POST", "/v1/chat/completions",
+                                     {"messages": [*ok, {"role": "system", "content": "late"}]})
+    error_object(status, body, 400)
+    message = body["error"]["message"] if isinstance(body, dict) and "error" in body else ""
+    check("a system message must come first" in message and
+          re.search(rf"\b{RAISE_LINE}\b", message) is not None,
+          f"the template's raise_exception, naming its line {RAISE_LINE}: {message!r}")
+
+
+def check_chat_template_option(model):
+    """--chat-template FILE takes the place of the folder's template."""
+    path = os.path.join(WORK, "override.jinja")
+    with open(path, "w") as f:
+        f.write(OVERRIDE_TEMPLATE)
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "bye"}]
+    check(render_chat(OVERRIDE_TEMPLATE, messages) != render_chat(CHAT_TEMPLATE, messages),
+          "the two templates render differently")
+    server = Server(model, "--parallel", "1", "--chat-template", path)
+    check(path in server.banner, f"the listening line names the template: {server.banner!r}")
+    same_as_completion(server, {"messages": messages}, template=OVERRIDE_TEMPLATE)
+    server.stop()
+
+
+def check_template_errors():
+    """A folder whose template does not parse: a warning at start, chats refused with its
+    error, completions served. Without a template, chats are refused saying how to give one."""
+    folder = os.path.join(WORK, "broken")
+    write_model(folder, chat_template="{{ bos_token }}\n{% frobnicate %}\n")
+    server = Server(folder, "--parallel", "1")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, body, _ = server.request("POST", "/v1/chat/completions", chat)
+    error_object(status, body, 400)
+    message = body["error"]["message"] if isinstance(body, dict) and "error" in body else ""
+    check("cannot be used" in message and "--chat-template" in message,
+          f"a template that did not parse: {message!r}")
+    status, body, _ = server.request("POST", "/v1/completions", {"prompt": [1], "max_tokens": 2})
+    check(status == 200, f"completions without a usable template: {status} {body}")
+    code, _, err = server.stop()
+    check(code == 0 and "numesh: warning: the model's chat template cannot be used" in err,
+          f"the warning at start: {err!r}")
+    plain = os.path.join(WORK, "plain")
+    write_model(plain)
+    server = Server(plain, "--parallel", "1")
+    status, body, _ = server.request("POST", "/v1/chat/completions", chat)
+    error_object(status, body, 400)
+    message = body["error"]["message"] if isinstance(body, dict) and "error" in body else ""
+    check("no chat template" in message and "--chat-template FILE" in message,
+          f"a model without a template: {message!r}")
+    server.stop()
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     model = os.path.join(WORK, "model")
-    write_model(model)
-    server = Server(model, "--parallel", "4", "--ctx-size", "128", "--batch-tokens", "32",
+    write_model(model, chat_template=CHAT_TEMPLATE)
+    server = Server(model, "--parallel", "4", "--ctx-size", "512", "--batch-tokens", "32",
                     "--max-queue", "16")
     s = server.request
     status, body, _ = s("GET", "/health")
@@ -243,7 +494,7 @@ def main():
            ("a list of prompts", {"prompt": ["a", "b"]}, "prompt"),
            ("max_tokens negative", {"prompt": [1], "max_tokens": -1}, "max_tokens"),
            ("max_tokens a string", {"prompt": [1], "max_tokens": "3"}, "max_tokens"),
-           ("max_tokens past the context", {"prompt": [1], "max_tokens": 500}, None),
+           ("max_tokens past the context", {"prompt": [1], "max_tokens": 1000}, None),
            ("temperature out of range", {"prompt": [1], "temperature": 7}, "temperature"),
            ("n of 2", {"prompt": [1], "n": 2}, "n"),
            ("stream not a boolean", {"prompt": [1], "stream": "yes"}, "stream"),
@@ -258,8 +509,8 @@ def main():
     error_object(status, body, 413)
     status, body, _ = s("GET", "/v1/nothing")
     error_object(status, body, 404)
-    status, body, _ = s("POST", "/v1/chat/completions", {"messages": []})
-    error_object(status, body, 501)
+    check_chat(server)
+    check_bad_chats(server)
     m = server.metrics()
     check(m.get("numesh_requests_running") == 0 and m.get("numesh_kv_blocks_used") == 0,
           f"after the requests nothing runs and no block is held: {m}")
@@ -346,6 +597,9 @@ def main():
     check(sorted(statuses) == [200, 200, 503], f"statuses {statuses}")
     check("1" in retry, f"Retry-After on the 503: {retry}")
     small.stop()
+
+    check_chat_template_option(model)
+    check_template_errors()
 
     if FAILURES:
         print(f"{len(FAILURES)} checks failed")

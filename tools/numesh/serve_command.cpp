@@ -11,14 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <ostream>
+#include <sstream>
 #include <thread>
 
 #include "bench_common.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/chat/chat_template.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/engine_loop.hpp"
 #include "numesh/models/engine/model_source.hpp"
@@ -35,7 +38,24 @@ struct CheckedServe {
   DType dtype = DType::kF32;
   sharding::ModeArg mode = sharding::Mode::kDecode;
   std::optional<sharding::PartitionManager> partitions;
+  std::optional<models::ChatTemplate> chat_template;  // --chat-template's, parsed
 };
+
+// --chat-template's file, read and parsed now: a missing file or a template that does not parse
+// is refused before anything binds or loads, not at the first chat.
+std::optional<models::ChatTemplate> read_chat_template(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream file(path, std::ios::binary);
+  NUMESH_CHECK(std::filesystem::is_regular_file(path) && file.good(), IoError,
+               "--chat-template: cannot read '{}'", path);
+  std::stringstream text;
+  text << file.rdbuf();
+  try {
+    return models::ChatTemplate::parse(text.str(), path);
+  } catch (const models::ChatTemplateError& e) {
+    throw models::ChatTemplateError(fmt::format("--chat-template: {}", e.what()), e.line());
+  }
+}
 
 CheckedServe check_serve_options(const ServeOptions& o) {
   CheckedServe c;
@@ -58,6 +78,7 @@ CheckedServe check_serve_options(const ServeOptions& o) {
   NUMESH_CHECK(o.http_threads >= 0 && o.max_body_bytes >= 1024, ValueError,
                "--http-threads {} must not be negative and the body limit {} at least 1024",
                o.http_threads, o.max_body_bytes);
+  c.chat_template = read_chat_template(o.chat_template);
   check_mesh_options(o.mesh);
   c.mode = parse_run_mode(o.mode);
   c.partitions.emplace(build_paxis(o.paxis_json, o.sets));
@@ -157,17 +178,22 @@ models::Engine load_serving_engine(const ServeOptions& o, const CheckedServe& c)
 CLI::App* add_serve_command(CLI::App& app, ServeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "serve",
-      "Serve a Hugging Face checkpoint over HTTP with OpenAI's completions API: continuous "
-      "batching over paged KV caches on the machine's mesh, a request's tokens independent of "
-      "what else runs.");
+      "Serve a Hugging Face checkpoint over HTTP with OpenAI's completions and chat completions "
+      "APIs: continuous batching over paged KV caches on the machine's mesh, a request's tokens "
+      "independent of what else runs.");
   cmd->footer(
       R"(Endpoints: POST /v1/completions (prompt as text or token ids; max_tokens, temperature,
-top_p, top_k, seed, stop, stream, ignore_eos), GET /v1/models, GET /health (503 while loading),
-POST /tokenize, POST /detokenize, GET /metrics (Prometheus). docs/serving.md has the details.
+top_p, top_k, seed, stop, stream, ignore_eos), POST /v1/chat/completions (messages, tools,
+chat_template_kwargs, add_generation_prompt, and the same fields; the model's chat template
+from chat_template.jinja or tokenizer_config.json, or --chat-template's), GET /v1/models,
+GET /health (503 while loading), POST /tokenize, POST /detokenize, GET /metrics (Prometheus).
+docs/serving.md has the details.
 Examples:
-  numesh serve --model ~/models/Llama-3.2-1B --dtype bf16 --parallel 8 --ctx-size 4096
+  numesh serve --model ~/models/Llama-3.2-1B-Instruct --dtype bf16 --parallel 8 --ctx-size 4096
   curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' \
-       -d '{"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}')");
+       -d '{"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
+  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
+       -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}')");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--mode", o.mode, "The mode eformer's semantic axes resolve in")
       ->capture_default_str();
@@ -178,6 +204,9 @@ Examples:
                   "*.safetensors, tokenizer.json or tokenizer.model)");
   cmd->add_option("--model-name", o.model_name,
                   "The model's id in /v1/models and responses (default: the folder's name)");
+  cmd->add_option("--chat-template", o.chat_template,
+                  "Jinja chat template file that /v1/chat/completions renders, in place of the "
+                  "model's (chat_template.jinja or tokenizer_config.json's chat_template)");
   cmd->add_option("--host", o.host, "Address to bind (127.0.0.1: this machine only)")
       ->capture_default_str();
   cmd->add_option("--port", o.port, "Port (0: any free one)")->capture_default_str();
@@ -229,7 +258,8 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
           !o.model_name.empty()
               ? o.model_name
               : (folder.has_filename() ? folder.filename() : folder.parent_path().filename())
-                    .string()});
+                    .string(),
+      .chat_template = c.chat_template});
   // After the server: destroyed before it, so its thread never stops a server that is gone.
   SignalWatcher signals;
   const int port = server.bind();
@@ -246,12 +276,24 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   }
   server.attach(*loop);
   const models::Engine& e = loop->engine();
+  const std::string& template_error = e.source().chat_template_error();
+  if (!c.chat_template && !template_error.empty()) {
+    // Completions are served; chats are refused with this same error.
+    std::fprintf(stderr,
+                 "numesh: warning: the model's chat template cannot be used (%s): "
+                 "/v1/chat/completions refuses every request; give one with --chat-template "
+                 "FILE\n",
+                 template_error.c_str());
+  }
+  const models::ChatTemplate* chat =
+      c.chat_template ? &*c.chat_template : e.source().chat_template();
   out << fmt::format(
       "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
-      "at once, {} KV tokens in blocks of {})\n",
+      "at once, {} KV tokens in blocks of {}; chat template: {})\n",
       o.host, port, o.model, to_string(e.config().architecture), to_string(e.dtype()),
       e.mesh().mesh().repr(), o.parallel,
-      e.scheduler().pool().blocks() * o.block_size - o.block_size, o.block_size);
+      e.scheduler().pool().blocks() * o.block_size - o.block_size, o.block_size,
+      chat != nullptr ? chat->name() : "none");
   out.flush();
   http.join();  // until a signal stops the server (the requests in flight answered)
   loop->drain();

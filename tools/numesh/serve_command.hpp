@@ -1,7 +1,8 @@
 #pragma once
 
 // `numesh serve`: a Hugging Face checkpoint behind an OpenAI-compatible HTTP server
-// (/v1/completions, streamed or whole; /v1/models, /health, /tokenize, /detokenize, /metrics),
+// (/v1/completions and /v1/chat/completions, streamed or whole; /v1/models, /health, /tokenize,
+// /detokenize, /metrics),
 // continuous batching over paged KV caches on the machine's mesh. It binds first, answers 503
 // while the model loads, prints the address when ready, and drains on SIGINT or SIGTERM.
 
@@ -26,6 +27,7 @@ struct ServeOptions {
   std::vector<std::string> sets;  ///< --set field=value
   std::string model;              ///< --model DIR: config.json + *.safetensors (+ tokenizer)
   std::string model_name;         ///< --model-name: the id /v1/models gives (the folder's name)
+  std::string chat_template;      ///< --chat-template FILE: Jinja, in place of the model's
   std::string host = "127.0.0.1";
   int port = 8080;
   std::int64_t parallel = 8;  ///< --parallel: requests running at once
@@ -45,8 +47,12 @@ struct ServeOptions {
 /// Registers `serve`. Not thread-safe (CLI11 setup).
 CLI::App* add_serve_command(CLI::App& app, ServeOptions& options);
 
-/// Binds, loads, serves until SIGINT or SIGTERM, drains. Returns 0.
-/// Throws: numesh::Error naming a bad option or file, or an address it cannot bind.
+/// Binds, loads, serves until SIGINT or SIGTERM, drains. Returns 0. Prints a warning on stderr
+/// when the model's chat template does not parse and no --chat-template replaces it (chats are
+/// refused then; completions are served).
+/// Throws: numesh::Error naming a bad option or file, or an address it cannot bind; IoError for
+/// a --chat-template file it cannot read, ChatTemplateError (naming the file and the line) for
+/// one that does not parse; both before anything binds or loads.
 int run_serve(const ServeOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

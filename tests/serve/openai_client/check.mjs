@@ -1,7 +1,8 @@
 // The official OpenAI client (npm `openai`) against numesh serve: node check.mjs BASE_URL.
-// Lists the models, asks for a completion whole and streamed (the stream's text must add up to
-// the whole one's), and checks that a bad request surfaces as the client's BadRequestError with
-// OpenAI's fields. Prints one line per check; exits 1 when any fails.
+// Lists the models, asks for a completion and a chat completion, each whole and streamed (the
+// stream's text must add up to the whole one's), and checks that bad requests surface as the
+// client's BadRequestError with OpenAI's fields. Prints one line per check; exits 1 when any
+// fails.
 import OpenAI from "openai";
 
 const client = new OpenAI({ baseURL: process.argv[2] + "/v1", apiKey: "unused", maxRetries: 0 });
@@ -30,6 +31,42 @@ for await (const chunk of await client.completions.create({ ...request, stream: 
   finish = chunk.choices[0].finish_reason ?? finish;
 }
 check(streamed === text && finish === "length", `the stream adds up: ${JSON.stringify(streamed)}`);
+
+// ignore_eos (llama-server's extension, passed through by the client as it is): the random model
+// may pick its EOS id early, and the checks want 12 tokens.
+const chatRequest = {
+  model,
+  messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "hello" }],
+  max_completion_tokens: 12,
+  temperature: 0,
+  ignore_eos: true,
+};
+const chat = await client.chat.completions.create(chatRequest);
+const reply = chat.choices[0].message;
+check(reply.role === "assistant" && typeof reply.content === "string" &&
+        chat.choices[0].finish_reason === "length" && chat.usage.completion_tokens === 12,
+      `chat.completions.create: ${JSON.stringify(reply.content)} (${chat.choices[0].finish_reason})`);
+
+let chatStreamed = "";
+let role = null;
+let chatFinish = null;
+for await (const chunk of await client.chat.completions.create({ ...chatRequest, stream: true })) {
+  const delta = chunk.choices[0].delta;
+  role = role ?? delta.role ?? null;
+  chatStreamed += delta.content ?? "";
+  chatFinish = chunk.choices[0].finish_reason ?? chatFinish;
+}
+check(chatStreamed === reply.content && role === "assistant" && chatFinish === "length",
+      `the chat stream adds up: ${JSON.stringify(chatStreamed)} (${role}, ${chatFinish})`);
+
+try {
+  await client.chat.completions.create({ model, messages: [] });
+  check(false, "empty messages are refused");
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "messages" &&
+          e.type === "invalid_request_error",
+        `empty messages: ${e.constructor.name} ${e.status} param=${e.param} type=${e.type}`);
+}
 
 try {
   await client.completions.create({ model, prompt: [1], max_tokens: -1 });

@@ -2,14 +2,16 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "numesh/models/chat/chat_template.hpp"
 #include "numesh/models/engine/engine_loop.hpp"
 
-// numesh's HTTP server: OpenAI's completions API and llama-server's tokenizer endpoints over an
-// EngineLoop. HTTP (cpp-httplib) lives in one file, http_server.cpp; the request and response
-// shapes in openai/. The HTTP threads never touch the model: they submit to the engine's thread
-// and read each request's stream.
+// numesh's HTTP server: OpenAI's completions and chat completions APIs and llama-server's
+// tokenizer endpoints over an EngineLoop. HTTP (cpp-httplib) lives in one file, http_server.cpp;
+// the request and response shapes in openai/. The HTTP threads never touch the model: they submit
+// to the engine's thread and read each request's stream.
 
 namespace numesh::serve {
 
@@ -27,6 +29,9 @@ struct ServerOptions {
   std::size_t max_body_bytes = std::size_t{1} << 20;
   /// The model's name in /v1/models and in responses.
   std::string model_name = "numesh";
+  /// The template chats are rendered with, in place of the model's (`--chat-template FILE`);
+  /// unset: the model's (chat_template.jinja or tokenizer_config.json's).
+  std::optional<models::ChatTemplate> chat_template;
 };
 
 /// The server. One instance per process and port; listen() blocks until stop().
@@ -39,7 +44,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  /// Serves `loop` from now on (which must outlive the server). Thread-safe.
+  /// Serves `loop` from now on (which must outlive the server), its model's chat template unless
+  /// ServerOptions::chat_template replaces it. Call it once. Thread-safe.
   void attach(models::EngineLoop& loop);
   /// Binds the address and returns the port.
   /// Throws: IoError naming the address when it cannot bind.
