@@ -89,6 +89,23 @@ def main():
                               "def f(x):\n    return x**2  # code", "\u00a0\u2028\u3000"]):
         write("tokenizer_encode_fuzz", str(i), text)
 
+    # Chat templates of numesh's own writing, in the shapes real ones take (ChatML, Llama 3's
+    # headers, tools with tojson, a namespace, a macro, whitespace control).
+    for i, text in enumerate([
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+            "{{- bos_token }}\n{%- for message in messages %}\n    {{- '<|start_header_id|>' + message['role']"
+            " + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}\n{%- endfor %}",
+            "{%- if tools %}{% for t in tools %}{{ t | tojson(indent=2) }}\n{% endfor %}{% endif %}"
+            "{%- set ns = namespace(last=-1) %}{% for m in messages[::-1] %}{% if m.role == 'user' %}"
+            "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}{{ ns.last }}",
+            "{% macro turn(role, text='') -%}[{{ role|upper }}] {{ text }}{%- endmacro %}"
+            "{% for m in messages if m.content is string %}{{ turn(m.role, m.content) }}\n{% else %}none{% endfor %}",
+            "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | join(', ') }}"
+            "{{ raise_exception('bad ' ~ messages|length) if messages|length > 9 }}",
+            "{# comment #}\n  {% if x is not defined and 1 < 2.5 %}{{ 'a'[0:1] * 3 }}{{ {'k': [1, (2,)]} }}{% endif %}"]):
+        write("chat_template_fuzz", str(i), text)
+
     for f in sorted((ROOT / "tests" / "data" / "topologies").glob("*.xml")):
         write("topology_fuzz", f.name, f.read_bytes())
     for i, text in enumerate(["package:2 numa:2 core:8 pu:2", "numa:4 core:2 pu:1", "pack:2 l3:2 core:4 pu:2",

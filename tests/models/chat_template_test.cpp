@@ -123,6 +123,10 @@ TEST(ChatTemplateTest, GuardsATemplateCannotGetPast) {
               HasSubstr("too many values to unpack (expected 2)"));
   EXPECT_THAT(error_of("{% break %}").what(), HasSubstr("break or continue outside a for loop"));
   EXPECT_THAT(error_of("{{ 9223372036854775807 + 1 }}").what(), HasSubstr("integer overflow"));
+  // Found by chat_template_fuzz: an attribute that is an integer past 64 bits.
+  EXPECT_THAT(error_of("{{ m.99999999999999999999 }}").what(),
+              HasSubstr("the integer 99999999999999999999 is past 64 bits"));
+  EXPECT_THAT(error_of("{{ 99999999999999999999 }}").what(), HasSubstr("past 64 bits"));
 }
 
 TEST(ChatTemplateTest, TheGenerationMarkerRendersItsBody) {

@@ -14,6 +14,10 @@ namespace {
 // Macros calling macros deeper than this are refused (a template that recurses forever would
 // otherwise overflow the stack).
 constexpr int kMaxMacroDepth = 64;
+// A render stops past this many statements and loop turns, or this much text, so that a template
+// that would run for hours (nested ranges) or fill the memory fails instead.
+constexpr std::int64_t kMaxSteps = 10'000'000;
+constexpr std::size_t kMaxOutputBytes = std::size_t{64} << 20;
 
 // Variables of one scope; lookups walk out to the globals.
 struct Scope {
@@ -67,7 +71,17 @@ class Interpreter {
     return Flow::kNext;
   }
 
+  void count_step(int line) {
+    if (++steps_ > kMaxSteps) {
+      fail_at(line, fmt::format("the template ran past {} steps", kMaxSteps));
+    }
+  }
+
   Flow run_node(const Node& node, const ScopePtr& scope, std::string& out) {
+    count_step(node.line);
+    if (out.size() > kMaxOutputBytes) {
+      fail_at(node.line, fmt::format("the template wrote more than {} MiB", kMaxOutputBytes >> 20));
+    }
     switch (node.kind) {
       case NodeKind::kText:
         out += node.text;
@@ -185,6 +199,7 @@ class Interpreter {
   void run_for(const Node& node, const ScopePtr& scope, std::string& out) {
     const std::vector<Value> items = loop_items(node, scope);
     for (std::size_t i = 0; i < items.size(); ++i) {
+      count_step(node.line);
       ScopePtr iteration = child_of(scope);
       bind(node, node.targets, items[i], *iteration);
       iteration->vars.set("loop", loop_object(items, i));
@@ -222,7 +237,8 @@ class Interpreter {
       throw EvalError(
           fmt::format("macro '{}' takes not more than {} argument(s)", macro.text, params.size()));
     }
-    for (const auto& [key, value] : args.keyword) {
+    for (const auto& keyword : args.keyword) {
+      const std::string& key = keyword.first;  // a name of its own: lambdas capture it (clang 14)
       const bool known =
           std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == key; });
       if (!known) {
@@ -351,6 +367,7 @@ class Interpreter {
 
   const Program& program_;
   int macro_depth_ = 0;
+  std::int64_t steps_ = 0;
 };
 
 // jinja2 refuses an unknown filter or test when it compiles the template, except inside an if

@@ -387,7 +387,16 @@ Value float_op(const std::string& op, double x, double y) {
   return std::floor((x - mod) / y);  // Python's float //: (x - x % y) / y, exact
 }
 
+// A str or list repeated past this many bytes or items is refused (jinja2's sandbox refuses
+// ranges past 100000 for the same reason: a template must not exhaust the memory).
+constexpr std::int64_t kMaxRepeat = std::int64_t{1} << 24;
+
 Value repeat(const Value& seq, std::int64_t times) {
+  const auto unit =
+      static_cast<std::int64_t>(seq.is_string() ? seq.str().size() : seq.list()->items.size());
+  if (times > 0 && unit > 0 && times > kMaxRepeat / unit) {
+    throw EvalError(fmt::format("a repetition past {} bytes or items", kMaxRepeat));
+  }
   if (seq.is_string()) {
     std::string out;
     for (std::int64_t i = 0; i < times; ++i) out += seq.str();

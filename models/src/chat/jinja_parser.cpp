@@ -16,6 +16,10 @@ void fail(const std::string& name, int line, const std::string& message) {
 
 namespace {
 
+// Deeper nesting than this (of tags or of expressions) is refused, so that a template cannot
+// overflow the parser's stack.
+constexpr int kMaxNesting = 256;
+
 ExprPtr make_expr(ExprKind kind, int line) {
   auto e = std::make_unique<Expr>();
   e->kind = kind;
@@ -65,6 +69,23 @@ class Parser {
   }
 
  private:
+  // Counts one level of nesting while it lives.
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxNesting) {
+        fail(p_.name_, p_.peek().line,
+             fmt::format("the template nests deeper than {} levels", kMaxNesting));
+      }
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
   // ---- tokens --------------------------------------------------------------------------------
   const Token& peek(std::size_t k = 0) const {
     return tokens_[std::min(i_ + k, tokens_.size() - 1)];
@@ -100,6 +121,7 @@ class Parser {
   // Statements until a block tag named in `ends` (its name consumed into `end`, the rest of
   // that tag left to the caller) or, with no ends, the end of the template.
   Body parse_until(std::initializer_list<std::string_view> ends, std::string& end) {
+    const Nest nest(*this);
     Body body;
     while (true) {
       const Token& t = peek();
@@ -305,7 +327,10 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_expression(bool condexpr) { return condexpr ? parse_condexpr() : parse_or(); }
+  ExprPtr parse_expression(bool condexpr) {
+    const Nest nest(*this);
+    return condexpr ? parse_condexpr() : parse_or();
+  }
 
   ExprPtr parse_condexpr() {
     ExprPtr expr = parse_or();
@@ -345,6 +370,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const Nest nest(*this);
     if (at_name("not")) {
       const int line = next().line;
       return unary("not", parse_not(), line);
@@ -419,6 +445,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nest nest(*this);
     ExprPtr node;
     if (at_op("-") || at_op("+")) {
       const Token& t = next();
@@ -429,6 +456,15 @@ class Parser {
     node = parse_postfix(std::move(node));
     if (with_filter) node = parse_filter_expr(std::move(node));
     return node;
+  }
+
+  // An integer token's value (Python's ints are unbounded; numesh's are 64-bit).
+  std::int64_t integer_literal(const std::string& text, int line) const {
+    try {
+      return static_cast<std::int64_t>(std::stoll(text));
+    } catch (const std::out_of_range&) {
+      fail(name_, line, fmt::format("the integer {} is past 64 bits", text));
+    }
   }
 
   ExprPtr literal(Value v, int line) {
@@ -456,11 +492,7 @@ class Parser {
         return literal(std::move(text), line);
       }
       case TokenKind::kInteger:
-        try {
-          return literal(static_cast<std::int64_t>(std::stoll(next().text)), line);
-        } catch (const std::out_of_range&) {
-          fail(name_, line, "an integer literal past 64 bits");
-        }
+        return literal(integer_literal(next().text, line), line);
       case TokenKind::kFloat:
         return literal(std::strtod(next().text.c_str(), nullptr), line);
       default:
@@ -508,7 +540,7 @@ class Parser {
         if (peek().kind == TokenKind::kInteger) {
           ExprPtr e = make_expr(ExprKind::kItem, line);
           e->children.push_back(std::move(node));
-          e->children.push_back(literal(static_cast<std::int64_t>(std::stoll(next().text)), line));
+          e->children.push_back(literal(integer_literal(next().text, line), line));
           node = std::move(e);
         } else {
           ExprPtr e = make_expr(ExprKind::kAttribute, line);
@@ -634,6 +666,7 @@ class Parser {
   std::vector<Token> tokens_;
   std::size_t i_ = 0;
   const std::string& name_;
+  int depth_ = 0;
 };
 
 }  // namespace
