@@ -95,16 +95,50 @@ struct Server::Impl {
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
-// A request accepted by the engine: its stream, its text, and how its responses are shaped.
+// A request accepted by the engine: its stream, its text, its tokens' log-probabilities (when
+// it asked), and how its responses are shaped.
 struct Accepted {
   std::shared_ptr<models::RequestStream> stream;
   std::shared_ptr<TextStream> text;
+  std::shared_ptr<std::vector<models::TokenLogprobs>> scores;
+  const models::TextTokenizer* tokenizer = nullptr;
   std::size_t prompt_tokens = 0;
   bool streamed = false;
   openai::ResponseShape shape;
 
   // The response's or the last chunk's usage.
   [[nodiscard]] json usage() const { return openai::usage(prompt_tokens, text->tokens().size()); }
+  // Takes in what an event brings beside its token.
+  void record(const models::RequestStream::Event& e) const {
+    if (e.logprobs) scores->push_back(*e.logprobs);
+  }
+  // The logprobs of the tokens [from, from + count) (null when the request asked for none);
+  // `offset` is the first one's place in the text, in characters, and moves past them.
+  [[nodiscard]] json logprobs(std::size_t from, std::size_t count, std::size_t& offset) const {
+    if (scores->empty()) return nullptr;
+    const std::vector<std::int32_t>& all = text->tokens();
+    const std::size_t end = std::min({from + count, all.size(), scores->size()});
+    const std::vector<std::int32_t> tokens(all.begin() + static_cast<std::ptrdiff_t>(from),
+                                           all.begin() + static_cast<std::ptrdiff_t>(end));
+    const std::vector<models::TokenLogprobs> part(
+        scores->begin() + static_cast<std::ptrdiff_t>(from),
+        scores->begin() + static_cast<std::ptrdiff_t>(end));
+    // A token's own text; a model without a tokenizer names ids as vLLM does ("token_id:N").
+    const auto text_of = [this](std::int32_t id) {
+      return tokenizer != nullptr && tokenizer->knows(id)
+                 ? tokenizer->decode(std::vector<std::int32_t>{id}, /*skip_special_tokens=*/false)
+                 : fmt::format("token_id:{}", id);
+    };
+    json out = shape.logprobs(tokens, part, text_of, offset);
+    if (out.contains("text_offset")) {
+      for (const std::int32_t t : tokens) {
+        const std::string s = text_of(t);
+        offset += static_cast<std::size_t>(
+            std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+      }
+    }
+    return out;
+  }
 };
 
 std::optional<Accepted> Server::Impl::accept_completion(const httplib::Request& req,
@@ -160,7 +194,9 @@ std::optional<Accepted> Server::Impl::submit(std::vector<std::int32_t> prompt,
     return std::nullopt;
   }
   a.stream = std::move(sub.stream);
-  a.text = std::make_shared<TextStream>(loop.load()->engine().source().tokenizer(), r.stop);
+  a.tokenizer = loop.load()->engine().source().tokenizer();
+  a.text = std::make_shared<TextStream>(a.tokenizer, r.stop);
+  a.scores = std::make_shared<std::vector<models::TokenLogprobs>>();
   a.streamed = r.stream;
   const char* prefix = endpoint == openai::Endpoint::kChatCompletions ? "chatcmpl" : "cmpl";
   a.shape = openai::ResponseShape{.endpoint = endpoint,
@@ -189,6 +225,7 @@ void Server::Impl::respond_whole(const Accepted& a, httplib::Response& res) {
     for (const models::RequestStream::Event& e : a.stream->take(kPoll)) {
       if (!e.error.empty()) failure = e.error;
       if (e.token < 0 || finish != nullptr) continue;
+      a.record(e);
       all += a.text->add(e.token);
       if (a.text->stopped()) {
         a.stream->cancel();
@@ -203,7 +240,9 @@ void Server::Impl::respond_whole(const Accepted& a, httplib::Response& res) {
     send_error(res, 500, failure, "server_error");
     return;
   }
-  res.set_content(a.shape.whole(all, a.text->tokens(), finish, a.usage()).dump(),
+  std::size_t offset = 0;
+  const json logprobs = a.logprobs(0, a.text->tokens().size(), offset);
+  res.set_content(a.shape.whole(all, a.text->tokens(), finish, a.usage(), logprobs).dump(),
                   "application/json");
 }
 
@@ -232,6 +271,7 @@ class EventSource {
           return true;
         }
         if (e.token < 0) continue;
+        a_.record(e);
         std::string piece = a_.text->add(e.token);
         const bool stop_string = a_.text->stopped();
         if (stop_string) a_.stream->cancel();
@@ -239,8 +279,11 @@ class EventSource {
         if (stop_string || e.stopped) {
           return close(sink, piece, finish_reason(e.stopped, stop_string));
         }
-        if ((!piece.empty() || per_token_) && !send(sink, a_.shape.piece(piece, fresh()))) {
-          return gone();
+        if (!piece.empty() || per_token_) {
+          const std::size_t from = sent_;
+          std::vector<std::int32_t> tokens = fresh();
+          const json logprobs = a_.logprobs(from, tokens.size(), offset_);
+          if (!send(sink, a_.shape.piece(piece, tokens, logprobs))) return gone();
         }
       }
       if (!sink.is_writable()) return gone();
@@ -259,7 +302,10 @@ class EventSource {
   }
   bool close(httplib::DataSink& sink, const std::string& piece, const char* finish) {
     bool sent = true;
-    for (const json& chunk : a_.shape.closing(piece, fresh(), finish, a_.usage())) {
+    const std::size_t from = sent_;
+    std::vector<std::int32_t> tokens = fresh();
+    const json logprobs = a_.logprobs(from, tokens.size(), offset_);
+    for (const json& chunk : a_.shape.closing(piece, tokens, finish, a_.usage(), logprobs)) {
       sent = sent && send(sink, chunk);
     }
     const std::string done = "data: [DONE]\n\n";
@@ -278,7 +324,8 @@ class EventSource {
   Accepted a_;
   bool per_token_;
   bool opened_ = false;
-  std::size_t sent_ = 0;  // tokens in the chunks so far
+  std::size_t sent_ = 0;    // tokens in the chunks so far
+  std::size_t offset_ = 0;  // characters of their texts (a completion's text_offset)
 };
 
 }  // namespace
@@ -395,7 +442,11 @@ void Server::Impl::routes() {
   };
   http.set_payload_max_length(options.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // /health and the page (GET /: it holds no secret and shows the loading itself) are open:
+    // no 503 while loading, no API key; every call the page makes needs them.
+    if (req.path == "/health" || req.path == "/") {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
     if (loop.load() == nullptr) {
       send_error(res, 503, "the model is loading", "server_loading");
       return httplib::Server::HandlerResponse::Handled;

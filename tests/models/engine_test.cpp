@@ -9,8 +9,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -213,6 +216,82 @@ TEST(EngineTest, GreedyRequestsGiveWhatGenerateGives) {
   }
 }
 
+// Each token's log-probabilities, keyed by request, as serve() keys its tokens.
+std::vector<std::vector<TokenLogprobs>> serve_logprobs(Engine& engine,
+                                                       const std::vector<Request>& requests) {
+  std::vector<std::vector<TokenLogprobs>> out(requests.size());
+  std::map<SequenceId, std::size_t> index;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    index[*engine.submit(requests[i].prompt, requests[i].options)] = i;
+  }
+  for (int step = 0; engine.busy() && step < 1000; ++step) {
+    for (const EngineStep::Token& t : engine.step().tokens) {
+      if (t.logprobs) out[index.at(t.sequence)].push_back(*t.logprobs);
+    }
+  }
+  return out;
+}
+
+TEST(EngineTest, LogprobsAreTheLogSoftmaxOfTheModelsLogits) {
+  ScratchDir dir;
+  testing::write_small_llama(dir);
+  const HfConfig config = HfConfig::load(dir.path());
+  const std::vector<std::int32_t> prompt{3, 40, 5, 17};
+  const auto sampled = ops::SamplingOptions{.temperature = 1.3, .top_k = 30, .top_p = 0.9};
+  const std::vector<Request> requests{
+      {prompt, {.max_new_tokens = 5, .logprobs = 5}},
+      {prompt, {.max_new_tokens = 5, .sampling = sampled, .seed = 7, .logprobs = 3}},
+      {{9, 9, 9}, {.max_new_tokens = 4}}};  // beside them, asking for none
+  // Two devices split the vocabulary: each row's normaliser is combined from both.
+  for (const int devices : {1, 2}) {
+    Engine engine = serving_engine(dir, mesh_of(devices, {"tp"}),
+                                   {.block_size = 4, .kv_tokens = 128, .batch_tokens = 8});
+    const auto tokens = serve(engine, requests);
+    const auto scores = serve_logprobs(engine, requests);
+    EXPECT_TRUE(scores[2].empty()) << "a request that asks for none gets none";
+    for (std::size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(scores[r].size(), tokens[r].size()) << "request " << r;
+      // The reference: the dense model's logits over prompt + tokens, log-softmax in double.
+      std::vector<std::int32_t> ids = prompt;
+      ids.insert(ids.end(), tokens[r].begin(), tokens[r].end() - 1);
+      CausalLm one = CausalLm::load(mesh_of(1, {"tp"}), config,
+                                    SafetensorsCheckpoint::open(dir.path()), 1, 16);
+      const auto n = static_cast<std::int64_t>(ids.size());
+      const runtime::HostTensor logits = one.logits(ids, n, 0);
+      const std::int64_t vocab = logits.shape[1];
+      for (std::size_t i = 0; i < tokens[r].size(); ++i) {
+        const std::int64_t row =
+            static_cast<std::int64_t>(prompt.size()) - 1 + static_cast<std::int64_t>(i);
+        const float* l = logits.data.data() + row * vocab;
+        double m = l[0], sum = 0;
+        for (std::int64_t v = 1; v < vocab; ++v) m = std::max<double>(m, l[v]);
+        for (std::int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - m);
+        const double lse = m + std::log(sum);
+        const TokenLogprobs& got = scores[r][i];
+        EXPECT_NEAR(got.logprob, l[tokens[r][i]] - lse, 1e-4) << "request " << r << " token " << i;
+        std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return l[a] > l[b]; });
+        ASSERT_EQ(got.top.size(), r == 0 ? 5U : 3U);
+        for (std::size_t k = 0; k < got.top.size(); ++k) {
+          EXPECT_EQ(got.top[k].first, order[k])
+              << "request " << r << " token " << i << " rank " << k;
+          EXPECT_NEAR(got.top[k].second, l[order[k]] - lse, 1e-4);
+        }
+        if (r == 0) {
+          EXPECT_EQ(got.top[0].first, tokens[r][i]) << "greedy picks the most likely";
+        }
+      }
+    }
+    // Alone, the same request's log-probabilities are the same bits.
+    const auto alone = serve_logprobs(engine, {requests[0]});
+    for (std::size_t i = 0; i < alone[0].size(); ++i) {
+      EXPECT_EQ(alone[0][i].logprob, scores[0][i].logprob) << "token " << i;
+      EXPECT_EQ(alone[0][i].top, scores[0][i].top) << "token " << i;
+    }
+  }
+}
+
 TEST(EngineTest, StopIdsCancellationAndAFullQueue) {
   ScratchDir dir;
   testing::write_small_llama(dir);
@@ -330,6 +409,10 @@ TEST(EngineTest, BadCallsAreRefusedByName) {
           "submit: top_k 65 is more than the 64 candidates the engine brings back per device"));
   EXPECT_THAT([&] { (void)engine.submit({}, {}); },
               ThrowsMessage<ShapeError>("add: the prompt is empty"));
+  EXPECT_THAT([&] { (void)engine.submit({1}, {.logprobs = 21}); },
+              ThrowsMessage<ValueError>(HasSubstr("submit: logprobs 21 must be between 0 and 20")));
+  EXPECT_THAT([&] { (void)engine.submit({1}, {.logprobs = -1}); },
+              ThrowsMessage<ValueError>(HasSubstr("submit: logprobs -1 must be between 0 and 20")));
   EXPECT_THAT([&] { (void)engine.submit({1}, {.max_new_tokens = 65}); },
               ThrowsMessage<ValueError>(HasSubstr("past the 64 a sequence may take")));
   EXPECT_THAT([&] { engine.cancel(3); },

@@ -54,6 +54,42 @@ TEST_P(LmHeadTest, LogitsMatchTheReferenceAndGreedyPicksTheirArgmax) {
   }
 }
 
+TEST_P(LmHeadTest, ScoredCandidatesGiveEachRowsLogSumExp) {
+  const MeshCase& c = GetParam();
+  const runtime::DeviceMesh mesh = testing::make_mesh(c);
+  for (std::int64_t vocab : {std::int64_t{1000}, std::int64_t{1002}}) {
+    const std::int64_t rows = 6;
+    const std::string label = testing::mesh_label(c) + " V=" + std::to_string(vocab);
+    const LmHeadWeights w{.weight = testing::random_host({64, vocab}, 7, 0.5f)};
+    const runtime::HostTensor x = testing::random_host({rows, 64}, 8, 1.0f);
+    ShardedLmHead head(mesh, w, rows);
+    const runtime::HostTensor logits = head.logits(x);
+    const ShardedLmHead::ScoredCandidates scored = head.scored_candidates(x, 5);
+    // The candidates are those of candidates(), and each row's normaliser is the log-sum-exp of
+    // the logits the devices computed, in double.
+    EXPECT_EQ(scored.candidates.data, head.candidates(x, 5).data) << label;
+    ASSERT_EQ(scored.log_normalizers.size(), static_cast<std::size_t>(rows)) << label;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (std::int64_t v = 0; v < vocab; ++v) m = std::max<double>(m, logits.data[r * vocab + v]);
+      for (std::int64_t v = 0; v < vocab; ++v) sum += std::exp(logits.data[r * vocab + v] - m);
+      EXPECT_NEAR(scored.log_normalizers[r], m + std::log(sum), 1e-5) << label << " row " << r;
+    }
+  }
+}
+
+TEST(LmHeadTest, LogSumExpOfRowsThatRuleOutEveryTokenOrHoldNan) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> rows = {-inf, -inf, 1.0f, std::nanf(""), 0.0f, 0.0f};
+  std::vector<float> out(3);
+  row_log_sum_exp(ConstMatrixMap(rows.data(), 3, 2), out.data());
+  EXPECT_EQ(out[0], -inf);
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_FLOAT_EQ(out[2], std::log(2.0f));
+  EXPECT_THAT([] { (void)log_normalizers(runtime::HostTensor::zeros({2})); },
+              ThrowsMessage<ShapeError>(HasSubstr("must be [rows, n]")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, LmHeadTest,
                          ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}},
                                            MeshCase{{4}, {"tp"}}, MeshCase{{2}, {"dp"}},

@@ -108,8 +108,17 @@ TEST(ParseChatTest, RefusesBadOnesByName) {
           "'add_generation_prompt' must be true or false, not 1");
   refused("{" + ok + R"(, "max_completion_tokens": 0})", "max_completion_tokens",
           "'max_completion_tokens' is 0; it must be between 1 and 1073741824");
-  refused("{" + ok + R"(, "logprobs": true})", "logprobs", "'logprobs' is not supported yet");
-  EXPECT_NO_THROW((void)openai::parse_chat("{" + ok + R"(, "logprobs": false})", {}));
+  refused("{" + ok + R"(, "logprobs": "yes"})", "logprobs",
+          "'logprobs' must be true or false, not \"yes\"");
+  refused("{" + ok + R"(, "top_logprobs": 2})", "top_logprobs",
+          "'top_logprobs' needs 'logprobs': true");
+  refused("{" + ok + R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs",
+          "'top_logprobs' is 21; it must be between 0 and 20");
+  EXPECT_FALSE(openai::parse_chat("{" + ok + R"(, "logprobs": false})", {}).options.logprobs);
+  EXPECT_EQ(openai::parse_chat("{" + ok + R"(, "logprobs": true, "top_logprobs": 3})", {})
+                .options.logprobs,
+            3);
+  EXPECT_EQ(openai::parse_chat("{" + ok + R"(, "logprobs": true})", {}).options.logprobs, 0);
 }
 
 TEST(ParseBodyTest, RefusesADeepBodyAndAnObjectOfTooManyKeys) {

@@ -17,6 +17,7 @@ usage: server_check.py NUMESH WORK_DIR TOKENIZER_JSON
 
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -311,6 +312,63 @@ def check_chat(server):
           f"max_tokens defaults to the rest of the context: {status} {usage}")
 
 
+def check_logprobs(server):
+    """Log-probabilities: a completion's (tokens, token_logprobs, top_logprobs with the chosen
+    one, text_offset) and a chat's (content entries with their top alternatives), whole and
+    streamed alike; each a log-probability (<= 0, the alternatives' mass at most 1), greedy's
+    choice the most likely. That they are the model's log-softmax is EngineTest's proof."""
+    s = server.request
+    req = {"prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+           "logprobs": 3}
+    status, body, _ = s("POST", "/v1/completions", req)
+    check(status == 200, f"a completion with logprobs: {status} {body}")
+    lp = body["choices"][0]["logprobs"] if status == 200 else None
+    if lp:
+        n = body["usage"]["completion_tokens"]
+        check(len(lp["tokens"]) == n and len(lp["token_logprobs"]) == n and
+              len(lp["top_logprobs"]) == n and len(lp["text_offset"]) == n,
+              f"one entry per token: {lp}")
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            check(value <= 0 and top.get(token) == value and len(top) <= 4,
+                  f"a token's log-probability and its alternatives: {token!r} {value} {top}")
+            check(value == max(top.values()), f"greedy picks the most likely: {value} {top}")
+            check(sum(math.exp(v) for v in top.values()) <= 1 + 1e-6, f"at most all mass: {top}")
+        check(lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"]),
+              f"text offsets: {lp['text_offset']}")
+        chunks, done = server.stream(req)
+        streamed = {k: [x for c in chunks if c["choices"][0]["logprobs"]
+                        for x in c["choices"][0]["logprobs"][k]] for k in lp}
+        check(done and streamed == lp, f"the stream's logprobs add up: {streamed} != {lp}")
+    # Without asking: none.
+    status, body, _ = s("POST", "/v1/completions", {**req, "logprobs": None})
+    check(status == 200 and body["choices"][0]["logprobs"] is None, f"no logprobs: {body}")
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    status, body, _ = s("POST", "/v1/chat/completions", chat)
+    check(status == 200, f"a chat with logprobs: {status} {body}")
+    content = body["choices"][0]["logprobs"]["content"] if status == 200 else []
+    check(len(content) == 5, f"a chat's logprobs, one per token: {content}")
+    for entry in content:
+        top = entry["top_logprobs"]
+        check(len(top) == 2 and top[0]["logprob"] >= top[1]["logprob"] and
+              entry["logprob"] == top[0]["logprob"] and entry["token"] == top[0]["token"] and
+              entry["bytes"] == list(entry["token"].encode()),
+              f"a chat token's entry: {entry}")
+    chunks, done = server.stream(chat, "/v1/chat/completions")
+    streamed = [e for c in chunks if c["choices"][0].get("logprobs")
+                for e in c["choices"][0]["logprobs"]["content"]]
+    check(done and streamed == content, f"the chat stream's logprobs add up: {streamed}")
+
+    for bad, param in (({**req, "logprobs": 21}, "logprobs"),
+                       ({**req, "logprobs": "3"}, "logprobs"),
+                       ({**chat, "logprobs": False}, "top_logprobs"),
+                       ({**chat, "top_logprobs": -1}, "top_logprobs")):
+        path = "/v1/chat/completions" if "messages" in bad else "/v1/completions"
+        status, body, _ = s("POST", path, bad)
+        error_object(status, body, 400, param)
+
+
 def check_bad_chats(server):
     """Every bad chat request: 400 and OpenAI's error object naming the field; a template's own
     raise_exception names its line."""
@@ -339,7 +397,9 @@ def check_bad_chats(server):
            ("temperature out of range", {"messages": ok, "temperature": 7}, "temperature"),
            ("n of 2", {"messages": ok, "n": 2}, "n"),
            ("stop of a wrong type", {"messages": ok, "stop": 3}, "stop"),
-           ("logprobs", {"messages": ok, "logprobs": True}, "logprobs"),
+           ("logprobs not a boolean", {"messages": ok, "logprobs": "yes"}, "logprobs"),
+           ("top_logprobs past 20", {"messages": ok, "logprobs": True, "top_logprobs": 21},
+            "top_logprobs"),
            ("a body nested too deep", {"messages": ok, "x": json.loads("[" * 70 + "]" * 70)},
             None),
            ("a prompt past the context", {"messages": [{"role": "user", "content": "x " * 600}]},
@@ -499,7 +559,7 @@ def main():
            ("n of 2", {"prompt": [1], "n": 2}, "n"),
            ("stream not a boolean", {"prompt": [1], "stream": "yes"}, "stream"),
            ("stop of a wrong type", {"prompt": [1], "stop": 3}, "stop"),
-           ("logprobs", {"prompt": [1], "logprobs": 2}, "logprobs")]
+           ("logprobs past 20", {"prompt": [1], "logprobs": 21}, "logprobs")]
     for what, body_in, param in bad:
         status, body, _ = s("POST", "/v1/completions", body_in)
         error_object(status, body, 400, param)
@@ -511,6 +571,7 @@ def main():
     error_object(status, body, 404)
     check_chat(server)
     check_bad_chats(server)
+    check_logprobs(server)
     m = server.metrics()
     check(m.get("numesh_requests_running") == 0 and m.get("numesh_kv_blocks_used") == 0,
           f"after the requests nothing runs and no block is held: {m}")

@@ -127,7 +127,7 @@ void EngineLoop::step() {
     const auto it = std::find_if(streams_.begin(), streams_.end(),
                                  [&](const auto& s) { return s.first == t.sequence; });
     if (it == streams_.end()) continue;
-    it->second->push({.token = t.id, .stopped = t.stopped, .error = {}});
+    it->second->push({.token = t.id, .stopped = t.stopped, .error = {}, .logprobs = t.logprobs});
     if (t.stopped) streams_.erase(it);
   }
   count(out);

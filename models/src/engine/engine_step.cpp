@@ -53,6 +53,9 @@ void Engine::compile_steps() {
     pad_step(ids, batch, tokens, o.block_size);
     const std::vector<std::int64_t> picked(static_cast<std::size_t>(rows), 0);
     (void)model_->ragged_candidates(ids, batch, picked, serving_->candidates);
+    // And the head with log-sum-exps, for steps whose requests ask for log-probabilities.
+    std::vector<double> log_normalizers;
+    (void)model_->ragged_candidates(ids, batch, picked, serving_->candidates, &log_normalizers);
   };
   // Every size step() pads to: token counts by powers of two up to batch_tokens, sampled rows
   // by powers of two up to max_running (each bucket ends at its bound).
@@ -88,6 +91,13 @@ std::optional<SequenceId> Engine::submit(std::vector<std::int32_t> prompt,
                  "device",
                  options.sampling->top_k, serving_->candidates);
   }
+  if (options.logprobs) {
+    const std::int64_t most = std::min(kMaxTopLogprobs, serving_->candidates);
+    NUMESH_CHECK(*options.logprobs >= 0 && *options.logprobs <= most, ValueError,
+                 "submit: logprobs {} must be between 0 and {} (the engine brings back {} "
+                 "candidates per device; OpenAI allows 20)",
+                 *options.logprobs, most, serving_->candidates);
+  }
   const std::int64_t vocab = config().vocab_size;
   for (std::size_t i = 0; i < prompt.size(); ++i) {
     const bool inside = prompt[i] >= 0 && prompt[i] < vocab;
@@ -108,6 +118,72 @@ void Engine::cancel(SequenceId sequence) {
   }
   scheduler.finish(sequence);
   requests_.erase(sequence);
+}
+
+TokenLogprobs Engine::score(const Request& request, std::span<const float> candidates,
+                            double log_normalizer, std::int32_t picked) {
+  // Every device's best, largest first and the lower id first among equals (the global order),
+  // as log-probabilities.
+  std::vector<std::pair<std::int32_t, double>> all;
+  for (std::size_t i = 0; i + 1 < candidates.size(); i += 2) {
+    all.emplace_back(static_cast<std::int32_t>(candidates[i + 1]),
+                     static_cast<double>(candidates[i]) - log_normalizer);
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  TokenLogprobs out;
+  // The picked token is among the candidates: greedy's best, or a draw from the top_k.
+  for (const auto& [id, logprob] : all) {
+    if (id == picked) out.logprob = logprob;
+  }
+  const auto n = static_cast<std::size_t>(
+      std::min<std::int64_t>(*request.options.logprobs, static_cast<std::int64_t>(all.size())));
+  out.top.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+  return out;
+}
+
+std::vector<EngineStep::Token> Engine::pick_all(const ScheduledStep& plan,
+                                                const runtime::HostTensor& candidates,
+                                                const std::vector<double>& log_normalizers) {
+  Scheduler& scheduler = *scheduler_;
+  const std::int64_t width = candidates.shape[1];
+  std::vector<std::int32_t> sampled;
+  std::vector<SequenceId> sampled_by;
+  std::vector<std::optional<TokenLogprobs>> scores;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    const std::size_t row = sampled.size();
+    Request& request = requests_.at(c.sequence);
+    const std::span<const float> row_candidates =
+        std::span<const float>(candidates.data)
+            .subspan(row * static_cast<std::size_t>(width), static_cast<std::size_t>(width));
+    sampled.push_back(pick(request, row_candidates));
+    sampled_by.push_back(c.sequence);
+    scores.push_back(
+        request.options.logprobs
+            ? std::optional(score(request, row_candidates, log_normalizers[row], sampled.back()))
+            : std::nullopt);
+  }
+  scheduler.complete(plan, sampled);
+  std::vector<EngineStep::Token> tokens;
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    const SequenceId id = sampled_by[i];
+    const RequestOptions& o = requests_.at(id).options;
+    EngineStep::Token token{
+        .sequence = id, .id = sampled[i], .stopped = std::nullopt, .logprobs = scores[i]};
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), sampled[i]) != o.stop_ids.end()) {
+      token.stopped = StopReason::kStopId;
+    } else if (scheduler.generated(id) >= o.max_new_tokens) {
+      token.stopped = StopReason::kMaxNewTokens;
+    }
+    if (token.stopped) {
+      scheduler.finish(id);
+      requests_.erase(id);
+    }
+    tokens.push_back(std::move(token));
+  }
+  return tokens;
 }
 
 std::int32_t Engine::pick(Request& request, std::span<const float> candidates) {
@@ -162,36 +238,15 @@ EngineStep Engine::step() {
   const std::int64_t head_bucket =
       token_bucket(static_cast<std::int64_t>(head_rows.size()), scheduler.options().max_running);
   head_rows.resize(static_cast<std::size_t>(head_bucket), head_rows.front());
-  const runtime::HostTensor candidates =
-      model_->ragged_candidates(ids, batch, head_rows, serving_->candidates);
-  const std::int64_t width = candidates.shape[1];
-  std::vector<std::int32_t> sampled;
-  std::vector<SequenceId> sampled_by;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.sample) continue;
-    const auto i = static_cast<std::int64_t>(sampled.size());
-    Request& request = requests_.at(c.sequence);
-    sampled.push_back(pick(request, std::span<const float>(candidates.data)
-                                        .subspan(static_cast<std::size_t>(i * width),
-                                                 static_cast<std::size_t>(width))));
-    sampled_by.push_back(c.sequence);
-  }
-  scheduler.complete(plan, sampled);
-  for (std::size_t i = 0; i < sampled.size(); ++i) {
-    const SequenceId id = sampled_by[i];
-    const RequestOptions& o = requests_.at(id).options;
-    EngineStep::Token token{.sequence = id, .id = sampled[i], .stopped = std::nullopt};
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), sampled[i]) != o.stop_ids.end()) {
-      token.stopped = StopReason::kStopId;
-    } else if (scheduler.generated(id) >= o.max_new_tokens) {
-      token.stopped = StopReason::kMaxNewTokens;
-    }
-    if (token.stopped) {
-      scheduler.finish(id);
-      requests_.erase(id);
-    }
-    out.tokens.push_back(token);
-  }
+  // Log-sum-exps only when a request of the step asks for log-probabilities (they read every
+  // logit); each row's values are its own either way.
+  const bool scored = std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const auto& c) {
+    return c.sample && requests_.at(c.sequence).options.logprobs.has_value();
+  });
+  std::vector<double> log_normalizers;
+  const runtime::HostTensor candidates = model_->ragged_candidates(
+      ids, batch, head_rows, serving_->candidates, scored ? &log_normalizers : nullptr);
+  out.tokens = pick_all(plan, candidates, log_normalizers);
   out.seconds = seconds_since(start);
   return out;
 }

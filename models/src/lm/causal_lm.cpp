@@ -241,11 +241,14 @@ runtime::HostTensor CausalLm::ragged_rows(std::span<const std::int32_t> ids,
 
 runtime::HostTensor CausalLm::ragged_candidates(std::span<const std::int32_t> ids,
                                                 const ops::RaggedBatch& batch,
-                                                std::span<const std::int64_t> rows,
-                                                std::int64_t k) {
+                                                std::span<const std::int64_t> rows, std::int64_t k,
+                                                std::vector<double>* log_normalizers) {
   NUMESH_CHECK(k >= 1, ValueError, "model: top_k {} must be at least 1", k);
   const runtime::HostTensor h = ragged_rows(ids, batch, rows);
-  return head_for(h.shape[0]).candidates(h, k);
+  if (log_normalizers == nullptr) return head_for(h.shape[0]).candidates(h, k);
+  ops::ShardedLmHead::ScoredCandidates scored = head_for(h.shape[0]).scored_candidates(h, k);
+  *log_normalizers = std::move(scored.log_normalizers);
+  return std::move(scored.candidates);
 }
 
 runtime::HostTensor CausalLm::ragged_logits(std::span<const std::int32_t> ids,

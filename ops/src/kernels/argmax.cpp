@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -45,6 +46,26 @@ void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, 
         out[r * 2 * k + 2 * i] = row[c];
         out[r * 2 * k + 2 * i + 1] = static_cast<float>(first_index + c);
       }
+    }
+  });
+}
+
+void row_log_sum_exp(ConstMatrixMap logits, float* out) {
+  const std::int64_t rows = logits.rows(), cols = logits.cols();
+  parallel_blocks(rows, row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* row = logits.data() + r * cols;
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j < cols; ++j)
+        m = std::isnan(row[j]) ? row[j] : std::max<double>(m, row[j]);
+      if (std::isnan(m) || std::isinf(m)) {
+        // NaN, +inf, or a row that rules out every token: the normaliser is that value.
+        out[r] = static_cast<float>(m);
+        continue;
+      }
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
+      out[r] = static_cast<float>(m + std::log(sum));
     }
   });
 }

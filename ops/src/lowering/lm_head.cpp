@@ -122,6 +122,47 @@ runtime::Frontier emit_top_k_candidates(ProgramBuilder& pb, runtime::ShardedTens
   });
 }
 
+runtime::Frontier emit_log_normalizers(ProgramBuilder& pb, runtime::ShardedTensor& logits,
+                                       const runtime::Frontier& after,
+                                       runtime::ShardedTensor& normalizers,
+                                       const std::string& name) {
+  const std::int64_t rows = local_rows(logits), v_local = logits.layout().shard_shape()[1];
+  const std::int64_t shards = logits.shape()[1] / v_local;
+  NUMESH_CHECK(
+      normalizers.shape() == (std::vector<std::int64_t>{logits.shape()[0], shards}) &&
+          normalizers.spec() == logits.spec(),
+      ShapeError,
+      "{}: normalizers {} {} do not fit logits {} {} (expected [{}, {}], the logits' spec)", name,
+      fmt::join(normalizers.shape(), "x"), normalizers.spec().repr(),
+      fmt::join(logits.shape(), "x"), logits.spec().repr(), logits.shape()[0], shards);
+  return pb.per_device(name, {&after}, [&](std::int64_t s) {
+    runtime::Tensor& ls = logits.shard(s);
+    runtime::Tensor& ns = normalizers.shard(s);
+    return [&ls, &ns, rows, v_local] {
+      row_log_sum_exp(ConstMatrixMap(ls.values().data(), rows, v_local), ns.values().data());
+    };
+  });
+}
+
+std::vector<double> log_normalizers(const runtime::HostTensor& normalizers) {
+  NUMESH_CHECK(normalizers.shape.size() == 2 && normalizers.shape[1] >= 1, ShapeError,
+               "log normalizers: {} must be [rows, n]", shape_text(normalizers));
+  const std::int64_t rows = normalizers.shape[0], n = normalizers.shape[1];
+  std::vector<double> out(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* part = normalizers.data.data() + r * n;
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t i = 0; i < n; ++i)
+      m = std::isnan(part[i]) ? part[i] : std::max<double>(m, part[i]);
+    double sum = 0.0;
+    if (!std::isnan(m) && !std::isinf(m)) {
+      for (std::int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(part[i]) - m);
+    }
+    out[static_cast<std::size_t>(r)] = std::isnan(m) || std::isinf(m) ? m : m + std::log(sum);
+  }
+  return out;
+}
+
 void validate(const SamplingOptions& o) {
   NUMESH_CHECK(std::isfinite(o.temperature) && o.temperature > 0.0, ValueError,
                "sampling: temperature {} must be positive (greedy decoding takes no temperature)",
@@ -214,12 +255,14 @@ ShardedLmHead::ShardedLmHead(runtime::DeviceMesh mesh, LmHeadLayer layer, std::i
   logits_ = compile(kLogits);
 }
 
-std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
+std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail, bool normalizers) const {
   // Every program projects x to the logits, then: returns them (kLogits), or each device's best
-  // candidate per row (kGreedy), or its `tail` best (sampling's top-k).
+  // candidate per row (kGreedy), or its `tail` best (sampling's top-k), with each device's
+  // log-sum-exp per row when `normalizers` (log-probabilities).
   ProgramBuilder pb(mesh_, tail == kLogits   ? std::string("lm head (logits)")
                            : tail == kGreedy ? std::string("lm head (greedy)")
-                                             : fmt::format("lm head (top {})", tail));
+                                             : fmt::format("lm head (top {}{})", tail,
+                                                           normalizers ? ", normalizers" : ""));
   pb.set_matmul_precision(precision_);
   const PartitionSpec logits_spec = lm_head_logits_spec(layer_, x_spec_);
   runtime::Frontier loaded;
@@ -239,6 +282,12 @@ std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail) const {
               tail == kGreedy
                   ? emit_greedy_candidates(pb, logits, projected, candidates, "greedy")
                   : emit_top_k_candidates(pb, logits, projected, candidates, k, "top_k"));
+    if (normalizers) {
+      runtime::ShardedTensor& sums =
+          pb.tensor("normalizers", TensorRole::kOutput, {rows_, shards}, logits_spec);
+      pb.output("normalizers", sums,
+                emit_log_normalizers(pb, logits, projected, sums, "log_sum_exp"));
+    }
   }
   return std::make_unique<Program>(std::move(pb).compile());
 }
@@ -266,14 +315,28 @@ std::vector<std::int64_t> ShardedLmHead::sample(const runtime::HostTensor& x,
   return pick_sampled(candidates(x, options.top_k), options, rng);
 }
 
-runtime::HostTensor ShardedLmHead::candidates(const runtime::HostTensor& x, std::int64_t k) {
+Program& ShardedLmHead::top_k_program(std::int64_t k, bool normalizers) {
   NUMESH_CHECK(k >= 1, ValueError, "lm head: top_k {} must be at least 1", k);
-  check_input(x);
   const std::int64_t v_local = layer_.weight->layout().shard_shape()[0];
   const std::int64_t kept = std::min(k, v_local);
-  std::unique_ptr<Program>& program = top_k_[kept];
-  if (!program) program = compile(kept);
-  return program->run("x", x, "candidates");
+  std::unique_ptr<Program>& program = (normalizers ? scored_top_k_ : top_k_)[kept];
+  if (!program) program = compile(kept, normalizers);
+  return *program;
+}
+
+runtime::HostTensor ShardedLmHead::candidates(const runtime::HostTensor& x, std::int64_t k) {
+  Program& program = top_k_program(k, false);
+  check_input(x);
+  return program.run("x", x, "candidates");
+}
+
+ShardedLmHead::ScoredCandidates ShardedLmHead::scored_candidates(const runtime::HostTensor& x,
+                                                                 std::int64_t k) {
+  Program& program = top_k_program(k, true);
+  check_input(x);
+  program.set_input("x", x);
+  program.run();
+  return {program.output("candidates"), log_normalizers(program.output("normalizers"))};
 }
 
 }  // namespace numesh::ops

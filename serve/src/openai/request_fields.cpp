@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <optional>
 #include <random>
 
 namespace numesh::serve::openai {
@@ -107,16 +108,31 @@ Json parse_body(const std::string& text) {
   return body;
 }
 
+namespace {
+
+// How many alternatives each token's log-probabilities list: a completion's `logprobs` is that
+// count; a chat's is a boolean, with the count in `top_logprobs`. nullopt: none asked for.
+std::optional<std::int64_t> logprobs(const Json& body) {
+  const bool present = body.contains("logprobs") && !body["logprobs"].is_null();
+  const bool top_given = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
+  if (present && body["logprobs"].is_number_integer()) {
+    return integer(body, "logprobs", 0, 0, models::kMaxTopLogprobs);
+  }
+  const bool wanted = boolean_field(body, "logprobs", false);
+  if (top_given && !wanted) refuse("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (!wanted) return std::nullopt;
+  return integer(body, "top_logprobs", 0, 0, models::kMaxTopLogprobs);
+}
+
+}  // namespace
+
 GenerationRequest parse_generation(const Json& body, const std::vector<std::int64_t>& eos,
                                    const char* max_tokens_field, std::int64_t default_max_tokens) {
   GenerationRequest r;
   r.options.max_new_tokens =
       integer(body, max_tokens_field, default_max_tokens, 1, std::int64_t{1} << 30);
   if (integer(body, "n", 1, 1, 1) != 1) refuse("n", "'n' must be 1");
-  // A completion's logprobs is a count, a chat's a boolean: false asks for none either way.
-  if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false) {
-    refuse("logprobs", "'logprobs' is not supported yet");
-  }
+  r.options.logprobs = logprobs(body);
   r.options.sampling = sampling(body);
   // Without a seed each request draws its own (as OpenAI's and llama-server's do).
   r.options.seed = body.contains("seed") && !body["seed"].is_null()

@@ -59,6 +59,13 @@ for await (const chunk of await client.chat.completions.create({ ...chatRequest,
 check(chatStreamed === reply.content && role === "assistant" && chatFinish === "length",
       `the chat stream adds up: ${JSON.stringify(chatStreamed)} (${role}, ${chatFinish})`);
 
+const scored = await client.chat.completions.create({ ...chatRequest, logprobs: true,
+                                                     top_logprobs: 2 });
+const content = scored.choices[0].logprobs?.content ?? [];
+check(content.length === 12 && content.every((e) => e.logprob <= 0 && e.top_logprobs.length === 2 &&
+                                                    Array.isArray(e.bytes)),
+      `chat logprobs: ${content.length} tokens, the first ${JSON.stringify(content[0])}`);
+
 try {
   await client.chat.completions.create({ model, messages: [] });
   check(false, "empty messages are refused");

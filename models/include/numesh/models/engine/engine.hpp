@@ -73,6 +73,21 @@ struct RequestOptions {
   std::optional<ops::SamplingOptions> sampling{};
   /// The seed of the request's own generator: its draws depend on it alone.
   std::uint64_t seed = 0;
+  /// Set: each generated token comes with its log-probability and those of the `logprobs` most
+  /// likely tokens at its place (0 to kMaxTopLogprobs, and at most ServingOptions::candidates).
+  std::optional<std::int64_t> logprobs{};
+};
+
+/// The most alternatives a request may ask log-probabilities of (OpenAI's limit).
+inline constexpr std::int64_t kMaxTopLogprobs = 20;
+
+/// A generated token's log-probability and the most likely tokens' at its place: log-softmax of
+/// the model's logits over the whole vocabulary (before temperature, top-k and top-p, as
+/// vLLM reports them by default).
+struct TokenLogprobs {
+  double logprob = 0;
+  /// The most likely tokens, most likely first (the lower id first among equals).
+  std::vector<std::pair<std::int32_t, double>> top{};
 };
 
 /// What one Engine::step did.
@@ -83,6 +98,8 @@ struct EngineStep {
     std::int32_t id = 0;
     /// Set when the sequence stopped with this token (it is finished and gone).
     std::optional<StopReason> stopped{};
+    /// Set when its request asked for log-probabilities.
+    std::optional<TokenLogprobs> logprobs{};
   };
   std::vector<Token> tokens;
   std::int64_t prefill_tokens = 0;  ///< prompt tokens computed (chunks)
@@ -124,7 +141,8 @@ class Engine {
   /// Queues a request (an engine loaded with serving options); nullopt when max_waiting
   /// requests already wait.
   /// Throws: ValueError for an engine without serving options, bad options (max_new_tokens,
-  /// sampling, top_k past ServingOptions::candidates) or a request past the context or the
+  /// sampling, top_k or logprobs past ServingOptions::candidates, logprobs outside
+  /// [0, kMaxTopLogprobs]) or a request past the context or the
   /// cache (Scheduler::add's message); ShapeError for an empty prompt; IndexError for an id
   /// outside the vocabulary (naming it and its position). Nothing is queued then.
   [[nodiscard]] std::optional<SequenceId> submit(std::vector<std::int32_t> prompt,
@@ -170,6 +188,14 @@ class Engine {
   // Serving's checks and the step's parts (engine_step.cpp).
   Scheduler& serving_scheduler(const char* call) const;
   static std::int32_t pick(Request& request, std::span<const float> candidates);
+  // The picked token's log-probability and the request's most likely alternatives, from its
+  // row's candidates (every device's best) and log-sum-exp.
+  static TokenLogprobs score(const Request& request, std::span<const float> candidates,
+                             double log_normalizer, std::int32_t picked);
+  // Picks the next token of every sampling chunk of `plan` from the head's rows, in order.
+  std::vector<EngineStep::Token> pick_all(const ScheduledStep& plan,
+                                          const runtime::HostTensor& candidates,
+                                          const std::vector<double>& log_normalizers);
   // Compiles the programs of every step size (load, with serving options): steps of padding
   // only, which write to block 0 and change no sequence.
   void compile_steps();

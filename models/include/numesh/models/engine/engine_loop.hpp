@@ -30,9 +30,10 @@ class RequestStream {
  public:
   /// What the stream holds: tokens, then the end (why the request stopped) or an error.
   struct Event {
-    std::int32_t token = -1;              ///< a generated token (-1 for the end or an error)
-    std::optional<StopReason> stopped{};  ///< set on the last token: why the request stopped
-    std::string error{};                  ///< set when the request failed (the engine threw)
+    std::int32_t token = -1;                  ///< a generated token (-1 for the end or an error)
+    std::optional<StopReason> stopped{};      ///< set on the last token: why the request stopped
+    std::string error{};                      ///< set when the request failed (the engine threw)
+    std::optional<TokenLogprobs> logprobs{};  ///< the token's, when the request asked
   };
 
   /// Waits until events are there or `timeout` passes, and takes them (empty on timeout).

@@ -116,14 +116,16 @@ class CausalLm {
   /// at its own sequence's position, its keys and values written into its slot), run through
   /// the model, and the logits at the rows `rows` (the tokens whose next token is picked)
   /// reduced to every device's best `k` as (value, id) pairs [rows, 2 * m]
-  /// (ShardedLmHead::candidates). Programs per token count and per row count, compiled on
-  /// first use.
+  /// (ShardedLmHead::candidates); with `log_normalizers`, each row's log-sum-exp over the
+  /// vocabulary into it too (ShardedLmHead::scored_candidates: log-probabilities). Programs per
+  /// token count, per row count and per kind, compiled on first use.
   /// Throws: ValueError for a model with dense caches or k < 1; ShapeError when ids and batch
   /// disagree, or rows is empty or names a row outside the step (naming it); IndexError for an
   /// id outside the vocabulary or a batch that does not fit the caches; what a node throws.
   runtime::HostTensor ragged_candidates(std::span<const std::int32_t> ids,
                                         const ops::RaggedBatch& batch,
-                                        std::span<const std::int64_t> rows, std::int64_t k);
+                                        std::span<const std::int64_t> rows, std::int64_t k,
+                                        std::vector<double>* log_normalizers = nullptr);
   /// As ragged_candidates, the whole logits [rows, V] instead.
   runtime::HostTensor ragged_logits(std::span<const std::int32_t> ids,
                                     const ops::RaggedBatch& batch,

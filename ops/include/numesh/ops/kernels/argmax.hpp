@@ -4,8 +4,9 @@
 
 #include "numesh/ops/eigen_views.hpp"
 
-// Each row's largest logit over a slice of the vocabulary: the per-device half of the sharded
-// argmax (the host compares the devices' candidates).
+// Each row's largest logits over a slice of the vocabulary: the per-device half of the sharded
+// argmax and top-k (the host compares the devices' candidates); and each row's log-sum-exp over
+// the slice, the per-device half of the softmax's normaliser (log-probabilities).
 
 namespace numesh::ops {
 
@@ -24,5 +25,12 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out);
 /// index. Rows run as tasks over the calling thread's arena; bitwise the same for any thread count.
 /// REQUIRES: 1 <= k <= cols; out holds 2 * k * rows floats.
 void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out);
+
+/// For each row r of `logits`, out[r] = log(sum_j exp(logits[r, j])), computed in double as
+/// m + log(sum_j exp(logits[r, j] - m)) with m the row's largest value (no overflow), summed in
+/// column order: each row's value depends on that row alone. A row of -inf gives -inf, a row
+/// holding NaN or +inf gives that. Rows run as tasks over the calling thread's arena.
+/// REQUIRES: logits has at least one column; out holds rows floats.
+void row_log_sum_exp(ConstMatrixMap logits, float* out);
 
 }  // namespace numesh::ops

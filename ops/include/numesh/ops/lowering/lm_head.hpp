@@ -81,6 +81,21 @@ runtime::Frontier emit_top_k_candidates(ProgramBuilder& program, runtime::Sharde
                                         runtime::ShardedTensor& candidates, std::int64_t k,
                                         const std::string& name);
 
+/// Emits the devices' half of the softmax's normaliser: each device's log-sum-exp of its logits
+/// per row (row_log_sum_exp) into `normalizers` [rows, n], spec as the logits' (each device
+/// holds its [rows_local, 1]). log_normalizers() on the gathered tensor finishes it.
+/// Throws: ShapeError when normalizers does not fit the logits.
+runtime::Frontier emit_log_normalizers(ProgramBuilder& program, runtime::ShardedTensor& logits,
+                                       const runtime::Frontier& after,
+                                       runtime::ShardedTensor& normalizers,
+                                       const std::string& name);
+
+/// The host's half: each row's log(sum over the vocabulary of exp(logit)) from the devices'
+/// parts [rows, n], combined in device order in double (the same bits whatever else the rows
+/// hold). A token's log-probability is its logit minus its row's value.
+/// Throws: ShapeError when normalizers is not [rows, n] with n >= 1.
+std::vector<double> log_normalizers(const runtime::HostTensor& normalizers);
+
 /// How the next token is drawn from the logits: logits / temperature, the top_k largest kept,
 /// softmax over them, then the smallest set of the most likely whose probabilities sum to
 /// top_p or more (at least one token), renormalised (Hugging Face's and llama.cpp's order).
@@ -133,11 +148,22 @@ class ShardedLmHead {
   /// row's argmax). A program per k, compiled on first use.
   /// Throws: as greedy(); ValueError for k < 1.
   runtime::HostTensor candidates(const runtime::HostTensor& x, std::int64_t k);
+  /// candidates() with each row's log-sum-exp over the whole vocabulary (log_normalizers), for
+  /// log-probabilities: a token's is its logit minus its row's normaliser. A program per k,
+  /// compiled on first use (the normaliser reads every logit: only callers that want
+  /// log-probabilities pay for it).
+  /// Throws: as candidates().
+  struct ScoredCandidates {
+    runtime::HostTensor candidates;
+    std::vector<double> log_normalizers;
+  };
+  ScoredCandidates scored_candidates(const runtime::HostTensor& x, std::int64_t k);
   /// The weight's spec after correction (P(None, 'tp') when V divides tp, else replicated).
   sharding::PartitionSpec weight_spec() const { return swap_last_two(layer_.weight->spec(), 2); }
-  /// Programs compiled so far: greedy, logits and one per top-k used.
+  /// Programs compiled so far: greedy, logits and one per top-k used (with and without
+  /// normalisers).
   std::int64_t compiled_programs() const noexcept {
-    return 2 + static_cast<std::int64_t>(top_k_.size());
+    return 2 + static_cast<std::int64_t>(top_k_.size() + scored_top_k_.size());
   }
   /// The greedy program (plan, graph).
   Program& greedy_program() noexcept { return *greedy_; }
@@ -147,7 +173,9 @@ class ShardedLmHead {
   // The program ending in `tail`: kLogits, kGreedy, or a top-k of that many candidates.
   static constexpr std::int64_t kLogits = 0;
   static constexpr std::int64_t kGreedy = -1;
-  std::unique_ptr<Program> compile(std::int64_t tail) const;
+  std::unique_ptr<Program> compile(std::int64_t tail, bool normalizers = false) const;
+  // The top-k program of min(k, a device's vocabulary), with normalisers or not.
+  Program& top_k_program(std::int64_t k, bool normalizers);
 
   LmHeadLayer layer_;
   std::int64_t rows_;
@@ -156,7 +184,8 @@ class ShardedLmHead {
   sharding::PartitionSpec x_spec_;
   std::unique_ptr<Program> greedy_;
   std::unique_ptr<Program> logits_;
-  std::map<std::int64_t, std::unique_ptr<Program>> top_k_;  // by k
+  std::map<std::int64_t, std::unique_ptr<Program>> top_k_;         // by k
+  std::map<std::int64_t, std::unique_ptr<Program>> scored_top_k_;  // by k, with normalisers
 };
 
 }  // namespace numesh::ops
