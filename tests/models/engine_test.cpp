@@ -335,6 +335,10 @@ TEST(EngineLoopTest, ClientsOnTheirOwnThreadsGetWhatEachGetsAlone) {
     for (const Request& r : requests) alone.push_back(serve(engine, {r}).front());
   }
   EngineLoop loop(serving_engine(dir, mesh_of(2, {"tp"}), serving));
+  // Before any step, the counts already say every block is free (512 tokens in blocks of 4; the
+  // padding block is apart).
+  EXPECT_EQ(loop.counts().blocks_free, 512 / 4);
+  EXPECT_EQ(loop.counts().blocks_used, 0);
   std::vector<std::vector<std::int32_t>> got(requests.size());
   std::vector<std::thread> clients;
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -365,6 +369,7 @@ TEST(EngineLoopTest, ClientsOnTheirOwnThreadsGetWhatEachGetsAlone) {
   EXPECT_EQ(c.running, 0);
   EXPECT_EQ(c.waiting, 0);
   EXPECT_EQ(c.blocks_used, 0) << "every block came back, the cancelled request's included";
+  EXPECT_EQ(c.blocks_free, 512 / 4);
   EXPECT_TRUE(loop.submit({1}, {}).busy) << "a drained loop takes no request";
   EXPECT_THAT(
       [&] {

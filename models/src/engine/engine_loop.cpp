@@ -41,6 +41,7 @@ void RequestStream::push(Event event) {
 
 EngineLoop::EngineLoop(Engine engine) : engine_(std::move(engine)) {
   (void)engine_.scheduler();  // throws ValueError without serving options
+  count(EngineStep{});        // the counts before the first step: every block free
   thread_ = std::thread([this] { run(); });
 }
 
