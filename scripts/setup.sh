@@ -17,7 +17,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # chat template check renders with Python's jinja2 (python3-jinja2) as transformers does
 # (tests/models/tokenizer_check, installed by scripts/test.sh with `npm ci`); clang with its
 # sanitizer and libFuzzer runtimes for the sanitize and tsan presets and the fuzz targets;
-# clang-format 14 for the format check; cpp-httplib for `numesh serve`.
+# clang-format 14 for the format check; cpp-httplib for `numesh serve`; Chromium, its
+# chromedriver and Python's Selenium for the check of `numesh serve`'s page in a real browser
+# (tests/serve/web_check.py, headless).
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev clang-format-14
   libfmt-dev nlohmann-json3-dev libssl-dev
@@ -26,6 +28,7 @@ PACKAGES=(
   libcpp-httplib-dev
   nodejs
   python3-torch python3-numpy python3-matplotlib python3-sentencepiece python3-jinja2
+  chromium chromium-driver python3-selenium
 )
 
 missing=()

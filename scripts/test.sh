@@ -21,7 +21,9 @@
 # Ends with a line naming the kernel levels run and skipped, then `summary: N passed, M skipped,
 # 0 failed` (skipped: tests that did not run, e.g. a kernel level this CPU lacks, the PyTorch
 # checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer and chat template checks under
-# NUMESH_SKIP_TOKENIZER_CHECKS=1); exits non-zero at the first failure.
+# NUMESH_SKIP_TOKENIZER_CHECKS=1, the browser check of `numesh serve`'s page, serve_web_page,
+# under NUMESH_SKIP_BROWSER_CHECKS=1 when Chromium, chromedriver or Selenium is missing); exits
+# non-zero at the first failure.
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
 #   NUMESH_SANITIZE=0    leave out step 5;

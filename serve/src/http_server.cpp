@@ -20,6 +20,7 @@
 #include "openai/completion_request.hpp"
 #include "openai/response.hpp"
 #include "text_stream.hpp"
+#include "web_page.hpp"
 
 // Last: with its OpenSSL, zlib and Brotli support (Debian's build) it brings macros that must
 // not reach Eigen's headers, which the ones above include.
@@ -485,6 +486,12 @@ void Server::Impl::routes() {
         }
         send_error(res, 500, what, "server_error");
       });
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("Content-Security-Policy", std::string(web_page_policy()));
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_content(web_page().data(), web_page().size(), "text/html; charset=utf-8");
+  });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (loop.load() == nullptr) {
       send_error(res, 503, "the model is loading", "server_loading");
