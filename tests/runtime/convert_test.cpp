@@ -1,5 +1,6 @@
 #include "numesh/runtime/convert.hpp"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../common/kernel_levels.hpp"
@@ -86,6 +88,34 @@ TEST(DtypeTest, ScalarConversionsGiveThePyTorchAndNumPyBits) {
   EXPECT_EQ(f16_from_f32(-std::numeric_limits<float>::quiet_NaN()), 0xFE00);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
   EXPECT_THROW((void)parse_dtype("int4"), ValueError);
+}
+
+// The format table: every DType once, in order, named and parsed by its names, sized by its
+// blocks (element types: blocks of one), and a row that is not whole blocks refused by name.
+TEST(DtypeTest, TheFormatTableNamesSizesAndParsesEveryFormat) {
+  for (std::size_t i = 0; i < kDTypes.size(); ++i) {
+    const DTypeTraits& f = kDTypes[i];
+    EXPECT_EQ(static_cast<std::size_t>(f.dtype), i);
+    EXPECT_EQ(&traits(f.dtype), &f);
+    EXPECT_EQ(to_string(f.dtype), f.name);
+    EXPECT_EQ(parse_dtype(f.name), f.dtype);
+    for (std::string_view alias : f.aliases) {
+      if (!alias.empty()) {
+        EXPECT_EQ(parse_dtype(alias), f.dtype) << alias;
+      }
+    }
+    EXPECT_TRUE(is_element_dtype(f.dtype)) << f.name;
+    EXPECT_EQ(static_cast<std::int64_t>(dtype_size(f.dtype)), f.block_bytes) << f.name;
+    EXPECT_EQ(row_bytes(f.dtype, 96), 96 * f.block_bytes / f.block_elements) << f.name;
+  }
+  EXPECT_EQ(dtype_size(DType::kF32), 4U);
+  EXPECT_EQ(dtype_size(DType::kBF16), 2U);
+  EXPECT_EQ(dtype_size(DType::kF16), 2U);
+  EXPECT_THAT([] { (void)parse_dtype("q4"); },
+              ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16 or f16"));
+  EXPECT_THAT([] { (void)row_bytes(DType::kF32, -1); },
+              ::testing::ThrowsMessage<ValueError>(
+                  "f32: a row of -1 elements is not a whole number of 1-element blocks"));
 }
 
 TEST(DtypeTest, EverySixteenBitPatternRoundTripsExactly) {

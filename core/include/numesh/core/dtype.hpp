@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -27,29 +28,98 @@ enum class DType : std::uint8_t {
   kF16,   ///< IEEE binary16: 5-bit exponent, 10 stored mantissa bits
 };
 
-/// Bytes per element.
-constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::kF32 ? 4 : 2; }
+/// What a format is, for the code that treats every format alike (sizes, names, parsing): one
+/// entry per DType in kDTypes. Element types (f32, bf16, f16) are blocks of one element; block
+/// formats (quantized weights, a block of scales and codes per run of elements along a row) have
+/// more. Adding a format is an enumerator and its entry here; code that must know each format
+/// switches on DType exhaustively (-Wswitch with -Werror then names every place).
+struct DTypeTraits {
+  DType dtype;
+  std::string_view name;                    ///< what to_string gives and parse_dtype takes
+  std::array<std::string_view, 2> aliases;  ///< other names parse_dtype takes ("" for none)
+  std::int64_t block_elements;              ///< elements a block holds (1: an element type)
+  std::int64_t block_bytes;                 ///< bytes a block takes
+};
 
-/// "f32", "bf16" or "f16".
-constexpr std::string_view to_string(DType t) noexcept {
+/// Every format, in the enumerators' order.
+inline constexpr std::array<DTypeTraits, 3> kDTypes = {{
+    {DType::kF32, "f32", {"fp32", "float32"}, 1, 4},
+    {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2},
+    {DType::kF16, "f16", {"fp16", "float16"}, 1, 2},
+}};
+
+namespace detail {
+constexpr bool dtypes_in_order() {
+  for (std::size_t i = 0; i < kDTypes.size(); ++i) {
+    if (static_cast<std::size_t>(kDTypes[i].dtype) != i) return false;
+  }
+  return true;
+}
+static_assert(detail::dtypes_in_order(), "kDTypes lists every DType in the enumerators' order");
+// A new enumerator fails -Wswitch here until it is listed (and then the assertion checks kDTypes
+// holds it).
+constexpr bool listed(DType t) {
   switch (t) {
     case DType::kF32:
-      return "f32";
     case DType::kBF16:
-      return "bf16";
     case DType::kF16:
-      return "f16";
+      return static_cast<std::size_t>(t) < kDTypes.size();
   }
-  return "?";
+  return false;
+}
+static_assert(listed(DType::kF16), "kDTypes holds the last enumerator");
+}  // namespace detail
+
+/// The traits of `t`.
+constexpr const DTypeTraits& traits(DType t) noexcept {
+  return kDTypes[static_cast<std::size_t>(t)];
 }
 
-/// Parses "f32" (or "fp32", "float32"), "bf16" (or "bfloat16"), "f16" (or "fp16", "float16").
-/// Throws: ValueError naming the text and the choices.
+/// Whether `t` is an element type (a block of one element: f32, bf16, f16), which tensors,
+/// activations and collectives hold; block formats are for stored weights only.
+constexpr bool is_element_dtype(DType t) noexcept { return traits(t).block_elements == 1; }
+
+/// Bytes per element of an element type. REQUIRES: is_element_dtype(t) (a block format has no
+/// size per element: see row_bytes).
+constexpr std::size_t dtype_size(DType t) noexcept {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+  }
+  return 0;
+}
+
+/// "f32", "bf16" or "f16".
+constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
+
+/// Bytes of a row of `elements` elements stored as `t`.
+/// Throws: ValueError naming the format and its block when `elements` is not a multiple of it.
+inline std::int64_t row_bytes(DType t, std::int64_t elements) {
+  const DTypeTraits& f = traits(t);
+  NUMESH_CHECK(elements >= 0 && elements % f.block_elements == 0, ValueError,
+               "{}: a row of {} elements is not a whole number of {}-element blocks", f.name,
+               elements, f.block_elements);
+  return elements / f.block_elements * f.block_bytes;
+}
+
+/// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
+/// "float16"). Throws: ValueError naming the text and the choices.
 inline DType parse_dtype(std::string_view text) {
-  if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
-  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
-  if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
-  throw ValueError(fmt::format("dtype '{}': expected f32, bf16 or f16", text));
+  for (const DTypeTraits& f : kDTypes) {
+    if (text == f.name) return f.dtype;
+    for (std::string_view alias : f.aliases) {
+      if (!alias.empty() && text == alias) return f.dtype;
+    }
+  }
+  std::string choices;
+  for (std::size_t i = 0; i < kDTypes.size(); ++i) {
+    if (i > 0) choices += i + 1 == kDTypes.size() ? " or " : ", ";
+    choices += kDTypes[i].name;
+  }
+  throw ValueError(fmt::format("dtype '{}': expected {}", text, choices));
 }
 
 /// fp32 to bfloat16 bits, rounding to nearest even.
