@@ -175,10 +175,15 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
   thread_local std::vector<float> sum(kBlock), part(kBlock);
   const auto widen = [dtype](const std::byte* src, std::size_t count, std::span<float> to) {
     const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(src), count);
-    if (dtype == DType::kBF16) {
-      convert_bf16_to_f32(bits, to);
-    } else {
-      convert_f16_to_f32(bits, to);
+    switch (dtype) {
+      case DType::kBF16:
+        convert_bf16_to_f32(bits, to);
+        break;
+      case DType::kF16:
+        convert_f16_to_f32(bits, to);
+        break;
+      case DType::kF32:
+        break;  // summed above
     }
   };
   for (std::size_t b = 0; b < n; b += kBlock) {
@@ -189,10 +194,15 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
       for (std::size_t i = 0; i < m; ++i) sum[i] += part[i];
     }
     const std::span<std::uint16_t> out(reinterpret_cast<std::uint16_t*>(dst) + b, m);
-    if (dtype == DType::kBF16) {
-      convert_f32_to_bf16({sum.data(), m}, out);
-    } else {
-      convert_f32_to_f16({sum.data(), m}, out);
+    switch (dtype) {
+      case DType::kBF16:
+        convert_f32_to_bf16({sum.data(), m}, out);
+        break;
+      case DType::kF16:
+        convert_f32_to_f16({sum.data(), m}, out);
+        break;
+      case DType::kF32:
+        break;  // summed above
     }
   }
 }

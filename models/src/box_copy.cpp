@@ -21,26 +21,41 @@ bool is_aligned(const std::byte* p, std::size_t alignment) noexcept {
 
 /// 16-bit values of `from` (kBF16 or kF16) to fp32.
 void widen(DType from, std::span<const std::uint16_t> src, std::span<float> dst) {
-  if (from == DType::kBF16) {
-    runtime::convert_bf16_to_f32(src, dst);
-  } else {
-    runtime::convert_f16_to_f32(src, dst);
+  switch (from) {
+    case DType::kBF16:
+      runtime::convert_bf16_to_f32(src, dst);
+      return;
+    case DType::kF16:
+      runtime::convert_f16_to_f32(src, dst);
+      return;
+    case DType::kF32:
+      break;  // convert_elements copies f32 itself
   }
+  throw TypeError(fmt::format("widen: {} is not a 16-bit type", to_string(from)));
 }
 
 /// fp32 to 16-bit values of `to` (kBF16 or kF16), rounding to nearest even.
 void narrow(DType to, std::span<const float> src, std::span<std::uint16_t> dst) {
-  if (to == DType::kBF16) {
-    runtime::convert_f32_to_bf16(src, dst);
-  } else {
-    runtime::convert_f32_to_f16(src, dst);
+  switch (to) {
+    case DType::kBF16:
+      runtime::convert_f32_to_bf16(src, dst);
+      return;
+    case DType::kF16:
+      runtime::convert_f32_to_f16(src, dst);
+      return;
+    case DType::kF32:
+      break;  // convert_elements copies f32 itself
   }
+  throw TypeError(fmt::format("narrow: {} is not a 16-bit type", to_string(to)));
 }
 
 }  // namespace
 
 void convert_elements(const std::byte* src, DType from, std::byte* dst, DType to,
                       std::size_t count) {
+  NUMESH_CHECK(is_element_dtype(from) && is_element_dtype(to), TypeError,
+               "convert_elements: {} to {}: converts element types only", to_string(from),
+               to_string(to));
   if (count == 0) return;
   if (from == to) {
     std::memcpy(dst, src, count * dtype_size(from));

@@ -93,9 +93,12 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
                         std::size_t offset, std::size_t n, ReduceOp op, DType type) {
   float acc[kReduceBlock];
   float next[kReduceBlock];
-  auto widen = [type](const void* in, std::size_t at, float* out, std::size_t len) {
+  // reduce_parallel's switch sends bf16 and f16 only.
+  NUMESH_DCHECK(type == DType::kBF16 || type == DType::kF16);
+  const bool bf16 = type == DType::kBF16;
+  auto widen = [bf16](const void* in, std::size_t at, float* out, std::size_t len) {
     const std::span<const std::uint16_t> src(static_cast<const std::uint16_t*>(in) + at, len);
-    if (type == DType::kBF16)
+    if (bf16)
       convert_bf16_to_f32(src, {out, len});
     else
       convert_f16_to_f32(src, {out, len});
@@ -109,7 +112,7 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
       for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], next[i]);
     }
   }
-  if (type == DType::kBF16)
+  if (bf16)
     convert_f32_to_bf16({acc, n}, {dst, n});
   else
     convert_f32_to_f16({acc, n}, {dst, n});
@@ -121,10 +124,15 @@ void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::siz
   for_range(n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; i += kReduceBlock) {
       const std::size_t len = std::min(kReduceBlock, e - i);
-      if (type == DType::kF32) {
-        reduce_block(static_cast<float*>(dst) + i, inputs, offset + i, len, op);
-      } else {
-        reduce_block_16bit(static_cast<std::uint16_t*>(dst) + i, inputs, offset + i, len, op, type);
+      switch (type) {
+        case DType::kF32:
+          reduce_block(static_cast<float*>(dst) + i, inputs, offset + i, len, op);
+          break;
+        case DType::kBF16:
+        case DType::kF16:
+          reduce_block_16bit(static_cast<std::uint16_t*>(dst) + i, inputs, offset + i, len, op,
+                             type);
+          break;
       }
     }
   });
@@ -185,6 +193,9 @@ DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const
                  "collective",
                  what, s, to_string(in[s].dtype), to_string(out[s].dtype), to_string(type));
   }
+  NUMESH_CHECK(is_element_dtype(type), TypeError,
+               "{}: {} is not an element type; collectives move f32, bf16 or f16", what,
+               to_string(type));
   return type;
 }
 

@@ -67,16 +67,24 @@ bool HostTensor::is_shape_only() const noexcept { return data.empty() && num_ele
 
 HostTensor rounded_to(const HostTensor& t, DType dtype) {
   HostTensor out = t;
-  if (dtype == DType::kBF16) {
-    for (float& v : out.data) v = f32_from_bf16(bf16_from_f32(v));
-  } else if (dtype == DType::kF16) {
-    for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
+  switch (dtype) {
+    case DType::kF32:
+      break;
+    case DType::kBF16:
+      for (float& v : out.data) v = f32_from_bf16(bf16_from_f32(v));
+      break;
+    case DType::kF16:
+      for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
+      break;
   }
   return out;
 }
 
 Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype)
     : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
+  NUMESH_CHECK(is_element_dtype(dtype_), TypeError,
+               "Tensor: {} is not an element type; tensors hold f32, bf16 or f16",
+               to_string(dtype_));
   if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(size_) * dtype_size(dtype_));
 }
 
@@ -89,8 +97,9 @@ std::span<float> Tensor::values() {
 std::span<const float> Tensor::values() const { return const_cast<Tensor*>(this)->values(); }
 
 std::span<std::uint16_t> Tensor::bits16() {
-  NUMESH_CHECK(dtype_ != DType::kF32, TypeError,
-               "tensor of shape ({}) holds f32 values, not 16-bit ones", fmt::join(shape_, ", "));
+  NUMESH_CHECK(dtype_ == DType::kBF16 || dtype_ == DType::kF16, TypeError,
+               "tensor of shape ({}) holds {} values, not 16-bit ones", fmt::join(shape_, ", "),
+               to_string(dtype_));
   return {reinterpret_cast<std::uint16_t*>(buffer_.data()), static_cast<std::size_t>(size_)};
 }
 
@@ -143,6 +152,8 @@ void copy_box(std::span<const DimSlice> box, const float* src, std::span<const D
 
 void copy_box(std::span<const DimSlice> box, const void* src, std::span<const DimSlice> src_slices,
               void* dst, std::span<const DimSlice> dst_slices, DType dtype) {
+  NUMESH_CHECK(is_element_dtype(dtype), TypeError, "copy_box: {} is not an element type",
+               to_string(dtype));
   const std::size_t item = dtype_size(dtype);
   detail::for_each_run(
       box, src_slices, dst_slices,
@@ -167,19 +178,29 @@ void convert_run(const void* src, DType from, void* dst, DType to, std::size_t n
   auto* d16 = static_cast<std::uint16_t*>(dst);
   if (from == DType::kF32) {
     const std::span<const float> s(static_cast<const float*>(src), n);
-    if (to == DType::kBF16)
-      convert_f32_to_bf16(s, {d16, n});
-    else
-      convert_f32_to_f16(s, {d16, n});
-    return;
+    switch (to) {
+      case DType::kBF16:
+        convert_f32_to_bf16(s, {d16, n});
+        return;
+      case DType::kF16:
+        convert_f32_to_f16(s, {d16, n});
+        return;
+      case DType::kF32:
+        break;  // from == to: copied above
+    }
   }
   if (to == DType::kF32) {
     const std::span<float> d(static_cast<float*>(dst), n);
-    if (from == DType::kBF16)
-      convert_bf16_to_f32({s16, n}, d);
-    else
-      convert_f16_to_f32({s16, n}, d);
-    return;
+    switch (from) {
+      case DType::kBF16:
+        convert_bf16_to_f32({s16, n}, d);
+        return;
+      case DType::kF16:
+        convert_f16_to_f32({s16, n}, d);
+        return;
+      case DType::kF32:
+        break;  // from == to: copied above
+    }
   }
   // bf16 <-> f16: through fp32, a block at a time.
   constexpr std::size_t kBlock = 1024;
@@ -200,6 +221,9 @@ void copy_box(std::span<const DimSlice> box, const void* src, DType src_type,
     copy_box(box, src, src_slices, dst, dst_slices, src_type);
     return;
   }
+  NUMESH_CHECK(is_element_dtype(src_type) && is_element_dtype(dst_type), TypeError,
+               "copy_box: {} to {}: converts element types only", to_string(src_type),
+               to_string(dst_type));
   const std::size_t src_item = dtype_size(src_type);
   const std::size_t dst_item = dtype_size(dst_type);
   detail::for_each_run(

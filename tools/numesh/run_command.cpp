@@ -182,7 +182,15 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
                  DType dtype, const ops::ModelAxes& axes, std::int64_t steps, std::int64_t max_len,
                  const Runs& r, const Progress& progress) {
   Check c;
-  c.bound = dtype == DType::kBF16 ? kBf16CheckBound : kCheckBound;
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kF16:
+      c.bound = kCheckBound;
+      break;
+    case DType::kBF16:
+      c.bound = kBf16CheckBound;
+      break;
+  }
   c.check = ReferenceCheck(c.bound);
   c.moe_bf16 = dtype == DType::kBF16 && config.moe_every > 0 && config.moe_every <= config.layers;
   c.checked = !o.no_check && !c.moe_bf16;

@@ -31,19 +31,33 @@ std::string_view header_dtype(DType d) {
 }
 
 // The Rust crate's order of its Dtype enum, by which it sorts tensors (wider types first).
-int rust_rank(DType d) { return d == DType::kF32 ? 17 : d == DType::kBF16 ? 14 : 13; }
+int rust_rank(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return 17;
+    case DType::kBF16:
+      return 14;
+    case DType::kF16:
+      return 13;
+  }
+  return 0;
+}
 
 std::string stored_bytes(const runtime::HostTensor& t, DType d) {
   std::string out(t.data.size() * dtype_size(d), '\0');
-  if (d == DType::kF32) {
-    std::memcpy(out.data(), t.data.data(), out.size());
-    return out;
-  }
-  std::vector<std::uint16_t> bits(t.data.size());
-  if (d == DType::kBF16) {
-    runtime::convert_f32_to_bf16(t.data, bits);
-  } else {
-    runtime::convert_f32_to_f16(t.data, bits);
+  std::vector<std::uint16_t> bits;
+  switch (d) {
+    case DType::kF32:
+      std::memcpy(out.data(), t.data.data(), out.size());
+      return out;
+    case DType::kBF16:
+      bits.resize(t.data.size());
+      runtime::convert_f32_to_bf16(t.data, bits);
+      break;
+    case DType::kF16:
+      bits.resize(t.data.size());
+      runtime::convert_f32_to_f16(t.data, bits);
+      break;
   }
   std::memcpy(out.data(), bits.data(), out.size());
   return out;

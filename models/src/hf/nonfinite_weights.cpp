@@ -38,12 +38,20 @@ namespace {
 // exponent bits (all ones: an infinity or a NaN), without widening.
 std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
   std::int64_t bad = 0;
-  if (dtype == DType::kF32) {
-    const auto* v = static_cast<const float*>(data);
-    for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(v[i]) ? 0 : 1;
-    return bad;
+  std::uint16_t exponent = 0;
+  switch (dtype) {
+    case DType::kF32: {
+      const auto* v = static_cast<const float*>(data);
+      for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(v[i]) ? 0 : 1;
+      return bad;
+    }
+    case DType::kBF16:
+      exponent = 0x7F80;
+      break;
+    case DType::kF16:
+      exponent = 0x7C00;
+      break;
   }
-  const std::uint16_t exponent = dtype == DType::kBF16 ? 0x7F80 : 0x7C00;
   const auto* bits = static_cast<const std::uint16_t*>(data);
   for (std::size_t i = 0; i < n; ++i) bad += (bits[i] & exponent) == exponent ? 1 : 0;
   return bad;
@@ -87,15 +95,17 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     const runtime::Tensor& shard = t.shard(first_slot);
     const auto n = static_cast<std::size_t>(shard.size());
     std::vector<float> values(n);
-    if (dtype == DType::kF32) {
-      std::copy_n(static_cast<const float*>(shard.data()), n, values.begin());
-    } else {
-      const std::span<const std::uint16_t> bits(static_cast<const std::uint16_t*>(shard.data()), n);
-      if (dtype == DType::kBF16) {
+    const std::span<const std::uint16_t> bits(static_cast<const std::uint16_t*>(shard.data()), n);
+    switch (dtype) {
+      case DType::kF32:
+        std::copy_n(static_cast<const float*>(shard.data()), n, values.begin());
+        break;
+      case DType::kBF16:
         runtime::convert_bf16_to_f32(bits, values);
-      } else {
+        break;
+      case DType::kF16:
         runtime::convert_f16_to_f32(bits, values);
-      }
+        break;
     }
     const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
     const ops::Comparison c =

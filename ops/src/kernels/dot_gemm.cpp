@@ -413,18 +413,23 @@ void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
               const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
               KernelLevel level) {
   if (m <= 0 || n <= 0) return;
-  if (b_type == DType::kBF16) {
-    // a's bf16 bits, row after row (the calling thread's buffer).
-    thread_local std::vector<std::uint16_t> bits;
-    bits.resize(static_cast<std::size_t>(m * k));
-    for (std::int64_t i = 0; i < m; ++i) {
-      runtime::convert_f32_to_bf16(
-          std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
-          std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
+  switch (b_type) {
+    case DType::kBF16: {
+      // a's bf16 bits, row after row (the calling thread's buffer).
+      thread_local std::vector<std::uint16_t> bits;
+      bits.resize(static_cast<std::size_t>(m * k));
+      for (std::int64_t i = 0; i < m; ++i) {
+        runtime::convert_f32_to_bf16(
+            std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
+            std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
+      }
+      dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc,
+                    level);
+      return;
     }
-    dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc,
-                  level);
-    return;
+    case DType::kF32:
+    case DType::kF16:
+      break;  // below: the vector kernels' two-way choices are between these two
   }
   switch (level) {
     case KernelLevel::kAvx512:

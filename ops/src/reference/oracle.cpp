@@ -55,7 +55,13 @@ MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dt
 }
 
 MatrixD projection_input(const MatrixD& x, DType weights) {
-  if (weights != DType::kBF16) return x;
+  switch (weights) {
+    case DType::kF32:
+    case DType::kF16:
+      return x;
+    case DType::kBF16:
+      break;
+  }
   return x.unaryExpr([](double v) {
     return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v))));
   });
