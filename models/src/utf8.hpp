@@ -2,9 +2,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
-// UTF-8's well-formed byte sequences (Unicode's Table 3-7), the one definition the strict JSON
-// check and the tokenizer's byte-level decoder share.
+// UTF-8's well-formed byte sequences (Unicode's Table 3-7) and its encoder: the one definition
+// the strict JSON check, the tokenizer's byte-level tables and the chat templates' strings share.
 
 namespace numesh::models::detail {
 
@@ -37,6 +38,25 @@ constexpr Utf8Lead utf8_lead(std::uint8_t lead) noexcept {
 /// Whether `next` may be continuation byte number k (1-based) after a lead of rule `rule`.
 constexpr bool utf8_continues(const Utf8Lead& rule, std::size_t k, std::uint8_t next) noexcept {
   return next >= (k == 1 ? rule.low : 0x80) && next <= (k == 1 ? rule.high : 0xBF);
+}
+
+/// Appends code point `cp` (at most U+10FFFF) to `out` as UTF-8.
+inline void append_utf8(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
 }
 
 }  // namespace numesh::models::detail

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <span>
 
+#include "../box_copy.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/compare.hpp"
-#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 
 namespace numesh::models {
@@ -95,18 +95,9 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     const runtime::Tensor& shard = t.shard(first_slot);
     const auto n = static_cast<std::size_t>(shard.size());
     std::vector<float> values(n);
-    const std::span<const std::uint16_t> bits(static_cast<const std::uint16_t*>(shard.data()), n);
-    switch (dtype) {
-      case DType::kF32:
-        std::copy_n(static_cast<const float*>(shard.data()), n, values.begin());
-        break;
-      case DType::kBF16:
-        runtime::convert_bf16_to_f32(bits, values);
-        break;
-      case DType::kF16:
-        runtime::convert_f16_to_f32(bits, values);
-        break;
-    }
+    // Widened by the one converter the checkpoint reader uses.
+    detail::convert_elements(static_cast<const std::byte*>(shard.data()), dtype,
+                             reinterpret_cast<std::byte*>(values.data()), DType::kF32, n);
     const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
     const ops::Comparison c =
         ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);
