@@ -41,7 +41,8 @@ void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string&
 void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& name,
                    std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype,
                    std::byte* dst) {
-  const std::size_t row_bytes = static_cast<std::size_t>(nc) * dtype_size(dtype);
+  // Whole rows of the box in the shard's format (a block format's blocks run along them).
+  const auto row_bytes = static_cast<std::size_t>(numesh::row_bytes(dtype, nc));
   tbb::parallel_for(
       tbb::blocked_range<std::int64_t>(0, nr, kRowBlock),
       [&](const tbb::blocked_range<std::int64_t>& r) {
@@ -71,7 +72,7 @@ void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& so
     const std::int64_t r0 = box[first].offset, nr = box[first].extent;
     const std::int64_t c0 = box[first + 1].offset, nc = box[first + 1].extent;
     const std::int64_t e0 = stacked ? box[0].offset : 0, ne = stacked ? box[0].extent : 1;
-    const std::size_t matrix_bytes = static_cast<std::size_t>(nr * nc) * dtype_size(dtype);
+    const auto matrix_bytes = static_cast<std::size_t>(nr * row_bytes(dtype, nc));
     for (std::int64_t e = 0; e < ne; ++e) {
       const std::string& name = source.tensors[static_cast<std::size_t>(e0 + e)];
       std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;

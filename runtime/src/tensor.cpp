@@ -29,6 +29,13 @@ std::int64_t num_elements(std::span<const std::int64_t> shape) {
   return n;
 }
 
+std::int64_t storage_bytes(DType dtype, std::span<const std::int64_t> shape) {
+  const std::int64_t n = num_elements(shape);
+  if (shape.empty()) return row_bytes(dtype, 1);
+  const std::int64_t row = shape.back();
+  return row == 0 ? 0 : n / row * row_bytes(dtype, row);
+}
+
 namespace {
 
 // The machine's physical memory in bytes (0: unknown).
@@ -82,10 +89,8 @@ HostTensor rounded_to(const HostTensor& t, DType dtype) {
 
 Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype)
     : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
-  NUMESH_CHECK(is_element_dtype(dtype_), TypeError,
-               "Tensor: {} is not an element type; tensors hold f32, bf16 or f16",
-               to_string(dtype_));
-  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(size_) * dtype_size(dtype_));
+  const std::int64_t bytes = storage_bytes(dtype_, shape_);
+  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(bytes));
 }
 
 std::span<float> Tensor::values() {

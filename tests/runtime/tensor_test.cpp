@@ -121,6 +121,22 @@ TEST(TensorTest, BadShapesAreRejected) {
       ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
 }
 
+// Storage is counted by rows (what a block format needs), which for element types is the
+// element count times the element's bytes; shard_bytes() is a shard's storage.
+TEST(TensorTest, StorageIsCountedByRows) {
+  const std::vector<std::int64_t> rank0, empty_rows{3, 0}, matrix{3, 5}, stacked{2, 3, 4};
+  EXPECT_EQ(storage_bytes(DType::kF32, rank0), 4);
+  EXPECT_EQ(storage_bytes(DType::kBF16, empty_rows), 0);
+  EXPECT_EQ(storage_bytes(DType::kF16, matrix), 30);
+  EXPECT_EQ(storage_bytes(DType::kF32, stacked), 96);
+  const std::vector<std::int64_t> negative{2, -1};
+  EXPECT_THAT([&] { (void)storage_bytes(DType::kF32, negative); },
+              ThrowsMessage<ShapeError>(HasSubstr("shape (2, -1) has a negative extent")));
+  const ShardedTensor t(mesh_2x4(), {8, 16}, P({AxisRule("dp"), AxisRule("tp")}), DType::kBF16);
+  EXPECT_EQ(t.shard_bytes(), 4 * 4 * 2);
+  EXPECT_EQ(t.shard(0).size_bytes(), 32U);
+}
+
 TEST(TensorTest, CopyBoxCopiesAStridedBlock) {
   // A 2x3 box at (1, 2) of a 4x6 source into a 3x4 destination holding rows [1, 4), cols [2, 6).
   std::vector<float> src(24);

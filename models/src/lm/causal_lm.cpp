@@ -125,10 +125,8 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoin
 }
 
 std::int64_t CausalLm::decode_bytes(std::int64_t position) const {
-  const runtime::ShardedTensor& head = *head_layer_.weight;
-  const auto element = static_cast<std::int64_t>(dtype_size(head.dtype()));
   return mesh_.size() *
-         (stack_.decode_bytes_per_device(position) + head.layout().bytes_per_device(element));
+         (stack_.decode_bytes_per_device(position) + head_layer_.weight->shard_bytes());
 }
 
 CausalLm::~CausalLm() = default;

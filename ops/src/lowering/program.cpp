@@ -178,8 +178,7 @@ runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role
 runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
                                             std::shared_ptr<runtime::ShardedTensor> tensor) {
   NUMESH_CHECK(tensor != nullptr, ValueError, "program {}: tensor '{}' is null", name_, name);
-  const std::int64_t bytes =
-      tensor->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(tensor->dtype())));
+  const std::int64_t bytes = tensor->shard_bytes();
   plan_.tensors.push_back(TensorPlan{.name = std::move(name),
                                      .role = role,
                                      .shape = tensor->shape(),
@@ -208,8 +207,7 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                           const std::vector<sharding::Placement>& to,
                                           const runtime::Frontier& after, const std::string& name) {
   ReshardResult r = ops::reshard(graph_, in, from, out, to, after, name, collectives_);
-  const std::int64_t payload =
-      in.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(in.dtype())));
+  const std::int64_t payload = in.shard_bytes();
   for (const sharding::ReshardStep& step : r.plan) {
     std::int64_t g = 1;
     for (const std::string& axis : step.axes) g *= mesh_.mesh().axis_size(axis);
@@ -220,8 +218,7 @@ runtime::Frontier ProgramBuilder::reshard(runtime::ShardedTensor& in,
                                                .moved_bytes = moved_bytes(step, g, payload)});
   }
   for (auto& t : r.temporaries) {
-    const std::int64_t bytes =
-        t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())));
+    const std::int64_t bytes = t->shard_bytes();
     for (auto& m : plan_.memory_bytes) m += bytes;
     tensors_.push_back(std::move(t));
   }

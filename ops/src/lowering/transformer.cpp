@@ -349,8 +349,7 @@ std::int64_t ShardedTransformer::sequence_groups() const noexcept {
 
 std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) const {
   auto bytes = [](const std::shared_ptr<runtime::ShardedTensor>& t) {
-    return t ? t->layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(t->dtype())))
-             : std::int64_t{0};
+    return t ? t->shard_bytes() : std::int64_t{0};
   };
   std::int64_t total = bytes(final_norm_);
   for (const auto& layer : layers_) {
@@ -371,9 +370,7 @@ std::int64_t ShardedTransformer::decode_bytes_per_device(std::int64_t position) 
     const runtime::ShardedTensor& cache_k = paged() ? *layer->paged.k : *layer->cache.k;
     const std::int64_t positions =
         paged() ? layer->paged.blocks * layer->paged.block_size : layer->cache.max_len;
-    const std::int64_t cache_per_position =
-        cache_k.layout().bytes_per_device(static_cast<std::int64_t>(dtype_size(cache_k.dtype()))) /
-        positions;
+    const std::int64_t cache_per_position = cache_k.shard_bytes() / positions;
     total += 2 * cache_per_position * (position + 1);
   }
   return total;

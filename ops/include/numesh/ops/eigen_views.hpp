@@ -78,13 +78,12 @@ inline WeightMatrix as_out_in_weight(const runtime::Tensor& t) {
 }
 
 /// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
-/// [E, rows, cols] weight). REQUIRES: it lies inside t.
-/// `layout` says how it is stored (kOutIn: as [cols, rows]).
+/// [E, rows, cols] weight: whole rows of t, so row_bytes() counts its bytes in any format).
+/// REQUIRES: it lies inside t. `layout` says how it is stored (kOutIn: as [cols, rows]).
 inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows,
                               std::int64_t cols, WeightLayout layout = WeightLayout::kInOut) {
-  return {static_cast<const char*>(t.data()) +
-              offset * static_cast<std::int64_t>(dtype_size(t.dtype())),
-          t.dtype(), rows, cols, layout};
+  return {static_cast<const char*>(t.data()) + row_bytes(t.dtype(), offset), t.dtype(), rows, cols,
+          layout};
 }
 
 /// The transpose [cols, rows] of a [rows, cols] host tensor (a stored out-in matrix as the

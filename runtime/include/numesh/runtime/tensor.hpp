@@ -19,6 +19,13 @@ namespace numesh::runtime {
 /// Number of elements of `shape` (1 for rank 0). Throws: ShapeError for a negative extent.
 std::int64_t num_elements(std::span<const std::int64_t> shape);
 
+/// Bytes a dense row-major tensor of `shape` takes stored as `dtype`: its rows (the last dim;
+/// rank 0 is one row of one element) each row_bytes(dtype, row length) long, so that a block
+/// format's blocks run along rows and never straddle two.
+/// Throws: ShapeError for a negative extent; ValueError (row_bytes) when the rows are not whole
+/// blocks of the format.
+std::int64_t storage_bytes(DType dtype, std::span<const std::int64_t> shape);
+
 /// A dense row-major tensor in ordinary (host) memory: the form data has before it is
 /// sharded and after it is gathered. A regular value type.
 struct HostTensor {
@@ -45,14 +52,15 @@ struct HostTensor {
 HostTensor rounded_to(const HostTensor& t, DType dtype);
 
 /// A dense row-major tensor whose storage lives on one device's NUMA node, of element type
-/// DType (fp32, or bf16 / f16 for stored weights: half the bytes a memory-bound kernel reads).
-/// Move-only.
+/// DType (fp32, or bf16 / f16 for stored weights: half the bytes a memory-bound kernel reads),
+/// or, for stored weights only, a block format (its rows storage_bytes() lays out). Move-only.
 class Tensor {
  public:
   /// An empty tensor (no device, rank 0, no storage).
   Tensor() = default;
   /// A zero tensor of `shape` on `device` (allocated for its node and zero-filled by its
-  /// threads). Throws: ShapeError for a negative extent.
+  /// threads). Throws: ShapeError for a negative extent; ValueError when `dtype` is a block
+  /// format and the last dim is not a whole number of its blocks.
   Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype = DType::kF32);
 
   /// Extents.
@@ -75,10 +83,8 @@ class Tensor {
   const void* data() const noexcept { return buffer_.data(); }
   /// The first element, writable (nullptr when empty).
   void* data() noexcept { return buffer_.data(); }
-  /// Bytes of the elements (size() * dtype_size(dtype())).
-  std::size_t size_bytes() const noexcept {
-    return static_cast<std::size_t>(size_) * dtype_size(dtype_);
-  }
+  /// Bytes of the elements (storage_bytes(dtype(), shape())).
+  std::size_t size_bytes() const noexcept { return buffer_.size_bytes(); }
   /// The owning device, or nullptr for an empty tensor.
   Device* device() const noexcept { return buffer_.device(); }
   /// The storage.
@@ -114,6 +120,8 @@ class ShardedTensor {
   const sharding::PartitionSpec& spec() const noexcept { return layout_.spec(); }
   /// The element type of every shard.
   DType dtype() const noexcept { return dtype_; }
+  /// Bytes each device holds: storage_bytes() of the shard shape (a replica counts in full).
+  std::int64_t shard_bytes() const { return storage_bytes(dtype_, layout_.shard_shape()); }
   /// The shard of mesh slot `slot`. Throws: IndexError.
   Tensor& shard(std::int64_t slot);
   /// The shard of mesh slot `slot`. Throws: IndexError.
