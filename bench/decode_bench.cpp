@@ -112,8 +112,7 @@ void BM_Decode_Gemv(benchmark::State& state) {
                                    : static_cast<const void*>(weights_16(T).data());
   for (auto _ : state) {
     strips(m, [&](std::int64_t c0, std::int64_t cols) {
-      const std::int64_t elem = static_cast<std::int64_t>(dtype_size(T));
-      ops::skinny_gemm(m, cols, kK, x.data(), kK, static_cast<const char*>(b) + c0 * elem, T, kN,
+      ops::skinny_gemm(m, x.data(), kK, ops::WeightMatrix{b, T, kK, kN}.outputs(c0, cols),
                        y.data() + c0, kN);
     });
     benchmark::DoNotOptimize(y.data());
@@ -134,7 +133,7 @@ void BM_Decode_DeviceGemm(benchmark::State& state) {
   const void* b = T == DType::kF32 ? static_cast<const void*>(weights_f32().data())
                                    : static_cast<const void*>(weights_16(T).data());
   for (auto _ : state) {
-    ops::device_decode_gemm(ops::ConstMatrixMap(x.data(), m, kK), b, T,
+    ops::device_decode_gemm(ops::ConstMatrixMap(x.data(), m, kK), ops::WeightMatrix{b, T, kK, kN},
                             ops::MatrixMap(y.data(), m, kN));
     benchmark::DoNotOptimize(y.data());
   }

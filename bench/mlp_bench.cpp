@@ -157,8 +157,10 @@ void BM_Gemm16(benchmark::State& state, DType t, std::int64_t cols) {
       ops::gemm(kTokens, cols, kHidden, 1.0f, x.data.data(), kHidden, w1.data.data(), kInter, false,
                 0.0f, h.data(), kInter);
     } else {
-      ops::gemm_16bit(kTokens, cols, kHidden, x.data.data(), kHidden, w16.data(), t, kInter,
-                      h.data(), kInter);
+      ops::gemm_16bit(
+          kTokens, x.data.data(), kHidden,
+          ops::WeightMatrix{w16.data(), t, kHidden, cols, ops::WeightLayout::kInOut, kInter},
+          h.data(), kInter);
     }
     benchmark::DoNotOptimize(h.data());
   }

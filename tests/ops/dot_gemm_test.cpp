@@ -73,7 +73,8 @@ std::vector<float> run(const Case& cs, const std::vector<float>& a, const Stored
   constexpr float kSentinel = 777.0f;
   std::vector<float> c(static_cast<std::size_t>(cs.m * ldc), kSentinel);
   for (std::int64_t i = 0; i < cs.m; ++i) std::fill_n(c.begin() + i * ldc, cs.n, std::nanf(""));
-  dot_gemm(cs.m, cs.n, cs.k, a.data(), lda, w.data(t), t, ldb, c.data(), ldc, level);
+  dot_gemm(cs.m, a.data(), lda, WeightMatrix{w.data(t), t, cs.k, cs.n, WeightLayout::kOutIn, ldb},
+           c.data(), ldc, level);
   std::vector<float> packed;
   for (std::int64_t i = 0; i < cs.m; ++i) {
     for (std::int64_t j = 0; j < ldc; ++j) {
@@ -173,7 +174,8 @@ TEST_P(DotGemmLevelTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst)
     std::vector<std::uint16_t> b(128, 0);
     for (const auto& [e, v] : weights) b[static_cast<std::size_t>(e)] = bf16_from_f32(v);
     float c = -1.0f;
-    dot_gemm(1, 1, 128, a.data(), 128, b.data(), DType::kBF16, 128, &c, 1, l);
+    dot_gemm(1, a.data(), 128, WeightMatrix{b.data(), DType::kBF16, 128, 1, WeightLayout::kOutIn},
+             &c, 1, l);
     return c;
   };
   constexpr float kBig = 16777216.0f;

@@ -89,8 +89,9 @@ std::vector<float> run(const Problem& p, const std::vector<std::uint16_t>& b, DT
   for (std::int64_t i = 0; i < p.m; ++i) {
     std::fill_n(c.begin() + i * p.ldc, p.n, std::numeric_limits<float>::quiet_NaN());
   }
-  gemm_16bit(p.m, p.n, p.k, p.a.data(), p.lda, b.data(), t, ldb > 0 ? ldb : p.ldb, c.data(), p.ldc,
-             level, layout);
+  gemm_16bit(p.m, p.a.data(), p.lda,
+             WeightMatrix{b.data(), t, p.k, p.n, layout, ldb > 0 ? ldb : p.ldb}, c.data(), p.ldc,
+             level);
   return unpadded(p, c, label);
 }
 
@@ -236,7 +237,7 @@ TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
     const float a[1] = {p2(100)};
     const std::uint16_t b[1] = {0x0001};
     float c = -1.0f;
-    gemm_16bit(1, 1, 1, a, 1, b, DType::kBF16, 1, &c, 1, KernelLevel::kAvx512Bf16);
+    gemm_16bit(1, a, 1, WeightMatrix{b, DType::kBF16, 1, 1}, &c, 1, KernelLevel::kAvx512Bf16);
     EXPECT_EQ(std::bit_cast<std::uint32_t>(c), 0u) << c;
   }
   // k = 4: the first pair leaves 2^-120; the second pair's odd product -(2^-120 - 2^-127)
@@ -247,7 +248,7 @@ TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
     const std::uint16_t b[4] = {0, bf16_from_f32(p2(-60)), bf16_from_f32(p2(-63)),
                                 bf16_from_f32(p2(-60) * (1.0f - p2(-7)))};
     float c = -1.0f;
-    gemm_16bit(1, 1, 4, a, 4, b, DType::kBF16, 1, &c, 1, KernelLevel::kAvx512Bf16);
+    gemm_16bit(1, a, 4, WeightMatrix{b, DType::kBF16, 4, 1}, &c, 1, KernelLevel::kAvx512Bf16);
     EXPECT_EQ(c, p2(-126));
     const Problem prob{1, 1, 4, 4, 1, 1, std::vector<float>(a, a + 4), {}};
     EXPECT_EQ(emulate_dpbf16(prob, std::vector<std::uint16_t>(b, b + 4)).front(), p2(-126));
@@ -319,8 +320,8 @@ TEST(Gemm16BitTest, RefusesAnOutInLeadingDimensionShorterThanK) {
   float c[4];
   EXPECT_THAT(
       [&] {
-        gemm_16bit(1, 4, 2, c, 2, bits.data(), DType::kBF16, 1, c, 4, KernelLevel::kScalar,
-                   WeightLayout::kOutIn);
+        gemm_16bit(1, c, 2, WeightMatrix{bits.data(), DType::kBF16, 2, 4, WeightLayout::kOutIn, 1},
+                   c, 4, KernelLevel::kScalar);
       },
       ThrowsMessage<ShapeError>(HasSubstr("ldb 1 (out-in)")));
 }
@@ -339,8 +340,8 @@ TEST_P(Gemm16BitLevelTest, EmptyProducts) {
     float c = kSentinel;
     const float a = 1.0f;
     const std::uint16_t w = 0x3F80;
-    gemm_16bit(0, 1, 1, &a, 1, &w, t, 1, &c, 1, l);
-    gemm_16bit(1, 0, 1, &a, 1, &w, t, 1, &c, 1, l);
+    gemm_16bit(0, &a, 1, WeightMatrix{&w, t, 1, 1}, &c, 1, l);
+    gemm_16bit(1, &a, 1, WeightMatrix{&w, t, 1, 0, WeightLayout::kInOut, 1}, &c, 1, l);
     EXPECT_EQ(c, kSentinel) << label;
   }
 }
@@ -382,10 +383,10 @@ TEST_P(Gemm16BitLevelTest, NanAndInfinityInTheWeightsReachExactlyTheirColumns) {
 TEST(Gemm16BitTest, RejectsFp32WeightsAndNegativeSizes) {
   const float a[4] = {1, 2, 3, 4};
   float c[4] = {};
-  EXPECT_THROW(gemm_16bit(2, 2, 2, a, 2, a, DType::kF32, 2, c, 2), ShapeError);
+  EXPECT_THROW(gemm_16bit(2, a, 2, WeightMatrix{a, DType::kF32, 2, 2}, c, 2), ShapeError);
   const std::uint16_t w[4] = {};
-  EXPECT_THROW(gemm_16bit(-1, 2, 2, a, 2, w, DType::kBF16, 2, c, 2), ShapeError);
-  EXPECT_THROW(gemm_16bit(2, 2, 2, a, 1, w, DType::kF16, 2, c, 2), ShapeError);
+  EXPECT_THROW(gemm_16bit(-1, a, 2, WeightMatrix{w, DType::kBF16, 2, 2}, c, 2), ShapeError);
+  EXPECT_THROW(gemm_16bit(2, a, 1, WeightMatrix{w, DType::kF16, 2, 2}, c, 2), ShapeError);
 }
 
 // ---- bf16 compute: fp32 operands, each rounded to bf16

@@ -230,7 +230,7 @@ TEST(GemmTest, DecodeGemmOnSixteenBitWeightsIsTheSameForAnyThreadCount) {
       RowMatrix c = RowMatrix::Constant(m, n, std::numeric_limits<float>::quiet_NaN());
       oneapi::tbb::task_arena arena(threads);
       arena.execute([&] {
-        device_decode_gemm(ConstMatrixMap(a.data(), m, k), bits.data(), t,
+        device_decode_gemm(ConstMatrixMap(a.data(), m, k), WeightMatrix{bits.data(), t, k, n},
                            MatrixMap(c.data(), m, n));
       });
       if (!first) {
@@ -405,7 +405,7 @@ TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {
   // No reduction: the decode path writes zeros.
   const RowMatrix a(2, 0);
   RowMatrix c = RowMatrix::Constant(2, 8, 5.0f);
-  device_decode_gemm(ConstMatrixMap(a.data(), 2, 0), w.data(), DType::kF32,
+  device_decode_gemm(ConstMatrixMap(a.data(), 2, 0), WeightMatrix{w.data(), DType::kF32, 0, 8},
                      MatrixMap(c.data(), 2, 8));
   EXPECT_EQ(c, RowMatrix::Zero(2, 8));
 }
@@ -424,6 +424,43 @@ TEST(GemmTest, StridedOperandsMultiplyBlocksInPlace) {
         << "scale " << scale;
     EXPECT_EQ(c.block(0, 0, m, 2), RowMatrix::Zero(m, 2)) << "columns outside the block untouched";
   }
+}
+
+// A weight matrix's views of outputs and inputs address their stored rows and columns in bytes of
+// the format, for either layout, and keep the stride of the whole.
+TEST(GemmTest, WeightMatrixViewsAddressTheirRowsAndColumns) {
+  const std::vector<std::uint16_t> storage(4 * 6);
+  const auto* base = reinterpret_cast<const char*>(storage.data());
+  auto offset = [base](const WeightMatrix& w) { return static_cast<const char*>(w.data) - base; };
+  const WeightMatrix in_out{storage.data(), DType::kBF16, 4, 6};  // [k 4, n 6], rows of 6
+  EXPECT_EQ(in_out.stride(), 6);
+  const WeightMatrix cols = in_out.outputs(2, 3), rows = in_out.inputs(1, 2);
+  EXPECT_EQ(offset(cols), 2 * 2);
+  EXPECT_EQ(cols.cols, 3);
+  EXPECT_EQ(cols.stride(), 6);
+  EXPECT_EQ(offset(rows), 6 * 2);
+  EXPECT_EQ(rows.rows, 2);
+  EXPECT_EQ(offset(rows.outputs(2, 3)), 8 * 2) << "a view of a view";
+  const WeightMatrix out_in{storage.data(), DType::kBF16, 6, 4,
+                            WeightLayout::kOutIn};  // [n 4, k 6]
+  EXPECT_EQ(out_in.stride(), 6);
+  EXPECT_EQ(offset(out_in.outputs(2, 2)), 2 * 6 * 2);
+  EXPECT_EQ(offset(out_in.inputs(1, 3)), 1 * 2);
+  EXPECT_EQ(out_in.inputs(1, 3).stride(), 6);
+  EXPECT_EQ(out_in.stored_row(3), base + 3 * 6 * 2);
+}
+
+// The decode path on in-out weights refuses a b that is not [k, n] in-out, naming the shapes.
+TEST(GemmTest, DecodeGemmRefusesWeightsThatDoNotFit) {
+  const std::vector<float> a(2 * 4, 1.0f), w(4 * 3, 1.0f);
+  std::vector<float> c(2 * 3);
+  EXPECT_THAT(
+      [&] {
+        device_decode_gemm(ConstMatrixMap(a.data(), 2, 4),
+                           WeightMatrix{w.data(), DType::kF32, 4, 3, WeightLayout::kOutIn},
+                           MatrixMap(c.data(), 2, 3));
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("b must be [4, 3] stored in-out, not [4, 3] (out-in)")));
 }
 
 TEST(GemmTest, MismatchedShapesNameAllThree) {

@@ -84,7 +84,9 @@ std::vector<float> skinny_product(const SkinnyShape& s, const std::vector<float>
   constexpr float kSentinel = 777.0f;
   std::vector<float> c(static_cast<std::size_t>(s.m * s.ldc()), kSentinel);
   for (std::int64_t i = 0; i < s.m; ++i) std::fill_n(c.begin() + i * s.ldc(), s.n, std::nanf(""));
-  skinny_gemm(s.m, s.n, s.k, a.data(), s.lda(), w.data(t), t, s.ldb(), c.data(), s.ldc(), level);
+  skinny_gemm(s.m, a.data(), s.lda(),
+              WeightMatrix{w.data(t), t, s.k, s.n, WeightLayout::kInOut, s.ldb()}, c.data(),
+              s.ldc(), level);
   for (std::int64_t i = 0; i < s.m; ++i) {
     for (std::int64_t j = s.n; j < s.ldc(); ++j) {
       EXPECT_EQ(c[static_cast<std::size_t>(i * s.ldc() + j)], kSentinel)

@@ -391,9 +391,10 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
 
 }  // namespace
 
-void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a,
-                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float* c,
-                   std::int64_t ldc, KernelLevel level) {
+void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, const WeightMatrix& w,
+                   float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
+  const auto* b = static_cast<const std::uint16_t*>(w.data);
   if (m <= 0 || n <= 0) return;
   if (level == KernelLevel::kAvx512Bf16)
     return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
@@ -409,9 +410,11 @@ void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::ui
   }
 }
 
-void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-              const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-              KernelLevel level) {
+void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w, float* c,
+              std::int64_t ldc, KernelLevel level) {
+  const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
+  const void* b = w.data;
+  const DType b_type = w.dtype;
   if (m <= 0 || n <= 0) return;
   switch (b_type) {
     case DType::kBF16: {
@@ -423,8 +426,7 @@ void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
             std::span<const float>(a + i * lda, static_cast<std::size_t>(k)),
             std::span<std::uint16_t>(bits.data() + i * k, static_cast<std::size_t>(k)), level);
       }
-      dot_gemm_bf16(m, n, k, bits.data(), k, static_cast<const std::uint16_t*>(b), ldb, c, ldc,
-                    level);
+      dot_gemm_bf16(m, bits.data(), k, w, c, ldc, level);
       return;
     }
     case DType::kF32:

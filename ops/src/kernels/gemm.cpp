@@ -7,11 +7,11 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "weight_kernels.hpp"
 
 namespace numesh::ops {
 
@@ -76,8 +76,7 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // A sixteenth of b per block (whole rows), within [64 KiB, 1 MiB], at most kMaxTiles blocks, a
   // multiple of 4 rows (skinny_gemm takes four or eight rows per update; a tail runs row by row).
-  const std::int64_t row_bytes =
-      std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(dtype_size(b_type));
+  const std::int64_t row_bytes = numesh::row_bytes(b_type, std::max<std::int64_t>(n, 1));
   const std::int64_t block_bytes = std::clamp<std::int64_t>(
       row_bytes * k / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
   std::int64_t rows = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
@@ -90,19 +89,28 @@ std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexce
 // (skinny_gemm over the block's rows into its own partial product), then the partial products
 // summed in block order. Rows of b are read end to end: with column strips every row of a strip
 // started a new run in another page, and decode streamed 61 % of a plain read (docs/benchmarks.md).
-void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c) {
+void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
   const std::int64_t m = a.rows(), k = a.cols(), n = c.cols();
   NUMESH_CHECK(m >= 1 && m <= kSkinnyMaxRows && c.rows() == m, ShapeError,
                "decode gemm: a is [{}, {}] and c [{}, {}]; it takes 1 to {} rows, the same in both",
                m, k, c.rows(), n, kSkinnyMaxRows);
+  const bool fits = b.layout == WeightLayout::kInOut && b.rows == k && b.cols == n;
+  NUMESH_CHECK(fits, ShapeError,
+               "decode gemm: a is [{}, {}] and c [{}, {}]; b must be [{}, {}] stored in-out, not "
+               "[{}, {}] ({})",
+               m, k, c.rows(), n, k, n, b.rows, b.cols,
+               b.layout == WeightLayout::kInOut ? "in-out" : "out-in");
+  const detail::RowsKernel skinny = detail::weight_kernels(b.dtype).skinny;
+  NUMESH_CHECK(skinny != nullptr, TypeError,
+               "decode gemm: {} weights are stored out-in only, not in-out", to_string(b.dtype));
   if (k == 0) {
     c.setZero();
     return;
   }
-  const std::int64_t kb = skinny_k_block(n, k, b_type), blocks = (k + kb - 1) / kb;
-  const auto elem = static_cast<std::int64_t>(dtype_size(b_type));
+  const runtime::KernelLevel level = runtime::kernel_level();
+  const std::int64_t kb = skinny_k_block(n, k, b.dtype), blocks = (k + kb - 1) / kb;
   if (blocks == 1) {
-    skinny_gemm(m, n, k, a.data(), k, b, b_type, n, c.data(), n);
+    skinny(m, a.data(), k, b, c.data(), n, level);
     return;
   }
   // The partial products of every block: the calling thread's buffer, kept between calls so
@@ -116,8 +124,7 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
     parallel_blocks(blocks, 1, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t t = first; t < last; ++t) {
         const std::int64_t r0 = t * kb, rows = std::min(kb, k - r0);
-        skinny_gemm(m, n, rows, a.data() + r0, k, static_cast<const char*>(b) + r0 * n * elem,
-                    b_type, n, p + t * m * n, n);
+        skinny(m, a.data() + r0, k, b.inputs(r0, rows), p + t * m * n, n, level);
       }
     });
     // Sum in block order, each element by one task: the same bits for any thread count. Block
@@ -137,8 +144,7 @@ void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap
 std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // As skinny_k_block, over outputs: a sixteenth of b per task within [64 KiB, 1 MiB], at most
   // kMaxTiles tasks.
-  const std::int64_t row_bytes =
-      std::max<std::int64_t>(k, 1) * static_cast<std::int64_t>(dtype_size(b_type));
+  const std::int64_t row_bytes = numesh::row_bytes(b_type, std::max<std::int64_t>(k, 1));
   const std::int64_t block_bytes = std::clamp<std::int64_t>(
       row_bytes * n / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
   const std::int64_t outputs = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
@@ -163,35 +169,26 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
   });
 }
 
-// Decode on out-in weights: dot_gemm over blocks of dot_out_block() outputs, one task each. Every
-// element is one task's dot product: the same bits for any thread count, and no partial sums.
-// `a_bf16`: a's bf16 bits for bf16 weights (device_gemm has them), else null.
-void device_dot_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                     const std::uint16_t* a_bf16) {
-  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
-  const std::int64_t block = dot_out_block(n, k, b.dtype);
-  const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
-  const auto dot_tile = [&](std::int64_t j0, std::int64_t j1) {
-    const char* w = static_cast<const char*>(b.data) + j0 * k * elem;
-    if (a_bf16 != nullptr && b.dtype == DType::kBF16) {
-      dot_gemm_bf16(m, j1 - j0, k, a_bf16, k, reinterpret_cast<const std::uint16_t*>(w), k,
-                    c.data() + j0, n);
-    } else {
-      dot_gemm(m, j1 - j0, k, a.data(), k, w, b.dtype, k, c.data() + j0, n);
-    }
-  };
-  parallel_blocks(n, block, dot_tile);
+// Decode on out-in weights: the format's dot kernel over blocks of dot_out_block() outputs, one
+// task each. Every element is one task's dot product: the same bits for any thread count, and no
+// partial sums.
+void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
+                     const detail::WeightKernels& kernels, runtime::KernelLevel level) {
+  const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
+  parallel_blocks(n, dot_out_block(n, k, b.dtype), [&](std::int64_t j0, std::int64_t j1) {
+    kernels.dot(a, 0, m, b.outputs(j0, j1 - j0), c.data() + j0, n, level);
+  });
 }
 
-// device_gemm once the activations are what the weights' dtype multiplies (bf16 values for bf16
-// weights, their bits in `a_bf16`; null for other weights): the decode row blocks, or the tiles.
-void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                         const std::uint16_t* a_bf16) {
-  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
-  const auto elem = static_cast<std::int64_t>(dtype_size(b.dtype));
+// device_gemm once the activations are in the form the weights' format multiplies: the decode
+// blocks, or the tiles, each running the format's kernel.
+void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
+                          const detail::WeightKernels& kernels) {
+  const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
+  const runtime::KernelLevel level = runtime::kernel_level();
   const bool out_in = b.layout == WeightLayout::kOutIn;
   if (out_in && m >= 1 && m <= kSkinnyMaxRows) {
-    device_dot_gemm(a, b, c, a_bf16);
+    device_dot_gemm(a, b, c, kernels, level);
     return;
   }
   // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
@@ -200,32 +197,25 @@ void device_gemm_rounded(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
   // took them (numesh bench decode --policy core: 0.77-0.92x of fp32).
   if (!out_in && m >= 1 && m <= kSkinnyMaxRows &&
       n * k * static_cast<std::int64_t>(sizeof(float)) >= kMinSkinnySplitBytes) {
-    device_decode_gemm(a, b.data, b.dtype, c);
+    device_decode_gemm(a.values, b, c);
     return;
   }
-  const auto* bytes = static_cast<const char*>(b.data);
+  NUMESH_CHECK(out_in || kernels.skinny != nullptr, TypeError,
+               "gemm: {} weights are stored out-in only, not in-out", to_string(b.dtype));
   for_each_tile(m, n, k,
                 [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-                  const float* at = a.data() + r0 * k;
-                  // The tile's columns of b: c0 columns in (in-out), or c0 rows down (out-in).
-                  const void* bt = bytes + c0 * (out_in ? k : 1) * elem;
-                  const std::int64_t ldb = out_in ? k : n;
-                  float* ct_data = c.data() + r0 * n + c0;
-                  if (rows <= kSkinnyMaxRows) {
-                    // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not at
-                    // its best on a few rows; docs/benchmarks.md has the decode figures). Only the
-                    // tail of m reaches here for out-in weights.
-                    if (out_in) {
-                      dot_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
-                    } else {
-                      skinny_gemm(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n);
-                    }
-                  } else if (b.dtype == DType::kF32) {
-                    gemm(rows, cols, k, 1.0f, at, k, static_cast<const float*>(bt), ldb,
-                         /*transpose_b=*/out_in, 0.0f, ct_data, n);
+                  const float* at = a.values.data() + r0 * k;
+                  const WeightMatrix bt = b.outputs(c0, cols);
+                  float* ct = c.data() + r0 * n + c0;
+                  if (rows > kSkinnyMaxRows) {
+                    kernels.tile(rows, at, k, bt, ct, n, level);
+                  } else if (out_in) {
+                    // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not
+                    // at its best on a few rows; docs/benchmarks.md has the decode figures). Only
+                    // the tail of m reaches here for out-in weights.
+                    kernels.dot(a, r0, rows, bt, ct, n, level);
                   } else {
-                    gemm_16bit(rows, cols, k, at, k, bt, b.dtype, ldb, ct_data, n,
-                               runtime::kernel_level(), b.layout);
+                    kernels.skinny(rows, at, k, bt, ct, n, level);
                   }
                 });
 }
@@ -262,7 +252,15 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
         });
     return;
   }
-  if (b.dtype == DType::kBF16) {
+  const detail::WeightKernels& kernels = detail::weight_kernels(b.dtype);
+  switch (kernels.activations) {
+    case detail::ActivationForm::kF32:
+      device_gemm_prepared({a}, b, c, kernels);
+      return;
+    case detail::ActivationForm::kBF16:
+      break;
+  }
+  {
     // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16
     // linear and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps
     // kernel can run; every kernel sees the same inputs (their sums still differ in order).
@@ -284,18 +282,17 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
         runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
         runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
       });
-      device_gemm_rounded(ConstMatrixMap(rounded_of_caller, m, k), b, c, bits_of_caller);
+      device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c,
+                           kernels);
     });
-    return;
   }
-  device_gemm_rounded(a, b, c, nullptr);
 }
 
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision) {
   NUMESH_CHECK(b.rows() == a.cols() && c.rows() == a.rows() && c.cols() == b.cols(), ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}], c is [{}, {}]: they do not multiply", a.rows(),
                a.cols(), b.rows(), b.cols(), c.rows(), c.cols());
-  device_gemm(a, WeightMatrix{b.data(), DType::kF32, b.rows(), b.cols()}, c, precision);
+  device_gemm(a, as_weight(b), c, precision);
 }
 
 void device_gemm_transposed_a(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, float beta,

@@ -365,9 +365,15 @@ void rounded_operand(const float* x, std::int64_t ld, bool transposed, std::int6
 
 }  // namespace
 
-void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                KernelLevel level, WeightLayout b_layout) {
+void gemm_16bit(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& weights,
+                float* c, std::int64_t ldc, KernelLevel level) {
+  // ld as given (stride() would replace a bad 0 or negative one); a negative size is reported
+  // below before any use.
+  const std::int64_t n = weights.cols, k = weights.rows;
+  const std::int64_t ldb = weights.ld != 0 ? weights.ld : weights.row_length();
+  const void* b = weights.data;
+  const DType b_type = weights.dtype;
+  const WeightLayout b_layout = weights.layout;
   NUMESH_CHECK(b_type == DType::kBF16 || b_type == DType::kF16, ShapeError,
                "gemm_16bit: weights of dtype {}; it takes bf16 or f16 (fp32 weights go to gemm())",
                to_string(b_type));

@@ -165,9 +165,11 @@ void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
 
 }  // namespace
 
-void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                 KernelLevel level) {
+void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w, float* c,
+                 std::int64_t ldc, KernelLevel level) {
+  const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
+  const void* b = w.data;
+  const DType b_type = w.dtype;
   if (m <= 0 || n <= 0) return;
   const bool avx512 = level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
   const bool avx2 = level == KernelLevel::kAvx2;

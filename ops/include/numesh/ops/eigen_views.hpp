@@ -39,16 +39,57 @@ enum class WeightLayout {
            ///< order decode streams fastest (ops/kernels/dot_gemm.hpp)
 };
 
-/// A read-only weight matrix of any dtype (fp32, bf16, f16), contiguous: what the weight-aware
-/// device_gemm multiplies by. `rows` is always k (inputs) and `cols` n (outputs), whatever the
-/// layout. A view; the storage is someone else's.
+/// A read-only weight matrix of any format (core/dtype.hpp: fp32, bf16, f16, block formats):
+/// the one currency of the weight kernels. `rows` is always k (inputs) and `cols` n (outputs),
+/// whatever the layout; the stored rows (k of them in-out, n out-in) lie `ld` elements apart
+/// (0: packed, one right after the other), each row_bytes() of the format. A block format's
+/// blocks run along the stored rows. A view; the storage is someone else's.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   WeightLayout layout = WeightLayout::kInOut;
+  std::int64_t ld = 0;  ///< elements from one stored row to the next; 0: the row's length
+
+  /// Elements of a stored row: n in-out, k out-in.
+  std::int64_t row_length() const noexcept { return layout == WeightLayout::kInOut ? cols : rows; }
+  /// Elements from one stored row to the next.
+  std::int64_t stride() const noexcept { return ld > 0 ? ld : row_length(); }
+  /// Bytes from one stored row to the next. Throws: as row_bytes().
+  std::int64_t stride_bytes() const { return row_bytes(dtype, stride()); }
+  /// Stored row `r` (an input in-out, an output out-in). Throws: as row_bytes().
+  const void* stored_row(std::int64_t r) const {
+    return static_cast<const char*>(data) + r * stride_bytes();
+  }
+  /// Outputs [j0, j0 + count) (columns j0.. of c), a view of the same storage.
+  /// Throws: as row_bytes() (in-out: j0 must start a block).
+  WeightMatrix outputs(std::int64_t j0, std::int64_t count) const {
+    const bool in_out = layout == WeightLayout::kInOut;
+    return {in_out ? static_cast<const char*>(data) + row_bytes(dtype, j0) : stored_row(j0),
+            dtype,
+            rows,
+            count,
+            layout,
+            stride()};
+  }
+  /// Inputs [r0, r0 + count) (columns r0.. of a), a view of the same storage.
+  /// Throws: as row_bytes() (out-in: r0 must start a block).
+  WeightMatrix inputs(std::int64_t r0, std::int64_t count) const {
+    const bool in_out = layout == WeightLayout::kInOut;
+    return {in_out ? stored_row(r0) : static_cast<const char*>(data) + row_bytes(dtype, r0),
+            dtype,
+            count,
+            cols,
+            layout,
+            stride()};
+  }
 };
+
+/// The fp32 matrix `b` [k, n] (row-major, rows b.cols() apart) as a weight matrix stored in-out.
+inline WeightMatrix as_weight(ConstMatrixMap b) {
+  return {b.data(), DType::kF32, b.rows(), b.cols(), WeightLayout::kInOut};
+}
 
 /// `spec` with its entries for the last two of `rank` dims swapped (None past its end): the spec
 /// of an [..., in, out] matrix stored out-in as [..., out, in], and back. P() (replicated, as

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 // The decode kernel for weights stored out-in ([n, k] row-major, nn.Linear's layout): each
@@ -28,20 +29,20 @@
 
 namespace numesh::ops {
 
-/// c[m, n] = a[m, k] b[n, k]^T on the calling thread: a fp32 with rows `lda` floats apart, b of
-/// `b_type` (fp32 floats, or bf16 / f16 bits) with its rows (one per output) `ldb` elements
+/// c[m, n] = a[m, k] b on the calling thread: a fp32 with rows `lda` floats apart, b [k, n]
+/// stored out-in ([n, k]) in fp32, bf16 or f16, its rows (one per output) b.stride() elements
 /// apart, c fp32 with rows `ldc` apart (overwritten; k = 0 writes zeros). Keeps a buffer of the
 /// calling thread for a's bf16 bits (m * k of them) between calls.
-/// REQUIRES: m, n, k >= 0; `level` runs on this CPU; lda >= k, ldb >= k, ldc >= n.
-void dot_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-              const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-              runtime::KernelLevel level = runtime::kernel_level());
+/// REQUIRES: m >= 0; b.layout is kOutIn and b.dtype an element type; `level` runs on this CPU;
+/// lda >= k, ldc >= n.
+void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+              std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
 
 /// dot_gemm for bf16 weights whose activations are bf16 already: `a` holds their bits (rows
 /// `lda` elements apart), as device_gemm has them, so that no task converts them again.
-/// REQUIRES: as dot_gemm.
-void dot_gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* a,
-                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float* c,
-                   std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
+/// REQUIRES: as dot_gemm, with b.dtype kBF16.
+void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, const WeightMatrix& b,
+                   float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
 
 }  // namespace numesh::ops

@@ -8,8 +8,9 @@
 #include "numesh/ops/matmul_precision.hpp"
 
 // The device-level products: device_gemm and its kin spread one product over the calling
-// device's threads in tiles fixed by the shapes, each tile a single-threaded product of the
-// weight's format (blas_gemm.hpp for fp32, gemm_16bit.hpp, skinny_gemm.hpp, dot_gemm.hpp).
+// device's threads in tiles fixed by the shapes, each tile a single-threaded product by the
+// kernels of the weight's format (ops/src/kernels/weight_kernels.hpp's table: blas_gemm.hpp for
+// fp32, gemm_16bit.hpp, skinny_gemm.hpp, dot_gemm.hpp).
 
 namespace numesh::ops {
 
@@ -44,12 +45,13 @@ std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type = DType
 /// shapes only.
 std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type = DType::kF32) noexcept;
 
-/// The decode path of device_gemm for weights of any dtype: c[m, n] = a[m, k] b[k, n], b stored
-/// row-major as `b_type` (rows n elements apart), over the calling thread's arena as blocks of
-/// skinny_k_block() whole rows of b, each skinny_gemm() into a partial product, the partials
-/// summed in block order: bitwise the same for any thread count.
-/// Throws: ShapeError unless 1 <= m <= kSkinnyMaxRows and c has m rows.
-void device_decode_gemm(ConstMatrixMap a, const void* b, DType b_type, MatrixMap c);
+/// The decode path of device_gemm for weights stored in-out: c[m, n] = a[m, k] b, over the
+/// calling thread's arena as blocks of skinny_k_block() whole rows of b, each the format's decode
+/// kernel (skinny_gemm()) into a partial product, the partials summed in block order: bitwise
+/// the same for any thread count.
+/// Throws: ShapeError unless 1 <= m <= kSkinnyMaxRows, c has m rows and b is [k, n] stored
+/// in-out; TypeError for a format stored out-in only.
+void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 
 /// c = a * b for a weight matrix b [k, n] of any dtype, over the calling thread's arena: fp32
 /// as the overload below; bf16 / f16 weights through the same tiling with skinny_gemm() (the

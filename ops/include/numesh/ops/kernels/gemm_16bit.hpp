@@ -34,21 +34,20 @@
 
 namespace numesh::ops {
 
-/// c[m, n] = a[m, k] b[k, n] on the calling thread: a fp32 with rows `lda` floats apart, b bf16
-/// or f16 bits stored as `b_layout` says (kInOut: [k, n] with rows `ldb` elements apart; kOutIn:
-/// [n, k] with rows `ldb` apart, packed and widened from that order), c fp32 with rows `ldc` apart
+/// c[m, n] = a[m, k] b on the calling thread: a fp32 with rows `lda` floats apart, b [k, n] of bf16
+/// or f16 stored as b.layout says (kInOut: [k, n] with rows b.stride() elements apart; kOutIn:
+/// [n, k] likewise, packed and widened from that order), c fp32 with rows `ldc` apart
 /// (overwritten, never read; k = 0 writes zeros). At kAvx512Bf16 with bf16 weights a is rounded
 /// to bf16 first (see above); otherwise the product is the fp32 GEMM of a and the widened
 /// weights. NaN and infinite weights reach exactly the columns of c they multiply into.
 /// Keeps buffers of the calling thread between calls: up to 4 MiB of widened weights, or about
 /// 0.6 MiB of packed operands on the vdpbf16ps path.
 /// REQUIRES: `level` runs on this CPU.
-/// Throws: ShapeError when b_type is not kBF16 or kF16 (fp32 weights go to gemm()), a size is
-/// negative, or a leading dimension is shorter than its row (lda < k, ldb < n or k, ldc < n).
-void gemm_16bit(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                runtime::KernelLevel level = runtime::kernel_level(),
-                WeightLayout b_layout = WeightLayout::kInOut);
+/// Throws: ShapeError when b.dtype is not kBF16 or kF16 (fp32 weights go to gemm()), a size is
+/// negative, or a leading dimension is shorter than its row (lda < k, b.stride() shorter than
+/// b's stored row, ldc < n).
+void gemm_16bit(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+                std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
 
 /// c[m, n] = op(a) op(b) (or c += with `accumulate`) in bf16 compute, on the calling thread:
 /// both operands are fp32 and each is rounded to bf16 (to nearest even) before it multiplies,

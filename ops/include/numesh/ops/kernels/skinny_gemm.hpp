@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 // The decode kernel: c = a b for a few rows of a (the batch of a decode step, m <= 16) against a
@@ -20,12 +21,11 @@ namespace numesh::ops {
 /// The most rows of a the decode kernel takes.
 inline constexpr std::int64_t kSkinnyMaxRows = 16;
 
-/// c[m, n] = a[m, k] b[k, n] on the calling thread: a fp32 with rows `lda` floats apart, b of
-/// `b_type` (fp32 floats, or bf16 / f16 bits) with rows `ldb` elements apart, c fp32 with rows
-/// `ldc` apart (overwritten). REQUIRES: 1 <= m <= kSkinnyMaxRows; n, k >= 0; `level` runs on
-/// this CPU; leading dimensions at least the row lengths.
-void skinny_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const void* b, DType b_type, std::int64_t ldb, float* c, std::int64_t ldc,
-                 runtime::KernelLevel level = runtime::kernel_level());
+/// c[m, n] = a[m, k] b on the calling thread: a fp32 with rows `lda` floats apart, b [k, n]
+/// stored in-out in fp32, bf16 or f16 (its rows b.stride() elements apart), c fp32 with rows
+/// `ldc` apart (overwritten). REQUIRES: 1 <= m <= kSkinnyMaxRows; b.layout is kInOut and b.dtype
+/// an element type; `level` runs on this CPU; lda >= k, ldc >= n.
+void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+                 std::int64_t ldc, runtime::KernelLevel level = runtime::kernel_level());
 
 }  // namespace numesh::ops

@@ -1,0 +1,53 @@
+#include "weight_kernels.hpp"
+
+#include "numesh/ops/kernels/blas_gemm.hpp"
+#include "numesh/ops/kernels/dot_gemm.hpp"
+#include "numesh/ops/kernels/gemm_16bit.hpp"
+#include "numesh/ops/kernels/skinny_gemm.hpp"
+
+namespace numesh::ops::detail {
+
+namespace {
+
+using runtime::KernelLevel;
+
+// fp32 and f16 weights: dot_gemm on the fp32 activations.
+void dot_widened(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+                 const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t k = a.values.cols();
+  dot_gemm(rows, a.values.data() + r0 * k, k, b, c, ldc, level);
+}
+
+// bf16 weights: dot_gemm_bf16 on the activations' bf16 bits (rounded once, by device_gemm).
+void dot_bf16(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t k = a.values.cols();
+  dot_gemm_bf16(rows, a.bf16 + r0 * k, k, b, c, ldc, level);
+}
+
+// fp32 prefill tiles: OpenBLAS (blas_gemm.hpp), b read transposed when stored out-in.
+void tile_f32(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+              std::int64_t ldc, KernelLevel /*level*/) {
+  gemm(m, b.cols, b.rows, 1.0f, a, lda, static_cast<const float*>(b.data), b.stride(),
+       /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
+}
+
+constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, tile_f32};
+constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm, gemm_16bit};
+constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, gemm_16bit};
+
+}  // namespace
+
+const WeightKernels& weight_kernels(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kF32:
+      return kF32Kernels;
+    case DType::kBF16:
+      return kBF16Kernels;
+    case DType::kF16:
+      return kF16Kernels;
+  }
+  return kF32Kernels;
+}
+
+}  // namespace numesh::ops::detail

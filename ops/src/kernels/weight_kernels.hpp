@@ -1,0 +1,53 @@
+#pragma once
+
+// PRIVATE to ops/src: the per-format kernel table behind device_gemm. device_gemm owns the
+// tiling (which tasks compute which part of c, fixed by the shapes) and asks the weights'
+// format for the single-threaded kernels each task runs: adding a weight format is its kernel
+// file, its entry in weight_kernels() and its tests.
+
+#include <cstdint>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/ops/eigen_views.hpp"
+#include "numesh/runtime/cpu_features.hpp"
+
+namespace numesh::ops::detail {
+
+/// What a format multiplies: the activations as they are, or rounded to bf16 first (bf16
+/// weights, so that every kernel level sees the same operands and products are exact).
+enum class ActivationForm {
+  kF32,
+  kBF16,
+};
+
+/// The activations of one device_gemm in the form its weights multiply, prepared once by the
+/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16), and for
+/// kBF16 their bits, rows k apart.
+struct PreparedActivations {
+  ConstMatrixMap values;
+  const std::uint16_t* bf16 = nullptr;
+};
+
+/// c[rows, b.cols] = rows [r0, r0 + rows) of `a` times b stored out-in, on the calling thread:
+/// a decode product (rows <= kSkinnyMaxRows), c's rows `ldc` apart.
+using DotKernel = void (*)(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+                           const WeightMatrix& b, float* c, std::int64_t ldc,
+                           runtime::KernelLevel level);
+/// c[m, b.cols] = a[m, b.rows] b on the calling thread (a's rows `lda` apart, c's `ldc`): the
+/// decode product on in-out weights (skinny_gemm's contract) or a prefill tile of either layout
+/// (gemm_16bit's contract).
+using RowsKernel = void (*)(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b,
+                            float* c, std::int64_t ldc, runtime::KernelLevel level);
+
+/// One format's kernels.
+struct WeightKernels {
+  ActivationForm activations = ActivationForm::kF32;
+  DotKernel dot = nullptr;      ///< decode, out-in weights
+  RowsKernel skinny = nullptr;  ///< decode, in-out weights
+  RowsKernel tile = nullptr;    ///< prefill tiles (more than kSkinnyMaxRows rows), either layout
+};
+
+/// The kernels of weights stored as `dtype`.
+const WeightKernels& weight_kernels(DType dtype) noexcept;
+
+}  // namespace numesh::ops::detail
