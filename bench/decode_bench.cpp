@@ -12,8 +12,13 @@
 //                           (blocks of whole rows, partials summed in order);
 //   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the decode path before
 //                           skinny_gemm).
+//   BM_Decode_Dot<dtype>/M/level/N  one thread's out-in decode kernel on [4096, N] weights
+//                           (N = 1024: 8 MiB of bf16, in L3; N = 8192: beyond it): dot_gemm_bf16
+//                           on bf16 activations, dot_gemm_q8_0 / q4_0 on activations quantized
+//                           once outside the loop (quantize_activations_q8 is timed apart, as
+//                           BM_Decode_QuantizeActivations/M/level).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
-// dtypes 2); the Read case counts its array.
+// dtypes 2, q8_0 34 bytes per 32, q4_0 18); the Read case counts its array.
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -22,13 +27,19 @@
 #include <oneapi/tbb/parallel_reduce.h>
 #include <oneapi/tbb/partitioner.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/kernels/block_gemm.hpp"
+#include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
+#include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -160,6 +171,105 @@ void BM_Decode_OpenBlas(benchmark::State& state) {
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// One thread's decode kernel on out-in weights [kDotK, N] of dtype T (bf16, q8_0, q4_0), from
+// the first N outputs' rows of the shared matrix (transposed view: any N k-runs of normal
+// values serve).
+constexpr std::int64_t kDotK = 4096;
+
+template <DType T>
+const std::vector<std::uint16_t>& dot_weights(std::int64_t n) {
+  static std::vector<std::uint16_t> stored;
+  static std::int64_t stored_n = 0;
+  if (stored_n != n) {
+    const std::int64_t row = row_bytes(T, kDotK);
+    stored.assign(static_cast<std::size_t>((n * row + 1) / 2), 0);
+    auto* bytes = reinterpret_cast<unsigned char*>(stored.data());
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::span<const float> x(weights_f32().data() + j * kDotK,
+                                     static_cast<std::size_t>(kDotK));
+      const auto blocks = static_cast<std::size_t>(kDotK / 32);
+      if constexpr (T == DType::kBF16) {
+        runtime::convert_f32_to_bf16(x, {stored.data() + j * kDotK, x.size()});
+      } else if constexpr (T == DType::kQ8_0) {
+        runtime::quantize_q8_0(x, {reinterpret_cast<runtime::BlockQ8_0*>(bytes + j * row), blocks});
+      } else {
+        runtime::quantize_q4_0(x, {reinterpret_cast<runtime::BlockQ4_0*>(bytes + j * row), blocks});
+      }
+    }
+    stored_n = n;
+  }
+  return stored;
+}
+
+template <DType T>
+void BM_Decode_Dot(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(2);
+  const auto level = static_cast<runtime::KernelLevel>(state.range(1));
+  const std::vector<runtime::KernelLevel> runnable = runtime::runnable_kernel_levels();
+  if (std::find(runnable.begin(), runnable.end(), level) == runnable.end()) {
+    state.SkipWithError("this CPU cannot run the level");
+    return;
+  }
+  const ops::WeightMatrix b{dot_weights<T>(n).data(), T, kDotK, n, ops::WeightLayout::kOutIn};
+  std::vector<float> x(static_cast<std::size_t>(m * kDotK), 0.5f),
+      y(static_cast<std::size_t>(m * n));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  std::vector<std::uint16_t> bits(x.size());
+  runtime::convert_f32_to_bf16(x, bits);
+  std::vector<std::int8_t> codes(x.size());
+  std::vector<float> scales(x.size() / 32);
+  ops::quantize_activations_q8(m, kDotK, x.data(), kDotK, codes.data(), scales.data(), level);
+  for (auto _ : state) {
+    if constexpr (T == DType::kBF16) {
+      ops::dot_gemm_bf16(m, bits.data(), kDotK, b, y.data(), n, level);
+    } else if constexpr (T == DType::kQ8_0) {
+      ops::dot_gemm_q8_0(m, codes.data(), scales.data(), b, y.data(), n, level);
+    } else {
+      ops::dot_gemm_q4_0(m, codes.data(), scales.data(), b, y.data(), n, level);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(n * row_bytes(T, kDotK)), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(level)));
+}
+
+void BM_Decode_QuantizeActivations(benchmark::State& state) {
+  const std::int64_t m = state.range(0);
+  const auto level = static_cast<runtime::KernelLevel>(state.range(1));
+  const std::vector<runtime::KernelLevel> runnable = runtime::runnable_kernel_levels();
+  if (std::find(runnable.begin(), runnable.end(), level) == runnable.end()) {
+    state.SkipWithError("this CPU cannot run the level");
+    return;
+  }
+  std::vector<float> x(static_cast<std::size_t>(m * kDotK), 0.5f);
+  std::vector<std::int8_t> codes(x.size());
+  std::vector<float> scales(x.size() / 32);
+  for (auto _ : state) {
+    ops::quantize_activations_q8(m, kDotK, x.data(), kDotK, codes.data(), scales.data(), level);
+    benchmark::DoNotOptimize(codes.data());
+  }
+  state.SetLabel(std::string(runtime::to_string(level)));
+}
+
+// Every level (0 scalar .. 3 avx512-bf16) at M = 1 and 8, on N = 1024 and 8192.
+void dot_args(benchmark::internal::Benchmark* b) {
+  for (std::int64_t n : {1024, 8192}) {
+    for (std::int64_t level = 0; level <= 3; ++level) {
+      for (std::int64_t m : {1, 8}) b->Args({m, level, n});
+    }
+  }
+}
+
+BENCHMARK(BM_Decode_Dot<DType::kBF16>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ8_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_QuantizeActivations)
+    ->ArgsProduct({{1, 8}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_Decode_Read)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Decode_Gemv<DType::kF32>)

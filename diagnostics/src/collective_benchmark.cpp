@@ -68,6 +68,9 @@ float stored_value(float v, DType dtype) {
       return f32_from_bf16(bf16_from_f32(v));
     case DType::kF16:
       return f32_from_f16(f16_from_f32(v));
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;  // refused: collectives move element types
   }
   return v;
 }
@@ -91,11 +94,17 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
       case DType::kF16:
         static_cast<std::uint16_t*>(data)[i] = f16_from_f32(v);
         break;
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+        break;  // refused: collectives move element types
     }
   }
 }
 
 std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks, DType dtype) {
+  NUMESH_CHECK(is_element_dtype(dtype), ValueError,
+               "{}: collectives move f32, bf16 or f16 elements, not {} blocks", to_string(op),
+               to_string(dtype));
   const std::size_t elem = dtype_size(dtype);
   NUMESH_CHECK(bytes > 0 && bytes % (elem * ranks) == 0, ValueError,
                "{}: {} bytes is not a positive multiple of {} bytes ({}) x {} devices",
@@ -183,7 +192,9 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
         convert_f16_to_f32(bits, to);
         break;
       case DType::kF32:
-        break;  // summed above
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+        break;  // summed above; block formats refused
     }
   };
   for (std::size_t b = 0; b < n; b += kBlock) {
@@ -202,7 +213,9 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
         convert_f32_to_f16({sum.data(), m}, out);
         break;
       case DType::kF32:
-        break;  // summed above
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+        break;  // summed above; block formats refused
     }
   }
 }

@@ -13,14 +13,9 @@
 
 namespace numesh::models::detail {
 
-/// Writes `count` elements at `src` (of type `from`) to `dst` as `to`: the same dtype is a byte
-/// copy; otherwise values pass through fp32 (exact for bf16 and f16) and are rounded to nearest
-/// even by runtime/convert.hpp's converters. Neither pointer needs any alignment.
-void convert_elements(const std::byte* src, DType from, std::byte* dst, DType to,
-                      std::size_t count);
-
 /// Copies the box [offsets[d], offsets[d] + sizes[d]) of the dense row-major tensor of `shape`
-/// at `src` (elements of `from`) to the dense row-major `dst` (elements of `to`).
+/// at `src` (elements of `from`) to the dense row-major `dst` (elements of `to`), converted by
+/// runtime::convert_elements.
 /// REQUIRES: shape, offsets and sizes have the same length; the box lies inside the shape;
 /// dst holds product(sizes) elements of `to`.
 void copy_box(const std::byte* src, DType from, std::span<const std::int64_t> shape,

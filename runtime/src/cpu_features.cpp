@@ -23,6 +23,7 @@ std::string CpuFeatures::text() const {
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");
   add(avx512_bf16, "avx512_bf16");
+  add(avx512_vnni, "avx512_vnni");
   return out.empty() ? std::string("none of avx2/avx512") : out;
 }
 
@@ -57,6 +58,9 @@ const CpuFeatures& cpu_features() noexcept {
     // AVX-512's, which the avx512f check covers.
     f.avx512_bf16 =
         f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1U << 5)) != 0;
+    // AVX512_VNNI is CPUID leaf 7, sub-leaf 0, ECX bit 11.
+    f.avx512_vnni = f.avx512f && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 &&
+                    (ecx & (1U << 11)) != 0;
     return f;
   }();
   return features;
@@ -65,7 +69,7 @@ const CpuFeatures& cpu_features() noexcept {
 KernelLevel widest_kernel_level(const CpuFeatures& f) noexcept {
   if (!(f.avx2 && f.fma && f.f16c)) return KernelLevel::kScalar;
   if (!(f.avx512f && f.avx512bw && f.avx512vl)) return KernelLevel::kAvx2;
-  return f.avx512_bf16 ? KernelLevel::kAvx512Bf16 : KernelLevel::kAvx512;
+  return f.avx512_bf16 && f.avx512_vnni ? KernelLevel::kAvx512Bf16 : KernelLevel::kAvx512;
 }
 
 std::vector<KernelLevel> runnable_kernel_levels() {

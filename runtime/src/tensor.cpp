@@ -83,6 +83,19 @@ HostTensor rounded_to(const HostTensor& t, DType dtype) {
     case DType::kF16:
       for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
       break;
+    case DType::kQ8_0:
+    case DType::kQ4_0: {
+      // Row by row (the last dim), through the format's blocks and back.
+      const std::int64_t row = t.shape.empty() ? 1 : t.shape.back();
+      std::vector<std::byte> blocks(static_cast<std::size_t>(row_bytes(dtype, row)));
+      for (std::size_t at = 0; row > 0 && at < out.data.size();
+           at += static_cast<std::size_t>(row)) {
+        float* values = out.data.data() + at;
+        convert_elements(values, DType::kF32, blocks.data(), dtype, static_cast<std::size_t>(row));
+        convert_elements(blocks.data(), dtype, values, DType::kF32, static_cast<std::size_t>(row));
+      }
+      break;
+    }
   }
   return out;
 }
@@ -171,53 +184,7 @@ void copy_box(std::span<const DimSlice> box, const void* src, std::span<const Di
       });
 }
 
-namespace {
-
-// dst[0, n) = src[0, n) converted from `from` to `to` (equal types: a copy).
-void convert_run(const void* src, DType from, void* dst, DType to, std::size_t n) {
-  if (from == to) {
-    detail::copy_bytes(dst, src, n * dtype_size(from), false);
-    return;
-  }
-  const auto* s16 = static_cast<const std::uint16_t*>(src);
-  auto* d16 = static_cast<std::uint16_t*>(dst);
-  if (from == DType::kF32) {
-    const std::span<const float> s(static_cast<const float*>(src), n);
-    switch (to) {
-      case DType::kBF16:
-        convert_f32_to_bf16(s, {d16, n});
-        return;
-      case DType::kF16:
-        convert_f32_to_f16(s, {d16, n});
-        return;
-      case DType::kF32:
-        break;  // from == to: copied above
-    }
-  }
-  if (to == DType::kF32) {
-    const std::span<float> d(static_cast<float*>(dst), n);
-    switch (from) {
-      case DType::kBF16:
-        convert_bf16_to_f32({s16, n}, d);
-        return;
-      case DType::kF16:
-        convert_f16_to_f32({s16, n}, d);
-        return;
-      case DType::kF32:
-        break;  // from == to: copied above
-    }
-  }
-  // bf16 <-> f16: through fp32, a block at a time.
-  constexpr std::size_t kBlock = 1024;
-  float tmp[kBlock];
-  for (std::size_t i = 0; i < n; i += kBlock) {
-    const std::size_t len = std::min(kBlock, n - i);
-    convert_run(s16 + i, from, tmp, DType::kF32, len);
-    convert_run(tmp, DType::kF32, d16 + i, to, len);
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void copy_box(std::span<const DimSlice> box, const void* src, DType src_type,
               std::span<const DimSlice> src_slices, void* dst, DType dst_type,
@@ -226,16 +193,13 @@ void copy_box(std::span<const DimSlice> box, const void* src, DType src_type,
     copy_box(box, src, src_slices, dst, dst_slices, src_type);
     return;
   }
-  NUMESH_CHECK(is_element_dtype(src_type) && is_element_dtype(dst_type), TypeError,
-               "copy_box: {} to {}: converts element types only", to_string(src_type),
-               to_string(dst_type));
-  const std::size_t src_item = dtype_size(src_type);
-  const std::size_t dst_item = dtype_size(dst_type);
+  // Offsets in bytes of each format (row_bytes: a block format's runs start on its blocks, or
+  // the copy is refused naming the format rather than cutting a block).
   detail::for_each_run(
       box, src_slices, dst_slices, [&](std::int64_t s, std::int64_t t, std::int64_t run) {
-        convert_run(static_cast<const std::byte*>(src) + static_cast<std::size_t>(s) * src_item,
-                    src_type, static_cast<std::byte*>(dst) + static_cast<std::size_t>(t) * dst_item,
-                    dst_type, static_cast<std::size_t>(run));
+        convert_elements(static_cast<const std::byte*>(src) + row_bytes(src_type, s), src_type,
+                         static_cast<std::byte*>(dst) + row_bytes(dst_type, t), dst_type,
+                         static_cast<std::size_t>(run));
       });
 }
 

@@ -22,7 +22,9 @@ compares: logits max|numesh - torch| / max|torch| within the case's bound, greed
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
-numesh does (docs/ops.md, "Weight dtypes").
+numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0 / q4_0 blocks it quantizes every
+matrix along its rows (tests/common/ggml_blocks.py, GGML's reference quantizers) and every
+projection's input to 8 bits a block of 32, as numesh's block-format kernels do.
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
 NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
 """
@@ -35,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from safetensors_check import serialize  # noqa: E402  (also does the torch/numpy import check)
 from errors import relative_max, within, worst  # noqa: E402  (NaN-propagating error measures)
+from ggml_blocks import quantized_activations, stored_rows  # noqa: E402  (GGML's blocks in NumPy)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -46,7 +49,10 @@ PERPLEXITY_TOKENS, PERPLEXITY_CONTEXT, BOS = 21, 8, 1
 # max |numesh - torch| / max |torch| over logits: fp32 kernels against float64 (fp32 weights,
 # or bf16 values read into fp32); bf16-stored weights add the activations' bf16 rounding, whose
 # float64 twin can round to the other neighbour (torch_check.py's bf16_sharded).
-BOUNDS = {"f32": 1e-4, "bf16": 4e-3}
+# Block formats: torch quantizes its own float64 activations, numesh its fp32 ones; a value next
+# to a code boundary can take the neighbouring code (a step of max|x| / 127 in its block).
+BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2}
+BLOCK_FORMATS = ("q8_0", "q4_0")
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -94,7 +100,12 @@ def models():
             ("qwen3_bf16", qwen3, torch.bfloat16, 1, ["f32", "bf16"]),
             ("qwen3_moe_f32", qwen3_moe, torch.float32, 1, ["f32"]),
             ("llama_mlp_bias_f32", llama_mlp_bias, torch.float32, 1, ["f32"]),
-            ("qwen2_moe_f32", qwen2_moe, torch.float32, 1, ["f32"])]
+            ("qwen2_moe_f32", qwen2_moe, torch.float32, 1, ["f32"]),
+            # GGML's blocks quantized at load: every projection's inputs whole blocks of 32 on
+            # every mesh (an intermediate of 128, 64 a device over tp2; Qwen3's 4 heads of 32).
+            ("llama_blocks", dict(untied, intermediate_size=128), torch.float32, 2, list(BLOCK_FORMATS)),
+            ("qwen3_blocks", dict(qwen3, intermediate_size=128), torch.bfloat16, 1, list(BLOCK_FORMATS)),
+            ("qwen2_tied_blocks", dict(qwen2, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS))]
 
 
 def sparse(c, layer):
@@ -209,13 +220,19 @@ class Model:
                 self.t.update(read_safetensors(os.path.join(d, file)))
 
     def w(self, name):
-        """A weight as numesh stores it: bf16 storage rounds it (exact when already bf16)."""
+        """A weight as numesh stores it: bf16 storage rounds it (exact when already bf16); a block
+        format quantizes each row (a linear's inputs, an embedding's hidden) and dequantizes."""
         x = self.t[name].double()
+        if self.stored in BLOCK_FORMATS:
+            return torch.from_numpy(stored_rows(x.float().numpy(), self.stored)).double()
         return x.float().to(torch.bfloat16).double() if self.stored == "bf16" else x
 
     def linear(self, x, name, bias=None):
         if self.stored == "bf16":
             x = x.float().to(torch.bfloat16).double()
+        elif self.stored in BLOCK_FORMATS:
+            rows = x.reshape(-1, x.shape[-1]).float().numpy()
+            x = torch.from_numpy(quantized_activations(rows)).double().reshape(x.shape)
         y = x @ self.w(name).T
         return y + self.t[bias].double() if bias in self.t else y
 

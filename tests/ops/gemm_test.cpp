@@ -16,6 +16,7 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 #include "test_util.hpp"
 
@@ -353,6 +354,93 @@ TEST(GemmTest, DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount) {
   EXPECT_EQ(dot_out_block(4096, 1024, DType::kBF16), 256) << "8 MiB: blocks of 512 KiB";
   EXPECT_EQ(dot_out_block(100, 64), 100) << "under 64 KiB: one block";
   EXPECT_EQ(dot_out_block(std::int64_t{1} << 25, 1), std::int64_t{1} << 19) << "at most 64 blocks";
+}
+
+// `a`'s rows quantized as the block formats' kernels quantize activations, from the definition
+// (block_gemm.hpp): per 32 values d = max|x| / 127, codes to nearest even, value = code * d.
+RowMatrix quantized_activations(const RowMatrix& a) {
+  RowMatrix q = a;
+  for (Eigen::Index i = 0; i < a.rows(); ++i) {
+    for (Eigen::Index b = 0; b < a.cols(); b += 32) {
+      float amax = 0.0f;
+      for (Eigen::Index e = b; e < b + 32; ++e) amax = std::max(amax, std::fabs(a(i, e)));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      for (Eigen::Index e = b; e < b + 32; ++e) q(i, e) = std::nearbyint(a(i, e) * id) * d;
+    }
+  }
+  return q;
+}
+
+// device_gemm on GGML block formats (stored out-in, blocks along each output's inputs): decode
+// products (the integer dot kernels over blocks of outputs) and prefill tiles (dequantized panels
+// through the fp32 GEMM) give the product of the quantized activations and the dequantized
+// weights, the same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after 256 takes
+// the dot kernel inside the prefill tiling.
+TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
+  struct Shape {
+    Eigen::Index m, k, n;
+  };
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const Shape sh :
+         {Shape{1, 32, 8}, Shape{3, 1024, 70}, Shape{1, 1024, 4096}, Shape{16, 320, 257},
+          Shape{17, 64, 100}, Shape{130, 96, 777}, Shape{260, 320, 40}}) {
+      const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
+      // Stored out-in: output j's k inputs, quantized as one row.
+      RowMatrix out_in = w.transpose();
+      std::vector<std::byte> blocks(static_cast<std::size_t>(sh.n * row_bytes(t, sh.k)));
+      runtime::convert_elements(out_in.data(), DType::kF32, blocks.data(), t,
+                                static_cast<std::size_t>(out_in.size()));
+      RowMatrix stored(sh.k, sh.n);
+      for (Eigen::Index j = 0; j < sh.n; ++j) {
+        for (Eigen::Index r = 0; r < sh.k; ++r)
+          stored(r, j) = widened_element(blocks.data(), t, j * sh.k + r);
+      }
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" +
+                                std::to_string(sh.k) + "x" + std::to_string(sh.n);
+      const WeightMatrix b{blocks.data(), t, sh.k, sh.n, WeightLayout::kOutIn};
+      const Eigen::MatrixXd want = naive(quantized_activations(a), stored);
+      std::optional<RowMatrix> first;
+      for (int threads : {1, 2, 3, 4, 7}) {
+        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
+        oneapi::tbb::task_arena arena(threads);
+        arena.execute([&] {
+          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), b, MatrixMap(c.data(), sh.m, sh.n));
+        });
+        if (!first) {
+          // fp32 sums of k products of values within [-1, 1].
+          EXPECT_TRUE(close(c, want, 1e-4 * static_cast<double>(sh.k))) << label;
+          first = c;
+        } else {
+          EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
+        }
+      }
+    }
+  }
+}
+
+// Block formats are stored out-in only and take inputs in whole blocks: the refusals name both.
+TEST(GemmTest, BlockFormatsRefuseInOutWeightsAndPartialBlocks) {
+  std::vector<std::byte> blocks(static_cast<std::size_t>(4 * row_bytes(DType::kQ8_0, 64)));
+  const RowMatrix a = pattern(2, 64, 0.1f);
+  RowMatrix c(2, 4);
+  EXPECT_THAT(
+      [&] {
+        device_gemm(ConstMatrixMap(a.data(), 2, 64),
+                    WeightMatrix{blocks.data(), DType::kQ8_0, 64, 4, WeightLayout::kInOut},
+                    MatrixMap(c.data(), 2, 4));
+      },
+      ThrowsMessage<TypeError>(HasSubstr("q8_0 weights are stored out-in only, not in-out")));
+  const RowMatrix a48 = pattern(2, 48, 0.1f);
+  EXPECT_THAT(
+      [&] {
+        device_gemm(ConstMatrixMap(a48.data(), 2, 48),
+                    WeightMatrix{blocks.data(), DType::kQ4_0, 48, 4, WeightLayout::kOutIn},
+                    MatrixMap(c.data(), 2, 4));
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("q4_0 weights take inputs in whole blocks of 32, not 48")));
 }
 
 // kRowInvariant: each row of a product has the same bits alone as among 4, 16, 17 or 40 rows,

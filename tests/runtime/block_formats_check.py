@@ -43,93 +43,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
 np = require("numpy")
 
-BLOCK = 32
-Q8_0 = np.dtype([("d", "<u2"), ("qs", "i1", (32,))])  # GGML's block_q8_0, 34 bytes, packed
-Q4_0 = np.dtype([("d", "<u2"), ("qs", "u1", (16,))])  # GGML's block_q4_0, 18 bytes
-assert Q8_0.itemsize == 34 and Q4_0.itemsize == 18
-F32 = np.float32
-F32_MAX = float(np.finfo(F32).max)
-
-
-# ---- the reference ----------------------------------------------------------------------------
-
-def f16_bits(d):
-    with np.errstate(over="ignore"):
-        return d.astype(np.float16).view(np.uint16)
-
-
-def reciprocal(d):
-    """1/d in f32, 0 where d is 0 (GGML) or where 1/d overflows (q8_0 codes 0 then, as x86)."""
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = (F32(1) / d).astype(F32)
-    return np.where((d != 0) & np.isfinite(inv), inv, F32(0)).astype(F32)
-
-
-def defined_in_ggml(d):
-    """The blocks where GGML's C is defined: a zero scale or a finite reciprocal."""
-    with np.errstate(divide="ignore", over="ignore"):
-        return (d == 0) | np.isfinite(F32(1) / d)
-
-
-def q8_0_scale(x):
-    return (np.abs(x).max(axis=1) / F32(127)).astype(F32)
-
-
-def roundf(p):
-    """C's roundf (half away from zero), exact: float64 holds |p| + 0.5 for any f32 |p| < 2^52."""
-    p = p.astype(np.float64)
-    return np.sign(p) * np.floor(np.abs(p) + 0.5)
-
-
-def quantize_q8_0(x):
-    d = q8_0_scale(x)
-    scaled = (x * reciprocal(d)[:, None]).astype(F32)
-    out = np.zeros(len(x), Q8_0)
-    out["d"] = f16_bits(d)
-    out["qs"] = roundf(scaled).astype(np.int8)
-    return out
-
-
-def q4_0_scale(x):
-    ax = np.abs(x)
-    amax = ax.max(axis=1)
-    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict <
-    m = np.where(amax > 0, x[np.arange(len(x)), first], F32(0)).astype(F32)  # +0 for zeros
-    return (m / F32(-8)).astype(F32)
-
-
-def q4_0_codes(x, fused=False):
-    d = q4_0_scale(x)
-    idv = reciprocal(d)[:, None]
-    if fused:  # what one multiply-add would give (exact where it is used to pick blocks)
-        shifted = (x.astype(np.float64) * idv.astype(np.float64) + 8.5).astype(F32)
-    else:
-        shifted = (x * idv).astype(F32) + F32(8.5)
-    q = np.minimum(15, np.trunc(shifted).astype(np.int64))
-    return np.where(defined_in_ggml(d)[:, None], q, 0)  # 1/d overflows: code 0, as x86
-
-
-def quantize_q4_0(x):
-    q = q4_0_codes(x)
-    out = np.zeros(len(x), Q4_0)
-    out["d"] = f16_bits(q4_0_scale(x))
-    out["qs"] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
-    return out
-
-
-def widened_scale(blocks):
-    return np.ascontiguousarray(blocks["d"]).view(np.float16).astype(F32)
-
-
-def dequantize_q8_0(blocks):
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (blocks["qs"].astype(F32) * widened_scale(blocks)[:, None]).reshape(-1)
-
-
-def dequantize_q4_0(blocks):
-    q = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int64) - 8
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (q.astype(F32) * widened_scale(blocks)[:, None]).reshape(-1)
+from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q8_0, dequantize_q4_0, dequantize_q8_0,  # noqa: E402,F401
+                         f16_bits, q4_0_codes, q4_0_scale, q8_0_scale, quantize_q4_0, quantize_q8_0,
+                         reciprocal, roundf, widened_scale, defined_in_ggml)
 
 
 # ---- the data ---------------------------------------------------------------------------------

@@ -104,18 +104,26 @@ TEST(DtypeTest, TheFormatTableNamesSizesAndParsesEveryFormat) {
         EXPECT_EQ(parse_dtype(alias), f.dtype) << alias;
       }
     }
-    EXPECT_TRUE(is_element_dtype(f.dtype)) << f.name;
-    EXPECT_EQ(static_cast<std::int64_t>(dtype_size(f.dtype)), f.block_bytes) << f.name;
+    EXPECT_EQ(is_element_dtype(f.dtype), f.block_elements == 1) << f.name;
+    EXPECT_EQ(static_cast<std::int64_t>(dtype_size(f.dtype)),
+              f.block_elements == 1 ? f.block_bytes : 0)
+        << f.name;
     EXPECT_EQ(row_bytes(f.dtype, 96), 96 * f.block_bytes / f.block_elements) << f.name;
   }
   EXPECT_EQ(dtype_size(DType::kF32), 4U);
   EXPECT_EQ(dtype_size(DType::kBF16), 2U);
   EXPECT_EQ(dtype_size(DType::kF16), 2U);
-  EXPECT_THAT([] { (void)parse_dtype("q4"); },
-              ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16 or f16"));
+  EXPECT_EQ(row_bytes(DType::kQ8_0, 64), 68) << "GGML's block_q8_0: 34 bytes a 32";
+  EXPECT_EQ(row_bytes(DType::kQ4_0, 64), 36) << "GGML's block_q4_0: 18 bytes a 32";
+  EXPECT_THAT(
+      [] { (void)parse_dtype("q4"); },
+      ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16, f16, q8_0 or q4_0"));
   EXPECT_THAT([] { (void)row_bytes(DType::kF32, -1); },
               ::testing::ThrowsMessage<ValueError>(
                   "f32: a row of -1 elements is not a whole number of 1-element blocks"));
+  EXPECT_THAT([] { (void)row_bytes(DType::kQ8_0, 48); },
+              ::testing::ThrowsMessage<ValueError>(
+                  "q8_0: a row of 48 elements is not a whole number of 32-element blocks"));
 }
 
 TEST(DtypeTest, EverySixteenBitPatternRoundTripsExactly) {
@@ -184,6 +192,8 @@ TEST(CpuFeaturesTest, TheWidestLevelFollowsTheFeatures) {
   f.avx512f = f.avx512bw = f.avx512vl = true;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512);
   f.avx512_bf16 = true;
+  EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512) << "BF16 without VNNI";
+  f.avx512_vnni = true;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512Bf16);
   f.f16c = false;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kScalar)

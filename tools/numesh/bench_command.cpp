@@ -65,6 +65,10 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   std::vector<std::size_t> sizes;
   for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
   const DType dtype = parse_dtype(o.dtype);
+  NUMESH_CHECK(
+      is_element_dtype(dtype), ValueError,
+      "--dtype {}: collectives move f32, bf16 or f16 elements, not blocks of a weight format",
+      o.dtype);
   NUMESH_CHECK(!ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
   NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);

@@ -282,7 +282,7 @@ nlohmann::json decode_row_json(const BenchDecodeOptions& o, const DecodeFigures&
       {"moe_every", c.moe_every},
       {"parameters", c.parameters()},
       {"dtype", to_string(dtype)},
-      {"weight_bytes", c.parameters() * static_cast<std::int64_t>(dtype_size(dtype))},
+      {"weight_bytes", c.parameters() * traits(dtype).block_bytes / traits(dtype).block_elements},
       {"batch", o.batch},
       {"prompt", o.prompt},
       {"steps", o.steps},
@@ -419,9 +419,9 @@ Examples:
   cmd->add_option("--repeats", o.repeats, "Timed passes of the read bandwidth (median)")
       ->capture_default_str();
   cmd->add_option("--dtypes", o.dtypes,
-                  "Weight storage dtypes, comma-separated (f32, bf16, f16): each size runs once "
-                  "per dtype, in "
-                  "this order; rows after an f32 row give their tokens/s over it (x f32)")
+                  "Weight storage dtypes, comma-separated (f32, bf16, f16, q8_0, q4_0): each size "
+                  "runs once per dtype, in this order; rows after an f32 row give their tokens/s "
+                  "over it (x f32)")
       ->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();

@@ -153,8 +153,10 @@ std::filesystem::path model_folder(const GenerateOptions& o, DType dtype,
       o.random_hidden, o.random_layers);
   progress(o.quiet, fmt::format("writing a random Llama (hidden {}, {} layers) to {} ...",
                                 o.random_hidden, o.random_layers, dir.string()));
+  // A block format is quantized at load: the checkpoint holds the values in f32 (safetensors has
+  // no block formats).
   models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
-                             dtype, 1234);
+                             is_element_dtype(dtype) ? dtype : DType::kF32, 1234);
   return dir;
 }
 
@@ -549,7 +551,8 @@ all have stopped.)");
       ->capture_default_str();
   cmd->add_option(
          "--dtype", o.dtype,
-         "How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32)")
+         "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0 or q4_0 blocks "
+         "quantized at load (norms and routers stay f32)")
       ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "

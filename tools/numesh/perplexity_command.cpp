@@ -41,7 +41,9 @@ Example:
       ->required();
   cmd->add_option("--text-file", o.text_file, "The text to score (UTF-8)")->required();
   cmd->add_option("--context", o.context, "Tokens per chunk")->capture_default_str();
-  cmd->add_option("--dtype", o.dtype, "How the devices store the matrices: f32, bf16 or f16")
+  cmd->add_option("--dtype", o.dtype,
+                  "How the devices store the matrices: f32, bf16, f16, q8_0 or q4_0 (blocks "
+                  "quantized at load)")
       ->capture_default_str();
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");

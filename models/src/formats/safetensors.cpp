@@ -20,6 +20,7 @@
 #include "../strict_json.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/tensor.hpp"
 #include "os_error.hpp"
 
 // The rules are those of the official reader, huggingface/safetensors (Rust crate, read at commit
@@ -428,7 +429,8 @@ void SafetensorsFile::read_box(std::string_view name, std::span<const std::int64
                  sizes[d], t.shape[d]);
     elements *= static_cast<std::uint64_t>(sizes[d]);
   }
-  const std::uint64_t needed = elements * dtype_size(target);
+  // Bytes of the box stored as `target`: whole rows of it (a block format's blocks along them).
+  const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
   NUMESH_CHECK(out.size() == needed, ShapeError,
                "{}: the output has {} bytes but {} elements of {} take {}", where, out.size(),
                elements, to_string(target), needed);

@@ -26,6 +26,9 @@ std::string_view header_dtype(DType d) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;  // refused by write_safetensors
   }
   return "?";
 }
@@ -39,6 +42,9 @@ int rust_rank(DType d) {
       return 14;
     case DType::kF16:
       return 13;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;  // refused by write_safetensors
   }
   return 0;
 }
@@ -58,6 +64,9 @@ std::string stored_bytes(const runtime::HostTensor& t, DType d) {
       bits.resize(t.data.size());
       runtime::convert_f32_to_f16(t.data, bits);
       break;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      return out;  // refused by write_safetensors
   }
   std::memcpy(out.data(), bits.data(), out.size());
   return out;
@@ -71,6 +80,9 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Tens
   for (const TensorToWrite& t : tensors) {
     NUMESH_CHECK(!t.name.empty() && seen.insert(t.name).second, ValueError,
                  "{}: tensor name '{}' is empty or listed twice", file.string(), t.name);
+    NUMESH_CHECK(is_element_dtype(t.dtype), ValueError,
+                 "{}: tensor '{}' as {}: safetensors holds f32, bf16 and f16 tensors",
+                 file.string(), t.name, to_string(t.dtype));
   }
   std::vector<const TensorToWrite*> order;
   for (const TensorToWrite& t : tensors) order.push_back(&t);

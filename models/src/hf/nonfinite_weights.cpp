@@ -6,12 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
-#include "../box_copy.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/compare.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 
 namespace numesh::models {
@@ -51,6 +52,21 @@ std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
     case DType::kF16:
       exponent = 0x7C00;
       break;
+    case DType::kQ8_0:
+    case DType::kQ4_0: {
+      // Blocks dequantized a row's worth at a time: a block whose scale overflowed f16 (weights
+      // beyond ~8e6) reads back as infinities.
+      constexpr std::size_t kChunk = 4096;
+      std::vector<float> values(kChunk);
+      const auto* blocks = static_cast<const std::byte*>(data);
+      for (std::size_t at = 0; at < n; at += kChunk) {
+        const std::size_t len = std::min(kChunk, n - at);
+        runtime::convert_elements(blocks + row_bytes(dtype, static_cast<std::int64_t>(at)), dtype,
+                                  values.data(), DType::kF32, len);
+        for (std::size_t i = 0; i < len; ++i) bad += std::isfinite(values[i]) ? 0 : 1;
+      }
+      return bad;
+    }
   }
   const auto* bits = static_cast<const std::uint16_t*>(data);
   for (std::size_t i = 0; i < n; ++i) bad += (bits[i] & exponent) == exponent ? 1 : 0;
@@ -65,8 +81,6 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     NUMESH_CHECK(w.tensor != nullptr, ValueError, "non-finite scan: the weight {} is null", w.name);
     const runtime::ShardedTensor& t = *w.tensor;
     const DType dtype = t.dtype();
-    NUMESH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16, ValueError,
-                 "non-finite scan: {} is {}; it reads f32, bf16 and f16", w.name, to_string(dtype));
     // Every device counts in its own shard (one copy of each slice), all at once.
     const runtime::DeviceMesh& mesh = t.mesh();
     std::vector<std::int64_t> per_slot(static_cast<std::size_t>(mesh.size()), 0);
@@ -96,8 +110,7 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     const auto n = static_cast<std::size_t>(shard.size());
     std::vector<float> values(n);
     // Widened by the one converter the checkpoint reader uses.
-    detail::convert_elements(static_cast<const std::byte*>(shard.data()), dtype,
-                             reinterpret_cast<std::byte*>(values.data()), DType::kF32, n);
+    runtime::convert_elements(shard.data(), dtype, values.data(), DType::kF32, n);
     const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
     const ops::Comparison c =
         ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);

@@ -432,6 +432,10 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
     case DType::kF32:
     case DType::kF16:
       break;  // below: the vector kernels' two-way choices are between these two
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      throw TypeError(fmt::format("dot_gemm: {} weights take their own dot kernel (block_gemm.hpp)",
+                                  to_string(b_type)));
   }
   switch (level) {
     case KernelLevel::kAvx512:

@@ -7,6 +7,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
@@ -220,6 +221,69 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
                 });
 }
 
+// bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16 linear
+// and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps kernel can run;
+// every kernel sees the same inputs (their sums still differ in order). The calling thread's
+// buffers, rounded in row blocks over the arena; isolated for the reason device_decode_gemm's
+// partials are.
+void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
+                                  const detail::WeightKernels& kernels) {
+  const std::int64_t m = a.rows(), k = a.cols();
+  thread_local std::vector<std::uint16_t> bits;
+  thread_local std::vector<float> rounded;
+  oneapi::tbb::this_task_arena::isolate([&] {
+    const auto count = static_cast<std::size_t>(m * k);
+    bits.resize(count);
+    rounded.resize(count);
+    // The calling thread's buffers by pointer: inside the tasks below, the names `bits` and
+    // `rounded` would be each worker's own thread_local (a lambda does not capture them).
+    std::uint16_t* const bits_of_caller = bits.data();
+    float* const rounded_of_caller = rounded.data();
+    parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
+      const auto at = static_cast<std::size_t>(r0 * k),
+                 len = static_cast<std::size_t>((r1 - r0) * k);
+      runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
+      runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
+    });
+    device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c, kernels);
+  });
+}
+
+// Block formats multiply activations quantized to 8 bits a 32-element block (as llama.cpp's
+// do): codes and scales for the integer dot kernels, and the values they stand for (code times
+// scale, in fp32) for the prefill tiles, so that a row gets the same product in a decode step
+// and in a prompt. Buffers and isolation as above.
+void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
+                                const detail::WeightKernels& kernels) {
+  const std::int64_t m = a.rows(), k = a.cols();
+  NUMESH_CHECK(k % 32 == 0, ShapeError,
+               "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b.dtype), k);
+  thread_local std::vector<std::int8_t> codes;
+  thread_local std::vector<float> scales, values;
+  oneapi::tbb::this_task_arena::isolate([&] {
+    codes.resize(static_cast<std::size_t>(m * k));
+    scales.resize(static_cast<std::size_t>(m * k / 32));
+    values.resize(static_cast<std::size_t>(m * k));
+    std::int8_t* const codes_of_caller = codes.data();
+    float* const scales_of_caller = scales.data();
+    float* const values_of_caller = values.data();
+    const runtime::KernelLevel level = runtime::kernel_level();
+    parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
+      quantize_activations_q8(r1 - r0, k, a.data() + r0 * k, k, codes_of_caller + r0 * k,
+                              scales_of_caller + r0 * (k / 32), level);
+      for (std::int64_t i = r0; i < r1; ++i) {
+        for (std::int64_t e = 0; e < k; ++e) {
+          values_of_caller[i * k + e] = static_cast<float>(codes_of_caller[i * k + e]) *
+                                        scales_of_caller[i * (k / 32) + e / 32];
+        }
+      }
+    });
+    device_gemm_prepared(
+        {ConstMatrixMap(values_of_caller, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c,
+        kernels);
+  });
+}
+
 }  // namespace
 
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPrecision precision) {
@@ -258,33 +322,11 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
       device_gemm_prepared({a}, b, c, kernels);
       return;
     case detail::ActivationForm::kBF16:
-      break;
-  }
-  {
-    // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16
-    // linear and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps
-    // kernel can run; every kernel sees the same inputs (their sums still differ in order).
-    // The calling thread's buffers, rounded in row blocks over the arena; isolated for the
-    // reason device_decode_gemm's partials are.
-    thread_local std::vector<std::uint16_t> bits;
-    thread_local std::vector<float> rounded;
-    oneapi::tbb::this_task_arena::isolate([&] {
-      const auto count = static_cast<std::size_t>(m * k);
-      bits.resize(count);
-      rounded.resize(count);
-      // The calling thread's buffers by pointer: inside the tasks below, the names `bits` and
-      // `rounded` would be each worker's own thread_local (a lambda does not capture them).
-      std::uint16_t* const bits_of_caller = bits.data();
-      float* const rounded_of_caller = rounded.data();
-      parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
-        const auto at = static_cast<std::size_t>(r0 * k),
-                   len = static_cast<std::size_t>((r1 - r0) * k);
-        runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
-        runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
-      });
-      device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c,
-                           kernels);
-    });
+      device_gemm_bf16_activations(a, b, c, kernels);
+      return;
+    case detail::ActivationForm::kQ8:
+      device_gemm_q8_activations(a, b, c, kernels);
+      return;
   }
 }
 

@@ -59,6 +59,8 @@ void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
             convert_f16_to_f32(src, dst, level);
             break;
           case DType::kF32:
+          case DType::kQ8_0:
+          case DType::kQ4_0:
             break;  // refused by gemm_16bit
         }
       }

@@ -186,6 +186,12 @@ void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightM
       if (avx512) return skinny_avx512<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
       if (avx2) return skinny_avx2<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
       break;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      // Their blocks run along the stored rows, the outputs here: weights of a block format
+      // are stored out-in only (dot kernels: block_gemm.hpp).
+      throw TypeError(
+          fmt::format("skinny_gemm: {} weights are stored out-in only", to_string(b_type)));
   }
   columns_scalar(m, 0, n, k, a, lda, b, b_type, ldb, c, ldc);
 }

@@ -1,6 +1,7 @@
 #include "weight_kernels.hpp"
 
 #include "numesh/ops/kernels/blas_gemm.hpp"
+#include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
@@ -32,9 +33,25 @@ void tile_f32(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
        /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
 }
 
+// Block formats: their integer dot kernels on the activations' 8-bit codes.
+void dot_q8_0(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t k = a.values.cols();
+  dot_gemm_q8_0(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
+}
+
+void dot_q4_0(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t k = a.values.cols();
+  dot_gemm_q4_0(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
+}
+
 constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, tile_f32};
 constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm, gemm_16bit};
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, gemm_16bit};
+// Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel.
+constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8_0, nullptr, gemm_dequantized};
+constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q4_0, nullptr, gemm_dequantized};
 
 }  // namespace
 
@@ -46,6 +63,10 @@ const WeightKernels& weight_kernels(DType dtype) noexcept {
       return kBF16Kernels;
     case DType::kF16:
       return kF16Kernels;
+    case DType::kQ8_0:
+      return kQ8_0Kernels;
+    case DType::kQ4_0:
+      return kQ4_0Kernels;
   }
   return kF32Kernels;
 }

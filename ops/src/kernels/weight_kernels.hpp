@@ -13,19 +13,25 @@
 
 namespace numesh::ops::detail {
 
-/// What a format multiplies: the activations as they are, or rounded to bf16 first (bf16
-/// weights, so that every kernel level sees the same operands and products are exact).
+/// What a format multiplies: the activations as they are, rounded to bf16 first (bf16 weights,
+/// so that every kernel level sees the same operands and products are exact), or quantized to 8
+/// bits a 32-element block (block formats: integer dot products, as llama.cpp's).
 enum class ActivationForm {
   kF32,
   kBF16,
+  kQ8,
 };
 
 /// The activations of one device_gemm in the form its weights multiply, prepared once by the
-/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16), and for
-/// kBF16 their bits, rows k apart.
+/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16; for kQ8 the
+/// quantized values, code times scale, so that prefill tiles multiply what decode does), for
+/// kBF16 their bits, rows k apart, and for kQ8 their codes (rows k apart) and block scales (rows
+/// k / 32 apart; block_gemm.hpp's quantize_activations_q8).
 struct PreparedActivations {
   ConstMatrixMap values;
   const std::uint16_t* bf16 = nullptr;
+  const std::int8_t* q8_codes = nullptr;
+  const float* q8_scales = nullptr;
 };
 
 /// c[rows, b.cols] = rows [r0, r0 + rows) of `a` times b stored out-in, on the calling thread:

@@ -35,6 +35,13 @@ void widen_row(const runtime::Tensor& table, std::int64_t row, std::int64_t h, f
     case DType::kF16:
       runtime::convert_f16_to_f32(table.bits16().subspan(at, n), {out, n});
       return;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      // The row's blocks, dequantized (a row of the table is whole blocks: its shard exists).
+      runtime::convert_elements(
+          static_cast<const std::byte*>(table.data()) + row_bytes(table.dtype(), row * h),
+          table.dtype(), out, DType::kF32, n);
+      return;
   }
 }
 

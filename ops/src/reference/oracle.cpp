@@ -46,13 +46,55 @@ double sigmoid(double x) noexcept {
 double silu(double x) noexcept { return x * sigmoid(x); }
 
 MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype) {
-  return widen(runtime::rounded_to(t, dtype), rows, cols);
+  if (is_element_dtype(dtype)) return widen(runtime::rounded_to(t, dtype), rows, cols);
+  // A block format's blocks run along each output's inputs (the matrix is stored out-in): the
+  // rows of the transpose.
+  runtime::HostTensor out_in = runtime::HostTensor::zeros({cols, rows});
+  Eigen::Map<RowMatrix>(out_in.data.data(), cols, rows) =
+      Eigen::Map<const RowMatrix>(t.data.data(), rows, cols).transpose();
+  const runtime::HostTensor q = runtime::rounded_to(out_in, dtype);
+  return widen(q, cols, rows).transpose();
 }
 
 MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dtype) {
   runtime::HostTensor t{{rows, cols}, std::vector<float>(data, data + rows * cols)};
   return stored(t, rows, cols, dtype);
 }
+
+namespace {
+
+// x's rows quantized as the 8-bit-product formats' kernels quantize activations
+// (ops/kernels/block_gemm.hpp, quantize_activations_q8), and dequantized: per 32-element block
+// of the fp32 values, d = max|x| / 127, codes rounded to nearest even within +-127, value =
+// code * d in fp32; a block with a non-finite value is NaN. Written from the definition.
+MatrixD quantized_activations(const MatrixD& x) {
+  constexpr Eigen::Index kBlock = 32;
+  NUMESH_CHECK(x.cols() % kBlock == 0, ShapeError,
+               "oracle: a projection input of {} columns is not whole blocks of 32", x.cols());
+  MatrixD out(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    for (Eigen::Index b = 0; b < x.cols(); b += kBlock) {
+      float values[kBlock];
+      float amax = 0.0f;
+      bool finite = true;
+      for (Eigen::Index e = 0; e < kBlock; ++e) {
+        values[e] = static_cast<float>(x(i, b + e));
+        finite = finite && std::isfinite(values[e]);
+        amax = std::max(amax, std::fabs(values[e]));
+      }
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      for (Eigen::Index e = 0; e < kBlock; ++e) {
+        const float code = std::clamp(std::nearbyint(values[e] * id), -127.0f, 127.0f);
+        out(i, b + e) =
+            finite ? static_cast<double>(code * d) : std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 MatrixD projection_input(const MatrixD& x, DType weights) {
   switch (weights) {
@@ -61,6 +103,9 @@ MatrixD projection_input(const MatrixD& x, DType weights) {
       return x;
     case DType::kBF16:
       break;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      return quantized_activations(x);
   }
   return x.unaryExpr([](double v) {
     return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v))));

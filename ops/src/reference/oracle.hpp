@@ -33,15 +33,18 @@ MatrixD widen(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols
 runtime::HostTensor narrow(const MatrixD& m, std::vector<std::int64_t> shape);
 /// `m` rounded to fp32 as a matrix.
 RowMatrix narrow(const MatrixD& m);
-/// A weight tensor's values as [rows, cols] as a tensor of `dtype` stores them: rounded to
-/// nearest even into bf16 / f16 (runtime::rounded_to), widened.
+/// A weight tensor's values as [rows, cols] (inputs by outputs) as a tensor of `dtype` stores
+/// them: rounded to nearest even into bf16 / f16 (runtime::rounded_to), or a block format's blocks
+/// along each output's inputs (the layers store such weights out-in), widened.
 MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype);
-/// `rows` x `cols` weights at `data` as stored in `dtype` (one expert of a stacked weight).
+/// `rows` x `cols` weights at `data` as stored in `dtype` (one expert of a stacked weight). A
+/// block format quantizes along `rows` (the inputs: such weights are stored out-in).
 MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dtype);
 /// The input of a projection by weights stored as `dtype`, as the kernels use it: bf16 weights
 /// multiply bf16 activations (each value rounded through fp32 to bf16, as PyTorch's bf16 linear
-/// and ggml's bf16 dot product do; products exact, sums in fp32), other dtypes keep the fp32
-/// activations.
+/// and ggml's bf16 dot product do; products exact, sums in fp32); block formats (q8_0, q4_0)
+/// multiply activations quantized to 8 bits a 32-element block, as llama.cpp's do; f32 and f16
+/// keep the fp32 activations.
 MatrixD projection_input(const MatrixD& x, DType weights);
 /// An fp32 matrix widened.
 inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }

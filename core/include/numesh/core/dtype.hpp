@@ -26,6 +26,8 @@ enum class DType : std::uint8_t {
   kF32,   ///< IEEE binary32
   kBF16,  ///< bfloat16: fp32's sign and 8-bit exponent, 7 stored mantissa bits
   kF16,   ///< IEEE binary16: 5-bit exponent, 10 stored mantissa bits
+  kQ8_0,  ///< GGML's Q8_0: blocks of 32 weights, an f16 scale d and 32 int8 codes q (x = d q)
+  kQ4_0,  ///< GGML's Q4_0: blocks of 32 weights, an f16 scale d and 32 4-bit codes (x = (q-8) d)
 };
 
 /// What a format is, for the code that treats every format alike (sizes, names, parsing): one
@@ -42,10 +44,12 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 3> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 5> kDTypes = {{
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2},
     {DType::kF16, "f16", {"fp16", "float16"}, 1, 2},
+    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34},
+    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18},
 }};
 
 namespace detail {
@@ -63,11 +67,13 @@ constexpr bool listed(DType t) {
     case DType::kF32:
     case DType::kBF16:
     case DType::kF16:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
       return static_cast<std::size_t>(t) < kDTypes.size();
   }
   return false;
 }
-static_assert(listed(DType::kF16), "kDTypes holds the last enumerator");
+static_assert(listed(DType::kQ4_0), "kDTypes holds the last enumerator");
 }  // namespace detail
 
 /// The traits of `t`.
@@ -79,8 +85,8 @@ constexpr const DTypeTraits& traits(DType t) noexcept {
 /// activations and collectives hold; block formats are for stored weights only.
 constexpr bool is_element_dtype(DType t) noexcept { return traits(t).block_elements == 1; }
 
-/// Bytes per element of an element type. REQUIRES: is_element_dtype(t) (a block format has no
-/// size per element: see row_bytes).
+/// Bytes per element of an element type; 0 for a block format, which has no size per element
+/// (see row_bytes). REQUIRES: is_element_dtype(t).
 constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
     case DType::kF32:
@@ -88,11 +94,14 @@ constexpr std::size_t dtype_size(DType t) noexcept {
     case DType::kBF16:
     case DType::kF16:
       return 2;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      return 0;
   }
   return 0;
 }
 
-/// "f32", "bf16" or "f16".
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Bytes of a row of `elements` elements stored as `t`.
@@ -106,7 +115,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16"). Throws: ValueError naming the text and the choices.
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0"). Throws: ValueError naming the text and the
+/// choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -187,8 +197,16 @@ constexpr float f32_from_f16(std::uint16_t h) noexcept {
   return std::bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3FFu) << 13));
 }
 
-/// Element `i` of a buffer of `dtype` (fp32 floats, or bf16 / f16 bits), widened to fp32 exactly.
+/// Element `i` of a buffer of `dtype` (fp32 floats, bf16 / f16 bits, or blocks of a block
+/// format counted from the buffer's start), widened to fp32 exactly as the format's dequantizer
+/// gives it (runtime/block_formats.hpp). One element at a time: for references and scalar
+/// fallbacks, not for kernels.
 inline float widened_element(const void* data, DType dtype, std::int64_t i) noexcept {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  // A block's f16 scale, its first two bytes (little-endian, as GGML stores it).
+  const auto scale = [](const unsigned char* block) {
+    return f32_from_f16(static_cast<std::uint16_t>(block[0] | (block[1] << 8)));
+  };
   switch (dtype) {
     case DType::kF32:
       return static_cast<const float*>(data)[i];
@@ -196,6 +214,16 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       return f32_from_bf16(static_cast<const std::uint16_t*>(data)[i]);
     case DType::kF16:
       return f32_from_f16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kQ8_0: {
+      const unsigned char* block = bytes + i / 32 * 34;
+      return static_cast<float>(static_cast<std::int8_t>(block[2 + i % 32])) * scale(block);
+    }
+    case DType::kQ4_0: {
+      const unsigned char* block = bytes + i / 32 * 18;
+      const std::int64_t j = i % 32;
+      const int code = j < 16 ? block[2 + j] & 0x0F : block[2 + j - 16] >> 4;
+      return static_cast<float>(code - 8) * scale(block);
+    }
   }
   return 0.0f;
 }

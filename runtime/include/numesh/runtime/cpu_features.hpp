@@ -21,6 +21,7 @@ struct CpuFeatures {
   bool avx512bw = false;  ///< 16-bit lanes in 512-bit vectors
   bool avx512vl = false;
   bool avx512_bf16 = false;  ///< vdpbf16ps, vcvtne2ps2bf16
+  bool avx512_vnni = false;  ///< vpdpbusd: int8 dot products into int32
 
   /// The names of the extensions present, in the order above ("avx2 fma f16c avx512f ...").
   [[nodiscard]] std::string text() const;
@@ -32,7 +33,8 @@ enum class KernelLevel {
   kScalar,      ///< portable C++
   kAvx2,        ///< AVX2 + FMA + F16C
   kAvx512,      ///< AVX-512 F/BW/VL (+ the AVX2 requirements)
-  kAvx512Bf16,  ///< AVX-512 BF16 on top of kAvx512
+  kAvx512Bf16,  ///< AVX-512 BF16 and VNNI on top of kAvx512 (every CPU with BF16 has VNNI:
+                ///< Cooper Lake, Sapphire Rapids and later, Zen 4 and later)
 };
 
 /// "scalar", "avx2", "avx512" or "avx512-bf16".

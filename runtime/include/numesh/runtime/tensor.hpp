@@ -47,8 +47,11 @@ struct HostTensor {
   friend bool operator==(const HostTensor&, const HostTensor&) = default;
 };
 
-/// `t` with every value rounded to `dtype` (nearest even) and widened back exactly: the values a
-/// tensor of that dtype holds after scatter(t). fp32 returns a copy of t.
+/// `t` with every value stored as `dtype` and widened back exactly: the values a tensor of that
+/// dtype holds after scatter(t) (bf16 / f16 rounded to nearest even; a block format quantized
+/// along each row, the last dim, and dequantized). fp32 returns a copy of t.
+/// Throws: ValueError for a block format when the rows are not whole blocks, or for a
+/// non-finite value it cannot hold.
 HostTensor rounded_to(const HostTensor& t, DType dtype);
 
 /// A dense row-major tensor whose storage lives on one device's NUMA node, of element type
@@ -136,7 +139,8 @@ class ShardedTensor {
 
 /// Copies `host` into every shard of `tensor`: each slot's device copies its own slice, in its
 /// own arena, all devices in parallel (so each shard's pages are written on its node). A bf16 or
-/// f16 tensor receives the values rounded to nearest even (runtime/convert.hpp).
+/// f16 tensor receives the values rounded to nearest even, a block format's the blocks of each
+/// row (runtime/convert.hpp's convert_elements).
 /// Throws: ShapeError when the shapes differ (naming both).
 void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// Calls fill(slot, shard) for every slot whose shard holds elements, on that slot's device (in
@@ -146,7 +150,8 @@ void scatter(const HostTensor& host, ShardedTensor& tensor);
 void fill_shards(ShardedTensor& tensor,
                  const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
-/// first device of its replica group, all devices in parallel. 16-bit values widen exactly.
+/// first device of its replica group, all devices in parallel. 16-bit values widen exactly,
+/// blocks dequantize.
 HostTensor gather(const ShardedTensor& tensor);
 
 /// eformer's make_shard_and_gather_fns for one array: `shard` takes a host tensor of `shape`
@@ -179,9 +184,10 @@ void copy_box(std::span<const sharding::DimSlice> box, const float* src,
 void copy_box(std::span<const sharding::DimSlice> box, const void* src,
               std::span<const sharding::DimSlice> src_slices, void* dst,
               std::span<const sharding::DimSlice> dst_slices, DType dtype);
-/// copy_box converting: `src` holds elements of `src_type`, `dst` of `dst_type` (fp32 to 16-bit
-/// rounds to nearest even, 16-bit to fp32 is exact; 16-bit to the other 16-bit type goes
-/// through fp32).
+/// copy_box converting: `src` holds elements of `src_type`, `dst` of `dst_type`, converted by
+/// convert_elements (fp32 to 16-bit rounds to nearest even, 16-bit to fp32 is exact, a block
+/// format quantizes or dequantizes whole blocks). Throws: ValueError when a run of the box does
+/// not start and end on a block format's blocks, or for a value a block cannot hold.
 void copy_box(std::span<const sharding::DimSlice> box, const void* src, DType src_type,
               std::span<const sharding::DimSlice> src_slices, void* dst, DType dst_type,
               std::span<const sharding::DimSlice> dst_slices);

@@ -1,0 +1,617 @@
+#include "numesh/ops/kernels/block_gemm.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../common/kernel_levels.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/ops/kernels/blas_gemm.hpp"
+#include "numesh/runtime/block_formats.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using runtime::KernelLevel;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+constexpr float kSentinel = 777.0f;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+std::string level_name(KernelLevel l) { return std::string(runtime::to_string(l)); }
+
+// ---- Activations ------------------------------------------------------------------------------
+
+struct Quantized {
+  std::vector<std::int8_t> codes;
+  std::vector<float> scales;
+};
+
+Quantized quantize(std::int64_t m, std::int64_t k, const std::vector<float>& a, std::int64_t lda,
+                   KernelLevel level) {
+  Quantized q{std::vector<std::int8_t>(static_cast<std::size_t>(m * k), 99),
+              std::vector<float>(static_cast<std::size_t>(m * k / 32), kSentinel)};
+  quantize_activations_q8(m, k, a.data(), lda, q.codes.data(), q.scales.data(), level);
+  return q;
+}
+
+// Rows whose blocks span magnitudes from subnormal to 1e30: each block normal values times a
+// random power of ten, some blocks all zero, some holding exact halves of their step.
+std::vector<float> varied_activations(std::int64_t count, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-42, 30), kind(0, 9);
+  std::vector<float> a(static_cast<std::size_t>(count));
+  for (std::int64_t b = 0; b * 32 < count; ++b) {
+    const int what = kind(rng);
+    const auto scale = static_cast<float>(std::pow(10.0, exponent(rng)));
+    for (std::int64_t e = b * 32; e < std::min(count, b * 32 + 32); ++e) {
+      float& x = a[static_cast<std::size_t>(e)];
+      if (what == 0) {
+        x = 0.0f;
+      } else if (what == 1) {
+        // amax 127 makes d = 1 and id = 1: every x + 0.5 is an exact tie.
+        x = e == b * 32 ? 127.0f : std::floor(normal(rng) * 30.0f) + 0.5f;
+      } else {
+        x = normal(rng) * scale;
+      }
+    }
+  }
+  return a;
+}
+
+class BlockGemmLevelTest : public numesh::testing::KernelLevelTest {};
+
+TEST_P(BlockGemmLevelTest, QuantizesActivationsAsTheScalarLevelBitForBit) {
+  const std::int64_t m = 3, k = 4096 + 32, lda = k + 7;
+  std::vector<float> a = varied_activations(m * lda, 11);
+  a[100] = kNaN;
+  a[static_cast<std::size_t>(lda + 700)] = -kInf;
+  const Quantized scalar = quantize(m, k, a, lda, KernelLevel::kScalar);
+  const Quantized got = quantize(m, k, a, lda, level());
+  EXPECT_EQ(got.codes, scalar.codes) << level_name(level());
+  for (std::size_t b = 0; b < scalar.scales.size(); ++b) {
+    ASSERT_EQ(bits(got.scales[b]), bits(scalar.scales[b]))
+        << level_name(level()) << ": scale of block " << b;
+  }
+}
+
+// The definition on hand-made blocks: d = amax / 127, codes x / d rounded to nearest even.
+TEST_P(BlockGemmLevelTest, QuantizesHandMadeBlocksByTheirDefinition) {
+  const std::int64_t k = 6 * 32;
+  std::vector<float> a(static_cast<std::size_t>(k), 0.0f);
+  // Block 0: amax 127 so d = 1: ties go to even, -0.5 to 0.
+  const std::vector<std::pair<float, int>> ties = {
+      {127.0f, 127}, {0.5f, 0},  {1.5f, 2},     {2.5f, 2},       {-0.5f, 0},      {-1.5f, -2},
+      {-2.5f, -2},   {3.49f, 3}, {126.5f, 126}, {-126.5f, -126}, {-127.0f, -127}, {0.0f, 0}};
+  for (std::size_t e = 0; e < ties.size(); ++e) a[e] = ties[e].first;
+  // Block 1: zeros (and a negative zero): scale 0, codes 0.
+  a[32 + 3] = -0.0f;
+  // Block 2: a NaN; block 3: an infinity: scale NaN, codes 0.
+  for (std::int64_t e = 64; e < 128; ++e) a[static_cast<std::size_t>(e)] = 1.0f;
+  a[64 + 31] = kNaN;
+  a[96 + 5] = kInf;
+  // Block 4: amax 2.54 (element 128, -2.54), d = 2.54f / 127: that element is code -127 and
+  // the others x * (1 / d) rounded.
+  for (std::int64_t e = 0; e < 32; ++e)
+    a[static_cast<std::size_t>(128 + e)] = 2.54f * static_cast<float>(e - 16) / 16.0f;
+  // Block 5: amax 1e-37: 1 / d overflows, so codes 0 (the scale is kept).
+  a[160] = 1e-37f;
+  a[161] = -5e-38f;
+
+  const Quantized q = quantize(1, k, a, k, level());
+  const std::string label = level_name(level());
+  auto code = [&](std::int64_t e) {
+    return static_cast<int>(q.codes[static_cast<std::size_t>(e)]);
+  };
+  EXPECT_EQ(q.scales[0], 1.0f) << label;
+  for (std::size_t e = 0; e < ties.size(); ++e)
+    EXPECT_EQ(code(static_cast<std::int64_t>(e)), ties[e].second) << label << ": " << ties[e].first;
+  EXPECT_EQ(bits(q.scales[1]), 0u) << label;
+  for (std::int64_t e = 32; e < 64; ++e) EXPECT_EQ(code(e), 0) << label;
+  EXPECT_TRUE(std::isnan(q.scales[2])) << label;
+  EXPECT_TRUE(std::isnan(q.scales[3])) << label;
+  for (std::int64_t e = 64; e < 128; ++e) EXPECT_EQ(code(e), 0) << label << ": element " << e;
+  EXPECT_EQ(q.scales[4], 2.54f / 127.0f) << label;
+  EXPECT_EQ(code(128), -127) << label;
+  for (std::int64_t e = 128; e < 160; ++e) {
+    const float x = a[static_cast<std::size_t>(e)];
+    EXPECT_EQ(code(e), static_cast<int>(std::nearbyint(x * (1.0f / (2.54f / 127.0f)))))
+        << label << ": " << x;
+  }
+  EXPECT_EQ(q.scales[5], 1e-37f / 127.0f) << label;
+  for (std::int64_t e = 160; e < 192; ++e) EXPECT_EQ(code(e), 0) << label;
+}
+
+// Whatever the magnitude, the largest element of a block is exactly +-127 and no code leaves
+// [-127, 127] (the clamp is the guard; x * (1 / d) stays below 127.5).
+TEST_P(BlockGemmLevelTest, TheLargestMagnitudeIsCode127AndCodesStayInRange) {
+  const std::int64_t k = 512 * 32;
+  std::vector<float> a = varied_activations(k, 5);
+  const Quantized q = quantize(1, k, a, k, level());
+  for (std::int64_t b = 0; b < k / 32; ++b) {
+    const float* x = a.data() + b * 32;
+    const std::int8_t* c = q.codes.data() + b * 32;
+    const std::int64_t at =
+        std::max_element(x, x + 32, [](float u, float v) { return std::abs(u) < std::abs(v); }) - x;
+    if (std::abs(x[at]) < 4e-37f) continue;  // zeros, or 1 / d overflows: codes 0
+    EXPECT_EQ(std::abs(static_cast<int>(c[at])), 127) << "block " << b << " x " << x[at];
+    for (int e = 0; e < 32; ++e) EXPECT_TRUE(c[e] >= -127 && c[e] <= 127);
+  }
+}
+
+TEST(BlockGemmTest, QuantizingRefusesKNotAWholeNumberOfBlocks) {
+  std::vector<float> a(40, 1.0f);
+  std::vector<std::int8_t> codes(40);
+  std::vector<float> scales(2);
+  EXPECT_THAT([&] { quantize_activations_q8(1, 40, a.data(), 40, codes.data(), scales.data()); },
+              ThrowsMessage<ShapeError>(HasSubstr("k 40 is not a whole number of 32-element")));
+}
+
+// ---- Weights ------------------------------------------------------------------------------------
+
+// A matrix of `outputs` rows of `ld` elements in a block format, from normal values, with the
+// bytes and each element's value (widened_element, independent of the kernels).
+struct Blocks {
+  DType dtype;
+  std::int64_t outputs, ld;
+  std::vector<std::uint16_t> storage;  // 2-byte aligned, as BlockQ8_0 / BlockQ4_0
+  unsigned char* bytes() { return reinterpret_cast<unsigned char*>(storage.data()); }
+  const void* data() const { return storage.data(); }
+  std::int64_t row_bytes() const { return numesh::row_bytes(dtype, ld); }
+  float value(std::int64_t j, std::int64_t e) const {
+    return widened_element(static_cast<const char*>(data()) + j * row_bytes(), dtype, e);
+  }
+  WeightMatrix matrix() const { return {data(), dtype, ld, outputs, WeightLayout::kOutIn, ld}; }
+};
+
+Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t seed,
+                   bool minus_128 = false) {
+  Blocks b{t, outputs, ld, {}};
+  b.storage.resize(static_cast<std::size_t>((outputs * b.row_bytes() + 1) / 2));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> row(static_cast<std::size_t>(ld));
+  for (std::int64_t j = 0; j < outputs; ++j) {
+    for (float& x : row) x = normal(rng);
+    unsigned char* at = b.bytes() + j * b.row_bytes();
+    const std::size_t blocks = static_cast<std::size_t>(ld / 32);
+    if (t == DType::kQ8_0) {
+      runtime::quantize_q8_0(row, {reinterpret_cast<runtime::BlockQ8_0*>(at), blocks});
+    } else {
+      runtime::quantize_q4_0(row, {reinterpret_cast<runtime::BlockQ4_0*>(at), blocks});
+    }
+  }
+  if (minus_128 && t == DType::kQ8_0) {
+    // Codes GGML never writes but a foreign file may hold: -128 here and there, and block 1 of
+    // output 2 all -128 (its pair sums are the largest vpmaddubsw sees).
+    std::uniform_int_distribution<std::int64_t> pick(0, outputs * ld - 1);
+    for (int i = 0; i < outputs * ld / 16; ++i) {
+      const std::int64_t e = pick(rng), j = e / ld, r = e % ld;
+      b.bytes()[j * b.row_bytes() + r / 32 * 34 + 2 + r % 32] = 0x80;
+    }
+    const std::int64_t j = std::min<std::int64_t>(2, outputs - 1);  // the first of dot_case's view
+    for (int e = 0; e < 32; ++e) b.bytes()[j * b.row_bytes() + 34 + 2 + e] = 0x80;
+  }
+  return b;
+}
+
+using DotFn = void (*)(std::int64_t, const std::int8_t*, const float*, const WeightMatrix&, float*,
+                       std::int64_t, KernelLevel);
+
+DotFn dot_of(DType t) { return t == DType::kQ8_0 ? dot_gemm_q8_0 : dot_gemm_q4_0; }
+
+// Runs the dot kernel into a c of NaN with a sentinel in its padding (which must survive);
+// returns c packed to [m, n].
+std::vector<float> run_dot(std::int64_t m, const Quantized& q, const WeightMatrix& b,
+                           KernelLevel level, const std::string& label) {
+  const std::int64_t n = b.cols, ldc = n + 3;
+  std::vector<float> c(static_cast<std::size_t>(m * ldc), kSentinel);
+  for (std::int64_t i = 0; i < m; ++i) std::fill_n(c.begin() + i * ldc, n, kNaN);
+  dot_of(b.dtype)(m, q.codes.data(), q.scales.data(), b, c.data(), ldc, level);
+  std::vector<float> packed;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const float x = c[static_cast<std::size_t>(i * ldc + j)];
+      if (j < n) {
+        packed.push_back(x);
+      } else {
+        EXPECT_EQ(x, kSentinel) << label << ": c's padding at [" << i << ", " << j
+                                << "] was written";
+      }
+    }
+  }
+  return packed;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
+                                            [](float u, float v) { return bits(u) == bits(v); });
+}
+
+// One dot case: m rows of activations (rows k + 32 apart, quantized at the scalar level) and a
+// view of n outputs starting at output 2 of a matrix of n + 5 outputs whose rows hold k + 64
+// inputs.
+struct DotCase {
+  DType dtype;
+  std::int64_t m, n, k;
+  std::vector<float> a;
+  Quantized q;
+  Blocks w;
+  WeightMatrix b;
+  std::string label;
+};
+
+DotCase dot_case(DType t, std::int64_t m, std::int64_t n, std::int64_t k, std::uint32_t seed) {
+  const std::int64_t lda = k + 32;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(static_cast<std::size_t>(m * lda));
+  for (float& x : a) x = normal(rng);
+  Quantized q = quantize(m, k, a, lda, KernelLevel::kScalar);
+  Blocks w = make_blocks(t, n + 5, k + 64, seed + 1, /*minus_128=*/true);
+  const WeightMatrix b = w.matrix().outputs(2, n).inputs(0, k);
+  const std::string label = std::string(to_string(t)) + " m" + std::to_string(m) + " n" +
+                            std::to_string(n) + " k" + std::to_string(k);
+  return {t, m, n, k, std::move(a), std::move(q), std::move(w), b, label};
+}
+
+TEST_P(BlockGemmLevelTest, DotEqualsTheScalarLevelBitForBit) {
+  std::uint32_t seed = 1;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13, 16}) {
+      for (std::int64_t n : {1, 7, 33}) {
+        for (std::int64_t k : {32, 64, 96, 1024, 4096 + 32}) {
+          const DotCase cs = dot_case(t, m, n, k, seed += 3);
+          const std::string label = cs.label + " at " + level_name(level());
+          const std::vector<float> scalar = run_dot(m, cs.q, cs.b, KernelLevel::kScalar, label);
+          const std::vector<float> got = run_dot(m, cs.q, cs.b, level(), label);
+          ASSERT_TRUE(same_bits(got, scalar)) << label;
+        }
+      }
+    }
+  }
+}
+
+// Weight code e (0 .. 31) of a block, as the format defines it (q4_0: nibble - 8).
+int weight_code(const unsigned char* block, DType t, std::int64_t e) {
+  if (t == DType::kQ8_0) return static_cast<std::int8_t>(block[2 + e]);
+  return (e < 16 ? block[2 + e] & 0x0F : block[2 + e - 16] >> 4) - 8;
+}
+
+float weight_scale(const unsigned char* block) {
+  return f32_from_f16(static_cast<std::uint16_t>(block[0] | (block[1] << 8)));
+}
+
+// The scalar level is the fixed order's value: within (blocks / 2 + 5) 2^-24 sum |terms| of the
+// same terms (isum times the f32 scale product) summed in float64. And the whole product is
+// within the header's bound of the float64 product of the original activations and the
+// dequantized weights: sum over blocks of d_a (1/2 + 2^-12) sum |w|, plus that accumulation.
+TEST(BlockGemmTest, TheScalarDotIsItsOrdersValueAndWithinTheQuantizationBound) {
+  std::uint32_t seed = 900;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t k : {32, 96, 1024, 4096 + 32}) {
+      const std::int64_t m = 3, n = 7, blocks = k / 32, lda = k + 32;
+      const DotCase cs = dot_case(t, m, n, k, seed += 5);
+      const std::vector<float> c = run_dot(m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
+      double used = 0.0;  // the largest share of the quantization bound an error takes
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
+          double order = 0.0, magnitude = 0.0, exact = 0.0, quantization = 0.0;
+          for (std::int64_t b = 0; b < blocks; ++b) {
+            const unsigned char* block = row + b * traits(t).block_bytes;
+            const float d_a = cs.q.scales[static_cast<std::size_t>(i * blocks + b)];
+            const float scale = d_a * weight_scale(block);  // one f32 product, as the order's
+            double w_magnitude = 0.0;
+            for (int l = 0; l < 8; ++l) {
+              std::int64_t isum = 0;
+              for (std::int64_t e = 4 * l; e < 4 * l + 4; ++e) {
+                const std::int64_t at = b * 32 + e;
+                isum += std::int64_t{cs.q.codes[static_cast<std::size_t>(i * k + at)]} *
+                        weight_code(block, t, e);
+                const double w = widened_element(row, t, at);
+                exact += static_cast<double>(cs.a[static_cast<std::size_t>(i * lda + at)]) * w;
+                w_magnitude += std::abs(w);
+              }
+              order += static_cast<double>(isum) * scale;
+              magnitude += std::abs(static_cast<double>(isum) * scale);
+            }
+            quantization += static_cast<double>(d_a) * (0.5 + std::ldexp(1.0, -12)) * w_magnitude;
+          }
+          const double got = c[static_cast<std::size_t>(i * n + j)];
+          const double order_bound =
+              static_cast<double>(blocks / 2 + 5) * std::ldexp(1.0, -24) * magnitude;
+          EXPECT_LE(std::abs(got - order), order_bound)
+              << cs.label << " [" << i << ", " << j << "]";
+          EXPECT_LE(std::abs(got - exact), quantization + order_bound)
+              << cs.label << " [" << i << ", " << j << "]";
+          used = std::max(used, std::abs(got - exact) / (quantization + order_bound));
+        }
+      }
+      // The bound is tight enough to mean something: some error takes a good part of it.
+      EXPECT_GT(used, 0.01) << cs.label;
+    }
+  }
+}
+
+// One output of Q8_0 weights with the given codes (32 a block) and f16 scale bits per block.
+std::vector<std::uint16_t> q8_0_row(const std::vector<int>& codes, std::uint16_t scale_bits) {
+  const std::size_t blocks = codes.size() / 32;
+  std::vector<std::uint16_t> storage(blocks * 17);
+  auto* bytes = reinterpret_cast<unsigned char*>(storage.data());
+  for (std::size_t b = 0; b < blocks; ++b) {
+    bytes[34 * b] = static_cast<unsigned char>(scale_bits & 0xFF);
+    bytes[34 * b + 1] = static_cast<unsigned char>(scale_bits >> 8);
+    for (std::size_t e = 0; e < 32; ++e)
+      bytes[34 * b + 2 + e] = static_cast<unsigned char>(codes[32 * b + e]);
+  }
+  return storage;
+}
+
+float dot_one(KernelLevel level, const std::vector<int>& weight_codes,
+              const std::vector<std::int8_t>& codes, const std::vector<float>& scales) {
+  const std::vector<std::uint16_t> w = q8_0_row(weight_codes, 0x3C00);  // d_w = 1
+  const auto k = static_cast<std::int64_t>(weight_codes.size());
+  float c = kSentinel;
+  dot_gemm_q8_0(1, codes.data(), scales.data(),
+                WeightMatrix{w.data(), DType::kQ8_0, k, 1, WeightLayout::kOutIn}, &c, 1, level);
+  return c;
+}
+
+// The lanes and the fold of the header, with 2^24 + 1 rounding to 2^24 (each case tells the
+// header's order from the others that come to mind):
+// - blocks 0 and 2 share lane 0 and block 1 has its own (s[8]): 2^24, 1, -2^24 give 1 (one chain
+//   would give 0);
+// - the fold adds u[l + 4] before u[l + 2] and u[l + 1]: s[0] = 2^24, s[1] = -2^24, s[4] = 1
+//   give 0 (a sum in lane order would give 1).
+TEST_P(BlockGemmLevelTest, EvenAndOddBlocksKeepTheirLanesAndTheFoldIsTheHeaders) {
+  constexpr float kBig = 16777216.0f;
+  std::vector<int> w(96, 0);
+  w[0] = w[32] = w[64] = 1;
+  std::vector<std::int8_t> q(96, 0);
+  q[0] = q[32] = q[64] = 1;
+  EXPECT_EQ(dot_one(level(), w, q, {kBig, 1.0f, -kBig}), 1.0f);
+
+  std::fill(w.begin(), w.end(), 0);
+  std::fill(q.begin(), q.end(), std::int8_t{0});
+  w[0] = w[4] = w[64 + 16] = 1;  // lanes 0 and 1 of block 0, lane 4 of block 2
+  q[0] = 1;
+  q[4] = -1;
+  q[64 + 16] = 1;
+  EXPECT_EQ(dot_one(level(), w, q, {kBig, 1.0f, 1.0f}), 0.0f);
+
+  // - the even and odd halves are added first: s[0] = 2^24, s[8] = -2^24, s[4] = 1 give 1
+  //   (adding the 128-bit quarters of each half first would give 0).
+  std::fill(w.begin(), w.end(), 0);
+  std::fill(q.begin(), q.end(), std::int8_t{0});
+  w[0] = w[32] = w[64 + 16] = 1;  // lane 0 of blocks 0 and 1, lane 4 of block 2
+  q[0] = q[32] = q[64 + 16] = 1;
+  EXPECT_EQ(dot_one(level(), w, q, {kBig, -kBig, 1.0f}), 1.0f);
+}
+
+// Codes of -128 multiply exactly: every lane's isum is 4 * -128 * 127 (and the pair sums
+// -32512 do not saturate vpmaddubsw's int16).
+TEST_P(BlockGemmLevelTest, WeightCodesOfMinus128MultiplyExactly) {
+  const std::vector<int> w(64, -128);
+  std::vector<std::int8_t> q(64, 127);
+  for (int e = 32; e < 64; ++e) q[static_cast<std::size_t>(e)] = -127;
+  EXPECT_EQ(dot_one(level(), w, q, {1.0f, 0.5f}), -128.0f * 127.0f * 32.0f * 0.5f);
+}
+
+// A NaN weight scale (f16 0x7E00) makes its output NaN in every row and no other; a NaN
+// activation makes every output of its row NaN and no other row's.
+TEST_P(BlockGemmLevelTest, NaNReachesExactlyTheOutputsItFeeds) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::int64_t m = 6, n = 9, k = 160;
+    Blocks w = make_blocks(t, n, k, 17);
+    unsigned char* block = w.bytes() + 4 * w.row_bytes() + 3 * traits(t).block_bytes;
+    block[0] = 0x00;
+    block[1] = 0x7E;
+    std::vector<float> a(static_cast<std::size_t>(m * k), 0.25f);
+    a[static_cast<std::size_t>(2 * k + 77)] = kNaN;
+    const std::string label = std::string(to_string(t)) + " at " + level_name(level());
+    const Quantized q = quantize(m, k, a, k, level());
+    const std::vector<float> c = run_dot(m, q, w.matrix(), level(), label);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), i == 2 || j == 4)
+            << label << " [" << i << ", " << j << "]";
+      }
+    }
+  }
+}
+
+// k = 0 writes zeros; m = 0 or n = 0 writes nothing.
+TEST_P(BlockGemmLevelTest, EmptyDotProducts) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::string label = std::string(to_string(t)) + " at " + level_name(level());
+    const std::vector<std::uint16_t> none(1, 0);
+    const std::vector<std::int8_t> codes(1, 0);
+    const std::vector<float> scales(1, 0.0f);
+    std::vector<float> c(6, kSentinel);
+    dot_of(t)(2, codes.data(), scales.data(),
+              WeightMatrix{none.data(), t, 0, 3, WeightLayout::kOutIn}, c.data(), 3, level());
+    for (float x : c) EXPECT_EQ(bits(x), 0u) << label;
+    c.assign(6, kSentinel);
+    dot_of(t)(0, codes.data(), scales.data(),
+              WeightMatrix{none.data(), t, 32, 3, WeightLayout::kOutIn}, c.data(), 3, level());
+    dot_of(t)(2, codes.data(), scales.data(),
+              WeightMatrix{none.data(), t, 32, 0, WeightLayout::kOutIn}, c.data(), 3, level());
+    for (float x : c) EXPECT_EQ(x, kSentinel) << label;
+  }
+}
+
+TEST(BlockGemmTest, DotRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
+  const std::vector<std::uint16_t> w(64, 0);
+  const std::vector<std::int8_t> codes(64, 0);
+  const std::vector<float> scales(2, 1.0f);
+  float c[2];
+  EXPECT_THAT(
+      [&] {
+        dot_gemm_q8_0(1, codes.data(), scales.data(),
+                      WeightMatrix{w.data(), DType::kBF16, 32, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<TypeError>(HasSubstr("dot_gemm_q8_0: weights of dtype bf16; it takes q8_0")));
+  EXPECT_THAT(
+      [&] {
+        dot_gemm_q4_0(1, codes.data(), scales.data(),
+                      WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<TypeError>(HasSubstr("dot_gemm_q4_0: weights of dtype q8_0; it takes q4_0")));
+  EXPECT_THAT(
+      [&] {
+        dot_gemm_q8_0(1, codes.data(), scales.data(),
+                      WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kInOut}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("q8_0 weights stored in-out")));
+  EXPECT_THAT(
+      [&] {
+        dot_gemm_q4_0(1, codes.data(), scales.data(),
+                      WeightMatrix{w.data(), DType::kQ4_0, 40, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("k 40 with ldb 40")));
+  EXPECT_THAT(
+      [&] {
+        dot_gemm_q8_0(1, codes.data(), scales.data(),
+                      WeightMatrix{w.data(), DType::kQ8_0, 32, 2, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("n 2, k 32 with ldb 32, ldc 1")));
+}
+
+// ---- Prefill
+// --------------------------------------------------------------------------------------
+
+// gemm_dequantized's definition spelled out: the whole matrix dequantized (by widened_element,
+// not the kernel's dequantizer), then gemm() per panel of 256 inputs by 4096 outputs, adding
+// into c after the first panel of k.
+void panels_reference(std::int64_t m, const float* a, std::int64_t lda, const Blocks& w,
+                      std::int64_t j_first, std::int64_t n, std::int64_t k, float* c,
+                      std::int64_t ldc) {
+  std::vector<float> dequantized(static_cast<std::size_t>(n * k));
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t e = 0; e < k; ++e)
+      dequantized[static_cast<std::size_t>(j * k + e)] = w.value(j_first + j, e);
+  }
+  for (std::int64_t j0 = 0; j0 < n; j0 += 4096) {
+    const std::int64_t cols = std::min<std::int64_t>(4096, n - j0);
+    for (std::int64_t r0 = 0; r0 < k; r0 += 256) {
+      gemm(m, cols, std::min<std::int64_t>(256, k - r0), 1.0f, a + r0, lda,
+           dequantized.data() + j0 * k + r0, k, /*transpose_b=*/true, r0 == 0 ? 0.0f : 1.0f, c + j0,
+           ldc);
+    }
+  }
+}
+
+TEST(BlockGemmTest, GemmDequantizedIsTheFp32GemmOfTheDequantizedPanels) {
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  std::uint32_t seed = 40;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const Shape s : {Shape{1, 5, 32}, Shape{7, 33, 96}, Shape{17, 40, 256}, Shape{20, 37, 288},
+                          Shape{33, 65, 800}, Shape{3, 4100, 64}}) {
+      const std::string label = std::string(to_string(t)) + " m" + std::to_string(s.m) + " n" +
+                                std::to_string(s.n) + " k" + std::to_string(s.k);
+      const std::int64_t lda = s.k + 3, ldc = s.n + 2;
+      std::mt19937 rng(seed += 7);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> a(static_cast<std::size_t>(s.m * lda));
+      for (float& x : a) x = normal(rng);
+      const Blocks w = make_blocks(t, s.n + 3, s.k + 32, seed);
+      const WeightMatrix b = w.matrix().outputs(1, s.n).inputs(0, s.k);
+      // c holds NaN where it is written (never read) and a sentinel in its padding.
+      std::vector<float> got(static_cast<std::size_t>(s.m * ldc), kSentinel);
+      for (std::int64_t i = 0; i < s.m; ++i) std::fill_n(got.begin() + i * ldc, s.n, kNaN);
+      std::vector<float> want = got;
+      gemm_dequantized(s.m, a.data(), lda, b, got.data(), ldc);
+      panels_reference(s.m, a.data(), lda, w, 1, s.n, s.k, want.data(), ldc);
+      EXPECT_TRUE(same_bits(got, want)) << label;  // the padding's sentinels included
+      for (std::int64_t i = 0; i < s.m; ++i) {
+        for (std::int64_t j = s.n; j < ldc; ++j)
+          EXPECT_EQ(got[static_cast<std::size_t>(i * ldc + j)], kSentinel) << label;
+      }
+      // And it is the product: within fp32 accumulation of k terms of float64.
+      bool within = true;
+      for (std::int64_t i = 0; i < s.m; ++i) {
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          double exact = 0.0, magnitude = 0.0;
+          for (std::int64_t e = 0; e < s.k; ++e) {
+            const double p =
+                static_cast<double>(a[static_cast<std::size_t>(i * lda + e)]) * w.value(1 + j, e);
+            exact += p;
+            magnitude += std::abs(p);
+          }
+          within = within && std::abs(got[static_cast<std::size_t>(i * ldc + j)] - exact) <=
+                                 static_cast<double>(s.k + 2) * std::ldexp(1.0, -24) * magnitude;
+        }
+      }
+      EXPECT_TRUE(within) << label;
+    }
+  }
+}
+
+// A NaN scale reaches the column it multiplies into, and only it; k = 0 writes zeros.
+TEST(BlockGemmTest, GemmDequantizedNaNAndEmptyProducts) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    Blocks w = make_blocks(t, 6, 64, 3);
+    unsigned char* block = w.bytes() + 2 * w.row_bytes() + traits(t).block_bytes;
+    block[0] = 0x00;
+    block[1] = 0x7E;
+    const std::vector<float> a(5 * 64, 0.5f);
+    std::vector<float> c(5 * 6, kSentinel);
+    gemm_dequantized(5, a.data(), 64, w.matrix(), c.data(), 6);
+    for (std::int64_t i = 0; i < 5; ++i) {
+      for (std::int64_t j = 0; j < 6; ++j)
+        EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * 6 + j)]), j == 2) << i << ", " << j;
+    }
+    c.assign(c.size(), kSentinel);
+    gemm_dequantized(5, a.data(), 64, WeightMatrix{w.data(), t, 0, 6, WeightLayout::kOutIn},
+                     c.data(), 6);
+    for (float x : c) EXPECT_EQ(bits(x), 0u);
+  }
+}
+
+TEST(BlockGemmTest, GemmDequantizedRefusesOtherFormatsAndPartialBlocks) {
+  const std::vector<std::uint16_t> w(64, 0);
+  const std::vector<float> a(64, 1.0f);
+  float c[2];
+  EXPECT_THAT(
+      [&] {
+        gemm_dequantized(1, a.data(), 32,
+                         WeightMatrix{w.data(), DType::kF16, 32, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<TypeError>(HasSubstr("gemm_dequantized: weights of dtype f16; it takes q8_0 "
+                                         "or q4_0")));
+  EXPECT_THAT(
+      [&] {
+        gemm_dequantized(1, a.data(), 48,
+                         WeightMatrix{w.data(), DType::kQ4_0, 48, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("k 48 with lda 48, ldb 48")));
+  EXPECT_THAT(
+      [&] {
+        gemm_dequantized(1, a.data(), 32,
+                         WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kInOut}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("q8_0 weights stored in-out")));
+}
+
+NUMESH_INSTANTIATE_LEVELS(BlockGemmLevelTest);
+
+}  // namespace
+}  // namespace numesh::ops
