@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "numesh/core/check.hpp"
 #include "transpose.hpp"
 
 namespace numesh::models::detail {
@@ -22,6 +23,10 @@ constexpr std::int64_t kRowBlock = 64;
 void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string& name,
                      std::int64_t o0, std::int64_t no, std::int64_t i0, std::int64_t ni,
                      DType dtype, std::byte* dst) {
+  // A block format's blocks run along stored rows, which a transposed read would cut across.
+  NUMESH_CHECK(is_element_dtype(dtype), TypeError,
+               "{}: a {} shard cannot be read transposed: block formats are stored out-in only",
+               name, to_string(dtype));
   const std::size_t size = dtype_size(dtype);
   tbb::parallel_for(
       tbb::blocked_range<std::int64_t>(0, no, kRowBlock),

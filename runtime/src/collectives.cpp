@@ -494,6 +494,9 @@ void check_same_mesh(std::string_view what, const ShardedTensor& in, const Shard
                      const CollectiveArgs& args) {
   NUMESH_CHECK(&in != &out, ValueError,
                "{}: input and output are the same tensor; collectives need separate ones", what);
+  NUMESH_CHECK(is_element_dtype(in.dtype()) && is_element_dtype(out.dtype()), TypeError,
+               "{}: {} to {}: collectives move element types (f32, bf16, f16), not blocks", what,
+               to_string(in.dtype()), to_string(out.dtype()));
   check_frontier(what, out.mesh(), args);
   NUMESH_CHECK(
       in.mesh().mesh() == out.mesh().mesh() && in.mesh().device_set() == out.mesh().device_set(),

@@ -441,6 +441,15 @@ TEST(GemmTest, BlockFormatsRefuseInOutWeightsAndPartialBlocks) {
       },
       ThrowsMessage<ShapeError>(
           HasSubstr("q4_0 weights take inputs in whole blocks of 32, not 48")));
+  // No inputs: zeros, for decode and prefill shapes alike.
+  for (Eigen::Index m : {2, 20}) {
+    const RowMatrix empty(m, 0);
+    RowMatrix z = RowMatrix::Constant(m, 4, 5.0f);
+    device_gemm(ConstMatrixMap(empty.data(), m, 0),
+                WeightMatrix{blocks.data(), DType::kQ8_0, 0, 4, WeightLayout::kOutIn},
+                MatrixMap(z.data(), m, 4));
+    EXPECT_EQ(z, RowMatrix::Zero(m, 4)) << m << " rows";
+  }
 }
 
 // kRowInvariant: each row of a product has the same bits alone as among 4, 16, 17 or 40 rows,

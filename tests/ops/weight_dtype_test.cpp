@@ -47,6 +47,20 @@ double bound_for(DType t, double fp32_bound) {
   return t == DType::kBF16 ? std::max(fp32_bound, 1e-4) : fp32_bound;
 }
 
+// A block format needs every device's rows to be whole blocks: an FFN of 96 split over tp 2
+// leaves rows of 48 in the down projection, refused naming the matrix and its split.
+TEST(WeightDtypeTest, BlockFormatsRefuseShardsOfPartialBlocks) {
+  const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  MlpWeights w;
+  w.up = random_host({32, 96}, 1, 0.3f);
+  w.down = random_host({96, 32}, 2, 0.3f);
+  w.stored_as = DType::kQ8_0;
+  EXPECT_THAT([&] { ShardedMlp(mesh, MlpKind::kGelu, w, 8, MlpAxes{}); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
+                  "a weight [32, 96] stored as q8_0 and split by P(None, 'tp'): q8_0: a row of 48 "
+                  "elements is not a whole number of 32-element blocks")));
+}
+
 // True when the mesh shards the weights over their axes (fsdp, sp), whose gathers block formats
 // do not support yet.
 bool gathers_weights(const MeshCase& m) {

@@ -211,6 +211,38 @@ TEST(ShardedCollectivesTest, AllReduceAcceptsSpecsThatDifferOnlyInTrailingNones)
   for (float v : out.shard(5).values()) ASSERT_EQ(v, 4.0f) << "four tp summands of 1";
 }
 
+// Weights in a block format hold blocks, not elements: collectives refuse them by name before any
+// node is added (a reduction would re-quantize; a copy would cut blocks).
+TEST(ShardedCollectivesTest, BlockFormatsAreRefusedBeforeAnyNodeIsAdded) {
+  const DeviceMesh m = mesh_2x4();
+  ShardedTensor a(m, {8, 64}, P({AxisRule("dp")}), DType::kQ8_0),
+      b(m, {8, 64}, P({}), DType::kQ8_0);
+  GraphBuilder builder(m.device_set());
+  EXPECT_THAT([&] { redistribute(builder, a, b, {.axes = {"dp"}, .after = {}, .name = {}}); },
+              ThrowsMessage<TypeError>(HasSubstr(
+                  "redistribute: q8_0 to q8_0: collectives move element types (f32, bf16, f16)")));
+  ShardedTensor f(m, {8, 64}, P({}));
+  EXPECT_THAT(
+      [&] {
+        reduce_scatter(builder, b, f, ReduceOp::kSum, {.axes = {"dp"}, .after = {}, .name = {}});
+      },
+      ThrowsMessage<TypeError>(HasSubstr("q8_0 to f32: collectives move element types")));
+  // Stored and gathered back: each row's blocks, dequantized.
+  HostTensor host = HostTensor::zeros({8, 64});
+  for (std::size_t i = 0; i < host.data.size(); ++i)
+    host.data[i] = static_cast<float>(i % 7) - 3.0f;
+  EXPECT_THAT(
+      [&] {
+        ShardedTensor(m, {8, 64}, P({AxisRule("dp"), AxisRule("tp")}), DType::kQ4_0);
+      },
+      ThrowsMessage<ValueError>(
+          HasSubstr("q4_0: a row of 16 elements is not a whole number of 32-element blocks")))
+      << "a shard's rows of 16 elements";
+  ShardedTensor r(m, {8, 64}, P({AxisRule("dp")}), DType::kQ4_0);
+  scatter(host, r);
+  EXPECT_EQ(gather(r), rounded_to(host, DType::kQ4_0));
+}
+
 TEST(ShardedCollectivesTest, BadArgumentsAreRejectedBeforeAnyNodeIsAdded) {
   const DeviceMesh m = mesh_2x4();
   ShardedTensor a(m, {8, 16}, P({AxisRule("dp")})), b(m, {8, 16}, P({})), c(m, {8, 8}, P({}));

@@ -202,11 +202,12 @@ int run_op(const OpOptions& o, std::ostream& out) {
   if (!r.timing_table.empty()) out << "\nper-node timing of one more run:\n" << r.timing_table;
   if (!o.trace.empty())
     out << fmt::format("trace    {} (one more run; chrome://tracing or Perfetto)\n", o.trace);
-  ReferenceCheck check(kCheckBound);
+  const double bound = is_element_dtype(dtype) ? kCheckBound : kBlockFormatCheckBound;
+  ReferenceCheck check(bound);
   if (r.want) {
     check.add("output", r.y, *r.want);
     out << fmt::format("check    max relative error vs the dense reference {} (bound {:.0e}): {}\n",
-                       check.error_text("output"), kCheckBound, check.verdict());
+                       check.error_text("output"), bound, check.verdict());
   }
   const bool ok = !r.want || check.ok();
   const fs::path y_file = out_dir / "y.npy";

@@ -430,11 +430,22 @@ void SafetensorsFile::read_box(std::string_view name, std::span<const std::int64
     elements *= static_cast<std::uint64_t>(sizes[d]);
   }
   // Bytes of the box stored as `target`: whole rows of it (a block format's blocks along them).
+  const std::int64_t row = rank == 0 ? 1 : sizes[rank - 1];
+  const DTypeTraits& format = traits(target);
+  NUMESH_CHECK(row % format.block_elements == 0, ValueError,
+               "{} as {}: the box's rows of {} elements are not whole blocks of {}", where,
+               format.name, row, format.block_elements);
   const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
   NUMESH_CHECK(out.size() == needed, ShapeError,
                "{}: the output has {} bytes but {} elements of {} take {}", where, out.size(),
                elements, to_string(target), needed);
-  detail::copy_box(buffer_ + t.begin, *stored, t.shape, offsets, sizes, out.data(), target);
+  try {
+    detail::copy_box(buffer_ + t.begin, *stored, t.shape, offsets, sizes, out.data(), target);
+  } catch (const ValueError& e) {
+    // A value the target cannot hold (a non-finite weight quantized to blocks): name the tensor.
+    throw ValueError(fmt::format("{} as {} (box at offsets {}): {}", where, format.name,
+                                 shape_text(offsets), e.what()));
+  }
 }
 
 }  // namespace numesh::models

@@ -192,7 +192,11 @@ void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const We
       "gemm_dequantized: m {}, n {}, k {} with lda {}, ldb {}, ldc {}: sizes must be >= 0, "
       "k and ldb whole blocks of {} and each leading dimension at least its row's length",
       m, n, k, lda, ldb, ldc, kActivationBlock);
-  NUMESH_DCHECK(reinterpret_cast<std::uintptr_t>(b.data) % alignof(runtime::BlockQ8_0) == 0);
+  // The dequantizers read typed blocks (2-byte aligned): every tensor's storage is, and every
+  // stored row is an even number of bytes.
+  const bool aligned = reinterpret_cast<std::uintptr_t>(b.data) % alignof(runtime::BlockQ8_0) == 0;
+  NUMESH_CHECK(aligned, ValueError, "gemm_dequantized: {} weights at an odd address",
+               to_string(b.dtype));
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.0f);

@@ -393,6 +393,9 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
 
 void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, const WeightMatrix& w,
                    float* c, std::int64_t ldc, KernelLevel level) {
+  NUMESH_CHECK(w.layout == WeightLayout::kOutIn && w.dtype == DType::kBF16, ShapeError,
+               "dot_gemm_bf16: {} weights stored {}; it reads bf16 stored out-in",
+               to_string(w.dtype), w.layout == WeightLayout::kOutIn ? "out-in" : "in-out");
   const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
   const auto* b = static_cast<const std::uint16_t*>(w.data);
   if (m <= 0 || n <= 0) return;
@@ -412,6 +415,8 @@ void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, con
 
 void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w, float* c,
               std::int64_t ldc, KernelLevel level) {
+  NUMESH_CHECK(w.layout == WeightLayout::kOutIn, ShapeError,
+               "dot_gemm: weights stored in-out; it reads out-in ones (skinny_gemm reads in-out)");
   const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
   const void* b = w.data;
   const DType b_type = w.dtype;

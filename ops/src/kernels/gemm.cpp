@@ -17,6 +17,16 @@
 namespace numesh::ops {
 
 namespace {
+// Bytes of a stored row of `elements` (at least one) in `t`, rounded up to whole blocks: the
+// blockings below size tasks by it and must not throw (a row that is not whole blocks is
+// refused where the weights are laid out).
+std::int64_t blocking_row_bytes(DType t, std::int64_t elements) noexcept {
+  const DTypeTraits& f = traits(t);
+  const std::int64_t blocks =
+      (std::max<std::int64_t>(elements, 1) + f.block_elements - 1) / f.block_elements;
+  return blocks * f.block_bytes;
+}
+
 // Products below this many multiply-adds are one tile: splitting them costs more in task
 // overhead (~1-2 us per fork/join) than it saves.
 constexpr std::int64_t kOneTileBelow = std::int64_t{1} << 18;
@@ -77,7 +87,7 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
 std::int64_t skinny_k_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // A sixteenth of b per block (whole rows), within [64 KiB, 1 MiB], at most kMaxTiles blocks, a
   // multiple of 4 rows (skinny_gemm takes four or eight rows per update; a tail runs row by row).
-  const std::int64_t row_bytes = numesh::row_bytes(b_type, std::max<std::int64_t>(n, 1));
+  const std::int64_t row_bytes = blocking_row_bytes(b_type, n);
   const std::int64_t block_bytes = std::clamp<std::int64_t>(
       row_bytes * k / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
   std::int64_t rows = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
@@ -145,7 +155,7 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
 std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcept {
   // As skinny_k_block, over outputs: a sixteenth of b per task within [64 KiB, 1 MiB], at most
   // kMaxTiles tasks.
-  const std::int64_t row_bytes = numesh::row_bytes(b_type, std::max<std::int64_t>(k, 1));
+  const std::int64_t row_bytes = blocking_row_bytes(b_type, k);
   const std::int64_t block_bytes = std::clamp<std::int64_t>(
       row_bytes * n / kSkinnyBlocksWanted, kMinBytesPerSkinnyBlock, kBytesPerSkinnyBlock);
   const std::int64_t outputs = std::max<std::int64_t>((block_bytes + row_bytes - 1) / row_bytes,
@@ -314,6 +324,10 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
                             w + c0 * (out_in ? k : 1), out_in ? k : n, /*transpose_b=*/out_in,
                             /*accumulate=*/false, c.data() + r0 * n + c0, n, level);
         });
+    return;
+  }
+  if (k == 0) {  // no inputs: every output is an empty sum (and no format's kernel need run)
+    c.setZero();
     return;
   }
   const detail::WeightKernels& kernels = detail::weight_kernels(b.dtype);

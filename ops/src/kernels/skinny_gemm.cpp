@@ -167,6 +167,8 @@ void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
 
 void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w, float* c,
                  std::int64_t ldc, KernelLevel level) {
+  NUMESH_CHECK(w.layout == WeightLayout::kInOut, ShapeError,
+               "skinny_gemm: weights stored out-in; it reads in-out ones (dot_gemm reads out-in)");
   const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
   const void* b = w.data;
   const DType b_type = w.dtype;

@@ -49,8 +49,17 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMes
                                                         const runtime::HostTensor& host,
                                                         const sharding::PartitionSpec& spec,
                                                         DType dtype = DType::kF32) {
-  auto t = std::make_shared<runtime::ShardedTensor>(
-      mesh, host.shape, sharding::correct_spec(host.shape, spec, mesh.mesh()).spec, dtype);
+  const sharding::PartitionSpec corrected =
+      sharding::correct_spec(host.shape, spec, mesh.mesh()).spec;
+  std::shared_ptr<runtime::ShardedTensor> t;
+  try {
+    t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, corrected, dtype);
+  } catch (const ValueError& e) {
+    // A block format whose shards' rows are not whole blocks: say which matrix and how split.
+    throw ValueError(fmt::format("a weight [{}] stored as {} and split by {}: {}",
+                                 fmt::join(host.shape, ", "), to_string(dtype), corrected.repr(),
+                                 e.what()));
+  }
   // A shape-only weight is laid out unfilled: its owner writes the shards (fill_shards).
   if (!host.is_shape_only()) runtime::scatter(host, *t);
   return t;

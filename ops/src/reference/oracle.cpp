@@ -83,7 +83,9 @@ MatrixD quantized_activations(const MatrixD& x) {
         amax = std::max(amax, std::fabs(values[e]));
       }
       const float d = amax / 127.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      // As the kernels: a scale whose reciprocal overflows (max|x| below ~3.7e-37) gives codes 0.
+      const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
+      const float id = std::isfinite(inverse) ? inverse : 0.0f;
       for (Eigen::Index e = 0; e < kBlock; ++e) {
         const float code = std::clamp(std::nearbyint(values[e] * id), -127.0f, 127.0f);
         out(i, b + e) =

@@ -147,10 +147,13 @@ class SafetensorsFile {
 
   /// Reads all of tensor `name` into `out` as `target` elements, row-major: the same dtype is
   /// copied bit for bit; bf16 or f16 to f32 widens exactly; f32 to bf16 or f16, and bf16 to f16
-  /// or back, round to nearest even as numesh/core/dtype.hpp does. `out` needs no alignment.
-  /// REQUIRES: out.size() == info(name).num_elements() * dtype_size(target).
+  /// or back, round to nearest even as numesh/core/dtype.hpp does; a block format (q8_0, q4_0)
+  /// quantizes each row (runtime::convert_elements). `out` needs no alignment.
+  /// REQUIRES: out.size() == runtime::storage_bytes(target, info(name).shape).
   /// Throws: KeyError as info(); ValueError when the tensor's dtype is not F32, BF16 or F16
-  /// (naming it and the tensor); ShapeError when `out` has the wrong size.
+  /// (naming it and the tensor), when a block format's rows are not whole blocks, or when a
+  /// non-finite value would be quantized (naming the tensor); ShapeError when `out` has the
+  /// wrong size.
   void read(std::string_view name, DType target, std::span<std::byte> out) const;
 
   /// Reads the box [offsets[d], offsets[d] + sizes[d]) in every dim d of row-major tensor
@@ -158,8 +161,8 @@ class SafetensorsFile {
   /// For a 2-D weight [rows, cols], offsets {0, c} and sizes {rows, w} read a block of w
   /// columns: the shard of a column-parallel layer. A box with a zero size reads nothing.
   /// REQUIRES: offsets and sizes have one entry per dim of the tensor; 0 <= offsets[d],
-  /// 0 <= sizes[d], offsets[d] + sizes[d] <= shape[d]; out.size() == product(sizes) *
-  /// dtype_size(target).
+  /// 0 <= sizes[d], offsets[d] + sizes[d] <= shape[d]; out.size() ==
+  /// runtime::storage_bytes(target, sizes).
   /// Throws: KeyError as info(); ValueError as read(); ShapeError when a requirement on the box
   /// or on `out` does not hold (naming the tensor, its shape and the box).
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
