@@ -387,10 +387,34 @@ std::uint64_t synthetic_leaves(std::string_view desc) {
   return leaves;
 }
 
+// The first level of `desc` that names a memory-side cache ("MemCache", "mcache", any case),
+// or empty. hwloc 2.9's synthetic backend asserts, aborting the process, while it loads some
+// of them (topology_fuzz found "MemCache3:1 core:4 pu:2"), and numesh places no device by them.
+std::string_view memory_side_cache(std::string_view desc) {
+  std::size_t i = 0;
+  while (i < desc.size()) {
+    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
+    const std::size_t start = i;
+    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) == 0) ++i;
+    const std::string_view token = desc.substr(start, i - start);
+    std::string lower;
+    for (char c : token.substr(0, token.find_first_of(":("))) {
+      lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    if (lower.starts_with("memcache") || lower.starts_with("mcache")) return token;
+  }
+  return {};
+}
+
 }  // namespace
 
 Topology Topology::from_synthetic(std::string_view description) {
   const std::string desc(description);
+  const std::string_view cache = memory_side_cache(desc);
+  NUMESH_CHECK(cache.empty(), TopologyError,
+               "the synthetic topology '{}' has a memory-side cache level ('{}'); numesh takes "
+               "machines, packages, dies, groups, NUMA nodes, caches L1-L5, cores and PUs",
+               desc, cache);
   NUMESH_CHECK(synthetic_leaves(desc) <= kMaxSyntheticPus, TopologyError,
                "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts",
                desc, kMaxSyntheticPus);

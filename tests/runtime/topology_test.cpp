@@ -184,6 +184,17 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
               ThrowsMessage<TopologyError>(HasSubstr("'bogus:2 pu:1'")));
 }
 
+// A memory-side cache level is refused before hwloc sees it: hwloc 2.9 asserts (aborting the
+// process) while loading "MemCache3:1 core:4 pu:2" (found by topology_fuzz).
+TEST(TopologyTest, SyntheticMemorySideCachesAreRefusedBeforeHwlocLoadsThem) {
+  EXPECT_THAT([] { (void)Topology::from_synthetic("MemCache3:1 core:4 pu:2"); },
+              ThrowsMessage<TopologyError>(HasSubstr(
+                  "the synthetic topology 'MemCache3:1 core:4 pu:2' has a memory-side cache level "
+                  "('MemCache3:1')")));
+  EXPECT_THROW((void)Topology::from_synthetic("numa:2 mcache:1 core:2 pu:1"), TopologyError);
+  EXPECT_EQ(Topology::from_synthetic("numa:2 l3:1 core:2 pu:1").cores().size(), 4U);
+}
+
 // hwloc builds every object a description names, so a huge one is refused before it is built
 // (topology_fuzz found "... core:622 pu:2" taking 32 s); the largest accepted still loads.
 TEST(TopologyTest, SyntheticDescriptionsOfMoreThan4096PusAreRefusedBeforeHwlocBuildsThem) {
