@@ -11,14 +11,28 @@
 namespace numesh::ops {
 
 runtime::HostTensor transposed(const runtime::HostTensor& m) {
-  NUMESH_CHECK(m.shape.size() == 2, ShapeError, "transposed: {} is not a matrix",
+  const std::size_t rank = m.shape.size();
+  NUMESH_CHECK(rank >= 2, ShapeError, "transposed: {} is not a matrix or a stack of matrices",
                detail::shape_text(m));
-  const std::int64_t rows = m.shape[0], cols = m.shape[1];
-  runtime::HostTensor t = runtime::HostTensor::zeros({cols, rows});
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) {
-      t.data[static_cast<std::size_t>(c * rows + r)] =
-          m.data[static_cast<std::size_t>(r * cols + c)];
+  std::vector<std::int64_t> shape = m.shape;
+  std::swap(shape[rank - 2], shape[rank - 1]);
+  const std::int64_t rows = m.shape[rank - 2], cols = m.shape[rank - 1];
+  const std::int64_t matrices =
+      std::accumulate(m.shape.begin(), m.shape.end() - 2, std::int64_t{1}, std::multiplies<>());
+  runtime::HostTensor t = runtime::HostTensor::zeros(shape);
+  // In 64 x 64 tiles: element by element, the strided writes touch one element a cache line
+  // (a row-by-row loop took 12 % of a bench decode's set-up, which lays every weight out this way).
+  constexpr std::int64_t kTile = 64;
+  for (std::int64_t b = 0; b < matrices; ++b) {
+    const float* from = m.data.data() + b * rows * cols;
+    float* to = t.data.data() + b * rows * cols;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) {
+          for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+            to[c * rows + r] = from[r * cols + c];
+        }
+      }
     }
   }
   return t;

@@ -58,8 +58,8 @@ std::vector<std::int32_t> counting_rows(std::int64_t rows) {
 }
 
 // The Hugging Face tensors each trained weight is saved as: a dense slot one tensor as it is; a
-// MoE router its transpose; stacked experts one transposed tensor per expert, named as the
-// architecture names them.
+// MoE router its transpose; stacked experts (stored out-in) one tensor per expert as it is,
+// named as the architecture names them.
 TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
   const std::vector<HfTensorPart> dense =
       hf_tensor_parts("layers.1.mlp.up", Architecture::kLlama, 0);
@@ -77,7 +77,7 @@ TEST(HfTensorPartsTest, NameDenseSlotsAndEveryExpert) {
   ASSERT_EQ(down.size(), 2u);
   EXPECT_EQ(down[1].name, "model.layers.3.block_sparse_moe.experts.1.w2.weight");
   EXPECT_EQ(down[1].expert, 1);
-  EXPECT_TRUE(down[1].transposed);
+  EXPECT_FALSE(down[1].transposed);  // the experts are stored out-in, as nn.Linear holds them
   EXPECT_EQ(hf_tensor_parts("layers.2.moe.gate", Architecture::kQwen3Moe, 3)[2].name,
             "model.layers.2.mlp.experts.2.gate_proj.weight");
   EXPECT_THAT([] { hf_tensor_parts("layers.2.moe.shared", Architecture::kMixtral, 3); },

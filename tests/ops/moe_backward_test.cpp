@@ -116,10 +116,11 @@ MoeRun run_moe_backward(
   }
   run.grads.dx = program.output("dx");
   run.grads.drouter = program.output("drouter");
-  run.grads.dgate = program.output("dgate");
-  run.grads.dup = program.output("dup");
-  run.grads.ddown = program.output("ddown");
-  if (layer.shared_expert) {  // its matrices stored out-in: as [in, out], as the reference's
+  // Every matrix is stored out-in: as [in, out], as the reference's.
+  run.grads.dgate = transposed(program.output("dgate"));
+  run.grads.dup = transposed(program.output("dup"));
+  run.grads.ddown = transposed(program.output("ddown"));
+  if (layer.shared_expert) {
     run.grads.dshared_gate = transposed(program.output("dshared_gate"));
     run.grads.dshared_up = transposed(program.output("dshared_up"));
     run.grads.dshared_down = transposed(program.output("dshared_down"));

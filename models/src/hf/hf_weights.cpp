@@ -261,7 +261,7 @@ std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture ar
   for (std::int64_t e = 0; e < experts; ++e) {
     parts.push_back({fmt::format("{}experts.{}.{}.weight", block, e,
                                  mixtral ? it->second.first : it->second.second),
-                     e, true});
+                     e, false});
   }
   return parts;
 }

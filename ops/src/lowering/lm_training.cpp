@@ -376,9 +376,9 @@ void LmTrainingStep::Layers::Block::add_parameters(std::vector<TrainableParamete
   add_parameter(to, p + "ffn_norm", ffn_norm, ffn_norm_grad, kInOut);
   if (moe) {
     add_parameter(to, p + "moe.router", moe->router, moe_grads.router, kInOut);
-    add_parameter(to, p + "moe.gate", moe->gate, moe_grads.gate, kInOut);
-    add_parameter(to, p + "moe.up", moe->up, moe_grads.up, kInOut);
-    add_parameter(to, p + "moe.down", moe->down, moe_grads.down, kInOut);
+    add_parameter(to, p + "moe.gate", moe->gate, moe_grads.gate, kOutIn);
+    add_parameter(to, p + "moe.up", moe->up, moe_grads.up, kOutIn);
+    add_parameter(to, p + "moe.down", moe->down, moe_grads.down, kOutIn);
     if (moe->shared_expert) {  // Qwen2-MoE
       add_parameter(to, p + "moe.shared_expert.gate", moe->shared_expert->gate,
                     moe_grads.shared_gate, kOutIn);

@@ -33,6 +33,11 @@ void router_gemm(ConstMatrixMap x, ConstMatrixMap w, MatrixMap out, MatmulPrecis
   }
 }
 
+// The mesh axes that split the experts' F (gate stored out-in, [E, F, H]).
+std::vector<std::string> ffn_axes(const MoeLayer& layer) {
+  return detail::axes_of(layer.gate->spec(), 1);
+}
+
 using detail::shape_text;
 using sharding::AxisRule;
 using sharding::PartitionSpec;
@@ -70,8 +75,6 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
                "moe: expert weights gate {}, up {}, down {} do not fit {} experts and hidden {} "
                "(expected [E, H, F], [E, H, F], [E, F, H])",
                shape_text(w.gate), shape_text(w.up), shape_text(w.down), e, h);
-  // Not yet: the experts are stored in-out ([E, H, F]), and a block format's blocks must run
-  // along each output's inputs. Issue 32's step 8 stores them out-in first.
   NUMESH_CHECK(is_element_dtype(w.stored_as) && is_element_dtype(w.shared_expert.stored_as),
                NotImplementedError,
                "moe: experts stored as {} (shared expert {}): block formats are not yet supported "
@@ -85,16 +88,20 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   layer.hidden = h;
   layer.ffn = f;
   layer.router = detail::laid_out(mesh, w.router, PartitionSpec({AxisRule(), AxisRule()}));
-  layer.gate = detail::laid_out(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
-  layer.up = detail::laid_out(mesh, w.up, layer.gate->spec(), w.stored_as);
-  layer.down = detail::laid_out(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as);
+  // Stored out-in (gate and up [E, F, H], down [E, H, F]), as the dense layers store theirs:
+  // decode reads each output's weights in one run, and a block format's blocks run along them.
+  layer.gate =
+      detail::laid_out_out_in(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
+  layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
+  layer.down =
+      detail::laid_out_out_in(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as);
   layer.local_experts = layer.gate->layout().shard_shape()[0];
-  layer.local_ffn = layer.gate->layout().shard_shape()[2];
+  layer.local_ffn = layer.gate->layout().shard_shape()[1];
   check_shared_expert(w, h);
   if (w.has_shared_expert()) {
     // Fs over the tensor axis only when the experts' F is split there too: the shared output
     // joins the experts' partial sum, which runs over their weights' axes only.
-    const std::vector<std::string> f_axes = detail::axes_of(layer.gate->spec(), 2);
+    const std::vector<std::string> f_axes = ffn_axes(layer);
     const bool split = std::find(f_axes.begin(), f_axes.end(), axes.tensor) != f_axes.end();
     layer.shared_expert = MlpLayer::create(mesh, MlpKind::kSwiGLU, w.shared_expert,
                                            MlpAxes{.batch = {},
@@ -417,11 +424,12 @@ runtime::Frontier emit_a2a_forward_experts(ProgramBuilder& pb, const AllToAllFor
         if (packed_rows) first += total;
         const ConstMatrixMap xm(xe.values().data(), total, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(xm, as_weight(wg, le * wgt, h, fl), hm, prec);
-        device_gemm(xm, as_weight(wu, le * wgt, h, fl), um, prec);
+        device_gemm(xm, as_weight(wg, le * wgt, h, fl, WeightLayout::kOutIn), hm, prec);
+        device_gemm(xm, as_weight(wu, le * wgt, h, fl, WeightLayout::kOutIn), um, prec);
         if (am.data() != hm.data()) am = hm;
         silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
-        device_gemm(ConstMatrixMap(am.data(), total, fl), as_weight(wd, le * wgt, fl, h),
+        device_gemm(ConstMatrixMap(am.data(), total, fl),
+                    as_weight(wd, le * wgt, fl, h, WeightLayout::kOutIn),
                     MatrixMap(ye.values().data(), total, h), prec);
         std::int64_t at = 0;
         for (std::int64_t b = 0; b < held_blocks; ++b) {
@@ -489,7 +497,7 @@ runtime::Frontier emit_moe_all_to_all(ProgramBuilder& pb, const MoeLayer& layer,
   runtime::ShardedTensor& y_partial =
       pb.tensor(name + ".partial", TensorRole::kActivation, x.shape(), x.spec());
   std::vector<sharding::Placement> y_placed = sharding::to_placements(x.spec(), m, rank);
-  for (const std::string& a : detail::axes_of(layer.gate->spec(), 2))
+  for (const std::string& a : ffn_axes(layer))
     y_placed[*m.find_axis(a)] = sharding::Placement::partial();
 
   std::vector<RoutingTables*> tables(static_cast<std::size_t>(mesh.size()));
@@ -673,11 +681,13 @@ runtime::Frontier emit_gathered_moe_experts(const GatheredMoe& st,
         MatrixMap am(act->values().data() + first * fl, n, fl);
         MatrixMap ym(ye.values().data() + first * h, n, h);
         const std::int64_t wgt = h * fl;
-        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wg, le * wgt, h, fl), hm, prec);
-        device_gemm(ConstMatrixMap(xm.data(), n, h), as_weight(wu, le * wgt, h, fl), um, prec);
+        const ConstMatrixMap xc(xm.data(), n, h);
+        device_gemm(xc, as_weight(wg, le * wgt, h, fl, WeightLayout::kOutIn), hm, prec);
+        device_gemm(xc, as_weight(wu, le * wgt, h, fl, WeightLayout::kOutIn), um, prec);
         if (am.data() != hm.data()) am = hm;
         silu_mul_inplace(am, ConstMatrixMap(um.data(), n, fl));
-        device_gemm(ConstMatrixMap(am.data(), n, fl), as_weight(wd, le * wgt, fl, h), ym, prec);
+        device_gemm(ConstMatrixMap(am.data(), n, fl),
+                    as_weight(wd, le * wgt, fl, h, WeightLayout::kOutIn), ym, prec);
         float* yv = yp.values().data();
         for (std::int64_t j = 0; j < n; ++j) {
           MatrixMap(yv + rows_of[static_cast<std::size_t>(j)] * h, 1, h) +=
@@ -699,7 +709,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   check_moe_shapes(layer, x, y, name);
   const std::vector<std::string> token_axes = moe_token_axes(x);
   const std::vector<std::string> expert_axes = detail::axes_of(layer.gate->spec(), 0);
-  const std::vector<std::string> ffn_axes = detail::axes_of(layer.gate->spec(), 2);
+  const std::vector<std::string> f_axes = ffn_axes(layer);
   auto among_tokens = [&](const std::vector<std::string>& axes) {
     return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
       return std::find(token_axes.begin(), token_axes.end(), a) != token_axes.end();
@@ -710,7 +720,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
                           MoeStats{.tokens_per_expert = std::vector<std::int64_t>(
                                        static_cast<std::size_t>(layer.config.num_experts), 0)});
   if (routing_out != nullptr) *routing_out = &routing;
-  if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(ffn_axes)) {
+  if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(f_axes)) {
     // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
     for (const auto& group : x.layout().replica_groups())
       routing.group_leaders.push_back(group.front());

@@ -97,9 +97,9 @@ ExpertTensors expert_tensors(const ExpertsBackward& a, std::int64_t s) {
 
 // Local expert `le`'s SwiGLU backward on n packed rows, the forward's intermediates from row
 // `at` of t's: x [n, H] its inputs, g [n, H] its output's gradient (already scaled by the
-// routing weights). Overwrites the expert's slices of the stacked weight gradients (gg, gu
-// [E_local, H, F_local], gd [E_local, F_local, H]) and dx [n, H]; da, du [n, F_local] are
-// scratch, and so is g once read (dx's second term goes there).
+// routing weights). Overwrites the expert's slices of the stacked weight gradients (stored
+// out-in as the weights are: gg, gu [E_local, F_local, H], gd [E_local, H, F_local]) and
+// dx [n, H]; da, du [n, F_local] are scratch, and so is g once read (dx's second term goes there).
 void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int64_t le,
                           std::int64_t at, ConstMatrixMap x, MatrixMap g, MatrixMap da,
                           MatrixMap du, MatrixMap dx) {
@@ -108,21 +108,20 @@ void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int
   const ConstMatrixMap up_pre(t.up_pre.values().data() + at * fl, n, fl);
   const ConstMatrixMap act(t.act.values().data() + at * fl, n, fl);
   const runtime::Tensor &wg = t.wg, &wu = t.wu, &wd = t.wd;
-  MatrixMap dwg(t.gg.values().data() + le * wgt, h, fl);
-  MatrixMap dwu(t.gu.values().data() + le * wgt, h, fl);
-  MatrixMap dwd(t.gd.values().data() + le * wgt, fl, h);
+  MatrixMap dwg(t.gg.values().data() + le * wgt, fl, h);
+  MatrixMap dwu(t.gu.values().data() + le * wgt, fl, h);
+  MatrixMap dwd(t.gd.values().data() + le * wgt, h, fl);
   const ConstMatrixMap gc(g.data(), g.rows(), h);
-  // d act = g w_down^T: the stored [F, H] matrix read as the out-in form of its transpose;
-  // d w_down = act^T g.
-  device_gemm(gc, as_weight(wd, le * wgt, h, fl, WeightLayout::kOutIn), da, prec);
-  device_gemm_transposed_a(act, gc, dwd, 0.0f, prec);
+  // d act = g w_down^T: the stored [H, F] matrix read in-out as the transpose it is;
+  // d w_down (out-in) = g^T act.
+  device_gemm(gc, as_weight(wd, le * wgt, h, fl), da, prec);
+  device_gemm_transposed_a(gc, act, dwd, 0.0f, prec);
   silu_mul_backward(gate_pre, up_pre, ConstMatrixMap(da.data(), da.rows(), fl), da, du);
   const ConstMatrixMap dac(da.data(), da.rows(), fl), duc(du.data(), du.rows(), fl);
-  device_gemm_transposed_a(x, dac, dwg, 0.0f, prec);
-  device_gemm_transposed_a(x, duc, dwu, 0.0f, prec);
-  device_gemm(dac, as_weight(wg, le * wgt, fl, h, WeightLayout::kOutIn), dx, prec);
-  device_gemm(duc, as_weight(wu, le * wgt, fl, h, WeightLayout::kOutIn), g,
-              prec);  // g is no longer needed
+  device_gemm_transposed_a(dac, x, dwg, 0.0f, prec);
+  device_gemm_transposed_a(duc, x, dwu, 0.0f, prec);
+  device_gemm(dac, as_weight(wg, le * wgt, fl, h), dx, prec);
+  device_gemm(duc, as_weight(wu, le * wgt, fl, h), g, prec);  // g is no longer needed
   dx += g;
 }
 

@@ -153,9 +153,9 @@ std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const
     }
     if (layer.moe) {
       add(p + "moe.router", layer.moe->router);
-      add(p + "moe.gate", layer.moe->gate);
-      add(p + "moe.up", layer.moe->up);
-      add(p + "moe.down", layer.moe->down);
+      add(p + "moe.gate", layer.moe->gate, kOutIn);
+      add(p + "moe.up", layer.moe->up, kOutIn);
+      add(p + "moe.down", layer.moe->down, kOutIn);
       if (layer.moe->shared_expert) {
         add(p + "moe.shared_expert.gate", layer.moe->shared_expert->gate, kOutIn);
         add(p + "moe.shared_expert.up", layer.moe->shared_expert->up, kOutIn);

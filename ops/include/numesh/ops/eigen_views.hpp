@@ -127,9 +127,10 @@ inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std
           layout};
 }
 
-/// The transpose [cols, rows] of a [rows, cols] host tensor (a stored out-in matrix as the
-/// [in, out] one the weight structs and references take, and back).
-/// Throws: ShapeError when m is not rank 2.
+/// The transpose [cols, rows] of a [rows, cols] host tensor, or of each matrix of a stack
+/// [..., rows, cols] (the last two dims swapped): a stored out-in matrix (or stack of experts)
+/// as the [in, out] one the weight structs and references take, and back.
+/// Throws: ShapeError when m has rank < 2.
 runtime::HostTensor transposed(const runtime::HostTensor& m);
 
 /// Tokens [from, from + n) of x [B, T, ...]: [B, n, ...].

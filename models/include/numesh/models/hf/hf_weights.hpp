@@ -79,9 +79,10 @@ struct HfTensorPart {
 /// The Hugging Face tensors of a weight of slot `slot` in `architecture`: one per dense slot
 /// (hf_tensor_name(), as it is); for a MoE block's "layers.L.moe.router" the router's gate
 /// (Mixtral "block_sparse_moe.gate.weight", Qwen-MoE "mlp.gate.weight"), transposed; for
-/// "layers.L.moe.gate", ".up" and ".down" ([E, in, out]) one transposed tensor per expert
-/// (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2"; Qwen-MoE "mlp.experts.e.gate_proj",
-/// "up_proj", "down_proj"), `experts` of them; for Qwen2-MoE's "layers.L.moe.shared_expert.gate",
+/// "layers.L.moe.gate", ".up" and ".down" (stored out-in, [E, out, in]) one tensor per expert as
+/// it is (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2"; Qwen-MoE
+/// "mlp.experts.e.gate_proj", "up_proj", "down_proj"), `experts` of them; for Qwen2-MoE's
+/// "layers.L.moe.shared_expert.gate",
 /// ".up", ".down" (stored out-in) "mlp.shared_expert.gate_proj.weight", ... as they are, and
 /// for "layers.L.moe.shared_expert_gate" ([H, 1]) "mlp.shared_expert_gate.weight", transposed.
 /// Throws: KeyError naming the slot when it is none of those.

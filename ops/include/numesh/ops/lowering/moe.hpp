@@ -31,9 +31,11 @@ struct MoeAxes {
 
 /// A MoE layer's weights laid out on a mesh: router [H, E] replicated; gate/up [E, H, F]
 /// P(ep, None, tp) and down [E, F, H] P(ep, tp, None) (EasyDeL's get_moe_partition_spec,
-/// standard mode), each shard on its device's node. A shared expert is an MlpLayer whose Fs is
-/// split over the tensor axis when the experts' F is (and Fs divides), else replicated; its
-/// gate [H, 1] is replicated.
+/// standard mode), each shard on its device's node. The experts' matrices are stored out-in
+/// (WeightLayout::kOutIn: gate and up as [E, F, H] P(ep, tp, None), down as [E, H, F]
+/// P(ep, None, tp)), as nn.Linear holds them and the dense layers store theirs. A shared expert is
+/// an MlpLayer whose Fs is split over the tensor axis when the experts' F is (and Fs divides), else
+/// replicated; its gate [H, 1] is replicated.
 struct MoeLayer {
   MoeConfig config;
   std::int64_t hidden = 0;
