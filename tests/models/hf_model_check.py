@@ -105,7 +105,12 @@ def models():
             # every mesh (an intermediate of 128, 64 a device over tp2; Qwen3's 4 heads of 32).
             ("llama_blocks", dict(untied, intermediate_size=128), torch.float32, 2, list(BLOCK_FORMATS)),
             ("qwen3_blocks", dict(qwen3, intermediate_size=128), torch.bfloat16, 1, list(BLOCK_FORMATS)),
-            ("qwen2_tied_blocks", dict(qwen2, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS))]
+            ("qwen2_tied_blocks", dict(qwen2, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS)),
+            # The experts in blocks too, their routers (and Qwen2-MoE's shared-expert gate) fp32.
+            ("mixtral_blocks", dict(mixtral, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS)),
+            ("qwen2_moe_blocks", dict(qwen2_moe, intermediate_size=128, moe_intermediate_size=64,
+                                      shared_expert_intermediate_size=128), torch.bfloat16, 1,
+             list(BLOCK_FORMATS))]
 
 
 def sparse(c, layer):

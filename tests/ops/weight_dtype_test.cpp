@@ -23,6 +23,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/ops/lowering/moe.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/transformer.hpp"
@@ -59,6 +60,18 @@ TEST(WeightDtypeTest, BlockFormatsRefuseShardsOfPartialBlocks) {
               ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
                   "a weight [32, 96] stored as q8_0 and split by P(None, 'tp'): q8_0: a row of 48 "
                   "elements is not a whole number of 32-element blocks")));
+}
+
+// The experts' down projection is stored [E, H, F]: an F of 32 split over tp 2 leaves rows of
+// 16, refused naming the stacked matrix and its split.
+TEST(WeightDtypeTest, BlockFormatExpertsRefuseShardsOfPartialBlocks) {
+  const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
+  MoeWeights w = testing::random_moe_weights(32, 32, 4);
+  w.stored_as = DType::kQ4_0;
+  EXPECT_THAT([&] { (void)MoeLayer::create(mesh, MoeConfig{.num_experts = 4, .top_k = 2}, w); },
+              ::testing::ThrowsMessage<ValueError>(::testing::HasSubstr(
+                  "a weight [4, 32, 32] stored as q4_0 and split by P(None, None, 'tp'): q4_0: a "
+                  "row of 16 elements is not a whole number of 32-element blocks")));
 }
 
 // True when the mesh shards the weights over their axes (fsdp, sp), whose gathers block formats
@@ -185,10 +198,10 @@ TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
   }
 }
 
-// A dense transformer (attention and SwiGLU MLP blocks; MoE experts do not take block formats
-// yet) with every matrix in q8_0 or q4_0: prefill, insert and decode steps against the dense
-// reference of the stored weights (quantized activations included), and the distance from the
-// fp32 model stated. Heads of 16 and an FFN of 64 keep every device's inputs whole blocks of 32.
+// A transformer of a SwiGLU MLP block and a MoE block (4 experts, top 2, the router fp32) with
+// every matrix in q8_0 or q4_0: prefill, insert and decode steps against the dense reference
+// of the stored weights (quantized activations included), and the distance from the fp32 model
+// stated. Heads of 16 and FFNs of 64 keep every device's inputs whole blocks of 32.
 TEST_P(WeightDtypeTest, BlockFormatTransformerEqualsTheReferenceOfItsStoredWeights) {
   const auto mesh = make_mesh(GetParam());
   TransformerConfig c;
@@ -196,7 +209,9 @@ TEST_P(WeightDtypeTest, BlockFormatTransformerEqualsTheReferenceOfItsStoredWeigh
   c.layers = 2;
   c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 16};
   c.ffn = 64;
-  c.moe_every = 0;
+  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
+  c.moe_ffn = 64;
+  c.moe_every = 2;
   const std::int64_t batch = 2, max_len = 32;
   const std::int64_t batch_groups = expected_groups(GetParam(), {"dp", "fsdp"}, batch);
   const std::int64_t sequence_groups = expected_groups(GetParam(), {"sp"}, 0);

@@ -75,11 +75,6 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
                "moe: expert weights gate {}, up {}, down {} do not fit {} experts and hidden {} "
                "(expected [E, H, F], [E, H, F], [E, F, H])",
                shape_text(w.gate), shape_text(w.up), shape_text(w.down), e, h);
-  NUMESH_CHECK(is_element_dtype(w.stored_as) && is_element_dtype(w.shared_expert.stored_as),
-               NotImplementedError,
-               "moe: experts stored as {} (shared expert {}): block formats are not yet supported "
-               "for MoE experts; use f32, bf16 or f16 for them",
-               to_string(w.stored_as), to_string(w.shared_expert.stored_as));
   const sharding::Mesh& m = mesh.mesh();
   const AxisRule ep = m.has_axis(axes.expert) ? AxisRule(axes.expert) : AxisRule();
   const AxisRule tp = m.has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
@@ -89,7 +84,9 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   layer.ffn = f;
   layer.router = detail::laid_out(mesh, w.router, PartitionSpec({AxisRule(), AxisRule()}));
   // Stored out-in (gate and up [E, F, H], down [E, H, F]), as the dense layers store theirs:
-  // decode reads each output's weights in one run, and a block format's blocks run along them.
+  // decode reads each output's weights in one run, and a block format's blocks run along them
+  // (so H and each device's F must be whole blocks: laid_out names the matrix otherwise). The
+  // router stays fp32 in every format, as llama.cpp keeps it.
   layer.gate =
       detail::laid_out_out_in(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
   layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);

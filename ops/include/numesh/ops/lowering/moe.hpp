@@ -48,8 +48,10 @@ struct MoeLayer {
 
   /// Validates and lays out the weights.
   /// Throws: ValueError when top_k is not in [1, num_experts] (naming both) or
-  /// capacity_factor is negative; ShapeError naming the shapes when the weights or the shared
-  /// expert (check_shared_expert) do not fit.
+  /// capacity_factor is negative, or when the experts are in a block format and H or a
+  /// device's share of F is not a whole number of blocks (naming the matrix and its split);
+  /// ShapeError naming the shapes when the weights or the shared expert (check_shared_expert)
+  /// do not fit.
   [[nodiscard]] static MoeLayer create(const runtime::DeviceMesh& mesh, const MoeConfig& config,
                                        const MoeWeights& weights, const MoeAxes& axes = {});
 };
