@@ -1,7 +1,12 @@
-"""GGML's Q8_0 and Q4_0 blocks in NumPy, written from ggml-quants.c's reference definitions
-(quantize_row_q8_0_ref, quantize_row_q4_0_ref, dequantize_row_q8_0 / q4_0), and the 8-bit
-activations numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references
-of tests/runtime/block_formats_check.py and of the model checks with quantized weights.
+"""GGML's Q8_0, Q4_0, Q4_K and Q6_K blocks in NumPy, written from ggml-quants.c's reference
+definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q4_K_ref,
+quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q4_K / q6_K), and the 8-bit activations
+numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
+tests/runtime/block_formats_check.py and of the model checks with quantized weights.
+
+The K-quant searches are loops of f32 operations whose order decides the bytes, so they are
+transcribed as the C runs them: vectorized across sub-blocks, sequential along each one (every
+sum a running f32 sum, every product and sum its own f32 rounding, as GGML's FMA-less build).
 """
 import numpy as np
 
@@ -93,17 +98,236 @@ def dequantize_q4_0(blocks):
 
 
 
+# ---- Q4_K and Q6_K: super-blocks of 256 ------------------------------------------------------
+
+QK_K = 256
+Q4_K = np.dtype([("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))])
+Q6_K = np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<u2")])
+assert Q4_K.itemsize == 144 and Q6_K.itemsize == 210
+GROUP_MAX_EPS = F32(1e-15)
+
+
+def nearest_int(v):
+    """GGML's nearest_int, bit for bit: the low 23 bits of f32(v + 1.5 * 2^23), less 2^22. That is
+    round-half-even(v) for |v| < 2^22, and defined bit arithmetic beyond (GGML's release builds)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = (np.asarray(v, dtype=F32) + F32(12582912)).astype(F32)
+    return (shifted.view(np.int32).astype(np.int64) & 0x007FFFFF) - 0x00400000
+
+
+def _running_sum(terms):
+    """sum over the last axis as C's `s = 0; for (...) s += t;` in f32."""
+    s = np.zeros(terms.shape[:-1], F32)
+    for i in range(terms.shape[-1]):
+        s = (s + terms[..., i]).astype(F32)
+    return s
+
+
+def make_qkx2_quants(x, w, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20):
+    """GGML's make_qkx2_quants(n, nmax, x, w, L, &the_min, Laux, rmin, rdelta, nstep, false) on
+    every row of x [g, n] at once: (scale [g], the_min [g], L [g, n] int64)."""
+    n = x.shape[1]
+    with np.errstate(all="ignore"):
+        mn, mx = x[:, 0].copy(), x[:, 0].copy()
+        sum_w = w[:, 0].copy()
+        sum_x = (sum_w * x[:, 0]).astype(F32)
+        for i in range(1, n):
+            mn = np.where(x[:, i] < mn, x[:, i], mn)
+            mx = np.where(x[:, i] > mx, x[:, i], mx)
+            sum_w = (sum_w + w[:, i]).astype(F32)
+            sum_x = (sum_x + (w[:, i] * x[:, i]).astype(F32)).astype(F32)
+        mn = np.where(mn > 0, F32(0), mn).astype(F32)
+        flat = mx == mn  # GGML returns here: codes 0, scale 0, the_min -min
+        flat_min = mn
+        iscale = (F32(nmax) / (mx - mn).astype(F32)[:, None]).astype(F32)
+        scale = (F32(1) / iscale).astype(F32)[:, 0]
+        L = np.clip(nearest_int((iscale * (x - mn[:, None]).astype(F32)).astype(F32)), 0, nmax)
+        diff = ((scale[:, None] * L.astype(F32)).astype(F32) + mn[:, None]).astype(F32) - x
+        diff = diff.astype(F32)
+        best = _running_sum((w * (diff * diff).astype(F32)).astype(F32))
+        for step in range(nstep + 1):
+            num = ((F32(rmin) + (F32(rdelta) * F32(step)).astype(F32)).astype(F32) + F32(nmax))
+            # max - min with the min of the best trial so far, as GGML's loop (not the range's).
+            iscale = (F32(num) / (mx - mn).astype(F32)[:, None]).astype(F32)
+            l = np.clip(nearest_int((iscale * (x - mn[:, None]).astype(F32)).astype(F32)), 0, nmax)
+            lf = l.astype(F32)
+            wl = (w * lf).astype(F32)
+            sum_l = _running_sum(wl)
+            sum_l2 = _running_sum((wl * lf).astype(F32))
+            sum_xl = _running_sum((wl * x).astype(F32))
+            D = ((sum_w * sum_l2).astype(F32) - (sum_l * sum_l).astype(F32)).astype(F32)
+            this_scale = (((sum_w * sum_xl).astype(F32) - (sum_x * sum_l).astype(F32)).astype(F32)
+                          / D).astype(F32)
+            this_min = (((sum_l2 * sum_x).astype(F32) - (sum_l * sum_xl).astype(F32)).astype(F32)
+                        / D).astype(F32)
+            positive = this_min > 0
+            this_min = np.where(positive, F32(0), this_min).astype(F32)
+            this_scale = np.where(positive, (sum_xl / sum_l2).astype(F32), this_scale).astype(F32)
+            diff = ((this_scale[:, None] * lf).astype(F32) + this_min[:, None]).astype(F32) - x
+            diff = diff.astype(F32)
+            cur = _running_sum((w * (diff * diff).astype(F32)).astype(F32))
+            better = (D > 0) & (cur < best)
+            L = np.where(better[:, None], l, L)
+            best = np.where(better, cur, best).astype(F32)
+            scale = np.where(better, this_scale, scale).astype(F32)
+            mn = np.where(better, this_min, mn).astype(F32)
+        L = np.where(flat[:, None], 0, L)
+        scale = np.where(flat, F32(0), scale).astype(F32)
+        mn = np.where(flat, flat_min, mn).astype(F32)
+        return scale, (-mn).astype(F32), L
+
+
+def quantize_q4_k(x):
+    """quantize_row_q4_K_ref on x [blocks, 256] f32 (finite)."""
+    nb = len(x)
+    sub = np.ascontiguousarray(x, dtype=F32).reshape(nb * 8, 32)
+    with np.errstate(all="ignore"):
+        sum_x2 = _running_sum((sub * sub).astype(F32))
+        av_x = np.sqrt((sum_x2 / F32(32)).astype(F32)).astype(F32)
+        w = (av_x[:, None] + np.abs(sub)).astype(F32)
+        scales, mins, L = make_qkx2_quants(sub, w)
+        scales, mins, L = scales.reshape(nb, 8), mins.reshape(nb, 8), L.reshape(nb, 8, 32)
+        # GGML's running maxima start at +0 and take a value only when strictly larger: NaN never.
+        max_scale = np.max(np.where(scales > 0, scales, F32(0)), axis=1).astype(F32)
+        max_min = np.max(np.where(mins > 0, mins, F32(0)), axis=1).astype(F32)
+        inv_scale = np.where(max_scale > 0, (F32(63) / max_scale).astype(F32), F32(0)).astype(F32)
+        inv_min = np.where(max_min > 0, (F32(63) / max_min).astype(F32), F32(0)).astype(F32)
+        # nearest_int's int stored in a uint8_t (mod 256), then MIN(63, .).
+        ls = np.minimum(63, nearest_int((inv_scale[:, None] * scales).astype(F32)) & 0xFF)
+        lm = np.minimum(63, nearest_int((inv_min[:, None] * mins).astype(F32)) & 0xFF)
+        out = np.zeros(nb, Q4_K)
+        packed = np.zeros((nb, 12), np.int64)
+        packed[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+        packed[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+        packed[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
+        out["scales"] = packed.astype(np.uint8)
+        out["d"] = f16_bits((max_scale / F32(63)).astype(F32))
+        out["dmin"] = f16_bits((max_min / F32(63)).astype(F32))
+        d = (widened_scale(out)[:, None] * ls.astype(F32)).astype(F32)
+        dm = (np.ascontiguousarray(out["dmin"]).view(np.float16).astype(F32)[:, None]
+              * lm.astype(F32)).astype(F32)
+        xs = sub.reshape(nb, 8, 32)
+        again = np.clip(nearest_int(((xs + dm[:, :, None]).astype(F32) / d[:, :, None]).astype(F32)),
+                        0, 15)
+        L = np.where((d != 0)[:, :, None], again, L)  # `if (!d) continue`: NaN goes on
+    L = L.reshape(nb, 4, 2, 32)
+    out["qs"] = (L[:, :, 0, :] | (L[:, :, 1, :] << 4)).reshape(nb, 128).astype(np.uint8)
+    return out
+
+
+def q4_k_scale_min(scales):
+    """get_scale_min_k4 for j = 0 .. 7: (sc [blocks, 8], m [blocks, 8]) from the 12 bytes."""
+    q = scales.astype(np.int64)
+    sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)], axis=1)
+    m = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, m
+
+
+def dequantize_q4_k(blocks):
+    sc, m = q4_k_scale_min(blocks["scales"])
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (widened_scale(blocks)[:, None] * sc.astype(F32)).astype(F32)
+        dmin = np.ascontiguousarray(blocks["dmin"]).view(np.float16).astype(F32)
+        mins = (dmin[:, None] * m.astype(F32)).astype(F32)
+        qs = blocks["qs"].reshape(-1, 4, 32).astype(np.int64)
+        q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32).astype(F32)
+        return ((d[:, :, None] * q).astype(F32) - mins[:, :, None]).astype(F32).reshape(-1)
+
+
+def make_qx_quants_rmse1(x, nmax=32):
+    """GGML's make_qx_quants(n, nmax, x, L, 1, NULL) on every row of x [g, n]: (scale [g],
+    L [g, n] int64, stored + nmax)."""
+    ax = np.abs(x)
+    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict >
+    amax = ax[np.arange(len(x)), first]
+    mx = np.where(amax > 0, x[np.arange(len(x)), first], F32(0)).astype(F32)
+    zero = amax < GROUP_MAX_EPS
+    with np.errstate(over="ignore"):
+        w = (x * x).astype(F32)
+        wx = (w * x).astype(F32)
+
+    def sums(iscale):
+        l = np.clip(nearest_int((iscale[:, None] * x).astype(F32)), -nmax, nmax - 1)
+        lf = l.astype(F32)
+        sumlx = _running_sum((wx * lf).astype(F32))
+        suml2 = _running_sum(((w * lf).astype(F32) * lf).astype(F32))
+        return l, sumlx, suml2
+
+    with np.errstate(all="ignore"):
+        l, sumlx, suml2 = sums((F32(-nmax) / mx).astype(F32))
+        L = l + nmax
+        scale = np.where(suml2 != 0, (sumlx / suml2).astype(F32), F32(0)).astype(F32)
+        best = (scale * sumlx).astype(F32)
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            num = (F32(nmax) + (F32(0.1) * F32(step)).astype(F32)).astype(F32)
+            l, sumlx, suml2 = sums(((-num) / mx).astype(F32))
+            better = (suml2 > 0) & ((sumlx * sumlx).astype(F32) > (best * suml2).astype(F32))
+            L = np.where(better[:, None], l + nmax, L)
+            scale = np.where(better, (sumlx / suml2).astype(F32), scale).astype(F32)
+            best = np.where(better, (scale * sumlx).astype(F32), best).astype(F32)
+    return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L)
+
+
+def quantize_q6_k(x):
+    """quantize_row_q6_K_ref on x [blocks, 256] f32 (finite)."""
+    nb = len(x)
+    sub = np.ascontiguousarray(x, dtype=F32).reshape(nb * 16, 16)
+    scales, L = make_qx_quants_rmse1(sub)
+    scales, L = scales.reshape(nb, 16), L.reshape(nb, 16, 16)
+    a = np.abs(scales)
+    a = np.where(np.isnan(a), F32(-1), a)  # never taken by GGML's strict >
+    first = np.argmax(a, axis=1)
+    max_abs = np.maximum(a[np.arange(nb), first], F32(0))
+    max_scale = np.where(max_abs > 0, scales[np.arange(nb), first], F32(0)).astype(F32)
+    zero = max_abs < GROUP_MAX_EPS
+    out = np.zeros(nb, Q6_K)
+    with np.errstate(all="ignore"):
+        iscale = (F32(-128) / max_scale).astype(F32)
+        out["d"] = np.where(zero, 0, f16_bits((F32(1) / iscale).astype(F32)))
+        sc = np.minimum(127, nearest_int((iscale[:, None] * scales).astype(F32)))
+        out["scales"] = np.where(zero[:, None], 0, sc & 0xFF).astype(np.uint8).view(np.int8)
+        d = (widened_scale(out)[:, None] * out["scales"].astype(F32)).astype(F32)
+        again = np.clip(nearest_int((sub.reshape(nb, 16, 16) / d[:, :, None]).astype(F32)), -32, 31)
+        L = np.where((d != 0)[:, :, None], again + 32, L)  # `if (!d) continue`: NaN goes on
+    L = np.where(zero[:, None, None], 0, L).reshape(nb, 2, 4, 32)  # memset
+    ql = np.stack([L[:, :, 0] & 0xF | ((L[:, :, 2] & 0xF) << 4),
+                   L[:, :, 1] & 0xF | ((L[:, :, 3] & 0xF) << 4)], axis=2)
+    qh = ((L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4)
+          | ((L[:, :, 3] >> 4) << 6))
+    out["ql"] = ql.reshape(nb, 128).astype(np.uint8)
+    out["qh"] = qh.reshape(nb, 64).astype(np.uint8)
+    return out
+
+
+def dequantize_q6_k(blocks):
+    nb = len(blocks)
+    ql = blocks["ql"].reshape(nb, 2, 2, 32).astype(np.int64)
+    qh = blocks["qh"].reshape(nb, 2, 32).astype(np.int64)
+    q = np.stack([(ql[:, :, 0] & 0xF) | (((qh >> 0) & 3) << 4),
+                  (ql[:, :, 1] & 0xF) | (((qh >> 2) & 3) << 4),
+                  (ql[:, :, 0] >> 4) | (((qh >> 4) & 3) << 4),
+                  (ql[:, :, 1] >> 4) | (((qh >> 6) & 3) << 4)], axis=2) - 32  # [nb, 2, 4, 32]
+    sc = blocks["scales"].astype(F32).reshape(nb, 16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ds = (widened_scale(blocks)[:, None] * sc).astype(F32).reshape(nb, 16, 1)
+        values = (ds * q.reshape(nb, 16, 16).astype(F32)).astype(F32)
+    return values.reshape(-1)
+
+
 def stored_rows(x, fmt):
-    """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0" or "q4_0") holds it:
-    each row quantized and dequantized, as f32."""
+    """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q4_k" or
+    "q6_k") holds it: each row quantized and dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
-    blocks = x.reshape(-1, BLOCK)
-    if fmt == "q8_0":
-        values = dequantize_q8_0(quantize_q8_0(blocks))
-    elif fmt == "q4_0":
-        values = dequantize_q4_0(quantize_q4_0(blocks))
-    else:
+    codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
+              "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
+              "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
+              "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k)}
+    if fmt not in codecs:
         raise ValueError(f"not a block format: {fmt}")
+    size, quantize, dequantize = codecs[fmt]
+    values = dequantize(quantize(x.reshape(-1, size)))
     return values.reshape(x.shape)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0 and Q4_0 block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q4_K and Q6_K block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -17,6 +17,10 @@ step in the precision the C performs it:
 Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0) GGML converts inf or
 NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte 0), so every code is
 0 (q4_0: min(15, 0)), and numesh and the transcription write that.
+  q4_K, q6_K: tests/common/ggml_blocks.py's quantize_q4_k / quantize_q6_k, the searches
+        (make_qkx2_quants, make_qx_quants) step by step in f32, sequential along a sub-block;
+        nearest_int as GGML's bit arithmetic (round-half-even below 2^22, and GGML's release
+        builds' bytes beyond, where its assert is compiled out).
 
 `write` writes DIR/values.f32: random rows at magnitudes from 1e-45 to 1e38 (normal, uniform,
 log-uniform, heavy-tailed) and adversarial blocks (zeros of both signs, outliers, values exactly
@@ -24,13 +28,21 @@ at k + 0.5 after scaling and their neighbours, negative extremes, ties of magnit
 opposite signs, scales at f16 rounding ties, at f16 overflow, in f16's subnormals, at the
 reciprocal's overflow, and blocks where an FMA or f32 rounding would change a code), with
 DIR/kinds.json naming the blocks of each kind; DIR/blocks.q8_0 and DIR/blocks.q4_0, blocks with
-every f16 scale pattern (NaN, inf, subnormals) and random codes, to dequantize.
+every f16 scale pattern (NaN, inf, subnormals) and random codes, to dequantize. For the
+super-block formats, DIR/values_k.f32 and DIR/kinds_k.json: random 256-value rows at magnitudes
+from 1e-45 to 1e38 and adversarial ones (zeros, constant rows, negative-only and positive-only
+rows, one outlier, tiny values around GGML's 1e-15 and f16's underflow, elements exactly at the
+.5 rounding boundaries of the final codes and their f32 neighbours, sub-blocks of very different
+magnitudes whose scale codes round to 0, minimums far coarser than their scale, where GGML's
+nearest_int leaves its asserted range, and scales at and beyond f16's overflow); DIR/blocks.q4_k
+and DIR/blocks.q6_k, blocks with every f16 pattern of exponent 0 or 31 for d (and dmin) and random
+others, random scales and codes, to dequantize.
 
 `check` compares numesh's quantized bytes and dequantized values with the transcription's (NaN
 outputs compared as NaN only). When NUMESH_GGML_LIB names a built libggml-base.so (an x86-64
 build: see above for the blocks where GGML's C is undefined) it also calls GGML's own
-quantize_row_q8_0_ref, quantize_row_q4_0_ref, dequantize_row_q8_0 and dequantize_row_q4_0
-through ctypes on the same data and compares; unset, that part is skipped with a printed line.
+quantize_row_{q8_0,q4_0,q4_K,q6_K}_ref and dequantize_row_{q8_0,q4_0,q4_K,q6_K} through ctypes
+on the same data and compares; unset, that part is skipped with a printed line.
 Exit status: 0 all identical; 1 a mismatch (the first few printed); 2 numpy is missing (77
 with NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
 """
@@ -46,6 +58,8 @@ np = require("numpy")
 from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q8_0, dequantize_q4_0, dequantize_q8_0,  # noqa: E402,F401
                          f16_bits, q4_0_codes, q4_0_scale, q8_0_scale, quantize_q4_0, quantize_q8_0,
                          reciprocal, roundf, widened_scale, defined_in_ggml)
+from ggml_blocks import (QK_K, Q4_K, Q6_K, dequantize_q4_k, dequantize_q6_k,  # noqa: E402
+                         q4_k_scale_min, quantize_q4_k, quantize_q6_k)
 
 
 # ---- the data ---------------------------------------------------------------------------------
@@ -203,6 +217,196 @@ def random_blocks(rng):
     return kinds
 
 
+# ---- the super-block (Q4_K, Q6_K) data --------------------------------------------------------
+
+def q4_k_final_terms(x, blocks):
+    """The final pass's per-sub-block scale d and minimum dm of blocks quantized from x [n, 256]
+    (as GGML reads them back from the bytes), and its nearest_int arguments (x + dm) / d."""
+    n = len(x)
+    sc, m = q4_k_scale_min(blocks["scales"])
+    with np.errstate(all="ignore"):
+        d = (widened_scale(blocks)[:, None] * sc.astype(F32)).astype(F32)
+        dmin = np.ascontiguousarray(blocks["dmin"]).view(np.float16).astype(F32)
+        dm = (dmin[:, None] * m.astype(F32)).astype(F32)
+        arg = ((x.reshape(n, 8, 32) + dm[:, :, None]).astype(F32) / d[:, :, None]).astype(F32)
+    return np.repeat(d, 32, axis=1), np.repeat(dm, 32, axis=1), arg.reshape(n, QK_K)
+
+
+def q6_k_final_terms(x, blocks):
+    """The final pass's per-sub-block scale d and its nearest_int arguments x / d."""
+    with np.errstate(all="ignore"):
+        d = (widened_scale(blocks)[:, None] * blocks["scales"].astype(F32)).astype(F32)
+        d = np.repeat(d, 16, axis=1)
+        return d, (x / d).astype(F32)
+
+
+def exact_halves(arg, d):
+    """Where the final pass's nearest_int argument is exactly k + 0.5 (and the pass runs)."""
+    with np.errstate(invalid="ignore"):
+        return (d != 0) & np.isfinite(arg) & (arg - np.floor(arg) == F32(0.5)) & (np.abs(arg) < 2 ** 22)
+
+
+def at_halves(x, rng, fmt, share):
+    """Rows of x whose non-extreme elements (a share of them, the same ones throughout) are moved
+    to the final pass's k + 0.5 boundaries: x = (k + 0.5) d - dm for the block's stored d and dm,
+    re-quantized and moved again (moving an element changes the search, and so maybe d), keeping
+    the rows where some exact halves remain. Q4_K's least-squares search with a minimum moves
+    more: few elements a row converge, many do not."""
+    quantize, terms = ((quantize_q4_k, q4_k_final_terms) if fmt == "q4_k"
+                       else (quantize_q6_k, q6_k_final_terms))
+    sub = 32 if fmt == "q4_k" else 16
+    x = x.copy()
+    chosen = rng.random(x.shape) < share
+    for _ in range(5):
+        blocks = quantize(x)
+        if fmt == "q4_k":
+            d, dm, arg = terms(x, blocks)
+        else:
+            (d, arg), dm = terms(x, blocks), np.zeros_like(x)
+        amax = np.repeat(np.abs(x).reshape(len(x), -1, sub).max(axis=2), sub, axis=1)
+        pick = chosen & (np.abs(x) < 0.8 * amax) & (d != 0) & np.isfinite(arg)
+        with np.errstate(all="ignore"):
+            target = (np.floor(arg.astype(np.float64)) + 0.5) * d - dm
+        x = np.where(pick & np.isfinite(target), to_f32(target), x).astype(F32)
+    d, arg = terms(x, quantize(x))[0], terms(x, quantize(x))[-1]
+    return x[exact_halves(arg, d).any(axis=1)]
+
+
+def nudged_halves(x, fmt):
+    """Two copies of rows x, every element at an exact half nudged one f32 step up, then down."""
+    quantize, terms = ((quantize_q4_k, q4_k_final_terms) if fmt == "q4_k"
+                       else (quantize_q6_k, q6_k_final_terms))
+    t = terms(x, quantize(x))
+    halves = exact_halves(t[-1], t[0])
+    return np.concatenate([np.where(halves, np.nextafter(x, F32(np.inf)), x),
+                           np.where(halves, np.nextafter(x, F32(-np.inf)), x)]).astype(F32)
+
+
+def k_adversarial_rows(rng):
+    kinds = {}
+    z = np.zeros((1, QK_K), F32)
+    kinds["zeros"] = z
+    kinds["negative zeros"] = -z
+    kinds["mixed-sign zeros"] = np.where(rng.random((4, QK_K)) < 0.5, F32(0), F32(-0.0)).astype(F32)
+    rows = []
+    for v in [1.0, -1.0, 0.5, -3.25, 1e-3, -1e-3, 1e-20, -1e-20, 7e4, -7e4, 1e10, -1e10, F32_MAX,
+              -F32_MAX, 1.4e-45, -1.4e-45]:
+        rows.append(np.full((1, QK_K), v))
+    kinds["constant rows"] = to_f32(np.concatenate(rows))
+    per_sub = rng.normal(0, 1, (40, 16, 1)) * 10 ** rng.uniform(-3, 3, (40, 16, 1))
+    kinds["constant sub-blocks of 16"] = to_f32(np.repeat(per_sub, 16, axis=2).reshape(40, QK_K))
+    kinds["constant sub-blocks of 32"] = to_f32(np.repeat(per_sub[:, :8], 32, axis=2).reshape(40, QK_K))
+    x = to_f32(np.full((20, QK_K), -2.0))
+    x[np.arange(20), rng.integers(0, QK_K, 20)] = 5.0
+    kinds["constant but one"] = x
+    kinds["negative-only rows"] = to_f32(-np.abs(rng.normal(0, 1, (200, QK_K)))
+                                         * 10 ** rng.uniform(-4, 4, (200, 1)))
+    kinds["positive-only rows"] = to_f32(np.abs(rng.normal(0, 1, (200, QK_K)))
+                                         * 10 ** rng.uniform(-4, 4, (200, 1)))
+    kinds["uniform [0, 1)"] = to_f32(rng.random((100, QK_K)))
+
+    out = to_f32(rng.normal(0, 0.01, (300, QK_K)))
+    out[np.arange(300), rng.integers(0, QK_K, 300)] = to_f32(
+        rng.choice([-1, 1], 300) * 10 ** rng.uniform(-1, 6, 300))
+    kinds["one outlier"] = out
+
+    # Tiny values: around GGML's GROUP_MAX_EPS (1e-15: a q6_K sub-block, and a block's largest
+    # sub-block scale, about amax / 32) and around f16's underflow of d (amax ~1.2e-4 for q6_K,
+    # a range ~2.8e-5 for q4_K), and subnormals.
+    rows = []
+    for amax in [1.4e-45, 1e-42, 1e-38, 1e-30, 1e-16, 9.9e-16, 1e-15, 1.01e-15, 3e-15, 3e-14,
+                 3.2e-14, 3.3e-14, 1e-13, 1e-10, 1e-7, 1e-6, 1e-5, 2.8e-5, 3e-5, 1e-4, 1.2e-4,
+                 1.3e-4, 3e-4, 1e-3, 3e-3]:
+        x = rng.uniform(-1, 1, (4, QK_K)) * amax
+        x[:, 5] = amax
+        x[1, 5] = -amax
+        x[2] = np.abs(x[2])
+        x[3] = -np.abs(x[3])
+        rows.append(to_f32(x))
+    kinds["tiny values"] = np.concatenate(rows)
+
+    # Sub-blocks of very different magnitudes: small sub-blocks' 6- or 8-bit scale codes round to
+    # 0 (GGML's `if (!d) continue` keeps their search's codes) or to a few steps.
+    kinds["sub-blocks of mixed magnitude"] = to_f32(
+        rng.normal(0, 1, (400, 16, 16)) * 10 ** rng.uniform(-6, 3, (400, 16, 1))).reshape(400, QK_K)
+    # Q4_K sub-blocks far from zero with a small range: a 6-bit minimum much coarser than the
+    # sub-block's scale puts (x + dm) / d beyond nearest_int's asserted 2^22 (GGML's release bytes).
+    n = 4000
+    offset = np.where(rng.random((n, 8, 1)) < 0.5, -10 ** rng.uniform(0, 7, (n, 8, 1)), 0)
+    spread = 10 ** rng.uniform(-6, 1, (n, 8, 1))
+    x = to_f32((offset + spread * rng.random((n, 8, 32))).reshape(n, QK_K))
+    d, _, arg = q4_k_final_terms(x, quantize_q4_k(x))
+    beyond = ((d != 0) & ~(np.abs(arg) <= 4194303)).any(axis=1)
+    kinds["q4_k minimums far coarser than the scale"] = x[beyond][:400]
+    kinds["offset sub-blocks"] = x[~beyond][:200]
+
+    # The .5 boundaries of the final codes (nearest_int rounds them to even, not away from zero),
+    # and their f32 neighbours.
+    base = to_f32(rng.normal(0, 1, (600, QK_K)) * 10 ** rng.uniform(-3, 3, (600, 1)))
+    base[300:] = np.abs(base[300:])  # min 0: dm = 0, more exact halves
+    for fmt, share in (("q4_k", 0.02), ("q6_k", 0.2)):
+        h = at_halves(base, rng, fmt, share)
+        kinds[f"{fmt} values at k + 0.5"] = h
+        kinds[f"{fmt} neighbours of k + 0.5"] = nudged_halves(h, fmt)
+
+    # Super-block scales at f16's overflow (d = max scale / 63 or / -128 near 65504) and beyond,
+    # up to f32's largest (where the squares and sums overflow to inf and NaN).
+    rows = []
+    for amax in [3e7, 6e7, 6.2e7, 6.3e7, 1e8, 2.6e8, 2.7e8, 2.8e8, 1e9, 1e15, 1.8e19, 2e19, 1e25,
+                 1e30, 1e37, F32_MAX]:
+        x = rng.uniform(-1, 1, (3, QK_K)) * amax
+        x[:, 9] = amax
+        x[1, 9] = -amax
+        x[2] = np.abs(x[2])
+        rows.append(to_f32(x))
+    kinds["scales at f16 overflow and beyond"] = np.concatenate(rows)
+    return kinds
+
+
+def k_random_rows(rng):
+    kinds = {}
+    for scale in [1e-44, 1e-40, 1e-38, 1e-30, 1e-20, 1e-15, 1e-12, 1e-8, 1e-5, 1e-4, 1e-3, 0.02,
+                  0.1, 1, 10, 1e3, 1e5, 1e7, 1e10, 1e20, 1e30, 1e38]:
+        kinds[f"normal at {scale:g}"] = to_f32(rng.normal(0, scale, (120, QK_K)))
+        kinds[f"uniform at {scale:g}"] = to_f32(rng.uniform(-scale, scale, (60, QK_K)))
+    kinds["log-uniform 1e-45 .. 1e38"] = to_f32(
+        rng.choice([-1, 1], (400, QK_K)) * 10 ** rng.uniform(-45, 38, (400, QK_K)))
+    kinds["student-t (df 2) at 0.02"] = to_f32(rng.standard_t(2, (1500, QK_K)) * 0.02)
+    kinds["normal at 0.02, per-row scale"] = to_f32(
+        rng.normal(0, 0.02, (1500, QK_K)) * 10 ** rng.uniform(-1, 1, (1500, 1)))
+    kinds["laplace at 1"] = to_f32(rng.laplace(0, 1, (500, QK_K)))
+    return kinds
+
+
+def k_arbitrary_blocks(rng, dtype, n=1 << 14):
+    """n blocks of random bytes whose f16 scales (d, and q4_K's dmin) take every pattern with
+    exponent 0 or 31 (zeros, subnormals, infinities, NaNs) once, then random ones."""
+    special = np.array([s | (e << 10) | m for s in (0, 0x8000) for e in (0, 31) for m in range(1024)],
+                       np.uint16)
+    blocks = np.frombuffer(rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).tobytes(),
+                           dtype).copy()
+    for field in ("d", "dmin") if "dmin" in dtype.names else ("d",):
+        d = rng.integers(0, 1 << 16, n).astype(np.uint16)
+        d[:special.size] = rng.permutation(special)
+        blocks[field] = d
+    return blocks
+
+
+def write_k(d):
+    rng = np.random.default_rng(20240602)
+    kinds = {**k_random_rows(rng), **k_adversarial_rows(rng)}
+    index, start = [], 0
+    for name, x in kinds.items():
+        assert x.dtype == F32 and x.shape[1] == QK_K and np.all(np.isfinite(x)), name
+        index.append([name, start, len(x)])
+        start += len(x)
+    np.concatenate(list(kinds.values())).tofile(os.path.join(d, "values_k.f32"))
+    with open(os.path.join(d, "kinds_k.json"), "w") as f:
+        json.dump(index, f)
+    k_arbitrary_blocks(rng, Q4_K).tofile(os.path.join(d, "blocks.q4_k"))
+    k_arbitrary_blocks(rng, Q6_K).tofile(os.path.join(d, "blocks.q6_k"))
+
+
 def write(d):
     rng = np.random.default_rng(20240601)
     kinds = {**random_blocks(rng), **adversarial_blocks(rng)}
@@ -224,6 +428,7 @@ def write(d):
     q4["d"] = rng.permutation(n).astype(np.uint16)
     q4["qs"] = rng.integers(0, 256, (n, 16)).astype(np.uint8)
     q4.tofile(os.path.join(d, "blocks.q4_0"))
+    write_k(d)
     return 0
 
 
@@ -244,17 +449,19 @@ def compare_blocks(title, index, x, got, want):
     print(f"{title}: {n} blocks {'identical' if bad.size == 0 else f'{bad.size} DIFFER'}")
     for b in bad[:5]:
         print(f"    {kind_of(index, b)}: x = {x[b].tolist()}")
-        print(f"      got  d {got[b]['d']:#06x} qs {got[b]['qs'].tolist()}")
-        print(f"      want d {want[b]['d']:#06x} qs {want[b]['qs'].tolist()}")
+        for who, blocks in (("got ", got), ("want", want)):
+            fields = " ".join(f"{f} {blocks[b][f]:#06x}" if blocks.dtype[f].shape == () else
+                              f"{f} {blocks[b][f].tolist()}" for f in blocks.dtype.names)
+            print(f"      {who} {fields}")
     return bad.size == 0
 
 
-def compare_values(title, got, want):
+def compare_values(title, got, want, block=BLOCK):
     nan = np.isnan(want)
     bad = np.flatnonzero(((got.view(np.uint32) != want.view(np.uint32)) & ~nan) | (nan & ~np.isnan(got)))
     print(f"{title}: {got.size} values {'identical' if bad.size == 0 else f'{bad.size} DIFFER'}")
     for i in bad[:5]:
-        print(f"    value {i} (block {i // BLOCK}): got {got[i]!r} ({got.view(np.uint32)[i]:#010x}), "
+        print(f"    value {i} (block {i // block}): got {got[i]!r} ({got.view(np.uint32)[i]:#010x}), "
               f"want {want[i]!r} ({want.view(np.uint32)[i]:#010x})")
     return bad.size == 0
 
@@ -268,7 +475,8 @@ def ggml_check(index, x, blocks8, blocks4, mine):
         return True
     lib = ctypes.CDLL(path)
     for name in ("quantize_row_q8_0_ref", "quantize_row_q4_0_ref", "dequantize_row_q8_0",
-                 "dequantize_row_q4_0"):
+                 "dequantize_row_q4_0", "quantize_row_q4_K_ref", "quantize_row_q6_K_ref",
+                 "dequantize_row_q4_K", "dequantize_row_q6_K"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
 
@@ -286,6 +494,71 @@ def ggml_check(index, x, blocks8, blocks4, mine):
         theirs = np.zeros(len(blocks) * BLOCK, F32)
         getattr(lib, f"dequantize_row_{fmt}")(blocks.ctypes.data, theirs.ctypes.data, theirs.size)
         ok &= compare_values(f"{fmt} dequantize every scale, numesh vs GGML", got, theirs)
+
+    k = mine["k"]
+    flat = np.ascontiguousarray(k["x"].reshape(-1))
+    for fmt, dtype in (("q4_k", Q4_K), ("q6_k", Q6_K)):
+        ggml_name = fmt[:-1] + "K"
+        theirs = np.zeros(len(k["x"]), dtype)
+        getattr(lib, f"quantize_row_{ggml_name}_ref")(flat.ctypes.data, theirs.ctypes.data, flat.size)
+        ok &= compare_blocks(f"{fmt} quantize, numesh vs GGML ({path})", k["index"], k["x"],
+                             k[fmt], theirs)
+        ok &= compare_blocks(f"{fmt} quantize, NumPy vs GGML", k["index"], k["x"],
+                             k[f"{fmt} numpy"], theirs)
+        theirs = np.zeros(len(k[f"{fmt} blocks"]) * QK_K, F32)
+        getattr(lib, f"dequantize_row_{ggml_name}")(k[f"{fmt} blocks"].ctypes.data,
+                                                   theirs.ctypes.data, theirs.size)
+        ok &= compare_values(f"{fmt} dequantize arbitrary blocks, numesh vs GGML", k[f"{fmt} any"],
+                             theirs, QK_K)
+    return ok
+
+
+def describe_k(x, q4k, q6k):
+    """Counts of the cases the super-block data is there for, from the reference's bytes."""
+    d4, _, arg4 = q4_k_final_terms(x, q4k)
+    d6, arg6 = q6_k_final_terms(x, q6k)
+    halves4, halves6 = exact_halves(arg4, d4), exact_halves(arg6, d6)
+    # Ties where half away from zero (roundf) would give another code than half to even.
+    with np.errstate(invalid="ignore"):
+        odd4 = halves4 & (np.floor(arg4) % 2 == 0) & (np.floor(arg4) >= 0) & (np.floor(arg4) < 15)
+        odd6 = halves6 & (np.floor(arg6) % 2 == 0) & (np.floor(arg6) >= -32) & (np.floor(arg6) < 31)
+    beyond = (d4 != 0) & ~(np.abs(arg4) <= 4194303)
+    skipped4 = (d4 == 0) & ~np.all(q4k["qs"] == 0, axis=1)[:, None]
+    skipped6 = (d6 == 0) & (q6k["d"] != 0)[:, None]
+    print(f"    q4_k: {int(halves4.sum())} elements at an exact k + 0.5 ({int(odd4.sum())} where "
+          f"rounding half away from zero would differ) in {int(halves4.any(axis=1).sum())} blocks; "
+          f"{int(beyond.any(axis=1).sum())} blocks with a final nearest_int argument beyond 2^22 "
+          f"or non-finite; {int(skipped4.any(axis=1).sum())} blocks with a zero sub-block scale "
+          f"(codes kept from the search)")
+    print(f"    q6_k: {int(halves6.sum())} elements at an exact k + 0.5 ({int(odd6.sum())} where "
+          f"rounding half away from zero would differ) in {int(halves6.any(axis=1).sum())} blocks; "
+          f"{int(np.all(q6k.view(np.uint8).reshape(len(x), -1) == 0, axis=1).sum())} all-zero "
+          f"blocks; {int(skipped6.any(axis=1).sum())} non-zero blocks with a zero sub-block scale "
+          f"(codes kept from the search)")
+
+
+def check_k(d, mine):
+    """numesh's Q4_K and Q6_K against the NumPy transcription; fills mine["k"] for ggml_check."""
+    path = lambda name: os.path.join(d, name)  # noqa: E731
+    x = np.fromfile(path("values_k.f32"), dtype=F32).reshape(-1, QK_K)
+    with open(path("kinds_k.json")) as f:
+        index = json.load(f)
+    k = mine["k"] = {"x": x, "index": index}
+    ok = True
+    print(f"{len(x)} super-blocks ({x.size} values) of {len(index)} kinds to quantize")
+    for fmt, dtype, quantize, dequantize in (("q4_k", Q4_K, quantize_q4_k, dequantize_q4_k),
+                                             ("q6_k", Q6_K, quantize_q6_k, dequantize_q6_k)):
+        k[fmt] = np.fromfile(path(f"values_k.{fmt}"), dtype=dtype)
+        want = k[f"{fmt} numpy"] = quantize(x)
+        ok &= compare_blocks(f"{fmt} quantize, numesh vs NumPy", index, x, k[fmt], want)
+        ok &= compare_values(f"{fmt} dequantize its blocks, numesh vs NumPy",
+                             np.fromfile(path(f"values_k.{fmt}.f32"), dtype=F32),
+                             dequantize(k[fmt]), QK_K)
+        k[f"{fmt} blocks"] = np.fromfile(path(f"blocks.{fmt}"), dtype=dtype)
+        k[f"{fmt} any"] = np.fromfile(path(f"blocks.{fmt}.f32"), dtype=F32)
+        ok &= compare_values(f"{fmt} dequantize {len(k[f'{fmt} blocks'])} arbitrary blocks, "
+                             f"numesh vs NumPy", k[f"{fmt} any"], dequantize(k[f"{fmt} blocks"]), QK_K)
+    describe_k(x, k["q4_k numpy"], k["q6_k numpy"])
     return ok
 
 
@@ -313,6 +586,7 @@ def check(d):
                          dequantize_q8_0(blocks8))
     ok &= compare_values("q4_0 dequantize every scale, numesh vs NumPy", mine["q4_0 any"],
                          dequantize_q4_0(blocks4))
+    ok &= check_k(d, mine)
     ok &= ggml_check(index, x, blocks8, blocks4, mine)
     return 0 if ok else 1
 

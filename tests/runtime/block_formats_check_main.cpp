@@ -1,12 +1,16 @@
 // block_formats_check_main: quantizes and dequantizes what tests/runtime/block_formats_check.py
-// wrote, with numesh's Q8_0 and Q4_0 codecs, and writes the results as raw little-endian bytes
-// for the script to compare with its NumPy transcription of GGML (and with GGML itself).
+// wrote, with numesh's Q8_0, Q4_0, Q4_K and Q6_K codecs, and writes the results as raw
+// little-endian bytes for the script to compare with its NumPy transcription of GGML (and with
+// GGML itself).
 //   block_formats_check_main DIR
 // Reads DIR/values.f32 (floats, a whole number of 32-value blocks), DIR/blocks.q8_0 and
 // DIR/blocks.q4_0 (arbitrary blocks: 34 and 18 bytes each). Writes DIR/values.q8_0 and
 // DIR/values.q4_0 (the quantized values), DIR/values.q8_0.f32 and DIR/values.q4_0.f32 (those
 // blocks dequantized), DIR/blocks.q8_0.f32 and DIR/blocks.q4_0.f32 (the arbitrary blocks
-// dequantized).
+// dequantized). The same for the super-block formats, from DIR/values_k.f32 (a whole number of
+// 256-value blocks), DIR/blocks.q4_k and DIR/blocks.q6_k (144 and 210 bytes each): writes
+// DIR/values_k.q4_k, DIR/values_k.q6_k, DIR/values_k.q4_k.f32, DIR/values_k.q6_k.f32,
+// DIR/blocks.q4_k.f32 and DIR/blocks.q6_k.f32.
 
 #include <cstddef>
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +51,26 @@ void write_all(const std::filesystem::path& path, const std::vector<T>& v) {
   out.write(reinterpret_cast<const char*>(v.data()),
             static_cast<std::streamsize>(v.size() * sizeof(T)));
   if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+// Writes the values quantized with `quantize` (to name + "." + format) and those blocks
+// dequantized (to that + ".f32"), and the arbitrary blocks read from "blocks." + format
+// dequantized (to "blocks." + format + ".f32"). Returns how many arbitrary blocks there were.
+template <typename Block, std::size_t kElements, typename Quantize, typename Dequantize>
+std::size_t run_format(const std::filesystem::path& dir, const std::string& name,
+                       const std::vector<float>& values, const std::string& format,
+                       Quantize quantize, Dequantize dequantize) {
+  std::vector<Block> blocks(values.size() / kElements);
+  quantize(values, blocks);
+  write_all(dir / (name + "." + format), blocks);
+  std::vector<float> back(values.size());
+  dequantize(blocks, back);
+  write_all(dir / (name + "." + format + ".f32"), back);
+  const std::vector<Block> any = read_all<Block>(dir / ("blocks." + format));
+  std::vector<float> out(any.size() * kElements);
+  dequantize(any, out);
+  write_all(dir / ("blocks." + format + ".f32"), out);
+  return any.size();
 }
 
 }  // namespace
@@ -84,6 +109,20 @@ int main(int argc, char** argv) {
     write_all(dir / "blocks.q4_0.f32", out4);
     std::printf("block_formats_check_main: %zu blocks quantized, %zu + %zu dequantized\n", blocks,
                 any8.size(), any4.size());
+
+    const std::vector<float> values_k = read_all<float>(dir / "values_k.f32");
+    const std::size_t q4_k_any = run_format<BlockQ4_K, 256>(
+        dir, "values_k", values_k, "q4_k",
+        [](std::span<const float> x, std::span<BlockQ4_K> y) { quantize_q4_k(x, y); },
+        [](std::span<const BlockQ4_K> y, std::span<float> x) { dequantize_q4_k(y, x); });
+    const std::size_t q6_k_any = run_format<BlockQ6_K, 256>(
+        dir, "values_k", values_k, "q6_k",
+        [](std::span<const float> x, std::span<BlockQ6_K> y) { quantize_q6_k(x, y); },
+        [](std::span<const BlockQ6_K> y, std::span<float> x) { dequantize_q6_k(y, x); });
+    std::printf(
+        "block_formats_check_main: %zu super-blocks quantized to q4_k and q6_k, %zu + %zu "
+        "dequantized\n",
+        values_k.size() / 256, q4_k_any, q6_k_any);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "block_formats_check_main: %s\n", e.what());
     return 1;

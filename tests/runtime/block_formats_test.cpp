@@ -1,8 +1,8 @@
-// GGML's Q8_0 and Q4_0 block codecs on hand-checked blocks: scales and codes worked out from
-// GGML's definitions, the rounding of exact halves, the sign of the Q4_0 scale, nibble packing,
-// the blocks where GGML's reference is undefined or overflows, round-trip error bounds on random
-// rows, and the errors. tests/runtime/block_formats_check.py compares bytes with a NumPy
-// transcription of GGML (and GGML itself) on many more rows.
+// GGML's Q8_0, Q4_0, Q4_K and Q6_K block codecs on hand-checked blocks: scales and codes worked
+// out from GGML's definitions, the rounding of exact halves, the sign of the Q4_0 scale, nibble
+// and 6-bit packing, the blocks where GGML's reference is undefined or overflows, round-trip
+// error bounds on random rows, and the errors. tests/runtime/block_formats_check.py compares
+// bytes with a NumPy transcription of GGML (and GGML itself) on many more rows.
 
 #include "numesh/runtime/block_formats.hpp"
 
@@ -337,6 +337,328 @@ TEST(BlockFormatsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
   EXPECT_EQ(q4[0].d, f16_from_f32(-0.125f));
   EXPECT_EQ(q4[1].d, 0xABCD);
   EXPECT_EQ(q4[2].d, 0xABCD);
+}
+
+// ---- Q4_K and Q6_K --------------------------------------------------------------------------
+
+constexpr std::size_t kSuper = 256;
+
+BlockQ4_K q4k_of(std::span<const float> x) {
+  BlockQ4_K b{};
+  quantize_q4_k(x, std::span<BlockQ4_K>(&b, 1));
+  return b;
+}
+BlockQ6_K q6k_of(std::span<const float> x) {
+  BlockQ6_K b{};
+  quantize_q6_k(x, std::span<BlockQ6_K>(&b, 1));
+  return b;
+}
+std::vector<float> q4k_back(const BlockQ4_K& b) {
+  std::vector<float> x(kSuper);
+  dequantize_q4_k(std::span<const BlockQ4_K>(&b, 1), x);
+  return x;
+}
+std::vector<float> q6k_back(const BlockQ6_K& b) {
+  std::vector<float> x(kSuper);
+  dequantize_q6_k(std::span<const BlockQ6_K>(&b, 1), x);
+  return x;
+}
+// The 6-bit scale and minimum codes of Q4_K sub-block s, unpacked independently of the codec.
+int q4k_scale_code(const BlockQ4_K& b, std::size_t s) {
+  return s < 4 ? b.scales[s] & 63 : (b.scales[s + 4] & 0x0F) | ((b.scales[s - 4] >> 6) << 4);
+}
+int q4k_min_code(const BlockQ4_K& b, std::size_t s) {
+  return s < 4 ? b.scales[s + 4] & 63 : (b.scales[s + 4] >> 4) | ((b.scales[s] >> 6) << 4);
+}
+template <typename Block>
+bool all_bytes_zero(const Block& b) {
+  unsigned char bytes[sizeof(Block)];
+  std::memcpy(bytes, &b, sizeof(Block));
+  return std::all_of(std::begin(bytes), std::end(bytes), [](unsigned char c) { return c == 0; });
+}
+
+TEST(BlockQ4_KTest, ZerosGiveAllZeroBytesAndDequantizeToPositiveZeros) {
+  for (float zero : {0.0f, -0.0f}) {
+    const std::vector<float> x(kSuper, zero);
+    const BlockQ4_K b = q4k_of(x);
+    EXPECT_TRUE(all_bytes_zero(b)) << "every sub-block is flat: scale 0, minimum -0, codes 0";
+    for (float v : q4k_back(b)) {
+      EXPECT_EQ(v, 0.0f);
+      EXPECT_FALSE(std::signbit(v)) << "0 * 0 - 0 * 0 is +0";
+    }
+  }
+}
+
+TEST(BlockQ4_KTest, AConstantNegativeRowIsAllMinimum) {
+  // Each sub-block is flat at -2 <= 0: make_qkx2_quants gives scale 0 and minimum 2, so every
+  // scale code is 0 (d = f16 0), every minimum code 63 against dmin = f16(2 / 63), and the final
+  // pass skips every sub-block (its d is 0), keeping the search's codes 0.
+  const std::vector<float> x(kSuper, -2.0f);
+  const BlockQ4_K b = q4k_of(x);
+  EXPECT_EQ(b.d, 0x0000);
+  EXPECT_EQ(b.dmin, f16_from_f32(2.0f / 63.0f));
+  EXPECT_EQ(b.dmin, 0x2810);
+  const std::uint8_t want_scales[12] = {0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xF0, 0xF0, 0xF0, 0xF0};
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(b.scales[i], want_scales[i]) << "byte " << i;
+  for (std::size_t s = 0; s < 8; ++s) {
+    EXPECT_EQ(q4k_scale_code(b, s), 0);
+    EXPECT_EQ(q4k_min_code(b, s), 63);
+  }
+  for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0x00);
+  for (float v : q4k_back(b)) EXPECT_EQ(v, -(f32_from_f16(0x2810) * 63.0f));
+}
+
+TEST(BlockQ4_KTest, AConstantPositiveRowIsAllTopCode) {
+  // The minimum is clamped to 0, so the range is [0, 3]: scale 3 / 15 = 0.2 with zero error (no
+  // trial is strictly better), scale codes 63 against d = f16(0.2 / 63), minimum codes 0.
+  const std::vector<float> x(kSuper, 3.0f);
+  const BlockQ4_K b = q4k_of(x);
+  EXPECT_EQ(b.d, f16_from_f32(0.2f / 63.0f));
+  EXPECT_EQ(b.d, 0x1A80);
+  EXPECT_EQ(b.dmin, 0x0000);
+  const std::uint8_t want_scales[12] = {0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0x0F, 0x0F, 0x0F, 0x0F};
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(b.scales[i], want_scales[i]) << "byte " << i;
+  for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0xFF);
+  for (float v : q4k_back(b)) EXPECT_EQ(v, f32_from_f16(0x1A80) * 63.0f * 15.0f);
+}
+
+TEST(BlockQ4_KTest, DequantizationReadsGgmlsLayout) {
+  // Distinct codes everywhere: sub-block s has scale code 10 + 6 s and minimum code 60 - 7 s
+  // (both > 15 for some s >= 4, so the high 2 bits matter), and element i code i % 16.
+  BlockQ4_K b{};
+  b.d = 0x3C00;     // 1
+  b.dmin = 0x3800;  // 0.5
+  for (std::size_t s = 0; s < 8; ++s) {
+    const auto sc = static_cast<std::uint8_t>(10 + 6 * s);
+    const auto m = static_cast<std::uint8_t>(60 - 7 * s);
+    if (s < 4) {
+      b.scales[s] = static_cast<std::uint8_t>(b.scales[s] | sc);
+      b.scales[s + 4] = static_cast<std::uint8_t>(b.scales[s + 4] | m);
+    } else {
+      b.scales[s + 4] = static_cast<std::uint8_t>((sc & 0x0F) | ((m & 0x0F) << 4));
+      b.scales[s - 4] = static_cast<std::uint8_t>(b.scales[s - 4] | ((sc >> 4) << 6));
+      b.scales[s] = static_cast<std::uint8_t>(b.scales[s] | ((m >> 4) << 6));
+    }
+  }
+  for (std::size_t c = 0; c < 4; ++c) {
+    for (std::size_t l = 0; l < 32; ++l) {
+      const std::size_t low = 64 * c + l, high = 64 * c + 32 + l;
+      b.qs[32 * c + l] = static_cast<std::uint8_t>((low % 16) | ((high % 16) << 4));
+    }
+  }
+  const std::vector<float> x = q4k_back(b);
+  for (std::size_t i = 0; i < kSuper; ++i) {
+    const std::size_t s = i / 32;
+    const float want = static_cast<float>(10 + 6 * s) * static_cast<float>(i % 16) -
+                       0.5f * static_cast<float>(60 - 7 * s);
+    ASSERT_EQ(x[i], want) << "element " << i;
+  }
+}
+
+TEST(BlockQ6_KTest, ZerosGiveAllZeroBytesThatDequantizeToNegativeZeros) {
+  for (float zero : {0.0f, -0.0f}) {
+    const std::vector<float> x(kSuper, zero);
+    const BlockQ6_K b = q6k_of(x);
+    EXPECT_TRUE(all_bytes_zero(b)) << "GGML's memset for a block below 1e-15";
+    for (float v : q6k_back(b)) {
+      EXPECT_EQ(v, 0.0f);
+      EXPECT_TRUE(std::signbit(v)) << "code 0 is -32, and 0 * 0 * -32 is -0";
+    }
+  }
+  // Below GGML's 1e-15 the same, whatever the values: every sub-block's scale is "zero".
+  std::vector<float> x(kSuper, 5e-16f);
+  x[17] = -9e-16f;
+  EXPECT_TRUE(all_bytes_zero(q6k_of(x)));
+}
+
+TEST(BlockQ6_KTest, ASingleNonZeroIsExactAndZeroSubBlocksKeepTheSearchsCodes) {
+  // Sub-block 0 is [1, 0, ...]: make_qx_quants codes 1 as -32 (iscale = -32) and the weighted
+  // fit gives scale -1/32; no trial explains more. The other 15 sub-blocks are zero: scale 0,
+  // codes 0 (stored 0, not 32). d = f16(1 / (-128 / (-1/32))) = 2^-12, sub-block 0's code -128,
+  // the others' 0, so the final pass skips them and keeps the stored 0.
+  std::vector<float> x(kSuper, 0.0f);
+  x[0] = 1.0f;
+  const BlockQ6_K b = q6k_of(x);
+  EXPECT_EQ(b.d, 0x0C00) << "f16 2^-12";
+  EXPECT_EQ(b.scales[0], -128);
+  for (std::size_t g = 1; g < 16; ++g) EXPECT_EQ(b.scales[g], 0) << g;
+  // Codes: element 0 is 0 (-32), elements 1 .. 15 are 32 (0), the rest 0. Only 32's high bits
+  // (2) show, in qh bytes 1 .. 15.
+  for (std::uint8_t byte : b.ql) EXPECT_EQ(byte, 0x00);
+  for (std::size_t l = 0; l < 64; ++l) EXPECT_EQ(b.qh[l], l >= 1 && l < 16 ? 2 : 0) << l;
+  const std::vector<float> back = q6k_back(b);
+  EXPECT_EQ(back[0], 1.0f) << "2^-12 * -128 * -32";
+  for (std::size_t i = 1; i < kSuper; ++i) {
+    EXPECT_EQ(back[i], 0.0f);
+    EXPECT_TRUE(std::signbit(back[i])) << i;
+  }
+}
+
+TEST(BlockQ6_KTest, DequantizationReadsGgmlsLayout) {
+  // Element i (within its half, e = i % 128) gets code (i * 7) % 64; sub-block g scale code
+  // g * 16 - 128 (-128 .. 112).
+  BlockQ6_K b{};
+  b.d = 0x3800;  // 0.5
+  for (std::size_t g = 0; g < 16; ++g) {
+    b.scales[g] = static_cast<std::int8_t>(static_cast<int>(g) * 16 - 128);
+  }
+  auto code = [](std::size_t i) { return static_cast<int>((i * 7) % 64); };
+  for (std::size_t h = 0; h < 2; ++h) {
+    for (std::size_t l = 0; l < 32; ++l) {
+      const std::size_t e = 128 * h + l;
+      b.ql[64 * h + l] = static_cast<std::uint8_t>((code(e) & 0xF) | ((code(e + 64) & 0xF) << 4));
+      b.ql[64 * h + 32 + l] =
+          static_cast<std::uint8_t>((code(e + 32) & 0xF) | ((code(e + 96) & 0xF) << 4));
+      b.qh[32 * h + l] =
+          static_cast<std::uint8_t>((code(e) >> 4) | ((code(e + 32) >> 4) << 2) |
+                                    ((code(e + 64) >> 4) << 4) | ((code(e + 96) >> 4) << 6));
+    }
+  }
+  const std::vector<float> x = q6k_back(b);
+  for (std::size_t i = 0; i < kSuper; ++i) {
+    const float want = 0.5f * static_cast<float>(static_cast<int>(i / 16) * 16 - 128) *
+                       static_cast<float>(code(i) - 32);
+    ASSERT_EQ(x[i], want) << "element " << i;
+  }
+}
+
+// One outlier among small values: its sub-block is coded around it, so it comes back within half
+// a step of that sub-block; the other sub-blocks' scales are tiny against the outlier's and code
+// to 0 or a few steps (GGML's format: 6- or 8-bit sub-block scales under one f16), so they only
+// stay within the bounds of RoundTripErrorIsBoundedByTheSuperBlockScales.
+TEST(BlockKQuantsTest, AnOutlierIsKeptWithinHalfAStepOfItsSubBlock) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist(0.0f, 0.01f);
+  std::vector<float> x(kSuper);
+  for (float& v : x) v = dist(gen);
+  x[100] = 50.0f;
+  const BlockQ4_K b4 = q4k_of(x);
+  const float d4 = f32_from_f16(b4.d) * static_cast<float>(q4k_scale_code(b4, 100 / 32));
+  EXPECT_EQ(q4k_scale_code(b4, 100 / 32), 63) << "the outlier's sub-block has the largest scale";
+  EXPECT_LE(std::fabs(q4k_back(b4)[100] - 50.0f), 0.5f * d4);
+  const BlockQ6_K b6 = q6k_of(x);
+  EXPECT_EQ(b6.scales[100 / 16], -128) << "its scale is the largest in magnitude: code -128";
+  const float d6 = std::fabs(f32_from_f16(b6.d) * 128.0f);
+  EXPECT_LE(std::fabs(q6k_back(b6)[100] - 50.0f), 0.5f * d6);
+  EXPECT_NEAR(q6k_back(b6)[100], 50.0f, 50.0f * 2e-3f) << "f16 d and the fit, not more";
+}
+
+// Random rows. Q4_K: within a sub-block of range r (max - min(0, min)), the codes cover the
+// range in 14 .. 16 steps of the fitted scale (some elements may be clamped by a step), and the
+// stored scale and minimum are off by at most half a 6-bit code (d / 2, 15 codes of it) and
+// dmin / 2: |x - y| <= r / 15 + 8 d + dmin / 2. Q6_K: the codes span the sub-block's largest
+// magnitude a in 32 steps, and the scale's 8-bit code is off by half a code (d / 2, 32 codes of
+// it): |x - y| <= a / 32 + 16 |d| (with d an f16 normal: a subnormal d adds its own rounding).
+// And the whole rows' RMS errors, as fractions of the rows' RMS, stay at 4- and 6-bit levels.
+TEST(BlockKQuantsTest, RoundTripErrorIsBoundedByTheSuperBlockScales) {
+  std::mt19937 gen(20240602);
+  for (float scale : {0.5f, 1.0f, 300.0f}) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    constexpr std::size_t kBlocks = 64;
+    std::vector<float> x(kBlocks * kSuper);
+    for (float& v : x) v = dist(gen);
+    std::vector<BlockQ4_K> q4(kBlocks);
+    std::vector<BlockQ6_K> q6(kBlocks);
+    quantize_q4_k(x, q4);
+    quantize_q6_k(x, q6);
+    std::vector<float> y4(x.size()), y6(x.size());
+    dequantize_q4_k(q4, y4);
+    dequantize_q6_k(q6, y6);
+    const float slack = 1.0f + 1e-4f;
+    for (std::size_t b = 0; b < kBlocks; ++b) {
+      const float d4 = f32_from_f16(q4[b].d), dmin4 = f32_from_f16(q4[b].dmin);
+      const float d6 = std::fabs(f32_from_f16(q6[b].d));
+      ASSERT_GE(d6, 6.103515625e-05f) << "an f16 normal, for the bound";
+      double sum_x2 = 0, err4 = 0, err6 = 0;
+      for (std::size_t s = 0; s < 8; ++s) {
+        const float* sub = x.data() + b * kSuper + 32 * s;
+        const float lo = std::min(0.0f, *std::min_element(sub, sub + 32));
+        const float range = *std::max_element(sub, sub + 32) - lo;
+        for (std::size_t i = 0; i < 32; ++i) {
+          const std::size_t k = b * kSuper + 32 * s + i;
+          ASSERT_LE(std::fabs(y4[k] - x[k]), (range / 15.0f + 8.0f * d4 + 0.5f * dmin4) * slack)
+              << "q4_k element " << k << " at scale " << scale;
+        }
+      }
+      for (std::size_t g = 0; g < 16; ++g) {
+        const float* sub = x.data() + b * kSuper + 16 * g;
+        float amax = 0.0f;
+        for (std::size_t i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(sub[i]));
+        for (std::size_t i = 0; i < 16; ++i) {
+          const std::size_t k = b * kSuper + 16 * g + i;
+          ASSERT_LE(std::fabs(y6[k] - x[k]), (amax / 32.0f + 16.0f * d6) * slack)
+              << "q6_k element " << k << " at scale " << scale;
+        }
+      }
+      for (std::size_t i = 0; i < kSuper; ++i) {
+        const std::size_t k = b * kSuper + i;
+        sum_x2 += double{x[k]} * x[k];
+        err4 += double{y4[k] - x[k]} * (y4[k] - x[k]);
+        err6 += double{y6[k] - x[k]} * (y6[k] - x[k]);
+      }
+      EXPECT_LT(std::sqrt(err4 / sum_x2), 0.1) << "q4_k block " << b << " at scale " << scale;
+      EXPECT_LT(std::sqrt(err6 / sum_x2), 0.03) << "q6_k block " << b << " at scale " << scale;
+    }
+  }
+}
+
+TEST(BlockKQuantsTest, SizesThatAreNotWholeSuperBlocksAreRefused) {
+  std::vector<float> x(257);
+  std::vector<BlockQ4_K> q4(1);
+  std::vector<BlockQ6_K> q6(2);
+  EXPECT_THAT([&] { quantize_q4_k(x, q4); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "quantize q4_k: 257 values for 1 block(s) of 256: expected 256 values")));
+  EXPECT_THAT([&] { quantize_q6_k(x, q6); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "quantize q6_k: 257 values for 2 block(s) of 256: expected 512 values")));
+  EXPECT_THAT([&] { dequantize_q4_k(q4, std::span<float>(x).first(255)); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dequantize q4_k: 255 values for 1 block(s) of 256: expected 256 values")));
+  EXPECT_THAT([&] { dequantize_q6_k(q6, x); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dequantize q6_k: 257 values for 2 block(s) of 256: expected 512 values")));
+  EXPECT_NO_THROW(quantize_q4_k({}, {}));
+  EXPECT_NO_THROW(dequantize_q6_k({}, {}));
+}
+
+TEST(BlockKQuantsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(3 * kSuper, 1.0f);
+  x[255] = nan;  // the last element of block 0: GGML's search would carry NaN into its sums
+  std::vector<BlockQ4_K> q4(3);
+  std::vector<BlockQ6_K> q6(3);
+  EXPECT_THAT([&] { quantize_q4_k(x, q4); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize q4_k: element 255 is nan")));
+  EXPECT_THAT([&] { quantize_q6_k(x, q6); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize q6_k: element 255 is nan")));
+  x[255] = 1.0f;
+  x[300] = -inf;
+  x[301] = nan;
+  EXPECT_THAT([&] { quantize_q4_k(x, q4); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize q4_k: element 300 is -inf")));
+  x[300] = inf;
+  EXPECT_THAT([&] { quantize_q6_k(x, q6); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize q6_k: element 300 is inf")));
+
+  // The blocks before the bad one are written; the bad one and those after are untouched.
+  std::vector<BlockQ4_K> sentinel4(3);
+  for (BlockQ4_K& b : sentinel4) b.d = 0xABCD;
+  q4 = sentinel4;
+  EXPECT_THROW(quantize_q4_k(x, q4), ValueError);
+  EXPECT_EQ(q4[0].d, f16_from_f32((1.0f / 15.0f) / 63.0f)) << "block 0 is 256 ones: scale 1/15";
+  EXPECT_EQ(q4[0].qs[0], 0xFF);
+  EXPECT_EQ(q4[1].d, 0xABCD);
+  EXPECT_EQ(q4[2].d, 0xABCD);
+  std::vector<BlockQ6_K> sentinel6(3);
+  for (BlockQ6_K& b : sentinel6) b.d = 0xABCD;
+  q6 = sentinel6;
+  EXPECT_THROW(quantize_q6_k(x, q6), ValueError);
+  EXPECT_NE(q6[0].d, 0xABCD);
+  EXPECT_EQ(q6[0].scales[0], -128);
+  EXPECT_EQ(q6[1].d, 0xABCD);
+  EXPECT_EQ(q6[2].d, 0xABCD);
 }
 
 }  // namespace

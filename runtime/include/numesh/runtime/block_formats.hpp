@@ -7,19 +7,25 @@
 
 // GGML's Q8_0 and Q4_0 block formats (ggml/src/ggml-common.h's block_q8_0 and block_q4_0): a
 // row of weights cut into runs of 32 elements, each stored as one f16 scale and 32 small integer
-// codes. The quantizers write exactly the bytes of GGML's reference quantizers
-// (quantize_row_q8_0_ref, quantize_row_q4_0_ref in ggml-quants.c), so a numesh-written block and
-// a GGUF file's block are interchangeable; the dequantizers compute exactly what GGML's
-// dequantize_row_q8_0 / dequantize_row_q4_0 compute. tests/runtime/block_formats_check.py checks
-// both against a NumPy transcription of GGML's definitions (and, given a built libggml-base,
-// against GGML itself).
+// codes; and its Q4_K and Q6_K "super-block" formats (block_q4_K, block_q6_K): runs of 256
+// elements, cut into sub-blocks (8 of 32 for Q4_K, 16 of 16 for Q6_K) whose own scales (and Q4_K's
+// minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The quantizers
+// write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
+// quantize_row_q4_0_ref, quantize_row_q4_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a
+// numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
+// exactly what GGML's dequantize_row_* compute. (For Q4_K and Q6_K, GGML's quantize_q4_K /
+// quantize_q6_K call the reference only without an importance matrix; with one they search
+// differently, and numesh reads those blocks but does not write them.)
+// tests/runtime/block_formats_check.py checks all four against a NumPy transcription of GGML's
+// definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
 // - A non-finite input (NaN, ±inf) is refused with ValueError naming the first one's index.
 //   GGML writes a block that looks valid: its max skips a NaN (unless it is the block's last
 //   element, which makes d NaN) and the NaN's code is an undefined conversion (0 on x86: 0 for
 //   q8_0, but -8 d, the opposite extreme, for q4_0); an infinity makes d infinite and every
-//   other code 0 (q8_0) or 8 (q4_0). A weight loader must not store that as if it were a weight.
+//   other code 0 (q8_0) or 8 (q4_0). Q4_K's and Q6_K's searches carry it into their sums and
+//   still write bytes. A weight loader must not store that as if it were a weight.
 // - A block whose magnitudes are all below about 3.7e-37 (q8_0) or 2.4e-38 (q4_0) has a scale
 //   whose reciprocal overflows to infinity; GGML then converts ±inf or NaN to an integer, which
 //   C leaves undefined. numesh writes what x86-64 builds of GGML write there (the conversion
@@ -29,6 +35,36 @@
 // - A scale beyond f16's range (a block whose largest magnitude exceeds about 8.3e6 for q8_0 or
 //   5.2e5 for q4_0) is stored as f16 infinity, as GGML stores it; such a block dequantizes to
 //   ±inf (and NaN for its zero codes). Q8_0 and Q4_0 are for weights of ordinary magnitude.
+//
+// Q4_K and Q6_K have no float-to-int conversion: they round with GGML's nearest_int, the low 23
+// bits of f32(v + 1.5 * 2^23), which is round-half-to-even for |v| < 2^22 (not Q8_0's half away
+// from zero). GGML asserts that range in debug builds only; release builds (what converts GGUF
+// files) return the same bit arithmetic beyond it, and for inf and NaN, and clamp the result.
+// That arithmetic is defined, so numesh computes it too and, repeating GGML's f32 operations in
+// GGML's order, writes GGML's bytes on any IEEE machine, edge cases included:
+// - A nearest_int argument beyond 2^22 happens in Q4_K when a sub-block's 6-bit minimum code is
+//   much coarser than its scale (|x + dm| / d >= 2^22: a sub-block far below zero with a small
+//   range), and in both formats once the searches' sums overflow (magnitudes beyond about 7e12
+//   for Q6_K, whose weighted sums hold x^3, and 3e18 for Q4_K, x^2): inf and NaN scales, which
+//   GGML's strict comparisons skip. numesh writes GGML's release bytes there; they are no more a
+//   faithful weight than GGML's.
+// - An all-zero block: Q4_K writes every byte 0 and dequantizes to +0. Q6_K writes every byte 0
+//   (GGML's memset), and dequantizes to -0: code 0 means -32, and d * 0 * -32 is -0.
+// - Tiny blocks: Q6_K writes all zero bytes whenever every 16-element sub-block's scale is below
+//   GGML's 1e-15 (magnitudes all below about 3.2e-14). Above that, a super-block scale that
+//   rounds to f16 zero (a largest magnitude below about 1.2e-4 for Q6_K, a largest sub-block
+//   range below about 2.8e-5 for Q4_K) makes GGML skip its final rounding pass (its `if (!d)
+//   continue`), so the codes stay those of each sub-block's search: non-zero bytes that
+//   dequantize to zeros (Q6_K), or to -dmin * m alone (Q4_K). numesh keeps those codes, byte for
+//   byte; the same holds for any sub-block whose 6- or 8-bit scale code rounds to 0, such as the
+//   small sub-blocks of a block with an outlier.
+// - A super-block scale beyond f16's range is stored as f16 infinity, as GGML stores it: Q4_K's d
+//   for a largest sub-block scale above about 4.1e6 (a range of about 6.2e7) and dmin for a
+//   sub-block minimum below about -4.1e6; Q6_K's d for magnitudes above about 2.7e8. Such a block
+//   dequantizes to ±inf and NaN. Q4_K and Q6_K are for weights of ordinary magnitude as well.
+// - GGML's libggml-base is compiled without -march, so no FMA, and its sums are sequential;
+//   numesh compiles these codecs with -ffp-contract=off for the same rounding of every product
+//   and sum (runtime/CMakeLists.txt).
 
 namespace numesh::runtime {
 
@@ -36,6 +72,10 @@ namespace numesh::runtime {
 inline constexpr std::int64_t kQ8_0BlockElements = 32;
 /// Elements in one Q4_0 block (GGML's QK4_0).
 inline constexpr std::int64_t kQ4_0BlockElements = 32;
+/// Elements in one Q4_K super-block (GGML's QK_K): 8 sub-blocks of 32.
+inline constexpr std::int64_t kQ4_KBlockElements = 256;
+/// Elements in one Q6_K super-block (GGML's QK_K): 16 sub-blocks of 16.
+inline constexpr std::int64_t kQ6_KBlockElements = 256;
 
 /// GGML's block_q8_0: element j of the block is f32(d) * qs[j].
 struct BlockQ8_0 {
@@ -76,5 +116,68 @@ void quantize_q4_0(std::span<const float> x, std::span<BlockQ4_0> y);
 /// x[32 b + j] = (q[j] - 8) * f32(y[b].d), as GGML's dequantize_row_q4_0.
 /// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
 void dequantize_q4_0(std::span<const BlockQ4_0> y, std::span<float> x);
+
+/// GGML's block_q4_K: sub-block s (elements [32 s, 32 s + 32)) has a 6-bit scale code sc[s] and
+/// a 6-bit minimum code m[s], and element i of it is f32(d) * sc[s] * q[i] - f32(dmin) * m[s]
+/// with a 4-bit code q[i]. scales packs the 16 six-bit codes into 12 bytes (GGML's
+/// get_scale_min_k4): for s < 4, sc[s] and m[s] are the low 6 bits of scales[s] and
+/// scales[s + 4]; for s >= 4, their low 4 bits are the nibbles of scales[s + 4] (sc low, m high)
+/// and their high 2 bits the top 2 bits of scales[s - 4] (sc) and scales[s] (m). Byte l of qs's
+/// 32-byte chunk c holds the code of element 64 c + l in its low nibble and of 64 c + 32 + l in
+/// its high nibble.
+struct BlockQ4_K {
+  std::uint16_t d;          ///< IEEE binary16 bits of the scales' scale
+  std::uint16_t dmin;       ///< IEEE binary16 bits of the minimums' scale
+  std::uint8_t scales[12];  ///< 8 scale and 8 minimum codes, 6 bits each
+  std::uint8_t qs[128];     ///< two 4-bit codes a byte
+};
+static_assert(sizeof(BlockQ4_K) == 144 && alignof(BlockQ4_K) == 2, "GGML's block_q4_K layout");
+static_assert(offsetof(BlockQ4_K, dmin) == 2 && offsetof(BlockQ4_K, scales) == 4 &&
+              offsetof(BlockQ4_K, qs) == 16 && std::is_trivially_copyable_v<BlockQ4_K>);
+
+/// GGML's block_q6_K: sub-block g (elements [16 g, 16 g + 16)) has an 8-bit signed scale code
+/// scales[g], and element i of it is f32(d) * scales[g] * (q[i] - 32) with a 6-bit code q[i].
+/// In each 128-element half h, byte l (l < 32) of the half's 64 ql bytes holds the low 4 bits of
+/// elements l (low nibble) and l + 64 (high nibble), byte l + 32 those of l + 32 and l + 96;
+/// byte l of the half's 32 qh bytes holds the high 2 bits of elements l, l + 32, l + 64 and
+/// l + 96, from its lowest bit pair up (element numbers within the half).
+struct BlockQ6_K {
+  std::uint8_t ql[128];    ///< low 4 bits of the codes
+  std::uint8_t qh[64];     ///< high 2 bits of the codes
+  std::int8_t scales[16];  ///< sub-block scale codes, -128 .. 127
+  std::uint16_t d;         ///< IEEE binary16 bits of the scales' scale
+};
+static_assert(sizeof(BlockQ6_K) == 210 && alignof(BlockQ6_K) == 2, "GGML's block_q6_K layout");
+static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 192 &&
+              offsetof(BlockQ6_K, d) == 208 && std::is_trivially_copyable_v<BlockQ6_K>);
+
+/// Quantizes x to Q4_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q4_K_ref's
+/// bytes: each sub-block's scale and minimum from GGML's weighted least-squares search
+/// (make_qkx2_quants: 4-bit codes, weights sqrt(mean x^2) + |x|, 21 trial scales), both coded in
+/// 6 bits against the block's largest (d = max scale / 63, dmin = max minimum / 63, as f16),
+/// then every code re-rounded against the coded scale and minimum (half to even).
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size(); ValueError naming the
+/// index and value of the first non-finite element of x (blocks before its block are written,
+/// the others are left as they were).
+void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y);
+
+/// x[256 b + i] = f32(d) * sc * q[i] - f32(dmin) * m for i's sub-block's codes sc and m, as
+/// GGML's dequantize_row_q4_K (the two products in f32, then the difference).
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
+void dequantize_q4_k(std::span<const BlockQ4_K> y, std::span<float> x);
+
+/// Quantizes x to Q6_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q6_K_ref's
+/// bytes: each sub-block's scale from GGML's search (make_qx_quants with weights x^2: codes
+/// -32 .. 31, the element of largest magnitude at -32, 19 trial scales), coded in 8 bits against
+/// the block's scale of largest magnitude (d = 1 / (-128 / that scale), as f16; its code -128),
+/// then every code re-rounded against the coded scale (half to even). A block whose sub-block
+/// scales are all below 1e-15 in magnitude is all zero bytes.
+/// Throws: as quantize_q4_k.
+void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y);
+
+/// x[256 b + i] = f32(d) * scales[g] * (q[i] - 32) for i's sub-block g, as GGML's
+/// dequantize_row_q6_K (left to right in f32).
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
+void dequantize_q6_k(std::span<const BlockQ6_K> y, std::span<float> x);
 
 }  // namespace numesh::runtime
