@@ -14,11 +14,13 @@
 //                           skinny_gemm).
 //   BM_Decode_Dot<dtype>/M/level/N  one thread's out-in decode kernel on [4096, N] weights
 //                           (N = 1024: 8 MiB of bf16, in L3; N = 8192: beyond it): dot_gemm_bf16
-//                           on bf16 activations, dot_gemm_q8_0 / q4_0 on activations quantized
-//                           once outside the loop (quantize_activations_q8 is timed apart, as
+//                           on bf16 activations, dot_gemm_q8_0 / q4_0 / q4_k / q6_k on
+//                           activations quantized once outside the loop
+//                           (quantize_activations_q8 is timed apart, as
 //                           BM_Decode_QuantizeActivations/M/level).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
-// dtypes 2, q8_0 34 bytes per 32, q4_0 18); the Read case counts its array.
+// dtypes 2, q8_0 34 bytes per 32, q4_0 18, q4_k 144 per 256, q6_k 210); the Read case counts
+// its array.
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -172,7 +174,7 @@ void BM_Decode_OpenBlas(benchmark::State& state) {
       static_cast<double>(kK * kN) * 4.0, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// One thread's decode kernel on out-in weights [kDotK, N] of dtype T (bf16, q8_0, q4_0), from
+// One thread's decode kernel on out-in weights [kDotK, N] of dtype T (bf16 or a block format), from
 // the first N outputs' rows of the shared matrix (transposed view: any N k-runs of normal
 // values serve).
 constexpr std::int64_t kDotK = 4096;
@@ -188,13 +190,18 @@ const std::vector<std::uint16_t>& dot_weights(std::int64_t n) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::span<const float> x(weights_f32().data() + j * kDotK,
                                      static_cast<std::size_t>(kDotK));
-      const auto blocks = static_cast<std::size_t>(kDotK / 32);
+      const auto blocks = static_cast<std::size_t>(kDotK / traits(T).block_elements);
+      unsigned char* at = bytes + j * row;
       if constexpr (T == DType::kBF16) {
         runtime::convert_f32_to_bf16(x, {stored.data() + j * kDotK, x.size()});
       } else if constexpr (T == DType::kQ8_0) {
-        runtime::quantize_q8_0(x, {reinterpret_cast<runtime::BlockQ8_0*>(bytes + j * row), blocks});
+        runtime::quantize_q8_0(x, {reinterpret_cast<runtime::BlockQ8_0*>(at), blocks});
+      } else if constexpr (T == DType::kQ4_0) {
+        runtime::quantize_q4_0(x, {reinterpret_cast<runtime::BlockQ4_0*>(at), blocks});
+      } else if constexpr (T == DType::kQ4_K) {
+        runtime::quantize_q4_k(x, {reinterpret_cast<runtime::BlockQ4_K*>(at), blocks});
       } else {
-        runtime::quantize_q4_0(x, {reinterpret_cast<runtime::BlockQ4_0*>(bytes + j * row), blocks});
+        runtime::quantize_q6_k(x, {reinterpret_cast<runtime::BlockQ6_K*>(at), blocks});
       }
     }
     stored_n = n;
@@ -227,8 +234,12 @@ void BM_Decode_Dot(benchmark::State& state) {
       ops::dot_gemm_bf16(m, bits.data(), kDotK, b, y.data(), n, level);
     } else if constexpr (T == DType::kQ8_0) {
       ops::dot_gemm_q8_0(m, codes.data(), scales.data(), b, y.data(), n, level);
-    } else {
+    } else if constexpr (T == DType::kQ4_0) {
       ops::dot_gemm_q4_0(m, codes.data(), scales.data(), b, y.data(), n, level);
+    } else if constexpr (T == DType::kQ4_K) {
+      ops::dot_gemm_q4_k(m, codes.data(), scales.data(), b, y.data(), n, level);
+    } else {
+      ops::dot_gemm_q6_k(m, codes.data(), scales.data(), b, y.data(), n, level);
     }
     benchmark::DoNotOptimize(y.data());
   }
@@ -267,6 +278,8 @@ void dot_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Decode_Dot<DType::kBF16>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ4_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ6_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)
     ->ArgsProduct({{1, 8}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMicrosecond);

@@ -70,6 +70,8 @@ float stored_value(float v, DType dtype) {
       return f32_from_f16(f16_from_f32(v));
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;  // refused: collectives move element types
   }
   return v;
@@ -96,6 +98,8 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
         break;
       case DType::kQ8_0:
       case DType::kQ4_0:
+      case DType::kQ4_K:
+      case DType::kQ6_K:
         break;  // refused: collectives move element types
     }
   }
@@ -194,6 +198,8 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
       case DType::kF32:
       case DType::kQ8_0:
       case DType::kQ4_0:
+      case DType::kQ4_K:
+      case DType::kQ6_K:
         break;  // summed above; block formats refused
     }
   };
@@ -215,6 +221,8 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
       case DType::kF32:
       case DType::kQ8_0:
       case DType::kQ4_0:
+      case DType::kQ4_K:
+      case DType::kQ6_K:
         break;  // summed above; block formats refused
     }
   }

@@ -135,6 +135,8 @@ void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::siz
           break;
         case DType::kQ8_0:
         case DType::kQ4_0:
+        case DType::kQ4_K:
+        case DType::kQ6_K:
           break;  // refused before any node is added: collectives move element types
       }
     }

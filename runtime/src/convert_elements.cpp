@@ -14,7 +14,9 @@ namespace {
 // fp32, well inside L1 beside the blocks and 16-bit values.
 constexpr std::size_t kConvertChunk = 2048;
 static_assert(kConvertChunk % static_cast<std::size_t>(kQ8_0BlockElements) == 0 &&
-              kConvertChunk % static_cast<std::size_t>(kQ4_0BlockElements) == 0);
+              kConvertChunk % static_cast<std::size_t>(kQ4_0BlockElements) == 0 &&
+              kConvertChunk % static_cast<std::size_t>(kQ4_KBlockElements) == 0 &&
+              kConvertChunk % static_cast<std::size_t>(kQ6_KBlockElements) == 0);
 
 bool is_aligned(const void* p, std::size_t alignment) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
@@ -26,6 +28,8 @@ struct ConvertScratch {
   std::array<std::uint16_t, kConvertChunk> half;
   std::array<BlockQ8_0, kConvertChunk / 32> q8_0;
   std::array<BlockQ4_0, kConvertChunk / 32> q4_0;
+  std::array<BlockQ4_K, kConvertChunk / 256> q4_k;
+  std::array<BlockQ6_K, kConvertChunk / 256> q6_k;
 };
 
 // n elements at `src` (stored as `from`, unaligned) into s.wide.
@@ -50,6 +54,14 @@ void widen_chunk(const std::byte* src, DType from, std::size_t n, ConvertScratch
     case DType::kQ4_0:
       std::memcpy(s.q4_0.data(), src, n / 32 * sizeof(BlockQ4_0));
       dequantize_q4_0({s.q4_0.data(), n / 32}, out);
+      return;
+    case DType::kQ4_K:
+      std::memcpy(s.q4_k.data(), src, n / 256 * sizeof(BlockQ4_K));
+      dequantize_q4_k({s.q4_k.data(), n / 256}, out);
+      return;
+    case DType::kQ6_K:
+      std::memcpy(s.q6_k.data(), src, n / 256 * sizeof(BlockQ6_K));
+      dequantize_q6_k({s.q6_k.data(), n / 256}, out);
       return;
   }
 }
@@ -83,6 +95,14 @@ void narrow_chunk(ConvertScratch& s, std::size_t n, std::byte* dst, DType to, st
     case DType::kQ4_0:
       quantize_q4_0(in, {s.q4_0.data(), n / 32});
       std::memcpy(dst, s.q4_0.data(), n / 32 * sizeof(BlockQ4_0));
+      return;
+    case DType::kQ4_K:
+      quantize_q4_k(in, {s.q4_k.data(), n / 256});
+      std::memcpy(dst, s.q4_k.data(), n / 256 * sizeof(BlockQ4_K));
+      return;
+    case DType::kQ6_K:
+      quantize_q6_k(in, {s.q6_k.data(), n / 256});
+      std::memcpy(dst, s.q6_k.data(), n / 256 * sizeof(BlockQ6_K));
       return;
   }
 }

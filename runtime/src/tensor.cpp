@@ -84,7 +84,9 @@ HostTensor rounded_to(const HostTensor& t, DType dtype) {
       for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
       break;
     case DType::kQ8_0:
-    case DType::kQ4_0: {
+    case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K: {
       // Row by row (the last dim), through the format's blocks and back.
       const std::int64_t row = t.shape.empty() ? 1 : t.shape.back();
       std::vector<std::byte> blocks(static_cast<std::size_t>(row_bytes(dtype, row)));

@@ -22,7 +22,7 @@ compares: logits max|numesh - torch| / max|torch| within the case's bound, greed
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
-numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0 / q4_0 blocks it quantizes every
+numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0, q4_0, q4_k or q6_k blocks it quantizes every
 matrix along its rows (tests/common/ggml_blocks.py, GGML's reference quantizers) and every
 projection's input to 8 bits a block of 32, as numesh's block-format kernels do.
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
@@ -51,8 +51,9 @@ PERPLEXITY_TOKENS, PERPLEXITY_CONTEXT, BOS = 21, 8, 1
 # float64 twin can round to the other neighbour (torch_check.py's bf16_sharded).
 # Block formats: torch quantizes its own float64 activations, numesh its fp32 ones; a value next
 # to a code boundary can take the neighbouring code (a step of max|x| / 127 in its block).
-BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2}
-BLOCK_FORMATS = ("q8_0", "q4_0")
+BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2, "q4_k": 2e-2, "q6_k": 2e-2}
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
+BLOCKS_OF_32, K_QUANTS = ["q8_0", "q4_0"], ["q4_k", "q6_k"]
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -103,14 +104,20 @@ def models():
             ("qwen2_moe_f32", qwen2_moe, torch.float32, 1, ["f32"]),
             # GGML's blocks quantized at load: every projection's inputs whole blocks of 32 on
             # every mesh (an intermediate of 128, 64 a device over tp2; Qwen3's 4 heads of 32).
-            ("llama_blocks", dict(untied, intermediate_size=128), torch.float32, 2, list(BLOCK_FORMATS)),
-            ("qwen3_blocks", dict(qwen3, intermediate_size=128), torch.bfloat16, 1, list(BLOCK_FORMATS)),
-            ("qwen2_tied_blocks", dict(qwen2, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS)),
+            ("llama_blocks", dict(untied, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32),
+            ("qwen3_blocks", dict(qwen3, intermediate_size=128), torch.bfloat16, 1, BLOCKS_OF_32),
+            ("qwen2_tied_blocks", dict(qwen2, intermediate_size=128), torch.float32, 1, BLOCKS_OF_32),
             # The experts in blocks too, their routers (and Qwen2-MoE's shared-expert gate) fp32.
-            ("mixtral_blocks", dict(mixtral, intermediate_size=128), torch.float32, 1, list(BLOCK_FORMATS)),
+            ("mixtral_blocks", dict(mixtral, intermediate_size=128), torch.float32, 1, BLOCKS_OF_32),
             ("qwen2_moe_blocks", dict(qwen2_moe, intermediate_size=128, moe_intermediate_size=64,
                                       shared_expert_intermediate_size=128), torch.bfloat16, 1,
-             list(BLOCK_FORMATS))]
+             BLOCKS_OF_32),
+            # GGML's K formats, super-blocks of 256: every projection's inputs whole super-blocks
+            # on every mesh (hidden 256, 4 heads of 128, FFNs of 512: 256 a device on tp2).
+            ("llama_k_blocks", dict(untied, hidden_size=256, head_dim=128, intermediate_size=512), torch.float32, 1,
+             K_QUANTS),
+            ("qwen3_moe_k_blocks", dict(qwen3_moe, hidden_size=256, head_dim=128, intermediate_size=512,
+                                        moe_intermediate_size=512), torch.bfloat16, 1, K_QUANTS)]
 
 
 def sparse(c, layer):
@@ -220,17 +227,24 @@ class Model:
         self.stored = stored
         self.router = None  # a list: every MoE layer's (probabilities, top-k choices) are appended
         self.t = {}
+        self.stored_weights = {}  # w()'s results by name
         for file in sorted(os.listdir(d)):
             if file.endswith(".safetensors"):
                 self.t.update(read_safetensors(os.path.join(d, file)))
 
     def w(self, name):
         """A weight as numesh stores it: bf16 storage rounds it (exact when already bf16); a block
-        format quantizes each row (a linear's inputs, an embedding's hidden) and dequantizes."""
-        x = self.t[name].double()
-        if self.stored in BLOCK_FORMATS:
-            return torch.from_numpy(stored_rows(x.float().numpy(), self.stored)).double()
-        return x.float().to(torch.bfloat16).double() if self.stored == "bf16" else x
+        format quantizes each row (a linear's inputs, an embedding's hidden) and dequantizes.
+        Kept once made: the K formats' quantizers search each block, and every forward reads
+        every weight."""
+        if name not in self.stored_weights:
+            x = self.t[name].double()
+            if self.stored in BLOCK_FORMATS:
+                x = torch.from_numpy(stored_rows(x.float().numpy(), self.stored)).double()
+            elif self.stored == "bf16":
+                x = x.float().to(torch.bfloat16).double()
+            self.stored_weights[name] = x
+        return self.stored_weights[name]
 
     def linear(self, x, name, bias=None):
         if self.stored == "bf16":
@@ -371,9 +385,13 @@ def check(d):
     with open(os.path.join(d, "results.json")) as f:
         results = json.load(f)["results"]
     failed = 0
+    models = {}  # one Model a case and stored format: its stored weights are made once
     for r in results:
         case = next(c for c in cases if c["name"] == r["name"])
-        model = Model(os.path.join(d, r["name"]), r["stored"])
+        key = (r["name"], r["stored"])
+        if key not in models:
+            models[key] = Model(os.path.join(d, r["name"]), r["stored"])
+        model = models[key]
         prompt = torch.tensor(case["prompt"])
         bound = BOUNDS[r["stored"]]
         label = f"{r['name']} ({r['stored']} weights) on {r['mesh']}"

@@ -18,6 +18,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
+#include "numesh/runtime/convert.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -179,8 +180,14 @@ struct Blocks {
   WeightMatrix matrix() const { return {data(), dtype, ld, outputs, WeightLayout::kOutIn, ld}; }
 };
 
+bool is_super_block(DType t) { return traits(t).block_elements == 256; }
+
+// Byte offset of a block's (first) f16 scale: Q6_K keeps its d last.
+std::int64_t scale_offset(DType t) { return t == DType::kQ6_K ? 208 : 0; }
+
+// `foreign`: codes GGML's quantizers do not write but a foreign file may hold.
 Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t seed,
-                   bool minus_128 = false) {
+                   bool foreign = false) {
   Blocks b{t, outputs, ld, {}};
   b.storage.resize(static_cast<std::size_t>((outputs * b.row_bytes() + 1) / 2));
   std::mt19937 rng(seed);
@@ -188,17 +195,13 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
   std::vector<float> row(static_cast<std::size_t>(ld));
   for (std::int64_t j = 0; j < outputs; ++j) {
     for (float& x : row) x = normal(rng);
-    unsigned char* at = b.bytes() + j * b.row_bytes();
-    const std::size_t blocks = static_cast<std::size_t>(ld / 32);
-    if (t == DType::kQ8_0) {
-      runtime::quantize_q8_0(row, {reinterpret_cast<runtime::BlockQ8_0*>(at), blocks});
-    } else {
-      runtime::quantize_q4_0(row, {reinterpret_cast<runtime::BlockQ4_0*>(at), blocks});
-    }
+    // The runtime's codec: quantize_q8_0, q4_0, q4_k or q6_k on the row.
+    runtime::convert_elements(row.data(), DType::kF32, b.bytes() + j * b.row_bytes(), t,
+                              row.size());
   }
-  if (minus_128 && t == DType::kQ8_0) {
-    // Codes GGML never writes but a foreign file may hold: -128 here and there, and block 1 of
-    // output 2 all -128 (its pair sums are the largest vpmaddubsw sees).
+  if (foreign && t == DType::kQ8_0) {
+    // -128 here and there, and block 1 of output 2 all -128 (its pair sums are the largest
+    // vpmaddubsw sees).
     std::uniform_int_distribution<std::int64_t> pick(0, outputs * ld - 1);
     for (int i = 0; i < outputs * ld / 16; ++i) {
       const std::int64_t e = pick(rng), j = e / ld, r = e % ld;
@@ -207,13 +210,52 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
     const std::int64_t j = std::min<std::int64_t>(2, outputs - 1);  // the first of dot_case's view
     for (int e = 0; e < 32; ++e) b.bytes()[j * b.row_bytes() + 34 + 2 + e] = 0x80;
   }
+  if (foreign && is_super_block(t)) {
+    // A quarter of the super-blocks random bytes but for their f16 scales: any 6-bit scale,
+    // minimum and nibble (Q4_K), any int8 scale and 6-bit code (Q6_K); and super-block 1 of
+    // output 2 at the extremes, the largest magnitudes the integer sums see (Q4_K: scales and
+    // minimums 63, codes 15; Q6_K: scales -128, codes 0, that is -32).
+    const std::int64_t bytes = traits(t).block_bytes, keep = scale_offset(t);
+    const std::int64_t kept = t == DType::kQ4_K ? 4 : 2;  // Q4_K: d and dmin
+    std::uniform_int_distribution<int> byte(0, 255), quarter(0, 3);
+    for (std::int64_t s = 0; s < outputs * (ld / 256); ++s) {
+      if (quarter(rng) != 0) continue;
+      unsigned char* block = b.bytes() + s / (ld / 256) * b.row_bytes() + s % (ld / 256) * bytes;
+      for (std::int64_t i = 0; i < bytes; ++i) {
+        if (i < keep || i >= keep + kept) block[i] = static_cast<unsigned char>(byte(rng));
+      }
+    }
+    if (ld >= 512) {
+      unsigned char* block =
+          b.bytes() + std::min<std::int64_t>(2, outputs - 1) * b.row_bytes() + bytes;
+      if (t == DType::kQ4_K) {
+        std::fill(block + 4, block + 144, 0xFF);  // the 6-bit codes and the nibbles
+      } else {
+        std::fill(block, block + 192, 0x00);
+        std::fill(block + 192, block + 208, 0x80);
+      }
+    }
+  }
   return b;
 }
 
 using DotFn = void (*)(std::int64_t, const std::int8_t*, const float*, const WeightMatrix&, float*,
                        std::int64_t, KernelLevel);
 
-DotFn dot_of(DType t) { return t == DType::kQ8_0 ? dot_gemm_q8_0 : dot_gemm_q4_0; }
+DotFn dot_of(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return dot_gemm_q8_0;
+    case DType::kQ4_0:
+      return dot_gemm_q4_0;
+    case DType::kQ4_K:
+      return dot_gemm_q4_k;
+    default:
+      return dot_gemm_q6_k;
+  }
+}
+
+constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
 
 // Runs the dot kernel into a c of NaN with a sentinel in its padding (which must survive);
 // returns c packed to [m, n].
@@ -244,8 +286,8 @@ bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
 }
 
 // One dot case: m rows of activations (rows k + 32 apart, quantized at the scalar level) and a
-// view of n outputs starting at output 2 of a matrix of n + 5 outputs whose rows hold k + 64
-// inputs.
+// view of n outputs starting at output 2 of a matrix of n + 5 outputs whose rows hold two blocks
+// more than k (k + 64 inputs, k + 512 for the super-block formats).
 struct DotCase {
   DType dtype;
   std::int64_t m, n, k;
@@ -263,19 +305,25 @@ DotCase dot_case(DType t, std::int64_t m, std::int64_t n, std::int64_t k, std::u
   std::vector<float> a(static_cast<std::size_t>(m * lda));
   for (float& x : a) x = normal(rng);
   Quantized q = quantize(m, k, a, lda, KernelLevel::kScalar);
-  Blocks w = make_blocks(t, n + 5, k + 64, seed + 1, /*minus_128=*/true);
+  Blocks w = make_blocks(t, n + 5, k + 2 * traits(t).block_elements, seed + 1, /*foreign=*/true);
   const WeightMatrix b = w.matrix().outputs(2, n).inputs(0, k);
   const std::string label = std::string(to_string(t)) + " m" + std::to_string(m) + " n" +
                             std::to_string(n) + " k" + std::to_string(k);
   return {t, m, n, k, std::move(a), std::move(q), std::move(w), b, label};
 }
 
+// Depths that are one, two, three and many blocks (an odd count among them), for a format.
+std::vector<std::int64_t> dot_depths(DType t) {
+  if (is_super_block(t)) return {256, 512, 768, 4096 + 256};
+  return {32, 64, 96, 1024, 4096 + 32};
+}
+
 TEST_P(BlockGemmLevelTest, DotEqualsTheScalarLevelBitForBit) {
   std::uint32_t seed = 1;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : kBlockFormats) {
     for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13, 16}) {
       for (std::int64_t n : {1, 7, 33}) {
-        for (std::int64_t k : {32, 64, 96, 1024, 4096 + 32}) {
+        for (std::int64_t k : dot_depths(t)) {
           const DotCase cs = dot_case(t, m, n, k, seed += 3);
           const std::string label = cs.label + " at " + level_name(level());
           const std::vector<float> scalar = run_dot(m, cs.q, cs.b, KernelLevel::kScalar, label);
@@ -349,6 +397,158 @@ TEST(BlockGemmTest, TheScalarDotIsItsOrdersValueAndWithinTheQuantizationBound) {
   }
 }
 
+// ---- Q4_K and Q6_K ---------------------------------------------------------------------------
+
+// Input e (0 .. 255) of a super-block as the header reads it, decoded here from GGML's layout
+// (runtime/block_formats.hpp), apart from the kernels: its weight code q_w (Q4_K: the nibble;
+// Q6_K: q - 32), its sub-block scale ds = d sc and (Q4_K) minimum dm = dmin m, exact in f32.
+struct SuperElement {
+  int code;
+  float ds;
+  float dm;
+};
+
+SuperElement super_element(const unsigned char* block, DType t, std::int64_t e) {
+  auto f16 = [&](std::int64_t at) {
+    return f32_from_f16(static_cast<std::uint16_t>(block[at] | (block[at + 1] << 8)));
+  };
+  if (t == DType::kQ4_K) {
+    const unsigned char* packed = block + 4;  // get_scale_min_k4
+    const std::int64_t j = e / 32, byte = block[16 + 32 * (e / 64) + e % 32];
+    const int sc = j < 4 ? packed[j] & 63 : (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    const int m = j < 4 ? packed[j + 4] & 63 : (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+    return {static_cast<int>(e % 64 < 32 ? byte & 0x0F : byte >> 4),
+            f16(0) * static_cast<float>(sc), f16(2) * static_cast<float>(m)};
+  }
+  const std::int64_t half = e / 128, quarter = e % 128 / 32, l = e % 32;
+  const int low = block[64 * half + 32 * (quarter % 2) + l];
+  const int high = (block[128 + 32 * half + l] >> (2 * quarter)) & 3;
+  const int q = (quarter < 2 ? low & 0x0F : low >> 4) | (high << 4);
+  const auto sc = static_cast<std::int8_t>(block[192 + e / 16]);
+  return {q - 32, f16(208) * static_cast<float>(sc), 0.0f};
+}
+
+// The header's Q4_K / Q6_K order written out from its text: output j of row i of a dot case.
+float super_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
+  const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
+  const std::int64_t blocks = cs.k / 32;
+  const std::int8_t* q_a = cs.q.codes.data() + i * cs.k;
+  const float* d_a = cs.q.scales.data() + i * blocks;
+  float s[16] = {};
+  for (std::int64_t b = 0; b < cs.k / 256; ++b) {
+    const unsigned char* block = row + b * traits(cs.dtype).block_bytes;
+    for (std::int64_t t = 8 * b; t < 8 * b + 8; ++t) {
+      for (std::int64_t l = 0; l < 8; ++l) {
+        std::int32_t isum = 0;
+        for (std::int64_t e = 4 * l; e < 4 * l + 4; ++e)
+          isum += q_a[32 * t + e] * super_element(block, cs.dtype, 32 * (t % 8) + e).code;
+        const float scale = d_a[t] * super_element(block, cs.dtype, 32 * (t % 8) + 4 * l).ds;
+        float& lane = s[(t % 2) * 8 + l];
+        lane = std::fma(static_cast<float>(isum), scale, lane);
+      }
+    }
+    if (cs.dtype == DType::kQ4_K) {
+      for (std::int64_t l = 0; l < 8; ++l) {
+        const std::int64_t t = 8 * b + l;
+        std::int32_t sum = 0;
+        for (std::int64_t e = 0; e < 32; ++e) sum += q_a[32 * t + e];
+        const float sum_a = d_a[t] * static_cast<float>(sum);
+        s[l] = std::fma(sum_a, -super_element(block, cs.dtype, 32 * l).dm, s[l]);
+      }
+    }
+  }
+  float u[8];
+  for (int l = 0; l < 8; ++l) u[l] = s[l] + s[l + 8];
+  for (int l = 0; l < 4; ++l) u[l] += u[l + 4];
+  for (int l = 0; l < 2; ++l) u[l] += u[l + 2];
+  return u[0] + u[1];
+}
+
+// The scalar level is the header's order bit for bit (and every level the scalar one:
+// DotEqualsTheScalarLevelBitForBit), on GGML's blocks and on foreign ones.
+TEST(BlockGemmTest, SuperBlockDotIsTheHeadersOrderBitForBit) {
+  std::uint32_t seed = 300;
+  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+    for (std::int64_t k : {256, 768, 4096 + 256}) {
+      const DotCase cs = dot_case(t, 5, 9, k, seed += 7);
+      const std::vector<float> c = run_dot(cs.m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
+      for (std::int64_t i = 0; i < cs.m; ++i) {
+        for (std::int64_t j = 0; j < cs.n; ++j) {
+          const float want = super_order(cs, i, j);
+          ASSERT_EQ(bits(c[static_cast<std::size_t>(i * cs.n + j)]), bits(want))
+              << cs.label << " [" << i << ", " << j << "]: " << want;
+        }
+      }
+    }
+  }
+}
+
+// The weights as the runtime's dequantizer gives them, output j's k inputs.
+std::vector<float> dequantized(const DotCase& cs, std::int64_t j) {
+  std::vector<float> w(static_cast<std::size_t>(cs.k));
+  const auto blocks = static_cast<std::size_t>(cs.k / 256);
+  const void* row = cs.b.stored_row(j);
+  if (cs.dtype == DType::kQ4_K) {
+    runtime::dequantize_q4_k({static_cast<const runtime::BlockQ4_K*>(row), blocks}, w);
+  } else {
+    runtime::dequantize_q6_k({static_cast<const runtime::BlockQ6_K*>(row), blocks}, w);
+  }
+  return w;
+}
+
+// The header's bounds on random rows: against the float64 product of the quantized activations
+// and runtime::dequantize_q4_k / q6_k's weights, (L + 5) 2^-24 (P + M) (Q4_K: plus 2^-24 (P + M)
+// for the dequantizer's rounding); against the original activations, that plus the quantization
+// term. Q6_K's dequantized weights are the kernel's exactly.
+TEST(BlockGemmTest, SuperBlockDotIsWithinTheHeadersBounds) {
+  std::uint32_t seed = 500;
+  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+    for (std::int64_t k : {256, 1024, 4096 + 256, 16384}) {
+      const std::int64_t m = 3, n = 7, lda = k + 32;
+      const DotCase cs = dot_case(t, m, n, k, seed += 5);
+      const std::vector<float> c = run_dot(m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
+      const double lanes =
+          t == DType::kQ4_K ? 5.0 * static_cast<double>(k) / 256 : static_cast<double>(k) / 64;
+      const double rounding = std::ldexp(1.0, -24);
+      double used = 0.0, used_quantized = 0.0;  // the largest shares of the bounds errors take
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
+        const std::vector<float> w = dequantized(cs, j);
+        for (std::int64_t i = 0; i < m; ++i) {
+          double product = 0.0, exact = 0.0, p = 0.0, mins = 0.0, quantization = 0.0;
+          for (std::int64_t e = 0; e < k; ++e) {
+            const std::int64_t t32 = e / 32;
+            const double d_a = cs.q.scales[static_cast<std::size_t>(i * (k / 32) + t32)];
+            const double a_q = cs.q.codes[static_cast<std::size_t>(i * k + e)] * d_a;
+            const double we = w[static_cast<std::size_t>(e)];
+            const SuperElement x = super_element(row + e / 256 * traits(t).block_bytes, t, e % 256);
+            product += a_q * we;
+            exact += static_cast<double>(cs.a[static_cast<std::size_t>(i * lda + e)]) * we;
+            p += std::abs(a_q * x.ds * x.code);
+            mins += std::abs(a_q * x.dm);
+            quantization += d_a * (0.5 + std::ldexp(1.0, -12)) * std::abs(we);
+          }
+          const double dequantizing = t == DType::kQ4_K ? 1.0 : 0.0;
+          const double bound = (lanes + 5 + dequantizing) * rounding * (p + mins);
+          const double got = c[static_cast<std::size_t>(i * n + j)];
+          const std::string where =
+              cs.label + " [" + std::to_string(i) + ", " + std::to_string(j) + "]";
+          EXPECT_LE(std::abs(got - product), bound) << where;
+          EXPECT_LE(std::abs(got - exact), quantization + bound) << where;
+          used_quantized = std::max(used_quantized, std::abs(got - product) / bound);
+          used = std::max(used, std::abs(got - exact) / (quantization + bound));
+        }
+      }
+      // The bounds are tight enough to mean something: some error takes a part of each (of
+      // the whole, 11 % at k = 256 down to 1.1 % at 16384; of the accumulation term, which
+      // grows with k as a worst case where the errors grow as a random walk, 1.3-1.9 % down to
+      // 0.02-0.04 %).
+      EXPECT_GT(used, 0.005) << cs.label;
+      EXPECT_GT(used_quantized, 1e-4) << cs.label;
+    }
+  }
+}
+
 // One output of Q8_0 weights with the given codes (32 a block) and f16 scale bits per block.
 std::vector<std::uint16_t> q8_0_row(const std::vector<int>& codes, std::uint16_t scale_bits) {
   const std::size_t blocks = codes.size() / 32;
@@ -416,12 +616,17 @@ TEST_P(BlockGemmLevelTest, WeightCodesOfMinus128MultiplyExactly) {
 // A NaN weight scale (f16 0x7E00) makes its output NaN in every row and no other; a NaN
 // activation makes every output of its row NaN and no other row's.
 TEST_P(BlockGemmLevelTest, NaNReachesExactlyTheOutputsItFeeds) {
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    const std::int64_t m = 6, n = 9, k = 160;
+  for (DType t : kBlockFormats) {
+    const std::int64_t m = 6, n = 9, k = 5 * traits(t).block_elements;
     Blocks w = make_blocks(t, n, k, 17);
-    unsigned char* block = w.bytes() + 4 * w.row_bytes() + 3 * traits(t).block_bytes;
+    unsigned char* block =
+        w.bytes() + 4 * w.row_bytes() + 3 * traits(t).block_bytes + scale_offset(t);
     block[0] = 0x00;
     block[1] = 0x7E;
+    if (t == DType::kQ4_K) {  // its dmin too, on another super-block
+      block[traits(t).block_bytes + 2] = 0x00;
+      block[traits(t).block_bytes + 3] = 0x7E;
+    }
     std::vector<float> a(static_cast<std::size_t>(m * k), 0.25f);
     a[static_cast<std::size_t>(2 * k + 77)] = kNaN;
     const std::string label = std::string(to_string(t)) + " at " + level_name(level());
@@ -438,7 +643,8 @@ TEST_P(BlockGemmLevelTest, NaNReachesExactlyTheOutputsItFeeds) {
 
 // k = 0 writes zeros; m = 0 or n = 0 writes nothing.
 TEST_P(BlockGemmLevelTest, EmptyDotProducts) {
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : kBlockFormats) {
+    const std::int64_t block = traits(t).block_elements;
     const std::string label = std::string(to_string(t)) + " at " + level_name(level());
     const std::vector<std::uint16_t> none(1, 0);
     const std::vector<std::int8_t> codes(1, 0);
@@ -449,9 +655,9 @@ TEST_P(BlockGemmLevelTest, EmptyDotProducts) {
     for (float x : c) EXPECT_EQ(bits(x), 0u) << label;
     c.assign(6, kSentinel);
     dot_of(t)(0, codes.data(), scales.data(),
-              WeightMatrix{none.data(), t, 32, 3, WeightLayout::kOutIn}, c.data(), 3, level());
+              WeightMatrix{none.data(), t, block, 3, WeightLayout::kOutIn}, c.data(), 3, level());
     dot_of(t)(2, codes.data(), scales.data(),
-              WeightMatrix{none.data(), t, 32, 0, WeightLayout::kOutIn}, c.data(), 3, level());
+              WeightMatrix{none.data(), t, block, 0, WeightLayout::kOutIn}, c.data(), 3, level());
     for (float x : c) EXPECT_EQ(x, kSentinel) << label;
   }
 }
@@ -491,6 +697,51 @@ TEST(BlockGemmTest, DotRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
                       WeightMatrix{w.data(), DType::kQ8_0, 32, 2, WeightLayout::kOutIn}, c, 1);
       },
       ThrowsMessage<ShapeError>(HasSubstr("n 2, k 32 with ldb 32, ldc 1")));
+}
+
+TEST(BlockGemmTest, SuperBlockDotRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
+  const std::vector<std::uint16_t> w(512, 0);
+  const std::vector<std::int8_t> codes(1024, 0);
+  const std::vector<float> scales(32, 1.0f);
+  float c[4];
+  const WeightLayout out_in = WeightLayout::kOutIn;
+  auto matrix = [&](DType t, std::int64_t k, std::int64_t n, WeightLayout layout, std::int64_t ld) {
+    return WeightMatrix{w.data(), t, k, n, layout, ld};
+  };
+  auto run = [&](DotFn dot, std::int64_t m, const WeightMatrix& b, std::int64_t ldc) {
+    dot(m, codes.data(), scales.data(), b, c, ldc, runtime::kernel_level());
+  };
+  EXPECT_THAT(
+      [&] { run(dot_gemm_q4_k, 1, matrix(DType::kQ4_0, 256, 1, out_in, 0), 1); },
+      ThrowsMessage<TypeError>(HasSubstr("dot_gemm_q4_k: weights of dtype q4_0; it takes q4_k")));
+  EXPECT_THAT(
+      [&] { run(dot_gemm_q6_k, 1, matrix(DType::kQ4_K, 256, 1, out_in, 0), 1); },
+      ThrowsMessage<TypeError>(HasSubstr("dot_gemm_q6_k: weights of dtype q4_k; it takes q6_k")));
+  // In-out weights, k or ldb not whole super-blocks, a negative size, a short ldb or ldc.
+  struct Refusal {
+    DotFn dot;
+    std::int64_t m;
+    WeightMatrix b;
+    std::int64_t ldc;
+    const char* message;
+  };
+  for (const Refusal& r :
+       {Refusal{dot_gemm_q6_k, 1, matrix(DType::kQ6_K, 256, 1, WeightLayout::kInOut, 0), 1,
+                "dot_gemm_q6_k: q6_k weights stored in-out"},
+        Refusal{dot_gemm_q4_k, 1, matrix(DType::kQ4_K, 128, 1, out_in, 0), 1,
+                "dot_gemm_q4_k: m 1, n 1, k 128 with ldb 128, ldc 1: sizes must be >= 0, k and "
+                "ldb whole blocks of 256"},
+        Refusal{dot_gemm_q6_k, 1, matrix(DType::kQ6_K, 256, 1, out_in, 384), 1,
+                "k 256 with ldb 384"},
+        Refusal{dot_gemm_q6_k, -1, matrix(DType::kQ6_K, 256, 1, out_in, 0), 1,
+                "dot_gemm_q6_k: m -1, n 1, k 256"},
+        Refusal{dot_gemm_q4_k, 1, matrix(DType::kQ4_K, 512, 1, out_in, 256), 1,
+                "k 512 with ldb 256"},
+        Refusal{dot_gemm_q4_k, 1, matrix(DType::kQ4_K, 256, 2, out_in, 0), 1,
+                "n 2, k 256 with ldb 256, ldc 1"}}) {
+    EXPECT_THAT([&] { run(r.dot, r.m, r.b, r.ldc); },
+                ThrowsMessage<ShapeError>(HasSubstr(r.message)));
+  }
 }
 
 // ---- Prefill
@@ -595,14 +846,21 @@ TEST(BlockGemmTest, GemmDequantizedRefusesOtherFormatsAndPartialBlocks) {
         gemm_dequantized(1, a.data(), 32,
                          WeightMatrix{w.data(), DType::kF16, 32, 1, WeightLayout::kOutIn}, c, 1);
       },
-      ThrowsMessage<TypeError>(HasSubstr("gemm_dequantized: weights of dtype f16; it takes q8_0 "
-                                         "or q4_0")));
+      ThrowsMessage<TypeError>(
+          HasSubstr("gemm_dequantized: weights of dtype f16; it takes the block formats")));
   EXPECT_THAT(
       [&] {
         gemm_dequantized(1, a.data(), 48,
                          WeightMatrix{w.data(), DType::kQ4_0, 48, 1, WeightLayout::kOutIn}, c, 1);
       },
       ThrowsMessage<ShapeError>(HasSubstr("k 48 with lda 48, ldb 48")));
+  EXPECT_THAT(
+      [&] {
+        gemm_dequantized(1, a.data(), 64,
+                         WeightMatrix{w.data(), DType::kQ4_K, 64, 1, WeightLayout::kOutIn}, c, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("k 64 with lda 64, ldb 64, ldc 1: sizes must be >= 0, k "
+                                          "and ldb whole blocks of 256 (q4_k)")));
   EXPECT_THAT(
       [&] {
         gemm_dequantized(1, a.data(), 32,

@@ -371,7 +371,8 @@ RowMatrix quantized_activations(const RowMatrix& a) {
   return q;
 }
 
-// device_gemm on GGML block formats (stored out-in, blocks along each output's inputs): decode
+// device_gemm on GGML block formats (q8_0, q4_0, q4_k, q6_k; stored out-in, blocks along each
+// output's inputs): decode
 // products (the integer dot kernels over blocks of outputs) and prefill tiles (dequantized panels
 // through the fp32 GEMM) give the product of the quantized activations and the dequantized
 // weights, the same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after 256 takes
@@ -382,10 +383,15 @@ TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
   };
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
                                             8);
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    for (const Shape sh :
-         {Shape{1, 32, 8}, Shape{3, 1024, 70}, Shape{1, 1024, 4096}, Shape{16, 320, 257},
-          Shape{17, 64, 100}, Shape{130, 96, 777}, Shape{260, 320, 40}}) {
+  const std::vector<Shape> blocks_of_32{
+      Shape{1, 32, 8},    Shape{3, 1024, 70},  Shape{1, 1024, 4096}, Shape{16, 320, 257},
+      Shape{17, 64, 100}, Shape{130, 96, 777}, Shape{260, 320, 40}};
+  // The K formats' super-blocks of 256: k whole super-blocks, the same m and n.
+  const std::vector<Shape> blocks_of_256{
+      Shape{1, 256, 8},    Shape{3, 1024, 70},   Shape{1, 1024, 4096}, Shape{16, 512, 257},
+      Shape{17, 256, 100}, Shape{130, 256, 777}, Shape{260, 512, 40}};
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (const Shape sh : traits(t).block_elements == 256 ? blocks_of_256 : blocks_of_32) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       // Stored out-in: output j's k inputs, quantized as one row.
       RowMatrix out_in = w.transpose();

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -659,6 +660,41 @@ TEST(BlockKQuantsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
   EXPECT_EQ(q6[0].scales[0], -128);
   EXPECT_EQ(q6[1].d, 0xABCD);
   EXPECT_EQ(q6[2].d, 0xABCD);
+}
+
+// core/dtype.hpp's widened_element (the one-element decoder references and tests use, written
+// apart from the runtime's codecs) gives exactly what each format's dequantizer gives, on random
+// bytes whose f16 scales are finite: every code, sub-block scale and min pattern.
+template <typename Block>
+void expect_widened_elements_match(DType t,
+                                   void (*dequantize)(std::span<const Block>, std::span<float>)) {
+  constexpr std::size_t kBlocks = 64;
+  std::vector<Block> blocks(kBlocks);
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto* bytes = reinterpret_cast<unsigned char*>(blocks.data());
+  for (std::size_t i = 0; i < kBlocks * sizeof(Block); ++i)
+    bytes[i] = static_cast<unsigned char>(byte(rng));
+  // Finite scales: f16 exponents below all ones (Q6_K keeps its d last, the others first).
+  for (Block& b : blocks) {
+    b.d = static_cast<std::uint16_t>(b.d & 0xBBFF);
+    if constexpr (requires { b.dmin; }) b.dmin = static_cast<std::uint16_t>(b.dmin & 0xBBFF);
+  }
+  const std::int64_t per_block = traits(t).block_elements;
+  std::vector<float> want(kBlocks * static_cast<std::size_t>(per_block));
+  dequantize(blocks, want);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const float got = widened_element(blocks.data(), t, static_cast<std::int64_t>(i));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(want[i]))
+        << to_string(t) << " element " << i << ": " << got << " vs " << want[i];
+  }
+}
+
+TEST(BlockFormatsTest, WidenedElementsAreTheDequantizersValuesBitForBit) {
+  expect_widened_elements_match<BlockQ8_0>(DType::kQ8_0, dequantize_q8_0);
+  expect_widened_elements_match<BlockQ4_0>(DType::kQ4_0, dequantize_q4_0);
+  expect_widened_elements_match<BlockQ4_K>(DType::kQ4_K, dequantize_q4_k);
+  expect_widened_elements_match<BlockQ6_K>(DType::kQ6_K, dequantize_q6_k);
 }
 
 }  // namespace

@@ -108,16 +108,18 @@ TEST(DtypeTest, TheFormatTableNamesSizesAndParsesEveryFormat) {
     EXPECT_EQ(static_cast<std::int64_t>(dtype_size(f.dtype)),
               f.block_elements == 1 ? f.block_bytes : 0)
         << f.name;
-    EXPECT_EQ(row_bytes(f.dtype, 96), 96 * f.block_bytes / f.block_elements) << f.name;
+    EXPECT_EQ(row_bytes(f.dtype, 768), 768 * f.block_bytes / f.block_elements) << f.name;
   }
   EXPECT_EQ(dtype_size(DType::kF32), 4U);
   EXPECT_EQ(dtype_size(DType::kBF16), 2U);
   EXPECT_EQ(dtype_size(DType::kF16), 2U);
   EXPECT_EQ(row_bytes(DType::kQ8_0, 64), 68) << "GGML's block_q8_0: 34 bytes a 32";
   EXPECT_EQ(row_bytes(DType::kQ4_0, 64), 36) << "GGML's block_q4_0: 18 bytes a 32";
-  EXPECT_THAT(
-      [] { (void)parse_dtype("q4"); },
-      ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16, f16, q8_0 or q4_0"));
+  EXPECT_EQ(row_bytes(DType::kQ4_K, 512), 288) << "GGML's block_q4_K: 144 bytes a 256";
+  EXPECT_EQ(row_bytes(DType::kQ6_K, 512), 420) << "GGML's block_q6_K: 210 bytes a 256";
+  EXPECT_THAT([] { (void)parse_dtype("q4"); },
+              ::testing::ThrowsMessage<ValueError>(
+                  "dtype 'q4': expected f32, bf16, f16, q8_0, q4_0, q4_k or q6_k"));
   EXPECT_THAT([] { (void)row_bytes(DType::kF32, -1); },
               ::testing::ThrowsMessage<ValueError>(
                   "f32: a row of -1 elements is not a whole number of 1-element blocks"));

@@ -262,9 +262,10 @@ void report_decode_read_bandwidth(const DecodeReadBandwidth& read, std::size_t b
   }
   out << "\n";
   for (const std::string& note : notes) out << "note: " << note << "\n";
-  out << fmt::format("\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n",
-                     "hidden", "ffn", "layers", "heads", "params M", "dtype", "MB/step", "step ms",
-                     "tokens/s", "GB/s", "of read", "x f32");
+  out << fmt::format(
+      "\n{:>7} {:>7} {:>6} {:>7} {:>9} {:>5} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7} {:>6}\n", "hidden",
+      "ffn", "layers", "heads", "params M", "dtype", "B/wt", "MB/step", "step ms", "tokens/s",
+      "GB/s", "of read", "x f32");
   out.flush();
 }
 
@@ -283,6 +284,7 @@ nlohmann::json decode_row_json(const BenchDecodeOptions& o, const DecodeFigures&
       {"parameters", c.parameters()},
       {"dtype", to_string(dtype)},
       {"weight_bytes", c.parameters() * traits(dtype).block_bytes / traits(dtype).block_elements},
+      {"bytes_per_weight", bytes_per_weight(dtype)},
       {"batch", o.batch},
       {"prompt", o.prompt},
       {"steps", o.steps},
@@ -314,12 +316,12 @@ nlohmann::json measure_decode_rows(const BenchDecodeOptions& o, const CheckedDec
       const double speedup =
           f32_tokens_per_second > 0.0 ? tokens_per_second / f32_tokens_per_second : 0.0;
       out << fmt::format(
-          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} {:>7.2f} "
-          "{:>6}\n",
+          "{:>7} {:>7} {:>6} {:>7} {:>9.2f} {:>5} {:>6.3f} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.2f} "
+          "{:>7.2f} {:>6}\n",
           config.hidden, config.ffn, config.layers,
           fmt::format("{}/{}", config.attention.num_heads, config.attention.num_kv_heads),
-          static_cast<double>(config.parameters()) / 1e6, to_string(dtype), f.bytes_per_step / 1e6,
-          f.median_step * 1e3, tokens_per_second, f.gbps, fraction,
+          static_cast<double>(config.parameters()) / 1e6, to_string(dtype), bytes_per_weight(dtype),
+          f.bytes_per_step / 1e6, f.median_step * 1e3, tokens_per_second, f.gbps, fraction,
           speedup > 0.0 ? fmt::format("{:.2f}", speedup) : std::string("-"));
       out.flush();
       models.push_back(decode_row_json(o, f, dtype, tokens_per_second, fraction, speedup));

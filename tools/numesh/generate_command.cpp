@@ -393,9 +393,11 @@ BaselineReport measure_baselines(const GenerateOptions& o, const Prompts& p, con
     const double step_gbps =
         step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
     r.decode_note = fmt::format(
-        "         {:.1f} MB a step at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s (the "
-        "decode at {:.2f} of it)\n",
-        step_bytes / 1e6, step_gbps, read, step_gbps / read);
+        "         {:.1f} MB a step ({} weights, {:.4g} bytes a weight) at {:.2f} GB/s; the memory "
+        "read bandwidth: {:.2f} GB/s (the decode at {:.2f} of it)\n",
+        step_bytes / 1e6, to_string(e.dtype()), bytes_per_weight(e.dtype()), step_gbps, read,
+        step_gbps / read);
+    r.json["bytes_per_weight"] = bytes_per_weight(e.dtype());
     r.json["decode_bytes_per_step"] = step_bytes;
     r.json["decode_gbps"] = step_gbps;
     r.json["read_gbps"] = read;
@@ -549,10 +551,10 @@ all have stopped.)");
   cmd->add_option("--seed", o.seed,
                   "Sampling: the generator's seed (the same seed gives the same tokens)")
       ->capture_default_str();
-  cmd->add_option(
-         "--dtype", o.dtype,
-         "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0 or q4_0 blocks "
-         "quantized at load (norms and routers stay f32)")
+  cmd->add_option("--dtype", o.dtype,
+                  "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0, q4_0, q4_k "
+                  "or q6_k blocks "
+                  "quantized at load (norms and routers stay f32)")
       ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "

@@ -121,11 +121,11 @@ Examples:
   cmd->add_option("--norm-eps", o.norm_eps, "RMSNorm epsilon (block)")->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();
-  cmd->add_option(
-         "--dtype", o.dtype,
-         "Storage dtype of the operator's matrices: f32, bf16, f16, q8_0 or q4_0 (the .npy "
-         "files are f32 and are rounded or quantized; the reference uses the stored "
-         "weights)")
+  cmd->add_option("--dtype", o.dtype,
+                  "Storage dtype of the operator's matrices: f32, bf16, f16, q8_0, q4_0, q4_k or "
+                  "q6_k (the .npy "
+                  "files are f32 and are rounded or quantized; the reference uses the stored "
+                  "weights)")
       ->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed runs (median)")->capture_default_str();
   cmd->add_flag("--no-check", o.no_check, "Skip the comparison with the dense reference");

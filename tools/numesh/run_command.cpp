@@ -194,6 +194,8 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
       break;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       c.bound = kBlockFormatCheckBound;
       break;
   }
@@ -369,10 +371,11 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype,
-                  "Weights' storage dtype: f32, bf16, f16, q8_0 or q4_0 (norms and routers stay "
-                  "f32; bf16 weights multiply bf16-rounded activations, q8_0 / q4_0 weights "
-                  "activations quantized to 8 bits a block of 32; sums are f32)")
+  cmd->add_option(
+         "--dtype", o.dtype,
+         "Weights' storage dtype: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (norms and routers stay "
+         "f32; bf16 weights multiply bf16-rounded activations, q8_0 / q4_0 weights "
+         "activations quantized to 8 bits a block of 32; sums are f32)")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed prefill runs (median)")->capture_default_str();

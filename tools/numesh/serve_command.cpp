@@ -228,9 +228,10 @@ Examples:
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,
                 "Do not reuse the cached blocks of a prompt's prefix");
-  cmd->add_option("--dtype", o.dtype,
-                  "How the devices store the matrices: f32, bf16, f16, q8_0 or q4_0 (blocks "
-                  "quantized at load)")
+  cmd->add_option(
+         "--dtype", o.dtype,
+         "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
+         "quantized at load)")
       ->capture_default_str();
   cmd->add_option("--api-key", o.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");

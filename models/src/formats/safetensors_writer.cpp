@@ -28,6 +28,8 @@ std::string_view header_dtype(DType d) {
       return "F16";
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;  // refused by write_safetensors
   }
   return "?";
@@ -44,6 +46,8 @@ int rust_rank(DType d) {
       return 13;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;  // refused by write_safetensors
   }
   return 0;
@@ -66,6 +70,8 @@ std::string stored_bytes(const runtime::HostTensor& t, DType d) {
       break;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       return out;  // refused by write_safetensors
   }
   std::memcpy(out.data(), bits.data(), out.size());

@@ -53,7 +53,9 @@ std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
       exponent = 0x7C00;
       break;
     case DType::kQ8_0:
-    case DType::kQ4_0: {
+    case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K: {
       // Blocks dequantized a row's worth at a time: a block whose scale overflowed f16 (weights
       // beyond ~8e6) reads back as infinities.
       constexpr std::size_t kChunk = 4096;

@@ -124,18 +124,27 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_block_avx2(const float* x
 // blocking best), 256 inputs being 8 whole blocks.
 constexpr std::int64_t kDequantizedPanelInputs = 256;
 constexpr std::int64_t kDequantizedPanelOutputs = 4096;
-static_assert(kDequantizedPanelInputs % kActivationBlock == 0, "panels start on whole blocks");
+static_assert(kDequantizedPanelInputs % runtime::kQ4_KBlockElements == 0 &&
+                  kDequantizedPanelInputs % runtime::kQ6_KBlockElements == 0 &&
+                  kDequantizedPanelInputs % kActivationBlock == 0,
+              "panels start on whole blocks of every format");
 
-// `count` elements from the block at `from` (a block's start) dequantized into `to`.
+// `count` elements (whole blocks) from the block at `from` dequantized into `to`.
 void dequantize_run(const unsigned char* from, DType dtype, std::int64_t count, float* to) {
   const std::span<float> out(to, static_cast<std::size_t>(count));
-  const auto blocks = static_cast<std::size_t>(count / kActivationBlock);
+  const auto blocks = static_cast<std::size_t>(count / traits(dtype).block_elements);
   switch (dtype) {
     case DType::kQ8_0:
       runtime::dequantize_q8_0({reinterpret_cast<const runtime::BlockQ8_0*>(from), blocks}, out);
       return;
     case DType::kQ4_0:
       runtime::dequantize_q4_0({reinterpret_cast<const runtime::BlockQ4_0*>(from), blocks}, out);
+      return;
+    case DType::kQ4_K:
+      runtime::dequantize_q4_k({reinterpret_cast<const runtime::BlockQ4_K*>(from), blocks}, out);
+      return;
+    case DType::kQ6_K:
+      runtime::dequantize_q6_k({reinterpret_cast<const runtime::BlockQ6_K*>(from), blocks}, out);
       return;
     case DType::kF32:
     case DType::kBF16:
@@ -178,20 +187,22 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
 
 void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b,
                       float* c, std::int64_t ldc, KernelLevel /*level*/) {
-  NUMESH_CHECK(b.dtype == DType::kQ8_0 || b.dtype == DType::kQ4_0, TypeError,
-               "gemm_dequantized: weights of dtype {}; it takes q8_0 or q4_0", to_string(b.dtype));
+  NUMESH_CHECK(!is_element_dtype(b.dtype), TypeError,
+               "gemm_dequantized: weights of dtype {}; it takes the block formats",
+               to_string(b.dtype));
   NUMESH_CHECK(b.layout == WeightLayout::kOutIn, ShapeError,
                "gemm_dequantized: {} weights stored in-out; block-format weights are stored out-in "
                "([n, k])",
                to_string(b.dtype));
   const std::int64_t n = b.cols, k = b.rows, ldb = b.ld != 0 ? b.ld : k;
-  NUMESH_CHECK(
-      m >= 0 && n >= 0 && k >= 0 && k % kActivationBlock == 0 && ldb >= k &&
-          ldb % kActivationBlock == 0 && lda >= k && ldc >= n,
-      ShapeError,
-      "gemm_dequantized: m {}, n {}, k {} with lda {}, ldb {}, ldc {}: sizes must be >= 0, "
-      "k and ldb whole blocks of {} and each leading dimension at least its row's length",
-      m, n, k, lda, ldb, ldc, kActivationBlock);
+  const std::int64_t block = traits(b.dtype).block_elements;
+  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && k % block == 0 && ldb >= k && ldb % block == 0 &&
+                   lda >= k && ldc >= n,
+               ShapeError,
+               "gemm_dequantized: m {}, n {}, k {} with lda {}, ldb {}, ldc {}: sizes must be >= "
+               "0, k and ldb whole blocks of {} ({}) and each leading dimension at least its "
+               "row's length",
+               m, n, k, lda, ldb, ldc, block, to_string(b.dtype));
   // The dequantizers read typed blocks (2-byte aligned): every tensor's storage is, and every
   // stored row is an even number of bytes.
   const bool aligned = reinterpret_cast<std::uintptr_t>(b.data) % alignof(runtime::BlockQ8_0) == 0;
@@ -215,8 +226,8 @@ void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const We
       const std::int64_t rows = std::min(kDequantizedPanelInputs, k - r0);
       // The panel is [cols, rows]: each output's inputs [r0, r0 + rows), multiplied transposed.
       for (std::int64_t q = 0; q < cols; ++q) {
-        dequantize_run(w + (j0 + q) * stride_bytes + r0 / kActivationBlock * block_bytes, b.dtype,
-                       rows, panel.data() + q * rows);
+        dequantize_run(w + (j0 + q) * stride_bytes + r0 / block * block_bytes, b.dtype, rows,
+                       panel.data() + q * rows);
       }
       gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), rows, /*transpose_b=*/true,
            r0 == 0 ? 0.0f : 1.0f, c + j0, ldc);

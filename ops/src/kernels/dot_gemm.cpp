@@ -439,6 +439,8 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
       break;  // below: the vector kernels' two-way choices are between these two
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       throw TypeError(fmt::format("dot_gemm: {} weights take their own dot kernel (block_gemm.hpp)",
                                   to_string(b_type)));
   }

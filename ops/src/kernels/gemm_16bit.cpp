@@ -61,6 +61,8 @@ void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
           case DType::kF32:
           case DType::kQ8_0:
           case DType::kQ4_0:
+          case DType::kQ4_K:
+          case DType::kQ6_K:
             break;  // refused by gemm_16bit
         }
       }

@@ -19,6 +19,7 @@ using detail::Q8dotWeights512;
 struct Q4_0Codes {
   static constexpr DType kDType = DType::kQ4_0;
   static constexpr std::int64_t kBlockBytes = 18;
+  static constexpr std::int64_t kBlockElements = 32;
 
   static void codes(const unsigned char* block, std::int8_t* q) {
     for (int j = 0; j < 16; ++j) {
@@ -69,21 +70,12 @@ struct Q4_0Codes {
 
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static Q8dotRow512 row512(__m512i x) {
-    const __m512i eights = _mm512_set1_epi8(8);
-    __m512i sum8;  // 8 (x0 + x1 + x2 + x3) per lane
-    if constexpr (kVnni) {
-      sum8 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eights, x);
-    } else {
-      sum8 = _mm512_madd_epi16(_mm512_maddubs_epi16(eights, x), _mm512_set1_epi16(1));
-    }
-    return {x, _mm512_sub_epi32(_mm512_setzero_si512(), sum8)};
+    return detail::q8dot_offset_row512<8, kVnni>(x);
   }
 
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static __m512i isum512(const Q8dotWeights512& w, const Q8dotRow512& row) {
-    if constexpr (kVnni) return _mm512_dpbusd_epi32(row.correction, w.w, row.x);
-    return _mm512_add_epi32(
-        _mm512_madd_epi16(_mm512_maddubs_epi16(w.w, row.x), _mm512_set1_epi16(1)), row.correction);
+    return detail::q8dot_offset_isum512<8, kVnni>(w.w, row);
   }
 };
 

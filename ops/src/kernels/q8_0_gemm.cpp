@@ -19,6 +19,7 @@ using detail::Q8dotWeights512;
 struct Q8_0Codes {
   static constexpr DType kDType = DType::kQ8_0;
   static constexpr std::int64_t kBlockBytes = 34;
+  static constexpr std::int64_t kBlockElements = 32;
 
   static void codes(const unsigned char* block, std::int8_t* q) { std::memcpy(q, block + 2, 32); }
 

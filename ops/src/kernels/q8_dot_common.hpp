@@ -1,15 +1,19 @@
 #pragma once
 
 // PRIVATE to ops/src/kernels: the decode kernel of block-format weights against int8
-// activations (ops/kernels/block_gemm.hpp defines its fixed order), at every kernel level,
-// written once for every format whose blocks are 32 signed codes and an f16 scale (the block's
-// first two bytes, little-endian, in both of GGML's formats). The loops, the scales, the
-// accumulation and the fold are here; a format (q8_0_gemm.cpp, q4_0_gemm.cpp) says how its codes
-// are read and how one step's exact int32 sums isum[l] are computed:
+// activations (ops/kernels/block_gemm.hpp defines its fixed orders), at every kernel level,
+// written once for every format. The loops, the scales, the accumulation and the fold are here;
+// a format says how its codes and scales are read and how one step's exact int32 sums isum[l]
+// are computed. Two kinds of format:
+//
+// - Pair formats (q8_0_gemm.cpp, q4_0_gemm.cpp): blocks of 32 signed codes and an f16 scale
+//   (the block's first two bytes, little-endian, in both of GGML's formats); a step takes two
+//   blocks.
 //
 //   struct Codes {
-//     static constexpr DType kDType;              // the format
-//     static constexpr std::int64_t kBlockBytes;  // bytes of a block
+//     static constexpr DType kDType;                      // the format
+//     static constexpr std::int64_t kBlockBytes;          // bytes of a block
+//     static constexpr std::int64_t kBlockElements = 32;  // inputs of a block
 //     // Scalar: the block's 32 codes.
 //     static void codes(const unsigned char* block, std::int8_t* q);
 //     // AVX2: the block's 32 codes (target "avx2": integer work only, inlines anywhere).
@@ -22,6 +26,32 @@
 //     template <bool kVnni> static __m512i isum512(const Q8dotWeights512&, const Q8dotRow512&);
 //   };
 //
+// - Super-block formats (q4_k_gemm.cpp, q6_k_gemm.cpp): blocks of 256 inputs, 8 activation
+//   blocks, with a scale per sub-block (exact in f32: block_gemm.hpp); a step takes one
+//   super-block.
+//
+//   struct Codes : KquantFormat<...> {  // declares:
+//     static constexpr DType kDType;
+//     static constexpr std::int64_t kBlockBytes;
+//     static constexpr std::int64_t kBlockElements = 256;
+//     static constexpr int kScalesPerBlock;  // sub-block scales per activation block: 1 or 2
+//     static constexpr bool kMinimums;       // Q4_K's minimums (the activations' block sums)
+//     static constexpr bool kSigned256;      // codes256 gives signed codes (else 0 .. 127)
+//     // (and row512 and isum512 below, from the codes' offset); the format defines:
+//     // Scalar: the codes (the format's q_w), sub-block scales and negated minimums.
+//     static void decode(const unsigned char* block, KquantBlock& out);
+//     // AVX2: the sub-block scales and negated minimums (target "avx2,f16c", without fma, so
+//     // that the AVX-512 steps, whose target has none, inline it: a call there spilled the
+//     // accumulators once a super-block), and block kJ's 32 codes.
+//     static KquantScales256 scales256(const unsigned char* block);
+//     template <int kJ> static __m256i codes256(const unsigned char* block);
+//     // AVX-512: the 4 pairs of blocks' unsigned codes; row512 and isum512 as for the pair
+//     // formats, but on a pair's codes.
+//     template <bool kVnni, bool kHalf> static KquantWeights512 weights512(const unsigned char*);
+//     template <bool kVnni> static Q8dotRow512 row512(__m512i x);
+//     template <bool kVnni> static __m512i isum512(__m512i codes, const Q8dotRow512&);
+//   };
+//
 // Every way of computing isum gives the same exact integers, so the formats may each take the
 // cheapest (measured in bench/decode_bench.cpp, BM_Decode_Dot).
 
@@ -31,6 +61,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
@@ -40,15 +71,110 @@
 
 namespace numesh::ops::detail {
 
-/// Inputs in a block of both formats (and in a block of activation codes).
+/// Inputs in a block of the pair formats and in a block of activation codes.
 inline constexpr std::int64_t kQ8DotBlock = 32;
 
-/// The f16 scale bits at the start of a block (no alignment needed).
-inline std::uint16_t q8dot_scale_bits(const unsigned char* block) noexcept {
-  return static_cast<std::uint16_t>(block[0] | (block[1] << 8));
+/// Activation blocks in a super-block (Q4_K, Q6_K: 256 inputs).
+inline constexpr std::int64_t kKquantBlocks = 8;
+
+/// True for the super-block formats.
+template <class F>
+inline constexpr bool kSuperBlocks = F::kBlockElements > kQ8DotBlock;
+
+/// Activation blocks a step of the kernel takes: a pair of blocks, or a super-block.
+template <class F>
+inline constexpr std::int64_t kStepBlocks = kSuperBlocks<F> ? kKquantBlocks : 2;
+
+/// The f16 scale bits at `at` (no alignment needed).
+inline std::uint16_t q8dot_scale_bits(const unsigned char* at) noexcept {
+  return static_cast<std::uint16_t>(at[0] | (at[1] << 8));
 }
 
-// ---- Scalar: the order written out -------------------------------------------------------------
+/// A group of rows of activations as quantize_activations_q8 writes them (row r's codes k apart,
+/// its scales `blocks` apart), and for formats with minimums each block's scaled sum
+/// (q8dot_block_sums, rows `blocks` apart).
+struct Q8dotActivations {
+  const std::int8_t* codes;
+  const float* scales;
+  const float* sums;
+  std::int64_t blocks;
+
+  [[nodiscard]] const std::int8_t* codes_at(int r, std::int64_t t) const noexcept {
+    return codes + (r * blocks + t) * kQ8DotBlock;
+  }
+  [[nodiscard]] const float* scales_at(int r, std::int64_t t) const noexcept {
+    return scales + r * blocks + t;
+  }
+  [[nodiscard]] const float* sums_at(int r, std::int64_t t) const noexcept {
+    return sums + r * blocks + t;
+  }
+  /// The same activations from row i on.
+  [[nodiscard]] Q8dotActivations from_row(std::int64_t i) const noexcept {
+    return {codes + i * blocks * kQ8DotBlock, scales + i * blocks,
+            sums != nullptr ? sums + i * blocks : nullptr, blocks};
+  }
+};
+
+/// The weights' bytes of activation block t (a step's first) in a row of blocks at `w`.
+template <class F>
+const unsigned char* q8dot_block_at(const unsigned char* w, std::int64_t t) noexcept {
+  return w + t * kQ8DotBlock / F::kBlockElements * F::kBlockBytes;
+}
+
+// ---- Q4_K's minimums: the activations' block sums ----------------------------------------------
+
+/// sums[i blocks + t] = d_a[t] * f32(sum of the 32 codes of row i's block t): exact integers
+/// (|sum| <= 32 * 127) times the block's scale, one f32 product, the same at every level.
+inline void q8dot_block_sums_scalar(std::int64_t count, const std::int8_t* codes,
+                                    const float* scales, float* sums) {
+  for (std::int64_t t = 0; t < count; ++t) {
+    std::int32_t sum = 0;
+    for (std::int64_t e = 0; e < kQ8DotBlock; ++e) sum += codes[t * kQ8DotBlock + e];
+    sums[t] = scales[t] * static_cast<float>(sum);
+  }
+}
+
+/// The same, 8 blocks at a time (count a multiple of 8): vpmaddubsw and vpmaddwd give each
+/// block's 8 sums of 4 codes, three rounds of vphaddd and one of the 128-bit halves its total.
+__attribute__((target("avx2"))) inline void q8dot_block_sums256(std::int64_t count,
+                                                                const std::int8_t* codes,
+                                                                const float* scales, float* sums) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (std::int64_t t = 0; t < count; t += kKquantBlocks) {
+    __m256i q[kKquantBlocks];
+    for (std::int64_t j = 0; j < kKquantBlocks; ++j) {
+      const __m256i x =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (t + j) * kQ8DotBlock));
+      q[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+    }
+    const __m256i s0123 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+    const __m256i s4567 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(q[4], q[5]), _mm256_hadd_epi32(q[6], q[7]));
+    // s0123 holds blocks 0-3's low 16 codes' sums in its low half and their high ones above.
+    const __m256i total = _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
+    _mm256_storeu_ps(sums + t,
+                     _mm256_mul_ps(_mm256_loadu_ps(scales + t), _mm256_cvtepi32_ps(total)));
+  }
+}
+
+/// The scaled block sums of m rows of `blocks` blocks (a multiple of 8), in a buffer of the
+/// calling thread kept between calls.
+inline const float* q8dot_block_sums(std::int64_t m, std::int64_t blocks, const std::int8_t* codes,
+                                     const float* scales, runtime::KernelLevel level) {
+  thread_local std::vector<float> sums;
+  const auto count = static_cast<std::size_t>(m * blocks);
+  if (sums.size() < count) sums.resize(count);
+  if (level == runtime::KernelLevel::kScalar) {
+    q8dot_block_sums_scalar(m * blocks, codes, scales, sums.data());
+  } else {
+    q8dot_block_sums256(m * blocks, codes, scales, sums.data());
+  }
+  return sums.data();
+}
+
+// ---- Scalar: the orders written out ------------------------------------------------------------
 
 /// The fold of the header: s[0..15] to one sum.
 inline float q8dot_fold(const float* s) noexcept {
@@ -59,23 +185,55 @@ inline float q8dot_fold(const float* s) noexcept {
   return u[0] + u[1];
 }
 
-/// One output: `blocks` blocks of activation codes `qa` (scales `da`) against the weight row at
+/// s[(t mod 2) 8 + l] += isum[l] scale[l] for block t's 32 activation codes `x` and weight codes
+/// `q`, lane l's scale product `scale(l)`.
+template <class Scale>
+void q8dot_block_scalar(std::int64_t t, const std::int8_t* x, const std::int8_t* q,
+                        const Scale& scale, float* s) {
+  for (int l = 0; l < 8; ++l) {
+    std::int32_t isum = 0;
+    for (int e = 4 * l; e < 4 * l + 4; ++e) isum += std::int32_t{x[e]} * std::int32_t{q[e]};
+    float& acc = s[(t % 2) * 8 + l];
+    acc = std::fma(static_cast<float>(isum), scale(l), acc);
+  }
+}
+
+/// A super-block decoded for the scalar level: its 256 weight codes q_w, its sub-block scales
+/// d sc (8 or 16, exact in f32) and its negated minimums -dmin m (Q4_K's 8, exact).
+struct KquantBlock {
+  std::int8_t codes[256];
+  float scales[16];
+  float minimums[8];
+};
+
+/// One output of row `a` (one row): `a.blocks` blocks of activations against the weight row at
 /// `w`.
 template <class F>
-float q8dot_scalar(std::int64_t blocks, const std::int8_t* qa, const float* da,
-                   const unsigned char* w) {
+float q8dot_scalar(const Q8dotActivations& a, const unsigned char* w) {
   float s[16] = {};
-  for (std::int64_t t = 0; t < blocks; ++t) {
-    const unsigned char* block = w + t * F::kBlockBytes;
-    std::int8_t q[kQ8DotBlock];
-    F::codes(block, q);
-    const float scale = da[t] * f32_from_f16(q8dot_scale_bits(block));
-    const std::int8_t* x = qa + t * kQ8DotBlock;
-    for (int l = 0; l < 8; ++l) {
-      std::int32_t isum = 0;
-      for (int e = 4 * l; e < 4 * l + 4; ++e) isum += std::int32_t{x[e]} * std::int32_t{q[e]};
-      float& acc = s[(t % 2) * 8 + l];
-      acc = std::fma(static_cast<float>(isum), scale, acc);
+  if constexpr (kSuperBlocks<F>) {
+    for (std::int64_t t0 = 0; t0 < a.blocks; t0 += kKquantBlocks) {
+      KquantBlock b;
+      F::decode(q8dot_block_at<F>(w, t0), b);
+      for (int j = 0; j < kKquantBlocks; ++j) {
+        const float d_a = a.scales[t0 + j];
+        const float* scales = b.scales + j * F::kScalesPerBlock;
+        q8dot_block_scalar(
+            t0 + j, a.codes_at(0, t0 + j), b.codes + j * kQ8DotBlock,
+            [&](int l) { return d_a * scales[l * F::kScalesPerBlock / 8]; }, s);
+      }
+      if constexpr (F::kMinimums) {
+        for (int l = 0; l < 8; ++l) s[l] = std::fma(a.sums[t0 + l], b.minimums[l], s[l]);
+      }
+    }
+  } else {
+    for (std::int64_t t = 0; t < a.blocks; ++t) {
+      const unsigned char* block = w + t * F::kBlockBytes;
+      std::int8_t q[kQ8DotBlock];
+      F::codes(block, q);
+      const float scale = a.scales[t] * f32_from_f16(q8dot_scale_bits(block));
+      q8dot_block_scalar(
+          t, a.codes_at(0, t), q, [&](int) { return scale; }, s);
     }
   }
   return q8dot_fold(s);
@@ -91,49 +249,130 @@ __attribute__((target("avx2,fma,f16c"))) inline float q8dot_fold256(__m256 even,
   return _mm_cvtss_f32(_mm_add_ss(u2, _mm_shuffle_ps(u2, u2, 1)));
 }
 
-/// acc += isum(|w|, x sign(w)) scale: llama.cpp's sign trick. |w| as unsigned bytes (a code of
-/// -128 gives 128) times x with w's sign (x within [-127, 127], so the negation is exact) in
-/// vpmaddubsw, whose int16 pair sums stay within 2 * 128 * 127 = 32512 (no saturation), then
-/// vpmaddwd with ones: int32 lane l holds the exact sum over the block's inputs 4l .. 4l + 3.
+/// acc += isum scale, int32 lane l of isum the exact sum over the block's inputs 4l .. 4l + 3.
+/// kSigned: llama.cpp's sign trick, |w| as unsigned bytes (a code of -128 gives 128) times x with
+/// w's sign (x within [-127, 127], so the negation is exact) in vpmaddubsw, whose int16 pair
+/// sums stay within 2 * 128 * 127 = 32512 (no saturation); unsigned codes (at most 127) go to
+/// vpmaddubsw as they are. Then vpmaddwd with ones.
+template <bool kSigned>
 __attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_step256(__m256i abs_w, __m256i w,
                                                                      const std::int8_t* x,
-                                                                     float scale, __m256 acc) {
+                                                                     __m256 scale, __m256 acc) {
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xv, w));
+  const __m256i pairs =
+      kSigned ? _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xv, w)) : _mm256_maddubs_epi16(w, xv);
   const __m256i isum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
 }
 
-/// One block t of one output for R rows of activations (rows k codes and `blocks` scales
-/// apart): accumulators by reference (named variables, not arrays: gcc 12 keeps arrays of
-/// vectors in memory).
+/// q8dot_step256 for row r's block t, whose scale products are d_a[t] * w_scales (one f32
+/// product a lane).
+template <bool kSigned>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_row_step256(__m256i abs_w, __m256i w,
+                                                                         __m256 w_scales,
+                                                                         const Q8dotActivations& a,
+                                                                         int r, std::int64_t t,
+                                                                         __m256 acc) {
+  const __m256 scale = _mm256_mul_ps(_mm256_broadcast_ss(a.scales_at(r, t)), w_scales);
+  return q8dot_step256<kSigned>(abs_w, w, a.codes_at(r, t), scale, acc);
+}
+
+/// Block t's weight codes `w` (their lanes' scales `w_scales`) for R rows of activations:
+/// accumulators by reference (named variables, not arrays: gcc 12 keeps arrays of vectors in
+/// memory).
+template <bool kSigned, int R>
+__attribute__((target("avx2,fma,f16c"))) inline void q8dot_block256(__m256i w, __m256 w_scales,
+                                                                    std::int64_t t,
+                                                                    const Q8dotActivations& a,
+                                                                    __m256& r0, __m256& r1,
+                                                                    __m256& r2, __m256& r3) {
+  const __m256i abs_w = kSigned ? _mm256_abs_epi8(w) : w;
+  r0 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 0, t, r0);
+  if constexpr (R > 1) r1 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 1, t, r1);
+  if constexpr (R > 2) r2 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 2, t, r2);
+  if constexpr (R > 3) r3 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 3, t, r3);
+}
+
+/// A super-block's sub-block scales d sc for AVX2 (sub-blocks 0-7 in `low`, 8-15 in `high`) and
+/// Q4_K's negated minimums -dmin m.
+struct KquantScales256 {
+  __m256 low;
+  __m256 high;
+  __m256 minimums;
+};
+
+/// Block kJ's lane scales: lane l takes the scale of the sub-block holding inputs 4l .. 4l + 3.
+template <int kScalesPerBlock, int kJ>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 kq_lane_scales256(const KquantScales256& s) {
+  if constexpr (kScalesPerBlock == 1) {
+    return _mm256_permutevar8x32_ps(s.low, _mm256_set1_epi32(kJ));
+  } else {
+    constexpr int g = 2 * kJ % 8;
+    return _mm256_permutevar8x32_ps(kJ < 4 ? s.low : s.high,
+                                    _mm256_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1));
+  }
+}
+
+/// Blocks kJ and kJ + 1 of the super-block whose first block is t0 (at `block`).
+template <class F, int R, int kJ>
+__attribute__((target("avx2,fma,f16c"))) inline void kq_pair256(
+    std::int64_t t0, const unsigned char* block, const KquantScales256& s,
+    const Q8dotActivations& a, __m256& e0, __m256& e1, __m256& e2, __m256& e3, __m256& o0,
+    __m256& o1, __m256& o2, __m256& o3) {
+  q8dot_block256<F::kSigned256, R>(F::template codes256<kJ>(block),
+                                   kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0, e1,
+                                   e2, e3);
+  q8dot_block256<F::kSigned256, R>(F::template codes256<kJ + 1>(block),
+                                   kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1, a,
+                                   o0, o1, o2, o3);
+}
+
+/// Block t of a pair format's row of blocks at `w`.
 template <class F, int R>
-__attribute__((target("avx2,fma,f16c"))) inline void q8dot_block256(
-    const unsigned char* block, std::int64_t t, std::int64_t blocks, const std::int8_t* qa,
-    const float* da, __m256& r0, __m256& r1, __m256& r2, __m256& r3) {
-  const __m256i w = F::codes256(block);
-  const __m256i abs_w = _mm256_abs_epi8(w);
-  const float d_w = _cvtsh_ss(q8dot_scale_bits(block));  // vcvtph2ps: exact, as f32_from_f16
-  const std::int64_t k = blocks * kQ8DotBlock, at = t * kQ8DotBlock;
-  r0 = q8dot_step256(abs_w, w, qa + at, da[t] * d_w, r0);
-  if constexpr (R > 1) r1 = q8dot_step256(abs_w, w, qa + k + at, da[blocks + t] * d_w, r1);
-  if constexpr (R > 2) r2 = q8dot_step256(abs_w, w, qa + 2 * k + at, da[2 * blocks + t] * d_w, r2);
-  if constexpr (R > 3) r3 = q8dot_step256(abs_w, w, qa + 3 * k + at, da[3 * blocks + t] * d_w, r3);
+__attribute__((target("avx2,fma,f16c"))) inline void q8dot_pair_block256(std::int64_t t,
+                                                                         const Q8dotActivations& a,
+                                                                         const unsigned char* w,
+                                                                         __m256& r0, __m256& r1,
+                                                                         __m256& r2, __m256& r3) {
+  const unsigned char* block = w + t * F::kBlockBytes;
+  // vcvtph2ps: exact, as f32_from_f16
+  const __m256 d_w = _mm256_set1_ps(_cvtsh_ss(q8dot_scale_bits(block)));
+  q8dot_block256<true, R>(F::codes256(block), d_w, t, a, r0, r1, r2, r3);
 }
 
 /// c[r][0] for R rows (c's rows `ldc` apart) of one output whose row of blocks is at `w`.
 template <class F, int R>
-__attribute__((target("avx2,fma,f16c"))) void q8dot_tile256(std::int64_t blocks,
-                                                            const std::int8_t* qa, const float* da,
+__attribute__((target("avx2,fma,f16c"))) void q8dot_tile256(const Q8dotActivations& a,
                                                             const unsigned char* w, float* c,
                                                             std::int64_t ldc) {
   __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
-  std::int64_t t = 0;
-  for (; t + 2 <= blocks; t += 2) {
-    q8dot_block256<F, R>(w + t * F::kBlockBytes, t, blocks, qa, da, e0, e1, e2, e3);
-    q8dot_block256<F, R>(w + (t + 1) * F::kBlockBytes, t + 1, blocks, qa, da, o0, o1, o2, o3);
+  if constexpr (kSuperBlocks<F>) {
+    for (std::int64_t t0 = 0; t0 < a.blocks; t0 += kKquantBlocks) {
+      const unsigned char* block = q8dot_block_at<F>(w, t0);
+      const KquantScales256 s = F::scales256(block);
+      kq_pair256<F, R, 0>(t0, block, s, a, e0, e1, e2, e3, o0, o1, o2, o3);
+      kq_pair256<F, R, 2>(t0, block, s, a, e0, e1, e2, e3, o0, o1, o2, o3);
+      kq_pair256<F, R, 4>(t0, block, s, a, e0, e1, e2, e3, o0, o1, o2, o3);
+      kq_pair256<F, R, 6>(t0, block, s, a, e0, e1, e2, e3, o0, o1, o2, o3);
+      if constexpr (F::kMinimums) {
+        // The minimums join the even lanes once the super-block's blocks are in.
+        e0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.sums_at(0, t0)), s.minimums, e0);
+        if constexpr (R > 1)
+          e1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.sums_at(1, t0)), s.minimums, e1);
+        if constexpr (R > 2)
+          e2 = _mm256_fmadd_ps(_mm256_loadu_ps(a.sums_at(2, t0)), s.minimums, e2);
+        if constexpr (R > 3)
+          e3 = _mm256_fmadd_ps(_mm256_loadu_ps(a.sums_at(3, t0)), s.minimums, e3);
+      }
+    }
+  } else {
+    std::int64_t t = 0;
+    for (; t + 2 <= a.blocks; t += 2) {
+      q8dot_pair_block256<F, R>(t, a, w, e0, e1, e2, e3);
+      q8dot_pair_block256<F, R>(t + 1, a, w, o0, o1, o2, o3);
+    }
+    if (t < a.blocks) q8dot_pair_block256<F, R>(t, a, w, e0, e1, e2, e3);
   }
-  if (t < blocks) q8dot_block256<F, R>(w + t * F::kBlockBytes, t, blocks, qa, da, e0, e1, e2, e3);
   c[0] = q8dot_fold256(e0, o0);
   if constexpr (R > 1) c[ldc] = q8dot_fold256(e1, o1);
   if constexpr (R > 2) c[2 * ldc] = q8dot_fold256(e2, o2);
@@ -193,6 +432,58 @@ struct Q8dotRow512 {
   __m512i correction;
 };
 
+/// For formats whose codes are q - kOffset with q unsigned (vpmaddubsw's and vpdpbusd's
+/// unsigned operand: Q4_0's nibbles, kOffset 8; Q6_K's 6 bits, 32; Q4_K's nibbles, 0): the row
+/// as it is, and the kOffset taken off once per row, correction = -kOffset (x0 + x1 + x2 + x3)
+/// per lane, shared by every output (vpmaddubsw's pair sums stay within 2 * 63 * 127).
+template <int kOffset, bool kVnni>
+NUMESH_Q8DOT_AVX512 inline Q8dotRow512 q8dot_offset_row512(__m512i x) {
+  if constexpr (kOffset == 0) {
+    return {x, _mm512_setzero_si512()};
+  } else {
+    const __m512i offsets = _mm512_set1_epi8(kOffset);
+    __m512i sum;  // kOffset (x0 + x1 + x2 + x3) per lane
+    if constexpr (kVnni) {
+      sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offsets, x);
+    } else {
+      sum = _mm512_madd_epi16(_mm512_maddubs_epi16(offsets, x), _mm512_set1_epi16(1));
+    }
+    return {x, _mm512_sub_epi32(_mm512_setzero_si512(), sum)};
+  }
+}
+
+/// isum = sum q x + correction per lane, for q8dot_offset_row512's rows.
+template <int kOffset, bool kVnni>
+NUMESH_Q8DOT_AVX512 inline __m512i q8dot_offset_isum512(__m512i q, const Q8dotRow512& row) {
+  if constexpr (kVnni) return _mm512_dpbusd_epi32(row.correction, q, row.x);
+  const __m512i sum = _mm512_madd_epi16(_mm512_maddubs_epi16(q, row.x), _mm512_set1_epi16(1));
+  if constexpr (kOffset == 0) return sum;
+  return _mm512_add_epi32(sum, row.correction);
+}
+
+/// What a super-block format declares (q8_dot_common.hpp's top comment), and its AVX-512 row and
+/// isum for codes q - kOffset given unsigned (q8dot_offset_row512).
+template <DType kType, std::int64_t kBytes, int kScales, bool kHasMinimums, bool kSigned,
+          int kOffset>
+struct KquantFormat {
+  static constexpr DType kDType = kType;
+  static constexpr std::int64_t kBlockBytes = kBytes;
+  static constexpr std::int64_t kBlockElements = kKquantBlocks * kQ8DotBlock;
+  static constexpr int kScalesPerBlock = kScales;
+  static constexpr bool kMinimums = kHasMinimums;
+  static constexpr bool kSigned256 = kSigned;
+
+  template <bool kVnni>
+  NUMESH_Q8DOT_AVX512 static Q8dotRow512 row512(__m512i x) {
+    return q8dot_offset_row512<kOffset, kVnni>(x);
+  }
+
+  template <bool kVnni>
+  NUMESH_Q8DOT_AVX512 static __m512i isum512(__m512i codes, const Q8dotRow512& row) {
+    return q8dot_offset_isum512<kOffset, kVnni>(codes, row);
+  }
+};
+
 /// acc += f32(isum) (d_a d_w), the two blocks' scale products (lanes 0 and 1 of d_a d_w) spread
 /// over the halves; kHalf: only lanes 0-7 (the odd last block), so that the odd block's lanes
 /// keep their bits.
@@ -204,8 +495,8 @@ NUMESH_Q8DOT_AVX512 inline __m512 q8dot_accumulate512(__m512i isum, __m128 d_a, 
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc);
 }
 
-/// One row's step over two blocks (kHalf: the last, odd block) for J outputs: its activation
-/// codes at `x` and scales at `d`, loaded and prepared once for the J outputs.
+/// A pair format's row over two blocks (kHalf: the last, odd block) for J outputs: its
+/// activation codes at `x` and scales at `d`, loaded and prepared once for the J outputs.
 template <class F, bool kVnni, bool kHalf, int J>
 NUMESH_Q8DOT_AVX512 inline void q8dot_row512(const std::int8_t* x, const float* d,
                                              const Q8dotWeights512& w0, const Q8dotWeights512& w1,
@@ -225,56 +516,152 @@ NUMESH_Q8DOT_AVX512 inline void q8dot_row512(const std::int8_t* x, const float* 
     q = q8dot_accumulate512<kHalf>(F::template isum512<kVnni>(w1, row), d_a, w1.d_w, q);
 }
 
-/// Blocks [t, t + 2) (kHalf: block t alone) of J outputs (rows `ldw` bytes apart from `w`) for
+/// One output's super-block as the AVX-512 step reads it: the unsigned codes of its 4 pairs of
+/// blocks (pair c: blocks 2c and 2c + 1 in the low and high halves), its sub-block scales d sc
+/// (lanes 0-7 for one a block, 0-15 for two) and Q4_K's negated minimums -dmin m. Named
+/// members, not an array (gcc 12 keeps arrays of vectors in memory).
+struct KquantWeights512 {
+  __m512i c0;
+  __m512i c1;
+  __m512i c2;
+  __m512i c3;
+  __m512 scales;
+  __m256 minimums;
+};
+
+template <int kC>
+NUMESH_Q8DOT_AVX512 inline __m512i kq_pair_codes(const KquantWeights512& w) {
+  if constexpr (kC == 0) {
+    return w.c0;
+  } else if constexpr (kC == 1) {
+    return w.c1;
+  } else if constexpr (kC == 2) {
+    return w.c2;
+  } else {
+    return w.c3;
+  }
+}
+
+/// Lane L of pair kC's 16 takes scale product ((2 kC + L / 8) S + (L mod 8) S / 8), S the
+/// format's scales per block: the sub-block of the inputs it sums.
+template <int kScalesPerBlock, int kC>
+NUMESH_Q8DOT_AVX512 inline __m512i kq_pair_lanes() {
+  constexpr auto lane = [](int l) {
+    return (2 * kC + l / 8) * kScalesPerBlock + l % 8 * kScalesPerBlock / 8;
+  };
+  return _mm512_set_epi32(lane(15), lane(14), lane(13), lane(12), lane(11), lane(10), lane(9),
+                          lane(8), lane(7), lane(6), lane(5), lane(4), lane(3), lane(2), lane(1),
+                          lane(0));
+}
+
+/// Pair kC of a row's super-block for J outputs: its activation codes loaded and prepared once,
+/// the scale products `s0`, `s1` (an output's, every sub-block's) spread over the lanes.
+template <class F, bool kVnni, int kC, int J>
+NUMESH_Q8DOT_AVX512 inline void kq_pair512(const std::int8_t* x, const KquantWeights512& w0,
+                                           const KquantWeights512& w1, __m512 s0, __m512 s1,
+                                           __m512& p, __m512& q) {
+  const Q8dotRow512 row = F::template row512<kVnni>(_mm512_loadu_si512(x + 2 * kC * kQ8DotBlock));
+  const __m512i lanes = kq_pair_lanes<F::kScalesPerBlock, kC>();
+  p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(F::template isum512<kVnni>(kq_pair_codes<kC>(w0), row)),
+                      _mm512_permutexvar_ps(lanes, s0), p);
+  if constexpr (J > 1) {
+    q = _mm512_fmadd_ps(_mm512_cvtepi32_ps(F::template isum512<kVnni>(kq_pair_codes<kC>(w1), row)),
+                        _mm512_permutexvar_ps(lanes, s1), q);
+  }
+}
+
+/// A super-block format's row over one super-block for J outputs: its 8 activation scales at `d`
+/// (each repeated for its two sub-blocks when S is 2) times every output's sub-block scales in
+/// one product, then the 4 pairs, then Q4_K's minimums on lanes 0-7.
+template <class F, bool kVnni, int J>
+NUMESH_Q8DOT_AVX512 inline void kq_row512(const std::int8_t* x, const float* d, const float* sums,
+                                          const KquantWeights512& w0, const KquantWeights512& w1,
+                                          __m512& p, __m512& q) {
+  const __m256 d8 = _mm256_loadu_ps(d);
+  __m512 d_a;
+  if constexpr (F::kScalesPerBlock == 1) {
+    d_a = _mm512_zextps256_ps512(d8);
+  } else {
+    d_a = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+                                _mm512_castps256_ps512(d8));
+  }
+  const __m512 s0 = _mm512_mul_ps(d_a, w0.scales);
+  const __m512 s1 = J > 1 ? _mm512_mul_ps(d_a, w1.scales) : s0;
+  kq_pair512<F, kVnni, 0, J>(x, w0, w1, s0, s1, p, q);
+  kq_pair512<F, kVnni, 1, J>(x, w0, w1, s0, s1, p, q);
+  kq_pair512<F, kVnni, 2, J>(x, w0, w1, s0, s1, p, q);
+  kq_pair512<F, kVnni, 3, J>(x, w0, w1, s0, s1, p, q);
+  if constexpr (F::kMinimums) {
+    const __m512 sum = _mm512_castps256_ps512(_mm256_loadu_ps(sums));
+    p = _mm512_mask3_fmadd_ps(sum, _mm512_castps256_ps512(w0.minimums), p, 0x00FF);
+    if constexpr (J > 1) {
+      q = _mm512_mask3_fmadd_ps(sum, _mm512_castps256_ps512(w1.minimums), q, 0x00FF);
+    }
+  }
+}
+
+/// Row r of a step at block t, for either kind of format.
+template <class F, bool kVnni, bool kHalf, int J, class W>
+NUMESH_Q8DOT_AVX512 inline void q8dot_step_row512(const Q8dotActivations& a, int r, std::int64_t t,
+                                                  const W& w0, const W& w1, __m512& p, __m512& q) {
+  if constexpr (kSuperBlocks<F>) {
+    kq_row512<F, kVnni, J>(a.codes_at(r, t), a.scales_at(r, t), a.sums_at(r, t), w0, w1, p, q);
+  } else {
+    q8dot_row512<F, kVnni, kHalf, J>(a.codes_at(r, t), a.scales_at(r, t), w0, w1, p, q);
+  }
+}
+
+/// The step at block t (kHalf: block t alone) of J outputs (rows `ldw` bytes apart from `w`) for
 /// R rows of activations: accumulators p* for the first output, q* for the second.
 template <class F, bool kVnni, bool kHalf, int R, int J>
-NUMESH_Q8DOT_AVX512 inline void q8dot_rows512(std::int64_t t, std::int64_t blocks,
-                                              const std::int8_t* qa, const float* da,
+NUMESH_Q8DOT_AVX512 inline void q8dot_rows512(std::int64_t t, const Q8dotActivations& a,
                                               const unsigned char* w, std::int64_t ldw, __m512& p0,
                                               __m512& p1, __m512& p2, __m512& p3, __m512& q0,
                                               __m512& q1, __m512& q2, __m512& q3) {
-  const unsigned char* block = w + t * F::kBlockBytes;
-  if constexpr (!kHalf && J > 1) {
-    // The next pair of outputs' weights at the same place, the bytes this step reads (68 of
-    // q8_0): a tile of 4 rows computes long enough between its loads that, with the weights in
-    // memory, the hardware prefetcher alone fell behind. 1.2-1.5x at m = 8 on [4096, 8192], no
-    // change on [4096, 1024] (in L3); no gain for one output (m < 4), which streams faster
-    // (BM_Decode_Dot's shapes in the A/B program of q8_0_gemm.cpp). An address, never read:
-    // past the last output it is only a prefetch hint.
+  const unsigned char* block = q8dot_block_at<F>(w, t);
+  if constexpr (!kHalf && (J > 1 || kSuperBlocks<F>)) {
+    // The next J outputs' weights at the same place, the bytes this step reads (68 of q8_0,
+    // 144 of q4_k): a tile of 4 rows computes long enough between its loads that, with the
+    // weights in memory, the hardware prefetcher alone fell behind. 1.2-1.5x at m = 8 on
+    // [4096, 8192], no change on [4096, 1024] (in L3); for one output (m < 4) of q8_0 or q4_0,
+    // which stream faster, no gain (BM_Decode_Dot's shapes in the A/B program of
+    // q8_0_gemm.cpp). A super-block step computes on its 144 or 210 bytes for longer before
+    // its next loads, and there one output gains too: q4_k 17.3 -> 19.2 GB/s and q6_k
+    // 22.0 -> 24.2 at m = 1 on [4096, 8192] (avx512-bf16), no change in L3. An address, never
+    // read: past the last output it is only a prefetch hint.
+    constexpr std::int64_t kStepBytes =
+        kStepBlocks<F> * kQ8DotBlock / F::kBlockElements * F::kBlockBytes;
     const auto* next =
-        reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(block) + 2 * ldw);
-    _mm_prefetch(next, _MM_HINT_T0);
-    _mm_prefetch(next + 64, _MM_HINT_T0);
-    _mm_prefetch(next + ldw, _MM_HINT_T0);
-    _mm_prefetch(next + ldw + 64, _MM_HINT_T0);
+        reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(block) + J * ldw);
+    for (std::int64_t at = 0; at < std::max<std::int64_t>(kStepBytes, 65); at += 64) {
+      _mm_prefetch(next + at, _MM_HINT_T0);
+      if constexpr (J > 1) _mm_prefetch(next + ldw + at, _MM_HINT_T0);
+    }
   }
-  const Q8dotWeights512 w0 = F::template weights512<kVnni, kHalf>(block);
-  Q8dotWeights512 w1 = w0;
+  const auto w0 = F::template weights512<kVnni, kHalf>(block);
+  auto w1 = w0;
   if constexpr (J > 1) w1 = F::template weights512<kVnni, kHalf>(block + ldw);
-  const std::int64_t k = blocks * kQ8DotBlock, at = t * kQ8DotBlock;
-  q8dot_row512<F, kVnni, kHalf, J>(qa + at, da + t, w0, w1, p0, q0);
-  if constexpr (R > 1)
-    q8dot_row512<F, kVnni, kHalf, J>(qa + k + at, da + blocks + t, w0, w1, p1, q1);
-  if constexpr (R > 2)
-    q8dot_row512<F, kVnni, kHalf, J>(qa + 2 * k + at, da + 2 * blocks + t, w0, w1, p2, q2);
-  if constexpr (R > 3)
-    q8dot_row512<F, kVnni, kHalf, J>(qa + 3 * k + at, da + 3 * blocks + t, w0, w1, p3, q3);
+  q8dot_step_row512<F, kVnni, kHalf, J>(a, 0, t, w0, w1, p0, q0);
+  if constexpr (R > 1) q8dot_step_row512<F, kVnni, kHalf, J>(a, 1, t, w0, w1, p1, q1);
+  if constexpr (R > 2) q8dot_step_row512<F, kVnni, kHalf, J>(a, 2, t, w0, w1, p2, q2);
+  if constexpr (R > 3) q8dot_step_row512<F, kVnni, kHalf, J>(a, 3, t, w0, w1, p3, q3);
 }
 
 /// c[r][0 .. J) for R rows of activations (c's rows `ldc` apart) and J outputs whose rows of
 /// blocks lie `ldw` bytes apart from `w`: each weight load serves R rows, each activation load J
 /// outputs.
 template <class F, bool kVnni, int R, int J>
-NUMESH_Q8DOT_AVX512 void q8dot_tile512(std::int64_t blocks, const std::int8_t* qa, const float* da,
-                                       const unsigned char* w, std::int64_t ldw, float* c,
-                                       std::int64_t ldc) {
+NUMESH_Q8DOT_AVX512 void q8dot_tile512(const Q8dotActivations& a, const unsigned char* w,
+                                       std::int64_t ldw, float* c, std::int64_t ldc) {
   __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
   std::int64_t t = 0;
-  for (; t + 2 <= blocks; t += 2) {
-    q8dot_rows512<F, kVnni, false, R, J>(t, blocks, qa, da, w, ldw, p0, p1, p2, p3, q0, q1, q2, q3);
+  for (; t + kStepBlocks<F> <= a.blocks; t += kStepBlocks<F>) {
+    q8dot_rows512<F, kVnni, false, R, J>(t, a, w, ldw, p0, p1, p2, p3, q0, q1, q2, q3);
   }
-  if (t < blocks) {
-    q8dot_rows512<F, kVnni, true, R, J>(t, blocks, qa, da, w, ldw, p0, p1, p2, p3, q0, q1, q2, q3);
+  if constexpr (!kSuperBlocks<F>) {  // super-block rows are whole steps
+    if (t < a.blocks) {
+      q8dot_rows512<F, kVnni, true, R, J>(t, a, w, ldw, p0, p1, p2, p3, q0, q1, q2, q3);
+    }
   }
   c[0] = q8dot_fold512(p0);
   if constexpr (R > 1) c[ldc] = q8dot_fold512(p1);
@@ -296,44 +683,43 @@ inline constexpr std::int64_t kQ8DotRows = 4;
 
 /// The AVX-512 tiles for `rows` (1 .. kQ8DotRows) rows and `outputs` (1 or 2) outputs.
 template <class F, bool kVnni>
-void q8dot_tile512_any(std::int64_t rows, std::int64_t outputs, std::int64_t blocks,
-                       const std::int8_t* qa, const float* da, const unsigned char* w,
-                       std::int64_t ldw, float* c, std::int64_t ldc) {
+void q8dot_tile512_any(std::int64_t rows, std::int64_t outputs, const Q8dotActivations& a,
+                       const unsigned char* w, std::int64_t ldw, float* c, std::int64_t ldc) {
   const bool two = outputs == 2;
   switch (rows) {
     case 1:
-      return two ? q8dot_tile512<F, kVnni, 1, 2>(blocks, qa, da, w, ldw, c, ldc)
-                 : q8dot_tile512<F, kVnni, 1, 1>(blocks, qa, da, w, ldw, c, ldc);
+      return two ? q8dot_tile512<F, kVnni, 1, 2>(a, w, ldw, c, ldc)
+                 : q8dot_tile512<F, kVnni, 1, 1>(a, w, ldw, c, ldc);
     case 2:
-      return two ? q8dot_tile512<F, kVnni, 2, 2>(blocks, qa, da, w, ldw, c, ldc)
-                 : q8dot_tile512<F, kVnni, 2, 1>(blocks, qa, da, w, ldw, c, ldc);
+      return two ? q8dot_tile512<F, kVnni, 2, 2>(a, w, ldw, c, ldc)
+                 : q8dot_tile512<F, kVnni, 2, 1>(a, w, ldw, c, ldc);
     case 3:
-      return two ? q8dot_tile512<F, kVnni, 3, 2>(blocks, qa, da, w, ldw, c, ldc)
-                 : q8dot_tile512<F, kVnni, 3, 1>(blocks, qa, da, w, ldw, c, ldc);
+      return two ? q8dot_tile512<F, kVnni, 3, 2>(a, w, ldw, c, ldc)
+                 : q8dot_tile512<F, kVnni, 3, 1>(a, w, ldw, c, ldc);
     default:
-      return two ? q8dot_tile512<F, kVnni, 4, 2>(blocks, qa, da, w, ldw, c, ldc)
-                 : q8dot_tile512<F, kVnni, 4, 1>(blocks, qa, da, w, ldw, c, ldc);
+      return two ? q8dot_tile512<F, kVnni, 4, 2>(a, w, ldw, c, ldc)
+                 : q8dot_tile512<F, kVnni, 4, 1>(a, w, ldw, c, ldc);
   }
 }
 
 /// The AVX2 tiles for `rows` (1 .. kQ8DotRows) rows of one output.
 template <class F>
-void q8dot_tile256_any(std::int64_t rows, std::int64_t blocks, const std::int8_t* qa,
-                       const float* da, const unsigned char* w, float* c, std::int64_t ldc) {
+void q8dot_tile256_any(std::int64_t rows, const Q8dotActivations& a, const unsigned char* w,
+                       float* c, std::int64_t ldc) {
   switch (rows) {
     case 1:
-      return q8dot_tile256<F, 1>(blocks, qa, da, w, c, ldc);
+      return q8dot_tile256<F, 1>(a, w, c, ldc);
     case 2:
-      return q8dot_tile256<F, 2>(blocks, qa, da, w, c, ldc);
+      return q8dot_tile256<F, 2>(a, w, c, ldc);
     case 3:
-      return q8dot_tile256<F, 3>(blocks, qa, da, w, c, ldc);
+      return q8dot_tile256<F, 3>(a, w, c, ldc);
     default:
-      return q8dot_tile256<F, 4>(blocks, qa, da, w, c, ldc);
+      return q8dot_tile256<F, 4>(a, w, c, ldc);
   }
 }
 
-/// dot_gemm_q8_0 / dot_gemm_q4_0 (block_gemm.hpp) for the format F: checks, then the level's
-/// kernel. `name` names the caller in errors.
+/// dot_gemm_q8_0, dot_gemm_q4_0, dot_gemm_q4_k and dot_gemm_q6_k (block_gemm.hpp) for the
+/// format F: checks, then the level's kernel. `name` names the caller in errors.
 template <class F>
 void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, const float* scales,
                 const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
@@ -344,16 +730,22 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
                "{}: {} weights stored in-out; block-format weights are stored out-in ([n, k])",
                name, to_string(b.dtype));
   const std::int64_t n = b.cols, k = b.rows, ld = b.ld != 0 ? b.ld : k;
-  NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && k % kQ8DotBlock == 0 && ld >= k &&
-                   ld % kQ8DotBlock == 0 && ldc >= n,
-               ShapeError,
-               "{}: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and ldb whole "
-               "blocks of {} and each leading dimension at least its row's length",
-               name, m, n, k, ld, ldc, kQ8DotBlock);
+  constexpr std::int64_t kBlock = F::kBlockElements;
+  NUMESH_CHECK(
+      m >= 0 && n >= 0 && k >= 0 && k % kBlock == 0 && ld >= k && ld % kBlock == 0 && ldc >= n,
+      ShapeError,
+      "{}: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and ldb whole "
+      "blocks of {} and each leading dimension at least its row's length",
+      name, m, n, k, ld, ldc, kBlock);
   if (m == 0 || n == 0) return;
   const std::int64_t blocks = k / kQ8DotBlock;
+  const float* sums = nullptr;
+  if constexpr (kSuperBlocks<F>) {
+    if constexpr (F::kMinimums) sums = q8dot_block_sums(m, blocks, codes, scales, level);
+  }
+  const Q8dotActivations all{codes, scales, sums, blocks};
   const auto* w = static_cast<const unsigned char*>(b.data);
-  const std::int64_t ldw = ld / kQ8DotBlock * F::kBlockBytes;
+  const std::int64_t ldw = ld / kBlock * F::kBlockBytes;
   // Outputs outermost: a pair of outputs' weights (2 k / 32 blocks, 8.5 KiB of q8_0 at
   // k = 4096) stay in cache while every group of rows reads them, so the weights come from
   // memory once whatever m is.
@@ -369,13 +761,11 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
         const std::int64_t outputs = std::min<std::int64_t>(step, n - j);
         for (std::int64_t i = 0; i < m; i += kQ8DotRows) {
           const std::int64_t rows = std::min(kQ8DotRows, m - i);
-          const std::int8_t* qa = codes + i * k;
-          const float* da = scales + i * blocks;
           if (vnni) {
-            q8dot_tile512_any<F, true>(rows, outputs, blocks, qa, da, w + j * ldw, ldw,
+            q8dot_tile512_any<F, true>(rows, outputs, all.from_row(i), w + j * ldw, ldw,
                                        c + i * ldc + j, ldc);
           } else {
-            q8dot_tile512_any<F, false>(rows, outputs, blocks, qa, da, w + j * ldw, ldw,
+            q8dot_tile512_any<F, false>(rows, outputs, all.from_row(i), w + j * ldw, ldw,
                                         c + i * ldc + j, ldc);
           }
         }
@@ -385,8 +775,8 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
     case KernelLevel::kAvx2:
       for (std::int64_t j = 0; j < n; ++j) {
         for (std::int64_t i = 0; i < m; i += kQ8DotRows) {
-          q8dot_tile256_any<F>(std::min(kQ8DotRows, m - i), blocks, codes + i * k,
-                               scales + i * blocks, w + j * ldw, c + i * ldc + j, ldc);
+          q8dot_tile256_any<F>(std::min(kQ8DotRows, m - i), all.from_row(i), w + j * ldw,
+                               c + i * ldc + j, ldc);
         }
       }
       return;
@@ -395,7 +785,7 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
   }
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
-      c[i * ldc + j] = q8dot_scalar<F>(blocks, codes + i * k, scales + i * blocks, w + j * ldw);
+      c[i * ldc + j] = q8dot_scalar<F>(all.from_row(i), w + j * ldw);
     }
   }
 }

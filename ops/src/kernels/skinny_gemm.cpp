@@ -190,6 +190,8 @@ void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightM
       break;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       // Their blocks run along the stored rows, the outputs here: weights of a block format
       // are stored out-in only (dot kernels: block_gemm.hpp).
       throw TypeError(

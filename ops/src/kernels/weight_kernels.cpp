@@ -33,25 +33,29 @@ void tile_f32(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
        /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
 }
 
-// Block formats: their integer dot kernels on the activations' 8-bit codes.
-void dot_q8_0(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
-              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
-  const std::int64_t k = a.values.cols();
-  dot_gemm_q8_0(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
-}
+// Block formats: their integer dot kernels (block_gemm.hpp) on the activations' 8-bit codes.
+using BlockDot = void (*)(std::int64_t m, const std::int8_t* codes, const float* scales,
+                          const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level);
 
-void dot_q4_0(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
-              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+template <BlockDot kDot>
+void dot_q8(const PreparedActivations& a, std::int64_t r0, std::int64_t rows, const WeightMatrix& b,
+            float* c, std::int64_t ldc, KernelLevel level) {
   const std::int64_t k = a.values.cols();
-  dot_gemm_q4_0(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
+  kDot(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
 }
 
 constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, tile_f32};
 constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm, gemm_16bit};
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, gemm_16bit};
 // Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel.
-constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8_0, nullptr, gemm_dequantized};
-constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q4_0, nullptr, gemm_dequantized};
+constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q8_0>, nullptr,
+                                     gemm_dequantized};
+constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_0>, nullptr,
+                                     gemm_dequantized};
+constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
+                                     gemm_dequantized};
+constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
+                                     gemm_dequantized};
 
 }  // namespace
 
@@ -67,6 +71,10 @@ const WeightKernels& weight_kernels(DType dtype) noexcept {
       return kQ8_0Kernels;
     case DType::kQ4_0:
       return kQ4_0Kernels;
+    case DType::kQ4_K:
+      return kQ4_KKernels;
+    case DType::kQ6_K:
+      return kQ6_KKernels;
   }
   return kF32Kernels;
 }

@@ -37,6 +37,8 @@ void widen_row(const runtime::Tensor& table, std::int64_t row, std::int64_t h, f
       return;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       // The row's blocks, dequantized (a row of the table is whole blocks: its shard exists).
       runtime::convert_elements(
           static_cast<const std::byte*>(table.data()) + row_bytes(table.dtype(), row * h),

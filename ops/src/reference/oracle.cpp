@@ -107,6 +107,8 @@ MatrixD projection_input(const MatrixD& x, DType weights) {
       break;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       return quantized_activations(x);
   }
   return x.unaryExpr([](double v) {

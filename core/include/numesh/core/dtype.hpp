@@ -28,6 +28,12 @@ enum class DType : std::uint8_t {
   kF16,   ///< IEEE binary16: 5-bit exponent, 10 stored mantissa bits
   kQ8_0,  ///< GGML's Q8_0: blocks of 32 weights, an f16 scale d and 32 int8 codes q (x = d q)
   kQ4_0,  ///< GGML's Q4_0: blocks of 32 weights, an f16 scale d and 32 4-bit codes (x = (q-8) d)
+  /// GGML's Q4_K: super-blocks of 256 weights, eight sub-blocks of 32 with 6-bit scales and mins
+  /// under f16 d and dmin, 4-bit codes (x = d sc q - dmin m); 4.5 bits a weight
+  kQ4_K,
+  /// GGML's Q6_K: super-blocks of 256 weights, sixteen sub-blocks of 16 with int8 scales under an
+  /// f16 d, 6-bit codes (x = d sc (q - 32)); 6.5625 bits a weight
+  kQ6_K,
 };
 
 /// What a format is, for the code that treats every format alike (sizes, names, parsing): one
@@ -44,12 +50,14 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 5> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 7> kDTypes = {{
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2},
     {DType::kF16, "f16", {"fp16", "float16"}, 1, 2},
     {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34},
     {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18},
+    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144},
+    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210},
 }};
 
 namespace detail {
@@ -69,11 +77,13 @@ constexpr bool listed(DType t) {
     case DType::kF16:
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       return static_cast<std::size_t>(t) < kDTypes.size();
   }
   return false;
 }
-static_assert(listed(DType::kQ4_0), "kDTypes holds the last enumerator");
+static_assert(listed(DType::kQ6_K), "kDTypes holds the last enumerator");
 }  // namespace detail
 
 /// The traits of `t`.
@@ -96,12 +106,20 @@ constexpr std::size_t dtype_size(DType t) noexcept {
       return 2;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       return 0;
   }
   return 0;
 }
 
-/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0".
+/// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
+/// q4_0 0.5625, q4_k 0.5625, q6_k 0.8203125).
+constexpr double bytes_per_weight(DType t) noexcept {
+  return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
+}
+
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Bytes of a row of `elements` elements stored as `t`.
@@ -115,7 +133,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0"). Throws: ValueError naming the text and the
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q4_k", "Q4_K", "q4_K", "q6_k", "Q6_K", "q6_K").
+/// Throws: ValueError naming the text and the
 /// choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
@@ -223,6 +242,35 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       const std::int64_t j = i % 32;
       const int code = j < 16 ? block[2 + j] & 0x0F : block[2 + j - 16] >> 4;
       return static_cast<float>(code - 8) * scale(block);
+    }
+    case DType::kQ4_K: {
+      // d, dmin, 12 bytes of 6-bit scales and mins, then 128 bytes: each 64 elements' 32 bytes
+      // hold the first 32 in their low nibbles and the next 32 in their high ones.
+      const unsigned char* block = bytes + i / 256 * 144;
+      const unsigned char* sm = block + 4;
+      const std::int64_t e = i % 256, chunk = e / 64, w = e % 64, sub = e / 32;
+      const unsigned char byte = block[16 + 32 * chunk + w % 32];
+      const int code = w < 32 ? byte & 0x0F : byte >> 4;
+      const int sc = sub < 4 ? sm[sub] & 63 : (sm[sub + 4] & 0x0F) | ((sm[sub - 4] >> 6) << 4);
+      const int m = sub < 4 ? sm[sub + 4] & 63 : (sm[sub + 4] >> 4) | ((sm[sub] >> 6) << 4);
+      const float d1 = scale(block) * static_cast<float>(sc);
+      const float m1 = scale(block + 2) * static_cast<float>(m);
+      // Rounded before the subtraction, as GGML's dequantizer rounds it: volatile keeps the
+      // compiler from fusing the two into one fma.
+      const volatile float product = d1 * static_cast<float>(code);
+      return product - m1;
+    }
+    case DType::kQ6_K: {
+      // 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, then d; each half of
+      // 128 elements takes 64, 32 and 8 of them, in quarters of 32 elements.
+      const unsigned char* block = bytes + i / 256 * 210;
+      const std::int64_t e = i % 256, half = e / 128, quarter = e % 128 / 32, l = e % 32;
+      const unsigned char low = block[64 * half + l + 32 * (quarter & 1)];
+      const int code = ((quarter < 2 ? low & 0x0F : low >> 4) |
+                        (((block[128 + 32 * half + l] >> (2 * quarter)) & 3) << 4)) -
+                       32;
+      const auto sc = static_cast<std::int8_t>(block[192 + 8 * half + l / 16 + 2 * quarter]);
+      return scale(block + 208) * static_cast<float>(sc) * static_cast<float>(code);
     }
   }
   return 0.0f;

@@ -6,9 +6,9 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-// The kernels of weights in GGML's block formats, Q8_0 and Q4_0 (runtime/block_formats.hpp),
-// stored out-in ([n, k] row-major, nn.Linear's layout; each output's k weights are k / 32 blocks
-// side by side):
+// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q4_K and Q6_K
+// (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
+// output's k weights are its blocks side by side):
 //
 // - Decode (dot_gemm_q8_0, dot_gemm_q4_0): integer dot products, as llama.cpp computes
 //   Q8_0 x Q8_0 and Q4_0 x Q8_0. The activations are quantized first (quantize_activations_q8),
@@ -53,14 +53,57 @@
 //   about bf16's time (q8_0 0.9-1.0x, q4_0 1.0-1.1x). From memory ([4096, 8192]) it takes
 //   0.40-0.46x bf16's time.
 //
+// - Decode of Q4_K and Q6_K (dot_gemm_q4_k, dot_gemm_q6_k): the same activations, so a
+//   super-block of 256 weights meets 8 activation blocks: block t of a row lies in super-block
+//   b = t / 8 as Q4_K's sub-block t mod 8 and as Q6_K's sub-blocks 2 (t mod 8) and
+//   2 (t mod 8) + 1. The sub-block scales are taken in f32, where they are exact:
+//   ds_g = d * sc_g (an f16 times Q4_K's 6-bit or Q6_K's int8 code: at most 18 significant
+//   bits) and Q4_K's dm_g = dmin * m_g. With q_w the weight codes (Q4_K: the nibble q, 0 .. 15,
+//   the minimum apart; Q6_K: q - 32, -32 .. 31), for output j of row i and s[0..15] from +0,
+//     for each super-block b of the row, in order:
+//       for each of its blocks t = 8b .. 8b + 7, in order:
+//         isum[l]  = sum of q_a[e] q_w[e] over e = 4l .. 4l + 3 of the block (l = 0..7; an exact
+//                    int32, |isum| <= 4 * 127 * 32)
+//         scale[l] = d_a[t] * ds_g, g the sub-block holding inputs 4l .. 4l + 3 (Q4_K: g = t mod 8
+//                    for every l; Q6_K: g = 2 (t mod 8) + l / 4)       (one f32 product)
+//         s[(t mod 2) 8 + l] = fma(f32(isum[l]), scale[l], s[(t mod 2) 8 + l])
+//       Q4_K only, then its minimums join the even lanes:
+//         s[l] = fma(sum_a[8b + l], -dm_l, s[l])   (l = 0..7, dm_l of super-block b)
+//         with sum_a[t] = d_a[t] * f32(sum of block t's 32 codes q_a) (one f32 product a block,
+//         computed once a call for every output)
+//     then the fold of q8_0 above.
+//   So a lane sees q8_0's order, the sub-block scales inside the scale products. AVX-512 holds a
+//   super-block's 4 pairs of blocks in 4 registers (q8_0's lanes), multiplies a row's 8 d_a
+//   (repeated per sub-block for Q6_K) by an output's 8 or 16 ds in one product, spreads it over
+//   each pair's lanes with one permutation, and adds the minimums with one fma masked to lanes
+//   0-7; AVX2 keeps even and odd blocks in two accumulators, the minimums joining the even one.
+//   The error against the exact product of the kernel's weights w_e (Q4_K: ds_g q - dm_g exactly;
+//   Q6_K: ds_g (q - 32), which is runtime::dequantize_q6_k's value exactly) and the quantized
+//   activations, with P = sum_e |q_a[e] d_a[t] ds_g q_w[e]| and M = sum_e |q_a[e] d_a[t] dm_g|
+//   (M = 0 for Q6_K), is one rounding per scale product, fma and fold step:
+//     |c - sum_e q_a[e] d_a[t] w_e| <= (L + 5) 2^-24 (P + M),  L = 5k / 256 (Q4_K), k / 64 (Q6_K)
+//   (L the fmas into the longest lane). runtime::dequantize_q4_k rounds ds_g q - dm_g once in
+//   f32: against the product of its weights add 2^-24 (P + M). Against the original f32
+//   activations add the activations' quantization term of q8_0's bound,
+//   sum over blocks t of d_a[t] (1/2 + 2^-12) sum_{e in t} |w_e|.
+//   block_gemm_test checks the order bit for bit against its own transcription and the bounds
+//   on random rows (errors take up to 11 % of the whole bound at k = 256, 1.1 % at 16384).
+//
+//   Single-threaded at the avx512-bf16 level (BM_Decode_Dot, medians of 3 on a shared 2-core
+//   Zen 4 VM), GB/s of weights for 1 and 8 rows: q4_k 19.8 and 4.6 on [4096, 1024] (in L3),
+//   19.1 and 4.5 on [4096, 8192] (from memory); q6_k 26.4, 5.6 and 24.2, 5.4; q4_0 in the same
+//   run 18.7, 3.8 and 18.7, 3.9. Per byte at least q4_0's at every vector level (avx2: q4_k
+//   1.2-1.45x, q6_k 1.3-1.45x; the scalar reference about equal), so q4_k decodes a weight at
+//   least as fast as q4_0 (the same 4.5 bits), q6_k at 0.89-1.0x (6.56 bits).
+//
 // - Prefill (gemm_dequantized): panels of the weights dequantized to fp32 exactly as the runtime
 //   dequantizers give them, and numesh's fp32 gemm(); the activations are not quantized.
 
 namespace numesh::ops {
 
-/// Quantizes activations a[m, k] (rows `lda` floats apart) for dot_gemm_q8_0 / dot_gemm_q4_0,
-/// per row and per block of 32 inputs, as the comment above defines: codes of row i at
-/// codes + i k (k of them), scales of row i at scales + i (k / 32). Bitwise the same at every
+/// Quantizes activations a[m, k] (rows `lda` floats apart) for the dot kernels below (every
+/// block format's), per row and per block of 32 inputs, as the comment above defines: codes of row
+/// i at codes + i k (k of them), scales of row i at scales + i (k / 32). Bitwise the same at every
 /// level. Runs on the calling thread; no state.
 /// REQUIRES: m >= 0; lda >= k; `level` runs on this CPU; codes and scales hold m k and
 /// m k / 32 values.
@@ -92,21 +135,41 @@ void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
 
-/// c[m, n] = a[m, k] b on the calling thread, the prefill tile of Q8_0 or Q4_0 weights: a fp32
-/// (not quantized) with rows `lda` floats apart, b [k, n] stored out-in, c fp32 with rows `ldc`
-/// apart (overwritten, never read; k = 0 writes zeros). Panels of b, up to 256 inputs (8 blocks)
-/// by 4096 outputs, are dequantized to fp32 exactly as runtime::dequantize_q8_0 / q4_0 give
-/// them, into a buffer of the calling thread kept between calls (up to 4 MiB), and multiplied
-/// by gemm() (blas_gemm.hpp), accumulating over the panels of k in order: for the outputs
-/// [j0, j0 + 4096) c = gemm(a[:, 0:256], panel 0) and then c = gemm(a[:, 256 p:], panel p) + c
-/// for each next panel p. So c is, bit for bit, that sequence of fp32 gemm() calls on the
-/// dequantized weights, within fp32 accumulation of k terms of the float64 product. NaN or
-/// infinite scales reach exactly the columns they multiply into. `level` is unused today (the
-/// dequantizers and gemm() have one version each); it keeps the prefill tiles' signature.
-/// REQUIRES: b.data aligned to 2 bytes (a block's f16 scale).
-/// Throws: TypeError when b.dtype is not kQ8_0 or kQ4_0; ShapeError naming the values when b is
-/// not stored out-in, k is not a multiple of 32, a size is negative, or a leading dimension is
-/// shorter than its row (lda < k, b.stride() < k, ldc < n).
+/// dot_gemm_q8_0 for Q4_K weights, in the Q4_K order of the comment above (b's outputs each
+/// k / 256 super-blocks of 144 bytes). The activations' scaled block sums (for the minimums) are
+/// computed once a call into a buffer of the calling thread kept between calls (m k / 32
+/// floats). A super-block whose d or dmin is NaN or infinite makes its outputs NaN or infinite.
+/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_K and k (and b.stride()) whole
+/// super-blocks of 256.
+void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
+                   const WeightMatrix& b, float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
+
+/// dot_gemm_q8_0 for Q6_K weights (codes q_w = q - 32, -32 .. 31), in the Q6_K order of the
+/// comment above (b's outputs each k / 256 super-blocks of 210 bytes). A super-block whose d is
+/// NaN or infinite makes its outputs NaN or infinite.
+/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ6_K and k (and b.stride()) whole
+/// super-blocks of 256.
+void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
+                   const WeightMatrix& b, float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
+
+/// c[m, n] = a[m, k] b on the calling thread, the prefill tile of weights in any block format
+/// (Q8_0, Q4_0, Q4_K, Q6_K): a fp32 with rows `lda` floats apart, b [k, n] stored out-in, c fp32
+/// with rows `ldc` apart (overwritten, never read; k = 0 writes zeros). Panels of b, up to 256
+/// inputs (whole blocks of every format) by 4096 outputs, are dequantized to fp32 exactly as the
+/// runtime's dequantizers (runtime/block_formats.hpp) give them, into a buffer of the calling
+/// thread kept between calls (up to 4 MiB), and multiplied by gemm() (blas_gemm.hpp),
+/// accumulating over the panels of k in order: for the outputs [j0, j0 + 4096)
+/// c = gemm(a[:, 0:256], panel 0) and then c = gemm(a[:, 256 p:], panel p) + c for each next
+/// panel p. So c is, bit for bit, that sequence of fp32 gemm() calls on the dequantized weights,
+/// within fp32 accumulation of k terms of the float64 product. NaN or infinite scales reach
+/// exactly the columns they multiply into. `level` is unused today (the dequantizers and gemm()
+/// have one version each); it keeps the prefill tiles' signature.
+/// REQUIRES: b.data aligned to 2 bytes (a block's f16 scales).
+/// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is
+/// not stored out-in, k is not whole blocks of the format, a size is negative, or a leading
+/// dimension is shorter than its row (lda < k, b.stride() < k, ldc < n).
 void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b,
                       float* c, std::int64_t ldc,
                       runtime::KernelLevel level = runtime::kernel_level());
