@@ -5,7 +5,9 @@
 // Per block: h = rms_norm(x); q, k, v = Wq h, Wk h, Wv h; a = q + pad(k + v) (a stand-in for
 // attention, negligible work); x += Wo a; h = rms_norm(x); x += Wd (silu(Wg h) * Wu h).
 // Prints the median step time and the weights' GB/s (weight bytes / step time).
-//   decode_chain f32|bf16|f16|q8_0 HIDDEN FFN KV_DIM LAYERS STEPS [THREADS]
+//   decode_chain f32|bf16|f16|q8_0|q4_0|q4_k|q6_k HIDDEN FFN KV_DIM LAYERS STEPS [THREADS]
+// (the block formats quantized by ggml_quantize_chunk, GGML's reference quantizers: the bytes
+// numesh's --dtype writes for the same weights)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,15 +25,32 @@
 
 int main(int argc, char** argv) {
   if (argc < 7) {
-    fprintf(stderr, "usage: %s dtype(f32|bf16|f16|q8_0) hidden ffn kv_dim layers steps [threads]\n",
+    fprintf(stderr,
+            "usage: %s dtype(f32|bf16|f16|q8_0|q4_0|q4_k|q6_k) hidden ffn kv_dim layers steps "
+            "[threads]\n",
             argv[0]);
     return 1;
   }
   std::string ts = argv[1];
-  ggml_type wt = ts == "f32"    ? GGML_TYPE_F32
-                 : ts == "bf16" ? GGML_TYPE_BF16
-                 : ts == "f16"  ? GGML_TYPE_F16
-                                : GGML_TYPE_Q8_0;
+  ggml_type wt;
+  if (ts == "f32") {
+    wt = GGML_TYPE_F32;
+  } else if (ts == "bf16") {
+    wt = GGML_TYPE_BF16;
+  } else if (ts == "f16") {
+    wt = GGML_TYPE_F16;
+  } else if (ts == "q8_0") {
+    wt = GGML_TYPE_Q8_0;
+  } else if (ts == "q4_0") {
+    wt = GGML_TYPE_Q4_0;
+  } else if (ts == "q4_k") {
+    wt = GGML_TYPE_Q4_K;
+  } else if (ts == "q6_k") {
+    wt = GGML_TYPE_Q6_K;
+  } else {
+    fprintf(stderr, "decode_chain: unknown dtype '%s'\n", ts.c_str());
+    return 1;
+  }
   const int64_t H = atoll(argv[2]), F = atoll(argv[3]), KV = atoll(argv[4]);
   const int L = atoi(argv[5]), steps = atoi(argv[6]);
   const int nth = argc > 7 ? atoi(argv[7]) : 2;
