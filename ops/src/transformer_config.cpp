@@ -59,7 +59,19 @@ void TransformerConfig::validate() const {
         ValueError, "transformer: dense layer {} is listed twice", l);
   }
   NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
+  for (std::int64_t l = 0; l < layers; ++l) {
+    NUMESH_CHECK(mlp_kind == MlpKind::kSwiGLU || !is_moe(l), NotImplementedError,
+                 "transformer: layer {} is MoE and mlp_kind is {}: MoE experts are SwiGLU only", l,
+                 to_string(mlp_kind));
+  }
 }
+
+namespace {
+
+// Matrices of a dense MLP: SwiGLU's gate, up and down; GELU's up and down.
+double dense_mlp_matrices(MlpKind kind) { return kind == MlpKind::kSwiGLU ? 3.0 : 2.0; }
+
+}  // namespace
 
 std::int64_t TransformerConfig::parameters() const noexcept {
   const AttentionConfig& a = attention;
@@ -67,7 +79,7 @@ std::int64_t TransformerConfig::parameters() const noexcept {
   for (std::int64_t l = 0; l < layers; ++l) {
     total += 2 * hidden + hidden * a.head_dim * (2 * a.num_heads + 2 * a.num_kv_heads);
     total += is_moe(l) ? hidden * moe.num_experts + 3 * moe.num_experts * hidden * moe_ffn
-                       : 3 * hidden * ffn;
+                       : static_cast<std::int64_t>(dense_mlp_matrices(mlp_kind)) * hidden * ffn;
     if (is_moe(l) && shared_expert_ffn > 0) total += 3 * hidden * shared_expert_ffn + hidden;
   }
   return total;
@@ -84,7 +96,7 @@ double TransformerConfig::flops(std::int64_t batch, std::int64_t tokens,
         is_moe(l)
             ? rows * (2.0 * h * static_cast<double>(moe.num_experts) +
                       static_cast<double>(moe.top_k) * 3.0 * 2.0 * h * static_cast<double>(moe_ffn))
-            : rows * 3.0 * 2.0 * h * static_cast<double>(ffn);
+            : rows * dense_mlp_matrices(mlp_kind) * 2.0 * h * static_cast<double>(ffn);
     if (is_moe(l) && shared_expert_ffn > 0) {
       total += rows * (3.0 * 2.0 * h * static_cast<double>(shared_expert_ffn) + 2.0 * h);
     }
@@ -120,7 +132,8 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
         b.moe.shared_expert_gate = normal({h, 1}, rng, 0.0f, fan_in_scale(h));
       }
     } else {
-      b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
+      if (c.mlp_kind == MlpKind::kSwiGLU)
+        b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.down = normal({c.ffn, h}, rng, 0.0f, fan_in_scale(c.ffn));
     }

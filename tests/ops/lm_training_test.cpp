@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -135,6 +136,31 @@ TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
                       axes_for(GetParam()));
   EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
   expect_gradients_match(step, want, "biases and q/k norms");
+}
+
+// TransformerConfig::mlp_kind reaches the step's dense MLPs: a GELU MLP (up and down, no gate)
+// trains as the oracle's gelu_mlp_backward says, and has no "mlp.gate" parameter.
+TEST_P(LmTrainingStepTest, AGeluMlpHasTheReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  TinyModel m;
+  m.config.mlp_kind = MlpKind::kGelu;
+  m.stack = TransformerWeights::random(m.config, 12);
+  ASSERT_TRUE(m.stack.blocks[0].mlp.gate.shape.empty());
+  const std::vector<std::int32_t> inputs = ids(4), targets = ids(5);
+  const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, &m.head,
+                                                     inputs, targets, kBatch, kTokens);
+  EXPECT_FALSE(want.grads.contains("layers.0.mlp.gate"));
+  LmTrainingStep step(mesh, m.config, m.embedding, m.stack, &m.head, kBatch, kTokens,
+                      axes_for(GetParam()));
+  EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss);
+  expect_gradients_match(step, want, "gelu");
+  // Not the SwiGLU model's loss: the kind was not dropped on the way.
+  TinyModel swiglu;
+  EXPECT_GT(std::abs(lm_training_reference(swiglu.config, swiglu.embedding, swiglu.stack,
+                                           &swiglu.head, inputs, targets, kBatch, kTokens)
+                         .loss -
+                     want.loss),
+            1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -205,10 +205,33 @@ TEST_P(ShardedTransformerTest, RaggedStepsOverPagedCachesEqualEachSequenceAlone)
   }
 }
 
+// Runs 4 tokens, then 2 single ones, of 2 sequences (inputs seeded from `seed`) through the
+// model on `mesh_case` and expects each output to equal the dense reference's. Returns the
+// decode program's plan.
+std::string prefill_and_decode_equal_the_dense_model(const MeshCase& mesh_case,
+                                                     const TransformerConfig& c,
+                                                     const TransformerWeights& w,
+                                                     std::uint32_t seed) {
+  const std::int64_t batch = 2, max_len = 8;
+  ShardedTransformer model(make_mesh(mesh_case), c, w, batch, max_len);
+  TransformerReference reference(c, w, batch, max_len,
+                                 expected_groups(mesh_case, {"dp", "fsdp"}, batch),
+                                 expected_groups(mesh_case, {"sp"}, 0));
+  std::int64_t position = 0;
+  for (std::int64_t n : {4, 1, 1}) {
+    const runtime::HostTensor x =
+        random_host({batch, n, c.hidden}, seed + static_cast<std::uint32_t>(position), 1.0f);
+    EXPECT_TRUE(
+        matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
+        << "tokens [" << position << ", " << position + n << ")";
+    position += n;
+  }
+  return model.program(1).plan().text();
+}
+
 // Qwen2-MoE's layout: MoE layers with a shared expert and raw top-k weights, a dense layer
 // among them (mlp_only_layers), and Llama's MLP biases on that dense layer.
 TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesEqualTheDenseModel) {
-  const auto mesh = make_mesh(GetParam());
   TransformerConfig c = small_config();
   c.layers = 3;
   c.moe_every = 1;
@@ -222,24 +245,23 @@ TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesE
   dense.mlp.gate_bias = random_host({c.ffn}, 12, 0.5f);
   dense.mlp.up_bias = random_host({c.ffn}, 13, 0.5f);
   dense.mlp.down_bias = random_host({c.hidden}, 14, 0.5f);
-  const std::int64_t batch = 2, max_len = 8;
-  ShardedTransformer model(mesh, c, w, batch, max_len);
-  TransformerReference reference(c, w, batch, max_len,
-                                 expected_groups(GetParam(), {"dp", "fsdp"}, batch),
-                                 expected_groups(GetParam(), {"sp"}, 0));
-  std::int64_t position = 0;
-  for (std::int64_t n : {4, 1, 1}) {
-    const runtime::HostTensor x =
-        random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(200 + position), 1.0f);
-    EXPECT_TRUE(
-        matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
-        << "tokens [" << position << ", " << position + n << ")";
-    position += n;
-  }
-  const std::string plan = model.program(1).plan().text();
+  const std::string plan = prefill_and_decode_equal_the_dense_model(GetParam(), c, w, 200);
   EXPECT_THAT(plan, HasSubstr("block1.mlp.w_up"));
   EXPECT_THAT(plan, HasSubstr("block2.moe.shared_w_up"));
   EXPECT_THAT(plan, ::testing::Not(HasSubstr("block1.moe")));
+}
+
+// TransformerConfig::mlp_kind reaches the dense layers: a stack of GELU MLPs (no gate) equals
+// the dense model, whose oracle runs the same kind.
+TEST_P(ShardedTransformerTest, GeluMlpsEqualTheDenseModel) {
+  TransformerConfig c = small_config();
+  c.moe_every = 0;
+  c.mlp_kind = MlpKind::kGelu;
+  const TransformerWeights w = TransformerWeights::random(c, 17);
+  ASSERT_TRUE(w.blocks[1].mlp.gate.shape.empty()) << "a GELU MLP has no gate";
+  const std::string plan = prefill_and_decode_equal_the_dense_model(GetParam(), c, w, 300);
+  EXPECT_THAT(plan, HasSubstr("block1.mlp.w_up"));
+  EXPECT_THAT(plan, ::testing::Not(HasSubstr("w_gate")));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -352,6 +374,29 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
     EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<ValueError>(HasSubstr(cs.message)));
   }
   EXPECT_NO_THROW(small_config().validate());
+}
+
+// MoE experts are SwiGLU only: another mlp_kind with a MoE layer is refused by name, by the
+// config and so by everything built from it; a dense stack counts GELU's two matrices.
+TEST(TransformerConfigTest, AnMlpKindTheExpertsLackIsRefusedByName) {
+  TransformerConfig c = small_config();  // layer 1 is MoE
+  c.mlp_kind = MlpKind::kGelu;
+  const char* message =
+      "transformer: layer 1 is MoE and mlp_kind is gelu: MoE experts are SwiGLU only";
+  EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<NotImplementedError>(message));
+  TransformerConfig swiglu = small_config();
+  const TransformerWeights w = TransformerWeights::random(swiglu, 3);
+  const auto mesh = runtime::DeviceMesh::create(devices(1), {1}, {"tp"});
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 1, 4); },
+              ThrowsMessage<NotImplementedError>(message));
+  EXPECT_THAT([&] { TransformerReference(c, w, 1, 4); },
+              ThrowsMessage<NotImplementedError>(message));
+
+  c.moe_every = 0;  // dense: 2 x 2 GELU matrices of 32 x 64 instead of SwiGLU's 3
+  swiglu.moe_every = 0;
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_EQ(swiglu.parameters() - c.parameters(), 2 * 32 * 64);
+  EXPECT_DOUBLE_EQ(swiglu.flops(1, 1, 0) - c.flops(1, 1, 0), 2 * 2.0 * 32 * 64);
 }
 
 // Which layers are MoE, and what parameters() and flops() count, follow dense_layers and the

@@ -1,10 +1,8 @@
 #include "numesh/models/hf/hf_config.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,10 +16,6 @@ namespace numesh::models {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::array<Architecture, 7> kArchitectures{
-    Architecture::kLlama,   Architecture::kMistral,  Architecture::kQwen2,   Architecture::kQwen3,
-    Architecture::kMixtral, Architecture::kQwen2Moe, Architecture::kQwen3Moe};
 
 // Typed reads of config.json fields, each error naming the file and the field.
 class Fields {
@@ -113,17 +107,6 @@ class Fields {
   std::string_view source_;
 };
 
-Architecture architecture_of(const std::string& model_type, std::string_view source) {
-  for (Architecture a : kArchitectures) {
-    if (model_type == to_string(a)) return a;
-  }
-  std::vector<std::string_view> names;
-  for (Architecture a : kArchitectures) names.push_back(to_string(a));
-  throw ValueError(
-      fmt::format("{}: model_type '{}' is not an architecture numesh reads (it reads {})", source,
-                  model_type, fmt::join(names, ", ")));
-}
-
 // rope_scaling: null, or {"rope_type" (or the older "type"): "linear" | "llama3" | "default", ...}.
 ops::RopeScaling rope_scaling_of(const Fields& f) {
   if (!f.has("rope_scaling")) return {};
@@ -162,32 +145,9 @@ ops::RopeScaling rope_scaling_of(const Fields& f) {
   return s;
 }
 
-bool is_moe(Architecture a) {
-  return a == Architecture::kMixtral || a == Architecture::kQwen2Moe ||
-         a == Architecture::kQwen3Moe;
-}
-
 }  // namespace
 
-std::string_view to_string(Architecture a) noexcept {
-  switch (a) {
-    case Architecture::kLlama:
-      return "llama";
-    case Architecture::kMistral:
-      return "mistral";
-    case Architecture::kQwen2:
-      return "qwen2";
-    case Architecture::kQwen3:
-      return "qwen3";
-    case Architecture::kMixtral:
-      return "mixtral";
-    case Architecture::kQwen2Moe:
-      return "qwen2_moe";
-    case Architecture::kQwen3Moe:
-      return "qwen3_moe";
-  }
-  return "?";
-}
+const ArchitectureSpec& HfConfig::spec() const noexcept { return architecture_spec(architecture); }
 
 bool HfConfig::is_moe_layer(std::int64_t i) const noexcept {
   if (num_experts == 0) return false;
@@ -206,14 +166,13 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
                source, config.type_name());
   const Fields f(config, source);
   HfConfig c;
-  c.architecture = architecture_of(f.text("model_type"), source);
-  const Architecture a = c.architecture;
-  const bool qwen = a == Architecture::kQwen2 || a == Architecture::kQwen3 ||
-                    a == Architecture::kQwen2Moe || a == Architecture::kQwen3Moe;
+  const ArchitectureSpec& spec = architecture_spec(f.text("model_type"), source);
+  c.architecture = spec.architecture;
 
-  const std::string act = f.has("hidden_act") ? f.text("hidden_act") : "silu";
-  NUMESH_CHECK(act == "silu", ValueError, "{}: hidden_act '{}': numesh's MLPs are SwiGLU (silu)",
-               source, act);
+  const std::string act = f.has("hidden_act") ? f.text("hidden_act") : std::string(spec.hidden_act);
+  NUMESH_CHECK(act == spec.hidden_act, ValueError, "{}: hidden_act '{}': numesh's MLPs are {} ({})",
+               source, act, spec.mlp_kind == ops::MlpKind::kSwiGLU ? "SwiGLU" : "GELU",
+               spec.hidden_act);
 
   c.vocab_size = f.positive("vocab_size");
   c.hidden_size = f.positive("hidden_size");
@@ -224,11 +183,10 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
                "{}: num_key_value_heads {} does not divide num_attention_heads {}", source,
                c.num_key_value_heads, c.num_attention_heads);
   // Qwen3's head_dim defaults to 128 in transformers; the others to hidden / heads.
-  const bool qwen3 = a == Architecture::kQwen3 || a == Architecture::kQwen3Moe;
   if (f.has("head_dim")) {
     c.head_dim = f.positive("head_dim");
-  } else if (qwen3) {
-    c.head_dim = 128;
+  } else if (spec.default_head_dim > 0) {
+    c.head_dim = spec.default_head_dim;
   } else {
     NUMESH_CHECK(
         c.hidden_size % c.num_attention_heads == 0, ValueError,
@@ -238,45 +196,40 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   }
   NUMESH_CHECK(c.head_dim % 2 == 0, ValueError, "{}: head_dim {} is odd; RoPE needs it even",
                source, c.head_dim);
-  c.rms_norm_eps = f.number("rms_norm_eps", a == Architecture::kMixtral ? 1e-5 : 1e-6);
+  c.rms_norm_eps = f.number("rms_norm_eps", spec.default_rms_norm_eps);
   NUMESH_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0.0, ValueError,
                "{}: rms_norm_eps {} must be a non-negative number", source, c.rms_norm_eps);
-  c.rope_theta = f.number("rope_theta", a == Architecture::kMixtral ? 1e6 : 10000.0);
+  c.rope_theta = f.number("rope_theta", spec.default_rope_theta);
   NUMESH_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0, ValueError,
                "{}: rope_theta {} must be positive", source, c.rope_theta);
   c.rope_scaling = rope_scaling_of(f);
   c.max_position_embeddings = f.positive("max_position_embeddings", 2048);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
 
-  // Biases: Qwen2's and Qwen2-MoE's q, k, v projections always have them (no config field);
-  // attention_bias (Llama, Qwen3) puts them on all four projections. mlp_bias is Llama's
-  // alone: the other architectures' MLPs and experts are built without biases whatever the
-  // field says (transformers' MistralMLP, Qwen2MLP, ... take bias=False).
+  // Biases: some architectures' q, k, v projections always have them (no config field);
+  // attention_bias puts them on all four projections. mlp_bias only where the architecture
+  // honours it: the others' MLPs and experts are built without biases whatever the field says.
   const bool attention_bias = f.boolean("attention_bias", false);
-  c.qkv_bias = a == Architecture::kQwen2 || a == Architecture::kQwen2Moe || attention_bias;
+  c.qkv_bias = spec.qkv_bias || attention_bias;
   c.o_bias = attention_bias;
-  c.mlp_bias = f.boolean("mlp_bias", false) && a == Architecture::kLlama;
-  c.qk_norm = qwen3;
+  c.mlp_bias = f.boolean("mlp_bias", false) && spec.mlp_bias_field;
+  c.qk_norm = spec.qk_norm;
 
-  // Sliding windows: Mistral and Mixtral apply sliding_window when set; Qwen models only
-  // when use_sliding_window is true.
-  const bool windowed = qwen ? f.boolean("use_sliding_window", false)
-                             : (a == Architecture::kMistral || a == Architecture::kMixtral);
+  const bool windowed = spec.sliding_window == SlidingWindowRule::kWhenSet ||
+                        (spec.sliding_window == SlidingWindowRule::kUseSlidingWindow &&
+                         f.boolean("use_sliding_window", false));
   if (windowed && f.has("sliding_window")) c.sliding_window = f.positive("sliding_window");
 
-  if (is_moe(a)) {
-    c.num_experts = f.positive(a == Architecture::kMixtral ? "num_local_experts" : "num_experts");
+  if (spec.moe) {
+    const MoeSpec& moe = *spec.moe;
+    c.num_experts = f.positive(std::string(moe.num_experts_field).c_str());
     c.num_experts_per_tok = f.positive("num_experts_per_tok");
     NUMESH_CHECK(c.num_experts_per_tok <= c.num_experts, ValueError,
                  "{}: num_experts_per_tok {} is more than the {} experts", source,
                  c.num_experts_per_tok, c.num_experts);
-    if (a == Architecture::kMixtral) {
-      // Mixtral's experts are intermediate_size wide and always renormalised.
-      c.moe_intermediate_size = f.positive("intermediate_size");
-      c.norm_topk_prob = true;
-    } else {
-      c.moe_intermediate_size = f.positive("moe_intermediate_size");
-      c.norm_topk_prob = f.boolean("norm_topk_prob", false);
+    c.moe_intermediate_size = f.positive(std::string(moe.expert_ffn_field).c_str());
+    c.norm_topk_prob = moe.always_renormalize || f.boolean("norm_topk_prob", false);
+    if (moe.sparse_layer_fields) {
       c.decoder_sparse_step = f.positive("decoder_sparse_step", 1);
       c.mlp_only_layers = f.integers("mlp_only_layers");
       for (std::int64_t l : c.mlp_only_layers) {
@@ -284,18 +237,18 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
                      "{}: mlp_only_layers names layer {}, outside the {} layers", source, l,
                      c.num_hidden_layers);
       }
-      // Qwen2-MoE's MoE layers always have a shared expert (transformers' default size 5632).
-      if (a == Architecture::kQwen2Moe) {
-        c.shared_expert_intermediate_size = f.positive("shared_expert_intermediate_size", 5632);
-      }
+    }
+    if (moe.shared_expert) {
+      c.shared_expert_intermediate_size = f.positive("shared_expert_intermediate_size", 5632);
     }
   }
-  bool dense_layers = !is_moe(a);
+  bool dense_layers = !spec.moe;
   for (std::int64_t l = 0; l < c.num_hidden_layers && !dense_layers; ++l)
     dense_layers = !c.is_moe_layer(l);
   if (dense_layers) {
     c.intermediate_size = f.positive("intermediate_size");
-  } else if (a != Architecture::kMixtral) {
+  } else if (spec.moe->expert_ffn_field != "intermediate_size") {
+    // Where intermediate_size is the experts' (Mixtral), there is no dense size to keep.
     c.intermediate_size = f.integer("intermediate_size", 0);
   }
   c.bos_token_ids = f.ids("bos_token_id");
@@ -358,6 +311,12 @@ HfConfig HfConfig::load(const std::filesystem::path& path) {
 }
 
 ops::TransformerConfig HfConfig::transformer_config() const {
+  // The spec's fields for Gemma-like architectures, which no layer applies yet: refused rather
+  // than silently run as a plain RMSNorm and an unscaled embedding.
+  NUMESH_CHECK(spec().norm_offset == 0.0f && spec().embedding_scale == EmbeddingScale::kNone,
+               NotImplementedError,
+               "{}: RMSNorm weight offsets and embedding scales are not yet implemented",
+               to_string(architecture));
   ops::TransformerConfig t;
   t.hidden = hidden_size;
   t.layers = num_hidden_layers;
@@ -368,6 +327,7 @@ ops::TransformerConfig HfConfig::transformer_config() const {
                                      .rope_scaling = rope_scaling,
                                      .qk_norm_eps = static_cast<float>(rms_norm_eps)};
   t.ffn = intermediate_size > 0 ? intermediate_size : moe_intermediate_size;
+  t.mlp_kind = spec().mlp_kind;
   t.norm_eps = static_cast<float>(rms_norm_eps);
   t.moe_every = num_experts > 0 ? decoder_sparse_step : 0;
   if (num_experts > 0) {

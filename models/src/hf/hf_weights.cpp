@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <map>
 #include <span>
@@ -91,90 +92,134 @@ class Reader {
 // One linear weight's source.
 MatrixSource linear_source(std::string name) { return MatrixSource{.tensors = {std::move(name)}}; }
 
+// The spec's entry for a laid-out weight's slot ("layers.3.attention.wq" is the entry
+// "layers.{L}.attention.wq" at layer 3; "final_norm" is itself, at no layer).
+struct SlotPattern {
+  const TensorPattern* pattern = nullptr;  // null: the architecture has no such weight
+  std::int64_t layer = -1;
+};
+
+SlotPattern slot_pattern(std::string_view slot, const ArchitectureSpec& spec) {
+  constexpr std::string_view kLayers = "layers.";
+  if (!slot.starts_with(kLayers)) return {spec.find(slot), -1};
+  const std::string_view rest = slot.substr(kLayers.size());
+  const std::size_t dot = rest.find('.');
+  std::int64_t layer = -1;
+  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
+  if (dot == std::string_view::npos || dot == 0 || error != std::errc() ||
+      end != rest.data() + dot || layer < 0)
+    return {};
+  return {spec.find(fmt::format("layers.{{L}}{}", rest.substr(dot))), layer};
+}
+
+// Refuses a weight that is a slice of a fused tensor (Phi-3's qkv_proj, gate_up_proj): the
+// spec can say so, the reader and the saver cannot slice yet.
+void refuse_fused(const TensorPattern& pattern, const ArchitectureSpec& spec,
+                  std::string_view slot) {
+  NUMESH_CHECK(pattern.fused == FusedPart::kWhole, NotImplementedError,
+               "{}: the weight '{}' is part of the fused tensor {}; fused tensors are not yet "
+               "read or written",
+               to_string(spec.architecture), slot, pattern.hf);
+}
+
+// The slot's entry, refused as unknown when the architecture has none.
+SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
+  const SlotPattern found = slot_pattern(slot, spec);
+  if (found.pattern == nullptr) {
+    throw KeyError(std::string(slot),
+                   fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
+  }
+  refuse_fused(*found.pattern, spec, slot);
+  return found;
+}
+
 // The weights, read whole into host memory, or (with `deferred`) their large matrices left
-// shape-only with their sources recorded there.
+// shape-only with their sources recorded there. Every name comes from the architecture's spec.
 CausalLmWeights load_weights(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
                              DType stored_as, std::map<std::string, MatrixSource>* deferred) {
   const ops::TransformerConfig t = config.transformer_config();
+  const ArchitectureSpec& spec = config.spec();
   const Reader r(checkpoint, deferred);
   const std::int64_t h = t.hidden, v = config.vocab_size, d = t.attention.head_dim;
   const std::int64_t q_out = t.attention.num_heads * d, kv_out = t.attention.num_kv_heads * d;
+  // The Hugging Face name of numesh's weight `slot`, at layer l (and expert e).
+  const auto hf = [&](std::string_view slot, std::int64_t l = -1, std::int64_t e = -1) {
+    if (const TensorPattern* p = spec.find(slot)) refuse_fused(*p, spec, slot);
+    return spec.hf_name(slot, l, e);
+  };
   CausalLmWeights w;
-  const MatrixSource table{.tensors = {"model.embed_tokens.weight"}, .transposed = false};
+  const MatrixSource table{.tensors = {hf("embedding.table")}, .transposed = false};
   w.embedding.table = r.matrix("embedding.table", table, h, v);
   w.embedding.stored_as = stored_as;
   for (std::int64_t l = 0; l < t.layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
     const std::string slot = fmt::format("layers.{}.", l);  // ShardedTransformer::weights()'s names
+    // Block l's matrix `name` ("attention.wq"): its source, under its slot.
+    const auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out) {
+      return r.matrix(slot + name, linear_source(hf("layers.{L}." + name, l)), in, out);
+    };
+    const auto tensor = [&](const std::string& name) { return hf("layers.{L}." + name, l); };
     ops::BlockWeights b;
-    b.attn_norm = r.norm(p + "input_layernorm.weight", h);
-    b.ffn_norm = r.norm(p + "post_attention_layernorm.weight", h);
-    b.attention.wq =
-        r.matrix(slot + "attention.wq", linear_source(p + "self_attn.q_proj.weight"), h, q_out);
-    b.attention.wk =
-        r.matrix(slot + "attention.wk", linear_source(p + "self_attn.k_proj.weight"), h, kv_out);
-    b.attention.wv =
-        r.matrix(slot + "attention.wv", linear_source(p + "self_attn.v_proj.weight"), h, kv_out);
-    b.attention.wo =
-        r.matrix(slot + "attention.wo", linear_source(p + "self_attn.o_proj.weight"), q_out, h);
+    b.attn_norm = r.norm(tensor("attn_norm"), h);
+    b.ffn_norm = r.norm(tensor("ffn_norm"), h);
+    b.attention.wq = linear("attention.wq", h, q_out);
+    b.attention.wk = linear("attention.wk", h, kv_out);
+    b.attention.wv = linear("attention.wv", h, kv_out);
+    b.attention.wo = linear("attention.wo", q_out, h);
     if (config.qkv_bias) {
-      b.attention.bq = r.read(p + "self_attn.q_proj.bias", {q_out});
-      b.attention.bk = r.read(p + "self_attn.k_proj.bias", {kv_out});
-      b.attention.bv = r.read(p + "self_attn.v_proj.bias", {kv_out});
+      b.attention.bq = r.read(tensor("attention.bq"), {q_out});
+      b.attention.bk = r.read(tensor("attention.bk"), {kv_out});
+      b.attention.bv = r.read(tensor("attention.bv"), {kv_out});
     }
-    if (config.o_bias) b.attention.bo = r.read(p + "self_attn.o_proj.bias", {h});
+    if (config.o_bias) b.attention.bo = r.read(tensor("attention.bo"), {h});
     if (config.qk_norm) {
-      b.attention.q_norm = r.read(p + "self_attn.q_norm.weight", {d});
-      b.attention.k_norm = r.read(p + "self_attn.k_norm.weight", {d});
+      b.attention.q_norm = r.read(tensor("attention.q_norm"), {d});
+      b.attention.k_norm = r.read(tensor("attention.k_norm"), {d});
     }
     if (t.is_moe(l)) {
       const std::int64_t e = t.moe.num_experts, f = t.moe_ffn;
-      const bool mixtral = config.architecture == Architecture::kMixtral;
-      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-      b.moe.router = r.linear(moe + "gate.weight", h, e);
-      const auto experts = [&](const char* mixtral_name, const char* name) {
+      b.moe.router = r.linear(tensor("moe.router"), h, e);
+      // One nn.Linear per expert, stacked.
+      const auto experts = [&](const std::string& name, std::int64_t in, std::int64_t out) {
         MatrixSource s;
-        for (std::int64_t x = 0; x < e; ++x) {
-          s.tensors.push_back(
-              fmt::format("{}experts.{}.{}.weight", moe, x, mixtral ? mixtral_name : name));
-        }
-        return s;
+        for (std::int64_t x = 0; x < e; ++x) s.tensors.push_back(hf("layers.{L}." + name, l, x));
+        return r.matrix(slot + name, s, in, out);
       };
-      b.moe.gate = r.matrix(slot + "moe.gate", experts("w1", "gate_proj"), h, f);
-      b.moe.up = r.matrix(slot + "moe.up", experts("w3", "up_proj"), h, f);
-      b.moe.down = r.matrix(slot + "moe.down", experts("w2", "down_proj"), f, h);
+      b.moe.gate = experts("moe.gate", h, f);
+      b.moe.up = experts("moe.up", h, f);
+      b.moe.down = experts("moe.down", f, h);
       if (t.shared_expert_ffn > 0) {  // Qwen2-MoE
         const std::int64_t fs = t.shared_expert_ffn;
-        const std::string se = slot + "moe.shared_expert.";
-        b.moe.shared_expert.gate =
-            r.matrix(se + "gate", linear_source(moe + "shared_expert.gate_proj.weight"), h, fs);
-        b.moe.shared_expert.up =
-            r.matrix(se + "up", linear_source(moe + "shared_expert.up_proj.weight"), h, fs);
-        b.moe.shared_expert.down =
-            r.matrix(se + "down", linear_source(moe + "shared_expert.down_proj.weight"), fs, h);
-        b.moe.shared_expert_gate = r.linear(moe + "shared_expert_gate.weight", h, 1);
+        b.moe.shared_expert.gate = linear("moe.shared_expert.gate", h, fs);
+        b.moe.shared_expert.up = linear("moe.shared_expert.up", h, fs);
+        b.moe.shared_expert.down = linear("moe.shared_expert.down", fs, h);
+        b.moe.shared_expert_gate = r.linear(tensor("moe.shared_expert_gate"), h, 1);
       }
     } else {
-      b.mlp.gate = r.matrix(slot + "mlp.gate", linear_source(p + "mlp.gate_proj.weight"), h, t.ffn);
-      b.mlp.up = r.matrix(slot + "mlp.up", linear_source(p + "mlp.up_proj.weight"), h, t.ffn);
-      b.mlp.down = r.matrix(slot + "mlp.down", linear_source(p + "mlp.down_proj.weight"), t.ffn, h);
+      if (t.mlp_kind == ops::MlpKind::kSwiGLU) b.mlp.gate = linear("mlp.gate", h, t.ffn);
+      b.mlp.up = linear("mlp.up", h, t.ffn);
+      b.mlp.down = linear("mlp.down", t.ffn, h);
       if (config.mlp_bias) {
-        b.mlp.gate_bias = r.read(p + "mlp.gate_proj.bias", {t.ffn});
-        b.mlp.up_bias = r.read(p + "mlp.up_proj.bias", {t.ffn});
-        b.mlp.down_bias = r.read(p + "mlp.down_proj.bias", {h});
+        b.mlp.gate_bias = r.read(tensor("mlp.gate_bias"), {t.ffn});
+        b.mlp.up_bias = r.read(tensor("mlp.up_bias"), {t.ffn});
+        b.mlp.down_bias = r.read(tensor("mlp.down_bias"), {h});
       }
     }
     w.stack.blocks.push_back(std::move(b));
   }
-  w.stack.final_norm = r.norm("model.norm.weight", h);
+  w.stack.final_norm = r.norm(hf("final_norm"), h);
   w.stack.store_as(stored_as);
   // Tied models may still ship lm_head.weight (a copy); the embedding is the one they use.
   w.lm_head.weight = r.matrix(
       "lm_head.weight",
-      linear_source(config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), h,
-      v);
+      linear_source(hf(config.tie_word_embeddings ? "embedding.table" : "lm_head.weight")), h, v);
   w.lm_head.stored_as = stored_as;
   return w;
+}
+
+// numesh keeps these small nn.Linear weights in-out ([H, E], [H, 1]) and saves them as
+// nn.Linear holds them; every other matrix is stored out-in already.
+bool saved_transposed(std::string_view slot) {
+  return slot.ends_with(".moe.router") || slot.ends_with(".moe.shared_expert_gate");
 }
 
 }  // namespace
@@ -184,85 +229,29 @@ CausalLmWeights CausalLmWeights::load(const HfConfig& config,
   return load_weights(config, checkpoint, stored_as, nullptr);
 }
 
-std::string hf_tensor_name(std::string_view slot) {
-  static const std::map<std::string, std::string, std::less<>> kTop{
-      {"embedding.table", "model.embed_tokens.weight"},
-      {"final_norm", "model.norm.weight"},
-      {"lm_head.weight", "lm_head.weight"}};
-  static const std::map<std::string, std::string, std::less<>> kInBlock{
-      {"attn_norm", "input_layernorm.weight"},
-      {"ffn_norm", "post_attention_layernorm.weight"},
-      {"attention.wq", "self_attn.q_proj.weight"},
-      {"attention.wk", "self_attn.k_proj.weight"},
-      {"attention.wv", "self_attn.v_proj.weight"},
-      {"attention.wo", "self_attn.o_proj.weight"},
-      {"mlp.gate", "mlp.gate_proj.weight"},
-      {"mlp.up", "mlp.up_proj.weight"},
-      {"mlp.down", "mlp.down_proj.weight"},
-      {"attention.bq", "self_attn.q_proj.bias"},
-      {"attention.bk", "self_attn.k_proj.bias"},
-      {"attention.bv", "self_attn.v_proj.bias"},
-      {"attention.bo", "self_attn.o_proj.bias"},
-      {"attention.q_norm", "self_attn.q_norm.weight"},
-      {"attention.k_norm", "self_attn.k_norm.weight"},
-      {"mlp.gate_bias", "mlp.gate_proj.bias"},
-      {"mlp.up_bias", "mlp.up_proj.bias"},
-      {"mlp.down_bias", "mlp.down_proj.bias"}};
-  if (const auto it = kTop.find(slot); it != kTop.end()) return it->second;
-  constexpr std::string_view kLayers = "layers.";
-  if (slot.starts_with(kLayers)) {
-    const std::string_view rest = slot.substr(kLayers.size());
-    const std::size_t dot = rest.find('.');
-    const std::string_view layer = rest.substr(0, dot);
-    const bool digits = !layer.empty() && std::all_of(layer.begin(), layer.end(),
-                                                      [](char c) { return c >= '0' && c <= '9'; });
-    if (digits && dot != std::string_view::npos) {
-      if (const auto it = kInBlock.find(rest.substr(dot + 1)); it != kInBlock.end()) {
-        return fmt::format("model.layers.{}.{}", layer, it->second);
-      }
-    }
+std::string hf_tensor_name(std::string_view slot, Architecture architecture) {
+  const ArchitectureSpec& spec = architecture_spec(architecture);
+  const SlotPattern found = known_slot(slot, spec);
+  if (found.pattern->hf.find("{E}") != std::string_view::npos) {
+    throw KeyError(std::string(slot),
+                   fmt::format("the weight '{}' is one Hugging Face tensor per expert; "
+                               "hf_tensor_parts() names them",
+                               slot));
   }
-  throw KeyError(std::string(slot),
-                 fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
+  return spec.hf_name(found.pattern->slot, found.layer);
 }
 
 std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture,
                                           std::int64_t experts) {
-  // "layers.L.moe.NAME": the MoE slots; everything else is a dense slot.
-  constexpr std::string_view kLayers = "layers.", kMoe = ".moe.";
-  const std::size_t moe_at = slot.find(kMoe);
-  if (!slot.starts_with(kLayers) || moe_at == std::string_view::npos)
-    return {HfTensorPart{hf_tensor_name(slot)}};
-  const std::string_view layer = slot.substr(kLayers.size(), moe_at - kLayers.size());
-  const std::string_view part = slot.substr(moe_at + kMoe.size());
-  const bool mixtral = architecture == Architecture::kMixtral;
-  const std::string block =
-      fmt::format("model.layers.{}.{}", layer, mixtral ? "block_sparse_moe." : "mlp.");
-  if (part == "router") return {HfTensorPart{block + "gate.weight", -1, true}};
-  // Qwen2-MoE's shared expert: its matrices stored out-in as nn.Linear holds them, its gate
-  // [H, 1] as the router is, transposed.
-  static const std::map<std::string, std::string, std::less<>> kShared{
-      {"shared_expert.gate", "shared_expert.gate_proj.weight"},
-      {"shared_expert.up", "shared_expert.up_proj.weight"},
-      {"shared_expert.down", "shared_expert.down_proj.weight"}};
-  if (const auto shared = kShared.find(part); shared != kShared.end() && !mixtral) {
-    return {HfTensorPart{block + shared->second}};
-  }
-  if (part == "shared_expert_gate" && !mixtral)
-    return {HfTensorPart{block + "shared_expert_gate.weight", -1, true}};
-  static const std::map<std::string, std::pair<std::string, std::string>, std::less<>> kExperts{
-      {"gate", {"w1", "gate_proj"}}, {"up", {"w3", "up_proj"}}, {"down", {"w2", "down_proj"}}};
-  const auto it = kExperts.find(part);
-  if (it == kExperts.end()) {
-    throw KeyError(std::string(slot),
-                   fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
-  }
+  const ArchitectureSpec& spec = architecture_spec(architecture);
+  const SlotPattern found = known_slot(slot, spec);
+  if (found.pattern->hf.find("{E}") == std::string_view::npos)
+    return {
+        HfTensorPart{spec.hf_name(found.pattern->slot, found.layer), -1, saved_transposed(slot)}};
+  // A stacked expert weight (stored out-in, [E, out, in]): one tensor per expert, as it is.
   std::vector<HfTensorPart> parts;
-  for (std::int64_t e = 0; e < experts; ++e) {
-    parts.push_back({fmt::format("{}experts.{}.{}.weight", block, e,
-                                 mixtral ? it->second.first : it->second.second),
-                     e, false});
-  }
+  for (std::int64_t e = 0; e < experts; ++e)
+    parts.push_back({spec.hf_name(found.pattern->slot, found.layer, e), e, false});
   return parts;
 }
 

@@ -74,56 +74,58 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
     add(name, {c.hidden_size}, 0.1f, 1.0f, DType::kF32);
   };
   const std::int64_t h = c.hidden_size, d = t.attention.head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0.0f, dtype);
-  norm("model.norm.weight");
-  for (std::int64_t l = 0; l < t.layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    norm(p + "input_layernorm.weight");
-    norm(p + "post_attention_layernorm.weight");
-    linear(p + "self_attn.q_proj.weight", t.attention.num_heads * d, h);
-    linear(p + "self_attn.k_proj.weight", t.attention.num_kv_heads * d, h);
-    linear(p + "self_attn.v_proj.weight", t.attention.num_kv_heads * d, h);
-    linear(p + "self_attn.o_proj.weight", h, t.attention.num_heads * d);
+  // Names from the architecture's spec, the table CausalLmWeights::load reads them by.
+  const ArchitectureSpec& spec = c.spec();
+  std::int64_t l = -1;  // the layer being written
+  const auto hf = [&](std::string_view slot, std::int64_t e = -1) {
+    return spec.hf_name(slot, l, e);
+  };
+  add(hf("embedding.table"), {c.vocab_size, h}, 1.0f, 0.0f, dtype);
+  norm(hf("final_norm"));
+  for (l = 0; l < t.layers; ++l) {
+    norm(hf("layers.{L}.attn_norm"));
+    norm(hf("layers.{L}.ffn_norm"));
+    linear(hf("layers.{L}.attention.wq"), t.attention.num_heads * d, h);
+    linear(hf("layers.{L}.attention.wk"), t.attention.num_kv_heads * d, h);
+    linear(hf("layers.{L}.attention.wv"), t.attention.num_kv_heads * d, h);
+    linear(hf("layers.{L}.attention.wo"), h, t.attention.num_heads * d);
     if (c.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {t.attention.num_heads * d}, 0.1f, 0.0f, DType::kF32);
-      add(p + "self_attn.k_proj.bias", {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
-      add(p + "self_attn.v_proj.bias", {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
+      add(hf("layers.{L}.attention.bq"), {t.attention.num_heads * d}, 0.1f, 0.0f, DType::kF32);
+      add(hf("layers.{L}.attention.bk"), {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
+      add(hf("layers.{L}.attention.bv"), {t.attention.num_kv_heads * d}, 0.1f, 0.0f, DType::kF32);
     }
-    if (c.o_bias) add(p + "self_attn.o_proj.bias", {h}, 0.1f, 0.0f, DType::kF32);
+    if (c.o_bias) add(hf("layers.{L}.attention.bo"), {h}, 0.1f, 0.0f, DType::kF32);
     if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {d}, 0.1f, 1.0f, DType::kF32);
-      add(p + "self_attn.k_norm.weight", {d}, 0.1f, 1.0f, DType::kF32);
+      add(hf("layers.{L}.attention.q_norm"), {d}, 0.1f, 1.0f, DType::kF32);
+      add(hf("layers.{L}.attention.k_norm"), {d}, 0.1f, 1.0f, DType::kF32);
     }
     if (t.is_moe(l)) {
-      const bool mixtral = c.architecture == Architecture::kMixtral;
-      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-      add(moe + "gate.weight", {t.moe.num_experts, h}, 1.0f / std::sqrt(static_cast<float>(h)),
-          0.0f, DType::kF32);
+      add(hf("layers.{L}.moe.router"), {t.moe.num_experts, h},
+          1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
       for (std::int64_t e = 0; e < t.moe.num_experts; ++e) {
-        const std::string ep = fmt::format("{}experts.{}.", moe, e);
-        linear(ep + (mixtral ? "w1.weight" : "gate_proj.weight"), t.moe_ffn, h);
-        linear(ep + (mixtral ? "w3.weight" : "up_proj.weight"), t.moe_ffn, h);
-        linear(ep + (mixtral ? "w2.weight" : "down_proj.weight"), h, t.moe_ffn);
+        linear(hf("layers.{L}.moe.gate", e), t.moe_ffn, h);
+        linear(hf("layers.{L}.moe.up", e), t.moe_ffn, h);
+        linear(hf("layers.{L}.moe.down", e), h, t.moe_ffn);
       }
       if (t.shared_expert_ffn > 0) {  // Qwen2-MoE; its gate is an nn.Linear [1, H] like the router
-        linear(moe + "shared_expert.gate_proj.weight", t.shared_expert_ffn, h);
-        linear(moe + "shared_expert.up_proj.weight", t.shared_expert_ffn, h);
-        linear(moe + "shared_expert.down_proj.weight", h, t.shared_expert_ffn);
-        add(moe + "shared_expert_gate.weight", {1, h}, 1.0f / std::sqrt(static_cast<float>(h)),
-            0.0f, DType::kF32);
+        linear(hf("layers.{L}.moe.shared_expert.gate"), t.shared_expert_ffn, h);
+        linear(hf("layers.{L}.moe.shared_expert.up"), t.shared_expert_ffn, h);
+        linear(hf("layers.{L}.moe.shared_expert.down"), h, t.shared_expert_ffn);
+        add(hf("layers.{L}.moe.shared_expert_gate"), {1, h},
+            1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
       }
     } else {
-      linear(p + "mlp.gate_proj.weight", t.ffn, h);
-      linear(p + "mlp.up_proj.weight", t.ffn, h);
-      linear(p + "mlp.down_proj.weight", h, t.ffn);
+      if (t.mlp_kind == ops::MlpKind::kSwiGLU) linear(hf("layers.{L}.mlp.gate"), t.ffn, h);
+      linear(hf("layers.{L}.mlp.up"), t.ffn, h);
+      linear(hf("layers.{L}.mlp.down"), h, t.ffn);
       if (c.mlp_bias) {
-        add(p + "mlp.gate_proj.bias", {t.ffn}, 0.1f, 0.0f, DType::kF32);
-        add(p + "mlp.up_proj.bias", {t.ffn}, 0.1f, 0.0f, DType::kF32);
-        add(p + "mlp.down_proj.bias", {h}, 0.1f, 0.0f, DType::kF32);
+        add(hf("layers.{L}.mlp.gate_bias"), {t.ffn}, 0.1f, 0.0f, DType::kF32);
+        add(hf("layers.{L}.mlp.up_bias"), {t.ffn}, 0.1f, 0.0f, DType::kF32);
+        add(hf("layers.{L}.mlp.down_bias"), {h}, 0.1f, 0.0f, DType::kF32);
       }
     }
   }
-  if (!c.tie_word_embeddings) linear("lm_head.weight", c.vocab_size, h);
+  if (!c.tie_word_embeddings) linear(hf("lm_head.weight"), c.vocab_size, h);
   write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
 }
 
@@ -179,7 +181,7 @@ CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, doub
         b.moe.shared_expert_gate = matrix({h, 1});
       }
     } else {
-      b.mlp.gate = matrix({h, t.ffn});
+      if (t.mlp_kind == ops::MlpKind::kSwiGLU) b.mlp.gate = matrix({h, t.ffn});
       b.mlp.up = matrix({h, t.ffn});
       b.mlp.down = matrix({t.ffn, h});
       if (config.mlp_bias) {

@@ -342,7 +342,7 @@ LmTrainingStep::Layers::Block LmTrainingStep::Layers::Block::create(const runtim
   } else {
     check_fp32(w.mlp.stored_as, fmt::format("block {}'s MLP", l));
     b.mlp = MlpLayer::create(
-        mesh, MlpKind::kSwiGLU, w.mlp,
+        mesh, config.mlp_kind, w.mlp,
         MlpAxes{.batch = axes.batch, .sequence = {}, .weights = axes.weights, .tensor = axes.mlp});
     b.mlp_grads = MlpGradients::like(*b.mlp);
   }
@@ -390,7 +390,8 @@ void LmTrainingStep::Layers::Block::add_parameters(std::vector<TrainableParamete
                     moe_grads.shared_expert_gate, kInOut);
     }
   } else {
-    add_parameter(to, p + "mlp.gate", mlp->gate, mlp_grads.gate, kOutIn);
+    if (mlp->gate != nullptr)  // SwiGLU's; a GELU MLP has none
+      add_parameter(to, p + "mlp.gate", mlp->gate, mlp_grads.gate, kOutIn);
     add_parameter(to, p + "mlp.up", mlp->up, mlp_grads.up, kOutIn);
     add_parameter(to, p + "mlp.down", mlp->down, mlp_grads.down, kOutIn);
     // Llama's mlp_bias, rows [1, n], where the model has them.

@@ -100,6 +100,7 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
     // joins the experts' partial sum, which runs over their weights' axes only.
     const std::vector<std::string> f_axes = ffn_axes(layer);
     const bool split = std::find(f_axes.begin(), f_axes.end(), axes.tensor) != f_axes.end();
+    // SwiGLU, as the experts are (TransformerConfig::validate refuses another kind with MoE).
     layer.shared_expert = MlpLayer::create(mesh, MlpKind::kSwiGLU, w.shared_expert,
                                            MlpAxes{.batch = {},
                                                    .sequence = {},

@@ -112,7 +112,7 @@ void ShardedTransformer::lay_out(const TransformerWeights& w) {
                    l, shared, config_.shared_expert_ffn);
     } else {
       layer->mlp = MlpLayer::create(
-          mesh_, MlpKind::kSwiGLU, b.mlp,
+          mesh_, config_.mlp_kind, b.mlp,
           MlpAxes{
               .batch = axes_.batch, .sequence = {}, .weights = axes_.weights, .tensor = axes_.mlp});
     }

@@ -45,6 +45,7 @@ std::int64_t lm_reference_check_arguments(const TransformerConfig& c,
                                           std::span<const std::int32_t> inputs,
                                           std::span<const std::int32_t> targets, std::int64_t batch,
                                           std::int64_t tokens, double router_aux_loss_coef) {
+  c.validate();  // as the step does: among others, MoE experts of another kind than SwiGLU
   NUMESH_CHECK(router_aux_loss_coef >= 0.0, ValueError,
                "training reference: router_aux_loss_coef {} is negative", router_aux_loss_coef);
   const std::int64_t rows = batch * tokens, vocab = embedding.table.shape.at(0);
@@ -96,8 +97,7 @@ std::vector<LmReferenceKept> lm_reference_blocks_forward(const LmReferenceShapes
     const HostTensor f =
         c.is_moe(l)
             ? as_tensor(moe_reference(as_rows(k.n2, st.rows, st.h), b.moe, c.moe), st.flat)
-            : as_tensor(mlp_reference(as_rows(k.n2, st.rows, st.h), MlpKind::kSwiGLU, b.mlp),
-                        st.flat);
+            : as_tensor(mlp_reference(as_rows(k.n2, st.rows, st.h), c.mlp_kind, b.mlp), st.flat);
     stream = sum(k.mid, f);
   }
   return kept;
@@ -127,7 +127,7 @@ std::vector<double> lm_reference_router_aux(const TransformerConfig& c,
   return aux_dprobs;
 }
 
-// The feed-forward's backward (MoE or SwiGLU MLP) given the block output's gradient; its
+// The feed-forward's backward (MoE or the config's MLP) given the block output's gradient; its
 // parameters' gradients go to out.grads under `p`. Returns the gradient of its input [rows, H].
 HostTensor lm_reference_ffn_backward(const LmReferenceShapes& st, const BlockWeights& b,
                                      const LmReferenceKept& k, std::int64_t l, const std::string& p,
@@ -148,7 +148,8 @@ HostTensor lm_reference_ffn_backward(const LmReferenceShapes& st, const BlockWei
     }
     dn2 = std::move(moe.dx);
   } else {
-    MlpGrads mlp = swiglu_mlp_backward(k.n2, b.mlp, d_stream);
+    MlpGrads mlp = st.c.mlp_kind == MlpKind::kSwiGLU ? swiglu_mlp_backward(k.n2, b.mlp, d_stream)
+                                                     : gelu_mlp_backward(k.n2, b.mlp, d_stream);
     // Llama's mlp_bias, where the model has it, as rows [1, n] (the step's layout).
     for (auto& [slot, grad] :
          {std::pair{"gate_bias", &mlp.dgate_bias}, std::pair{"up_bias", &mlp.dup_bias},
@@ -157,7 +158,7 @@ HostTensor lm_reference_ffn_backward(const LmReferenceShapes& st, const BlockWei
       grad->shape = {1, static_cast<std::int64_t>(grad->data.size())};
       out.grads[p + "mlp." + slot] = *grad;
     }
-    out.grads[p + "mlp.gate"] = mlp.dgate;
+    if (!mlp.dgate.shape.empty()) out.grads[p + "mlp.gate"] = mlp.dgate;  // GELU: no gate
     out.grads[p + "mlp.up"] = mlp.dup;
     out.grads[p + "mlp.down"] = mlp.ddown;
     dn2 = std::move(mlp.dx);

@@ -355,7 +355,7 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
           scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));
     }
   }
-  // The shared expert, every token through it, scaled by its own gate.
+  // The shared expert, every token through it, scaled by its own gate; SwiGLU as the experts.
   if (w.has_shared_expert()) {
     const MatrixD gate = x * widen(w.shared_expert_gate, h, 1);
     const MatrixD shared = mlp(x, MlpKind::kSwiGLU, w.shared_expert);

@@ -51,10 +51,11 @@ void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
       expect_shape(b.moe.shared_expert.up, fs > 0 ? Shape{h, fs} : Shape{}, l, "shared expert up");
       check_shared_expert(b.moe, h);
     } else {
-      expect_shape(b.mlp.gate, {h, c.ffn}, l, "mlp gate");
+      // A GELU MLP has no gate (MlpLayer ignores one; so does the oracle).
+      if (c.mlp_kind == MlpKind::kSwiGLU) expect_shape(b.mlp.gate, {h, c.ffn}, l, "mlp gate");
       expect_shape(b.mlp.up, {h, c.ffn}, l, "mlp up");
       expect_shape(b.mlp.down, {c.ffn, h}, l, "mlp down");
-      check_biases(b.mlp, MlpKind::kSwiGLU, h, c.ffn);
+      check_biases(b.mlp, c.mlp_kind, h, c.ffn);
     }
   }
   if (!w.final_norm.shape.empty()) {
@@ -178,7 +179,7 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
         }
       }
     } else {
-      f = oracle::mlp(n2, MlpKind::kSwiGLU, b.mlp);
+      f = oracle::mlp(n2, c.mlp_kind, b.mlp);
     }
     xs = hs + f;
   }

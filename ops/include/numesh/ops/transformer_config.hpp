@@ -12,8 +12,9 @@
 // What a decoder-only transformer stack without embeddings is, independent of how it runs:
 // blocks of
 //   h = x + attention(rmsnorm(x));  x' = h + ffn(rmsnorm(h))
-// where ffn is a SwiGLU MLP or a MoE layer (with, optionally, a gated shared expert), then a
-// final RMSNorm. Its sizes and its weights.
+// where ffn is an MLP of mlp_kind (SwiGLU for every architecture numesh reads) or a MoE layer
+// of SwiGLU experts (with, optionally, a gated shared expert), then a final RMSNorm. Its sizes
+// and its weights.
 
 namespace numesh::ops {
 
@@ -23,8 +24,11 @@ struct TransformerConfig {
   std::int64_t layers = 2;
   /// Heads, kv heads, head_dim and RoPE; q_offset must stay 0 (positions come per run).
   AttentionConfig attention{.num_heads = 8, .num_kv_heads = 4, .head_dim = 32};
-  /// Intermediate size of the dense SwiGLU MLPs.
+  /// Intermediate size of the dense MLPs.
   std::int64_t ffn = 512;
+  /// The dense layers' MLP (kGelu: no gate matrix). MoE layers' experts and shared expert are
+  /// SwiGLU only: validate() refuses another kind when the stack has a MoE layer.
+  MlpKind mlp_kind = MlpKind::kSwiGLU;
   /// Routing of the MoE layers.
   MoeConfig moe{.num_experts = 8, .top_k = 2};
   /// Intermediate size of each expert.
@@ -36,7 +40,7 @@ struct TransformerConfig {
   float norm_eps = 1e-6f;
   /// Intermediate size of the MoE layers' shared expert (Qwen2-MoE); 0 = none.
   std::int64_t shared_expert_ffn = 0;
-  /// Layers whose feed-forward is the dense SwiGLU MLP though moe_every makes them MoE
+  /// Layers whose feed-forward is the dense MLP though moe_every makes them MoE
   /// (Qwen-MoE's mlp_only_layers): distinct, in [0, layers). (Last, with braces: designated
   /// initializers may leave it out without GCC's warning.)
   std::vector<std::int64_t> dense_layers{};
@@ -49,12 +53,13 @@ struct TransformerConfig {
   /// Throws: ValueError naming the offending sizes (non-positive sizes, num_kv_heads not
   /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE, a negative
   /// shared_expert_ffn), a dense layer outside [0, layers) or listed twice, or an invalid RoPE
-  /// scaling field.
+  /// scaling field; NotImplementedError naming mlp_kind when it is not SwiGLU and a layer is
+  /// MoE (the experts' kernels are SwiGLU).
   void validate() const;
   /// Parameters (weights) of the whole stack; optional biases left out.
   std::int64_t parameters() const noexcept;
   /// FLOPs of one forward of `batch` sequences of `tokens` new tokens at `position` (the work
-  /// done, multiply-add = 2): attention (attention_flops), the SwiGLU MLPs, and for MoE layers
+  /// done, multiply-add = 2): attention (attention_flops), the dense MLPs, and for MoE layers
   /// the router plus top_k experts per token (dropless) plus the shared expert and its gate;
   /// norms, biases and residual adds left out.
   double flops(std::int64_t batch, std::int64_t tokens, std::int64_t position) const noexcept;
@@ -65,7 +70,7 @@ struct BlockWeights {
   runtime::HostTensor attn_norm;  ///< [1, H]
   AttentionWeights attention;
   runtime::HostTensor ffn_norm;  ///< [1, H]
-  MlpWeights mlp;                ///< SwiGLU (biases optional), dense blocks only
+  MlpWeights mlp;                ///< of mlp_kind (biases optional), dense blocks only
   MoeWeights moe;                ///< MoE blocks only; its shared expert when shared_expert_ffn > 0
 };
 
@@ -75,7 +80,8 @@ struct TransformerWeights {
   runtime::HostTensor final_norm;  ///< [1, H]; empty (no shape): no final norm (a bare block)
 
   /// Random weights for `config`: normal(0, 1/sqrt(fan_in)) matrices, norms around 1, from a
-  /// seeded generator (the same seed gives the same weights everywhere); no biases.
+  /// seeded generator (the same seed gives the same weights everywhere); no biases; no MLP
+  /// gate when mlp_kind is kGelu.
   [[nodiscard]] static TransformerWeights random(const TransformerConfig& config,
                                                  std::uint32_t seed);
   /// Stores every block's attention, MLP, expert and shared-expert matrices as `dtype` (norms,

@@ -8,29 +8,17 @@
 #include <string_view>
 #include <vector>
 
+#include "numesh/models/hf/architecture_spec.hpp"
 #include "numesh/ops/rope_scaling.hpp"
 #include "numesh/ops/transformer_config.hpp"
 
 // A Hugging Face config.json read into what numesh needs to build the model: the architecture
 // (model_type), its sizes, attention options (GQA, head_dim, RoPE and its scaling, biases,
 // q/k norms), MoE routing and the special token ids. Every field is checked against what the
-// architecture allows before any weight is read.
+// architecture allows before any weight is read; what the architecture itself fixes (its
+// defaults, its always-on biases and norms, its MoE fields) comes from its ArchitectureSpec.
 
 namespace numesh::models {
-
-/// The decoder-only architectures numesh reads (config.json's model_type).
-enum class Architecture : std::uint8_t {
-  kLlama,  ///< "llama": Llama 1/2/3, TinyLlama, SmolLM; optional biases, llama3/linear RoPE scaling
-  kMistral,   ///< "mistral": Llama's block with a sliding window
-  kQwen2,     ///< "qwen2": q, k, v projections with biases
-  kQwen3,     ///< "qwen3": RMSNorm on each head of q and k before RoPE
-  kMixtral,   ///< "mixtral": every layer a top-k MoE (block_sparse_moe), renormalised
-  kQwen2Moe,  ///< "qwen2_moe": MoE layers with a gated shared expert, q/k/v biases
-  kQwen3Moe,  ///< "qwen3_moe": MoE layers, q/k norms
-};
-
-/// The model_type string of an architecture.
-std::string_view to_string(Architecture a) noexcept;
 
 /// A config.json as numesh reads it. Absent optional fields take transformers' defaults for
 /// the architecture; the sizes (vocab_size, hidden_size, intermediate_size or
@@ -83,6 +71,8 @@ struct HfConfig {
   std::vector<std::int64_t> bos_token_ids;
   std::vector<std::int64_t> eos_token_ids;
 
+  /// The architecture's spec (architecture_spec(architecture)).
+  [[nodiscard]] const ArchitectureSpec& spec() const noexcept;
   /// True when layer `i` is a MoE layer.
   [[nodiscard]] bool is_moe_layer(std::int64_t i) const noexcept;
   /// The longest context numesh runs the model over: max_position_embeddings, or the sliding
@@ -105,8 +95,11 @@ struct HfConfig {
 
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head
   /// are separate): mlp_only_layers become TransformerConfig::dense_layers, the shared expert
-  /// shared_expert_ffn; MLP biases ride on the weights (CausalLmWeights::load).
-  /// Throws: ValueError as TransformerConfig::validate (sizes parse() has already checked).
+  /// shared_expert_ffn, the spec's MLP kind mlp_kind; MLP biases ride on the weights
+  /// (CausalLmWeights::load).
+  /// Throws: ValueError as TransformerConfig::validate (sizes parse() has already checked);
+  /// NotImplementedError naming the architecture when its spec asks for a norm offset or an
+  /// embedding scale (no architecture numesh reads does yet; Gemma will).
   [[nodiscard]] ops::TransformerConfig transformer_config() const;
 };
 

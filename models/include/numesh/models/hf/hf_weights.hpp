@@ -35,7 +35,8 @@ struct CausalLmWeights {
   ops::TransformerWeights stack;    ///< the blocks and model.norm
   ops::LmHeadWeights lm_head;  ///< lm_head.weight transposed [H, V], or the embedding's when tied
 
-  /// Reads every tensor `config`'s architecture names from `checkpoint` (Llama's names:
+  /// Reads every tensor `config`'s architecture names (its ArchitectureSpec's table) from
+  /// `checkpoint` (Llama's names:
   /// model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
   /// post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; the
   /// projections' biases (Qwen2, attention_bias, mlp_bias) and self_attn.{q,k}_norm (Qwen3);
@@ -59,15 +60,15 @@ struct CausalLmWeights {
                                           DType stored_as = DType::kF32);
 };
 
-/// The Hugging Face tensor that a laid-out weight of a dense decoder (the slot names of
-/// ops::LmTrainingStep::parameters() and ops::ShardedTransformer::weights(): "embedding.table",
-/// "layers.L.attn_norm", "layers.L.attention.wq", ..., the attention's "bq", "bk", "bv", "bo",
-/// "q_norm", "k_norm" when it has them, "layers.L.mlp.down", "final_norm", "lm_head.weight")
-/// is saved as in `config`'s architecture ("model.embed_tokens.weight",
+/// The Hugging Face tensor that a laid-out weight is saved as in `architecture` (the slot names
+/// of ops::LmTrainingStep::parameters() and ops::ShardedTransformer::weights():
+/// "embedding.table", "layers.L.attn_norm", "layers.L.attention.wq", ..., "final_norm",
+/// "lm_head.weight"; names from the architecture's ArchitectureSpec: "model.embed_tokens.weight",
 /// "model.layers.L.input_layernorm.weight", "model.layers.L.self_attn.q_proj.weight", ...).
-/// Throws: KeyError naming the slot when it is not one of those (hf_tensor_parts() names the
-/// MoE slots).
-std::string hf_tensor_name(std::string_view slot);
+/// Throws: KeyError naming the slot when the architecture has no such weight, or when it is a
+/// stacked expert weight saved one tensor per expert (hf_tensor_parts() names those);
+/// NotImplementedError for a slice of a fused tensor.
+std::string hf_tensor_name(std::string_view slot, Architecture architecture);
 
 /// One Hugging Face tensor holding (part of) a laid-out weight.
 struct HfTensorPart {
@@ -76,16 +77,15 @@ struct HfTensorPart {
   bool transposed = false;  ///< saved as nn.Linear's [out, in], the transpose of numesh's [in, out]
 };
 
-/// The Hugging Face tensors of a weight of slot `slot` in `architecture`: one per dense slot
-/// (hf_tensor_name(), as it is); for a MoE block's "layers.L.moe.router" the router's gate
-/// (Mixtral "block_sparse_moe.gate.weight", Qwen-MoE "mlp.gate.weight"), transposed; for
-/// "layers.L.moe.gate", ".up" and ".down" (stored out-in, [E, out, in]) one tensor per expert as
-/// it is (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2"; Qwen-MoE
-/// "mlp.experts.e.gate_proj", "up_proj", "down_proj"), `experts` of them; for Qwen2-MoE's
-/// "layers.L.moe.shared_expert.gate",
-/// ".up", ".down" (stored out-in) "mlp.shared_expert.gate_proj.weight", ... as they are, and
-/// for "layers.L.moe.shared_expert_gate" ([H, 1]) "mlp.shared_expert_gate.weight", transposed.
-/// Throws: KeyError naming the slot when it is none of those.
+/// The Hugging Face tensors of a weight of slot `slot` in `architecture`, named by its
+/// ArchitectureSpec: one for a slot saved as one tensor (hf_tensor_name()), as it is, except a
+/// MoE block's "layers.L.moe.router" ([H, E]: Mixtral "block_sparse_moe.gate.weight", Qwen-MoE
+/// "mlp.gate.weight") and Qwen2-MoE's "layers.L.moe.shared_expert_gate" ([H, 1]), transposed;
+/// for the stacked experts "layers.L.moe.gate", ".up" and ".down" (stored out-in, [E, out, in])
+/// one tensor per expert as it is (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2";
+/// Qwen-MoE "mlp.experts.e.gate_proj", "up_proj", "down_proj"), `experts` of them.
+/// Throws: KeyError naming the slot when the architecture has no such weight;
+/// NotImplementedError for a slice of a fused tensor.
 std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture,
                                           std::int64_t experts);
 

@@ -36,11 +36,12 @@ struct LmTrainingGrads {
 /// The attention's biases and q/k norms (Qwen2, Qwen3), where present, are parameters too:
 /// "layers.L.attention.bq", ".bk", ".bv", ".bo", ".q_norm", ".k_norm", as rows [1, n].
 /// So are the MLP's biases (Llama's mlp_bias): "layers.L.mlp.gate_bias", ".up_bias", ".down_bias".
+/// The dense MLPs are config.mlp_kind's: a GELU MLP has no "layers.L.mlp.gate".
 /// So are a shared expert's matrices ("layers.L.moe.shared_expert.gate", ".up", ".down", [in,
 /// out] as MoeWeights holds them) and its gate ("layers.L.moe.shared_expert_gate", [H, 1]).
 /// Throws: ShapeError when the ids or
 /// the weights do not fit; IndexError for an id outside the vocabulary; ValueError for a
-/// negative router_aux_loss_coef.
+/// negative router_aux_loss_coef; what config.validate() throws.
 LmTrainingGrads lm_training_reference(const TransformerConfig& config,
                                       const EmbeddingWeights& embedding,
                                       const TransformerWeights& stack, const LmHeadWeights* head,

@@ -1,0 +1,142 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "numesh/ops/mlp_config.hpp"
+
+// The decoder-only architectures numesh reads, each described as data: the model_type strings
+// it answers to, its GGUF name, every weight's Hugging Face tensor name, its MLP, and the quirks
+// that belong to the architecture rather than to one checkpoint's config.json. Adding an
+// architecture whose parts numesh already has is one more entry in architecture_spec.cpp's
+// table (and its Architecture value); HfConfig, CausalLmWeights, the trainer's saver and
+// write_random_model read everything from here.
+
+namespace numesh::models {
+
+/// The decoder-only architectures numesh reads (config.json's model_type).
+enum class Architecture : std::uint8_t {
+  kLlama,  ///< "llama": Llama 1/2/3, TinyLlama, SmolLM; optional biases, llama3/linear RoPE scaling
+  kMistral,   ///< "mistral": Llama's block with a sliding window
+  kQwen2,     ///< "qwen2": q, k, v projections with biases
+  kQwen3,     ///< "qwen3": RMSNorm on each head of q and k before RoPE
+  kMixtral,   ///< "mixtral": every layer a top-k MoE (block_sparse_moe), renormalised
+  kQwen2Moe,  ///< "qwen2_moe": MoE layers with a gated shared expert, q/k/v biases
+  kQwen3Moe,  ///< "qwen3_moe": MoE layers, q/k norms
+};
+
+/// The model_type string of an architecture ("?" for a value outside the enum).
+std::string_view to_string(Architecture a) noexcept;
+
+/// How the token embedding's output is scaled before the first block.
+enum class EmbeddingScale : std::uint8_t {
+  kNone,        ///< as looked up (every architecture numesh reads today)
+  kSqrtHidden,  ///< times sqrt(hidden_size) (Gemma; not yet applied: see
+                ///< HfConfig::transformer_config)
+};
+
+/// When config.json's sliding_window restricts attention.
+enum class SlidingWindowRule : std::uint8_t {
+  kNever,             ///< Llama: the field, if any, is ignored
+  kWhenSet,           ///< Mistral, Mixtral: whenever sliding_window is set
+  kUseSlidingWindow,  ///< Qwen: only when use_sliding_window is also true
+};
+
+/// Which rows of a fused Hugging Face tensor a slot reads.
+enum class FusedPart : std::uint8_t {
+  kWhole,   ///< the tensor is the slot's alone (every architecture numesh reads today)
+  kQkv,     ///< a q, k or v slice of a fused qkv_proj (Phi-3; not yet read: refused by name)
+  kGateUp,  ///< a gate or up slice of a fused gate_up_proj (Phi-3; not yet read: refused by name)
+};
+
+/// One weight's Hugging Face tensor name. `slot` is numesh's name for the weight, as
+/// ops::ShardedTransformer::weights() and ops::LmTrainingStep::parameters() give it, with "{L}"
+/// for the layer ("layers.{L}.attention.wq", "embedding.table"); `hf` is the checkpoint
+/// tensor's name with "{L}" for the layer and, for a stacked expert weight, "{E}" for the
+/// expert (one tensor per expert).
+struct TensorPattern {
+  std::string_view slot;
+  std::string_view hf;
+  FusedPart fused = FusedPart::kWhole;
+};
+
+/// How an architecture's MoE layers are configured in config.json.
+struct MoeSpec {
+  /// The number of experts: "num_local_experts" (Mixtral) or "num_experts" (Qwen-MoE).
+  std::string_view num_experts_field{};
+  /// Each expert's intermediate size: "intermediate_size" (Mixtral, which has no dense layers)
+  /// or "moe_intermediate_size" (Qwen-MoE).
+  std::string_view expert_ffn_field{};
+  /// The top-k probabilities are always renormalised (Mixtral); otherwise norm_topk_prob says.
+  bool always_renormalize = false;
+  /// decoder_sparse_step and mlp_only_layers are read (Qwen-MoE: some layers may be dense).
+  bool sparse_layer_fields = false;
+  /// Every MoE layer has a sigmoid-gated shared expert, shared_expert_intermediate_size wide
+  /// (Qwen2-MoE; transformers' default 5632).
+  bool shared_expert = false;
+};
+
+/// One architecture, as data. Entries are static: architecture_spec() returns references that
+/// stay valid for the program's life. Thread-safety: immutable, safe to share.
+struct ArchitectureSpec {
+  Architecture architecture = Architecture::kLlama;
+  /// The config.json model_type strings it answers to; the first is to_string(architecture).
+  std::vector<std::string_view> model_types{};
+  /// GGUF's general.architecture for it ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe";
+  /// Mistral and Mixtral are "llama" in GGUF, Mixtral's experts telling them apart).
+  std::string_view gguf_name{};
+  /// Every weight the architecture can have, once: its optional ones (biases, q/k norms) are
+  /// in the checkpoint only when HfConfig says the model has them.
+  std::vector<TensorPattern> tensors{};
+
+  /// The MLP of the dense layers and of the experts, and the config.json hidden_act it takes
+  /// (config files saying otherwise are refused).
+  ops::MlpKind mlp_kind = ops::MlpKind::kSwiGLU;
+  std::string_view hidden_act = "silu";
+  /// q, k and v projections always have biases, whatever attention_bias says (Qwen2,
+  /// Qwen2-MoE: transformers builds them with bias=True).
+  bool qkv_bias = false;
+  /// config.json's mlp_bias is honoured (Llama); the other architectures' MLPs are built
+  /// without biases whatever the field says (transformers' MistralMLP, Qwen2MLP, ...).
+  bool mlp_bias_field = false;
+  /// RMSNorm over head_dim on q and k before RoPE (Qwen3, Qwen3-MoE).
+  bool qk_norm = false;
+  /// Added to every RMSNorm weight before it scales (Gemma: 1); 0 for every architecture today.
+  float norm_offset = 0.0f;
+  EmbeddingScale embedding_scale = EmbeddingScale::kNone;
+  SlidingWindowRule sliding_window = SlidingWindowRule::kNever;
+  /// config.json defaults: head_dim (0: hidden_size / num_attention_heads; Qwen3: 128),
+  /// rms_norm_eps and rope_theta (Mixtral: 1e-5, 1e6).
+  std::int64_t default_head_dim = 0;
+  double default_rms_norm_eps = 1e-6;
+  double default_rope_theta = 10000.0;
+  /// Set for the MoE architectures (Mixtral, Qwen2-MoE, Qwen3-MoE).
+  std::optional<MoeSpec> moe{};
+
+  /// The entry for `slot` (with "{L}", as TensorPattern::slot), or nullptr when the
+  /// architecture has no such weight. Complexity: linear in the table (a few dozen entries).
+  [[nodiscard]] const TensorPattern* find(std::string_view slot) const noexcept;
+  /// The Hugging Face name of `slot` (with "{L}") for layer `layer` and, for a stacked expert
+  /// weight, expert `expert` ("model.layers.3.self_attn.q_proj.weight").
+  /// Throws: KeyError naming the slot when the architecture has no such weight; ValueError
+  /// when the pattern takes an expert and `expert` is negative.
+  [[nodiscard]] std::string hf_name(std::string_view slot, std::int64_t layer = -1,
+                                    std::int64_t expert = -1) const;
+};
+
+/// Every architecture numesh reads, in Architecture's order.
+std::span<const ArchitectureSpec> architecture_specs() noexcept;
+
+/// The spec of `architecture`. REQUIRES: a value of the enum (others are a bug: debug abort).
+const ArchitectureSpec& architecture_spec(Architecture architecture) noexcept;
+
+/// The spec answering to config.json's `model_type`; `source` names the file in errors.
+/// Throws: ValueError "<source>: model_type '<model_type>' is not an architecture numesh reads
+/// (it reads llama, mistral, ...)" for any other string.
+const ArchitectureSpec& architecture_spec(std::string_view model_type, std::string_view source);
+
+}  // namespace numesh::models

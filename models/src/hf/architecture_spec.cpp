@@ -1,0 +1,212 @@
+#include "numesh/models/hf/architecture_spec.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <initializer_list>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::models {
+
+namespace {
+
+// The Hugging Face names, in pieces the architectures share. Llama's names are transformers'
+// LlamaForCausalLM's; Mistral, Qwen2 and Qwen3 (and the Qwen-MoE's attention and dense layers)
+// kept them.
+constexpr std::array kCommonTensors{
+    TensorPattern{"embedding.table", "model.embed_tokens.weight"},
+    TensorPattern{"final_norm", "model.norm.weight"},
+    TensorPattern{"lm_head.weight", "lm_head.weight"},
+    TensorPattern{"layers.{L}.attn_norm", "model.layers.{L}.input_layernorm.weight"},
+    TensorPattern{"layers.{L}.ffn_norm", "model.layers.{L}.post_attention_layernorm.weight"},
+    TensorPattern{"layers.{L}.attention.wq", "model.layers.{L}.self_attn.q_proj.weight"},
+    TensorPattern{"layers.{L}.attention.wk", "model.layers.{L}.self_attn.k_proj.weight"},
+    TensorPattern{"layers.{L}.attention.wv", "model.layers.{L}.self_attn.v_proj.weight"},
+    TensorPattern{"layers.{L}.attention.wo", "model.layers.{L}.self_attn.o_proj.weight"},
+    // Biases: Qwen2's q/k/v always; attention_bias puts them on all four in any architecture.
+    TensorPattern{"layers.{L}.attention.bq", "model.layers.{L}.self_attn.q_proj.bias"},
+    TensorPattern{"layers.{L}.attention.bk", "model.layers.{L}.self_attn.k_proj.bias"},
+    TensorPattern{"layers.{L}.attention.bv", "model.layers.{L}.self_attn.v_proj.bias"},
+    TensorPattern{"layers.{L}.attention.bo", "model.layers.{L}.self_attn.o_proj.bias"},
+};
+constexpr std::array kQkNormTensors{
+    TensorPattern{"layers.{L}.attention.q_norm", "model.layers.{L}.self_attn.q_norm.weight"},
+    TensorPattern{"layers.{L}.attention.k_norm", "model.layers.{L}.self_attn.k_norm.weight"},
+};
+constexpr std::array kDenseMlpTensors{
+    TensorPattern{"layers.{L}.mlp.gate", "model.layers.{L}.mlp.gate_proj.weight"},
+    TensorPattern{"layers.{L}.mlp.up", "model.layers.{L}.mlp.up_proj.weight"},
+    TensorPattern{"layers.{L}.mlp.down", "model.layers.{L}.mlp.down_proj.weight"},
+};
+constexpr std::array kMlpBiasTensors{
+    TensorPattern{"layers.{L}.mlp.gate_bias", "model.layers.{L}.mlp.gate_proj.bias"},
+    TensorPattern{"layers.{L}.mlp.up_bias", "model.layers.{L}.mlp.up_proj.bias"},
+    TensorPattern{"layers.{L}.mlp.down_bias", "model.layers.{L}.mlp.down_proj.bias"},
+};
+// Mixtral's sparse block: experts' w1 (gate), w3 (up), w2 (down).
+constexpr std::array kMixtralMoeTensors{
+    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.block_sparse_moe.gate.weight"},
+    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight"},
+    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight"},
+    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight"},
+};
+// Qwen-MoE's sparse block, under mlp.
+constexpr std::array kQwenMoeTensors{
+    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.mlp.gate.weight"},
+    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.mlp.experts.{E}.gate_proj.weight"},
+    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"},
+    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.mlp.experts.{E}.down_proj.weight"},
+};
+constexpr std::array kSharedExpertTensors{
+    TensorPattern{"layers.{L}.moe.shared_expert.gate",
+                  "model.layers.{L}.mlp.shared_expert.gate_proj.weight"},
+    TensorPattern{"layers.{L}.moe.shared_expert.up",
+                  "model.layers.{L}.mlp.shared_expert.up_proj.weight"},
+    TensorPattern{"layers.{L}.moe.shared_expert.down",
+                  "model.layers.{L}.mlp.shared_expert.down_proj.weight"},
+    TensorPattern{"layers.{L}.moe.shared_expert_gate",
+                  "model.layers.{L}.mlp.shared_expert_gate.weight"},
+};
+
+std::vector<TensorPattern> joined_tensors(
+    std::initializer_list<std::span<const TensorPattern>> parts) {
+  std::vector<TensorPattern> all;
+  for (std::span<const TensorPattern> p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+// The table, in Architecture's order (architecture_spec(Architecture) indexes it). Each entry
+// sets what differs from the defaults (Llama's), as docs/models.md's table of model types does.
+std::vector<ArchitectureSpec> make_architecture_table() {
+  constexpr SlidingWindowRule kQwenWindow = SlidingWindowRule::kUseSlidingWindow;
+  const std::vector<TensorPattern> dense = joined_tensors({kCommonTensors, kDenseMlpTensors});
+  return {
+      {.architecture = Architecture::kLlama,
+       .model_types = {"llama"},
+       .gguf_name = "llama",
+       .tensors = joined_tensors({kCommonTensors, kDenseMlpTensors, kMlpBiasTensors}),
+       .mlp_bias_field = true},
+      {.architecture = Architecture::kMistral,
+       .model_types = {"mistral"},
+       .gguf_name = "llama",
+       .tensors = dense,
+       .sliding_window = SlidingWindowRule::kWhenSet},
+      {.architecture = Architecture::kQwen2,
+       .model_types = {"qwen2"},
+       .gguf_name = "qwen2",
+       .tensors = dense,
+       .qkv_bias = true,
+       .sliding_window = kQwenWindow},
+      {.architecture = Architecture::kQwen3,
+       .model_types = {"qwen3"},
+       .gguf_name = "qwen3",
+       .tensors = joined_tensors({kCommonTensors, kQkNormTensors, kDenseMlpTensors}),
+       .qk_norm = true,
+       .sliding_window = kQwenWindow,
+       .default_head_dim = 128},
+      {.architecture = Architecture::kMixtral,
+       .model_types = {"mixtral"},
+       .gguf_name = "llama",
+       .tensors = joined_tensors({kCommonTensors, kMixtralMoeTensors}),
+       .sliding_window = SlidingWindowRule::kWhenSet,
+       .default_rms_norm_eps = 1e-5,
+       .default_rope_theta = 1e6,
+       .moe = MoeSpec{.num_experts_field = "num_local_experts",
+                      .expert_ffn_field = "intermediate_size",
+                      .always_renormalize = true}},
+      {.architecture = Architecture::kQwen2Moe,
+       .model_types = {"qwen2_moe"},
+       .gguf_name = "qwen2moe",
+       .tensors = joined_tensors(
+           {kCommonTensors, kDenseMlpTensors, kQwenMoeTensors, kSharedExpertTensors}),
+       .qkv_bias = true,
+       .sliding_window = kQwenWindow,
+       .moe = MoeSpec{.num_experts_field = "num_experts",
+                      .expert_ffn_field = "moe_intermediate_size",
+                      .sparse_layer_fields = true,
+                      .shared_expert = true}},
+      {.architecture = Architecture::kQwen3Moe,
+       .model_types = {"qwen3_moe"},
+       .gguf_name = "qwen3moe",
+       .tensors =
+           joined_tensors({kCommonTensors, kQkNormTensors, kDenseMlpTensors, kQwenMoeTensors}),
+       .qk_norm = true,
+       .sliding_window = kQwenWindow,
+       .default_head_dim = 128,
+       .moe = MoeSpec{.num_experts_field = "num_experts",
+                      .expert_ffn_field = "moe_intermediate_size",
+                      .sparse_layer_fields = true}},
+  };
+}
+
+const std::vector<ArchitectureSpec>& architecture_table() {
+  static const std::vector<ArchitectureSpec> kTable = make_architecture_table();
+  return kTable;
+}
+
+}  // namespace
+
+std::string_view to_string(Architecture a) noexcept {
+  const auto i = static_cast<std::size_t>(a);
+  return i < architecture_table().size() ? architecture_table()[i].model_types.front()
+                                         : std::string_view("?");
+}
+
+const TensorPattern* ArchitectureSpec::find(std::string_view slot) const noexcept {
+  for (const TensorPattern& t : tensors) {
+    if (t.slot == slot) return &t;
+  }
+  return nullptr;
+}
+
+std::string ArchitectureSpec::hf_name(std::string_view slot, std::int64_t layer,
+                                      std::int64_t expert) const {
+  const TensorPattern* t = find(slot);
+  if (t == nullptr) {
+    throw KeyError(std::string(slot),
+                   fmt::format("{} has no weight '{}'", model_types.front(), std::string(slot)));
+  }
+  std::string name;
+  for (std::size_t i = 0; i < t->hf.size(); ++i) {
+    const std::string_view rest = t->hf.substr(i);
+    if (rest.starts_with("{L}")) {
+      name += std::to_string(layer);
+      i += 2;
+    } else if (rest.starts_with("{E}")) {
+      NUMESH_CHECK(expert >= 0, ValueError, "{}: weight '{}' ({}) is one tensor per expert",
+                   model_types.front(), slot, t->hf);
+      name += std::to_string(expert);
+      i += 2;
+    } else {
+      name += t->hf[i];
+    }
+  }
+  return name;
+}
+
+std::span<const ArchitectureSpec> architecture_specs() noexcept { return architecture_table(); }
+
+const ArchitectureSpec& architecture_spec(Architecture architecture) noexcept {
+  const auto i = static_cast<std::size_t>(architecture);
+  NUMESH_DCHECK(i < architecture_table().size() &&
+                architecture_table()[i].architecture == architecture);
+  return architecture_table()[i];
+}
+
+const ArchitectureSpec& architecture_spec(std::string_view model_type, std::string_view source) {
+  std::vector<std::string_view> names;
+  for (const ArchitectureSpec& s : architecture_table()) {
+    for (std::string_view name : s.model_types) {
+      if (name == model_type) return s;
+      names.push_back(name);
+    }
+  }
+  throw ValueError(
+      fmt::format("{}: model_type '{}' is not an architecture numesh reads (it reads {})", source,
+                  model_type, fmt::join(names, ", ")));
+}
+
+}  // namespace numesh::models
