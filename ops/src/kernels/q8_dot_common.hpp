@@ -105,8 +105,9 @@ struct Q8dotActivations {
   [[nodiscard]] const float* scales_at(int r, std::int64_t t) const noexcept {
     return scales + r * blocks + t;
   }
+  /// Null for formats without minimums (no sums: an offset from null is undefined even unread).
   [[nodiscard]] const float* sums_at(int r, std::int64_t t) const noexcept {
-    return sums + r * blocks + t;
+    return sums != nullptr ? sums + r * blocks + t : nullptr;
   }
   /// The same activations from row i on.
   [[nodiscard]] Q8dotActivations from_row(std::int64_t i) const noexcept {
