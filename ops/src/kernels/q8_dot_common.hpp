@@ -105,9 +105,10 @@ struct Q8dotActivations {
   [[nodiscard]] const float* scales_at(int r, std::int64_t t) const noexcept {
     return scales + r * blocks + t;
   }
-  /// Null for formats without minimums (no sums: an offset from null is undefined even unread).
+  /// REQUIRES: sums is not null (formats with minimums; an offset from null is undefined even
+  /// unread).
   [[nodiscard]] const float* sums_at(int r, std::int64_t t) const noexcept {
-    return sums != nullptr ? sums + r * blocks + t : nullptr;
+    return sums + r * blocks + t;
   }
   /// The same activations from row i on.
   [[nodiscard]] Q8dotActivations from_row(std::int64_t i) const noexcept {
@@ -606,7 +607,9 @@ template <class F, bool kVnni, bool kHalf, int J, class W>
 NUMESH_Q8DOT_AVX512 inline void q8dot_step_row512(const Q8dotActivations& a, int r, std::int64_t t,
                                                   const W& w0, const W& w1, __m512& p, __m512& q) {
   if constexpr (kSuperBlocks<F>) {
-    kq_row512<F, kVnni, J>(a.codes_at(r, t), a.scales_at(r, t), a.sums_at(r, t), w0, w1, p, q);
+    const float* sums = nullptr;  // formats without minimums have none
+    if constexpr (F::kMinimums) sums = a.sums_at(r, t);
+    kq_row512<F, kVnni, J>(a.codes_at(r, t), a.scales_at(r, t), sums, w0, w1, p, q);
   } else {
     q8dot_row512<F, kVnni, kHalf, J>(a.codes_at(r, t), a.scales_at(r, t), w0, w1, p, q);
   }
