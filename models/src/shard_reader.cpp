@@ -20,9 +20,9 @@ constexpr std::int64_t kRowBlock = 64;
 
 // Reads matrix `name` [out, in]'s box [o0, o0 + no) x [i0, i0 + ni) transposed into `dst`, the
 // row-major [ni, no] block of a shard (elements of `dtype`), over the calling arena's threads.
-void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string& name,
-                     std::int64_t o0, std::int64_t no, std::int64_t i0, std::int64_t ni,
-                     DType dtype, std::byte* dst) {
+void read_transposed(const Checkpoint& checkpoint, const std::string& name, std::int64_t o0,
+                     std::int64_t no, std::int64_t i0, std::int64_t ni, DType dtype,
+                     std::byte* dst) {
   // A block format's blocks run along stored rows, which a transposed read would cut across.
   NUMESH_CHECK(is_element_dtype(dtype), TypeError,
                "{}: a {} shard cannot be read transposed: block formats are stored out-in only",
@@ -43,9 +43,8 @@ void read_transposed(const SafetensorsCheckpoint& checkpoint, const std::string&
 
 // Reads tensor `name`'s box [r0, r0 + nr) x [c0, c0 + nc) as it is into `dst` ([nr, nc]), in
 // row blocks over the calling arena's threads.
-void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& name,
-                   std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype,
-                   std::byte* dst) {
+void read_straight(const Checkpoint& checkpoint, const std::string& name, std::int64_t r0,
+                   std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype, std::byte* dst) {
   // Whole rows of the box in the shard's format (a block format's blocks run along them).
   const auto row_bytes = static_cast<std::size_t>(numesh::row_bytes(dtype, nc));
   tbb::parallel_for(
@@ -62,7 +61,7 @@ void read_straight(const SafetensorsCheckpoint& checkpoint, const std::string& n
 
 }  // namespace
 
-void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source,
+void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
                  runtime::ShardedTensor& tensor, ops::WeightLayout stored) {
   // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
   // transposed; other sources ([rows, cols], the embedding table) as they are.

@@ -2,7 +2,7 @@
 
 // PRIVATE to models/src: reading a checkpoint's matrix straight into a laid-out tensor's shards.
 
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -19,7 +19,7 @@ namespace numesh::models::detail {
 /// REQUIRES: the tensor's shape is what CausalLmWeights::deferred gave the source (checked
 /// there), its last two dims swapped when stored out-in.
 /// Throws: what reading the checkpoint throws.
-void read_shards(const SafetensorsCheckpoint& checkpoint, const MatrixSource& source,
+void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
                  runtime::ShardedTensor& tensor, ops::WeightLayout stored);
 
 }  // namespace numesh::models::detail

@@ -14,6 +14,7 @@
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
 #include "safetensors_writer.hpp"

@@ -6,7 +6,6 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
 
 namespace numesh::models {
 
@@ -28,14 +27,14 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   engine.axes_ = ops::ModelAxes::resolve(options.partitions, options.mode, options.sequences,
                                          config.hidden_size);
   const auto start = std::chrono::steady_clock::now();
-  const auto checkpoint = SafetensorsCheckpoint::open(engine.source_.path());
-  for (const std::string& name : checkpoint.names()) {
-    engine.checkpoint_bytes_ += static_cast<std::int64_t>(checkpoint.info(name).size_bytes());
+  const std::unique_ptr<Checkpoint> checkpoint = engine.source_.open_checkpoint();
+  for (const std::string& name : checkpoint->names()) {
+    engine.checkpoint_bytes_ += static_cast<std::int64_t>(checkpoint->stored_bytes(name));
   }
   const std::int64_t context = options.context > 0 ? options.context : config.max_context();
   if (!options.serving) {
     engine.model_ = std::make_unique<CausalLm>(
-        CausalLm::load(engine.mesh_, config, checkpoint, options.sequences, context, options.dtype,
+        CausalLm::load(engine.mesh_, config, *checkpoint, options.sequences, context, options.dtype,
                        engine.axes_, options.progress));
   } else {
     const ServingOptions& serving = *options.serving;
@@ -56,7 +55,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                                                      .max_context = context,
                                                      .prefix_caching = serving.prefix_caching});
     engine.model_ = std::make_unique<CausalLm>(CausalLm::load(
-        engine.mesh_, config, checkpoint,
+        engine.mesh_, config, *checkpoint,
         ops::PagedCacheOptions{
             .blocks = blocks, .block_size = serving.block_size, .max_context = context},
         options.dtype, engine.axes_, options.progress));

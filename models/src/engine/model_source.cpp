@@ -22,12 +22,12 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
   return source;
 }
 
+std::unique_ptr<Checkpoint> ModelSource::open_checkpoint() const {
+  return std::make_unique<SafetensorsCheckpoint>(SafetensorsCheckpoint::open(path_));
+}
+
 std::vector<std::filesystem::path> ModelSource::weight_files() const {
-  // The checkpoint kept by name: a range-for over open(...).files() would outlive it.
-  const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(path_);
-  std::vector<std::filesystem::path> files;
-  for (const auto& f : checkpoint.files()) files.push_back(f.path());
-  return files;
+  return open_checkpoint()->weight_files();
 }
 
 }  // namespace numesh::models

@@ -168,9 +168,18 @@ std::span<const std::byte> SafetensorsCheckpoint::bytes(std::string_view name) c
   return file_of(name).bytes(name);
 }
 
-void SafetensorsCheckpoint::read(std::string_view name, DType target,
-                                 std::span<std::byte> out) const {
-  file_of(name).read(name, target, out);
+std::vector<fs::path> SafetensorsCheckpoint::weight_files() const {
+  std::vector<fs::path> out;
+  for (const SafetensorsFile& f : files_) out.push_back(f.path());
+  return out;
+}
+
+std::vector<std::int64_t> SafetensorsCheckpoint::shape(std::string_view name) const {
+  return info(name).shape;
+}
+
+std::uint64_t SafetensorsCheckpoint::stored_bytes(std::string_view name) const {
+  return info(name).size_bytes();
 }
 
 void SafetensorsCheckpoint::read_box(std::string_view name, std::span<const std::int64_t> offsets,

@@ -26,15 +26,15 @@ using runtime::HostTensor;
 // `defer`, matrix() returns a shape-only tensor and records where its values are instead.
 class Reader {
  public:
-  Reader(const SafetensorsCheckpoint& checkpoint, std::map<std::string, MatrixSource>* deferred)
+  Reader(const Checkpoint& checkpoint, std::map<std::string, MatrixSource>* deferred)
       : checkpoint_(checkpoint), deferred_(deferred) {}
 
   // Checks tensor `name`'s shape is `expected`.
   void check(const std::string& name, const std::vector<std::int64_t>& expected) const {
-    const TensorInfo& info = checkpoint_.info(name);
-    NUMESH_CHECK(info.shape == expected, ShapeError,
-                 "{}: tensor {} is [{}], the config implies [{}]", checkpoint_.directory().string(),
-                 name, fmt::join(info.shape, ", "), fmt::join(expected, ", "));
+    const std::vector<std::int64_t> shape = checkpoint_.shape(name);
+    NUMESH_CHECK(shape == expected, ShapeError, "{}: tensor {} is [{}], the config implies [{}]",
+                 checkpoint_.location().string(), name, fmt::join(shape, ", "),
+                 fmt::join(expected, ", "));
   }
   // The tensor as stored, after checking its shape is `expected`.
   HostTensor read(const std::string& name, const std::vector<std::int64_t>& expected) const {
@@ -85,7 +85,7 @@ class Reader {
   }
 
  private:
-  const SafetensorsCheckpoint& checkpoint_;
+  const Checkpoint& checkpoint_;
   std::map<std::string, MatrixSource>* deferred_;
 };
 
@@ -135,8 +135,8 @@ SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
 
 // The weights, read whole into host memory, or (with `deferred`) their large matrices left
 // shape-only with their sources recorded there. Every name comes from the architecture's spec.
-CausalLmWeights load_weights(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
-                             DType stored_as, std::map<std::string, MatrixSource>* deferred) {
+CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoint, DType stored_as,
+                             std::map<std::string, MatrixSource>* deferred) {
   const ops::TransformerConfig t = config.transformer_config();
   const ArchitectureSpec& spec = config.spec();
   const Reader r(checkpoint, deferred);
@@ -224,8 +224,8 @@ bool saved_transposed(std::string_view slot) {
 
 }  // namespace
 
-CausalLmWeights CausalLmWeights::load(const HfConfig& config,
-                                      const SafetensorsCheckpoint& checkpoint, DType stored_as) {
+CausalLmWeights CausalLmWeights::load(const HfConfig& config, const Checkpoint& checkpoint,
+                                      DType stored_as) {
   return load_weights(config, checkpoint, stored_as, nullptr);
 }
 
@@ -256,8 +256,7 @@ std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture ar
 }
 
 DeferredCausalLmWeights CausalLmWeights::deferred(const HfConfig& config,
-                                                  const SafetensorsCheckpoint& checkpoint,
-                                                  DType stored_as) {
+                                                  const Checkpoint& checkpoint, DType stored_as) {
   DeferredCausalLmWeights d;
   d.weights = load_weights(config, checkpoint, stored_as, &d.sources);
   return d;

@@ -76,9 +76,8 @@ std::vector<NamedTensor> CausalLm::weights() const {
 }
 
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
-                        const SafetensorsCheckpoint& checkpoint, std::int64_t batch,
-                        std::int64_t max_len, DType stored_as, ops::ModelAxes axes,
-                        const LoadProgress& progress) {
+                        const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
+                        DType stored_as, ops::ModelAxes axes, const LoadProgress& progress) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
   CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
               std::move(axes));  // matrices laid out unfilled
@@ -87,16 +86,15 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
 }
 
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
-                        const SafetensorsCheckpoint& checkpoint,
-                        const ops::PagedCacheOptions& paged, DType stored_as, ops::ModelAxes axes,
-                        const LoadProgress& progress) {
+                        const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
+                        DType stored_as, ops::ModelAxes axes, const LoadProgress& progress) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
   CausalLm lm(std::move(mesh), config, d.weights, paged, std::move(axes));
   lm.fill(d, checkpoint, progress);
   return lm;
 }
 
-void CausalLm::fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoint& checkpoint,
+void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoint,
                     const LoadProgress& progress) {
   CausalLm& lm = *this;
   using Named = ops::ShardedTransformer::NamedWeight;
@@ -108,7 +106,7 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoin
   const auto bytes_of = [&](const MatrixSource& source) {
     std::int64_t bytes = 0;
     for (const std::string& t : source.tensors)
-      bytes += static_cast<std::int64_t>(checkpoint.info(t).size_bytes());
+      bytes += static_cast<std::int64_t>(checkpoint.stored_bytes(t));
     return bytes;
   };
   std::int64_t total = 0, done = 0;

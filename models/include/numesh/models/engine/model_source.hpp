@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "numesh/models/chat/chat_template.hpp"
+#include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
 
@@ -45,9 +46,12 @@ class ModelSource {
   [[nodiscard]] const std::string& chat_template_error() const noexcept {
     return chat_template_error_;
   }
+  /// Its weights, opened (each file mapped and its header validated; no weight read yet).
+  /// Throws: what SafetensorsCheckpoint::open throws.
+  [[nodiscard]] std::unique_ptr<Checkpoint> open_checkpoint() const;
   /// The files holding its weights, in the checkpoint's order (a plain read of them is the
   /// load's baseline).
-  /// Throws: what SafetensorsCheckpoint::open throws.
+  /// Throws: as open_checkpoint().
   [[nodiscard]] std::vector<std::filesystem::path> weight_files() const;
 
  private:

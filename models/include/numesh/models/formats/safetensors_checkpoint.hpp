@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/formats/safetensors.hpp"
 
 // A Hugging Face checkpoint directory's weights: one `model.safetensors`, or shards listed by
@@ -21,7 +22,7 @@ namespace numesh::models {
 
 /// The tensors of a checkpoint directory, sharded or not. Move-only. Const member functions
 /// may be called from any number of threads at once.
-class SafetensorsCheckpoint {
+class SafetensorsCheckpoint final : public Checkpoint {
  public:
   /// The index's file name, and the single file's when there is no index.
   static constexpr std::string_view kIndexFile = "model.safetensors.index.json";
@@ -43,20 +44,26 @@ class SafetensorsCheckpoint {
   SafetensorsCheckpoint& operator=(SafetensorsCheckpoint&&) noexcept = default;
   SafetensorsCheckpoint(const SafetensorsCheckpoint&) = delete;
   SafetensorsCheckpoint& operator=(const SafetensorsCheckpoint&) = delete;
-  ~SafetensorsCheckpoint() = default;
+  ~SafetensorsCheckpoint() override = default;
 
   /// The directory given to open().
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return directory_; }
+  /// directory().
+  [[nodiscard]] const std::filesystem::path& location() const noexcept override {
+    return directory_;
+  }
+  /// The paths of files(), in their order.
+  [[nodiscard]] std::vector<std::filesystem::path> weight_files() const override;
 
   /// The open files, in file-name order (model-00001-of-00002... first).
   [[nodiscard]] const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
 
   /// Every tensor's name: file by file in the order of files(), and inside a file in the order
   /// of SafetensorsFile::tensors() (the order of the bytes on disk).
-  [[nodiscard]] std::vector<std::string> names() const;
+  [[nodiscard]] std::vector<std::string> names() const override;
 
   /// Whether some file has a tensor called `name`.
-  [[nodiscard]] bool contains(std::string_view name) const noexcept;
+  [[nodiscard]] bool contains(std::string_view name) const noexcept override;
 
   /// The file holding tensor `name`.
   /// Throws: KeyError (key() == name) naming the directory and up to three of the closest names.
@@ -65,17 +72,21 @@ class SafetensorsCheckpoint {
   /// The tensor called `name`. Throws: KeyError as file_of().
   [[nodiscard]] const TensorInfo& info(std::string_view name) const;
 
+  /// info(name).shape. Throws: KeyError as file_of().
+  [[nodiscard]] std::vector<std::int64_t> shape(std::string_view name) const override;
+
+  /// info(name).size_bytes(). Throws: KeyError as file_of().
+  [[nodiscard]] std::uint64_t stored_bytes(std::string_view name) const override;
+
   /// SafetensorsFile::bytes of the file holding `name`. Throws: KeyError as file_of().
   [[nodiscard]] std::span<const std::byte> bytes(std::string_view name) const;
 
-  /// SafetensorsFile::read on the file holding `name`; the same requirements.
-  /// Throws: KeyError as file_of(); otherwise as SafetensorsFile::read.
-  void read(std::string_view name, DType target, std::span<std::byte> out) const;
-
-  /// SafetensorsFile::read_box on the file holding `name`; the same requirements.
+  /// SafetensorsFile::read_box on the file holding `name`; the same requirements (read(), the
+  /// whole tensor, is Checkpoint's).
   /// Throws: KeyError as file_of(); otherwise as SafetensorsFile::read_box.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
-                std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
+                std::span<const std::int64_t> sizes, DType target,
+                std::span<std::byte> out) const override;
 
  private:
   SafetensorsCheckpoint() = default;

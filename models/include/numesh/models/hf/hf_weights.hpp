@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/ops/embedding_config.hpp"
 #include "numesh/ops/lm_head_config.hpp"
@@ -48,7 +48,7 @@ struct CausalLmWeights {
   /// Throws: ValueError as HfConfig::transformer_config(); KeyError naming the tensor,
   /// the checkpoint and its closest names when one is missing; ShapeError naming the tensor,
   /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
-  static CausalLmWeights load(const HfConfig& config, const SafetensorsCheckpoint& checkpoint,
+  static CausalLmWeights load(const HfConfig& config, const Checkpoint& checkpoint,
                               DType stored_as = DType::kF32);
   /// As load(), with every large matrix (the embedding, the LM head, the attention, MLP, expert
   /// and shared-expert projections) left HostTensor::shape_only and its source recorded instead:
@@ -56,7 +56,7 @@ struct CausalLmWeights {
   /// norms, biases and routers are read.
   /// Throws: as load().
   static DeferredCausalLmWeights deferred(const HfConfig& config,
-                                          const SafetensorsCheckpoint& checkpoint,
+                                          const Checkpoint& checkpoint,
                                           DType stored_as = DType::kF32);
 };
 

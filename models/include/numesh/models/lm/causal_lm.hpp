@@ -60,9 +60,9 @@ class CausalLm {
   /// Gives the same model as the constructor on CausalLmWeights::load.
   /// Throws: as CausalLmWeights::load and the constructor.
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
-                       const SafetensorsCheckpoint& checkpoint, std::int64_t batch,
-                       std::int64_t max_len, DType stored_as = DType::kF32,
-                       ops::ModelAxes axes = {}, const LoadProgress& progress = {});
+                       const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
+                       DType stored_as = DType::kF32, ops::ModelAxes axes = {},
+                       const LoadProgress& progress = {});
   /// The same model with paged caches, for ragged steps only (ragged_candidates,
   /// ragged_logits): every layer's keys and values in `paged.blocks` blocks
   /// (ShardedTransformer's paged constructor); the dense calls above are refused.
@@ -72,7 +72,7 @@ class CausalLm {
            const ops::PagedCacheOptions& paged, ops::ModelAxes axes = {});
   /// As load() above, with paged caches.
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
-                       const SafetensorsCheckpoint& checkpoint, const ops::PagedCacheOptions& paged,
+                       const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
                        DType stored_as = DType::kF32, ops::ModelAxes axes = {},
                        const LoadProgress& progress = {});
   ~CausalLm();
@@ -165,7 +165,7 @@ class CausalLm {
   // Refuses weights that do not fit the config (both constructors).
   void check_layers() const;
   // Fills the matrices laid out unfilled from `d` (load): each device reads its own shards.
-  void fill(const DeferredCausalLmWeights& d, const SafetensorsCheckpoint& checkpoint,
+  void fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoint,
             const LoadProgress& progress);
 
   runtime::DeviceMesh mesh_;

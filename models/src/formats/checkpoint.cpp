@@ -1,0 +1,11 @@
+#include "numesh/models/formats/checkpoint.hpp"
+
+namespace numesh::models {
+
+void Checkpoint::read(std::string_view name, DType target, std::span<std::byte> out) const {
+  const std::vector<std::int64_t> sizes = shape(name);
+  const std::vector<std::int64_t> offsets(sizes.size(), 0);
+  read_box(name, offsets, sizes, target, out);
+}
+
+}  // namespace numesh::models
