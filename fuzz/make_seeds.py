@@ -36,6 +36,44 @@ def safetensors(tensors, metadata=None):
     return struct.pack("<Q", len(text)) + text + body
 
 
+def gguf(kvs, tensors, alignment=32, version=3):
+    """kvs: list of encoded key-value pairs (gguf_kv); tensors: list of (name, GGML type id, ne
+    innermost first, raw bytes), laid out as GGML writes them (each padded to the alignment)."""
+    def s(text):
+        text = text.encode() if isinstance(text, str) else text
+        return struct.pack("<Q", len(text)) + text
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    offset, body = 0, b""
+    for name, type_id, ne, raw in tensors:
+        out += s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}q", *ne)
+        out += struct.pack("<IQ", type_id, offset)
+        padded = raw + b"\0" * (-len(raw) % alignment)
+        offset += len(padded)
+        body += padded
+    if tensors:
+        out += b"\0" * (-len(out) % alignment)
+    return out + body
+
+
+def gguf_kv(key, value_type, value):
+    """One GGUF key-value pair. value_type: a struct code ("B", "i", "f", "?", "Q", "d"...), "s"
+    for a string, or ("a", code) for an array of `value` (a list)."""
+    codes = {"B": 0, "b": 1, "H": 2, "h": 3, "I": 4, "i": 5, "f": 6, "?": 7, "s": 8, "Q": 10,
+             "q": 11, "d": 12}
+
+    def s(text):
+        text = text.encode()
+        return struct.pack("<Q", len(text)) + text
+
+    def one(code, v):
+        return s(v) if code == "s" else struct.pack("<" + code, v)
+    head = s(key)
+    if isinstance(value_type, tuple):
+        code = value_type[1]
+        return head + struct.pack("<IIQ", 9, codes[code], len(value)) + b"".join(one(code, v) for v in value)
+    return head + struct.pack("<I", codes[value_type]) + one(value_type, value)
+
+
 def main():
     for old in CORPUS.glob("*/seed-*"):
         old.unlink()
@@ -52,6 +90,42 @@ def main():
          ("empty", "F32", [0, 4], b""), ("s", "F32", [], struct.pack("<f", 7)),
          ("i", "I64", [1], struct.pack("<q", 5))], metadata={"format": "pt"}))
     write("safetensors_fuzz", "bad-offsets", safetensors([("w", "F32", [3], f32)]))
+
+    # GGUF: a tiny llama's metadata of every value type, tensors of the types numesh reads (the
+    # block formats' bytes hand-made: an f16 scale, then codes), one it does not, and a broken
+    # layout.
+    meta = [gguf_kv("general.architecture", "s", "llama"), gguf_kv("general.alignment", "I", 32),
+            gguf_kv("llama.block_count", "I", 2), gguf_kv("llama.context_length", "Q", 4096),
+            gguf_kv("llama.rope.freq_base", "f", 10000.0), gguf_kv("llama.attention.layer_norm_rms_epsilon", "d", 1e-5),
+            gguf_kv("tokenizer.ggml.add_bos_token", "?", True), gguf_kv("i8", "b", -3), gguf_kv("u16", "H", 7),
+            gguf_kv("i16", "h", -7), gguf_kv("i64", "q", -1), gguf_kv("u8", "B", 255),
+            gguf_kv("tokenizer.ggml.tokens", ("a", "s"), ["<s>", "</s>", "a", "b"]),
+            gguf_kv("tokenizer.ggml.scores", ("a", "f"), [0.0, 0.0, -1.0, -2.0]),
+            gguf_kv("tokenizer.ggml.token_type", ("a", "i"), [3, 3, 1, 1]),
+            gguf_kv("empty", ("a", "Q"), [])]
+    q8_block = struct.pack("<e", 0.5) + bytes(range(32))
+    q4_block = struct.pack("<e", 0.25) + bytes(range(0, 256, 16))
+    q4k_block = struct.pack("<ee", 0.5, 0.125) + bytes(range(12)) + bytes(range(128))
+    q6k_block = bytes(range(128)) + bytes(range(64)) + bytes(range(16)) + struct.pack("<e", 0.5)
+    write("gguf_fuzz", "llama", gguf(meta, [
+        ("token_embd.weight", 0, [4, 2], struct.pack("<8f", *range(8))),
+        ("blk.0.attn_norm.weight", 1, [4], struct.pack("<4e", 1, 2, 3, 4)),
+        ("blk.0.ffn_up.weight", 30, [2, 2], b"\x80\x3f\x00\x40\x80\x3f\x00\x40"),
+        ("blk.0.attn_q.weight", 8, [64, 1], q8_block * 2),
+        ("blk.0.attn_k.weight", 2, [32, 2], q4_block * 2),
+        ("blk.0.ffn_down.weight", 12, [512], q4k_block * 2),
+        ("output.weight", 14, [256], q6k_block),
+        ("blk.0.ffn_gate.weight", 13, [256], bytes(176)),
+        ("scalar", 0, [], struct.pack("<f", 1.5)),
+        ("empty", 0, [4, 0], b"")]))
+    write("gguf_fuzz", "v2-align64", gguf([gguf_kv("general.alignment", "I", 64)],
+                                           [("a", 0, [3], struct.pack("<3f", 1, 2, 3)),
+                                            ("b", 8, [32], q8_block)], alignment=64, version=2))
+    write("gguf_fuzz", "metadata-only", gguf(meta, []))
+    broken = bytearray(gguf([], [("a", 0, [4], bytes(16)), ("b", 0, [4], bytes(16))]))
+    infos_end = 24 + 2 * (8 + 1 + 4 + 8 + 4 + 8)
+    broken[infos_end - 8:infos_end] = struct.pack("<Q", 0)  # b's offset: a's
+    write("gguf_fuzz", "bad-offsets", bytes(broken))
 
     shards = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
     write("safetensors_index_fuzz", "index", json.dumps({"metadata": {"total_size": 16}, "weight_map": shards}))
