@@ -15,12 +15,23 @@ std::string_view to_string(RopeScaling::Kind kind) noexcept {
       return "linear";
     case RopeScaling::Kind::kLlama3:
       return "llama3";
+    case RopeScaling::Kind::kFactors:
+      return "factors";
   }
   return "?";
 }
 
 void validate(const RopeScaling& s) {
   if (s.kind == RopeScaling::Kind::kNone) return;
+  if (s.kind == RopeScaling::Kind::kFactors) {
+    NUMESH_CHECK(!s.frequency_factors.empty(), ValueError, "rope scaling factors: none given");
+    for (std::size_t i = 0; i < s.frequency_factors.size(); ++i) {
+      NUMESH_CHECK(std::isfinite(s.frequency_factors[i]) && s.frequency_factors[i] > 0.0,
+                   ValueError, "rope scaling factors: factor {} is {}, not a positive number", i,
+                   s.frequency_factors[i]);
+    }
+    return;
+  }
   NUMESH_CHECK(std::isfinite(s.factor) && s.factor > 0.0, ValueError,
                "rope scaling {}: factor {} must be positive", to_string(s.kind), s.factor);
   if (s.kind != RopeScaling::Kind::kLlama3) return;

@@ -38,6 +38,11 @@ void TransformerConfig::validate() const {
   NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,
                "transformer: head_dim {} is odd, RoPE needs it even", a.head_dim);
   ops::validate(a.rope_scaling);
+  NUMESH_CHECK(
+      a.rope_scaling.kind != RopeScaling::Kind::kFactors ||
+          static_cast<std::int64_t>(a.rope_scaling.frequency_factors.size()) == a.head_dim / 2,
+      ValueError, "transformer: {} RoPE frequency factors for head_dim {} (one a pair: {})",
+      a.rope_scaling.frequency_factors.size(), a.head_dim, a.head_dim / 2);
   NUMESH_CHECK(moe_every >= 0, ValueError, "transformer: moe_every {} is negative", moe_every);
   if (moe_every > 0) {
     NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,

@@ -25,7 +25,8 @@ spm = require("sentencepiece")
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_corpus.json")
 
 
-def write(d):
+def training_text(d):
+    """DIR/training.txt, the corpus's non-empty lines 20 times over; returns (its path, the texts)."""
     with open(CORPUS, encoding="utf-8") as f:
         texts = json.load(f)
     training = os.path.join(d, "training.txt")
@@ -35,6 +36,11 @@ def write(d):
                 for line in t.splitlines():
                     if line.strip():
                         f.write(line + "\n")
+    return training, texts
+
+
+def write(d):
+    training, texts = training_text(d)
     spm.SentencePieceTrainer.train(input=training, model_prefix=os.path.join(d, "tokenizer"), vocab_size=1000,
                                    model_type="bpe", byte_fallback=True, character_coverage=1.0,
                                    bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2)

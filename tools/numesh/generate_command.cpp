@@ -69,7 +69,7 @@ struct CheckedOptions {
 
 CheckedOptions check_options(const GenerateOptions& o) {
   CheckedOptions c;
-  c.dtype = parse_dtype(o.dtype);
+  if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or "
                "write a random one");
@@ -481,13 +481,15 @@ void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, c
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* cmd = app.add_subcommand("generate",
                                      "Generate tokens from a Hugging Face checkpoint (config.json "
-                                     "+ safetensors) on the machine's mesh: greedy "
+                                     "+ safetensors) or a GGUF file on the machine's mesh: greedy "
                                      "or sampled decoding of a prompt (text or token ids), the ids "
                                      "streamed as they come, with load, prefill "
                                      "and decode rates.");
   cmd->footer(
       R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
-shards with model.safetensors.index.json). Without --model, a small random Llama is written in
+shards with model.safetensors.index.json), or GGUF files of them (llama, qwen2, qwen3, qwen2moe,
+qwen3moe; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; tokenizer and chat template from the metadata).
+Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,
 Qwen2/3) or tokenizer.model (SentencePiece: Llama 2, Mistral); the random model has none, so it
@@ -512,7 +514,8 @@ all have stopped.)");
                   "JSON file with PartitionAxis fields (eformer's defaults otherwise)");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
   cmd->add_option("--model", o.model,
-                  "Folder of a Hugging Face checkpoint (config.json, *.safetensors)");
+                  "Folder of a Hugging Face checkpoint (config.json, *.safetensors), or a GGUF "
+                  "file");
   cmd->add_option("--random-model", o.random_model,
                   "Write a random Llama in Hugging Face layout to DIR and generate from it (the "
                   "default without "
@@ -553,9 +556,8 @@ all have stopped.)");
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
                   "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0, q4_0, q4_k "
-                  "or q6_k blocks "
-                  "quantized at load (norms and routers stay f32)")
-      ->capture_default_str();
+                  "or q6_k blocks quantized at load (norms and routers stay f32). Default: a GGUF "
+                  "file's own format (the one most of its weights are in), f32 otherwise");
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
                   "each decode step "
@@ -579,6 +581,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   std::mt19937_64 rng(o.seed);
   RemovedAtExit temporary;
   models::ModelSource source = models::ModelSource::open(model_folder(o, c.dtype, temporary));
+  if (o.dtype.empty()) c.dtype = source.stored_dtype().value_or(DType::kF32);
   const Prompts p = encode_prompts(o, c, source);
   (void)source.config().transformer_config();  // refuses what numesh cannot run, before the load
 

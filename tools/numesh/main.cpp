@@ -12,6 +12,7 @@
 //   numesh tokenize ...  a model's tokenizer applied to a text or to ids
 //   numesh perplexity .. a model's perplexity over a text file (llama.cpp's way)
 //   numesh train ....... train a Hugging Face causal LM (AdamW, CSV log, resumable checkpoints)
+//   numesh convert ..... a model written as a GGUF file (llama.cpp's format)
 //
 // Exit status: 0 on success; 1 when the check of `numesh run` or `numesh op` fails; 2 on any bad
 // input (CLI11 parse errors included), reported as one line `numesh: error: ...` on stderr naming
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "bench_command.hpp"
+#include "convert_command.hpp"
 #include "bench_decode.hpp"
 #include "bench_memory.hpp"
 #include "generate_command.hpp"
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
   commands.push_back(
       command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
   commands.push_back(command<t::TrainOptions>(app, t::add_train_command, t::run_train));
+  commands.push_back(command<t::ConvertOptions>(app, t::add_convert_command, t::run_convert));
 
   try {
     app.parse(argc, argv);

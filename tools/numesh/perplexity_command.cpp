@@ -15,7 +15,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
@@ -37,22 +37,22 @@ Example:
   numesh perplexity --model ~/models/Llama-3.2-1B --text-file wiki.test.raw --context 512 --dtype bf16)");
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--model", o.model,
-                  "Model folder: config.json, *.safetensors, tokenizer.json or tokenizer.model")
+                  "Model folder (config.json, *.safetensors, tokenizer.json or tokenizer.model), "
+                  "or a GGUF file")
       ->required();
   cmd->add_option("--text-file", o.text_file, "The text to score (UTF-8)")->required();
   cmd->add_option("--context", o.context, "Tokens per chunk")->capture_default_str();
   cmd->add_option(
          "--dtype", o.dtype,
          "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-         "quantized at load)")
-      ->capture_default_str();
+         "quantized at load). Default: a GGUF file's own format, f32 otherwise");
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
   return cmd;
 }
 
 int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
-  const DType dtype = parse_dtype(o.dtype);
+  DType dtype = o.dtype.empty() ? DType::kF32 : parse_dtype(o.dtype);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
   std::ofstream json_file = open_json_file(o.json);
@@ -61,8 +61,14 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   std::stringstream text;
   text << file.rdbuf();
   const std::filesystem::path dir = o.model;
-  const models::HfConfig config = models::HfConfig::load(dir);
-  const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(dir);
+  const models::ModelSource source = models::ModelSource::open(dir);
+  if (o.dtype.empty()) dtype = source.stored_dtype().value_or(DType::kF32);
+  const models::HfConfig& config = source.config();
+  const models::TextTokenizer* tokenizer = source.tokenizer();
+  NUMESH_CHECK(tokenizer != nullptr, IoError,
+               "--model '{}' has no tokenizer (tokenizer.json or tokenizer.model), which "
+               "perplexity needs to read the text",
+               dir.string());
   // As llama.cpp: the text tokenized with the tokenizer's special tokens, and every chunk
   // started with BOS when the tokenizer adds one (its template's first token on an empty text).
   const std::vector<std::int32_t> tokens =
@@ -82,9 +88,9 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.context <= config.max_context(), ValueError,
                "--context {} is longer than the model's {}", o.context, config.max_context());
   (void)config.transformer_config();
-  const auto checkpoint = models::SafetensorsCheckpoint::open(dir);
+  const std::unique_ptr<models::Checkpoint> checkpoint = source.open_checkpoint();
   models::CausalLm lm =
-      models::CausalLm::load(make_mesh(o.mesh), config, checkpoint, 1, o.context, dtype);
+      models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context, dtype);
 
   out << fmt::format(
       "numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",

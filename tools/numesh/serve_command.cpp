@@ -59,8 +59,8 @@ std::optional<models::ChatTemplate> read_chat_template(const std::string& path) 
 
 CheckedServe check_serve_options(const ServeOptions& o) {
   CheckedServe c;
-  c.dtype = parse_dtype(o.dtype);
-  NUMESH_CHECK(!o.model.empty(), ValueError, "--model DIR is required (a Hugging Face folder)");
+  if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
+  NUMESH_CHECK(!o.model.empty(), ValueError, "--model is required (a Hugging Face folder or a GGUF file)");
   NUMESH_CHECK(o.port >= 0 && o.port <= 65535, ValueError, "--port {} is not a port", o.port);
   NUMESH_CHECK(o.parallel >= 1 && o.parallel <= 1024, ValueError,
                "--parallel {} must be between 1 and 1024", o.parallel);
@@ -146,6 +146,7 @@ class SignalWatcher {
 // The serving engine: the folder opened, the mesh made, the weights loaded with paged caches.
 models::Engine load_serving_engine(const ServeOptions& o, const CheckedServe& c) {
   models::ModelSource source = models::ModelSource::open(o.model);
+  const DType dtype = o.dtype.empty() ? source.stored_dtype().value_or(DType::kF32) : c.dtype;
   // Without --ctx-size, the model's context up to 4096 (llama-server's default): a long-context
   // model's whole context for every request would book gigabytes of cache.
   const std::int64_t context =
@@ -154,7 +155,7 @@ models::Engine load_serving_engine(const ServeOptions& o, const CheckedServe& c)
   const ProgressLine line(o.quiet);
   return models::Engine::load(
       std::move(source), make_mesh(o.mesh),
-      {.dtype = c.dtype,
+      {.dtype = dtype,
        .sequences = o.parallel,
        .context = context,
        .partitions = *c.partitions,
@@ -201,7 +202,7 @@ Examples:
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
   cmd->add_option("--model", o.model,
                   "Folder of a Hugging Face checkpoint (config.json, "
-                  "*.safetensors, tokenizer.json or tokenizer.model)");
+                  "*.safetensors, tokenizer.json or tokenizer.model), or a GGUF file");
   cmd->add_option("--model-name", o.model_name,
                   "The model's id in /v1/models and responses (default: the folder's name)");
   cmd->add_option("--chat-template", o.chat_template,
@@ -231,8 +232,7 @@ Examples:
   cmd->add_option(
          "--dtype", o.dtype,
          "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-         "quantized at load)")
-      ->capture_default_str();
+         "quantized at load). Default: a GGUF file's own format, f32 otherwise");
   cmd->add_option("--api-key", o.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
   cmd->add_option("--http-threads", o.http_threads,

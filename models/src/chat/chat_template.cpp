@@ -7,6 +7,8 @@
 
 #include "chat/jinja_interpreter.hpp"
 #include "chat/jinja_parser.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 
 namespace numesh::models {
 
@@ -57,11 +59,17 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& config) {
 
 }  // namespace
 
-ChatTemplate ChatTemplate::parse(std::string source, std::string name) {
+ChatTemplate ChatTemplate::parse(std::string source, std::string name,
+                                 nlohmann::ordered_json special_tokens) {
+  NUMESH_CHECK(special_tokens.is_object(), ValueError,
+               "{}: the special tokens are {}, expected an object", name,
+               special_tokens.type_name());
   auto program = std::make_shared<chat::Program>(chat::parse_template(source, name));
   chat::check_names(*program);
   ChatTemplate t;
   t.program_ = std::move(program);
+  t.source_ = std::make_shared<const std::string>(std::move(source));
+  t.special_tokens_ = std::move(special_tokens);
   return t;
 }
 

@@ -17,58 +17,88 @@ namespace {
 // LlamaForCausalLM's; Mistral, Qwen2 and Qwen3 (and the Qwen-MoE's attention and dense layers)
 // kept them.
 constexpr std::array kCommonTensors{
-    TensorPattern{"embedding.table", "model.embed_tokens.weight"},
-    TensorPattern{"final_norm", "model.norm.weight"},
-    TensorPattern{"lm_head.weight", "lm_head.weight"},
-    TensorPattern{"layers.{L}.attn_norm", "model.layers.{L}.input_layernorm.weight"},
-    TensorPattern{"layers.{L}.ffn_norm", "model.layers.{L}.post_attention_layernorm.weight"},
-    TensorPattern{"layers.{L}.attention.wq", "model.layers.{L}.self_attn.q_proj.weight"},
-    TensorPattern{"layers.{L}.attention.wk", "model.layers.{L}.self_attn.k_proj.weight"},
-    TensorPattern{"layers.{L}.attention.wv", "model.layers.{L}.self_attn.v_proj.weight"},
-    TensorPattern{"layers.{L}.attention.wo", "model.layers.{L}.self_attn.o_proj.weight"},
+    TensorPattern{"embedding.table", "model.embed_tokens.weight", "token_embd.weight"},
+    TensorPattern{"final_norm", "model.norm.weight", "output_norm.weight"},
+    TensorPattern{"lm_head.weight", "lm_head.weight", "output.weight"},
+    TensorPattern{"layers.{L}.attn_norm", "model.layers.{L}.input_layernorm.weight",
+                  "blk.{L}.attn_norm.weight"},
+    TensorPattern{"layers.{L}.ffn_norm", "model.layers.{L}.post_attention_layernorm.weight",
+                  "blk.{L}.ffn_norm.weight"},
+    TensorPattern{"layers.{L}.attention.wq", "model.layers.{L}.self_attn.q_proj.weight",
+                  "blk.{L}.attn_q.weight"},
+    TensorPattern{"layers.{L}.attention.wk", "model.layers.{L}.self_attn.k_proj.weight",
+                  "blk.{L}.attn_k.weight"},
+    TensorPattern{"layers.{L}.attention.wv", "model.layers.{L}.self_attn.v_proj.weight",
+                  "blk.{L}.attn_v.weight"},
+    TensorPattern{"layers.{L}.attention.wo", "model.layers.{L}.self_attn.o_proj.weight",
+                  "blk.{L}.attn_output.weight"},
     // Biases: Qwen2's q/k/v always; attention_bias puts them on all four in any architecture.
-    TensorPattern{"layers.{L}.attention.bq", "model.layers.{L}.self_attn.q_proj.bias"},
-    TensorPattern{"layers.{L}.attention.bk", "model.layers.{L}.self_attn.k_proj.bias"},
-    TensorPattern{"layers.{L}.attention.bv", "model.layers.{L}.self_attn.v_proj.bias"},
-    TensorPattern{"layers.{L}.attention.bo", "model.layers.{L}.self_attn.o_proj.bias"},
+    TensorPattern{"layers.{L}.attention.bq", "model.layers.{L}.self_attn.q_proj.bias",
+                  "blk.{L}.attn_q.bias"},
+    TensorPattern{"layers.{L}.attention.bk", "model.layers.{L}.self_attn.k_proj.bias",
+                  "blk.{L}.attn_k.bias"},
+    TensorPattern{"layers.{L}.attention.bv", "model.layers.{L}.self_attn.v_proj.bias",
+                  "blk.{L}.attn_v.bias"},
+    TensorPattern{"layers.{L}.attention.bo", "model.layers.{L}.self_attn.o_proj.bias",
+                  "blk.{L}.attn_output.bias"},
 };
 constexpr std::array kQkNormTensors{
-    TensorPattern{"layers.{L}.attention.q_norm", "model.layers.{L}.self_attn.q_norm.weight"},
-    TensorPattern{"layers.{L}.attention.k_norm", "model.layers.{L}.self_attn.k_norm.weight"},
+    TensorPattern{"layers.{L}.attention.q_norm", "model.layers.{L}.self_attn.q_norm.weight",
+                  "blk.{L}.attn_q_norm.weight"},
+    TensorPattern{"layers.{L}.attention.k_norm", "model.layers.{L}.self_attn.k_norm.weight",
+                  "blk.{L}.attn_k_norm.weight"},
 };
 constexpr std::array kDenseMlpTensors{
-    TensorPattern{"layers.{L}.mlp.gate", "model.layers.{L}.mlp.gate_proj.weight"},
-    TensorPattern{"layers.{L}.mlp.up", "model.layers.{L}.mlp.up_proj.weight"},
-    TensorPattern{"layers.{L}.mlp.down", "model.layers.{L}.mlp.down_proj.weight"},
+    TensorPattern{"layers.{L}.mlp.gate", "model.layers.{L}.mlp.gate_proj.weight",
+                  "blk.{L}.ffn_gate.weight"},
+    TensorPattern{"layers.{L}.mlp.up", "model.layers.{L}.mlp.up_proj.weight",
+                  "blk.{L}.ffn_up.weight"},
+    TensorPattern{"layers.{L}.mlp.down", "model.layers.{L}.mlp.down_proj.weight",
+                  "blk.{L}.ffn_down.weight"},
 };
 constexpr std::array kMlpBiasTensors{
-    TensorPattern{"layers.{L}.mlp.gate_bias", "model.layers.{L}.mlp.gate_proj.bias"},
-    TensorPattern{"layers.{L}.mlp.up_bias", "model.layers.{L}.mlp.up_proj.bias"},
-    TensorPattern{"layers.{L}.mlp.down_bias", "model.layers.{L}.mlp.down_proj.bias"},
+    TensorPattern{"layers.{L}.mlp.gate_bias", "model.layers.{L}.mlp.gate_proj.bias",
+                  "blk.{L}.ffn_gate.bias"},
+    TensorPattern{"layers.{L}.mlp.up_bias", "model.layers.{L}.mlp.up_proj.bias",
+                  "blk.{L}.ffn_up.bias"},
+    TensorPattern{"layers.{L}.mlp.down_bias", "model.layers.{L}.mlp.down_proj.bias",
+                  "blk.{L}.ffn_down.bias"},
 };
 // Mixtral's sparse block: experts' w1 (gate), w3 (up), w2 (down).
 constexpr std::array kMixtralMoeTensors{
-    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.block_sparse_moe.gate.weight"},
-    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight"},
-    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight"},
-    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight"},
+    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.block_sparse_moe.gate.weight",
+                  "blk.{L}.ffn_gate_inp.weight"},
+    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.block_sparse_moe.experts.{E}.w1.weight",
+                  "blk.{L}.ffn_gate_exps.weight"},
+    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight",
+                  "blk.{L}.ffn_up_exps.weight"},
+    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight",
+                  "blk.{L}.ffn_down_exps.weight"},
 };
 // Qwen-MoE's sparse block, under mlp.
 constexpr std::array kQwenMoeTensors{
-    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.mlp.gate.weight"},
-    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.mlp.experts.{E}.gate_proj.weight"},
-    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.mlp.experts.{E}.up_proj.weight"},
-    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.mlp.experts.{E}.down_proj.weight"},
+    TensorPattern{"layers.{L}.moe.router", "model.layers.{L}.mlp.gate.weight",
+                  "blk.{L}.ffn_gate_inp.weight"},
+    TensorPattern{"layers.{L}.moe.gate", "model.layers.{L}.mlp.experts.{E}.gate_proj.weight",
+                  "blk.{L}.ffn_gate_exps.weight"},
+    TensorPattern{"layers.{L}.moe.up", "model.layers.{L}.mlp.experts.{E}.up_proj.weight",
+                  "blk.{L}.ffn_up_exps.weight"},
+    TensorPattern{"layers.{L}.moe.down", "model.layers.{L}.mlp.experts.{E}.down_proj.weight",
+                  "blk.{L}.ffn_down_exps.weight"},
 };
 constexpr std::array kSharedExpertTensors{
     TensorPattern{"layers.{L}.moe.shared_expert.gate",
-                  "model.layers.{L}.mlp.shared_expert.gate_proj.weight"},
+                  "model.layers.{L}.mlp.shared_expert.gate_proj.weight",
+                  "blk.{L}.ffn_gate_shexp.weight"},
     TensorPattern{"layers.{L}.moe.shared_expert.up",
-                  "model.layers.{L}.mlp.shared_expert.up_proj.weight"},
+                  "model.layers.{L}.mlp.shared_expert.up_proj.weight",
+                  "blk.{L}.ffn_up_shexp.weight"},
     TensorPattern{"layers.{L}.moe.shared_expert.down",
-                  "model.layers.{L}.mlp.shared_expert.down_proj.weight"},
+                  "model.layers.{L}.mlp.shared_expert.down_proj.weight",
+                  "blk.{L}.ffn_down_shexp.weight"},
     TensorPattern{"layers.{L}.moe.shared_expert_gate",
-                  "model.layers.{L}.mlp.shared_expert_gate.weight"},
+                  "model.layers.{L}.mlp.shared_expert_gate.weight",
+                  "blk.{L}.ffn_gate_inp_shexp.weight"},
 };
 
 std::vector<TensorPattern> joined_tensors(
@@ -88,12 +118,14 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .model_types = {"llama"},
        .gguf_name = "llama",
        .tensors = joined_tensors({kCommonTensors, kDenseMlpTensors, kMlpBiasTensors}),
-       .mlp_bias_field = true},
+       .mlp_bias_field = true,
+       .gguf_permutes_qk = true},
       {.architecture = Architecture::kMistral,
        .model_types = {"mistral"},
        .gguf_name = "llama",
        .tensors = dense,
-       .sliding_window = SlidingWindowRule::kWhenSet},
+       .sliding_window = SlidingWindowRule::kWhenSet,
+       .gguf_permutes_qk = true},
       {.architecture = Architecture::kQwen2,
        .model_types = {"qwen2"},
        .gguf_name = "qwen2",
@@ -116,7 +148,8 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .default_rope_theta = 1e6,
        .moe = MoeSpec{.num_experts_field = "num_local_experts",
                       .expert_ffn_field = "intermediate_size",
-                      .always_renormalize = true}},
+                      .always_renormalize = true},
+       .gguf_permutes_qk = true},
       {.architecture = Architecture::kQwen2Moe,
        .model_types = {"qwen2_moe"},
        .gguf_name = "qwen2moe",
@@ -162,29 +195,47 @@ const TensorPattern* ArchitectureSpec::find(std::string_view slot) const noexcep
   return nullptr;
 }
 
-std::string ArchitectureSpec::hf_name(std::string_view slot, std::int64_t layer,
-                                      std::int64_t expert) const {
-  const TensorPattern* t = find(slot);
-  if (t == nullptr) {
-    throw KeyError(std::string(slot),
-                   fmt::format("{} has no weight '{}'", model_types.front(), std::string(slot)));
-  }
+namespace {
+
+// `pattern` with "{L}" replaced by `layer` and "{E}" by `expert` (which must then be set).
+std::string expand(std::string_view pattern, std::int64_t layer, std::int64_t expert,
+                   std::string_view model_type, std::string_view slot) {
   std::string name;
-  for (std::size_t i = 0; i < t->hf.size(); ++i) {
-    const std::string_view rest = t->hf.substr(i);
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const std::string_view rest = pattern.substr(i);
     if (rest.starts_with("{L}")) {
       name += std::to_string(layer);
       i += 2;
     } else if (rest.starts_with("{E}")) {
       NUMESH_CHECK(expert >= 0, ValueError, "{}: weight '{}' ({}) is one tensor per expert",
-                   model_types.front(), slot, t->hf);
+                   model_type, slot, pattern);
       name += std::to_string(expert);
       i += 2;
     } else {
-      name += t->hf[i];
+      name += pattern[i];
     }
   }
   return name;
+}
+
+const TensorPattern& known(const ArchitectureSpec& spec, std::string_view slot) {
+  const TensorPattern* t = spec.find(slot);
+  if (t == nullptr) {
+    throw KeyError(std::string(slot), fmt::format("{} has no weight '{}'", spec.model_types.front(),
+                                                  std::string(slot)));
+  }
+  return *t;
+}
+
+}  // namespace
+
+std::string ArchitectureSpec::hf_name(std::string_view slot, std::int64_t layer,
+                                      std::int64_t expert) const {
+  return expand(known(*this, slot).hf, layer, expert, model_types.front(), slot);
+}
+
+std::string ArchitectureSpec::gguf_name_of(std::string_view slot, std::int64_t layer) const {
+  return expand(known(*this, slot).gguf, layer, -1, model_types.front(), slot);
 }
 
 std::span<const ArchitectureSpec> architecture_specs() noexcept { return architecture_table(); }

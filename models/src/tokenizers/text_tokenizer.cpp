@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 
+#include "gguf_tokenizer.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/tokenizers/tokenizer.hpp"
@@ -14,7 +15,7 @@ namespace {
 // tokenizer.json's byte-level BPE.
 class HfTokenizer final : public TextTokenizer {
  public:
-  explicit HfTokenizer(Tokenizer t) : t_(std::move(t)) {}
+  HfTokenizer(Tokenizer t, std::string_view kind) : t_(std::move(t)), kind_(kind) {}
   std::vector<std::int32_t> encode(std::string_view text, bool special) const override {
     return t_.encode(text, special);
   }
@@ -29,19 +30,30 @@ class HfTokenizer final : public TextTokenizer {
       return false;
     }
   }
-  std::string_view kind() const noexcept override { return "tokenizer.json (byte-level BPE)"; }
+  std::string_view kind() const noexcept override { return kind_; }
 
  private:
   Tokenizer t_;
+  std::string_view kind_;
 };
+
+constexpr std::string_view kTokenizerJson = "tokenizer.json (byte-level BPE)";
 
 // A SentencePiece model (tokenizer.model), through libsentencepiece.
 class SentencePieceTokenizer final : public TextTokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::filesystem::path& file) {
+  explicit SentencePieceTokenizer(const std::filesystem::path& file)
+      : kind_("tokenizer.model (SentencePiece)") {
     const auto status = sp_.Load(file.string());
     NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(),
                  status.ToString());
+  }
+  // A model given as a serialized ModelProto (a GGUF file's, `source` naming it).
+  SentencePieceTokenizer(std::string_view proto, const std::filesystem::path& source)
+      : kind_("GGUF tokenizer.ggml (SentencePiece)") {
+    const auto status = sp_.LoadFromSerializedProto(proto);
+    NUMESH_CHECK(status.ok(), ValueError, "{}: SentencePiece cannot load its tokenizer: {}",
+                 source.string(), status.ToString());
   }
   std::vector<std::int32_t> encode(std::string_view text, bool special) const override {
     std::vector<int> ids;
@@ -70,10 +82,11 @@ class SentencePieceTokenizer final : public TextTokenizer {
   }
   std::int64_t vocab_size() const noexcept override { return sp_.GetPieceSize(); }
   bool knows(std::int32_t id) const noexcept override { return id >= 0 && id < sp_.GetPieceSize(); }
-  std::string_view kind() const noexcept override { return "tokenizer.model (SentencePiece)"; }
+  std::string_view kind() const noexcept override { return kind_; }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;
+  std::string_view kind_;
 };
 
 }  // namespace
@@ -81,13 +94,13 @@ class SentencePieceTokenizer final : public TextTokenizer {
 std::unique_ptr<TextTokenizer> TextTokenizer::load(const std::filesystem::path& path) {
   if (std::filesystem::is_regular_file(path)) {
     if (path.extension() == ".model") return std::make_unique<SentencePieceTokenizer>(path);
-    return std::make_unique<HfTokenizer>(Tokenizer::load(path));
+    return std::make_unique<HfTokenizer>(Tokenizer::load(path), kTokenizerJson);
   }
   const std::filesystem::path json = path / "tokenizer.json", model = path / "tokenizer.model";
   const bool has_model = std::filesystem::exists(model);
   if (std::filesystem::exists(json)) {
     try {
-      return std::make_unique<HfTokenizer>(Tokenizer::load(json));
+      return std::make_unique<HfTokenizer>(Tokenizer::load(json), kTokenizerJson);
     } catch (const Error&) {
       // Llama 2 and Mistral ship a tokenizer.json of the SentencePiece-BPE kind, which
       // Tokenizer refuses, beside the tokenizer.model that describes the same tokenizer.
@@ -96,6 +109,25 @@ std::unique_ptr<TextTokenizer> TextTokenizer::load(const std::filesystem::path& 
   }
   NUMESH_CHECK(has_model, IoError, "{} holds no tokenizer.json or tokenizer.model", path.string());
   return std::make_unique<SentencePieceTokenizer>(model);
+}
+
+std::unique_ptr<TextTokenizer> TextTokenizer::from_gguf(const GgufFile& file) {
+  const std::optional<std::string> model = file.get_string("tokenizer.ggml.model");
+  if (!model) return nullptr;
+  if (*model == "gpt2") {
+    return std::make_unique<HfTokenizer>(
+        Tokenizer::parse(detail::gguf_tokenizer_json(file),
+                         fmt::format("{} (its GGUF tokenizer)", file.path().string())),
+        "GGUF tokenizer.ggml (byte-level BPE)");
+  }
+  if (*model == "llama") {
+    return std::make_unique<SentencePieceTokenizer>(detail::gguf_sentencepiece_model(file),
+                                                    file.path());
+  }
+  throw ValueError(fmt::format(
+      "{}: tokenizer.ggml.model '{}' is not a tokenizer numesh reads (gpt2: byte-level BPE, "
+      "llama: SentencePiece)",
+      file.path().string(), *model));
 }
 
 }  // namespace numesh::models

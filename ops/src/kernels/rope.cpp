@@ -32,6 +32,9 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
         }
         break;
       }
+      case RopeScaling::Kind::kFactors:
+        scaled = base / scaling.frequency_factors[static_cast<std::size_t>(i)];
+        break;
     }
     f[static_cast<std::size_t>(i)] = scaled;
   }

@@ -207,6 +207,8 @@ double scaled_frequency(std::int64_t i, std::int64_t d, double theta, const Rope
   const double inv_freq =
       1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d));
   if (scaling.kind == RopeScaling::Kind::kLinear) return inv_freq / scaling.factor;
+  if (scaling.kind == RopeScaling::Kind::kFactors)
+    return inv_freq / scaling.frequency_factors[static_cast<std::size_t>(i)];
   if (scaling.kind != RopeScaling::Kind::kLlama3) return inv_freq;
   const double context = static_cast<double>(scaling.original_max_position);
   const double low_freq_wavelen = context / scaling.low_freq_factor;

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 // RoPE frequency scaling: how a model stretches its rotary position embedding past the context
 // it was trained on (Hugging Face's `rope_scaling` in config.json). Part of AttentionConfig; the
@@ -13,9 +15,11 @@ namespace numesh::ops {
 /// f_i = theta^(-2i / head_dim), i < head_dim / 2, and token p turns pair i by p * f_i.
 struct RopeScaling {
   enum class Kind : std::uint8_t {
-    kNone,    ///< f_i as they are
-    kLinear,  ///< every f_i / factor (positions interpolated; Hugging Face "linear")
-    kLlama3,  ///< Llama 3.1's band scaling (Hugging Face "llama3"), below
+    kNone,     ///< f_i as they are
+    kLinear,   ///< every f_i / factor (positions interpolated; Hugging Face "linear")
+    kLlama3,   ///< Llama 3.1's band scaling (Hugging Face "llama3"), below
+    kFactors,  ///< f_i / frequency_factors[i]: GGUF's rope_freqs (llama.cpp stores Llama 3.1's
+               ///< scaling so, one divisor per pair, computed by its converter)
   };
   Kind kind = Kind::kNone;
   /// linear: the divisor of every frequency; llama3: of the low frequencies. Positive.
@@ -29,6 +33,9 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   /// llama3: the context length the model was trained on (`original_max_position_embeddings`).
   std::int64_t original_max_position = 8192;
+
+  /// kFactors: one positive divisor per pair (head_dim / 2 of them).
+  std::vector<double> frequency_factors{};
 
   /// Every frequency divided by `factor`.
   static RopeScaling linear(double factor) {
@@ -50,12 +57,21 @@ struct RopeScaling {
   }
 };
 
-/// "none", "linear", "llama3" (the names of Hugging Face's `rope_type`).
+/// Frequency i divided by `divisors[i]` (GGUF's rope_freqs).
+inline RopeScaling rope_frequency_factors(std::vector<double> divisors) {
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::kFactors;
+  s.frequency_factors = std::move(divisors);
+  return s;
+}
+
+/// "none", "linear", "llama3" (the names of Hugging Face's `rope_type`), "factors".
 std::string_view to_string(RopeScaling::Kind kind) noexcept;
 
 /// Checks the fields `kind` uses.
 /// Throws: ValueError naming the field and its value (factor <= 0 or not finite; for llama3
-/// also low_freq_factor <= 0, low_freq_factor >= high_freq_factor, original_max_position <= 0).
+/// also low_freq_factor <= 0, low_freq_factor >= high_freq_factor, original_max_position <= 0;
+/// for factors none given, or one not finite and positive).
 void validate(const RopeScaling& scaling);
 
 }  // namespace numesh::ops

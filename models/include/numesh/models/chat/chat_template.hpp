@@ -42,9 +42,13 @@ struct Program;  // the parsed template (src/chat/jinja_ast.hpp)
 /// run on several threads at once.
 class ChatTemplate {
  public:
-  /// Parses `source`, Jinja text; `name` names it in errors ("tokenizer_config.json", a path).
-  /// Throws: ChatTemplateError naming the line of the first syntax error or unknown tag.
-  [[nodiscard]] static ChatTemplate parse(std::string source, std::string name);
+  /// Parses `source`, Jinja text; `name` names it in errors ("tokenizer_config.json", a path);
+  /// `special_tokens` ({"bos_token": "<s>", ...}) are defaults beneath render()'s variables.
+  /// Throws: ChatTemplateError naming the line of the first syntax error or unknown tag;
+  /// ValueError when `special_tokens` is not an object.
+  [[nodiscard]] static ChatTemplate parse(
+      std::string source, std::string name,
+      nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object());
 
   /// The chat template of a model folder: chat_template.jinja when the folder has one, else
   /// tokenizer_config.json's `chat_template` (a string, or the entry named "default" of a list
@@ -66,15 +70,18 @@ class ChatTemplate {
   /// raise_exception among them); ValueError when `variables` is not an object.
   [[nodiscard]] std::string render(const nlohmann::ordered_json& variables) const;
 
+  /// The template's Jinja text, as given to parse() or read by load().
+  [[nodiscard]] const std::string& source() const noexcept { return *source_; }
   /// The name given to parse() or the file load() read it from.
   [[nodiscard]] const std::string& name() const noexcept;
-  /// The special tokens load() found ({"bos_token": "<s>", ...}); an empty object after parse().
+  /// The special tokens load() found or parse() was given ({"bos_token": "<s>", ...}).
   [[nodiscard]] const nlohmann::ordered_json& special_tokens() const noexcept {
     return special_tokens_;
   }
 
  private:
   std::shared_ptr<const chat::Program> program_;
+  std::shared_ptr<const std::string> source_;
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 };
 

@@ -57,10 +57,13 @@ enum class FusedPart : std::uint8_t {
 /// ops::ShardedTransformer::weights() and ops::LmTrainingStep::parameters() give it, with "{L}"
 /// for the layer ("layers.{L}.attention.wq", "embedding.table"); `hf` is the checkpoint
 /// tensor's name with "{L}" for the layer and, for a stacked expert weight, "{E}" for the
-/// expert (one tensor per expert).
+/// expert (one tensor per expert); `gguf` is the tensor's name in a GGUF file, as llama.cpp's
+/// converter writes it, with "{L}" for the layer ("blk.{L}.attn_q.weight"; a stacked expert
+/// weight is one GGUF tensor [E, out, in] for all experts, "blk.{L}.ffn_gate_exps.weight").
 struct TensorPattern {
   std::string_view slot;
   std::string_view hf;
+  std::string_view gguf;
   FusedPart fused = FusedPart::kWhole;
 };
 
@@ -116,6 +119,12 @@ struct ArchitectureSpec {
   double default_rope_theta = 10000.0;
   /// Set for the MoE architectures (Mixtral, Qwen2-MoE, Qwen3-MoE).
   std::optional<MoeSpec> moe{};
+  /// llama.cpp's converter permutes the rows of q_proj and k_proj (and their biases) within each
+  /// head, from Hugging Face's rotate-half RoPE layout to GGML's interleaved pairs: GGUF row
+  /// h * head_dim + 2 j + s holds Hugging Face row h * head_dim + s * head_dim / 2 + j (Llama,
+  /// Mistral, Mixtral; the Qwen converters write the rows as they are). Reading a GGUF file
+  /// undoes it.
+  bool gguf_permutes_qk = false;
 
   /// The entry for `slot` (with "{L}", as TensorPattern::slot), or nullptr when the
   /// architecture has no such weight. Complexity: linear in the table (a few dozen entries).
@@ -126,6 +135,10 @@ struct ArchitectureSpec {
   /// when the pattern takes an expert and `expert` is negative.
   [[nodiscard]] std::string hf_name(std::string_view slot, std::int64_t layer = -1,
                                     std::int64_t expert = -1) const;
+  /// The GGUF name of `slot` (with "{L}") for layer `layer` ("blk.3.attn_q.weight"; for a
+  /// stacked expert weight the one tensor holding every expert).
+  /// Throws: KeyError naming the slot when the architecture has no such weight.
+  [[nodiscard]] std::string gguf_name_of(std::string_view slot, std::int64_t layer = -1) const;
 };
 
 /// Every architecture numesh reads, in Architecture's order.

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "numesh/models/formats/gguf.hpp"
+
 // What the commands need of a tokenizer, whichever kind a model folder holds: Hugging Face's
 // tokenizer.json of the byte-level BPE kind (Tokenizer: Llama 3, Qwen) or a SentencePiece model,
 // tokenizer.model (Llama 2, Mistral, TinyLlama), through Debian's libsentencepiece.
@@ -40,6 +42,15 @@ class TextTokenizer {
   /// when tokenizer.json is refused and there is no tokenizer.model; IoError naming
   /// tokenizer.model when SentencePiece cannot load it.
   [[nodiscard]] static std::unique_ptr<TextTokenizer> load(const std::filesystem::path& path);
+
+  /// The tokenizer a GGUF file's metadata describes, or null when it has none
+  /// (tokenizer.ggml.model absent): "gpt2", byte-level BPE from tokens, token types, merges and
+  /// the pre-tokenizer's name, giving the ids the model's tokenizer.json gives; "llama",
+  /// SentencePiece from tokens, scores and types, giving the ids its tokenizer.model gives
+  /// (BOS added as SentencePiece tokenizers here add it).
+  /// Throws: ValueError naming the file for another tokenizer.ggml.model, and for metadata it
+  /// cannot read (naming the key); what Tokenizer::parse throws.
+  [[nodiscard]] static std::unique_ptr<TextTokenizer> from_gguf(const GgufFile& file);
 };
 
 }  // namespace numesh::models

@@ -1,0 +1,113 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/models/formats/checkpoint.hpp"
+#include "numesh/models/formats/gguf.hpp"
+#include "numesh/models/hf/hf_config.hpp"
+
+// A GGUF model (one file, or a split set NAME-0000i-of-0000N.gguf) seen as a Hugging Face
+// checkpoint: its metadata becomes the HfConfig a config.json would give, and its tensors are
+// found under their Hugging Face names, in Hugging Face's layouts, so that every loader reads it
+// as it reads a safetensors folder. The translation is the architecture's (ArchitectureSpec):
+// each weight's GGUF name (llama.cpp's: "blk.3.attn_q.weight"), the experts' one stacked tensor
+// [E, out, in] read one expert at a time, and the Q/K row permutation llama.cpp's converter
+// applies to Llama-family files, undone here as rows are read (docs/models.md, "GGUF files").
+
+namespace numesh::models {
+
+/// A GGUF model. Move-only; const member functions may be called from any number of threads.
+class GgufCheckpoint final : public Checkpoint {
+ public:
+  /// Opens `path`: a .gguf file, a folder holding one (or one split set), or the first file of
+  /// a split set ("-00001-of-00003.gguf": every part is opened; each part's split.no and
+  /// split.count, when present, must agree with its name). Every file is mapped and validated
+  /// (GgufFile::open); the metadata of the first becomes config() (general.architecture: llama,
+  /// qwen2, qwen3, qwen2moe, qwen3moe; a llama file with experts is Mixtral; the sizes from
+  /// {arch}.embedding_length, block_count, feed_forward_length, attention.head_count,
+  /// attention.head_count_kv, attention.key_length, attention.layer_norm_rms_epsilon,
+  /// rope.freq_base, rope.scaling.* or the rope_freqs tensor (llama.cpp's form of Llama 3.1's
+  /// scaling: one divisor a frequency), context_length, expert_count, expert_used_count,
+  /// expert_feed_forward_length, expert_shared_feed_forward_length; the vocabulary from
+  /// token_embd.weight; biases, tied embeddings and Qwen-MoE's dense layers from which tensors
+  /// exist; bos and eos ids from tokenizer.ggml.*), checked as HfConfig::parse checks a
+  /// config.json. Every tensor must be one the architecture has.
+  /// Throws: IoError when `path` does not exist, a folder holds no .gguf file, or a part of a
+  /// split set is missing; ValueError for a folder with several models, for metadata numesh
+  /// cannot read (naming the key), for an architecture it does not read (listing those it
+  /// does), for a tensor the architecture does not have or a tensor in two parts (naming it);
+  /// NotImplementedError for what numesh does not run yet (a partial rotary dimension), naming
+  /// it; what GgufFile::open and HfConfig::parse throw.
+  [[nodiscard]] static GgufCheckpoint open(const std::filesystem::path& path);
+
+  /// Whether `path` is a GGUF model: a file named *.gguf, or a folder without config.json
+  /// holding a *.gguf file. No file is read.
+  [[nodiscard]] static bool is_gguf(const std::filesystem::path& path);
+
+  GgufCheckpoint(GgufCheckpoint&&) noexcept = default;
+  GgufCheckpoint& operator=(GgufCheckpoint&&) noexcept = default;
+  GgufCheckpoint(const GgufCheckpoint&) = delete;
+  GgufCheckpoint& operator=(const GgufCheckpoint&) = delete;
+  ~GgufCheckpoint() override = default;
+
+  /// The config the metadata gives.
+  [[nodiscard]] const HfConfig& config() const noexcept { return config_; }
+  /// The open files, the split set's parts in order; the first holds the metadata.
+  [[nodiscard]] const std::vector<GgufFile>& files() const noexcept { return files_; }
+  /// The format most of the weights' bytes are stored in that numesh keeps weights in (f32,
+  /// f16, bf16, q8_0, q4_0, q4_k, q6_k): the format to load the model as when none is asked for.
+  /// f32 when no matrix is in one of those.
+  [[nodiscard]] DType stored_dtype() const noexcept { return stored_dtype_; }
+
+  /// The first file's path.
+  [[nodiscard]] const std::filesystem::path& location() const noexcept override {
+    return files_.front().path();
+  }
+  /// The parts' paths, in order.
+  [[nodiscard]] std::vector<std::filesystem::path> weight_files() const override;
+  /// The Hugging Face names of the weights (every expert of a stacked tensor by its own name),
+  /// in the order of the GGUF tensors.
+  [[nodiscard]] std::vector<std::string> names() const override;
+  [[nodiscard]] bool contains(std::string_view name) const noexcept override;
+  /// The weight's Hugging Face shape ([out, in] for a projection, [out] for a bias, one
+  /// expert's [out, in], [1, H] for Qwen2-MoE's shared-expert gate).
+  [[nodiscard]] std::vector<std::int64_t> shape(std::string_view name) const override;
+  /// Its bytes in the file (a stacked tensor's bytes over its experts).
+  [[nodiscard]] std::uint64_t stored_bytes(std::string_view name) const override;
+  /// Checkpoint::read_box, in Hugging Face's layout: an expert's box is read from its slice of
+  /// the stacked tensor, and a permuted q or k row from the GGUF row that holds it.
+  void read_box(std::string_view name, std::span<const std::int64_t> offsets,
+                std::span<const std::int64_t> sizes, DType target,
+                std::span<std::byte> out) const override;
+
+ private:
+  // Where a Hugging Face tensor is: a GGUF tensor, or one expert's slice of a stacked one, with
+  // its rows permuted within heads of `permute_heads` (0: not permuted).
+  struct Entry {
+    std::size_t file = 0;
+    std::string gguf;
+    std::int64_t expert = -1;
+    std::int64_t permute_heads = 0;
+    std::vector<std::int64_t> shape;  // Hugging Face's
+    std::uint64_t bytes = 0;
+  };
+
+  GgufCheckpoint() = default;
+  const Entry& entry(std::string_view name) const;
+
+  std::vector<GgufFile> files_;
+  HfConfig config_;
+  DType stored_dtype_ = DType::kF32;
+  std::map<std::string, Entry, std::less<>> entries_;
+  std::vector<std::string> order_;
+};
+
+}  // namespace numesh::models

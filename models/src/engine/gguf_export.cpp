@@ -1,0 +1,246 @@
+#include "numesh/models/engine/gguf_export.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../tokenizers/gguf_tokenizer.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/formats/gguf_writer.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+
+namespace numesh::models {
+
+namespace {
+
+// general.file_type, llama.cpp's llama_ftype, for a file whose matrices are in `format`.
+std::uint32_t file_type(DType format) {
+  switch (format) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kQ4_0:
+      return 2;
+    case DType::kQ8_0:
+      return 7;
+    case DType::kQ4_K:
+      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M (all Q4_K here)
+    case DType::kQ6_K:
+      return 18;
+    case DType::kBF16:
+      return 32;
+  }
+  return 0;
+}
+
+// The metadata llama.cpp's converter writes for the model's hyperparameters.
+void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& name, DType format) {
+  const ArchitectureSpec& spec = c.spec();
+  const std::string arch(spec.gguf_name);
+  const auto key = [&](std::string_view k) { return fmt::format("{}.{}", arch, k); };
+  const auto u32 = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
+  w.add_string("general.architecture", arch);
+  w.add_string("general.type", "model");
+  w.add_string("general.name", name);
+  w.add_uint32(key("block_count"), u32(c.num_hidden_layers));
+  // numesh runs a sliding-window model over its window at most; GGUF readers have no window.
+  w.add_uint32(key("context_length"), u32(c.max_context()));
+  w.add_uint32(key("embedding_length"), u32(c.hidden_size));
+  // Mixtral's experts' size is its config.json intermediate_size (and GGUF's).
+  const bool experts_ffn = spec.moe && spec.moe->expert_ffn_field == "intermediate_size";
+  const std::int64_t ffn = experts_ffn ? c.moe_intermediate_size : c.intermediate_size;
+  if (ffn > 0) w.add_uint32(key("feed_forward_length"), u32(ffn));
+  w.add_uint32(key("attention.head_count"), u32(c.num_attention_heads));
+  w.add_uint32(key("attention.head_count_kv"), u32(c.num_key_value_heads));
+  w.add_float32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+  w.add_float32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.rms_norm_eps));
+  if (c.rope_scaling.kind == ops::RopeScaling::Kind::kLinear) {
+    w.add_string(key("rope.scaling.type"), "linear");
+    w.add_float32(key("rope.scaling.factor"), static_cast<float>(c.rope_scaling.factor));
+  }
+  if (c.num_experts > 0) {
+    w.add_uint32(key("expert_count"), u32(c.num_experts));
+    w.add_uint32(key("expert_used_count"), u32(c.num_experts_per_tok));
+  }
+  w.add_uint32(key("attention.key_length"), u32(c.head_dim));
+  w.add_uint32(key("attention.value_length"), u32(c.head_dim));
+  w.add_uint32("general.file_type", file_type(format));
+  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kMistral ||
+      c.architecture == Architecture::kMixtral) {
+    w.add_uint32(key("vocab_size"), u32(c.vocab_size));
+    w.add_uint32(key("rope.dimension_count"), u32(c.head_dim));
+  }
+  if (spec.moe && spec.moe->expert_ffn_field != "intermediate_size")
+    w.add_uint32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
+  if (c.shared_expert_intermediate_size > 0) {
+    w.add_uint32(key("expert_shared_feed_forward_length"), u32(c.shared_expert_intermediate_size));
+  }
+  w.add_uint32("general.quantization_version", 2);
+}
+
+// The config's special ids where the tokenizer did not name them: bos, and the ids generation
+// stops at (eos; a second one, Llama 3's <|eot_id|>, as eot, which readers also stop at).
+void add_special_ids(GgufWriter& w, const HfConfig& c) {
+  const auto add = [&](const char* key, const std::vector<std::int64_t>& ids, std::size_t i) {
+    if (ids.size() > i && !w.contains(key)) w.add_uint32(key, static_cast<std::uint32_t>(ids[i]));
+  };
+  add("tokenizer.ggml.bos_token_id", c.bos_token_ids, 0);
+  add("tokenizer.ggml.eos_token_id", c.eos_token_ids, 0);
+  add("tokenizer.ggml.eot_token_id", c.eos_token_ids, 1);
+}
+
+// Reorders the rows of a q or k projection (or bias) from Hugging Face's rotate-half layout to
+// GGML's interleaved pairs, as llama.cpp's converter does: GGUF row h*d + 2j + s is Hugging Face
+// row h*d + s*d/2 + j.
+void permute_rows(std::span<std::byte> data, std::int64_t rows, std::int64_t heads,
+                  std::size_t row_bytes) {
+  const std::vector<std::byte> hf(data.begin(), data.end());
+  const std::int64_t d = rows / heads;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    for (std::int64_t j = 0; j < d / 2; ++j) {
+      for (std::int64_t s = 0; s < 2; ++s) {
+        const auto to = static_cast<std::size_t>(h * d + 2 * j + s) * row_bytes;
+        const auto from = static_cast<std::size_t>(h * d + s * d / 2 + j) * row_bytes;
+        std::memcpy(data.data() + to, hf.data() + from, row_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::path& file,
+                            DType format, const ExportProgress& progress) {
+  const HfConfig& config = source.config();
+  const ArchitectureSpec& spec = config.spec();
+  (void)config.transformer_config();  // refuses what numesh does not run
+  const std::unique_ptr<Checkpoint> checkpoint = source.open_checkpoint();
+  const std::optional<GgufType> asked = to_gguf_type(format);
+  NUMESH_CHECK(asked.has_value(), ValueError, "gguf: no GGUF type holds {}", to_string(format));
+
+  GgufWriter w;
+  GgufExportReport report;
+  std::string name = source.path().filename().string();
+  if (name.empty() || name == ".") name = source.path().parent_path().filename().string();
+  add_hyperparameters(w, config, name, format);
+  if (!source.path().has_extension() || source.path().extension() != ".gguf")
+    report.tokenizer = detail::add_gguf_tokenizer(w, source.path(), config.vocab_size);
+  add_special_ids(w, config);
+  if (const ChatTemplate* t = source.chat_template()) {
+    w.add_string("tokenizer.chat_template", t->source());
+    report.chat_template = true;
+  }
+
+  // Llama 3.1's RoPE scaling as llama.cpp's converter stores it: rope_freqs, first, one divisor
+  // a frequency pair (the unscaled frequency over the scaled one).
+  if (config.rope_scaling.kind == ops::RopeScaling::Kind::kLlama3 ||
+      config.rope_scaling.kind == ops::RopeScaling::Kind::kFactors) {
+    const std::vector<double> base =
+        ops::rope_frequencies(config.head_dim, config.rope_theta, ops::RopeScaling{});
+    const std::vector<double> scaled =
+        ops::rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling);
+    std::vector<float> factors(base.size());
+    for (std::size_t i = 0; i < base.size(); ++i)
+      factors[i] = static_cast<float>(base[i] / scaled[i]);
+    w.add_tensor("rope_freqs.weight", {static_cast<std::int64_t>(factors.size())}, GgufType::kF32,
+                 [factors](std::span<std::byte> bytes) {
+                   std::memcpy(bytes.data(), factors.data(), bytes.size());
+                 });
+    ++report.tensors;
+    ++report.formats["f32"];
+  }
+  // The weights: token_embd, each layer's, then output_norm and output.
+  std::uint64_t total = 0;
+  std::shared_ptr<std::uint64_t> done = std::make_shared<std::uint64_t>(0);
+  const auto add = [&](const TensorPattern& p, std::int64_t layer) {
+    const bool per_expert = p.hf.find("{E}") != std::string_view::npos;
+    std::vector<std::string> parts;
+    if (per_expert) {
+      for (std::int64_t e = 0; e < config.num_experts; ++e)
+        parts.push_back(spec.hf_name(p.slot, layer, e));
+    } else {
+      parts.push_back(spec.hf_name(p.slot, layer));
+    }
+    if (!checkpoint->contains(parts.front())) return;  // an optional weight the model has not
+    NUMESH_CHECK(p.fused == FusedPart::kWhole, NotImplementedError,
+                 "gguf: '{}' is part of a fused tensor, which numesh does not write yet", p.hf);
+    const std::vector<std::int64_t> part_shape = checkpoint->shape(parts.front());
+    std::vector<std::int64_t> shape = part_shape;
+    if (per_expert) shape.insert(shape.begin(), config.num_experts);
+    const std::string_view slot =
+        p.slot.substr(p.slot.rfind('.') == std::string_view::npos ? 0 : 0);
+    const bool f32 = part_shape.size() == 1 || slot.ends_with(".moe.router") ||
+                     slot.ends_with(".moe.shared_expert_gate");
+    GgufType type = f32 ? GgufType::kF32 : *asked;
+    if (!f32 && part_shape.back() % block_elements(type) != 0) {
+      type = GgufType::kF16;  // llama.cpp's converter falls back the same way
+      ++report.fallbacks;
+    }
+    std::int64_t heads = 0;
+    if (spec.gguf_permutes_qk) {
+      if (slot.ends_with("attention.wq") || slot.ends_with("attention.bq"))
+        heads = config.num_attention_heads;
+      if (slot.ends_with("attention.wk") || slot.ends_with("attention.bk"))
+        heads = config.num_key_value_heads;
+    }
+    const DType dtype = *to_numesh_dtype(type);
+    std::uint64_t stored = 0;
+    for (const std::string& part : parts) stored += checkpoint->stored_bytes(part);
+    total += stored;
+    ++report.tensors;
+    ++report.formats[std::string(to_string(dtype))];
+    w.add_tensor(spec.gguf_name_of(p.slot, layer), shape, type,
+                 [&checkpoint = *checkpoint, parts, part_shape, dtype, heads, stored, done,
+                  &progress, &total](std::span<std::byte> bytes) {
+                   const std::size_t each = bytes.size() / parts.size();
+                   for (std::size_t e = 0; e < parts.size(); ++e)
+                     checkpoint.read(parts[e], dtype, bytes.subspan(e * each, each));
+                   if (heads > 0) {
+                     const std::int64_t rows = part_shape.front();
+                     permute_rows(bytes, rows, heads,
+                                  bytes.size() / static_cast<std::size_t>(rows));
+                   }
+                   *done += stored;
+                   if (progress) progress(*done, total);
+                 });
+  };
+  const auto layer_patterns = [&](bool per_layer) {
+    std::vector<const TensorPattern*> out;
+    for (const TensorPattern& p : spec.tensors) {
+      if ((p.slot.find("{L}") != std::string_view::npos) == per_layer) out.push_back(&p);
+    }
+    return out;
+  };
+  const std::vector<const TensorPattern*> global = layer_patterns(false);
+  const auto add_global = [&](std::string_view slot) {
+    for (const TensorPattern* p : global) {
+      if (p->slot == slot) add(*p, -1);
+    }
+  };
+  add_global("embedding.table");
+  for (std::int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.num_experts > 0 && spec.moe && spec.moe->sparse_layer_fields) {
+      NUMESH_CHECK(config.is_moe_layer(l), NotImplementedError,
+                   "gguf: layer {} of this {} model is dense (mlp_only_layers / "
+                   "decoder_sparse_step); llama.cpp has no names for a dense layer in a MoE "
+                   "architecture",
+                   l, to_string(config.architecture));
+    }
+    for (const TensorPattern* p : layer_patterns(true)) add(*p, l);
+  }
+  add_global("final_norm");
+  if (!config.tie_word_embeddings) add_global("lm_head.weight");
+  w.write(file);
+  report.bytes = std::filesystem::file_size(file);
+  return report;
+}
+
+}  // namespace numesh::models

@@ -1,0 +1,264 @@
+#include "numesh/models/hf/gguf_checkpoint.hpp"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "numesh/models/engine/gguf_export.hpp"
+#include "numesh/models/engine/model_source.hpp"
+#include "numesh/models/formats/gguf_writer.hpp"
+#include "numesh/models/formats/safetensors_checkpoint.hpp"
+#include "numesh/models/hf/random_model.hpp"
+#include "numesh/ops/kernels/rope.hpp"
+#include "safetensors_writer.hpp"
+
+namespace numesh::models {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ScratchDir;
+using ::testing::StrEq;
+using ::testing::ThrowsMessage;
+
+// A random Llama (4 heads of 16, 2 kv heads, 2 layers, vocabulary 64, no RoPE scaling) in
+// dir/hf, and numesh's GGUF of it in `format`.
+std::filesystem::path llama_gguf(const ScratchDir& dir, DType format = DType::kF32) {
+  nlohmann::json c = small_llama_config(64, 2);
+  c["vocab_size"] = 64;
+  c["num_attention_heads"] = 4;
+  c["num_key_value_heads"] = 2;
+  c["head_dim"] = 16;
+  c["intermediate_size"] = 128;
+  c["rope_scaling"] = nullptr;
+  write_random_model(dir.path() / "hf", c, DType::kF32, 3);
+  const std::filesystem::path file = dir.path() / "model.gguf";
+  (void)write_gguf(ModelSource::open(dir.path() / "hf"), file, format);
+  return file;
+}
+
+std::vector<float> read_all(const Checkpoint& c, const std::string& name) {
+  std::int64_t n = 1;
+  for (const std::int64_t e : c.shape(name)) n *= e;
+  std::vector<float> out(static_cast<std::size_t>(n));
+  c.read(name, DType::kF32, std::as_writable_bytes(std::span<float>(out)));
+  return out;
+}
+
+TEST(GgufCheckpointTest, AWrittenLlamaReadsBackUnderItsHuggingFaceNamesWithQkRowsInOrder) {
+  const ScratchDir dir;
+  const auto file = llama_gguf(dir);
+  const GgufCheckpoint g = GgufCheckpoint::open(file);
+  const auto st = SafetensorsCheckpoint::open(dir.path() / "hf");
+  const HfConfig want = HfConfig::load(dir.path() / "hf");
+  EXPECT_EQ(g.config().architecture, Architecture::kLlama);
+  EXPECT_EQ(g.config().num_attention_heads, 4);
+  EXPECT_EQ(g.config().num_key_value_heads, 2);
+  EXPECT_EQ(g.config().head_dim, 16);
+  EXPECT_EQ(g.config().vocab_size, 64);
+  EXPECT_EQ(g.config().tie_word_embeddings, want.tie_word_embeddings);
+  EXPECT_EQ(g.stored_dtype(), DType::kF32);
+  EXPECT_EQ(g.location(), file);
+  EXPECT_THAT(g.weight_files(), ::testing::ElementsAre(file));
+  // Every tensor of the safetensors checkpoint, the same values (q and k permuted in the file).
+  std::vector<std::string> names = g.names(), st_names = st.names();
+  std::sort(names.begin(), names.end());
+  std::sort(st_names.begin(), st_names.end());
+  EXPECT_EQ(names, st_names);
+  for (const std::string& name : st_names) {
+    EXPECT_EQ(g.shape(name), st.shape(name)) << name;
+    EXPECT_EQ(read_all(g, name), read_all(st, name)) << name;
+  }
+  // A box of rows inside a head of k_proj (rows 3-6 of head 0, columns 8-24).
+  const std::string k = "model.layers.1.self_attn.k_proj.weight";
+  const std::array<std::int64_t, 2> at{3, 8}, size{4, 16};
+  std::vector<float> a(64), b(64);
+  g.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(a)));
+  st.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(b)));
+  EXPECT_EQ(a, b);
+  EXPECT_THAT([&] { (void)g.shape("model.layers.1.self_attn.k_proj.weights"); },
+              ThrowsMessage<KeyError>(HasSubstr(
+                  "has no tensor 'model.layers.1.self_attn.k_proj.weights'; the closest")));
+  EXPECT_THAT(
+      [&] {
+        g.read_box(k, std::array<std::int64_t, 1>{0}, std::array<std::int64_t, 1>{1}, DType::kF32,
+                   std::as_writable_bytes(std::span<float>(a)));
+      },
+      ThrowsMessage<ShapeError>(HasSubstr(
+          "the box has 1 offsets and 1 sizes but the tensor (shape [32, 64]) has rank 2")));
+}
+
+TEST(GgufCheckpointTest, ABlockFileLoadsAsItsFormatAndModelSourceReadsIt) {
+  const ScratchDir dir;
+  const auto file = llama_gguf(dir, DType::kQ8_0);
+  const GgufCheckpoint g = GgufCheckpoint::open(file);
+  EXPECT_EQ(g.stored_dtype(), DType::kQ8_0);
+  const ModelSource s = ModelSource::open(file);
+  EXPECT_EQ(s.stored_dtype(), DType::kQ8_0);
+  EXPECT_EQ(s.tokenizer(), nullptr);  // the random model has no tokenizer
+  EXPECT_EQ(s.chat_template(), nullptr);
+  // A folder holding the one file opens it.
+  std::filesystem::create_directories(dir.path() / "only");
+  std::filesystem::copy_file(file, dir.path() / "only" / "m.gguf");
+  EXPECT_TRUE(GgufCheckpoint::is_gguf(dir.path() / "only"));
+  EXPECT_FALSE(GgufCheckpoint::is_gguf(dir.path() / "hf"));
+  EXPECT_EQ(GgufCheckpoint::open(dir.path() / "only").config().hidden_size, 64);
+}
+
+// A GGUF file of `writer`'s metadata plus the minimal llama tensors `tensors` lists, written
+// to `file`.
+void write(const GgufWriter& writer, const std::filesystem::path& file) { writer.write(file); }
+
+GgufWriter llama_metadata(std::string_view arch = "llama") {
+  GgufWriter w;
+  w.add_string("general.architecture", std::string(arch));
+  const auto key = [&](std::string_view k) { return fmt::format("{}.{}", arch, k); };
+  w.add_uint32(key("block_count"), 1);
+  w.add_uint32(key("embedding_length"), 32);
+  w.add_uint32(key("feed_forward_length"), 64);
+  w.add_uint32(key("attention.head_count"), 2);
+  return w;
+}
+
+void add_zeros(GgufWriter& w, const std::string& name, std::vector<std::int64_t> shape) {
+  w.add_tensor(name, std::move(shape), GgufType::kF32,
+               [](std::span<std::byte> b) { std::memset(b.data(), 0, b.size()); });
+}
+
+TEST(GgufCheckpointTest, MetadataAndTensorsNumeshCannotReadAreRefusedNamingThem) {
+  const ScratchDir dir;
+  const auto f = dir.path() / "bad.gguf";
+  {
+    GgufWriter w;
+    add_zeros(w, "token_embd.weight", {16, 32});
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<ValueError>(
+                    StrEq(f.string() + ": the GGUF metadata has no general.architecture")));
+  }
+  {
+    GgufWriter w = llama_metadata("gemma");
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<ValueError>(
+                    StrEq(f.string() + ": GGUF architecture 'gemma' is not one numesh reads (it "
+                                       "reads llama, qwen2, qwen3, qwen2moe, qwen3moe)")));
+  }
+  {
+    GgufWriter w;
+    w.add_string("general.architecture", "llama");
+    w.add_uint32("llama.embedding_length", 32);
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<ValueError>(
+                    StrEq(f.string() + ": the GGUF metadata has no llama.block_count")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    write(w, f);
+    EXPECT_THAT(
+        [&] { (void)GgufCheckpoint::open(f); },
+        ThrowsMessage<ValueError>(HasSubstr("the file has no token_embd.weight [vocab, hidden]")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    add_zeros(w, "token_embd.weight", {16, 32});
+    add_zeros(w, "rope_freqs.weight", {5});
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<ValueError>(StrEq("gguf: rope_freqs.weight of '" + f.string() +
+                                                "' is [5]; with head_dim 16 it must be [8], and "
+                                                "the metadata must name no other RoPE scaling")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    w.add_uint32("llama.rope.dimension_count", 8);
+    w.add_uint32("llama.attention.key_length", 16);
+    add_zeros(w, "token_embd.weight", {16, 32});
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<NotImplementedError>(
+                    HasSubstr("llama.rope.dimension_count is 8 but head_dim is 16")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    w.add_string("llama.block_count_typo", "x");
+    w.add_uint32("llama.context_length", 64);
+    add_zeros(w, "token_embd.weight", {16, 32});
+    add_zeros(w, "blk.0.attn_norm.weight", {32});
+    add_zeros(w, "blk.0.mystery.weight", {32});
+    write(w, f);
+    EXPECT_THAT(
+        [&] { (void)GgufCheckpoint::open(f); },
+        ThrowsMessage<ValueError>(StrEq("gguf: tensor 'blk.0.mystery.weight' of '" + f.string() +
+                                        "' is not a weight of a llama model as numesh reads it")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    w.add_string("llama.attention.head_count_kv", "two");
+    write(w, f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<ValueError>(HasSubstr("llama.attention.head_count_kv")));
+  }
+}
+
+TEST(GgufCheckpointTest, FoldersAndSplitSetsAreFoundOrRefusedByName) {
+  const ScratchDir dir;
+  const auto file = llama_gguf(dir);
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(dir.path() / "none.gguf"); },
+              ThrowsMessage<IoError>(
+                  StrEq("gguf: '" + (dir.path() / "none.gguf").string() + "' does not exist")));
+  std::filesystem::create_directories(dir.path() / "empty");
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(dir.path() / "empty"); },
+              ThrowsMessage<IoError>(StrEq("gguf: the folder '" + (dir.path() / "empty").string() +
+                                           "' holds no .gguf file")));
+  std::filesystem::create_directories(dir.path() / "two");
+  std::filesystem::copy_file(file, dir.path() / "two" / "a.gguf");
+  std::filesystem::copy_file(file, dir.path() / "two" / "b.gguf");
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(dir.path() / "two"); },
+              ThrowsMessage<ValueError>(
+                  StrEq("gguf: the folder '" + (dir.path() / "two").string() +
+                        "' holds 2 GGUF files (a.gguf, b.gguf); give the one to load")));
+  // Part 1 of a set of 2 whose part 2 is missing.
+  const auto part1 = dir.path() / "m-00001-of-00002.gguf";
+  std::filesystem::copy_file(file, part1);
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(part1); },
+              ThrowsMessage<IoError>(StrEq(
+                  "gguf: '" + part1.string() + "' is part 1 of a split set of 2, whose part 2 ('" +
+                  (dir.path() / "m-00002-of-00002.gguf").string() + "') is missing")));
+  // Both parts present, but each holds every tensor.
+  std::filesystem::copy_file(file, dir.path() / "m-00002-of-00002.gguf");
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(part1); },
+              ThrowsMessage<ValueError>(HasSubstr("gguf: tensor 'token_embd.weight' is in both")));
+}
+
+TEST(GgufCheckpointTest, Llama3RopeScalingTravelsAsRopeFreqsAsLlamaCppStoresIt) {
+  const ScratchDir dir;
+  nlohmann::json c = small_llama_config(64, 1);  // llama3 RoPE scaling (8, 1, 4, 8192)
+  c["vocab_size"] = 64;
+  write_random_model(dir.path(), c, DType::kF32, 3);
+  const HfConfig want = HfConfig::load(dir.path());
+  const auto file = dir.path() / "x.gguf";
+  (void)write_gguf(ModelSource::open(dir.path()), file, DType::kF16);
+  const GgufFile raw = GgufFile::open(file);
+  EXPECT_EQ(raw.tensors().front().name, "rope_freqs.weight");
+  const HfConfig got = GgufCheckpoint::open(file).config();
+  ASSERT_EQ(got.rope_scaling.kind, ops::RopeScaling::Kind::kFactors);
+  const auto a = ops::rope_frequencies(64, want.rope_theta, want.rope_scaling);
+  const auto b = ops::rope_frequencies(64, got.rope_theta, got.rope_scaling);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i] / a[i], 1.0, 1e-7) << i;
+  // The factors span the bands: 1 for the fast pairs, 8 for the slow ones.
+  EXPECT_EQ(got.rope_scaling.frequency_factors.front(), 1.0);
+  EXPECT_EQ(got.rope_scaling.frequency_factors.back(), 8.0);
+}
+
+}  // namespace
+}  // namespace numesh::models
