@@ -209,6 +209,50 @@ TEST(GgufCheckpointTest, MetadataAndTensorsNumeshCannotReadAreRefusedNamingThem)
   }
 }
 
+TEST(GgufCheckpointTest, ASplitSetLoadsFromAnyOfItsPartsOrItsFolder) {
+  const ScratchDir dir;
+  // A one-layer Llama of zeros (hidden 32, 2 heads of 16, ffn 64, vocabulary 16) in two parts:
+  // the metadata and the embedding in the first, the rest in the second (gguf-split's layout).
+  GgufWriter first = llama_metadata(), second;
+  first.add_uint32("split.no", 0);
+  first.add_uint32("split.count", 2);
+  second.add_uint32("split.no", 1);
+  second.add_uint32("split.count", 2);
+  add_zeros(first, "token_embd.weight", {16, 32});
+  for (const char* name : {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"})
+    add_zeros(second, name, {32});
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
+                           "blk.0.attn_output.weight"})
+    add_zeros(second, name, {32, 32});
+  add_zeros(second, "blk.0.ffn_gate.weight", {64, 32});
+  add_zeros(second, "blk.0.ffn_up.weight", {64, 32});
+  add_zeros(second, "blk.0.ffn_down.weight", {32, 64});
+  add_zeros(second, "output.weight", {16, 32});
+  std::filesystem::create_directories(dir.path() / "set");
+  first.write(dir.path() / "set" / "m-00001-of-00002.gguf");
+  second.write(dir.path() / "set" / "m-00002-of-00002.gguf");
+  for (const auto& path : {dir.path() / "set", dir.path() / "set" / "m-00002-of-00002.gguf"}) {
+    const GgufCheckpoint g = GgufCheckpoint::open(path);
+    EXPECT_EQ(g.files().size(), 2U);
+    EXPECT_EQ(g.location(), dir.path() / "set" / "m-00001-of-00002.gguf");
+    EXPECT_EQ(g.config().vocab_size, 16);
+    EXPECT_EQ(g.names().size(), 12U);
+    EXPECT_EQ(g.shape("model.layers.0.mlp.down_proj.weight"), (std::vector<std::int64_t>{32, 64}));
+    const CausalLmWeights w = CausalLmWeights::load(g.config(), g);
+    EXPECT_EQ(w.stack.blocks.size(), 1U);
+  }
+  // A part whose metadata disagrees with its name.
+  GgufWriter wrong = llama_metadata();
+  wrong.add_uint32("split.no", 1);
+  add_zeros(wrong, "token_embd.weight", {16, 32});
+  wrong.write(dir.path() / "set" / "m-00001-of-00002.gguf");
+  const auto part = (dir.path() / "set" / "m-00001-of-00002.gguf").string();
+  EXPECT_THAT([&] { (void)GgufCheckpoint::open(dir.path() / "set"); },
+              ThrowsMessage<ValueError>(StrEq(
+                  "gguf: '" + part +
+                  "' is part 1 of 2 by its name but its metadata says split.no 1, split.count 2")));
+}
+
 TEST(GgufCheckpointTest, FoldersAndSplitSetsAreFoundOrRefusedByName) {
   const ScratchDir dir;
   const auto file = llama_gguf(dir);
