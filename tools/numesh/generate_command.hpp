@@ -44,10 +44,10 @@ struct GenerateOptions {
   /// --dtype: how the devices store the matrices; empty: the model's own format (a GGUF
   /// file's), f32 for a safetensors folder.
   std::string dtype;
-  std::string logits_out;            ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
-  std::string json;                  ///< --json FILE
-  bool baselines = false;            ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
-  bool quiet = false;                ///< --quiet: no progress on stderr
+  std::string logits_out;         ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
+  std::string json;               ///< --json FILE
+  bool baselines = false;         ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
+  bool quiet = false;             ///< --quiet: no progress on stderr
   bool refuse_nonfinite = false;  ///< --refuse-nonfinite: a weight holding NaN or inf is an error
 };
 

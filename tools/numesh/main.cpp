@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "bench_command.hpp"
-#include "convert_command.hpp"
 #include "bench_decode.hpp"
 #include "bench_memory.hpp"
+#include "convert_command.hpp"
 #include "generate_command.hpp"
 #include "mesh_command.hpp"
 #include "numesh/core/error.hpp"

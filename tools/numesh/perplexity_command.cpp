@@ -43,9 +43,9 @@ Example:
   cmd->add_option("--text-file", o.text_file, "The text to score (UTF-8)")->required();
   cmd->add_option("--context", o.context, "Tokens per chunk")->capture_default_str();
   cmd->add_option(
-         "--dtype", o.dtype,
-         "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-         "quantized at load). Default: a GGUF file's own format, f32 otherwise");
+      "--dtype", o.dtype,
+      "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
+      "quantized at load). Default: a GGUF file's own format, f32 otherwise");
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
   return cmd;

@@ -60,7 +60,8 @@ std::optional<models::ChatTemplate> read_chat_template(const std::string& path) 
 CheckedServe check_serve_options(const ServeOptions& o) {
   CheckedServe c;
   if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
-  NUMESH_CHECK(!o.model.empty(), ValueError, "--model is required (a Hugging Face folder or a GGUF file)");
+  NUMESH_CHECK(!o.model.empty(), ValueError,
+               "--model is required (a Hugging Face folder or a GGUF file)");
   NUMESH_CHECK(o.port >= 0 && o.port <= 65535, ValueError, "--port {} is not a port", o.port);
   NUMESH_CHECK(o.parallel >= 1 && o.parallel <= 1024, ValueError,
                "--parallel {} must be between 1 and 1024", o.parallel);
@@ -230,9 +231,9 @@ Examples:
   cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,
                 "Do not reuse the cached blocks of a prompt's prefix");
   cmd->add_option(
-         "--dtype", o.dtype,
-         "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-         "quantized at load). Default: a GGUF file's own format, f32 otherwise");
+      "--dtype", o.dtype,
+      "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
+      "quantized at load). Default: a GGUF file's own format, f32 otherwise");
   cmd->add_option("--api-key", o.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
   cmd->add_option("--http-threads", o.http_threads,

@@ -37,7 +37,7 @@ struct ServeOptions {
   std::int64_t block_size = 16;      ///< --block-size: tokens per KV block
   std::int64_t max_queue = 64;       ///< --max-queue: waiting requests; past it, 503
   bool no_prefix_cache = false;      ///< --no-prefix-cache
-  std::string dtype;  ///< --dtype; empty: the model's own format (GGUF), else f32
+  std::string dtype;                 ///< --dtype; empty: the model's own format (GGUF), else f32
   std::string api_key;               ///< --api-key
   int http_threads = 0;              ///< --http-threads (0: parallel + max-queue + 8, <= 256)
   std::int64_t max_body_bytes = 1 << 20;

@@ -55,8 +55,7 @@ struct CausalLmWeights {
   /// what CausalLm::load reads straight into the devices. Shapes are checked as load() does;
   /// norms, biases and routers are read.
   /// Throws: as load().
-  static DeferredCausalLmWeights deferred(const HfConfig& config,
-                                          const Checkpoint& checkpoint,
+  static DeferredCausalLmWeights deferred(const HfConfig& config, const Checkpoint& checkpoint,
                                           DType stored_as = DType::kF32);
 };
 
