@@ -162,6 +162,7 @@ TEST(GgufCheckpointTest, MetadataAndTensorsNumeshCannotReadAreRefusedNamingThem)
   }
   {
     GgufWriter w = llama_metadata();
+    add_zeros(w, "blk.0.attn_norm.weight", {32});
     write(w, f);
     EXPECT_THAT(
         [&] { (void)GgufCheckpoint::open(f); },
@@ -203,6 +204,7 @@ TEST(GgufCheckpointTest, MetadataAndTensorsNumeshCannotReadAreRefusedNamingThem)
   {
     GgufWriter w = llama_metadata();
     w.add_string("llama.attention.head_count_kv", "two");
+    add_zeros(w, "token_embd.weight", {16, 32});
     write(w, f);
     EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
                 ThrowsMessage<ValueError>(HasSubstr("llama.attention.head_count_kv")));
@@ -251,6 +253,88 @@ TEST(GgufCheckpointTest, ASplitSetLoadsFromAnyOfItsPartsOrItsFolder) {
               ThrowsMessage<ValueError>(StrEq(
                   "gguf: '" + part +
                   "' is part 1 of 2 by its name but its metadata says split.no 1, split.count 2")));
+}
+
+// A one-layer Llama of zeros (hidden 32, 2 heads of 16, ffn 64, vocabulary 16): every tensor
+// but the embedding, added to `w`.
+void add_llama_layer(GgufWriter& w) {
+  for (const char* name : {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"})
+    add_zeros(w, name, {32});
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
+                           "blk.0.attn_output.weight"})
+    add_zeros(w, name, {32, 32});
+  add_zeros(w, "blk.0.ffn_gate.weight", {64, 32});
+  add_zeros(w, "blk.0.ffn_up.weight", {64, 32});
+  add_zeros(w, "blk.0.ffn_down.weight", {32, 64});
+  add_zeros(w, "output.weight", {16, 32});
+}
+
+TEST(GgufCheckpointTest, EndOfGenerationTokensAndATokenizerTravelThroughAConversion) {
+  const ScratchDir dir;
+  GgufWriter w = llama_metadata();
+  // A SentencePiece vocabulary of 16 with ChatML's <|im_end|> as a control token.
+  std::vector<std::string> tokens{"<unk>", "<s>", "</s>", "<|im_end|>"};
+  for (char c = 'a'; tokens.size() < 16; ++c) tokens.emplace_back(1, c);
+  std::vector<std::int32_t> types(16, 1);
+  types[0] = 2;
+  types[1] = types[2] = types[3] = 3;
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_float32s("tokenizer.ggml.scores", std::vector<float>(16, 0.0f));
+  w.add_int32s("tokenizer.ggml.token_type", types);
+  w.add_uint32("tokenizer.ggml.bos_token_id", 1);
+  w.add_uint32("tokenizer.ggml.eos_token_id", 2);
+  add_zeros(w, "token_embd.weight", {16, 32});
+  add_llama_layer(w);
+  const auto file = dir.path() / "chat.gguf";
+  w.write(file);
+  const ModelSource source = ModelSource::open(file);
+  // Generation stops at eos and at <|im_end|>, known by its text as llama.cpp knows it.
+  EXPECT_EQ(source.config().eos_token_ids, (std::vector<std::int64_t>{2, 3}));
+  ASSERT_NE(source.tokenizer(), nullptr);
+  EXPECT_EQ(source.tokenizer()->encode("abc", true).front(), 1);  // BOS
+  // A GGUF source converted keeps its tokenizer; the copy loads to the same ids.
+  const auto out = dir.path() / "chat.q8_0.gguf";
+  const GgufExportReport r = write_gguf(source, out, DType::kQ8_0);
+  EXPECT_TRUE(r.tokenizer);
+  const GgufFile copy = GgufFile::open(out);
+  EXPECT_EQ(copy.get_strings("tokenizer.ggml.tokens"), tokens);
+  const ModelSource again = ModelSource::open(out);
+  EXPECT_EQ(again.config().eos_token_ids, source.config().eos_token_ids);
+  EXPECT_EQ(again.tokenizer()->encode("a bad cab", true),
+            source.tokenizer()->encode("a bad cab", true));
+  EXPECT_EQ(again.stored_dtype(), DType::kQ8_0);
+  // Converting onto the source itself is refused before anything is written (numesh convert).
+}
+
+TEST(GgufCheckpointTest, CorruptLayerCountsAndPartialBiasesAreRefused) {
+  const ScratchDir dir;
+  const auto f = dir.path() / "bad.gguf";
+  {
+    GgufWriter w;
+    w.add_string("general.architecture", "llama");
+    w.add_uint32("llama.block_count", 4000000000U);
+    w.add_uint32("llama.embedding_length", 32);
+    w.add_uint32("llama.attention.head_count", 2);
+    add_zeros(w, "token_embd.weight", {16, 32});
+    w.write(f);
+    EXPECT_THAT(
+        [&] { (void)GgufCheckpoint::open(f); },
+        ThrowsMessage<ValueError>(
+            StrEq(f.string() +
+                  ": llama.block_count is 4000000000, more layers than the file has tensors (1)")));
+  }
+  {
+    GgufWriter w = llama_metadata();
+    add_zeros(w, "token_embd.weight", {16, 32});
+    add_llama_layer(w);
+    add_zeros(w, "blk.0.attn_q.bias", {32});
+    w.write(f);
+    EXPECT_THAT([&] { (void)GgufCheckpoint::open(f); },
+                ThrowsMessage<NotImplementedError>(StrEq(
+                    f.string() + ": the file has biases on attn_q but not on attn_output; numesh's "
+                                 "llama attention has them on all four projections or none")));
+  }
 }
 
 TEST(GgufCheckpointTest, FoldersAndSplitSetsAreFoundOrRefusedByName) {

@@ -45,10 +45,12 @@ int run_convert(const ConvertOptions& o, std::ostream& out) {
   const DType format = parse_dtype(o.type);
   const std::filesystem::path file = o.out;
   NUMESH_CHECK(file.extension() == ".gguf", ValueError, "--out '{}' must name a .gguf file", o.out);
-  std::error_code ec;
-  NUMESH_CHECK(!std::filesystem::equivalent(o.model, file, ec), ValueError,
-               "--out '{}' is the model itself", o.out);
   const models::ModelSource source = models::ModelSource::open(o.model);
+  for (const std::filesystem::path& f : source.weight_files()) {
+    std::error_code ec;
+    NUMESH_CHECK(!std::filesystem::equivalent(f, file, ec), ValueError,
+                 "--out '{}' is one of the model's own files", o.out);
+  }
   const ProgressLine line(o.quiet);
   const auto start = std::chrono::steady_clock::now();
   const models::GgufExportReport r =

@@ -14,6 +14,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/formats/gguf_writer.hpp"
+#include "numesh/models/hf/gguf_checkpoint.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 
 namespace numesh::models {
@@ -87,14 +88,31 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
 }
 
 // The config's special ids where the tokenizer did not name them: bos, and the ids generation
-// stops at (eos; a second one, Llama 3's <|eot_id|>, as eot, which readers also stop at).
-void add_special_ids(GgufWriter& w, const HfConfig& c) {
-  const auto add = [&](const char* key, const std::vector<std::int64_t>& ids, std::size_t i) {
-    if (ids.size() > i && !w.contains(key)) w.add_uint32(key, static_cast<std::uint32_t>(ids[i]));
+// stops at: the first as eos, the others by their text (`tokens`, one an id) as llama.cpp's
+// converter names them: <|eom_id|> as eom, any other (Llama 3's <|eot_id|>) as eot. Readers
+// stop at all three (and llama.cpp and numesh at the control tokens they know by text).
+void add_special_ids(GgufWriter& w, const HfConfig& c, const std::vector<std::string>& tokens) {
+  const auto add = [&](const char* key, std::int64_t id) {
+    if (!w.contains(key)) w.add_uint32(key, static_cast<std::uint32_t>(id));
   };
-  add("tokenizer.ggml.bos_token_id", c.bos_token_ids, 0);
-  add("tokenizer.ggml.eos_token_id", c.eos_token_ids, 0);
-  add("tokenizer.ggml.eot_token_id", c.eos_token_ids, 1);
+  if (!c.bos_token_ids.empty()) add("tokenizer.ggml.bos_token_id", c.bos_token_ids.front());
+  for (std::size_t i = 0; i < c.eos_token_ids.size(); ++i) {
+    const std::int64_t id = c.eos_token_ids[i];
+    const bool named = id >= 0 && id < static_cast<std::int64_t>(tokens.size());
+    const std::string_view text = named ? tokens[static_cast<std::size_t>(id)] : "";
+    add(i == 0                 ? "tokenizer.ggml.eos_token_id"
+        : text == "<|eom_id|>" ? "tokenizer.ggml.eom_token_id"
+                               : "tokenizer.ggml.eot_token_id",
+        id);
+  }
+}
+
+// A GGUF source's tokenizer.* metadata, copied as it is; returns its token list.
+std::vector<std::string> copy_gguf_tokenizer(GgufWriter& w, const GgufFile& meta) {
+  for (const std::string& key : meta.keys()) {
+    if (key.starts_with("tokenizer.")) w.add_value(key, *meta.find(key));
+  }
+  return meta.get_strings("tokenizer.ggml.tokens").value_or(std::vector<std::string>{});
 }
 
 // Reorders the rows of a q or k projection (or bias) from Hugging Face's rotate-half layout to
@@ -131,10 +149,14 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
   std::string name = source.path().filename().string();
   if (name.empty() || name == ".") name = source.path().parent_path().filename().string();
   add_hyperparameters(w, config, name, format);
-  if (!source.path().has_extension() || source.path().extension() != ".gguf")
-    report.tokenizer = detail::add_gguf_tokenizer(w, source.path(), config.vocab_size);
-  add_special_ids(w, config);
-  if (const ChatTemplate* t = source.chat_template()) {
+  const auto* gguf = dynamic_cast<const GgufCheckpoint*>(checkpoint.get());
+  const std::vector<std::string> tokens =
+      gguf != nullptr ? copy_gguf_tokenizer(w, gguf->files().front())
+                      : detail::add_gguf_tokenizer(w, source.path(), config.vocab_size);
+  report.tokenizer = !tokens.empty();
+  add_special_ids(w, config, tokens);
+  if (const ChatTemplate* t = source.chat_template();
+      t != nullptr && !w.contains("tokenizer.chat_template")) {
     w.add_string("tokenizer.chat_template", t->source());
     report.chat_template = true;
   }
@@ -175,8 +197,7 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
     const std::vector<std::int64_t> part_shape = checkpoint->shape(parts.front());
     std::vector<std::int64_t> shape = part_shape;
     if (per_expert) shape.insert(shape.begin(), config.num_experts);
-    const std::string_view slot =
-        p.slot.substr(p.slot.rfind('.') == std::string_view::npos ? 0 : 0);
+    const std::string_view slot = p.slot;
     const bool f32 = part_shape.size() == 1 || slot.ends_with(".moe.router") ||
                      slot.ends_with(".moe.shared_expert_gate");
     GgufType type = f32 ? GgufType::kF32 : *asked;

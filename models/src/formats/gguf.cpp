@@ -422,6 +422,8 @@ GgufValue::Element GgufValue::at(std::size_t i) const noexcept {
 }
 
 std::int64_t GgufTensorInfo::num_elements() const noexcept {
+  // An extent of 0 first: open() checks the product for overflow only when none is 0.
+  if (std::find(ne.begin(), ne.end(), std::int64_t{0}) != ne.end()) return 0;
   std::int64_t n = 1;
   for (const std::int64_t e : ne) n *= e;
   return n;

@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <system_error>
 #include <utility>
+#include <variant>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -108,6 +110,62 @@ void GgufWriter::add_int32s(std::string key, std::vector<std::int32_t> values) {
   add_key(std::move(key), GgufValueType::kArray, std::move(p));
 }
 
+void GgufWriter::add_value(std::string key, const GgufValue& value) {
+  std::string p;
+  const GgufValueType type = value.element_type();
+  const auto element = [&](const GgufValue::Element& e) {
+    switch (type) {
+      case GgufValueType::kUint8:
+        put(p, static_cast<std::uint8_t>(std::get<std::uint64_t>(e)));
+        break;
+      case GgufValueType::kUint16:
+        put(p, static_cast<std::uint16_t>(std::get<std::uint64_t>(e)));
+        break;
+      case GgufValueType::kUint32:
+        put(p, static_cast<std::uint32_t>(std::get<std::uint64_t>(e)));
+        break;
+      case GgufValueType::kUint64:
+        put(p, std::get<std::uint64_t>(e));
+        break;
+      case GgufValueType::kInt8:
+        put(p, static_cast<std::int8_t>(std::get<std::int64_t>(e)));
+        break;
+      case GgufValueType::kInt16:
+        put(p, static_cast<std::int16_t>(std::get<std::int64_t>(e)));
+        break;
+      case GgufValueType::kInt32:
+        put(p, static_cast<std::int32_t>(std::get<std::int64_t>(e)));
+        break;
+      case GgufValueType::kInt64:
+        put(p, std::get<std::int64_t>(e));
+        break;
+      case GgufValueType::kFloat32:
+        put(p, static_cast<float>(std::get<double>(e)));
+        break;
+      case GgufValueType::kFloat64:
+        put(p, std::get<double>(e));
+        break;
+      case GgufValueType::kBool:
+        put<std::uint8_t>(p, std::get<bool>(e) ? 1 : 0);
+        break;
+      case GgufValueType::kString:
+        put_string(p, std::get<std::string_view>(e));
+        break;
+      case GgufValueType::kArray:
+        break;  // GgufValue never has array elements
+    }
+  };
+  if (!value.is_array()) {
+    element(value.at(0));
+    add_key(std::move(key), type, std::move(p));
+    return;
+  }
+  put<std::uint32_t>(p, static_cast<std::uint32_t>(type));
+  put<std::uint64_t>(p, value.size());
+  for (std::size_t i = 0; i < value.size(); ++i) element(value.at(i));
+  add_key(std::move(key), GgufValueType::kArray, std::move(p));
+}
+
 std::uint64_t GgufWriter::tensor_bytes(std::span<const std::int64_t> shape,
                                        GgufType type) noexcept {
   std::uint64_t elements = 1;
@@ -153,7 +211,10 @@ void GgufWriter::write(const std::filesystem::path& file) const {
   }
   header.resize(padded(header.size(), alignment_), '\0');
 
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  // A temporary file beside the target, renamed over it once complete.
+  std::filesystem::path temporary = file;
+  temporary += fmt::format(".{}.partial", ::getpid());
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
   NUMESH_CHECK(out.is_open(), IoError, "gguf: cannot write '{}'", file.string());
   try {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
@@ -167,10 +228,14 @@ void GgufWriter::write(const std::filesystem::path& file) const {
     }
     out.close();
     NUMESH_CHECK(!out.fail(), IoError, "gguf: writing '{}' failed", file.string());
+    std::error_code ec;
+    std::filesystem::rename(temporary, file, ec);
+    NUMESH_CHECK(!ec, IoError, "gguf: cannot rename '{}' to '{}': {}", temporary.string(),
+                 file.string(), ec.message());
   } catch (...) {
     out.close();
     std::error_code ec;
-    std::filesystem::remove(file, ec);  // no half-written file left behind
+    std::filesystem::remove(temporary, ec);  // no half-written file left behind
     throw;
   }
 }

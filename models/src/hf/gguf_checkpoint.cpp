@@ -103,8 +103,9 @@ std::vector<fs::path> model_files(const fs::path& path) {
 // HfConfig::parse; `tensor` finds a GGUF tensor of any part by name (nullptr: none).
 class ConfigReader {
  public:
-  ConfigReader(const GgufFile& meta, std::function<const GgufTensorInfo*(std::string_view)> tensor)
-      : meta_(meta), tensor_(std::move(tensor)) {}
+  ConfigReader(const GgufFile& meta, std::function<const GgufTensorInfo*(std::string_view)> tensor,
+               std::int64_t tensors)
+      : meta_(meta), tensor_(std::move(tensor)), tensors_(tensors) {}
 
   HfConfig read() {
     const std::optional<std::string> arch = meta_.get_string("general.architecture");
@@ -116,7 +117,13 @@ class ConfigReader {
     j["model_type"] = std::string(spec.model_types.front());
     j["hidden_act"] = std::string(spec.hidden_act);
     j["hidden_size"] = required("embedding_length");
-    j["num_hidden_layers"] = required("block_count");
+    // Each layer has tensors of its own: more layers than tensors is a corrupt count (and would
+    // make the per-layer lookups below run for ever).
+    const std::int64_t layers = required("block_count");
+    NUMESH_CHECK(layers <= tensors_, ValueError,
+                 "{}: {} is {}, more layers than the file has tensors ({})", where(),
+                 key("block_count"), layers, tensors_);
+    j["num_hidden_layers"] = layers;
     j["num_attention_heads"] = required("attention.head_count");
     copy_int("attention.head_count_kv", "num_key_value_heads", j);
     copy_int("context_length", "max_position_embeddings", j);
@@ -134,7 +141,18 @@ class ConfigReader {
     j["tie_word_embeddings"] = tensor_("output.weight") == nullptr;
     // Biases as transformers' fields would put them: attention_bias on all four projections
     // (the Qwen architectures have q/k/v biases whatever it says), mlp_bias on Llama's MLPs.
-    j["attention_bias"] = tensor_("blk.0.attn_output.bias") != nullptr;
+    const bool o_bias = tensor_("blk.0.attn_output.bias") != nullptr;
+    if (!spec.qkv_bias) {
+      // transformers' attention_bias puts biases on all four projections; a file with some of
+      // them would lose the others' silently.
+      const bool q_bias = tensor_("blk.0.attn_q.bias") != nullptr;
+      NUMESH_CHECK(q_bias == o_bias, NotImplementedError,
+                   "{}: the file has biases on {} but not on {}; numesh's {} attention has them "
+                   "on all four projections or none",
+                   where(), q_bias ? "attn_q" : "attn_output", q_bias ? "attn_output" : "attn_q",
+                   arch_);
+    }
+    j["attention_bias"] = o_bias;
     j["mlp_bias"] = tensor_("blk.0.ffn_up.bias") != nullptr;
 
     if (const std::optional<std::int64_t> ffn = int_key("feed_forward_length"))
@@ -142,13 +160,30 @@ class ConfigReader {
     if (spec.moe) moe(spec, j);
 
     if (const auto bos = meta_.get_int("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *bos;
-    // The ids that end a turn: eos, and the end-of-turn and end-of-message ids when the file
-    // names them (Llama 3's <|eot_id|>, <|eom_id|>): generation stops at any of them.
+    // The ids that end generation, as llama.cpp's end-of-generation set: eos, the end-of-turn
+    // and end-of-message ids the file names, and the control tokens llama.cpp knows by their
+    // text (llama-vocab.cpp: Llama 3's <|eot_id|> and <|eom_id|>, ChatML's <|im_end|>,
+    // <|endoftext|>, Phi-3's <|end|>, Gemma's <end_of_turn>, ...).
     std::vector<std::int64_t> eos;
+    const auto add = [&](std::int64_t id) {
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    };
     for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                             "tokenizer.ggml.eom_token_id"}) {
-      const auto id = meta_.get_int(key);
-      if (id && std::find(eos.begin(), eos.end(), *id) == eos.end()) eos.push_back(*id);
+      if (const auto id = meta_.get_int(key)) add(*id);
+    }
+    const auto tokens = meta_.get_strings("tokenizer.ggml.tokens");
+    const auto types = meta_.get_ints("tokenizer.ggml.token_type");
+    if (tokens && types && types->size() == tokens->size()) {
+      constexpr std::array<std::string_view, 9> kEndOfGeneration{
+          "<|eot_id|>",    "<|eom_id|>", "<|im_end|>", "<|endoftext|>",  "<|end|>",
+          "<end_of_turn>", "<EOT>",      "_<EOT>",     "<|end_of_text|>"};
+      for (std::size_t id = 0; id < tokens->size(); ++id) {
+        constexpr std::int64_t kControl = 3;
+        if ((*types)[id] == kControl && std::find(kEndOfGeneration.begin(), kEndOfGeneration.end(),
+                                                  (*tokens)[id]) != kEndOfGeneration.end())
+          add(static_cast<std::int64_t>(id));
+      }
     }
     if (!eos.empty()) j["eos_token_id"] = eos;
     return HfConfig::parse(j, fmt::format("{} (its GGUF metadata)", where()));
@@ -200,7 +235,11 @@ class ConfigReader {
                  "{}: {} {} differs from {} {}; numesh's attention has one head_dim", where(),
                  key("attention.key_length"), *k, key("attention.value_length"), *v);
     if (k || v) j["head_dim"] = k ? *k : *v;
-    const std::int64_t hd = k ? *k : v ? *v : 0;
+    const auto heads = int_key("attention.head_count");
+    const std::int64_t hd = k                     ? *k
+                            : v                   ? *v
+                            : heads && *heads > 0 ? required("embedding_length") / *heads
+                                                  : 0;
     const auto rope = int_key("rope.dimension_count");
     if (rope && hd > 0) {
       NUMESH_CHECK(*rope == hd, NotImplementedError,
@@ -230,10 +269,9 @@ class ConfigReader {
         j[std::string(spec.moe->expert_ffn_field)] = t->shape[1];
       }
     }
-    // llama.cpp renormalises Qwen3-MoE's top-k probabilities and not Qwen2-MoE's, unless the
-    // file says (expert_weights_norm).
-    const auto norm = meta_.get_bool(key("expert_weights_norm"));
-    j["norm_topk_prob"] = norm.value_or(spec.architecture == Architecture::kQwen3Moe);
+    // llama.cpp renormalises Qwen3-MoE's top-k probabilities and not Qwen2-MoE's, whatever
+    // expert_weights_norm says (its own saver writes that key for every architecture).
+    j["norm_topk_prob"] = spec.architecture == Architecture::kQwen3Moe;
     if (spec.moe->sparse_layer_fields) {
       // GGUF has no mlp_only_layers: a layer without a router is a dense one.
       std::vector<std::int64_t> dense;
@@ -256,6 +294,7 @@ class ConfigReader {
 
   const GgufFile& meta_;
   std::function<const GgufTensorInfo*(std::string_view)> tensor_;
+  std::int64_t tensors_;
   std::string arch_;
 };
 
@@ -300,7 +339,8 @@ GgufCheckpoint GgufCheckpoint::open(const fs::path& path) {
     const auto it = part_of.find(name);
     return it == part_of.end() ? nullptr : &c.files_[it->second].info(name);
   };
-  c.config_ = ConfigReader(c.files_.front(), find).read();
+  c.config_ =
+      ConfigReader(c.files_.front(), find, static_cast<std::int64_t>(part_of.size())).read();
   // RoPE frequency factors (llama.cpp's converter stores Llama 3.1's scaling so): one divisor a
   // pair, in place of a scaling the metadata names.
   if (const GgufTensorInfo* freqs = find("rope_freqs.weight")) {

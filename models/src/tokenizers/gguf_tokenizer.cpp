@@ -92,14 +92,23 @@ constexpr std::string_view kLlama3Regex =
 constexpr std::string_view kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Llama 3's names in llama.cpp (llama-vocab.cpp), whose files add BOS unless they say otherwise.
+bool is_llama3_pre(std::string_view pre) {
+  return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3";
+}
+
 GgufPreTokenizer gguf_pre_tokenizer(const GgufFile& file) {
+  // No name is llama.cpp's "default": four regexes of its own that no tokenizer.json has, which
+  // numesh does not reproduce (refused below, as any other name).
   const std::string pre = file.get_string("tokenizer.ggml.pre").value_or("default");
   constexpr std::string_view kLlama3 = kLlama3Regex;
   constexpr std::string_view kQwen2 = kQwen2Regex;
-  if (pre == "llama-bpe" || pre == "llama3" || pre == "smaug-bpe")
-    return {gguf_split_then_byte_level(kLlama3), nullptr, true};
+  // Llama 3's merges are ignored for whole words in the vocabulary (llama.cpp sets
+  // ignore_merges for it, not for smaug-bpe, which splits as Llama 3 does).
+  if (is_llama3_pre(pre)) return {gguf_split_then_byte_level(kLlama3), nullptr, true};
+  if (pre == "smaug-bpe") return {gguf_split_then_byte_level(kLlama3), nullptr, false};
   if (pre == "qwen2") return {gguf_split_then_byte_level(kQwen2), json{{"type", "NFC"}}, false};
-  if (pre == "gpt-2" || pre == "default") {
+  if (pre == "gpt-2") {
     return {json{{"type", "ByteLevel"},
                  {"add_prefix_space", false},
                  {"trim_offsets", true},
@@ -107,7 +116,8 @@ GgufPreTokenizer gguf_pre_tokenizer(const GgufFile& file) {
             nullptr, false};
   }
   throw ValueError(fmt::format(
-      "{}: tokenizer.ggml.pre '{}' is not a pre-tokenizer numesh knows (llama-bpe, qwen2, gpt-2)",
+      "{}: tokenizer.ggml.pre '{}' is not a pre-tokenizer numesh knows (llama-bpe, llama3, "
+      "llama-v3, smaug-bpe, qwen2, gpt-2)",
       file.path().string(), pre));
 }
 
@@ -178,7 +188,10 @@ std::string gguf_tokenizer_json(const GgufFile& file) {
   NUMESH_CHECK(merges.has_value(), ValueError,
                "{}: the GGUF metadata has no tokenizer.ggml.merges (a gpt2 tokenizer needs them)",
                file.path().string());
-  const bool add_bos = file.get_bool("tokenizer.ggml.add_bos_token").value_or(false);
+  // Without the key, llama.cpp adds BOS for Llama 3's pre-tokenizer only.
+  const bool add_bos =
+      file.get_bool("tokenizer.ggml.add_bos_token")
+          .value_or(is_llama3_pre(file.get_string("tokenizer.ggml.pre").value_or("")));
   const bool add_eos = file.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
   const auto bos = gguf_token_id(file, v, "bos"), eos = gguf_token_id(file, v, "eos");
   NUMESH_CHECK((!add_bos || bos) && (!add_eos || eos), ValueError,
@@ -232,14 +245,20 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
     proto_bytes(model, 1, piece);
   }
   // TrainerSpec { model_type = 3 (BPE = 2); byte_fallback = 35; unk_id = 40; bos_id = 41;
-  // eos_id = 42; pad_id = 43 }: -1 for an id the file does not name, as SentencePiece does.
+  // eos_id = 42; pad_id = 43; unk_piece = 45; bos_piece = 46; eos_piece = 47; pad_piece = 48 }:
+  // -1 for an id the file does not name, as SentencePiece does. The loaded processor finds its
+  // special ids by the pieces' text (libsentencepiece's model_interface), so those are written
+  // too.
   std::string trainer;
   proto_int(trainer, 3, 2);
   proto_int(trainer, 35, byte_tokens ? 1 : 0);
-  proto_int(trainer, 40, gguf_token_id(file, v, "unknown").value_or(0));
-  proto_int(trainer, 41, gguf_token_id(file, v, "bos").value_or(-1));
-  proto_int(trainer, 42, gguf_token_id(file, v, "eos").value_or(-1));
-  proto_int(trainer, 43, gguf_token_id(file, v, "padding").value_or(-1));
+  int field = 40;
+  for (const std::string_view name : {"unknown", "bos", "eos", "padding"}) {
+    const auto id = gguf_token_id(file, v, name);
+    proto_int(trainer, field, id.value_or(name == "unknown" ? 0 : -1));
+    if (id) proto_bytes(trainer, field + 5, v.tokens[static_cast<std::size_t>(*id)]);
+    ++field;
+  }
   proto_bytes(model, 2, trainer);
   // NormalizerSpec { name = 1; add_dummy_prefix = 3; remove_extra_whitespaces = 4;
   // escape_whitespaces = 5 }: Llama's identity normalizer.
@@ -271,7 +290,8 @@ std::string gguf_pre_name(const nlohmann::json& tokenizer) {
   return "";
 }
 
-void add_byte_level(GgufWriter& w, const std::filesystem::path& file, std::int64_t vocab_size) {
+std::vector<std::string> add_byte_level(GgufWriter& w, const std::filesystem::path& file,
+                                        std::int64_t vocab_size) {
   std::ifstream in(file, std::ios::binary);
   NUMESH_CHECK(in.good(), IoError, "{}: cannot read it", file.string());
   nlohmann::json t;
@@ -324,14 +344,16 @@ void add_byte_level(GgufWriter& w, const std::filesystem::path& file, std::int64
   }
   w.add_string("tokenizer.ggml.model", "gpt2");
   w.add_string("tokenizer.ggml.pre", pre);
-  w.add_strings("tokenizer.ggml.tokens", std::move(tokens));
+  w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_int32s("tokenizer.ggml.token_type", std::move(types));
   w.add_strings("tokenizer.ggml.merges", std::move(merges));
   if (bos) w.add_uint32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(*bos));
   w.add_bool("tokenizer.ggml.add_bos_token", bos.has_value());
+  return tokens;
 }
 
-void add_sentencepiece(GgufWriter& w, const std::filesystem::path& file, std::int64_t vocab_size) {
+std::vector<std::string> add_sentencepiece(GgufWriter& w, const std::filesystem::path& file,
+                                           std::int64_t vocab_size) {
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.Load(file.string());
   NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(),
@@ -355,7 +377,7 @@ void add_sentencepiece(GgufWriter& w, const std::filesystem::path& file, std::in
   }
   w.add_string("tokenizer.ggml.model", "llama");
   w.add_string("tokenizer.ggml.pre", "default");
-  w.add_strings("tokenizer.ggml.tokens", std::move(tokens));
+  w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_float32s("tokenizer.ggml.scores", std::move(scores));
   w.add_int32s("tokenizer.ggml.token_type", std::move(types));
   for (const auto& [key, id] :
@@ -365,12 +387,13 @@ void add_sentencepiece(GgufWriter& w, const std::filesystem::path& file, std::in
       w.add_uint32(fmt::format("tokenizer.ggml.{}_token_id", key), static_cast<std::uint32_t>(id));
   }
   w.add_bool("tokenizer.ggml.add_bos_token", sp.bos_id() >= 0);
+  return tokens;
 }
 
 }  // namespace
 
-bool add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
-                        std::int64_t vocab_size) {
+std::vector<std::string> add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
+                                            std::int64_t vocab_size) {
   const std::filesystem::path json = folder / "tokenizer.json", model = folder / "tokenizer.model";
   // The tokenizer TextTokenizer::load picks: tokenizer.json when numesh reads it, else
   // tokenizer.model (Llama 2's SentencePiece-BPE tokenizer.json has one beside it).
@@ -383,14 +406,10 @@ bool add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
       if (!has_model) throw;
       readable = false;
     }
-    if (readable) {
-      add_byte_level(writer, json, vocab_size);
-      return true;
-    }
+    if (readable) return add_byte_level(writer, json, vocab_size);
   }
-  if (!has_model) return false;
-  add_sentencepiece(writer, model, vocab_size);
-  return true;
+  if (!has_model) return {};
+  return add_sentencepiece(writer, model, vocab_size);
 }
 
 }  // namespace numesh::models::detail

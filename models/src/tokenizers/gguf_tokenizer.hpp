@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "numesh/models/formats/gguf.hpp"
 #include "numesh/models/formats/gguf_writer.hpp"
@@ -35,10 +36,11 @@ std::string gguf_sentencepiece_model(const GgufFile& file);
 /// byte-level BPE as "gpt2" (every token by id, holes as UNUSED "[PADi]"; added tokens CONTROL when
 /// special, else USER_DEFINED; the merges as "a b"; the pre-tokenizer's name found by its regex),
 /// or tokenizer.model as "llama" (pieces, scores and types); the bos and eos ids and add_bos_token.
-/// Returns false, writing nothing, when the folder has neither file. Throws: ValueError naming the
-/// file for a pre-tokenizer numesh cannot name (one GGUF readers would not reproduce) or a
-/// tokenizer it cannot read; IoError when SentencePiece cannot load tokenizer.model.
-bool add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
-                        std::int64_t vocab_size);
+/// Returns the token list written (one string an id), or an empty one, writing nothing, when
+/// the folder has neither file. Throws: ValueError naming the file for a pre-tokenizer numesh
+/// cannot name (one GGUF readers would not reproduce) or a tokenizer it cannot read; IoError
+/// when SentencePiece cannot load tokenizer.model.
+std::vector<std::string> add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
+                                            std::int64_t vocab_size);
 
 }  // namespace numesh::models::detail

@@ -48,9 +48,10 @@ class SentencePieceTokenizer final : public TextTokenizer {
     NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(),
                  status.ToString());
   }
-  // A model given as a serialized ModelProto (a GGUF file's, `source` naming it).
-  SentencePieceTokenizer(std::string_view proto, const std::filesystem::path& source)
-      : kind_("GGUF tokenizer.ggml (SentencePiece)") {
+  // A model given as a serialized ModelProto (a GGUF file's, `source` naming it), adding BOS
+  // on encode when `add_bos`.
+  SentencePieceTokenizer(std::string_view proto, const std::filesystem::path& source, bool add_bos)
+      : kind_("GGUF tokenizer.ggml (SentencePiece)"), add_bos_(add_bos) {
     const auto status = sp_.LoadFromSerializedProto(proto);
     NUMESH_CHECK(status.ok(), ValueError, "{}: SentencePiece cannot load its tokenizer: {}",
                  source.string(), status.ToString());
@@ -61,7 +62,7 @@ class SentencePieceTokenizer final : public TextTokenizer {
     NUMESH_CHECK(status.ok(), ValueError, "tokenizer: SentencePiece cannot encode the text: {}",
                  status.ToString());
     std::vector<std::int32_t> out;
-    if (special && sp_.bos_id() >= 0) out.push_back(sp_.bos_id());
+    if (special && add_bos_ && sp_.bos_id() >= 0) out.push_back(sp_.bos_id());
     out.insert(out.end(), ids.begin(), ids.end());
     return out;
   }
@@ -87,6 +88,7 @@ class SentencePieceTokenizer final : public TextTokenizer {
  private:
   sentencepiece::SentencePieceProcessor sp_;
   std::string_view kind_;
+  bool add_bos_ = true;  // Llama 2's add_bos_token
 };
 
 }  // namespace
@@ -121,8 +123,9 @@ std::unique_ptr<TextTokenizer> TextTokenizer::from_gguf(const GgufFile& file) {
         "GGUF tokenizer.ggml (byte-level BPE)");
   }
   if (*model == "llama") {
-    return std::make_unique<SentencePieceTokenizer>(detail::gguf_sentencepiece_model(file),
-                                                    file.path());
+    return std::make_unique<SentencePieceTokenizer>(
+        detail::gguf_sentencepiece_model(file), file.path(),
+        file.get_bool("tokenizer.ggml.add_bos_token").value_or(true));
   }
   throw ValueError(fmt::format(
       "{}: tokenizer.ggml.model '{}' is not a tokenizer numesh reads (gpt2: byte-level BPE, "

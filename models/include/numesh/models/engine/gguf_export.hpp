@@ -39,7 +39,8 @@ using ExportProgress = std::function<void(std::uint64_t done, std::uint64_t tota
 /// bf16, q8_0, q4_0, q4_k, q6_k: blocks by GGML's reference quantizers; a matrix whose rows are
 /// not whole blocks goes F16, counted in the report). The metadata are llama.cpp's keys for the
 /// architecture (general.*, {arch}.* hyperparameters, tokenizer.ggml.*,
-/// tokenizer.chat_template).
+/// tokenizer.chat_template); a GGUF source's tokenizer.* keys are copied as they are. The
+/// config's eos ids go in as eos (the first), eom (<|eom_id|>) and eot (another).
 /// Llama 3.1's RoPE scaling goes in as llama.cpp's converter puts it, a rope_freqs tensor of one
 /// divisor a frequency pair (in f32: reading it back gives frequencies within 1e-7 of the
 /// formula's).

@@ -40,6 +40,8 @@ class GgufWriter {
   void add_strings(std::string key, std::vector<std::string> values);
   void add_float32s(std::string key, std::vector<float> values);
   void add_int32s(std::string key, std::vector<std::int32_t> values);
+  /// A value of an open GgufFile, as it is (its type and elements).
+  void add_value(std::string key, const GgufValue& value);
 
   /// Whether metadata key `key` has been added.
   [[nodiscard]] bool contains(std::string_view key) const noexcept;
@@ -55,9 +57,11 @@ class GgufWriter {
   [[nodiscard]] static std::uint64_t tensor_bytes(std::span<const std::int64_t> shape,
                                                   GgufType type) noexcept;
 
-  /// Writes the file (replacing it), calling each tensor's `fill` once, in order.
-  /// Throws: IoError naming the file when it cannot be written; what a `fill` throws (the file
-  /// is then incomplete and removed).
+  /// Writes the file, calling each tensor's `fill` once, in order: into a temporary file beside
+  /// it, renamed over `file` once complete, so that a failure leaves `file` as it was (and a
+  /// `fill` reading a mapping of `file` itself reads the old file to the end).
+  /// Throws: IoError naming the file when it cannot be written or renamed; what a `fill` throws
+  /// (the temporary file is removed).
   void write(const std::filesystem::path& file) const;
 
  private:

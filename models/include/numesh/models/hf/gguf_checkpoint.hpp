@@ -38,14 +38,16 @@ class GgufCheckpoint final : public Checkpoint {
   /// scaling: one divisor a frequency), context_length, expert_count, expert_used_count,
   /// expert_feed_forward_length, expert_shared_feed_forward_length; the vocabulary from
   /// token_embd.weight; biases, tied embeddings and Qwen-MoE's dense layers from which tensors
-  /// exist; bos and eos ids from tokenizer.ggml.*), checked as HfConfig::parse checks a
+  /// exist; bos from tokenizer.ggml.bos_token_id; generation stops at the eos, eot and eom ids
+  /// and, as in llama.cpp, at the control tokens it knows by their text: <|eot_id|>,
+  /// <|im_end|>, <|endoftext|>, <|end|>, <end_of_turn>, ...), checked as HfConfig::parse checks a
   /// config.json. Every tensor must be one the architecture has.
   /// Throws: IoError when `path` does not exist, a folder holds no .gguf file, or a part of a
   /// split set is missing; ValueError for a folder with several models, for metadata numesh
   /// cannot read (naming the key), for an architecture it does not read (listing those it
   /// does), for a tensor the architecture does not have or a tensor in two parts (naming it);
-  /// NotImplementedError for what numesh does not run yet (a partial rotary dimension), naming
-  /// it; what GgufFile::open and HfConfig::parse throw.
+  /// NotImplementedError for what numesh does not run yet (a partial rotary dimension, biases on
+  /// some attention projections only), naming it; what GgufFile::open and HfConfig::parse throw.
   [[nodiscard]] static GgufCheckpoint open(const std::filesystem::path& path);
 
   /// Whether `path` is a GGUF model: a file named *.gguf, or a folder without config.json

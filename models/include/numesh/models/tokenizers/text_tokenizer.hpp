@@ -47,7 +47,8 @@ class TextTokenizer {
   /// (tokenizer.ggml.model absent): "gpt2", byte-level BPE from tokens, token types, merges and
   /// the pre-tokenizer's name, giving the ids the model's tokenizer.json gives; "llama",
   /// SentencePiece from tokens, scores and types, giving the ids its tokenizer.model gives
-  /// (BOS added as SentencePiece tokenizers here add it).
+  /// (BOS added unless tokenizer.ggml.add_bos_token is false; for gpt2 when it is true, or,
+  /// without the key, for Llama 3's pre-tokenizer, as llama.cpp does).
   /// Throws: ValueError naming the file for another tokenizer.ggml.model, and for metadata it
   /// cannot read (naming the key); what Tokenizer::parse throws.
   [[nodiscard]] static std::unique_ptr<TextTokenizer> from_gguf(const GgufFile& file);
