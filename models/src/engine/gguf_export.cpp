@@ -99,7 +99,9 @@ void add_special_ids(GgufWriter& w, const HfConfig& c, const std::vector<std::st
   for (std::size_t i = 0; i < c.eos_token_ids.size(); ++i) {
     const std::int64_t id = c.eos_token_ids[i];
     const bool named = id >= 0 && id < static_cast<std::int64_t>(tokens.size());
-    const std::string_view text = named ? tokens[static_cast<std::size_t>(id)] : "";
+    // Both arms views: `named ? tokens[i] : ""` would be a std::string temporary, dangling.
+    const std::string_view text =
+        named ? std::string_view(tokens[static_cast<std::size_t>(id)]) : std::string_view();
     add(i == 0                 ? "tokenizer.ggml.eos_token_id"
         : text == "<|eom_id|>" ? "tokenizer.ggml.eom_token_id"
                                : "tokenizer.ggml.eot_token_id",
