@@ -23,6 +23,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/block_formats.hpp"
+#include "numesh/runtime/tensor.hpp"
 #include "safetensors_writer.hpp"
 
 // GGUF files are written byte by byte here (a little-endian writer of the format's fields), so
@@ -712,8 +713,9 @@ TEST_F(GgufFileTest, TypesNumeshDoesNotComputeInOpenButCannotBeRead) {
   EXPECT_EQ(f.info("q5k"), (GgufTensorInfo{"q5k", GgufType::kQ5_K, {256, 1}, {1, 256}, 0, 176}));
   EXPECT_EQ(std::memcmp(f.bytes("q5k").data(), q5k.data(), q5k.size()), 0);
   std::vector<float> out(256);
-  for (const auto& [name, type] :
+  for (const auto& [tensor, type] :
        {std::pair<std::string, std::string>{"q5k", "Q5_K"}, {"ids", "I32"}}) {
+    const std::string& name = tensor;  // lambdas capture it (clang 14 cannot capture bindings)
     const std::string message =
         read_error(file, name,
                    "its type is " + type +
