@@ -1,12 +1,50 @@
 #include "box_copy.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <vector>
 
 #include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/tensor.hpp"
 
 namespace numesh::models::detail {
+
+std::uint64_t check_box(std::string_view where, std::span<const std::int64_t> shape,
+                        std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes,
+                        DType target, std::size_t out_bytes) {
+  const auto text = [](std::span<const std::int64_t> dims) {
+    return fmt::format("[{}]", fmt::join(dims, ", "));
+  };
+  const std::size_t rank = shape.size();
+  NUMESH_CHECK(offsets.size() == rank && sizes.size() == rank, ShapeError,
+               "{}: the box has {} offsets and {} sizes but the tensor (shape {}) has rank {}",
+               where, offsets.size(), sizes.size(), text(shape), rank);
+  std::uint64_t elements = 1;
+  for (std::size_t d = 0; d < rank; ++d) {
+    const bool inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= shape[d] &&
+                        sizes[d] <= shape[d] - offsets[d];
+    NUMESH_CHECK(inside, ShapeError,
+                 "{}: the box at offsets {} of sizes {} is outside shape {} in dim {} (offset {}, "
+                 "size {}, extent {})",
+                 where, text(offsets), text(sizes), text(shape), d, offsets[d], sizes[d], shape[d]);
+    elements *= static_cast<std::uint64_t>(sizes[d]);
+  }
+  // Bytes of the box stored as `target`: whole rows of it (a block format's blocks along them).
+  const std::int64_t row = rank == 0 ? 1 : sizes[rank - 1];
+  const DTypeTraits& format = traits(target);
+  NUMESH_CHECK(row % format.block_elements == 0, ValueError,
+               "{} as {}: the box's rows of {} elements are not whole blocks of {}", where,
+               format.name, row, format.block_elements);
+  const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
+  NUMESH_CHECK(out_bytes == needed, ShapeError,
+               "{}: the output has {} bytes but {} elements of {} take {}", where, out_bytes,
+               elements, to_string(target), needed);
+  return elements;
+}
 
 void copy_box(const std::byte* src, DType from, std::span<const std::int64_t> shape,
               std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes,

@@ -1,27 +1,22 @@
 #include "numesh/models/formats/gguf.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
 
 #include "../box_copy.hpp"
 #include "../closest_names.hpp"
+#include "file_mapping.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
-#include "numesh/runtime/tensor.hpp"
-#include "os_error.hpp"
 
 // The rules are those of GGML's reader, ggml-org/ggml src/gguf.cpp (gguf_init_from_reader: the
 // header, the key-value pairs, the tensor infos, the data section), with its limits
@@ -38,7 +33,6 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "GGUF's numbers are read in place");
 
 namespace fs = std::filesystem;
-using detail::os_error;
 
 constexpr std::uint64_t kFixedHeaderBytes = 24;  // magic, version, tensor count, kv count
 // The fewest bytes a tensor info takes (an empty name, n_dims 0: the name's length, n_dims, the
@@ -226,12 +220,6 @@ std::string value_text(const GgufValue& value) {
 constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t alignment) noexcept {
   return (x + alignment - 1) & ~(alignment - 1);
 }
-
-/// Closes a file descriptor on scope exit: the mapping outlives it.
-struct FdGuard {
-  int fd;
-  ~FdGuard() { ::close(fd); }
-};
 
 /// A cursor over the mapped file that refuses to read past its end. `what` arguments are
 /// callables giving the name of what is read, formatted only when it does not fit.
@@ -439,29 +427,13 @@ GgufFile::~GgufFile() = default;
 
 GgufFile GgufFile::open(const fs::path& file) {
   const std::string where = fmt::format("gguf: cannot open '{}'", file.string());
-  errno = 0;
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMESH_CHECK(fd >= 0, IoError, "{}: {}", where, os_error(errno));
-  const FdGuard closer{fd};
-  struct stat status {};
-  NUMESH_CHECK(::fstat(fd, &status) == 0, IoError, "{}: {}", where, os_error(errno));
-  NUMESH_CHECK(!S_ISDIR(status.st_mode), IoError, "{}: it is a directory", where);
-  NUMESH_CHECK(S_ISREG(status.st_mode), IoError, "{}: it is not a regular file", where);
-  const auto file_size = static_cast<std::uint64_t>(status.st_size);
-  NUMESH_CHECK(file_size >= kFixedHeaderBytes, IoError,
-               "{}: file ends early: it has {} bytes, fewer than the 24 of GGUF's fixed header "
-               "(magic, version, tensor count, key-value count)",
-               where, file_size);
-
+  const detail::FileMapping mapped = detail::map_file(
+      file, where, kFixedHeaderBytes,
+      "the 24 of GGUF's fixed header (magic, version, tensor count, key-value count)");
+  const std::uint64_t file_size = mapped.size;
   GgufFile out;
   out.path_ = file;
-  const auto size = static_cast<std::size_t>(file_size);
-  errno = 0;
-  // Read-only and private: nothing can ever be written back to the file through the mapping.
-  void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  NUMESH_CHECK(address != MAP_FAILED, IoError, "{}: cannot map it into memory ({})", where,
-               os_error(errno));
-  out.mapping_ = {static_cast<const std::byte*>(address), Unmapper{size}};
+  out.mapping_ = {mapped.address, Unmapper{static_cast<std::size_t>(file_size)}};
   GgufCursor r(out.mapping_.get(), file_size, where);
 
   // The fixed header (its 24 bytes are there).
@@ -852,30 +824,10 @@ void GgufFile::read_box(std::string_view name, std::span<const std::int64_t> off
                "tensors",
                where, to_string(t.type));
   const std::size_t rank = t.shape.size();
-  NUMESH_CHECK(offsets.size() == rank && sizes.size() == rank, ShapeError,
-               "{}: the box has {} offsets and {} sizes but the tensor (shape {}) has rank {}",
-               where, offsets.size(), sizes.size(), dims_text(t.shape), rank);
-  std::uint64_t elements = 1;
-  for (std::size_t d = 0; d < rank; ++d) {
-    const bool inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= t.shape[d] &&
-                        sizes[d] <= t.shape[d] - offsets[d];
-    NUMESH_CHECK(inside, ShapeError,
-                 "{}: the box at offsets {} of sizes {} is outside shape {} in dim {} (offset {}, "
-                 "size {}, extent {})",
-                 where, dims_text(offsets), dims_text(sizes), dims_text(t.shape), d, offsets[d],
-                 sizes[d], t.shape[d]);
-    elements *= static_cast<std::uint64_t>(sizes[d]);
-  }
-  const std::int64_t row = rank == 0 ? 1 : sizes[rank - 1];
-  const DTypeTraits& format = traits(target);
-  NUMESH_CHECK(row % format.block_elements == 0, ValueError,
-               "{} as {}: the box's rows of {} elements are not whole blocks of {}", where,
-               format.name, row, format.block_elements);
-  const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
-  NUMESH_CHECK(out.size() == needed, ShapeError,
-               "{}: the output has {} bytes but {} elements of {} take {}", where, out.size(),
-               elements, to_string(target), needed);
+  const std::uint64_t elements =
+      detail::check_box(where, t.shape, offsets, sizes, target, out.size());
   if (elements == 0) return;
+  const DTypeTraits& format = traits(target);
 
   const std::byte* src = mapping_.get() + data_offset_ + t.offset;
   const std::int64_t block = traits(*stored).block_elements;

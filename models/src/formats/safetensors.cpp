@@ -1,15 +1,11 @@
 #include "numesh/models/formats/safetensors.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <limits>
 #include <system_error>
 #include <tuple>
@@ -18,10 +14,9 @@
 #include "../box_copy.hpp"
 #include "../closest_names.hpp"
 #include "../strict_json.hpp"
+#include "file_mapping.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/runtime/tensor.hpp"
-#include "os_error.hpp"
 
 // The rules are those of the official reader, huggingface/safetensors (Rust crate, read at commit
 // 24b0b28, safetensors/src/tensor.rs: SafeTensors::read_metadata and Metadata::validate), and the
@@ -29,8 +24,6 @@
 
 namespace numesh::models {
 namespace {
-
-using detail::os_error;
 
 namespace fs = std::filesystem;
 using detail::Json;
@@ -98,12 +91,6 @@ std::uint64_t read_u64_le(const std::byte* p) noexcept {
   for (std::size_t i = kLengthBytes; i-- > 0;) v = (v << 8) | std::to_integer<std::uint64_t>(p[i]);
   return v;
 }
-
-/// Closes a file descriptor on scope exit: the mapping outlives it.
-struct FdCloser {
-  int fd;
-  ~FdCloser() { ::close(fd); }
-};
 
 /// An unsigned JSON integer, or nullopt for anything else (negative, fractional, a string...).
 std::optional<std::uint64_t> as_unsigned(const Json& value) {
@@ -307,28 +294,12 @@ SafetensorsFile::~SafetensorsFile() = default;
 
 SafetensorsFile SafetensorsFile::open(const fs::path& file) {
   const std::string where = fmt::format("safetensors: cannot open '{}'", file.string());
-  errno = 0;
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMESH_CHECK(fd >= 0, IoError, "{}: {}", where, os_error(errno));
-  const FdCloser closer{fd};
-  struct stat status {};
-  NUMESH_CHECK(::fstat(fd, &status) == 0, IoError, "{}: {}", where, os_error(errno));
-  NUMESH_CHECK(!S_ISDIR(status.st_mode), IoError, "{}: it is a directory", where);
-  NUMESH_CHECK(S_ISREG(status.st_mode), IoError, "{}: it is not a regular file", where);
-  const auto file_size = static_cast<std::uint64_t>(status.st_size);
-  NUMESH_CHECK(file_size >= kLengthBytes, IoError,
-               "{}: file ends early: it has {} bytes, fewer than the 8 of the header length", where,
-               file_size);
-
+  const detail::FileMapping mapped =
+      detail::map_file(file, where, kLengthBytes, "the 8 of the header length");
+  const std::uint64_t file_size = mapped.size;
   SafetensorsFile out;
   out.path_ = file;
-  const auto size = static_cast<std::size_t>(file_size);
-  errno = 0;
-  // Read-only and private: nothing can ever be written back to the file through the mapping.
-  void* address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  NUMESH_CHECK(address != MAP_FAILED, IoError, "{}: cannot map it into memory ({})", where,
-               os_error(errno));
-  out.mapping_ = {static_cast<const std::byte*>(address), Unmapper{size}};
+  out.mapping_ = {mapped.address, Unmapper{static_cast<std::size_t>(file_size)}};
   const std::byte* base = out.mapping_.get();
 
   const std::uint64_t header_size = read_u64_le(base);
@@ -414,31 +385,8 @@ void SafetensorsFile::read_box(std::string_view name, std::span<const std::int64
   NUMESH_CHECK(stored.has_value(), ValueError,
                "{}: its dtype is {}; numesh reads only F32, BF16 and F16 tensors", where,
                to_string(t.dtype));
-  const std::size_t rank = t.shape.size();
-  NUMESH_CHECK(offsets.size() == rank && sizes.size() == rank, ShapeError,
-               "{}: the box has {} offsets and {} sizes but the tensor (shape {}) has rank {}",
-               where, offsets.size(), sizes.size(), shape_text(t.shape), rank);
-  std::uint64_t elements = 1;
-  for (std::size_t d = 0; d < rank; ++d) {
-    const bool inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= t.shape[d] &&
-                        sizes[d] <= t.shape[d] - offsets[d];
-    NUMESH_CHECK(inside, ShapeError,
-                 "{}: the box at offsets {} of sizes {} is outside shape {} in dim {} (offset {}, "
-                 "size {}, extent {})",
-                 where, shape_text(offsets), shape_text(sizes), shape_text(t.shape), d, offsets[d],
-                 sizes[d], t.shape[d]);
-    elements *= static_cast<std::uint64_t>(sizes[d]);
-  }
-  // Bytes of the box stored as `target`: whole rows of it (a block format's blocks along them).
-  const std::int64_t row = rank == 0 ? 1 : sizes[rank - 1];
+  (void)detail::check_box(where, t.shape, offsets, sizes, target, out.size());
   const DTypeTraits& format = traits(target);
-  NUMESH_CHECK(row % format.block_elements == 0, ValueError,
-               "{} as {}: the box's rows of {} elements are not whole blocks of {}", where,
-               format.name, row, format.block_elements);
-  const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
-  NUMESH_CHECK(out.size() == needed, ShapeError,
-               "{}: the output has {} bytes but {} elements of {} take {}", where, out.size(),
-               elements, to_string(target), needed);
   try {
     detail::copy_box(buffer_ + t.begin, *stored, t.shape, offsets, sizes, out.data(), target);
   } catch (const ValueError& e) {
