@@ -358,31 +358,65 @@ namespace {
 // far fewer PUs than this.
 constexpr std::uint64_t kMaxSyntheticPus = 4096;
 
-// The product of every count in a synthetic description: the number of leaves it describes, or
-// kMaxSyntheticPus + 1 once it exceeds that. hwloc takes a level as "type:count" or as a bare
-// count ("2 4 8"; topology_fuzz found "11111", 11111 PUs, taking 25 s while this counted only
-// the "type:count" levels), with attributes in parentheses after it ("numa:2(memory=1G)") and
-// whole-description attributes such as "indexes=numa:core", which hold no count.
+// The product of every count in a synthetic description: the number of leaves hwloc would
+// build from it, or kMaxSyntheticPus + 1 once that exceeds the limit. It walks the description
+// as hwloc 2.9's parser does (hwloc_backend_synthetic_init), so that no description hwloc
+// accepts is counted short:
+// - root attributes in parentheses at the very start, "[numa...]" attached objects: no count;
+// - a level that starts with a digit is a bare count ("2 4 8"; topology_fuzz found "11111",
+//   11111 PUs, taking 25 s);
+// - any other level is a type, and its count follows the next ':' in the rest of the text,
+//   wherever that is (topology_fuzz found "l3<bytes>=<bytes>:516", which hwloc reads as 516
+//   L3 caches, taking 15 s while this skipped every token holding a '=');
+// - a count is read as strtoul(..., 0) reads it: leading blanks, a sign, 0x hexadecimal and
+//   0 octal included ("pu:0x2000" is 8192 PUs);
+// - attributes in parentheses after a count ("numa:2(memory=1GB)") hold no count.
+// Where hwloc would refuse the text, the walk stops: hwloc then names the fault.
 std::uint64_t synthetic_leaves(std::string_view desc) {
+  constexpr std::uint64_t kTooMany = kMaxSyntheticPus + 1;
   std::uint64_t leaves = 1;
   std::size_t i = 0;
+  const auto skip_past = [&](char c) {
+    const std::size_t at = desc.find(c, i);
+    i = at == std::string_view::npos ? desc.size() : at + 1;
+    return at != std::string_view::npos;
+  };
+  if (desc.starts_with('(') && !skip_past(')')) return leaves;
   while (i < desc.size()) {
-    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
-    const std::size_t start = i;
-    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) == 0) ++i;
-    std::string_view token = desc.substr(start, i - start);
-    token = token.substr(0, token.find('('));  // the level's attributes hold no count
-    if (token.empty() || token.find('=') != std::string_view::npos) continue;
-    const std::size_t colon = token.find(':');
-    const std::string_view text = colon == std::string_view::npos ? token : token.substr(colon + 1);
-    std::uint64_t count = 0;
-    std::size_t j = 0;
-    for (; j < text.size() && text[j] >= '0' && text[j] <= '9' && count <= kMaxSyntheticPus; ++j) {
-      count = count * 10 + static_cast<std::uint64_t>(text[j] - '0');
+    while (i < desc.size() && (desc[i] == ' ' || desc[i] == '\n')) ++i;
+    if (i == desc.size()) break;
+    if (desc[i] == '[') {
+      if (!skip_past(']')) break;
+      continue;
     }
-    if (j == 0) continue;  // not a count: hwloc refuses the description, naming it
-    leaves = count > kMaxSyntheticPus ? kMaxSyntheticPus + 1
-                                      : std::min(leaves * count, kMaxSyntheticPus + 1);
+    if ((desc[i] < '0' || desc[i] > '9') && !skip_past(':')) break;
+    // strtoul: blanks, a sign (a '-' negates the count: a huge one), then the base's digits.
+    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
+    bool negative = false;
+    if (i < desc.size() && (desc[i] == '+' || desc[i] == '-')) negative = desc[i++] == '-';
+    std::uint64_t base = 10;
+    if (i < desc.size() && desc[i] == '0') {
+      base = 8;
+      if (i + 2 < desc.size() && (desc[i + 1] == 'x' || desc[i + 1] == 'X') &&
+          std::isxdigit(static_cast<unsigned char>(desc[i + 2])) != 0) {
+        base = 16;
+        i += 2;
+      }
+    }
+    std::uint64_t count = 0;
+    std::size_t digits = 0;
+    for (; i < desc.size(); ++i, ++digits) {
+      const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(desc[i])));
+      const std::uint64_t digit = c >= '0' && c <= '9'   ? static_cast<std::uint64_t>(c - '0')
+                                  : c >= 'a' && c <= 'f' ? static_cast<std::uint64_t>(c - 'a' + 10)
+                                                         : base;
+      if (digit >= base) break;
+      count = std::min(count * base + digit, kTooMany);
+    }
+    if (digits == 0) break;
+    if (negative && count != 0) count = kTooMany;
+    leaves = std::min(leaves * count, kTooMany);
+    if (i < desc.size() && desc[i] == '(' && !skip_past(')')) break;
   }
   return leaves;
 }
@@ -415,14 +449,20 @@ Topology Topology::from_synthetic(std::string_view description) {
                "the synthetic topology '{}' has a memory-side cache level ('{}'); numesh takes "
                "machines, packages, dies, groups, NUMA nodes, caches L1-L5, cores and PUs",
                desc, cache);
-  NUMESH_CHECK(synthetic_leaves(desc) <= kMaxSyntheticPus, TopologyError,
-               "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts",
-               desc, kMaxSyntheticPus);
+  const auto check_pus = [&](std::uint64_t pus) {
+    NUMESH_CHECK(pus <= kMaxSyntheticPus, TopologyError,
+                 "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts",
+                 desc, kMaxSyntheticPus);
+  };
+  check_pus(synthetic_leaves(desc));
   UniqueTopology topo = init_topology();
   NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
                "hwloc rejected the synthetic topology description '{}'", desc);
   NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
                "hwloc could not load the synthetic topology '{}': {}", desc, errno_text(errno));
+  // The count above walks hwloc's parser from outside; should the two ever part, the limit
+  // still holds before numesh's own quadratic passes over the objects.
+  check_pus(static_cast<std::uint64_t>(hwloc_get_nbobjs_by_type(topo.get(), HWLOC_OBJ_PU)));
   // hwloc's synthetic backend binds nothing and reports success, unless HWLOC_THISSYSTEM=1
   // told it that the description is this machine (how two NUMA devices are emulated on a
   // one-node machine).

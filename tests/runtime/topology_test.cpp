@@ -215,6 +215,22 @@ TEST(TopologyTest, SyntheticDescriptionsOfMoreThan4096PusAreRefusedBeforeHwlocBu
               ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
   EXPECT_EQ(Topology::from_synthetic("2 3").cpuset().size(), 6u);
   EXPECT_EQ(Topology::from_synthetic("numa:2(memory=1GB) pu:2").cpuset().size(), 4u);
+  // Counts as hwloc reads them: after the next ':' whatever stands before it (topology_fuzz
+  // found "l3<bytes>=<bytes>:516", which hwloc takes as 516 L3 caches), in strtoul's bases,
+  // after a sign; attached NUMA nodes hold no count.
+  EXPECT_THAT([] { Topology::from_synthetic("pack:4 l3=x:516 pu:2"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+  EXPECT_THAT([] { Topology::from_synthetic("pack:2 core:0x800 pu:2"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+  EXPECT_THAT([] { Topology::from_synthetic("pack:2 core:04000 pu:2"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+  EXPECT_THAT([] { Topology::from_synthetic("core:-1 pu:1"); },
+              ThrowsMessage<TopologyError>(HasSubstr("more than 4096 PUs")));
+  EXPECT_EQ(Topology::from_synthetic("pack:3 l3=x:516 pu:2").cpuset().size(), 3096u);
+  EXPECT_EQ(Topology::from_synthetic("numa:2 core:010 pu:1").cpuset().size(), 16u);
+  EXPECT_EQ(Topology::from_synthetic("numa:2 core: +4 pu:1").cpuset().size(), 8u);
+  EXPECT_EQ(Topology::from_synthetic("pack:2 [numa(memory=1GB)] core:0x3 pu:1").cpuset().size(),
+            6u);
 }
 
 TEST(TopologyTest, IntelTwoNodeXmlReadsDistancesFromTheFile) {
