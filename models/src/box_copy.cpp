@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -31,7 +32,12 @@ std::uint64_t check_box(std::string_view where, std::span<const std::int64_t> sh
                  "{}: the box at offsets {} of sizes {} is outside shape {} in dim {} (offset {}, "
                  "size {}, extent {})",
                  where, text(offsets), text(sizes), text(shape), d, offsets[d], sizes[d], shape[d]);
-    elements *= static_cast<std::uint64_t>(sizes[d]);
+  }
+  for (std::size_t d = 0; d < rank; ++d) {
+    // Saturates: the count is only reported, and a box past 2^64 elements is refused below.
+    if (__builtin_mul_overflow(elements, static_cast<std::uint64_t>(sizes[d]), &elements)) {
+      elements = UINT64_MAX;
+    }
   }
   // Bytes of the box stored as `target`: whole rows of it (a block format's blocks along them).
   const std::int64_t row = rank == 0 ? 1 : sizes[rank - 1];
@@ -39,7 +45,12 @@ std::uint64_t check_box(std::string_view where, std::span<const std::int64_t> sh
   NUMESH_CHECK(row % format.block_elements == 0, ValueError,
                "{} as {}: the box's rows of {} elements are not whole blocks of {}", where,
                format.name, row, format.block_elements);
-  const auto needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
+  std::uint64_t needed = 0;
+  try {
+    needed = static_cast<std::uint64_t>(runtime::storage_bytes(target, sizes));
+  } catch (const ShapeError& e) {
+    throw ShapeError(fmt::format("{}: {}", where, e.what()));
+  }
   NUMESH_CHECK(out_bytes == needed, ShapeError,
                "{}: the output has {} bytes but {} elements of {} take {}", where, out_bytes,
                elements, to_string(target), needed);

@@ -24,7 +24,12 @@ std::int64_t num_elements(std::span<const std::int64_t> shape) {
   std::int64_t n = 1;
   for (std::int64_t e : shape) {
     NUMESH_CHECK(e >= 0, ShapeError, "shape ({}) has a negative extent", fmt::join(shape, ", "));
-    n *= e;
+  }
+  for (std::int64_t e : shape) {
+    // A file's header may declare any extents (gguf_fuzz found a tensor whose elements, 2^61,
+    // overflowed in bytes): a count past int64 is refused, not wrapped.
+    NUMESH_CHECK(!__builtin_mul_overflow(n, e, &n), ShapeError,
+                 "shape ({}) has more than 2^63 elements", fmt::join(shape, ", "));
   }
   return n;
 }
@@ -33,7 +38,14 @@ std::int64_t storage_bytes(DType dtype, std::span<const std::int64_t> shape) {
   const std::int64_t n = num_elements(shape);
   if (shape.empty()) return row_bytes(dtype, 1);
   const std::int64_t row = shape.back();
-  return row == 0 ? 0 : n / row * row_bytes(dtype, row);
+  if (row == 0) return 0;
+  const DTypeTraits& format = traits(dtype);
+  (void)row_bytes(dtype, row);  // refuses rows that are not whole blocks, naming them
+  std::int64_t bytes = 0;
+  NUMESH_CHECK(!__builtin_mul_overflow(n / format.block_elements, format.block_bytes, &bytes),
+               ShapeError, "shape ({}) as {} takes more than 2^63 bytes", fmt::join(shape, ", "),
+               format.name);
+  return bytes;
 }
 
 namespace {

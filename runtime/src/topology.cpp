@@ -358,30 +358,56 @@ namespace {
 // far fewer PUs than this.
 constexpr std::uint64_t kMaxSyntheticPus = 4096;
 
-// The product of every count in a synthetic description: the number of leaves hwloc would
-// build from it, or kMaxSyntheticPus + 1 once that exceeds the limit. It walks the description
-// as hwloc 2.9's parser does (hwloc_backend_synthetic_init), so that no description hwloc
-// accepts is counted short:
+// What a synthetic description holds, read as hwloc 2.9's parser reads it
+// (hwloc_backend_synthetic_init), so that nothing hwloc accepts is counted short or passes
+// unseen:
 // - root attributes in parentheses at the very start, "[numa...]" attached objects: no count;
 // - a level that starts with a digit is a bare count ("2 4 8"; topology_fuzz found "11111",
 //   11111 PUs, taking 25 s);
 // - any other level is a type, and its count follows the next ':' in the rest of the text,
 //   wherever that is (topology_fuzz found "l3<bytes>=<bytes>:516", which hwloc reads as 516
 //   L3 caches, taking 15 s while this skipped every token holding a '=');
+// - a type is named by its leading letters and dashes, any prefix of the type's name of some
+//   minimum length, in any case (hwloc__type_match: "MemCach" is a memory-side cache, which
+//   topology_fuzz found making hwloc 2.9 assert while loading "MemCach<bytes>3:1 core:4 pu:2");
 // - a count is read as strtoul(..., 0) reads it: leading blanks, a sign, 0x hexadecimal and
 //   0 octal included ("pu:0x2000" is 8192 PUs);
-// - attributes in parentheses after a count ("numa:2(memory=1GB)") hold no count.
+// - attributes in parentheses after a count ("numa:2(memory=1GB)") hold no count;
+// - the next level starts right after the count or the attributes, with or without a blank.
 // Where hwloc would refuse the text, the walk stops: hwloc then names the fault.
-std::uint64_t synthetic_leaves(std::string_view desc) {
-  constexpr std::uint64_t kTooMany = kMaxSyntheticPus + 1;
+struct SyntheticLevels {
+  /// The number of leaves (PUs) hwloc would build, or kMaxSyntheticPus + 1 once past it.
   std::uint64_t leaves = 1;
+  /// The first level naming a memory-side cache, or empty.
+  std::string_view memory_side_cache;
+};
+
+// True when the type name at the start of `text` is a memory-side cache for hwloc: its leading
+// letters and dashes, in lower case, are a prefix of "memcache" at least 5 long or of
+// "memory-side cache" at least 8 long.
+bool names_memory_side_cache(std::string_view text) {
+  std::string name;
+  for (const char c : text) {
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-';
+    if (!letter) break;
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  const auto prefix_of = [&](std::string_view type, std::size_t at_least) {
+    return name.size() >= at_least && type.starts_with(name);
+  };
+  return prefix_of("memcache", 5) || prefix_of("memory-side cache", 8);
+}
+
+SyntheticLevels scan_synthetic(std::string_view desc) {
+  constexpr std::uint64_t kTooMany = kMaxSyntheticPus + 1;
+  SyntheticLevels out;
   std::size_t i = 0;
   const auto skip_past = [&](char c) {
     const std::size_t at = desc.find(c, i);
     i = at == std::string_view::npos ? desc.size() : at + 1;
     return at != std::string_view::npos;
   };
-  if (desc.starts_with('(') && !skip_past(')')) return leaves;
+  if (desc.starts_with('(') && !skip_past(')')) return out;
   while (i < desc.size()) {
     while (i < desc.size() && (desc[i] == ' ' || desc[i] == '\n')) ++i;
     if (i == desc.size()) break;
@@ -389,7 +415,13 @@ std::uint64_t synthetic_leaves(std::string_view desc) {
       if (!skip_past(']')) break;
       continue;
     }
-    if ((desc[i] < '0' || desc[i] > '9') && !skip_past(':')) break;
+    if (desc[i] < '0' || desc[i] > '9') {
+      if (out.memory_side_cache.empty() && names_memory_side_cache(desc.substr(i))) {
+        const std::size_t end = desc.find_first_of(" \n", i);
+        out.memory_side_cache = desc.substr(i, end == std::string_view::npos ? end : end - i);
+      }
+      if (!skip_past(':')) break;
+    }
     // strtoul: blanks, a sign (a '-' negates the count: a huge one), then the base's digits.
     while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
     bool negative = false;
@@ -415,46 +447,29 @@ std::uint64_t synthetic_leaves(std::string_view desc) {
     }
     if (digits == 0) break;
     if (negative && count != 0) count = kTooMany;
-    leaves = std::min(leaves * count, kTooMany);
+    out.leaves = std::min(out.leaves * count, kTooMany);
     if (i < desc.size() && desc[i] == '(' && !skip_past(')')) break;
   }
-  return leaves;
-}
-
-// The first level of `desc` that names a memory-side cache ("MemCache", "mcache", any case),
-// or empty. hwloc 2.9's synthetic backend asserts, aborting the process, while it loads some
-// of them (topology_fuzz found "MemCache3:1 core:4 pu:2"), and numesh places no device by them.
-std::string_view memory_side_cache(std::string_view desc) {
-  std::size_t i = 0;
-  while (i < desc.size()) {
-    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
-    const std::size_t start = i;
-    while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) == 0) ++i;
-    const std::string_view token = desc.substr(start, i - start);
-    std::string lower;
-    for (char c : token.substr(0, token.find_first_of(":("))) {
-      lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-    if (lower.starts_with("memcache") || lower.starts_with("mcache")) return token;
-  }
-  return {};
+  return out;
 }
 
 }  // namespace
 
 Topology Topology::from_synthetic(std::string_view description) {
   const std::string desc(description);
-  const std::string_view cache = memory_side_cache(desc);
-  NUMESH_CHECK(cache.empty(), TopologyError,
+  const SyntheticLevels levels = scan_synthetic(desc);
+  // hwloc 2.9's synthetic backend asserts, aborting the process, while it loads some memory-side
+  // caches (topology_fuzz found "MemCache3:1 core:4 pu:2"), and numesh places no device by them.
+  NUMESH_CHECK(levels.memory_side_cache.empty(), TopologyError,
                "the synthetic topology '{}' has a memory-side cache level ('{}'); numesh takes "
                "machines, packages, dies, groups, NUMA nodes, caches L1-L5, cores and PUs",
-               desc, cache);
+               desc, levels.memory_side_cache);
   const auto check_pus = [&](std::uint64_t pus) {
     NUMESH_CHECK(pus <= kMaxSyntheticPus, TopologyError,
                  "the synthetic topology '{}' describes more than {} PUs, the most numesh accepts",
                  desc, kMaxSyntheticPus);
   };
-  check_pus(synthetic_leaves(desc));
+  check_pus(levels.leaves);
   UniqueTopology topo = init_topology();
   NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
                "hwloc rejected the synthetic topology description '{}'", desc);

@@ -192,6 +192,19 @@ TEST(TopologyTest, SyntheticMemorySideCachesAreRefusedBeforeHwlocLoadsThem) {
                   "the synthetic topology 'MemCache3:1 core:4 pu:2' has a memory-side cache level "
                   "('MemCache3:1')")));
   EXPECT_THROW((void)Topology::from_synthetic("numa:2 mcache:1 core:2 pu:1"), TopologyError);
+  // hwloc takes any prefix of the type's name (5 letters at least), in any case, ending at the
+  // first character that is not a letter or a dash (topology_fuzz found "MemCach<bytes>3:1").
+  EXPECT_THAT([] { (void)Topology::from_synthetic("numa:2 MEMCA:1 core:2 pu:1"); },
+              ThrowsMessage<TopologyError>(HasSubstr("has a memory-side cache level ('MEMCA:1')")));
+  EXPECT_THAT(
+      [] {
+        (void)Topology::from_synthetic(
+            "numa:2 MemCach\xfa"
+            "3:1 core:2 pu:1");
+      },
+      ThrowsMessage<TopologyError>(HasSubstr("has a memory-side cache level")));
+  EXPECT_THAT([] { (void)Topology::from_synthetic("numa:2 memory-side:1 core:2 pu:1"); },
+              ThrowsMessage<TopologyError>(HasSubstr("has a memory-side cache level")));
   EXPECT_EQ(Topology::from_synthetic("numa:2 l3:1 core:2 pu:1").cores().size(), 4U);
 }
 

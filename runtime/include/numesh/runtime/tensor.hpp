@@ -16,14 +16,15 @@
 
 namespace numesh::runtime {
 
-/// Number of elements of `shape` (1 for rank 0). Throws: ShapeError for a negative extent.
+/// Number of elements of `shape` (1 for rank 0). Throws: ShapeError for a negative extent or a
+/// count past 2^63.
 std::int64_t num_elements(std::span<const std::int64_t> shape);
 
 /// Bytes a dense row-major tensor of `shape` takes stored as `dtype`: its rows (the last dim;
 /// rank 0 is one row of one element) each row_bytes(dtype, row length) long, so that a block
 /// format's blocks run along rows and never straddle two.
-/// Throws: ShapeError for a negative extent; ValueError (row_bytes) when the rows are not whole
-/// blocks of the format.
+/// Throws: ShapeError for a negative extent or a size past 2^63; ValueError (row_bytes) when the
+/// rows are not whole blocks of the format.
 std::int64_t storage_bytes(DType dtype, std::span<const std::int64_t> shape);
 
 /// A dense row-major tensor in ordinary (host) memory: the form data has before it is
