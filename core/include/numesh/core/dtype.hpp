@@ -123,13 +123,18 @@ constexpr double bytes_per_weight(DType t) noexcept {
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Bytes of a row of `elements` elements stored as `t`.
-/// Throws: ValueError naming the format and its block when `elements` is not a multiple of it.
+/// Throws: ValueError naming the format and its block when `elements` is not a multiple of it;
+/// ShapeError when the bytes pass 2^63 (a file's header may declare any extent).
 inline std::int64_t row_bytes(DType t, std::int64_t elements) {
   const DTypeTraits& f = traits(t);
   NUMESH_CHECK(elements >= 0 && elements % f.block_elements == 0, ValueError,
                "{}: a row of {} elements is not a whole number of {}-element blocks", f.name,
                elements, f.block_elements);
-  return elements / f.block_elements * f.block_bytes;
+  std::int64_t bytes = 0;
+  NUMESH_CHECK(!__builtin_mul_overflow(elements / f.block_elements, f.block_bytes, &bytes),
+               ShapeError, "{}: a row of {} elements takes more than 2^63 bytes", f.name,
+               elements);
+  return bytes;
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",

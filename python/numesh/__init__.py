@@ -1,0 +1,35 @@
+"""numesh: a task-graph runtime for NUMA CPU machines, with eformer's partition layer.
+
+The sharding vocabulary is eformer's, with its names and behaviour::
+
+    import numesh
+    paxis = numesh.PartitionAxis()
+    paxis.resolve_spec([numesh.BATCH, numesh.QUERY_LENGTH, numesh.EMBED], numesh.MODE_TRAIN)
+    # P(('fsdp', 'dp'), 'sp', 'tp')
+"""
+
+from numesh import _numesh
+from numesh._numesh import (
+    DuplicateSpecError,
+    Error,
+    Mesh,
+    NamedSharding,
+    PartitionAxis,
+    create_mesh,
+    get_corrected_named_sharding,
+    get_incontext_mesh,
+    with_sharding_constraint,
+)
+from numesh.common_types import *  # noqa: F401,F403  (eformer's constants, by name)
+from numesh.common_types import NOT_GIVEN
+from numesh.partition_manager import (
+    PartitionManager,
+    apply_logical_sharding,
+    get_current_partition_manager,
+    get_partition_manager,
+)
+from numesh.partition_spec import P, PartitionSpec
+from numesh.presets import *  # noqa: F401,F403  (DynamicShardingAxes and the presets)
+from numesh.presets import DynamicShardingAxes
+
+__version__ = "0.1.0"

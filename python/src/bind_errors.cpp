@@ -1,0 +1,43 @@
+#include <pybind11/pybind11.h>
+
+#include "bindings.hpp"
+#include "numesh/core/error.hpp"
+
+namespace py = pybind11;
+
+namespace numesh::python {
+
+// numesh's errors as the Python exceptions eformer raises (core/error.hpp mirrors them one to
+// one): ValueError, TypeError, IndexError and NotImplementedError keep their names, KeyError
+// carries the missing key as args[0] (what eformer's messages compare), NoMeshError is the
+// AssertionError eformer's assert raises, and DuplicateSpecError is JAX's own class (an
+// Exception, not a ValueError). Every other numesh error is a numesh.Error.
+void bind_errors(py::module_& m) {
+  // Registered first, so tried last: pybind11 tries translators newest first.
+  static py::exception<Error> error(m, "Error");
+  static py::exception<DuplicateSpecError> duplicate_spec(m, "DuplicateSpecError",
+                                                          PyExc_Exception);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KeyError& e) {
+      PyErr_SetObject(PyExc_KeyError, py::str(e.key()).ptr());
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what());
+    } catch (const NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    } catch (const NoMeshError& e) {
+      PyErr_SetString(PyExc_AssertionError, e.what());
+    } catch (const DuplicateSpecError& e) {
+      PyErr_SetString(duplicate_spec.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+}
+
+}  // namespace numesh::python

@@ -1,0 +1,373 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "conversions.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/runtime/device_placement.hpp"
+#include "numesh/runtime/topology.hpp"
+#include "numesh/sharding/corrected_sharding.hpp"
+#include "numesh/sharding/mesh.hpp"
+#include "numesh/sharding/mesh_context.hpp"
+#include "numesh/sharding/mesh_creation.hpp"
+#include "numesh/sharding/named_sharding.hpp"
+#include "numesh/sharding/partition_axis.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+#include "numesh/sharding/partition_spec.hpp"
+#include "numesh/sharding/presets.hpp"
+#include "numesh/sharding/semantic_axis.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace numesh::python {
+
+namespace {
+
+using sharding::AxisRule;
+using sharding::Mesh;
+using sharding::NamedSharding;
+using sharding::PartitionAxis;
+using sharding::PartitionManager;
+using sharding::PartitionSpec;
+
+using Kwargs = std::vector<std::pair<std::string, AxisRule>>;
+
+Kwargs to_kwargs(const py::kwargs& kwargs) {
+  Kwargs out;
+  for (const auto& [key, value] : kwargs) {
+    out.emplace_back(key.cast<std::string>(), to_axis_rule(value));
+  }
+  return out;
+}
+
+// eformer's PartitionAxis is a dataclass: positional arguments fill the fields in order, and
+// Python's own messages refuse too many or a field given twice.
+PartitionAxis make_partition_axis(const py::args& args, const py::kwargs& kwargs) {
+  const auto names = PartitionAxis::field_names();
+  if (args.size() > names.size()) {
+    throw TypeError("PartitionAxis.__init__() takes from 1 to " + std::to_string(names.size() + 1) +
+                    " positional arguments but " + std::to_string(args.size() + 1) +
+                    " were given");
+  }
+  Kwargs all;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    all.emplace_back(std::string(names[i]), to_axis_rule(args[i]));
+  }
+  for (auto& [key, value] : to_kwargs(kwargs)) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (key == names[i]) {
+        throw TypeError("PartitionAxis.__init__() got multiple values for argument '" + key + "'");
+      }
+    }
+    all.emplace_back(std::move(key), std::move(value));
+  }
+  return PartitionAxis::from_kwargs(all);
+}
+
+// The dataclass repr: PartitionAxis(data_parallel_axis='dp', ..., decode_attention_kv_dim_axis=None).
+std::string partition_axis_repr(const PartitionAxis& pa) {
+  std::string out = "PartitionAxis(";
+  bool first = true;
+  for (const std::string_view name : PartitionAxis::field_names()) {
+    if (!first) out += ", ";
+    first = false;
+    out += std::string(name) + "=" + py::repr(from_axis_rule(*pa.find_field(name))).cast<std::string>();
+  }
+  return out + ")";
+}
+
+py::dict partition_axis_dict(const PartitionAxis& pa) {
+  py::dict out;
+  for (const std::string_view name : PartitionAxis::field_names()) {
+    out[py::str(std::string(name))] = from_axis_rule(*pa.find_field(name));
+  }
+  return out;
+}
+
+std::optional<std::vector<std::int64_t>> optional_shape(const py::object& shape) {
+  if (shape.is_none()) return std::nullopt;
+  return to_shape(shape);
+}
+
+// `with mesh:` on this thread: the scopes entered through Python, innermost last. JAX's context
+// mesh is per thread, and so is the sharding layer's current mesh (MeshScope); a `with` block
+// enters and exits on one thread, so a per-thread stack pairs them.
+thread_local std::vector<std::unique_ptr<sharding::MeshScope>> python_mesh_scopes;
+
+std::int64_t machine_device_count() {
+  const runtime::Topology topology = runtime::Topology::discover();
+  return static_cast<std::int64_t>(runtime::place_devices(topology, {}).size());
+}
+
+std::string named_sharding_repr(const NamedSharding& s) {
+  return "NamedSharding(mesh=" + s.mesh().repr() + ", spec=" + s.spec().repr() + ")";
+}
+
+}  // namespace
+
+void bind_sharding(py::module_& m) {
+  // The constants of eformer's common_types, from the sharding layer's own tables.
+  py::dict tokens;
+  py::dict semantic_map;
+  for (const auto& t : sharding::semantic_tokens()) {
+    tokens[py::str(std::string(t.constant))] = py::str(std::string(t.token));
+    semantic_map[py::str(std::string(t.token))] =
+        t.field.empty() ? py::object(py::none()) : py::object(py::str(std::string(t.field)));
+  }
+  m.attr("_SEMANTIC_TOKENS") = tokens;
+  m.attr("_SEMANTIC_MAP") = semantic_map;
+  py::dict modes;
+  modes["MODE_TRAIN"] = std::string(sharding::mode_string(sharding::Mode::kTrain));
+  modes["MODE_PREFILL"] = std::string(sharding::mode_string(sharding::Mode::kPrefill));
+  modes["MODE_DECODE"] = std::string(sharding::mode_string(sharding::Mode::kDecode));
+  modes["MODE_INSERT"] = std::string(sharding::mode_string(sharding::Mode::kInsert));
+  m.attr("_MODES") = modes;
+  py::dict twins;
+  for (const auto& [field, twin] : PartitionAxis::decode_twins()) {
+    twins[py::str(std::string(field))] = py::str(std::string(twin));
+  }
+  m.attr("_STANDARD_TO_GENERATION_ATTR_MAP") = twins;
+  m.attr("MIN_SHARDING_SIZE") = sharding::kMinShardingSize;
+  m.attr("DEFAULT_MASK_VALUE") = sharding::kDefaultMaskValue;
+  py::list presets;
+  for (const auto& p : sharding::all_presets()) {
+    py::object mode = p.axes->mode.is_dim()
+                          ? py::object(py::int_(p.axes->mode.dim()))
+                          : py::object(py::str(std::string(sharding::mode_string(p.axes->mode.mode()))));
+    py::list axes;
+    for (const auto& a : p.axes->axes) axes.append(from_axis_rule(a));
+    presets.append(py::make_tuple(std::string(p.name), axes, mode));
+  }
+  m.attr("_PRESETS") = presets;
+
+  m.def(
+      "_canonical_entries",
+      [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).entries(); },
+      "entries"_a, "P(*entries)'s entries, canonicalised as JAX does.");
+  m.def(
+      "_spec_repr", [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).repr(); },
+      "entries"_a, "JAX's repr of P(*entries).");
+
+  py::class_<PartitionAxis> partition_axis(m, "PartitionAxis", R"pbdoc(
+Maps semantic axes (BATCH, HEAD, ...) to mesh axes: eformer's PartitionAxis, field for field.
+
+PartitionAxis(**fields) takes eformer's 27 fields by keyword (or in order, positionally);
+every field left out, or given NOT_GIVEN where a rule derives it, is derived from the five
+mesh-axis names (data_parallel_axis="dp", fully_sharded_data_parallel_axis="fsdp",
+tensor_parallel_axis="tp", sequence_parallel_axis="sp", expert_parallel_axis="ep"): batch_axis
+= (fsdp, dp), the sequence axes = sp, heads, hidden state, MLP and vocabulary = tp, experts =
+ep, and the decode_* twins = their resolved train values.
+
+Raises TypeError for an unknown field name, ValueError "Partitioning rule `<field>` was not
+resolved." for a field left NOT_GIVEN that no rule derives.
+)pbdoc");
+  partition_axis.def(py::init(&make_partition_axis))
+      .def("resolve_spec",
+           [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
+             return pa.resolve_spec(axes, to_mode(mode));
+           },
+           "axes"_a, "mode"_a, R"pbdoc(
+P(*resolve_axis(axes, mode)): the partition spec of a tensor whose dimensions play the
+semantic roles `axes` in `mode` (MODE_TRAIN, MODE_PREFILL, MODE_DECODE, MODE_INSERT).
+Raises ValueError for an unknown semantic axis or a nested tuple.
+)pbdoc")
+      .def("resolve_axis",
+           [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
+             return pa.resolve_axis(axes, to_mode(mode));
+           },
+           "axes"_a, "mode"_a,
+           "The resolved rule of each entry of `axes`, raw (tuples stay tuples, lists lists).")
+      .def("replace",
+           [](const PartitionAxis& pa, const py::kwargs& kwargs) { return pa.replace(to_kwargs(kwargs)); },
+           "dataclasses.replace: these fields changed, every other kept as it is (nothing is "
+           "derived again).")
+      .def("to_dict", &partition_axis_dict, "{field name: value}, in field order.")
+      .def("__repr__", &partition_axis_repr)
+      .def("__eq__",
+           [](const PartitionAxis& a, const py::object& b) {
+             return py::isinstance<PartitionAxis>(b) && a == b.cast<const PartitionAxis&>();
+           })
+      .def("__hash__", [](const PartitionAxis& pa) { return py::hash(py::str(partition_axis_repr(pa))); })
+      .def_static(
+          "register",
+          [](const std::string& semantic_axis, const AxisRule& axis_rule,
+             const AxisRule& generation_axis_rule, bool override_existing) {
+            PartitionAxis::register_axis(semantic_axis, axis_rule, generation_axis_rule,
+                                         override_existing);
+          },
+          "semantic_axis"_a, "axis_rule"_a, py::kw_only(),
+          "generation_axis_rule"_a = AxisRule(sharding::not_given), "override"_a = false,
+          R"pbdoc(
+Maps the semantic axis `semantic_axis` to `axis_rule` for every PartitionAxis (a process-wide
+registry, as eformer's class-level one). Without a generation rule, one is inferred when
+`axis_rule` names a field with a decode_* twin. Raises ValueError when the name is built in or
+registered and `override` is False.
+)pbdoc")
+      .def_static("unregister", &PartitionAxis::unregister_axis, "semantic_axis"_a, py::kw_only(),
+                  "missing_ok"_a = true,
+                  "Removes a registered semantic axis (an overridden built-in comes back). "
+                  "Raises KeyError when none is registered and `missing_ok` is False.")
+      .def_static("clear_registered_axes", &PartitionAxis::clear_registered_axes,
+                  "Empties the registry of semantic axes.")
+      .def_static(
+          "get_registered_axes",
+          [] {
+            py::dict out;
+            for (const auto& [name, entry] : PartitionAxis::get_registered_axes()) {
+              py::dict e;
+              e["axis_rule"] = from_axis_rule(entry.axis_rule);
+              e["generation_axis_rule"] = from_axis_rule(entry.generation_axis_rule);
+              out[py::str(name)] = e;
+            }
+            return out;
+          },
+          "{name: {'axis_rule': ..., 'generation_axis_rule': ...}} of every registered axis.");
+  for (const std::string_view name : PartitionAxis::field_names()) {
+    partition_axis.def_property_readonly(std::string(name).c_str(), [name](const PartitionAxis& pa) {
+      return from_axis_rule(*pa.find_field(name));
+    });
+  }
+
+  // The C++ manager under numesh.PartitionManager, which adds eformer's Python semantics (the
+  // `with`, the presets passed as classes, dynamic_axes).
+  py::class_<PartitionManager>(m, "_PartitionManager")
+      .def(py::init<PartitionAxis>(), "paxis"_a)
+      .def_property_readonly("paxis", &PartitionManager::paxis)
+      .def(
+          "resolve",
+          [](const PartitionManager& pm, const std::vector<AxisRule>& axes, const py::object& mode,
+             const py::object& shape) { return pm.resolve(axes, to_mode_arg(mode), optional_shape(shape)); },
+          "axes"_a, "mode"_a, "shape"_a = py::none())
+      .def(
+          "shard",
+          [](const PartitionManager& pm, const py::object& shape, const std::vector<AxisRule>& axes,
+             const py::object& mode, bool auto_correct) -> py::object {
+            sharding::ResolveArgs args;
+            args.axes = axes;
+            args.mode = to_mode_arg(mode);
+            const auto applied = pm.shard(to_shape(shape), std::move(args), auto_correct);
+            if (!applied) return py::none();
+            return py::cast(*applied);
+          },
+          "shape"_a, "axes"_a, "mode"_a, "auto_correct"_a = true);
+
+  py::class_<Mesh>(m, "Mesh", R"pbdoc(
+A logical device mesh: ordered, named axes with sizes (JAX's Mesh without the device objects);
+devices are numbered 0..size-1 row-major over the axes. `with mesh:` makes it the current mesh
+of this thread, as JAX's context mesh, for get_corrected_named_sharding and
+PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
+)pbdoc")
+      .def(py::init<std::vector<std::string>, std::vector<std::int64_t>>(), "axis_names"_a,
+           "axis_sizes"_a)
+      .def_property_readonly("axis_names",
+                             [](const Mesh& mesh) { return py::tuple(py::cast(mesh.names())); })
+      .def_property_readonly("axis_sizes",
+                             [](const Mesh& mesh) { return py::tuple(py::cast(mesh.sizes())); })
+      .def_property_readonly(
+          "shape",
+          [](const Mesh& mesh) {
+            py::dict out;
+            for (std::size_t i = 0; i < mesh.rank(); ++i) out[py::str(mesh.names()[i])] = mesh.sizes()[i];
+            return out;
+          },
+          "{axis name: size}, in mesh order.")
+      .def_property_readonly("size", &Mesh::size, "The number of devices.")
+      .def_property_readonly("empty", &Mesh::empty, "True when the mesh has no devices.")
+      .def("__enter__",
+           [](const Mesh& mesh) {
+             python_mesh_scopes.push_back(std::make_unique<sharding::MeshScope>(mesh));
+             return mesh;
+           })
+      .def("__exit__",
+           [](const Mesh&, const py::args&) {
+             if (!python_mesh_scopes.empty()) python_mesh_scopes.pop_back();
+           })
+      .def("__repr__", &Mesh::repr)
+      .def("__eq__", [](const Mesh& a, const py::object& b) {
+        return py::isinstance<Mesh>(b) && a == b.cast<const Mesh&>();
+      })
+      .def("__hash__", [](const Mesh& mesh) { return py::hash(py::str(mesh.repr())); });
+  m.def("get_incontext_mesh", [] { return sharding::current_mesh(); },
+        "The current mesh of this thread (the innermost `with mesh:`); empty when there is none.");
+
+  m.def(
+      "create_mesh",
+      [](const std::vector<std::int64_t>& axis_dims, const std::vector<std::string>& axis_names,
+         std::optional<std::int64_t> device_count, std::int64_t process_count,
+         std::optional<std::vector<std::int64_t>> dcn_mesh_dims) {
+        sharding::CreateMeshOptions options;
+        options.device_count = device_count ? *device_count : machine_device_count();
+        options.process_count = process_count;
+        options.dcn_mesh_dims = std::move(dcn_mesh_dims);
+        return sharding::create_mesh(axis_dims, axis_names, options);
+      },
+      "axis_dims"_a = sharding::kDefaultMeshDims, "axis_names"_a = sharding::kDefaultMeshNames,
+      py::kw_only(), "device_count"_a = py::none(), "process_count"_a = 1,
+      "dcn_mesh_dims"_a = py::none(), R"pbdoc(
+eformer's create_mesh: a mesh of `axis_names` with `axis_dims` (one -1 takes the devices left).
+The devices are the machine's NUMA devices (one per NUMA node) unless `device_count` says how
+many. Raises ValueError when the dims do not fit the devices.
+)pbdoc");
+
+  py::class_<NamedSharding>(m, "NamedSharding",
+                            "A partition spec on a mesh (JAX's NamedSharding), validated as JAX "
+                            "does: DuplicateSpecError for an axis used twice, ValueError for an "
+                            "axis the mesh lacks.")
+      .def(py::init<Mesh, PartitionSpec>(), "mesh"_a, "spec"_a)
+      .def_property_readonly("mesh", &NamedSharding::mesh)
+      .def_property_readonly("spec", &NamedSharding::spec)
+      .def("__repr__", &named_sharding_repr)
+      .def("__eq__", [](const NamedSharding& a, const py::object& b) {
+        return py::isinstance<NamedSharding>(b) && a == b.cast<const NamedSharding&>();
+      })
+      .def("__hash__", [](const NamedSharding& s) { return py::hash(py::str(named_sharding_repr(s))); });
+
+  m.def(
+      "with_sharding_constraint",
+      [](const py::object& x, const py::object& sharding) -> py::object {
+        const auto shape = to_shape(py::hasattr(x, "shape") ? x.attr("shape") : x);
+        std::optional<NamedSharding> applied;
+        if (py::isinstance<NamedSharding>(sharding)) {
+          applied = sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
+        } else if (py::isinstance<py::tuple>(sharding) || py::isinstance<py::list>(sharding)) {
+          applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
+        } else {
+          throw TypeError("Unsupported sharding type: " +
+                          py::str(py::type::handle_of(sharding)).cast<std::string>());
+        }
+        if (!applied) return py::none();
+        return py::cast(*applied);
+      },
+      "x"_a, "sharding"_a, R"pbdoc(
+eformer's with_sharding_constraint for an array `x` (or its shape): the NamedSharding the
+constraint applies, or None when eformer applies none (no current mesh, or P()). A
+PartitionSpec is corrected against the current mesh (as get_corrected_named_sharding); a
+NamedSharding applies on its own mesh.
+)pbdoc");
+
+  m.def(
+      "get_corrected_named_sharding",
+      [](const py::object& shape, const PartitionSpec& partition_spec, bool raise_mesh_error) {
+        std::vector<std::string> warnings;
+        NamedSharding out = sharding::get_corrected_named_sharding(to_shape(shape), partition_spec,
+                                                                   raise_mesh_error, &warnings);
+        const py::object warn = py::module_::import("warnings").attr("warn");
+        for (const auto& w : warnings) warn(w, "stacklevel"_a = 2);
+        return out;
+      },
+      "shape"_a, "partition_spec"_a, "raise_mesh_error"_a = true, R"pbdoc(
+eformer's get_corrected_named_sharding on the current mesh: the spec padded or truncated to the
+rank, each entry dropped to None where its axes are missing from the mesh or do not divide the
+dimension; all None becomes P(). With no current mesh: AssertionError, or (raise_mesh_error
+False) a warning and a replicated sharding on the empty mesh.
+)pbdoc");
+}
+
+}  // namespace numesh::python

@@ -1,0 +1,18 @@
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+/// The parts of the numesh._numesh extension module, one function per area, each in its own
+/// file (bind_<area>.cpp); module.cpp calls them in order.
+namespace numesh::python {
+
+/// numesh.Error, numesh.DuplicateSpecError and the translation of numesh's errors into the
+/// Python exceptions eformer raises.
+void bind_errors(pybind11::module_& m);
+
+/// eformer's partition layer: the semantic-axis constants and modes, PartitionAxis, the
+/// resolution entry points of PartitionManager, the DynamicShardingAxes presets, Mesh,
+/// create_mesh, NamedSharding and get_corrected_named_sharding.
+void bind_sharding(pybind11::module_& m);
+
+}  // namespace numesh::python

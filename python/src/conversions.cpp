@@ -1,0 +1,135 @@
+#include "conversions.hpp"
+
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "numesh/core/error.hpp"
+
+namespace py = pybind11;
+
+namespace numesh::python {
+
+namespace {
+
+// The module's singletons and the PartitionSpec class, kept for the life of the process: a
+// pybind11 object must not be destroyed after the interpreter is (a static py::object would
+// be), so these are deliberately never freed.
+py::object* not_given_object = nullptr;
+py::object* unconstrained_object = nullptr;
+
+py::object& partition_spec_class() {
+  static py::object* cls =
+      new py::object(py::module_::import("numesh.partition_spec").attr("PartitionSpec"));
+  return *cls;
+}
+
+std::string python_type_name(py::handle value) {
+  return py::str(py::type::handle_of(value)).cast<std::string>();
+}
+
+}  // namespace
+
+void bind_sentinels(py::module_& m) {
+  py::class_<NotGivenType>(m, "_NotGivenType",
+                           "The type of NOT_GIVEN, eformer's 'not supplied' sentinel.")
+      .def("__repr__", [](const NotGivenType&) { return "NOT_GIVEN"; })
+      .def("__bool__", [](const NotGivenType&) { return true; });
+  py::class_<UnconstrainedType>(m, "_UnconstrainedType",
+                                "The type of PartitionSpec.UNCONSTRAINED, as in JAX.")
+      .def("__repr__", [](const UnconstrainedType&) { return "UNCONSTRAINED"; })
+      .def("__bool__", [](const UnconstrainedType&) { return true; });
+  not_given_object = new py::object(py::cast(NotGivenType{}));
+  unconstrained_object = new py::object(py::cast(UnconstrainedType{}));
+  m.attr("NOT_GIVEN") = *not_given_object;
+  m.attr("UNCONSTRAINED") = *unconstrained_object;
+}
+
+sharding::AxisRule to_axis_rule(py::handle value) {
+  using sharding::AxisRule;
+  if (value.is_none()) return AxisRule();
+  if (py::isinstance<py::str>(value)) return AxisRule(value.cast<std::string>());
+  if (py::isinstance<py::bool_>(value)) return AxisRule::integer(value.cast<bool>() ? 1 : 0);
+  if (py::isinstance<py::int_>(value)) return AxisRule::integer(value.cast<std::int64_t>());
+  if (py::isinstance<NotGivenType>(value)) return AxisRule(sharding::not_given);
+  if (py::isinstance<UnconstrainedType>(value)) return AxisRule::unconstrained();
+  const bool is_tuple = py::isinstance<py::tuple>(value);
+  if (is_tuple || py::isinstance<py::list>(value)) {
+    std::vector<AxisRule> members;
+    for (py::handle member : value) members.push_back(to_axis_rule(member));
+    return is_tuple ? AxisRule::tuple(std::move(members)) : AxisRule::list(std::move(members));
+  }
+  throw TypeError("an axis rule is None, a str, an int, NOT_GIVEN, UNCONSTRAINED, or a tuple or "
+                  "list of those; got " +
+                  py::repr(value).cast<std::string>() + " of " + python_type_name(value));
+}
+
+py::object from_axis_rule(const sharding::AxisRule& rule) {
+  using Kind = sharding::AxisRule::Kind;
+  switch (rule.kind()) {
+    case Kind::kNone:
+      return py::none();
+    case Kind::kNotGiven:
+      return *not_given_object;
+    case Kind::kUnconstrained:
+      return *unconstrained_object;
+    case Kind::kName:
+      return py::str(rule.name());
+    case Kind::kInt:
+      return py::int_(rule.integer_value());
+    case Kind::kTuple:
+    case Kind::kList: {
+      py::list members;
+      for (const auto& m : rule.members()) members.append(from_axis_rule(m));
+      if (rule.is_list()) return members;
+      return py::tuple(members);
+    }
+  }
+  return py::none();
+}
+
+py::object from_partition_spec(const sharding::PartitionSpec& spec) {
+  py::list entries;
+  for (const auto& e : spec) entries.append(from_axis_rule(e));
+  return partition_spec_class().attr("_from_canonical")(py::tuple(entries));
+}
+
+sharding::Mode to_mode(py::handle value) {
+  if (py::isinstance<py::str>(value)) {
+    const auto text = value.cast<std::string>();
+    for (const auto mode : {sharding::Mode::kTrain, sharding::Mode::kPrefill,
+                            sharding::Mode::kDecode, sharding::Mode::kInsert}) {
+      if (text == sharding::mode_string(mode)) return mode;
+    }
+  }
+  return sharding::Mode::kTrain;
+}
+
+sharding::ModeArg to_mode_arg(py::handle value) {
+  if (py::isinstance<py::bool_>(value)) return sharding::ModeArg::from_dim(value.cast<bool>());
+  if (py::isinstance<py::int_>(value)) {
+    return sharding::ModeArg::from_dim(value.cast<std::int64_t>());
+  }
+  return to_mode(value);
+}
+
+std::vector<std::int64_t> to_shape(py::handle value) {
+  std::vector<std::int64_t> shape;
+  const bool sequence = py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value);
+  if (sequence) {
+    for (py::handle extent : value) {
+      // Python ints and whatever has __index__ (NumPy's integers), as a shape tuple holds.
+      if (PyIndex_Check(extent.ptr()) == 0 || py::isinstance<py::bool_>(extent)) {
+        throw TypeError("a shape is a tuple or list of ints; " + py::repr(value).cast<std::string>() +
+                        " holds " + py::repr(extent).cast<std::string>() + " of " +
+                        python_type_name(extent));
+      }
+      shape.push_back(py::reinterpret_steal<py::int_>(PyNumber_Index(extent.ptr())).cast<std::int64_t>());
+    }
+    return shape;
+  }
+  throw TypeError("a shape is a tuple or list of ints; got " + py::repr(value).cast<std::string>() +
+                  " of " + python_type_name(value));
+}
+
+}  // namespace numesh::python
