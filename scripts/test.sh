@@ -157,7 +157,7 @@ step "configure preset 'portable' in $portable"
 cmake -S "$NUMESH_ROOT" --preset portable -B "$portable"
 step "build preset 'portable': numesh, the benchmarks, and the kernel, runtime, ops and models tests (-j$NUMESH_JOBS)"
 cmake --build "$portable" -j "$NUMESH_JOBS" --target numesh_cli collectives_bench executor_bench mlp_bench \
-  ops_bench decode_bench runtime_test ops_test models_test
+  ops_bench decode_bench runtime_test ops_test models_test numesh_python
 
 # The levels this CPU runs are those up to the widest, which `numesh topology` names (with no
 # NUMESH_KERNELS of the caller's narrowing it).
@@ -198,6 +198,17 @@ out="$("$prefix/bin/numesh" "${NUMESH_EXAMPLE_ARGS[@]}")" || die "numesh ${NUMES
 printf '%s\n' "$out"
 grep -qF "P(('fsdp', 'dp'), 'sp', 'tp')" <<<"$out" ||
   die "numesh resolve: expected the spec P(('fsdp', 'dp'), 'sp', 'tp') in its output"
+passed=$((passed + 1))
+
+# The installed Python package, from a directory outside the source tree (so that the
+# source's python/numesh cannot stand in for it).
+step "installed Python package: import numesh"
+site="$(find "$prefix/lib" -maxdepth 2 -type d -name '*-packages' | head -n 1)"
+[[ -n "$site" && -f "$site/numesh/__init__.py" ]] || die "cmake --install did not install the numesh Python package under $prefix/lib"
+out="$(cd "$check" && PYTHONPATH="$site" /usr/bin/python3 -c 'import numesh
+print(numesh.PartitionManager().resolve(numesh.HiddenStateSharding, shape=(8, 1, 4096)))')" ||
+  die "import numesh from $site failed"
+[[ "$out" == "P(('fsdp', 'dp'), 'sp', 'tp')" ]] || die "installed numesh: expected P(('fsdp', 'dp'), 'sp', 'tp'), got: $out"
 passed=$((passed + 1))
 
 # The installed main job, on a small model over the machine's own cores (checked against

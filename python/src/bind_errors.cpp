@@ -15,8 +15,7 @@ namespace numesh::python {
 void bind_errors(py::module_& m) {
   // Registered first, so tried last: pybind11 tries translators newest first.
   static py::exception<Error> error(m, "Error");
-  static py::exception<DuplicateSpecError> duplicate_spec(m, "DuplicateSpecError",
-                                                          PyExc_Exception);
+  static py::exception<DuplicateSpecError> duplicate_spec(m, "DuplicateSpecError", PyExc_Exception);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -53,8 +53,7 @@ PartitionAxis make_partition_axis(const py::args& args, const py::kwargs& kwargs
   const auto names = PartitionAxis::field_names();
   if (args.size() > names.size()) {
     throw TypeError("PartitionAxis.__init__() takes from 1 to " + std::to_string(names.size() + 1) +
-                    " positional arguments but " + std::to_string(args.size() + 1) +
-                    " were given");
+                    " positional arguments but " + std::to_string(args.size() + 1) + " were given");
   }
   Kwargs all;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -71,14 +70,16 @@ PartitionAxis make_partition_axis(const py::args& args, const py::kwargs& kwargs
   return PartitionAxis::from_kwargs(all);
 }
 
-// The dataclass repr: PartitionAxis(data_parallel_axis='dp', ..., decode_attention_kv_dim_axis=None).
+// The dataclass repr: PartitionAxis(data_parallel_axis='dp', ...,
+// decode_attention_kv_dim_axis=None).
 std::string partition_axis_repr(const PartitionAxis& pa) {
   std::string out = "PartitionAxis(";
   bool first = true;
   for (const std::string_view name : PartitionAxis::field_names()) {
     if (!first) out += ", ";
     first = false;
-    out += std::string(name) + "=" + py::repr(from_axis_rule(*pa.find_field(name))).cast<std::string>();
+    out += std::string(name) + "=" +
+           py::repr(from_axis_rule(*pa.find_field(name))).cast<std::string>();
   }
   return out + ")";
 }
@@ -138,9 +139,10 @@ void bind_sharding(py::module_& m) {
   m.attr("DEFAULT_MASK_VALUE") = sharding::kDefaultMaskValue;
   py::list presets;
   for (const auto& p : sharding::all_presets()) {
-    py::object mode = p.axes->mode.is_dim()
-                          ? py::object(py::int_(p.axes->mode.dim()))
-                          : py::object(py::str(std::string(sharding::mode_string(p.axes->mode.mode()))));
+    py::object mode =
+        p.axes->mode.is_dim()
+            ? py::object(py::int_(p.axes->mode.dim()))
+            : py::object(py::str(std::string(sharding::mode_string(p.axes->mode.mode()))));
     py::list axes;
     for (const auto& a : p.axes->axes) axes.append(from_axis_rule(a));
     presets.append(py::make_tuple(std::string(p.name), axes, mode));
@@ -152,7 +154,8 @@ void bind_sharding(py::module_& m) {
       [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).entries(); },
       "entries"_a, "P(*entries)'s entries, canonicalised as JAX does.");
   m.def(
-      "_spec_repr", [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).repr(); },
+      "_spec_repr",
+      [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).repr(); },
       "entries"_a, "JAX's repr of P(*entries).");
 
   py::class_<PartitionAxis> partition_axis(m, "PartitionAxis", R"pbdoc(
@@ -169,32 +172,38 @@ Raises TypeError for an unknown field name, ValueError "Partitioning rule `<fiel
 resolved." for a field left NOT_GIVEN that no rule derives.
 )pbdoc");
   partition_axis.def(py::init(&make_partition_axis))
-      .def("resolve_spec",
-           [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
-             return pa.resolve_spec(axes, to_mode(mode));
-           },
-           "axes"_a, "mode"_a, R"pbdoc(
+      .def(
+          "resolve_spec",
+          [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
+            return pa.resolve_spec(axes, to_mode(mode));
+          },
+          "axes"_a, "mode"_a, R"pbdoc(
 P(*resolve_axis(axes, mode)): the partition spec of a tensor whose dimensions play the
 semantic roles `axes` in `mode` (MODE_TRAIN, MODE_PREFILL, MODE_DECODE, MODE_INSERT).
 Raises ValueError for an unknown semantic axis or a nested tuple.
 )pbdoc")
-      .def("resolve_axis",
-           [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
-             return pa.resolve_axis(axes, to_mode(mode));
-           },
-           "axes"_a, "mode"_a,
-           "The resolved rule of each entry of `axes`, raw (tuples stay tuples, lists lists).")
-      .def("replace",
-           [](const PartitionAxis& pa, const py::kwargs& kwargs) { return pa.replace(to_kwargs(kwargs)); },
-           "dataclasses.replace: these fields changed, every other kept as it is (nothing is "
-           "derived again).")
+      .def(
+          "resolve_axis",
+          [](const PartitionAxis& pa, const std::vector<AxisRule>& axes, const py::object& mode) {
+            return pa.resolve_axis(axes, to_mode(mode));
+          },
+          "axes"_a, "mode"_a,
+          "The resolved rule of each entry of `axes`, raw (tuples stay tuples, lists lists).")
+      .def(
+          "replace",
+          [](const PartitionAxis& pa, const py::kwargs& kwargs) {
+            return pa.replace(to_kwargs(kwargs));
+          },
+          "dataclasses.replace: these fields changed, every other kept as it is (nothing is "
+          "derived again).")
       .def("to_dict", &partition_axis_dict, "{field name: value}, in field order.")
       .def("__repr__", &partition_axis_repr)
       .def("__eq__",
            [](const PartitionAxis& a, const py::object& b) {
              return py::isinstance<PartitionAxis>(b) && a == b.cast<const PartitionAxis&>();
            })
-      .def("__hash__", [](const PartitionAxis& pa) { return py::hash(py::str(partition_axis_repr(pa))); })
+      .def("__hash__",
+           [](const PartitionAxis& pa) { return py::hash(py::str(partition_axis_repr(pa))); })
       .def_static(
           "register",
           [](const std::string& semantic_axis, const AxisRule& axis_rule,
@@ -230,9 +239,9 @@ registered and `override` is False.
           },
           "{name: {'axis_rule': ..., 'generation_axis_rule': ...}} of every registered axis.");
   for (const std::string_view name : PartitionAxis::field_names()) {
-    partition_axis.def_property_readonly(std::string(name).c_str(), [name](const PartitionAxis& pa) {
-      return from_axis_rule(*pa.find_field(name));
-    });
+    partition_axis.def_property_readonly(
+        std::string(name).c_str(),
+        [name](const PartitionAxis& pa) { return from_axis_rule(*pa.find_field(name)); });
   }
 
   // The C++ manager under numesh.PartitionManager, which adds eformer's Python semantics (the
@@ -243,7 +252,9 @@ registered and `override` is False.
       .def(
           "resolve",
           [](const PartitionManager& pm, const std::vector<AxisRule>& axes, const py::object& mode,
-             const py::object& shape) { return pm.resolve(axes, to_mode_arg(mode), optional_shape(shape)); },
+             const py::object& shape) {
+            return pm.resolve(axes, to_mode_arg(mode), optional_shape(shape));
+          },
           "axes"_a, "mode"_a, "shape"_a = py::none())
       .def(
           "shard",
@@ -274,7 +285,8 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
           "shape",
           [](const Mesh& mesh) {
             py::dict out;
-            for (std::size_t i = 0; i < mesh.rank(); ++i) out[py::str(mesh.names()[i])] = mesh.sizes()[i];
+            for (std::size_t i = 0; i < mesh.rank(); ++i)
+              out[py::str(mesh.names()[i])] = mesh.sizes()[i];
             return out;
           },
           "{axis name: size}, in mesh order.")
@@ -290,12 +302,14 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
              if (!python_mesh_scopes.empty()) python_mesh_scopes.pop_back();
            })
       .def("__repr__", &Mesh::repr)
-      .def("__eq__", [](const Mesh& a, const py::object& b) {
-        return py::isinstance<Mesh>(b) && a == b.cast<const Mesh&>();
-      })
+      .def("__eq__",
+           [](const Mesh& a, const py::object& b) {
+             return py::isinstance<Mesh>(b) && a == b.cast<const Mesh&>();
+           })
       .def("__hash__", [](const Mesh& mesh) { return py::hash(py::str(mesh.repr())); });
-  m.def("get_incontext_mesh", [] { return sharding::current_mesh(); },
-        "The current mesh of this thread (the innermost `with mesh:`); empty when there is none.");
+  m.def(
+      "get_incontext_mesh", [] { return sharding::current_mesh(); },
+      "The current mesh of this thread (the innermost `with mesh:`); empty when there is none.");
 
   m.def(
       "create_mesh",
@@ -324,10 +338,12 @@ many. Raises ValueError when the dims do not fit the devices.
       .def_property_readonly("mesh", &NamedSharding::mesh)
       .def_property_readonly("spec", &NamedSharding::spec)
       .def("__repr__", &named_sharding_repr)
-      .def("__eq__", [](const NamedSharding& a, const py::object& b) {
-        return py::isinstance<NamedSharding>(b) && a == b.cast<const NamedSharding&>();
-      })
-      .def("__hash__", [](const NamedSharding& s) { return py::hash(py::str(named_sharding_repr(s))); });
+      .def("__eq__",
+           [](const NamedSharding& a, const py::object& b) {
+             return py::isinstance<NamedSharding>(b) && a == b.cast<const NamedSharding&>();
+           })
+      .def("__hash__",
+           [](const NamedSharding& s) { return py::hash(py::str(named_sharding_repr(s))); });
 
   m.def(
       "with_sharding_constraint",
@@ -335,7 +351,8 @@ many. Raises ValueError when the dims do not fit the devices.
         const auto shape = to_shape(py::hasattr(x, "shape") ? x.attr("shape") : x);
         std::optional<NamedSharding> applied;
         if (py::isinstance<NamedSharding>(sharding)) {
-          applied = sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
+          applied =
+              sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
         } else if (py::isinstance<py::tuple>(sharding) || py::isinstance<py::list>(sharding)) {
           applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
         } else {

@@ -59,9 +59,10 @@ sharding::AxisRule to_axis_rule(py::handle value) {
     for (py::handle member : value) members.push_back(to_axis_rule(member));
     return is_tuple ? AxisRule::tuple(std::move(members)) : AxisRule::list(std::move(members));
   }
-  throw TypeError("an axis rule is None, a str, an int, NOT_GIVEN, UNCONSTRAINED, or a tuple or "
-                  "list of those; got " +
-                  py::repr(value).cast<std::string>() + " of " + python_type_name(value));
+  throw TypeError(
+      "an axis rule is None, a str, an int, NOT_GIVEN, UNCONSTRAINED, or a tuple or "
+      "list of those; got " +
+      py::repr(value).cast<std::string>() + " of " + python_type_name(value));
 }
 
 py::object from_axis_rule(const sharding::AxisRule& rule) {
@@ -120,11 +121,12 @@ std::vector<std::int64_t> to_shape(py::handle value) {
     for (py::handle extent : value) {
       // Python ints and whatever has __index__ (NumPy's integers), as a shape tuple holds.
       if (PyIndex_Check(extent.ptr()) == 0 || py::isinstance<py::bool_>(extent)) {
-        throw TypeError("a shape is a tuple or list of ints; " + py::repr(value).cast<std::string>() +
-                        " holds " + py::repr(extent).cast<std::string>() + " of " +
-                        python_type_name(extent));
+        throw TypeError("a shape is a tuple or list of ints; " +
+                        py::repr(value).cast<std::string>() + " holds " +
+                        py::repr(extent).cast<std::string>() + " of " + python_type_name(extent));
       }
-      shape.push_back(py::reinterpret_steal<py::int_>(PyNumber_Index(extent.ptr())).cast<std::int64_t>());
+      shape.push_back(
+          py::reinterpret_steal<py::int_>(PyNumber_Index(extent.ptr())).cast<std::int64_t>());
     }
     return shape;
   }
