@@ -132,8 +132,7 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
                elements, f.block_elements);
   std::int64_t bytes = 0;
   NUMESH_CHECK(!__builtin_mul_overflow(elements / f.block_elements, f.block_bytes, &bytes),
-               ShapeError, "{}: a row of {} elements takes more than 2^63 bytes", f.name,
-               elements);
+               ShapeError, "{}: a row of {} elements takes more than 2^63 bytes", f.name, elements);
   return bytes;
 }
 
