@@ -13,6 +13,7 @@ from numesh.presets import DynamicShardingAxes
 # eformer keeps the current manager in a context variable (so other threads see none) and the
 # last one created or entered in a process-wide global.
 _current: contextvars.ContextVar = contextvars.ContextVar("numesh_partition_manager", default=None)
+_entered: contextvars.ContextVar = contextvars.ContextVar("numesh_partition_manager_entered", default=())
 _last: Optional["PartitionManager"] = None
 _last_lock = threading.Lock()
 
@@ -42,27 +43,42 @@ class PartitionManager:
     """
 
     def __init__(self, paxis: Any = NOT_GIVEN):
-        if paxis is NOT_GIVEN:
-            paxis = PartitionAxis()
-        if not isinstance(paxis, PartitionAxis):
-            raise TypeError(f"Expected PartitionAxis, got {type(paxis)}")
-        self.paxis = paxis
-        self._manager = _numesh._PartitionManager(paxis)
-        self._tokens: list = []
+        self.paxis = PartitionAxis() if paxis is NOT_GIVEN else paxis
         _set_last(self)
 
+    @property
+    def paxis(self) -> PartitionAxis:
+        """The PartitionAxis; assigning another one (eformer's manager is a mutable dataclass)
+        changes what the manager resolves."""
+        return self._paxis
+
+    @paxis.setter
+    def paxis(self, paxis: Any) -> None:
+        if not isinstance(paxis, PartitionAxis):
+            raise TypeError(f"Expected PartitionAxis, got {type(paxis)}")
+        self._paxis = paxis
+        self._manager = _numesh._PartitionManager(paxis)
+
     def __enter__(self) -> "PartitionManager":
-        self._tokens.append(_current.set(self))
+        # The tokens to restore live in the context, not in the manager: one manager may be
+        # entered from several threads or asyncio tasks at once.
+        _entered.set(_entered.get() + ((self, _current.set(self)),))
         _set_last(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _current.reset(self._tokens.pop())
+        entered = _entered.get()
+        for i in range(len(entered) - 1, -1, -1):
+            if entered[i][0] is self:
+                _current.reset(entered[i][1])
+                _entered.set(entered[:i] + entered[i + 1:])
+                return
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PartitionManager) and self.paxis == other.paxis
 
-    __hash__ = None  # a mutable dataclass, as eformer's
+    def __hash__(self) -> int:
+        return hash((type(self).__qualname__, self.paxis))
 
     def __repr__(self) -> str:
         return f"PartitionManager(paxis={self.paxis!r})"
@@ -87,7 +103,9 @@ class PartitionManager:
         whose extent decides (1: decode, else train). A preset class or DynamicShardingAxes
         may stand for both axes and mode."""
         axes, mode = self._axes_and_mode(axes, mode, dynamic_axes)
-        return self._manager.resolve(axes, mode, None if shape is NOT_GIVEN else shape)
+        # The shape matters only to an int mode (eformer reads shape[mode] then alone).
+        by_dim = isinstance(mode, int)
+        return self._manager.resolve(axes, mode, None if shape is NOT_GIVEN or not by_dim else shape)
 
     def shard(self, x: Any, axes: Any = NOT_GIVEN, mode: Any = NOT_GIVEN,
               dynamic_axes: Any = NOT_GIVEN, auto_correct: bool = True):

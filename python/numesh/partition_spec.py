@@ -32,7 +32,8 @@ class PartitionSpec(tuple):
         return tuple.__new__(cls, entries)
 
     def __repr__(self) -> str:
-        return _numesh._spec_repr(list(self))
+        # JAX's repr is P followed by the tuple of the entries as they are stored.
+        return "P" + tuple.__repr__(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PartitionSpec) and tuple.__eq__(self, other)

@@ -13,9 +13,11 @@ namespace numesh::python {
 // AssertionError eformer's assert raises, and DuplicateSpecError is JAX's own class (an
 // Exception, not a ValueError). Every other numesh error is a numesh.Error.
 void bind_errors(py::module_& m) {
-  // Registered first, so tried last: pybind11 tries translators newest first.
-  static py::exception<Error> error(m, "Error");
-  static py::exception<DuplicateSpecError> duplicate_spec(m, "DuplicateSpecError", PyExc_Exception);
+  // Registered first, so tried last: pybind11 tries translators newest first. Never freed: a
+  // Python object must not be released after the interpreter has gone (a static would be).
+  static auto* error = new py::exception<Error>(m, "Error");
+  static auto* duplicate_spec =
+      new py::exception<DuplicateSpecError>(m, "DuplicateSpecError", PyExc_Exception);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -32,9 +34,9 @@ void bind_errors(py::module_& m) {
     } catch (const NoMeshError& e) {
       PyErr_SetString(PyExc_AssertionError, e.what());
     } catch (const DuplicateSpecError& e) {
-      PyErr_SetString(duplicate_spec.ptr(), e.what());
+      PyErr_SetString(duplicate_spec->ptr(), e.what());
     } catch (const Error& e) {
-      PyErr_SetString(error.ptr(), e.what());
+      PyErr_SetString(error->ptr(), e.what());
     }
   });
 }

@@ -153,11 +153,6 @@ void bind_sharding(py::module_& m) {
       "_canonical_entries",
       [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).entries(); },
       "entries"_a, "P(*entries)'s entries, canonicalised as JAX does.");
-  m.def(
-      "_spec_repr",
-      [](const std::vector<AxisRule>& entries) { return PartitionSpec(entries).repr(); },
-      "entries"_a, "JAX's repr of P(*entries).");
-
   py::class_<PartitionAxis> partition_axis(m, "PartitionAxis", R"pbdoc(
 Maps semantic axes (BATCH, HEAD, ...) to mesh axes: eformer's PartitionAxis, field for field.
 
@@ -197,6 +192,11 @@ Raises ValueError for an unknown semantic axis or a nested tuple.
           "dataclasses.replace: these fields changed, every other kept as it is (nothing is "
           "derived again).")
       .def("to_dict", &partition_axis_dict, "{field name: value}, in field order.")
+      .def(py::pickle([](const PartitionAxis& pa) { return partition_axis_dict(pa); },
+                      [](const py::dict& fields) {
+                        return make_partition_axis(py::args(),
+                                                   py::reinterpret_borrow<py::kwargs>(fields));
+                      }))
       .def("__repr__", &partition_axis_repr)
       .def("__eq__",
            [](const PartitionAxis& a, const py::object& b) {
@@ -206,10 +206,11 @@ Raises ValueError for an unknown semantic axis or a nested tuple.
            [](const PartitionAxis& pa) { return py::hash(py::str(partition_axis_repr(pa))); })
       .def_static(
           "register",
-          [](const std::string& semantic_axis, const AxisRule& axis_rule,
+          [](const py::object& semantic_axis, const AxisRule& axis_rule,
              const AxisRule& generation_axis_rule, bool override_existing) {
-            PartitionAxis::register_axis(semantic_axis, axis_rule, generation_axis_rule,
-                                         override_existing);
+            // eformer takes str(semantic_axis).strip(): any object names an axis.
+            PartitionAxis::register_axis(py::str(semantic_axis).cast<std::string>(), axis_rule,
+                                         generation_axis_rule, override_existing);
           },
           "semantic_axis"_a, "axis_rule"_a, py::kw_only(),
           "generation_axis_rule"_a = AxisRule(sharding::not_given), "override"_a = false,
@@ -219,10 +220,14 @@ registry, as eformer's class-level one). Without a generation rule, one is infer
 `axis_rule` names a field with a decode_* twin. Raises ValueError when the name is built in or
 registered and `override` is False.
 )pbdoc")
-      .def_static("unregister", &PartitionAxis::unregister_axis, "semantic_axis"_a, py::kw_only(),
-                  "missing_ok"_a = true,
-                  "Removes a registered semantic axis (an overridden built-in comes back). "
-                  "Raises KeyError when none is registered and `missing_ok` is False.")
+      .def_static(
+          "unregister",
+          [](const py::object& semantic_axis, bool missing_ok) {
+            PartitionAxis::unregister_axis(py::str(semantic_axis).cast<std::string>(), missing_ok);
+          },
+          "semantic_axis"_a, py::kw_only(), "missing_ok"_a = true,
+          "Removes a registered semantic axis (an overridden built-in comes back). Raises "
+          "KeyError when none is registered and `missing_ok` is False.")
       .def_static("clear_registered_axes", &PartitionAxis::clear_registered_axes,
                   "Empties the registry of semantic axes.")
       .def_static(
@@ -293,9 +298,10 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
       .def_property_readonly("size", &Mesh::size, "The number of devices.")
       .def_property_readonly("empty", &Mesh::empty, "True when the mesh has no devices.")
       .def("__enter__",
-           [](const Mesh& mesh) {
-             python_mesh_scopes.push_back(std::make_unique<sharding::MeshScope>(mesh));
-             return mesh;
+           [](const py::object& self) {
+             python_mesh_scopes.push_back(
+                 std::make_unique<sharding::MeshScope>(self.cast<const Mesh&>()));
+             return self;
            })
       .def("__exit__",
            [](const Mesh&, const py::args&) {
@@ -353,7 +359,9 @@ many. Raises ValueError when the dims do not fit the devices.
         if (py::isinstance<NamedSharding>(sharding)) {
           applied =
               sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
-        } else if (py::isinstance<py::tuple>(sharding) || py::isinstance<py::list>(sharding)) {
+        } else if (py::isinstance(
+                       sharding,
+                       py::module_::import("numesh.partition_spec").attr("PartitionSpec"))) {
           applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
         } else {
           throw TypeError("Unsupported sharding type: " +
@@ -376,7 +384,7 @@ NamedSharding applies on its own mesh.
         NamedSharding out = sharding::get_corrected_named_sharding(to_shape(shape), partition_spec,
                                                                    raise_mesh_error, &warnings);
         const py::object warn = py::module_::import("warnings").attr("warn");
-        for (const auto& w : warnings) warn(w, "stacklevel"_a = 2);
+        for (const auto& w : warnings) warn(w, "stacklevel"_a = 1);  // the caller's line
         return out;
       },
       "shape"_a, "partition_spec"_a, "raise_mesh_error"_a = true, R"pbdoc(

@@ -28,17 +28,34 @@ std::string python_type_name(py::handle value) {
   return py::str(py::type::handle_of(value)).cast<std::string>();
 }
 
+// The value of a Python int (or of an object with __index__), or nullopt past int64.
+std::optional<std::int64_t> index_value(py::handle value) {
+  const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) return std::nullopt;
+  return static_cast<std::int64_t>(v);
+}
+
 }  // namespace
 
 void bind_sentinels(py::module_& m) {
   py::class_<NotGivenType>(m, "_NotGivenType",
                            "The type of NOT_GIVEN, eformer's 'not supplied' sentinel.")
       .def("__repr__", [](const NotGivenType&) { return "NOT_GIVEN"; })
-      .def("__bool__", [](const NotGivenType&) { return true; });
+      .def("__bool__", [](const NotGivenType&) { return true; })
+      // One instance: copies are itself, and pickling refers to it by name.
+      .def("__copy__", [](const py::object& self) { return self; })
+      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; })
+      .def("__reduce__", [](const NotGivenType&) { return "NOT_GIVEN"; });
   py::class_<UnconstrainedType>(m, "_UnconstrainedType",
                                 "The type of PartitionSpec.UNCONSTRAINED, as in JAX.")
       .def("__repr__", [](const UnconstrainedType&) { return "UNCONSTRAINED"; })
-      .def("__bool__", [](const UnconstrainedType&) { return true; });
+      .def("__bool__", [](const UnconstrainedType&) { return true; })
+      .def("__copy__", [](const py::object& self) { return self; })
+      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; })
+      .def("__reduce__", [](const UnconstrainedType&) { return "UNCONSTRAINED"; });
   not_given_object = new py::object(py::cast(NotGivenType{}));
   unconstrained_object = new py::object(py::cast(UnconstrainedType{}));
   m.attr("NOT_GIVEN") = *not_given_object;
@@ -50,7 +67,15 @@ sharding::AxisRule to_axis_rule(py::handle value) {
   if (value.is_none()) return AxisRule();
   if (py::isinstance<py::str>(value)) return AxisRule(value.cast<std::string>());
   if (py::isinstance<py::bool_>(value)) return AxisRule::integer(value.cast<bool>() ? 1 : 0);
-  if (py::isinstance<py::int_>(value)) return AxisRule::integer(value.cast<std::int64_t>());
+  // Python ints and what has __index__ (NumPy's integers); one past int64 is refused by name.
+  if (PyIndex_Check(value.ptr()) != 0) {
+    const auto v = index_value(value);
+    if (!v) {
+      throw ValueError("the integer " + py::repr(value).cast<std::string>() +
+                       " does not fit an axis value (64 bits)");
+    }
+    return AxisRule::integer(*v);
+  }
   if (py::isinstance<NotGivenType>(value)) return AxisRule(sharding::not_given);
   if (py::isinstance<UnconstrainedType>(value)) return AxisRule::unconstrained();
   const bool is_tuple = py::isinstance<py::tuple>(value);
@@ -109,7 +134,10 @@ sharding::Mode to_mode(py::handle value) {
 sharding::ModeArg to_mode_arg(py::handle value) {
   if (py::isinstance<py::bool_>(value)) return sharding::ModeArg::from_dim(value.cast<bool>());
   if (py::isinstance<py::int_>(value)) {
-    return sharding::ModeArg::from_dim(value.cast<std::int64_t>());
+    const auto dim = index_value(value);
+    // Python's own words for shape[mode] with such an index.
+    if (!dim) throw IndexError("cannot fit 'int' into an index-sized integer");
+    return sharding::ModeArg::from_dim(*dim);
   }
   return to_mode(value);
 }
@@ -125,8 +153,12 @@ std::vector<std::int64_t> to_shape(py::handle value) {
                         py::repr(value).cast<std::string>() + " holds " +
                         py::repr(extent).cast<std::string>() + " of " + python_type_name(extent));
       }
-      shape.push_back(
-          py::reinterpret_steal<py::int_>(PyNumber_Index(extent.ptr())).cast<std::int64_t>());
+      const auto v = index_value(extent);
+      if (!v) {
+        throw ValueError("the extent " + py::repr(extent).cast<std::string>() + " of shape " +
+                         py::repr(value).cast<std::string>() + " does not fit 64 bits");
+      }
+      shape.push_back(*v);
     }
     return shape;
   }

@@ -124,7 +124,12 @@ def resolve_result(pa, axes, mode):
         out["error"] = encode_error(e)
         return out
     try:
-        out["spec"] = encode(list(numesh.P(*raw)))
+        spec = pa.resolve_spec(axes, mode)
+        # resolve_spec is P(*resolve_axis(...)): the two must agree.
+        assert spec == numesh.P(*raw), (spec, raw)
+        out["spec"] = encode(list(spec))
+    except AssertionError:
+        raise
     except Exception as e:  # noqa: BLE001
         out["error"] = encode_error(e)
     return out
@@ -321,13 +326,13 @@ def eval_registry(file, case):
         step = s["step"]
         op = step["op"]
         if op == "register":
-            name = step["name"] if isinstance(step["name"], str) else json.dumps(step["name"])
+            name = step["name"]  # as eformer, any object: str(name) names the axis
             kw = {"override": step.get("override", False)}
             if "generation_axis_rule" in step:
                 kw["generation_axis_rule"] = decode_rule(step["generation_axis_rule"])
             result = capture(lambda: numesh.PartitionAxis.register(name, decode_list_rule(step["rule"]), **kw))
         elif op == "unregister":
-            name = step["name"] if isinstance(step["name"], str) else json.dumps(step["name"])
+            name = step["name"]
             result = capture(lambda: numesh.PartitionAxis.unregister(
                 name, missing_ok=step.get("missing_ok", True)))
         elif op == "clear":

@@ -95,18 +95,76 @@ def test_registry_is_process_wide_and_key_error_carries_the_key():
 
 
 def test_modes_and_dimension_modes():
-    pm = numesh.PartitionManager()
-    axes = [numesh.BATCH, numesh.QUERY_LENGTH]
-    dp = numesh.PartitionAxis(decode_batch_axis="dp")
-    assert dp.resolve_spec([numesh.BATCH], numesh.MODE_DECODE) == P("dp")
-    assert dp.resolve_spec([numesh.BATCH], "__something_else__") == P(("fsdp", "dp"))  # as train
-    assert pm.resolve(axes, 1, shape=(2, 1)) == pm.resolve(axes, numesh.MODE_DECODE)
+    # decode_batch_axis="dp": BATCH resolves differently in train and decode, so every check
+    # below tells which mode was used.
+    pm = numesh.PartitionManager(numesh.PartitionAxis(decode_batch_axis="dp"))
+    axes = [numesh.BATCH]
+    train, decode = P(("fsdp", "dp")), P("dp")
+    assert pm.resolve(axes, numesh.MODE_TRAIN) == train and pm.resolve(axes, numesh.MODE_DECODE) == decode
+    assert pm.paxis.resolve_spec(axes, "__something_else__") == train  # any other mode: train
+    assert pm.resolve(axes, 1, shape=(2, 1)) == decode
+    assert pm.resolve(axes, 1, shape=(2, 5)) == train
+    assert pm.resolve(axes, True, shape=(2, 1)) == decode  # a bool is an int
+    assert pm.resolve(axes, -1, shape=(1, 1)) == decode
     with pytest.raises(ValueError, match="when using dynamic mode detection shape should be provided"):
         pm.resolve(axes, 1)
     with pytest.raises(IndexError, match="tuple index out of range"):
         pm.resolve(axes, 5, shape=(2, 1))
+    with pytest.raises(IndexError, match="cannot fit 'int' into an index-sized integer"):
+        pm.resolve(axes, 2**70, shape=(2, 1))
     # NumPy integers are not Python ints: eformer's isinstance(mode, int) treats them as train.
-    assert pm.resolve(axes, np.int64(1), shape=(2, 1)) == pm.resolve(axes, numesh.MODE_TRAIN)
+    assert pm.resolve(axes, np.int64(1), shape=(2, 1)) == train
+    # With a named mode the shape is not looked at, as in eformer.
+    assert pm.resolve(axes, numesh.MODE_DECODE, shape="not a shape") == decode
+
+
+def test_manager_follows_its_paxis_and_hashes():
+    pm = numesh.PartitionManager()
+    pm.paxis = numesh.PartitionAxis(tensor_parallel_axis="model")
+    assert pm.resolve([numesh.EMBED], numesh.MODE_TRAIN) == P("model")
+    with pytest.raises(TypeError, match="Expected PartitionAxis, got <class 'int'>"):
+        pm.paxis = 3
+    assert hash(pm) == hash(numesh.PartitionManager(numesh.PartitionAxis(tensor_parallel_axis="model")))
+    assert len({pm, numesh.PartitionManager(pm.paxis)}) == 1
+
+
+def test_one_manager_entered_from_two_threads():
+    pm = numesh.PartitionManager()
+    inside = threading.Barrier(2)
+    errors = []
+
+    def enter_and_leave():
+        try:
+            with pm:
+                inside.wait(timeout=10)
+                assert numesh.get_current_partition_manager() is pm
+            assert numesh.get_current_partition_manager() is None
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=enter_and_leave) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    pm.__exit__(None, None, None)  # an exit without an enter does nothing, as in eformer
+
+
+def test_copies_and_pickles():
+    import copy
+
+    assert copy.deepcopy(numesh.NOT_GIVEN) is numesh.NOT_GIVEN
+    assert pickle.loads(pickle.dumps(numesh.NOT_GIVEN)) is numesh.NOT_GIVEN
+    assert pickle.loads(pickle.dumps(P(P.UNCONSTRAINED, "dp"))) == P(P.UNCONSTRAINED, "dp")
+    pa = numesh.PartitionAxis(tensor_parallel_axis="model", head_axis=("a", "b"))
+    assert pickle.loads(pickle.dumps(pa)) == pa and copy.deepcopy(pa) == pa
+
+
+def test_integers_as_axis_values():
+    assert P(np.int64(3)) == P(3)
+    with pytest.raises(ValueError, match="does not fit an axis value"):
+        P(2**70)
 
 
 def test_presets_are_classes_passed_as_axes_or_dynamic_axes():
@@ -152,7 +210,8 @@ def test_mesh_context_and_corrected_sharding():
     assert numesh.get_incontext_mesh().empty
     with pytest.raises(AssertionError, match="No mesh found under this context manager."):
         numesh.get_corrected_named_sharding((3, 8), P("dp", "tp"))
-    with mesh:
+    with mesh as entered:
+        assert entered is mesh
         assert numesh.get_incontext_mesh() == mesh
         s = numesh.get_corrected_named_sharding((3, 8), P("dp", "tp"))
         assert s.spec == P(None, "tp") and s.mesh == mesh
@@ -188,6 +247,11 @@ def test_bad_meshes_and_shapes():
             numesh.get_corrected_named_sharding((2.0,), P("dp"))
         with pytest.raises(TypeError, match="Unsupported sharding type: <class 'str'>"):
             numesh.with_sharding_constraint((2,), "dp")
+        with pytest.raises(TypeError, match="Unsupported sharding type: <class 'tuple'>"):
+            numesh.with_sharding_constraint((2,), ("dp",))  # a P, not a plain tuple, as eformer
+    with pytest.raises(ValueError, match="does not fit 64 bits"):
+        with numesh.Mesh(["dp"], [2]):
+            numesh.get_corrected_named_sharding((2**70,), P("dp"))
 
 
 def test_create_mesh_defaults_to_the_machines_devices():
@@ -196,5 +260,10 @@ def test_create_mesh_defaults_to_the_machines_devices():
     assert mesh.size >= 1 and mesh.shape["fsdp"] == mesh.size
 
 
-def test_numesh_errors_are_one_base_class():
-    assert issubclass(numesh.Error, Exception)
+def test_errors_without_a_python_counterpart_are_numesh_errors():
+    with pytest.raises(numesh.Error, match="hwloc rejected the synthetic topology description 'nonsense:2'"):
+        numesh.Topology.from_synthetic("nonsense:2")
+    # The eformer-mirroring ones are Python's own types, not numesh.Error.
+    with pytest.raises(ValueError) as raised:
+        numesh.PartitionAxis().resolve_spec(["__NOPE__"], numesh.MODE_TRAIN)
+    assert not isinstance(raised.value, numesh.Error)
