@@ -10,11 +10,13 @@ The sharding vocabulary is eformer's, with its names and behaviour::
 
 from numesh import _numesh
 from numesh._numesh import (
+    DeviceMesh,
     DuplicateSpecError,
     Error,
     Mesh,
     NamedSharding,
     PartitionAxis,
+    Topology,
     create_mesh,
     get_corrected_named_sharding,
     get_incontext_mesh,
@@ -28,6 +30,7 @@ from numesh.partition_manager import (
     get_current_partition_manager,
     get_partition_manager,
 )
+from numesh.models import CausalLM, Tokenizer
 from numesh.partition_spec import P, PartitionSpec
 from numesh.presets import *  # noqa: F401,F403  (DynamicShardingAxes and the presets)
 from numesh.presets import DynamicShardingAxes

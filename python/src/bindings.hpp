@@ -15,4 +15,10 @@ void bind_errors(pybind11::module_& m);
 /// create_mesh, NamedSharding and get_corrected_named_sharding.
 void bind_sharding(pybind11::module_& m);
 
+/// The machine: Topology (hwloc's view) and DeviceMesh (devices laid out as a named mesh).
+void bind_runtime(pybind11::module_& m);
+
+/// The models: CausalLM (from_pretrained, logits, generate) and its Tokenizer.
+void bind_models(pybind11::module_& m);
+
 }  // namespace numesh::python

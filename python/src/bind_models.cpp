@@ -1,0 +1,251 @@
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "conversions.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine.hpp"
+#include "numesh/models/engine/model_source.hpp"
+#include "numesh/models/lm/generation.hpp"
+#include "numesh/models/tokenizers/text_tokenizer.hpp"
+#include "numesh/runtime/device.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/topology.hpp"
+#include "numesh/sharding/partition_manager.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace numesh::python {
+
+namespace {
+
+// A model loaded onto a mesh (models::Engine), as Python holds it. Not thread-safe, as the
+// engine is not: one Python thread at a time drives it (the GIL is released while it computes,
+// so the wrapper keeps its own lock against a second thread entering meanwhile).
+class CausalLM {
+ public:
+  explicit CausalLM(models::Engine engine) : engine_(std::move(engine)) {}
+
+  models::Engine& engine() { return engine_; }
+  const models::TextTokenizer* tokenizer() const { return engine_.source().tokenizer(); }
+  std::mutex& busy() { return busy_; }
+
+ private:
+  models::Engine engine_;
+  std::mutex busy_;
+};
+
+// Token ids from Python: a sequence of ints or a 1-D NumPy array of an integer type (never a
+// silent cast from floats). Ids past int32 are refused here; ids outside the vocabulary by the
+// model, naming them.
+std::vector<std::int32_t> to_ids(py::handle value) {
+  std::vector<std::int32_t> ids;
+  const auto push = [&](std::int64_t id, std::size_t at) {
+    if (id < std::numeric_limits<std::int32_t>::min() ||
+        id > std::numeric_limits<std::int32_t>::max()) {
+      throw IndexError("token id " + std::to_string(id) + " at position " + std::to_string(at) +
+                       " is outside the vocabulary");
+    }
+    ids.push_back(static_cast<std::int32_t>(id));
+  };
+  if (py::isinstance<py::array>(value)) {
+    const auto array = py::reinterpret_borrow<py::array>(value);
+    const char kind = array.dtype().kind();
+    if (kind != 'i' && kind != 'u') {
+      throw TypeError("token ids are integers; got an array of dtype " +
+                      py::str(array.dtype()).cast<std::string>());
+    }
+    if (array.ndim() != 1) {
+      throw ValueError("token ids are a 1-D array; got shape " +
+                       py::str(value.attr("shape")).cast<std::string>());
+    }
+    const auto as_int64 =
+        py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(array);
+    const auto view = as_int64.unchecked<1>();
+    for (py::ssize_t i = 0; i < view.shape(0); ++i) push(view(i), static_cast<std::size_t>(i));
+    return ids;
+  }
+  if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) {
+    throw TypeError("token ids are a list, a tuple or a 1-D NumPy array of ints; got " +
+                    py::str(py::type::handle_of(value)).cast<std::string>());
+  }
+  std::size_t at = 0;
+  for (py::handle id : value) {
+    if (!py::isinstance<py::int_>(id) || py::isinstance<py::bool_>(id)) {
+      throw TypeError("token id at position " + std::to_string(at) + " is " +
+                      py::repr(id).cast<std::string>() + " of " +
+                      py::str(py::type::handle_of(id)).cast<std::string>() + ", not an int");
+    }
+    push(id.cast<std::int64_t>(), at++);
+  }
+  return ids;
+}
+
+std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
+                                          const std::optional<std::string>& dtype,
+                                          std::optional<runtime::DeviceMesh> mesh,
+                                          std::optional<sharding::PartitionAxis> partition_axis,
+                                          std::int64_t context) {
+  py::gil_scoped_release release;
+  models::ModelSource source = models::ModelSource::open(path);
+  models::EngineOptions options;
+  options.dtype = dtype ? parse_dtype(*dtype) : source.stored_dtype().value_or(DType::kF32);
+  options.context = context;
+  if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
+  if (!mesh) {
+    mesh = runtime::DeviceMesh::create(runtime::DeviceSet::create(runtime::Topology::discover()),
+                                       {1, 1, -1}, {"dp", "ep", "tp"});
+  }
+  return std::make_unique<CausalLM>(models::Engine::load(std::move(source), *mesh, options));
+}
+
+py::array_t<float> logits(CausalLM& lm, const py::object& ids_in) {
+  const std::vector<std::int32_t> ids = to_ids(ids_in);
+  if (ids.empty()) throw ShapeError("logits: the ids are empty; give at least one token");
+  std::optional<runtime::HostTensor> out;
+  {
+    py::gil_scoped_release release;
+    const std::lock_guard lock(lm.busy());
+    out.emplace(lm.engine().model().logits(ids, static_cast<std::int64_t>(ids.size()), 0));
+  }
+  // The array takes the host tensor's values without a copy; a capsule owns them.
+  const auto rows = static_cast<py::ssize_t>(ids.size());
+  const auto vocab = static_cast<py::ssize_t>(out->data.size()) / rows;
+  auto* values = new std::vector<float>(std::move(out->data));
+  const py::capsule owner(values, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  return py::array_t<float>(std::vector<py::ssize_t>{rows, vocab}, values->data(), owner);
+}
+
+py::dict generate(CausalLM& lm, const py::object& prompt, std::int64_t max_new_tokens,
+                  double temperature, std::int64_t top_k, double top_p, std::uint64_t seed,
+                  const std::optional<std::vector<std::int64_t>>& stop_ids,
+                  const std::optional<std::function<void(std::int64_t)>>& on_token) {
+  const models::TextTokenizer* tokenizer = lm.tokenizer();
+  std::vector<std::int32_t> ids;
+  if (py::isinstance<py::str>(prompt)) {
+    if (tokenizer == nullptr) {
+      throw ValueError("the model at '" + lm.engine().source().path().string() +
+                       "' has no tokenizer: give the prompt as token ids");
+    }
+    ids = tokenizer->encode(prompt.cast<std::string>(), /*add_special_tokens=*/true);
+  } else {
+    ids = to_ids(prompt);
+  }
+  models::GenerationOptions options;
+  options.max_new_tokens = max_new_tokens;
+  options.stop_ids = stop_ids ? *stop_ids : lm.engine().config().eos_token_ids;
+  if (temperature != 0.0) options.sampling = ops::SamplingOptions{temperature, top_k, top_p};
+  std::mt19937_64 rng(seed);
+  models::GenerationResult result;
+  {
+    py::gil_scoped_release release;
+    const std::lock_guard lock(lm.busy());
+    // Each step's token goes to the caller's callback, and Ctrl-C is looked for between steps:
+    // a pending KeyboardInterrupt raises out of generate() (the model stops at a step's end).
+    result = models::generate(lm.engine().model(), {ids}, options, rng,
+                              [&](std::int64_t /*step*/, std::span<const std::int64_t> tokens) {
+                                py::gil_scoped_acquire acquire;
+                                if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                                if (on_token && tokens[0] >= 0) (*on_token)(tokens[0]);
+                              });
+  }
+  py::dict out;
+  out["ids"] = result.ids[0];
+  out["stop_reason"] = models::to_string(result.stopped[0]);
+  if (tokenizer != nullptr) {
+    std::vector<std::int32_t> known;
+    for (const auto id : result.ids[0]) {
+      if (tokenizer->knows(static_cast<std::int32_t>(id)))
+        known.push_back(static_cast<std::int32_t>(id));
+    }
+    out["text"] = tokenizer->decode(known, /*skip_special_tokens=*/true);
+  } else {
+    out["text"] = py::none();
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_models(py::module_& m) {
+  py::class_<models::TextTokenizer>(m, "Tokenizer",
+                                    "A model's tokenizer (tokenizer.json, tokenizer.model or a "
+                                    "GGUF file's metadata), as the model's own gives ids.")
+      .def(
+          "encode",
+          [](const models::TextTokenizer& t, const std::string& text, bool add_special_tokens) {
+            return t.encode(text, add_special_tokens);
+          },
+          "text"_a, "add_special_tokens"_a = true,
+          "The ids of `text` (with the template's special tokens, BOS, unless told not to).")
+      .def(
+          "decode",
+          [](const models::TextTokenizer& t, const py::object& ids, bool skip_special_tokens) {
+            return t.decode(to_ids(ids), skip_special_tokens);
+          },
+          "ids"_a, "skip_special_tokens"_a = true, "The text of `ids`.")
+      .def_property_readonly("vocab_size", &models::TextTokenizer::vocab_size)
+      .def_property_readonly("kind",
+                             [](const models::TextTokenizer& t) { return std::string(t.kind()); });
+
+  py::class_<CausalLM>(m, "CausalLM", R"pbdoc(
+A decoder-only language model (Llama, Mistral, Qwen2/3, their MoE forms, Mixtral) loaded onto a
+mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Face folder
+(config.json and safetensors) or a GGUF file.
+)pbdoc")
+      .def_static("from_pretrained", &from_pretrained, "path"_a, py::kw_only(),
+                  "dtype"_a = py::none(), "mesh"_a = py::none(), "partition_axis"_a = py::none(),
+                  "context"_a = 0, R"pbdoc(
+Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
+each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
+"bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's own format, else f32).
+`partition_axis` lays the layers out (default PartitionAxis()); `context` caps the positions
+the caches hold (0: the model's whole context). The GIL is released while it loads.
+)pbdoc")
+      .def("logits", &logits, "ids"_a, R"pbdoc(
+The logits of every position of `ids` (a list or a 1-D integer array of T token ids), as a
+float32 NumPy array [T, vocab_size] that owns its memory. Each call starts at position 0.
+Raises IndexError for an id outside the vocabulary (naming it) or more ids than the context.
+)pbdoc")
+      .def("generate", &generate, "prompt"_a, py::kw_only(), "max_new_tokens"_a = 32,
+           "temperature"_a = 0.0, "top_k"_a = 40, "top_p"_a = 1.0, "seed"_a = 0,
+           "stop_ids"_a = py::none(), "on_token"_a = py::none(), R"pbdoc(
+Generates from `prompt` (text, encoded with the model's tokenizer, or token ids): greedy when
+`temperature` is 0, else sampled (top_k, top_p, `seed`: the same seed gives the same tokens).
+Stops at the model's end-of-sequence ids (or `stop_ids`) or after `max_new_tokens`. Returns
+{"ids", "text", "stop_reason"}; `on_token(id)` sees each token as it comes. Ctrl-C stops it
+between two tokens and raises KeyboardInterrupt.
+)pbdoc")
+      .def_property_readonly(
+          "tokenizer", [](const CausalLM& lm) { return lm.tokenizer(); },
+          py::return_value_policy::reference_internal, "The model's tokenizer, or None.")
+      .def_property_readonly("vocab_size",
+                             [](CausalLM& lm) { return lm.engine().config().vocab_size; })
+      .def_property_readonly("max_context",
+                             [](CausalLM& lm) { return lm.engine().model().max_len(); })
+      .def_property_readonly(
+          "dtype", [](CausalLM& lm) { return std::string(to_string(lm.engine().dtype())); })
+      .def_property_readonly("mesh", [](CausalLM& lm) { return lm.engine().mesh(); })
+      .def_property_readonly("path",
+                             [](CausalLM& lm) { return lm.engine().source().path().string(); })
+      .def("__repr__", [](CausalLM& lm) {
+        return "CausalLM('" + lm.engine().source().path().string() + "', " +
+               std::string(to_string(lm.engine().dtype())) + ", " + lm.engine().mesh().to_string() +
+               ")";
+      });
+}
+
+}  // namespace numesh::python
