@@ -17,6 +17,7 @@ from numesh._numesh import (
     NamedSharding,
     PartitionAxis,
     Topology,
+    Trainer,
     create_mesh,
     get_corrected_named_sharding,
     get_incontext_mesh,

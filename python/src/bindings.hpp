@@ -21,4 +21,7 @@ void bind_runtime(pybind11::module_& m);
 /// The models: CausalLM (from_pretrained, logits, generate) and its Tokenizer.
 void bind_models(pybind11::module_& m);
 
+/// Training: Trainer (numesh train's options, step on NumPy rows, save).
+void bind_training(pybind11::module_& m);
+
 }  // namespace numesh::python

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_numesh, m) {
   numesh::python::bind_sharding(m);
   numesh::python::bind_runtime(m);
   numesh::python::bind_models(m);
+  numesh::python::bind_training(m);
 }

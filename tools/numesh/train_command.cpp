@@ -140,15 +140,13 @@ models::TrainingOptions training_options(const TrainOptions& o, std::int64_t tok
 // folder's checkpoint (and optimizer state, when saved by numesh train) to resume from.
 std::optional<models::CausalLmTrainer> make_trainer(const TrainOptions& o,
                                                     const std::filesystem::path& dir,
-                                                    const models::HfConfig& config,
                                                     const runtime::DeviceMesh& mesh,
                                                     const models::TrainingOptions& options,
                                                     const ops::ModelAxes& axes) {
   std::optional<models::CausalLmTrainer> trainer;
   if (o.init == "random") {
-    std::ifstream in(dir / "config.json");
-    trainer.emplace(mesh, nlohmann::json::parse(in), models::initial_weights(config, o.seed),
-                    options, axes);
+    trainer.emplace(
+        models::CausalLmTrainer::from_initial_weights(mesh, dir, o.seed, options, axes));
   } else {
     NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
                      std::filesystem::exists(dir / "model.safetensors.index.json"),
@@ -379,8 +377,7 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   const ops::ModelAxes axes =
       ops::ModelAxes::resolve(partition_manager, mode, o.batch, config.hidden_size);
-  std::optional<models::CausalLmTrainer> trainer =
-      make_trainer(o, dir, config, mesh, options, axes);
+  std::optional<models::CausalLmTrainer> trainer = make_trainer(o, dir, mesh, options, axes);
   // Before the log or trace file is opened: a refused checkpoint leaves them as they were.
   if (o.init == "checkpoint") {
     note_nonfinite_weights(models::find_nonfinite_weights(trainer->weights()), o.refuse_nonfinite,

@@ -16,6 +16,7 @@
 #include "numesh/models/formats/safetensors.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/formats/safetensors_writer.hpp"
+#include "numesh/models/hf/random_model.hpp"
 
 namespace numesh::models {
 
@@ -106,6 +107,16 @@ CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config
   std::vector<runtime::ShardedTensor*> values;
   for (const ops::TrainableParameter& p : step_->parameters()) values.push_back(p.value.get());
   adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
+}
+
+CausalLmTrainer CausalLmTrainer::from_initial_weights(runtime::DeviceMesh mesh,
+                                                      const std::filesystem::path& dir,
+                                                      std::uint32_t seed, TrainingOptions options,
+                                                      ops::ModelAxes axes) {
+  const HfConfig config = HfConfig::load(dir);  // checks the file, naming what is wrong
+  std::ifstream in(dir / "config.json");
+  return CausalLmTrainer(std::move(mesh), nlohmann::json::parse(in), initial_weights(config, seed),
+                         std::move(options), std::move(axes));
 }
 
 CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,

@@ -78,6 +78,12 @@ class CausalLmTrainer {
   /// constructor.
   static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
                               TrainingOptions options, ops::ModelAxes axes = {});
+  /// The model of dir/config.json with transformers' initial weights (initial_weights(config,
+  /// seed)), optimizer state at zero, step 0: training from scratch.
+  /// Throws: as HfConfig::load and the constructor.
+  static CausalLmTrainer from_initial_weights(runtime::DeviceMesh mesh,
+                                              const std::filesystem::path& dir, std::uint32_t seed,
+                                              TrainingOptions options, ops::ModelAxes axes = {});
   ~CausalLmTrainer();
   CausalLmTrainer(CausalLmTrainer&&) noexcept;
   CausalLmTrainer& operator=(CausalLmTrainer&&) noexcept;

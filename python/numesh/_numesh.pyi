@@ -1,0 +1,153 @@
+# Type stubs of numesh._numesh, the C++ half of the package (pybind11). Written by hand; the
+# test test_stubs.py checks that every public name of the module and of its classes is here.
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from numesh.partition_spec import PartitionSpec
+
+AxisValue = Union[None, str, int, "tuple[Any, ...]", "list[Any]", "_NotGivenType", "_UnconstrainedType"]
+Ids = Union[Sequence[int], npt.NDArray[np.integer]]
+
+class _NotGivenType: ...
+class _UnconstrainedType: ...
+
+NOT_GIVEN: _NotGivenType
+UNCONSTRAINED: _UnconstrainedType
+MIN_SHARDING_SIZE: int
+DEFAULT_MASK_VALUE: float
+
+class Error(Exception): ...
+class DuplicateSpecError(Exception): ...
+
+class PartitionAxis:
+    data_parallel_axis: AxisValue
+    fully_sharded_data_parallel_axis: AxisValue
+    tensor_parallel_axis: AxisValue
+    sequence_parallel_axis: AxisValue
+    expert_parallel_axis: AxisValue
+    batch_axis: AxisValue
+    sequence_axis: AxisValue
+    query_sequence_axis: AxisValue
+    head_axis: AxisValue
+    kv_head_axis: AxisValue
+    key_sequence_axis: AxisValue
+    hidden_state_axis: AxisValue
+    mlp_intermediate_axis: AxisValue
+    vocab_axis: AxisValue
+    expert_axis: AxisValue
+    expert_gate_axis: AxisValue
+    attention_dim_axis: AxisValue
+    attention_kv_dim_axis: AxisValue
+    bias_head_sequence_axis: AxisValue
+    bias_key_sequence_axis: AxisValue
+    decode_batch_axis: AxisValue
+    decode_query_sequence_axis: AxisValue
+    decode_head_axis: AxisValue
+    decode_kv_head_axis: AxisValue
+    decode_key_sequence_axis: AxisValue
+    decode_attention_dim_axis: AxisValue
+    decode_attention_kv_dim_axis: AxisValue
+    def __init__(self, *args: AxisValue, **fields: AxisValue) -> None: ...
+    def resolve_spec(self, axes: Sequence[AxisValue], mode: Any) -> PartitionSpec: ...
+    def resolve_axis(self, axes: Sequence[AxisValue], mode: Any) -> "list[AxisValue]": ...
+    def replace(self, **fields: AxisValue) -> "PartitionAxis": ...
+    def to_dict(self) -> "dict[str, AxisValue]": ...
+    @staticmethod
+    def register(semantic_axis: Any, axis_rule: AxisValue, *, generation_axis_rule: AxisValue = ...,
+                 override: bool = False) -> None: ...
+    @staticmethod
+    def unregister(semantic_axis: Any, *, missing_ok: bool = True) -> None: ...
+    @staticmethod
+    def clear_registered_axes() -> None: ...
+    @staticmethod
+    def get_registered_axes() -> "dict[str, dict[str, AxisValue]]": ...
+
+class _PartitionManager:
+    paxis: PartitionAxis
+    def __init__(self, paxis: PartitionAxis) -> None: ...
+    def resolve(self, axes: Sequence[AxisValue], mode: Any, shape: Optional[Sequence[int]] = None) -> PartitionSpec: ...
+    def shard(self, shape: Sequence[int], axes: Sequence[AxisValue], mode: Any,
+              auto_correct: bool = True) -> Optional["NamedSharding"]: ...
+
+class Mesh:
+    axis_names: "tuple[str, ...]"
+    axis_sizes: "tuple[int, ...]"
+    shape: "dict[str, int]"
+    size: int
+    empty: bool
+    def __init__(self, axis_names: Sequence[str], axis_sizes: Sequence[int]) -> None: ...
+    def __enter__(self) -> "Mesh": ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class NamedSharding:
+    mesh: Mesh
+    spec: PartitionSpec
+    def __init__(self, mesh: Mesh, spec: PartitionSpec) -> None: ...
+
+def get_incontext_mesh() -> Mesh: ...
+def create_mesh(axis_dims: Sequence[int] = ..., axis_names: Sequence[str] = ..., *,
+                device_count: Optional[int] = None, process_count: int = 1,
+                dcn_mesh_dims: Optional[Sequence[int]] = None) -> Mesh: ...
+def get_corrected_named_sharding(shape: Sequence[int], partition_spec: PartitionSpec,
+                                 raise_mesh_error: bool = True) -> NamedSharding: ...
+def with_sharding_constraint(x: Any, sharding: Union[PartitionSpec, NamedSharding]) -> Optional[NamedSharding]: ...
+
+class Topology:
+    source: str
+    origin: str
+    can_bind: bool
+    numa_nodes: "list[dict[str, Any]]"
+    cores: int
+    pus: int
+    notes: "list[str]"
+    @staticmethod
+    def discover() -> "Topology": ...
+    @staticmethod
+    def from_synthetic(description: str) -> "Topology": ...
+    @staticmethod
+    def from_xml(path: str) -> "Topology": ...
+
+class DeviceMesh:
+    mesh: Mesh
+    size: int
+    devices: "list[dict[str, Any]]"
+    def __init__(self, dims: Sequence[int] = (1, 1, -1), names: Sequence[str] = ("dp", "ep", "tp"), *,
+                 policy: str = "numa", smt: bool = False, threads: int = 0,
+                 topology: Optional[Topology] = None) -> None: ...
+
+class Tokenizer:
+    vocab_size: int
+    kind: str
+    def encode(self, text: str, add_special_tokens: bool = True) -> "list[int]": ...
+    def decode(self, ids: Ids, skip_special_tokens: bool = True) -> str: ...
+
+class CausalLM:
+    tokenizer: Optional[Tokenizer]
+    vocab_size: int
+    max_context: int
+    dtype: str
+    mesh: DeviceMesh
+    path: str
+    @staticmethod
+    def from_pretrained(path: str, *, dtype: Optional[str] = None, mesh: Optional[DeviceMesh] = None,
+                        partition_axis: Optional[PartitionAxis] = None, context: int = 0) -> "CausalLM": ...
+    def logits(self, ids: Ids) -> npt.NDArray[np.float32]: ...
+    def generate(self, prompt: Union[str, Ids], *, max_new_tokens: int = 32, temperature: float = 0.0,
+                 top_k: int = 40, top_p: float = 1.0, seed: int = 0, stop_ids: Optional[Sequence[int]] = None,
+                 on_token: Optional[Callable[[int], None]] = None) -> "dict[str, Any]": ...
+    def stream(self, prompt: Union[str, Ids], **options: Any) -> Iterator[int]: ...
+
+class Trainer:
+    steps: int
+    last_step: Optional["dict[str, float]"]
+    parameter_count: int
+    def __init__(self, model: str, *, batch: int, tokens: int, mesh: Optional[DeviceMesh] = None,
+                 partition_axis: Optional[PartitionAxis] = None, mode: Any = "__train__",
+                 init: str = "checkpoint", seed: int = 0, lr: float = 1e-3, beta1: float = 0.9,
+                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 1e-2, clip: float = 1.0,
+                 warmup: int = 0, total_steps: int = 1, schedule: str = "constant", dtype: str = "f32",
+                 router_aux_loss_coef: Optional[float] = None) -> None: ...
+    def step(self, rows: npt.NDArray[np.int32]) -> float: ...
+    def save(self, dir: str) -> None: ...
