@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,7 +15,6 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_config.hpp"
-#include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/trainer.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/optimizer.hpp"
@@ -97,9 +95,8 @@ std::unique_ptr<Trainer> make_trainer(const TrainerArgs& a) {
                                         {1, 1, -1}, {"dp", "ep", "tp"});
   const ops::ModelAxes axes = ops::ModelAxes::resolve(manager, mode, a.batch, config.hidden_size);
   if (a.init == "random") {
-    std::ifstream in(dir / "config.json");
-    return std::make_unique<Trainer>(models::CausalLmTrainer(
-        mesh, nlohmann::json::parse(in), models::initial_weights(config, a.seed), options, axes));
+    return std::make_unique<Trainer>(
+        models::CausalLmTrainer::from_initial_weights(mesh, dir, a.seed, options, axes));
   }
   return std::make_unique<Trainer>(models::CausalLmTrainer::load(mesh, dir, options, axes));
 }
