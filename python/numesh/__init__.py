@@ -18,9 +18,11 @@ from numesh._numesh import (
     PartitionAxis,
     Topology,
     Trainer,
+    auto_partition_spec,
     create_mesh,
     get_corrected_named_sharding,
     get_incontext_mesh,
+    vrn_auto_partition_spec,
     with_sharding_constraint,
 )
 from numesh.common_types import *  # noqa: F401,F403  (eformer's constants, by name)

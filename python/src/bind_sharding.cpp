@@ -12,10 +12,12 @@
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/device_placement.hpp"
 #include "numesh/runtime/topology.hpp"
+#include "numesh/sharding/auto_spec.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/mesh_context.hpp"
 #include "numesh/sharding/mesh_creation.hpp"
+#include "numesh/sharding/named_array.hpp"
 #include "numesh/sharding/named_sharding.hpp"
 #include "numesh/sharding/partition_axis.hpp"
 #include "numesh/sharding/partition_manager.hpp"
@@ -105,6 +107,19 @@ thread_local std::vector<std::unique_ptr<sharding::MeshScope>> python_mesh_scope
 std::int64_t machine_device_count() {
   const runtime::Topology topology = runtime::Topology::discover();
   return static_cast<std::int64_t>(runtime::place_devices(topology, {}).size());
+}
+
+// eformer's array argument: anything with a shape and a dtype (a NumPy array, a JAX or torch
+// array whose dtype NumPy names); eformer's TypeError otherwise.
+sharding::ArrayInfo array_info(const py::object& x) {
+  if (!py::hasattr(x, "shape") || !py::hasattr(x, "dtype")) {
+    throw TypeError("Expected array input, got " +
+                    py::str(py::type::handle_of(x)).cast<std::string>());
+  }
+  sharding::ArrayInfo info;
+  info.shape = to_shape(py::tuple(x.attr("shape")));
+  info.dtype = py::str(x.attr("dtype")).cast<std::string>();
+  return info;
 }
 
 std::string named_sharding_repr(const NamedSharding& s) {
@@ -350,6 +365,29 @@ many. Raises ValueError when the dims do not fit the devices.
            })
       .def("__hash__",
            [](const NamedSharding& s) { return py::hash(py::str(named_sharding_repr(s))); });
+
+  for (const bool vrn : {false, true}) {
+    m.def(
+        vrn ? "vrn_auto_partition_spec" : "auto_partition_spec",
+        [vrn](const py::object& x, const std::optional<Mesh>& mesh,
+              const std::optional<std::vector<AxisRule>>& names,
+              std::optional<std::int64_t> min_sharding_size, bool reverse) {
+          const sharding::ArrayInfo array = array_info(x);
+          return vrn ? sharding::vrn_auto_partition_spec(array, mesh, names, min_sharding_size,
+                                                         reverse)
+                     : sharding::auto_partition_spec(array, mesh, names, min_sharding_size,
+                                                     reverse);
+        },
+        "x"_a, "mesh"_a = py::none(), "names"_a = py::none(), "min_sharding_size"_a = py::none(),
+        "reverse"_a = false,
+        vrn ? "eformer's vrn_auto_partition_spec: as auto_partition_spec, with its variations "
+              "(names not de-duplicated, an empty tuple assigned, no early stop); `names` may be "
+              "any sequence (eformer's takes only a list)."
+            : "eformer's auto_partition_spec: for an array `x` (anything with a shape and a "
+              "dtype) on `mesh` (default: the current mesh), each dimension, largest first, takes "
+              "the first remaining axis (largest first, or `names` in order) whose size divides "
+              "it; P() below `min_sharding_size` elements (default: the device count).");
+  }
 
   m.def(
       "with_sharding_constraint",
