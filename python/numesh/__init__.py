@@ -11,6 +11,7 @@ The sharding vocabulary is eformer's, with its names and behaviour::
 from numesh import _numesh
 from numesh._numesh import (
     DeviceMesh,
+    MeshPartitionHelper,
     DuplicateSpecError,
     Error,
     Mesh,
@@ -19,9 +20,12 @@ from numesh._numesh import (
     Topology,
     Trainer,
     auto_partition_spec,
+    calculate_host_mesh_shape,
     create_mesh,
+    fill_minus_one_to_target,
     get_corrected_named_sharding,
     get_incontext_mesh,
+    parse_mesh_from_string,
     vrn_auto_partition_spec,
     with_sharding_constraint,
 )

@@ -332,6 +332,47 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
       "get_incontext_mesh", [] { return sharding::current_mesh(); },
       "The current mesh of this thread (the innermost `with mesh:`); empty when there is none.");
 
+  m.def("calculate_host_mesh_shape", &sharding::calculate_host_mesh_shape, "global_mesh_shape"_a,
+        "total_devices"_a, "num_processes"_a,
+        "eformer's calculate_host_mesh_shape: the part of the global mesh one host holds.");
+  m.def("fill_minus_one_to_target", &sharding::fill_minus_one_to_target, "shape"_a, "target"_a,
+        "eformer's fill_minus_one_to_target: the one -1 of `shape` replaced so that its "
+        "product is `target`.");
+  m.def(
+      "parse_mesh_from_string",
+      [](const std::string& axis_dims, const std::vector<std::string>& names) {
+        const auto parsed = sharding::parse_mesh_from_string(axis_dims, names);
+        return py::make_tuple(py::tuple(py::cast(parsed.axis_dims)),
+                              py::tuple(py::cast(parsed.axis_names)));
+      },
+      "axis_dims"_a, "names"_a,
+      "eformer's parse_mesh_from_string: (axis_dims, axis_names) from 'dp:2,tp:4' or '2,4' "
+      "(zipped with `names`).");
+  py::class_<sharding::MeshPartitionHelper>(m, "MeshPartitionHelper",
+                                            "eformer's MeshPartitionHelper: sharding methods for "
+                                            "a shape from the mesh's dp, fsdp, tp and sp axes.")
+      .def(py::init<Mesh>(), "mesh"_a)
+      .def_property_readonly("mesh", &sharding::MeshPartitionHelper::mesh)
+      .def(
+          "suggest_methods",
+          [](const sharding::MeshPartitionHelper& h, const py::object& shape) {
+            py::list out;
+            for (const auto& method : h.suggest_methods(to_shape(shape))) {
+              out.append(py::tuple(py::cast(method)));
+            }
+            return out;
+          },
+          "shape"_a, "The methods (tuples of mesh axes) in eformer's priority order.")
+      .def(
+          "create_partition_spec",
+          [](const sharding::MeshPartitionHelper& h, const py::object& shape,
+             const std::vector<sharding::MeshPartitionHelper::Method>& methods,
+             std::int64_t min_shard_size) {
+            return h.create_partition_spec(to_shape(shape), methods, min_shard_size);
+          },
+          "shape"_a, "methods"_a, "min_shard_size"_a = 1024,
+          "The spec the methods give `shape` (eformer's create_partition_spec, quirks included).");
+
   m.def(
       "create_mesh",
       [](const std::vector<std::int64_t>& axis_dims, const std::vector<std::string>& axis_names,
