@@ -8,7 +8,7 @@ The sharding vocabulary is eformer's, with its names and behaviour::
     # P(('fsdp', 'dp'), 'sp', 'tp')
 """
 
-from numesh import _numesh
+from numesh import _numesh, easydel
 from numesh._numesh import (
     DeviceMesh,
     MeshPartitionHelper,

@@ -15,6 +15,9 @@ void bind_errors(pybind11::module_& m);
 /// create_mesh, NamedSharding and get_corrected_named_sharding.
 void bind_sharding(pybind11::module_& m);
 
+/// EasyDeL's rules on eformer's layer (the attention tensors' specs), under numesh.easydel.
+void bind_easydel(pybind11::module_& m);
+
 /// The machine: Topology (hwloc's view) and DeviceMesh (devices laid out as a named mesh).
 void bind_runtime(pybind11::module_& m);
 

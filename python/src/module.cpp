@@ -11,6 +11,7 @@ PYBIND11_MODULE(_numesh, m) {
   numesh::python::bind_sentinels(m);
   numesh::python::bind_errors(m);
   numesh::python::bind_sharding(m);
+  numesh::python::bind_easydel(m);
   numesh::python::bind_runtime(m);
   numesh::python::bind_models(m);
   numesh::python::bind_training(m);

@@ -2,10 +2,10 @@
 reads) evaluated through the Python API: each case is a test, its result compared whole with
 what eformer returned, errors by Python type and message.
 
-Covered so far: auto_partition_spec, constants, mesh (but _normalize_axis_types),
-partition_axis_fields, resolve_spec, registry, manager_resolve, presets, corrected_sharding and
-shard (2,828 of the 3,575 cases). The other files (match_partition_rules, EasyDeL's rules,
-sharding strategies, helpers, misc, derived_from_source) exercise functions not bound in Python
+Covered so far: auto_partition_spec, constants, easydel_attention, mesh (but
+_normalize_axis_types), partition_axis_fields, resolve_spec, registry, manager_resolve, presets,
+corrected_sharding and shard (3,086 of the 3,575 cases). The other files (match_partition_rules,
+EasyDeL's other rules, sharding strategies, helpers, misc, derived_from_source) exercise functions not bound in Python
 yet; test_vector_files_not_yet_covered names them.
 """
 
@@ -20,6 +20,7 @@ from conftest import VECTORS
 
 COVERED = {
     "auto_partition_spec.json",
+    "easydel_attention.json",
     "mesh.json",
     "constants.json",
     "partition_axis_fields.json",
@@ -32,7 +33,6 @@ COVERED = {
 }
 NOT_YET_COVERED = {
     "derived_from_source.json",
-    "easydel_attention.json",
     "easydel_misc.json",
     "helpers.json",
     "match_partition_rules.json",
@@ -420,7 +420,19 @@ def eval_mesh(file, case):
     pytest.skip(f"{fn} (eformer's private axis-type normaliser for JAX's AxisType) is not bound in Python")
 
 
+def eval_easydel_attention(file, case):
+    i = case["inputs"]
+    pm = numesh.PartitionManager(paxis(file, i))
+    aux = None if i["softmax_aux_shape"] is None else ArrayLike({"shape": i["softmax_aux_shape"], "dtype": "float32"})
+    try:
+        r = numesh.easydel.get_shardings(pm, i["mode"], i["layout"], i["qkv_mni_sharding"], aux)
+    except Exception as e:  # noqa: BLE001
+        return {"error": encode_error(e)}
+    return {k: None if v is None else encode(list(v)) for k, v in r.items()}
+
+
 EVALUATORS = {
+    "easydel_attention.json": eval_easydel_attention,
     "mesh.json": eval_mesh,
     "auto_partition_spec.json": eval_auto_partition_spec,
     "constants.json": eval_constants,
@@ -463,4 +475,4 @@ def test_case_count_of_covered_files():
     """The covered files hold the cases the C++ runner counts for them (a file that lost cases
     would otherwise pass with fewer)."""
     total = sum(len(json.loads((VECTORS / n).read_text())["cases"]) for n in COVERED)
-    assert total == 2828
+    assert total == 3086

@@ -267,3 +267,14 @@ def test_errors_without_a_python_counterpart_are_numesh_errors():
     with pytest.raises(ValueError) as raised:
         numesh.PartitionAxis().resolve_spec(["__NOPE__"], numesh.MODE_TRAIN)
     assert not isinstance(raised.value, numesh.Error)
+
+
+def test_easydel_attention_shardings():
+    pm = numesh.PartitionManager()
+    r = numesh.easydel.get_shardings(pm, numesh.MODE_TRAIN)
+    assert r["query"] == P(("fsdp", "dp"), "sp", "tp", None) and r["softmax_aux"] is None
+    assert numesh.easydel.get_shardings(pm, numesh.MODE_TRAIN, softmax_aux=np.zeros((4, 2)))["softmax_aux"] == P(None, "tp")
+    with pytest.raises(NotImplementedError, match="Layout 'thd' is not implemented"):
+        numesh.easydel.get_shardings(pm, numesh.MODE_TRAIN, layout="thd")
+    with pytest.raises(TypeError, match="Expected PartitionManager"):
+        numesh.easydel.get_shardings(numesh.PartitionAxis(), numesh.MODE_TRAIN)

@@ -31,8 +31,10 @@ def stubbed():
 
 def test_every_public_name_of_the_module_is_stubbed():
     stubs = stubbed()
-    public = {n for n in dir(_numesh) if not n.startswith("__") and not (n.startswith("_") and n.isupper())
-              and n not in ("_canonical_entries",)}
+    # Private functions and tables (_canonical_entries, _MODES, ...) serve the package's own
+    # Python files; the private classes (_PartitionManager, the sentinels' types) are stubbed.
+    public = {n for n in dir(_numesh) if not n.startswith("__")
+              and (not n.startswith("_") or isinstance(getattr(_numesh, n), type))}
     assert public - set(stubs) == set()
     for name in public:
         obj = getattr(_numesh, name)
