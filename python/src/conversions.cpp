@@ -28,7 +28,23 @@ std::string python_type_name(py::handle value) {
   return py::str(py::type::handle_of(value)).cast<std::string>();
 }
 
-// The value of a Python int (or of an object with __index__), or nullopt past int64.
+// A sentinel's type (one instance, named `name` in the module): its repr is its name, it is
+// truthy, copies are itself, and pickling refers to it by name.
+template <typename Sentinel>
+py::object bind_sentinel(py::module_& m, const char* type_name, const char* doc, const char* name) {
+  py::class_<Sentinel>(m, type_name, doc)
+      .def("__repr__", [name](const Sentinel&) { return name; })
+      .def("__bool__", [](const Sentinel&) { return true; })
+      .def("__copy__", [](const py::object& self) { return self; })
+      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; })
+      .def("__reduce__", [name](const Sentinel&) { return name; });
+  py::object instance = py::cast(Sentinel{});
+  m.attr(name) = instance;
+  return instance;
+}
+
+}  // namespace
+
 std::optional<std::int64_t> index_value(py::handle value) {
   const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
   if (!index) throw py::error_already_set();
@@ -38,28 +54,13 @@ std::optional<std::int64_t> index_value(py::handle value) {
   return static_cast<std::int64_t>(v);
 }
 
-}  // namespace
-
 void bind_sentinels(py::module_& m) {
-  py::class_<NotGivenType>(m, "_NotGivenType",
-                           "The type of NOT_GIVEN, eformer's 'not supplied' sentinel.")
-      .def("__repr__", [](const NotGivenType&) { return "NOT_GIVEN"; })
-      .def("__bool__", [](const NotGivenType&) { return true; })
-      // One instance: copies are itself, and pickling refers to it by name.
-      .def("__copy__", [](const py::object& self) { return self; })
-      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; })
-      .def("__reduce__", [](const NotGivenType&) { return "NOT_GIVEN"; });
-  py::class_<UnconstrainedType>(m, "_UnconstrainedType",
-                                "The type of PartitionSpec.UNCONSTRAINED, as in JAX.")
-      .def("__repr__", [](const UnconstrainedType&) { return "UNCONSTRAINED"; })
-      .def("__bool__", [](const UnconstrainedType&) { return true; })
-      .def("__copy__", [](const py::object& self) { return self; })
-      .def("__deepcopy__", [](const py::object& self, const py::object&) { return self; })
-      .def("__reduce__", [](const UnconstrainedType&) { return "UNCONSTRAINED"; });
-  not_given_object = new py::object(py::cast(NotGivenType{}));
-  unconstrained_object = new py::object(py::cast(UnconstrainedType{}));
-  m.attr("NOT_GIVEN") = *not_given_object;
-  m.attr("UNCONSTRAINED") = *unconstrained_object;
+  not_given_object = new py::object(bind_sentinel<NotGivenType>(
+      m, "_NotGivenType", "The type of NOT_GIVEN, eformer's 'not supplied' sentinel.",
+      "NOT_GIVEN"));
+  unconstrained_object = new py::object(bind_sentinel<UnconstrainedType>(
+      m, "_UnconstrainedType", "The type of PartitionSpec.UNCONSTRAINED, as in JAX.",
+      "UNCONSTRAINED"));
 }
 
 sharding::AxisRule to_axis_rule(py::handle value) {
