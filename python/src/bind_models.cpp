@@ -4,12 +4,12 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bindings.hpp"
@@ -53,12 +53,13 @@ class CausalLM {
 // model, naming them.
 std::vector<std::int32_t> to_ids(py::handle value) {
   std::vector<std::int32_t> ids;
-  const auto push = [&](std::int64_t id, std::size_t at) {
-    if (id < std::numeric_limits<std::int32_t>::min() ||
-        id > std::numeric_limits<std::int32_t>::max()) {
-      throw IndexError("token id " + std::to_string(id) + " at position " + std::to_string(at) +
-                       " is outside the vocabulary");
-    }
+  const auto outside = [](const std::string& id, std::size_t at) {
+    return IndexError("token id " + id + " at position " + std::to_string(at) +
+                      " is outside the vocabulary");
+  };
+  // Any integer type: past int32 is outside every vocabulary.
+  const auto push = [&](auto id, std::size_t at) {
+    if (!std::in_range<std::int32_t>(id)) throw outside(std::to_string(id), at);
     ids.push_back(static_cast<std::int32_t>(id));
   };
   if (py::isinstance<py::array>(value)) {
@@ -72,10 +73,18 @@ std::vector<std::int32_t> to_ids(py::handle value) {
       throw ValueError("token ids are a 1-D array; got shape " +
                        py::str(value.attr("shape")).cast<std::string>());
     }
-    const auto as_int64 =
-        py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(array);
-    const auto view = as_int64.unchecked<1>();
-    for (py::ssize_t i = 0; i < view.shape(0); ++i) push(view(i), static_cast<std::size_t>(i));
+    // Read as the widest integer of the array's signedness, so that no value wraps.
+    const auto read = [&](auto zero) {
+      using Int = decltype(zero);
+      const auto wide = py::array_t<Int, py::array::c_style | py::array::forcecast>(array);
+      const auto view = wide.template unchecked<1>();
+      for (py::ssize_t i = 0; i < view.shape(0); ++i) push(view(i), static_cast<std::size_t>(i));
+    };
+    if (kind == 'u') {
+      read(std::uint64_t{0});
+    } else {
+      read(std::int64_t{0});
+    }
     return ids;
   }
   if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) {
@@ -89,7 +98,9 @@ std::vector<std::int32_t> to_ids(py::handle value) {
                       py::repr(id).cast<std::string>() + " of " +
                       py::str(py::type::handle_of(id)).cast<std::string>() + ", not an int");
     }
-    push(id.cast<std::int64_t>(), at++);
+    const auto v = index_value(id);  // past int64 is past int32 too
+    if (!v) throw outside(py::str(id).cast<std::string>(), at);
+    push(*v, at++);
   }
   return ids;
 }

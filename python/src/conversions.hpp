@@ -43,6 +43,10 @@ void bind_sentinels(pybind11::module_& m);
 /// anything else as to_mode.
 [[nodiscard]] sharding::ModeArg to_mode_arg(pybind11::handle value);
 
+/// The value of a Python int or of an object with __index__ (NumPy's integers), or nullopt
+/// past int64. Throws: what __index__ raises (TypeError for a float).
+[[nodiscard]] std::optional<std::int64_t> index_value(pybind11::handle value);
+
 /// A shape: a sequence of Python ints. Throws: TypeError naming the value otherwise.
 [[nodiscard]] std::vector<std::int64_t> to_shape(pybind11::handle value);
 

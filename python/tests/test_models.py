@@ -91,6 +91,10 @@ def test_bad_input_is_a_python_exception_naming_it(checkpoints):
         lm.logits([1, 256])  # the vocabulary is 256
     with pytest.raises(IndexError, match="token id 4294967296 at position 0"):
         lm.logits([2**32])
+    with pytest.raises(IndexError, match=f"token id {2**70} at position 1"):
+        lm.logits([1, 2**70])
+    with pytest.raises(IndexError, match=f"token id {2**63 + 5} at position 0"):
+        lm.logits(np.array([2**63 + 5], dtype=np.uint64))  # no wrap to a negative id
     with pytest.raises(numesh.Error, match="empty"):
         lm.logits([])
     with pytest.raises(ValueError, match="has no tokenizer: give the prompt as token ids"):
