@@ -55,17 +55,4 @@ nlohmann::json ReferenceCheck::to_json() const {
   return j;
 }
 
-std::int64_t split_count(const sharding::Mesh& mesh, const std::vector<std::string>& axes,
-                         std::int64_t extent) {
-  std::int64_t n = 1;
-  for (const std::string& a : axes) {
-    if (mesh.has_axis(a)) n *= mesh.axis_size(a);
-  }
-  return extent % n == 0 ? n : 1;
-}
-
-std::int64_t sequence_groups(const sharding::Mesh& mesh, const std::string& sequence_axis) {
-  return !sequence_axis.empty() && mesh.has_axis(sequence_axis) ? mesh.axis_size(sequence_axis) : 1;
-}
-
 }  // namespace numesh::tools

@@ -1,8 +1,6 @@
 #pragma once
 
-// The check `numesh run` and `numesh op` make of their outputs against the dense reference,
-// and the parameters the reference needs, derived from the mesh and the axes the user chose
-// (never read back from the sharded model that is being checked).
+// The check `numesh run` and `numesh op` make of their outputs against the dense reference.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,7 +9,6 @@
 
 #include "numesh/ops/compare.hpp"
 #include "numesh/runtime/tensor.hpp"
-#include "numesh/sharding/mesh.hpp"
 
 namespace numesh::tools {
 
@@ -56,16 +53,5 @@ class ReferenceCheck {
   std::vector<std::pair<std::string, double>> errors_;
   std::string failure_;
 };
-
-/// The routing groups (or any split) the lowering makes of `extent` rows over `axes`: the
-/// product of the sizes of the axes the mesh has, when it divides extent; 1 otherwise (the
-/// corrected spec then replicates that dim).
-[[nodiscard]] std::int64_t split_count(const sharding::Mesh& mesh,
-                                       const std::vector<std::string>& axes, std::int64_t extent);
-
-/// The token groups of a call whose T the sequence axis divides: that axis's size, 1 without
-/// one (the dense transformer reference's `sequence_groups`).
-[[nodiscard]] std::int64_t sequence_groups(const sharding::Mesh& mesh,
-                                           const std::string& sequence_axis);
 
 }  // namespace numesh::tools

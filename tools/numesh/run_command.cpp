@@ -208,8 +208,8 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
   // The reference's MoE routing groups follow from the mesh and the axes: sequences split
   // over the batch axes, tokens over the sequence axis.
   ops::TransformerReference reference(config, weights, o.batch, max_len,
-                                      split_count(mesh.mesh(), axes.batch, o.batch),
-                                      sequence_groups(mesh.mesh(), axes.sequence));
+                                      ops::split_count(mesh.mesh(), axes.batch, o.batch),
+                                      ops::sequence_groups(mesh.mesh(), axes.sequence));
   c.check.add("prefill", r.y, reference.forward(r.prompt, 0));
   for (std::int64_t i = 0; i < steps; ++i) {
     const auto idx = static_cast<std::size_t>(i);
@@ -222,8 +222,8 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
     ops::TransformerWeights fp32_weights = weights;
     fp32_weights.store_as(DType::kF32);
     ops::TransformerReference fp32_model(config, fp32_weights, o.batch, max_len,
-                                         split_count(mesh.mesh(), axes.batch, o.batch),
-                                         sequence_groups(mesh.mesh(), axes.sequence));
+                                         ops::split_count(mesh.mesh(), axes.batch, o.batch),
+                                         ops::sequence_groups(mesh.mesh(), axes.sequence));
     c.vs_fp32 =
         std::max(c.vs_fp32, ops::compare(r.y, fp32_model.forward(r.prompt, 0)).relative_error);
     for (std::int64_t i = 0; i < steps; ++i) {

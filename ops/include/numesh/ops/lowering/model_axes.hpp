@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 
 // The mesh axes a model's lowering splits each dim over, resolved from eformer's semantic axes.
@@ -39,5 +40,17 @@ struct ModelAxes {
                                          sharding::ModeArg mode, std::int64_t batch,
                                          std::int64_t hidden);
 };
+
+/// The routing groups (or any split) the lowering makes of `extent` rows over `axes`: the
+/// product of the sizes of the axes the mesh has, when it divides extent; 1 otherwise (the
+/// corrected spec then replicates that dim). The dense references take it from here, from the
+/// mesh and the axes the user chose, never from the sharded layer they check.
+[[nodiscard]] std::int64_t split_count(const sharding::Mesh& mesh,
+                                       const std::vector<std::string>& axes, std::int64_t extent);
+
+/// The token groups of a call whose T the sequence axis divides: that axis's size, 1 without
+/// one (the dense transformer reference's `sequence_groups`).
+[[nodiscard]] std::int64_t sequence_groups(const sharding::Mesh& mesh,
+                                           const std::string& sequence_axis);
 
 }  // namespace numesh::ops
