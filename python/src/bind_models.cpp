@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "arrays.hpp"
 #include "bindings.hpp"
 #include "conversions.hpp"
 #include "numesh/core/dtype.hpp"
@@ -109,35 +110,70 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
                                           const std::optional<std::string>& dtype,
                                           std::optional<runtime::DeviceMesh> mesh,
                                           std::optional<sharding::PartitionAxis> partition_axis,
-                                          std::int64_t context) {
+                                          std::int64_t context, std::int64_t batch) {
   py::gil_scoped_release release;
   models::ModelSource source = models::ModelSource::open(path);
   models::EngineOptions options;
   options.dtype = dtype ? parse_dtype(*dtype) : source.stored_dtype().value_or(DType::kF32);
   options.context = context;
+  options.sequences = batch;
   if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
-  if (!mesh) {
-    mesh = runtime::DeviceMesh::create(runtime::DeviceSet::create(runtime::Topology::discover()),
-                                       {1, 1, -1}, {"dp", "ep", "tp"});
-  }
+  if (!mesh) mesh = default_device_mesh();
   return std::make_unique<CausalLM>(models::Engine::load(std::move(source), *mesh, options));
 }
 
+// True for a batch of id rows: a 2-D array, or a list or tuple whose items are sequences.
+bool is_batch(py::handle value) {
+  if (py::isinstance<py::array>(value)) return py::reinterpret_borrow<py::array>(value).ndim() == 2;
+  if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) return false;
+  const auto items = py::reinterpret_borrow<py::sequence>(value);
+  return items.size() > 0 && !py::isinstance<py::int_>(items[0]) &&
+         (py::isinstance<py::list>(items[0]) || py::isinstance<py::tuple>(items[0]) ||
+          py::isinstance<py::array>(items[0]));
+}
+
 py::array_t<float> logits(CausalLM& lm, const py::object& ids_in) {
-  const std::vector<std::int32_t> ids = to_ids(ids_in);
+  // One sequence (T ids: [T, vocab]) or the model's batch of rows of equal length ([B, T]:
+  // [B, T, vocab]).
+  const bool batched = is_batch(ids_in);
+  std::vector<std::int32_t> ids;
+  std::int64_t rows = 1;
+  if (batched) {
+    rows = static_cast<std::int64_t>(py::len(ids_in));
+    const std::int64_t batch = lm.engine().model().batch();
+    if (rows != batch) {
+      throw ShapeError("logits: " + std::to_string(rows) + " rows of ids; the model runs " +
+                       std::to_string(batch) + " a call (CausalLM.from_pretrained(batch=" +
+                       std::to_string(rows) + ") runs " + std::to_string(rows) + ")");
+    }
+    std::size_t row = 0, length = 0;
+    for (py::handle items : ids_in) {
+      const std::vector<std::int32_t> one = to_ids(items);
+      if (row == 0) length = one.size();
+      if (one.size() != length) {
+        throw ShapeError("logits: row " + std::to_string(row) + " has " +
+                         std::to_string(one.size()) + " ids and row 0 " + std::to_string(length) +
+                         "; the rows of a batch are of one length");
+      }
+      ids.insert(ids.end(), one.begin(), one.end());
+      ++row;
+    }
+  } else {
+    ids = to_ids(ids_in);
+  }
+  const auto tokens = static_cast<std::int64_t>(ids.size()) / rows;
   if (ids.empty()) throw ShapeError("logits: the ids are empty; give at least one token");
   std::optional<runtime::HostTensor> out;
   {
     py::gil_scoped_release release;
     const std::lock_guard lock(lm.busy());
-    out.emplace(lm.engine().model().logits(ids, static_cast<std::int64_t>(ids.size()), 0));
+    out.emplace(lm.engine().model().logits(ids, tokens, 0));
   }
-  // The array takes the host tensor's values without a copy; a capsule owns them.
-  const auto rows = static_cast<py::ssize_t>(ids.size());
-  const auto vocab = static_cast<py::ssize_t>(out->data.size()) / rows;
-  auto* values = new std::vector<float>(std::move(out->data));
-  const py::capsule owner(values, [](void* p) { delete static_cast<std::vector<float>*>(p); });
-  return py::array_t<float>(std::vector<py::ssize_t>{rows, vocab}, values->data(), owner);
+  // The array takes the values without a copy.
+  const std::int64_t vocab = static_cast<std::int64_t>(out->data.size()) / (rows * tokens);
+  out->shape = batched ? std::vector<std::int64_t>{rows, tokens, vocab}
+                       : std::vector<std::int64_t>{tokens, vocab};
+  return to_numpy(std::move(*out));
 }
 
 py::dict generate(CausalLM& lm, const py::object& prompt, std::int64_t max_new_tokens,
@@ -154,6 +190,10 @@ py::dict generate(CausalLM& lm, const py::object& prompt, std::int64_t max_new_t
     ids = tokenizer->encode(prompt.cast<std::string>(), /*add_special_tokens=*/true);
   } else {
     ids = to_ids(prompt);
+  }
+  if (lm.engine().model().batch() != 1) {
+    throw ValueError("generate runs one prompt; this model was loaded with batch=" +
+                     std::to_string(lm.engine().model().batch()) + " for batched logits");
   }
   models::GenerationOptions options;
   options.max_new_tokens = max_new_tokens;
@@ -219,17 +259,20 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
 )pbdoc")
       .def_static("from_pretrained", &from_pretrained, "path"_a, py::kw_only(),
                   "dtype"_a = py::none(), "mesh"_a = py::none(), "partition_axis"_a = py::none(),
-                  "context"_a = 0, R"pbdoc(
+                  "context"_a = 0, "batch"_a = 1, R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
 "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's own format, else f32).
 `partition_axis` lays the layers out (default PartitionAxis()); `context` caps the positions
-the caches hold (0: the model's whole context). The GIL is released while it loads.
+the caches hold (0: the model's whole context); `batch` is the sequences a call of logits runs
+(generate runs one). The GIL is released while it loads.
 )pbdoc")
       .def("logits", &logits, "ids"_a, R"pbdoc(
 The logits of every position of `ids` (a list or a 1-D integer array of T token ids), as a
-float32 NumPy array [T, vocab_size] that owns its memory. Each call starts at position 0.
-Raises IndexError for an id outside the vocabulary (naming it) or more ids than the context.
+float32 NumPy array [T, vocab_size] that owns its memory; of a batch (a 2-D integer array or a
+list of lists, as many rows of T ids as from_pretrained's `batch`), [batch, T, vocab_size].
+Each call starts at position 0. Raises IndexError for an id outside the vocabulary (naming it)
+or more ids than the context, ShapeError for rows of unequal length or not `batch` of them.
 )pbdoc")
       .def("generate", &generate, "prompt"_a, py::kw_only(), "max_new_tokens"_a = 32,
            "temperature"_a = 0.0, "top_k"_a = 40, "top_p"_a = 1.0, "seed"_a = 0,

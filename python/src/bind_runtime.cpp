@@ -55,6 +55,11 @@ py::list devices_of(const DeviceMesh& mesh) {
 
 }  // namespace
 
+runtime::DeviceMesh default_device_mesh() {
+  return DeviceMesh::create(runtime::DeviceSet::create(Topology::discover()), {1, 1, -1},
+                            {"dp", "ep", "tp"});
+}
+
 void bind_runtime(py::module_& m) {
   py::class_<Topology>(m, "Topology", R"pbdoc(
 A machine's NUMA nodes, packages, L3 groups, cores and PUs, as hwloc discovers them.

@@ -17,6 +17,7 @@
 #include "numesh/sharding/mesh.hpp"
 #include "numesh/sharding/mesh_context.hpp"
 #include "numesh/sharding/mesh_creation.hpp"
+#include "numesh/sharding/mesh_helpers.hpp"
 #include "numesh/sharding/named_array.hpp"
 #include "numesh/sharding/named_sharding.hpp"
 #include "numesh/sharding/partition_axis.hpp"
@@ -109,21 +110,115 @@ std::int64_t machine_device_count() {
   return static_cast<std::int64_t>(runtime::place_devices(topology, {}).size());
 }
 
-// eformer's array argument: anything with a shape and a dtype (a NumPy array, a JAX or torch
-// array whose dtype NumPy names); eformer's TypeError otherwise.
-sharding::ArrayInfo array_info(const py::object& x) {
-  if (!py::hasattr(x, "shape") || !py::hasattr(x, "dtype")) {
-    throw TypeError("Expected array input, got " +
-                    py::str(py::type::handle_of(x)).cast<std::string>());
-  }
-  sharding::ArrayInfo info;
-  info.shape = to_shape(py::tuple(x.attr("shape")));
-  info.dtype = py::str(x.attr("dtype")).cast<std::string>();
-  return info;
-}
-
 std::string named_sharding_repr(const NamedSharding& s) {
   return "NamedSharding(mesh=" + s.mesh().repr() + ", spec=" + s.spec().repr() + ")";
+}
+
+// A mesh axis or a list or tuple of them, as eformer's shard_map helpers take it; their
+// TypeError for anything else.
+std::vector<std::string> axis_name_list(const py::object& axis_names) {
+  if (py::isinstance<py::str>(axis_names)) return {axis_names.cast<std::string>()};
+  if (py::isinstance<py::list>(axis_names) || py::isinstance<py::tuple>(axis_names)) {
+    return axis_names.cast<std::vector<std::string>>();
+  }
+  throw TypeError("Input 'axis_names' must be a string or sequence (list/tuple), but got type " +
+                  python_type_name(axis_names));
+}
+
+// One item of get_names_from_partition_spec's argument as a spec: a name stands for itself
+// (eformer's recursion collects it), a tuple or list is a spec; eformer's recursion fails on
+// anything else as iterating it does.
+PartitionSpec spec_of_item(py::handle item) {
+  if (py::isinstance<py::str>(item))
+    return PartitionSpec(std::vector<AxisRule>{to_axis_rule(item)});
+  if (!py::isinstance<py::tuple>(item) && !py::isinstance<py::list>(item)) {
+    throw TypeError("'" + py::type::handle_of(item).attr("__name__").cast<std::string>() +
+                    "' object is not iterable");
+  }
+  return item.cast<PartitionSpec>();
+}
+
+// eformer's small helpers of escale/partition/constraints.py (misc.json's functions).
+void bind_mesh_helpers(py::module_& m) {
+  m.def(
+      "get_safe_hash_int",
+      [](const py::object& text, const std::string& algorithm) {
+        const std::string digits =
+            sharding::get_safe_hash_int(py::str(text).cast<std::string>(), algorithm);
+        return py::int_(py::str(digits));
+      },
+      "text"_a, "algorithm"_a = "md5",
+      "eformer's get_safe_hash_int: the hashlib `algorithm` digest of str(text) as a big-endian "
+      "int. Raises ValueError \"Unsupported hash algorithm: <algorithm>\" for another name.");
+  m.def(
+      "get_axes_size_in_mesh",
+      [](const AxisRule& axis_names, const std::optional<Mesh>& mesh) {
+        return sharding::get_axes_size_in_mesh(axis_names, mesh ? &*mesh : nullptr);
+      },
+      "axis_names"_a, "mesh"_a = py::none(),
+      "eformer's get_axes_size_in_mesh: the size of the axis, or the product of a list or tuple "
+      "of axes, of `mesh` (default: the current mesh). KeyError for an unknown axis, TypeError "
+      "for a value that is neither a name nor a sequence, AssertionError without a mesh.");
+  m.def(
+      "get_mesh_axis_names",
+      [](const std::optional<Mesh>& mesh) {
+        return sharding::get_mesh_axis_names(mesh ? &*mesh : nullptr);
+      },
+      "mesh"_a = py::none(),
+      "eformer's get_mesh_axis_names: the axis names of `mesh` (default: the current mesh), in "
+      "mesh order. AssertionError without a mesh.");
+  m.def(
+      "names_in_current_mesh",
+      [](const py::args& names) {
+        std::vector<std::string> strings;
+        for (py::handle name : names) {
+          // eformer compares sets: a name that is not a string is in no mesh.
+          if (!py::isinstance<py::str>(name)) return false;
+          strings.push_back(name.cast<std::string>());
+        }
+        return sharding::names_in_current_mesh(strings);
+      },
+      "eformer's names_in_current_mesh(*names): True when every name is an axis of the current "
+      "mesh (True for none; False for any name without a mesh).");
+  m.def(
+      "get_names_from_partition_spec",
+      [](const py::object& partition_specs) {
+        const py::object items = py::isinstance<py::dict>(partition_specs)
+                                     ? partition_specs.attr("values")()
+                                     : partition_specs;
+        std::vector<PartitionSpec> specs;
+        for (py::handle item : items) {
+          if (!item.is_none()) specs.push_back(spec_of_item(item));
+        }
+        return sharding::get_names_from_partition_spec(specs);
+      },
+      "partition_specs"_a,
+      "eformer's get_names_from_partition_spec: every mesh axis the specs (a dict's values, or "
+      "any iterable of specs) use, each once, sorted (eformer's order is a set's).");
+  m.def(
+      "get_mesh_axis_size",
+      [](const py::object& axis_names, const std::optional<Mesh>& mesh) {
+        return sharding::get_mesh_axis_size(sharding::mesh_or_current(mesh),
+                                            axis_name_list(axis_names));
+      },
+      "axis_names"_a, py::kw_only(), "mesh"_a = py::none(),
+      "eformer's get_mesh_axis_size, outside shard_map: the product of the sizes of the axes (a "
+      "name, or a list or tuple; 1 for none) of `mesh` (default: the current mesh; "
+      "AssertionError without one). KeyError \"unbound axis name: x\" for an axis the mesh "
+      "lacks.");
+  m.def(
+      "get_submesh_device_index",
+      [](const py::object& axis_names, const std::vector<std::int64_t>& device_coords,
+         const std::optional<Mesh>& mesh) {
+        return sharding::get_submesh_device_index(sharding::mesh_or_current(mesh), device_coords,
+                                                  axis_name_list(axis_names));
+      },
+      "axis_names"_a, py::kw_only(), "device_coords"_a, "mesh"_a = py::none(),
+      "eformer's get_submesh_device_index, outside shard_map: the row-major index, over the axes "
+      "(the last varies fastest; 0 for none), of the device at `device_coords` (one coordinate "
+      "per axis of `mesh`, default the current mesh), where eformer reads the device it runs on. "
+      "ValueError for coordinates that do not fit the mesh, KeyError for an unknown axis, "
+      "AssertionError without a mesh.");
 }
 
 }  // namespace
@@ -328,9 +423,10 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
              return py::isinstance<Mesh>(b) && a == b.cast<const Mesh&>();
            })
       .def("__hash__", [](const Mesh& mesh) { return py::hash(py::str(mesh.repr())); });
-  m.def(
-      "get_incontext_mesh", [] { return sharding::current_mesh(); },
-      "The current mesh of this thread (the innermost `with mesh:`); empty when there is none.");
+  m.def("get_incontext_mesh", &sharding::get_incontext_mesh, "raise_error"_a = true,
+        "eformer's get_incontext_mesh: the current mesh of this thread (the innermost `with "
+        "mesh:`). Without one: the empty mesh, or with `raise_error` AssertionError \"No mesh "
+        "found under this context manager.\" (the default, as eformer's).");
 
   m.def("calculate_host_mesh_shape", &sharding::calculate_host_mesh_shape, "global_mesh_shape"_a,
         "total_devices"_a, "num_processes"_a,
@@ -413,7 +509,7 @@ many. Raises ValueError when the dims do not fit the devices.
         [vrn](const py::object& x, const std::optional<Mesh>& mesh,
               const std::optional<std::vector<AxisRule>>& names,
               std::optional<std::int64_t> min_sharding_size, bool reverse) {
-          const sharding::ArrayInfo array = array_info(x);
+          const sharding::ArrayInfo array = to_array_info(x);
           return vrn ? sharding::vrn_auto_partition_spec(array, mesh, names, min_sharding_size,
                                                          reverse)
                      : sharding::auto_partition_spec(array, mesh, names, min_sharding_size,
@@ -433,6 +529,11 @@ many. Raises ValueError when the dims do not fit the devices.
   m.def(
       "with_sharding_constraint",
       [](const py::object& x, const py::object& sharding) -> py::object {
+        // eformer constrains arrays only and returns any other value (a Python scalar, a
+        // string, None) as it is, before it looks at the sharding. A tuple or list is taken
+        // for the shape of an array here.
+        const bool shape_given = py::isinstance<py::tuple>(x) || py::isinstance<py::list>(x);
+        if (!py::hasattr(x, "shape") && !shape_given) return py::none();
         const auto shape = to_shape(py::hasattr(x, "shape") ? x.attr("shape") : x);
         std::optional<NamedSharding> applied;
         if (py::isinstance<NamedSharding>(sharding)) {
@@ -443,15 +544,15 @@ many. Raises ValueError when the dims do not fit the devices.
                        py::module_::import("numesh.partition_spec").attr("PartitionSpec"))) {
           applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
         } else {
-          throw TypeError("Unsupported sharding type: " +
-                          py::str(py::type::handle_of(sharding)).cast<std::string>());
+          throw TypeError("Unsupported sharding type: " + python_type_name(sharding));
         }
         if (!applied) return py::none();
         return py::cast(*applied);
       },
       "x"_a, "sharding"_a, R"pbdoc(
 eformer's with_sharding_constraint for an array `x` (or its shape): the NamedSharding the
-constraint applies, or None when eformer applies none (no current mesh, or P()). A
+constraint applies, or None when eformer applies none (no current mesh, P(), or an `x` that
+is neither an array nor a shape, which eformer returns untouched). A
 PartitionSpec is corrected against the current mesh (as get_corrected_named_sharding); a
 NamedSharding applies on its own mesh.
 )pbdoc");
@@ -472,6 +573,7 @@ rank, each entry dropped to None where its axes are missing from the mesh or do 
 dimension; all None becomes P(). With no current mesh: AssertionError, or (raise_mesh_error
 False) a warning and a replicated sharding on the empty mesh.
 )pbdoc");
+  bind_mesh_helpers(m);
 }
 
 }  // namespace numesh::python

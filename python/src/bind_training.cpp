@@ -88,11 +88,7 @@ std::unique_ptr<Trainer> make_trainer(const TrainerArgs& a) {
   py::gil_scoped_release release;
   const std::filesystem::path dir = a.model;
   const models::HfConfig config = models::HfConfig::load(dir);
-  const runtime::DeviceMesh mesh =
-      a.mesh
-          ? *a.mesh
-          : runtime::DeviceMesh::create(runtime::DeviceSet::create(runtime::Topology::discover()),
-                                        {1, 1, -1}, {"dp", "ep", "tp"});
+  const runtime::DeviceMesh mesh = a.mesh ? *a.mesh : default_device_mesh();
   const ops::ModelAxes axes = ops::ModelAxes::resolve(manager, mode, a.batch, config.hidden_size);
   if (a.init == "random") {
     return std::make_unique<Trainer>(

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <utility>
 
 #include "numesh/core/error.hpp"
 
@@ -24,8 +25,12 @@ py::object& partition_spec_class() {
   return *cls;
 }
 
-std::string python_type_name(py::handle value) {
-  return py::str(py::type::handle_of(value)).cast<std::string>();
+// The shape and str(dtype) of an object that has a shape; the dtype is "" when it has none.
+sharding::ArrayInfo read_array(py::handle x) {
+  sharding::ArrayInfo info;
+  info.shape = to_shape(py::tuple(x.attr("shape")));
+  info.dtype = py::hasattr(x, "dtype") ? py::str(x.attr("dtype")).cast<std::string>() : "";
+  return info;
 }
 
 // A sentinel's type (one instance, named `name` in the module): its repr is its name, it is
@@ -44,6 +49,10 @@ py::object bind_sentinel(py::module_& m, const char* type_name, const char* doc,
 }
 
 }  // namespace
+
+std::string python_type_name(py::handle value) {
+  return py::str(py::type::handle_of(value)).cast<std::string>();
+}
 
 std::optional<std::int64_t> index_value(py::handle value) {
   const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
@@ -165,6 +174,24 @@ std::vector<std::int64_t> to_shape(py::handle value) {
   }
   throw TypeError("a shape is a tuple or list of ints; got " + py::repr(value).cast<std::string>() +
                   " of " + python_type_name(value));
+}
+
+sharding::ArrayInfo to_array_info(py::handle x) {
+  if (!py::hasattr(x, "shape") || !py::hasattr(x, "dtype")) {
+    throw TypeError("Expected array input, got " + python_type_name(x));
+  }
+  return read_array(x);
+}
+
+std::vector<sharding::NamedLeaf> to_named_leaves(py::handle pairs) {
+  std::vector<sharding::NamedLeaf> leaves;
+  for (py::handle item : pairs) {
+    const auto [path, value] = item.cast<std::pair<std::string, py::object>>();
+    sharding::NamedLeaf leaf{path, std::nullopt};
+    if (py::hasattr(value, "shape")) leaf.array = read_array(value);
+    leaves.push_back(std::move(leaf));
+  }
+  return leaves;
 }
 
 }  // namespace numesh::python

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "numesh/sharding/axis_rule.hpp"
+#include "numesh/sharding/named_array.hpp"
 #include "numesh/sharding/partition_spec.hpp"
 #include "numesh/sharding/semantic_axis.hpp"
 
@@ -23,6 +25,9 @@ struct UnconstrainedType {};
 /// Registers the two sentinel types and their instances on `m` (NOT_GIVEN, UNCONSTRAINED).
 /// Called once, by the module's initialisation, before any conversion.
 void bind_sentinels(pybind11::module_& m);
+
+/// Python's name of the type of `value`, as str(type(value)) prints it: "<class 'int'>".
+[[nodiscard]] std::string python_type_name(pybind11::handle value);
 
 /// `value` as an AxisRule: None, NOT_GIVEN, UNCONSTRAINED, a str, an int (bool included, as
 /// Python treats it), or a tuple or list of those. Throws: TypeError naming the Python type of
@@ -49,6 +54,18 @@ void bind_sentinels(pybind11::module_& m);
 
 /// A shape: a sequence of Python ints. Throws: TypeError naming the value otherwise.
 [[nodiscard]] std::vector<std::int64_t> to_shape(pybind11::handle value);
+
+/// eformer's array argument: anything with a shape and a dtype (a NumPy array, a JAX or torch
+/// array whose dtype NumPy names), read as its shape and str(dtype). Throws: TypeError
+/// "Expected array input, got <class ...>" (eformer's) for anything else.
+[[nodiscard]] sharding::ArrayInfo to_array_info(pybind11::handle x);
+
+/// The leaves of a pytree as the sharding layer takes them, from (path, leaf) pairs in JAX's
+/// order (numesh/pytree.py flattens): a leaf with a `shape` is an array, of dtype str(dtype),
+/// or "" when it has none (what counts bytes then raises ValueError "unknown dtype ''"); any
+/// other leaf (a Python scalar, a string) has no array, as eformer tells leaves by hasattr
+/// "shape". Throws: TypeError for a pair that is not (str, leaf) or a shape that is not ints.
+[[nodiscard]] std::vector<sharding::NamedLeaf> to_named_leaves(pybind11::handle pairs);
 
 }  // namespace numesh::python
 

@@ -1,5 +1,6 @@
 #include <pybind11/pybind11.h>
 
+#include "arrays.hpp"
 #include "bindings.hpp"
 #include "conversions.hpp"
 
@@ -11,8 +12,11 @@ PYBIND11_MODULE(_numesh, m) {
   numesh::python::bind_sentinels(m);
   numesh::python::bind_errors(m);
   numesh::python::bind_sharding(m);
+  numesh::python::bind_rules(m);
   numesh::python::bind_easydel(m);
   numesh::python::bind_runtime(m);
   numesh::python::bind_models(m);
   numesh::python::bind_training(m);
+  numesh::python::bind_ops(m);
+  numesh::python::bind_arrays(m);
 }

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numesh
-from conftest import ROOT
+from conftest import ROOT, share_of_a_python_thread_during
 
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 sys.path.insert(0, str(ROOT / "tests" / "common"))
@@ -83,8 +83,10 @@ def test_bad_input_is_a_python_exception_naming_it(checkpoints):
     lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())
     with pytest.raises(TypeError, match="got an array of dtype float64"):
         lm.logits(np.array([1.0, 2.0]))
-    with pytest.raises(ValueError, match=r"1-D array; got shape \(1, 2\)"):
-        lm.logits(np.array([[1, 2]]))
+    with pytest.raises(ValueError, match=r"1-D array; got shape \(1, 1, 2\)"):
+        lm.logits(np.array([[[1, 2]]]))
+    with pytest.raises(numesh.ShapeError, match=r"logits: 2 rows of ids; the model runs 1 a call \(CausalLM.from_pretrained\(batch=2\) runs 2\)"):
+        lm.logits([[1, 2], [3, 4]])
     with pytest.raises(TypeError, match="token id at position 1 is '2' of <class 'str'>"):
         lm.logits([1, "2"])
     with pytest.raises(IndexError, match="256"):
@@ -157,6 +159,33 @@ def test_an_error_in_the_callback_ends_generate_and_is_raised(checkpoints):
     with pytest.raises(RuntimeError, match="the caller's own error"):
         lm.generate([1, 2, 3], max_new_tokens=5, on_token=fail)
     assert len(lm.generate([1, 2, 3], max_new_tokens=5, stop_ids=[])["ids"]) == 5
+
+
+def test_batched_logits_are_each_rows_own(checkpoints):
+    """A model loaded for a batch takes rows of ids (a 2-D array or a list of lists) and gives
+    [batch, T, vocab]: each row's logits, those of the row alone within fp32 reassociation."""
+    d, cases = checkpoints
+    one = numesh.CausalLM.from_pretrained(str(d / "qwen2_f32"), mesh=MESHES["one device"]())
+    lm = numesh.CausalLM.from_pretrained(str(d / "qwen2_f32"), mesh=MESHES["tp2"](), batch=3)
+    rows = np.array([[5, 9, 14, 3], [7, 7, 7, 7], [200, 1, 2, 3]], dtype=np.int32)
+    got = lm.logits(rows)
+    assert got.shape == (3, 4, lm.vocab_size) and got.dtype == np.float32
+    for b in range(3):
+        want = one.logits(rows[b])
+        assert np.abs(got[b] - want).max() <= 1e-5 * np.abs(want).max(), b
+    assert np.array_equal(lm.logits(rows.tolist()), got)
+    with pytest.raises(numesh.ShapeError, match=r"logits: row 1 has 3 ids and row 0 4; the rows of a batch are of one length"):
+        lm.logits([[1, 2, 3, 4], [1, 2, 3], [1, 2, 3, 4]])
+    with pytest.raises(ValueError, match=r"generate runs one prompt; this model was loaded with batch=3"):
+        lm.generate([1, 2])
+
+
+def test_other_threads_run_while_the_model_generates(checkpoints):
+    """The GIL is released while the model computes: a Python thread runs on meanwhile."""
+    d, _ = checkpoints
+    lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())
+    share = share_of_a_python_thread_during(lambda: lm.generate([1, 2, 3], max_new_tokens=120, stop_ids=[]))
+    assert share > 0.2, f"a Python thread did {share:.0%} of its work alone while generate ran"
 
 
 def test_logits_arrays_own_their_memory_and_calls_do_not_leak(checkpoints):

@@ -207,7 +207,9 @@ def test_partition_manager_context_and_threads():
 def test_mesh_context_and_corrected_sharding():
     mesh = numesh.create_mesh((2, -1), ("dp", "tp"), device_count=8)
     assert mesh.shape == {"dp": 2, "tp": 4} and mesh.axis_names == ("dp", "tp") and mesh.size == 8
-    assert numesh.get_incontext_mesh().empty
+    assert numesh.get_incontext_mesh(raise_error=False).empty
+    with pytest.raises(AssertionError, match="No mesh found under this context manager."):
+        numesh.get_incontext_mesh()
     with pytest.raises(AssertionError, match="No mesh found under this context manager."):
         numesh.get_corrected_named_sharding((3, 8), P("dp", "tp"))
     with mesh as entered:
@@ -219,7 +221,7 @@ def test_mesh_context_and_corrected_sharding():
         assert numesh.with_sharding_constraint((4, 8), P()) is None
         pm = numesh.PartitionManager()
         assert pm.shard(np.zeros((8, 1, 16)), numesh.HiddenStateSharding).spec == P(None, None, "tp")
-    assert numesh.get_incontext_mesh().empty
+    assert numesh.get_incontext_mesh(raise_error=False).empty
     with pytest.warns(UserWarning, match="Active mesh is empty"):
         numesh.get_corrected_named_sharding((3, 8), P("dp"), raise_mesh_error=False)
 

@@ -17,8 +17,10 @@
 // Patterns are regular expressions matched with Python's `re.search` semantics (a match
 // anywhere in the name; anchor with ^ and $). numesh compiles them as ECMAScript std::regex,
 // which accepts the patterns eformer and EasyDeL use (`\d`, `(?:...)`, classes, alternation,
-// lazy quantifiers, lookahead); Python-only syntax such as `(?P<name>...)`, `\A`, `\Z` or
-// lookbehind is rejected with a ValueError when the rules are compiled.
+// lazy quantifiers, lookahead). Python-only syntax is translated where ECMAScript has its
+// meaning (`\A` as ^, `\Z` as $, `(?P<name>...)` as a plain group); what it lacks (named
+// back-references, lookbehind, other inline flags) is rejected with a ValueError when the rules
+// are compiled.
 
 namespace numesh::sharding {
 
