@@ -26,6 +26,7 @@
 #include "numesh/models/engine/engine_loop.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/serve/server.hpp"
+#include "numesh/serve/service.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
 
@@ -33,57 +34,31 @@ namespace numesh::tools {
 
 namespace {
 
-// The options checked before anything binds or loads.
-struct CheckedServe {
-  DType dtype = DType::kF32;
-  sharding::ModeArg mode = sharding::Mode::kDecode;
-  std::optional<sharding::PartitionManager> partitions;
-  std::optional<models::ChatTemplate> chat_template;  // --chat-template's, parsed
-};
-
-// --chat-template's file, read and parsed now: a missing file or a template that does not parse
-// is refused before anything binds or loads, not at the first chat.
-std::optional<models::ChatTemplate> read_chat_template(const std::string& path) {
-  if (path.empty()) return std::nullopt;
-  std::ifstream file(path, std::ios::binary);
-  NUMESH_CHECK(std::filesystem::is_regular_file(path) && file.good(), IoError,
-               "--chat-template: cannot read '{}'", path);
-  std::stringstream text;
-  text << file.rdbuf();
-  try {
-    return models::ChatTemplate::parse(text.str(), path);
-  } catch (const models::ChatTemplateError& e) {
-    throw models::ChatTemplateError(fmt::format("--chat-template: {}", e.what()), e.line());
-  }
-}
-
-CheckedServe check_serve_options(const ServeOptions& o) {
-  CheckedServe c;
-  if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
-  NUMESH_CHECK(!o.model.empty(), ValueError,
-               "--model is required (a Hugging Face folder or a GGUF file)");
-  NUMESH_CHECK(o.port >= 0 && o.port <= 65535, ValueError, "--port {} is not a port", o.port);
-  NUMESH_CHECK(o.parallel >= 1 && o.parallel <= 1024, ValueError,
-               "--parallel {} must be between 1 and 1024", o.parallel);
-  NUMESH_CHECK(o.ctx_size >= 0 && o.kv_cache_tokens >= 0, ValueError,
-               "--ctx-size {} and --kv-cache-tokens {} must not be negative", o.ctx_size,
-               o.kv_cache_tokens);
-  NUMESH_CHECK(o.max_queue >= 1 && o.max_queue <= 100000, ValueError,
-               "--max-queue {} must be between 1 and 100000", o.max_queue);
-  NUMESH_CHECK(o.batch_tokens >= o.parallel, ValueError,
-               "--batch-tokens {} must be at least --parallel {} (every running request decodes "
-               "in every step)",
-               o.batch_tokens, o.parallel);
-  NUMESH_CHECK(o.block_size >= 1 && o.block_size <= 1024, ValueError,
-               "--block-size {} must be between 1 and 1024", o.block_size);
-  NUMESH_CHECK(o.http_threads >= 0 && o.max_body_bytes >= 1024, ValueError,
-               "--http-threads {} must not be negative and the body limit {} at least 1024",
-               o.http_threads, o.max_body_bytes);
-  c.chat_template = read_chat_template(o.chat_template);
+// The options serve::Service takes, from the command line's: the mesh, mode and PartitionAxis
+// checked first, then the rest by the service (named as flags).
+serve::ServiceOptions service_options(const ServeOptions& o) {
+  serve::ServiceOptions s;
+  if (!o.dtype.empty()) s.dtype = parse_dtype(o.dtype);
   check_mesh_options(o.mesh);
-  c.mode = parse_run_mode(o.mode);
-  c.partitions.emplace(build_paxis(o.paxis_json, o.sets));
-  return c;
+  s.mode = parse_run_mode(o.mode);
+  s.partitions = sharding::PartitionManager(build_paxis(o.paxis_json, o.sets));
+  s.model = o.model;
+  s.parallel = o.parallel;
+  s.ctx_size = o.ctx_size;
+  s.kv_cache_tokens = o.kv_cache_tokens;
+  s.batch_tokens = o.batch_tokens;
+  s.block_size = o.block_size;
+  s.max_queue = o.max_queue;
+  s.prefix_cache = !o.no_prefix_cache;
+  s.chat_template_file = o.chat_template;
+  s.server = serve::ServerOptions{.host = o.host,
+                                  .port = o.port,
+                                  .http_threads = o.http_threads,
+                                  .api_key = o.api_key,
+                                  .max_body_bytes = static_cast<std::size_t>(o.max_body_bytes),
+                                  .model_name = o.model_name,
+                                  .chat_template = std::nullopt};
+  return s;
 }
 
 // SIGINT and SIGTERM: the handler (in whichever thread the kernel picks: oneTBB's workers do
@@ -104,7 +79,7 @@ class SignalWatcher {
     sigaction(SIGINT, &action, &old_int_);
     sigaction(SIGTERM, &action, &old_term_);
   }
-  void start(serve::Server& server) {
+  void start(serve::Service& server) {
     thread_ = std::thread([this, &server] {
       for (;;) {
         unsigned char byte = 0;
@@ -143,37 +118,6 @@ class SignalWatcher {
   std::thread thread_;
   std::atomic<int> caught_{0};
 };
-
-// The serving engine: the folder opened, the mesh made, the weights loaded with paged caches.
-models::Engine load_serving_engine(const ServeOptions& o, const CheckedServe& c) {
-  models::ModelSource source = models::ModelSource::open(o.model);
-  const DType dtype = o.dtype.empty() ? source.stored_dtype().value_or(DType::kF32) : c.dtype;
-  // Without --ctx-size, the model's context up to 4096 (llama-server's default): a long-context
-  // model's whole context for every request would book gigabytes of cache.
-  const std::int64_t context =
-      o.ctx_size > 0 ? o.ctx_size : std::min<std::int64_t>(source.config().max_context(), 4096);
-  const std::int64_t kv_tokens = o.kv_cache_tokens > 0 ? o.kv_cache_tokens : o.parallel * context;
-  const ProgressLine line(o.quiet);
-  return models::Engine::load(
-      std::move(source), make_mesh(o.mesh),
-      {.dtype = dtype,
-       .sequences = o.parallel,
-       .context = context,
-       .partitions = *c.partitions,
-       .mode = c.mode,
-       .progress =
-           [&](std::int64_t done, std::int64_t total) {
-             line.update(fmt::format("loading {:.0f}%", 100.0 * static_cast<double>(done) /
-                                                            static_cast<double>(total)));
-           },
-       .serving = models::ServingOptions{.block_size = o.block_size,
-                                         .kv_tokens = kv_tokens,
-                                         .batch_tokens = o.batch_tokens,
-                                         .max_running = o.parallel,
-                                         .max_waiting = o.max_queue,
-                                         .candidates = 64,
-                                         .prefix_caching = !o.no_prefix_cache}});
-}
 
 }  // namespace
 
@@ -245,43 +189,22 @@ Examples:
 }
 
 int run_serve(const ServeOptions& o, std::ostream& out) {
-  const CheckedServe c = check_serve_options(o);
-  const std::filesystem::path folder = std::filesystem::path(o.model).lexically_normal();
-  serve::Server server(serve::ServerOptions{
-      .host = o.host,
-      .port = o.port,
-      // Every request holds a worker from its arrival to its end, waiting ones too: enough
-      // for all that may run and wait (past them, the queue's 503), and a few for /health;
-      // at most 256 (past them, connections wait for a worker).
-      .http_threads = o.http_threads > 0 ? o.http_threads
-                                         : static_cast<int>(std::min<std::int64_t>(
-                                               o.parallel + o.max_queue + 8, 256)),
-      .api_key = o.api_key,
-      .max_body_bytes = static_cast<std::size_t>(o.max_body_bytes),
-      .model_name =
-          !o.model_name.empty()
-              ? o.model_name
-              : (folder.has_filename() ? folder.filename() : folder.parent_path().filename())
-                    .string(),
-      .chat_template = c.chat_template});
-  // After the server: destroyed before it, so its thread never stops a server that is gone.
+  serve::ServiceOptions options = service_options(o);
+  const ProgressLine line(o.quiet);
+  options.progress = [&](std::int64_t done, std::int64_t total) {
+    line.update(fmt::format("loading {:.0f}%",
+                            100.0 * static_cast<double>(done) / static_cast<double>(total)));
+  };
+  // Binds now and answers 503 while the model loads.
+  serve::Service service(std::move(options), OptionStyle::kFlag);
+  // After the service: destroyed before it, so its thread never stops a service that is gone.
   SignalWatcher signals;
-  const int port = server.bind();
-  signals.start(server);
-  std::thread http([&] { server.listen(); });
+  signals.start(service);
   if (!o.quiet) std::fprintf(stderr, "numesh serve: loading %s ...\n", o.model.c_str());
-  std::optional<models::EngineLoop> loop;
-  try {
-    loop.emplace(load_serving_engine(o, c));
-  } catch (...) {
-    server.stop();
-    http.join();
-    throw;
-  }
-  server.attach(*loop);
-  const models::Engine& e = loop->engine();
+  service.load(make_mesh(o.mesh));
+  const models::Engine& e = service.engine();
   const std::string& template_error = e.source().chat_template_error();
-  if (!c.chat_template && !template_error.empty()) {
+  if (o.chat_template.empty() && !template_error.empty()) {
     // Completions are served; chats are refused with this same error.
     std::fprintf(stderr,
                  "numesh: warning: the model's chat template cannot be used (%s): "
@@ -289,18 +212,16 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
                  "FILE\n",
                  template_error.c_str());
   }
-  const models::ChatTemplate* chat =
-      c.chat_template ? &*c.chat_template : e.source().chat_template();
+  const models::ChatTemplate* chat = service.chat_template();
   out << fmt::format(
       "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
       "at once, {} KV tokens in blocks of {}; chat template: {})\n",
-      o.host, port, o.model, to_string(e.config().architecture), to_string(e.dtype()),
+      o.host, service.port(), o.model, to_string(e.config().architecture), to_string(e.dtype()),
       e.mesh().mesh().repr(), o.parallel,
       e.scheduler().pool().blocks() * o.block_size - o.block_size, o.block_size,
       chat != nullptr ? chat->name() : "none");
   out.flush();
-  http.join();  // until a signal stops the server (the requests in flight answered)
-  loop->drain();
+  service.wait();  // until a signal stops it (the requests in flight answered)
   out << fmt::format("numesh serve: stopped{}\n",
                      signals.caught() != 0 ? fmt::format(" on signal {}", signals.caught()) : "");
   return 0;
