@@ -227,3 +227,20 @@ def run_layer(op: str, x: Array, inputs: "dict[str, Array]", *, mesh: Optional[D
               kv_heads: int = 0, rope_theta: float = 10000.0, top_k: int = 2,
               capacity: float = 0.0, renormalize: bool = True, norm_eps: float = 1e-6,
               repeats: int = 1, check: bool = True) -> LayerRun: ...
+
+class Server:
+    port: int
+    url: str
+    model_name: str
+    def stop(self) -> None: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def __enter__(self) -> "Server": ...
+    def __exit__(self, *args: Any) -> None: ...
+
+def serve(model: str, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 8,
+          ctx_size: int = 0, kv_cache_tokens: int = 0, batch_tokens: int = 256,
+          block_size: int = 16, max_queue: int = 64, prefix_cache: bool = True,
+          dtype: Optional[str] = None, mesh: Optional[DeviceMesh] = None,
+          partition_axis: Optional[PartitionAxis] = None, mode: Any = "__autoregressive__",
+          api_key: str = "", model_name: str = "", chat_template: Optional[str] = None,
+          http_threads: int = 0) -> Server: ...

@@ -16,6 +16,7 @@
 #include "bindings.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/option_text.hpp"
 #include "numesh/ops/lowering/layer_table.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -38,7 +39,7 @@ class ArrayInputs final : public ops::LayerInputs {
   bool has(const std::string& name) const override { return arrays_.contains(name); }
   std::string label(std::string_view name) const override { return std::string(name); }
   std::string option_text(std::string_view option, std::string_view value) const override {
-    return fmt::format("{}={}", option, value);
+    return numesh::option_text(OptionStyle::kKeyword, option, value);
   }
 
  private:

@@ -36,6 +36,9 @@ void bind_models(pybind11::module_& m);
 /// Training: Trainer (numesh train's options, step on NumPy rows, save).
 void bind_training(pybind11::module_& m);
 
+/// The server: numesh.serve and Server (serve::Service, as `numesh serve` runs it).
+void bind_serve(pybind11::module_& m);
+
 /// The layers of `numesh op` on NumPy arrays: numesh.ops.run and LayerRun.
 void bind_ops(pybind11::module_& m);
 

@@ -18,5 +18,6 @@ PYBIND11_MODULE(_numesh, m) {
   numesh::python::bind_models(m);
   numesh::python::bind_training(m);
   numesh::python::bind_ops(m);
+  numesh::python::bind_serve(m);
   numesh::python::bind_arrays(m);
 }

@@ -68,6 +68,7 @@ void check(ServiceOptions& o, OptionStyle style) {
   if (s.http_threads == 0) {
     s.http_threads = static_cast<int>(std::min<std::int64_t>(o.parallel + o.max_queue + 8, 256));
   }
+  s.model_name = o.model_name;
   if (s.model_name.empty()) {
     const std::filesystem::path folder = std::filesystem::path(o.model).lexically_normal();
     s.model_name =

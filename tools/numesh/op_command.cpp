@@ -17,6 +17,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/option_text.hpp"
 #include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/layer_table.hpp"
@@ -68,9 +69,7 @@ class OpInputs final : public ops::LayerInputs {
   bool has(const std::string& name) const override { return fs::exists(dir_ / (name + ".npy")); }
   std::string label(std::string_view name) const override { return fmt::format("{}.npy", name); }
   std::string option_text(std::string_view option, std::string_view value) const override {
-    std::string flag(option);
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    return fmt::format("--{} {}", flag, value);
+    return numesh::option_text(OptionStyle::kFlag, option, value);
   }
 
  private:

@@ -37,27 +37,12 @@ namespace {
 // The options serve::Service takes, from the command line's: the mesh, mode and PartitionAxis
 // checked first, then the rest by the service (named as flags).
 serve::ServiceOptions service_options(const ServeOptions& o) {
-  serve::ServiceOptions s;
+  serve::ServiceOptions s = o.service;
   if (!o.dtype.empty()) s.dtype = parse_dtype(o.dtype);
   check_mesh_options(o.mesh);
   s.mode = parse_run_mode(o.mode);
   s.partitions = sharding::PartitionManager(build_paxis(o.paxis_json, o.sets));
-  s.model = o.model;
-  s.parallel = o.parallel;
-  s.ctx_size = o.ctx_size;
-  s.kv_cache_tokens = o.kv_cache_tokens;
-  s.batch_tokens = o.batch_tokens;
-  s.block_size = o.block_size;
-  s.max_queue = o.max_queue;
   s.prefix_cache = !o.no_prefix_cache;
-  s.chat_template_file = o.chat_template;
-  s.server = serve::ServerOptions{.host = o.host,
-                                  .port = o.port,
-                                  .http_threads = o.http_threads,
-                                  .api_key = o.api_key,
-                                  .max_body_bytes = static_cast<std::size_t>(o.max_body_bytes),
-                                  .model_name = o.model_name,
-                                  .chat_template = std::nullopt};
   return s;
 }
 
@@ -145,31 +130,33 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--paxis-json", o.paxis_json, "JSON file with PartitionAxis fields");
   cmd->add_option("--set", o.sets, "field=value for one PartitionAxis field, repeatable");
-  cmd->add_option("--model", o.model,
+  cmd->add_option("--model", o.service.model,
                   "Folder of a Hugging Face checkpoint (config.json, "
                   "*.safetensors, tokenizer.json or tokenizer.model), or a GGUF file");
-  cmd->add_option("--model-name", o.model_name,
+  cmd->add_option("--model-name", o.service.model_name,
                   "The model's id in /v1/models and responses (default: the folder's name)");
-  cmd->add_option("--chat-template", o.chat_template,
+  cmd->add_option("--chat-template", o.service.chat_template_file,
                   "Jinja chat template file that /v1/chat/completions renders, in place of the "
                   "model's (chat_template.jinja or tokenizer_config.json's chat_template)");
-  cmd->add_option("--host", o.host, "Address to bind (127.0.0.1: this machine only)")
+  cmd->add_option("--host", o.service.server.host, "Address to bind (127.0.0.1: this machine only)")
       ->capture_default_str();
-  cmd->add_option("--port", o.port, "Port (0: any free one)")->capture_default_str();
-  cmd->add_option("--parallel", o.parallel, "Requests running at once")->capture_default_str();
-  cmd->add_option("--ctx-size", o.ctx_size,
+  cmd->add_option("--port", o.service.server.port, "Port (0: any free one)")->capture_default_str();
+  cmd->add_option("--parallel", o.service.parallel, "Requests running at once")
+      ->capture_default_str();
+  cmd->add_option("--ctx-size", o.service.ctx_size,
                   "Positions a request may take, prompt and completion (0: the model's context, "
                   "at most 4096)")
       ->capture_default_str();
-  cmd->add_option("--kv-cache-tokens", o.kv_cache_tokens,
+  cmd->add_option("--kv-cache-tokens", o.service.kv_cache_tokens,
                   "Tokens the KV cache holds over all requests (0: parallel x ctx-size)")
       ->capture_default_str();
-  cmd->add_option("--batch-tokens", o.batch_tokens,
+  cmd->add_option("--batch-tokens", o.service.batch_tokens,
                   "Tokens a step computes at most: every running request's next token, then "
                   "prompt chunks")
       ->capture_default_str();
-  cmd->add_option("--block-size", o.block_size, "Tokens per KV cache block")->capture_default_str();
-  cmd->add_option("--max-queue", o.max_queue,
+  cmd->add_option("--block-size", o.service.block_size, "Tokens per KV cache block")
+      ->capture_default_str();
+  cmd->add_option("--max-queue", o.service.max_queue,
                   "Requests waiting at most; past it, 503 with Retry-After")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", o.no_prefix_cache,
@@ -178,9 +165,9 @@ Examples:
       "--dtype", o.dtype,
       "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
       "quantized at load). Default: a GGUF file's own format, f32 otherwise");
-  cmd->add_option("--api-key", o.api_key,
+  cmd->add_option("--api-key", o.service.server.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
-  cmd->add_option("--http-threads", o.http_threads,
+  cmd->add_option("--http-threads", o.service.server.http_threads,
                   "HTTP worker threads, each request holding one while it runs or waits (0: "
                   "parallel + max-queue + 8, at most 256)")
       ->capture_default_str();
@@ -200,11 +187,11 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   // After the service: destroyed before it, so its thread never stops a service that is gone.
   SignalWatcher signals;
   signals.start(service);
-  if (!o.quiet) std::fprintf(stderr, "numesh serve: loading %s ...\n", o.model.c_str());
+  if (!o.quiet) std::fprintf(stderr, "numesh serve: loading %s ...\n", o.service.model.c_str());
   service.load(make_mesh(o.mesh));
   const models::Engine& e = service.engine();
   const std::string& template_error = e.source().chat_template_error();
-  if (o.chat_template.empty() && !template_error.empty()) {
+  if (o.service.chat_template_file.empty() && !template_error.empty()) {
     // Completions are served; chats are refused with this same error.
     std::fprintf(stderr,
                  "numesh: warning: the model's chat template cannot be used (%s): "
@@ -216,10 +203,10 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   out << fmt::format(
       "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
       "at once, {} KV tokens in blocks of {}; chat template: {})\n",
-      o.host, service.port(), o.model, to_string(e.config().architecture), to_string(e.dtype()),
-      e.mesh().mesh().repr(), o.parallel,
-      e.scheduler().pool().blocks() * o.block_size - o.block_size, o.block_size,
-      chat != nullptr ? chat->name() : "none");
+      o.service.server.host, service.port(), o.service.model, to_string(e.config().architecture),
+      to_string(e.dtype()), e.mesh().mesh().repr(), o.service.parallel,
+      e.scheduler().pool().blocks() * o.service.block_size - o.service.block_size,
+      o.service.block_size, chat != nullptr ? chat->name() : "none");
   out.flush();
   service.wait();  // until a signal stops it (the requests in flight answered)
   out << fmt::format("numesh serve: stopped{}\n",

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mesh_options.hpp"
+#include "numesh/serve/service.hpp"
 
 namespace CLI {
 class App;
@@ -25,22 +26,12 @@ struct ServeOptions {
   std::string mode = "decode";    ///< --mode: the mode the semantic axes resolve in
   std::string paxis_json;         ///< --paxis-json FILE
   std::vector<std::string> sets;  ///< --set field=value
-  std::string model;              ///< --model DIR: config.json + *.safetensors (+ tokenizer)
-  std::string model_name;         ///< --model-name: the id /v1/models gives (the folder's name)
-  std::string chat_template;      ///< --chat-template FILE: Jinja, in place of the model's
-  std::string host = "127.0.0.1";
-  int port = 8080;
-  std::int64_t parallel = 8;  ///< --parallel: requests running at once
-  std::int64_t ctx_size = 0;  ///< --ctx-size: positions per request (0: the model's, <= 4096)
-  std::int64_t kv_cache_tokens = 0;  ///< --kv-cache-tokens (0: parallel * ctx-size)
-  std::int64_t batch_tokens = 256;   ///< --batch-tokens: tokens a step computes at most
-  std::int64_t block_size = 16;      ///< --block-size: tokens per KV block
-  std::int64_t max_queue = 64;       ///< --max-queue: waiting requests; past it, 503
-  bool no_prefix_cache = false;      ///< --no-prefix-cache
-  std::string dtype;                 ///< --dtype; empty: the model's own format (GGUF), else f32
-  std::string api_key;               ///< --api-key
-  int http_threads = 0;              ///< --http-threads (0: parallel + max-queue + 8, <= 256)
-  std::int64_t max_body_bytes = 1 << 20;
+  std::string dtype;              ///< --dtype; empty: the model's own format (GGUF), else f32
+  bool no_prefix_cache = false;   ///< --no-prefix-cache
+  /// --model, --model-name, --chat-template, --host, --port, --parallel, --ctx-size,
+  /// --kv-cache-tokens, --batch-tokens, --block-size, --max-queue, --api-key, --http-threads
+  /// (serve::ServiceOptions's defaults are the command's).
+  serve::ServiceOptions service;
   bool quiet = false;  ///< --quiet: no progress on stderr
 };
 

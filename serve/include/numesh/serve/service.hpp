@@ -40,9 +40,10 @@ struct ServiceOptions {
   bool prefix_cache = true;          ///< reuse the cached blocks of a prompt's prefix
   /// A Jinja chat template file rendered in place of the model's (empty: the model's).
   std::string chat_template_file;
+  /// The model's id in /v1/models and in responses (empty: its folder's or file's name).
+  std::string model_name;
   /// host, port (0: any free one), api_key, max_body_bytes; http_threads 0: parallel +
-  /// max_queue + 8, at most 256; model_name empty: the model's folder (or file) name.
-  /// chat_template is set from chat_template_file.
+  /// max_queue + 8, at most 256. model_name and chat_template are set from the fields above.
   ServerOptions server{};
   /// Told the checkpoint bytes read so far and in all after each matrix.
   models::CausalLm::LoadProgress progress{};
