@@ -25,4 +25,10 @@ void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c,
   }
 }
 
+KvLayout parse_kv_layout(std::string_view text, OptionStyle style) {
+  NUMESH_CHECK(text == "bthd" || text == "bhtd", ValueError, "{}: expected bthd or bhtd",
+               option_text(style, "kv_layout", fmt::format("'{}'", text)));
+  return text == "bthd" ? KvLayout::kBTHD : KvLayout::kBHTD;
+}
+
 }  // namespace numesh::ops

@@ -1,10 +1,33 @@
 #include "numesh/ops/moe_config.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "shape_text.hpp"
 
 namespace numesh::ops {
+
+void check_moe_config(const MoeConfig& c) {
+  const std::int64_t e = c.num_experts, k = c.top_k;
+  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
+               "moe: top_k {} must be between 1 and the {} experts", k, e);
+  NUMESH_CHECK(std::isfinite(c.capacity_factor), ValueError,
+               "moe: capacity_factor {} is not finite", c.capacity_factor);
+  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
+               c.capacity_factor);
+}
+
+std::int64_t expert_capacity(const MoeConfig& c, std::int64_t rows) {
+  if (c.capacity_factor <= 0.0f) return 0;
+  const double wanted =
+      std::ceil(static_cast<double>(c.capacity_factor) * static_cast<double>(rows) *
+                static_cast<double>(c.top_k) / static_cast<double>(c.num_experts));
+  // Past rows * top_k nothing is dropped; the bound only keeps the cast defined.
+  constexpr double kNoLimit = 4611686018427387904.0;  // 2^62
+  return static_cast<std::int64_t>(std::min(wanted, kNoLimit));
+}
 
 void check_shared_expert(const MoeWeights& w, std::int64_t hidden) {
   using detail::shape_text;

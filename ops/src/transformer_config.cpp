@@ -48,7 +48,8 @@ void TransformerConfig::validate() const {
     NUMESH_CHECK(moe.num_experts >= 1 && moe.top_k >= 1 && moe.top_k <= moe.num_experts, ValueError,
                  "transformer: top_k {} must be between 1 and the {} experts", moe.top_k,
                  moe.num_experts);
-    NUMESH_CHECK(moe_ffn > 0 && moe.capacity_factor >= 0.0f, ValueError,
+    NUMESH_CHECK(moe_ffn > 0 && std::isfinite(moe.capacity_factor) && moe.capacity_factor >= 0.0f,
+                 ValueError,
                  "transformer: moe_ffn {} must be positive and capacity_factor {} not negative",
                  moe_ffn, moe.capacity_factor);
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "conversions.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 
@@ -14,10 +15,6 @@ namespace numesh::python {
 
 namespace {
 
-std::string type_name(py::handle value) {
-  return py::str(py::type::handle_of(value)).cast<std::string>();
-}
-
 std::string dtype_name(const py::array& array) {
   return py::str(array.dtype()).cast<std::string>();
 }
@@ -27,7 +24,8 @@ std::string dtype_name(const py::array& array) {
 template <typename T>
 py::array_t<T> exactly(py::handle value, const std::string& name, const char* what) {
   if (!py::isinstance<py::array>(value)) {
-    throw TypeError(name + " is a " + type_name(value) + "; " + what + " takes a NumPy array");
+    throw TypeError(name + " is a " + python_type_name(value) + "; " + what +
+                    " takes a NumPy array");
   }
   const auto array = py::reinterpret_borrow<py::array>(value);
   if (!array.dtype().is(py::dtype::of<T>())) {
@@ -51,9 +49,9 @@ py::array_t<T> filled(const py::array& like, Fill fill) {
 
 }  // namespace
 
-runtime::HostTensor to_host_tensor(py::handle value, const std::string& name) {
+ArrayView array_view(py::handle value, const std::string& name) {
   if (!py::isinstance<py::array>(value)) {
-    throw TypeError(name + " is a " + type_name(value) +
+    throw TypeError(name + " is a " + python_type_name(value) +
                     "; give a NumPy array of float32 (or uint16 holding bf16 bits)");
   }
   const auto array = py::reinterpret_borrow<py::array>(value);
@@ -67,14 +65,20 @@ runtime::HostTensor to_host_tensor(py::handle value, const std::string& name) {
   if ((array.flags() & py::array::c_style) == 0) {
     throw ValueError(name + " is not C-contiguous; give np.ascontiguousarray(" + name + ")");
   }
-  runtime::HostTensor t{.shape = shape_of(array),
-                        .data = std::vector<float>(static_cast<std::size_t>(array.size()))};
-  if (f32) {
-    const auto* in = static_cast<const float*>(array.data());
-    std::copy(in, in + array.size(), t.data.begin());
+  return ArrayView{.data = array.data(), .shape = shape_of(array), .bf16 = bf16};
+}
+
+runtime::HostTensor to_host_tensor(const ArrayView& view) {
+  std::int64_t size = 1;
+  for (const std::int64_t d : view.shape) size *= d;
+  runtime::HostTensor t{.shape = view.shape,
+                        .data = std::vector<float>(static_cast<std::size_t>(size))};
+  if (view.bf16) {
+    const auto* in = static_cast<const std::uint16_t*>(view.data);
+    std::transform(in, in + size, t.data.begin(), f32_from_bf16);
   } else {
-    const auto* in = static_cast<const std::uint16_t*>(array.data());
-    std::transform(in, in + array.size(), t.data.begin(), f32_from_bf16);
+    const auto* in = static_cast<const float*>(view.data);
+    std::copy(in, in + size, t.data.begin());
   }
   return t;
 }

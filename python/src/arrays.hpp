@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,11 +13,22 @@
 /// of bfloat16 bits (NumPy has no bfloat16).
 namespace numesh::python {
 
-/// The values of `value`, a C-contiguous NumPy array of float32, or of uint16 holding bfloat16
-/// bits (widened exactly), as a host tensor of its shape. `name` is how errors call it.
-/// Throws: TypeError for anything but such an array (naming its type or dtype and the fix);
-/// ValueError for one that is not C-contiguous.
-[[nodiscard]] runtime::HostTensor to_host_tensor(pybind11::handle value, const std::string& name);
+/// A C-contiguous NumPy array of float32, or of uint16 holding bfloat16 bits, as numesh reads
+/// it: its buffer and shape, checked while the GIL is held and read later without it. The
+/// array must outlive the view (a call's arguments do).
+struct ArrayView {
+  const void* data = nullptr;
+  std::vector<std::int64_t> shape;
+  bool bf16 = false;  ///< uint16 bfloat16 bits; else float32
+};
+
+/// `value` as an ArrayView. `name` is how errors call it. Throws: TypeError for anything but
+/// such an array (naming its type or dtype and the fix); ValueError for one that is not
+/// C-contiguous.
+[[nodiscard]] ArrayView array_view(pybind11::handle value, const std::string& name);
+
+/// The values of `view` (bf16 widened exactly) as a host tensor of its shape. Needs no GIL.
+[[nodiscard]] runtime::HostTensor to_host_tensor(const ArrayView& view);
 
 /// `tensor` as a float32 NumPy array of its shape that takes its values without a copy (a
 /// capsule owns them).

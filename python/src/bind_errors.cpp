@@ -12,7 +12,7 @@ namespace numesh::python {
 // carries the missing key as args[0] (what eformer's messages compare), NoMeshError is the
 // AssertionError eformer's assert raises, and DuplicateSpecError is JAX's own class (an
 // Exception, not a ValueError). ShapeError is also a ValueError and IoError an OSError. Every
-// other numesh error is a numesh.Error.
+// other numesh error is a numesh.Error, and a failed cast of a Python value a TypeError.
 void bind_errors(py::module_& m) {
   // Registered first, so tried last: pybind11 tries translators newest first. Never freed: a
   // Python object must not be released after the interpreter has gone (a static would be).
@@ -56,6 +56,10 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(duplicate_spec->ptr(), e.what());
     } catch (const Error& e) {
       PyErr_SetString(error->ptr(), e.what());
+    } catch (const py::cast_error& e) {
+      // A value of the wrong type met deep in a conversion: what Python calls a TypeError
+      // (pybind11 alone would raise RuntimeError).
+      PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
 }

@@ -155,11 +155,25 @@ py::array_t<float> logits(CausalLM& lm, const py::object& ids_in) {
                          std::to_string(one.size()) + " ids and row 0 " + std::to_string(length) +
                          "; the rows of a batch are of one length");
       }
+      // Named by row and position here: the model would name the place in all the rows.
+      const std::int64_t vocab = lm.engine().config().vocab_size;
+      for (std::size_t at = 0; at < one.size(); ++at) {
+        if (one[at] < 0 || one[at] >= vocab) {
+          throw IndexError("token id " + std::to_string(one[at]) + " at row " +
+                           std::to_string(row) + ", position " + std::to_string(at) +
+                           " is outside the vocabulary of " + std::to_string(vocab));
+        }
+      }
       ids.insert(ids.end(), one.begin(), one.end());
       ++row;
     }
   } else {
     ids = to_ids(ids_in);
+    const std::int64_t batch = lm.engine().model().batch();
+    if (batch != 1) {
+      throw ShapeError("logits: one row of ids; the model runs " + std::to_string(batch) +
+                       " a call (give them as [" + std::to_string(batch) + ", T])");
+    }
   }
   const auto tokens = static_cast<std::int64_t>(ids.size()) / rows;
   if (ids.empty()) throw ShapeError("logits: the ids are empty; give at least one token");

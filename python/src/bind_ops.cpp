@@ -4,10 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,13 +29,16 @@ namespace numesh::python {
 
 namespace {
 
-// A layer's inputs from the arrays of a call, named as the call names them ("wq", "heads=3").
+// A layer's inputs from the arrays of a call, named as the call names them ("wq",
+// "heads=3"). The arrays are checked when the call starts (with the GIL) and each is copied
+// once, when the layer loads it (without the GIL: only their buffers are read).
 class ArrayInputs final : public ops::LayerInputs {
  public:
-  explicit ArrayInputs(std::map<std::string, runtime::HostTensor> arrays)
-      : arrays_(std::move(arrays)) {}
+  explicit ArrayInputs(std::map<std::string, ArrayView> arrays) : arrays_(std::move(arrays)) {}
 
-  runtime::HostTensor load(const std::string& name) const override { return arrays_.at(name); }
+  runtime::HostTensor load(const std::string& name) const override {
+    return to_host_tensor(arrays_.at(name));
+  }
   bool has(const std::string& name) const override { return arrays_.contains(name); }
   std::string label(std::string_view name) const override { return std::string(name); }
   std::string option_text(std::string_view option, std::string_view value) const override {
@@ -43,7 +46,7 @@ class ArrayInputs final : public ops::LayerInputs {
   }
 
  private:
-  std::map<std::string, runtime::HostTensor> arrays_;
+  std::map<std::string, ArrayView> arrays_;
 };
 
 // What numesh.ops.run returns.
@@ -56,57 +59,36 @@ struct LayerRun {
   std::int64_t dropped = 0;
 };
 
-// Every input name the entry knows (all variants), for refusing a misspelt one by name.
-std::set<std::string> known_inputs(const ops::LayerEntry& entry) {
-  const ops::LayerInputNames& n = entry.inputs;
-  std::set<std::string> out(n.required.begin(), n.required.end());
-  out.insert(n.when_present.begin(), n.when_present.end());
-  out.insert(n.when_absent.begin(), n.when_absent.end());
-  return out;
-}
-
-// The arrays of `inputs` (a dict of name to array), each converted and checked; a name the
-// layer does not take, or one it needs and was not given, is a TypeError naming it.
+// The arrays of `inputs` (a dict of name to array) and x, each checked. A name the layer never
+// takes, one it needs and was not given, or one its other form takes (w1 beside w_gate) is a
+// TypeError naming it.
 ArrayInputs array_inputs(const ops::LayerEntry& entry, const py::dict& inputs, py::handle x) {
-  const std::set<std::string> known = known_inputs(entry);
-  std::map<std::string, runtime::HostTensor> arrays;
-  arrays.emplace("x", to_host_tensor(x, "x"));
+  std::map<std::string, ArrayView> arrays;
+  arrays.emplace("x", array_view(x, "x"));
   for (const auto& [key, value] : inputs) {
     const auto name = py::str(key).cast<std::string>();
-    if (!known.contains(name)) {
-      throw TypeError(fmt::format("{} takes no input '{}'; its inputs are {}", entry.name, name,
-                                  fmt::join(known, ", ")));
-    }
-    arrays.emplace(name, to_host_tensor(value, name));
+    arrays.emplace(name, array_view(value, name));
   }
-  ArrayInputs given(std::move(arrays));
-  std::vector<std::string> missing;
-  for (const std::string& name : ops::needed_inputs(entry, given)) {
+  ArrayInputs given(arrays);
+  const std::vector<std::string> needed = ops::needed_inputs(entry, given);
+  std::vector<std::string> missing, extra;
+  for (const std::string& name : needed) {
     if (!given.has(name)) missing.push_back(name);
+  }
+  for (const auto& [name, view] : arrays) {
+    if (std::find(needed.begin(), needed.end(), name) == needed.end()) extra.push_back(name);
+  }
+  if (!extra.empty()) {
+    throw TypeError(fmt::format("{} takes {} with these inputs; {} {} not among them", entry.name,
+                                fmt::join(needed, ", "), fmt::join(extra, ", "),
+                                extra.size() > 1 ? "are" : "is"));
   }
   if (!missing.empty()) {
     throw TypeError(fmt::format("{} is missing input{} {} (it needs {})", entry.name,
                                 missing.size() > 1 ? "s" : "", fmt::join(missing, ", "),
-                                fmt::join(ops::needed_inputs(entry, given), ", ")));
+                                fmt::join(needed, ", ")));
   }
   return given;
-}
-
-sharding::Mode layer_mode(const std::string& text) {
-  const std::optional<sharding::Mode> mode = sharding::parse_mode(text);
-  if (!mode) {
-    throw ValueError("mode '" + text +
-                     "': expected train, prefill, decode or insert (or eformer's MODE_TRAIN, "
-                     "MODE_PREFILL, MODE_DECODE, MODE_INSERT)");
-  }
-  return *mode;
-}
-
-ops::KvLayout kv_layout(const std::string& text) {
-  if (text != "bthd" && text != "bhtd") {
-    throw ValueError("kv_layout '" + text + "': expected bthd or bhtd");
-  }
-  return text == "bthd" ? ops::KvLayout::kBTHD : ops::KvLayout::kBHTD;
 }
 
 LayerRun run_layer(const std::string& op, const py::object& x, const py::dict& inputs,
@@ -121,19 +103,19 @@ LayerRun run_layer(const std::string& op, const py::object& x, const py::dict& i
   if (options.repeats <= 0) {
     throw ValueError(fmt::format("repeats={} must be positive", options.repeats));
   }
-  const sharding::Mode m = layer_mode(mode);
-  const ops::KvLayout kv = kv_layout(layout);
+  const sharding::Mode m = sharding::parse_named_mode(mode, OptionStyle::kKeyword);
+  const ops::KvLayout kv = ops::parse_kv_layout(layout, OptionStyle::kKeyword);
   const DType weights = parse_dtype(dtype);
   const ArrayInputs in = array_inputs(*entry, inputs, x);
-  const runtime::HostTensor x_values = in.load("x");
-  ops::check_x(*entry, x_values, in);
-  const ops::TokenPlan tokens = ops::token_plan(*entry, x_values, m, position, in);
   const sharding::PartitionManager pm(partition_axis.value_or(sharding::PartitionAxis{}));
   const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, m);
-  if (!mesh) mesh = default_device_mesh();
   ops::LayerResult r;
   {
     py::gil_scoped_release release;
+    const runtime::HostTensor x_values = in.load("x");
+    ops::check_x(*entry, x_values, in);
+    const ops::TokenPlan tokens = ops::token_plan(*entry, x_values, m, position, in);
+    if (!mesh) mesh = default_device_mesh();
     r = entry->run(ops::LayerContext{.options = options,
                                      .inputs = in,
                                      .x = x_values,

@@ -145,11 +145,15 @@ void bind_strategies(py::module_& m) {
       "convert_sharding_strategy",
       [](const py::object& array, const py::dict& old_partition_specs, const Mesh& old_mesh,
          const Mesh& new_mesh, const std::string& strategy) {
+        // One result per entry, in the dict's order: each under the caller's own key (numesh
+        // names the entries by str(key) only to carry them).
+        const auto converted = sharding::convert_sharding_strategy(
+            to_array_info(array), named_specs(old_partition_specs), old_mesh, new_mesh, strategy);
         py::dict out;
-        for (const auto& [name, spec] : sharding::convert_sharding_strategy(
-                 to_array_info(array), named_specs(old_partition_specs), old_mesh, new_mesh,
-                 strategy)) {
-          out[py::str(name)] = spec;
+        if (converted.empty()) return out;  // an unknown strategy: eformer's {}
+        std::size_t at = 0;
+        for (const auto& [key, spec] : old_partition_specs) {
+          out[key] = converted.at(at++).second;
         }
         return out;
       },

@@ -108,12 +108,12 @@ raises KeyboardInterrupt. The GIL is released while it waits.
                                 .prefix_cache = prefix_cache,
                                 .chat_template_file = chat_template.value_or(""),
                                 .model_name = std::move(model_name),
+                                .http_threads = http_threads,
                                 .server = {},
                                 .progress = {}};
         if (dtype) o.dtype = parse_dtype(*dtype);
         o.server.host = std::move(host);
         o.server.port = port;
-        o.server.http_threads = http_threads;
         o.server.api_key = std::move(api_key);
         // Binds and loads with the GIL released: the service's threads never need it.
         py::gil_scoped_release release;

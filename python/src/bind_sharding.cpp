@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -125,17 +126,96 @@ std::vector<std::string> axis_name_list(const py::object& axis_names) {
                   python_type_name(axis_names));
 }
 
-// One item of get_names_from_partition_spec's argument as a spec: a name stands for itself
-// (eformer's recursion collects it), a tuple or list is a spec; eformer's recursion fails on
-// anything else as iterating it does.
-PartitionSpec spec_of_item(py::handle item) {
-  if (py::isinstance<py::str>(item))
-    return PartitionSpec(std::vector<AxisRule>{to_axis_rule(item)});
+py::object constrain(const py::object& x, const py::object& sharding);
+
+// True for what with_sharding_constraint takes as a pytree: a dict, or a list or tuple that
+// holds more than ints (a list or tuple of ints is a shape).
+bool is_tree(const py::object& x) {
+  if (py::isinstance<py::dict>(x)) return true;
+  if (!py::isinstance<py::tuple>(x) && !py::isinstance<py::list>(x)) return false;
+  for (py::handle item : x) {
+    if (!py::isinstance<py::int_>(item)) return true;
+  }
+  return false;
+}
+
+// with_sharding_constraint over a pytree, as eformer maps it over the leaves: the same
+// containers, each array leaf's result (a NamedSharding or None) in its place, every other leaf
+// (None, a number) returned as it is.
+py::object constrain_tree(const py::object& x, const py::object& sharding) {
+  if (py::isinstance<py::dict>(x)) {
+    py::dict out;
+    for (const auto& [key, value] : py::reinterpret_borrow<py::dict>(x)) {
+      out[key] = constrain_tree(py::reinterpret_borrow<py::object>(value), sharding);
+    }
+    return out;
+  }
+  if (py::isinstance<py::tuple>(x) || py::isinstance<py::list>(x)) {
+    py::list out;
+    for (py::handle item : x) {
+      out.append(constrain_tree(py::reinterpret_borrow<py::object>(item), sharding));
+    }
+    if (py::isinstance<py::tuple>(x)) return py::tuple(out);
+    return out;
+  }
+  return py::hasattr(x, "shape") ? constrain(x, sharding) : x;
+}
+
+// with_sharding_constraint of one value: an array (or its shape) gives its NamedSharding or
+// None; a pytree, constrain_tree's tree.
+py::object constrain(const py::object& x, const py::object& sharding) {
+  if (is_tree(x)) return constrain_tree(x, sharding);
+  const bool sequence = py::isinstance<py::tuple>(x) || py::isinstance<py::list>(x);
+  // eformer constrains arrays only and returns any other value (a Python scalar, a string,
+  // None) as it is, before it looks at the sharding. A tuple or list of ints is taken for the
+  // shape of an array here.
+  if (!py::hasattr(x, "shape") && !sequence) return py::none();
+  const auto shape = to_shape(py::hasattr(x, "shape") ? x.attr("shape") : x);
+  std::optional<NamedSharding> applied;
+  if (py::isinstance<NamedSharding>(sharding)) {
+    applied = sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
+  } else if (py::isinstance(sharding,
+                            py::module_::import("numesh.partition_spec").attr("PartitionSpec"))) {
+    applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
+  } else {
+    throw TypeError("Unsupported sharding type: " + python_type_name(sharding));
+  }
+  if (!applied) return py::none();
+  return py::cast(*applied);
+}
+
+// The names in one item of get_names_from_partition_spec's argument, each as a spec of its
+// own, as eformer's recursion collects them: a name stands for itself, None for nothing, a
+// tuple or list (a spec, or specs nested to any depth) for the names in its items; eformer's
+// recursion fails on anything else as iterating it does.
+void collect_names(py::handle item, std::vector<PartitionSpec>& out) {
+  if (item.is_none()) return;
+  if (py::isinstance<py::str>(item)) {
+    out.emplace_back(std::vector<AxisRule>{to_axis_rule(item)});
+    return;
+  }
   if (!py::isinstance<py::tuple>(item) && !py::isinstance<py::list>(item)) {
     throw TypeError("'" + py::type::handle_of(item).attr("__name__").cast<std::string>() +
                     "' object is not iterable");
   }
-  return item.cast<PartitionSpec>();
+  for (py::handle inner : item) collect_names(inner, out);
+}
+
+// A config value as the JSON the sharding layer's dynamically typed entry points take: None,
+// bool, int, float, str, and lists or tuples of them. Throws: TypeError naming anything else.
+nlohmann::json to_json_value(py::handle value) {
+  if (value.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>();
+  if (py::isinstance<py::int_>(value)) return value.cast<std::int64_t>();
+  if (py::isinstance<py::float_>(value)) return value.cast<double>();
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    nlohmann::json out = nlohmann::json::array();
+    for (py::handle item : value) out.push_back(to_json_value(item));
+    return out;
+  }
+  throw TypeError("expected None, a bool, a number, a string or a list of them; got " +
+                  python_type_name(value));
 }
 
 // eformer's small helpers of escale/partition/constraints.py (misc.json's functions).
@@ -187,9 +267,7 @@ void bind_mesh_helpers(py::module_& m) {
                                      ? partition_specs.attr("values")()
                                      : partition_specs;
         std::vector<PartitionSpec> specs;
-        for (py::handle item : items) {
-          if (!item.is_none()) specs.push_back(spec_of_item(item));
-        }
+        for (py::handle item : items) collect_names(item, specs);
         return sharding::get_names_from_partition_spec(specs);
       },
       "partition_specs"_a,
@@ -428,6 +506,19 @@ PartitionManager.shard. Built by create_mesh, or Mesh(axis_names, axis_sizes).
         "mesh:`). Without one: the empty mesh, or with `raise_error` AssertionError \"No mesh "
         "found under this context manager.\" (the default, as eformer's).");
 
+  m.def(
+      "_normalize_axis_types",
+      [](const std::vector<std::string>& axis_names,
+         const py::object& axis_types) -> std::optional<std::vector<std::string>> {
+        const auto types = sharding::normalize_axis_types(axis_names, to_json_value(axis_types));
+        if (!types) return std::nullopt;
+        std::vector<std::string> out;
+        for (const sharding::AxisType t : *types) out.emplace_back(sharding::to_string(t));
+        return out;
+      },
+      "axis_names"_a, "axis_types"_a,
+      "eformer's private _normalize_axis_types: one of JAX's AxisType names (\"Auto\", "
+      "\"Explicit\", \"Manual\") per axis from a string, a list of them or None (None back).");
   m.def("calculate_host_mesh_shape", &sharding::calculate_host_mesh_shape, "global_mesh_shape"_a,
         "total_devices"_a, "num_processes"_a,
         "eformer's calculate_host_mesh_shape: the part of the global mesh one host holds.");
@@ -526,33 +617,12 @@ many. Raises ValueError when the dims do not fit the devices.
               "it; P() below `min_sharding_size` elements (default: the device count).");
   }
 
-  m.def(
-      "with_sharding_constraint",
-      [](const py::object& x, const py::object& sharding) -> py::object {
-        // eformer constrains arrays only and returns any other value (a Python scalar, a
-        // string, None) as it is, before it looks at the sharding. A tuple or list is taken
-        // for the shape of an array here.
-        const bool shape_given = py::isinstance<py::tuple>(x) || py::isinstance<py::list>(x);
-        if (!py::hasattr(x, "shape") && !shape_given) return py::none();
-        const auto shape = to_shape(py::hasattr(x, "shape") ? x.attr("shape") : x);
-        std::optional<NamedSharding> applied;
-        if (py::isinstance<NamedSharding>(sharding)) {
-          applied =
-              sharding::with_sharding_constraint(shape, sharding.cast<const NamedSharding&>());
-        } else if (py::isinstance(
-                       sharding,
-                       py::module_::import("numesh.partition_spec").attr("PartitionSpec"))) {
-          applied = sharding::with_sharding_constraint(shape, sharding.cast<PartitionSpec>());
-        } else {
-          throw TypeError("Unsupported sharding type: " + python_type_name(sharding));
-        }
-        if (!applied) return py::none();
-        return py::cast(*applied);
-      },
-      "x"_a, "sharding"_a, R"pbdoc(
+  m.def("with_sharding_constraint", &constrain, "x"_a, "sharding"_a, R"pbdoc(
 eformer's with_sharding_constraint for an array `x` (or its shape): the NamedSharding the
 constraint applies, or None when eformer applies none (no current mesh, P(), or an `x` that
-is neither an array nor a shape, which eformer returns untouched). A
+is neither an array nor a shape, which eformer returns untouched). A pytree (a dict, or a list
+or tuple holding arrays or containers) gives the same tree of those results, leaf by leaf, as
+eformer constrains each leaf; other leaves (None, numbers) stay as they are. A
 PartitionSpec is corrected against the current mesh (as get_corrected_named_sharding); a
 NamedSharding applies on its own mesh.
 )pbdoc");

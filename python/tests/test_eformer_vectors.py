@@ -6,8 +6,7 @@ Every file is covered, all 3,575 cases: auto_partition_spec, constants, correcte
 easydel_attention, easydel_misc, helpers, manager_resolve, match_partition_rules, mesh, misc,
 partition_axis_fields, presets, registry, resolve_spec, shard, sharding_strategy, and
 derived_from_source (cases derived from eformer's and EasyDeL's code, each evaluated by the
-evaluator of the file it names, as the C++ runner does). Skipped by name: a pytree through
-with_sharding_constraint and eformer's private _normalize_axis_types. Cases where numesh differs
+evaluator of the file it names, as the C++ runner does). Cases where numesh differs
 on purpose give the value docs/eformer-compat.md states for them (DOCUMENTED).
 """
 
@@ -371,7 +370,7 @@ def eval_corrected_sharding(file, case):
             out["mesh_empty"] = True
         return out
     if "tree" in i:
-        pytest.skip("with_sharding_constraint over a pytree is not bound in Python yet")
+        return constrain_tree(i)
     # An array is passed as its shape; derived_from_source.json also constrains plain values.
     x = tuple(i["array"]["shape"]) if "array" in i else i["value"]
     if "named_sharding_spec" in i:
@@ -388,6 +387,52 @@ def eval_corrected_sharding(file, case):
     if applied is None:
         return {"constraint_applied": False, "returned_same_object": True}
     return {"constraint_applied": True, "applied_spec": encode(list(applied.spec))}
+
+
+def constrain_tree(i):
+    """with_sharding_constraint over a pytree ({"shape": ...} an array leaf): the array leaves'
+    applied specs in JAX's leaf order (dict keys sorted), the non-array leaf as returned, and
+    whether the None leaf stayed None."""
+    import numpy as np
+
+    def build(j):
+        if isinstance(j, dict) and set(j) == {"shape"}:
+            return np.zeros(j["shape"], np.float32)
+        if isinstance(j, dict):
+            return {k: build(v) for k, v in j.items()}
+        if isinstance(j, list):
+            return [build(v) for v in j]
+        return j
+
+    tree = build(i["tree"])
+    with mesh(i["mesh"]):
+        try:
+            out = numesh.with_sharding_constraint(tree, numesh.P(*[decode_rule(e) for e in i["spec"]]))
+        except Exception as e:  # noqa: BLE001
+            return {"error": encode_error(e)}
+    applied, non_array, none_kept = [], None, True
+
+    def walk(given, got):
+        nonlocal non_array, none_kept
+        if isinstance(given, dict):
+            assert isinstance(got, dict) and list(got) == list(given)
+            for k in sorted(given):
+                walk(given[k], got[k])
+        elif isinstance(given, list):
+            assert isinstance(got, list) and len(got) == len(given)
+            for a, b in zip(given, got):
+                walk(a, b)
+        elif hasattr(given, "shape"):
+            applied.append(encode(list(got.spec)) if got is not None else None)
+        elif given is None:
+            none_kept = none_kept and got is None
+        else:
+            assert got is given  # returned untouched
+            non_array = got
+
+    walk(tree, out)
+    return {"applied_specs_in_leaf_order": applied, "non_array_leaf_returned": non_array,
+            "none_kept": none_kept}
 
 
 def sharding_argument(i):
@@ -530,7 +575,9 @@ def eval_mesh(file, case):
                     "spec_min1024": encode(list(helper.create_partition_spec(i["shape"], methods, 1024))),
                     "spec_min1": encode(list(helper.create_partition_spec(i["shape"], methods, 1)))}
         return capture(run)
-    pytest.skip(f"{fn} (eformer's private axis-type normaliser for JAX's AxisType) is not bound in Python")
+    assert fn == "_normalize_axis_types", fn
+    # JAX's AxisType members by name (numesh has no JAX to give the members themselves).
+    return capture(lambda: numesh._numesh._normalize_axis_types(i["axis_names"], i["axis_types"]))
 
 
 def eval_easydel_attention(file, case):

@@ -176,6 +176,10 @@ def test_batched_logits_are_each_rows_own(checkpoints):
     assert np.array_equal(lm.logits(rows.tolist()), got)
     with pytest.raises(numesh.ShapeError, match=r"logits: row 1 has 3 ids and row 0 4; the rows of a batch are of one length"):
         lm.logits([[1, 2, 3, 4], [1, 2, 3], [1, 2, 3, 4]])
+    with pytest.raises(IndexError, match=r"token id 256 at row 2, position 1 is outside the vocabulary of 256"):
+        lm.logits([[1, 2, 3, 4], [1, 2, 3, 4], [1, 256, 3, 4]])
+    with pytest.raises(numesh.ShapeError, match=r"logits: one row of ids; the model runs 3 a call \(give them as \[3, T\]\)"):
+        lm.logits([1, 2, 3])
     with pytest.raises(ValueError, match=r"generate runs one prompt; this model was loaded with batch=3"):
         lm.generate([1, 2])
 

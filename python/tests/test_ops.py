@@ -184,8 +184,11 @@ def test_bad_input_is_named():
         numesh.ops.run("conv", a["x"], {})
     with pytest.raises(TypeError, match=r"mlp is missing input w2 \(it needs x, w1, w2\)"):
         numesh.ops.run("mlp", a["x"], {"w1": a["w1"]})
-    with pytest.raises(TypeError, match=r"mlp takes no input 'w3'; its inputs are w1, w2, w_down, w_gate, w_up"):
+    with pytest.raises(TypeError, match=r"mlp takes x, w1, w2 with these inputs; w3 is not among them"):
         numesh.ops.run("mlp", a["x"], {"w1": a["w1"], "w2": a["w2"], "w3": a["w2"]})
+    # An input of the other form (SwiGLU's w_up beside GELU's w1, w2) is not dropped silently.
+    with pytest.raises(TypeError, match=r"mlp takes x, w1, w2 with these inputs; w_up is not among them"):
+        numesh.ops.run("mlp", a["x"], {"w1": a["w1"], "w2": a["w2"], "w_up": a["w1"]})
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'w3'"):
         numesh.ops.mlp(a["x"], w1=a["w1"], w3=a["w2"])
     with pytest.raises(TypeError, match=r"w1 is an array of float64; give float32"):
@@ -196,7 +199,7 @@ def test_bad_input_is_named():
         numesh.ops.mlp(a["x"], w1=a["w1"], w2=np.asfortranarray(a["w2"]))
     with pytest.raises(numesh.ShapeError, match=r"x is \[1, 8, 16\]; mlp takes x \[T, H\]"):
         numesh.ops.mlp(a["x"][None], w1=a["w1"], w2=a["w2"])
-    with pytest.raises(ValueError, match=r"mode 'fast': expected train, prefill, decode or insert"):
+    with pytest.raises(ValueError, match=r"mode='fast': expected train, prefill, decode or insert"):
         numesh.ops.mlp(a["x"], w1=a["w1"], w2=a["w2"], mode="fast")
     with pytest.raises(ValueError, match=r"dtype 'f8'"):
         numesh.ops.mlp(a["x"], w1=a["w1"], w2=a["w2"], dtype="f8")
@@ -208,12 +211,32 @@ def test_bad_input_is_named():
         numesh.ops.attention(at["x"], heads=0, **w)
     with pytest.raises(numesh.ShapeError, match=r"wq is \[16, 16\]; its columns must be heads=3 times head_dim"):
         numesh.ops.attention(at["x"], heads=3, **w)
+    with pytest.raises(ValueError, match=r"kv_heads=-1 is negative \(0: as many as the query heads\)"):
+        numesh.ops.attention(at["x"], heads=4, kv_heads=-1, **w)
+    with pytest.raises(ValueError, match=r"attention: rope_theta nan is not finite"):
+        numesh.ops.attention(at["x"], heads=4, kv_heads=2, rope_theta=float("nan"), **w)
     with pytest.raises(ValueError, match=r"position=2 applies to mode=insert only"):
         numesh.ops.attention(at["x"], heads=4, kv_heads=2, position=2, **w)
     with pytest.raises(ValueError, match=r"position=6: x has 6 tokens, insert needs at least one at or after it"):
         numesh.ops.attention(at["x"], heads=4, kv_heads=2, mode="insert", position=6, **w)
-    with pytest.raises(ValueError, match=r"kv_layout 'bsd': expected bthd or bhtd"):
+    with pytest.raises(ValueError, match=r"kv_layout='bsd': expected bthd or bhtd"):
         numesh.ops.attention(at["x"], heads=4, kv_heads=2, kv_layout="bsd", **w)
+    # Empty dims are refused by name, never divided by (an H of 0 once stopped the process).
+    z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+    with pytest.raises(numesh.ShapeError, match=r"mlp \(gelu\): up \[0, 16\] has an empty dim"):
+        numesh.ops.mlp(z(4, 0), w1=z(0, 16), w2=z(16, 0))
+    with pytest.raises(numesh.ShapeError, match=r"moe: router is \[0, 4\], expected \[H, 4\] for 4 experts \(H > 0\)"):
+        numesh.ops.moe(z(4, 0), router=z(0, 4), w_gate=z(4, 0, 6), w_up=z(4, 0, 6), w_down=z(4, 6, 0))
+    with pytest.raises(numesh.ShapeError, match=r"attention: wq \[0, 8\] has no rows"):
+        numesh.ops.attention(z(1, 4, 0), wq=z(0, 8), wk=z(0, 8), wv=z(0, 8), wo=z(8, 0), heads=2)
+    # A capacity too large for an int64 limits nothing (it once dropped every token); a
+    # non-finite one is refused.
+    m = arrays(12, x=(8, 16), router=(16, 4), w_gate=(4, 16, 6), w_up=(4, 16, 6), w_down=(4, 6, 16))
+    weights = {k: v for k, v in m.items() if k != "x"}
+    huge = numesh.ops.run("moe", m["x"], weights, capacity=1e30)
+    assert huge.dropped == 0 and np.array_equal(huge.y, numesh.ops.run("moe", m["x"], weights).y)
+    with pytest.raises(ValueError, match=r"moe: capacity_factor inf is not finite"):
+        numesh.ops.run("moe", m["x"], weights, capacity=float("inf"))
     # A ShapeError is a ValueError to Python code, and a numesh.Error.
     assert issubclass(numesh.ShapeError, ValueError) and issubclass(numesh.ShapeError, numesh.Error)
     assert issubclass(numesh.IoError, OSError) and issubclass(numesh.IoError, numesh.Error)

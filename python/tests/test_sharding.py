@@ -280,3 +280,21 @@ def test_easydel_attention_shardings():
         numesh.easydel.get_shardings(pm, numesh.MODE_TRAIN, layout="thd")
     with pytest.raises(TypeError, match="Expected PartitionManager"):
         numesh.easydel.get_shardings(numesh.PartitionAxis(), numesh.MODE_TRAIN)
+
+
+def test_pytrees_nested_names_and_caller_keys():
+    mesh = numesh.create_mesh((2, -1), ("dp", "tp"), device_count=8)
+    # with_sharding_constraint maps over a pytree's leaves; other leaves stay as they are.
+    with mesh:
+        out = numesh.with_sharding_constraint({"a": np.zeros((4, 8)), "b": [np.zeros((8,)), 3.0, None]}, P("dp"))
+    assert out["a"].spec == P("dp", None) and out["b"][0].spec == P("dp")
+    assert out["b"][1] == 3.0 and out["b"][2] is None
+    # A list of ints is still a shape, not a tree.
+    with mesh:
+        assert numesh.with_sharding_constraint([4, 8], P("dp")).spec == P("dp", None)
+    # Names nested to any depth, as eformer's recursion collects them.
+    assert numesh.get_names_from_partition_spec([["tp", ["dp", ["sp"]]], None]) == ["dp", "sp", "tp"]
+    # Each converted spec under the caller's own key, of whatever type.
+    converted = numesh.convert_sharding_strategy(np.zeros((8, 8)), {1: P("tp"), "1": P()}, mesh, mesh)
+    assert list(converted) == [1, "1"]
+    assert numesh.convert_sharding_strategy(np.zeros((8, 8)), {1: P("tp")}, mesh, mesh, "other") == {}

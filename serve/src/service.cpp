@@ -59,15 +59,16 @@ void check(ServiceOptions& o, OptionStyle style) {
                text("batch_tokens", o.batch_tokens), text("parallel", o.parallel));
   NUMESH_CHECK(o.block_size >= 1 && o.block_size <= 1024, ValueError,
                "{} must be between 1 and 1024", text("block_size", o.block_size));
-  NUMESH_CHECK(s.http_threads >= 0 && s.max_body_bytes >= 1024, ValueError,
+  NUMESH_CHECK(o.http_threads >= 0 && s.max_body_bytes >= 1024, ValueError,
                "{} must not be negative and the body limit {} at least 1024",
-               text("http_threads", s.http_threads), s.max_body_bytes);
+               text("http_threads", o.http_threads), s.max_body_bytes);
   // Every request holds a worker from its arrival to its end, waiting ones too: enough for all
   // that may run and wait (past them, the queue's 503), and a few for /health; at most 256
   // (past them, connections wait for a worker).
-  if (s.http_threads == 0) {
-    s.http_threads = static_cast<int>(std::min<std::int64_t>(o.parallel + o.max_queue + 8, 256));
-  }
+  s.http_threads =
+      o.http_threads > 0
+          ? o.http_threads
+          : static_cast<int>(std::min<std::int64_t>(o.parallel + o.max_queue + 8, 256));
   s.model_name = o.model_name;
   if (s.model_name.empty()) {
     const std::filesystem::path folder = std::filesystem::path(o.model).lexically_normal();

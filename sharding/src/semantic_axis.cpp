@@ -106,4 +106,13 @@ std::optional<Mode> parse_mode(std::string_view text) noexcept {
   return std::nullopt;
 }
 
+Mode parse_named_mode(std::string_view text, OptionStyle style) {
+  const std::optional<Mode> mode = parse_mode(text);
+  if (!mode) {
+    throw ValueError(fmt::format("{}: expected train, prefill, decode or insert",
+                                 option_text(style, "mode", fmt::format("'{}'", text))));
+  }
+  return *mode;
+}
+
 }  // namespace numesh::sharding

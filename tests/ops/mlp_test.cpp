@@ -189,6 +189,14 @@ TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
               ThrowsMessage<ShapeError>(HasSubstr("mlp (swiglu): gate [] and up [16, 32] differ")));
   EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, w, 0); },
               ThrowsMessage<ShapeError>(HasSubstr("0 tokens; need at least one")));
+  // An empty hidden or intermediate dim is refused, never divided by.
+  const MlpWeights empty{.gate = {},
+                         .up = runtime::HostTensor::zeros({0, 32}),
+                         .down = runtime::HostTensor::zeros({32, 0})};
+  EXPECT_THAT([&] { ShardedMlp(m, MlpKind::kGelu, empty, 8); },
+              ThrowsMessage<ShapeError>(
+                  "mlp (gelu): up [0, 32] has an empty dim; the hidden and intermediate sizes "
+                  "must be positive"));
   // Misshapen biases, in the layer and in the reference alike.
   MlpWeights biased = w;
   biased.gate = random_host({16, 32}, 3, 0.3f);

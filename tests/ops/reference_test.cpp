@@ -250,6 +250,15 @@ TEST(MoeReferenceTest, BadConfigsAreRejectedNamingThem) {
   EXPECT_THAT(
       [&] {
         moe_reference(x, w,
+                      {.num_experts = 2,
+                       .top_k = 1,
+                       .capacity_factor = std::numeric_limits<float>::quiet_NaN(),
+                       .renormalize = true});
+      },
+      ThrowsMessage<ValueError>("moe: capacity_factor nan is not finite"));
+  EXPECT_THAT(
+      [&] {
+        moe_reference(x, w,
                       {.num_experts = 3, .top_k = 1, .capacity_factor = 0.0f, .renormalize = true});
       },
       ThrowsMessage<ShapeError>(
@@ -340,6 +349,22 @@ TEST(ReferenceTest, BadShapesAreRejectedNamingThem) {
                   HasSubstr("rmsnorm: weight is [1, 7], expected [1, 8] for x [4, 8]")));
   EXPECT_THAT([&] { rmsnorm_reference(x, RowMatrix::Ones(1, 8), -1.0f); },
               ThrowsMessage<ValueError>(HasSubstr("rmsnorm: eps -1 is negative")));
+}
+
+TEST(MoeConfigTest, ExpertCapacityIsGShardsAndAHugeFactorLimitsNothing) {
+  const MoeConfig c{.num_experts = 4, .top_k = 2, .capacity_factor = 1.25f, .renormalize = true};
+  EXPECT_EQ(expert_capacity(c, 10), 7);  // ceil(1.25 * 10 * 2 / 4)
+  EXPECT_EQ(expert_capacity({.num_experts = 4, .top_k = 2, .capacity_factor = 0.0f}, 10), 0);
+  // 1e30 * 10 * 2 / 4 does not fit an int64: the bound, which no group reaches.
+  EXPECT_EQ(expert_capacity({.num_experts = 4, .top_k = 2, .capacity_factor = 1e30f}, 10),
+            std::int64_t{1} << 62);
+  EXPECT_THAT(
+      [] {
+        check_moe_config({.num_experts = 4,
+                          .top_k = 2,
+                          .capacity_factor = std::numeric_limits<float>::infinity()});
+      },
+      ThrowsMessage<ValueError>("moe: capacity_factor inf is not finite"));
 }
 
 }  // namespace

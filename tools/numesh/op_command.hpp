@@ -18,10 +18,10 @@ namespace numesh::tools {
 /// Registers `op`. Not thread-safe (CLI11 setup).
 CLI::App* add_op_command(CLI::App& app, OpOptions& options);
 
-/// Runs the layer (its ops::layer_table() entry); writes the report to `out` and y.npy to the output
-/// folder. Returns 0, or 1 when the check against the dense reference fails.
-/// Throws: ValueError naming an op the table does not hold; IoError naming every missing input
-/// file; ValueError / ShapeError naming bad options or shapes; all before anything runs.
+/// Runs the layer (its ops::layer_table() entry); writes the report to `out` and y.npy to the
+/// output folder. Returns 0, or 1 when the check against the dense reference fails. Throws:
+/// ValueError naming an op the table does not hold; IoError naming every missing input file;
+/// ValueError / ShapeError naming bad options or shapes; all before anything runs.
 int run_op(const OpOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

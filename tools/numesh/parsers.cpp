@@ -209,16 +209,11 @@ sharding::ModeArg parse_run_mode(std::string_view text) {
 }
 
 sharding::Mode parse_op_mode(std::string_view text) {
-  const std::optional<sharding::Mode> mode = sharding::parse_mode(text);
-  NUMESH_CHECK(mode.has_value(), ValueError,
-               "--mode '{}': expected train, prefill, decode or insert", text);
-  return *mode;
+  return sharding::parse_named_mode(text, OptionStyle::kFlag);
 }
 
 ops::KvLayout parse_kv_layout(std::string_view text) {
-  NUMESH_CHECK(text == "bthd" || text == "bhtd", ValueError,
-               "--kv-layout '{}': expected bthd or bhtd", text);
-  return text == "bthd" ? ops::KvLayout::kBTHD : ops::KvLayout::kBHTD;
+  return ops::parse_kv_layout(text, OptionStyle::kFlag);
 }
 
 bool is_none_word(std::string_view s) {

@@ -167,7 +167,7 @@ Examples:
       "quantized at load). Default: a GGUF file's own format, f32 otherwise");
   cmd->add_option("--api-key", o.service.server.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
-  cmd->add_option("--http-threads", o.service.server.http_threads,
+  cmd->add_option("--http-threads", o.service.http_threads,
                   "HTTP worker threads, each request holding one while it runs or waits (0: "
                   "parallel + max-queue + 8, at most 256)")
       ->capture_default_str();

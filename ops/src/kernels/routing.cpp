@@ -32,11 +32,7 @@ void route_tokens(MatrixMap logits, const MoeConfig& c, std::int64_t first_exper
       for (std::int64_t j = 0; j < k; ++j) r.weight[static_cast<std::size_t>(t * k + j)] /= total;
     }
   }
-  const std::int64_t capacity = c.capacity_factor > 0.0f
-                                    ? static_cast<std::int64_t>(std::ceil(
-                                          static_cast<double>(c.capacity_factor) *
-                                          static_cast<double>(rows * k) / static_cast<double>(e)))
-                                    : 0;
+  const std::int64_t capacity = expert_capacity(c, rows);
   std::fill(r.load.begin(), r.load.end(), 0);
   std::int64_t dropped = 0;
   // GShard's priority: every token's first choice before any second choice.

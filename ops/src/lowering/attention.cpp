@@ -68,6 +68,8 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
                "attention: q_offset {}: a lowered layer takes positions per run (forward's "
                "position argument), so config.q_offset must be 0",
                config.q_offset);
+  NUMESH_CHECK(std::isfinite(config.rope_theta), ValueError,
+               "attention: rope_theta {} is not finite", config.rope_theta);
   NUMESH_CHECK(config.rope_theta <= 0.0f || d % 2 == 0, ShapeError,
                "attention: head_dim {} is odd, RoPE needs it even", d);
   validate(config.rope_scaling);
@@ -77,6 +79,8 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
   layer.config = config;
   layer.hidden = w.wq.shape[0];
   const std::int64_t hidden = layer.hidden;
+  NUMESH_CHECK(hidden > 0, ShapeError,
+               "attention: wq {} has no rows; the hidden size must be positive", shape_text(w.wq));
   NUMESH_CHECK(
       w.wq.shape == (std::vector<std::int64_t>{hidden, hq * d}) &&
           w.wk.shape == (std::vector<std::int64_t>{hidden, hkv * d}) && w.wv.shape == w.wk.shape &&

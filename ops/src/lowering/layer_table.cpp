@@ -37,6 +37,8 @@ AttentionConfig attention_config(const LayerOptions& o, const LayerInputs& in,
   const std::string heads = in.option_text("heads", std::to_string(o.heads));
   NUMESH_CHECK(o.heads > 0, ValueError, "{}: attention needs the number of query heads ({})", heads,
                in.option_text("heads", "N"));
+  NUMESH_CHECK(o.kv_heads >= 0, ValueError, "{} is negative (0: as many as the query heads)",
+               in.option_text("kv_heads", std::to_string(o.kv_heads)));
   const std::int64_t kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
   NUMESH_CHECK(wq.shape.size() == 2 && wq.shape[1] % o.heads == 0, ShapeError,
                "{} is [{}]; its columns must be {} times head_dim", in.label("wq"),

@@ -34,6 +34,9 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   layer.kind = kind;
   layer.hidden = w.up.shape[0];
   layer.intermediate = w.up.shape[1];
+  NUMESH_CHECK(layer.hidden > 0 && layer.intermediate > 0, ShapeError,
+               "{}: up {} has an empty dim; the hidden and intermediate sizes must be positive",
+               what, shape_text(w.up));
   NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{layer.intermediate, layer.hidden}),
                ShapeError, "{}: up {} and down {} do not chain (expected down [{}, {}])", what,
                shape_text(w.up), shape_text(w.down), layer.intermediate, layer.hidden);

@@ -59,13 +59,11 @@ MoeStats MoeRouting::total() const {
 
 MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, const MoeWeights& w,
                           const MoeAxes& axes) {
-  const std::int64_t e = c.num_experts, k = c.top_k;
-  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
-               "moe: top_k {} must be between 1 and the {} experts", k, e);
-  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
-               c.capacity_factor);
-  NUMESH_CHECK(w.router.shape.size() == 2 && w.router.shape[1] == e, ShapeError,
-               "moe: router is {}, expected [H, {}] for {} experts", shape_text(w.router), e, e);
+  const std::int64_t e = c.num_experts;
+  check_moe_config(c);
+  NUMESH_CHECK(w.router.shape.size() == 2 && w.router.shape[1] == e && w.router.shape[0] > 0,
+               ShapeError, "moe: router is {}, expected [H, {}] for {} experts (H > 0)",
+               shape_text(w.router), e, e);
   const std::int64_t h = w.router.shape[0];
   const std::int64_t f = w.gate.shape.size() == 3 ? w.gate.shape[2] : -1;
   NUMESH_CHECK(f > 0 && w.gate.shape == (std::vector<std::int64_t>{e, h, f}) &&
@@ -272,11 +270,7 @@ AllToAllForward moe_a2a_buffers(ProgramBuilder& pb, const MoeLayer& layer,
   std::int64_t blocks = 1, ep = 1;
   for (const std::string& a : token_axes) blocks *= m.axis_size(a);
   for (const std::string& a : expert_axes) ep *= m.axis_size(a);
-  const std::int64_t capacity = c.capacity_factor > 0.0f
-                                    ? static_cast<std::int64_t>(std::ceil(
-                                          static_cast<double>(c.capacity_factor) *
-                                          static_cast<double>(rows * k) / static_cast<double>(e)))
-                                    : rows;
+  const std::int64_t capacity = c.capacity_factor > 0.0f ? expert_capacity(c, rows) : rows;
   const std::int64_t slots = std::min(capacity, rows);  // an expert takes a token at most once
 
   auto tuple_of = [](const std::vector<std::string>& axes) {

@@ -17,11 +17,8 @@ using oracle::wide;
 
 RowMatrix moe_reference(const RowMatrix& x, const MoeWeights& w, const MoeConfig& c,
                         MoeStats* stats) {
-  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts, k = c.top_k;
-  NUMESH_CHECK(e >= 1 && k >= 1 && k <= e, ValueError,
-               "moe: top_k {} must be between 1 and the {} experts", k, e);
-  NUMESH_CHECK(c.capacity_factor >= 0.0f, ValueError, "moe: capacity_factor {} is negative",
-               c.capacity_factor);
+  const std::int64_t t = x.rows(), h = x.cols(), e = c.num_experts;
+  check_moe_config(c);
   NUMESH_CHECK(w.router.shape == (std::vector<std::int64_t>{h, e}), ShapeError,
                "moe: router is {}, expected [{}, {}] for x [{}, {}] and {} experts",
                shape_text(w.router), h, e, t, h, e);

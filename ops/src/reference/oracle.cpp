@@ -303,10 +303,7 @@ Routing route(const MatrixD& x, const runtime::HostTensor& router, const MoeConf
     }
   }
   // Capacity, in GShard's priority order: every token's first choice before any second.
-  r.capacity = c.capacity_factor > 0.0f ? static_cast<std::int64_t>(std::ceil(
-                                              static_cast<double>(c.capacity_factor) *
-                                              static_cast<double>(t * k) / static_cast<double>(e)))
-                                        : 0;
+  r.capacity = expert_capacity(c, t);
   r.load.assign(static_cast<std::size_t>(e), 0);
   for (std::int64_t j = 0; j < k; ++j) {
     for (std::int64_t ti = 0; ti < t; ++ti) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "numesh/core/option_text.hpp"
 #include "numesh/ops/rope_scaling.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -73,6 +74,10 @@ enum class KvLayout : std::uint8_t {
 inline std::string_view to_string(KvLayout layout) noexcept {
   return layout == KvLayout::kBTHD ? "bthd" : "bhtd";
 }
+
+/// Parses a front end's KV layout option: bthd or bhtd. Throws: ValueError naming the option as
+/// `style` does ("--kv-layout 'x': expected bthd or bhtd").
+KvLayout parse_kv_layout(std::string_view text, OptionStyle style);
 
 /// FLOPs of one attention layer run over `batch` sequences of `q_len` new tokens whose first
 /// sits at `position` (causal: token t attends to position + t + 1 keys): the four

@@ -27,6 +27,16 @@ struct MoeConfig {
   bool renormalize = true;
 };
 
+/// Checks `c`: 1 <= top_k <= num_experts, capacity_factor finite and not negative.
+/// Throws: ValueError naming the value ("moe: top_k 5 must be between 1 and the 4 experts",
+/// "moe: capacity_factor -1 is negative", "moe: capacity_factor inf is not finite").
+void check_moe_config(const MoeConfig& c);
+
+/// The tokens each expert may take in a routing group of `rows` tokens: ceil(capacity_factor *
+/// rows * top_k / E), or 0 when dropless (capacity_factor 0). A factor so large that the count
+/// would not fit an int64 gives 2^62, which limits nothing. REQUIRES: check_moe_config(c).
+[[nodiscard]] std::int64_t expert_capacity(const MoeConfig& c, std::int64_t rows);
+
 /// The weights of a MoE layer with SwiGLU experts: router [H, E], and per expert e the slices
 /// gate[e], up[e] ([H, F] each) and down[e] ([F, H]) of tensors [E, H, F] and [E, F, H].
 /// Optionally Qwen2-MoE's shared expert: a SwiGLU MLP of its own size Fs that every token runs

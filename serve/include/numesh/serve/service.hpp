@@ -42,8 +42,11 @@ struct ServiceOptions {
   std::string chat_template_file;
   /// The model's id in /v1/models and in responses (empty: its folder's or file's name).
   std::string model_name;
-  /// host, port (0: any free one), api_key, max_body_bytes; http_threads 0: parallel +
-  /// max_queue + 8, at most 256. model_name and chat_template are set from the fields above.
+  /// HTTP worker threads, each request holding one while it runs or waits (0: parallel +
+  /// max_queue + 8, at most 256).
+  int http_threads = 0;
+  /// host, port (0: any free one), api_key, max_body_bytes. Its model_name, http_threads and
+  /// chat_template are set from the fields above.
   ServerOptions server{};
   /// Told the checkpoint bytes read so far and in all after each matrix.
   models::CausalLm::LoadProgress progress{};

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "numesh/core/option_text.hpp"
+
 /// eformer's common_types: semantic-axis tokens and runtime modes.
 namespace numesh::sharding {
 
@@ -74,6 +76,10 @@ std::string_view mode_string(Mode mode) noexcept;
 /// Parses a mode: eformer's strings, or `train`, `prefill`, `decode` (also `autoregressive`),
 /// `insert`. Returns nullopt for anything else.
 std::optional<Mode> parse_mode(std::string_view text) noexcept;
+
+/// As parse_mode, for a front end's mode option. Throws: ValueError naming the option as
+/// `style` does ("--mode 'x': expected train, prefill, decode or insert").
+Mode parse_named_mode(std::string_view text, OptionStyle style);
 
 /// True for decode and insert.
 constexpr bool is_generation_mode(Mode mode) noexcept {

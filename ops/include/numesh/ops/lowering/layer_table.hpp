@@ -29,7 +29,8 @@ namespace numesh::ops {
 class LayerInputs {
  public:
   virtual ~LayerInputs() = default;
-  /// The input `name`. Throws: what the source throws for one it cannot read.
+  /// The input `name`. REQUIRES: has(name). Throws: what the source throws for one it cannot
+  /// read (IoError for a file).
   [[nodiscard]] virtual runtime::HostTensor load(const std::string& name) const = 0;
   /// True when the input `name` was given.
   [[nodiscard]] virtual bool has(const std::string& name) const = 0;
@@ -79,14 +80,14 @@ struct LayerOptions {
 /// built from them. References live for the duration of the call.
 struct LayerContext {
   const LayerOptions& options;
-  const LayerInputs& inputs;     ///< every input of needed_inputs() is given
-  const runtime::HostTensor& x;  ///< of the rank LayerEntry::sequence says (check_x)
-  sharding::Mode mode;
-  const ModelAxes& axes;  ///< resolved in `mode`
-  const runtime::DeviceMesh& mesh;
-  KvLayout kv_layout;
-  TokenPlan tokens;
-  DType weights = DType::kF32;  ///< the storage dtype of the layer's matrices
+  const LayerInputs& inputs;        ///< every input of needed_inputs() is given
+  const runtime::HostTensor& x;     ///< of the rank LayerEntry::sequence says (check_x)
+  sharding::Mode mode;              ///< the mode the axes resolved in
+  const ModelAxes& axes;            ///< resolved in `mode`
+  const runtime::DeviceMesh& mesh;  ///< the devices the layer is built on
+  KvLayout kv_layout;               ///< the KV cache's layout (attention, block)
+  TokenPlan tokens;                 ///< the timed call's tokens (token_plan)
+  DType weights = DType::kF32;      ///< the storage dtype of the layer's matrices
 };
 
 /// What a layer's run produced.
@@ -117,16 +118,17 @@ struct LayerEntry {
 };
 
 /// Every layer, in the order --help lists them. Thread-safe (built once).
-std::span<const LayerEntry> layer_table();
+[[nodiscard]] std::span<const LayerEntry> layer_table();
 
 /// The entry named `name`, or nullptr. Thread-safe.
-const LayerEntry* find_layer(std::string_view name);
+[[nodiscard]] const LayerEntry* find_layer(std::string_view name);
 
 /// The layers' names as a sentence: "mlp, attention, moe or block". Thread-safe.
-std::string layer_names_text();
+[[nodiscard]] std::string layer_names_text();
 
 /// x, then the inputs `entry` needs given which ones `inputs` has (LayerInputNames).
-std::vector<std::string> needed_inputs(const LayerEntry& entry, const LayerInputs& inputs);
+[[nodiscard]] std::vector<std::string> needed_inputs(const LayerEntry& entry,
+                                                     const LayerInputs& inputs);
 
 /// Checks that x has the rank `entry` takes. Throws: ShapeError ("x.npy is [2, 3, 4, 5]; mlp
 /// takes x [T, H]").
@@ -135,7 +137,8 @@ void check_x(const LayerEntry& entry, const runtime::HostTensor& x, const LayerI
 /// The tokens the timed call of `entry` runs on x (checked by check_x) in `mode`; `position`
 /// is insert's first position (negative: half of T). Throws: ValueError for a position at or
 /// past T in insert, or a positive one outside insert, named as `inputs` names options.
-TokenPlan token_plan(const LayerEntry& entry, const runtime::HostTensor& x, sharding::Mode mode,
-                     std::int64_t position, const LayerInputs& inputs);
+[[nodiscard]] TokenPlan token_plan(const LayerEntry& entry, const runtime::HostTensor& x,
+                                   sharding::Mode mode, std::int64_t position,
+                                   const LayerInputs& inputs);
 
 }  // namespace numesh::ops
