@@ -107,6 +107,21 @@ std::size_t translate_numeric_escape(const std::string& pattern, std::size_t i, 
 // `a**`, `a{2}+?*`) is refused as Python refuses it ("multiple repeat"): std::regex would
 // accept it and backtrack exponentially on it (found by rule_regex_fuzz). Python 3.11's
 // possessive quantifiers (`a*+`) have no ECMAScript equivalent.
+// The longest name a pattern is matched against. libstdc++'s std::regex matches by recursion,
+// a frame or more per character: a 50,000-character name overflowed the stack (found by
+// review, from Python). Parameter paths are tens of characters; 4096 leaves room for any.
+constexpr std::size_t kMaxMatchedName = 4096;
+
+// std::regex_search of `name`, refused past kMaxMatchedName with a ValueError naming it.
+bool search(const std::string& name, const std::regex& regex) {
+  if (name.size() > kMaxMatchedName) {
+    throw ValueError(
+        fmt::format("the name '{}...' has {} characters; rules match names of at most {}",
+                    name.substr(0, 40), name.size(), kMaxMatchedName));
+  }
+  return std::regex_search(name, regex);
+}
+
 std::regex compile_python_regex(const std::string& pattern) {
   auto unsupported = [&](std::string_view what) {
     return ValueError(
@@ -289,7 +304,7 @@ std::vector<PartitionSpec> match_partition_rules(const std::vector<PartitionRule
     }
     std::optional<PartitionSpec> found;
     for (std::size_t r = 0; r < rules.size() && !found; ++r) {
-      if (!std::regex_search(leaf.path, regexes[r])) continue;
+      if (!search(leaf.path, regexes[r])) continue;
       const PartitionSpec& ps = rules[r].spec;
       if (!strict) {
         found = ps;
@@ -317,7 +332,7 @@ PatternPartitionSpec::PatternPartitionSpec(std::vector<PartitionRule> rules,
 PartitionSpec PatternPartitionSpec::operator()(std::string_view name) const {
   const std::string text(name);
   for (std::size_t r = 0; r < rules_.size(); ++r) {
-    if (std::regex_search(text, compiled_->regexes[r])) return rules_[r].spec;
+    if (search(text, compiled_->regexes[r])) return rules_[r].spec;
   }
   return default_spec_;
 }

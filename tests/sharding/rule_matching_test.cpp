@@ -69,6 +69,15 @@ TEST(MatchPartitionRulesTest, NoRuleNamesTheFirstFailingLeaf) {
       ThrowsMessage<ValueError>(HasSubstr("Partition rule not found for param: a/bias")));
 }
 
+// std::regex matches by recursion: a name past the limit is refused by name, never matched
+// into a stack overflow (a 50,000-character one crashed the process).
+TEST(MatchPartitionRulesTest, ANameTooLongToMatchIsRefused) {
+  EXPECT_EQ(spec_for(".*", std::string(4096, 'a')), PartitionSpec{"x"});
+  EXPECT_THAT([] { (void)spec_for(".*", std::string(50000, 'a')); },
+              ThrowsMessage<ValueError>(
+                  HasSubstr("has 50000 characters; rules match names of at most 4096")));
+}
+
 TEST(MatchPartitionRulesTest, EasyDeLStyleAnchoredPatterns) {
   const std::vector<PartitionRule> rules{
       {R"(^(?:.*/)?model/layers/\d+/attn/q_proj/kernel$)", PartitionSpec{"tp"}},
