@@ -44,8 +44,13 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
                   std::int64_t first_position, float theta, const RopeScaling& scaling,
                   bool inverse) {
-  const std::int64_t half = d / 2;
   const std::vector<double> freq = rope_frequencies(d, static_cast<double>(theta), scaling);
+  rope_inplace(x, b, t, h, d, first_position, freq, inverse);
+}
+
+void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
+                  std::int64_t first_position, std::span<const double> freq, bool inverse) {
+  const std::int64_t half = d / 2;
   // Tasks over blocks of (sequence, token) rows; every pair is turned by its own angle.
   parallel_blocks(b * t, row_block_for(h * d), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {

@@ -402,9 +402,16 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
     runtime::Tensor& wqs = tn.wq.shard(s);
     runtime::Tensor& wks = tn.wk.shard(s);
     runtime::Tensor& wvs = tn.wv.shard(s);
+    // RoPE's frequencies, once for the program: a ragged step turns each token alone, and
+    // building the table per call allocated per token and layer on every step.
+    const std::vector<double> freq =
+        config.rope_theta > 0.0f
+            ? rope_frequencies(config.head_dim, static_cast<double>(config.rope_theta),
+                               config.rope_scaling)
+            : std::vector<double>();
     return [prec, &xs, &q, &k, &v, &wqs, &wks, &wvs, rows, hidden, local_batch, local_t, lq, lkv,
             token_offset, first_sequence, positions, ragged, config, bqs, bks, bvs, qns, kns, q_pre,
-            k_pre] {
+            k_pre, freq] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
       device_gemm(xm, as_out_in_weight(wqs), as_matrix(q), prec);
@@ -435,19 +442,17 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
                      local_t);
         for (std::int64_t ti = 0; ti < local_t; ++ti) {
           const std::int64_t p = ragged->positions[static_cast<std::size_t>(ti)];
-          rope_inplace(q.values().data() + ti * lq * dd, 1, 1, lq, dd, p, config.rope_theta,
-                       config.rope_scaling);
-          rope_inplace(k.values().data() + ti * lkv * dd, 1, 1, lkv, dd, p, config.rope_theta,
-                       config.rope_scaling);
+          rope_inplace(q.values().data() + ti * lq * dd, 1, 1, lq, dd, p, freq);
+          rope_inplace(k.values().data() + ti * lkv * dd, 1, 1, lkv, dd, p, freq);
         }
       } else if (config.rope_theta > 0.0f) {
         // RoPE at the tokens' global positions, before the keys travel.
         for_each_run(positions, first_sequence, local_batch,
                      [&](std::int64_t b, std::int64_t n, std::int64_t p) {
                        rope_inplace(q.values().data() + b * local_t * lq * dd, n, local_t, lq, dd,
-                                    p + token_offset, config.rope_theta, config.rope_scaling);
+                                    p + token_offset, freq);
                        rope_inplace(k.values().data() + b * local_t * lkv * dd, n, local_t, lkv, dd,
-                                    p + token_offset, config.rope_theta, config.rope_scaling);
+                                    p + token_offset, freq);
                      });
       }
     };

@@ -204,6 +204,9 @@ LayerResult run_block(const LayerContext& ctx) {
     NUMESH_CHECK(b.moe.gate.shape.size() == 3, ShapeError, "{} is [{}]; expected [E, H, F]",
                  in.label("w_gate"), fmt::join(b.moe.gate.shape, ", "));
     c.moe_ffn = b.moe.gate.shape[2];
+    // Every layer is a MoE, so no dense FFN runs; its size is the experts' rather than a
+    // default the caller never gave (it shows in the config's errors).
+    c.ffn = c.moe_ffn;
     c.moe_every = 1;
   } else {
     b.mlp = MlpWeights{.gate = in.load("w_gate"),

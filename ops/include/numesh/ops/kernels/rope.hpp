@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "numesh/ops/rope_scaling.hpp"
@@ -24,5 +25,12 @@ std::vector<double> rope_frequencies(std::int64_t d, double theta, const RopeSca
 void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
                   std::int64_t first_position, float theta, const RopeScaling& scaling = {},
                   bool inverse = false);
+
+/// As above with the frequencies given (rope_frequencies(d, theta, scaling), d / 2 of them):
+/// for callers that turn many calls' rows by the same RoPE (a ragged step turns each token
+/// alone), so that the table is built once, not per call. Allocates nothing.
+/// REQUIRES: d even; freq.size() == d / 2.
+void rope_inplace(float* x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d,
+                  std::int64_t first_position, std::span<const double> freq, bool inverse = false);
 
 }  // namespace numesh::ops
