@@ -41,9 +41,7 @@ class ArrayInputs final : public ops::LayerInputs {
   }
   bool has(const std::string& name) const override { return arrays_.contains(name); }
   std::string label(std::string_view name) const override { return std::string(name); }
-  std::string option_text(std::string_view option, std::string_view value) const override {
-    return numesh::option_text(OptionStyle::kKeyword, option, value);
-  }
+  OptionStyle option_style() const override { return OptionStyle::kKeyword; }
 
  private:
   std::map<std::string, ArrayView> arrays_;

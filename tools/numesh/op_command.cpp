@@ -17,7 +17,6 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
-#include "numesh/core/option_text.hpp"
 #include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/compare.hpp"
 #include "numesh/ops/lowering/layer_table.hpp"
@@ -68,9 +67,7 @@ class OpInputs final : public ops::LayerInputs {
   }
   bool has(const std::string& name) const override { return fs::exists(dir_ / (name + ".npy")); }
   std::string label(std::string_view name) const override { return fmt::format("{}.npy", name); }
-  std::string option_text(std::string_view option, std::string_view value) const override {
-    return numesh::option_text(OptionStyle::kFlag, option, value);
-  }
+  OptionStyle option_style() const override { return OptionStyle::kFlag; }
 
  private:
   fs::path dir_;

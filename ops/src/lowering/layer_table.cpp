@@ -34,11 +34,11 @@ HostTensor as_row(HostTensor t) {
 
 AttentionConfig attention_config(const LayerOptions& o, const LayerInputs& in,
                                  const HostTensor& wq) {
-  const std::string heads = in.option_text("heads", std::to_string(o.heads));
+  const std::string heads = option_text(in.option_style(), "heads", o.heads);
   NUMESH_CHECK(o.heads > 0, ValueError, "{}: attention needs the number of query heads ({})", heads,
-               in.option_text("heads", "N"));
+               option_text(in.option_style(), "heads", "N"));
   NUMESH_CHECK(o.kv_heads >= 0, ValueError, "{} is negative (0: as many as the query heads)",
-               in.option_text("kv_heads", std::to_string(o.kv_heads)));
+               option_text(in.option_style(), "kv_heads", o.kv_heads));
   const std::int64_t kv = o.kv_heads > 0 ? o.kv_heads : o.heads;
   NUMESH_CHECK(wq.shape.size() == 2 && wq.shape[1] % o.heads == 0, ShapeError,
                "{} is [{}]; its columns must be {} times head_dim", in.label("wq"),
@@ -76,19 +76,24 @@ MoeConfig moe_config(const LayerOptions& o, const LayerInputs& in, const HostTen
                    .renormalize = !o.raw_weights};
 }
 
-// --timing / --trace: one more run, after the timed ones, with per-node timing on (timing
-// costs two clock reads per node, so the median is taken without it).
-void traced_run(const LayerOptions& o, Program& program, const std::function<void()>& run,
-                LayerResult& r) {
+// Times `call` (the median of o.repeats) into r, then, with timing or a trace asked for, runs
+// it once more with per-node timing on (two clock reads per node, so the median is taken
+// without it); keeps the plan of `program`, which the calls ran (asked for after them: the
+// first call compiles it).
+void time_calls(const LayerOptions& o, const std::function<HostTensor()>& call,
+                const std::function<Program&()>& program, LayerResult& r) {
+  r.seconds = median_seconds([&] { r.y = call(); }, o.repeats, 0.0);
+  Program& ran = program();
+  r.plan = ran.plan();
   if (!o.timing && o.trace.empty()) return;
-  program.graph().set_timing(true);
-  run();
-  program.graph().set_timing(false);
-  if (o.timing) r.timing_table = program.graph().timing_table();
+  ran.graph().set_timing(true);
+  call();
+  ran.graph().set_timing(false);
+  if (o.timing) r.timing_table = ran.graph().timing_table();
   if (!o.trace.empty()) {
     std::ofstream file(o.trace);
     NUMESH_CHECK(file.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
-    file << program.graph().chrome_trace() << "\n";
+    file << ran.graph().chrome_trace() << "\n";
   }
 }
 
@@ -113,10 +118,8 @@ LayerResult run_mlp(const LayerContext& ctx) {
   ShardedMlp mlp(ctx.mesh, swiglu ? MlpKind::kSwiGLU : MlpKind::kGelu, w, x.shape[0],
                  MlpAxes{.batch = ctx.axes.batch, .tensor = ctx.axes.mlp});
   LayerResult r;
-  r.seconds = median_seconds([&] { r.y = mlp.forward(x); }, o.repeats, 0.0);
-  traced_run(
-      o, mlp.program(), [&] { mlp.forward(x); }, r);
-  r.plan = mlp.program().plan();
+  time_calls(
+      o, [&] { return mlp.forward(x); }, [&]() -> Program& { return mlp.program(); }, r);
   if (!o.no_check) {
     const RowMatrix want =
         swiglu ? mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down),
@@ -139,10 +142,8 @@ LayerResult run_moe(const LayerContext& ctx) {
       MoeAxes{
           .batch = ctx.axes.batch, .expert = ctx.axes.expert, .tensor = ctx.axes.expert_tensor});
   LayerResult r;
-  r.seconds = median_seconds([&] { r.y = moe.forward(x); }, o.repeats, 0.0);
-  traced_run(
-      o, moe.program(), [&] { moe.forward(x); }, r);
-  r.plan = moe.program().plan();
+  time_calls(
+      o, [&] { return moe.forward(x); }, [&]() -> Program& { return moe.program(); }, r);
   r.stats = moe.stats();
   if (!o.no_check) {
     // One routing group per split of the tokens over the batch axes (from the mesh, not the layer).
@@ -173,10 +174,9 @@ LayerResult run_attention(const LayerContext& ctx) {
   if (tp.prefix > 0) layer.forward(slice_tokens(x, 0, tp.prefix), 0);
   const HostTensor chunk = slice_tokens(x, tp.prefix, tp.count);
   LayerResult r;
-  r.seconds = median_seconds([&] { r.y = layer.forward(chunk, tp.prefix); }, o.repeats, 0.0);
-  traced_run(
-      o, layer.program(tp.count), [&] { layer.forward(chunk, tp.prefix); }, r);
-  r.plan = layer.program(tp.count).plan();
+  time_calls(
+      o, [&] { return layer.forward(chunk, tp.prefix); },
+      [&]() -> Program& { return layer.program(tp.count); }, r);
   if (!o.no_check) r.want = slice_tokens(attention_layer_reference(x, w, c), tp.prefix, tp.count);
   return r;
 }
@@ -223,10 +223,9 @@ LayerResult run_block(const LayerContext& ctx) {
   if (tp.prefix > 0) model.forward(slice_tokens(x, 0, tp.prefix), 0);
   const HostTensor chunk = slice_tokens(x, tp.prefix, tp.count);
   LayerResult r;
-  r.seconds = median_seconds([&] { r.y = model.forward(chunk, tp.prefix); }, o.repeats, 0.0);
-  traced_run(
-      o, model.program(tp.count), [&] { model.forward(chunk, tp.prefix); }, r);
-  r.plan = model.program(tp.count).plan();
+  time_calls(
+      o, [&] { return model.forward(chunk, tp.prefix); },
+      [&]() -> Program& { return model.program(tp.count); }, r);
   if (c.moe_every > 0) r.stats = model.moe_stats();
   if (!o.no_check) {
     TransformerReference reference(c, w, x.shape[0], x.shape[1],
@@ -328,13 +327,13 @@ TokenPlan token_plan(const LayerEntry& entry, const HostTensor& x, sharding::Mod
       const std::int64_t p = position < 0 ? t / 2 : position;
       NUMESH_CHECK(p < t, ValueError,
                    "{}: x has {} tokens, insert needs at least one at or after it",
-                   inputs.option_text("position", std::to_string(p)), t);
+                   option_text(inputs.option_style(), "position", p), t);
       return {p, t - p};
     }
     default:
       NUMESH_CHECK(position <= 0, ValueError, "{} applies to {} only",
-                   inputs.option_text("position", std::to_string(position)),
-                   inputs.option_text("mode", "insert"));
+                   option_text(inputs.option_style(), "position", position),
+                   option_text(inputs.option_style(), "mode", "insert"));
       return {0, t};
   }
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/core/option_text.hpp"
 #include "numesh/ops/attention_config.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
 #include "numesh/ops/lowering/program.hpp"
@@ -36,10 +37,9 @@ class LayerInputs {
   [[nodiscard]] virtual bool has(const std::string& name) const = 0;
   /// The input as errors name it: "wq.npy" for a file, "wq" for an argument.
   [[nodiscard]] virtual std::string label(std::string_view name) const = 0;
-  /// An option and its value as errors name them: "--heads 3" on the command line, "heads=3"
-  /// in Python. `option` is spelled as in LayerOptions ("kv_heads").
-  [[nodiscard]] virtual std::string option_text(std::string_view option,
-                                                std::string_view value) const = 0;
+  /// How errors name the caller's options (numesh::option_text): flags for the command line,
+  /// keywords for Python.
+  [[nodiscard]] virtual OptionStyle option_style() const = 0;
 };
 
 /// The inputs of a layer besides x: `required` always, then `when_present` if `switch_input`
@@ -136,7 +136,8 @@ void check_x(const LayerEntry& entry, const runtime::HostTensor& x, const LayerI
 
 /// The tokens the timed call of `entry` runs on x (checked by check_x) in `mode`; `position`
 /// is insert's first position (negative: half of T). Throws: ValueError for a position at or
-/// past T in insert, or a positive one outside insert, named as `inputs` names options.
+/// past T in insert, or a positive one outside insert, named as `inputs` names options
+/// (option_style).
 [[nodiscard]] TokenPlan token_plan(const LayerEntry& entry, const runtime::HostTensor& x,
                                    sharding::Mode mode, std::int64_t position,
                                    const LayerInputs& inputs);
