@@ -16,6 +16,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/cancellation.hpp"
 
 namespace numesh::runtime {
 
@@ -229,6 +230,18 @@ void CompiledGraph::run() {
   }
   g.skipped.store(false, std::memory_order_relaxed);
   g.stop.store(false, std::memory_order_release);
+  // Registered after stop is reset, so that the source's cancel() cannot be undone by it.
+  CancelSource* const source = CancelScope::current();
+  if (source != nullptr && !source->begin(*this)) {
+    throw CancelledError("graph run cancelled by the caller before it began");
+  }
+  struct Registered {
+    CancelSource* source;
+    CompiledGraph& graph;
+    ~Registered() {
+      if (source != nullptr) source->end(graph);
+    }
+  } registered{source, *this};
   // Read by the bodies, which the roots' try_put below starts: the put orders this write first.
   g.armed_fault = g.next_fault.exchange(-1, std::memory_order_acq_rel);
   if (g.timing_on) {

@@ -276,13 +276,8 @@ TEST_P(CollectivesTest, ChainedCollectivesFollowTheirFrontier) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, CollectivesTest, ::testing::ValuesIn(mesh_cases()), case_name);
 
-DeviceMesh mesh_2x2() {
-  return DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2},
-                            {"dp", "tp"});
-}
-
 TEST(CollectivesErrorsTest, BadArgumentsNameWhatIsWrong) {
-  const DeviceMesh m = mesh_2x2();
+  const DeviceMesh m = testing::mesh_2x2();
   Buffers in(m, 8), out(m, 8), small(m, 4);
   GraphBuilder b(m.device_set());
   const CollectiveArgs tp{.axes = {"tp"}, .after = {}, .name = {}};

@@ -80,13 +80,8 @@ struct SumGraph {
   }
 };
 
-DeviceMesh mesh_2x2() {
-  return DeviceMesh::create(testing::synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2},
-                            {"dp", "tp"});
-}
-
 TEST(SoakTest, TenThousandRunsLeaveResidentMemoryAndThreadsAsTheyWere) {
-  const DeviceMesh mesh = mesh_2x2();
+  const DeviceMesh mesh = testing::mesh_2x2();
   SumGraph g(mesh, 1024, 0.5f);
   for (int i = 0; i < 200; ++i) ASSERT_TRUE(g.run_and_check()) << "warm-up run " << i;
   const std::int64_t rss_before = resident_bytes();
@@ -106,7 +101,7 @@ TEST(SoakTest, TenThousandRunsLeaveResidentMemoryAndThreadsAsTheyWere) {
 }
 
 TEST(SoakTest, TwoGraphsRunAtOnceFromTwoThreadsOnTheSameDevices) {
-  const DeviceMesh mesh = mesh_2x2();
+  const DeviceMesh mesh = testing::mesh_2x2();
   SumGraph a(mesh, 4096, 1.0f), b(mesh, 333, -2.0f);
   int wrong_a = 0, wrong_b = 0;
   std::thread ta([&] {

@@ -4,11 +4,14 @@
 // per device so that 8 devices stay cheap on a 2-core machine), cached per description so the
 // tests do not create hundreds of arenas.
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
+#include "numesh/runtime/cancellation.hpp"
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 
@@ -30,5 +33,41 @@ inline std::shared_ptr<DeviceSet> synthetic_devices(const std::string& descripti
 
 /// A synthetic topology with `n` NUMA nodes of one core each (n devices under the numa policy).
 inline std::string nodes(int n) { return "numa:" + std::to_string(n) + " core:1 pu:1"; }
+
+/// Cancels a call in the middle of its first graph, deterministically: holds `device`'s only
+/// thread with a task of its own until `source` has begun a graph run, then cancels the source
+/// and lets the device go. That run has begun and none of its nodes on `device` has run, so it
+/// stops part-way. Construct before the call under `source` (the constructor returns once the
+/// device is held); destroy after it. Requires: a one-thread device (synthetic_devices').
+class CancelMidRun {
+ public:
+  CancelMidRun(Device& device, CancelSource& source)
+      : holder_([this, &device, &source] {
+          device.execute([&] {
+            held_ = true;
+            while (source.runs_begun() == 0 && !abandoned_) std::this_thread::yield();
+            source.cancel();
+          });
+        }) {
+    while (!held_) std::this_thread::yield();
+  }
+  /// Lets the device go (cancelling anyway) if the call began no graph.
+  ~CancelMidRun() {
+    abandoned_ = true;
+    holder_.join();
+  }
+  CancelMidRun(const CancelMidRun&) = delete;
+  CancelMidRun& operator=(const CancelMidRun&) = delete;
+
+ private:
+  std::atomic<bool> held_{false}, abandoned_{false};
+  std::thread holder_;
+};
+
+/// A [dp, tp] = [2, 2] mesh over two packages of two one-core NUMA nodes.
+inline DeviceMesh mesh_2x2() {
+  return DeviceMesh::create(synthetic_devices("package:2 numa:2 core:1 pu:1"), {2, 2},
+                            {"dp", "tp"});
+}
 
 }  // namespace numesh::runtime::testing

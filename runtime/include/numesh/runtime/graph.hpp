@@ -119,7 +119,9 @@ class CompiledGraph {
   /// Waits for tasks still in flight, then frees the graph.
   ~CompiledGraph();
 
-  /// Runs every node once, each after its dependencies, and returns when all are done.
+  /// Runs every node once, each after its dependencies, and returns when all are done. Under
+  /// a CancelScope (cancellation.hpp), the scope's source cancels it as cancel() does, and a
+  /// run begun after the source was cancelled throws CancelledError without running a node.
   /// Throws: the first exception a node threw (as thrown); CancelledError when cancel() was
   /// called during the run; ValueError when another thread is running this graph.
   void run();
