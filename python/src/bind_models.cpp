@@ -15,12 +15,14 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "conversions.hpp"
+#include "interrupts.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/lm/generation.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
+#include "numesh/runtime/cancellation.hpp"
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/topology.hpp"
@@ -178,11 +180,10 @@ py::array_t<float> logits(CausalLM& lm, const py::object& ids_in) {
   const auto tokens = static_cast<std::int64_t>(ids.size()) / rows;
   if (ids.empty()) throw ShapeError("logits: the ids are empty; give at least one token");
   std::optional<runtime::HostTensor> out;
-  {
-    py::gil_scoped_release release;
+  run_interruptible([&] {
     const std::lock_guard lock(lm.busy());
     out.emplace(lm.engine().model().logits(ids, tokens, 0));
-  }
+  });
   // The array takes the values without a copy.
   const std::int64_t vocab = static_cast<std::int64_t>(out->data.size()) / (rows * tokens);
   out->shape = batched ? std::vector<std::int64_t>{rows, tokens, vocab}
@@ -215,18 +216,19 @@ py::dict generate(CausalLM& lm, const py::object& prompt, std::int64_t max_new_t
   if (temperature != 0.0) options.sampling = ops::SamplingOptions{temperature, top_k, top_p};
   std::mt19937_64 rng(seed);
   models::GenerationResult result;
-  {
-    py::gil_scoped_release release;
+  run_interruptible([&] {
     const std::lock_guard lock(lm.busy());
-    // Each step's token goes to the caller's callback, and Ctrl-C is looked for between steps:
-    // a pending KeyboardInterrupt raises out of generate() (the model stops at a step's end).
+    // Ctrl-C stops a step's graph where it is; each step's token goes to the caller's
+    // callback, and a signal the callback's own Python code received raises there.
     result = models::generate(lm.engine().model(), {ids}, options, rng,
                               [&](std::int64_t /*step*/, std::span<const std::int64_t> tokens) {
                                 py::gil_scoped_acquire acquire;
+                                // Python code of the caller's: its numesh calls are its own.
+                                const runtime::CancelShield callers_own;
                                 if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                                 if (on_token && tokens[0] >= 0) (*on_token)(tokens[0]);
                               });
-  }
+  });
   py::dict out;
   out["ids"] = result.ids[0];
   out["stop_reason"] = models::to_string(result.stopped[0]);
@@ -287,6 +289,7 @@ float32 NumPy array [T, vocab_size] that owns its memory; of a batch (a 2-D inte
 list of lists, as many rows of T ids as from_pretrained's `batch`), [batch, T, vocab_size].
 Each call starts at position 0. Raises IndexError for an id outside the vocabulary (naming it)
 or more ids than the context, ShapeError for rows of unequal length or not `batch` of them.
+Ctrl-C stops the call where it is and raises KeyboardInterrupt; the model is whole afterwards.
 )pbdoc")
       .def("generate", &generate, "prompt"_a, py::kw_only(), "max_new_tokens"_a = 32,
            "temperature"_a = 0.0, "top_k"_a = 40, "top_p"_a = 1.0, "seed"_a = 0,
@@ -295,7 +298,7 @@ Generates from `prompt` (text, encoded with the model's tokenizer, or token ids)
 `temperature` is 0, else sampled (top_k, top_p, `seed`: the same seed gives the same tokens).
 Stops at the model's end-of-sequence ids (or `stop_ids`) or after `max_new_tokens`. Returns
 {"ids", "text", "stop_reason"}; `on_token(id)` sees each token as it comes. Ctrl-C stops it
-between two tokens and raises KeyboardInterrupt.
+where it is, mid-token, and raises KeyboardInterrupt; the model is whole afterwards.
 )pbdoc")
       .def_property_readonly(
           "tokenizer", [](const CausalLM& lm) { return lm.tokenizer(); },

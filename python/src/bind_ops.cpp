@@ -14,6 +14,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "interrupts.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/option_text.hpp"
@@ -108,8 +109,7 @@ LayerRun run_layer(const std::string& op, const py::object& x, const py::dict& i
   const sharding::PartitionManager pm(partition_axis.value_or(sharding::PartitionAxis{}));
   const ops::ModelAxes axes = ops::ModelAxes::resolve(pm, m);
   ops::LayerResult r;
-  {
-    py::gil_scoped_release release;
+  run_interruptible([&] {
     const runtime::HostTensor x_values = in.load("x");
     ops::check_x(*entry, x_values, in);
     const ops::TokenPlan tokens = ops::token_plan(*entry, x_values, m, position, in);
@@ -123,7 +123,7 @@ LayerRun run_layer(const std::string& op, const py::object& x, const py::dict& i
                                      .kv_layout = kv,
                                      .tokens = tokens,
                                      .weights = weights});
-  }
+  });
   LayerRun out{.y = to_numpy(std::move(r.y)),
                .reference = std::nullopt,
                .plan = r.plan.text(),

@@ -12,6 +12,7 @@
 
 #include "bindings.hpp"
 #include "conversions.hpp"
+#include "interrupts.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_config.hpp"
@@ -121,9 +122,10 @@ double step(Trainer& t, const py::object& rows_in) {
   }
   const std::span<const std::int32_t> ids(static_cast<const std::int32_t*>(rows.data()),
                                           static_cast<std::size_t>(rows.size()));
-  py::gil_scoped_release release;
-  const std::lock_guard lock(t.busy());
-  t.last = t.trainer().step(ids);
+  run_interruptible([&] {
+    const std::lock_guard lock(t.busy());
+    t.last = t.trainer().step(ids);
+  });
   return t.last->loss;
 }
 
@@ -175,7 +177,9 @@ gradients and AdamW's state stay f32). A folder a save() wrote resumes where it 
 One update from `rows`, an int32 array [batch, tokens + 1] (inputs are each row's first
 `tokens` ids, targets its last): returns the mean cross-entropy. Raises IndexError naming an id
 outside the vocabulary and ValueError when the gradients are not finite (the weights are then
-left as they were). The GIL is released while it computes.
+left as they were). The GIL is released while it computes. Ctrl-C raises KeyboardInterrupt:
+during the forward and backward passes it stops them where they are and the step is not taken
+(weights, optimizer state and `steps` as before); once the update has begun, it completes.
 )pbdoc")
       .def(
           "save",

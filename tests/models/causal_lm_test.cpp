@@ -21,6 +21,7 @@
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/generation.hpp"
 #include "numesh/models/lm/perplexity.hpp"
+#include "numesh/runtime/cancellation.hpp"
 #include "safetensors_writer.hpp"
 
 namespace numesh::models {
@@ -330,6 +331,40 @@ TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
         lm.greedy(std::vector<std::int32_t>{1, 2}, 1, 8);
       },
       ThrowsMessage<IndexError>(HasSubstr("8")));
+}
+
+// A logits call (its embedding, stack and head graphs) cancelled part-way through its first
+// graph, or before it, stops with CancelledError; the next call gives the uncancelled bits.
+TEST(CausalLmTest, ACancelledCallStopsAndLeavesTheModelWhole) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  const runtime::DeviceMesh two = mesh(2, "tp");
+  CausalLm lm(two, config, w, 1, 64);
+  std::vector<std::int32_t> ids(48);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i * 5 % 32);
+  const std::vector<float> want = lm.logits(ids, 48, 0).data;
+  {
+    runtime::CancelSource source;
+    source.cancel();
+    const runtime::CancelScope scope(source);
+    EXPECT_THAT([&] { lm.logits(ids, 48, 0); },
+                ThrowsMessage<CancelledError>(HasSubstr("before it began")));
+    EXPECT_EQ(source.runs_begun(), 1);
+  }
+  EXPECT_EQ(lm.logits(ids, 48, 0).data, want);
+  for (int round = 0; round < 3; ++round) {
+    runtime::CancelSource source;
+    {
+      const runtime::testing::CancelMidRun cancel(two.device(round % 2), source);
+      const runtime::CancelScope scope(source);
+      EXPECT_THAT([&] { lm.logits(ids, 48, 0); },
+                  ThrowsMessage<CancelledError>("graph run cancelled by the caller"));
+    }
+    EXPECT_EQ(source.runs_begun(), 1) << "the stack and the head never began";
+    EXPECT_EQ(lm.logits(ids, 48, 0).data, want) << "after round " << round;
+  }
 }
 
 // The largest |a - b| over max |b| (0 for two empty rows).

@@ -148,6 +148,42 @@ TEST(TrainerTest, ResumesTheSameTrajectoryExactly) {
   }
 }
 
+// A step cancelled (Ctrl-C in Python) before it begins or part-way through its forward and
+// backward graph is not taken: the weights and AdamW's state are as they were, and the
+// trajectory goes on bit for bit as if the step had not been asked for.
+TEST(TrainerTest, ACancelledStepIsNotTaken) {
+  const HfConfig config = HfConfig::parse(tiny_llama(false), "config.json");
+  const CausalLmWeights start = initial_weights(config, 3);
+  const std::vector<std::int32_t> data = counting_rows(8);
+  const std::vector<std::int64_t> shape{8, kTokens + 1};
+  const TrainingOptions o = options(4, 3e-3, 40);
+  const auto batch = [&](std::int64_t k) { return training_batch(data, shape, k, 4, kTokens); };
+  const runtime::DeviceMesh two = mesh_of(2, {"tp"});
+  CausalLmTrainer straight(two, tiny_llama(false), start, o);
+  std::vector<double> want;
+  for (std::int64_t k = 0; k < 4; ++k) want.push_back(straight.step(batch(k)).loss);
+
+  CausalLmTrainer cut(two, tiny_llama(false), start, o);
+  std::vector<double> got;
+  for (std::int64_t k = 0; k < 4; ++k) {
+    runtime::CancelSource source;
+    if (k % 2 == 0) {
+      source.cancel();
+      const runtime::CancelScope scope(source);
+      EXPECT_THAT([&] { cut.step(batch(k)); },
+                  ThrowsMessage<CancelledError>(HasSubstr("before it began")));
+    } else {
+      const runtime::testing::CancelMidRun cancel(two.device(0), source);
+      const runtime::CancelScope scope(source);
+      EXPECT_THAT([&] { cut.step(batch(k)); },
+                  ThrowsMessage<CancelledError>("graph run cancelled by the caller"));
+    }
+    EXPECT_EQ(cut.steps(), k) << "step " << k;
+    got.push_back(cut.step(batch(k)).loss);
+  }
+  EXPECT_EQ(got, want);
+}
+
 TEST(TrainerTest, RefusesBadDataAndCheckpointsBeforeWork) {
   const HfConfig config = HfConfig::parse(tiny_llama(false), "config.json");
   const CausalLmWeights start = initial_weights(config, 3);

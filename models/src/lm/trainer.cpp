@@ -17,6 +17,7 @@
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/formats/safetensors_writer.hpp"
 #include "numesh/models/hf/random_model.hpp"
+#include "numesh/runtime/cancellation.hpp"
 
 namespace numesh::models {
 
@@ -189,8 +190,17 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
   stats.lr = options_.schedule.at(adamw_->steps());
   const double scale =
       options_.clip > 0.0 ? ops::clip_coefficient(stats.grad_norm, options_.clip) : 1.0;
+  // The update is whole or not begun: a cancel (Ctrl-C in Python) stops a step before it,
+  // when the weights and the optimizer's moments are still the last step's, and not after.
+  const runtime::CancelSource* source = runtime::CancelScope::current();
+  NUMESH_CHECK(source == nullptr || !source->cancelled(), CancelledError,
+               "training: step {} cancelled before its update; the weights are as they were",
+               adamw_->steps() + 1);
   start = std::chrono::steady_clock::now();
-  adamw_->step(grads, stats.lr, scale);
+  {
+    const runtime::CancelShield whole;
+    adamw_->step(grads, stats.lr, scale);
+  }
   stats.update_seconds = seconds_since(start);
   stats.step = adamw_->steps();
   return stats;

@@ -94,7 +94,9 @@ class CausalLmTrainer {
   /// Throws: ShapeError when rows does not hold batch x (tokens + 1) ids; IndexError naming the
   /// sequence, position and id outside the vocabulary (before anything runs); ValueError when
   /// the gradient norm is not finite (naming the step and the loss; the weights are left as
-  /// they were before the step).
+  /// they were before the step); CancelledError when a CancelScope's source (cancellation.hpp)
+  /// was cancelled before the update began (the weights and the optimizer's state are as they
+  /// were; once begun, the update completes).
   StepStats step(std::span<const std::int32_t> rows);
 
   /// Writes dir/config.json, dir/model.safetensors (every weight in F32 under its Hugging Face
