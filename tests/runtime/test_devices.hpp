@@ -5,6 +5,7 @@
 // tests do not create hundreds of arenas.
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,14 +39,22 @@ inline std::string nodes(int n) { return "numa:" + std::to_string(n) + " core:1 
 /// thread with a task of its own until `source` has begun a graph run, then cancels the source
 /// and lets the device go. That run has begun and none of its nodes on `device` has run, so it
 /// stops part-way. Construct before the call under `source` (the constructor returns once the
-/// device is held); destroy after it. Requires: a one-thread device (synthetic_devices').
+/// device is held); destroy after it. Requires: a one-thread device (synthetic_devices'), and a
+/// warm call (one that runs nothing on the device before its first graph).
 class CancelMidRun {
  public:
   CancelMidRun(Device& device, CancelSource& source)
       : holder_([this, &device, &source] {
           device.execute([&] {
             held_ = true;
-            while (source.runs_begun() == 0 && !abandoned_) std::this_thread::yield();
+            // Bounded: a call that needs the held device before its first graph (a cold one
+            // allocating or compiling) would otherwise wait for it forever; after a minute
+            // the cancel comes late and the test's expectations fail instead of hanging.
+            const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+            while (source.runs_begun() == 0 && !abandoned_ &&
+                   std::chrono::steady_clock::now() < give_up) {
+              std::this_thread::yield();
+            }
             source.cancel();
           });
         }) {
