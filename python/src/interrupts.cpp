@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <mutex>
 #include <system_error>
+#include <thread>
+#include <utility>
 
 namespace py = pybind11;
 
@@ -13,12 +16,79 @@ namespace numesh::python {
 
 namespace {
 
-// The byte the watcher takes as "stop": no signal has number 0.
-constexpr unsigned char kStopByte = 0;
-
 constexpr const char* kNote =
     "numesh cancelled the call's graphs where they were: nothing it holds is left half-done "
     "(the next call starts afresh; a training step stops before its update or completes it)";
+
+// The process's watcher: a pipe that Python's signal handler writes each signal's number to
+// while a CtrlCWatch is alive, and a thread blocked on it that cancels the armed source on
+// SIGINT and passes every byte on to the descriptor the watch replaced. Made once per process
+// (again in a forked child, which has the memory but not the thread) and never destroyed: the
+// thread sleeps in poll() for the life of the process, costing nothing between signals, where a
+// thread per call cost ~0.25 ms a call (its start and its join, on cores the devices keep busy).
+class Watcher {
+ public:
+  // The process's watcher, or nullptr when no pipe or thread could be made (Ctrl-C then acts
+  // after the call). Requires the GIL, which also orders the first calls.
+  static Watcher* get() {
+    static Watcher* made = nullptr;
+    static pid_t made_in = 0;
+    if (made == nullptr || made_in != ::getpid()) {
+      made = make();  // a forked child's inherited one has no thread: leaked, as is the parent's
+      made_in = ::getpid();
+    }
+    return made;
+  }
+
+  int write_fd() const noexcept { return write_fd_; }
+
+  // Arms `armed` (a null source: none); returns what was armed before.
+  SigintTarget arm(SigintTarget armed) {
+    const std::lock_guard lock(mutex_);
+    return std::exchange(armed_, armed);
+  }
+
+ private:
+  Watcher(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
+
+  static Watcher* make() {
+    int fds[2];
+    // Non-blocking, as Python requires of a wakeup descriptor: its C handler writes from the
+    // signal and must never wait.
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return nullptr;
+    auto* w = new Watcher(fds[0], fds[1]);
+    try {
+      std::thread([w] { w->watch(); }).detach();
+    } catch (const std::system_error&) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      delete w;
+      return nullptr;
+    }
+    return w;
+  }
+
+  void watch() noexcept {
+    for (;;) {
+      pollfd readable{read_fd_, POLLIN, 0};
+      if (::poll(&readable, 1, -1) < 0) continue;  // EINTR
+      unsigned char bytes[64];
+      const ssize_t n = ::read(read_fd_, bytes, sizeof bytes);
+      const std::lock_guard lock(mutex_);
+      for (ssize_t i = 0; i < n; ++i) {
+        if (bytes[i] == SIGINT && armed_.source != nullptr) armed_.source->cancel();
+        // Whoever had the descriptor before (an asyncio loop) still hears of the signal.
+        if (armed_.forward_fd >= 0 && ::write(armed_.forward_fd, &bytes[i], 1) != 1) {
+          // Full or closed: as Python's own handler, drop the byte rather than wait.
+        }
+      }
+    }
+  }
+
+  const int read_fd_, write_fd_;
+  std::mutex mutex_;  // over armed_: a watch ends only when no cancel of it is under way
+  SigintTarget armed_;
+};
 
 // signal.set_wakeup_fd(fd) (its C form, PySignal_SetWakeupFd, is not exported by Debian's
 // python3): the descriptor it replaces. Throws py::error_already_set when Python refuses fd.
@@ -52,68 +122,36 @@ void add_note(const py::handle error, const char* note) {
 
 CtrlCWatch::CtrlCWatch() {
   if (!on_main_thread_with_default_sigint()) return;
-  int fds[2];
-  // Non-blocking, as Python requires of a wakeup descriptor: its C handler writes from the
-  // signal and must never wait.
-  if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return;  // no pipe: Ctrl-C acts after the call
-  read_fd_ = fds[0];
-  write_fd_ = fds[1];
+  Watcher* watcher = Watcher::get();
+  if (watcher == nullptr) return;
   try {
-    // Before the descriptor is swapped: if the thread cannot start, Python's is untouched.
-    watcher_ = std::thread([this] { watch(); });
-  } catch (const std::system_error&) {
-    return;  // no thread: Ctrl-C acts after the call
-  }
-  try {
-    replaced_fd_ = set_wakeup_fd(write_fd_);
+    replaced_fd_ = set_wakeup_fd(watcher->write_fd());
   } catch (const py::error_already_set&) {
-    stop_watcher();  // refused (a closed descriptor?): Ctrl-C acts after the call
+    return;  // refused: Ctrl-C acts after the call
   }
+  // Nested in another watch, the descriptor replaced is the watcher's own: bytes go on to
+  // where the outer watch sent them.
+  const bool nested = replaced_fd_ == watcher->write_fd();
+  outer_ = watcher->arm({});
+  watcher->arm({&source_, nested ? outer_.forward_fd : replaced_fd_});
+  active_ = true;
 }
 
 CtrlCWatch::~CtrlCWatch() {
-  if (active()) {
-    // Give Python back its descriptor first, so that no signal's byte comes after the stop;
-    // if it is refused (closed meanwhile), none, rather than ours that is about to close.
+  if (!active_) return;
+  Watcher* watcher = Watcher::get();
+  // Python's descriptor back first, then the outer watch (or none) armed again: once arm()
+  // returns, no cancel of this watch's source is under way or to come.
+  try {
+    set_wakeup_fd(replaced_fd_);
+  } catch (const py::error_already_set&) {
     try {
-      set_wakeup_fd(replaced_fd_);
+      set_wakeup_fd(-1);  // refused (closed meanwhile): none rather than a stale one
     } catch (const py::error_already_set&) {
-      try {
-        set_wakeup_fd(-1);
-      } catch (const py::error_already_set&) {
-        // Python refuses even "none": nothing more can be done from here.
-      }
-    }
-    stop_watcher();
-  }
-  if (read_fd_ >= 0) ::close(read_fd_);
-  if (write_fd_ >= 0) ::close(write_fd_);
-}
-
-void CtrlCWatch::stop_watcher() noexcept {
-  for (;;) {
-    if (::write(write_fd_, &kStopByte, 1) == 1) break;
-    pollfd writable{write_fd_, POLLOUT, 0};  // full: the watcher is draining it
-    ::poll(&writable, 1, 100);
-  }
-  watcher_.join();
-}
-
-void CtrlCWatch::watch() noexcept {
-  for (;;) {
-    pollfd readable{read_fd_, POLLIN, 0};
-    if (::poll(&readable, 1, -1) < 0) continue;  // EINTR
-    unsigned char bytes[64];
-    const ssize_t n = ::read(read_fd_, bytes, sizeof bytes);
-    for (ssize_t i = 0; i < n; ++i) {
-      if (bytes[i] == kStopByte) return;
-      if (bytes[i] == SIGINT) source_.cancel();
-      // Whoever had the descriptor before (an asyncio loop) still hears of the signal.
-      if (replaced_fd_ >= 0 && ::write(replaced_fd_, &bytes[i], 1) != 1) {
-        // Full or closed: as Python's own handler, drop the byte rather than wait.
-      }
+      // Python refuses even "none": nothing more can be done from here.
     }
   }
+  watcher->arm(outer_);
 }
 
 void CtrlCWatch::raise_pending_signal() {

@@ -2,7 +2,6 @@
 
 #include <pybind11/pybind11.h>
 
-#include <thread>
 #include <utility>
 
 #include "numesh/core/error.hpp"
@@ -10,17 +9,26 @@
 
 namespace numesh::python {
 
+/// What Ctrl-C cancels (nothing when null), and the descriptor each signal's byte is passed on
+/// to (none when negative).
+struct SigintTarget {
+  runtime::CancelSource* source = nullptr;
+  int forward_fd = -1;
+};
+
 /// Ctrl-C during a call that computes with the GIL released. Python's own SIGINT handler only
 /// sets a flag that the main thread reads when it next runs Python code, which a long graph
 /// would not let it do until the graph ended; so, while alive, this routes Python's signal
-/// wakeup file descriptor (signal.set_wakeup_fd) to a pipe of its own, and a thread of its own
-/// cancels `source()` when SIGINT's byte arrives (and passes each byte on to the descriptor it
-/// replaced, an asyncio loop's say). Python's handler still runs as it always does: the call
-/// then raises its KeyboardInterrupt.
+/// wakeup file descriptor (signal.set_wakeup_fd) to the pipe of a watcher thread (one for the
+/// process, made on first use and blocked in poll() between signals), which cancels `source()`
+/// when SIGINT's byte arrives and passes each byte on to the descriptor this replaced (an
+/// asyncio loop's, say). Python's handler still runs as it always does: the call then raises
+/// its KeyboardInterrupt.
 ///
 /// Active only on Python's main thread (the only one a KeyboardInterrupt reaches) and while
 /// SIGINT's handler is Python's default (a program's own handler decides for itself what
-/// Ctrl-C means; it runs when the call returns). Requires the GIL to construct and destroy.
+/// Ctrl-C means; it runs when the call returns). Watches nest: the innermost is cancelled.
+/// Requires the GIL to construct and destroy.
 class CtrlCWatch {
  public:
   CtrlCWatch();
@@ -31,7 +39,7 @@ class CtrlCWatch {
   /// What SIGINT cancels.
   runtime::CancelSource& source() noexcept { return source_; }
   /// Whether Ctrl-C reaches source() (see the class comment).
-  [[nodiscard]] bool active() const noexcept { return watcher_.joinable(); }
+  [[nodiscard]] bool active() const noexcept { return active_; }
 
   /// Raises the pending KeyboardInterrupt (or whatever SIGINT's handler raises) as
   /// py::error_already_set when a signal is pending; otherwise returns. Requires the GIL.
@@ -42,13 +50,10 @@ class CtrlCWatch {
   [[noreturn]] static void raise_cancelled();
 
  private:
-  void watch() noexcept;
-  void stop_watcher() noexcept;
-
   runtime::CancelSource source_;
-  int read_fd_ = -1, write_fd_ = -1;
-  int replaced_fd_ = -1;  // the wakeup descriptor before ours, restored at the end
-  std::thread watcher_;
+  bool active_ = false;
+  SigintTarget outer_;    // what was armed before (the watch this one nests in), armed after
+  int replaced_fd_ = -1;  // the wakeup descriptor before, restored after
 };
 
 /// Runs `work` (which returns nothing; it stores what it makes) with the GIL released, under a

@@ -6,6 +6,7 @@ main thread is inside numesh with the GIL released."""
 import contextlib
 import os
 import signal
+import socket
 import threading
 
 import numpy as np
@@ -110,3 +111,30 @@ def test_a_stream_left_early_stops_its_worker(checkpoints):  # noqa: F811
     tokens.close()  # as a `break` out of the loop does
     assert not [t for t in threading.enumerate() if t.name == "numesh-generate"]
     assert lm.generate(prompt, max_new_tokens=1, stop_ids=[])["ids"] == [first]
+
+
+def test_the_wakeup_descriptor_a_program_set_is_restored_and_hears_of_ctrl_c(checkpoints):  # noqa: F811
+    # As an asyncio loop sets one: numesh stands in for it during a call (nested calls too, a
+    # model's call inside another's on_token) and passes each signal's byte on to it.
+    d, cases = checkpoints
+    lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())
+    other = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())
+    ids = np.arange(lm.max_context, dtype=np.int64) % lm.vocab_size
+    loop_side, handler_side = socket.socketpair()
+    loop_side.setblocking(False)
+    handler_side.setblocking(False)
+    previous = signal.set_wakeup_fd(handler_side.fileno())
+    try:
+        shapes = []
+        lm.generate(cases["llama_tied_f32"]["prompt"][0], max_new_tokens=3, stop_ids=[],
+                    on_token=lambda token: shapes.append(other.logits([token]).shape))
+        assert shapes == [(1, lm.vocab_size)] * 3
+        assert signal.set_wakeup_fd(handler_side.fileno()) == handler_side.fileno()
+        with ctrl_c_in(0.3), pytest.raises(KeyboardInterrupt):
+            for _ in range(1_000_000):
+                lm.logits(ids)
+        assert bytes([signal.SIGINT]) in loop_side.recv(64)
+    finally:
+        signal.set_wakeup_fd(previous)
+        loop_side.close()
+        handler_side.close()
