@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <bit>
+#include <string>
+
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 
@@ -26,11 +29,71 @@ BlockPool::BlockPool(std::int64_t blocks) {
                "block pool: {} blocks; it needs the scratch block and at least one more", blocks);
   const auto n = static_cast<std::size_t>(blocks);
   refs_.assign(n, 0);
-  where_.resize(n);
+  next_.assign(n, kNone);
+  prev_.assign(n, kNone);
   hash_of_.resize(n);
-  for (BlockId b = 1; b < static_cast<BlockId>(blocks); ++b) {
-    where_[static_cast<std::size_t>(b)] = free_.insert(free_.end(), b);
+  dropping_.assign(n, 0);
+  slots_.resize(std::bit_ceil(2 * n));
+  spare_.resize(slots_.size());
+  for (BlockId b = 1; b < static_cast<BlockId>(blocks); ++b) push_free(b);
+}
+
+void BlockPool::push_free(BlockId block) noexcept {
+  const auto ub = static_cast<std::size_t>(block);
+  prev_[ub] = tail_;
+  next_[ub] = kNone;
+  (tail_ == kNone ? head_ : next_[static_cast<std::size_t>(tail_)]) = block;
+  tail_ = block;
+  ++free_count_;
+}
+
+void BlockPool::unlink_free(BlockId block) noexcept {
+  const auto ub = static_cast<std::size_t>(block);
+  (prev_[ub] == kNone ? head_ : next_[static_cast<std::size_t>(prev_[ub])]) = next_[ub];
+  (next_[ub] == kNone ? tail_ : prev_[static_cast<std::size_t>(next_[ub])]) = prev_[ub];
+  prev_[ub] = next_[ub] = kNone;
+  --free_count_;
+}
+
+std::size_t BlockPool::find_slot(BlockHash hash) const noexcept {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
+    if (slots_[i].block == kNone) return std::string::npos;
+    if (slots_[i].block != kGone && slots_[i].hash == hash) return i;
   }
+}
+
+void BlockPool::index_insert(BlockHash hash, BlockId block) noexcept {
+  // Live entries are at most the blocks, half the table; with the erased ones past three
+  // quarters, a rebuild keeps the probes short and an empty slot always there.
+  if (static_cast<std::size_t>(cached_ + gone_ + 1) * 4 > slots_.size() * 3) rebuild_index();
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash & mask;
+  while (slots_[i].block != kNone && slots_[i].block != kGone) i = (i + 1) & mask;
+  if (slots_[i].block == kGone) --gone_;
+  slots_[i] = {hash, block};
+  ++cached_;
+}
+
+void BlockPool::index_erase(BlockHash hash) noexcept {
+  const std::size_t at = find_slot(hash);
+  if (at == std::string::npos) return;
+  slots_[at].block = kGone;
+  --cached_;
+  ++gone_;
+}
+
+void BlockPool::rebuild_index() noexcept {
+  std::swap(slots_, spare_);
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& e : spare_) {
+    if (e.block == kNone || e.block == kGone) continue;
+    std::size_t i = e.hash & mask;
+    while (slots_[i].block != kNone) i = (i + 1) & mask;
+    slots_[i] = e;
+  }
+  gone_ = 0;
 }
 
 void BlockPool::check_held(BlockId block, const char* call) const {
@@ -46,47 +109,55 @@ std::int32_t BlockPool::ref_count(BlockId block) const {
   return refs_[static_cast<std::size_t>(block)];
 }
 
-std::optional<std::vector<BlockId>> BlockPool::allocate(std::int64_t n) {
+bool BlockPool::allocate(std::int64_t n, std::vector<BlockId>& into) {
   NUMESH_CHECK(n >= 0, ValueError, "allocate: {} blocks", n);
-  if (n > free_blocks()) return std::nullopt;
-  std::vector<BlockId> out;
-  out.reserve(static_cast<std::size_t>(n));
+  if (n > free_blocks()) return false;
   for (std::int64_t i = 0; i < n; ++i) {
-    const BlockId b = free_.front();
-    free_.pop_front();
+    const BlockId b = head_;
+    unlink_free(b);
     const auto ub = static_cast<std::size_t>(b);
     if (hash_of_[ub]) {  // evicted: its prefix is forgotten
-      by_hash_.erase(*hash_of_[ub]);
+      index_erase(*hash_of_[ub]);
       hash_of_[ub].reset();
     }
     refs_[ub] = 1;
-    out.push_back(b);
+    into.push_back(b);
   }
-  return out;
+  return true;
 }
 
 void BlockPool::release(std::span<const BlockId> blocks) {
   // Checked whole first, counting a block listed twice, so that a bad call releases nothing.
-  std::unordered_map<BlockId, std::int32_t> drops;
-  for (const BlockId b : blocks) {
-    check_held(b, "release");
-    const std::int32_t dropped = ++drops[b];
-    NUMESH_CHECK(dropped <= refs_[static_cast<std::size_t>(b)], IndexError,
-                 "release: block {} is held {} times, released {}", b,
-                 refs_[static_cast<std::size_t>(b)], dropped);
+  const auto clear = [&] {
+    for (const BlockId b : blocks) {
+      if (b >= 1 && b < static_cast<BlockId>(refs_.size()))
+        dropping_[static_cast<std::size_t>(b)] = 0;
+    }
+  };
+  try {
+    for (const BlockId b : blocks) {
+      check_held(b, "release");
+      const std::int32_t dropped = ++dropping_[static_cast<std::size_t>(b)];
+      NUMESH_CHECK(dropped <= refs_[static_cast<std::size_t>(b)], IndexError,
+                   "release: block {} is held {} times, released {}", b,
+                   refs_[static_cast<std::size_t>(b)], dropped);
+    }
+  } catch (...) {
+    clear();
+    throw;
   }
+  clear();
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    const auto ub = static_cast<std::size_t>(*it);
-    if (--refs_[ub] == 0) where_[ub] = free_.insert(free_.end(), *it);
+    if (--refs_[static_cast<std::size_t>(*it)] == 0) push_free(*it);
   }
 }
 
 std::optional<BlockId> BlockPool::hit(BlockHash hash) {
-  const auto it = by_hash_.find(hash);
-  if (it == by_hash_.end()) return std::nullopt;
-  const BlockId b = it->second;
+  const std::size_t at = find_slot(hash);
+  if (at == std::string::npos) return std::nullopt;
+  const BlockId b = slots_[at].block;
   const auto ub = static_cast<std::size_t>(b);
-  if (refs_[ub] == 0) free_.erase(where_[ub]);
+  if (refs_[ub] == 0) unlink_free(b);
   ++refs_[ub];
   return b;
 }
@@ -94,8 +165,8 @@ std::optional<BlockId> BlockPool::hit(BlockHash hash) {
 void BlockPool::publish(BlockId block, BlockHash hash) {
   check_held(block, "publish");
   const auto ub = static_cast<std::size_t>(block);
-  if (hash_of_[ub] || by_hash_.contains(hash)) return;
-  by_hash_.emplace(hash, block);
+  if (hash_of_[ub] || find_slot(hash) != std::string::npos) return;
+  index_insert(hash, block);
   hash_of_[ub] = hash;
 }
 

@@ -80,6 +80,9 @@ std::optional<SequenceId> Scheduler::add(std::vector<std::int32_t> prompt,
   const SequenceId id = next_id_++;
   Sequence s;
   s.tokens = std::move(prompt);
+  // Room for every token and block it may take: decoding appends without allocating.
+  s.tokens.reserve(static_cast<std::size_t>(length + max_new_tokens));
+  s.blocks.reserve(static_cast<std::size_t>(reserved));
   s.prompt = length;
   s.max_new_tokens = max_new_tokens;
   s.reserved = reserved;
@@ -126,15 +129,19 @@ void Scheduler::grow(Sequence& s, std::int64_t end) {
   const std::int64_t more =
       blocks_for(end, options_.block_size) - static_cast<std::int64_t>(s.blocks.size());
   if (more <= 0) return;
-  // Admission reserved them: the pool cannot run short here.
-  const std::optional<std::vector<BlockId>> got = pool_.allocate(more);
-  NUMESH_CHECK(got.has_value(), Error,
+  // Admission reserved them (and the table's room): the pool cannot run short here.
+  NUMESH_CHECK(pool_.allocate(more, s.blocks), Error,
                "scheduler: {} blocks reserved but not free (a bug in the reservation)", more);
-  s.blocks.insert(s.blocks.end(), got->begin(), got->end());
 }
 
 ScheduledStep Scheduler::schedule() {
   ScheduledStep step;
+  schedule(step);
+  return step;
+}
+
+void Scheduler::schedule(ScheduledStep& step) {
+  step.chunks.clear();
   std::int64_t budget = options_.batch_tokens;
   const auto take = [&](SequenceId id, Sequence& s, std::int64_t count) {
     const std::int64_t end = s.computed + count;
@@ -169,7 +176,6 @@ ScheduledStep Scheduler::schedule() {
     const std::int64_t left = static_cast<std::int64_t>(s.tokens.size()) - s.computed;
     take(id, s, std::min(left, budget));
   }
-  return step;
 }
 
 void Scheduler::complete(const ScheduledStep& step, std::span<const std::int32_t> sampled) {

@@ -1,10 +1,8 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 // The blocks of a paged KV cache: every layer's keys and values live in fixed-size blocks of
@@ -32,6 +30,8 @@ using BlockHash = std::uint64_t;
 /// free block keeps its prefix until it is handed out again, so a finished conversation's
 /// blocks serve the next turn unless the cache needed them meanwhile.
 /// Block 0 is the scratch block: never handed out, it is where padding tokens write.
+/// Every structure is sized for the pool when it is made: handing out, taking back, hitting
+/// and publishing allocate nothing (a serving step's growth stays off the heap).
 /// Not thread-safe: the engine's thread owns it.
 class BlockPool {
  public:
@@ -44,23 +44,20 @@ class BlockPool {
     return static_cast<std::int64_t>(refs_.size());
   }
   /// Blocks allocate() can hand out now (free ones, cached prefixes or not).
-  [[nodiscard]] std::int64_t free_blocks() const noexcept {
-    return static_cast<std::int64_t>(free_.size());
-  }
+  [[nodiscard]] std::int64_t free_blocks() const noexcept { return free_count_; }
   /// Blocks some sequence holds.
   [[nodiscard]] std::int64_t used_blocks() const noexcept { return blocks() - 1 - free_blocks(); }
   /// Full blocks whose prefix is known (held or free).
-  [[nodiscard]] std::int64_t cached_blocks() const noexcept {
-    return static_cast<std::int64_t>(by_hash_.size());
-  }
+  [[nodiscard]] std::int64_t cached_blocks() const noexcept { return cached_; }
   /// Sequences holding `block` (0 when free).
   /// Throws: IndexError for a block outside [1, blocks()).
   [[nodiscard]] std::int32_t ref_count(BlockId block) const;
 
-  /// `n` blocks, each held once, the least recently released first (a cached prefix they held
-  /// is forgotten); nullopt, taking nothing, when fewer than n are free.
+  /// Appends `n` blocks to `into`, each held once, the least recently released first (a cached
+  /// prefix they held is forgotten); false, taking nothing, when fewer than n are free.
+  /// Allocates only if `into` must grow past its capacity.
   /// Throws: ValueError for n < 0.
-  [[nodiscard]] std::optional<std::vector<BlockId>> allocate(std::int64_t n);
+  [[nodiscard]] bool allocate(std::int64_t n, std::vector<BlockId>& into);
   /// Drops one hold on each block; a block no sequence holds any more is free again, keeping
   /// its prefix. Blocks are released last to first, so a sequence's tail is evicted before its
   /// head (a shared head is the likelier hit).
@@ -77,12 +74,32 @@ class BlockPool {
   void publish(BlockId block, BlockHash hash);
 
  private:
+  static constexpr BlockId kNone = -1;  // free list ends; an empty index slot
+  static constexpr BlockId kGone = -2;  // an index slot whose entry was erased
+
   void check_held(BlockId block, const char* call) const;
-  std::vector<std::int32_t> refs_;                   // by block; block 0 unused
-  std::list<BlockId> free_;                          // eviction order: front goes first
-  std::vector<std::list<BlockId>::iterator> where_;  // a free block's place in free_
-  std::vector<std::optional<BlockHash>> hash_of_;    // by block: the prefix it holds
-  std::unordered_map<BlockHash, BlockId> by_hash_;
+  // The free list, linked through next_ and prev_ by block (least recently released first).
+  void push_free(BlockId block) noexcept;
+  void unlink_free(BlockId block) noexcept;
+  // The prefix index: open addressing with linear probing over a power-of-two table at least
+  // twice the blocks; erased entries leave kGone until the table is rebuilt in place.
+  [[nodiscard]] std::size_t find_slot(BlockHash hash) const noexcept;  // its slot, or npos
+  void index_insert(BlockHash hash, BlockId block) noexcept;
+  void index_erase(BlockHash hash) noexcept;
+  void rebuild_index() noexcept;
+
+  std::vector<std::int32_t> refs_;       // by block; block 0 unused
+  std::vector<BlockId> next_, prev_;     // by block: its neighbours in the free list
+  BlockId head_ = kNone, tail_ = kNone;  // the free list's first and last
+  std::int64_t free_count_ = 0;
+  std::vector<std::optional<BlockHash>> hash_of_;  // by block: the prefix it holds
+  struct Slot {
+    BlockHash hash = 0;
+    BlockId block = kNone;
+  };
+  std::vector<Slot> slots_, spare_;  // the index, and its rebuild's room
+  std::int64_t cached_ = 0, gone_ = 0;
+  std::vector<std::int32_t> dropping_;  // release()'s count per block, all 0 between calls
 };
 
 }  // namespace numesh::models
