@@ -29,20 +29,30 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out) {
 void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out) {
   const std::int64_t rows = logits.rows(), cols = logits.cols();
   parallel_blocks(rows, row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
-    std::vector<std::int32_t> order(static_cast<std::size_t>(cols));
+    // The k best so far, best first, kept by each thread from call to call: a serving step's
+    // head allocates nothing once its threads have run one.
+    thread_local std::vector<std::int32_t> best;
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* row = logits.data() + r * cols;
-      std::iota(order.begin(), order.end(), 0);
       // NaN ranks above every number (as in row_argmax), so a NaN row reaches the host's check;
-      // the order stays a strict weak one.
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [row](std::int32_t a, std::int32_t b) {
-                          const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
-                          if (na != nb) return na;
-                          return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
-                        });
+      // the lower index first among equals: a total order, so the k best are one set in one
+      // order whatever the scan.
+      const auto before = [row](std::int32_t a, std::int32_t b) {
+        const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+        if (na != nb) return na;
+        return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
+      };
+      // One pass, each column placed among the best when it beats the k-th (few do).
+      best.clear();
+      for (std::int32_t c = 0; c < static_cast<std::int32_t>(cols); ++c) {
+        if (static_cast<std::int64_t>(best.size()) == k) {
+          if (!before(c, best.back())) continue;
+          best.pop_back();
+        }
+        best.insert(std::upper_bound(best.begin(), best.end(), c, before), c);
+      }
       for (std::int64_t i = 0; i < k; ++i) {
-        const std::int32_t c = order[static_cast<std::size_t>(i)];
+        const std::int32_t c = best[static_cast<std::size_t>(i)];
         out[r * 2 * k + 2 * i] = row[c];
         out[r * 2 * k + 2 * i + 1] = static_cast<float>(first_index + c);
       }

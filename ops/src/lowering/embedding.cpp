@@ -138,7 +138,7 @@ ShardedEmbedding::ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer laye
   program_ = std::make_unique<Program>(std::move(pb).compile());
 }
 
-runtime::HostTensor ShardedEmbedding::forward(std::span<const std::int32_t> ids) {
+const runtime::HostTensor& ShardedEmbedding::forward(std::span<const std::int32_t> ids) {
   NUMESH_CHECK(static_cast<std::int64_t>(ids.size()) == tokens_, ShapeError,
                "embedding: {} ids but the program was compiled for {} tokens", ids.size(), tokens_);
   check_token_ids(ids, layer_.vocab);

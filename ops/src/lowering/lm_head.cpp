@@ -172,50 +172,71 @@ void validate(const SamplingOptions& o) {
                o.top_p);
 }
 
+std::int64_t CandidatePicker::greedy(std::span<const float> c) noexcept {
+  const auto n = static_cast<std::int64_t>(c.size() / 2);
+  // Shards in vocabulary order, so the first of equal values has the lowest index.
+  std::int64_t best = 0;
+  for (std::int64_t k = 1; k < n && !std::isnan(c[static_cast<std::size_t>(2 * best)]); ++k) {
+    const float v = c[static_cast<std::size_t>(2 * k)];
+    if (std::isnan(v) || v > c[static_cast<std::size_t>(2 * best)]) best = k;
+  }
+  return static_cast<std::int64_t>(c[static_cast<std::size_t>(2 * best + 1)]);
+}
+
+std::int64_t CandidatePicker::sample(std::span<const float> row, const SamplingOptions& o,
+                                     std::mt19937_64& rng, std::int64_t r) {
+  validate(o);
+  const auto m = static_cast<std::int64_t>(row.size() / 2);
+  sorted_.resize(static_cast<std::size_t>(m));
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float v = row[static_cast<std::size_t>(2 * i)];
+    // -inf is a token the model rules out; NaN and +inf leave nothing sound to sample from.
+    NUMESH_CHECK(!std::isnan(v) && v != std::numeric_limits<float>::infinity(), ValueError,
+                 "sampling: row {} holds a logit of {}: nothing sound to sample from", r, v);
+    sorted_[static_cast<std::size_t>(i)] = {
+        v, static_cast<std::int64_t>(row[static_cast<std::size_t>(2 * i + 1)])};
+  }
+  // Largest first, the lower index first among equals: the global order whatever the devices.
+  std::sort(sorted_.begin(), sorted_.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  NUMESH_CHECK(sorted_[0].first != -std::numeric_limits<float>::infinity(), ValueError,
+               "sampling: row {} rules out every token (all its logits are -inf)", r);
+  const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(o.top_k, m));
+  // Softmax of logit / temperature over the kept ones, in double, from the largest.
+  p_.assign(keep, 0.0);
+  double total = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    p_[i] =
+        std::exp((static_cast<double>(sorted_[i].first) - static_cast<double>(sorted_[0].first)) /
+                 o.temperature);
+    total += p_[i];
+  }
+  // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
+  std::size_t n = 0;
+  double mass = 0.0;
+  while (n < keep && (n == 0 || mass < o.top_p * total)) mass += p_[n++];
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  double u = uniform(rng) * mass;
+  std::size_t at = 0;
+  while (at + 1 < n && u >= p_[at]) u -= p_[at++];
+  return sorted_[at].second;
+}
+
 std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates,
                                        const SamplingOptions& o, std::mt19937_64& rng) {
   validate(o);
   NUMESH_CHECK(
       candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0,
       ShapeError, "sampling: candidates {} must be [rows, 2 * m]", shape_text(candidates));
-  const std::int64_t rows = candidates.shape[0], m = candidates.shape[1] / 2;
+  const std::int64_t rows = candidates.shape[0], width = candidates.shape[1];
   std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
-  std::vector<std::pair<float, std::int64_t>> c(static_cast<std::size_t>(m));
-  std::vector<double> p;
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  CandidatePicker picker;
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      const float v = candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i)];
-      // -inf is a token the model rules out; NaN and +inf leave nothing sound to sample from.
-      NUMESH_CHECK(!std::isnan(v) && v != std::numeric_limits<float>::infinity(), ValueError,
-                   "sampling: row {} holds a logit of {}: nothing sound to sample from", r, v);
-      c[static_cast<std::size_t>(i)] = {
-          v, static_cast<std::int64_t>(
-                 candidates.data[static_cast<std::size_t>(r * 2 * m + 2 * i + 1)])};
-    }
-    // Largest first, the lower index first among equals: the global order whatever the devices.
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
-    NUMESH_CHECK(c[0].first != -std::numeric_limits<float>::infinity(), ValueError,
-                 "sampling: row {} rules out every token (all its logits are -inf)", r);
-    const auto keep = static_cast<std::size_t>(std::min<std::int64_t>(o.top_k, m));
-    // Softmax of logit / temperature over the kept ones, in double, from the largest.
-    p.assign(keep, 0.0);
-    double total = 0.0;
-    for (std::size_t i = 0; i < keep; ++i) {
-      p[i] = std::exp((static_cast<double>(c[i].first) - static_cast<double>(c[0].first)) /
-                      o.temperature);
-      total += p[i];
-    }
-    // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
-    std::size_t n = 0;
-    double mass = 0.0;
-    while (n < keep && (n == 0 || mass < o.top_p * total)) mass += p[n++];
-    double u = uniform(rng) * mass;
-    std::size_t at = 0;
-    while (at + 1 < n && u >= p[at]) u -= p[at++];
-    picked[static_cast<std::size_t>(r)] = c[at].second;
+    picked[static_cast<std::size_t>(r)] = picker.sample(
+        std::span<const float>(candidates.data)
+            .subspan(static_cast<std::size_t>(r * width), static_cast<std::size_t>(width)),
+        o, rng, r);
   }
   return picked;
 }
@@ -224,16 +245,12 @@ std::vector<std::int64_t> pick_greedy(const runtime::HostTensor& candidates) {
   NUMESH_CHECK(
       candidates.shape.size() == 2 && candidates.shape[1] >= 2 && candidates.shape[1] % 2 == 0,
       ShapeError, "greedy pick: candidates {} must be [rows, 2 * shards]", shape_text(candidates));
-  const std::int64_t rows = candidates.shape[0], n = candidates.shape[1] / 2;
+  const std::int64_t rows = candidates.shape[0], width = candidates.shape[1];
   std::vector<std::int64_t> picked(static_cast<std::size_t>(rows));
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* c = candidates.data.data() + r * 2 * n;
-    // Shards in vocabulary order, so the first of equal values has the lowest index.
-    std::int64_t best = 0;
-    for (std::int64_t k = 1; k < n && !std::isnan(c[2 * best]); ++k) {
-      if (std::isnan(c[2 * k]) || c[2 * k] > c[2 * best]) best = k;
-    }
-    picked[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(c[2 * best + 1]);
+    picked[static_cast<std::size_t>(r)] = CandidatePicker::greedy(
+        std::span<const float>(candidates.data)
+            .subspan(static_cast<std::size_t>(r * width), static_cast<std::size_t>(width)));
   }
   return picked;
 }
@@ -293,9 +310,10 @@ std::unique_ptr<Program> ShardedLmHead::compile(std::int64_t tail, bool normaliz
 }
 
 void ShardedLmHead::check_input(const runtime::HostTensor& x) const {
-  NUMESH_CHECK(x.shape == (std::vector<std::int64_t>{rows_, layer_.hidden}), ShapeError,
-               "lm head: input is {} but the head was compiled for [{}, {}]", shape_text(x), rows_,
-               layer_.hidden);
+  // Compared in place: a step's check allocates nothing.
+  const bool fits = x.shape.size() == 2 && x.shape[0] == rows_ && x.shape[1] == layer_.hidden;
+  NUMESH_CHECK(fits, ShapeError, "lm head: input is {} but the head was compiled for [{}, {}]",
+               shape_text(x), rows_, layer_.hidden);
 }
 
 std::vector<std::int64_t> ShardedLmHead::greedy(const runtime::HostTensor& x) {
@@ -324,7 +342,7 @@ Program& ShardedLmHead::top_k_program(std::int64_t k, bool normalizers) {
   return *program;
 }
 
-runtime::HostTensor ShardedLmHead::candidates(const runtime::HostTensor& x, std::int64_t k) {
+const runtime::HostTensor& ShardedLmHead::candidates(const runtime::HostTensor& x, std::int64_t k) {
   Program& program = top_k_program(k, false);
   check_input(x);
   return program.run("x", x, "candidates");

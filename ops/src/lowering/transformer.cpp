@@ -268,8 +268,8 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
   return forward(x, level);
 }
 
-runtime::HostTensor ShardedTransformer::forward_ragged(const runtime::HostTensor& x,
-                                                       const RaggedBatch& batch) {
+const runtime::HostTensor& ShardedTransformer::forward_ragged(const runtime::HostTensor& x,
+                                                              const RaggedBatch& batch) {
   NUMESH_CHECK(paged(), ValueError,
                "transformer: ragged steps need paged caches (the constructor with "
                "PagedCacheOptions)");
@@ -281,7 +281,13 @@ runtime::HostTensor ShardedTransformer::forward_ragged(const runtime::HostTensor
                "transformer: a ragged batch for contexts of {}; the caches were built for {}",
                batch.max_context, paged_.max_context);
   Programs::Entry& e = compiled_for(x.shape[1]);
-  // Copied into the programs' own batch (its vectors keep their capacity from step to step).
+  // Copied into the programs' own batch, its vectors sized once for the most a step of N
+  // tokens can bring (N chunks' block tables, and the padding's), so that a step allocates
+  // nothing.
+  const auto n = static_cast<std::size_t>(x.shape[1]);
+  const auto table =
+      static_cast<std::size_t>((paged_.max_context + paged_.block_size - 1) / paged_.block_size);
+  ragged_.tables.reserve(n * table + 1);
   ragged_.positions.assign(batch.positions.begin(), batch.positions.end());
   ragged_.slots.assign(batch.slots.begin(), batch.slots.end());
   ragged_.context.assign(batch.context.begin(), batch.context.end());

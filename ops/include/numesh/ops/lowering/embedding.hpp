@@ -76,10 +76,11 @@ class ShardedEmbedding {
   /// share it). Throws: ShapeError when tokens < 1.
   ShardedEmbedding(runtime::DeviceMesh mesh, EmbeddingLayer layer, std::int64_t tokens,
                    EmbeddingAxes axes = {});
-  /// The vectors [tokens, H] of `ids`.
+  /// The vectors [tokens, H] of `ids`: the program's output, valid until the next call (copy it
+  /// to keep it; a step that only reads it allocates nothing).
   /// Throws: ShapeError when ids.size() is not the token count; IndexError naming the position
   /// and the id when an id is outside [0, V) (before anything runs).
-  runtime::HostTensor forward(std::span<const std::int32_t> ids);
+  const runtime::HostTensor& forward(std::span<const std::int32_t> ids);
   /// The table's spec after correction.
   const sharding::PartitionSpec& table_spec() const noexcept { return layer_.table->spec(); }
   /// The program (plan: the all-reduce when the table is split).

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,25 @@ void validate(const SamplingOptions& options);
 std::vector<std::int64_t> pick_sampled(const runtime::HostTensor& candidates,
                                        const SamplingOptions& options, std::mt19937_64& rng);
 
+/// pick_greedy and pick_sampled one row at a time, for a caller that picks each row by its own
+/// options (a serving step): the same picks, and no allocation once the sampler's scratch has
+/// room for a row's candidates. Not thread-safe: one thread uses an instance.
+class CandidatePicker {
+ public:
+  /// Greedy's pick of one row [2 * n] of (value, index) pairs in vocabulary order: the first
+  /// best (the lowest index among equals, a NaN first). REQUIRES: n >= 1.
+  [[nodiscard]] static std::int64_t greedy(std::span<const float> row) noexcept;
+  /// A draw from one row [2 * m] (every device's best, any order) as pick_sampled draws each;
+  /// `row_index` names the row in errors.
+  /// Throws: as pick_sampled.
+  [[nodiscard]] std::int64_t sample(std::span<const float> row, const SamplingOptions& options,
+                                    std::mt19937_64& rng, std::int64_t row_index = 0);
+
+ private:
+  std::vector<std::pair<float, std::int64_t>> sorted_;
+  std::vector<double> p_;
+};
+
 /// The LM head lowered onto a device mesh for a fixed number of rows, as two programs compiled
 /// once: greedy() (logits stay on the devices, only each device's best candidate per row comes
 /// back) and logits() (the whole [rows, V] gathered to the host).
@@ -145,9 +165,10 @@ class ShardedLmHead {
                                    std::mt19937_64& rng);
   /// Every device's best min(k, its share of V) logits of each row of x [rows, H], as (value,
   /// id) pairs [rows, 2 * m] in device order (pick_sampled's candidates; their best is the
-  /// row's argmax). A program per k, compiled on first use.
+  /// row's argmax). A program per k, compiled on first use. The program's output, valid until
+  /// the next call (copy it to keep it).
   /// Throws: as greedy(); ValueError for k < 1.
-  runtime::HostTensor candidates(const runtime::HostTensor& x, std::int64_t k);
+  const runtime::HostTensor& candidates(const runtime::HostTensor& x, std::int64_t k);
   /// candidates() with each row's log-sum-exp over the whole vocabulary (log_normalizers), for
   /// log-probabilities: a token's is its logit minus its row's normaliser. A program per k,
   /// compiled on first use (the normaliser reads every logit: only callers that want

@@ -81,7 +81,8 @@ class ShardedTransformer {
   /// Throws: ValueError when the stack was not built with paged caches; ShapeError for an x not
   /// [1, N, H], or a batch of other sizes or another max_context; IndexError naming a token whose
   /// slot, context or block table does not fit the caches; what a node throws.
-  runtime::HostTensor forward_ragged(const runtime::HostTensor& x, const RaggedBatch& batch);
+  /// Returns the program's output [1, N, H], valid until the next call (copy it to keep it).
+  const runtime::HostTensor& forward_ragged(const runtime::HostTensor& x, const RaggedBatch& batch);
   /// Programs compiled so far (one per token count used).
   std::int64_t compiled_programs() const noexcept {
     return static_cast<std::int64_t>(programs_.size());
