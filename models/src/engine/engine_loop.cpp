@@ -108,13 +108,13 @@ void EngineLoop::step() {
       ++it;
     }
   }
-  EngineStep out;
   if (!engine_.busy()) {
-    count(out);  // the cancellations changed the counts
+    count(EngineStep{});  // the cancellations changed the counts
     return;
   }
+  const EngineStep* step = nullptr;  // the engine's own, valid until its next step
   try {
-    out = engine_.step();
+    step = &engine_.step();
   } catch (const std::exception& e) {
     // A step that throws fails every request it held; the engine goes on with new ones.
     for (auto& [id, stream] : streams_) {
@@ -124,6 +124,7 @@ void EngineLoop::step() {
     streams_.clear();
     return;
   }
+  const EngineStep& out = *step;
   for (const EngineStep::Token& t : out.tokens) {
     const auto it = std::find_if(streams_.begin(), streams_.end(),
                                  [&](const auto& s) { return s.first == t.sequence; });

@@ -67,6 +67,24 @@ void Engine::compile_steps() {
   for (std::int64_t r = 2; r / 2 < o.max_running; r *= 2) {
     run_padding(1, token_bucket(std::min(r, o.max_running), o.max_running));
   }
+  // The step's vectors, sized for the most a step can bring (batch_tokens tokens, each
+  // sequence's block table, max_running rows padded to a power of two): a step then only ever
+  // reuses their room.
+  StepScratch& w = scratch_;
+  const auto tokens = static_cast<std::size_t>(o.batch_tokens);
+  const auto table = static_cast<std::size_t>((o.max_context + o.block_size - 1) / o.block_size);
+  const auto rows = std::bit_ceil(static_cast<std::size_t>(o.max_running));
+  w.ids.reserve(tokens);
+  for (std::vector<std::int64_t>* v :
+       {&w.batch.positions, &w.batch.slots, &w.batch.context, &w.batch.table_of}) {
+    v->reserve(tokens);
+  }
+  w.batch.tables.reserve(tokens * table + 1);
+  w.plan.chunks.reserve(static_cast<std::size_t>(o.max_running));
+  w.rows.reserve(rows);
+  w.head_rows.reserve(rows);
+  w.sampled.reserve(rows);
+  w.out.tokens.reserve(rows);
 }
 
 Scheduler& Engine::serving_scheduler(const char* call) const {
@@ -143,14 +161,14 @@ TokenLogprobs Engine::score(const Request& request, std::span<const float> candi
   return out;
 }
 
-std::vector<EngineStep::Token> Engine::pick_all(const ScheduledStep& plan,
-                                                const runtime::HostTensor& candidates,
-                                                const std::vector<double>& log_normalizers) {
+void Engine::pick_all(const ScheduledStep& plan, const runtime::HostTensor& candidates,
+                      const std::vector<double>& log_normalizers,
+                      std::vector<EngineStep::Token>& tokens) {
   Scheduler& scheduler = *scheduler_;
   const std::int64_t width = candidates.shape[1];
-  std::vector<std::int32_t> sampled;
-  std::vector<SequenceId> sampled_by;
-  std::vector<std::optional<TokenLogprobs>> scores;
+  std::vector<std::int32_t>& sampled = scratch_.sampled;
+  sampled.clear();
+  tokens.clear();
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     const std::size_t row = sampled.size();
@@ -159,60 +177,63 @@ std::vector<EngineStep::Token> Engine::pick_all(const ScheduledStep& plan,
         std::span<const float>(candidates.data)
             .subspan(row * static_cast<std::size_t>(width), static_cast<std::size_t>(width));
     sampled.push_back(pick(request, row_candidates));
-    sampled_by.push_back(c.sequence);
-    scores.push_back(
-        request.options.logprobs
-            ? std::optional(score(request, row_candidates, log_normalizers[row], sampled.back()))
-            : std::nullopt);
+    tokens.push_back({.sequence = c.sequence,
+                      .id = sampled.back(),
+                      .stopped = std::nullopt,
+                      .logprobs = request.options.logprobs
+                                      ? std::optional(score(request, row_candidates,
+                                                            log_normalizers[row], sampled.back()))
+                                      : std::nullopt});
   }
   scheduler.complete(plan, sampled);
-  std::vector<EngineStep::Token> tokens;
-  for (std::size_t i = 0; i < sampled.size(); ++i) {
-    const SequenceId id = sampled_by[i];
-    const RequestOptions& o = requests_.at(id).options;
-    EngineStep::Token token{
-        .sequence = id, .id = sampled[i], .stopped = std::nullopt, .logprobs = scores[i]};
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), sampled[i]) != o.stop_ids.end()) {
+  for (EngineStep::Token& token : tokens) {
+    const RequestOptions& o = requests_.at(token.sequence).options;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), token.id) != o.stop_ids.end()) {
       token.stopped = StopReason::kStopId;
-    } else if (scheduler.generated(id) >= o.max_new_tokens) {
+    } else if (scheduler.generated(token.sequence) >= o.max_new_tokens) {
       token.stopped = StopReason::kMaxNewTokens;
     }
     if (token.stopped) {
-      scheduler.finish(id);
-      requests_.erase(id);
+      scheduler.finish(token.sequence);
+      requests_.erase(token.sequence);
     }
-    tokens.push_back(std::move(token));
   }
-  return tokens;
 }
 
 std::int32_t Engine::pick(Request& request, std::span<const float> candidates) {
   // The row's candidates as the head's host halves take them: greedy's first best (the lowest
   // id among equals, a NaN first), or a draw with the request's own generator.
-  runtime::HostTensor row =
-      runtime::HostTensor::zeros({1, static_cast<std::int64_t>(candidates.size())});
-  std::copy(candidates.begin(), candidates.end(), row.data.begin());
   const std::int64_t id =
       request.options.sampling
-          ? ops::pick_sampled(row, *request.options.sampling, request.rng).front()
-          : ops::pick_greedy(row).front();
+          ? scratch_.picker.sample(candidates, *request.options.sampling, request.rng)
+          : ops::CandidatePicker::greedy(candidates);
   return static_cast<std::int32_t>(id);
 }
 
-EngineStep Engine::step() {
+const EngineStep& Engine::step() {
   Scheduler& scheduler = serving_scheduler("step");
   const auto start = std::chrono::steady_clock::now();
-  EngineStep out;
-  const ScheduledStep plan = scheduler.schedule();
-  if (plan.chunks.empty()) return out;
+  StepScratch& w = scratch_;
+  EngineStep& out = w.out;
+  out.tokens.clear();
+  out.prefill_tokens = out.decode_tokens = out.padded_tokens = 0;
+  out.seconds = 0;
+  scheduler.schedule(w.plan);
+  if (w.plan.chunks.empty()) return out;
   const std::int64_t bs = scheduler.options().block_size;
   // The ragged batch: each chunk's tokens in order, each with its position, slot, context and
   // its sequence's block table; then padding up to the program's bucket.
-  std::vector<std::int32_t> ids;
-  ops::RaggedBatch batch;
+  std::vector<std::int32_t>& ids = w.ids;
+  ops::RaggedBatch& batch = w.batch;
+  ids.clear();
+  batch.positions.clear();
+  batch.slots.clear();
+  batch.context.clear();
+  batch.table_of.clear();
+  batch.tables.clear();
   batch.max_context = scheduler.options().max_context;
-  std::vector<std::int64_t> rows;
-  for (const ScheduledChunk& c : plan.chunks) {
+  w.rows.clear();
+  for (const ScheduledChunk& c : w.plan.chunks) {
     const std::vector<std::int32_t>& tokens = scheduler.tokens(c.sequence);
     const std::span<const BlockId> table = scheduler.block_table(c.sequence);
     const auto table_at = static_cast<std::int64_t>(batch.tables.size());
@@ -224,7 +245,7 @@ EngineStep Engine::step() {
       batch.context.push_back(p + 1);
       batch.table_of.push_back(table_at);
     }
-    if (c.sample) rows.push_back(static_cast<std::int64_t>(ids.size()) - 1);
+    if (c.sample) w.rows.push_back(static_cast<std::int64_t>(ids.size()) - 1);
     // A sequence that has generated feeds its last token (one a step); the others, prompts.
     (scheduler.generated(c.sequence) > 0 ? out.decode_tokens : out.prefill_tokens) += c.count;
   }
@@ -233,20 +254,20 @@ EngineStep Engine::step() {
   pad_step(ids, batch, padded, bs);
   out.padded_tokens = padded;
   // The picked rows, padded to a bucket too (copies of the first; their picks are dropped).
-  std::vector<std::int64_t> head_rows = rows;
+  std::vector<std::int64_t>& head_rows = w.head_rows;
+  head_rows.assign(w.rows.begin(), w.rows.end());
   if (head_rows.empty()) head_rows.push_back(0);  // a step of prefill chunks only
   const std::int64_t head_bucket =
       token_bucket(static_cast<std::int64_t>(head_rows.size()), scheduler.options().max_running);
   head_rows.resize(static_cast<std::size_t>(head_bucket), head_rows.front());
   // Log-sum-exps only when a request of the step asks for log-probabilities (they read every
   // logit); each row's values are its own either way.
-  const bool scored = std::any_of(plan.chunks.begin(), plan.chunks.end(), [&](const auto& c) {
+  const bool scored = std::any_of(w.plan.chunks.begin(), w.plan.chunks.end(), [&](const auto& c) {
     return c.sample && requests_.at(c.sequence).options.logprobs.has_value();
   });
-  std::vector<double> log_normalizers;
-  const runtime::HostTensor candidates = model_->ragged_candidates(
-      ids, batch, head_rows, serving_->candidates, scored ? &log_normalizers : nullptr);
-  out.tokens = pick_all(plan, candidates, log_normalizers);
+  const runtime::HostTensor& candidates = model_->ragged_candidates(
+      ids, batch, head_rows, serving_->candidates, scored ? &w.log_normalizers : nullptr);
+  pick_all(w.plan, candidates, w.log_normalizers, out.tokens);
   out.seconds = seconds_since(start);
   return out;
 }

@@ -206,9 +206,9 @@ std::vector<std::int64_t> CausalLm::sample(std::span<const std::int32_t> ids, st
   return head_for(batch_).sample(last_hidden(ids, tokens, at), options, rng);
 }
 
-runtime::HostTensor CausalLm::ragged_rows(std::span<const std::int32_t> ids,
-                                          const ops::RaggedBatch& batch,
-                                          std::span<const std::int64_t> rows) {
+const runtime::HostTensor& CausalLm::ragged_rows(std::span<const std::int32_t> ids,
+                                                 const ops::RaggedBatch& batch,
+                                                 std::span<const std::int64_t> rows) {
   NUMESH_CHECK(stack_.paged(), ValueError,
                "model: ragged steps need paged caches (CausalLm's paged constructor or load)");
   const auto n = static_cast<std::int64_t>(ids.size());
@@ -222,35 +222,39 @@ runtime::HostTensor CausalLm::ragged_rows(std::span<const std::int32_t> ids,
   }
   auto& embedding = embeddings_[n];
   if (!embedding) embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, n);
-  runtime::HostTensor x = embedding->forward(ids);
-  x.shape = {1, n, config_.hidden_size};
-  const runtime::HostTensor h = stack_.forward_ragged(x, batch);
   const std::int64_t hd = config_.hidden_size;
-  runtime::HostTensor picked =
-      runtime::HostTensor::zeros({static_cast<std::int64_t>(rows.size()), hd});
+  // The embedding's [N, H] as the stack's [1, N, H], into a tensor kept for the next step.
+  const runtime::HostTensor& e = embedding->forward(ids);
+  ragged_x_.shape.assign({1, n, hd});
+  ragged_x_.data.assign(e.data.begin(), e.data.end());
+  const runtime::HostTensor& h = stack_.forward_ragged(ragged_x_, batch);
+  ragged_rows_.shape.assign({static_cast<std::int64_t>(rows.size()), hd});
+  ragged_rows_.data.resize(rows.size() * static_cast<std::size_t>(hd));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::copy_n(h.data.begin() + rows[i] * hd, hd,
-                picked.data.begin() + static_cast<std::int64_t>(i) * hd);
+                ragged_rows_.data.begin() + static_cast<std::int64_t>(i) * hd);
   }
-  return picked;
+  return ragged_rows_;
 }
 
-runtime::HostTensor CausalLm::ragged_candidates(std::span<const std::int32_t> ids,
-                                                const ops::RaggedBatch& batch,
-                                                std::span<const std::int64_t> rows, std::int64_t k,
-                                                std::vector<double>* log_normalizers) {
+const runtime::HostTensor& CausalLm::ragged_candidates(std::span<const std::int32_t> ids,
+                                                       const ops::RaggedBatch& batch,
+                                                       std::span<const std::int64_t> rows,
+                                                       std::int64_t k,
+                                                       std::vector<double>* log_normalizers) {
   NUMESH_CHECK(k >= 1, ValueError, "model: top_k {} must be at least 1", k);
-  const runtime::HostTensor h = ragged_rows(ids, batch, rows);
+  const runtime::HostTensor& h = ragged_rows(ids, batch, rows);
   if (log_normalizers == nullptr) return head_for(h.shape[0]).candidates(h, k);
   ops::ShardedLmHead::ScoredCandidates scored = head_for(h.shape[0]).scored_candidates(h, k);
   *log_normalizers = std::move(scored.log_normalizers);
-  return std::move(scored.candidates);
+  ragged_scored_ = std::move(scored.candidates);
+  return ragged_scored_;
 }
 
 runtime::HostTensor CausalLm::ragged_logits(std::span<const std::int32_t> ids,
                                             const ops::RaggedBatch& batch,
                                             std::span<const std::int64_t> rows) {
-  const runtime::HostTensor h = ragged_rows(ids, batch, rows);
+  const runtime::HostTensor& h = ragged_rows(ids, batch, rows);
   return head_for(h.shape[0]).logits(h);
 }
 

@@ -150,9 +150,11 @@ class Engine {
   /// Runs one step: the scheduler's ragged batch through the model, each sampling sequence's
   /// next token picked (its own options and generator), stopped sequences finished (their
   /// blocks freed). A request's tokens do not depend on what else runs: see docs/serving.md.
-  /// An idle engine's step does nothing.
+  /// An idle engine's step does nothing. Returns what the step did, valid until the next step
+  /// (copy it to keep it). A step of running sequences that asks no log-probabilities and
+  /// admits or finishes no request allocates nothing (steady_step_alloc_test counts it).
   /// Throws: ValueError for an engine without serving options; what the model throws.
-  EngineStep step();
+  const EngineStep& step();
   /// Ends a request, waiting or running (its client left): its blocks are freed at once.
   /// Throws: KeyError for a request not submitted or already finished; ValueError without
   /// serving options.
@@ -187,15 +189,29 @@ class Engine {
   std::unordered_map<SequenceId, Request> requests_;
   // Serving's checks and the step's parts (engine_step.cpp).
   Scheduler& serving_scheduler(const char* call) const;
-  static std::int32_t pick(Request& request, std::span<const float> candidates);
+  // The row's token: greedy's best, or a draw with the request's own generator.
+  std::int32_t pick(Request& request, std::span<const float> candidates);
   // The picked token's log-probability and the request's most likely alternatives, from its
   // row's candidates (every device's best) and log-sum-exp.
   static TokenLogprobs score(const Request& request, std::span<const float> candidates,
                              double log_normalizer, std::int32_t picked);
-  // Picks the next token of every sampling chunk of `plan` from the head's rows, in order.
-  std::vector<EngineStep::Token> pick_all(const ScheduledStep& plan,
-                                          const runtime::HostTensor& candidates,
-                                          const std::vector<double>& log_normalizers);
+  // Picks the next token of every sampling chunk of `plan` from the head's rows, in order,
+  // into `tokens`.
+  void pick_all(const ScheduledStep& plan, const runtime::HostTensor& candidates,
+                const std::vector<double>& log_normalizers, std::vector<EngineStep::Token>& tokens);
+  // A step's working state, kept from step to step: its vectors keep their capacity, so a
+  // steady step allocates nothing.
+  struct StepScratch {
+    ScheduledStep plan;
+    std::vector<std::int32_t> ids;
+    ops::RaggedBatch batch;
+    std::vector<std::int64_t> rows, head_rows;
+    std::vector<double> log_normalizers;
+    std::vector<std::int32_t> sampled;
+    ops::CandidatePicker picker;
+    EngineStep out;
+  };
+  StepScratch scratch_;
   // Compiles the programs of every step size (load, with serving options): steps of padding
   // only, which write to block 0 and change no sequence.
   void compile_steps();

@@ -122,10 +122,12 @@ class CausalLm {
   /// Throws: ValueError for a model with dense caches or k < 1; ShapeError when ids and batch
   /// disagree, or rows is empty or names a row outside the step (naming it); IndexError for an
   /// id outside the vocabulary or a batch that does not fit the caches; what a node throws.
-  runtime::HostTensor ragged_candidates(std::span<const std::int32_t> ids,
-                                        const ops::RaggedBatch& batch,
-                                        std::span<const std::int64_t> rows, std::int64_t k,
-                                        std::vector<double>* log_normalizers = nullptr);
+  /// Returns the candidates, valid until the next ragged call (copy them to keep them). Once
+  /// every size it takes is compiled, a step without log_normalizers allocates nothing.
+  const runtime::HostTensor& ragged_candidates(std::span<const std::int32_t> ids,
+                                               const ops::RaggedBatch& batch,
+                                               std::span<const std::int64_t> rows, std::int64_t k,
+                                               std::vector<double>* log_normalizers = nullptr);
   /// As ragged_candidates, the whole logits [rows, V] instead.
   runtime::HostTensor ragged_logits(std::span<const std::int32_t> ids,
                                     const ops::RaggedBatch& batch,
@@ -159,9 +161,10 @@ class CausalLm {
   runtime::HostTensor last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
                                   const TokenPositions& at);
   ops::ShardedLmHead& head_for(std::int64_t rows);
-  // A ragged step's hidden states at `rows` [rows, H].
-  runtime::HostTensor ragged_rows(std::span<const std::int32_t> ids, const ops::RaggedBatch& batch,
-                                  std::span<const std::int64_t> rows);
+  // A ragged step's hidden states at `rows` [rows, H] (ragged_rows_, valid until the next step).
+  const runtime::HostTensor& ragged_rows(std::span<const std::int32_t> ids,
+                                         const ops::RaggedBatch& batch,
+                                         std::span<const std::int64_t> rows);
   // Refuses weights that do not fit the config (both constructors).
   void check_layers() const;
   // Fills the matrices laid out unfilled from `d` (load): each device reads its own shards.
@@ -176,6 +179,9 @@ class CausalLm {
   ops::ShardedTransformer stack_;
   std::map<std::int64_t, std::unique_ptr<ops::ShardedEmbedding>> embeddings_;  // by rows
   std::map<std::int64_t, std::unique_ptr<ops::ShardedLmHead>> heads_;          // by rows
+  // A ragged step's tensors, kept from step to step (their vectors keep their capacity): the
+  // stack's input [1, N, H], the picked rows' states [rows, H], a scored step's candidates.
+  runtime::HostTensor ragged_x_, ragged_rows_, ragged_scored_;
 };
 
 }  // namespace numesh::models
