@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
-#include <string>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -55,10 +55,17 @@ void BlockPool::unlink_free(BlockId block) noexcept {
   --free_count_;
 }
 
+std::size_t BlockPool::home(BlockHash hash) const noexcept {
+  // splitmix64's finaliser: every bit of the hash reaches the low ones the mask keeps.
+  hash = (hash ^ (hash >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  hash = (hash ^ (hash >> 27)) * 0x94d049bb133111ebULL;
+  return static_cast<std::size_t>(hash ^ (hash >> 31)) & (slots_.size() - 1);
+}
+
 std::size_t BlockPool::find_slot(BlockHash hash) const noexcept {
   const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
-    if (slots_[i].block == kNone) return std::string::npos;
+  for (std::size_t i = home(hash);; i = (i + 1) & mask) {
+    if (slots_[i].block == kNone) return kNoSlot;
     if (slots_[i].block != kGone && slots_[i].hash == hash) return i;
   }
 }
@@ -68,7 +75,7 @@ void BlockPool::index_insert(BlockHash hash, BlockId block) noexcept {
   // quarters, a rebuild keeps the probes short and an empty slot always there.
   if (static_cast<std::size_t>(cached_ + gone_ + 1) * 4 > slots_.size() * 3) rebuild_index();
   const std::size_t mask = slots_.size() - 1;
-  std::size_t i = hash & mask;
+  std::size_t i = home(hash);
   while (slots_[i].block != kNone && slots_[i].block != kGone) i = (i + 1) & mask;
   if (slots_[i].block == kGone) --gone_;
   slots_[i] = {hash, block};
@@ -77,7 +84,7 @@ void BlockPool::index_insert(BlockHash hash, BlockId block) noexcept {
 
 void BlockPool::index_erase(BlockHash hash) noexcept {
   const std::size_t at = find_slot(hash);
-  if (at == std::string::npos) return;
+  if (at == kNoSlot) return;
   slots_[at].block = kGone;
   --cached_;
   ++gone_;
@@ -89,7 +96,7 @@ void BlockPool::rebuild_index() noexcept {
   const std::size_t mask = slots_.size() - 1;
   for (const Slot& e : spare_) {
     if (e.block == kNone || e.block == kGone) continue;
-    std::size_t i = e.hash & mask;
+    std::size_t i = home(e.hash);
     while (slots_[i].block != kNone) i = (i + 1) & mask;
     slots_[i] = e;
   }
@@ -112,6 +119,9 @@ std::int32_t BlockPool::ref_count(BlockId block) const {
 bool BlockPool::allocate(std::int64_t n, std::vector<BlockId>& into) {
   NUMESH_CHECK(n >= 0, ValueError, "allocate: {} blocks", n);
   if (n > free_blocks()) return false;
+  // Room first (none needed when the caller reserved it), so that nothing below can throw.
+  const std::size_t wanted = into.size() + static_cast<std::size_t>(n);
+  if (into.capacity() < wanted) into.reserve(std::max(wanted, 2 * into.capacity()));
   for (std::int64_t i = 0; i < n; ++i) {
     const BlockId b = head_;
     unlink_free(b);
@@ -154,7 +164,7 @@ void BlockPool::release(std::span<const BlockId> blocks) {
 
 std::optional<BlockId> BlockPool::hit(BlockHash hash) {
   const std::size_t at = find_slot(hash);
-  if (at == std::string::npos) return std::nullopt;
+  if (at == kNoSlot) return std::nullopt;
   const BlockId b = slots_[at].block;
   const auto ub = static_cast<std::size_t>(b);
   if (refs_[ub] == 0) unlink_free(b);
@@ -165,7 +175,7 @@ std::optional<BlockId> BlockPool::hit(BlockHash hash) {
 void BlockPool::publish(BlockId block, BlockHash hash) {
   check_held(block, "publish");
   const auto ub = static_cast<std::size_t>(block);
-  if (hash_of_[ub] || find_slot(hash) != std::string::npos) return;
+  if (hash_of_[ub] || find_slot(hash) != kNoSlot) return;
   index_insert(hash, block);
   hash_of_[ub] = hash;
 }

@@ -54,11 +54,13 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                                                      .max_waiting = serving.max_waiting,
                                                      .max_context = context,
                                                      .prefix_caching = serving.prefix_caching});
-    engine.model_ = std::make_unique<CausalLm>(CausalLm::load(
-        engine.mesh_, config, *checkpoint,
-        ops::PagedCacheOptions{
-            .blocks = blocks, .block_size = serving.block_size, .max_context = context},
-        options.dtype, engine.axes_, options.progress));
+    engine.model_ = std::make_unique<CausalLm>(
+        CausalLm::load(engine.mesh_, config, *checkpoint,
+                       ops::PagedCacheOptions{.blocks = blocks,
+                                              .block_size = serving.block_size,
+                                              .max_context = context,
+                                              .max_sequences = serving.max_running},
+                       options.dtype, engine.axes_, options.progress));
     engine.compile_steps();
   }
   engine.load_seconds_ = seconds_since(start);

@@ -112,9 +112,9 @@ void EngineLoop::step() {
     count(EngineStep{});  // the cancellations changed the counts
     return;
   }
-  const EngineStep* step = nullptr;  // the engine's own, valid until its next step
+  const EngineStep* done = nullptr;  // the engine's own, valid until its next step
   try {
-    step = &engine_.step();
+    done = &engine_.step();
   } catch (const std::exception& e) {
     // A step that throws fails every request it held; the engine goes on with new ones.
     for (auto& [id, stream] : streams_) {
@@ -124,7 +124,7 @@ void EngineLoop::step() {
     streams_.clear();
     return;
   }
-  const EngineStep& out = *step;
+  const EngineStep& out = *done;
   for (const EngineStep::Token& t : out.tokens) {
     const auto it = std::find_if(streams_.begin(), streams_.end(),
                                  [&](const auto& s) { return s.first == t.sequence; });

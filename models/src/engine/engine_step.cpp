@@ -67,19 +67,20 @@ void Engine::compile_steps() {
   for (std::int64_t r = 2; r / 2 < o.max_running; r *= 2) {
     run_padding(1, token_bucket(std::min(r, o.max_running), o.max_running));
   }
-  // The step's vectors, sized for the most a step can bring (batch_tokens tokens, each
-  // sequence's block table, max_running rows padded to a power of two): a step then only ever
-  // reuses their room.
+  // The step's vectors, sized for the most a step can bring (batch_tokens tokens, a block table
+  // for each of max_running sequences and the padding's, max_running rows padded to a power of
+  // two): a step then only ever reuses their room.
   StepScratch& w = scratch_;
   const auto tokens = static_cast<std::size_t>(o.batch_tokens);
-  const auto table = static_cast<std::size_t>((o.max_context + o.block_size - 1) / o.block_size);
+  const auto table = static_cast<std::size_t>(
+      std::min((o.max_context + o.block_size - 1) / o.block_size, o.blocks - 1));
   const auto rows = std::bit_ceil(static_cast<std::size_t>(o.max_running));
   w.ids.reserve(tokens);
   for (std::vector<std::int64_t>* v :
        {&w.batch.positions, &w.batch.slots, &w.batch.context, &w.batch.table_of}) {
     v->reserve(tokens);
   }
-  w.batch.tables.reserve(tokens * table + 1);
+  w.batch.tables.reserve(static_cast<std::size_t>(o.max_running) * table + 1);
   w.plan.chunks.reserve(static_cast<std::size_t>(o.max_running));
   w.rows.reserve(rows);
   w.head_rows.reserve(rows);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "numesh/ops/kernels/parallel.hpp"
@@ -42,15 +41,20 @@ void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, 
         if (na != nb) return na;
         return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
       };
-      // One pass, each column placed among the best when it beats the k-th (few do).
+      // One pass over a heap of the k best, its root the worst of them: a column enters when
+      // it beats the root (few do); O(cols log k), whatever k is.
       best.clear();
       for (std::int32_t c = 0; c < static_cast<std::int32_t>(cols); ++c) {
-        if (static_cast<std::int64_t>(best.size()) == k) {
-          if (!before(c, best.back())) continue;
-          best.pop_back();
+        if (static_cast<std::int64_t>(best.size()) < k) {
+          best.push_back(c);
+          std::push_heap(best.begin(), best.end(), before);
+        } else if (before(c, best.front())) {
+          std::pop_heap(best.begin(), best.end(), before);
+          best.back() = c;
+          std::push_heap(best.begin(), best.end(), before);
         }
-        best.insert(std::upper_bound(best.begin(), best.end(), c, before), c);
       }
+      std::sort_heap(best.begin(), best.end(), before);
       for (std::int64_t i = 0; i < k; ++i) {
         const std::int32_t c = best[static_cast<std::size_t>(i)];
         out[r * 2 * k + 2 * i] = row[c];

@@ -282,12 +282,13 @@ const runtime::HostTensor& ShardedTransformer::forward_ragged(const runtime::Hos
                batch.max_context, paged_.max_context);
   Programs::Entry& e = compiled_for(x.shape[1]);
   // Copied into the programs' own batch, its vectors sized once for the most a step of N
-  // tokens can bring (N chunks' block tables, and the padding's), so that a step allocates
-  // nothing.
-  const auto n = static_cast<std::size_t>(x.shape[1]);
-  const auto table =
-      static_cast<std::size_t>((paged_.max_context + paged_.block_size - 1) / paged_.block_size);
-  ragged_.tables.reserve(n * table + 1);
+  // tokens can bring (a block table for each of its sequences, and the padding's), so that a
+  // step allocates nothing.
+  const std::int64_t n = x.shape[1];
+  const std::int64_t sequences = paged_.max_sequences > 0 ? std::min(paged_.max_sequences, n) : n;
+  const std::int64_t table =
+      std::min((paged_.max_context + paged_.block_size - 1) / paged_.block_size, paged_.blocks - 1);
+  ragged_.tables.reserve(static_cast<std::size_t>(sequences * table + 1));
   ragged_.positions.assign(batch.positions.begin(), batch.positions.end());
   ragged_.slots.assign(batch.slots.begin(), batch.slots.end());
   ragged_.context.assign(batch.context.begin(), batch.context.end());

@@ -83,7 +83,9 @@ class BlockPool {
   void unlink_free(BlockId block) noexcept;
   // The prefix index: open addressing with linear probing over a power-of-two table at least
   // twice the blocks; erased entries leave kGone until the table is rebuilt in place.
-  [[nodiscard]] std::size_t find_slot(BlockHash hash) const noexcept;  // its slot, or npos
+  static constexpr std::size_t kNoSlot = ~std::size_t{0};
+  [[nodiscard]] std::size_t home(BlockHash hash) const noexcept;       // where probing starts
+  [[nodiscard]] std::size_t find_slot(BlockHash hash) const noexcept;  // its slot, or kNoSlot
   void index_insert(BlockHash hash, BlockId block) noexcept;
   void index_erase(BlockHash hash) noexcept;
   void rebuild_index() noexcept;

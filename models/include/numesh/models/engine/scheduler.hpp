@@ -84,7 +84,7 @@ class Scheduler {
   /// max_new_tokens is not stepped again (its owner finishes it). Empty when nothing can run.
   [[nodiscard]] ScheduledStep schedule();
   /// schedule() into `step` (cleared first): a step reused from call to call allocates nothing
-  /// once its chunks have room for max_running + 1 of them.
+  /// once its chunks have room for max_running of them.
   void schedule(ScheduledStep& step);
 
   /// Records that `step` (the last schedule()) ran: each chunk's tokens are computed, the

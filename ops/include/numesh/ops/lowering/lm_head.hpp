@@ -166,7 +166,7 @@ class ShardedLmHead {
   /// Every device's best min(k, its share of V) logits of each row of x [rows, H], as (value,
   /// id) pairs [rows, 2 * m] in device order (pick_sampled's candidates; their best is the
   /// row's argmax). A program per k, compiled on first use. The program's output, valid until
-  /// the next call (copy it to keep it).
+  /// the next call of candidates() or sample() (copy it to keep it).
   /// Throws: as greedy(); ValueError for k < 1.
   const runtime::HostTensor& candidates(const runtime::HostTensor& x, std::int64_t k);
   /// candidates() with each row's log-sum-exp over the whole vocabulary (log_normalizers), for

@@ -29,6 +29,9 @@ struct PagedCacheOptions {
   std::int64_t block_size = 16;
   /// The most positions a sequence may take (scratch sizes).
   std::int64_t max_context = 0;
+  /// The most sequences a step holds (their block tables are what a step brings); 0: as many
+  /// as its tokens.
+  std::int64_t max_sequences = 0;
 };
 
 /// A transformer stack lowered onto a device mesh: every layer's weights laid out once, one
