@@ -43,8 +43,11 @@ class Watcher {
   int write_fd() const noexcept { return write_fd_; }
 
   // Arms `armed` (a null source: none); returns what was armed before.
+  // The bytes the pipe holds first go to the target armed until now (a signal that came during
+  // its call is its own, however late the watcher thread would have read it).
   SigintTarget arm(SigintTarget armed) {
     const std::lock_guard lock(mutex_);
+    take_bytes();
     return std::exchange(armed_, armed);
   }
 
@@ -72,9 +75,17 @@ class Watcher {
     for (;;) {
       pollfd readable{read_fd_, POLLIN, 0};
       if (::poll(&readable, 1, -1) < 0) continue;  // EINTR
-      unsigned char bytes[64];
-      const ssize_t n = ::read(read_fd_, bytes, sizeof bytes);
       const std::lock_guard lock(mutex_);
+      take_bytes();
+    }
+  }
+
+  // Reads every byte the pipe holds (it is non-blocking) and acts on each for armed_. Under
+  // mutex_: a byte is read and acted on while one target is armed, by the watcher thread or by
+  // arm(), never read under one and acted on under the next.
+  void take_bytes() noexcept {
+    unsigned char bytes[64];
+    for (ssize_t n; (n = ::read(read_fd_, bytes, sizeof bytes)) > 0;) {
       for (ssize_t i = 0; i < n; ++i) {
         if (bytes[i] == SIGINT && armed_.source != nullptr) armed_.source->cancel();
         // Whoever had the descriptor before (an asyncio loop) still hears of the signal.
