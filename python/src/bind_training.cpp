@@ -15,6 +15,7 @@
 #include "interrupts.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/lm/trainer.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
@@ -88,7 +89,8 @@ std::unique_ptr<Trainer> make_trainer(const TrainerArgs& a) {
   const sharding::PartitionManager manager(a.partition_axis.value_or(sharding::PartitionAxis{}));
   py::gil_scoped_release release;
   const std::filesystem::path dir = a.model;
-  const models::HfConfig config = models::HfConfig::load(dir);
+  // A Hugging Face folder's config.json, or a GGUF model's metadata.
+  const models::HfConfig config = models::ModelSource::open(dir).config();
   const runtime::DeviceMesh mesh = a.mesh ? *a.mesh : default_device_mesh();
   const ops::ModelAxes axes = ops::ModelAxes::resolve(manager, mode, a.batch, config.hidden_size);
   if (a.init == "random") {
@@ -133,8 +135,9 @@ double step(Trainer& t, const py::object& rows_in) {
 
 void bind_training(py::module_& m) {
   py::class_<Trainer>(m, "Trainer", R"pbdoc(
-Trains a causal LM as `numesh train` does: the model in `model` (a Hugging Face folder; its
-config.json, and its safetensors unless init="random"), batches of `batch` sequences of
+Trains a causal LM as `numesh train` does: the model in `model` (a Hugging Face folder: its
+config.json, and its safetensors unless init="random"; or a GGUF file: its metadata, and its
+weights dequantized to f32, save() writing a Hugging Face folder), batches of `batch` sequences of
 `tokens` tokens, AdamW (lr, beta1, beta2, eps, weight_decay) with the global-norm clip `clip`,
 a constant or warm-up + cosine schedule over `total_steps`, products in f32 or bf16 (weights,
 gradients and AdamW's state stay f32). A folder a save() wrote resumes where it stopped.

@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/engine/gguf_export.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/gguf_writer.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/lm/trainer.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "safetensors_writer.hpp"
 
@@ -24,6 +26,7 @@ namespace numesh::models {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::mesh_of;
 using testing::ScratchDir;
 using ::testing::StrEq;
 using ::testing::ThrowsMessage;
@@ -305,6 +308,46 @@ TEST(GgufCheckpointTest, EndOfGenerationTokensAndATokenizerTravelThroughAConvers
             source.tokenizer()->encode("a bad cab", true));
   EXPECT_EQ(again.stored_dtype(), DType::kQ8_0);
   // Converting onto the source itself is refused before anything is written (numesh convert).
+}
+
+// A rope_freqs tensor goes into the config.json document as the llama3 scaling that gives its
+// factors; factors no llama3 scaling gives leave the model without one, and a trainer (which
+// saves a Hugging Face folder) refuses it by name.
+TEST(GgufCheckpointTest, RopeFreqsBecomeALlama3ScalingInTheConfigDocumentOrNone) {
+  const ScratchDir dir;
+  GgufWriter w = llama_metadata();
+  w.add_uint32("llama.context_length", 64);
+  add_zeros(w, "token_embd.weight", {16, 32});
+  add_llama_layer(w);
+  // head_dim 16: 8 pairs, none of which a llama3 band would blend this way.
+  w.add_tensor("rope_freqs.weight", {8}, GgufType::kF32, [](std::span<std::byte> b) {
+    const std::array<float, 8> odd{1.0f, 3.0f, 1.0f, 5.0f, 2.0f, 7.0f, 1.5f, 4.0f};
+    std::memcpy(b.data(), odd.data(), b.size());
+  });
+  const auto file = dir.path() / "odd.gguf";
+  w.write(file);
+  const GgufCheckpoint c = GgufCheckpoint::open(file);
+  EXPECT_EQ(c.config().rope_scaling.kind, ops::RopeScaling::Kind::kFactors);
+  EXPECT_FALSE(c.config_document().has_value());
+  TrainingOptions o;
+  o.batch = 1;
+  o.tokens = 4;
+  EXPECT_THAT(
+      [&] { (void)CausalLmTrainer::load(mesh_of(1, {"tp"}), file, o); },
+      ThrowsMessage<NotImplementedError>(StrEq(
+          file.string() + ": its RoPE frequency factors (rope_freqs.weight) are not a llama3 "
+                          "scaling's, and a config.json has no form for others, while training "
+                          "saves a Hugging Face folder: train from the model's Hugging Face folder "
+                          "instead")));
+  // Without rope_freqs the document is the metadata's, read as the same config.
+  GgufWriter plain = llama_metadata();
+  add_zeros(plain, "token_embd.weight", {16, 32});
+  add_llama_layer(plain);
+  plain.write(dir.path() / "plain.gguf");
+  const GgufCheckpoint p = GgufCheckpoint::open(dir.path() / "plain.gguf");
+  ASSERT_TRUE(p.config_document().has_value());
+  EXPECT_EQ(HfConfig::parse(*p.config_document(), "config.json").hidden_size, 32);
+  EXPECT_EQ((*p.config_document())["model_type"], "llama");
 }
 
 TEST(GgufCheckpointTest, CorruptLayerCountsAndPartialBiasesAreRefused) {

@@ -14,6 +14,8 @@
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/gguf_export.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
@@ -182,6 +184,73 @@ TEST(TrainerTest, ACancelledStepIsNotTaken) {
     got.push_back(cut.step(batch(k)).loss);
   }
   EXPECT_EQ(got, want);
+}
+
+// A GGUF file trains as the folder it was written from: in f32 the same losses bit for bit
+// (the Q/K rows' permutation undone, the metadata read back as the same config), in q8_0 from
+// its dequantized weights; save() writes a Hugging Face folder that resumes the trajectory,
+// Llama 3.1's RoPE scaling included (a rope_freqs tensor in the file). (A file whose
+// rope_freqs no llama3 scaling gives is refused: GgufCheckpointTest.)
+TEST(TrainerTest, TrainsFromAGgufFileAsFromItsFolder) {
+  const ScratchDir dir;
+  const nlohmann::json doc = tiny_llama(false);
+  const HfConfig config = HfConfig::parse(doc, "config.json");
+  write_random_model(dir.path() / "hf", doc, DType::kF32, 5);
+  const ModelSource source = ModelSource::open(dir.path() / "hf");
+  (void)write_gguf(source, dir.path() / "f32.gguf", DType::kF32);
+  (void)write_gguf(source, dir.path() / "q8_0.gguf", DType::kQ8_0);
+  const std::vector<std::int32_t> data = counting_rows(8);
+  const std::vector<std::int64_t> shape{8, kTokens + 1};
+  const TrainingOptions o = options(4, 3e-3, 6);
+  const auto losses = [&](CausalLmTrainer& t, std::int64_t from, std::int64_t to) {
+    std::vector<double> l;
+    for (std::int64_t k = from; k < to; ++k)
+      l.push_back(t.step(training_batch(data, shape, k, 4, kTokens)).loss);
+    return l;
+  };
+  CausalLmTrainer folder = CausalLmTrainer::load(mesh_of(2, {"tp"}), dir.path() / "hf", o);
+  const std::vector<double> want = losses(folder, 0, 4);
+  CausalLmTrainer f32 = CausalLmTrainer::load(mesh_of(2, {"tp"}), dir.path() / "f32.gguf", o);
+  EXPECT_EQ(losses(f32, 0, 2), std::vector<double>(want.begin(), want.begin() + 2));
+  f32.save(dir.path() / "saved");
+  CausalLmTrainer resumed = CausalLmTrainer::load(mesh_of(2, {"tp"}), dir.path() / "saved", o);
+  EXPECT_EQ(resumed.steps(), 2);
+  EXPECT_EQ(losses(resumed, 2, 4), std::vector<double>(want.begin() + 2, want.end()));
+  EXPECT_EQ(HfConfig::load(dir.path() / "saved").intermediate_size, config.intermediate_size);
+  // q8_0: the dequantized weights differ from the float ones by the format's rounding.
+  CausalLmTrainer q8 = CausalLmTrainer::load(mesh_of(1, {"tp"}), dir.path() / "q8_0.gguf", o);
+  const std::vector<double> q8_losses = losses(q8, 0, 4);
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(q8_losses[i], want[i], 0.02) << i;
+  // From scratch with the file's config.
+  CausalLmTrainer fresh = CausalLmTrainer::from_initial_weights(
+      mesh_of(1, {"tp"}), dir.path() / "f32.gguf", 1, options(4, 1e-2, 6));
+  EXPECT_NEAR(fresh.step(training_batch(data, shape, 0, 4, kTokens)).loss,
+              std::log(static_cast<double>(kVocab)), 0.1);
+  // Llama 3.1's scaling goes into a GGUF file as a rope_freqs tensor, and comes out of it as
+  // the llama3 scaling in the saved config.json (the same band; factors within 1e-5).
+  nlohmann::json scaled = doc;
+  scaled["head_dim"] = 64;
+  scaled["num_attention_heads"] = 2;
+  scaled["num_key_value_heads"] = 1;
+  scaled["hidden_size"] = 128;
+  scaled["rope_theta"] = 500000.0;
+  scaled["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 1024}};
+  write_random_model(dir.path() / "scaled", scaled, DType::kF32, 5);
+  (void)write_gguf(ModelSource::open(dir.path() / "scaled"), dir.path() / "scaled.gguf",
+                   DType::kF32);
+  CausalLmTrainer from_scaled =
+      CausalLmTrainer::load(mesh_of(1, {"tp"}), dir.path() / "scaled.gguf", o);
+  (void)from_scaled.step(training_batch(data, shape, 0, 4, kTokens));
+  from_scaled.save(dir.path() / "scaled_saved");
+  const HfConfig saved = HfConfig::load(dir.path() / "scaled_saved");
+  EXPECT_EQ(saved.rope_scaling.kind, ops::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(saved.rope_scaling.factor, 8.0);
+  EXPECT_EQ(saved.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(saved.rope_scaling.original_max_position, 1024);
 }
 
 TEST(TrainerTest, RefusesBadDataAndCheckpointsBeforeWork) {

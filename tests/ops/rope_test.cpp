@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <numbers>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -87,6 +89,63 @@ TEST(RopeTest, LinearScalingIsPositionInterpolation) {
   rope_inplace(scaled.data.data(), 1, 1, 2, 64, 4000, 10000.0f, linear(4.0));
   rope_inplace(plain.data.data(), 1, 1, 2, 64, 1000, 10000.0f);
   EXPECT_LT(max_abs_difference(scaled, plain), 1e-6);
+}
+
+// The divisors GGUF's rope_freqs holds (f32) for a llama3 scaling read back as that scaling:
+// Llama 3.1's own, and one whose band factors are scaled (the same divisors, read with low 1).
+// Divisors no llama3 scaling gives, or a band of fewer than two pairs, give none.
+TEST(RopeTest, Llama3ScalingIsReadBackFromItsDivisors) {
+  const auto divisors = [](std::int64_t d, double theta, const RopeScaling& s) {
+    const std::vector<double> base = rope_frequencies(d, theta),
+                              scaled = rope_frequencies(d, theta, s);
+    std::vector<double> out;
+    for (std::size_t i = 0; i < base.size(); ++i)
+      out.push_back(static_cast<double>(static_cast<float>(base[i] / scaled[i])));  // as stored
+    return out;
+  };
+  // Read back as (factor, high_freq_factor, original_max_position), low_freq_factor 1.
+  const auto read_back = [&](std::int64_t d, const RopeScaling& s) {
+    const std::optional<RopeScaling> r = llama3_of_divisors(divisors(d, 500000.0, s), d, 500000.0);
+    EXPECT_TRUE(r.has_value() && r->kind == RopeScaling::Kind::kLlama3 &&
+                r->low_freq_factor == 1.0);
+    return r ? std::make_tuple(r->factor, r->high_freq_factor, r->original_max_position)
+             : std::make_tuple(0.0, 0.0, std::int64_t{0});
+  };
+  EXPECT_EQ(read_back(128, RopeScaling::llama3(8.0, 1.0, 4.0, 8192)),
+            std::make_tuple(8.0, 4.0, std::int64_t{8192}));
+  // low 2, high 8 over 16384 is the same band as 1, 4 over 8192.
+  EXPECT_EQ(read_back(128, RopeScaling::llama3(32.0, 2.0, 8.0, 16384)),
+            std::make_tuple(32.0, 4.0, std::int64_t{8192}));
+  // A small model's (head_dim 64, the random models' band over 1024 positions).
+  EXPECT_EQ(read_back(64, RopeScaling::llama3(8.0, 1.0, 4.0, 1024)),
+            std::make_tuple(8.0, 4.0, std::int64_t{1024}));
+  // Not a llama3 scaling's: linear, a bump in the band, all ones, the wrong count.
+  EXPECT_FALSE(llama3_of_divisors(std::vector<double>(64, 2.0), 128, 500000.0).has_value());
+  std::vector<double> bumped = divisors(128, 500000.0, RopeScaling::llama3(8.0, 1.0, 4.0, 8192));
+  for (double& v : bumped) {
+    if (v > 1.5 && v < 7.5) {
+      v *= 1.01;
+      break;
+    }
+  }
+  EXPECT_FALSE(llama3_of_divisors(bumped, 128, 500000.0).has_value());
+  EXPECT_FALSE(llama3_of_divisors(std::vector<double>(64, 1.0), 128, 500000.0).has_value());
+  EXPECT_FALSE(llama3_of_divisors(std::vector<double>(3, 2.0), 128, 500000.0).has_value());
+  // head_dim 16 and theta 500000 (wavelengths 6.3, 33, 168, ...): a band of (16, 64) holds one
+  // pair, read with Llama 3.1's ratio of 4. At theta 10000 (6.3, 20, 63, 199, ...) a band of
+  // (32, 64) holds one pair of another ratio, which no scaling of ratio 4 gives, and one of
+  // (100, 150) holds none, leaving nothing to read.
+  const std::optional<RopeScaling> one = llama3_of_divisors(
+      divisors(16, 500000.0, RopeScaling::llama3(8.0, 1.0, 4.0, 64)), 16, 500000.0);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->high_freq_factor, 4.0);
+  EXPECT_EQ(one->original_max_position, 64);
+  EXPECT_FALSE(
+      llama3_of_divisors(divisors(16, 10000.0, RopeScaling::llama3(8.0, 1.0, 2.0, 64)), 16, 10000.0)
+          .has_value());
+  EXPECT_FALSE(llama3_of_divisors(divisors(16, 10000.0, RopeScaling::llama3(8.0, 1.0, 1.5, 150)),
+                                  16, 10000.0)
+                   .has_value());
 }
 
 TEST(RopeTest, InvalidScalingIsRejectedNamingTheField) {

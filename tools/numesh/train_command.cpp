@@ -17,7 +17,9 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/npy.hpp"
+#include "numesh/models/hf/gguf_checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/trainer.hpp"
@@ -41,7 +43,7 @@ struct Data {
 
 // --data: an .npy of ids [S, T + 1], or text encoded by the model's tokenizer and cut into
 // consecutive rows of tokens + 1 ids (the tail that fills no row is left out).
-Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
+Data read_data(const TrainOptions& o, const models::ModelSource& model) {
   NUMESH_CHECK(std::filesystem::exists(o.data), IoError, "--data '{}' does not exist", o.data);
   Data d;
   if (std::filesystem::path(o.data).extension() == ".npy") {
@@ -59,14 +61,13 @@ Data read_data(const TrainOptions& o, const std::filesystem::path& model_dir) {
   }
   NUMESH_CHECK(o.tokens >= 1, ValueError,
                "--data '{}' is text: give the sequence length with --tokens T", o.data);
-  NUMESH_CHECK(std::filesystem::exists(model_dir / "tokenizer.json") ||
-                   std::filesystem::exists(model_dir / "tokenizer.model"),
-               IoError,
-               "--data '{}' is text, but {} has no tokenizer.json or tokenizer.model to encode it",
-               o.data, model_dir.string());
+  NUMESH_CHECK(model.tokenizer() != nullptr, IoError,
+               "--data '{}' is text, but {} has no tokenizer (tokenizer.json or tokenizer.model, "
+               "or a GGUF file's tokenizer.ggml.*) to encode it",
+               o.data, model.path().string());
   std::ifstream in(o.data, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<std::int32_t> all = models::TextTokenizer::load(model_dir)->encode(text, false);
+  const std::vector<std::int32_t> all = model.tokenizer()->encode(text, false);
   const std::int64_t row = o.tokens + 1, rows = static_cast<std::int64_t>(all.size()) / row;
   d.ids.assign(all.begin(), all.begin() + rows * row);
   d.shape = {rows, row};
@@ -148,7 +149,8 @@ std::optional<models::CausalLmTrainer> make_trainer(const TrainOptions& o,
     trainer.emplace(
         models::CausalLmTrainer::from_initial_weights(mesh, dir, o.seed, options, axes));
   } else {
-    NUMESH_CHECK(std::filesystem::exists(dir / "model.safetensors") ||
+    NUMESH_CHECK(models::GgufCheckpoint::is_gguf(dir) ||
+                     std::filesystem::exists(dir / "model.safetensors") ||
                      std::filesystem::exists(dir / "model.safetensors.index.json"),
                  IoError,
                  "--model {} holds no safetensors weights to start from; give --init random to "
@@ -284,6 +286,9 @@ inputs [:, :T], targets [:, 1:], the loss the mean cross-entropy over all B*T ta
 file, encoded by the model folder's tokenizer and cut into rows of --tokens + 1 ids.
 The model: --model DIR holds config.json and, to start from them, safetensors weights; with
 --init random the weights are initialised as transformers does (normal(0, 0.02), norms 1).
+Or --model FILE.gguf: its metadata is the config, its weights (block formats dequantized) the
+start; --save writes a Hugging Face folder (config.json, f32 safetensors) without a tokenizer
+file, since the GGUF file's tokenizer lives in its metadata.
 A DIR written by --save also holds optimizer.safetensors: training from it continues the same
 trajectory (weights, AdamW moments, step count; --steps is the step count to reach).
 MoE models: experts split over ep; the tokens are gathered to them, or, with ep among the batch
@@ -361,9 +366,10 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   const sharding::ModeArg mode = parse_run_mode(o.mode);
   const sharding::PartitionManager partition_manager(build_paxis(o.paxis_json, o.sets));
   const std::filesystem::path dir = o.model;
-  const models::HfConfig config = models::HfConfig::load(dir);
+  const models::ModelSource source = models::ModelSource::open(dir);
+  const models::HfConfig& config = source.config();
   (void)config.transformer_config();  // refuses what numesh cannot run
-  const Data data = read_data(o, dir);
+  const Data data = read_data(o, source);
   const std::int64_t tokens = data.shape[1] - 1;
   NUMESH_CHECK(data.shape[0] >= o.batch, ShapeError,
                "--data '{}' holds {} sequences of {} ids, fewer than one batch of --batch {}",

@@ -107,6 +107,10 @@ class ConfigReader {
                std::int64_t tensors)
       : meta_(meta), tensor_(std::move(tensor)), tensors_(tensors) {}
 
+  // The config.json document the metadata reads as, kept by read() (GgufCheckpoint's
+  // config_document()).
+  json document;
+
   HfConfig read() {
     const std::optional<std::string> arch = meta_.get_string("general.architecture");
     NUMESH_CHECK(arch.has_value(), ValueError, "{}: the GGUF metadata has no general.architecture",
@@ -186,7 +190,9 @@ class ConfigReader {
       }
     }
     if (!eos.empty()) j["eos_token_id"] = eos;
-    return HfConfig::parse(j, fmt::format("{} (its GGUF metadata)", where()));
+    HfConfig config = HfConfig::parse(j, fmt::format("{} (its GGUF metadata)", where()));
+    document = std::move(j);
+    return config;
   }
 
  private:
@@ -339,8 +345,9 @@ GgufCheckpoint GgufCheckpoint::open(const fs::path& path) {
     const auto it = part_of.find(name);
     return it == part_of.end() ? nullptr : &c.files_[it->second].info(name);
   };
-  c.config_ =
-      ConfigReader(c.files_.front(), find, static_cast<std::int64_t>(part_of.size())).read();
+  ConfigReader reader(c.files_.front(), find, static_cast<std::int64_t>(part_of.size()));
+  c.config_ = reader.read();
+  c.config_document_ = std::move(reader.document);
   // RoPE frequency factors (llama.cpp's converter stores Llama 3.1's scaling so): one divisor a
   // pair, in place of a scaling the metadata names.
   if (const GgufTensorInfo* freqs = find("rope_freqs.weight")) {
@@ -357,6 +364,20 @@ GgufCheckpoint GgufCheckpoint::open(const fs::path& path) {
     c.config_.rope_scaling =
         ops::rope_frequency_factors(std::vector<double>(factors.begin(), factors.end()));
     ops::validate(c.config_.rope_scaling);
+    // The config.json form of the factors: the llama3 scaling that gives them (llama.cpp's
+    // converter computes them from one), or none.
+    const std::optional<ops::RopeScaling> llama3 = ops::llama3_of_divisors(
+        c.config_.rope_scaling.frequency_factors, c.config_.head_dim, c.config_.rope_theta);
+    if (llama3) {
+      (*c.config_document_)["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", llama3->factor},
+          {"low_freq_factor", llama3->low_freq_factor},
+          {"high_freq_factor", llama3->high_freq_factor},
+          {"original_max_position_embeddings", llama3->original_max_position}};
+    } else {
+      c.config_document_.reset();
+    }
   }
 
   // The Hugging Face names of the architecture's weights, each mapped to its GGUF tensor.

@@ -16,6 +16,7 @@
 #include "numesh/models/formats/safetensors.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/formats/safetensors_writer.hpp"
+#include "numesh/models/hf/gguf_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/runtime/cancellation.hpp"
 
@@ -110,10 +111,31 @@ CausalLmTrainer::CausalLmTrainer(runtime::DeviceMesh mesh, nlohmann::json config
   adamw_ = std::make_unique<ops::AdamW>(std::move(values), options_.adamw);
 }
 
+namespace {
+
+// A GGUF model's metadata as the config.json a trainer keeps and saves.
+// Throws: NotImplementedError when the config has no config.json form.
+nlohmann::json trainable_document(const GgufCheckpoint& checkpoint) {
+  NUMESH_CHECK(checkpoint.config_document().has_value(), NotImplementedError,
+               "{}: its RoPE frequency factors (rope_freqs.weight) are not a llama3 scaling's, "
+               "and a config.json has no form for others, while training saves a Hugging Face "
+               "folder: train from the model's Hugging Face folder instead",
+               checkpoint.location().string());
+  return *checkpoint.config_document();
+}
+
+}  // namespace
+
 CausalLmTrainer CausalLmTrainer::from_initial_weights(runtime::DeviceMesh mesh,
                                                       const std::filesystem::path& dir,
                                                       std::uint32_t seed, TrainingOptions options,
                                                       ops::ModelAxes axes) {
+  if (GgufCheckpoint::is_gguf(dir)) {
+    const GgufCheckpoint checkpoint = GgufCheckpoint::open(dir);
+    return CausalLmTrainer(std::move(mesh), trainable_document(checkpoint),
+                           initial_weights(checkpoint.config(), seed), std::move(options),
+                           std::move(axes));
+  }
   const HfConfig config = HfConfig::load(dir);  // checks the file, naming what is wrong
   std::ifstream in(dir / "config.json");
   return CausalLmTrainer(std::move(mesh), nlohmann::json::parse(in), initial_weights(config, seed),
@@ -122,6 +144,15 @@ CausalLmTrainer CausalLmTrainer::from_initial_weights(runtime::DeviceMesh mesh,
 
 CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
                                       TrainingOptions options, ops::ModelAxes axes) {
+  if (GgufCheckpoint::is_gguf(dir)) {
+    // Its weights in fp32 (a block format's dequantized as GGML defines it); no optimizer state.
+    const GgufCheckpoint checkpoint = GgufCheckpoint::open(dir);
+    nlohmann::json doc = trainable_document(checkpoint);
+    const CausalLmWeights weights =
+        CausalLmWeights::load(checkpoint.config(), checkpoint, DType::kF32);
+    return CausalLmTrainer(std::move(mesh), std::move(doc), weights, std::move(options),
+                           std::move(axes));
+  }
   const HfConfig config = HfConfig::load(dir);  // checks the file, naming what is wrong
   std::ifstream in(dir / "config.json");
   nlohmann::json doc = nlohmann::json::parse(in);  // well-formed: HfConfig::load read it

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -64,6 +66,17 @@ inline RopeScaling rope_frequency_factors(std::vector<double> divisors) {
   s.frequency_factors = std::move(divisors);
   return s;
 }
+
+/// The llama3 scaling whose divisors per pair (the unscaled frequency over the scaled one, as
+/// GGUF's rope_freqs holds them, in f32) are `divisors`, for head_dim `d` and `theta`: Llama
+/// 3.1's scaling read back from llama.cpp's form, for a config.json. The divisors fix the
+/// factor and original_max_position over each band factor, not the three alone, so the answer
+/// takes low_freq_factor 1 (Llama 3.1's own), and its frequencies are within 1e-5 of the
+/// divisors' (f32's rounding aside, the same). A band of one blended pair leaves its edges
+/// open: it is read with Llama 3.1's high_freq_factor / low_freq_factor of 4. nullopt when no
+/// llama3 scaling (of that ratio, for one pair) gives them, or no pair is blended.
+std::optional<RopeScaling> llama3_of_divisors(std::span<const double> divisors, std::int64_t d,
+                                              double theta);
 
 /// "none", "linear", "llama3" (the names of Hugging Face's `rope_type`), "factors".
 std::string_view to_string(RopeScaling::Kind kind) noexcept;

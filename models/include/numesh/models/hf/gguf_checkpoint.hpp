@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -62,6 +64,14 @@ class GgufCheckpoint final : public Checkpoint {
 
   /// The config the metadata gives.
   [[nodiscard]] const HfConfig& config() const noexcept { return config_; }
+  /// The metadata as the config.json document HfConfig::parse reads as config(), for what saves
+  /// a model as a Hugging Face folder (training from a GGUF file). A rope_freqs tensor goes in
+  /// as the llama3 rope_scaling that gives its factors (ops::llama3_of_divisors: frequencies
+  /// within 1e-5 of the file's, which config() keeps as they are); nullopt when no llama3
+  /// scaling gives them (a config.json has no form for other factors).
+  [[nodiscard]] const std::optional<nlohmann::json>& config_document() const noexcept {
+    return config_document_;
+  }
   /// The open files, the split set's parts in order; the first holds the metadata.
   [[nodiscard]] const std::vector<GgufFile>& files() const noexcept { return files_; }
   /// The format most of the weights' bytes are stored in that numesh keeps weights in (f32,
@@ -107,6 +117,7 @@ class GgufCheckpoint final : public Checkpoint {
 
   std::vector<GgufFile> files_;
   HfConfig config_;
+  std::optional<nlohmann::json> config_document_;
   DType stored_dtype_ = DType::kF32;
   std::map<std::string, Entry, std::less<>> entries_;
   std::vector<std::string> order_;

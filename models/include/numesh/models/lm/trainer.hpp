@@ -71,15 +71,20 @@ class CausalLmTrainer {
                   ops::ModelAxes axes = {});
   /// The model in `dir` (config.json and its safetensors, read as F32), and, when dir holds an
   /// optimizer.safetensors that a save() wrote, the optimizer's moments and step count, so that
-  /// training continues where it stopped.
+  /// training continues where it stopped. Or a GGUF model (GgufCheckpoint::is_gguf(dir)): its
+  /// metadata as the config.json (GgufCheckpoint::config_document), its weights in F32 (block
+  /// formats dequantized), the optimizer's state at zero; save() writes a Hugging Face folder.
+  /// Throws for a GGUF model also: NotImplementedError when its config has no config.json form
+  /// (a rope_freqs tensor), naming the file; what GgufCheckpoint::open throws.
   /// Throws: as HfConfig::load, SafetensorsCheckpoint::open and CausalLmWeights::load (a
   /// checkpoint that does not fit the config: ShapeError naming the tensor); ShapeError or
   /// KeyError naming the tensor when the optimizer's state does not fit the model; as the
   /// constructor.
   static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
                               TrainingOptions options, ops::ModelAxes axes = {});
-  /// The model of dir/config.json with transformers' initial weights (initial_weights(config,
-  /// seed)), optimizer state at zero, step 0: training from scratch.
+  /// The model of dir/config.json (or of a GGUF model's metadata, as load() reads it) with
+  /// transformers' initial weights (initial_weights(config, seed)), optimizer state at zero,
+  /// step 0: training from scratch.
   /// Throws: as HfConfig::load and the constructor.
   static CausalLmTrainer from_initial_weights(runtime::DeviceMesh mesh,
                                               const std::filesystem::path& dir, std::uint32_t seed,
