@@ -42,13 +42,22 @@ class Watcher {
 
   int write_fd() const noexcept { return write_fd_; }
 
-  // Arms `armed` (a null source: none); returns what was armed before.
-  // The bytes the pipe holds first go to the target armed until now (a signal that came during
-  // its call is its own, however late the watcher thread would have read it).
+  // Arms `armed` (a null source: none); returns what was armed before. The bytes the pipe
+  // holds first go to the target armed until now (a signal that came during its call is its
+  // own, however late the watcher thread would have read it).
   SigintTarget arm(SigintTarget armed) {
     const std::lock_guard lock(mutex_);
     take_bytes();
     return std::exchange(armed_, armed);
+  }
+  // Arms `source` for a watch that replaced Python's wakeup descriptor `replaced`: bytes go on
+  // to it, or, when it is the watcher's own (a watch nested in another), to where the outer
+  // watch sent them. Returns what was armed before.
+  SigintTarget arm_watch(runtime::CancelSource& source, int replaced) {
+    const std::lock_guard lock(mutex_);
+    take_bytes();
+    const int forward = replaced == write_fd_ ? armed_.forward_fd : replaced;
+    return std::exchange(armed_, SigintTarget{&source, forward});
   }
 
  private:
@@ -140,11 +149,7 @@ CtrlCWatch::CtrlCWatch() {
   } catch (const py::error_already_set&) {
     return;  // refused: Ctrl-C acts after the call
   }
-  // Nested in another watch, the descriptor replaced is the watcher's own: bytes go on to
-  // where the outer watch sent them.
-  const bool nested = replaced_fd_ == watcher->write_fd();
-  outer_ = watcher->arm({});
-  watcher->arm({&source_, nested ? outer_.forward_fd : replaced_fd_});
+  outer_ = watcher->arm_watch(source_, replaced_fd_);
   active_ = true;
 }
 

@@ -38,8 +38,6 @@ class CtrlCWatch {
 
   /// What SIGINT cancels.
   runtime::CancelSource& source() noexcept { return source_; }
-  /// Whether Ctrl-C reaches source() (see the class comment).
-  [[nodiscard]] bool active() const noexcept { return active_; }
 
   /// Raises the pending KeyboardInterrupt (or whatever SIGINT's handler raises) as
   /// py::error_already_set when a signal is pending; otherwise returns. Requires the GIL.
@@ -51,7 +49,7 @@ class CtrlCWatch {
 
  private:
   runtime::CancelSource source_;
-  bool active_ = false;
+  bool active_ = false;   // Ctrl-C reaches source() (see the class comment)
   SigintTarget outer_;    // what was armed before (the watch this one nests in), armed after
   int replaced_fd_ = -1;  // the wakeup descriptor before, restored after
 };
