@@ -15,7 +15,7 @@
 //   BM_DeviceGemm/<dtype>[_row_invariant]  the same GEMM by device_gemm on two threads with the
 //                   weights stored out-in, in kF32 (the prefill tiles) and kRowInvariant (a
 //                   serving engine's: row blocks of 16 through the decode kernels)
-//   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's gelu_inplace
+//   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's activation_inplace
 //                   (Eigen's vectorized erf) against a scalar std::erf loop
 //   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
 //                   FMAs, the figure "% of peak" is taken against
@@ -94,7 +94,8 @@ void BM_Mlp_EigenSingleThread(benchmark::State& state) {
   ops::RowMatrix h(kTokens, kInter), y(kTokens, kHidden);
   for (auto _ : state) {
     h.noalias() = x * w1;
-    ops::gelu_inplace(ops::MatrixMap(h.data(), h.rows(), h.cols()));
+    ops::activation_inplace(ops::Activation::kGeluErf,
+                            ops::MatrixMap(h.data(), h.rows(), h.cols()));
     y.noalias() = h * w2;
     benchmark::DoNotOptimize(y.data());
   }
@@ -110,7 +111,8 @@ void BM_Mlp_OpenBlasTwoThreads(benchmark::State& state) {
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kTokens, kInter, kHidden, 1.0f, x.data(),
                 kHidden, w1.data(), kInter, 0.0f, h.data(), kInter);
-    ops::gelu_inplace(ops::MatrixMap(h.data(), h.rows(), h.cols()));
+    ops::activation_inplace(ops::Activation::kGeluErf,
+                            ops::MatrixMap(h.data(), h.rows(), h.cols()));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kTokens, kHidden, kInter, 1.0f, h.data(),
                 kInter, w2.data(), kHidden, 0.0f, y.data(), kHidden);
     benchmark::DoNotOptimize(y.data());
@@ -198,8 +200,8 @@ void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precis
 }
 
 // GELU over an activation of the MLP's [512, 4096] (values of the spread x . W1 has), on one
-// thread: gelu_inplace inside a one-thread arena, or a scalar std::erf loop. Each iteration
-// starts again from the same values (copied in untimed).
+// thread: activation_inplace (kGeluErf) inside a one-thread arena, or a scalar std::erf loop. Each
+// iteration starts again from the same values (copied in untimed).
 void BM_Gelu(benchmark::State& state, bool vectorized) {
   const runtime::HostTensor source = random({kTokens, kInter}, 4, 0.64f);
   runtime::HostTensor h = source;
@@ -210,7 +212,8 @@ void BM_Gelu(benchmark::State& state, bool vectorized) {
       std::memcpy(h.data.data(), source.data.data(), h.data.size() * sizeof(float));
       state.ResumeTiming();
       if (vectorized) {
-        ops::gelu_inplace(ops::MatrixMap(h.data.data(), kTokens, kInter));
+        ops::activation_inplace(ops::Activation::kGeluErf,
+                                ops::MatrixMap(h.data.data(), kTokens, kInter));
       } else {
         for (float& v : h.data) v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752440f));
       }

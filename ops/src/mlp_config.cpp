@@ -8,9 +8,9 @@ namespace numesh::ops {
 
 void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden,
                   std::int64_t intermediate) {
-  NUMESH_CHECK(kind == MlpKind::kSwiGLU || w.gate_bias.shape.empty(), ShapeError,
-               "mlp ({}): gate_bias {} given, but a GELU MLP has no gate", to_string(kind),
-               detail::shape_text(w.gate_bias));
+  NUMESH_CHECK(mlp_traits(kind).gated || w.gate_bias.shape.empty(), ShapeError,
+               "mlp ({}): gate_bias {} given, but a {} MLP has no gate", to_string(kind),
+               detail::shape_text(w.gate_bias), to_string(kind));
   const struct {
     const char* name;
     const runtime::HostTensor& t;

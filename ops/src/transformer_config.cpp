@@ -74,8 +74,8 @@ void TransformerConfig::validate() const {
 
 namespace {
 
-// Matrices of a dense MLP: SwiGLU's gate, up and down; GELU's up and down.
-double dense_mlp_matrices(MlpKind kind) { return kind == MlpKind::kSwiGLU ? 3.0 : 2.0; }
+// Matrices of a dense MLP: a gated one's gate, up and down; else up and down.
+double dense_mlp_matrices(MlpKind kind) { return mlp_traits(kind).gated ? 3.0 : 2.0; }
 
 }  // namespace
 
@@ -138,7 +138,7 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
         b.moe.shared_expert_gate = normal({h, 1}, rng, 0.0f, fan_in_scale(h));
       }
     } else {
-      if (c.mlp_kind == MlpKind::kSwiGLU)
+      if (mlp_traits(c.mlp_kind).gated)
         b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.down = normal({c.ffn, h}, rng, 0.0f, fan_in_scale(c.ffn));

@@ -265,7 +265,7 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j, "m/config.json: config field 'model_type' is missing");
   j = llama32();
   j["hidden_act"] = "gelu";
-  refused(j, "m/config.json: hidden_act 'gelu': numesh's MLPs are SwiGLU (silu)");
+  refused(j, "m/config.json: hidden_act 'gelu': llama's MLPs are swiglu (silu)");
   j = llama32();
   j.erase("vocab_size");
   refused(j, "m/config.json: config field 'vocab_size' is missing");

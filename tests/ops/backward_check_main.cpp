@@ -78,13 +78,13 @@ int main(int argc, char** argv) try {
     w.down = random_tensor({24, 16}, 9, 0.3f);
     const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f),
                          dy = random_tensor({5, 16}, 11, 1.0f);
-    const ops::MlpGrads g = ops::swiglu_mlp_backward(x, w, dy);
+    const ops::MlpGrads g = ops::mlp_backward(x, ops::MlpKind::kSwiGLU, w, dy);
     save("swiglu", "x", x), save("swiglu", "gate", w.gate), save("swiglu", "up", w.up);
     save("swiglu", "down", w.down), save("swiglu", "dy", dy);
     save("swiglu", "dx", g.dx), save("swiglu", "dgate", g.dgate), save("swiglu", "dup", g.dup);
     save("swiglu", "ddown", g.ddown);
     cases.push_back({{"name", "swiglu"}});
-    const ops::MlpGrads ge = ops::gelu_mlp_backward(x, w, dy);
+    const ops::MlpGrads ge = ops::mlp_backward(x, ops::MlpKind::kGelu, w, dy);
     save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down),
         save("gelu", "dy", dy);
     save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
@@ -92,7 +92,7 @@ int main(int argc, char** argv) try {
     w.gate_bias = random_tensor({24}, 12, 0.5f);
     w.up_bias = random_tensor({24}, 13, 0.5f);
     w.down_bias = random_tensor({16}, 14, 0.5f);
-    const ops::MlpGrads gb = ops::swiglu_mlp_backward(x, w, dy);
+    const ops::MlpGrads gb = ops::mlp_backward(x, ops::MlpKind::kSwiGLU, w, dy);
     const std::string nb = "swiglu_bias";
     save(nb, "x", x), save(nb, "gate", w.gate), save(nb, "up", w.up), save(nb, "down", w.down),
         save(nb, "dy", dy);

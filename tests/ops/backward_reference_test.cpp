@@ -67,12 +67,12 @@ TEST(BackwardReferenceTest, BadArgumentsAreNamed) {
                  .up = random_host({4, 6}, 6, 1.0f),
                  .down = random_host({6, 4}, 7, 1.0f)};
   mlp.up_bias = random_host({5}, 8, 1.0f);
-  EXPECT_THAT([&] { swiglu_mlp_backward(x, mlp, x); },
+  EXPECT_THAT([&] { mlp_backward(x, MlpKind::kSwiGLU, mlp, x); },
               ThrowsMessage<ShapeError>("swiglu backward: up bias is [5], expected [1, 6]"));
   mlp.up_bias = {};
   mlp.stored_as = DType::kBF16;
   EXPECT_THAT(
-      [&] { swiglu_mlp_backward(x, mlp, x); },
+      [&] { mlp_backward(x, MlpKind::kSwiGLU, mlp, x); },
       ThrowsMessage<NotImplementedError>(HasSubstr("16-bit weights are not differentiated yet")));
   const std::vector<std::int32_t> ids{0, 10, 1};
   EXPECT_THAT(

@@ -156,8 +156,7 @@ TEST_P(ShardedMlpBackwardTest, GradientsEqualTheDenseReference) {
         if (kind == MlpKind::kSwiGLU) w.gate_bias = random({f}, 8, 0.5f);
       }
       const runtime::HostTensor x = random({t, h}, 4, 1.0f), dy = random({t, h}, 5, 1.0f);
-      const MlpGrads want =
-          kind == MlpKind::kSwiGLU ? swiglu_mlp_backward(x, w, dy) : gelu_mlp_backward(x, w, dy);
+      const MlpGrads want = mlp_backward(x, kind, w, dy);
       // The sums run over T rows, F and H in another order than float64's: the forward's bound.
       const double bound =
           std::max(1e-5, 4.0 * std::max(f, t) * std::numeric_limits<float>::epsilon());

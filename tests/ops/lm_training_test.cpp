@@ -139,7 +139,7 @@ TEST_P(LmTrainingStepTest, BiasesAndQkNormsHaveTheReferenceGradients) {
 }
 
 // TransformerConfig::mlp_kind reaches the step's dense MLPs: a GELU MLP (up and down, no gate)
-// trains as the oracle's gelu_mlp_backward says, and has no "mlp.gate" parameter.
+// trains as the oracle's mlp_backward says, and has no "mlp.gate" parameter.
 TEST_P(LmTrainingStepTest, AGeluMlpHasTheReferenceGradients) {
   const runtime::DeviceMesh mesh = make_mesh(GetParam());
   TinyModel m;

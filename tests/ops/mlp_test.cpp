@@ -215,7 +215,7 @@ TEST(ShardedMlpErrorsTest, BadWeightsAndInputsNameTheShapes) {
   biased.gate_bias = random_host({32}, 4, 0.5f);
   EXPECT_THAT(
       [&] { ShardedMlp(m, MlpKind::kGelu, biased, 8); },
-      ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a GELU MLP has no gate"));
+      ThrowsMessage<ShapeError>("mlp (gelu): gate_bias [32] given, but a gelu MLP has no gate"));
   ShardedMlp mlp(m, MlpKind::kGelu, w, 8);
   EXPECT_THAT(
       [&] {

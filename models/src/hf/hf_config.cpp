@@ -170,8 +170,8 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   c.architecture = spec.architecture;
 
   const std::string act = f.has("hidden_act") ? f.text("hidden_act") : std::string(spec.hidden_act);
-  NUMESH_CHECK(act == spec.hidden_act, ValueError, "{}: hidden_act '{}': numesh's MLPs are {} ({})",
-               source, act, spec.mlp_kind == ops::MlpKind::kSwiGLU ? "SwiGLU" : "GELU",
+  NUMESH_CHECK(act == spec.hidden_act, ValueError, "{}: hidden_act '{}': {}'s MLPs are {} ({})",
+               source, act, spec.model_types.front(), ops::to_string(spec.mlp_kind),
                spec.hidden_act);
 
   c.vocab_size = f.positive("vocab_size");

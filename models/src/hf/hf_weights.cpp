@@ -195,7 +195,7 @@ CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoin
         b.moe.shared_expert_gate = r.linear(tensor("moe.shared_expert_gate"), h, 1);
       }
     } else {
-      if (t.mlp_kind == ops::MlpKind::kSwiGLU) b.mlp.gate = linear("mlp.gate", h, t.ffn);
+      if (ops::mlp_traits(t.mlp_kind).gated) b.mlp.gate = linear("mlp.gate", h, t.ffn);
       b.mlp.up = linear("mlp.up", h, t.ffn);
       b.mlp.down = linear("mlp.down", t.ffn, h);
       if (config.mlp_bias) {

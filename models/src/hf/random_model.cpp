@@ -115,7 +115,7 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
             1.0f / std::sqrt(static_cast<float>(h)), 0.0f, DType::kF32);
       }
     } else {
-      if (t.mlp_kind == ops::MlpKind::kSwiGLU) linear(hf("layers.{L}.mlp.gate"), t.ffn, h);
+      if (ops::mlp_traits(t.mlp_kind).gated) linear(hf("layers.{L}.mlp.gate"), t.ffn, h);
       linear(hf("layers.{L}.mlp.up"), t.ffn, h);
       linear(hf("layers.{L}.mlp.down"), h, t.ffn);
       if (c.mlp_bias) {
@@ -181,7 +181,7 @@ CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, doub
         b.moe.shared_expert_gate = matrix({h, 1});
       }
     } else {
-      if (t.mlp_kind == ops::MlpKind::kSwiGLU) b.mlp.gate = matrix({h, t.ffn});
+      if (ops::mlp_traits(t.mlp_kind).gated) b.mlp.gate = matrix({h, t.ffn});
       b.mlp.up = matrix({h, t.ffn});
       b.mlp.down = matrix({t.ffn, h});
       if (config.mlp_bias) {

@@ -6,42 +6,93 @@
 
 namespace numesh::ops {
 
-void gelu_inplace(MatrixMap x) {
-  parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
-    auto a = x.middleRows(r0, r1 - r0).array();
-    a = 0.5f * a * (1.0f + (a * 0.70710678118654752440f).erf());
-  });
-}
+namespace {
 
-void gelu_backward_inplace(ConstMatrixMap x, MatrixMap dy) {
-  parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
-    const auto a = x.middleRows(r0, r1 - r0).array();
+// Each activation as a pair of Eigen array expressions: value(a) = act(a) and slope(a) =
+// act'(a), both lazy, so that a kernel below fuses them into one pass over its rows.
+
+struct GeluErf {
+  // gelu(x) = x Phi(x); gelu'(x) = Phi(x) + x phi(x), Phi and phi the standard normal's
+  // distribution and density.
+  template <class A>
+  static auto value(const A& a) {
+    return 0.5f * a * (1.0f + (a * 0.70710678118654752440f).erf());
+  }
+  template <class A>
+  static auto slope(const A& a) {
     const auto cdf = 0.5f * (1.0f + (a * 0.70710678118654752440f).erf());
     const auto pdf = 0.39894228040143267794f * (-0.5f * a * a).exp();
-    dy.middleRows(r0, r1 - r0).array() *= cdf + a * pdf;
+    return cdf + a * pdf;
+  }
+};
+
+struct Silu {
+  // silu(x) = x s, s = sigmoid(x); silu'(x) = s (1 + x (1 - s)). exp(-x) overflows to inf for
+  // x < -88, and x / inf = -0, s = 0: the limits, no NaN.
+  template <class A>
+  static auto value(const A& a) {
+    return a / (1.0f + (-a).exp());
+  }
+  template <class A>
+  static auto slope(const A& a) {
+    const auto s = (1.0f + (-a).exp()).inverse();
+    return s * (1.0f + a * (1.0f - s));
+  }
+};
+
+// Runs `body.template operator()<Act>()` for act's functor.
+template <class Body>
+void with_activation(Activation act, Body&& body) {
+  switch (act) {
+    case Activation::kGeluErf:
+      body.template operator()<GeluErf>();
+      return;
+    case Activation::kSilu:
+      body.template operator()<Silu>();
+      return;
+  }
+}
+
+}  // namespace
+
+void activation_inplace(Activation act, MatrixMap x) {
+  with_activation(act, [&]<class Act>() {
+    parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
+      auto a = x.middleRows(r0, r1 - r0).array();
+      a = Act::value(a);
+    });
   });
 }
 
-void silu_mul_inplace(MatrixMap gate, ConstMatrixMap up) {
-  parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
-    auto g = gate.middleRows(r0, r1 - r0).array();
-    // exp(-g) overflows to inf for g < -88, and g / inf = -0: the limit, no NaN.
-    g = g / (1.0f + (-g).exp()) * up.middleRows(r0, r1 - r0).array();
+void activation_backward_inplace(Activation act, ConstMatrixMap x, MatrixMap dy) {
+  with_activation(act, [&]<class Act>() {
+    parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
+      dy.middleRows(r0, r1 - r0).array() *= Act::slope(x.middleRows(r0, r1 - r0).array());
+    });
   });
 }
 
-void silu_mul_backward(ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da, MatrixMap d_gate,
-                       MatrixMap d_up) {
-  parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
-    const std::int64_t n = r1 - r0;
-    const auto g = gate.middleRows(r0, n).array();
-    const auto u = up.middleRows(r0, n).array();
-    const auto a = da.middleRows(r0, n).array();
-    // sigmoid(g): exp(-g) = inf for g < -88 gives 0, the limit.
-    const auto s = (1.0f + (-g).exp()).inverse();
-    // d_up first: `da` may be d_gate's storage, which the second line overwrites.
-    d_up.middleRows(r0, n).array() = a * g * s;
-    d_gate.middleRows(r0, n).array() = a * u * s * (1.0f + g * (1.0f - s));
+void gated_inplace(Activation act, MatrixMap gate, ConstMatrixMap up) {
+  with_activation(act, [&]<class Act>() {
+    parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
+      auto g = gate.middleRows(r0, r1 - r0).array();
+      g = Act::value(g) * up.middleRows(r0, r1 - r0).array();
+    });
+  });
+}
+
+void gated_backward(Activation act, ConstMatrixMap gate, ConstMatrixMap up, ConstMatrixMap da,
+                    MatrixMap d_gate, MatrixMap d_up) {
+  with_activation(act, [&]<class Act>() {
+    parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
+      const std::int64_t n = r1 - r0;
+      const auto g = gate.middleRows(r0, n).array();
+      const auto u = up.middleRows(r0, n).array();
+      const auto a = da.middleRows(r0, n).array();
+      // d_up first: `da` may be d_gate's storage, which the second line overwrites.
+      d_up.middleRows(r0, n).array() = a * Act::value(g);
+      d_gate.middleRows(r0, n).array() = a * u * Act::slope(g);
+    });
   });
 }
 

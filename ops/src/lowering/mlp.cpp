@@ -26,7 +26,8 @@ using sharding::PartitionSpec;
 
 MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const MlpWeights& w,
                           const MlpAxes& axes) {
-  const char* what = kind == MlpKind::kGelu ? "mlp (gelu)" : "mlp (swiglu)";
+  const MlpKindTraits traits = mlp_traits(kind);
+  const std::string what = fmt::format("mlp ({})", traits.name);
   NUMESH_CHECK(w.up.shape.size() == 2 && w.down.shape.size() == 2, ShapeError,
                "{}: up {} and down {} must be matrices", what, shape_text(w.up),
                shape_text(w.down));
@@ -40,7 +41,7 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   NUMESH_CHECK(w.down.shape == (std::vector<std::int64_t>{layer.intermediate, layer.hidden}),
                ShapeError, "{}: up {} and down {} do not chain (expected down [{}, {}])", what,
                shape_text(w.up), shape_text(w.down), layer.intermediate, layer.hidden);
-  NUMESH_CHECK(kind == MlpKind::kGelu || w.gate.shape == w.up.shape, ShapeError,
+  NUMESH_CHECK(!traits.gated || w.gate.shape == w.up.shape, ShapeError,
                "{}: gate {} and up {} differ", what, shape_text(w.gate), shape_text(w.up));
   check_biases(w, kind, layer.hidden, layer.intermediate);
   const AxisRule tp = mesh.mesh().has_axis(axes.tensor) ? AxisRule(axes.tensor) : AxisRule();
@@ -62,7 +63,7 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
   layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
   layer.down = detail::laid_out_out_in(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
-  if (kind == MlpKind::kSwiGLU)
+  if (traits.gated)
     layer.gate = detail::laid_out_out_in(mesh, w.gate, PartitionSpec({zero, tp}), w.stored_as);
   return layer;
 }
@@ -80,7 +81,7 @@ void check_mlp_io_shapes(const MlpLayer& layer, const runtime::ShardedTensor& x,
                fmt::join(x.shape(), "x"), x.spec().repr(), fmt::join(y.shape(), "x"), layer.hidden);
 }
 
-// The MLP's weights as the run multiplies them (gate null for GELU).
+// The MLP's weights as the run multiplies them (gate null without a gate).
 struct MlpRunWeights {
   runtime::ShardedTensor& up;    // [F, H]
   runtime::ShardedTensor& down;  // [H, F]
@@ -121,10 +122,10 @@ std::vector<sharding::Placement> mlp_partial_placements(const runtime::ShardedTe
   return y_placed;
 }
 
-// Per device: h = act(x w_up + b_up) (SwiGLU: silu(x w_gate + b_gate) .* (x w_up + b_up))
-// into scratch. A forward kept for the backward keeps the pre-activations too: the activation
+// Per device: h = act(x w_up + b_up) (gated: act(x w_gate + b_gate) .* (x w_up + b_up)) into
+// scratch. A forward kept for the backward keeps the pre-activations too: the activation
 // then reads a copy. Fills hidden (and saved's per-slot buffers).
-runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w,
+runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w, Activation act,
                               runtime::ShardedTensor& xc, runtime::ShardedTensor* gate_bias,
                               runtime::ShardedTensor* up_bias,
                               const std::vector<const runtime::Frontier*>& inputs,
@@ -153,14 +154,14 @@ runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w,
     runtime::Tensor* wg = gate != nullptr ? &gate->shard(s) : nullptr;
     const std::span<const float> bg = detail::row_of(gate_bias, s), bu = detail::row_of(up_bias, s);
     pb.add_flops(s, flops);
-    return [prec, &xs, &hs, us, gs, &wu, wg, rows, h, bg, bu] {
+    return [prec, act, &xs, &hs, us, gs, &wu, wg, rows, h, bg, bu] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
-      if (wg == nullptr) {  // GELU
+      if (wg == nullptr) {  // no gate
         MatrixMap pre = as_matrix(us != nullptr ? *us : hs);
         device_gemm(xm, as_out_in_weight(wu), pre, prec);
         add_bias_rows(pre, bu);
         if (us != nullptr) as_matrix(hs) = pre;
-        gelu_inplace(as_matrix(hs));
+        activation_inplace(act, as_matrix(hs));
         return;
       }
       MatrixMap gate_pre = as_matrix(gs != nullptr ? *gs : hs);
@@ -169,7 +170,7 @@ runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w,
       add_bias_rows(gate_pre, bg);
       add_bias_rows(as_matrix(*us), bu);
       if (gs != nullptr) as_matrix(hs) = gate_pre;
-      silu_mul_inplace(as_matrix(hs), as_matrix(std::as_const(*us)));
+      gated_inplace(act, as_matrix(hs), as_matrix(std::as_const(*us)));
     };
   });
 }
@@ -248,7 +249,8 @@ runtime::Frontier emit_mlp(ProgramBuilder& pb, const MlpLayer& layer, runtime::S
   std::vector<const runtime::Frontier*> inputs;
   for (const runtime::Frontier& f : ready) inputs.push_back(&f);
   const runtime::Frontier projected =
-      emit_mlp_up(pb, w, xc, gate_bias, up_bias, inputs, rows, layer.hidden, name, saved, hidden);
+      emit_mlp_up(pb, w, mlp_traits(layer.kind).activation, xc, gate_bias, up_bias, inputs, rows,
+                  layer.hidden, name, saved, hidden);
   const runtime::Frontier done = emit_mlp_down(pb, w.down, hidden, y_partial, y_placed, down_bias,
                                                rows, layer.hidden, projected, name);
   return pb.reshard(y_partial, y_placed, y, sharding::to_placements(y.spec(), m, rank), done,

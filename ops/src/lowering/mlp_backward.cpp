@@ -59,6 +59,7 @@ struct MlpBackward {
   bool direct;  // dx itself takes the products
   runtime::ShardedTensor& dx_partial;
   double forward_flops;
+  Activation activation;  // the layer kind's
 };
 
 // The shared state: the sizes and placements, and the weights' and dx's tensors as each device
@@ -66,7 +67,7 @@ struct MlpBackward {
 MlpBackward mlp_backward_context(ProgramBuilder& pb, const MlpSaved& saved,
                                  const MlpGradients& grads, runtime::ShardedTensor& dx,
                                  const std::string& name, std::int64_t h,
-                                 const MlpBiasGradients& d_bias) {
+                                 const MlpBiasGradients& d_bias, Activation activation) {
   const std::size_t rank = dx.shape().size();
   runtime::ShardedTensor& xc = *saved.x;
   const std::int64_t rows = xc.layout().elements_per_device() / h;
@@ -108,7 +109,8 @@ MlpBackward mlp_backward_context(ProgramBuilder& pb, const MlpSaved& saved,
                      .direct = direct,
                      .dx_partial = dx_partial,
                      .forward_flops = 2.0 * static_cast<double>(rows * h * f_local) *
-                                      (saved.gate != nullptr ? 3.0 : 2.0)};
+                                      (saved.gate != nullptr ? 3.0 : 2.0),
+                     .activation = activation};
 }
 
 // Per device: da = dy w_down and d_w_down = dy^T h. The backward multiplies by the weights
@@ -149,7 +151,8 @@ runtime::Frontier emit_mlp_up_backward(const MlpBackward& st,
   const MlpSaved& saved = st.saved;
   const MatmulPrecision prec = st.prec;
   const std::int64_t rows = st.rows, h = st.h, f_local = st.f_local;
-  const bool gelu = saved.gate == nullptr;
+  const bool gated = saved.gate != nullptr;
+  const Activation act = st.activation;
   return pb.per_device(st.name + ".up_bwd", {&down_done}, [&](std::int64_t s) {
     const auto i = static_cast<std::size_t>(s);
     runtime::Tensor& das = *d_act[i];
@@ -157,33 +160,33 @@ runtime::Frontier emit_mlp_up_backward(const MlpBackward& st,
     runtime::Tensor* gate_pre = saved.gate_pre[i];
     runtime::Tensor& xs = st.xc.shard(s);
     runtime::Tensor& wu = saved.up->shard(s);  // [F_local, H]
-    runtime::Tensor* wg = gelu ? nullptr : &saved.gate->shard(s);
+    runtime::Tensor* wg = gated ? &saved.gate->shard(s) : nullptr;
     runtime::Tensor& gu = st.d_up.shard(s);
-    runtime::Tensor* gg = gelu ? nullptr : &st.d_gate->shard(s);
-    runtime::Tensor* d_up_pre = gelu ? nullptr : &pb.scratch(s, {rows, f_local});
-    runtime::Tensor* gate_term = gelu ? nullptr : &pb.scratch(s, {rows, h});
+    runtime::Tensor* gg = gated ? &st.d_gate->shard(s) : nullptr;
+    runtime::Tensor* d_up_pre = gated ? &pb.scratch(s, {rows, f_local}) : nullptr;
+    runtime::Tensor* gate_term = gated ? &pb.scratch(s, {rows, h}) : nullptr;
     runtime::Tensor& dxs = st.dx_partial.shard(s);
     runtime::Tensor* gbg = st.d_bias.gate != nullptr ? &st.d_bias.gate->shard(s) : nullptr;
     runtime::Tensor* gbu = st.d_bias.up != nullptr ? &st.d_bias.up->shard(s) : nullptr;
-    pb.add_flops(s, st.forward_flops * (gelu ? 1.0 : 4.0 / 3.0));
-    return [prec, &das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs, gbg,
-            gbu, rows, h] {
+    pb.add_flops(s, st.forward_flops * (gated ? 4.0 / 3.0 : 1.0));
+    return [prec, act, &das, &up_pre, gate_pre, &xs, &wu, wg, &gu, gg, d_up_pre, gate_term, &dxs,
+            gbg, gbu, rows, h] {
       const ConstMatrixMap xm(xs.values().data(), rows, h);
       MatrixMap dxm(dxs.values().data(), rows, h);
       // A bias' gradient: its pre-activation's gradient summed over the rows (its slice of F).
       const auto bias_grad = [](runtime::Tensor* grad, const runtime::Tensor& d_pre) {
         if (grad != nullptr) as_matrix(*grad) = as_matrix(d_pre).colwise().sum();
       };
-      if (wg == nullptr) {  // GELU: d_pre = da .* gelu'(pre), in place of da
-        gelu_backward_inplace(as_matrix(std::as_const(up_pre)), as_matrix(das));
+      if (wg == nullptr) {  // no gate: d_pre = da .* act'(pre), in place of da
+        activation_backward_inplace(act, as_matrix(std::as_const(up_pre)), as_matrix(das));
         bias_grad(gbu, das);
         device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(gu), 0.0f, prec);
         device_gemm(as_matrix(std::as_const(das)), as_weight(wu), dxm, prec);
         return;
       }
-      // SwiGLU: d_gate_pre in place of da, d_up_pre beside it.
-      silu_mul_backward(as_matrix(std::as_const(*gate_pre)), as_matrix(std::as_const(up_pre)),
-                        as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
+      // Gated: d_gate_pre in place of da, d_up_pre beside it.
+      gated_backward(act, as_matrix(std::as_const(*gate_pre)), as_matrix(std::as_const(up_pre)),
+                     as_matrix(std::as_const(das)), as_matrix(das), as_matrix(*d_up_pre));
       bias_grad(gbg, das);
       bias_grad(gbu, *d_up_pre);
       device_gemm_transposed_a(as_matrix(std::as_const(das)), xm, as_matrix(*gg), 0.0f, prec);
@@ -243,7 +246,8 @@ runtime::Frontier emit_mlp_backward(ProgramBuilder& pb, const MlpLayer& layer,
   runtime::Frontier dy_ready = after;
   runtime::ShardedTensor& dyc = canonical_gradient(pb, dy, gradient_placements(saved.y_placed),
                                                    saved.partial_placed, name + ".dy", dy_ready);
-  const MlpBackward st = mlp_backward_context(pb, saved, grads, dx, name, layer.hidden, d_bias);
+  const MlpBackward st = mlp_backward_context(pb, saved, grads, dx, name, layer.hidden, d_bias,
+                                              mlp_traits(layer.kind).activation);
 
   std::vector<runtime::Tensor*> d_act(static_cast<std::size_t>(pb.mesh().size()));
   const runtime::Frontier down_done = emit_mlp_down_backward(st, dyc, dy_ready, d_act);

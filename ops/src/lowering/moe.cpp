@@ -229,7 +229,7 @@ runtime::Frontier emit_shared_expert(ProgramBuilder& pb, const MoeLayer& layer,
       device_gemm(xm, as_out_in_weight(wg), as_matrix(hs), prec);
       device_gemm(xm, as_out_in_weight(wu), as_matrix(us), prec);
       if (&act != &hs) as_matrix(act) = as_matrix(std::as_const(hs));
-      silu_mul_inplace(as_matrix(act), as_matrix(std::as_const(us)));
+      gated_inplace(Activation::kSilu, as_matrix(act), as_matrix(std::as_const(us)));
       device_gemm(as_matrix(std::as_const(act)), as_out_in_weight(wd), as_matrix(ys), prec);
       MatrixMap ym(yp.values().data() + first * h, n, h);
       for (std::int64_t i = 0; i < n; ++i) {
@@ -419,7 +419,7 @@ runtime::Frontier emit_a2a_forward_experts(ProgramBuilder& pb, const AllToAllFor
         device_gemm(xm, as_weight(wg, le * wgt, h, fl, WeightLayout::kOutIn), hm, prec);
         device_gemm(xm, as_weight(wu, le * wgt, h, fl, WeightLayout::kOutIn), um, prec);
         if (am.data() != hm.data()) am = hm;
-        silu_mul_inplace(am, ConstMatrixMap(um.data(), total, fl));
+        gated_inplace(Activation::kSilu, am, ConstMatrixMap(um.data(), total, fl));
         device_gemm(ConstMatrixMap(am.data(), total, fl),
                     as_weight(wd, le * wgt, fl, h, WeightLayout::kOutIn),
                     MatrixMap(ye.values().data(), total, h), prec);
@@ -677,7 +677,7 @@ runtime::Frontier emit_gathered_moe_experts(const GatheredMoe& st,
         device_gemm(xc, as_weight(wg, le * wgt, h, fl, WeightLayout::kOutIn), hm, prec);
         device_gemm(xc, as_weight(wu, le * wgt, h, fl, WeightLayout::kOutIn), um, prec);
         if (am.data() != hm.data()) am = hm;
-        silu_mul_inplace(am, ConstMatrixMap(um.data(), n, fl));
+        gated_inplace(Activation::kSilu, am, ConstMatrixMap(um.data(), n, fl));
         device_gemm(ConstMatrixMap(am.data(), n, fl),
                     as_weight(wd, le * wgt, fl, h, WeightLayout::kOutIn), ym, prec);
         float* yv = yp.values().data();

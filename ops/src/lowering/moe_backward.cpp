@@ -116,7 +116,8 @@ void expert_backward_rows(MatmulPrecision prec, const ExpertTensors& t, std::int
   // d w_down (out-in) = g^T act.
   device_gemm(gc, as_weight(wd, le * wgt, h, fl), da, prec);
   device_gemm_transposed_a(gc, act, dwd, 0.0f, prec);
-  silu_mul_backward(gate_pre, up_pre, ConstMatrixMap(da.data(), da.rows(), fl), da, du);
+  gated_backward(Activation::kSilu, gate_pre, up_pre, ConstMatrixMap(da.data(), da.rows(), fl), da,
+                 du);
   const ConstMatrixMap dac(da.data(), da.rows(), fl), duc(du.data(), du.rows(), fl);
   device_gemm_transposed_a(dac, x, dwg, 0.0f, prec);
   device_gemm_transposed_a(duc, x, dwu, 0.0f, prec);
@@ -434,8 +435,9 @@ runtime::Frontier emit_shared_expert_backward(
           const ConstMatrixMap smc(sm.data(), n, h);
           device_gemm(smc, as_weight(wd), as_matrix(da), prec);
           device_gemm_transposed_a(smc, as_matrix(std::as_const(act)), as_matrix(gd), 0.0f, prec);
-          silu_mul_backward(as_matrix(std::as_const(gate_pre)), as_matrix(std::as_const(up_pre)),
-                            as_matrix(std::as_const(da)), as_matrix(da), as_matrix(du));
+          gated_backward(Activation::kSilu, as_matrix(std::as_const(gate_pre)),
+                         as_matrix(std::as_const(up_pre)), as_matrix(std::as_const(da)),
+                         as_matrix(da), as_matrix(du));
           device_gemm_transposed_a(as_matrix(std::as_const(da)), xm, as_matrix(gg), 0.0f, prec);
           device_gemm_transposed_a(as_matrix(std::as_const(du)), xm, as_matrix(gu), 0.0f, prec);
           device_gemm(as_matrix(std::as_const(da)), as_weight(wg), as_matrix(dx_gate), prec);

@@ -26,31 +26,30 @@ std::int64_t matrix_dim(const runtime::HostTensor& t, std::size_t i, const char*
   return t.shape[i];
 }
 
-// The SwiGLU MLP's gradients in float64: x [rows, H], w_gate and w_up [H, F], w_down [F, H],
+// A gated MLP's gradients in float64: x [rows, H], w_gate and w_up [H, F], w_down [F, H],
 // g = dy [rows, H].
 // `gate_bias` and `up_bias`: [1, F] rows added to the pre-activations (empty: none).
-SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
-                              const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias,
-                              const MatrixD& up_bias) {
+GatedGradsD gated_gradients(Activation act, const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
+                            const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias,
+                            const MatrixD& up_bias) {
   MatrixD a = xm * wg, b = xm * wu;  // gate and up pre-activations
   if (gate_bias.size() > 0) a.rowwise() += gate_bias.row(0);
   if (up_bias.size() > 0) b.rowwise() += up_bias.row(0);
   const Eigen::Index rows = xm.rows(), f = wg.cols();
-  MatrixD act(rows, f), da(rows, f), db(rows, f);
-  const MatrixD dz = g * wd.transpose();  // gradient of z = silu(a) .* b
+  MatrixD hidden(rows, f), da(rows, f), db(rows, f);
+  const MatrixD dz = g * wd.transpose();  // gradient of z = act(a) .* b
   for (Eigen::Index r = 0; r < rows; ++r) {
     for (Eigen::Index j = 0; j < f; ++j) {
-      const double sg = oracle::sigmoid(a(r, j));
-      const double silu = a(r, j) * sg;
-      act(r, j) = silu * b(r, j);
-      db(r, j) = dz(r, j) * silu;
-      da(r, j) = dz(r, j) * b(r, j) * sg * (1.0 + a(r, j) * (1.0 - sg));  // silu'(a)
+      const double value = activation(act, a(r, j));
+      hidden(r, j) = value * b(r, j);
+      db(r, j) = dz(r, j) * value;
+      da(r, j) = dz(r, j) * b(r, j) * activation_slope(act, a(r, j));
     }
   }
   return {da * wg.transpose() + db * wu.transpose(),
           xm.transpose() * da,
           xm.transpose() * db,
-          act.transpose() * g,
+          hidden.transpose() * g,
           da.colwise().sum(),
           db.colwise().sum()};
 }

@@ -1,7 +1,7 @@
 #pragma once
 
 // What the reference backward passes share (their files are one per operator, as the
-// lowerings' are): shape-checked float64 views of host tensors, the SwiGLU MLP's gradients
+// lowerings' are): shape-checked float64 views of host tensors, the gated MLPs' gradients
 // (the dense MLP's and every expert's) and RMSNorm's row backward (the norms' and attention's
 // q/k norms). Private to the references.
 
@@ -21,17 +21,17 @@ MatrixD checked_matrix(const runtime::HostTensor& t, std::int64_t rows, std::int
 /// Dim i of the matrix t. Throws: ShapeError naming `what` when t is not 2-D.
 std::int64_t matrix_dim(const runtime::HostTensor& t, std::size_t i, const char* what);
 
-/// The SwiGLU MLP's gradients in float64.
-struct SwigluGradsD {
+/// A gated MLP's gradients in float64 (act(x w_gate) .* (x w_up)) w_down.
+struct GatedGradsD {
   MatrixD dx, dgate, dup, ddown;
   MatrixD dgate_bias, dup_bias;  ///< [1, F]: the pre-activations' gradients summed over the rows
 };
 
 /// x [rows, H], w_gate and w_up [H, F], w_down [F, H], g = dy [rows, H]; `gate_bias` and
 /// `up_bias`: [1, F] rows added to the pre-activations (empty: none).
-SwigluGradsD swiglu_gradients(const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
-                              const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias = {},
-                              const MatrixD& up_bias = {});
+GatedGradsD gated_gradients(Activation act, const MatrixD& xm, const MatrixD& wg, const MatrixD& wu,
+                            const MatrixD& wd, const MatrixD& g, const MatrixD& gate_bias = {},
+                            const MatrixD& up_bias = {});
 
 using RowRef = Eigen::Ref<Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;
 using ConstRowRef = Eigen::Ref<const Eigen::RowVectorXd, 0, Eigen::InnerStride<>>;

@@ -148,8 +148,7 @@ HostTensor lm_reference_ffn_backward(const LmReferenceShapes& st, const BlockWei
     }
     dn2 = std::move(moe.dx);
   } else {
-    MlpGrads mlp = st.c.mlp_kind == MlpKind::kSwiGLU ? swiglu_mlp_backward(k.n2, b.mlp, d_stream)
-                                                     : gelu_mlp_backward(k.n2, b.mlp, d_stream);
+    MlpGrads mlp = mlp_backward(k.n2, st.c.mlp_kind, b.mlp, d_stream);
     // Llama's mlp_bias, where the model has it, as rows [1, n] (the step's layout).
     for (auto& [slot, grad] :
          {std::pair{"gate_bias", &mlp.dgate_bias}, std::pair{"up_bias", &mlp.dup_bias},

@@ -17,9 +17,9 @@
 namespace numesh::ops {
 
 using oracle::checked_matrix;
+using oracle::GatedGradsD;
 using oracle::matrix_dim;
 using oracle::MatrixD;
-using oracle::SwigluGradsD;
 
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
                       const runtime::HostTensor& dy, std::span<const double> dprobs) {
@@ -70,7 +70,7 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
       ge.row(u) = r.weight[static_cast<std::size_t>(ti)][static_cast<std::size_t>(j)] * g.row(ti);
     }
     const MatrixD out = oracle::swiglu_mlp(xe, wg, wu, wd);
-    const SwigluGradsD d = oracle::swiglu_gradients(xe, wg, wu, wd, ge);
+    const GatedGradsD d = oracle::gated_gradients(Activation::kSilu, xe, wg, wu, wd, ge);
     for (Eigen::Index u = 0; u < n; ++u) {
       const auto [ti, j] = uses[static_cast<std::size_t>(u)];
       dx.row(ti) += d.dx.row(u);
@@ -126,7 +126,7 @@ MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const M
       scaled.row(ti) = s * g.row(ti);
       dlogit(ti, 0) = s * (1.0 - s) * g.row(ti).dot(shared.row(ti));
     }
-    const SwigluGradsD d = oracle::swiglu_gradients(xm, sg, su, sd, scaled);
+    const GatedGradsD d = oracle::gated_gradients(Activation::kSilu, xm, sg, su, sd, scaled);
     dx += d.dx + dlogit * gate.transpose();
     out.dshared_gate = oracle::narrow(d.dgate, {h, fs});
     out.dshared_up = oracle::narrow(d.dup, {h, fs});

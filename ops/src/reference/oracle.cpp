@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -44,6 +45,31 @@ double sigmoid(double x) noexcept {
 }
 
 double silu(double x) noexcept { return x * sigmoid(x); }
+
+double activation(Activation act, double x) noexcept {
+  switch (act) {
+    case Activation::kGeluErf:
+      return gelu(x);
+    case Activation::kSilu:
+      return silu(x);
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+double activation_slope(Activation act, double x) noexcept {
+  switch (act) {
+    case Activation::kGeluErf: {  // Phi(x) + x phi(x)
+      const double cdf = 0.5 * std::erfc(-x / std::numbers::sqrt2);
+      const double pdf = std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
+      return cdf + x * pdf;
+    }
+    case Activation::kSilu: {
+      const double s = sigmoid(x);
+      return s * (1.0 + x * (1.0 - s));
+    }
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
 
 MatrixD stored(const runtime::HostTensor& t, std::int64_t rows, std::int64_t cols, DType dtype) {
   if (is_element_dtype(dtype)) return widen(runtime::rounded_to(t, dtype), rows, cols);
@@ -118,21 +144,21 @@ MatrixD projection_input(const MatrixD& x, DType weights) {
 
 namespace {
 
-// act(x w_in + b_in) w_out + b_out, act gelu without a gate, else silu(x w_gate + b_gate) .*
-// (x w_up + b_up); `biases` (nullptr: none) gives the b's, an empty one adding nothing.
-MatrixD mlp_of(const MatrixD& x, const MatrixD* w_gate, const MatrixD& w_in, const MatrixD& w_out,
-               DType weights, const MlpWeights* biases) {
+// act(x w_in + b_in) w_out + b_out without a gate, else act(x w_gate + b_gate) .* (x w_up +
+// b_up); `biases` (nullptr: none) gives the b's, an empty one adding nothing.
+MatrixD mlp_of(const MatrixD& x, Activation act, const MatrixD* w_gate, const MatrixD& w_in,
+               const MatrixD& w_out, DType weights, const MlpWeights* biases) {
   const runtime::HostTensor none;
   const MatrixD in = projection_input(x, weights);
   MatrixD up = in * w_in;
   add_bias(up, biases != nullptr ? biases->up_bias : none);
   MatrixD h;
   if (w_gate == nullptr) {
-    h = up.unaryExpr([](double v) { return gelu(v); });
+    h = up.unaryExpr([act](double v) { return activation(act, v); });
   } else {
     MatrixD gate = in * *w_gate;
     add_bias(gate, biases != nullptr ? biases->gate_bias : none);
-    h = gate.unaryExpr([](double v) { return silu(v); }).cwiseProduct(up);
+    h = gate.unaryExpr([act](double v) { return activation(act, v); }).cwiseProduct(up);
   }
   MatrixD y = projection_input(h, weights) * w_out;
   add_bias(y, biases != nullptr ? biases->down_bias : none);
@@ -142,19 +168,20 @@ MatrixD mlp_of(const MatrixD& x, const MatrixD* w_gate, const MatrixD& w_in, con
 }  // namespace
 
 MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights) {
-  return mlp_of(x, nullptr, w1, w2, weights, nullptr);
+  return mlp_of(x, Activation::kGeluErf, nullptr, w1, w2, weights, nullptr);
 }
 
 MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
                    const MatrixD& w_down, DType weights) {
-  return mlp_of(x, &w_gate, w_up, w_down, weights, nullptr);
+  return mlp_of(x, Activation::kSilu, &w_gate, w_up, w_down, weights, nullptr);
 }
 
 MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w) {
   const std::int64_t h = w.up.shape[0], f = w.up.shape[1];
   const DType d = w.stored_as;
-  const MatrixD gate = kind == MlpKind::kSwiGLU ? stored(w.gate, h, f, d) : MatrixD();
-  return mlp_of(x, kind == MlpKind::kSwiGLU ? &gate : nullptr, stored(w.up, h, f, d),
+  const MlpKindTraits traits = mlp_traits(kind);
+  const MatrixD gate = traits.gated ? stored(w.gate, h, f, d) : MatrixD();
+  return mlp_of(x, traits.activation, traits.gated ? &gate : nullptr, stored(w.up, h, f, d),
                 stored(w.down, f, h, d), d, &w);
 }
 

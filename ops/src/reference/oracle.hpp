@@ -55,6 +55,10 @@ double gelu(double x) noexcept;
 double sigmoid(double x) noexcept;
 /// x * sigmoid(x).
 double silu(double x) noexcept;
+/// act(x), in float64.
+double activation(Activation act, double x) noexcept;
+/// act'(x), in float64.
+double activation_slope(Activation act, double x) noexcept;
 
 /// gelu(x w1) w2, the weights stored as `weights` (already rounded by the caller; the
 /// projections' inputs are rounded here, projection_input()).

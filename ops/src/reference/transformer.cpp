@@ -52,7 +52,7 @@ void check_weights(const TransformerConfig& c, const TransformerWeights& w) {
       check_shared_expert(b.moe, h);
     } else {
       // A GELU MLP has no gate (MlpLayer ignores one; so does the oracle).
-      if (c.mlp_kind == MlpKind::kSwiGLU) expect_shape(b.mlp.gate, {h, c.ffn}, l, "mlp gate");
+      if (mlp_traits(c.mlp_kind).gated) expect_shape(b.mlp.gate, {h, c.ffn}, l, "mlp gate");
       expect_shape(b.mlp.up, {h, c.ffn}, l, "mlp up");
       expect_shape(b.mlp.down, {c.ffn, h}, l, "mlp down");
       check_biases(b.mlp, c.mlp_kind, h, c.ffn);

@@ -9,23 +9,58 @@
 
 namespace numesh::ops {
 
+/// An element-wise activation of an MLP's hidden values.
+enum class Activation : std::uint8_t {
+  kGeluErf,  ///< gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form
+  kSilu,     ///< silu(x) = x / (1 + exp(-x))
+};
+
+/// "gelu" or "silu".
+constexpr std::string_view to_string(Activation a) noexcept {
+  switch (a) {
+    case Activation::kGeluErf:
+      return "gelu";
+    case Activation::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
 /// Which MLP.
-enum class MlpKind {
+enum class MlpKind : std::uint8_t {
   kGelu,    ///< y = gelu(x w1) w2; weights "w1" [H, F], "w2" [F, H]
   kSwiGLU,  ///< y = (silu(x w_gate) .* (x w_up)) w_down; "w_gate", "w_up" [H, F], "w_down" [F, H]
 };
 
-/// "gelu" or "swiglu".
-inline std::string_view to_string(MlpKind kind) noexcept {
-  return kind == MlpKind::kGelu ? "gelu" : "swiglu";
+/// What an MLP kind is made of: every kind is act(x w_up) w_down, or, gated, (act(x w_gate) .*
+/// (x w_up)) w_down. The lowering, the references and the loaders read these, never the kind
+/// itself, so a new kind is one more row here.
+struct MlpKindTraits {
+  bool gated = false;  ///< has a gate projection (w_gate [H, F])
+  Activation activation = Activation::kGeluErf;
+  std::string_view name;  ///< as to_string() gives it
+};
+
+/// The traits of `kind`.
+constexpr MlpKindTraits mlp_traits(MlpKind kind) noexcept {
+  switch (kind) {
+    case MlpKind::kGelu:
+      return {.gated = false, .activation = Activation::kGeluErf, .name = "gelu"};
+    case MlpKind::kSwiGLU:
+      return {.gated = true, .activation = Activation::kSilu, .name = "swiglu"};
+  }
+  return {.name = "?"};
 }
 
-/// The weights of an MLP, in host memory (as loaded from .npy). For kGelu, `up` is w1 and
-/// `down` w2 and `gate` is unused (empty); for kSwiGLU all three are used. The biases are
+/// "gelu" or "swiglu".
+constexpr std::string_view to_string(MlpKind kind) noexcept { return mlp_traits(kind).name; }
+
+/// The weights of an MLP, in host memory (as loaded from .npy). Without a gate (kGelu) `up` is
+/// w1 and `down` w2 and `gate` is unused (empty); a gated kind uses all three. The biases are
 /// optional (Llama's mlp_bias): each is empty (no bias) or a vector added to its projection's
 /// output, before the activation for gate and up.
 struct MlpWeights {
-  runtime::HostTensor gate;  ///< [H, F], SwiGLU only
+  runtime::HostTensor gate;  ///< [H, F], gated kinds only
   runtime::HostTensor up;    ///< [H, F]
   runtime::HostTensor down;  ///< [F, H]
   /// The dtype the layer stores the matrices in: the host values are fp32 and are rounded to
@@ -38,10 +73,10 @@ struct MlpWeights {
   runtime::HostTensor gate_bias{}, up_bias{}, down_bias{};
 };
 
-/// Checks the optional biases of `w` against the MLP's sizes: gate_bias (SwiGLU only) and
+/// Checks the optional biases of `w` against the MLP's sizes: gate_bias (gated kinds only) and
 /// up_bias empty or [intermediate], down_bias empty or [hidden].
-/// Throws: ShapeError naming the bias, its shape and the size it must have; a gate_bias on a
-/// GELU MLP (which has no gate).
+/// Throws: ShapeError naming the bias, its shape and the size it must have; a gate_bias on an
+/// MLP without a gate.
 void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden,
                   std::int64_t intermediate);
 

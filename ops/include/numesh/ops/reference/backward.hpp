@@ -49,24 +49,20 @@ LinearGrads linear_backward(const runtime::HostTensor& x, const runtime::HostTen
 /// Gradients of an MLP (no biases, fp32 weights) given dy [rows, H].
 struct MlpGrads {
   runtime::HostTensor dx;     ///< [rows, H]
-  runtime::HostTensor dgate;  ///< [H, F] (empty for GELU)
+  runtime::HostTensor dgate;  ///< [H, F] (empty without a gate)
   runtime::HostTensor dup;    ///< [H, F]
   runtime::HostTensor ddown;  ///< [F, H]
-  /// The biases' gradients (SwiGLU; Llama's mlp_bias), shaped as MlpWeights holds them; empty
-  /// where the layer has none.
+  /// The biases' gradients (Llama's mlp_bias), shaped as MlpWeights holds them; empty where
+  /// the layer has none.
   runtime::HostTensor dgate_bias, dup_bias, ddown_bias;
 };
-/// The SwiGLU MLP y = (silu(x w_gate + b_gate) .* (x w_up + b_up)) w_down + b_down (each bias
-/// optional).
+/// The MLP of `kind`: y = act(x w_up + b_up) w_down + b_down, or, gated (SwiGLU), y =
+/// (act(x w_gate + b_gate) .* (x w_up + b_up)) w_down + b_down (each bias optional; w.gate
+/// unused without a gate).
 /// Throws: ShapeError when the weights or biases do not fit x; NotImplementedError for weights
 /// not stored as f32 (not yet differentiated).
-MlpGrads swiglu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w,
-                             const runtime::HostTensor& dy);
-/// The GELU MLP y = gelu(x w_up + b_up) w_down + b_down (exact erf form; w.gate unused; each
-/// bias optional).
-/// Throws: as swiglu_mlp_backward.
-MlpGrads gelu_mlp_backward(const runtime::HostTensor& x, const MlpWeights& w,
-                           const runtime::HostTensor& dy);
+MlpGrads mlp_backward(const runtime::HostTensor& x, MlpKind kind, const MlpWeights& w,
+                      const runtime::HostTensor& dy);
 
 /// Gradients of the attention layer y = attention_layer_reference(x, w, c) (causal from
 /// position 0, RoPE per config, GQA) given dy [B, T, H]; the weights as AttentionWeights holds
