@@ -4,7 +4,7 @@
     backward_check.py DIR
 
 DIR holds what backward_check_main wrote. Each case's forward is written here with torch
-operations in float64 (RMSNorm, LayerNorm (torch.nn.functional.layer_norm), a linear layer, the SwiGLU and GELU MLPs, causal GQA attention
+operations in float64 (RMSNorm, LayerNorm (torch.nn.functional.layer_norm), a linear layer, the SwiGLU, GeGLU and GELU MLPs, causal GQA attention
 with RoPE as Hugging Face's Llama writes it, a MoE layer routed as Mixtral's sparse block
 (softmax, top-k, renormalised) with GShard's capacity where asked and Qwen2-MoE's sigmoid-gated
 shared expert where present, an embedding lookup, the LM head with
@@ -135,6 +135,11 @@ def main():
             x, g, u, dn, dy = (load(n, "x", True), load(n, "gate", True), load(n, "up", True),
                                load(n, "down", True), load(n, "dy"))
             ((F.silu(x @ g) * (x @ u)) @ dn).backward(dy)
+            grads = {"dx": x.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
+        elif n == "geglu":  # Gemma's MLP: gelu_pytorch_tanh on the gate
+            x, g, u, dn, dy = (load(n, "x", True), load(n, "gate", True), load(n, "up", True),
+                               load(n, "down", True), load(n, "dy"))
+            ((F.gelu(x @ g, approximate="tanh") * (x @ u)) @ dn).backward(dy)
             grads = {"dx": x.grad, "dgate": g.grad, "dup": u.grad, "ddown": dn.grad}
         elif n == "gelu":
             x, u, dn, dy = load(n, "x", True), load(n, "up", True), load(n, "down", True), load(n, "dy")

@@ -88,6 +88,13 @@ int main(int argc, char** argv) try {
     save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down),
         save("gelu", "dy", dy);
     save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
+    // GeGLU (Gemma): SwiGLU's weights, gelu with tanh's approximation on the gate.
+    const ops::MlpGrads gg = ops::mlp_backward(x, ops::MlpKind::kGeGLU, w, dy);
+    save("geglu", "x", x), save("geglu", "gate", w.gate), save("geglu", "up", w.up);
+    save("geglu", "down", w.down), save("geglu", "dy", dy);
+    save("geglu", "dx", gg.dx), save("geglu", "dgate", gg.dgate), save("geglu", "dup", gg.dup);
+    save("geglu", "ddown", gg.ddown);
+    cases.push_back({{"name", "geglu"}});
     // With Llama's mlp_bias: biases on all three projections.
     w.gate_bias = random_tensor({24}, 12, 0.5f);
     w.up_bias = random_tensor({24}, 13, 0.5f);

@@ -145,15 +145,16 @@ TEST_P(ShardedMlpBackwardTest, GradientsEqualTheDenseReference) {
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
     for (const auto& [kind, biases] :
          {std::pair{MlpKind::kSwiGLU, false}, std::pair{MlpKind::kGelu, false},
-          std::pair{MlpKind::kSwiGLU, true}, std::pair{MlpKind::kGelu, true}}) {
+          std::pair{MlpKind::kGeGLU, false}, std::pair{MlpKind::kSwiGLU, true},
+          std::pair{MlpKind::kGelu, true}, std::pair{MlpKind::kGeGLU, true}}) {
       MlpWeights w;
       w.up = random({h, f}, 1, 0.3f);
       w.down = random({f, h}, 2, 0.3f);
-      if (kind == MlpKind::kSwiGLU) w.gate = random({h, f}, 3, 0.3f);
+      if (mlp_traits(kind).gated) w.gate = random({h, f}, 3, 0.3f);
       if (biases) {  // Llama's mlp_bias (and GELU MLPs' usual biases)
         w.up_bias = random({f}, 6, 0.5f);
         w.down_bias = random({h}, 7, 0.5f);
-        if (kind == MlpKind::kSwiGLU) w.gate_bias = random({f}, 8, 0.5f);
+        if (mlp_traits(kind).gated) w.gate_bias = random({f}, 8, 0.5f);
       }
       const runtime::HostTensor x = random({t, h}, 4, 1.0f), dy = random({t, h}, 5, 1.0f);
       const MlpGrads want = mlp_backward(x, kind, w, dy);

@@ -43,22 +43,19 @@ class ShardedMlpTest : public ::testing::TestWithParam<MeshCase> {
       bound);
 }
 
-TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForBothKindsAndShapes) {
+TEST_P(ShardedMlpTest, EqualsTheDenseReferenceForEveryKindAndShape) {
   const auto m = mesh();
   // (tokens, hidden, intermediate): one that divides every mesh here, one where correction
   // replicates (6 tokens over 4 batch devices, 30 intermediate over tp=4).
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
-    for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
+    for (MlpKind kind : kAllMlpKinds) {
       MlpWeights w;
       w.up = random_host({h, f}, 1, 0.3f);
       w.down = random_host({f, h}, 2, 0.3f);
-      if (kind == MlpKind::kSwiGLU) w.gate = random_host({h, f}, 3, 0.3f);
+      if (mlp_traits(kind).gated) w.gate = random_host({h, f}, 3, 0.3f);
       const runtime::HostTensor x = random_host({t, h}, 4, 1.0f);
       ShardedMlp mlp(m, kind, w, t);
-      const RowMatrix want =
-          kind == MlpKind::kGelu
-              ? mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down))
-              : mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down));
+      const RowMatrix want = mlp_reference(matrix(x), kind, w);
       const runtime::HostTensor y = mlp.forward(x);
       // The sharded sums run in another order (F split over tp, then the all-reduce): the
       // bound grows with the reduction length, max(1e-5, 2 * F * epsilon).
@@ -134,13 +131,13 @@ TEST_P(ShardedMlpTest, SequenceParallelAndFsdpEqualTheDenseReference) {
 TEST_P(ShardedMlpTest, BiasesEqualTheDenseReference) {
   const auto m = mesh();
   for (auto [t, h, f] : {std::tuple{8, 16, 32}, std::tuple{6, 12, 30}}) {
-    for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSwiGLU}) {
+    for (MlpKind kind : kAllMlpKinds) {
       MlpWeights w;
       w.up = random_host({h, f}, 1, 0.3f);
       w.down = random_host({f, h}, 2, 0.3f);
       w.up_bias = random_host({f}, 5, 0.5f);
       w.down_bias = random_host({h}, 6, 0.5f);
-      if (kind == MlpKind::kSwiGLU) {
+      if (mlp_traits(kind).gated) {
         w.gate = random_host({h, f}, 3, 0.3f);
         w.gate_bias = random_host({f}, 7, 0.5f);
       }

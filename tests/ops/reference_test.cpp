@@ -1,13 +1,16 @@
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "../common/matches_reference.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/compare.hpp"
+#include "numesh/ops/kernels/activations.hpp"
 #include "numesh/ops/reference/attention.hpp"
 #include "numesh/ops/reference/mlp.hpp"
 #include "numesh/ops/reference/moe.hpp"
@@ -47,6 +50,58 @@ TEST(ReferenceTest, GeluAndSiluMatchTheirClosedForms) {
   EXPECT_GT(silu(-100.0f), -1e-40f);  // -100 * e^-100, a denormal
   EXPECT_FLOAT_EQ(silu(100.0f), 100.0f);
   EXPECT_FALSE(std::isnan(silu(-std::numeric_limits<float>::max())));
+}
+
+// The kernels of every activation against PyTorch 1.13's F.gelu, F.gelu(approximate="tanh")
+// and F.silu and their autograd slopes in float64 (the float64 oracle's forms are held to
+// PyTorch by torch_check and backward_check, through the MLP references).
+TEST(ReferenceTest, ActivationKernelsAndTheOracleGivePyTorchsValuesAndSlopes) {
+  const std::array<double, 5> x{1.0, -1.0, 3.0, -3.0, 0.25};
+  struct Want {
+    Activation act;
+    std::array<double, 5> value, slope;
+  };
+  const Want wants[] = {
+      {Activation::kGeluErf,
+       {0.841344746068543, -0.15865525393145702, 2.99595030590511, -0.00404969409489031,
+        0.14967658142073093},
+       {1.0833154705876864, -0.08331547058768635, 1.011945647204184, -0.01194564720418392,
+        0.695373354883636}},
+      {Activation::kGeluTanh,
+       {0.8411919906082768, -0.15880800939172324, 2.996362607918227, -0.0036373920817729943,
+        0.149675350701685},
+       {1.0829640838457826, -0.08296408384578252, 1.0115841666309695, -0.011584166630969648,
+        0.6953540951510604}},
+      {Activation::kSilu,
+       {0.7310585786300049, -0.2689414213699951, 2.8577223804672998, -0.14227761953270035,
+        0.14054412522144952},
+       {0.9276705118714869, 0.07232948812851325, 1.0881041060151693, -0.08810410601516962,
+        0.6237100215701977}},
+  };
+  for (const Want& w : wants) {
+    RowMatrix values(1, 5), slopes = RowMatrix::Ones(1, 5);
+    for (int i = 0; i < 5; ++i) values(0, i) = static_cast<float>(x[i]);
+    const RowMatrix inputs = values;
+    activation_inplace(w.act, MatrixMap(values.data(), 1, 5));
+    activation_backward_inplace(w.act, ConstMatrixMap(inputs.data(), 1, 5),
+                                MatrixMap(slopes.data(), 1, 5));
+    for (int i = 0; i < 5; ++i) {
+      SCOPED_TRACE(fmt::format("{} at {}", to_string(w.act), x[i]));
+      EXPECT_NEAR(values(0, i), w.value[i], 2e-6);
+      EXPECT_NEAR(slopes(0, i), w.slope[i], 2e-6);
+    }
+    // Far out the kernels saturate to the limits (x or 0, slope 1 or 0), never NaN.
+    RowMatrix far(1, 2), far_slope = RowMatrix::Ones(1, 2);
+    far << 1e4f, -1e4f;
+    const RowMatrix far_in = far;
+    activation_inplace(w.act, MatrixMap(far.data(), 1, 2));
+    activation_backward_inplace(w.act, ConstMatrixMap(far_in.data(), 1, 2),
+                                MatrixMap(far_slope.data(), 1, 2));
+    EXPECT_FLOAT_EQ(far(0, 0), 1e4f) << to_string(w.act);
+    EXPECT_FLOAT_EQ(far(0, 1), 0.0f) << to_string(w.act);
+    EXPECT_FLOAT_EQ(far_slope(0, 0), 1.0f) << to_string(w.act);
+    EXPECT_FLOAT_EQ(far_slope(0, 1), 0.0f) << to_string(w.act);
+  }
 }
 
 TEST(ReferenceTest, MlpGeluMatchesADoublePrecisionComputation) {

@@ -5,7 +5,7 @@
 
 DIR holds what torch_check_main wrote: cases.json (the manifest: each case's op, parameters,
 calls, input files and numesh's output files) and the .npy files. For every case this script
-recomputes the op in float64 with torch (torch.nn.functional's exact-erf GELU and SiLU,
+recomputes the op in float64 with torch (torch.nn.functional's exact-erf and tanh GELUs, SiLU,
 matmuls, softmax) from the same fp32 inputs, then compares every numesh output with it:
 
   * non-finite values: got and want must be non-finite at the same elements, with the same
@@ -209,12 +209,20 @@ def mlp_swiglu(x, w_gate, w_up, w_down, dtype="f32"):
     return projection(F.silu(projection(x, w_gate, dtype)) * projection(x, w_up, dtype), w_down, dtype)
 
 
+def mlp_geglu(x, w_gate, w_up, w_down, dtype="f32"):
+    """Gemma's MLP: transformers' gelu_pytorch_tanh on the gate."""
+    return projection(F.gelu(projection(x, w_gate, dtype), approximate="tanh") * projection(x, w_up, dtype), w_down,
+                      dtype)
+
+
 def torch_bf16_mlp(op, inputs):
     """PyTorch's own MLP in torch.bfloat16 (every tensor bf16, as model.to(torch.bfloat16)
     runs it), widened to float64 for the comparison."""
     b = {name: t.float().to(torch.bfloat16) for name, t in inputs.items()}
     if op == "mlp_gelu":
         y = F.gelu(b["x"] @ b["w1"]) @ b["w2"]
+    elif op == "mlp_geglu":
+        y = (F.gelu(b["x"] @ b["w_gate"], approximate="tanh") * (b["x"] @ b["w_up"])) @ b["w_down"]
     else:
         y = (F.silu(b["x"] @ b["w_gate"]) * (b["x"] @ b["w_up"])) @ b["w_down"]
     return y.double()
@@ -295,10 +303,10 @@ def expected(d, case):
         logits = projection(inp("x"), inp("weight"), dtype)
         return {("y", 0): logits, ("logits", 0): logits,
                 ("greedy_ids", 0): torch.argmax(logits, dim=-1).double()[None, :]}
-    if op in ("mlp_gelu", "mlp_swiglu"):
+    if op in ("mlp_gelu", "mlp_swiglu", "mlp_geglu"):
         names = ("x", "w1", "w2") if op == "mlp_gelu" else ("x", "w_gate", "w_up", "w_down")
         inputs = {n: inp(n) for n in names}
-        mlp = mlp_gelu if op == "mlp_gelu" else mlp_swiglu
+        mlp = {"mlp_gelu": mlp_gelu, "mlp_swiglu": mlp_swiglu, "mlp_geglu": mlp_geglu}[op]
         out = {("y", 0): mlp(*inputs.values(), dtype)}
         if dtype == "bf16":
             own = torch_bf16_mlp(op, inputs)

@@ -7,7 +7,7 @@
 // (DIR/<case>_<tensor>.npy) and the outputs numesh produced (one file per implementation and
 // step, each with the tolerance class it is judged by; the bounds live in torch_check.py).
 // The cases, by op (docs/ops.md, "Checked against PyTorch", has the table):
-//   mlp_gelu, mlp_swiglu  the references on a small shape, and at T=64, H=256, F=512 the
+//   mlp_gelu, mlp_swiglu, mlp_geglu  the references on a small shape, and at T=64, H=256, F=512 the
 //                         references and ShardedMlp on tp1, tp2 (whose GEMMs are large enough
 //                         for gemm() to send them to OpenBLAS); the same with bf16 and f16
 //                         weights, and at T=3, F=1024 (the decode kernels); bf16 ones also
@@ -248,6 +248,23 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
              to_host(ops::mlp_swiglu_reference(to_matrix(x), to_matrix(mw.gate), to_matrix(mw.up),
                                                to_matrix(mw.down), stored)));
     sharded_outputs(c, ops::MlpKind::kSwiGLU, mw, x);
+    w.add(std::move(c));
+  }
+  {
+    Case c = w.begin("mlp_geglu_" + tail, "mlp_geglu", dtype_params(stored));
+    const HostTensor x = random_tensor({t, h}, rng);
+    ops::MlpWeights mw{.gate = random_tensor({h, f}, rng, 0.2f),
+                       .up = random_tensor({h, f}, rng, 0.2f),
+                       .down = random_tensor({f, h}, rng, 0.2f)};
+    mw.stored_as = stored;
+    w.input(c, "x", x);
+    w.input(c, "w_gate", mw.gate);
+    w.input(c, "w_up", mw.up);
+    w.input(c, "w_down", mw.down);
+    Writer::step(c, 0, t);
+    w.output(c, "mlp_reference (geglu)", 0, "reference",
+             to_host(ops::mlp_reference(to_matrix(x), ops::MlpKind::kGeGLU, mw)));
+    sharded_outputs(c, ops::MlpKind::kGeGLU, mw, x);
     w.add(std::move(c));
   }
 }

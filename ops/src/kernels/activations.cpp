@@ -26,6 +26,22 @@ struct GeluErf {
   }
 };
 
+struct GeluTanh {
+  // gelu(x) ~ 0.5 x (1 + t), t = tanh(u), u = k (x + c x^3), k = sqrt(2 / pi), c = 0.044715
+  // (PyTorch's approximate="tanh"); its slope 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2).
+  // Eigen's float tanh is vectorized, and saturates to +-1 for large |u|: no NaN.
+  static constexpr float kK = 0.79788456080286535588f, kC = 0.044715f;
+  template <class A>
+  static auto value(const A& a) {
+    return 0.5f * a * (1.0f + (kK * (a + kC * a * a * a)).tanh());
+  }
+  template <class A>
+  static auto slope(const A& a) {
+    const auto t = (kK * (a + kC * a * a * a)).tanh();
+    return 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * kK * (1.0f + 3.0f * kC * a * a);
+  }
+};
+
 struct Silu {
   // silu(x) = x s, s = sigmoid(x); silu'(x) = s (1 + x (1 - s)). exp(-x) overflows to inf for
   // x < -88, and x / inf = -0, s = 0: the limits, no NaN.
@@ -46,6 +62,9 @@ void with_activation(Activation act, Body&& body) {
   switch (act) {
     case Activation::kGeluErf:
       body.template operator()<GeluErf>();
+      return;
+    case Activation::kGeluTanh:
+      body.template operator()<GeluTanh>();
       return;
     case Activation::kSilu:
       body.template operator()<Silu>();

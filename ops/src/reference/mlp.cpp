@@ -54,9 +54,9 @@ RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, cons
 }
 
 RowMatrix mlp_reference(const RowMatrix& x, MlpKind kind, const MlpWeights& w) {
-  const bool swiglu = kind == MlpKind::kSwiGLU;
+  const bool gated = mlp_traits(kind).gated;
   NUMESH_CHECK(
-      w.up.shape.size() == 2 && w.down.shape.size() == 2 && (!swiglu || w.gate.shape == w.up.shape),
+      w.up.shape.size() == 2 && w.down.shape.size() == 2 && (!gated || w.gate.shape == w.up.shape),
       ShapeError, "mlp_{}: gate [{}], up [{}] and down [{}] must be matrices, gate shaped as up",
       to_string(kind), fmt::join(w.gate.shape, ", "), fmt::join(w.up.shape, ", "),
       fmt::join(w.down.shape, ", "));

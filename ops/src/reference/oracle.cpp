@@ -37,6 +37,15 @@ RowMatrix narrow(const MatrixD& m) { return m.cast<float>(); }
 
 double gelu(double x) noexcept { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 
+namespace {
+constexpr double kGeluTanhK = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluTanhC = 0.044715;
+}  // namespace
+
+double gelu_tanh(double x) noexcept {
+  return 0.5 * x * (1.0 + std::tanh(kGeluTanhK * (x + kGeluTanhC * x * x * x)));
+}
+
 double sigmoid(double x) noexcept {
   // 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below: neither overflows.
   if (x >= 0.0) return 1.0 / (1.0 + std::exp(-x));
@@ -50,6 +59,8 @@ double activation(Activation act, double x) noexcept {
   switch (act) {
     case Activation::kGeluErf:
       return gelu(x);
+    case Activation::kGeluTanh:
+      return gelu_tanh(x);
     case Activation::kSilu:
       return silu(x);
   }
@@ -62,6 +73,11 @@ double activation_slope(Activation act, double x) noexcept {
       const double cdf = 0.5 * std::erfc(-x / std::numbers::sqrt2);
       const double pdf = std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
       return cdf + x * pdf;
+    }
+    case Activation::kGeluTanh: {
+      const double t = std::tanh(kGeluTanhK * (x + kGeluTanhC * x * x * x));
+      return 0.5 * (1.0 + t) +
+             0.5 * x * (1.0 - t * t) * kGeluTanhK * (1.0 + 3.0 * kGeluTanhC * x * x);
     }
     case Activation::kSilu: {
       const double s = sigmoid(x);

@@ -51,6 +51,8 @@ inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }
 
 /// 0.5 x (1 + erf(x / sqrt(2))).
 double gelu(double x) noexcept;
+/// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), PyTorch's gelu(approximate="tanh").
+double gelu_tanh(double x) noexcept;
 /// 1 / (1 + e^-x), in a form that overflows for no x.
 double sigmoid(double x) noexcept;
 /// x * sigmoid(x).

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 
@@ -11,15 +12,19 @@ namespace numesh::ops {
 
 /// An element-wise activation of an MLP's hidden values.
 enum class Activation : std::uint8_t {
-  kGeluErf,  ///< gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form
-  kSilu,     ///< silu(x) = x / (1 + exp(-x))
+  kGeluErf,   ///< gelu(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form
+  kGeluTanh,  ///< 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), PyTorch's
+              ///< gelu(approximate="tanh"), transformers' "gelu_pytorch_tanh"
+  kSilu,      ///< silu(x) = x / (1 + exp(-x))
 };
 
-/// "gelu" or "silu".
+/// "gelu", "gelu_tanh" or "silu".
 constexpr std::string_view to_string(Activation a) noexcept {
   switch (a) {
     case Activation::kGeluErf:
       return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
     case Activation::kSilu:
       return "silu";
   }
@@ -30,7 +35,11 @@ constexpr std::string_view to_string(Activation a) noexcept {
 enum class MlpKind : std::uint8_t {
   kGelu,    ///< y = gelu(x w1) w2; weights "w1" [H, F], "w2" [F, H]
   kSwiGLU,  ///< y = (silu(x w_gate) .* (x w_up)) w_down; "w_gate", "w_up" [H, F], "w_down" [F, H]
+  kGeGLU,   ///< y = (gelu_tanh(x w_gate) .* (x w_up)) w_down, SwiGLU's weights (Gemma)
 };
+
+/// Every MlpKind, in the enum's order.
+inline constexpr std::array kAllMlpKinds{MlpKind::kGelu, MlpKind::kSwiGLU, MlpKind::kGeGLU};
 
 /// What an MLP kind is made of: every kind is act(x w_up) w_down, or, gated, (act(x w_gate) .*
 /// (x w_up)) w_down. The lowering, the references and the loaders read these, never the kind
@@ -48,11 +57,13 @@ constexpr MlpKindTraits mlp_traits(MlpKind kind) noexcept {
       return {.gated = false, .activation = Activation::kGeluErf, .name = "gelu"};
     case MlpKind::kSwiGLU:
       return {.gated = true, .activation = Activation::kSilu, .name = "swiglu"};
+    case MlpKind::kGeGLU:
+      return {.gated = true, .activation = Activation::kGeluTanh, .name = "geglu"};
   }
   return {.name = "?"};
 }
 
-/// "gelu" or "swiglu".
+/// "gelu", "swiglu" or "geglu".
 constexpr std::string_view to_string(MlpKind kind) noexcept { return mlp_traits(kind).name; }
 
 /// The weights of an MLP, in host memory (as loaded from .npy). Without a gate (kGelu) `up` is
