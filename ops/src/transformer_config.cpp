@@ -65,6 +65,8 @@ void TransformerConfig::validate() const {
         ValueError, "transformer: dense layer {} is listed twice", l);
   }
   NUMESH_CHECK(norm_eps >= 0.0f, ValueError, "transformer: norm_eps {} is negative", norm_eps);
+  NUMESH_CHECK(std::isfinite(norm_weight_offset), ValueError,
+               "transformer: norm_weight_offset {} is not finite", norm_weight_offset);
   for (std::int64_t l = 0; l < layers; ++l) {
     NUMESH_CHECK(mlp_kind == MlpKind::kSwiGLU || !is_moe(l), NotImplementedError,
                  "transformer: layer {} is MoE and mlp_kind is {}: MoE experts are SwiGLU only", l,
@@ -138,8 +140,7 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
         b.moe.shared_expert_gate = normal({h, 1}, rng, 0.0f, fan_in_scale(h));
       }
     } else {
-      if (mlp_traits(c.mlp_kind).gated)
-        b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
+      if (mlp_traits(c.mlp_kind).gated) b.mlp.gate = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.up = normal({h, c.ffn}, rng, 0.0f, fan_in_scale(h));
       b.mlp.down = normal({c.ffn, h}, rng, 0.0f, fan_in_scale(c.ffn));
     }

@@ -304,7 +304,7 @@ TEST_P(ShardedBackwardTest, RmsNormGradientsEqualTheDenseReference) {
     runtime::ShardedTensor& dxs = pb.tensor("dx", TensorRole::kOutput, x.shape, spec);
     const runtime::Frontier start = pb.join("start", {&x_in, &dy_in, &r_in});
     const runtime::Frontier done =
-        emit_rmsnorm_backward(pb, xs, ws, dys, &rs, dxs, dws, eps, start, "norm.bwd");
+        emit_rmsnorm_backward(pb, xs, ws, dys, &rs, dxs, dws, {.eps = eps}, start, "norm.bwd");
     pb.output("dx", dxs, done);
     pb.output("dw", dws, done);
     Program program = std::move(pb).compile();

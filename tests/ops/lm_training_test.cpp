@@ -163,6 +163,52 @@ TEST_P(LmTrainingStepTest, AGeluMlpHasTheReferenceGradients) {
             1e-4);
 }
 
+// Gemma's parts: a GeGLU MLP, RMSNorms that scale by 1 + w (norm_weight_offset; the stored w
+// is what trains, near 0) and an embedding scaled by sqrt(H), tied and untied: the loss and
+// every gradient equal the oracle's, and each part changes the loss (none was dropped).
+TEST_P(LmTrainingStepTest, GemmasPartsHaveTheReferenceGradients) {
+  const runtime::DeviceMesh mesh = make_mesh(GetParam());
+  TinyModel m;
+  m.config.mlp_kind = MlpKind::kGeGLU;
+  m.config.norm_weight_offset = 1.0f;
+  m.stack = TransformerWeights::random(m.config, 12);
+  std::uint32_t seed = 70;
+  const auto near_zero = [&](runtime::HostTensor& w) {
+    w = testing::random_host(w.shape, seed++, 0.1f);
+  };
+  for (BlockWeights& b : m.stack.blocks) {
+    near_zero(b.attn_norm);
+    near_zero(b.ffn_norm);
+  }
+  near_zero(m.stack.final_norm);
+  m.embedding.output_scale = std::sqrt(32.0f);
+  const std::vector<std::int32_t> inputs = ids(6), targets = ids(7);
+  for (const bool tied : {false, true}) {
+    const LmHeadWeights* head = tied ? nullptr : &m.head;
+    const std::string where = tied ? "gemma, tied" : "gemma";
+    const LmTrainingGrads want = lm_training_reference(m.config, m.embedding, m.stack, head, inputs,
+                                                       targets, kBatch, kTokens);
+    LmTrainingStep step(mesh, m.config, m.embedding, m.stack, head, kBatch, kTokens,
+                        axes_for(GetParam()));
+    EXPECT_NEAR(step.run(inputs, targets), want.loss, 1e-5 * want.loss) << where;
+    expect_gradients_match(step, want, where);
+    TinyModel other = m;
+    other.config.mlp_kind = MlpKind::kSwiGLU;
+    TinyModel no_offset = m;
+    no_offset.config.norm_weight_offset = 0.0f;
+    TinyModel unscaled = m;
+    unscaled.embedding.output_scale = 1.0f;
+    for (const TinyModel* changed : {&other, &no_offset, &unscaled}) {
+      EXPECT_GT(std::abs(lm_training_reference(changed->config, changed->embedding, changed->stack,
+                                               head, inputs, targets, kBatch, kTokens)
+                             .loss -
+                         want.loss),
+                1e-4)
+          << where;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Meshes, LmTrainingStepTest,
     ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{4}, {"tp"}},

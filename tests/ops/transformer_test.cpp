@@ -264,6 +264,30 @@ TEST_P(ShardedTransformerTest, GeluMlpsEqualTheDenseModel) {
   EXPECT_THAT(plan, ::testing::Not(HasSubstr("w_gate")));
 }
 
+// Gemma's block: GeGLU MLPs and RMSNorms that scale by 1 + w (norm_weight_offset), the stored
+// w near 0, equal the dense model, which the offset changes.
+TEST_P(ShardedTransformerTest, GemmasGegluAndNormOffsetEqualTheDenseModel) {
+  TransformerConfig c = small_config();
+  c.moe_every = 0;
+  c.mlp_kind = MlpKind::kGeGLU;
+  c.norm_weight_offset = 1.0f;
+  TransformerWeights w = TransformerWeights::random(c, 19);
+  std::uint32_t seed = 90;
+  for (BlockWeights& b : w.blocks) {
+    b.attn_norm = random_host(b.attn_norm.shape, seed++, 0.1f);
+    b.ffn_norm = random_host(b.ffn_norm.shape, seed++, 0.1f);
+  }
+  w.final_norm = random_host(w.final_norm.shape, seed++, 0.1f);
+  const std::string plan = prefill_and_decode_equal_the_dense_model(GetParam(), c, w, 400);
+  EXPECT_THAT(plan, HasSubstr("block1.mlp.w_gate"));
+  // Without the offset the norms scale by w alone: another model.
+  TransformerConfig plain = c;
+  plain.norm_weight_offset = 0.0f;
+  const runtime::HostTensor x = random_host({2, 3, c.hidden}, 401, 1.0f);
+  TransformerReference with(c, w, 2, 8), without(plain, w, 2, 8);
+  EXPECT_FALSE(matches_reference(with.forward(x, 0), without.forward(x, 0), 1e-2));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Meshes, ShardedTransformerTest,
     ::testing::Values(MeshCase{{1}, {"tp"}}, MeshCase{{2}, {"tp"}}, MeshCase{{2}, {"dp"}},
@@ -356,6 +380,8 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
       {[](TransformerConfig& c) { c.moe_ffn = 0; },
        "moe_ffn 0 must be positive and capacity_factor 0 not negative"},
       {[](TransformerConfig& c) { c.norm_eps = -1.0f; }, "norm_eps -1 is negative"},
+      {[](TransformerConfig& c) { c.norm_weight_offset = std::nanf(""); },
+       "norm_weight_offset nan is not finite"},
       {[](TransformerConfig& c) { c.shared_expert_ffn = -1; }, "shared_expert_ffn -1 is negative"},
       {[](TransformerConfig& c) {
          c.dense_layers = {0, 2};

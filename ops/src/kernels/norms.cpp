@@ -9,19 +9,26 @@
 
 namespace numesh::ops {
 
-void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, float eps) {
+void rmsnorm_rows(ConstMatrixMap x, ConstMatrixMap weight, MatrixMap y, RmsNormConstants norm) {
   const auto h = static_cast<float>(x.cols());
+  const float eps = norm.eps, offset = norm.weight_offset;
   // Each row is one task's: its sum of squares runs in the same order whatever the threads.
+  // weight + offset is summed as each row scales (no buffer: a serving step allocates nothing).
   parallel_blocks(x.rows(), row_block_for(x.cols()), [&](std::int64_t r0, std::int64_t r1) {
     for (Eigen::Index t = r0; t < r1; ++t) {
       const float scale = 1.0f / std::sqrt(x.row(t).squaredNorm() / h + eps);
-      y.row(t) = (x.row(t) * scale).cwiseProduct(weight.row(0));
+      if (offset == 0.0f) {
+        y.row(t) = (x.row(t) * scale).cwiseProduct(weight.row(0));
+      } else {
+        y.row(t) = ((x.row(t) * scale).array() * (weight.row(0).array() + offset)).matrix();
+      }
     }
   });
 }
 
-void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy, float eps,
-                           MatrixMap dx, MatrixMap d_weight) {
+void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixMap dy,
+                           RmsNormConstants norm, MatrixMap dx, MatrixMap d_weight) {
+  const float eps = norm.eps, offset = norm.weight_offset;
   const Eigen::Index rows = x.rows(), h = x.cols();
   const std::int64_t block = row_block_for(h);
   const std::int64_t blocks = (rows + block - 1) / block;
@@ -32,10 +39,16 @@ void rmsnorm_rows_backward(ConstMatrixMap x, ConstMatrixMap weight, ConstMatrixM
     for (Eigen::Index t = r0; t < r1; ++t) {
       const float r = 1.0f / std::sqrt(x.row(t).squaredNorm() / static_cast<float>(h) + eps);
       part += dy.row(t).cwiseProduct(x.row(t)) * r;
-      // g . x before dx (which may be dy's storage) is written.
-      const float mean_gx =
-          dy.row(t).cwiseProduct(weight.row(0)).dot(x.row(t)) / static_cast<float>(h);
-      dx.row(t) = dy.row(t).cwiseProduct(weight.row(0)) * r - x.row(t) * (r * r * r * mean_gx);
+      // g . x before dx (which may be dy's storage) is written; g = dy .* (weight + offset).
+      if (offset == 0.0f) {
+        const float mean_gx =
+            dy.row(t).cwiseProduct(weight.row(0)).dot(x.row(t)) / static_cast<float>(h);
+        dx.row(t) = dy.row(t).cwiseProduct(weight.row(0)) * r - x.row(t) * (r * r * r * mean_gx);
+      } else {
+        const auto g = dy.row(t).array() * (weight.row(0).array() + offset);
+        const float mean_gx = (g * x.row(t).array()).sum() / static_cast<float>(h);
+        dx.row(t) = (g * r - x.row(t).array() * (r * r * r * mean_gx)).matrix();
+      }
     }
   });
   d_weight.setZero();

@@ -428,12 +428,12 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
       if (!qns.empty()) {
         rmsnorm_rows(ConstMatrixMap(q.values().data(), rows * lq, dd),
                      ConstMatrixMap(qns.data(), 1, dd), MatrixMap(q.values().data(), rows * lq, dd),
-                     config.qk_norm_eps);
+                     {.eps = config.qk_norm_eps});
       }
       if (!kns.empty()) {
         rmsnorm_rows(ConstMatrixMap(k.values().data(), rows * lkv, dd),
                      ConstMatrixMap(kns.data(), 1, dd),
-                     MatrixMap(k.values().data(), rows * lkv, dd), config.qk_norm_eps);
+                     MatrixMap(k.values().data(), rows * lkv, dd), {.eps = config.qk_norm_eps});
       }
       if (config.rope_theta > 0.0f && ragged != nullptr) {
         // A ragged step: every token at its own sequence's position.

@@ -319,7 +319,7 @@ runtime::Frontier attention_bwd_input_projections(const AttentionBwd& st,
             const std::int64_t n = static_cast<std::int64_t>(dz.values().size()) / d;
             rmsnorm_rows_backward(ConstMatrixMap(pre->values().data(), n, d),
                                   as_matrix(std::as_const(*weight)),
-                                  ConstMatrixMap(dz.values().data(), n, d), qk_eps,
+                                  ConstMatrixMap(dz.values().data(), n, d), {.eps = qk_eps},
                                   MatrixMap(dz.values().data(), n, d), as_matrix(*grad));
           };
           norm_backward(q_pre, qn, gqn, dqs);

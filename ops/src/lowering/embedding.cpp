@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -62,7 +63,10 @@ EmbeddingLayer EmbeddingLayer::create(const runtime::DeviceMesh& mesh, const Emb
   NUMESH_CHECK(w.table.shape.size() == 2 && w.table.shape[0] >= 1 && w.table.shape[1] >= 1,
                ShapeError, "embedding: table {} must be [V, H] with V, H >= 1",
                shape_text(w.table));
+  NUMESH_CHECK(std::isfinite(w.output_scale) && w.output_scale != 0.0f, ValueError,
+               "embedding: output_scale {} must be finite and not 0", w.output_scale);
   EmbeddingLayer layer;
+  layer.output_scale = w.output_scale;
   layer.vocab = w.table.shape[0];
   layer.hidden = w.table.shape[1];
   const AxisRule vocab = mesh.mesh().has_axis(axes.vocab) ? AxisRule(axes.vocab) : AxisRule();
@@ -92,13 +96,17 @@ runtime::Frontier emit_embedding(ProgramBuilder& pb, const EmbeddingLayer& layer
     runtime::Tensor& os = out.shard(s);
     const std::int64_t first_row = x.layout().tile_offset(s)[0];
     const std::int64_t v0 = table.layout().tile_offset(s)[0], v1 = table.layout().tile_limit(s)[0];
-    return [&ts, &os, ids, rows, h, first_row, v0, v1] {
+    const float scale = layer.output_scale;
+    return [&ts, &os, ids, rows, h, first_row, v0, v1, scale] {
       float* dst = os.values().data();
       parallel_blocks(rows, row_block_for(h), [&](std::int64_t r0, std::int64_t r1) {
         for (std::int64_t r = r0; r < r1; ++r) {
           const std::int64_t id = (*ids)[static_cast<std::size_t>(first_row + r)];
           if (id >= v0 && id < v1) {
             widen_row(ts, id - v0, h, dst + r * h);
+            if (scale != 1.0f) {
+              for (float* v = dst + r * h; v != dst + (r + 1) * h; ++v) *v *= scale;
+            }
           } else {
             std::fill_n(dst + r * h, h, 0.0f);
           }

@@ -35,7 +35,8 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
     const std::int64_t first_row = dx.layout().tile_offset(s)[0];
     const std::int64_t v0 = partial.layout().tile_offset(s)[0],
                        v1 = partial.layout().tile_limit(s)[0];
-    return [&dxs, &ps, ids, rows, h, first_row, v0, v1] {
+    const float scale = layer.output_scale;  // x * 1 is x: the unscaled sums keep their bits
+    return [&dxs, &ps, ids, rows, h, first_row, v0, v1, scale] {
       const float* g = dxs.values().data();
       float* table = ps.values().data();
       std::fill_n(table, (v1 - v0) * h, 0.0f);
@@ -47,7 +48,7 @@ runtime::Frontier emit_embedding_backward(ProgramBuilder& pb, const EmbeddingLay
           if (id < v0 || id >= v1) continue;
           float* dst = table + (id - v0) * h;
           const float* src = g + r * h;
-          for (std::int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+          for (std::int64_t c = c0; c < c1; ++c) dst[c] += scale * src[c];
         }
       });
     };

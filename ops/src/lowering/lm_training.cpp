@@ -302,13 +302,13 @@ struct LmTrainingStep::Layers {
     // The block's forward after `after`, named `p`: its input is *stream + *ffn_out (the
     // previous block's output, added by the attention norm; ffn_out null for the first), and
     // they become the block's own output mid + f. Keeps in k what the backward reads.
-    runtime::Frontier emit_forward(const TrainingActivations& acts, float eps,
+    runtime::Frontier emit_forward(const TrainingActivations& acts, RmsNormConstants norm,
                                    const runtime::Frontier& after, const std::string& p,
                                    BlockKept& k, ShardedTensor*& stream, ShardedTensor*& ffn_out);
     // The block's backward after `after`, every operator's in reverse: *d_stream, the
     // gradient of the block's output, becomes that of its input. Returns the frontier after
     // which it is complete.
-    runtime::Frontier emit_backward(const TrainingActivations& acts, float eps,
+    runtime::Frontier emit_backward(const TrainingActivations& acts, RmsNormConstants norm,
                                     const runtime::Frontier& after, const std::string& p,
                                     const BlockKept& k, const RouterAuxGradient* aux,
                                     ShardedTensor*& d_stream);
@@ -405,7 +405,7 @@ void LmTrainingStep::Layers::Block::add_parameters(std::vector<TrainableParamete
 }
 
 runtime::Frontier LmTrainingStep::Layers::Block::emit_forward(
-    const TrainingActivations& acts, float eps, const runtime::Frontier& after,
+    const TrainingActivations& acts, RmsNormConstants norm, const runtime::Frontier& after,
     const std::string& p, BlockKept& k, ShardedTensor*& stream, ShardedTensor*& ffn_out) {
   ProgramBuilder& pb = acts.pb;
   ShardedTensor& norm_w = pb.use(p + ".attn_norm", TensorRole::kWeight, attn_norm);
@@ -414,7 +414,7 @@ runtime::Frontier LmTrainingStep::Layers::Block::emit_forward(
   k.block_in = ffn_out != nullptr ? &acts.activation(p + ".x") : stream;
   runtime::Frontier front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w,
                                                   ffn_out != nullptr ? k.block_in : nullptr, n1,
-                                                  eps, after, p + ".attn_norm");
+                                                  norm, after, p + ".attn_norm");
   ShardedTensor& attn_out = acts.activation(p + ".attn_out");
   front = emit_attention(pb, attention, n1, front, attn_out, p + ".attn", AttentionStep{},
                          &k.attention);
@@ -422,7 +422,7 @@ runtime::Frontier LmTrainingStep::Layers::Block::emit_forward(
   k.ffn_norm = &ffn_norm_w;
   k.mid = &acts.activation(p + ".h");
   ShardedTensor& n2 = acts.activation(p + ".ffn_in");
-  front = emit_residual_rmsnorm(pb, *k.block_in, &attn_out, &ffn_norm_w, k.mid, n2, eps, front,
+  front = emit_residual_rmsnorm(pb, *k.block_in, &attn_out, &ffn_norm_w, k.mid, n2, norm, front,
                                 p + ".ffn_norm");
   ShardedTensor& f = acts.activation(p + ".ffn_out");
   front = moe ? emit_moe(pb, *moe, n2, front, f, p + ".moe", nullptr, &k.moe)
@@ -434,7 +434,7 @@ runtime::Frontier LmTrainingStep::Layers::Block::emit_forward(
 }
 
 runtime::Frontier LmTrainingStep::Layers::Block::emit_backward(
-    const TrainingActivations& acts, float eps, const runtime::Frontier& after,
+    const TrainingActivations& acts, RmsNormConstants norm, const runtime::Frontier& after,
     const std::string& p, const BlockKept& k, const RouterAuxGradient* aux,
     ShardedTensor*& d_stream) {
   ProgramBuilder& pb = acts.pb;
@@ -450,7 +450,7 @@ runtime::Frontier LmTrainingStep::Layers::Block::emit_backward(
   runtime::Frontier front = dx_ready;
   ShardedTensor& dmid = acts.activation(p + ".h.grad");
   emit_rmsnorm_backward(pb, *k.mid, *k.ffn_norm, dn2, d_stream, dmid,
-                        pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, ffn_norm_grad), eps,
+                        pb.use(p + ".ffn_norm.grad", TensorRole::kOutput, ffn_norm_grad), norm,
                         front, p + ".ffn_norm.bwd", &dx_ready);
   front = dx_ready;
   ShardedTensor& dn1 = acts.activation(p + ".attn_in.grad");
@@ -459,7 +459,7 @@ runtime::Frontier LmTrainingStep::Layers::Block::emit_backward(
   front = dx_ready;
   ShardedTensor& d_in = acts.activation(p + ".x.grad");
   emit_rmsnorm_backward(pb, *k.block_in, *k.attn_norm, dn1, &dmid, d_in,
-                        pb.use(p + ".attn_norm.grad", TensorRole::kOutput, attn_norm_grad), eps,
+                        pb.use(p + ".attn_norm.grad", TensorRole::kOutput, attn_norm_grad), norm,
                         front, p + ".attn_norm.bwd", &dx_ready);
   d_stream = &d_in;
   return dx_ready;
@@ -531,12 +531,12 @@ void LmTrainingStep::compile() {
   // ---- forward ----
   runtime::Frontier front = emit_embedding(pb, L.embedding, &inputs_, {}, x_rows, "embedding");
   front = emit_same_shards(pb, x_rows, x, front, "embedding.to_activations");
-  const float eps = config_.norm_eps;
+  const RmsNormConstants norm = config_.norm_constants();
   std::vector<BlockKept> kept(L.blocks.size());
   ShardedTensor* stream = &x;
   ShardedTensor* ffn_out = nullptr;
   for (std::size_t l = 0; l < L.blocks.size(); ++l) {
-    front = L.blocks[l].emit_forward(acts, eps, front, fmt::format("block{}", l), kept[l], stream,
+    front = L.blocks[l].emit_forward(acts, norm, front, fmt::format("block{}", l), kept[l], stream,
                                      ffn_out);
   }
   const std::optional<RouterAuxGradient> aux = emit_router_aux(
@@ -544,7 +544,7 @@ void LmTrainingStep::compile() {
   ShardedTensor& final_w = pb.use("final_norm", TensorRole::kWeight, L.final_norm);
   ShardedTensor& z = acts.activation("final.x");
   ShardedTensor& y = acts.activation("final.y");
-  front = emit_residual_rmsnorm(pb, *stream, ffn_out, &final_w, &z, y, eps, front, "final_norm");
+  front = emit_residual_rmsnorm(pb, *stream, ffn_out, &final_w, &z, y, norm, front, "final_norm");
   ShardedTensor& y_rows = acts.rows_tensor("final.y.rows");
   front = emit_same_shards(pb, y, y_rows, front, "final.to_rows");
   ShardedTensor& losses = pb.tensor("losses", TensorRole::kOutput, {rows, 1}, acts.row_spec);
@@ -569,11 +569,11 @@ void LmTrainingStep::compile() {
   front = emit_same_shards(pb, dy_rows, dy, front, "final.grad_to_activations");
   ShardedTensor* d_stream = &acts.activation("final.x.grad");
   emit_rmsnorm_backward(pb, z, final_w, dy, nullptr, *d_stream,
-                        pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), eps,
+                        pb.use("final_norm.grad", TensorRole::kOutput, L.final_norm_grad), norm,
                         front, "final_norm.bwd", &dx_ready);
   front = dx_ready;
   for (std::size_t i = L.blocks.size(); i-- > 0;) {
-    front = L.blocks[i].emit_backward(acts, eps, front, fmt::format("block{}", i), kept[i],
+    front = L.blocks[i].emit_backward(acts, norm, front, fmt::format("block{}", i), kept[i],
                                       aux ? &*aux : nullptr, d_stream);
   }
   ShardedTensor& dx_rows = acts.rows_tensor("x.rows.grad");

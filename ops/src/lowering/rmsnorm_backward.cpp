@@ -17,7 +17,7 @@ namespace numesh::ops {
 runtime::Frontier emit_rmsnorm_backward(
     ProgramBuilder& pb, runtime::ShardedTensor& input, runtime::ShardedTensor& weight,
     runtime::ShardedTensor& d_out, runtime::ShardedTensor* d_residual,
-    runtime::ShardedTensor& d_input, runtime::ShardedTensor& d_weight, float eps,
+    runtime::ShardedTensor& d_input, runtime::ShardedTensor& d_weight, RmsNormConstants norm,
     const runtime::Frontier& after, const std::string& name, runtime::Frontier* dx_ready) {
   const std::int64_t h = input.shape().back();
   auto alike = [&](const runtime::ShardedTensor& t) {
@@ -47,11 +47,11 @@ runtime::Frontier emit_rmsnorm_backward(
     runtime::Tensor& dxs = d_input.shard(s);
     runtime::Tensor& dws = dw_partial.shard(s);
     pb.add_flops(s, static_cast<double>(rows * h) * (rs != nullptr ? 9.0 : 8.0));
-    return [&xs, &ws, &dys, rs, &dxs, &dws, rows, h, eps] {
+    return [&xs, &ws, &dys, rs, &dxs, &dws, rows, h, norm] {
       MatrixMap dx(dxs.values().data(), rows, h);
       rmsnorm_rows_backward(ConstMatrixMap(xs.values().data(), rows, h),
                             as_matrix(std::as_const(ws)),
-                            ConstMatrixMap(dys.values().data(), rows, h), eps, dx, as_matrix(dws));
+                            ConstMatrixMap(dys.values().data(), rows, h), norm, dx, as_matrix(dws));
       if (rs != nullptr) dx += ConstMatrixMap(rs->values().data(), rows, h);
     };
   });

@@ -206,7 +206,7 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
   runtime::Frontier front;
   runtime::ShardedTensor& x = pb.input("x", shape, spec, front);
   runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, shape, spec);
-  const float eps = config_.norm_eps;
+  const RmsNormConstants norm = config_.norm_constants();
   // Block l starts from its normalised input; the previous block's residual add and this
   // norm are one node per device.
   runtime::ShardedTensor* stream = &x;  // the residual stream entering the block
@@ -219,10 +219,10 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
     runtime::ShardedTensor* block_in = stream;
     if (ffn_out != nullptr) {
       block_in = &activation(p + ".x");
-      front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, block_in, n1, eps, front,
+      front = emit_residual_rmsnorm(pb, *stream, ffn_out, &norm_w, block_in, n1, norm, front,
                                     p + ".attn_norm");
     } else {
-      front = emit_residual_rmsnorm(pb, *stream, nullptr, &norm_w, nullptr, n1, eps, front,
+      front = emit_residual_rmsnorm(pb, *stream, nullptr, &norm_w, nullptr, n1, norm, front,
                                     p + ".attn_norm");
     }
     runtime::ShardedTensor& attn_out = activation(p + ".attn_out");
@@ -234,7 +234,7 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
         pb.use(p + ".ffn_norm", TensorRole::kWeight, layer.ffn_norm);
     runtime::ShardedTensor& mid = activation(p + ".h");
     runtime::ShardedTensor& n2 = activation(p + ".ffn_in");
-    front = emit_residual_rmsnorm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, eps, front,
+    front = emit_residual_rmsnorm(pb, *block_in, &attn_out, &ffn_norm_w, &mid, n2, norm, front,
                                   p + ".ffn_norm");
     runtime::ShardedTensor& f = activation(p + ".ffn_out");
     if (layer.moe) {
@@ -251,7 +251,7 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
   runtime::ShardedTensor* final_w =
       final_norm_ ? &pb.use("final_norm", TensorRole::kWeight, final_norm_) : nullptr;
   pb.output("y", y,
-            emit_residual_rmsnorm(pb, *stream, ffn_out, final_w, nullptr, y, eps, front,
+            emit_residual_rmsnorm(pb, *stream, ffn_out, final_w, nullptr, y, norm, front,
                                   final_w ? "final_norm" : "residual"));
   return std::move(pb).compile();
 }

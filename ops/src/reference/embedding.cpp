@@ -18,8 +18,9 @@ runtime::HostTensor embedding_reference(std::span<const std::int32_t> ids,
     NUMESH_CHECK(ids[r] >= 0 && ids[r] < v, IndexError,
                  "embedding: token {} at position {} is outside the vocabulary [0, {})", ids[r], r,
                  v);
-    std::copy_n(stored.data.begin() + ids[r] * h, h,
-                x.data.begin() + static_cast<std::int64_t>(r) * h);
+    std::transform(stored.data.begin() + ids[r] * h, stored.data.begin() + (ids[r] + 1) * h,
+                   x.data.begin() + static_cast<std::int64_t>(r) * h,
+                   [s = w.output_scale](float value) { return value * s; });
   }
   return x;
 }

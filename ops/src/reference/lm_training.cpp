@@ -65,9 +65,17 @@ struct LmReferenceShapes {
   std::int64_t rows, h;
   std::vector<std::int64_t> flat, shaped;
 
-  // RMSNorm of x's rows with weight w.
+  // The weight a block or final RMSNorm scales by: w + norm_weight_offset (fp32, as the
+  // kernels sum it). Its gradient is w's: the offset is a constant.
+  HostTensor norm_weight(const HostTensor& w) const {
+    HostTensor scaled = w;
+    for (float& v : scaled.data) v += c.norm_weight_offset;
+    return scaled;
+  }
+  // RMSNorm of x's rows with weight w (plus the offset).
   HostTensor norm(const HostTensor& x, const HostTensor& w) const {
-    return as_tensor(rmsnorm_reference(as_rows(x, rows, h), as_rows(w, 1, h), c.norm_eps), flat);
+    return as_tensor(
+        rmsnorm_reference(as_rows(x, rows, h), as_rows(norm_weight(w), 1, h), c.norm_eps), flat);
   }
 };
 
@@ -176,7 +184,8 @@ HostTensor lm_reference_block_backward(const LmReferenceShapes& st, const BlockW
   const TransformerConfig& c = st.c;
   const std::string p = fmt::format("layers.{}.", l);
   const HostTensor dn2 = lm_reference_ffn_backward(st, b, k, l, p, d_stream, aux_dprobs, out);
-  const RmsNormGrads ffn_norm = rmsnorm_backward(k.mid, b.ffn_norm, dn2, c.norm_eps);
+  const RmsNormGrads ffn_norm =
+      rmsnorm_backward(k.mid, st.norm_weight(b.ffn_norm), dn2, c.norm_eps);
   out.grads[p + "ffn_norm"] = ffn_norm.dweight;
   HostTensor dmid = sum(ffn_norm.dx, d_stream);
   HostTensor n1 = k.n1;
@@ -199,7 +208,7 @@ HostTensor lm_reference_block_backward(const LmReferenceShapes& st, const BlockW
     out.grads[p + "attention." + slot] = *grad;
   }
   const RmsNormGrads attn_norm =
-      rmsnorm_backward(k.block_in, b.attn_norm, attention.dx, c.norm_eps);
+      rmsnorm_backward(k.block_in, st.norm_weight(b.attn_norm), attention.dx, c.norm_eps);
   out.grads[p + "attn_norm"] = attn_norm.dweight;
   return sum(attn_norm.dx, dmid);
 }
@@ -226,7 +235,8 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
   out.loss = ce.loss;
   const std::vector<double> aux_dprobs =
       lm_reference_router_aux(c, stack, kept, router_aux_loss_coef, out);
-  const RmsNormGrads final_grads = rmsnorm_backward(stream, stack.final_norm, ce.dx, c.norm_eps);
+  const RmsNormGrads final_grads =
+      rmsnorm_backward(stream, st.norm_weight(stack.final_norm), ce.dx, c.norm_eps);
   out.grads["final_norm"] = final_grads.dweight;
   HostTensor d_stream = final_grads.dx;
   for (std::int64_t l = c.layers; l-- > 0;) {
@@ -234,6 +244,8 @@ LmTrainingGrads lm_training_reference(const TransformerConfig& c, const Embeddin
                                            kept[static_cast<std::size_t>(l)], l, d_stream,
                                            aux_dprobs, out);
   }
+  // The lookup's scale (Gemma's sqrt(H)) scales its gradient too.
+  for (float& v : d_stream.data) v *= embedding.output_scale;
   HostTensor table = embedding_backward(inputs, vocab, d_stream);
   if (head != nullptr) {
     out.grads["lm_head.weight"] = ce.dw;

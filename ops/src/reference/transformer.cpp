@@ -114,10 +114,14 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
                "transformer: {} tokens at position {} do not fit the KV cache of {} positions", t,
                position, max_len_);
   const std::int64_t seen = position + t;
+  // A block or final norm's weight as it scales: plus the config's offset (Gemma's 1 + w).
+  const auto norm_weight = [&](const runtime::HostTensor& w) {
+    return MatrixD(widen2(w).array() + static_cast<double>(c.norm_weight_offset));
+  };
   MatrixD xs = oracle::widen(x, batch_ * t, h);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const BlockWeights& b = weights_.blocks[static_cast<std::size_t>(l)];
-    const MatrixD n1 = oracle::rmsnorm(xs, widen2(b.attn_norm), c.norm_eps);
+    const MatrixD n1 = oracle::rmsnorm(xs, norm_weight(b.attn_norm), c.norm_eps);
     const DType attention_dtype = b.attention.stored_as;
     auto attention_weight = [&](const runtime::HostTensor& m) {
       return oracle::stored(m, m.shape[0], m.shape[1], attention_dtype);
@@ -159,7 +163,7 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
         attention_weight(b.attention.wo);
     oracle::add_bias(attended, b.attention.bo);
     const MatrixD hs = xs + attended;
-    const MatrixD n2 = oracle::rmsnorm(hs, widen2(b.ffn_norm), c.norm_eps);
+    const MatrixD n2 = oracle::rmsnorm(hs, norm_weight(b.ffn_norm), c.norm_eps);
     MatrixD f(batch_ * t, h);
     if (c.is_moe(l)) {
       // Group (i, j): sequences block i, tokens block j (tokens split only when T divides).
@@ -184,7 +188,7 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
     xs = hs + f;
   }
   if (!weights_.final_norm.shape.empty())
-    xs = oracle::rmsnorm(xs, widen2(weights_.final_norm), c.norm_eps);
+    xs = oracle::rmsnorm(xs, norm_weight(weights_.final_norm), c.norm_eps);
   return oracle::narrow(xs, {batch_, t, h});
 }
 

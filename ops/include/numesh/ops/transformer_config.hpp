@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "numesh/ops/attention_config.hpp"
+#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/mlp_config.hpp"
 #include "numesh/ops/moe_config.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -38,6 +39,9 @@ struct TransformerConfig {
   std::int64_t moe_every = 2;
   /// RMSNorm epsilon.
   float norm_eps = 1e-6f;
+  /// Added to the blocks' and the final RMSNorm's weights as they scale (Gemma: 1, its norms
+  /// multiplying by 1 + w); 0 for the other architectures. The attention's q/k norms take none.
+  float norm_weight_offset = 0.0f;
   /// Intermediate size of the MoE layers' shared expert (Qwen2-MoE); 0 = none.
   std::int64_t shared_expert_ffn = 0;
   /// Layers whose feed-forward is the dense MLP though moe_every makes them MoE
@@ -49,6 +53,10 @@ struct TransformerConfig {
   bool is_moe(std::int64_t layer) const noexcept {
     return moe_every > 0 && (layer + 1) % moe_every == 0 &&
            std::find(dense_layers.begin(), dense_layers.end(), layer) == dense_layers.end();
+  }
+  /// The block norms' and the final norm's constants (norm_eps, norm_weight_offset).
+  RmsNormConstants norm_constants() const noexcept {
+    return {.eps = norm_eps, .weight_offset = norm_weight_offset};
   }
   /// Throws: ValueError naming the offending sizes (non-positive sizes, num_kv_heads not
   /// dividing num_heads, top_k outside [1, experts], odd head_dim with RoPE, a negative

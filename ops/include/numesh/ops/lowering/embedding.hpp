@@ -32,14 +32,17 @@ struct EmbeddingLayer {
   std::int64_t vocab = 0;
   std::int64_t hidden = 0;
   std::shared_ptr<runtime::ShardedTensor> table;
+  float output_scale = 1.0f;  ///< EmbeddingWeights::output_scale
 
-  /// Throws: ShapeError naming the shape when the table is not [V, H] with V, H >= 1.
+  /// Throws: ShapeError naming the shape when the table is not [V, H] with V, H >= 1;
+  /// ValueError when output_scale is not finite or is 0.
   [[nodiscard]] static EmbeddingLayer create(const runtime::DeviceMesh& mesh,
                                              const EmbeddingWeights& weights,
                                              const EmbeddingAxes& axes = {});
 };
 
-/// Emits x[r, :] = table[ids[r], :] into x [rows, H] (H not split): each device fills its rows
+/// Emits x[r, :] = table[ids[r], :] * output_scale into x [rows, H] (H not split): each device
+/// fills its rows
 /// from its slice of the table (zeros where a token lies outside it), then the devices' parts
 /// are summed over the vocabulary axes (an all-reduce; nothing when the table is not split).
 /// `ids` is read when the program runs, so one compiled program serves every call.
@@ -52,13 +55,13 @@ runtime::Frontier emit_embedding(ProgramBuilder& program, const EmbeddingLayer& 
                                  const std::string& name);
 
 /// The backward of emit_embedding: given dx (the gradient of x, laid out like x), overwrites
-/// d_table (laid out as the table: gradient_like) with each row of dx added into its token's
-/// row (repeated tokens accumulate, in row order). Each device adds the rows whose tokens fall
-/// in its slice of the vocabulary into its slice; the slices are then all-reduced over the axes
-/// splitting the tokens. The forward's all-reduce over the vocabulary axes has an identity
-/// backward (gradients.hpp). REQUIRES: as emit_embedding, the same ids as the forward read.
-/// Returns the frontier after which d_table is complete.
-/// Throws: ShapeError naming the shapes when dx or d_table does not fit.
+/// d_table (laid out as the table: gradient_like) with each row of dx, times output_scale,
+/// added into its token's row (repeated tokens accumulate, in row order). Each device adds the rows
+/// whose tokens fall in its slice of the vocabulary into its slice; the slices are then all-reduced
+/// over the axes splitting the tokens. The forward's all-reduce over the vocabulary axes has an
+/// identity backward (gradients.hpp). REQUIRES: as emit_embedding, the same ids as the forward
+/// read. Returns the frontier after which d_table is complete. Throws: ShapeError naming the shapes
+/// when dx or d_table does not fit.
 runtime::Frontier emit_embedding_backward(ProgramBuilder& program, const EmbeddingLayer& layer,
                                           const std::vector<std::int32_t>* ids,
                                           runtime::ShardedTensor& dx,

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "numesh/ops/kernels/norms.hpp"
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/tensor.hpp"
@@ -11,7 +12,8 @@
 
 namespace numesh::ops {
 
-/// Emits out = rmsnorm(a + b) .* weight per row of each device's shards: the residual add
+/// Emits out = rmsnorm(a + b) .* (weight + norm.weight_offset) per row of each device's
+/// shards (rmsnorm_rows, eps norm.eps): the residual add
 /// (when `b` is given), the sum also kept in `sum` (when given), then the norm (when `weight`
 /// is given; otherwise out = a + b). With b null: out = rmsnorm(a) .* weight. One node per
 /// device, after `after`; 4 FLOPs per element for the norm, 1 more for the add.
@@ -21,7 +23,7 @@ namespace numesh::ops {
 runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::ShardedTensor& a,
                                         runtime::ShardedTensor* b, runtime::ShardedTensor* weight,
                                         runtime::ShardedTensor* sum, runtime::ShardedTensor& out,
-                                        float eps, const runtime::Frontier& after,
+                                        RmsNormConstants norm, const runtime::Frontier& after,
                                         const std::string& name);
 
 /// The backward of an RMSNorm that emit_residual_rmsnorm ran on `input` (the sum it kept, or
@@ -39,7 +41,7 @@ runtime::Frontier emit_residual_rmsnorm(ProgramBuilder& program, runtime::Sharde
 runtime::Frontier emit_rmsnorm_backward(
     ProgramBuilder& program, runtime::ShardedTensor& input, runtime::ShardedTensor& weight,
     runtime::ShardedTensor& d_out, runtime::ShardedTensor* d_residual,
-    runtime::ShardedTensor& d_input, runtime::ShardedTensor& d_weight, float eps,
+    runtime::ShardedTensor& d_input, runtime::ShardedTensor& d_weight, RmsNormConstants norm,
     const runtime::Frontier& after, const std::string& name, runtime::Frontier* dx_ready = nullptr);
 
 }  // namespace numesh::ops
