@@ -80,10 +80,11 @@ void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
     for (std::int64_t e = 0; e < ne; ++e) {
       const std::string& name = source.tensors[static_cast<std::size_t>(e0 + e)];
       std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;
+      // A slice of a fused tensor starts source.row_offset rows into it (its outputs).
       if (straight) {
-        read_straight(checkpoint, name, r0, nr, c0, nc, dtype, to);
+        read_straight(checkpoint, name, source.row_offset + r0, nr, c0, nc, dtype, to);
       } else {  // the shard is [in, out]: rows r of the box are inputs, columns outputs
-        read_transposed(checkpoint, name, c0, nc, r0, nr, dtype, to);
+        read_transposed(checkpoint, name, source.row_offset + c0, nc, r0, nr, dtype, to);
       }
     }
   });

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -51,6 +52,10 @@ const std::vector<Expected>& expected() {
       {Architecture::kQwen3Moe, "qwen3_moe", "qwen3moe", false, false, true, true, false, 128,
        SlidingWindowRule::kUseSlidingWindow, "model.layers.3.mlp.gate.weight",
        "model.layers.3.mlp.experts.5.down_proj.weight"},
+      {Architecture::kGemma, "gemma", "gemma", false, false, false, false, false, 256,
+       SlidingWindowRule::kNever, "", ""},
+      {Architecture::kPhi3, "phi3", "phi3", false, false, false, false, false, 0,
+       SlidingWindowRule::kWhenSet, "", ""},
   };
   return kRows;
 }
@@ -67,13 +72,18 @@ TEST(ArchitectureSpecTest, EveryArchitectureHasItsNamesAndProperties) {
     EXPECT_EQ(to_string(want.architecture), want.model_type);
     EXPECT_EQ(&architecture_spec(want.model_type, "config.json"), &s);
     EXPECT_EQ(s.gguf_name, want.gguf_name);
-    EXPECT_EQ(s.mlp_kind, ops::MlpKind::kSwiGLU);
-    EXPECT_EQ(s.hidden_act, "silu");
+    // Gemma's block differs in its MLP, its norms and its embedding; the others are Llama's.
+    const bool gemma = want.architecture == Architecture::kGemma;
+    EXPECT_EQ(s.mlp_kind, gemma ? ops::MlpKind::kGeGLU : ops::MlpKind::kSwiGLU);
+    EXPECT_EQ(s.hidden_act, gemma ? "gelu_pytorch_tanh" : "silu");
+    EXPECT_EQ(s.activation_field, gemma ? "hidden_activation" : "hidden_act");
+    EXPECT_EQ(s.default_tie_word_embeddings, gemma);
+    EXPECT_EQ(s.gguf_has_output, !gemma);
     EXPECT_EQ(s.qkv_bias, want.qkv_bias);
     EXPECT_EQ(s.mlp_bias_field, want.mlp_bias_field);
     EXPECT_EQ(s.qk_norm, want.qk_norm);
-    EXPECT_EQ(s.norm_offset, 0.0f);
-    EXPECT_EQ(s.embedding_scale, EmbeddingScale::kNone);
+    EXPECT_EQ(s.norm_offset, gemma ? 1.0f : 0.0f);
+    EXPECT_EQ(s.embedding_scale, gemma ? EmbeddingScale::kSqrtHidden : EmbeddingScale::kNone);
     EXPECT_EQ(s.sliding_window, want.sliding_window);
     EXPECT_EQ(s.default_head_dim, want.default_head_dim);
     EXPECT_EQ(s.moe.has_value(), want.moe);
@@ -86,9 +96,12 @@ TEST(ArchitectureSpecTest, EveryArchitectureHasItsNamesAndProperties) {
     EXPECT_EQ(s.hf_name("layers.{L}.attn_norm", 3), "model.layers.3.input_layernorm.weight");
     EXPECT_EQ(s.hf_name("layers.{L}.ffn_norm", 3),
               "model.layers.3.post_attention_layernorm.weight");
+    // Phi-3 fuses q, k and v into qkv_proj, gate and up into gate_up_proj (below).
+    const bool phi3 = want.architecture == Architecture::kPhi3;
     for (const char* p : {"q", "k", "v", "o"}) {
       EXPECT_EQ(s.hf_name(std::string("layers.{L}.attention.w") + p, 3),
-                std::string("model.layers.3.self_attn.") + p + "_proj.weight");
+                std::string("model.layers.3.self_attn.") + (phi3 && *p != 'o' ? "qkv" : p) +
+                    "_proj.weight");
       EXPECT_EQ(s.hf_name(std::string("layers.{L}.attention.b") + p, 3),
                 std::string("model.layers.3.self_attn.") + p + "_proj.bias");
     }
@@ -109,7 +122,9 @@ TEST(ArchitectureSpecTest, EveryArchitectureHasItsNamesAndProperties) {
     }
     EXPECT_EQ(s.find("layers.{L}.moe.shared_expert_gate") != nullptr, want.shared_expert);
     for (const TensorPattern& t : s.tensors) {
-      EXPECT_EQ(t.fused, FusedPart::kWhole) << t.slot;
+      if (!phi3) {
+        EXPECT_EQ(t.fused, FusedPart::kWhole) << t.slot;
+      }
       EXPECT_EQ(s.find(t.slot), &t) << t.slot << " is listed once";
     }
   }
@@ -141,7 +156,7 @@ TEST(ArchitectureSpecTest, UnknownNamesAndSlotsAreRefusedByName) {
   EXPECT_THAT([] { (void)architecture_spec("gpt2", "m/config.json"); },
               ThrowsMessage<ValueError>(
                   "m/config.json: model_type 'gpt2' is not an architecture numesh reads (it reads "
-                  "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)"));
+                  "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, phi3)"));
   EXPECT_THAT([] { (void)architecture_spec("Llama", "m/config.json"); },
               ThrowsMessage<ValueError>(::testing::HasSubstr("model_type 'Llama' is not")))
       << "model_type is matched exactly, as transformers does";
@@ -177,6 +192,50 @@ TEST(ArchitectureSpecTest, SaversNamesComeFromTheSpec) {
   ASSERT_EQ(gate.size(), 1u);
   EXPECT_EQ(gate[0].name, "model.layers.1.mlp.shared_expert_gate.weight");
   EXPECT_TRUE(gate[0].transposed);
+  // Phi-3's fused tensors: each slot its slice, fused_rows() its rows (heads 32 of 96, kv heads
+  // 8: q 3072 rows, k and v 768 each; an intermediate of 8192).
+  const struct {
+    const char* slot;
+    const char* name;
+    FusedPart part;
+    FusedRows rows;
+  } fused[] = {
+      {"layers.2.attention.wq",
+       "model.layers.2.self_attn.qkv_proj.weight",
+       FusedPart::kQ,
+       {0, 3072, 4608}},
+      {"layers.2.attention.wk",
+       "model.layers.2.self_attn.qkv_proj.weight",
+       FusedPart::kK,
+       {3072, 768, 4608}},
+      {"layers.2.attention.wv",
+       "model.layers.2.self_attn.qkv_proj.weight",
+       FusedPart::kV,
+       {3840, 768, 4608}},
+      {"layers.2.mlp.gate",
+       "model.layers.2.mlp.gate_up_proj.weight",
+       FusedPart::kGate,
+       {0, 8192, 16384}},
+      {"layers.2.mlp.up",
+       "model.layers.2.mlp.gate_up_proj.weight",
+       FusedPart::kUp,
+       {8192, 8192, 16384}},
+      {"layers.2.mlp.down",
+       "model.layers.2.mlp.down_proj.weight",
+       FusedPart::kWhole,
+       {0, 3072, 3072}},
+  };
+  for (const auto& f : fused) {
+    const std::vector<HfTensorPart> parts = hf_tensor_parts(f.slot, Architecture::kPhi3, 0);
+    ASSERT_EQ(parts.size(), 1u) << f.slot;
+    EXPECT_EQ(parts[0].name, f.name);
+    EXPECT_EQ(parts[0].fused, f.part) << f.slot;
+    EXPECT_FALSE(parts[0].transposed) << f.slot;
+    const FusedRows r = fused_rows(f.part, 3072, 768, 8192, 3072);
+    EXPECT_EQ(std::tuple(r.offset, r.rows, r.total),
+              std::tuple(f.rows.offset, f.rows.rows, f.rows.total))
+        << f.slot;
+  }
 }
 
 // HfConfig takes the architecture's MLP kind into the stack it builds, and its quirks from

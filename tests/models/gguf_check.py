@@ -48,6 +48,10 @@ FORMATS = {
     # Llama 3.1's RoPE scaling, tied embeddings: rope_freqs in the file (f32 divisors), so the
     # logits agree to rounding, not to the bit.
     "llama_tied_f32": FLOATS,
+    # Gemma: norms written as 1 + w (numesh takes the 1 off), tied, one kv head, head_dim 32.
+    "gemma_blocks": BLOCKS,
+    # Phi-3: attn_qkv and ffn_up (gate and up) fused, read as slices of one tensor.
+    "phi3_blocks": BLOCKS,
 }
 SCALED_TOLERANCE = 1e-5  # relative to the largest logit
 

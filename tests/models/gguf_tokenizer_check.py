@@ -6,8 +6,11 @@
 `write` builds tokenizer.ggml.* metadata as llama.cpp's converter does (convert_hf_to_gguf.py,
 get_vocab_base and _set_vocab_sentencepiece), from the real tokenizer.json files of Llama 3
 ("gpt2" with pre "llama-bpe") and Qwen3 ("gpt2" with pre "qwen2") that the tokenizer check's npm
-packages carry, and from a SentencePiece BPE model trained here with Llama 2's normalizer
-("llama": tokens, scores and types), each into a GGUF file with no tensors (gguf_writer.py).
+packages carry, and from two SentencePiece BPE models trained here, with Llama 2's normalizer and
+with Gemma's (no dummy prefix: add_space_prefix false) ("llama": tokens, scores, types and the
+normalizer's flags), each into a GGUF file with no tensors (gguf_writer.py). Each SentencePiece
+model also sits in a tiny model folder that gguf_tokenizer_check_main converts with numesh's own
+GGUF writer (write_gguf, `numesh convert`), whose tokenizer must give the same ids again.
 gguf_tokenizer_check_main loads each file's tokenizer (TextTokenizer::from_gguf) and the original
 (tokenizer.json, tokenizer.model), encodes and decodes every text of the tokenizer corpus with
 both, and `check` wants the same ids and texts: the original tokenizers are held to Hugging
@@ -68,8 +71,10 @@ def gpt2_metadata(w, tokenizer_json, pre):
     w.add_bool("tokenizer.ggml.add_bos_token", bos is not None and bos["content"] in post)
 
 
-def sentencepiece_metadata(w, model_file):
-    """tokenizer.ggml.* of a SentencePiece model, as _set_vocab_sentencepiece writes them."""
+def sentencepiece_metadata(w, model_file, add_dummy_prefix, remove_extra_whitespaces):
+    """tokenizer.ggml.* of a SentencePiece model, as _set_vocab_sentencepiece writes them (its
+    normalizer's add_dummy_prefix and remove_extra_whitespaces, which the model was trained
+    with, included)."""
     sp = spm.SentencePieceProcessor(model_file=model_file)
     tokens, scores, types = [], [], []
     for i in range(sp.get_piece_size()):
@@ -86,18 +91,38 @@ def sentencepiece_metadata(w, model_file):
     w.add_uint32("tokenizer.ggml.eos_token_id", sp.eos_id())
     w.add_uint32("tokenizer.ggml.unknown_token_id", sp.unk_id())
     w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_bool("tokenizer.ggml.add_space_prefix", add_dummy_prefix)
+    w.add_bool("tokenizer.ggml.remove_extra_whitespaces", remove_extra_whitespaces)
 
 
-def train_sentencepiece(d):
-    """A BPE model with byte fallback and Llama 2's normalizer (identity, a dummy prefix, extra
-    whitespace kept), trained on sentencepiece_check's text."""
+# SentencePiece BPE models with byte fallback, by their normalizer: Llama 2's (identity, a dummy
+# prefix, extra whitespace kept) and Gemma's (identity, no dummy prefix, whitespace kept; <pad>,
+# <eos>, <bos>, <unk> as ids 0-3).
+SENTENCEPIECE_MODELS = {
+    "sentencepiece": dict(add_dummy_prefix=True, bos_id=1, eos_id=2, unk_id=0, pad_id=-1),
+    "sentencepiece_gemma": dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3),
+}
+
+
+def train_sentencepiece(d, name):
+    """The model `name` of SENTENCEPIECE_MODELS trained on sentencepiece_check's text, in
+    DIR/name/tokenizer.model."""
     training, _ = sentencepiece_check.training_text(d)
-    spm.SentencePieceTrainer.train(input=training, model_prefix=os.path.join(d, "tokenizer"), vocab_size=1000,
+    os.makedirs(os.path.join(d, name), exist_ok=True)
+    spm.SentencePieceTrainer.train(input=training, model_prefix=os.path.join(d, name, "tokenizer"), vocab_size=1000,
                                    model_type="bpe", byte_fallback=True, character_coverage=1.0,
                                    normalization_rule_name="identity", remove_extra_whitespaces=False,
-                                   add_dummy_prefix=True, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
-                                   minloglevel=2)
-    return os.path.join(d, "tokenizer.model")
+                                   minloglevel=2, **SENTENCEPIECE_MODELS[name])
+    return os.path.join(d, name, "tokenizer.model")
+
+
+def model_folder(folder, vocab):
+    """A tiny random Llama beside the tokenizer.model in `folder`, for numesh's own GGUF writer
+    (`numesh convert`) to carry the tokenizer into a file."""
+    import hf_model_check as hf
+    import torch
+    c = dict(hf.LLAMA, vocab_size=vocab, tie_word_embeddings=True, rope_scaling=None, rope_theta=10000.0)
+    hf.save(folder, c, hf.weights(c, torch.float32, 5), 1)
 
 
 def write(d):
@@ -114,12 +139,16 @@ def write(d):
         gpt2_metadata(w, reference, pre)
         w.write(os.path.join(d, f"{name}.gguf"))
         cases.append({"name": name, "gguf": f"{name}.gguf", "reference": reference})
-    model = train_sentencepiece(d)
-    w = gguf_writer.GgufWriter()
-    w.add_string("general.architecture", "llama")
-    sentencepiece_metadata(w, model)
-    w.write(os.path.join(d, "sentencepiece.gguf"))
-    cases.append({"name": "sentencepiece", "gguf": "sentencepiece.gguf", "reference": model})
+    for name, options in SENTENCEPIECE_MODELS.items():
+        model = train_sentencepiece(d, name)
+        w = gguf_writer.GgufWriter()
+        w.add_string("general.architecture", "llama")
+        sentencepiece_metadata(w, model, options["add_dummy_prefix"], False)
+        w.write(os.path.join(d, f"{name}.gguf"))
+        cases.append({"name": name, "gguf": f"{name}.gguf", "reference": model})
+        # The same tokenizer through numesh's own writer: the folder converted by write_gguf.
+        model_folder(os.path.join(d, name), spm.SentencePieceProcessor(model_file=model).get_piece_size())
+        cases.append({"name": f"{name} (numesh convert)", "folder": name, "reference": model})
     with open(os.path.join(d, "cases.json"), "w") as out:
         json.dump({"cases": cases, "corpus": CORPUS}, out, indent=1)
 
@@ -133,8 +162,8 @@ def check(d):
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {r['name']}: {r['kind']}, {r['texts']} texts, {r['tokens']} ids, "
               f"{r['differences']} differ" + (f"; first: {r['first_difference']}" if r["differences"] else ""))
-    if len(results) != 3 or failed:
-        print(f"gguf_tokenizer_check: {failed} of {len(results)} tokenizers differ (3 expected)")
+    if len(results) != 6 or failed:
+        print(f"gguf_tokenizer_check: {failed} of {len(results)} tokenizers differ (6 expected)")
         return 1
     print("gguf_tokenizer_check: every GGUF tokenizer gives its original's ids and texts")
     return 0

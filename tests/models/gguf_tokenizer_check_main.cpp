@@ -1,6 +1,7 @@
 // gguf_tokenizer_check_main: the tokenizers of the GGUF files gguf_tokenizer_check.py wrote
-// (DIR/cases.json) against the tokenizers they came from, over the tokenizer corpus: ids with and
-// without special tokens, and the decoded texts (DIR/results.json).
+// (DIR/cases.json), and of the model folders it wrote once numesh's own writer has converted
+// them, against the tokenizers they came from, over the tokenizer corpus: ids with and without
+// special tokens, and the decoded texts (DIR/results.json).
 //   gguf_tokenizer_check_main DIR
 
 #include <fmt/format.h>
@@ -14,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "numesh/models/engine/gguf_export.hpp"
+#include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/gguf.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
 
@@ -29,7 +32,14 @@ void run(const fs::path& dir) {
   std::ifstream(cases["corpus"].get<std::string>()) >> corpus;
   json results = json::array();
   for (const json& c : cases["cases"]) {
-    const auto file = numesh::models::GgufFile::open(dir / c["gguf"].get<std::string>());
+    fs::path gguf = c.contains("gguf") ? dir / c["gguf"].get<std::string>() : fs::path();
+    if (c.contains("folder")) {  // through numesh's own writer first
+      gguf = dir / (c["folder"].get<std::string>() + ".numesh.gguf");
+      numesh::models::write_gguf(
+          numesh::models::ModelSource::open(dir / c["folder"].get<std::string>()), gguf,
+          numesh::DType::kF32);
+    }
+    const auto file = numesh::models::GgufFile::open(gguf);
     const auto got = numesh::models::TextTokenizer::from_gguf(file);
     const auto want = numesh::models::TextTokenizer::load(c["reference"].get<std::string>());
     std::int64_t texts = 0, tokens = 0, differences = 0;

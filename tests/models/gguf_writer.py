@@ -31,7 +31,9 @@ quantizers), or raw bytes of any of those types (add_raw_tensor).
 
 convert(hf_dir, out_path, ftype) follows llama.cpp's converter for LlamaForCausalLM,
 MistralForCausalLM and MixtralForCausalLM (GGUF architecture "llama"), Qwen2 ("qwen2"), Qwen3
-("qwen3"), Qwen2-MoE ("qwen2moe") and Qwen3-MoE ("qwen3moe"):
+("qwen3"), Qwen2-MoE ("qwen2moe"), Qwen3-MoE ("qwen3moe"), Gemma ("gemma": every norm
+written as 1 + w, lm_head never written, no rope.freq_base key) and Phi-3 ("phi3": qkv_proj as
+attn_qkv, gate_up_proj as ffn_up, both whole):
   * names: token_embd, output_norm, output (only when the checkpoint has lm_head and the
     embeddings are not tied), blk.N.attn_norm, attn_q / attn_k / attn_v / attn_output (.weight,
     .bias), attn_q_norm / attn_k_norm (qwen3, qwen3moe), ffn_norm, ffn_gate / ffn_up / ffn_down
@@ -578,7 +580,8 @@ FTYPES = {"f32": ("F32", 0), "f16": ("F16", 1), "bf16": ("BF16", 32), "q8_0": ("
 # LlamaForCausalLM, MistralForCausalLM and MixtralForCausalLM; Qwen2Model, Qwen3Model,
 # Qwen2MoeModel, Qwen3MoeModel the others).
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2",
-                 "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+                 "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma": "gemma",
+                 "phi3": "phi3"}
 
 # The tensors each architecture has (gguf-py constants.py MODEL_TENSORS), by GGUF base name.
 _DENSE = {"ffn_gate", "ffn_up", "ffn_down"}
@@ -591,6 +594,9 @@ ARCH_TENSORS = {
     "qwen3": _ATTN | _DENSE | {"rope_freqs", "attn_q_norm", "attn_k_norm"},
     "qwen2moe": _ATTN | _EXPERTS | {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"},
     "qwen3moe": _ATTN | _EXPERTS | {"attn_q_norm", "attn_k_norm"},
+    "gemma": (_ATTN - {"output"}) | _DENSE,  # always tied: GemmaModel skips lm_head.weight
+    # Phi3MiniModel: q, k, v in attn_qkv; gate and up in ffn_up (gate_up_proj kept whole)
+    "phi3": (_ATTN - {"attn_q", "attn_k", "attn_v"}) | {"attn_qkv", "ffn_up", "ffn_down"},
 }
 
 # Hugging Face names (after model.layers.N.) -> GGUF names (after blk.N.): tensor_mapping.py.
@@ -598,7 +604,7 @@ LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
                "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "block_sparse_moe.gate": "ffn_gate_inp", "mlp.gate": "ffn_gate_inp",
+               "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", "block_sparse_moe.gate": "ffn_gate_inp", "mlp.gate": "ffn_gate_inp",
                "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
                "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
 GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -739,7 +745,7 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
     n_head_kv = config.get("num_key_value_heads", n_head)
     n_experts = config.get("num_local_experts", config.get("num_experts"))
     experts_kind = "mixtral" if model_type == "mixtral" else "qwen"
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = bool(config.get("tie_word_embeddings", model_type == "gemma")) or arch == "gemma"
 
     out = []  # (gguf name, float array) in the converter's order
     factors = llama3_rope_factors(config, llama3_original_context) if arch == "llama" else None
@@ -756,6 +762,8 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
                 continue
             if w.dtype not in (np.float16, np.float32):  # the converter's rule (bf16 already widened)
                 w = w.astype(np.float32)
+            if arch == "gemma" and hf_name.endswith("norm.weight"):
+                w = w + 1  # GemmaModel.modify_tensors: llama.cpp's Gemma norms scale by the weight
             m = expert_re.match(hf_name)
             if m:
                 layer = int(m.group(1))
@@ -831,7 +839,7 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
             if rope.get(hf_key) is not None:
                 writer.add_float32(p + "rope.scaling." + key, rope[hf_key])
     theta = rope.get("rope_theta", config.get("rope_theta"))
-    if theta is not None:
+    if theta is not None and arch != "gemma":  # GemmaModel writes no rope.freq_base
         writer.add_float32(p + "rope.freq_base", theta)
     if "rms_norm_eps" in config:
         writer.add_float32(p + "attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
@@ -843,6 +851,10 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
         writer.add_uint32(p + "attention.key_length", config["head_dim"])
         writer.add_uint32(p + "attention.value_length", config["head_dim"])
     writer.add_uint32("general.file_type", file_type)
+    if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
+        writer.add_uint32(p + "rope.dimension_count", config["hidden_size"] // n_head)
+        if config.get("sliding_window") is not None:
+            writer.add_uint32(p + "attention.sliding_window", config["sliding_window"])
     if arch == "llama":
         writer.add_uint32(p + "vocab_size", config["vocab_size"])
         writer.add_uint32(p + "rope.dimension_count",
@@ -1001,8 +1013,11 @@ def _hf_expectations(hf_dir, config):
     t = {}
     for f in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
         t.update({k: v.astype(np.float64) for k, v in read_safetensors(f).items()})
+    gemma = config["model_type"] == "gemma"  # norms written as 1 + w, always tied
+    if gemma:
+        t = {k: v + 1 if k.endswith("norm.weight") else v for k, v in t.items()}
     exp = {"token_embd.weight": t["model.embed_tokens.weight"], "output_norm.weight": t["model.norm.weight"]}
-    if "lm_head.weight" in t and not config.get("tie_word_embeddings"):
+    if "lm_head.weight" in t and not config.get("tie_word_embeddings") and not gemma:
         exp["output.weight"] = t["lm_head.weight"]
     n_exp = config.get("num_local_experts", config.get("num_experts"))
     for layer in range(config["num_hidden_layers"]):
@@ -1011,7 +1026,8 @@ def _hf_expectations(hf_dir, config):
         for x in ("q", "k", "v", "o"):
             g = "attn_output" if x == "o" else f"attn_{x}"
             pairs += [(f"self_attn.{x}_proj.weight", f"{g}.weight"), (f"self_attn.{x}_proj.bias", f"{g}.bias")]
-        pairs += [("self_attn.q_norm.weight", "attn_q_norm.weight"), ("self_attn.k_norm.weight", "attn_k_norm.weight")]
+        pairs += [("self_attn.q_norm.weight", "attn_q_norm.weight"), ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+                  ("self_attn.qkv_proj.weight", "attn_qkv.weight"), ("mlp.gate_up_proj.weight", "ffn_up.weight")]
         for x in ("gate", "up", "down"):
             pairs += [(f"mlp.{x}_proj.weight", f"ffn_{x}.weight"), (f"mlp.{x}_proj.bias", f"ffn_{x}.bias"),
                       (f"mlp.shared_expert.{x}_proj.weight", f"ffn_{x}_shexp.weight")]

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::StrEq;
 using ::testing::ThrowsMessage;
 
 // Llama 3.2 1B.
@@ -210,6 +212,101 @@ TEST(HfConfigTest, QwenBiasesAndQkNormsBuildTheirStacks) {
   EXPECT_EQ(HfConfig::parse(qwen3_moe(), "config.json").transformer_config().moe.top_k, 8);
 }
 
+// google/gemma-2b's config.json (its published fields): GeGLU from hidden_activation (hidden_act
+// "gelu" is not what transformers' GemmaMLP reads), norms of 1 + w, the embedding times
+// sqrt(2048), head_dim 256, one kv head, tied by default.
+TEST(HfConfigTest, GemmasConfigBuildsItsStack) {
+  json j = {{"architectures", {"GemmaForCausalLM"}},
+            {"model_type", "gemma"},
+            {"bos_token_id", 2},
+            {"eos_token_id", 1},
+            {"pad_token_id", 0},
+            {"head_dim", 256},
+            {"hidden_act", "gelu"},
+            {"hidden_activation", nullptr},
+            {"hidden_size", 2048},
+            {"intermediate_size", 16384},
+            {"max_position_embeddings", 8192},
+            {"num_attention_heads", 8},
+            {"num_hidden_layers", 18},
+            {"num_key_value_heads", 1},
+            {"rms_norm_eps", 1e-06},
+            {"rope_theta", 10000.0},
+            {"vocab_size", 256000}};
+  const HfConfig c = HfConfig::parse(j, "config.json");
+  EXPECT_EQ(c.architecture, Architecture::kGemma);
+  EXPECT_TRUE(c.tie_word_embeddings) << "GemmaConfig ties by default";
+  EXPECT_EQ(c.embedding_scale(), std::sqrt(2048.0f));
+  const ops::TransformerConfig t = c.transformer_config();
+  EXPECT_EQ(t.mlp_kind, ops::MlpKind::kGeGLU);
+  EXPECT_EQ(t.norm_weight_offset, 1.0f);
+  EXPECT_EQ(t.attention.head_dim, 256);
+  EXPECT_EQ(t.attention.num_kv_heads, 1);
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  EXPECT_EQ(HfConfig::parse(j, "config.json").transformer_config().mlp_kind, ops::MlpKind::kGeGLU);
+  j.erase("head_dim");
+  EXPECT_EQ(HfConfig::parse(j, "config.json").head_dim, 256) << "GemmaConfig's default";
+  j["tie_word_embeddings"] = false;
+  EXPECT_FALSE(HfConfig::parse(j, "config.json").tie_word_embeddings);
+  j["hidden_activation"] = "gelu";  // the exact GELU: not Gemma's MLP
+  EXPECT_THAT([&] { (void)HfConfig::parse(j, "m/config.json"); },
+              ThrowsMessage<ValueError>(StrEq("m/config.json: hidden_activation 'gelu': gemma's "
+                                              "MLPs are geglu (gelu_pytorch_tanh)")));
+  // The other architectures scale nothing.
+  EXPECT_EQ(HfConfig::parse(llama32(), "config.json").embedding_scale(), 1.0f);
+  EXPECT_EQ(HfConfig::parse(llama32(), "config.json").transformer_config().norm_weight_offset,
+            0.0f);
+}
+
+// microsoft/Phi-3-mini-4k-instruct's config.json: Llama's block (its fused tensors are the
+// loader's), its sliding window bounding the context; Phi-3's 128k variants (longrope) and
+// partial rotary embeddings (Phi-4-mini) refused by name.
+TEST(HfConfigTest, Phi3sConfigBuildsItsStack) {
+  json j = {{"architectures", {"Phi3ForCausalLM"}},
+            {"model_type", "phi3"},
+            {"attention_dropout", 0.0},
+            {"bos_token_id", 1},
+            {"embd_pdrop", 0.0},
+            {"eos_token_id", 32000},
+            {"hidden_act", "silu"},
+            {"hidden_size", 3072},
+            {"initializer_range", 0.02},
+            {"intermediate_size", 8192},
+            {"max_position_embeddings", 4096},
+            {"num_attention_heads", 32},
+            {"num_hidden_layers", 32},
+            {"num_key_value_heads", 32},
+            {"original_max_position_embeddings", 4096},
+            {"pad_token_id", 32000},
+            {"resid_pdrop", 0.0},
+            {"rms_norm_eps", 1e-05},
+            {"rope_scaling", nullptr},
+            {"rope_theta", 10000.0},
+            {"sliding_window", 2047},
+            {"tie_word_embeddings", false},
+            {"vocab_size", 32064}};
+  const HfConfig c = HfConfig::parse(j, "config.json");
+  EXPECT_EQ(c.architecture, Architecture::kPhi3);
+  EXPECT_EQ(c.head_dim, 96);
+  EXPECT_EQ(c.max_context(), 2047) << "the sliding window bounds the context";
+  const ops::TransformerConfig t = c.transformer_config();
+  EXPECT_EQ(t.mlp_kind, ops::MlpKind::kSwiGLU);
+  EXPECT_EQ(t.norm_weight_offset, 0.0f);
+  EXPECT_EQ(t.norm_eps, 1e-5f);
+  json long_rope = j;
+  long_rope["rope_scaling"] = {
+      {"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
+  EXPECT_THAT([&] { (void)HfConfig::parse(long_rope, "m/config.json"); },
+              ThrowsMessage<ValueError>(HasSubstr("longrope")));
+  j["partial_rotary_factor"] = 0.75;
+  EXPECT_THAT([&] { (void)HfConfig::parse(j, "m/config.json"); },
+              ThrowsMessage<NotImplementedError>(
+                  StrEq("m/config.json: partial_rotary_factor 0.75: numesh rotates whole heads "
+                        "(no partial rotary embedding)")));
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW((void)HfConfig::parse(j, "m/config.json"));
+}
+
 // Llama's MLP biases, Qwen2-MoE's shared expert and Qwen-MoE's mlp_only_layers: all run
 // (nothing of the published configs is refused any more).
 TEST(HfConfigTest, MlpBiasesSharedExpertsAndDenseLayersBuildTheirStacks) {
@@ -259,7 +356,7 @@ TEST(HfConfigTest, MalformedFieldsAreRefusedNamingFileAndField) {
   refused(j,
           "m/config.json: model_type 'gpt2' is not an architecture numesh reads (it reads llama, "
           "mistral, "
-          "qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)");
+          "qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, phi3)");
   j = llama32();
   j.erase("model_type");
   refused(j, "m/config.json: config field 'model_type' is missing");

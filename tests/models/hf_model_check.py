@@ -16,8 +16,11 @@ Mixtral: softmax router, top-2 renormalised, SwiGLU experts w1/w3/w2; Qwen2: q/k
 Qwen3: RMSNorm of each q and k head before RoPE; Qwen3-MoE: Qwen3's attention with experts
 gate_proj/up_proj/down_proj; Llama's mlp_bias: biases on gate_proj, up_proj and down_proj;
 Qwen2-MoE: Qwen2's attention, experts with the raw top-k softmax weights, a shared expert scaled
-by sigmoid(x shared_expert_gate^T), and the dense MLP in the layers of mlp_only_layers), in
-float64, and
+by sigmoid(x shared_expert_gate^T), and the dense MLP in the layers of mlp_only_layers; Gemma:
+the embedding times sqrt(hidden_size), RMSNorms scaling by 1 + w, GeGLU with PyTorch's tanh
+GELU (gelu_pytorch_tanh), head_dim apart from hidden / heads, one kv head, tied by default;
+Phi-3: q, k and v as rows of one qkv_proj, gate and up of one gate_up_proj (chunked in two), a
+sliding window wider than the prompts), in float64, and
 compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal,
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
@@ -93,6 +96,20 @@ def models():
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                      shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=1,
                      mlp_only_layers=[1], tie_word_embeddings=False)
+    # Gemma (transformers' GemmaForCausalLM): one kv head, head_dim 32 (4 x 32 = 128 query
+    # columns against a hidden size of 64), hidden_act "gelu" ignored for hidden_activation, tied
+    # by default (no tie_word_embeddings field).
+    gemma = {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+             "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+             "head_dim": 32, "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh",
+             "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_bias": False,
+             "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+    # Phi-3 (transformers' Phi3ForCausalLM): fused qkv_proj (GQA 4/2 here: q 64 rows, k and v 32
+    # each) and gate_up_proj, a sliding window wider than any context here.
+    phi3 = dict(LLAMA, model_type="phi3", architectures=["Phi3ForCausalLM"], rope_scaling=None, rope_theta=10000.0,
+                sliding_window=127, tie_word_embeddings=False, original_max_position_embeddings=128,
+                resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
+    del phi3["head_dim"]
     # New cases go last: each case's random draws follow from its index.
     return [("llama_tied_f32", tied, torch.float32, 1, ["f32"]),
             ("llama_bf16_two_shards", untied, torch.bfloat16, 2, ["f32", "bf16"]),
@@ -117,7 +134,18 @@ def models():
             ("llama_k_blocks", dict(untied, hidden_size=256, head_dim=128, intermediate_size=512), torch.float32, 1,
              K_QUANTS),
             ("qwen3_moe_k_blocks", dict(qwen3_moe, hidden_size=256, head_dim=128, intermediate_size=512,
-                                        moe_intermediate_size=512), torch.bfloat16, 1, K_QUANTS)]
+                                        moe_intermediate_size=512), torch.bfloat16, 1, K_QUANTS),
+            ("gemma_bf16", gemma, torch.bfloat16, 1, ["f32", "bf16"]),
+            ("gemma_blocks", dict(gemma, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32),
+            ("gemma_untied_f32", dict(gemma, tie_word_embeddings=False), torch.float32, 1, ["f32"]),
+            ("phi3_bf16", phi3, torch.bfloat16, 1, ["f32", "bf16"]),
+            ("phi3_blocks", dict(phi3, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32)]
+
+
+def ties_embeddings(c):
+    """Whether the LM head is the embedding (transformers' default: Gemma's True, the others'
+    False)."""
+    return c.get("tie_word_embeddings", c["model_type"] == "gemma")
 
 
 def sparse(c, layer):
@@ -140,14 +168,20 @@ def weights(c, dtype, seed):
     def lin(out, inp):
         return torch.randn(out, inp, generator=g) / math.sqrt(inp)
 
-    def norm():
-        return 1.0 + 0.1 * torch.randn(h, generator=g)
-    t = {"model.embed_tokens.weight": torch.randn(v, h, generator=g), "model.norm.weight": norm()}
+    def norm():  # Gemma's norms scale by 1 + w: its w near 0
+        return (0.0 if c["model_type"] == "gemma" else 1.0) + 0.1 * torch.randn(h, generator=g)
+    # Gemma multiplies its embedding by sqrt(hidden) and ties its head to it: rows of norm ~1, as
+    # its own checkpoints' are, keep the logits (and its greedy tokens) in a lively range.
+    embedding_scale = 1.0 / math.sqrt(h) if c["model_type"] == "gemma" else 1.0
+    t = {"model.embed_tokens.weight": embedding_scale * torch.randn(v, h, generator=g), "model.norm.weight": norm()}
     for layer in range(c["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         t.update({p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm(),
                   p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.k_proj.weight": lin(kv, h),
                   p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.o_proj.weight": lin(h, q)})
+        if c["model_type"] == "phi3":  # Phi3Attention's one qkv_proj: q's rows, then k's, then v's
+            t[p + "self_attn.qkv_proj.weight"] = torch.cat(
+                [t.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
         if c["model_type"] in ("qwen2", "qwen2_moe"):  # Qwen2Attention: bias=True on q, k and v
             t.update({p + "self_attn.q_proj.bias": 0.5 * torch.randn(q, generator=g),
                       p + "self_attn.k_proj.bias": 0.5 * torch.randn(kv, generator=g),
@@ -174,11 +208,14 @@ def weights(c, dtype, seed):
         else:
             t.update({p + "mlp.gate_proj.weight": lin(f, h), p + "mlp.up_proj.weight": lin(f, h),
                       p + "mlp.down_proj.weight": lin(h, f)})
+            if c["model_type"] == "phi3":  # Phi3MLP's gate_up_proj: gate's rows, then up's
+                t[p + "mlp.gate_up_proj.weight"] = torch.cat(
+                    [t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")])
             if c.get("mlp_bias"):  # LlamaMLP: bias=config.mlp_bias on all three
                 t.update({p + "mlp.gate_proj.bias": 0.5 * torch.randn(f, generator=g),
                           p + "mlp.up_proj.bias": 0.5 * torch.randn(f, generator=g),
                           p + "mlp.down_proj.bias": 0.5 * torch.randn(h, generator=g)})
-    if not c.get("tie_word_embeddings"):
+    if not ties_embeddings(c):
         t["lm_head.weight"] = lin(v, h)
     return {name: w.to(dtype) for name, w in t.items()}
 
@@ -255,8 +292,12 @@ class Model:
         y = x @ self.w(name).T
         return y + self.t[bias].double() if bias in self.t else y
 
-    def rmsnorm(self, x, name):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * self.t[name].double()
+    def rmsnorm(self, x, name, offset=None):
+        """x / rms(x) * w; Gemma's block and final norms (GemmaRMSNorm) * (1 + w)."""
+        if offset is None:
+            offset = 1.0 if self.c["model_type"] == "gemma" else 0.0
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * (
+            offset + self.t[name].double())
 
     def inv_freq(self, d):
         c = self.c
@@ -281,10 +322,15 @@ class Model:
         return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
     def mlp(self, x, p):
-        """SwiGLU; each projection's bias added when the checkpoint has it (Llama's mlp_bias)."""
-        gate = self.linear(x, p + "gate_proj.weight", p + "gate_proj.bias")
-        up = self.linear(x, p + "up_proj.weight", p + "up_proj.bias")
-        return self.linear(F.silu(gate) * up, p + "down_proj.weight", p + "down_proj.bias")
+        """SwiGLU (Gemma: GeGLU, gelu_pytorch_tanh); each projection's bias added when the
+        checkpoint has it (Llama's mlp_bias)."""
+        if p + "gate_up_proj.weight" in self.t:  # Phi-3: one projection, chunked
+            gate, up = self.linear(x, p + "gate_up_proj.weight").chunk(2, dim=-1)
+        else:
+            gate = self.linear(x, p + "gate_proj.weight", p + "gate_proj.bias")
+            up = self.linear(x, p + "up_proj.weight", p + "up_proj.bias")
+        act = F.gelu(gate, approximate="tanh") if self.c["model_type"] == "gemma" else F.silu(gate)
+        return self.linear(act * up, p + "down_proj.weight", p + "down_proj.bias")
 
     def moe(self, x, p):
         """Mixtral's block_sparse_moe (w1/w3/w2, always renormalised) or Qwen-MoE's mlp
@@ -317,17 +363,23 @@ class Model:
         hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
         d = c.get("head_dim", c["hidden_size"] // hq)
         x = self.w("model.embed_tokens.weight")[ids]
+        if c["model_type"] == "gemma":  # GemmaModel's normalizer
+            x = x * math.sqrt(c["hidden_size"])
         pos = torch.arange(t)
         mask = torch.ones(t, t, dtype=torch.bool).tril()
         for layer in range(c["num_hidden_layers"]):
             p = f"model.layers.{layer}."
             n = self.rmsnorm(x, p + "input_layernorm.weight")
             a = p + "self_attn."
-            q = self.linear(n, a + "q_proj.weight", a + "q_proj.bias").reshape(b, t, hq, d)
-            k = self.linear(n, a + "k_proj.weight", a + "k_proj.bias").reshape(b, t, hkv, d)
-            v = self.linear(n, a + "v_proj.weight", a + "v_proj.bias").reshape(b, t, hkv, d)
+            if a + "qkv_proj.weight" in self.t:  # Phi-3: one projection, split by rows
+                q, k, v = self.linear(n, a + "qkv_proj.weight").split([hq * d, hkv * d, hkv * d], dim=-1)
+            else:
+                q = self.linear(n, a + "q_proj.weight", a + "q_proj.bias")
+                k = self.linear(n, a + "k_proj.weight", a + "k_proj.bias")
+                v = self.linear(n, a + "v_proj.weight", a + "v_proj.bias")
+            q, k, v = q.reshape(b, t, hq, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
             if a + "q_norm.weight" in self.t:  # Qwen3: RMSNorm of each head before RoPE
-                q, k = self.rmsnorm(q, a + "q_norm.weight"), self.rmsnorm(k, a + "k_norm.weight")
+                q, k = self.rmsnorm(q, a + "q_norm.weight", 0.0), self.rmsnorm(k, a + "k_norm.weight", 0.0)
             q, k = self.rope(q, pos), self.rope(k, pos)
             k, v = k.repeat_interleave(hq // hkv, 2), v.repeat_interleave(hq // hkv, 2)
             s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)
@@ -342,7 +394,7 @@ class Model:
             else:
                 x = x + self.mlp(n, p + "mlp.")
         x = self.rmsnorm(x, "model.norm.weight")
-        head = "model.embed_tokens.weight" if c.get("tie_word_embeddings") else "lm_head.weight"
+        head = "model.embed_tokens.weight" if ties_embeddings(c) else "lm_head.weight"
         return self.linear(x, head)
 
 

@@ -6,8 +6,10 @@
 
 `write` makes tiny Llama checkpoints (untied with llama3 RoPE scaling, and tied) and a tiny
 Mixtral (top-2 of 4 experts in every block; once more with the router's load-balancing loss),
-a Qwen2 (q/k/v biases), a Qwen3 (per-head q/k norms), a Llama with mlp_bias and a Qwen2-MoE (a
-shared expert behind its sigmoid gate beside the routed experts, and a dense layer) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
+a Qwen2 (q/k/v biases), a Qwen3 (per-head q/k norms), a Llama with mlp_bias, a Qwen2-MoE (a
+shared expert behind its sigmoid gate beside the routed experts, and a dense layer) and a Gemma
+(GeGLU, norms of 1 + w, the embedding scaled by sqrt(hidden)) and a Phi-3 (fused qkv_proj and
+gate_up_proj, saved fused) in Hugging Face layout, an int32 .npy of 6 rows of T + 1 ids, and DIR/cases.json with the optimizer's options
 (AdamW with weight decay, clipping that bites, warm-up then cosine). train_check_main trains each
 with numesh's CausalLmTrainer on many meshes (and once stopped halfway, saved and resumed) and
 saves the losses and the final checkpoint. `check` trains the same model on the same rows in the
@@ -68,10 +70,20 @@ def models():
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                      shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=1,
                      mlp_only_layers=[1], tie_word_embeddings=False)
+    # Gemma: GeGLU, norms of 1 + w (w trained and decayed toward 0), the embedding times
+    # sqrt(hidden), one kv head, tied by default.
+    gemma = dict(LLAMA, model_type="gemma", architectures=["GemmaForCausalLM"], num_key_value_heads=1,
+                 head_dim=32, hidden_act="gelu", hidden_activation="gelu_pytorch_tanh", rope_scaling=None,
+                 rope_theta=10000.0, rms_norm_eps=1e-6)
+    # Phi-3: fused qkv_proj and gate_up_proj, trained and saved fused.
+    phi3 = dict(LLAMA, model_type="phi3", architectures=["Phi3ForCausalLM"], rope_scaling=None, rope_theta=10000.0,
+                sliding_window=127, tie_word_embeddings=False)
+    del phi3["head_dim"]
     # New cases go last: each case's random draws follow from its index.
     return [("llama", untied, False), ("llama_tied", tied, False), ("mixtral", mixtral, True),
             ("mixtral_aux", mixtral_aux, True), ("qwen2", qwen2, False), ("qwen3", qwen3, False),
-            ("llama_mlp_bias", llama_mlp_bias, False), ("qwen2_moe", qwen2_moe, True)]
+            ("llama_mlp_bias", llama_mlp_bias, False), ("qwen2_moe", qwen2_moe, True), ("gemma", gemma, False),
+            ("phi3", phi3, False)]
 
 
 def write(d):

@@ -52,8 +52,12 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
   w.add_string("general.type", "model");
   w.add_string("general.name", name);
   w.add_uint32(key("block_count"), u32(c.num_hidden_layers));
-  // numesh runs a sliding-window model over its window at most; GGUF readers have no window.
-  w.add_uint32(key("context_length"), u32(c.max_context()));
+  // numesh runs a sliding-window model over its window at most; where GGUF has no window key
+  // for the architecture, the context length says so.
+  w.add_uint32(key("context_length"),
+               u32(spec.gguf_sliding_window ? c.max_position_embeddings : c.max_context()));
+  if (spec.gguf_sliding_window && c.sliding_window)
+    w.add_uint32(key("attention.sliding_window"), u32(*c.sliding_window));
   w.add_uint32(key("embedding_length"), u32(c.hidden_size));
   // Mixtral's experts' size is its config.json intermediate_size (and GGUF's).
   const bool experts_ffn = spec.moe && spec.moe->expert_ffn_field == "intermediate_size";
@@ -61,7 +65,8 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
   if (ffn > 0) w.add_uint32(key("feed_forward_length"), u32(ffn));
   w.add_uint32(key("attention.head_count"), u32(c.num_attention_heads));
   w.add_uint32(key("attention.head_count_kv"), u32(c.num_key_value_heads));
-  w.add_float32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+  if (spec.gguf_rope_base || c.rope_theta != spec.default_rope_theta)
+    w.add_float32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
   w.add_float32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.rms_norm_eps));
   if (c.rope_scaling.kind == ops::RopeScaling::Kind::kLinear) {
     w.add_string(key("rope.scaling.type"), "linear");
@@ -75,10 +80,11 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
   w.add_uint32(key("attention.value_length"), u32(c.head_dim));
   w.add_uint32("general.file_type", file_type(format));
   if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kMistral ||
-      c.architecture == Architecture::kMixtral) {
+      c.architecture == Architecture::kMixtral)
     w.add_uint32(key("vocab_size"), u32(c.vocab_size));
+  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kMistral ||
+      c.architecture == Architecture::kMixtral || c.architecture == Architecture::kPhi3)
     w.add_uint32(key("rope.dimension_count"), u32(c.head_dim));
-  }
   if (spec.moe && spec.moe->expert_ffn_field != "intermediate_size")
     w.add_uint32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
   if (c.shared_expert_intermediate_size > 0) {
@@ -147,6 +153,10 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
   NUMESH_CHECK(asked.has_value(), ValueError, "gguf: no GGUF type holds {}", to_string(format));
 
   GgufWriter w;
+  NUMESH_CHECK(config.tie_word_embeddings || spec.gguf_has_output, NotImplementedError,
+               "gguf: this {} model has an LM head of its own (tie_word_embeddings false), and "
+               "llama.cpp's '{}' architecture reads none: its head is the embedding",
+               to_string(config.architecture), spec.gguf_name);
   GgufExportReport report;
   std::string name = source.path().filename().string();
   if (name.empty() || name == ".") name = source.path().parent_path().filename().string();
@@ -194,8 +204,9 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
       parts.push_back(spec.hf_name(p.slot, layer));
     }
     if (!checkpoint->contains(parts.front())) return;  // an optional weight the model has not
-    NUMESH_CHECK(p.fused == FusedPart::kWhole, NotImplementedError,
-                 "gguf: '{}' is part of a fused tensor, which numesh does not write yet", p.hf);
+    // A fused tensor (Phi-3's qkv_proj, gate_up_proj) goes in whole, once: at its first slice.
+    if (p.fused != FusedPart::kWhole && p.fused != FusedPart::kQ && p.fused != FusedPart::kGate)
+      return;
     const std::vector<std::int64_t> part_shape = checkpoint->shape(parts.front());
     std::vector<std::int64_t> shape = part_shape;
     if (per_expert) shape.insert(shape.begin(), config.num_experts);
@@ -214,26 +225,35 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
       if (slot.ends_with("attention.wk") || slot.ends_with("attention.bk"))
         heads = config.num_key_value_heads;
     }
+    // llama.cpp's converter writes Gemma's block and final norms as 1 + w, as its reader wants.
+    const bool offset_norm =
+        slot.ends_with("attn_norm") || slot.ends_with("ffn_norm") || slot == "final_norm";
+    const float add_to_values = offset_norm ? spec.norm_offset : 0.0f;
     const DType dtype = *to_numesh_dtype(type);
     std::uint64_t stored = 0;
     for (const std::string& part : parts) stored += checkpoint->stored_bytes(part);
     total += stored;
     ++report.tensors;
     ++report.formats[std::string(to_string(dtype))];
-    w.add_tensor(spec.gguf_name_of(p.slot, layer), shape, type,
-                 [&checkpoint = *checkpoint, parts, part_shape, dtype, heads, stored, done,
-                  &progress, &total](std::span<std::byte> bytes) {
-                   const std::size_t each = bytes.size() / parts.size();
-                   for (std::size_t e = 0; e < parts.size(); ++e)
-                     checkpoint.read(parts[e], dtype, bytes.subspan(e * each, each));
-                   if (heads > 0) {
-                     const std::int64_t rows = part_shape.front();
-                     permute_rows(bytes, rows, heads,
-                                  bytes.size() / static_cast<std::size_t>(rows));
-                   }
-                   *done += stored;
-                   if (progress) progress(*done, total);
-                 });
+    w.add_tensor(
+        spec.gguf_name_of(p.slot, layer), shape, type,
+        [&checkpoint = *checkpoint, parts, part_shape, dtype, heads, stored, done, &progress,
+         &total, add_to_values](std::span<std::byte> bytes) {
+          const std::size_t each = bytes.size() / parts.size();
+          for (std::size_t e = 0; e < parts.size(); ++e)
+            checkpoint.read(parts[e], dtype, bytes.subspan(e * each, each));
+          if (add_to_values != 0.0f) {  // an f32 norm
+            for (float& v :
+                 std::span(reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)))
+              v += add_to_values;
+          }
+          if (heads > 0) {
+            const std::int64_t rows = part_shape.front();
+            permute_rows(bytes, rows, heads, bytes.size() / static_cast<std::size_t>(rows));
+          }
+          *done += stored;
+          if (progress) progress(*done, total);
+        });
   };
   const auto layer_patterns = [&](bool per_layer) {
     std::vector<const TensorPattern*> out;

@@ -101,6 +101,34 @@ constexpr std::array kSharedExpertTensors{
                   "blk.{L}.ffn_gate_inp_shexp.weight"},
 };
 
+// Phi-3's: q, k and v in one qkv_proj (GGUF attn_qkv), gate and up in one gate_up_proj (GGUF
+// ffn_up, llama.cpp's converter keeping it whole), the rest Llama's.
+constexpr std::array kPhi3FusedTensors{
+    TensorPattern{"layers.{L}.attention.wq", "model.layers.{L}.self_attn.qkv_proj.weight",
+                  "blk.{L}.attn_qkv.weight", FusedPart::kQ},
+    TensorPattern{"layers.{L}.attention.wk", "model.layers.{L}.self_attn.qkv_proj.weight",
+                  "blk.{L}.attn_qkv.weight", FusedPart::kK},
+    TensorPattern{"layers.{L}.attention.wv", "model.layers.{L}.self_attn.qkv_proj.weight",
+                  "blk.{L}.attn_qkv.weight", FusedPart::kV},
+    TensorPattern{"layers.{L}.mlp.gate", "model.layers.{L}.mlp.gate_up_proj.weight",
+                  "blk.{L}.ffn_up.weight", FusedPart::kGate},
+    TensorPattern{"layers.{L}.mlp.up", "model.layers.{L}.mlp.gate_up_proj.weight",
+                  "blk.{L}.ffn_up.weight", FusedPart::kUp},
+    TensorPattern{"layers.{L}.mlp.down", "model.layers.{L}.mlp.down_proj.weight",
+                  "blk.{L}.ffn_down.weight"},
+};
+
+// The common tensors without q, k and v (which Phi-3 fuses).
+std::vector<TensorPattern> unfused_common_tensors() {
+  std::vector<TensorPattern> out;
+  for (const TensorPattern& t : kCommonTensors) {
+    if (t.slot != "layers.{L}.attention.wq" && t.slot != "layers.{L}.attention.wk" &&
+        t.slot != "layers.{L}.attention.wv")
+      out.push_back(t);
+  }
+  return out;
+}
+
 std::vector<TensorPattern> joined_tensors(
     std::initializer_list<std::span<const TensorPattern>> parts) {
   std::vector<TensorPattern> all;
@@ -172,6 +200,32 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .moe = MoeSpec{.num_experts_field = "num_experts",
                       .expert_ffn_field = "moe_intermediate_size",
                       .sparse_layer_fields = true}},
+      // transformers' GemmaForCausalLM: Llama's names and block, GeGLU (gelu_pytorch_tanh, from
+      // hidden_activation), norms of 1 + w, the embedding scaled by sqrt(hidden), head_dim 256
+      // and tied embeddings by default; llama.cpp's "gemma" (NEOX RoPE: no Q/K permutation).
+      {.architecture = Architecture::kGemma,
+       .model_types = {"gemma"},
+       .gguf_name = "gemma",
+       .tensors = dense,
+       .mlp_kind = ops::MlpKind::kGeGLU,
+       .hidden_act = "gelu_pytorch_tanh",
+       .activation_field = "hidden_activation",
+       .norm_offset = 1.0f,
+       .embedding_scale = EmbeddingScale::kSqrtHidden,
+       .default_head_dim = 256,
+       .default_tie_word_embeddings = true,
+       .gguf_has_output = false,
+       .gguf_rope_base = false},
+      // transformers' Phi3ForCausalLM (Phi-3 mini and medium): Llama's block and names but for
+      // the fused qkv_proj and gate_up_proj, a sliding window; llama.cpp's "phi3" (NEOX RoPE:
+      // no Q/K permutation).
+      {.architecture = Architecture::kPhi3,
+       .model_types = {"phi3"},
+       .gguf_name = "phi3",
+       .tensors = joined_tensors({unfused_common_tensors(), kPhi3FusedTensors}),
+       .sliding_window = SlidingWindowRule::kWhenSet,
+       .default_rms_norm_eps = 1e-5,
+       .gguf_sliding_window = true},
   };
 }
 
@@ -181,6 +235,26 @@ const std::vector<ArchitectureSpec>& architecture_table() {
 }
 
 }  // namespace
+
+FusedRows fused_rows(FusedPart part, std::int64_t q_rows, std::int64_t kv_rows, std::int64_t ffn,
+                     std::int64_t whole_rows) noexcept {
+  const std::int64_t qkv = q_rows + 2 * kv_rows;
+  switch (part) {
+    case FusedPart::kWhole:
+      return {.offset = 0, .rows = whole_rows, .total = whole_rows};
+    case FusedPart::kQ:
+      return {.offset = 0, .rows = q_rows, .total = qkv};
+    case FusedPart::kK:
+      return {.offset = q_rows, .rows = kv_rows, .total = qkv};
+    case FusedPart::kV:
+      return {.offset = q_rows + kv_rows, .rows = kv_rows, .total = qkv};
+    case FusedPart::kGate:
+      return {.offset = 0, .rows = ffn, .total = 2 * ffn};
+    case FusedPart::kUp:
+      return {.offset = ffn, .rows = ffn, .total = 2 * ffn};
+  }
+  return {};
+}
 
 std::string_view to_string(Architecture a) noexcept {
   const auto i = static_cast<std::size_t>(a);

@@ -119,7 +119,7 @@ class ConfigReader {
     const ArchitectureSpec& spec = architecture();
     json j;
     j["model_type"] = std::string(spec.model_types.front());
-    j["hidden_act"] = std::string(spec.hidden_act);
+    j[std::string(spec.activation_field)] = std::string(spec.hidden_act);
     j["hidden_size"] = required("embedding_length");
     // Each layer has tensors of its own: more layers than tensors is a corrupt count (and would
     // make the per-layer lookups below run for ever).
@@ -133,6 +133,7 @@ class ConfigReader {
     copy_int("context_length", "max_position_embeddings", j);
     copy_float("attention.layer_norm_rms_epsilon", "rms_norm_eps", j);
     copy_float("rope.freq_base", "rope_theta", j);
+    copy_int("attention.sliding_window", "sliding_window", j);
     head_dim(j);
     rope_scaling(j);
 
@@ -406,10 +407,15 @@ GgufCheckpoint GgufCheckpoint::open(const fs::path& path) {
           e.permute_heads = config.num_key_value_heads;
       }
       if (slot == "moe.shared_expert_gate" && t->shape.size() == 1) e.shape = {1, t->shape[0]};
+      // llama.cpp's converter writes Gemma's block and final norms as 1 + w.
+      if (slot == "attn_norm" || slot == "ffn_norm" || slot == "final_norm")
+        e.add = -spec.norm_offset;
       std::vector<std::string>& names = hf_of[gguf];
       if (!per_expert) {
-        names.push_back(spec.hf_name(p.slot, layer));
-        c.entries_.emplace(names.back(), std::move(e));
+        // A fused tensor (Phi-3's attn_qkv) is one Hugging Face tensor for several slots.
+        const std::string hf = spec.hf_name(p.slot, layer);
+        if (std::find(names.begin(), names.end(), hf) == names.end()) names.push_back(hf);
+        c.entries_.emplace(hf, std::move(e));
         continue;
       }
       // One stacked tensor [E, out, in]: each expert its own Hugging Face tensor.
@@ -504,6 +510,17 @@ void GgufCheckpoint::read_box(std::string_view name, std::span<const std::int64_
   while (at.size() > stored_rank && size.front() == 1 && at.front() == 0) {
     at.erase(at.begin());
     size.erase(size.begin());
+  }
+  if (e.add != 0.0f) {
+    NUMESH_CHECK(target == DType::kF32 && e.permute_heads == 0, NotImplementedError,
+                 "gguf: tensor '{}' ({}) is read as f32 only, not {}", name, e.gguf,
+                 to_string(target));
+    file.read_box(e.gguf, at, size, target, out);
+    // (1 + w) - 1 is exact where 1 + w lies in [0.5, 2] (Sterbenz), and within an ulp of it
+    // elsewhere: the kernels' 1 + w gives the file's values back.
+    for (float& v : std::span(reinterpret_cast<float*>(out.data()), out.size() / sizeof(float)))
+      v += e.add;
+    return;
   }
   if (e.permute_heads == 0) {
     file.read_box(e.gguf, at, size, target, out);

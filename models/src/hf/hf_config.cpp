@@ -169,9 +169,11 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   const ArchitectureSpec& spec = architecture_spec(f.text("model_type"), source);
   c.architecture = spec.architecture;
 
-  const std::string act = f.has("hidden_act") ? f.text("hidden_act") : std::string(spec.hidden_act);
-  NUMESH_CHECK(act == spec.hidden_act, ValueError, "{}: hidden_act '{}': {}'s MLPs are {} ({})",
-               source, act, spec.model_types.front(), ops::to_string(spec.mlp_kind),
+  const std::string act_field(spec.activation_field);
+  const std::string act =
+      f.has(act_field.c_str()) ? f.text(act_field.c_str()) : std::string(spec.hidden_act);
+  NUMESH_CHECK(act == spec.hidden_act, ValueError, "{}: {} '{}': {}'s MLPs are {} ({})", source,
+               act_field, act, spec.model_types.front(), ops::to_string(spec.mlp_kind),
                spec.hidden_act);
 
   c.vocab_size = f.positive("vocab_size");
@@ -203,8 +205,16 @@ HfConfig HfConfig::parse(const json& config, std::string_view source) {
   NUMESH_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0.0, ValueError,
                "{}: rope_theta {} must be positive", source, c.rope_theta);
   c.rope_scaling = rope_scaling_of(f);
+  // Phi-4-mini and others rotate part of each head; numesh rotates whole heads.
+  if (f.has("partial_rotary_factor")) {
+    const double part = f.number("partial_rotary_factor", 1.0);
+    NUMESH_CHECK(part == 1.0, NotImplementedError,
+                 "{}: partial_rotary_factor {}: numesh rotates whole heads (no partial rotary "
+                 "embedding)",
+                 source, part);
+  }
   c.max_position_embeddings = f.positive("max_position_embeddings", 2048);
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", spec.default_tie_word_embeddings);
 
   // Biases: some architectures' q, k, v projections always have them (no config field);
   // attention_bias puts them on all four projections. mlp_bias only where the architecture
@@ -310,13 +320,17 @@ HfConfig HfConfig::load(const std::filesystem::path& path) {
   return c;
 }
 
+float HfConfig::embedding_scale() const noexcept {
+  switch (spec().embedding_scale) {
+    case EmbeddingScale::kNone:
+      return 1.0f;
+    case EmbeddingScale::kSqrtHidden:
+      return std::sqrt(static_cast<float>(hidden_size));
+  }
+  return 1.0f;
+}
+
 ops::TransformerConfig HfConfig::transformer_config() const {
-  // The spec's fields for Gemma-like architectures, which no layer applies yet: refused rather
-  // than silently run as a plain RMSNorm and an unscaled embedding.
-  NUMESH_CHECK(spec().norm_offset == 0.0f && spec().embedding_scale == EmbeddingScale::kNone,
-               NotImplementedError,
-               "{}: RMSNorm weight offsets and embedding scales are not yet implemented",
-               to_string(architecture));
   ops::TransformerConfig t;
   t.hidden = hidden_size;
   t.layers = num_hidden_layers;
@@ -329,6 +343,7 @@ ops::TransformerConfig HfConfig::transformer_config() const {
   t.ffn = intermediate_size > 0 ? intermediate_size : moe_intermediate_size;
   t.mlp_kind = spec().mlp_kind;
   t.norm_eps = static_cast<float>(rms_norm_eps);
+  t.norm_weight_offset = spec().norm_offset;
   t.moe_every = num_experts > 0 ? decoder_sparse_step : 0;
   if (num_experts > 0) {
     t.moe = ops::MoeConfig{

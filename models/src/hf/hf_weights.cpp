@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstddef>
 #include <map>
@@ -48,17 +49,26 @@ class Reader {
     return transposed(read(name, {out, in}));
   }
   // The large matrix at `slot`: nn.Linear weights [out, in] (one, or one per expert stacked
-  // into [E, in, out]) transposed to [in, out], or, when not `transposed`, one tensor as it is.
+  // into [E, in, out]; or rows of a fused tensor) transposed to [in, out], or, when not
+  // `transposed`, one tensor as it is.
   HostTensor matrix(const std::string& slot, const MatrixSource& source, std::int64_t in,
                     std::int64_t out) const {
     const auto experts = static_cast<std::int64_t>(source.tensors.size());
     std::vector<std::int64_t> shape =
         source.transposed ? std::vector<std::int64_t>{in, out} : std::vector<std::int64_t>{out, in};
     if (source.tensors.size() > 1) shape.insert(shape.begin(), experts);
-    for (const std::string& name : source.tensors) check(name, {out, in});
+    const std::int64_t rows = source.tensor_rows > 0 ? source.tensor_rows : out;
+    for (const std::string& name : source.tensors) check(name, {rows, in});
     if (deferred_ != nullptr) {
       (*deferred_)[slot] = source;
       return HostTensor::shape_only(shape);
+    }
+    if (source.tensor_rows > 0) {  // rows of a fused tensor, transposed
+      HostTensor part = HostTensor::zeros({out, in});
+      const std::array<std::int64_t, 2> at{source.row_offset, 0}, size{out, in};
+      checkpoint_.read_box(source.tensors.front(), at, size, DType::kF32,
+                           std::as_writable_bytes(std::span<float>(part.data)));
+      return source.transposed ? transposed(part) : part;
     }
     if (!source.transposed) return read(source.tensors.front(), {out, in});
     HostTensor stacked = HostTensor::zeros(shape);
@@ -112,16 +122,6 @@ SlotPattern slot_pattern(std::string_view slot, const ArchitectureSpec& spec) {
   return {spec.find(fmt::format("layers.{{L}}{}", rest.substr(dot))), layer};
 }
 
-// Refuses a weight that is a slice of a fused tensor (Phi-3's qkv_proj, gate_up_proj): the
-// spec can say so, the reader and the saver cannot slice yet.
-void refuse_fused(const TensorPattern& pattern, const ArchitectureSpec& spec,
-                  std::string_view slot) {
-  NUMESH_CHECK(pattern.fused == FusedPart::kWhole, NotImplementedError,
-               "{}: the weight '{}' is part of the fused tensor {}; fused tensors are not yet "
-               "read or written",
-               to_string(spec.architecture), slot, pattern.hf);
-}
-
 // The slot's entry, refused as unknown when the architecture has none.
 SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
   const SlotPattern found = slot_pattern(slot, spec);
@@ -129,7 +129,6 @@ SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
     throw KeyError(std::string(slot),
                    fmt::format("no Hugging Face tensor is known for the weight '{}'", slot));
   }
-  refuse_fused(*found.pattern, spec, slot);
   return found;
 }
 
@@ -144,18 +143,29 @@ CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoin
   const std::int64_t q_out = t.attention.num_heads * d, kv_out = t.attention.num_kv_heads * d;
   // The Hugging Face name of numesh's weight `slot`, at layer l (and expert e).
   const auto hf = [&](std::string_view slot, std::int64_t l = -1, std::int64_t e = -1) {
-    if (const TensorPattern* p = spec.find(slot)) refuse_fused(*p, spec, slot);
     return spec.hf_name(slot, l, e);
+  };
+  // A linear weight's source: its tensor, or its rows of a fused one (Phi-3).
+  const auto source_of = [&](const std::string& slot_pattern, std::int64_t l, std::int64_t out) {
+    MatrixSource s = linear_source(hf(slot_pattern, l));
+    if (const TensorPattern* p = spec.find(slot_pattern); p && p->fused != FusedPart::kWhole) {
+      const FusedRows rows = fused_rows(p->fused, q_out, kv_out, t.ffn, out);
+      s.row_offset = rows.offset;
+      s.rows = rows.rows;
+      s.tensor_rows = rows.total;
+    }
+    return s;
   };
   CausalLmWeights w;
   const MatrixSource table{.tensors = {hf("embedding.table")}, .transposed = false};
   w.embedding.table = r.matrix("embedding.table", table, h, v);
   w.embedding.stored_as = stored_as;
+  w.embedding.output_scale = config.embedding_scale();
   for (std::int64_t l = 0; l < t.layers; ++l) {
     const std::string slot = fmt::format("layers.{}.", l);  // ShardedTransformer::weights()'s names
     // Block l's matrix `name` ("attention.wq"): its source, under its slot.
     const auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out) {
-      return r.matrix(slot + name, linear_source(hf("layers.{L}." + name, l)), in, out);
+      return r.matrix(slot + name, source_of("layers.{L}." + name, l, out), in, out);
     };
     const auto tensor = [&](const std::string& name) { return hf("layers.{L}." + name, l); };
     ops::BlockWeights b;
@@ -246,8 +256,10 @@ std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture ar
   const ArchitectureSpec& spec = architecture_spec(architecture);
   const SlotPattern found = known_slot(slot, spec);
   if (found.pattern->hf.find("{E}") == std::string_view::npos)
-    return {
-        HfTensorPart{spec.hf_name(found.pattern->slot, found.layer), -1, saved_transposed(slot)}};
+    return {HfTensorPart{.name = spec.hf_name(found.pattern->slot, found.layer),
+                         .expert = -1,
+                         .transposed = saved_transposed(slot),
+                         .fused = found.pattern->fused}};
   // A stacked expert weight (stored out-in, [E, out, in]): one tensor per expert, as it is.
   std::vector<HfTensorPart> parts;
   for (std::int64_t e = 0; e < experts; ++e)

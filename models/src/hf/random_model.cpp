@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <list>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -59,10 +60,20 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
   std::vector<TensorToWrite> tensors;
+  std::map<std::string, runtime::HostTensor*> by_name;
+  // A tensor named twice is a fused one (Phi-3's qkv_proj, gate_up_proj): each call appends
+  // its rows, in the order the spec's slices lie (q, k, v; gate, up).
   const auto add = [&](const std::string& name, std::vector<std::int64_t> shape, float scale,
                        float offset, DType stored) {
-    runtime::HostTensor& v = storage.emplace_back(runtime::HostTensor::zeros(std::move(shape)));
-    for (float& x : v.data) x = offset + scale * normal(rng);
+    runtime::HostTensor part = runtime::HostTensor::zeros(std::move(shape));
+    for (float& x : part.data) x = offset + scale * normal(rng);
+    if (const auto it = by_name.find(name); it != by_name.end()) {
+      it->second->shape.front() += part.shape.front();
+      it->second->data.insert(it->second->data.end(), part.data.begin(), part.data.end());
+      return;
+    }
+    runtime::HostTensor& v = storage.emplace_back(std::move(part));
+    by_name[name] = &v;
     tensors.push_back({name, &v, stored});
   };
   // nn.Linear [out, in], normal(0, 1/sqrt(in)); RMSNorm weights stay F32, as transformers keeps
@@ -70,8 +81,9 @@ void write_random_model(const std::filesystem::path& dir, const nlohmann::json& 
   const auto linear = [&](const std::string& name, std::int64_t out, std::int64_t in) {
     add(name, {out, in}, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f, dtype);
   };
+  // Norms around 1 as they scale: Gemma's stored w around 0 (it scales by 1 + w).
   const auto norm = [&](const std::string& name) {
-    add(name, {c.hidden_size}, 0.1f, 1.0f, DType::kF32);
+    add(name, {c.hidden_size}, 0.1f, 1.0f - c.spec().norm_offset, DType::kF32);
   };
   const std::int64_t h = c.hidden_size, d = t.attention.head_dim;
   // Names from the architecture's spec, the table CausalLmWeights::load reads them by.
@@ -140,19 +152,27 @@ CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, doub
     for (float& x : m.data) x = normal(rng);
     return m;
   };
-  const auto ones = [&](std::vector<std::int64_t> shape) {
+  const auto filled = [&](std::vector<std::int64_t> shape, float value) {
     runtime::HostTensor m = runtime::HostTensor::zeros(std::move(shape));
-    std::fill(m.data.begin(), m.data.end(), 1.0f);
+    std::fill(m.data.begin(), m.data.end(), value);
     return m;
+  };
+  // Block and final norms scale by 1 at the start: Gemma's stored w is 0 (1 + w), as
+  // transformers' GemmaRMSNorm starts.
+  const float unit_norm = 1.0f - config.spec().norm_offset;
+  const auto ones = [&](std::vector<std::int64_t> shape) { return filled(std::move(shape), 1.0f); };
+  const auto norm = [&](std::vector<std::int64_t> shape) {
+    return filled(std::move(shape), unit_norm);
   };
   const std::int64_t h = t.hidden, v = config.vocab_size, d = t.attention.head_dim;
   const std::int64_t q = t.attention.num_heads * d, kv = t.attention.num_kv_heads * d;
   CausalLmWeights w;
   w.embedding.table = matrix({v, h});
+  w.embedding.output_scale = config.embedding_scale();
   for (std::int64_t l = 0; l < t.layers; ++l) {
     ops::BlockWeights b;
-    b.attn_norm = ones({1, h});
-    b.ffn_norm = ones({1, h});
+    b.attn_norm = norm({1, h});
+    b.ffn_norm = norm({1, h});
     b.attention.wq = matrix({h, q});
     b.attention.wk = matrix({h, kv});
     b.attention.wv = matrix({h, kv});
@@ -192,7 +212,7 @@ CausalLmWeights initial_weights(const HfConfig& config, std::uint32_t seed, doub
     }
     w.stack.blocks.push_back(std::move(b));
   }
-  w.stack.final_norm = ones({1, h});
+  w.stack.final_norm = norm({1, h});
   if (config.tie_word_embeddings) {
     w.lm_head.weight = ops::transposed(w.embedding.table);
   } else {

@@ -103,10 +103,12 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoi
       {"lm_head.weight",
        Named{"lm_head.weight", lm.head_layer_.weight, ops::WeightLayout::kOutIn}}};
   for (const Named& w : lm.stack_.weights()) slots[w.name] = w;
+  // A source's bytes: its tensors', or its share of a fused tensor's.
   const auto bytes_of = [&](const MatrixSource& source) {
     std::int64_t bytes = 0;
     for (const std::string& t : source.tensors)
       bytes += static_cast<std::int64_t>(checkpoint.stored_bytes(t));
+    if (source.tensor_rows > 0) bytes = bytes / source.tensor_rows * source.rows;
     return bytes;
   };
   std::int64_t total = 0, done = 0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <list>
+#include <map>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -62,6 +63,41 @@ runtime::HostTensor as_hf(const runtime::HostTensor& host, const HfTensorPart& p
               one.data.size(), one.data.begin());
   return part.transposed ? ops::transposed(one) : one;
 }
+
+// The rows of its Hugging Face tensor a part covers (all of them unless the part is a slice of
+// a fused tensor, Phi-3's), `rows` being the part's own.
+FusedRows rows_of(const HfTensorPart& part, const HfConfig& c, std::int64_t rows) {
+  return fused_rows(part.fused, c.num_attention_heads * c.head_dim,
+                    c.num_key_value_heads * c.head_dim, c.intermediate_size, rows);
+}
+
+// Tensors to write, each part to its own, or into its rows of a fused tensor that several
+// parameters share (written once, whole, when the last of them has put its rows in).
+class SavedTensors {
+ public:
+  explicit SavedTensors(const HfConfig& config) : config_(config) {}
+  void put(const std::string& name, runtime::HostTensor piece, const HfTensorPart& part) {
+    if (part.fused == FusedPart::kWhole) {
+      tensors_.push_back({name, &storage_.emplace_back(std::move(piece)), DType::kF32});
+      return;
+    }
+    const FusedRows r = rows_of(part, config_, piece.shape[0]);
+    auto [it, fresh] = fused_.try_emplace(name, nullptr);
+    if (fresh) {
+      it->second = &storage_.emplace_back(runtime::HostTensor::zeros({r.total, piece.shape[1]}));
+      tensors_.push_back({name, it->second, DType::kF32});
+    }
+    std::copy(piece.data.begin(), piece.data.end(),
+              it->second->data.begin() + r.offset * piece.shape[1]);
+  }
+  const std::vector<TensorToWrite>& tensors() const noexcept { return tensors_; }
+
+ private:
+  const HfConfig& config_;
+  std::list<runtime::HostTensor> storage_;  // stable addresses for TensorToWrite
+  std::vector<TensorToWrite> tensors_;
+  std::map<std::string, runtime::HostTensor*> fused_;
+};
 
 }  // namespace
 
@@ -248,20 +284,18 @@ void CausalLmTrainer::save(const std::filesystem::path& dir) const {
     NUMESH_CHECK(out.good(), IoError, "cannot write {}", (dir / "config.json").string());
   }
   const std::vector<ops::TrainableParameter>& params = step_->parameters();
-  std::list<runtime::HostTensor> storage;  // stable addresses for TensorToWrite
-  std::vector<TensorToWrite> weights, state;
+  SavedTensors weights(config_), state(config_);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const runtime::HostTensor value = as_saved(*params[i].value), m = as_saved(adamw_->exp_avg(i)),
                               v = as_saved(adamw_->exp_avg_sq(i));
     for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
-      weights.push_back({part.name, &storage.emplace_back(as_hf(value, part)), DType::kF32});
-      state.push_back({"exp_avg." + part.name, &storage.emplace_back(as_hf(m, part)), DType::kF32});
-      state.push_back(
-          {"exp_avg_sq." + part.name, &storage.emplace_back(as_hf(v, part)), DType::kF32});
+      weights.put(part.name, as_hf(value, part), part);
+      state.put("exp_avg." + part.name, as_hf(m, part), part);
+      state.put("exp_avg_sq." + part.name, as_hf(v, part), part);
     }
   }
-  write_safetensors(dir / "model.safetensors", weights, {{"format", "pt"}});
-  write_safetensors(dir / kOptimizerFile, state,
+  write_safetensors(dir / "model.safetensors", weights.tensors(), {{"format", "pt"}});
+  write_safetensors(dir / kOptimizerFile, state.tensors(),
                     {{"optimizer", "adamw"}, {"step", std::to_string(adamw_->steps())}});
 }
 
@@ -284,12 +318,23 @@ void CausalLmTrainer::restore_optimizer(const std::filesystem::path& file) {
       for (const HfTensorPart& part : parts_of(params[i], config_.architecture)) {
         const std::string key = prefix + part.name;
         const std::vector<std::int64_t> shape = hf_shape(saved, part);
+        // A slice of a fused tensor: its rows of the whole.
+        const FusedRows rows = rows_of(part, config_, shape.front());
+        std::vector<std::int64_t> whole = shape;
+        whole.front() = rows.total;
         const TensorInfo& info = f.info(key);
-        NUMESH_CHECK(info.shape == shape, ShapeError, "{}: {} is [{}] but the model's {} is [{}]",
+        NUMESH_CHECK(info.shape == whole, ShapeError, "{}: {} is [{}] but the model's {} is [{}]",
                      file.string(), key, fmt::join(info.shape, ", "), part.name,
-                     fmt::join(shape, ", "));
+                     fmt::join(whole, ", "));
         runtime::HostTensor read = runtime::HostTensor::zeros(shape);
-        f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(read.data)));
+        if (part.fused == FusedPart::kWhole) {
+          f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(read.data)));
+        } else {
+          runtime::HostTensor all = runtime::HostTensor::zeros(whole);
+          f.read(key, DType::kF32, std::as_writable_bytes(std::span<float>(all.data)));
+          const std::int64_t row = shape.back();
+          std::copy_n(all.data.begin() + rows.offset * row, rows.rows * row, read.data.begin());
+        }
         if (part.transposed) read = ops::transposed(read);
         std::copy(read.data.begin(), read.data.end(),
                   host.data.begin() + std::max<std::int64_t>(part.expert, 0) *

@@ -164,6 +164,51 @@ void proto_float(std::string& out, int field, float v) {
   out.append(b, 4);
 }
 
+// Reading: the last occurrence of `field` in `message` (protobuf's rule for a repeated
+// singular field), as a varint or as a length-delimited payload; nullopt when absent or when
+// the bytes end early.
+struct ProtoField {
+  std::uint64_t varint = 0;
+  std::string_view bytes;
+};
+std::optional<std::uint64_t> proto_read_varint(std::string_view& in) {
+  std::uint64_t v = 0;
+  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
+    const auto b = static_cast<std::uint8_t>(in.front());
+    in.remove_prefix(1);
+    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) return v;
+  }
+  return std::nullopt;
+}
+std::optional<ProtoField> proto_find(std::string_view message, int field) {
+  std::optional<ProtoField> found;
+  while (!message.empty()) {
+    const auto key = proto_read_varint(message);
+    if (!key) return found;
+    const auto wire = static_cast<int>(*key & 7);
+    ProtoField f;
+    if (wire == 0) {
+      const auto v = proto_read_varint(message);
+      if (!v) return found;
+      f.varint = *v;
+    } else if (wire == 2) {
+      const auto n = proto_read_varint(message);
+      if (!n || *n > message.size()) return found;
+      f.bytes = message.substr(0, *n);
+      message.remove_prefix(*n);
+    } else if (wire == 1 || wire == 5) {
+      const std::size_t n = wire == 1 ? 8 : 4;
+      if (message.size() < n) return found;
+      message.remove_prefix(n);
+    } else {
+      return found;  // groups: not in a ModelProto
+    }
+    if (static_cast<int>(*key >> 3) == field) found = f;
+  }
+  return found;
+}
+
 }  // namespace
 
 std::string gguf_tokenizer_json(const GgufFile& file) {
@@ -387,6 +432,17 @@ std::vector<std::string> add_sentencepiece(GgufWriter& w, const std::filesystem:
       w.add_uint32(fmt::format("tokenizer.ggml.{}_token_id", key), static_cast<std::uint32_t>(id));
   }
   w.add_bool("tokenizer.ggml.add_bos_token", sp.bos_id() >= 0);
+  // NormalizerSpec { add_dummy_prefix = 3 (default true); remove_extra_whitespaces = 4
+  // (default true) } as llama.cpp's converter copies them: Gemma's model adds no space prefix.
+  const std::string proto = sp.serialized_model_proto();
+  const std::optional<ProtoField> normalizer = proto_find(proto, 3);
+  const auto flag = [&](int field) {
+    const std::optional<ProtoField> f =
+        normalizer ? proto_find(normalizer->bytes, field) : std::nullopt;
+    return f ? f->varint != 0 : true;
+  };
+  w.add_bool("tokenizer.ggml.add_space_prefix", flag(3));
+  w.add_bool("tokenizer.ggml.remove_extra_whitespaces", flag(4));
   return tokens;
 }
 

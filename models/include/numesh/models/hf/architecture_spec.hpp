@@ -27,6 +27,8 @@ enum class Architecture : std::uint8_t {
   kMixtral,   ///< "mixtral": every layer a top-k MoE (block_sparse_moe), renormalised
   kQwen2Moe,  ///< "qwen2_moe": MoE layers with a gated shared expert, q/k/v biases
   kQwen3Moe,  ///< "qwen3_moe": MoE layers, q/k norms
+  kGemma,     ///< "gemma": GeGLU, RMSNorms scaling by 1 + w, embedding times sqrt(hidden)
+  kPhi3,      ///< "phi3": Llama's block with q, k, v in one qkv_proj and gate, up in gate_up_proj
 };
 
 /// The model_type string of an architecture ("?" for a value outside the enum).
@@ -34,9 +36,8 @@ std::string_view to_string(Architecture a) noexcept;
 
 /// How the token embedding's output is scaled before the first block.
 enum class EmbeddingScale : std::uint8_t {
-  kNone,        ///< as looked up (every architecture numesh reads today)
-  kSqrtHidden,  ///< times sqrt(hidden_size) (Gemma; not yet applied: see
-                ///< HfConfig::transformer_config)
+  kNone,        ///< as looked up
+  kSqrtHidden,  ///< times sqrt(hidden_size), in fp32 (Gemma)
 };
 
 /// When config.json's sliding_window restricts attention.
@@ -46,12 +47,29 @@ enum class SlidingWindowRule : std::uint8_t {
   kUseSlidingWindow,  ///< Qwen: only when use_sliding_window is also true
 };
 
-/// Which rows of a fused Hugging Face tensor a slot reads.
+/// Which rows of a fused Hugging Face tensor a slot is (Phi-3's qkv_proj [q + 2 kv, H] holds
+/// q's rows, then k's, then v's; its gate_up_proj [2 F, H] gate's, then up's).
 enum class FusedPart : std::uint8_t {
-  kWhole,   ///< the tensor is the slot's alone (every architecture numesh reads today)
-  kQkv,     ///< a q, k or v slice of a fused qkv_proj (Phi-3; not yet read: refused by name)
-  kGateUp,  ///< a gate or up slice of a fused gate_up_proj (Phi-3; not yet read: refused by name)
+  kWhole,  ///< the tensor is the slot's alone
+  kQ,      ///< rows [0, heads * head_dim) of a qkv tensor
+  kK,      ///< the next kv_heads * head_dim rows
+  kV,      ///< the last kv_heads * head_dim rows
+  kGate,   ///< rows [0, F) of a gate_up tensor
+  kUp,     ///< rows [F, 2 F)
 };
+
+/// Rows [offset, offset + rows) of a tensor of `total` rows: a slot's share of its tensor.
+struct FusedRows {
+  std::int64_t offset = 0;
+  std::int64_t rows = 0;
+  std::int64_t total = 0;
+};
+
+/// The rows `part` covers in its fused tensor, for q_rows = heads * head_dim, kv_rows =
+/// kv_heads * head_dim and the MLP's intermediate size `ffn`; for kWhole, `whole_rows` (all of
+/// them).
+FusedRows fused_rows(FusedPart part, std::int64_t q_rows, std::int64_t kv_rows, std::int64_t ffn,
+                     std::int64_t whole_rows) noexcept;
 
 /// One weight's Hugging Face tensor name. `slot` is numesh's name for the weight, as
 /// ops::ShardedTransformer::weights() and ops::LmTrainingStep::parameters() give it, with "{L}"
@@ -96,10 +114,13 @@ struct ArchitectureSpec {
   /// in the checkpoint only when HfConfig says the model has them.
   std::vector<TensorPattern> tensors{};
 
-  /// The MLP of the dense layers and of the experts, and the config.json hidden_act it takes
-  /// (config files saying otherwise are refused).
+  /// The MLP of the dense layers and of the experts, and the activation it takes from
+  /// config.json's `activation_field` (config files saying otherwise are refused; absent or
+  /// null: this one). Gemma's MLPs read hidden_activation, as transformers' GemmaMLP does,
+  /// whatever hidden_act says.
   ops::MlpKind mlp_kind = ops::MlpKind::kSwiGLU;
   std::string_view hidden_act = "silu";
+  std::string_view activation_field = "hidden_act";
   /// q, k and v projections always have biases, whatever attention_bias says (Qwen2,
   /// Qwen2-MoE: transformers builds them with bias=True).
   bool qkv_bias = false;
@@ -108,15 +129,18 @@ struct ArchitectureSpec {
   bool mlp_bias_field = false;
   /// RMSNorm over head_dim on q and k before RoPE (Qwen3, Qwen3-MoE).
   bool qk_norm = false;
-  /// Added to every RMSNorm weight before it scales (Gemma: 1); 0 for every architecture today.
+  /// Added to the blocks' and the final RMSNorm's weights as they scale (Gemma: 1, its norms
+  /// multiplying by 1 + w): TransformerConfig::norm_weight_offset. llama.cpp's converter writes
+  /// the weights with it added (GGUF norms hold 1 + w), and reading a GGUF file takes it off.
   float norm_offset = 0.0f;
   EmbeddingScale embedding_scale = EmbeddingScale::kNone;
   SlidingWindowRule sliding_window = SlidingWindowRule::kNever;
-  /// config.json defaults: head_dim (0: hidden_size / num_attention_heads; Qwen3: 128),
-  /// rms_norm_eps and rope_theta (Mixtral: 1e-5, 1e6).
+  /// config.json defaults: head_dim (0: hidden_size / num_attention_heads; Qwen3: 128; Gemma:
+  /// 256), rms_norm_eps and rope_theta (Mixtral: 1e-5, 1e6), tie_word_embeddings (Gemma: true).
   std::int64_t default_head_dim = 0;
   double default_rms_norm_eps = 1e-6;
   double default_rope_theta = 10000.0;
+  bool default_tie_word_embeddings = false;
   /// Set for the MoE architectures (Mixtral, Qwen2-MoE, Qwen3-MoE).
   std::optional<MoeSpec> moe{};
   /// llama.cpp's converter permutes the rows of q_proj and k_proj (and their biases) within each
@@ -125,6 +149,16 @@ struct ArchitectureSpec {
   /// Mistral, Mixtral; the Qwen converters write the rows as they are). Reading a GGUF file
   /// undoes it.
   bool gguf_permutes_qk = false;
+  /// llama.cpp's architecture has an output.weight (Gemma's has none: its head is always the
+  /// embedding, so an untied model cannot be written for it).
+  bool gguf_has_output = true;
+  /// llama.cpp's converter writes {arch}.rope.freq_base (Gemma's writes none, its reader taking
+  /// 10000: numesh writes it then only for another theta).
+  bool gguf_rope_base = true;
+  /// llama.cpp's architecture reads {arch}.attention.sliding_window (Phi-3): the window goes in
+  /// that key and context_length is max_position_embeddings. Elsewhere (Mistral) GGUF has no
+  /// window, and numesh writes the window as the context length.
+  bool gguf_sliding_window = false;
 
   /// The entry for `slot` (with "{L}", as TensorPattern::slot), or nullptr when the
   /// architecture has no such weight. Complexity: linear in the table (a few dozen entries).

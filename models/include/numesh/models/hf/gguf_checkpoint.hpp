@@ -108,6 +108,8 @@ class GgufCheckpoint final : public Checkpoint {
     std::string gguf;
     std::int64_t expert = -1;
     std::int64_t permute_heads = 0;
+    // Added to every value read (Gemma's norms: -1, llama.cpp's converter having added 1).
+    float add = 0.0f;
     std::vector<std::int64_t> shape;  // Hugging Face's
     std::uint64_t bytes = 0;
   };

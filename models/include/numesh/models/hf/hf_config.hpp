@@ -82,7 +82,8 @@ struct HfConfig {
 
   /// Parses a config.json document; `source` names it in errors (a path).
   /// Throws: ValueError naming the source and the field: a model_type numesh does not read
-  /// (listing those it does), a hidden_act other than "silu", a missing or mistyped required
+  /// (listing those it does), an activation other than the architecture's (hidden_act "silu";
+  /// Gemma's hidden_activation "gelu_pytorch_tanh"), a missing or mistyped required
   /// field, a non-positive size, heads that kv heads do not divide, an unknown or invalid
   /// rope_scaling, experts per token outside [1, num_experts].
   static HfConfig parse(const nlohmann::json& config, std::string_view source);
@@ -95,12 +96,13 @@ struct HfConfig {
 
   /// The transformer stack numesh builds for it (blocks, final norm; embeddings and LM head
   /// are separate): mlp_only_layers become TransformerConfig::dense_layers, the shared expert
-  /// shared_expert_ffn, the spec's MLP kind mlp_kind; MLP biases ride on the weights
-  /// (CausalLmWeights::load).
-  /// Throws: ValueError as TransformerConfig::validate (sizes parse() has already checked);
-  /// NotImplementedError naming the architecture when its spec asks for a norm offset or an
-  /// embedding scale (no architecture numesh reads does yet; Gemma will).
+  /// shared_expert_ffn, the spec's MLP kind mlp_kind and norm offset norm_weight_offset; MLP
+  /// biases ride on the weights (CausalLmWeights::load).
+  /// Throws: ValueError as TransformerConfig::validate (sizes parse() has already checked).
   [[nodiscard]] ops::TransformerConfig transformer_config() const;
+  /// The factor the token embedding's vectors are multiplied by (EmbeddingWeights::
+  /// output_scale): sqrt(hidden_size) in fp32 for Gemma, else 1.
+  [[nodiscard]] float embedding_scale() const noexcept;
 };
 
 }  // namespace numesh::models

@@ -26,6 +26,11 @@ struct DeferredCausalLmWeights;
 struct MatrixSource {
   std::vector<std::string> tensors;
   bool transposed = true;
+  /// The matrix is rows [row_offset, row_offset + rows) of each tensor, which has tensor_rows
+  /// rows (a slice of a fused tensor: Phi-3's q in qkv_proj); tensor_rows 0: the whole tensor.
+  std::int64_t row_offset = 0;
+  std::int64_t rows = 0;
+  std::int64_t tensor_rows = 0;
 };
 
 /// A decoder-only language model's weights, in host memory, fp32 values (stored_as says how
@@ -65,8 +70,8 @@ struct CausalLmWeights {
 /// "lm_head.weight"; names from the architecture's ArchitectureSpec: "model.embed_tokens.weight",
 /// "model.layers.L.input_layernorm.weight", "model.layers.L.self_attn.q_proj.weight", ...).
 /// Throws: KeyError naming the slot when the architecture has no such weight, or when it is a
-/// stacked expert weight saved one tensor per expert (hf_tensor_parts() names those);
-/// NotImplementedError for a slice of a fused tensor.
+/// stacked expert weight saved one tensor per expert (hf_tensor_parts() names those). A slice
+/// of a fused tensor gets the fused tensor's name (Phi-3's wq: "...self_attn.qkv_proj.weight").
 std::string hf_tensor_name(std::string_view slot, Architecture architecture);
 
 /// One Hugging Face tensor holding (part of) a laid-out weight.
@@ -74,6 +79,9 @@ struct HfTensorPart {
   std::string name;          ///< the tensor's name in the checkpoint
   std::int64_t expert = -1;  ///< which expert of a stacked [E, ...] weight; -1: the whole weight
   bool transposed = false;  ///< saved as nn.Linear's [out, in], the transpose of numesh's [in, out]
+  /// The rows of a fused tensor the weight is (Phi-3's q in qkv_proj: fused_rows() gives them
+  /// for a config); kWhole: the tensor is the weight's alone.
+  FusedPart fused = FusedPart::kWhole;
 };
 
 /// The Hugging Face tensors of a weight of slot `slot` in `architecture`, named by its
@@ -82,9 +90,9 @@ struct HfTensorPart {
 /// "mlp.gate.weight") and Qwen2-MoE's "layers.L.moe.shared_expert_gate" ([H, 1]), transposed;
 /// for the stacked experts "layers.L.moe.gate", ".up" and ".down" (stored out-in, [E, out, in])
 /// one tensor per expert as it is (Mixtral "block_sparse_moe.experts.e.w1", "w3", "w2";
-/// Qwen-MoE "mlp.experts.e.gate_proj", "up_proj", "down_proj"), `experts` of them.
-/// Throws: KeyError naming the slot when the architecture has no such weight;
-/// NotImplementedError for a slice of a fused tensor.
+/// Qwen-MoE "mlp.experts.e.gate_proj", "up_proj", "down_proj"), `experts` of them; a slice of
+/// a fused tensor (Phi-3's q, k, v, gate, up) its tensor and its FusedPart.
+/// Throws: KeyError naming the slot when the architecture has no such weight.
 std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture architecture,
                                           std::int64_t experts);
 
