@@ -254,7 +254,7 @@ std::atomic<std::uint64_t>* Device::node_bytes_in_use() const noexcept {
   return &node_usage_->bytes[static_cast<std::size_t>(spec_.numa_node)];
 }
 
-DeviceBuffer Device::allocate(std::size_t bytes) {
+DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   NUMESH_CHECK(bytes > 0, ValueError, "device {} ({}): cannot allocate 0 bytes", spec_.index,
                spec_.label);
   // A size that follows from a user's options (a prompt of 10^8 tokens, a cache that does not
@@ -309,6 +309,7 @@ DeviceBuffer Device::allocate(std::size_t bytes) {
   // Before the first touch below, which places the pages. Best effort: a kernel without THP
   // refuses, and the buffer keeps its small pages.
   if (bytes >= kHugePageBytes && wants_huge_pages()) (void)madvise(data, bytes, MADV_HUGEPAGE);
+  if (contents == BufferContents::kUnspecified) return buffer;
   arena_.execute([data, bytes] {
     if (bytes < kParallelFillBytes) {
       std::memset(data, 0, bytes);

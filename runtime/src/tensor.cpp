@@ -114,10 +114,11 @@ HostTensor rounded_to(const HostTensor& t, DType dtype) {
   return out;
 }
 
-Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype)
+Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype,
+               BufferContents contents)
     : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
   const std::int64_t bytes = storage_bytes(dtype_, shape_);
-  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(bytes));
+  if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(bytes), contents);
 }
 
 std::span<float> Tensor::values() {
@@ -140,13 +141,13 @@ std::span<const std::uint16_t> Tensor::bits16() const {
 }
 
 ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
-                             sharding::PartitionSpec spec, DType dtype)
+                             sharding::PartitionSpec spec, DType dtype, BufferContents contents)
     : mesh_(std::move(mesh)),
       layout_(std::move(shape), std::move(spec), mesh_.mesh()),
       dtype_(dtype) {
   shards_.reserve(static_cast<std::size_t>(mesh_.size()));
   for (std::int64_t slot = 0; slot < mesh_.size(); ++slot) {
-    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_);
+    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_, contents);
   }
 }
 

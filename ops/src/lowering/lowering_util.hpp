@@ -53,7 +53,9 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMes
       sharding::correct_spec(host.shape, spec, mesh.mesh()).spec;
   std::shared_ptr<runtime::ShardedTensor> t;
   try {
-    t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, corrected, dtype);
+    // Every shard is written whole below (scatter) or by its owner (fill_shards): no zero fill.
+    t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, corrected, dtype,
+                                                 runtime::BufferContents::kUnspecified);
   } catch (const ValueError& e) {
     // A block format whose shards' rows are not whole blocks: say which matrix and how split.
     throw ValueError(fmt::format("a weight [{}] stored as {} and split by {}: {}",

@@ -28,6 +28,12 @@ enum class Pinning {
 /// "numa-constraints", "observer" or "unpinned".
 std::string_view to_string(Pinning pinning) noexcept;
 
+/// What a new DeviceBuffer holds.
+enum class BufferContents : std::uint8_t {
+  kZeros,        ///< every byte 0
+  kUnspecified,  ///< anything: the owner overwrites every byte before reading one
+};
+
 /// One compute device: a set of cores, the oneTBB arena whose threads run on them, and the
 /// NUMA node whose memory it allocates. Devices are made by DeviceSet::create() and shared
 /// (std::shared_ptr) by everything that uses them; they are neither copyable nor movable.
@@ -65,14 +71,17 @@ class Device : public std::enable_shared_from_this<Device> {
   }
 
   /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
-  /// first touch), zero-filled by the device's threads.
+  /// first touch), zero-filled by the device's threads; with BufferContents::kUnspecified not
+  /// filled at all (the caller writes every byte before anything reads one, from the device's
+  /// threads, whose first touch then places the pages: a model's weights, filled from their
+  /// checkpoint, skip a pass over their memory).
   /// Throws: ValueError for 0 bytes, and before allocating when `bytes` and the live buffers
   /// the set's devices already hold on the same NUMA node exceed that node's memory as the
   /// topology reports it (naming the size, the device, the node's memory and what numesh's
   /// buffers take of it; not checked when the topology does not report it, as synthetic ones
   /// do); std::bad_alloc when memory is exhausted all the same (the node's memory is shared
   /// with everything else on the machine).
-  DeviceBuffer allocate(std::size_t bytes);
+  DeviceBuffer allocate(std::size_t bytes, BufferContents contents = BufferContents::kZeros);
 
  private:
   friend class DeviceSet;

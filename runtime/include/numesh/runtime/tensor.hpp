@@ -63,9 +63,11 @@ class Tensor {
   /// An empty tensor (no device, rank 0, no storage).
   Tensor() = default;
   /// A zero tensor of `shape` on `device` (allocated for its node and zero-filled by its
-  /// threads). Throws: ShapeError for a negative extent; ValueError when `dtype` is a block
-  /// format and the last dim is not a whole number of its blocks.
-  Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype = DType::kF32);
+  /// threads; not filled with BufferContents::kUnspecified, Device::allocate). Throws:
+  /// ShapeError for a negative extent; ValueError when `dtype` is a block format and the last
+  /// dim is not a whole number of its blocks.
+  Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype = DType::kF32,
+         BufferContents contents = BufferContents::kZeros);
 
   /// Extents.
   const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
@@ -107,12 +109,13 @@ class Tensor {
 class ShardedTensor {
  public:
   /// Allocates zero shards of `dtype` for `shape` sharded by `spec` over `mesh` (each shard
-  /// allocated and zero-filled by its own device). The spec is used as given; pass it through
-  /// sharding::correct_spec first to get eformer's correction.
+  /// allocated and zero-filled by its own device; with BufferContents::kUnspecified not filled:
+  /// the owner writes every shard whole, scatter() or fill_shards(), before reading it). The spec
+  /// is used as given; pass it through sharding::correct_spec first to get eformer's correction.
   /// Throws: what ShardLayout throws (ShapeError for indivisible dims, KeyError/ValueError
   /// for bad specs).
   ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape, sharding::PartitionSpec spec,
-                DType dtype = DType::kF32);
+                DType dtype = DType::kF32, BufferContents contents = BufferContents::kZeros);
 
   /// The mesh.
   const DeviceMesh& mesh() const noexcept { return mesh_; }
