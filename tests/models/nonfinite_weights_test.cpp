@@ -90,6 +90,11 @@ TEST(NonfiniteWeightsTest, LabelsAreHuggingFaceNamesWhereThereAreSuch) {
   // A slot with no Hugging Face name keeps numesh's own.
   EXPECT_EQ(weight_label("layers.0.moe.shared_expert.gate", Architecture::kMixtral, 4),
             "layers.0.moe.shared_expert.gate");
+  // A slice of a fused tensor names itself and the tensor: its positions count from its rows.
+  EXPECT_EQ(weight_label("layers.3.attention.wv", Architecture::kPhi3, 0),
+            "layers.3.attention.wv (v's rows of model.layers.3.self_attn.qkv_proj.weight)");
+  EXPECT_EQ(weight_label("layers.0.mlp.up", Architecture::kPhi3, 0),
+            "layers.0.mlp.up (up's rows of model.layers.0.mlp.gate_up_proj.weight)");
 }
 
 }  // namespace

@@ -22,10 +22,11 @@ CLI::App* add_convert_command(CLI::App& app, ConvertOptions& o) {
       "convert", "Write a model as a GGUF file (llama.cpp's format), its matrices in one format.");
   cmd->footer(
       R"(Writes the metadata llama.cpp's converter writes for the architecture (llama, mistral and
-mixtral as "llama", qwen2, qwen3, qwen2moe, qwen3moe), the tokenizer (tokenizer.json as "gpt2",
-tokenizer.model as "llama") and the chat template, and every weight under its GGUF name: the
-experts stacked, the q/k rows of Llama-family models permuted as llama.cpp's converter permutes
-them, norms, biases and routers in F32, the matrices in --type (GGML's reference quantizers for
+mixtral as "llama", qwen2, qwen3, qwen2moe, qwen3moe, gemma, phi3), the tokenizer (tokenizer.json
+as "gpt2", tokenizer.model as "llama") and the chat template, and every weight under its GGUF
+name: the experts stacked, the q/k rows of Llama-family models permuted as llama.cpp's converter
+permutes them, Gemma's norms as 1 + w, Phi-3's qkv_proj and gate_up_proj whole, norms, biases
+and routers in F32, the matrices in --type (GGML's reference quantizers for
 the block formats; a matrix whose rows are not whole blocks goes F16, as llama.cpp does).
 numesh reads the file back with --model FILE.gguf.
 Examples:

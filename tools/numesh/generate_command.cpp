@@ -486,9 +486,10 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
                                      "streamed as they come, with load, prefill "
                                      "and decode rates.");
   cmd->footer(
-      R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe and qwen3_moe checkpoints (F32, BF16 or F16 safetensors, one file or
-shards with model.safetensors.index.json), or GGUF files of them (llama, qwen2, qwen3, qwen2moe,
-qwen3moe; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; tokenizer and chat template from the metadata).
+      R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma and phi3 checkpoints (F32, BF16 or F16
+safetensors, one file or shards with model.safetensors.index.json), or GGUF files of them (llama,
+qwen2, qwen3, qwen2moe, qwen3moe, gemma, phi3; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; tokenizer
+and chat template from the metadata).
 Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,

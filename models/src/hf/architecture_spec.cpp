@@ -236,6 +236,24 @@ const std::vector<ArchitectureSpec>& architecture_table() {
 
 }  // namespace
 
+std::string_view fused_part_name(FusedPart part) noexcept {
+  switch (part) {
+    case FusedPart::kWhole:
+      return "whole";
+    case FusedPart::kQ:
+      return "q";
+    case FusedPart::kK:
+      return "k";
+    case FusedPart::kV:
+      return "v";
+    case FusedPart::kGate:
+      return "gate";
+    case FusedPart::kUp:
+      return "up";
+  }
+  return "?";
+}
+
 FusedRows fused_rows(FusedPart part, std::int64_t q_rows, std::int64_t kv_rows, std::int64_t ffn,
                      std::int64_t whole_rows) noexcept {
   const std::int64_t qkv = q_rows + 2 * kv_rows;

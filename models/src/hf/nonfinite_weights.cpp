@@ -29,6 +29,12 @@ std::string weight_label(const std::string& slot, Architecture architecture, std
   } catch (const KeyError&) {
     return slot;  // a slot saved under no known name: numesh's own
   }
+  if (parts.size() == 1 && parts.front().fused != FusedPart::kWhole) {
+    // A slice of a fused tensor (Phi-3's q in qkv_proj): positions count from the slice's
+    // first row, so the label names the slice as well as the tensor.
+    return fmt::format("{} ({}'s rows of {})", slot, fused_part_name(parts.front().fused),
+                       parts.front().name);
+  }
   if (parts.size() == 1) return parts.front().name;
   return parts.empty() ? slot : fmt::format("{} ({}, ...)", slot, parts.front().name);
 }

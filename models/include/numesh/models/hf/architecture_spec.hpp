@@ -58,6 +58,9 @@ enum class FusedPart : std::uint8_t {
   kUp,     ///< rows [F, 2 F)
 };
 
+/// "whole", "q", "k", "v", "gate" or "up".
+std::string_view fused_part_name(FusedPart part) noexcept;
+
 /// Rows [offset, offset + rows) of a tensor of `total` rows: a slot's share of its tensor.
 struct FusedRows {
   std::int64_t offset = 0;

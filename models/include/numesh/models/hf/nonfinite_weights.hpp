@@ -33,8 +33,10 @@ struct NonfiniteWeight {
 
 /// The name a user knows a laid-out weight by: its Hugging Face tensor when it is saved as one
 /// ("model.layers.0.self_attn.q_proj.weight"), else numesh's slot with the first of them
-/// ("layers.0.moe.up (model.layers.0.block_sparse_moe.experts.0.w3.weight, ...)"), or the slot
-/// alone when no Hugging Face name is known for it.
+/// ("layers.0.moe.up (model.layers.0.block_sparse_moe.experts.0.w3.weight, ...)"), a slice of a
+/// fused tensor its slot, its part and the tensor ("layers.3.attention.wv (v's rows of
+/// model.layers.3.self_attn.qkv_proj.weight)": its positions count from the slice's rows), or
+/// the slot alone when no Hugging Face name is known for it.
 std::string weight_label(const std::string& slot, Architecture architecture, std::int64_t experts);
 
 /// Scans every distinct shard (replica 0) of each weight, f32, bf16 or f16, for NaN and
