@@ -78,23 +78,21 @@ int main(int argc, char** argv) try {
     w.down = random_tensor({24, 16}, 9, 0.3f);
     const rt::HostTensor x = random_tensor({5, 16}, 10, 1.0f),
                          dy = random_tensor({5, 16}, 11, 1.0f);
-    const ops::MlpGrads g = ops::mlp_backward(x, ops::MlpKind::kSwiGLU, w, dy);
-    save("swiglu", "x", x), save("swiglu", "gate", w.gate), save("swiglu", "up", w.up);
-    save("swiglu", "down", w.down), save("swiglu", "dy", dy);
-    save("swiglu", "dx", g.dx), save("swiglu", "dgate", g.dgate), save("swiglu", "dup", g.dup);
-    save("swiglu", "ddown", g.ddown);
-    cases.push_back({{"name", "swiglu"}});
+    // The gated MLPs on the same weights: SwiGLU, and GeGLU (Gemma: gelu with tanh's
+    // approximation on the gate).
+    for (const auto& [name, kind] :
+         {std::pair{"swiglu", ops::MlpKind::kSwiGLU}, std::pair{"geglu", ops::MlpKind::kGeGLU}}) {
+      const ops::MlpGrads g = ops::mlp_backward(x, kind, w, dy);
+      save(name, "x", x), save(name, "gate", w.gate), save(name, "up", w.up);
+      save(name, "down", w.down), save(name, "dy", dy);
+      save(name, "dx", g.dx), save(name, "dgate", g.dgate), save(name, "dup", g.dup);
+      save(name, "ddown", g.ddown);
+      cases.push_back({{"name", name}});
+    }
     const ops::MlpGrads ge = ops::mlp_backward(x, ops::MlpKind::kGelu, w, dy);
     save("gelu", "x", x), save("gelu", "up", w.up), save("gelu", "down", w.down),
         save("gelu", "dy", dy);
     save("gelu", "dx", ge.dx), save("gelu", "dup", ge.dup), save("gelu", "ddown", ge.ddown);
-    // GeGLU (Gemma): SwiGLU's weights, gelu with tanh's approximation on the gate.
-    const ops::MlpGrads gg = ops::mlp_backward(x, ops::MlpKind::kGeGLU, w, dy);
-    save("geglu", "x", x), save("geglu", "gate", w.gate), save("geglu", "up", w.up);
-    save("geglu", "down", w.down), save("geglu", "dy", dy);
-    save("geglu", "dx", gg.dx), save("geglu", "dgate", gg.dgate), save("geglu", "dup", gg.dup);
-    save("geglu", "ddown", gg.ddown);
-    cases.push_back({{"name", "geglu"}});
     // With Llama's mlp_bias: biases on all three projections.
     w.gate_bias = random_tensor({24}, 12, 0.5f);
     w.up_bias = random_tensor({24}, 13, 0.5f);

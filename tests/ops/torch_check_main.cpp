@@ -232,8 +232,11 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
     sharded_outputs(c, ops::MlpKind::kGelu, mw, x);
     w.add(std::move(c));
   }
-  {
-    Case c = w.begin("mlp_swiglu_" + tail, "mlp_swiglu", dtype_params(stored));
+  // The gated MLPs: SwiGLU through its named reference, GeGLU through mlp_reference.
+  const auto gated_case = [&](ops::MlpKind kind, const std::string& reference_label,
+                              const auto& reference) {
+    const std::string op = "mlp_" + std::string(ops::to_string(kind));
+    Case c = w.begin(op + "_" + tail, op, dtype_params(stored));
     const HostTensor x = random_tensor({t, h}, rng);
     ops::MlpWeights mw{.gate = random_tensor({h, f}, rng, 0.2f),
                        .up = random_tensor({h, f}, rng, 0.2f),
@@ -244,29 +247,19 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
     w.input(c, "w_up", mw.up);
     w.input(c, "w_down", mw.down);
     Writer::step(c, 0, t);
-    w.output(c, "mlp_swiglu_reference", 0, "reference",
-             to_host(ops::mlp_swiglu_reference(to_matrix(x), to_matrix(mw.gate), to_matrix(mw.up),
-                                               to_matrix(mw.down), stored)));
-    sharded_outputs(c, ops::MlpKind::kSwiGLU, mw, x);
+    w.output(c, reference_label, 0, "reference", to_host(reference(x, mw)));
+    sharded_outputs(c, kind, mw, x);
     w.add(std::move(c));
-  }
-  {
-    Case c = w.begin("mlp_geglu_" + tail, "mlp_geglu", dtype_params(stored));
-    const HostTensor x = random_tensor({t, h}, rng);
-    ops::MlpWeights mw{.gate = random_tensor({h, f}, rng, 0.2f),
-                       .up = random_tensor({h, f}, rng, 0.2f),
-                       .down = random_tensor({f, h}, rng, 0.2f)};
-    mw.stored_as = stored;
-    w.input(c, "x", x);
-    w.input(c, "w_gate", mw.gate);
-    w.input(c, "w_up", mw.up);
-    w.input(c, "w_down", mw.down);
-    Writer::step(c, 0, t);
-    w.output(c, "mlp_reference (geglu)", 0, "reference",
-             to_host(ops::mlp_reference(to_matrix(x), ops::MlpKind::kGeGLU, mw)));
-    sharded_outputs(c, ops::MlpKind::kGeGLU, mw, x);
-    w.add(std::move(c));
-  }
+  };
+  gated_case(ops::MlpKind::kSwiGLU, "mlp_swiglu_reference",
+             [&](const HostTensor& x, const ops::MlpWeights& mw) {
+               return ops::mlp_swiglu_reference(to_matrix(x), to_matrix(mw.gate), to_matrix(mw.up),
+                                                to_matrix(mw.down), stored);
+             });
+  gated_case(ops::MlpKind::kGeGLU, "mlp_reference (geglu)",
+             [](const HostTensor& x, const ops::MlpWeights& mw) {
+               return ops::mlp_reference(to_matrix(x), ops::MlpKind::kGeGLU, mw);
+             });
 }
 
 void rmsnorm_case(Writer& w, std::int64_t t, std::int64_t h, std::mt19937& rng) {

@@ -226,9 +226,7 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
         heads = config.num_key_value_heads;
     }
     // llama.cpp's converter writes Gemma's block and final norms as 1 + w, as its reader wants.
-    const bool offset_norm =
-        slot.ends_with("attn_norm") || slot.ends_with("ffn_norm") || slot == "final_norm";
-    const float add_to_values = offset_norm ? spec.norm_offset : 0.0f;
+    const float add_to_values = takes_norm_offset(slot) ? spec.norm_offset : 0.0f;
     const DType dtype = *to_numesh_dtype(type);
     std::uint64_t stored = 0;
     for (const std::string& part : parts) stored += checkpoint->stored_bytes(part);

@@ -236,6 +236,10 @@ const std::vector<ArchitectureSpec>& architecture_table() {
 
 }  // namespace
 
+bool takes_norm_offset(std::string_view slot) noexcept {
+  return slot == "layers.{L}.attn_norm" || slot == "layers.{L}.ffn_norm" || slot == "final_norm";
+}
+
 std::string_view fused_part_name(FusedPart part) noexcept {
   switch (part) {
     case FusedPart::kWhole:

@@ -408,8 +408,7 @@ GgufCheckpoint GgufCheckpoint::open(const fs::path& path) {
       }
       if (slot == "moe.shared_expert_gate" && t->shape.size() == 1) e.shape = {1, t->shape[0]};
       // llama.cpp's converter writes Gemma's block and final norms as 1 + w.
-      if (slot == "attn_norm" || slot == "ffn_norm" || slot == "final_norm")
-        e.add = -spec.norm_offset;
+      if (takes_norm_offset(p.slot)) e.add = -spec.norm_offset;
       std::vector<std::string>& names = hf_of[gguf];
       if (!per_expert) {
         // A fused tensor (Phi-3's attn_qkv) is one Hugging Face tensor for several slots.

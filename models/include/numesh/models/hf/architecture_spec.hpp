@@ -178,6 +178,10 @@ struct ArchitectureSpec {
   [[nodiscard]] std::string gguf_name_of(std::string_view slot, std::int64_t layer = -1) const;
 };
 
+/// True for the slots ArchitectureSpec::norm_offset applies to: "layers.{L}.attn_norm",
+/// "layers.{L}.ffn_norm" and "final_norm" (not the attention's q/k norms).
+bool takes_norm_offset(std::string_view slot) noexcept;
+
 /// Every architecture numesh reads, in Architecture's order.
 std::span<const ArchitectureSpec> architecture_specs() noexcept;
 
