@@ -1,10 +1,18 @@
 #include "numesh/ops/attention_config.hpp"
 
+#include <fmt/format.h>
+
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "shape_text.hpp"
 
 namespace numesh::ops {
+
+std::string to_string(const AttentionFormats& formats) {
+  if (formats.all_are(formats.wq)) return std::string(to_string(formats.wq));
+  return fmt::format("wq {}, wk {}, wv {}, wo {}", to_string(formats.wq), to_string(formats.wk),
+                     to_string(formats.wv), to_string(formats.wo));
+}
 
 void check_biases_and_norms(const AttentionWeights& w, const AttentionConfig& c,
                             std::int64_t hidden) {

@@ -1,10 +1,18 @@
 #include "numesh/ops/mlp_config.hpp"
 
+#include <fmt/format.h>
+
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "shape_text.hpp"
 
 namespace numesh::ops {
+
+std::string to_string(const MlpFormats& formats) {
+  if (formats.all_are(formats.up)) return std::string(to_string(formats.up));
+  return fmt::format("gate {}, up {}, down {}", to_string(formats.gate), to_string(formats.up),
+                     to_string(formats.down));
+}
 
 void check_biases(const MlpWeights& w, MlpKind kind, std::int64_t hidden,
                   std::int64_t intermediate) {

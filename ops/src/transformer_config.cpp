@@ -152,10 +152,10 @@ TransformerWeights TransformerWeights::random(const TransformerConfig& c, std::u
 
 void TransformerWeights::store_as(DType dtype) {
   for (BlockWeights& b : blocks) {
-    b.attention.stored_as = dtype;
-    b.mlp.stored_as = dtype;
-    b.moe.stored_as = dtype;
-    b.moe.shared_expert.stored_as = dtype;
+    b.attention.stored_as = AttentionFormats::all(dtype);
+    b.mlp.stored_as = MlpFormats::all(dtype);
+    b.moe.stored_as = MlpFormats::all(dtype);
+    b.moe.shared_expert.stored_as = MlpFormats::all(dtype);
   }
 }
 

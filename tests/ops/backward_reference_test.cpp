@@ -70,7 +70,7 @@ TEST(BackwardReferenceTest, BadArgumentsAreNamed) {
   EXPECT_THAT([&] { mlp_backward(x, MlpKind::kSwiGLU, mlp, x); },
               ThrowsMessage<ShapeError>("swiglu backward: up bias is [5], expected [1, 6]"));
   mlp.up_bias = {};
-  mlp.stored_as = DType::kBF16;
+  mlp.stored_as = MlpFormats::all(DType::kBF16);
   EXPECT_THAT(
       [&] { mlp_backward(x, MlpKind::kSwiGLU, mlp, x); },
       ThrowsMessage<NotImplementedError>(HasSubstr("16-bit weights are not differentiated yet")));

@@ -454,7 +454,7 @@ TEST(LmTrainingStepErrorTest, RefusesWhatItCannotTrainBeforeWork) {
   moe.moe_every = 2;
   moe.shared_expert_ffn = 16;
   TransformerWeights bf16_shared = TransformerWeights::random(moe, 3);
-  bf16_shared.blocks[1].moe.shared_expert.stored_as = DType::kBF16;
+  bf16_shared.blocks[1].moe.shared_expert.stored_as = MlpFormats::all(DType::kBF16);
   EXPECT_THAT([&] { LmTrainingStep(one, moe, m.embedding, bf16_shared, &m.head, kBatch, kTokens); },
               ThrowsMessage<ValueError>(HasSubstr("block 1's shared expert is stored as bf16")));
   moe.shared_expert_ffn = 0;

@@ -221,7 +221,7 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
     ops::MlpWeights mw{.gate = {},
                        .up = random_tensor({h, f}, rng, 0.2f),
                        .down = random_tensor({f, h}, rng, 0.2f)};
-    mw.stored_as = stored;
+    mw.stored_as = ops::MlpFormats::all(stored);
     w.input(c, "x", x);
     w.input(c, "w1", mw.up);
     w.input(c, "w2", mw.down);
@@ -241,7 +241,7 @@ void mlp_cases(Writer& w, const std::string& suffix, std::int64_t t, std::int64_
     ops::MlpWeights mw{.gate = random_tensor({h, f}, rng, 0.2f),
                        .up = random_tensor({h, f}, rng, 0.2f),
                        .down = random_tensor({f, h}, rng, 0.2f)};
-    mw.stored_as = stored;
+    mw.stored_as = ops::MlpFormats::all(stored);
     w.input(c, "x", x);
     w.input(c, "w_gate", mw.gate);
     w.input(c, "w_up", mw.up);

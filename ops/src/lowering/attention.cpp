@@ -102,10 +102,14 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
   layer.local_q_heads = split_q ? hq / tp : hq;
   layer.local_kv_heads = split_kv ? hkv / tp : hkv;
   // Stored out-in ([out, in]): decode reads each output's weights in one run.
-  layer.wq = detail::laid_out_out_in(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}), w.stored_as);
-  layer.wk = detail::laid_out_out_in(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
-  layer.wv = detail::laid_out_out_in(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as);
-  layer.wo = detail::laid_out_out_in(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as);
+  layer.wq =
+      detail::laid_out_out_in(mesh, w.wq, PartitionSpec({AxisRule(), q_rule}), w.stored_as.wq);
+  layer.wk =
+      detail::laid_out_out_in(mesh, w.wk, PartitionSpec({AxisRule(), kv_rule}), w.stored_as.wk);
+  layer.wv =
+      detail::laid_out_out_in(mesh, w.wv, PartitionSpec({AxisRule(), kv_rule}), w.stored_as.wv);
+  layer.wo =
+      detail::laid_out_out_in(mesh, w.wo, PartitionSpec({q_rule, AxisRule()}), w.stored_as.wo);
   check_biases_and_norms(w, config, hidden);
   // Each a row [1, n] split as the outputs it is added to (a few KiB).
   layer.bq = detail::laid_out_row(mesh, w.bq, q_rule);

@@ -56,7 +56,7 @@ AttentionWeights attention_weights(const LayerInputs& in, DType stored_as) {
                           .wk = in.load("wk"),
                           .wv = in.load("wv"),
                           .wo = in.load("wo"),
-                          .stored_as = stored_as};
+                          .stored_as = AttentionFormats::all(stored_as)};
 }
 
 MoeWeights moe_weights(const LayerInputs& in, DType stored_as) {
@@ -64,7 +64,7 @@ MoeWeights moe_weights(const LayerInputs& in, DType stored_as) {
                     .gate = in.load("w_gate"),
                     .up = in.load("w_up"),
                     .down = in.load("w_down"),
-                    .stored_as = stored_as};
+                    .stored_as = MlpFormats::all(stored_as)};
 }
 
 MoeConfig moe_config(const LayerOptions& o, const LayerInputs& in, const HostTensor& router) {
@@ -110,11 +110,11 @@ LayerResult run_mlp(const LayerContext& ctx) {
   const MlpWeights w = swiglu ? MlpWeights{.gate = ctx.inputs.load("w_gate"),
                                            .up = ctx.inputs.load("w_up"),
                                            .down = ctx.inputs.load("w_down"),
-                                           .stored_as = ctx.weights}
+                                           .stored_as = MlpFormats::all(ctx.weights)}
                               : MlpWeights{.gate = {},
                                            .up = ctx.inputs.load("w1"),
                                            .down = ctx.inputs.load("w2"),
-                                           .stored_as = ctx.weights};
+                                           .stored_as = MlpFormats::all(ctx.weights)};
   ShardedMlp mlp(ctx.mesh, swiglu ? MlpKind::kSwiGLU : MlpKind::kGelu, w, x.shape[0],
                  MlpAxes{.batch = ctx.axes.batch, .tensor = ctx.axes.mlp});
   LayerResult r;
@@ -123,8 +123,8 @@ LayerResult run_mlp(const LayerContext& ctx) {
   if (!o.no_check) {
     const RowMatrix want =
         swiglu ? mlp_swiglu_reference(matrix(x), matrix(w.gate), matrix(w.up), matrix(w.down),
-                                      w.stored_as)
-               : mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), w.stored_as);
+                                      ctx.weights)
+               : mlp_gelu_reference(matrix(x), matrix(w.up), matrix(w.down), ctx.weights);
     r.want = HostTensor{.shape = x.shape,
                         .data = std::vector<float>(want.data(), want.data() + want.size())};
   }
@@ -212,7 +212,7 @@ LayerResult run_block(const LayerContext& ctx) {
     b.mlp = MlpWeights{.gate = in.load("w_gate"),
                        .up = in.load("w_up"),
                        .down = in.load("w_down"),
-                       .stored_as = ctx.weights};
+                       .stored_as = MlpFormats::all(ctx.weights)};
     NUMESH_CHECK(b.mlp.up.shape.size() == 2, ShapeError, "{} is [{}]; expected [H, F]",
                  in.label("w_up"), fmt::join(b.mlp.up.shape, ", "));
     c.ffn = b.mlp.up.shape[1];

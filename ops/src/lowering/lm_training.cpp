@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -62,9 +63,17 @@ runtime::Frontier emit_same_shards(ProgramBuilder& pb, ShardedTensor& from, Shar
   });
 }
 
-// Refuses a weight the trainer cannot update in place as fp32 master weights.
-void check_fp32(DType stored_as, std::string_view what) {
-  NUMESH_CHECK(stored_as == DType::kF32, ValueError,
+// Refuses a weight the trainer cannot update in place as fp32 master weights: `stored_as` is
+// a DType or a layer's per-matrix formats (AttentionFormats, MlpFormats).
+template <class Formats>
+void check_fp32(const Formats& stored_as, std::string_view what) {
+  bool fp32 = false;
+  if constexpr (std::is_same_v<Formats, DType>) {
+    fp32 = stored_as == DType::kF32;
+  } else {
+    fp32 = stored_as.all_are(DType::kF32);
+  }
+  NUMESH_CHECK(fp32, ValueError,
                "training: {} is stored as {}; training keeps fp32 master weights (load it as f32)",
                what, to_string(stored_as));
 }

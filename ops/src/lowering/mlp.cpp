@@ -55,16 +55,20 @@ MlpLayer MlpLayer::create(const runtime::DeviceMesh& mesh, MlpKind kind, const M
   std::int64_t gathered = 1;  // devices a weight shard is gathered from (size-1 axes: none)
   for (const std::string& a : axes.weights)
     gathered *= mesh.mesh().has_axis(a) ? mesh.mesh().axis_size(a) : 1;
-  NUMESH_CHECK(is_element_dtype(w.stored_as) || gathered == 1, NotImplementedError,
-               "{}: weights stored as {} and sharded over the weight axes ({}): gathering block "
-               "formats is not yet supported; drop those axes from the mesh or store f32, bf16 "
-               "or f16",
-               what, to_string(w.stored_as), fmt::join(axes.weights, ", "));
   // Stored out-in (up and gate [F, H], down [H, F]): decode reads each output's weights in one run.
-  layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({zero, tp}), w.stored_as);
-  layer.down = detail::laid_out_out_in(mesh, w.down, PartitionSpec({tp, zero}), w.stored_as);
+  const auto stored = [&](const char* name, const runtime::HostTensor& m, const PartitionSpec& spec,
+                          DType as) {
+    NUMESH_CHECK(is_element_dtype(as) || gathered == 1, NotImplementedError,
+                 "{}: {} stored as {} and sharded over the weight axes ({}): gathering block "
+                 "formats is not yet supported; drop those axes from the mesh or store f32, bf16 "
+                 "or f16",
+                 what, name, to_string(as), fmt::join(axes.weights, ", "));
+    return detail::laid_out_out_in(mesh, m, spec, as);
+  };
+  layer.up = stored("up", w.up, PartitionSpec({zero, tp}), w.stored_as.up);
+  layer.down = stored("down", w.down, PartitionSpec({tp, zero}), w.stored_as.down);
   if (traits.gated)
-    layer.gate = detail::laid_out_out_in(mesh, w.gate, PartitionSpec({zero, tp}), w.stored_as);
+    layer.gate = stored("gate", w.gate, PartitionSpec({zero, tp}), w.stored_as.gate);
   return layer;
 }
 

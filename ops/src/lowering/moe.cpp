@@ -86,10 +86,11 @@ MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, c
   // (so H and each device's F must be whole blocks: laid_out names the matrix otherwise). The
   // router stays fp32 in every format, as llama.cpp keeps it.
   layer.gate =
-      detail::laid_out_out_in(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
-  layer.up = detail::laid_out_out_in(mesh, w.up, PartitionSpec({ep, AxisRule(), tp}), w.stored_as);
+      detail::laid_out_out_in(mesh, w.gate, PartitionSpec({ep, AxisRule(), tp}), w.stored_as.gate);
+  layer.up =
+      detail::laid_out_out_in(mesh, w.up, PartitionSpec({ep, AxisRule(), tp}), w.stored_as.up);
   layer.down =
-      detail::laid_out_out_in(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as);
+      detail::laid_out_out_in(mesh, w.down, PartitionSpec({ep, tp, AxisRule()}), w.stored_as.down);
   layer.local_experts = layer.gate->layout().shard_shape()[0];
   layer.local_ffn = layer.gate->layout().shard_shape()[1];
   check_shared_expert(w, h);

@@ -84,13 +84,11 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x,
                c.head_dim);
   validate(c.rope_scaling);
   const std::int64_t b = x.shape[0], t = x.shape[1], h = x.shape[2], d = c.head_dim;
-  const oracle::MatrixD xd = oracle::projection_input(oracle::widen(x, b * t, h), w.stored_as);
-  auto weight = [&w](const runtime::HostTensor& m) {
-    return oracle::stored(m, m.shape[0], m.shape[1], w.stored_as);
-  };
+  const oracle::MatrixD xd = oracle::widen(x, b * t, h);
   check_biases_and_norms(w, c, h);
-  oracle::MatrixD q = xd * weight(w.wq), k = xd * weight(w.wk);
-  oracle::MatrixD v = xd * weight(w.wv);
+  oracle::MatrixD q = oracle::project(xd, w.wq, w.stored_as.wq),
+                  k = oracle::project(xd, w.wk, w.stored_as.wk);
+  oracle::MatrixD v = oracle::project(xd, w.wv, w.stored_as.wv);
   oracle::add_bias(q, w.bq);
   oracle::add_bias(k, w.bk);
   oracle::add_bias(v, w.bv);
@@ -111,8 +109,7 @@ runtime::HostTensor attention_layer_reference(const runtime::HostTensor& x,
                                      .head_dim = d,
                                      .q_offset = c.q_offset,
                                      .causal = c.causal};
-  oracle::MatrixD y =
-      oracle::projection_input(oracle::attention(q, k, v, shape), w.stored_as) * weight(w.wo);
+  oracle::MatrixD y = oracle::project(oracle::attention(q, k, v, shape), w.wo, w.stored_as.wo);
   oracle::add_bias(y, w.bo);
   return oracle::narrow(y, {b, t, h});
 }

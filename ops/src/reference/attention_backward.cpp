@@ -34,7 +34,7 @@ void rope_transpose(MatrixD& x, std::int64_t batch, std::int64_t tokens, std::in
 
 AttentionGrads attention_layer_backward(const runtime::HostTensor& x, const AttentionWeights& w,
                                         const AttentionConfig& c, const runtime::HostTensor& dy) {
-  NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
+  NUMESH_CHECK(w.stored_as.all_are(DType::kF32), NotImplementedError,
                "attention backward: 16-bit weights are not differentiated yet");
   NUMESH_CHECK(x.shape.size() == 3 && dy.shape == x.shape && c.q_offset == 0 &&
                    c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,

@@ -38,8 +38,8 @@ float silu(float x) noexcept { return static_cast<float>(oracle::silu(x)); }
 RowMatrix mlp_gelu_reference(const RowMatrix& x, const RowMatrix& w1, const RowMatrix& w2,
                              DType stored_as) {
   check_mlp_shapes("mlp_gelu", x, w1, w2);
-  return oracle::narrow(
-      oracle::gelu_mlp(wide(x), stored(w1, stored_as), stored(w2, stored_as), stored_as));
+  return oracle::narrow(oracle::gelu_mlp(wide(x), stored(w1, stored_as), stored(w2, stored_as),
+                                         MlpFormats::all(stored_as)));
 }
 
 RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, const RowMatrix& w_up,
@@ -50,7 +50,7 @@ RowMatrix mlp_swiglu_reference(const RowMatrix& x, const RowMatrix& w_gate, cons
                w_gate.rows(), w_gate.cols(), w_up.rows(), w_up.cols());
   return oracle::narrow(oracle::swiglu_mlp(wide(x), stored(w_gate, stored_as),
                                            stored(w_up, stored_as), stored(w_down, stored_as),
-                                           stored_as));
+                                           MlpFormats::all(stored_as)));
 }
 
 RowMatrix mlp_reference(const RowMatrix& x, MlpKind kind, const MlpWeights& w) {

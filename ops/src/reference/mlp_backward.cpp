@@ -95,7 +95,7 @@ MlpGrads mlp_backward(const runtime::HostTensor& x, MlpKind kind, const MlpWeigh
                       const runtime::HostTensor& dy) {
   const MlpKindTraits traits = mlp_traits(kind);
   const std::string what = fmt::format("{} backward", traits.name);
-  NUMESH_CHECK(w.stored_as == DType::kF32, NotImplementedError,
+  NUMESH_CHECK(w.stored_as.all_are(DType::kF32), NotImplementedError,
                "{}: 16-bit weights are not differentiated yet", what);
   const std::int64_t rows = matrix_dim(x, 0, fmt::format("{}: x", what).c_str()),
                      h = matrix_dim(x, 1, fmt::format("{}: x", what).c_str());

@@ -23,7 +23,7 @@ using oracle::MatrixD;
 
 MoeGrads moe_backward(const runtime::HostTensor& x, const MoeWeights& w, const MoeConfig& c,
                       const runtime::HostTensor& dy, std::span<const double> dprobs) {
-  NUMESH_CHECK(w.stored_as == DType::kF32 && w.shared_expert.stored_as == DType::kF32,
+  NUMESH_CHECK(w.stored_as.all_are(DType::kF32) && w.shared_expert.stored_as.all_are(DType::kF32),
                NotImplementedError, "moe backward: 16-bit experts are not differentiated yet");
   const std::int64_t t = matrix_dim(x, 0, "moe backward: x"),
                      h = matrix_dim(x, 1, "moe backward: x");

@@ -158,47 +158,51 @@ MatrixD projection_input(const MatrixD& x, DType weights) {
   });
 }
 
+MatrixD project(const MatrixD& x, const runtime::HostTensor& m, DType format) {
+  return projection_input(x, format) * stored(m, m.shape[0], m.shape[1], format);
+}
+
 namespace {
 
 // act(x w_in + b_in) w_out + b_out without a gate, else act(x w_gate + b_gate) .* (x w_up +
 // b_up); `biases` (nullptr: none) gives the b's, an empty one adding nothing.
 MatrixD mlp_of(const MatrixD& x, Activation act, const MatrixD* w_gate, const MatrixD& w_in,
-               const MatrixD& w_out, DType weights, const MlpWeights* biases) {
+               const MatrixD& w_out, const MlpFormats& weights, const MlpWeights* biases) {
   const runtime::HostTensor none;
-  const MatrixD in = projection_input(x, weights);
-  MatrixD up = in * w_in;
+  MatrixD up = projection_input(x, weights.up) * w_in;
   add_bias(up, biases != nullptr ? biases->up_bias : none);
   MatrixD h;
   if (w_gate == nullptr) {
     h = up.unaryExpr([act](double v) { return activation(act, v); });
   } else {
-    MatrixD gate = in * *w_gate;
+    MatrixD gate = projection_input(x, weights.gate) * *w_gate;
     add_bias(gate, biases != nullptr ? biases->gate_bias : none);
     h = gate.unaryExpr([act](double v) { return activation(act, v); }).cwiseProduct(up);
   }
-  MatrixD y = projection_input(h, weights) * w_out;
+  MatrixD y = projection_input(h, weights.down) * w_out;
   add_bias(y, biases != nullptr ? biases->down_bias : none);
   return y;
 }
 
 }  // namespace
 
-MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2, DType weights) {
+MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2,
+                 const MlpFormats& weights) {
   return mlp_of(x, Activation::kGeluErf, nullptr, w1, w2, weights, nullptr);
 }
 
 MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
-                   const MatrixD& w_down, DType weights) {
+                   const MatrixD& w_down, const MlpFormats& weights) {
   return mlp_of(x, Activation::kSilu, &w_gate, w_up, w_down, weights, nullptr);
 }
 
 MatrixD mlp(const MatrixD& x, MlpKind kind, const MlpWeights& w) {
   const std::int64_t h = w.up.shape[0], f = w.up.shape[1];
-  const DType d = w.stored_as;
+  const MlpFormats& d = w.stored_as;
   const MlpKindTraits traits = mlp_traits(kind);
-  const MatrixD gate = traits.gated ? stored(w.gate, h, f, d) : MatrixD();
-  return mlp_of(x, traits.activation, traits.gated ? &gate : nullptr, stored(w.up, h, f, d),
-                stored(w.down, f, h, d), d, &w);
+  const MatrixD gate = traits.gated ? stored(w.gate, h, f, d.gate) : MatrixD();
+  return mlp_of(x, traits.activation, traits.gated ? &gate : nullptr, stored(w.up, h, f, d.up),
+                stored(w.down, f, h, d.down), d, &w);
 }
 
 MatrixD rmsnorm(const MatrixD& x, const MatrixD& weight, double eps) {
@@ -389,9 +393,9 @@ MatrixD moe(const MatrixD& x, const MoeWeights& w, const MoeConfig& c, MoeStats*
       xe.row(static_cast<Eigen::Index>(r)) = x.row(kept[r]);
     const std::size_t off = static_cast<std::size_t>(ex * h * f);
     const MatrixD out =
-        swiglu_mlp(xe, stored(w.gate.data.data() + off, h, f, w.stored_as),
-                   stored(w.up.data.data() + off, h, f, w.stored_as),
-                   stored(w.down.data.data() + off, f, h, w.stored_as), w.stored_as);
+        swiglu_mlp(xe, stored(w.gate.data.data() + off, h, f, w.stored_as.gate),
+                   stored(w.up.data.data() + off, h, f, w.stored_as.up),
+                   stored(w.down.data.data() + off, f, h, w.stored_as.down), w.stored_as);
     for (std::size_t r = 0; r < kept.size(); ++r) {
       y.row(kept[r]) +=
           scales[static_cast<std::size_t>(ex)][r] * out.row(static_cast<Eigen::Index>(r));

@@ -46,6 +46,9 @@ MatrixD stored(const float* data, std::int64_t rows, std::int64_t cols, DType dt
 /// multiply activations quantized to 8 bits a 32-element block, as llama.cpp's do; f32 and f16
 /// keep the fp32 activations.
 MatrixD projection_input(const MatrixD& x, DType weights);
+/// x m for a weight m [in, out] stored as `format`: x rounded as projection_input() says and
+/// m as stored() holds it.
+MatrixD project(const MatrixD& x, const runtime::HostTensor& m, DType format);
 /// An fp32 matrix widened.
 inline MatrixD wide(const RowMatrix& m) { return m.cast<double>(); }
 
@@ -62,13 +65,13 @@ double activation(Activation act, double x) noexcept;
 /// act'(x), in float64.
 double activation_slope(Activation act, double x) noexcept;
 
-/// gelu(x w1) w2, the weights stored as `weights` (already rounded by the caller; the
-/// projections' inputs are rounded here, projection_input()).
+/// gelu(x w1) w2, w1 stored as `weights.up` and w2 as `weights.down` (already rounded by the
+/// caller; each projection's input is rounded here for its own format, projection_input()).
 MatrixD gelu_mlp(const MatrixD& x, const MatrixD& w1, const MatrixD& w2,
-                 DType weights = DType::kF32);
+                 const MlpFormats& weights = {});
 /// (silu(x w_gate) .* (x w_up)) w_down, as gelu_mlp for `weights`.
 MatrixD swiglu_mlp(const MatrixD& x, const MatrixD& w_gate, const MatrixD& w_up,
-                   const MatrixD& w_down, DType weights = DType::kF32);
+                   const MatrixD& w_down, const MlpFormats& weights = {});
 /// The MLP of `w` on x [T, H]: its matrices as stored in w.stored_as (stored()), the
 /// projections' inputs rounded as gelu_mlp says, each bias (when not empty) added to its
 /// projection's output. Weights validated by the caller.

@@ -122,14 +122,10 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const BlockWeights& b = weights_.blocks[static_cast<std::size_t>(l)];
     const MatrixD n1 = oracle::rmsnorm(xs, norm_weight(b.attn_norm), c.norm_eps);
-    const DType attention_dtype = b.attention.stored_as;
-    auto attention_weight = [&](const runtime::HostTensor& m) {
-      return oracle::stored(m, m.shape[0], m.shape[1], attention_dtype);
-    };
-    const MatrixD n1_in = oracle::projection_input(n1, attention_dtype);
-    MatrixD q = n1_in * attention_weight(b.attention.wq),
-            k = n1_in * attention_weight(b.attention.wk);
-    MatrixD v = n1_in * attention_weight(b.attention.wv);
+    const AttentionFormats& formats = b.attention.stored_as;
+    MatrixD q = oracle::project(n1, b.attention.wq, formats.wq),
+            k = oracle::project(n1, b.attention.wk, formats.wk);
+    MatrixD v = oracle::project(n1, b.attention.wv, formats.wv);
     oracle::add_bias(q, b.attention.bq);
     oracle::add_bias(k, b.attention.bk);
     oracle::add_bias(v, b.attention.bv);
@@ -159,8 +155,7 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
                                        .q_offset = position,
                                        .causal = c.attention.causal};
     MatrixD attended =
-        oracle::projection_input(oracle::attention(q, keys, values, shape), attention_dtype) *
-        attention_weight(b.attention.wo);
+        oracle::project(oracle::attention(q, keys, values, shape), b.attention.wo, formats.wo);
     oracle::add_bias(attended, b.attention.bo);
     const MatrixD hs = xs + attended;
     const MatrixD n2 = oracle::rmsnorm(hs, norm_weight(b.ffn_norm), c.norm_eps);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "numesh/core/option_text.hpp"
@@ -39,6 +40,27 @@ struct AttentionConfig {
   float qk_norm_eps = 1e-6f;
 };
 
+/// The format each projection of an attention layer is stored in on the devices (as
+/// MlpFormats: a GGUF Q4_K_M file keeps some wv as Q6_K among Q4_K ones).
+struct AttentionFormats {
+  DType wq = DType::kF32;
+  DType wk = DType::kF32;
+  DType wv = DType::kF32;
+  DType wo = DType::kF32;
+
+  /// Every projection as `dtype`.
+  static constexpr AttentionFormats all(DType dtype) noexcept {
+    return {dtype, dtype, dtype, dtype};
+  }
+  /// Whether every projection is stored as `dtype`.
+  [[nodiscard]] constexpr bool all_are(DType dtype) const noexcept { return *this == all(dtype); }
+  friend constexpr bool operator==(const AttentionFormats&, const AttentionFormats&) = default;
+};
+
+/// "q4_k" when every projection has that format, else each by name ("wq q4_k, wk q4_k, wv
+/// q6_k, wo q4_k").
+std::string to_string(const AttentionFormats& formats);
+
 /// The weights of an attention layer (head-major columns: head h owns columns
 /// [h * head_dim, (h + 1) * head_dim)).
 struct AttentionWeights {
@@ -46,8 +68,8 @@ struct AttentionWeights {
   runtime::HostTensor wk;  ///< [H, num_kv_heads * head_dim]
   runtime::HostTensor wv;  ///< [H, num_kv_heads * head_dim]
   runtime::HostTensor wo;  ///< [num_heads * head_dim, H]
-  /// The dtype the layer stores the projections in (as MlpWeights::stored_as).
-  DType stored_as = DType::kF32;
+  /// The formats the layer stores the projections in (as MlpWeights::stored_as).
+  AttentionFormats stored_as{};
   /// Biases added to the projections (Qwen2's q, k, v; Llama's attention_bias): [num_heads *
   /// head_dim], [num_kv_heads * head_dim] twice, [H]. Empty (no shape): no bias. Kept in fp32.
   /// (Last, with braces: designated initializers may leave them out without GCC warning.)

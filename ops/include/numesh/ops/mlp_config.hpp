@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "numesh/runtime/tensor.hpp"
@@ -66,6 +67,26 @@ constexpr MlpKindTraits mlp_traits(MlpKind kind) noexcept {
 /// "gelu", "swiglu" or "geglu".
 constexpr std::string_view to_string(MlpKind kind) noexcept { return mlp_traits(kind).name; }
 
+/// The format each matrix of an MLP (or of a MoE layer's experts) is stored in on the devices,
+/// one per matrix, so that a checkpoint's mixed formats are kept as they are (a GGUF Q4_K_M
+/// file stores some down projections as Q6_K among Q4_K ones). all() stores them alike. A
+/// layer without a gate ignores `gate`.
+struct MlpFormats {
+  DType gate = DType::kF32;
+  DType up = DType::kF32;
+  DType down = DType::kF32;
+
+  /// Every matrix as `dtype`.
+  static constexpr MlpFormats all(DType dtype) noexcept { return {dtype, dtype, dtype}; }
+  /// Whether every matrix is stored as `dtype`.
+  [[nodiscard]] constexpr bool all_are(DType dtype) const noexcept { return *this == all(dtype); }
+  friend constexpr bool operator==(const MlpFormats&, const MlpFormats&) = default;
+};
+
+/// "q4_k" when every matrix has that format, else each by name ("gate q4_k, up q4_k, down
+/// q6_k").
+std::string to_string(const MlpFormats& formats);
+
 /// The weights of an MLP, in host memory (as loaded from .npy). Without a gate (kGelu) `up` is
 /// w1 and `down` w2 and `gate` is unused (empty); a gated kind uses all three. The biases are
 /// optional (Llama's mlp_bias): each is empty (no bias) or a vector added to its projection's
@@ -74,11 +95,12 @@ struct MlpWeights {
   runtime::HostTensor gate;  ///< [H, F], gated kinds only
   runtime::HostTensor up;    ///< [H, F]
   runtime::HostTensor down;  ///< [F, H]
-  /// The dtype the layer stores the matrices in: the host values are fp32 and are rounded to
-  /// nearest even when laid out (bf16 / f16 halve the bytes a decode step reads). Products
-  /// accumulate in fp32; bf16 weights multiply activations rounded to bf16 (device_gemm), f16
-  /// weights fp32 activations. The dense references honour it the same way.
-  DType stored_as = DType::kF32;
+  /// The formats the layer stores the matrices in: the host values are fp32 and are rounded
+  /// to nearest even when laid out (bf16 / f16 halve the bytes a decode step reads), or
+  /// quantized along each row for a block format. Products accumulate in fp32; bf16 weights
+  /// multiply activations rounded to bf16 (device_gemm), f16 weights fp32 activations, block
+  /// formats activations quantized to 8 bits. The dense references honour it the same way.
+  MlpFormats stored_as{};
   /// Biases [F], [F], [H]; empty: none. Kept in fp32, as the attention biases. (Last, with
   /// braces: designated initializers may leave them out without GCC's warning.)
   runtime::HostTensor gate_bias{}, up_bias{}, down_bias{};

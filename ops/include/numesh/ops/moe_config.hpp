@@ -47,9 +47,10 @@ struct MoeWeights {
   runtime::HostTensor gate;    ///< [E, H, F]
   runtime::HostTensor up;      ///< [E, H, F]
   runtime::HostTensor down;    ///< [E, F, H]
-  /// The dtype the layer stores the experts in (as MlpWeights::stored_as); the router stays
-  /// fp32, since routing decisions are where rounding would change the answer most.
-  DType stored_as = DType::kF32;
+  /// The formats the layer stores the experts' gate, up and down in (as MlpWeights::stored_as;
+  /// every expert alike); the router stays fp32, since routing decisions are where rounding
+  /// would change the answer most.
+  MlpFormats stored_as{};
   /// The shared expert: gate, up [H, Fs], down [Fs, H], stored as its own stored_as, no biases.
   /// Empty matrices: no shared expert. (Last, with braces: designated initializers may leave
   /// it out without GCC's warning.)
