@@ -116,7 +116,8 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
   py::gil_scoped_release release;
   models::ModelSource source = models::ModelSource::open(path);
   models::EngineOptions options;
-  options.dtype = dtype ? parse_dtype(*dtype) : source.stored_dtype().value_or(DType::kF32);
+  // Unset: a GGUF model's matrices as the file stores each (EngineOptions::dtype).
+  if (dtype) options.dtype = parse_dtype(*dtype);
   options.context = context;
   options.sequences = batch;
   if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
@@ -278,7 +279,9 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
                   "context"_a = 0, "batch"_a = 1, R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
-"bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's own format, else f32).
+"bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's matrices each in the
+format the file stores it in, as a Q4_K_M file's Q4_K and Q6_K, else f32; `dtype` then names the
+format most of the bytes are in, and repr() each of them).
 `partition_axis` lays the layers out (default PartitionAxis()); `context` caps the positions
 the caches hold (0: the model's whole context); `batch` is the sequences a call of logits runs
 (generate runs one). The GIL is released while it loads.
@@ -313,9 +316,8 @@ where it is, mid-token, and raises KeyboardInterrupt; the model is whole afterwa
       .def_property_readonly("path",
                              [](CausalLM& lm) { return lm.engine().source().path().string(); })
       .def("__repr__", [](CausalLM& lm) {
-        return "CausalLM('" + lm.engine().source().path().string() + "', " +
-               std::string(to_string(lm.engine().dtype())) + ", " + lm.engine().mesh().to_string() +
-               ")";
+        return "CausalLM('" + lm.engine().source().path().string() + "', " + lm.engine().formats() +
+               ", " + lm.engine().mesh().to_string() + ")";
       });
 }
 

@@ -131,7 +131,8 @@ does with the same options under the same names (docs/serving.md): OpenAI's /v1/
 /v1/chat/completions with continuous batching over paged KV caches on `mesh` (default:
 DeviceMesh()), /v1/models, /health, /tokenize, /detokenize, /metrics. Binds, loads (the GIL is
 released), and returns the running Server; port=0 picks a free port (Server.port says which).
-`dtype`: how the devices store the matrices (default: a GGUF file's own format, else f32);
+`dtype`: how the devices store the matrices (default: a GGUF file's matrices each in the
+format the file stores it in, else f32);
 `chat_template`: a Jinja file rendered in place of the model's. Raises ValueError naming a bad
 option, numesh.IoError for a file it cannot read or an address it cannot bind.
 )pbdoc");

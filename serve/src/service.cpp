@@ -137,7 +137,6 @@ void Service::load(runtime::DeviceMesh mesh) {
   const ServiceOptions& o = impl_->options;
   try {
     models::ModelSource source = models::ModelSource::open(o.model);
-    const DType dtype = o.dtype.value_or(source.stored_dtype().value_or(DType::kF32));
     // Without ctx_size, the model's context up to 4096 (llama-server's default): a long-context
     // model's whole context for every request would book gigabytes of cache.
     const std::int64_t context =
@@ -145,7 +144,7 @@ void Service::load(runtime::DeviceMesh mesh) {
     const std::int64_t kv_tokens = o.kv_cache_tokens > 0 ? o.kv_cache_tokens : o.parallel * context;
     impl_->loop.emplace(models::Engine::load(
         std::move(source), std::move(mesh),
-        {.dtype = dtype,
+        {.dtype = o.dtype,
          .sequences = o.parallel,
          .context = context,
          .partitions = o.partitions,

@@ -4,10 +4,11 @@
 cases, the same random weights), each converted by gguf_writer.py (written from the GGUF
 specification and llama.cpp's converter, independent of numesh: its names, stacked experts and
 the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0
-(Q4_K and Q6_K where the rows are whole super-blocks). gguf_check_main then loads each file
-through GgufCheckpoint and the checkpoint it came from through SafetensorsCheckpoint, stored in
-the file's format, on meshes of 1, 2 and 4 devices, and compares the configs, the prompt's
-logits bit for bit and the greedy tokens. Quantizing at load (numesh) and in the writer (GGML's
+(Q4_K, Q6_K and llama.cpp's Q4_K_M mixture where the rows are whole super-blocks).
+gguf_check_main then loads each file through GgufCheckpoint and the checkpoint it came from
+through SafetensorsCheckpoint, stored in the file's format (a mixture's matrices each in its
+own, as the file has it), on meshes of 1, 2 and 4 devices, and compares the configs, the
+prompt's logits bit for bit and the greedy tokens. Quantizing at load (numesh) and in the writer (GGML's
 reference quantizers, ggml_blocks.py) give the same bytes, so the two must be identical; and
 hf_model_check compares the safetensors path with the float64 PyTorch forward over the same
 (dequantized) weights.
@@ -44,7 +45,9 @@ FORMATS = {
     "mixtral_blocks": BLOCKS,         # a llama file with experts: stacked ffn_*_exps, permuted
     "qwen2_moe_blocks": BLOCKS,       # shared expert and its gate; a dense layer between MoE ones
     "qwen3_moe_f32": FLOATS,          # renormalised top-k
-    "llama_k_blocks": ["q4_k", "q6_k"],
+    # and llama.cpp's Q4_K_M mixture: Q6_K output, attn_v and ffn_down (layer 1 of 2) among
+    # Q4_K, each matrix kept in its own format by the default load.
+    "llama_k_blocks": ["q4_k", "q6_k", "q4_k_m"],
     # Llama 3.1's RoPE scaling, tied embeddings: rope_freqs in the file (f32 divisors), so the
     # logits agree to rounding, not to the bit.
     "llama_tied_f32": FLOATS,
@@ -54,6 +57,10 @@ FORMATS = {
     "phi3_blocks": BLOCKS,
 }
 SCALED_TOLERANCE = 1e-5  # relative to the largest logit
+# gguf_writer's q4_k_m of an untied two-layer model, as numesh lays its matrices out.
+Q4_K_M_OF_TWO_LAYERS = {"embedding": "q4_k", "lm_head": "q6_k", "layers.0.wq": "q4_k",
+                        "layers.0.wv": "q4_k", "layers.1.wv": "q6_k", "layers.0.down": "q4_k",
+                        "layers.1.down": "q6_k"}
 
 
 def write(d):
@@ -133,9 +140,18 @@ def check(d):
                       and not compared[key])
         if compared[key]:
             print(f"     numesh's {r['written']} of {r['name']} differs from the script's: {compared[key][:4]}")
-        ok = r["config_differences"] == [] and r["same_logits"] and r["same_greedy"] and written_ok
+        # A mixture's matrices keep their formats: the default load's own list of them, and the
+        # Q4_K_M rule on the two layers (use_more_bits picks layer 1) and the output.
+        formats_ok = r["format"] != "q4_k_m" or (
+            r["formats"] == "q4_k+q6_k" and r["matrix_formats"] == Q4_K_M_OF_TWO_LAYERS)
+        if not formats_ok:
+            print(f"     {r['name']} from model.{r['format']}.gguf loaded as {r['formats']}: "
+                  f"{r['matrix_formats']}, not {Q4_K_M_OF_TWO_LAYERS}")
+        ok = (r["config_differences"] == [] and r["same_logits"] and r["same_greedy"] and written_ok
+              and formats_ok)
         failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {r['name']} from model.{r['format']}.gguf on {r['mesh']}: "
+        print(f"{'ok  ' if ok else 'FAIL'} {r['name']} from model.{r['format']}.gguf on {r['mesh']} "
+              f"({r['formats']}): "
               f"config {'same' if not r['config_differences'] else r['config_differences']}, "
               f"logits max |diff| {r['max_diff']:.3g}, greedy {r['greedy']} vs {r['expected_greedy']}")
     expected = sum(len(FORMATS[n]) for n in FORMATS)

@@ -1,8 +1,9 @@
 // gguf_check_main: loads the GGUF files gguf_check.py converted (DIR/NAME/model.FMT.gguf) and the
-// safetensors checkpoints they came from (DIR/NAME), the latter stored in the file's format, on
-// meshes of 1, 2 and 4 devices (and expert-parallel ones for MoE models), and writes what the
-// script checks: the configs' differences, whether the prompt's logits are the same bits and
-// the greedy tokens the same (DIR/results.json).
+// safetensors checkpoints they came from (DIR/NAME), the latter stored in the file's format (a
+// mixture's matrices each in its own), on meshes of 1, 2 and 4 devices (and expert-parallel ones
+// for MoE models), and writes what the script checks: the configs' differences, whether the
+// prompt's logits are the same bits and the greedy tokens the same, and the formats a default
+// load keeps (DIR/results.json).
 //   gguf_check_main DIR
 
 #include <fmt/format.h>
@@ -22,11 +23,14 @@
 #include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/gguf_export.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/gguf_checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/models/hf/weight_formats.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
 
 namespace {
@@ -95,31 +99,56 @@ void run(const fs::path& dir) {
     if (config.num_experts > 0) meshes.push_back({"ep2xtp2", {2, 2}, {"ep", "tp"}});
     for (const json& format : c["formats"]) {
       const std::string fmt_name = format.get<std::string>();
-      const numesh::DType stored = numesh::parse_dtype(fmt_name);
-      const auto gguf =
-          numesh::models::GgufCheckpoint::open(dir / name / ("model." + fmt_name + ".gguf"));
+      // llama.cpp's Q4_K_M mixture: most bytes Q4_K, some matrices Q6_K.
+      const bool mixture = fmt_name == "q4_k_m";
+      const numesh::DType stored = mixture ? numesh::DType::kQ4_K : numesh::parse_dtype(fmt_name);
+      const fs::path file = dir / name / ("model." + fmt_name + ".gguf");
+      const auto gguf = numesh::models::GgufCheckpoint::open(file);
       std::vector<std::string> differences = config_differences(config, gguf.config());
       if (gguf.stored_dtype() != stored) differences.push_back("stored_dtype");
+      // Each matrix in the format the file stores it in (one format, or the mixture's), for the
+      // file and for the safetensors checkpoint it came from alike.
+      const numesh::models::WeightFormats formats =
+          mixture ? numesh::models::WeightFormats::as_stored(gguf) : stored;
+      // The formats a default load (no dtype asked) keeps, as numesh generate prints them.
+      const std::string loaded_as =
+          numesh::models::Engine::load(numesh::models::ModelSource::open(file),
+                                       make_mesh(meshes.front()), {.context = prompt_len + 1})
+              .formats();
+      // The formats the load gives a few matrices the mixture treats differently.
+      const numesh::models::CausalLmWeights layout =
+          numesh::models::CausalLmWeights::deferred(gguf.config(), gguf, formats).weights;
+      const auto& blocks = layout.stack.blocks;
+      const json matrix_formats = {
+          {"embedding", numesh::to_string(layout.embedding.stored_as)},
+          {"lm_head", numesh::to_string(layout.lm_head.stored_as)},
+          {"layers.0.wq", numesh::to_string(blocks.front().attention.stored_as.wq)},
+          {"layers.0.wv", numesh::to_string(blocks.front().attention.stored_as.wv)},
+          {"layers.1.wv", numesh::to_string(blocks.back().attention.stored_as.wv)},
+          {"layers.0.down", numesh::to_string(blocks.front().mlp.stored_as.down)},
+          {"layers.1.down", numesh::to_string(blocks.back().mlp.stored_as.down)}};
       // numesh's own writer, from the same checkpoint: read back below, and compared with the
-      // script's file by the script.
+      // script's file by the script (it writes one format: not for a mixture).
       const fs::path written = dir / name / ("numesh." + fmt_name + ".gguf");
       std::string refused;
-      try {
-        (void)numesh::models::write_gguf(numesh::models::ModelSource::open(dir / name), written,
-                                         stored);
-      } catch (const numesh::NotImplementedError& e) {
-        refused = e.what();
+      if (!mixture) {
+        try {
+          (void)numesh::models::write_gguf(numesh::models::ModelSource::open(dir / name), written,
+                                           stored);
+        } catch (const numesh::NotImplementedError& e) {
+          refused = e.what();
+        }
       }
       std::optional<numesh::models::GgufCheckpoint> own;
-      if (refused.empty()) {
+      if (refused.empty() && !mixture) {
         own.emplace(numesh::models::GgufCheckpoint::open(written));
         for (const std::string& d : config_differences(config, own->config()))
           differences.push_back("numesh's file: " + d);
       }
       for (const MeshChoice& m : meshes) {
         const numesh::runtime::DeviceMesh mesh = make_mesh(m);
-        CausalLm want = CausalLm::load(mesh, config, safetensors, batch, prompt_len + 1, stored);
-        CausalLm got = CausalLm::load(mesh, gguf.config(), gguf, batch, prompt_len + 1, stored);
+        CausalLm want = CausalLm::load(mesh, config, safetensors, batch, prompt_len + 1, formats);
+        CausalLm got = CausalLm::load(mesh, gguf.config(), gguf, batch, prompt_len + 1, formats);
         const auto a = want.logits(prompt, prompt_len, 0), b = got.logits(prompt, prompt_len, 0);
         // The same bits, or (a model whose RoPE scaling the file holds as f32 divisors) within
         // the case's tolerance, relative to the largest logit.
@@ -157,6 +186,8 @@ void run(const fs::path& dir) {
                            {"same_logits", same_bits},
                            {"max_diff", max_diff},
                            {"same_greedy", greedy_want == greedy_got},
+                           {"formats", loaded_as},
+                           {"matrix_formats", matrix_formats},
                            {"written", own.has_value() ? written.filename().string() : ""},
                            {"written_refused", refused},
                            {"written_same", own_same},

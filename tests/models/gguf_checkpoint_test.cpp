@@ -13,11 +13,13 @@
 
 #include "check_mesh.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/gguf_export.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/gguf_writer.hpp"
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
+#include "numesh/models/hf/weight_formats.hpp"
 #include "numesh/models/lm/trainer.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "safetensors_writer.hpp"
@@ -113,6 +115,43 @@ TEST(GgufCheckpointTest, ABlockFileLoadsAsItsFormatAndModelSourceReadsIt) {
   EXPECT_TRUE(GgufCheckpoint::is_gguf(dir.path() / "only"));
   EXPECT_FALSE(GgufCheckpoint::is_gguf(dir.path() / "hf"));
   EXPECT_EQ(GgufCheckpoint::open(dir.path() / "only").config().hidden_size, 64);
+}
+
+// A load keeps each matrix in the format its checkpoint stores it in (WeightFormats::as_stored),
+// or stores every matrix in one format; an Engine asked for none loads a GGUF file as stored.
+TEST(GgufCheckpointTest, WeightFormatsAreEachMatrixsStoredFormatOrOneForAll) {
+  const ScratchDir dir;
+  const auto file = llama_gguf(dir, DType::kQ8_0);
+  const GgufCheckpoint g = GgufCheckpoint::open(file);
+  const std::string v = "model.layers.0.self_attn.v_proj.weight", norm = "model.norm.weight";
+  EXPECT_EQ(g.stored_format(v), DType::kQ8_0);
+  EXPECT_EQ(g.stored_format(norm), DType::kF32);
+  EXPECT_EQ(SafetensorsCheckpoint::open(dir.path() / "hf").stored_format(v), DType::kF32);
+  EXPECT_THAT([&] { (void)g.stored_format("model.nope"); },
+              ThrowsMessage<KeyError>(HasSubstr("has no tensor 'model.nope'")));
+  const WeightFormats as_stored = WeightFormats::as_stored(g, DType::kBF16);
+  EXPECT_FALSE(as_stored.uniform());
+  EXPECT_EQ(as_stored.of(std::vector<std::string>{v}), DType::kQ8_0);
+  // Tensors in differing formats (experts stored a tensor each), or a name the checkpoint does
+  // not have, take the fallback.
+  EXPECT_EQ(as_stored.of(std::vector<std::string>{v, norm}), DType::kBF16);
+  EXPECT_EQ(as_stored.of(std::vector<std::string>{"model.nope"}), DType::kBF16);
+  EXPECT_EQ(to_string(as_stored), "q8_0");  // the matrices' formats; the norms are vectors
+  const WeightFormats one = DType::kQ4_0;
+  EXPECT_TRUE(one.uniform());
+  EXPECT_EQ(one.of(std::vector<std::string>{v}), DType::kQ4_0);
+  EXPECT_EQ(to_string(one), "q4_0");
+  const Engine stored = Engine::load(ModelSource::open(file), mesh_of(1, {"tp"}), {.context = 8});
+  EXPECT_EQ(stored.dtype(), DType::kQ8_0);
+  EXPECT_EQ(stored.formats(), "q8_0");
+  const Engine asked = Engine::load(ModelSource::open(file), mesh_of(1, {"tp"}),
+                                    {.dtype = DType::kBF16, .context = 8});
+  EXPECT_EQ(asked.dtype(), DType::kBF16);
+  EXPECT_EQ(asked.formats(), "bf16");
+  // A Hugging Face folder asked for nothing loads as f32.
+  EXPECT_EQ(Engine::load(ModelSource::open(dir.path() / "hf"), mesh_of(1, {"tp"}), {.context = 8})
+                .formats(),
+            "f32");
 }
 
 // A GGUF file of `writer`'s metadata plus the minimal llama tensors `tensors` lists, written

@@ -50,7 +50,9 @@ attn_qkv, gate_up_proj as ffn_up, both whole):
     the routers ffn_gate_inp and ffn_gate_inp_shexp stay F32; every other tensor (embeddings and
     output included) takes the ftype. bf16 / f16 sources are read as llama.cpp reads them (bf16
     widened to f32 first). A block format whose block does not divide a row raises ValueError
-    (llama.cpp falls back to F16 for that tensor).
+    (llama.cpp falls back to F16 for that tensor). The ftype "q4_k_m" is llama.cpp's quantize
+    mixture of that name for a dense model (Q4_K; Q6_K for the output and for attn_v and
+    ffn_down on the layers use_more_bits picks: _q4_k_m_type).
   * metadata, in the converter's order: general.architecture, [general.alignment when asked],
     general.type "model", general.name, general.size_label, {arch}.block_count, .context_length,
     .embedding_length, .feed_forward_length, .attention.head_count, .attention.head_count_kv,
@@ -711,6 +713,32 @@ def _tensor_type(gguf_name, shape, quantized_type):
     return quantized_type
 
 
+def _use_more_bits(i, n):
+    """llama.cpp's use_more_bits (llama-quant.cpp): the layers a K mixture gives more bits, the
+    first and last eighth of the n and every third one between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _q4_k_m_type(gguf_name, shape, n_layer, tied):
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M for a dense model (llama_tensor_get_type): Q4_K, but
+    Q6_K for the output (the token embedding when the model is tied and has none) and for
+    attn_v and ffn_down on the layers use_more_bits picks; F32 where every ftype keeps it."""
+    t = _tensor_type(gguf_name, shape, "Q4_K")
+    if t != "Q4_K":
+        return t
+    base = gguf_name.rsplit(".", 1)[0].split(".")[-1]
+    if base == "output" or (tied and base == "token_embd"):
+        return "Q6_K"
+    if base in ("attn_v", "ffn_down") and _use_more_bits(int(gguf_name.split(".")[1]), n_layer):
+        return "Q6_K"
+    return "Q4_K"
+
+
+# Mixtures of types, as llama.cpp's quantize writes them: ftype -> (the file_type it records,
+# the type of each tensor from its name, shape, the layer count and whether the model is tied).
+MIXTURES = {"q4_k_m": (15, _q4_k_m_type)}
+
+
 def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=None, name=None,
             llama3_original_context=None, allow_dense_moe_layers=False):
     """Converts the Hugging Face checkpoint folder hf_dir (config.json, model.safetensors or shards
@@ -729,9 +757,9 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
         write them as blk.N.ffn_gate / ffn_up / ffn_down.
     Returns {"architecture", "metadata" (the GgufWriter's), "tensors": [(name, ggml type name,
     NumPy shape)]} of what was written."""
-    if ftype not in FTYPES:
-        raise ValueError(f"unknown ftype {ftype!r} (one of {', '.join(FTYPES)})")
-    quantized_type, file_type = FTYPES[ftype]
+    if ftype not in FTYPES and ftype not in MIXTURES:
+        raise ValueError(f"unknown ftype {ftype!r} (one of {', '.join([*FTYPES, *MIXTURES])})")
+    quantized_type, file_type = FTYPES[ftype] if ftype in FTYPES else (None, MIXTURES[ftype][0])
     with open(os.path.join(hf_dir, "config.json")) as f:
         config = json.load(f)
     if "text_config" in config:
@@ -804,7 +832,11 @@ def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=Non
     writer.add_string("general.architecture", arch)
     if alignment is not None:
         writer.add_uint32("general.alignment", alignment)
-    typed = [(n, _tensor_type(n, w.shape, quantized_type), w) for n, w in out]
+    if ftype in MIXTURES:
+        mixed = MIXTURES[ftype][1]
+        typed = [(n, mixed(n, w.shape, config["num_hidden_layers"], tied), w) for n, w in out]
+    else:
+        typed = [(n, _tensor_type(n, w.shape, quantized_type), w) for n, w in out]
     for n, t, w in typed:  # before the metadata, so that a bad shape fails first
         writer.add_tensor(n, w, t)
 

@@ -224,7 +224,8 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
     const ProgressLine line(o.quiet);
     m.engine.emplace(models::Engine::load(
         std::move(source), std::move(mesh),
-        {.dtype = c.dtype,
+        // Unset: a GGUF model's matrices as the file stores each (EngineOptions::dtype).
+        {.dtype = o.dtype.empty() ? std::nullopt : std::optional<DType>(c.dtype),
          .sequences = batch,
          .context = max_len,
          .partitions = *c.partition_manager,
@@ -249,7 +250,7 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
   out << fmt::format(
       "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
       e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
-      config.hidden_size, config.vocab_size, to_string(e.dtype()), e.mesh().mesh().repr());
+      config.hidden_size, config.vocab_size, e.formats(), e.mesh().mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
   out << fmt::format(
       "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
@@ -446,7 +447,7 @@ void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, c
   nlohmann::json j{
       {"model", e.source().path().string()},
       {"architecture", std::string(to_string(e.config().architecture))},
-      {"dtype", std::string(to_string(c.dtype))},
+      {"dtype", e.formats()},
       {"mesh", e.mesh().mesh().repr()},
       {"sequences", seqs},
       {"sampling", c.sampling ? nlohmann::json{{"temperature", o.temperature},
@@ -558,7 +559,8 @@ all have stopped.)");
   cmd->add_option("--dtype", o.dtype,
                   "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0, q4_0, q4_k "
                   "or q6_k blocks quantized at load (norms and routers stay f32). Default: a GGUF "
-                  "file's own format (the one most of its weights are in), f32 otherwise");
+                  "file's matrices each in the format the file stores it in (a Q4_K_M file's "
+                  "Q4_K and Q6_K), f32 otherwise");
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
                   "each decode step "

@@ -45,7 +45,8 @@ Example:
   cmd->add_option(
       "--dtype", o.dtype,
       "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-      "quantized at load). Default: a GGUF file's own format, f32 otherwise");
+      "quantized at load). Default: a GGUF file's matrices each in the format the file "
+      "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
   return cmd;
@@ -62,7 +63,6 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   text << file.rdbuf();
   const std::filesystem::path dir = o.model;
   const models::ModelSource source = models::ModelSource::open(dir);
-  if (o.dtype.empty()) dtype = source.stored_dtype().value_or(DType::kF32);
   const models::HfConfig& config = source.config();
   const models::TextTokenizer* tokenizer = source.tokenizer();
   NUMESH_CHECK(tokenizer != nullptr, IoError,
@@ -89,12 +89,18 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
                "--context {} is longer than the model's {}", o.context, config.max_context());
   (void)config.transformer_config();
   const std::unique_ptr<models::Checkpoint> checkpoint = source.open_checkpoint();
+  // Without --dtype, a GGUF model's matrices as the file stores each (a Q4_K_M file's Q6_K
+  // ones stay Q6_K).
+  const models::WeightFormats formats =
+      o.dtype.empty() && source.stored_dtype()
+          ? models::WeightFormats::as_stored(*checkpoint, *source.stored_dtype())
+          : models::WeightFormats(dtype);
   models::CausalLm lm =
-      models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context, dtype);
+      models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context, formats);
 
   out << fmt::format(
       "numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",
-      dir.string(), to_string(config.architecture), to_string(dtype), tokens.size(), o.text_file,
+      dir.string(), to_string(config.architecture), to_string(formats), tokens.size(), o.text_file,
       o.context, static_cast<std::int64_t>(tokens.size()) / o.context);
   out.flush();
   const auto start = std::chrono::steady_clock::now();

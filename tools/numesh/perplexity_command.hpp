@@ -21,7 +21,7 @@ struct PerplexityOptions {
   std::string model;           ///< --model DIR: config.json, *.safetensors, a tokenizer
   std::string text_file;       ///< --text-file F
   std::int64_t context = 512;  ///< --context: tokens per chunk
-  std::string dtype;           ///< --dtype; empty: the model's own format (GGUF), else f32
+  std::string dtype;           ///< --dtype; empty: a GGUF model's own formats, else f32
   std::string json;            ///< --json FILE
   bool quiet = false;          ///< --quiet: no per-chunk progress
 };

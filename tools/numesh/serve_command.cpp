@@ -164,7 +164,8 @@ Examples:
   cmd->add_option(
       "--dtype", o.dtype,
       "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-      "quantized at load). Default: a GGUF file's own format, f32 otherwise");
+      "quantized at load). Default: a GGUF file's matrices each in the format the file "
+      "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
   cmd->add_option("--api-key", o.service.server.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
   cmd->add_option("--http-threads", o.service.http_threads,

@@ -26,7 +26,7 @@ struct ServeOptions {
   std::string mode = "decode";    ///< --mode: the mode the semantic axes resolve in
   std::string paxis_json;         ///< --paxis-json FILE
   std::vector<std::string> sets;  ///< --set field=value
-  std::string dtype;              ///< --dtype; empty: the model's own format (GGUF), else f32
+  std::string dtype;              ///< --dtype; empty: a GGUF model's own formats, else f32
   bool no_prefix_cache = false;   ///< --no-prefix-cache
   /// --model, --model-name, --chat-template, --host, --port, --parallel, --ctx-size,
   /// --kv-cache-tokens, --batch-tokens, --block-size, --max-queue, --api-key, --http-threads

@@ -23,19 +23,25 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                "positions",
                options.context, config.max_context());
   (void)config.transformer_config();  // refuses what numesh cannot run, before reading weights
-  engine.dtype_ = options.dtype;
   engine.axes_ = ops::ModelAxes::resolve(options.partitions, options.mode, options.sequences,
                                          config.hidden_size);
   const auto start = std::chrono::steady_clock::now();
   const std::unique_ptr<Checkpoint> checkpoint = engine.source_.open_checkpoint();
+  // Unset: a GGUF model as its file stores each matrix, a Hugging Face folder as f32.
+  const std::optional<DType> stored = engine.source_.stored_dtype();
+  const WeightFormats formats = options.dtype ? WeightFormats(*options.dtype)
+                                : stored      ? WeightFormats::as_stored(*checkpoint, *stored)
+                                              : WeightFormats(DType::kF32);
+  engine.dtype_ = options.dtype.value_or(stored.value_or(DType::kF32));
+  engine.formats_ = to_string(formats);
   for (const std::string& name : checkpoint->names()) {
     engine.checkpoint_bytes_ += static_cast<std::int64_t>(checkpoint->stored_bytes(name));
   }
   const std::int64_t context = options.context > 0 ? options.context : config.max_context();
   if (!options.serving) {
-    engine.model_ = std::make_unique<CausalLm>(
-        CausalLm::load(engine.mesh_, config, *checkpoint, options.sequences, context, options.dtype,
-                       engine.axes_, options.progress));
+    engine.model_ = std::make_unique<CausalLm>(CausalLm::load(engine.mesh_, config, *checkpoint,
+                                                              options.sequences, context, formats,
+                                                              engine.axes_, options.progress));
   } else {
     const ServingOptions& serving = *options.serving;
     NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,
@@ -60,7 +66,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                                               .block_size = serving.block_size,
                                               .max_context = context,
                                               .max_sequences = serving.max_running},
-                       options.dtype, engine.axes_, options.progress));
+                       formats, engine.axes_, options.progress));
     engine.compile_steps();
   }
   engine.load_seconds_ = seconds_since(start);

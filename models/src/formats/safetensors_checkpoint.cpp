@@ -182,6 +182,10 @@ std::uint64_t SafetensorsCheckpoint::stored_bytes(std::string_view name) const {
   return info(name).size_bytes();
 }
 
+std::optional<DType> SafetensorsCheckpoint::stored_format(std::string_view name) const {
+  return to_numesh_dtype(info(name).dtype);
+}
+
 void SafetensorsCheckpoint::read_box(std::string_view name, std::span<const std::int64_t> offsets,
                                      std::span<const std::int64_t> sizes, DType target,
                                      std::span<std::byte> out) const {

@@ -485,6 +485,11 @@ std::uint64_t GgufCheckpoint::stored_bytes(std::string_view name) const {
   return entry(name).bytes;
 }
 
+std::optional<DType> GgufCheckpoint::stored_format(std::string_view name) const {
+  const Entry& e = entry(name);
+  return to_numesh_dtype(files_[e.file].info(e.gguf).type);
+}
+
 void GgufCheckpoint::read_box(std::string_view name, std::span<const std::int64_t> offsets,
                               std::span<const std::int64_t> sizes, DType target,
                               std::span<std::byte> out) const {

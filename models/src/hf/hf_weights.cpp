@@ -134,7 +134,8 @@ SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
 
 // The weights, read whole into host memory, or (with `deferred`) their large matrices left
 // shape-only with their sources recorded there. Every name comes from the architecture's spec.
-CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoint, DType stored_as,
+CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoint,
+                             const WeightFormats& formats,
                              std::map<std::string, MatrixSource>* deferred) {
   const ops::TransformerConfig t = config.transformer_config();
   const ArchitectureSpec& spec = config.spec();
@@ -159,22 +160,27 @@ CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoin
   CausalLmWeights w;
   const MatrixSource table{.tensors = {hf("embedding.table")}, .transposed = false};
   w.embedding.table = r.matrix("embedding.table", table, h, v);
-  w.embedding.stored_as = stored_as;
+  w.embedding.stored_as = formats.of(table.tensors);
   w.embedding.output_scale = config.embedding_scale();
   for (std::int64_t l = 0; l < t.layers; ++l) {
     const std::string slot = fmt::format("layers.{}.", l);  // ShardedTransformer::weights()'s names
-    // Block l's matrix `name` ("attention.wq"): its source, under its slot.
-    const auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out) {
-      return r.matrix(slot + name, source_of("layers.{L}." + name, l, out), in, out);
+    // Block l's matrix `name` ("attention.wq"): its source, under its slot; `format` is set
+    // to the format it is stored in.
+    const auto linear = [&](const std::string& name, std::int64_t in, std::int64_t out,
+                            DType& format) {
+      const MatrixSource source = source_of("layers.{L}." + name, l, out);
+      format = formats.of(source.tensors);
+      return r.matrix(slot + name, source, in, out);
     };
     const auto tensor = [&](const std::string& name) { return hf("layers.{L}." + name, l); };
     ops::BlockWeights b;
     b.attn_norm = r.norm(tensor("attn_norm"), h);
     b.ffn_norm = r.norm(tensor("ffn_norm"), h);
-    b.attention.wq = linear("attention.wq", h, q_out);
-    b.attention.wk = linear("attention.wk", h, kv_out);
-    b.attention.wv = linear("attention.wv", h, kv_out);
-    b.attention.wo = linear("attention.wo", q_out, h);
+    ops::AttentionFormats& attention = b.attention.stored_as;
+    b.attention.wq = linear("attention.wq", h, q_out, attention.wq);
+    b.attention.wk = linear("attention.wk", h, kv_out, attention.wk);
+    b.attention.wv = linear("attention.wv", h, kv_out, attention.wv);
+    b.attention.wo = linear("attention.wo", q_out, h, attention.wo);
     if (config.qkv_bias) {
       b.attention.bq = r.read(tensor("attention.bq"), {q_out});
       b.attention.bk = r.read(tensor("attention.bk"), {kv_out});
@@ -189,25 +195,31 @@ CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoin
       const std::int64_t e = t.moe.num_experts, f = t.moe_ffn;
       b.moe.router = r.linear(tensor("moe.router"), h, e);
       // One nn.Linear per expert, stacked.
-      const auto experts = [&](const std::string& name, std::int64_t in, std::int64_t out) {
+      const auto experts = [&](const std::string& name, std::int64_t in, std::int64_t out,
+                               DType& format) {
         MatrixSource s;
         for (std::int64_t x = 0; x < e; ++x) s.tensors.push_back(hf("layers.{L}." + name, l, x));
+        format = formats.of(s.tensors);
         return r.matrix(slot + name, s, in, out);
       };
-      b.moe.gate = experts("moe.gate", h, f);
-      b.moe.up = experts("moe.up", h, f);
-      b.moe.down = experts("moe.down", f, h);
+      b.moe.gate = experts("moe.gate", h, f, b.moe.stored_as.gate);
+      b.moe.up = experts("moe.up", h, f, b.moe.stored_as.up);
+      b.moe.down = experts("moe.down", f, h, b.moe.stored_as.down);
       if (t.shared_expert_ffn > 0) {  // Qwen2-MoE
         const std::int64_t fs = t.shared_expert_ffn;
-        b.moe.shared_expert.gate = linear("moe.shared_expert.gate", h, fs);
-        b.moe.shared_expert.up = linear("moe.shared_expert.up", h, fs);
-        b.moe.shared_expert.down = linear("moe.shared_expert.down", fs, h);
+        ops::MlpFormats& shared = b.moe.shared_expert.stored_as;
+        b.moe.shared_expert.gate = linear("moe.shared_expert.gate", h, fs, shared.gate);
+        b.moe.shared_expert.up = linear("moe.shared_expert.up", h, fs, shared.up);
+        b.moe.shared_expert.down = linear("moe.shared_expert.down", fs, h, shared.down);
         b.moe.shared_expert_gate = r.linear(tensor("moe.shared_expert_gate"), h, 1);
       }
     } else {
-      if (ops::mlp_traits(t.mlp_kind).gated) b.mlp.gate = linear("mlp.gate", h, t.ffn);
-      b.mlp.up = linear("mlp.up", h, t.ffn);
-      b.mlp.down = linear("mlp.down", t.ffn, h);
+      ops::MlpFormats& mlp = b.mlp.stored_as;
+      const bool gated = ops::mlp_traits(t.mlp_kind).gated;
+      if (gated) b.mlp.gate = linear("mlp.gate", h, t.ffn, mlp.gate);
+      b.mlp.up = linear("mlp.up", h, t.ffn, mlp.up);
+      if (!gated) mlp.gate = mlp.up;  // a layer without a gate ignores its format
+      b.mlp.down = linear("mlp.down", t.ffn, h, mlp.down);
       if (config.mlp_bias) {
         b.mlp.gate_bias = r.read(tensor("mlp.gate_bias"), {t.ffn});
         b.mlp.up_bias = r.read(tensor("mlp.up_bias"), {t.ffn});
@@ -217,12 +229,11 @@ CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoin
     w.stack.blocks.push_back(std::move(b));
   }
   w.stack.final_norm = r.norm(hf("final_norm"), h);
-  w.stack.store_as(stored_as);
   // Tied models may still ship lm_head.weight (a copy); the embedding is the one they use.
-  w.lm_head.weight = r.matrix(
-      "lm_head.weight",
-      linear_source(hf(config.tie_word_embeddings ? "embedding.table" : "lm_head.weight")), h, v);
-  w.lm_head.stored_as = stored_as;
+  const MatrixSource head =
+      linear_source(hf(config.tie_word_embeddings ? "embedding.table" : "lm_head.weight"));
+  w.lm_head.weight = r.matrix("lm_head.weight", head, h, v);
+  w.lm_head.stored_as = formats.of(head.tensors);
   return w;
 }
 
@@ -235,8 +246,8 @@ bool saved_transposed(std::string_view slot) {
 }  // namespace
 
 CausalLmWeights CausalLmWeights::load(const HfConfig& config, const Checkpoint& checkpoint,
-                                      DType stored_as) {
-  return load_weights(config, checkpoint, stored_as, nullptr);
+                                      const WeightFormats& formats) {
+  return load_weights(config, checkpoint, formats, nullptr);
 }
 
 std::string hf_tensor_name(std::string_view slot, Architecture architecture) {
@@ -268,9 +279,10 @@ std::vector<HfTensorPart> hf_tensor_parts(std::string_view slot, Architecture ar
 }
 
 DeferredCausalLmWeights CausalLmWeights::deferred(const HfConfig& config,
-                                                  const Checkpoint& checkpoint, DType stored_as) {
+                                                  const Checkpoint& checkpoint,
+                                                  const WeightFormats& formats) {
   DeferredCausalLmWeights d;
-  d.weights = load_weights(config, checkpoint, stored_as, &d.sources);
+  d.weights = load_weights(config, checkpoint, formats, &d.sources);
   return d;
 }
 

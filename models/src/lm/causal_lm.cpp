@@ -77,8 +77,9 @@ std::vector<NamedTensor> CausalLm::weights() const {
 
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
                         const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
-                        DType stored_as, ops::ModelAxes axes, const LoadProgress& progress) {
-  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
+                        const WeightFormats& formats, ops::ModelAxes axes,
+                        const LoadProgress& progress) {
+  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, formats);
   CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
               std::move(axes));  // matrices laid out unfilled
   lm.fill(d, checkpoint, progress);
@@ -87,8 +88,9 @@ CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
 
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
                         const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
-                        DType stored_as, ops::ModelAxes axes, const LoadProgress& progress) {
-  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, stored_as);
+                        const WeightFormats& formats, ops::ModelAxes axes,
+                        const LoadProgress& progress) {
+  const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, formats);
   CausalLm lm(std::move(mesh), config, d.weights, paged, std::move(axes));
   lm.fill(d, checkpoint, progress);
   return lm;

@@ -26,7 +26,8 @@ namespace numesh::serve {
 struct ServiceOptions {
   /// A Hugging Face folder (config.json, *.safetensors, a tokenizer) or a GGUF file.
   std::string model;
-  /// How the devices store the matrices; unset: a GGUF file's own format, else f32.
+  /// How the devices store the matrices; unset: a GGUF file's matrices each in its own format
+  /// (EngineOptions::dtype), else f32.
   std::optional<DType> dtype;
   /// Lays the layers out, and the mode eformer's semantic axes resolve in.
   sharding::PartitionManager partitions{};

@@ -5,6 +5,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -46,8 +47,11 @@ struct ServingOptions {
 
 /// How Engine::load lays a model out.
 struct EngineOptions {
-  /// How the devices store the matrices: f32, bf16 or f16 (norms and routers stay f32).
-  DType dtype = DType::kF32;
+  /// The format the devices store every matrix in (f32, bf16, f16, q8_0, q4_0, q4_k, q6_k;
+  /// norms, biases and routers stay f32). Unset: a GGUF model's matrices each as the file
+  /// stores it (WeightFormats::as_stored: a Q4_K_M file's Q6_K matrices stay Q6_K), a Hugging
+  /// Face folder's as f32.
+  std::optional<DType> dtype{};
   /// Sequences each call of the model runs (CausalLm::batch).
   std::int64_t sequences = 1;
   /// Positions each sequence's caches hold; 0: the model's whole context (max_context()).
@@ -128,8 +132,12 @@ class Engine {
   [[nodiscard]] const runtime::DeviceMesh& mesh() const noexcept { return mesh_; }
   /// The axes its layers are laid out by.
   [[nodiscard]] const ops::ModelAxes& axes() const noexcept { return axes_; }
-  /// How the devices store its matrices.
+  /// How the devices store its matrices: the one format asked for, or, loaded as stored, the
+  /// format most of the file's matrix bytes are in (formats() names them all).
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+  /// The formats of its matrices: dtype() when one format was asked for; loaded as stored,
+  /// each format its matrices are in, most bytes first, joined by '+' ("q4_k+q6_k").
+  [[nodiscard]] const std::string& formats() const noexcept { return formats_; }
   /// The model.
   [[nodiscard]] CausalLm& model() noexcept { return *model_; }
   [[nodiscard]] const CausalLm& model() const noexcept { return *model_; }
@@ -176,6 +184,7 @@ class Engine {
   runtime::DeviceMesh mesh_;
   ops::ModelAxes axes_;
   DType dtype_ = DType::kF32;
+  std::string formats_;
   std::unique_ptr<CausalLm> model_;
   std::int64_t checkpoint_bytes_ = 0;
   double load_seconds_ = 0;

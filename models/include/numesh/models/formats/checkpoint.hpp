@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,6 +46,12 @@ class Checkpoint {
   /// The bytes tensor `name` takes on disk (what reading it costs).
   /// Throws: KeyError as shape().
   [[nodiscard]] virtual std::uint64_t stored_bytes(std::string_view name) const = 0;
+
+  /// The format tensor `name` is stored in when it is one numesh keeps weights in (f32, f16,
+  /// bf16, q8_0, q4_0, q4_k, q6_k: read_box() into it copies the bytes as they are); nullopt
+  /// for other types (safetensors' F64 or integers, GGUF's Q5_K...).
+  /// Throws: KeyError as shape().
+  [[nodiscard]] virtual std::optional<DType> stored_format(std::string_view name) const = 0;
 
   /// Reads the box [offsets[d], offsets[d] + sizes[d]) in every dim d of tensor `name` into
   /// `out`, densely, row-major, as `target` elements: the same format is copied as it is,

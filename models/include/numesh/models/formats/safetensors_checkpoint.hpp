@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +78,8 @@ class SafetensorsCheckpoint final : public Checkpoint {
 
   /// info(name).size_bytes(). Throws: KeyError as file_of().
   [[nodiscard]] std::uint64_t stored_bytes(std::string_view name) const override;
+  /// F32, BF16 and F16 tensors as kF32, kBF16 and kF16; nullopt for the other dtypes.
+  [[nodiscard]] std::optional<DType> stored_format(std::string_view name) const override;
 
   /// SafetensorsFile::bytes of the file holding `name`. Throws: KeyError as file_of().
   [[nodiscard]] std::span<const std::byte> bytes(std::string_view name) const;

@@ -94,6 +94,8 @@ class GgufCheckpoint final : public Checkpoint {
   [[nodiscard]] std::vector<std::int64_t> shape(std::string_view name) const override;
   /// Its bytes in the file (a stacked tensor's bytes over its experts).
   [[nodiscard]] std::uint64_t stored_bytes(std::string_view name) const override;
+  /// The format of the stored type (one numesh keeps weights in), as Checkpoint says.
+  [[nodiscard]] std::optional<DType> stored_format(std::string_view name) const override;
   /// Checkpoint::read_box, in Hugging Face's layout: an expert's box is read from its slice of
   /// the stacked tensor, and a permuted q or k row from the GGUF row that holds it.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,

@@ -8,6 +8,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/hf/hf_config.hpp"
+#include "numesh/models/hf/weight_formats.hpp"
 #include "numesh/ops/embedding_config.hpp"
 #include "numesh/ops/lm_head_config.hpp"
 #include "numesh/ops/transformer_config.hpp"
@@ -33,8 +34,8 @@ struct MatrixSource {
   std::int64_t tensor_rows = 0;
 };
 
-/// A decoder-only language model's weights, in host memory, fp32 values (stored_as says how
-/// the devices keep them).
+/// A decoder-only language model's weights, in host memory, fp32 values (each layer's
+/// stored_as says how the devices keep its matrices).
 struct CausalLmWeights {
   ops::EmbeddingWeights embedding;  ///< model.embed_tokens.weight [V, H]
   ops::TransformerWeights stack;    ///< the blocks and model.norm
@@ -48,20 +49,21 @@ struct CausalLmWeights {
   /// Mixtral's block_sparse_moe.{gate, experts.E.w1/w3/w2}; Qwen-MoE's mlp.{gate,
   /// experts.E.*_proj} and Qwen2-MoE's mlp.shared_expert.*_proj and mlp.shared_expert_gate),
   /// the dense MLP in Qwen-MoE's mlp_only_layers, checking each shape before reading it, and
-  /// stores the matrices as `stored_as` (embedding, LM head, attention, MLPs, experts and the
-  /// shared expert; norms, biases, routers and the shared expert's gate stay fp32).
+  /// stores each matrix as `formats` says (embedding, LM head, attention, MLPs, experts and the
+  /// shared expert, each matrix its own format; norms, biases, routers and the shared expert's
+  /// gate stay fp32). A DType stores every matrix in it.
   /// Throws: ValueError as HfConfig::transformer_config(); KeyError naming the tensor,
   /// the checkpoint and its closest names when one is missing; ShapeError naming the tensor,
   /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
   static CausalLmWeights load(const HfConfig& config, const Checkpoint& checkpoint,
-                              DType stored_as = DType::kF32);
+                              const WeightFormats& formats = {});
   /// As load(), with every large matrix (the embedding, the LM head, the attention, MLP, expert
   /// and shared-expert projections) left HostTensor::shape_only and its source recorded instead:
   /// what CausalLm::load reads straight into the devices. Shapes are checked as load() does;
   /// norms, biases and routers are read.
   /// Throws: as load().
   static DeferredCausalLmWeights deferred(const HfConfig& config, const Checkpoint& checkpoint,
-                                          DType stored_as = DType::kF32);
+                                          const WeightFormats& formats = {});
 };
 
 /// The Hugging Face tensor that a laid-out weight is saved as in `architecture` (the slot names

@@ -11,6 +11,7 @@
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/models/hf/nonfinite_weights.hpp"
+#include "numesh/models/hf/weight_formats.hpp"
 #include "numesh/ops/lowering/embedding.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
 #include "numesh/ops/lowering/model_axes.hpp"
@@ -53,15 +54,15 @@ class CausalLm {
   using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
   /// The model of `checkpoint`, with each device reading only its own shard of every large
   /// matrix (embedding, LM head, projections, experts) straight from the file mapping into memory
-  /// of its node, converted to `stored_as` (and transposed on the way for the MoE experts, which
-  /// the layers store in-out; the other matrices are stored out-in), all devices at once: no copy
-  /// of the model passes through host memory (CausalLmWeights::deferred, then each matrix's
+  /// of its node, in the format `formats` gives it (and transposed on the way for the MoE experts,
+  /// which the layers store in-out; the other matrices are stored out-in), all devices at once: no
+  /// copy of the model passes through host memory (CausalLmWeights::deferred, then each matrix's
   /// shards filled in place). Norms, biases and routers, which are small, are read on the host.
   /// Gives the same model as the constructor on CausalLmWeights::load.
   /// Throws: as CausalLmWeights::load and the constructor.
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
                        const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
-                       DType stored_as = DType::kF32, ops::ModelAxes axes = {},
+                       const WeightFormats& formats = {}, ops::ModelAxes axes = {},
                        const LoadProgress& progress = {});
   /// The same model with paged caches, for ragged steps only (ragged_candidates,
   /// ragged_logits): every layer's keys and values in `paged.blocks` blocks
@@ -73,7 +74,7 @@ class CausalLm {
   /// As load() above, with paged caches.
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
                        const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
-                       DType stored_as = DType::kF32, ops::ModelAxes axes = {},
+                       const WeightFormats& formats = {}, ops::ModelAxes axes = {},
                        const LoadProgress& progress = {});
   ~CausalLm();
   CausalLm(CausalLm&&) noexcept;
