@@ -1,7 +1,12 @@
 #include "baselines.hpp"
 
 #include <cblas.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -21,6 +26,34 @@ double plain_read_seconds(const std::vector<std::filesystem::path>& files) {
     NUMESH_CHECK(in.is_open(), IoError, "cannot read {}", path.string());
     while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
     }
+  }
+  return seconds_since(start);
+}
+
+double read_into_new_memory_seconds(const std::vector<std::filesystem::path>& files) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& path : files) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    NUMESH_CHECK(fd >= 0, IoError, "cannot read {}", path.string());
+    const std::size_t bytes = std::filesystem::file_size(path);
+    void* memory = bytes == 0 ? nullptr
+                              : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) {
+      ::close(fd);
+      throw IoError(fmt::format("cannot map {} bytes to read {} into", bytes, path.string()));
+    }
+    (void)::madvise(memory, bytes, MADV_HUGEPAGE);  // a hint: refused, the pages are 4 KiB
+    std::size_t done = 0;
+    while (done < bytes) {
+      const ssize_t got = ::read(fd, static_cast<char*>(memory) + done,
+                                 std::min<std::size_t>(bytes - done, 1 << 26));
+      if (got <= 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    if (memory != nullptr) ::munmap(memory, bytes);
+    ::close(fd);
+    NUMESH_CHECK(done == bytes, IoError, "{}: read {} of its {} bytes", path.string(), done, bytes);
   }
   return seconds_since(start);
 }

@@ -17,6 +17,13 @@ namespace numesh::tools {
 /// Throws: IoError naming a file that cannot be opened.
 double plain_read_seconds(const std::vector<std::filesystem::path>& files);
 
+/// Seconds to read each of `files` whole with read(2) into new memory of its size (anonymous
+/// pages asking for huge pages, as the devices' buffers do; freed after each file): what any
+/// loader that keeps the bytes pays on top of plain_read_seconds, the kernel zeroing every new
+/// page before the read fills it.
+/// Throws: IoError naming a file that cannot be opened or read, or memory that cannot be mapped.
+double read_into_new_memory_seconds(const std::vector<std::filesystem::path>& files);
+
 /// GFLOP/s of OpenBLAS's cblas_sgemm for C[m, n] = A[m, k] B[k, n] on `threads` threads (the
 /// median of `repeats` timed calls after one untimed), random operands. OpenBLAS's thread count
 /// is restored to what it was.
