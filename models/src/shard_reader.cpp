@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -61,12 +63,16 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
 
 }  // namespace
 
-void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
-                 runtime::ShardedTensor& tensor, ops::WeightLayout stored) {
-  // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
-  // transposed; other sources ([rows, cols], the embedding table) as they are.
-  const bool straight = !source.transposed || stored == ops::WeightLayout::kOutIn;
-  runtime::fill_shards(tensor, [&](std::int64_t slot, runtime::Tensor& shard) {
+void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
+                 const std::function<void(std::size_t i)>& after) {
+  std::vector<runtime::ShardedTensor*> tensors;
+  for (const MatrixFill& m : matrices) tensors.push_back(m.tensor);
+  runtime::fill_shards(tensors, [&](std::size_t i, std::int64_t slot, runtime::Tensor& shard) {
+    const MatrixSource& source = *matrices[i].source;
+    const runtime::ShardedTensor& tensor = *matrices[i].tensor;
+    // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
+    // transposed; other sources ([rows, cols], the embedding table) as they are.
+    const bool straight = !source.transposed || matrices[i].stored == ops::WeightLayout::kOutIn;
     const auto& box = tensor.layout().device(slot).slices;
     auto* dst = static_cast<std::byte*>(shard.data());
     const DType dtype = shard.dtype();
@@ -87,6 +93,7 @@ void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
         read_transposed(checkpoint, name, source.row_offset + c0, nc, r0, nr, dtype, to);
       }
     }
+    if (slot == 0 && after) after(i);
   });
 }
 

@@ -2,6 +2,9 @@
 
 // PRIVATE to models/src: reading a checkpoint's matrix straight into a laid-out tensor's shards.
 
+#include <functional>
+#include <span>
+
 #include "numesh/models/formats/checkpoint.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
 #include "numesh/ops/eigen_views.hpp"
@@ -9,17 +12,27 @@
 
 namespace numesh::models::detail {
 
-/// Fills every device's shard of `tensor` (laid out from a shape-only matrix) with the values
-/// `source` names: each device reads only its own box from the checkpoint's mapping, converts it
-/// to the shard's dtype and, for nn.Linear weights going to a tensor stored in-out (`stored`),
-/// transposes it on the way (out-in tensors take them as they are), in its own arena
-/// (the pages it writes are its node's, the work is spread over its threads), all devices at
-/// once. No copy of the whole matrix is made: each thread stages one block of at most 64
-/// source rows.
-/// REQUIRES: the tensor's shape is what CausalLmWeights::deferred gave the source (checked
-/// there), its last two dims swapped when stored out-in.
+/// One matrix of a load: where its values are, the tensor laid out for it (from a shape-only
+/// matrix), and how that tensor stores it.
+struct MatrixFill {
+  const MatrixSource* source = nullptr;
+  runtime::ShardedTensor* tensor = nullptr;
+  ops::WeightLayout stored = ops::WeightLayout::kInOut;
+};
+
+/// Fills every device's shard of each matrix of `matrices` with the values its source names:
+/// each device reads only its own box from the checkpoint's mapping, converts it to the shard's
+/// dtype and, for nn.Linear weights going to a tensor stored in-out, transposes it on the way
+/// (out-in tensors take them as they are), in its own arena (the pages it writes are its node's,
+/// the work is spread over its threads). The devices go through the list in order, all at once
+/// and without waiting for each other between matrices (runtime::fill_shards over the tensors).
+/// No copy of a whole matrix is made: each thread stages one block of at most 64 source rows.
+/// `after(i)`, when set, is called once the first device has read its shard of matrix i, on
+/// that device's thread (never two calls at once): how far the load has come.
+/// REQUIRES: the tensors share one mesh; each tensor's shape is what CausalLmWeights::deferred
+/// gave its source (checked there), its last two dims swapped when stored out-in.
 /// Throws: what reading the checkpoint throws.
-void read_shards(const Checkpoint& checkpoint, const MatrixSource& source,
-                 runtime::ShardedTensor& tensor, ops::WeightLayout stored);
+void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
+                 const std::function<void(std::size_t i)>& after);
 
 }  // namespace numesh::models::detail

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "box_runs.hpp"
@@ -79,10 +80,12 @@ HostTensor HostTensor::zeros(std::vector<std::int64_t> shape) {
 HostTensor HostTensor::shape_only(std::vector<std::int64_t> shape) {
   NUMESH_CHECK(num_elements(shape) > 0, ShapeError,
                "a shape-only tensor needs elements, not shape [{}]", fmt::join(shape, ", "));
-  return HostTensor{std::move(shape), {}};
+  return HostTensor{.shape = std::move(shape), .data = {}, .values_elsewhere = true};
 }
 
-bool HostTensor::is_shape_only() const noexcept { return data.empty() && num_elements(shape) > 0; }
+bool HostTensor::is_shape_only() const noexcept {
+  return values_elsewhere && data.empty() && num_elements(shape) > 0;
+}
 
 HostTensor rounded_to(const HostTensor& t, DType dtype) {
   HostTensor out = t;
@@ -239,12 +242,44 @@ void check_host_shape(const HostTensor& host, const ShardedTensor& tensor) {
 
 void fill_shards(ShardedTensor& tensor,
                  const std::function<void(std::int64_t slot, Tensor& shard)>& fill) {
-  GraphBuilder builder(tensor.mesh().device_set());
-  for (std::int64_t slot = 0; slot < tensor.mesh().size(); ++slot) {
-    Tensor& shard = tensor.shard(slot);
-    if (shard.size() == 0) continue;
-    builder.add(tensor.mesh().device(slot).index(), fmt::format("fill[{}]", slot),
-                [&fill, &shard, slot] { fill(slot, shard); });
+  ShardedTensor* const one[] = {&tensor};
+  fill_shards(one, [&fill](std::size_t, std::int64_t slot, Tensor& shard) { fill(slot, shard); });
+}
+
+void fill_shards(std::span<ShardedTensor* const> tensors,
+                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill) {
+  if (tensors.empty()) return;
+  const DeviceMesh& mesh = tensors.front()->mesh();
+  // Each device writes its slot's shard of every tensor: the slots must be the same devices.
+  const auto same_devices = [&mesh](const DeviceMesh& other) {
+    if (other.size() != mesh.size()) return false;
+    for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+      if (&other.device(slot) != &mesh.device(slot)) return false;
+    }
+    return true;
+  };
+  for (std::size_t i = 1; i < tensors.size(); ++i) {
+    NUMESH_CHECK(same_devices(tensors[i]->mesh()), ValueError,
+                 "fill_shards: tensor {} [{}] is on mesh {}, tensor 0 on mesh {}: their slots "
+                 "must be the same devices",
+                 i, fmt::join(tensors[i]->shape(), ", "), tensors[i]->mesh().mesh().repr(),
+                 mesh.mesh().repr());
+  }
+  std::atomic<bool> failed{false};
+  GraphBuilder builder(mesh.device_set());
+  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+    builder.add(mesh.device(slot).index(), fmt::format("fill[{}]", slot),
+                [&fill, &failed, tensors, slot] {
+                  try {
+                    for (std::size_t i = 0; i < tensors.size() && !failed.load(); ++i) {
+                      Tensor& shard = tensors[i]->shard(slot);
+                      if (shard.size() > 0) fill(i, slot, shard);
+                    }
+                  } catch (...) {
+                    failed = true;
+                    throw;
+                  }
+                });
   }
   builder.compile().run();
 }

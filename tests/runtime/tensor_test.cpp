@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <span>
+#include <vector>
 
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
@@ -119,6 +121,87 @@ TEST(TensorTest, BadShapesAreRejected) {
   EXPECT_THAT(
       [&] { (void)t.shard(8); },
       ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
+}
+
+// A tensor with a shape and no values is laid out unfilled only when it says so (shape_only):
+// one that merely lacks its data is refused where its values are needed, never read as garbage.
+TEST(TensorTest, OnlyAShapeOnlyTensorGoesWithoutValues) {
+  const HostTensor deferred = HostTensor::shape_only({8, 16});
+  EXPECT_TRUE(deferred.is_shape_only());
+  EXPECT_TRUE(deferred.values_elsewhere);
+  const HostTensor forgotten{.shape = {8, 16}, .data = {}};
+  EXPECT_FALSE(forgotten.is_shape_only());
+  EXPECT_NE(forgotten, deferred);
+  ShardedTensor t(mesh_2x4(), {8, 16}, P({AxisRule("dp")}));
+  EXPECT_THAT([&] { scatter(forgotten, t); },
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("host tensor of shape (8, 16) holds 0 values, expected 128")));
+  EXPECT_THAT(
+      [&] {
+        (void)HostTensor::shape_only({0, 4});
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("needs elements, not shape [0, 4]")));
+}
+
+// fill_shards over many tensors: each device goes through the list in order, writing its own
+// shard of each; the tensors must be on the same devices; after a fill throws, the devices
+// stop at their next tensor and the first error comes back.
+TEST(TensorTest, FillShardsOverManyTensorsWritesEveryShardInOrder) {
+  const DeviceMesh m = mesh_2x4();
+  std::vector<ShardedTensor> owned;
+  owned.emplace_back(m, std::vector<std::int64_t>{8, 16}, P({AxisRule("dp"), AxisRule("tp")}),
+                     DType::kF32, BufferContents::kUnspecified);
+  owned.emplace_back(m, std::vector<std::int64_t>{4, 4}, P({}), DType::kF32,
+                     BufferContents::kUnspecified);
+  owned.emplace_back(m, std::vector<std::int64_t>{16}, P({AxisRule("tp")}), DType::kF32,
+                     BufferContents::kUnspecified);
+  std::vector<ShardedTensor*> tensors;
+  for (ShardedTensor& t : owned) tensors.push_back(&t);
+  std::vector<std::vector<std::size_t>> order(8);  // per slot, the tensors it filled
+  fill_shards(tensors, [&](std::size_t i, std::int64_t slot, Tensor& shard) {
+    order[static_cast<std::size_t>(slot)].push_back(i);
+    const auto& box = tensors[i]->layout().device(slot).slices;
+    // Each element its global row-major index plus 1000 * the tensor's.
+    std::vector<std::int64_t> at(box.size(), 0);
+    std::span<float> v = shard.values();
+    for (std::size_t e = 0; e < v.size(); ++e) {
+      std::int64_t flat = 0, rest = static_cast<std::int64_t>(e);
+      for (std::size_t d = box.size(); d-- > 0;) {
+        at[d] = box[d].offset + rest % box[d].extent;
+        rest /= box[d].extent;
+      }
+      for (std::size_t d = 0; d < box.size(); ++d) flat = flat * tensors[i]->shape()[d] + at[d];
+      v[e] = static_cast<float>(1000 * i + static_cast<std::size_t>(flat));
+    }
+  });
+  for (const auto& slots : order) EXPECT_THAT(slots, ::testing::ElementsAre(0, 1, 2));
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    const HostTensor all = gather(owned[i]);
+    for (std::size_t e = 0; e < all.data.size(); ++e)
+      ASSERT_EQ(all.data[e], static_cast<float>(1000 * i + e)) << "tensor " << i << " at " << e;
+  }
+  // Slots on other devices: refused, naming the tensor.
+  PlacementOptions one_thread;
+  one_thread.max_threads_per_device = 1;
+  const DeviceMesh other =
+      DeviceMesh::create(DeviceSet::create(Topology::from_synthetic(testing::nodes(8)), one_thread),
+                         {2, 4}, {"dp", "tp"});
+  ShardedTensor elsewhere(other, {4}, P({}));
+  std::vector<ShardedTensor*> mixed{tensors[0], &elsewhere};
+  EXPECT_THAT([&] { fill_shards(mixed, [](std::size_t, std::int64_t, Tensor&) {}); },
+              ThrowsMessage<ValueError>(HasSubstr("fill_shards: tensor 1 [4] is on mesh")));
+  // A fill that throws on tensor 0 of slot 3: that device goes no further, and the first error
+  // comes back once every device has stopped.
+  std::vector<std::vector<std::size_t>> calls(8);
+  EXPECT_THAT(
+      [&] {
+        fill_shards(tensors, [&](std::size_t i, std::int64_t slot, Tensor&) {
+          calls[static_cast<std::size_t>(slot)].push_back(i);
+          if (i == 0 && slot == 3) throw ValueError("slot 3 cannot read");
+        });
+      },
+      ThrowsMessage<ValueError>(HasSubstr("slot 3 cannot read")));
+  EXPECT_THAT(calls[3], ::testing::ElementsAre(0));
 }
 
 // Storage is counted by rows (what a block format needs), which for element types is the

@@ -113,17 +113,21 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoi
     if (source.tensor_rows > 0) bytes = bytes / source.tensor_rows * source.rows;
     return bytes;
   };
-  std::int64_t total = 0, done = 0;
-  for (const auto& [slot, source] : d.sources) total += bytes_of(source);
+  std::vector<detail::MatrixFill> matrices;
+  std::vector<std::int64_t> done_after;  // the bytes read once matrix i is
+  std::int64_t total = 0;
   for (const auto& [slot, source] : d.sources) {
     const auto it = slots.find(slot);
     // Every deferred slot names a laid-out weight: hf_weights.cpp and the layers agree on names.
     NUMESH_CHECK(it != slots.end(), ValueError,
                  "model: no laid-out weight is called {} (an internal naming mismatch)", slot);
-    detail::read_shards(checkpoint, source, *it->second.tensor, it->second.layout);
-    done += bytes_of(source);
-    if (progress) progress(done, total);
+    matrices.push_back({&source, it->second.tensor.get(), it->second.layout});
+    total += bytes_of(source);
+    done_after.push_back(total);
   }
+  detail::read_shards(checkpoint, matrices, [&](std::size_t i) {
+    if (progress) progress(done_after[i], total);
+  });
 }
 
 std::int64_t CausalLm::decode_bytes(std::int64_t position) const {

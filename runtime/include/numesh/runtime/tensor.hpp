@@ -34,6 +34,11 @@ struct HostTensor {
   std::vector<std::int64_t> shape;
   /// num_elements(shape) values in row-major order.
   std::vector<float> data;
+  /// Set by shape_only() alone: the values are not in host memory, on purpose. A tensor with a
+  /// shape and no data that did not come from shape_only() is refused where its values are
+  /// needed (scatter), never laid out unfilled by mistake. (Last, with braces: designated
+  /// initializers may leave it out without GCC's warning.)
+  bool values_elsewhere{};
 
   /// A zero tensor of `shape`. Throws: ShapeError for a negative extent; ValueError naming
   /// the shape, its size and the machine's memory when it is larger than all of that memory.
@@ -43,7 +48,8 @@ struct HostTensor {
   /// caller writes each device's shard itself (fill_shards): how a checkpoint is read straight
   /// into the devices' nodes. Only the layers' create functions accept one.
   static HostTensor shape_only(std::vector<std::int64_t> shape);
-  /// True for a shape_only() tensor: no values, though its shape holds elements.
+  /// True for a shape_only() tensor (values_elsewhere): no values, though its shape holds
+  /// elements.
   bool is_shape_only() const noexcept;
   friend bool operator==(const HostTensor&, const HostTensor&) = default;
 };
@@ -153,6 +159,15 @@ void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// Throws: what fill throws (rethrown once every device has stopped).
 void fill_shards(ShardedTensor& tensor,
                  const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
+/// fill_shards over many tensors on one mesh: every device goes through `tensors` in order,
+/// calling fill(i, slot, shard) for its slot's shard of tensor i when it holds elements, all
+/// devices in parallel and in one graph, so that no device waits for the others between
+/// tensors (a model's load of hundreds of matrices pays one synchronization, not one each).
+/// After a fill throws, the other devices stop at their next tensor.
+/// Throws: ValueError when the tensors are not all on one mesh (naming the first that is
+/// not); what fill throws (the first, once every device has stopped).
+void fill_shards(std::span<ShardedTensor* const> tensors,
+                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly,
 /// blocks dequantize.

@@ -50,7 +50,8 @@ class CausalLm {
   /// model's max_context(); what the layers' layouts throw.
   CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
            std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes = {});
-  /// Checkpoint bytes read so far and in all, reported by load() after each matrix.
+  /// Checkpoint bytes read so far and in all, reported by load() after each matrix (from one of
+  /// the load's threads, never two calls at once).
   using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
   /// The model of `checkpoint`, with each device reading only its own shard of every large
   /// matrix (embedding, LM head, projections, experts) straight from the file mapping into memory
