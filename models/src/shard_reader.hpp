@@ -27,8 +27,9 @@ struct MatrixFill {
 /// the work is spread over its threads). The devices go through the list in order, all at once
 /// and without waiting for each other between matrices (runtime::fill_shards over the tensors).
 /// No copy of a whole matrix is made: each thread stages one block of at most 64 source rows.
-/// `after(i)`, when set, is called once the first device has read its shard of matrix i, on
-/// that device's thread (never two calls at once): how far the load has come.
+/// `after(i)`, when set, is called for every i in order, once the first device has read its
+/// shard of matrix i, on that device's thread (never two calls at once; any not called by the
+/// end of the fill are called then): how far the load has come.
 /// REQUIRES: the tensors share one mesh; each tensor's shape is what CausalLmWeights::deferred
 /// gave its source (checked there), its last two dims swapped when stored out-in.
 /// Throws: what reading the checkpoint throws.

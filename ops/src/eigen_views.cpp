@@ -19,6 +19,10 @@ runtime::HostTensor transposed(const runtime::HostTensor& m) {
   const std::int64_t rows = m.shape[rank - 2], cols = m.shape[rank - 1];
   const std::int64_t matrices =
       std::accumulate(m.shape.begin(), m.shape.end() - 2, std::int64_t{1}, std::multiplies<>());
+  // A weight given a shape and no values (not shape_only(): that one is never transposed).
+  NUMESH_CHECK(static_cast<std::int64_t>(m.data.size()) == matrices * rows * cols, ShapeError,
+               "transposed: {} holds {} values, expected {}", detail::shape_text(m), m.data.size(),
+               matrices * rows * cols);
   runtime::HostTensor t = runtime::HostTensor::zeros(shape);
   // In 64 x 64 tiles: element by element, the strided writes touch one element a cache line
   // (a row-by-row loop took 12 % of a bench decode's set-up, which lays every weight out this way).

@@ -51,8 +51,10 @@ attn_qkv, gate_up_proj as ffn_up, both whole):
     output included) takes the ftype. bf16 / f16 sources are read as llama.cpp reads them (bf16
     widened to f32 first). A block format whose block does not divide a row raises ValueError
     (llama.cpp falls back to F16 for that tensor). The ftype "q4_k_m" is llama.cpp's quantize
-    mixture of that name for a dense model (Q4_K; Q6_K for the output and for attn_v and
-    ffn_down on the layers use_more_bits picks: _q4_k_m_type).
+    mixture of that name for a dense Llama-style model whose rows are whole super-blocks (Q4_K;
+    Q6_K for the output and for attn_v and ffn_down on the layers use_more_bits picks:
+    _q4_k_m_type); not its rules for 70B models, 8 experts, fused attn_qkv (Q5_K) or rows
+    that are not whole super-blocks (Q5_0 / Q8_0 fallbacks).
   * metadata, in the converter's order: general.architecture, [general.alignment when asked],
     general.type "model", general.name, general.size_label, {arch}.block_count, .context_length,
     .embedding_length, .feed_forward_length, .attention.head_count, .attention.head_count_kv,
@@ -720,7 +722,8 @@ def _use_more_bits(i, n):
 
 
 def _q4_k_m_type(gguf_name, shape, n_layer, tied):
-    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M for a dense model (llama_tensor_get_type): Q4_K, but
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M for a dense Llama-style model whose rows are whole
+    super-blocks (llama_tensor_get_type; not its 70B, 8-expert or attn_qkv rules): Q4_K, but
     Q6_K for the output (the token embedding when the model is tied and has none) and for
     attn_v and ffn_down on the layers use_more_bits picks; F32 where every ftype keeps it."""
     t = _tensor_type(gguf_name, shape, "Q4_K")

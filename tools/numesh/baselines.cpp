@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -31,11 +34,18 @@ double plain_read_seconds(const std::vector<std::filesystem::path>& files) {
 }
 
 double read_into_new_memory_seconds(const std::vector<std::filesystem::path>& files) {
-  const auto start = std::chrono::steady_clock::now();
+  double seconds = 0;  // the maps and reads; not the opens, nor giving the memory back
   for (const auto& path : files) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    NUMESH_CHECK(fd >= 0, IoError, "cannot read {}", path.string());
-    const std::size_t bytes = std::filesystem::file_size(path);
+    NUMESH_CHECK(fd >= 0, IoError, "cannot read {}: {}", path.string(), std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int error = errno;
+      ::close(fd);
+      throw IoError(fmt::format("cannot read {}: {}", path.string(), std::strerror(error)));
+    }
+    const auto bytes = static_cast<std::size_t>(st.st_size);
+    const auto start = std::chrono::steady_clock::now();
     void* memory = bytes == 0 ? nullptr
                               : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -45,17 +55,24 @@ double read_into_new_memory_seconds(const std::vector<std::filesystem::path>& fi
     }
     (void)::madvise(memory, bytes, MADV_HUGEPAGE);  // a hint: refused, the pages are 4 KiB
     std::size_t done = 0;
+    int error = 0;
     while (done < bytes) {
       const ssize_t got = ::read(fd, static_cast<char*>(memory) + done,
-                                 std::min<std::size_t>(bytes - done, 1 << 26));
-      if (got <= 0) break;
+                                 std::min<std::size_t>(bytes - done, std::size_t{1} << 26));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        error = got < 0 ? errno : 0;
+        break;
+      }
       done += static_cast<std::size_t>(got);
     }
+    seconds += seconds_since(start);
     if (memory != nullptr) ::munmap(memory, bytes);
     ::close(fd);
-    NUMESH_CHECK(done == bytes, IoError, "{}: read {} of its {} bytes", path.string(), done, bytes);
+    NUMESH_CHECK(done == bytes, IoError, "{}: read {} of its {} bytes{}", path.string(), done,
+                 bytes, error != 0 ? fmt::format(" ({})", std::strerror(error)) : std::string());
   }
-  return seconds_since(start);
+  return seconds;
 }
 
 double openblas_sgemm_gflops(std::int64_t m, std::int64_t k, std::int64_t n, int threads,

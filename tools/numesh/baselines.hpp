@@ -18,9 +18,10 @@ namespace numesh::tools {
 double plain_read_seconds(const std::vector<std::filesystem::path>& files);
 
 /// Seconds to read each of `files` whole with read(2) into new memory of its size (anonymous
-/// pages asking for huge pages, as the devices' buffers do; freed after each file): what any
-/// loader that keeps the bytes pays on top of plain_read_seconds, the kernel zeroing every new
-/// page before the read fills it.
+/// pages asking for huge pages, as the devices' buffers do; freed after each file, untimed):
+/// what any loader that keeps the bytes pays on top of plain_read_seconds, the kernel zeroing
+/// every new page before the read fills it. It needs free memory the size of the largest file
+/// beside the model.
 /// Throws: IoError naming a file that cannot be opened or read, or memory that cannot be mapped.
 double read_into_new_memory_seconds(const std::vector<std::filesystem::path>& files);
 

@@ -402,12 +402,17 @@ BaselineReport measure_baselines(const GenerateOptions& o, const Prompts& p, con
         static_cast<double>(e.model().decode_bytes(p.longest + result.decode_steps / 2));
     const double step_gbps =
         step_bytes * static_cast<double>(result.decode_steps) / result.decode_seconds / 1e9;
+    // A mixture of formats (a GGUF Q4_K_M file loaded as stored) has no one size a weight.
+    const bool one_format = e.formats() == to_string(e.dtype());
+    const std::string weights = one_format ? fmt::format("{} weights, {:.4g} bytes a weight",
+                                                         e.formats(), bytes_per_weight(e.dtype()))
+                                           : fmt::format("{} weights", e.formats());
     r.decode_note = fmt::format(
-        "         {:.1f} MB a step ({} weights, {:.4g} bytes a weight) at {:.2f} GB/s; the memory "
-        "read bandwidth: {:.2f} GB/s (the decode at {:.2f} of it)\n",
-        step_bytes / 1e6, to_string(e.dtype()), bytes_per_weight(e.dtype()), step_gbps, read,
-        step_gbps / read);
-    r.json["bytes_per_weight"] = bytes_per_weight(e.dtype());
+        "         {:.1f} MB a step ({}) at {:.2f} GB/s; the memory read bandwidth: {:.2f} GB/s "
+        "(the decode at {:.2f} of it)\n",
+        step_bytes / 1e6, weights, step_gbps, read, step_gbps / read);
+    r.json["bytes_per_weight"] =
+        one_format ? nlohmann::json(bytes_per_weight(e.dtype())) : nlohmann::json(nullptr);
     r.json["decode_bytes_per_step"] = step_bytes;
     r.json["decode_gbps"] = step_gbps;
     r.json["read_gbps"] = read;

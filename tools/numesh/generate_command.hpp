@@ -41,8 +41,8 @@ struct GenerateOptions {
   std::int64_t top_k = 40;           ///< --top-k K (sampling)
   double top_p = 1.0;                ///< --top-p P (sampling)
   std::uint64_t seed = 0;            ///< --seed S (sampling)
-  /// --dtype: how the devices store the matrices; empty: the model's own format (a GGUF
-  /// file's), f32 for a safetensors folder.
+  /// --dtype: how the devices store the matrices; empty: a GGUF file's matrices each in the
+  /// format the file stores it in, f32 for a safetensors folder.
   std::string dtype;
   std::string logits_out;         ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;               ///< --json FILE

@@ -205,7 +205,7 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
       "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
       "at once, {} KV tokens in blocks of {}; chat template: {})\n",
       o.service.server.host, service.port(), o.service.model, to_string(e.config().architecture),
-      to_string(e.dtype()), e.mesh().mesh().repr(), o.service.parallel,
+      e.formats(), e.mesh().mesh().repr(), o.service.parallel,
       e.scheduler().pool().blocks() * o.service.block_size - o.service.block_size,
       o.service.block_size, chat != nullptr ? chat->name() : "none");
   out.flush();

@@ -70,7 +70,8 @@ constexpr std::string_view to_string(MlpKind kind) noexcept { return mlp_traits(
 /// The format each matrix of an MLP (or of a MoE layer's experts) is stored in on the devices,
 /// one per matrix, so that a checkpoint's mixed formats are kept as they are (a GGUF Q4_K_M
 /// file stores some down projections as Q6_K among Q4_K ones). all() stores them alike. A
-/// layer without a gate ignores `gate`.
+/// layer without a gate never reads `gate`; keep it equal to `up` (the loaders do), since
+/// all_are(), == and to_string() compare all three.
 struct MlpFormats {
   DType gate = DType::kF32;
   DType up = DType::kF32;
