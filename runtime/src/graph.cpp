@@ -1,11 +1,13 @@
 // The graph builder and the compiled graph: one tbb::flow::graph per device (see graph.hpp for
-// why), with completion signalled through an atomic the caller waits on (a futex wait, not a
-// spin: with more devices than cores a spinning caller would steal a core from the devices).
+// why), with completion signalled through an atomic the caller waits on (a short poll, then a
+// futex wait: with as many device threads as cores a spinning caller would steal a core from
+// the devices).
 
 #include "numesh/runtime/graph.hpp"
 
 #include <fmt/format.h>
 #include <oneapi/tbb/flow_graph.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,14 +28,28 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Waits until `remaining` is 0 by sleeping on the atomic (a futex). Spinning or yielding here
-// was measured and rejected: with as many device threads as cores, a caller that spins takes a
-// core from a device (runs slowed 2-100x), and yielding made cross-device chains 3x slower.
-void wait_for_completion(std::atomic<int>& remaining) {
+// How long run()'s caller polls for the end of the run before it sleeps: runs shorter than
+// this (a graph of a few small nodes) end without a futex sleep and wake-up. Spinning longer
+// is not free: with as many device threads as cores, a spinning caller holds a core a device
+// needs (a 50 us spin made every run of a two-device graph take 50 us; docs/benchmarks.md,
+// "Small collectives").
+constexpr auto kCallerSpin = std::chrono::microseconds(1);
+
+// Waits until `remaining` is 0: polls for kCallerSpin, then sleeps on the atomic (a futex)
+// with `asleep` set, so that the thread ending the run knows to hand over its core.
+void wait_for_completion(std::atomic<int>& remaining, std::atomic<bool>& asleep) {
+  const auto until = Clock::now() + kCallerSpin;
+  while (remaining.load(std::memory_order_acquire) != 0 && Clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
   for (int left = remaining.load(std::memory_order_acquire); left != 0;
        left = remaining.load(std::memory_order_acquire)) {
+    asleep.store(true, std::memory_order_seq_cst);
     remaining.wait(left, std::memory_order_acquire);
   }
+  asleep.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -95,6 +111,8 @@ struct CompiledGraph::Impl {
   int sinks = 0;
 
   std::atomic<int> remaining{0};
+  // Set while run()'s caller sleeps on `remaining` (wait_for_completion).
+  std::atomic<bool> caller_asleep{false};
   std::atomic<bool> stop{false};
   std::atomic<bool> skipped{false};  // some body did not run because of stop
   std::atomic<bool> running{false};
@@ -156,6 +174,12 @@ struct CompiledGraph::Impl {
     for (auto* successor : n.remote_successors) successor->try_put(Msg());
     if (n.is_sink && remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       remaining.notify_all();
+      // The woken caller needs a core, and when every core runs a device thread (this one
+      // included, which would go on spinning in oneTBB's search for work) it waited 7 us for
+      // one: hand this core over once. An empty run of two single-thread devices on two cores
+      // took 9.1 us before, 4.7 us with the yield (docs/benchmarks.md, "Small collectives").
+      // The flag is a hint: read after the caller woke, it is false and nothing is yielded.
+      if (caller_asleep.load(std::memory_order_seq_cst)) sched_yield();
     }
   }
 };
@@ -251,7 +275,7 @@ void CompiledGraph::run() {
   if (g.nodes.empty()) return;
   g.remaining.store(g.sinks, std::memory_order_release);
   for (auto* root : g.roots) root->try_put(Msg());
-  wait_for_completion(g.remaining);
+  wait_for_completion(g.remaining, g.caller_asleep);
   if (g.error) std::rethrow_exception(g.error);
   // A cancel() that came after every body had run cancelled nothing: the run completed.
   if (g.skipped.load(std::memory_order_acquire)) {
