@@ -10,7 +10,8 @@
 #      and decoded greedily over the mesh (NUMESH_MODEL=DIR generates from a real checkpoint
 #      instead, NUMESH_PROMPT its prompt text);
 #   4. `numesh bench collectives`: every collective at 64 KiB and 64 MiB per device against a
-#      plain shared-memory loop and memcpy, results checked.
+#      plain shared-memory loop and memcpy, results checked; then 64 KiB again as a chain of
+#      64 collectives in one run (--chain 64), as a model's step meets them.
 # On a machine with one NUMA node, steps 2-4 use one device per core (--policy core) so that
 # there is something to move between devices; NUMESH_POLICY overrides the choice.
 #
@@ -62,3 +63,5 @@ else
 fi
 step "numesh bench collectives --policy $policy --sizes 64K,64M"
 "$numesh_bin" bench collectives --policy "$policy" --sizes 64K,64M --min-time 0.2
+step "numesh bench collectives --policy $policy --sizes 64K --chain 64"
+"$numesh_bin" bench collectives --policy "$policy" --sizes 64K --chain 64 --min-time 0.2

@@ -105,6 +105,12 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
   }
 }
 
+std::size_t checked_chain(CollectiveOp op, std::size_t chain) {
+  NUMESH_CHECK(chain > 0, ValueError, "{}: a chain of 0 collectives runs nothing (1 or more)",
+               to_string(op));
+  return chain;
+}
+
 std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks, DType dtype) {
   NUMESH_CHECK(is_element_dtype(dtype), ValueError,
                "{}: collectives move f32, bf16 or f16 elements, not {} blocks", to_string(op),
@@ -259,9 +265,10 @@ std::vector<CollectiveOp> all_collective_ops() {
 }
 
 GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op,
-                                 std::size_t bytes, DType dtype)
+                                 std::size_t bytes, DType dtype, std::size_t chain)
     : op_(op),
       dtype_(dtype),
+      chain_(checked_chain(op, chain)),
       count_(element_count(op, bytes, devices->size(), dtype)),
       mesh_(DeviceMesh::create(devices, {-1}, {"x"})),
       graph_([&] {
@@ -274,31 +281,55 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
                            std::vector<std::int64_t>{static_cast<std::int64_t>(count_)}, dtype);
           out_.emplace_back(mesh_.device(slot),
                             std::vector<std::int64_t>{static_cast<std::int64_t>(out_n)}, dtype);
-          void* v = in_.back().data();
+          // A chain rewrites the inputs from their sources, so they start zeroed.
+          if (chain_ > 1) {
+            source_.emplace_back(mesh_.device(slot),
+                                 std::vector<std::int64_t>{static_cast<std::int64_t>(count_)},
+                                 dtype);
+          }
+          void* v = chain_ > 1 ? source_.back().data() : in_.back().data();
           // Written by the device's threads, so the pages stay on its node.
           mesh_.device(slot).execute([&] { fill_inputs(v, dtype, count_, r); });
         }
         for (auto& t : in_) iv.push_back(view(t));
         for (auto& t : out_) ov.push_back(view(t));
         GraphBuilder b(devices);
-        const CollectiveArgs args{.axes = {"x"}, .after = {}, .name = {}};
-        switch (op) {
-          case CollectiveOp::kAllReduce:
-            all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
-            break;
-          case CollectiveOp::kAllGather:
-            all_gather(b, mesh_, iv, ov, count_, args);
-            break;
-          case CollectiveOp::kReduceScatter:
-            reduce_scatter(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
-            break;
-          case CollectiveOp::kAllToAll: {
-            const std::size_t chunk = count_ / ranks;
-            all_to_all(b, mesh_, iv, ov,
-                       std::vector<std::vector<std::size_t>>(
-                           ranks, std::vector<std::size_t>(ranks, chunk)),
-                       args);
-            break;
+        Frontier done = ready_frontier(static_cast<std::int64_t>(ranks));
+        for (std::size_t link = 0; link < chain_; ++link) {
+          CollectiveArgs args{.axes = {"x"}, .after = done, .name = {}};
+          if (chain_ > 1) {
+            // Every rank's collective read every input of the last link: all of `done` first.
+            std::vector<NodeId> deps;
+            for (NodeId id : done) {
+              if (id != kReady) deps.push_back(id);
+            }
+            const std::size_t input_bytes = count_ * dtype_size(dtype);
+            for (std::size_t r = 0; r < ranks; ++r) {
+              void* dst = in_[r].data();
+              const void* src = source_[r].data();
+              args.after[r] = b.add(
+                  static_cast<int>(r), fmt::format("rewrite_input[{}]", r),
+                  [dst, src, input_bytes] { std::memcpy(dst, src, input_bytes); }, deps);
+            }
+          }
+          switch (op) {
+            case CollectiveOp::kAllReduce:
+              done = all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
+              break;
+            case CollectiveOp::kAllGather:
+              done = all_gather(b, mesh_, iv, ov, count_, args);
+              break;
+            case CollectiveOp::kReduceScatter:
+              done = reduce_scatter(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
+              break;
+            case CollectiveOp::kAllToAll: {
+              const std::size_t chunk = count_ / ranks;
+              done = all_to_all(b, mesh_, iv, ov,
+                                std::vector<std::vector<std::size_t>>(
+                                    ranks, std::vector<std::size_t>(ranks, chunk)),
+                                args);
+              break;
+            }
           }
         }
         return b.compile();
@@ -316,8 +347,10 @@ struct PlainCollective::State {
   DType dtype;
   std::size_t ranks;
   std::size_t count;
+  std::size_t chain;
   bool spin;
-  std::vector<std::unique_ptr<detail::AlignedBytes>> in, out;
+  // source: what each link of a chain copies into `in` (empty for a chain of 1).
+  std::vector<std::unique_ptr<detail::AlignedBytes>> in, out, source;
   std::vector<const std::byte*> inputs;  // in's data, for the reductions (filled once)
   std::vector<std::thread> threads;
   std::atomic<std::uint64_t> go{0};  // generation the helpers should run
@@ -343,6 +376,16 @@ struct PlainCollective::State {
   }
 
   void work(std::size_t r) {
+    for (std::size_t link = 0; link < chain; ++link) {
+      if (chain > 1) {
+        std::memcpy(in[r]->data(), source[r]->data(), count * dtype_size(dtype));
+        barrier();
+      }
+      collective(r);
+    }
+  }
+
+  void collective(std::size_t r) {
     const std::size_t chunk = count / ranks, elem = dtype_size(dtype);
     std::byte* dst = out[r]->data();
     switch (op) {
@@ -384,15 +427,22 @@ struct PlainCollective::State {
     const std::size_t elem = dtype_size(dtype);
     in[r] = std::make_unique<detail::AlignedBytes>(count * elem);
     out[r] = std::make_unique<detail::AlignedBytes>(output_count(op, count, ranks) * elem);
-    fill_inputs(in[r]->data(), dtype, count, r);
+    if (chain > 1) {
+      source[r] = std::make_unique<detail::AlignedBytes>(count * elem);
+      fill_inputs(source[r]->data(), dtype, count, r);  // `in` stays zeroed until a link's copy
+    } else {
+      fill_inputs(in[r]->data(), dtype, count, r);
+    }
   }
 };
 
-PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype)
+PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype,
+                                 std::size_t chain)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.op = op;
   s.dtype = dtype;
+  s.chain = checked_chain(op, chain);
   s.ranks = static_cast<std::size_t>(std::max(1, threads));
   s.count = element_count(op, bytes, s.ranks, dtype);
   cpu_set_t allowed;
@@ -406,6 +456,7 @@ PlainCollective::PlainCollective(int threads, CollectiveOp op, std::size_t bytes
   s.spin = s.ranks <= s.cpus.size();
   s.in.resize(s.ranks);
   s.out.resize(s.ranks);
+  s.source.resize(s.ranks);
   std::atomic<std::size_t> ready{0};
   for (std::size_t r = 1; r < s.ranks; ++r) {
     s.threads.emplace_back([&s, &ready, r] {

@@ -86,6 +86,33 @@ TEST_P(CollectiveBenchmarkTest, SixteenBitBuffersAreMovedAndReducedInFp32) {
   }
 }
 
+// A chain's inputs start zeroed and only each link's rewrite fills them: a collective that did
+// not wait for the rewrites of its group reads zeros and check() fails.
+TEST_P(CollectiveBenchmarkTest, ChainsRewriteTheInputsBeforeEveryCollective) {
+  const auto devices = synthetic_devices("numa:2 core:1 pu:1");
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20}) {
+      GraphCollective graph(devices, GetParam(), bytes, t, 5);
+      EXPECT_EQ(graph.chain(), 5u);
+      std::size_t rewrites = 0;
+      for (NodeId id = 0; id < graph.graph().size(); ++id) {
+        if (graph.graph().node(id).name.starts_with("rewrite_input[")) ++rewrites;
+      }
+      EXPECT_EQ(rewrites, 10u) << "five links on two devices";
+      graph.run();
+      EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
+      graph.run();
+      EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
+      PlainCollective plain(2, GetParam(), bytes, t, 5);
+      plain.run();
+      EXPECT_TRUE(plain.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
+    }
+  }
+  PlainCollective eight(8, GetParam(), 8 * 4 * 16, DType::kF32, 3);
+  eight.run();
+  EXPECT_TRUE(eight.check()) << to_string(GetParam()) << " on 8 threads";
+}
+
 TEST_P(CollectiveBenchmarkTest, PlainLoopRunsWithMoreThreadsThanCpus) {
   // 8 threads on a machine that may have 2 CPUs: the barrier yields instead of spinning.
   PlainCollective plain(8, GetParam(), 8 * 4 * 16);
@@ -108,6 +135,12 @@ TEST(GraphCollectiveTest, RefusesSizesTheDevicesCannotSplit) {
                   "all-gather: 6 bytes is not a positive multiple of 2 bytes (bf16) x 2 devices"));
   EXPECT_THAT([&] { GraphCollective(devices, CollectiveOp::kAllGather, 0); },
               ThrowsMessage<ValueError>(HasSubstr("0 bytes is not a positive multiple")));
+  EXPECT_THAT(
+      [&] { GraphCollective(devices, CollectiveOp::kAllReduce, 4096, DType::kF32, 0); },
+      ThrowsMessage<ValueError>("all-reduce: a chain of 0 collectives runs nothing (1 or more)"));
+  EXPECT_THAT(
+      [] { PlainCollective(2, CollectiveOp::kAllGather, 4096, DType::kF32, 0); },
+      ThrowsMessage<ValueError>("all-gather: a chain of 0 collectives runs nothing (1 or more)"));
   EXPECT_THAT([] { PlainCollective(3, CollectiveOp::kAllToAll, 16); },
               ThrowsMessage<ValueError>(
                   "all-to-all: 16 bytes is not a positive multiple of 4 bytes (f32) x 3 devices"));

@@ -36,13 +36,18 @@ CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions
       "check every result.");
   cmd->footer(R"(Columns: numesh and baseline medians, their ratio (baseline time / numesh time:
 above 1 means numesh is faster), the algorithm bandwidth (bytes per device / time) and the
-memcpy median for the same bytes. With --dtype bf16 or f16 the same bytes hold twice the
+memcpy median for the same bytes. With --chain N every run is N collectives in one graph
+(the baseline's threads run the same N), each after every device has rewritten its input by
+copying it (as the node producing it would): a decode step meets its collectives that way,
+many in one run, and the times are per collective, the rewrite included. --chain 1 times a
+whole graph run for each collective, its start and end included. With --dtype bf16 or f16 the same bytes hold twice the
 elements; reductions widen them, add in fp32 and round once (the baseline too). Emulate two
 pinned NUMA devices on a one-node machine with
   HWLOC_THISSYSTEM=1 HWLOC_SYNTHETIC='numa:2 core:1 pu:1' numesh bench collectives
 Examples:
   numesh bench collectives --sizes 64K,64M --ops all-reduce --json out.json
-  numesh bench collectives --ops all-reduce,all-gather --sizes 32M --dtype bf16)");
+  numesh bench collectives --ops all-reduce,all-gather --sizes 32M --dtype bf16
+  numesh bench collectives --sizes 4K,64K --chain 64)");
   add_machine_options(*cmd, o.machine, /*with_threads=*/true);
   cmd->add_option("--ops", o.ops, "Collectives to run, comma-separated")->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "Bytes per device, comma-separated (4K, 64KiB, 1M, 64MiB)")
@@ -52,6 +57,10 @@ Examples:
   cmd->add_option("--repeats", o.repeats, "At least this many timed runs per case")
       ->capture_default_str();
   cmd->add_option("--min-time", o.min_time, "And at least this many seconds per case")
+      ->capture_default_str();
+  cmd->add_option("--chain", o.chain,
+                  "Collectives per graph run, each after its inputs are rewritten; times are "
+                  "per collective")
       ->capture_default_str();
   cmd->add_option("--json", o.json, "Write one JSON record per case to FILE");
   cmd->add_flag("--quiet", o.quiet, "No progress line on stderr");
@@ -73,6 +82,8 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
   NUMESH_CHECK(o.min_time >= 0, ValueError, "--min-time {} must not be negative", o.min_time);
+  NUMESH_CHECK(o.chain > 0, ValueError, "--chain {} must be positive", o.chain);
+  const auto chain = static_cast<std::size_t>(o.chain);
   std::ofstream json_file;
   if (!o.json.empty()) {
     json_file.open(o.json);
@@ -95,11 +106,15 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   }
   out << fmt::format(
       "\nbuffers: {}{}\nbaseline: plain loop of {} threads (reduce-scatter + all-gather for "
-      "all-reduce), memcpy on one thread\n\n",
+      "all-reduce), memcpy on one thread\n{}\n",
       to_string(dtype),
       dtype == DType::kF32 ? ""
                            : " (reductions widen, add in fp32 and round once; the baseline too)",
-      d);
+      d,
+      chain == 1 ? "runs: one collective each (a graph run's start and end included)\n"
+                 : fmt::format("runs: {} collectives each, every one after the devices rewrite "
+                               "their inputs (a copy); times per collective\n",
+                               chain));
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10} {:>12}\n", "collective", "bytes",
                      "numesh us", "baseline us", "ratio", "GB/s", "memcpy us");
   out.flush();
@@ -121,14 +136,16 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
       // runs, and alive during the graph's timing they took CPU time from its devices.
       double t_graph = 0, t_plain = 0, t_copy = 0;
       {
-        diagnostics::GraphCollective graph(devices, op, bytes, dtype);
-        t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time);
+        diagnostics::GraphCollective graph(devices, op, bytes, dtype, chain);
+        t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time) /
+                  static_cast<double>(chain);
         NUMESH_CHECK(graph.check(), Error, "{} of {} on {} devices gave a wrong result",
                      diagnostics::to_string(op), format_bytes(bytes), d);
       }
       {
-        diagnostics::PlainCollective plain(d, op, bytes, dtype);
-        t_plain = median_seconds([&] { plain.run(); }, o.repeats, o.min_time);
+        diagnostics::PlainCollective plain(d, op, bytes, dtype, chain);
+        t_plain = median_seconds([&] { plain.run(); }, o.repeats, o.min_time) /
+                  static_cast<double>(chain);
         NUMESH_CHECK(plain.check(), Error, "the baseline {} of {} gave a wrong result",
                      diagnostics::to_string(op), format_bytes(bytes));
       }
@@ -145,6 +162,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
                          {"collective", std::string(diagnostics::to_string(op))},
                          {"dtype", std::string(to_string(dtype))},
                          {"devices", d},
+                         {"chain", chain},
                          {"bytes", bytes},
                          {"median_seconds", t_graph},
                          {"baseline", "plain-loop"},

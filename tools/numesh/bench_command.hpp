@@ -23,6 +23,7 @@ struct BenchCollectivesOptions {
   std::string dtype = "f32";  ///< --dtype: the buffers' element type (f32, bf16, f16)
   int repeats = 20;           ///< --repeats: at least this many timed runs per case
   double min_time = 0.2;      ///< --min-time: and at least this many seconds per case
+  int chain = 1;              ///< --chain: collectives per graph run (timed per collective)
   std::string json;           ///< --json FILE: one record per case
   bool quiet = false;         ///< --quiet: no progress line
 };

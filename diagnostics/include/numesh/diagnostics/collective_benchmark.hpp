@@ -57,6 +57,14 @@ std::vector<CollectiveOp> all_collective_ops();
 /// own threads, so the pages lie on its node; inputs hold known values so that check() can
 /// verify the outputs after run().
 ///
+/// `chain` collectives per run (1 by default): with chain > 1 every link of the chain first
+/// rewrites each device's input (a copy from a private source of the same bytes on the same
+/// device, standing in for the node that produces a collective's input in a model's step),
+/// then runs the collective after the rewrites of its group; the next link waits for the
+/// collective. This is how a decode step meets its collectives, many in one graph run; a
+/// chain of 1 times a whole graph run for one collective, its start and end included. The
+/// inputs start zeroed then, so a link that did not wait for its rewrite gives wrong outputs.
+///
 /// Thread-safety: not thread-safe; one run() at a time. It runs work on the devices' arenas:
 /// do not time it while other work runs on the same devices if the figures are to mean
 /// anything.
@@ -67,8 +75,9 @@ class GraphCollective {
   /// Throws: ValueError when bytes is not a positive multiple of the element size x devices
   /// (naming the op, the bytes, the dtype and the devices); what DeviceMesh::create and the
   /// collectives throw.
+  /// Throws additionally: ValueError when chain is 0.
   GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, CollectiveOp op, std::size_t bytes,
-                  DType dtype = DType::kF32);
+                  DType dtype = DType::kF32, std::size_t chain = 1);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
   void run() { graph_.run(); }
@@ -79,15 +88,18 @@ class GraphCollective {
   [[nodiscard]] CollectiveOp op() const noexcept { return op_; }
   /// The buffers' element type.
   [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+  /// Collectives per run.
+  [[nodiscard]] std::size_t chain() const noexcept { return chain_; }
   /// The compiled graph (for DOT, timing tables and traces).
   runtime::CompiledGraph& graph() noexcept { return graph_; }
 
  private:
   CollectiveOp op_;
   DType dtype_;
+  std::size_t chain_;
   std::size_t count_;
   runtime::DeviceMesh mesh_;
-  std::vector<runtime::Tensor> in_, out_;
+  std::vector<runtime::Tensor> in_, out_, source_;  // source_: the rewrites' copies (chain > 1)
   runtime::CompiledGraph graph_;
 };
 
@@ -100,7 +112,9 @@ class GraphCollective {
 /// spins while threads <= the process's CPUs and yields otherwise. The calling thread is
 /// rank 0 and pins itself for the object's lifetime. 16-bit reductions widen a block of each
 /// input at a time with runtime/convert.hpp's kernels, add in fp32 and round once, as numesh's
-/// do. The buffers are page-aligned because
+/// do. With `chain` > 1 a run is that many links, each rewriting every thread's input from a
+/// private copy, a barrier, then the collective (as GraphCollective's chain). The buffers are
+/// page-aligned because
 /// glibc's memcpy on the project's machine kind is ~20x slower into destinations that are not
 /// 64-byte aligned (docs/benchmarks.md): an unaligned baseline would be a straw man.
 ///
@@ -109,9 +123,10 @@ class PlainCollective {
  public:
   /// Starts the helper threads (threads - 1 of them; `threads` below 1 counts as 1) and waits
   /// until each has filled its input.
-  /// Throws: ValueError as GraphCollective (with `threads` as the devices); std::bad_alloc;
-  /// std::system_error when a thread cannot start.
-  PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype = DType::kF32);
+  /// Throws: ValueError as GraphCollective (with `threads` as the devices, and a chain of 0);
+  /// std::bad_alloc; std::system_error when a thread cannot start.
+  PlainCollective(int threads, CollectiveOp op, std::size_t bytes, DType dtype = DType::kF32,
+                  std::size_t chain = 1);
   /// Stops and joins the threads, restores the caller's CPU binding.
   ~PlainCollective();
   PlainCollective(const PlainCollective&) = delete;
