@@ -28,8 +28,9 @@ std::vector<std::string> labels(const std::vector<DeviceSpec>& devices) {
   return out;
 }
 
-// A node whose PUs no Core holds (an input of topology_fuzz that hwloc accepts) still gives a
-// device of one thread per PU: it was once a device of no thread, which no arena can be.
+// A node whose PUs no Core holds (found by topology_fuzz; tests/data/topologies/README.md)
+// still gives a device of one thread per PU: it was once a device of no thread, which no arena
+// can be.
 TEST(PlacementTest, PusThatNoCoreHoldsAreCoresOfTheirOwn) {
   const Topology t = topology_fixture("fuzzed-numa-node-without-cores.xml");
   for (const PlacementPolicy policy :
