@@ -20,7 +20,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # clang-format 14 for the format check; cpp-httplib for `numesh serve`; Chromium, its
 # chromedriver and Python's Selenium for the check of `numesh serve`'s page in a real browser
 # (tests/serve/web_check.py, headless); Python's headers, pybind11 and pytest for the Python
-# package (python/) and its tests.
+# package (python/) and its tests; Open MPI's headers and mpirun for the MPI transport and its
+# tests across processes.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev clang-format-14
   libfmt-dev nlohmann-json3-dev libssl-dev
@@ -30,6 +31,7 @@ PACKAGES=(
   nodejs
   python3-torch python3-numpy python3-matplotlib python3-sentencepiece python3-jinja2
   python3-dev pybind11-dev python3-pytest
+  libopenmpi-dev openmpi-bin
   chromium chromium-driver python3-selenium
 )
 

@@ -1,0 +1,16 @@
+// The MPI entry points of a build without MPI (NUMESH_WITH_MPI off): mpi_world() says so.
+
+#include "numesh/core/error.hpp"
+#include "numesh/runtime/transport.hpp"
+
+namespace numesh::runtime {
+
+bool has_mpi() noexcept { return false; }
+
+std::shared_ptr<Transport> mpi_world() {
+  throw NotImplementedError(
+      "this numesh was built without MPI (configure with -DNUMESH_WITH_MPI=ON and Open MPI's "
+      "headers, Debian's libopenmpi-dev)");
+}
+
+}  // namespace numesh::runtime

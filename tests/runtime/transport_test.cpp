@@ -1,0 +1,123 @@
+// The transport seam (numesh/runtime/transport.hpp) in one process: the contract of every
+// transport (transport_contract.hpp) over 1, 2 and 4 ranks run as threads, and what the
+// single-process transport and a build's MPI entry points do. The same contract runs across
+// processes under mpirun in tests/runtime_mpi.
+
+#include "numesh/runtime/transport.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "numesh/core/error.hpp"
+#include "transport_contract.hpp"
+
+namespace numesh::runtime {
+namespace {
+
+using ::testing::ThrowsMessage;
+
+// Runs `body` on every endpoint of `ranks` thread transports at once.
+void on_thread_ranks(int ranks, const std::function<void(Transport&)>& body) {
+  auto endpoints = make_thread_transports(ranks);
+  ASSERT_EQ(endpoints.size(), static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (auto& endpoint : endpoints) {
+    threads.emplace_back([&body, endpoint] { body(*endpoint); });
+  }
+  for (auto& thread : threads) thread.join();
+}
+
+class ThreadTransportTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ThreadTransportTest, EndpointsAreTheRanks) {
+  auto endpoints = make_thread_transports(GetParam());
+  for (int r = 0; r < GetParam(); ++r) {
+    EXPECT_EQ(endpoints[static_cast<std::size_t>(r)]->rank(), r);
+    EXPECT_EQ(endpoints[static_cast<std::size_t>(r)]->size(), GetParam());
+    EXPECT_EQ(endpoints[static_cast<std::size_t>(r)]->name(), "threads");
+  }
+}
+TEST_P(ThreadTransportTest, Ring) { on_thread_ranks(GetParam(), contract::ring); }
+TEST_P(ThreadTransportTest, TagsAndOrder) { on_thread_ranks(GetParam(), contract::tags_and_order); }
+TEST_P(ThreadTransportTest, AllGather) { on_thread_ranks(GetParam(), contract::all_gather); }
+TEST_P(ThreadTransportTest, RefusesBadArguments) {
+  on_thread_ranks(GetParam(), contract::refuses_bad_arguments);
+}
+TEST_P(ThreadTransportTest, SizeMismatch) { on_thread_ranks(GetParam(), contract::size_mismatch); }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ThreadTransportTest, ::testing::Values(1, 2, 4),
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::to_string(param.param) + "_ranks";
+                         });
+
+TEST(ThreadTransportTest, RefusesNoRanks) {
+  EXPECT_THAT([] { make_thread_transports(0); },
+              ThrowsMessage<ValueError>("make_thread_transports: 0 ranks (1 or more)"));
+}
+
+// A receive posted before its send, and a send before its receive, both complete (the matching
+// is symmetric); the callbacks run on the thread that matched.
+TEST(ThreadTransportTest, MatchesWhicheverSideComesFirst) {
+  auto t = make_thread_transports(2);
+  const auto bytes = contract::pattern(0, 9, 100);
+  std::vector<std::byte> into(100);
+  contract::Outcome received, sent;
+  t[1]->recv(0, 9, into, received.callback());
+  t[0]->send(1, 9, bytes, sent.callback());
+  EXPECT_EQ(sent.wait(), nullptr);
+  EXPECT_EQ(received.wait(), nullptr);
+  EXPECT_EQ(into, bytes);
+  contract::Outcome sent2, received2;
+  std::vector<std::byte> into2(100);
+  t[0]->send(1, 9, bytes, sent2.callback());
+  t[1]->recv(0, 9, into2, received2.callback());
+  EXPECT_EQ(sent2.wait(), nullptr);
+  EXPECT_EQ(received2.wait(), nullptr);
+  EXPECT_EQ(into2, bytes);
+}
+
+TEST(SingleProcessTransportTest, IsRankZeroOfOneAndHasNoPeers) {
+  SingleProcessTransport t;
+  EXPECT_EQ(t.rank(), 0);
+  EXPECT_EQ(t.size(), 1);
+  EXPECT_EQ(t.name(), "single process");
+  contract::all_gather(t);
+  contract::refuses_bad_arguments(t);
+}
+
+TEST(MpiEntryPointsTest, SayWhetherTheBuildHasMpi) {
+#ifdef NUMESH_TEST_WITH_MPI
+  EXPECT_TRUE(has_mpi());
+#else
+  EXPECT_FALSE(has_mpi());
+  EXPECT_THAT([] { mpi_world(); },
+              ThrowsMessage<NotImplementedError>(::testing::HasSubstr(
+                  "this numesh was built without MPI (configure with -DNUMESH_WITH_MPI=ON")));
+#endif
+}
+
+TEST(MpiEntryPointsTest, LaunchedByMpiReadsTheLaunchersVariables) {
+  // The test itself may run under mpirun; only the variables' effect is checked.
+  const char* names[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"};
+  std::vector<std::string> saved;
+  for (const char* name : names) {
+    const char* v = std::getenv(name);
+    saved.push_back(v != nullptr ? v : "\x01");
+    unsetenv(name);
+  }
+  EXPECT_FALSE(launched_by_mpi());
+  setenv("PMIX_RANK", "1", 1);
+  EXPECT_TRUE(launched_by_mpi());
+  unsetenv("PMIX_RANK");
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i] != "\x01") setenv(names[i], saved[i].c_str(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace numesh::runtime
