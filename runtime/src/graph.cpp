@@ -178,7 +178,8 @@ struct CompiledGraph::Impl {
       // included, which would go on spinning in oneTBB's search for work) it waited 7 us for
       // one: hand this core over once. An empty run of two single-thread devices on two cores
       // took 9.1 us before, 4.7 us with the yield (docs/benchmarks.md, "Small collectives").
-      // The flag is a hint: read after the caller woke, it is false and nothing is yielded.
+      // The flag is a hint: read after the caller woke it is false and nothing is yielded, or
+      // already set by the caller of the next run, which costs one needless yield.
       if (caller_asleep.load(std::memory_order_seq_cst)) sched_yield();
     }
   }

@@ -1,8 +1,9 @@
 // The MPI transport (NUMESH_WITH_MPI): the only file that includes mpi.h. One progress thread
-// per process owns every MPI call after initialisation (so MPI_THREAD_SERIALIZED suffices):
-// send and recv queue their transfer to it and return; it posts MPI_Isend / MPI_Irecv, polls
-// them with MPI_Testsome and runs each transfer's callback as it completes. Errors are returned
-// (MPI_ERRORS_RETURN on the transport's communicator), never fatal.
+// per process owns every MPI call after initialisation (so MPI_THREAD_SERIALIZED suffices when
+// numesh initialises MPI): send and recv queue their transfer to it and return; it posts
+// MPI_Isend / MPI_Irecv, polls them with MPI_Testsome and runs each transfer's callback as it
+// completes. Errors are returned (MPI_ERRORS_RETURN on the transport's communicator), never
+// fatal.
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -41,18 +43,24 @@ class MpiTransport final : public Transport {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // MPI_Finalize deletes MPI_COMM_SELF's attributes first: a program that finalises MPI
+    // itself, before this transport dies at exit, closes it there, while MPI still works.
+    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &close_at_finalize, &keyval_, nullptr),
+              "MPI_Comm_create_keyval");
+    check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, keyval_, this), "MPI_Comm_set_attr");
     thread_ = std::thread([this] { progress(); });
   }
 
   ~MpiTransport() override {
-    {
-      const std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-    MPI_Comm_free(&comm_);
-    if (finalize_) MPI_Finalize();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized != 0) return;                    // closed by close_at_finalize
+    MPI_Comm_delete_attr(MPI_COMM_SELF, keyval_);  // runs close_at_finalize, so close()
+    MPI_Comm_free_keyval(&keyval_);
+    // MPI_Finalize belongs on the thread that initialised MPI; elsewhere it is left undone.
+    int main_thread = 0;
+    MPI_Is_thread_main(&main_thread);
+    if (finalize_ && main_thread != 0) MPI_Finalize();
   }
 
   [[nodiscard]] int rank() const noexcept override { return rank_; }
@@ -78,6 +86,14 @@ class MpiTransport final : public Transport {
     int count;
     TransferDone done;
   };
+  using ErrorOf = std::function<std::exception_ptr(const Transfer&)>;
+
+  static const char* verb(const Transfer& t) {
+    return t.kind == Transfer::kSend ? "send to" : "recv from";
+  }
+  static const char* call(const Transfer& t) {
+    return t.kind == Transfer::kSend ? "MPI_Isend" : "MPI_Irecv";
+  }
 
   static int checked_count(std::string_view what, int peer, std::size_t bytes) {
     NUMESH_CHECK(bytes <= static_cast<std::size_t>(INT_MAX), ValueError,
@@ -86,9 +102,30 @@ class MpiTransport final : public Transport {
     return static_cast<int>(bytes);
   }
 
+  static int close_at_finalize(MPI_Comm /*comm*/, int /*keyval*/, void* transport,
+                               void* /*extra*/) {
+    static_cast<MpiTransport*>(transport)->close();
+    return MPI_SUCCESS;
+  }
+
+  // Stops the progress thread (which completes every transfer left) and frees the
+  // communicator; once.
+  void close() {
+    {
+      const std::lock_guard lock(mutex_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    MPI_Comm_free(&comm_);
+  }
+
   void enqueue(Transfer transfer) {
     {
       const std::lock_guard lock(mutex_);
+      NUMESH_CHECK(!stop_, CancelledError, "{} rank {}, tag {}: the MPI transport is closed",
+                   verb(transfer), transfer.peer, transfer.tag);
       incoming_.push_back(std::move(transfer));
     }
     wake_.notify_one();
@@ -101,25 +138,25 @@ class MpiTransport final : public Transport {
                          : MPI_Irecv(t.data, t.count, MPI_BYTE, t.peer, t.tag, comm_, &request);
     if (code != MPI_SUCCESS) {
       request = MPI_REQUEST_NULL;
-      t.done(std::make_exception_ptr(Error(
-          fmt::format("{} rank {}, tag {}: {} failed: {}",
-                      t.kind == Transfer::kSend ? "send to" : "recv from", t.peer, t.tag,
-                      t.kind == Transfer::kSend ? "MPI_Isend" : "MPI_Irecv", mpi_message(code)))));
+      t.done(
+          std::make_exception_ptr(Error(fmt::format("{} rank {}, tag {}: {} failed: {}", verb(t),
+                                                    t.peer, t.tag, call(t), mpi_message(code)))));
       t.done = nullptr;
     }
   }
 
   // The completed transfer's error, if any (`status` is its status; `code` its error code).
-  std::exception_ptr outcome(const Transfer& t, const MPI_Status& status, int code) const {
-    const char* what = t.kind == Transfer::kSend ? "send to" : "recv from";
-    if (code == MPI_ERR_TRUNCATE) {
+  static std::exception_ptr outcome(const Transfer& t, const MPI_Status& status, int code) {
+    int error_class = MPI_SUCCESS;
+    if (code != MPI_SUCCESS) MPI_Error_class(code, &error_class);
+    if (error_class == MPI_ERR_TRUNCATE) {
       return std::make_exception_ptr(ValueError(fmt::format(
           "recv from rank {}, tag {}: the transfer is larger than the {} bytes expected", t.peer,
           t.tag, t.count)));
     }
     if (code != MPI_SUCCESS) {
-      return std::make_exception_ptr(
-          Error(fmt::format("{} rank {}, tag {}: {}", what, t.peer, t.tag, mpi_message(code))));
+      return std::make_exception_ptr(Error(fmt::format("{} rank {}, tag {}: {} failed: {}", verb(t),
+                                                       t.peer, t.tag, call(t), mpi_message(code))));
     }
     if (t.kind == Transfer::kRecv) {
       int received = 0;
@@ -131,6 +168,29 @@ class MpiTransport final : public Transport {
       }
     }
     return nullptr;
+  }
+
+  // Completes transfers that cannot finish, each with error(t). A posted request is cancelled
+  // and waited for first (up to a second in all: Open MPI cannot cancel a send, and a peer
+  // that never receives must not hang the exit), so that a buffer is not reported free while
+  // MPI may still use it.
+  static void abandon(std::vector<Transfer>& transfers, std::vector<MPI_Request>& requests,
+                      const ErrorOf& error) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (std::size_t k = 0; k < transfers.size(); ++k) {
+      if (k < requests.size() && requests[k] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&requests[k]);
+        int done = 0;
+        while (MPI_Test(&requests[k], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done == 0 &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::yield();
+        }
+        if (done == 0 && requests[k] != MPI_REQUEST_NULL) MPI_Request_free(&requests[k]);
+      }
+      transfers[k].done(error(transfers[k]));
+    }
+    transfers.clear();
+    requests.clear();
   }
 
   // The progress thread: posts new transfers, polls the active ones, completes them. It sleeps
@@ -167,11 +227,11 @@ class MpiTransport final : public Transport {
                                     indices.data(), statuses.data());
       if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) {
         // The poll itself failed: nothing in flight can be trusted to complete.
-        for (Transfer& t : active)
-          t.done(std::make_exception_ptr(Error(fmt::format(
-              "MPI_Testsome failed with this transfer in flight: {}", mpi_message(code)))));
-        active.clear();
-        requests.clear();
+        abandon(active, requests, [code](const Transfer& t) {
+          return std::make_exception_ptr(
+              Error(fmt::format("{} rank {}, tag {}: MPI_Testsome failed with it in flight: {}",
+                                verb(t), t.peer, t.tag, mpi_message(code))));
+        });
         continue;
       }
       if (completed == MPI_UNDEFINED || completed == 0) {
@@ -187,11 +247,15 @@ class MpiTransport final : public Transport {
         const auto k = static_cast<std::size_t>(indices[static_cast<std::size_t>(i)]);
         const MPI_Status& status = statuses[static_cast<std::size_t>(i)];
         const int error = code == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+        // A failed request may be left live by some MPI libraries (Open MPI frees it).
+        if (error != MPI_SUCCESS && requests[k] != MPI_REQUEST_NULL) {
+          MPI_Request_free(&requests[k]);
+        }
         Transfer& t = active[k];
         t.done(outcome(t, status, error));
         t.done = nullptr;
       }
-      // Drop the completed transfers (Testsome set their requests to MPI_REQUEST_NULL).
+      // Drop the completed transfers (their requests are MPI_REQUEST_NULL now).
       std::size_t kept = 0;
       for (std::size_t k = 0; k < active.size(); ++k) {
         if (!active[k].done) continue;
@@ -202,18 +266,25 @@ class MpiTransport final : public Transport {
       active.resize(kept);
       requests.resize(kept);
     }
-    // Closing with transfers in flight: cancel them and say so.
-    for (std::size_t k = 0; k < active.size(); ++k) {
-      MPI_Cancel(&requests[k]);
-      MPI_Request_free(&requests[k]);
-      active[k].done(std::make_exception_ptr(CancelledError(
-          fmt::format("{} rank {}, tag {}: the MPI transport closed before the transfer completed",
-                      active[k].kind == Transfer::kSend ? "send to" : "recv from", active[k].peer,
-                      active[k].tag))));
+    // Closing: the transfers in flight and those not yet posted end with CancelledError.
+    std::vector<Transfer> unposted;
+    {
+      const std::lock_guard lock(mutex_);
+      unposted.swap(incoming_);
     }
+    const ErrorOf closed = [](const Transfer& t) {
+      return std::make_exception_ptr(CancelledError(
+          fmt::format("{} rank {}, tag {}: the MPI transport closed before the transfer "
+                      "completed",
+                      verb(t), t.peer, t.tag)));
+    };
+    abandon(active, requests, closed);
+    std::vector<MPI_Request> not_posted;
+    abandon(unposted, not_posted, closed);
   }
 
   bool finalize_;
+  int keyval_ = MPI_KEYVAL_INVALID;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -244,12 +315,15 @@ std::shared_ptr<Transport> mpi_world() {
   } else {
     check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
   }
-  if (provided < MPI_THREAD_SERIALIZED) {
+  // numesh's progress thread is then the only thread calling MPI; a program that initialised
+  // MPI itself may call it too, at the same time, which needs MPI_THREAD_MULTIPLE.
+  const int needed = initialised == 0 ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE;
+  if (provided < needed) {
     if (initialised == 0) MPI_Finalize();
-    throw Error(
-        fmt::format("MPI provides thread level {} where the transport's progress thread needs "
-                    "MPI_THREAD_SERIALIZED ({})",
-                    provided, MPI_THREAD_SERIALIZED));
+    throw Error(fmt::format(
+        "MPI provides thread level {} where the transport's progress thread needs {} ({}{})",
+        provided, needed, initialised == 0 ? "MPI_THREAD_SERIALIZED" : "MPI_THREAD_MULTIPLE",
+        initialised == 0 ? "" : ": the program initialised MPI and may call it alongside"));
   }
   world = std::make_shared<MpiTransport>(/*finalize_at_end=*/initialised == 0);
   return world;

@@ -11,6 +11,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <utility>
@@ -22,42 +23,50 @@ namespace numesh::runtime {
 
 namespace {
 
-// Waits for the TransferDone it hands out; rethrows the transfer's error.
+// Waits for the TransferDone it hands out; rethrows the transfer's error. The callback owns
+// the promise, so the waiter may return (and this object go) while set_value is still
+// returning on the transport's thread.
 class Completion {
  public:
   TransferDone callback() {
-    return [this](std::exception_ptr error) { promise_.set_value(std::move(error)); };
+    auto promise = std::make_shared<std::promise<std::exception_ptr>>();
+    future_ = promise->get_future();
+    return [promise](std::exception_ptr error) { promise->set_value(std::move(error)); };
   }
   void wait() {
-    if (std::exception_ptr error = promise_.get_future().get()) std::rethrow_exception(error);
+    if (std::exception_ptr error = future_.get()) std::rethrow_exception(error);
   }
 
  private:
-  std::promise<std::exception_ptr> promise_;
+  std::future<std::exception_ptr> future_;
 };
 
 // Counts transfers down and keeps the first error: all_gather's many transfers in one wait.
+// The callbacks share the state, which outlives the waiter as Completion's promise does.
 class Countdown {
  public:
-  explicit Countdown(int count) : left_(count) {}
+  explicit Countdown(int count) : state_(std::make_shared<State>()) { state_->left = count; }
   TransferDone callback() {
-    return [this](std::exception_ptr error) {
-      const std::lock_guard lock(mutex_);
-      if (error && !error_) error_ = std::move(error);
-      if (--left_ == 0) done_.notify_all();
+    return [state = state_](std::exception_ptr error) {
+      const std::lock_guard lock(state->mutex);
+      if (error && !state->error) state->error = std::move(error);
+      if (--state->left == 0) state->done.notify_all();
     };
   }
   void wait() {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return left_ == 0; });
-    if (error_) std::rethrow_exception(error_);
+    std::unique_lock lock(state_->mutex);
+    state_->done.wait(lock, [this] { return state_->left == 0; });
+    if (state_->error) std::rethrow_exception(state_->error);
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable done_;
-  int left_;
-  std::exception_ptr error_;
+  struct State {
+    std::mutex mutex;
+    std::condition_variable done;
+    int left = 0;
+    std::exception_ptr error;
+  };
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
@@ -86,19 +88,49 @@ TEST_P(CollectiveBenchmarkTest, SixteenBitBuffersAreMovedAndReducedInFp32) {
   }
 }
 
-// A chain's inputs start zeroed and only each link's rewrite fills them: a collective that did
-// not wait for the rewrites of its group reads zeros and check() fails.
+// Which rewrite_input nodes each node of `graph` waits for, directly or through others (node
+// ids are in topological order: a node depends only on earlier ones).
+std::vector<std::set<NodeId>> rewrites_before(const CompiledGraph& graph) {
+  std::vector<std::set<NodeId>> before(graph.size());
+  for (NodeId id = 0; id < graph.size(); ++id) {
+    for (NodeId dep : graph.node(id).deps) {
+      before[id].insert(before[dep].begin(), before[dep].end());
+      if (graph.node(dep).name.starts_with("rewrite_input[")) before[id].insert(dep);
+    }
+  }
+  return before;
+}
+
+// A chain's links each rewrite the inputs and then run the collective: every node of a link's
+// collective waits for both rewrites of its link (checked on the graph's edges, since every
+// link copies the same bytes and the outputs alone could not tell a missing edge). The inputs
+// start zeroed, so a chain whose rewrites never ran gives wrong outputs.
 TEST_P(CollectiveBenchmarkTest, ChainsRewriteTheInputsBeforeEveryCollective) {
   const auto devices = synthetic_devices("numa:2 core:1 pu:1");
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20}) {
       GraphCollective graph(devices, GetParam(), bytes, t, 5);
       EXPECT_EQ(graph.chain(), 5u);
-      std::size_t rewrites = 0;
-      for (NodeId id = 0; id < graph.graph().size(); ++id) {
-        if (graph.graph().node(id).name.starts_with("rewrite_input[")) ++rewrites;
+      const CompiledGraph& g = graph.graph();
+      const auto before = rewrites_before(g);
+      std::vector<NodeId> link_rewrites;  // the current link's
+      std::size_t rewrites = 0, collective_nodes = 0;
+      for (NodeId id = 0; id < g.size(); ++id) {
+        if (g.node(id).name.starts_with("rewrite_input[")) {
+          if (!link_rewrites.empty() && id > link_rewrites.back() + 1) link_rewrites.clear();
+          link_rewrites.push_back(id);
+          ++rewrites;
+          continue;
+        }
+        ++collective_nodes;
+        ASSERT_EQ(link_rewrites.size(), 2u) << g.node(id).name;
+        for (NodeId r : link_rewrites) {
+          EXPECT_TRUE(before[id].count(r) == 1)
+              << g.node(id).name << " (node " << id << ") does not wait for node " << r;
+        }
       }
       EXPECT_EQ(rewrites, 10u) << "five links on two devices";
+      EXPECT_GE(collective_nodes, 10u);
       graph.run();
       EXPECT_TRUE(graph.check()) << to_string(GetParam()) << " " << to_string(t) << " " << bytes;
       graph.run();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,16 @@ inline std::vector<std::byte> pattern(int rank, int tag, std::size_t n) {
   return v;
 }
 
-// The error a transfer completed with (nullptr: success), waiting for it.
+// The error a transfer completed with (nullptr: success), waiting for it. The callback owns the
+// promise, which may still be returning from set_value when wait() returns.
 struct Outcome {
-  std::promise<std::exception_ptr> promise;
+  std::future<std::exception_ptr> future;
   TransferDone callback() {
-    return [this](std::exception_ptr e) { promise.set_value(std::move(e)); };
+    auto promise = std::make_shared<std::promise<std::exception_ptr>>();
+    future = promise->get_future();
+    return [promise](std::exception_ptr e) { promise->set_value(std::move(e)); };
   }
-  std::exception_ptr wait() { return promise.get_future().get(); }
+  std::exception_ptr wait() { return future.get(); }
 };
 
 inline std::string message_of(const std::exception_ptr& error) {

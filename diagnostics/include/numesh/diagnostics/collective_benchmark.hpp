@@ -63,7 +63,7 @@ std::vector<CollectiveOp> all_collective_ops();
 /// then runs the collective after the rewrites of its group; the next link waits for the
 /// collective. This is how a decode step meets its collectives, many in one graph run; a
 /// chain of 1 times a whole graph run for one collective, its start and end included. The
-/// inputs start zeroed then, so a link that did not wait for its rewrite gives wrong outputs.
+/// inputs start zeroed then, so a chain whose rewrites never ran gives wrong outputs.
 ///
 /// Thread-safety: not thread-safe; one run() at a time. It runs work on the devices' arenas:
 /// do not time it while other work runs on the same devices if the figures are to mean

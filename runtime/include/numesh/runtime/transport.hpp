@@ -118,12 +118,15 @@ std::vector<std::shared_ptr<Transport>> make_thread_transports(int ranks);
 [[nodiscard]] bool has_mpi() noexcept;
 
 /// The process's MPI transport over MPI_COMM_WORLD (a duplicate of it), made on the first
-/// call. MPI is initialised here unless the program already did (asking for
-/// MPI_THREAD_SERIALIZED: only the transport's progress thread calls MPI) and finalised at
-/// exit only if numesh initialised it. MPI errors are returned, not fatal: a failed transfer
-/// completes its callback with an Error naming the MPI call, the peer and MPI's message.
+/// call, which should come from the main thread. MPI is initialised here unless the program
+/// already did (asking for MPI_THREAD_SERIALIZED: only the transport's progress thread calls
+/// MPI; a program that initialised MPI itself must have MPI_THREAD_MULTIPLE) and finalised at
+/// exit only if numesh initialised it. A program that finalises MPI itself closes the
+/// transport then. Closing completes every transfer left with CancelledError. MPI errors are
+/// returned, not fatal: a failed transfer completes its callback with an Error naming the MPI
+/// call, the peer, the tag and MPI's message.
 /// Throws: NotImplementedError when the build has no MPI (has_mpi() false); Error when MPI
-/// cannot start or lacks MPI_THREAD_SERIALIZED.
+/// cannot start or lacks the thread level.
 std::shared_ptr<Transport> mpi_world();
 
 }  // namespace numesh::runtime
