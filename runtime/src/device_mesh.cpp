@@ -8,6 +8,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/transport.hpp"
 
 namespace numesh::runtime {
 
@@ -15,32 +16,85 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> devices,
                               const std::vector<std::int64_t>& dims,
                               const std::vector<std::string>& names) {
   NUMESH_CHECK(devices != nullptr, ValueError, "DeviceMesh::create needs a device set");
+  const auto n = static_cast<std::int64_t>(devices->size());
+  return over_ranks(std::move(devices), 0, {n}, dims, names);
+}
+
+DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> local, Transport& transport,
+                              const std::vector<std::int64_t>& dims,
+                              const std::vector<std::string>& names) {
+  NUMESH_CHECK(local != nullptr, ValueError, "DeviceMesh::create needs a device set");
+  const auto mine = static_cast<std::int64_t>(local->size());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(transport.size()));
+  transport.all_gather(std::as_bytes(std::span(&mine, 1)),
+                       std::as_writable_bytes(std::span(counts)));
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    NUMESH_CHECK(counts[r] > 0, ValueError,
+                 "rank {} of {} has no device: every rank of a mesh needs one", r, counts.size());
+  }
+  return over_ranks(std::move(local), transport.rank(), counts, dims, names);
+}
+
+DeviceMesh DeviceMesh::over_ranks(std::shared_ptr<DeviceSet> local, int this_rank,
+                                  const std::vector<std::int64_t>& counts,
+                                  const std::vector<std::int64_t>& dims,
+                                  const std::vector<std::string>& names) {
   NUMESH_CHECK(dims.size() == names.size(), ValueError,
                "mesh dims ({}) and names ({}) differ in length: {} dims, {} names",
                fmt::join(dims, ","), fmt::join(names, ","), dims.size(), names.size());
-  const auto n = static_cast<std::int64_t>(devices->size());
+  std::vector<std::int64_t> first{0};
+  for (std::int64_t c : counts) first.push_back(first.back() + c);
+  const std::int64_t n = first.back();
   std::vector<std::int64_t> resolved;
   try {
     resolved = sharding::resolve_mesh_dims(dims, n);
   } catch (const ValueError& e) {
     std::vector<std::string> labels;
-    for (std::size_t i = 0; i < devices->size(); ++i)
-      labels.push_back(devices->device(i).spec().label);
-    throw ValueError(
-        fmt::format("mesh dims ({}) do not fit the {} devices the {} placement made ({}): {}",
-                    fmt::join(dims, ","), n, runtime::to_string(devices->options().policy),
-                    fmt::join(labels, ", "), e.what()));
+    for (std::size_t i = 0; i < local->size(); ++i) labels.push_back(local->device(i).spec().label);
+    if (counts.size() == 1) {
+      throw ValueError(
+          fmt::format("mesh dims ({}) do not fit the {} devices the {} placement made ({}): {}",
+                      fmt::join(dims, ","), n, runtime::to_string(local->options().policy),
+                      fmt::join(labels, ", "), e.what()));
+    }
+    std::vector<std::string> per_rank;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      per_rank.push_back(fmt::format("rank {}: {}", r, counts[r]));
+    }
+    throw ValueError(fmt::format(
+        "mesh dims ({}) do not fit the {} devices of {} ranks ({}; this rank's {} placement "
+        "made {}): {}",
+        fmt::join(dims, ","), n, counts.size(), fmt::join(per_rank, ", "),
+        runtime::to_string(local->options().policy), fmt::join(labels, ", "), e.what()));
   }
   DeviceMesh mesh;
-  mesh.devices_ = std::move(devices);
+  mesh.devices_ = std::move(local);
   mesh.mesh_ = sharding::Mesh(names, resolved);
+  mesh.this_rank_ = this_rank;
+  mesh.first_slot_of_rank_ = std::move(first);
+  const auto r = static_cast<std::size_t>(this_rank);
+  for (std::int64_t slot = mesh.first_slot_of_rank_[r]; slot < mesh.first_slot_of_rank_[r + 1];
+       ++slot) {
+    mesh.local_slots_.push_back(slot);
+  }
   return mesh;
 }
 
-Device& DeviceMesh::device(std::int64_t slot) const {
+int DeviceMesh::rank_of(std::int64_t slot) const {
   NUMESH_CHECK(slot >= 0 && slot < size(), IndexError,
                "mesh slot {} is out of range: the mesh has {} devices", slot, size());
-  return devices_->device(static_cast<std::size_t>(slot));
+  // The first rank whose slots end after `slot`.
+  const auto it =
+      std::upper_bound(first_slot_of_rank_.begin() + 1, first_slot_of_rank_.end(), slot);
+  return static_cast<int>(it - first_slot_of_rank_.begin()) - 1;
+}
+
+Device& DeviceMesh::device(std::int64_t slot) const {
+  const int rank = rank_of(slot);
+  NUMESH_CHECK(rank == this_rank_, ValueError,
+               "mesh slot {} is a device of rank {}: this process (rank {}) holds slots {}-{}",
+               slot, rank, this_rank_, local_slots_.front(), local_slots_.back());
+  return devices_->device(static_cast<std::size_t>(slot - local_slots_.front()));
 }
 
 std::vector<std::int64_t> DeviceMesh::coords(std::int64_t slot) const {
@@ -83,8 +137,15 @@ std::vector<std::vector<std::int64_t>> DeviceMesh::groups(std::span<const std::s
 }
 
 std::string DeviceMesh::to_string() const {
-  return fmt::format("Device{} over {} devices ({} policy)", mesh_.repr(), size(),
-                     runtime::to_string(devices_->options().policy));
+  if (ranks() == 1) {
+    return fmt::format("Device{} over {} devices ({} policy)", mesh_.repr(), size(),
+                       runtime::to_string(devices_->options().policy));
+  }
+  return fmt::format(
+      "Device{} over {} devices on {} ranks ({} policy; this is rank {}, slots "
+      "{}-{})",
+      mesh_.repr(), size(), ranks(), runtime::to_string(devices_->options().policy), this_rank_,
+      local_slots_.front(), local_slots_.back());
 }
 
 }  // namespace numesh::runtime

@@ -13,8 +13,11 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/transport.hpp"
 #include "test_devices.hpp"
 
 namespace numesh::runtime {
@@ -207,6 +210,96 @@ TEST(DeviceMeshTest, BadMeshesAreRejectedNamingTheValues) {
   EXPECT_THAT(
       [&] { m.device(2); },
       ThrowsMessage<IndexError>(HasSubstr("mesh slot 2 is out of range: the mesh has 2 devices")));
+}
+
+TEST(DeviceMeshTest, AMeshOfOneProcessIsAllLocal) {
+  auto devices = testing::synthetic_devices(testing::nodes(4));
+  const DeviceMesh m = DeviceMesh::create(devices, {2, 2}, {"dp", "tp"});
+  EXPECT_EQ(m.this_rank(), 0);
+  EXPECT_EQ(m.ranks(), 1);
+  EXPECT_EQ(m.local_slots(), (std::vector<std::int64_t>{0, 1, 2, 3}));
+  for (std::int64_t slot = 0; slot < 4; ++slot) {
+    EXPECT_EQ(m.rank_of(slot), 0);
+    EXPECT_TRUE(m.is_local(slot));
+  }
+  EXPECT_THAT(
+      [&] { m.rank_of(4); },
+      ThrowsMessage<IndexError>(HasSubstr("mesh slot 4 is out of range: the mesh has 4 devices")));
+  // Through the transport of one process: the same mesh.
+  SingleProcessTransport single;
+  const DeviceMesh t = DeviceMesh::create(devices, single, {2, 2}, {"dp", "tp"});
+  EXPECT_EQ(t.to_string(), m.to_string());
+  EXPECT_EQ(t.local_slots(), m.local_slots());
+  EXPECT_EQ(&t.device(3), &devices->device(3));
+}
+
+// Ranks as threads, each with devices of its own (2, 1 and 3 of them): every rank sees the
+// same slots in rank order, its own as local devices and the others by their rank.
+TEST(DeviceMeshTest, AMeshOverRanksHoldsEveryRanksDevicesInRankOrder) {
+  auto transports = make_thread_transports(3);
+  const std::vector<int> counts{2, 1, 3};
+  std::vector<std::shared_ptr<DeviceSet>> sets;
+  for (int c : counts) sets.push_back(testing::synthetic_devices(testing::nodes(c)));
+  std::vector<std::optional<DeviceMesh>> meshes(3);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      meshes[r] = DeviceMesh::create(sets[r], *transports[r], {2, -1}, {"dp", "tp"});
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<std::vector<std::int64_t>> local{{0, 1}, {2}, {3, 4, 5}};
+  for (std::size_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(meshes[r].has_value());
+    const DeviceMesh& m = *meshes[r];
+    EXPECT_EQ(m.size(), 6);
+    EXPECT_EQ(m.mesh().sizes(), (std::vector<std::int64_t>{2, 3}));
+    EXPECT_EQ(m.this_rank(), static_cast<int>(r));
+    EXPECT_EQ(m.ranks(), 3);
+    EXPECT_EQ(m.local_slots(), local[r]);
+    const std::vector<int> rank_of_slot{0, 0, 1, 2, 2, 2};
+    for (std::int64_t slot = 0; slot < 6; ++slot) {
+      EXPECT_EQ(m.rank_of(slot), rank_of_slot[static_cast<std::size_t>(slot)]) << slot;
+      EXPECT_EQ(m.is_local(slot),
+                rank_of_slot[static_cast<std::size_t>(slot)] == static_cast<int>(r));
+    }
+    for (std::size_t i = 0; i < local[r].size(); ++i) {
+      EXPECT_EQ(&m.device(local[r][i]), &sets[r]->device(i)) << "rank " << r;
+    }
+    // The groups are the logical mesh's, whichever rank asks.
+    const std::vector<std::string> tp{"tp"};
+    EXPECT_EQ(m.groups(tp), (Groups{{0, 1, 2}, {3, 4, 5}}));
+  }
+  EXPECT_THAT([&] { meshes[0]->device(2); },
+              ThrowsMessage<ValueError>(
+                  "mesh slot 2 is a device of rank 1: this process (rank 0) holds slots 0-1"));
+  EXPECT_THAT([&] { meshes[2]->device(0); },
+              ThrowsMessage<ValueError>(
+                  "mesh slot 0 is a device of rank 0: this process (rank 2) holds slots 3-5"));
+  EXPECT_EQ(meshes[1]->to_string(),
+            "DeviceMesh('dp': 2, 'tp': 3) over 6 devices on 3 ranks (numa policy; this is rank "
+            "1, slots 2-2)");
+}
+
+TEST(DeviceMeshTest, DimsThatDoNotFitTheRanksNameEveryRanksDevices) {
+  auto transports = make_thread_transports(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DeviceMesh::create(testing::synthetic_devices(testing::nodes(r == 0 ? 2 : 1)),
+                           *transports[r], {2, 2}, {"dp", "tp"});
+      } catch (const ValueError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(errors[0], HasSubstr("mesh dims (2,2) do not fit the 3 devices of 2 ranks (rank 0: "
+                                   "2, rank 1: 1; this rank's numa placement made numa0, numa1)"));
+  EXPECT_THAT(errors[1], HasSubstr("mesh dims (2,2) do not fit the 3 devices of 2 ranks (rank 0: "
+                                   "2, rank 1: 1; this rank's numa placement made numa0)"));
 }
 
 }  // namespace

@@ -11,9 +11,16 @@
 
 namespace numesh::runtime {
 
+class Transport;  // transport.hpp
+
 /// A named N-d mesh over the devices of a DeviceSet: the physical counterpart of
 /// sharding::Mesh. Mesh slot i (row-major over the axes, as `np.arange(n).reshape(dims)`)
 /// is device i of the set, which is what eformer's create_mesh does with CPU devices.
+///
+/// A mesh may span the ranks (processes) of a Transport: its slots are then every rank's
+/// devices in rank order, and each slot belongs to one rank. This process's slots are *local*
+/// and have a Device; the others are only known by their rank (docs/distributed.md). A mesh
+/// made from a DeviceSet alone is all local: rank 0 of 1.
 ///
 /// A cheap copyable handle (the devices are shared). Thread-safety: const methods are safe to
 /// call concurrently.
@@ -28,16 +35,39 @@ class DeviceMesh {
                            const std::vector<std::int64_t>& dims,
                            const std::vector<std::string>& names);
 
+  /// A mesh over the devices of every rank of `transport`: `local` are this rank's, and the
+  /// slots are rank 0's devices, then rank 1's, and so on. Collective: every rank calls it
+  /// (with its own devices and the same dims and names), and it all-gathers the device counts.
+  /// With one rank it is create(local, dims, names).
+  /// Throws: ValueError as create (naming every rank's device count when the dims do not fit
+  /// them all); ValueError when a rank has no device; what the transport's all_gather throws.
+  static DeviceMesh create(std::shared_ptr<DeviceSet> local, Transport& transport,
+                           const std::vector<std::int64_t>& dims,
+                           const std::vector<std::string>& names);
+
   /// The logical mesh (axis names and sizes).
   const sharding::Mesh& mesh() const noexcept { return mesh_; }
-  /// Number of mesh slots (= devices).
+  /// Number of mesh slots (= devices of every rank).
   std::int64_t size() const noexcept { return mesh_.size(); }
-  /// The devices.
+  /// This rank's devices (all of the mesh's in one process).
   DeviceSet& devices() const noexcept { return *devices_; }
-  /// The shared device set.
+  /// The shared device set of this rank.
   const std::shared_ptr<DeviceSet>& device_set() const noexcept { return devices_; }
-  /// The device at mesh slot `slot`. Throws: IndexError naming the slot and the mesh size.
+  /// The device at mesh slot `slot`, which must be local.
+  /// Throws: IndexError naming the slot and the mesh size; ValueError naming the slot, its rank
+  /// and this rank's slots when the slot is another rank's.
   Device& device(std::int64_t slot) const;
+
+  /// This process's rank (0 in one process).
+  int this_rank() const noexcept { return this_rank_; }
+  /// The number of ranks the mesh spans (1 in one process).
+  int ranks() const noexcept { return static_cast<int>(first_slot_of_rank_.size()) - 1; }
+  /// The rank holding `slot`. Throws: IndexError as device().
+  int rank_of(std::int64_t slot) const;
+  /// True when `slot` is this rank's. Throws: IndexError as device().
+  bool is_local(std::int64_t slot) const { return rank_of(slot) == this_rank_; }
+  /// This rank's slots, in order (every slot in one process).
+  const std::vector<std::int64_t>& local_slots() const noexcept { return local_slots_; }
   /// Mesh coordinates of `slot`. Throws: IndexError.
   std::vector<std::int64_t> coords(std::int64_t slot) const;
 
@@ -51,12 +81,23 @@ class DeviceMesh {
   /// ValueError when an axis repeats.
   std::vector<std::vector<std::int64_t>> groups(std::span<const std::string> axes) const;
 
-  /// "DeviceMesh('dp': 2, 'tp': 2) over 4 devices (numa policy)".
+  /// "DeviceMesh('dp': 2, 'tp': 2) over 4 devices (numa policy)"; across ranks, "... over 4
+  /// devices on 2 ranks (numa policy; this is rank 1, slots 2-3)".
   std::string to_string() const;
 
  private:
+  // The mesh over `counts[r]` devices of each rank r; this rank's are `local`.
+  static DeviceMesh over_ranks(std::shared_ptr<DeviceSet> local, int this_rank,
+                               const std::vector<std::int64_t>& counts,
+                               const std::vector<std::int64_t>& dims,
+                               const std::vector<std::string>& names);
+
   std::shared_ptr<DeviceSet> devices_;
   sharding::Mesh mesh_;
+  int this_rank_ = 0;
+  // Rank r's slots are [first_slot_of_rank_[r], first_slot_of_rank_[r + 1]).
+  std::vector<std::int64_t> first_slot_of_rank_{0, 0};
+  std::vector<std::int64_t> local_slots_;
 };
 
 }  // namespace numesh::runtime
