@@ -148,8 +148,8 @@ ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
     : mesh_(std::move(mesh)),
       layout_(std::move(shape), std::move(spec), mesh_.mesh()),
       dtype_(dtype) {
-  shards_.reserve(static_cast<std::size_t>(mesh_.size()));
-  for (std::int64_t slot = 0; slot < mesh_.size(); ++slot) {
+  shards_.reserve(mesh_.local_slots().size());
+  for (std::int64_t slot : mesh_.local_slots()) {
     shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_, contents);
   }
 }
@@ -157,7 +157,11 @@ ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
 Tensor& ShardedTensor::shard(std::int64_t slot) {
   NUMESH_CHECK(slot >= 0 && slot < mesh_.size(), IndexError,
                "shard {} does not exist: the mesh has {} devices", slot, mesh_.size());
-  return shards_[static_cast<std::size_t>(slot)];
+  const std::vector<std::int64_t>& local = mesh_.local_slots();
+  NUMESH_CHECK(mesh_.is_local(slot), ValueError,
+               "shard {} is held by rank {}: this process (rank {}) holds shards {}-{}", slot,
+               mesh_.rank_of(slot), mesh_.this_rank(), local.front(), local.back());
+  return shards_[static_cast<std::size_t>(slot - local.front())];
 }
 
 const Tensor& ShardedTensor::shard(std::int64_t slot) const {
@@ -252,8 +256,8 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
   const DeviceMesh& mesh = tensors.front()->mesh();
   // Each device writes its slot's shard of every tensor: the slots must be the same devices.
   const auto same_devices = [&mesh](const DeviceMesh& other) {
-    if (other.size() != mesh.size()) return false;
-    for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+    if (other.size() != mesh.size() || other.local_slots() != mesh.local_slots()) return false;
+    for (std::int64_t slot : mesh.local_slots()) {
       if (&other.device(slot) != &mesh.device(slot)) return false;
     }
     return true;
@@ -267,7 +271,7 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
   }
   std::atomic<bool> failed{false};
   GraphBuilder builder(mesh.device_set());
-  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+  for (std::int64_t slot : mesh.local_slots()) {
     builder.add(mesh.device(slot).index(), fmt::format("fill[{}]", slot),
                 [&fill, &failed, tensors, slot] {
                   try {
@@ -294,6 +298,10 @@ void scatter(const HostTensor& host, ShardedTensor& tensor) {
 }
 
 HostTensor gather(const ShardedTensor& tensor) {
+  NUMESH_CHECK(tensor.mesh().ranks() == 1, NotImplementedError,
+               "gather of a [{}] tensor over {} ranks: gathering across processes is not built "
+               "yet (docs/distributed.md)",
+               fmt::join(tensor.shape(), ", "), tensor.mesh().ranks());
   HostTensor host = HostTensor::zeros(tensor.shape());
   if (host.data.empty()) return host;
   const auto global = whole(host.shape);

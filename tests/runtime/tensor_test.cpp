@@ -5,10 +5,13 @@
 
 #include <numeric>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
+#include "numesh/runtime/transport.hpp"
 #include "test_devices.hpp"
 
 namespace numesh::runtime {
@@ -61,6 +64,60 @@ TEST(TensorTest, ShardThenGatherRoundTripsForEverySpec) {
       }
     }
     EXPECT_EQ(gather(t), host) << spec.repr();
+  }
+}
+
+// A mesh (dp=2, tp=4) over 2 ranks of 4 devices each, ranks as threads: each rank holds the
+// shards of its own slots (dp row 0 on rank 0, row 1 on rank 1), scatter fills exactly them,
+// another rank's shard is refused by name, and gather says it does not cross ranks yet.
+TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
+  auto transports = make_thread_transports(2);
+  const HostTensor host = iota({8, 16});
+  std::vector<std::string> remote_error(2), gather_error(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const DeviceMesh m =
+          DeviceMesh::create(testing::synthetic_devices(testing::nodes(4)),
+                             *transports[static_cast<std::size_t>(r)], {2, 4}, {"dp", "tp"});
+      for (const PartitionSpec& spec : specs_2d()) {
+        ShardedTensor t(m, host.shape, spec);
+        scatter(host, t);
+        for (std::int64_t s = 0; s < m.size(); ++s) {
+          EXPECT_EQ(t.has_shard(s), s / 4 == r) << "rank " << r << " slot " << s;
+          if (!t.has_shard(s)) continue;
+          EXPECT_EQ(t.shard(s).device(), &m.device(s));
+          const auto& slices = t.layout().device(s).slices;
+          const auto values = t.shard(s).values();
+          std::size_t k = 0;
+          for (std::int64_t row = slices[0].offset; row < slices[0].limit(); ++row) {
+            for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
+              ASSERT_EQ(values[k++], host.data[static_cast<std::size_t>(row * 16 + c)])
+                  << spec.repr() << " rank " << r << " slot " << s;
+            }
+          }
+        }
+      }
+      ShardedTensor t(m, host.shape, P({AxisRule("tp")}));
+      try {
+        t.shard(r == 0 ? 5 : 2);
+      } catch (const ValueError& e) {
+        remote_error[static_cast<std::size_t>(r)] = e.what();
+      }
+      try {
+        gather(t);
+      } catch (const NotImplementedError& e) {
+        gather_error[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(remote_error[0], "shard 5 is held by rank 1: this process (rank 0) holds shards 0-3");
+  EXPECT_EQ(remote_error[1], "shard 2 is held by rank 0: this process (rank 1) holds shards 4-7");
+  for (const std::string& e : gather_error) {
+    EXPECT_EQ(e,
+              "gather of a [8, 16] tensor over 2 ranks: gathering across processes is not "
+              "built yet (docs/distributed.md)");
   }
 }
 

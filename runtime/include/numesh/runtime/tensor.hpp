@@ -109,9 +109,10 @@ class Tensor {
   DeviceBuffer buffer_;
 };
 
-/// A global tensor split over a DeviceMesh by a PartitionSpec, with one local shard per mesh
-/// slot on that slot's device, laid out by sharding::ShardLayout (JAX's NamedSharding
-/// semantics). Replicated shards are real copies, one on each holder's node. Move-only.
+/// A global tensor split over a DeviceMesh by a PartitionSpec, with one shard per mesh slot on
+/// that slot's device, laid out by sharding::ShardLayout (JAX's NamedSharding semantics).
+/// Replicated shards are real copies, one on each holder's node. On a mesh over ranks, this
+/// process holds the shards of its local slots only (all of them in one process). Move-only.
 class ShardedTensor {
  public:
   /// Allocates zero shards of `dtype` for `shape` sharded by `spec` over `mesh` (each shard
@@ -135,16 +136,21 @@ class ShardedTensor {
   DType dtype() const noexcept { return dtype_; }
   /// Bytes each device holds: storage_bytes() of the shard shape (a replica counts in full).
   std::int64_t shard_bytes() const { return storage_bytes(dtype_, layout_.shard_shape()); }
-  /// The shard of mesh slot `slot`. Throws: IndexError.
+  /// The shard of mesh slot `slot`, which must be local.
+  /// Throws: IndexError for a slot outside the mesh; ValueError naming the slot, its rank and
+  /// this rank's slots when another rank holds it.
   Tensor& shard(std::int64_t slot);
-  /// The shard of mesh slot `slot`. Throws: IndexError.
+  /// The shard of mesh slot `slot` (as the non-const overload).
   const Tensor& shard(std::int64_t slot) const;
+  /// True when this process holds the shard of `slot` (always in one process).
+  /// Throws: IndexError for a slot outside the mesh.
+  bool has_shard(std::int64_t slot) const { return mesh_.is_local(slot); }
 
  private:
   DeviceMesh mesh_;
   sharding::ShardLayout layout_;
   DType dtype_ = DType::kF32;
-  std::vector<Tensor> shards_;
+  std::vector<Tensor> shards_;  // the local slots' shards, in slot order
 };
 
 /// Copies `host` into every shard of `tensor`: each slot's device copies its own slice, in its
@@ -171,6 +177,8 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly,
 /// blocks dequantize.
+/// Throws: NotImplementedError for a tensor on a mesh over several ranks (gathering across
+/// processes is not built yet: docs/distributed.md).
 HostTensor gather(const ShardedTensor& tensor);
 
 /// eformer's make_shard_and_gather_fns for one array: `shard` takes a host tensor of `shape`
