@@ -45,6 +45,20 @@ std::vector<PartitionSpec> specs_2d() {
           P({AxisRule(), AxisRule::tuple({"tp", "dp"})})};
 }
 
+// Slot s's shard of a 2-D tensor scattered from `host` holds exactly its slice.
+void expect_holds_its_slice(const ShardedTensor& t, std::int64_t s, const HostTensor& host,
+                            const std::string& context) {
+  const auto& slices = t.layout().device(s).slices;
+  const auto values = t.shard(s).values();
+  const std::int64_t columns = host.shape[1];
+  std::size_t k = 0;
+  for (std::int64_t r = slices[0].offset; r < slices[0].limit(); ++r) {
+    for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
+      ASSERT_EQ(values[k++], host.data[static_cast<std::size_t>(r * columns + c)]) << context;
+    }
+  }
+}
+
 TEST(TensorTest, ShardThenGatherRoundTripsForEverySpec) {
   const DeviceMesh m = mesh_2x4();
   const HostTensor host = iota({8, 16});
@@ -53,15 +67,7 @@ TEST(TensorTest, ShardThenGatherRoundTripsForEverySpec) {
     scatter(host, t);
     // Every shard holds exactly its slice.
     for (std::int64_t s = 0; s < m.size(); ++s) {
-      const auto& slices = t.layout().device(s).slices;
-      const auto values = t.shard(s).values();
-      std::size_t k = 0;
-      for (std::int64_t r = slices[0].offset; r < slices[0].limit(); ++r) {
-        for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
-          ASSERT_EQ(values[k++], host.data[static_cast<std::size_t>(r * 16 + c)])
-              << spec.repr() << " slot " << s;
-        }
-      }
+      expect_holds_its_slice(t, s, host, spec.repr() + " slot " + std::to_string(s));
     }
     EXPECT_EQ(gather(t), host) << spec.repr();
   }
@@ -87,15 +93,9 @@ TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
           EXPECT_EQ(t.has_shard(s), s / 4 == r) << "rank " << r << " slot " << s;
           if (!t.has_shard(s)) continue;
           EXPECT_EQ(t.shard(s).device(), &m.device(s));
-          const auto& slices = t.layout().device(s).slices;
-          const auto values = t.shard(s).values();
-          std::size_t k = 0;
-          for (std::int64_t row = slices[0].offset; row < slices[0].limit(); ++row) {
-            for (std::int64_t c = slices[1].offset; c < slices[1].limit(); ++c) {
-              ASSERT_EQ(values[k++], host.data[static_cast<std::size_t>(row * 16 + c)])
-                  << spec.repr() << " rank " << r << " slot " << s;
-            }
-          }
+          expect_holds_its_slice(
+              t, s, host,
+              spec.repr() + " rank " + std::to_string(r) + " slot " + std::to_string(s));
         }
       }
       ShardedTensor t(m, host.shape, P({AxisRule("tp")}));
