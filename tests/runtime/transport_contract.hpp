@@ -5,6 +5,7 @@
 // mpi_world() under mpirun -np 1, 2, 4 in transport_mpi_test. Each function is called on every
 // rank at once and checks what its rank sees.
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/rank_settings.hpp"
 #include "numesh/runtime/transport.hpp"
 
 namespace numesh::runtime::contract {
@@ -166,6 +168,36 @@ inline void size_mismatch(Transport& t) {
               "recv from rank 0, tag 6: the transfer is larger than the 16 bytes expected");
   }
   t.barrier();
+}
+
+// Ranks given the same settings pass; rank 1 given other dims and the last rank no dtype are
+// refused on every rank with one message naming both settings and every rank's value.
+inline void rank_settings(Transport& t) {
+  const std::vector<RankSetting> shared{
+      {"--model", "/models/m"}, {"--dims", "1,1,2"}, {"--dtype", "bf16"}};
+  check_same_on_every_rank(t, shared);
+  if (t.size() < 3) return;
+  std::vector<RankSetting> mine = shared;
+  if (t.rank() == 1) mine[1].second = "1,1,4";
+  if (t.rank() == t.size() - 1) mine.pop_back();
+  std::string expected = "the ranks were started with different settings: --dims:";
+  for (int r = 0; r < t.size(); ++r) {
+    expected += fmt::format("{} rank {} '{}'", r == 0 ? "" : ",", r, r == 1 ? "1,1,4" : "1,1,2");
+  }
+  expected += "; --dtype:";
+  for (int r = 0; r < t.size(); ++r) {
+    expected += r == t.size() - 1 ? fmt::format(", rank {} (not given)", r)
+                                  : fmt::format("{} rank {} 'bf16'", r == 0 ? "" : ",", r);
+  }
+  EXPECT_THAT([&] { check_same_on_every_rank(t, mine); },
+              ::testing::ThrowsMessage<ValueError>(expected));
+  // The same settings in another order on rank 0.
+  std::vector<RankSetting> reordered = shared;
+  if (t.rank() == 0) std::swap(reordered[0], reordered[2]);
+  EXPECT_THAT([&] { check_same_on_every_rank(t, reordered); },
+              ::testing::ThrowsMessage<ValueError>(
+                  "the ranks were started with different settings: the same settings in a "
+                  "different order"));
 }
 
 }  // namespace numesh::runtime::contract
