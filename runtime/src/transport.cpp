@@ -246,6 +246,16 @@ std::vector<std::shared_ptr<Transport>> make_thread_transports(int ranks) {
   return endpoints;
 }
 
+int launched_ranks() noexcept {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* value = std::getenv(name)) {
+      const int n = std::atoi(value);
+      return n > 0 ? n : 0;
+    }
+  }
+  return 0;
+}
+
 bool launched_by_mpi() noexcept {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"}) {
     if (std::getenv(name) != nullptr) return true;

@@ -112,9 +112,19 @@ TEST(MpiEntryPointsTest, LaunchedByMpiReadsTheLaunchersVariables) {
     unsetenv(name);
   }
   EXPECT_FALSE(launched_by_mpi());
+  EXPECT_EQ(launched_ranks(), 0);
   setenv("PMIX_RANK", "1", 1);
   EXPECT_TRUE(launched_by_mpi());
+  EXPECT_EQ(launched_ranks(), 0) << "PMIx alone does not say the world's size";
   unsetenv("PMIX_RANK");
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(launched_ranks(), 4);
+  setenv("OMPI_COMM_WORLD_SIZE", "x", 1);
+  EXPECT_EQ(launched_ranks(), 0) << "a size that is not a number is no size";
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  setenv("PMI_SIZE", "2", 1);
+  EXPECT_EQ(launched_ranks(), 2);
+  unsetenv("PMI_SIZE");
   for (std::size_t i = 0; i < saved.size(); ++i) {
     if (saved[i] != "\x01") setenv(names[i], saved[i].c_str(), 1);
   }

@@ -18,6 +18,8 @@
 // input (CLI11 parse errors included), reported as one line `numesh: error: ...` on stderr naming
 // the offending value.
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <functional>
@@ -35,6 +37,7 @@
 #include "generate_command.hpp"
 #include "mesh_command.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/transport.hpp"
 #include "op_command.hpp"
 #include "perplexity_command.hpp"
 #include "resolve_command.hpp"
@@ -116,6 +119,15 @@ int main(int argc, char** argv) {
     return app.exit(e);  // --help / --version
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
+  }
+
+  // Every rank of `mpirun -np N` would run the whole command on its own, on the same cores,
+  // writing the same files: refuse until commands run across processes (issue 35).
+  if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1) {
+    return fail(fmt::format(
+        "started by mpirun as {} ranks: numesh's commands do not run across processes yet "
+        "(docs/distributed.md); run one process, or mpirun -np 1",
+        ranks));
   }
 
   try {

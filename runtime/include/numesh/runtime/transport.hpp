@@ -114,6 +114,11 @@ std::vector<std::shared_ptr<Transport>> make_thread_transports(int ranks);
 /// PMIx variables), read from the environment without initialising MPI.
 [[nodiscard]] bool launched_by_mpi() noexcept;
 
+/// The number of ranks mpirun started, read from the launcher's environment
+/// (OMPI_COMM_WORLD_SIZE, or PMI_SIZE) without initialising MPI; 0 when not started by a
+/// launcher that says.
+[[nodiscard]] int launched_ranks() noexcept;
+
 /// True when this build has the MPI transport (NUMESH_WITH_MPI).
 [[nodiscard]] bool has_mpi() noexcept;
 
