@@ -58,11 +58,36 @@ GraphBuilder::GraphBuilder(std::shared_ptr<DeviceSet> devices) : devices_(std::m
   NUMESH_CHECK(devices_ != nullptr, ValueError, "GraphBuilder needs a device set");
 }
 
+std::string_view to_string(NodeKind kind) noexcept {
+  switch (kind) {
+    case NodeKind::kCompute:
+      return "compute";
+    case NodeKind::kCollective:
+      return "collective";
+    case NodeKind::kTransfer:
+      return "transfer";
+  }
+  return "?";
+}
+
 NodeId GraphBuilder::add(int device, std::string name, std::function<void()> body,
                          std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes) {
+  NUMESH_CHECK(static_cast<bool>(body), ValueError, "node '{}' has no body", name);
+  return add_node(device, std::move(name), std::move(body), {}, deps, kind, bytes);
+}
+
+NodeId GraphBuilder::add_async(int device, std::string name,
+                               std::function<void(NodeDone done)> start,
+                               std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes) {
+  NUMESH_CHECK(static_cast<bool>(start), ValueError, "node '{}' has no body", name);
+  return add_node(device, std::move(name), {}, std::move(start), deps, kind, bytes);
+}
+
+NodeId GraphBuilder::add_node(int device, std::string name, std::function<void()> body,
+                              std::function<void(NodeDone)> start, std::span<const NodeId> deps,
+                              NodeKind kind, std::uint64_t bytes) {
   NUMESH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_->size(), IndexError,
                "node '{}': device {} does not exist ({} devices)", name, device, devices_->size());
-  NUMESH_CHECK(static_cast<bool>(body), ValueError, "node '{}' has no body", name);
   for (NodeId d : deps) {
     NUMESH_CHECK(d < nodes_.size(), IndexError,
                  "node '{}' depends on node {}, which does not exist ({} nodes so far)", name, d,
@@ -73,6 +98,7 @@ NodeId GraphBuilder::add(int device, std::string name, std::function<void()> bod
   info.deps.erase(std::unique(info.deps.begin(), info.deps.end()), info.deps.end());
   nodes_.push_back(std::move(info));
   bodies_.push_back(std::move(body));
+  starts_.push_back(std::move(start));
   return static_cast<NodeId>(nodes_.size() - 1);
 }
 
@@ -97,6 +123,8 @@ struct CompiledGraph::Impl {
   struct Node {
     NodeInfo info;
     std::function<void()> body;
+    // An asynchronous node's start (body empty), else empty.
+    std::function<void(NodeDone)> start;
     std::unique_ptr<flow::continue_node<Msg>> task;
     std::vector<flow::continue_node<Msg>*> remote_successors;
     bool is_root = false;
@@ -135,11 +163,11 @@ struct CompiledGraph::Impl {
     }
   }
 
-  void record_error(NodeId id) {
+  void record_error(NodeId id, std::exception_ptr thrown) {
     {
       const std::lock_guard lock(error_mutex);
       if (!error) {
-        error = std::current_exception();
+        error = std::move(thrown);
         failed = nodes[id].info.name;
       }
     }
@@ -151,6 +179,9 @@ struct CompiledGraph::Impl {
     Node& n = nodes[id];
     if (stop.load(std::memory_order_acquire)) {
       skipped.store(true, std::memory_order_relaxed);
+    } else if (n.start) {
+      start(id);
+      return;
     } else {
       try {
         if (static_cast<std::int64_t>(id) == armed_fault) {
@@ -168,9 +199,54 @@ struct CompiledGraph::Impl {
           n.body();
         }
       } catch (...) {
-        record_error(id);
+        record_error(id, std::current_exception());
       }
     }
+    complete(id);
+  }
+
+  // Starts asynchronous node `id`; finish() ends it. The device's flow graph counts the node
+  // as work in flight meanwhile (reserve_wait), so that the graph is not destroyed while the
+  // node's `done` may still come.
+  void start(NodeId id) {
+    Node& n = nodes[id];
+    flow::graph& graph = *graphs[static_cast<std::size_t>(n.info.device)];
+    graph.reserve_wait();
+    try {
+      if (static_cast<std::int64_t>(id) == armed_fault) {
+        throw InjectedFault(
+            fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
+      }
+      if (timing_on) {
+        NodeTiming& t = timings[id];
+        t.thread = oneapi::tbb::this_task_arena::current_thread_index();
+        t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
+      }
+      n.start(
+          [this, id](std::exception_ptr error_of_work) { finish(id, std::move(error_of_work)); });
+    } catch (...) {
+      finish(id, std::current_exception());
+    }
+  }
+
+  void finish(NodeId id, std::exception_ptr work_error) {
+    Node& n = nodes[id];
+    if (work_error) {
+      record_error(id, std::move(work_error));
+    } else if (timing_on) {
+      NodeTiming& t = timings[id];
+      t.end = std::chrono::duration<double>(Clock::now() - run_start).count();
+      t.ran = true;
+    }
+    flow::graph& graph = *graphs[static_cast<std::size_t>(n.info.device)];
+    complete(id);
+    graph.release_wait();
+  }
+
+  // Signals node `id`'s successors on other devices (and every successor of an asynchronous
+  // node; a plain node's local successors follow through flow-graph edges) and counts a sink.
+  void complete(NodeId id) {
+    Node& n = nodes[id];
     for (auto* successor : n.remote_successors) successor->try_put(Msg());
     if (n.is_sink && remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       remaining.notify_all();
@@ -206,6 +282,7 @@ CompiledGraph GraphBuilder::compile() {
     auto& node = impl->nodes[i];
     node.info = std::move(nodes_[i]);
     node.body = std::move(bodies_[i]);
+    node.start = std::move(starts_[i]);
     int remote = 0;
     for (NodeId dep : node.info.deps) {
       if (impl->nodes[dep].info.device != node.info.device) ++remote;
@@ -222,7 +299,9 @@ CompiledGraph GraphBuilder::compile() {
     if (node.is_root) impl->roots.push_back(node.task.get());
     for (NodeId dep : node.info.deps) {
       auto& producer = impl->nodes[dep];
-      if (producer.info.device == node.info.device) {
+      // An asynchronous node's body returns before the node completes: its successors are
+      // signalled by complete(), not by a flow-graph edge.
+      if (producer.info.device == node.info.device && !producer.start) {
         flow::make_edge(*producer.task, *node.task);
       } else {
         producer.remote_successors.push_back(node.task.get());
@@ -231,6 +310,7 @@ CompiledGraph GraphBuilder::compile() {
   }
   nodes_.clear();
   bodies_.clear();
+  starts_.clear();
   return CompiledGraph(std::move(impl));
 }
 
@@ -350,7 +430,7 @@ std::string CompiledGraph::chrome_trace() const {
     if (!t.ran) continue;
     const NodeInfo& info = g.nodes[i].info;
     events.push_back({{"name", info.name},
-                      {"cat", info.kind == NodeKind::kCollective ? "collective" : "compute"},
+                      {"cat", to_string(info.kind)},
                       {"ph", "X"},
                       {"ts", t.start * 1e6},
                       {"dur", (t.end - t.start) * 1e6},
@@ -379,8 +459,10 @@ std::string CompiledGraph::to_dot() const {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
       const NodeInfo& info = g.nodes[i].info;
       if (static_cast<std::size_t>(info.device) != d) continue;
-      out += fmt::format("    n{} [label=\"{}\", shape={}];\n", i, quote(info.name),
-                         info.kind == NodeKind::kCollective ? "box" : "ellipse");
+      const char* shape = info.kind == NodeKind::kCompute      ? "ellipse"
+                          : info.kind == NodeKind::kCollective ? "box"
+                                                               : "parallelogram";
+      out += fmt::format("    n{} [label=\"{}\", shape={}];\n", i, quote(info.name), shape);
     }
     out += "  }\n";
   }

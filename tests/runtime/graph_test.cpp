@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -258,6 +261,154 @@ TEST(GraphTest, MoreDevicesThanCoresCompleteWithoutSpinning) {
   CompiledGraph g = b.compile();
   for (int run = 0; run < 10; ++run) g.run();
   EXPECT_EQ(sum.load(), 800);
+}
+
+// A thread that completes asynchronous nodes after they started, as a transport's progress
+// thread does: each start hands it a `done`, which it calls later with the error given.
+class LateCompleter {
+ public:
+  LateCompleter()
+      : thread_([this] {
+          std::unique_lock lock(m_);
+          for (;;) {
+            cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+            if (queue_.empty()) return;
+            auto [done, error] = std::move(queue_.front());
+            queue_.pop_front();
+            lock.unlock();
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            done(error);
+            lock.lock();
+          }
+        }) {}
+  ~LateCompleter() {
+    {
+      const std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  LateCompleter(const LateCompleter&) = delete;
+  LateCompleter& operator=(const LateCompleter&) = delete;
+
+  /// A start that queues its done, to be called with `error`.
+  std::function<void(NodeDone)> start(std::exception_ptr error = nullptr) {
+    return [this, error](NodeDone done) {
+      {
+        const std::lock_guard lock(m_);
+        queue_.emplace_back(std::move(done), error);
+      }
+      cv_.notify_all();
+    };
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::pair<NodeDone, std::exception_ptr>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// An asynchronous node completes when its done is called, from another thread, not when its
+// start returns: its successors on its own device and on another wait for the done, and so
+// does run() when the node is a sink.
+TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
+  LateCompleter completer;
+  GraphBuilder b(two_devices());
+  std::atomic<int> completed{0};
+  std::vector<int> seen_by_successors;
+  std::mutex m;
+  auto counting = [&](NodeDone done) {
+    completer.start()([&completed, done = std::move(done)](std::exception_ptr e) {
+      ++completed;
+      done(e);
+    });
+  };
+  const NodeId first = b.add(0, "first", [] {});
+  const NodeId transfer = b.add_async(0, "transfer", counting, {first});
+  for (int d = 0; d < 2; ++d) {
+    b.add(d, "after" + std::to_string(d),
+          [&] {
+            const std::lock_guard lock(m);
+            seen_by_successors.push_back(completed.load());
+          },
+          {transfer});
+  }
+  const NodeId sink = b.add_async(1, "sink", counting, {transfer});
+  EXPECT_EQ(b.node(transfer).kind, NodeKind::kTransfer);
+  CompiledGraph g = b.compile();
+  for (int run = 1; run <= 5; ++run) {
+    seen_by_successors.clear();
+    g.run();
+    EXPECT_EQ(completed.load(), 2 * run) << "run() waited for the asynchronous sink";
+    EXPECT_EQ(seen_by_successors, (std::vector<int>{2 * run - 1, 2 * run - 1}))
+        << "both successors ran after the transfer's done";
+  }
+  (void)sink;
+}
+
+// An asynchronous node that fails, by its done or by throwing from its start, or by an injected
+// fault, ends the run with that error, names the node, skips what depends on it, and leaves the
+// graph able to run again.
+TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
+  LateCompleter completer;
+  const auto devices = two_devices();
+  bool fail_late = false, fail_early = false;
+  int after = 0;
+  GraphBuilder b(devices);
+  const NodeId transfer = b.add_async(1, "recv[1]", [&](NodeDone done) {
+    if (fail_early) throw ValueError("bad peer");
+    completer.start(fail_late ? std::make_exception_ptr(IoError("peer went away"))
+                              : nullptr)(std::move(done));
+  });
+  b.add(0, "consumer", [&] { ++after; }, {transfer});
+  CompiledGraph g = b.compile();
+  fail_late = true;
+  EXPECT_THAT([&] { g.run(); }, ThrowsMessage<IoError>("peer went away"));
+  EXPECT_EQ(g.failed_node(), "recv[1]");
+  EXPECT_EQ(after, 0);
+  fail_late = false;
+  fail_early = true;
+  EXPECT_THAT([&] { g.run(); }, ThrowsMessage<ValueError>("bad peer"));
+  EXPECT_EQ(after, 0);
+  fail_early = false;
+  g.inject_fault(transfer);
+  EXPECT_THAT([&] { g.run(); },
+              ThrowsMessage<InjectedFault>("injected fault in node recv[1] (device 1)"));
+  EXPECT_EQ(after, 0);
+  g.run();
+  EXPECT_EQ(after, 1);
+  EXPECT_EQ(g.failed_node(), "");
+}
+
+// Timing of an asynchronous node spans start to done; traces and DOT mark it as a transfer.
+TEST(GraphTest, AnAsynchronousNodeIsTimedAndDrawnAsATransfer) {
+  LateCompleter completer;
+  GraphBuilder b(two_devices());
+  const NodeId a = b.add(0, "compute", [] {});
+  b.add_async(1, "send", completer.start(), {a}, NodeKind::kTransfer, 256);
+  CompiledGraph g = b.compile();
+  g.set_timing(true);
+  g.run();
+  ASSERT_TRUE(g.timings()[1].ran);
+  EXPECT_GE(g.timings()[1].end - g.timings()[1].start, 150e-6)
+      << "the completer waits 200 us before calling done";
+  const auto trace = nlohmann::json::parse(g.chrome_trace());
+  bool found = false;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X" && e["name"] == "send") {
+      found = true;
+      EXPECT_EQ(e["cat"], "transfer");
+      EXPECT_EQ(e["args"]["bytes"], 256);
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_THAT(g.to_dot(), HasSubstr("n1 [label=\"send\", shape=parallelogram]"));
+  EXPECT_EQ(to_string(NodeKind::kTransfer), "transfer");
+  EXPECT_THAT([&] { GraphBuilder(two_devices()).add_async(0, "x", nullptr); },
+              ThrowsMessage<ValueError>("node 'x' has no body"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -19,7 +20,15 @@ using NodeId = std::uint32_t;
 enum class NodeKind {
   kCompute,     ///< per-device computation
   kCollective,  ///< one device's part of a collective
+  kTransfer,    ///< one end of a transfer between ranks (an asynchronous node)
 };
+
+/// "compute", "collective" or "transfer".
+std::string_view to_string(NodeKind kind) noexcept;
+
+/// Ends an asynchronous node (GraphBuilder::add_async): called once, from any thread, with
+/// nullptr when the node's work is done or with the error that ended it.
+using NodeDone = std::function<void(std::exception_ptr)>;
 
 /// A node's description.
 struct NodeInfo {
@@ -71,6 +80,24 @@ class GraphBuilder {
     return add(device, std::move(name), std::move(body),
                std::span<const NodeId>(deps.begin(), deps.size()), kind, bytes);
   }
+  /// Adds an asynchronous node: after every node in `deps`, `start` runs in device `device`'s
+  /// arena, begins work that ends elsewhere (a transfer between ranks) and returns at once. The
+  /// node completes, and its successors may run, when that work calls `done`: no device thread
+  /// waits in between. `done` must be called exactly once per run, unless `start` throws, in
+  /// which case it must not be called at all (the throw is the node's error). A run waits for
+  /// every started node's `done`, even a cancelled or failed run.
+  /// Throws: as add.
+  NodeId add_async(int device, std::string name, std::function<void(NodeDone done)> start,
+                   std::span<const NodeId> deps = {}, NodeKind kind = NodeKind::kTransfer,
+                   std::uint64_t bytes = 0);
+  /// add_async() with a braced dependency list.
+  NodeId add_async(int device, std::string name, std::function<void(NodeDone done)> start,
+                   std::initializer_list<NodeId> deps, NodeKind kind = NodeKind::kTransfer,
+                   std::uint64_t bytes = 0) {
+    return add_async(device, std::move(name), std::move(start),
+                     std::span<const NodeId>(deps.begin(), deps.size()), kind, bytes);
+  }
+
   /// Makes `after` wait for `before` as well. Throws: IndexError for unknown ids; ValueError
   /// unless before < after (edges go forward, which keeps the graph acyclic).
   void depend(NodeId before, NodeId after);
@@ -88,8 +115,14 @@ class GraphBuilder {
 
  private:
   std::shared_ptr<DeviceSet> devices_;
+  NodeId add_node(int device, std::string name, std::function<void()> body,
+                  std::function<void(NodeDone)> start, std::span<const NodeId> deps, NodeKind kind,
+                  std::uint64_t bytes);
+
   std::vector<NodeInfo> nodes_;
+  // Per node, the body of a plain node or the start of an asynchronous one (the other empty).
   std::vector<std::function<void()>> bodies_;
+  std::vector<std::function<void(NodeDone)>> starts_;
 };
 
 /// A compiled task graph. Each device has its own tbb::flow::graph, constructed in the
@@ -100,6 +133,9 @@ class GraphBuilder {
 ///
 /// run() allocates nothing of its own (oneTBB's task allocation aside): the graph is built
 /// once and re-armed by running.
+///
+/// An asynchronous node (GraphBuilder::add_async) signals its successors when its `done` is
+/// called, from whichever thread calls it, with the same explicit try_put.
 ///
 /// Errors: an exception thrown by a node body cancels the run (nodes that have not started
 /// are skipped; running ones finish) and is rethrown from run() unchanged; failed_node() names
