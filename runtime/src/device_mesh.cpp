@@ -17,25 +17,31 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> devices,
                               const std::vector<std::string>& names) {
   NUMESH_CHECK(devices != nullptr, ValueError, "DeviceMesh::create needs a device set");
   const auto n = static_cast<std::int64_t>(devices->size());
-  return over_ranks(std::move(devices), 0, {n}, dims, names);
+  // One process: every mesh shares one transport of rank 0 of 1.
+  static const auto single = std::make_shared<SingleProcessTransport>();
+  return over_ranks(std::move(devices), single, 0, {n}, dims, names);
 }
 
-DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> local, Transport& transport,
+DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> local,
+                              std::shared_ptr<Transport> transport,
                               const std::vector<std::int64_t>& dims,
                               const std::vector<std::string>& names) {
   NUMESH_CHECK(local != nullptr, ValueError, "DeviceMesh::create needs a device set");
+  NUMESH_CHECK(transport != nullptr, ValueError, "DeviceMesh::create needs a transport");
   const auto mine = static_cast<std::int64_t>(local->size());
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(transport.size()));
-  transport.all_gather(std::as_bytes(std::span(&mine, 1)),
-                       std::as_writable_bytes(std::span(counts)));
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(transport->size()));
+  transport->all_gather(std::as_bytes(std::span(&mine, 1)),
+                        std::as_writable_bytes(std::span(counts)));
   for (std::size_t r = 0; r < counts.size(); ++r) {
     NUMESH_CHECK(counts[r] > 0, ValueError,
                  "rank {} of {} has no device: every rank of a mesh needs one", r, counts.size());
   }
-  return over_ranks(std::move(local), transport.rank(), counts, dims, names);
+  const int rank = transport->rank();
+  return over_ranks(std::move(local), std::move(transport), rank, counts, dims, names);
 }
 
-DeviceMesh DeviceMesh::over_ranks(std::shared_ptr<DeviceSet> local, int this_rank,
+DeviceMesh DeviceMesh::over_ranks(std::shared_ptr<DeviceSet> local,
+                                  std::shared_ptr<Transport> transport, int this_rank,
                                   const std::vector<std::int64_t>& counts,
                                   const std::vector<std::int64_t>& dims,
                                   const std::vector<std::string>& names) {
@@ -69,6 +75,7 @@ DeviceMesh DeviceMesh::over_ranks(std::shared_ptr<DeviceSet> local, int this_ran
   }
   DeviceMesh mesh;
   mesh.devices_ = std::move(local);
+  mesh.transport_ = std::move(transport);
   mesh.mesh_ = sharding::Mesh(names, resolved);
   mesh.this_rank_ = this_rank;
   mesh.first_slot_of_rank_ = std::move(first);

@@ -226,8 +226,9 @@ TEST(DeviceMeshTest, AMeshOfOneProcessIsAllLocal) {
       [&] { m.rank_of(4); },
       ThrowsMessage<IndexError>(HasSubstr("mesh slot 4 is out of range: the mesh has 4 devices")));
   // Through the transport of one process: the same mesh.
-  SingleProcessTransport single;
-  const DeviceMesh t = DeviceMesh::create(devices, single, {2, 2}, {"dp", "tp"});
+  const DeviceMesh t =
+      DeviceMesh::create(devices, std::make_shared<SingleProcessTransport>(), {2, 2}, {"dp", "tp"});
+  EXPECT_EQ(m.transport()->name(), "single process");
   EXPECT_EQ(t.to_string(), m.to_string());
   EXPECT_EQ(t.local_slots(), m.local_slots());
   EXPECT_EQ(&t.device(3), &devices->device(3));
@@ -244,7 +245,7 @@ TEST(DeviceMeshTest, AMeshOverRanksHoldsEveryRanksDevicesInRankOrder) {
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
-      meshes[r] = DeviceMesh::create(sets[r], *transports[r], {2, -1}, {"dp", "tp"});
+      meshes[r] = DeviceMesh::create(sets[r], transports[r], {2, -1}, {"dp", "tp"});
     });
   }
   for (auto& t : threads) t.join();
@@ -256,6 +257,7 @@ TEST(DeviceMeshTest, AMeshOverRanksHoldsEveryRanksDevicesInRankOrder) {
     EXPECT_EQ(m.mesh().sizes(), (std::vector<std::int64_t>{2, 3}));
     EXPECT_EQ(m.this_rank(), static_cast<int>(r));
     EXPECT_EQ(m.ranks(), 3);
+    EXPECT_EQ(m.transport(), transports[r]) << "the mesh keeps its transport";
     EXPECT_EQ(m.local_slots(), local[r]);
     const std::vector<int> rank_of_slot{0, 0, 1, 2, 2, 2};
     for (std::int64_t slot = 0; slot < 6; ++slot) {
@@ -289,7 +291,7 @@ TEST(DeviceMeshTest, DimsThatDoNotFitTheRanksNameEveryRanksDevices) {
     threads.emplace_back([&, r] {
       try {
         DeviceMesh::create(testing::synthetic_devices(testing::nodes(r == 0 ? 2 : 1)),
-                           *transports[r], {2, 2}, {"dp", "tp"});
+                           transports[r], {2, 2}, {"dp", "tp"});
       } catch (const ValueError& e) {
         errors[r] = e.what();
       }

@@ -85,7 +85,7 @@ TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
     threads.emplace_back([&, r] {
       const DeviceMesh m =
           DeviceMesh::create(testing::synthetic_devices(testing::nodes(4)),
-                             *transports[static_cast<std::size_t>(r)], {2, 4}, {"dp", "tp"});
+                             transports[static_cast<std::size_t>(r)], {2, 4}, {"dp", "tp"});
       for (const PartitionSpec& spec : specs_2d()) {
         ShardedTensor t(m, host.shape, spec);
         scatter(host, t);

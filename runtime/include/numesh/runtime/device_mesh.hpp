@@ -41,7 +41,8 @@ class DeviceMesh {
   /// With one rank it is create(local, dims, names).
   /// Throws: ValueError as create (naming every rank's device count when the dims do not fit
   /// them all); ValueError when a rank has no device; what the transport's all_gather throws.
-  static DeviceMesh create(std::shared_ptr<DeviceSet> local, Transport& transport,
+  /// The mesh keeps `transport`: collectives over it move other ranks' bytes through it.
+  static DeviceMesh create(std::shared_ptr<DeviceSet> local, std::shared_ptr<Transport> transport,
                            const std::vector<std::int64_t>& dims,
                            const std::vector<std::string>& names);
 
@@ -57,6 +58,10 @@ class DeviceMesh {
   /// Throws: IndexError naming the slot and the mesh size; ValueError naming the slot, its rank
   /// and this rank's slots when the slot is another rank's.
   Device& device(std::int64_t slot) const;
+
+  /// The transport between the mesh's ranks (a SingleProcessTransport for a mesh made from a
+  /// DeviceSet alone). Never null.
+  const std::shared_ptr<Transport>& transport() const noexcept { return transport_; }
 
   /// This process's rank (0 in one process).
   int this_rank() const noexcept { return this_rank_; }
@@ -87,12 +92,14 @@ class DeviceMesh {
 
  private:
   // The mesh over `counts[r]` devices of each rank r; this rank's are `local`.
-  static DeviceMesh over_ranks(std::shared_ptr<DeviceSet> local, int this_rank,
+  static DeviceMesh over_ranks(std::shared_ptr<DeviceSet> local,
+                               std::shared_ptr<Transport> transport, int this_rank,
                                const std::vector<std::int64_t>& counts,
                                const std::vector<std::int64_t>& dims,
                                const std::vector<std::string>& names);
 
   std::shared_ptr<DeviceSet> devices_;
+  std::shared_ptr<Transport> transport_;
   sharding::Mesh mesh_;
   int this_rank_ = 0;
   // Rank r's slots are [first_slot_of_rank_[r], first_slot_of_rank_[r + 1]).
