@@ -17,6 +17,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "source_reads.hpp"
 
 namespace numesh::runtime {
 
@@ -169,8 +170,10 @@ DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const
                "{}: needs one input and one output view per mesh slot ({}), got {} and {}", what,
                slots, in.size(), out.size());
   check_frontier(what, mesh, args);
-  for (std::size_t s = 0; s < slots; ++s) {
-    const auto slot = static_cast<std::int64_t>(s);
+  // Only this rank's views point at memory: another rank's slot is known by its sizes alone.
+  const std::vector<std::int64_t>& local = mesh.local_slots();
+  for (const std::int64_t slot : local) {
+    const auto s = static_cast<std::size_t>(slot);
     NUMESH_CHECK(in[s].count >= in_count(slot), ValueError,
                  "{}: the input of slot {} holds {} elements, needs {}", what, s, in[s].count,
                  in_count(slot));
@@ -181,8 +184,9 @@ DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const
                      (out[s].data != nullptr || out_count(slot) == 0),
                  ValueError, "{}: slot {} has a null buffer", what, s);
   }
-  for (std::size_t s = 0; s < slots; ++s) {
-    for (std::size_t t = 0; t < slots; ++t) {
+  for (const std::int64_t s_slot : local) {
+    for (const std::int64_t t_slot : local) {
+      const auto s = static_cast<std::size_t>(s_slot), t = static_cast<std::size_t>(t_slot);
       NUMESH_CHECK(!overlaps(out[s], in[t]), ValueError,
                    "{}: the output of slot {} overlaps the input of slot {}; collectives need "
                    "separate input and output buffers",
@@ -191,28 +195,19 @@ DType check_views(std::string_view what, const DeviceMesh& mesh, std::span<const
                    "{}: the outputs of slots {} and {} overlap", what, s, t);
     }
   }
-  const DType type = slots == 0 ? DType::kF32 : in[0].dtype;
-  for (std::size_t s = 0; s < slots; ++s) {
+  const std::int64_t first = local.empty() ? 0 : local.front();
+  const DType type = local.empty() ? DType::kF32 : in[static_cast<std::size_t>(first)].dtype;
+  for (const std::int64_t slot : local) {
+    const auto s = static_cast<std::size_t>(slot);
     NUMESH_CHECK(in[s].dtype == type && out[s].dtype == type, ValueError,
-                 "{}: slot {} has {} input and {} output views, slot 0 has {} input: one dtype per "
-                 "collective",
-                 what, s, to_string(in[s].dtype), to_string(out[s].dtype), to_string(type));
+                 "{}: slot {} has {} input and {} output views, slot {} has {} input: one dtype "
+                 "per collective",
+                 what, s, to_string(in[s].dtype), to_string(out[s].dtype), first, to_string(type));
   }
   NUMESH_CHECK(is_element_dtype(type), TypeError,
                "{}: {} is not an element type; collectives move f32, bf16 or f16", what,
                to_string(type));
   return type;
-}
-
-// Collects the frontier nodes of `slots` (skipping kReady), without duplicates.
-std::vector<NodeId> deps_of(const Frontier& after, std::span<const std::int64_t> slots) {
-  std::vector<NodeId> deps;
-  if (after.empty()) return deps;
-  for (std::int64_t s : slots) {
-    const NodeId n = after[static_cast<std::size_t>(s)];
-    if (n != kReady && std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
-  }
-  return deps;
 }
 
 std::string prefix(const CollectiveArgs& args, std::string_view fallback) {
@@ -237,6 +232,68 @@ BufferView view(Tensor& tensor) noexcept {
 
 std::string_view to_string(ReduceOp op) noexcept { return op == ReduceOp::kSum ? "sum" : "max"; }
 
+namespace {
+
+using detail::SourceBuffer;
+using detail::SourceReads;
+
+// A local slot's node of a copying collective: what it copies into its output, and what it
+// waits for.
+struct CopyPlan {
+  struct Piece {
+    const void* src;
+    std::size_t dst_offset;  // elements
+    std::size_t count;       // elements
+  };
+  std::int64_t slot = 0;
+  std::vector<Piece> pieces;
+  std::vector<NodeId> deps;
+};
+
+// A local slot's node of a reduction: the inputs it combines, in rank order (each the start of
+// the part it reads), and what it waits for.
+struct ReducePlan {
+  std::int64_t slot = 0;
+  std::vector<const void*> inputs;
+  std::vector<NodeId> deps;
+};
+
+// The node slot s waits for before its buffers are used (kReady when nothing).
+NodeId after_of(const CollectiveArgs& args, std::int64_t s) {
+  return args.after.empty() ? kReady : args.after[static_cast<std::size_t>(s)];
+}
+
+// Adds `n` to `deps` unless it is kReady or there already.
+void add_dep(std::vector<NodeId>& deps, NodeId n) {
+  if (n != kReady && std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
+}
+
+// Makes each plan's node wait for the sends that read its slot's buffers (SourceReads::sends_of).
+template <typename Plan>
+void wait_for_sends(std::vector<Plan>& plans, const SourceReads& reads) {
+  for (Plan& p : plans) {
+    for (NodeId n : reads.sends_of(p.slot)) add_dep(p.deps, n);
+  }
+}
+
+// Adds the node of each copy plan; entry `slot` of `next` becomes it.
+void add_copies(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<CopyPlan>& plans,
+                std::span<const BufferView> out, DType type, const std::string& name,
+                const std::function<std::uint64_t(std::int64_t)>& bytes, Frontier& next) {
+  for (CopyPlan& p : plans) {
+    void* dst = out[static_cast<std::size_t>(p.slot)].data;
+    next[static_cast<std::size_t>(p.slot)] = builder.add(
+        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+        [dst, pieces = std::move(p.pieces), type] {
+          for (const CopyPlan::Piece& piece : pieces)
+            copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
+        },
+        p.deps, NodeKind::kCollective, bytes(p.slot));
+  }
+}
+
+}  // namespace
+
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, ReduceOp op,
                     const CollectiveArgs& args, AllReduceAlgorithm algorithm) {
@@ -249,53 +306,92 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
     algorithm = count * item <= kDirectAllReduceBytes ? AllReduceAlgorithm::kDirect
                                                       : AllReduceAlgorithm::kReduceScatterAllGather;
   }
+  SourceReads reads(builder, mesh, name);
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
-    std::vector<const void*> inputs;
-    for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
-    const std::vector<NodeId> deps = deps_of(args.after, group);
     const std::size_t ranks = group.size();
+    const auto input = [&](std::int64_t t) { return in[static_cast<std::size_t>(t)].data; };
+    // Slot s reduces [b, e) of every member's input into its output.
+    auto reduce_plans = [&](auto range_of) {
+      std::vector<ReducePlan> plans;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const auto [b, e] = range_of(r);
+        ReducePlan p{group[r], {}, {}};
+        add_dep(p.deps, after_of(args, p.slot));
+        for (std::int64_t t : group) {
+          const auto read = reads.contiguous(SourceBuffer::kInput, p.slot, t, input(t),
+                                             after_of(args, t), b * item, (e - b) * item);
+          p.inputs.push_back(read.data);
+          add_dep(p.deps, read.ready);
+        }
+        if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
+      }
+      return plans;
+    };
     if (algorithm == AllReduceAlgorithm::kDirect || ranks == 1) {
-      for (std::int64_t s : group) {
-        void* dst = out[static_cast<std::size_t>(s)].data;
-        next[static_cast<std::size_t>(s)] = builder.add(
-            device_of(mesh, s), fmt::format("{}[{}]", name, s),
-            [dst, inputs, count, op, type] { reduce_parallel(dst, inputs, 0, count, op, type); },
-            deps, NodeKind::kCollective, (ranks - 1) * count * item);
+      auto plans = reduce_plans([count](std::size_t) {
+        return std::pair<std::size_t, std::size_t>{0, count};
+      });
+      wait_for_sends(plans, reads);
+      for (ReducePlan& p : plans) {
+        void* dst = out[static_cast<std::size_t>(p.slot)].data;
+        next[static_cast<std::size_t>(p.slot)] = builder.add(
+            device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+            [dst, inputs = std::move(p.inputs), count, op, type] {
+              reduce_parallel(dst, inputs, 0, count, op, type);
+            },
+            p.deps, NodeKind::kCollective, (ranks - 1) * count * item);
       }
       continue;
     }
     // Reduce-scatter: rank r reduces chunk r into its own output.
-    std::vector<NodeId> rs;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      const std::int64_t s = group[r];
-      const std::size_t b = chunk_begin(count, ranks, r), e = chunk_begin(count, ranks, r + 1);
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      rs.push_back(builder.add(
-          device_of(mesh, s), fmt::format("{}.rs[{}]", name, s),
-          [dst, inputs, b, e, op, type] {
-            reduce_parallel(element(dst, b, type), inputs, b, e - b, op, type);
+    auto chunk = [count, ranks](std::size_t r) {
+      return std::pair<std::size_t, std::size_t>{chunk_begin(count, ranks, r),
+                                                 chunk_begin(count, ranks, r + 1)};
+    };
+    std::vector<NodeId> rs(ranks, kReady);
+    for (ReducePlan& p : reduce_plans(chunk)) {
+      const std::size_t r =
+          static_cast<std::size_t>(std::find(group.begin(), group.end(), p.slot) - group.begin());
+      const auto [b, e] = chunk(r);
+      void* dst = out[static_cast<std::size_t>(p.slot)].data;
+      rs[r] = builder.add(
+          device_of(mesh, p.slot), fmt::format("{}.rs[{}]", name, p.slot),
+          [dst, inputs = std::move(p.inputs), b, e, op, type] {
+            reduce_parallel(element(dst, b, type), inputs, 0, e - b, op, type);
           },
-          deps, NodeKind::kCollective, (ranks - 1) * (e - b) * item));
+          p.deps, NodeKind::kCollective, (ranks - 1) * (e - b) * item);
     }
     // All-gather: rank r copies every other rank's reduced chunk.
+    std::vector<CopyPlan> plans;
     for (std::size_t r = 0; r < ranks; ++r) {
-      const std::int64_t s = group[r];
-      std::vector<const void*> reduced;
-      for (std::int64_t t : group) reduced.push_back(out[static_cast<std::size_t>(t)].data);
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}.ag[{}]", name, s),
-          [dst, reduced, r, ranks, count, type] {
-            for (std::size_t j = 0; j < ranks; ++j) {
-              if (j == r) continue;
-              const std::size_t b = chunk_begin(count, ranks, j);
-              copy_parallel(element(dst, b, type), element(reduced[j], b, type),
-                            chunk_begin(count, ranks, j + 1) - b, type);
-            }
+      CopyPlan p{group[r], {}, {}};
+      add_dep(p.deps, rs[r]);
+      for (std::size_t j = 0; j < ranks; ++j) {
+        if (j == r) continue;
+        const auto [b, e] = chunk(j);
+        const std::int64_t t = group[j];
+        const auto read = reads.contiguous(SourceBuffer::kOutput, p.slot, t,
+                                           out[static_cast<std::size_t>(t)].data, rs[j], b * item,
+                                           (e - b) * item);
+        p.pieces.push_back({read.data, b, e - b});
+        add_dep(p.deps, read.ready);
+      }
+      if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
+    }
+    wait_for_sends(plans, reads);
+    for (CopyPlan& p : plans) {
+      const std::size_t r =
+          static_cast<std::size_t>(std::find(group.begin(), group.end(), p.slot) - group.begin());
+      const auto [b, e] = chunk(r);
+      void* dst = out[static_cast<std::size_t>(p.slot)].data;
+      next[static_cast<std::size_t>(p.slot)] = builder.add(
+          device_of(mesh, p.slot), fmt::format("{}.ag[{}]", name, p.slot),
+          [dst, pieces = std::move(p.pieces), type] {
+            for (const CopyPlan::Piece& piece : pieces)
+              copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
           },
-          rs, NodeKind::kCollective,
-          (count - (chunk_begin(count, ranks, r + 1) - chunk_begin(count, ranks, r))) * item);
+          p.deps, NodeKind::kCollective, (count - (e - b)) * item);
     }
   }
   return next;
@@ -309,24 +405,30 @@ Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   const DType type = check_views(
       "all_gather", mesh, in, out, args, [count](std::int64_t) { return count; },
       [count, ranks](std::int64_t) { return count * ranks; });
+  const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "all_gather");
-  Frontier next = ready_frontier(mesh.size());
+  SourceReads reads(builder, mesh, name);
+  std::vector<CopyPlan> plans;
   for (const auto& group : groups) {
-    std::vector<const void*> inputs;
-    for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
-    const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::int64_t s : group) {
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, inputs, count, type] {
-            for (std::size_t j = 0; j < inputs.size(); ++j) {
-              copy_parallel(element(dst, j * count, type), inputs[j], count, type);
-            }
-          },
-          deps, NodeKind::kCollective, (ranks - 1) * count * dtype_size(type));
+      CopyPlan p{s, {}, {}};
+      add_dep(p.deps, after_of(args, s));
+      for (std::size_t j = 0; j < group.size(); ++j) {
+        const std::int64_t t = group[j];
+        const auto read =
+            reads.contiguous(SourceBuffer::kInput, s, t, in[static_cast<std::size_t>(t)].data,
+                             after_of(args, t), 0, count * item);
+        p.pieces.push_back({read.data, j * count, count});
+        add_dep(p.deps, read.ready);
+      }
+      if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
   }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  add_copies(
+      builder, mesh, plans, out, type, name,
+      [&](std::int64_t) { return (ranks - 1) * count * item; }, next);
   return next;
 }
 
@@ -342,22 +444,34 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
   const DType type = check_views(
       "reduce_scatter", mesh, in, out, args, [count](std::int64_t) { return count; },
       [chunk](std::int64_t) { return chunk; });
+  const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "reduce_scatter");
-  Frontier next = ready_frontier(mesh.size());
+  SourceReads reads(builder, mesh, name);
+  std::vector<ReducePlan> plans;
   for (const auto& group : groups) {
-    std::vector<const void*> inputs;
-    for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
-    const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::size_t r = 0; r < ranks; ++r) {
-      const std::int64_t s = group[r];
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, inputs, r, chunk, op, type] {
-            reduce_parallel(dst, inputs, r * chunk, chunk, op, type);
-          },
-          deps, NodeKind::kCollective, (ranks - 1) * chunk * dtype_size(type));
+      ReducePlan p{group[r], {}, {}};
+      add_dep(p.deps, after_of(args, p.slot));
+      for (std::int64_t t : group) {
+        const auto read =
+            reads.contiguous(SourceBuffer::kInput, p.slot, t, in[static_cast<std::size_t>(t)].data,
+                             after_of(args, t), r * chunk * item, chunk * item);
+        p.inputs.push_back(read.data);
+        add_dep(p.deps, read.ready);
+      }
+      if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
     }
+  }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  for (ReducePlan& p : plans) {
+    void* dst = out[static_cast<std::size_t>(p.slot)].data;
+    next[static_cast<std::size_t>(p.slot)] = builder.add(
+        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+        [dst, inputs = std::move(p.inputs), chunk, op, type] {
+          reduce_parallel(dst, inputs, 0, chunk, op, type);
+        },
+        p.deps, NodeKind::kCollective, (ranks - 1) * chunk * item);
   }
   return next;
 }
@@ -396,37 +510,38 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
       "all_to_all", mesh, in, out, args,
       [&](std::int64_t s) { return send_total[rank_of[static_cast<std::size_t>(s)]]; },
       [&](std::int64_t s) { return recv_total[rank_of[static_cast<std::size_t>(s)]]; });
+  const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "all_to_all");
-  Frontier next = ready_frontier(mesh.size());
+  SourceReads reads(builder, mesh, name);
+  std::vector<CopyPlan> plans;
   for (const auto& group : groups) {
-    std::vector<const void*> inputs;
-    for (std::int64_t s : group) inputs.push_back(in[static_cast<std::size_t>(s)].data);
-    const std::vector<NodeId> deps = deps_of(args.after, group);
     for (std::size_t j = 0; j < ranks; ++j) {
-      const std::int64_t s = group[j];
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      // (source pointer, destination offset, count) per sender, in sender order.
-      struct Piece {
-        const void* src;
-        std::size_t dst_offset;
-        std::size_t count;
-      };
-      std::vector<Piece> pieces;
-      std::uint64_t remote = 0;
+      CopyPlan p{group[j], {}, {}};
+      add_dep(p.deps, after_of(args, p.slot));
       for (std::size_t i = 0; i < ranks; ++i) {
-        pieces.push_back(
-            {element(inputs[i], send_offset[i][j], type), recv_offset[j][i], send_counts[i][j]});
-        if (i != j) remote += send_counts[i][j] * dtype_size(type);
+        const std::int64_t t = group[i];
+        const auto read =
+            reads.contiguous(SourceBuffer::kInput, p.slot, t, in[static_cast<std::size_t>(t)].data,
+                             after_of(args, t), send_offset[i][j] * item, send_counts[i][j] * item);
+        p.pieces.push_back({read.data, recv_offset[j][i], send_counts[i][j]});
+        add_dep(p.deps, read.ready);
       }
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, pieces, type] {
-            for (const Piece& p : pieces)
-              copy_parallel(element(dst, p.dst_offset, type), p.src, p.count, type);
-          },
-          deps, NodeKind::kCollective, remote);
+      if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
     }
   }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  add_copies(
+      builder, mesh, plans, out, type, name,
+      [&](std::int64_t s) {
+        const std::size_t j = rank_of[static_cast<std::size_t>(s)];
+        std::uint64_t remote = 0;
+        for (std::size_t i = 0; i < ranks; ++i) {
+          if (i != j) remote += send_counts[i][j] * item;
+        }
+        return remote;
+      },
+      next);
   return next;
 }
 
@@ -441,20 +556,31 @@ Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<cons
       "broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
       [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "broadcast");
-  Frontier next = ready_frontier(mesh.size());
+  SourceReads reads(builder, mesh, name);
+  std::vector<CopyPlan> plans;
+  std::vector<std::int64_t> root_of(static_cast<std::size_t>(mesh.size()), 0);
   for (const auto& group : groups) {
     const std::int64_t root_slot = group[static_cast<std::size_t>(root)];
-    const void* src = in[static_cast<std::size_t>(root_slot)].data;
     for (std::int64_t s : group) {
-      const std::int64_t reads[] = {root_slot, s};
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count, type] { copy_parallel(dst, src, count, type); },
-          deps_of(args.after, reads), NodeKind::kCollective,
-          s == root_slot ? 0 : count * dtype_size(type));
+      root_of[static_cast<std::size_t>(s)] = root_slot;
+      CopyPlan p{s, {}, {}};
+      add_dep(p.deps, after_of(args, s));
+      const auto read = reads.contiguous(SourceBuffer::kInput, s, root_slot,
+                                         in[static_cast<std::size_t>(root_slot)].data,
+                                         after_of(args, root_slot), 0, count * dtype_size(type));
+      p.pieces.push_back({read.data, 0, count});
+      add_dep(p.deps, read.ready);
+      if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
   }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  add_copies(
+      builder, mesh, plans, out, type, name,
+      [&](std::int64_t s) -> std::uint64_t {
+        return s == root_of[static_cast<std::size_t>(s)] ? 0 : count * dtype_size(type);
+      },
+      next);
   return next;
 }
 
@@ -466,23 +592,34 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
       "permute", mesh, in, out, args, [count](std::int64_t) { return count; },
       [count](std::int64_t) { return count; });
   const std::string name = prefix(args, "permute");
-  Frontier next = ready_frontier(mesh.size());
+  SourceReads reads(builder, mesh, name);
+  std::vector<CopyPlan> plans;
+  std::vector<std::int64_t> from_of(static_cast<std::size_t>(mesh.size()), 0);
   for (const auto& group : groups) {
     const auto ranks = static_cast<std::int64_t>(group.size());
     for (std::int64_t r = 0; r < ranks; ++r) {
       const std::int64_t s = group[static_cast<std::size_t>(r)];
       const std::int64_t from =
           group[static_cast<std::size_t>(((r - shift) % ranks + ranks) % ranks)];
-      const std::int64_t reads[] = {from, s};
-      const void* src = in[static_cast<std::size_t>(from)].data;
-      void* dst = out[static_cast<std::size_t>(s)].data;
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [dst, src, count, type] { copy_parallel(dst, src, count, type); },
-          deps_of(args.after, reads), NodeKind::kCollective,
-          from == s ? 0 : count * dtype_size(type));
+      from_of[static_cast<std::size_t>(s)] = from;
+      CopyPlan p{s, {}, {}};
+      add_dep(p.deps, after_of(args, s));
+      const auto read =
+          reads.contiguous(SourceBuffer::kInput, s, from, in[static_cast<std::size_t>(from)].data,
+                           after_of(args, from), 0, count * dtype_size(type));
+      p.pieces.push_back({read.data, 0, count});
+      add_dep(p.deps, read.ready);
+      if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
   }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  add_copies(
+      builder, mesh, plans, out, type, name,
+      [&](std::int64_t s) -> std::uint64_t {
+        return from_of[static_cast<std::size_t>(s)] == s ? 0 : count * dtype_size(type);
+      },
+      next);
   return next;
 }
 
@@ -512,10 +649,22 @@ void check_same_mesh(std::string_view what, const ShardedTensor& in, const Shard
                to_string(in.dtype()), to_string(out.dtype()));
 }
 
+// One view per slot; another rank's shard is known by its size alone.
 std::vector<BufferView> shard_views(ShardedTensor& t) {
   std::vector<BufferView> views;
-  for (std::int64_t s = 0; s < t.mesh().size(); ++s) views.push_back(view(t.shard(s)));
+  for (std::int64_t s = 0; s < t.mesh().size(); ++s) {
+    views.push_back(t.has_shard(s)
+                        ? view(t.shard(s))
+                        : BufferView{nullptr,
+                                     static_cast<std::size_t>(t.layout().elements_per_device()),
+                                     t.dtype()});
+  }
   return views;
+}
+
+// The first element of slot s's shard, or nullptr when another rank holds it.
+const void* shard_data(const ShardedTensor& t, std::int64_t s) {
+  return t.has_shard(s) ? t.shard(s).data() : nullptr;
 }
 
 }  // namespace
@@ -543,7 +692,20 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
   const DeviceMesh& mesh = out.mesh();
   const auto groups = mesh.groups(args.axes);
   const std::string name = prefix(args, "redistribute");
-  Frontier next = ready_frontier(mesh.size());
+  const DType type = in.dtype();
+  SourceReads reads(builder, mesh, name);
+  // A local slot's node: the boxes it copies, from where.
+  struct Copy {
+    std::vector<DimSlice> box;
+    SourceReads::BoxRead read;
+  };
+  struct Plan {
+    std::int64_t slot;
+    std::vector<Copy> copies;
+    std::vector<NodeId> deps;
+    std::uint64_t remote;
+  };
+  std::vector<Plan> plans;
   struct Part {
     std::vector<DimSlice> box;
     std::int64_t from;
@@ -574,35 +736,32 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
                    "redistribute {} -> {} over ({}): part of slot {}'s output is held by no "
                    "device of its group",
                    in.spec().repr(), out.spec().repr(), fmt::join(args.axes, ", "), s);
-      std::vector<std::int64_t> reads{s};
-      std::uint64_t remote = 0;
-      for (const Part& p : parts) {
-        reads.push_back(p.from);
-        if (p.from != s)
-          remote += static_cast<std::uint64_t>(volume(p.box)) * dtype_size(in.dtype());
-      }
       // Pointers and slices are bound now: shards never move once allocated.
-      struct Copy {
-        std::vector<DimSlice> box;
-        const void* src;
-        const std::vector<DimSlice>* src_slices;
-      };
-      std::vector<Copy> copies;
+      Plan plan{s, {}, {}, 0};
+      add_dep(plan.deps, after_of(args, s));
       for (Part& p : parts) {
-        copies.push_back({std::move(p.box), std::as_const(in).shard(p.from).data(),
-                          &in.layout().device(p.from).slices});
+        if (p.from != s)
+          plan.remote += static_cast<std::uint64_t>(volume(p.box)) * dtype_size(type);
+        auto read = reads.box(s, p.from, shard_data(in, p.from), &in.layout().device(p.from).slices,
+                              after_of(args, p.from), p.box, type);
+        add_dep(plan.deps, read.ready);
+        plan.copies.push_back({std::move(p.box), std::move(read)});
       }
-      void* dst = out.shard(s).data();
-      const std::vector<DimSlice>* dst_layout = &dst_slices;
-      const DType type = in.dtype();
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [copies, dst, dst_layout, type] {
-            for (const Copy& c : copies)
-              copy_box(c.box, c.src, *c.src_slices, dst, *dst_layout, type);
-          },
-          deps_of(args.after, reads), NodeKind::kCollective, remote);
+      if (mesh.is_local(s)) plans.push_back(std::move(plan));
     }
+  }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  for (Plan& p : plans) {
+    void* dst = out.shard(p.slot).data();
+    const std::vector<DimSlice>* dst_layout = &out.layout().device(p.slot).slices;
+    next[static_cast<std::size_t>(p.slot)] = builder.add(
+        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+        [copies = std::move(p.copies), dst, dst_layout, type] {
+          for (const Copy& c : copies)
+            copy_box(c.box, c.read.data, *c.read.slices, dst, *dst_layout, type);
+        },
+        p.deps, NodeKind::kCollective, p.remote);
   }
   return next;
 }
@@ -613,15 +772,21 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
   const DeviceMesh& mesh = out.mesh();
   const auto groups = mesh.groups(args.axes);
   const std::string name = prefix(args, "reduce_scatter");
-  Frontier next = ready_frontier(mesh.size());
+  const DType type = in.dtype();
+  SourceReads reads(builder, mesh, name);
+  struct Plan {
+    std::int64_t slot;
+    // Each member's part, in rank order.
+    std::vector<SourceReads::BoxRead> sources;
+    std::vector<NodeId> deps;
+    std::uint64_t remote;
+  };
+  std::vector<Plan> plans;
   for (const auto& group : groups) {
     for (std::int64_t s : group) {
       const auto& dst_slices = out.layout().device(s).slices;
-      struct Source {
-        const void* data;
-        const std::vector<DimSlice>* slices;
-      };
-      std::vector<Source> sources;
+      Plan plan{s, {}, {}, 0};
+      add_dep(plan.deps, after_of(args, s));
       for (std::int64_t t : group) {
         const auto& src_slices = in.layout().device(t).slices;
         const auto box = intersect_boxes(src_slices, dst_slices);
@@ -629,58 +794,65 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
                      "reduce_scatter {} -> {} over ({}): the input shard of slot {} does not "
                      "cover the output shard of slot {}",
                      in.spec().repr(), out.spec().repr(), fmt::join(args.axes, ", "), t, s);
-        sources.push_back({std::as_const(in).shard(t).data(), &src_slices});
+        auto read =
+            reads.box(s, t, shard_data(in, t), &src_slices, after_of(args, t), dst_slices, type);
+        add_dep(plan.deps, read.ready);
+        plan.sources.push_back(std::move(read));
       }
-      void* dst_data = out.shard(s).data();
-      const std::vector<DimSlice>* dst_layout = &dst_slices;
-      const DType type = in.dtype();
-      // 16-bit: fp32 buffers for the sum and one source, made once with the graph (not per run).
-      const auto widened = type == DType::kF32
-                               ? nullptr
-                               : std::make_shared<std::vector<float>>(
-                                     2 * static_cast<std::size_t>(volume(dst_slices)));
-      next[static_cast<std::size_t>(s)] = builder.add(
-          device_of(mesh, s), fmt::format("{}[{}]", name, s),
-          [sources, dst_data, dst_layout, op, type, widened] {
-            const auto& box = *dst_layout;
-            if (type != DType::kF32) {
-              // 16-bit: each source widened to fp32 (exact), combined in fp32 in rank order,
-              // rounded once into the output.
-              const auto n = static_cast<std::size_t>(volume(box));
-              const std::span<float> acc(widened->data(), n), part(widened->data() + n, n);
-              copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32,
-                       box);
-              for (std::size_t k = 1; k < sources.size(); ++k) {
-                copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32,
-                         box);
-                for (std::size_t i = 0; i < n; ++i) {
-                  acc[i] = op == ReduceOp::kSum ? acc[i] + part[i] : std::max(acc[i], part[i]);
-                }
-              }
-              copy_box(box, acc.data(), DType::kF32, box, dst_data, type, box);
-              return;
-            }
-            auto* dst = static_cast<float*>(dst_data);
-            copy_box(box, static_cast<const float*>(sources[0].data), *sources[0].slices, dst, box);
-            for (std::size_t k = 1; k < sources.size(); ++k) {
-              const auto* src = static_cast<const float*>(sources[k].data);
-              detail::for_each_run(box, *sources[k].slices, box,
-                                   [src, dst, op](std::int64_t a, std::int64_t b, std::int64_t n) {
-                                     float* d = dst + b;
-                                     const float* x = src + a;
-                                     if (op == ReduceOp::kSum) {
-                                       for (std::int64_t i = 0; i < n; ++i) d[i] += x[i];
-                                     } else {
-                                       for (std::int64_t i = 0; i < n; ++i)
-                                         d[i] = std::max(d[i], x[i]);
-                                     }
-                                   });
-            }
-          },
-          deps_of(args.after, group), NodeKind::kCollective,
-          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) *
-              dtype_size(in.dtype()));
+      plan.remote =
+          (group.size() - 1) * static_cast<std::uint64_t>(volume(dst_slices)) * dtype_size(type);
+      if (mesh.is_local(s)) plans.push_back(std::move(plan));
     }
+  }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  for (Plan& p : plans) {
+    const auto& dst_slices = out.layout().device(p.slot).slices;
+    void* dst_data = out.shard(p.slot).data();
+    const std::vector<DimSlice>* dst_layout = &dst_slices;
+    // 16-bit: fp32 buffers for the sum and one source, made once with the graph (not per run).
+    const auto widened = type == DType::kF32
+                             ? nullptr
+                             : std::make_shared<std::vector<float>>(
+                                   2 * static_cast<std::size_t>(volume(dst_slices)));
+    next[static_cast<std::size_t>(p.slot)] = builder.add(
+        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+        [sources = std::move(p.sources), dst_data, dst_layout, op, type, widened] {
+          const auto& box = *dst_layout;
+          if (type != DType::kF32) {
+            // 16-bit: each source widened to fp32 (exact), combined in fp32 in rank order,
+            // rounded once into the output.
+            const auto n = static_cast<std::size_t>(volume(box));
+            const std::span<float> acc(widened->data(), n), part(widened->data() + n, n);
+            copy_box(box, sources[0].data, type, *sources[0].slices, acc.data(), DType::kF32, box);
+            for (std::size_t k = 1; k < sources.size(); ++k) {
+              copy_box(box, sources[k].data, type, *sources[k].slices, part.data(), DType::kF32,
+                       box);
+              for (std::size_t i = 0; i < n; ++i) {
+                acc[i] = op == ReduceOp::kSum ? acc[i] + part[i] : std::max(acc[i], part[i]);
+              }
+            }
+            copy_box(box, acc.data(), DType::kF32, box, dst_data, type, box);
+            return;
+          }
+          auto* dst = static_cast<float*>(dst_data);
+          copy_box(box, static_cast<const float*>(sources[0].data), *sources[0].slices, dst, box);
+          for (std::size_t k = 1; k < sources.size(); ++k) {
+            const auto* src = static_cast<const float*>(sources[k].data);
+            detail::for_each_run(box, *sources[k].slices, box,
+                                 [src, dst, op](std::int64_t a, std::int64_t b, std::int64_t n) {
+                                   float* d = dst + b;
+                                   const float* x = src + a;
+                                   if (op == ReduceOp::kSum) {
+                                     for (std::int64_t i = 0; i < n; ++i) d[i] += x[i];
+                                   } else {
+                                     for (std::int64_t i = 0; i < n; ++i)
+                                       d[i] = std::max(d[i], x[i]);
+                                   }
+                                 });
+          }
+        },
+        p.deps, NodeKind::kCollective, p.remote);
   }
   return next;
 }

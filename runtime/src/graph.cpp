@@ -19,6 +19,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/cancellation.hpp"
+#include "numesh/runtime/transport.hpp"
 
 namespace numesh::runtime {
 
@@ -100,6 +101,15 @@ NodeId GraphBuilder::add_node(int device, std::string name, std::function<void()
   bodies_.push_back(std::move(body));
   starts_.push_back(std::move(start));
   return static_cast<NodeId>(nodes_.size() - 1);
+}
+
+int GraphBuilder::transfer_tag(int from, int to) {
+  int& used = transfer_tags_[{from, to}];
+  NUMESH_CHECK(used < kTransportTagLimit, ValueError,
+               "the graph needs more than {} transfers from rank {} to rank {} ({} nodes so far): "
+               "split it into several graphs",
+               kTransportTagLimit, from, to, nodes_.size());
+  return used++;
 }
 
 void GraphBuilder::depend(NodeId before, NodeId after) {
@@ -285,7 +295,9 @@ CompiledGraph GraphBuilder::compile() {
     node.start = std::move(starts_[i]);
     int remote = 0;
     for (NodeId dep : node.info.deps) {
-      if (impl->nodes[dep].info.device != node.info.device) ++remote;
+      // Signalled by an explicit try_put (complete()), not a flow-graph edge.
+      const auto& producer = impl->nodes[dep];
+      if (producer.info.device != node.info.device || producer.start) ++remote;
     }
     node.is_root = node.info.deps.empty();
     node.is_sink = successors[i] == 0;
@@ -311,6 +323,7 @@ CompiledGraph GraphBuilder::compile() {
   nodes_.clear();
   bodies_.clear();
   starts_.clear();
+  transfer_tags_.clear();
   return CompiledGraph(std::move(impl));
 }
 

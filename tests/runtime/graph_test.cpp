@@ -336,6 +336,15 @@ TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
           },
           {transfer});
   }
+  // A successor on the transfer's device that also waits for a plain node there: it must wait
+  // for both (it once ran after the plain node alone, and again after the transfer).
+  const NodeId plain = b.add(0, "plain", [] {});
+  b.add(0, "both",
+        [&] {
+          const std::lock_guard lock(m);
+          seen_by_successors.push_back(completed.load());
+        },
+        {plain, transfer});
   const NodeId sink = b.add_async(1, "sink", counting, {transfer});
   EXPECT_EQ(b.node(transfer).kind, NodeKind::kTransfer);
   CompiledGraph g = b.compile();
@@ -343,8 +352,8 @@ TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
     seen_by_successors.clear();
     g.run();
     EXPECT_EQ(completed.load(), 2 * run) << "run() waited for the asynchronous sink";
-    EXPECT_EQ(seen_by_successors, (std::vector<int>{2 * run - 1, 2 * run - 1}))
-        << "both successors ran after the transfer's done";
+    EXPECT_EQ(seen_by_successors, (std::vector<int>{2 * run - 1, 2 * run - 1, 2 * run - 1}))
+        << "every successor ran once, after the transfer's done";
   }
   (void)sink;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "thread_ranks.hpp"
 #include "transport_contract.hpp"
 
 namespace numesh::runtime {
@@ -23,13 +24,7 @@ using ::testing::ThrowsMessage;
 
 // Runs `body` on every endpoint of `ranks` thread transports at once.
 void on_thread_ranks(int ranks, const std::function<void(Transport&)>& body) {
-  auto endpoints = make_thread_transports(ranks);
-  ASSERT_EQ(endpoints.size(), static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (auto& endpoint : endpoints) {
-    threads.emplace_back([&body, endpoint] { body(*endpoint); });
-  }
-  for (auto& thread : threads) thread.join();
+  testing::on_thread_ranks(ranks, [&](const std::shared_ptr<Transport>& t) { body(*t); });
 }
 
 class ThreadTransportTest : public ::testing::TestWithParam<int> {};

@@ -1,17 +1,11 @@
 // The transport contract (tests/runtime/transport_contract.hpp) across processes: run by CTest
-// as `mpirun -np N transport_mpi_test` for N = 1, 2, 4, every rank one process on MPI's world.
-// main() makes the world first (MPI is initialised on the main thread), lets rank 0 alone
-// print all of GoogleTest's results (the others their failures), and gives every rank the
-// exit code of the worst rank, gathered over the transport itself.
+// as `mpirun -np N transport_mpi_test` for N = 1, 2, 4, every rank one process on MPI's world
+// (main() in mpi_main.cpp).
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
 #include <memory>
-#include <vector>
 
 #include "numesh/runtime/transport.hpp"
 #include "transport_contract.hpp"
@@ -38,19 +32,3 @@ TEST(MpiTransportTest, RankSettings) { contract::rank_settings(world()); }
 
 }  // namespace
 }  // namespace numesh::runtime
-
-int main(int argc, char** argv) {
-  const std::shared_ptr<numesh::runtime::Transport> world = numesh::runtime::mpi_world();
-  // Ranks other than 0 print their failures only (GoogleTest's brief mode, chosen at init).
-  if (world->rank() != 0) GTEST_FLAG_SET(brief, true);
-  ::testing::InitGoogleMock(&argc, argv);
-  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  // Every rank's result; a failing rank other than 0 says which it is.
-  const auto mine = static_cast<std::byte>(failed);
-  std::vector<std::byte> all(static_cast<std::size_t>(world->size()));
-  world->all_gather({&mine, 1}, all);
-  if (failed != 0 && world->rank() != 0) {
-    std::fprintf(stderr, "rank %d: the failures above are this rank's\n", world->rank());
-  }
-  return std::any_of(all.begin(), all.end(), [](std::byte b) { return b != std::byte{0}; }) ? 1 : 0;
-}

@@ -4,6 +4,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -102,6 +103,15 @@ class GraphBuilder {
   /// unless before < after (edges go forward, which keeps the graph acyclic).
   void depend(NodeId before, NodeId after);
 
+  /// The tag of this graph's next transfer from rank `from` to rank `to`: 0, 1, 2... per pair
+  /// of ranks, in the order asked. Every rank builds the same graph by the same calls, so both
+  /// ends of a transfer get the same tag, and no two transfers between a pair of ranks share a
+  /// tag within a run (from run to run, and between graphs run one after the other, the
+  /// transport keeps each tag's transfers in order).
+  /// Throws: ValueError once a pair of ranks has used every tag below kTransportTagLimit
+  /// (transport.hpp), naming the ranks and the node count.
+  int transfer_tag(int from, int to);
+
   /// Number of nodes.
   std::size_t size() const noexcept { return nodes_.size(); }
   /// Node `id`. Throws: IndexError.
@@ -123,6 +133,8 @@ class GraphBuilder {
   // Per node, the body of a plain node or the start of an asynchronous one (the other empty).
   std::vector<std::function<void()>> bodies_;
   std::vector<std::function<void(NodeDone)>> starts_;
+  // Transfers numbered so far per (from, to) pair of ranks.
+  std::map<std::pair<int, int>, int> transfer_tags_;
 };
 
 /// A compiled task graph. Each device has its own tbb::flow::graph, constructed in the

@@ -1,0 +1,100 @@
+#pragma once
+
+// PRIVATE: where a collective's node reads another slot's bytes from, on a mesh that may span
+// ranks (docs/distributed.md). A slot of this rank reads another slot of this rank in place,
+// as in one process. Bytes of another rank's slot come through the mesh's transport: a send
+// node on the source's rank and a receive node on the reader's, into a staging buffer that
+// every local reader of those bytes shares. Nothing else about the collective changes, so its
+// nodes combine their inputs in the same order, and give the same bits, in one process or many.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "numesh/runtime/collectives.hpp"
+#include "numesh/runtime/device_buffer.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/graph.hpp"
+#include "numesh/sharding/shard_layout.hpp"
+
+namespace numesh::runtime::detail {
+
+/// Which of a slot's buffers a read is from (a collective may read both, as the all-reduce's
+/// second stage reads the outputs of its first).
+enum class SourceBuffer { kInput, kOutput };
+
+/// The reads of one collective call. Every rank declares every read of the collective, the
+/// other ranks' included, in the same order: the transfers are numbered (tagged) by that order,
+/// so both ends of each transfer agree. Reads of bytes that another rank already receives for
+/// this collective (the same source, buffer, region and receiving rank) share one transfer.
+class SourceReads {
+ public:
+  /// Reads for the collective whose nodes are named `name`, on `mesh`, added to `builder`.
+  SourceReads(GraphBuilder& builder, const DeviceMesh& mesh, std::string name);
+
+  /// What a local reader reads: the first byte and the node to wait for (kReady: none).
+  struct Read {
+    const std::byte* data = nullptr;
+    NodeId ready = kReady;
+  };
+
+  /// Slot `reader` reads `bytes` bytes from byte `offset` of slot `source`'s `buffer`, whose
+  /// first byte is `data` (any value when `source` is another rank's) and which is ready after
+  /// node `ready`. Returns, when `reader` is this rank's, where to read and what to wait for;
+  /// otherwise {} (the call still numbers the transfer, and adds the send when `source` is this
+  /// rank's).
+  Read contiguous(SourceBuffer buffer, std::int64_t reader, std::int64_t source, const void* data,
+                  NodeId ready, std::size_t offset, std::size_t bytes);
+
+  /// What a local reader reads of a box: its elements, laid out as `*slices` describes (the
+  /// source's shard in place, the box itself when staged), and the node to wait for. The node
+  /// that reads keeps the BoxRead: `slices` owns a staged box's layout (and does not own the
+  /// layout of a shard read in place, which its tensor keeps).
+  struct BoxRead {
+    const void* data = nullptr;
+    std::shared_ptr<const std::vector<sharding::DimSlice>> slices;
+    NodeId ready = kReady;
+  };
+
+  /// Slot `reader` reads the part `box` (global coordinates) of slot `source`'s shard `data`
+  /// (elements of `type`, laid out as `*slices`), ready after node `ready`. A staged box
+  /// crosses as its own elements only: the send node packs it first. As contiguous otherwise.
+  BoxRead box(std::int64_t reader, std::int64_t source, const void* data,
+              const std::vector<sharding::DimSlice>* slices, NodeId ready,
+              const std::vector<sharding::DimSlice>& box, DType type);
+
+  /// The send nodes that read local slot `slot`'s buffers. Its last node of the collective
+  /// waits for them, so that its frontier entry still means "its buffers are free".
+  std::vector<NodeId> sends_of(std::int64_t slot) const;
+
+ private:
+  // A staged read: where it lands on this rank and the receive that fills it.
+  struct Staged {
+    std::shared_ptr<DeviceBuffer> buffer;
+    NodeId received = kReady;
+    std::shared_ptr<const std::vector<sharding::DimSlice>> slices;  // box reads: the box
+  };
+  // (buffer, source slot, offset, bytes, receiving rank, box as offset-extent pairs).
+  using Key = std::tuple<int, std::int64_t, std::size_t, std::size_t, int,
+                         std::vector<std::int64_t>>;
+
+  // Numbers the transfer of `bytes` from `source` to `reader`'s rank; adds the send (by `send`)
+  // on the source's rank or the receive on the reader's. Returns the staged read on the
+  // reader's rank.
+  template <typename MakeSend>
+  const Staged* transfer(const Key& key, std::int64_t reader, std::int64_t source,
+                         std::size_t bytes, NodeId ready, MakeSend&& send);
+
+  GraphBuilder& builder_;
+  const DeviceMesh& mesh_;
+  std::string name_;
+  std::map<Key, Staged> staged_;
+  std::map<Key, bool> sent_;
+  std::map<std::int64_t, std::vector<NodeId>> sends_;
+};
+
+}  // namespace numesh::runtime::detail

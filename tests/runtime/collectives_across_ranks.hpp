@@ -1,0 +1,294 @@
+#pragma once
+
+// Collectives on a mesh that spans ranks give the bits of the same collectives on the same mesh
+// in one process. Written once and run by each rank: by threads over make_thread_transports in
+// runtime_test, and by processes under mpirun -np 2 and 4 in collectives_mpi_test. Each rank
+// builds the mesh from devices of its own (synthetic topologies, one core per device), runs
+// every collective over every subset of the mesh's axes, in f32, bf16 and f16, and compares its
+// own slots' outputs with what one process computes on a mesh of all the devices.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "numesh/runtime/collectives.hpp"
+#include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/tensor.hpp"
+#include "numesh/runtime/transport.hpp"
+#include "test_devices.hpp"
+
+namespace numesh::runtime::across_ranks {
+
+/// A mesh split over ranks: rank r holds devices[r] of its slots.
+struct RankedMesh {
+  std::vector<int> devices;
+  std::vector<std::int64_t> dims;
+  std::vector<std::string> names;
+};
+
+/// The meshes to test on `ranks` ranks.
+inline std::vector<RankedMesh> ranked_meshes(int ranks) {
+  switch (ranks) {
+    case 1:
+      return {{{4}, {2, 2}, {"dp", "tp"}}};
+    case 2:
+      return {{{2, 2}, {2, 2}, {"dp", "tp"}},
+              {{1, 3}, {2, 2}, {"dp", "tp"}},
+              {{2, 2}, {4}, {"tp"}}};
+    case 3:
+      return {{{2, 1, 3}, {2, 3}, {"dp", "tp"}}};
+    case 4:
+      return {{{1, 1, 1, 1}, {2, 2}, {"dp", "tp"}}, {{1, 1, 1, 1}, {2, 2}, {"tp", "ep"}}};
+    default:
+      return {};
+  }
+}
+
+/// One collective: its name (for messages), the axes it runs over, its dtype, and what it does.
+struct Case {
+  std::string name;
+  std::vector<std::string> axes;
+  DType dtype = DType::kF32;
+  /// Elements of slot s's input and output, given the rank of s in its group and the group size.
+  std::function<std::size_t(std::size_t rank, std::size_t size)> in_count, out_count;
+  /// Adds the collective.
+  std::function<Frontier(GraphBuilder&, const DeviceMesh&, std::span<const BufferView>,
+                         std::span<const BufferView>, const CollectiveArgs&)>
+      add;
+};
+
+// A value of slot s's input at i: distinct, non-integer and of mixed signs, so that a sum in
+// another order, a misplaced element or a wrong source all show.
+inline float input_value(std::int64_t slot, std::size_t i) {
+  return static_cast<float>((static_cast<std::size_t>(slot) * 7919 + i * 104729) % 1000) / 37.0f -
+         13.0f;
+}
+
+/// The bytes of every local slot's output after running `c` twice on `mesh` (the second run
+/// shows that a graph's transfers match again from run to run).
+inline std::map<std::int64_t, std::vector<std::byte>> run_case(const DeviceMesh& mesh,
+                                                               const Case& c) {
+  const auto groups = mesh.groups(c.axes);
+  std::vector<std::size_t> rank(static_cast<std::size_t>(mesh.size())), size(rank.size());
+  for (const auto& g : groups) {
+    for (std::size_t r = 0; r < g.size(); ++r) {
+      rank[static_cast<std::size_t>(g[r])] = r;
+      size[static_cast<std::size_t>(g[r])] = g.size();
+    }
+  }
+  const std::size_t item = dtype_size(c.dtype);
+  std::vector<std::vector<std::byte>> in(rank.size()), out(rank.size());
+  std::vector<BufferView> in_views(rank.size()), out_views(rank.size());
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const std::size_t n_in = c.in_count(rank[i], size[i]), n_out = c.out_count(rank[i], size[i]);
+    in_views[i] = {nullptr, n_in, c.dtype};
+    out_views[i] = {nullptr, n_out, c.dtype};
+    if (!mesh.is_local(s)) continue;
+    std::vector<float> values(n_in);
+    for (std::size_t k = 0; k < n_in; ++k) values[k] = input_value(s, k);
+    in[i].resize(n_in * item + 1);
+    out[i].resize(n_out * item + 1);
+    convert_elements(values.data(), DType::kF32, in[i].data(), c.dtype, n_in);
+    in_views[i].data = in[i].data();
+    out_views[i].data = out[i].data();
+  }
+  GraphBuilder builder(mesh.device_set());
+  CollectiveArgs args;
+  args.axes = c.axes;
+  c.add(builder, mesh, in_views, out_views, args);
+  CompiledGraph graph = builder.compile();
+  graph.run();
+  for (auto& o : out) std::fill(o.begin(), o.end(), std::byte{0});
+  graph.run();
+  std::map<std::int64_t, std::vector<std::byte>> result;
+  for (std::int64_t s : mesh.local_slots()) {
+    const auto i = static_cast<std::size_t>(s);
+    result[s] = out[i];
+  }
+  return result;
+}
+
+/// Every collective over every subset of `names`, in f32, bf16 and f16.
+inline std::vector<Case> cases(const std::vector<std::string>& names) {
+  std::vector<Case> all;
+  std::vector<std::vector<std::string>> subsets;
+  for (unsigned mask = 0; mask < (1u << names.size()); ++mask) {
+    std::vector<std::string> axes;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (mask & (1u << i)) axes.push_back(names[i]);
+    }
+    subsets.push_back(axes);
+  }
+  const auto fixed = [](std::size_t n) { return [n](std::size_t, std::size_t) { return n; }; };
+  // Uneven all-to-all counts with zeros among them: rank i sends (i + 2j) % 3 to rank j.
+  const auto a2a_counts = [](std::size_t size) {
+    std::vector<std::vector<std::size_t>> counts(size, std::vector<std::size_t>(size));
+    for (std::size_t i = 0; i < size; ++i) {
+      for (std::size_t j = 0; j < size; ++j) counts[i][j] = (i + 2 * j) % 3 * 5;
+    }
+    return counts;
+  };
+  for (const auto& axes : subsets) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const std::string tail = fmt::format(" over ({}) in {}", fmt::join(axes, ","),
+                                           to_string(dtype));
+      for (auto [algorithm, label] :
+           {std::pair{AllReduceAlgorithm::kDirect, "direct"},
+            std::pair{AllReduceAlgorithm::kReduceScatterAllGather, "reduce-scatter+all-gather"}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          all.push_back({fmt::format("all_reduce {} {}{}", to_string(op), label, tail), axes,
+                         dtype, fixed(1001), fixed(1001),
+                         [algorithm, op](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                                         const CollectiveArgs& a) {
+                           return all_reduce(b, m, in, out, 1001, op, a, algorithm);
+                         }});
+        }
+      }
+      all.push_back({"all_gather" + tail, axes, dtype, fixed(33),
+                     [](std::size_t, std::size_t size) { return 33 * size; },
+                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                        const CollectiveArgs& a) { return all_gather(b, m, in, out, 33, a); }});
+      all.push_back({"reduce_scatter" + tail, axes, dtype,
+                     [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
+                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                        const CollectiveArgs& a) {
+                       const std::size_t size = m.groups(a.axes).front().size();
+                       return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kSum, a);
+                     }});
+      all.push_back(
+          {"all_to_all" + tail, axes, dtype,
+           [a2a_counts](std::size_t r, std::size_t size) {
+             const auto c = a2a_counts(size);
+             return std::accumulate(c[r].begin(), c[r].end(), std::size_t{0});
+           },
+           [a2a_counts](std::size_t r, std::size_t size) {
+             std::size_t n = 0;
+             for (const auto& row : a2a_counts(size)) n += row[r];
+             return n;
+           },
+           [a2a_counts](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                        const CollectiveArgs& a) {
+             return all_to_all(b, m, in, out, a2a_counts(m.groups(a.axes).front().size()), a);
+           }});
+      all.push_back({"broadcast" + tail, axes, dtype, fixed(40), fixed(40),
+                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                        const CollectiveArgs& a) {
+                       const auto size = static_cast<std::int64_t>(m.groups(a.axes).front().size());
+                       return broadcast(b, m, in, out, 40, size - 1, a);
+                     }});
+      all.push_back({"permute" + tail, axes, dtype, fixed(40), fixed(40),
+                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                        const CollectiveArgs& a) { return permute(b, m, in, out, 40, 1, a); }});
+    }
+  }
+  return all;
+}
+
+/// The one-process mesh of `m`'s shape.
+inline DeviceMesh one_process(const RankedMesh& m) {
+  const int total = std::accumulate(m.devices.begin(), m.devices.end(), 0);
+  return DeviceMesh::create(testing::synthetic_devices(testing::nodes(total)), m.dims, m.names);
+}
+
+/// This rank's mesh of `m`, over `transport`.
+inline DeviceMesh over_ranks(const RankedMesh& m, const std::shared_ptr<Transport>& transport) {
+  return DeviceMesh::create(
+      testing::synthetic_devices(
+          testing::nodes(m.devices[static_cast<std::size_t>(transport->rank())])),
+      transport, m.dims, m.names);
+}
+
+/// Runs every buffer collective on every mesh of ranked_meshes(ranks) and checks this rank's
+/// outputs against one process's.
+inline void buffer_collectives_match_one_process(const std::shared_ptr<Transport>& transport) {
+  for (const RankedMesh& m : ranked_meshes(transport->size())) {
+    const DeviceMesh mesh = over_ranks(m, transport);
+    const DeviceMesh reference = one_process(m);
+    for (const Case& c : cases(m.names)) {
+      const auto got = run_case(mesh, c);
+      const auto want = run_case(reference, c);
+      ASSERT_EQ(got.size(), mesh.local_slots().size());
+      for (const auto& [slot, bytes] : got) {
+        EXPECT_EQ(bytes, want.at(slot))
+            << c.name << ": slot " << slot << " of " << mesh.to_string();
+      }
+    }
+  }
+}
+
+/// The collectives on sharded tensors: redistribute (all-gather, all-to-all, slicing), reduce-
+/// scatter and all-reduce of a [6, 12] tensor between specs, over ranks and in one process.
+inline void sharded_collectives_match_one_process(const std::shared_ptr<Transport>& transport) {
+  using sharding::AxisRule;
+  using sharding::PartitionSpec;
+  for (const RankedMesh& m : ranked_meshes(transport->size())) {
+    if (m.names.size() < 2) continue;  // the specs below shard over two axes
+    const DeviceMesh mesh = over_ranks(m, transport);
+    const DeviceMesh reference = one_process(m);
+    const std::string a = m.names.front(), b = m.names.back();
+    const PartitionSpec none{}, split_a{AxisRule(a)}, split_ab{AxisRule(a), AxisRule(b)},
+        split_ba{AxisRule(b), AxisRule(a)}, cols_b{AxisRule(), AxisRule(b)};
+    struct Sharded {
+      std::string name;
+      PartitionSpec in, out;
+      std::vector<std::string> axes;
+      int kind;  // 0 redistribute, 1 reduce-scatter, 2 all-reduce
+    };
+    const std::vector<Sharded> all{
+        {"redistribute all-gather", split_ab, none, m.names, 0},
+        {"redistribute all-to-all", split_ab, split_ba, m.names, 0},
+        {"redistribute slice", none, cols_b, {b}, 0},
+        {"redistribute rows to columns", split_a, cols_b, m.names, 0},
+        {"reduce-scatter", none, split_a, {a}, 1},
+        {"all-reduce", cols_b, cols_b, {a}, 2},
+    };
+    for (const Sharded& c : all) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        auto run = [&](const DeviceMesh& on) {
+          ShardedTensor in(on, {6, 12}, c.in, dtype), out(on, {6, 12}, c.out, dtype);
+          for (std::int64_t s : on.local_slots()) {
+            Tensor& shard = in.shard(s);
+            std::vector<float> values(static_cast<std::size_t>(shard.size()));
+            for (std::size_t k = 0; k < values.size(); ++k) values[k] = input_value(s, k);
+            convert_elements(values.data(), DType::kF32, shard.data(), dtype, values.size());
+          }
+          GraphBuilder builder(on.device_set());
+          CollectiveArgs args;
+          args.axes = c.axes;
+          if (c.kind == 0) redistribute(builder, in, out, args);
+          if (c.kind == 1) reduce_scatter(builder, in, out, ReduceOp::kSum, args);
+          if (c.kind == 2) all_reduce(builder, in, out, ReduceOp::kSum, args);
+          builder.compile().run();
+          std::map<std::int64_t, std::vector<std::byte>> result;
+          for (std::int64_t s : on.local_slots()) {
+            const Tensor& shard = out.shard(s);
+            const auto* p = static_cast<const std::byte*>(shard.data());
+            result[s].assign(p, p + shard.size() * static_cast<std::int64_t>(dtype_size(dtype)));
+          }
+          return result;
+        };
+        const auto got = run(mesh);
+        const auto want = run(reference);
+        for (const auto& [slot, bytes] : got) {
+          EXPECT_EQ(bytes, want.at(slot)) << c.name << " " << c.in.repr() << " -> "
+                                          << c.out.repr() << " in " << to_string(dtype)
+                                          << ": slot " << slot << " of " << mesh.to_string();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace numesh::runtime::across_ranks
