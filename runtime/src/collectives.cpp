@@ -268,6 +268,19 @@ void add_dep(std::vector<NodeId>& deps, NodeId n) {
   if (n != kReady && std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
 }
 
+// Adds to `p` the piece of `count` elements from element `offset` of slot `source`'s input,
+// copied to element `dst_offset` of p's output, and what it waits for.
+void add_input_piece(CopyPlan& p, SourceReads& reads, std::span<const BufferView> in,
+                     const CollectiveArgs& args, std::int64_t source, std::size_t offset,
+                     std::size_t count, std::size_t dst_offset, DType type) {
+  const std::size_t item = dtype_size(type);
+  const auto read = reads.contiguous(SourceBuffer::kInput, p.slot, source,
+                                     in[static_cast<std::size_t>(source)].data,
+                                     after_of(args, source), offset * item, count * item);
+  p.pieces.push_back({read.data, dst_offset, count});
+  add_dep(p.deps, read.ready);
+}
+
 // Makes each plan's node wait for the sends that read its slot's buffers (SourceReads::sends_of).
 template <typename Plan>
 void wait_for_sends(std::vector<Plan>& plans, const SourceReads& reads) {
@@ -290,6 +303,31 @@ void add_copies(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<CopyP
         },
         p.deps, NodeKind::kCollective, bytes(p.slot));
   }
+}
+
+// Every slot s copies the whole input of slot source_of[s] (broadcast, permute).
+Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
+                    std::span<const BufferView> out, std::size_t count, DType type,
+                    const CollectiveArgs& args, const std::string& name,
+                    const std::vector<std::int64_t>& source_of) {
+  SourceReads reads(builder, mesh, name);
+  std::vector<CopyPlan> plans;
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    const std::int64_t from = source_of[static_cast<std::size_t>(s)];
+    CopyPlan p{s, {}, {}};
+    add_dep(p.deps, after_of(args, s));
+    add_input_piece(p, reads, in, args, from, 0, count, 0, type);
+    if (mesh.is_local(s)) plans.push_back(std::move(p));
+  }
+  wait_for_sends(plans, reads);
+  Frontier next = ready_frontier(mesh.size());
+  add_copies(
+      builder, mesh, plans, out, type, name,
+      [&](std::int64_t s) -> std::uint64_t {
+        return source_of[static_cast<std::size_t>(s)] == s ? 0 : count * dtype_size(type);
+      },
+      next);
+  return next;
 }
 
 }  // namespace
@@ -414,12 +452,7 @@ Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
       CopyPlan p{s, {}, {}};
       add_dep(p.deps, after_of(args, s));
       for (std::size_t j = 0; j < group.size(); ++j) {
-        const std::int64_t t = group[j];
-        const auto read =
-            reads.contiguous(SourceBuffer::kInput, s, t, in[static_cast<std::size_t>(t)].data,
-                             after_of(args, t), 0, count * item);
-        p.pieces.push_back({read.data, j * count, count});
-        add_dep(p.deps, read.ready);
+        add_input_piece(p, reads, in, args, group[j], 0, count, j * count, type);
       }
       if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
@@ -519,12 +552,8 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
       CopyPlan p{group[j], {}, {}};
       add_dep(p.deps, after_of(args, p.slot));
       for (std::size_t i = 0; i < ranks; ++i) {
-        const std::int64_t t = group[i];
-        const auto read =
-            reads.contiguous(SourceBuffer::kInput, p.slot, t, in[static_cast<std::size_t>(t)].data,
-                             after_of(args, t), send_offset[i][j] * item, send_counts[i][j] * item);
-        p.pieces.push_back({read.data, recv_offset[j][i], send_counts[i][j]});
-        add_dep(p.deps, read.ready);
+        add_input_piece(p, reads, in, args, group[i], send_offset[i][j], send_counts[i][j],
+                        recv_offset[j][i], type);
       }
       if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
     }
@@ -555,33 +584,14 @@ Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<cons
   const DType type = check_views(
       "broadcast", mesh, in, out, args, [count](std::int64_t) { return count; },
       [count](std::int64_t) { return count; });
-  const std::string name = prefix(args, "broadcast");
-  SourceReads reads(builder, mesh, name);
-  std::vector<CopyPlan> plans;
-  std::vector<std::int64_t> root_of(static_cast<std::size_t>(mesh.size()), 0);
+  std::vector<std::int64_t> source_of(static_cast<std::size_t>(mesh.size()), 0);
   for (const auto& group : groups) {
-    const std::int64_t root_slot = group[static_cast<std::size_t>(root)];
     for (std::int64_t s : group) {
-      root_of[static_cast<std::size_t>(s)] = root_slot;
-      CopyPlan p{s, {}, {}};
-      add_dep(p.deps, after_of(args, s));
-      const auto read = reads.contiguous(SourceBuffer::kInput, s, root_slot,
-                                         in[static_cast<std::size_t>(root_slot)].data,
-                                         after_of(args, root_slot), 0, count * dtype_size(type));
-      p.pieces.push_back({read.data, 0, count});
-      add_dep(p.deps, read.ready);
-      if (mesh.is_local(s)) plans.push_back(std::move(p));
+      source_of[static_cast<std::size_t>(s)] = group[static_cast<std::size_t>(root)];
     }
   }
-  wait_for_sends(plans, reads);
-  Frontier next = ready_frontier(mesh.size());
-  add_copies(
-      builder, mesh, plans, out, type, name,
-      [&](std::int64_t s) -> std::uint64_t {
-        return s == root_of[static_cast<std::size_t>(s)] ? 0 : count * dtype_size(type);
-      },
-      next);
-  return next;
+  return copy_whole(builder, mesh, in, out, count, type, args, prefix(args, "broadcast"),
+                    source_of);
 }
 
 Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -591,36 +601,15 @@ Frontier permute(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const 
   const DType type = check_views(
       "permute", mesh, in, out, args, [count](std::int64_t) { return count; },
       [count](std::int64_t) { return count; });
-  const std::string name = prefix(args, "permute");
-  SourceReads reads(builder, mesh, name);
-  std::vector<CopyPlan> plans;
-  std::vector<std::int64_t> from_of(static_cast<std::size_t>(mesh.size()), 0);
+  std::vector<std::int64_t> source_of(static_cast<std::size_t>(mesh.size()), 0);
   for (const auto& group : groups) {
     const auto ranks = static_cast<std::int64_t>(group.size());
     for (std::int64_t r = 0; r < ranks; ++r) {
-      const std::int64_t s = group[static_cast<std::size_t>(r)];
-      const std::int64_t from =
+      source_of[static_cast<std::size_t>(group[static_cast<std::size_t>(r)])] =
           group[static_cast<std::size_t>(((r - shift) % ranks + ranks) % ranks)];
-      from_of[static_cast<std::size_t>(s)] = from;
-      CopyPlan p{s, {}, {}};
-      add_dep(p.deps, after_of(args, s));
-      const auto read =
-          reads.contiguous(SourceBuffer::kInput, s, from, in[static_cast<std::size_t>(from)].data,
-                           after_of(args, from), 0, count * dtype_size(type));
-      p.pieces.push_back({read.data, 0, count});
-      add_dep(p.deps, read.ready);
-      if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
   }
-  wait_for_sends(plans, reads);
-  Frontier next = ready_frontier(mesh.size());
-  add_copies(
-      builder, mesh, plans, out, type, name,
-      [&](std::int64_t s) -> std::uint64_t {
-        return from_of[static_cast<std::size_t>(s)] == s ? 0 : count * dtype_size(type);
-      },
-      next);
-  return next;
+  return copy_whole(builder, mesh, in, out, count, type, args, prefix(args, "permute"), source_of);
 }
 
 // ---- Sharded tensors ------------------------------------------------------------------------

@@ -184,6 +184,20 @@ struct CompiledGraph::Impl {
     stop.store(true, std::memory_order_release);
   }
 
+  // Throws the fault inject_fault armed for node `id`, else notes its start when timing.
+  void begin(NodeId id) {
+    const Node& n = nodes[id];
+    if (static_cast<std::int64_t>(id) == armed_fault) {
+      throw InjectedFault(
+          fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
+    }
+    if (timing_on) {
+      NodeTiming& t = timings[id];
+      t.thread = oneapi::tbb::this_task_arena::current_thread_index();
+      t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
+    }
+  }
+
   // The body of every flow-graph node.
   void fire(NodeId id) {
     Node& n = nodes[id];
@@ -194,19 +208,12 @@ struct CompiledGraph::Impl {
       return;
     } else {
       try {
-        if (static_cast<std::int64_t>(id) == armed_fault) {
-          throw InjectedFault(
-              fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
-        }
+        begin(id);
+        n.body();
         if (timing_on) {
           NodeTiming& t = timings[id];
-          t.thread = oneapi::tbb::this_task_arena::current_thread_index();
-          t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
-          n.body();
           t.end = std::chrono::duration<double>(Clock::now() - run_start).count();
           t.ran = true;
-        } else {
-          n.body();
         }
       } catch (...) {
         record_error(id, std::current_exception());
@@ -223,15 +230,7 @@ struct CompiledGraph::Impl {
     flow::graph& graph = *graphs[static_cast<std::size_t>(n.info.device)];
     graph.reserve_wait();
     try {
-      if (static_cast<std::int64_t>(id) == armed_fault) {
-        throw InjectedFault(
-            fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
-      }
-      if (timing_on) {
-        NodeTiming& t = timings[id];
-        t.thread = oneapi::tbb::this_task_arena::current_thread_index();
-        t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
-      }
+      begin(id);
       n.start(
           [this, id](std::exception_ptr error_of_work) { finish(id, std::move(error_of_work)); });
     } catch (...) {
