@@ -11,9 +11,11 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#include <numeric>
 #include <span>
 #include <thread>
 
+#include "collective_values.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
@@ -22,6 +24,10 @@
 namespace numesh::diagnostics {
 
 using namespace numesh::runtime;  // the runtime is what this library measures
+using detail::check_outputs;
+using detail::element_count;
+using detail::fill_inputs;
+using detail::output_count;
 
 // Named rather than anonymous: a member of a class with linkage must have a type with linkage.
 namespace detail {
@@ -83,7 +89,9 @@ float element(const void* data, DType dtype, std::size_t i) {
 }
 
 // Writes input_value(rank, i) for every element of a buffer of `dtype`.
-void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
+}  // namespace
+
+void detail::fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
   for (std::size_t i = 0; i < count; ++i) {
     const float v = input_value(rank, i);
     switch (dtype) {
@@ -105,13 +113,18 @@ void fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
   }
 }
 
+namespace {
+
 std::size_t checked_chain(CollectiveOp op, std::size_t chain) {
   NUMESH_CHECK(chain > 0, ValueError, "{}: a chain of 0 collectives runs nothing (1 or more)",
                to_string(op));
   return chain;
 }
 
-std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks, DType dtype) {
+}  // namespace
+
+std::size_t detail::element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks,
+                                  DType dtype) {
   NUMESH_CHECK(is_element_dtype(dtype), ValueError,
                "{}: collectives move f32, bf16 or f16 elements, not {} blocks", to_string(op),
                to_string(dtype));
@@ -122,8 +135,7 @@ std::size_t element_count(CollectiveOp op, std::size_t bytes, std::size_t ranks,
   return bytes / elem;
 }
 
-// Output elements per rank for `count` input elements per rank.
-std::size_t output_count(CollectiveOp op, std::size_t count, std::size_t ranks) {
+std::size_t detail::output_count(CollectiveOp op, std::size_t count, std::size_t ranks) {
   switch (op) {
     case CollectiveOp::kAllGather:
       return count * ranks;
@@ -133,6 +145,8 @@ std::size_t output_count(CollectiveOp op, std::size_t count, std::size_t ranks) 
       return count;
   }
 }
+
+namespace {
 
 // The value output element i of `rank` must hold (before the rounding to the buffers' dtype).
 float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std::size_t rank,
@@ -157,13 +171,16 @@ float expected_value(CollectiveOp op, std::size_t count, std::size_t ranks, std:
   return 0;
 }
 
-bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks, DType dtype,
-                   const std::function<const void*(std::size_t)>& out) {
+}  // namespace
+
+bool detail::check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks, DType dtype,
+                           const std::function<const void*(std::size_t)>& out,
+                           std::span<const std::size_t> which) {
   const std::size_t n = output_count(op, count, ranks);
   const auto matches = [&](const void* v, std::size_t r, std::size_t i) {
     return element(v, dtype, i) == stored_value(expected_value(op, count, ranks, r, i), dtype);
   };
-  for (std::size_t r = 0; r < ranks; ++r) {
+  for (std::size_t r : which) {
     const void* v = out(r);
     // Every element of small outputs, a stride of large ones.
     const std::size_t step = std::max<std::size_t>(1, n / 4096);
@@ -174,6 +191,8 @@ bool check_outputs(CollectiveOp op, std::size_t count, std::size_t ranks, DType 
   }
   return true;
 }
+
+namespace {
 
 // dst[0, n) = the sum over `srcs` of their [offset, offset + n), as a plain loop would: fp32
 // adds in source order, and for 16-bit buffers the sources widened a block at a time with the
@@ -266,17 +285,27 @@ std::vector<CollectiveOp> all_collective_ops() {
 
 GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveOp op,
                                  std::size_t bytes, DType dtype, std::size_t chain)
+    : GraphCollective(DeviceMesh::create(std::move(devices), {-1}, {"x"}), op, bytes, dtype,
+                      chain) {}
+
+GraphCollective::GraphCollective(DeviceMesh mesh, CollectiveOp op, std::size_t bytes, DType dtype,
+                                 std::size_t chain)
     : op_(op),
       dtype_(dtype),
       chain_(checked_chain(op, chain)),
-      count_(element_count(op, bytes, devices->size(), dtype)),
-      mesh_(DeviceMesh::create(devices, {-1}, {"x"})),
+      count_(element_count(op, bytes, static_cast<std::size_t>(mesh.size()), dtype)),
+      mesh_(std::move(mesh)),
       graph_([&] {
-        const std::size_t ranks = devices->size();
+        NUMESH_CHECK(mesh_.mesh().rank() == 1, ValueError,
+                     "{}: the benchmark runs on a 1-D mesh, not {}", to_string(op),
+                     mesh_.to_string());
+        const auto ranks = static_cast<std::size_t>(mesh_.size());
         const std::size_t out_n = output_count(op, count_, ranks);
-        std::vector<BufferView> iv, ov;
-        for (std::size_t r = 0; r < ranks; ++r) {
-          const auto slot = static_cast<std::int64_t>(r);
+        // Every slot has a view; only this rank's point at buffers.
+        std::vector<BufferView> iv(ranks, BufferView{nullptr, count_, dtype}),
+            ov(ranks, BufferView{nullptr, out_n, dtype});
+        for (const std::int64_t slot : mesh_.local_slots()) {
+          const auto r = static_cast<std::size_t>(slot);
           in_.emplace_back(mesh_.device(slot),
                            std::vector<std::int64_t>{static_cast<std::int64_t>(count_)}, dtype);
           out_.emplace_back(mesh_.device(slot),
@@ -290,10 +319,10 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
           void* v = chain_ > 1 ? source_.back().data() : in_.back().data();
           // Written by the device's threads, so the pages stay on its node.
           mesh_.device(slot).execute([&] { fill_inputs(v, dtype, count_, r); });
+          iv[r] = view(in_.back());
+          ov[r] = view(out_.back());
         }
-        for (auto& t : in_) iv.push_back(view(t));
-        for (auto& t : out_) ov.push_back(view(t));
-        GraphBuilder b(devices);
+        GraphBuilder b(mesh_.device_set());
         Frontier done = ready_frontier(static_cast<std::int64_t>(ranks));
         for (std::size_t link = 0; link < chain_; ++link) {
           CollectiveArgs args{.axes = {"x"}, .after = done, .name = {}};
@@ -304,11 +333,12 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
               if (id != kReady) deps.push_back(id);
             }
             const std::size_t input_bytes = count_ * dtype_size(dtype);
-            for (std::size_t r = 0; r < ranks; ++r) {
-              void* dst = in_[r].data();
-              const void* src = source_[r].data();
-              args.after[r] = b.add(
-                  static_cast<int>(r), fmt::format("rewrite_input[{}]", r),
+            for (std::size_t k = 0; k < mesh_.local_slots().size(); ++k) {
+              const std::int64_t slot = mesh_.local_slots()[k];
+              void* dst = in_[k].data();
+              const void* src = source_[k].data();
+              args.after[static_cast<std::size_t>(slot)] = b.add(
+                  mesh_.device(slot).index(), fmt::format("rewrite_input[{}]", slot),
                   [dst, src, input_bytes] { std::memcpy(dst, src, input_bytes); }, deps);
             }
           }
@@ -336,8 +366,15 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
       }()) {}
 
 bool GraphCollective::check() const {
-  return check_outputs(op_, count_, in_.size(), dtype_,
-                       [this](std::size_t r) { return out_[r].data(); });
+  std::vector<std::size_t> local;
+  for (const std::int64_t slot : mesh_.local_slots())
+    local.push_back(static_cast<std::size_t>(slot));
+  return check_outputs(
+      op_, count_, static_cast<std::size_t>(mesh_.size()), dtype_,
+      [this](std::size_t r) {
+        return out_[r - static_cast<std::size_t>(mesh_.local_slots().front())].data();
+      },
+      local);
 }
 
 // The plain baseline.
@@ -489,8 +526,10 @@ void PlainCollective::run() {
 
 bool PlainCollective::check() const {
   const State& s = *state_;
-  return check_outputs(s.op, s.count, s.ranks, s.dtype,
-                       [&s](std::size_t r) { return s.out[r]->data(); });
+  std::vector<std::size_t> all(s.ranks);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  return check_outputs(
+      s.op, s.count, s.ranks, s.dtype, [&s](std::size_t r) { return s.out[r]->data(); }, all);
 }
 
 struct MemcpyBaseline::Buffers {

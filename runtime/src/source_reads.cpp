@@ -79,8 +79,8 @@ SourceReads::BoxRead SourceReads::box(std::int64_t reader, std::int64_t source, 
   if (mesh_.rank_of(reader) == mesh_.rank_of(source)) {
     if (!mesh_.is_local(reader)) return {};
     // Aliasing an empty owner: a pointer to the tensor's own layout, owning nothing.
-    return {data, std::shared_ptr<const std::vector<sharding::DimSlice>>(std::shared_ptr<void>(),
-                                                                        slices),
+    return {data,
+            std::shared_ptr<const std::vector<sharding::DimSlice>>(std::shared_ptr<void>(), slices),
             ready};
   }
   std::vector<std::int64_t> corners;
@@ -88,16 +88,20 @@ SourceReads::BoxRead SourceReads::box(std::int64_t reader, std::int64_t source, 
     corners.push_back(d.offset);
     corners.push_back(d.extent);
   }
-  const Key key{static_cast<int>(SourceBuffer::kInput), source, 0, bytes, mesh_.rank_of(reader),
+  const Key key{static_cast<int>(SourceBuffer::kInput),
+                source,
+                0,
+                bytes,
+                mesh_.rank_of(reader),
                 std::move(corners)};
   const Staged* staged = transfer(key, reader, source, bytes, ready, [&](int to, int tag) {
     // The box's elements, packed on the source's device when the send starts.
     auto packed = std::make_shared<DeviceBuffer>(mesh_.device(source).allocate(bytes));
-    return [transport = mesh_.transport(), to, tag, packed, data, slices, box,
-            type](NodeDone done) {
-      copy_box(box, data, *slices, packed->data(), box, type);
-      transport->send(to, tag, packed->bytes(), std::move(done));
-    };
+    return
+        [transport = mesh_.transport(), to, tag, packed, data, slices, box, type](NodeDone done) {
+          copy_box(box, data, *slices, packed->data(), box, type);
+          transport->send(to, tag, packed->bytes(), std::move(done));
+        };
   });
   if (staged == nullptr) return {};
   auto& entry = staged_.at(key);

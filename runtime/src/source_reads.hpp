@@ -79,8 +79,8 @@ class SourceReads {
     std::shared_ptr<const std::vector<sharding::DimSlice>> slices;  // box reads: the box
   };
   // (buffer, source slot, offset, bytes, receiving rank, box as offset-extent pairs).
-  using Key = std::tuple<int, std::int64_t, std::size_t, std::size_t, int,
-                         std::vector<std::int64_t>>;
+  using Key =
+      std::tuple<int, std::int64_t, std::size_t, std::size_t, int, std::vector<std::int64_t>>;
 
   // Numbers the transfer of `bytes` from `source` to `reader`'s rank; adds the send (by `send`)
   // on the source's rank or the receive on the reader's. Returns the staged read on the

@@ -43,9 +43,8 @@ inline std::vector<RankedMesh> ranked_meshes(int ranks) {
     case 1:
       return {{{4}, {2, 2}, {"dp", "tp"}}};
     case 2:
-      return {{{2, 2}, {2, 2}, {"dp", "tp"}},
-              {{1, 3}, {2, 2}, {"dp", "tp"}},
-              {{2, 2}, {4}, {"tp"}}};
+      return {
+          {{2, 2}, {2, 2}, {"dp", "tp"}}, {{1, 3}, {2, 2}, {"dp", "tp"}}, {{2, 2}, {4}, {"tp"}}};
     case 3:
       return {{{2, 1, 3}, {2, 3}, {"dp", "tp"}}};
     case 4:
@@ -142,14 +141,14 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
   };
   for (const auto& axes : subsets) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      const std::string tail = fmt::format(" over ({}) in {}", fmt::join(axes, ","),
-                                           to_string(dtype));
+      const std::string tail =
+          fmt::format(" over ({}) in {}", fmt::join(axes, ","), to_string(dtype));
       for (auto [algorithm, label] :
            {std::pair{AllReduceAlgorithm::kDirect, "direct"},
             std::pair{AllReduceAlgorithm::kReduceScatterAllGather, "reduce-scatter+all-gather"}}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-          all.push_back({fmt::format("all_reduce {} {}{}", to_string(op), label, tail), axes,
-                         dtype, fixed(1001), fixed(1001),
+          all.push_back({fmt::format("all_reduce {} {}{}", to_string(op), label, tail), axes, dtype,
+                         fixed(1001), fixed(1001),
                          [algorithm, op](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
                                          const CollectiveArgs& a) {
                            return all_reduce(b, m, in, out, 1001, op, a, algorithm);
@@ -160,34 +159,34 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
                      [](std::size_t, std::size_t size) { return 33 * size; },
                      [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
                         const CollectiveArgs& a) { return all_gather(b, m, in, out, 33, a); }});
-      all.push_back({"reduce_scatter" + tail, axes, dtype,
-                     [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
-                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                        const CollectiveArgs& a) {
-                       const std::size_t size = m.groups(a.axes).front().size();
-                       return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kSum, a);
+      all.push_back(
+          {"reduce_scatter" + tail, axes, dtype,
+           [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
+           [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, const CollectiveArgs& a) {
+             const std::size_t size = m.groups(a.axes).front().size();
+             return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kSum, a);
+           }});
+      all.push_back({"all_to_all" + tail, axes, dtype,
+                     [a2a_counts](std::size_t r, std::size_t size) {
+                       const auto c = a2a_counts(size);
+                       return std::accumulate(c[r].begin(), c[r].end(), std::size_t{0});
+                     },
+                     [a2a_counts](std::size_t r, std::size_t size) {
+                       std::size_t n = 0;
+                       for (const auto& row : a2a_counts(size)) n += row[r];
+                       return n;
+                     },
+                     [a2a_counts](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                                  const CollectiveArgs& a) {
+                       return all_to_all(b, m, in, out, a2a_counts(m.groups(a.axes).front().size()),
+                                         a);
                      }});
       all.push_back(
-          {"all_to_all" + tail, axes, dtype,
-           [a2a_counts](std::size_t r, std::size_t size) {
-             const auto c = a2a_counts(size);
-             return std::accumulate(c[r].begin(), c[r].end(), std::size_t{0});
-           },
-           [a2a_counts](std::size_t r, std::size_t size) {
-             std::size_t n = 0;
-             for (const auto& row : a2a_counts(size)) n += row[r];
-             return n;
-           },
-           [a2a_counts](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                        const CollectiveArgs& a) {
-             return all_to_all(b, m, in, out, a2a_counts(m.groups(a.axes).front().size()), a);
+          {"broadcast" + tail, axes, dtype, fixed(40), fixed(40),
+           [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, const CollectiveArgs& a) {
+             const auto size = static_cast<std::int64_t>(m.groups(a.axes).front().size());
+             return broadcast(b, m, in, out, 40, size - 1, a);
            }});
-      all.push_back({"broadcast" + tail, axes, dtype, fixed(40), fixed(40),
-                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                        const CollectiveArgs& a) {
-                       const auto size = static_cast<std::int64_t>(m.groups(a.axes).front().size());
-                       return broadcast(b, m, in, out, 40, size - 1, a);
-                     }});
       all.push_back({"permute" + tail, axes, dtype, fixed(40), fixed(40),
                      [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
                         const CollectiveArgs& a) { return permute(b, m, in, out, 40, 1, a); }});
@@ -204,10 +203,9 @@ inline DeviceMesh one_process(const RankedMesh& m) {
 
 /// This rank's mesh of `m`, over `transport`.
 inline DeviceMesh over_ranks(const RankedMesh& m, const std::shared_ptr<Transport>& transport) {
-  return DeviceMesh::create(
-      testing::synthetic_devices(
-          testing::nodes(m.devices[static_cast<std::size_t>(transport->rank())])),
-      transport, m.dims, m.names);
+  return DeviceMesh::create(testing::synthetic_devices(testing::nodes(
+                                m.devices[static_cast<std::size_t>(transport->rank())])),
+                            transport, m.dims, m.names);
 }
 
 /// Runs every buffer collective on every mesh of ranked_meshes(ranks) and checks this rank's
@@ -282,9 +280,9 @@ inline void sharded_collectives_match_one_process(const std::shared_ptr<Transpor
         const auto got = run(mesh);
         const auto want = run(reference);
         for (const auto& [slot, bytes] : got) {
-          EXPECT_EQ(bytes, want.at(slot)) << c.name << " " << c.in.repr() << " -> "
-                                          << c.out.repr() << " in " << to_string(dtype)
-                                          << ": slot " << slot << " of " << mesh.to_string();
+          EXPECT_EQ(bytes, want.at(slot))
+              << c.name << " " << c.in.repr() << " -> " << c.out.repr() << " in "
+              << to_string(dtype) << ": slot " << slot << " of " << mesh.to_string();
         }
       }
     }

@@ -16,6 +16,7 @@
 #include "numesh/core/timing.hpp"
 #include "numesh/diagnostics/collective_benchmark.hpp"
 #include "numesh/runtime/device.hpp"
+#include "numesh/runtime/transport.hpp"
 #include "parsers.hpp"
 #include "render.hpp"
 
@@ -47,7 +48,12 @@ pinned NUMA devices on a one-node machine with
 Examples:
   numesh bench collectives --sizes 64K,64M --ops all-reduce --json out.json
   numesh bench collectives --ops all-reduce,all-gather --sizes 32M --dtype bf16
-  numesh bench collectives --sizes 4K,64K --chain 64)");
+  numesh bench collectives --sizes 4K,64K --chain 64
+
+Under mpirun every rank makes its devices from the cores it is bound to, and the collectives
+run over a mesh of every rank's devices, timed against Open MPI's own (MPI_Allreduce,
+MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) on one buffer per rank; rank 0 prints:
+  mpirun -np 2 --bind-to core numesh bench collectives --sizes 64K,64M)");
   add_machine_options(*cmd, o.machine, /*with_threads=*/true);
   cmd->add_option("--ops", o.ops, "Collectives to run, comma-separated")->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "Bytes per device, comma-separated (4K, 64KiB, 1M, 64MiB)")
@@ -67,23 +73,31 @@ Examples:
   return cmd;
 }
 
-void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
-  std::vector<diagnostics::CollectiveOp> ops;
+BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& o) {
+  BenchCollectivesCases c;
   for (const std::string& name : parse_items(o.ops))
-    ops.push_back(diagnostics::parse_collective_op(name));
-  std::vector<std::size_t> sizes;
-  for (const std::string& s : parse_items(o.sizes)) sizes.push_back(parse_bytes(s));
-  const DType dtype = parse_dtype(o.dtype);
+    c.ops.push_back(diagnostics::parse_collective_op(name));
+  for (const std::string& s : parse_items(o.sizes)) c.sizes.push_back(parse_bytes(s));
+  c.dtype = parse_dtype(o.dtype);
   NUMESH_CHECK(
-      is_element_dtype(dtype), ValueError,
+      is_element_dtype(c.dtype), ValueError,
       "--dtype {}: collectives move f32, bf16 or f16 elements, not blocks of a weight format",
       o.dtype);
-  NUMESH_CHECK(!ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
-  NUMESH_CHECK(!sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
+  NUMESH_CHECK(!c.ops.empty(), ValueError, "--ops '{}' names no collective", o.ops);
+  NUMESH_CHECK(!c.sizes.empty(), ValueError, "--sizes '{}' names no size", o.sizes);
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
   NUMESH_CHECK(o.min_time >= 0, ValueError, "--min-time {} must not be negative", o.min_time);
   NUMESH_CHECK(o.chain > 0, ValueError, "--chain {} must be positive", o.chain);
-  const auto chain = static_cast<std::size_t>(o.chain);
+  c.chain = static_cast<std::size_t>(o.chain);
+  return c;
+}
+
+void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) {
+  if (runtime::launched_ranks() > 1) {
+    run_bench_collectives_across_ranks(o, out);
+    return;
+  }
+  const auto [ops, sizes, dtype, chain] = parse_bench_collectives(o);
   std::ofstream json_file;
   if (!o.json.empty()) {
     json_file.open(o.json);

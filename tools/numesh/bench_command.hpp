@@ -4,10 +4,14 @@
 // collective on the machine's devices against a plain shared-memory loop and memcpy, measured
 // in the same run.
 
+#include <cstddef>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "mesh_options.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/diagnostics/collective_benchmark.hpp"
 
 namespace CLI {
 class App;
@@ -28,6 +32,18 @@ struct BenchCollectivesOptions {
   bool quiet = false;         ///< --quiet: no progress line
 };
 
+/// The cases bench collectives options ask for, parsed and checked.
+struct BenchCollectivesCases {
+  std::vector<diagnostics::CollectiveOp> ops;  ///< --ops
+  std::vector<std::size_t> sizes;              ///< --sizes, in bytes per device
+  DType dtype = DType::kF32;                   ///< --dtype
+  std::size_t chain = 1;                       ///< --chain
+};
+
+/// Parses and checks the options' cases.
+/// Throws: ValueError naming a bad --ops, --sizes, --dtype, --repeats, --min-time or --chain.
+BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& options);
+
 /// Registers `bench`, the group of the benchmark subcommands (collectives here, memory and
 /// decode in bench_memory.hpp and bench_decode.hpp), and returns it. Not thread-safe (CLI11
 /// setup).
@@ -39,6 +55,15 @@ CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions
 /// Runs the benchmark (the cases of numesh/diagnostics/collective_benchmark.hpp, timed with
 /// numesh::median_seconds), writes the table to `out` (and the JSON file when asked); progress
 /// goes to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
+/// Under mpirun with more than one rank, runs run_bench_collectives_across_ranks instead.
 void run_bench_collectives(const BenchCollectivesOptions& options, std::ostream& out);
+
+/// The benchmark across the ranks mpirun started (bench_collectives_ranks.cpp): every rank makes
+/// its devices from the cores it may use, the mesh is every rank's devices in rank order, and
+/// each case times numesh's collective over that mesh against MPI's own on one buffer per rank.
+/// Rank 0 writes the table (and the JSON file); the others write nothing.
+/// Throws: as run_bench_collectives; ValueError when the ranks were started with different
+/// options (naming them); Error when a result is wrong on any rank (naming the rank).
+void run_bench_collectives_across_ranks(const BenchCollectivesOptions& options, std::ostream& out);
 
 }  // namespace numesh::tools

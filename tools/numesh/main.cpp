@@ -64,7 +64,18 @@ int fail(const std::string& message) {
 struct Command {
   CLI::App* app;
   std::function<int()> run;
+  /// Runs across the ranks mpirun starts (docs/distributed.md); the others refuse more than one.
+  bool across_ranks = false;
 };
+
+// "bench collectives" for a subcommand of bench, "generate" for a top-level one.
+std::string command_name(const CLI::App& app) {
+  const CLI::App* parent = app.get_parent();
+  if (parent != nullptr && parent->get_parent() != nullptr) {
+    return parent->get_name() + " " + app.get_name();
+  }
+  return app.get_name();
+}
 
 // The subcommand that `add(parent, options)` registers and `run(options, std::cout)` runs, with
 // its options kept alive as long as the command (CLI11 writes into them while parsing). A run
@@ -99,6 +110,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = t::add_bench_command(app);
   commands.push_back(command<t::BenchCollectivesOptions>(*bench, t::add_bench_collectives_command,
                                                          t::run_bench_collectives));
+  commands.back().across_ranks = true;
   commands.push_back(
       command<t::BenchMemoryOptions>(*bench, t::add_bench_memory_command, t::run_bench_memory));
   commands.push_back(
@@ -121,18 +133,19 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
 
-  // Every rank of `mpirun -np N` would run the whole command on its own, on the same cores,
-  // writing the same files: refuse until commands run across processes (issue 35).
-  if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1) {
-    return fail(fmt::format(
-        "started by mpirun as {} ranks: numesh's commands do not run across processes yet "
-        "(docs/distributed.md); run one process, or mpirun -np 1",
-        ranks));
-  }
-
   try {
     for (const Command& c : commands) {
-      if (c.app->parsed()) return c.run();
+      if (!c.app->parsed()) continue;
+      // Every rank of `mpirun -np N` would run a command that does not run across processes
+      // on its own, on the same cores, writing the same files: refuse it (issue 35).
+      if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1 && !c.across_ranks) {
+        return fail(fmt::format(
+            "started by mpirun as {} ranks: `numesh {}` does not run across processes yet "
+            "(docs/distributed.md; `numesh bench collectives` does); run one process, or "
+            "mpirun -np 1",
+            ranks, command_name(*c.app)));
+      }
+      return c.run();
     }
   } catch (const numesh::Error& e) {
     return fail(e.what());

@@ -78,11 +78,18 @@ class GraphCollective {
   /// Throws additionally: ValueError when chain is 0.
   GraphCollective(std::shared_ptr<runtime::DeviceSet> devices, CollectiveOp op, std::size_t bytes,
                   DType dtype = DType::kF32, std::size_t chain = 1);
+  /// The same collective over the slots of `mesh`, a 1-D mesh that may span ranks
+  /// (docs/distributed.md): this rank holds the buffers of its own slots, and every rank
+  /// constructs it at the same time with the same arguments (building the graph numbers its
+  /// transfers) and runs it as many times.
+  /// Throws: as above; ValueError when the mesh is not 1-D.
+  GraphCollective(runtime::DeviceMesh mesh, CollectiveOp op, std::size_t bytes,
+                  DType dtype = DType::kF32, std::size_t chain = 1);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
   void run() { graph_.run(); }
-  /// True when every output holds the expected values (every element of small outputs; of
-  /// large ones every (n / 4096)-th and the last). Call after run().
+  /// True when every output of this rank holds the expected values (every element of small
+  /// outputs; of large ones every (n / 4096)-th and the last). Call after run().
   [[nodiscard]] bool check() const;
   /// The collective.
   [[nodiscard]] CollectiveOp op() const noexcept { return op_; }
