@@ -80,7 +80,7 @@ NodeId GraphBuilder::add(int device, std::string name, std::function<void()> bod
 NodeId GraphBuilder::add_async(int device, std::string name,
                                std::function<void(NodeDone done)> start,
                                std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes) {
-  NUMESH_CHECK(static_cast<bool>(start), ValueError, "node '{}' has no body", name);
+  NUMESH_CHECK(static_cast<bool>(start), ValueError, "node '{}' has no start", name);
   return add_node(device, std::move(name), {}, std::move(start), deps, kind, bytes);
 }
 
@@ -184,31 +184,35 @@ struct CompiledGraph::Impl {
     stop.store(true, std::memory_order_release);
   }
 
-  // Throws the fault inject_fault armed for node `id`, else notes its start when timing.
-  void begin(NodeId id) {
+  // The fault inject_fault armed for node `id` in this run, if it is that node.
+  std::exception_ptr injected_fault(NodeId id) const {
+    if (static_cast<std::int64_t>(id) != armed_fault) return nullptr;
     const Node& n = nodes[id];
-    if (static_cast<std::int64_t>(id) == armed_fault) {
-      throw InjectedFault(
-          fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device));
-    }
-    if (timing_on) {
-      NodeTiming& t = timings[id];
-      t.thread = oneapi::tbb::this_task_arena::current_thread_index();
-      t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
-    }
+    return std::make_exception_ptr(InjectedFault(
+        fmt::format("injected fault in node {} (device {})", n.info.name, n.info.device)));
+  }
+
+  // Notes node `id`'s start when timing.
+  void note_start(NodeId id) {
+    if (!timing_on) return;
+    NodeTiming& t = timings[id];
+    t.thread = oneapi::tbb::this_task_arena::current_thread_index();
+    t.start = std::chrono::duration<double>(Clock::now() - run_start).count();
   }
 
   // The body of every flow-graph node.
   void fire(NodeId id) {
     Node& n = nodes[id];
-    if (stop.load(std::memory_order_acquire)) {
-      skipped.store(true, std::memory_order_relaxed);
-    } else if (n.start) {
+    if (n.start) {
       start(id);
       return;
+    }
+    if (stop.load(std::memory_order_acquire)) {
+      skipped.store(true, std::memory_order_relaxed);
     } else {
       try {
-        begin(id);
+        if (std::exception_ptr fault = injected_fault(id)) std::rethrow_exception(fault);
+        note_start(id);
         n.body();
         if (timing_on) {
           NodeTiming& t = timings[id];
@@ -225,21 +229,32 @@ struct CompiledGraph::Impl {
   // Starts asynchronous node `id`; finish() ends it. The device's flow graph counts the node
   // as work in flight meanwhile (reserve_wait), so that the graph is not destroyed while the
   // node's `done` may still come.
+  //
+  // It starts even in a run that is stopping (a node failed, or the run was cancelled) and
+  // even with a fault injected: its work is a transfer that another rank's graph matches, and
+  // one left out would leave the two ranks' transfers out of step, each of the peer's later
+  // runs receiving what this rank sent for the run before. An injected fault is the node's
+  // error once its work is done.
   void start(NodeId id) {
     Node& n = nodes[id];
     flow::graph& graph = *graphs[static_cast<std::size_t>(n.info.device)];
     graph.reserve_wait();
+    note_start(id);
     try {
-      begin(id);
       n.start(
           [this, id](std::exception_ptr error_of_work) { finish(id, std::move(error_of_work)); });
     } catch (...) {
+      // The start's contract: it throws only before its work began, so done will not come.
       finish(id, std::current_exception());
     }
   }
 
-  void finish(NodeId id, std::exception_ptr work_error) {
+  // Ends asynchronous node `id`. noexcept: it may run inside the start that posted the work
+  // (a transport that completes at once), where an exception escaping would end the node a
+  // second time.
+  void finish(NodeId id, std::exception_ptr work_error) noexcept {
     Node& n = nodes[id];
+    if (!work_error) work_error = injected_fault(id);
     if (work_error) {
       record_error(id, std::move(work_error));
     } else if (timing_on) {
@@ -254,7 +269,7 @@ struct CompiledGraph::Impl {
 
   // Signals node `id`'s successors on other devices (and every successor of an asynchronous
   // node; a plain node's local successors follow through flow-graph edges) and counts a sink.
-  void complete(NodeId id) {
+  void complete(NodeId id) noexcept {
     Node& n = nodes[id];
     for (auto* successor : n.remote_successors) successor->try_put(Msg());
     if (n.is_sink && remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {

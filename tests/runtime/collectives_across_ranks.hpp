@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "numesh/core/error.hpp"
 #include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -74,10 +76,26 @@ inline float input_value(std::int64_t slot, std::size_t i) {
          13.0f;
 }
 
-/// The bytes of every local slot's output after running `c` twice on `mesh` (the second run
-/// shows that a graph's transfers match again from run to run).
-inline std::map<std::int64_t, std::vector<std::byte>> run_case(const DeviceMesh& mesh,
-                                                               const Case& c) {
+/// A collective's buffers on this rank and its compiled graph.
+struct BuiltCase {
+  std::vector<std::vector<std::byte>> in, out;  // per slot; another rank's are empty
+  std::vector<std::int64_t> local;
+  std::unique_ptr<CompiledGraph> graph;
+
+  /// The bytes of every local slot's output.
+  std::map<std::int64_t, std::vector<std::byte>> outputs() const {
+    std::map<std::int64_t, std::vector<std::byte>> result;
+    for (std::int64_t s : local) result[s] = out[static_cast<std::size_t>(s)];
+    return result;
+  }
+  /// Zeroes the outputs, so that a run that wrote nothing shows.
+  void clear_outputs() {
+    for (auto& o : out) std::fill(o.begin(), o.end(), std::byte{0});
+  }
+};
+
+/// Builds `c` on `mesh`: this rank's buffers, inputs filled, and the compiled graph.
+inline BuiltCase build_case(const DeviceMesh& mesh, const Case& c) {
   const auto groups = mesh.groups(c.axes);
   std::vector<std::size_t> rank(static_cast<std::size_t>(mesh.size())), size(rank.size());
   for (const auto& g : groups) {
@@ -87,7 +105,10 @@ inline std::map<std::int64_t, std::vector<std::byte>> run_case(const DeviceMesh&
     }
   }
   const std::size_t item = dtype_size(c.dtype);
-  std::vector<std::vector<std::byte>> in(rank.size()), out(rank.size());
+  BuiltCase built;
+  built.in.resize(rank.size());
+  built.out.resize(rank.size());
+  built.local = mesh.local_slots();
   std::vector<BufferView> in_views(rank.size()), out_views(rank.size());
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const auto i = static_cast<std::size_t>(s);
@@ -97,26 +118,29 @@ inline std::map<std::int64_t, std::vector<std::byte>> run_case(const DeviceMesh&
     if (!mesh.is_local(s)) continue;
     std::vector<float> values(n_in);
     for (std::size_t k = 0; k < n_in; ++k) values[k] = input_value(s, k);
-    in[i].resize(n_in * item + 1);
-    out[i].resize(n_out * item + 1);
-    convert_elements(values.data(), DType::kF32, in[i].data(), c.dtype, n_in);
-    in_views[i].data = in[i].data();
-    out_views[i].data = out[i].data();
+    built.in[i].resize(n_in * item + 1);
+    built.out[i].resize(n_out * item + 1);
+    convert_elements(values.data(), DType::kF32, built.in[i].data(), c.dtype, n_in);
+    in_views[i].data = built.in[i].data();
+    out_views[i].data = built.out[i].data();
   }
   GraphBuilder builder(mesh.device_set());
   CollectiveArgs args;
   args.axes = c.axes;
   c.add(builder, mesh, in_views, out_views, args);
-  CompiledGraph graph = builder.compile();
-  graph.run();
-  for (auto& o : out) std::fill(o.begin(), o.end(), std::byte{0});
-  graph.run();
-  std::map<std::int64_t, std::vector<std::byte>> result;
-  for (std::int64_t s : mesh.local_slots()) {
-    const auto i = static_cast<std::size_t>(s);
-    result[s] = out[i];
-  }
-  return result;
+  built.graph = std::make_unique<CompiledGraph>(builder.compile());
+  return built;
+}
+
+/// The bytes of every local slot's output after running `c` twice on `mesh` (the second run
+/// shows that a graph's transfers match again from run to run).
+inline std::map<std::int64_t, std::vector<std::byte>> run_case(const DeviceMesh& mesh,
+                                                               const Case& c) {
+  BuiltCase built = build_case(mesh, c);
+  built.graph->run();
+  built.clear_outputs();
+  built.graph->run();
+  return built.outputs();
 }
 
 /// Every collective over every subset of `names`, in f32, bf16 and f16.
@@ -284,6 +308,48 @@ inline void sharded_collectives_match_one_process(const std::shared_ptr<Transpor
               << c.name << " " << c.in.repr() << " -> " << c.out.repr() << " in "
               << to_string(dtype) << ": slot " << slot << " of " << mesh.to_string();
         }
+      }
+    }
+  }
+}
+
+/// A run that fails on one rank, in a transfer or in a collective's own node, fails there with
+/// that error and leaves every rank's transfers in step: the other ranks' runs complete, and
+/// every later run on every rank gives one process's bits again.
+inline void a_failed_run_leaves_the_ranks_in_step(const std::shared_ptr<Transport>& transport) {
+  for (const RankedMesh& m : ranked_meshes(transport->size())) {
+    const DeviceMesh mesh = over_ranks(m, transport);
+    // The direct f32 all-reduce over every axis: every group spans every rank.
+    const auto everything = cases(m.names);
+    const auto it = std::find_if(everything.begin(), everything.end(), [&](const Case& k) {
+      return k.axes.size() == m.names.size() && k.dtype == DType::kF32 &&
+             k.name.rfind("all_reduce sum direct", 0) == 0;
+    });
+    ASSERT_NE(it, everything.end());
+    const Case& all = *it;
+    const auto want = run_case(one_process(m), all);
+    BuiltCase built = build_case(mesh, all);
+    CompiledGraph& graph = *built.graph;
+    const bool failing = transport->rank() == transport->size() - 1;
+    for (NodeKind kind : {NodeKind::kTransfer, NodeKind::kCollective}) {
+      if (kind == NodeKind::kTransfer && transport->size() == 1) continue;  // none in one process
+      if (failing) {
+        NodeId victim = 0;
+        while (victim < graph.size() && graph.node(victim).kind != kind) ++victim;
+        ASSERT_LT(victim, graph.size())
+            << "no " << to_string(kind) << " node on rank " << transport->rank();
+        graph.inject_fault(victim);
+        EXPECT_THROW(graph.run(), InjectedFault) << to_string(kind);
+        EXPECT_EQ(graph.failed_node(), graph.node(victim).name);
+      } else {
+        EXPECT_NO_THROW(graph.run()) << "rank " << transport->rank() << ", a fault in a "
+                                     << to_string(kind) << " node of another rank";
+      }
+      built.clear_outputs();
+      graph.run();
+      for (const auto& [slot, bytes] : built.outputs()) {
+        EXPECT_EQ(bytes, want.at(slot)) << "after a fault in a " << to_string(kind)
+                                        << " node: slot " << slot << " of " << mesh.to_string();
       }
     }
   }

@@ -23,6 +23,10 @@ TEST_P(CollectivesAcrossRanksTest, ShardedCollectivesGiveTheBitsOfOneProcess) {
   testing::on_thread_ranks(GetParam(), across_ranks::sharded_collectives_match_one_process);
 }
 
+TEST_P(CollectivesAcrossRanksTest, AFailedRunLeavesTheRanksInStep) {
+  testing::on_thread_ranks(GetParam(), across_ranks::a_failed_run_leaves_the_ranks_in_step);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossRanksTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& param) {
                            return std::to_string(param.param) + "_ranks";

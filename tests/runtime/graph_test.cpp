@@ -392,6 +392,36 @@ TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
   EXPECT_EQ(g.failed_node(), "");
 }
 
+// An asynchronous node starts even in a run that is failing or cancelled: its transfer is
+// matched by another rank's graph, and one left out would put the ranks' transfers out of step.
+TEST(GraphTest, AnAsynchronousNodeStartsEvenInAStoppingRun) {
+  LateCompleter completer;
+  GraphBuilder b(two_devices());
+  std::atomic<int> started{0};
+  bool fail = true;
+  CompiledGraph* self = nullptr;
+  const NodeId first = b.add(0, "first", [&] {
+    if (fail) throw ValueError("first failed");
+    self->cancel();
+  });
+  const NodeId send = b.add_async(1, "send",
+                                  [&](NodeDone done) {
+                                    ++started;
+                                    completer.start()(std::move(done));
+                                  },
+                                  {first});
+  int after = 0;
+  b.add(0, "after", [&] { ++after; }, {send});  // skipped: the run stops
+  CompiledGraph g = b.compile();
+  self = &g;
+  EXPECT_THROW(g.run(), ValueError);
+  EXPECT_EQ(started.load(), 1) << "started after a failed node";
+  fail = false;
+  EXPECT_THROW(g.run(), CancelledError);
+  EXPECT_EQ(started.load(), 2) << "started in a cancelled run";
+  EXPECT_EQ(after, 0);
+}
+
 // Timing of an asynchronous node spans start to done; traces and DOT mark it as a transfer.
 TEST(GraphTest, AnAsynchronousNodeIsTimedAndDrawnAsATransfer) {
   LateCompleter completer;
@@ -417,7 +447,7 @@ TEST(GraphTest, AnAsynchronousNodeIsTimedAndDrawnAsATransfer) {
   EXPECT_THAT(g.to_dot(), HasSubstr("n1 [label=\"send\", shape=parallelogram]"));
   EXPECT_EQ(to_string(NodeKind::kTransfer), "transfer");
   EXPECT_THAT([&] { GraphBuilder(two_devices()).add_async(0, "x", nullptr); },
-              ThrowsMessage<ValueError>("node 'x' has no body"));
+              ThrowsMessage<ValueError>("node 'x' has no start"));
 }
 
 }  // namespace

@@ -22,5 +22,9 @@ TEST(CollectivesMpiTest, ShardedCollectivesGiveTheBitsOfOneProcess) {
   across_ranks::sharded_collectives_match_one_process(mpi_world());
 }
 
+TEST(CollectivesMpiTest, AFailedRunLeavesTheRanksInStep) {
+  across_ranks::a_failed_run_leaves_the_ranks_in_step(mpi_world());
+}
+
 }  // namespace
 }  // namespace numesh::runtime

@@ -3,6 +3,7 @@
 // (docs/distributed.md, docs/benchmarks.md).
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <ostream>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "bench_command.hpp"
@@ -76,6 +78,33 @@ void check_on_every_rank(runtime::Transport& world, bool ok, const std::string& 
                fmt::join(wrong, ", "));
 }
 
+// Runs `setup` on every rank; when it throws a numesh::Error on any rank, every rank throws,
+// naming each failing rank and its message. A rank that stopped alone would leave the others
+// waiting for it in their next collective step, and its MPI_Finalize waiting for them.
+void on_every_rank(runtime::Transport& world, const std::function<void()>& setup) {
+  std::string message;
+  try {
+    setup();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  const auto length = static_cast<std::uint64_t>(message.size());
+  std::vector<std::uint64_t> lengths(static_cast<std::size_t>(world.size()));
+  world.all_gather(std::as_bytes(std::span(&length, 1)),
+                   std::as_writable_bytes(std::span(lengths)));
+  const std::uint64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  if (longest == 0) return;
+  message.resize(longest);
+  std::string all(longest * lengths.size(), '\0');
+  world.all_gather(std::as_bytes(std::span(message)), std::as_writable_bytes(std::span(all)));
+  std::vector<std::string> failures;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    if (lengths[r] == 0) continue;
+    failures.push_back(fmt::format("rank {}: {}", r, all.substr(r * longest, lengths[r])));
+  }
+  throw ValueError(fmt::format("{}", fmt::join(failures, "; ")));
+}
+
 }  // namespace
 
 void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::ostream& rank0_out) {
@@ -92,18 +121,25 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
   std::ostringstream discarded;
   std::ostream& out = writer ? rank0_out : discarded;
   std::ofstream json_file;
-  if (writer && !o.json.empty()) {
-    json_file.open(o.json);
-    NUMESH_CHECK(json_file.good(), ValueError, "--json: cannot write '{}'", o.json);
-  }
-
-  const std::shared_ptr<runtime::DeviceSet> devices = make_devices(o.machine);
+  std::shared_ptr<runtime::DeviceSet> devices;
+  on_every_rank(*world, [&] {
+    if (writer && !o.json.empty()) {
+      json_file.open(o.json);
+      NUMESH_CHECK(json_file.good(), ValueError, "--json: cannot write '{}'", o.json);
+    }
+    devices = make_devices(o.machine);
+  });
   const runtime::DeviceMesh mesh = runtime::DeviceMesh::create(devices, world, {-1}, {"x"});
   const auto slots = static_cast<std::size_t>(mesh.size());
+  const auto ranks = static_cast<std::size_t>(world->size());
   for (std::size_t s : sizes) {
     NUMESH_CHECK(s % (dtype_size(dtype) * slots) == 0, ValueError,
                  "size {} bytes is not a multiple of {} bytes ({}) x {} devices", s,
                  dtype_size(dtype), to_string(dtype), slots);
+    NUMESH_CHECK(s % (dtype_size(dtype) * ranks) == 0, ValueError,
+                 "size {} bytes is not a multiple of {} bytes ({}) x {} ranks (MPI's collectives "
+                 "split it among the ranks)",
+                 s, dtype_size(dtype), to_string(dtype), ranks);
   }
   const bool one_device_each = static_cast<std::int64_t>(world->size()) == mesh.size();
   out << fmt::format("ranks: {} (mpirun), devices: {} ({} on rank 0:", world->size(), slots,

@@ -86,7 +86,10 @@ class GraphBuilder {
   /// node completes, and its successors may run, when that work calls `done`: no device thread
   /// waits in between. `done` must be called exactly once per run, unless `start` throws, in
   /// which case it must not be called at all (the throw is the node's error). A run waits for
-  /// every started node's `done`, even a cancelled or failed run.
+  /// every started node's `done`, even a cancelled or failed run. An asynchronous node starts
+  /// even in a run that is stopping (a node failed, or the run was cancelled), and a fault
+  /// injected into it is reported once its work is done: its work is a transfer another rank's
+  /// graph matches, and leaving one out would put the ranks' transfers out of step.
   /// Throws: as add.
   NodeId add_async(int device, std::string name, std::function<void(NodeDone done)> start,
                    std::span<const NodeId> deps = {}, NodeKind kind = NodeKind::kTransfer,
@@ -109,7 +112,9 @@ class GraphBuilder {
   /// tag within a run (from run to run, and between graphs run one after the other, the
   /// transport keeps each tag's transfers in order).
   /// Throws: ValueError once a pair of ranks has used every tag below kTransportTagLimit
-  /// (transport.hpp), naming the ranks and the node count.
+  /// (transport.hpp), naming the ranks and the node count (on those two ranks only).
+  /// Graphs that transfer over one transport must therefore run one at a time, in the same
+  /// order on every rank: two graphs' transfers under one tag are told apart by order alone.
   int transfer_tag(int from, int to);
 
   /// Number of nodes.
