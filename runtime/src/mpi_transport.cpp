@@ -1,6 +1,6 @@
-// The MPI transport (NUMESH_WITH_MPI): the only file that includes mpi.h. One progress thread
-// per process owns every MPI call after initialisation (so MPI_THREAD_SERIALIZED suffices when
-// numesh initialises MPI): send and recv queue their transfer to it and return; it posts
+// The MPI transport (NUMESH_WITH_MPI): the runtime's only file that includes mpi.h. One progress
+// thread per process owns every MPI call after initialisation (so MPI_THREAD_SERIALIZED suffices
+// when numesh initialises MPI): send and recv queue their transfer to it and return; it posts
 // MPI_Isend / MPI_Irecv, polls them with MPI_Testsome and runs each transfer's callback as it
 // completes. Errors are returned (MPI_ERRORS_RETURN on the transport's communicator), never
 // fatal.

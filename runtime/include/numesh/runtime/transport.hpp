@@ -9,7 +9,7 @@
 //  - SingleProcessTransport: one rank, nothing to send (every run that is not under mpirun);
 //  - make_thread_transports(n): n ranks as endpoints in one process (tests; runs ranks as
 //    threads);
-//  - mpi_world(): Open MPI's world, in the only file that includes mpi.h (built with
+//  - mpi_world(): Open MPI's world, in the runtime's only file that includes mpi.h (built with
 //    NUMESH_WITH_MPI).
 
 #include <cstddef>
