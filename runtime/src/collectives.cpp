@@ -391,7 +391,8 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
     for (ReducePlan& p : reduce_plans(chunk)) {
       const std::size_t r =
           static_cast<std::size_t>(std::find(group.begin(), group.end(), p.slot) - group.begin());
-      const auto [b, e] = chunk(r);
+      // Plain variables, not a structured binding: the lambda below captures them.
+      const std::size_t b = chunk_begin(count, ranks, r), e = chunk_begin(count, ranks, r + 1);
       void* dst = out[static_cast<std::size_t>(p.slot)].data;
       rs[r] = builder.add(
           device_of(mesh, p.slot), fmt::format("{}.rs[{}]", name, p.slot),

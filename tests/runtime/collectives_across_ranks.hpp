@@ -167,9 +167,12 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string tail =
           fmt::format(" over ({}) in {}", fmt::join(axes, ","), to_string(dtype));
-      for (auto [algorithm, label] :
+      for (const auto& choice :
            {std::pair{AllReduceAlgorithm::kDirect, "direct"},
             std::pair{AllReduceAlgorithm::kReduceScatterAllGather, "reduce-scatter+all-gather"}}) {
+        // Plain variables, not a structured binding: the lambdas below capture them.
+        const AllReduceAlgorithm algorithm = choice.first;
+        const char* const label = choice.second;
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
           all.push_back({fmt::format("all_reduce {} {}{}", to_string(op), label, tail), axes, dtype,
                          fixed(1001), fixed(1001),

@@ -108,7 +108,11 @@ void on_every_rank(runtime::Transport& world, const std::function<void()>& setup
 }  // namespace
 
 void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::ostream& rank0_out) {
-  const auto [ops, sizes, dtype, chain] = parse_bench_collectives(o);
+  const BenchCollectivesCases cases = parse_bench_collectives(o);
+  const auto& ops = cases.ops;
+  const auto& sizes = cases.sizes;
+  const DType dtype = cases.dtype;
+  const std::size_t chain = cases.chain;
   const std::shared_ptr<runtime::Transport> world = diagnostics::mpi_world_for_baselines();
   runtime::check_same_on_every_rank(*world, {{"--ops", o.ops},
                                              {"--sizes", o.sizes},

@@ -97,7 +97,11 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
     run_bench_collectives_across_ranks(o, out);
     return;
   }
-  const auto [ops, sizes, dtype, chain] = parse_bench_collectives(o);
+  const BenchCollectivesCases cases = parse_bench_collectives(o);
+  const auto& ops = cases.ops;
+  const auto& sizes = cases.sizes;
+  const DType dtype = cases.dtype;
+  const std::size_t chain = cases.chain;
   std::ofstream json_file;
   if (!o.json.empty()) {
     json_file.open(o.json);
