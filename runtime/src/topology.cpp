@@ -456,6 +456,14 @@ SyntheticLevels scan_synthetic(std::string_view desc) {
 }  // namespace
 
 Topology Topology::from_synthetic(std::string_view description) {
+  // hwloc reads the description up to its first NUL byte, and the PU count below must be of
+  // what hwloc reads: with a NUL, "11100008\0..." passed the count and hwloc spent minutes
+  // building 11 million objects (topology_fuzz found it).
+  const std::size_t nul = description.find('\0');
+  NUMESH_CHECK(nul == std::string_view::npos, TopologyError,
+               "the synthetic topology description has a NUL byte at offset {}: a description is "
+               "text",
+               nul);
   const std::string desc(description);
   const SyntheticLevels levels = scan_synthetic(desc);
   // hwloc 2.9's synthetic backend asserts, aborting the process, while it loads some memory-side

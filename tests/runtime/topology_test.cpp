@@ -184,6 +184,17 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
               ThrowsMessage<TopologyError>(HasSubstr("'bogus:2 pu:1'")));
 }
 
+// A NUL byte is refused: hwloc reads up to it, so numesh's PU count would be of other text
+// ("11100008" then a NUL passed the count, and hwloc spent minutes on 11 million objects; found
+// by topology_fuzz, fuzz/corpus/topology_fuzz/regression-nul-byte).
+TEST(TopologyTest, ASyntheticDescriptionWithANulByteIsRefused) {
+  using namespace std::string_view_literals;
+  EXPECT_THAT([] { (void)Topology::from_synthetic("11100008\0 core:0"sv); },
+              ThrowsMessage<TopologyError>(
+                  "the synthetic topology description has a NUL byte at offset 8: a description "
+                  "is text"));
+}
+
 // A memory-side cache level is refused before hwloc sees it: hwloc 2.9 asserts (aborting the
 // process) while loading "MemCache3:1 core:4 pu:2" (found by topology_fuzz).
 TEST(TopologyTest, SyntheticMemorySideCachesAreRefusedBeforeHwlocLoadsThem) {
