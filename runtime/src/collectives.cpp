@@ -305,6 +305,23 @@ void add_copies(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<CopyP
   }
 }
 
+// Adds the node of each reduce plan, combining `n` elements of its inputs into its output
+// (moving (inputs - 1) * n elements between devices); entry `slot` of `next` becomes it.
+void add_reductions(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<ReducePlan>& plans,
+                    std::span<const BufferView> out, std::size_t n, ReduceOp op, DType type,
+                    const std::string& name, Frontier& next) {
+  for (ReducePlan& p : plans) {
+    void* dst = out[static_cast<std::size_t>(p.slot)].data;
+    const std::uint64_t moved = (p.inputs.size() - 1) * n * dtype_size(type);
+    next[static_cast<std::size_t>(p.slot)] = builder.add(
+        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
+        [dst, inputs = std::move(p.inputs), n, op, type] {
+          reduce_parallel(dst, inputs, 0, n, op, type);
+        },
+        p.deps, NodeKind::kCollective, moved);
+  }
+}
+
 // Every slot s copies the whole input of slot source_of[s] (broadcast, permute).
 Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, DType type,
@@ -371,15 +388,7 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
         return std::pair<std::size_t, std::size_t>{0, count};
       });
       wait_for_sends(plans, reads);
-      for (ReducePlan& p : plans) {
-        void* dst = out[static_cast<std::size_t>(p.slot)].data;
-        next[static_cast<std::size_t>(p.slot)] = builder.add(
-            device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
-            [dst, inputs = std::move(p.inputs), count, op, type] {
-              reduce_parallel(dst, inputs, 0, count, op, type);
-            },
-            p.deps, NodeKind::kCollective, (ranks - 1) * count * item);
-      }
+      add_reductions(builder, mesh, plans, out, count, op, type, name, next);
       continue;
     }
     // Reduce-scatter: rank r reduces chunk r into its own output.
@@ -498,15 +507,7 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
   }
   wait_for_sends(plans, reads);
   Frontier next = ready_frontier(mesh.size());
-  for (ReducePlan& p : plans) {
-    void* dst = out[static_cast<std::size_t>(p.slot)].data;
-    next[static_cast<std::size_t>(p.slot)] = builder.add(
-        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
-        [dst, inputs = std::move(p.inputs), chunk, op, type] {
-          reduce_parallel(dst, inputs, 0, chunk, op, type);
-        },
-        p.deps, NodeKind::kCollective, (ranks - 1) * chunk * item);
-  }
+  add_reductions(builder, mesh, plans, out, chunk, op, type, name, next);
   return next;
 }
 
