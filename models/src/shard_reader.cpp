@@ -67,8 +67,9 @@ void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matri
                  const std::function<void(std::size_t i)>& after) {
   std::vector<runtime::ShardedTensor*> tensors;
   for (const MatrixFill& m : matrices) tensors.push_back(m.tensor);
-  // Matrices reported so far: counted by slot 0's thread during the fill, by this one after it
-  // (a matrix whose slot-0 shard is empty is reported with the next one, or at the end).
+  // Matrices reported so far: counted by this rank's first slot's thread during the fill, by
+  // this one after it (a matrix whose shard there is empty is reported with the next one, or at
+  // the end).
   std::size_t reported = 0;
   const auto report_through = [&](std::size_t last) {
     for (; reported <= last; ++reported) after(reported);
@@ -99,7 +100,7 @@ void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matri
         read_transposed(checkpoint, name, source.row_offset + c0, nc, r0, nr, dtype, to);
       }
     }
-    if (slot == 0 && after) report_through(i);
+    if (slot == tensor.mesh().local_slots().front() && after) report_through(i);
   });
   if (after && reported < matrices.size()) report_through(matrices.size() - 1);
 }

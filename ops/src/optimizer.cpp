@@ -14,6 +14,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/slot_values.hpp"
 
 namespace numesh::ops {
 
@@ -47,12 +48,12 @@ std::vector<Chunk> chunks_of(std::span<const std::int64_t> sizes) {
   return chunks;
 }
 
-// Runs body(slot) once per device of `mesh`, each on its own device's arena, all at once: the
-// body spreads its work over the device's threads with parallel_blocks.
+// Runs body(slot) once per device of `mesh` on this rank, each on its own device's arena, all
+// at once: the body spreads its work over the device's threads with parallel_blocks.
 void on_every_device(const runtime::DeviceMesh& mesh,
                      const std::function<void(std::int64_t)>& body) {
   runtime::GraphBuilder builder(mesh.device_set());
-  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+  for (const std::int64_t slot : mesh.local_slots()) {
     builder.add(mesh.device(slot).index(), fmt::format("optimizer[{}]", slot),
                 [&body, slot] { body(slot); });
   }
@@ -81,13 +82,18 @@ void update_chunk(float* __restrict p, float* __restrict m, float* __restrict v,
   }
 }
 
-// Per device, its shards of `tensors` tensors (sizes from size_of(slot, tensor)) cut into chunks.
+// Per device, its shards of `tensors` tensors (sizes from size_of(slot, tensor)) cut into chunks;
+// none for another rank's slots.
 template <typename SizeOf>
 std::vector<std::vector<Chunk>> chunks_per_device(const runtime::DeviceMesh& mesh,
                                                   std::size_t tensors, const SizeOf& size_of) {
   std::vector<std::vector<Chunk>> all;
   for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
     std::vector<std::int64_t> sizes;
+    if (!mesh.is_local(slot)) {
+      all.emplace_back();
+      continue;
+    }
     for (std::size_t i = 0; i < tensors; ++i) sizes.push_back(size_of(slot, i));
     all.push_back(chunks_of(sizes));
   }
@@ -220,13 +226,16 @@ double grad_norm(std::span<const runtime::ShardedTensor* const> grads) {
         floats(grads[k.tensor]->shard(slot))
             .subspan(static_cast<std::size_t>(k.first), static_cast<std::size_t>(k.size)));
   });
-  // Each device's chunks in order, then the devices in order (as before: the same bits).
-  double squares = 0.0;
+  // Each device's chunks in order, then the devices in order (as before: the same bits), the
+  // devices of other ranks summed there.
+  std::vector<double> per_device;
   for (const std::vector<double>& chunk_sums : sums) {
     double s = 0.0;
     for (const double x : chunk_sums) s += x;
-    squares += s;
+    per_device.push_back(s);
   }
+  double squares = 0.0;
+  for (const double s : runtime::values_of_every_slot(mesh, std::move(per_device))) squares += s;
   return std::sqrt(squares);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/slot_values.hpp"
 #include "numesh/runtime/transport.hpp"
 #include "test_devices.hpp"
 
@@ -281,6 +282,36 @@ TEST(DeviceMeshTest, AMeshOverRanksHoldsEveryRanksDevicesInRankOrder) {
   EXPECT_EQ(meshes[1]->to_string(),
             "DeviceMesh('dp': 2, 'tp': 3) over 6 devices on 3 ranks (numa policy; this is rank "
             "1, slots 2-2)");
+}
+
+TEST(DeviceMeshTest, EverySlotsValueComesFromItsRank) {
+  auto transports = make_thread_transports(3);
+  const std::vector<int> counts{2, 1, 3};
+  std::vector<std::vector<double>> got(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      const DeviceMesh mesh =
+          DeviceMesh::create(testing::synthetic_devices(testing::nodes(counts[r])), transports[r],
+                             {2, 3}, {"dp", "tp"});
+      // A rank's own slots hold slot + 0.5; the others hold what a rank must not send: -rank.
+      std::vector<double> mine(6, -static_cast<double>(r));
+      for (const std::int64_t s : mesh.local_slots())
+        mine[static_cast<std::size_t>(s)] = static_cast<double>(s) + 0.5;
+      got[r] = values_of_every_slot(mesh, mine);
+      try {
+        values_of_every_slot(mesh, std::vector<double>(5));
+      } catch (const ValueError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], (std::vector<double>{0.5, 1.5, 2.5, 3.5, 4.5, 5.5})) << "rank " << r;
+    EXPECT_EQ(errors[r], "values_of_every_slot: 5 values for a mesh of 6 slots") << "rank " << r;
+  }
 }
 
 TEST(DeviceMeshTest, DimsThatDoNotFitTheRanksNameEveryRanksDevices) {

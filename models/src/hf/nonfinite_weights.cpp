@@ -14,6 +14,7 @@
 #include "numesh/ops/compare.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/slot_values.hpp"
 
 namespace numesh::models {
 
@@ -81,6 +82,30 @@ std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
   return bad;
 }
 
+// What one device found in its shard: how many non-finite values, and the first (its flat
+// position in the shard and its value).
+struct SlotFinding {
+  std::int64_t count = 0;
+  std::int64_t first_at = 0;
+  double first = 0.0;  // a double: no padding bytes cross ranks
+};
+
+SlotFinding find_in_shard(const runtime::Tensor& shard, DType dtype) {
+  SlotFinding f;
+  const auto n = static_cast<std::size_t>(shard.size());
+  f.count = count_nonfinite(shard.data(), n, dtype);
+  if (f.count == 0) return f;
+  // Located by ops::compare over the values widened by the one converter the checkpoint
+  // reader uses.
+  std::vector<float> values(n);
+  runtime::convert_elements(shard.data(), dtype, values.data(), DType::kF32, n);
+  const ops::Comparison c =
+      ops::compare(std::span<const float>(values), std::span<const float>(values));
+  f.first_at = c.first_nonfinite_reference;
+  f.first = values[static_cast<std::size_t>(c.first_nonfinite_reference)];
+  return f;
+}
+
 }  // namespace
 
 std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTensor>& weights) {
@@ -89,46 +114,39 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
     NUMESH_CHECK(w.tensor != nullptr, ValueError, "non-finite scan: the weight {} is null", w.name);
     const runtime::ShardedTensor& t = *w.tensor;
     const DType dtype = t.dtype();
-    // Every device counts in its own shard (one copy of each slice), all at once.
+    // Every device of this rank counts in its own shard (one copy of each slice), all at once.
     const runtime::DeviceMesh& mesh = t.mesh();
-    std::vector<std::int64_t> per_slot(static_cast<std::size_t>(mesh.size()), 0);
+    std::vector<SlotFinding> per_slot(static_cast<std::size_t>(mesh.size()));
     runtime::GraphBuilder builder(mesh.device_set());
-    for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+    for (const std::int64_t slot : mesh.local_slots()) {
       if (t.layout().device(slot).replica_id != 0) continue;
       const runtime::Tensor& shard = t.shard(slot);
       builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot),
                   [&per_slot, &shard, dtype, slot] {
-                    per_slot[static_cast<std::size_t>(slot)] = count_nonfinite(
-                        shard.data(), static_cast<std::size_t>(shard.size()), dtype);
+                    per_slot[static_cast<std::size_t>(slot)] = find_in_shard(shard, dtype);
                   });
     }
     builder.compile().run();
+    // Other ranks' devices counted there: every rank reports the same.
+    per_slot = runtime::values_of_every_slot(mesh, std::move(per_slot));
     NonfiniteWeight report;
     report.name = w.name;
     report.elements = 1;
     for (const std::int64_t e : t.shape()) report.elements *= e;
-    for (const std::int64_t n : per_slot) report.count += n;
+    for (const SlotFinding& f : per_slot) report.count += f.count;
     if (report.count == 0) continue;
-    // The first, located by ops::compare in the first shard that holds one, its coordinates
-    // moved to the shard's place.
-    const auto first_slot = static_cast<std::int64_t>(
-        std::find_if(per_slot.begin(), per_slot.end(), [](std::int64_t n) { return n > 0; }) -
-        per_slot.begin());
-    const runtime::Tensor& shard = t.shard(first_slot);
-    const auto n = static_cast<std::size_t>(shard.size());
-    std::vector<float> values(n);
-    // Widened by the one converter the checkpoint reader uses.
-    runtime::convert_elements(shard.data(), dtype, values.data(), DType::kF32, n);
+    // The first, in the first shard that holds one, its coordinates moved to the shard's place.
+    const auto first = std::find_if(per_slot.begin(), per_slot.end(),
+                                    [](const SlotFinding& f) { return f.count > 0; });
+    const auto first_slot = static_cast<std::int64_t>(first - per_slot.begin());
     const std::vector<std::int64_t>& shard_shape = t.layout().shard_shape();
-    const ops::Comparison c =
-        ops::compare(std::span<const float>(values), std::span<const float>(values), shard_shape);
-    std::int64_t rest = c.first_nonfinite_reference;
+    std::int64_t rest = first->first_at;
     std::vector<std::int64_t> at(shard_shape.size());
     for (std::size_t d = shard_shape.size(); d-- > 0;) {
       at[d] = rest % shard_shape[d] + t.layout().device(first_slot).slices[d].offset;
       rest /= shard_shape[d];
     }
-    report.first = values[static_cast<std::size_t>(c.first_nonfinite_reference)];
+    report.first = static_cast<float>(first->first);
     report.first_at = fmt::format("[{}]", fmt::join(at, ", "));
     found.push_back(std::move(report));
   }

@@ -235,6 +235,15 @@ std::optional<RouterAuxGradient> emit_router_aux(ProgramBuilder& pb,
   ShardedTensor& counts =
       pb.tensor("router_aux.local", TensorRole::kActivation, {1, 2 * e}, replicated);
   ShardedTensor& stats = pb.tensor("router_aux.stats", TensorRole::kOutput, {1, 2 * e}, replicated);
+  // The rows counted, over every slot of the mesh: from the layouts (a slot's probabilities are
+  // [its tokens as routed, E]), so that every rank of a mesh over ranks counts them all.
+  for (std::int64_t s = 0; s < mesh.size(); ++s) {
+    for (const BlockKept& block : kept) {
+      const MoeSaved& saved = block.moe;
+      if (block.routed && detail::first_of_partial_sum(mesh, saved.partial_placed, s))
+        aux_rows += saved.x->layout().elements_per_device() / saved.x->shape().back();
+    }
+  }
   const runtime::Frontier counted =
       pb.per_device("router_aux.count", {&after}, [&](std::int64_t s) {
         std::vector<std::pair<const RoutingTables*, const runtime::Tensor*>> layers;
@@ -244,7 +253,6 @@ std::optional<RouterAuxGradient> emit_router_aux(ProgramBuilder& pb,
             continue;
           layers.emplace_back(saved.tables[static_cast<std::size_t>(s)],
                               saved.probs[static_cast<std::size_t>(s)]);
-          aux_rows += saved.probs[static_cast<std::size_t>(s)]->shape()[0];
         }
         runtime::Tensor& out = counts.shard(s);
         return [layers, &out, e, k] {

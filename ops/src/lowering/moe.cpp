@@ -45,6 +45,13 @@ using sharding::PartitionSpec;
 }  // namespace
 
 MoeStats MoeRouting::total() const {
+  if (!groups_elsewhere.empty()) {
+    throw NotImplementedError(fmt::format(
+        "MoE routing statistics: {} routing group{} (first slot {}) {} on other ranks; their "
+        "statistics do not cross ranks yet",
+        groups_elsewhere.size(), groups_elsewhere.size() == 1 ? "" : "s", groups_elsewhere.front(),
+        groups_elsewhere.size() == 1 ? "is" : "are"));
+  }
   MoeStats sum;
   for (std::int64_t s : group_leaders) {
     const MoeStats& g = per_slot[static_cast<std::size_t>(s)];
@@ -55,6 +62,19 @@ MoeStats MoeRouting::total() const {
     sum.capacity = g.capacity;
   }
   return sum;
+}
+
+void MoeRouting::set_groups(const runtime::DeviceMesh& mesh,
+                            const std::vector<std::vector<std::int64_t>>& groups) {
+  for (const auto& group : groups) {
+    const auto local =
+        std::find_if(group.begin(), group.end(), [&](std::int64_t s) { return mesh.is_local(s); });
+    if (local != group.end()) {
+      group_leaders.push_back(*local);
+    } else {
+      groups_elsewhere.push_back(group.front());
+    }
+  }
 }
 
 MoeLayer MoeLayer::create(const runtime::DeviceMesh& mesh, const MoeConfig& c, const MoeWeights& w,
@@ -715,8 +735,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
   if (routing_out != nullptr) *routing_out = &routing;
   if (!expert_axes.empty() && among_tokens(expert_axes) && !among_tokens(f_axes)) {
     // Tokens split over the expert axis: GShard's all-to-all dispatch and combine.
-    for (const auto& group : x.layout().replica_groups())
-      routing.group_leaders.push_back(group.front());
+    routing.set_groups(mesh, x.layout().replica_groups());
     return emit_moe_all_to_all(pb, layer, x, after, y, name, routing, token_axes, expert_axes,
                                saved);
   }
@@ -750,8 +769,7 @@ runtime::Frontier emit_moe(ProgramBuilder& pb, const MoeLayer& layer, runtime::S
                        .k = layer.config.top_k,
                        .le_count = layer.local_experts,
                        .fl = layer.local_ffn};
-  for (const auto& group : xc.layout().replica_groups())
-    routing.group_leaders.push_back(group.front());
+  routing.set_groups(mesh, xc.layout().replica_groups());
 
   // Per device: route its tokens and zero its partial output, then run its local experts on
   // the tokens routed to them.

@@ -12,6 +12,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/units.hpp"
+#include "numesh/runtime/slot_values.hpp"
 
 namespace numesh::ops {
 
@@ -50,6 +51,35 @@ std::int64_t moved_bytes(const sharding::ReshardStep& step, std::int64_t g, std:
 }
 
 std::string gflop_text(double flops) { return fmt::format("{:.3f} GFLOP", flops / 1e9); }
+
+// The first slot of `group` (ascending) that is this rank's, or -1.
+std::int64_t first_local(const runtime::DeviceMesh& mesh, const std::vector<std::int64_t>& group) {
+  for (const std::int64_t s : group) {
+    if (mesh.is_local(s)) return s;
+  }
+  return -1;
+}
+
+// Whether every rank holds a copy of every slice of `t` (always, in one process). Decided from
+// the layout alone, so that every rank decides alike.
+bool every_rank_holds_every_slice(const runtime::ShardedTensor& t) {
+  const runtime::DeviceMesh& mesh = t.mesh();
+  for (const std::vector<std::int64_t>& group : t.layout().replica_groups()) {
+    for (int rank = 0; rank < mesh.ranks(); ++rank) {
+      if (std::none_of(group.begin(), group.end(),
+                       [&](std::int64_t s) { return mesh.rank_of(s) == rank; }))
+        return false;
+    }
+  }
+  return true;
+}
+
+// Whether local slot `slot` is the first of this rank's copies of its slice: the one its rank
+// stores (the slice's first copy, replica 0, in one process).
+bool is_first_local_holder(const runtime::ShardedTensor& t, std::int64_t slot) {
+  const auto& info = t.layout().device(slot);
+  return first_local(t.mesh(), t.layout().replica_groups()[info.replica_group]) == slot;
+}
 
 }  // namespace
 
@@ -243,7 +273,7 @@ runtime::ShardedTensor& ProgramBuilder::input(const std::string& name,
   const auto global = std::make_shared<std::vector<sharding::DimSlice>>(whole(shape));
   objects_.push_back(global);
   loaded.assign(static_cast<std::size_t>(mesh_.size()), runtime::kReady);
-  for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+  for (const std::int64_t s : mesh_.local_slots()) {
     const auto& slices = t.layout().device(s).slices;
     runtime::Tensor& shard = t.shard(s);
     loaded[static_cast<std::size_t>(s)] = graph_.add(
@@ -254,13 +284,25 @@ runtime::ShardedTensor& ProgramBuilder::input(const std::string& name,
   return t;
 }
 
-void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t,
-                            const runtime::Frontier& after) {
+void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& stored,
+                            const runtime::Frontier& stored_after) {
   for (const auto& b : bindings_) {
     if (b->name == name)
       throw KeyError(name,
                      fmt::format("program {}: '{}' is already an input or output", name_, name));
   }
+  // Across ranks, a slice held by other ranks only comes by an all-gather: every slot then
+  // holds the whole tensor. Every rank adds it when any rank lacks a slice.
+  runtime::Frontier after = stored_after;
+  runtime::ShardedTensor* held = &stored;
+  if (!every_rank_holds_every_slice(stored)) {
+    std::vector<std::string> axes;
+    for (std::size_t d = 0; d < stored.spec().size(); ++d) {
+      for (const std::string& axis : stored.spec().entry_names(d)) axes.push_back(axis);
+    }
+    held = &gather_over(stored, axes, TensorRole::kActivation, name + ".gathered", after);
+  }
+  runtime::ShardedTensor& t = *held;
   auto binding = std::make_shared<Binding>();
   binding->name = name;
   binding->is_input = false;
@@ -270,9 +312,9 @@ void ProgramBuilder::output(const std::string& name, runtime::ShardedTensor& t,
   bindings_.push_back(std::move(binding));
   const auto global = std::make_shared<std::vector<sharding::DimSlice>>(whole(t.shape()));
   objects_.push_back(global);
-  for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+  for (const std::int64_t s : mesh_.local_slots()) {
     const auto& info = t.layout().device(s);
-    if (info.replica_id != 0) continue;  // one copy of each slice
+    if (!is_first_local_holder(t, s)) continue;  // one copy of each slice
     const runtime::Tensor& shard = t.shard(s);
     const runtime::NodeId store = graph_.add(
         mesh_.device(s).index(), fmt::format("{}.store[{}]", name, s), [b, &info, &shard, global] {
@@ -304,6 +346,11 @@ runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in,
 Program ProgramBuilder::compile() && {
   Program p;
   plan_.nodes = graph_.size();
+  // Each rank counted the FLOPs and scratch of its own slots: the plan gives every slot's.
+  if (mesh_.ranks() > 1) {
+    plan_.flops = runtime::values_of_every_slot(mesh_, std::move(plan_.flops));
+    plan_.memory_bytes = runtime::values_of_every_slot(mesh_, std::move(plan_.memory_bytes));
+  }
   p.graph_ = std::make_unique<runtime::CompiledGraph>(graph_.compile());
   p.tensors_ = std::move(tensors_);
   p.scratch_ = std::move(scratch_);

@@ -45,7 +45,8 @@ class AdamW {
   /// One step with gradients `grads` (one per parameter, same shape and layout, fp32) at
   /// learning rate `lr` (a schedule's value for this step; options().lr is the default), each
   /// gradient read as fp32(g x grad_scale): clip_coefficient() fused into the update, the same
-  /// bits as clip_grad_norm() scaling the gradients first, without their extra pass.
+  /// bits as clip_grad_norm() scaling the gradients first, without their extra pass. On a mesh
+  /// over ranks each rank updates its own shards.
   /// Throws: ShapeError when a gradient does not match its parameter (naming its index, both
   /// shapes and specs); ValueError for a negative lr or a negative or non-finite grad_scale.
   void step(std::span<const runtime::ShardedTensor* const> grads, double lr,
@@ -74,8 +75,9 @@ class AdamW {
 /// The total 2-norm of all gradients together, in double (each distinct shard counted once,
 /// replicas not again; every device sums its shards over its threads in chunks fixed by the
 /// sizes, so the result does not depend on the thread count). Non-finite values give a
-/// non-finite norm.
-/// Throws: ValueError when a gradient is null or not fp32.
+/// non-finite norm. On a mesh over ranks each rank sums its own devices' shards and every rank
+/// gets the total of one process, bit for bit: a collective, called by every rank in turn.
+/// Throws: ValueError when a gradient is null or not fp32; what the transport throws.
 double grad_norm(std::span<const runtime::ShardedTensor* const> grads);
 
 /// torch.nn.utils.clip_grad_norm_'s scale for a total norm: min(1, max_norm / (total + 1e-6)).

@@ -42,8 +42,9 @@ std::string weight_label(const std::string& slot, Architecture architecture, std
 /// Scans every distinct shard (replica 0) of each weight, f32, bf16 or f16, for NaN and
 /// infinities, each device its own shards on its own thread, all devices at once (16-bit values
 /// by their exponent bits); returns those that hold any, in the order given, the first located
-/// in the first shard that holds one.
-/// Throws: ValueError for a null tensor or another dtype.
+/// in the first shard that holds one. On a mesh over ranks each rank scans its own devices'
+/// shards and every rank returns the same findings: a collective, called by every rank.
+/// Throws: ValueError for a null tensor or another dtype; what the transport throws.
 std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTensor>& weights);
 
 }  // namespace numesh::models

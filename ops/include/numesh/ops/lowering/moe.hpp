@@ -60,11 +60,18 @@ struct MoeLayer {
 struct MoeRouting {
   /// Per mesh slot, the statistics of its routing group (written by the slot's route node).
   std::vector<MoeStats> per_slot;
-  /// One slot per routing group (the first of each replica group of the tokens).
+  /// One slot per routing group held by this rank (the first of its slots in each replica
+  /// group of the tokens: every slot of a group routes the same tokens alike).
   std::vector<std::int64_t> group_leaders;
+  /// The first slot of each routing group held by other ranks only (none in one process).
+  std::vector<std::int64_t> groups_elsewhere;
 
+  /// Fills group_leaders and groups_elsewhere from the tokens' replica groups on `mesh`.
+  void set_groups(const runtime::DeviceMesh& mesh,
+                  const std::vector<std::vector<std::int64_t>>& groups);
   /// The last run's statistics summed over the routing groups (tokens_per_expert and dropped
-  /// summed; capacity is per group).
+  /// summed; capacity is per group). Throws: NotImplementedError when some groups are on other
+  /// ranks only (their statistics do not cross ranks yet).
   MoeStats total() const;
 };
 

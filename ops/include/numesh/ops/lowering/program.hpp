@@ -78,7 +78,7 @@ struct ProgramPlan {
   /// with other programs included). Buffers are not reused within a program, so this is the
   /// program's peak.
   std::vector<std::int64_t> memory_bytes;
-  /// Graph nodes.
+  /// Graph nodes (this rank's, on a mesh over ranks).
   std::size_t nodes = 0;
 
   /// Total bytes moved by collectives per device per run (sum of moved_bytes).
@@ -120,18 +120,22 @@ class ProgramBuilder {
                                          const std::shared_ptr<runtime::ShardedTensor>& tensor) {
     return tensor != nullptr ? &use(std::move(name), role, tensor) : nullptr;
   }
-  /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled).
+  /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled). Throws:
+  /// ValueError when `slot` is another rank's.
   runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
   /// An input the caller provides per run (Program::set_input): a new program tensor laid out
-  /// by `spec`, filled at the start of every run by one load node per slot that copies the
-  /// slot's slice from the caller's host tensor. `loaded` becomes the frontier of those nodes.
+  /// by `spec`, filled at the start of every run by one load node per local slot that copies
+  /// the slot's slice from the caller's host tensor (on a mesh over ranks, every rank passes
+  /// the whole input). `loaded` becomes the frontier of those nodes.
   /// No graph is built per run, so a decode step pays no staging overhead.
   /// Throws: KeyError when an input or output called `name` exists; what ShardedTensor throws.
   runtime::ShardedTensor& input(const std::string& name, std::vector<std::int64_t> shape,
                                 sharding::PartitionSpec spec, runtime::Frontier& loaded);
   /// An output read by the caller after each run (Program::output): one store node per
   /// distinct slice, after `after`, copies `tensor`'s shards into a host tensor the program
-  /// owns. Throws: KeyError when an input or output called `name` exists.
+  /// owns. On a mesh over ranks every rank gets the whole output: when some rank holds no copy
+  /// of a slice, `tensor` is first all-gathered over the axes its spec uses, on every rank.
+  /// Throws: KeyError when an input or output called `name` exists.
   void output(const std::string& name, runtime::ShardedTensor& tensor,
               const runtime::Frontier& after);
 
@@ -152,17 +156,19 @@ class ProgramBuilder {
   /// The precision set_matmul_precision() last set.
   MatmulPrecision matmul_precision() const noexcept { return matmul_precision_; }
 
-  /// One node per mesh slot, the step every lowering repeats: node s is named "name[s]", runs
-  /// on slot s's device the body `make_body(s)` returns (called once per slot, now, so the
-  /// body binds that slot's shards and scratch), and starts after entry s of every frontier in
-  /// `after` (an empty frontier, or a kReady entry, imposes nothing). Returns the frontier of
-  /// the new nodes. Throws: what GraphBuilder::add throws.
+  /// One node per mesh slot of this process, the step every lowering repeats: node s is named
+  /// "name[s]", runs on slot s's device the body `make_body(s)` returns (called once per local
+  /// slot, now, so the body binds that slot's shards and scratch), and starts after entry s of
+  /// every frontier in `after` (an empty frontier, or a kReady entry, imposes nothing). Returns
+  /// the frontier of the new nodes; another rank's slots (a mesh over ranks) have no node here
+  /// and their entries are kReady, so make_body must not keep host state that every slot adds
+  /// to. Throws: what GraphBuilder::add throws.
   template <typename MakeBody>
   runtime::Frontier per_device(const std::string& name,
                                const std::vector<const runtime::Frontier*>& after,
                                MakeBody&& make_body) {
     runtime::Frontier done(static_cast<std::size_t>(mesh_.size()), runtime::kReady);
-    for (std::int64_t s = 0; s < mesh_.size(); ++s) {
+    for (const std::int64_t s : mesh_.local_slots()) {
       const auto i = static_cast<std::size_t>(s);
       done[i] =
           graph_.add(mesh_.device(s).index(), name + "[" + std::to_string(s) + "]", make_body(s));
@@ -198,7 +204,9 @@ class ProgramBuilder {
                                       const std::vector<std::string>& axes, TensorRole role,
                                       const std::string& name, runtime::Frontier& ready);
 
-  /// Compiles the graph; the builder is spent afterwards.
+  /// Compiles the graph; the builder is spent afterwards. On a mesh over ranks, a collective
+  /// (the plan's per-slot FLOPs and memory are gathered from each slot's rank): every rank
+  /// compiles its programs in the same order. Throws: what the transport throws.
   Program compile() &&;
 
  private:
