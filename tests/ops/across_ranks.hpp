@@ -7,7 +7,6 @@
 // and by processes under mpirun in ops_mpi_test. Each rank builds the mesh from devices of its
 // own and compares what it holds (the outputs whole, its own slots' shards) with one process.
 
-#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -17,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "numesh/core/error.hpp"
 #include "numesh/ops/lowering/lm_training.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/optimizer.hpp"
@@ -105,19 +103,21 @@ inline TransformerConfig transformer_config() {
 }
 
 /// The transformer stack's prefill, insert and decode steps, on every mesh of ranked_meshes
-/// for this many ranks: every rank's outputs (whole on every rank) are one process's bits. The
-/// MoE routing statistics are one process's too where this rank routes every routing group's
-/// tokens, and refused by name where it does not.
+/// for this many ranks: every rank's outputs (whole on every rank) and MoE routing statistics
+/// are one process's bits, with and without a capacity (tokens dropped).
 inline void transformer_matches_one_process(const std::shared_ptr<runtime::Transport>& transport) {
-  const TransformerConfig c = transformer_config();
-  const TransformerWeights w = TransformerWeights::random(c, 7);
   const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
   const std::int64_t batch = 2, max_len = 12;
-  int refused = 0;
-  for (const RankedMesh& m : ranked_meshes(transport->size())) {
+  const std::vector<RankedMesh> meshes = ranked_meshes(transport->size());
+  for (std::size_t i = 0; i < meshes.size(); ++i) {
+    const RankedMesh& m = meshes[i];
+    TransformerConfig c = transformer_config();
+    // A capacity on every other mesh: assignments dropped, in each routing group its own.
+    c.moe.capacity_factor = i % 2 == 1 ? 0.5f : 0.0f;
+    const TransformerWeights w = TransformerWeights::random(c, 7);
     ShardedTransformer spread(over_ranks(m, transport), c, w, batch, max_len, axes);
     ShardedTransformer alone(one_process(m), c, w, batch, max_len, axes);
-    std::int64_t position = 0;
+    std::int64_t position = 0, dropped = 0;
     for (const std::int64_t n : {5, 2, 1, 1}) {
       const runtime::HostTensor x = testing::random_host(
           {batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
@@ -126,25 +126,17 @@ inline void transformer_matches_one_process(const std::shared_ptr<runtime::Trans
       EXPECT_TRUE(same_bits(got.data, want.data))
           << label(m) << ", rank " << transport->rank() << ", tokens [" << position << ", "
           << position + n << ")";
+      // The routing statistics: each group's from the rank that holds its first slot.
+      const MoeStats got_stats = spread.moe_stats(), want_stats = alone.moe_stats();
+      EXPECT_EQ(got_stats.tokens_per_expert, want_stats.tokens_per_expert) << label(m);
+      EXPECT_EQ(got_stats.dropped, want_stats.dropped) << label(m);
+      EXPECT_EQ(got_stats.capacity, want_stats.capacity) << label(m);
+      dropped += want_stats.dropped;
       position += n;
     }
-    const MoeStats want = alone.moe_stats();
-    try {
-      const MoeStats got = spread.moe_stats();
-      EXPECT_EQ(got.tokens_per_expert, want.tokens_per_expert) << label(m);
-      EXPECT_EQ(got.dropped, want.dropped) << label(m);
-    } catch (const NotImplementedError& e) {
-      EXPECT_THAT(e.what(), ::testing::MatchesRegex("MoE routing statistics: [0-9]+ routing "
-                                                    "groups? \\(first slot [0-9]+\\) (is|are) "
-                                                    "on other ranks; their statistics do not "
-                                                    "cross ranks yet"))
-          << label(m);
-      refused += 1;
+    if (c.moe.capacity_factor > 0.0f) {
+      EXPECT_GT(dropped, 0) << label(m) << ": the capacity must drop assignments";
     }
-  }
-  // dp over ranks leaves a rank without the other ranks' sequences.
-  if (transport->size() > 1) {
-    EXPECT_GT(refused, 0) << "rank " << transport->rank();
   }
 }
 

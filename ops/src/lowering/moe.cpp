@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <span>
 #include <utility>
 
 #include "lowering_util.hpp"
@@ -15,6 +16,7 @@
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/routing.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
+#include "numesh/runtime/transport.hpp"
 
 namespace numesh::ops {
 
@@ -45,35 +47,47 @@ using sharding::PartitionSpec;
 }  // namespace
 
 MoeStats MoeRouting::total() const {
-  if (!groups_elsewhere.empty()) {
-    throw NotImplementedError(fmt::format(
-        "MoE routing statistics: {} routing group{} (first slot {}) {} on other ranks; their "
-        "statistics do not cross ranks yet",
-        groups_elsewhere.size(), groups_elsewhere.size() == 1 ? "" : "s", groups_elsewhere.front(),
-        groups_elsewhere.size() == 1 ? "is" : "are"));
+  // Each group's statistics as E + 2 counts (tokens per expert, dropped, capacity), from the
+  // rank that owns the group; zero where another rank does.
+  const std::size_t e = per_slot.empty() ? 0 : per_slot.front().tokens_per_expert.size();
+  const std::size_t width = e + 2, n = group_leaders.size();
+  std::vector<std::int64_t> mine(n * width, 0);
+  for (std::size_t g = 0; g < n; ++g) {
+    if (group_owners[g] != this_rank) continue;
+    const MoeStats& s = per_slot[static_cast<std::size_t>(group_leaders[g])];
+    std::copy(s.tokens_per_expert.begin(), s.tokens_per_expert.end(), mine.begin() + g * width);
+    mine[g * width + e] = s.dropped;
+    mine[g * width + e + 1] = s.capacity;
+  }
+  std::vector<std::int64_t> all = mine;
+  const std::size_t ranks = transport != nullptr ? static_cast<std::size_t>(transport->size()) : 1;
+  if (ranks > 1) {
+    all.resize(ranks * n * width);
+    transport->all_gather(std::as_bytes(std::span<const std::int64_t>(mine)),
+                          std::as_writable_bytes(std::span<std::int64_t>(all)));
   }
   MoeStats sum;
-  for (std::int64_t s : group_leaders) {
-    const MoeStats& g = per_slot[static_cast<std::size_t>(s)];
-    if (sum.tokens_per_expert.empty()) sum.tokens_per_expert.assign(g.tokens_per_expert.size(), 0);
-    for (std::size_t e = 0; e < g.tokens_per_expert.size(); ++e)
-      sum.tokens_per_expert[e] += g.tokens_per_expert[e];
-    sum.dropped += g.dropped;
-    sum.capacity = g.capacity;
+  sum.tokens_per_expert.assign(e, 0);
+  for (std::size_t g = 0; g < n; ++g) {
+    const std::int64_t* counts =
+        all.data() + (ranks > 1 ? static_cast<std::size_t>(group_owners[g]) * n * width : 0) +
+        g * width;
+    for (std::size_t x = 0; x < e; ++x) sum.tokens_per_expert[x] += counts[x];
+    sum.dropped += counts[e];
+    sum.capacity = counts[e + 1];
   }
   return sum;
 }
 
 void MoeRouting::set_groups(const runtime::DeviceMesh& mesh,
                             const std::vector<std::vector<std::int64_t>>& groups) {
+  transport = mesh.transport();
+  this_rank = mesh.this_rank();
   for (const auto& group : groups) {
     const auto local =
         std::find_if(group.begin(), group.end(), [&](std::int64_t s) { return mesh.is_local(s); });
-    if (local != group.end()) {
-      group_leaders.push_back(*local);
-    } else {
-      groups_elsewhere.push_back(group.front());
-    }
+    group_leaders.push_back(local != group.end() ? *local : -1);
+    group_owners.push_back(mesh.rank_of(group.front()));
   }
 }
 

@@ -60,18 +60,24 @@ struct MoeLayer {
 struct MoeRouting {
   /// Per mesh slot, the statistics of its routing group (written by the slot's route node).
   std::vector<MoeStats> per_slot;
-  /// One slot per routing group held by this rank (the first of its slots in each replica
-  /// group of the tokens: every slot of a group routes the same tokens alike).
+  /// Per routing group (a replica group of the tokens: its slots route the same tokens alike),
+  /// the first of its slots this rank holds, or -1 when it holds none (a mesh over ranks).
   std::vector<std::int64_t> group_leaders;
-  /// The first slot of each routing group held by other ranks only (none in one process).
-  std::vector<std::int64_t> groups_elsewhere;
+  /// Per routing group, the rank that reports its statistics: the rank of its first slot.
+  std::vector<int> group_owners;
+  /// The mesh's transport and this rank (the statistics of other ranks' groups come through it).
+  std::shared_ptr<runtime::Transport> transport;
+  int this_rank = 0;
 
-  /// Fills group_leaders and groups_elsewhere from the tokens' replica groups on `mesh`.
+  /// Fills the fields above from the tokens' replica groups on `mesh`.
   void set_groups(const runtime::DeviceMesh& mesh,
                   const std::vector<std::vector<std::int64_t>>& groups);
-  /// The last run's statistics summed over the routing groups (tokens_per_expert and dropped
-  /// summed; capacity is per group). Throws: NotImplementedError when some groups are on other
-  /// ranks only (their statistics do not cross ranks yet).
+  /// The number of routing groups (each decides top-k and capacity among its own tokens).
+  std::int64_t groups() const noexcept { return static_cast<std::int64_t>(group_leaders.size()); }
+  /// The last run's statistics summed over the routing groups in order (tokens_per_expert and
+  /// dropped summed; capacity is per group). On a mesh over ranks, a collective: each group's
+  /// statistics come from the rank of its first slot, and every rank calls it in the same
+  /// order. Throws: what the transport throws.
   MoeStats total() const;
 };
 
@@ -197,12 +203,11 @@ class ShardedMoe {
 
   /// y = moe(x) for x [tokens, H]. Throws: ShapeError for another shape; what a node throws.
   runtime::HostTensor forward(const runtime::HostTensor& x);
-  /// The last forward's routing statistics, summed over the routing groups.
+  /// The last forward's routing statistics, summed over the routing groups (a collective on a
+  /// mesh over ranks: MoeRouting::total).
   MoeStats stats() const { return routing_->total(); }
   /// Routing groups (token splits); each decides top-k and capacity among its own tokens.
-  std::int64_t groups() const noexcept {
-    return static_cast<std::int64_t>(routing_->group_leaders.size());
-  }
+  std::int64_t groups() const noexcept { return routing_->groups(); }
   /// The layer.
   const MoeLayer& layer() const noexcept { return layer_; }
   /// The program (plan, graph).
