@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +28,7 @@
 #include "numesh/runtime/rank_settings.hpp"
 #include "numesh/runtime/transport.hpp"
 #include "parsers.hpp"
+#include "ranks.hpp"
 #include "render.hpp"
 
 namespace numesh::tools {
@@ -65,65 +65,17 @@ double median_across_ranks(runtime::Transport& world, const BenchCollectivesOpti
   return times[times.size() / 2];
 }
 
-// Throws on every rank when `ok` is false on any, naming the ranks.
-void check_on_every_rank(runtime::Transport& world, bool ok, const std::string& what) {
-  const auto mine = static_cast<std::byte>(ok ? 1 : 0);
-  std::vector<std::byte> all(static_cast<std::size_t>(world.size()));
-  world.all_gather({&mine, 1}, all);
-  std::vector<int> wrong;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == std::byte{0}) wrong.push_back(static_cast<int>(r));
-  }
-  NUMESH_CHECK(wrong.empty(), Error, "{} gave a wrong result on rank(s) {}", what,
-               fmt::join(wrong, ", "));
-}
-
-// Runs `setup` on every rank; when it throws a numesh::Error on any rank, every rank throws,
-// naming each failing rank and its message. A rank that stopped alone would leave the others
-// waiting for it in their next collective step, and its MPI_Finalize waiting for them.
-void on_every_rank(runtime::Transport& world, const std::function<void()>& setup) {
-  std::string message;
-  try {
-    setup();
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  const auto length = static_cast<std::uint64_t>(message.size());
-  std::vector<std::uint64_t> lengths(static_cast<std::size_t>(world.size()));
-  world.all_gather(std::as_bytes(std::span(&length, 1)),
-                   std::as_writable_bytes(std::span(lengths)));
-  const std::uint64_t longest = *std::max_element(lengths.begin(), lengths.end());
-  if (longest == 0) return;
-  message.resize(longest);
-  std::string all(longest * lengths.size(), '\0');
-  world.all_gather(std::as_bytes(std::span(message)), std::as_writable_bytes(std::span(all)));
-  std::vector<std::string> failures;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    if (lengths[r] == 0) continue;
-    failures.push_back(fmt::format("rank {}: {}", r, all.substr(r * longest, lengths[r])));
-  }
-  throw ValueError(fmt::format("{}", fmt::join(failures, "; ")));
-}
-
 }  // namespace
 
-void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::ostream& rank0_out) {
+void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::ostream& out) {
   const BenchCollectivesCases cases = parse_bench_collectives(o);
   const auto& ops = cases.ops;
   const auto& sizes = cases.sizes;
   const DType dtype = cases.dtype;
   const std::size_t chain = cases.chain;
-  const std::shared_ptr<runtime::Transport> world = diagnostics::mpi_world_for_baselines();
-  runtime::check_same_on_every_rank(*world, {{"--ops", o.ops},
-                                             {"--sizes", o.sizes},
-                                             {"--dtype", o.dtype},
-                                             {"--repeats", std::to_string(o.repeats)},
-                                             {"--min-time", fmt::format("{}", o.min_time)},
-                                             {"--chain", std::to_string(o.chain)},
-                                             {"--json", o.json}});
+  // main() compared the options over the ranks, and `out` writes on rank 0 only.
+  const std::shared_ptr<runtime::Transport>& world = command_world();
   const bool writer = world->rank() == 0;
-  std::ostringstream discarded;
-  std::ostream& out = writer ? rank0_out : discarded;
   std::ofstream json_file;
   std::shared_ptr<runtime::DeviceSet> devices;
   on_every_rank(*world, [&] {

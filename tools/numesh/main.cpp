@@ -40,6 +40,7 @@
 #include "numesh/runtime/transport.hpp"
 #include "op_command.hpp"
 #include "perplexity_command.hpp"
+#include "ranks.hpp"
 #include "resolve_command.hpp"
 #include "run_command.hpp"
 #include "serve_command.hpp"
@@ -63,7 +64,7 @@ int fail(const std::string& message) {
 // One subcommand: its CLI11 app and what runs it once parsed (its exit status).
 struct Command {
   CLI::App* app;
-  std::function<int()> run;
+  std::function<int(std::ostream&)> run;
   /// Runs across the ranks mpirun starts (docs/distributed.md); the others refuse more than one.
   bool across_ranks = false;
 };
@@ -85,12 +86,12 @@ Command command(CLI::App& parent, Add add, Run run) {
   auto options = std::make_shared<Options>();
   CLI::App* app = add(parent, *options);
   return {
-      app, [options, run]() -> int {
+      app, [options, run](std::ostream& out) -> int {
         if constexpr (std::is_void_v<std::invoke_result_t<Run, const Options&, std::ostream&>>) {
-          run(*options, std::cout);
+          run(*options, out);
           return 0;
         } else {
-          return run(*options, std::cout);
+          return run(*options, out);
         }
       }};
 }
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
       command<t::BenchDecodeOptions>(*bench, t::add_bench_decode_command, t::run_bench_decode));
   commands.push_back(command<t::OpOptions>(app, t::add_op_command, t::run_op));
   commands.push_back(command<t::RunOptions>(app, t::add_run_command, t::run_run));
+  commands.back().across_ranks = true;
   commands.push_back(command<t::GenerateOptions>(app, t::add_generate_command, t::run_generate));
   commands.push_back(command<t::ServeOptions>(app, t::add_serve_command, t::run_serve));
   commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
@@ -141,11 +143,17 @@ int main(int argc, char** argv) {
       if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1 && !c.across_ranks) {
         return fail(fmt::format(
             "started by mpirun as {} ranks: `numesh {}` does not run across processes yet "
-            "(docs/distributed.md; `numesh bench collectives` does); run one process, or "
-            "mpirun -np 1",
+            "(docs/distributed.md; `numesh run` and `numesh bench collectives` do); run one "
+            "process, or mpirun -np 1",
             ranks, command_name(*c.app)));
       }
-      return c.run();
+      if (numesh::runtime::launched_ranks() > 1) {
+        // Every rank checks that all were given the same options, and rank 0 alone writes.
+        (void)t::command_world();
+        t::check_options_on_every_rank(*c.app);
+        return c.run(t::rank0_stream(std::cout));
+      }
+      return c.run(std::cout);
     }
   } catch (const numesh::Error& e) {
     return fail(e.what());

@@ -5,6 +5,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "parsers.hpp"
+#include "ranks.hpp"
 
 namespace numesh::tools {
 
@@ -63,7 +64,16 @@ void check_mesh_options(const MeshOptions& o) { (void)parse_int_list(o.dims, "--
 runtime::DeviceMesh make_mesh(const MeshOptions& o) {
   const std::vector<std::int64_t> dims = parse_int_list(o.dims, "--dims");
   const std::vector<std::string> names = parse_names(o.names);
-  return runtime::DeviceMesh::create(make_devices(o.machine), dims, names);
+  // Under mpirun every rank makes its devices from the cores it was bound to, and the mesh is
+  // every rank's devices in rank order; a rank whose set-up fails stops all of them.
+  runtime::Transport& world = *command_world();
+  std::shared_ptr<runtime::DeviceSet> devices;
+  if (world.size() == 1) {
+    devices = make_devices(o.machine);
+  } else {
+    on_every_rank(world, [&] { devices = make_devices(o.machine); });
+  }
+  return runtime::DeviceMesh::create(std::move(devices), command_world(), dims, names);
 }
 
 }  // namespace numesh::tools

@@ -79,7 +79,10 @@ void check_mesh_options(const MeshOptions& options);
 
 /// The devices (make_devices) laid out as the mesh --dims and --names ask for, eformer's
 /// create_mesh (DeviceMesh::create). The mesh holds the device set (DeviceMesh::device_set())
-/// and the placement it was made with (DeviceSet::options()).
+/// and the placement it was made with (DeviceSet::options()). Under mpirun, a collective: each
+/// rank makes its devices from the cores it was bound to, and the mesh spans command_world()'s
+/// ranks, their devices in rank order (a device set-up error on any rank stops every rank,
+/// naming it).
 /// Throws: ValueError for a bad --dims (check_mesh_options, before any device exists); as
 /// make_devices; ValueError from DeviceMesh::create naming the dims, the names and the devices
 /// when they do not fit ("mesh dims (2,4) do not fit the 2 devices the numa placement made

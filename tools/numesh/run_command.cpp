@@ -23,6 +23,7 @@
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/reference/transformer.hpp"
 #include "numesh/runtime/device_mesh.hpp"
+#include "numesh/runtime/slot_values.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
@@ -99,11 +100,18 @@ void report_setup(const RunOptions& o, const runtime::DeviceMesh& mesh,
                   const ops::TransformerConfig& config, DType dtype, const ops::ModelAxes& axes,
                   std::ostream& out) {
   const runtime::PlacementOptions& placement = mesh.devices().options();
-  int threads = 0;
-  for (std::int64_t s = 0; s < mesh.size(); ++s) threads += mesh.device(s).spec().threads;
-  out << fmt::format("numesh run: {} device{} ({} policy, {} thread{}), mesh [{}], mode {}\n",
-                     mesh.size(), mesh.size() == 1 ? "" : "s", runtime::to_string(placement.policy),
-                     threads, threads == 1 ? "" : "s", axes_text(mesh.mesh()), o.mode);
+  // Every rank's devices' threads (under mpirun each rank knows its own).
+  std::vector<std::int64_t> per_slot(static_cast<std::size_t>(mesh.size()), 0);
+  for (const std::int64_t s : mesh.local_slots())
+    per_slot[static_cast<std::size_t>(s)] = mesh.device(s).spec().threads;
+  std::int64_t threads = 0;
+  for (const std::int64_t n : runtime::values_of_every_slot(mesh, per_slot)) threads += n;
+  const std::string ranks =
+      mesh.ranks() > 1 ? fmt::format(" on {} ranks (mpirun)", mesh.ranks()) : std::string();
+  out << fmt::format("numesh run: {} device{}{} ({} policy, {} thread{}), mesh [{}], mode {}\n",
+                     mesh.size(), mesh.size() == 1 ? "" : "s", ranks,
+                     runtime::to_string(placement.policy), threads, threads == 1 ? "" : "s",
+                     axes_text(mesh.mesh()), o.mode);
   out << fmt::format(
       "model: {} blocks ({} MoE), hidden {}, heads {}/{} x {}, ffn {}, experts {} top-{} x {}{}, "
       "{:.2f} M parameters, {} weights, kv cache {}\n",
@@ -202,7 +210,9 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
   c.check = ReferenceCheck(c.bound);
   c.moe_rounded = (dtype == DType::kBF16 || !is_element_dtype(dtype)) && config.moe_every > 0 &&
                   config.moe_every <= config.layers;
-  c.checked = !o.no_check && !c.moe_rounded;
+  // Under mpirun every rank holds the same outputs: rank 0 alone checks (and reports) them, and
+  // its exit status says how the check went.
+  c.checked = !o.no_check && !c.moe_rounded && mesh.this_rank() == 0;
   if (!c.checked) return c;
   progress.show("checking against the dense model ...");
   // The reference's MoE routing groups follow from the mesh and the axes: sequences split
@@ -432,7 +442,7 @@ int run_run(const RunOptions& o, std::ostream& out) {
       check_runs(o, mesh, config, weights, dtype, axes, steps, max_len, runs, progress);
   progress.clear();
   report_results(o, config, dtype, steps, runs, check, out);
-  if (!o.json.empty())
+  if (!o.json.empty() && mesh.this_rank() == 0)
     write_json(o, mesh, config, dtype, steps, prefill_program, decode_program, runs, check);
   return check.ok() ? 0 : 1;
 }
