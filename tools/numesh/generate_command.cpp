@@ -39,6 +39,7 @@
 #include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
+#include "ranks.hpp"
 
 namespace numesh::tools {
 
@@ -109,6 +110,12 @@ CheckedOptions check_options(const GenerateOptions& o) {
   check_mesh_options(o.mesh);
   c.mode = parse_run_mode(o.mode);
   c.partition_manager.emplace(build_paxis(o.paxis_json, o.sets));
+  // Under mpirun the ranks generate alike and rank 0 alone writes; --baselines time one
+  // process's reads and sgemm beside the load, which the other ranks' loads would disturb.
+  const bool writer = command_world()->rank() == 0;
+  NUMESH_CHECK(!o.baselines || command_world()->size() == 1, ValueError,
+               "--baselines measures one process; run it without mpirun (or with -np 1)");
+  if (!writer) return c;
   c.json_file = open_json_file(o.json);
   if (!o.logits_out.empty()) {
     c.logits_file.open(o.logits_out, std::ios::binary);
@@ -155,8 +162,19 @@ std::filesystem::path model_folder(const GenerateOptions& o, DType dtype,
                                 o.random_hidden, o.random_layers, dir.string()));
   // A block format is quantized at load: the checkpoint holds the values in f32 (safetensors has
   // no block formats).
-  models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
-                             is_element_dtype(dtype) ? dtype : DType::kF32, 1234);
+  const auto write = [&] {
+    models::write_random_model(dir, models::small_llama_config(o.random_hidden, o.random_layers),
+                               is_element_dtype(dtype) ? dtype : DType::kF32, 1234);
+  };
+  runtime::Transport& world = *command_world();
+  if (world.size() == 1 || o.random_model.empty()) {
+    write();  // under mpirun, each rank into a folder of its own
+  } else {
+    // One folder for every rank: rank 0 writes it while the others wait.
+    on_every_rank(world, [&] {
+      if (world.rank() == 0) write();
+    });
+  }
   return dir;
 }
 
@@ -611,7 +629,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   const Generated g = generate_and_print(o, c, *m.engine, p, rng, out);
   const BaselineReport baselines = measure_baselines(o, p, m, g.result);
   report_rates(p, g.result, baselines, out);
-  if (!o.logits_out.empty()) {
+  if (!o.logits_out.empty() && command_world()->rank() == 0) {
     const std::int64_t vocab = m.engine->config().vocab_size;
     runtime::HostTensor all = runtime::HostTensor::zeros(
         {static_cast<std::int64_t>(g.result.logits.front().size()) / vocab, vocab});
