@@ -298,15 +298,12 @@ void scatter(const HostTensor& host, ShardedTensor& tensor) {
 }
 
 HostTensor gather(const ShardedTensor& tensor) {
-  NUMESH_CHECK(tensor.mesh().ranks() == 1, NotImplementedError,
-               "gather of a [{}] tensor over {} ranks: gathering across processes is not built "
-               "yet (docs/distributed.md)",
-               fmt::join(tensor.shape(), ", "), tensor.mesh().ranks());
+  const DeviceMesh& mesh = tensor.mesh();
   HostTensor host = HostTensor::zeros(tensor.shape());
   if (host.data.empty()) return host;
   const auto global = whole(host.shape);
-  GraphBuilder builder(tensor.mesh().device_set());
-  for (std::int64_t slot = 0; slot < tensor.mesh().size(); ++slot) {
+  GraphBuilder builder(mesh.device_set());
+  for (const std::int64_t slot : mesh.local_slots()) {
     const auto& shard_info = tensor.layout().device(slot);
     if (shard_info.replica_id != 0) continue;  // one copy of each slice
     const Tensor& shard = tensor.shard(slot);
@@ -317,6 +314,19 @@ HostTensor gather(const ShardedTensor& tensor) {
                 });
   }
   builder.compile().run();
+  if (mesh.ranks() == 1) return host;
+  // Across ranks: every rank's host copy (each holding the slices its rank's first copies
+  // hold), then each slice from its rank's.
+  const std::size_t n = host.data.size();
+  std::vector<float> all(n * static_cast<std::size_t>(mesh.ranks()));
+  mesh.transport()->all_gather(std::as_bytes(std::span<const float>(host.data)),
+                               std::as_writable_bytes(std::span<float>(all)));
+  for (std::int64_t slot = 0; slot < mesh.size(); ++slot) {
+    const auto& shard_info = tensor.layout().device(slot);
+    if (shard_info.replica_id != 0 || mesh.is_local(slot)) continue;
+    const float* theirs = all.data() + static_cast<std::size_t>(mesh.rank_of(slot)) * n;
+    copy_box(shard_info.slices, theirs, DType::kF32, global, host.data.data(), DType::kF32, global);
+  }
   return host;
 }
 

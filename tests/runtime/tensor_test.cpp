@@ -75,11 +75,11 @@ TEST(TensorTest, ShardThenGatherRoundTripsForEverySpec) {
 
 // A mesh (dp=2, tp=4) over 2 ranks of 4 devices each, ranks as threads: each rank holds the
 // shards of its own slots (dp row 0 on rank 0, row 1 on rank 1), scatter fills exactly them,
-// another rank's shard is refused by name, and gather says it does not cross ranks yet.
+// another rank's shard is refused by name, and gather gives every rank the whole tensor.
 TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
   auto transports = make_thread_transports(2);
   const HostTensor host = iota({8, 16});
-  std::vector<std::string> remote_error(2), gather_error(2);
+  std::vector<std::string> remote_error(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -97,6 +97,7 @@ TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
               t, s, host,
               spec.repr() + " rank " + std::to_string(r) + " slot " + std::to_string(s));
         }
+        EXPECT_EQ(gather(t), host) << spec.repr() << " rank " << r;
       }
       ShardedTensor t(m, host.shape, P({AxisRule("tp")}));
       try {
@@ -104,21 +105,11 @@ TEST(TensorTest, AProcessHoldsTheShardsOfItsOwnSlots) {
       } catch (const ValueError& e) {
         remote_error[static_cast<std::size_t>(r)] = e.what();
       }
-      try {
-        gather(t);
-      } catch (const NotImplementedError& e) {
-        gather_error[static_cast<std::size_t>(r)] = e.what();
-      }
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(remote_error[0], "shard 5 is held by rank 1: this process (rank 0) holds shards 0-3");
   EXPECT_EQ(remote_error[1], "shard 2 is held by rank 0: this process (rank 1) holds shards 4-7");
-  for (const std::string& e : gather_error) {
-    EXPECT_EQ(e,
-              "gather of a [8, 16] tensor over 2 ranks: gathering across processes is not "
-              "built yet (docs/distributed.md)");
-  }
 }
 
 TEST(TensorTest, ShardAndGatherFnsApplyEformersCorrection) {

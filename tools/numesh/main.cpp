@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   commands.push_back(
       command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
   commands.push_back(command<t::TrainOptions>(app, t::add_train_command, t::run_train));
+  commands.back().across_ranks = true;
   commands.push_back(command<t::ConvertOptions>(app, t::add_convert_command, t::run_convert));
 
   try {
@@ -144,7 +145,8 @@ int main(int argc, char** argv) {
       if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1 && !c.across_ranks) {
         return fail(fmt::format(
             "started by mpirun as {} ranks: `numesh {}` does not run across processes yet "
-            "(docs/distributed.md; `numesh run`, `generate` and `bench collectives` do); run one "
+            "(docs/distributed.md; `numesh run`, `generate`, `train` and `bench collectives` do); "
+            "run one "
             "process, or mpirun -np 1",
             ranks, command_name(*c.app)));
       }

@@ -234,7 +234,7 @@ Totals train_steps(const TrainOptions& o, const std::filesystem::path& dir, cons
                           tokens_per_step / seconds));
     if (o.save_every > 0 && t.last.step % o.save_every == 0 && t.last.step < o.steps) {
       trainer.save(o.save);
-      copy_model_files(dir, o.save);
+      if (trainer.mesh().this_rank() == 0) copy_model_files(dir, o.save);
     }
   }
   return t;
@@ -393,14 +393,17 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   NUMESH_CHECK(first < o.steps, ValueError,
                "--model {} is already at step {}; --steps {} asks for no more", dir.string(), first,
                o.steps);
-  if (!o.log.empty()) {
+  // Under mpirun the ranks train alike and rank 0 alone writes the log, the trace and the
+  // checkpoint's files.
+  const bool writer = mesh.this_rank() == 0;
+  if (!o.log.empty() && writer) {
     const bool append = first > 0 && std::filesystem::exists(o.log);
     log.open(o.log, append ? std::ios::app : std::ios::trunc);
     NUMESH_CHECK(log.is_open(), IoError, "cannot write --log file '{}'", o.log);
     if (!append) log << "step,loss,lr,grad_norm,tokens_per_second,seconds\n";
   }
   std::ofstream trace;  // opened before training too
-  if (!o.trace.empty()) {
+  if (!o.trace.empty() && writer) {
     trace.open(o.trace);
     NUMESH_CHECK(trace.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
   }
@@ -415,7 +418,7 @@ int run_train(const TrainOptions& o, std::ostream& out) {
   }
   if (!o.save.empty()) {
     trainer->save(o.save);
-    copy_model_files(dir, o.save);
+    if (writer) copy_model_files(dir, o.save);
   }
   report_totals(o, config, data, first, *trainer, totals, out);
   return 0;

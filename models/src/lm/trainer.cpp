@@ -274,15 +274,7 @@ StepStats CausalLmTrainer::step(std::span<const std::int32_t> rows) {
 }
 
 void CausalLmTrainer::save(const std::filesystem::path& dir) const {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  NUMESH_CHECK(!ec, IoError, "cannot create the checkpoint directory {}: {}", dir.string(),
-               ec.message());
-  {
-    std::ofstream out(dir / "config.json");
-    out << config_doc_.dump(2) << "\n";
-    NUMESH_CHECK(out.good(), IoError, "cannot write {}", (dir / "config.json").string());
-  }
+  // Every rank gathers (a collective across ranks); rank 0 alone writes.
   const std::vector<ops::TrainableParameter>& params = step_->parameters();
   SavedTensors weights(config_), state(config_);
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -293,6 +285,16 @@ void CausalLmTrainer::save(const std::filesystem::path& dir) const {
       state.put("exp_avg." + part.name, as_hf(m, part), part);
       state.put("exp_avg_sq." + part.name, as_hf(v, part), part);
     }
+  }
+  if (step_->mesh().this_rank() != 0) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  NUMESH_CHECK(!ec, IoError, "cannot create the checkpoint directory {}: {}", dir.string(),
+               ec.message());
+  {
+    std::ofstream out(dir / "config.json");
+    out << config_doc_.dump(2) << "\n";
+    NUMESH_CHECK(out.good(), IoError, "cannot write {}", (dir / "config.json").string());
   }
   write_safetensors(dir / "model.safetensors", weights.tensors(), {{"format", "pt"}});
   write_safetensors(dir / kOptimizerFile, state.tensors(),

@@ -176,9 +176,10 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
                  const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly,
-/// blocks dequantize.
-/// Throws: NotImplementedError for a tensor on a mesh over several ranks (gathering across
-/// processes is not built yet: docs/distributed.md).
+/// blocks dequantize. On a mesh over ranks, a collective that gives every rank the whole tensor:
+/// each slice comes from the rank of its first copy, through the transport (every rank's host
+/// copy is all-gathered: ranks times the tensor's f32 bytes cross, a price for checkpoints and
+/// checks, not for a step's path). Throws: what the transport throws.
 HostTensor gather(const ShardedTensor& tensor);
 
 /// eformer's make_shard_and_gather_fns for one array: `shard` takes a host tensor of `shape`

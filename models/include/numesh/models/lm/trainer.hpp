@@ -107,8 +107,9 @@ class CausalLmTrainer {
   /// Writes dir/config.json, dir/model.safetensors (every weight in F32 under its Hugging Face
   /// name: numesh generate and transformers load it) and dir/optimizer.safetensors (each
   /// weight's exp_avg and exp_avg_sq, named "exp_avg.<name>", "exp_avg_sq.<name>", the step
-  /// count in the metadata). Creates dir when missing; replaces those files.
-  /// Throws: IoError naming a file that cannot be written.
+  /// count in the metadata). Creates dir when missing; replaces those files. On a mesh over
+  /// ranks, a collective: every rank gathers the weights, rank 0 alone writes.
+  /// Throws: IoError naming a file that cannot be written (on rank 0).
   void save(const std::filesystem::path& dir) const;
 
   /// Updates made so far (resumed ones included).
@@ -117,6 +118,8 @@ class CausalLmTrainer {
   const TrainingOptions& options() const noexcept { return options_; }
   /// The parsed config.
   const HfConfig& config() const noexcept { return config_; }
+  /// The mesh it trains on.
+  const runtime::DeviceMesh& mesh() const noexcept { return step_->mesh(); }
   /// Every parameter (fp32 master weights) by the name a user knows it (weight_label).
   std::vector<NamedTensor> weights() const;
   /// The router's load-balancing loss coefficient in use (0: off).

@@ -92,6 +92,8 @@ class LmTrainingStep {
   Program& program() noexcept { return *program_; }
   /// The config.
   const TransformerConfig& config() const noexcept { return config_; }
+  /// The mesh the step runs on.
+  const runtime::DeviceMesh& mesh() const noexcept { return mesh_; }
   /// Sequences per step.
   std::int64_t batch() const noexcept { return batch_; }
   /// Input tokens per sequence.
