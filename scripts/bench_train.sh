@@ -12,6 +12,9 @@
 #   4. PyTorch DistributedDataParallel, gloo, 2 ranks of 1 thread (OPENBLAS_NUM_THREADS=1),
 #   5. numesh train --dtype bf16 (bf16 compute on fp32 master weights: twice the fp32 rate on CPUs
 #      with AVX-512 BF16, no faster elsewhere),
+#   6. numesh train in one process of two devices (--policy core --dims -1,1,1: data parallel),
+#   7. numesh train as two ranks of one device each (mpirun -np 2 --bind-to core, --dims -1,1,1:
+#      data parallel across processes, as DDP is; skipped without mpirun),
 # and once, after the rounds, the GEMM ceiling: torch.mm of the MLP's up-projection
 # [B*T, hidden] x [hidden, intermediate] in the best configuration. Prints a markdown table
 # (median tokens/s over the rounds, ms a step, numesh's ratio to each, model FLOP/s as
@@ -142,8 +145,21 @@ labels=("numesh train (default mesh)"
         "PyTorch 1 process, OPENBLAS_NUM_THREADS=2, set_num_threads(1)"
         "PyTorch 1 process, OPENBLAS_NUM_THREADS=1, set_num_threads(2)"
         "PyTorch DDP gloo, 2 ranks x 1 thread, OPENBLAS_NUM_THREADS=1"
-        "numesh train --dtype bf16 (default mesh)")
-names=(numesh torch-best torch-threads2 torch-ddp2 numesh-bf16)
+        "numesh train --dtype bf16 (default mesh)"
+        "numesh train, 1 process of 2 devices (dp=2)"
+        "numesh train, 2 ranks x 1 device (mpirun --bind-to core, dp=2)")
+names=(numesh torch-best torch-threads2 torch-ddp2 numesh-bf16 numesh-2devices numesh-2ranks)
+configs=(0 1 2 3 4 5 6)
+# mpirun as root needs Open MPI's consent; containers without cross-memory attach need the
+# shared-memory transport's copy-in/copy-out.
+mpirun_cmd=()
+if command -v mpirun >/dev/null; then
+  mpirun_cmd=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+              OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun -np 2 --bind-to core)
+else
+  configs=(0 1 2 3 4 5)
+  echo "note: no mpirun: the two-rank configuration is skipped" >&2
+fi
 torch_common=("$PYTHON" "$torch_bench" --config "$model/config.json" --batch "$batch" --tokens "$tokens"
               --steps "$steps" --warmup "$WARMUP" --lr 3e-4 --weight-decay 0.1 --clip 1.0)
 numesh_cmd=("$numesh_bin" train --model "$model" --init random --seed 1 --data "$tmp/data.npy"
@@ -158,6 +174,8 @@ config_cmd() {
     2) cmds=(env OPENBLAS_NUM_THREADS=1 "${torch_common[@]}" --threads 2 --json "$tmp/torch-threads2-$r.json") ;;
     3) cmds=(env OPENBLAS_NUM_THREADS=1 "${torch_common[@]}" --threads 1 --ddp 2 --json "$tmp/torch-ddp2-$r.json") ;;
     4) cmds=("${numesh_cmd[@]}" --dtype bf16 --log "$tmp/numesh-bf16-$r.csv") ;;
+    5) cmds=("${numesh_cmd[@]}" --policy core --dims -1,1,1 --log "$tmp/numesh-2devices-$r.csv") ;;
+    6) cmds=("${mpirun_cmd[@]}" "${numesh_cmd[@]}" --dims -1,1,1 --log "$tmp/numesh-2ranks-$r.csv") ;;
   esac
 }
 gemm_cmd=(env OPENBLAS_NUM_THREADS=2 "$PYTHON" "$torch_bench" --config "$model/config.json" --batch "$batch"
@@ -166,11 +184,11 @@ gemm_cmd=(env OPENBLAS_NUM_THREADS=2 "$PYTHON" "$torch_bench" --config "$model/c
 step "model: $layers layers, hidden $hidden, heads $heads/$kv_heads x $head_dim, intermediate $intermediate," \
      "vocabulary $vocab; batch $batch x $tokens tokens, $steps steps ($WARMUP warm-up), $rounds rounds"
 for (( r = 1; r <= rounds; r++ )); do
-  for i in 0 1 2 3 4; do
+  for i in "${configs[@]}"; do
     config_cmd "$i" "$r"
     step "round $r/$rounds: ${labels[$i]}"
     run_logged "${names[$i]}-$r" "${cmds[@]}"
-    if (( i == 0 || i == 4 )); then
+    if (( i == 0 || i >= 4 )); then
       grep -E '^(numesh train:|compute|speed|time)' "$tmp/${names[$i]}-$r.out" || true
     else
       grep -E '^(median step|tokens/s|model FLOP/s)' "$tmp/${names[$i]}-$r.out"
@@ -184,9 +202,10 @@ grep '^GEMM ceiling' "$tmp/gemm.out"
 # The exact commands, for the listing below the table (the temporary folder is gone by then).
 commands="$tmp/commands.txt"
 {
-  for i in 0 1 2 3 4; do
+  for i in "${configs[@]}"; do
     config_cmd "$i" '<round>'
     [[ "${cmds[0]}" == env ]] && cmds=("${cmds[@]:1}")
+    while [[ "${cmds[0]}" == *=* ]]; do cmds=("${cmds[@]:1}"); done
     printf '%q ' "${cmds[@]}" | sed 's/ $//; s/\\<round\\>/<round>/g'
     echo
   done
@@ -195,7 +214,7 @@ commands="$tmp/commands.txt"
 } >"$commands"
 
 step "results"
-"$PYTHON" - "$tmp" "$rounds" "$WARMUP" "$batch" "$tokens" "$commands" "$NUMESH_ROOT" "${labels[@]}" <<'EOF'
+"$PYTHON" - "$tmp" "$rounds" "$WARMUP" "$batch" "$tokens" "$commands" "$NUMESH_ROOT" "${#configs[@]}" "${labels[@]}" <<'EOF'
 import csv
 import json
 import os
@@ -203,8 +222,8 @@ import re
 import statistics
 import sys
 
-tmp, rounds, warmup, batch, tokens, commands_file, root = sys.argv[1:8]
-labels = sys.argv[8:]
+tmp, rounds, warmup, batch, tokens, commands_file, root, configs = sys.argv[1:9]
+labels = sys.argv[9:9 + int(configs)]
 rounds, warmup, tokens_per_step = int(rounds), int(warmup), int(batch) * int(tokens)
 names = ["torch-best", "torch-threads2", "torch-ddp2"]
 
@@ -236,8 +255,10 @@ ceiling = gemm["gflops"]
 
 per_round = [[numesh_round("numesh", r) for r in range(1, rounds + 1)]]
 per_round += [[torch_round(n, r)["tokens_per_second"] for r in range(1, rounds + 1)] for n in names]
-per_round += [[numesh_round("numesh-bf16", r) for r in range(1, rounds + 1)]]
+per_round += [[numesh_round(n, r) for r in range(1, rounds + 1)]
+              for n in ["numesh-bf16", "numesh-2devices", "numesh-2ranks"][:len(labels) - 4]]
 medians = [statistics.median(v) for v in per_round]
+BF16 = 4
 
 # numesh's own parameter count, from its first output line, as a check of the model's identity.
 numesh_params = None
@@ -253,7 +274,7 @@ print(f"Model: Llama, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}
       f"{c['num_attention_heads']}/{c['num_key_value_heads']} x {c['head_dim']}, intermediate "
       f"{c['intermediate_size']}, vocabulary {c['vocab_size']}, untied; {params} parameters ({params / 1e6:.2f} M, the embedding "
       f"table counted; {without_embedding / 1e6:.2f} M without it), batch {batch} x {tokens} tokens, "
-      f"fp32 (bf16 compute in the last row), AdamW with clipping. Each round's figure is the median step after the first {warmup}; "
+      f"fp32 (bf16 compute in the --dtype bf16 row), AdamW with clipping. Each round's figure is the median step after the first {warmup}; "
       f"the table gives the median over {rounds} round(s). Model FLOP/s = 6 x parameters x tokens/s; "
       f"GEMM ceiling: torch.mm [{gemm['m']}, {gemm['k']}] x [{gemm['k']}, {gemm['n']}] fp32, "
       f"OPENBLAS_NUM_THREADS=2, set_num_threads(1): {ceiling:.1f} GFLOP/s.")
@@ -266,8 +287,12 @@ print("|---|---:|---:|---:|---:|---:|---:|---|")
 for label, median, rounds_figures in zip(labels, medians, per_round):
     gflops = 6.0 * params * median / 1e9
     print(f"| {label} | {median:.0f} | {tokens_per_step / median * 1e3:.1f} | {medians[0] / median:.2f} "
-          f"| {medians[-1] / median:.2f} | {gflops:.1f} | {gflops / ceiling:.1%} "
+          f"| {medians[BF16] / median:.2f} | {gflops:.1f} | {gflops / ceiling:.1%} "
           f"| {', '.join(f'{x:.0f}' for x in rounds_figures)} |")
+if len(medians) > 6:
+    print()
+    print(f"numesh as 2 ranks: {medians[6] / medians[3]:.2f}x PyTorch DDP over gloo (2 ranks), "
+          f"{medians[6] / medians[5]:.2f}x one numesh process of 2 devices on the same mesh.")
 print()
 print("Commands, from the source folder, one per configuration and then the GEMM ceiling's; DIR is "
       "the temporary folder scripts/bench_train.sh writes config.json and data.npy into and removes "

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
   commands.push_back(
       command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
+  commands.back().across_ranks = true;
   commands.push_back(command<t::TrainOptions>(app, t::add_train_command, t::run_train));
   commands.back().across_ranks = true;
   commands.push_back(command<t::ConvertOptions>(app, t::add_convert_command, t::run_convert));
@@ -145,7 +146,8 @@ int main(int argc, char** argv) {
       if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1 && !c.across_ranks) {
         return fail(fmt::format(
             "started by mpirun as {} ranks: `numesh {}` does not run across processes yet "
-            "(docs/distributed.md; `numesh run`, `generate`, `train` and `bench collectives` do); "
+            "(docs/distributed.md; `numesh run`, `generate`, `perplexity`, `train` and `bench "
+            "collectives` do); "
             "run one "
             "process, or mpirun -np 1",
             ranks, command_name(*c.app)));

@@ -21,6 +21,7 @@
 #include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/perplexity.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
+#include "ranks.hpp"
 
 namespace numesh::tools {
 
@@ -56,7 +57,8 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   DType dtype = o.dtype.empty() ? DType::kF32 : parse_dtype(o.dtype);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
-  std::ofstream json_file = open_json_file(o.json);
+  // Under mpirun the ranks evaluate alike and rank 0 alone writes.
+  std::ofstream json_file = command_world()->rank() == 0 ? open_json_file(o.json) : std::ofstream();
   std::ifstream file(o.text_file, std::ios::binary);
   NUMESH_CHECK(file.good(), IoError, "--text-file: cannot read '{}'", o.text_file);
   std::stringstream text;
