@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <span>
 
 #include "box_runs.hpp"
 #include "copy_kernels.hpp"
@@ -14,6 +15,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/transport.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "size_text.hpp"
 
