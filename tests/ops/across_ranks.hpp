@@ -88,20 +88,6 @@ inline ::testing::AssertionResult same_bits(std::span<const float> a, std::span<
   return ::testing::AssertionSuccess();
 }
 
-/// The ShardedTransformer's small model: block 0 a SwiGLU MLP, block 1 a MoE of 4 experts
-/// (top 2); heads 4 over 2 kv heads.
-inline TransformerConfig transformer_config() {
-  TransformerConfig c;
-  c.hidden = 32;
-  c.layers = 2;
-  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  c.ffn = 96;
-  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
-  c.moe_ffn = 48;
-  c.moe_every = 2;
-  return c;
-}
-
 /// The transformer stack's prefill, insert and decode steps, on every mesh of ranked_meshes
 /// for this many ranks: every rank's outputs (whole on every rank) and MoE routing statistics
 /// are one process's bits, with and without a capacity (tokens dropped).
@@ -111,7 +97,7 @@ inline void transformer_matches_one_process(const std::shared_ptr<runtime::Trans
   const std::vector<RankedMesh> meshes = ranked_meshes(transport->size());
   for (std::size_t i = 0; i < meshes.size(); ++i) {
     const RankedMesh& m = meshes[i];
-    TransformerConfig c = transformer_config();
+    TransformerConfig c = testing::small_transformer_config();
     // A capacity on every other mesh: assignments dropped, in each routing group its own.
     c.moe.capacity_factor = i % 2 == 1 ? 0.5f : 0.0f;
     const TransformerWeights w = TransformerWeights::random(c, 7);

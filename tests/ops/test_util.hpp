@@ -143,6 +143,20 @@ inline TransformerConfig tiny_lm_config() {
   return c;
 }
 
+/// The transformer stack's tests' model: hidden 32, block 0 a SwiGLU MLP (F 64), block 1 a MoE
+/// of 4 experts (top 2, F 16); heads 4 over 2 kv heads of 8.
+inline TransformerConfig small_transformer_config() {
+  TransformerConfig c;
+  c.hidden = 32;
+  c.layers = 2;
+  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  c.ffn = 64;
+  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
+  c.moe_ffn = 16;
+  c.moe_every = 2;
+  return c;
+}
+
 /// tiny_lm_config() whose second block is a mixture of experts: Mixtral's top-2 of 4,
 /// renormalised, dropless, experts of F 16.
 inline TransformerConfig tiny_moe_lm_config() {

@@ -24,18 +24,7 @@ using testing::matches_reference;
 using testing::mesh_case_name;
 using testing::MeshCase;
 using testing::random_host;
-
-TransformerConfig small_config() {
-  TransformerConfig c;
-  c.hidden = 32;
-  c.layers = 2;  // block 0 a SwiGLU MLP, block 1 MoE
-  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  c.ffn = 64;
-  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
-  c.moe_ffn = 16;
-  c.moe_every = 2;
-  return c;
-}
+using testing::small_transformer_config;
 
 // The model's outputs stay within this relative bound of the dense reference: every sharded
 // reduction (attention and MLP outputs over tp, MoE over ep x tp) re-associates fp32 sums of
@@ -47,7 +36,7 @@ class ShardedTransformerTest : public ::testing::TestWithParam<MeshCase> {};
 TEST_P(ShardedTransformerTest, PrefillInsertAndDecodeEqualTheDenseModel) {
   const auto mesh = make_mesh(GetParam());
   for (float capacity : {0.0f, 1.0f}) {
-    TransformerConfig c = small_config();
+    TransformerConfig c = small_transformer_config();
     c.moe.capacity_factor = capacity;
     const TransformerWeights w = TransformerWeights::random(c, 7);
     const std::int64_t batch = 2, max_len = 12;
@@ -91,7 +80,7 @@ runtime::HostTensor sequence_rows(const runtime::HostTensor& x, std::int64_t b, 
 TEST_P(ShardedTransformerTest, SequencesOfDifferentLengthsEqualEachRunAlone) {
   const auto mesh = make_mesh(GetParam());
   const TransformerConfig c =
-      small_config();  // dropless MoE: the padding takes no real token's place
+      small_transformer_config();  // dropless MoE: the padding takes no real token's place
   const TransformerWeights w = TransformerWeights::random(c, 11);
   const std::int64_t batch = 4, max_len = 12, longest = 6;
   const std::vector<std::int64_t> lengths{6, 3, 4,
@@ -165,7 +154,7 @@ RaggedBatch ragged_batch(const std::vector<std::vector<std::int32_t>>& tables,
 // output equals the dense model's for its sequence alone.
 TEST_P(ShardedTransformerTest, RaggedStepsOverPagedCachesEqualEachSequenceAlone) {
   const auto mesh = make_mesh(GetParam());
-  const TransformerConfig c = small_config();  // dropless MoE: tokens do not compete
+  const TransformerConfig c = small_transformer_config();  // dropless MoE: tokens do not compete
   const TransformerWeights w = TransformerWeights::random(c, 13);
   constexpr std::int64_t kBlock = 4, kContext = 12;
   const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
@@ -232,7 +221,7 @@ std::string prefill_and_decode_equal_the_dense_model(const MeshCase& mesh_case,
 // Qwen2-MoE's layout: MoE layers with a shared expert and raw top-k weights, a dense layer
 // among them (mlp_only_layers), and Llama's MLP biases on that dense layer.
 TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesEqualTheDenseModel) {
-  TransformerConfig c = small_config();
+  TransformerConfig c = small_transformer_config();
   c.layers = 3;
   c.moe_every = 1;
   c.dense_layers = {1};
@@ -254,7 +243,7 @@ TEST_P(ShardedTransformerTest, DenseLayersAmongMoeOnesSharedExpertsAndMlpBiasesE
 // TransformerConfig::mlp_kind reaches the dense layers: a stack of GELU MLPs (no gate) equals
 // the dense model, whose oracle runs the same kind.
 TEST_P(ShardedTransformerTest, GeluMlpsEqualTheDenseModel) {
-  TransformerConfig c = small_config();
+  TransformerConfig c = small_transformer_config();
   c.moe_every = 0;
   c.mlp_kind = MlpKind::kGelu;
   const TransformerWeights w = TransformerWeights::random(c, 17);
@@ -267,7 +256,7 @@ TEST_P(ShardedTransformerTest, GeluMlpsEqualTheDenseModel) {
 // Gemma's block: GeGLU MLPs and RMSNorms that scale by 1 + w (norm_weight_offset), the stored
 // w near 0, equal the dense model, which the offset changes.
 TEST_P(ShardedTransformerTest, GemmasGegluAndNormOffsetEqualTheDenseModel) {
-  TransformerConfig c = small_config();
+  TransformerConfig c = small_transformer_config();
   c.moe_every = 0;
   c.mlp_kind = MlpKind::kGeGLU;
   c.norm_weight_offset = 1.0f;
@@ -299,7 +288,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  const TransformerConfig c = small_config();
+  const TransformerConfig c = small_transformer_config();
   const TransformerWeights w = TransformerWeights::random(c, 3);
   ShardedTransformer bthd(mesh, c, w, 2, 8, {}, KvLayout::kBTHD);
   ShardedTransformer bhtd(mesh, c, w, 2, 8, {}, KvLayout::kBHTD);
@@ -313,7 +302,7 @@ TEST(ShardedTransformerTest, BhtdCachesGiveTheSameOutputs) {
 
 TEST(ShardedTransformerTest, ABareBlockWithoutFinalNormEqualsTheDenseBlock) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  TransformerConfig c = small_config();
+  TransformerConfig c = small_transformer_config();
   c.layers = 1;
   TransformerWeights w = TransformerWeights::random(c, 5);
   w.final_norm = {};
@@ -328,7 +317,7 @@ TEST(ShardedTransformerTest, ABareBlockWithoutFinalNormEqualsTheDenseBlock) {
 
 TEST(ShardedTransformerTest, TheProgramDescribesItself) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  const TransformerConfig c = small_config();
+  const TransformerConfig c = small_transformer_config();
   ShardedTransformer model(mesh, c, TransformerWeights::random(c, 3), 2, 8);
   const ProgramPlan& plan = model.program(1).plan();
   // One all-reduce per attention, per MLP and per MoE layer: 4 for 2 blocks.
@@ -395,22 +384,22 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
        "dense layer 1 is listed twice"},
   };
   for (const Case& cs : cases) {
-    TransformerConfig c = small_config();
+    TransformerConfig c = small_transformer_config();
     cs.change(c);
     EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<ValueError>(HasSubstr(cs.message)));
   }
-  EXPECT_NO_THROW(small_config().validate());
+  EXPECT_NO_THROW(small_transformer_config().validate());
 }
 
 // MoE experts are SwiGLU only: another mlp_kind with a MoE layer is refused by name, by the
 // config and so by everything built from it; a dense stack counts GELU's two matrices.
 TEST(TransformerConfigTest, AnMlpKindTheExpertsLackIsRefusedByName) {
-  TransformerConfig c = small_config();  // layer 1 is MoE
+  TransformerConfig c = small_transformer_config();  // layer 1 is MoE
   c.mlp_kind = MlpKind::kGelu;
   const char* message =
       "transformer: layer 1 is MoE and mlp_kind is gelu: MoE experts are SwiGLU only";
   EXPECT_THAT([&] { c.validate(); }, ThrowsMessage<NotImplementedError>(message));
-  TransformerConfig swiglu = small_config();
+  TransformerConfig swiglu = small_transformer_config();
   const TransformerWeights w = TransformerWeights::random(swiglu, 3);
   const auto mesh = runtime::DeviceMesh::create(devices(1), {1}, {"tp"});
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 1, 4); },
@@ -428,7 +417,8 @@ TEST(TransformerConfigTest, AnMlpKindTheExpertsLackIsRefusedByName) {
 // Which layers are MoE, and what parameters() and flops() count, follow dense_layers and the
 // shared expert.
 TEST(TransformerConfigTest, DenseLayersAndTheSharedExpertAreCounted) {
-  TransformerConfig c = small_config();  // hidden 32, 4 experts of 16, ffn 64, attention 4/2 x 8
+  TransformerConfig c =
+      small_transformer_config();  // hidden 32, 4 experts of 16, ffn 64, attention 4/2 x 8
   c.layers = 3;
   c.moe_every = 1;
   c.dense_layers = {1};
@@ -508,7 +498,7 @@ TEST(ModelAxesTest, AnIntegerModeOutsideTheActivationsRankIsAnIndexError) {
 
 TEST(ShardedTransformerTest, RaggedStepsAndDenseCallsAreRefusedWhereTheyDoNotBelong) {
   const auto mesh = make_mesh(MeshCase{{2}, {"tp"}});
-  const TransformerConfig c = small_config();
+  const TransformerConfig c = small_transformer_config();
   const TransformerWeights w = TransformerWeights::random(c, 13);
   ShardedTransformer dense(mesh, c, w, 1, 8);
   ShardedTransformer paged(mesh, c, w,
@@ -547,21 +537,21 @@ TEST(ShardedTransformerTest, RaggedStepsAndDenseCallsAreRefusedWhereTheyDoNotBel
 
 TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"tp"});
-  TransformerConfig c = small_config();
+  TransformerConfig c = small_transformer_config();
   const TransformerWeights w = TransformerWeights::random(c, 3);
   c.moe.top_k = 5;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
               ThrowsMessage<ValueError>(HasSubstr("top_k 5 must be between 1 and the 4 experts")));
-  c = small_config();
+  c = small_transformer_config();
   c.attention.num_kv_heads = 3;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
               ThrowsMessage<ValueError>(HasSubstr("kv heads 3 must divide heads 4")));
-  c = small_config();
+  c = small_transformer_config();
   c.layers = 3;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
               ThrowsMessage<ShapeError>(HasSubstr("2 blocks of weights for 3 layers")));
   // A shared expert the config does not have, and one it has that the weights lack.
-  c = small_config();
+  c = small_transformer_config();
   c.shared_expert_ffn = 24;
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 2, 8); },
               ThrowsMessage<ShapeError>("transformer: block 1 has a shared expert of intermediate "
@@ -570,10 +560,10 @@ TEST(ShardedTransformerTest, BadInputIsRejectedBeforeAnythingRuns) {
               ThrowsMessage<ShapeError>(
                   "transformer reference: block 1 shared expert up is [], expected [32, 24]"));
   const TransformerWeights shared = TransformerWeights::random(c, 3);
-  EXPECT_THAT([&] { ShardedTransformer(mesh, small_config(), shared, 2, 8); },
+  EXPECT_THAT([&] { ShardedTransformer(mesh, small_transformer_config(), shared, 2, 8); },
               ThrowsMessage<ShapeError>("transformer: block 1 has a shared expert of intermediate "
                                         "size 24 (0: none), the config says 0"));
-  ShardedTransformer model(mesh, small_config(), w, 2, 8);
+  ShardedTransformer model(mesh, small_transformer_config(), w, 2, 8);
   EXPECT_THAT(
       [&] {
         model.forward(random_host({2, 4, 32}, 1, 1.0f), 6);
