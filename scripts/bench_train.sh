@@ -205,7 +205,7 @@ commands="$tmp/commands.txt"
   for i in "${configs[@]}"; do
     config_cmd "$i" '<round>'
     [[ "${cmds[0]}" == env ]] && cmds=("${cmds[@]:1}")
-    while [[ "${cmds[0]}" == *=* ]]; do cmds=("${cmds[@]:1}"); done
+    while [[ "${cmds[0]}" == OMPI_*=* ]]; do cmds=("${cmds[@]:1}"); done
     printf '%q ' "${cmds[@]}" | sed 's/ $//; s/\\<round\\>/<round>/g'
     echo
   done

@@ -171,14 +171,7 @@ TEST_P(WeightDtypeTest, MlpEqualsTheReferenceOfItsStoredWeights) {
 // dense reference of the stored weights; and the distance from the fp32 model stated.
 TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
   const auto mesh = make_mesh(GetParam());
-  TransformerConfig c;
-  c.hidden = 32;
-  c.layers = 2;
-  c.attention = AttentionConfig{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
-  c.ffn = 64;
-  c.moe = MoeConfig{.num_experts = 4, .top_k = 2};
-  c.moe_ffn = 16;
-  c.moe_every = 2;
+  const TransformerConfig c = testing::small_transformer_config();
   const std::int64_t batch = 2, max_len = 32;
   const std::int64_t batch_groups = expected_groups(GetParam(), {"dp", "fsdp"}, batch);
   const std::int64_t sequence_groups = expected_groups(GetParam(), {"sp"}, 0);

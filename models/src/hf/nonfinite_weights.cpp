@@ -11,7 +11,6 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
-#include "numesh/ops/compare.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/slot_values.hpp"
@@ -42,16 +41,30 @@ std::string weight_label(const std::string& slot, Architecture architecture, std
 
 namespace {
 
-// Non-finite elements among n values of `dtype` at `data`: f32 by value, bf16 and f16 by their
-// exponent bits (all ones: an infinity or a NaN), without widening.
-std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
-  std::int64_t bad = 0;
+// What one device found in its shard: how many non-finite values, and the first (its flat
+// position in the shard and its value).
+struct SlotFinding {
+  std::int64_t count = 0;
+  std::int64_t first_at = -1;
+  double first = 0.0;  // a double: no padding bytes cross ranks
+};
+
+// The non-finite elements among n values of `dtype` at `data`: f32 by value, bf16 and f16 by
+// their exponent bits (all ones: an infinity or a NaN), without widening; the first of them
+// widened alone.
+SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
+  SlotFinding f;
+  const auto note = [&f](std::size_t i, double value) {
+    if (f.count++ == 0) f.first_at = static_cast<std::int64_t>(i), f.first = value;
+  };
   std::uint16_t exponent = 0;
   switch (dtype) {
     case DType::kF32: {
       const auto* v = static_cast<const float*>(data);
-      for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(v[i]) ? 0 : 1;
-      return bad;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(v[i])) note(i, v[i]);
+      }
+      return f;
     }
     case DType::kBF16:
       exponent = 0x7F80;
@@ -72,37 +85,20 @@ std::int64_t count_nonfinite(const void* data, std::size_t n, DType dtype) {
         const std::size_t len = std::min(kChunk, n - at);
         runtime::convert_elements(blocks + row_bytes(dtype, static_cast<std::int64_t>(at)), dtype,
                                   values.data(), DType::kF32, len);
-        for (std::size_t i = 0; i < len; ++i) bad += std::isfinite(values[i]) ? 0 : 1;
+        for (std::size_t i = 0; i < len; ++i) {
+          if (!std::isfinite(values[i])) note(at + i, values[i]);
+        }
       }
-      return bad;
+      return f;
     }
   }
   const auto* bits = static_cast<const std::uint16_t*>(data);
-  for (std::size_t i = 0; i < n; ++i) bad += (bits[i] & exponent) == exponent ? 1 : 0;
-  return bad;
-}
-
-// What one device found in its shard: how many non-finite values, and the first (its flat
-// position in the shard and its value).
-struct SlotFinding {
-  std::int64_t count = 0;
-  std::int64_t first_at = 0;
-  double first = 0.0;  // a double: no padding bytes cross ranks
-};
-
-SlotFinding find_in_shard(const runtime::Tensor& shard, DType dtype) {
-  SlotFinding f;
-  const auto n = static_cast<std::size_t>(shard.size());
-  f.count = count_nonfinite(shard.data(), n, dtype);
-  if (f.count == 0) return f;
-  // Located by ops::compare over the values widened by the one converter the checkpoint
-  // reader uses.
-  std::vector<float> values(n);
-  runtime::convert_elements(shard.data(), dtype, values.data(), DType::kF32, n);
-  const ops::Comparison c =
-      ops::compare(std::span<const float>(values), std::span<const float>(values));
-  f.first_at = c.first_nonfinite_reference;
-  f.first = values[static_cast<std::size_t>(c.first_nonfinite_reference)];
+  for (std::size_t i = 0; i < n; ++i) {
+    if ((bits[i] & exponent) != exponent) continue;
+    float value = 0.0f;  // widened by the one converter the checkpoint reader uses
+    runtime::convert_elements(bits + i, dtype, &value, DType::kF32, 1);
+    note(i, value);
+  }
   return f;
 }
 
@@ -123,7 +119,8 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
       const runtime::Tensor& shard = t.shard(slot);
       builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot),
                   [&per_slot, &shard, dtype, slot] {
-                    per_slot[static_cast<std::size_t>(slot)] = find_in_shard(shard, dtype);
+                    per_slot[static_cast<std::size_t>(slot)] =
+                        find_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()), dtype);
                   });
     }
     builder.compile().run();
