@@ -11,6 +11,8 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -298,6 +300,15 @@ class MpiTransport final : public Transport {
 }  // namespace
 
 bool has_mpi() noexcept { return true; }
+
+void abort_mpi_world(int code) noexcept {
+  std::fflush(nullptr);
+  int initialised = 0, finalized = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalized);
+  if (initialised != 0 && finalized == 0) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
 
 std::shared_ptr<Transport> mpi_world() {
   // Destroyed at exit, on the thread that runs the static destructors (MPI_Finalize belongs on

@@ -56,8 +56,13 @@ namespace {
 
 constexpr int kBadInput = 2;
 
+// Prints the error and returns the exit status of bad input. Under mpirun with more than one
+// rank it ends every rank instead (abort_mpi_world): a rank that failed alone and returned
+// would leave the others waiting for it in their next collective step, and its own
+// MPI_Finalize waiting for them.
 int fail(const std::string& message) {
-  std::cerr << "numesh: error: " << message << "\n";
+  std::cerr << "numesh: error: " << message << std::endl;
+  if (numesh::runtime::launched_ranks() > 1) numesh::runtime::abort_mpi_world(kBadInput);
   return kBadInput;
 }
 

@@ -134,4 +134,11 @@ std::vector<std::shared_ptr<Transport>> make_thread_transports(int ranks);
 /// cannot start or lacks the thread level.
 std::shared_ptr<Transport> mpi_world();
 
+/// Ends every rank of the run at once with exit status `code`; never returns. With MPI
+/// initialised and not finalised, by MPI_Abort on MPI's world: a rank that failed alone and
+/// returned would leave the others waiting in their next collective, and its own MPI_Finalize
+/// waiting for them. Otherwise (one process, a build without MPI) the process exits with
+/// `code`. The C streams are flushed first; destructors and atexit handlers do not run.
+[[noreturn]] void abort_mpi_world(int code) noexcept;
+
 }  // namespace numesh::runtime

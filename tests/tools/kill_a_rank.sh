@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# kill_a_rank.sh MPIRUN NUMESH ARGS...: starts `mpirun -np 2 NUMESH ARGS...`, kills rank 1 with
+# SIGKILL a second after it started (mid-run: ARGS should run for longer), and expects every
+# rank to end within 60 s, mpirun exiting with a non-zero status and an error naming rank 1 and
+# the signal. Exit 0 when it does, 1 otherwise (with the output).
+set -u
+mpirun="$1"
+shift
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+"$mpirun" -np 2 --oversubscribe --bind-to none "$@" >"$log" 2>&1 &
+launcher=$!
+victim=""
+for _ in $(seq 1 300); do
+  for child in $(pgrep -P "$launcher"); do
+    if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
+      victim="$child"
+    fi
+  done
+  [[ -n "$victim" ]] && break
+  sleep 0.1
+done
+if [[ -z "$victim" ]]; then
+  kill "$launcher" 2>/dev/null
+  echo "rank 1 never started"; cat "$log"; exit 1
+fi
+sleep 1
+kill -KILL "$victim"
+for _ in $(seq 1 600); do
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$launcher" 2>/dev/null; then
+  kill -KILL "$launcher"
+  echo "the other ranks were still running 60 s after rank 1 was killed"; cat "$log"; exit 1
+fi
+wait "$launcher"
+status=$?
+if (( status == 0 )); then
+  echo "mpirun exited 0 after rank 1 was killed"; cat "$log"; exit 1
+fi
+if ! grep -Eq 'rank 1 .*(signal 9|Killed)' "$log"; then
+  echo "no error names rank 1 and the signal:"; cat "$log"; exit 1
+fi
+echo "rank 1 killed: every rank ended (mpirun exit status $status)"
+grep -E 'rank 1 .*(signal 9|Killed)' "$log"
