@@ -12,7 +12,10 @@ trap 'rm -f "$log"' EXIT
 launcher=$!
 victim=""
 for _ in $(seq 1 300); do
-  for child in $(pgrep -P "$launcher"); do
+  # mpirun's children (read from /proc: no procps needed), the one whose rank is 1.
+  for stat in /proc/[0-9]*/stat; do
+    read -r child _ _ parent _ <"$stat" 2>/dev/null || continue
+    [[ "$parent" == "$launcher" ]] || continue
     if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
       victim="$child"
     fi
