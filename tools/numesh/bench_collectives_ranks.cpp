@@ -25,7 +25,6 @@
 #include "numesh/diagnostics/collective_benchmark.hpp"
 #include "numesh/diagnostics/mpi_collective.hpp"
 #include "numesh/runtime/device_mesh.hpp"
-#include "numesh/runtime/rank_settings.hpp"
 #include "numesh/runtime/transport.hpp"
 #include "parsers.hpp"
 #include "ranks.hpp"
