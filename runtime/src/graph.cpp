@@ -105,10 +105,10 @@ NodeId GraphBuilder::add_node(int device, std::string name, std::function<void()
 
 int GraphBuilder::transfer_tag(int from, int to) {
   int& used = transfer_tags_[{from, to}];
-  NUMESH_CHECK(used < kTransportTagLimit, ValueError,
+  NUMESH_CHECK(used < kGraphTagLimit, ValueError,
                "the graph needs more than {} transfers from rank {} to rank {} ({} nodes so far): "
                "split it into several graphs",
-               kTransportTagLimit, from, to, nodes_.size());
+               kGraphTagLimit, from, to, nodes_.size());
   return used++;
 }
 

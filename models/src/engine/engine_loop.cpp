@@ -1,6 +1,7 @@
 #include "numesh/models/engine/engine_loop.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -41,7 +42,8 @@ void RequestStream::push(Event event) {
 
 EngineLoop::EngineLoop(Engine engine) : engine_(std::move(engine)) {
   (void)engine_.scheduler();  // throws ValueError without serving options
-  count(EngineStep{});        // the counts before the first step: every block free
+  if (engine_.mesh().ranks() > 1) followers_.emplace(engine_.mesh());  // throws off rank 0
+  count(EngineStep{});  // the counts before the first step: every block free
   thread_ = std::thread([this] { run(); });
 }
 
@@ -80,10 +82,55 @@ void EngineLoop::drain() {
   if (thread_.joinable()) thread_.join();
 }
 
+void EngineLoop::stop_running() {
+  const std::lock_guard lock(mutex_);
+  stopping_ = true;
+}
+
+bool EngineLoop::tell(const EngineCall& call) {
+  if (!followers_ || followers_lost_) return !followers_lost_;
+  try {
+    followers_->send(call);
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "numesh: the engine's call cannot reach the other ranks: %s\n", e.what());
+    followers_lost_ = true;
+    stop_running();
+    return false;
+  }
+}
+
+std::optional<SequenceId> EngineLoop::call_submit(Pending& p) {
+  if (!followers_) return engine_.submit(std::move(p.prompt), p.options);
+  // The followers replay only what this engine admitted, under the id it gave; one they cannot
+  // be told of is cancelled here.
+  std::vector<std::int32_t> prompt = p.prompt;
+  const std::optional<SequenceId> id = engine_.submit(std::move(p.prompt), p.options);
+  if (id && !tell({.kind = EngineCall::Kind::kSubmit,
+                   .sequence = *id,
+                   .prompt = std::move(prompt),
+                   .options = p.options})) {
+    engine_.cancel(*id);
+    throw Error("the engine's other ranks cannot be reached: the server is shutting down");
+  }
+  return id;
+}
+
+void EngineLoop::call_cancel(SequenceId id) {
+  (void)tell({.kind = EngineCall::Kind::kCancel, .sequence = id});
+  engine_.cancel(id);
+}
+
+const EngineStep& EngineLoop::call_step() {
+  if (!tell({.kind = EngineCall::Kind::kStep}))
+    throw Error("the engine's other ranks cannot be reached: the server is shutting down");
+  return engine_.step();
+}
+
 void EngineLoop::apply(Pending& p) {
   Submitted s;
   try {
-    const std::optional<SequenceId> id = engine_.submit(std::move(p.prompt), p.options);
+    const std::optional<SequenceId> id = call_submit(p);
     if (!id) {
       s.busy = true;
     } else {
@@ -102,7 +149,7 @@ void EngineLoop::step() {
   // Requests whose clients left are cancelled first: their blocks serve this step.
   for (auto it = streams_.begin(); it != streams_.end();) {
     if (it->second->cancelled()) {
-      engine_.cancel(it->first);
+      call_cancel(it->first);
       it = streams_.erase(it);
     } else {
       ++it;
@@ -114,14 +161,16 @@ void EngineLoop::step() {
   }
   const EngineStep* done = nullptr;  // the engine's own, valid until its next step
   try {
-    done = &engine_.step();
+    done = &call_step();
   } catch (const std::exception& e) {
-    // A step that throws fails every request it held; the engine goes on with new ones.
+    // A step that throws fails every request it held; the engine goes on with new ones. With
+    // followers the loop ends: their engines may have stepped where this one failed.
     for (auto& [id, stream] : streams_) {
       stream->push({.token = -1, .stopped = std::nullopt, .error = e.what()});
       engine_.cancel(id);
     }
     streams_.clear();
+    if (followers_) stop_running();
     return;
   }
   const EngineStep& out = *done;
@@ -170,12 +219,13 @@ void EngineLoop::run() {
     for (Pending& p : inbox) apply(p);
     step();
   }
-  // Stopped: whatever still runs is cancelled and told so.
+  // Stopped: whatever still runs is cancelled and told so; the followers then return.
   for (auto& [id, stream] : streams_) {
     stream->push({.token = -1, .stopped = std::nullopt, .error = "the server is shutting down"});
     engine_.cancel(id);
   }
   streams_.clear();
+  (void)tell({.kind = EngineCall::Kind::kEnd});
 }
 
 }  // namespace numesh::models

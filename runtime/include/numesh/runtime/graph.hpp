@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "numesh/runtime/device.hpp"
+#include "numesh/runtime/transport.hpp"
 
 namespace numesh::runtime {
 
@@ -58,6 +59,11 @@ struct NodeTiming {
 };
 
 class CompiledGraph;
+
+/// Graphs' transfers take the tags below this one (transfer_tag); the tags from it up to
+/// kTransportTagLimit are for messages sent between runs, outside any graph (a serving engine's
+/// calls to the ranks that follow it), so that the two never match each other's transfers.
+inline constexpr int kGraphTagLimit = kTransportTagLimit - 64;
 
 /// Builds a task graph: nodes, each bound to a device, with dependencies. Nodes are added in
 /// dependency order (a node can only wait for nodes added before it), so every graph is
@@ -111,8 +117,8 @@ class GraphBuilder {
   /// ends of a transfer get the same tag, and no two transfers between a pair of ranks share a
   /// tag within a run (from run to run, and between graphs run one after the other, the
   /// transport keeps each tag's transfers in order).
-  /// Throws: ValueError once a pair of ranks has used every tag below kTransportTagLimit
-  /// (transport.hpp), naming the ranks and the node count (on those two ranks only).
+  /// Throws: ValueError once a pair of ranks has used every tag below kGraphTagLimit, naming
+  /// the ranks and the node count (on those two ranks only).
   /// Graphs that transfer over one transport must therefore run one at a time, in the same
   /// order on every rank: two graphs' transfers under one tag are told apart by order alone.
   int transfer_tag(int from, int to);

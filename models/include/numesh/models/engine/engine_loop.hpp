@@ -15,12 +15,19 @@
 #include <vector>
 
 #include "numesh/models/engine/engine.hpp"
+#include "numesh/models/engine/engine_following.hpp"
 
 // A serving engine on a thread of its own, for front ends whose clients come and go on other
 // threads (HTTP handlers, Python): clients submit requests and read each request's tokens from
 // a stream of its own; the engine thread alone touches the engine, steps while any request
 // waits or runs, and sleeps otherwise. A client that leaves cancels its request; the engine
 // frees its blocks at its next step.
+//
+// On a mesh that spans ranks the loop runs on rank 0 and sends every call it makes on its
+// engine to the other ranks first, which follow with follow_engine (engine_following.hpp); when
+// the loop ends, they return. A step that fails, or a call that cannot be sent, then ends the
+// loop: the requests get the error, and later ones are refused as busy, since the ranks'
+// engines can no longer be known to agree.
 
 namespace numesh::models {
 
@@ -75,7 +82,8 @@ struct EngineCounts {
 /// The engine on its own thread. Not copyable; the destructor cancels every request and joins.
 class EngineLoop {
  public:
-  /// Starts the thread over `engine`, which must have been loaded with serving options.
+  /// Starts the thread over `engine`, which must have been loaded with serving options, on
+  /// rank 0 when its mesh spans ranks.
   /// Throws: ValueError otherwise.
   explicit EngineLoop(Engine engine);
   ~EngineLoop();
@@ -105,7 +113,18 @@ class EngineLoop {
   // Refreshes the counts after a step (`out`; empty when none ran).
   void count(const EngineStep& out);
 
+  // The engine's calls: sent to the ranks that follow (when any), then made here.
+  std::optional<SequenceId> call_submit(Pending& p);
+  void call_cancel(SequenceId id);
+  const EngineStep& call_step();
+  // Sends `call` to the followers; when that fails, ends the loop and returns false.
+  bool tell(const EngineCall& call);
+  // Ends the loop at its next turn (a step failed or the followers cannot be told).
+  void stop_running();
+
   Engine engine_;
+  std::optional<EngineFollowers> followers_;  // set when the mesh spans ranks
+  bool followers_lost_ = false;               // engine thread: a call could not be sent
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Pending> inbox_;
