@@ -12,6 +12,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine_following.hpp"
 #include "numesh/models/engine/engine_loop.hpp"
 #include "numesh/models/engine/model_source.hpp"
 
@@ -77,6 +78,31 @@ void check(ServiceOptions& o, OptionStyle style) {
   }
 }
 
+// The engine of `o`, loaded onto `mesh`: the same on every rank of a mesh that spans ranks.
+models::Engine load_engine(const ServiceOptions& o, runtime::DeviceMesh mesh) {
+  models::ModelSource source = models::ModelSource::open(o.model);
+  // Without ctx_size, the model's context up to 4096 (llama-server's default): a long-context
+  // model's whole context for every request would book gigabytes of cache.
+  const std::int64_t context =
+      o.ctx_size > 0 ? o.ctx_size : std::min<std::int64_t>(source.config().max_context(), 4096);
+  const std::int64_t kv_tokens = o.kv_cache_tokens > 0 ? o.kv_cache_tokens : o.parallel * context;
+  return models::Engine::load(
+      std::move(source), std::move(mesh),
+      {.dtype = o.dtype,
+       .sequences = o.parallel,
+       .context = context,
+       .partitions = o.partitions,
+       .mode = o.mode,
+       .progress = o.progress,
+       .serving = models::ServingOptions{.block_size = o.block_size,
+                                         .kv_tokens = kv_tokens,
+                                         .batch_tokens = o.batch_tokens,
+                                         .max_running = o.parallel,
+                                         .max_waiting = o.max_queue,
+                                         .candidates = 64,
+                                         .prefix_caching = o.prefix_cache}});
+}
+
 }  // namespace
 
 struct Service::Impl {
@@ -134,29 +160,8 @@ int Service::port() const noexcept { return impl_->port; }
 const ServiceOptions& Service::options() const noexcept { return impl_->options; }
 
 void Service::load(runtime::DeviceMesh mesh) {
-  const ServiceOptions& o = impl_->options;
   try {
-    models::ModelSource source = models::ModelSource::open(o.model);
-    // Without ctx_size, the model's context up to 4096 (llama-server's default): a long-context
-    // model's whole context for every request would book gigabytes of cache.
-    const std::int64_t context =
-        o.ctx_size > 0 ? o.ctx_size : std::min<std::int64_t>(source.config().max_context(), 4096);
-    const std::int64_t kv_tokens = o.kv_cache_tokens > 0 ? o.kv_cache_tokens : o.parallel * context;
-    impl_->loop.emplace(models::Engine::load(
-        std::move(source), std::move(mesh),
-        {.dtype = o.dtype,
-         .sequences = o.parallel,
-         .context = context,
-         .partitions = o.partitions,
-         .mode = o.mode,
-         .progress = o.progress,
-         .serving = models::ServingOptions{.block_size = o.block_size,
-                                           .kv_tokens = kv_tokens,
-                                           .batch_tokens = o.batch_tokens,
-                                           .max_running = o.parallel,
-                                           .max_waiting = o.max_queue,
-                                           .candidates = 64,
-                                           .prefix_caching = o.prefix_cache}}));
+    impl_->loop.emplace(load_engine(impl_->options, std::move(mesh)));
   } catch (...) {
     stop();
     throw;
@@ -179,6 +184,12 @@ bool Service::wait_for(std::chrono::milliseconds timeout) {
   if (impl_->done.wait_for(timeout) != std::future_status::ready) return false;
   impl_->finish();
   return true;
+}
+
+void follow_service(ServiceOptions options, OptionStyle style, runtime::DeviceMesh mesh) {
+  check(options, style);
+  models::Engine engine = load_engine(options, std::move(mesh));
+  models::follow_engine(engine);
 }
 
 }  // namespace numesh::serve

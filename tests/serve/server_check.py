@@ -163,12 +163,13 @@ def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, f
 
 
 class Server:
-    """`numesh serve` on a free port; stop() sends SIGTERM and returns the exit status."""
+    """`numesh serve` on a free port (started by `launcher`, e.g. mpirun and its options, when
+    given); stop() sends SIGTERM and returns the exit status."""
 
-    def __init__(self, model, *args):
-        self.proc = subprocess.Popen([NUMESH, "serve", "--model", model, "--port", "0", "--quiet",
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+    def __init__(self, model, *args, launcher=()):
+        self.proc = subprocess.Popen([*launcher, NUMESH, "serve", "--model", model, "--port", "0",
+                                      "--quiet", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         self.banner = line
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)

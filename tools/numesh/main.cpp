@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
   commands.push_back(command<t::GenerateOptions>(app, t::add_generate_command, t::run_generate));
   commands.back().across_ranks = true;
   commands.push_back(command<t::ServeOptions>(app, t::add_serve_command, t::run_serve));
+  commands.back().across_ranks = true;
   commands.push_back(command<t::TokenizeOptions>(app, t::add_tokenize_command, t::run_tokenize));
   commands.push_back(
       command<t::PerplexityOptions>(app, t::add_perplexity_command, t::run_perplexity));
@@ -151,10 +152,8 @@ int main(int argc, char** argv) {
       if (const int ranks = numesh::runtime::launched_ranks(); ranks > 1 && !c.across_ranks) {
         return fail(fmt::format(
             "started by mpirun as {} ranks: `numesh {}` does not run across processes yet "
-            "(docs/distributed.md; `numesh run`, `generate`, `perplexity`, `train` and `bench "
-            "collectives` do); "
-            "run one "
-            "process, or mpirun -np 1",
+            "(docs/distributed.md; `numesh run`, `generate`, `serve`, `perplexity`, `train` and "
+            "`bench collectives` do); run one process, or mpirun -np 1",
             ranks, command_name(*c.app)));
       }
       if (numesh::runtime::launched_ranks() > 1) {

@@ -29,6 +29,7 @@
 #include "numesh/serve/service.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
+#include "ranks.hpp"
 
 namespace numesh::tools {
 
@@ -102,6 +103,28 @@ class SignalWatcher {
   }, old_term_{};
   std::thread thread_;
   std::atomic<int> caught_{0};
+};
+
+// SIGINT and SIGTERM ignored while it lives (the handlers before it restored after).
+class IgnoredStopSignals {
+ public:
+  IgnoredStopSignals() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGINT, &ignore, &old_int_);
+    sigaction(SIGTERM, &ignore, &old_term_);
+  }
+  ~IgnoredStopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  IgnoredStopSignals(const IgnoredStopSignals&) = delete;
+  IgnoredStopSignals& operator=(const IgnoredStopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 }  // namespace
@@ -178,6 +201,17 @@ Examples:
 
 int run_serve(const ServeOptions& o, std::ostream& out) {
   serve::ServiceOptions options = service_options(o);
+  if (command_world()->rank() != 0) {
+    // Under mpirun, ranks 1 and up load their shards and follow rank 0's engine until its
+    // service stops. mpirun hands a SIGINT or SIGTERM to every rank: only rank 0's matters (it
+    // drains, then tells the others to end), so the others ignore them meanwhile.
+    const IgnoredStopSignals ignored;
+    serve::follow_service(std::move(options), OptionStyle::kFlag, make_mesh(o.mesh));
+    // On stderr, --quiet or not: the one line that says this rank ended with rank 0's service
+    // (and was not killed by mpirun).
+    std::fprintf(stderr, "numesh serve: rank %d: stopped with rank 0\n", command_world()->rank());
+    return 0;
+  }
   const ProgressLine line(o.quiet);
   options.progress = [&](std::int64_t done, std::int64_t total) {
     line.update(fmt::format("loading {:.0f}%",

@@ -17,7 +17,8 @@
 // A model served over HTTP, whole: the checks of the options, the server bound first (503
 // while the model loads), the serving engine loaded with its paged caches, then served until
 // stopped, the requests in flight answered. `numesh serve` and Python's numesh.serve both run
-// one; they differ only in how they are stopped (a signal, a call) and what they print.
+// one; they differ only in how they are stopped (a signal, a call) and what they print. On a
+// mesh that spans ranks, rank 0 runs the Service and the other ranks follow_service.
 
 namespace numesh::serve {
 
@@ -92,5 +93,12 @@ class Service {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// On ranks 1 and up of a mesh that spans ranks (numesh serve under mpirun): checks `options` as
+/// Service's constructor does, loads the model onto `mesh` as Service::load does, then makes
+/// the calls rank 0's engine makes (models::follow_engine) until rank 0's service stops.
+/// Nothing binds: rank 0 alone answers HTTP. Every rank must be given the same options.
+/// Throws: ValueError naming a bad option; what loading and models::follow_engine throw.
+void follow_service(ServiceOptions options, OptionStyle style, runtime::DeviceMesh mesh);
 
 }  // namespace numesh::serve

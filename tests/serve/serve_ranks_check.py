@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""numesh serve under mpirun: rank 0 answers HTTP and the other ranks follow its engine's steps.
+
+On a tiny Llama (written by server_check.write_model), `mpirun -np RANKS numesh serve` over a mesh
+that spans the ranks is checked against `numesh serve` in one process on the same mesh shape:
+greedy, sampled (seeded) and log-probability completions, sent one at a time and then all at
+once, give the same tokens and log-probabilities; a streamed completion adds up to the whole;
+/health and /metrics answer; a client that leaves mid-stream frees its blocks on every rank (the
+next requests still agree); SIGTERM to mpirun drains rank 0 and every other rank ends with it.
+
+usage: serve_ranks_check.py NUMESH WORK_DIR TOKENIZER_JSON MPIRUN RANKS DIMS
+  (DIMS: the mesh's dp,ep,tp dims, e.g. 1,1,2; each rank is one device)
+"""
+
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+
+import server_check as sc
+
+MPIRUN, RANKS, DIMS = sys.argv[4], int(sys.argv[5]), sys.argv[6]
+ONE_CORE = "numa:1 core:1 pu:1"
+
+
+def completion(server, body):
+    status, reply, _ = server.request("POST", "/v1/completions", body)
+    sc.check(status == 200, f"status {status}: {reply}")
+    if status != 200:
+        return None
+    choice = reply["choices"][0]
+    return {"text": choice["text"], "tokens": choice["tokens"], "logprobs": choice.get("logprobs"),
+            "finish_reason": choice["finish_reason"]}
+
+
+def requests():
+    r = []
+    for i in range(6):
+        body = {"prompt": [3 + i, 7, 9 * i, 11], "max_tokens": 6 + i, "ignore_eos": True}
+        if i % 2 == 1:
+            body.update({"temperature": 0.8, "top_k": 16, "seed": 100 + i})
+        else:
+            body["temperature"] = 0
+        if i == 2:
+            body["logprobs"] = 2
+        r.append(body)
+    return r
+
+
+def answers(server):
+    """Each request alone, then all at once: both lists."""
+    alone = [completion(server, b) for b in requests()]
+    together = [None] * len(alone)
+
+    def run(i):
+        together[i] = completion(server, requests()[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(alone))]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    return alone, together
+
+
+def leave_mid_stream(server):
+    """A streamed completion whose client reads two events and leaves."""
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", "/v1/completions",
+              body=json.dumps({"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True,
+                               "stream": True}),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.readline()
+    r.readline()
+    c.close()
+
+
+def main():
+    model = os.path.join(sc.WORK, "model")
+    sc.write_model(model, heads=2, kv_heads=2)
+    mesh = ["--dims", DIMS]
+
+    one = sc.Server(model, "--synthetic", f"numa:{RANKS} core:1 pu:1", *mesh)
+    want_alone, want_together = answers(one)
+    code, _, err = one.stop()
+    sc.check(code == 0, f"one process exits {code}: {err}")
+    sc.check(want_alone == want_together, "one process: together differs from alone")
+
+    launcher = [MPIRUN, "-np", str(RANKS), "--oversubscribe", "--bind-to", "none"]
+    ranks = sc.Server(model, "--synthetic", ONE_CORE, *mesh, launcher=launcher)
+    sc.check(f"on {RANKS} ranks" in ranks.banner or "mesh" in ranks.banner,
+             f"the banner: {ranks.banner!r}")
+    status, health, _ = ranks.request("GET", "/health")
+    sc.check(status == 200, f"/health {status}: {health}")
+    alone, together = answers(ranks)
+    sc.check(alone == want_alone, f"{RANKS} ranks, one at a time: {alone} != one process's {want_alone}")
+    sc.check(together == want_together,
+             f"{RANKS} ranks, all at once: {together} != one process's {want_together}")
+
+    chunks, done = ranks.stream({"prompt": [3, 7, 0, 11], "max_tokens": 6, "temperature": 0,
+                                 "ignore_eos": True})
+    sc.check(done, "the stream ends with [DONE]")
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    sc.check(streamed == want_alone[0]["text"], f"streamed {streamed!r} != {want_alone[0]['text']!r}")
+
+    leave_mid_stream(ranks)
+    deadline = time.time() + 30
+    while time.time() < deadline and ranks.metrics().get("numesh_kv_blocks_used", 1) != 0:
+        time.sleep(0.1)
+    metrics = ranks.metrics()
+    sc.check(metrics.get("numesh_kv_blocks_used") == 0, f"blocks used after the client left: {metrics}")
+    again = completion(ranks, requests()[1])
+    sc.check(again == want_alone[1], f"after a client left: {again} != {want_alone[1]}")
+
+    # mpirun hands SIGTERM to every rank; rank 0 drains and tells the others to end. Open MPI's
+    # mpirun exits 1 after a SIGTERM whatever its ranks did: each rank's own line says it ended
+    # by itself, not killed.
+    code, out, err = ranks.stop()
+    sc.check(code in (0, 1), f"mpirun exits {code} after SIGTERM: {out} {err}")
+    sc.check("numesh serve: stopped on signal 15" in out, f"rank 0 says it stopped: {out!r}")
+    for r in range(1, RANKS):
+        sc.check(f"numesh serve: rank {r}: stopped with rank 0" in err,
+                 f"rank {r} says it stopped with rank 0: {err!r}")
+    sc.check("exited on signal" not in err and "aborted" not in err, f"no rank was killed: {err!r}")
+
+    if sc.FAILURES:
+        print(f"{len(sc.FAILURES)} checks failed")
+        return 1
+    print(f"numesh serve on {RANKS} ranks: every check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
