@@ -71,15 +71,23 @@ class MpiTransport final : public Transport {
 
  protected:
   void start_send(int peer, int tag, std::span<const std::byte> bytes, TransferDone done) override {
+    const std::chrono::milliseconds limit = patience();
     enqueue({Transfer::kSend, peer, tag, const_cast<std::byte*>(bytes.data()),
-             checked_count("send to", peer, bytes.size()), std::move(done)});
+             checked_count("send to", peer, bytes.size()), std::move(done),
+             limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max(), limit});
   }
-  void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done) override {
+  void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
+                  Patience wait) override {
+    const std::chrono::milliseconds limit = patience();
     enqueue({Transfer::kRecv, peer, tag, bytes.data(),
-             checked_count("recv from", peer, bytes.size()), std::move(done)});
+             checked_count("recv from", peer, bytes.size()), std::move(done),
+             wait == Patience::kBounded && limit.count() > 0 ? Clock::now() + limit
+                                                             : Clock::time_point::max(),
+             limit});
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Transfer {
     enum Kind { kSend, kRecv } kind;
     int peer;
@@ -87,6 +95,8 @@ class MpiTransport final : public Transport {
     std::byte* data;  // a send's bytes are only read (MPI_Isend takes a const pointer)
     int count;
     TransferDone done;
+    Clock::time_point deadline;          // a bounded receive's; max() for the others
+    std::chrono::milliseconds patience;  // what the deadline came from (for the message)
   };
   using ErrorOf = std::function<std::exception_ptr(const Transfer&)>;
 
@@ -195,6 +205,66 @@ class MpiTransport final : public Transport {
     requests.clear();
   }
 
+  // The watchdog: a transfer still in flight at its deadline means its peer has done nothing
+  // with it for the whole patience (sent nothing to a receive, taken nothing of a send that
+  // needs it): most likely it hangs. The transfer completes with TimeoutError naming it. It is
+  // cancelled first (one that completed meanwhile completes as it is); one that cannot be
+  // cancelled (a send, a receive the peer stopped sending halfway) is freed and left to MPI,
+  // which may still touch its bytes: the caller is told it failed, and must end the run.
+  // Returns whether any transfer completed.
+  static bool expire(std::vector<Transfer>& active, std::vector<MPI_Request>& requests) {
+    const Clock::time_point now = Clock::now();
+    bool any = false;
+    for (std::size_t k = 0; k < active.size(); ++k) {
+      Transfer& t = active[k];
+      if (!t.done || now < t.deadline) continue;
+      any = true;
+      MPI_Cancel(&requests[k]);
+      // A receive matched to a message the hung peer stopped sending halfway cannot be
+      // cancelled, nor a send: each gets 100 ms to end, then is freed and left to MPI.
+      const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
+      MPI_Status status;
+      int ended = 0;
+      while (MPI_Test(&requests[k], &ended, &status) == MPI_SUCCESS && ended == 0 &&
+             Clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      if (ended != 0) {
+        int cancelled = 0;
+        MPI_Test_cancelled(&status, &cancelled);
+        if (cancelled == 0) {  // it completed after all
+          t.done(outcome(t, status, MPI_SUCCESS));
+          t.done = nullptr;
+          continue;
+        }
+      } else if (requests[k] != MPI_REQUEST_NULL) {
+        MPI_Request_free(&requests[k]);
+      }
+      requests[k] = MPI_REQUEST_NULL;
+      const double seconds = std::chrono::duration<double>(t.patience).count();
+      t.done(std::make_exception_ptr(TimeoutError(
+          fmt::format("{} rank {}, tag {}: rank {} {} for {:g} s; it has most likely hung "
+                      "(NUMESH_RANK_TIMEOUT sets how long ranks wait for each other)",
+                      verb(t), t.peer, t.tag, t.peer,
+                      t.kind == Transfer::kRecv ? "sent nothing" : "took nothing", seconds))));
+      t.done = nullptr;
+    }
+    return any;
+  }
+
+  // Drops the completed transfers (done empty; their requests are MPI_REQUEST_NULL now).
+  static void drop_completed(std::vector<Transfer>& active, std::vector<MPI_Request>& requests) {
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < active.size(); ++k) {
+      if (!active[k].done) continue;
+      active[kept] = std::move(active[k]);
+      requests[kept] = requests[k];
+      ++kept;
+    }
+    active.resize(kept);
+    requests.resize(kept);
+  }
+
   // The progress thread: posts new transfers, polls the active ones, completes them. It sleeps
   // while nothing is active; while transfers are in flight it polls, yielding its core between
   // polls and sleeping 20 us after 64 empty ones, so that a long wait does not hold a core
@@ -237,6 +307,7 @@ class MpiTransport final : public Transport {
         continue;
       }
       if (completed == MPI_UNDEFINED || completed == 0) {
+        if (expire(active, requests)) drop_completed(active, requests);
         if (++idle_polls > 64) {
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         } else {
@@ -257,16 +328,7 @@ class MpiTransport final : public Transport {
         t.done(outcome(t, status, error));
         t.done = nullptr;
       }
-      // Drop the completed transfers (their requests are MPI_REQUEST_NULL now).
-      std::size_t kept = 0;
-      for (std::size_t k = 0; k < active.size(); ++k) {
-        if (!active[k].done) continue;
-        active[kept] = std::move(active[k]);
-        requests[kept] = requests[k];
-        ++kept;
-      }
-      active.resize(kept);
-      requests.resize(kept);
+      drop_completed(active, requests);
     }
     // Closing: the transfers in flight and those not yet posted end with CancelledError.
     std::vector<Transfer> unposted;
@@ -317,6 +379,7 @@ std::shared_ptr<Transport> mpi_world() {
   static std::shared_ptr<Transport> world;
   const std::lock_guard lock(mutex);
   if (world) return world;
+  const std::chrono::milliseconds patience = patience_from_environment();  // before MPI starts
   int initialised = 0;
   check_mpi(MPI_Initialized(&initialised), "MPI_Initialized");
   int provided = 0;
@@ -337,6 +400,7 @@ std::shared_ptr<Transport> mpi_world() {
         initialised == 0 ? "" : ": the program initialised MPI and may call it alongside"));
   }
   world = std::make_shared<MpiTransport>(/*finalize_at_end=*/initialised == 0);
+  world->set_patience(patience);
   return world;
 }
 

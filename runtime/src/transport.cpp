@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -87,9 +89,27 @@ void Transport::send(int peer, int tag, std::span<const std::byte> bytes, Transf
   start_send(peer, tag, bytes, std::move(done));
 }
 
-void Transport::recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done) {
+void Transport::recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
+                     Patience patience) {
   check_transfer("recv from", peer, tag, done);
-  start_recv(peer, tag, bytes, std::move(done));
+  start_recv(peer, tag, bytes, std::move(done), patience);
+}
+
+void Transport::set_patience(std::chrono::milliseconds limit) {
+  NUMESH_CHECK(limit.count() >= 0, ValueError, "set_patience: {} ms is negative", limit.count());
+  patience_ms_.store(limit.count(), std::memory_order_relaxed);
+}
+
+std::chrono::milliseconds patience_from_environment() {
+  const char* text = std::getenv("NUMESH_RANK_TIMEOUT");
+  if (text == nullptr || *text == '\0') return kDefaultPatience;
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(text, &end);
+  NUMESH_CHECK(
+      end != text && *end == '\0' && errno == 0 && seconds >= 0 && seconds < 1e9, ValueError,
+      "NUMESH_RANK_TIMEOUT='{}' is not a number of seconds (0 or more; 0: no limit)", text);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000)));
 }
 
 void Transport::start_send(int /*peer*/, int /*tag*/, std::span<const std::byte> /*bytes*/,
@@ -98,7 +118,7 @@ void Transport::start_send(int /*peer*/, int /*tag*/, std::span<const std::byte>
 }
 
 void Transport::start_recv(int /*peer*/, int /*tag*/, std::span<std::byte> /*bytes*/,
-                           TransferDone /*done*/) {
+                           TransferDone /*done*/, Patience /*patience*/) {
   throw NotImplementedError(fmt::format("the {} transport does not receive", name()));
 }
 
@@ -116,7 +136,7 @@ void Transport::all_gather(std::span<const std::byte> mine, std::span<std::byte>
     if (peer == rank()) continue;
     start_recv(peer, kAllGatherTag,
                all.subspan(static_cast<std::size_t>(peer) * mine.size(), mine.size()),
-               countdown.callback());
+               countdown.callback(), Patience::kBounded);
     start_send(peer, kAllGatherTag, mine, countdown.callback());
   }
   countdown.wait();
@@ -134,9 +154,10 @@ void send_blocking(Transport& transport, int peer, int tag, std::span<const std:
   completion.wait();
 }
 
-void recv_blocking(Transport& transport, int peer, int tag, std::span<std::byte> bytes) {
+void recv_blocking(Transport& transport, int peer, int tag, std::span<std::byte> bytes,
+                   Patience patience) {
   Completion completion;
-  transport.recv(peer, tag, bytes, completion.callback());
+  transport.recv(peer, tag, bytes, completion.callback(), patience);
   completion.wait();
 }
 
@@ -225,7 +246,9 @@ class ThreadTransport final : public Transport {
   void start_send(int peer, int tag, std::span<const std::byte> bytes, TransferDone done) override {
     hub_->send(rank_, peer, tag, bytes, std::move(done));
   }
-  void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done) override {
+  // Ranks as threads of one process wait without limit (recv's contract).
+  void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
+                  Patience /*patience*/) override {
     hub_->recv(peer, rank_, tag, bytes, std::move(done));
   }
 

@@ -5,9 +5,12 @@
 
 #include "numesh/runtime/transport.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -123,6 +126,41 @@ TEST(MpiEntryPointsTest, LaunchedByMpiReadsTheLaunchersVariables) {
   for (std::size_t i = 0; i < saved.size(); ++i) {
     if (saved[i] != "\x01") setenv(names[i], saved[i].c_str(), 1);
   }
+}
+
+// NUMESH_RANK_TIMEOUT: seconds (fractions allowed, 0 for no limit), the default when unset or
+// empty, anything else refused naming the variable and its value. A transport's patience is
+// set and read back; a negative one is refused.
+TEST(PatienceTest, ComesFromNumeshRankTimeout) {
+  const char* v = std::getenv("NUMESH_RANK_TIMEOUT");
+  const std::string saved = v != nullptr ? v : "\x01";
+  unsetenv("NUMESH_RANK_TIMEOUT");
+  EXPECT_EQ(patience_from_environment(), kDefaultPatience);
+  EXPECT_EQ(kDefaultPatience, std::chrono::seconds(600));
+  setenv("NUMESH_RANK_TIMEOUT", "", 1);
+  EXPECT_EQ(patience_from_environment(), kDefaultPatience);
+  setenv("NUMESH_RANK_TIMEOUT", "2.5", 1);
+  EXPECT_EQ(patience_from_environment(), std::chrono::milliseconds(2500));
+  setenv("NUMESH_RANK_TIMEOUT", "0", 1);
+  EXPECT_EQ(patience_from_environment(), std::chrono::milliseconds(0));
+  for (const char* bad : {"abc", "-1", "3s", "1e99"}) {
+    setenv("NUMESH_RANK_TIMEOUT", bad, 1);
+    EXPECT_THAT(
+        [] { (void)patience_from_environment(); },
+        ThrowsMessage<ValueError>(fmt::format(
+            "NUMESH_RANK_TIMEOUT='{}' is not a number of seconds (0 or more; 0: no limit)", bad)));
+  }
+  if (saved != "\x01") {
+    setenv("NUMESH_RANK_TIMEOUT", saved.c_str(), 1);
+  } else {
+    unsetenv("NUMESH_RANK_TIMEOUT");
+  }
+  SingleProcessTransport t;
+  EXPECT_EQ(t.patience(), kDefaultPatience);
+  t.set_patience(std::chrono::milliseconds(40));
+  EXPECT_EQ(t.patience(), std::chrono::milliseconds(40));
+  EXPECT_THAT([&] { t.set_patience(std::chrono::milliseconds(-1)); },
+              ThrowsMessage<ValueError>("set_patience: -1 ms is negative"));
 }
 
 }  // namespace

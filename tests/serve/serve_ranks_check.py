@@ -67,14 +67,14 @@ def answers(server):
 
 
 def leave_mid_stream(server):
-    """A streamed completion whose client reads two events and leaves."""
+    """A streamed completion of 500 tokens whose client reads its first event and leaves."""
     c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     c.request("POST", "/v1/completions",
-              body=json.dumps({"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True,
+              body=json.dumps({"prompt": [1, 2, 3], "max_tokens": 500, "ignore_eos": True,
                                "stream": True}),
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    r.readline()
+    sc.check(r.status == 200, f"the stream's status {r.status}")
     r.readline()
     c.close()
 
@@ -92,8 +92,7 @@ def main():
 
     launcher = [MPIRUN, "-np", str(RANKS), "--oversubscribe", "--bind-to", "none"]
     ranks = sc.Server(model, "--synthetic", ONE_CORE, *mesh, launcher=launcher)
-    sc.check(f"on {RANKS} ranks" in ranks.banner or "mesh" in ranks.banner,
-             f"the banner: {ranks.banner!r}")
+    sc.check(f"over {RANKS} ranks;" in ranks.banner, f"the banner names the ranks: {ranks.banner!r}")
     status, health, _ = ranks.request("GET", "/health")
     sc.check(status == 200, f"/health {status}: {health}")
     alone, together = answers(ranks)
@@ -107,12 +106,19 @@ def main():
     streamed = "".join(c["choices"][0]["text"] for c in chunks)
     sc.check(streamed == want_alone[0]["text"], f"streamed {streamed!r} != {want_alone[0]['text']!r}")
 
+    # The client that leaves cuts its request short on every rank (rank 0 sends the
+    # cancellation): its blocks come back, fewer than its 500 tokens were made, and the
+    # requests after it still agree with one process.
+    before = ranks.metrics().get("numesh_generated_tokens_total", -1)
     leave_mid_stream(ranks)
     deadline = time.time() + 30
     while time.time() < deadline and ranks.metrics().get("numesh_kv_blocks_used", 1) != 0:
         time.sleep(0.1)
     metrics = ranks.metrics()
     sc.check(metrics.get("numesh_kv_blocks_used") == 0, f"blocks used after the client left: {metrics}")
+    made = metrics.get("numesh_generated_tokens_total", -1) - before
+    sc.check(before >= 0 and 0 <= made < 500,
+             f"the request that lost its client made {made} tokens of 500 ({before} before)")
     again = completion(ranks, requests()[1])
     sc.check(again == want_alone[1], f"after a client left: {again} != {want_alone[1]}")
 

@@ -236,10 +236,12 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   }
   const models::ChatTemplate* chat = service.chat_template();
   out << fmt::format(
-      "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}; {} requests "
+      "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}{}; {} requests "
       "at once, {} KV tokens in blocks of {}; chat template: {})\n",
       o.service.server.host, service.port(), o.service.model, to_string(e.config().architecture),
-      e.formats(), e.mesh().mesh().repr(), o.service.parallel,
+      e.formats(), e.mesh().mesh().repr(),
+      e.mesh().ranks() > 1 ? fmt::format(" over {} ranks", e.mesh().ranks()) : "",
+      o.service.parallel,
       e.scheduler().pool().blocks() * o.service.block_size - o.service.block_size,
       o.service.block_size, chat != nullptr ? chat->name() : "none");
   out.flush();

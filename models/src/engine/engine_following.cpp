@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -62,9 +63,14 @@ class Reader {
                  "engine call: {} {} do not fit in the {} bytes left of {}", count, what,
                  bytes_.size() - at_, bytes_.size());
     std::vector<T> values(count);
-    std::memcpy(values.data(), bytes_.data() + at_, count * sizeof(T));
+    if (count != 0) std::memcpy(values.data(), bytes_.data() + at_, count * sizeof(T));
     at_ += count * sizeof(T);
     return values;
+  }
+  bool get_flag(std::string_view what) {
+    const auto flag = get<std::uint8_t>(what);
+    NUMESH_CHECK(flag <= 1, ValueError, "engine call: its {} is {}, not 0 or 1", what, flag);
+    return flag == 1;
   }
   void end() const {
     NUMESH_CHECK(at_ == bytes_.size(), ValueError, "engine call: {} bytes left over after {} of {}",
@@ -119,7 +125,7 @@ EngineCall decode_engine_call(std::span<const std::byte> bytes) {
     RequestOptions& o = call.options;
     o.max_new_tokens = r.get<std::int64_t>("max_new_tokens");
     o.stop_ids = r.get_all<std::int64_t>("stop ids");
-    if (r.get<std::uint8_t>("sampling flag") != 0) {
+    if (r.get_flag("sampling flag")) {
       ops::SamplingOptions s;
       s.temperature = r.get<double>("temperature");
       s.top_k = r.get<std::int64_t>("top_k");
@@ -127,7 +133,7 @@ EngineCall decode_engine_call(std::span<const std::byte> bytes) {
       o.sampling = s;
     }
     o.seed = r.get<std::uint64_t>("seed");
-    if (r.get<std::uint8_t>("logprobs flag") != 0) o.logprobs = r.get<std::int64_t>("logprobs");
+    if (r.get_flag("logprobs flag")) o.logprobs = r.get<std::int64_t>("logprobs");
   }
   r.end();
   return call;
@@ -161,13 +167,18 @@ void follow_engine(Engine& engine) {
   (void)engine.scheduler();  // throws ValueError without serving options
   runtime::Transport& transport = *mesh.transport();
   std::vector<std::byte> bytes;
+  std::string failed;  // this rank's last step threw this, and rank 0 has not said it failed too
   for (;;) {
+    // Between calls this rank waits for work, as long as rank 0's server idles.
     std::uint64_t size = 0;
     runtime::recv_blocking(transport, 0, kEngineCallTag,
-                           std::as_writable_bytes(std::span<std::uint64_t>(&size, 1)));
+                           std::as_writable_bytes(std::span<std::uint64_t>(&size, 1)),
+                           runtime::Patience::kUnbounded);
     bytes.resize(size);
     runtime::recv_blocking(transport, 0, kEngineCallTag, bytes);
     EngineCall call = decode_engine_call(bytes);
+    NUMESH_CHECK(failed.empty() || call.kind == EngineCall::Kind::kFailed, Error,
+                 "follow_engine: rank {}'s step failed where rank 0's did not: {}", rank, failed);
     switch (call.kind) {
       case EngineCall::Kind::kSubmit: {
         const std::size_t tokens = call.prompt.size();
@@ -183,7 +194,19 @@ void follow_engine(Engine& engine) {
         engine.cancel(call.sequence);
         break;
       case EngineCall::Kind::kStep:
-        (void)engine.step();
+        try {
+          (void)engine.step();
+        } catch (const TimeoutError&) {
+          throw;  // a rank hangs: nothing to agree on
+        } catch (const Error& e) {
+          // Rank 0's step should have failed alike (on the same logits): it says so next.
+          failed = e.what();
+        }
+        break;
+      case EngineCall::Kind::kFailed:
+        NUMESH_CHECK(!failed.empty(), Error,
+                     "follow_engine: rank 0's step failed where rank {}'s did not", rank);
+        failed.clear();  // the step's cancellations follow
         break;
       case EngineCall::Kind::kEnd:
         return;

@@ -110,8 +110,8 @@ std::optional<SequenceId> EngineLoop::call_submit(Pending& p) {
                    .sequence = *id,
                    .prompt = std::move(prompt),
                    .options = p.options})) {
-    engine_.cancel(*id);
-    throw Error("the engine's other ranks cannot be reached: the server is shutting down");
+    engine_.cancel(*id);  // the loop is ending: refused as busy
+    return std::nullopt;
   }
   return id;
 }
@@ -163,14 +163,15 @@ void EngineLoop::step() {
   try {
     done = &call_step();
   } catch (const std::exception& e) {
-    // A step that throws fails every request it held; the engine goes on with new ones. With
-    // followers the loop ends: their engines may have stepped where this one failed.
+    // A step that throws fails every request it held; the engine goes on with new ones. The
+    // followers' steps threw the same (they hold the same logits): they hear so, and cancel the
+    // same requests.
+    (void)tell({.kind = EngineCall::Kind::kFailed});
     for (auto& [id, stream] : streams_) {
       stream->push({.token = -1, .stopped = std::nullopt, .error = e.what()});
-      engine_.cancel(id);
+      call_cancel(id);
     }
     streams_.clear();
-    if (followers_) stop_running();
     return;
   }
   const EngineStep& out = *done;

@@ -98,6 +98,13 @@ class CancelledError : public Error {
   using Error::Error;
 };
 
+/// A rank of the run did not answer in time: a transfer waited longer than the transport's
+/// patience for its peer (runtime/transport.hpp), which has most likely hung.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Thrown by the node that CompiledGraph::inject_fault armed, in place of its body: a fault put
 /// there on purpose, to test how a run fails, cancels the other devices and runs again.
 class InjectedFault : public Error {

@@ -12,7 +12,10 @@
 //  - mpi_world(): Open MPI's world, in the runtime's only file that includes mpi.h (built with
 //    NUMESH_WITH_MPI).
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -31,6 +34,20 @@ using TransferDone = std::function<void(std::exception_ptr)>;
 /// Tags a caller may use: [0, kTransportTagLimit). Tags from the limit up are the transport's
 /// own (its set-up collectives).
 inline constexpr int kTransportTagLimit = 1 << 14;
+
+/// How long a receive may wait for its peer.
+enum class Patience : std::uint8_t {
+  /// At most the transport's patience(): a peer silent that long is taken as hung, and the
+  /// receive fails with TimeoutError naming it. Every transfer inside a run or a collective.
+  kBounded,
+  /// As long as it takes: a rank that waits for work (a serving engine's follower waiting for
+  /// its leader's next call) may wait for hours.
+  kUnbounded,
+};
+
+/// The patience mpi_world() starts with: NUMESH_RANK_TIMEOUT seconds when set (0: without
+/// limit), else 600 s.
+inline constexpr std::chrono::milliseconds kDefaultPatience{600'000};
 
 /// One process's end of the transport between the ranks of a run. send and recv check their
 /// arguments and hand the transfer to the implementation; all_gather and barrier are built on
@@ -53,7 +70,9 @@ class Transport {
 
   /// Starts sending `bytes` to rank `peer` under `tag`; `done` runs when the bytes may be
   /// reused. The bytes must stay valid and unchanged until then. Transfers between two ranks
-  /// under one tag are received in the order they were sent.
+  /// under one tag are received in the order they were sent. A send the peer has not taken
+  /// within patience() completes `done` with TimeoutError naming the peer (the MPI transport;
+  /// MPI may still read the bytes then: end the run).
   /// Throws (before anything is sent): ValueError naming a peer outside [0, size()) or equal
   /// to rank(), a tag outside [0, kTransportTagLimit), or an empty `done`;
   /// NotImplementedError when the transport moves no data.
@@ -62,9 +81,21 @@ class Transport {
   /// Starts receiving the next transfer from `peer` under `tag` into `bytes`; `done` runs when
   /// it has arrived. A transfer of another size than bytes.size() completes `done` with a
   /// ValueError naming the peer, the tag and both sizes (or, when it is larger, the size
-  /// expected).
+  /// expected). A kBounded receive that has not arrived within patience() completes `done`
+  /// with TimeoutError naming the peer, the tag and the time waited (the MPI transport, where
+  /// MPI may still write the bytes of a transfer its peer stopped halfway: end the run; ranks
+  /// as threads wait without limit).
   /// Throws: as send.
-  void recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done);
+  void recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
+            Patience patience = Patience::kBounded);
+
+  /// How long a kBounded receive waits for its peer; zero: without limit.
+  [[nodiscard]] std::chrono::milliseconds patience() const noexcept {
+    return std::chrono::milliseconds(patience_ms_.load(std::memory_order_relaxed));
+  }
+  /// Sets patience() for the receives started from now on. Thread-safe.
+  /// Throws: ValueError for a negative limit.
+  void set_patience(std::chrono::milliseconds limit);
 
   /// Every rank's `mine` (the same size on every rank), in rank order, into `all`
   /// (size() * mine.size() bytes); blocks until this rank's part is done. Collective.
@@ -81,18 +112,22 @@ class Transport {
   virtual void start_send(int peer, int tag, std::span<const std::byte> bytes, TransferDone done);
   /// The implementation of recv, with arguments checked. The default throws
   /// NotImplementedError.
-  virtual void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done);
+  virtual void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
+                          Patience patience);
   /// The tag of the built-in all_gather's transfers.
   static constexpr int kAllGatherTag = kTransportTagLimit;
 
  private:
   void check_transfer(std::string_view what, int peer, int tag, const TransferDone& done) const;
+
+  std::atomic<std::int64_t> patience_ms_{kDefaultPatience.count()};
 };
 
 /// send, then wait for its completion. Throws: as send; what the transfer failed with.
 void send_blocking(Transport& transport, int peer, int tag, std::span<const std::byte> bytes);
 /// recv, then wait for its completion. Throws: as recv; what the transfer failed with.
-void recv_blocking(Transport& transport, int peer, int tag, std::span<std::byte> bytes);
+void recv_blocking(Transport& transport, int peer, int tag, std::span<std::byte> bytes,
+                   Patience patience = Patience::kBounded);
 
 /// The transport of a run of one process: rank 0 of 1. It has no peer, so send and recv refuse
 /// every call; all_gather copies `mine` and barrier returns at once.
@@ -123,16 +158,23 @@ std::vector<std::shared_ptr<Transport>> make_thread_transports(int ranks);
 [[nodiscard]] bool has_mpi() noexcept;
 
 /// The process's MPI transport over MPI_COMM_WORLD (a duplicate of it), made on the first
-/// call, which should come from the main thread. MPI is initialised here unless the program
-/// already did (asking for MPI_THREAD_SERIALIZED: only the transport's progress thread calls
-/// MPI; a program that initialised MPI itself must have MPI_THREAD_MULTIPLE) and finalised at
-/// exit only if numesh initialised it. A program that finalises MPI itself closes the
-/// transport then. Closing completes every transfer left with CancelledError. MPI errors are
+/// call, which should come from the main thread. Its patience() is NUMESH_RANK_TIMEOUT
+/// seconds when that is set (a number, 0 for no limit), else kDefaultPatience. MPI is initialised
+/// here unless the program already did (asking for MPI_THREAD_SERIALIZED: only the transport's
+/// progress thread calls MPI; a program that initialised MPI itself must have MPI_THREAD_MULTIPLE)
+/// and finalised at exit only if numesh initialised it. A program that finalises MPI itself closes
+/// the transport then. Closing completes every transfer left with CancelledError. MPI errors are
 /// returned, not fatal: a failed transfer completes its callback with an Error naming the MPI
 /// call, the peer, the tag and MPI's message.
 /// Throws: NotImplementedError when the build has no MPI (has_mpi() false); Error when MPI
-/// cannot start or lacks the thread level.
+/// cannot start or lacks the thread level; ValueError naming NUMESH_RANK_TIMEOUT when it is
+/// not a number of seconds >= 0.
 std::shared_ptr<Transport> mpi_world();
+
+/// The patience NUMESH_RANK_TIMEOUT sets: its seconds (fractions allowed; 0: no limit), or
+/// kDefaultPatience when it is unset or empty.
+/// Throws: ValueError naming the variable and its value when that is not a number >= 0.
+[[nodiscard]] std::chrono::milliseconds patience_from_environment();
 
 /// Ends every rank of the run at once with exit status `code`; never returns. With MPI
 /// initialised and not finalised, by MPI_Abort on MPI's world: a rank that failed alone and

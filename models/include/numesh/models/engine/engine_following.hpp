@@ -13,8 +13,9 @@
 // A serving engine whose mesh spans ranks (processes under mpirun) is loaded on every rank,
 // and each step is one run of its programs across them, so every rank's engine must make the
 // same calls in the same order. Rank 0's engine decides them: its EngineLoop takes the clients'
-// requests and cancellations and steps, and sends each call to the other ranks before making
-// it; each other rank replays them with follow_engine. The scheduler is deterministic and every
+// requests and cancellations and steps, and sends each call to the other ranks (a step or a
+// cancellation before making it, an admission once it has its id); each other rank replays
+// them with follow_engine. The scheduler is deterministic and every
 // rank holds the same logits after a step (the model's outputs are gathered whole on every
 // rank), so the same calls keep the engines the same: the same admissions, the same sequence
 // ids, the same sampled tokens (each request's generator is seeded by its options). A follower
@@ -32,6 +33,7 @@ struct EngineCall {
     kSubmit,  ///< Engine::submit(prompt, options), which gave rank 0 `sequence`
     kCancel,  ///< Engine::cancel(sequence)
     kStep,    ///< Engine::step()
+    kFailed,  ///< rank 0's last step threw (its cancellations follow)
     kEnd,     ///< rank 0's loop has ended: follow_engine returns
   };
   Kind kind = Kind::kStep;
@@ -67,11 +69,15 @@ class EngineFollowers {
 /// engine makes, as rank 0's EngineFollowers sends them, until its loop ends (kEnd). `engine`
 /// must have been loaded with the options rank 0's was (numesh serve checks that every rank was
 /// given the same options).
+/// A step may fail on every rank alike (it threw on the same logits): rank 0 then says so
+/// (kFailed) and cancels the step's requests, and so does this rank; a step that failed on
+/// one side only ends the following with an error.
 /// Throws: ValueError for an engine without serving options, on rank 0, or on a mesh that does
 /// not span ranks; Error when this engine admits a request under another id than rank 0's, or
-/// refuses one rank 0 admitted (naming both: the engines differ); what a step throws (a step
-/// that fails on this rank leaves it unable to follow: the caller should end every rank);
-/// what the transport throws.
+/// refuses one rank 0 admitted, or when a step failed here and not on rank 0 or the other way
+/// round (naming both: the engines differ); a step's TimeoutError (a rank hangs) and what a
+/// step throws that is no Error; what the transport throws. The caller should then end every
+/// rank.
 void follow_engine(Engine& engine);
 
 }  // namespace numesh::models

@@ -23,11 +23,12 @@
 // waits or runs, and sleeps otherwise. A client that leaves cancels its request; the engine
 // frees its blocks at its next step.
 //
-// On a mesh that spans ranks the loop runs on rank 0 and sends every call it makes on its
-// engine to the other ranks first, which follow with follow_engine (engine_following.hpp); when
-// the loop ends, they return. A step that fails, or a call that cannot be sent, then ends the
-// loop: the requests get the error, and later ones are refused as busy, since the ranks'
-// engines can no longer be known to agree.
+// On a mesh that spans ranks the loop runs on rank 0 and sends the calls it makes on its engine
+// to the other ranks, which follow with follow_engine (engine_following.hpp): a step or a
+// cancellation before making it, an admission once its id is known; when the loop ends, they
+// return. A step that fails fails its requests on every rank alike (the others' steps fail the
+// same way, and rank 0's cancellations reach them). A call that cannot be sent ends the loop:
+// the requests get the error and later ones are refused as busy.
 
 namespace numesh::models {
 
@@ -119,7 +120,7 @@ class EngineLoop {
   const EngineStep& call_step();
   // Sends `call` to the followers; when that fails, ends the loop and returns false.
   bool tell(const EngineCall& call);
-  // Ends the loop at its next turn (a step failed or the followers cannot be told).
+  // Ends the loop at its next turn (the followers cannot be told).
   void stop_running();
 
   Engine engine_;
