@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -74,7 +75,7 @@ class MpiTransport final : public Transport {
     const std::chrono::milliseconds limit = patience();
     enqueue({Transfer::kSend, peer, tag, const_cast<std::byte*>(bytes.data()),
              checked_count("send to", peer, bytes.size()), std::move(done),
-             limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max(), limit});
+             limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max(), limit, false});
   }
   void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
                   Patience wait) override {
@@ -83,7 +84,7 @@ class MpiTransport final : public Transport {
              checked_count("recv from", peer, bytes.size()), std::move(done),
              wait == Patience::kBounded && limit.count() > 0 ? Clock::now() + limit
                                                              : Clock::time_point::max(),
-             limit});
+             limit, wait == Patience::kUnbounded});
   }
 
  private:
@@ -97,6 +98,7 @@ class MpiTransport final : public Transport {
     TransferDone done;
     Clock::time_point deadline;          // a bounded receive's; max() for the others
     std::chrono::milliseconds patience;  // what the deadline came from (for the message)
+    bool waits_for_work = false;         // a Patience::kUnbounded receive
   };
   using ErrorOf = std::function<std::exception_ptr(const Transfer&)>;
 
@@ -267,14 +269,15 @@ class MpiTransport final : public Transport {
 
   // The progress thread: posts new transfers, polls the active ones, completes them. It sleeps
   // while nothing is active; while transfers are in flight it polls, yielding its core between
-  // polls and sleeping 20 us after 64 empty ones, so that a long wait does not hold a core
-  // the devices need.
+  // polls and sleeping 20 us after 64 empty ones (1 ms once only receives that wait for work
+  // have waited 10 ms), so that a long wait does not hold a core the devices need.
   void progress() {
     std::vector<Transfer> active;
     std::vector<MPI_Request> requests;
     std::vector<int> indices;
     std::vector<MPI_Status> statuses;
     int idle_polls = 0;
+    Clock::time_point idle_since;  // the first of the current run of empty polls
     while (true) {
       std::vector<Transfer> fresh;
       {
@@ -308,8 +311,17 @@ class MpiTransport final : public Transport {
       }
       if (completed == MPI_UNDEFINED || completed == 0) {
         if (expire(active, requests)) drop_completed(active, requests);
-        if (++idle_polls > 64) {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (++idle_polls == 1) idle_since = Clock::now();
+        if (idle_polls > 64) {
+          // Only receives that wait for work (a serving follower between calls), 10 ms
+          // without news: an idle rank, polled every 1 ms. A poll every 20 us cost an idle
+          // follower a quarter of a core; the 1 ms is paid once, by the first call after
+          // idling.
+          const bool idle = std::all_of(active.begin(), active.end(),
+                                        [](const Transfer& t) { return t.waits_for_work; }) &&
+                            Clock::now() - idle_since > std::chrono::milliseconds(10);
+          std::this_thread::sleep_for(idle ? std::chrono::microseconds(1000)
+                                           : std::chrono::microseconds(20));
         } else {
           std::this_thread::yield();
         }
