@@ -46,6 +46,7 @@ class MpiTransport final : public Transport {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    heard_.resize(static_cast<std::size_t>(size_));
     // MPI_Finalize deletes MPI_COMM_SELF's attributes first: a program that finalises MPI
     // itself, before this transport dies at exit, closes it there, while MPI still works.
     check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &close_at_finalize, &keyval_, nullptr),
@@ -72,19 +73,15 @@ class MpiTransport final : public Transport {
 
  protected:
   void start_send(int peer, int tag, std::span<const std::byte> bytes, TransferDone done) override {
-    const std::chrono::milliseconds limit = patience();
     enqueue({Transfer::kSend, peer, tag, const_cast<std::byte*>(bytes.data()),
-             checked_count("send to", peer, bytes.size()), std::move(done),
-             limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max(), limit, false});
+             checked_count("send to", peer, bytes.size()), std::move(done), Clock::now(),
+             patience(), Patience::kBounded});
   }
   void start_recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
                   Patience wait) override {
-    const std::chrono::milliseconds limit = patience();
     enqueue({Transfer::kRecv, peer, tag, bytes.data(),
-             checked_count("recv from", peer, bytes.size()), std::move(done),
-             wait == Patience::kBounded && limit.count() > 0 ? Clock::now() + limit
-                                                             : Clock::time_point::max(),
-             limit, wait == Patience::kUnbounded});
+             checked_count("recv from", peer, bytes.size()), std::move(done), Clock::now(),
+             patience(), wait});
   }
 
  private:
@@ -96,9 +93,9 @@ class MpiTransport final : public Transport {
     std::byte* data;  // a send's bytes are only read (MPI_Isend takes a const pointer)
     int count;
     TransferDone done;
-    Clock::time_point deadline;          // a bounded receive's; max() for the others
-    std::chrono::milliseconds patience;  // what the deadline came from (for the message)
-    bool waits_for_work = false;         // a Patience::kUnbounded receive
+    Clock::time_point started;
+    std::chrono::milliseconds patience;  // the transport's when it started (zero: no limit)
+    Patience wait;                       // kUnbounded: a receive that waits for work
   };
   using ErrorOf = std::function<std::exception_ptr(const Transfer&)>;
 
@@ -207,35 +204,41 @@ class MpiTransport final : public Transport {
     requests.clear();
   }
 
-  // The watchdog: a transfer still in flight at its deadline means its peer has done nothing
-  // with it for the whole patience (sent nothing to a receive, taken nothing of a send that
-  // needs it): most likely it hangs. The transfer completes with TimeoutError naming it. It is
+  // The watchdog: a bounded transfer whose peer has completed no transfer with this rank for
+  // the whole patience, since the transfer started (a receive posted at a run's start waits
+  // while its peer computes, as long as the peer's other transfers come and go), means the
+  // peer has most likely hung. The transfer completes with TimeoutError naming it. It is
   // cancelled first (one that completed meanwhile completes as it is); one that cannot be
-  // cancelled (a send, a receive the peer stopped sending halfway) is freed and left to MPI,
-  // which may still touch its bytes: the caller is told it failed, and must end the run.
-  // Returns whether any transfer completed.
-  static bool expire(std::vector<Transfer>& active, std::vector<MPI_Request>& requests) {
+  // cancelled (a send, a receive the peer stopped sending halfway) is freed after 100 ms and
+  // left to MPI, which may still touch its bytes: the caller is told it failed, and must end
+  // the run. Returns whether any transfer completed.
+  bool expire(std::vector<Transfer>& active, std::vector<MPI_Request>& requests) {
     const Clock::time_point now = Clock::now();
     bool any = false;
     for (std::size_t k = 0; k < active.size(); ++k) {
       Transfer& t = active[k];
-      if (!t.done || now < t.deadline) continue;
+      if (!t.done || t.wait == Patience::kUnbounded || t.patience.count() == 0) continue;
+      const Clock::time_point since = std::max(t.started, heard_[static_cast<std::size_t>(t.peer)]);
+      if (now - since < t.patience) continue;
       any = true;
       MPI_Cancel(&requests[k]);
-      // A receive matched to a message the hung peer stopped sending halfway cannot be
-      // cancelled, nor a send: each gets 100 ms to end, then is freed and left to MPI.
       const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(100);
       MPI_Status status;
       int ended = 0;
-      while (MPI_Test(&requests[k], &ended, &status) == MPI_SUCCESS && ended == 0 &&
+      int code = MPI_SUCCESS;
+      while ((code = MPI_Test(&requests[k], &ended, &status)) == MPI_SUCCESS && ended == 0 &&
              Clock::now() < give_up) {
         std::this_thread::yield();
       }
-      if (ended != 0) {
+      if (code != MPI_SUCCESS || ended != 0) {
         int cancelled = 0;
-        MPI_Test_cancelled(&status, &cancelled);
-        if (cancelled == 0) {  // it completed after all
-          t.done(outcome(t, status, MPI_SUCCESS));
+        if (code == MPI_SUCCESS) MPI_Test_cancelled(&status, &cancelled);
+        if (cancelled == 0) {  // it completed after all, or failed on its own
+          if (code != MPI_SUCCESS && requests[k] != MPI_REQUEST_NULL) {
+            MPI_Request_free(&requests[k]);
+          }
+          requests[k] = MPI_REQUEST_NULL;
+          t.done(outcome(t, status, code));
           t.done = nullptr;
           continue;
         }
@@ -244,11 +247,10 @@ class MpiTransport final : public Transport {
       }
       requests[k] = MPI_REQUEST_NULL;
       const double seconds = std::chrono::duration<double>(t.patience).count();
-      t.done(std::make_exception_ptr(TimeoutError(
-          fmt::format("{} rank {}, tag {}: rank {} {} for {:g} s; it has most likely hung "
-                      "(NUMESH_RANK_TIMEOUT sets how long ranks wait for each other)",
-                      verb(t), t.peer, t.tag, t.peer,
-                      t.kind == Transfer::kRecv ? "sent nothing" : "took nothing", seconds))));
+      t.done(std::make_exception_ptr(TimeoutError(fmt::format(
+          "{} rank {}, tag {}: nothing from rank {} for {:g} s; it has most likely hung "
+          "(NUMESH_RANK_TIMEOUT sets how long ranks wait for each other)",
+          verb(t), t.peer, t.tag, t.peer, seconds))));
       t.done = nullptr;
     }
     return any;
@@ -278,6 +280,7 @@ class MpiTransport final : public Transport {
     std::vector<MPI_Status> statuses;
     int idle_polls = 0;
     Clock::time_point idle_since;  // the first of the current run of empty polls
+    Clock::time_point next_check;  // of the deadlines (expire())
     while (true) {
       std::vector<Transfer> fresh;
       {
@@ -309,17 +312,22 @@ class MpiTransport final : public Transport {
         });
         continue;
       }
-      if (completed == MPI_UNDEFINED || completed == 0) {
+      if (Clock::now() >= next_check) {  // every 10 ms, busy or not
         if (expire(active, requests)) drop_completed(active, requests);
+        next_check = Clock::now() + std::chrono::milliseconds(10);
+        if (active.empty()) continue;
+      }
+      if (completed == MPI_UNDEFINED || completed == 0) {
         if (++idle_polls == 1) idle_since = Clock::now();
         if (idle_polls > 64) {
           // Only receives that wait for work (a serving follower between calls), 10 ms
           // without news: an idle rank, polled every 1 ms. A poll every 20 us cost an idle
           // follower a quarter of a core; the 1 ms is paid once, by the first call after
           // idling.
-          const bool idle = std::all_of(active.begin(), active.end(),
-                                        [](const Transfer& t) { return t.waits_for_work; }) &&
-                            Clock::now() - idle_since > std::chrono::milliseconds(10);
+          const bool idle =
+              std::all_of(active.begin(), active.end(),
+                          [](const Transfer& t) { return t.wait == Patience::kUnbounded; }) &&
+              Clock::now() - idle_since > std::chrono::milliseconds(10);
           std::this_thread::sleep_for(idle ? std::chrono::microseconds(1000)
                                            : std::chrono::microseconds(20));
         } else {
@@ -337,6 +345,7 @@ class MpiTransport final : public Transport {
           MPI_Request_free(&requests[k]);
         }
         Transfer& t = active[k];
+        heard_[static_cast<std::size_t>(t.peer)] = Clock::now();
         t.done(outcome(t, status, error));
         t.done = nullptr;
       }
@@ -369,6 +378,8 @@ class MpiTransport final : public Transport {
   std::vector<Transfer> incoming_;
   bool stop_ = false;
   std::thread thread_;
+  // The progress thread's: when each peer last completed a transfer with this rank.
+  std::vector<std::chrono::steady_clock::time_point> heard_;
 };
 
 }  // namespace

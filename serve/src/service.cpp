@@ -118,7 +118,8 @@ struct Service::Impl {
   std::mutex finishing;
   bool finished = false;
 
-  // After listen() returned: the engine's work finished, once. Rethrows what listen() threw.
+  // After listen() returned: the engine's work finished, once. Rethrows what listen() threw,
+  // then what ended the engine's loop on its own.
   void finish() {
     {
       const std::lock_guard lock(finishing);
@@ -129,6 +130,9 @@ struct Service::Impl {
       }
     }
     done.get();
+    if (loop) {
+      if (std::exception_ptr failure = loop->failure()) std::rethrow_exception(failure);
+    }
   }
 };
 
@@ -161,7 +165,10 @@ const ServiceOptions& Service::options() const noexcept { return impl_->options;
 
 void Service::load(runtime::DeviceMesh mesh) {
   try {
-    impl_->loop.emplace(load_engine(impl_->options, std::move(mesh)));
+    // A loop that ends on its own (a rank of the mesh hangs) stops the server; wait() then
+    // throws its error.
+    impl_->loop.emplace(load_engine(impl_->options, std::move(mesh)),
+                        [impl = impl_.get()] { impl->server.stop(); });
   } catch (...) {
     stop();
     throw;

@@ -6,7 +6,8 @@ that spans the ranks is checked against `numesh serve` in one process on the sam
 greedy, sampled (seeded) and log-probability completions, sent one at a time and then all at
 once, give the same tokens and log-probabilities; a streamed completion adds up to the whole;
 /health and /metrics answer; a client that leaves mid-stream frees its blocks on every rank (the
-next requests still agree); SIGTERM to mpirun drains rank 0 and every other rank ends with it.
+next requests still agree); SIGTERM to mpirun drains rank 0 and every other rank ends with it;
+a follower that hangs mid-request (SIGSTOP) is named within NUMESH_RANK_TIMEOUT and ends the job.
 
 usage: serve_ranks_check.py NUMESH WORK_DIR TOKENIZER_JSON MPIRUN RANKS DIMS
   (DIMS: the mesh's dp,ep,tp dims, e.g. 1,1,2; each rank is one device)
@@ -15,6 +16,9 @@ usage: serve_ranks_check.py NUMESH WORK_DIR TOKENIZER_JSON MPIRUN RANKS DIMS
 import http.client
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -79,6 +83,60 @@ def leave_mid_stream(server):
     c.close()
 
 
+def rank_pid(launcher_pid, rank):
+    """The pid of mpirun's child whose rank is `rank` (read from /proc), or None."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if parent == launcher_pid and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return int(entry)
+    return None
+
+
+def check_hung_follower(model, mesh, launcher):
+    """A follower that hangs (SIGSTOP) mid-request: rank 0's step gives up after
+    NUMESH_RANK_TIMEOUT (2 s) naming it, the server stops and every rank ends."""
+    os.environ["NUMESH_RANK_TIMEOUT"] = "2"
+    try:
+        server = sc.Server(model, "--synthetic", ONE_CORE, *mesh, launcher=launcher)
+    finally:
+        del os.environ["NUMESH_RANK_TIMEOUT"]
+    victim = rank_pid(server.proc.pid, 1)
+    sc.check(victim is not None, "rank 1's process")
+    if victim is None:
+        server.stop()
+        return
+    result = []
+    thread = threading.Thread(target=lambda: result.append(server.request(
+        "POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 500, "ignore_eos": True},
+        timeout=60)))
+    thread.start()
+    time.sleep(0.1)  # the request runs (500 tokens take seconds on two ranks)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        out, err = server.proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.kill(victim, signal.SIGKILL)
+        server.proc.kill()
+        out, err = server.proc.communicate()
+        sc.check(False, f"the server was still running 60 s after rank 1 hung: {err!r}")
+    thread.join()
+    sc.check(server.proc.returncode != 0, f"mpirun exits {server.proc.returncode}")
+    print("rank 0's error:", next((l for l in err.splitlines() if "most likely hung" in l), None))
+    sc.check(re.search(r"nothing from rank 1 for 2 s; it has most likely hung", err) is not None,
+             f"the error names the rank that hangs: {err!r}")
+    status = result[0][0] if result and isinstance(result[0], tuple) else None
+    sc.check(status != 200 or "error" in json.dumps(result[0][1]),
+             f"the request in flight did not complete normally: {result}")
+
+
 def main():
     model = os.path.join(sc.WORK, "model")
     sc.write_model(model, heads=2, kv_heads=2)
@@ -132,6 +190,8 @@ def main():
         sc.check(f"numesh serve: rank {r}: stopped with rank 0" in err,
                  f"rank {r} says it stopped with rank 0: {err!r}")
     sc.check("exited on signal" not in err and "aborted" not in err, f"no rank was killed: {err!r}")
+
+    check_hung_follower(model, mesh, launcher)
 
     if sc.FAILURES:
         print(f"{len(sc.FAILURES)} checks failed")

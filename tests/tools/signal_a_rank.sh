@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# signal_a_rank.sh MPIRUN SIGNAL PATTERN NUMESH ARGS...: starts `mpirun -np 2 NUMESH ARGS...`,
-# sends SIGNAL to rank 1 a second after it started (mid-run: ARGS should run for longer), and
-# expects every rank to end within 60 s, mpirun exiting with a non-zero status and its output
-# matching PATTERN (grep -E). KILL: a rank that dies; STOP: a rank that hangs without dying.
+# signal_a_rank.sh MPIRUN SIGNAL READY PATTERN NUMESH ARGS...: starts `mpirun -np 2 NUMESH
+# ARGS...`, waits until its output has a line matching READY (grep -E: the work has started,
+# past MPI's start-up), sends SIGNAL to rank 1 a second later (mid-run: ARGS should run for
+# longer), and expects every rank to end within 60 s, mpirun exiting with a non-zero status and
+# its output matching PATTERN. KILL: a rank that dies; STOP: a rank that hangs without dying.
 # Exit 0 when it does, 1 otherwise (with the output).
 set -u
 mpirun="$1"
 signal="$2"
-pattern="$3"
-shift 3
+ready="$3"
+pattern="$4"
+shift 4
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 "$mpirun" -np 2 --oversubscribe --bind-to none "$@" >"$log" 2>&1 &
@@ -30,8 +32,17 @@ if [[ -z "$victim" ]]; then
   kill "$launcher" 2>/dev/null
   echo "rank 1 never started"; cat "$log"; exit 1
 fi
+for _ in $(seq 1 600); do
+  grep -Eq "$ready" "$log" && break
+  sleep 0.1
+done
+if ! grep -Eq "$ready" "$log"; then
+  kill "$launcher" 2>/dev/null
+  echo "nothing matched '$ready' within 60 s"; cat "$log"; exit 1
+fi
 sleep 1
 kill "-$signal" "$victim"
+trap 'kill -KILL "$victim" 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do
   kill -0 "$launcher" 2>/dev/null || break
   sleep 0.1

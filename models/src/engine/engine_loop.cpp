@@ -1,7 +1,6 @@
 #include "numesh/models/engine/engine_loop.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 
 #include "numesh/core/check.hpp"
@@ -40,7 +39,8 @@ void RequestStream::push(Event event) {
   ready_.notify_all();
 }
 
-EngineLoop::EngineLoop(Engine engine) : engine_(std::move(engine)) {
+EngineLoop::EngineLoop(Engine engine, std::function<void()> on_failure)
+    : engine_(std::move(engine)), on_failure_(std::move(on_failure)) {
   (void)engine_.scheduler();  // throws ValueError without serving options
   if (engine_.mesh().ranks() > 1) followers_.emplace(engine_.mesh());  // throws off rank 0
   count(EngineStep{});  // the counts before the first step: every block free
@@ -82,22 +82,30 @@ void EngineLoop::drain() {
   if (thread_.joinable()) thread_.join();
 }
 
-void EngineLoop::stop_running() {
-  const std::lock_guard lock(mutex_);
-  stopping_ = true;
-}
-
 bool EngineLoop::tell(const EngineCall& call) {
   if (!followers_ || followers_lost_) return !followers_lost_;
   try {
     followers_->send(call);
     return true;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "numesh: the engine's call cannot reach the other ranks: %s\n", e.what());
+  } catch (const std::exception&) {
     followers_lost_ = true;
-    stop_running();
+    fail(std::current_exception());
     return false;
   }
+}
+
+void EngineLoop::fail(std::exception_ptr error) {
+  {
+    const std::lock_guard lock(mutex_);
+    if (!failure_) failure_ = std::move(error);
+    stopping_ = true;
+  }
+  if (on_failure_) on_failure_();
+}
+
+std::exception_ptr EngineLoop::failure() const {
+  const std::lock_guard lock(mutex_);
+  return failure_;
 }
 
 std::optional<SequenceId> EngineLoop::call_submit(Pending& p) {
@@ -165,13 +173,20 @@ void EngineLoop::step() {
   } catch (const std::exception& e) {
     // A step that throws fails every request it held; the engine goes on with new ones. The
     // followers' steps threw the same (they hold the same logits): they hear so, and cancel the
-    // same requests.
-    (void)tell({.kind = EngineCall::Kind::kFailed});
+    // same requests. A rank that hangs (TimeoutError) or a follower that cannot be told ends
+    // the loop instead: the ranks no longer agree on what the engines hold.
+    const bool lost = followers_ && (followers_lost_ || dynamic_cast<const TimeoutError*>(&e));
+    if (!lost) (void)tell({.kind = EngineCall::Kind::kFailed});
     for (auto& [id, stream] : streams_) {
       stream->push({.token = -1, .stopped = std::nullopt, .error = e.what()});
-      call_cancel(id);
+      if (lost) {
+        engine_.cancel(id);
+      } else {
+        call_cancel(id);
+      }
     }
     streams_.clear();
+    if (lost) fail(std::current_exception());
     return;
   }
   const EngineStep& out = *done;

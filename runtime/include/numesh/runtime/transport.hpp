@@ -37,8 +37,9 @@ inline constexpr int kTransportTagLimit = 1 << 14;
 
 /// How long a receive may wait for its peer.
 enum class Patience : std::uint8_t {
-  /// At most the transport's patience(): a peer silent that long is taken as hung, and the
-  /// receive fails with TimeoutError naming it. Every transfer inside a run or a collective.
+  /// At most the transport's patience() without news from the peer: a peer silent that long
+  /// is taken as hung, and the receive fails with TimeoutError naming it. Every transfer inside
+  /// a run or a collective.
   kBounded,
   /// As long as it takes: a rank that waits for work (a serving engine's follower waiting for
   /// its leader's next call) may wait for hours.
@@ -70,9 +71,9 @@ class Transport {
 
   /// Starts sending `bytes` to rank `peer` under `tag`; `done` runs when the bytes may be
   /// reused. The bytes must stay valid and unchanged until then. Transfers between two ranks
-  /// under one tag are received in the order they were sent. A send the peer has not taken
-  /// within patience() completes `done` with TimeoutError naming the peer (the MPI transport;
-  /// MPI may still read the bytes then: end the run).
+  /// under one tag are received in the order they were sent. A send whose peer completes no
+  /// transfer with this rank for patience() completes `done` with TimeoutError naming the
+  /// peer (the MPI transport; MPI may still read the bytes then: end the run).
   /// Throws (before anything is sent): ValueError naming a peer outside [0, size()) or equal
   /// to rank(), a tag outside [0, kTransportTagLimit), or an empty `done`;
   /// NotImplementedError when the transport moves no data.
@@ -81,19 +82,20 @@ class Transport {
   /// Starts receiving the next transfer from `peer` under `tag` into `bytes`; `done` runs when
   /// it has arrived. A transfer of another size than bytes.size() completes `done` with a
   /// ValueError naming the peer, the tag and both sizes (or, when it is larger, the size
-  /// expected). A kBounded receive that has not arrived within patience() completes `done`
-  /// with TimeoutError naming the peer, the tag and the time waited (the MPI transport, where
-  /// MPI may still write the bytes of a transfer its peer stopped halfway: end the run; ranks
-  /// as threads wait without limit).
+  /// expected). A kBounded receive whose peer completes no transfer with this rank for
+  /// patience() completes `done` with TimeoutError naming the peer, the tag and the time (the
+  /// MPI transport, where MPI may still write the bytes of a transfer its peer stopped
+  /// halfway: end the run; ranks as threads wait without limit).
   /// Throws: as send.
   void recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
             Patience patience = Patience::kBounded);
 
-  /// How long a kBounded receive waits for its peer; zero: without limit.
+  /// How long a send or a kBounded receive waits while its peer completes no transfer with
+  /// this rank; zero: without limit.
   [[nodiscard]] std::chrono::milliseconds patience() const noexcept {
     return std::chrono::milliseconds(patience_ms_.load(std::memory_order_relaxed));
   }
-  /// Sets patience() for the receives started from now on. Thread-safe.
+  /// Sets patience() for the transfers started from now on. Thread-safe.
   /// Throws: ValueError for a negative limit.
   void set_patience(std::chrono::milliseconds limit);
 

@@ -84,7 +84,10 @@ class Service {
   /// Stops accepting; wait() returns once the requests in flight are answered. Thread-safe.
   void stop();
   /// Blocks until stop() and the requests in flight are answered, then finishes the engine's
-  /// work. Returns at once when it already has.
+  /// work. Returns at once when it already has. On a mesh that spans ranks, a rank that hangs
+  /// or cannot be reached stops the service on its own.
+  /// Throws: what the server's listening threw; then what ended the engine's loop on its own
+  /// (TimeoutError naming a rank that hangs; what a call to the other ranks failed with).
   void wait();
   /// As wait(), for at most `timeout`. Returns true when the service has stopped.
   bool wait_for(std::chrono::milliseconds timeout);

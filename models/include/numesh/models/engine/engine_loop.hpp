@@ -27,8 +27,10 @@
 // to the other ranks, which follow with follow_engine (engine_following.hpp): a step or a
 // cancellation before making it, an admission once its id is known; when the loop ends, they
 // return. A step that fails fails its requests on every rank alike (the others' steps fail the
-// same way, and rank 0's cancellations reach them). A call that cannot be sent ends the loop:
-// the requests get the error and later ones are refused as busy.
+// same way, and rank 0's cancellations reach them). A step that times out on a rank that hangs
+// (TimeoutError), or a call that cannot be sent, ends the loop on its own: the requests get the
+// error, later ones are refused as busy, failure() holds the error and on_failure is called,
+// so that the front end can end every rank.
 
 namespace numesh::models {
 
@@ -84,9 +86,10 @@ struct EngineCounts {
 class EngineLoop {
  public:
   /// Starts the thread over `engine`, which must have been loaded with serving options, on
-  /// rank 0 when its mesh spans ranks.
+  /// rank 0 when its mesh spans ranks. `on_failure` (may be empty) is called on the engine
+  /// thread when the loop ends on its own (failure()).
   /// Throws: ValueError otherwise.
-  explicit EngineLoop(Engine engine);
+  explicit EngineLoop(Engine engine, std::function<void()> on_failure = {});
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -98,6 +101,9 @@ class EngineLoop {
   [[nodiscard]] const Engine& engine() const noexcept { return engine_; }
   /// The counts as of the last step.
   [[nodiscard]] EngineCounts counts() const;
+  /// What ended the loop on its own (a rank of its mesh that hangs, or that it cannot tell of
+  /// its calls), or null while it has not. Thread-safe.
+  [[nodiscard]] std::exception_ptr failure() const;
   /// Stops taking requests, lets the running and waiting ones finish (each ends normally),
   /// then stops the thread. Returns when it has. Idempotent.
   void drain();
@@ -120,13 +126,15 @@ class EngineLoop {
   const EngineStep& call_step();
   // Sends `call` to the followers; when that fails, ends the loop and returns false.
   bool tell(const EngineCall& call);
-  // Ends the loop at its next turn (the followers cannot be told).
-  void stop_running();
+  // Ends the loop at its next turn with `error` (failure()), and calls on_failure_.
+  void fail(std::exception_ptr error);
 
   Engine engine_;
   std::optional<EngineFollowers> followers_;  // set when the mesh spans ranks
   bool followers_lost_ = false;               // engine thread: a call could not be sent
+  std::function<void()> on_failure_;
   mutable std::mutex mutex_;
+  std::exception_ptr failure_;  // under mutex_
   std::condition_variable wake_;
   std::deque<Pending> inbox_;
   bool draining_ = false, stopping_ = false;
