@@ -14,7 +14,8 @@
 //                   c rows 4096 apart)
 //   BM_DeviceGemm/<dtype>[_row_invariant]  the same GEMM by device_gemm on two threads with the
 //                   weights stored out-in, in kF32 (the prefill tiles) and kRowInvariant (a
-//                   serving engine's: row blocks of 16 through the decode kernels)
+//                   serving engine's: row blocks of 16 through the decode kernels); q8_0 and
+//                   q4_0 weights quantized by GGML's reference quantizers
 //   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's activation_inplace
 //                   (Eigen's vectorized erf) against a scalar std::erf loop
 //   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
@@ -41,6 +42,7 @@
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
+#include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -183,7 +185,14 @@ void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precis
   std::vector<std::uint16_t> w16(w.data.size());
   if (t == DType::kBF16) runtime::convert_f32_to_bf16(w.data, w16);
   if (t == DType::kF16) runtime::convert_f32_to_f16(w.data, w16);
-  const void* data = t == DType::kF32 ? static_cast<const void*>(w.data.data()) : w16.data();
+  std::vector<runtime::BlockQ8_0> q8(t == DType::kQ8_0 ? w.data.size() / 32 : 0);
+  std::vector<runtime::BlockQ4_0> q4(t == DType::kQ4_0 ? w.data.size() / 32 : 0);
+  if (t == DType::kQ8_0) runtime::quantize_q8_0(w.data, q8);
+  if (t == DType::kQ4_0) runtime::quantize_q4_0(w.data, q4);
+  const void* data = t == DType::kF32    ? static_cast<const void*>(w.data.data())
+                     : t == DType::kQ8_0 ? static_cast<const void*>(q8.data())
+                     : t == DType::kQ4_0 ? static_cast<const void*>(q4.data())
+                                         : w16.data();
   const ops::WeightMatrix b{data, t, kHidden, kInter, ops::WeightLayout::kOutIn};
   std::vector<float> h(static_cast<std::size_t>(kTokens * kInter));
   oneapi::tbb::task_arena arena(2);
@@ -267,6 +276,20 @@ BENCHMARK_CAPTURE(BM_DeviceGemm, bf16, DType::kBF16, ops::MatmulPrecision::kF32)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_DeviceGemm, bf16_row_invariant, DType::kBF16,
+                  ops::MatmulPrecision::kRowInvariant)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q8_0, DType::kQ8_0, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q8_0_row_invariant, DType::kQ8_0,
+                  ops::MatmulPrecision::kRowInvariant)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q4_0, DType::kQ4_0, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q4_0_row_invariant, DType::kQ4_0,
                   ops::MatmulPrecision::kRowInvariant)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

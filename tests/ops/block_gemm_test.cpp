@@ -744,8 +744,204 @@ TEST(BlockGemmTest, SuperBlockDotRefusesOtherFormatsInOutWeightsAndPartialBlocks
   }
 }
 
-// ---- Prefill
-// --------------------------------------------------------------------------------------
+// ---- Prefill by int8 products (packed_gemm_q8) -------------------------------------------------
+
+// Runs packed_gemm_q8 as run_dot runs the dot kernel (c of NaN, its padding's sentinels kept).
+std::vector<float> run_packed(std::int64_t m, const Quantized& q, const WeightMatrix& b,
+                              KernelLevel level, const std::string& label) {
+  const std::int64_t n = b.cols, ldc = n + 3;
+  std::vector<float> c(static_cast<std::size_t>(m * ldc), kSentinel);
+  for (std::int64_t i = 0; i < m; ++i) std::fill_n(c.begin() + i * ldc, n, kNaN);
+  packed_gemm_q8(m, q.codes.data(), q.scales.data(), b, c.data(), ldc, level);
+  std::vector<float> packed;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const float x = c[static_cast<std::size_t>(i * ldc + j)];
+      if (j < n) {
+        packed.push_back(x);
+      } else {
+        EXPECT_EQ(x, kSentinel) << label << ": c's padding at [" << i << ", " << j
+                                << "] was written";
+      }
+    }
+  }
+  return packed;
+}
+
+// The header's packed order, transcribed: a whole block's exact integer sum, one f32 scale
+// product and one fma a block, in block order from +0.
+float packed_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
+  const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
+  const std::int64_t blocks = cs.k / 32;
+  float acc = 0.0f;
+  for (std::int64_t t = 0; t < blocks; ++t) {
+    const unsigned char* block = row + t * traits(cs.dtype).block_bytes;
+    std::int32_t isum = 0;
+    for (std::int64_t e = 0; e < 32; ++e) {
+      isum += std::int32_t{cs.q.codes[static_cast<std::size_t>(i * cs.k + t * 32 + e)]} *
+              weight_code(block, cs.dtype, e);
+    }
+    const float scale = cs.q.scales[static_cast<std::size_t>(i * blocks + t)] * weight_scale(block);
+    acc = std::fma(static_cast<float>(isum), scale, acc);
+  }
+  return acc;
+}
+
+// Every level gives each element the order's bits, whatever the rows and outputs around it
+// (m and n that do and do not fill the kernel's 4 rows and 16- and 32-output panels), Q8_0's
+// weights holding codes of -128.
+TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
+  std::uint32_t seed = 3000;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13}) {
+      for (std::int64_t n : {1, 7, 16, 17, 32, 33, 50}) {
+        for (std::int64_t k : {32, 64, 96, 1024}) {
+          const DotCase cs = dot_case(t, m, n, k, seed += 3);
+          const std::string label = cs.label + " at " + level_name(level());
+          const std::vector<float> got = run_packed(m, cs.q, cs.b, level(), label);
+          bool same = true;
+          for (std::int64_t i = 0; i < m; ++i) {
+            for (std::int64_t j = 0; j < n; ++j) {
+              same = same &&
+                     bits(got[static_cast<std::size_t>(i * n + j)]) == bits(packed_order(cs, i, j));
+            }
+          }
+          ASSERT_TRUE(same) << label;
+        }
+      }
+    }
+  }
+}
+
+// The order's value is the product of the quantized activations and the dequantized weights
+// within the header's bound, (2 k / 32 + 1) 2^-24 sum |terms|, and some error takes a share of
+// it that only a sound bound leaves.
+TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
+  std::uint32_t seed = 3500;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t k : {32, 96, 1024, 4096 + 32}) {
+      const std::int64_t m = 5, n = 19, blocks = k / 32;
+      const DotCase cs = dot_case(t, m, n, k, seed += 5);
+      const std::vector<float> c = run_packed(m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
+      double used = 0.0;
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
+          double exact = 0.0, magnitude = 0.0;
+          for (std::int64_t e = 0; e < k; ++e) {
+            const double x = static_cast<double>(cs.q.codes[static_cast<std::size_t>(i * k + e)]) *
+                             cs.q.scales[static_cast<std::size_t>(i * blocks + e / 32)];
+            const double p = x * widened_element(row, t, e);
+            exact += p;
+            magnitude += std::abs(p);
+          }
+          const double bound =
+              static_cast<double>(2 * blocks + 1) * std::ldexp(1.0, -24) * magnitude;
+          const double error = std::abs(c[static_cast<std::size_t>(i * n + j)] - exact);
+          EXPECT_LE(error, bound) << cs.label << " [" << i << ", " << j << "]";
+          used = std::max(used, error / bound);
+        }
+      }
+      // The bound adds a rounding a block; random errors grow as their square root.
+      EXPECT_GT(used, 0.05 / static_cast<double>(blocks)) << cs.label;
+    }
+  }
+}
+
+// Codes of -128 everywhere multiply exactly; a NaN weight scale reaches its output in every row
+// and a NaN activation every output of its row, nothing else; k = 0 writes zeros, m = 0 or
+// n = 0 nothing.
+TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
+  {
+    const std::vector<int> w(64, -128);
+    std::vector<std::int8_t> q(64, 127);
+    for (int e = 32; e < 64; ++e) q[static_cast<std::size_t>(e)] = -127;
+    const std::vector<std::uint16_t> row = q8_0_row(w, 0x3C00);
+    const std::vector<float> scales{1.0f, 0.5f};
+    float c = kSentinel;
+    packed_gemm_q8(1, q.data(), scales.data(),
+                   WeightMatrix{row.data(), DType::kQ8_0, 64, 1, WeightLayout::kOutIn}, &c, 1,
+                   level());
+    EXPECT_EQ(c, -128.0f * 127.0f * 32.0f * 0.5f);
+  }
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::int64_t m = 6, n = 37, k = 5 * 32;
+    Blocks w = make_blocks(t, n, k, 17);
+    unsigned char* block = w.bytes() + 20 * w.row_bytes() + 3 * traits(t).block_bytes;
+    block[0] = 0x00;
+    block[1] = 0x7E;
+    std::vector<float> a(static_cast<std::size_t>(m * k), 0.25f);
+    a[static_cast<std::size_t>(5 * k + 77)] = kNaN;
+    const std::string label = std::string(to_string(t)) + " at " + level_name(level());
+    const Quantized q = quantize(m, k, a, k, level());
+    const std::vector<float> c = run_packed(m, q, w.matrix(), level(), label);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), i == 5 || j == 20)
+            << label << " [" << i << ", " << j << "]";
+      }
+    }
+    const std::vector<std::uint16_t> none(1, 0);
+    const std::vector<std::int8_t> codes(1, 0);
+    const std::vector<float> scales(1, 0.0f);
+    std::vector<float> empty(6, kSentinel);
+    packed_gemm_q8(2, codes.data(), scales.data(),
+                   WeightMatrix{none.data(), t, 0, 3, WeightLayout::kOutIn}, empty.data(), 3,
+                   level());
+    for (float x : empty) EXPECT_EQ(bits(x), 0u) << label;
+    empty.assign(6, kSentinel);
+    packed_gemm_q8(0, codes.data(), scales.data(),
+                   WeightMatrix{none.data(), t, 32, 3, WeightLayout::kOutIn}, empty.data(), 3,
+                   level());
+    packed_gemm_q8(2, codes.data(), scales.data(),
+                   WeightMatrix{none.data(), t, 32, 0, WeightLayout::kOutIn}, empty.data(), 3,
+                   level());
+    for (float x : empty) EXPECT_EQ(x, kSentinel) << label;
+  }
+}
+
+TEST(BlockGemmTest, PackedGemmRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
+  const std::vector<std::uint16_t> w(512, 0);
+  const std::vector<std::int8_t> codes(256, 0);
+  const std::vector<float> scales(8, 1.0f);
+  float c[4];
+  auto run = [&](std::int64_t m, const WeightMatrix& b, std::int64_t ldc) {
+    packed_gemm_q8(m, codes.data(), scales.data(), b, c, ldc);
+  };
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ4_K, 256, 1, WeightLayout::kOutIn}, 1);
+      },
+      ThrowsMessage<TypeError>(
+          HasSubstr("packed_gemm_q8: weights of dtype q4_k; it takes q8_0 and q4_0")));
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kInOut}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("packed_gemm_q8: q8_0 weights stored in-out")));
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ4_0, 40, 1, WeightLayout::kOutIn}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("packed_gemm_q8: m 1, n 1, k 40 with ldb 40, ldc 1")));
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ8_0, 64, 1, WeightLayout::kOutIn, 32}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("k 64 with ldb 32")));
+  EXPECT_THAT(
+      [&] {
+        run(-1, WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kOutIn}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("packed_gemm_q8: m -1, n 1, k 32")));
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ8_0, 32, 2, WeightLayout::kOutIn}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("n 2, k 32 with ldb 32, ldc 1")));
+}
+
+// ---- Prefill on dequantized panels (gemm_dequantized) ------------------------------------------
 
 // gemm_dequantized's definition spelled out: the whole matrix dequantized (by widened_element,
 // not the kernel's dequantizer), then gemm() per panel of 256 inputs by 4096 outputs, adding

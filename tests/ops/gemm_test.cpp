@@ -16,6 +16,7 @@
 #include "../common/matches_reference.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 #include "test_util.hpp"
@@ -372,11 +373,11 @@ RowMatrix quantized_activations(const RowMatrix& a) {
 }
 
 // device_gemm on GGML block formats (q8_0, q4_0, q4_k, q6_k; stored out-in, blocks along each
-// output's inputs): decode
-// products (the integer dot kernels over blocks of outputs) and prefill tiles (dequantized panels
-// through the fp32 GEMM) give the product of the quantized activations and the dequantized
-// weights, the same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after 256 takes
-// the dot kernel inside the prefill tiling.
+// output's inputs): decode products (the integer dot kernels over blocks of outputs) and prefill
+// tiles (q8_0 and q4_0: int8 products on packed panels; the K formats: dequantized panels through
+// the fp32 GEMM) give the product of the quantized activations and the dequantized weights, the
+// same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after 256 takes the dot
+// kernel inside the prefill tiling.
 TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
   struct Shape {
     Eigen::Index m, k, n;
@@ -421,6 +422,41 @@ TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
         } else {
           EXPECT_TRUE(c == *first) << label << ": " << threads << " threads differ from 1";
         }
+      }
+    }
+  }
+}
+
+// Prefill of q8_0 and q4_0 weights is packed_gemm_q8 on the activations quantized as for decode:
+// device_gemm's tiles give, bit for bit, one call of it over the whole product (its order does not
+// depend on the tile's rows and outputs), at this machine's level, in arenas of 1 to 3 threads.
+TEST(GemmTest, BlockPrefillIsThePackedInt8Product) {
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            4);
+  struct Shape {
+    Eigen::Index m, k, n;
+  };
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const Shape sh : {Shape{17, 64, 40}, Shape{300, 96, 600}, Shape{520, 256, 300}}) {
+      const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.n, sh.k, 1.9f);  // out-in
+      std::vector<std::byte> blocks(static_cast<std::size_t>(sh.n * row_bytes(t, sh.k)));
+      runtime::convert_elements(w.data(), DType::kF32, blocks.data(), t,
+                                static_cast<std::size_t>(w.size()));
+      const WeightMatrix b{blocks.data(), t, sh.k, sh.n, WeightLayout::kOutIn};
+      std::vector<std::int8_t> codes(static_cast<std::size_t>(sh.m * sh.k));
+      std::vector<float> scales(static_cast<std::size_t>(sh.m * sh.k / 32));
+      quantize_activations_q8(sh.m, sh.k, a.data(), sh.k, codes.data(), scales.data());
+      RowMatrix want(sh.m, sh.n);
+      packed_gemm_q8(sh.m, codes.data(), scales.data(), b, want.data(), sh.n);
+      const std::string label = std::string(to_string(t)) + " " + std::to_string(sh.m) + "x" +
+                                std::to_string(sh.k) + "x" + std::to_string(sh.n);
+      for (int threads : {1, 2, 3}) {
+        RowMatrix c = RowMatrix::Constant(sh.m, sh.n, std::numeric_limits<float>::quiet_NaN());
+        oneapi::tbb::task_arena arena(threads);
+        arena.execute([&] {
+          device_gemm(ConstMatrixMap(a.data(), sh.m, sh.k), b, MatrixMap(c.data(), sh.m, sh.n));
+        });
+        EXPECT_TRUE(c == want) << label << " on " << threads << " threads";
       }
     }
   }

@@ -215,18 +215,17 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
                "gemm: {} weights are stored out-in only, not in-out", to_string(b.dtype));
   for_each_tile(m, n, k,
                 [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-                  const float* at = a.values.data() + r0 * k;
                   const WeightMatrix bt = b.outputs(c0, cols);
                   float* ct = c.data() + r0 * n + c0;
                   if (rows > kSkinnyMaxRows) {
-                    kernels.tile(rows, at, k, bt, ct, n, level);
+                    kernels.tile(a, r0, rows, bt, ct, n, level);
                   } else if (out_in) {
                     // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not
                     // at its best on a few rows; docs/benchmarks.md has the decode figures). Only
                     // the tail of m reaches here for out-in weights.
                     kernels.dot(a, r0, rows, bt, ct, n, level);
                   } else {
-                    kernels.skinny(rows, at, k, bt, ct, n, level);
+                    kernels.skinny(rows, a.values.data() + r0 * k, k, bt, ct, n, level);
                   }
                 });
 }
@@ -260,11 +259,11 @@ void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, Matri
 }
 
 // Block formats multiply activations quantized to 8 bits a 32-element block (as llama.cpp's
-// do): codes and scales for the integer dot kernels, and the values they stand for (code times
-// scale, in fp32) for the prefill tiles, so that a row gets the same product in a decode step
-// and in a prompt. Buffers and isolation as above.
+// do): codes and scales for the integer kernels, and where the prefill tiles multiply fp32
+// (`with_values`) the values the codes stand for (code times scale), so that a row multiplies
+// the same operands in a decode step and in a prompt. Buffers and isolation as above.
 void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                const detail::WeightKernels& kernels) {
+                                const detail::WeightKernels& kernels, bool with_values) {
   const std::int64_t m = a.rows(), k = a.cols();
   NUMESH_CHECK(k % 32 == 0, ShapeError,
                "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b.dtype), k);
@@ -273,14 +272,15 @@ void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixM
   oneapi::tbb::this_task_arena::isolate([&] {
     codes.resize(static_cast<std::size_t>(m * k));
     scales.resize(static_cast<std::size_t>(m * k / 32));
-    values.resize(static_cast<std::size_t>(m * k));
+    if (with_values) values.resize(static_cast<std::size_t>(m * k));
     std::int8_t* const codes_of_caller = codes.data();
     float* const scales_of_caller = scales.data();
-    float* const values_of_caller = values.data();
+    float* const values_of_caller = with_values ? values.data() : nullptr;
     const runtime::KernelLevel level = runtime::kernel_level();
     parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
       quantize_activations_q8(r1 - r0, k, a.data() + r0 * k, k, codes_of_caller + r0 * k,
                               scales_of_caller + r0 * (k / 32), level);
+      if (!with_values) return;
       for (std::int64_t i = r0; i < r1; ++i) {
         for (std::int64_t e = 0; e < k; ++e) {
           values_of_caller[i * k + e] = static_cast<float>(codes_of_caller[i * k + e]) *
@@ -339,7 +339,10 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
       device_gemm_bf16_activations(a, b, c, kernels);
       return;
     case detail::ActivationForm::kQ8:
-      device_gemm_q8_activations(a, b, c, kernels);
+      device_gemm_q8_activations(a, b, c, kernels, /*with_values=*/false);
+      return;
+    case detail::ActivationForm::kQ8Values:
+      device_gemm_q8_activations(a, b, c, kernels, /*with_values=*/true);
       return;
   }
 }

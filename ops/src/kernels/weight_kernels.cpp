@@ -27,10 +27,19 @@ void dot_bf16(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
 }
 
 // fp32 prefill tiles: OpenBLAS (blas_gemm.hpp), b read transposed when stored out-in.
-void tile_f32(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
-              std::int64_t ldc, KernelLevel /*level*/) {
-  gemm(m, b.cols, b.rows, 1.0f, a, lda, static_cast<const float*>(b.data), b.stride(),
-       /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
+void tile_f32(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel /*level*/) {
+  const std::int64_t k = a.values.cols();
+  gemm(rows, b.cols, b.rows, 1.0f, a.values.data() + r0 * k, k, static_cast<const float*>(b.data),
+       b.stride(), /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
+}
+
+// A prefill tile kernel on the fp32 values of the activations (gemm_16bit, gemm_dequantized).
+template <RowsKernel kTile>
+void tile_on_values(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
+                    const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const std::int64_t k = a.values.cols();
+  kTile(rows, a.values.data() + r0 * k, k, b, c, ldc, level);
 }
 
 // Block formats: their integer dot kernels (block_gemm.hpp) on the activations' 8-bit codes.
@@ -45,17 +54,21 @@ void dot_q8(const PreparedActivations& a, std::int64_t r0, std::int64_t rows, co
 }
 
 constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, tile_f32};
-constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm, gemm_16bit};
-constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, gemm_16bit};
+constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm,
+                                     tile_on_values<gemm_16bit>};
+constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
+                                    tile_on_values<gemm_16bit>};
 // Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel.
+// Q8_0 and Q4_0 prefill by int8 products on repacked panels; the K formats, until theirs
+// exist, on fp32 panels.
 constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q8_0>, nullptr,
-                                     gemm_dequantized};
+                                     dot_q8<packed_gemm_q8>};
 constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_0>, nullptr,
-                                     gemm_dequantized};
-constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
-                                     gemm_dequantized};
-constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
-                                     gemm_dequantized};
+                                     dot_q8<packed_gemm_q8>};
+constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8Values, dot_q8<dot_gemm_q4_k>, nullptr,
+                                     tile_on_values<gemm_dequantized>};
+constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8Values, dot_q8<dot_gemm_q6_k>, nullptr,
+                                     tile_on_values<gemm_dequantized>};
 
 }  // namespace
 

@@ -15,18 +15,22 @@ namespace numesh::ops::detail {
 
 /// What a format multiplies: the activations as they are, rounded to bf16 first (bf16 weights,
 /// so that every kernel level sees the same operands and products are exact), or quantized to 8
-/// bits a 32-element block (block formats: integer dot products, as llama.cpp's).
+/// bits a 32-element block (block formats: integer dot products, as llama.cpp's), with or
+/// without the fp32 values the codes stand for (kQ8Values: the K formats' prefill tiles multiply
+/// those through the fp32 GEMM).
 enum class ActivationForm {
   kF32,
   kBF16,
   kQ8,
+  kQ8Values,
 };
 
 /// The activations of one device_gemm in the form its weights multiply, prepared once by the
-/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16; for kQ8 the
-/// quantized values, code times scale, so that prefill tiles multiply what decode does), for
-/// kBF16 their bits, rows k apart, and for kQ8 their codes (rows k apart) and block scales (rows
-/// k / 32 apart; block_gemm.hpp's quantize_activations_q8).
+/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16; for kQ8Values
+/// the quantized values, code times scale, so that prefill tiles on fp32 multiply what decode
+/// does; for kQ8 only its shape, over no data), for kBF16 their bits, rows k apart, and for both
+/// kQ8 forms their codes (rows k apart) and block scales (rows k / 32 apart; block_gemm.hpp's
+/// quantize_activations_q8).
 struct PreparedActivations {
   ConstMatrixMap values;
   const std::uint16_t* bf16 = nullptr;
@@ -39,9 +43,12 @@ struct PreparedActivations {
 using DotKernel = void (*)(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
                            const WeightMatrix& b, float* c, std::int64_t ldc,
                            runtime::KernelLevel level);
+/// c[rows, b.cols] = rows [r0, r0 + rows) of `a` times b on the calling thread, c's rows `ldc`
+/// apart: a prefill tile (more than kSkinnyMaxRows rows) of either layout (out-in only for the
+/// block formats).
+using TileKernel = DotKernel;
 /// c[m, b.cols] = a[m, b.rows] b on the calling thread (a's rows `lda` apart, c's `ldc`): the
-/// decode product on in-out weights (skinny_gemm's contract) or a prefill tile of either layout
-/// (gemm_16bit's contract).
+/// decode product on in-out weights (skinny_gemm's contract).
 using RowsKernel = void (*)(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b,
                             float* c, std::int64_t ldc, runtime::KernelLevel level);
 
@@ -50,7 +57,7 @@ struct WeightKernels {
   ActivationForm activations = ActivationForm::kF32;
   DotKernel dot = nullptr;      ///< decode, out-in weights
   RowsKernel skinny = nullptr;  ///< decode, in-out weights
-  RowsKernel tile = nullptr;    ///< prefill tiles (more than kSkinnyMaxRows rows), either layout
+  TileKernel tile = nullptr;    ///< prefill tiles
 };
 
 /// The kernels of weights stored as `dtype`.

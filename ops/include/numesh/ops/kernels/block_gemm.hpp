@@ -96,8 +96,24 @@
 //   1.2-1.45x, q6_k 1.3-1.45x; the scalar reference about equal), so q4_k decodes a weight at
 //   least as fast as q4_0 (the same 4.5 bits), q6_k at 0.89-1.0x (6.56 bits).
 //
-// - Prefill (gemm_dequantized): panels of the weights dequantized to fp32 exactly as the runtime
-//   dequantizers give them, and numesh's fp32 gemm(); the activations are not quantized.
+// - Prefill of Q8_0 and Q4_0 (packed_gemm_q8): the activations quantized as for decode, the
+//   weights repacked by the tile 16 outputs at a time (4 consecutive codes of each of the 16 in
+//   one 512-bit register, so that a row's 4 codes, broadcast, meet all 16 in one vpdpbusd and
+//   each block's integer sum comes out whole). The order, the same at every level bit for bit:
+//   for output j of row i, from acc = +0,
+//     for each block t of the row, in order:
+//       isum  = sum of q_a[e] q_w[e] over the block's 32 inputs (an exact int32)
+//       acc   = fma(f32(isum), d_a[t] * d_w[t], acc)       (the scale product one f32 product)
+//     c = acc.
+//   A row's products then differ from decode's in the last bits (decode keeps 16 lanes of
+//   partial sums and folds them); both multiply the same quantized activations. The error
+//   against the exact product of the quantized activations and the dequantized weights is one
+//   rounding per scale product and fma: |c - sum_e q_a[e] d_a[t] w_e| <= (2 k / 32 + 1) 2^-24
+//   sum_e |q_a[e] d_a[t] w_e|.
+//
+// - Prefill of Q4_K and Q6_K (gemm_dequantized): panels of the weights dequantized to fp32
+//   exactly as the runtime dequantizers give them, and numesh's fp32 gemm(); the activations
+//   are not quantized.
 
 namespace numesh::ops {
 
@@ -153,6 +169,23 @@ void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales
 void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
+
+/// c[m, n] = activations[m, k] b for Q8_0 or Q4_0 weights on the calling thread, the prefill
+/// tile: `codes` and `scales` as quantize_activations_q8 wrote them for m rows of k inputs; b
+/// [k, n] stored out-in; c fp32 with rows `ldc` apart (overwritten, never read; k = 0 writes
+/// zeros). Each element is summed in packed_gemm_q8's order above, so every level gives the same
+/// bits (NaN's payload aside), and the same for any tiling of rows and outputs. The weights are
+/// repacked 32 outputs at a time into a buffer of the calling thread kept between calls (1.25
+/// bytes a weight of those outputs, 160 KiB at k = 4096). NaN or infinite scales (of weight or
+/// activation blocks) reach exactly the outputs they multiply into; weight codes of -128 are
+/// multiplied exactly. No other state: safe to call from many threads at once.
+/// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; activation codes within [-127, 127].
+/// Throws: TypeError when b.dtype is not kQ8_0 or kQ4_0; ShapeError naming the values when b is
+/// not stored out-in, k is not a multiple of 32, a size is negative, or b.stride() is shorter
+/// than k or ldc than n.
+void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scales,
+                    const WeightMatrix& b, float* c, std::int64_t ldc,
+                    runtime::KernelLevel level = runtime::kernel_level());
 
 /// c[m, n] = a[m, k] b on the calling thread, the prefill tile of weights in any block format
 /// (Q8_0, Q4_0, Q4_K, Q6_K): a fp32 with rows `lda` floats apart, b [k, n] stored out-in, c fp32
