@@ -14,8 +14,10 @@
 //                   c rows 4096 apart)
 //   BM_DeviceGemm/<dtype>[_row_invariant]  the same GEMM by device_gemm on two threads with the
 //                   weights stored out-in, in kF32 (the prefill tiles) and kRowInvariant (a
-//                   serving engine's: row blocks of 16 through the decode kernels); q8_0 and
-//                   q4_0 weights quantized by GGML's reference quantizers
+//                   serving engine's: row blocks of 16 through the decode kernels); block
+//                   formats quantized by GGML's reference quantizers
+//   BM_BlockTile/<format>_{packed,dequantized}  one prefill tile of block-format weights on one
+//                   thread: int8 products on packed panels against the fp32 panels it replaced
 //   BM_Gelu/<form>  the exact GELU on one thread over [512, 4096]: numesh's activation_inplace
 //                   (Eigen's vectorized erf) against a scalar std::erf loop
 //   BM_FmaPeak      fp32 peak of one core (and of two threads): independent chains of 256-bit
@@ -39,10 +41,10 @@
 
 #include "bench_devices.hpp"
 #include "numesh/ops/kernels/activations.hpp"
+#include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/lowering/mlp.hpp"
-#include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -179,20 +181,19 @@ void BM_Gemm16(benchmark::State& state, DType t, std::int64_t cols) {
 // it), by device_gemm over a two-thread arena in `precision`: kF32 (the prefill tiles) against
 // kRowInvariant (row blocks of 16 through the decode kernels: what a serving engine's steps
 // pay for batch invariance).
+// `w` stored as `t` by the runtime's codec (GGML's reference quantizers for the block formats).
+std::vector<std::byte> stored_as(const runtime::HostTensor& w, DType t) {
+  std::vector<std::byte> out(
+      static_cast<std::size_t>(row_bytes(t, static_cast<std::int64_t>(w.data.size()))));
+  runtime::convert_elements(w.data.data(), DType::kF32, out.data(), t, w.data.size());
+  return out;
+}
+
 void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precision) {
   const runtime::HostTensor x = random({kTokens, kHidden}, 3, 1.0f);
   const runtime::HostTensor w = random({kInter, kHidden}, 1, 0.02f);  // out-in
-  std::vector<std::uint16_t> w16(w.data.size());
-  if (t == DType::kBF16) runtime::convert_f32_to_bf16(w.data, w16);
-  if (t == DType::kF16) runtime::convert_f32_to_f16(w.data, w16);
-  std::vector<runtime::BlockQ8_0> q8(t == DType::kQ8_0 ? w.data.size() / 32 : 0);
-  std::vector<runtime::BlockQ4_0> q4(t == DType::kQ4_0 ? w.data.size() / 32 : 0);
-  if (t == DType::kQ8_0) runtime::quantize_q8_0(w.data, q8);
-  if (t == DType::kQ4_0) runtime::quantize_q4_0(w.data, q4);
-  const void* data = t == DType::kF32    ? static_cast<const void*>(w.data.data())
-                     : t == DType::kQ8_0 ? static_cast<const void*>(q8.data())
-                     : t == DType::kQ4_0 ? static_cast<const void*>(q4.data())
-                                         : w16.data();
+  const std::vector<std::byte> stored = stored_as(w, t);
+  const void* data = stored.data();
   const ops::WeightMatrix b{data, t, kHidden, kInter, ops::WeightLayout::kOutIn};
   std::vector<float> h(static_cast<std::size_t>(kTokens * kInter));
   oneapi::tbb::task_arena arena(2);
@@ -205,6 +206,33 @@ void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precis
   }
   state.SetLabel(std::string(runtime::to_string(runtime::kernel_level())));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * kHidden * kInter * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// One prefill tile of block-format weights on one thread, as device_gemm's tiles run it:
+// x[256, 1024] by 256 outputs, the activations quantized once (untimed), by packed_gemm_q8 (int8
+// products on packed panels) or by gemm_dequantized (fp32 panels through OpenBLAS, on the
+// activations' fp32 values), the baseline it replaced.
+void BM_BlockTile(benchmark::State& state, DType t, bool packed) {
+  constexpr std::int64_t kRows = 256, kCols = 256;
+  const runtime::HostTensor x = random({kRows, kHidden}, 3, 1.0f);
+  const runtime::HostTensor w = random({kCols, kHidden}, 1, 0.02f);  // out-in
+  const std::vector<std::byte> stored = stored_as(w, t);
+  const ops::WeightMatrix b{stored.data(), t, kHidden, kCols, ops::WeightLayout::kOutIn};
+  std::vector<std::int8_t> codes(static_cast<std::size_t>(kRows * kHidden));
+  std::vector<float> scales(static_cast<std::size_t>(kRows * kHidden / 32));
+  ops::quantize_activations_q8(kRows, kHidden, x.data.data(), kHidden, codes.data(), scales.data());
+  std::vector<float> c(static_cast<std::size_t>(kRows * kCols));
+  for (auto _ : state) {
+    if (packed) {
+      ops::packed_gemm_q8(kRows, codes.data(), scales.data(), b, c.data(), kCols);
+    } else {
+      ops::gemm_dequantized(kRows, x.data.data(), kHidden, b, c.data(), kCols);
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(std::string(runtime::to_string(runtime::kernel_level())));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kRows * kHidden * kCols * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -292,6 +320,24 @@ BENCHMARK_CAPTURE(BM_DeviceGemm, q4_0, DType::kQ4_0, ops::MatmulPrecision::kF32)
 BENCHMARK_CAPTURE(BM_DeviceGemm, q4_0_row_invariant, DType::kQ4_0,
                   ops::MatmulPrecision::kRowInvariant)
     ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q4_k, DType::kQ4_K, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DeviceGemm, q6_k, DType::kQ6_K, ops::MatmulPrecision::kF32)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q8_0_packed, DType::kQ8_0, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q8_0_dequantized, DType::kQ8_0, false)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q4_0_packed, DType::kQ4_0, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q4_0_dequantized, DType::kQ4_0, false)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q4_k_packed, DType::kQ4_K, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q4_k_dequantized, DType::kQ4_K, false)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q6_k_packed, DType::kQ6_K, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q6_k_dequantized, DType::kQ6_K, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Gemm16, f32, DType::kF32, kInter)
     ->UseRealTime()

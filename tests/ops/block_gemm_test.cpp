@@ -768,34 +768,60 @@ std::vector<float> run_packed(std::int64_t m, const Quantized& q, const WeightMa
   return packed;
 }
 
-// The header's packed order, transcribed: a whole block's exact integer sum, one f32 scale
-// product and one fma a block, in block order from +0.
+// The header's packed orders, transcribed: a block's exact integer sums (Q6_K: of inputs 0-15
+// and 16-31), one f32 scale product and one fma each, Q4_K's minimum after, in block order from
+// +0. The pair formats' codes and scales by weight_code / weight_scale, the K formats' by
+// super_element.
 float packed_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
   const auto* row = static_cast<const unsigned char*>(cs.b.stored_row(j));
   const std::int64_t blocks = cs.k / 32;
+  const bool super = is_super_block(cs.dtype);
   float acc = 0.0f;
   for (std::int64_t t = 0; t < blocks; ++t) {
-    const unsigned char* block = row + t * traits(cs.dtype).block_bytes;
-    std::int32_t isum = 0;
+    const float d_a = cs.q.scales[static_cast<std::size_t>(i * blocks + t)];
+    const std::int8_t* x = cs.q.codes.data() + i * cs.k + t * 32;
+    std::int32_t isum[2] = {0, 0};
+    float ds[2] = {0.0f, 0.0f}, dm = 0.0f;
+    std::int32_t code_sum = 0;
     for (std::int64_t e = 0; e < 32; ++e) {
-      isum += std::int32_t{cs.q.codes[static_cast<std::size_t>(i * cs.k + t * 32 + e)]} *
-              weight_code(block, cs.dtype, e);
+      const int half = cs.dtype == DType::kQ6_K && e >= 16 ? 1 : 0;
+      int code = 0;
+      if (super) {
+        const SuperElement w =
+            super_element(row + t / 8 * traits(cs.dtype).block_bytes, cs.dtype, t % 8 * 32 + e);
+        code = w.code;
+        ds[half] = w.ds;
+        dm = w.dm;
+      } else {
+        const unsigned char* block = row + t * traits(cs.dtype).block_bytes;
+        code = weight_code(block, cs.dtype, e);
+        ds[0] = weight_scale(block);
+      }
+      isum[half] += std::int32_t{x[e]} * code;
+      code_sum += x[e];
     }
-    const float scale = cs.q.scales[static_cast<std::size_t>(i * blocks + t)] * weight_scale(block);
-    acc = std::fma(static_cast<float>(isum), scale, acc);
+    acc = std::fma(static_cast<float>(isum[0]), d_a * ds[0], acc);
+    if (cs.dtype == DType::kQ6_K) acc = std::fma(static_cast<float>(isum[1]), d_a * ds[1], acc);
+    if (cs.dtype == DType::kQ4_K) acc = std::fma(d_a * static_cast<float>(code_sum), -dm, acc);
   }
   return acc;
 }
 
+// Depths for the packed kernel: one, two, three and many blocks of a format.
+std::vector<std::int64_t> packed_depths(DType t) {
+  if (is_super_block(t)) return {256, 512, 768};
+  return {32, 64, 96, 1024};
+}
+
 // Every level gives each element the order's bits, whatever the rows and outputs around it
-// (m and n that do and do not fill the kernel's 4 rows and 16- and 32-output panels), Q8_0's
-// weights holding codes of -128.
+// (m and n that do and do not fill the kernel's 4 rows and 16- and 32-output panels), the
+// weights holding codes GGML's quantizers do not write (dot_case's foreign ones).
 TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
   std::uint32_t seed = 3000;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : kBlockFormats) {
     for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13}) {
       for (std::int64_t n : {1, 7, 16, 17, 32, 33, 50}) {
-        for (std::int64_t k : {32, 64, 96, 1024}) {
+        for (std::int64_t k : packed_depths(t)) {
           const DotCase cs = dot_case(t, m, n, k, seed += 3);
           const std::string label = cs.label + " at " + level_name(level());
           const std::vector<float> got = run_packed(m, cs.q, cs.b, level(), label);
@@ -813,13 +839,18 @@ TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
   }
 }
 
-// The order's value is the product of the quantized activations and the dequantized weights
-// within the header's bound, (2 k / 32 + 1) 2^-24 sum |terms|, and some error takes a share of
-// it that only a sound bound leaves.
+// The order's value is the product of the quantized activations and the kernel's weights within
+// the header's bound, (L k / 32 + 1) 2^-24 (P + M), and some error takes a share of it that only
+// a sound bound leaves. The weights: the pair formats' exact values (widened_element); Q4_K's
+// ds q - dm and Q6_K's ds (q - 32) from super_element, in float64.
 TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
   std::uint32_t seed = 3500;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    for (std::int64_t k : {32, 96, 1024, 4096 + 32}) {
+  for (DType t : kBlockFormats) {
+    const double fmas = t == DType::kQ6_K ? 4.0 : t == DType::kQ4_K ? 3.0 : 2.0;
+    const std::vector<std::int64_t> depths = is_super_block(t)
+                                                 ? std::vector<std::int64_t>{256, 1024, 4096 + 256}
+                                                 : std::vector<std::int64_t>{32, 96, 1024, 4128};
+    for (std::int64_t k : depths) {
       const std::int64_t m = 5, n = 19, blocks = k / 32;
       const DotCase cs = dot_case(t, m, n, k, seed += 5);
       const std::vector<float> c = run_packed(m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
@@ -831,19 +862,28 @@ TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
           for (std::int64_t e = 0; e < k; ++e) {
             const double x = static_cast<double>(cs.q.codes[static_cast<std::size_t>(i * k + e)]) *
                              cs.q.scales[static_cast<std::size_t>(i * blocks + e / 32)];
-            const double p = x * widened_element(row, t, e);
-            exact += p;
-            magnitude += std::abs(p);
+            if (is_super_block(t)) {
+              const SuperElement w =
+                  super_element(row + e / 256 * traits(t).block_bytes, t, e % 256);
+              const double scaled = x * static_cast<double>(w.ds) * w.code;
+              const double minimum = x * static_cast<double>(w.dm);
+              exact += scaled - minimum;
+              magnitude += std::abs(scaled) + std::abs(minimum);
+            } else {
+              const double p = x * widened_element(row, t, e);
+              exact += p;
+              magnitude += std::abs(p);
+            }
           }
           const double bound =
-              static_cast<double>(2 * blocks + 1) * std::ldexp(1.0, -24) * magnitude;
+              (fmas * static_cast<double>(blocks) + 1.0) * std::ldexp(1.0, -24) * magnitude;
           const double error = std::abs(c[static_cast<std::size_t>(i * n + j)] - exact);
           EXPECT_LE(error, bound) << cs.label << " [" << i << ", " << j << "]";
           used = std::max(used, error / bound);
         }
       }
       // The bound adds a rounding a block; random errors grow as their square root.
-      EXPECT_GT(used, 0.05 / static_cast<double>(blocks)) << cs.label;
+      EXPECT_GT(used, 0.02 / static_cast<double>(blocks)) << cs.label;
     }
   }
 }
@@ -864,12 +904,18 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
                    level());
     EXPECT_EQ(c, -128.0f * 127.0f * 32.0f * 0.5f);
   }
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    const std::int64_t m = 6, n = 37, k = 5 * 32;
+  for (DType t : kBlockFormats) {
+    const std::int64_t m = 6, n = 37, k = 3 * traits(t).block_elements;
     Blocks w = make_blocks(t, n, k, 17);
-    unsigned char* block = w.bytes() + 20 * w.row_bytes() + 3 * traits(t).block_bytes;
+    unsigned char* block =
+        w.bytes() + 20 * w.row_bytes() + 2 * traits(t).block_bytes + scale_offset(t);
     block[0] = 0x00;
     block[1] = 0x7E;
+    if (t == DType::kQ4_K) {  // its dmin too, of another output
+      unsigned char* other = w.bytes() + 30 * w.row_bytes() + 2;
+      other[0] = 0x00;
+      other[1] = 0x7E;
+    }
     std::vector<float> a(static_cast<std::size_t>(m * k), 0.25f);
     a[static_cast<std::size_t>(5 * k + 77)] = kNaN;
     const std::string label = std::string(to_string(t)) + " at " + level_name(level());
@@ -877,7 +923,8 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
     const std::vector<float> c = run_packed(m, q, w.matrix(), level(), label);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t j = 0; j < n; ++j) {
-        EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), i == 5 || j == 20)
+        const bool fed = i == 5 || j == 20 || (t == DType::kQ4_K && j == 30);
+        EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), fed)
             << label << " [" << i << ", " << j << "]";
       }
     }
@@ -890,11 +937,12 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
                    level());
     for (float x : empty) EXPECT_EQ(bits(x), 0u) << label;
     empty.assign(6, kSentinel);
+    const std::int64_t one = traits(t).block_elements;
     packed_gemm_q8(0, codes.data(), scales.data(),
-                   WeightMatrix{none.data(), t, 32, 3, WeightLayout::kOutIn}, empty.data(), 3,
+                   WeightMatrix{none.data(), t, one, 3, WeightLayout::kOutIn}, empty.data(), 3,
                    level());
     packed_gemm_q8(2, codes.data(), scales.data(),
-                   WeightMatrix{none.data(), t, 32, 0, WeightLayout::kOutIn}, empty.data(), 3,
+                   WeightMatrix{none.data(), t, one, 0, WeightLayout::kOutIn}, empty.data(), 3,
                    level());
     for (float x : empty) EXPECT_EQ(x, kSentinel) << label;
   }
@@ -910,10 +958,10 @@ TEST(BlockGemmTest, PackedGemmRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
   };
   EXPECT_THAT(
       [&] {
-        run(1, WeightMatrix{w.data(), DType::kQ4_K, 256, 1, WeightLayout::kOutIn}, 1);
+        run(1, WeightMatrix{w.data(), DType::kBF16, 256, 1, WeightLayout::kOutIn}, 1);
       },
       ThrowsMessage<TypeError>(
-          HasSubstr("packed_gemm_q8: weights of dtype q4_k; it takes q8_0 and q4_0")));
+          HasSubstr("packed_gemm_q8: weights of dtype bf16; it takes the block formats")));
   EXPECT_THAT(
       [&] {
         run(1, WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kInOut}, 1);
@@ -939,6 +987,13 @@ TEST(BlockGemmTest, PackedGemmRefusesOtherFormatsInOutWeightsAndPartialBlocks) {
         run(1, WeightMatrix{w.data(), DType::kQ8_0, 32, 2, WeightLayout::kOutIn}, 1);
       },
       ThrowsMessage<ShapeError>(HasSubstr("n 2, k 32 with ldb 32, ldc 1")));
+  EXPECT_THAT(
+      [&] {
+        run(1, WeightMatrix{w.data(), DType::kQ4_K, 128, 1, WeightLayout::kOutIn}, 1);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr("packed_gemm_q8: m 1, n 1, k 128 with ldb 128, ldc 1: "
+                                          "sizes must be >= 0, k and ldb whole blocks of 256 "
+                                          "(q4_k)")));
 }
 
 // ---- Prefill on dequantized panels (gemm_dequantized) ------------------------------------------

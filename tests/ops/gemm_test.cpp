@@ -374,10 +374,9 @@ RowMatrix quantized_activations(const RowMatrix& a) {
 
 // device_gemm on GGML block formats (q8_0, q4_0, q4_k, q6_k; stored out-in, blocks along each
 // output's inputs): decode products (the integer dot kernels over blocks of outputs) and prefill
-// tiles (q8_0 and q4_0: int8 products on packed panels; the K formats: dequantized panels through
-// the fp32 GEMM) give the product of the quantized activations and the dequantized weights, the
-// same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after 256 takes the dot
-// kernel inside the prefill tiling.
+// tiles (int8 products on packed panels) give the product of the quantized activations and the
+// dequantized weights, the same bits in arenas of 1, 2, 3, 4 and 7 threads; a tail of 4 rows after
+// 256 takes the dot kernel inside the prefill tiling.
 TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
   struct Shape {
     Eigen::Index m, k, n;
@@ -427,7 +426,7 @@ TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
   }
 }
 
-// Prefill of q8_0 and q4_0 weights is packed_gemm_q8 on the activations quantized as for decode:
+// Prefill of block-format weights is packed_gemm_q8 on the activations quantized as for decode:
 // device_gemm's tiles give, bit for bit, one call of it over the whole product (its order does not
 // depend on the tile's rows and outputs), at this machine's level, in arenas of 1 to 3 threads.
 TEST(GemmTest, BlockPrefillIsThePackedInt8Product) {
@@ -436,8 +435,8 @@ TEST(GemmTest, BlockPrefillIsThePackedInt8Product) {
   struct Shape {
     Eigen::Index m, k, n;
   };
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    for (const Shape sh : {Shape{17, 64, 40}, Shape{300, 96, 600}, Shape{520, 256, 300}}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    for (const Shape sh : {Shape{17, 256, 40}, Shape{300, 512, 600}, Shape{520, 256, 300}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.n, sh.k, 1.9f);  // out-in
       std::vector<std::byte> blocks(static_cast<std::size_t>(sh.n * row_bytes(t, sh.k)));
       runtime::convert_elements(w.data(), DType::kF32, blocks.data(), t,

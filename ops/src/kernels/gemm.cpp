@@ -259,38 +259,28 @@ void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, Matri
 }
 
 // Block formats multiply activations quantized to 8 bits a 32-element block (as llama.cpp's
-// do): codes and scales for the integer kernels, and where the prefill tiles multiply fp32
-// (`with_values`) the values the codes stand for (code times scale), so that a row multiplies
-// the same operands in a decode step and in a prompt. Buffers and isolation as above.
+// do): codes and scales for the integer kernels, decode and prefill alike, so that a row
+// multiplies the same operands in a decode step and in a prompt. Buffers and isolation as above.
 void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                const detail::WeightKernels& kernels, bool with_values) {
+                                const detail::WeightKernels& kernels) {
   const std::int64_t m = a.rows(), k = a.cols();
   NUMESH_CHECK(k % 32 == 0, ShapeError,
                "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b.dtype), k);
   thread_local std::vector<std::int8_t> codes;
-  thread_local std::vector<float> scales, values;
+  thread_local std::vector<float> scales;
   oneapi::tbb::this_task_arena::isolate([&] {
     codes.resize(static_cast<std::size_t>(m * k));
     scales.resize(static_cast<std::size_t>(m * k / 32));
-    if (with_values) values.resize(static_cast<std::size_t>(m * k));
     std::int8_t* const codes_of_caller = codes.data();
     float* const scales_of_caller = scales.data();
-    float* const values_of_caller = with_values ? values.data() : nullptr;
     const runtime::KernelLevel level = runtime::kernel_level();
     parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
       quantize_activations_q8(r1 - r0, k, a.data() + r0 * k, k, codes_of_caller + r0 * k,
                               scales_of_caller + r0 * (k / 32), level);
-      if (!with_values) return;
-      for (std::int64_t i = r0; i < r1; ++i) {
-        for (std::int64_t e = 0; e < k; ++e) {
-          values_of_caller[i * k + e] = static_cast<float>(codes_of_caller[i * k + e]) *
-                                        scales_of_caller[i * (k / 32) + e / 32];
-        }
-      }
     });
+    // The values' shape only: no kernel of a block format reads fp32 activations.
     device_gemm_prepared(
-        {ConstMatrixMap(values_of_caller, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c,
-        kernels);
+        {ConstMatrixMap(nullptr, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c, kernels);
   });
 }
 
@@ -339,10 +329,7 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
       device_gemm_bf16_activations(a, b, c, kernels);
       return;
     case detail::ActivationForm::kQ8:
-      device_gemm_q8_activations(a, b, c, kernels, /*with_values=*/false);
-      return;
-    case detail::ActivationForm::kQ8Values:
-      device_gemm_q8_activations(a, b, c, kernels, /*with_values=*/true);
+      device_gemm_q8_activations(a, b, c, kernels);
       return;
   }
 }

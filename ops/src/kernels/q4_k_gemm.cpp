@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "numesh/ops/kernels/block_gemm.hpp"
+#include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
 // dot_gemm_q4_k: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q4_K super-blocks
@@ -124,6 +125,12 @@ struct Q4_KCodes : detail::KquantFormat<DType::kQ4_K, 144, 1, true, false, 0> {
 void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
   detail::q8dot_gemm<Q4_KCodes>("dot_gemm_q4_k", m, codes, scales, b, c, ldc, level);
+}
+
+void detail::pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
+                             std::int64_t blocks, runtime::KernelLevel level,
+                             detail::PackedBlock* out) {
+  detail::pack_kquant_panel<Q4_KCodes>(w, ldw, count, blocks, level, out);
 }
 
 }  // namespace numesh::ops

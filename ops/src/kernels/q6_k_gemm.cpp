@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "numesh/ops/kernels/block_gemm.hpp"
+#include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
 // dot_gemm_q6_k: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q6_K super-blocks
@@ -122,6 +123,12 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
 void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
   detail::q8dot_gemm<Q6_KCodes>("dot_gemm_q6_k", m, codes, scales, b, c, ldc, level);
+}
+
+void detail::pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
+                             std::int64_t blocks, runtime::KernelLevel level,
+                             detail::PackedBlock* out) {
+  detail::pack_kquant_panel<Q6_KCodes>(w, ldw, count, blocks, level, out);
 }
 
 }  // namespace numesh::ops

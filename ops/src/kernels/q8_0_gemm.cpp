@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "numesh/ops/kernels/block_gemm.hpp"
+#include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
 // dot_gemm_q8_0: the shared int8 dot kernel (q8_dot_common.hpp) on Q8_0 blocks, whose 32 codes
@@ -78,6 +79,12 @@ struct Q8_0Codes {
 void dot_gemm_q8_0(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
   detail::q8dot_gemm<Q8_0Codes>("dot_gemm_q8_0", m, codes, scales, b, c, ldc, level);
+}
+
+void detail::pack_panel_q8_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
+                             std::int64_t blocks, runtime::KernelLevel level,
+                             detail::PackedBlock* out) {
+  detail::pack_pair_panel<Q8_0Codes>(w, ldw, count, blocks, level, out);
 }
 
 }  // namespace numesh::ops

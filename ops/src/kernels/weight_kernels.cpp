@@ -34,7 +34,7 @@ void tile_f32(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
        b.stride(), /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
 }
 
-// A prefill tile kernel on the fp32 values of the activations (gemm_16bit, gemm_dequantized).
+// A prefill tile kernel on the fp32 values of the activations (gemm_16bit).
 template <RowsKernel kTile>
 void tile_on_values(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
                     const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
@@ -58,17 +58,16 @@ constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gem
                                      tile_on_values<gemm_16bit>};
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
                                     tile_on_values<gemm_16bit>};
-// Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel.
-// Q8_0 and Q4_0 prefill by int8 products on repacked panels; the K formats, until theirs
-// exist, on fp32 panels.
+// Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel;
+// prefill by int8 products on panels the tiles pack.
 constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q8_0>, nullptr,
                                      dot_q8<packed_gemm_q8>};
 constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_0>, nullptr,
                                      dot_q8<packed_gemm_q8>};
-constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8Values, dot_q8<dot_gemm_q4_k>, nullptr,
-                                     tile_on_values<gemm_dequantized>};
-constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8Values, dot_q8<dot_gemm_q6_k>, nullptr,
-                                     tile_on_values<gemm_dequantized>};
+constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
+                                     dot_q8<packed_gemm_q8>};
+constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
+                                     dot_q8<packed_gemm_q8>};
 
 }  // namespace
 

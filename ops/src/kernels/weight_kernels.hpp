@@ -15,22 +15,17 @@ namespace numesh::ops::detail {
 
 /// What a format multiplies: the activations as they are, rounded to bf16 first (bf16 weights,
 /// so that every kernel level sees the same operands and products are exact), or quantized to 8
-/// bits a 32-element block (block formats: integer dot products, as llama.cpp's), with or
-/// without the fp32 values the codes stand for (kQ8Values: the K formats' prefill tiles multiply
-/// those through the fp32 GEMM).
+/// bits a 32-element block (block formats: integer dot products, as llama.cpp's).
 enum class ActivationForm {
   kF32,
   kBF16,
   kQ8,
-  kQ8Values,
 };
 
 /// The activations of one device_gemm in the form its weights multiply, prepared once by the
-/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16; for kQ8Values
-/// the quantized values, code times scale, so that prefill tiles on fp32 multiply what decode
-/// does; for kQ8 only its shape, over no data), for kBF16 their bits, rows k apart, and for both
-/// kQ8 forms their codes (rows k apart) and block scales (rows k / 32 apart; block_gemm.hpp's
-/// quantize_activations_q8).
+/// calling thread and read by every task: `values` [m, k] (bf16-rounded for kBF16; for kQ8 only
+/// its shape, over no data), for kBF16 their bits, rows k apart, and for kQ8 their codes (rows k
+/// apart) and block scales (rows k / 32 apart; block_gemm.hpp's quantize_activations_q8).
 struct PreparedActivations {
   ConstMatrixMap values;
   const std::uint16_t* bf16 = nullptr;

@@ -96,24 +96,28 @@
 //   1.2-1.45x, q6_k 1.3-1.45x; the scalar reference about equal), so q4_k decodes a weight at
 //   least as fast as q4_0 (the same 4.5 bits), q6_k at 0.89-1.0x (6.56 bits).
 //
-// - Prefill of Q8_0 and Q4_0 (packed_gemm_q8): the activations quantized as for decode, the
+// - Prefill (packed_gemm_q8), every format: the activations quantized as for decode, the
 //   weights repacked by the tile 16 outputs at a time (4 consecutive codes of each of the 16 in
 //   one 512-bit register, so that a row's 4 codes, broadcast, meet all 16 in one vpdpbusd and
-//   each block's integer sum comes out whole). The order, the same at every level bit for bit:
-//   for output j of row i, from acc = +0,
-//     for each block t of the row, in order:
-//       isum  = sum of q_a[e] q_w[e] over the block's 32 inputs (an exact int32)
-//       acc   = fma(f32(isum), d_a[t] * d_w[t], acc)       (the scale product one f32 product)
-//     c = acc.
-//   A row's products then differ from decode's in the last bits (decode keeps 16 lanes of
-//   partial sums and folds them); both multiply the same quantized activations. The error
-//   against the exact product of the quantized activations and the dequantized weights is one
-//   rounding per scale product and fma: |c - sum_e q_a[e] d_a[t] w_e| <= (2 k / 32 + 1) 2^-24
-//   sum_e |q_a[e] d_a[t] w_e|.
+//   each block's integer sums come out whole). The orders, the same at every level bit for bit:
+//   for output j of row i, from acc = +0, for each activation block t of the row, in order,
+//   with isum over the block's 32 inputs (exact int32) and d_w, ds, dm as for decode above:
+//     Q8_0, Q4_0:  acc = fma(f32(isum), d_a[t] * d_w[t], acc)
+//     Q4_K:        acc = fma(f32(isum), d_a[t] * ds_g, acc);  acc = fma(sum_a[t], -dm_g, acc)
+//                  (g = t mod 8, sum_a as for decode)
+//     Q6_K:        acc = fma(f32(isum over inputs 0-15), d_a[t] * ds_2g, acc);
+//                  acc = fma(f32(isum over inputs 16-31), d_a[t] * ds_(2g+1), acc)
+//   and c = acc (each scale product one f32 product). A row's products then differ from
+//   decode's in the last bits (decode keeps 16 lanes of partial sums and folds them); both
+//   multiply the same quantized activations. The error against the exact product of the
+//   quantized activations and the kernel's weights (P and M as for decode) is one rounding per
+//   scale product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L = 2 (Q8_0, Q4_0),
+//   3 (Q4_K), 4 (Q6_K).
 //
-// - Prefill of Q4_K and Q6_K (gemm_dequantized): panels of the weights dequantized to fp32
-//   exactly as the runtime dequantizers give them, and numesh's fp32 gemm(); the activations
-//   are not quantized.
+// - gemm_dequantized: the former prefill tile, kept as the fp32 baseline that
+//   bench/mlp_bench.cpp measures packed_gemm_q8 against: panels of the weights dequantized to
+//   fp32 exactly as the runtime dequantizers give them, and numesh's fp32 gemm(); the
+//   activations are not quantized.
 
 namespace numesh::ops {
 
@@ -170,24 +174,25 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
 
-/// c[m, n] = activations[m, k] b for Q8_0 or Q4_0 weights on the calling thread, the prefill
-/// tile: `codes` and `scales` as quantize_activations_q8 wrote them for m rows of k inputs; b
-/// [k, n] stored out-in; c fp32 with rows `ldc` apart (overwritten, never read; k = 0 writes
-/// zeros). Each element is summed in packed_gemm_q8's order above, so every level gives the same
-/// bits (NaN's payload aside), and the same for any tiling of rows and outputs. The weights are
-/// repacked 32 outputs at a time into a buffer of the calling thread kept between calls (1.25
-/// bytes a weight of those outputs, 160 KiB at k = 4096). NaN or infinite scales (of weight or
+/// c[m, n] = activations[m, k] b for weights in any block format on the calling thread, the
+/// prefill tile: `codes` and `scales` as quantize_activations_q8 wrote them for m rows of k
+/// inputs; b [k, n] stored out-in; c fp32 with rows `ldc` apart (overwritten, never read; k = 0
+/// writes zeros). Each element is summed in the format's packed order above, so every level
+/// gives the same bits (NaN's payload aside), and the same for any tiling of rows and outputs.
+/// The weights are repacked 32 outputs at a time into a buffer of the calling thread kept
+/// between calls (1.625 bytes a weight of those outputs, 208 KiB at k = 4096); Q4_K's
+/// activation block sums go to another (m k / 32 floats). NaN or infinite scales (of weight or
 /// activation blocks) reach exactly the outputs they multiply into; weight codes of -128 are
 /// multiplied exactly. No other state: safe to call from many threads at once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; activation codes within [-127, 127].
-/// Throws: TypeError when b.dtype is not kQ8_0 or kQ4_0; ShapeError naming the values when b is
-/// not stored out-in, k is not a multiple of 32, a size is negative, or b.stride() is shorter
-/// than k or ldc than n.
+/// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is not
+/// stored out-in, k is not whole blocks of the format, a size is negative, or b.stride() is
+/// shorter than k or ldc than n.
 void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scales,
                     const WeightMatrix& b, float* c, std::int64_t ldc,
                     runtime::KernelLevel level = runtime::kernel_level());
 
-/// c[m, n] = a[m, k] b on the calling thread, the prefill tile of weights in any block format
+/// c[m, n] = a[m, k] b on the calling thread, the fp32 baseline tile of weights in any block format
 /// (Q8_0, Q4_0, Q4_K, Q6_K): a fp32 with rows `lda` floats apart, b [k, n] stored out-in, c fp32
 /// with rows `ldc` apart (overwritten, never read; k = 0 writes zeros). Panels of b, up to 256
 /// inputs (whole blocks of every format) by 4096 outputs, are dequantized to fp32 exactly as the
