@@ -846,7 +846,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
 TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
   std::uint32_t seed = 3500;
   for (DType t : kBlockFormats) {
-    const double fmas = t == DType::kQ6_K ? 4.0 : t == DType::kQ4_K ? 3.0 : 2.0;
+    const double roundings = t == DType::kQ6_K ? 4.0 : t == DType::kQ4_K ? 3.0 : 2.0;
     const std::vector<std::int64_t> depths = is_super_block(t)
                                                  ? std::vector<std::int64_t>{256, 1024, 4096 + 256}
                                                  : std::vector<std::int64_t>{32, 96, 1024, 4128};
@@ -876,7 +876,7 @@ TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
             }
           }
           const double bound =
-              (fmas * static_cast<double>(blocks) + 1.0) * std::ldexp(1.0, -24) * magnitude;
+              (roundings * static_cast<double>(blocks) + 1.0) * std::ldexp(1.0, -24) * magnitude;
           const double error = std::abs(c[static_cast<std::size_t>(i * n + j)] - exact);
           EXPECT_LE(error, bound) << cs.label << " [" << i << ", " << j << "]";
           used = std::max(used, error / bound);

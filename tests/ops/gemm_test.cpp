@@ -427,8 +427,11 @@ TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
 }
 
 // Prefill of block-format weights is packed_gemm_q8 on the activations quantized as for decode:
-// device_gemm's tiles give, bit for bit, one call of it over the whole product (its order does not
-// depend on the tile's rows and outputs), at this machine's level, in arenas of 1 to 3 threads.
+// where every row tile of gemm_tiling holds more than 16 rows (as in these shapes: 17 rows in one
+// tile, 300 as 256 + 44, 520 as 260 + 260), device_gemm's tiles give, bit for bit, one call of it
+// over the whole product (its order does not depend on the tile's rows and outputs), at this
+// machine's level, in arenas of 1 to 3 threads. (A tail tile of 16 rows or fewer takes the decode
+// kernel: DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount.)
 TEST(GemmTest, BlockPrefillIsThePackedInt8Product) {
   const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
                                             4);

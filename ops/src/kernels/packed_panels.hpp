@@ -103,7 +103,7 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
       scale_bits[o] = q8dot_scale_bits(block);
     }
     put_panel_codes(q, p);
-    runtime::convert_f16_to_f32(scale_bits, p.scales);
+    runtime::convert_f16_to_f32(scale_bits, p.scales, level);
     std::copy_n(p.scales, kPanelOutputs, p.scales_high);
     std::fill_n(p.minimums, kPanelOutputs, 0.0f);
     if (level == runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, /*two_scales=*/false);
@@ -141,7 +141,7 @@ void pack_kquant_panel(const unsigned char* w, std::int64_t ldw, std::int64_t co
     for (std::int64_t o = 0; o < count; ++o) {
       const unsigned char* block = w + o * ldw + b * F::kBlockBytes;
       if (level == runtime::KernelLevel::kScalar) {
-        KquantBlock decoded;
+        KquantBlock decoded{};  // a format fills what it has (Q4_K 8 scales; Q6_K no minimums)
         F::decode(block, decoded);
         for (std::int64_t j = 0; j < kKquantBlocks; ++j)
           std::memcpy(q[j][o], decoded.codes + j * kQ8DotBlock, kQ8DotBlock);

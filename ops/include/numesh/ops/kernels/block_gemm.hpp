@@ -111,8 +111,8 @@
 //   decode's in the last bits (decode keeps 16 lanes of partial sums and folds them); both
 //   multiply the same quantized activations. The error against the exact product of the
 //   quantized activations and the kernel's weights (P and M as for decode) is one rounding per
-//   scale product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L = 2 (Q8_0, Q4_0),
-//   3 (Q4_K), 4 (Q6_K).
+//   scale product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block:
+//   2 (Q8_0, Q4_0: a product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K: two of each).
 //
 // - gemm_dequantized: the former prefill tile, kept as the fp32 baseline that
 //   bench/mlp_bench.cpp measures packed_gemm_q8 against: panels of the weights dequantized to
@@ -180,10 +180,12 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 /// writes zeros). Each element is summed in the format's packed order above, so every level
 /// gives the same bits (NaN's payload aside), and the same for any tiling of rows and outputs.
 /// The weights are repacked 32 outputs at a time into a buffer of the calling thread kept
-/// between calls (1.625 bytes a weight of those outputs, 208 KiB at k = 4096); Q4_K's
-/// activation block sums go to another (m k / 32 floats). NaN or infinite scales (of weight or
-/// activation blocks) reach exactly the outputs they multiply into; weight codes of -128 are
-/// multiplied exactly. No other state: safe to call from many threads at once.
+/// between calls (1.625 bytes a weight of those outputs, 208 KiB at k = 4096); at avx512-bf16 the
+/// activation codes as unsigned bytes go to another (m k bytes), and Q4_K's activation block
+/// sums to a third (m k / 32 floats), each call preparing them again for its rows. NaN or
+/// infinite scales (of weight or activation blocks) reach exactly the outputs they multiply
+/// into; weight codes of -128 are multiplied exactly. No other state: safe to call from many
+/// threads at once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; activation codes within [-127, 127].
 /// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is not
 /// stored out-in, k is not whole blocks of the format, a size is negative, or b.stride() is
