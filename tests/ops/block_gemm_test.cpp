@@ -259,12 +259,14 @@ constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DTy
 
 // Runs the dot kernel into a c of NaN with a sentinel in its padding (which must survive);
 // returns c packed to [m, n].
+// `kernel` the format's dot kernel when not given (packed_gemm_q8 takes the same arguments).
 std::vector<float> run_dot(std::int64_t m, const Quantized& q, const WeightMatrix& b,
-                           KernelLevel level, const std::string& label) {
+                           KernelLevel level, const std::string& label, DotFn kernel = nullptr) {
   const std::int64_t n = b.cols, ldc = n + 3;
   std::vector<float> c(static_cast<std::size_t>(m * ldc), kSentinel);
   for (std::int64_t i = 0; i < m; ++i) std::fill_n(c.begin() + i * ldc, n, kNaN);
-  dot_of(b.dtype)(m, q.codes.data(), q.scales.data(), b, c.data(), ldc, level);
+  (kernel != nullptr ? kernel : dot_of(b.dtype))(m, q.codes.data(), q.scales.data(), b, c.data(),
+                                                 ldc, level);
   std::vector<float> packed;
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < ldc; ++j) {
@@ -746,26 +748,10 @@ TEST(BlockGemmTest, SuperBlockDotRefusesOtherFormatsInOutWeightsAndPartialBlocks
 
 // ---- Prefill by int8 products (packed_gemm_q8) -------------------------------------------------
 
-// Runs packed_gemm_q8 as run_dot runs the dot kernel (c of NaN, its padding's sentinels kept).
+// packed_gemm_q8 run as run_dot runs the dot kernel (c of NaN, its padding's sentinels kept).
 std::vector<float> run_packed(std::int64_t m, const Quantized& q, const WeightMatrix& b,
                               KernelLevel level, const std::string& label) {
-  const std::int64_t n = b.cols, ldc = n + 3;
-  std::vector<float> c(static_cast<std::size_t>(m * ldc), kSentinel);
-  for (std::int64_t i = 0; i < m; ++i) std::fill_n(c.begin() + i * ldc, n, kNaN);
-  packed_gemm_q8(m, q.codes.data(), q.scales.data(), b, c.data(), ldc, level);
-  std::vector<float> packed;
-  for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < ldc; ++j) {
-      const float x = c[static_cast<std::size_t>(i * ldc + j)];
-      if (j < n) {
-        packed.push_back(x);
-      } else {
-        EXPECT_EQ(x, kSentinel) << label << ": c's padding at [" << i << ", " << j
-                                << "] was written";
-      }
-    }
-  }
-  return packed;
+  return run_dot(m, q, b, level, label, packed_gemm_q8);
 }
 
 // The header's packed orders, transcribed: a block's exact integer sums (Q6_K: of inputs 0-15

@@ -27,14 +27,13 @@ void dot_bf16(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
 }
 
 // fp32 prefill tiles: OpenBLAS (blas_gemm.hpp), b read transposed when stored out-in.
-void tile_f32(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
-              const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel /*level*/) {
-  const std::int64_t k = a.values.cols();
-  gemm(rows, b.cols, b.rows, 1.0f, a.values.data() + r0 * k, k, static_cast<const float*>(b.data),
-       b.stride(), /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
+void tile_f32(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+              std::int64_t ldc, KernelLevel /*level*/) {
+  gemm(m, b.cols, b.rows, 1.0f, a, lda, static_cast<const float*>(b.data), b.stride(),
+       /*transpose_b=*/b.layout == WeightLayout::kOutIn, 0.0f, c, ldc);
 }
 
-// A prefill tile kernel on the fp32 values of the activations (gemm_16bit).
+// A prefill tile kernel on the fp32 values of the activations (tile_f32, gemm_16bit).
 template <RowsKernel kTile>
 void tile_on_values(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
                     const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
@@ -53,7 +52,8 @@ void dot_q8(const PreparedActivations& a, std::int64_t r0, std::int64_t rows, co
   kDot(rows, a.q8_codes + r0 * k, a.q8_scales + r0 * (k / 32), b, c, ldc, level);
 }
 
-constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm, tile_f32};
+constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
+                                    tile_on_values<tile_f32>};
 constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm,
                                      tile_on_values<gemm_16bit>};
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
