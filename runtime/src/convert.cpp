@@ -156,9 +156,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void f16_to_f32_avx512(
   f16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
-bool wide(KernelLevel level) {
-  return level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
-}
+bool wide(KernelLevel level) { return level >= KernelLevel::kAvx512; }
 
 }  // namespace
 

@@ -177,7 +177,7 @@ void report_setup(const TrainOptions& o, const std::filesystem::path& dir,
   out << fmt::format(
       "data {}: {} sequences of {} tokens; batch {} ({} tokens a step); steps {} .. {}\n", o.data,
       data.shape[0], tokens, o.batch, o.batch * tokens, first + 1, o.steps);
-  const bool fast_bf16 = runtime::kernel_level() == runtime::KernelLevel::kAvx512Bf16;
+  const bool fast_bf16 = runtime::kernel_level() >= runtime::KernelLevel::kAvx512Bf16;
   out << fmt::format("compute  {} (master weights, gradients and AdamW state f32){}\n", o.dtype,
                      o.dtype == "bf16" && !fast_bf16
                          ? "; this CPU (or NUMESH_KERNELS) has no AVX-512 BF16, so bf16 products "

@@ -399,7 +399,7 @@ void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, con
   const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
   const auto* b = static_cast<const std::uint16_t*>(w.data);
   if (m <= 0 || n <= 0) return;
-  if (level == KernelLevel::kAvx512Bf16)
+  if (level >= KernelLevel::kAvx512Bf16)
     return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
   if (level == KernelLevel::kAvx512)
     return rows_bf16_avx512<false>(m, n, k, a, lda, b, ldb, c, ldc);

@@ -394,7 +394,7 @@ void gemm_16bit(std::int64_t m, const float* a, std::int64_t lda, const WeightMa
     return;
   }
   const auto* w = static_cast<const std::uint16_t*>(b);
-  if (level == KernelLevel::kAvx512Bf16 && b_type == DType::kBF16) {
+  if (level >= KernelLevel::kAvx512Bf16 && b_type == DType::kBF16) {
     gemm_dpbf16_weights(m, n, k, a, lda, w, ldb, c, ldc, level, out_in);
     return;
   }
@@ -420,7 +420,7 @@ void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const flo
     }
     return;
   }
-  if (level == KernelLevel::kAvx512Bf16) {
+  if (level >= KernelLevel::kAvx512Bf16) {
     thread_local std::vector<std::uint16_t> b_bits;
     gemm_dpbf16(
         m, n, k,

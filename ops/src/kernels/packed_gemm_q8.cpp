@@ -324,7 +324,7 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
   const std::int64_t ldw = ld / block * traits(b.dtype).block_bytes;
   thread_local std::vector<std::uint8_t> unsigned_codes;
   Rows a{codes, nullptr, scales, nullptr, k, blocks};
-  if (level == KernelLevel::kAvx512Bf16) {
+  if (level >= KernelLevel::kAvx512Bf16) {
     unsigned_codes.resize(static_cast<std::size_t>(m * k));
     to_unsigned(codes, m * k, unsigned_codes.data());
     a.unsigned_codes = unsigned_codes.data();

@@ -106,7 +106,7 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
     runtime::convert_f16_to_f32(scale_bits, p.scales, level);
     std::copy_n(p.scales, kPanelOutputs, p.scales_high);
     std::fill_n(p.minimums, kPanelOutputs, 0.0f);
-    if (level == runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, /*two_scales=*/false);
+    if (level >= runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, /*two_scales=*/false);
   }
 }
 
@@ -160,7 +160,7 @@ void pack_kquant_panel(const unsigned char* w, std::int64_t ldw, std::int64_t co
         p.scales_high[o] = scales[o][kS * j + kS - 1];
         p.minimums[o] = F::kMinimums ? minimums[o][j] : 0.0f;
       }
-      if (level == runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, kS == 2);
+      if (level >= runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, kS == 2);
     }
   }
 }

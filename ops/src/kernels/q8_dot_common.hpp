@@ -756,7 +756,7 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
   switch (level) {
     case KernelLevel::kAvx512:
     case KernelLevel::kAvx512Bf16: {
-      const bool vnni = level == KernelLevel::kAvx512Bf16;
+      const bool vnni = level >= KernelLevel::kAvx512Bf16;
       // Two outputs a tile only for groups of 4 rows (an activation load then serves both):
       // with fewer rows the kernel streams the weights, and two of their rows at once ran at
       // 0.4x (10.8 against 26 GB/s, q8_0 at m = 1 on [4096, 8192], BM_Decode_Dot).

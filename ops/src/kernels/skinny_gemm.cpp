@@ -173,7 +173,7 @@ void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightM
   const void* b = w.data;
   const DType b_type = w.dtype;
   if (m <= 0 || n <= 0) return;
-  const bool avx512 = level == KernelLevel::kAvx512 || level == KernelLevel::kAvx512Bf16;
+  const bool avx512 = level >= KernelLevel::kAvx512;
   const bool avx2 = level == KernelLevel::kAvx2;
   switch (b_type) {
     case DType::kF32:

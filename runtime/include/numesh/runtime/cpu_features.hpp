@@ -28,7 +28,9 @@ struct CpuFeatures {
 };
 
 /// The kernel levels, widest last. Each kernel has a scalar version and may have versions for
-/// the wider levels; the dispatcher runs the widest the CPU supports.
+/// the wider levels; the dispatcher runs the widest the CPU supports. Each level holds every
+/// extension of the levels before it, so a kernel asks `level >= KernelLevel::kAvx512` for
+/// "AVX-512 or wider", never `==`.
 enum class KernelLevel {
   kScalar,      ///< portable C++
   kAvx2,        ///< AVX2 + FMA + F16C
