@@ -7,7 +7,7 @@
 #   3. builds the `portable` preset (Release, NUMESH_NATIVE=OFF: no -march=native, every kernel
 #      chosen at run time by the CPU's features, as a package would ship), runs its kernel,
 #      runtime, ops and models tests at -O3 once per kernel level this CPU runs
-#      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16; the levels it cannot run are named and
+#      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16|amx; the levels it cannot run are named and
 #      counted as skipped), installs it into a fresh prefix, and runs the installed `numesh` on
 #      the main job's example, and the installed `numesh run` on a small model;
 #   4. builds and runs the out-of-tree project examples/consumer (numesh_consumer: a mesh and a
@@ -168,7 +168,7 @@ features="$(sed -n 's/^kernels:.*this CPU: \([^;]*\);.*/\1/p' <<<"$kernels_line"
 levels_run=()
 levels_skipped=()
 beyond=0
-for level in scalar avx2 avx512 avx512-bf16; do
+for level in scalar avx2 avx512 avx512-bf16 amx; do
   if ((beyond)); then
     levels_skipped+=("$level")
     skipped=$((skipped + 1))
@@ -183,7 +183,7 @@ for level in scalar avx2 avx512 avx512-bf16; do
   if [[ "$level" == "$widest" ]]; then beyond=1; fi
 done
 if [[ "${levels_run[-1]}" != "$widest" ]]; then
-  die "kernel levels: '$widest' (numesh topology's widest) is not one of scalar avx2 avx512 avx512-bf16"
+  die "kernel levels: '$widest' (numesh topology's widest) is not one of scalar avx2 avx512 avx512-bf16 amx"
 fi
 
 check="$NUMESH_BUILD_ROOT/install-check"

@@ -28,7 +28,7 @@ namespace numesh::testing {
 /// Every kernel level numesh has, scalar first, runnable here or not.
 inline std::vector<runtime::KernelLevel> all_kernel_levels() {
   return {runtime::KernelLevel::kScalar, runtime::KernelLevel::kAvx2, runtime::KernelLevel::kAvx512,
-          runtime::KernelLevel::kAvx512Bf16};
+          runtime::KernelLevel::kAvx512Bf16, runtime::KernelLevel::kAmx};
 }
 
 /// True when this CPU runs `level`.
@@ -37,7 +37,7 @@ inline bool runs_here(runtime::KernelLevel level) {
   return std::find(levels.begin(), levels.end(), level) != levels.end();
 }
 
-/// The level as a test-name suffix: "scalar", "avx2", "avx512", "avx512_bf16".
+/// The level as a test-name suffix: "scalar", "avx2", "avx512", "avx512_bf16", "amx".
 inline std::string level_test_name(const ::testing::TestParamInfo<runtime::KernelLevel>& info) {
   std::string name(runtime::to_string(info.param));
   std::replace(name.begin(), name.end(), '-', '_');

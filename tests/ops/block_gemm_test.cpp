@@ -800,12 +800,12 @@ std::vector<std::int64_t> packed_depths(DType t) {
 }
 
 // Every level gives each element the order's bits, whatever the rows and outputs around it
-// (m and n that do and do not fill the kernel's 4 rows and 16- and 32-output panels), the
-// weights holding codes GGML's quantizers do not write (dot_case's foreign ones).
+// (m and n that do and do not fill the kernel's 4 rows, AMX's 16 and the 16- and 32-output
+// panels), the weights holding codes GGML's quantizers do not write (dot_case's foreign ones).
 TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
   std::uint32_t seed = 3000;
   for (DType t : kBlockFormats) {
-    for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13}) {
+    for (std::int64_t m : {1, 2, 3, 4, 5, 8, 13, 16, 17, 35}) {
       for (std::int64_t n : {1, 7, 16, 17, 32, 33, 50}) {
         for (std::int64_t k : packed_depths(t)) {
           const DotCase cs = dot_case(t, m, n, k, seed += 3);
@@ -891,7 +891,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
     EXPECT_EQ(c, -128.0f * 127.0f * 32.0f * 0.5f);
   }
   for (DType t : kBlockFormats) {
-    const std::int64_t m = 6, n = 37, k = 3 * traits(t).block_elements;
+    const std::int64_t m = 18, n = 37, k = 3 * traits(t).block_elements;
     Blocks w = make_blocks(t, n, k, 17);
     unsigned char* block =
         w.bytes() + 20 * w.row_bytes() + 2 * traits(t).block_bytes + scale_offset(t);
@@ -903,13 +903,14 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
       other[1] = 0x7E;
     }
     std::vector<float> a(static_cast<std::size_t>(m * k), 0.25f);
-    a[static_cast<std::size_t>(5 * k + 77)] = kNaN;
+    a[static_cast<std::size_t>(5 * k + 77)] = kNaN;  // in AMX's 16 rows
+    a[static_cast<std::size_t>(17 * k + 3)] = kNaN;  // past them
     const std::string label = std::string(to_string(t)) + " at " + level_name(level());
     const Quantized q = quantize(m, k, a, k, level());
     const std::vector<float> c = run_packed(m, q, w.matrix(), level(), label);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t j = 0; j < n; ++j) {
-        const bool fed = i == 5 || j == 20 || (t == DType::kQ4_K && j == 30);
+        const bool fed = i == 5 || i == 17 || j == 20 || (t == DType::kQ4_K && j == 30);
         EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), fed)
             << label << " [" << i << ", " << j << "]";
       }

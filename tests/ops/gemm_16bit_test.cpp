@@ -273,7 +273,7 @@ TEST_P(Gemm16BitLevelTest, MatchesTheFloat64ProductOfItsInputs) {
         const Reference exact_a = reference(p, b, t, /*round_a=*/false);
         const std::string label = label_of(s, t, l) + (tight ? " tight" : "");
         const std::vector<float> got = run(p, b, t, l, label);
-        if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
+        if (l >= KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
           EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/true), s.k))
               << label;
           EXPECT_FALSE(within_fp32_accumulation(got, exact_a, s.k))
@@ -305,7 +305,7 @@ TEST_P(Gemm16BitLevelTest, OutInWeightsGiveTheProductOfInOutOnes) {
       }
       const std::string label = label_of(s, t, l) + " out-in";
       const std::vector<float> got = run(p, bt, t, l, label, WeightLayout::kOutIn, ldt);
-      if (l == KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
+      if (l >= KernelLevel::kAvx512Bf16 && t == DType::kBF16) {
         EXPECT_TRUE(got == run(p, b, t, l, label)) << label;
       } else {
         EXPECT_TRUE(within_fp32_accumulation(got, reference(p, b, t, /*round_a=*/false), s.k))
@@ -458,7 +458,7 @@ TEST_P(Gemm16BitLevelTest, BfloatComputeIsTheProductOfBothOperandsRoundedForEver
         const std::string label =
             label_of(s, DType::kBF16, l) + (ta ? " a^T" : "") + (tb ? " b^T" : "");
         const std::vector<float> got = run_bf16_compute(p, ta, tb, l, label);
-        if (l == KernelLevel::kAvx512Bf16) {
+        if (l >= KernelLevel::kAvx512Bf16) {
           EXPECT_TRUE(got == chain) << label << ": not the vdpbf16ps chain";
         }
         EXPECT_TRUE(within_fp32_accumulation(got, rounded, s.k)) << label;

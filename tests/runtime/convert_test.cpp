@@ -197,6 +197,11 @@ TEST(CpuFeaturesTest, TheWidestLevelFollowsTheFeatures) {
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512) << "BF16 without VNNI";
   f.avx512_vnni = true;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512Bf16);
+  f.amx = true;
+  EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAmx);
+  f.avx512_bf16 = false;
+  EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kAvx512) << "AMX without AVX-512 BF16";
+  f.avx512_bf16 = true;
   f.f16c = false;
   EXPECT_EQ(runtime::widest_kernel_level(f), KernelLevel::kScalar)
       << "every level needs the AVX2 set";

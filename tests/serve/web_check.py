@@ -304,7 +304,9 @@ def keyed_in_browser(page, server, model_name):
     from selenium.webdriver.common.keys import Keys
     page.open(server.port)
     page.wait("the key field", lambda: page.find("#key-form").is_displayed())
-    check("401" in page.text("status"), f"the status says 401: {page.text('status')!r}")
+    # The key field may show before the status line has the refusal's text: wait for both.
+    status = page.wait("the status saying 401", lambda: "401" in page.text("status"), 10)
+    check(status, f"the status says 401: {page.text('status')!r}")
     field = page.find("#key")
     field.send_keys(KEY)
     field.send_keys(Keys.ENTER)

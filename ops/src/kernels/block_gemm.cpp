@@ -172,6 +172,7 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
       switch (level) {
         case KernelLevel::kAvx512:
         case KernelLevel::kAvx512Bf16:
+        case KernelLevel::kAmx:
           quantize_block_avx512(x, q, d);
           break;
         case KernelLevel::kAvx2:

@@ -447,6 +447,7 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
   switch (level) {
     case KernelLevel::kAvx512:
     case KernelLevel::kAvx512Bf16:
+    case KernelLevel::kAmx:
       if (b_type == DType::kF32) return rows_avx512<DType::kF32>(m, n, k, a, lda, b, ldb, c, ldc);
       return rows_avx512<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
     case KernelLevel::kAvx2:

@@ -1,9 +1,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -19,7 +21,9 @@
 // load serves every row of the group, and a block's integer sums come out whole, one scale product
 // and one fma per block, row and 16 outputs. The decode kernels (q8_dot_common.hpp) read the
 // weights as stored instead, a block of one output against a block of one row, which suits one row
-// but spends as many conversions and fmas as integer products.
+// but spends as many conversions and fmas as integer products. With AMX a tile product does the
+// integer part of 16 rows by 16 outputs at once (tdpbssd: signed codes both sides, so no bias),
+// and AVX-512 then applies the scales to its 256 sums in the same order.
 
 namespace numesh::ops {
 
@@ -226,6 +230,172 @@ void rows512_any(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
   }
 }
 
+// ---- AMX: a block's integer sums of 16 rows by 16 outputs in one tile product ------------
+
+#define NUMESH_PACKED_AMX \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+constexpr std::int64_t kTileRows = 16;  // rows of activations a tile product takes
+
+// ldtilecfg's operand, palette 1: each tile's bytes a row and rows.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t row_bytes[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+// Tiles 0-3 hold int32 sums (16 rows of 16 outputs), 4 and 5 activation codes (16 rows), 6 and
+// 7 packed weight codes (the VNNI layout: a tile row is 4 inputs of each of the 16 outputs, which
+// is PackedBlock::codes). One scale a block: a whole block a product, four in flight. Two scales
+// (Q6_K): a block's inputs 0-15 and 16-31 in tiles 4, 6 and 5, 7, two blocks in flight. Four sums
+// in flight, because a product's sums can be stored only some tens of cycles after it starts:
+// with two, tile_sums waited on them for most of its time.
+template <class Fm>
+NUMESH_PACKED_AMX void configure_tiles() {
+  constexpr std::int64_t inputs = Fm::kTwoScales ? kQ8DotBlock / 2 : kQ8DotBlock;
+  TileConfig config;
+  for (int t = 0; t < 4; ++t) {
+    config.rows[t] = kTileRows;
+    config.row_bytes[t] = kPanelOutputs * 4;
+  }
+  for (int t = 4; t < 6; ++t) {
+    config.rows[t] = kTileRows;
+    config.row_bytes[t] = inputs;
+    config.rows[t + 2] = inputs / 4;
+    config.row_bytes[t + 2] = kPanelOutputs * 4;
+  }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the 64, which let it drop
+  // the stores above (a fault at the first tile load): make them all visible first.
+  __asm__ volatile("" : : "m"(config));
+  _tile_loadconfig(&config);
+}
+
+NUMESH_PACKED_AMX void release_tiles() { _tile_release(); }
+
+using TileAccumulators = std::array<__m512, kTileRows>;
+
+// f[r] = fma(f32(sums[r]), d_a[r] * d_w, f[r]) for the 16 rows (sums 16 int32 a row): the
+// scalar kernel's step. The rows are a parameter pack so that every index is a constant and the
+// accumulators stay in registers (a loop over them, even unrolled, left them on the stack).
+template <std::size_t... R>
+NUMESH_PACKED_AMX inline void scale_sums(const std::int32_t* sums, const float* scales,
+                                         const float* d_a, std::int64_t stride, TileAccumulators& f,
+                                         std::index_sequence<R...>) {
+  const __m512 d_w = _mm512_load_ps(scales);
+  ((f[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + R * kPanelOutputs)),
+                           _mm512_mul_ps(_mm512_set1_ps(d_a[R * stride]), d_w), f[R])),
+   ...);
+}
+
+// Q4_K: f[r] = fma(the activations' scaled block sum of row r, the block's -dmin m, f[r]).
+template <std::size_t... R>
+NUMESH_PACKED_AMX inline void add_minimums(const PackedBlock& p, const float* block_sums,
+                                           std::int64_t stride, TileAccumulators& f,
+                                           std::index_sequence<R...>) {
+  const __m512 minimums = _mm512_load_ps(p.minimums);
+  ((f[R] = _mm512_fmadd_ps(_mm512_set1_ps(block_sums[R * stride]), minimums, f[R])), ...);
+}
+
+// Blocks a tile16 pass multiplies before it scales them: their sums, 1 KiB a block (2 for two
+// scales), stay in L1.
+constexpr std::int64_t kTileBlocks = 16;
+
+// One block's sums (one scale a block) into tile C from activation codes at `a` and packed codes
+// at `b`, by way of tiles A and B.
+#define NUMESH_TILE_BLOCK(C, A, B, a, b, k) \
+  _tile_loadd(A, a, k);                     \
+  _tile_loadd(B, b, kPanelOutputs * 4);     \
+  _tile_zero(C);                            \
+  _tile_dpbssd(C, A, B)
+
+// The integer sums of blocks [t0, t0 + count) of 16 rows (codes at x, rows k apart) by one
+// panel, 256 int32 a block (two scales: the block's inputs 0-15, then 16-31), into sums. The
+// tile products run four in flight, and the sums are read only once all are stored: a vector
+// load right after a tile store waited for it.
+template <class Fm>
+NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const PackedBlock* panel,
+                                 std::int64_t t0, std::int64_t count, std::int32_t* sums) {
+  constexpr std::int64_t kRowBytes = kPanelOutputs * 4;
+  constexpr std::int64_t kSums = kTileRows * kPanelOutputs;
+  constexpr std::int64_t kHalf = kQ8DotBlock / 2;
+  const std::int64_t end = t0 + count;
+  std::int64_t t = t0;
+  if constexpr (Fm::kTwoScales) {
+    for (; t + 2 <= end; t += 2) {
+      std::int32_t* out = sums + 2 * (t - t0) * kSums;
+      const std::int8_t* a = x + t * kQ8DotBlock;
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes[0], k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel[t].codes[kPanelGroups / 2], k);
+      NUMESH_TILE_BLOCK(2, 4, 6, a + kQ8DotBlock, panel[t + 1].codes[0], k);
+      NUMESH_TILE_BLOCK(3, 5, 7, a + kQ8DotBlock + kHalf, panel[t + 1].codes[kPanelGroups / 2], k);
+      _tile_stored(0, out, kRowBytes);
+      _tile_stored(1, out + kSums, kRowBytes);
+      _tile_stored(2, out + 2 * kSums, kRowBytes);
+      _tile_stored(3, out + 3 * kSums, kRowBytes);
+    }
+    if (t < end) {
+      std::int32_t* out = sums + 2 * (t - t0) * kSums;
+      const std::int8_t* a = x + t * kQ8DotBlock;
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes[0], k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel[t].codes[kPanelGroups / 2], k);
+      _tile_stored(0, out, kRowBytes);
+      _tile_stored(1, out + kSums, kRowBytes);
+    }
+  } else {
+    for (; t + 4 <= end; t += 4) {
+      std::int32_t* out = sums + (t - t0) * kSums;
+      const std::int8_t* a = x + t * kQ8DotBlock;
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes, k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kQ8DotBlock, panel[t + 1].codes, k);
+      NUMESH_TILE_BLOCK(2, 4, 6, a + 2 * kQ8DotBlock, panel[t + 2].codes, k);
+      NUMESH_TILE_BLOCK(3, 5, 7, a + 3 * kQ8DotBlock, panel[t + 3].codes, k);
+      _tile_stored(0, out, kRowBytes);
+      _tile_stored(1, out + kSums, kRowBytes);
+      _tile_stored(2, out + 2 * kSums, kRowBytes);
+      _tile_stored(3, out + 3 * kSums, kRowBytes);
+    }
+    for (; t < end; ++t) {
+      NUMESH_TILE_BLOCK(0, 4, 6, x + t * kQ8DotBlock, panel[t].codes, k);
+      _tile_stored(0, sums + (t - t0) * kSums, kRowBytes);
+    }
+  }
+}
+
+#undef NUMESH_TILE_BLOCK
+
+// Rows i0 .. i0 + 15 by one panel (outputs c[0 .. count)), the tiles configured for Fm: each
+// kTileBlocks blocks' integer sums by tile products, then their scale products and fmas in the
+// scalar kernel's order.
+template <class Fm>
+NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const PackedBlock* panel,
+                              std::int64_t count, float* c, std::int64_t ldc) {
+  constexpr std::int64_t kSums = kTileRows * kPanelOutputs;
+  constexpr std::int64_t kPerBlock = Fm::kTwoScales ? 2 : 1;
+  alignas(64) std::int32_t sums[kTileBlocks * kPerBlock * kSums];
+  constexpr auto rows = std::make_index_sequence<kTileRows>();
+  TileAccumulators f;
+  for (auto& v : f) v = _mm512_setzero_ps();
+  const std::int8_t* x = a.codes + i0 * a.k;
+  const float* d_a = a.scales + i0 * a.blocks;
+  for (std::int64_t t0 = 0; t0 < a.blocks; t0 += kTileBlocks) {
+    const std::int64_t blocks = std::min(kTileBlocks, a.blocks - t0);
+    tile_sums<Fm>(x, a.k, panel, t0, blocks, sums);
+    for (std::int64_t t = t0; t < t0 + blocks; ++t) {
+      const std::int32_t* block = sums + (t - t0) * kPerBlock * kSums;
+      const PackedBlock& p = panel[t];
+      scale_sums(block, p.scales, d_a + t, a.blocks, f, rows);
+      if constexpr (Fm::kTwoScales)
+        scale_sums(block + kSums, p.scales_high, d_a + t, a.blocks, f, rows);
+      if constexpr (Fm::kMinimums) add_minimums(p, a.sums + i0 * a.blocks + t, a.blocks, f, rows);
+    }
+  }
+  const auto mask = static_cast<__mmask16>((1u << count) - 1);
+  for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(c + r * ldc, mask, f[r]);
+}
+
 template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
                  std::int64_t count, float* c, std::int64_t ldc) {
@@ -263,15 +433,25 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const unsigned
   if (packed.size() < need) packed.resize(need);
   PackedBlock* p0 = packed.data();
   PackedBlock* p1 = packed.data() + a.blocks;
+  // AMX takes 16 rows at a time; the rows past the last 16 go to the VNNI kernel, which gives
+  // the same bits.
+  const std::int64_t tile_rows = level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
+  const bool vnni_bias = level >= KernelLevel::kAvx512Bf16 && tile_rows < m;
+  if (tile_rows > 0) configure_tiles<Fm>();
   for (std::int64_t j = 0; j < n; j += 2 * kPanelOutputs) {
     const std::int64_t n0 = std::min(kPanelOutputs, n - j);
     const std::int64_t n1 = std::min(kPanelOutputs, std::max<std::int64_t>(0, n - j - n0));
-    pack(w + j * ldw, ldw, n0, a.blocks, level, p0);
-    if (n1 > 0) pack(w + (j + n0) * ldw, ldw, n1, a.blocks, level, p1);
-    for (std::int64_t i = 0; i < m; i += kRowsAtOnce) {
+    pack(w + j * ldw, ldw, n0, a.blocks, level, vnni_bias, p0);
+    if (n1 > 0) pack(w + (j + n0) * ldw, ldw, n1, a.blocks, level, vnni_bias, p1);
+    for (std::int64_t i = 0; i < tile_rows; i += kTileRows) {
+      tile16<Fm>(a, i, p0, n0, c + i * ldc + j, ldc);
+      if (n1 > 0) tile16<Fm>(a, i, p1, n1, c + i * ldc + j + kPanelOutputs, ldc);
+    }
+    for (std::int64_t i = tile_rows; i < m; i += kRowsAtOnce) {
       const std::int64_t rows = std::min(kRowsAtOnce, m - i);
       float* out = c + i * ldc + j;
       switch (level) {
+        case KernelLevel::kAmx:
         case KernelLevel::kAvx512Bf16:
           if (n1 > 0) {
             rows512_any<Fm, 2>(rows, a, i, p0, p1, n0, n1, out, ldc);
@@ -297,6 +477,7 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const unsigned
       }
     }
   }
+  if (tile_rows > 0) release_tiles();
 }
 
 }  // namespace
@@ -325,8 +506,10 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
   thread_local std::vector<std::uint8_t> unsigned_codes;
   Rows a{codes, nullptr, scales, nullptr, k, blocks};
   if (level >= KernelLevel::kAvx512Bf16) {
+    // The VNNI kernel's rows only: AMX multiplies the signed codes of whole groups of 16.
+    const std::int64_t first = level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
     unsigned_codes.resize(static_cast<std::size_t>(m * k));
-    to_unsigned(codes, m * k, unsigned_codes.data());
+    to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
     a.unsigned_codes = unsigned_codes.data();
   }
   switch (b.dtype) {

@@ -41,19 +41,25 @@ struct alignas(64) PackedBlock {
 static_assert(sizeof(PackedBlock) == 832, "a packed block is 13 cache lines");
 
 /// Packs outputs [0, count) (count <= 16) of the weights at `w` (rows `ldw` bytes apart), all
-/// `blocks` activation blocks of them, into out[0 .. blocks). The same bytes at every level but
-/// the bias, written only at kAvx512Bf16 (the one kernel that reads it).
+/// `blocks` activation blocks of them, into out[0 .. blocks). The same bytes at every level; the
+/// bias is written only when `vnni_bias` (the VNNI kernel's rows read it; AMX's and the other
+/// levels' do not), else left as it was.
 using PanelPacker = void (*)(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out);
+                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                             PackedBlock* out);
 
 void pack_panel_q8_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out);
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 void pack_panel_q4_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out);
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 void pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out);
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 void pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out);
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 
 // ---- The generic packers -----------------------------------------------------------------------
 
@@ -88,7 +94,8 @@ __attribute__((target("avx2"))) void pair_codes256(const unsigned char* block, s
 /// bytes): F::codes at the scalar level, F::codes256 above it.
 template <class F>
 void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out) {
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out) {
   alignas(32) std::int8_t q[kPanelOutputs][kQ8DotBlock] = {};
   std::uint16_t scale_bits[kPanelOutputs] = {};
   for (std::int64_t t = 0; t < blocks; ++t) {
@@ -106,7 +113,7 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
     runtime::convert_f16_to_f32(scale_bits, p.scales, level);
     std::copy_n(p.scales, kPanelOutputs, p.scales_high);
     std::fill_n(p.minimums, kPanelOutputs, 0.0f);
-    if (level >= runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, /*two_scales=*/false);
+    if (vnni_bias) put_panel_bias(p, /*two_scales=*/false);
   }
 }
 
@@ -132,7 +139,8 @@ __attribute__((target("avx2,f16c"))) void kquant_scales256(const unsigned char* 
 /// the scalar level, F::codes256 and F::scales256 above it (the same exact values).
 template <class F>
 void pack_kquant_panel(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                       std::int64_t blocks, runtime::KernelLevel level, PackedBlock* out) {
+                       std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                       PackedBlock* out) {
   constexpr int kS = F::kScalesPerBlock;
   alignas(32) std::int8_t q[kKquantBlocks][kPanelOutputs][kQ8DotBlock] = {};
   float scales[kPanelOutputs][16] = {};
@@ -160,7 +168,7 @@ void pack_kquant_panel(const unsigned char* w, std::int64_t ldw, std::int64_t co
         p.scales_high[o] = scales[o][kS * j + kS - 1];
         p.minimums[o] = F::kMinimums ? minimums[o][j] : 0.0f;
       }
-      if (level >= runtime::KernelLevel::kAvx512Bf16) put_panel_bias(p, kS == 2);
+      if (vnni_bias) put_panel_bias(p, kS == 2);
     }
   }
 }

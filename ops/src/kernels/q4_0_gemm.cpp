@@ -88,9 +88,9 @@ void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales
 }
 
 void detail::pack_panel_q4_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level,
+                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                              detail::PackedBlock* out) {
-  detail::pack_pair_panel<Q4_0Codes>(w, ldw, count, blocks, level, out);
+  detail::pack_pair_panel<Q4_0Codes>(w, ldw, count, blocks, level, vnni_bias, out);
 }
 
 }  // namespace numesh::ops

@@ -126,9 +126,9 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 }
 
 void detail::pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level,
+                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                              detail::PackedBlock* out) {
-  detail::pack_kquant_panel<Q6_KCodes>(w, ldw, count, blocks, level, out);
+  detail::pack_kquant_panel<Q6_KCodes>(w, ldw, count, blocks, level, vnni_bias, out);
 }
 
 }  // namespace numesh::ops

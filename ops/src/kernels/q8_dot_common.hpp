@@ -755,7 +755,8 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
   // memory once whatever m is.
   switch (level) {
     case KernelLevel::kAvx512:
-    case KernelLevel::kAvx512Bf16: {
+    case KernelLevel::kAvx512Bf16:
+    case KernelLevel::kAmx: {
       const bool vnni = level >= KernelLevel::kAvx512Bf16;
       // Two outputs a tile only for groups of 4 rows (an activation load then serves both):
       // with fewer rows the kernel streams the weights, and two of their rows at once ran at

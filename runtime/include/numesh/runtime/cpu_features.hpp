@@ -22,6 +22,10 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512_bf16 = false;  ///< vdpbf16ps, vcvtne2ps2bf16
   bool avx512_vnni = false;  ///< vpdpbusd: int8 dot products into int32
+  /// AMX-TILE, AMX-INT8 and AMX-BF16 (tdpbssd, tdpbf16ps: 16 x 16 tiles of int32 or f32 sums),
+  /// usable only once the OS grants the process the tile data state (Linux 5.16+: asked for
+  /// once, by cpu_features(), with arch_prctl(ARCH_REQ_XCOMP_PERM)); false when it refused.
+  bool amx = false;
 
   /// The names of the extensions present, in the order above ("avx2 fma f16c avx512f ...").
   [[nodiscard]] std::string text() const;
@@ -37,12 +41,14 @@ enum class KernelLevel {
   kAvx512,      ///< AVX-512 F/BW/VL (+ the AVX2 requirements)
   kAvx512Bf16,  ///< AVX-512 BF16 and VNNI on top of kAvx512 (every CPU with BF16 has VNNI:
                 ///< Cooper Lake, Sapphire Rapids and later, Zen 4 and later)
+  kAmx,         ///< AMX tiles (INT8 and BF16) on top of kAvx512Bf16: Sapphire Rapids and later
 };
 
-/// "scalar", "avx2", "avx512" or "avx512-bf16".
+/// "scalar", "avx2", "avx512", "avx512-bf16" or "amx".
 [[nodiscard]] std::string_view to_string(KernelLevel level) noexcept;
 
-/// This CPU's features (read once; thread-safe).
+/// This CPU's features (read once; thread-safe). The first call asks the OS for the AMX tile
+/// state when the CPU has AMX (a process-wide permission, which every thread then holds).
 [[nodiscard]] const CpuFeatures& cpu_features() noexcept;
 
 /// The widest level `features` supports.
@@ -52,7 +58,7 @@ enum class KernelLevel {
 [[nodiscard]] std::vector<KernelLevel> runnable_kernel_levels();
 
 /// The level numesh's kernels use: the widest this CPU supports, or a narrower one chosen with
-/// the environment variable NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16 (read once; a level
+/// the environment variable NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16|amx (read once; a level
 /// the CPU cannot run, or an unknown name, falls back to the widest with a warning on stderr).
 [[nodiscard]] KernelLevel kernel_level() noexcept;
 

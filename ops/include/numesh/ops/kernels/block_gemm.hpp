@@ -107,7 +107,10 @@
 //                  (g = t mod 8, sum_a as for decode)
 //     Q6_K:        acc = fma(f32(isum over inputs 0-15), d_a[t] * ds_2g, acc);
 //                  acc = fma(f32(isum over inputs 16-31), d_a[t] * ds_(2g+1), acc)
-//   and c = acc (each scale product one f32 product). A row's products then differ from
+//   and c = acc (each scale product one f32 product). At the amx level a tile product
+//   (tdpbssd) gives a block's integer sums of 16 rows by 16 outputs at once, and the scale
+//   products and fmas follow in this order (rows past the last 16 take the VNNI kernel).
+//   A row's products then differ from
 //   decode's in the last bits (decode keeps 16 lanes of partial sums and folds them); both
 //   multiply the same quantized activations. The error against the exact product of the
 //   quantized activations and the kernel's weights (P and M as for decode) is one rounding per
