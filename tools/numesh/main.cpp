@@ -19,8 +19,10 @@
 // the offending value.
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -37,6 +39,8 @@
 #include "generate_command.hpp"
 #include "mesh_command.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/blas_core.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 #include "numesh/runtime/transport.hpp"
 #include "op_command.hpp"
 #include "perplexity_command.hpp"
@@ -101,9 +105,30 @@ Command command(CLI::App& parent, Add add, Run run) {
       }};
 }
 
+// OpenBLAS chose its kernels when it loaded, before main; when it chose a core older than this
+// CPU (Debian's 0.3.21 gives an Emerald Rapids its SSE3 Prescott kernels, a quarter of the speed:
+// ops/kernels/blas_core.hpp), the program starts again with OPENBLAS_CORETYPE naming the
+// CPU's class, and NUMESH_OPENBLAS_CHOSE saying what OpenBLAS had chosen (`numesh topology`
+// prints both; a set NUMESH_OPENBLAS_CHOSE also keeps the restart from happening twice). A
+// caller's own OPENBLAS_CORETYPE is left as it is. Nothing has started yet: no thread, no MPI.
+void run_on_openblas_kernels_for_this_cpu(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  if (std::getenv("NUMESH_OPENBLAS_CHOSE") != nullptr) return;
+  const std::string chosen = numesh::ops::blas_core();
+  const std::string wanted =
+      numesh::ops::blas_core_to_request(chosen, numesh::runtime::cpu_features());
+  if (wanted.empty()) return;
+  if (setenv("NUMESH_OPENBLAS_CHOSE", chosen.c_str(), 1) != 0) return;
+  if (setenv("OPENBLAS_CORETYPE", wanted.c_str(), 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  // The restart failed (no /proc): go on with OpenBLAS's own choice.
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  run_on_openblas_kernels_for_this_cpu(argv);
   CLI::App app{"numesh: a NUMA task-graph runtime with eformer-compatible sharding.", "numesh"};
   app.set_version_flag("--version", "numesh " NUMESH_VERSION);
   app.require_subcommand(1);

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <ostream>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/blas_core.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 #include "render.hpp"
 
@@ -20,6 +22,18 @@ namespace numesh::tools {
 using json = nlohmann::json;
 
 namespace {
+
+// How OpenBLAS's core came to be: numesh's restart (main.cpp), the caller's OPENBLAS_CORETYPE or
+// OpenBLAS's own choice.
+std::string openblas_core_note() {
+  if (const char* chose = std::getenv("NUMESH_OPENBLAS_CHOSE"); chose != nullptr) {
+    return fmt::format(" (set by numesh: OpenBLAS had chosen {}, older than this CPU)", chose);
+  }
+  if (const char* set = std::getenv("OPENBLAS_CORETYPE"); set != nullptr) {
+    return fmt::format(" (OPENBLAS_CORETYPE={})", set);
+  }
+  return " (OpenBLAS's choice)";
+}
 
 using runtime::CpuSet;
 using runtime::DeviceSpec;
@@ -273,6 +287,7 @@ void render_topology_text(const Topology& t, const PlacementOptions& placement,
   // The kernels numesh runs depend on this CPU (whatever topology is shown).
   out << fmt::format("kernels:  {} (this CPU: {}; NUMESH_KERNELS picks a narrower level)\n",
                      runtime::to_string(runtime::kernel_level()), runtime::cpu_features().text());
+  out << fmt::format("openblas: core {}{}\n", ops::blas_core(), openblas_core_note());
   out << "\n";
   render_tree(t, out);
   out << "\n";
