@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "numesh/runtime/convert.hpp"
+#include "stream_ahead.hpp"
 
 namespace numesh::ops {
 
 namespace {
 
+using detail::stream_ahead;
 using runtime::KernelLevel;
 
 constexpr int kLanes = 32;
@@ -158,6 +160,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_rows_avx512(
       const auto m1 = static_cast<__mmask16>(left >= 32   ? 0xFFFF
                                              : left <= 16 ? 0u
                                                           : (1u << (left - 16)) - 1u);
+      if constexpr (R == 1) stream_ahead(static_cast<const char*>(w) + e * elem, 32 * elem);
       const __m512 w0 = load_w16<T>(w, e, m0), w1 = load_w16<T>(w, e + 16, m1);
       for (int r = 0; r < R; ++r) {
         const float* x = a + r * lda + e;
@@ -251,6 +254,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
     std::int64_t e = 0;
     for (; e + 2 * kLanes <= k; e += 2 * kLanes) {
+      if constexpr (R == 1) stream_ahead(w + e, 2 * kLanes * 2);
       const __m512i w0 = _mm512_loadu_si512(w + e), w1 = _mm512_loadu_si512(w + e + kLanes);
       for (int r = 0; r < R; ++r) {
         acc0[r] = step(acc0[r], w0, _mm512_loadu_si512(x + r * ldx + e));
@@ -320,6 +324,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
     __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
     for (std::int64_t e = 0; e < k; e += kLanes) {
+      stream_ahead(static_cast<const char*>(w) + e * elem, kLanes * elem);
       for (int q = 0; q < 4; ++q) {
         const std::int64_t at = e + 8 * q, left = std::clamp<std::int64_t>(k - at, 0, 8);
         s[q] = _mm256_fmadd_ps(load_w8<T>(w, at, left), load_x8(x + at, left), s[q]);
@@ -351,6 +356,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
     __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
     for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
+      stream_ahead(w + e, 2 * kLanes * 2);
       for (int q = 0; q < 4; ++q) {
         const std::int64_t at = e + 16 * q, left = std::clamp<std::int64_t>(k - at, 0, 16);
         const __m256i wv = load_bf16x16(w + at, left), xv = load_bf16x16(x + at, left);

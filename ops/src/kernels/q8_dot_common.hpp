@@ -68,6 +68,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
+#include "stream_ahead.hpp"
 
 namespace numesh::ops::detail {
 
@@ -121,22 +122,6 @@ struct Q8dotActivations {
 template <class F>
 const unsigned char* q8dot_block_at(const unsigned char* w, std::int64_t t) noexcept {
   return w + t * kQ8DotBlock / F::kBlockElements * F::kBlockBytes;
-}
-
-/// How far ahead of the block it reads a one-output step of a pair format asks for the weights.
-/// An output's row of blocks follows the one before it, so this is the same stream a few
-/// outputs on. The hardware prefetchers alone left the step waiting on memory on Sapphire
-/// Rapids (one thread read 6.4 GB/s of q8_0 where its read kernel reads 10.3); 4 KiB ahead took
-/// decode of the 109 M Llama from 50-55 to 80-95 tokens/s (q8_0) and from 70-80 to 100-145
-/// (q4_0) on one thread, and 1024 to 6144 bytes all gained (docs/benchmarks.md, session 33).
-inline constexpr std::int64_t kQ8DotStreamAhead = 4096;
-
-/// Asks for the weights kQ8DotStreamAhead bytes past `block`: an address, never read, so past
-/// the matrix's end it is only a hint.
-inline void q8dot_stream_ahead(const unsigned char* block) noexcept {
-  _mm_prefetch(
-      reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(block) + kQ8DotStreamAhead),
-      _MM_HINT_T0);
 }
 
 // ---- Q4_K's minimums: the activations' block sums ----------------------------------------------
@@ -386,7 +371,7 @@ __attribute__((target("avx2,fma,f16c"))) void q8dot_tile256(const Q8dotActivatio
   } else {
     std::int64_t t = 0;
     for (; t + 2 <= a.blocks; t += 2) {
-      q8dot_stream_ahead(q8dot_block_at<F>(w, t));
+      stream_ahead(q8dot_block_at<F>(w, t));
       q8dot_pair_block256<F, R>(t, a, w, e0, e1, e2, e3);
       q8dot_pair_block256<F, R>(t + 1, a, w, o0, o1, o2, o3);
     }
@@ -659,7 +644,7 @@ NUMESH_Q8DOT_AVX512 inline void q8dot_rows512(std::int64_t t, const Q8dotActivat
       if constexpr (J > 1) _mm_prefetch(next + ldw + at, _MM_HINT_T0);
     }
   }
-  if constexpr (!kHalf && J == 1 && !kSuperBlocks<F>) q8dot_stream_ahead(block);
+  if constexpr (!kHalf && J == 1 && !kSuperBlocks<F>) stream_ahead(block);
   const auto w0 = F::template weights512<kVnni, kHalf>(block);
   auto w1 = w0;
   if constexpr (J > 1) w1 = F::template weights512<kVnni, kHalf>(block + ldw);
