@@ -625,26 +625,28 @@ NUMESH_Q8DOT_AVX512 inline void q8dot_rows512(std::int64_t t, const Q8dotActivat
                                               __m512& p1, __m512& p2, __m512& p3, __m512& q0,
                                               __m512& q1, __m512& q2, __m512& q3) {
   const unsigned char* block = q8dot_block_at<F>(w, t);
-  if constexpr (!kHalf && (J > 1 || kSuperBlocks<F>)) {
-    // The next J outputs' weights at the same place, the bytes this step reads (68 of q8_0,
-    // 144 of q4_k): a tile of 4 rows computes long enough between its loads that, with the
-    // weights in memory, the hardware prefetcher alone fell behind. 1.2-1.5x at m = 8 on
-    // [4096, 8192], no change on [4096, 1024] (in L3); for one output (m < 4) of q8_0 or q4_0,
-    // which stream faster, no gain (BM_Decode_Dot's shapes in the A/B program of
-    // q8_0_gemm.cpp). A super-block step computes on its 144 or 210 bytes for longer before
-    // its next loads, and there one output gains too: q4_k 17.3 -> 19.2 GB/s and q6_k
-    // 22.0 -> 24.2 at m = 1 on [4096, 8192] (avx512-bf16), no change in L3. An address, never
-    // read: past the last output it is only a prefetch hint.
-    constexpr std::int64_t kStepBytes =
-        kStepBlocks<F> * kQ8DotBlock / F::kBlockElements * F::kBlockBytes;
+  // The bytes this step reads (68 of q8_0, 36 of q4_0, 144 of q4_k, 210 of q6_k).
+  constexpr std::int64_t kStepBytes =
+      kStepBlocks<F> * kQ8DotBlock / F::kBlockElements * F::kBlockBytes;
+  if constexpr (!kHalf && J > 1) {
+    // The next J outputs' weights at the same place: a tile of 4 rows computes long enough
+    // between its loads that, with the weights in memory, the hardware prefetcher alone fell
+    // behind. 1.2-1.5x at m = 8 on [4096, 8192], no change on [4096, 1024] (in L3). An address,
+    // never read: past the last output it is only a prefetch hint.
     const auto* next =
         reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(block) + J * ldw);
     for (std::int64_t at = 0; at < std::max<std::int64_t>(kStepBytes, 65); at += 64) {
       _mm_prefetch(next + at, _MM_HINT_T0);
-      if constexpr (J > 1) _mm_prefetch(next + ldw + at, _MM_HINT_T0);
+      _mm_prefetch(next + ldw + at, _MM_HINT_T0);
     }
+  } else if constexpr (!kHalf) {
+    // One output: the stream a few KiB on (stream_ahead.hpp). The super-block formats asked for
+    // the next output's same block before (q4_k 17.3 -> 19.2 GB/s, q6_k 22.0 -> 24.2 at m = 1
+    // on [4096, 8192] on Zen 4), which at k = 768 is only 432 bytes ahead.
+    // A pair format's step (68 or 36 bytes) asks for one line: two for q8_0's 68 measured
+    // slower (133-167 -> 124-144 tokens/s, three alternated rounds).
+    stream_ahead(block, kSuperBlocks<F> ? kStepBytes : 64);
   }
-  if constexpr (!kHalf && J == 1 && !kSuperBlocks<F>) stream_ahead(block);
   const auto w0 = F::template weights512<kVnni, kHalf>(block);
   auto w1 = w0;
   if constexpr (J > 1) w1 = F::template weights512<kVnni, kHalf>(block + ldw);
