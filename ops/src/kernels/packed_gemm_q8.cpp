@@ -1,7 +1,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -275,7 +274,10 @@ NUMESH_PACKED_AMX void configure_tiles() {
 
 NUMESH_PACKED_AMX void release_tiles() { _tile_release(); }
 
-using TileAccumulators = std::array<__m512, kTileRows>;
+// (A struct, not std::array<__m512, 16>: the template argument would drop __m512's attributes.)
+struct TileAccumulators {
+  __m512 v[kTileRows];
+};
 
 // f[r] = fma(f32(sums[r]), d_a[r] * d_w, f[r]) for the 16 rows (sums 16 int32 a row): the
 // scalar kernel's step. The rows are a parameter pack so that every index is a constant and the
@@ -285,8 +287,8 @@ NUMESH_PACKED_AMX inline void scale_sums(const std::int32_t* sums, const float* 
                                          const float* d_a, std::int64_t stride, TileAccumulators& f,
                                          std::index_sequence<R...>) {
   const __m512 d_w = _mm512_load_ps(scales);
-  ((f[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + R * kPanelOutputs)),
-                           _mm512_mul_ps(_mm512_set1_ps(d_a[R * stride]), d_w), f[R])),
+  ((f.v[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + R * kPanelOutputs)),
+                             _mm512_mul_ps(_mm512_set1_ps(d_a[R * stride]), d_w), f.v[R])),
    ...);
 }
 
@@ -296,7 +298,7 @@ NUMESH_PACKED_AMX inline void add_minimums(const PackedBlock& p, const float* bl
                                            std::int64_t stride, TileAccumulators& f,
                                            std::index_sequence<R...>) {
   const __m512 minimums = _mm512_load_ps(p.minimums);
-  ((f[R] = _mm512_fmadd_ps(_mm512_set1_ps(block_sums[R * stride]), minimums, f[R])), ...);
+  ((f.v[R] = _mm512_fmadd_ps(_mm512_set1_ps(block_sums[R * stride]), minimums, f.v[R])), ...);
 }
 
 // Blocks a tile16 pass multiplies before it scales them: their sums, 1 KiB a block (2 for two
@@ -377,7 +379,7 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const PackedBlock*
   alignas(64) std::int32_t sums[kTileBlocks * kPerBlock * kSums];
   constexpr auto rows = std::make_index_sequence<kTileRows>();
   TileAccumulators f;
-  for (auto& v : f) v = _mm512_setzero_ps();
+  for (auto& v : f.v) v = _mm512_setzero_ps();
   const std::int8_t* x = a.codes + i0 * a.k;
   const float* d_a = a.scales + i0 * a.blocks;
   for (std::int64_t t0 = 0; t0 < a.blocks; t0 += kTileBlocks) {
@@ -393,7 +395,7 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const PackedBlock*
     }
   }
   const auto mask = static_cast<__mmask16>((1u << count) - 1);
-  for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(c + r * ldc, mask, f[r]);
+  for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(c + r * ldc, mask, f.v[r]);
 }
 
 template <class Fm>
