@@ -1,18 +1,24 @@
-// find_nonfinite_weights: NaN and infinities found in every distinct shard of f32, bf16 and f16
-// weights, counted once however often a shard is replicated, the first located in the weight's
-// own coordinates; and weight_label's names.
+// find_nonfinite_weights: NaN and infinities found in every distinct shard of f32, bf16, f16 and
+// block-format weights, counted once however often a shard is replicated, the first located in the
+// weight's own coordinates; and weight_label's names.
 
 #include "numesh/models/hf/nonfinite_weights.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "check_mesh.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/block_formats.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 
 namespace numesh::models {
@@ -66,6 +72,64 @@ TEST(NonfiniteWeightsTest, CountsEachDistinctValueOnceAndLocatesTheFirst) {
   const std::vector<NonfiniteWeight> nan = find_nonfinite_weights({{"w", &t}});
   ASSERT_EQ(nan.size(), 1u);
   EXPECT_EQ(nan[0].describe(), "w holds 1 non-finite value of 24 (the first, nan, at [3, 4])");
+}
+
+// Block-format weights are scanned by their scales: a block is dequantized only when a scale is
+// not finite. The counts and the first value equal those of the whole weight dequantized, with
+// d set to +inf in a block of device 0's rows, to NaN in one of device 1's, Q4_K's dmin to -inf
+// in another, and a block whose scale is f16's largest finite value (finite values, not counted).
+TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
+  const runtime::DeviceMesh two = mesh_of(2, {"tp"});
+  const sharding::PartitionSpec split({sharding::AxisRule("tp"), {}});
+  for (const DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    const std::int64_t rows = 4, cols = 512, elements = rows * cols;
+    std::vector<float> values(static_cast<std::size_t>(elements));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+    }
+    const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
+    std::vector<std::byte> bytes(row * static_cast<std::size_t>(rows));
+    runtime::convert_elements(values.data(), DType::kF32, bytes.data(), dtype, values.size());
+    const DTypeTraits& format = traits(dtype);
+    const auto block_bytes = static_cast<std::size_t>(format.block_bytes);
+    // The offset of d in a block, and Q4_K's dmin.
+    const std::size_t d_at = dtype == DType::kQ6_K ? offsetof(runtime::BlockQ6_K, d) : 0;
+    const auto put = [&](std::int64_t r, std::int64_t block, std::size_t at, std::uint16_t bits) {
+      std::memcpy(bytes.data() + static_cast<std::size_t>(r) * row +
+                      static_cast<std::size_t>(block) * block_bytes + at,
+                  &bits, sizeof bits);
+    };
+    put(1, 1, d_at, 0x7C00);  // +inf, device 0
+    put(3, 0, d_at, 0x7E00);  // NaN, device 1
+    put(0, 0, d_at, 0x7BFF);  // 65504: finite
+    if (dtype == DType::kQ4_K) put(2, 1, offsetof(runtime::BlockQ4_K, dmin), 0xFC00);  // -inf
+    // The definition: every value dequantized.
+    std::vector<float> widened(values.size());
+    runtime::convert_elements(bytes.data(), dtype, widened.data(), DType::kF32, widened.size());
+    std::int64_t count = 0, first_at = -1;
+    for (std::size_t i = 0; i < widened.size(); ++i) {
+      if (std::isfinite(widened[i])) continue;
+      if (count++ == 0) first_at = static_cast<std::int64_t>(i);
+    }
+    ASSERT_GT(count, 0) << to_string(dtype);
+    runtime::ShardedTensor t(two, {rows, cols}, split, dtype);
+    for (const std::int64_t slot : two.local_slots()) {
+      const auto r0 = static_cast<std::size_t>(t.layout().device(slot).slices[0].offset);
+      runtime::Tensor& shard = t.shard(slot);
+      std::memcpy(shard.data(), bytes.data() + r0 * row, shard.size_bytes());
+    }
+    const std::vector<NonfiniteWeight> found = find_nonfinite_weights({{"w", &t}});
+    ASSERT_EQ(found.size(), 1u) << to_string(dtype);
+    EXPECT_EQ(found[0].count, count) << to_string(dtype);
+    EXPECT_EQ(found[0].elements, elements);
+    EXPECT_EQ(found[0].first_at, fmt::format("[{}, {}]", first_at / cols, first_at % cols))
+        << to_string(dtype);
+    const float first = widened[static_cast<std::size_t>(first_at)];
+    EXPECT_EQ(std::isnan(found[0].first), std::isnan(first)) << to_string(dtype);
+    if (!std::isnan(first)) {
+      EXPECT_EQ(found[0].first, first) << to_string(dtype);
+    }
+  }
 }
 
 TEST(NonfiniteWeightsTest, RefusesANullTensor) {

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <span>
 #include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/slot_values.hpp"
@@ -76,17 +79,42 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
     case DType::kQ4_0:
     case DType::kQ4_K:
     case DType::kQ6_K: {
-      // Blocks dequantized a row's worth at a time: a block whose scale overflowed f16 (weights
-      // beyond ~8e6) reads back as infinities.
-      constexpr std::size_t kChunk = 4096;
-      std::vector<float> values(kChunk);
+      // A block's values are finite when its f16 scales are (d; Q4_K's dmin too): the codes
+      // are small integers and the largest finite scales times them stay far below f32's range
+      // (block_formats.hpp). So only a block whose scale overflowed f16 (weights beyond ~8e6)
+      // or holds a NaN is dequantized, to count its values as before: reading the scales alone
+      // takes a q4_0 model's scan from every weight to one 2-byte field in 18 bytes.
+      const DTypeTraits& format = traits(dtype);
+      const auto block = static_cast<std::size_t>(format.block_elements);
+      const auto bytes = static_cast<std::size_t>(format.block_bytes);
+      std::vector<std::size_t> scale_at;  // the f16 scales' offsets in a block
+      switch (dtype) {
+        case DType::kQ8_0:
+          scale_at = {offsetof(runtime::BlockQ8_0, d)};
+          break;
+        case DType::kQ4_0:
+          scale_at = {offsetof(runtime::BlockQ4_0, d)};
+          break;
+        case DType::kQ4_K:
+          scale_at = {offsetof(runtime::BlockQ4_K, d), offsetof(runtime::BlockQ4_K, dmin)};
+          break;
+        default:
+          scale_at = {offsetof(runtime::BlockQ6_K, d)};
+          break;
+      }
+      std::vector<float> values(block);
       const auto* blocks = static_cast<const std::byte*>(data);
-      for (std::size_t at = 0; at < n; at += kChunk) {
-        const std::size_t len = std::min(kChunk, n - at);
-        runtime::convert_elements(blocks + row_bytes(dtype, static_cast<std::int64_t>(at)), dtype,
-                                  values.data(), DType::kF32, len);
-        for (std::size_t i = 0; i < len; ++i) {
-          if (!std::isfinite(values[i])) note(at + i, values[i]);
+      for (std::size_t b = 0; b * block < n; ++b) {
+        const std::byte* at = blocks + b * bytes;
+        const bool finite = std::all_of(scale_at.begin(), scale_at.end(), [&](std::size_t o) {
+          std::uint16_t bits = 0;
+          std::memcpy(&bits, at + o, sizeof bits);
+          return (bits & 0x7C00) != 0x7C00;
+        });
+        if (finite) continue;
+        runtime::convert_elements(at, dtype, values.data(), DType::kF32, block);
+        for (std::size_t i = 0; i < block; ++i) {
+          if (!std::isfinite(values[i])) note(b * block + i, values[i]);
         }
       }
       return f;
