@@ -10,6 +10,11 @@ import pytest
 import numesh
 import numesh.partition_manager
 
+# The numesh program the tests run (NUMESH_CLI) compares its results with this process's bit for
+# bit: it keeps the OpenBLAS kernels OpenBLAS chose, as this process must, instead of starting
+# again on faster ones where OpenBLAS chose old ones (docs/building.md).
+os.environ["NUMESH_KEEP_OPENBLAS_CORE"] = "1"
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VECTORS = pathlib.Path(os.environ.get("NUMESH_EFORMER_VECTORS", ROOT / "tests" / "data" / "eformer"))
 

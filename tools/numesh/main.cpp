@@ -29,6 +29,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -110,9 +111,16 @@ Command command(CLI::App& parent, Add add, Run run) {
 // ops/kernels/blas_core.hpp), the program starts again with OPENBLAS_CORETYPE naming the
 // CPU's class, and NUMESH_OPENBLAS_CHOSE saying what OpenBLAS had chosen (`numesh topology`
 // prints both; a set NUMESH_OPENBLAS_CHOSE also keeps the restart from happening twice). A
-// caller's own OPENBLAS_CORETYPE is left as it is. Nothing has started yet: no thread, no MPI.
+// caller's own OPENBLAS_CORETYPE is left as it is, and NUMESH_KEEP_OPENBLAS_CORE=1 keeps
+// OpenBLAS's choice (to compute as a process that cannot restart does: the Python package's
+// tests compare the program's results with their own bit for bit). Nothing has started yet: no
+// thread, no MPI.
 void run_on_openblas_kernels_for_this_cpu(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  if (const char* keep = std::getenv("NUMESH_KEEP_OPENBLAS_CORE");
+      keep != nullptr && std::string_view(keep) == "1") {
+    return;
+  }
   if (std::getenv("NUMESH_OPENBLAS_CHOSE") != nullptr) return;
   const std::string chosen = numesh::ops::blas_core();
   const std::string wanted =
