@@ -129,8 +129,10 @@ void run_on_openblas_kernels_for_this_cpu(char** argv) {
   if (setenv("NUMESH_OPENBLAS_CHOSE", chosen.c_str(), 1) != 0) return;
   if (setenv("OPENBLAS_CORETYPE", wanted.c_str(), 1) != 0) return;
   execv("/proc/self/exe", argv);
-  // The restart failed (no /proc): go on with OpenBLAS's own choice.
+  // The restart failed (no /proc): go on with OpenBLAS's own choice, which `numesh topology`
+  // then reports as such.
   unsetenv("OPENBLAS_CORETYPE");
+  unsetenv("NUMESH_OPENBLAS_CHOSE");
 }
 
 }  // namespace

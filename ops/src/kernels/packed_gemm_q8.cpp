@@ -236,6 +236,12 @@ void rows512_any(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
 
 constexpr std::int64_t kTileRows = 16;  // rows of activations a tile product takes
 
+// The rows of m that `level` gives to tile products: whole groups of 16 at the amx level, none
+// below it (the rest go to the VNNI kernel, which gives the same bits).
+std::int64_t rows_for_tiles(std::int64_t m, KernelLevel level) {
+  return level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
+}
+
 // ldtilecfg's operand, palette 1: each tile's bytes a row and rows.
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
@@ -435,9 +441,7 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const unsigned
   if (packed.size() < need) packed.resize(need);
   PackedBlock* p0 = packed.data();
   PackedBlock* p1 = packed.data() + a.blocks;
-  // AMX takes 16 rows at a time; the rows past the last 16 go to the VNNI kernel, which gives
-  // the same bits.
-  const std::int64_t tile_rows = level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
+  const std::int64_t tile_rows = rows_for_tiles(m, level);
   const bool vnni_bias = level >= KernelLevel::kAvx512Bf16 && tile_rows < m;
   if (tile_rows > 0) configure_tiles<Fm>();
   for (std::int64_t j = 0; j < n; j += 2 * kPanelOutputs) {
@@ -509,7 +513,7 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
   Rows a{codes, nullptr, scales, nullptr, k, blocks};
   if (level >= KernelLevel::kAvx512Bf16) {
     // The VNNI kernel's rows only: AMX multiplies the signed codes of whole groups of 16.
-    const std::int64_t first = level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
+    const std::int64_t first = rows_for_tiles(m, level);
     unsigned_codes.resize(static_cast<std::size_t>(m * k));
     to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
     a.unsigned_codes = unsigned_codes.data();
