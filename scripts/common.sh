@@ -28,8 +28,9 @@ if [[ -z "${CCACHE_DIR:-}" && -z "${HOME:-}" ]]; then
   export CCACHE_DIR=/tmp/numesh-ccache
 fi
 
-# step "text": a progress line that stands out in CI logs.
-step() { printf '\n==> [%s] %s\n' "$(basename "$0")" "$*"; }
+# step "text": a progress line that stands out in CI logs, with the seconds since the script
+# began (so that a log tells where the time of a run went).
+step() { printf '\n==> [%s %d s] %s\n' "$(basename "$0")" "$SECONDS" "$*"; }
 # die "text": an error line on stderr, then exit 1.
 die() { printf 'error: [%s] %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 

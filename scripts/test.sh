@@ -55,10 +55,51 @@ expect_output() {
 # process), keeps its output in LOG, and adds its counts of passed and skipped tests to
 # `passed` and `skipped`.
 run_gtest_program() {
-  local label="$1" exe="$2" log="$3" count skips
+  local label="$1" exe="$2" log="$3"
   shift 3
   step "$label"
   "$exe" --gtest_brief=1 "$@" 2>&1 | tee "$log" || die "$label: failed ($log has the output)"
+  add_gtest_counts "$label" "$log"
+}
+
+# run_gtest_programs_side_by_side JOB...: runs GoogleTest programs NUMESH_JOBS at a time (most
+# of the tests are one thread each, so on two cores two programs take the time of one), each
+# into its own log, then prints each log in order and adds its counts as run_gtest_program does.
+# A JOB is one string, "LABEL|LOG|VAR=VALUE ...|EXE ARG...": the label, the log, the
+# environment the program runs with (may be empty) and the command; its words must not hold
+# spaces. Sharding a long program (GTEST_TOTAL_SHARDS=N GTEST_SHARD_INDEX=i) makes N jobs of it.
+run_gtest_programs_side_by_side() {
+  local job label log envs cmd pids=() i failed=()
+  for job in "$@"; do
+    IFS='|' read -r label log envs cmd <<<"$job"
+    while (($(jobs -pr | wc -l) >= NUMESH_JOBS)); do wait -n || true; done
+    step "$label (side by side, into $log)"
+    # shellcheck disable=SC2086  # envs and cmd are lists of words
+    (set -f; env $envs $cmd --gtest_brief=1 >"$log" 2>&1) &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || failed+=("$i")
+  done
+  for i in "${!pids[@]}"; do
+    IFS='|' read -r label log envs cmd <<<"${@:i+1:1}"
+    step "$label: its log"
+    cat "$log"
+  done
+  for i in "${failed[@]}"; do
+    IFS='|' read -r label log envs cmd <<<"${@:i+1:1}"
+    die "$label: failed ($log has the output, printed above)"
+  done
+  for job in "$@"; do
+    IFS='|' read -r label log envs cmd <<<"$job"
+    add_gtest_counts "$label" "$log"
+  done
+}
+
+# add_gtest_counts LABEL LOG: adds the counts of passed and skipped tests in the GoogleTest
+# output LOG to `passed` and `skipped`.
+add_gtest_counts() {
+  local label="$1" log="$2" count skips
   count="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$log")"
   [[ -n "$count" ]] || die "$label: no count of passed tests in $log"
   skips="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$log")"
@@ -167,6 +208,7 @@ widest="$(sed -n 's/^kernels: *\([^ ]*\).*/\1/p' <<<"$kernels_line")"
 features="$(sed -n 's/^kernels:.*this CPU: \([^;]*\);.*/\1/p' <<<"$kernels_line")"
 levels_run=()
 levels_skipped=()
+level_jobs=()
 beyond=0
 for level in scalar avx2 avx512 avx512-bf16 amx; do
   if ((beyond)); then
@@ -176,12 +218,16 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     continue
   fi
   levels_run+=("$level")
-  for t in runtime_test ops_test models_test; do
-    NUMESH_KERNELS="$level" run_gtest_program "$t, Release without -march=native, NUMESH_KERNELS=$level" \
-      "$portable/tests/$t" "$portable/$t-$level.log"
+  # ops_test, the long one, in two halves (GoogleTest's sharding) that run side by side.
+  for t in runtime_test models_test ops_test/0 ops_test/1; do
+    program="${t%/*}"
+    envs="NUMESH_KERNELS=$level"
+    [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"
+    level_jobs+=("$t, Release without -march=native, NUMESH_KERNELS=$level|$portable/${t/\//-shard}-$level.log|$envs|$portable/tests/$program")
   done
   if [[ "$level" == "$widest" ]]; then beyond=1; fi
 done
+run_gtest_programs_side_by_side "${level_jobs[@]}"
 if [[ "${levels_run[-1]}" != "$widest" ]]; then
   die "kernel levels: '$widest' (numesh topology's widest) is not one of scalar avx2 avx512 avx512-bf16 amx"
 fi
@@ -236,12 +282,17 @@ for mode in find_package add_subdirectory; do
     how=(-DCMAKE_PREFIX_PATH="$prefix")
   else
     step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
-    dir="$check/consumer-subdir"
-    # With the portable build's flags (no -march=native) and standard C++ (no GNU extensions),
-    # numesh's objects here compile with the same commands as step 3's, so ccache gives them
-    # back instead of compiling the library a second time.
-    how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=OFF -DCMAKE_CXX_EXTENSIONS=OFF)
+    # With the portable build's flags (no -march=native, position-independent code as its
+    # Python module needs) and standard C++ (no GNU extensions), numesh's objects here compile
+    # with the same commands as step 3's, so ccache gives them back instead of compiling the
+    # library a second time (6.7 minutes on two cores). The folder sits beside the portable
+    # one: under CCACHE_BASEDIR, ccache hashes the paths relative to the build folder, so a
+    # folder one level deeper would miss every object.
+    dir="$NUMESH_BUILD_ROOT/consumer-subdir"
+    how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=OFF -DCMAKE_CXX_EXTENSIONS=OFF
+         -DCMAKE_POSITION_INDEPENDENT_CODE=ON)
   fi
+  rm -rf "$dir"
   cmake -S "$NUMESH_ROOT/examples/consumer" -B "$dir" "${consumer_flags[@]}" "${how[@]}"
   cmake --build "$dir" -j "$NUMESH_JOBS"
   expect_output "numesh_consumer ($mode)" \
@@ -254,27 +305,32 @@ done
 # out: Debian's oneTBB aborts under ASan when it loads tbbbind (docs/building.md).
 if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   sanitize="$(build_dir sanitize)"
-  sanitized_tests=(core_test sharding_test runtime_test diagnostics_test models_test serve_test cli_parsers_test)
+  # Longest first, so that the last to finish is a short one.
+  sanitized_tests=(runtime_test models_test sharding_test diagnostics_test serve_test cli_parsers_test core_test)
   step "configure preset 'sanitize' in $sanitize"
   cmake -S "$NUMESH_ROOT" --preset sanitize -B "$sanitize"
   step "build the sanitized unit tests and the fuzz targets (-j$NUMESH_JOBS)"
   cmake --build "$sanitize" -j "$NUMESH_JOBS" --target "${sanitized_tests[@]}" ops_test numesh_fuzzers
   export LSAN_OPTIONS="suppressions=$NUMESH_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-  for t in "${sanitized_tests[@]}"; do
-    run_gtest_program "$t under ASan + UBSan" "$(find "$sanitize/tests" -name "$t" -type f -perm -u+x | head -n 1)" \
-      "$sanitize/$t.log"
-  done
   # ops_test, sampled: whole, it takes minutes under ASan. Every kernel test (their tight
   # layouts put a row's end at the end of its allocation, so a vector tail that reads past it
-  # is reported), the references, the errors and the programs; the sharded operators on two of
-  # their meshes (tp2, and ep2 x tp2 for the experts); left out: three GEMM thread-count sweeps
-  # and the training fault sweep (30-40 s each in the dev build).
+  # is reported), the references, the errors and the programs, in two halves side by side; the
+  # sharded operators on two of their meshes (tp2, and ep2 x tp2 for the experts); left out:
+  # three GEMM thread-count sweeps and the training fault sweep (30-40 s each in the dev build).
   ops="$sanitize/tests/ops_test"
-  run_gtest_program "ops_test under ASan + UBSan: kernels, references, errors, programs" "$ops" \
-    "$sanitize/ops_test.log" --gtest_filter="-Meshes/*:GemmTest.DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount:GemmTest.DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount:GemmTest.BfloatComputeIsBitwiseTheSameForAnyThreadCount:OperatorFaultTest.AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain"
-  run_gtest_program "ops_test under ASan + UBSan: the sharded operators on tp2 and ep2 x tp2" "$ops" \
-    "$sanitize/ops_test-meshes.log" --gtest_filter="Meshes/*/mesh_tp2:Meshes/*/mesh_ep2_tp2"
+  ops_filter="-Meshes/*:GemmTest.DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount:GemmTest.DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount:GemmTest.BfloatComputeIsBitwiseTheSameForAnyThreadCount:OperatorFaultTest.AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain"
+  sanitized_jobs=()
+  for shard in 0 1; do
+    sanitized_jobs+=("ops_test under ASan + UBSan: kernels, references, errors, programs (half $shard)|$sanitize/ops_test-$shard.log|GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard|$ops --gtest_filter=$ops_filter")
+  done
+  sanitized_jobs+=("ops_test under ASan + UBSan: the sharded operators on tp2 and ep2 x tp2|$sanitize/ops_test-meshes.log||$ops --gtest_filter=Meshes/*/mesh_tp2:Meshes/*/mesh_ep2_tp2")
+  for t in "${sanitized_tests[@]}"; do
+    exe="$(find "$sanitize/tests" -name "$t" -type f -perm -u+x | head -n 1)"
+    [[ -n "$exe" ]] || die "the sanitize build has no $t"
+    sanitized_jobs+=("$t under ASan + UBSan|$sanitize/$t.log||$exe")
+  done
+  run_gtest_programs_side_by_side "${sanitized_jobs[@]}"
   # ThreadSanitizer on the tests whose threads do not go through oneTBB's scheduler (the
   # sharding layer's process-wide registries, the logger): Debian's oneTBB is not built with
   # TSan, so every hand-over between its tasks would be reported (docs/reliability.md).
