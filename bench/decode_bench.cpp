@@ -17,7 +17,9 @@
 //                           on bf16 activations, dot_gemm_q8_0 / q4_0 / q4_k / q6_k on
 //                           activations quantized once outside the loop
 //                           (quantize_activations_q8 is timed apart, as
-//                           BM_Decode_QuantizeActivations/M/level).
+//                           BM_Decode_QuantizeActivations/M/level); <dtype, true>: q8_0 or
+//                           q4_0 weights stored in panels of 16 outputs, as the layers store
+//                           them at avx512-bf16 and amx.
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2, q8_0 34 bytes per 32, q4_0 18, q4_k 144 per 256, q6_k 210); the Read case counts
 // its array.
@@ -43,6 +45,7 @@
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -209,7 +212,24 @@ const std::vector<std::uint16_t>& dot_weights(std::int64_t n) {
   return stored;
 }
 
+// dot_weights<T>(n) in panels (runtime/weight_panels.hpp), for Q8_0 and Q4_0.
 template <DType T>
+const std::vector<std::uint16_t>& dot_panels(std::int64_t n) {
+  static std::vector<std::uint16_t> panels;
+  static std::int64_t panels_n = 0;
+  if (panels_n != n) {
+    const std::vector<std::uint16_t>& rows = dot_weights<T>(n);
+    panels.assign(rows.size(), 0);
+    const auto bytes = static_cast<std::size_t>(n * row_bytes(T, kDotK));
+    runtime::rows_to_panels(T, n, kDotK, std::as_bytes(std::span(rows)).first(bytes),
+                            std::as_writable_bytes(std::span(panels)).first(bytes));
+    panels_n = n;
+  }
+  return panels;
+}
+
+// kPanels: the weights stored in panels, as the layers store Q8_0 and Q4_0 at avx512-bf16 and amx.
+template <DType T, bool kPanels = false>
 void BM_Decode_Dot(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(2);
   const auto level = static_cast<runtime::KernelLevel>(state.range(1));
@@ -218,7 +238,13 @@ void BM_Decode_Dot(benchmark::State& state) {
     state.SkipWithError("this CPU cannot run the level");
     return;
   }
-  const ops::WeightMatrix b{dot_weights<T>(n).data(), T, kDotK, n, ops::WeightLayout::kOutIn};
+  const ops::WeightMatrix b{kPanels ? dot_panels<T>(n).data() : dot_weights<T>(n).data(),
+                            T,
+                            kDotK,
+                            n,
+                            ops::WeightLayout::kOutIn,
+                            0,
+                            kPanels ? runtime::panel_outputs(n) : 0};
   std::vector<float> x(static_cast<std::size_t>(m * kDotK), 0.5f),
       y(static_cast<std::size_t>(m * n));
   std::mt19937 rng(5);
@@ -245,7 +271,8 @@ void BM_Decode_Dot(benchmark::State& state) {
   }
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(n * row_bytes(T, kDotK)), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(level)));
+  state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(level)) +
+                 (kPanels ? ", panels" : ""));
 }
 
 void BM_Decode_QuantizeActivations(benchmark::State& state) {
@@ -266,10 +293,10 @@ void BM_Decode_QuantizeActivations(benchmark::State& state) {
   state.SetLabel(std::string(runtime::to_string(level)));
 }
 
-// Every level (0 scalar .. 3 avx512-bf16) at M = 1 and 8, on N = 1024 and 8192.
+// Every level (0 scalar .. 4 amx) at M = 1 and 8, on N = 1024 and 8192.
 void dot_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {1024, 8192}) {
-    for (std::int64_t level = 0; level <= 3; ++level) {
+    for (std::int64_t level = 0; level <= 4; ++level) {
       for (std::int64_t m : {1, 8}) b->Args({m, level, n});
     }
   }
@@ -278,6 +305,8 @@ void dot_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Decode_Dot<DType::kBF16>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ4_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ6_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)

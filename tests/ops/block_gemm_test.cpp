@@ -19,6 +19,7 @@
 #include "numesh/ops/kernels/blas_gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 
 namespace numesh::ops {
 namespace {
@@ -1105,6 +1106,140 @@ TEST(BlockGemmTest, GemmDequantizedRefusesOtherFormatsAndPartialBlocks) {
                          WeightMatrix{w.data(), DType::kQ8_0, 32, 1, WeightLayout::kInOut}, c, 1);
       },
       ThrowsMessage<ShapeError>(HasSubstr("q8_0 weights stored in-out")));
+}
+
+// ---- Weights stored in panels (runtime/weight_panels.hpp)
+// ----------------------------------------
+
+// `rows` (ld = k) copied into the panel layout, and the matrix that reads it.
+struct Panels {
+  std::vector<std::uint16_t> storage;
+  WeightMatrix matrix;
+};
+
+Panels panels_of(const Blocks& rows) {
+  Panels p{std::vector<std::uint16_t>(rows.storage.size()), {}};
+  const auto bytes = static_cast<std::size_t>(rows.outputs * rows.row_bytes());
+  runtime::rows_to_panels(rows.dtype, rows.outputs, rows.ld,
+                          std::span(reinterpret_cast<const std::byte*>(rows.data()), bytes),
+                          std::span(reinterpret_cast<std::byte*>(p.storage.data()), bytes));
+  p.matrix = {p.storage.data(),
+              rows.dtype,
+              rows.ld,
+              rows.outputs,
+              WeightLayout::kOutIn,
+              rows.ld,
+              runtime::panel_outputs(rows.outputs)};
+  return p;
+}
+
+// Panels give the bits of their rows: decode (the panel kernel at avx512-bf16 and amx, the rows
+// restored below) against the scalar level on rows, and the prefill tile against itself on rows,
+// for whole panels, a tail of rows after them, and views that start at the second panel; the
+// weights hold codes GGML's quantizers do not write (Q8_0's -128).
+TEST_P(BlockGemmLevelTest, PanelsGiveTheBitsOfTheirRows) {
+  std::uint32_t seed = 5000;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t n : {16, 21, 48, 53}) {
+      for (std::int64_t k : {32, 96, 1024}) {
+        const Blocks rows = make_blocks(t, n, k, seed += 7, /*foreign=*/true);
+        const Panels panels = panels_of(rows);
+        for (std::int64_t m : {1, 2, 3, 4, 5, 16, 17, 35}) {
+          std::mt19937 rng(seed + static_cast<std::uint32_t>(m));
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          std::vector<float> a(static_cast<std::size_t>(m * k));
+          for (float& x : a) x = normal(rng);
+          const Quantized q = quantize(m, k, a, k, KernelLevel::kScalar);
+          const std::string label = std::string(to_string(t)) + " m" + std::to_string(m) + " n" +
+                                    std::to_string(n) + " k" + std::to_string(k) + " at " +
+                                    level_name(level());
+          if (m <= 16) {
+            ASSERT_TRUE(same_bits(run_dot(m, q, panels.matrix, level(), label),
+                                  run_dot(m, q, rows.matrix(), KernelLevel::kScalar, label)))
+                << label;
+            ASSERT_TRUE(same_bits(
+                run_dot(m, q, panels.matrix.outputs(16, n - 16), level(), label),
+                run_dot(m, q, rows.matrix().outputs(16, n - 16), KernelLevel::kScalar, label)))
+                << label << ", outputs from 16";
+          }
+          ASSERT_TRUE(same_bits(run_packed(m, q, panels.matrix, level(), label),
+                                run_packed(m, q, rows.matrix(), level(), label)))
+              << label << ", packed";
+        }
+      }
+    }
+  }
+}
+
+// A NaN scale inside a panel makes its own output NaN and no other.
+TEST_P(BlockGemmLevelTest, ANaNScaleInAPanelReachesItsOutputOnly) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::int64_t m = 3, n = 35, k = 96;
+    Blocks rows = make_blocks(t, n, k, 23);
+    unsigned char* block = rows.bytes() + 21 * rows.row_bytes() + traits(t).block_bytes;
+    block[0] = 0x00;
+    block[1] = 0x7E;
+    const Panels panels = panels_of(rows);
+    const Quantized q = quantize(m, k, std::vector<float>(m * k, 0.5f), k, level());
+    const std::string label = std::string(to_string(t)) + " at " + level_name(level());
+    for (const bool packed : {false, true}) {
+      const std::vector<float> c = packed ? run_packed(m, q, panels.matrix, level(), label)
+                                          : run_dot(m, q, panels.matrix, level(), label);
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), j == 21)
+              << label << (packed ? " packed" : " dot") << " [" << i << ", " << j << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST(BlockGemmTest, PanelsRefuseViewsThatCutThemAndKernelsThatCannotReadThem) {
+  const Blocks rows = make_blocks(DType::kQ4_0, 48, 64, 31);
+  const Panels panels = panels_of(rows);
+  EXPECT_THAT([&] { (void)panels.matrix.outputs(8, 16); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "outputs [8, 24) of a weight matrix whose first 48 outputs are panels of 16: a "
+                  "view of them takes whole panels")));
+  EXPECT_THAT([&] { (void)panels.matrix.outputs(16, 8); },
+              ThrowsMessage<ShapeError>(HasSubstr("outputs [16, 24) of a weight matrix")));
+  EXPECT_EQ(panels.matrix.outputs(16, 32).panel_outputs, 32);
+  EXPECT_EQ(panels.matrix.outputs(32, 16).panel_outputs, 16);
+  EXPECT_THAT([&] { (void)panels.matrix.inputs(0, 32); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "inputs [0, 32) of a weight matrix stored in panels: panels cannot be cut by "
+                  "inputs")));
+
+  const std::vector<std::int8_t> codes(64, 1);
+  const std::vector<float> scales(2, 1.0f);
+  std::vector<float> c(48);
+  WeightMatrix partial = panels.matrix;
+  partial.panel_outputs = 8;
+  EXPECT_THAT([&] { dot_gemm_q4_0(1, codes.data(), scales.data(), partial, c.data(), 48); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dot_gemm_q4_0: 8 panel outputs of 48 with ldb 64 for k 64: panels are whole")));
+  EXPECT_THAT([&] { packed_gemm_q8(1, codes.data(), scales.data(), partial, c.data(), 48); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "packed_gemm_q8: 8 panel outputs of 48 q4_0 weights with ldb 64 for k 64")));
+  WeightMatrix wide = panels.matrix;
+  wide.rows = 32;  // the first block of each output, rows 64 apart: not packed
+  EXPECT_THAT([&] { dot_gemm_q4_0(1, codes.data(), scales.data(), wide, c.data(), 48); },
+              ThrowsMessage<ShapeError>(HasSubstr("48 panel outputs of 48 with ldb 64 for k 32")));
+  const Blocks k_rows = make_blocks(DType::kQ4_K, 16, 256, 37);
+  WeightMatrix k_panels = k_rows.matrix();
+  k_panels.panel_outputs = 16;
+  const std::vector<std::int8_t> k_codes(256, 1);
+  const std::vector<float> k_scales(8, 1.0f);
+  EXPECT_THAT(
+      [&] { dot_gemm_q4_k(1, k_codes.data(), k_scales.data(), k_panels, c.data(), 48); },
+      ThrowsMessage<TypeError>(HasSubstr("dot_gemm_q4_k: q4_k weights have no panel layout")));
+  EXPECT_THAT([&] { packed_gemm_q8(1, k_codes.data(), k_scales.data(), k_panels, c.data(), 48); },
+              ThrowsMessage<ShapeError>(HasSubstr("16 panel outputs of 16 q4_k weights")));
+  const std::vector<float> a(64, 1.0f);
+  EXPECT_THAT([&] { gemm_dequantized(1, a.data(), 64, panels.matrix, c.data(), 48); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "gemm_dequantized: q4_0 weights stored in panels (48 outputs); it reads rows")));
 }
 
 NUMESH_INSTANTIATE_LEVELS(BlockGemmLevelTest);

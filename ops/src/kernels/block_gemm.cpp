@@ -195,6 +195,10 @@ void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const We
                "gemm_dequantized: {} weights stored in-out; block-format weights are stored out-in "
                "([n, k])",
                to_string(b.dtype));
+  // A reference for tests and benchmarks: it reads rows only.
+  NUMESH_CHECK(b.panel_outputs == 0, ShapeError,
+               "gemm_dequantized: {} weights stored in panels ({} outputs); it reads rows",
+               to_string(b.dtype), b.panel_outputs);
   const std::int64_t n = b.cols, k = b.rows, ldb = b.ld != 0 ? b.ld : k;
   const std::int64_t block = traits(b.dtype).block_elements;
   NUMESH_CHECK(m >= 0 && n >= 0 && k >= 0 && k % block == 0 && ldb >= k && ldb % block == 0 &&

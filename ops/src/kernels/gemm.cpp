@@ -186,7 +186,10 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
 void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
                      const detail::WeightKernels& kernels, runtime::KernelLevel level) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
-  parallel_blocks(n, dot_out_block(n, k, b.dtype), [&](std::int64_t j0, std::int64_t j1) {
+  std::int64_t block = dot_out_block(n, k, b.dtype);
+  // Whole panels a task (runtime/weight_panels.hpp): the block rounded up to 16 outputs.
+  if (b.panel_outputs > 0) block = (block + 15) / 16 * 16;
+  parallel_blocks(n, block, [&](std::int64_t j0, std::int64_t j1) {
     kernels.dot(a, 0, m, b.outputs(j0, j1 - j0), c.data() + j0, n, level);
   });
 }

@@ -10,6 +10,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
@@ -430,12 +431,34 @@ NUMESH_PACKED_AVX512 void to_unsigned(const std::int8_t* codes, std::int64_t cou
   for (; e < count; ++e) out[e] = static_cast<std::uint8_t>(codes[e] ^ 0x80);
 }
 
+// The stored weights as packed_panels packs them: rows of blocks `ldw` bytes apart, of which
+// the first `panel_outputs` may be stored panels (runtime/weight_panels.hpp).
+struct StoredWeights {
+  const unsigned char* w;
+  std::int64_t ldw;
+  std::int64_t panel_outputs;
+  DType dtype;
+  std::int64_t k;
+};
+
+// Packs outputs [j, j + count) of `b` by `pack`, or from their stored panel (whose codes lie in
+// the packed order already: a copy for Q8_0, the nibbles split for Q4_0).
+void pack_outputs(const StoredWeights& b, std::int64_t j, std::int64_t count, std::int64_t blocks,
+                  detail::PanelPacker pack, KernelLevel level, bool vnni_bias, PackedBlock* out) {
+  if (j >= b.panel_outputs) {
+    pack(b.w + j * b.ldw, b.ldw, count, blocks, level, vnni_bias, out);
+  } else if (b.dtype == DType::kQ8_0) {
+    detail::pack_stored_panel<DType::kQ8_0>(b.w + j * b.ldw, blocks, level, vnni_bias, out);
+  } else {
+    detail::pack_stored_panel<DType::kQ4_0>(b.w + j * b.ldw, blocks, level, vnni_bias, out);
+  }
+}
+
 // Every pair of panels: packed, then multiplied by every group of rows (the packed pair, 1.6
 // bytes a weight of its 32 outputs, stays in cache while the rows pass).
 template <class Fm>
-void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const unsigned char* w,
-                   std::int64_t ldw, detail::PanelPacker pack, float* c, std::int64_t ldc,
-                   KernelLevel level) {
+void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWeights& b,
+                   detail::PanelPacker pack, float* c, std::int64_t ldc, KernelLevel level) {
   thread_local std::vector<PackedBlock> packed;
   const auto need = static_cast<std::size_t>(2 * a.blocks);
   if (packed.size() < need) packed.resize(need);
@@ -447,8 +470,8 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const unsigned
   for (std::int64_t j = 0; j < n; j += 2 * kPanelOutputs) {
     const std::int64_t n0 = std::min(kPanelOutputs, n - j);
     const std::int64_t n1 = std::min(kPanelOutputs, std::max<std::int64_t>(0, n - j - n0));
-    pack(w + j * ldw, ldw, n0, a.blocks, level, vnni_bias, p0);
-    if (n1 > 0) pack(w + (j + n0) * ldw, ldw, n1, a.blocks, level, vnni_bias, p1);
+    pack_outputs(b, j, n0, a.blocks, pack, level, vnni_bias, p0);
+    if (n1 > 0) pack_outputs(b, j + n0, n1, a.blocks, pack, level, vnni_bias, p1);
     for (std::int64_t i = 0; i < tile_rows; i += kTileRows) {
       tile16<Fm>(a, i, p0, n0, c + i * ldc + j, ldc);
       if (n1 > 0) tile16<Fm>(a, i, p1, n1, c + i * ldc + j + kPanelOutputs, ldc);
@@ -505,6 +528,13 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
       "packed_gemm_q8: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and "
       "ldb whole blocks of {} ({}) and each leading dimension at least its row's length",
       m, n, k, ld, ldc, block, to_string(b.dtype));
+  NUMESH_CHECK(b.panel_outputs == 0 ||
+                   (runtime::has_panels(b.dtype) && b.panel_outputs % runtime::kPanelWidth == 0 &&
+                    b.panel_outputs <= n && ld == k),
+               ShapeError,
+               "packed_gemm_q8: {} panel outputs of {} {} weights with ldb {} for k {}: panels are "
+               "q8_0 or q4_0, whole (16 outputs), within the matrix and packed (ldb = k)",
+               b.panel_outputs, n, to_string(b.dtype), ld, k);
   if (m == 0 || n == 0) return;
   const std::int64_t blocks = k / kQ8DotBlock;
   const auto* w = static_cast<const unsigned char*>(b.data);
@@ -518,16 +548,17 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
     to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
     a.unsigned_codes = unsigned_codes.data();
   }
+  const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
   switch (b.dtype) {
     case DType::kQ8_0:
-      return packed_panels<PairForm>(m, n, a, w, ldw, detail::pack_panel_q8_0, c, ldc, level);
+      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q8_0, c, ldc, level);
     case DType::kQ4_0:
-      return packed_panels<PairForm>(m, n, a, w, ldw, detail::pack_panel_q4_0, c, ldc, level);
+      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q4_0, c, ldc, level);
     case DType::kQ4_K:
       a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
-      return packed_panels<Q4_KForm>(m, n, a, w, ldw, detail::pack_panel_q4_k, c, ldc, level);
+      return packed_panels<Q4_KForm>(m, n, a, stored, detail::pack_panel_q4_k, c, ldc, level);
     case DType::kQ6_K:
-      return packed_panels<Q6_KForm>(m, n, a, w, ldw, detail::pack_panel_q6_k, c, ldc, level);
+      return packed_panels<Q6_KForm>(m, n, a, stored, detail::pack_panel_q6_k, c, ldc, level);
     case DType::kF32:
     case DType::kBF16:
     case DType::kF16:

@@ -117,6 +117,42 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
   }
 }
 
+/// Packs a stored panel of Q8_0 or Q4_0 weights (runtime/weight_panels.hpp: 16 outputs, `blocks`
+/// blocks, at `panel`) into out[0 .. blocks): its codes already lie in PackedBlock's order, 4
+/// codes of an output for each group, Q8_0's as they are and Q4_0's split into their nibbles
+/// less 8; the same bytes as pack_pair_panel makes of the panel's rows.
+template <DType kFormat>
+void pack_stored_panel(const unsigned char* panel, std::int64_t blocks, runtime::KernelLevel level,
+                       bool vnni_bias, PackedBlock* out) {
+  static_assert(kFormat == DType::kQ8_0 || kFormat == DType::kQ4_0);
+  constexpr std::int64_t kCodeBytes = kFormat == DType::kQ8_0 ? 32 : 16;
+  constexpr std::int64_t kScaleBytes = 2 * kPanelOutputs;
+  constexpr std::int64_t kBlockBytes = kPanelOutputs * (2 + kCodeBytes);
+  for (std::int64_t t = 0; t < blocks; ++t) {
+    const unsigned char* block = panel + t * kBlockBytes;
+    PackedBlock& p = out[t];
+    if constexpr (kFormat == DType::kQ8_0) {
+      std::memcpy(p.codes, block + kScaleBytes, sizeof p.codes);
+    } else {
+      for (std::int64_t g = 0; g < kPanelGroups / 2; ++g) {
+        const unsigned char* unit = block + kScaleBytes + g * sizeof p.codes[0];
+        auto* low = &p.codes[g][0][0];
+        auto* high = &p.codes[g + kPanelGroups / 2][0][0];
+        for (std::size_t i = 0; i < sizeof p.codes[0]; ++i) {
+          low[i] = static_cast<std::int8_t>((unit[i] & 0x0F) - 8);
+          high[i] = static_cast<std::int8_t>((unit[i] >> 4) - 8);
+        }
+      }
+    }
+    std::uint16_t scale_bits[kPanelOutputs];
+    std::memcpy(scale_bits, block, sizeof scale_bits);
+    runtime::convert_f16_to_f32(scale_bits, p.scales, level);
+    std::copy_n(p.scales, kPanelOutputs, p.scales_high);
+    std::fill_n(p.minimums, kPanelOutputs, 0.0f);
+    if (vnni_bias) put_panel_bias(p, /*two_scales=*/false);
+  }
+}
+
 /// A super-block's 8 blocks of codes by AVX2 into q[j][o] (F::codes256<j>).
 template <class F, int... kJ>
 __attribute__((target("avx2"))) void kquant_codes256(const unsigned char* block, std::int64_t o,

@@ -74,6 +74,17 @@ struct Q4_0Codes {
     return detail::q8dot_offset_row512<8, kVnni>(x);
   }
 
+  // Panels: the nibbles q as they are (the kernel takes 8 (x0 + x1 + x2 + x3) off). Unit u's
+  // low nibbles are group u's codes, its high ones group u + 4's.
+  static constexpr int kPanelOffset = 8;
+
+  template <int kL>
+  NUMESH_Q8DOT_AVX512 static __m512i panel_codes512(const unsigned char* codes) {
+    const __m512i unit = _mm512_loadu_si512(codes + 64 * (kL % 4));
+    const __m512i nibbles = kL < 4 ? unit : _mm512_srli_epi16(unit, 4);
+    return _mm512_and_si512(nibbles, _mm512_set1_epi8(0x0F));
+  }
+
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static __m512i isum512(const Q8dotWeights512& w, const Q8dotRow512& row) {
     return detail::q8dot_offset_isum512<8, kVnni>(w.w, row);

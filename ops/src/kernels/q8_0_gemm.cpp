@@ -62,6 +62,15 @@ struct Q8_0Codes {
     }
   }
 
+  // Panels: the codes as unsigned bytes q + 128 (q ^ 0x80), against the signed activations.
+  static constexpr int kPanelOffset = 128;
+
+  template <int kL>
+  NUMESH_Q8DOT_AVX512 static __m512i panel_codes512(const unsigned char* codes) {
+    return _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * kL),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static __m512i isum512(const Q8dotWeights512& w, const Q8dotRow512& row) {
     if constexpr (kVnni) {

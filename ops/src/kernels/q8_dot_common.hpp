@@ -24,6 +24,11 @@
 //     template <bool kVnni, bool kHalf> static Q8dotWeights512 weights512(const unsigned char*);
 //     template <bool kVnni> static Q8dotRow512 row512(__m512i x);
 //     template <bool kVnni> static __m512i isum512(const Q8dotWeights512&, const Q8dotRow512&);
+//     // Weights stored in panels (runtime/weight_panels.hpp), with VNNI: group kL's 4 codes of
+//     // the 16 outputs as unsigned bytes q + kPanelOffset, from the panel block's codes at
+//     // `codes` (the kernel takes kPanelOffset times the activations' group sum off once a row).
+//     static constexpr int kPanelOffset;
+//     template <int kL> static __m512i panel_codes512(const unsigned char* codes);
 //   };
 //
 // - Super-block formats (q4_k_gemm.cpp, q6_k_gemm.cpp): blocks of 256 inputs, 8 activation
@@ -68,6 +73,7 @@
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "stream_ahead.hpp"
 
 namespace numesh::ops::detail {
@@ -684,6 +690,126 @@ NUMESH_Q8DOT_AVX512 void q8dot_tile512(const Q8dotActivations& a, const unsigned
   }
 }
 
+// ---- AVX-512 VNNI over panels: 16 outputs a register ------------------------------------------
+
+/// A row's groups' corrections for the panel kernel: -kOffset (x0 + x1 + x2 + x3) for each group
+/// of 4 of its `blocks` blocks' codes (8 groups a block) into out[0 .. 8 blocks), which has room
+/// for 8 more (an odd last block is stored as a pair).
+template <int kOffset>
+NUMESH_Q8DOT_AVX512 inline void q8dot_panel_corrections(const std::int8_t* codes,
+                                                        std::int64_t blocks, std::int32_t* out) {
+  const __m512i offsets = _mm512_set1_epi8(static_cast<char>(kOffset));
+  for (std::int64_t t = 0; t < blocks; t += 2) {
+    const __m512i x = t + 2 <= blocks
+                          ? _mm512_loadu_si512(codes + t * kQ8DotBlock)
+                          : _mm512_zextsi256_si512(_mm256_loadu_si256(
+                                reinterpret_cast<const __m256i*>(codes + t * kQ8DotBlock)));
+    const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offsets, x);
+    _mm512_storeu_si512(out + t * 8, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+  }
+}
+
+/// acc += f32(isum) scale for group kL of a panel block: isum the 16 outputs' exact sums over the
+/// group's 4 inputs (the correction taking the codes' offset off), lane o output o's.
+template <class F, int kL>
+NUMESH_Q8DOT_AVX512 inline void q8dot_panel_group(const unsigned char* codes,
+                                                  const std::int32_t* x4,
+                                                  const std::int32_t* corrections, __m512 scale,
+                                                  __m512& acc) {
+  const __m512i isum =
+      _mm512_dpbusd_epi32(_mm512_set1_epi32(corrections[kL]), F::template panel_codes512<kL>(codes),
+                          _mm512_set1_epi32(x4[kL]));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc);
+}
+
+/// Block t of a panel (at `block`) into the 8 accumulators of its parity: the scalar order's
+/// s[(t mod 2) 8 + l] for 16 outputs at once, l = 0 .. 7.
+template <class F>
+NUMESH_Q8DOT_AVX512 inline void q8dot_panel_block(const unsigned char* block, float d_a,
+                                                  const std::int8_t* x,
+                                                  const std::int32_t* corrections, __m512& s0,
+                                                  __m512& s1, __m512& s2, __m512& s3, __m512& s4,
+                                                  __m512& s5, __m512& s6, __m512& s7) {
+  // d_a d_w per output, as the scalar order's one f32 product.
+  const __m512 scale =
+      _mm512_mul_ps(_mm512_set1_ps(d_a),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block))));
+  const unsigned char* codes = block + runtime::kPanelWidth * 2;
+  std::int32_t x4[8];
+  std::memcpy(x4, x, sizeof x4);
+  q8dot_panel_group<F, 0>(codes, x4, corrections, scale, s0);
+  q8dot_panel_group<F, 1>(codes, x4, corrections, scale, s1);
+  q8dot_panel_group<F, 2>(codes, x4, corrections, scale, s2);
+  q8dot_panel_group<F, 3>(codes, x4, corrections, scale, s3);
+  q8dot_panel_group<F, 4>(codes, x4, corrections, scale, s4);
+  q8dot_panel_group<F, 5>(codes, x4, corrections, scale, s5);
+  q8dot_panel_group<F, 6>(codes, x4, corrections, scale, s6);
+  q8dot_panel_group<F, 7>(codes, x4, corrections, scale, s7);
+}
+
+/// c[0 .. 16) for one row of activations (codes `x`, scales `d`, `blocks` blocks, corrections from
+/// q8dot_panel_corrections) against the panel at `panel`: the scalar order for each output (block
+/// t into s[(t mod 2) 8 + l], then q8dot_fold), so the same bits as every other level.
+template <class F>
+NUMESH_Q8DOT_AVX512 void q8dot_panel512(const std::int8_t* x, const float* d,
+                                        const std::int32_t* corrections, std::int64_t blocks,
+                                        const unsigned char* panel, float* c) {
+  constexpr std::int64_t kBlockBytes = runtime::kPanelWidth * F::kBlockBytes;
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0,
+         s8 = s0, s9 = s0, s10 = s0, s11 = s0, s12 = s0, s13 = s0, s14 = s0, s15 = s0;
+  std::int64_t t = 0;
+  for (; t + 2 <= blocks; t += 2) {
+    const unsigned char* block = panel + t * kBlockBytes;
+    stream_ahead(block, 2 * kBlockBytes);
+    q8dot_panel_block<F>(block, d[t], x + t * kQ8DotBlock, corrections + t * 8, s0, s1, s2, s3, s4,
+                         s5, s6, s7);
+    q8dot_panel_block<F>(block + kBlockBytes, d[t + 1], x + (t + 1) * kQ8DotBlock,
+                         corrections + (t + 1) * 8, s8, s9, s10, s11, s12, s13, s14, s15);
+  }
+  if (t < blocks) {
+    q8dot_panel_block<F>(panel + t * kBlockBytes, d[t], x + t * kQ8DotBlock, corrections + t * 8,
+                         s0, s1, s2, s3, s4, s5, s6, s7);
+  }
+  // q8dot_fold's order, 16 outputs at once: u[l] = s[l] + s[l + 8], u[l] += u[l + 4],
+  // u[l] += u[l + 2], u[0] + u[1].
+  s0 = _mm512_add_ps(s0, s8);
+  s1 = _mm512_add_ps(s1, s9);
+  s2 = _mm512_add_ps(s2, s10);
+  s3 = _mm512_add_ps(s3, s11);
+  s4 = _mm512_add_ps(s4, s12);
+  s5 = _mm512_add_ps(s5, s13);
+  s6 = _mm512_add_ps(s6, s14);
+  s7 = _mm512_add_ps(s7, s15);
+  s0 = _mm512_add_ps(s0, s4);
+  s1 = _mm512_add_ps(s1, s5);
+  s2 = _mm512_add_ps(s2, s6);
+  s3 = _mm512_add_ps(s3, s7);
+  s0 = _mm512_add_ps(s0, s2);
+  s1 = _mm512_add_ps(s1, s3);
+  _mm512_storeu_ps(c, _mm512_add_ps(s0, s1));
+}
+
+/// The panels of outputs [0, np) for m rows: each panel read from memory once, then from cache
+/// by the other rows (a panel of k = 4096 inputs is 69 KiB of Q8_0).
+template <class F>
+void q8dot_panels512(std::int64_t m, const Q8dotActivations& a, const unsigned char* w,
+                     std::int64_t np, float* c, std::int64_t ldc) {
+  const std::int64_t panel_bytes = runtime::kPanelWidth * a.blocks * F::kBlockBytes;
+  thread_local std::vector<std::int32_t> corrections;
+  corrections.resize(static_cast<std::size_t>(m * a.blocks * 8 + 8));
+  for (std::int64_t i = 0; i < m; ++i) {
+    q8dot_panel_corrections<F::kPanelOffset>(a.codes + i * a.blocks * kQ8DotBlock, a.blocks,
+                                             corrections.data() + i * a.blocks * 8);
+  }
+  for (std::int64_t j = 0; j < np; j += runtime::kPanelWidth) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      q8dot_panel512<F>(a.codes + i * a.blocks * kQ8DotBlock, a.scales + i * a.blocks,
+                        corrections.data() + i * a.blocks * 8, a.blocks,
+                        w + j / runtime::kPanelWidth * panel_bytes, c + i * ldc + j);
+    }
+  }
+}
+
 // ---- Dispatch ----------------------------------------------------------------------------------
 
 /// Rows of activations a kernel call takes at once: each weight block, once loaded, serves
@@ -727,34 +853,13 @@ void q8dot_tile256_any(std::int64_t rows, const Q8dotActivations& a, const unsig
   }
 }
 
-/// dot_gemm_q8_0, dot_gemm_q4_0, dot_gemm_q4_k and dot_gemm_q6_k (block_gemm.hpp) for the
-/// format F: checks, then the level's kernel. `name` names the caller in errors.
+/// The level's kernel for m rows against n outputs stored as rows of blocks (`ldw` bytes apart
+/// from `w`), into c (rows `ldc` apart).
 template <class F>
-void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, const float* scales,
-                const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
+void q8dot_gemm_rows(std::int64_t m, const Q8dotActivations& all, const unsigned char* w,
+                     std::int64_t ldw, std::int64_t n, float* c, std::int64_t ldc,
+                     runtime::KernelLevel level) {
   using runtime::KernelLevel;
-  NUMESH_CHECK(b.dtype == F::kDType, TypeError, "{}: weights of dtype {}; it takes {}", name,
-               to_string(b.dtype), to_string(F::kDType));
-  NUMESH_CHECK(b.layout == WeightLayout::kOutIn, ShapeError,
-               "{}: {} weights stored in-out; block-format weights are stored out-in ([n, k])",
-               name, to_string(b.dtype));
-  const std::int64_t n = b.cols, k = b.rows, ld = b.ld != 0 ? b.ld : k;
-  constexpr std::int64_t kBlock = F::kBlockElements;
-  NUMESH_CHECK(
-      m >= 0 && n >= 0 && k >= 0 && k % kBlock == 0 && ld >= k && ld % kBlock == 0 && ldc >= n,
-      ShapeError,
-      "{}: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and ldb whole "
-      "blocks of {} and each leading dimension at least its row's length",
-      name, m, n, k, ld, ldc, kBlock);
-  if (m == 0 || n == 0) return;
-  const std::int64_t blocks = k / kQ8DotBlock;
-  const float* sums = nullptr;
-  if constexpr (kSuperBlocks<F>) {
-    if constexpr (F::kMinimums) sums = q8dot_block_sums(m, blocks, codes, scales, level);
-  }
-  const Q8dotActivations all{codes, scales, sums, blocks};
-  const auto* w = static_cast<const unsigned char*>(b.data);
-  const std::int64_t ldw = ld / kBlock * F::kBlockBytes;
   // Outputs outermost: a pair of outputs' weights (2 k / 32 blocks, 8.5 KiB of q8_0 at
   // k = 4096) stay in cache while every group of rows reads them, so the weights come from
   // memory once whatever m is.
@@ -798,6 +903,66 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
       c[i * ldc + j] = q8dot_scalar<F>(all.from_row(i), w + j * ldw);
     }
   }
+}
+
+/// dot_gemm_q8_0, dot_gemm_q4_0, dot_gemm_q4_k and dot_gemm_q6_k (block_gemm.hpp) for the
+/// format F: checks, then the level's kernel. `name` names the caller in errors.
+template <class F>
+void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, const float* scales,
+                const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
+  using runtime::KernelLevel;
+  NUMESH_CHECK(b.dtype == F::kDType, TypeError, "{}: weights of dtype {}; it takes {}", name,
+               to_string(b.dtype), to_string(F::kDType));
+  NUMESH_CHECK(b.layout == WeightLayout::kOutIn, ShapeError,
+               "{}: {} weights stored in-out; block-format weights are stored out-in ([n, k])",
+               name, to_string(b.dtype));
+  const std::int64_t n = b.cols, k = b.rows, ld = b.ld != 0 ? b.ld : k;
+  constexpr std::int64_t kBlock = F::kBlockElements;
+  NUMESH_CHECK(
+      m >= 0 && n >= 0 && k >= 0 && k % kBlock == 0 && ld >= k && ld % kBlock == 0 && ldc >= n,
+      ShapeError,
+      "{}: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and ldb whole "
+      "blocks of {} and each leading dimension at least its row's length",
+      name, m, n, k, ld, ldc, kBlock);
+  if (m == 0 || n == 0) return;
+  const std::int64_t blocks = k / kQ8DotBlock;
+  const float* sums = nullptr;
+  if constexpr (kSuperBlocks<F>) {
+    if constexpr (F::kMinimums) sums = q8dot_block_sums(m, blocks, codes, scales, level);
+  }
+  const Q8dotActivations all{codes, scales, sums, blocks};
+  const auto* w = static_cast<const unsigned char*>(b.data);
+  const std::int64_t ldw = ld / kBlock * F::kBlockBytes;
+  const std::int64_t np = b.panel_outputs;
+  if (np > 0) {
+    if constexpr (kSuperBlocks<F>) {
+      throw TypeError(
+          fmt::format("{}: {} weights have no panel layout", name, to_string(F::kDType)));
+    } else {
+      NUMESH_CHECK(np % runtime::kPanelWidth == 0 && np <= n && ld == k, ShapeError,
+                   "{}: {} panel outputs of {} with ldb {} for k {}: panels are whole (16 "
+                   "outputs), within the matrix and packed (ldb = k)",
+                   name, np, n, ld, k);
+      if (level >= KernelLevel::kAvx512Bf16) {
+        q8dot_panels512<F>(m, all, w, np, c, ldc);
+      } else {
+        // Below VNNI, each panel back to rows in a buffer of the thread, then the level's kernel:
+        // the same bits, for the levels whose machines do not get panels from the loader.
+        thread_local std::vector<std::byte> rows;
+        const std::int64_t panel_bytes = runtime::kPanelWidth * ldw;
+        rows.resize(static_cast<std::size_t>(panel_bytes));
+        for (std::int64_t j = 0; j < np; j += runtime::kPanelWidth) {
+          runtime::panels_to_rows(F::kDType, runtime::kPanelWidth, k,
+                                  std::span(reinterpret_cast<const std::byte*>(w + j * ldw),
+                                            static_cast<std::size_t>(panel_bytes)),
+                                  rows);
+          q8dot_gemm_rows<F>(m, all, reinterpret_cast<const unsigned char*>(rows.data()), ldw,
+                             runtime::kPanelWidth, c + j, ldc, level);
+        }
+      }
+    }
+  }
+  q8dot_gemm_rows<F>(m, all, w + np * ldw, ldw, n - np, c + np, ldc, level);
 }
 
 }  // namespace numesh::ops::detail

@@ -1,10 +1,13 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 #include "numesh/runtime/tensor.hpp"
 
 // Eigen is numesh's kernel layer, not its tensor type: storage is owned by the runtime
@@ -51,6 +54,9 @@ struct WeightMatrix {
   std::int64_t cols = 0;
   WeightLayout layout = WeightLayout::kInOut;
   std::int64_t ld = 0;  ///< elements from one stored row to the next; 0: the row's length
+  /// Out-in Q8_0 or Q4_0 only: outputs [0, panel_outputs) are stored in panels of 16
+  /// (runtime/weight_panels.hpp: a multiple of 16, with ld = k), the rest as rows; 0: all rows.
+  std::int64_t panel_outputs = 0;
 
   /// Elements of a stored row: n in-out, k out-in.
   std::int64_t row_length() const noexcept { return layout == WeightLayout::kInOut ? cols : rows; }
@@ -63,19 +69,34 @@ struct WeightMatrix {
     return static_cast<const char*>(data) + r * stride_bytes();
   }
   /// Outputs [j0, j0 + count) (columns j0.. of c), a view of the same storage.
-  /// Throws: as row_bytes() (in-out: j0 must start a block).
+  /// Throws: as row_bytes() (in-out: j0 must start a block); ShapeError when the view would cut
+  /// a panel (j0 inside the panels and not a multiple of 16, or the view ending inside one).
   WeightMatrix outputs(std::int64_t j0, std::int64_t count) const {
     const bool in_out = layout == WeightLayout::kInOut;
+    std::int64_t panels = 0;
+    if (panel_outputs > j0) {
+      NUMESH_CHECK(j0 % 16 == 0 && (count % 16 == 0 || j0 + count >= panel_outputs), ShapeError,
+                   "outputs [{}, {}) of a weight matrix whose first {} outputs are panels of 16: "
+                   "a view of them takes whole panels",
+                   j0, j0 + count, panel_outputs);
+      panels = std::min(count - count % 16, panel_outputs - j0);
+    }
     return {in_out ? static_cast<const char*>(data) + row_bytes(dtype, j0) : stored_row(j0),
             dtype,
             rows,
             count,
             layout,
-            stride()};
+            stride(),
+            panels};
   }
   /// Inputs [r0, r0 + count) (columns r0.. of a), a view of the same storage.
-  /// Throws: as row_bytes() (out-in: r0 must start a block).
+  /// Throws: as row_bytes() (out-in: r0 must start a block); ShapeError for a matrix with panels
+  /// (their blocks interleave outputs over the whole k).
   WeightMatrix inputs(std::int64_t r0, std::int64_t count) const {
+    NUMESH_CHECK(panel_outputs == 0, ShapeError,
+                 "inputs [{}, {}) of a weight matrix stored in panels: panels cannot be cut by "
+                 "inputs",
+                 r0, r0 + count);
     const bool in_out = layout == WeightLayout::kInOut;
     return {in_out ? stored_row(r0) : static_cast<const char*>(data) + row_bytes(dtype, r0),
             dtype,

@@ -142,12 +142,16 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
 /// fixed order above, so every level gives the same bits (NaN's payload aside). A weight block
 /// whose scale is NaN or infinite makes its outputs NaN or infinite; codes of -128 (which
 /// GGML's quantizer never writes, but a foreign file may hold) are multiplied exactly.
-/// b.data needs no alignment. No state: safe to call from many threads at once.
+/// b.data needs no alignment. Weights stored in panels (b.panel_outputs > 0,
+/// runtime/weight_panels.hpp) give the same bits: at avx512-bf16 and amx 16 outputs a register
+/// (a row's groups' sums taken off once, q8_dot_common.hpp), below them each panel restored to
+/// rows in a buffer of the calling thread (16 rows) for the level's kernel. No other state: safe
+/// to call from many threads at once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; the codes and scales of m rows, codes
 /// within [-127, 127] (as quantize_activations_q8 makes them: the vector steps negate them).
 /// Throws: TypeError when b.dtype is not kQ8_0; ShapeError naming the values when b is not
-/// stored out-in, k is not a multiple of 32, a size is negative, or b.stride() is shorter than
-/// k or ldc than n.
+/// stored out-in, k is not a multiple of 32, a size is negative, b.stride() is shorter than
+/// k or ldc than n, or b's panels are not whole, within n and packed (ld = k).
 void dot_gemm_q8_0(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
@@ -159,20 +163,19 @@ void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales
                    runtime::KernelLevel level = runtime::kernel_level());
 
 /// dot_gemm_q8_0 for Q4_K weights, in the Q4_K order of the comment above (b's outputs each
-/// k / 256 super-blocks of 144 bytes). The activations' scaled block sums (for the minimums) are
-/// computed once a call into a buffer of the calling thread kept between calls (m k / 32
-/// floats). A super-block whose d or dmin is NaN or infinite makes its outputs NaN or infinite.
-/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_K and k (and b.stride()) whole
-/// super-blocks of 256.
+/// k / 256 super-blocks of 144 bytes; no panels: TypeError). The activations' scaled block sums
+/// (for the minimums) are computed once a call into a buffer of the calling thread kept between
+/// calls (m k / 32 floats). A super-block whose d or dmin is NaN or infinite makes its outputs NaN
+/// or infinite. REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_K and k (and b.stride())
+/// whole super-blocks of 256.
 void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
 
 /// dot_gemm_q8_0 for Q6_K weights (codes q_w = q - 32, -32 .. 31), in the Q6_K order of the
-/// comment above (b's outputs each k / 256 super-blocks of 210 bytes). A super-block whose d is
-/// NaN or infinite makes its outputs NaN or infinite.
-/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ6_K and k (and b.stride()) whole
-/// super-blocks of 256.
+/// comment above (b's outputs each k / 256 super-blocks of 210 bytes; no panels: TypeError). A
+/// super-block whose d is NaN or infinite makes its outputs NaN or infinite. REQUIRES / Throws: as
+/// dot_gemm_q8_0, with b.dtype kQ6_K and k (and b.stride()) whole super-blocks of 256.
 void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
@@ -185,14 +188,15 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 /// The weights are repacked 32 outputs at a time into a buffer of the calling thread kept
 /// between calls (1.625 bytes a weight of those outputs, 208 KiB at k = 4096); at avx512-bf16 the
 /// activation codes as unsigned bytes go to another (m k bytes), and Q4_K's activation block
-/// sums to a third (m k / 32 floats), each call preparing them again for its rows. NaN or
+/// sums to a third (m k / 32 floats), each call preparing them again for its rows (stored panels,
+/// b.panel_outputs > 0 of Q8_0 and Q4_0, pack by a copy of their codes: the same bytes). NaN or
 /// infinite scales (of weight or activation blocks) reach exactly the outputs they multiply
 /// into; weight codes of -128 are multiplied exactly. No other state: safe to call from many
 /// threads at once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; activation codes within [-127, 127].
 /// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is not
-/// stored out-in, k is not whole blocks of the format, a size is negative, or b.stride() is
-/// shorter than k or ldc than n.
+/// stored out-in, k is not whole blocks of the format, a size is negative, b.stride() is
+/// shorter than k or ldc than n, or b's panels are not Q8_0 or Q4_0, whole, within n and packed.
 void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scales,
                     const WeightMatrix& b, float* c, std::int64_t ldc,
                     runtime::KernelLevel level = runtime::kernel_level());

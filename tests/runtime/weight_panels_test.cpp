@@ -1,0 +1,109 @@
+#include "numesh/runtime/weight_panels.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// A matrix of n rows whose every byte names its place: byte b of block t of output o holds
+// (o * 31 + t * 7 + b) mod 251, so a byte out of place shows.
+std::vector<std::byte> labelled_rows(DType dtype, std::int64_t n, std::int64_t k) {
+  const std::int64_t block = traits(dtype).block_bytes, blocks = k / 32;
+  std::vector<std::byte> rows(static_cast<std::size_t>(n * row_bytes(dtype, k)));
+  for (std::int64_t o = 0; o < n; ++o) {
+    for (std::int64_t t = 0; t < blocks; ++t) {
+      for (std::int64_t b = 0; b < block; ++b) {
+        rows[static_cast<std::size_t>((o * blocks + t) * block + b)] =
+            static_cast<std::byte>((o * 31 + t * 7 + b) % 251);
+      }
+    }
+  }
+  return rows;
+}
+
+// The panel layout, as the header states it, byte by byte: for each panel and block, the 16
+// scales, then unit u of output o at 32 + 64u + 4o; the last n mod 16 outputs as rows.
+TEST(WeightPanelsTest, PanelsHoldTheHeadersLayoutAndTheTailStaysRows) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::int64_t n = 37, k = 96, blocks = 3, block = traits(dtype).block_bytes;
+    const std::int64_t units = (block - 2) / 4, row = blocks * block;
+    const std::vector<std::byte> rows = labelled_rows(dtype, n, k);
+    std::vector<std::byte> panels(rows.size());
+    rows_to_panels(dtype, n, k, rows, panels);
+    const auto row_byte = [&](std::int64_t o, std::int64_t t, std::int64_t b) {
+      return rows[static_cast<std::size_t>(o * row + t * block + b)];
+    };
+    for (std::int64_t p = 0; p < 2; ++p) {
+      for (std::int64_t t = 0; t < blocks; ++t) {
+        const std::byte* at = panels.data() + p * 16 * row + t * 16 * block;
+        for (std::int64_t o = 0; o < 16; ++o) {
+          EXPECT_EQ(at[2 * o], row_byte(16 * p + o, t, 0)) << to_string(dtype);
+          EXPECT_EQ(at[2 * o + 1], row_byte(16 * p + o, t, 1)) << to_string(dtype);
+          for (std::int64_t u = 0; u < units; ++u) {
+            for (std::int64_t b = 0; b < 4; ++b) {
+              ASSERT_EQ(at[32 + 64 * u + 4 * o + b], row_byte(16 * p + o, t, 2 + 4 * u + b))
+                  << to_string(dtype) << " panel " << p << " block " << t << " output " << o
+                  << " unit " << u;
+            }
+          }
+        }
+      }
+    }
+    for (std::int64_t at = 32 * row; at < n * row; ++at) {
+      ASSERT_EQ(panels[static_cast<std::size_t>(at)], rows[static_cast<std::size_t>(at)]) << at;
+    }
+  }
+}
+
+TEST(WeightPanelsTest, RowsComeBackAndInPlaceIsTheSame) {
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t n : {0, 5, 16, 35, 64}) {
+      const std::int64_t k = 64;
+      const std::vector<std::byte> rows = labelled_rows(dtype, n, k);
+      std::vector<std::byte> panels(rows.size()), back(rows.size());
+      rows_to_panels(dtype, n, k, rows, panels);
+      panels_to_rows(dtype, n, k, panels, back);
+      EXPECT_EQ(back, rows) << to_string(dtype) << " n " << n;
+      std::vector<std::byte> in_place = rows;
+      rows_to_panels_in_place(dtype, n, k, in_place);
+      EXPECT_EQ(in_place, panels) << to_string(dtype) << " n " << n;
+      if (n >= 16) {
+        EXPECT_NE(panels, rows) << to_string(dtype) << " n " << n;
+      }
+    }
+  }
+}
+
+TEST(WeightPanelsTest, RefusesOtherFormatsPartialBlocksAndWrongSizes) {
+  std::vector<std::byte> a(34 * 16), b(34 * 16);
+  EXPECT_THAT([&] { rows_to_panels(DType::kQ4_K, 16, 256, a, b); },
+              ThrowsMessage<TypeError>(HasSubstr("rows_to_panels: q4_k weights have no panel")));
+  EXPECT_THAT([&] { rows_to_panels(DType::kBF16, 16, 32, a, b); },
+              ThrowsMessage<TypeError>(HasSubstr("bf16 weights have no panel layout")));
+  EXPECT_THAT([&] { panels_to_rows(DType::kQ8_0, 16, 40, a, b); },
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("panels_to_rows: a [16, 40] q8_0 matrix: sizes must be >= 0 and each "
+                            "row whole blocks of 32")));
+  EXPECT_THAT([&] { rows_to_panels(DType::kQ8_0, -1, 32, a, b); },
+              ThrowsMessage<ShapeError>(HasSubstr("a [-1, 32] q8_0 matrix")));
+  std::vector<std::byte> short_one(34 * 15);
+  EXPECT_THAT([&] { rows_to_panels(DType::kQ8_0, 16, 32, a, short_one); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "rows_to_panels: a [16, 32] q8_0 matrix takes 544 bytes; given 544 and 510")));
+  EXPECT_THAT([&] { rows_to_panels_in_place(DType::kQ4_0, 16, 32, short_one); },
+              ThrowsMessage<ShapeError>(HasSubstr("a [16, 32] q4_0 matrix takes 288 bytes")));
+}
+
+}  // namespace
+}  // namespace numesh::runtime
