@@ -8,7 +8,8 @@
 #      chosen at run time by the CPU's features, as a package would ship), runs its kernel,
 #      runtime, ops and models tests at -O3 once per kernel level this CPU runs
 #      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16|amx; the levels it cannot run are named and
-#      counted as skipped), installs it into a fresh prefix, and runs the installed `numesh` on
+#      counted as skipped; the scalar level with q8_0 / q4_0 weights in panels,
+#      NUMESH_WEIGHT_PANELS=1), installs it into a fresh prefix, and runs the installed `numesh` on
 #      the main job's example, and the installed `numesh run` on a small model;
 #   4. builds and runs the out-of-tree project examples/consumer (numesh_consumer: a mesh and a
 #      sharding; numesh_scheduler: numesh as a scheduling library only) against that prefix
@@ -222,6 +223,9 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
   for t in runtime_test models_test ops_test/0 ops_test/1; do
     program="${t%/*}"
     envs="NUMESH_KERNELS=$level"
+    # The scalar level runs the layers on weights stored in panels (which the loader takes only
+    # where the level has VNNI), so that every machine runs them through the whole model.
+    [[ "$level" == scalar ]] && envs+=" NUMESH_WEIGHT_PANELS=1"
     [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"
     level_jobs+=("$t, Release without -march=native, NUMESH_KERNELS=$level|$portable/${t/\//-shard}-$level.log|$envs|$portable/tests/$program")
   done

@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "box_runs.hpp"
 #include "copy_kernels.hpp"
@@ -16,6 +19,7 @@
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/transport.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 #include "size_text.hpp"
 
@@ -120,8 +124,16 @@ HostTensor rounded_to(const HostTensor& t, DType dtype) {
 }
 
 Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype,
-               BufferContents contents)
-    : shape_(std::move(shape)), dtype_(dtype), size_(num_elements(shape_)) {
+               BufferContents contents, StoredOrder order)
+    : shape_(std::move(shape)), dtype_(dtype), order_(order), size_(num_elements(shape_)) {
+  if (order_ == StoredOrder::kPanels) {
+    NUMESH_CHECK(has_panels(dtype_), TypeError,
+                 "a tensor of {} stored in panels: only q8_0 and q4_0 weights have panels",
+                 to_string(dtype_));
+    NUMESH_CHECK(shape_.size() >= 2, ShapeError,
+                 "a tensor of shape ({}) stored in panels: panels are of matrices (rank 2 or more)",
+                 fmt::join(shape_, ", "));
+  }
   const std::int64_t bytes = storage_bytes(dtype_, shape_);
   if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(bytes), contents);
 }
@@ -146,14 +158,56 @@ std::span<const std::uint16_t> Tensor::bits16() const {
 }
 
 ShardedTensor::ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape,
-                             sharding::PartitionSpec spec, DType dtype, BufferContents contents)
+                             sharding::PartitionSpec spec, DType dtype, BufferContents contents,
+                             StoredOrder order)
     : mesh_(std::move(mesh)),
       layout_(std::move(shape), std::move(spec), mesh_.mesh()),
-      dtype_(dtype) {
+      dtype_(dtype),
+      order_(order) {
   shards_.reserve(mesh_.local_slots().size());
   for (std::int64_t slot : mesh_.local_slots()) {
-    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_, contents);
+    shards_.emplace_back(mesh_.device(slot), layout_.shard_shape(), dtype_, contents, order_);
   }
+}
+
+namespace {
+
+// The matrices of a tensor's last two dims: how many, and each one's rows, row length and bytes.
+struct Matrices {
+  std::int64_t count, n, k, bytes;
+};
+
+Matrices matrices_of(const Tensor& t) {
+  const std::size_t rank = t.shape().size();
+  const std::int64_t n = t.shape()[rank - 2], k = t.shape()[rank - 1];
+  const std::int64_t count = n * k == 0 ? 0 : t.size() / (n * k);
+  return {count, n, k, n * row_bytes(t.dtype(), k)};
+}
+
+}  // namespace
+
+void arrange_in_panels(Tensor& t) {
+  NUMESH_CHECK(t.order() == StoredOrder::kPanels, TypeError,
+               "arrange_in_panels: a tensor of shape ({}) whose order is not panels",
+               fmt::join(t.shape(), ", "));
+  const Matrices m = matrices_of(t);
+  auto* data = static_cast<std::byte*>(t.data());
+  // Panels are independent: a task rearranges a run of them (whole panels, so each run is a
+  // matrix of its own to rows_to_panels_in_place), the tail of rows left as it is.
+  const std::int64_t panels = panel_outputs(m.n) / kPanelWidth;
+  const std::int64_t panel_bytes = kPanelWidth * row_bytes(t.dtype(), m.k);
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, m.count * panels, 16),
+                    [&](const tbb::blocked_range<std::int64_t>& r) {
+                      for (std::int64_t i = r.begin(); i < r.end();) {
+                        const std::int64_t matrix = i / panels, first = i % panels;
+                        const std::int64_t count = std::min(panels - first, r.end() - i);
+                        std::byte* at = data + matrix * m.bytes + first * panel_bytes;
+                        rows_to_panels_in_place(
+                            t.dtype(), count * kPanelWidth, m.k,
+                            std::span(at, static_cast<std::size_t>(count * panel_bytes)));
+                        i += count;
+                      }
+                    });
 }
 
 Tensor& ShardedTensor::shard(std::int64_t slot) {
@@ -279,7 +333,9 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
                   try {
                     for (std::size_t i = 0; i < tensors.size() && !failed.load(); ++i) {
                       Tensor& shard = tensors[i]->shard(slot);
-                      if (shard.size() > 0) fill(i, slot, shard);
+                      if (shard.size() == 0) continue;
+                      fill(i, slot, shard);
+                      if (shard.order() == StoredOrder::kPanels) arrange_in_panels(shard);
                     }
                   } catch (...) {
                     failed = true;
@@ -311,7 +367,21 @@ HostTensor gather(const ShardedTensor& tensor) {
     const Tensor& shard = tensor.shard(slot);
     builder.add(tensor.mesh().device(slot).index(), fmt::format("gather[{}]", slot),
                 [&host, &global, &shard_info, &shard] {
-                  copy_box(shard_info.slices, shard.data(), shard.dtype(), shard_info.slices,
+                  const void* rows = shard.data();
+                  std::vector<std::byte> restored;
+                  if (shard.order() == StoredOrder::kPanels) {
+                    // The shard's rows, restored from its panels matrix by matrix.
+                    const Matrices m = matrices_of(shard);
+                    restored.resize(shard.size_bytes());
+                    const auto* from = static_cast<const std::byte*>(shard.data());
+                    for (std::int64_t i = 0; i < m.count; ++i) {
+                      const auto bytes = static_cast<std::size_t>(m.bytes);
+                      panels_to_rows(shard.dtype(), m.n, m.k, std::span(from + i * m.bytes, bytes),
+                                     std::span(restored.data() + i * m.bytes, bytes));
+                    }
+                    rows = restored.data();
+                  }
+                  copy_box(shard_info.slices, rows, shard.dtype(), shard_info.slices,
                            host.data.data(), DType::kF32, global);
                 });
   }

@@ -132,6 +132,54 @@ TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
   }
 }
 
+// Weights stored in panels (runtime/weight_panels.hpp) are reported as their rows are: the same
+// count, first position and value, with non-finite scales in blocks inside panels (two in one
+// panel, the later output's earlier in the rows, so the first found is not the first) and in
+// the rows after them, on each device's share.
+TEST(NonfiniteWeightsTest, WeightsInPanelsAreReportedAsTheirRows) {
+  const runtime::DeviceMesh two = mesh_of(2, {"tp"});
+  const sharding::PartitionSpec split({sharding::AxisRule("tp"), {}});
+  for (const DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    const std::int64_t rows = 70, cols = 96;  // 35 rows a device: two panels and 3 rows
+    runtime::HostTensor host = runtime::HostTensor::zeros({rows, cols});
+    for (std::size_t i = 0; i < host.data.size(); ++i) {
+      host.data[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+    }
+    runtime::ShardedTensor by_rows(two, host.shape, split, dtype);
+    runtime::ShardedTensor in_panels(two, host.shape, split, dtype, runtime::BufferContents::kZeros,
+                                     runtime::StoredOrder::kPanels);
+    runtime::scatter(host, by_rows);
+    const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
+    const auto block_bytes = static_cast<std::size_t>(traits(dtype).block_bytes);
+    const auto put = [&](std::int64_t slot, std::int64_t r, std::int64_t block,
+                         std::uint16_t bits) {
+      std::memcpy(static_cast<std::byte*>(by_rows.shard(slot).data()) +
+                      static_cast<std::size_t>(r) * row +
+                      static_cast<std::size_t>(block) * block_bytes,
+                  &bits, sizeof bits);
+    };
+    put(0, 9, 2, 0x7C00);   // +inf in device 0's first panel
+    put(0, 4, 1, 0x7E00);   // NaN, earlier in the rows, later in the panel's blocks
+    put(1, 33, 0, 0xFC00);  // -inf in device 1's rows after its panels
+    put(1, 20, 2, 0x7E00);  // NaN in device 1's second panel
+    // The panels tensor: the same rows, arranged as fill_shards arranges them.
+    for (const std::int64_t slot : two.local_slots()) {
+      runtime::Tensor& shard = in_panels.shard(slot);
+      std::memcpy(shard.data(), by_rows.shard(slot).data(), shard.size_bytes());
+      runtime::arrange_in_panels(shard);
+    }
+    const std::vector<NonfiniteWeight> want = find_nonfinite_weights({{"w", &by_rows}});
+    const std::vector<NonfiniteWeight> got = find_nonfinite_weights({{"w", &in_panels}});
+    ASSERT_EQ(want.size(), 1u) << to_string(dtype);
+    ASSERT_EQ(got.size(), 1u) << to_string(dtype);
+    EXPECT_EQ(got[0].count, want[0].count) << to_string(dtype);
+    EXPECT_EQ(got[0].count, 4 * 32) << to_string(dtype);
+    EXPECT_EQ(got[0].first_at, want[0].first_at) << to_string(dtype);
+    EXPECT_EQ(got[0].first_at, "[4, 32]") << to_string(dtype);
+    EXPECT_TRUE(std::isnan(got[0].first)) << to_string(dtype);
+  }
+}
+
 TEST(NonfiniteWeightsTest, RefusesANullTensor) {
   EXPECT_THAT(
       [] {

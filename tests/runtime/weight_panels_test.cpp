@@ -5,10 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/tensor.hpp"
+#include "test_devices.hpp"
 
 namespace numesh::runtime {
 namespace {
@@ -103,6 +106,74 @@ TEST(WeightPanelsTest, RefusesOtherFormatsPartialBlocksAndWrongSizes) {
                   "rows_to_panels: a [16, 32] q8_0 matrix takes 544 bytes; given 544 and 510")));
   EXPECT_THAT([&] { rows_to_panels_in_place(DType::kQ4_0, 16, 32, short_one); },
               ThrowsMessage<ShapeError>(HasSubstr("a [16, 32] q4_0 matrix takes 288 bytes")));
+}
+
+// A tensor of matrices stored in panels: each shard's matrices (its last two dims) in panels,
+// filled from rows by scatter (fill_shards arranges them) and gathered back to the same values
+// as the tensor stored as rows; experts [E, n, k] each their own panels.
+TEST(WeightPanelsTest, ShardedTensorsInPanelsScatterAndGatherTheirRowsValues) {
+  const DeviceMesh mesh =
+      DeviceMesh::create(testing::synthetic_devices(testing::nodes(4)), {2, 2}, {"dp", "tp"});
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const std::vector<std::int64_t>& shape :
+         std::vector<std::vector<std::int64_t>>{{70, 64}, {3, 40, 96}}) {
+      HostTensor host = HostTensor::zeros(shape);
+      for (std::size_t i = 0; i < host.data.size(); ++i) {
+        host.data[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+      }
+      const sharding::PartitionSpec spec(
+          std::vector<sharding::AxisRule>(shape.size() - 1, sharding::AxisRule()));
+      std::vector<sharding::AxisRule> split(shape.size(), sharding::AxisRule());
+      split[shape.size() - 2] = sharding::AxisRule("tp");  // outputs split: 35 or 20 a device
+      for (const sharding::PartitionSpec& s : {spec, sharding::PartitionSpec(split)}) {
+        ShardedTensor rows(mesh, shape, s, dtype);
+        ShardedTensor panels(mesh, shape, s, dtype, BufferContents::kZeros, StoredOrder::kPanels);
+        scatter(host, rows);
+        scatter(host, panels);
+        EXPECT_EQ(panels.order(), StoredOrder::kPanels);
+        EXPECT_EQ(gather(panels).data, gather(rows).data) << to_string(dtype) << " " << s.repr();
+        // Each shard holds its rows' bytes in the panel layout, matrix by matrix.
+        const Tensor& r = rows.shard(0);
+        const Tensor& p = panels.shard(0);
+        ASSERT_EQ(p.size_bytes(), r.size_bytes());
+        const std::size_t rank = r.shape().size();
+        const std::int64_t n = r.shape()[rank - 2], k = r.shape()[rank - 1];
+        const std::int64_t matrix = n * row_bytes(dtype, k);
+        std::vector<std::byte> want(static_cast<std::size_t>(matrix));
+        for (std::int64_t at = 0; at < static_cast<std::int64_t>(r.size_bytes()); at += matrix) {
+          const auto* from = static_cast<const std::byte*>(r.data()) + at;
+          rows_to_panels(dtype, n, k, std::span(from, want.size()), want);
+          ASSERT_EQ(
+              std::memcmp(static_cast<const std::byte*>(p.data()) + at, want.data(), want.size()),
+              0)
+              << to_string(dtype) << " " << s.repr() << " matrix at byte " << at;
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightPanelsTest, TensorsInPanelsRefuseOtherFormatsAndVectors) {
+  const DeviceMesh mesh =
+      DeviceMesh::create(testing::synthetic_devices(testing::nodes(1)), {1}, {"dp"});
+  const sharding::PartitionSpec none;
+  EXPECT_THAT(
+      [&] {
+        ShardedTensor(mesh, {16, 256}, none, DType::kQ4_K, BufferContents::kZeros,
+                      StoredOrder::kPanels);
+      },
+      ThrowsMessage<TypeError>(
+          HasSubstr("a tensor of q4_k stored in panels: only q8_0 and q4_0 weights have panels")));
+  EXPECT_THAT(
+      [&] {
+        ShardedTensor(mesh, {64}, none, DType::kQ8_0, BufferContents::kZeros, StoredOrder::kPanels);
+      },
+      ThrowsMessage<ShapeError>(HasSubstr(
+          "a tensor of shape (64) stored in panels: panels are of matrices (rank 2 or more)")));
+  ShardedTensor rows(mesh, {16, 32}, none, DType::kQ8_0);
+  EXPECT_THAT([&] { arrange_in_panels(rows.shard(0)); },
+              ThrowsMessage<TypeError>(HasSubstr(
+                  "arrange_in_panels: a tensor of shape (16, 32) whose order is not panels")));
 }
 
 }  // namespace

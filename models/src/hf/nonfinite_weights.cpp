@@ -17,6 +17,7 @@
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/slot_values.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 
 namespace numesh::models {
 
@@ -130,6 +131,54 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
   return f;
 }
 
+// find_nonfinite for a shard of Q8_0 or Q4_0 matrices stored in panels (runtime/weight_panels.hpp):
+// the panels' scales read where they lie, a block with a non-finite one put back together from
+// its panel to count its values, and the rows after the panels as rows; positions are the
+// rows' (the first is the lowest).
+SlotFinding find_nonfinite_in_panels(const runtime::Tensor& shard) {
+  const DType dtype = shard.dtype();
+  const std::size_t rank = shard.shape().size();
+  const std::int64_t n = shard.shape()[rank - 2], k = shard.shape()[rank - 1];
+  const std::int64_t matrices = n * k == 0 ? 0 : shard.size() / (n * k);
+  const std::int64_t block_bytes = traits(dtype).block_bytes, blocks = k / 32;
+  const std::int64_t row = row_bytes(dtype, k), units = (block_bytes - 2) / 4;
+  const std::int64_t panelled = runtime::panel_outputs(n);
+  SlotFinding f;
+  const auto merge = [&f](const SlotFinding& g, std::int64_t offset) {
+    if (g.count == 0) return;
+    if (f.count == 0 || g.first_at + offset < f.first_at) {
+      f.first_at = g.first_at + offset;
+      f.first = g.first;
+    }
+    f.count += g.count;
+  };
+  const auto* data = static_cast<const std::byte*>(shard.data());
+  std::vector<std::byte> block(static_cast<std::size_t>(block_bytes));
+  for (std::int64_t mi = 0; mi < matrices; ++mi) {
+    const std::byte* matrix = data + mi * n * row;
+    for (std::int64_t p = 0; p < panelled / runtime::kPanelWidth; ++p) {
+      for (std::int64_t t = 0; t < blocks; ++t) {
+        const std::byte* at = matrix + (p * blocks + t) * runtime::kPanelWidth * block_bytes;
+        for (std::int64_t o = 0; o < runtime::kPanelWidth; ++o) {
+          std::uint16_t bits = 0;
+          std::memcpy(&bits, at + 2 * o, sizeof bits);
+          if ((bits & 0x7C00) != 0x7C00) continue;
+          std::memcpy(block.data(), &bits, sizeof bits);
+          for (std::int64_t u = 0; u < units; ++u) {
+            std::memcpy(block.data() + 2 + 4 * u, at + 32 + 64 * u + 4 * o, 4);
+          }
+          const std::int64_t output = p * runtime::kPanelWidth + o;
+          merge(find_nonfinite(block.data(), 32, dtype), (mi * n + output) * k + 32 * t);
+        }
+      }
+    }
+    merge(find_nonfinite(matrix + panelled * row, static_cast<std::size_t>((n - panelled) * k),
+                         dtype),
+          (mi * n + panelled) * k);
+  }
+  return f;
+}
+
 }  // namespace
 
 std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTensor>& weights) {
@@ -148,7 +197,10 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
       builder.add(mesh.device(slot).index(), fmt::format("nonfinite[{}]", slot),
                   [&per_slot, &shard, dtype, slot] {
                     per_slot[static_cast<std::size_t>(slot)] =
-                        find_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()), dtype);
+                        shard.order() == runtime::StoredOrder::kPanels
+                            ? find_nonfinite_in_panels(shard)
+                            : find_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()),
+                                             dtype);
                   });
     }
     builder.compile().run();

@@ -14,6 +14,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/kernels/weight_order.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/axis_rule.hpp"
@@ -45,17 +46,17 @@ inline sharding::AxisRule entry(const sharding::PartitionSpec& spec, std::size_t
 /// `host` laid out on the mesh by `spec` after eformer's correction for its shape, stored as
 /// `dtype` (rounded to nearest even), each shard written by its own device: how every layer
 /// places its weights.
-inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMesh& mesh,
-                                                        const runtime::HostTensor& host,
-                                                        const sharding::PartitionSpec& spec,
-                                                        DType dtype = DType::kF32) {
+inline std::shared_ptr<runtime::ShardedTensor> laid_out(
+    const runtime::DeviceMesh& mesh, const runtime::HostTensor& host,
+    const sharding::PartitionSpec& spec, DType dtype = DType::kF32,
+    runtime::StoredOrder order = runtime::StoredOrder::kRows) {
   const sharding::PartitionSpec corrected =
       sharding::correct_spec(host.shape, spec, mesh.mesh()).spec;
   std::shared_ptr<runtime::ShardedTensor> t;
   try {
     // Every shard is written whole below (scatter) or by its owner (fill_shards): no zero fill.
     t = std::make_shared<runtime::ShardedTensor>(mesh, host.shape, corrected, dtype,
-                                                 runtime::BufferContents::kUnspecified);
+                                                 runtime::BufferContents::kUnspecified, order);
   } catch (const ValueError& e) {
     // A block format whose shards' rows are not whole blocks: say which matrix and how split.
     throw ValueError(fmt::format("a weight [{}] stored as {} and split by {}: {}",
@@ -70,7 +71,8 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(const runtime::DeviceMes
 /// `host` [..., in, out] laid out as laid_out() lays it out, but stored out-in: the last two dims
 /// swapped ([..., out, in]), and `spec`, given for [..., in, out], with them. How the layers
 /// store the matrices they multiply (WeightLayout::kOutIn): a decode step then reads each
-/// output's weights as one run. A shape-only host gives a shape-only tensor.
+/// output's weights as one run; Q8_0 and Q4_0 in panels of 16 outputs where out_in_order says
+/// (ops/kernels/weight_order.hpp). A shape-only host gives a shape-only tensor.
 inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::DeviceMesh& mesh,
                                                                const runtime::HostTensor& host,
                                                                const sharding::PartitionSpec& spec,
@@ -79,9 +81,12 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out_out_in(const runtime::De
   std::vector<std::int64_t> shape = host.shape;
   std::swap(shape[rank - 2], shape[rank - 1]);
   const sharding::PartitionSpec stored_spec = swap_last_two(spec, rank);
-  if (host.is_shape_only())
-    return laid_out(mesh, runtime::HostTensor::shape_only(std::move(shape)), stored_spec, dtype);
-  return laid_out(mesh, transposed(host), stored_spec, dtype);
+  const runtime::StoredOrder order = out_in_order(dtype);
+  if (host.is_shape_only()) {
+    return laid_out(mesh, runtime::HostTensor::shape_only(std::move(shape)), stored_spec, dtype,
+                    order);
+  }
+  return laid_out(mesh, transposed(host), stored_spec, dtype, order);
 }
 
 /// `spec` with every use of `axes` removed (a tuple keeps its other members; an emptied entry

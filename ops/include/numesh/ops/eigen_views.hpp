@@ -1,5 +1,8 @@
 #pragma once
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
@@ -9,6 +12,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/tensor.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 
 // Eigen is numesh's kernel layer, not its tensor type: storage is owned by the runtime
 // (HostTensor, Tensor, DeviceBuffer) and kernels see it through these row-major maps, so that
@@ -126,26 +130,50 @@ inline sharding::PartitionSpec swap_last_two(const sharding::PartitionSpec& spec
 }
 
 /// `t` as a [rows, cols] weight matrix of its dtype, folded as as_matrix() folds.
-/// REQUIRES: t has at least one dim.
+/// REQUIRES: t has at least one dim. Throws: ShapeError for a tensor stored in panels (an out-in
+/// matrix: as_out_in_weight reads it).
 inline WeightMatrix as_weight(const runtime::Tensor& t) {
+  NUMESH_CHECK(t.order() == runtime::StoredOrder::kRows, ShapeError,
+               "a weight of shape ({}) stored in panels read in-out: panels are out-in "
+               "(as_out_in_weight)",
+               fmt::join(t.shape(), ", "));
   const std::int64_t cols = t.shape().back();
   return {t.data(), t.dtype(), cols == 0 ? 0 : t.size() / cols, cols};
 }
 
 /// `t`, a weight stored out-in as [out, in] (folded as as_matrix() folds), as the [in, out]
-/// weight matrix it holds. REQUIRES: t has at least one dim.
+/// weight matrix it holds; a tensor stored in panels gives a matrix that reads them.
+/// REQUIRES: t has at least one dim. Throws: ShapeError for a tensor in panels that folds more
+/// than one matrix (its panels are per matrix: as_weight with an offset takes each).
 inline WeightMatrix as_out_in_weight(const runtime::Tensor& t) {
   const std::int64_t in = t.shape().back();
-  return {t.data(), t.dtype(), in, in == 0 ? 0 : t.size() / in, WeightLayout::kOutIn};
+  const std::int64_t out = in == 0 ? 0 : t.size() / in;
+  std::int64_t panels = 0;
+  if (t.order() == runtime::StoredOrder::kPanels) {
+    const std::int64_t matrix_rows = t.shape()[t.shape().size() - 2];
+    NUMESH_CHECK(out == matrix_rows, ShapeError,
+                 "a weight of shape ({}) stored in panels read as one [{}, {}] matrix: its "
+                 "panels are per [{}, {}] matrix",
+                 fmt::join(t.shape(), ", "), out, in, matrix_rows, in);
+    panels = runtime::panel_outputs(out);
+  }
+  return {t.data(), t.dtype(), in, out, WeightLayout::kOutIn, 0, panels};
 }
 
 /// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
 /// [E, rows, cols] weight: whole rows of t, so row_bytes() counts its bytes in any format).
-/// REQUIRES: it lies inside t. `layout` says how it is stored (kOutIn: as [cols, rows]).
+/// REQUIRES: it lies inside t, and for a tensor stored in panels it is one of its matrices,
+/// stored out-in. `layout` says how it is stored (kOutIn: as [cols, rows]).
 inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows,
                               std::int64_t cols, WeightLayout layout = WeightLayout::kInOut) {
-  return {static_cast<const char*>(t.data()) + row_bytes(t.dtype(), offset), t.dtype(), rows, cols,
-          layout};
+  const bool panels = t.order() == runtime::StoredOrder::kPanels && layout == WeightLayout::kOutIn;
+  return {static_cast<const char*>(t.data()) + row_bytes(t.dtype(), offset),
+          t.dtype(),
+          rows,
+          cols,
+          layout,
+          0,
+          panels ? runtime::panel_outputs(cols) : 0};
 }
 
 /// The transpose [cols, rows] of a [rows, cols] host tensor, or of each matrix of a stack

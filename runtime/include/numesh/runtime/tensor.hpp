@@ -61,6 +61,13 @@ struct HostTensor {
 /// non-finite value it cannot hold.
 HostTensor rounded_to(const HostTensor& t, DType dtype);
 
+/// How a tensor of weights lays out its matrices (each [n, k] of its last two dims).
+enum class StoredOrder {
+  kRows,    ///< row-major: each of the n rows after the other
+  kPanels,  ///< Q8_0 and Q4_0 only: the first n - n mod 16 rows in panels of 16 outputs
+            ///< (runtime/weight_panels.hpp), the rest rows; the same bytes, reordered
+};
+
 /// A dense row-major tensor whose storage lives on one device's NUMA node, of element type
 /// DType (fp32, or bf16 / f16 for stored weights: half the bytes a memory-bound kernel reads),
 /// or, for stored weights only, a block format (its rows storage_bytes() lays out). Move-only.
@@ -72,13 +79,18 @@ class Tensor {
   /// threads; not filled with BufferContents::kUnspecified, Device::allocate). Throws:
   /// ShapeError for a negative extent; ValueError when `dtype` is a block format and the last
   /// dim is not a whole number of its blocks.
+  /// `order` kPanels: each matrix of the last two dims is stored in panels (StoredOrder).
+  /// Throws: also TypeError for kPanels with a dtype that has none (has_panels), ShapeError for
+  /// kPanels below rank 2.
   Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype = DType::kF32,
-         BufferContents contents = BufferContents::kZeros);
+         BufferContents contents = BufferContents::kZeros, StoredOrder order = StoredOrder::kRows);
 
   /// Extents.
   const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
   /// Element type.
   DType dtype() const noexcept { return dtype_; }
+  /// How its matrices are laid out (kRows but for weights stored in panels).
+  StoredOrder order() const noexcept { return order_; }
   /// Number of elements.
   std::int64_t size() const noexcept { return size_; }
   /// The elements of an fp32 tensor. Empty for a tensor with no elements.
@@ -105,9 +117,16 @@ class Tensor {
  private:
   std::vector<std::int64_t> shape_;
   DType dtype_ = DType::kF32;
+  StoredOrder order_ = StoredOrder::kRows;
   std::int64_t size_ = 0;
   DeviceBuffer buffer_;
 };
+
+/// `t`'s matrices (each [n, k] of its last two dims), stored as rows, rearranged in place into
+/// panels by the calling thread's arena (StoredOrder::kPanels). For whoever fills a tensor of
+/// that order: fill_shards calls it once fill has written a shard's rows.
+/// Throws: TypeError when t's order is not kPanels.
+void arrange_in_panels(Tensor& t);
 
 /// A global tensor split over a DeviceMesh by a PartitionSpec, with one shard per mesh slot on
 /// that slot's device, laid out by sharding::ShardLayout (JAX's NamedSharding semantics).
@@ -121,8 +140,11 @@ class ShardedTensor {
   /// is used as given; pass it through sharding::correct_spec first to get eformer's correction.
   /// Throws: what ShardLayout throws (ShapeError for indivisible dims, KeyError/ValueError
   /// for bad specs).
+  /// `order` kPanels: every shard's matrices stored in panels (StoredOrder; each device's
+  /// matrices are its shard's last two dims). Throws: also as Tensor for kPanels.
   ShardedTensor(DeviceMesh mesh, std::vector<std::int64_t> shape, sharding::PartitionSpec spec,
-                DType dtype = DType::kF32, BufferContents contents = BufferContents::kZeros);
+                DType dtype = DType::kF32, BufferContents contents = BufferContents::kZeros,
+                StoredOrder order = StoredOrder::kRows);
 
   /// The mesh.
   const DeviceMesh& mesh() const noexcept { return mesh_; }
@@ -134,6 +156,8 @@ class ShardedTensor {
   const sharding::PartitionSpec& spec() const noexcept { return layout_.spec(); }
   /// The element type of every shard.
   DType dtype() const noexcept { return dtype_; }
+  /// How every shard lays out its matrices.
+  StoredOrder order() const noexcept { return order_; }
   /// Bytes each device holds: storage_bytes() of the shard shape (a replica counts in full).
   std::int64_t shard_bytes() const { return storage_bytes(dtype_, layout_.shard_shape()); }
   /// The shard of mesh slot `slot`, which must be local.
@@ -150,6 +174,7 @@ class ShardedTensor {
   DeviceMesh mesh_;
   sharding::ShardLayout layout_;
   DType dtype_ = DType::kF32;
+  StoredOrder order_ = StoredOrder::kRows;
   std::vector<Tensor> shards_;  // the local slots' shards, in slot order
 };
 
@@ -162,6 +187,7 @@ void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// Calls fill(slot, shard) for every slot whose shard holds elements, on that slot's device (in
 /// its arena: the pages it writes are its node's, and tbb algorithms inside use its threads),
 /// all devices in parallel. The shard's global box is tensor.layout().device(slot).slices.
+/// fill writes rows: a tensor stored in panels is rearranged after it (arrange_in_panels).
 /// Throws: what fill throws (rethrown once every device has stopped).
 void fill_shards(ShardedTensor& tensor,
                  const std::function<void(std::int64_t slot, Tensor& shard)>& fill);

@@ -1,0 +1,44 @@
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+
+#include "numesh/core/dtype.hpp"
+#include "numesh/runtime/cpu_features.hpp"
+#include "numesh/runtime/tensor.hpp"
+#include "numesh/runtime/weight_panels.hpp"
+
+namespace numesh::ops {
+
+/// How the layers store an out-in weight matrix of `dtype` (laid_out_out_in): in panels of 16
+/// outputs (runtime/weight_panels.hpp) for Q8_0 and Q4_0 where the process's kernel level has
+/// VNNI (avx512-bf16, amx), whose decode kernel reads 16 outputs a register from them; rows
+/// elsewhere (the lower levels read panels only by restoring their rows, block_gemm.hpp). The
+/// environment variable NUMESH_WEIGHT_PANELS (read once) overrides it: 0 keeps rows everywhere
+/// (to compare the two), 1 takes panels at every level (the tests' way to run the lower
+/// levels on them). Either order gives the same bits.
+inline runtime::StoredOrder out_in_order(DType dtype) {
+  enum class Choice { kAuto, kNever, kAlways };
+  static const Choice choice = [] {
+    const char* v = std::getenv("NUMESH_WEIGHT_PANELS");
+    if (v == nullptr) return Choice::kAuto;
+    return std::string_view(v) == "0"   ? Choice::kNever
+           : std::string_view(v) == "1" ? Choice::kAlways
+                                        : Choice::kAuto;
+  }();
+  bool panels = false;
+  switch (choice) {
+    case Choice::kAuto:
+      panels = runtime::kernel_level() >= runtime::KernelLevel::kAvx512Bf16;
+      break;
+    case Choice::kNever:
+      break;
+    case Choice::kAlways:
+      panels = true;
+      break;
+  }
+  return panels && runtime::has_panels(dtype) ? runtime::StoredOrder::kPanels
+                                              : runtime::StoredOrder::kRows;
+}
+
+}  // namespace numesh::ops
