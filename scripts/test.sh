@@ -24,7 +24,8 @@
 # checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer and chat template checks under
 # NUMESH_SKIP_TOKENIZER_CHECKS=1, the browser check of `numesh serve`'s page, serve_web_page,
 # under NUMESH_SKIP_BROWSER_CHECKS=1 when Chromium, chromedriver or Selenium is missing); exits
-# non-zero at the first failure.
+# non-zero at the first step that fails (test programs run side by side finish together first,
+# and every one that failed is named).
 #
 # Environment: see scripts/common.sh (NUMESH_BUILD_DIR, NUMESH_JOBS, NUMESH_SKIP_SETUP), and
 #   NUMESH_SANITIZE=0    leave out step 5;
@@ -65,32 +66,43 @@ run_gtest_program() {
 
 # run_gtest_programs_side_by_side JOB...: runs GoogleTest programs NUMESH_JOBS at a time (most
 # of the tests are one thread each, so on two cores two programs take the time of one), each
-# into its own log, then prints each log in order and adds its counts as run_gtest_program does.
+# into its own log and with its own TMPDIR (the tests name their scratch folders after the
+# test, so the same program at two levels must not share one), then prints each log in order,
+# fails naming every program that failed, and adds their counts as run_gtest_program does.
 # A JOB is one string, "LABEL|LOG|VAR=VALUE ...|EXE ARG...": the label, the log, the
 # environment the program runs with (may be empty) and the command; its words must not hold
 # spaces. Sharding a long program (GTEST_TOTAL_SHARDS=N GTEST_SHARD_INDEX=i) makes N jobs of it.
 run_gtest_programs_side_by_side() {
-  local job label log envs cmd pids=() i failed=()
+  [[ "$NUMESH_JOBS" =~ ^[1-9][0-9]*$ ]] || die "NUMESH_JOBS '$NUMESH_JOBS': expected a positive whole number"
+  local job label log envs cmd tmp pids=() tmps=() i failed=()
   for job in "$@"; do
     IFS='|' read -r label log envs cmd <<<"$job"
     while (($(jobs -pr | wc -l) >= NUMESH_JOBS)); do wait -n || true; done
     step "$label (side by side, into $log)"
+    # A short path: Open MPI's session sockets (the MPI tests) live under TMPDIR.
+    tmp="$(mktemp -d "${TMPDIR:-/tmp}/numesh-test.XXXXXX")"
+    tmps+=("$tmp")
     # shellcheck disable=SC2086  # envs and cmd are lists of words
-    (set -f; env $envs $cmd --gtest_brief=1 >"$log" 2>&1) &
+    (set -f; env TMPDIR="$tmp" $envs $cmd --gtest_brief=1 >"$log" 2>&1) &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}" || failed+=("$i")
   done
+  rm -rf "${tmps[@]}"
   for i in "${!pids[@]}"; do
     IFS='|' read -r label log envs cmd <<<"${@:i+1:1}"
     step "$label: its log"
     cat "$log"
   done
-  for i in "${failed[@]}"; do
-    IFS='|' read -r label log envs cmd <<<"${@:i+1:1}"
-    die "$label: failed ($log has the output, printed above)"
-  done
+  if ((${#failed[@]} > 0)); then
+    local names=()
+    for i in "${failed[@]}"; do
+      IFS='|' read -r label log envs cmd <<<"${@:i+1:1}"
+      names+=("$label ($log)")
+    done
+    die "failed (the output of each is printed above): $(printf '%s; ' "${names[@]}")"
+  fi
   for job in "$@"; do
     IFS='|' read -r label log envs cmd <<<"$job"
     add_gtest_counts "$label" "$log"
@@ -227,7 +239,7 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     # where the level has VNNI), so that every machine runs them through the whole model.
     [[ "$level" == scalar ]] && envs+=" NUMESH_WEIGHT_PANELS=1"
     [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"
-    level_jobs+=("$t, Release without -march=native, NUMESH_KERNELS=$level|$portable/${t/\//-shard}-$level.log|$envs|$portable/tests/$program")
+    level_jobs+=("$t, Release without -march=native, $envs|$portable/${t/\//-shard}-$level.log|$envs|$portable/tests/$program")
   done
   if [[ "$level" == "$widest" ]]; then beyond=1; fi
 done
@@ -290,8 +302,9 @@ for mode in find_package add_subdirectory; do
     # Python module needs) and standard C++ (no GNU extensions), numesh's objects here compile
     # with the same commands as step 3's, so ccache gives them back instead of compiling the
     # library a second time (6.7 minutes on two cores). The folder sits beside the portable
-    # one: under CCACHE_BASEDIR, ccache hashes the paths relative to the build folder, so a
-    # folder one level deeper would miss every object.
+    # one: where the caller sets CCACHE_BASEDIR, ccache hashes the paths relative to the build
+    # folder, so a folder one level deeper would miss every object (without it, the absolute
+    # paths match wherever the folder is).
     dir="$NUMESH_BUILD_ROOT/consumer-subdir"
     how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=OFF -DCMAKE_CXX_EXTENSIONS=OFF
          -DCMAKE_POSITION_INDEPENDENT_CODE=ON)

@@ -528,12 +528,13 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
       "packed_gemm_q8: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and "
       "ldb whole blocks of {} ({}) and each leading dimension at least its row's length",
       m, n, k, ld, ldc, block, to_string(b.dtype));
+  NUMESH_CHECK(b.panel_outputs == 0 || runtime::has_panels(b.dtype), TypeError,
+               "packed_gemm_q8: {} weights have no panel layout", to_string(b.dtype));
   NUMESH_CHECK(b.panel_outputs == 0 ||
-                   (runtime::has_panels(b.dtype) && b.panel_outputs % runtime::kPanelWidth == 0 &&
-                    b.panel_outputs <= n && ld == k),
+                   (b.panel_outputs % runtime::kPanelWidth == 0 && b.panel_outputs <= n && ld == k),
                ShapeError,
                "packed_gemm_q8: {} panel outputs of {} {} weights with ldb {} for k {}: panels are "
-               "q8_0 or q4_0, whole (16 outputs), within the matrix and packed (ldb = k)",
+               "whole (16 outputs), within the matrix and packed (ldb = k)",
                b.panel_outputs, n, to_string(b.dtype), ld, k);
   if (m == 0 || n == 0) return;
   const std::int64_t blocks = k / kQ8DotBlock;

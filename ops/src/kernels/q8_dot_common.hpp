@@ -790,7 +790,7 @@ NUMESH_Q8DOT_AVX512 void q8dot_panel512(const std::int8_t* x, const float* d,
 }
 
 /// The panels of outputs [0, np) for m rows: each panel read from memory once, then from cache
-/// by the other rows (a panel of k = 4096 inputs is 69 KiB of Q8_0).
+/// by the other rows (a panel of k = 4096 inputs is 68 KiB of Q8_0).
 template <class F>
 void q8dot_panels512(std::int64_t m, const Q8dotActivations& a, const unsigned char* w,
                      std::int64_t np, float* c, std::int64_t ldc) {

@@ -130,12 +130,11 @@ inline sharding::PartitionSpec swap_last_two(const sharding::PartitionSpec& spec
 }
 
 /// `t` as a [rows, cols] weight matrix of its dtype, folded as as_matrix() folds.
-/// REQUIRES: t has at least one dim. Throws: ShapeError for a tensor stored in panels (an out-in
-/// matrix: as_out_in_weight reads it).
+/// REQUIRES: t has at least one dim. Throws: ShapeError for a tensor stored in panels (whose
+/// bytes are not rows: only the out-in views read them).
 inline WeightMatrix as_weight(const runtime::Tensor& t) {
   NUMESH_CHECK(t.order() == runtime::StoredOrder::kRows, ShapeError,
-               "a weight of shape ({}) stored in panels read in-out: panels are out-in "
-               "(as_out_in_weight)",
+               "a weight of shape ({}) stored in panels read as rows: panels are read out-in only",
                fmt::join(t.shape(), ", "));
   const std::int64_t cols = t.shape().back();
   return {t.data(), t.dtype(), cols == 0 ? 0 : t.size() / cols, cols};
@@ -162,11 +161,15 @@ inline WeightMatrix as_out_in_weight(const runtime::Tensor& t) {
 
 /// The [rows, cols] matrix that starts `offset` elements into `t` (one expert of a stacked
 /// [E, rows, cols] weight: whole rows of t, so row_bytes() counts its bytes in any format).
-/// REQUIRES: it lies inside t, and for a tensor stored in panels it is one of its matrices,
-/// stored out-in. `layout` says how it is stored (kOutIn: as [cols, rows]).
+/// REQUIRES: it lies inside t, and for a tensor stored in panels it is one of its matrices.
+/// `layout` says how it is stored (kOutIn: as [cols, rows]).
+/// Throws: ShapeError for a tensor stored in panels read in-out (panels are read out-in only).
 inline WeightMatrix as_weight(const runtime::Tensor& t, std::int64_t offset, std::int64_t rows,
                               std::int64_t cols, WeightLayout layout = WeightLayout::kInOut) {
-  const bool panels = t.order() == runtime::StoredOrder::kPanels && layout == WeightLayout::kOutIn;
+  const bool panels = t.order() == runtime::StoredOrder::kPanels;
+  NUMESH_CHECK(!panels || layout == WeightLayout::kOutIn, ShapeError,
+               "a weight of shape ({}) stored in panels read as rows: panels are read out-in only",
+               fmt::join(t.shape(), ", "));
   return {static_cast<const char*>(t.data()) + row_bytes(t.dtype(), offset),
           t.dtype(),
           rows,

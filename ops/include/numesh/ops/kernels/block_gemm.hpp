@@ -144,9 +144,10 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
 /// GGML's quantizer never writes, but a foreign file may hold) are multiplied exactly.
 /// b.data needs no alignment. Weights stored in panels (b.panel_outputs > 0,
 /// runtime/weight_panels.hpp) give the same bits: at avx512-bf16 and amx 16 outputs a register
-/// (a row's groups' sums taken off once, q8_dot_common.hpp), below them each panel restored to
-/// rows in a buffer of the calling thread (16 rows) for the level's kernel. No other state: safe
-/// to call from many threads at once.
+/// (each row's groups' sums taken off once, from a buffer of the calling thread kept between
+/// calls: m k / 4 int32), below them each panel restored to rows in a buffer of the calling
+/// thread (16 rows) for the level's kernel. No other state: safe to call from many threads at
+/// once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; the codes and scales of m rows, codes
 /// within [-127, 127] (as quantize_activations_q8 makes them: the vector steps negate them).
 /// Throws: TypeError when b.dtype is not kQ8_0; ShapeError naming the values when b is not
@@ -196,7 +197,8 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; activation codes within [-127, 127].
 /// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is not
 /// stored out-in, k is not whole blocks of the format, a size is negative, b.stride() is
-/// shorter than k or ldc than n, or b's panels are not Q8_0 or Q4_0, whole, within n and packed.
+/// shorter than k or ldc than n, or b's panels are not whole, within n and packed; TypeError
+/// for panels of a format that has none (Q4_K, Q6_K).
 void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scales,
                     const WeightMatrix& b, float* c, std::int64_t ldc,
                     runtime::KernelLevel level = runtime::kernel_level());
