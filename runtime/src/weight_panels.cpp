@@ -32,8 +32,8 @@ std::int64_t checked_row_bytes(const char* name, DType dtype, std::int64_t n, st
   return row;
 }
 
-// One panel, 16 rows at `rows` (a row of `blocks` blocks each) to its panel at `panel`, or back
-// (kToPanels false).
+// One panel: its 16 rows (`blocks` blocks each, one after the other) at `from` into the panel
+// layout at `to`, or (kToPanels false) a panel at `from` back into its rows at `to`.
 template <bool kToPanels>
 void convert_panel(DType dtype, std::int64_t blocks, const std::byte* from, std::byte* to) {
   const std::int64_t block_bytes = traits(dtype).block_bytes;

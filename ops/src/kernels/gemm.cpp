@@ -12,6 +12,7 @@
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "weight_kernels.hpp"
 
 namespace numesh::ops {
@@ -187,8 +188,9 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
                      const detail::WeightKernels& kernels, runtime::KernelLevel level) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   std::int64_t block = dot_out_block(n, k, b.dtype);
-  // Whole panels a task (runtime/weight_panels.hpp): the block rounded up to 16 outputs.
-  if (b.panel_outputs > 0) block = (block + 15) / 16 * 16;
+  // Whole panels a task: the block rounded up to a panel's outputs.
+  constexpr std::int64_t kWidth = runtime::kPanelWidth;
+  if (b.panel_outputs > 0) block = (block + kWidth - 1) / kWidth * kWidth;
   parallel_blocks(n, block, [&](std::int64_t j0, std::int64_t j1) {
     kernels.dot(a, 0, m, b.outputs(j0, j1 - j0), c.data() + j0, n, level);
   });

@@ -79,11 +79,13 @@ struct WeightMatrix {
     const bool in_out = layout == WeightLayout::kInOut;
     std::int64_t panels = 0;
     if (panel_outputs > j0) {
-      NUMESH_CHECK(j0 % 16 == 0 && (count % 16 == 0 || j0 + count >= panel_outputs), ShapeError,
+      constexpr std::int64_t kWidth = runtime::kPanelWidth;
+      NUMESH_CHECK(j0 % kWidth == 0 && (count % kWidth == 0 || j0 + count >= panel_outputs),
+                   ShapeError,
                    "outputs [{}, {}) of a weight matrix whose first {} outputs are panels of 16: "
                    "a view of them takes whole panels",
                    j0, j0 + count, panel_outputs);
-      panels = std::min(count - count % 16, panel_outputs - j0);
+      panels = std::min(count - count % kWidth, panel_outputs - j0);
     }
     return {in_out ? static_cast<const char*>(data) + row_bytes(dtype, j0) : stored_row(j0),
             dtype,
