@@ -452,16 +452,25 @@ def check(d):
         got = torch.from_numpy(np.load(os.path.join(d, r["prompt_logits"]))).double()
         err = relative_max(got, want)
         ok = within(err, bound)
-        # Greedy generation: torch's own loop over whole sequences.
+        # Greedy generation: torch's own loop over whole sequences, fed numesh's tokens. Each of
+        # numesh's tokens must be torch's argmax, or tie with it within the bound (torch's logit
+        # of numesh's token no further below its largest than the bound times max |logit|): the
+        # bound's own rounding (a block's neighbouring activation code) can tip a near tie, and
+        # the sequences then part, every later step comparing different texts.
         seq = prompt.clone()
         steps = []
-        for _ in range(case["new_tokens"]):
+        want_ids, same_ids = [], True
+        got_ids = torch.tensor(r["greedy_ids"])
+        for i in range(case["new_tokens"]):
             logits = model.logits(seq)[:, -1]
             steps.append(logits)
-            seq = torch.cat([seq, logits.argmax(-1)[:, None]], 1)
-        want_ids = seq[:, PROMPT:].tolist()
-        same_ids = want_ids == r["greedy_ids"]
-        # Each decode step's logits (numesh fed its own greedy tokens: compared while they agree).
+            got = got_ids[:, i]
+            gap = logits.max(-1).values - logits.gather(-1, got[:, None])[:, 0]
+            same_ids = same_ids and bool((gap <= bound * logits.abs().max()).all())
+            want_ids.append(logits.argmax(-1).tolist())
+            seq = torch.cat([seq, got[:, None]], 1)
+        want_ids = [list(row) for row in zip(*want_ids)]
+        # Each decode step's logits, on the same tokens.
         step_err = worst(relative_max(np.load(os.path.join(d, file)), steps[i + 1])
                          for i, file in enumerate(r["step_logits"]))
         ok = ok and same_ids and within(step_err, bound)
@@ -471,7 +480,7 @@ def check(d):
         ok = ok and within(ppl_err, bound)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {label:55s} prompt logits {err:.2e}, decode logits {step_err:.2e} "
-              f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'==' if same_ids else '!='} torch {want_ids}; perplexity "
+              f"(bound {bound:.0e}); greedy {r['greedy_ids']} {'~' if same_ids else '!~'} torch {want_ids}; perplexity "
               f"{r['perplexity']:.6g} vs torch {want_ppl:.6g} ({ppl_err:.1e})")
     if failed:
         print(f"hf_model_check: {failed} of {len(results)} runs differ from PyTorch")

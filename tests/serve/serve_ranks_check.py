@@ -27,6 +27,9 @@ import server_check as sc
 
 MPIRUN, RANKS, DIMS = sys.argv[4], int(sys.argv[5]), sys.argv[6]
 ONE_CORE = "numa:1 core:1 pu:1"
+# The hung follower's request and its model's context: long enough to be in flight when the
+# follower stops, whatever the build's speed.
+LONG_REQUEST, LONG_CONTEXT = 8000, 8192
 
 
 def completion(server, body):
@@ -102,10 +105,13 @@ def rank_pid(launcher_pid, rank):
 
 def check_hung_follower(model, mesh, launcher):
     """A follower that hangs (SIGSTOP) mid-request: rank 0's step gives up after
-    NUMESH_RANK_TIMEOUT (2 s) naming it, the server stops and every rank ends."""
+    NUMESH_RANK_TIMEOUT (2 s) naming it, the server stops and every rank ends. The model has
+    room for a request of LONG_REQUEST tokens, which runs for seconds even in a Release build
+    (one of 500 could end before the signal)."""
     os.environ["NUMESH_RANK_TIMEOUT"] = "2"
     try:
-        server = sc.Server(model, "--synthetic", ONE_CORE, *mesh, launcher=launcher)
+        server = sc.Server(model, "--synthetic", ONE_CORE, *mesh, "--ctx-size", str(LONG_CONTEXT),
+                           launcher=launcher)
     finally:
         del os.environ["NUMESH_RANK_TIMEOUT"]
     victim = rank_pid(server.proc.pid, 1)
@@ -115,10 +121,13 @@ def check_hung_follower(model, mesh, launcher):
         return
     result = []
     thread = threading.Thread(target=lambda: result.append(server.request(
-        "POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 500, "ignore_eos": True},
-        timeout=60)))
+        "POST", "/v1/completions",
+        {"prompt": [1, 2, 3], "max_tokens": LONG_REQUEST, "ignore_eos": True}, timeout=60)))
     thread.start()
-    time.sleep(0.1)  # the request runs (500 tokens take seconds on two ranks)
+    deadline = time.time() + 30
+    while time.time() < deadline and server.metrics().get("numesh_requests_running", 0) != 1:
+        time.sleep(0.01)
+    sc.check(server.metrics().get("numesh_requests_running") == 1, "the long request runs")
     os.kill(victim, signal.SIGSTOP)
     try:
         out, err = server.proc.communicate(timeout=60)
@@ -191,7 +200,9 @@ def main():
                  f"rank {r} says it stopped with rank 0: {err!r}")
     sc.check("exited on signal" not in err and "aborted" not in err, f"no rank was killed: {err!r}")
 
-    check_hung_follower(model, mesh, launcher)
+    long_model = os.path.join(sc.WORK, "long-model")
+    sc.write_model(long_model, heads=2, kv_heads=2, positions=LONG_CONTEXT)
+    check_hung_follower(long_model, mesh, launcher)
 
     if sc.FAILURES:
         print(f"{len(sc.FAILURES)} checks failed")

@@ -120,7 +120,7 @@ def render_chat(template, messages, tools=None, add_generation_prompt=True, **kw
 
 
 def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, ffn=128,
-                chat_template=None):
+                chat_template=None, positions=512):
     """A random Llama in Hugging Face's layout, its safetensors file written by hand; with
     `chat_template`, a tokenizer_config.json holding it and the special tokens."""
     os.makedirs(folder, exist_ok=True)
@@ -152,7 +152,7 @@ def write_model(folder, vocab=VOCAB, hidden=64, layers=2, heads=2, kv_heads=1, f
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab,
               "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
               "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-              "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "max_position_embeddings": positions, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
               "tie_word_embeddings": True, "bos_token_id": vocab - 1, "eos_token_id": vocab - 1}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)

@@ -48,6 +48,8 @@ SKIP_MISSING = os.environ.get("NUMESH_SKIP_BROWSER_CHECKS") == "1"
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 KEY = "page-s3cret"
+# The web model's positions and the server's context: room for the long generation that Stop ends.
+LONG_CONTEXT = 4608
 
 
 def missing_browser():
@@ -264,7 +266,9 @@ def chat_in_browser(page, server):
           "a new chat starts empty")
     check(len(page.js("return document.querySelectorAll('#conversations li')")) == 2,
           "the conversation list holds both chats")
-    max_tokens = 400
+    # Long enough to be seen running and stopped whatever the build's speed: a Release build
+    # on a fast machine generated 400 tokens between two polls of the panel (one a second).
+    max_tokens = 4000
     page.settings(max_tokens=max_tokens, temperature=0)
     page.wait("the panel showing nothing running before", lambda: page.text("running") == "0")
     before = server.metrics()["numesh_generated_tokens_total"]
@@ -367,10 +371,11 @@ def main():
               "report this check as skipped.", file=sys.stderr)
         return 1
     # A slower model than server_check's (it loads for a second or two, and a long generation
-    # can be watched and stopped), with the chat template; a tiny one without.
+    # can be watched and stopped: a Release build stops it after 150-200 of its 4000 tokens on
+    # two Emerald Rapids cores), with the chat template; a tiny one without.
     model = os.path.join(WORK, "web-model")
-    write_model(model, hidden=256, layers=4, heads=4, kv_heads=2, ffn=512,
-                chat_template=CHAT_TEMPLATE)
+    write_model(model, hidden=512, layers=8, heads=8, kv_heads=2, ffn=1024,
+                chat_template=CHAT_TEMPLATE, positions=LONG_CONTEXT)
     plain = os.path.join(WORK, "plain-model")
     write_model(plain)
 
@@ -379,7 +384,7 @@ def main():
     try:
         if not missing:
             driver = start_browser(tempfile.mkdtemp(prefix="chromium-", dir=WORK))
-        server = LoadingServer(model, "--parallel", "2", "--ctx-size", "512")
+        server = LoadingServer(model, "--parallel", "2", "--ctx-size", str(LONG_CONTEXT))
         servers.append(server)
         # Over HTTP first: while the model loads, when it has not loaded yet.
         if server.first_health == 503:
