@@ -2,15 +2,15 @@
 # test.sh: everything CI checks. Installs missing packages, then
 #   1. checks that README.md's example is the compiled one (examples/resolve_spec.cpp), and that
 #      every C++ source is formatted as .clang-format says (clang-format 14, --dry-run);
-#   2. builds the `dev` preset (Debug, warnings are errors) and runs `ctest --preset dev`:
-#      the unit tests and the eformer_conformance runner; runs the examples;
-#   3. builds the `portable` preset (Release, NUMESH_NATIVE=OFF: no -march=native, every kernel
-#      chosen at run time by the CPU's features, as a package would ship), runs its kernel,
-#      runtime, ops and models tests at -O3 once per kernel level this CPU runs
+#   2. builds the `ci` preset (the `portable` Release build, NUMESH_NATIVE=OFF: no -march=native,
+#      every kernel chosen at run time by the CPU's features, as a package would ship; warnings
+#      are errors; the tests' own code at -O1) and runs `ctest --preset ci`: the unit tests and
+#      the eformer_conformance runner at the CPU's widest kernel level; runs the examples;
+#   3. runs its kernel, runtime, ops and models tests once per other kernel level this CPU runs
 #      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16|amx; the levels it cannot run are named and
 #      counted as skipped; the scalar level with q8_0 / q4_0 weights in panels,
-#      NUMESH_WEIGHT_PANELS=1), installs it into a fresh prefix, and runs the installed `numesh` on
-#      the main job's example, and the installed `numesh run` on a small model;
+#      NUMESH_WEIGHT_PANELS=1), installs the build into a fresh prefix, and runs the installed
+#      `numesh` on the main job's example, and the installed `numesh run` on a small model;
 #   4. builds and runs the out-of-tree project examples/consumer (numesh_consumer: a mesh and a
 #      sharding; numesh_scheduler: numesh as a scheduling library only) against that prefix
 #      with find_package(numesh), and again with numesh's source tree added by add_subdirectory;
@@ -189,33 +189,28 @@ mapfile -t sources < <(cd "$NUMESH_ROOT" && git ls-files '*.cpp' '*.hpp' ':!test
   die "the sources above are not formatted as .clang-format says; run: clang-format-14 -i FILE..."
 passed=$((passed + 1))
 
-# 2. Debug build, unit tests, conformance, examples.
-configure_and_build dev
-dev="$(build_dir dev)"
-run_ctest dev
+# 2. The Release build as a package ships it (no -march=native), unit tests, conformance,
+# examples. CI once built a Debug preset for these as well; the sanitize preset below is the
+# Debug build now (assertions on, clang -Werror) for the tests it runs.
+configure_and_build ci
+ci="$(build_dir ci)"
+run_ctest ci
 
 step "examples"
 expect_output resolve_spec "resolved: P(('fsdp', 'dp'), 'sp', 'tp')
 P('dp', None, 'tp') on Mesh('dp': 2, 'tp': 4): local shard [4, 128, 1024]
 parsed: P(('dp', 'tp'), None)
 error: Resource axis: model of P('model',) is not found in mesh: ('dp', 'tp')." \
-  "$dev/examples/resolve_spec"
+  "$ci/examples/resolve_spec"
 expect_output sharded_allreduce "DeviceMesh('dp': 2, 'tp': 2) over 4 devices (numa policy)
 graph: 4 nodes, one per device
-y[0, 0] on device 0 = 4 (expected 4)" "$dev/examples/sharded_allreduce"
+y[0, 0] on device 0 = 4 (expected 4)" "$ci/examples/sharded_allreduce"
 
-# 3. The portable Release build: its tests at -O3 once per kernel level, then installed into a
-# fresh prefix. Only the programs the later steps use are built (the other tests ran in step 2).
-portable="$(build_dir portable)"
-step "configure preset 'portable' in $portable"
-cmake -S "$NUMESH_ROOT" --preset portable -B "$portable"
-step "build preset 'portable': numesh, the benchmarks, and the kernel, runtime, ops and models tests (-j$NUMESH_JOBS)"
-cmake --build "$portable" -j "$NUMESH_JOBS" --target numesh_cli collectives_bench executor_bench mlp_bench \
-  ops_bench decode_bench runtime_test ops_test models_test numesh_python
-
+# 3. The kernel, runtime, ops and models tests once per other kernel level, then the build
+# installed into a fresh prefix.
 # The levels this CPU runs are those up to the widest, which `numesh topology` names (with no
-# NUMESH_KERNELS of the caller's narrowing it).
-kernels_line="$(env -u NUMESH_KERNELS "$portable/tools/numesh" topology --synthetic 'numa:1 core:1 pu:1' | grep '^kernels:')" ||
+# NUMESH_KERNELS of the caller's narrowing it); ctest ran the widest (with no NUMESH_KERNELS).
+kernels_line="$(env -u NUMESH_KERNELS "$ci/tools/numesh" topology --synthetic 'numa:1 core:1 pu:1' | grep '^kernels:')" ||
   die "numesh topology printed no kernels: line"
 widest="$(sed -n 's/^kernels: *\([^ ]*\).*/\1/p' <<<"$kernels_line")"
 features="$(sed -n 's/^kernels:.*this CPU: \([^;]*\);.*/\1/p' <<<"$kernels_line")"
@@ -231,6 +226,11 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     continue
   fi
   levels_run+=("$level")
+  if [[ "$level" == "$widest" && -z "${NUMESH_KERNELS:-}" ]]; then
+    step "kernel level $level: run by ctest above (the widest this CPU has, the default)"
+    beyond=1
+    continue
+  fi
   # ops_test, the long one, in two halves (GoogleTest's sharding) that run side by side.
   for t in runtime_test models_test ops_test/0 ops_test/1; do
     program="${t%/*}"
@@ -239,7 +239,7 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     # where the level has VNNI), so that every machine runs them through the whole model.
     [[ "$level" == scalar ]] && envs+=" NUMESH_WEIGHT_PANELS=1"
     [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"
-    level_jobs+=("$t, Release without -march=native, $envs|$portable/${t/\//-shard}-$level.log|$envs|$portable/tests/$program")
+    level_jobs+=("$t, Release without -march=native, $envs|$ci/${t/\//-shard}-$level.log|$envs|$ci/tests/$program")
   done
   if [[ "$level" == "$widest" ]]; then beyond=1; fi
 done
@@ -252,7 +252,7 @@ check="$NUMESH_BUILD_ROOT/install-check"
 prefix="$check/prefix"
 rm -rf "$check"
 step "cmake --install into $prefix"
-cmake --install "$portable" --prefix "$prefix"
+cmake --install "$ci" --prefix "$prefix"
 
 step "installed numesh: the main job's example"
 [[ -x "$prefix/bin/numesh" ]] || die "cmake --install did not install bin/numesh"
@@ -298,16 +298,16 @@ for mode in find_package add_subdirectory; do
     how=(-DCMAKE_PREFIX_PATH="$prefix")
   else
     step "examples/consumer with add_subdirectory($NUMESH_ROOT)"
-    # With the portable build's flags (no -march=native, position-independent code as its
-    # Python module needs) and standard C++ (no GNU extensions), numesh's objects here compile
-    # with the same commands as step 3's, so ccache gives them back instead of compiling the
-    # library a second time (6.7 minutes on two cores). The folder sits beside the portable
-    # one: where the caller sets CCACHE_BASEDIR, ccache hashes the paths relative to the build
-    # folder, so a folder one level deeper would miss every object (without it, the absolute
-    # paths match wherever the folder is).
+    # With the ci build's flags (no -march=native, warnings as errors, position-independent
+    # code as its Python module needs) and standard C++ (no GNU
+    # extensions), numesh's objects here compile with the same commands as step 2's, so ccache
+    # gives them back instead of compiling the library a second time (6.7 minutes on two
+    # cores). The folder sits beside the ci one: where the caller sets CCACHE_BASEDIR, ccache
+    # hashes the paths relative to the build folder, so a folder one level deeper would miss
+    # every object (without it, the absolute paths match wherever the folder is).
     dir="$NUMESH_BUILD_ROOT/consumer-subdir"
     how=(-DNUMESH_SOURCE_DIR="$NUMESH_ROOT" -DNUMESH_NATIVE=OFF -DCMAKE_CXX_EXTENSIONS=OFF
-         -DCMAKE_POSITION_INDEPENDENT_CODE=ON)
+         -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DNUMESH_WERROR=ON)
   fi
   rm -rf "$dir"
   cmake -S "$NUMESH_ROOT/examples/consumer" -B "$dir" "${consumer_flags[@]}" "${how[@]}"
