@@ -226,7 +226,8 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     continue
   fi
   levels_run+=("$level")
-  if [[ "$level" == "$widest" && -z "${NUMESH_KERNELS:-}" ]]; then
+  # (Not when the caller's NUMESH_KERNELS or NUMESH_CTEST_ARGS narrowed what ctest ran.)
+  if [[ "$level" == "$widest" && -z "${NUMESH_KERNELS:-}" && -z "${NUMESH_CTEST_ARGS:-}" ]]; then
     step "kernel level $level: run by ctest above (the widest this CPU has, the default)"
     beyond=1
     continue
@@ -334,7 +335,7 @@ if [[ "${NUMESH_SANITIZE:-1}" == 1 ]]; then
   # layouts put a row's end at the end of its allocation, so a vector tail that reads past it
   # is reported), the references, the errors and the programs, in two halves side by side; the
   # sharded operators on two of their meshes (tp2, and ep2 x tp2 for the experts); left out:
-  # three GEMM thread-count sweeps and the training fault sweep (30-40 s each in the dev build).
+  # three GEMM thread-count sweeps and the training fault sweep (30-40 s each in a Debug build).
   ops="$sanitize/tests/ops_test"
   ops_filter="-Meshes/*:GemmTest.DeviceGemmOnSixteenBitWeightsIsBitwiseTheSameForAnyThreadCount:GemmTest.DeviceGemmOnOutInWeightsIsTheProductForAnyThreadCount:GemmTest.BfloatComputeIsBitwiseTheSameForAnyThreadCount:OperatorFaultTest.AFaultInAnyNodeOfATrainingStepEndsItOnceAndTheStepRunsAgain"
   sanitized_jobs=()

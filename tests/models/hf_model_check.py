@@ -21,7 +21,8 @@ the embedding times sqrt(hidden_size), RMSNorms scaling by 1 + w, GeGLU with PyT
 GELU (gelu_pytorch_tanh), head_dim apart from hidden / heads, one kv head, tied by default;
 Phi-3: q, k and v as rows of one qkv_proj, gate and up of one gate_up_proj (chunked in two), a
 sliding window wider than the prompts), in float64, and
-compares: logits max|numesh - torch| / max|torch| within the case's bound, greedy tokens equal,
+compares: logits max|numesh - torch| / max|torch| within the case's bound, each greedy token
+torch's argmax or tied with it within twice the bound (torch fed numesh's tokens),
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
@@ -453,26 +454,29 @@ def check(d):
         err = relative_max(got, want)
         ok = within(err, bound)
         # Greedy generation: torch's own loop over whole sequences, fed numesh's tokens. Each of
-        # numesh's tokens must be torch's argmax, or tie with it within the bound (torch's logit
-        # of numesh's token no further below its largest than the bound times max |logit|): the
-        # bound's own rounding (a block's neighbouring activation code) can tip a near tie, and
-        # the sequences then part, every later step comparing different texts.
+        # numesh's tokens must be torch's argmax, or tie with it within twice the bound (torch's
+        # logit of numesh's token no further below the row's largest than 2 bound max |logit|,
+        # each of the two logits within the bound): the bound's own rounding (a block's
+        # neighbouring activation code) can tip a near tie, and the sequences would then part,
+        # every later step comparing different texts.
         seq = prompt.clone()
         steps = []
-        want_ids, same_ids = [], True
+        want_ids = []
         got_ids = torch.tensor(r["greedy_ids"])
-        for i in range(case["new_tokens"]):
+        same_ids = tuple(got_ids.shape) == (BATCH, case["new_tokens"])
+        for i in range(case["new_tokens"] if same_ids else 0):
             logits = model.logits(seq)[:, -1]
             steps.append(logits)
             got = got_ids[:, i]
             gap = logits.max(-1).values - logits.gather(-1, got[:, None])[:, 0]
-            same_ids = same_ids and bool((gap <= bound * logits.abs().max()).all())
+            same_ids = same_ids and bool((gap <= 2 * bound * logits.abs().max(-1).values).all())
             want_ids.append(logits.argmax(-1).tolist())
             seq = torch.cat([seq, got[:, None]], 1)
         want_ids = [list(row) for row in zip(*want_ids)]
         # Each decode step's logits, on the same tokens.
-        step_err = worst(relative_max(np.load(os.path.join(d, file)), steps[i + 1])
-                         for i, file in enumerate(r["step_logits"]))
+        step_err = (worst(relative_max(np.load(os.path.join(d, file)), steps[i + 1])
+                          for i, file in enumerate(r["step_logits"]))
+                    if len(steps) == len(r["step_logits"]) + 1 else math.inf)
         ok = ok and same_ids and within(step_err, bound)
         # Perplexity over the case's stream: numesh's perplexity() against the procedure above.
         want_ppl = perplexity(model, case["perplexity"])
