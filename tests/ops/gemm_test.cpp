@@ -154,6 +154,17 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
             4)
       << "16 tiles wanted, but no strip narrower than 256 nor block shorter than 256 rows";
   EXPECT_EQ(gemm_tiling(8, 8, 8).col_block, 8) << "small products are one tile";
+  // The block formats' int8 tiles go down to 64 rows (whole groups of 16) by 32 outputs: a
+  // 256-token prefill of a 768-output projection is 32 tiles where OpenBLAS's floor makes 3
+  // (on two threads, one idle for a third of the product).
+  constexpr TileFloor kInt8{64, 32, 16};
+  EXPECT_EQ(gemm_tiling(256, 768, 768).col_tiles(768), 3);
+  EXPECT_EQ(gemm_tiling(256, 768, 768).row_tiles(256), 1);
+  EXPECT_EQ(gemm_tiling(256, 768, 768, kInt8).col_block, 48) << "18 tiles wanted: 16 strips";
+  EXPECT_EQ(gemm_tiling(256, 768, 768, kInt8).row_block, 128) << "then 2 row blocks";
+  EXPECT_EQ(gemm_tiling(300, 768, 3072, kInt8).col_block, 32);
+  EXPECT_EQ(gemm_tiling(300, 768, 3072, kInt8).row_block, 112)
+      << "64 tiles wanted: 24 strips, 3 row blocks of 100 rows rounded up to whole groups of 16";
 }
 
 // bf16 compute (MatmulPrecision::kBF16) on fp32 weights, in-out and out-in, and on a weight

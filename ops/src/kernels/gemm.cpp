@@ -42,8 +42,6 @@ constexpr std::int64_t kMaxTiles = 64;
 // threads"): these sizes keep the two-device sharded MLP within ~3 % of one call per device and
 // bring one device of two threads to the speed of two devices of one.
 constexpr std::int64_t kWorkPerTile = std::int64_t{1} << 23;
-constexpr std::int64_t kMinColBlock = 256;
-constexpr std::int64_t kMinRowBlock = 256;
 // Decode: m is the batch (at most kSkinnyMaxRows) and the product is bound by reading b, so it is
 // cut by b's bytes: one column strip per 256 KiB of b, at least 64 columns wide. (Large b goes
 // to blocks of whole rows instead, below; the strips serve decode products under 1 MiB, where
@@ -64,7 +62,7 @@ constexpr std::int64_t kSkinnyBlocksWanted = 16;
 constexpr std::int64_t kMinSkinnySplitBytes = std::int64_t{1} << 20;
 }  // namespace
 
-GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
+GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k, TileFloor floor) noexcept {
   if (m <= 0 || n <= 0) return {std::max<std::int64_t>(m, 0), std::max<std::int64_t>(n, 0)};
   if (m * n * k < kOneTileBelow) return {m, n};
   const bool skinny = m <= kSkinnyMaxRows;
@@ -73,14 +71,16 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept 
              : m * n * k / kWorkPerTile,
       1, kMaxTiles);
   // Column strips first (b, the weights, is then packed once per strip), rounded to 16 columns.
-  const std::int64_t min_cols = skinny ? kMinColBlockSkinny : kMinColBlock;
+  const std::int64_t min_cols = skinny ? kMinColBlockSkinny : floor.cols;
   const std::int64_t col_block =
       std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + 15) / 16 * 16));
   const std::int64_t col_tiles = (n + col_block - 1) / col_block;
   std::int64_t row_block = m;
   if (!skinny && col_tiles < wanted) {
     const std::int64_t row_tiles = (wanted + col_tiles - 1) / col_tiles;
-    row_block = std::min(m, std::max(kMinRowBlock, (m + row_tiles - 1) / row_tiles));
+    const std::int64_t rows = std::max(floor.rows, (m + row_tiles - 1) / row_tiles);
+    const std::int64_t multiple = std::max<std::int64_t>(1, floor.row_multiple);
+    row_block = std::min(m, (rows + multiple - 1) / multiple * multiple);
   }
   return {row_block, col_block};
 }
@@ -166,12 +166,13 @@ std::int64_t dot_out_block(std::int64_t n, std::int64_t k, DType b_type) noexcep
 
 namespace {
 
-// tile(r0, c0, rows, cols) for each tile of gemm_tiling(m, n, k) (c's rows [r0, r0 + rows),
-// columns [c0, c0 + cols)), one task each over the calling thread's arena: which thread runs a
-// tile does not change what the tile computes.
+// tile(r0, c0, rows, cols) for each tile of gemm_tiling(m, n, k, floor) (c's rows
+// [r0, r0 + rows), columns [c0, c0 + cols)), one task each over the calling thread's arena:
+// which thread runs a tile does not change what the tile computes.
 template <typename Tile>
-void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& tile) {
-  const GemmTiling t = gemm_tiling(m, n, k);
+void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& tile,
+                   TileFloor floor = {}) {
+  const GemmTiling t = gemm_tiling(m, n, k, floor);
   const std::int64_t ct = t.col_tiles(n);
   parallel_blocks(t.row_tiles(m) * ct, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t i = first; i < last; ++i) {
@@ -218,21 +219,23 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
   }
   NUMESH_CHECK(out_in || kernels.skinny != nullptr, TypeError,
                "gemm: {} weights are stored out-in only, not in-out", to_string(b.dtype));
-  for_each_tile(m, n, k,
-                [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
-                  const WeightMatrix bt = b.outputs(c0, cols);
-                  float* ct = c.data() + r0 * n + c0;
-                  if (rows > kSkinnyMaxRows) {
-                    kernels.tile(a, r0, rows, bt, ct, n, level);
-                  } else if (out_in) {
-                    // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not
-                    // at its best on a few rows; docs/benchmarks.md has the decode figures). Only
-                    // the tail of m reaches here for out-in weights.
-                    kernels.dot(a, r0, rows, bt, ct, n, level);
-                  } else {
-                    kernels.skinny(rows, a.values.data() + r0 * k, k, bt, ct, n, level);
-                  }
-                });
+  for_each_tile(
+      m, n, k,
+      [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+        const WeightMatrix bt = b.outputs(c0, cols);
+        float* ct = c.data() + r0 * n + c0;
+        if (rows > kSkinnyMaxRows) {
+          kernels.tile(a, r0, rows, bt, ct, n, level);
+        } else if (out_in) {
+          // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not
+          // at its best on a few rows; docs/benchmarks.md has the decode figures). Only
+          // the tail of m reaches here for out-in weights.
+          kernels.dot(a, r0, rows, bt, ct, n, level);
+        } else {
+          kernels.skinny(rows, a.values.data() + r0 * k, k, bt, ct, n, level);
+        }
+      },
+      kernels.tile_floor);
 }
 
 // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16 linear

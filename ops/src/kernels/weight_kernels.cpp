@@ -59,15 +59,17 @@ constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gem
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
                                     tile_on_values<gemm_16bit>};
 // Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel;
-// prefill by int8 products on panels the tiles pack.
+// prefill by int8 products on panels the tiles pack, in tiles down to 64 rows (whole groups of
+// 16, AMX's) by 32 outputs (a pair of panels; packed_gemm_q8 takes any width).
+constexpr TileFloor kInt8TileFloor{64, 32, 16};
 constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q8_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>};
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>};
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
-                                     dot_q8<packed_gemm_q8>};
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
-                                     dot_q8<packed_gemm_q8>};
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 
 }  // namespace
 

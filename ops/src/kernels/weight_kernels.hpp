@@ -9,6 +9,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops::detail {
@@ -53,6 +54,7 @@ struct WeightKernels {
   DotKernel dot = nullptr;      ///< decode, out-in weights
   RowsKernel skinny = nullptr;  ///< decode, in-out weights
   TileKernel tile = nullptr;    ///< prefill tiles
+  TileFloor tile_floor{};       ///< the smallest prefill tile `tile` runs at full speed
 };
 
 /// The kernels of weights stored as `dtype`.

@@ -27,13 +27,27 @@ struct GemmTiling {
   }
 };
 
-/// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes and
-/// never on the number of threads, so every element of c is computed by a gemm() call of the
-/// same shape in every arena: results are bitwise identical for any thread count. Small
-/// products are one tile. Others get one tile per ~8 M multiply-adds (decode, m <= 16: per
-/// 256 KiB of b, the bytes it streams), at most 64 tiles: column strips at least 256 wide (64
-/// for decode), then row blocks of at least 256 rows when the strips are too few.
-GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k) noexcept;
+/// The smallest prefill tile gemm_tiling cuts (the last along each side may be smaller), and
+/// the multiple a row block is rounded up to: OpenBLAS's sgemm (the default) slows on tiles under
+/// 256 x 256, while the block formats' int8 tiles (block_gemm.hpp) run groups of 16 rows by pairs
+/// of 16-output panels at full speed down to 64 x 32: device_gemm asks each weight format for its
+/// floor, so that a product whose 256-wide strips would be 1 to 3 tasks (a 768-output projection:
+/// 3 tasks on 2 threads, one thread idle for a third of it) is cut finely enough to balance.
+struct TileFloor {
+  std::int64_t rows = 256;
+  std::int64_t cols = 256;
+  std::int64_t row_multiple = 1;
+};
+
+/// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes (and the
+/// weight format's floor) and never on the number of threads, so every element of c is computed
+/// by a gemm() call of the same shape in every arena: results are bitwise identical for any
+/// thread count. Small products are one tile. Others get one tile per ~8 M multiply-adds
+/// (decode, m <= 16: per 256 KiB of b, the bytes it streams), at most 64 tiles: column strips at
+/// least floor.cols wide (64 for decode), then row blocks of at least floor.rows rows (a
+/// multiple of floor.row_multiple) when the strips are too few.
+GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k,
+                       TileFloor floor = {}) noexcept;
 
 /// Rows of b per task of a decode product (m <= 16): whole rows of b, about a sixteenth of b a
 /// block but between 64 KiB and 1 MiB of it (rounded up to whole rows, a multiple of 4; a row
