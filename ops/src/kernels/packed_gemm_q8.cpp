@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -286,14 +287,37 @@ struct TileAccumulators {
   __m512 v[kTileRows];
 };
 
+// The blocks of one panel as the tile products read them: packed (PackedBlock, whatever the
+// format), or a stored Q8_0 panel where it lies (runtime/weight_panels.hpp: each block its 16
+// outputs' f16 scales, then its codes in PackedBlock's order), which spares the tile the panel's
+// packing, a copy and a scale conversion a block (16 % of a 256-token q8_0 prefill's time).
+struct PackedSource {
+  const PackedBlock* blocks;
+  const std::int8_t* codes(std::int64_t t) const noexcept { return &blocks[t].codes[0][0][0]; }
+  NUMESH_PACKED_AMX __m512 scales(std::int64_t t) const noexcept {
+    return _mm512_load_ps(blocks[t].scales);
+  }
+};
+struct StoredQ8_0Source {
+  const unsigned char* panel;
+  static constexpr std::int64_t kScaleBytes = 2 * kPanelOutputs;
+  static constexpr std::int64_t kBlockBytes = kScaleBytes + kPanelOutputs * kQ8DotBlock;
+  const std::int8_t* codes(std::int64_t t) const noexcept {
+    return reinterpret_cast<const std::int8_t*>(panel + t * kBlockBytes + kScaleBytes);
+  }
+  NUMESH_PACKED_AMX __m512 scales(std::int64_t t) const noexcept {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * kBlockBytes)));
+  }
+};
+
 // f[r] = fma(f32(sums[r]), d_a[r] * d_w, f[r]) for the 16 rows (sums 16 int32 a row): the
 // scalar kernel's step. The rows are a parameter pack so that every index is a constant and the
 // accumulators stay in registers (a loop over them, even unrolled, left them on the stack).
 template <std::size_t... R>
-NUMESH_PACKED_AMX inline void scale_sums(const std::int32_t* sums, const float* scales,
-                                         const float* d_a, std::int64_t stride, TileAccumulators& f,
+NUMESH_PACKED_AMX inline void scale_sums(const std::int32_t* sums, __m512 d_w, const float* d_a,
+                                         std::int64_t stride, TileAccumulators& f,
                                          std::index_sequence<R...>) {
-  const __m512 d_w = _mm512_load_ps(scales);
   ((f.v[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + R * kPanelOutputs)),
                              _mm512_mul_ps(_mm512_set1_ps(d_a[R * stride]), d_w), f.v[R])),
    ...);
@@ -324,22 +348,23 @@ constexpr std::int64_t kTileBlocks = 16;
 // panel, 256 int32 a block (two scales: the block's inputs 0-15, then 16-31), into sums. The
 // tile products run four in flight, and the sums are read only once all are stored: a vector
 // load right after a tile store waited for it.
-template <class Fm>
-NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const PackedBlock* panel,
+template <class Fm, class Source>
+NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const Source& panel,
                                  std::int64_t t0, std::int64_t count, std::int32_t* sums) {
   constexpr std::int64_t kRowBytes = kPanelOutputs * 4;
   constexpr std::int64_t kSums = kTileRows * kPanelOutputs;
   constexpr std::int64_t kHalf = kQ8DotBlock / 2;
+  constexpr std::int64_t kHighCodes = kPanelGroups / 2 * kRowBytes;  // inputs 16-31's codes
   const std::int64_t end = t0 + count;
   std::int64_t t = t0;
   if constexpr (Fm::kTwoScales) {
     for (; t + 2 <= end; t += 2) {
       std::int32_t* out = sums + 2 * (t - t0) * kSums;
       const std::int8_t* a = x + t * kQ8DotBlock;
-      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes[0], k);
-      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel[t].codes[kPanelGroups / 2], k);
-      NUMESH_TILE_BLOCK(2, 4, 6, a + kQ8DotBlock, panel[t + 1].codes[0], k);
-      NUMESH_TILE_BLOCK(3, 5, 7, a + kQ8DotBlock + kHalf, panel[t + 1].codes[kPanelGroups / 2], k);
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel.codes(t), k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel.codes(t) + kHighCodes, k);
+      NUMESH_TILE_BLOCK(2, 4, 6, a + kQ8DotBlock, panel.codes(t + 1), k);
+      NUMESH_TILE_BLOCK(3, 5, 7, a + kQ8DotBlock + kHalf, panel.codes(t + 1) + kHighCodes, k);
       _tile_stored(0, out, kRowBytes);
       _tile_stored(1, out + kSums, kRowBytes);
       _tile_stored(2, out + 2 * kSums, kRowBytes);
@@ -348,8 +373,8 @@ NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const Pac
     if (t < end) {
       std::int32_t* out = sums + 2 * (t - t0) * kSums;
       const std::int8_t* a = x + t * kQ8DotBlock;
-      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes[0], k);
-      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel[t].codes[kPanelGroups / 2], k);
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel.codes(t), k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kHalf, panel.codes(t) + kHighCodes, k);
       _tile_stored(0, out, kRowBytes);
       _tile_stored(1, out + kSums, kRowBytes);
     }
@@ -357,17 +382,17 @@ NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const Pac
     for (; t + 4 <= end; t += 4) {
       std::int32_t* out = sums + (t - t0) * kSums;
       const std::int8_t* a = x + t * kQ8DotBlock;
-      NUMESH_TILE_BLOCK(0, 4, 6, a, panel[t].codes, k);
-      NUMESH_TILE_BLOCK(1, 5, 7, a + kQ8DotBlock, panel[t + 1].codes, k);
-      NUMESH_TILE_BLOCK(2, 4, 6, a + 2 * kQ8DotBlock, panel[t + 2].codes, k);
-      NUMESH_TILE_BLOCK(3, 5, 7, a + 3 * kQ8DotBlock, panel[t + 3].codes, k);
+      NUMESH_TILE_BLOCK(0, 4, 6, a, panel.codes(t), k);
+      NUMESH_TILE_BLOCK(1, 5, 7, a + kQ8DotBlock, panel.codes(t + 1), k);
+      NUMESH_TILE_BLOCK(2, 4, 6, a + 2 * kQ8DotBlock, panel.codes(t + 2), k);
+      NUMESH_TILE_BLOCK(3, 5, 7, a + 3 * kQ8DotBlock, panel.codes(t + 3), k);
       _tile_stored(0, out, kRowBytes);
       _tile_stored(1, out + kSums, kRowBytes);
       _tile_stored(2, out + 2 * kSums, kRowBytes);
       _tile_stored(3, out + 3 * kSums, kRowBytes);
     }
     for (; t < end; ++t) {
-      NUMESH_TILE_BLOCK(0, 4, 6, x + t * kQ8DotBlock, panel[t].codes, k);
+      NUMESH_TILE_BLOCK(0, 4, 6, x + t * kQ8DotBlock, panel.codes(t), k);
       _tile_stored(0, sums + (t - t0) * kSums, kRowBytes);
     }
   }
@@ -378,8 +403,8 @@ NUMESH_PACKED_AMX void tile_sums(const std::int8_t* x, std::int64_t k, const Pac
 // Rows i0 .. i0 + 15 by one panel (outputs c[0 .. count)), the tiles configured for Fm: each
 // kTileBlocks blocks' integer sums by tile products, then their scale products and fmas in the
 // scalar kernel's order.
-template <class Fm>
-NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const PackedBlock* panel,
+template <class Fm, class Source>
+NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const Source& panel,
                               std::int64_t count, float* c, std::int64_t ldc) {
   constexpr std::int64_t kSums = kTileRows * kPanelOutputs;
   constexpr std::int64_t kPerBlock = Fm::kTwoScales ? 2 : 1;
@@ -394,11 +419,14 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const PackedBlock*
     tile_sums<Fm>(x, a.k, panel, t0, blocks, sums);
     for (std::int64_t t = t0; t < t0 + blocks; ++t) {
       const std::int32_t* block = sums + (t - t0) * kPerBlock * kSums;
-      const PackedBlock& p = panel[t];
-      scale_sums(block, p.scales, d_a + t, a.blocks, f, rows);
-      if constexpr (Fm::kTwoScales)
-        scale_sums(block + kSums, p.scales_high, d_a + t, a.blocks, f, rows);
-      if constexpr (Fm::kMinimums) add_minimums(p, a.sums + i0 * a.blocks + t, a.blocks, f, rows);
+      scale_sums(block, panel.scales(t), d_a + t, a.blocks, f, rows);
+      if constexpr (Fm::kTwoScales) {
+        scale_sums(block + kSums, _mm512_load_ps(panel.blocks[t].scales_high), d_a + t, a.blocks, f,
+                   rows);
+      }
+      if constexpr (Fm::kMinimums) {
+        add_minimums(panel.blocks[t], a.sums + i0 * a.blocks + t, a.blocks, f, rows);
+      }
     }
   }
   const auto mask = static_cast<__mmask16>((1u << count) - 1);
@@ -470,11 +498,32 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
   for (std::int64_t j = 0; j < n; j += 2 * kPanelOutputs) {
     const std::int64_t n0 = std::min(kPanelOutputs, n - j);
     const std::int64_t n1 = std::min(kPanelOutputs, std::max<std::int64_t>(0, n - j - n0));
-    pack_outputs(b, j, n0, a.blocks, pack, level, vnni_bias, p0);
-    if (n1 > 0) pack_outputs(b, j + n0, n1, a.blocks, pack, level, vnni_bias, p1);
-    for (std::int64_t i = 0; i < tile_rows; i += kTileRows) {
-      tile16<Fm>(a, i, p0, n0, c + i * ldc + j, ldc);
-      if (n1 > 0) tile16<Fm>(a, i, p1, n1, c + i * ldc + j + kPanelOutputs, ldc);
+    // The tile products read stored Q8_0 panels where they lie; the packed panels serve the
+    // rows the other kernels take (and every other panel).
+    const bool direct0 = tile_rows > 0 && b.dtype == DType::kQ8_0 && j < b.panel_outputs;
+    const bool direct1 = direct0 && j + n0 < b.panel_outputs;
+    const bool rest = tile_rows < m;
+    if (!direct0 || rest) pack_outputs(b, j, n0, a.blocks, pack, level, vnni_bias, p0);
+    if (n1 > 0 && (!direct1 || rest)) {
+      pack_outputs(b, j + n0, n1, a.blocks, pack, level, vnni_bias, p1);
+    }
+    for (std::int64_t r0 = 0; r0 < tile_rows; r0 += kTileRows) {
+      float* out = c + r0 * ldc + j;
+      if constexpr (std::is_same_v<Fm, PairForm>) {
+        if (direct0) {
+          tile16<Fm>(a, r0, StoredQ8_0Source{b.w + j * b.ldw}, n0, out, ldc);
+        } else {
+          tile16<Fm>(a, r0, PackedSource{p0}, n0, out, ldc);
+        }
+        if (direct1) {
+          tile16<Fm>(a, r0, StoredQ8_0Source{b.w + (j + n0) * b.ldw}, n1, out + kPanelOutputs, ldc);
+        } else if (n1 > 0) {
+          tile16<Fm>(a, r0, PackedSource{p1}, n1, out + kPanelOutputs, ldc);
+        }
+      } else {
+        tile16<Fm>(a, r0, PackedSource{p0}, n0, out, ldc);
+        if (n1 > 0) tile16<Fm>(a, r0, PackedSource{p1}, n1, out + kPanelOutputs, ldc);
+      }
     }
     for (std::int64_t i = tile_rows; i < m; i += kRowsAtOnce) {
       const std::int64_t rows = std::min(kRowsAtOnce, m - i);

@@ -117,6 +117,15 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
   }
 }
 
+/// A stored panel's 16 f16 scales (at `bits`) as f32, by F16C: the values convert_f16_to_f32
+/// gives, without its call and dispatch for every block (which took a third of the packing).
+__attribute__((target("avx2,f16c"))) inline void panel_scales_f16c(const unsigned char* bits,
+                                                                   float* out) {
+  _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits))));
+  _mm256_storeu_ps(out + 8,
+                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + 16))));
+}
+
 /// Packs a stored panel of Q8_0 or Q4_0 weights (runtime/weight_panels.hpp: 16 outputs, `blocks`
 /// blocks, at `panel`) into out[0 .. blocks): its codes already lie in PackedBlock's order, 4
 /// codes of an output for each group, Q8_0's as they are and Q4_0's split into their nibbles
@@ -144,9 +153,13 @@ void pack_stored_panel(const unsigned char* panel, std::int64_t blocks, runtime:
         }
       }
     }
-    std::uint16_t scale_bits[kPanelOutputs];
-    std::memcpy(scale_bits, block, sizeof scale_bits);
-    runtime::convert_f16_to_f32(scale_bits, p.scales, level);
+    if (level >= runtime::KernelLevel::kAvx2) {
+      panel_scales_f16c(block, p.scales);
+    } else {
+      std::uint16_t scale_bits[kPanelOutputs];
+      std::memcpy(scale_bits, block, sizeof scale_bits);
+      runtime::convert_f16_to_f32(scale_bits, p.scales, level);
+    }
     std::copy_n(p.scales, kPanelOutputs, p.scales_high);
     std::fill_n(p.minimums, kPanelOutputs, 0.0f);
     if (vnni_bias) put_panel_bias(p, /*two_scales=*/false);
