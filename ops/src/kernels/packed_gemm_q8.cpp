@@ -299,11 +299,11 @@ struct PackedSource {
   }
 };
 struct StoredQ8_0Source {
+  static constexpr std::int64_t kBlockBytes = detail::kStoredBlockBytes<DType::kQ8_0>;
   const unsigned char* panel;
-  static constexpr std::int64_t kScaleBytes = 2 * kPanelOutputs;
-  static constexpr std::int64_t kBlockBytes = kScaleBytes + kPanelOutputs * kQ8DotBlock;
   const std::int8_t* codes(std::int64_t t) const noexcept {
-    return reinterpret_cast<const std::int8_t*>(panel + t * kBlockBytes + kScaleBytes);
+    return reinterpret_cast<const std::int8_t*>(panel + t * kBlockBytes +
+                                                detail::kStoredScaleBytes);
   }
   NUMESH_PACKED_AMX __m512 scales(std::int64_t t) const noexcept {
     return _mm512_cvtph_ps(
@@ -507,23 +507,18 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
     if (n1 > 0 && (!direct1 || rest)) {
       pack_outputs(b, j + n0, n1, a.blocks, pack, level, vnni_bias, p1);
     }
-    for (std::int64_t r0 = 0; r0 < tile_rows; r0 += kTileRows) {
-      float* out = c + r0 * ldc + j;
+    // Rows r0 .. r0 + 15 by the panel of outputs [jp, jp + count): stored or packed.
+    const auto tile_panel = [&](std::int64_t r0, std::int64_t jp, std::int64_t count, bool direct,
+                                const PackedBlock* packed_panel) {
+      float* out = c + r0 * ldc + jp;
       if constexpr (std::is_same_v<Fm, PairForm>) {
-        if (direct0) {
-          tile16<Fm>(a, r0, StoredQ8_0Source{b.w + j * b.ldw}, n0, out, ldc);
-        } else {
-          tile16<Fm>(a, r0, PackedSource{p0}, n0, out, ldc);
-        }
-        if (direct1) {
-          tile16<Fm>(a, r0, StoredQ8_0Source{b.w + (j + n0) * b.ldw}, n1, out + kPanelOutputs, ldc);
-        } else if (n1 > 0) {
-          tile16<Fm>(a, r0, PackedSource{p1}, n1, out + kPanelOutputs, ldc);
-        }
-      } else {
-        tile16<Fm>(a, r0, PackedSource{p0}, n0, out, ldc);
-        if (n1 > 0) tile16<Fm>(a, r0, PackedSource{p1}, n1, out + kPanelOutputs, ldc);
+        if (direct) return tile16<Fm>(a, r0, StoredQ8_0Source{b.w + jp * b.ldw}, count, out, ldc);
       }
+      tile16<Fm>(a, r0, PackedSource{packed_panel}, count, out, ldc);
+    };
+    for (std::int64_t r0 = 0; r0 < tile_rows; r0 += kTileRows) {
+      tile_panel(r0, j, n0, direct0, p0);
+      if (n1 > 0) tile_panel(r0, j + n0, n1, direct1, p1);
     }
     for (std::int64_t i = tile_rows; i < m; i += kRowsAtOnce) {
       const std::int64_t rows = std::min(kRowsAtOnce, m - i);

@@ -117,6 +117,13 @@ void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t coun
   }
 }
 
+/// A stored panel's block (runtime/weight_panels.hpp): its 16 outputs' f16 scales, then their
+/// codes (Q8_0 32 bytes an output, Q4_0 16).
+inline constexpr std::int64_t kStoredScaleBytes = 2 * kPanelOutputs;
+template <DType kFormat>
+inline constexpr std::int64_t kStoredBlockBytes = kStoredScaleBytes +
+                                                  kPanelOutputs*(kFormat == DType::kQ8_0 ? 32 : 16);
+
 /// A stored panel's 16 f16 scales (at `bits`) as f32, by F16C: the values convert_f16_to_f32
 /// gives, without its call and dispatch for every block (which took a third of the packing).
 __attribute__((target("avx2,f16c"))) inline void panel_scales_f16c(const unsigned char* bits,
@@ -134,17 +141,14 @@ template <DType kFormat>
 void pack_stored_panel(const unsigned char* panel, std::int64_t blocks, runtime::KernelLevel level,
                        bool vnni_bias, PackedBlock* out) {
   static_assert(kFormat == DType::kQ8_0 || kFormat == DType::kQ4_0);
-  constexpr std::int64_t kCodeBytes = kFormat == DType::kQ8_0 ? 32 : 16;
-  constexpr std::int64_t kScaleBytes = 2 * kPanelOutputs;
-  constexpr std::int64_t kBlockBytes = kPanelOutputs * (2 + kCodeBytes);
   for (std::int64_t t = 0; t < blocks; ++t) {
-    const unsigned char* block = panel + t * kBlockBytes;
+    const unsigned char* block = panel + t * kStoredBlockBytes<kFormat>;
     PackedBlock& p = out[t];
     if constexpr (kFormat == DType::kQ8_0) {
-      std::memcpy(p.codes, block + kScaleBytes, sizeof p.codes);
+      std::memcpy(p.codes, block + kStoredScaleBytes, sizeof p.codes);
     } else {
       for (std::int64_t g = 0; g < kPanelGroups / 2; ++g) {
-        const unsigned char* unit = block + kScaleBytes + g * sizeof p.codes[0];
+        const unsigned char* unit = block + kStoredScaleBytes + g * sizeof p.codes[0];
         auto* low = &p.codes[g][0][0];
         auto* high = &p.codes[g + kPanelGroups / 2][0][0];
         for (std::size_t i = 0; i < sizeof p.codes[0]; ++i) {
