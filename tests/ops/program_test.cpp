@@ -1,8 +1,11 @@
 #include "numesh/ops/lowering/program.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "numesh/core/error.hpp"
@@ -161,6 +164,123 @@ TEST(ProgramTest, HelpersRefuseWhatTheyCannotDo) {
       ThrowsMessage<ShapeError>(HasSubstr("tokens [3, 6) of [2, 5, 4]")));
   EXPECT_EQ(slice_tokens(random_host({2, 5, 4}, 1, 1.0f), 1, 2).shape,
             (std::vector<std::int64_t>{2, 2, 4}));
+}
+
+// A program of `layers` stages (or none): stage l adds 1 to the stage before it (a = prev + 1,
+// through scratch), beside tensors that must keep memory of their own.
+struct StagedProgram {
+  std::vector<runtime::ShardedTensor*> a, b, weight, unprefixed;
+  std::vector<runtime::Tensor*> scratch;  // slot 0's
+  std::vector<runtime::NodeId> first_node;
+  std::unique_ptr<Program> program;
+};
+
+StagedProgram staged_program(const runtime::DeviceMesh& mesh, int layers, bool stages) {
+  ProgramBuilder pb(mesh, "staged");
+  const auto replicated = sharding::PartitionSpec::replicated(2);
+  runtime::Frontier front;
+  runtime::ShardedTensor* prev = &pb.input("x", {4, 6}, replicated, front);
+  StagedProgram out;
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = fmt::format("layer{}.", l);
+    if (stages) pb.begin_stage(p);
+    runtime::ShardedTensor& a = pb.tensor(p + "a", TensorRole::kActivation, {4, 6}, replicated);
+    runtime::ShardedTensor& b = pb.tensor(p + "b", TensorRole::kActivation, {4, 8}, replicated);
+    out.a.push_back(&a), out.b.push_back(&b);
+    out.weight.push_back(&pb.tensor(p + "w", TensorRole::kWeight, {4, 6}, replicated));
+    out.unprefixed.push_back(
+        &pb.tensor(fmt::format("other{}.a", l), TensorRole::kActivation, {4, 6}, replicated));
+    runtime::ShardedTensor& in = *prev;
+    front = pb.per_device(p + "add", {&front}, [&](std::int64_t s) {
+      runtime::Tensor& t = pb.scratch(s, {24});
+      if (s == 0) out.scratch.push_back(&t);
+      runtime::Tensor& from = in.shard(s);
+      runtime::Tensor& to = a.shard(s);
+      runtime::Tensor& wide = b.shard(s);
+      return [&t, &from, &to, &wide] {
+        for (std::size_t i = 0; i < 24; ++i) t.values()[i] = from.values()[i] + 1.0f;
+        std::copy_n(t.values().data(), 24, to.values().data());
+        std::fill_n(wide.values().data(), 32, -1.0f);  // written whole, never read
+      };
+    });
+    out.first_node.push_back(front[0]);
+    prev = &a;
+  }
+  runtime::ShardedTensor& y = pb.tensor("y", TensorRole::kOutput, {4, 6}, replicated);
+  front = pb.per_device("copy", {&front}, [&](std::int64_t s) {
+    return [&from = prev->shard(s), &to = y.shard(s)] {
+      std::copy_n(from.values().data(), 24, to.values().data());
+    };
+  });
+  pb.output("y", y, front);
+  out.program = std::make_unique<Program>(std::move(pb).compile());
+  return out;
+}
+
+TEST(ProgramStageTest, StagesThreeApartShareActivationsAndScratch) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"dp"});
+  StagedProgram st = staged_program(mesh, 7, true);
+  for (int l = 0; l < 7; ++l) {
+    SCOPED_TRACE(l);
+    const auto i = static_cast<std::size_t>(l);
+    const std::size_t owner = i % 3;  // the stage whose memory stage l holds
+    EXPECT_EQ(st.a[i], st.a[owner]);
+    EXPECT_EQ(st.b[i], st.b[owner]);
+    EXPECT_EQ(st.scratch[i], st.scratch[owner]);
+    for (std::size_t k = 0; k < i; ++k) {
+      EXPECT_NE(st.weight[i], st.weight[k]) << "weights are not activations";
+      EXPECT_NE(st.unprefixed[i], st.unprefixed[k]) << "not named with the stage's prefix";
+      if (k % 3 != owner) {
+        EXPECT_NE(st.a[i], st.a[k]);
+      }
+    }
+  }
+  EXPECT_NE(st.a[0], st.a[1]);
+  EXPECT_NE(st.a[0], st.a[2]);
+  const ProgramPlan& plan = st.program->plan();
+  const auto find = [&](const std::string& name) {
+    for (const TensorPlan& t : plan.tensors) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return TensorPlan{};
+  };
+  EXPECT_EQ(find("layer3.a").memory_of, "layer0.a");
+  EXPECT_EQ(find("layer6.b").memory_of, "layer0.b");
+  EXPECT_EQ(find("layer5.a").memory_of, "layer2.a");
+  EXPECT_EQ(find("layer2.a").memory_of, "");
+  EXPECT_EQ(find("layer4.w").memory_of, "");
+  EXPECT_THAT(plan.text(), HasSubstr("in layer1.a's memory"));
+  EXPECT_EQ(plan.to_json()["tensors"][1 + 3 * 4]["memory_of"], "layer0.a");  // x, 3 stages of 4
+  // The memory of four stages' a, b and scratch is saved on each slot.
+  const StagedProgram plain = staged_program(mesh, 7, false);
+  const std::int64_t per_stage = (24 + 32 + 24) * 4;
+  for (std::size_t s = 0; s < 2; ++s)
+    EXPECT_EQ(plan.memory_bytes[s], plain.program->plan().memory_bytes[s] - 4 * per_stage) << s;
+}
+
+TEST(ProgramStageTest, AStageWaitsForTheFenceTwoStagesBack) {
+  const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"dp"});
+  StagedProgram st = staged_program(mesh, 5, true);
+  const runtime::CompiledGraph& g = st.program->graph();
+  for (std::size_t l = 2; l < 5; ++l) {
+    SCOPED_TRACE(l);
+    const auto& deps = g.node(st.first_node[l]).deps;
+    const auto fence = std::find_if(deps.begin(), deps.end(), [&](runtime::NodeId d) {
+      return g.node(d).name == fmt::format("layer{}.fence", l - 2);
+    });
+    ASSERT_NE(fence, deps.end());
+    // The fence waits for both nodes of its stage and the fence before it.
+    const auto& waits = g.node(*fence).deps;
+    EXPECT_NE(std::find(waits.begin(), waits.end(), st.first_node[l - 2]), waits.end());
+    EXPECT_EQ(waits.size(), l >= 3 ? 3u : 2u);
+  }
+  for (int run = 0; run < 2; ++run) {
+    const runtime::HostTensor x = random_host({4, 6}, 10 + run, 1.0f);
+    const runtime::HostTensor& y = st.program->run("x", x, "y");
+    for (std::size_t i = 0; i < x.data.size(); ++i)
+      ASSERT_EQ(y.data[i], x.data[i] + 1.0f + 1.0f + 1.0f + 1.0f + 1.0f) << i;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <utility>
@@ -104,10 +105,11 @@ std::string ProgramPlan::text() const {
   out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", "tensor", name_w, "role",
                      "shape", "dtype", "spec", spec_w, "per device");
   for (const TensorPlan& t : tensors) {
-    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}\n", t.name, name_w,
+    out += fmt::format("  {:<{}}  {:<10}  {:<18}  {:<5}  {:<{}}  {:>10}{}\n", t.name, name_w,
                        to_string(t.role), fmt::format("[{}]", fmt::join(t.shape, ", ")),
                        to_string(t.dtype), t.spec.repr(), spec_w,
-                       human_bytes(static_cast<std::uint64_t>(t.shard_bytes)));
+                       human_bytes(static_cast<std::uint64_t>(t.shard_bytes)),
+                       t.memory_of.empty() ? "" : "  in " + t.memory_of + "'s memory");
   }
   if (collectives.empty()) {
     out += "  collectives: none\n";
@@ -147,6 +149,7 @@ nlohmann::json ProgramPlan::to_json() const {
                             {"dtype", to_string(t.dtype)},
                             {"spec", t.spec.repr()},
                             {"bytes_per_device", t.shard_bytes}});
+    if (!t.memory_of.empty()) j["tensors"].back()["memory_of"] = t.memory_of;
   }
   j["collectives"] = nlohmann::json::array();
   for (const CollectivePlan& c : collectives) {
@@ -200,9 +203,37 @@ ProgramBuilder::ProgramBuilder(runtime::DeviceMesh mesh, std::string name,
 runtime::ShardedTensor& ProgramBuilder::tensor(std::string name, TensorRole role,
                                                std::vector<std::int64_t> shape,
                                                sharding::PartitionSpec spec, DType dtype) {
-  return use(
+  Stage* stage = stages_.empty() ? nullptr : &stages_.back();
+  if (role != TensorRole::kActivation || stage == nullptr || !name.starts_with(stage->prefix)) {
+    return use(
+        std::move(name), role,
+        std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec), dtype));
+  }
+  std::string suffix = name.substr(stage->prefix.size());
+  for (auto it = free_tensors_.begin(); it != free_tensors_.end(); ++it) {
+    const runtime::ShardedTensor& t = *it->tensor;
+    if (it->suffix != suffix || t.shape() != shape || t.spec() != spec || t.dtype() != dtype ||
+        t.order() != runtime::StoredOrder::kRows)
+      continue;
+    StageTensor taken = std::move(*it);
+    free_tensors_.erase(it);
+    plan_.tensors.push_back(TensorPlan{.name = std::move(name),
+                                       .role = role,
+                                       .shape = std::move(shape),
+                                       .spec = std::move(spec),
+                                       .dtype = dtype,
+                                       .shard_bytes = t.shard_bytes(),
+                                       .memory_of = taken.origin});
+    stage->tensors.push_back(std::move(taken));
+    return *stage->tensors.back().tensor;
+  }
+  std::string origin = name;
+  runtime::ShardedTensor& t = use(
       std::move(name), role,
       std::make_shared<runtime::ShardedTensor>(mesh_, std::move(shape), std::move(spec), dtype));
+  stage->tensors.push_back(StageTensor{
+      .suffix = std::move(suffix), .origin = std::move(origin), .tensor = tensors_.back()});
+  return t;
 }
 
 runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
@@ -214,17 +245,64 @@ runtime::ShardedTensor& ProgramBuilder::use(std::string name, TensorRole role,
                                      .shape = tensor->shape(),
                                      .spec = tensor->spec(),
                                      .dtype = tensor->dtype(),
-                                     .shard_bytes = bytes});
+                                     .shard_bytes = bytes,
+                                     .memory_of = {}});
   for (auto& m : plan_.memory_bytes) m += bytes;
   tensors_.push_back(std::move(tensor));
   return *tensors_.back();
 }
 
 runtime::Tensor& ProgramBuilder::scratch(std::int64_t slot, std::vector<std::int64_t> shape) {
+  if (!stages_.empty()) {
+    for (auto it = free_scratch_.begin(); it != free_scratch_.end(); ++it) {
+      if (it->first != slot || it->second->shape() != shape) continue;
+      runtime::Tensor* taken = it->second;
+      free_scratch_.erase(it);
+      stages_.back().scratch.emplace_back(slot, taken);
+      return *taken;
+    }
+  }
   auto t = std::make_unique<runtime::Tensor>(mesh_.device(slot), std::move(shape));
   plan_.memory_bytes[static_cast<std::size_t>(slot)] += t->size() * 4;
+  if (!stages_.empty()) stages_.back().scratch.emplace_back(slot, t.get());
   scratch_.push_back(std::move(t));
   return *scratch_.back();
+}
+
+void ProgramBuilder::begin_stage(std::string prefix) {
+  end_stage();
+  const std::size_t j = stages_.size();  // the new stage
+  // Stage j - 3's memory is read by its nodes and stage j - 2's, all behind the fence that
+  // stage j's nodes will wait for: stage j may take it.
+  if (j >= 3) {
+    Stage& old = stages_[j - 3];
+    std::move(old.tensors.begin(), old.tensors.end(), std::back_inserter(free_tensors_));
+    free_scratch_.insert(free_scratch_.end(), old.scratch.begin(), old.scratch.end());
+    old.tensors.clear();
+    old.scratch.clear();
+  }
+  if (j >= 2) {
+    Stage& back = stages_[j - 2];
+    std::vector<runtime::NodeId> deps;
+    for (runtime::NodeId n = back.first_node; n < back.end_node; ++n) deps.push_back(n);
+    if (j >= 3 && stages_[j - 3].fence != runtime::kReady) deps.push_back(stages_[j - 3].fence);
+    back.fence = graph_.add(
+        mesh_.device(mesh_.local_slots().front()).index(), back.prefix + "fence", [] {}, deps);
+  }
+  Stage stage;
+  stage.prefix = std::move(prefix);
+  stage.first_node = static_cast<runtime::NodeId>(graph_.size());
+  stages_.push_back(std::move(stage));
+}
+
+void ProgramBuilder::end_stage() {
+  if (stages_.empty()) return;
+  Stage& stage = stages_.back();
+  stage.end_node = static_cast<runtime::NodeId>(graph_.size());
+  const std::size_t j = stages_.size() - 1;
+  if (j < 2 || stages_[j - 2].fence == runtime::kReady) return;
+  for (runtime::NodeId n = stage.first_node; n < stage.end_node; ++n)
+    graph_.depend(stages_[j - 2].fence, n);
 }
 
 void ProgramBuilder::add_flops(std::int64_t slot, double flops) {
@@ -344,6 +422,7 @@ runtime::ShardedTensor& ProgramBuilder::gather_over(runtime::ShardedTensor& in,
 }
 
 Program ProgramBuilder::compile() && {
+  end_stage();
   Program p;
   plan_.nodes = graph_.size();
   // Each rank counted the FLOPs and scratch of its own slots: the plan gives every slot's.

@@ -214,6 +214,9 @@ Program ShardedTransformer::compile(std::int64_t tokens, std::vector<MoeRouting*
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     Layer& layer = *layers_[l];
     const std::string p = fmt::format("block{}", l);
+    // A block reads the one before it and nothing older, and writes its intermediates whole:
+    // blocks three apart share memory (begin_stage).
+    pb.begin_stage(p + ".");
     runtime::ShardedTensor& norm_w = pb.use(p + ".attn_norm", TensorRole::kWeight, layer.attn_norm);
     runtime::ShardedTensor& n1 = activation(p + ".attn_in");
     runtime::ShardedTensor* block_in = stream;

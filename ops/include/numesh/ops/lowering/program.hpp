@@ -47,6 +47,9 @@ struct TensorPlan {
   DType dtype = DType::kF32;
   /// Bytes of the shard on each mesh slot.
   std::int64_t shard_bytes = 0;
+  /// The earlier tensor whose memory this one took over (ProgramBuilder::begin_stage), or
+  /// empty when it has memory of its own.
+  std::string memory_of;
 };
 
 /// One collective of a plan.
@@ -75,8 +78,8 @@ struct ProgramPlan {
   /// FLOPs per run on each mesh slot (multiply-add = 2).
   std::vector<double> flops;
   /// Bytes allocated on each mesh slot by this program's tensors and scratch (tensors shared
-  /// with other programs included). Buffers are not reused within a program, so this is the
-  /// program's peak.
+  /// with other programs included). Memory a stage takes over from an earlier one
+  /// (ProgramBuilder::begin_stage) counts once, so this is the program's peak.
   std::vector<std::int64_t> memory_bytes;
   /// Graph nodes (this rank's, on a mesh over ranks).
   std::size_t nodes = 0;
@@ -108,7 +111,8 @@ class ProgramBuilder {
   runtime::GraphBuilder& graph() noexcept { return graph_; }
 
   /// A new sharded tensor of `dtype` owned by the program, laid out by `spec` as given (callers
-  /// correct it first when it comes from user input). Throws: what ShardedTensor throws.
+  /// correct it first when it comes from user input); inside a stage, an activation may come
+  /// with an earlier stage's memory (begin_stage). Throws: what ShardedTensor throws.
   runtime::ShardedTensor& tensor(std::string name, TensorRole role, std::vector<std::int64_t> shape,
                                  sharding::PartitionSpec spec, DType dtype = DType::kF32);
   /// Registers a tensor the program shares with others (weights, caches): kept alive by the
@@ -120,9 +124,24 @@ class ProgramBuilder {
                                          const std::shared_ptr<runtime::ShardedTensor>& tensor) {
     return tensor != nullptr ? &use(std::move(name), role, tensor) : nullptr;
   }
-  /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled). Throws:
+  /// Scratch on mesh slot `slot`'s device, owned by the program (zero-filled when new; inside
+  /// a stage it may be an earlier stage's, holding what that stage left: begin_stage). Throws:
   /// ValueError when `slot` is another rank's.
   runtime::Tensor& scratch(std::int64_t slot, std::vector<std::int64_t> shape);
+  /// Starts a stage called `prefix` (a model's layer), ending the one before. The nodes added
+  /// until the next begin_stage() or compile() are the stage's, and so are the kActivation
+  /// tensors named `prefix` + suffix and the scratch it asks for meanwhile.
+  /// REQUIRES: a stage's activations and scratch are read by its own nodes and the next
+  /// stage's only, and written whole by their stage before being read (as a layer's are: the
+  /// next layer reads its output, nothing reads older ones, and no run reads what the run
+  /// before it left). Then the builder gives a stage, instead of new memory, that of a stage
+  /// three or more back: its activation of the same suffix, shape, spec and dtype, and its
+  /// scratch of the same slot and shape (in the order asked). Every node of a stage waits for
+  /// every node two stages back and before (one fence node a stage), so no node writes memory
+  /// a node of an older stage may still read. A program of many like layers thus holds three
+  /// layers' intermediates instead of all of them, and touches fresh pages only for those.
+  /// Not for programs whose activations outlive their stage (training's saved activations).
+  void begin_stage(std::string prefix);
   /// An input the caller provides per run (Program::set_input): a new program tensor laid out
   /// by `spec`, filled at the start of every run by one load node per local slot that copies
   /// the slot's slice from the caller's host tensor (on a mesh over ranks, every rank passes
@@ -212,6 +231,25 @@ class ProgramBuilder {
  private:
   friend class Program;
   struct Binding;
+  // An activation's memory as stages hand it on: the name suffix it is matched by, the name
+  // of the tensor that allocated it.
+  struct StageTensor {
+    std::string suffix;
+    std::string origin;
+    std::shared_ptr<runtime::ShardedTensor> tensor;
+  };
+  // One stage of begin_stage(): its nodes [first_node, end_node), the memory it holds, and
+  // the node that waits for it and every stage before it.
+  struct Stage {
+    std::string prefix;
+    runtime::NodeId first_node = 0;
+    runtime::NodeId end_node = 0;
+    runtime::NodeId fence = runtime::kReady;
+    std::vector<StageTensor> tensors;
+    std::vector<std::pair<std::int64_t, runtime::Tensor*>> scratch;  // (slot, scratch)
+  };
+  // Ends the open stage: its nodes wait for the fence two stages back.
+  void end_stage();
   runtime::DeviceMesh mesh_;
   std::string name_;
   runtime::GraphBuilder graph_;
@@ -222,6 +260,10 @@ class ProgramBuilder {
   ProgramPlan plan_;
   CollectiveOps collectives_ = CollectiveOps::runtime_collectives();
   MatmulPrecision matmul_precision_ = MatmulPrecision::kF32;
+  std::vector<Stage> stages_;
+  // Memory the stages three back gave up, for the open stage to take.
+  std::vector<StageTensor> free_tensors_;
+  std::vector<std::pair<std::int64_t, runtime::Tensor*>> free_scratch_;
 };
 
 /// A compiled program: run it many times; it owns what its nodes use. Movable, not copyable.
