@@ -2,7 +2,9 @@
 
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "numesh/ops/kernels/exp_kernels.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops {
 
@@ -92,6 +94,14 @@ void activation_backward_inplace(Activation act, ConstMatrixMap x, MatrixMap dy)
 }
 
 void gated_inplace(Activation act, MatrixMap gate, ConstMatrixMap up) {
+  if (act == Activation::kSilu) {  // SwiGLU's, at the kernel level's width (exp_kernels.hpp)
+    const runtime::KernelLevel level = runtime::kernel_level();
+    const std::int64_t cols = gate.cols();
+    parallel_blocks(gate.rows(), row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
+      silu_mul_row(gate.data() + r0 * cols, up.data() + r0 * cols, (r1 - r0) * cols, level);
+    });
+    return;
+  }
   with_activation(act, [&]<class Act>() {
     parallel_blocks(gate.rows(), row_block_for(gate.cols()), [&](std::int64_t r0, std::int64_t r1) {
       auto g = gate.middleRows(r0, r1 - r0).array();

@@ -10,6 +10,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
+#include "numesh/ops/kernels/exp_kernels.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/rope.hpp"
@@ -24,16 +25,7 @@ constexpr std::int64_t kBlockedFrom = 16;
 
 // The stable softmax of row[0, visible), zeros in [visible, row.size()).
 void softmax_prefix(float* row, std::int64_t visible, std::int64_t width) {
-  float max_score = -std::numeric_limits<float>::infinity();
-  for (std::int64_t i = 0; i < visible; ++i) max_score = std::max(max_score, row[i]);
-  float sum = 0.0f;
-  for (std::int64_t i = 0; i < visible; ++i) {
-    row[i] = std::exp(row[i] - max_score);
-    sum += row[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < visible; ++i) row[i] *= inv;
-  std::fill(row + visible, row + width, 0.0f);
+  softmax_row(row, visible, width, runtime::kernel_level());
 }
 
 // One query at a time: dot products against each visible key (decode).

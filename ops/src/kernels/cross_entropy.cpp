@@ -19,12 +19,12 @@ namespace {
 // Below ln(FLT_MIN) the result is 0 on every ISA: Eigen's vector exp clamps its argument near
 // -88.4, so on AVX2 exp(-inf) came out 1.8e-39 instead of 0 (AVX-512 gave 0).
 void shifted_exp(const float* in, float shift, std::int64_t n, float* out) {
-  constexpr std::int64_t kBlock = 16;
-  using Block = Eigen::Array<float, kBlock, 1>;  // fixed size: aligned, evaluated in whole vectors
+  constexpr std::int64_t kLanes = 16;
+  using Block = Eigen::Array<float, kLanes, 1>;  // fixed size: aligned, evaluated in whole vectors
   const float lowest = std::log(std::numeric_limits<float>::min());
   Block block;
-  for (std::int64_t at = 0; at < n; at += kBlock) {
-    const std::int64_t m = std::min(kBlock, n - at);
+  for (std::int64_t at = 0; at < n; at += kLanes) {
+    const std::int64_t m = std::min(kLanes, n - at);
     block.setZero();
     std::copy_n(in + at, m, block.data());
     block -= shift;
