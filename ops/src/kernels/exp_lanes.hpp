@@ -1,0 +1,116 @@
+#pragma once
+
+// PRIVATE to ops/src/kernels: the pieces of the exponential-based kernels (exp_kernels.cpp,
+// key_block.cpp) that must give the same bits at every width: exp over one float, 8 and 16
+// lanes, and the fixed fold of 16 lane sums.
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "numesh/runtime/cpu_features.hpp"
+
+namespace numesh::ops::detail {
+
+// Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, ln2 split in two so that n * kExpLn2Hi is exact;
+// exp(r) ~ 1 + r + r^2 P(r); 2^n applied as two halves (n from -150 to 128) so that neither
+// factor leaves the normal range and the product under- or overflows as exp does.
+constexpr float kExpLog2e = 1.44269504088896341f;
+constexpr float kExpLn2Hi = 0.693359375f;
+constexpr float kExpLn2Lo = -2.12194440e-4f;
+constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f, kExpP2 = 8.3334519073e-3f,
+                kExpP3 = 4.1665795894e-2f, kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f;
+// Past these, exp is inf or 0 anyway; clamping keeps n's two halves representable.
+constexpr float kExpHi = 89.0f, kExpLo = -104.0f;
+
+inline float pow2(std::int32_t n) {  // 2^n for -126 <= n <= 127
+  const std::uint32_t bits = static_cast<std::uint32_t>(n + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float exp1(float x) {
+  // min(hi, x) and max(lo, x) as MINPS/MAXPS order them: a NaN x passes through.
+  x = kExpHi < x ? kExpHi : x;
+  x = kExpLo > x ? kExpLo : x;
+  const float n = std::nearbyint(x * kExpLog2e);
+  float r = std::fma(n, -kExpLn2Hi, x);
+  r = std::fma(n, -kExpLn2Lo, r);
+  const float z = r * r;
+  float p = std::fma(kExpP0, r, kExpP1);
+  p = std::fma(p, r, kExpP2);
+  p = std::fma(p, r, kExpP3);
+  p = std::fma(p, r, kExpP4);
+  p = std::fma(p, r, kExpP5);
+  float y = std::fma(p, z, r);
+  y = y + 1.0f;
+  if (std::isnan(n)) return y;  // NaN
+  const auto ni = static_cast<std::int32_t>(n);
+  const std::int32_t half = ni >> 1;  // floor(n / 2), as the vector shifts
+  return y * pow2(half) * pow2(ni - half);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(kExpHi), x);
+  x = _mm256_max_ps(_mm256_set1_ps(kExpLo), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Lo), r);
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kExpP0), r, _mm256_set1_ps(kExpP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP5));
+  __m256 y = _mm256_fmadd_ps(p, z, r);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is whole (NaN lanes: y is NaN)
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+}
+
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(kExpHi), x);
+  x = _mm512_max_ps(_mm512_set1_ps(kExpLo), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Lo), r);
+  const __m512 z = _mm512_mul_ps(r, r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(kExpP0), r, _mm512_set1_ps(kExpP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP5));
+  __m512 y = _mm512_fmadd_ps(p, z, r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  const __m512i ni = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(ni, 1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), bias), 23));
+  return _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+}
+
+inline bool avx512(runtime::KernelLevel level) { return level >= runtime::KernelLevel::kAvx512; }
+inline bool avx2(runtime::KernelLevel level) { return level == runtime::KernelLevel::kAvx2; }
+
+// The sum of 16 lanes in the order every width keeps: lane l + 8 into l, then + 4, + 2, + 1.
+inline float fold16(const float* lanes) {
+  float t[8];
+  for (int l = 0; l < 8; ++l) t[l] = lanes[l] + lanes[l + 8];
+  for (int l = 0; l < 4; ++l) t[l] = t[l] + t[l + 4];
+  for (int l = 0; l < 2; ++l) t[l] = t[l] + t[l + 2];
+  return t[0] + t[1];
+}
+
+}  // namespace numesh::ops::detail
