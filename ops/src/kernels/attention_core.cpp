@@ -12,8 +12,10 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/ops/kernels/exp_kernels.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/key_block.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/rope.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops {
 
@@ -86,6 +88,7 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
   const std::int64_t blocks = key_blocks(sl.kv_len), stride = d + 2;
   const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
   float* partials = scratch.data() + slots * per_thread;
+  const runtime::KernelLevel level = runtime::kernel_level();
   // Partial (b, h, t, block) lives at ((((b * q_heads + h) * q_len + t) * blocks + block) * stride.
   for_each_task(sl.batch * sl.q_heads * blocks, [&](std::int64_t task) {
     const std::int64_t block = task % blocks, bh = task / blocks, h = bh % sl.q_heads,
@@ -105,20 +108,17 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
         part[1] = 0.0f;
         continue;
       }
-      const Vec qr(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
-      float m = -std::numeric_limits<float>::infinity();
+      const float* keys[kKeyBlock];
+      const float* values[kKeyBlock];
       for (std::int64_t si = first; si < last; ++si) {
-        scores[si - first] = qr.dot(Vec(kb + si * kv.pos_stride, d)) * scale;
-        m = std::max(m, scores[si - first]);
+        keys[si - first] = kb + si * kv.pos_stride;
+        values[si - first] = vb + si * kv.pos_stride;
       }
-      float sum = 0.0f;
-      for (std::int64_t si = first; si < last; ++si) {
-        const float e = std::exp(scores[si - first] - m);
-        sum += e;
-        o += e * Vec(vb + si * kv.pos_stride, d);
-      }
-      part[0] = m;
-      part[1] = sum;
+      const KeyBlockStats st =
+          attend_key_block(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, keys, values,
+                           last - first, d, scale, scores, part + 2, level);
+      part[0] = st.max;
+      part[1] = st.sum;
     }
   });
   for_each_task(sl.batch * sl.q_heads, [&](std::int64_t bh) {

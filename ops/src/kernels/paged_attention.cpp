@@ -9,7 +9,9 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/kernels/key_block.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops {
 
@@ -51,6 +53,7 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
   const std::int64_t blocks = paged_key_blocks(max_context), stride = d + 2;
   const std::int64_t slots = arena_scratch_slots(threads);
   float* partials = scratch.data() + slots * kPagedKeyBlock;
+  const runtime::KernelLevel level = runtime::kernel_level();
   // Partial (t, h, block) lives at ((t * q_heads + h) * blocks + block) * stride.
   for_each_task(tokens * sl.q_heads * blocks, [&](std::int64_t task) {
     const std::int64_t block = task % blocks, th = task / blocks, h = th % sl.q_heads,
@@ -74,20 +77,16 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
              (si % kv.block_size) * kv.pos_stride;
     };
     float* scores = thread_scratch(scratch, kPagedKeyBlock, slots);
-    const Vec qr(q + (t * sl.q_heads + h) * d, d);
-    float m = -std::numeric_limits<float>::infinity();
+    const float* key_rows[kPagedKeyBlock];
+    const float* value_rows[kPagedKeyBlock];
     for (std::int64_t si = first; si < last; ++si) {
-      scores[si - first] = qr.dot(Vec(row(kv.k, si), d)) * scale;
-      m = std::max(m, scores[si - first]);
+      key_rows[si - first] = row(kv.k, si);
+      value_rows[si - first] = row(kv.v, si);
     }
-    float sum = 0.0f;
-    for (std::int64_t si = first; si < last; ++si) {
-      const float e = std::exp(scores[si - first] - m);
-      sum += e;
-      o += e * Vec(row(kv.v, si), d);
-    }
-    part[0] = m;
-    part[1] = sum;
+    const KeyBlockStats st = attend_key_block(q + (t * sl.q_heads + h) * d, key_rows, value_rows,
+                                              last - first, d, scale, scores, part + 2, level);
+    part[0] = st.max;
+    part[1] = st.sum;
   });
   for_each_task(tokens * sl.q_heads, [&](std::int64_t th) {
     const float* part = partials + th * blocks * stride;

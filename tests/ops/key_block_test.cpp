@@ -1,0 +1,97 @@
+#include "numesh/ops/kernels/key_block.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../common/kernel_levels.hpp"
+
+namespace numesh::ops {
+namespace {
+
+using runtime::KernelLevel;
+
+class KeyBlockLevelTest : public numesh::testing::KernelLevelTest {};
+
+// A block of `count` keys and values of `d` floats, rows `stride` floats apart (as a cache lays
+// them out), with a query.
+struct Block {
+  std::vector<float> q, kv_k, kv_v;
+  std::vector<const float*> keys, values;
+};
+
+Block make_block(std::int64_t count, std::int64_t d, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  const std::int64_t stride = d + 3;
+  Block b;
+  b.q.resize(static_cast<std::size_t>(d));
+  b.kv_k.resize(static_cast<std::size_t>(count * stride));
+  b.kv_v.resize(static_cast<std::size_t>(count * stride));
+  for (float& v : b.q) v = 2.0f * normal(rng);
+  for (float& v : b.kv_k) v = normal(rng);
+  for (float& v : b.kv_v) v = normal(rng);
+  for (std::int64_t i = 0; i < count; ++i) {
+    b.keys.push_back(b.kv_k.data() + i * stride);
+    b.values.push_back(b.kv_v.data() + i * stride);
+  }
+  return b;
+}
+
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+TEST_P(KeyBlockLevelTest, GivesTheScalarLevelsBitsAndTheSoftmaxWeightedValues) {
+  for (const std::int64_t d : {1, 4, 15, 16, 17, 64, 80, 128}) {
+    for (const std::int64_t count : {1, 7, 16, 17, 100, 256}) {
+      const std::string what = "d " + std::to_string(d) + ", " + std::to_string(count) + " keys";
+      const Block b = make_block(count, d, static_cast<unsigned>(d * 1000 + count));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::vector<float> scores0(static_cast<std::size_t>(count)), scores(scores0.size());
+      std::vector<float> o0(static_cast<std::size_t>(d), 9.0f), o(o0.size(), 9.0f);
+      const KeyBlockStats want =
+          attend_key_block(b.q.data(), b.keys.data(), b.values.data(), count, d, scale,
+                           scores0.data(), o0.data(), KernelLevel::kScalar);
+      const KeyBlockStats got = attend_key_block(b.q.data(), b.keys.data(), b.values.data(), count,
+                                                 d, scale, scores.data(), o.data(), level());
+      ASSERT_EQ(bits(got.max), bits(want.max)) << what;
+      ASSERT_EQ(bits(got.sum), bits(want.sum)) << what;
+      for (std::size_t i = 0; i < scores.size(); ++i)
+        ASSERT_EQ(bits(scores[i]), bits(scores0[i])) << what << ", e of key " << i;
+      for (std::size_t j = 0; j < o.size(); ++j)
+        ASSERT_EQ(bits(o[j]), bits(o0[j])) << what << ", output " << j;
+      // Against double: the scores, their max, the exponentials' sum and the weighted values.
+      std::vector<double> s(static_cast<std::size_t>(count));
+      double top = -INFINITY;
+      for (std::int64_t i = 0; i < count; ++i) {
+        double dot = 0;
+        for (std::int64_t j = 0; j < d; ++j) dot += double{b.q[j]} * b.keys[i][j];
+        s[static_cast<std::size_t>(i)] = dot * scale;
+        top = std::max(top, s[static_cast<std::size_t>(i)]);
+      }
+      EXPECT_NEAR(want.max, top, 1e-5 * (1.0 + std::abs(top))) << what;
+      double total = 0;
+      std::vector<double> ref(static_cast<std::size_t>(d), 0.0);
+      for (std::int64_t i = 0; i < count; ++i) {
+        const double e = std::exp(s[static_cast<std::size_t>(i)] - top);
+        total += e;
+        for (std::int64_t j = 0; j < d; ++j) ref[static_cast<std::size_t>(j)] += e * b.values[i][j];
+      }
+      EXPECT_NEAR(want.sum, total, 1e-4 * total) << what;
+      for (std::int64_t j = 0; j < d; ++j) {
+        EXPECT_NEAR(o0[static_cast<std::size_t>(j)], ref[static_cast<std::size_t>(j)],
+                    1e-4 * (1.0 + total))
+            << what << ", output " << j;
+      }
+    }
+  }
+}
+
+NUMESH_INSTANTIATE_LEVELS(KeyBlockLevelTest);
+
+}  // namespace
+}  // namespace numesh::ops
