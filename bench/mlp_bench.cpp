@@ -213,12 +213,16 @@ void BM_DeviceGemm(benchmark::State& state, DType t, ops::MatmulPrecision precis
 // x[256, 1024] by 256 outputs, the activations quantized once (untimed), by packed_gemm_q8 (int8
 // products on packed panels) or by gemm_dequantized (fp32 panels through OpenBLAS, on the
 // activations' fp32 values), the baseline it replaced.
-void BM_BlockTile(benchmark::State& state, DType t, bool packed) {
+void BM_BlockTile(benchmark::State& state, DType t, bool packed, bool panels = false) {
   constexpr std::int64_t kRows = 256, kCols = 256;
   const runtime::HostTensor x = random({kRows, kHidden}, 3, 1.0f);
   const runtime::HostTensor w = random({kCols, kHidden}, 1, 0.02f);  // out-in
-  const std::vector<std::byte> stored = stored_as(w, t);
-  const ops::WeightMatrix b{stored.data(), t, kHidden, kCols, ops::WeightLayout::kOutIn};
+  std::vector<std::byte> stored = stored_as(w, t);
+  ops::WeightMatrix b{stored.data(), t, kHidden, kCols, ops::WeightLayout::kOutIn};
+  if (panels) {  // stored as a model's weights are (runtime/weight_panels.hpp)
+    runtime::rows_to_panels_in_place(t, kCols, kHidden, stored);
+    b.panel_outputs = kCols;
+  }
   std::vector<std::int8_t> codes(static_cast<std::size_t>(kRows * kHidden));
   std::vector<float> scales(static_cast<std::size_t>(kRows * kHidden / 32));
   ops::quantize_activations_q8(kRows, kHidden, x.data.data(), kHidden, codes.data(), scales.data());
@@ -328,6 +332,10 @@ BENCHMARK_CAPTURE(BM_DeviceGemm, q6_k, DType::kQ6_K, ops::MatmulPrecision::kF32)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BlockTile, q8_0_packed, DType::kQ8_0, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q8_0_panels, DType::kQ8_0, true, true)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_BlockTile, q4_0_panels, DType::kQ4_0, true, true)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BlockTile, q8_0_dequantized, DType::kQ8_0, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BlockTile, q4_0_packed, DType::kQ4_0, true)->Unit(benchmark::kMillisecond);
