@@ -28,7 +28,9 @@ v = {'A': [], 'B': []}
 for line in sys.stdin:
     k, x = line.split()
     v[k].append(float(x))
+def g(x):
+    return float(f'{x:.4g}')
 for k in 'AB':
-    print(k, [round(x, 1) for x in v[k]], 'median', round(st.median(v[k]), 1))
+    print(k, [g(x) for x in v[k]], 'median', g(st.median(v[k])))
 r = [b / a for a, b in zip(v['A'], v['B'])]
 print('B / A per round', [round(x, 2) for x in r], 'median', round(st.median(r), 3))"

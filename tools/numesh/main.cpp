@@ -106,39 +106,52 @@ Command command(CLI::App& parent, Add add, Run run) {
       }};
 }
 
-// OpenBLAS chose its kernels when it loaded, before main; when it chose a core older than this
-// CPU (Debian's 0.3.21 gives an Emerald Rapids its SSE3 Prescott kernels, a quarter of the speed:
-// ops/kernels/blas_core.hpp), the program starts again with OPENBLAS_CORETYPE naming the
-// CPU's class, and NUMESH_OPENBLAS_CHOSE saying what OpenBLAS had chosen (`numesh topology`
-// prints both; a set NUMESH_OPENBLAS_CHOSE also keeps the restart from happening twice). A
-// caller's own OPENBLAS_CORETYPE is left as it is, and NUMESH_KEEP_OPENBLAS_CORE=1 keeps
-// OpenBLAS's choice (to compute as a process that cannot restart does: the Python package's
-// tests compare the program's results with their own bit for bit). Nothing has started yet: no
-// thread, no MPI.
-void run_on_openblas_kernels_for_this_cpu(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
-  if (const char* keep = std::getenv("NUMESH_KEEP_OPENBLAS_CORE");
-      keep != nullptr && std::string_view(keep) == "1") {
-    return;
+// OpenBLAS set itself up when it loaded, before main, in two ways numesh does not want, and
+// the program starts again (once, before any thread or MPI) with the environment that fixes
+// them:
+// - It chose its kernels: when it chose a core older than this CPU (Debian's 0.3.21 gives an
+//   Emerald Rapids its SSE3 Prescott kernels, a quarter of the speed: ops/kernels/blas_core.hpp),
+//   OPENBLAS_CORETYPE names the CPU's class, and NUMESH_OPENBLAS_CHOSE says what OpenBLAS had
+//   chosen (`numesh topology` prints both; a set NUMESH_OPENBLAS_CHOSE also keeps the restart
+//   from happening twice). A caller's own OPENBLAS_CORETYPE is left as it is, and
+//   NUMESH_KEEP_OPENBLAS_CORE=1 keeps OpenBLAS's choice (to compute as a process that cannot
+//   restart does: the Python package's tests compare the program's results with their own bit
+//   for bit).
+// - It started a pool of threads, one per core but the caller, which spin on sched_yield for
+//   about 2^28 cycles before they sleep: a tenth of a second of a core at every start, taken
+//   from the devices' threads (a q8_0 model's load took 0.083 s with the pool, 0.051 s
+//   without; docs/benchmarks.md, "Session 36"). numesh calls OpenBLAS on one thread anyway
+//   (ops/kernels/blas_gemm.hpp), so OPENBLAS_NUM_THREADS=1 unless the caller set it.
+void restart_with_openblas_set_up_for_numesh(char** argv) {
+  std::string core;  // OPENBLAS_CORETYPE to set, if any
+  const char* keep = std::getenv("NUMESH_KEEP_OPENBLAS_CORE");
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr &&
+      !(keep != nullptr && std::string_view(keep) == "1") &&
+      std::getenv("NUMESH_OPENBLAS_CHOSE") == nullptr) {
+    const std::string chosen = numesh::ops::blas_core();
+    core = numesh::ops::blas_core_to_request(chosen, numesh::runtime::cpu_features());
+    if (!core.empty() && (setenv("NUMESH_OPENBLAS_CHOSE", chosen.c_str(), 1) != 0 ||
+                          setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0)) {
+      return;
+    }
   }
-  if (std::getenv("NUMESH_OPENBLAS_CHOSE") != nullptr) return;
-  const std::string chosen = numesh::ops::blas_core();
-  const std::string wanted =
-      numesh::ops::blas_core_to_request(chosen, numesh::runtime::cpu_features());
-  if (wanted.empty()) return;
-  if (setenv("NUMESH_OPENBLAS_CHOSE", chosen.c_str(), 1) != 0) return;
-  if (setenv("OPENBLAS_CORETYPE", wanted.c_str(), 1) != 0) return;
+  const bool threads = std::getenv("OPENBLAS_NUM_THREADS") == nullptr;
+  if (threads && setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+  if (core.empty() && !threads) return;
   execv("/proc/self/exe", argv);
-  // The restart failed (no /proc): go on with OpenBLAS's own choice, which `numesh topology`
-  // then reports as such.
-  unsetenv("OPENBLAS_CORETYPE");
-  unsetenv("NUMESH_OPENBLAS_CHOSE");
+  // The restart failed (no /proc): go on as OpenBLAS set itself up (`numesh topology` reports
+  // its core as its own choice).
+  if (!core.empty()) {
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("NUMESH_OPENBLAS_CHOSE");
+  }
+  if (threads) unsetenv("OPENBLAS_NUM_THREADS");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  run_on_openblas_kernels_for_this_cpu(argv);
+  restart_with_openblas_set_up_for_numesh(argv);
   CLI::App app{"numesh: a NUMA task-graph runtime with eformer-compatible sharding.", "numesh"};
   app.set_version_flag("--version", "numesh " NUMESH_VERSION);
   app.require_subcommand(1);

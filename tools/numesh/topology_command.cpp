@@ -287,7 +287,13 @@ void render_topology_text(const Topology& t, const PlacementOptions& placement,
   // The kernels numesh runs depend on this CPU (whatever topology is shown).
   out << fmt::format("kernels:  {} (this CPU: {}; NUMESH_KERNELS picks a narrower level)\n",
                      runtime::to_string(runtime::kernel_level()), runtime::cpu_features().text());
-  out << fmt::format("openblas: core {}{}\n", ops::blas_core(), openblas_core_note());
+  const int blas_threads = ops::blas_threads();
+  out << fmt::format(
+      "openblas: core {}{}, {} thread{} of its own{}\n", ops::blas_core(), openblas_core_note(),
+      blas_threads, blas_threads == 1 ? "" : "s",
+      std::getenv("OPENBLAS_NUM_THREADS") != nullptr
+          ? fmt::format(" (OPENBLAS_NUM_THREADS={})", std::getenv("OPENBLAS_NUM_THREADS"))
+          : "");
   out << "\n";
   render_tree(t, out);
   out << "\n";

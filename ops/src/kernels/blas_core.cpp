@@ -4,6 +4,7 @@
 #include <array>
 
 extern "C" char* openblas_get_corename(void);
+extern "C" int openblas_get_num_threads(void);
 
 namespace numesh::ops {
 
@@ -11,6 +12,8 @@ std::string blas_core() {
   const char* name = openblas_get_corename();
   return name != nullptr ? std::string(name) : std::string();
 }
+
+int blas_threads() { return openblas_get_num_threads(); }
 
 std::string blas_core_to_request(std::string_view chosen, const runtime::CpuFeatures& cpu) {
   // OpenBLAS's own names of the cores whose kernels use AVX2 and FMA or AVX-512.

@@ -20,6 +20,11 @@ namespace numesh::ops {
 /// openblas_get_corename().
 [[nodiscard]] std::string blas_core();
 
+/// The threads OpenBLAS's own products may use (openblas_get_num_threads()): the cores, or
+/// OPENBLAS_NUM_THREADS when it was set as the library loaded (the numesh program sets 1: its
+/// pool's threads spin at start, tools/numesh/main.cpp), until numesh's first product sets 1.
+[[nodiscard]] int blas_threads();
+
 /// The core to name in OPENBLAS_CORETYPE when OpenBLAS chose `chosen` on a CPU with `cpu`'s
 /// features: "SkylakeX" when the CPU has AVX-512 (F, BW, VL) and "Haswell" when it has AVX2 and
 /// FMA, if `chosen` is not a core of that class or wider ("Haswell", "Zen", "SkylakeX",
