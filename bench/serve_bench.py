@@ -206,7 +206,8 @@ def main():
             server.wait(timeout=120)
     failed = 0
     for r in results:
-        ratio = r["output_tokens_per_second"] / results[0]["output_tokens_per_second"]
+        first = results[0]["output_tokens_per_second"]
+        ratio = r["output_tokens_per_second"] / first if first > 0 else float("nan")
         print(f"{r['concurrency']} clients: {r['requests']} requests ({r['failed']} failed) in "
               f"{r['seconds']:.2f} s: {r['requests_per_second']:.2f} requests/s, "
               f"{r['output_tokens_per_second']:.1f} output tokens/s"
