@@ -132,6 +132,7 @@ void restart_with_openblas_set_up_for_numesh(char** argv) {
     core = numesh::ops::blas_core_to_request(chosen, numesh::runtime::cpu_features());
     if (!core.empty() && (setenv("NUMESH_OPENBLAS_CHOSE", chosen.c_str(), 1) != 0 ||
                           setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0)) {
+      unsetenv("NUMESH_OPENBLAS_CHOSE");  // no half-set environment: `topology` reads both
       return;
     }
   }

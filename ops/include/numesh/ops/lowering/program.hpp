@@ -138,8 +138,8 @@ class ProgramBuilder {
   /// three or more back: its activation of the same suffix, shape, spec and dtype, and its
   /// scratch of the same slot and shape (in the order asked). Every node of a stage waits for
   /// every node two stages back and before (one fence node a stage), so no node writes memory
-  /// a node of an older stage may still read. A program of many like layers thus holds three
-  /// layers' intermediates instead of all of them, and touches fresh pages only for those.
+  /// a node of an older stage may still read. Many like layers thus hold three layers'
+  /// activations and scratch instead of all of them (reshard temporaries keep their own).
   /// Not for programs whose activations outlive their stage (training's saved activations).
   void begin_stage(std::string prefix);
   /// An input the caller provides per run (Program::set_input): a new program tensor laid out
