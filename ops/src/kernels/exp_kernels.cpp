@@ -31,7 +31,7 @@ __attribute__((target("avx2,fma"))) void exp_avx2(const float* x, float* y, std:
 
 __attribute__((target("avx512f"))) void exp_avx512(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; i += 16) {
-    const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+    const auto m = first_lanes(n - i);
     _mm512_mask_storeu_ps(y + i, m, exp16(_mm512_maskz_loadu_ps(m, x + i)));
   }
 }
@@ -56,7 +56,7 @@ __attribute__((target("avx2,fma"))) void silu_avx2(float* g, const float* u, std
 __attribute__((target("avx512f"))) void silu_avx512(float* g, const float* u, std::int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (std::int64_t i = 0; i < n; i += 16) {
-    const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+    const auto m = first_lanes(n - i);
     const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
     _mm512_mask_storeu_ps(
@@ -91,67 +91,31 @@ __attribute__((target("avx2,fma"))) float row_max_avx2(const float* row, std::in
 __attribute__((target("avx512f"))) float row_max_avx512(const float* row, std::int64_t n) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (std::int64_t i = 0; i < n; i += 16) {
-    const auto k = static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+    const auto k = first_lanes(n - i);
     m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, row + i));
   }
   return _mm512_reduce_max_ps(m);
 }
 
 void softmax_scalar(float* row, std::int64_t visible) {
-  const float m = row_max(row, visible);
-  float lanes[16] = {};
-  for (std::int64_t i = 0; i < visible; ++i) {
-    row[i] = exp1(row[i] - m);
-    lanes[i % 16] += row[i];
-  }
-  const float inv = 1.0f / fold16(lanes);
+  const float inv = 1.0f / exp_shifted_sum(row, visible, row_max(row, visible));
   for (std::int64_t i = 0; i < visible; ++i) row[i] *= inv;
 }
 
 __attribute__((target("avx2,fma"))) void softmax_avx2(float* row, std::int64_t visible) {
-  const float m = row_max_avx2(row, visible);
-  const __m256 mv = _mm256_set1_ps(m);
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7 and 8-15
+  const float s = exp_shifted_sum_avx2(row, visible, row_max_avx2(row, visible));
+  const __m256 inv = _mm256_set1_ps(1.0f / s);
   std::int64_t i = 0;
-  for (; i + 16 <= visible; i += 16) {
-    const __m256 a = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), mv));
-    const __m256 b = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i + 8), mv));
-    _mm256_storeu_ps(row + i, a);
-    _mm256_storeu_ps(row + i + 8, b);
-    lo = _mm256_add_ps(lo, a);
-    hi = _mm256_add_ps(hi, b);
-  }
-  alignas(32) float lanes[16];
-  _mm256_store_ps(lanes, lo);
-  _mm256_store_ps(lanes + 8, hi);
-  for (std::int64_t l = 0; i < visible; ++i, ++l) {
-    row[i] = exp1(row[i] - m);
-    lanes[l] += row[i];
-  }
-  const __m256 inv = _mm256_set1_ps(1.0f / fold16(lanes));
-  i = 0;
   for (; i + 8 <= visible; i += 8)
     _mm256_storeu_ps(row + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), inv));
   for (; i < visible; ++i) row[i] *= _mm256_cvtss_f32(inv);
 }
 
 __attribute__((target("avx512f"))) void softmax_avx512(float* row, std::int64_t visible) {
-  const float m = row_max_avx512(row, visible);
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 sum = _mm512_setzero_ps();
+  const float s = exp_shifted_sum_avx512(row, visible, row_max_avx512(row, visible));
+  const __m512 inv = _mm512_set1_ps(1.0f / s);
   for (std::int64_t i = 0; i < visible; i += 16) {
-    const auto k = static_cast<__mmask16>(visible - i >= 16 ? 0xffff : (1u << (visible - i)) - 1);
-    // Masked-off lanes add 0: a lane's sum is unchanged by it (the sums are positive).
-    const __m512 e =
-        _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + i), mv)));
-    _mm512_mask_storeu_ps(row + i, k, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  const __m512 inv = _mm512_set1_ps(1.0f / fold16(lanes));
-  for (std::int64_t i = 0; i < visible; i += 16) {
-    const auto k = static_cast<__mmask16>(visible - i >= 16 ? 0xffff : (1u << (visible - i)) - 1);
+    const __mmask16 k = first_lanes(visible - i);
     _mm512_mask_storeu_ps(row + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + i), inv));
   }
 }

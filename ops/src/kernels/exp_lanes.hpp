@@ -2,7 +2,7 @@
 
 // PRIVATE to ops/src/kernels: the pieces of the exponential-based kernels (exp_kernels.cpp,
 // key_block.cpp) that must give the same bits at every width: exp over one float, 8 and 16
-// lanes, and the fixed fold of 16 lane sums.
+// lanes, the fixed fold of 16 lane sums, and the shifted exponentials with their sum.
 
 #include <immintrin.h>
 
@@ -111,6 +111,61 @@ inline float fold16(const float* lanes) {
   for (int l = 0; l < 4; ++l) t[l] = t[l] + t[l + 4];
   for (int l = 0; l < 2; ++l) t[l] = t[l] + t[l + 2];
   return t[0] + t[1];
+}
+
+// The first min(n, 16) lanes (n >= 1): the mask of a chunk of 16 with n elements left.
+__attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+// x[i] = exp(x[i] - m) for i < n in place, and their sum: element i in lane i mod 16, each lane
+// added in order from 0, folded by fold16. The softmax's and the key block's step, one form a
+// width with the same bits.
+inline float exp_shifted_sum(float* x, std::int64_t n, float m) {
+  float lanes[16] = {};
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = exp1(x[i] - m);
+    lanes[i % 16] += x[i];
+  }
+  return fold16(lanes);
+}
+
+__attribute__((target("avx2,fma"))) inline float exp_shifted_sum_avx2(float* x, std::int64_t n,
+                                                                      float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7 and 8-15
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    const __m256 b = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+    _mm256_storeu_ps(x + i, a);
+    _mm256_storeu_ps(x + i + 8, b);
+    lo = _mm256_add_ps(lo, a);
+    hi = _mm256_add_ps(hi, b);
+  }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, lo);
+  _mm256_store_ps(lanes + 8, hi);
+  for (std::int64_t l = 0; i < n; ++i, ++l) {
+    x[i] = exp1(x[i] - m);
+    lanes[l] += x[i];
+  }
+  return fold16(lanes);
+}
+
+__attribute__((target("avx512f"))) inline float exp_shifted_sum_avx512(float* x, std::int64_t n,
+                                                                       float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = first_lanes(n - i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);  // masked-off lanes keep their sums
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return fold16(lanes);
 }
 
 }  // namespace numesh::ops::detail

@@ -34,12 +34,7 @@ KeyBlockStats block_scalar(const float* q, const float* const* keys, const float
     scores[i] = dot_scalar(q, keys[i], d) * scale;
     st.max = std::max(st.max, scores[i]);
   }
-  float lanes[16] = {};
-  for (std::int64_t i = 0; i < count; ++i) {
-    scores[i] = exp1(scores[i] - st.max);
-    lanes[i % 16] += scores[i];
-  }
-  st.sum = fold16(lanes);
+  st.sum = exp_shifted_sum(scores, count, st.max);
   std::fill(o, o + d, 0.0f);
   for (std::int64_t i = 0; i < count; ++i) {
     for (std::int64_t j = 0; j < d; ++j) o[j] = std::fma(scores[i], values[i][j], o[j]);
@@ -84,25 +79,7 @@ __attribute__((target("avx2,fma"))) KeyBlockStats block_avx2(const float* q,
     scores[i] = dot_avx2(q, keys[i], d) * scale;
     st.max = std::max(st.max, scores[i]);
   }
-  const __m256 m = _mm256_set1_ps(st.max);
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  std::int64_t i = 0;
-  for (; i + 16 <= count; i += 16) {
-    const __m256 a = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), m));
-    const __m256 b = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), m));
-    _mm256_storeu_ps(scores + i, a);
-    _mm256_storeu_ps(scores + i + 8, b);
-    lo = _mm256_add_ps(lo, a);
-    hi = _mm256_add_ps(hi, b);
-  }
-  alignas(32) float lanes[16];
-  _mm256_store_ps(lanes, lo);
-  _mm256_store_ps(lanes + 8, hi);
-  for (std::int64_t l = 0; i < count; ++i, ++l) {
-    scores[i] = exp1(scores[i] - st.max);
-    lanes[l] += scores[i];
-  }
-  st.sum = fold16(lanes);
+  st.sum = exp_shifted_sum_avx2(scores, count, st.max);
   std::int64_t j = 0;
   for (; j + 8 <= d; j += 64) {  // up to 8 chunks of 8 outputs a pass, as the AVX-512 kernel
     const std::int64_t chunks = std::min<std::int64_t>(8, (d - j) / 8);
@@ -132,10 +109,6 @@ __attribute__((target("avx2,fma"))) KeyBlockStats block_avx2(const float* q,
 // ---------------------------------------------------------------------------------------------
 // AVX-512: 16 lanes, a masked last chunk (masked-off lanes keep their value: mask3_fmadd).
 
-__attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
-}
-
 // fold16 in registers: the same additions in the same order.
 __attribute__((target("avx512f"))) inline float fold16_512(__m512 v) {
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 2, 3, 2)));  // l + 8
@@ -164,17 +137,7 @@ __attribute__((target("avx512f"))) KeyBlockStats block_avx512(
     scores[i] = dot_avx512(q, keys[i], d) * scale;
     st.max = std::max(st.max, scores[i]);
   }
-  const __m512 m = _mm512_set1_ps(st.max);
-  __m512 sum = _mm512_setzero_ps();
-  for (std::int64_t i = 0; i < count; i += 16) {
-    const __mmask16 k = first_lanes(count - i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + i), m));
-    _mm512_mask_storeu_ps(scores + i, k, e);
-    sum = _mm512_mask_add_ps(sum, k, sum, e);
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  st.sum = fold16(lanes);
+  st.sum = exp_shifted_sum_avx512(scores, count, st.max);
   // Up to 8 chunks of 16 outputs a pass, each key's weight broadcast once for all of them: 8
   // independent fma chains instead of one per pass over the keys.
   for (std::int64_t j0 = 0; j0 < d; j0 += 128) {
