@@ -17,6 +17,7 @@
 #include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
+#include "numesh/ops/kernels/gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/weight_panels.hpp"
@@ -1241,6 +1242,38 @@ TEST(BlockGemmTest, PanelsRefuseViewsThatCutThemAndKernelsThatCannotReadThem) {
   EXPECT_THAT([&] { gemm_dequantized(1, a.data(), 64, panels.matrix, c.data(), 48); },
               ThrowsMessage<ShapeError>(HasSubstr(
                   "gemm_dequantized: q4_0 weights stored in panels (48 outputs); it reads rows")));
+}
+
+// MatmulPrecision::kRowInvariant on block formats (a serving engine's products): every row of a
+// product of 17 to 100 rows, on rows and on panels, has the bits it gets alone (the dot kernels
+// take all the rows at once; device_gemm).
+TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    const std::int64_t k = is_super_block(t) ? 512 : 96, n = 48;
+    const Blocks rows = make_blocks(t, n, k, 43);
+    const bool has_panels = t == DType::kQ8_0 || t == DType::kQ4_0;
+    const Panels panels = has_panels ? panels_of(rows) : Panels{};
+    for (const bool in_panels : {false, true}) {
+      if (in_panels && !has_panels) continue;
+      const WeightMatrix b = in_panels ? panels.matrix : rows.matrix();
+      for (const std::int64_t m : {17, 40, 100}) {
+        std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+        for (float& x : a) x = normal(rng);
+        device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),
+                    MatmulPrecision::kRowInvariant);
+        for (std::int64_t r = 0; r < m; ++r) {
+          std::vector<float> alone(static_cast<std::size_t>(n));
+          device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
+                      MatmulPrecision::kRowInvariant);
+          ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
+              << to_string(t) << (in_panels ? " in panels" : " in rows") << ", row " << r << " of "
+              << m;
+        }
+      }
+    }
+  }
 }
 
 NUMESH_INSTANTIATE_LEVELS(BlockGemmLevelTest);

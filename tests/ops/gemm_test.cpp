@@ -529,7 +529,7 @@ TEST(GemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
       const void* data = dtype == DType::kF32 ? static_cast<const void*>(w.data()) : half.data();
       for (const WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
         const WeightMatrix b{data, dtype, k, n, layout};
-        for (const std::int64_t m : {4, 16, 17, 40}) {
+        for (const std::int64_t m : {4, 16, 17, 40, 100}) {
           std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
           for (float& x : a) x = normal(rng);
           device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),

@@ -198,13 +198,17 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
 }
 
 // device_gemm once the activations are in the form the weights' format multiplies: the decode
-// blocks, or the tiles, each running the format's kernel.
+// blocks, or the tiles, each running the format's kernel. Out-in weights in kRowInvariant take
+// the dot kernels for every m: each element is one dot product in an order fixed by k alone, so
+// a row's bits do not depend on the rows beside it, and each task's block of weights is read
+// once for all the rows (from L2 after the first group) where blocks of kSkinnyMaxRows rows
+// read the whole matrix once a block.
 void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
-                          const detail::WeightKernels& kernels) {
+                          const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   const runtime::KernelLevel level = runtime::kernel_level();
   const bool out_in = b.layout == WeightLayout::kOutIn;
-  if (out_in && m >= 1 && m <= kSkinnyMaxRows) {
+  if (out_in && m >= 1 && (m <= kSkinnyMaxRows || precision == MatmulPrecision::kRowInvariant)) {
     device_dot_gemm(a, b, c, kernels, level);
     return;
   }
@@ -244,7 +248,7 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
 // buffers, rounded in row blocks over the arena; isolated for the reason device_decode_gemm's
 // partials are.
 void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                  const detail::WeightKernels& kernels) {
+                                  const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.rows(), k = a.cols();
   thread_local std::vector<std::uint16_t> bits;
   thread_local std::vector<float> rounded;
@@ -262,7 +266,8 @@ void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, Matri
       runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
       runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
     });
-    device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c, kernels);
+    device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c, kernels,
+                         precision);
   });
 }
 
@@ -270,7 +275,7 @@ void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, Matri
 // do): codes and scales for the integer kernels, decode and prefill alike, so that a row
 // multiplies the same operands in a decode step and in a prompt. Buffers and isolation as above.
 void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                const detail::WeightKernels& kernels) {
+                                const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.rows(), k = a.cols();
   NUMESH_CHECK(k % 32 == 0, ShapeError,
                "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b.dtype), k);
@@ -288,7 +293,8 @@ void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixM
     });
     // The values' shape only: no kernel of a block format reads fp32 activations.
     device_gemm_prepared(
-        {ConstMatrixMap(nullptr, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c, kernels);
+        {ConstMatrixMap(nullptr, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c, kernels,
+        precision);
   });
 }
 
@@ -299,10 +305,12 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
   NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
                "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k,
                b.rows, b.cols, to_string(b.dtype), c.rows(), c.cols());
-  if (precision == MatmulPrecision::kRowInvariant && m > kSkinnyMaxRows) {
-    // Row blocks of the decode size, one after the other, each as a decode product: a row's
-    // sums do not see the rows beside it (each block's own tiles and k blocks come from n and
-    // k; MatmulPrecision).
+  if (precision == MatmulPrecision::kRowInvariant && m > kSkinnyMaxRows &&
+      b.layout == WeightLayout::kInOut) {
+    // In-out weights: row blocks of the decode size, one after the other, each as a decode
+    // product: a row's sums do not see the rows beside it (each block's own tiles and k blocks
+    // come from n and k; MatmulPrecision). Out-in weights take the dot kernels for all the rows
+    // at once (device_gemm_prepared).
     for (std::int64_t r0 = 0; r0 < m; r0 += kSkinnyMaxRows) {
       const std::int64_t rows = std::min(kSkinnyMaxRows, m - r0);
       device_gemm(ConstMatrixMap(a.data() + r0 * k, rows, k), b,
@@ -331,13 +339,13 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
   const detail::WeightKernels& kernels = detail::weight_kernels(b.dtype);
   switch (kernels.activations) {
     case detail::ActivationForm::kF32:
-      device_gemm_prepared({a}, b, c, kernels);
+      device_gemm_prepared({a}, b, c, kernels, precision);
       return;
     case detail::ActivationForm::kBF16:
-      device_gemm_bf16_activations(a, b, c, kernels);
+      device_gemm_bf16_activations(a, b, c, kernels, precision);
       return;
     case detail::ActivationForm::kQ8:
-      device_gemm_q8_activations(a, b, c, kernels);
+      device_gemm_q8_activations(a, b, c, kernels, precision);
       return;
   }
 }

@@ -11,10 +11,11 @@ namespace numesh::ops {
 /// fp32 rate with AVX-512 BF16; gemm_16bit.hpp, gemm_bf16_compute()). Products of 16-bit
 /// weights are bf16 or f16 whatever is asked.
 /// kRowInvariant is kF32 (16-bit weights as ever) computed so that each row of the product
-/// has the same bits whatever rows are beside it and however many: every row block of at most
-/// kSkinnyMaxRows rows through the decode kernels, whose sums run along k in an order fixed by
-/// the shapes n and k alone. What a serving engine's steps use (a request's tokens must not
-/// depend on the batch it runs in); prefill is slower than kF32's tiles.
+/// has the same bits whatever rows are beside it and however many: every row through the decode
+/// kernels, whose sums run along k in an order fixed by the shapes n and k alone (weights stored
+/// out-in: all the rows at once, each element one dot product; in-out: row blocks of at most
+/// kSkinnyMaxRows rows one after the other). What a serving engine's steps use (a request's
+/// tokens must not depend on the batch it runs in); prefill is slower than kF32's tiles.
 enum class MatmulPrecision { kF32, kBF16, kRowInvariant };
 
 /// "f32", "bf16" or "f32-row-invariant".
