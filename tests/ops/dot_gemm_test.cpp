@@ -35,14 +35,16 @@ struct Case {
   }
 };
 
-// m from 1 to 16; k that does and does not fill whole blocks of 32 and 64 (the tails are masked
-// or padded), below a block, and 0; each padded and tight.
+// m from 1 to 34 (chunks of 16 rows, tiles of 6 outputs and their tails); k that does and does
+// not fill whole blocks of 32 and 64 (the tails are masked or padded), below a block, and 0;
+// each padded and tight.
 std::vector<Case> dot_cases() {
   std::vector<Case> out;
   for (const Case cs :
        {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32},
         Case{3, 4, 33}, Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100},
-        Case{2, 3, 128}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}}) {
+        Case{2, 3, 128}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}, Case{16, 12, 200},
+        Case{19, 13, 97}, Case{34, 20, 48}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;

@@ -62,7 +62,8 @@ float dot_scalar_bf16(std::int64_t k, const std::uint16_t* x, const std::uint16_
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
 
-// Rows of a at a time on AVX-512: each weight row is read once for them (from L1 after the first).
+// Rows of bf16 activations at a time on AVX-512: each weight row is read once for them (from L1
+// after the first).
 constexpr int kRowsAvx512 = 4;
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__m512 low,
@@ -91,84 +92,83 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(cons
   }
 }
 
-// One row's step of dot_pairs_avx512: its two outputs' accumulators, by reference (named
-// variables, not arrays: gcc 12 keeps an array of 16 vectors in memory as well as in registers,
-// storing every accumulator on every step).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void pair_row(
-    const float* x, __mmask16 m0, __mmask16 m1, __m512 w0, __m512 w1, __m512 v0, __m512 v1,
-    __m512& p0, __m512& p1, __m512& q0, __m512& q1) {
-  const __m512 x0 = _mm512_maskz_loadu_ps(m0, x), x1 = _mm512_maskz_loadu_ps(m1, x + 16);
-  p0 = _mm512_fmadd_ps(w0, x0, p0);
-  p1 = _mm512_fmadd_ps(w1, x1, p1);
-  q0 = _mm512_fmadd_ps(v0, x0, q0);
-  q1 = _mm512_fmadd_ps(v1, x1, q1);
+// The next tile's weights, asked for a few lines a step while a tile computes from L1: a tile of
+// several rows is compute-bound once its weights are in, and waiting for them at its first step
+// left a thread reading 7-8 GB/s of fp32 weights at 16 rows where it reads 15-20 alone.
+struct TileAhead {
+  const char* at;
+  const char* end;
+  std::int64_t lines_per_step;
+};
+
+// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights), the 32 partial sums of each in two
+// passes over k: lanes e mod 32 < 16 first, then the rest. The passes keep one accumulator per
+// (row, output) instead of two, so a tile of 4 rows by 6 outputs holds 24 accumulators and each
+// step makes 10 loads for 24 fmas (the pairs of two outputs for 4 rows made 12 for 16); the
+// second pass reads the tile's weights from L1. Each lane's sum runs in e order as the scalar
+// kernel's, and the fold starts with s[l] + s[l + 16] as it does: the same bits.
+template <DType T, int R, int O>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_tile_avx512(
+    std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
+    std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
+  const auto row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
+  const char* w = static_cast<const char*>(b) + j0 * row_bytes;
+  __m512 low[R * O], acc[R * O];
+  for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 32
+    for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
+    for (std::int64_t e = 16 * half; e < k; e += kLanes) {
+      const std::int64_t left = k - e;
+      const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
+      for (std::int64_t q = 0; q < ahead.lines_per_step && ahead.at < ahead.end; ++q) {
+        _mm_prefetch(ahead.at, _MM_HINT_T0);
+        ahead.at += 64;
+      }
+      __m512 wv[O];
+#pragma GCC unroll 8
+      for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, e, mask);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_maskz_loadu_ps(mask, a + r * lda + e);
+#pragma GCC unroll 8
+        for (int o = 0; o < O; ++o) acc[r * O + o] = _mm512_fmadd_ps(wv[o], x, acc[r * O + o]);
+      }
+    }
+    if (half == 0) {
+#pragma GCC unroll 32
+      for (int t = 0; t < R * O; ++t) low[t] = acc[t];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) c[r * ldc + j0 + o] = fold_avx512(low[r * O + o], acc[r * O + o]);
+  }
 }
 
-// Outputs j0 and j0 + 1 for 4 rows of a (fp32 / f16 weights): 16 named accumulators, so that
-// each weight load feeds 4 fmas and each activation load 2.
+// Outputs [j0, j1) for one row of a (fp32 / f16 weights), one output at a time, streaming the
+// weights (a step is bound by reading them; reading two of their rows at once made it slower:
+// 50 against 60 tokens/s through the server).
 template <DType T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_pairs_avx512(
-    std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
-    std::int64_t j0, float* c, std::int64_t ldc) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_row_avx512(
+    std::int64_t k, const float* x, const void* b, std::int64_t ldb, std::int64_t j0,
+    std::int64_t j1, float* c) {
   const auto elem = static_cast<std::int64_t>(dtype_size(T));
-  const void* w = static_cast<const char*>(b) + j0 * ldb * elem;
-  const void* v = static_cast<const char*>(w) + ldb * elem;
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  __m512 d0 = a0, d1 = a0, d2 = a0, d3 = a0, f0 = a0, f1 = a0, f2 = a0, f3 = a0;
-  for (std::int64_t e = 0; e < k; e += kLanes) {
-    const std::int64_t left = k - e;
-    const auto m0 = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
-    const auto m1 = static_cast<__mmask16>(left >= 32   ? 0xFFFF
-                                           : left <= 16 ? 0u
-                                                        : (1u << (left - 16)) - 1u);
-    const __m512 w0 = load_w16<T>(w, e, m0), w1 = load_w16<T>(w, e + 16, m1);
-    const __m512 v0 = load_w16<T>(v, e, m0), v1 = load_w16<T>(v, e + 16, m1);
-    pair_row(a + e, m0, m1, w0, w1, v0, v1, a0, b0, d0, f0);
-    pair_row(a + lda + e, m0, m1, w0, w1, v0, v1, a1, b1, d1, f1);
-    pair_row(a + 2 * lda + e, m0, m1, w0, w1, v0, v1, a2, b2, d2, f2);
-    pair_row(a + 3 * lda + e, m0, m1, w0, w1, v0, v1, a3, b3, d3, f3);
-  }
-  c[j0] = fold_avx512(a0, b0);
-  c[j0 + 1] = fold_avx512(d0, f0);
-  c[ldc + j0] = fold_avx512(a1, b1);
-  c[ldc + j0 + 1] = fold_avx512(d1, f1);
-  c[2 * ldc + j0] = fold_avx512(a2, b2);
-  c[2 * ldc + j0 + 1] = fold_avx512(d2, f2);
-  c[3 * ldc + j0] = fold_avx512(a3, b3);
-  c[3 * ldc + j0 + 1] = fold_avx512(d3, f3);
-}
-
-// Outputs [j0, j1) for R rows of a (fp32 / f16 weights): with kRowsAvx512 rows, pairs of
-// outputs first (compute-bound: dot_pairs_avx512); one row streams the weights, and reading two
-// of their rows at once made it slower (50 against 60 tokens/s through the server).
-template <DType T, int R>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_rows_avx512(
-    std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
-    std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
-  const auto elem = static_cast<std::int64_t>(dtype_size(T));
-  std::int64_t j = j0;
-  if constexpr (R == kRowsAvx512) {
-    for (; j + 2 <= j1; j += 2) dot_pairs_avx512<T>(k, a, lda, b, ldb, j, c, ldc);
-  }
-  for (; j < j1; ++j) {
+  for (std::int64_t j = j0; j < j1; ++j) {
     const void* w = static_cast<const char*>(b) + j * ldb * elem;
-    __m512 acc0[R], acc1[R];
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     for (std::int64_t e = 0; e < k; e += kLanes) {
       const std::int64_t left = k - e;
       const auto m0 = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
       const auto m1 = static_cast<__mmask16>(left >= 32   ? 0xFFFF
                                              : left <= 16 ? 0u
                                                           : (1u << (left - 16)) - 1u);
-      if constexpr (R == 1) stream_ahead(static_cast<const char*>(w) + e * elem, 32 * elem);
-      const __m512 w0 = load_w16<T>(w, e, m0), w1 = load_w16<T>(w, e + 16, m1);
-      for (int r = 0; r < R; ++r) {
-        const float* x = a + r * lda + e;
-        acc0[r] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x), acc0[r]);
-        acc1[r] = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x + 16), acc1[r]);
-      }
+      stream_ahead(static_cast<const char*>(w) + e * elem, 32 * elem);
+      acc0 = _mm512_fmadd_ps(load_w16<T>(w, e, m0), _mm512_maskz_loadu_ps(m0, x + e), acc0);
+      acc1 =
+          _mm512_fmadd_ps(load_w16<T>(w, e + 16, m1), _mm512_maskz_loadu_ps(m1, x + e + 16), acc1);
     }
-    for (int r = 0; r < R; ++r) c[r * ldc + j] = fold_avx512(acc0[r], acc1[r]);
+    c[j] = fold_avx512(acc0, acc1);
   }
 }
 
@@ -245,7 +245,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf
     std::int64_t ldb, std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
   const auto step = pair_step<kDpbf16>;
   std::int64_t j = j0;
-  if constexpr (R == kRowsAvx512) {  // pairs of outputs first, as in dot_rows_avx512
+  if constexpr (R == kRowsAvx512) {  // pairs of outputs first (dot_pairs_bf16_avx512)
     for (; j + 2 <= j1; j += 2) dot_pairs_bf16_avx512<kDpbf16>(k, x, ldx, b, ldb, j, c, ldc);
   }
   for (; j < j1; ++j) {
@@ -373,14 +373,63 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
 // ---- Dispatch
 // ------------------------------------------------------------------------------------
 
+// Rows of a in a tile, and the outputs of a tile, on AVX-512 (fp32 / f16 weights).
+constexpr int kTileRows = 4, kTileOutputs = 6;
+// Rows whose activations stay near (L1, L2) while every tile of outputs passes over them.
+constexpr std::int64_t kTileChunkRows = 16;
+
+// One tile of outputs [j0, j0 + O) for `rows` rows: groups of kTileRows, then the rest.
+template <DType T, int O>
+void tile_rows_avx512(std::int64_t rows, std::int64_t k, const float* a, std::int64_t lda,
+                      const void* b, std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc,
+                      TileAhead& ahead) {
+  std::int64_t i = 0;
+  for (; i + kTileRows <= rows; i += kTileRows) {
+    dot_tile_avx512<T, kTileRows, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  }
+  const float* ai = a + i * lda;
+  float* ci = c + i * ldc;
+  switch (rows - i) {
+    case 3:
+      return dot_tile_avx512<T, 3, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+    case 2:
+      return dot_tile_avx512<T, 2, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+    case 1:
+      return dot_tile_avx512<T, 1, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+    default:
+      return;
+  }
+}
+
+// c = a b on AVX-512 (fp32 / f16 weights): one row streams the weights (dot_row_avx512); more
+// rows go in chunks of kTileChunkRows, each chunk in tiles of kTileOutputs outputs (outputs
+// outer, so a tile's weights are read from memory once for the chunk), the next tile's weights
+// asked for across the steps of this one.
 template <DType T>
 void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
                  const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-  std::int64_t i = 0;
-  for (; i + kRowsAvx512 <= m; i += kRowsAvx512) {
-    dot_rows_avx512<T, kRowsAvx512>(k, a + i * lda, lda, b, ldb, 0, n, c + i * ldc, ldc);
+  if (m == 1) return dot_row_avx512<T>(k, a, b, ldb, 0, n, c);
+  const std::int64_t row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
+  const auto* base = static_cast<const char*>(b);
+  for (std::int64_t i0 = 0; i0 < m; i0 += kTileChunkRows) {
+    const std::int64_t rows = std::min(kTileChunkRows, m - i0);
+    const float* ai = a + i0 * lda;
+    float* ci = c + i0 * ldc;
+    const std::int64_t groups = (rows + kTileRows - 1) / kTileRows;
+    const std::int64_t steps = groups * 2 * ((k + kLanes - 1) / kLanes);
+    const std::int64_t tile_lines = (kTileOutputs * row_bytes + 63) / 64;
+    std::int64_t j = 0;
+    for (; j + kTileOutputs <= n; j += kTileOutputs) {
+      const std::int64_t next = j + kTileOutputs, after = std::min(n, next + kTileOutputs);
+      TileAhead ahead{base + next * row_bytes, base + after * row_bytes,
+                      (tile_lines + steps - 1) / steps};
+      tile_rows_avx512<T, kTileOutputs>(rows, k, ai, lda, b, ldb, j, ci, ldc, ahead);
+    }
+    for (; j < n; ++j) {
+      TileAhead none{nullptr, nullptr, 0};
+      tile_rows_avx512<T, 1>(rows, k, ai, lda, b, ldb, j, ci, ldc, none);
+    }
   }
-  for (; i < m; ++i) dot_rows_avx512<T, 1>(k, a + i * lda, lda, b, ldb, 0, n, c + i * ldc, ldc);
 }
 
 template <bool kDpbf16>
