@@ -62,10 +62,6 @@ float dot_scalar_bf16(std::int64_t k, const std::uint16_t* x, const std::uint16_
 
 // ---- AVX-512 ------------------------------------------------------------------------------------
 
-// Rows of bf16 activations at a time on AVX-512: each weight row is read once for them (from L1
-// after the first).
-constexpr int kRowsAvx512 = 4;
-
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline float fold_avx512(__m512 low,
                                                                               __m512 high) {
   const __m512 t = _mm512_add_ps(low, high);  // t[l] = s[l] + s[l + 16]
@@ -96,34 +92,42 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(cons
 // several rows is compute-bound once its weights are in, and waiting for them at its first step
 // left a thread reading 7-8 GB/s of fp32 weights at 16 rows where it reads 15-20 alone.
 struct TileAhead {
-  const char* at;
-  const char* end;
-  std::int64_t lines_per_step;
+  const char* at = nullptr;
+  const char* end = nullptr;
+  std::int64_t lines_per_step = 0;
+
+  // A tile's step: the next lines_per_step lines, until the end.
+  void step() noexcept {
+    for (std::int64_t q = 0; q < lines_per_step && at < end; ++q, at += 64) {
+      _mm_prefetch(at, _MM_HINT_T0);
+    }
+  }
 };
 
 // Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights), the 32 partial sums of each in two
 // passes over k: lanes e mod 32 < 16 first, then the rest. The passes keep one accumulator per
 // (row, output) instead of two, so a tile of 4 rows by 6 outputs holds 24 accumulators and each
 // step makes 10 loads for 24 fmas (the pairs of two outputs for 4 rows made 12 for 16); the
-// second pass reads the tile's weights from L1. Each lane's sum runs in e order as the scalar
-// kernel's, and the fold starts with s[l] + s[l + 16] as it does: the same bits.
+// second pass reads the tile's weights from L1. Each lane's sum runs in e order over the same
+// padded blocks as the scalar kernel's (its zero steps included: fma(0, 0, -0) is +0), and the
+// fold starts with s[l] + s[l + 16] as it does: the same bits.
 template <DType T, int R, int O>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_tile_avx512(
     std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
     std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
   const auto row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
   const char* w = static_cast<const char*>(b) + j0 * row_bytes;
+  const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
   __m512 low[R * O], acc[R * O];
   for (int half = 0; half < 2; ++half) {
 #pragma GCC unroll 32
     for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
-    for (std::int64_t e = 16 * half; e < k; e += kLanes) {
+    for (std::int64_t e = 16 * half; e < padded; e += kLanes) {
       const std::int64_t left = k - e;
-      const auto mask = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1u);
-      for (std::int64_t q = 0; q < ahead.lines_per_step && ahead.at < ahead.end; ++q) {
-        _mm_prefetch(ahead.at, _MM_HINT_T0);
-        ahead.at += 64;
-      }
+      const auto mask = static_cast<__mmask16>(left >= 16  ? 0xFFFF
+                                               : left <= 0 ? 0u
+                                                           : (1u << left) - 1u);
+      ahead.step();
       __m512 wv[O];
 #pragma GCC unroll 8
       for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, e, mask);
@@ -193,84 +197,69 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pa
   }
 }
 
-// One row's step of dot_pairs_bf16_avx512: its two outputs' accumulators, by reference (named
-// variables, not arrays: gcc 12 keeps an array of 16 vectors in memory as well as in registers).
-template <bool kDpbf16>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void pair_row_bf16(
-    const std::uint16_t* x, __mmask32 m0, __mmask32 m1, __m512i w0, __m512i w1, __m512i v0,
-    __m512i v1, __m512& p0, __m512& p1, __m512& q0, __m512& q1) {
-  const __m512i x0 = _mm512_maskz_loadu_epi16(m0, x), x1 = _mm512_maskz_loadu_epi16(m1, x + kLanes);
-  p0 = pair_step<kDpbf16>(p0, w0, x0);
-  p1 = pair_step<kDpbf16>(p1, w1, x1);
-  q0 = pair_step<kDpbf16>(q0, v0, x0);
-  q1 = pair_step<kDpbf16>(q1, v1, x1);
-}
-
-// Outputs j0 and j0 + 1 for 4 rows of bf16 activations: 16 named accumulators.
-template <bool kDpbf16>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_pairs_bf16_avx512(
+// Outputs [j0, j0 + O) for R rows of bf16 activations `x` (rows `ldx` apart) and bf16 weights,
+// in two passes over k as dot_tile_avx512: pairs from e mod 64 < 32 first (lanes 0-15), then the
+// rest (lanes 16-31), over the same padded blocks as the one-row kernel; the pair steps taken
+// with fma (kAvx512) or vdpbf16ps (kAvx512Bf16). The target names avx512bf16 for both: the fma
+// instantiation holds no bf16 instruction, and runs where kAvx512 does.
+template <bool kDpbf16, int R, int O>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
-    std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc) {
+    std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
   const std::uint16_t* w = b + j0 * ldb;
-  const std::uint16_t* v = w + ldb;
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  __m512 d0 = a0, d1 = a0, d2 = a0, d3 = a0, f0 = a0, f1 = a0, f2 = a0, f3 = a0;
-  for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
-    const __mmask32 m0 = mask32(k - e), m1 = mask32(k - e - kLanes);
-    const __m512i w0 = _mm512_maskz_loadu_epi16(m0, w + e),
-                  w1 = _mm512_maskz_loadu_epi16(m1, w + e + kLanes),
-                  v0 = _mm512_maskz_loadu_epi16(m0, v + e),
-                  v1 = _mm512_maskz_loadu_epi16(m1, v + e + kLanes);
-    pair_row_bf16<kDpbf16>(x + e, m0, m1, w0, w1, v0, v1, a0, b0, d0, f0);
-    pair_row_bf16<kDpbf16>(x + ldx + e, m0, m1, w0, w1, v0, v1, a1, b1, d1, f1);
-    pair_row_bf16<kDpbf16>(x + 2 * ldx + e, m0, m1, w0, w1, v0, v1, a2, b2, d2, f2);
-    pair_row_bf16<kDpbf16>(x + 3 * ldx + e, m0, m1, w0, w1, v0, v1, a3, b3, d3, f3);
+  const std::int64_t padded = (k + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
+  __m512 low[R * O], acc[R * O];
+  for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 32
+    for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
+    for (std::int64_t e = kLanes * half; e < padded; e += 2 * kLanes) {
+      const __mmask32 mask = mask32(k - e);
+      ahead.step();
+      __m512i wv[O];
+#pragma GCC unroll 8
+      for (int o = 0; o < O; ++o) wv[o] = _mm512_maskz_loadu_epi16(mask, w + o * ldb + e);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_maskz_loadu_epi16(mask, x + r * ldx + e);
+#pragma GCC unroll 8
+        for (int o = 0; o < O; ++o) acc[r * O + o] = pair_step<kDpbf16>(acc[r * O + o], wv[o], xv);
+      }
+    }
+    if (half == 0) {
+#pragma GCC unroll 32
+      for (int t = 0; t < R * O; ++t) low[t] = acc[t];
+    }
   }
-  c[j0] = fold_avx512(a0, b0);
-  c[j0 + 1] = fold_avx512(d0, f0);
-  c[ldc + j0] = fold_avx512(a1, b1);
-  c[ldc + j0 + 1] = fold_avx512(d1, f1);
-  c[2 * ldc + j0] = fold_avx512(a2, b2);
-  c[2 * ldc + j0 + 1] = fold_avx512(d2, f2);
-  c[3 * ldc + j0] = fold_avx512(a3, b3);
-  c[3 * ldc + j0 + 1] = fold_avx512(d3, f3);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) c[r * ldc + j0 + o] = fold_avx512(low[r * O + o], acc[r * O + o]);
+  }
 }
 
-// Outputs [j0, j1) for R rows of bf16 activations `x` (rows `ldx` apart) and bf16 weights, the
-// pair steps taken with fma (kAvx512) or vdpbf16ps (kAvx512Bf16). The target names avx512bf16 for
-// both: the fma instantiation holds no bf16 instruction, and runs where kAvx512 does.
-template <bool kDpbf16, int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_rows_bf16_avx512(
-    std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
-    std::int64_t ldb, std::int64_t j0, std::int64_t j1, float* c, std::int64_t ldc) {
+// Outputs [j0, j1) for one row of bf16 activations and bf16 weights, one output at a time,
+// streaming the weights (the pair steps as dot_tile_bf16_avx512's).
+template <bool kDpbf16>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_row_bf16_avx512(
+    std::int64_t k, const std::uint16_t* x, const std::uint16_t* b, std::int64_t ldb,
+    std::int64_t j0, std::int64_t j1, float* c) {
   const auto step = pair_step<kDpbf16>;
-  std::int64_t j = j0;
-  if constexpr (R == kRowsAvx512) {  // pairs of outputs first (dot_pairs_bf16_avx512)
-    for (; j + 2 <= j1; j += 2) dot_pairs_bf16_avx512<kDpbf16>(k, x, ldx, b, ldb, j, c, ldc);
-  }
-  for (; j < j1; ++j) {
+  for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
-    __m512 acc0[R], acc1[R];
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     std::int64_t e = 0;
     for (; e + 2 * kLanes <= k; e += 2 * kLanes) {
-      if constexpr (R == 1) stream_ahead(w + e, 2 * kLanes * 2);
-      const __m512i w0 = _mm512_loadu_si512(w + e), w1 = _mm512_loadu_si512(w + e + kLanes);
-      for (int r = 0; r < R; ++r) {
-        acc0[r] = step(acc0[r], w0, _mm512_loadu_si512(x + r * ldx + e));
-        acc1[r] = step(acc1[r], w1, _mm512_loadu_si512(x + r * ldx + e + kLanes));
-      }
+      stream_ahead(w + e, 2 * kLanes * 2);
+      acc0 = step(acc0, _mm512_loadu_si512(w + e), _mm512_loadu_si512(x + e));
+      acc1 = step(acc1, _mm512_loadu_si512(w + e + kLanes), _mm512_loadu_si512(x + e + kLanes));
     }
     if (e < k) {  // the last block, zero past k
       const __mmask32 m0 = mask32(k - e), m1 = mask32(k - e - kLanes);
-      const __m512i w0 = _mm512_maskz_loadu_epi16(m0, w + e),
-                    w1 = _mm512_maskz_loadu_epi16(m1, w + e + kLanes);
-      for (int r = 0; r < R; ++r) {
-        acc0[r] = step(acc0[r], w0, _mm512_maskz_loadu_epi16(m0, x + r * ldx + e));
-        acc1[r] = step(acc1[r], w1, _mm512_maskz_loadu_epi16(m1, x + r * ldx + e + kLanes));
-      }
+      acc0 = step(acc0, _mm512_maskz_loadu_epi16(m0, w + e), _mm512_maskz_loadu_epi16(m0, x + e));
+      acc1 = step(acc1, _mm512_maskz_loadu_epi16(m1, w + e + kLanes),
+                  _mm512_maskz_loadu_epi16(m1, x + e + kLanes));
     }
-    for (int r = 0; r < R; ++r) c[r * ldc + j] = fold_avx512(acc0[r], acc1[r]);
+    c[j] = fold_avx512(acc0, acc1);
   }
 }
 
@@ -373,75 +362,108 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
 // ---- Dispatch
 // ------------------------------------------------------------------------------------
 
-// Rows of a in a tile, and the outputs of a tile, on AVX-512 (fp32 / f16 weights).
+// Rows of a tile, and its outputs, on AVX-512.
 constexpr int kTileRows = 4, kTileOutputs = 6;
 // Rows whose activations stay near (L1, L2) while every tile of outputs passes over them.
 constexpr std::int64_t kTileChunkRows = 16;
 
-// One tile of outputs [j0, j0 + O) for `rows` rows: groups of kTileRows, then the rest.
-template <DType T, int O>
-void tile_rows_avx512(std::int64_t rows, std::int64_t k, const float* a, std::int64_t lda,
-                      const void* b, std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc,
-                      TileAhead& ahead) {
-  std::int64_t i = 0;
-  for (; i + kTileRows <= rows; i += kTileRows) {
-    dot_tile_avx512<T, kTileRows, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+// The tiles of fp32 / f16 weights (dot_tile_avx512) on fp32 activations.
+template <DType T>
+struct WidenedTiles {
+  std::int64_t k;
+  const float* a;
+  std::int64_t lda;
+  const void* b;
+  std::int64_t ldb;
+  float* c;
+  std::int64_t ldc;
+  static constexpr std::int64_t kBlock = kLanes;  // elements a lane's step takes, both passes
+
+  std::int64_t row_bytes() const { return ldb * static_cast<std::int64_t>(dtype_size(T)); }
+  template <int R, int O>
+  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
+    dot_tile_avx512<T, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
   }
-  const float* ai = a + i * lda;
-  float* ci = c + i * ldc;
-  switch (rows - i) {
+};
+
+// The tiles of bf16 weights (dot_tile_bf16_avx512) on bf16 activations.
+template <bool kDpbf16>
+struct Bf16Tiles {
+  std::int64_t k;
+  const std::uint16_t* a;
+  std::int64_t lda;
+  const std::uint16_t* b;
+  std::int64_t ldb;
+  float* c;
+  std::int64_t ldc;
+  static constexpr std::int64_t kBlock = 2 * kLanes;
+
+  std::int64_t row_bytes() const { return ldb * 2; }
+  template <int R, int O>
+  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
+    dot_tile_bf16_avx512<kDpbf16, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  }
+};
+
+// Outputs [j0, j0 + O) for rows [i0, i0 + rows): groups of kTileRows, then the rest.
+template <int O, typename Tiles>
+void tile_rows(const Tiles& tiles, std::int64_t i0, std::int64_t rows, std::int64_t j0,
+               TileAhead& ahead) {
+  std::int64_t i = i0;
+  for (; i + kTileRows <= i0 + rows; i += kTileRows) {
+    tiles.template tile<kTileRows, O>(i, j0, ahead);
+  }
+  switch (i0 + rows - i) {
     case 3:
-      return dot_tile_avx512<T, 3, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+      return tiles.template tile<3, O>(i, j0, ahead);
     case 2:
-      return dot_tile_avx512<T, 2, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+      return tiles.template tile<2, O>(i, j0, ahead);
     case 1:
-      return dot_tile_avx512<T, 1, O>(k, ai, lda, b, ldb, j0, ci, ldc, ahead);
+      return tiles.template tile<1, O>(i, j0, ahead);
     default:
       return;
   }
 }
 
-// c = a b on AVX-512 (fp32 / f16 weights): one row streams the weights (dot_row_avx512); more
-// rows go in chunks of kTileChunkRows, each chunk in tiles of kTileOutputs outputs (outputs
-// outer, so a tile's weights are read from memory once for the chunk), the next tile's weights
-// asked for across the steps of this one.
-template <DType T>
-void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-  if (m == 1) return dot_row_avx512<T>(k, a, b, ldb, 0, n, c);
-  const std::int64_t row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
-  const auto* base = static_cast<const char*>(b);
+// c = a b for m >= 2 rows on AVX-512: chunks of kTileChunkRows rows, each in tiles of
+// kTileOutputs outputs (outputs outer, so a tile's weights come from memory once for the chunk),
+// the next tile's weights asked for across the steps of this one.
+template <typename Tiles>
+void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
+  const std::int64_t row_bytes = tiles.row_bytes();
+  const char* base = static_cast<const char*>(static_cast<const void*>(tiles.b));
+  const std::int64_t tile_lines = (kTileOutputs * row_bytes + 63) / 64;
   for (std::int64_t i0 = 0; i0 < m; i0 += kTileChunkRows) {
     const std::int64_t rows = std::min(kTileChunkRows, m - i0);
-    const float* ai = a + i0 * lda;
-    float* ci = c + i0 * ldc;
     const std::int64_t groups = (rows + kTileRows - 1) / kTileRows;
-    const std::int64_t steps = groups * 2 * ((k + kLanes - 1) / kLanes);
-    const std::int64_t tile_lines = (kTileOutputs * row_bytes + 63) / 64;
+    const std::int64_t steps = groups * 2 * ((tiles.k + Tiles::kBlock - 1) / Tiles::kBlock);
     std::int64_t j = 0;
     for (; j + kTileOutputs <= n; j += kTileOutputs) {
       const std::int64_t next = j + kTileOutputs, after = std::min(n, next + kTileOutputs);
       TileAhead ahead{base + next * row_bytes, base + after * row_bytes,
-                      (tile_lines + steps - 1) / steps};
-      tile_rows_avx512<T, kTileOutputs>(rows, k, ai, lda, b, ldb, j, ci, ldc, ahead);
+                      (tile_lines + steps - 1) / std::max<std::int64_t>(steps, 1)};
+      tile_rows<kTileOutputs>(tiles, i0, rows, j, ahead);
     }
     for (; j < n; ++j) {
-      TileAhead none{nullptr, nullptr, 0};
-      tile_rows_avx512<T, 1>(rows, k, ai, lda, b, ldb, j, ci, ldc, none);
+      TileAhead none;
+      tile_rows<1>(tiles, i0, rows, j, none);
     }
   }
+}
+
+template <DType T>
+void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                 const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  if (m == 1) return dot_row_avx512<T>(k, a, b, ldb, 0, n, c);
+  tiled_rows(WidenedTiles<T>{k, a, lda, b, ldb, c, ldc}, m, n);
 }
 
 template <bool kDpbf16>
 void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* x,
                       std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb, float* c,
                       std::int64_t ldc) {
-  std::int64_t i = 0;
-  for (; i + kRowsAvx512 <= m; i += kRowsAvx512) {
-    dot_rows_bf16_avx512<kDpbf16, kRowsAvx512>(k, x + i * ldx, ldx, b, ldb, 0, n, c + i * ldc, ldc);
-  }
-  for (; i < m; ++i)
-    dot_rows_bf16_avx512<kDpbf16, 1>(k, x + i * ldx, ldx, b, ldb, 0, n, c + i * ldc, ldc);
+  if (m == 1) return dot_row_bf16_avx512<kDpbf16>(k, x, b, ldb, 0, n, c);
+  tiled_rows(Bf16Tiles<kDpbf16>{k, x, ldx, b, ldb, c, ldc}, m, n);
 }
 
 }  // namespace
