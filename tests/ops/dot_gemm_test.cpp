@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +184,52 @@ TEST_P(DotGemmLevelTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst)
   constexpr float kBig = 16777216.0f;
   EXPECT_EQ(run_one(level(), {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 1.0f);
   EXPECT_EQ(run_one(level(), {{1, kBig}, {0, 1.0f}, {65, -kBig}, {64, 1.0f}}), 1.0f);
+}
+
+// At each level a row has the same bits in a product of any number of rows (a serving engine's
+// batch invariance rests on it), subnormal, tiny and huge values included, where the levels
+// themselves may differ (vdpbf16ps reads subnormals as zero): rows of 2 to 19 against one row.
+TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t k = 200, n = 13;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    // Outputs j of three scales (f16 holds no 2^100), rows r of three: ordinary, subnormal
+    // (2^-135) and tiny (2^-70); subnormal rows against huge weights give normal products that
+    // vdpbf16ps reads as zero, tiny rows against tiny weights subnormal sums that it flushes.
+    const int huge = t == DType::kF16 ? 14 : 100, small = t == DType::kF16 ? -10 : -70;
+    std::vector<float> w(static_cast<std::size_t>(k * n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      const int scale = j % 3 == 0 ? 0 : j % 3 == 1 ? huge : small;
+      for (std::int64_t e = 0; e < k; ++e) {
+        w[static_cast<std::size_t>(j * k + e)] = std::ldexp(normal(rng), scale);
+      }
+    }
+    const Stored stored = store(w, t);
+    const WeightMatrix b{stored.data(t), t, k, n, WeightLayout::kOutIn, k};
+    for (const std::int64_t m : {2, 5, 16, 19}) {
+      std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+      for (std::int64_t r = 0; r < m; ++r) {
+        const int scale = r % 3 == 0 ? 0 : r % 3 == 1 ? -135 : -70;
+        for (std::int64_t e = 0; e < k; ++e) {
+          a[static_cast<std::size_t>(r * k + e)] = std::ldexp(normal(rng), scale);
+        }
+      }
+      dot_gemm(m, a.data(), k, b, c.data(), n, level());
+      for (std::int64_t r = 0; r < m; ++r) {
+        std::vector<float> alone(static_cast<std::size_t>(n));
+        dot_gemm(1, a.data() + r * k, k, b, alone.data(), n, level());
+        for (std::int64_t j = 0; j < n; ++j) {
+          const float got = c[static_cast<std::size_t>(r * n + j)];
+          const float want = alone[static_cast<std::size_t>(j)];
+          ASSERT_TRUE(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want) ||
+                      (std::isnan(got) && std::isnan(want)))
+              << to_string(t) << " at " << runtime::to_string(level()) << ": row " << r << " of "
+              << m << ", output " << j << ": " << got << " in the product, " << want << " alone";
+        }
+      }
+    }
+  }
 }
 
 NUMESH_INSTANTIATE_LEVELS(DotGemmLevelTest);
