@@ -203,7 +203,8 @@ std::string label_of(const Shape& s, DType t, KernelLevel l) {
 }
 
 // The vdpbf16ps path gives the bits of the scalar emulation of Intel's definition (two fp32
-// roundings per pair, the odd element first), on normal-range random data, for every shape.
+// roundings per pair, the odd element first), on normal-range random data, for every shape; and
+// so do the amx level's fma steps under DAZ and FTZ (micro_fma_bf16).
 TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
   if (!runs_here(KernelLevel::kAvx512Bf16))
     GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
@@ -211,33 +212,33 @@ TEST(Gemm16BitTest, Avx512Bf16EqualsTheEmulationOfVdpbf16psBitForBit) {
   for (const Shape& s : shapes()) {
     const Problem p = make_problem(s.m, s.n, s.k, seed += 2);
     const std::vector<std::uint16_t> b = weights_as(p.b_values, DType::kBF16);
-    const std::string label = label_of(s, DType::kBF16, KernelLevel::kAvx512Bf16);
-    const std::vector<float> got = run(p, b, DType::kBF16, KernelLevel::kAvx512Bf16, label);
     const std::vector<float> want = emulate_dpbf16(p, b);
-    std::int64_t differ = 0, first = -1;
-    for (std::size_t e = 0; e < got.size(); ++e) {
-      if (std::bit_cast<std::uint32_t>(got[e]) != std::bit_cast<std::uint32_t>(want[e])) {
-        if (differ++ == 0) first = static_cast<std::int64_t>(e);
+    for (const KernelLevel level : {KernelLevel::kAvx512Bf16, KernelLevel::kAmx}) {
+      if (!runs_here(level)) continue;  // kAmx: counted by the level tests' skips
+      const std::string label = label_of(s, DType::kBF16, level);
+      const std::vector<float> got = run(p, b, DType::kBF16, level, label);
+      std::int64_t differ = 0, first = -1;
+      for (std::size_t e = 0; e < got.size(); ++e) {
+        if (std::bit_cast<std::uint32_t>(got[e]) != std::bit_cast<std::uint32_t>(want[e])) {
+          if (differ++ == 0) first = static_cast<std::int64_t>(e);
+        }
       }
+      EXPECT_EQ(differ, 0) << label << ": first at element " << first << ", got "
+                           << (first >= 0 ? got[static_cast<std::size_t>(first)] : 0.0f) << " want "
+                           << (first >= 0 ? want[static_cast<std::size_t>(first)] : 0.0f);
     }
-    EXPECT_EQ(differ, 0) << label << ": first at element " << first << ", got "
-                         << (first >= 0 ? got[static_cast<std::size_t>(first)] : 0.0f) << " want "
-                         << (first >= 0 ? want[static_cast<std::size_t>(first)] : 0.0f);
   }
 }
 
-// The emulation's subnormal rules hold on this CPU: a bf16 subnormal weight reads as zero, and
-// a subnormal partial sum is flushed to zero before the pair's second product is added.
-TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
-  if (!runs_here(KernelLevel::kAvx512Bf16))
-    GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
+// The checks of Avx512Bf16TreatsSubnormalsAsIntelDefines at `level`.
+void subnormals_as_intel_defines(KernelLevel level) {
   const auto p2 = [](int e) { return std::ldexp(1.0f, e); };
   // Weight 0x0001 (2^-133, subnormal) times 2^100: 2^-33 exactly, but read as zero.
   {
     const float a[1] = {p2(100)};
     const std::uint16_t b[1] = {0x0001};
     float c = -1.0f;
-    gemm_16bit(1, a, 1, WeightMatrix{b, DType::kBF16, 1, 1}, &c, 1, KernelLevel::kAvx512Bf16);
+    gemm_16bit(1, a, 1, WeightMatrix{b, DType::kBF16, 1, 1}, &c, 1, level);
     EXPECT_EQ(std::bit_cast<std::uint32_t>(c), 0u) << c;
   }
   // k = 4: the first pair leaves 2^-120; the second pair's odd product -(2^-120 - 2^-127)
@@ -248,10 +249,23 @@ TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
     const std::uint16_t b[4] = {0, bf16_from_f32(p2(-60)), bf16_from_f32(p2(-63)),
                                 bf16_from_f32(p2(-60) * (1.0f - p2(-7)))};
     float c = -1.0f;
-    gemm_16bit(1, a, 4, WeightMatrix{b, DType::kBF16, 4, 1}, &c, 1, KernelLevel::kAvx512Bf16);
+    gemm_16bit(1, a, 4, WeightMatrix{b, DType::kBF16, 4, 1}, &c, 1, level);
     EXPECT_EQ(c, p2(-126));
     const Problem prob{1, 1, 4, 4, 1, 1, std::vector<float>(a, a + 4), {}};
     EXPECT_EQ(emulate_dpbf16(prob, std::vector<std::uint16_t>(b, b + 4)).front(), p2(-126));
+  }
+}
+
+// The emulation's subnormal rules hold on this CPU: a bf16 subnormal weight reads as zero, and
+// a subnormal partial sum is flushed to zero before the pair's second product is added; at the
+// avx512-bf16 level (vdpbf16ps) and at amx (fma under DAZ and FTZ).
+TEST(Gemm16BitTest, Avx512Bf16TreatsSubnormalsAsIntelDefines) {
+  if (!runs_here(KernelLevel::kAvx512Bf16))
+    GTEST_SKIP() << "kernel level avx512-bf16: this CPU cannot run it";
+  for (const KernelLevel level : {KernelLevel::kAvx512Bf16, KernelLevel::kAmx}) {
+    if (!runs_here(level)) continue;
+    SCOPED_TRACE(runtime::to_string(level));
+    subnormals_as_intel_defines(level);
   }
 }
 

@@ -101,6 +101,7 @@ constexpr std::int64_t kMc = 16 * kMr;
 struct PackBuffers {
   std::vector<std::uint16_t> a;  // kMc rows of kKc bf16 (whole pairs)
   std::vector<std::uint32_t> b;  // kKc / 2 x kNc pair dwords, as kNr-column strips
+  std::vector<float> a_wide;     // a's rows widened for the fma steps (widen_pairs)
 };
 
 PackBuffers& pack_buffers() {
@@ -231,6 +232,95 @@ constexpr auto kMicroKernels = make_micro_kernels<false>(std::make_integer_seque
 constexpr auto kPairMajorMicroKernels =
     make_micro_kernels<true>(std::make_integer_sequence<int, kMr>{});
 
+// The fma steps of vdpbf16ps, for CPUs where vdpbf16ps is slow: Intel's server cores (Sapphire
+// and Emerald Rapids, the amx level) issue one 512-bit vdpbf16ps every two cycles (0.75 ns an
+// instruction on Emerald Rapids: 86 GFLOP/s a core) and two fmas a cycle. Each pair step is two
+// fmas, the odd element's product first, under MXCSR's DAZ and FTZ (set by gemm_dpbf16 around
+// the calls): vdpbf16ps's definition and its bits (gemm_16bit_test checks them against the
+// emulation, subnormals included). a comes widened (widen_pairs: per row, the pairs' odd values
+// then their even values, as fp32), so that each step broadcasts from memory (load ports) rather
+// than splitting a dword on the ports the fmas need.
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void micro_fma_bf16(
+    std::int64_t pairs, const float* a_rows, const std::uint32_t* b_strip, float* c,
+    std::int64_t ldc, __mmask16 mask0, __mmask16 mask1, bool first) {
+  __m512 acc0[MR], acc1[MR];
+  if (first) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      acc0[r] = _mm512_maskz_loadu_ps(mask0, c + r * ldc);
+      acc1[r] = _mm512_maskz_loadu_ps(mask1, c + r * ldc + 16);
+    }
+  }
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(b_strip + p * kNr),
+                  b1 = _mm512_loadu_si512(b_strip + p * kNr + 16);
+    const __m512 b0_odd = _mm512_castsi512_ps(_mm512_and_si512(b0, high)),
+                 b0_even = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)),
+                 b1_odd = _mm512_castsi512_ps(_mm512_and_si512(b1, high)),
+                 b1_even = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const float* row = a_rows + r * 2 * pairs;
+      const __m512 odd = _mm512_set1_ps(row[p]), even = _mm512_set1_ps(row[pairs + p]);
+      acc0[r] = _mm512_fmadd_ps(b0_even, even, _mm512_fmadd_ps(b0_odd, odd, acc0[r]));
+      acc1[r] = _mm512_fmadd_ps(b1_even, even, _mm512_fmadd_ps(b1_odd, odd, acc1[r]));
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, mask0, acc0[r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, mask1, acc1[r]);
+  }
+}
+
+using FmaMicroKernel = void (*)(std::int64_t, const float*, const std::uint32_t*, float*,
+                                std::int64_t, __mmask16, __mmask16, bool);
+
+template <int... R>
+constexpr auto make_fma_micro_kernels(std::integer_sequence<int, R...>) {
+  return std::array<FmaMicroKernel, sizeof...(R)>{&micro_fma_bf16<R + 1>...};
+}
+constexpr auto kFmaMicroKernels = make_fma_micro_kernels(std::make_integer_sequence<int, kMr>{});
+
+// `rows` rows of packed a (pack_a: row-major, `pairs` pair dwords a row) widened for
+// micro_fma_bf16: row r's odd elements at out[r * 2 pairs + p], its even ones `pairs` further.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void widen_pairs(const std::uint16_t* packed,
+                                                                      std::int64_t rows,
+                                                                      std::int64_t pairs,
+                                                                      float* out) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint16_t* in = packed + r * 2 * pairs;
+    float* odd = out + r * 2 * pairs;
+    float* even = odd + pairs;
+    for (std::int64_t p = 0; p < pairs; p += 16) {
+      const auto mask =
+          static_cast<__mmask16>(pairs - p >= 16 ? 0xFFFFu : (1u << (pairs - p)) - 1u);
+      const __m512i d = _mm512_maskz_loadu_epi32(mask, in + 2 * p);
+      _mm512_mask_storeu_ps(odd + p, mask, _mm512_castsi512_ps(_mm512_and_si512(d, high)));
+      _mm512_mask_storeu_ps(even + p, mask, _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)));
+    }
+  }
+}
+
+// MXCSR's DAZ and FTZ on the calling thread for a scope (micro_fma_bf16's calls), then restored.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDazFtz); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  static constexpr unsigned kDazFtz = 0x8040;  // flush to zero (bit 15), denormals are zero (6)
+  unsigned saved_;
+};
+
 // The vdpbf16ps GEMM over packers of its operands: pack_b(k0, kc, j0, nc, out) packs rows
 // [k0, k0 + kc) and columns [j0, j0 + nc) of b as pack_b does; pack_a(i0, mc, k0, kc, out) packs
 // rows [i0, i0 + mc) and columns [k0, k0 + kc) of a as pack_a does or, when `a_pair_major`, as
@@ -238,13 +328,16 @@ constexpr auto kPairMajorMicroKernels =
 template <typename PackA, typename PackB>
 void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pack_a_block,
                  bool a_pair_major, const PackB& pack_b_block, float* c, std::int64_t ldc,
-                 bool accumulate) {
+                 bool accumulate, bool fma_steps) {
   PackBuffers& buf = pack_buffers();
   const std::int64_t a_rows = (std::min(m, kMc) + kMr - 1) / kMr * kMr,
                      a_pairs = (std::min(k, kKc) + 1) / 2;
   buf.a.resize(static_cast<std::size_t>(a_rows * 2 * a_pairs));
   buf.b.resize(static_cast<std::size_t>(a_pairs * ((std::min(n, kNc) + kNr - 1) / kNr * kNr)));
   const auto& kernels = a_pair_major ? kPairMajorMicroKernels : kMicroKernels;
+  // The fma steps on row-major a only (pack_a_transposed's pair-major panels keep vdpbf16ps).
+  const bool widened = fma_steps && !a_pair_major;
+  if (widened) buf.a_wide.resize(buf.a.size());
   for (std::int64_t j0 = 0; j0 < n; j0 += kNc) {
     const std::int64_t nc = std::min(kNc, n - j0);
     for (std::int64_t k0 = 0; k0 < k; k0 += kKc) {
@@ -253,6 +346,7 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pa
       for (std::int64_t i0 = 0; i0 < m; i0 += kMc) {
         const std::int64_t mc = std::min(kMc, m - i0);
         pack_a_block(i0, mc, k0, kc, buf.a.data());
+        if (widened) widen_pairs(buf.a.data(), mc, pairs, buf.a_wide.data());
         for (std::int64_t q = 0; q < mc; q += kMr) {
           const std::int64_t mr = std::min<std::int64_t>(kMr, mc - q);
           const MicroKernel kernel = kernels[static_cast<std::size_t>(mr - 1)];
@@ -266,8 +360,16 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pa
             const auto mask1 = static_cast<__mmask16>(width >= 32   ? 0xFFFFu
                                                       : width <= 16 ? 0u
                                                                     : (1u << (width - 16)) - 1u);
-            kernel(pairs, a_panel, buf.b.data() + s * pairs, c + (i0 + q) * ldc + j0 + s, ldc,
-                   mask0, mask1, k0 == 0 && !accumulate);
+            float* c_tile = c + (i0 + q) * ldc + j0 + s;
+            const bool first = k0 == 0 && !accumulate;
+            if (widened) {
+              const FlushDenormals flush;
+              kFmaMicroKernels[static_cast<std::size_t>(mr - 1)](
+                  pairs, buf.a_wide.data() + q * 2 * pairs, buf.b.data() + s * pairs, c_tile, ldc,
+                  mask0, mask1, first);
+            } else {
+              kernel(pairs, a_panel, buf.b.data() + s * pairs, c_tile, ldc, mask0, mask1, first);
+            }
           }
         }
       }
@@ -292,7 +394,7 @@ void gemm_dpbf16_weights(std::int64_t m, std::int64_t n, std::int64_t k, const f
           pack_b(b, ldb, k0, kc, j0, nc, out);
         }
       },
-      c, ldc, /*accumulate=*/false);
+      c, ldc, /*accumulate=*/false, /*fma_steps=*/level == KernelLevel::kAmx);
 }
 
 // ---- bf16 compute: both operands fp32, rounded while packed -------------------------------------
@@ -437,7 +539,7 @@ void gemm_bf16_compute(std::int64_t m, std::int64_t n, std::int64_t k, const flo
             std::uint32_t* out) {
           pack_b_rounded(b, ldb, transpose_b, k0, kc, j0, nc, level, b_bits, out);
         },
-        c, ldc, accumulate);
+        c, ldc, accumulate, /*fma_steps=*/level == KernelLevel::kAmx);
     return;
   }
   // Below AVX-512 BF16: the same products (of bf16 values, exact in fp32) through the fp32
