@@ -26,6 +26,10 @@
 //   instruction gives exactly these bits (two roundings per pair, the odd element first; not a
 //   fused three-way sum), on 3.2 million random lanes and on a subnormal intermediate
 //   (tests/ops/gemm_16bit_test.cpp checks it bit for bit against this emulation).
+//   At kAmx (Intel's server cores, where a 512-bit vdpbf16ps issues every two cycles and fmas
+//   two a cycle) each pair step is two fmas under MXCSR's DAZ and FTZ: the same definition and
+//   the same bits (the same tests), 1.5x the vdpbf16ps tiles on Emerald Rapids; pack_a_transposed's
+//   pair-major panels (a weight gradient's dy^T x) keep vdpbf16ps.
 // - Every other case (f16 weights at any level, bf16 below kAvx512Bf16): panels of b (256 rows
 //   x up to 4096 columns) are widened to fp32 (exactly) into a buffer of the calling thread
 //   and multiplied by numesh's gemm() (single-threaded OpenBLAS), accumulating over the panels
