@@ -172,24 +172,31 @@ TEST(LmHeadTest, RowArgmaxIsTheSameForAnyThreadCount) {
 TEST(LmHeadTest, RowTopKIsTheSortedHeadOfEveryRow) {
   runtime::HostTensor logits = testing::random_host({9, 300}, 8, 1.0f);
   logits.data[5] = logits.data[6] = 10.0f;  // a tie in row 0: the lower index first
-  std::vector<float> out(2 * 5 * 9);
-  row_top_k(ConstMatrixMap(logits.data.data(), 9, 300), 1000, 5, out.data());
-  for (std::int64_t r = 0; r < 9; ++r) {
-    std::vector<std::pair<float, std::int64_t>> row;
-    for (std::int64_t j = 0; j < 300; ++j)
-      row.push_back({logits.data[static_cast<std::size_t>(r * 300 + j)], j});
-    std::stable_sort(row.begin(), row.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
-    for (std::int64_t i = 0; i < 5; ++i) {
-      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i)],
-                row[static_cast<std::size_t>(i)].first)
-          << r << " " << i;
-      EXPECT_EQ(out[static_cast<std::size_t>(r * 10 + 2 * i + 1)],
-                static_cast<float>(1000 + row[static_cast<std::size_t>(i)].second));
+  // k = 1, a few, and every column (the heap then fills the whole second half of each row's
+  // output, which it shares with the results).
+  for (const std::int64_t k : {1, 5, 300}) {
+    std::vector<float> out(static_cast<std::size_t>(2 * k * 9), -1.0f);
+    row_top_k(ConstMatrixMap(logits.data.data(), 9, 300), 1000, k, out.data());
+    for (std::int64_t r = 0; r < 9; ++r) {
+      std::vector<std::pair<float, std::int64_t>> row;
+      for (std::int64_t j = 0; j < 300; ++j)
+        row.push_back({logits.data[static_cast<std::size_t>(r * 300 + j)], j});
+      std::stable_sort(row.begin(), row.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (std::int64_t i = 0; i < k; ++i) {
+        ASSERT_EQ(out[static_cast<std::size_t>(r * 2 * k + 2 * i)],
+                  row[static_cast<std::size_t>(i)].first)
+            << "k " << k << ", row " << r << ", entry " << i;
+        ASSERT_EQ(out[static_cast<std::size_t>(r * 2 * k + 2 * i + 1)],
+                  static_cast<float>(1000 + row[static_cast<std::size_t>(i)].second))
+            << "k " << k << ", row " << r << ", entry " << i;
+      }
+    }
+    EXPECT_EQ(out[1], 1005.0f);
+    if (k > 1) {
+      EXPECT_EQ(out[3], 1006.0f);
     }
   }
-  EXPECT_EQ(out[1], 1005.0f);
-  EXPECT_EQ(out[3], 1006.0f);
 }
 
 TEST(LmHeadTest, SamplingDrawsFromTheSoftmaxOfTheKeptTokens) {

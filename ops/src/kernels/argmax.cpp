@@ -28,37 +28,44 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out) {
 void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out) {
   const std::int64_t rows = logits.rows(), cols = logits.cols();
   parallel_blocks(rows, row_block_for(cols), [&](std::int64_t r0, std::int64_t r1) {
-    // The k best so far, best first, kept by each thread from call to call: a serving step's
-    // head allocates nothing once its threads have run one.
-    thread_local std::vector<std::int32_t> best;
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* row = logits.data() + r * cols;
+      // The k best so far, best first, as column numbers held exactly in fp32 (cols < 2^24), in
+      // the second half of the row's own output: no buffer of a thread's, so that no step
+      // allocates whichever thread runs it (a thread_local buffer grew on a thread's first row,
+      // which SteadyStepTest caught when the arena gave the node to a thread new to it).
+      float* best = out + r * 2 * k + k;
       // NaN ranks above every number (as in row_argmax), so a NaN row reaches the host's check;
       // the lower index first among equals: a total order, so the k best are one set in one
       // order whatever the scan.
-      const auto before = [row](std::int32_t a, std::int32_t b) {
+      const auto before = [row](float fa, float fb) {
+        const auto a = static_cast<std::int64_t>(fa), b = static_cast<std::int64_t>(fb);
         const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
         if (na != nb) return na;
         return (!na && row[a] > row[b]) || ((na || row[a] == row[b]) && a < b);
       };
       // One pass over a heap of the k best, its root the worst of them: a column enters when
       // it beats the root (few do); O(cols log k), whatever k is.
-      best.clear();
-      for (std::int32_t c = 0; c < static_cast<std::int32_t>(cols); ++c) {
-        if (static_cast<std::int64_t>(best.size()) < k) {
-          best.push_back(c);
-          std::push_heap(best.begin(), best.end(), before);
-        } else if (before(c, best.front())) {
-          std::pop_heap(best.begin(), best.end(), before);
-          best.back() = c;
-          std::push_heap(best.begin(), best.end(), before);
+      std::int64_t size = 0;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const auto column = static_cast<float>(c);
+        if (size < k) {
+          best[size++] = column;
+          std::push_heap(best, best + size, before);
+        } else if (before(column, best[0])) {
+          std::pop_heap(best, best + k, before);
+          best[k - 1] = column;
+          std::push_heap(best, best + k, before);
         }
       }
-      std::sort_heap(best.begin(), best.end(), before);
+      std::sort_heap(best, best + k, before);
+      // Entry i goes to out[2i] and out[2i + 1], below best + i + 1 (2i + 1 <= k + i): never
+      // over an entry still to be read.
+      float* row_out = out + r * 2 * k;
       for (std::int64_t i = 0; i < k; ++i) {
-        const std::int32_t c = best[static_cast<std::size_t>(i)];
-        out[r * 2 * k + 2 * i] = row[c];
-        out[r * 2 * k + 2 * i + 1] = static_cast<float>(first_index + c);
+        const auto c = static_cast<std::int64_t>(best[i]);
+        row_out[2 * i] = row[c];
+        row_out[2 * i + 1] = static_cast<float>(first_index + c);
       }
     }
   });
