@@ -323,6 +323,52 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
   }
 }
 
+// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights) on AVX2: the 32 partial sums of
+// each in four passes over k, one per group of 8 lanes (e mod 32 in [8q, 8q + 8)), so that a row
+// and an output hold one accumulator in the 16 registers (4 rows by 3 outputs: 12 accumulators,
+// 3 weights and a row's activations), over the same padded blocks as the scalar kernel's, then
+// fold_avx2 of the four passes' sums: the same bits as dot_row_avx2 and the scalar kernel.
+template <DType T, int R, int O>
+__attribute__((target("avx2,fma,f16c"))) void dot_tile_avx2(std::int64_t k, const float* a,
+                                                            std::int64_t lda, const void* b,
+                                                            std::int64_t ldb, std::int64_t j0,
+                                                            float* c, std::int64_t ldc,
+                                                            TileAhead& ahead) {
+  const auto row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
+  const char* w = static_cast<const char*>(b) + j0 * row_bytes;
+  const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
+  __m256 part[4][R * O];
+  for (int q = 0; q < 4; ++q) {
+    __m256 acc[R * O];
+#pragma GCC unroll 16
+    for (int t = 0; t < R * O; ++t) acc[t] = _mm256_setzero_ps();
+    for (std::int64_t e = 8 * q; e < padded; e += kLanes) {
+      ahead.step();
+      const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 8);
+      __m256 wv[O];
+#pragma GCC unroll 8
+      for (int o = 0; o < O; ++o) wv[o] = load_w8<T>(w + o * row_bytes, e, left);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 x =
+            left == 8 ? _mm256_loadu_ps(a + r * lda + e) : load_x8(a + r * lda + e, left);
+#pragma GCC unroll 8
+        for (int o = 0; o < O; ++o) acc[r * O + o] = _mm256_fmadd_ps(wv[o], x, acc[r * O + o]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < R * O; ++t) part[q][t] = acc[t];
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      const int t = r * O + o;
+      c[r * ldc + j0 + o] = fold_avx2(part[0][t], part[1][t], part[2][t], part[3][t]);
+    }
+  }
+}
+
 // 16 bf16 values from `at`, the first `count` of them (the rest 0), as 8 dwords.
 __attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16(const std::uint16_t* v,
                                                                      std::int64_t count) {
@@ -359,11 +405,62 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
   }
 }
 
+// Outputs [j0, j0 + O) for R rows of bf16 activations and bf16 weights on AVX2, in four passes
+// over k as dot_tile_avx2: pass q takes the pairs of e mod 64 in [16q, 16q + 16) (lanes 8q to
+// 8q + 7), the odd element's product first, over the same padded blocks as dot_row_bf16_avx2:
+// its bits. 4 rows by 2 outputs: 8 accumulators, each weight's odd and even halves, and a row's.
+template <int R, int O>
+__attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
+    std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
+    std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const std::uint16_t* w = b + j0 * ldb;
+  const std::int64_t padded = (k + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
+  __m256 part[4][R * O];
+  for (int q = 0; q < 4; ++q) {
+    __m256 acc[R * O];
+#pragma GCC unroll 16
+    for (int t = 0; t < R * O; ++t) acc[t] = _mm256_setzero_ps();
+    for (std::int64_t e = 16 * q; e < padded; e += 2 * kLanes) {
+      ahead.step();
+      const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 16);
+      __m256 w_odd[O], w_even[O];
+#pragma GCC unroll 8
+      for (int o = 0; o < O; ++o) {
+        const __m256i wv = load_bf16x16(w + o * ldb + e, left);
+        w_odd[o] = _mm256_castsi256_ps(_mm256_and_si256(wv, high));
+        w_even[o] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = load_bf16x16(x + r * ldx + e, left);
+        const __m256 x_odd = _mm256_castsi256_ps(_mm256_and_si256(xv, high)),
+                     x_even = _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16));
+#pragma GCC unroll 8
+        for (int o = 0; o < O; ++o) {
+          const int t = r * O + o;
+          acc[t] = _mm256_fmadd_ps(w_even[o], x_even, _mm256_fmadd_ps(w_odd[o], x_odd, acc[t]));
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < R * O; ++t) part[q][t] = acc[t];
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      const int t = r * O + o;
+      c[r * ldc + j0 + o] = fold_avx2(part[0][t], part[1][t], part[2][t], part[3][t]);
+    }
+  }
+}
+
 // ---- Dispatch
 // ------------------------------------------------------------------------------------
 
-// Rows of a tile, and its outputs, on AVX-512.
-constexpr int kTileRows = 4, kTileOutputs = 6;
+// Rows of a tile, and its outputs: on AVX-512 (32 registers) and on AVX2 (16).
+constexpr int kTileRows = 4, kTileOutputs = 6, kTileOutputsAvx2 = 3, kTileOutputsBf16Avx2 = 2;
 // Rows whose activations stay near (L1, L2) while every tile of outputs passes over them.
 constexpr std::int64_t kTileChunkRows = 16;
 
@@ -377,7 +474,8 @@ struct WidenedTiles {
   std::int64_t ldb;
   float* c;
   std::int64_t ldc;
-  static constexpr std::int64_t kBlock = kLanes;  // elements a lane's step takes, both passes
+  static constexpr std::int64_t kBlock = kLanes;  // elements a lane's step takes, every pass
+  static constexpr int kPasses = 2, kOutputs = kTileOutputs;
 
   std::int64_t row_bytes() const { return ldb * static_cast<std::int64_t>(dtype_size(T)); }
   template <int R, int O>
@@ -397,11 +495,51 @@ struct Bf16Tiles {
   float* c;
   std::int64_t ldc;
   static constexpr std::int64_t kBlock = 2 * kLanes;
+  static constexpr int kPasses = 2, kOutputs = kTileOutputs;
 
   std::int64_t row_bytes() const { return ldb * 2; }
   template <int R, int O>
   void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
     dot_tile_bf16_avx512<kDpbf16, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  }
+};
+
+// The tiles of fp32 / f16 weights on AVX2 (dot_tile_avx2).
+template <DType T>
+struct WidenedTilesAvx2 {
+  std::int64_t k;
+  const float* a;
+  std::int64_t lda;
+  const void* b;
+  std::int64_t ldb;
+  float* c;
+  std::int64_t ldc;
+  static constexpr std::int64_t kBlock = kLanes;
+  static constexpr int kPasses = 4, kOutputs = kTileOutputsAvx2;
+
+  std::int64_t row_bytes() const { return ldb * static_cast<std::int64_t>(dtype_size(T)); }
+  template <int R, int O>
+  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
+    dot_tile_avx2<T, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  }
+};
+
+// The tiles of bf16 weights on AVX2 (dot_tile_bf16_avx2) on bf16 activations.
+struct Bf16TilesAvx2 {
+  std::int64_t k;
+  const std::uint16_t* a;
+  std::int64_t lda;
+  const std::uint16_t* b;
+  std::int64_t ldb;
+  float* c;
+  std::int64_t ldc;
+  static constexpr std::int64_t kBlock = 2 * kLanes;
+  static constexpr int kPasses = 4, kOutputs = kTileOutputsBf16Avx2;
+
+  std::int64_t row_bytes() const { return ldb * 2; }
+  template <int R, int O>
+  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
+    dot_tile_bf16_avx2<R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
   }
 };
 
@@ -425,24 +563,26 @@ void tile_rows(const Tiles& tiles, std::int64_t i0, std::int64_t rows, std::int6
   }
 }
 
-// c = a b for m >= 2 rows on AVX-512: chunks of kTileChunkRows rows, each in tiles of
-// kTileOutputs outputs (outputs outer, so a tile's weights come from memory once for the chunk),
+// c = a b for m >= 2 rows: chunks of kTileChunkRows rows, each in tiles of Tiles::kOutputs
+// outputs (outputs outer, so a tile's weights come from memory once for the chunk),
 // the next tile's weights asked for across the steps of this one.
 template <typename Tiles>
 void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
   const std::int64_t row_bytes = tiles.row_bytes();
   const char* base = static_cast<const char*>(static_cast<const void*>(tiles.b));
-  const std::int64_t tile_lines = (kTileOutputs * row_bytes + 63) / 64;
+  constexpr int kWidth = Tiles::kOutputs;
+  const std::int64_t tile_lines = (kWidth * row_bytes + 63) / 64;
   for (std::int64_t i0 = 0; i0 < m; i0 += kTileChunkRows) {
     const std::int64_t rows = std::min(kTileChunkRows, m - i0);
     const std::int64_t groups = (rows + kTileRows - 1) / kTileRows;
-    const std::int64_t steps = groups * 2 * ((tiles.k + Tiles::kBlock - 1) / Tiles::kBlock);
+    const std::int64_t steps =
+        groups * Tiles::kPasses * ((tiles.k + Tiles::kBlock - 1) / Tiles::kBlock);
     std::int64_t j = 0;
-    for (; j + kTileOutputs <= n; j += kTileOutputs) {
-      const std::int64_t next = j + kTileOutputs, after = std::min(n, next + kTileOutputs);
+    for (; j + kWidth <= n; j += kWidth) {
+      const std::int64_t next = j + kWidth, after = std::min(n, next + kWidth);
       TileAhead ahead{base + next * row_bytes, base + after * row_bytes,
                       (tile_lines + steps - 1) / std::max<std::int64_t>(steps, 1)};
-      tile_rows<kTileOutputs>(tiles, i0, rows, j, ahead);
+      tile_rows<kWidth>(tiles, i0, rows, j, ahead);
     }
     for (; j < n; ++j) {
       TileAhead none;
@@ -456,6 +596,13 @@ void rows_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                  const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   if (m == 1) return dot_row_avx512<T>(k, a, b, ldb, 0, n, c);
   tiled_rows(WidenedTiles<T>{k, a, lda, b, ldb, c, ldc}, m, n);
+}
+
+template <DType T>
+void rows_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+               const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  if (m == 1) return dot_row_avx2<T>(k, a, b, ldb, 0, n, c);
+  tiled_rows(WidenedTilesAvx2<T>{k, a, lda, b, ldb, c, ldc}, m, n);
 }
 
 template <bool kDpbf16>
@@ -509,13 +656,13 @@ void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, con
     return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
   if (level == KernelLevel::kAvx512)
     return rows_bf16_avx512<false>(m, n, k, a, lda, b, ldb, c, ldc);
+  if (level == KernelLevel::kAvx2) {
+    if (m == 1) return dot_row_bf16_avx2(k, a, b, ldb, 0, n, c);
+    return tiled_rows(Bf16TilesAvx2{k, a, lda, b, ldb, c, ldc}, m, n);
+  }
   for (std::int64_t i = 0; i < m; ++i) {
-    if (level == KernelLevel::kAvx2) {
-      dot_row_bf16_avx2(k, a + i * lda, b, ldb, 0, n, c + i * ldc);
-    } else {
-      for (std::int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = dot_scalar_bf16(k, a + i * lda, b + j * ldb);
-    }
+    for (std::int64_t j = 0; j < n; ++j)
+      c[i * ldc + j] = dot_scalar_bf16(k, a + i * lda, b + j * ldb);
   }
 }
 
@@ -557,14 +704,8 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
       if (b_type == DType::kF32) return rows_avx512<DType::kF32>(m, n, k, a, lda, b, ldb, c, ldc);
       return rows_avx512<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
     case KernelLevel::kAvx2:
-      for (std::int64_t i = 0; i < m; ++i) {
-        if (b_type == DType::kF32) {
-          dot_row_avx2<DType::kF32>(k, a + i * lda, b, ldb, 0, n, c + i * ldc);
-        } else {
-          dot_row_avx2<DType::kF16>(k, a + i * lda, b, ldb, 0, n, c + i * ldc);
-        }
-      }
-      return;
+      if (b_type == DType::kF32) return rows_avx2<DType::kF32>(m, n, k, a, lda, b, ldb, c, ldc);
+      return rows_avx2<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
     case KernelLevel::kScalar:
       break;
   }
