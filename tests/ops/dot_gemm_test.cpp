@@ -194,13 +194,16 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t k = 200, n = 13;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    // Outputs j of three scales (f16 holds no 2^100), rows r of three: ordinary, subnormal
-    // (2^-135) and tiny (2^-70); subnormal rows against huge weights give normal products that
-    // vdpbf16ps reads as zero, tiny rows against tiny weights subnormal sums that it flushes.
-    const int huge = t == DType::kF16 ? 14 : 100, small = t == DType::kF16 ? -10 : -70;
+    // Outputs j of four scales (f16 holds neither 2^100 nor 2^-63), rows r of four: ordinary,
+    // subnormal (2^-135), tiny (2^-70) and 2^-63. Subnormal rows against huge weights give
+    // normal products that vdpbf16ps reads as zero, tiny rows against tiny weights subnormal
+    // sums that it flushes, and 2^-63 against 2^-63 lane sums near 2^-126 whose fold may
+    // cancel into a subnormal (flushed at the amx level, by the tiles and the one row alike).
+    const int huge = t == DType::kF16 ? 14 : 100, small = t == DType::kF16 ? -10 : -70,
+              edge = t == DType::kF16 ? -5 : -63;
     std::vector<float> w(static_cast<std::size_t>(k * n));
     for (std::int64_t j = 0; j < n; ++j) {
-      const int scale = j % 3 == 0 ? 0 : j % 3 == 1 ? huge : small;
+      const int scale = j % 4 == 0 ? 0 : j % 4 == 1 ? huge : j % 4 == 2 ? small : edge;
       for (std::int64_t e = 0; e < k; ++e) {
         w[static_cast<std::size_t>(j * k + e)] = std::ldexp(normal(rng), scale);
       }
@@ -210,7 +213,7 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
     for (const std::int64_t m : {2, 5, 16, 19}) {
       std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
       for (std::int64_t r = 0; r < m; ++r) {
-        const int scale = r % 3 == 0 ? 0 : r % 3 == 1 ? -135 : -70;
+        const int scale = r % 4 == 0 ? 0 : r % 4 == 1 ? -135 : r % 4 == 2 ? -70 : -63;
         for (std::int64_t e = 0; e < k; ++e) {
           a[static_cast<std::size_t>(r * k + e)] = std::ldexp(normal(rng), scale);
         }

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "flush_denormals.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "stream_ahead.hpp"
 
@@ -91,15 +92,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(cons
 // The next tile's weights, asked for a few lines a step while a tile computes from L1: a tile of
 // several rows is compute-bound once its weights are in, and waiting for them at its first step
 // left a thread reading 7-8 GB/s of fp32 weights at 16 rows where it reads 15-20 alone.
+// Addresses as integers: hints past the matrix's end are never pointers formed past it.
 struct TileAhead {
-  const char* at = nullptr;
-  const char* end = nullptr;
+  std::uintptr_t at = 0;
+  std::uintptr_t end = 0;
   std::int64_t lines_per_step = 0;
 
   // A tile's step: the next lines_per_step lines, until the end.
   void step() noexcept {
     for (std::int64_t q = 0; q < lines_per_step && at < end; ++q, at += 64) {
-      _mm_prefetch(at, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
     }
   }
 };
@@ -108,9 +110,9 @@ struct TileAhead {
 // passes over k: lanes e mod 32 < 16 first, then the rest. The passes keep one accumulator per
 // (row, output) instead of two, so a tile of 4 rows by 6 outputs holds 24 accumulators and each
 // step makes 10 loads for 24 fmas (the pairs of two outputs for 4 rows made 12 for 16); the
-// second pass reads the tile's weights from L1. Each lane's sum runs in e order over the same
-// padded blocks as the scalar kernel's (its zero steps included: fma(0, 0, -0) is +0), and the
-// fold starts with s[l] + s[l + 16] as it does: the same bits.
+// second pass reads the tile's weights from L1 (L2 for long rows). Each lane's sum runs in e order
+// over the same padded blocks as the scalar kernel's (its zero steps included: fma(0, 0, -0) is
+// +0), and the fold starts with s[l] + s[l + 16] as it does: the same bits.
 template <DType T, int R, int O>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_tile_avx512(
     std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
@@ -127,13 +129,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_tile_avx512(
       const auto mask = static_cast<__mmask16>(left >= 16  ? 0xFFFF
                                                : left <= 0 ? 0u
                                                            : (1u << left) - 1u);
+      const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
       ahead.step();
       __m512 wv[O];
 #pragma GCC unroll 8
-      for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, e, mask);
+      for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, at, mask);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_maskz_loadu_ps(mask, a + r * lda + e);
+        const __m512 x = _mm512_maskz_loadu_ps(mask, a + r * lda + at);
 #pragma GCC unroll 8
         for (int o = 0; o < O; ++o) acc[r * O + o] = _mm512_fmadd_ps(wv[o], x, acc[r * O + o]);
       }
@@ -214,13 +217,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf
     for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
     for (std::int64_t e = kLanes * half; e < padded; e += 2 * kLanes) {
       const __mmask32 mask = mask32(k - e);
+      const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
       ahead.step();
       __m512i wv[O];
 #pragma GCC unroll 8
-      for (int o = 0; o < O; ++o) wv[o] = _mm512_maskz_loadu_epi16(mask, w + o * ldb + e);
+      for (int o = 0; o < O; ++o) wv[o] = _mm512_maskz_loadu_epi16(mask, w + o * ldb + at);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m512i xv = _mm512_maskz_loadu_epi16(mask, x + r * ldx + e);
+        const __m512i xv = _mm512_maskz_loadu_epi16(mask, x + r * ldx + at);
 #pragma GCC unroll 8
         for (int o = 0; o < O; ++o) acc[r * O + o] = pair_step<kDpbf16>(acc[r * O + o], wv[o], xv);
       }
@@ -345,13 +349,14 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_avx2(std::int64_t k, cons
     for (std::int64_t e = 8 * q; e < padded; e += kLanes) {
       ahead.step();
       const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 8);
+      const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
       __m256 wv[O];
 #pragma GCC unroll 8
-      for (int o = 0; o < O; ++o) wv[o] = load_w8<T>(w + o * row_bytes, e, left);
+      for (int o = 0; o < O; ++o) wv[o] = load_w8<T>(w + o * row_bytes, at, left);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256 x =
-            left == 8 ? _mm256_loadu_ps(a + r * lda + e) : load_x8(a + r * lda + e, left);
+            left == 8 ? _mm256_loadu_ps(a + r * lda + at) : load_x8(a + r * lda + at, left);
 #pragma GCC unroll 8
         for (int o = 0; o < O; ++o) acc[r * O + o] = _mm256_fmadd_ps(wv[o], x, acc[r * O + o]);
       }
@@ -424,16 +429,17 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
     for (std::int64_t e = 16 * q; e < padded; e += 2 * kLanes) {
       ahead.step();
       const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 16);
+      const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
       __m256 w_odd[O], w_even[O];
 #pragma GCC unroll 8
       for (int o = 0; o < O; ++o) {
-        const __m256i wv = load_bf16x16(w + o * ldb + e, left);
+        const __m256i wv = load_bf16x16(w + o * ldb + at, left);
         w_odd[o] = _mm256_castsi256_ps(_mm256_and_si256(wv, high));
         w_even[o] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i xv = load_bf16x16(x + r * ldx + e, left);
+        const __m256i xv = load_bf16x16(x + r * ldx + at, left);
         const __m256 x_odd = _mm256_castsi256_ps(_mm256_and_si256(xv, high)),
                      x_even = _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16));
 #pragma GCC unroll 8
@@ -569,7 +575,7 @@ void tile_rows(const Tiles& tiles, std::int64_t i0, std::int64_t rows, std::int6
 template <typename Tiles>
 void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
   const std::int64_t row_bytes = tiles.row_bytes();
-  const char* base = static_cast<const char*>(static_cast<const void*>(tiles.b));
+  const auto from = reinterpret_cast<std::uintptr_t>(static_cast<const void*>(tiles.b));
   constexpr int kWidth = Tiles::kOutputs;
   const std::int64_t tile_lines = (kWidth * row_bytes + 63) / 64;
   for (std::int64_t i0 = 0; i0 < m; i0 += kTileChunkRows) {
@@ -580,7 +586,8 @@ void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
     std::int64_t j = 0;
     for (; j + kWidth <= n; j += kWidth) {
       const std::int64_t next = j + kWidth, after = std::min(n, next + kWidth);
-      TileAhead ahead{base + next * row_bytes, base + after * row_bytes,
+      TileAhead ahead{from + static_cast<std::uintptr_t>(next * row_bytes),
+                      from + static_cast<std::uintptr_t>(after * row_bytes),
                       (tile_lines + steps - 1) / std::max<std::int64_t>(steps, 1)};
       tile_rows<kWidth>(tiles, i0, rows, j, ahead);
     }
@@ -616,29 +623,38 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
 // The fma tiles with subnormal inputs read as zero and subnormal results flushed (MXCSR's DAZ and
 // FTZ, this thread's, for the call): vdpbf16ps's bits, by its definition (two steps of one
 // rounding each, DAZ and FTZ), and on 3.2 million random lanes of Emerald Rapids with subnormal,
-// tiny and huge values (DotGemmLevelTest checks rows against one row). Not inlined, so that no
-// product moves across the writes of MXCSR.
-__attribute__((noinline)) void flushing_fma_tiles(std::int64_t m, std::int64_t n, std::int64_t k,
-                                                  const std::uint16_t* x, std::int64_t ldx,
-                                                  const std::uint16_t* b, std::int64_t ldb,
-                                                  float* c, std::int64_t ldc) {
+// tiny and huge values (DotGemmLevelTest checks rows against one row). Not inlined (nor
+// analysed across), so that no product moves across the writes of MXCSR.
+__attribute__((noinline, noipa)) void flushing_fma_tiles(std::int64_t m, std::int64_t n,
+                                                         std::int64_t k, const std::uint16_t* x,
+                                                         std::int64_t ldx, const std::uint16_t* b,
+                                                         std::int64_t ldb, float* c,
+                                                         std::int64_t ldc) {
   tiled_rows(Bf16Tiles<false>{k, x, ldx, b, ldb, c, ldc}, m, n);
+}
+
+// The one-row kernel (vdpbf16ps, which flushes whatever MXCSR says) for the same scope, so that
+// its fold, too, flushes a subnormal sum as the tiles' does.
+__attribute__((noinline, noipa)) void flushing_row(std::int64_t n, std::int64_t k,
+                                                   const std::uint16_t* x, const std::uint16_t* b,
+                                                   std::int64_t ldb, float* c) {
+  dot_row_bf16_avx512<true>(k, x, b, ldb, 0, n, c);
 }
 
 // bf16 rows at the amx level (Intel's server cores): one row by vdpbf16ps, more rows in fma
 // tiles with DAZ and FTZ, which give vdpbf16ps's bits: there vdpbf16ps on 512 bits issues one
 // every two cycles (0.75 ns an instruction, 86 GFLOP/s a core on Emerald Rapids) where fma issues
 // two a cycle, and generate's 16-sequence decode step in bf16 took 26 ms in fma tiles against 30
-// in vdpbf16ps ones. Zen 4 and Zen 5 have no AMX and keep vdpbf16ps.
+// in vdpbf16ps ones. Both run under DAZ and FTZ, their folds included: a fold of two normal lane
+// sums may be subnormal, and flushed in one and not the other it would tell a row alone from a
+// row among others (at this level a subnormal output is flushed; avx512-bf16's is kept). Zen 4
+// and Zen 5 have no AMX and keep vdpbf16ps.
 void rows_bf16_amx(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* x,
                    std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb, float* c,
                    std::int64_t ldc) {
-  if (m == 1) return dot_row_bf16_avx512<true>(k, x, b, ldb, 0, n, c);
-  constexpr unsigned kDazFtz = 0x8040;  // MXCSR: flush to zero (bit 15), denormals are zero (6)
-  const unsigned saved = _mm_getcsr();
-  _mm_setcsr(saved | kDazFtz);
+  const detail::FlushDenormals flush;
+  if (m == 1) return flushing_row(n, k, x, b, ldb, c);
   flushing_fma_tiles(m, n, k, x, ldx, b, ldb, c, ldc);
-  _mm_setcsr(saved);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "flush_denormals.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
@@ -308,19 +309,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void widen_pairs(const std:
   }
 }
 
-// MXCSR's DAZ and FTZ on the calling thread for a scope (micro_fma_bf16's calls), then restored.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDazFtz); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-
- private:
-  static constexpr unsigned kDazFtz = 0x8040;  // flush to zero (bit 15), denormals are zero (6)
-  unsigned saved_;
-};
-
 // The vdpbf16ps GEMM over packers of its operands: pack_b(k0, kc, j0, nc, out) packs rows
 // [k0, k0 + kc) and columns [j0, j0 + nc) of b as pack_b does; pack_a(i0, mc, k0, kc, out) packs
 // rows [i0, i0 + mc) and columns [k0, k0 + kc) of a as pack_a does or, when `a_pair_major`, as
@@ -363,7 +351,7 @@ void gemm_dpbf16(std::int64_t m, std::int64_t n, std::int64_t k, const PackA& pa
             float* c_tile = c + (i0 + q) * ldc + j0 + s;
             const bool first = k0 == 0 && !accumulate;
             if (widened) {
-              const FlushDenormals flush;
+              const detail::FlushDenormals flush;
               kFmaMicroKernels[static_cast<std::size_t>(mr - 1)](
                   pairs, buf.a_wide.data() + q * 2 * pairs, buf.b.data() + s * pairs, c_tile, ldc,
                   mask0, mask1, first);

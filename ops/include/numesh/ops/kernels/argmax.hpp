@@ -23,7 +23,9 @@ void row_argmax(ConstMatrixMap logits, std::int64_t first_index, float* out);
 /// largest values with their global indices as fp32, largest first (the lower index first among
 /// equal values, a NaN above any number): out[r * 2k + 2i] = value i, out[r * 2k + 2i + 1] = its
 /// index. Rows run as tasks over the calling thread's arena; bitwise the same for any thread count.
-/// REQUIRES: 1 <= k <= cols; out holds 2 * k * rows floats.
+/// REQUIRES: 1 <= k <= cols; first_index + cols <= kMaxVocabulary (columns are held as fp32
+/// while the rows are scanned); out holds 2 * k * rows floats and overlaps no row of logits
+/// (each row's half of it is the scan's scratch).
 void row_top_k(ConstMatrixMap logits, std::int64_t first_index, std::int64_t k, float* out);
 
 /// For each row r of `logits`, out[r] = log(sum_j exp(logits[r, j])), computed in double as

@@ -24,10 +24,11 @@
 //   the odd element's product added first, then the even's, each with one rounding: the products
 //   of two bf16 values are exact in fp32, and this is the order vdpbf16ps adds them in (Intel's
 //   definition, checked on Zen 4 by gemm_16bit_test). kAvx512Bf16 runs vdpbf16ps; kAmx runs it
-//   for one row and fma with MXCSR's DAZ and FTZ for more (the same bits, faster there); the
-//   other levels take the same steps with fma. vdpbf16ps reads subnormal inputs as zero and
-//   flushes subnormal results, fma does not: with subnormal values the levels may differ in
-//   those bits, but at each level a row has the same bits in a product of any number of rows.
+//   for one row and fma for more, both under MXCSR's DAZ and FTZ, folds included (the same
+//   steps, faster there; a subnormal output is flushed); the other levels take the same steps
+//   with fma. vdpbf16ps reads subnormal inputs as zero and flushes subnormal results, fma does
+//   not: with subnormal values the levels may differ in those bits, but at each level a row has
+//   the same bits in a product of any number of rows.
 
 namespace numesh::ops {
 
