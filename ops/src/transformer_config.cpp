@@ -33,6 +33,10 @@ void TransformerConfig::validate() const {
       "transformer: hidden {}, layers {}, ffn {}, heads {}, kv heads {}, head_dim {} must all "
       "be positive",
       hidden, layers, ffn, a.num_heads, a.num_kv_heads, a.head_dim);
+  // Before anything that walks the layers (a config's count is outside input: 8.9e12 layers
+  // kept a fuzzed config.json's validation busy past its timeout).
+  NUMESH_CHECK(layers <= kMaxLayers, ValueError,
+               "transformer: {} layers; at most {} (no model has more)", layers, kMaxLayers);
   NUMESH_CHECK(a.num_heads % a.num_kv_heads == 0, ValueError,
                "transformer: kv heads {} must divide heads {}", a.num_kv_heads, a.num_heads);
   NUMESH_CHECK(a.rope_theta <= 0.0f || a.head_dim % 2 == 0, ValueError,

@@ -361,6 +361,8 @@ TEST(TransformerConfigTest, EveryBadSizeIsNamed) {
        "hidden 0, layers 2, ffn 64, heads 4, kv heads 2, head_dim 8 must all be positive"},
       {[](TransformerConfig& c) { c.attention.num_kv_heads = 3; },
        "kv heads 3 must divide heads 4"},
+      {[](TransformerConfig& c) { c.layers = 8888888888882; },
+       "8888888888882 layers; at most 65536 (no model has more)"},
       {[](TransformerConfig& c) { c.attention.head_dim = 7; },
        "head_dim 7 is odd, RoPE needs it even"},
       {[](TransformerConfig& c) { c.moe_every = -1; }, "moe_every -1 is negative"},

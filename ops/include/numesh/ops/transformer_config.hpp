@@ -19,6 +19,10 @@
 
 namespace numesh::ops {
 
+/// The most layers a TransformerConfig may have (validate() refuses more): far above any model
+/// (the largest have about 130), low enough that walking the layers is instant.
+inline constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+
 /// Sizes of a transformer stack. Every field has a default (a small model).
 struct TransformerConfig {
   std::int64_t hidden = 256;
