@@ -625,19 +625,17 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
 // rounding each, DAZ and FTZ), and on 3.2 million random lanes of Emerald Rapids with subnormal,
 // tiny and huge values (DotGemmLevelTest checks rows against one row). Not inlined (nor
 // analysed across), so that no product moves across the writes of MXCSR.
-__attribute__((noinline, noipa)) void flushing_fma_tiles(std::int64_t m, std::int64_t n,
-                                                         std::int64_t k, const std::uint16_t* x,
-                                                         std::int64_t ldx, const std::uint16_t* b,
-                                                         std::int64_t ldb, float* c,
-                                                         std::int64_t ldc) {
+NUMESH_OPAQUE_CALL void flushing_fma_tiles(std::int64_t m, std::int64_t n, std::int64_t k,
+                                           const std::uint16_t* x, std::int64_t ldx,
+                                           const std::uint16_t* b, std::int64_t ldb, float* c,
+                                           std::int64_t ldc) {
   tiled_rows(Bf16Tiles<false>{k, x, ldx, b, ldb, c, ldc}, m, n);
 }
 
 // The one-row kernel (vdpbf16ps, which flushes whatever MXCSR says) for the same scope, so that
 // its fold, too, flushes a subnormal sum as the tiles' does.
-__attribute__((noinline, noipa)) void flushing_row(std::int64_t n, std::int64_t k,
-                                                   const std::uint16_t* x, const std::uint16_t* b,
-                                                   std::int64_t ldb, float* c) {
+NUMESH_OPAQUE_CALL void flushing_row(std::int64_t n, std::int64_t k, const std::uint16_t* x,
+                                     const std::uint16_t* b, std::int64_t ldb, float* c) {
   dot_row_bf16_avx512<true>(k, x, b, ldb, 0, n, c);
 }
 

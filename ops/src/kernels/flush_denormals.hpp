@@ -8,6 +8,14 @@
 
 #include <immintrin.h>
 
+// A function the compiler may neither inline nor analyse across (GCC's noipa; clang has no such
+// attribute, and noinline keeps its calls opaque there).
+#if defined(__clang__)
+#define NUMESH_OPAQUE_CALL __attribute__((noinline))
+#else
+#define NUMESH_OPAQUE_CALL __attribute__((noinline, noipa))
+#endif
+
 namespace numesh::ops::detail {
 
 /// DAZ and FTZ on the calling thread from construction to destruction, then MXCSR as it was
