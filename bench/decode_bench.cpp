@@ -297,7 +297,7 @@ void BM_Decode_QuantizeActivations(benchmark::State& state) {
 void dot_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {1024, 8192}) {
     for (std::int64_t level = 0; level <= 4; ++level) {
-      for (std::int64_t m : {1, 8}) b->Args({m, level, n});
+      for (std::int64_t m : {1, 8, 16, 64}) b->Args({m, level, n});
     }
   }
 }

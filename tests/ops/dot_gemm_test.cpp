@@ -38,14 +38,16 @@ struct Case {
 
 // m from 1 to 34 (chunks of 16 rows, tiles of 6 outputs and their tails); k that does and does
 // not fill whole blocks of 32 and 64 (the tails are masked or padded), below a block, and 0;
-// each padded and tight.
+// k past what the amx kernel packs at once (1024 values for 16 rows, 16384 for one), with more
+// outputs than it keeps sums of between blocks (192); each padded and tight.
 std::vector<Case> dot_cases() {
   std::vector<Case> out;
   for (const Case cs :
-       {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32},
-        Case{3, 4, 33}, Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100},
-        Case{2, 3, 128}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}, Case{16, 12, 200},
-        Case{19, 13, 97}, Case{34, 20, 48}}) {
+       {Case{1, 1, 1},     Case{2, 3, 2},      Case{3, 2, 16},     Case{1, 7, 31},
+        Case{2, 5, 32},    Case{3, 4, 33},     Case{6, 2, 63},     Case{4, 9, 64},
+        Case{5, 3, 65},    Case{7, 6, 100},    Case{2, 3, 128},    Case{16, 2, 130},
+        Case{1, 33, 1000}, Case{9, 1, 0},      Case{16, 12, 200},  Case{19, 13, 97},
+        Case{34, 20, 48},  Case{16, 20, 1100}, Case{3, 200, 1056}, Case{1, 3, 17000}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;
@@ -109,6 +111,29 @@ DotInputs dot_inputs(const Case& cs, DType t, std::uint32_t seed) {
 
 // The scalar kernel is within fp32 accumulation of the float64 product of its inputs (a rounded
 // to bf16 for bf16 weights, and not rounding it breaks that bound), for every dtype and case.
+// Whether every element of `got` ([m, n]) is within (k + 2) u sum |a b| of the float64 product
+// of the case's inputs, a rounded to bf16 first for bf16 weights when `round_a`: one rounding
+// per fma and per fold step (Higham, 3.1), or per tile product and its pairs.
+bool within_float64_product(const Case& cs, const DotInputs& in, DType t, bool round_a,
+                            const std::vector<float>& got) {
+  bool within = true;
+  for (std::int64_t i = 0; i < cs.m; ++i) {
+    for (std::int64_t j = 0; j < cs.n; ++j) {
+      double want = 0.0, magnitude = 0.0;
+      for (std::int64_t r = 0; r < cs.k; ++r) {
+        const float x = in.a[static_cast<std::size_t>(i * cs.lda() + r)];
+        const double ar = t == DType::kBF16 && round_a ? f32_from_bf16(bf16_from_f32(x)) : x;
+        const double prod = ar * in.w.f32[static_cast<std::size_t>(j * cs.ldb() + r)];
+        want += prod;
+        magnitude += std::abs(prod);
+      }
+      const double bound = static_cast<double>(cs.k + 2) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+      within = within && std::abs(got[static_cast<std::size_t>(i * cs.n + j)] - want) <= bound;
+    }
+  }
+  return within;
+}
+
 TEST(DotGemmTest, TheScalarKernelIsTheFloat64ProductOfItsInputs) {
   const std::vector<Case> cases = dot_cases();
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -117,37 +142,19 @@ TEST(DotGemmTest, TheScalarKernelIsTheFloat64ProductOfItsInputs) {
       const DotInputs in = dot_inputs(cs, t, index);
       const std::string label = std::string(to_string(t)) + " " + cs.text();
       const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
-      for (bool round_a : {true, false}) {
-        if (!round_a && t != DType::kBF16) continue;
-        bool within = true;
-        for (std::int64_t i = 0; i < cs.m; ++i) {
-          for (std::int64_t j = 0; j < cs.n; ++j) {
-            double want = 0.0, magnitude = 0.0;
-            for (std::int64_t r = 0; r < cs.k; ++r) {
-              const float x = in.a[static_cast<std::size_t>(i * cs.lda() + r)];
-              const double ar = t == DType::kBF16 && round_a ? f32_from_bf16(bf16_from_f32(x)) : x;
-              const double prod = ar * in.w.f32[static_cast<std::size_t>(j * cs.ldb() + r)];
-              want += prod;
-              magnitude += std::abs(prod);
-            }
-            // (k + 2) u sum |a b|: one rounding per fma and per fold step (Higham, 3.1).
-            const double bound =
-                static_cast<double>(cs.k + 2) * std::ldexp(1.0, -24) * magnitude + 1e-30;
-            within =
-                within && std::abs(scalar[static_cast<std::size_t>(i * cs.n + j)] - want) <= bound;
-          }
-        }
-        if (round_a) {
-          EXPECT_TRUE(within) << label << ": the scalar kernel is off the float64 product";
-        } else if (cs.k >= 31) {
-          EXPECT_FALSE(within) << label << ": a was not rounded to bf16";
-        }
+      EXPECT_TRUE(within_float64_product(cs, in, t, /*round_a=*/true, scalar))
+          << label << ": the scalar kernel is off the float64 product";
+      // (Past a thousand values of k the bound is wider than what rounding a moves.)
+      if (t == DType::kBF16 && cs.k >= 31 && cs.k <= 1000) {
+        EXPECT_FALSE(within_float64_product(cs, in, t, /*round_a=*/false, scalar))
+            << label << ": a was not rounded to bf16";
       }
     }
   }
 }
 
-// Each level gives the scalar kernel's bits, for every dtype and case.
+// Each level gives the scalar kernel's bits, for every dtype and case; bf16 at the amx level has
+// the tile unit's own bits, within the scalar kernel's bound of the float64 product.
 class DotGemmLevelTest : public numesh::testing::KernelLevelTest {};
 
 TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
@@ -158,8 +165,13 @@ TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
       const DotInputs in = dot_inputs(cs, t, index);
       const std::string label = std::string(to_string(t)) + " " + cs.text() + " at " +
                                 std::string(runtime::to_string(level()));
-      const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
       const std::vector<float> got = run(cs, in.a, in.w, t, level(), label);
+      if (t == DType::kBF16 && level() == KernelLevel::kAmx) {
+        EXPECT_TRUE(within_float64_product(cs, in, t, /*round_a=*/true, got))
+            << label << ": the tile products are off the float64 product";
+        continue;
+      }
+      const std::vector<float> scalar = run(cs, in.a, in.w, t, KernelLevel::kScalar, label);
       EXPECT_TRUE(std::equal(got.begin(), got.end(), scalar.begin(), [](float x, float y) {
         return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
       })) << label;
@@ -167,23 +179,63 @@ TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
   }
 }
 
+// bf16 weights against a = 1, k = 128 or `k`: c of the given (element, weight) pairs.
+float bf16_dot_of_ones(KernelLevel level, const std::vector<std::pair<int, float>>& weights,
+                       std::int64_t k = 128) {
+  const std::vector<float> a(static_cast<std::size_t>(k), 1.0f);
+  std::vector<std::uint16_t> b(static_cast<std::size_t>(k), 0);
+  for (const auto& [e, v] : weights) b[static_cast<std::size_t>(e)] = bf16_from_f32(v);
+  float c = -1.0f;
+  dot_gemm(1, a.data(), k, WeightMatrix{b.data(), DType::kBF16, k, 1, WeightLayout::kOutIn}, &c, 1,
+           level);
+  return c;
+}
+
 // The lanes and the order of the header, on bf16 weights against a = 1 (2^24 + 1 rounds to 2^24):
 // - elements 0 and 64 share s[0] and element 2 is s[1]: 2^24, 1, -2^24 give 1 (in one chain: 0);
 // - the pair (0, 1) adds element 1 first: with elements 1, 0, 65, 64 = 2^24, 1, -2^24, 1 the
 //   chain 2^24 + 1 - 2^24 + 1 gives 1 (even first, 1 + 2^24 + 1 - 2^24, gives 0).
 TEST_P(DotGemmLevelTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst) {
-  const auto run_one = [](KernelLevel l, const std::vector<std::pair<int, float>>& weights) {
-    const std::vector<float> a(128, 1.0f);
-    std::vector<std::uint16_t> b(128, 0);
-    for (const auto& [e, v] : weights) b[static_cast<std::size_t>(e)] = bf16_from_f32(v);
-    float c = -1.0f;
-    dot_gemm(1, a.data(), 128, WeightMatrix{b.data(), DType::kBF16, 128, 1, WeightLayout::kOutIn},
-             &c, 1, l);
-    return c;
-  };
   constexpr float kBig = 16777216.0f;
-  EXPECT_EQ(run_one(level(), {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 1.0f);
-  EXPECT_EQ(run_one(level(), {{1, kBig}, {0, 1.0f}, {65, -kBig}, {64, 1.0f}}), 1.0f);
+  if (level() == KernelLevel::kAmx) {
+    // Tile products (AmxTileProductsAddChunksOf32InKOrderInFp32): one fp32 sum, no lanes, so
+    // the 1 is lost to 2^24 before -2^24 comes.
+    EXPECT_EQ(bf16_dot_of_ones(level(), {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 0.0f);
+    return;
+  }
+  EXPECT_EQ(bf16_dot_of_ones(level(), {{0, kBig}, {2, 1.0f}, {64, -kBig}}), 1.0f);
+  EXPECT_EQ(bf16_dot_of_ones(level(), {{1, kBig}, {0, 1.0f}, {65, -kBig}, {64, 1.0f}}), 1.0f);
+}
+
+// At the amx level each tile product's sum of a chunk of 32 values is added to the fp32 sum of
+// the chunks before it, in k order: with 2^24 in one chunk, 1 + 1 in the next gives 2^24 + 2 (the
+// chunk's own sum is exact), where 1 and 1 in two chunks give 2^24 (2^24 + 1 rounds to even);
+// 1, 2^24, -2^24 in three chunks give 0 (1 is lost to 2^24 first). The same past the values the
+// kernel packs at once (16384 for one row), where the sums wait in memory between blocks and
+// the first block's sum goes on into the second.
+TEST(DotGemmTest, AmxTileProductsAddChunksOf32InKOrderInFp32) {
+  if (!numesh::testing::runs_here(KernelLevel::kAmx)) GTEST_SKIP() << "kernel level amx";
+  constexpr float kBig = 16777216.0f;
+  for (const std::int64_t base : {0, 16384}) {
+    const std::int64_t k = base + 128;
+    const int b0 = static_cast<int>(base);
+    EXPECT_EQ(
+        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 33, 1.0f}}, k),
+        kBig + 2.0f)
+        << "from " << base;
+    EXPECT_EQ(
+        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 64, 1.0f}}, k),
+        kBig)
+        << "from " << base;
+    EXPECT_EQ(
+        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, 1.0f}, {b0 + 32, kBig}, {b0 + 64, -kBig}}, k),
+        0.0f)
+        << "from " << base;
+  }
+  // The first block's sum carried into the second: 3, then 2^24 (2^24 + 3 rounds to 2^24 + 4),
+  // then 1 (2^24 + 5 rounds to 2^24 + 4); a sum started afresh would give 2^24.
+  EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{0, 3.0f}, {16384, kBig}, {16416, 1.0f}}, 16512),
+            kBig + 4.0f);
 }
 
 // At each level a row has the same bits in a product of any number of rows (a serving engine's
@@ -198,7 +250,7 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
     // subnormal (2^-135), tiny (2^-70) and 2^-63. Subnormal rows against huge weights give
     // normal products that vdpbf16ps reads as zero, tiny rows against tiny weights subnormal
     // sums that it flushes, and 2^-63 against 2^-63 lane sums near 2^-126 whose fold may
-    // cancel into a subnormal (flushed at the amx level, by the tiles and the one row alike).
+    // cancel into a subnormal (flushed at the amx level).
     const int huge = t == DType::kF16 ? 14 : 100, small = t == DType::kF16 ? -10 : -70,
               edge = t == DType::kF16 ? -5 : -63;
     std::vector<float> w(static_cast<std::size_t>(k * n));
@@ -229,6 +281,32 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
                       (std::isnan(got) && std::isnan(want)))
               << to_string(t) << " at " << runtime::to_string(level()) << ": row " << r << " of "
               << m << ", output " << j << ": " << got << " in the product, " << want << " alone";
+        }
+      }
+    }
+  }
+}
+
+// At each level an output has the same bits whichever range of outputs a call is given (the
+// tasks of device_gemm split the outputs; the amx kernel reads 16 outputs a tile and pads the
+// last ones): ranges of 1 to 50 outputs from offsets 0 to 33 against the whole product.
+TEST_P(DotGemmLevelTest, AnOutputHasTheSameBitsInAnyRangeOfOutputs) {
+  const std::int64_t m = 5, n = 50, k = 300;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Case whole{m, n, k, /*tight=*/true};
+    const DotInputs in = dot_inputs(whole, t, 3);
+    const std::vector<float> all = run(whole, in.a, in.w, t, level(), "whole");
+    for (const auto& [j0, count] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {0, 1}, {0, 17}, {1, 16}, {5, 33}, {16, 34}, {33, 17}, {49, 1}}) {
+      std::vector<float> c(static_cast<std::size_t>(m * count));
+      const WeightMatrix b{in.w.data(t), t, k, n, WeightLayout::kOutIn, k};
+      dot_gemm(m, in.a.data(), k, b.outputs(j0, count), c.data(), count, level());
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < count; ++j) {
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(c[static_cast<std::size_t>(i * count + j)]),
+                    std::bit_cast<std::uint32_t>(all[static_cast<std::size_t>(i * n + j0 + j)]))
+              << to_string(t) << " at " << runtime::to_string(level()) << ": row " << i
+              << ", output " << j0 + j << " of outputs [" << j0 << ", " << j0 + count << ")";
         }
       }
     }

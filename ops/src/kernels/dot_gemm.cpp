@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "flush_denormals.hpp"
+#include "dot_gemm_amx.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "stream_ahead.hpp"
 
@@ -620,41 +620,6 @@ void rows_bf16_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const std:
   tiled_rows(Bf16Tiles<kDpbf16>{k, x, ldx, b, ldb, c, ldc}, m, n);
 }
 
-// The fma tiles with subnormal inputs read as zero and subnormal results flushed (MXCSR's DAZ and
-// FTZ, this thread's, for the call): vdpbf16ps's bits, by its definition (two steps of one
-// rounding each, DAZ and FTZ), and on 3.2 million random lanes of Emerald Rapids with subnormal,
-// tiny and huge values (DotGemmLevelTest checks rows against one row). Not inlined (nor
-// analysed across), so that no product moves across the writes of MXCSR.
-NUMESH_OPAQUE_CALL void flushing_fma_tiles(std::int64_t m, std::int64_t n, std::int64_t k,
-                                           const std::uint16_t* x, std::int64_t ldx,
-                                           const std::uint16_t* b, std::int64_t ldb, float* c,
-                                           std::int64_t ldc) {
-  tiled_rows(Bf16Tiles<false>{k, x, ldx, b, ldb, c, ldc}, m, n);
-}
-
-// The one-row kernel (vdpbf16ps, which flushes whatever MXCSR says) for the same scope, so that
-// its fold, too, flushes a subnormal sum as the tiles' does.
-NUMESH_OPAQUE_CALL void flushing_row(std::int64_t n, std::int64_t k, const std::uint16_t* x,
-                                     const std::uint16_t* b, std::int64_t ldb, float* c) {
-  dot_row_bf16_avx512<true>(k, x, b, ldb, 0, n, c);
-}
-
-// bf16 rows at the amx level (Intel's server cores): one row by vdpbf16ps, more rows in fma
-// tiles with DAZ and FTZ, which give vdpbf16ps's bits: there vdpbf16ps on 512 bits issues one
-// every two cycles (0.75 ns an instruction, 86 GFLOP/s a core on Emerald Rapids) where fma issues
-// two a cycle, and generate's 16-sequence decode step in bf16 took 26 ms in fma tiles against 30
-// in vdpbf16ps ones. Both run under DAZ and FTZ, their folds included: a fold of two normal lane
-// sums may be subnormal, and flushed in one and not the other it would tell a row alone from a
-// row among others (at this level a subnormal output is flushed; avx512-bf16's is kept). Zen 4
-// and Zen 5 have no AMX and keep vdpbf16ps.
-void rows_bf16_amx(std::int64_t m, std::int64_t n, std::int64_t k, const std::uint16_t* x,
-                   std::int64_t ldx, const std::uint16_t* b, std::int64_t ldb, float* c,
-                   std::int64_t ldc) {
-  const detail::FlushDenormals flush;
-  if (m == 1) return flushing_row(n, k, x, b, ldb, c);
-  flushing_fma_tiles(m, n, k, x, ldx, b, ldb, c, ldc);
-}
-
 }  // namespace
 
 void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, const WeightMatrix& w,
@@ -665,7 +630,7 @@ void dot_gemm_bf16(std::int64_t m, const std::uint16_t* a, std::int64_t lda, con
   const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
   const auto* b = static_cast<const std::uint16_t*>(w.data);
   if (m <= 0 || n <= 0) return;
-  if (level == KernelLevel::kAmx) return rows_bf16_amx(m, n, k, a, lda, b, ldb, c, ldc);
+  if (level == KernelLevel::kAmx) return detail::dot_rows_bf16_amx(m, n, k, a, lda, b, ldb, c, ldc);
   if (level == KernelLevel::kAvx512Bf16)
     return rows_bf16_avx512<true>(m, n, k, a, lda, b, ldb, c, ldc);
   if (level == KernelLevel::kAvx512)

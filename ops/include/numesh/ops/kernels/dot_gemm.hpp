@@ -23,12 +23,17 @@
 //   has already rounded). Blocks of 64, the pair (e, e + 1) with e even goes to s[(e mod 64) / 2],
 //   the odd element's product added first, then the even's, each with one rounding: the products
 //   of two bf16 values are exact in fp32, and this is the order vdpbf16ps adds them in (Intel's
-//   definition, checked on Zen 4 by gemm_16bit_test). kAvx512Bf16 runs vdpbf16ps; kAmx runs it
-//   for one row and fma for more, both under MXCSR's DAZ and FTZ, folds included (the same
-//   steps, faster there; a subnormal output is flushed); the other levels take the same steps
-//   with fma. vdpbf16ps reads subnormal inputs as zero and flushes subnormal results, fma does
-//   not: with subnormal values the levels may differ in those bits, but at each level a row has
-//   the same bits in a product of any number of rows.
+//   definition, checked on Zen 4 by gemm_16bit_test). kAvx512Bf16 runs vdpbf16ps; the levels
+//   below it take the same steps with fma. vdpbf16ps reads subnormal inputs as zero and flushes
+//   subnormal results, fma does not: with subnormal values the levels may differ in those bits.
+// - bf16 weights at kAmx: AMX tile products (dot_gemm_amx.hpp), each a chunk of 32 values of k
+//   summed by the tile unit in its own way and added to the fp32 sum of the chunks before it,
+//   in k order. Its bits are not the other levels' (the unit rounds a pair's products and the
+//   sum otherwise than vdpbf16ps's two steps; docs/benchmarks.md, "bf16 rows by tile
+//   products"), and one row reads its weights as fast as the vdpbf16ps kernel while 16 rows
+//   take a tile product where fma took 16 times the work.
+// At each level a row has the same bits in a product of any number of rows, and an output in a
+// call given any range of outputs.
 
 namespace numesh::ops {
 
