@@ -202,13 +202,17 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
 // the dot kernels for every m: each element is one dot product in an order fixed by k alone, so
 // a row's bits do not depend on the rows beside it, and each task's block of weights is read
 // once for all the rows (from L2 after the first group) where blocks of kSkinnyMaxRows rows
-// read the whole matrix once a block.
+// read the whole matrix once a block. So do out-in weights of a format whose dot kernel outruns
+// its tiles at this level (WeightKernels::dot_outruns_tiles_from).
 void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
                           const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   const runtime::KernelLevel level = runtime::kernel_level();
   const bool out_in = b.layout == WeightLayout::kOutIn;
-  if (out_in && m >= 1 && (m <= kSkinnyMaxRows || precision == MatmulPrecision::kRowInvariant)) {
+  const bool dot_for_every_m =
+      precision == MatmulPrecision::kRowInvariant ||
+      (kernels.dot_outruns_tiles_from && level >= *kernels.dot_outruns_tiles_from);
+  if (out_in && m >= 1 && (m <= kSkinnyMaxRows || dot_for_every_m)) {
     device_dot_gemm(a, b, c, kernels, level);
     return;
   }

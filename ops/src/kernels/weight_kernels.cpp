@@ -54,8 +54,10 @@ void dot_q8(const PreparedActivations& a, std::int64_t r0, std::int64_t rows, co
 
 constexpr WeightKernels kF32Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
                                     tile_on_values<tile_f32>};
-constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16, dot_bf16, skinny_gemm,
-                                     tile_on_values<gemm_16bit>};
+// At the amx level dot_gemm_bf16 is AMX tile products, which outran gemm_16bit's fma tiles on a
+// 256-token prefill 1.8x (docs/benchmarks.md, "bf16 rows by tile products").
+constexpr WeightKernels kBF16Kernels{ActivationForm::kBF16,      dot_bf16,    skinny_gemm,
+                                     tile_on_values<gemm_16bit>, TileFloor{}, KernelLevel::kAmx};
 constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_gemm,
                                     tile_on_values<gemm_16bit>};
 // Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel;

@@ -6,6 +6,7 @@
 // file, its entry in weight_kernels() and its tests.
 
 #include <cstdint>
+#include <optional>
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/eigen_views.hpp"
@@ -35,7 +36,8 @@ struct PreparedActivations {
 };
 
 /// c[rows, b.cols] = rows [r0, r0 + rows) of `a` times b stored out-in, on the calling thread:
-/// a decode product (rows <= kSkinnyMaxRows), c's rows `ldc` apart.
+/// a decode product (rows <= kSkinnyMaxRows), or any number of rows in kRowInvariant products and
+/// from WeightKernels::dot_outruns_tiles_from; c's rows `ldc` apart.
 using DotKernel = void (*)(const PreparedActivations& a, std::int64_t r0, std::int64_t rows,
                            const WeightMatrix& b, float* c, std::int64_t ldc,
                            runtime::KernelLevel level);
@@ -55,6 +57,9 @@ struct WeightKernels {
   RowsKernel skinny = nullptr;  ///< decode, in-out weights
   TileKernel tile = nullptr;    ///< prefill tiles
   TileFloor tile_floor{};       ///< the smallest prefill tile `tile` runs at full speed
+  /// The kernel level from which `dot` outruns `tile` at every number of rows, so that out-in
+  /// weights take it for prefill too (bf16 at kAmx: tile products); none for most formats.
+  std::optional<runtime::KernelLevel> dot_outruns_tiles_from{};
 };
 
 /// The kernels of weights stored as `dtype`.

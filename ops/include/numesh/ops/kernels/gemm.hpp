@@ -72,7 +72,8 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// decode tiles, and device_decode_gemm() for decode products of 1 MiB or more counted as fp32)
 /// and gemm_16bit() (prefill tiles). Weights stored out-in take dot_gemm() for every decode
 /// product (blocks of dot_out_block() outputs, one task each) and the same prefill tiles read
-/// transposed. bf16 weights multiply bf16-rounded activations on every
+/// transposed; bf16 ones at the amx level take dot_gemm() for every product (AMX tile products,
+/// faster than the prefill tiles there). bf16 weights multiply bf16-rounded activations on every
 /// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for
 /// any number of threads. With `precision` kBF16, fp32 weights multiply in bf16 compute: every
 /// tile, decode-sized ones too, is one gemm_bf16_compute() call (16-bit weights are unaffected).
