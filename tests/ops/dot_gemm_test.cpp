@@ -39,15 +39,17 @@ struct Case {
 // m from 1 to 34 (chunks of 16 rows, tiles of 6 outputs and their tails); k that does and does
 // not fill whole blocks of 32 and 64 (the tails are masked or padded), below a block, and 0;
 // k past what the amx kernel packs at once (1024 values for 16 rows, 16384 for one), with more
-// outputs than it keeps sums of between blocks (192); each padded and tight.
+// outputs than it keeps sums of between blocks (192: 16 rows, 200 outputs, 1100 values); each
+// padded and tight.
 std::vector<Case> dot_cases() {
   std::vector<Case> out;
   for (const Case cs :
-       {Case{1, 1, 1},     Case{2, 3, 2},      Case{3, 2, 16},     Case{1, 7, 31},
-        Case{2, 5, 32},    Case{3, 4, 33},     Case{6, 2, 63},     Case{4, 9, 64},
-        Case{5, 3, 65},    Case{7, 6, 100},    Case{2, 3, 128},    Case{16, 2, 130},
-        Case{1, 33, 1000}, Case{9, 1, 0},      Case{16, 12, 200},  Case{19, 13, 97},
-        Case{34, 20, 48},  Case{16, 20, 1100}, Case{3, 200, 1056}, Case{1, 3, 17000}}) {
+       {Case{1, 1, 1},      Case{2, 3, 2},      Case{3, 2, 16},     Case{1, 7, 31},
+        Case{2, 5, 32},     Case{3, 4, 33},     Case{6, 2, 63},     Case{4, 9, 64},
+        Case{5, 3, 65},     Case{7, 6, 100},    Case{2, 3, 128},    Case{16, 2, 130},
+        Case{1, 33, 1000},  Case{9, 1, 0},      Case{16, 12, 200},  Case{19, 13, 97},
+        Case{34, 20, 48},   Case{16, 20, 1100}, Case{3, 200, 1056}, Case{1, 3, 17000},
+        Case{16, 200, 1100}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;
@@ -179,16 +181,18 @@ TEST_P(DotGemmLevelTest, EqualsTheScalarKernelBitForBit) {
   }
 }
 
-// bf16 weights against a = 1, k = 128 or `k`: c of the given (element, weight) pairs.
+// bf16 weights against `rows` rows of a = 1, k = 128 or `k`: c of the given (element, weight)
+// pairs, which every row must have alike.
 float bf16_dot_of_ones(KernelLevel level, const std::vector<std::pair<int, float>>& weights,
-                       std::int64_t k = 128) {
-  const std::vector<float> a(static_cast<std::size_t>(k), 1.0f);
+                       std::int64_t k = 128, std::int64_t rows = 1) {
+  const std::vector<float> a(static_cast<std::size_t>(rows * k), 1.0f);
   std::vector<std::uint16_t> b(static_cast<std::size_t>(k), 0);
   for (const auto& [e, v] : weights) b[static_cast<std::size_t>(e)] = bf16_from_f32(v);
-  float c = -1.0f;
-  dot_gemm(1, a.data(), k, WeightMatrix{b.data(), DType::kBF16, k, 1, WeightLayout::kOutIn}, &c, 1,
-           level);
-  return c;
+  std::vector<float> c(static_cast<std::size_t>(rows), -1.0f);
+  dot_gemm(rows, a.data(), k, WeightMatrix{b.data(), DType::kBF16, k, 1, WeightLayout::kOutIn},
+           c.data(), 1, level);
+  for (std::int64_t r = 1; r < rows; ++r) EXPECT_EQ(c[static_cast<std::size_t>(r)], c[0]);
+  return c[0];
 }
 
 // The lanes and the order of the header, on bf16 weights against a = 1 (2^24 + 1 rounds to 2^24):
@@ -211,31 +215,35 @@ TEST_P(DotGemmLevelTest, PairsFromBlocksOf64ShareALaneAndTheOddElementGoesFirst)
 // the chunks before it, in k order: with 2^24 in one chunk, 1 + 1 in the next gives 2^24 + 2 (the
 // chunk's own sum is exact), where 1 and 1 in two chunks give 2^24 (2^24 + 1 rounds to even);
 // 1, 2^24, -2^24 in three chunks give 0 (1 is lost to 2^24 first). The same past the values the
-// kernel packs at once (16384 for one row), where the sums wait in memory between blocks and
-// the first block's sum goes on into the second.
+// kernel packs at once (16384 for one row, 1024 for 16), where the sums wait in memory between
+// blocks: -2^24 in the first block, then 2^24 and 1 give 1 when the first block's sum goes on
+// into the second (0 if the blocks were summed apart and added, 2^24 if the first were lost).
 TEST(DotGemmTest, AmxTileProductsAddChunksOf32InKOrderInFp32) {
   if (!numesh::testing::runs_here(KernelLevel::kAmx)) GTEST_SKIP() << "kernel level amx";
   constexpr float kBig = 16777216.0f;
-  for (const std::int64_t base : {0, 16384}) {
-    const std::int64_t k = base + 128;
-    const int b0 = static_cast<int>(base);
-    EXPECT_EQ(
-        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 33, 1.0f}}, k),
-        kBig + 2.0f)
-        << "from " << base;
-    EXPECT_EQ(
-        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 64, 1.0f}}, k),
-        kBig)
-        << "from " << base;
-    EXPECT_EQ(
-        bf16_dot_of_ones(KernelLevel::kAmx, {{b0, 1.0f}, {b0 + 32, kBig}, {b0 + 64, -kBig}}, k),
-        0.0f)
-        << "from " << base;
+  for (const auto& [rows, block] :
+       std::vector<std::pair<std::int64_t, int>>{{1, 16384}, {16, 1024}}) {
+    for (const int b0 : {0, block}) {
+      const std::int64_t k = b0 + 128;
+      const std::string where = std::to_string(rows) + " rows, from " + std::to_string(b0);
+      EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 33, 1.0f}},
+                                 k, rows),
+                kBig + 2.0f)
+          << where;
+      EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{b0, kBig}, {b0 + 32, 1.0f}, {b0 + 64, 1.0f}},
+                                 k, rows),
+                kBig)
+          << where;
+      EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{b0, 1.0f}, {b0 + 32, kBig}, {b0 + 64, -kBig}},
+                                 k, rows),
+                0.0f)
+          << where;
+    }
+    EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{0, -kBig}, {block, kBig}, {block + 32, 1.0f}},
+                               block + 128, rows),
+              1.0f)
+        << rows << " rows: the first block's sum carried into the second";
   }
-  // The first block's sum carried into the second: 3, then 2^24 (2^24 + 3 rounds to 2^24 + 4),
-  // then 1 (2^24 + 5 rounds to 2^24 + 4); a sum started afresh would give 2^24.
-  EXPECT_EQ(bf16_dot_of_ones(KernelLevel::kAmx, {{0, 3.0f}, {16384, kBig}, {16416, 1.0f}}, 16512),
-            kBig + 4.0f);
 }
 
 // At each level a row has the same bits in a product of any number of rows (a serving engine's
@@ -244,8 +252,10 @@ TEST(DotGemmTest, AmxTileProductsAddChunksOf32InKOrderInFp32) {
 TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const std::int64_t k = 200, n = 13;
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+  const std::int64_t n = 13;
+  // k = 2100: the amx kernel's blocks of k differ between one row (16384 values) and 16 (1024).
+  for (const auto& [t, k] : std::vector<std::pair<DType, std::int64_t>>{
+           {DType::kF32, 200}, {DType::kBF16, 200}, {DType::kF16, 200}, {DType::kBF16, 2100}}) {
     // Outputs j of four scales (f16 holds neither 2^100 nor 2^-63), rows r of four: ordinary,
     // subnormal (2^-135), tiny (2^-70) and 2^-63. Subnormal rows against huge weights give
     // normal products that vdpbf16ps reads as zero, tiny rows against tiny weights subnormal
@@ -280,7 +290,8 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
           ASSERT_TRUE(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want) ||
                       (std::isnan(got) && std::isnan(want)))
               << to_string(t) << " at " << runtime::to_string(level()) << ": row " << r << " of "
-              << m << ", output " << j << ": " << got << " in the product, " << want << " alone";
+              << m << ", output " << j << " (k " << k << "): " << got << " in the product, " << want
+              << " alone";
         }
       }
     }

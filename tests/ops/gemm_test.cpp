@@ -548,6 +548,64 @@ TEST(GemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   }
 }
 
+// A row-invariant product of 1000 rows by 200 outputs has fewer output blocks (8) than its work
+// wants tasks (14), so device_gemm cuts its rows into groups of 16 as well: each row keeps the
+// bits it gets alone, on either side of the cut (rows 0 .. 511 and 512 .. 999).
+TEST(GemmTest, RowInvariantProductsOfManyRowsCutTheirRowsAndKeepEachRowsBits) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t m = 1000, k = 600, n = 200;
+  std::vector<float> w(static_cast<std::size_t>(k * n)), a(static_cast<std::size_t>(m * k));
+  for (float& x : w) x = normal(rng);
+  for (float& x : a) x = normal(rng);
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<std::uint16_t> half(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      half[i] = dtype == DType::kBF16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]);
+    }
+    const void* data = dtype == DType::kF32 ? static_cast<const void*>(w.data()) : half.data();
+    const WeightMatrix b{data, dtype, k, n, WeightLayout::kOutIn};
+    std::vector<float> c(static_cast<std::size_t>(m * n));
+    device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),
+                MatmulPrecision::kRowInvariant);
+    for (const std::int64_t r : {0, 1, 37, 255, 511, 512, 700, 999}) {
+      std::vector<float> alone(static_cast<std::size_t>(n));
+      device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
+                  MatmulPrecision::kRowInvariant);
+      ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
+          << to_string(dtype) << ", row " << r;
+    }
+  }
+}
+
+// At the amx level bf16 weights stored out-in take the tile products (dot_gemm_bf16) for every
+// row count, prefill included (WeightKernels::dot_outruns_tiles_from): a 40- or 300-row product
+// in the default precision then gives each row the bits it gets alone, which the prefill tiles
+// (gemm_16bit's fmas) would not.
+TEST(GemmTest, Bf16PrefillAtTheAmxLevelTakesTheTileProducts) {
+  if (runtime::kernel_level() != runtime::KernelLevel::kAmx) {
+    GTEST_SKIP() << "kernel level amx (running at " << runtime::to_string(runtime::kernel_level())
+                 << ")";
+  }
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t k = 600, n = 200;
+  std::vector<std::uint16_t> w(static_cast<std::size_t>(k * n));
+  for (std::uint16_t& x : w) x = bf16_from_f32(normal(rng));
+  const WeightMatrix b{w.data(), DType::kBF16, k, n, WeightLayout::kOutIn};
+  for (const std::int64_t m : {40, 300}) {
+    std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+    for (float& x : a) x = normal(rng);
+    device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n));
+    for (std::int64_t r = 0; r < m; r += 7) {
+      std::vector<float> alone(static_cast<std::size_t>(n));
+      device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n));
+      ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
+          << "row " << r << " of " << m;
+    }
+  }
+}
+
 TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {
   // No rows: nothing to do, on the decode-sized and the small path alike.
   const RowMatrix none(0, 1024), w = pattern(1024, 1024, 0.1f);

@@ -58,6 +58,11 @@ NUMESH_AMX_BF16 void configure_tiles(std::int64_t rows) {
   _tile_loadconfig(&config);
 }
 
+// Makes the stores before it visible to a tile load from `p`: GCC 12's _tile_loadd is an asm
+// without a memory operand, so stores into a buffer only a tile load reads could otherwise be
+// taken for dead.
+inline void visible_to_tiles(const void* p) { __asm__ volatile("" : : "r"(p) : "memory"); }
+
 // r[0..15] (16 rows of 16 32-bit lanes) transposed in place: lane q of row p goes to lane p of
 // row q.
 NUMESH_AMX_BF16 inline void transpose16(__m512i* r) {
@@ -115,6 +120,7 @@ NUMESH_AMX_BF16 void pack_rows(const std::uint16_t* x, std::int64_t ldx, std::in
     transpose16(r);
     for (int p = 0; p < kSide; ++p) _mm512_mask_storeu_epi32(tile + p * rows, columns, r[p]);
   }
+  visible_to_tiles(out);
 }
 
 // Where a tile of weights (outputs [j, j + 16), chunk from value e0) is read from: b itself when
@@ -133,6 +139,7 @@ NUMESH_AMX_BF16 inline const void* weights_at(const std::uint16_t* b, std::int64
         j + r < n ? _mm512_maskz_loadu_epi16(mask, b + (j + r) * ldb + e0) : _mm512_setzero_si512();
     _mm512_store_si512(spare.row[r], v);
   }
+  visible_to_tiles(&spare);
   stride = 64;
   return &spare;
 }
@@ -169,7 +176,7 @@ NUMESH_AMX_BF16 void pass(const std::uint16_t* b, std::int64_t ldb, std::int64_t
   // weights are 16 short streams (a row of 768 values is 24 lines), too short for the hardware's
   // prefetchers to run ahead of.
   const std::int64_t ahead_rows = std::clamp<std::int64_t>(n - j - kSide, 0, kSide);
-  const std::uint16_t* ahead = b + (j + kSide) * ldb;
+  const std::uint16_t* ahead = ahead_rows > 0 ? b + (j + kSide) * ldb : b;  // none past b
   for (std::int64_t t = 0; t < count; ++t) {
     const std::int64_t e0 = (c0 + t) * kChunk;
     for (std::int64_t r = 0; r < ahead_rows && e0 < k; ++r)

@@ -182,9 +182,12 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
   });
 }
 
-// Decode on out-in weights: the format's dot kernel over blocks of dot_out_block() outputs, one
-// task each. Every element is one task's dot product: the same bits for any thread count, and no
-// partial sums.
+// Out-in weights by the format's dot kernel: blocks of dot_out_block() outputs, one task each,
+// and for more than kSkinnyMaxRows rows (row-invariant products, and prefill where the dot
+// kernel outruns the tiles) groups of 16 rows too when the output blocks alone are fewer tasks
+// than the work wants (as gemm_tiling cuts rows when its strips are too few: a [256, 768] x
+// [768, 256] projection is 7 output blocks, for a device of any number of threads). Every
+// element is one task's dot product: the same bits for any thread count, and no partial sums.
 void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
                      const detail::WeightKernels& kernels, runtime::KernelLevel level) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
@@ -192,8 +195,23 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
   // Whole panels a task: the block rounded up to a panel's outputs.
   constexpr std::int64_t kWidth = runtime::kPanelWidth;
   if (b.panel_outputs > 0) block = (block + kWidth - 1) / kWidth * kWidth;
-  parallel_blocks(n, block, [&](std::int64_t j0, std::int64_t j1) {
-    kernels.dot(a, 0, m, b.outputs(j0, j1 - j0), c.data() + j0, n, level);
+  const std::int64_t out_blocks = (n + block - 1) / block;
+  std::int64_t row_block = m;
+  if (m > kSkinnyMaxRows) {
+    const std::int64_t wanted = std::clamp<std::int64_t>(m * n * k / kWorkPerTile, 1, kMaxTiles);
+    if (out_blocks < wanted) {
+      const std::int64_t row_tiles = (wanted + out_blocks - 1) / out_blocks;
+      row_block = std::max(kSkinnyMaxRows, ((m + row_tiles - 1) / row_tiles + kSkinnyMaxRows - 1) /
+                                               kSkinnyMaxRows * kSkinnyMaxRows);
+    }
+  }
+  const std::int64_t row_blocks = (m + row_block - 1) / row_block;
+  parallel_blocks(row_blocks * out_blocks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t t = first; t < last; ++t) {
+      const std::int64_t r0 = t / out_blocks * row_block, j0 = t % out_blocks * block;
+      const std::int64_t rows = std::min(row_block, m - r0), outputs = std::min(block, n - j0);
+      kernels.dot(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
+    }
   });
 }
 
