@@ -74,6 +74,56 @@ TEST(NonfiniteWeightsTest, CountsEachDistinctValueOnceAndLocatesTheFirst) {
   EXPECT_EQ(nan[0].describe(), "w holds 1 non-finite value of 24 (the first, nan, at [3, 4])");
 }
 
+// The scan asks runs of 1024 values at once whether any is not finite: values at the last place
+// of a run, the first of the next and the last of a partial run are each found, and a run with
+// none is passed over.
+TEST(NonfiniteWeightsTest, FindsValuesAtTheEdgesOfTheScansRuns) {
+  const runtime::DeviceMesh two = mesh_of(2, {"tp"});
+  const sharding::PartitionSpec replicated({{}, {}});
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    runtime::HostTensor host = runtime::HostTensor::zeros({3, 1500});
+    host.data[1023] = std::numeric_limits<float>::quiet_NaN();
+    host.data[1024] = std::numeric_limits<float>::infinity();
+    host.data[4499] = -std::numeric_limits<float>::infinity();
+    runtime::ShardedTensor t(two, host.shape, replicated, dtype);
+    runtime::scatter(host, t);
+    const std::vector<NonfiniteWeight> found = find_nonfinite_weights({{"w", &t}});
+    ASSERT_EQ(found.size(), 1u) << to_string(dtype);
+    EXPECT_EQ(found[0].describe(),
+              "w holds 3 non-finite values of 4500 (the first, nan, at [0, 1023])")
+        << to_string(dtype);
+  }
+}
+
+// A shard of more than 2^20 values is scanned in tasks of 2^20 over the device's threads: the
+// findings of the tasks add up, and the first is the first task's that has one, in the weight's
+// coordinates; for q8_0 a block whose scale is +inf in the second task (its 32 values).
+TEST(NonfiniteWeightsTest, ScansOfLargeShardsAddTheirTasksFindingsInOrder) {
+  const runtime::DeviceMesh one = mesh_of(1, {"tp"});
+  const sharding::PartitionSpec replicated({{}, {}});
+  const std::int64_t cols = std::int64_t{1} << 20;
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kQ8_0}) {
+    runtime::HostTensor host = runtime::HostTensor::zeros({2, cols});
+    for (float& v : host.data) v = 0.25f;
+    runtime::ShardedTensor t(one, host.shape, replicated, dtype);
+    if (dtype == DType::kQ8_0) {
+      runtime::scatter(host, t);
+      // Block 2 of row 1 (values [1, 64] .. [1, 95]): d = +inf.
+      auto* block = reinterpret_cast<runtime::BlockQ8_0*>(t.shard(0).data()) + cols / 32 + 2;
+      const std::uint16_t inf = 0x7C00;
+      std::memcpy(&block->d, &inf, sizeof inf);
+    } else {
+      host.data[static_cast<std::size_t>(cols + 64)] = std::numeric_limits<float>::infinity();
+      host.data[static_cast<std::size_t>(2 * cols - 1)] = std::numeric_limits<float>::quiet_NaN();
+      runtime::scatter(host, t);
+    }
+    const std::vector<NonfiniteWeight> found = find_nonfinite_weights({{"w", &t}});
+    ASSERT_EQ(found.size(), 1u) << to_string(dtype);
+    EXPECT_EQ(found[0].count, dtype == DType::kQ8_0 ? 32 : 2) << to_string(dtype);
+    EXPECT_EQ(found[0].first_at, "[1, 64]") << to_string(dtype);
+  }
+}
+
 // Block-format weights are scanned by their scales: a block is dequantized only when a scale is
 // not finite. The counts and the first value equal those of the whole weight dequantized, with
 // d set to +inf in a block of device 0's rows, to NaN in one of device 1's, Q4_K's dmin to -inf

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -53,7 +54,22 @@ struct SlotFinding {
   double first = 0.0;  // a double: no padding bytes cross ranks
 };
 
-// The non-finite elements among n values of `dtype` at `data`: f32 by value, bf16 and f16 by
+// Values a scan takes at once: a run of them is first asked, without a branch (so that the
+// compiler vectorizes it), whether any has its exponent bits all ones; only a run that has is
+// looked at value by value. A checkpoint's values are almost always all finite, and the loop
+// that noted each value as it went ran one value a cycle.
+constexpr std::size_t kScanRun = 1024;
+
+// Whether any of the `n` values of `bits` (a float's or a 16-bit float's bits) has all the bits
+// of `exponent` set: an infinity or a NaN.
+template <typename Bits>
+bool any_all_ones(const Bits* bits, std::size_t n, Bits exponent) {
+  Bits hit = 0;
+  for (std::size_t i = 0; i < n; ++i) hit |= static_cast<Bits>((bits[i] & exponent) == exponent);
+  return hit != 0;
+}
+
+// The non-finite elements among n values of `dtype` at `data`: f32 and the 16-bit floats by
 // their exponent bits (all ones: an infinity or a NaN), without widening; the first of them
 // widened alone.
 SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
@@ -65,8 +81,13 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
   switch (dtype) {
     case DType::kF32: {
       const auto* v = static_cast<const float*>(data);
-      for (std::size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(v[i])) note(i, v[i]);
+      const auto* bits = static_cast<const std::uint32_t*>(data);
+      for (std::size_t r = 0; r < n; r += kScanRun) {
+        const std::size_t end = std::min(n, r + kScanRun);
+        if (!any_all_ones<std::uint32_t>(bits + r, end - r, 0x7F800000U)) continue;
+        for (std::size_t i = r; i < end; ++i) {
+          if (!std::isfinite(v[i])) note(i, v[i]);
+        }
       }
       return f;
     }
@@ -122,13 +143,48 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
     }
   }
   const auto* bits = static_cast<const std::uint16_t*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    if ((bits[i] & exponent) != exponent) continue;
-    float value = 0.0f;  // widened by the one converter the checkpoint reader uses
-    runtime::convert_elements(bits + i, dtype, &value, DType::kF32, 1);
-    note(i, value);
+  for (std::size_t r = 0; r < n; r += kScanRun) {
+    const std::size_t end = std::min(n, r + kScanRun);
+    if (!any_all_ones<std::uint16_t>(bits + r, end - r, exponent)) continue;
+    for (std::size_t i = r; i < end; ++i) {
+      if ((bits[i] & exponent) != exponent) continue;
+      float value = 0.0f;  // widened by the one converter the checkpoint reader uses
+      runtime::convert_elements(bits + i, dtype, &value, DType::kF32, 1);
+      note(i, value);
+    }
   }
   return f;
+}
+
+// Values a task of the scan takes (4 MiB of f32): a shard's runs of them are scanned over the
+// device's threads, and their findings merged in order, so that the count and the first are
+// those of one pass. One thread per shard had made the scan a pass over the whole model at one
+// core's read rate, about as long as reading the checkpoint.
+constexpr std::size_t kScanTask = std::size_t{1} << 20;
+
+// find_nonfinite over the calling arena's threads.
+SlotFinding find_nonfinite_parallel(const void* data, std::size_t n, DType dtype) {
+  const DTypeTraits& format = traits(dtype);
+  const auto per_block = static_cast<std::size_t>(format.block_elements);
+  const std::size_t task = (kScanTask + per_block - 1) / per_block * per_block;
+  const std::size_t tasks = (n + task - 1) / task;
+  if (tasks <= 1) return find_nonfinite(data, n, dtype);
+  std::vector<SlotFinding> found(tasks);
+  tbb::parallel_for(std::size_t{0}, tasks, [&](std::size_t t) {
+    const std::size_t first = t * task, count = std::min(task, n - first);
+    const auto* at = static_cast<const std::byte*>(data) +
+                     first / per_block * static_cast<std::size_t>(format.block_bytes);
+    found[t] = find_nonfinite(at, count, dtype);
+  });
+  SlotFinding all;
+  for (std::size_t t = 0; t < tasks; ++t) {
+    if (found[t].count > 0 && all.count == 0) {
+      all.first_at = static_cast<std::int64_t>(t * task) + found[t].first_at;
+      all.first = found[t].first;
+    }
+    all.count += found[t].count;
+  }
+  return all;
 }
 
 // find_nonfinite for a shard of Q8_0 or Q4_0 matrices stored in panels (runtime/weight_panels.hpp):
@@ -199,8 +255,8 @@ std::vector<NonfiniteWeight> find_nonfinite_weights(const std::vector<NamedTenso
                     per_slot[static_cast<std::size_t>(slot)] =
                         shard.order() == runtime::StoredOrder::kPanels
                             ? find_nonfinite_in_panels(shard)
-                            : find_nonfinite(shard.data(), static_cast<std::size_t>(shard.size()),
-                                             dtype);
+                            : find_nonfinite_parallel(
+                                  shard.data(), static_cast<std::size_t>(shard.size()), dtype);
                   });
     }
     builder.compile().run();
