@@ -1,5 +1,6 @@
 #include "numesh/ops/kernels/gemm.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <oneapi/tbb/global_control.h>
@@ -507,6 +508,36 @@ TEST(GemmTest, BlockFormatsRefuseInOutWeightsAndPartialBlocks) {
   }
 }
 
+// `w` as stored in `dtype`: itself for f32, else its values rounded to bf16 or f16 (the bits in
+// `sixteen`, which must outlive the matrix).
+WeightMatrix stored_weights(const std::vector<float>& w, DType dtype, std::int64_t k,
+                            std::int64_t n, WeightLayout layout,
+                            std::vector<std::uint16_t>& sixteen) {
+  if (dtype == DType::kF32) return WeightMatrix{w.data(), dtype, k, n, layout};
+  sixteen.resize(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    sixteen[i] = dtype == DType::kBF16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]);
+  }
+  return WeightMatrix{sixteen.data(), dtype, k, n, layout};
+}
+
+// Each row `rows` of the product of a [m, b.rows] and b in `precision` has the bits that row
+// gets alone; the first that does not fails the test, named with `label`.
+void expect_rows_as_alone(const std::vector<float>& a, std::int64_t m, const WeightMatrix& b,
+                          MatmulPrecision precision, const std::vector<std::int64_t>& rows,
+                          const std::string& label) {
+  const std::int64_t k = b.rows, n = b.cols;
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n), precision);
+  for (const std::int64_t r : rows) {
+    std::vector<float> alone(static_cast<std::size_t>(n));
+    device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
+                precision);
+    ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
+        << label << ", row " << r << " of " << m;
+  }
+}
+
 // kRowInvariant: each row of a product has the same bits alone as among 4, 16, 17 or 40 rows,
 // for every weight dtype and layout, on shapes that take the one-tile, tiled and k-split decode
 // paths (whichever kernel level this process runs: scripts/test.sh runs ops_test at each). A
@@ -522,26 +553,18 @@ TEST(GemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
     std::vector<float> w(static_cast<std::size_t>(k * n));
     for (float& x : w) x = normal(rng);
     for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      std::vector<std::uint16_t> half(w.size());
-      for (std::size_t i = 0; i < w.size(); ++i) {
-        half[i] = dtype == DType::kBF16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]);
-      }
-      const void* data = dtype == DType::kF32 ? static_cast<const void*>(w.data()) : half.data();
       for (const WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
-        const WeightMatrix b{data, dtype, k, n, layout};
+        std::vector<std::uint16_t> sixteen;
+        const WeightMatrix b = stored_weights(w, dtype, k, n, layout, sixteen);
         for (const std::int64_t m : {4, 16, 17, 40, 100}) {
-          std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+          std::vector<float> a(static_cast<std::size_t>(m * k));
           for (float& x : a) x = normal(rng);
-          device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),
-                      MatmulPrecision::kRowInvariant);
-          for (std::int64_t r = 0; r < m; ++r) {
-            std::vector<float> alone(static_cast<std::size_t>(n));
-            device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
-                        MatmulPrecision::kRowInvariant);
-            ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
-                << to_string(dtype) << (layout == WeightLayout::kOutIn ? " out-in" : " in-out")
-                << " [" << k << ", " << n << "], row " << r << " of " << m;
-          }
+          std::vector<std::int64_t> rows(static_cast<std::size_t>(m));
+          for (std::int64_t r = 0; r < m; ++r) rows[static_cast<std::size_t>(r)] = r;
+          expect_rows_as_alone(
+              a, m, b, MatmulPrecision::kRowInvariant, rows,
+              fmt::format("{} {} [{}, {}]", to_string(dtype),
+                          layout == WeightLayout::kOutIn ? "out-in" : "in-out", k, n));
         }
       }
     }
@@ -559,22 +582,10 @@ TEST(GemmTest, RowInvariantProductsOfManyRowsCutTheirRowsAndKeepEachRowsBits) {
   for (float& x : w) x = normal(rng);
   for (float& x : a) x = normal(rng);
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    std::vector<std::uint16_t> half(w.size());
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      half[i] = dtype == DType::kBF16 ? bf16_from_f32(w[i]) : f16_from_f32(w[i]);
-    }
-    const void* data = dtype == DType::kF32 ? static_cast<const void*>(w.data()) : half.data();
-    const WeightMatrix b{data, dtype, k, n, WeightLayout::kOutIn};
-    std::vector<float> c(static_cast<std::size_t>(m * n));
-    device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n),
-                MatmulPrecision::kRowInvariant);
-    for (const std::int64_t r : {0, 1, 37, 255, 511, 512, 700, 999}) {
-      std::vector<float> alone(static_cast<std::size_t>(n));
-      device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n),
-                  MatmulPrecision::kRowInvariant);
-      ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
-          << to_string(dtype) << ", row " << r;
-    }
+    std::vector<std::uint16_t> sixteen;
+    const WeightMatrix b = stored_weights(w, dtype, k, n, WeightLayout::kOutIn, sixteen);
+    expect_rows_as_alone(a, m, b, MatmulPrecision::kRowInvariant,
+                         {0, 1, 37, 255, 511, 512, 700, 999}, std::string(to_string(dtype)));
   }
 }
 
@@ -590,19 +601,16 @@ TEST(GemmTest, Bf16PrefillAtTheAmxLevelTakesTheTileProducts) {
   std::mt19937 rng(21);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t k = 600, n = 200;
-  std::vector<std::uint16_t> w(static_cast<std::size_t>(k * n));
-  for (std::uint16_t& x : w) x = bf16_from_f32(normal(rng));
-  const WeightMatrix b{w.data(), DType::kBF16, k, n, WeightLayout::kOutIn};
+  std::vector<float> w(static_cast<std::size_t>(k * n));
+  for (float& x : w) x = normal(rng);
+  std::vector<std::uint16_t> sixteen;
+  const WeightMatrix b = stored_weights(w, DType::kBF16, k, n, WeightLayout::kOutIn, sixteen);
   for (const std::int64_t m : {40, 300}) {
-    std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+    std::vector<float> a(static_cast<std::size_t>(m * k));
     for (float& x : a) x = normal(rng);
-    device_gemm(ConstMatrixMap(a.data(), m, k), b, MatrixMap(c.data(), m, n));
-    for (std::int64_t r = 0; r < m; r += 7) {
-      std::vector<float> alone(static_cast<std::size_t>(n));
-      device_gemm(ConstMatrixMap(a.data() + r * k, 1, k), b, MatrixMap(alone.data(), 1, n));
-      ASSERT_EQ(std::vector<float>(c.begin() + r * n, c.begin() + (r + 1) * n), alone)
-          << "row " << r << " of " << m;
-    }
+    std::vector<std::int64_t> rows;
+    for (std::int64_t r = 0; r < m; r += 7) rows.push_back(r);
+    expect_rows_as_alone(a, m, b, MatmulPrecision::kF32, rows, "bf16 prefill");
   }
 }
 

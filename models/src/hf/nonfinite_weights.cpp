@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/hf/hf_weights.hpp"
+#include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/graph.hpp"
@@ -69,34 +69,42 @@ bool any_all_ones(const Bits* bits, std::size_t n, Bits exponent) {
   return hit != 0;
 }
 
-// The non-finite elements among n values of `dtype` at `data`: f32 and the 16-bit floats by
-// their exponent bits (all ones: an infinity or a NaN), without widening; the first of them
-// widened alone.
+// note(i, value) for each of the n values of `dtype` (a float type whose exponent field is
+// `exponent`) at `bits` whose exponent bits are all ones, the value widened by the one converter
+// the checkpoint reader uses.
+template <typename Bits, typename Note>
+void note_all_ones(const Bits* bits, std::size_t n, Bits exponent, DType dtype, const Note& note) {
+  for (std::size_t r = 0; r < n; r += kScanRun) {
+    const std::size_t end = std::min(n, r + kScanRun);
+    if (!any_all_ones<Bits>(bits + r, end - r, exponent)) continue;
+    for (std::size_t i = r; i < end; ++i) {
+      if ((bits[i] & exponent) != exponent) continue;
+      float value = 0.0f;
+      runtime::convert_elements(bits + i, dtype, &value, DType::kF32, 1);
+      note(i, value);
+    }
+  }
+}
+
+// The non-finite elements among n values of `dtype` at `data`: the float types by their
+// exponent bits (all ones: an infinity or a NaN), without widening; the first of them widened
+// alone.
 SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
   SlotFinding f;
   const auto note = [&f](std::size_t i, double value) {
     if (f.count++ == 0) f.first_at = static_cast<std::int64_t>(i), f.first = value;
   };
-  std::uint16_t exponent = 0;
   switch (dtype) {
-    case DType::kF32: {
-      const auto* v = static_cast<const float*>(data);
-      const auto* bits = static_cast<const std::uint32_t*>(data);
-      for (std::size_t r = 0; r < n; r += kScanRun) {
-        const std::size_t end = std::min(n, r + kScanRun);
-        if (!any_all_ones<std::uint32_t>(bits + r, end - r, 0x7F800000U)) continue;
-        for (std::size_t i = r; i < end; ++i) {
-          if (!std::isfinite(v[i])) note(i, v[i]);
-        }
-      }
+    case DType::kF32:
+      note_all_ones<std::uint32_t>(static_cast<const std::uint32_t*>(data), n, 0x7F800000U, dtype,
+                                   note);
       return f;
-    }
     case DType::kBF16:
-      exponent = 0x7F80;
-      break;
+      note_all_ones<std::uint16_t>(static_cast<const std::uint16_t*>(data), n, 0x7F80, dtype, note);
+      return f;
     case DType::kF16:
-      exponent = 0x7C00;
-      break;
+      note_all_ones<std::uint16_t>(static_cast<const std::uint16_t*>(data), n, 0x7C00, dtype, note);
+      return f;
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_K:
@@ -142,17 +150,6 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
       return f;
     }
   }
-  const auto* bits = static_cast<const std::uint16_t*>(data);
-  for (std::size_t r = 0; r < n; r += kScanRun) {
-    const std::size_t end = std::min(n, r + kScanRun);
-    if (!any_all_ones<std::uint16_t>(bits + r, end - r, exponent)) continue;
-    for (std::size_t i = r; i < end; ++i) {
-      if ((bits[i] & exponent) != exponent) continue;
-      float value = 0.0f;  // widened by the one converter the checkpoint reader uses
-      runtime::convert_elements(bits + i, dtype, &value, DType::kF32, 1);
-      note(i, value);
-    }
-  }
   return f;
 }
 
@@ -170,12 +167,14 @@ SlotFinding find_nonfinite_parallel(const void* data, std::size_t n, DType dtype
   const std::size_t tasks = (n + task - 1) / task;
   if (tasks <= 1) return find_nonfinite(data, n, dtype);
   std::vector<SlotFinding> found(tasks);
-  tbb::parallel_for(std::size_t{0}, tasks, [&](std::size_t t) {
-    const std::size_t first = t * task, count = std::min(task, n - first);
-    const auto* at = static_cast<const std::byte*>(data) +
-                     first / per_block * static_cast<std::size_t>(format.block_bytes);
-    found[t] = find_nonfinite(at, count, dtype);
-  });
+  ops::parallel_blocks(static_cast<std::int64_t>(n), static_cast<std::int64_t>(task),
+                       [&](std::int64_t first, std::int64_t end) {
+                         const auto* at = static_cast<const std::byte*>(data) +
+                                          static_cast<std::size_t>(first) / per_block *
+                                              static_cast<std::size_t>(format.block_bytes);
+                         found[static_cast<std::size_t>(first) / task] =
+                             find_nonfinite(at, static_cast<std::size_t>(end - first), dtype);
+                       });
   SlotFinding all;
   for (std::size_t t = 0; t < tasks; ++t) {
     if (found[t].count > 0 && all.count == 0) {

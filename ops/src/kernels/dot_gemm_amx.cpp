@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "amx_tiles.hpp"
+
 namespace numesh::ops::detail {
 
 namespace {
@@ -33,16 +35,6 @@ struct alignas(64) TileBytes {
   std::uint32_t row[kSide][kSide];
 };
 
-// ldtilecfg's operand, palette 1: each tile's bytes a row and rows.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t row_bytes[16] = {};
-  std::uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
-
 // Tile 0 holds sums (C: 16 outputs by `rows` rows of x), 1 weights (A: 16 outputs by 32 values
 // of k), 2 packed rows of x (B: 16 pairs of k by `rows` rows). A tile product's cost and its B
 // tiles' bytes grow with `rows`, so fewer than 16 rows take narrower tiles.
@@ -52,16 +44,8 @@ NUMESH_AMX_BF16 void configure_tiles(std::int64_t rows) {
     config.rows[t] = kSide;
     config.row_bytes[t] = static_cast<std::uint16_t>(t == 1 ? 64 : 4 * rows);
   }
-  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the 64: make the stores
-  // above visible first (packed_gemm_q8.cpp met the fault this avoids).
-  __asm__ volatile("" : : "m"(config));
-  _tile_loadconfig(&config);
+  load_tile_config(config);
 }
-
-// Makes the stores before it visible to a tile load from `p`: GCC 12's _tile_loadd is an asm
-// without a memory operand, so stores into a buffer only a tile load reads could otherwise be
-// taken for dead.
-inline void visible_to_tiles(const void* p) { __asm__ volatile("" : : "r"(p) : "memory"); }
 
 // r[0..15] (16 rows of 16 32-bit lanes) transposed in place: lane q of row p goes to lane p of
 // row q.

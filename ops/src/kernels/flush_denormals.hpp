@@ -3,18 +3,10 @@
 // PRIVATE to ops/src/kernels: MXCSR's DAZ and FTZ for a scope, for kernels that compute
 // vdpbf16ps's steps with fmas (vdpbf16ps reads subnormal inputs as zero and flushes subnormal
 // results whatever MXCSR says; an fma does so only under DAZ and FTZ). The scope's work must
-// be a call the compiler cannot see into (noinline, or through a function pointer), so that no
-// arithmetic moves across the writes of MXCSR.
+// be a call the compiler cannot see into (gemm_16bit.cpp calls its micro-kernels through a
+// table of function pointers), so that no arithmetic moves across the writes of MXCSR.
 
 #include <immintrin.h>
-
-// A function the compiler may neither inline nor analyse across (GCC's noipa; clang has no such
-// attribute, and noinline keeps its calls opaque there).
-#if defined(__clang__)
-#define NUMESH_OPAQUE_CALL __attribute__((noinline))
-#else
-#define NUMESH_OPAQUE_CALL __attribute__((noinline, noipa))
-#endif
 
 namespace numesh::ops::detail {
 

@@ -206,12 +206,10 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
     }
   }
   const std::int64_t row_blocks = (m + row_block - 1) / row_block;
-  parallel_blocks(row_blocks * out_blocks, 1, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t t = first; t < last; ++t) {
-      const std::int64_t r0 = t / out_blocks * row_block, j0 = t % out_blocks * block;
-      const std::int64_t rows = std::min(row_block, m - r0), outputs = std::min(block, n - j0);
-      kernels.dot(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
-    }
+  for_each_task(row_blocks * out_blocks, [&](std::int64_t t) {
+    const std::int64_t r0 = t / out_blocks * row_block, j0 = t % out_blocks * block;
+    const std::int64_t rows = std::min(row_block, m - r0), outputs = std::min(block, n - j0);
+    kernels.dot(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx_tiles.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
@@ -244,16 +245,6 @@ std::int64_t rows_for_tiles(std::int64_t m, KernelLevel level) {
   return level == KernelLevel::kAmx ? m / kTileRows * kTileRows : 0;
 }
 
-// ldtilecfg's operand, palette 1: each tile's bytes a row and rows.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t row_bytes[16] = {};
-  std::uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
-
 // Tiles 0-3 hold int32 sums (16 rows of 16 outputs), 4 and 5 activation codes (16 rows), 6 and
 // 7 packed weight codes (the VNNI layout: a tile row is 4 inputs of each of the 16 outputs, which
 // is PackedBlock::codes). One scale a block: a whole block a product, four in flight. Two scales
@@ -263,7 +254,7 @@ static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 template <class Fm>
 NUMESH_PACKED_AMX void configure_tiles() {
   constexpr std::int64_t inputs = Fm::kTwoScales ? kQ8DotBlock / 2 : kQ8DotBlock;
-  TileConfig config;
+  detail::TileConfig config;
   for (int t = 0; t < 4; ++t) {
     config.rows[t] = kTileRows;
     config.row_bytes[t] = kPanelOutputs * 4;
@@ -274,10 +265,7 @@ NUMESH_PACKED_AMX void configure_tiles() {
     config.rows[t + 2] = inputs / 4;
     config.row_bytes[t + 2] = kPanelOutputs * 4;
   }
-  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the 64, which let it drop
-  // the stores above (a fault at the first tile load): make them all visible first.
-  __asm__ volatile("" : : "m"(config));
-  _tile_loadconfig(&config);
+  detail::load_tile_config(config);
 }
 
 NUMESH_PACKED_AMX void release_tiles() { _tile_release(); }
