@@ -2,17 +2,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <system_error>
 #include <utility>
 #include <variant>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "replace_file.hpp"
 
 namespace numesh::models {
 
@@ -211,12 +209,7 @@ void GgufWriter::write(const std::filesystem::path& file) const {
   }
   header.resize(padded(header.size(), alignment_), '\0');
 
-  // A temporary file beside the target, renamed over it once complete.
-  std::filesystem::path temporary = file;
-  temporary += fmt::format(".{}.partial", ::getpid());
-  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-  NUMESH_CHECK(out.is_open(), IoError, "gguf: cannot write '{}'", file.string());
-  try {
+  detail::write_replacing(file, "gguf", [&](std::ostream& out) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     std::vector<std::byte> data;
     for (const Tensor& t : tensors_) {
@@ -226,18 +219,7 @@ void GgufWriter::write(const std::filesystem::path& file) const {
       out.write(reinterpret_cast<const char*>(data.data()),
                 static_cast<std::streamsize>(data.size()));
     }
-    out.close();
-    NUMESH_CHECK(!out.fail(), IoError, "gguf: writing '{}' failed", file.string());
-    std::error_code ec;
-    std::filesystem::rename(temporary, file, ec);
-    NUMESH_CHECK(!ec, IoError, "gguf: cannot rename '{}' to '{}': {}", temporary.string(),
-                 file.string(), ec.message());
-  } catch (...) {
-    out.close();
-    std::error_code ec;
-    std::filesystem::remove(temporary, ec);  // no half-written file left behind
-    throw;
-  }
+  });
 }
 
 }  // namespace numesh::models

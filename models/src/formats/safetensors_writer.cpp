@@ -5,14 +5,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <set>
 #include <span>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "replace_file.hpp"
 
 namespace numesh::models {
 
@@ -110,13 +111,12 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Tens
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  const std::uint64_t n = text.size();
-  out.write(reinterpret_cast<const char*>(&n), sizeof n);  // little-endian, as the machine
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const std::string& b : blobs) out.write(b.data(), static_cast<std::streamsize>(b.size()));
-  out.close();
-  NUMESH_CHECK(out.good(), IoError, "cannot write {}", file.string());
+  detail::write_replacing(file, "safetensors", [&](std::ostream& out) {
+    const std::uint64_t n = text.size();
+    out.write(reinterpret_cast<const char*>(&n), sizeof n);  // little-endian, as the machine
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const std::string& b : blobs) out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  });
 }
 
 }  // namespace numesh::models

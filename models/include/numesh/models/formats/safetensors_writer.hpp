@@ -21,7 +21,9 @@ struct TensorToWrite {
   DType dtype = DType::kF32;
 };
 
-/// Writes `tensors` to `file` (replacing it): the header's length, a compact JSON header
+/// Writes `tensors` to `file` (replacing it whole: written beside it, then renamed over it, so
+/// that a process reading the old file's mapping keeps its bytes): the header's length, a compact
+/// JSON header
 /// ("__metadata__" first when `metadata` is not empty, then the tensors in the Rust writer's
 /// order: wider dtypes first, then by name) padded with spaces to a multiple of 8 bytes, and
 /// the tensors' bytes back to back in that order, little-endian, 16-bit dtypes rounded to

@@ -1,0 +1,24 @@
+#pragma once
+
+// PRIVATE to models/src: how the model writers (safetensors, GGUF) put a file in place. Never
+// over the old file's bytes: a process that reads a model's weights in place from its mapping
+// (a server, WeightMapping) would see them change under it, or fault past a shortened end.
+
+#include <filesystem>
+#include <functional>
+#include <ostream>
+#include <string_view>
+
+namespace numesh::models::detail {
+
+/// Writes `file` by calling `write` on a temporary file beside it ("<file>.<pid>.partial"),
+/// then renames the temporary over `file`: a reader sees the old file or the new one whole, and
+/// whoever has the old one mapped keeps its bytes. The temporary is removed when anything fails.
+/// `what` starts every message ("gguf", "safetensors").
+/// Throws: IoError "<what>: cannot write '<file>'" when the temporary cannot be created,
+/// "<what>: writing '<file>' failed" when a write fails, "<what>: cannot rename '<temporary>' to
+/// '<file>': <reason>"; what `write` throws.
+void write_replacing(const std::filesystem::path& file, std::string_view what,
+                     const std::function<void(std::ostream& out)>& write);
+
+}  // namespace numesh::models::detail
