@@ -130,6 +130,8 @@ std::string_view to_string(MemoryBinding binding) noexcept {
       return "first-touch";
     case MemoryBinding::kUnbound:
       return "unbound";
+    case MemoryBinding::kMapped:
+      return "mapped";
   }
   return "?";
 }
@@ -324,12 +326,28 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   return buffer;
 }
 
+DeviceBuffer Device::use_mapped(std::shared_ptr<const std::byte> bytes, std::size_t size) {
+  NUMESH_CHECK(bytes != nullptr && size > 0, ValueError,
+               "device {} ({}): a mapped buffer needs bytes (given {} bytes at {})", spec_.index,
+               spec_.label, size, static_cast<const void*>(bytes.get()));
+  DeviceBuffer buffer;
+  buffer.device_ = shared_from_this();
+  // Never written through: the kernels take weights as const; data() is non-const for the
+  // device's own buffers.
+  buffer.data_ = const_cast<std::byte*>(bytes.get());
+  buffer.bytes_ = size;
+  buffer.binding_ = MemoryBinding::kMapped;
+  buffer.mapped_ = std::move(bytes);
+  return buffer;
+}
+
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : device_(std::move(other.device_)),
       data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      binding_(other.binding_),
-      hwloc_allocated_(std::exchange(other.hwloc_allocated_, false)) {}
+      binding_(std::exchange(other.binding_, MemoryBinding::kUnbound)),
+      hwloc_allocated_(std::exchange(other.hwloc_allocated_, false)),
+      mapped_(std::move(other.mapped_)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -337,8 +355,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     device_ = std::move(other.device_);
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
-    binding_ = other.binding_;
+    binding_ = std::exchange(other.binding_, MemoryBinding::kUnbound);
     hwloc_allocated_ = std::exchange(other.hwloc_allocated_, false);
+    mapped_ = std::move(other.mapped_);
   }
   return *this;
 }
@@ -346,7 +365,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 DeviceBuffer::~DeviceBuffer() { release(); }
 
 void DeviceBuffer::release() noexcept {
-  if (data_ != nullptr) {
+  if (mapped_ != nullptr) {
+    mapped_.reset();  // the owner's bytes: nothing of the device's to give back
+  } else if (data_ != nullptr) {
     if (std::atomic<std::uint64_t>* in_use = device_->node_bytes_in_use(); in_use != nullptr)
       in_use->fetch_sub(bytes_);
     if (hwloc_allocated_) {
@@ -357,6 +378,8 @@ void DeviceBuffer::release() noexcept {
   }
   data_ = nullptr;
   bytes_ = 0;
+  binding_ = MemoryBinding::kUnbound;
+  hwloc_allocated_ = false;
   device_.reset();
 }
 

@@ -138,6 +138,18 @@ Tensor::Tensor(Device& device, std::vector<std::int64_t> shape, DType dtype,
   if (size_ > 0) buffer_ = device.allocate(static_cast<std::size_t>(bytes), contents);
 }
 
+void Tensor::use_mapped(std::shared_ptr<const std::byte> bytes) {
+  NUMESH_CHECK(size_ > 0 && buffer_.device() != nullptr, ValueError,
+               "tensor of shape ({}) has no elements to read in place", fmt::join(shape_, ", "));
+  NUMESH_CHECK(order_ == StoredOrder::kRows, TypeError,
+               "tensor of shape ({}) of {} is stored in panels: it cannot read a file's rows in "
+               "place",
+               fmt::join(shape_, ", "), to_string(dtype_));
+  NUMESH_CHECK(bytes != nullptr, ValueError, "tensor of shape ({}): no bytes to read in place",
+               fmt::join(shape_, ", "));
+  buffer_ = buffer_.device()->use_mapped(std::move(bytes), buffer_.size_bytes());
+}
+
 std::span<float> Tensor::values() {
   NUMESH_CHECK(dtype_ == DType::kF32, TypeError, "tensor of shape ({}) holds {} values, not f32",
                fmt::join(shape_, ", "), to_string(dtype_));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
@@ -437,6 +438,66 @@ TEST_F(SafetensorsBoxTest, EveryBoxOfARank3TensorMatchesTheCoordinateOracle) {
               ++boxes;
             }
   EXPECT_EQ(boxes, 900);
+}
+
+// A box is read in place exactly when its elements are one run of the file (their row-major
+// indices consecutive: the oracle), stored in the dtype asked for; its bytes are then what
+// read_box copies, and they outlive the file object.
+TEST_F(SafetensorsBoxTest, BoxesThatAreOneRunOfTheFileAreReadInPlaceAndOutliveTheFile) {
+  const std::vector<std::int64_t> shape{3, 4, 5};
+  const std::vector<float> values = iota_f32(60);
+  std::vector<std::int64_t> index(60);
+  for (std::size_t i = 0; i < index.size(); ++i) index[i] = static_cast<std::int64_t>(i);
+  std::shared_ptr<const std::byte> kept;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(
+        dir_.file("cube.safetensors", layout_file({{"f32", "F32", shape, le_bytes(values)}})));
+    int in_place = 0;
+    for (std::int64_t o0 = 0; o0 < 3; ++o0)
+      for (std::int64_t s0 = 1; o0 + s0 <= 3; ++s0)
+        for (std::int64_t o1 = 0; o1 < 4; ++o1)
+          for (std::int64_t s1 = 1; o1 + s1 <= 4; ++s1)
+            for (std::int64_t o2 = 0; o2 < 5; ++o2)
+              for (std::int64_t s2 = 1; o2 + s2 <= 5; ++s2) {
+                const std::vector<std::int64_t> offsets{o0, o1, o2}, sizes{s0, s1, s2};
+                const std::vector<std::int64_t> at = naive_box(index, shape, offsets, sizes);
+                bool run = true;
+                for (std::size_t i = 1; i < at.size(); ++i) run = run && at[i] == at[i - 1] + 1;
+                const std::shared_ptr<const std::byte> p =
+                    f.box_in_place("f32", offsets, sizes, DType::kF32);
+                ASSERT_EQ(p != nullptr, run)
+                    << ::testing::PrintToString(offsets) << ::testing::PrintToString(sizes);
+                EXPECT_EQ(f.box_in_place("f32", offsets, sizes, DType::kBF16), nullptr)
+                    << "another dtype is converted, never read in place";
+                if (!run) continue;
+                ++in_place;
+                EXPECT_EQ(p.get(), f.bytes("f32").data() + at.front() * 4);
+                std::vector<float> seen(at.size());
+                std::memcpy(seen.data(), p.get(), seen.size() * sizeof(float));
+                EXPECT_EQ(seen, read_box_as<float>(f, "f32", offsets, sizes, DType::kF32));
+              }
+    // Runs: spans of whole [4, 5] slabs (6 boxes), spans of whole rows of one slab short of
+    // the slab (3 * 9) and spans of elements of one row short of the row (3 * 4 * 14).
+    EXPECT_EQ(in_place, 6 + 27 + 168);
+    kept = f.box_in_place("f32", std::vector<std::int64_t>{1, 2, 0},
+                          std::vector<std::int64_t>{1, 2, 5}, DType::kF32);
+    EXPECT_EQ(f.box_in_place("f32", std::vector<std::int64_t>{0, 0, 0},
+                             std::vector<std::int64_t>{1, 0, 5}, DType::kF32),
+              nullptr)
+        << "a box of no elements";
+    EXPECT_EQ(f.box_in_place("f32", std::vector<std::int64_t>{2, 0, 0},
+                             std::vector<std::int64_t>{2, 4, 5}, DType::kF32),
+              nullptr)
+        << "a box past the end: read_box reports it";
+    EXPECT_THROW((void)f.box_in_place("f33", std::vector<std::int64_t>{0},
+                                      std::vector<std::int64_t>{1}, DType::kF32),
+                 KeyError);
+  }
+  ASSERT_NE(kept, nullptr);
+  std::vector<float> seen(10);
+  std::memcpy(seen.data(), kept.get(), sizeof(float) * seen.size());
+  EXPECT_THAT(seen, ElementsAre(30, 31, 32, 33, 34, 35, 36, 37, 38, 39))
+      << "the mapping lives on with the box";
 }
 
 TEST_F(SafetensorsBoxTest, ReadsBoxesOfRank4AndRank0) {

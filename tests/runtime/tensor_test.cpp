@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
@@ -266,6 +267,55 @@ TEST(TensorTest, StorageIsCountedByRows) {
   const ShardedTensor t(mesh_2x4(), {8, 16}, P({AxisRule("dp"), AxisRule("tp")}), DType::kBF16);
   EXPECT_EQ(t.shard_bytes(), 4 * 4 * 2);
   EXPECT_EQ(t.shard(0).size_bytes(), 32U);
+}
+
+// A tensor reading mapped bytes in place (a weight's shard over its file's mapping): its
+// elements are the owner's bytes, its buffer says so, and it keeps the owner alive exactly as
+// long as it holds them.
+TEST(TensorTest, AMappedTensorReadsItsOwnersBytesAndKeepsThemAlive) {
+  const auto devices = testing::synthetic_devices(testing::nodes(1));
+  Device& device = devices->device(0);
+  auto owner = std::make_shared<std::vector<float>>(12);
+  std::iota(owner->begin(), owner->end(), 1.0f);
+  const std::weak_ptr<std::vector<float>> watch = owner;
+  std::shared_ptr<const std::byte> bytes(owner, reinterpret_cast<const std::byte*>(owner->data()));
+  owner.reset();
+  Tensor t(device, {3, 4}, DType::kF32, BufferContents::kUnspecified);
+  ASSERT_FALSE(t.buffer().is_mapped());
+  t.use_mapped(std::move(bytes));
+  EXPECT_TRUE(t.buffer().is_mapped());
+  EXPECT_EQ(t.buffer().binding(), MemoryBinding::kMapped);
+  EXPECT_EQ(to_string(t.buffer().binding()), "mapped");
+  EXPECT_EQ(t.device(), &device);
+  EXPECT_EQ(t.size_bytes(), 48U);
+  EXPECT_FALSE(watch.expired()) << "the tensor holds the owner";
+  EXPECT_EQ(t.data(), static_cast<const void*>(watch.lock()->data()));
+  EXPECT_EQ(std::vector<float>(t.values().begin(), t.values().end()),
+            (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  Tensor moved = std::move(t);
+  EXPECT_TRUE(moved.buffer().is_mapped());
+  EXPECT_FALSE(t.buffer().is_mapped()) << "the moved-from buffer is empty";  // NOLINT
+  EXPECT_FALSE(watch.expired());
+  moved = Tensor();
+  EXPECT_TRUE(watch.expired()) << "released with the tensor, never freed by the device";
+
+  auto panels_owner = std::make_shared<std::vector<std::byte>>(16 * 34);
+  Tensor panels(device, {16, 32}, DType::kQ8_0, BufferContents::kUnspecified, StoredOrder::kPanels);
+  EXPECT_THAT(
+      [&] {
+        panels.use_mapped(std::shared_ptr<const std::byte>(panels_owner, panels_owner->data()));
+      },
+      ThrowsMessage<TypeError>(HasSubstr("tensor of shape (16, 32) of q8_0 is stored in panels: "
+                                         "it cannot read a file's rows in place")));
+  EXPECT_FALSE(panels.buffer().is_mapped()) << "refused: the tensor keeps its storage";
+  Tensor rows(device, {2, 2});
+  EXPECT_THAT([&] { rows.use_mapped(nullptr); },
+              ThrowsMessage<ValueError>(HasSubstr("tensor of shape (2, 2): no bytes")));
+  Tensor none;
+  EXPECT_THAT([&] { none.use_mapped(std::shared_ptr<const std::byte>(panels_owner, nullptr)); },
+              ThrowsMessage<ValueError>(HasSubstr("has no elements to read in place")));
+  EXPECT_THAT([&] { (void)device.use_mapped(nullptr, 8); },
+              ThrowsMessage<ValueError>(HasSubstr("a mapped buffer needs bytes (given 8 bytes")));
 }
 
 TEST(TensorTest, CopyBoxCopiesAStridedBlock) {

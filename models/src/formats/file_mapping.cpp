@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -20,6 +21,35 @@ struct FdCloser {
   int fd;
   ~FdCloser() { ::close(fd); }
 };
+
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+// Maps `size` bytes of `fd` read-only and private at a multiple of 2 MiB: address space for
+// size + 2 MiB is reserved, the file mapped over its first aligned byte, and the rest given
+// back. MAP_FAILED when the OS refuses.
+void* map_aligned(int fd, std::size_t size) {
+  void* reserved = ::mmap(nullptr, size + kHugePage, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) return MAP_FAILED;
+  const auto start = reinterpret_cast<std::uintptr_t>(reserved);
+  const std::uintptr_t aligned = (start + kHugePage - 1) & ~(std::uintptr_t{kHugePage} - 1);
+  void* address =
+      ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  if (address == MAP_FAILED) {
+    const int error = errno;
+    ::munmap(reserved, size + kHugePage);
+    errno = error;
+    return MAP_FAILED;
+  }
+  // The reservation's head and tail: from its start to the mapping, and from the mapping's last
+  // page to the reservation's end.
+  const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const std::uintptr_t end = (aligned + size + page - 1) / page * page;
+  if (aligned > start) ::munmap(reserved, aligned - start);
+  if (start + size + kHugePage > end)
+    ::munmap(reinterpret_cast<void*>(end), start + size + kHugePage - end);
+  return address;
+}
 
 }  // namespace
 
@@ -37,10 +67,15 @@ FileMapping map_file(const std::filesystem::path& file, std::string_view where,
   NUMESH_CHECK(size >= min_bytes, IoError, "{}: file ends early: it has {} bytes, fewer than {}",
                where, size, min_text);
   errno = 0;
-  void* address = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const auto bytes = static_cast<std::size_t>(size);
+  void* address = bytes >= kHugePage ? map_aligned(fd, bytes)
+                                     : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   NUMESH_CHECK(address != MAP_FAILED, IoError, "{}: cannot map it into memory ({})", where,
                os_error(errno));
-  return {static_cast<const std::byte*>(address), size};
+  return {std::shared_ptr<const std::byte>(
+              static_cast<const std::byte*>(address),
+              [bytes](const std::byte* p) { ::munmap(const_cast<std::byte*>(p), bytes); }),
+          size};
 }
 
 }  // namespace numesh::models::detail

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +12,7 @@
 
 #include "../box_copy.hpp"
 #include "../closest_names.hpp"
+#include "box_in_place.hpp"
 #include "file_mapping.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -417,12 +417,17 @@ std::int64_t GgufTensorInfo::num_elements() const noexcept {
   return n;
 }
 
-void GgufFile::Unmapper::operator()(const std::byte* address) const noexcept {
-  ::munmap(const_cast<std::byte*>(address), size);
-}
-
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
 GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
+
+std::shared_ptr<const std::byte> GgufFile::box_in_place(std::string_view name,
+                                                        std::span<const std::int64_t> offsets,
+                                                        std::span<const std::int64_t> sizes,
+                                                        DType target) const {
+  const GgufTensorInfo& t = info(name);
+  return detail::box_in_place(mapping_, mapping_.get() + data_offset_ + t.offset,
+                              to_numesh_dtype(t.type), t.shape, offsets, sizes, target);
+}
 GgufFile::~GgufFile() = default;
 
 GgufFile GgufFile::open(const fs::path& file) {
@@ -433,7 +438,7 @@ GgufFile GgufFile::open(const fs::path& file) {
   const std::uint64_t file_size = mapped.size;
   GgufFile out;
   out.path_ = file;
-  out.mapping_ = {mapped.address, Unmapper{static_cast<std::size_t>(file_size)}};
+  out.mapping_ = mapped.address;
   GgufCursor r(out.mapping_.get(), file_size, where);
 
   // The fixed header (its 24 bytes are there).

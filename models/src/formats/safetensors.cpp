@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -14,6 +13,7 @@
 #include "../box_copy.hpp"
 #include "../closest_names.hpp"
 #include "../strict_json.hpp"
+#include "box_in_place.hpp"
 #include "file_mapping.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -284,8 +284,12 @@ std::int64_t TensorInfo::num_elements() const noexcept {
   return n;
 }
 
-void SafetensorsFile::Unmapper::operator()(const std::byte* address) const noexcept {
-  ::munmap(const_cast<std::byte*>(address), size);
+std::shared_ptr<const std::byte> SafetensorsFile::box_in_place(
+    std::string_view name, std::span<const std::int64_t> offsets,
+    std::span<const std::int64_t> sizes, DType target) const {
+  const TensorInfo& t = info(name);
+  return detail::box_in_place(mapping_, buffer_ + t.begin, to_numesh_dtype(t.dtype), t.shape,
+                              offsets, sizes, target);
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
@@ -299,7 +303,7 @@ SafetensorsFile SafetensorsFile::open(const fs::path& file) {
   const std::uint64_t file_size = mapped.size;
   SafetensorsFile out;
   out.path_ = file;
-  out.mapping_ = {mapped.address, Unmapper{static_cast<std::size_t>(file_size)}};
+  out.mapping_ = mapped.address;
   const std::byte* base = out.mapping_.get();
 
   const std::uint64_t header_size = read_u64_le(base);

@@ -186,6 +186,12 @@ std::optional<DType> SafetensorsCheckpoint::stored_format(std::string_view name)
   return to_numesh_dtype(info(name).dtype);
 }
 
+std::shared_ptr<const std::byte> SafetensorsCheckpoint::box_in_place(
+    std::string_view name, std::span<const std::int64_t> offsets,
+    std::span<const std::int64_t> sizes, DType target) const {
+  return file_of(name).box_in_place(name, offsets, sizes, target);
+}
+
 void SafetensorsCheckpoint::read_box(std::string_view name, std::span<const std::int64_t> offsets,
                                      std::span<const std::int64_t> sizes, DType target,
                                      std::span<std::byte> out) const {

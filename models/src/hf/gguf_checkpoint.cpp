@@ -490,6 +490,34 @@ std::optional<DType> GgufCheckpoint::stored_format(std::string_view name) const 
   return to_numesh_dtype(files_[e.file].info(e.gguf).type);
 }
 
+std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> GgufCheckpoint::stored_box(
+    const Entry& e, std::span<const std::int64_t> offsets,
+    std::span<const std::int64_t> sizes) const {
+  const std::size_t stored_rank = files_[e.file].info(e.gguf).shape.size();
+  std::vector<std::int64_t> at(offsets.begin(), offsets.end()), size(sizes.begin(), sizes.end());
+  if (e.expert >= 0) {
+    at.insert(at.begin(), e.expert);
+    size.insert(size.begin(), 1);
+  }
+  while (at.size() > stored_rank && !size.empty() && size.front() == 1 && at.front() == 0) {
+    at.erase(at.begin());
+    size.erase(size.begin());
+  }
+  return {std::move(at), std::move(size)};
+}
+
+std::shared_ptr<const std::byte> GgufCheckpoint::box_in_place(std::string_view name,
+                                                              std::span<const std::int64_t> offsets,
+                                                              std::span<const std::int64_t> sizes,
+                                                              DType target) const {
+  const Entry& e = entry(name);
+  if (e.add != 0.0f || e.permute_heads != 0 || offsets.size() != e.shape.size() ||
+      sizes.size() != e.shape.size())
+    return nullptr;  // read_box() adjusts the values, gathers the rows or reports the box
+  const auto [at, size] = stored_box(e, offsets, sizes);
+  return files_[e.file].box_in_place(e.gguf, at, size, target);
+}
+
 void GgufCheckpoint::read_box(std::string_view name, std::span<const std::int64_t> offsets,
                               std::span<const std::int64_t> sizes, DType target,
                               std::span<std::byte> out) const {
@@ -503,18 +531,7 @@ void GgufCheckpoint::read_box(std::string_view name, std::span<const std::int64_
                shape_text(e.shape), rank);
   if (std::any_of(sizes.begin(), sizes.end(), [](std::int64_t s) { return s == 0; }) && out.empty())
     return;  // nothing to read (a box of no elements)
-  // The box in the GGUF tensor's dims: an expert's slice of the stacked tensor, and Qwen2-MoE's
-  // shared-expert gate [1, H] stored as [H].
-  const std::size_t stored_rank = file.info(e.gguf).shape.size();
-  std::vector<std::int64_t> at(offsets.begin(), offsets.end()), size(sizes.begin(), sizes.end());
-  if (e.expert >= 0) {
-    at.insert(at.begin(), e.expert);
-    size.insert(size.begin(), 1);
-  }
-  while (at.size() > stored_rank && size.front() == 1 && at.front() == 0) {
-    at.erase(at.begin());
-    size.erase(size.begin());
-  }
+  auto [at, size] = stored_box(e, offsets, sizes);
   if (e.add != 0.0f) {
     NUMESH_CHECK(target == DType::kF32 && e.permute_heads == 0, NotImplementedError,
                  "gguf: tensor '{}' ({}) is read as f32 only, not {}", name, e.gguf,

@@ -83,6 +83,13 @@ class Device : public std::enable_shared_from_this<Device> {
   /// with everything else on the machine).
   DeviceBuffer allocate(std::size_t bytes, BufferContents contents = BufferContents::kZeros);
 
+  /// A buffer over `size` bytes from `bytes` that this device reads in place instead of a copy
+  /// of its own (a model file's mapping: no allocation, no copy, no page of the device's node).
+  /// The buffer keeps `bytes` alive until it is released and never writes them; its binding()
+  /// is kMapped and it is not counted against the node's memory (the pages are the owner's).
+  /// Throws: ValueError when `bytes` is null or `size` is 0.
+  DeviceBuffer use_mapped(std::shared_ptr<const std::byte> bytes, std::size_t size);
+
  private:
   friend class DeviceSet;
   class PinningObserver;

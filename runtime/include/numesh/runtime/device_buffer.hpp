@@ -16,13 +16,17 @@ enum class MemoryBinding {
   kFirstTouch,  ///< binding failed or does not apply; a thread pinned to the device wrote
                 ///< every page first, so Linux's first-touch policy placed them locally
   kUnbound,     ///< the device is unpinned: the pages lie wherever the OS put them
+  kMapped,      ///< not the device's memory: a file's pages, mapped in place (the page cache's,
+                ///< wherever the kernel put them; read-only), Device::use_mapped
 };
 
-/// "bound", "first-touch" or "unbound".
+/// "bound", "first-touch", "unbound" or "mapped".
 std::string_view to_string(MemoryBinding binding) noexcept;
 
 /// A block of memory owned by one device: allocated for its NUMA node, zero-filled by the
-/// device's own (pinned) threads, freed with the right call. Move-only.
+/// device's own (pinned) threads, freed with the right call. Move-only. Or, made by
+/// Device::use_mapped, a view of memory mapped elsewhere (a model file's bytes used in place),
+/// which the buffer keeps alive and never writes: binding() kMapped, nothing allocated or freed.
 ///
 /// The buffer keeps its Device alive (shared ownership), so it may outlive the DeviceSet
 /// handle it came from. A writable buffer is never shared across devices except through a
@@ -38,7 +42,9 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer();
 
-  /// The first byte (64-byte aligned; page-aligned from 4 KiB up), or nullptr when empty.
+  /// The first byte (64-byte aligned; page-aligned from 4 KiB up; a mapped buffer's where its
+  /// owner has it), or nullptr when empty. A mapped buffer's bytes are read-only: writing them
+  /// faults.
   std::byte* data() noexcept { return data_; }
   /// The first byte, or nullptr when empty.
   const std::byte* data() const noexcept { return data_; }
@@ -52,6 +58,8 @@ class DeviceBuffer {
   Device* device() const noexcept { return device_.get(); }
   /// How the pages were placed.
   MemoryBinding binding() const noexcept { return binding_; }
+  /// True for a view of mapped memory (Device::use_mapped): read-only, not the device's.
+  bool is_mapped() const noexcept { return binding_ == MemoryBinding::kMapped; }
 
   /// Where the pages actually are, when the OS can tell (hwloc_get_area_memlocation): the
   /// NumaNode::index holding every page, -1 when they are spread over several nodes, or
@@ -65,7 +73,8 @@ class DeviceBuffer {
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
   MemoryBinding binding_ = MemoryBinding::kUnbound;
-  bool hwloc_allocated_ = false;  // freed with hwloc_free, else with std::free
+  bool hwloc_allocated_ = false;             // freed with hwloc_free, else with std::free
+  std::shared_ptr<const std::byte> mapped_;  // a mapped buffer's owner: released, not freed
   void release() noexcept;
 };
 

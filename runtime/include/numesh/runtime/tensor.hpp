@@ -114,6 +114,16 @@ class Tensor {
   /// The storage.
   const DeviceBuffer& buffer() const noexcept { return buffer_; }
 
+  /// Makes the tensor read its elements from `bytes` in place, size_bytes() of them laid out
+  /// as the tensor's dtype, shape and kRows order say (a model file's mapping: no copy), instead
+  /// of the storage it has, which is freed; Device::use_mapped on its device. The tensor keeps
+  /// `bytes` alive and must not be written from then on (the bytes are read-only: a write faults).
+  /// A weight's shard takes its checkpoint's bytes this way before any program runs on it.
+  /// REQUIRES: `bytes` holds size_bytes() bytes.
+  /// Throws: ValueError for a tensor without elements or a null `bytes`; TypeError for a tensor
+  /// stored in panels (its bytes are reordered from the file's rows).
+  void use_mapped(std::shared_ptr<const std::byte> bytes);
+
  private:
   std::vector<std::int64_t> shape_;
   DType dtype_ = DType::kF32;

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -67,6 +68,17 @@ class Checkpoint {
   virtual void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                         std::span<const std::int64_t> sizes, DType target,
                         std::span<std::byte> out) const = 0;
+
+  /// The box of tensor `name` that read_box() would write, as `target` elements, in place: a
+  /// pointer to its first byte in the checkpoint's file mapping, keeping the mapping alive for as
+  /// long as it lives (after the checkpoint is gone too), when the bytes read_box() would copy
+  /// are already one run of the file (the tensor stored as `target`, the box whole rows, nothing
+  /// to permute or add); nullptr when the box must be read. The bytes are read-only. A
+  /// checkpoint that does not map its files gives nullptr (this default).
+  /// Throws: KeyError as shape().
+  [[nodiscard]] virtual std::shared_ptr<const std::byte> box_in_place(
+      std::string_view name, std::span<const std::int64_t> offsets,
+      std::span<const std::int64_t> sizes, DType target) const;
 
   /// Reads all of tensor `name` into `out`: read_box() over its whole shape.
   /// Throws: as read_box().

@@ -281,6 +281,18 @@ class GgufFile {
   /// element above 2^63 - 1 and its index.
   [[nodiscard]] std::optional<std::vector<std::int64_t>> get_ints(std::string_view key) const;
 
+  /// The box [offsets[d], offsets[d] + sizes[d]) of tensor `name` as `target` elements, read in
+  /// place: a pointer to its first byte inside the mapping, which it keeps mapped for as long as
+  /// it lives (after this object is gone too), when the tensor is stored as `target` and the
+  /// box's bytes are one run laid out as read_box() would write them and aligned for `target`'s
+  /// values; nullptr when the box must be read (converted, gathered from rows, or not valid:
+  /// read_box() reports why). The bytes are read-only.
+  /// Throws: KeyError as info().
+  [[nodiscard]] std::shared_ptr<const std::byte> box_in_place(std::string_view name,
+                                                              std::span<const std::int64_t> offsets,
+                                                              std::span<const std::int64_t> sizes,
+                                                              DType target) const;
+
   /// Reads all of tensor `name` into `out` as `target` elements, row-major in shape order (ne
   /// reversed): the same format is copied byte for byte; F16 and BF16 widen to f32 exactly and
   /// f32 narrows to them rounding to nearest even; a block format dequantizes as GGML does and
@@ -310,16 +322,10 @@ class GgufFile {
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
 
  private:
-  // No default member initializer: see SafetensorsFile::Unmapper.
-  struct Unmapper {
-    std::size_t size;
-    void operator()(const std::byte* address) const noexcept;
-  };
-
   GgufFile() = default;
 
   std::filesystem::path path_;
-  std::unique_ptr<const std::byte, Unmapper> mapping_;
+  std::shared_ptr<const std::byte> mapping_;  // the whole file, shared with in-place weights
   std::uint32_t version_ = 0;
   std::uint32_t alignment_ = 32;
   std::uint64_t data_offset_ = 0;

@@ -145,6 +145,18 @@ class SafetensorsFile {
   /// Throws: KeyError as info().
   [[nodiscard]] std::span<const std::byte> bytes(std::string_view name) const;
 
+  /// The box [offsets[d], offsets[d] + sizes[d]) of tensor `name` as `target` elements, read in
+  /// place: a pointer to its first byte inside the mapping, which it keeps mapped for as long as
+  /// it lives (after this object is gone too), when the tensor is stored as `target` and the
+  /// box's bytes are one run laid out as read_box() would write them and aligned for `target`'s
+  /// values; nullptr when the box must be read (converted, gathered from rows, or not valid:
+  /// read_box() reports why). The bytes are read-only.
+  /// Throws: KeyError as info().
+  [[nodiscard]] std::shared_ptr<const std::byte> box_in_place(std::string_view name,
+                                                              std::span<const std::int64_t> offsets,
+                                                              std::span<const std::int64_t> sizes,
+                                                              DType target) const;
+
   /// Reads all of tensor `name` into `out` as `target` elements, row-major: the same dtype is
   /// copied bit for bit; bf16 or f16 to f32 widens exactly; f32 to bf16 or f16, and bf16 to f16
   /// or back, round to nearest even as numesh/core/dtype.hpp does; a block format (q8_0, q4_0)
@@ -169,18 +181,11 @@ class SafetensorsFile {
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
 
  private:
-  // No default member initializer: it would make Unmapper not default-constructible inside
-  // this still-incomplete class, which unique_ptr's default constructor needs.
-  struct Unmapper {
-    std::size_t size;
-    void operator()(const std::byte* address) const noexcept;
-  };
-
   SafetensorsFile() = default;
 
   std::filesystem::path path_;
-  std::unique_ptr<const std::byte, Unmapper> mapping_;
-  const std::byte* buffer_ = nullptr;  // the data buffer: mapping_ + 8 + N
+  std::shared_ptr<const std::byte> mapping_;  // the whole file, shared with in-place weights
+  const std::byte* buffer_ = nullptr;         // the data buffer: mapping_ + 8 + N
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;

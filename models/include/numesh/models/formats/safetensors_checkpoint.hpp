@@ -84,6 +84,12 @@ class SafetensorsCheckpoint final : public Checkpoint {
   /// SafetensorsFile::bytes of the file holding `name`. Throws: KeyError as file_of().
   [[nodiscard]] std::span<const std::byte> bytes(std::string_view name) const;
 
+  /// Checkpoint::box_in_place: SafetensorsFile::box_in_place on the file holding `name`.
+  [[nodiscard]] std::shared_ptr<const std::byte> box_in_place(std::string_view name,
+                                                              std::span<const std::int64_t> offsets,
+                                                              std::span<const std::int64_t> sizes,
+                                                              DType target) const override;
+
   /// SafetensorsFile::read_box on the file holding `name`; the same requirements (read(), the
   /// whole tensor, is Checkpoint's).
   /// Throws: KeyError as file_of(); otherwise as SafetensorsFile::read_box.

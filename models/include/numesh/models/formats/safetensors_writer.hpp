@@ -22,12 +22,11 @@ struct TensorToWrite {
 };
 
 /// Writes `tensors` to `file` (replacing it whole: written beside it, then renamed over it, so
-/// that a process reading the old file's mapping keeps its bytes): the header's length, a compact
-/// JSON header
-/// ("__metadata__" first when `metadata` is not empty, then the tensors in the Rust writer's
-/// order: wider dtypes first, then by name) padded with spaces to a multiple of 8 bytes, and
-/// the tensors' bytes back to back in that order, little-endian, 16-bit dtypes rounded to
-/// nearest even.
+/// that a process reading the old file's mapping keeps its bytes): the header's length, a
+/// compact JSON header ("__metadata__" first when `metadata` is not empty, then the tensors in
+/// the Rust writer's order: wider dtypes first, then by name) padded with spaces to a multiple
+/// of 8 bytes, and the tensors' bytes back to back in that order, little-endian, 16-bit dtypes
+/// rounded to nearest even.
 /// REQUIRES: every `values` is not null.
 /// Throws: ValueError naming a tensor listed twice or with an empty name; IoError naming the
 /// file when it cannot be written.

@@ -96,6 +96,12 @@ class GgufCheckpoint final : public Checkpoint {
   [[nodiscard]] std::uint64_t stored_bytes(std::string_view name) const override;
   /// The format of the stored type (one numesh keeps weights in), as Checkpoint says.
   [[nodiscard]] std::optional<DType> stored_format(std::string_view name) const override;
+  /// Checkpoint::box_in_place: GgufFile::box_in_place on the box read_box() reads, for a tensor
+  /// whose rows are not permuted and whose values are not adjusted (nullptr for those).
+  [[nodiscard]] std::shared_ptr<const std::byte> box_in_place(std::string_view name,
+                                                              std::span<const std::int64_t> offsets,
+                                                              std::span<const std::int64_t> sizes,
+                                                              DType target) const override;
   /// Checkpoint::read_box, in Hugging Face's layout: an expert's box is read from its slice of
   /// the stacked tensor, and a permuted q or k row from the GGUF row that holds it.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
@@ -118,6 +124,11 @@ class GgufCheckpoint final : public Checkpoint {
 
   GgufCheckpoint() = default;
   const Entry& entry(std::string_view name) const;
+  // The box [offsets, offsets + sizes) of entry e in its GGUF tensor's dims: an expert's slice
+  // of the stacked tensor, and Qwen2-MoE's shared-expert gate [1, H] stored as [H].
+  std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> stored_box(
+      const Entry& e, std::span<const std::int64_t> offsets,
+      std::span<const std::int64_t> sizes) const;
 
   std::vector<GgufFile> files_;
   HfConfig config_;
