@@ -4,8 +4,10 @@
 #include <tbb/parallel_for.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -63,8 +65,9 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
 
 }  // namespace
 
-void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
-                 const std::function<void(std::size_t i)>& after) {
+std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
+                         bool in_place, const std::function<void(std::size_t i)>& after) {
+  std::atomic<std::int64_t> mapped{0};
   std::vector<runtime::ShardedTensor*> tensors;
   for (const MatrixFill& m : matrices) tensors.push_back(m.tensor);
   // Matrices reported so far: counted by this rank's first slot's thread during the fill, by
@@ -90,6 +93,17 @@ void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matri
     const std::int64_t c0 = box[first + 1].offset, nc = box[first + 1].extent;
     const std::int64_t e0 = stacked ? box[0].offset : 0, ne = stacked ? box[0].extent : 1;
     const auto matrix_bytes = static_cast<std::size_t>(nr * row_bytes(dtype, nc));
+    // One tensor's rows as the file has them: the shard reads them where they are.
+    if (in_place && straight && !stacked && shard.order() == runtime::StoredOrder::kRows) {
+      const std::array<std::int64_t, 2> offsets{source.row_offset + r0, c0}, sizes{nr, nc};
+      if (std::shared_ptr<const std::byte> bytes =
+              checkpoint.box_in_place(source.tensors[0], offsets, sizes, dtype)) {
+        shard.use_mapped(std::move(bytes));
+        mapped += static_cast<std::int64_t>(shard.size_bytes());
+        if (slot == tensor.mesh().local_slots().front() && after) report_through(i);
+        return;
+      }
+    }
     for (std::int64_t e = 0; e < ne; ++e) {
       const std::string& name = source.tensors[static_cast<std::size_t>(e0 + e)];
       std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;
@@ -103,6 +117,7 @@ void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matri
     if (slot == tensor.mesh().local_slots().front() && after) report_through(i);
   });
   if (after && reported < matrices.size()) report_through(matrices.size() - 1);
+  return mapped.load();
 }
 
 }  // namespace numesh::models::detail

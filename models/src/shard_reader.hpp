@@ -30,10 +30,15 @@ struct MatrixFill {
 /// `after(i)`, when set, is called for every i in order, once the first device has read its
 /// shard of matrix i, on that device's thread (never two calls at once; any not called by the
 /// end of the fill are called then): how far the load has come.
+/// With `in_place`, a shard whose bytes are one run of the checkpoint's file in its own format
+/// and order (Checkpoint::box_in_place: a matrix stored as the file stores it, out-in, in rows,
+/// the shard whole rows of one tensor) reads the file's mapping in place instead
+/// (Tensor::use_mapped): no copy, no new page. Returns the bytes of shards read in place.
 /// REQUIRES: the tensors share one mesh; each tensor's shape is what CausalLmWeights::deferred
-/// gave its source (checked there), its last two dims swapped when stored out-in.
+/// gave its source (checked there), its last two dims swapped when stored out-in; no program
+/// runs on them during the fill.
 /// Throws: what reading the checkpoint throws.
-void read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
-                 const std::function<void(std::size_t i)>& after);
+std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
+                         bool in_place, const std::function<void(std::size_t i)>& after);
 
 }  // namespace numesh::models::detail

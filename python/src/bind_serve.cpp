@@ -93,7 +93,8 @@ raises KeyboardInterrupt. The GIL is released while it waits.
          const std::optional<std::string>& dtype, std::optional<runtime::DeviceMesh> mesh,
          const std::optional<sharding::PartitionAxis>& partition_axis, const py::object& mode,
          std::string api_key, std::string model_name,
-         const std::optional<std::string>& chat_template, int http_threads) {
+         const std::optional<std::string>& chat_template, int http_threads,
+         const std::string& mmap) {
         serve::ServiceOptions o{.model = std::move(model),
                                 .dtype = std::nullopt,
                                 .partitions = sharding::PartitionManager(
@@ -110,7 +111,8 @@ raises KeyboardInterrupt. The GIL is released while it waits.
                                 .model_name = std::move(model_name),
                                 .http_threads = http_threads,
                                 .server = {},
-                                .progress = {}};
+                                .progress = {},
+                                .mapping = models::parse_weight_mapping(mmap)};
         if (dtype) o.dtype = parse_dtype(*dtype);
         o.server.host = std::move(host);
         o.server.port = port;
@@ -125,7 +127,8 @@ raises KeyboardInterrupt. The GIL is released while it waits.
       "ctx_size"_a = 0, "kv_cache_tokens"_a = 0, "batch_tokens"_a = 256, "block_size"_a = 16,
       "max_queue"_a = 64, "prefix_cache"_a = true, "dtype"_a = py::none(), "mesh"_a = py::none(),
       "partition_axis"_a = py::none(), "mode"_a = "__autoregressive__", "api_key"_a = "",
-      "model_name"_a = "", "chat_template"_a = py::none(), "http_threads"_a = 0, R"pbdoc(
+      "model_name"_a = "", "chat_template"_a = py::none(), "http_threads"_a = 0, "mmap"_a = "auto",
+      R"pbdoc(
 Serves the model at `model` (a Hugging Face folder or a GGUF file) over HTTP, as `numesh serve`
 does with the same options under the same names (docs/serving.md): OpenAI's /v1/completions and
 /v1/chat/completions with continuous batching over paged KV caches on `mesh` (default:

@@ -78,6 +78,18 @@ def test_generate_equals_numesh_generate(checkpoints, tmp_path, sampling):
     assert streamed == got["ids"]
 
 
+@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+def test_matrices_read_in_place_or_copied_give_the_same_logits(checkpoints, mesh_name):
+    d, cases = checkpoints
+    prompt = cases["llama_tied_f32"]["prompt"][0]
+    got = {m: numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES[mesh_name](),
+                                              mmap=m).logits(prompt)
+           for m in ("on", "off", "auto")}
+    assert np.array_equal(got["on"], got["off"]) and np.array_equal(got["auto"], got["off"])
+    with pytest.raises(ValueError, match="'yes' is not a weight mapping: auto .*, on .* or off"):
+        numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mmap="yes")
+
+
 def test_bad_input_is_a_python_exception_naming_it(checkpoints):
     d, cases = checkpoints
     lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())

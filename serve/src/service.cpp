@@ -94,6 +94,7 @@ models::Engine load_engine(const ServiceOptions& o, runtime::DeviceMesh mesh) {
        .partitions = o.partitions,
        .mode = o.mode,
        .progress = o.progress,
+       .mapping = o.mapping,
        .serving = models::ServingOptions{.block_size = o.block_size,
                                          .kv_tokens = kv_tokens,
                                          .batch_tokens = o.batch_tokens,

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "../runtime/test_devices.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/formats/safetensors_writer.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/generation.hpp"
 #include "numesh/models/lm/perplexity.hpp"
@@ -265,8 +267,9 @@ TEST(CausalLmTest, MlpBiasesSharedExpertsAndDenseLayersLoadAndDecodeTheSameOnEve
   }
 }
 
-// CausalLm::load reads every matrix's shards straight from the file into the devices; the
-// model must be the one the host path builds, bit for bit, whatever the mesh and the dtype.
+// CausalLm::load reads every matrix's shards straight from the file into the devices, or reads
+// the file's mapping in place where a shard is one run of it; the model must be the one the host
+// path builds, bit for bit, whatever the mesh, the dtype and the mapping.
 TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
   json untied = tiny_llama();
   untied["tie_word_embeddings"] = false;
@@ -287,22 +290,82 @@ TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
       const CausalLmWeights host = CausalLmWeights::load(c, checkpoint, dtype);
       for (const runtime::DeviceMesh& m :
            {mesh(1, "tp"), mesh(2, "tp"), mesh(2, "ep"), mesh(2, "dp"), four}) {
-        std::vector<std::pair<std::int64_t, std::int64_t>> reports;
-        CausalLm direct = CausalLm::load(
-            m, c, checkpoint, 2, 8, dtype, {},
-            [&](std::int64_t done, std::int64_t total) { reports.emplace_back(done, total); });
-        CausalLm reference(m, c, host, 2, 8);
-        const std::vector<std::int32_t> ids{3, 4, 5, 6, 7, 8};
-        EXPECT_EQ(direct.logits(ids, 3, 0), reference.logits(ids, 3, 0))
-            << label << " " << to_string(dtype) << " on " << m.mesh().repr();
-        ASSERT_FALSE(reports.empty());
-        for (std::size_t i = 1; i < reports.size(); ++i)
-          EXPECT_GT(reports[i].first, reports[i - 1].first);
-        EXPECT_EQ(reports.back().first, reports.back().second)
-            << label << ": progress ends at the total";
+        for (const WeightMapping mapping :
+             {WeightMapping::kAuto, WeightMapping::kInPlace, WeightMapping::kCopied}) {
+          std::vector<std::pair<std::int64_t, std::int64_t>> reports;
+          CausalLm direct = CausalLm::load(
+              m, c, checkpoint, 2, 8, dtype, {},
+              [&](std::int64_t done, std::int64_t total) { reports.emplace_back(done, total); },
+              mapping);
+          CausalLm reference(m, c, host, 2, 8);
+          const std::vector<std::int32_t> ids{3, 4, 5, 6, 7, 8};
+          EXPECT_EQ(direct.logits(ids, 3, 0), reference.logits(ids, 3, 0))
+              << label << " " << to_string(dtype) << " on " << m.mesh().repr() << ", --mmap "
+              << to_string(mapping);
+          // The file is f32: only f32 matrices can read it in place. kAuto maps on one node only.
+          const bool maps =
+              dtype == DType::kF32 && (mapping == WeightMapping::kInPlace ||
+                                       (mapping == WeightMapping::kAuto && m.size() == 1));
+          EXPECT_EQ(direct.mapped_bytes() > 0, maps)
+              << label << " " << to_string(dtype) << " on " << m.mesh().repr() << ", --mmap "
+              << to_string(mapping);
+          std::int64_t shards_mapped = 0;
+          for (const NamedTensor& w : direct.weights()) {
+            for (const std::int64_t slot : w.tensor->mesh().local_slots()) {
+              const runtime::Tensor& shard = w.tensor->shard(slot);
+              if (shard.buffer().is_mapped()) {
+                shards_mapped += static_cast<std::int64_t>(shard.size_bytes());
+              }
+            }
+          }
+          EXPECT_EQ(shards_mapped, direct.mapped_bytes()) << label;
+          ASSERT_FALSE(reports.empty());
+          for (std::size_t i = 1; i < reports.size(); ++i)
+            EXPECT_GT(reports[i].first, reports[i - 1].first);
+          EXPECT_EQ(reports.back().first, reports.back().second)
+              << label << ": progress ends at the total";
+        }
       }
     }
   }
+}
+
+// A model reading its file in place keeps the mapping: it answers the same after its checkpoint
+// is closed and after the file is written again (numesh's writers replace a file whole, so the
+// old bytes stay with whoever maps them), and a new load sees the new file.
+TEST(CausalLmTest, AModelReadInPlaceOutlivesItsCheckpointAndAFileWrittenOverIt) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig c = HfConfig::load(dir.path());
+  const std::vector<std::int32_t> ids{3, 4, 5, 6, 7, 8};
+  std::optional<CausalLm> lm;
+  runtime::HostTensor before;
+  {
+    const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
+    lm.emplace(CausalLm::load(mesh(2, "tp"), c, checkpoint, 2, 8, DType::kF32, {}, {},
+                              WeightMapping::kInPlace));
+    before = lm->logits(ids, 3, 0);
+  }
+  ASSERT_GT(lm->mapped_bytes(), 0);
+  EXPECT_EQ(lm->logits(ids, 3, 0), before) << "the checkpoint is closed";
+  // The same tensors, every value doubled, written by numesh's writer over the file.
+  const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
+  std::vector<runtime::HostTensor> values;
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& name : checkpoint.names()) {
+    runtime::HostTensor t = runtime::HostTensor::zeros(checkpoint.shape(name));
+    checkpoint.read(name, DType::kF32, std::as_writable_bytes(std::span<float>(t.data)));
+    for (float& v : t.data) v *= 2.0f;
+    values.push_back(std::move(t));
+  }
+  for (std::size_t i = 0; i < values.size(); ++i)
+    tensors.push_back({checkpoint.names()[i], &values[i], DType::kF32});
+  write_safetensors(dir.path() / "model.safetensors", tensors);
+  EXPECT_EQ(lm->logits(ids, 3, 0), before) << "the old file's bytes, still mapped";
+  const auto rewritten = SafetensorsCheckpoint::open(dir.path());
+  CausalLm fresh = CausalLm::load(mesh(2, "tp"), c, rewritten, 2, 8, DType::kF32, {}, {},
+                                  WeightMapping::kInPlace);
+  EXPECT_NE(fresh.logits(ids, 3, 0), before) << "a new load reads the new file";
 }
 
 TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {

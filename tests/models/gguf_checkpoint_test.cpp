@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "numesh/models/formats/safetensors_checkpoint.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/hf/weight_formats.hpp"
+#include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/trainer.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "safetensors_writer.hpp"
@@ -98,6 +100,52 @@ TEST(GgufCheckpointTest, AWrittenLlamaReadsBackUnderItsHuggingFaceNamesWithQkRow
       },
       ThrowsMessage<ShapeError>(HasSubstr(
           "the box has 1 offsets and 1 sizes but the tensor (shape [32, 64]) has rank 2")));
+}
+
+// A GGUF box is read in place when read_box() would copy one run of the file as it is: whole
+// rows of a tensor stored in the format asked for, not permuted. Models loaded in place and
+// copied give the same logits, and the one in place maps the matrices that allow it.
+TEST(GgufCheckpointTest, BoxesReadInPlaceAreTheBytesReadBoxCopiesButNeverPermutedRows) {
+  const ScratchDir dir;
+  const GgufCheckpoint q8 = GgufCheckpoint::open(llama_gguf(dir, DType::kQ8_0));
+  const std::string v = "model.layers.0.self_attn.v_proj.weight";  // [32, 64]
+  const std::array<std::int64_t, 2> rows_at{4, 0}, rows{8, 64};
+  const std::shared_ptr<const std::byte> p = q8.box_in_place(v, rows_at, rows, DType::kQ8_0);
+  ASSERT_NE(p, nullptr);
+  std::vector<std::byte> copied(8 * 2 * 34);  // 8 rows of two Q8_0 blocks
+  q8.read_box(v, rows_at, rows, DType::kQ8_0, copied);
+  EXPECT_EQ(std::memcmp(p.get(), copied.data(), copied.size()), 0);
+  const std::array<std::int64_t, 2> cols_at{0, 32}, cols{32, 32};
+  EXPECT_EQ(q8.box_in_place(v, cols_at, cols, DType::kQ8_0), nullptr) << "every row's 2nd block";
+  EXPECT_EQ(q8.box_in_place(v, rows_at, rows, DType::kF32), nullptr) << "dequantized, not mapped";
+  EXPECT_EQ(q8.box_in_place("model.layers.0.self_attn.q_proj.weight", rows_at, rows, DType::kQ8_0),
+            nullptr)
+      << "llama.cpp's converter permuted q's rows: read_box puts them back";
+  EXPECT_THROW(
+      (void)q8.box_in_place("model.layers.0.self_attn.v_proj.weights", rows_at, rows, DType::kQ8_0),
+      KeyError);
+
+  const ScratchDir f32_dir;
+  const GgufCheckpoint f32 = GgufCheckpoint::open(llama_gguf(f32_dir, DType::kF32));
+  for (const GgufCheckpoint* g : {&f32, &q8}) {
+    const WeightFormats formats = WeightFormats::as_stored(*g, g->stored_dtype());
+    CausalLm copied_lm = CausalLm::load(testing::mesh_of(1, {"tp"}), g->config(), *g, 1, 8, formats,
+                                        {}, {}, WeightMapping::kCopied);
+    CausalLm mapped_lm = CausalLm::load(testing::mesh_of(1, {"tp"}), g->config(), *g, 1, 8, formats,
+                                        {}, {}, WeightMapping::kInPlace);
+    const std::vector<std::int32_t> ids{3, 4, 5, 6};
+    EXPECT_EQ(mapped_lm.logits(ids, 4, TokenPositions::level(1, 0, 4)),
+              copied_lm.logits(ids, 4, TokenPositions::level(1, 0, 4)))
+        << to_string(g->stored_dtype());
+    EXPECT_EQ(copied_lm.mapped_bytes(), 0);
+    if (g == &f32) {
+      // Every matrix but q and k (permuted): the embedding, the head, and in each of the two
+      // layers v, o and the MLP's three.
+      std::int64_t want = 2 * 64 * 64 * 4;
+      for (const std::int64_t out_in : {32 * 64, 64 * 64, 128 * 64 * 3}) want += 2 * out_in * 4;
+      EXPECT_EQ(mapped_lm.mapped_bytes(), want);
+    }
+  }
 }
 
 TEST(GgufCheckpointTest, ABlockFileLoadsAsItsFormatAndModelSourceReadsIt) {

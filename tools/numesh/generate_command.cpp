@@ -22,6 +22,7 @@
 
 #include "baselines.hpp"
 #include "bench_common.hpp"
+#include "mmap_option.hpp"
 #include "nonfinite_note.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
@@ -56,6 +57,7 @@ void progress(bool quiet, const std::string& text) {
 // What run_generate's options say, checked before anything is written, loaded or created.
 struct CheckedOptions {
   DType dtype = DType::kF32;
+  models::WeightMapping mapping = models::WeightMapping::kAuto;  // --mmap
   bool sampling = false;
   ops::SamplingOptions sampling_options;
   std::vector<std::string> texts;                    // prompts given as text, in order
@@ -71,6 +73,7 @@ struct CheckedOptions {
 CheckedOptions check_options(const GenerateOptions& o) {
   CheckedOptions c;
   if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
+  c.mapping = models::parse_weight_mapping(o.mmap);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or "
                "write a random one");
@@ -249,12 +252,14 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
          .context = max_len,
          .partitions = *c.partition_manager,
          .mode = c.mode,
-         .progress = [&](std::int64_t done, std::int64_t total) {
-           line.update(fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
-                                   100.0 * static_cast<double>(done) / static_cast<double>(total),
-                                   static_cast<double>(done) / 1e6,
-                                   static_cast<double>(total) / 1e6));
-         }}));
+         .progress =
+             [&](std::int64_t done, std::int64_t total) {
+               line.update(
+                   fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
+                               100.0 * static_cast<double>(done) / static_cast<double>(total),
+                               static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6));
+             },
+         .mapping = c.mapping}));
   }
   m.read_seconds = o.baselines ? plain_read_seconds(files) : 0.0;
   m.new_memory_seconds = o.baselines ? read_into_new_memory_seconds(files) : 0.0;
@@ -272,11 +277,14 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
       e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
       config.hidden_size, config.vocab_size, e.formats(), e.mesh().mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
-  out << fmt::format(
-      "load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: each device read its shards, converted and "
-      "laid "
-      "out)\n",
-      bytes / 1e6, e.load_seconds(), bytes / e.load_seconds() / 1e9);
+  const double mapped = static_cast<double>(e.model().mapped_bytes());
+  out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: {})\n", bytes / 1e6,
+                     e.load_seconds(), bytes / e.load_seconds() / 1e9,
+                     mapped <= 0
+                         ? std::string("each device read its shards, converted and laid out")
+                         : fmt::format("{:.1f} MB of matrices read in place from the file's pages "
+                                       "(--mmap), the rest by each device",
+                                       mapped / 1e6));
   if (o.baselines) {
     out << fmt::format(
         "         a plain read of the same files: {:.3f} s ({:.2f} GB/s); the load takes {:.2f}x "
@@ -489,6 +497,7 @@ void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, c
                               : nlohmann::json("greedy")},
       {"load_seconds", e.load_seconds()},
       {"load_bytes", e.checkpoint_bytes()},
+      {"load_mapped_bytes", e.model().mapped_bytes()},
       {"baselines", baselines.json},
       {"prefill_tokens", prompt_tokens(p)},
       {"prefill_seconds", result.prefill_seconds},
@@ -593,6 +602,7 @@ all have stopped.)");
                   "or q6_k blocks quantized at load (norms and routers stay f32). Default: a GGUF "
                   "file's matrices each in the format the file stores it in (a Q4_K_M file's "
                   "Q4_K and Q6_K), f32 otherwise");
+  add_mmap_option(*cmd, o.mmap);
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
                   "each decode step "

@@ -44,6 +44,7 @@ struct GenerateOptions {
   /// --dtype: how the devices store the matrices; empty: a GGUF file's matrices each in the
   /// format the file stores it in, f32 for a safetensors folder.
   std::string dtype;
+  std::string mmap = "auto";      ///< --mmap auto|on|off (models::WeightMapping)
   std::string logits_out;         ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;               ///< --json FILE
   bool baselines = false;         ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "mmap_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
@@ -48,6 +49,7 @@ Example:
       "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
       "quantized at load). Default: a GGUF file's matrices each in the format the file "
       "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
+  add_mmap_option(*cmd, o.mmap);
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
   return cmd;
@@ -55,6 +57,7 @@ Example:
 
 int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   DType dtype = o.dtype.empty() ? DType::kF32 : parse_dtype(o.dtype);
+  const models::WeightMapping mapping = models::parse_weight_mapping(o.mmap);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
   // Under mpirun the ranks evaluate alike and rank 0 alone writes.
@@ -97,8 +100,8 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
       o.dtype.empty() && source.stored_dtype()
           ? models::WeightFormats::as_stored(*checkpoint, *source.stored_dtype())
           : models::WeightFormats(dtype);
-  models::CausalLm lm =
-      models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context, formats);
+  models::CausalLm lm = models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context,
+                                               formats, {}, {}, mapping);
 
   out << fmt::format(
       "numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",

@@ -22,6 +22,7 @@ struct PerplexityOptions {
   std::string text_file;       ///< --text-file F
   std::int64_t context = 512;  ///< --context: tokens per chunk
   std::string dtype;           ///< --dtype; empty: a GGUF model's own formats, else f32
+  std::string mmap = "auto";   ///< --mmap auto|on|off (models::WeightMapping)
   std::string json;            ///< --json FILE
   bool quiet = false;          ///< --quiet: no per-chunk progress
 };

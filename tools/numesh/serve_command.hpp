@@ -27,6 +27,7 @@ struct ServeOptions {
   std::string paxis_json;         ///< --paxis-json FILE
   std::vector<std::string> sets;  ///< --set field=value
   std::string dtype;              ///< --dtype; empty: a GGUF model's own formats, else f32
+  std::string mmap = "auto";      ///< --mmap auto|on|off (models::WeightMapping)
   bool no_prefix_cache = false;   ///< --no-prefix-cache
   /// --model, --model-name, --chat-template, --host, --port, --parallel, --ctx-size,
   /// --kv-cache-tokens, --batch-tokens, --block-size, --max-queue, --api-key, --http-threads

@@ -39,9 +39,9 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   }
   const std::int64_t context = options.context > 0 ? options.context : config.max_context();
   if (!options.serving) {
-    engine.model_ = std::make_unique<CausalLm>(CausalLm::load(engine.mesh_, config, *checkpoint,
-                                                              options.sequences, context, formats,
-                                                              engine.axes_, options.progress));
+    engine.model_ = std::make_unique<CausalLm>(
+        CausalLm::load(engine.mesh_, config, *checkpoint, options.sequences, context, formats,
+                       engine.axes_, options.progress, options.mapping));
   } else {
     const ServingOptions& serving = *options.serving;
     NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,
@@ -66,7 +66,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                                               .block_size = serving.block_size,
                                               .max_context = context,
                                               .max_sequences = serving.max_running},
-                       formats, engine.axes_, options.progress));
+                       formats, engine.axes_, options.progress, options.mapping));
     engine.compile_steps();
   }
   engine.load_seconds_ = seconds_since(start);

@@ -1,5 +1,7 @@
 #include "numesh/models/lm/causal_lm.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -75,29 +77,52 @@ std::vector<NamedTensor> CausalLm::weights() const {
   return all;
 }
 
+std::string_view to_string(WeightMapping mapping) noexcept {
+  switch (mapping) {
+    case WeightMapping::kAuto:
+      return "auto";
+    case WeightMapping::kInPlace:
+      return "on";
+    case WeightMapping::kCopied:
+      return "off";
+  }
+  return "?";
+}
+
+WeightMapping parse_weight_mapping(std::string_view text) {
+  for (const WeightMapping m :
+       {WeightMapping::kAuto, WeightMapping::kInPlace, WeightMapping::kCopied}) {
+    if (text == to_string(m)) return m;
+  }
+  throw ValueError(fmt::format(
+      "'{}' is not a weight mapping: auto (in place on a machine of one NUMA node), on (in "
+      "place) or off (copied)",
+      text));
+}
+
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
                         const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
                         const WeightFormats& formats, ops::ModelAxes axes,
-                        const LoadProgress& progress) {
+                        const LoadProgress& progress, WeightMapping mapping) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, formats);
   CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
               std::move(axes));  // matrices laid out unfilled
-  lm.fill(d, checkpoint, progress);
+  lm.fill(d, checkpoint, progress, mapping);
   return lm;
 }
 
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
                         const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
                         const WeightFormats& formats, ops::ModelAxes axes,
-                        const LoadProgress& progress) {
+                        const LoadProgress& progress, WeightMapping mapping) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, formats);
   CausalLm lm(std::move(mesh), config, d.weights, paged, std::move(axes));
-  lm.fill(d, checkpoint, progress);
+  lm.fill(d, checkpoint, progress, mapping);
   return lm;
 }
 
 void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoint,
-                    const LoadProgress& progress) {
+                    const LoadProgress& progress, WeightMapping mapping) {
   CausalLm& lm = *this;
   using Named = ops::ShardedTransformer::NamedWeight;
   std::map<std::string, Named> slots{
@@ -125,7 +150,11 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoi
     total += bytes_of(source);
     done_after.push_back(total);
   }
-  detail::read_shards(checkpoint, matrices, [&](std::size_t i) {
+  // On one NUMA node the page cache's pages are as near every device as copies would be.
+  const bool in_place =
+      mapping == WeightMapping::kInPlace ||
+      (mapping == WeightMapping::kAuto && lm.mesh_.devices().topology().numa_nodes().size() <= 1);
+  lm.mapped_bytes_ = detail::read_shards(checkpoint, matrices, in_place, [&](std::size_t i) {
     if (progress) progress(done_after[i], total);
   });
 }

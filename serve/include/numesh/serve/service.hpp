@@ -52,6 +52,8 @@ struct ServiceOptions {
   ServerOptions server{};
   /// Told the checkpoint bytes read so far and in all after each matrix.
   models::CausalLm::LoadProgress progress{};
+  /// Whether the matrices read the model file's pages in place (models::WeightMapping).
+  models::WeightMapping mapping = models::WeightMapping::kAuto;
 };
 
 /// A model served over HTTP. The constructor checks the options and binds; load() loads the

@@ -61,6 +61,8 @@ struct EngineOptions {
   sharding::ModeArg mode = sharding::Mode::kDecode;
   /// Told the checkpoint bytes read so far and in all after each matrix.
   CausalLm::LoadProgress progress{};
+  /// Whether matrices read the file's mapping in place (CausalLm::load, WeightMapping).
+  WeightMapping mapping = WeightMapping::kAuto;
   /// Set: the model keeps paged caches and serves requests (submit, step, cancel; sequences
   /// and context as above bound the running sequences' positions); unset: dense caches for
   /// `sequences` sequences of `context` positions (model(), generate()).

@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "numesh/models/hf/hf_config.hpp"
@@ -37,6 +38,24 @@ struct TokenPositions {
   static TokenPositions level(std::int64_t batch, std::int64_t position, std::int64_t tokens);
 };
 
+/// Whether a load's matrices read the checkpoint's file mapping in place, or copies in each
+/// device's memory (CausalLm::load; `--mmap`). In place, a matrix costs no copy and no new
+/// memory (the page cache's pages serve every process and device that maps the file), but its
+/// pages lie wherever the kernel read the file: on a machine of several NUMA nodes a device
+/// would read another node's memory. Only a matrix the devices store as the file stores it, in
+/// rows, whole rows of one tensor per shard, can be read in place; the others are copied.
+enum class WeightMapping {
+  kAuto,     ///< in place on a machine of one NUMA node, copied on one of several
+  kInPlace,  ///< in place wherever the bytes allow it
+  kCopied,   ///< every matrix copied into its devices' memory
+};
+
+/// "auto", "on" or "off" (the `--mmap` values).
+std::string_view to_string(WeightMapping mapping) noexcept;
+/// The WeightMapping that to_string gives `text`. Throws: ValueError naming `text` and the
+/// values.
+WeightMapping parse_weight_mapping(std::string_view text);
+
 /// A causal language model laid out on a mesh. Each call takes the next T tokens of every
 /// sequence (ids [batch, T] row-major) at positions [position, position + T), writes their keys
 /// and values into the caches, and returns the logits or the greedy next tokens. Programs are
@@ -59,12 +78,16 @@ class CausalLm {
   /// which the layers store in-out; the other matrices are stored out-in), all devices at once: no
   /// copy of the model passes through host memory (CausalLmWeights::deferred, then each matrix's
   /// shards filled in place). Norms, biases and routers, which are small, are read on the host.
-  /// Gives the same model as the constructor on CausalLmWeights::load.
+  /// Gives the same model as the constructor on CausalLmWeights::load. `mapping` says whether
+  /// the matrices that can read the file's mapping in place do (mapped_bytes() says how many
+  /// bytes did); the model keeps what it maps alive after `checkpoint` is gone. The model's
+  /// values are the same either way.
   /// Throws: as CausalLmWeights::load and the constructor.
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
                        const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
                        const WeightFormats& formats = {}, ops::ModelAxes axes = {},
-                       const LoadProgress& progress = {});
+                       const LoadProgress& progress = {},
+                       WeightMapping mapping = WeightMapping::kAuto);
   /// The same model with paged caches, for ragged steps only (ragged_candidates,
   /// ragged_logits): every layer's keys and values in `paged.blocks` blocks
   /// (ShardedTransformer's paged constructor); the dense calls above are refused.
@@ -76,7 +99,8 @@ class CausalLm {
   static CausalLm load(runtime::DeviceMesh mesh, const HfConfig& config,
                        const Checkpoint& checkpoint, const ops::PagedCacheOptions& paged,
                        const WeightFormats& formats = {}, ops::ModelAxes axes = {},
-                       const LoadProgress& progress = {});
+                       const LoadProgress& progress = {},
+                       WeightMapping mapping = WeightMapping::kAuto);
   ~CausalLm();
   CausalLm(CausalLm&&) noexcept;
   CausalLm& operator=(CausalLm&&) noexcept;
@@ -154,6 +178,9 @@ class CausalLm {
   /// Every laid-out weight by the name a user knows it (weight_label): the embedding, the
   /// stack's, the LM head's when it is not tied (for find_nonfinite_weights).
   std::vector<NamedTensor> weights() const;
+  /// Bytes of this process's weight shards that read the checkpoint's file mapping in place
+  /// (load with WeightMapping: 0 when every shard is a copy, or the model was not loaded).
+  std::int64_t mapped_bytes() const noexcept { return mapped_bytes_; }
 
  private:
   // The final hidden states [batch, T, H] of the new tokens.
@@ -171,11 +198,12 @@ class CausalLm {
   void check_layers() const;
   // Fills the matrices laid out unfilled from `d` (load): each device reads its own shards.
   void fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoint,
-            const LoadProgress& progress);
+            const LoadProgress& progress, WeightMapping mapping);
 
   runtime::DeviceMesh mesh_;
   HfConfig config_;
   std::int64_t batch_, max_len_;
+  std::int64_t mapped_bytes_ = 0;
   ops::EmbeddingLayer embedding_layer_;
   ops::LmHeadLayer head_layer_;
   ops::ShardedTransformer stack_;

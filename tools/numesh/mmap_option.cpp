@@ -1,0 +1,18 @@
+#include "mmap_option.hpp"
+
+#include <CLI/CLI.hpp>
+
+namespace numesh::tools {
+
+void add_mmap_option(CLI::App& cmd, std::string& value) {
+  cmd.add_option("--mmap", value,
+                 "Whether the matrices read the model file's pages in place (on: no copy and no "
+                 "memory of their own, the page cache's pages shared by every process that maps "
+                 "the file) or copies in each device's memory of its NUMA node (off). Only a "
+                 "matrix stored as the file stores it, in whole rows per device, can be read in "
+                 "place; the others are copied. auto: on for a machine of one NUMA node, off for "
+                 "one of several")
+      ->capture_default_str();
+}
+
+}  // namespace numesh::tools
