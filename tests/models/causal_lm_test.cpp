@@ -330,6 +330,36 @@ TEST(CausalLmTest, ReadingShardsStraightIntoTheDevicesGivesTheSameModel) {
   }
 }
 
+// Fused tensors (Phi-3's qkv_proj and gate_up_proj: q, k and v are row ranges of one tensor) and
+// 16-bit weights read in place give the model the copies give, on one device and over tp.
+TEST(CausalLmTest, FusedAnd16BitMatricesReadInPlaceGiveTheCopiesModel) {
+  json llama = small_llama_config(128, 2);  // two heads of 64
+  llama["vocab_size"] = 96;
+  llama["num_key_value_heads"] = 2;
+  json phi3 = llama;
+  phi3["model_type"] = "phi3";
+  phi3["architectures"] = {"Phi3ForCausalLM"};
+  phi3["rope_scaling"] = nullptr;
+  for (const auto& [config, stored] : {std::pair{phi3, DType::kBF16}, std::pair{phi3, DType::kF16},
+                                       std::pair{llama, DType::kBF16}}) {
+    ScratchDir dir;
+    write_random_model(dir.path(), config, stored, 11);
+    const HfConfig c = HfConfig::load(dir.path());
+    const auto checkpoint = SafetensorsCheckpoint::open(dir.path());
+    for (const runtime::DeviceMesh& m : {mesh(1, "tp"), mesh(2, "tp")}) {
+      const std::string label = config["model_type"].get<std::string>() + " " +
+                                std::string(to_string(stored)) + " on " + m.mesh().repr();
+      CausalLm copied =
+          CausalLm::load(m, c, checkpoint, 1, 8, stored, {}, {}, WeightMapping::kCopied);
+      CausalLm mapped =
+          CausalLm::load(m, c, checkpoint, 1, 8, stored, {}, {}, WeightMapping::kInPlace);
+      EXPECT_GT(mapped.mapped_bytes(), 0) << label;
+      const std::vector<std::int32_t> ids{3, 4, 5, 6};
+      EXPECT_EQ(mapped.logits(ids, 4, 0), copied.logits(ids, 4, 0)) << label;
+    }
+  }
+}
+
 // A model reading its file in place keeps the mapping: it answers the same after its checkpoint
 // is closed and after the file is written again (numesh's writers replace a file whole, so the
 // old bytes stay with whoever maps them), and a new load sees the new file.

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/formats/safetensors_writer.hpp"
 #include "safetensors_writer.hpp"
 
 namespace numesh::models {
@@ -498,6 +500,72 @@ TEST_F(SafetensorsBoxTest, BoxesThatAreOneRunOfTheFileAreReadInPlaceAndOutliveTh
   std::memcpy(seen.data(), kept.get(), sizeof(float) * seen.size());
   EXPECT_THAT(seen, ElementsAre(30, 31, 32, 33, 34, 35, 36, 37, 38, 39))
       << "the mapping lives on with the box";
+}
+
+// A run not aligned for its values (f32 two bytes past a multiple of 4: the file's layout, which
+// the format allows) is read by copying, never pointed at.
+TEST_F(SafetensorsBoxTest, RunsNotAlignedForTheirValuesAreNotReadInPlace) {
+  const SafetensorsFile f = SafetensorsFile::open(dir_.file(
+      "odd.safetensors", layout_file({{"pad", "U8", {2}, "ab"},
+                                      {"w", "F32", {2, 2}, le_bytes<float>({1, 2, 3, 4})}})));
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(f.bytes("w").data()) % 4, 2U);
+  const std::vector<std::int64_t> at{0, 0}, whole{2, 2}, second{1, 0}, row{1, 2};
+  EXPECT_EQ(f.box_in_place("w", at, whole, DType::kF32), nullptr);
+  EXPECT_EQ(f.box_in_place("w", second, row, DType::kF32), nullptr);
+  EXPECT_THAT(read_box_as<float>(f, "w", at, whole, DType::kF32), ElementsAre(1, 2, 3, 4));
+  EXPECT_EQ(f.box_in_place("pad", std::vector<std::int64_t>{0}, std::vector<std::int64_t>{2},
+                           DType::kF32),
+            nullptr)
+      << "U8 is no format numesh keeps weights in: never in place";
+}
+
+// numesh's writer replaces a file whole: an open file (a model reading it in place) keeps the
+// old bytes, a symlink stays a link whose target is the new file, the old file's permissions
+// stay, and no temporary is left beside it.
+TEST_F(SafetensorsFileTest, TheWriterReplacesAFileWholeThroughItsLinkKeepingItsMode) {
+  const fs::path blob = dir_.path() / "blob", link = dir_.path() / "model.safetensors";
+  const runtime::HostTensor one{{2}, {1.0f, 2.0f}}, two{{2}, {3.0f, 4.0f}};
+  write_safetensors(blob, {{"w", &one, DType::kF32}});
+  fs::permissions(blob, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  fs::create_symlink("blob", link);
+  const SafetensorsFile before = SafetensorsFile::open(link);
+  write_safetensors(link, {{"w", &two, DType::kF32}});
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link stays a link";
+  EXPECT_THAT(read_as<float>(SafetensorsFile::open(link), "w", DType::kF32), ElementsAre(3, 4));
+  EXPECT_THAT(read_as<float>(before, "w", DType::kF32), ElementsAre(1, 2))
+      << "the open file keeps its bytes";
+  EXPECT_EQ(fs::status(blob).permissions(),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_.path()))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_THAT(names, ElementsAre("blob", "model.safetensors")) << "no temporary left";
+  EXPECT_THAT(
+      [&] {
+        write_safetensors(dir_.path() / "no" / "such" / "dir.safetensors",
+                          {{"w", &one, DType::kF32}});
+      },
+      ::testing::ThrowsMessage<IoError>(::testing::HasSubstr(
+          "safetensors: cannot write '" + (dir_.path() / "no/such/dir.safetensors").string())));
+}
+
+// A file of 2 MiB or more is mapped at a multiple of 2 MiB (so that the page cache's large
+// folios map whole), and its last bytes, past the last whole page, read as written.
+TEST_F(SafetensorsFileTest, FilesOf2MiBOrMoreAreMappedAtAMultipleOf2MiB) {
+  std::vector<float> values((std::size_t{3} << 18) + 3);  // 3 MiB and 12 bytes
+  std::iota(values.begin(), values.end(), 0.0f);
+  const fs::path file = dir_.file(
+      "big.safetensors",
+      layout_file({{"w", "F32", {static_cast<std::int64_t>(values.size())}, le_bytes(values)}}));
+  const SafetensorsFile f = SafetensorsFile::open(file);
+  const std::span<const std::byte> w = f.bytes("w");
+  const auto start = reinterpret_cast<std::uintptr_t>(w.data()) -
+                     static_cast<std::uintptr_t>(fs::file_size(file) - w.size());
+  EXPECT_EQ(start % (std::uintptr_t{2} << 20), 0U);
+  float last = 0;
+  std::memcpy(&last, w.data() + w.size() - sizeof(float), sizeof(float));
+  EXPECT_EQ(last, static_cast<float>(values.size() - 1));
 }
 
 TEST_F(SafetensorsBoxTest, ReadsBoxesOfRank4AndRank0) {

@@ -282,7 +282,7 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
                      e.load_seconds(), bytes / e.load_seconds() / 1e9,
                      mapped <= 0
                          ? std::string("each device read its shards, converted and laid out")
-                         : fmt::format("{:.1f} MB of matrices read in place from the file's pages "
+                         : fmt::format("{:.1f} MB of shards read in place from the file's pages "
                                        "(--mmap), the rest by each device",
                                        mapped / 1e6));
   if (o.baselines) {

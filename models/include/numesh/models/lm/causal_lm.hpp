@@ -180,6 +180,7 @@ class CausalLm {
   std::vector<NamedTensor> weights() const;
   /// Bytes of this process's weight shards that read the checkpoint's file mapping in place
   /// (load with WeightMapping: 0 when every shard is a copy, or the model was not loaded).
+  /// Shards are counted on each device that holds one: replicas of the same bytes count again.
   std::int64_t mapped_bytes() const noexcept { return mapped_bytes_; }
 
  private:
