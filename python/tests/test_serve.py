@@ -100,3 +100,5 @@ def test_bad_options_are_named_as_keywords(model, tmp_path):
         numesh.serve("/nonexistent", port=0)
     with pytest.raises(TypeError, match=r"unexpected keyword|incompatible function arguments"):
         numesh.serve(model, threads=2)
+    with pytest.raises(ValueError, match=r"'always' is not a weight mapping: auto .*, on .* or off"):
+        numesh.serve(model, port=0, mmap="always")
