@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "box_in_place_check.hpp"
 #include "fuzz_target.hpp"
 #include "numesh/models/formats/gguf.hpp"
 
@@ -72,6 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (const std::int64_t s : sizes) box *= s;
       std::vector<std::byte> row(static_cast<std::size_t>(box) * 4);
       gguf.read_box(t.name, offsets, sizes, DType::kF32, row);
+      // The first row in place, as stored: the bytes read_box copies, inside the tensor.
+      fuzz::check_box_in_place(gguf, t.name, bytes, offsets, sizes,
+                               *models::to_numesh_dtype(t.type));
       // The first row from its second column: a box that cuts a block format's blocks.
       const std::size_t last = t.shape.size() - 1;
       if (box == 0 || t.shape[last] < 2) continue;

@@ -1,11 +1,13 @@
 // Fuzzes the safetensors reader (models/safetensors.hpp): arbitrary bytes as a file, opened
 // (header parsed and validated), then every tensor's bytes looked up and, where numesh reads its
-// dtype, read whole as fp32 and its first row as a box. An opened file's tensors must lie inside
-// it and hold as many bytes as their shape and dtype say.
+// dtype, read whole as fp32 and its first row as a box, and that row read in place
+// (box_in_place) must be the bytes the copying read gives. An opened file's tensors must lie
+// inside it and hold as many bytes as their shape and dtype say.
 
 #include <cstdlib>
 #include <vector>
 
+#include "box_in_place_check.hpp"
 #include "fuzz_target.hpp"
 #include "numesh/models/formats/safetensors.hpp"
 
@@ -27,6 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (const std::int64_t s : sizes) box *= s;
       std::vector<std::byte> row(static_cast<std::size_t>(box) * 4);
       st.read_box(t.name, offsets, sizes, DType::kF32, row);
+      // The first row in place, as stored: the bytes read_box copies, inside the tensor.
+      fuzz::check_box_in_place(st, t.name, bytes, offsets, sizes,
+                               *models::to_numesh_dtype(t.dtype));
     }
   });
   return 0;

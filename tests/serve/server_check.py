@@ -456,7 +456,11 @@ def check_template_errors():
           f"the warning at start: {err!r}")
     plain = os.path.join(WORK, "plain")
     write_model(plain)
-    server = Server(plain, "--parallel", "1")
+    # --mmap on: the f32 file's matrices are read in place, and the listening line says so.
+    server = Server(plain, "--parallel", "1", "--mmap", "on")
+    check(re.search(r"f32 weights \([0-9.]+ MB read in place from the file, --mmap\), mesh",
+                    server.banner) is not None,
+          f"the listening line names the bytes read in place: {server.banner!r}")
     status, body, _ = server.request("POST", "/v1/chat/completions", chat)
     error_object(status, body, 400)
     message = body["error"]["message"] if isinstance(body, dict) and "error" in body else ""

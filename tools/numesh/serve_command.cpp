@@ -239,10 +239,16 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   }
   const models::ChatTemplate* chat = service.chat_template();
   out << fmt::format(
-      "numesh serve: listening on http://{}:{} ({}, {} model, {} weights, mesh {}{}; {} requests "
+      "numesh serve: listening on http://{}:{} ({}, {} model, {} weights{}, mesh {}{}; {} requests "
       "at once, {} KV tokens in blocks of {}; chat template: {})\n",
       o.service.server.host, service.port(), o.service.model, to_string(e.config().architecture),
-      e.formats(), e.mesh().mesh().repr(),
+      e.formats(),
+      // Shards read from the file's pages in place (--mmap): memory the server does not hold.
+      e.model().mapped_bytes() > 0
+          ? fmt::format(" ({:.1f} MB read in place from the file, --mmap)",
+                        static_cast<double>(e.model().mapped_bytes()) / 1e6)
+          : "",
+      e.mesh().mesh().repr(),
       e.mesh().ranks() > 1 ? fmt::format(" over {} ranks", e.mesh().ranks()) : "",
       o.service.parallel,
       e.scheduler().pool().blocks() * o.service.block_size - o.service.block_size,
