@@ -19,7 +19,9 @@
 //                           (quantize_activations_q8 is timed apart, as
 //                           BM_Decode_QuantizeActivations/M/level); <dtype, true>: q8_0 or
 //                           q4_0 weights stored in panels of 16 outputs, as the layers store
-//                           them at avx512-bf16 and amx.
+//                           them at avx512-bf16 and amx; <dtype, true, true>: the same panels
+//                           by the prefill tile, packed_gemm_q8 (the other order: what a
+//                           row-invariant product would pay at each row count if it took it).
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2, q8_0 34 bytes per 32, q4_0 18, q4_k 144 per 256, q6_k 210); the Read case counts
 // its array.
@@ -229,7 +231,8 @@ const std::vector<std::uint16_t>& dot_panels(std::int64_t n) {
 }
 
 // kPanels: the weights stored in panels, as the layers store Q8_0 and Q4_0 at avx512-bf16 and amx.
-template <DType T, bool kPanels = false>
+// kTile: multiplied by the prefill tile (packed_gemm_q8) instead of the format's dot kernel.
+template <DType T, bool kPanels = false, bool kTile = false>
 void BM_Decode_Dot(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(2);
   const auto level = static_cast<runtime::KernelLevel>(state.range(1));
@@ -256,7 +259,9 @@ void BM_Decode_Dot(benchmark::State& state) {
   std::vector<float> scales(x.size() / 32);
   ops::quantize_activations_q8(m, kDotK, x.data(), kDotK, codes.data(), scales.data(), level);
   for (auto _ : state) {
-    if constexpr (T == DType::kBF16) {
+    if constexpr (kTile) {
+      ops::packed_gemm_q8(m, codes.data(), scales.data(), b, y.data(), n, level);
+    } else if constexpr (T == DType::kBF16) {
       ops::dot_gemm_bf16(m, bits.data(), kDotK, b, y.data(), n, level);
     } else if constexpr (T == DType::kQ8_0) {
       ops::dot_gemm_q8_0(m, codes.data(), scales.data(), b, y.data(), n, level);
@@ -272,7 +277,7 @@ void BM_Decode_Dot(benchmark::State& state) {
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(n * row_bytes(T, kDotK)), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(to_string(T)) + ", " + std::string(runtime::to_string(level)) +
-                 (kPanels ? ", panels" : ""));
+                 (kPanels ? ", panels" : "") + (kTile ? ", prefill tile" : ""));
 }
 
 void BM_Decode_QuantizeActivations(benchmark::State& state) {
@@ -307,6 +312,7 @@ BENCHMARK(BM_Decode_Dot<DType::kQ8_0>)->Apply(dot_args)->Unit(benchmark::kMicros
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ6_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)

@@ -82,6 +82,28 @@ std::vector<T> naive_box(const std::vector<T>& values, const std::vector<std::in
   return out;
 }
 
+/// Calls visit(offsets, sizes) for every non-empty box of a tensor of `shape` (every offset and
+/// size along each dim, the last dim fastest), stopping after a fatal test failure.
+template <typename Visit>
+void for_each_box(const std::vector<std::int64_t>& shape, Visit&& visit,
+                  std::vector<std::int64_t> offsets = {}, std::vector<std::int64_t> sizes = {}) {
+  if (offsets.size() == shape.size()) {
+    visit(offsets, sizes);
+    return;
+  }
+  const std::int64_t extent = shape[offsets.size()];
+  for (std::int64_t o = 0; o < extent; ++o) {
+    for (std::int64_t s = 1; o + s <= extent; ++s) {
+      offsets.push_back(o);
+      sizes.push_back(s);
+      for_each_box(shape, visit, offsets, sizes);
+      offsets.pop_back();
+      sizes.pop_back();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 std::vector<float> iota_f32(std::size_t n) {
   std::vector<float> v(n);
   std::iota(v.begin(), v.end(), 0.0f);
@@ -423,22 +445,17 @@ TEST_F(SafetensorsBoxTest, EveryBoxOfARank3TensorMatchesTheCoordinateOracle) {
       dir_.file("cube.safetensors", layout_file({{"f32", "F32", shape, le_bytes(values)},
                                                  {"bf16", "BF16", shape, le_bytes(bf16)}})));
   int boxes = 0;
-  for (std::int64_t o0 = 0; o0 < 3; ++o0)
-    for (std::int64_t s0 = 1; o0 + s0 <= 3; ++s0)
-      for (std::int64_t o1 = 0; o1 < 4; ++o1)
-        for (std::int64_t s1 = 1; o1 + s1 <= 4; ++s1)
-          for (std::int64_t o2 = 0; o2 < 5; ++o2)
-            for (std::int64_t s2 = 1; o2 + s2 <= 5; ++s2) {
-              const std::vector<std::int64_t> offsets{o0, o1, o2};
-              const std::vector<std::int64_t> sizes{s0, s1, s2};
-              const std::vector<float> want = naive_box(values, shape, offsets, sizes);
-              ASSERT_EQ(read_box_as<float>(f, "f32", offsets, sizes, DType::kF32), want)
-                  << ::testing::PrintToString(offsets) << ::testing::PrintToString(sizes);
-              ASSERT_EQ(read_box_as<std::uint16_t>(f, "bf16", offsets, sizes, DType::kBF16),
-                        naive_box(bf16, shape, offsets, sizes));
-              ASSERT_EQ(read_box_as<float>(f, "bf16", offsets, sizes, DType::kF32), want);
-              ++boxes;
-            }
+  for_each_box(
+      shape, [&](const std::vector<std::int64_t>& offsets, const std::vector<std::int64_t>& sizes) {
+        const std::vector<float> want = naive_box(values, shape, offsets, sizes);
+        ASSERT_EQ(read_box_as<float>(f, "f32", offsets, sizes, DType::kF32), want)
+            << ::testing::PrintToString(offsets) << ::testing::PrintToString(sizes);
+        ASSERT_EQ(read_box_as<std::uint16_t>(f, "bf16", offsets, sizes, DType::kBF16),
+                  naive_box(bf16, shape, offsets, sizes));
+        ASSERT_EQ(read_box_as<float>(f, "bf16", offsets, sizes, DType::kF32), want);
+        ++boxes;
+      });
+  ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(boxes, 900);
 }
 
@@ -455,29 +472,24 @@ TEST_F(SafetensorsBoxTest, BoxesThatAreOneRunOfTheFileAreReadInPlaceAndOutliveTh
     const SafetensorsFile f = SafetensorsFile::open(
         dir_.file("cube.safetensors", layout_file({{"f32", "F32", shape, le_bytes(values)}})));
     int in_place = 0;
-    for (std::int64_t o0 = 0; o0 < 3; ++o0)
-      for (std::int64_t s0 = 1; o0 + s0 <= 3; ++s0)
-        for (std::int64_t o1 = 0; o1 < 4; ++o1)
-          for (std::int64_t s1 = 1; o1 + s1 <= 4; ++s1)
-            for (std::int64_t o2 = 0; o2 < 5; ++o2)
-              for (std::int64_t s2 = 1; o2 + s2 <= 5; ++s2) {
-                const std::vector<std::int64_t> offsets{o0, o1, o2}, sizes{s0, s1, s2};
-                const std::vector<std::int64_t> at = naive_box(index, shape, offsets, sizes);
-                bool run = true;
-                for (std::size_t i = 1; i < at.size(); ++i) run = run && at[i] == at[i - 1] + 1;
-                const std::shared_ptr<const std::byte> p =
-                    f.box_in_place("f32", offsets, sizes, DType::kF32);
-                ASSERT_EQ(p != nullptr, run)
-                    << ::testing::PrintToString(offsets) << ::testing::PrintToString(sizes);
-                EXPECT_EQ(f.box_in_place("f32", offsets, sizes, DType::kBF16), nullptr)
-                    << "another dtype is converted, never read in place";
-                if (!run) continue;
-                ++in_place;
-                EXPECT_EQ(p.get(), f.bytes("f32").data() + at.front() * 4);
-                std::vector<float> seen(at.size());
-                std::memcpy(seen.data(), p.get(), seen.size() * sizeof(float));
-                EXPECT_EQ(seen, read_box_as<float>(f, "f32", offsets, sizes, DType::kF32));
-              }
+    for_each_box(shape, [&](const std::vector<std::int64_t>& offsets,
+                            const std::vector<std::int64_t>& sizes) {
+      const std::vector<std::int64_t> at = naive_box(index, shape, offsets, sizes);
+      bool run = true;
+      for (std::size_t i = 1; i < at.size(); ++i) run = run && at[i] == at[i - 1] + 1;
+      const std::shared_ptr<const std::byte> p = f.box_in_place("f32", offsets, sizes, DType::kF32);
+      ASSERT_EQ(p != nullptr, run)
+          << ::testing::PrintToString(offsets) << ::testing::PrintToString(sizes);
+      EXPECT_EQ(f.box_in_place("f32", offsets, sizes, DType::kBF16), nullptr)
+          << "another dtype is converted, never read in place";
+      if (!run) return;
+      ++in_place;
+      EXPECT_EQ(p.get(), f.bytes("f32").data() + at.front() * 4);
+      std::vector<float> seen(at.size());
+      std::memcpy(seen.data(), p.get(), seen.size() * sizeof(float));
+      EXPECT_EQ(seen, read_box_as<float>(f, "f32", offsets, sizes, DType::kF32));
+    });
+    ASSERT_FALSE(HasFatalFailure());
     // Runs: spans of whole [4, 5] slabs (6 boxes), spans of whole rows of one slab short of
     // the slab (3 * 9) and spans of elements of one row short of the row (3 * 4 * 14).
     EXPECT_EQ(in_place, 6 + 27 + 168);

@@ -17,17 +17,12 @@ namespace numesh::models::detail {
 namespace {
 
 // The file a path names once its symlinks are followed (a Hugging Face cache's snapshot names
-// its blob by a link: the blob is replaced and the link stays); the path itself when it is not a
-// link or does not exist. At most 40 links, as the kernel follows.
-std::filesystem::path link_target(std::filesystem::path file) {
-  for (int hops = 0; hops < 40; ++hops) {
-    std::error_code ec;
-    if (!std::filesystem::is_symlink(file, ec)) break;
-    const std::filesystem::path next = std::filesystem::read_symlink(file, ec);
-    if (ec) break;
-    file = next.is_absolute() ? next : file.parent_path() / next;
-  }
-  return file;
+// its blob by a link: the blob is replaced and the link stays); the path itself when it cannot
+// be resolved.
+std::filesystem::path link_target(const std::filesystem::path& file) {
+  std::error_code ec;
+  std::filesystem::path target = std::filesystem::weakly_canonical(file, ec);
+  return ec ? file : target;
 }
 
 // Flushes the file's bytes to the disk, so that the rename never makes an empty file visible
