@@ -13,7 +13,8 @@
 //   BM_Decode_OpenBlas/M    cblas_sgemm per strip, the same tiles (the decode path before
 //                           skinny_gemm).
 //   BM_Decode_Dot<dtype>/M/level/N  one thread's out-in decode kernel on [4096, N] weights
-//                           (N = 1024: 8 MiB of bf16, in L3; N = 8192: beyond it): dot_gemm_bf16
+//                           (N = 1024: 8 MiB of bf16, in L3; N = 8192: beyond it): dot_gemm
+//                           on fp32 weights (serving's row-invariant products), dot_gemm_bf16
 //                           on bf16 activations, dot_gemm_q8_0 / q4_0 / q4_k / q6_k on
 //                           activations quantized once outside the loop
 //                           (quantize_activations_q8 is timed apart, as
@@ -241,13 +242,14 @@ void BM_Decode_Dot(benchmark::State& state) {
     state.SkipWithError("this CPU cannot run the level");
     return;
   }
-  const ops::WeightMatrix b{kPanels ? dot_panels<T>(n).data() : dot_weights<T>(n).data(),
-                            T,
-                            kDotK,
-                            n,
-                            ops::WeightLayout::kOutIn,
-                            0,
-                            kPanels ? runtime::panel_outputs(n) : 0};
+  const void* stored = nullptr;
+  if constexpr (T == DType::kF32) {
+    stored = weights_f32().data();  // kN >= any N: its first N rows of kDotK values
+  } else {
+    stored = kPanels ? dot_panels<T>(n).data() : dot_weights<T>(n).data();
+  }
+  const ops::WeightMatrix b{
+      stored, T, kDotK, n, ops::WeightLayout::kOutIn, 0, kPanels ? runtime::panel_outputs(n) : 0};
   std::vector<float> x(static_cast<std::size_t>(m * kDotK), 0.5f),
       y(static_cast<std::size_t>(m * n));
   std::mt19937 rng(5);
@@ -261,6 +263,8 @@ void BM_Decode_Dot(benchmark::State& state) {
   for (auto _ : state) {
     if constexpr (kTile) {
       ops::packed_gemm_q8(m, codes.data(), scales.data(), b, y.data(), n, level);
+    } else if constexpr (T == DType::kF32) {
+      ops::dot_gemm(m, x.data(), kDotK, b, y.data(), n, level);
     } else if constexpr (T == DType::kBF16) {
       ops::dot_gemm_bf16(m, bits.data(), kDotK, b, y.data(), n, level);
     } else if constexpr (T == DType::kQ8_0) {
@@ -307,6 +311,7 @@ void dot_args(benchmark::internal::Benchmark* b) {
   }
 }
 
+BENCHMARK(BM_Decode_Dot<DType::kF32>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kBF16>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);

@@ -89,63 +89,103 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_w16(cons
   }
 }
 
-// The next tile's weights, asked for a few lines a step while a tile computes from L1: a tile of
-// several rows is compute-bound once its weights are in, and waiting for them at its first step
-// left a thread reading 7-8 GB/s of fp32 weights at 16 rows where it reads 15-20 alone.
-// Addresses as integers: hints past the matrix's end are never pointers formed past it.
+// The weights a tile takes next (the next block of k of its outputs' rows, or the next tile's
+// first block), asked for a few lines a step while the tile computes from L1: a tile of several
+// rows is compute-bound once its weights are in, and waiting for them at its first step left a
+// thread reading 7-8 GB/s of fp32 weights at 16 rows where it reads 15-20 alone. `runs` runs of
+// `run_bytes`, `stride` apart. Addresses as integers: hints past the matrix's end are never
+// pointers formed past it.
 struct TileAhead {
-  std::uintptr_t at = 0;
-  std::uintptr_t end = 0;
+  std::uintptr_t run = 0;  // the current run's start
+  std::uintptr_t at = 0;   // the next line to ask for
+  std::uintptr_t run_bytes = 0;
+  std::uintptr_t stride = 0;
+  std::int64_t runs = 0;  // runs left, the current one included
   std::int64_t lines_per_step = 0;
 
-  // A tile's step: the next lines_per_step lines, until the end.
+  // A tile's step: the next lines_per_step lines, until the last run's end.
   void step() noexcept {
-    for (std::int64_t q = 0; q < lines_per_step && at < end; ++q, at += 64) {
+    for (std::int64_t q = 0; q < lines_per_step && runs > 0; ++q) {
       _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+      at += 64;
+      if (at >= run + run_bytes) {
+        run += stride;
+        at = run;
+        --runs;
+      }
     }
   }
 };
 
-// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights), the 32 partial sums of each in two
-// passes over k: lanes e mod 32 < 16 first, then the rest. The passes keep one accumulator per
-// (row, output) instead of two, so a tile of 4 rows by 6 outputs holds 24 accumulators and each
-// step makes 10 loads for 24 fmas (the pairs of two outputs for 4 rows made 12 for 16); the
-// second pass reads the tile's weights from L1 (L2 for long rows). Each lane's sum runs in e order
-// over the same padded blocks as the scalar kernel's (its zero steps included: fma(0, 0, -0) is
-// +0), and the fold starts with s[l] + s[l + 16] as it does: the same bits.
+// The elements [begin, end) of k a tile call sums (whole blocks of the level's order, the last
+// call's end the padded k): the first call starts its 32 lane sums at zero, the others take them
+// from the caller's partial sums, and the last folds them into c where the others store them
+// back. The sums run over the same elements in the same order however k is cut: a lane's sum
+// stored and loaded again is the same float.
+struct KSpan {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  bool first = true;
+  bool last = true;
+};
+
+// One step of dot_tile_avx512: 16 elements from `at` (the lanes of `mask`) of O outputs' weights
+// (rows `row_bytes` apart from w) and R rows of a, into the R * O accumulators.
+template <DType T, int R, int O>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline void tile_step(
+    const char* w, std::int64_t row_bytes, const float* a, std::int64_t lda, std::int64_t at,
+    __mmask16 mask, __m512* acc) {
+  __m512 wv[O];
+#pragma GCC unroll 8
+  for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, at, mask);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 x = _mm512_maskz_loadu_ps(mask, a + r * lda + at);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) acc[r * O + o] = _mm512_fmadd_ps(wv[o], x, acc[r * O + o]);
+  }
+}
+
+// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights) over the elements of `span`, the 32
+// partial sums of each in two passes: lanes e mod 32 < 16 first, then the rest. The passes keep
+// one accumulator per (row, output) instead of two, so a tile of 4 rows by 6 outputs holds 24
+// accumulators and each step makes 10 loads for 24 fmas (the pairs of two outputs for 4 rows
+// made 12 for 16); the second pass reads the span's weights from L1. Each lane's sum runs in e
+// order over the same padded blocks as the scalar kernel's (its zero steps included: fma(0, 0,
+// -0) is +0), and the fold starts with s[l] + s[l + 16] as it does: the same bits. `part` holds
+// the 32 lane sums of each (row, output) between the spans of k (KSpan).
 template <DType T, int R, int O>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void dot_tile_avx512(
     std::int64_t k, const float* a, std::int64_t lda, const void* b, std::int64_t ldb,
-    std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
+    std::int64_t j0, KSpan span, float* part, float* c, std::int64_t ldc, TileAhead& ahead) {
   const auto row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
   const char* w = static_cast<const char*>(b) + j0 * row_bytes;
-  const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
+  TileAhead near = ahead;  // a local copy stays in registers
   __m512 low[R * O], acc[R * O];
   for (int half = 0; half < 2; ++half) {
 #pragma GCC unroll 32
-    for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
-    for (std::int64_t e = 16 * half; e < padded; e += kLanes) {
-      const std::int64_t left = k - e;
-      const auto mask = static_cast<__mmask16>(left >= 16  ? 0xFFFF
-                                               : left <= 0 ? 0u
-                                                           : (1u << left) - 1u);
-      const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
-      ahead.step();
-      __m512 wv[O];
-#pragma GCC unroll 8
-      for (int o = 0; o < O; ++o) wv[o] = load_w16<T>(w + o * row_bytes, at, mask);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_maskz_loadu_ps(mask, a + r * lda + at);
-#pragma GCC unroll 8
-        for (int o = 0; o < O; ++o) acc[r * O + o] = _mm512_fmadd_ps(wv[o], x, acc[r * O + o]);
-      }
+    for (int t = 0; t < R * O; ++t)
+      acc[t] = span.first ? _mm512_setzero_ps() : _mm512_load_ps(part + t * kLanes + 16 * half);
+    std::int64_t e = span.begin + 16 * half;
+    for (; e < span.end && e + 16 <= k; e += kLanes) {  // whole steps, unmasked
+      near.step();
+      tile_step<T, R, O>(w, row_bytes, a, lda, e, 0xFFFF, acc);
     }
-    if (half == 0) {
+    for (; e < span.end; e += kLanes) {  // the masked tail, zeros past k
+      const std::int64_t left = k - e;
+      const auto mask = static_cast<__mmask16>(left <= 0 ? 0u : (1u << left) - 1u);
+      tile_step<T, R, O>(w, row_bytes, a, lda, std::min(e, k), mask, acc);
+    }
+    if (!span.last) {
+#pragma GCC unroll 32
+      for (int t = 0; t < R * O; ++t) _mm512_store_ps(part + t * kLanes + 16 * half, acc[t]);
+    } else if (half == 0) {
 #pragma GCC unroll 32
       for (int t = 0; t < R * O; ++t) low[t] = acc[t];
     }
   }
+  ahead = near;
+  if (!span.last) return;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
@@ -200,22 +240,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512 pa
   }
 }
 
-// Outputs [j0, j0 + O) for R rows of bf16 activations `x` (rows `ldx` apart) and bf16 weights,
-// in two passes over k as dot_tile_avx512: pairs from e mod 64 < 32 first (lanes 0-15), then the
-// rest (lanes 16-31), over the same padded blocks as the one-row kernel; the pair steps taken
-// with fma (kAvx512) or vdpbf16ps (kAvx512Bf16). The target names avx512bf16 for both: the fma
-// instantiation holds no bf16 instruction, and runs where kAvx512 does.
+// Outputs [j0, j0 + O) for R rows of bf16 activations `x` (rows `ldx` apart) and bf16 weights
+// over the elements of `span`, in two passes as dot_tile_avx512: pairs from e mod 64 < 32 first
+// (lanes 0-15), then the rest (lanes 16-31), over the same padded blocks as the one-row kernel;
+// the pair steps taken with fma (kAvx512) or vdpbf16ps (kAvx512Bf16). The target names
+// avx512bf16 for both: the fma instantiation holds no bf16 instruction, and runs where kAvx512
+// does.
 template <bool kDpbf16, int R, int O>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
-    std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
+    std::int64_t ldb, std::int64_t j0, KSpan span, float* part, float* c, std::int64_t ldc,
+    TileAhead& ahead) {
   const std::uint16_t* w = b + j0 * ldb;
-  const std::int64_t padded = (k + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
   __m512 low[R * O], acc[R * O];
   for (int half = 0; half < 2; ++half) {
 #pragma GCC unroll 32
-    for (int t = 0; t < R * O; ++t) acc[t] = _mm512_setzero_ps();
-    for (std::int64_t e = kLanes * half; e < padded; e += 2 * kLanes) {
+    for (int t = 0; t < R * O; ++t)
+      acc[t] = span.first ? _mm512_setzero_ps() : _mm512_load_ps(part + t * kLanes + 16 * half);
+    for (std::int64_t e = span.begin + kLanes * half; e < span.end; e += 2 * kLanes) {
       const __mmask32 mask = mask32(k - e);
       const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
       ahead.step();
@@ -229,11 +271,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf
         for (int o = 0; o < O; ++o) acc[r * O + o] = pair_step<kDpbf16>(acc[r * O + o], wv[o], xv);
       }
     }
-    if (half == 0) {
+    if (!span.last) {
+#pragma GCC unroll 32
+      for (int t = 0; t < R * O; ++t) _mm512_store_ps(part + t * kLanes + 16 * half, acc[t]);
+    } else if (half == 0) {
 #pragma GCC unroll 32
       for (int t = 0; t < R * O; ++t) low[t] = acc[t];
     }
   }
+  if (!span.last) return;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
@@ -327,26 +373,57 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
   }
 }
 
-// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights) on AVX2: the 32 partial sums of
-// each in four passes over k, one per group of 8 lanes (e mod 32 in [8q, 8q + 8)), so that a row
-// and an output hold one accumulator in the 16 registers (4 rows by 3 outputs: 12 accumulators,
-// 3 weights and a row's activations), over the same padded blocks as the scalar kernel's, then
-// fold_avx2 of the four passes' sums: the same bits as dot_row_avx2 and the scalar kernel.
+// The end of a pass of an AVX2 tile: its accumulators stored in `part` (lane group q of each
+// (row, output), 32 floats apart) when the span is not k's last, else kept for the fold.
+template <int kTiles>
+__attribute__((target("avx2,fma,f16c"))) inline void store_or_keep_avx2(KSpan span,
+                                                                        const __m256* acc,
+                                                                        float* part, __m256* kept) {
+#pragma GCC unroll 16
+  for (int t = 0; t < kTiles; ++t) {
+    if (span.last) {
+      kept[t] = acc[t];
+    } else {
+      _mm256_store_ps(part + t * kLanes, acc[t]);
+    }
+  }
+}
+
+// c[r][o] (rows ldc apart) = the fold of the four passes' sums of (row r, output o).
+template <int R, int O>
+__attribute__((target("avx2,fma,f16c"))) inline void fold_tile_avx2(const __m256 (*sums)[R * O],
+                                                                    float* c, std::int64_t ldc) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      const int t = r * O + o;
+      c[r * ldc + o] = fold_avx2(sums[0][t], sums[1][t], sums[2][t], sums[3][t]);
+    }
+  }
+}
+
+// Outputs [j0, j0 + O) for R rows of a (fp32 / f16 weights) on AVX2 over the elements of
+// `span`: the 32 partial sums of each in four passes, one per group of 8 lanes (e mod 32 in
+// [8q, 8q + 8)), so that a row and an output hold one accumulator in the 16 registers (4 rows by
+// 3 outputs: 12 accumulators, 3 weights and a row's activations), over the same padded blocks as
+// the scalar kernel's, then fold_avx2 of the four passes' sums: the same bits as dot_row_avx2
+// and the scalar kernel. `part` holds the 32 lane sums between the spans of k.
 template <DType T, int R, int O>
 __attribute__((target("avx2,fma,f16c"))) void dot_tile_avx2(std::int64_t k, const float* a,
                                                             std::int64_t lda, const void* b,
                                                             std::int64_t ldb, std::int64_t j0,
-                                                            float* c, std::int64_t ldc,
-                                                            TileAhead& ahead) {
+                                                            KSpan span, float* part, float* c,
+                                                            std::int64_t ldc, TileAhead& ahead) {
   const auto row_bytes = ldb * static_cast<std::int64_t>(dtype_size(T));
   const char* w = static_cast<const char*>(b) + j0 * row_bytes;
-  const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
-  __m256 part[4][R * O];
+  __m256 sums[4][R * O];
   for (int q = 0; q < 4; ++q) {
     __m256 acc[R * O];
 #pragma GCC unroll 16
-    for (int t = 0; t < R * O; ++t) acc[t] = _mm256_setzero_ps();
-    for (std::int64_t e = 8 * q; e < padded; e += kLanes) {
+    for (int t = 0; t < R * O; ++t)
+      acc[t] = span.first ? _mm256_setzero_ps() : _mm256_load_ps(part + t * kLanes + 8 * q);
+    for (std::int64_t e = span.begin + 8 * q; e < span.end; e += kLanes) {
       ahead.step();
       const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 8);
       const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
@@ -361,17 +438,9 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_avx2(std::int64_t k, cons
         for (int o = 0; o < O; ++o) acc[r * O + o] = _mm256_fmadd_ps(wv[o], x, acc[r * O + o]);
       }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < R * O; ++t) part[q][t] = acc[t];
+    store_or_keep_avx2<R * O>(span, acc, part + 8 * q, sums[q]);
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int o = 0; o < O; ++o) {
-      const int t = r * O + o;
-      c[r * ldc + j0 + o] = fold_avx2(part[0][t], part[1][t], part[2][t], part[3][t]);
-    }
-  }
+  if (span.last) fold_tile_avx2<R, O>(sums, c + j0, ldc);
 }
 
 // 16 bf16 values from `at`, the first `count` of them (the rest 0), as 8 dwords.
@@ -417,16 +486,17 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
 template <int R, int O>
 __attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
     std::int64_t k, const std::uint16_t* x, std::int64_t ldx, const std::uint16_t* b,
-    std::int64_t ldb, std::int64_t j0, float* c, std::int64_t ldc, TileAhead& ahead) {
+    std::int64_t ldb, std::int64_t j0, KSpan span, float* part, float* c, std::int64_t ldc,
+    TileAhead& ahead) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const std::uint16_t* w = b + j0 * ldb;
-  const std::int64_t padded = (k + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
-  __m256 part[4][R * O];
+  __m256 sums[4][R * O];
   for (int q = 0; q < 4; ++q) {
     __m256 acc[R * O];
 #pragma GCC unroll 16
-    for (int t = 0; t < R * O; ++t) acc[t] = _mm256_setzero_ps();
-    for (std::int64_t e = 16 * q; e < padded; e += 2 * kLanes) {
+    for (int t = 0; t < R * O; ++t)
+      acc[t] = span.first ? _mm256_setzero_ps() : _mm256_load_ps(part + t * kLanes + 8 * q);
+    for (std::int64_t e = span.begin + 16 * q; e < span.end; e += 2 * kLanes) {
       ahead.step();
       const std::int64_t left = std::clamp<std::int64_t>(k - e, 0, 16);
       const std::int64_t at = std::min(e, k);  // the address of a step past k reads nothing
@@ -449,17 +519,9 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
         }
       }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < R * O; ++t) part[q][t] = acc[t];
+    store_or_keep_avx2<R * O>(span, acc, part + 8 * q, sums[q]);
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int o = 0; o < O; ++o) {
-      const int t = r * O + o;
-      c[r * ldc + j0 + o] = fold_avx2(part[0][t], part[1][t], part[2][t], part[3][t]);
-    }
-  }
+  if (span.last) fold_tile_avx2<R, O>(sums, c + j0, ldc);
 }
 
 // ---- Dispatch
@@ -467,8 +529,17 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
 
 // Rows of a tile, and its outputs: on AVX-512 (32 registers) and on AVX2 (16).
 constexpr int kTileRows = 4, kTileOutputs = 6, kTileOutputsAvx2 = 3, kTileOutputsBf16Avx2 = 2;
-// Rows whose activations stay near (L1, L2) while every tile of outputs passes over them.
+// Rows whose activations stay near (L1, L2) while every tile of outputs passes over them (64
+// measured no faster than 16 in BM_DeviceGemm/f32_row_invariant, alternated rounds).
 constexpr std::int64_t kTileChunkRows = 16;
+// A tile takes rows of k whole up to kWholeRowBytes, and longer ones in spans of k of
+// kSpanRowBytes (KSpan; bytes of the wider of a weight row and an activation row), so that the
+// tile's weights for a span (6 outputs' 2 KiB) and the chunk's activations stay in L1 while every
+// group of the chunk's rows passes over them: whole rows of 16 KiB (k = 4096 in fp32)
+// left a thread at 34-38 GFLOP/s, reading the weights from L2 at every step; spans of 2 KiB
+// took it to 55-60. Spans cost a store and a load of each (row, output)'s 32 lane sums per
+// span: rows of k = 768 in fp32 ran at 0.75-0.85x a whole-row tile when cut.
+constexpr std::int64_t kWholeRowBytes = 4096, kSpanRowBytes = 2048;
 
 // The tiles of fp32 / f16 weights (dot_tile_avx512) on fp32 activations.
 template <DType T>
@@ -482,11 +553,11 @@ struct WidenedTiles {
   std::int64_t ldc;
   static constexpr std::int64_t kBlock = kLanes;  // elements a lane's step takes, every pass
   static constexpr int kPasses = 2, kOutputs = kTileOutputs;
+  static constexpr std::int64_t kWeightBytes = static_cast<std::int64_t>(dtype_size(T));
 
-  std::int64_t row_bytes() const { return ldb * static_cast<std::int64_t>(dtype_size(T)); }
   template <int R, int O>
-  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
-    dot_tile_avx512<T, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  void tile(std::int64_t i, std::int64_t j0, KSpan span, float* part, TileAhead& ahead) const {
+    dot_tile_avx512<T, R, O>(k, a + i * lda, lda, b, ldb, j0, span, part, c + i * ldc, ldc, ahead);
   }
 };
 
@@ -502,11 +573,12 @@ struct Bf16Tiles {
   std::int64_t ldc;
   static constexpr std::int64_t kBlock = 2 * kLanes;
   static constexpr int kPasses = 2, kOutputs = kTileOutputs;
+  static constexpr std::int64_t kWeightBytes = 2;
 
-  std::int64_t row_bytes() const { return ldb * 2; }
   template <int R, int O>
-  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
-    dot_tile_bf16_avx512<kDpbf16, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  void tile(std::int64_t i, std::int64_t j0, KSpan span, float* part, TileAhead& ahead) const {
+    dot_tile_bf16_avx512<kDpbf16, R, O>(k, a + i * lda, lda, b, ldb, j0, span, part, c + i * ldc,
+                                        ldc, ahead);
   }
 };
 
@@ -522,11 +594,11 @@ struct WidenedTilesAvx2 {
   std::int64_t ldc;
   static constexpr std::int64_t kBlock = kLanes;
   static constexpr int kPasses = 4, kOutputs = kTileOutputsAvx2;
+  static constexpr std::int64_t kWeightBytes = static_cast<std::int64_t>(dtype_size(T));
 
-  std::int64_t row_bytes() const { return ldb * static_cast<std::int64_t>(dtype_size(T)); }
   template <int R, int O>
-  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
-    dot_tile_avx2<T, R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  void tile(std::int64_t i, std::int64_t j0, KSpan span, float* part, TileAhead& ahead) const {
+    dot_tile_avx2<T, R, O>(k, a + i * lda, lda, b, ldb, j0, span, part, c + i * ldc, ldc, ahead);
   }
 };
 
@@ -541,59 +613,99 @@ struct Bf16TilesAvx2 {
   std::int64_t ldc;
   static constexpr std::int64_t kBlock = 2 * kLanes;
   static constexpr int kPasses = 4, kOutputs = kTileOutputsBf16Avx2;
+  static constexpr std::int64_t kWeightBytes = 2;
 
-  std::int64_t row_bytes() const { return ldb * 2; }
   template <int R, int O>
-  void tile(std::int64_t i, std::int64_t j0, TileAhead& ahead) const {
-    dot_tile_bf16_avx2<R, O>(k, a + i * lda, lda, b, ldb, j0, c + i * ldc, ldc, ahead);
+  void tile(std::int64_t i, std::int64_t j0, KSpan span, float* part, TileAhead& ahead) const {
+    dot_tile_bf16_avx2<R, O>(k, a + i * lda, lda, b, ldb, j0, span, part, c + i * ldc, ldc, ahead);
   }
 };
 
-// Outputs [j0, j0 + O) for rows [i0, i0 + rows): groups of kTileRows, then the rest.
+// Outputs [j0, j0 + O) for rows [i0, i0 + rows) over `span`: groups of kTileRows, then the rest,
+// the g-th group's lane sums at part + g * kTileRows * O * kLanes.
 template <int O, typename Tiles>
-void tile_rows(const Tiles& tiles, std::int64_t i0, std::int64_t rows, std::int64_t j0,
-               TileAhead& ahead) {
+void tile_rows(const Tiles& tiles, std::int64_t i0, std::int64_t rows, std::int64_t j0, KSpan span,
+               float* part, TileAhead& ahead) {
+  constexpr std::int64_t kGroupSums = kTileRows * O * kLanes;
   std::int64_t i = i0;
-  for (; i + kTileRows <= i0 + rows; i += kTileRows) {
-    tiles.template tile<kTileRows, O>(i, j0, ahead);
+  for (; i + kTileRows <= i0 + rows; i += kTileRows, part += kGroupSums) {
+    tiles.template tile<kTileRows, O>(i, j0, span, part, ahead);
   }
   switch (i0 + rows - i) {
     case 3:
-      return tiles.template tile<3, O>(i, j0, ahead);
+      return tiles.template tile<3, O>(i, j0, span, part, ahead);
     case 2:
-      return tiles.template tile<2, O>(i, j0, ahead);
+      return tiles.template tile<2, O>(i, j0, span, part, ahead);
     case 1:
-      return tiles.template tile<1, O>(i, j0, ahead);
+      return tiles.template tile<1, O>(i, j0, span, part, ahead);
     default:
       return;
   }
 }
 
 // c = a b for m >= 2 rows: chunks of kTileChunkRows rows, each in tiles of Tiles::kOutputs
-// outputs (outputs outer, so a tile's weights come from memory once for the chunk),
-// the next tile's weights asked for across the steps of this one.
+// outputs (outputs outer, so a tile's weights come from memory once for the chunk), each tile
+// over spans of k of kSpanRowBytes a weight row (KSpan; the lane sums kept between spans in
+// a buffer on the stack), the weights of the tile's next span asked for across the steps of
+// this one.
 template <typename Tiles>
 void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
-  const std::int64_t row_bytes = tiles.row_bytes();
-  const auto from = reinterpret_cast<std::uintptr_t>(static_cast<const void*>(tiles.b));
   constexpr int kWidth = Tiles::kOutputs;
-  const std::int64_t tile_lines = (kWidth * row_bytes + 63) / 64;
+  const std::int64_t k = tiles.k, padded = (k + Tiles::kBlock - 1) / Tiles::kBlock * Tiles::kBlock;
+  // Bytes of an element of k in a row: of the weights or of the activations, whichever is wider.
+  constexpr std::int64_t kBytes = std::max<std::int64_t>(Tiles::kWeightBytes, sizeof(*tiles.a));
+  const std::int64_t span_length =
+      padded * kBytes <= kWholeRowBytes
+          ? padded
+          : std::max(Tiles::kBlock, kSpanRowBytes / kBytes / Tiles::kBlock * Tiles::kBlock);
+  const std::int64_t row_bytes = tiles.ldb * Tiles::kWeightBytes;
+  const auto from = reinterpret_cast<std::uintptr_t>(static_cast<const void*>(tiles.b));
+  alignas(64) float part[kTileChunkRows * kTileOutputs * kLanes];
+  // The weights of outputs [j, j + outputs), elements [e, e + count) of each, asked for over
+  // `steps` steps of a tile.
+  auto ahead_of = [&](std::int64_t j, std::int64_t outputs, std::int64_t e, std::int64_t count,
+                      std::int64_t steps) {
+    const auto bytes =
+        static_cast<std::uintptr_t>(std::max<std::int64_t>(count, 0) * Tiles::kWeightBytes);
+    const std::uintptr_t run =
+        from + static_cast<std::uintptr_t>(j * row_bytes + e * Tiles::kWeightBytes);
+    const std::int64_t lines = outputs * static_cast<std::int64_t>((bytes + 63) / 64);
+    return TileAhead{run,
+                     run,
+                     bytes,
+                     static_cast<std::uintptr_t>(row_bytes),
+                     bytes > 0 ? outputs : 0,
+                     (lines + steps - 1) / std::max<std::int64_t>(steps, 1)};
+  };
+  // The spans of k in order (one, empty, for k = 0: the tiles then write zeros).
+  auto for_each_span = [&](const auto& fn) {
+    std::int64_t e = 0;
+    do {
+      fn(KSpan{e, std::min(e + span_length, padded), e == 0, e + span_length >= padded});
+      e += span_length;
+    } while (e < padded);
+  };
   for (std::int64_t i0 = 0; i0 < m; i0 += kTileChunkRows) {
     const std::int64_t rows = std::min(kTileChunkRows, m - i0);
     const std::int64_t groups = (rows + kTileRows - 1) / kTileRows;
-    const std::int64_t steps =
-        groups * Tiles::kPasses * ((tiles.k + Tiles::kBlock - 1) / Tiles::kBlock);
     std::int64_t j = 0;
     for (; j + kWidth <= n; j += kWidth) {
-      const std::int64_t next = j + kWidth, after = std::min(n, next + kWidth);
-      TileAhead ahead{from + static_cast<std::uintptr_t>(next * row_bytes),
-                      from + static_cast<std::uintptr_t>(after * row_bytes),
-                      (tile_lines + steps - 1) / std::max<std::int64_t>(steps, 1)};
-      tile_rows<kWidth>(tiles, i0, rows, j, ahead);
+      for_each_span([&](KSpan span) {
+        const std::int64_t steps =
+            groups * Tiles::kPasses * ((span.end - span.begin) / Tiles::kBlock);
+        // Next: this tile's next span, or the next tile's first.
+        TileAhead ahead =
+            span.last ? ahead_of(j + kWidth, std::min<std::int64_t>(kWidth, n - j - kWidth), 0,
+                                 std::min(span_length, k), steps)
+                      : ahead_of(j, kWidth, span.end, std::min(span_length, k - span.end), steps);
+        tile_rows<kWidth>(tiles, i0, rows, j, span, part, ahead);
+      });
     }
     for (; j < n; ++j) {
-      TileAhead none;
-      tile_rows<1>(tiles, i0, rows, j, none);
+      for_each_span([&](KSpan span) {
+        TileAhead none;
+        tile_rows<1>(tiles, i0, rows, j, span, part, none);
+      });
     }
   }
 }
