@@ -182,14 +182,15 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
   });
 }
 
-// Out-in weights by the format's dot kernel: blocks of dot_out_block() outputs, one task each,
-// and for more than kSkinnyMaxRows rows (row-invariant products, and prefill where the dot
-// kernel outruns the tiles) groups of 16 rows too when the output blocks alone are fewer tasks
-// than the work wants (as gemm_tiling cuts rows when its strips are too few: a [256, 768] x
-// [768, 256] projection is 7 output blocks, for a device of any number of threads). Every
-// element is one task's dot product: the same bits for any thread count, and no partial sums.
+// Out-in weights by `kernel` (the format's dot kernel, or its tile on panels it reads as fast):
+// blocks of dot_out_block() outputs, one task each, and for more than kSkinnyMaxRows rows
+// (row-invariant products, and prefill where the dot kernel outruns the tiles) groups of 16 rows
+// too when the output blocks alone are fewer tasks than the work wants (as gemm_tiling cuts rows
+// when its strips are too few: a [256, 768] x [768, 256] projection is 7 output blocks, for a
+// device of any number of threads). Every element is one task's dot product: the same bits for any
+// thread count, and no partial sums.
 void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
-                     const detail::WeightKernels& kernels, runtime::KernelLevel level) {
+                     detail::DotKernel kernel, runtime::KernelLevel level) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   std::int64_t block = dot_out_block(n, k, b.dtype);
   // Whole panels a task: the block rounded up to a panel's outputs.
@@ -209,7 +210,7 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
   for_each_task(row_blocks * out_blocks, [&](std::int64_t t) {
     const std::int64_t r0 = t / out_blocks * row_block, j0 = t % out_blocks * block;
     const std::int64_t rows = std::min(row_block, m - r0), outputs = std::min(block, n - j0);
-    kernels.dot(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
+    kernel(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
   });
 }
 
@@ -219,17 +220,26 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
 // a row's bits do not depend on the rows beside it, and each task's block of weights is read
 // once for all the rows (from L2 after the first group) where blocks of kSkinnyMaxRows rows
 // read the whole matrix once a block. So do out-in weights of a format whose dot kernel outruns
-// its tiles at this level (WeightKernels::dot_outruns_tiles_from).
+// its tiles at this level (WeightKernels::dot_outruns_tiles_from). Weights in panels of a format
+// whose tile reads them as fast as its dot kernel (WeightKernels::tiles_on_panels_from) take the
+// tile instead, blocked the same way, for every m: its order is fixed by k alone too.
 void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
                           const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   const runtime::KernelLevel level = runtime::kernel_level();
   const bool out_in = b.layout == WeightLayout::kOutIn;
+  const bool tile_for_every_m = out_in && b.panel_outputs > 0 && kernels.tiles_on_panels_from &&
+                                level >= *kernels.tiles_on_panels_from;
   const bool dot_for_every_m =
       precision == MatmulPrecision::kRowInvariant ||
       (kernels.dot_outruns_tiles_from && level >= *kernels.dot_outruns_tiles_from);
+  if (tile_for_every_m && m >= 1 && (m <= kSkinnyMaxRows || dot_for_every_m)) {
+    // Decode and row-invariant products by the tile, blocked as the dot kernel's.
+    device_dot_gemm(a, b, c, kernels.tile, level);
+    return;
+  }
   if (out_in && m >= 1 && (m <= kSkinnyMaxRows || dot_for_every_m)) {
-    device_dot_gemm(a, b, c, kernels, level);
+    device_dot_gemm(a, b, c, kernels.dot, level);
     return;
   }
   // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
@@ -248,7 +258,7 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
       [&](std::int64_t r0, std::int64_t c0, std::int64_t rows, std::int64_t cols) {
         const WeightMatrix bt = b.outputs(c0, cols);
         float* ct = c.data() + r0 * n + c0;
-        if (rows > kSkinnyMaxRows) {
+        if (rows > kSkinnyMaxRows || tile_for_every_m) {
           kernels.tile(a, r0, rows, bt, ct, n, level);
         } else if (out_in) {
           // Decode: the kernel that streams each weight once (OpenBLAS's sgemm is not

@@ -51,7 +51,8 @@ using Q4_KForm = Form<false, true>;
 using Q6_KForm = Form<true, false>;
 
 // The activations a call multiplies: codes (rows k apart; for the VNNI kernel as unsigned bytes
-// x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart).
+// x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart); for the VNNI kernel
+// on stored Q8_0 panels, -128 times each block's sum of codes (rows k / 32 apart).
 struct Rows {
   const std::int8_t* codes;
   const std::uint8_t* unsigned_codes;
@@ -59,6 +60,7 @@ struct Rows {
   const float* sums;
   std::int64_t k;
   std::int64_t blocks;
+  const std::int32_t* corrections = nullptr;
 };
 
 // ---- Scalar: the orders written out -------------------------------------------------------------
@@ -213,6 +215,113 @@ NUMESH_PACKED_AVX512 void rows512(const Rows& a, std::int64_t i0, const PackedBl
       _mm512_mask_storeu_ps(c + r * ldc + kPanelOutputs, static_cast<__mmask16>((1u << n1) - 1),
                             f[r][1]);
     }
+  }
+}
+
+// What a stored panel's codes are offset by as unsigned bytes: Q8_0's q + 128 (q ^ 0x80), Q4_0's
+// nibble q + 8 as stored.
+template <DType kFormat>
+inline constexpr std::int32_t kStoredOffset = kFormat == DType::kQ8_0 ? 128 : 8;
+
+// Group g's (inputs 4g .. 4g + 3 of a block) codes of the 16 outputs of a stored panel block whose
+// codes start at `codes`, as unsigned bytes q + kStoredOffset: Q8_0's line g flipped, Q4_0's low
+// nibbles of line g (g < 4) or high nibbles of line g - 4 (runtime/weight_panels.hpp).
+template <DType kFormat>
+NUMESH_PACKED_AVX512 inline __m512i stored_group(const unsigned char* codes, int g) {
+  constexpr auto kLine = static_cast<std::int64_t>(sizeof(PackedBlock::codes[0]));
+  if constexpr (kFormat == DType::kQ8_0) {
+    return _mm512_xor_si512(_mm512_loadu_si512(codes + g * kLine),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    const __m512i line = _mm512_loadu_si512(codes + (g % 4) * kLine);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    return g < 4 ? _mm512_and_si512(line, low) : _mm512_and_si512(_mm512_srli_epi16(line, 4), low);
+  }
+}
+
+// Panels p0 and p1 of stored Q8_0 or Q4_0 weights read where they lie (runtime/weight_panels.hpp:
+// each block its 16 outputs' f16 scales, then its codes; P = 1: p0 alone) for R rows from row i0:
+// the codes as unsigned bytes q + kStoredOffset meet a row's 4 signed codes in vpdpbusd, each
+// block's sums starting at -kStoredOffset times the row's block's sum of codes (Rows::
+// corrections), so that they come out as rows512's, exact, and the scale products and fmas follow
+// in its order: the same bits, without packing (a copy of every weight a call: one row ran at
+// half the decode kernel's speed).
+template <DType kFormat, int R, int P>
+NUMESH_PACKED_AVX512 void rows512_stored(const Rows& a, std::int64_t i0, const unsigned char* p0,
+                                         const unsigned char* p1, std::int64_t n0, std::int64_t n1,
+                                         float* c, std::int64_t ldc) {
+  constexpr std::int64_t kBlockBytes = detail::kStoredBlockBytes<kFormat>;
+  __m512 f[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < P; ++v) f[r][v] = _mm512_setzero_ps();
+  }
+  for (std::int64_t t = 0; t < a.blocks; ++t) {
+    const unsigned char* p[2] = {p0 + t * kBlockBytes, (P > 1 ? p1 : p0) + t * kBlockBytes};
+    detail::stream_ahead(p[0], kBlockBytes);
+    if constexpr (P > 1) detail::stream_ahead(p[1], kBlockBytes);
+    // Two chains of vpdpbusd a row and panel (the even and the odd groups), added at the end:
+    // integers, exact in any order; one chain of eight left a row waiting on their latency.
+    __m512i s[R][P], odd[R][P];
+    for (int r = 0; r < R; ++r) {
+      const __m512i start = _mm512_set1_epi32(a.corrections[(i0 + r) * a.blocks + t]);
+      for (int v = 0; v < P; ++v) {
+        s[r][v] = start;
+        odd[r][v] = _mm512_setzero_si512();
+      }
+    }
+    std::int32_t x4[R][kPanelGroups];
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(x4[r], a.codes + (i0 + r) * a.k + t * kQ8DotBlock, sizeof x4[r]);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < kPanelGroups; ++g) {
+      __m512i w[P];
+      for (int v = 0; v < P; ++v) w[v] = stored_group<kFormat>(p[v] + detail::kStoredScaleBytes, g);
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(x4[r][g]);
+        for (int v = 0; v < P; ++v) {
+          if (g % 2 == 0) {
+            s[r][v] = _mm512_dpbusd_epi32(s[r][v], w[v], x);
+          } else {
+            odd[r][v] = _mm512_dpbusd_epi32(odd[r][v], w[v], x);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < P; ++v) s[r][v] = _mm512_add_epi32(s[r][v], odd[r][v]);
+    }
+    for (int v = 0; v < P; ++v) {
+      const __m512 d_w =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[v])));
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(a.scales[(i0 + r) * a.blocks + t]), d_w);
+        f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][v]), scale, f[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, static_cast<__mmask16>((1u << n0) - 1), f[r][0]);
+    if constexpr (P > 1) {
+      _mm512_mask_storeu_ps(c + r * ldc + kPanelOutputs, static_cast<__mmask16>((1u << n1) - 1),
+                            f[r][1]);
+    }
+  }
+}
+
+template <DType kFormat, int P>
+void rows512_stored_any(std::int64_t rows, const Rows& a, std::int64_t i0, const unsigned char* p0,
+                        const unsigned char* p1, std::int64_t n0, std::int64_t n1, float* c,
+                        std::int64_t ldc) {
+  switch (rows) {
+    case 1:
+      return rows512_stored<kFormat, 1, P>(a, i0, p0, p1, n0, n1, c, ldc);
+    case 2:
+      return rows512_stored<kFormat, 2, P>(a, i0, p0, p1, n0, n1, c, ldc);
+    case 3:
+      return rows512_stored<kFormat, 3, P>(a, i0, p0, p1, n0, n1, c, ldc);
+    default:
+      return rows512_stored<kFormat, 4, P>(a, i0, p0, p1, n0, n1, c, ldc);
   }
 }
 
@@ -488,11 +597,19 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
     const std::int64_t n1 = std::min(kPanelOutputs, std::max<std::int64_t>(0, n - j - n0));
     // The tile products read stored Q8_0 panels where they lie; the packed panels serve the
     // rows the other kernels take (and every other panel).
-    const bool direct0 = tile_rows > 0 && b.dtype == DType::kQ8_0 && j < b.panel_outputs;
-    const bool direct1 = direct0 && j + n0 < b.panel_outputs;
+    // So do the VNNI kernel's rows, when both panels are stored (Q8_0 or Q4_0).
+    const bool stored0 = j < b.panel_outputs, stored1 = stored0 && j + n0 < b.panel_outputs;
+    const bool direct0 = tile_rows > 0 && stored0 && b.dtype == DType::kQ8_0;
+    const bool direct1 = direct0 && stored1;
     const bool rest = tile_rows < m;
-    if (!direct0 || rest) pack_outputs(b, j, n0, a.blocks, pack, level, vnni_bias, p0);
-    if (n1 > 0 && (!direct1 || rest)) {
+    const bool rest_direct = a.corrections != nullptr && level >= KernelLevel::kAvx512Bf16 &&
+                             stored0 && (n1 == 0 || stored1);
+    const bool rest_packed = rest && !rest_direct;
+    const bool tiles = tile_rows > 0;
+    if ((tiles && !direct0) || rest_packed) {
+      pack_outputs(b, j, n0, a.blocks, pack, level, vnni_bias, p0);
+    }
+    if (n1 > 0 && ((tiles && !direct1) || rest_packed)) {
       pack_outputs(b, j + n0, n1, a.blocks, pack, level, vnni_bias, p1);
     }
     // Rows r0 .. r0 + 15 by the panel of outputs [jp, jp + count): stored or packed.
@@ -514,7 +631,17 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
       switch (level) {
         case KernelLevel::kAmx:
         case KernelLevel::kAvx512Bf16:
-          if (n1 > 0) {
+          if (rest_direct) {
+            const unsigned char* s0 = b.w + j * b.ldw;
+            const unsigned char* s1 = n1 > 0 ? s0 + n0 * b.ldw : s0;
+            if (b.dtype == DType::kQ8_0) {
+              n1 > 0 ? rows512_stored_any<DType::kQ8_0, 2>(rows, a, i, s0, s1, n0, n1, out, ldc)
+                     : rows512_stored_any<DType::kQ8_0, 1>(rows, a, i, s0, s1, n0, 0, out, ldc);
+            } else {
+              n1 > 0 ? rows512_stored_any<DType::kQ4_0, 2>(rows, a, i, s0, s1, n0, n1, out, ldc)
+                     : rows512_stored_any<DType::kQ4_0, 1>(rows, a, i, s0, s1, n0, 0, out, ldc);
+            }
+          } else if (n1 > 0) {
             rows512_any<Fm, 2>(rows, a, i, p0, p1, n0, n1, out, ldc);
           } else {
             rows512_any<Fm, 1>(rows, a, i, p0, p0, n0, 0, out, ldc);
@@ -580,6 +707,22 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
     unsigned_codes.resize(static_cast<std::size_t>(m * k));
     to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
     a.unsigned_codes = unsigned_codes.data();
+    if (b.panel_outputs > 0) {
+      // Stored panels: -kStoredOffset times each block's sum of codes, for rows512_stored.
+      const std::int32_t offset =
+          b.dtype == DType::kQ8_0 ? kStoredOffset<DType::kQ8_0> : kStoredOffset<DType::kQ4_0>;
+      thread_local std::vector<std::int32_t> corrections;
+      corrections.resize(static_cast<std::size_t>(m * blocks));
+      for (std::int64_t i = first; i < m; ++i) {
+        for (std::int64_t t = 0; t < blocks; ++t) {
+          const std::int8_t* x = codes + i * k + t * kQ8DotBlock;
+          std::int32_t sum = 0;
+          for (std::int64_t e = 0; e < kQ8DotBlock; ++e) sum += x[e];
+          corrections[static_cast<std::size_t>(i * blocks + t)] = -offset * sum;
+        }
+      }
+      a.corrections = corrections.data();
+    }
   }
   const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
   switch (b.dtype) {

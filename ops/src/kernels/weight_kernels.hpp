@@ -60,6 +60,12 @@ struct WeightKernels {
   /// The kernel level from which `dot` outruns `tile` at every number of rows, so that out-in
   /// weights take it for prefill too (bf16 at kAmx: tile products); none for most formats.
   std::optional<runtime::KernelLevel> dot_outruns_tiles_from{};
+  /// The kernel level from which `tile` is as fast as `dot` on one row of weights stored in
+  /// panels (WeightMatrix::panel_outputs) and faster on more, so that such weights take `tile`
+  /// for every number of rows: decode, prefill and kRowInvariant products alike, one order for a
+  /// row whatever the rows beside it (Q8_0 from kAvx512Bf16: packed_gemm_q8 reads stored panels
+  /// with VNNI where they lie); none for most formats.
+  std::optional<runtime::KernelLevel> tiles_on_panels_from{};
 };
 
 /// The kernels of weights stored as `dtype`.
