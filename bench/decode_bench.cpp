@@ -318,6 +318,7 @@ BENCHMARK(BM_Decode_Dot<DType::kQ4_0>)->Apply(dot_args)->Unit(benchmark::kMicros
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Dot<DType::kQ4_0, true, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ6_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)
