@@ -110,13 +110,13 @@
 //   and c = acc (each scale product one f32 product). At the amx level a tile product
 //   (tdpbssd) gives a block's integer sums of 16 rows by 16 outputs at once, and the scale
 //   products and fmas follow in this order (rows past the last 16 take the VNNI kernel).
-//   A row's products then differ from
-//   decode's in the last bits (decode keeps 16 lanes of partial sums and folds them); both
-//   multiply the same quantized activations. (device_gemm multiplies Q8_0 and Q4_0 weights stored
-//   in panels by this tile at every number of rows from the avx512-bf16 level, decode included:
-//   its VNNI rows read the panels where they lie, one row as fast as the dot kernel.) The error against the exact product of the
-//   quantized activations and the kernel's weights (P and M as for decode) is one rounding per
-//   scale product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block:
+//   A row's products then differ from decode's in the last bits (decode keeps 16 lanes of
+//   partial sums and folds them); both multiply the same quantized activations. (device_gemm
+//   multiplies Q8_0 and Q4_0 weights stored in panels by this tile at every number of rows from
+//   the avx512-bf16 level, decode included: its VNNI rows read the panels where they lie, one row
+//   as fast as the dot kernel.) The error against the exact product of the quantized
+//   activations and the kernel's weights (P and M as for decode) is one rounding per scale
+//   product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block:
 //   2 (Q8_0, Q4_0: a product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K: two of each).
 //
 // - gemm_dequantized: the former prefill tile, kept as the fp32 baseline that
