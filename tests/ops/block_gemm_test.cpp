@@ -1245,8 +1245,8 @@ TEST(BlockGemmTest, PanelsRefuseViewsThatCutThemAndKernelsThatCannotReadThem) {
 }
 
 // MatmulPrecision::kRowInvariant on block formats (a serving engine's products): every row of a
-// product of 17 to 100 rows, on rows and on panels, has the bits it gets alone (the dot kernels
-// take all the rows at once; device_gemm).
+// product of 17 to 100 rows, on rows and on panels, has the bits it gets alone (device_gemm: the
+// dot kernels take all the rows at once, or the tile for q8_0 and q4_0 panels from avx512-bf16).
 TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   std::mt19937 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -1285,32 +1285,42 @@ TEST(BlockGemmTest, PanelsWithVnniTakeThePackedOrderAtEveryRowCount) {
   const KernelLevel level = runtime::kernel_level();
   std::mt19937 rng(47);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const std::int64_t k = 160, n = 80;
+  struct Shape {
+    std::int64_t k, n;
+    std::vector<std::int64_t> ms;
+  };
+  // One task and one tile; prefill of 80 rows in tiles with a tail of 16 (k 8192 keeps the
+  // tiles small); many tasks over panels (1024 outputs), with the row-stored tail of n = 1030.
+  const std::vector<Shape> shapes = {
+      {160, 80, {1, 3, 16, 17, 40}}, {8192, 32, {80}}, {1024, 1030, {1, 20}}};
   const bool vnni = level >= KernelLevel::kAvx512Bf16;
   for (const DType t : {DType::kQ8_0, DType::kQ4_0}) {
-    const Blocks rows = make_blocks(t, n, k, 49, /*foreign=*/true);
-    const Panels panels = panels_of(rows);
-    for (const MatmulPrecision precision :
-         {MatmulPrecision::kF32, MatmulPrecision::kRowInvariant}) {
-      for (const std::int64_t m : {1, 3, 16, 17, 40}) {
-        std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
-        for (float& x : a) x = normal(rng);
-        device_gemm(ConstMatrixMap(a.data(), m, k), panels.matrix, MatrixMap(c.data(), m, n),
-                    precision);
-        const std::string label = fmt::format(
-            "{} m {} {} at {}", to_string(t), m,
-            precision == MatmulPrecision::kF32 ? "f32" : "row-invariant", level_name(level));
-        const Quantized q = quantize(m, k, a, k, level);
-        // The kernel device_gemm must have taken: the tile with VNNI, below it the dot kernel
-        // (prefill of more than 16 rows there mixes tiles and a dot-kernel tail: not checked).
-        if (!vnni && m > 16) continue;
-        const std::vector<float> want = vnni ? run_packed(m, q, panels.matrix, level, label)
-                                             : run_dot(m, q, panels.matrix, level, label);
-        for (std::int64_t r = 0; r < m; ++r) {
-          for (std::int64_t j = 0; j < n; ++j) {
-            ASSERT_EQ(bits(c[static_cast<std::size_t>(r * n + j)]),
-                      bits(want[static_cast<std::size_t>(r * n + j)]))
-                << label << ", row " << r << ", output " << j;
+    for (const Shape& shape : shapes) {
+      const std::int64_t k = shape.k, n = shape.n;
+      const Blocks rows = make_blocks(t, n, k, 49, /*foreign=*/true);
+      const Panels panels = panels_of(rows);
+      for (const MatmulPrecision precision :
+           {MatmulPrecision::kF32, MatmulPrecision::kRowInvariant}) {
+        for (const std::int64_t m : shape.ms) {
+          std::vector<float> a(static_cast<std::size_t>(m * k)), c(static_cast<std::size_t>(m * n));
+          for (float& x : a) x = normal(rng);
+          device_gemm(ConstMatrixMap(a.data(), m, k), panels.matrix, MatrixMap(c.data(), m, n),
+                      precision);
+          const std::string label = fmt::format(
+              "{} m {} [{}, {}] {} at {}", to_string(t), m, k, n,
+              precision == MatmulPrecision::kF32 ? "f32" : "row-invariant", level_name(level));
+          const Quantized q = quantize(m, k, a, k, level);
+          // The kernel device_gemm must have taken: the tile with VNNI, below it the dot kernel
+          // (prefill of more than 16 rows there mixes tiles and a dot-kernel tail: not checked).
+          if (!vnni && m > 16) continue;
+          const std::vector<float> want = vnni ? run_packed(m, q, panels.matrix, level, label)
+                                               : run_dot(m, q, panels.matrix, level, label);
+          for (std::int64_t r = 0; r < m; ++r) {
+            for (std::int64_t j = 0; j < n; ++j) {
+              ASSERT_EQ(bits(c[static_cast<std::size_t>(r * n + j)]),
+                        bits(want[static_cast<std::size_t>(r * n + j)]))
+                  << label << ", row " << r << ", output " << j;
+            }
           }
         }
       }

@@ -534,11 +534,11 @@ constexpr int kTileRows = 4, kTileOutputs = 6, kTileOutputsAvx2 = 3, kTileOutput
 constexpr std::int64_t kTileChunkRows = 16;
 // A tile takes rows of k whole up to kWholeRowBytes, and longer ones in spans of k of
 // kSpanRowBytes (KSpan; bytes of the wider of a weight row and an activation row), so that the
-// tile's weights for a span (6 outputs' 2 KiB) and the chunk's activations stay in L1 while every
-// group of the chunk's rows passes over them: whole rows of 16 KiB (k = 4096 in fp32)
-// left a thread at 34-38 GFLOP/s, reading the weights from L2 at every step; spans of 2 KiB
-// took it to 55-60. Spans cost a store and a load of each (row, output)'s 32 lane sums per
-// span: rows of k = 768 in fp32 ran at 0.75-0.85x a whole-row tile when cut.
+// tile's weights for a span (6 outputs' 2 KiB each in fp32: 12 KiB) and the chunk's activations
+// (16 rows' 2 KiB) stay in L1 while every group of the chunk's rows passes over them: whole rows of
+// 16 KiB (k = 4096 in fp32) left a thread at 34-38 GFLOP/s, reading the weights from L2 at every
+// step; spans of 2 KiB took it to 55-60. Spans cost a store and a load of each (row, output)'s 32
+// lane sums per span: rows of k = 768 in fp32 ran at 0.75-0.85x a whole-row tile when cut.
 constexpr std::int64_t kWholeRowBytes = 4096, kSpanRowBytes = 2048;
 
 // The tiles of fp32 / f16 weights (dot_tile_avx512) on fp32 activations.
@@ -660,7 +660,8 @@ void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
           : std::max(Tiles::kBlock, kSpanRowBytes / kBytes / Tiles::kBlock * Tiles::kBlock);
   const std::int64_t row_bytes = tiles.ldb * Tiles::kWeightBytes;
   const auto from = reinterpret_cast<std::uintptr_t>(static_cast<const void*>(tiles.b));
-  alignas(64) float part[kTileChunkRows * kTileOutputs * kLanes];
+  static_assert(kWidth <= kTileOutputs, "part holds the lane sums of kTileOutputs outputs a row");
+  alignas(64) float part[kTileChunkRows * kTileOutputs * kLanes];  // 12 KiB on the stack
   // The weights of outputs [j, j + outputs), elements [e, e + count) of each, asked for over
   // `steps` steps of a tile.
   auto ahead_of = [&](std::int64_t j, std::int64_t outputs, std::int64_t e, std::int64_t count,

@@ -52,7 +52,8 @@ using Q6_KForm = Form<true, false>;
 
 // The activations a call multiplies: codes (rows k apart; for the VNNI kernel as unsigned bytes
 // x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart); for the VNNI kernel
-// on stored Q8_0 panels, -128 times each block's sum of codes (rows k / 32 apart).
+// on stored Q8_0 or Q4_0 panels, -kStoredOffset (128 or 8) times each block's sum of codes (rows
+// k / 32 apart).
 struct Rows {
   const std::int8_t* codes;
   const std::uint8_t* unsigned_codes;

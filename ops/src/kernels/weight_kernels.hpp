@@ -43,7 +43,8 @@ using DotKernel = void (*)(const PreparedActivations& a, std::int64_t r0, std::i
                            runtime::KernelLevel level);
 /// c[rows, b.cols] = rows [r0, r0 + rows) of `a` times b on the calling thread, c's rows `ldc`
 /// apart: a prefill tile (more than kSkinnyMaxRows rows) of either layout (out-in only for the
-/// block formats).
+/// block formats), or any number of rows of weights in panels from
+/// WeightKernels::tiles_on_panels_from.
 using TileKernel = DotKernel;
 /// c[m, b.cols] = a[m, b.rows] b on the calling thread (a's rows `lda` apart, c's `ldc`): the
 /// decode product on in-out weights (skinny_gemm's contract).
@@ -63,7 +64,7 @@ struct WeightKernels {
   /// The kernel level from which `tile` is as fast as `dot` on one row of weights stored in
   /// panels (WeightMatrix::panel_outputs) and faster on more, so that such weights take `tile`
   /// for every number of rows: decode, prefill and kRowInvariant products alike, one order for a
-  /// row whatever the rows beside it (Q8_0 from kAvx512Bf16: packed_gemm_q8 reads stored panels
+  /// row whatever the rows beside it (Q8_0, Q4_0 from kAvx512Bf16: packed_gemm_q8 reads panels
   /// with VNNI where they lie); none for most formats.
   std::optional<runtime::KernelLevel> tiles_on_panels_from{};
 };
