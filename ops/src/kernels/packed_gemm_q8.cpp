@@ -64,6 +64,22 @@ struct Rows {
   const std::int32_t* corrections = nullptr;
 };
 
+// f.template operator()<R>() for R = rows, 1 .. kRowsAtOnce: the kernels' row counts as constants.
+template <class F>
+void with_rows(std::int64_t rows, const F& f) {
+  static_assert(kRowsAtOnce == 4);
+  switch (rows) {
+    case 1:
+      return f.template operator()<1>();
+    case 2:
+      return f.template operator()<2>();
+    case 3:
+      return f.template operator()<3>();
+    default:
+      return f.template operator()<4>();
+  }
+}
+
 // ---- Scalar: the orders written out -------------------------------------------------------------
 
 template <class Fm>
@@ -310,36 +326,23 @@ NUMESH_PACKED_AVX512 void rows512_stored(const Rows& a, std::int64_t i0, const u
   }
 }
 
-template <DType kFormat, int P>
-void rows512_stored_any(std::int64_t rows, const Rows& a, std::int64_t i0, const unsigned char* p0,
-                        const unsigned char* p1, std::int64_t n0, std::int64_t n1, float* c,
+// rows512_stored for `rows` rows and the panel at `w` (outputs [0, n0)) with, when n1 > 0, the
+// next one (outputs [16, 16 + n1)); stored panels are `ldw` bytes an output apart.
+template <DType kFormat>
+void rows512_stored_any(std::int64_t rows, const Rows& a, std::int64_t i0, const unsigned char* w,
+                        std::int64_t ldw, std::int64_t n0, std::int64_t n1, float* c,
                         std::int64_t ldc) {
-  switch (rows) {
-    case 1:
-      return rows512_stored<kFormat, 1, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    case 2:
-      return rows512_stored<kFormat, 2, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    case 3:
-      return rows512_stored<kFormat, 3, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    default:
-      return rows512_stored<kFormat, 4, P>(a, i0, p0, p1, n0, n1, c, ldc);
-  }
+  with_rows(rows, [&]<int R>() {
+    if (n1 > 0) return rows512_stored<kFormat, R, 2>(a, i0, w, w + n0 * ldw, n0, n1, c, ldc);
+    rows512_stored<kFormat, R, 1>(a, i0, w, w, n0, 0, c, ldc);
+  });
 }
 
 template <class Fm, int P>
 void rows512_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* p0,
                  const PackedBlock* p1, std::int64_t n0, std::int64_t n1, float* c,
                  std::int64_t ldc) {
-  switch (rows) {
-    case 1:
-      return rows512<Fm, 1, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    case 2:
-      return rows512<Fm, 2, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    case 3:
-      return rows512<Fm, 3, P>(a, i0, p0, p1, n0, n1, c, ldc);
-    default:
-      return rows512<Fm, 4, P>(a, i0, p0, p1, n0, n1, c, ldc);
-  }
+  with_rows(rows, [&]<int R>() { rows512<Fm, R, P>(a, i0, p0, p1, n0, n1, c, ldc); });
 }
 
 // ---- AMX: a block's integer sums of 16 rows by 16 outputs in one tile product ------------
@@ -534,16 +537,7 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const Source& pane
 template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
                  std::int64_t count, float* c, std::int64_t ldc) {
-  switch (rows) {
-    case 1:
-      return rows256<Fm, 1>(a, i0, panel, h, count, c, ldc);
-    case 2:
-      return rows256<Fm, 2>(a, i0, panel, h, count, c, ldc);
-    case 3:
-      return rows256<Fm, 3>(a, i0, panel, h, count, c, ldc);
-    default:
-      return rows256<Fm, 4>(a, i0, panel, h, count, c, ldc);
-  }
+  with_rows(rows, [&]<int R>() { rows256<Fm, R>(a, i0, panel, h, count, c, ldc); });
 }
 
 // The activations' codes as unsigned bytes, x + 128 (x ^ 0x80), for the VNNI kernel.
@@ -603,8 +597,8 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
     const bool direct0 = tile_rows > 0 && stored0 && b.dtype == DType::kQ8_0;
     const bool direct1 = direct0 && stored1;
     const bool rest = tile_rows < m;
-    const bool rest_direct = a.corrections != nullptr && level >= KernelLevel::kAvx512Bf16 &&
-                             stored0 && (n1 == 0 || stored1);
+    // (The corrections exist exactly where the VNNI rows may read panels: from avx512-bf16.)
+    const bool rest_direct = a.corrections != nullptr && stored0 && (n1 == 0 || stored1);
     const bool rest_packed = rest && !rest_direct;
     const bool tiles = tile_rows > 0;
     if ((tiles && !direct0) || rest_packed) {
@@ -633,15 +627,9 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
         case KernelLevel::kAmx:
         case KernelLevel::kAvx512Bf16:
           if (rest_direct) {
-            const unsigned char* s0 = b.w + j * b.ldw;
-            const unsigned char* s1 = n1 > 0 ? s0 + n0 * b.ldw : s0;
-            if (b.dtype == DType::kQ8_0) {
-              n1 > 0 ? rows512_stored_any<DType::kQ8_0, 2>(rows, a, i, s0, s1, n0, n1, out, ldc)
-                     : rows512_stored_any<DType::kQ8_0, 1>(rows, a, i, s0, s1, n0, 0, out, ldc);
-            } else {
-              n1 > 0 ? rows512_stored_any<DType::kQ4_0, 2>(rows, a, i, s0, s1, n0, n1, out, ldc)
-                     : rows512_stored_any<DType::kQ4_0, 1>(rows, a, i, s0, s1, n0, 0, out, ldc);
-            }
+            const auto stored_any = b.dtype == DType::kQ8_0 ? rows512_stored_any<DType::kQ8_0>
+                                                            : rows512_stored_any<DType::kQ4_0>;
+            stored_any(rows, a, i, b.w + j * b.ldw, b.ldw, n0, n1, out, ldc);
           } else if (n1 > 0) {
             rows512_any<Fm, 2>(rows, a, i, p0, p1, n0, n1, out, ldc);
           } else {
@@ -705,9 +693,12 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
   if (level >= KernelLevel::kAvx512Bf16) {
     // The VNNI kernel's rows only: AMX multiplies the signed codes of whole groups of 16.
     const std::int64_t first = rows_for_tiles(m, level);
-    unsigned_codes.resize(static_cast<std::size_t>(m * k));
-    to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
-    a.unsigned_codes = unsigned_codes.data();
+    // Unsigned codes for packed panels only: none when every output is in stored panels.
+    if (b.panel_outputs < n) {
+      unsigned_codes.resize(static_cast<std::size_t>(m * k));
+      to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
+      a.unsigned_codes = unsigned_codes.data();
+    }
     if (b.panel_outputs > 0) {
       // Stored panels: -kStoredOffset times each block's sum of codes, for rows512_stored.
       const std::int32_t offset =
