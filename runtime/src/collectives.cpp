@@ -344,7 +344,7 @@ Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
         return source_of[static_cast<std::size_t>(s)] == s ? 0 : count * dtype_size(type);
       },
       next);
-  return next;
+  return reads.finish(std::move(next));
 }
 
 }  // namespace
@@ -442,7 +442,7 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
           p.deps, NodeKind::kCollective, (count - (e - b)) * item);
     }
   }
-  return next;
+  return reads.finish(std::move(next));
 }
 
 Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -472,7 +472,7 @@ Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   add_copies(
       builder, mesh, plans, out, type, name,
       [&](std::int64_t) { return (ranks - 1) * count * item; }, next);
-  return next;
+  return reads.finish(std::move(next));
 }
 
 Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
@@ -508,7 +508,7 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
   wait_for_sends(plans, reads);
   Frontier next = ready_frontier(mesh.size());
   add_reductions(builder, mesh, plans, out, chunk, op, type, name, next);
-  return next;
+  return reads.finish(std::move(next));
 }
 
 Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -573,7 +573,7 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
         return remote;
       },
       next);
-  return next;
+  return reads.finish(std::move(next));
 }
 
 Frontier broadcast(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -754,7 +754,7 @@ Frontier redistribute(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& o
         },
         p.deps, NodeKind::kCollective, p.remote);
   }
-  return next;
+  return reads.finish(std::move(next));
 }
 
 Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor& out, ReduceOp op,
@@ -845,7 +845,7 @@ Frontier reduce_scatter(GraphBuilder& builder, ShardedTensor& in, ShardedTensor&
         },
         p.deps, NodeKind::kCollective, p.remote);
   }
-  return next;
+  return reads.finish(std::move(next));
 }
 
 }  // namespace numesh::runtime

@@ -289,7 +289,25 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   DeviceBuffer buffer;
   buffer.device_ = shared_from_this();
   buffer.bytes_ = bytes;
-  if (memory_binding_ == MemoryBinding::kBound) {
+  if (std::shared_ptr<SharedArena> arena = shared_arena(); arena != nullptr) {
+    if (std::byte* p = arena->allocate(bytes); p != nullptr) {
+      buffer.data_ = p;
+      buffer.arena_ = std::move(arena);
+      // Bound before the first touch below, as hwloc_alloc_membind binds; the shared file's
+      // pages take the policy of the range (Linux's shared memory policy).
+      hwloc_const_nodeset_t nodes =
+          memory_binding_ == MemoryBinding::kBound ? node_set(*topology_, spec_) : nullptr;
+      const bool bound =
+          nodes != nullptr &&
+          hwloc_set_area_membind(
+              topology_->hwloc()->get(), p, bytes, nodes, HWLOC_MEMBIND_BIND,
+              HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND) == 0;
+      buffer.binding_ = bound                            ? MemoryBinding::kBound
+                        : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
+                                                         : MemoryBinding::kFirstTouch;
+    }
+  }
+  if (buffer.data_ == nullptr && memory_binding_ == MemoryBinding::kBound) {
     if (void* p = membind_alloc(*topology_, spec_, bytes); p != nullptr) {
       buffer.data_ = static_cast<std::byte*>(p);
       buffer.hwloc_allocated_ = true;
@@ -326,6 +344,16 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   return buffer;
 }
 
+void Device::share_memory(std::shared_ptr<SharedArena> arena) {
+  const std::lock_guard lock(shared_arena_mutex_);
+  if (shared_arena_ == nullptr) shared_arena_ = std::move(arena);
+}
+
+std::shared_ptr<SharedArena> Device::shared_arena() const {
+  const std::lock_guard lock(shared_arena_mutex_);
+  return shared_arena_;
+}
+
 DeviceBuffer Device::use_mapped(std::shared_ptr<const std::byte> bytes, std::size_t size) {
   NUMESH_CHECK(bytes != nullptr && size > 0, ValueError,
                "device {} ({}): a mapped buffer needs bytes (given {} bytes at {})", spec_.index,
@@ -347,7 +375,8 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
       bytes_(std::exchange(other.bytes_, 0)),
       binding_(std::exchange(other.binding_, MemoryBinding::kUnbound)),
       hwloc_allocated_(std::exchange(other.hwloc_allocated_, false)),
-      mapped_(std::move(other.mapped_)) {}
+      mapped_(std::move(other.mapped_)),
+      arena_(std::move(other.arena_)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -358,6 +387,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     binding_ = std::exchange(other.binding_, MemoryBinding::kUnbound);
     hwloc_allocated_ = std::exchange(other.hwloc_allocated_, false);
     mapped_ = std::move(other.mapped_);
+    arena_ = std::move(other.arena_);
   }
   return *this;
 }
@@ -370,7 +400,10 @@ void DeviceBuffer::release() noexcept {
   } else if (data_ != nullptr) {
     if (std::atomic<std::uint64_t>* in_use = device_->node_bytes_in_use(); in_use != nullptr)
       in_use->fetch_sub(bytes_);
-    if (hwloc_allocated_) {
+    if (arena_ != nullptr) {
+      arena_->release(data_, bytes_);
+      arena_.reset();
+    } else if (hwloc_allocated_) {
       hwloc_free(device_->topology_->hwloc()->get(), data_, bytes_);
     } else {
       std::free(data_);

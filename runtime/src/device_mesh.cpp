@@ -8,6 +8,7 @@
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/shared_windows.hpp"
 #include "numesh/runtime/transport.hpp"
 
 namespace numesh::runtime {
@@ -37,7 +38,11 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<DeviceSet> local,
                  "rank {} of {} has no device: every rank of a mesh needs one", r, counts.size());
   }
   const int rank = transport->rank();
-  return over_ranks(std::move(local), std::move(transport), rank, counts, dims, names);
+  std::shared_ptr<SharedWindows> windows =
+      transport->size() > 1 ? SharedWindows::open(transport, *local) : nullptr;
+  DeviceMesh mesh = over_ranks(std::move(local), std::move(transport), rank, counts, dims, names);
+  mesh.windows_ = std::move(windows);
+  return mesh;
 }
 
 DeviceMesh DeviceMesh::over_ranks(std::shared_ptr<DeviceSet> local,

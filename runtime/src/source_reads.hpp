@@ -2,10 +2,14 @@
 
 // PRIVATE: where a collective's node reads another slot's bytes from, on a mesh that may span
 // ranks (docs/distributed.md). A slot of this rank reads another slot of this rank in place,
-// as in one process. Bytes of another rank's slot come through the mesh's transport: a send
-// node on the source's rank and a receive node on the reader's, into a staging buffer that
-// every local reader of those bytes shares. Nothing else about the collective changes, so its
-// nodes combine their inputs in the same order, and give the same bits, in one process or many.
+// as in one process. Another rank's slot on the same host, whose bytes lie in its shared memory
+// (SharedWindows), is read in place too: the source rings a "published" doorbell once they are
+// ready, the reader's node waits for it, and the reader rings "consumed" once its nodes of the
+// collective are done, which the source's slot waits for before its frontier entry says its
+// buffers are free. Other bytes of another rank come through the mesh's transport: a send node
+// on the source's rank and a receive node on the reader's, into a staging buffer that every
+// local reader of those bytes shares. Nothing else about the collective changes, so its nodes
+// combine their inputs in the same order, and give the same bits, in one process or many.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +23,7 @@
 #include "numesh/runtime/device_buffer.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
+#include "numesh/runtime/shared_windows.hpp"
 #include "numesh/sharding/shard_layout.hpp"
 
 namespace numesh::runtime::detail {
@@ -45,8 +50,10 @@ class SourceReads {
   /// Slot `reader` reads `bytes` bytes from byte `offset` of slot `source`'s `buffer`, whose
   /// first byte is `data` (any value when `source` is another rank's) and which is ready after
   /// node `ready`. Returns, when `reader` is this rank's, where to read and what to wait for;
-  /// otherwise {} (the call still numbers the transfer, and adds the send when `source` is this
-  /// rank's).
+  /// otherwise {} (the call still numbers the transfer, and adds the send or the published
+  /// doorbell when `source` is this rank's). Between two ranks that read each other in place,
+  /// the source tells the reader where the bytes lie (or that they must be sent) as the graph is
+  /// built: the reader's call waits for that message.
   Read contiguous(SourceBuffer buffer, std::int64_t reader, std::int64_t source, const void* data,
                   NodeId ready, std::size_t offset, std::size_t bytes);
 
@@ -71,11 +78,18 @@ class SourceReads {
   /// waits for them, so that its frontier entry still means "its buffers are free".
   std::vector<NodeId> sends_of(std::int64_t slot) const;
 
+  /// Ends the collective whose last node of each local slot is `next`'s entry: rings the
+  /// consumed doorbells of this rank's in-place reads once those nodes are done, and makes the
+  /// entry of each local slot that another rank reads in place a node that also waits for that
+  /// rank's consumed doorbell. Returns the frontier to hand on. Every collective ends with it.
+  Frontier finish(Frontier next);
+
  private:
   // A staged read: where it lands on this rank and the receive that fills it.
   struct Staged {
-    std::shared_ptr<DeviceBuffer> buffer;
-    NodeId received = kReady;
+    std::shared_ptr<DeviceBuffer> buffer;  // null when read in place
+    const std::byte* in_place = nullptr;   // the source's bytes in this process, when so
+    NodeId received = kReady;              // the receive, or the published doorbell's wait
     std::shared_ptr<const std::vector<sharding::DimSlice>> slices;  // box reads: the box
   };
   // (buffer, source slot, offset, bytes, receiving rank, box as offset-extent pairs).
@@ -87,7 +101,12 @@ class SourceReads {
   // reader's rank.
   template <typename MakeSend>
   const Staged* transfer(const Key& key, std::int64_t reader, std::int64_t source,
-                         std::size_t bytes, NodeId ready, MakeSend&& send);
+                         std::size_t bytes, NodeId ready, MakeSend&& send, int tag = -1);
+
+  // contiguous() between two ranks that read each other in place; nullptr on a rank that does
+  // not read the bytes.
+  const Staged* shared(const Key& key, std::int64_t reader, std::int64_t source,
+                       const std::byte* src, std::size_t bytes, NodeId ready);
 
   GraphBuilder& builder_;
   const DeviceMesh& mesh_;
@@ -95,6 +114,11 @@ class SourceReads {
   std::map<Key, Staged> staged_;
   std::map<Key, bool> sent_;
   std::map<std::int64_t, std::vector<NodeId>> sends_;
+  std::shared_ptr<SharedWindows> windows_;
+  // This rank's in-place reads: per source rank, the transfers to ring consumed for.
+  std::map<int, std::vector<int>> consumed_;
+  // Other ranks' in-place reads of local slots: per slot, (reader rank, transfer).
+  std::map<std::int64_t, std::vector<std::pair<int, int>>> read_in_place_;
 };
 
 }  // namespace numesh::runtime::detail

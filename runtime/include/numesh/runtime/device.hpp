@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -14,6 +15,7 @@
 
 #include "numesh/runtime/device_buffer.hpp"
 #include "numesh/runtime/device_placement.hpp"
+#include "numesh/runtime/shared_arena.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace numesh::runtime {
@@ -90,6 +92,14 @@ class Device : public std::enable_shared_from_this<Device> {
   /// Throws: ValueError when `bytes` is null or `size` is 0.
   DeviceBuffer use_mapped(std::shared_ptr<const std::byte> bytes, std::size_t size);
 
+  /// From now on, allocate() takes blocks from `arena` (memory the host's other processes can
+  /// map) while it has room, bound to the device's node as before, else from the device's
+  /// private memory. Set by a mesh that spans ranks of one host (SharedWindows), once: a later
+  /// call keeps the first arena. Buffers allocated before stay where they are.
+  void share_memory(std::shared_ptr<SharedArena> arena);
+  /// The arena allocate() takes blocks from, or nullptr.
+  [[nodiscard]] std::shared_ptr<SharedArena> shared_arena() const;
+
  private:
   friend class DeviceSet;
   class PinningObserver;
@@ -111,6 +121,8 @@ class Device : public std::enable_shared_from_this<Device> {
   oneapi::tbb::task_arena arena_;
   std::unique_ptr<PinningObserver> observer_;
   std::shared_ptr<NodeUsage> node_usage_;
+  mutable std::mutex shared_arena_mutex_;
+  std::shared_ptr<SharedArena> shared_arena_;
   friend class DeviceBuffer;
 };
 

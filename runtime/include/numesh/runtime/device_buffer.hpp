@@ -9,6 +9,7 @@
 namespace numesh::runtime {
 
 class Device;
+class SharedArena;  // shared_arena.hpp
 
 /// How a DeviceBuffer's pages were placed on its device's NUMA node.
 enum class MemoryBinding {
@@ -75,6 +76,7 @@ class DeviceBuffer {
   MemoryBinding binding_ = MemoryBinding::kUnbound;
   bool hwloc_allocated_ = false;             // freed with hwloc_free, else with std::free
   std::shared_ptr<const std::byte> mapped_;  // a mapped buffer's owner: released, not freed
+  std::shared_ptr<SharedArena> arena_;       // a block of a shared arena: given back to it
   void release() noexcept;
 };
 

@@ -11,7 +11,8 @@
 
 namespace numesh::runtime {
 
-class Transport;  // transport.hpp
+class Transport;      // transport.hpp
+class SharedWindows;  // shared_windows.hpp
 
 /// A named N-d mesh over the devices of a DeviceSet: the physical counterpart of
 /// sharding::Mesh. Mesh slot i (row-major over the axes, as `np.arange(n).reshape(dims)`)
@@ -41,7 +42,9 @@ class DeviceMesh {
   /// With one rank it is create(local, dims, names).
   /// Throws: ValueError as create (naming every rank's device count when the dims do not fit
   /// them all); ValueError when a rank has no device; what the transport's all_gather throws.
-  /// The mesh keeps `transport`: collectives over it move other ranks' bytes through it.
+  /// The mesh keeps `transport`: collectives over it move other ranks' bytes through it, or,
+  /// between ranks of one host, read them in place (SharedWindows::open, which this calls:
+  /// from then on `local`'s devices allocate shared memory).
   static DeviceMesh create(std::shared_ptr<DeviceSet> local, std::shared_ptr<Transport> transport,
                            const std::vector<std::int64_t>& dims,
                            const std::vector<std::string>& names);
@@ -63,6 +66,10 @@ class DeviceMesh {
   /// DeviceSet alone). Never null.
   const std::shared_ptr<Transport>& transport() const noexcept { return transport_; }
 
+  /// The shared memory between this rank and the other ranks of its host, through which
+  /// collectives read their buffers in place; nullptr when none (one process, ranks on other
+  /// hosts, NUMESH_SHARED_MEMORY=off).
+  const std::shared_ptr<SharedWindows>& shared_windows() const noexcept { return windows_; }
   /// This process's rank (0 in one process).
   int this_rank() const noexcept { return this_rank_; }
   /// The number of ranks the mesh spans (1 in one process).
@@ -100,6 +107,7 @@ class DeviceMesh {
 
   std::shared_ptr<DeviceSet> devices_;
   std::shared_ptr<Transport> transport_;
+  std::shared_ptr<SharedWindows> windows_;
   sharding::Mesh mesh_;
   int this_rank_ = 0;
   // Rank r's slots are [first_slot_of_rank_[r], first_slot_of_rank_[r + 1]).

@@ -1,0 +1,138 @@
+#include "numesh/runtime/shared_arena.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <system_error>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
+
+namespace numesh::runtime {
+
+namespace {
+
+std::size_t page_size() {
+  static const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+std::size_t round_up(std::size_t bytes, std::size_t unit) {
+  return (bytes + unit - 1) / unit * unit;
+}
+
+std::string os_message() { return std::error_code(errno, std::generic_category()).message(); }
+
+}  // namespace
+
+std::shared_ptr<SharedArena> SharedArena::create(const std::string& name, std::size_t capacity) {
+  NUMESH_CHECK(capacity > 0, ValueError, "shared arena '{}': a capacity of 0 bytes", name);
+  capacity = round_up(capacity, page_size());
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0)
+    throw Error(fmt::format("shared arena '{}': memfd_create failed: {}", name, os_message()));
+  if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) {
+    const std::string why = os_message();
+    close(fd);
+    throw Error(
+        fmt::format("shared arena '{}': ftruncate to {} bytes failed: {}", name, capacity, why));
+  }
+  // NORESERVE: the arena is sparse; only touched pages take memory.
+  void* base = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (base == MAP_FAILED) {
+    const std::string why = os_message();
+    close(fd);
+    throw Error(fmt::format("shared arena '{}': mmap of {} bytes failed: {}", name, capacity, why));
+  }
+  return std::shared_ptr<SharedArena>(new SharedArena(fd, static_cast<std::byte*>(base), capacity));
+}
+
+SharedArena::SharedArena(int fd, std::byte* base, std::size_t capacity)
+    : fd_(fd), base_(base), capacity_(capacity) {
+  free_.emplace(0, capacity);
+}
+
+SharedArena::~SharedArena() {
+  munmap(base_, capacity_);
+  close(fd_);
+}
+
+std::byte* SharedArena::allocate(std::size_t bytes) noexcept {
+  if (bytes == 0 || bytes > capacity_) return nullptr;
+  const std::size_t size = round_up(bytes, page_size());
+  const std::lock_guard lock(mutex_);
+  // First fit: blocks of one program come and go together, so the low end stays dense.
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < size) continue;
+    const std::size_t offset = it->first;
+    const std::size_t left = it->second - size;
+    free_.erase(it);
+    if (left > 0) free_.emplace(offset + size, left);
+    used_ += size;
+    return base_ + offset;
+  }
+  return nullptr;
+}
+
+void SharedArena::release(std::byte* block, std::size_t bytes) noexcept {
+  if (block == nullptr || bytes == 0) return;
+  const auto offset = static_cast<std::size_t>(block - base_);
+  std::size_t size = round_up(bytes, page_size());
+  // The pages go back to the OS (and read as zeros when used again); other processes' mappings
+  // see the hole too, which is right: nobody may read a released block.
+  (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(size));
+  const std::lock_guard lock(mutex_);
+  used_ -= size;
+  std::size_t begin = offset;
+  auto next = free_.lower_bound(offset);
+  if (next != free_.begin()) {
+    auto before = std::prev(next);
+    if (before->first + before->second == offset) {
+      begin = before->first;
+      size += before->second;
+      free_.erase(before);
+    }
+  }
+  if (next != free_.end() && begin + size == next->first) {
+    size += next->second;
+    free_.erase(next);
+  }
+  free_.emplace(begin, size);
+}
+
+std::optional<std::size_t> SharedArena::offset_of(const void* p, std::size_t bytes) const noexcept {
+  const auto* b = static_cast<const std::byte*>(p);
+  if (b < base_ || b >= base_ + capacity_) return std::nullopt;
+  const auto offset = static_cast<std::size_t>(b - base_);
+  if (bytes > capacity_ - offset) return std::nullopt;
+  return offset;
+}
+
+std::size_t SharedArena::used_bytes() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return used_;
+}
+
+ArenaMapping::ArenaMapping(int pid, int fd, std::size_t capacity) : size_(capacity) {
+  const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  const int own = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (own < 0) throw Error(fmt::format("shared memory: cannot open {}: {}", path, os_message()));
+  void* base = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, own, 0);
+  const std::string why = base == MAP_FAILED ? os_message() : "";
+  close(own);  // the mapping keeps the file
+  if (base == MAP_FAILED)
+    throw Error(fmt::format("shared memory: cannot map {} bytes of {}: {}", capacity, path, why));
+  base_ = static_cast<std::byte*>(base);
+}
+
+ArenaMapping::~ArenaMapping() {
+  if (base_ != nullptr) munmap(base_, size_);
+}
+
+}  // namespace numesh::runtime
