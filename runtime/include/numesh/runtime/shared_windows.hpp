@@ -76,12 +76,12 @@ class SharedWindows {
   /// Rings rank `to`'s doorbell `kind` for transfer `tag` (in [0, kTransportTagLimit)).
   void ring(Doorbell kind, int to, int tag);
 
-  /// Calls `done` (on this rank's poller thread) once rank `from` has rung doorbell `kind` of
-  /// `tag` as many times as this rank has awaited it, this call included: the k-th await of a
-  /// doorbell matches its k-th ring, as the k-th receive under a tag matches the k-th send.
-  /// When `from` rings none for the transport's patience (none from it at all in that time),
-  /// `done` gets a TimeoutError naming the rank, the doorbell and the tag. A destroyed window
-  /// completes what is left with CancelledError.
+  /// Calls `done` once rank `from` has rung doorbell `kind` of `tag` as many times as this
+  /// rank has awaited it, this call included: on the calling thread when that happened already,
+  /// else on this rank's poller thread. The k-th await of a doorbell matches its k-th ring, as the
+  /// k-th receive under a tag matches the k-th send. When `from` rings none for the transport's
+  /// patience (none from it at all in that time), `done` gets a TimeoutError naming the rank, the
+  /// doorbell and the tag. A destroyed window completes what is left with CancelledError.
   void await(Doorbell kind, int from, int tag, DoorbellDone done);
 
   /// await() for every (rank, tag) of `bells`; `done` once all have rung, with the first error.
