@@ -25,6 +25,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/log.hpp"
+#include "numesh/runtime/shared_arena.hpp"
 #include "size_text.hpp"
 
 namespace numesh::runtime {

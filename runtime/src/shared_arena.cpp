@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -49,11 +50,16 @@ std::shared_ptr<SharedArena> SharedArena::create(const std::string& name, std::s
     close(fd);
     throw Error(fmt::format("shared arena '{}': mmap of {} bytes failed: {}", name, capacity, why));
   }
-  return std::shared_ptr<SharedArena>(new SharedArena(fd, static_cast<std::byte*>(base), capacity));
+  struct stat st {};
+  fstat(fd, &st);
+  const FileIdentity identity{static_cast<std::uint64_t>(st.st_dev),
+                              static_cast<std::uint64_t>(st.st_ino)};
+  return std::shared_ptr<SharedArena>(
+      new SharedArena(fd, static_cast<std::byte*>(base), capacity, identity));
 }
 
-SharedArena::SharedArena(int fd, std::byte* base, std::size_t capacity)
-    : fd_(fd), base_(base), capacity_(capacity) {
+SharedArena::SharedArena(int fd, std::byte* base, std::size_t capacity, FileIdentity identity)
+    : fd_(fd), identity_(identity), base_(base), capacity_(capacity) {
   free_.emplace(0, capacity);
 }
 
@@ -119,11 +125,24 @@ std::size_t SharedArena::used_bytes() const noexcept {
   return used_;
 }
 
-ArenaMapping::ArenaMapping(int pid, int fd, std::size_t capacity) : size_(capacity) {
+ArenaMapping::ArenaMapping(int pid, int fd, std::size_t capacity, FileIdentity expected,
+                           bool writable)
+    : size_(capacity) {
   const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
-  const int own = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int own = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (own < 0) throw Error(fmt::format("shared memory: cannot open {}: {}", path, os_message()));
-  void* base = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, own, 0);
+  struct stat st {};
+  if (fstat(own, &st) != 0 || static_cast<std::uint64_t>(st.st_dev) != expected.device ||
+      static_cast<std::uint64_t>(st.st_ino) != expected.inode ||
+      static_cast<std::uint64_t>(st.st_size) < capacity) {
+    close(own);
+    throw Error(fmt::format(
+        "shared memory: {} is not the arena expected (file {}:{} of {} bytes, expected {}:{} of "
+        "{} bytes or more): process {} is another process here (another PID namespace?)",
+        path, st.st_dev, st.st_ino, st.st_size, expected.device, expected.inode, capacity, pid));
+  }
+  void* base = mmap(nullptr, capacity, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                    MAP_SHARED | MAP_NORESERVE, own, 0);
   const std::string why = base == MAP_FAILED ? os_message() : "";
   close(own);  // the mapping keeps the file
   if (base == MAP_FAILED)

@@ -62,6 +62,10 @@ std::uint64_t host_key() {
   std::string id;
   std::getline(boot, id);
   text += "|" + id;
+  // Ranks in separate PID namespaces (containers sharing a host name) cannot reach each other's
+  // /proc/PID/fd: not one host for this purpose.
+  char ns[128] = {};
+  if (readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1) > 0) text += "|" + std::string(ns);
   std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
   for (const char c : text) {
     h ^= static_cast<unsigned char>(c);
@@ -100,6 +104,7 @@ struct ArenaRecord {
   std::int32_t fd = -1;
   std::int32_t unused = 0;
   std::uint64_t capacity = 0;
+  FileIdentity file;
 };
 
 template <typename T>
@@ -139,7 +144,9 @@ struct SharedWindows::Impl {
   std::vector<Watch> incoming;
   bool stop = false;
   std::thread poller;
-  std::vector<Clock::time_point> heard;  // the poller's: when each rank last rang a watch
+  // When each rank last rang a doorbell this rank waited for (steady clock, ns): the
+  // poller's deadlines count from it.
+  std::unique_ptr<std::atomic<std::int64_t>[]> heard;
 
   ControlHeader& header(std::byte* block) const { return *reinterpret_cast<ControlHeader*>(block); }
   std::atomic<std::uint64_t>* counters(std::byte* block) const {
@@ -193,7 +200,7 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
     try {
       impl->control = SharedArena::create(fmt::format("numesh-doorbells-rank{}", me),
                                           control_bytes(impl->ranks));
-      records[0] = {impl->control->fd(), 0, impl->control->capacity()};
+      records[0] = {impl->control->fd(), 0, impl->control->capacity(), impl->control->identity()};
       for (std::size_t d = 0; d < local.size(); ++d) {
         std::shared_ptr<SharedArena> arena = local.device(d).shared_arena();
         if (arena == nullptr) {
@@ -202,7 +209,7 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
           arena = local.device(d).shared_arena();
         }
         impl->local_arenas.push_back(arena);
-        records[d + 1] = {arena->fd(), 0, arena->capacity()};
+        records[d + 1] = {arena->fd(), 0, arena->capacity(), arena->identity()};
       }
     } catch (const Error&) {
       impl->control.reset();
@@ -220,11 +227,12 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
     const ArenaRecord* rec = &all[r * records.size()];
     if (!shares_host(r) || impl->control == nullptr || rec[0].fd < 0) continue;
     try {
-      impl->controls[r] =
-          std::make_unique<ArenaMapping>(headers[r].pid, rec[0].fd, rec[0].capacity);
+      impl->controls[r] = std::make_unique<ArenaMapping>(headers[r].pid, rec[0].fd, rec[0].capacity,
+                                                         rec[0].file, /*writable=*/true);
       for (std::int32_t d = 0; d < headers[r].devices; ++d) {
         const ArenaRecord& a = rec[static_cast<std::size_t>(d) + 1];
-        impl->arenas[r].push_back(std::make_unique<ArenaMapping>(headers[r].pid, a.fd, a.capacity));
+        impl->arenas[r].push_back(std::make_unique<ArenaMapping>(headers[r].pid, a.fd, a.capacity,
+                                                                 a.file, /*writable=*/false));
       }
       mapped[r] = 1;
     } catch (const Error&) {
@@ -248,7 +256,7 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
   }
   if (!any) return nullptr;
   impl->awaited = std::make_unique<std::atomic<std::uint64_t>[]>(2 * n * kTags);
-  impl->heard.assign(n, Clock::time_point{});
+  impl->heard = std::make_unique<std::atomic<std::int64_t>[]>(n);
   return std::shared_ptr<SharedWindows>(new SharedWindows(std::move(impl)));
 }
 
@@ -323,6 +331,8 @@ void SharedWindows::await(Doorbell kind, int from, int tag, DoorbellDone done) {
   // two thread wake-ups. (Spinning 4 us more for a ring about to come made small collectives
   // across two ranks 3-4 us slower, 4 rounds alternated: the peer's ring seldom came so soon.)
   if (counter.load(std::memory_order_acquire) >= target) {
+    impl_->heard[static_cast<std::size_t>(from)].store(Clock::now().time_since_epoch().count(),
+                                                       std::memory_order_relaxed);
     done(nullptr);
     return;
   }
@@ -352,14 +362,21 @@ void SharedWindows::await_all(Doorbell kind, std::vector<std::pair<int, int>> be
   auto state = std::make_shared<State>();
   state->left = bells.size();
   state->done = std::move(done);
+  const DoorbellDone one = [state](std::exception_ptr error) {
+    std::unique_lock lock(state->mutex);
+    if (error && !state->error) state->error = std::move(error);
+    if (--state->left != 0) return;
+    lock.unlock();
+    state->done(state->error);
+  };
   for (const auto& [from, tag] : bells) {
-    await(kind, from, tag, [state](std::exception_ptr error) {
-      std::unique_lock lock(state->mutex);
-      if (error && !state->error) state->error = std::move(error);
-      if (--state->left != 0) return;
-      lock.unlock();
-      state->done(state->error);
-    });
+    // An await that throws counts as ended with its error: `done` still comes once, after the
+    // ones registered before it.
+    try {
+      await(kind, from, tag, one);
+    } catch (...) {
+      one(std::current_exception());
+    }
   }
 }
 
@@ -384,12 +401,15 @@ void SharedWindows::Impl::run_poller() {
     const Clock::time_point now = Clock::now();
     for (Watch& w : watches) {
       if (w.counter->load(std::memory_order_acquire) >= w.target) {
-        heard[static_cast<std::size_t>(w.from)] = now;
+        heard[static_cast<std::size_t>(w.from)].store(now.time_since_epoch().count(),
+                                                      std::memory_order_relaxed);
         std::exchange(w.done, nullptr)(nullptr);
         any = true;
         continue;
       }
-      const Clock::time_point since = std::max(w.armed, heard[static_cast<std::size_t>(w.from)]);
+      const Clock::time_point since = std::max(
+          w.armed, Clock::time_point(Clock::duration(
+                       heard[static_cast<std::size_t>(w.from)].load(std::memory_order_relaxed))));
       if (w.patience.count() > 0 && now - since >= w.patience) {
         const double seconds = std::chrono::duration<double>(w.patience).count();
         std::exchange(w.done, nullptr)(std::make_exception_ptr(TimeoutError(fmt::format(

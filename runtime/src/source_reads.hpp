@@ -69,7 +69,9 @@ class SourceReads {
 
   /// Slot `reader` reads the part `box` (global coordinates) of slot `source`'s shard `data`
   /// (elements of `type`, laid out as `*slices`), ready after node `ready`. A staged box
-  /// crosses as its own elements only: the send node packs it first. As contiguous otherwise.
+  /// crosses as its own elements only: the send node packs it first. A box of another rank
+  /// always crosses through the transport, shared windows or not (the source's layout is
+  /// known only on its rank); one of this rank is read in place.
   BoxRead box(std::int64_t reader, std::int64_t source, const void* data,
               const std::vector<sharding::DimSlice>* slices, NodeId ready,
               const std::vector<sharding::DimSlice>& box, DType type);

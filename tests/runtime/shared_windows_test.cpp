@@ -82,7 +82,8 @@ TEST(ArenaMappingTest, ASecondMappingSeesTheSameBytes) {
   const auto arena = SharedArena::create("numesh-test-arena", 2 * kPage);
   std::byte* block = arena->allocate(kPage);
   ASSERT_NE(block, nullptr);
-  const ArenaMapping mapping(static_cast<int>(getpid()), arena->fd(), arena->capacity());
+  const ArenaMapping mapping(static_cast<int>(getpid()), arena->fd(), arena->capacity(),
+                             arena->identity(), /*writable=*/true);
   ASSERT_NE(mapping.base(), arena->base());
   block[5] = std::byte{42};
   EXPECT_EQ(mapping.base()[5], std::byte{42});
@@ -92,9 +93,26 @@ TEST(ArenaMappingTest, ASecondMappingSeesTheSameBytes) {
 
 TEST(ArenaMappingTest, AMissingDescriptorIsNamed) {
   const int pid = static_cast<int>(getpid());
-  EXPECT_THAT([pid] { ArenaMapping(pid, 1 << 20, kPage); },
+  EXPECT_THAT([pid] { ArenaMapping(pid, 1 << 20, kPage, FileIdentity{}, false); },
               ::testing::ThrowsMessage<Error>(HasSubstr(
                   fmt::format("shared memory: cannot open /proc/{}/fd/{}", pid, 1 << 20))));
+}
+
+TEST(ArenaMappingTest, AnotherFileUnderTheNumberIsRefusedByName) {
+  // What a rank in another PID namespace would open under its peer's pid and descriptor.
+  const auto arena = SharedArena::create("numesh-test-arena", 2 * kPage);
+  const auto other = SharedArena::create("numesh-test-other", 2 * kPage);
+  const int pid = static_cast<int>(getpid());
+  EXPECT_THAT([&] { ArenaMapping(pid, other->fd(), arena->capacity(), arena->identity(), false); },
+              ::testing::ThrowsMessage<Error>(HasSubstr(fmt::format(
+                  "shared memory: /proc/{}/fd/{} is not the arena expected", pid, other->fd()))));
+  EXPECT_THAT(
+      [&] { ArenaMapping(pid, arena->fd(), 4 * kPage, arena->identity(), false); },
+      ::testing::ThrowsMessage<Error>(HasSubstr(fmt::format("of {} bytes, expected", 2 * kPage))))
+      << "a file smaller than the mapping would fault past its end";
+  const ArenaMapping read_only(pid, arena->fd(), arena->capacity(), arena->identity(), false);
+  arena->base()[0] = std::byte{9};
+  EXPECT_EQ(read_only.base()[0], std::byte{9});
 }
 
 // Devices of a rank's own, not the cached sets that the ranks as threads would share.

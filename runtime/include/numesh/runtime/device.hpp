@@ -15,7 +15,6 @@
 
 #include "numesh/runtime/device_buffer.hpp"
 #include "numesh/runtime/device_placement.hpp"
-#include "numesh/runtime/shared_arena.hpp"
 #include "numesh/runtime/topology.hpp"
 
 namespace numesh::runtime {

@@ -44,7 +44,8 @@ class DeviceMesh {
   /// them all); ValueError when a rank has no device; what the transport's all_gather throws.
   /// The mesh keeps `transport`: collectives over it move other ranks' bytes through it, or,
   /// between ranks of one host, read them in place (SharedWindows::open, which this calls:
-  /// from then on `local`'s devices allocate shared memory).
+  /// when another rank shares this one's host, `local`'s devices allocate shared memory from
+  /// then on).
   static DeviceMesh create(std::shared_ptr<DeviceSet> local, std::shared_ptr<Transport> transport,
                            const std::vector<std::int64_t>& dims,
                            const std::vector<std::string>& names);

@@ -121,6 +121,9 @@ class GraphBuilder {
   /// the ranks and the node count (on those two ranks only).
   /// Graphs that transfer over one transport must therefore run one at a time, in the same
   /// order on every rank: two graphs' transfers under one tag are told apart by order alone.
+  /// The same holds for building them where ranks read each other in place (SharedWindows):
+  /// a collective's build then exchanges where the bytes lie under the transfer's tag, so build
+  /// in the same order on every rank, and not while a graph of the transport runs.
   int transfer_tag(int from, int to);
 
   /// Number of nodes.

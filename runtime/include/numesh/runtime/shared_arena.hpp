@@ -5,6 +5,7 @@
 // in place, as devices of one process do (docs/distributed.md, "Ranks of one host").
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,14 @@
 #include <string>
 
 namespace numesh::runtime {
+
+/// Which file an arena is, as the kernel knows it (fstat's st_dev and st_ino): what a process
+/// that maps another's arena by its descriptor number checks it opened.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
 
 /// A sparse region of `capacity()` bytes over an anonymous shared-memory file (memfd), mapped
 /// once in this process and by any other process of the host that opens the file
@@ -45,6 +54,8 @@ class SharedArena {
 
   /// The file descriptor of the arena's file (owned by the arena).
   [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// The identity of the arena's file.
+  [[nodiscard]] FileIdentity identity() const noexcept { return identity_; }
   /// The arena's size in bytes.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   /// The first byte of this process's mapping.
@@ -53,9 +64,10 @@ class SharedArena {
   [[nodiscard]] std::size_t used_bytes() const noexcept;
 
  private:
-  SharedArena(int fd, std::byte* base, std::size_t capacity);
+  SharedArena(int fd, std::byte* base, std::size_t capacity, FileIdentity identity);
 
   int fd_;
+  FileIdentity identity_;
   std::byte* base_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
@@ -63,15 +75,17 @@ class SharedArena {
   std::size_t used_ = 0;
 };
 
-/// A read-write mapping of another process's SharedArena (or of one of this process's, at a
-/// second address), made from the owner's process id and file descriptor. Unmapped when
-/// destroyed.
+/// A mapping of another process's SharedArena (or of one of this process's, at a second
+/// address), made from the owner's process id and file descriptor. Unmapped when destroyed.
 class ArenaMapping {
  public:
-  /// Maps `capacity` bytes of process `pid`'s file descriptor `fd`.
+  /// Maps `capacity` bytes of process `pid`'s file descriptor `fd`, which must be the file
+  /// `expected` of at least `capacity` bytes; read-only unless `writable`.
   /// Throws: Error naming the file and the OS's message when it cannot be opened or mapped
-  /// (another user's process, a kernel that hides other processes' descriptors).
-  ArenaMapping(int pid, int fd, std::size_t capacity);
+  /// (another user's process, a kernel that hides other processes' descriptors), or naming the
+  /// file and what it is when it is another file or too small (the pid is another process's:
+  /// ranks in separate PID namespaces that look like one host).
+  ArenaMapping(int pid, int fd, std::size_t capacity, FileIdentity expected, bool writable);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;

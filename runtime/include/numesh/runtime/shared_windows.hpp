@@ -45,12 +45,16 @@ class SharedWindows {
  public:
   /// Opens the windows between the ranks of `transport` for `local`, this rank's devices.
   /// Collective: every rank calls it, in the same order as its other collectives, with a
-  /// transport of more than one rank. Ranks are paired by host (the host name and boot id);
-  /// a pair reads in place when both have it enabled (the environment variable
-  /// NUMESH_SHARED_MEMORY is not `off`) and the reader could map the source's arenas. Returns
-  /// nullptr when this rank reads no other rank in place and no rank reads it (ranks on
-  /// different hosts, or all disabled); the pairs that cannot fall back to the transport.
-  /// Throws: what the transport's all_gather throws.
+  /// transport of more than one rank. Ranks are paired by host (the host name, boot id and PID
+  /// namespace); a pair reads in place when both have it enabled (the environment variable
+  /// NUMESH_SHARED_MEMORY is not `off`) and each could map the other's arenas, checked to be
+  /// the files announced. When another rank shares the host, `local`'s devices allocate from
+  /// shared arenas from then on (Device::share_memory), even if no mapping then succeeds.
+  /// Returns nullptr when this rank reads no other rank in place and no rank reads it (ranks on
+  /// different hosts, all disabled, no mapping possible); pairs that do not read in place keep
+  /// the transport. Each call maps the peers' arenas anew and starts a poller thread.
+  /// Throws: what the transport's all_gather throws; std::system_error when the poller thread
+  /// cannot start.
   static std::shared_ptr<SharedWindows> open(const std::shared_ptr<Transport>& transport,
                                              DeviceSet& local);
 
@@ -80,7 +84,8 @@ class SharedWindows {
   /// rank has awaited it, this call included: on the calling thread when that happened already,
   /// else on this rank's poller thread. The k-th await of a doorbell matches its k-th ring, as the
   /// k-th receive under a tag matches the k-th send. When `from` rings none for the transport's
-  /// patience (none from it at all in that time), `done` gets a TimeoutError naming the rank, the
+  /// patience (counted from the later of this call and the last ring of `from` that this rank
+  /// saw end a wait), `done` gets a TimeoutError naming the rank, the
   /// doorbell and the tag. A destroyed window completes what is left with CancelledError.
   void await(Doorbell kind, int from, int tag, DoorbellDone done);
 
