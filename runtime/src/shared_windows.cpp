@@ -97,12 +97,12 @@ struct Header {
   std::int32_t pid = 0;
   std::int32_t enabled = 0;
   std::int32_t devices = 0;
-  std::int32_t control_fd = -1;
+  std::int32_t padding = 0;  // all_gather moves the bytes: no uninitialised ones
 };
 
 struct ArenaRecord {
   std::int32_t fd = -1;
-  std::int32_t unused = 0;
+  std::int32_t padding = 0;
   std::uint64_t capacity = 0;
   FileIdentity file;
 };
