@@ -551,6 +551,25 @@ NUMESH_PACKED_AVX512 void to_unsigned(const std::int8_t* codes, std::int64_t cou
   for (; e < count; ++e) out[e] = static_cast<std::uint8_t>(codes[e] ^ 0x80);
 }
 
+// out[t] = -offset times the sum of the codes of block t, for `count` consecutive blocks of
+// activation codes (rows k apart are consecutive blocks): rows512_stored's starting sums. The
+// tile calls this for every tile of rows, so 8 blocks a step (a scalar loop took 13 % of a
+// 256-token q4_0 prefill on Zen 5).
+NUMESH_PACKED_AVX512 void stored_corrections(const std::int8_t* codes, std::int64_t count,
+                                             std::int32_t offset, std::int32_t* out) {
+  const __m256i times = _mm256_set1_epi32(-offset);
+  std::int64_t t = 0;
+  for (; t + detail::kKquantBlocks <= count; t += detail::kKquantBlocks) {
+    const __m256i sums = detail::q8dot_code_sums8(codes + t * kQ8DotBlock);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t), _mm256_mullo_epi32(sums, times));
+  }
+  for (; t < count; ++t) {
+    std::int32_t sum = 0;
+    for (std::int64_t e = 0; e < kQ8DotBlock; ++e) sum += codes[t * kQ8DotBlock + e];
+    out[t] = -offset * sum;
+  }
+}
+
 // The stored weights as packed_panels packs them: rows of blocks `ldw` bytes apart, of which
 // the first `panel_outputs` may be stored panels (runtime/weight_panels.hpp).
 struct StoredWeights {
@@ -705,14 +724,8 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
           b.dtype == DType::kQ8_0 ? kStoredOffset<DType::kQ8_0> : kStoredOffset<DType::kQ4_0>;
       thread_local std::vector<std::int32_t> corrections;
       corrections.resize(static_cast<std::size_t>(m * blocks));
-      for (std::int64_t i = first; i < m; ++i) {
-        for (std::int64_t t = 0; t < blocks; ++t) {
-          const std::int8_t* x = codes + i * k + t * kQ8DotBlock;
-          std::int32_t sum = 0;
-          for (std::int64_t e = 0; e < kQ8DotBlock; ++e) sum += x[e];
-          corrections[static_cast<std::size_t>(i * blocks + t)] = -offset * sum;
-        }
-      }
+      stored_corrections(codes + first * k, (m - first) * blocks, offset,
+                         corrections.data() + first * blocks);
       a.corrections = corrections.data();
     }
   }

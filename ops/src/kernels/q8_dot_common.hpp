@@ -143,26 +143,31 @@ inline void q8dot_block_sums_scalar(std::int64_t count, const std::int8_t* codes
   }
 }
 
-/// The same, 8 blocks at a time (count a multiple of 8): vpmaddubsw and vpmaddwd give each
-/// block's 8 sums of 4 codes, three rounds of vphaddd and one of the 128-bit halves its total.
+/// The sums of the 32 codes of 8 consecutive blocks at `codes` (exact int32): vpmaddubsw and
+/// vpmaddwd give each block's 8 sums of 4 codes, three rounds of vphaddd and one of the 128-bit
+/// halves its total.
+__attribute__((target("avx2"))) inline __m256i q8dot_code_sums8(const std::int8_t* codes) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  __m256i q[kKquantBlocks];
+  for (std::int64_t j = 0; j < kKquantBlocks; ++j) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * kQ8DotBlock));
+    q[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+  }
+  const __m256i s0123 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+  const __m256i s4567 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(q[4], q[5]), _mm256_hadd_epi32(q[6], q[7]));
+  // s0123 holds blocks 0-3's low 16 codes' sums in its low half and their high ones above.
+  return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                          _mm256_permute2x128_si256(s0123, s4567, 0x31));
+}
+
+/// q8dot_block_sums_scalar 8 blocks at a time (count a multiple of 8).
 __attribute__((target("avx2"))) inline void q8dot_block_sums256(std::int64_t count,
                                                                 const std::int8_t* codes,
                                                                 const float* scales, float* sums) {
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   for (std::int64_t t = 0; t < count; t += kKquantBlocks) {
-    __m256i q[kKquantBlocks];
-    for (std::int64_t j = 0; j < kKquantBlocks; ++j) {
-      const __m256i x =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (t + j) * kQ8DotBlock));
-      q[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
-    }
-    const __m256i s0123 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
-    const __m256i s4567 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(q[4], q[5]), _mm256_hadd_epi32(q[6], q[7]));
-    // s0123 holds blocks 0-3's low 16 codes' sums in its low half and their high ones above.
-    const __m256i total = _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
-                                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
+    const __m256i total = q8dot_code_sums8(codes + t * kQ8DotBlock);
     _mm256_storeu_ps(sums + t,
                      _mm256_mul_ps(_mm256_loadu_ps(scales + t), _mm256_cvtepi32_ps(total)));
   }
