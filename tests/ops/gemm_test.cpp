@@ -166,6 +166,12 @@ TEST(GemmTest, DeviceGemmIsBitwiseTheSameForAnyThreadCount) {
   EXPECT_EQ(gemm_tiling(300, 768, 3072, kInt8).col_block, 32);
   EXPECT_EQ(gemm_tiling(300, 768, 3072, kInt8).row_block, 112)
       << "64 tiles wanted: 24 strips, 3 row blocks of 100 rows rounded up to whole groups of 16";
+  // Strips of whole pairs of 16-output panels (col_multiple 32, the floor the block formats
+  // use): the 43 columns a strip of 18 would take round up to 64, 12 strips, then 2 row blocks.
+  constexpr TileFloor kInt8Pairs{64, 32, 16, 32};
+  EXPECT_EQ(gemm_tiling(256, 768, 768, kInt8Pairs).col_block, 64);
+  EXPECT_EQ(gemm_tiling(256, 768, 768, kInt8Pairs).row_block, 128);
+  EXPECT_EQ(gemm_tiling(256, 192, 768, kInt8Pairs).col_block % 32, 0);
 }
 
 // bf16 compute (MatmulPrecision::kBF16) on fp32 weights, in-out and out-in, and on a weight

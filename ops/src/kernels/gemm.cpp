@@ -70,10 +70,13 @@ GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k, TileFloor
       skinny ? n * k * static_cast<std::int64_t>(sizeof(float)) / kBytesPerSkinnyTile
              : m * n * k / kWorkPerTile,
       1, kMaxTiles);
-  // Column strips first (b, the weights, is then packed once per strip), rounded to 16 columns.
+  // Column strips first (b, the weights, is then packed once per strip), rounded to
+  // floor.col_multiple columns.
   const std::int64_t min_cols = skinny ? kMinColBlockSkinny : floor.cols;
+  const std::int64_t col_multiple = std::max<std::int64_t>(1, floor.col_multiple);
   const std::int64_t col_block =
-      std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + 15) / 16 * 16));
+      std::min(n, std::max(min_cols, ((n + wanted - 1) / wanted + col_multiple - 1) / col_multiple *
+                                         col_multiple));
   const std::int64_t col_tiles = (n + col_block - 1) / col_block;
   std::int64_t row_block = m;
   if (!skinny && col_tiles < wanted) {

@@ -62,8 +62,8 @@ constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_ge
                                     tile_on_values<gemm_16bit>};
 // Stored out-in only (their blocks run along each output's inputs): no in-out decode kernel;
 // prefill by int8 products on panels the tiles pack, in tiles down to 64 rows (whole groups of
-// 16, AMX's) by 32 outputs (a pair of panels; packed_gemm_q8 takes any width).
-constexpr TileFloor kInt8TileFloor{64, 32, 16};
+// 16, AMX's) by 32 outputs (a pair of panels; packed_gemm_q8 takes any width), strips whole pairs.
+constexpr TileFloor kInt8TileFloor{64, 32, 16, 32};
 // Q8_0 and Q4_0 panels with VNNI: packed_gemm_q8 reads them where they lie, one row as fast as
 // the dot kernel (q4_0: 1.4x) and 8-16 rows 2-5x as fast (docs/benchmarks.md, "Session 40").
 constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,     dot_q8<dot_gemm_q8_0>, nullptr,

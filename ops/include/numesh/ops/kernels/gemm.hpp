@@ -37,6 +37,10 @@ struct TileFloor {
   std::int64_t rows = 256;
   std::int64_t cols = 256;
   std::int64_t row_multiple = 1;
+  /// Column strips are a multiple of this many columns (the int8 tiles take outputs in pairs of
+  /// 16-output panels: a strip of an odd number of panels ran its last one alone, at about half
+  /// the speed per output).
+  std::int64_t col_multiple = 16;
 };
 
 /// The tiling device_gemm uses for an [m, k] x [k, n] product. It depends on the shapes (and the
@@ -44,8 +48,8 @@ struct TileFloor {
 /// by a gemm() call of the same shape in every arena: results are bitwise identical for any
 /// thread count. Small products are one tile. Others get one tile per ~8 M multiply-adds
 /// (decode, m <= 16: per 256 KiB of b, the bytes it streams), at most 64 tiles: column strips at
-/// least floor.cols wide (64 for decode), then row blocks of at least floor.rows rows (a
-/// multiple of floor.row_multiple) when the strips are too few.
+/// least floor.cols wide (64 for decode) and a multiple of floor.col_multiple, then row blocks of
+/// at least floor.rows rows (a multiple of floor.row_multiple) when the strips are too few.
 GemmTiling gemm_tiling(std::int64_t m, std::int64_t n, std::int64_t k,
                        TileFloor floor = {}) noexcept;
 
