@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <iterator>
 #include <system_error>
 
 #include "numesh/core/check.hpp"
@@ -59,9 +58,7 @@ std::shared_ptr<SharedArena> SharedArena::create(const std::string& name, std::s
 }
 
 SharedArena::SharedArena(int fd, std::byte* base, std::size_t capacity, FileIdentity identity)
-    : fd_(fd), identity_(identity), base_(base), capacity_(capacity) {
-  free_.emplace(0, capacity);
-}
+    : fd_(fd), identity_(identity), base_(base), capacity_(capacity), ranges_(capacity) {}
 
 SharedArena::~SharedArena() {
   munmap(base_, capacity_);
@@ -72,44 +69,20 @@ std::byte* SharedArena::allocate(std::size_t bytes) noexcept {
   if (bytes == 0 || bytes > capacity_) return nullptr;
   const std::size_t size = round_up(bytes, page_size());
   const std::lock_guard lock(mutex_);
-  // First fit: blocks of one program come and go together, so the low end stays dense.
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < size) continue;
-    const std::size_t offset = it->first;
-    const std::size_t left = it->second - size;
-    free_.erase(it);
-    if (left > 0) free_.emplace(offset + size, left);
-    used_ += size;
-    return base_ + offset;
-  }
-  return nullptr;
+  const std::optional<std::size_t> offset = ranges_.take(size, page_size());
+  return offset ? base_ + *offset : nullptr;
 }
 
 void SharedArena::release(std::byte* block, std::size_t bytes) noexcept {
   if (block == nullptr || bytes == 0) return;
   const auto offset = static_cast<std::size_t>(block - base_);
-  std::size_t size = round_up(bytes, page_size());
+  const std::size_t size = round_up(bytes, page_size());
   // The pages go back to the OS (and read as zeros when used again); other processes' mappings
   // see the hole too, which is right: nobody may read a released block.
   (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                   static_cast<off_t>(size));
   const std::lock_guard lock(mutex_);
-  used_ -= size;
-  std::size_t begin = offset;
-  auto next = free_.lower_bound(offset);
-  if (next != free_.begin()) {
-    auto before = std::prev(next);
-    if (before->first + before->second == offset) {
-      begin = before->first;
-      size += before->second;
-      free_.erase(before);
-    }
-  }
-  if (next != free_.end() && begin + size == next->first) {
-    size += next->second;
-    free_.erase(next);
-  }
-  free_.emplace(begin, size);
+  ranges_.give(offset, size);
 }
 
 std::optional<std::size_t> SharedArena::offset_of(const void* p, std::size_t bytes) const noexcept {
@@ -122,7 +95,7 @@ std::optional<std::size_t> SharedArena::offset_of(const void* p, std::size_t byt
 
 std::size_t SharedArena::used_bytes() const noexcept {
   const std::lock_guard lock(mutex_);
-  return used_;
+  return ranges_.used();
 }
 
 ArenaMapping::ArenaMapping(int pid, int fd, std::size_t capacity, FileIdentity expected,

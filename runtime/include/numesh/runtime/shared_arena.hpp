@@ -6,11 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+
+#include "numesh/runtime/free_ranges.hpp"
 
 namespace numesh::runtime {
 
@@ -71,8 +72,7 @@ class SharedArena {
   std::byte* base_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
-  std::map<std::size_t, std::size_t> free_;  // offset -> bytes, coalesced
-  std::size_t used_ = 0;
+  FreeRanges ranges_;
 };
 
 /// A mapping of another process's SharedArena (or of one of this process's, at a second
