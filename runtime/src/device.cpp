@@ -25,6 +25,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/log.hpp"
+#include "numesh/runtime/huge_page_slabs.hpp"
 #include "numesh/runtime/shared_arena.hpp"
 #include "size_text.hpp"
 
@@ -244,6 +245,17 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
         "from the device's pinned threads",
         spec_.index, spec_.label, spec_.numa_node);
   }
+  if (huge_page_slabs_enabled()) {
+    // Each region is bound to the node before its first touch, as hwloc_alloc_membind binds.
+    slabs_ = std::make_unique<HugePageSlabs>([this](std::byte* region, std::size_t bytes) {
+      hwloc_const_nodeset_t nodes =
+          memory_binding_ == MemoryBinding::kBound ? node_set(*topology_, spec_) : nullptr;
+      return nodes != nullptr &&
+             hwloc_set_area_membind(
+                 topology_->hwloc()->get(), region, bytes, nodes, HWLOC_MEMBIND_BIND,
+                 HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND) == 0;
+    });
+  }
 }
 
 Device::~Device() = default;
@@ -308,6 +320,15 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
                                                          : MemoryBinding::kFirstTouch;
     }
   }
+  if (buffer.data_ == nullptr && slabs_ != nullptr) {
+    if (const HugePageSlabs::Block block = slabs_->allocate(bytes); block.data != nullptr) {
+      buffer.data_ = block.data;
+      buffer.slab_allocated_ = true;
+      buffer.binding_ = block.bound                      ? MemoryBinding::kBound
+                        : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
+                                                         : MemoryBinding::kFirstTouch;
+    }
+  }
   if (buffer.data_ == nullptr && memory_binding_ == MemoryBinding::kBound) {
     if (void* p = membind_alloc(*topology_, spec_, bytes); p != nullptr) {
       buffer.data_ = static_cast<std::byte*>(p);
@@ -329,7 +350,9 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   std::byte* data = buffer.data_;
   // Before the first touch below, which places the pages. Best effort: a kernel without THP
   // refuses, and the buffer keeps its small pages.
-  if (bytes >= kHugePageBytes && wants_huge_pages()) (void)madvise(data, bytes, MADV_HUGEPAGE);
+  // (A slab's region asked when it was mapped.)
+  if (!buffer.slab_allocated_ && bytes >= kHugePageBytes && wants_huge_pages())
+    (void)madvise(data, bytes, MADV_HUGEPAGE);
   if (contents == BufferContents::kUnspecified) return buffer;
   arena_.execute([data, bytes] {
     if (bytes < kParallelFillBytes) {
@@ -376,6 +399,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
       bytes_(std::exchange(other.bytes_, 0)),
       binding_(std::exchange(other.binding_, MemoryBinding::kUnbound)),
       hwloc_allocated_(std::exchange(other.hwloc_allocated_, false)),
+      slab_allocated_(std::exchange(other.slab_allocated_, false)),
       mapped_(std::move(other.mapped_)),
       arena_(std::move(other.arena_)) {}
 
@@ -387,6 +411,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     binding_ = std::exchange(other.binding_, MemoryBinding::kUnbound);
     hwloc_allocated_ = std::exchange(other.hwloc_allocated_, false);
+    slab_allocated_ = std::exchange(other.slab_allocated_, false);
     mapped_ = std::move(other.mapped_);
     arena_ = std::move(other.arena_);
   }
@@ -404,6 +429,8 @@ void DeviceBuffer::release() noexcept {
     if (arena_ != nullptr) {
       arena_->release(data_, bytes_);
       arena_.reset();
+    } else if (slab_allocated_) {
+      device_->slabs_->release(data_, bytes_);
     } else if (hwloc_allocated_) {
       hwloc_free(device_->topology_->hwloc()->get(), data_, bytes_);
     } else {
@@ -414,6 +441,7 @@ void DeviceBuffer::release() noexcept {
   bytes_ = 0;
   binding_ = MemoryBinding::kUnbound;
   hwloc_allocated_ = false;
+  slab_allocated_ = false;
   device_.reset();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/huge_page_slabs.hpp"
 #include "numesh/runtime/slot_values.hpp"
 #include "numesh/runtime/transport.hpp"
 #include "test_devices.hpp"
@@ -80,8 +81,10 @@ std::optional<int> thp_eligible(const void* address) {
   return std::nullopt;
 }
 
-// Buffers of 2 MiB and more ask for transparent huge pages (decode streams weights in long
-// runs); smaller ones do not. Where the kernel has THP off ("never") nothing can be asked.
+// Buffers ask for transparent huge pages (decode streams weights in long runs; first touches of
+// fresh 4 KiB pages cost a fault each): small ones too, carved from the device's huge-page
+// slabs, unless the slabs are off (sanitizer builds), when only buffers of 2 MiB and more ask.
+// Where the kernel has THP off ("never") nothing can be asked.
 TEST(DeviceSetTest, LargeBuffersAskForHugePages) {
   std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string mode;
@@ -95,6 +98,9 @@ TEST(DeviceSetTest, LargeBuffersAskForHugePages) {
   auto devices = testing::synthetic_devices(testing::nodes(1));
   DeviceBuffer large = devices->device(0).allocate(std::size_t{8} << 20);
   EXPECT_EQ(thp_eligible(large.data()), 1) << "an 8 MiB buffer under '" << mode << "'";
+  DeviceBuffer small = devices->device(0).allocate(std::size_t{64} << 10);
+  EXPECT_EQ(thp_eligible(small.data()), huge_page_slabs_enabled() ? 1 : 0)
+      << "a 64 KiB buffer under '" << mode << "'";
 }
 
 TEST(DeviceSetTest, AllocationsLargerThanTheNodeAreRefusedBeforeTheyAreMade) {

@@ -19,6 +19,8 @@
 
 namespace numesh::runtime {
 
+class HugePageSlabs;
+
 /// How a device's threads are kept on its cpuset.
 enum class Pinning {
   kNumaConstraints,  ///< oneTBB's NUMA arena constraints (tbbbind) pin to the whole node
@@ -72,7 +74,9 @@ class Device : public std::enable_shared_from_this<Device> {
   }
 
   /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
-  /// first touch), zero-filled by the device's threads; with BufferContents::kUnspecified not
+  /// first touch), carved from the device's huge-page slabs (huge_page_slabs.hpp; a buffer of
+  /// its own when huge_page_slabs_enabled() is false or a slab cannot be mapped), zero-filled by
+  /// the device's threads; with BufferContents::kUnspecified not
   /// filled at all (the caller writes every byte before anything reads one, from the device's
   /// threads, whose first touch then places the pages: a model's weights, filled from their
   /// checkpoint, skip a pass over their memory).
@@ -122,6 +126,8 @@ class Device : public std::enable_shared_from_this<Device> {
   std::shared_ptr<NodeUsage> node_usage_;
   mutable std::mutex shared_arena_mutex_;
   std::shared_ptr<SharedArena> shared_arena_;
+  // Where allocate() carves private buffers (null when huge_page_slabs_enabled() is false).
+  std::unique_ptr<HugePageSlabs> slabs_;
   friend class DeviceBuffer;
 };
 

@@ -75,6 +75,7 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
   MemoryBinding binding_ = MemoryBinding::kUnbound;
   bool hwloc_allocated_ = false;             // freed with hwloc_free, else with std::free
+  bool slab_allocated_ = false;              // a block of the device's HugePageSlabs
   std::shared_ptr<const std::byte> mapped_;  // a mapped buffer's owner: released, not freed
   std::shared_ptr<SharedArena> arena_;       // a block of a shared arena: given back to it
   void release() noexcept;

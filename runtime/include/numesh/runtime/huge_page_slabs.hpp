@@ -1,0 +1,88 @@
+#pragma once
+
+// A device's private memory in regions of whole 2 MiB pages. A buffer of its own per allocation
+// (the C library's, or hwloc's) starts on fresh 4 KiB pages unless it is 2 MiB or more and
+// happens to hold an aligned 2 MiB span: every first touch of a page is a fault (on a 2-vCPU
+// Zen 5 VM, 2.6 us a page: zero-filling a program's intermediates ran at 0.4 GB/s, 14 GB/s in a
+// huge-page region; docs/benchmarks.md, "Session 42"). So a device carves its buffers from slabs:
+// 2 MiB-aligned mappings of whole huge pages (transparent huge pages asked for with madvise),
+// bound to the device's node before anything touches them; blocks of half a slab and more get a
+// mapping of their own, 2 MiB-aligned and rounded up to whole huge pages.
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "numesh/runtime/free_ranges.hpp"
+
+namespace numesh::runtime {
+
+/// Whether devices carve their buffers from HugePageSlabs: true unless NUMESH_HUGE_PAGES=off,
+/// or the build runs under AddressSanitizer or ThreadSanitizer (which must see every buffer
+/// come from the C library's allocator to check its bounds and its accesses).
+bool huge_page_slabs_enabled() noexcept;
+
+/// Blocks carved from slabs of whole 2 MiB pages (this header's top comment). A released block's
+/// memory stays mapped and is reused by later blocks (so it is no longer zero); a slab left
+/// empty is unmapped unless it is the only empty one. Thread-safety: all methods are safe to
+/// call concurrently.
+class HugePageSlabs {
+ public:
+  /// A huge page of x86-64: slabs and large blocks are whole ones, aligned to one.
+  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  /// The default slab: 32 MiB (16 huge pages; the pages a slab never touches take no memory).
+  static constexpr std::size_t kDefaultSlabBytes = std::size_t{32} << 20;
+
+  /// What a region is given before anything touches it: `prepare(region, bytes)` (a device
+  /// binds it to its node and says whether it could).
+  using Prepare = std::function<bool(std::byte* region, std::size_t bytes)>;
+
+  /// A block and whether `prepare` bound its region.
+  struct Block {
+    std::byte* data = nullptr;
+    bool bound = false;
+  };
+
+  /// Slabs of `slab_bytes` (rounded up to whole huge pages); `huge_pages` asks for transparent
+  /// huge pages on every region (madvise; the kernel's setting decides).
+  explicit HugePageSlabs(Prepare prepare, bool huge_pages = true,
+                         std::size_t slab_bytes = kDefaultSlabBytes);
+  /// Unmaps every region. REQUIRES: no block is live.
+  ~HugePageSlabs();
+  HugePageSlabs(const HugePageSlabs&) = delete;
+  HugePageSlabs& operator=(const HugePageSlabs&) = delete;
+
+  /// A block of `bytes` (> 0), 64-byte aligned, and page-aligned from 4096 bytes up. Its bytes
+  /// are zeros when its memory was never used before, else unspecified. {nullptr, false} when
+  /// the OS refuses the mapping (or bytes is 0).
+  Block allocate(std::size_t bytes) noexcept;
+
+  /// Gives back a block that allocate() returned, with the size asked for.
+  void release(std::byte* block, std::size_t bytes) noexcept;
+
+  /// Bytes mapped: slabs and large blocks' mappings.
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept;
+  /// Slabs mapped.
+  [[nodiscard]] std::size_t slab_count() const noexcept;
+
+ private:
+  struct Slab {
+    std::size_t bytes;
+    bool bound;
+    FreeRanges ranges;
+  };
+  // A mapping of `bytes` (whole huge pages) at a 2 MiB boundary, madvised and prepared, or
+  // nullptr; `bound` says what prepare said.
+  std::byte* map_region(std::size_t bytes, bool& bound) noexcept;
+  bool large(std::size_t bytes) const noexcept { return bytes >= slab_bytes_ / 2; }
+
+  Prepare prepare_;
+  bool huge_pages_;
+  std::size_t slab_bytes_;
+  mutable std::mutex mutex_;
+  std::map<std::byte*, Slab> slabs_;  // by base address
+  std::size_t large_bytes_ = 0;
+};
+
+}  // namespace numesh::runtime

@@ -1,0 +1,138 @@
+#include "numesh/runtime/huge_page_slabs.hpp"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <utility>
+
+namespace numesh::runtime {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kCacheLine = 64;
+
+std::size_t round_up(std::size_t bytes, std::size_t unit) {
+  return (bytes + unit - 1) / unit * unit;
+}
+
+// The sanitizers check the bounds and the accesses of the blocks the C library's allocator
+// hands out; blocks carved from a region of ours would hide a kernel's overrun into its
+// neighbour, and a block reused by another thread would carry the previous owner's accesses.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+}  // namespace
+
+bool huge_page_slabs_enabled() noexcept {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NUMESH_HUGE_PAGES");
+    return !kSanitized && (v == nullptr || std::strcmp(v, "off") != 0);
+  }();
+  return enabled;
+}
+
+HugePageSlabs::HugePageSlabs(Prepare prepare, bool huge_pages, std::size_t slab_bytes)
+    : prepare_(std::move(prepare)),
+      huge_pages_(huge_pages),
+      slab_bytes_(round_up(slab_bytes == 0 ? kDefaultSlabBytes : slab_bytes, kHugePage)) {}
+
+HugePageSlabs::~HugePageSlabs() {
+  for (auto& [base, slab] : slabs_) munmap(base, slab.bytes);
+}
+
+std::byte* HugePageSlabs::map_region(std::size_t bytes, bool& bound) noexcept {
+  // Over-reserve by a huge page, then keep the aligned part: mmap aligns to 4 KiB only.
+  const std::size_t reserved = bytes + kHugePage;
+  // (Without MAP_NORESERVE: a block larger than the memory the OS will commit is refused here,
+  // as the C library's allocator refuses it, not killed at a later touch.)
+  void* raw = mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  auto* start = static_cast<std::byte*>(raw);
+  auto* base =
+      reinterpret_cast<std::byte*>(round_up(reinterpret_cast<std::uintptr_t>(start), kHugePage));
+  const auto head = static_cast<std::size_t>(base - start);
+  if (head > 0) munmap(start, head);
+  if (reserved - head > bytes) munmap(base + bytes, reserved - head - bytes);
+  // Before the first touch, which places the pages (a kernel without THP refuses: small pages).
+  if (huge_pages_) (void)madvise(base, bytes, MADV_HUGEPAGE);
+  bound = prepare_ ? prepare_(base, bytes) : false;
+  return base;
+}
+
+HugePageSlabs::Block HugePageSlabs::allocate(std::size_t bytes) noexcept {
+  if (bytes == 0) return {};
+  if (large(bytes)) {
+    const std::size_t size = round_up(bytes, kHugePage);
+    bool bound = false;
+    std::byte* p = map_region(size, bound);
+    if (p == nullptr) return {};
+    const std::lock_guard lock(mutex_);
+    large_bytes_ += size;
+    return {p, bound};
+  }
+  const std::size_t size = round_up(bytes, kCacheLine);
+  const std::size_t align = bytes >= kPage ? kPage : kCacheLine;
+  const std::lock_guard lock(mutex_);
+  for (auto& [base, slab] : slabs_) {
+    if (const auto offset = slab.ranges.take(size, align)) return {base + *offset, slab.bound};
+  }
+  bool bound = false;
+  std::byte* base = map_region(slab_bytes_, bound);
+  if (base == nullptr) return {};
+  Slab& slab =
+      slabs_.emplace(base, Slab{slab_bytes_, bound, FreeRanges(slab_bytes_)}).first->second;
+  return {base + *slab.ranges.take(size, align), bound};
+}
+
+void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
+  if (block == nullptr || bytes == 0) return;
+  if (large(bytes)) {
+    const std::size_t size = round_up(bytes, kHugePage);
+    munmap(block, size);
+    const std::lock_guard lock(mutex_);
+    large_bytes_ -= size;
+    return;
+  }
+  const std::lock_guard lock(mutex_);
+  auto it = slabs_.upper_bound(block);
+  if (it == slabs_.begin()) return;  // not ours: nothing to give back
+  it = std::prev(it);
+  Slab& slab = it->second;
+  slab.ranges.give(static_cast<std::size_t>(block - it->first), round_up(bytes, kCacheLine));
+  if (!slab.ranges.empty()) return;
+  // An empty slab stays for the next blocks unless another empty one already does.
+  for (const auto& [base, other] : slabs_) {
+    if (base != it->first && other.ranges.empty()) {
+      munmap(it->first, slab.bytes);
+      slabs_.erase(it);
+      return;
+    }
+  }
+}
+
+std::size_t HugePageSlabs::mapped_bytes() const noexcept {
+  const std::lock_guard lock(mutex_);
+  std::size_t total = large_bytes_;
+  for (const auto& [base, slab] : slabs_) total += slab.bytes;
+  return total;
+}
+
+std::size_t HugePageSlabs::slab_count() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return slabs_.size();
+}
+
+}  // namespace numesh::runtime
