@@ -246,10 +246,12 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
         spec_.index, spec_.label, spec_.numa_node);
   }
   if (huge_page_slabs_enabled()) {
-    // Each region is bound to the node before its first touch, as hwloc_alloc_membind binds.
+    // A bound device binds each region to its node before its first touch, as
+    // hwloc_alloc_membind binds, and refuses a region it cannot bind (allocate() then takes
+    // hwloc's bound allocation); the others place pages by first touch.
     slabs_ = std::make_unique<HugePageSlabs>([this](std::byte* region, std::size_t bytes) {
-      hwloc_const_nodeset_t nodes =
-          memory_binding_ == MemoryBinding::kBound ? node_set(*topology_, spec_) : nullptr;
+      if (memory_binding_ != MemoryBinding::kBound) return true;
+      hwloc_const_nodeset_t nodes = node_set(*topology_, spec_);
       return nodes != nullptr &&
              hwloc_set_area_membind(
                  topology_->hwloc()->get(), region, bytes, nodes, HWLOC_MEMBIND_BIND,
@@ -321,12 +323,13 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
     }
   }
   if (buffer.data_ == nullptr && slabs_ != nullptr) {
-    if (const HugePageSlabs::Block block = slabs_->allocate(bytes); block.data != nullptr) {
-      buffer.data_ = block.data;
+    if (std::byte* block = slabs_->allocate(bytes); block != nullptr) {
+      buffer.data_ = block;
       buffer.slab_allocated_ = true;
-      buffer.binding_ = block.bound                      ? MemoryBinding::kBound
-                        : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
-                                                         : MemoryBinding::kFirstTouch;
+      // (A bound device's slabs are all bound: it refuses the regions it cannot bind.)
+      buffer.binding_ = memory_binding_ == MemoryBinding::kBound ? MemoryBinding::kBound
+                        : pinning_ == Pinning::kUnpinned         ? MemoryBinding::kUnbound
+                                                                 : MemoryBinding::kFirstTouch;
     }
   }
   if (buffer.data_ == nullptr && memory_binding_ == MemoryBinding::kBound) {

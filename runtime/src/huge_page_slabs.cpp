@@ -53,7 +53,7 @@ HugePageSlabs::~HugePageSlabs() {
   for (auto& [base, slab] : slabs_) munmap(base, slab.bytes);
 }
 
-std::byte* HugePageSlabs::map_region(std::size_t bytes, bool& bound) noexcept {
+std::byte* HugePageSlabs::map_region(std::size_t bytes) noexcept {
   // Over-reserve by a huge page, then keep the aligned part: mmap aligns to 4 KiB only.
   const std::size_t reserved = bytes + kHugePage;
   // (Without MAP_NORESERVE: a block larger than the memory the OS will commit is refused here,
@@ -68,33 +68,44 @@ std::byte* HugePageSlabs::map_region(std::size_t bytes, bool& bound) noexcept {
   if (reserved - head > bytes) munmap(base + bytes, reserved - head - bytes);
   // Before the first touch, which places the pages (a kernel without THP refuses: small pages).
   if (huge_pages_) (void)madvise(base, bytes, MADV_HUGEPAGE);
-  bound = prepare_ ? prepare_(base, bytes) : false;
+  if (prepare_ && !prepare_(base, bytes)) {
+    munmap(base, bytes);
+    return nullptr;
+  }
   return base;
 }
 
-HugePageSlabs::Block HugePageSlabs::allocate(std::size_t bytes) noexcept {
-  if (bytes == 0) return {};
+std::byte* HugePageSlabs::allocate(std::size_t bytes) {
+  // (Past this, rounding up to whole huge pages would wrap around.)
+  if (bytes == 0 || bytes > SIZE_MAX - 2 * kHugePage) return nullptr;
   if (large(bytes)) {
     const std::size_t size = round_up(bytes, kHugePage);
-    bool bound = false;
-    std::byte* p = map_region(size, bound);
-    if (p == nullptr) return {};
+    std::byte* p = map_region(size);
+    if (p == nullptr) return nullptr;
     const std::lock_guard lock(mutex_);
     large_bytes_ += size;
-    return {p, bound};
+    return p;
   }
   const std::size_t size = round_up(bytes, kCacheLine);
   const std::size_t align = bytes >= kPage ? kPage : kCacheLine;
-  const std::lock_guard lock(mutex_);
-  for (auto& [base, slab] : slabs_) {
-    if (const auto offset = slab.ranges.take(size, align)) return {base + *offset, slab.bound};
+  {
+    const std::lock_guard lock(mutex_);
+    for (auto& [base, slab] : slabs_) {
+      if (const auto offset = slab.ranges.take(size, align)) return base + *offset;
+    }
   }
-  bool bound = false;
-  std::byte* base = map_region(slab_bytes_, bound);
-  if (base == nullptr) return {};
-  Slab& slab =
-      slabs_.emplace(base, Slab{slab_bytes_, bound, FreeRanges(slab_bytes_)}).first->second;
-  return {base + *slab.ranges.take(size, align), bound};
+  // A new slab, mapped and prepared outside the lock (a bind is a system call; the other
+  // threads' blocks need not wait for it). Another thread may add one meanwhile: both stay.
+  std::byte* base = map_region(slab_bytes_);
+  if (base == nullptr) return nullptr;
+  try {
+    const std::lock_guard lock(mutex_);
+    Slab& slab = slabs_.emplace(base, Slab{slab_bytes_, FreeRanges(slab_bytes_)}).first->second;
+    return base + *slab.ranges.take(size, align);
+  } catch (...) {
+    munmap(base, slab_bytes_);
+    throw;
+  }
 }
 
 void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
@@ -106,21 +117,29 @@ void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
     large_bytes_ -= size;
     return;
   }
-  const std::lock_guard lock(mutex_);
-  auto it = slabs_.upper_bound(block);
-  if (it == slabs_.begin()) return;  // not ours: nothing to give back
-  it = std::prev(it);
-  Slab& slab = it->second;
-  slab.ranges.give(static_cast<std::size_t>(block - it->first), round_up(bytes, kCacheLine));
-  if (!slab.ranges.empty()) return;
-  // An empty slab stays for the next blocks unless another empty one already does.
-  for (const auto& [base, other] : slabs_) {
-    if (base != it->first && other.ranges.empty()) {
-      munmap(it->first, slab.bytes);
-      slabs_.erase(it);
-      return;
+  std::byte* unmap = nullptr;
+  std::size_t unmap_bytes = 0;
+  {
+    const std::lock_guard lock(mutex_);
+    auto it = slabs_.upper_bound(block);
+    if (it == slabs_.begin()) return;  // not a block of these slabs: nothing to give back
+    it = std::prev(it);
+    Slab& slab = it->second;
+    const auto offset = static_cast<std::size_t>(block - it->first);
+    if (offset >= slab.bytes) return;
+    slab.ranges.give(offset, round_up(bytes, kCacheLine));
+    if (!slab.ranges.empty()) return;
+    // An empty slab stays for the next blocks unless another empty one already does.
+    for (const auto& [base, other] : slabs_) {
+      if (base != it->first && other.ranges.empty()) {
+        unmap = it->first;
+        unmap_bytes = slab.bytes;
+        slabs_.erase(it);
+        break;
+      }
     }
   }
+  if (unmap != nullptr) munmap(unmap, unmap_bytes);  // outside the lock: a TLB shootdown
 }
 
 std::size_t HugePageSlabs::mapped_bytes() const noexcept {

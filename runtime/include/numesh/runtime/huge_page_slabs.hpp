@@ -6,8 +6,9 @@
 // Zen 5 VM, 2.6 us a page: zero-filling a program's intermediates ran at 0.4 GB/s, 14 GB/s in a
 // huge-page region; docs/benchmarks.md, "Session 42"). So a device carves its buffers from slabs:
 // 2 MiB-aligned mappings of whole huge pages (transparent huge pages asked for with madvise),
-// bound to the device's node before anything touches them; blocks of half a slab and more get a
-// mapping of their own, 2 MiB-aligned and rounded up to whole huge pages.
+// bound to the device's node before anything touches them where the device binds its memory;
+// blocks of half a slab and more get a mapping of their own, 2 MiB-aligned and rounded up to
+// whole huge pages.
 
 #include <cstddef>
 #include <functional>
@@ -19,8 +20,9 @@
 namespace numesh::runtime {
 
 /// Whether devices carve their buffers from HugePageSlabs: true unless NUMESH_HUGE_PAGES=off,
-/// or the build runs under AddressSanitizer or ThreadSanitizer (which must see every buffer
-/// come from the C library's allocator to check its bounds and its accesses).
+/// or the build runs under AddressSanitizer or ThreadSanitizer (which check a buffer's bounds
+/// and accesses only as a block of its own: carved from a slab, a kernel's overrun would land in
+/// its neighbour unseen, and a reused block would carry its previous owner's accesses).
 bool huge_page_slabs_enabled() noexcept;
 
 /// Blocks carved from slabs of whole 2 MiB pages (this header's top comment). A released block's
@@ -34,15 +36,10 @@ class HugePageSlabs {
   /// The default slab: 32 MiB (16 huge pages; the pages a slab never touches take no memory).
   static constexpr std::size_t kDefaultSlabBytes = std::size_t{32} << 20;
 
-  /// What a region is given before anything touches it: `prepare(region, bytes)` (a device
-  /// binds it to its node and says whether it could).
+  /// What a region is given before anything touches it: `prepare(region, bytes)` returns
+  /// whether the region may be used (a device bound to its node binds it and refuses a region
+  /// it cannot bind, so that its allocate() falls back to hwloc's bound allocation).
   using Prepare = std::function<bool(std::byte* region, std::size_t bytes)>;
-
-  /// A block and whether `prepare` bound its region.
-  struct Block {
-    std::byte* data = nullptr;
-    bool bound = false;
-  };
 
   /// Slabs of `slab_bytes` (rounded up to whole huge pages); `huge_pages` asks for transparent
   /// huge pages on every region (madvise; the kernel's setting decides).
@@ -54,11 +51,14 @@ class HugePageSlabs {
   HugePageSlabs& operator=(const HugePageSlabs&) = delete;
 
   /// A block of `bytes` (> 0), 64-byte aligned, and page-aligned from 4096 bytes up. Its bytes
-  /// are zeros when its memory was never used before, else unspecified. {nullptr, false} when
-  /// the OS refuses the mapping (or bytes is 0).
-  Block allocate(std::size_t bytes) noexcept;
+  /// are zeros when its memory was never used before, else unspecified. nullptr when bytes is 0
+  /// or too large to round up, when the OS refuses the mapping, or when prepare refuses it.
+  /// Throws: std::bad_alloc when the bookkeeping cannot grow (the new region is unmapped).
+  std::byte* allocate(std::size_t bytes);
 
-  /// Gives back a block that allocate() returned, with the size asked for.
+  /// Gives back a block that allocate() returned, with the size asked for (a pointer inside no
+  /// slab is ignored). A freed small block's pages stay resident for the next blocks; a large
+  /// block's mapping is unmapped.
   void release(std::byte* block, std::size_t bytes) noexcept;
 
   /// Bytes mapped: slabs and large blocks' mappings.
@@ -69,12 +69,11 @@ class HugePageSlabs {
  private:
   struct Slab {
     std::size_t bytes;
-    bool bound;
     FreeRanges ranges;
   };
   // A mapping of `bytes` (whole huge pages) at a 2 MiB boundary, madvised and prepared, or
-  // nullptr; `bound` says what prepare said.
-  std::byte* map_region(std::size_t bytes, bool& bound) noexcept;
+  // nullptr (the OS or prepare refused it).
+  std::byte* map_region(std::size_t bytes) noexcept;
   bool large(std::size_t bytes) const noexcept { return bytes >= slab_bytes_ / 2; }
 
   Prepare prepare_;
