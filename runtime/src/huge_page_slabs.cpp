@@ -10,12 +10,13 @@
 
 namespace numesh::runtime {
 
+// (Names of their own: the sanitizer preset builds runtime/src as a unity build.)
 namespace {
 
-constexpr std::size_t kPage = 4096;
-constexpr std::size_t kCacheLine = 64;
+constexpr std::size_t kSmallPage = 4096;
+constexpr std::size_t kBlockAlign = 64;
 
-std::size_t round_up(std::size_t bytes, std::size_t unit) {
+std::size_t round_up_to(std::size_t bytes, std::size_t unit) {
   return (bytes + unit - 1) / unit * unit;
 }
 
@@ -23,15 +24,15 @@ std::size_t round_up(std::size_t bytes, std::size_t unit) {
 // hands out; blocks carved from a region of ours would hide a kernel's overrun into its
 // neighbour, and a block reused by another thread would carry the previous owner's accesses.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
+constexpr bool kUnderSanitizer = true;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
+constexpr bool kUnderSanitizer = true;
 #else
-constexpr bool kSanitized = false;
+constexpr bool kUnderSanitizer = false;
 #endif
 #else
-constexpr bool kSanitized = false;
+constexpr bool kUnderSanitizer = false;
 #endif
 
 }  // namespace
@@ -39,7 +40,7 @@ constexpr bool kSanitized = false;
 bool huge_page_slabs_enabled() noexcept {
   static const bool enabled = [] {
     const char* v = std::getenv("NUMESH_HUGE_PAGES");
-    return !kSanitized && (v == nullptr || std::strcmp(v, "off") != 0);
+    return !kUnderSanitizer && (v == nullptr || std::strcmp(v, "off") != 0);
   }();
   return enabled;
 }
@@ -47,7 +48,7 @@ bool huge_page_slabs_enabled() noexcept {
 HugePageSlabs::HugePageSlabs(Prepare prepare, bool huge_pages, std::size_t slab_bytes)
     : prepare_(std::move(prepare)),
       huge_pages_(huge_pages),
-      slab_bytes_(round_up(slab_bytes == 0 ? kDefaultSlabBytes : slab_bytes, kHugePage)) {}
+      slab_bytes_(round_up_to(slab_bytes == 0 ? kDefaultSlabBytes : slab_bytes, kHugePage)) {}
 
 HugePageSlabs::~HugePageSlabs() {
   for (auto& [base, slab] : slabs_) munmap(base, slab.bytes);
@@ -62,7 +63,7 @@ std::byte* HugePageSlabs::map_region(std::size_t bytes) noexcept {
   if (raw == MAP_FAILED) return nullptr;
   auto* start = static_cast<std::byte*>(raw);
   auto* base =
-      reinterpret_cast<std::byte*>(round_up(reinterpret_cast<std::uintptr_t>(start), kHugePage));
+      reinterpret_cast<std::byte*>(round_up_to(reinterpret_cast<std::uintptr_t>(start), kHugePage));
   const auto head = static_cast<std::size_t>(base - start);
   if (head > 0) munmap(start, head);
   if (reserved - head > bytes) munmap(base + bytes, reserved - head - bytes);
@@ -79,15 +80,15 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   // (Past this, rounding up to whole huge pages would wrap around.)
   if (bytes == 0 || bytes > SIZE_MAX - 2 * kHugePage) return nullptr;
   if (large(bytes)) {
-    const std::size_t size = round_up(bytes, kHugePage);
+    const std::size_t size = round_up_to(bytes, kHugePage);
     std::byte* p = map_region(size);
     if (p == nullptr) return nullptr;
     const std::lock_guard lock(mutex_);
     large_bytes_ += size;
     return p;
   }
-  const std::size_t size = round_up(bytes, kCacheLine);
-  const std::size_t align = bytes >= kPage ? kPage : kCacheLine;
+  const std::size_t size = round_up_to(bytes, kBlockAlign);
+  const std::size_t align = bytes >= kSmallPage ? kSmallPage : kBlockAlign;
   {
     const std::lock_guard lock(mutex_);
     for (auto& [base, slab] : slabs_) {
@@ -111,7 +112,7 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
 void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
   if (block == nullptr || bytes == 0) return;
   if (large(bytes)) {
-    const std::size_t size = round_up(bytes, kHugePage);
+    const std::size_t size = round_up_to(bytes, kHugePage);
     munmap(block, size);
     const std::lock_guard lock(mutex_);
     large_bytes_ -= size;
@@ -127,7 +128,7 @@ void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
     Slab& slab = it->second;
     const auto offset = static_cast<std::size_t>(block - it->first);
     if (offset >= slab.bytes) return;
-    slab.ranges.give(offset, round_up(bytes, kCacheLine));
+    slab.ranges.give(offset, round_up_to(bytes, kBlockAlign));
     if (!slab.ranges.empty()) return;
     // An empty slab stays for the next blocks unless another empty one already does.
     for (const auto& [base, other] : slabs_) {
