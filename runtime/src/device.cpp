@@ -37,20 +37,12 @@ constexpr std::size_t kPage = 4096;
 constexpr std::size_t kCacheLine = 64;
 // Zero-filling above this size is split over the device's threads.
 constexpr std::size_t kParallelFillBytes = std::size_t{4} << 20;
-// Buffers from this size up ask for transparent huge pages (madvise; the kernel's THP setting
-// decides, and "never" ignores it). Decode streams each weight matrix in long runs, and with
-// 4 KiB pages the hardware prefetchers stop at every page: bench decode's bf16 step took
-// 4.71 ms with them against 4.05 ms with huge pages (medians of five alternated runs, Zen 4,
-// docs/benchmarks.md). NUMESH_HUGE_PAGES=off leaves every buffer on the default pages.
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
-
-bool wants_huge_pages() {
-  static const bool wanted = [] {
-    const char* v = std::getenv("NUMESH_HUGE_PAGES");
-    return v == nullptr || std::strcmp(v, "off") != 0;
-  }();
-  return wanted;
-}
+// Buffers of their own (without the slabs: NUMESH_HUGE_PAGES=off, sanitizer builds) ask for
+// transparent huge pages from this size up (madvise; the kernel's THP setting decides, and
+// "never" ignores it). Decode streams each weight matrix in long runs, and with 4 KiB pages the
+// hardware prefetchers stop at every page: bench decode's bf16 step took 4.71 ms with them
+// against 4.05 ms with huge pages (medians of five alternated runs, Zen 4, docs/benchmarks.md).
+constexpr std::size_t kHugePageBytes = HugePageSlabs::kHugePage;
 
 using detail::make_bitmap;
 using detail::to_bitmap;
@@ -61,6 +53,16 @@ hwloc_const_nodeset_t node_set(const Topology& topology, const DeviceSpec& spec)
   if (spec.numa_node < 0) return nullptr;
   hwloc_obj_t node = topology.hwloc()->numa_obj(spec.numa_node);
   return node != nullptr ? node->nodeset : nullptr;
+}
+
+// Binds `bytes` at `p` (not yet touched) to the device's node, as hwloc_alloc_membind binds;
+// false when the device has no node or the OS refuses.
+bool bind_to_node(const Topology& topology, const DeviceSpec& spec, void* p, std::size_t bytes) {
+  hwloc_const_nodeset_t nodes = node_set(topology, spec);
+  return nodes != nullptr &&
+         hwloc_set_area_membind(
+             topology.hwloc()->get(), p, bytes, nodes, HWLOC_MEMBIND_BIND,
+             HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND) == 0;
 }
 
 void* membind_alloc(const Topology& topology, const DeviceSpec& spec, std::size_t bytes) {
@@ -250,12 +252,8 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     // hwloc_alloc_membind binds, and refuses a region it cannot bind (allocate() then takes
     // hwloc's bound allocation); the others place pages by first touch.
     slabs_ = std::make_unique<HugePageSlabs>([this](std::byte* region, std::size_t bytes) {
-      if (memory_binding_ != MemoryBinding::kBound) return true;
-      hwloc_const_nodeset_t nodes = node_set(*topology_, spec_);
-      return nodes != nullptr &&
-             hwloc_set_area_membind(
-                 topology_->hwloc()->get(), region, bytes, nodes, HWLOC_MEMBIND_BIND,
-                 HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND) == 0;
+      return memory_binding_ != MemoryBinding::kBound ||
+             bind_to_node(*topology_, spec_, region, bytes);
     });
   }
 }
@@ -304,22 +302,20 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   DeviceBuffer buffer;
   buffer.device_ = shared_from_this();
   buffer.bytes_ = bytes;
+  // How a block of the shared arena or of the slabs is placed, bound or not.
+  const auto placed = [this](bool bound) {
+    return bound                            ? MemoryBinding::kBound
+           : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
+                                            : MemoryBinding::kFirstTouch;
+  };
   if (std::shared_ptr<SharedArena> arena = shared_arena(); arena != nullptr) {
     if (std::byte* p = arena->allocate(bytes); p != nullptr) {
       buffer.data_ = p;
       buffer.arena_ = std::move(arena);
-      // Bound before the first touch below, as hwloc_alloc_membind binds; the shared file's
-      // pages take the policy of the range (Linux's shared memory policy).
-      hwloc_const_nodeset_t nodes =
-          memory_binding_ == MemoryBinding::kBound ? node_set(*topology_, spec_) : nullptr;
-      const bool bound =
-          nodes != nullptr &&
-          hwloc_set_area_membind(
-              topology_->hwloc()->get(), p, bytes, nodes, HWLOC_MEMBIND_BIND,
-              HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT | HWLOC_MEMBIND_NOCPUBIND) == 0;
-      buffer.binding_ = bound                            ? MemoryBinding::kBound
-                        : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
-                                                         : MemoryBinding::kFirstTouch;
+      // Bound before the first touch below; the shared file's pages take the policy of the
+      // range (Linux's shared memory policy).
+      buffer.binding_ = placed(memory_binding_ == MemoryBinding::kBound &&
+                               bind_to_node(*topology_, spec_, p, bytes));
     }
   }
   if (buffer.data_ == nullptr && slabs_ != nullptr) {
@@ -327,9 +323,7 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
       buffer.data_ = block;
       buffer.slab_allocated_ = true;
       // (A bound device's slabs are all bound: it refuses the regions it cannot bind.)
-      buffer.binding_ = memory_binding_ == MemoryBinding::kBound ? MemoryBinding::kBound
-                        : pinning_ == Pinning::kUnpinned         ? MemoryBinding::kUnbound
-                                                                 : MemoryBinding::kFirstTouch;
+      buffer.binding_ = placed(memory_binding_ == MemoryBinding::kBound);
     }
   }
   if (buffer.data_ == nullptr && memory_binding_ == MemoryBinding::kBound) {
@@ -354,7 +348,7 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   // Before the first touch below, which places the pages. Best effort: a kernel without THP
   // refuses, and the buffer keeps its small pages.
   // (A slab's region asked when it was mapped.)
-  if (!buffer.slab_allocated_ && bytes >= kHugePageBytes && wants_huge_pages())
+  if (!buffer.slab_allocated_ && bytes >= kHugePageBytes && huge_pages_wanted())
     (void)madvise(data, bytes, MADV_HUGEPAGE);
   if (contents == BufferContents::kUnspecified) return buffer;
   arena_.execute([data, bytes] {

@@ -37,13 +37,15 @@ constexpr bool kUnderSanitizer = false;
 
 }  // namespace
 
-bool huge_page_slabs_enabled() noexcept {
-  static const bool enabled = [] {
+bool huge_pages_wanted() noexcept {
+  static const bool wanted = [] {
     const char* v = std::getenv("NUMESH_HUGE_PAGES");
-    return !kUnderSanitizer && (v == nullptr || std::strcmp(v, "off") != 0);
+    return v == nullptr || std::strcmp(v, "off") != 0;
   }();
-  return enabled;
+  return wanted;
 }
+
+bool huge_page_slabs_enabled() noexcept { return !kUnderSanitizer && huge_pages_wanted(); }
 
 HugePageSlabs::HugePageSlabs(Prepare prepare, bool huge_pages, std::size_t slab_bytes)
     : prepare_(std::move(prepare)),

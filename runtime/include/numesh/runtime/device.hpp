@@ -75,11 +75,11 @@ class Device : public std::enable_shared_from_this<Device> {
 
   /// Allocates `bytes` (> 0) for this device: bound to its node when possible (else placed by
   /// first touch), carved from the device's huge-page slabs (huge_page_slabs.hpp; a buffer of
-  /// its own when huge_page_slabs_enabled() is false or a slab cannot be mapped), zero-filled by
-  /// the device's threads; with BufferContents::kUnspecified not
-  /// filled at all (the caller writes every byte before anything reads one, from the device's
-  /// threads, whose first touch then places the pages: a model's weights, filled from their
-  /// checkpoint, skip a pass over their memory).
+  /// its own when huge_page_slabs_enabled() is false or a slab cannot be mapped), zero-filled
+  /// by the device's threads; with BufferContents::kUnspecified not filled at all (the caller
+  /// writes every byte before anything reads one, from the device's threads, whose first touch
+  /// then places the pages: a model's weights, filled from their checkpoint, skip a pass over
+  /// their memory).
   /// Throws: ValueError for 0 bytes, and before allocating when `bytes` and the live buffers
   /// the set's devices already hold on the same NUMA node exceed that node's memory as the
   /// topology reports it (naming the size, the device, the node's memory and what numesh's

@@ -19,6 +19,10 @@
 
 namespace numesh::runtime {
 
+/// Whether numesh asks for transparent huge pages at all: false when NUMESH_HUGE_PAGES=off
+/// (read once per process).
+bool huge_pages_wanted() noexcept;
+
 /// Whether devices carve their buffers from HugePageSlabs: true unless NUMESH_HUGE_PAGES=off,
 /// or the build runs under AddressSanitizer or ThreadSanitizer (which check a buffer's bounds
 /// and accesses only as a block of its own: carved from a slab, a kernel's overrun would land in
