@@ -178,8 +178,15 @@ def main():
     # requests after it still agree with one process.
     before = ranks.metrics().get("numesh_generated_tokens_total", -1)
     leave_mid_stream(ranks)
+
+    # The counts are taken after each step, a moment after its tokens are streamed: until the
+    # request's first token is counted they still show the idle server (no block used).
+    def settled(m):
+        return (m.get("numesh_generated_tokens_total", -1) > before
+                and m.get("numesh_kv_blocks_used", 1) == 0)
+
     deadline = time.time() + 30
-    while time.time() < deadline and ranks.metrics().get("numesh_kv_blocks_used", 1) != 0:
+    while time.time() < deadline and not settled(ranks.metrics()):
         time.sleep(0.1)
     metrics = ranks.metrics()
     sc.check(metrics.get("numesh_kv_blocks_used") == 0, f"blocks used after the client left: {metrics}")
