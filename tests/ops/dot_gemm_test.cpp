@@ -36,9 +36,9 @@ struct Case {
   }
 };
 
-// m from 1 to 70 (chunks of 16 rows, tiles of 6 outputs and their tails); k that does and does
-// not fill whole blocks of 32 and 64 (the tails are masked or padded), below a block, and 0;
-// k past what the amx kernel packs at once (1024 values for 16 rows, 16384 for one), with more
+// m from 1 to 101 (chunks of 96 rows and a tail, tiles of 6 outputs and their tails); k that does
+// and does not fill whole blocks of 32 and 64 (the tails are masked or padded), below a block, and
+// 0; k past what the amx kernel packs at once (1024 values for 16 rows, 16384 for one), with more
 // outputs than it keeps sums of between blocks (192: 16 rows, 200 outputs, 1100 values); k
 // that the vector tiles cut into spans (past 1024 values, spans of 512, for fp32 and f16
 // weights; past 2048, spans of 1024, for bf16) ending on a span (1536, 3072), one past (1025,
@@ -52,7 +52,8 @@ std::vector<Case> dot_cases() {
         Case{1, 33, 1000},   Case{9, 1, 0},      Case{16, 12, 200},  Case{19, 13, 97},
         Case{34, 20, 48},    Case{16, 20, 1100}, Case{3, 200, 1056}, Case{1, 3, 17000},
         Case{16, 200, 1100}, Case{5, 7, 1025},   Case{6, 8, 1536},   Case{3, 13, 2049},
-        Case{2, 7, 3072},    Case{17, 6, 2600},  Case{70, 9, 1100},  Case{67, 7, 300}}) {
+        Case{2, 7, 3072},    Case{17, 6, 2600},  Case{70, 9, 1100},  Case{67, 7, 300},
+        Case{97, 7, 300},    Case{101, 13, 1100}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;

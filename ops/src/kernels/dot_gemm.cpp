@@ -529,13 +529,19 @@ __attribute__((target("avx2,fma,f16c"))) void dot_tile_bf16_avx2(
 
 // Rows of a tile, and its outputs: on AVX-512 (32 registers) and on AVX2 (16).
 constexpr int kTileRows = 4, kTileOutputs = 6, kTileOutputsAvx2 = 3, kTileOutputsBf16Avx2 = 2;
-// Rows whose activations stay near (L1, L2) while every tile of outputs passes over them (64
-// measured no faster than 16 in BM_DeviceGemm/f32_row_invariant, alternated rounds).
-constexpr std::int64_t kTileChunkRows = 16;
+// Rows whose activations stay near (L2) while every tile of outputs passes over them: a tile's
+// weights come into L1 once for the chunk, and the more rows they serve there the fewer times a
+// task's block of weights is read again from L2. On a Zen 5 (1 MiB L2) a task of 96 rows by 168
+// fp32 outputs of k = 768 (a prefill step's MLP block) ran at 132-137 GFLOP/s a thread in chunks
+// of 16, 147-157 in 32 or 64, 157-165 in 96, 158-165 in 128, with a second thread doing the same
+// (each call a new 504 KiB block from memory); an Emerald Rapids (2 MiB L2) had measured 64 no
+// faster than 16. 96 rows of k = 768 fp32 are 288 KiB of activations beside a task's block of at
+// most 1 MiB of weights (dot_out_block), and the chunk's lane sums (part, below) 72 KiB of stack.
+constexpr std::int64_t kTileChunkRows = 96;
 // A tile takes rows of k whole up to kWholeRowBytes, and longer ones in spans of k of
 // kSpanRowBytes (KSpan; bytes of the wider of a weight row and an activation row), so that the
-// tile's weights for a span (6 outputs' 2 KiB each in fp32: 12 KiB) and the chunk's activations
-// (16 rows' 2 KiB) stay in L1 while every group of the chunk's rows passes over them: whole rows of
+// tile's weights for a span (6 outputs' 2 KiB each in fp32: 12 KiB) stay in L1 while every group
+// of the chunk's rows passes over them (their activations from L2, a group's 8 KiB): whole rows of
 // 16 KiB (k = 4096 in fp32) left a thread at 34-38 GFLOP/s, reading the weights from L2 at every
 // step; spans of 2 KiB took it to 55-60. Spans cost a store and a load of each (row, output)'s 32
 // lane sums per span: rows of k = 768 in fp32 ran at 0.75-0.85x a whole-row tile when cut.
@@ -661,7 +667,7 @@ void tiled_rows(const Tiles& tiles, std::int64_t m, std::int64_t n) {
   const std::int64_t row_bytes = tiles.ldb * Tiles::kWeightBytes;
   const auto from = reinterpret_cast<std::uintptr_t>(static_cast<const void*>(tiles.b));
   static_assert(kWidth <= kTileOutputs, "part holds the lane sums of kTileOutputs outputs a row");
-  alignas(64) float part[kTileChunkRows * kTileOutputs * kLanes];  // 12 KiB on the stack
+  alignas(64) float part[kTileChunkRows * kTileOutputs * kLanes];  // 72 KiB on the stack
   // The weights of outputs [j, j + outputs), elements [e, e + count) of each, asked for over
   // `steps` steps of a tile.
   auto ahead_of = [&](std::int64_t j, std::int64_t outputs, std::int64_t e, std::int64_t count,
