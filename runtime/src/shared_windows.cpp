@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -98,6 +99,7 @@ struct Header {
   std::int32_t enabled = 0;
   std::int32_t devices = 0;
   std::int32_t padding = 0;  // all_gather moves the bytes: no uninitialised ones
+  std::uint64_t in_place_min_bytes = 0;
 };
 
 struct ArenaRecord {
@@ -121,6 +123,7 @@ struct SharedWindows::Impl {
   int me = 0;
   int ranks = 1;
   std::vector<std::uint8_t> in_place;                      // [reader * ranks + source]
+  std::size_t min_bytes = 0;                               // in_place_min_bytes()
   std::vector<std::shared_ptr<SharedArena>> local_arenas;  // by local device
   std::shared_ptr<SharedArena> control;                    // this rank's doorbells
   // Per rank: its control block and its devices' arenas as mapped here (null where not).
@@ -184,7 +187,11 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
   mine.pid = static_cast<std::int32_t>(getpid());
   mine.enabled = enabled_by_environment() ? 1 : 0;
   mine.devices = static_cast<std::int32_t>(local.size());
+  mine.in_place_min_bytes = in_place_min_bytes_from_environment();
   const std::vector<Header> headers = gather(*transport, mine);
+  for (const Header& h : headers) {
+    impl->min_bytes = std::max<std::size_t>(impl->min_bytes, h.in_place_min_bytes);
+  }
   auto shares_host = [&](std::size_t r) {
     return r != me && headers[r].enabled != 0 && mine.enabled != 0 && headers[r].host == mine.host;
   };
@@ -281,6 +288,8 @@ bool SharedWindows::reads_in_place(int reader, int source) const noexcept {
   return impl_->in_place[static_cast<std::size_t>(reader) * n + static_cast<std::size_t>(source)] !=
          0;
 }
+
+std::size_t SharedWindows::in_place_min_bytes() const noexcept { return impl_->min_bytes; }
 
 std::optional<SharedLocation> SharedWindows::locate(const void* p,
                                                     std::size_t bytes) const noexcept {
@@ -450,6 +459,19 @@ void SharedWindows::Impl::run_poller() {
                                    "for rank {}",
                                    w.tag, w.from))));
   }
+}
+
+std::size_t in_place_min_bytes_from_environment() {
+  const char* text = std::getenv("NUMESH_IN_PLACE_MIN_BYTES");
+  if (text == nullptr || *text == '\0') return kDefaultInPlaceMinBytes;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long bytes = std::strtoull(text, &end, 10);
+  NUMESH_CHECK(end != text && *end == '\0' && errno == 0 && text[0] != '-', ValueError,
+               "NUMESH_IN_PLACE_MIN_BYTES='{}' is not a whole number of bytes (0 or more; 0: "
+               "every transfer between ranks of one host is read in place)",
+               text);
+  return static_cast<std::size_t>(bytes);
 }
 
 }  // namespace numesh::runtime

@@ -159,7 +159,7 @@ SourceReads::Read SourceReads::contiguous(SourceBuffer buffer, std::int64_t read
   }
   const Key key{static_cast<int>(buffer), source, offset, bytes, mesh_.rank_of(reader), {}};
   const auto* src = static_cast<const std::byte*>(data) + (mesh_.is_local(source) ? offset : 0);
-  if (windows_ != nullptr &&
+  if (windows_ != nullptr && bytes >= windows_->in_place_min_bytes() &&
       windows_->reads_in_place(mesh_.rank_of(reader), mesh_.rank_of(source))) {
     const Staged* staged = shared(key, reader, source, src, bytes, ready);
     if (staged == nullptr) return {};

@@ -52,8 +52,9 @@ class SourceReads {
   /// node `ready`. Returns, when `reader` is this rank's, where to read and what to wait for;
   /// otherwise {} (the call still numbers the transfer, and adds the send or the published
   /// doorbell when `source` is this rank's). Between two ranks that read each other in place,
-  /// the source tells the reader where the bytes lie (or that they must be sent) as the graph is
-  /// built: the reader's call waits for that message.
+  /// a transfer of at least SharedWindows::in_place_min_bytes() is read in place: the source
+  /// tells the reader where the bytes lie (or that they must be sent) as the graph is built, and
+  /// the reader's call waits for that message. Smaller ones are sent.
   Read contiguous(SourceBuffer buffer, std::int64_t reader, std::int64_t source, const void* data,
                   NodeId ready, std::size_t offset, std::size_t bytes);
 

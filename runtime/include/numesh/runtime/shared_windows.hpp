@@ -66,6 +66,11 @@ class SharedWindows {
   /// the same answer for a pair.
   [[nodiscard]] bool reads_in_place(int reader, int source) const noexcept;
 
+  /// The fewest bytes a transfer between a pair that reads in place is read in place with;
+  /// smaller ones cross by the transport. The largest of the ranks' settings
+  /// (in_place_min_bytes_from_environment), so every rank gives the same answer.
+  [[nodiscard]] std::size_t in_place_min_bytes() const noexcept;
+
   /// Where `bytes` bytes at `p` (this rank's memory) lie in a local device's arena, or nullopt
   /// when they are not all in one (a buffer allocated before the windows opened, a mapped
   /// file, host memory).
@@ -97,5 +102,17 @@ class SharedWindows {
   explicit SharedWindows(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// The default of in_place_min_bytes_from_environment: 1 MiB.
+inline constexpr std::size_t kDefaultInPlaceMinBytes = std::size_t{1} << 20;
+
+/// NUMESH_IN_PLACE_MIN_BYTES, the fewest bytes a transfer between ranks of one host is read in
+/// place with (a whole number, 0: every transfer), or kDefaultInPlaceMinBytes when it is unset
+/// or empty. Why a floor: a transfer read in place holds its source until the reader rings
+/// "consumed", a second hand-over between the processes, where the transport copies a small
+/// message out at once; decode steps across two ranks ran at 2x the time of one process in
+/// place and at its time through the transport (docs/distributed.md, "Ranks of one host").
+/// Throws: ValueError naming the value when it is not such a number.
+std::size_t in_place_min_bytes_from_environment();
 
 }  // namespace numesh::runtime
