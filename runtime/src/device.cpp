@@ -308,7 +308,12 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
            : pinning_ == Pinning::kUnpinned ? MemoryBinding::kUnbound
                                             : MemoryBinding::kFirstTouch;
   };
-  if (std::shared_ptr<SharedArena> arena = shared_arena(); arena != nullptr) {
+  std::shared_ptr<SharedArena> arena;
+  {
+    const std::lock_guard lock(shared_arena_mutex_);
+    if (bytes >= shared_min_bytes_) arena = shared_arena_;
+  }
+  if (arena != nullptr) {
     if (std::byte* p = arena->allocate(bytes); p != nullptr) {
       buffer.data_ = p;
       buffer.arena_ = std::move(arena);
@@ -365,9 +370,11 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   return buffer;
 }
 
-void Device::share_memory(std::shared_ptr<SharedArena> arena) {
+void Device::share_memory(std::shared_ptr<SharedArena> arena, std::size_t min_bytes) {
   const std::lock_guard lock(shared_arena_mutex_);
-  if (shared_arena_ == nullptr) shared_arena_ = std::move(arena);
+  if (shared_arena_ != nullptr) return;
+  shared_arena_ = std::move(arena);
+  shared_min_bytes_ = min_bytes;
 }
 
 std::shared_ptr<SharedArena> Device::shared_arena() const {

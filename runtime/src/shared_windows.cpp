@@ -211,8 +211,10 @@ std::shared_ptr<SharedWindows> SharedWindows::open(const std::shared_ptr<Transpo
       for (std::size_t d = 0; d < local.size(); ++d) {
         std::shared_ptr<SharedArena> arena = local.device(d).shared_arena();
         if (arena == nullptr) {
-          local.device(d).share_memory(SharedArena::create(
-              fmt::format("numesh-rank{}-device{}", me, d), arena_capacity(local, d)));
+          local.device(d).share_memory(
+              SharedArena::create(fmt::format("numesh-rank{}-device{}", me, d),
+                                  arena_capacity(local, d)),
+              impl->min_bytes);
           arena = local.device(d).shared_arena();
         }
         impl->local_arenas.push_back(arena);

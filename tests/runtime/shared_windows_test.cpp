@@ -148,7 +148,12 @@ TEST(SharedWindowsTest, RanksOfOneHostMapEachOthersDeviceMemory) {
     EXPECT_TRUE(windows->reads_in_place(peer, me));
     EXPECT_FALSE(windows->reads_in_place(me, me));
     EXPECT_NE(devices->device(1).shared_arena(), nullptr);
-    DeviceBuffer buffer = devices->device(1).allocate(3 * kPage);
+    // Buffers of the windows' floor or more come from the shared arena; smaller ones, which no
+    // transfer reads in place, from private memory.
+    DeviceBuffer buffer = devices->device(1).allocate(windows->in_place_min_bytes());
+    const DeviceBuffer small = devices->device(1).allocate(windows->in_place_min_bytes() - 1);
+    EXPECT_FALSE(windows->locate(small.data(), 1).has_value()) << "below the floor";
+    EXPECT_EQ(devices->device(1).shared_arena()->used_bytes(), windows->in_place_min_bytes());
     const auto where = windows->locate(buffer.data() + 10, 100);
     ASSERT_TRUE(where.has_value());
     EXPECT_EQ(where->device, 1);
