@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "numesh/core/check.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "transpose.hpp"
 
 namespace numesh::models::detail {
@@ -45,10 +46,14 @@ void read_transposed(const Checkpoint& checkpoint, const std::string& name, std:
       });
 }
 
-// Reads tensor `name`'s box [r0, r0 + nr) x [c0, c0 + nc) as it is into `dst` ([nr, nc]), in
-// row blocks over the calling arena's threads.
+// A block of rows starts at a multiple of kRowBlock: at a panel's first row.
+static_assert(kRowBlock % runtime::kPanelWidth == 0);
+
+// Reads tensor `name`'s box [r0, r0 + nr) x [c0, c0 + nc) as it is into `dst` ([nr, nc]) in
+// `order`, in row blocks over the calling arena's threads.
 void read_straight(const Checkpoint& checkpoint, const std::string& name, std::int64_t r0,
-                   std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype, std::byte* dst) {
+                   std::int64_t nr, std::int64_t c0, std::int64_t nc, DType dtype,
+                   runtime::StoredOrder order, std::byte* dst) {
   // Whole rows of the box in the shard's format (a block format's blocks run along them).
   const auto row_bytes = static_cast<std::size_t>(numesh::row_bytes(dtype, nc));
   tbb::parallel_for(
@@ -56,10 +61,18 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
       [&](const tbb::blocked_range<std::int64_t>& r) {
         const std::int64_t rows = r.end() - r.begin();
         const std::array<std::int64_t, 2> offsets{r0 + r.begin(), c0}, sizes{rows, nc};
-        checkpoint.read_box(
-            name, offsets, sizes, dtype,
-            std::span<std::byte>(dst + static_cast<std::size_t>(r.begin()) * row_bytes,
-                                 static_cast<std::size_t>(rows) * row_bytes));
+        const std::span<std::byte> to(dst + static_cast<std::size_t>(r.begin()) * row_bytes,
+                                      static_cast<std::size_t>(rows) * row_bytes);
+        if (order == runtime::StoredOrder::kRows) {
+          checkpoint.read_box(name, offsets, sizes, dtype, to);
+          return;
+        }
+        // Panels lie where their rows would: the block's rows are staged (in the cache) and
+        // written once as its panels, the matrix's last rows mod 16 as rows, instead of a second
+        // pass over the whole shard rearranging it in memory.
+        const auto staged = std::make_unique_for_overwrite<std::byte[]>(to.size());
+        checkpoint.read_box(name, offsets, sizes, dtype, std::span(staged.get(), to.size()));
+        runtime::rows_to_panels(dtype, rows, nc, std::span(staged.get(), to.size()), to);
       });
 }
 
@@ -77,7 +90,7 @@ std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFil
   const auto report_through = [&](std::size_t last) {
     for (; reported <= last; ++reported) after(reported);
   };
-  runtime::fill_shards(tensors, [&](std::size_t i, std::int64_t slot, runtime::Tensor& shard) {
+  const auto fill = [&](std::size_t i, std::int64_t slot, runtime::Tensor& shard) {
     const MatrixSource& source = *matrices[i].source;
     const runtime::ShardedTensor& tensor = *matrices[i].tensor;
     // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
@@ -109,13 +122,15 @@ std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFil
       std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;
       // A slice of a fused tensor starts source.row_offset rows into it (its outputs).
       if (straight) {
-        read_straight(checkpoint, name, source.row_offset + r0, nr, c0, nc, dtype, to);
+        read_straight(checkpoint, name, source.row_offset + r0, nr, c0, nc, dtype, shard.order(),
+                      to);
       } else {  // the shard is [in, out]: rows r of the box are inputs, columns outputs
         read_transposed(checkpoint, name, source.row_offset + c0, nc, r0, nr, dtype, to);
       }
     }
     if (slot == tensor.mesh().local_slots().front() && after) report_through(i);
-  });
+  };
+  runtime::fill_shards(tensors, fill, runtime::FillWrites::kStoredOrder);
   if (after && reported < matrices.size()) report_through(matrices.size() - 1);
   return mapped.load();
 }

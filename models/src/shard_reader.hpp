@@ -26,7 +26,8 @@ struct MatrixFill {
 /// (out-in tensors take them as they are), in its own arena (the pages it writes are its node's,
 /// the work is spread over its threads). The devices go through the list in order, all at once
 /// and without waiting for each other between matrices (runtime::fill_shards over the tensors).
-/// No copy of a whole matrix is made: each thread stages one block of at most 64 source rows.
+/// No copy of a whole matrix is made: each thread stages one block of at most 64 source rows,
+/// which a shard stored in panels (runtime/weight_panels.hpp) takes as its panels at once.
 /// `after(i)`, when set, is called for every i in order, once the first device has read its
 /// shard of matrix i, on that device's thread (never two calls at once; any not called by the
 /// end of the fill are called then): how far the load has come.

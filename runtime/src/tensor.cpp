@@ -319,7 +319,8 @@ void fill_shards(ShardedTensor& tensor,
 }
 
 void fill_shards(std::span<ShardedTensor* const> tensors,
-                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill) {
+                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill,
+                 FillWrites writes) {
   if (tensors.empty()) return;
   const DeviceMesh& mesh = tensors.front()->mesh();
   // Each device writes its slot's shard of every tensor: the slots must be the same devices.
@@ -341,13 +342,15 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
   GraphBuilder builder(mesh.device_set());
   for (std::int64_t slot : mesh.local_slots()) {
     builder.add(mesh.device(slot).index(), fmt::format("fill[{}]", slot),
-                [&fill, &failed, tensors, slot] {
+                [&fill, &failed, tensors, slot, writes] {
                   try {
                     for (std::size_t i = 0; i < tensors.size() && !failed.load(); ++i) {
                       Tensor& shard = tensors[i]->shard(slot);
                       if (shard.size() == 0) continue;
                       fill(i, slot, shard);
-                      if (shard.order() == StoredOrder::kPanels) arrange_in_panels(shard);
+                      if (shard.order() == StoredOrder::kPanels && writes == FillWrites::kRows) {
+                        arrange_in_panels(shard);
+                      }
                     }
                   } catch (...) {
                     failed = true;

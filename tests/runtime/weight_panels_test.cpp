@@ -153,6 +153,44 @@ TEST(WeightPanelsTest, ShardedTensorsInPanelsScatterAndGatherTheirRowsValues) {
   }
 }
 
+// fill_shards' callback writes a panel-stored shard's rows (FillWrites::kRows, which
+// fill_shards then arranges in panels) or its panels (kStoredOrder, kept as written: how a
+// model's load writes each block of rows once).
+TEST(WeightPanelsTest, FillShardsArrangesRowsOrKeepsPanelsAsWritten) {
+  const DeviceMesh mesh =
+      DeviceMesh::create(testing::synthetic_devices(testing::nodes(2)), {2}, {"tp"});
+  const std::vector<std::int64_t> shape{70, 64};  // 35 outputs a device: two panels and 3 rows
+  const sharding::PartitionSpec split({sharding::AxisRule("tp"), sharding::AxisRule()});
+  for (const FillWrites writes : {FillWrites::kRows, FillWrites::kStoredOrder}) {
+    ShardedTensor panels(mesh, shape, split, DType::kQ8_0, BufferContents::kUnspecified,
+                         StoredOrder::kPanels);
+    ShardedTensor* const tensors[] = {&panels};
+    const auto bytes_of = [](std::int64_t slot, std::size_t size) {
+      std::vector<std::byte> b(size);
+      for (std::size_t i = 0; i < size; ++i)
+        b[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(slot) * 7) % 251);
+      return b;
+    };
+    fill_shards(
+        tensors,
+        [&](std::size_t, std::int64_t slot, Tensor& shard) {
+          const std::vector<std::byte> b = bytes_of(slot, shard.size_bytes());
+          std::memcpy(shard.data(), b.data(), b.size());
+        },
+        writes);
+    for (std::int64_t slot = 0; slot < 2; ++slot) {
+      const Tensor& shard = panels.shard(slot);
+      const std::vector<std::byte> written = bytes_of(slot, shard.size_bytes());
+      std::vector<std::byte> arranged(written.size());
+      rows_to_panels(DType::kQ8_0, 35, 64, written, arranged);
+      ASSERT_NE(arranged, written) << "the check must tell the two apart";
+      const std::vector<std::byte>& want = writes == FillWrites::kRows ? arranged : written;
+      EXPECT_EQ(std::memcmp(shard.data(), want.data(), want.size()), 0)
+          << "slot " << slot << (writes == FillWrites::kRows ? ", rows" : ", panels");
+    }
+  }
+}
+
 TEST(WeightPanelsTest, TensorsInPanelsRefuseOtherFormatsAndVectors) {
   const DeviceMesh mesh =
       DeviceMesh::create(testing::synthetic_devices(testing::nodes(1)), {1}, {"dp"});

@@ -134,7 +134,7 @@ class Tensor {
 
 /// `t`'s matrices (each [n, k] of its last two dims), stored as rows, rearranged in place into
 /// panels by the calling thread's arena (StoredOrder::kPanels). For whoever fills a tensor of
-/// that order: fill_shards calls it once fill has written a shard's rows.
+/// that order: fill_shards calls it once fill has written a shard's rows (FillWrites::kRows).
 /// Throws: TypeError when t's order is not kPanels.
 void arrange_in_panels(Tensor& t);
 
@@ -201,15 +201,24 @@ void scatter(const HostTensor& host, ShardedTensor& tensor);
 /// Throws: what fill throws (rethrown once every device has stopped).
 void fill_shards(ShardedTensor& tensor,
                  const std::function<void(std::int64_t slot, Tensor& shard)>& fill);
+/// What a fill_shards callback writes into a shard stored in panels (StoredOrder::kPanels).
+enum class FillWrites {
+  kRows,         ///< rows, which fill_shards then rearranges in place (arrange_in_panels)
+  kStoredOrder,  ///< the shard's own order: panels already (runtime/weight_panels.hpp), so the
+                 ///< bytes are written once, and no second pass reads them back
+};
+
 /// fill_shards over many tensors on one mesh: every device goes through `tensors` in order,
 /// calling fill(i, slot, shard) for its slot's shard of tensor i when it holds elements, all
 /// devices in parallel and in one graph, so that no device waits for the others between
 /// tensors (a model's load of hundreds of matrices pays one synchronization, not one each).
+/// `writes` says whether fill writes a panel-stored shard's rows or its panels.
 /// After a fill throws, the other devices stop at their next tensor.
 /// Throws: ValueError when the tensors are not all on one mesh (naming the first that is
 /// not); what fill throws (the first, once every device has stopped).
 void fill_shards(std::span<ShardedTensor* const> tensors,
-                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill);
+                 const std::function<void(std::size_t i, std::int64_t slot, Tensor& shard)>& fill,
+                 FillWrites writes = FillWrites::kRows);
 /// Assembles the global tensor from the shards: each distinct slice is copied once, by the
 /// first device of its replica group, all devices in parallel. 16-bit values widen exactly,
 /// blocks dequantize. On a mesh over ranks, a collective that gives every rank the whole tensor:
