@@ -36,6 +36,10 @@ namespace {
 // "Small collectives").
 constexpr auto kCallerSpin = std::chrono::microseconds(1);
 
+// The flow-graph priority of transfer nodes (NodeKind::kTransfer); every other node has none.
+// oneTBB runs a prioritized node's task as a critical task: before the tasks already queued.
+constexpr flow::node_priority_t kTransferPriority = 1;
+
 // Waits until `remaining` is 0: polls for kCallerSpin, then sleeps on the atomic (a futex)
 // with `asleep` set, so that the thread ending the run knows to hand over its core.
 void wait_for_completion(std::atomic<int>& remaining, std::atomic<bool>& asleep) {
@@ -318,10 +322,15 @@ CompiledGraph GraphBuilder::compile() {
     if (node.is_sink) ++impl->sinks;
     const auto id = static_cast<NodeId>(i);
     // Remote predecessors (and, for roots, the caller) are counted up front; local ones are
-    // counted by make_edge.
+    // counted by make_edge. A transfer's end (a send, a receive, a doorbell) is started before
+    // any computation that is ready on its device at the same time: it takes a moment, and
+    // another rank may be waiting on it. Without the priority a one-thread device could run a
+    // 4 ms reduction first, holding the peer rank idle for that long (docs/benchmarks.md,
+    // "Session 44: transfers before computation").
     node.task = std::make_unique<flow::continue_node<Msg>>(
         *impl->graphs[static_cast<std::size_t>(node.info.device)], remote + (node.is_root ? 1 : 0),
-        [raw, id](const Msg&) { raw->fire(id); });
+        [raw, id](const Msg&) { raw->fire(id); },
+        node.info.kind == NodeKind::kTransfer ? kTransferPriority : flow::no_priority);
     if (node.is_root) impl->roots.push_back(node.task.get());
     for (NodeId dep : node.info.deps) {
       auto& producer = impl->nodes[dep];

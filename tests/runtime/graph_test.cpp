@@ -365,6 +365,36 @@ TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
 // An asynchronous node that fails, by its done or by throwing from its start, or by an injected
 // fault, ends the run with that error, names the node, skips what depends on it, and leaves the
 // graph able to run again.
+// A transfer's end starts before the computation that is ready on its device at the same time:
+// another rank may be waiting on it, and a one-thread device that ran a long reduction first
+// held the peer rank idle that long. Here eight compute nodes and a transfer become ready
+// together when their one predecessor ends; the transfer, added between them, starts first,
+// every run.
+TEST(GraphTest, ATransferStartsBeforeComputationReadyWithIt) {
+  GraphBuilder b(testing::synthetic_devices(testing::nodes(1)));
+  std::vector<std::string> order;  // one device thread: no lock needed
+  const NodeId first = b.add(0, "first", [] {});
+  const auto compute = [&](const std::string& name) {
+    b.add(0, name, [&order, name] { order.push_back(name); }, {first});
+  };
+  for (int i = 0; i < 4; ++i) compute("compute" + std::to_string(i));
+  b.add_async(0, "transfer",
+              [&order](NodeDone done) {
+                order.push_back("transfer");
+                done(nullptr);
+              },
+              {first});
+  for (int i = 4; i < 8; ++i) compute("compute" + std::to_string(i));
+  CompiledGraph g = b.compile();
+  for (int run = 0; run < 20; ++run) {
+    order.clear();
+    g.run();
+    ASSERT_EQ(order.size(), 9u);
+    EXPECT_EQ(order.front(), "transfer")
+        << "run " << run << ": " << ::testing::PrintToString(order);
+  }
+}
+
 TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
   LateCompleter completer;
   const auto devices = two_devices();

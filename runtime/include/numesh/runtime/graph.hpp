@@ -22,7 +22,8 @@ using NodeId = std::uint32_t;
 enum class NodeKind {
   kCompute,     ///< per-device computation
   kCollective,  ///< one device's part of a collective
-  kTransfer,    ///< one end of a transfer between ranks (an asynchronous node)
+  kTransfer,    ///< one end of a transfer between ranks (an asynchronous node); it starts
+                ///< before the other kinds' nodes that are ready on its device at the same time
 };
 
 /// "compute", "collective" or "transfer".
