@@ -362,9 +362,6 @@ TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
   (void)sink;
 }
 
-// An asynchronous node that fails, by its done or by throwing from its start, or by an injected
-// fault, ends the run with that error, names the node, skips what depends on it, and leaves the
-// graph able to run again.
 // A transfer's end starts before the computation that is ready on its device at the same time:
 // another rank may be waiting on it, and a one-thread device that ran a long reduction first
 // held the peer rank idle that long. Here eight compute nodes and a transfer become ready
@@ -395,6 +392,9 @@ TEST(GraphTest, ATransferStartsBeforeComputationReadyWithIt) {
   }
 }
 
+// An asynchronous node that fails, by its done or by throwing from its start, or by an injected
+// fault, ends the run with that error, names the node, skips what depends on it, and leaves the
+// graph able to run again.
 TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
   LateCompleter completer;
   const auto devices = two_devices();
