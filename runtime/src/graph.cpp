@@ -81,16 +81,15 @@ NodeId GraphBuilder::add(int device, std::string name, std::function<void()> bod
   return add_node(device, std::move(name), std::move(body), {}, deps, kind, bytes);
 }
 
-NodeId GraphBuilder::add_async(int device, std::string name,
-                               std::function<void(NodeDone done)> start,
+NodeId GraphBuilder::add_async(int device, std::string name, AsyncStart start,
                                std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes) {
   NUMESH_CHECK(static_cast<bool>(start), ValueError, "node '{}' has no start", name);
   return add_node(device, std::move(name), {}, std::move(start), deps, kind, bytes);
 }
 
 NodeId GraphBuilder::add_node(int device, std::string name, std::function<void()> body,
-                              std::function<void(NodeDone)> start, std::span<const NodeId> deps,
-                              NodeKind kind, std::uint64_t bytes) {
+                              AsyncStart start, std::span<const NodeId> deps, NodeKind kind,
+                              std::uint64_t bytes) {
   NUMESH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_->size(), IndexError,
                "node '{}': device {} does not exist ({} devices)", name, device, devices_->size());
   for (NodeId d : deps) {
@@ -138,7 +137,7 @@ struct CompiledGraph::Impl {
     NodeInfo info;
     std::function<void()> body;
     // An asynchronous node's start (body empty), else empty.
-    std::function<void(NodeDone)> start;
+    AsyncStart start;
     std::unique_ptr<flow::continue_node<Msg>> task;
     std::vector<flow::continue_node<Msg>*> remote_successors;
     bool is_root = false;
@@ -237,16 +236,26 @@ struct CompiledGraph::Impl {
   // It starts even in a run that is stopping (a node failed, or the run was cancelled) and
   // even with a fault injected: its work is a transfer that another rank's graph matches, and
   // one left out would leave the two ranks' transfers out of step, each of the peer's later
-  // runs receiving what this rank sent for the run before. An injected fault is the node's
-  // error once its work is done.
+  // runs receiving what this rank sent for the run before. It is told that the run is
+  // stopping, so that a send tells its peer instead of sending what may not have been
+  // computed. An injected fault fails the run first, as a fault in the node's own work before
+  // the transfer would.
   void start(NodeId id) {
     Node& n = nodes[id];
     flow::graph& graph = *graphs[static_cast<std::size_t>(n.info.device)];
     graph.reserve_wait();
     note_start(id);
+    if (std::exception_ptr fault = injected_fault(id)) record_error(id, std::move(fault));
+    // Acquire: a node that failed before this one's predecessors completed set stop first.
+    const RunState state =
+        stop.load(std::memory_order_acquire) ? RunState::kStopping : RunState::kGoing;
+    // Its transfer no longer carries the run's work: a cancelled run that had skipped nothing
+    // else still ends cancelled, as its peer's does.
+    if (state == RunState::kStopping) skipped.store(true, std::memory_order_relaxed);
     try {
       n.start(
-          [this, id](std::exception_ptr error_of_work) { finish(id, std::move(error_of_work)); });
+          [this, id](std::exception_ptr error_of_work) { finish(id, std::move(error_of_work)); },
+          state);
     } catch (...) {
       // The start's contract: it throws only before its work began, so done will not come.
       finish(id, std::current_exception());
@@ -258,7 +267,6 @@ struct CompiledGraph::Impl {
   // second time.
   void finish(NodeId id, std::exception_ptr work_error) noexcept {
     Node& n = nodes[id];
-    if (!work_error) work_error = injected_fault(id);
     if (work_error) {
       record_error(id, std::move(work_error));
     } else if (timing_on) {

@@ -172,6 +172,7 @@ class MpiTransport final : public Transport {
     if (t.kind == Transfer::kRecv) {
       int received = 0;
       MPI_Get_count(&status, MPI_BYTE, &received);
+      if (received == 0 && t.count > 0) return run_stopped_error(t.peer, t.tag);
       if (received != t.count) {
         return std::make_exception_ptr(ValueError(
             fmt::format("recv from rank {}, tag {}: {} bytes arrived where {} were expected",

@@ -37,6 +37,10 @@ using Clock = std::chrono::steady_clock;
 
 // A rank's doorbells: counters[kind][from rank][tag], each rung by rank `from` alone. `bell`
 // counts every ring (and every new await of the owner's); the owner's poller sleeps on it.
+// After the counters, stopped[kind][from rank][tag]: bit n % 64 tells whether ring n came from
+// a run that was stopping (ring()'s run_stopped). A doorbell is rung at most once a run and its
+// source waits for the reader's consumed ring before it runs again, so a ring is read long
+// before the bit is reused 64 rings later.
 struct ControlHeader {
   std::atomic<std::uint32_t> bell{0};
   std::atomic<std::uint32_t> sleeping{0};
@@ -45,7 +49,7 @@ constexpr std::size_t kHeaderBytes = 64;
 constexpr std::size_t kTags = kTransportTagLimit;
 
 std::size_t control_bytes(int ranks) {
-  return kHeaderBytes + 2 * static_cast<std::size_t>(ranks) * kTags * sizeof(std::uint64_t);
+  return kHeaderBytes + 4 * static_cast<std::size_t>(ranks) * kTags * sizeof(std::uint64_t);
 }
 
 long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
@@ -135,6 +139,7 @@ struct SharedWindows::Impl {
   // The poller's watches.
   struct Watch {
     const std::atomic<std::uint64_t>* counter;
+    std::size_t index;  // the doorbell's, for its stopped bits
     std::uint64_t target;
     int from;
     int tag;
@@ -154,6 +159,21 @@ struct SharedWindows::Impl {
   ControlHeader& header(std::byte* block) const { return *reinterpret_cast<ControlHeader*>(block); }
   std::atomic<std::uint64_t>* counters(std::byte* block) const {
     return reinterpret_cast<std::atomic<std::uint64_t>*>(block + kHeaderBytes);
+  }
+  std::atomic<std::uint64_t>* stopped(std::byte* block) const {
+    return counters(block) + 2 * static_cast<std::size_t>(ranks) * kTags;
+  }
+  // Whether ring `n` (1, 2, ...) of this rank's doorbell `i` came from a stopping run; read
+  // once the counter has reached n (acquire), which orders the bit's write first.
+  bool rung_stopped(std::size_t i, std::uint64_t n) const {
+    return ((stopped(control->base())[i].load(std::memory_order_relaxed) >> (n % 64)) & 1U) != 0;
+  }
+  // What an await matched to a ring of a stopping run completes with.
+  static std::exception_ptr stopped_error(Doorbell kind, int from, int tag) {
+    return std::make_exception_ptr(CancelledError(fmt::format(
+        "wait for rank {}'s {} doorbell, tag {}: rank {}'s run stopped before its bytes were "
+        "ready (a node failed there or on a rank it waited for, or its run was cancelled)",
+        from, kind == Doorbell::kPublished ? "published" : "consumed", tag, from)));
   }
   std::size_t index(Doorbell kind, int from, int tag) const {
     return (static_cast<std::size_t>(kind) * static_cast<std::size_t>(ranks) +
@@ -317,16 +337,26 @@ const std::byte* SharedWindows::at(int rank, SharedLocation where, std::size_t b
   return m.base() + where.offset;
 }
 
-void SharedWindows::ring(Doorbell kind, int to, int tag) {
+void SharedWindows::ring(Doorbell kind, int to, int tag, bool run_stopped) {
   NUMESH_CHECK(to >= 0 && to < impl_->ranks && impl_->controls[static_cast<std::size_t>(to)],
                ValueError, "shared memory: no doorbells of rank {} on rank {}", to, impl_->me);
   NUMESH_CHECK(tag >= 0 && static_cast<std::size_t>(tag) < kTags, ValueError,
                "shared memory: tag {} is outside [0, {})", tag, kTags);
   std::byte* block = impl_->controls[static_cast<std::size_t>(to)]->base();
-  // Release: what this rank wrote before the ring (the published bytes, or its reads' end) is
-  // seen by the reader that sees the count.
-  impl_->counters(block)[impl_->index(kind, impl_->me, tag)].fetch_add(1,
-                                                                       std::memory_order_release);
+  const std::size_t i = impl_->index(kind, impl_->me, tag);
+  std::atomic<std::uint64_t>& counter = impl_->counters(block)[i];
+  // This rank alone rings the doorbell, so the next ring's number is known before it rings.
+  const std::uint64_t bit = std::uint64_t{1}
+                            << ((counter.load(std::memory_order_relaxed) + 1) % 64);
+  std::atomic<std::uint64_t>& stopped = impl_->stopped(block)[i];
+  if (run_stopped) {
+    stopped.fetch_or(bit, std::memory_order_relaxed);
+  } else if ((stopped.load(std::memory_order_relaxed) & bit) != 0) {
+    stopped.fetch_and(~bit, std::memory_order_relaxed);
+  }
+  // Release: what this rank wrote before the ring (the published bytes, or its reads' end, and
+  // the stopped bit) is seen by the reader that sees the count.
+  counter.fetch_add(1, std::memory_order_release);
   impl_->wake(block);
 }
 
@@ -344,11 +374,11 @@ void SharedWindows::await(Doorbell kind, int from, int tag, DoorbellDone done) {
   if (counter.load(std::memory_order_acquire) >= target) {
     impl_->heard[static_cast<std::size_t>(from)].store(Clock::now().time_since_epoch().count(),
                                                        std::memory_order_relaxed);
-    done(nullptr);
+    done(impl_->rung_stopped(i, target) ? Impl::stopped_error(kind, from, tag) : nullptr);
     return;
   }
   Impl::Watch watch{
-      &counter,       target, from, tag, kind, Clock::now(), impl_->transport->patience(),
+      &counter,       i, target, from, tag, kind, Clock::now(), impl_->transport->patience(),
       std::move(done)};
   {
     const std::lock_guard lock(impl_->mutex);
@@ -414,7 +444,8 @@ void SharedWindows::Impl::run_poller() {
       if (w.counter->load(std::memory_order_acquire) >= w.target) {
         heard[static_cast<std::size_t>(w.from)].store(now.time_since_epoch().count(),
                                                       std::memory_order_relaxed);
-        std::exchange(w.done, nullptr)(nullptr);
+        std::exchange(w.done, nullptr)(
+            rung_stopped(w.index, w.target) ? stopped_error(w.kind, w.from, w.tag) : nullptr);
         any = true;
         continue;
       }

@@ -22,6 +22,18 @@ std::vector<NodeId> after(NodeId ready) {
 SourceReads::SourceReads(GraphBuilder& builder, const DeviceMesh& mesh, std::string name)
     : builder_(builder), mesh_(mesh), name_(std::move(name)), windows_(mesh.shared_windows()) {}
 
+AsyncStart SourceReads::send_node(int to, int tag, const std::byte* src, std::size_t bytes) const {
+  return [transport = mesh_.transport(), to, tag, src, bytes](NodeDone done, RunState run) {
+    // A stopping run's bytes may not have been computed: the peer is told so instead, and its
+    // run stops too where it would have read them.
+    if (run == RunState::kStopping) {
+      transport->send_run_stopped(to, tag, std::move(done));
+    } else {
+      transport->send(to, tag, {src, bytes}, std::move(done));
+    }
+  };
+}
+
 namespace {
 
 // What the source of an in-place pair tells the reader as the graph is built: where the bytes
@@ -40,11 +52,7 @@ const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t read
   const int from = mesh_.rank_of(source);
   const int to = mesh_.rank_of(reader);
   const int me = mesh_.this_rank();
-  auto send_bytes = [&](int to_rank, int tag) {
-    return [transport = mesh_.transport(), to_rank, tag, src, bytes](NodeDone done) {
-      transport->send(to_rank, tag, {src, bytes}, std::move(done));
-    };
-  };
+  auto send_bytes = [&](int to_rank, int tag) { return send_node(to_rank, tag, src, bytes); };
   if (me == from) {
     if (sent_.count(key) != 0) return nullptr;
     const int tag = builder_.transfer_tag(from, to);
@@ -62,8 +70,8 @@ const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t read
     // stopping, as transfers do: a ring left out would put the two ranks' doorbells out of step.
     builder_.add_async(
         mesh_.device(source).index(), fmt::format("{}.publish[{}->rank {}]", name_, source, to),
-        [windows = windows_, to, tag](NodeDone done) {
-          windows->ring(Doorbell::kPublished, to, tag);
+        [windows = windows_, to, tag](NodeDone done, RunState run) {
+          windows->ring(Doorbell::kPublished, to, tag, run == RunState::kStopping);
           done(nullptr);
         },
         after(ready), NodeKind::kTransfer, 0);
@@ -80,7 +88,7 @@ const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t read
   staged.in_place = windows_->at(from, {where.device, where.offset}, bytes);
   staged.received = builder_.add_async(
       mesh_.device(reader).index(), fmt::format("{}.published[{}<-{}]", name_, reader, source),
-      [windows = windows_, from, tag](NodeDone done) {
+      [windows = windows_, from, tag](NodeDone done, RunState) {
         windows->await(Doorbell::kPublished, from, tag, std::move(done));
       },
       std::span<const NodeId>{}, NodeKind::kTransfer, bytes);
@@ -99,7 +107,7 @@ Frontier SourceReads::finish(Frontier next) {
     for (auto& [from, tags] : consumed_) {
       builder_.add_async(
           device, fmt::format("{}.consumed[->rank {}]", name_, from),
-          [windows = windows_, from = from, tags = tags](NodeDone end) {
+          [windows = windows_, from = from, tags = tags](NodeDone end, RunState) {
             for (const int tag : tags) windows->ring(Doorbell::kConsumed, from, tag);
             end(nullptr);
           },
@@ -110,7 +118,7 @@ Frontier SourceReads::finish(Frontier next) {
     NodeId& entry = next[static_cast<std::size_t>(slot)];
     entry = builder_.add_async(
         mesh_.device(slot).index(), fmt::format("{}.free[{}]", name_, slot),
-        [windows = windows_, bells = bells](NodeDone done) {
+        [windows = windows_, bells = bells](NodeDone done, RunState) {
           windows->await_all(Doorbell::kConsumed, bells, std::move(done));
         },
         after(entry), NodeKind::kTransfer, 0);
@@ -142,7 +150,7 @@ const SourceReads::Staged* SourceReads::transfer(const Key& key, std::int64_t re
   staged.buffer = std::make_shared<DeviceBuffer>(mesh_.device(reader).allocate(bytes));
   staged.received = builder_.add_async(
       mesh_.device(reader).index(), fmt::format("{}.recv[{}<-{}]", name_, reader, source),
-      [transport = mesh_.transport(), from, tag, buffer = staged.buffer](NodeDone done) {
+      [transport = mesh_.transport(), from, tag, buffer = staged.buffer](NodeDone done, RunState) {
         transport->recv(from, tag, buffer->bytes(), std::move(done));
       },
       std::span<const NodeId>{}, NodeKind::kTransfer, bytes);
@@ -166,11 +174,8 @@ SourceReads::Read SourceReads::contiguous(SourceBuffer buffer, std::int64_t read
     return {staged->in_place != nullptr ? staged->in_place : staged->buffer->data(),
             staged->received};
   }
-  const Staged* staged = transfer(key, reader, source, bytes, ready, [&](int to, int tag) {
-    return [transport = mesh_.transport(), to, tag, src, bytes](NodeDone done) {
-      transport->send(to, tag, {src, bytes}, std::move(done));
-    };
-  });
+  const Staged* staged = transfer(key, reader, source, bytes, ready,
+                                  [&](int to, int tag) { return send_node(to, tag, src, bytes); });
   if (staged == nullptr) return {};
   return {staged->buffer->data(), staged->received};
 }
@@ -200,11 +205,15 @@ SourceReads::BoxRead SourceReads::box(std::int64_t reader, std::int64_t source, 
   const Staged* staged = transfer(key, reader, source, bytes, ready, [&](int to, int tag) {
     // The box's elements, packed on the source's device when the send starts.
     auto packed = std::make_shared<DeviceBuffer>(mesh_.device(source).allocate(bytes));
-    return
-        [transport = mesh_.transport(), to, tag, packed, data, slices, box, type](NodeDone done) {
-          copy_box(box, data, *slices, packed->data(), box, type);
-          transport->send(to, tag, packed->bytes(), std::move(done));
-        };
+    return [transport = mesh_.transport(), to, tag, packed, data, slices, box, type](NodeDone done,
+                                                                                     RunState run) {
+      if (run == RunState::kStopping) {
+        transport->send_run_stopped(to, tag, std::move(done));
+        return;
+      }
+      copy_box(box, data, *slices, packed->data(), box, type);
+      transport->send(to, tag, packed->bytes(), std::move(done));
+    };
   });
   if (staged == nullptr) return {};
   auto& entry = staged_.at(key);

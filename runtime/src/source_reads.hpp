@@ -10,6 +10,9 @@
 // on the source's rank and a receive node on the reader's, into a staging buffer that every
 // local reader of those bytes shares. Nothing else about the collective changes, so its nodes
 // combine their inputs in the same order, and give the same bits, in one process or many.
+// In a run that is stopping (a node failed, or the run was cancelled), a send tells its peer
+// so instead of sending (Transport::send_run_stopped), and a published doorbell rings marked
+// so: the reader's run stops instead of reading what may never have been computed.
 
 #include <cstddef>
 #include <cstdint>
@@ -105,6 +108,9 @@ class SourceReads {
   template <typename MakeSend>
   const Staged* transfer(const Key& key, std::int64_t reader, std::int64_t source,
                          std::size_t bytes, NodeId ready, MakeSend&& send, int tag = -1);
+
+  // The start of a send node of `bytes` bytes at `src` to rank `to` under `tag`.
+  AsyncStart send_node(int to, int tag, const std::byte* src, std::size_t bytes) const;
 
   // contiguous() between two ranks that read each other in place; nullptr on a rank that does
   // not read the bytes.

@@ -89,6 +89,18 @@ void Transport::send(int peer, int tag, std::span<const std::byte> bytes, Transf
   start_send(peer, tag, bytes, std::move(done));
 }
 
+void Transport::send_run_stopped(int peer, int tag, TransferDone done) {
+  check_transfer("send to", peer, tag, done);
+  start_send(peer, tag, {}, std::move(done));
+}
+
+std::exception_ptr Transport::run_stopped_error(int peer, int tag) {
+  return std::make_exception_ptr(CancelledError(fmt::format(
+      "recv from rank {}, tag {}: rank {}'s run stopped before these bytes were "
+      "ready (a node failed there or on a rank it waited for, or its run was cancelled)",
+      peer, tag, peer)));
+}
+
 void Transport::recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
                      Patience patience) {
   check_transfer("recv from", peer, tag, done);
@@ -210,11 +222,14 @@ class ThreadHub {
   };
 
   // Copies a matched pair and completes both, outside the lock (a callback may post again).
-  // A size mismatch fails the receive alone, as MPI does.
+  // A size mismatch fails the receive alone, as MPI does; no bytes where some were expected
+  // are a send_run_stopped.
   static void deliver(int from, int tag, std::span<const std::byte> sent, TransferDone send_done,
                       std::span<std::byte> into, TransferDone recv_done) {
     std::exception_ptr error;
-    if (sent.size() < into.size()) {
+    if (sent.empty() && !into.empty()) {
+      error = Transport::run_stopped_error(from, tag);
+    } else if (sent.size() < into.size()) {
       error = std::make_exception_ptr(
           ValueError(fmt::format("recv from rank {}, tag {}: {} bytes arrived where {} were "
                                  "expected",

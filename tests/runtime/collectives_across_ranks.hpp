@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -316,40 +317,71 @@ inline void sharded_collectives_match_one_process(const std::shared_ptr<Transpor
   }
 }
 
+/// The first node of `graph` of kind `kind` that a send node waits for (or, when none does, the
+/// first of that kind): a fault there stops the run before that send starts.
+inline NodeId fed_to_a_send(const CompiledGraph& graph, NodeKind kind) {
+  for (NodeId id = 0; id < graph.size(); ++id) {
+    const NodeInfo& node = graph.node(id);
+    if (node.name.find(".send[") == std::string::npos) continue;
+    for (const NodeId dep : node.deps) {
+      if (graph.node(dep).kind == kind) return dep;
+    }
+  }
+  NodeId id = 0;
+  while (id < graph.size() && graph.node(id).kind != kind) ++id;
+  return id;
+}
+
 /// A run that fails on one rank, in a transfer or in a collective's own node, fails there with
-/// that error and leaves every rank's transfers in step: the other ranks' runs complete, and
-/// every later run on every rank gives one process's bits again.
-inline void a_failed_run_leaves_the_ranks_in_step(const std::shared_ptr<Transport>& transport) {
+/// that error, and every other rank's run, which needs what the failed rank would have sent
+/// after the fault (the all-gather stage of a reduce-scatter+all-gather all-reduce over every
+/// rank), stops with CancelledError naming the failed rank or a rank that stopped because of
+/// it, never completing with what it was sent in place of the failed rank's work. Every rank's
+/// transfers stay in step: every later run on every rank gives one process's bits again.
+inline void a_failed_run_stops_the_ranks_that_need_it(const std::shared_ptr<Transport>& transport) {
   for (const RankedMesh& m : ranked_meshes(transport->size())) {
     const DeviceMesh mesh = over_ranks(m, transport);
-    // The direct f32 all-reduce over every axis: every group spans every rank.
     const auto everything = cases(m.names);
     const auto it = std::find_if(everything.begin(), everything.end(), [&](const Case& k) {
       return k.axes.size() == m.names.size() && k.dtype == DType::kF32 &&
-             k.name.rfind("all_reduce sum direct", 0) == 0;
+             k.name.rfind("all_reduce sum reduce-scatter+all-gather", 0) == 0;
     });
     ASSERT_NE(it, everything.end());
     const Case& all = *it;
     const auto want = run_case(one_process(m), all);
     BuiltCase built = build_case(mesh, all);
     CompiledGraph& graph = *built.graph;
-    const bool failing = transport->rank() == transport->size() - 1;
+    const int last = transport->size() - 1;
+    const bool failing = transport->rank() == last;
     for (NodeKind kind : {NodeKind::kTransfer, NodeKind::kCollective}) {
       if (kind == NodeKind::kTransfer && transport->size() == 1) continue;  // none in one process
       if (failing) {
-        NodeId victim = 0;
-        while (victim < graph.size() && graph.node(victim).kind != kind) ++victim;
+        const NodeId victim = fed_to_a_send(graph, kind);
         ASSERT_LT(victim, graph.size())
             << "no " << to_string(kind) << " node on rank " << transport->rank();
         graph.inject_fault(victim);
         EXPECT_THROW(graph.run(), InjectedFault) << to_string(kind);
         EXPECT_EQ(graph.failed_node(), graph.node(victim).name);
       } else {
-        EXPECT_NO_THROW(graph.run()) << "rank " << transport->rank() << ", a fault in a "
-                                     << to_string(kind) << " node of another rank";
+        // Run once and match after: EXPECT_THAT would run a failing run again to explain it.
+        // The error names the rank this one heard it from: the failed rank, or one that had
+        // stopped because of it.
+        std::string error = "(no error)";
+        try {
+          graph.run();
+        } catch (const CancelledError& e) {
+          error = e.what();
+        }
+        EXPECT_THAT(error, ::testing::MatchesRegex(
+                               ".*rank [0-9]+'s run stopped before these bytes were ready.*"))
+            << "rank " << transport->rank() << ", a fault in a " << to_string(kind)
+            << " node of rank " << last << " on " << mesh.to_string();
       }
       built.clear_outputs();
-      graph.run();
+      EXPECT_NO_THROW(graph.run())
+          << "rank " << transport->rank() << ", the run after a fault in a " << to_string(kind)
+          << " node of rank " << last << " on " << mesh.to_string() << " failed in "
+          << graph.failed_node();
       for (const auto& [slot, bytes] : built.outputs()) {
         EXPECT_EQ(bytes, want.at(slot)) << "after a fault in a " << to_string(kind)
                                         << " node: slot " << slot << " of " << mesh.to_string();

@@ -23,8 +23,8 @@ TEST_P(CollectivesAcrossRanksTest, ShardedCollectivesGiveTheBitsOfOneProcess) {
   testing::on_thread_ranks(GetParam(), across_ranks::sharded_collectives_match_one_process);
 }
 
-TEST_P(CollectivesAcrossRanksTest, AFailedRunLeavesTheRanksInStep) {
-  testing::on_thread_ranks(GetParam(), across_ranks::a_failed_run_leaves_the_ranks_in_step);
+TEST_P(CollectivesAcrossRanksTest, AFailedRunStopsTheRanksThatNeedIt) {
+  testing::on_thread_ranks(GetParam(), across_ranks::a_failed_run_stops_the_ranks_that_need_it);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossRanksTest, ::testing::Values(1, 2, 3, 4),

@@ -292,15 +292,18 @@ class LateCompleter {
   LateCompleter(const LateCompleter&) = delete;
   LateCompleter& operator=(const LateCompleter&) = delete;
 
+  /// Calls `done` with `error` 200 us later, from the completer's thread.
+  void later(NodeDone done, std::exception_ptr error = nullptr) {
+    {
+      const std::lock_guard lock(m_);
+      queue_.emplace_back(std::move(done), error);
+    }
+    cv_.notify_all();
+  }
+
   /// A start that queues its done, to be called with `error`.
-  std::function<void(NodeDone)> start(std::exception_ptr error = nullptr) {
-    return [this, error](NodeDone done) {
-      {
-        const std::lock_guard lock(m_);
-        queue_.emplace_back(std::move(done), error);
-      }
-      cv_.notify_all();
-    };
+  AsyncStart start(std::exception_ptr error = nullptr) {
+    return [this, error](NodeDone done, RunState) { later(std::move(done), error); };
   }
 
  private:
@@ -323,8 +326,8 @@ TEST(GraphTest, AnAsynchronousNodeCompletesWhenItsDoneIsCalled) {
   std::vector<int> seen_by_successors;
   std::mutex m;
   auto counting = [&](std::atomic<int>& completed) {
-    return [&completer, &completed](NodeDone done) {
-      completer.start()([&completed, done = std::move(done)](std::exception_ptr e) {
+    return [&completer, &completed](NodeDone done, RunState) {
+      completer.later([&completed, done = std::move(done)](std::exception_ptr e) {
         ++completed;
         done(e);
       });
@@ -376,7 +379,7 @@ TEST(GraphTest, ATransferStartsBeforeComputationReadyWithIt) {
   };
   for (int i = 0; i < 4; ++i) compute("compute" + std::to_string(i));
   b.add_async(0, "transfer",
-              [&order](NodeDone done) {
+              [&order](NodeDone done, RunState) {
                 order.push_back("transfer");
                 done(nullptr);
               },
@@ -401,10 +404,12 @@ TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
   bool fail_late = false, fail_early = false;
   int after = 0;
   GraphBuilder b(devices);
-  const NodeId transfer = b.add_async(1, "recv[1]", [&](NodeDone done) {
+  RunState state = RunState::kGoing;
+  const NodeId transfer = b.add_async(1, "recv[1]", [&](NodeDone done, RunState run) {
+    state = run;
     if (fail_early) throw ValueError("bad peer");
-    completer.start(fail_late ? std::make_exception_ptr(IoError("peer went away"))
-                              : nullptr)(std::move(done));
+    completer.later(std::move(done),
+                    fail_late ? std::make_exception_ptr(IoError("peer went away")) : nullptr);
   });
   b.add(0, "consumer", [&] { ++after; }, {transfer});
   CompiledGraph g = b.compile();
@@ -417,31 +422,38 @@ TEST(GraphTest, AnAsynchronousNodesErrorEndsTheRun) {
   EXPECT_THAT([&] { g.run(); }, ThrowsMessage<ValueError>("bad peer"));
   EXPECT_EQ(after, 0);
   fail_early = false;
+  EXPECT_EQ(state, RunState::kGoing);
   g.inject_fault(transfer);
   EXPECT_THAT([&] { g.run(); },
               ThrowsMessage<InjectedFault>("injected fault in node recv[1] (device 1)"));
   EXPECT_EQ(after, 0);
+  EXPECT_EQ(state, RunState::kStopping) << "an injected fault fails the run before the start";
   g.run();
   EXPECT_EQ(after, 1);
+  EXPECT_EQ(state, RunState::kGoing);
   EXPECT_EQ(g.failed_node(), "");
 }
 
-// An asynchronous node starts even in a run that is failing or cancelled: its transfer is
-// matched by another rank's graph, and one left out would put the ranks' transfers out of step.
+// An asynchronous node starts even in a run that is failing or cancelled, told that the run is
+// stopping: its transfer is matched by another rank's graph, and one left out would put the
+// ranks' transfers out of step. A cancel that came before the transfer started ends the run
+// cancelled even though no other node was left to skip: the transfer did not carry its work.
 TEST(GraphTest, AnAsynchronousNodeStartsEvenInAStoppingRun) {
   LateCompleter completer;
   GraphBuilder b(two_devices());
   std::atomic<int> started{0};
-  bool fail = true;
+  std::vector<RunState> states;  // one start at a time: the runs are one after another
+  enum { kFail, kCancel, kGo } first_does = kFail;
   CompiledGraph* self = nullptr;
   const NodeId first = b.add(0, "first", [&] {
-    if (fail) throw ValueError("first failed");
-    self->cancel();
+    if (first_does == kFail) throw ValueError("first failed");
+    if (first_does == kCancel) self->cancel();
   });
   const NodeId send = b.add_async(1, "send",
-                                  [&](NodeDone done) {
+                                  [&](NodeDone done, RunState run) {
                                     ++started;
-                                    completer.start()(std::move(done));
+                                    states.push_back(run);
+                                    completer.later(std::move(done));
                                   },
                                   {first});
   int after = 0;
@@ -450,10 +462,28 @@ TEST(GraphTest, AnAsynchronousNodeStartsEvenInAStoppingRun) {
   self = &g;
   EXPECT_THROW(g.run(), ValueError);
   EXPECT_EQ(started.load(), 1) << "started after a failed node";
-  fail = false;
+  first_does = kCancel;
   EXPECT_THROW(g.run(), CancelledError);
   EXPECT_EQ(started.load(), 2) << "started in a cancelled run";
   EXPECT_EQ(after, 0);
+  first_does = kGo;
+  g.run();
+  EXPECT_EQ(after, 1);
+  EXPECT_EQ(states,
+            (std::vector<RunState>{RunState::kStopping, RunState::kStopping, RunState::kGoing}));
+  // The cancel comes with the send as the run's last node: nothing is left to skip.
+  GraphBuilder last(two_devices());
+  const NodeId only = last.add(0, "first", [&] { self->cancel(); });
+  last.add_async(1, "send",
+                 [&](NodeDone done, RunState run) {
+                   states.push_back(run);
+                   done(nullptr);
+                 },
+                 {only});
+  CompiledGraph h = last.compile();
+  self = &h;
+  EXPECT_THROW(h.run(), CancelledError);
+  EXPECT_EQ(states.back(), RunState::kStopping);
 }
 
 // Timing of an asynchronous node spans start to done; traces and DOT mark it as a transfer.

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -225,6 +226,49 @@ TEST(SharedWindowsTest, TheKthAwaitOfADoorbellMatchesItsKthRing) {
   });
 }
 
+// A ring from a stopping run fails the await it matches, naming the rank, and only that one:
+// whether the ring came before the await (read on the caller's thread) or after it (the
+// poller's).
+TEST(SharedWindowsTest, ARingOfAStoppedRunFailsTheAwaitItMatches) {
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    const DeviceMesh mesh = DeviceMesh::create(own_devices(1), transport, {2}, {"x"});
+    SharedWindows& windows = *mesh.shared_windows();
+    const int me = transport->rank(), peer = 1 - me;
+    const std::vector<bool> stopped{false, true, false, true, false};
+    if (me == 0) {
+      for (std::size_t k = 0; k < 3; ++k) windows.ring(Doorbell::kPublished, peer, 4, stopped[k]);
+      transport->barrier();  // rings before the awaits
+      transport->barrier();  // the peer awaits the next two before they ring
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (std::size_t k = 3; k < 5; ++k) windows.ring(Doorbell::kPublished, peer, 4, stopped[k]);
+      transport->barrier();
+      return;
+    }
+    transport->barrier();
+    std::vector<std::promise<std::exception_ptr>> rung(stopped.size());
+    for (std::size_t k = 0; k < stopped.size(); ++k) {
+      if (k == 3) transport->barrier();
+      windows.await(Doorbell::kPublished, peer, 4,
+                    [&rung, k](std::exception_ptr e) { rung[k].set_value(e); });
+    }
+    for (std::size_t k = 0; k < stopped.size(); ++k) {
+      const std::exception_ptr error = rung[k].get_future().get();
+      if (!stopped[k]) {
+        EXPECT_EQ(error, nullptr) << "await " << k;
+        continue;
+      }
+      EXPECT_THAT(
+          [&] { std::rethrow_exception(error); },
+          ::testing::ThrowsMessage<CancelledError>(
+              "wait for rank 0's published doorbell, tag 4: rank 0's run stopped before "
+              "its bytes were ready (a node failed there or on a rank it waited for, or its run "
+              "was cancelled)"))
+          << "await " << k;
+    }
+    transport->barrier();
+  });
+}
+
 TEST(SharedWindowsTest, AnAwaitWithoutRingEndsAfterThePatienceNamingTheRank) {
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     const DeviceMesh mesh = DeviceMesh::create(own_devices(1), transport, {2}, {"x"});
@@ -254,8 +298,11 @@ int nodes_named(const CompiledGraph& graph, const std::string& part) {
 
 // An all-reduce over two ranks of two devices each, its inputs in device buffers (in shared
 // memory) or, with `host_inputs`, in host memory: in place, or through the transport.
+// With `fault`, the first run fails on rank 1 in the collective's node that its first published
+// doorbell waits for: rank 1 throws the fault, rank 0's run stops with CancelledError naming
+// rank 1 (its wait for the published doorbell), and the runs after it are exact.
 void all_reduce_two_ranks(const std::shared_ptr<Transport>& transport, bool host_inputs,
-                          bool expect_in_place) {
+                          bool expect_in_place, bool fault = false) {
   const auto devices = own_devices(2);
   const DeviceMesh mesh = DeviceMesh::create(devices, transport, {4}, {"x"});
   const std::size_t count = 20000;  // 80 KB: reduce-scatter, then all-gather
@@ -283,6 +330,28 @@ void all_reduce_two_ranks(const std::shared_ptr<Transport>& transport, bool host
   GraphBuilder builder(mesh.device_set());
   all_reduce(builder, mesh, in, out, count, ReduceOp::kSum, {{"x"}, {}, "sum"});
   CompiledGraph graph = builder.compile();
+  if (fault && transport->rank() == 1) {
+    NodeId victim = 0;
+    for (NodeId id = 0; id < graph.size() && victim == 0; ++id) {
+      if (graph.node(id).name.find(".publish[") == std::string::npos) continue;
+      for (const NodeId dep : graph.node(id).deps) {
+        if (graph.node(dep).kind == NodeKind::kCollective) victim = dep;
+      }
+    }
+    ASSERT_NE(victim, 0u) << "no published doorbell waits for a collective's node";
+    graph.inject_fault(victim);
+    EXPECT_THROW(graph.run(), InjectedFault);
+  } else if (fault) {
+    // Run once and match after: EXPECT_THAT would run a failing run again to explain it.
+    std::string error = "(no error)";
+    try {
+      graph.run();
+    } catch (const CancelledError& e) {
+      error = e.what();
+    }
+    EXPECT_THAT(error, HasSubstr("wait for rank 1's published doorbell, tag "));
+    EXPECT_THAT(graph.failed_node(), HasSubstr(".published["));
+  }
   for (int run = 0; run < 3; ++run) {
     graph.run();
     for (const std::int64_t slot : mesh.local_slots()) {
@@ -313,6 +382,16 @@ TEST(SharedWindowsTest, AnAllReduceReadsTheOtherRanksBuffersInPlace) {
   const ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     all_reduce_two_ranks(transport, /*host_inputs=*/false, /*expect_in_place=*/true);
+  });
+}
+
+// A rank whose run fails before it publishes what another rank reads in place stops that
+// rank's run too, naming it, instead of letting it read what was never computed.
+TEST(SharedWindowsTest, AFailedRunStopsTheRankThatReadsItInPlace) {
+  const ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    all_reduce_two_ranks(transport, /*host_inputs=*/false, /*expect_in_place=*/true,
+                         /*fault=*/true);
   });
 }
 

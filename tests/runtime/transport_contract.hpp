@@ -170,6 +170,46 @@ inline void size_mismatch(Transport& t) {
   t.barrier();
 }
 
+// A send_run_stopped takes its transfer's place under the tag: the receive it matches fails
+// with CancelledError naming the rank and the tag, its bytes untouched, and the transfers
+// before and after it arrive whole. A receive of no bytes cannot tell it from a transfer.
+inline void run_stopped(Transport& t) {
+  if (t.size() == 1) return;
+  const int tag = 7;
+  if (t.rank() == 0) {
+    send_blocking(t, 1, tag, pattern(0, 1, 48));
+    Outcome stopped;
+    t.send_run_stopped(1, tag, stopped.callback());
+    EXPECT_EQ(stopped.wait(), nullptr);
+    send_blocking(t, 1, tag, pattern(0, 3, 48));
+    t.send_run_stopped(1, tag + 1, stopped.callback());
+    EXPECT_EQ(stopped.wait(), nullptr);
+  } else if (t.rank() == 1) {
+    std::vector<std::byte> first(48), second(48, std::byte{5}), third(48);
+    Outcome o1, o2, o3;
+    t.recv(0, tag, first, o1.callback());
+    t.recv(0, tag, second, o2.callback());
+    t.recv(0, tag, third, o3.callback());
+    EXPECT_EQ(o1.wait(), nullptr);
+    EXPECT_THAT([&] { std::rethrow_exception(o2.wait()); },
+                ::testing::ThrowsMessage<CancelledError>(
+                    "recv from rank 0, tag 7: rank 0's run stopped before these bytes were ready "
+                    "(a node failed there or on a rank it waited for, or its run was cancelled)"));
+    EXPECT_EQ(o3.wait(), nullptr);
+    EXPECT_EQ(first, pattern(0, 1, 48));
+    EXPECT_EQ(second, std::vector<std::byte>(48, std::byte{5})) << "left as they were";
+    EXPECT_EQ(third, pattern(0, 3, 48));
+    Outcome empty;
+    t.recv(0, tag + 1, {}, empty.callback());
+    EXPECT_EQ(empty.wait(), nullptr);
+  }
+  const auto ignore = [](std::exception_ptr) {};
+  EXPECT_THAT([&] { t.send_run_stopped(t.rank(), 0, ignore); },
+              ::testing::ThrowsMessage<ValueError>("send to rank " + std::to_string(t.rank()) +
+                                                   ": that is this rank"));
+  t.barrier();
+}
+
 // Ranks given the same settings pass; rank 1 given other dims and the last rank no dtype are
 // refused on every rank with one message naming both settings and every rank's value.
 inline void rank_settings(Transport& t) {

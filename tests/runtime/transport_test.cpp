@@ -47,6 +47,7 @@ TEST_P(ThreadTransportTest, RefusesBadArguments) {
   on_thread_ranks(GetParam(), contract::refuses_bad_arguments);
 }
 TEST_P(ThreadTransportTest, SizeMismatch) { on_thread_ranks(GetParam(), contract::size_mismatch); }
+TEST_P(ThreadTransportTest, RunStopped) { on_thread_ranks(GetParam(), contract::run_stopped); }
 TEST_P(ThreadTransportTest, RankSettings) { on_thread_ranks(GetParam(), contract::rank_settings); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadTransportTest, ::testing::Values(1, 2, 4),

@@ -22,8 +22,8 @@ TEST(CollectivesMpiTest, ShardedCollectivesGiveTheBitsOfOneProcess) {
   across_ranks::sharded_collectives_match_one_process(mpi_world());
 }
 
-TEST(CollectivesMpiTest, AFailedRunLeavesTheRanksInStep) {
-  across_ranks::a_failed_run_leaves_the_ranks_in_step(mpi_world());
+TEST(CollectivesMpiTest, AFailedRunStopsTheRanksThatNeedIt) {
+  across_ranks::a_failed_run_stops_the_ranks_that_need_it(mpi_world());
 }
 
 }  // namespace

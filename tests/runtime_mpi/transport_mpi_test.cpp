@@ -35,6 +35,7 @@ TEST(MpiTransportTest, TagsAndOrder) { contract::tags_and_order(world()); }
 TEST(MpiTransportTest, AllGather) { contract::all_gather(world()); }
 TEST(MpiTransportTest, RefusesBadArguments) { contract::refuses_bad_arguments(world()); }
 TEST(MpiTransportTest, SizeMismatch) { contract::size_mismatch(world()); }
+TEST(MpiTransportTest, RunStopped) { contract::run_stopped(world()); }
 TEST(MpiTransportTest, RankSettings) { contract::rank_settings(world()); }
 
 // The watchdog: a bounded receive that nothing matches fails with TimeoutError naming the

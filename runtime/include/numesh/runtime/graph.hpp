@@ -33,6 +33,16 @@ std::string_view to_string(NodeKind kind) noexcept;
 /// nullptr when the node's work is done or with the error that ended it.
 using NodeDone = std::function<void(std::exception_ptr)>;
 
+/// How the run stands when an asynchronous node starts (GraphBuilder::add_async).
+enum class RunState : std::uint8_t {
+  kGoing,     ///< no node has failed and the run was not cancelled
+  kStopping,  ///< a node failed or the run was cancelled: the node's inputs may not have been
+              ///< computed, and a transfer should say so in place of sending them
+};
+
+/// Starts an asynchronous node's work (GraphBuilder::add_async) in a run that stands as `run`.
+using AsyncStart = std::function<void(NodeDone done, RunState run)>;
+
 /// A node's description.
 struct NodeInfo {
   /// Name shown in DOT, timing tables and traces, e.g. "mlp.up[1]" or "all_reduce.rs[0]".
@@ -94,15 +104,18 @@ class GraphBuilder {
   /// waits in between. `done` must be called exactly once per run, unless `start` throws, in
   /// which case it must not be called at all (the throw is the node's error). A run waits for
   /// every started node's `done`, even a cancelled or failed run. An asynchronous node starts
-  /// even in a run that is stopping (a node failed, or the run was cancelled), and a fault
-  /// injected into it is reported once its work is done: its work is a transfer another rank's
-  /// graph matches, and leaving one out would put the ranks' transfers out of step.
+  /// even in a run that is stopping (a node failed, or the run was cancelled), told so by its
+  /// RunState: its work is a transfer another rank's graph matches, and leaving one out would
+  /// put the ranks' transfers out of step, so a send says that its run stopped in place of
+  /// sending what was not computed (Transport::send_run_stopped). A fault injected into it
+  /// (CompiledGraph::inject_fault) fails the run before it starts, which then starts as in a
+  /// stopping run.
   /// Throws: as add.
-  NodeId add_async(int device, std::string name, std::function<void(NodeDone done)> start,
+  NodeId add_async(int device, std::string name, AsyncStart start,
                    std::span<const NodeId> deps = {}, NodeKind kind = NodeKind::kTransfer,
                    std::uint64_t bytes = 0);
   /// add_async() with a braced dependency list.
-  NodeId add_async(int device, std::string name, std::function<void(NodeDone done)> start,
+  NodeId add_async(int device, std::string name, AsyncStart start,
                    std::initializer_list<NodeId> deps, NodeKind kind = NodeKind::kTransfer,
                    std::uint64_t bytes = 0) {
     return add_async(device, std::move(name), std::move(start),
@@ -140,14 +153,13 @@ class GraphBuilder {
 
  private:
   std::shared_ptr<DeviceSet> devices_;
-  NodeId add_node(int device, std::string name, std::function<void()> body,
-                  std::function<void(NodeDone)> start, std::span<const NodeId> deps, NodeKind kind,
-                  std::uint64_t bytes);
+  NodeId add_node(int device, std::string name, std::function<void()> body, AsyncStart start,
+                  std::span<const NodeId> deps, NodeKind kind, std::uint64_t bytes);
 
   std::vector<NodeInfo> nodes_;
   // Per node, the body of a plain node or the start of an asynchronous one (the other empty).
   std::vector<std::function<void()>> bodies_;
-  std::vector<std::function<void(NodeDone)>> starts_;
+  std::vector<AsyncStart> starts_;
   // Transfers numbered so far per (from, to) pair of ranks.
   std::map<std::pair<int, int>, int> transfer_tags_;
 };

@@ -82,8 +82,12 @@ class SharedWindows {
   /// mapping of that arena or the bytes run past its end.
   [[nodiscard]] const std::byte* at(int rank, SharedLocation where, std::size_t bytes) const;
 
-  /// Rings rank `to`'s doorbell `kind` for transfer `tag` (in [0, kTransportTagLimit)).
-  void ring(Doorbell kind, int to, int tag);
+  /// Rings rank `to`'s doorbell `kind` for transfer `tag` (in [0, kTransportTagLimit)). With
+  /// `run_stopped`, the ring says that the run it belongs to stopped before the bytes were
+  /// ready (a node failed here, or the run was cancelled): the await it matches completes with
+  /// CancelledError naming this rank. One thread at a time rings a given doorbell, and at most
+  /// 64 of its rings may wait for their awaits.
+  void ring(Doorbell kind, int to, int tag, bool run_stopped = false);
 
   /// Calls `done` once rank `from` has rung doorbell `kind` of `tag` as many times as this
   /// rank has awaited it, this call included: on the calling thread when that happened already,
@@ -91,7 +95,9 @@ class SharedWindows {
   /// k-th receive under a tag matches the k-th send. When `from` rings none for the transport's
   /// patience (counted from the later of this call and the last ring of `from` that this rank
   /// saw end a wait), `done` gets a TimeoutError naming the rank, the
-  /// doorbell and the tag. A destroyed window completes what is left with CancelledError.
+  /// doorbell and the tag. A ring of a stopped run (ring()'s run_stopped) completes the await
+  /// it matches with CancelledError naming the rank, the doorbell and the tag. A destroyed
+  /// window completes what is left with CancelledError.
   void await(Doorbell kind, int from, int tag, DoorbellDone done);
 
   /// await() for every (rank, tag) of `bells`; `done` once all have rung, with the first error.

@@ -79,13 +79,23 @@ class Transport {
   /// NotImplementedError when the transport moves no data.
   void send(int peer, int tag, std::span<const std::byte> bytes, TransferDone done);
 
+  /// Sends `peer`, in place of this rank's next transfer to it under `tag`, word that the run
+  /// it belonged to stopped before its bytes were ready (a node failed here, or the run was
+  /// cancelled): the peer's receive of it completes with CancelledError naming this rank and
+  /// the tag, and the transfers after it under the tag arrive as usual. It crosses as a
+  /// transfer of no bytes, so a receive of no bytes completes without error either way.
+  /// Throws: as send.
+  void send_run_stopped(int peer, int tag, TransferDone done);
+
   /// Starts receiving the next transfer from `peer` under `tag` into `bytes`; `done` runs when
   /// it has arrived. A transfer of another size than bytes.size() completes `done` with a
   /// ValueError naming the peer, the tag and both sizes (or, when it is larger, the size
   /// expected). A kBounded receive whose peer completes no transfer with this rank for
   /// patience() completes `done` with TimeoutError naming the peer, the tag and the time (the
   /// MPI transport, where MPI may still write the bytes of a transfer its peer stopped
-  /// halfway: end the run; ranks as threads wait without limit).
+  /// halfway: end the run; ranks as threads wait without limit). A transfer the peer replaced
+  /// by send_run_stopped completes `done` with CancelledError naming the peer and the tag, the
+  /// bytes left as they were.
   /// Throws: as send.
   void recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
             Patience patience = Patience::kBounded);
@@ -107,6 +117,11 @@ class Transport {
   /// Returns once every rank has called it. Collective.
   /// Throws: what a transfer failed with.
   void barrier();
+
+  /// The error a receive from `peer` under `tag` completes with when the peer sent
+  /// send_run_stopped in place of its transfer (a CancelledError naming both). For
+  /// implementations: a receive expecting bytes that gets none.
+  [[nodiscard]] static std::exception_ptr run_stopped_error(int peer, int tag);
 
  protected:
   /// The implementation of send, with arguments checked (the transport's own tags allowed).
