@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -132,6 +133,9 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
         check_on_every_rank(
             *world, graph.check(),
             fmt::format("numesh's {} of {}", diagnostics::to_string(op), format_bytes(bytes)));
+        if (!o.trace.empty()) {
+          write_run_trace(graph.graph(), case_trace_path(o.trace, op, bytes, world->rank()));
+        }
       }
       // MPI reduces f32 only; its copies move any element type.
       std::optional<double> t_mpi;
@@ -166,6 +170,11 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
   }
   if (progress) std::fprintf(stderr, "\r\033[K");
   if (json_file.is_open()) json_file << records.dump(2) << "\n";
+  if (!o.trace.empty()) {
+    out << fmt::format(
+        "traces: {} (each rank's own clock, from its run's start)\n",
+        (std::filesystem::path(o.trace) / "<collective>-<bytes>-rank<N>.json").string());
+  }
 }
 
 }  // namespace numesh::tools

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -69,8 +70,28 @@ MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) on one buffer per rank; r
                   "per collective")
       ->capture_default_str();
   cmd->add_option("--json", o.json, "Write one JSON record per case to FILE");
+  cmd->add_option("--trace", o.trace,
+                  "Run each case once more, timed node by node, and write that run as Chrome "
+                  "trace JSON (chrome://tracing, Perfetto) to DIR/<collective>-<bytes>.json "
+                  "(under mpirun, one file per rank: ...-rank<N>.json)");
   cmd->add_flag("--quiet", o.quiet, "No progress line on stderr");
   return cmd;
+}
+
+std::string case_trace_path(const std::string& dir, diagnostics::CollectiveOp op, std::size_t bytes,
+                            int rank) {
+  const std::string name = fmt::format("{}-{}", diagnostics::to_string(op), bytes);
+  const std::string file = rank < 0 ? name + ".json" : fmt::format("{}-rank{}.json", name, rank);
+  return (std::filesystem::path(dir) / file).string();
+}
+
+void write_run_trace(runtime::CompiledGraph& graph, const std::string& path) {
+  graph.set_timing(true);
+  graph.run();
+  graph.set_timing(false);
+  std::ofstream file(path);
+  file << graph.chrome_trace() << "\n";
+  NUMESH_CHECK(file.good(), IoError, "--trace: cannot write '{}'", path);
 }
 
 BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& o) {
@@ -88,6 +109,8 @@ BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& o) 
   NUMESH_CHECK(o.repeats > 0, ValueError, "--repeats {} must be positive", o.repeats);
   NUMESH_CHECK(o.min_time >= 0, ValueError, "--min-time {} must not be negative", o.min_time);
   NUMESH_CHECK(o.chain > 0, ValueError, "--chain {} must be positive", o.chain);
+  NUMESH_CHECK(o.trace.empty() || std::filesystem::is_directory(o.trace), IoError,
+               "--trace '{}' is not a folder", o.trace);
   c.chain = static_cast<std::size_t>(o.chain);
   return c;
 }
@@ -159,6 +182,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
                   static_cast<double>(chain);
         NUMESH_CHECK(graph.check(), Error, "{} of {} on {} devices gave a wrong result",
                      diagnostics::to_string(op), format_bytes(bytes), d);
+        if (!o.trace.empty()) write_run_trace(graph.graph(), case_trace_path(o.trace, op, bytes));
       }
       {
         diagnostics::PlainCollective plain(d, op, bytes, dtype, chain);
@@ -191,6 +215,10 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
   }
   if (!o.quiet && progress) std::fprintf(stderr, "\r\033[K");
   if (json_file.is_open()) json_file << records.dump(2) << "\n";
+  if (!o.trace.empty()) {
+    out << fmt::format("traces: {}\n",
+                       (std::filesystem::path(o.trace) / "<collective>-<bytes>.json").string());
+  }
 }
 
 }  // namespace numesh::tools

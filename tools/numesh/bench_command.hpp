@@ -29,6 +29,7 @@ struct BenchCollectivesOptions {
   double min_time = 0.2;      ///< --min-time: and at least this many seconds per case
   int chain = 1;              ///< --chain: collectives per graph run (timed per collective)
   std::string json;           ///< --json FILE: one record per case
+  std::string trace;          ///< --trace DIR: each case's last run as a Chrome trace
   bool quiet = false;         ///< --quiet: no progress line
 };
 
@@ -41,7 +42,8 @@ struct BenchCollectivesCases {
 };
 
 /// Parses and checks the options' cases.
-/// Throws: ValueError naming a bad --ops, --sizes, --dtype, --repeats, --min-time or --chain.
+/// Throws: ValueError naming a bad --ops, --sizes, --dtype, --repeats, --min-time or --chain;
+/// IoError when --trace names no folder.
 BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& options);
 
 /// Registers `bench`, the group of the benchmark subcommands (collectives here, memory and
@@ -57,6 +59,16 @@ CLI::App* add_bench_collectives_command(CLI::App& bench, BenchCollectivesOptions
 /// goes to stderr. Throws: numesh::Error naming a bad value; Error when a result is wrong.
 /// Under mpirun with more than one rank, runs run_bench_collectives_across_ranks instead.
 void run_bench_collectives(const BenchCollectivesOptions& options, std::ostream& out);
+
+/// Where --trace `dir` puts the trace of case (`op`, `bytes`): DIR/<op>-<bytes>.json, or
+/// DIR/<op>-<bytes>-rank<N>.json for rank `rank` >= 0 of a run across ranks.
+std::string case_trace_path(const std::string& dir, diagnostics::CollectiveOp op, std::size_t bytes,
+                            int rank = -1);
+
+/// Runs `graph` once more with per-node timing and writes that run as Chrome trace JSON
+/// (chrome://tracing, Perfetto) to `path`. Collective when the graph spans ranks: every rank
+/// calls it. Throws: IoError naming the file when it cannot be written; what the run throws.
+void write_run_trace(runtime::CompiledGraph& graph, const std::string& path);
 
 /// The benchmark across the ranks mpirun started (bench_collectives_ranks.cpp): every rank makes
 /// its devices from the cores it may use, the mesh is every rank's devices in rank order, and
