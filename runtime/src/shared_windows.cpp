@@ -170,7 +170,7 @@ struct SharedWindows::Impl {
   }
   // What an await matched to a ring of a stopping run completes with.
   static std::exception_ptr stopped_error(Doorbell kind, int from, int tag) {
-    return std::make_exception_ptr(CancelledError(fmt::format(
+    return std::make_exception_ptr(PeerStoppedError(fmt::format(
         "wait for rank {}'s {} doorbell, tag {}: rank {}'s run stopped before its bytes were "
         "ready (a node failed there or on a rank it waited for, or its run was cancelled)",
         from, kind == Doorbell::kPublished ? "published" : "consumed", tag, from)));

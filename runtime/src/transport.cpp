@@ -95,7 +95,7 @@ void Transport::send_run_stopped(int peer, int tag, TransferDone done) {
 }
 
 std::exception_ptr Transport::run_stopped_error(int peer, int tag) {
-  return std::make_exception_ptr(CancelledError(fmt::format(
+  return std::make_exception_ptr(PeerStoppedError(fmt::format(
       "recv from rank {}, tag {}: rank {}'s run stopped before these bytes were "
       "ready (a node failed there or on a rank it waited for, or its run was cancelled)",
       peer, tag, peer)));

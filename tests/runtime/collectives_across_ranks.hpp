@@ -335,7 +335,7 @@ inline NodeId fed_to_a_send(const CompiledGraph& graph, NodeKind kind) {
 /// A run that fails on one rank, in a transfer or in a collective's own node, fails there with
 /// that error, and every other rank's run, which needs what the failed rank would have sent
 /// after the fault (the all-gather stage of a reduce-scatter+all-gather all-reduce over every
-/// rank), stops with CancelledError naming the failed rank or a rank that stopped because of
+/// rank), stops with PeerStoppedError naming the failed rank or a rank that stopped because of
 /// it, never completing with what it was sent in place of the failed rank's work. Every rank's
 /// transfers stay in step: every later run on every rank gives one process's bits again.
 inline void a_failed_run_stops_the_ranks_that_need_it(const std::shared_ptr<Transport>& transport) {
@@ -369,7 +369,7 @@ inline void a_failed_run_stops_the_ranks_that_need_it(const std::shared_ptr<Tran
         std::string error = "(no error)";
         try {
           graph.run();
-        } catch (const CancelledError& e) {
+        } catch (const PeerStoppedError& e) {
           error = e.what();
         }
         EXPECT_THAT(error, ::testing::MatchesRegex(

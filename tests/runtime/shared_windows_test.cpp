@@ -259,7 +259,7 @@ TEST(SharedWindowsTest, ARingOfAStoppedRunFailsTheAwaitItMatches) {
       }
       EXPECT_THAT(
           [&] { std::rethrow_exception(error); },
-          ::testing::ThrowsMessage<CancelledError>(
+          ::testing::ThrowsMessage<PeerStoppedError>(
               "wait for rank 0's published doorbell, tag 4: rank 0's run stopped before "
               "its bytes were ready (a node failed there or on a rank it waited for, or its run "
               "was cancelled)"))
@@ -346,7 +346,7 @@ void all_reduce_two_ranks(const std::shared_ptr<Transport>& transport, bool host
     std::string error = "(no error)";
     try {
       graph.run();
-    } catch (const CancelledError& e) {
+    } catch (const PeerStoppedError& e) {
       error = e.what();
     }
     EXPECT_THAT(error, HasSubstr("wait for rank 1's published doorbell, tag "));

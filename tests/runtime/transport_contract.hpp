@@ -192,7 +192,7 @@ inline void run_stopped(Transport& t) {
     t.recv(0, tag, third, o3.callback());
     EXPECT_EQ(o1.wait(), nullptr);
     EXPECT_THAT([&] { std::rethrow_exception(o2.wait()); },
-                ::testing::ThrowsMessage<CancelledError>(
+                ::testing::ThrowsMessage<PeerStoppedError>(
                     "recv from rank 0, tag 7: rank 0's run stopped before these bytes were ready "
                     "(a node failed there or on a rank it waited for, or its run was cancelled)"));
     EXPECT_EQ(o3.wait(), nullptr);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -30,6 +31,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -61,13 +63,22 @@ namespace {
 
 constexpr int kBadInput = 2;
 
+// How long a rank whose run stopped because another rank's had (PeerStoppedError) waits before
+// it ends every rank itself: the rank that failed first ends them at once, and its error, not
+// this rank's echo of it, should be the one printed before they go.
+constexpr auto kPeerReportGrace = std::chrono::seconds(2);
+
 // Prints the error and returns the exit status of bad input. Under mpirun with more than one
-// rank it ends every rank instead (abort_mpi_world): a rank that failed alone and returned
-// would leave the others waiting for it in their next collective step, and its own
+// rank it ends every rank instead (abort_mpi_world), after `grace`: a rank that failed alone and
+// returned would leave the others waiting for it in their next collective step, and its own
 // MPI_Finalize waiting for them.
-int fail(const std::string& message) {
+int fail(const std::string& message,
+         std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
   std::cerr << "numesh: error: " << message << std::endl;
-  if (numesh::runtime::launched_ranks() > 1) numesh::runtime::abort_mpi_world(kBadInput);
+  if (numesh::runtime::launched_ranks() > 1) {
+    std::this_thread::sleep_for(grace);
+    numesh::runtime::abort_mpi_world(kBadInput);
+  }
   return kBadInput;
 }
 
@@ -213,6 +224,8 @@ int main(int argc, char** argv) {
       }
       return c.run(std::cout);
     }
+  } catch (const numesh::PeerStoppedError& e) {
+    return fail(e.what(), kPeerReportGrace);
   } catch (const numesh::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {

@@ -98,6 +98,14 @@ class CancelledError : public Error {
   using Error::Error;
 };
 
+/// A run stopped because another rank's run had stopped (a node failed there, or that run was
+/// cancelled) before it sent what this one needed. The rank that stopped first reports its own
+/// error; this one names the rank it heard it from.
+class PeerStoppedError : public CancelledError {
+ public:
+  using CancelledError::CancelledError;
+};
+
 /// A rank of the run did not answer in time: a transfer waited longer than the transport's
 /// patience for its peer (runtime/transport.hpp), which has most likely hung.
 class TimeoutError : public Error {

@@ -197,8 +197,10 @@ class CompiledGraph {
   /// Runs every node once, each after its dependencies, and returns when all are done. Under
   /// a CancelScope (cancellation.hpp), the scope's source cancels it as cancel() does, and a
   /// run begun after the source was cancelled throws CancelledError without running a node.
-  /// Throws: the first exception a node threw (as thrown); CancelledError when cancel() was
-  /// called during the run; ValueError when another thread is running this graph.
+  /// Throws: the first exception a node threw (as thrown), PeerStoppedError from a transfer
+  /// node among them when another rank's run stopped before sending what this one needed
+  /// (GraphBuilder::add_async); CancelledError when cancel() was called during the run;
+  /// ValueError when another thread is running this graph.
   void run();
   /// Cancels the run in progress, if any: nodes that have not started are skipped, and run()
   /// throws CancelledError (unless every node had already run, when the run simply completes).

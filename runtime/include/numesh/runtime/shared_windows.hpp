@@ -85,7 +85,7 @@ class SharedWindows {
   /// Rings rank `to`'s doorbell `kind` for transfer `tag` (in [0, kTransportTagLimit)). With
   /// `run_stopped`, the ring says that the run it belongs to stopped before the bytes were
   /// ready (a node failed here, or the run was cancelled): the await it matches completes with
-  /// CancelledError naming this rank. One thread at a time rings a given doorbell, and at most
+  /// PeerStoppedError naming this rank. One thread at a time rings a given doorbell, and at most
   /// 64 of its rings may wait for their awaits.
   void ring(Doorbell kind, int to, int tag, bool run_stopped = false);
 
@@ -96,7 +96,7 @@ class SharedWindows {
   /// patience (counted from the later of this call and the last ring of `from` that this rank
   /// saw end a wait), `done` gets a TimeoutError naming the rank, the
   /// doorbell and the tag. A ring of a stopped run (ring()'s run_stopped) completes the await
-  /// it matches with CancelledError naming the rank, the doorbell and the tag. A destroyed
+  /// it matches with PeerStoppedError naming the rank, the doorbell and the tag. A destroyed
   /// window completes what is left with CancelledError.
   void await(Doorbell kind, int from, int tag, DoorbellDone done);
 

@@ -81,10 +81,10 @@ class Transport {
 
   /// Sends `peer`, in place of this rank's next transfer to it under `tag`, word that the run
   /// it belonged to stopped before its bytes were ready (a node failed here, or the run was
-  /// cancelled): the peer's receive of it completes with CancelledError naming this rank and
-  /// the tag, and the transfers after it under the tag arrive as usual. It crosses as a
-  /// transfer of no bytes, so a receive of no bytes completes without error either way.
-  /// Throws: as send.
+  /// cancelled): the peer's receive of it completes with PeerStoppedError (a CancelledError) naming
+  /// this rank and the tag, and the transfers after it under the tag arrive as usual. It crosses as
+  /// a transfer of no bytes, so a receive of no bytes completes without error either way. Throws:
+  /// as send.
   void send_run_stopped(int peer, int tag, TransferDone done);
 
   /// Starts receiving the next transfer from `peer` under `tag` into `bytes`; `done` runs when
@@ -94,7 +94,7 @@ class Transport {
   /// patience() completes `done` with TimeoutError naming the peer, the tag and the time (the
   /// MPI transport, where MPI may still write the bytes of a transfer its peer stopped
   /// halfway: end the run; ranks as threads wait without limit). A transfer the peer replaced
-  /// by send_run_stopped completes `done` with CancelledError naming the peer and the tag, the
+  /// by send_run_stopped completes `done` with PeerStoppedError naming the peer and the tag, the
   /// bytes left as they were.
   /// Throws: as send.
   void recv(int peer, int tag, std::span<std::byte> bytes, TransferDone done,
@@ -119,7 +119,7 @@ class Transport {
   void barrier();
 
   /// The error a receive from `peer` under `tag` completes with when the peer sent
-  /// send_run_stopped in place of its transfer (a CancelledError naming both). For
+  /// send_run_stopped in place of its transfer (a PeerStoppedError naming both). For
   /// implementations: a receive expecting bytes that gets none.
   [[nodiscard]] static std::exception_ptr run_stopped_error(int peer, int tag);
 
