@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <ctime>
 #include <functional>
@@ -22,7 +23,8 @@ using Test = std::function<bool(const Value&, CallArgs&)>;
 std::string text_of(const Value& v) { return to_str(v); }
 
 // `item.a.b` for a dotted attribute, as jinja2's make_attrgetter walks it (an int part is an
-// index).
+// index). An int part past 64 bits is an index no list or dict holds: Undefined, as jinja2's
+// lookup of it gives.
 Value attribute_path(const Value& item, const std::string& path) {
   Value v = item;
   std::size_t start = 0;
@@ -30,8 +32,14 @@ Value attribute_path(const Value& item, const std::string& path) {
     const std::size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    v = digits ? get_item(v, Value(static_cast<std::int64_t>(std::stoll(part))))
-               : get_item(v, Value(part));
+    std::int64_t index = 0;
+    if (digits) {
+      const std::from_chars_result read =
+          std::from_chars(part.data(), part.data() + part.size(), index);
+      v = read.ec == std::errc() ? get_item(v, Value(index)) : Value(Undefined{part});
+    } else {
+      v = get_item(v, Value(part));
+    }
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
