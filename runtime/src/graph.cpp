@@ -11,10 +11,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -55,6 +60,59 @@ void wait_for_completion(std::atomic<int>& remaining, std::atomic<bool>& asleep)
     remaining.wait(left, std::memory_order_acquire);
   }
   asleep.store(false, std::memory_order_relaxed);
+}
+
+// NUMESH_INJECT_FAULT=NAME[@RUN]: the node named NAME throws InjectedFault instead of running,
+// in the RUN-th run (1 when left out) that any graph of this process holding a node so named
+// makes; once a process. For testing how a whole program (a command, a rank of an MPI job, a
+// server) meets a failing node, where CompiledGraph::inject_fault cannot be reached. Read as
+// each graph is compiled; the runs are counted over the whole process.
+struct PlannedFault {
+  std::string node;
+  std::int64_t run = 1;
+};
+
+// Runs made so far of graphs holding the planned node, over the whole process, and whether the
+// planned fault was armed.
+std::atomic<std::int64_t> planned_fault_runs{0};
+std::atomic<bool> planned_fault_armed{false};
+
+// At exit: a planned fault that never came is said, so that a misspelt node or a run past the
+// program's last does not pass for a program that met its fault and carried on.
+void warn_of_unarmed_fault() {
+  if (planned_fault_armed.load()) return;
+  const char* raw = std::getenv("NUMESH_INJECT_FAULT");
+  std::fprintf(stderr,
+               "numesh: warning: NUMESH_INJECT_FAULT '%s': no fault was injected (runs of "
+               "graphs holding a node so named: %lld)\n",
+               raw != nullptr ? raw : "", static_cast<long long>(planned_fault_runs.load()));
+}
+
+// The fault NUMESH_INJECT_FAULT plans, if any. Throws ValueError for a value that is not
+// NAME[@RUN] with RUN a positive whole number.
+std::optional<PlannedFault> planned_fault() {
+  const char* raw = std::getenv("NUMESH_INJECT_FAULT");
+  if (raw == nullptr || *raw == '\0') return std::nullopt;
+  const std::string_view value(raw);
+  PlannedFault fault;
+  const std::size_t at = value.rfind('@');
+  fault.node = std::string(value.substr(0, at));
+  if (at != std::string_view::npos) {
+    const std::string_view run = value.substr(at + 1);
+    const auto [end, error] = std::from_chars(run.data(), run.data() + run.size(), fault.run);
+    NUMESH_CHECK(error == std::errc() && end == run.data() + run.size() && fault.run > 0,
+                 ValueError,
+                 "NUMESH_INJECT_FAULT '{}': the run after '@' must be a positive whole number, "
+                 "got '{}'",
+                 value, run);
+  }
+  NUMESH_CHECK(!fault.node.empty(), ValueError,
+               "NUMESH_INJECT_FAULT '{}': expected NODE[@RUN], a node's name and optionally "
+               "which of its runs fails (1: the first)",
+               value);
+  static const bool warns_at_exit = std::atexit(warn_of_unarmed_fault) == 0;
+  (void)warns_at_exit;
+  return fault;
 }
 
 }  // namespace
@@ -160,6 +218,10 @@ struct CompiledGraph::Impl {
   // inject_fault's node for the next run, and the one armed for the run in progress (-1: none).
   std::atomic<std::int64_t> next_fault{-1};
   std::int64_t armed_fault = -1;
+  // The node NUMESH_INJECT_FAULT names in this graph (-1: none), and in which of the process's
+  // runs of such graphs it fails.
+  std::int64_t planned_fault = -1;
+  std::int64_t planned_fault_run = 0;
   std::mutex error_mutex;
   std::exception_ptr error;
   std::string failed;
@@ -351,6 +413,14 @@ CompiledGraph GraphBuilder::compile() {
       }
     }
   }
+  if (const std::optional<PlannedFault> fault = planned_fault()) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (impl->nodes[i].info.name != fault->node) continue;
+      impl->planned_fault = static_cast<std::int64_t>(i);
+      impl->planned_fault_run = fault->run;
+      break;
+    }
+  }
   nodes_.clear();
   bodies_.clear();
   starts_.clear();
@@ -393,6 +463,11 @@ void CompiledGraph::run() {
   } registered{source, *this};
   // Read by the bodies, which the roots' try_put below starts: the put orders this write first.
   g.armed_fault = g.next_fault.exchange(-1, std::memory_order_acq_rel);
+  if (g.planned_fault >= 0 && g.armed_fault < 0 &&
+      planned_fault_runs.fetch_add(1, std::memory_order_relaxed) + 1 == g.planned_fault_run) {
+    g.armed_fault = g.planned_fault;
+    planned_fault_armed.store(true);
+  }
   if (g.timing_on) {
     std::fill(g.timings.begin(), g.timings.end(), NodeTiming{});
     g.run_start = Clock::now();

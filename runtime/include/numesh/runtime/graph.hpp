@@ -148,7 +148,8 @@ class GraphBuilder {
   const std::shared_ptr<DeviceSet>& devices() const noexcept { return devices_; }
 
   /// Compiles the graph into oneTBB flow graphs (one per device, built inside the device's
-  /// arena). The builder is left empty.
+  /// arena). The builder is left empty. Reads NUMESH_INJECT_FAULT (CompiledGraph::inject_fault).
+  /// Throws: ValueError when NUMESH_INJECT_FAULT is set but not NODE[@RUN].
   CompiledGraph compile();
 
  private:
@@ -219,6 +220,9 @@ class CompiledGraph {
   /// is, ends the run on every device with that one exception and leaves the graph able to run
   /// again. A later call before that run replaces the node.
   /// Throws: IndexError for a node that does not exist. Thread-safe.
+  /// The same fault can be planned from outside a program: with NUMESH_INJECT_FAULT=NODE[@RUN]
+  /// in its environment, the node named NODE fails in the RUN-th run (1 when left out) that any
+  /// graph of the process holding a node so named makes, once a process (read by compile()).
   void inject_fault(NodeId id);
 
   /// Turns per-node timing on or off for later runs (off by default; costs two clock reads
