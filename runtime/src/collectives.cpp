@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <utility>
@@ -234,6 +235,7 @@ std::string_view to_string(ReduceOp op) noexcept { return op == ReduceOp::kSum ?
 
 namespace {
 
+using detail::SendStart;
 using detail::SourceBuffer;
 using detail::SourceReads;
 
@@ -305,23 +307,6 @@ void add_copies(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<CopyP
   }
 }
 
-// Adds the node of each reduce plan, combining `n` elements of its inputs into its output
-// (moving (inputs - 1) * n elements between devices); entry `slot` of `next` becomes it.
-void add_reductions(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<ReducePlan>& plans,
-                    std::span<const BufferView> out, std::size_t n, ReduceOp op, DType type,
-                    const std::string& name, Frontier& next) {
-  for (ReducePlan& p : plans) {
-    void* dst = out[static_cast<std::size_t>(p.slot)].data;
-    const std::uint64_t moved = (p.inputs.size() - 1) * n * dtype_size(type);
-    next[static_cast<std::size_t>(p.slot)] = builder.add(
-        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
-        [dst, inputs = std::move(p.inputs), n, op, type] {
-          reduce_parallel(dst, inputs, 0, n, op, type);
-        },
-        p.deps, NodeKind::kCollective, moved);
-  }
-}
-
 // Every slot s copies the whole input of slot source_of[s] (broadcast, permute).
 Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
                     std::span<const BufferView> out, std::size_t count, DType type,
@@ -347,6 +332,142 @@ Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   return reads.finish(std::move(next));
 }
 
+// Elements [first, second) of a buffer.
+using Range = std::pair<std::size_t, std::size_t>;
+
+// Each rank's part of a reduce-scatter stage over `group` (range_of(r) for rank r), as pieces
+// in order: the whole part, unless the group spans ranks and some part holds more than
+// args.piece_bytes (CollectiveArgs::piece_bytes), when every part is split into pieces of that
+// size (an empty part into none). Every rank splits alike.
+template <typename RangeOf>
+std::vector<std::vector<Range>> split_parts(const DeviceMesh& mesh,
+                                            const std::vector<std::int64_t>& group,
+                                            const CollectiveArgs& args, std::size_t item,
+                                            RangeOf range_of) {
+  std::vector<std::vector<Range>> parts;
+  bool large = false;
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    const Range part = range_of(r);
+    parts.push_back({part});
+    large = large || (part.second - part.first) * item > args.piece_bytes;
+  }
+  const bool spans_ranks = std::any_of(group.begin(), group.end(), [&](std::int64_t t) {
+    return mesh.rank_of(t) != mesh.rank_of(group.front());
+  });
+  if (!spans_ranks || args.piece_bytes == 0 || !large) return parts;
+  const std::size_t piece = std::max<std::size_t>(1, args.piece_bytes / item);
+  for (std::vector<Range>& pieces : parts) {
+    const auto [b, e] = pieces.front();
+    pieces.clear();
+    for (std::size_t at = b; at < e; at += piece) pieces.emplace_back(at, std::min(e, at + piece));
+  }
+  return parts;
+}
+
+// Whether split_parts split the parts (into several pieces, or an empty part into none).
+bool is_pipelined(const std::vector<std::vector<Range>>& parts) {
+  return std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.size() != 1; });
+}
+
+// The most pieces of any part.
+std::size_t most_pieces(const std::vector<std::vector<Range>>& parts) {
+  std::size_t most = 0;
+  for (const auto& p : parts) most = std::max(most, p.size());
+  return most;
+}
+
+// A node's name: `prefix`[slot], or prefix.k[slot] for piece k of a pipelined collective.
+std::string piece_name(const std::string& prefix, bool pipelined, std::size_t k,
+                       std::int64_t slot) {
+  return pipelined ? fmt::format("{}.{}[{}]", prefix, k, slot)
+                   : fmt::format("{}[{}]", prefix, slot);
+}
+
+// The reduce-scatter stage over `group`: rank r's slot reduces each piece [b, e) of parts[r]
+// of every member's input, in rank order, into its output from element b - base(r) on. The
+// reads of every piece are declared (pieces in order, ranks within) before any node is added,
+// so that with `last_stage` an unpipelined node, its slot's frontier entry, waits for every
+// send of its slot's input (pipelined, join_pieces' node does). Pieces' sends are windowed.
+// Returns the nodes by rank and piece (kReady for another rank's slot).
+template <typename Base>
+std::vector<std::vector<NodeId>> reduce_pieces(
+    GraphBuilder& builder, const DeviceMesh& mesh, SourceReads& reads,
+    const std::vector<std::int64_t>& group, const std::vector<std::vector<Range>>& parts,
+    std::span<const BufferView> in, std::span<const BufferView> out, const CollectiveArgs& args,
+    ReduceOp op, DType type, const std::string& prefix, bool last_stage, Base base) {
+  const bool pipelined = is_pipelined(parts);
+  const SendStart start = pipelined ? SendStart::kWindowed : SendStart::kWhenReady;
+  const std::size_t item = dtype_size(type);
+  struct Piece {
+    std::size_t r, k;
+    ReducePlan plan;
+  };
+  std::vector<Piece> pieces;
+  std::vector<std::vector<NodeId>> nodes(group.size());
+  for (std::size_t k = 0; k < most_pieces(parts); ++k) {
+    for (std::size_t r = 0; r < group.size(); ++r) {
+      if (k >= parts[r].size()) continue;
+      const auto [b, e] = parts[r][k];
+      ReducePlan p{group[r], {}, {}};
+      add_dep(p.deps, after_of(args, p.slot));
+      for (std::int64_t t : group) {
+        const auto read =
+            reads.contiguous(SourceBuffer::kInput, p.slot, t, in[static_cast<std::size_t>(t)].data,
+                             after_of(args, t), b * item, (e - b) * item, start);
+        p.inputs.push_back(read.data);
+        add_dep(p.deps, read.ready);
+      }
+      nodes[r].push_back(kReady);
+      if (mesh.is_local(p.slot)) pieces.push_back({r, k, std::move(p)});
+    }
+  }
+  for (Piece& piece : pieces) {
+    const std::int64_t slot = piece.plan.slot;
+    if (last_stage && !pipelined) {
+      for (NodeId n : reads.sends_of(slot)) add_dep(piece.plan.deps, n);
+    }
+    const auto [b, e] = parts[piece.r][piece.k];
+    void* dst = element(out[static_cast<std::size_t>(slot)].data, b - base(piece.r), type);
+    nodes[piece.r][piece.k] = builder.add(
+        device_of(mesh, slot), piece_name(prefix, pipelined, piece.k, slot),
+        [dst, inputs = std::move(piece.plan.inputs), n = e - b, op, type] {
+          reduce_parallel(dst, inputs, 0, n, op, type);
+        },
+        piece.plan.deps, NodeKind::kCollective, (group.size() - 1) * (e - b) * item);
+  }
+  return nodes;
+}
+
+// Ends an unpipelined collective over `group`: each local slot's frontier entry becomes its one
+// node of `nodes` (by rank).
+void end_with(const DeviceMesh& mesh, const std::vector<std::int64_t>& group,
+              const std::vector<std::vector<NodeId>>& nodes, Frontier& next) {
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    if (mesh.is_local(group[r])) next[static_cast<std::size_t>(group[r])] = nodes[r].front();
+  }
+}
+
+// Ends a pipelined collective over `group`: each local slot's frontier entry, `name`[slot],
+// waits for its reductions (rs), its other nodes (done) and the sends of its buffers.
+void join_pieces(GraphBuilder& builder, const DeviceMesh& mesh, const SourceReads& reads,
+                 const std::vector<std::int64_t>& group, const std::vector<std::vector<NodeId>>& rs,
+                 const std::map<std::int64_t, std::vector<NodeId>>& done, const std::string& name,
+                 Frontier& next) {
+  for (std::size_t r = 0; r < group.size(); ++r) {
+    const std::int64_t slot = group[r];
+    if (!mesh.is_local(slot)) continue;
+    std::vector<NodeId> deps;
+    for (NodeId n : rs[r]) add_dep(deps, n);
+    if (const auto it = done.find(slot); it != done.end()) {
+      for (NodeId n : it->second) add_dep(deps, n);
+    }
+    for (NodeId n : reads.sends_of(slot)) add_dep(deps, n);
+    next[static_cast<std::size_t>(slot)] = builder.add(
+        device_of(mesh, slot), fmt::format("{}[{}]", name, slot), [] {}, deps,
+        NodeKind::kCollective, 0);
+  }
+}
+
 }  // namespace
 
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -365,82 +486,74 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
     const std::size_t ranks = group.size();
-    const auto input = [&](std::int64_t t) { return in[static_cast<std::size_t>(t)].data; };
-    // Slot s reduces [b, e) of every member's input into its output.
-    auto reduce_plans = [&](auto range_of) {
-      std::vector<ReducePlan> plans;
-      for (std::size_t r = 0; r < ranks; ++r) {
-        const auto [b, e] = range_of(r);
-        ReducePlan p{group[r], {}, {}};
-        add_dep(p.deps, after_of(args, p.slot));
-        for (std::int64_t t : group) {
-          const auto read = reads.contiguous(SourceBuffer::kInput, p.slot, t, input(t),
-                                             after_of(args, t), b * item, (e - b) * item);
-          p.inputs.push_back(read.data);
-          add_dep(p.deps, read.ready);
-        }
-        if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
-      }
-      return plans;
-    };
+    const auto zero = [](std::size_t) { return std::size_t{0}; };
     if (algorithm == AllReduceAlgorithm::kDirect || ranks == 1) {
-      auto plans = reduce_plans([count](std::size_t) {
-        return std::pair<std::size_t, std::size_t>{0, count};
-      });
-      wait_for_sends(plans, reads);
-      add_reductions(builder, mesh, plans, out, count, op, type, name, next);
+      // Every rank reduces all of every member's input into its output.
+      const std::vector<std::vector<Range>> whole(ranks, {Range{0, count}});
+      end_with(mesh, group,
+               reduce_pieces(builder, mesh, reads, group, whole, in, out, args, op, type, name,
+                             true, zero),
+               next);
       continue;
     }
-    // Reduce-scatter: rank r reduces chunk r into its own output.
-    auto chunk = [count, ranks](std::size_t r) {
-      return std::pair<std::size_t, std::size_t>{chunk_begin(count, ranks, r),
-                                                 chunk_begin(count, ranks, r + 1)};
+    // Reduce-scatter: rank r reduces chunk r into its own output, piece by piece when the
+    // group spans ranks (pipelined); then all-gather: rank r copies every other rank's reduced
+    // chunk, the same pieces.
+    const auto parts = split_parts(mesh, group, args, item, [&](std::size_t r) {
+      return Range{chunk_begin(count, ranks, r), chunk_begin(count, ranks, r + 1)};
+    });
+    const bool pipelined = is_pipelined(parts);
+    // Not the last stage: the all-gather's nodes wait for the sends.
+    const auto rs = reduce_pieces(builder, mesh, reads, group, parts, in, out, args, op, type,
+                                  name + ".rs", false, zero);
+    const SendStart start = pipelined ? SendStart::kWindowed : SendStart::kWhenReady;
+    struct Gather {
+      std::size_t k;
+      CopyPlan plan;
+      std::uint64_t moved;
     };
-    std::vector<NodeId> rs(ranks, kReady);
-    for (ReducePlan& p : reduce_plans(chunk)) {
-      const std::size_t r =
-          static_cast<std::size_t>(std::find(group.begin(), group.end(), p.slot) - group.begin());
-      // Plain variables, not a structured binding: the lambda below captures them.
-      const std::size_t b = chunk_begin(count, ranks, r), e = chunk_begin(count, ranks, r + 1);
-      void* dst = out[static_cast<std::size_t>(p.slot)].data;
-      rs[r] = builder.add(
-          device_of(mesh, p.slot), fmt::format("{}.rs[{}]", name, p.slot),
-          [dst, inputs = std::move(p.inputs), b, e, op, type] {
-            reduce_parallel(element(dst, b, type), inputs, 0, e - b, op, type);
-          },
-          p.deps, NodeKind::kCollective, (ranks - 1) * (e - b) * item);
-    }
-    // All-gather: rank r copies every other rank's reduced chunk.
-    std::vector<CopyPlan> plans;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      CopyPlan p{group[r], {}, {}};
-      add_dep(p.deps, rs[r]);
-      for (std::size_t j = 0; j < ranks; ++j) {
-        if (j == r) continue;
-        const auto [b, e] = chunk(j);
-        const std::int64_t t = group[j];
-        const auto read = reads.contiguous(SourceBuffer::kOutput, p.slot, t,
-                                           out[static_cast<std::size_t>(t)].data, rs[j], b * item,
-                                           (e - b) * item);
-        p.pieces.push_back({read.data, b, e - b});
-        add_dep(p.deps, read.ready);
+    std::vector<Gather> gathers;
+    for (std::size_t k = 0; k < most_pieces(parts); ++k) {
+      for (std::size_t r = 0; r < ranks; ++r) {
+        Gather g{k, {group[r], {}, {}}, 0};
+        add_dep(g.plan.deps, after_of(args, g.plan.slot));
+        // Unpipelined, the one node of slot r is its frontier entry: after its own reduction.
+        if (!pipelined) add_dep(g.plan.deps, rs[r][0]);
+        for (std::size_t j = 0; j < ranks; ++j) {
+          if (j == r || k >= parts[j].size()) continue;
+          const auto [b, e] = parts[j][k];
+          const std::int64_t t = group[j];
+          const auto read = reads.contiguous(SourceBuffer::kOutput, g.plan.slot, t,
+                                             out[static_cast<std::size_t>(t)].data, rs[j][k],
+                                             b * item, (e - b) * item, start);
+          g.plan.pieces.push_back({read.data, b, e - b});
+          add_dep(g.plan.deps, read.ready);
+          g.moved += (e - b) * item;
+        }
+        if (mesh.is_local(g.plan.slot) && (!pipelined || !g.plan.pieces.empty()))
+          gathers.push_back(std::move(g));
       }
-      if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
     }
-    wait_for_sends(plans, reads);
-    for (CopyPlan& p : plans) {
-      const std::size_t r =
-          static_cast<std::size_t>(std::find(group.begin(), group.end(), p.slot) - group.begin());
-      const auto [b, e] = chunk(r);
-      void* dst = out[static_cast<std::size_t>(p.slot)].data;
-      next[static_cast<std::size_t>(p.slot)] = builder.add(
-          device_of(mesh, p.slot), fmt::format("{}.ag[{}]", name, p.slot),
-          [dst, pieces = std::move(p.pieces), type] {
+    std::map<std::int64_t, std::vector<NodeId>> done;  // pipelined: each local slot's nodes
+    for (Gather& g : gathers) {
+      const std::int64_t slot = g.plan.slot;
+      if (!pipelined) {
+        for (NodeId n : reads.sends_of(slot)) add_dep(g.plan.deps, n);
+      }
+      void* dst = out[static_cast<std::size_t>(slot)].data;
+      const NodeId node = builder.add(
+          device_of(mesh, slot), piece_name(name + ".ag", pipelined, g.k, slot),
+          [dst, pieces = std::move(g.plan.pieces), type] {
             for (const CopyPlan::Piece& piece : pieces)
               copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
           },
-          p.deps, NodeKind::kCollective, (count - (e - b)) * item);
+          g.plan.deps, NodeKind::kCollective, g.moved);
+      if (pipelined)
+        done[slot].push_back(node);
+      else
+        next[static_cast<std::size_t>(slot)] = node;
     }
+    if (pipelined) join_pieces(builder, mesh, reads, group, rs, done, name, next);
   }
   return reads.finish(std::move(next));
 }
@@ -490,24 +603,18 @@ Frontier reduce_scatter(GraphBuilder& builder, const DeviceMesh& mesh,
   const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "reduce_scatter");
   SourceReads reads(builder, mesh, name);
-  std::vector<ReducePlan> plans;
-  for (const auto& group : groups) {
-    for (std::size_t r = 0; r < ranks; ++r) {
-      ReducePlan p{group[r], {}, {}};
-      add_dep(p.deps, after_of(args, p.slot));
-      for (std::int64_t t : group) {
-        const auto read =
-            reads.contiguous(SourceBuffer::kInput, p.slot, t, in[static_cast<std::size_t>(t)].data,
-                             after_of(args, t), r * chunk * item, chunk * item);
-        p.inputs.push_back(read.data);
-        add_dep(p.deps, read.ready);
-      }
-      if (mesh.is_local(p.slot)) plans.push_back(std::move(p));
-    }
-  }
-  wait_for_sends(plans, reads);
   Frontier next = ready_frontier(mesh.size());
-  add_reductions(builder, mesh, plans, out, chunk, op, type, name, next);
+  for (const auto& group : groups) {
+    const auto parts = split_parts(mesh, group, args, item, [chunk](std::size_t r) {
+      return Range{r * chunk, (r + 1) * chunk};
+    });
+    const auto rs = reduce_pieces(builder, mesh, reads, group, parts, in, out, args, op, type, name,
+                                  true, [chunk](std::size_t r) { return r * chunk; });
+    if (is_pipelined(parts))
+      join_pieces(builder, mesh, reads, group, rs, {}, name, next);
+    else
+      end_with(mesh, group, rs, next);
+  }
   return reads.finish(std::move(next));
 }
 

@@ -48,7 +48,7 @@ struct Where {
 
 const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t reader,
                                                std::int64_t source, const std::byte* src,
-                                               std::size_t bytes, NodeId ready) {
+                                               std::size_t bytes, NodeId ready, SendStart start) {
   const int from = mesh_.rank_of(source);
   const int to = mesh_.rank_of(reader);
   const int me = mesh_.this_rank();
@@ -64,7 +64,8 @@ const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t read
     // the transport buffers it, and a failure shows on the reader's side.
     mesh_.transport()->send(to, tag, std::as_bytes(std::span(where.get(), 1)),
                             [where](std::exception_ptr) {});
-    if (where->located == 0) return transfer(key, reader, source, bytes, ready, send_bytes, tag);
+    if (where->located == 0)
+      return transfer(key, reader, source, bytes, ready, send_bytes, tag, start);
     sent_.emplace(key, true);
     // Rings are asynchronous nodes (ended at once) because those run even in a run that is
     // stopping, as transfers do: a ring left out would put the two ranks' doorbells out of step.
@@ -83,7 +84,8 @@ const SourceReads::Staged* SourceReads::shared(const Key& key, std::int64_t read
   const int tag = builder_.transfer_tag(from, to);
   Where where;
   recv_blocking(*mesh_.transport(), from, tag, std::as_writable_bytes(std::span(&where, 1)));
-  if (where.located == 0) return transfer(key, reader, source, bytes, ready, send_bytes, tag);
+  if (where.located == 0)
+    return transfer(key, reader, source, bytes, ready, send_bytes, tag, start);
   Staged staged;
   staged.in_place = windows_->at(from, {where.device, where.offset}, bytes);
   staged.received = builder_.add_async(
@@ -129,7 +131,8 @@ Frontier SourceReads::finish(Frontier next) {
 template <typename MakeSend>
 const SourceReads::Staged* SourceReads::transfer(const Key& key, std::int64_t reader,
                                                  std::int64_t source, std::size_t bytes,
-                                                 NodeId ready, MakeSend&& make_send, int tag) {
+                                                 NodeId ready, MakeSend&& make_send, int tag,
+                                                 SendStart start) {
   const int from = mesh_.rank_of(source);
   const int to = mesh_.rank_of(reader);
   const int me = mesh_.this_rank();
@@ -140,6 +143,11 @@ const SourceReads::Staged* SourceReads::transfer(const Key& key, std::int64_t re
         mesh_.device(source).index(), fmt::format("{}.send[{}->rank {}]", name_, source, to),
         make_send(to, tag), after(ready), NodeKind::kTransfer, bytes);
     sends_[source].push_back(send);
+    if (start == SendStart::kWindowed) {
+      std::vector<NodeId>& window = windowed_[to];
+      if (window.size() >= kSendWindow) builder_.depend(window[window.size() - kSendWindow], send);
+      window.push_back(send);
+    }
     return nullptr;
   }
   if (me != to) return nullptr;  // a transfer between two other ranks
@@ -159,7 +167,7 @@ const SourceReads::Staged* SourceReads::transfer(const Key& key, std::int64_t re
 
 SourceReads::Read SourceReads::contiguous(SourceBuffer buffer, std::int64_t reader,
                                           std::int64_t source, const void* data, NodeId ready,
-                                          std::size_t offset, std::size_t bytes) {
+                                          std::size_t offset, std::size_t bytes, SendStart start) {
   if (mesh_.rank_of(reader) == mesh_.rank_of(source) || bytes == 0) {
     if (!mesh_.is_local(reader)) return {};
     if (bytes == 0) return {nullptr, kReady};
@@ -169,13 +177,14 @@ SourceReads::Read SourceReads::contiguous(SourceBuffer buffer, std::int64_t read
   const auto* src = static_cast<const std::byte*>(data) + (mesh_.is_local(source) ? offset : 0);
   if (windows_ != nullptr && bytes >= windows_->in_place_min_bytes() &&
       windows_->reads_in_place(mesh_.rank_of(reader), mesh_.rank_of(source))) {
-    const Staged* staged = shared(key, reader, source, src, bytes, ready);
+    const Staged* staged = shared(key, reader, source, src, bytes, ready, start);
     if (staged == nullptr) return {};
     return {staged->in_place != nullptr ? staged->in_place : staged->buffer->data(),
             staged->received};
   }
-  const Staged* staged = transfer(key, reader, source, bytes, ready,
-                                  [&](int to, int tag) { return send_node(to, tag, src, bytes); });
+  const Staged* staged = transfer(
+      key, reader, source, bytes, ready,
+      [&](int to, int tag) { return send_node(to, tag, src, bytes); }, -1, start);
   if (staged == nullptr) return {};
   return {staged->buffer->data(), staged->received};
 }

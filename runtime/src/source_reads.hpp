@@ -35,6 +35,21 @@ namespace numesh::runtime::detail {
 /// second stage reads the outputs of its first).
 enum class SourceBuffer { kInput, kOutput };
 
+/// When the send of a read that crosses by the transport starts on the source's rank.
+enum class SendStart {
+  /// Once its bytes are ready.
+  kWhenReady,
+  /// Once its bytes are ready and the kSendWindow-th windowed send before it from this rank to
+  /// the same rank in this collective has completed. For the pieces of a pipelined collective:
+  /// Open MPI progresses concurrent large sends to one peer together, so pieces all posted at
+  /// once would all arrive at the end, together, and nothing would overlap.
+  kWindowed,
+};
+
+/// How many windowed sends from one rank to another are in flight at once: one crossing while
+/// the next waits its turn in the transport.
+inline constexpr std::size_t kSendWindow = 2;
+
 /// The reads of one collective call. Every rank declares every read of the collective, the
 /// other ranks' included, in the same order: the transfers are numbered (tagged) by that order,
 /// so both ends of each transfer agree. Reads of bytes that another rank already receives for
@@ -57,9 +72,10 @@ class SourceReads {
   /// doorbell when `source` is this rank's). Between two ranks that read each other in place,
   /// a transfer of at least SharedWindows::in_place_min_bytes() is read in place: the source
   /// tells the reader where the bytes lie (or that they must be sent) as the graph is built, and
-  /// the reader's call waits for that message. Smaller ones are sent.
+  /// the reader's call waits for that message. Smaller ones are sent, when `start` says.
   Read contiguous(SourceBuffer buffer, std::int64_t reader, std::int64_t source, const void* data,
-                  NodeId ready, std::size_t offset, std::size_t bytes);
+                  NodeId ready, std::size_t offset, std::size_t bytes,
+                  SendStart start = SendStart::kWhenReady);
 
   /// What a local reader reads of a box: its elements, laid out as `*slices` describes (the
   /// source's shard in place, the box itself when staged), and the node to wait for. The node
@@ -107,7 +123,8 @@ class SourceReads {
   // reader's rank.
   template <typename MakeSend>
   const Staged* transfer(const Key& key, std::int64_t reader, std::int64_t source,
-                         std::size_t bytes, NodeId ready, MakeSend&& send, int tag = -1);
+                         std::size_t bytes, NodeId ready, MakeSend&& send, int tag = -1,
+                         SendStart start = SendStart::kWhenReady);
 
   // The start of a send node of `bytes` bytes at `src` to rank `to` under `tag`.
   AsyncStart send_node(int to, int tag, const std::byte* src, std::size_t bytes) const;
@@ -115,7 +132,7 @@ class SourceReads {
   // contiguous() between two ranks that read each other in place; nullptr on a rank that does
   // not read the bytes.
   const Staged* shared(const Key& key, std::int64_t reader, std::int64_t source,
-                       const std::byte* src, std::size_t bytes, NodeId ready);
+                       const std::byte* src, std::size_t bytes, NodeId ready, SendStart start);
 
   GraphBuilder& builder_;
   const DeviceMesh& mesh_;
@@ -123,6 +140,8 @@ class SourceReads {
   std::map<Key, Staged> staged_;
   std::map<Key, bool> sent_;
   std::map<std::int64_t, std::vector<NodeId>> sends_;
+  // This rank's windowed sends, per receiving rank, in the order declared.
+  std::map<int, std::vector<NodeId>> windowed_;
   std::shared_ptr<SharedWindows> windows_;
   // This rank's in-place reads: per source rank, the transfers to ring consumed for.
   std::map<int, std::vector<int>> consumed_;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -183,6 +184,26 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
                          }});
         }
       }
+      // Pipelined (CollectiveArgs::piece_bytes) where the group spans ranks: pieces that are
+      // not a whole number of elements, and (3 elements over groups of 2 and 4) parts of one,
+      // two and no pieces.
+      for (const auto& [n, piece] : {std::pair<std::size_t, std::size_t>{1001, 100}, {3, 1}}) {
+        all.push_back(
+            {fmt::format("all_reduce sum in pieces of {} bytes, {} elements{}", piece, n, tail),
+             axes, dtype, fixed(n), fixed(n),
+             [n, piece](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
+               a.piece_bytes = piece;
+               return all_reduce(b, m, in, out, n, ReduceOp::kSum, a,
+                                 AllReduceAlgorithm::kReduceScatterAllGather);
+             }});
+      }
+      all.push_back({"reduce_scatter in pieces of 20 bytes" + tail, axes, dtype,
+                     [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
+                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
+                       a.piece_bytes = 20;
+                       const std::size_t size = m.groups(a.axes).front().size();
+                       return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kMax, a);
+                     }});
       all.push_back({"all_gather" + tail, axes, dtype, fixed(33),
                      [](std::size_t, std::size_t size) { return 33 * size; },
                      [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
@@ -332,6 +353,51 @@ inline NodeId fed_to_a_send(const CompiledGraph& graph, NodeKind kind) {
   return id;
 }
 
+/// a_failed_run_stops_the_ranks_that_need_it for one all-reduce `all` on mesh `m`: a fault on
+/// the last rank, in a transfer node and then in a collective node that a send waits for.
+inline void check_a_failed_run(const Case& all, const RankedMesh& m,
+                               const std::shared_ptr<Transport>& transport) {
+  const DeviceMesh mesh = over_ranks(m, transport);
+  const auto want = run_case(one_process(m), all);
+  BuiltCase built = build_case(mesh, all);
+  CompiledGraph& graph = *built.graph;
+  const int last = transport->size() - 1;
+  const bool failing = transport->rank() == last;
+  for (NodeKind kind : {NodeKind::kTransfer, NodeKind::kCollective}) {
+    if (kind == NodeKind::kTransfer && transport->size() == 1) continue;  // none in one process
+    if (failing) {
+      const NodeId victim = fed_to_a_send(graph, kind);
+      ASSERT_LT(victim, graph.size())
+          << "no " << to_string(kind) << " node on rank " << transport->rank();
+      graph.inject_fault(victim);
+      EXPECT_THROW(graph.run(), InjectedFault) << to_string(kind);
+      EXPECT_EQ(graph.failed_node(), graph.node(victim).name);
+    } else {
+      // Run once and match after: EXPECT_THAT would run a failing run again to explain it.
+      // The error names the rank this one heard it from: the failed rank, or one that had
+      // stopped because of it.
+      std::string error = "(no error)";
+      try {
+        graph.run();
+      } catch (const PeerStoppedError& e) {
+        error = e.what();
+      }
+      EXPECT_THAT(error, ::testing::MatchesRegex(
+                             ".*rank [0-9]+'s run stopped before these bytes were ready.*"))
+          << "rank " << transport->rank() << ", a fault in a " << to_string(kind)
+          << " node of rank " << last << " on " << mesh.to_string();
+    }
+    built.clear_outputs();
+    EXPECT_NO_THROW(graph.run()) << "rank " << transport->rank() << ", the run after a fault in a "
+                                 << to_string(kind) << " node of rank " << last << " on "
+                                 << mesh.to_string() << " failed in " << graph.failed_node();
+    for (const auto& [slot, bytes] : built.outputs()) {
+      EXPECT_EQ(bytes, want.at(slot)) << "after a fault in a " << to_string(kind) << " node: slot "
+                                      << slot << " of " << mesh.to_string();
+    }
+  }
+}
+
 /// A run that fails on one rank, in a transfer or in a collective's own node, fails there with
 /// that error, and every other rank's run, which needs what the failed rank would have sent
 /// after the fault (the all-gather stage of a reduce-scatter+all-gather all-reduce over every
@@ -340,52 +406,16 @@ inline NodeId fed_to_a_send(const CompiledGraph& graph, NodeKind kind) {
 /// transfers stay in step: every later run on every rank gives one process's bits again.
 inline void a_failed_run_stops_the_ranks_that_need_it(const std::shared_ptr<Transport>& transport) {
   for (const RankedMesh& m : ranked_meshes(transport->size())) {
-    const DeviceMesh mesh = over_ranks(m, transport);
     const auto everything = cases(m.names);
-    const auto it = std::find_if(everything.begin(), everything.end(), [&](const Case& k) {
-      return k.axes.size() == m.names.size() && k.dtype == DType::kF32 &&
-             k.name.rfind("all_reduce sum reduce-scatter+all-gather", 0) == 0;
-    });
-    ASSERT_NE(it, everything.end());
-    const Case& all = *it;
-    const auto want = run_case(one_process(m), all);
-    BuiltCase built = build_case(mesh, all);
-    CompiledGraph& graph = *built.graph;
-    const int last = transport->size() - 1;
-    const bool failing = transport->rank() == last;
-    for (NodeKind kind : {NodeKind::kTransfer, NodeKind::kCollective}) {
-      if (kind == NodeKind::kTransfer && transport->size() == 1) continue;  // none in one process
-      if (failing) {
-        const NodeId victim = fed_to_a_send(graph, kind);
-        ASSERT_LT(victim, graph.size())
-            << "no " << to_string(kind) << " node on rank " << transport->rank();
-        graph.inject_fault(victim);
-        EXPECT_THROW(graph.run(), InjectedFault) << to_string(kind);
-        EXPECT_EQ(graph.failed_node(), graph.node(victim).name);
-      } else {
-        // Run once and match after: EXPECT_THAT would run a failing run again to explain it.
-        // The error names the rank this one heard it from: the failed rank, or one that had
-        // stopped because of it.
-        std::string error = "(no error)";
-        try {
-          graph.run();
-        } catch (const PeerStoppedError& e) {
-          error = e.what();
-        }
-        EXPECT_THAT(error, ::testing::MatchesRegex(
-                               ".*rank [0-9]+'s run stopped before these bytes were ready.*"))
-            << "rank " << transport->rank() << ", a fault in a " << to_string(kind)
-            << " node of rank " << last << " on " << mesh.to_string();
-      }
-      built.clear_outputs();
-      EXPECT_NO_THROW(graph.run())
-          << "rank " << transport->rank() << ", the run after a fault in a " << to_string(kind)
-          << " node of rank " << last << " on " << mesh.to_string() << " failed in "
-          << graph.failed_node();
-      for (const auto& [slot, bytes] : built.outputs()) {
-        EXPECT_EQ(bytes, want.at(slot)) << "after a fault in a " << to_string(kind)
-                                        << " node: slot " << slot << " of " << mesh.to_string();
-      }
+    // Whole and in pieces (on one rank, the pieces are whole).
+    for (const std::string_view kind :
+         {"all_reduce sum reduce-scatter+all-gather", "all_reduce sum in pieces of 100 bytes"}) {
+      const auto it = std::find_if(everything.begin(), everything.end(), [&](const Case& k) {
+        return k.axes.size() == m.names.size() && k.dtype == DType::kF32 &&
+               k.name.rfind(kind, 0) == 0;
+      });
+      ASSERT_NE(it, everything.end()) << kind;
+      check_a_failed_run(*it, m, transport);
     }
   }
 }

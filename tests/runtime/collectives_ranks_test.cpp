@@ -3,9 +3,15 @@
 // (collectives_across_ranks.hpp). The same checks run across processes under mpirun in
 // tests/runtime_mpi/collectives_mpi_test.cpp.
 
+#include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives_across_ranks.hpp"
 #include "thread_ranks.hpp"
@@ -25,6 +31,85 @@ TEST_P(CollectivesAcrossRanksTest, ShardedCollectivesGiveTheBitsOfOneProcess) {
 
 TEST_P(CollectivesAcrossRanksTest, AFailedRunStopsTheRanksThatNeedIt) {
   testing::on_thread_ranks(GetParam(), across_ranks::a_failed_run_stops_the_ranks_that_need_it);
+}
+
+// The nodes of a reduce-scatter + all-gather all-reduce of 1000 fp32 elements whose parts cross
+// between two ranks, in pieces of `piece_bytes`, on rank `rank` of `transport` (a mesh of one
+// device per rank) or, with a null transport, in one process (a mesh of two devices).
+std::vector<NodeInfo> all_reduce_nodes(const std::shared_ptr<Transport>& transport,
+                                       std::size_t piece_bytes) {
+  const DeviceMesh mesh =
+      transport ? DeviceMesh::create(testing::synthetic_devices(testing::nodes(1)), transport, {2},
+                                     {"dp"})
+                : DeviceMesh::create(testing::synthetic_devices(testing::nodes(2)), {2}, {"dp"});
+  std::vector<std::vector<float>> buffers(4, std::vector<float>(1000, 1.0f));
+  std::vector<BufferView> in(2), out(2);
+  for (std::int64_t s = 0; s < 2; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    in[i] = {mesh.is_local(s) ? buffers[i].data() : nullptr, 1000, DType::kF32};
+    out[i] = {mesh.is_local(s) ? buffers[2 + i].data() : nullptr, 1000, DType::kF32};
+  }
+  GraphBuilder builder(mesh.device_set());
+  CollectiveArgs args{.axes = {"dp"}, .after = {}, .name = "ar", .piece_bytes = piece_bytes};
+  all_reduce(builder, mesh, in, out, 1000, ReduceOp::kSum, args,
+             AllReduceAlgorithm::kReduceScatterAllGather);
+  const CompiledGraph graph = builder.compile();
+  std::vector<NodeInfo> nodes;
+  for (NodeId id = 0; id < graph.size(); ++id) nodes.push_back(graph.node(id));
+  return nodes;
+}
+
+std::vector<std::string> names_of(const std::vector<NodeInfo>& nodes) {
+  std::vector<std::string> names;
+  for (const NodeInfo& n : nodes) names.push_back(n.name);
+  return names;
+}
+
+TEST(CollectivesPipelineTest, PartsCrossingRanksGoInPiecesWhoseSendsStartTwoAtATime) {
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    // Each rank's 500-element part in pieces of 100 elements (400 bytes): five reductions, five
+    // gathers, and the slot's entry joining them.
+    const auto nodes = all_reduce_nodes(transport, 400);
+    const std::int64_t slot = transport->rank();
+    for (int k = 0; k < 5; ++k) {
+      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("ar.rs.{}[{}]", k, slot)));
+      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("ar.ag.{}[{}]", k, slot)));
+    }
+    EXPECT_THAT(names_of(nodes),
+                ::testing::Not(::testing::Contains(fmt::format("ar.rs.5[{}]", slot))));
+    const auto join = std::find_if(nodes.begin(), nodes.end(), [&](const NodeInfo& n) {
+      return n.name == fmt::format("ar[{}]", slot);
+    });
+    ASSERT_NE(join, nodes.end());
+    EXPECT_EQ(join->deps.size(), 20u) << "5 reductions, 5 gathers and 10 sends";
+    // Ten sends to the peer (five input pieces, five reduced pieces), each but the first two
+    // waiting for the one two before it.
+    std::vector<NodeId> sends;
+    for (NodeId id = 0; id < nodes.size(); ++id) {
+      if (nodes[id].name.find(".send[") != std::string::npos) sends.push_back(id);
+    }
+    ASSERT_EQ(sends.size(), 10u);
+    for (std::size_t i = 0; i < sends.size(); ++i) {
+      const auto& deps = nodes[sends[i]].deps;
+      for (std::size_t j = 0; j < sends.size(); ++j) {
+        const bool waits = std::find(deps.begin(), deps.end(), sends[j]) != deps.end();
+        EXPECT_EQ(waits, i >= 2 && j == i - 2) << "send " << i << " waits for send " << j;
+      }
+    }
+    // Parts of at most piece_bytes, or piece_bytes 0, stay whole.
+    for (const std::size_t whole : {std::size_t{2000}, std::size_t{0}}) {
+      const auto names = names_of(all_reduce_nodes(transport, whole));
+      EXPECT_THAT(names, ::testing::Contains(fmt::format("ar.rs[{}]", slot))) << whole;
+      EXPECT_THAT(names, ::testing::Contains(fmt::format("ar.ag[{}]", slot))) << whole;
+      EXPECT_THAT(names, ::testing::Not(::testing::Contains(fmt::format("ar[{}]", slot)))) << whole;
+    }
+  });
+}
+
+TEST(CollectivesPipelineTest, GroupsWithinOneProcessStayWhole) {
+  const auto names = names_of(all_reduce_nodes(nullptr, 400));
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"ar.rs[0]", "ar.rs[1]", "ar.ag[0]", "ar.ag[1]"}));
+  EXPECT_EQ(names.size(), 4u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossRanksTest, ::testing::Values(1, 2, 3, 4),

@@ -76,6 +76,10 @@ enum class AllReduceAlgorithm {
 /// (latency); above it reduce-scatter + all-gather moves less memory (docs/benchmarks.md).
 inline constexpr std::size_t kDirectAllReduceBytes = std::size_t{64} << 10;
 
+/// CollectiveArgs::piece_bytes' default: pieces large enough that a piece's own nodes and
+/// transfers (tens of microseconds) cost a few percent of moving and reducing it.
+inline constexpr std::size_t kPipelinePieceBytes = std::size_t{4} << 20;
+
 /// Common arguments of the buffer collectives.
 struct CollectiveArgs {
   /// Mesh axes the collective runs over (empty = each slot alone).
@@ -84,6 +88,14 @@ struct CollectiveArgs {
   Frontier after;
   /// Prefix of the node names ("all_reduce" by default per function).
   std::string name;
+  /// Pipelining across processes: in a group whose members are not all of one rank, the
+  /// reduce-scatter stages (of all_reduce's kReduceScatterAllGather and of reduce_scatter on
+  /// buffers) split each rank's part larger than this many bytes into pieces of at most this
+  /// size, each with its own transfers and nodes, so that a piece is reduced (and gathered)
+  /// while the next ones cross; the sends of pieces to one rank start at most two at a time, in
+  /// order. The bits do not change: every element is still combined once, in rank order.
+  /// 0: never split. Groups within one process are never split.
+  std::size_t piece_bytes = kPipelinePieceBytes;
 };
 
 /// out[s] = op over the group of s of in[g] (all `count` elements), for every slot s.
