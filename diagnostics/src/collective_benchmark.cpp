@@ -289,7 +289,7 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
                       chain) {}
 
 GraphCollective::GraphCollective(DeviceMesh mesh, CollectiveOp op, std::size_t bytes, DType dtype,
-                                 std::size_t chain)
+                                 std::size_t chain, std::size_t piece_bytes)
     : op_(op),
       dtype_(dtype),
       chain_(checked_chain(op, chain)),
@@ -325,7 +325,7 @@ GraphCollective::GraphCollective(DeviceMesh mesh, CollectiveOp op, std::size_t b
         GraphBuilder b(mesh_.device_set());
         Frontier done = ready_frontier(static_cast<std::int64_t>(ranks));
         for (std::size_t link = 0; link < chain_; ++link) {
-          CollectiveArgs args{.axes = {"x"}, .after = done, .name = {}};
+          CollectiveArgs args{.axes = {"x"}, .after = done, .name = {}, .piece_bytes = piece_bytes};
           if (chain_ > 1) {
             // Every rank's collective read every input of the last link: all of `done` first.
             std::vector<NodeId> deps;

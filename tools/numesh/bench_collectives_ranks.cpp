@@ -113,6 +113,10 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
                         "per device)",
       chain == 1 ? "runs: one collective each (a graph run's start and end included)"
                  : fmt::format("runs: {} collectives each; times per collective", chain));
+  out << (cases.piece_bytes == 0
+              ? std::string("pieces: none (reductions send their parts whole)\n")
+              : fmt::format("pieces: parts of reductions that cross ranks go in pieces of {}\n",
+                            format_bytes(cases.piece_bytes)));
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10}\n", "collective", "bytes",
                      "numesh us", "MPI us", "ratio", "GB/s");
   out.flush();
@@ -128,7 +132,7 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
       }
       double t_graph = 0;
       {
-        diagnostics::GraphCollective graph(mesh, op, bytes, dtype, chain);
+        diagnostics::GraphCollective graph(mesh, op, bytes, dtype, chain, cases.piece_bytes);
         t_graph = median_across_ranks(*world, o, [&] { graph.run(); }) / static_cast<double>(chain);
         check_on_every_rank(
             *world, graph.check(),
@@ -160,6 +164,7 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
                                {"ranks", world->size()},
                                {"devices", slots},
                                {"chain", chain},
+                               {"piece_bytes", cases.piece_bytes},
                                {"bytes", bytes},
                                {"median_seconds", t_graph},
                                {"baseline", "mpi"},

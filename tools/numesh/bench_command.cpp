@@ -69,6 +69,11 @@ MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) on one buffer per rank; r
                   "Collectives per graph run, each after its inputs are rewritten; times are "
                   "per collective")
       ->capture_default_str();
+  cmd->add_option("--piece-bytes", o.piece_bytes,
+                  "Under mpirun: reductions send and reduce their parts that cross between "
+                  "ranks in pieces of this many bytes, so that one piece is reduced while the "
+                  "next crosses (0: whole parts)")
+      ->capture_default_str();
   cmd->add_option("--json", o.json, "Write one JSON record per case to FILE");
   cmd->add_option("--trace", o.trace,
                   "Run each case once more, timed node by node, and write that run as Chrome "
@@ -112,6 +117,11 @@ BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& o) 
   NUMESH_CHECK(o.trace.empty() || std::filesystem::is_directory(o.trace), IoError,
                "--trace '{}' is not a folder", o.trace);
   c.chain = static_cast<std::size_t>(o.chain);
+  try {
+    c.piece_bytes = parse_bytes(o.piece_bytes);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("--piece-bytes: {}", e.what()));
+  }
   return c;
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/runtime/collectives.hpp"
 #include "numesh/runtime/device.hpp"
 #include "numesh/runtime/device_mesh.hpp"
 #include "numesh/runtime/graph.hpp"
@@ -81,10 +82,12 @@ class GraphCollective {
   /// The same collective over the slots of `mesh`, a 1-D mesh that may span ranks
   /// (docs/distributed.md): this rank holds the buffers of its own slots, and every rank
   /// constructs it at the same time with the same arguments (building the graph numbers its
-  /// transfers) and runs it as many times.
+  /// transfers) and runs it as many times. Parts of a reduction that cross between ranks go in
+  /// pieces of `piece_bytes` (runtime::CollectiveArgs::piece_bytes; 0: whole).
   /// Throws: as above; ValueError when the mesh is not 1-D.
   GraphCollective(runtime::DeviceMesh mesh, CollectiveOp op, std::size_t bytes,
-                  DType dtype = DType::kF32, std::size_t chain = 1);
+                  DType dtype = DType::kF32, std::size_t chain = 1,
+                  std::size_t piece_bytes = runtime::kPipelinePieceBytes);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
   void run() { graph_.run(); }
