@@ -239,17 +239,23 @@ using detail::SendStart;
 using detail::SourceBuffer;
 using detail::SourceReads;
 
-// A local slot's node of a copying collective: what it copies into its output, and what it
+// A local slot's nodes of a copying collective: what it copies into its output, and what it
 // waits for.
 struct CopyPlan {
   struct Piece {
     const void* src;
     std::size_t dst_offset;  // elements
     std::size_t count;       // elements
+    NodeId ready = kReady;   // streamed pieces: the node their bytes are ready after
   };
   std::int64_t slot = 0;
-  std::vector<Piece> pieces;
-  std::vector<NodeId> deps;
+  // Copied by one node, after `deps`.
+  std::vector<Piece> pieces{};
+  std::vector<NodeId> deps{};
+  // Pieces of parts that cross ranks in pieces (CollectiveArgs::piece_bytes): a node each,
+  // after `after` (the slot's output is free) and the piece's own bytes.
+  std::vector<Piece> streamed{};
+  NodeId after = kReady;
 };
 
 // A local slot's node of a reduction: the inputs it combines, in rank order (each the start of
@@ -270,17 +276,37 @@ void add_dep(std::vector<NodeId>& deps, NodeId n) {
   if (n != kReady && std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
 }
 
-// Adds to `p` the piece of `count` elements from element `offset` of slot `source`'s input,
-// copied to element `dst_offset` of p's output, and what it waits for.
-void add_input_piece(CopyPlan& p, SourceReads& reads, std::span<const BufferView> in,
-                     const CollectiveArgs& args, std::int64_t source, std::size_t offset,
-                     std::size_t count, std::size_t dst_offset, DType type) {
+// Elements per piece of a part split by CollectiveArgs::piece_bytes.
+std::size_t piece_elements(const CollectiveArgs& args, std::size_t item) {
+  return std::max<std::size_t>(1, args.piece_bytes / item);
+}
+
+// Adds to `p` the part of `count` elements from element `offset` of slot `source`'s input,
+// copied to element `dst_offset` of p's output, and what it waits for: in pieces (streamed,
+// their sends windowed) when it crosses ranks and holds more than args.piece_bytes.
+void add_input_piece(CopyPlan& p, SourceReads& reads, const DeviceMesh& mesh,
+                     std::span<const BufferView> in, const CollectiveArgs& args,
+                     std::int64_t source, std::size_t offset, std::size_t count,
+                     std::size_t dst_offset, DType type) {
   const std::size_t item = dtype_size(type);
-  const auto read = reads.contiguous(SourceBuffer::kInput, p.slot, source,
-                                     in[static_cast<std::size_t>(source)].data,
-                                     after_of(args, source), offset * item, count * item);
-  p.pieces.push_back({read.data, dst_offset, count});
-  add_dep(p.deps, read.ready);
+  const void* data = in[static_cast<std::size_t>(source)].data;
+  p.after = after_of(args, p.slot);
+  if (args.piece_bytes == 0 || count * item <= args.piece_bytes ||
+      mesh.rank_of(source) == mesh.rank_of(p.slot)) {
+    const auto read = reads.contiguous(SourceBuffer::kInput, p.slot, source, data,
+                                       after_of(args, source), offset * item, count * item);
+    p.pieces.push_back({read.data, dst_offset, count});
+    add_dep(p.deps, read.ready);
+    return;
+  }
+  const std::size_t piece = piece_elements(args, item);
+  for (std::size_t at = 0; at < count; at += piece) {
+    const std::size_t n = std::min(piece, count - at);
+    const auto read =
+        reads.contiguous(SourceBuffer::kInput, p.slot, source, data, after_of(args, source),
+                         (offset + at) * item, n * item, detail::SendStart::kWindowed);
+    p.streamed.push_back({read.data, dst_offset + at, n, read.ready});
+  }
 }
 
 // Makes each plan's node wait for the sends that read its slot's buffers (SourceReads::sends_of).
@@ -291,19 +317,57 @@ void wait_for_sends(std::vector<Plan>& plans, const SourceReads& reads) {
   }
 }
 
-// Adds the node of each copy plan; entry `slot` of `next` becomes it.
+// The body of a node that copies `pieces` into `dst`.
+std::function<void()> copy_body(void* dst, std::vector<CopyPlan::Piece> pieces, DType type) {
+  return [dst, pieces = std::move(pieces), type] {
+    for (const CopyPlan::Piece& piece : pieces)
+      copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
+  };
+}
+
+// A node `name`[slot] that does nothing but wait for `deps`: the frontier entry of a slot whose
+// part of a collective is several nodes.
+NodeId add_join(GraphBuilder& builder, const DeviceMesh& mesh, std::int64_t slot,
+                const std::string& name, const std::vector<NodeId>& deps) {
+  return builder.add(
+      device_of(mesh, slot), fmt::format("{}[{}]", name, slot), [] {}, deps, NodeKind::kCollective,
+      0);
+}
+
+// Adds the nodes of each copy plan; entry `slot` of `next` becomes its node, or, with streamed
+// pieces, the join of its nodes: `name`.k[slot] for streamed piece k and `name`.whole[slot]
+// for the rest. `bytes(slot)` is what the slot's nodes move between devices.
 void add_copies(GraphBuilder& builder, const DeviceMesh& mesh, std::vector<CopyPlan>& plans,
                 std::span<const BufferView> out, DType type, const std::string& name,
                 const std::function<std::uint64_t(std::int64_t)>& bytes, Frontier& next) {
   for (CopyPlan& p : plans) {
     void* dst = out[static_cast<std::size_t>(p.slot)].data;
-    next[static_cast<std::size_t>(p.slot)] = builder.add(
-        device_of(mesh, p.slot), fmt::format("{}[{}]", name, p.slot),
-        [dst, pieces = std::move(p.pieces), type] {
-          for (const CopyPlan::Piece& piece : pieces)
-            copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
-        },
-        p.deps, NodeKind::kCollective, bytes(p.slot));
+    const int device = device_of(mesh, p.slot);
+    NodeId& entry = next[static_cast<std::size_t>(p.slot)];
+    if (p.streamed.empty()) {
+      entry = builder.add(device, fmt::format("{}[{}]", name, p.slot),
+                          copy_body(dst, std::move(p.pieces), type), p.deps, NodeKind::kCollective,
+                          bytes(p.slot));
+      continue;
+    }
+    std::vector<NodeId> nodes;
+    std::uint64_t streamed = 0;
+    for (std::size_t k = 0; k < p.streamed.size(); ++k) {
+      const CopyPlan::Piece& piece = p.streamed[k];
+      std::vector<NodeId> deps;
+      add_dep(deps, p.after);
+      add_dep(deps, piece.ready);
+      const std::uint64_t moved = piece.count * dtype_size(type);
+      nodes.push_back(builder.add(device, fmt::format("{}.{}[{}]", name, k, p.slot),
+                                  copy_body(dst, {piece}, type), deps, NodeKind::kCollective,
+                                  moved));
+      streamed += moved;
+    }
+    // The rest also waits for the sends of the slot's input (wait_for_sends), so the join does.
+    nodes.push_back(builder.add(device, fmt::format("{}.whole[{}]", name, p.slot),
+                                copy_body(dst, std::move(p.pieces), type), p.deps,
+                                NodeKind::kCollective, bytes(p.slot) - streamed));
+    entry = add_join(builder, mesh, p.slot, name, nodes);
   }
 }
 
@@ -316,9 +380,9 @@ Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   std::vector<CopyPlan> plans;
   for (std::int64_t s = 0; s < mesh.size(); ++s) {
     const std::int64_t from = source_of[static_cast<std::size_t>(s)];
-    CopyPlan p{s, {}, {}};
+    CopyPlan p{.slot = s};
     add_dep(p.deps, after_of(args, s));
-    add_input_piece(p, reads, in, args, from, 0, count, 0, type);
+    add_input_piece(p, reads, mesh, in, args, from, 0, count, 0, type);
     if (mesh.is_local(s)) plans.push_back(std::move(p));
   }
   wait_for_sends(plans, reads);
@@ -355,7 +419,7 @@ std::vector<std::vector<Range>> split_parts(const DeviceMesh& mesh,
     return mesh.rank_of(t) != mesh.rank_of(group.front());
   });
   if (!spans_ranks || args.piece_bytes == 0 || !large) return parts;
-  const std::size_t piece = std::max<std::size_t>(1, args.piece_bytes / item);
+  const std::size_t piece = piece_elements(args, item);
   for (std::vector<Range>& pieces : parts) {
     const auto [b, e] = pieces.front();
     pieces.clear();
@@ -462,9 +526,7 @@ void join_pieces(GraphBuilder& builder, const DeviceMesh& mesh, const SourceRead
       for (NodeId n : it->second) add_dep(deps, n);
     }
     for (NodeId n : reads.sends_of(slot)) add_dep(deps, n);
-    next[static_cast<std::size_t>(slot)] = builder.add(
-        device_of(mesh, slot), fmt::format("{}[{}]", name, slot), [] {}, deps,
-        NodeKind::kCollective, 0);
+    next[static_cast<std::size_t>(slot)] = add_join(builder, mesh, slot, name, deps);
   }
 }
 
@@ -515,7 +577,7 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
     std::vector<Gather> gathers;
     for (std::size_t k = 0; k < most_pieces(parts); ++k) {
       for (std::size_t r = 0; r < ranks; ++r) {
-        Gather g{k, {group[r], {}, {}}, 0};
+        Gather g{k, CopyPlan{.slot = group[r]}, 0};
         add_dep(g.plan.deps, after_of(args, g.plan.slot));
         // Unpipelined, the one node of slot r is its frontier entry: after its own reduction.
         if (!pipelined) add_dep(g.plan.deps, rs[r][0]);
@@ -541,13 +603,10 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
         for (NodeId n : reads.sends_of(slot)) add_dep(g.plan.deps, n);
       }
       void* dst = out[static_cast<std::size_t>(slot)].data;
-      const NodeId node = builder.add(
-          device_of(mesh, slot), piece_name(name + ".ag", pipelined, g.k, slot),
-          [dst, pieces = std::move(g.plan.pieces), type] {
-            for (const CopyPlan::Piece& piece : pieces)
-              copy_parallel(element(dst, piece.dst_offset, type), piece.src, piece.count, type);
-          },
-          g.plan.deps, NodeKind::kCollective, g.moved);
+      const NodeId node =
+          builder.add(device_of(mesh, slot), piece_name(name + ".ag", pipelined, g.k, slot),
+                      copy_body(dst, std::move(g.plan.pieces), type), g.plan.deps,
+                      NodeKind::kCollective, g.moved);
       if (pipelined)
         done[slot].push_back(node);
       else
@@ -572,10 +631,10 @@ Frontier all_gather(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   std::vector<CopyPlan> plans;
   for (const auto& group : groups) {
     for (std::int64_t s : group) {
-      CopyPlan p{s, {}, {}};
+      CopyPlan p{.slot = s};
       add_dep(p.deps, after_of(args, s));
       for (std::size_t j = 0; j < group.size(); ++j) {
-        add_input_piece(p, reads, in, args, group[j], 0, count, j * count, type);
+        add_input_piece(p, reads, mesh, in, args, group[j], 0, count, j * count, type);
       }
       if (mesh.is_local(s)) plans.push_back(std::move(p));
     }
@@ -658,10 +717,10 @@ Frontier all_to_all(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   std::vector<CopyPlan> plans;
   for (const auto& group : groups) {
     for (std::size_t j = 0; j < ranks; ++j) {
-      CopyPlan p{group[j], {}, {}};
+      CopyPlan p{.slot = group[j]};
       add_dep(p.deps, after_of(args, p.slot));
       for (std::size_t i = 0; i < ranks; ++i) {
-        add_input_piece(p, reads, in, args, group[i], send_offset[i][j], send_counts[i][j],
+        add_input_piece(p, reads, mesh, in, args, group[i], send_offset[i][j], send_counts[i][j],
                         recv_offset[j][i], type);
       }
       if (mesh.is_local(p.slot)) plans.push_back(std::move(p));

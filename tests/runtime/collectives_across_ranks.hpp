@@ -197,48 +197,57 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
                                  AllReduceAlgorithm::kReduceScatterAllGather);
              }});
       }
-      all.push_back({"reduce_scatter in pieces of 20 bytes" + tail, axes, dtype,
-                     [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
-                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
-                       a.piece_bytes = 20;
-                       const std::size_t size = m.groups(a.axes).front().size();
-                       return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kMax, a);
-                     }});
-      all.push_back({"all_gather" + tail, axes, dtype, fixed(33),
-                     [](std::size_t, std::size_t size) { return 33 * size; },
-                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                        const CollectiveArgs& a) { return all_gather(b, m, in, out, 33, a); }});
-      all.push_back(
-          {"reduce_scatter" + tail, axes, dtype,
-           [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
-           [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, const CollectiveArgs& a) {
-             const std::size_t size = m.groups(a.axes).front().size();
-             return reduce_scatter(b, m, in, out, 12 * size, ReduceOp::kSum, a);
-           }});
-      all.push_back({"all_to_all" + tail, axes, dtype,
-                     [a2a_counts](std::size_t r, std::size_t size) {
-                       const auto c = a2a_counts(size);
-                       return std::accumulate(c[r].begin(), c[r].end(), std::size_t{0});
-                     },
-                     [a2a_counts](std::size_t r, std::size_t size) {
-                       std::size_t n = 0;
-                       for (const auto& row : a2a_counts(size)) n += row[r];
-                       return n;
-                     },
-                     [a2a_counts](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                                  const CollectiveArgs& a) {
-                       return all_to_all(b, m, in, out, a2a_counts(m.groups(a.axes).front().size()),
-                                         a);
-                     }});
+      // The other collectives whole, and (but the broadcast) with their parts that cross ranks
+      // in pieces of 20 bytes: 5 f32 elements, 10 of 16 bits; the reduce-scatter's parts of 12
+      // elements, the all-to-all's of 5 and 10.
+      for (const std::size_t piece : {kPipelinePieceBytes, std::size_t{20}}) {
+        const bool whole = piece == kPipelinePieceBytes;
+        const std::string name_tail = (whole ? "" : " in pieces of 20 bytes") + tail;
+        const ReduceOp op = whole ? ReduceOp::kSum : ReduceOp::kMax;
+        all.push_back({"reduce_scatter " + std::string(to_string(op)) + name_tail, axes, dtype,
+                       [](std::size_t, std::size_t size) { return 12 * size; }, fixed(12),
+                       [piece, op](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                                   CollectiveArgs a) {
+                         a.piece_bytes = piece;
+                         const std::size_t size = m.groups(a.axes).front().size();
+                         return reduce_scatter(b, m, in, out, 12 * size, op, a);
+                       }});
+        all.push_back(
+            {"all_gather" + name_tail, axes, dtype, fixed(33),
+             [](std::size_t, std::size_t size) { return 33 * size; },
+             [piece](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
+               a.piece_bytes = piece;
+               return all_gather(b, m, in, out, 33, a);
+             }});
+        all.push_back({"all_to_all" + name_tail, axes, dtype,
+                       [a2a_counts](std::size_t r, std::size_t size) {
+                         const auto c = a2a_counts(size);
+                         return std::accumulate(c[r].begin(), c[r].end(), std::size_t{0});
+                       },
+                       [a2a_counts](std::size_t r, std::size_t size) {
+                         std::size_t n = 0;
+                         for (const auto& row : a2a_counts(size)) n += row[r];
+                         return n;
+                       },
+                       [a2a_counts, piece](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
+                                           CollectiveArgs a) {
+                         a.piece_bytes = piece;
+                         return all_to_all(b, m, in, out,
+                                           a2a_counts(m.groups(a.axes).front().size()), a);
+                       }});
+        all.push_back(
+            {"permute" + name_tail, axes, dtype, fixed(40), fixed(40),
+             [piece](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
+               a.piece_bytes = piece;
+               return permute(b, m, in, out, 40, 1, a);
+             }});
+      }
       all.push_back(
           {"broadcast" + tail, axes, dtype, fixed(40), fixed(40),
            [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, const CollectiveArgs& a) {
              const auto size = static_cast<std::int64_t>(m.groups(a.axes).front().size());
              return broadcast(b, m, in, out, 40, size - 1, a);
            }});
-      all.push_back({"permute" + tail, axes, dtype, fixed(40), fixed(40),
-                     [](GraphBuilder& b, const DeviceMesh& m, auto in, auto out,
-                        const CollectiveArgs& a) { return permute(b, m, in, out, 40, 1, a); }});
     }
   }
   return all;

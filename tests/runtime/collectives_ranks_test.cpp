@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,11 +35,28 @@ TEST_P(CollectivesAcrossRanksTest, AFailedRunStopsTheRanksThatNeedIt) {
   testing::on_thread_ranks(GetParam(), across_ranks::a_failed_run_stops_the_ranks_that_need_it);
 }
 
-// The nodes of a reduce-scatter + all-gather all-reduce of 1000 fp32 elements whose parts cross
-// between two ranks, in pieces of `piece_bytes`, on rank `rank` of `transport` (a mesh of one
-// device per rank) or, with a null transport, in one process (a mesh of two devices).
-std::vector<NodeInfo> all_reduce_nodes(const std::shared_ptr<Transport>& transport,
-                                       std::size_t piece_bytes) {
+// A collective on 1000 fp32 elements a slot, over two slots, adding its nodes.
+using AddCollective = std::function<void(GraphBuilder&, const DeviceMesh&, std::span<BufferView>,
+                                         std::span<BufferView>, const CollectiveArgs&)>;
+
+// A reduce-scatter + all-gather all-reduce.
+void add_all_reduce(GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> in,
+                    std::span<BufferView> out, const CollectiveArgs& args) {
+  all_reduce(b, m, in, out, 1000, ReduceOp::kSum, args,
+             AllReduceAlgorithm::kReduceScatterAllGather);
+}
+
+// An all-gather of 500 elements a slot.
+void add_all_gather(GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> in,
+                    std::span<BufferView> out, const CollectiveArgs& args) {
+  all_gather(b, m, in, out, 500, args);
+}
+
+// The nodes `add` adds (named "c"), in pieces of `piece_bytes`, on rank `rank` of `transport`
+// (a mesh of one device per rank, its slots' parts crossing between the ranks) or, with a null
+// transport, in one process (a mesh of two devices).
+std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transport,
+                                       std::size_t piece_bytes, const AddCollective& add) {
   const DeviceMesh mesh =
       transport ? DeviceMesh::create(testing::synthetic_devices(testing::nodes(1)), transport, {2},
                                      {"dp"})
@@ -50,13 +69,29 @@ std::vector<NodeInfo> all_reduce_nodes(const std::shared_ptr<Transport>& transpo
     out[i] = {mesh.is_local(s) ? buffers[2 + i].data() : nullptr, 1000, DType::kF32};
   }
   GraphBuilder builder(mesh.device_set());
-  CollectiveArgs args{.axes = {"dp"}, .after = {}, .name = "ar", .piece_bytes = piece_bytes};
-  all_reduce(builder, mesh, in, out, 1000, ReduceOp::kSum, args,
-             AllReduceAlgorithm::kReduceScatterAllGather);
+  add(builder, mesh, in, out,
+      CollectiveArgs{.axes = {"dp"}, .after = {}, .name = "c", .piece_bytes = piece_bytes});
   const CompiledGraph graph = builder.compile();
   std::vector<NodeInfo> nodes;
   for (NodeId id = 0; id < graph.size(); ++id) nodes.push_back(graph.node(id));
   return nodes;
+}
+
+// The send nodes of `nodes`, each but the first two waiting for the one two before it and for
+// no other send.
+void expect_sends_two_at_a_time(const std::vector<NodeInfo>& nodes, std::size_t count) {
+  std::vector<NodeId> sends;
+  for (NodeId id = 0; id < nodes.size(); ++id) {
+    if (nodes[id].name.find(".send[") != std::string::npos) sends.push_back(id);
+  }
+  ASSERT_EQ(sends.size(), count);
+  for (std::size_t i = 0; i < sends.size(); ++i) {
+    const auto& deps = nodes[sends[i]].deps;
+    for (std::size_t j = 0; j < sends.size(); ++j) {
+      const bool waits = std::find(deps.begin(), deps.end(), sends[j]) != deps.end();
+      EXPECT_EQ(waits, i >= 2 && j == i - 2) << "send " << i << " waits for send " << j;
+    }
+  }
 }
 
 std::vector<std::string> names_of(const std::vector<NodeInfo>& nodes) {
@@ -65,51 +100,59 @@ std::vector<std::string> names_of(const std::vector<NodeInfo>& nodes) {
   return names;
 }
 
-TEST(CollectivesPipelineTest, PartsCrossingRanksGoInPiecesWhoseSendsStartTwoAtATime) {
+TEST(CollectivesPipelineTest, ReductionsAcrossRanksGoInPiecesWhoseSendsStartTwoAtATime) {
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     // Each rank's 500-element part in pieces of 100 elements (400 bytes): five reductions, five
     // gathers, and the slot's entry joining them.
-    const auto nodes = all_reduce_nodes(transport, 400);
+    const auto nodes = collective_nodes(transport, 400, add_all_reduce);
     const std::int64_t slot = transport->rank();
     for (int k = 0; k < 5; ++k) {
-      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("ar.rs.{}[{}]", k, slot)));
-      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("ar.ag.{}[{}]", k, slot)));
+      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("c.rs.{}[{}]", k, slot)));
+      EXPECT_THAT(names_of(nodes), ::testing::Contains(fmt::format("c.ag.{}[{}]", k, slot)));
     }
     EXPECT_THAT(names_of(nodes),
-                ::testing::Not(::testing::Contains(fmt::format("ar.rs.5[{}]", slot))));
+                ::testing::Not(::testing::Contains(fmt::format("c.rs.5[{}]", slot))));
     const auto join = std::find_if(nodes.begin(), nodes.end(), [&](const NodeInfo& n) {
-      return n.name == fmt::format("ar[{}]", slot);
+      return n.name == fmt::format("c[{}]", slot);
     });
     ASSERT_NE(join, nodes.end());
     EXPECT_EQ(join->deps.size(), 20u) << "5 reductions, 5 gathers and 10 sends";
-    // Ten sends to the peer (five input pieces, five reduced pieces), each but the first two
-    // waiting for the one two before it.
-    std::vector<NodeId> sends;
-    for (NodeId id = 0; id < nodes.size(); ++id) {
-      if (nodes[id].name.find(".send[") != std::string::npos) sends.push_back(id);
-    }
-    ASSERT_EQ(sends.size(), 10u);
-    for (std::size_t i = 0; i < sends.size(); ++i) {
-      const auto& deps = nodes[sends[i]].deps;
-      for (std::size_t j = 0; j < sends.size(); ++j) {
-        const bool waits = std::find(deps.begin(), deps.end(), sends[j]) != deps.end();
-        EXPECT_EQ(waits, i >= 2 && j == i - 2) << "send " << i << " waits for send " << j;
-      }
-    }
+    // Ten sends to the peer: five input pieces, five reduced pieces.
+    expect_sends_two_at_a_time(nodes, 10);
     // Parts of at most piece_bytes, or piece_bytes 0, stay whole.
     for (const std::size_t whole : {std::size_t{2000}, std::size_t{0}}) {
-      const auto names = names_of(all_reduce_nodes(transport, whole));
-      EXPECT_THAT(names, ::testing::Contains(fmt::format("ar.rs[{}]", slot))) << whole;
-      EXPECT_THAT(names, ::testing::Contains(fmt::format("ar.ag[{}]", slot))) << whole;
-      EXPECT_THAT(names, ::testing::Not(::testing::Contains(fmt::format("ar[{}]", slot)))) << whole;
+      const auto names = names_of(collective_nodes(transport, whole, add_all_reduce));
+      EXPECT_THAT(names, ::testing::Contains(fmt::format("c.rs[{}]", slot))) << whole;
+      EXPECT_THAT(names, ::testing::Contains(fmt::format("c.ag[{}]", slot))) << whole;
+      EXPECT_THAT(names, ::testing::Not(::testing::Contains(fmt::format("c[{}]", slot)))) << whole;
     }
   });
 }
 
-TEST(CollectivesPipelineTest, GroupsWithinOneProcessStayWhole) {
-  const auto names = names_of(all_reduce_nodes(nullptr, 400));
-  EXPECT_THAT(names, ::testing::IsSupersetOf({"ar.rs[0]", "ar.rs[1]", "ar.ag[0]", "ar.ag[1]"}));
-  EXPECT_EQ(names.size(), 4u);
+TEST(CollectivesPipelineTest, CopiesFromOtherRanksGoInPieces) {
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    // The other rank's 500 elements in pieces of 100 (400 bytes): a node each, the own part
+    // copied whole, and the slot's entry joining them.
+    const auto nodes = collective_nodes(transport, 400, add_all_gather);
+    const std::int64_t slot = transport->rank();
+    const auto names = names_of(nodes);
+    for (int k = 0; k < 5; ++k)
+      EXPECT_THAT(names, ::testing::Contains(fmt::format("c.{}[{}]", k, slot)));
+    EXPECT_THAT(names, ::testing::Not(::testing::Contains(fmt::format("c.5[{}]", slot))));
+    EXPECT_THAT(names, ::testing::IsSupersetOf(
+                           {fmt::format("c.whole[{}]", slot), fmt::format("c[{}]", slot)}));
+    expect_sends_two_at_a_time(nodes, 5);
+    const auto whole = names_of(collective_nodes(transport, 2000, add_all_gather));
+    EXPECT_THAT(whole, ::testing::Contains(fmt::format("c[{}]", slot)));
+    EXPECT_THAT(whole, ::testing::Not(::testing::Contains(fmt::format("c.0[{}]", slot))));
+  });
+}
+
+TEST(CollectivesPipelineTest, CollectivesWithinOneProcessStayWhole) {
+  EXPECT_THAT(names_of(collective_nodes(nullptr, 400, add_all_reduce)),
+              ::testing::UnorderedElementsAre("c.rs[0]", "c.rs[1]", "c.ag[0]", "c.ag[1]"));
+  EXPECT_THAT(names_of(collective_nodes(nullptr, 400, add_all_gather)),
+              ::testing::UnorderedElementsAre("c[0]", "c[1]"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesAcrossRanksTest, ::testing::Values(1, 2, 3, 4),

@@ -88,13 +88,16 @@ struct CollectiveArgs {
   Frontier after;
   /// Prefix of the node names ("all_reduce" by default per function).
   std::string name;
-  /// Pipelining across processes: in a group whose members are not all of one rank, the
-  /// reduce-scatter stages (of all_reduce's kReduceScatterAllGather and of reduce_scatter on
-  /// buffers) split each rank's part larger than this many bytes into pieces of at most this
-  /// size, each with its own transfers and nodes, so that a piece is reduced (and gathered)
+  /// Pipelining across processes: parts larger than this many bytes go in pieces of at most
+  /// this size, each with its own transfers and nodes, so that a piece is reduced or copied
   /// while the next ones cross; the sends of pieces to one rank start at most two at a time, in
-  /// order. The bits do not change: every element is still combined once, in rank order.
-  /// 0: never split. Groups within one process are never split.
+  /// order. Split are: in a group whose members are not all of one rank, each rank's part of
+  /// the reduce-scatter stages (of all_reduce's kReduceScatterAllGather, and of reduce_scatter
+  /// on buffers); and each part that the copying collectives on buffers (all_gather,
+  /// all_to_all, broadcast, permute) copy from another rank. The bits do not change: every
+  /// element is still combined once, in rank order. 0: never split. Within one process
+  /// nothing is split, nor are the direct all-reduce and the box reads of the collectives on
+  /// sharded tensors other than all_reduce.
   std::size_t piece_bytes = kPipelinePieceBytes;
 };
 
