@@ -290,7 +290,7 @@ class MpiTransport final : public Transport {
   // devices need. Why not while streaming: a message of megabytes completes only after many
   // polls, and sleeping between them made a 64 MiB all-reduce between two ranks of one host
   // through MPI, its 32 MiB parts sent whole, take 0.8 s instead of 0.05-0.16 s
-  // (docs/benchmarks.md, "Reductions across ranks in pieces"). Why an eighth:
+  // (docs/benchmarks.md, "Transfers across ranks in pieces"). Why an eighth:
   // a rank bound to one core shares it with this thread, and every wake-up from a short sleep is a
   // timer interrupt and a switch away from the core's device thread; sleeping 20 us throughout cost
   // the 21 M training step as two ranks 4-8 % (0.83-0.94x one process, 0.95-0.98x with the

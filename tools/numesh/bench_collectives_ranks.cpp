@@ -114,8 +114,8 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
       chain == 1 ? "runs: one collective each (a graph run's start and end included)"
                  : fmt::format("runs: {} collectives each; times per collective", chain));
   out << (cases.piece_bytes == 0
-              ? std::string("pieces: none (reductions send their parts whole)\n")
-              : fmt::format("pieces: parts of reductions that cross ranks go in pieces of {}\n",
+              ? std::string("pieces: none (parts cross ranks whole)\n")
+              : fmt::format("pieces: parts that cross ranks go in pieces of {}\n",
                             format_bytes(cases.piece_bytes)));
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10}\n", "collective", "bytes",
                      "numesh us", "MPI us", "ratio", "GB/s");

@@ -70,9 +70,9 @@ MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) on one buffer per rank; r
                   "per collective")
       ->capture_default_str();
   cmd->add_option("--piece-bytes", o.piece_bytes,
-                  "Under mpirun: reductions send and reduce their parts that cross between "
-                  "ranks in pieces of this many bytes, so that one piece is reduced while the "
-                  "next crosses (0: whole parts)")
+                  "Under mpirun: parts that cross between ranks go in pieces of this many "
+                  "bytes, so that one piece is reduced or copied while the next crosses (0: "
+                  "whole parts)")
       ->capture_default_str();
   cmd->add_option("--json", o.json, "Write one JSON record per case to FILE");
   cmd->add_option("--trace", o.trace,
