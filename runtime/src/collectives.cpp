@@ -276,9 +276,21 @@ void add_dep(std::vector<NodeId>& deps, NodeId n) {
   if (n != kReady && std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
 }
 
-// Elements per piece of a part split by CollectiveArgs::piece_bytes.
-std::size_t piece_elements(const CollectiveArgs& args, std::size_t item) {
-  return std::max<std::size_t>(1, args.piece_bytes / item);
+// Elements [first, second) of a buffer.
+using Range = std::pair<std::size_t, std::size_t>;
+
+// The pieces that the part [b, e) of elements of `item` bytes goes in (CollectiveArgs::
+// piece_bytes): as few as hold at most args.piece_bytes each, at least one element each and at
+// most kMaxPiecesPerPart, of equal sizes give or take an element; none for an empty part.
+std::vector<Range> split_range(std::size_t b, std::size_t e, const CollectiveArgs& args,
+                               std::size_t item) {
+  const std::size_t n = e - b;
+  const std::size_t per = std::max<std::size_t>(1, args.piece_bytes / item);
+  const std::size_t count = std::min(kMaxPiecesPerPart, (n + per - 1) / per);
+  std::vector<Range> pieces;
+  for (std::size_t i = 0; i < count; ++i)
+    pieces.emplace_back(b + n * i / count, b + n * (i + 1) / count);
+  return pieces;
 }
 
 // Adds to `p` the part of `count` elements from element `offset` of slot `source`'s input,
@@ -299,13 +311,11 @@ void add_input_piece(CopyPlan& p, SourceReads& reads, const DeviceMesh& mesh,
     add_dep(p.deps, read.ready);
     return;
   }
-  const std::size_t piece = piece_elements(args, item);
-  for (std::size_t at = 0; at < count; at += piece) {
-    const std::size_t n = std::min(piece, count - at);
+  for (const auto& [b, e] : split_range(offset, offset + count, args, item)) {
     const auto read =
         reads.contiguous(SourceBuffer::kInput, p.slot, source, data, after_of(args, source),
-                         (offset + at) * item, n * item, detail::SendStart::kWindowed);
-    p.streamed.push_back({read.data, dst_offset + at, n, read.ready});
+                         b * item, (e - b) * item, detail::SendStart::kWindowed);
+    p.streamed.push_back({read.data, dst_offset + (b - offset), e - b, read.ready});
   }
 }
 
@@ -396,13 +406,10 @@ Frontier copy_whole(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   return reads.finish(std::move(next));
 }
 
-// Elements [first, second) of a buffer.
-using Range = std::pair<std::size_t, std::size_t>;
-
 // Each rank's part of a reduce-scatter stage over `group` (range_of(r) for rank r), as pieces
 // in order: the whole part, unless the group spans ranks and some part holds more than
-// args.piece_bytes (CollectiveArgs::piece_bytes), when every part is split into pieces of that
-// size (an empty part into none). Every rank splits alike.
+// args.piece_bytes (CollectiveArgs::piece_bytes), when every part is split (split_range; an
+// empty part into none). Every rank splits alike.
 template <typename RangeOf>
 std::vector<std::vector<Range>> split_parts(const DeviceMesh& mesh,
                                             const std::vector<std::int64_t>& group,
@@ -419,11 +426,9 @@ std::vector<std::vector<Range>> split_parts(const DeviceMesh& mesh,
     return mesh.rank_of(t) != mesh.rank_of(group.front());
   });
   if (!spans_ranks || args.piece_bytes == 0 || !large) return parts;
-  const std::size_t piece = piece_elements(args, item);
   for (std::vector<Range>& pieces : parts) {
     const auto [b, e] = pieces.front();
-    pieces.clear();
-    for (std::size_t at = b; at < e; at += piece) pieces.emplace_back(at, std::min(e, at + piece));
+    pieces = split_range(b, e, args, item);
   }
   return parts;
 }

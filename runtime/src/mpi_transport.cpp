@@ -273,10 +273,15 @@ class MpiTransport final : public Transport {
   // Sends of at least this many bytes move in fragments that MPI advances only as it is polled
   // (Open MPI's shared-memory and TCP transports send larger messages by rendezvous).
   static constexpr int kStreamingBytes = 64 << 10;
+  // How long a wait with such a send in flight is polled without sleeping. A piece of 4 MiB
+  // (CollectiveArgs::piece_bytes) crosses in a few milliseconds even at 1 GB/s; a send that
+  // completes nothing for this long is taken to wait for its peer (a rank that is late, or
+  // stuck until the patience runs out) and backs off as any wait.
+  static constexpr std::chrono::milliseconds kStreamingWait{100};
 
-  // True while a send of at least kStreamingBytes is in flight: its bytes are ready and its
-  // peer's receive is usually posted already (graphs post theirs as a run starts), so bytes are
-  // moving, and each poll here moves more of them.
+  // True while a send of at least kStreamingBytes is in flight. Its bytes are ready, and its
+  // peer's receive is usually posted (graphs post theirs as a run starts), so they are likely
+  // moving; MPI does not say, hence kStreamingWait.
   static bool streaming(const std::vector<Transfer>& active) {
     return std::any_of(active.begin(), active.end(), [](const Transfer& t) {
       return t.kind == Transfer::kSend && t.count >= kStreamingBytes;
@@ -285,17 +290,18 @@ class MpiTransport final : public Transport {
 
   // The progress thread: posts new transfers, polls the active ones, completes them. It sleeps
   // while nothing is active; while transfers are in flight it polls, yielding its core between
-  // polls, and after 64 empty ones, unless a large send is streaming, sleeps an eighth of the
-  // time the wait has lasted (20 us to 1 ms), so that a long wait does not hold a core the
-  // devices need. Why not while streaming: a message of megabytes completes only after many
-  // polls, and sleeping between them made a 64 MiB all-reduce between two ranks of one host
-  // through MPI, its 32 MiB parts sent whole, take 0.8 s instead of 0.05-0.16 s
-  // (docs/benchmarks.md, "Transfers across ranks in pieces"). Why an eighth:
-  // a rank bound to one core shares it with this thread, and every wake-up from a short sleep is a
-  // timer interrupt and a switch away from the core's device thread; sleeping 20 us throughout cost
-  // the 21 M training step as two ranks 4-8 % (0.83-0.94x one process, 0.95-0.98x with the
-  // backoff), while a wait's end is noticed at most an eighth later than it happened (decode steps
-  // across ranks, whose waits are short, unchanged).
+  // polls, and after 64 empty ones, unless a large send is streaming (for up to kStreamingWait),
+  // sleeps an eighth of the time the wait has lasted (20 us to 1 ms), so that a long wait does
+  // not hold a core the devices need. Why not while streaming: a message of megabytes completes
+  // only after many polls (on the receiving side too, which this does not cover: a rank that
+  // only receives, as a broadcast's, backs off), and sleeping between them made a 64 MiB all-reduce
+  // between two ranks of one host through MPI, its 32 MiB parts sent whole, take 0.8 s instead of
+  // 0.05-0.16 s (docs/benchmarks.md, "Transfers across ranks in pieces"). Why an eighth: a rank
+  // bound to one core shares it with this thread, and every wake-up from a short sleep is a timer
+  // interrupt and a switch away from the core's device thread; sleeping 20 us throughout cost the
+  // 21 M training step as two ranks 4-8 % (0.83-0.94x one process, 0.95-0.98x with the backoff),
+  // while a wait's end is noticed at most an eighth later than it happened (decode steps across
+  // ranks, whose waits are short, unchanged).
   void progress() {
     std::vector<Transfer> active;
     std::vector<MPI_Request> requests;
@@ -342,12 +348,12 @@ class MpiTransport final : public Transport {
       }
       if (completed == MPI_UNDEFINED || completed == 0) {
         if (++idle_polls == 1) idle_since = Clock::now();
-        if (idle_polls > 64 && !streaming(active)) {
+        const auto waited = Clock::now() - idle_since;
+        if (idle_polls > 64 && (waited >= kStreamingWait || !streaming(active))) {
           // A wait of 8 ms or more is polled every 1 ms: an idle rank (a serving follower
           // between calls, in the one receive without a time limit) takes a few percent of a
           // core where a poll every 20 us took a quarter; the 1 ms is paid once, by the first
           // call after idling.
-          const auto waited = Clock::now() - idle_since;
           std::this_thread::sleep_for(std::clamp<Clock::duration>(
               waited / 8, std::chrono::microseconds(20), std::chrono::microseconds(1000)));
         } else {

@@ -144,7 +144,7 @@ const SourceReads::Staged* SourceReads::transfer(const Key& key, std::int64_t re
         make_send(to, tag), after(ready), NodeKind::kTransfer, bytes);
     sends_[source].push_back(send);
     if (start == SendStart::kWindowed) {
-      std::vector<NodeId>& window = windowed_[to];
+      std::vector<NodeId>& window = windowed_[{to, std::get<0>(key)}];
       if (window.size() >= kSendWindow) builder_.depend(window[window.size() - kSendWindow], send);
       window.push_back(send);
     }

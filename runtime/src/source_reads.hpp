@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "numesh/runtime/collectives.hpp"
@@ -39,10 +40,12 @@ enum class SourceBuffer { kInput, kOutput };
 enum class SendStart {
   /// Once its bytes are ready.
   kWhenReady,
-  /// Once its bytes are ready and the kSendWindow-th windowed send before it from this rank to
-  /// the same rank in this collective has completed. For the pieces of a pipelined collective:
-  /// Open MPI progresses concurrent large sends to one peer together, so pieces all posted at
-  /// once would all arrive at the end, together, and nothing would overlap.
+  /// Once its bytes are ready and the kSendWindow-th windowed send before it in this
+  /// collective, from this rank to the same rank and of the same SourceBuffer, has completed.
+  /// For the pieces of a pipelined collective: Open MPI progresses concurrent large sends to
+  /// one peer together, so pieces all posted at once would all arrive at the end, together, and
+  /// nothing would overlap. Inputs and outputs keep separate windows, so that a reduce-scatter's
+  /// reduced pieces (outputs, sent on by its all-gather) do not queue behind its input pieces.
   kWindowed,
 };
 
@@ -140,8 +143,8 @@ class SourceReads {
   std::map<Key, Staged> staged_;
   std::map<Key, bool> sent_;
   std::map<std::int64_t, std::vector<NodeId>> sends_;
-  // This rank's windowed sends, per receiving rank, in the order declared.
-  std::map<int, std::vector<NodeId>> windowed_;
+  // This rank's windowed sends, per receiving rank and SourceBuffer, in the order declared.
+  std::map<std::pair<int, int>, std::vector<NodeId>> windowed_;
   std::shared_ptr<SharedWindows> windows_;
   // This rank's in-place reads: per source rank, the transfers to ring consumed for.
   std::map<int, std::vector<int>> consumed_;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,10 +58,15 @@ void add_all_gather(GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> 
 // transport, in one process (a mesh of two devices).
 std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transport,
                                        std::size_t piece_bytes, const AddCollective& add) {
-  const DeviceMesh mesh =
-      transport ? DeviceMesh::create(testing::synthetic_devices(testing::nodes(1)), transport, {2},
-                                     {"dp"})
-                : DeviceMesh::create(testing::synthetic_devices(testing::nodes(2)), {2}, {"dp"});
+  // Devices of its own, not testing::synthetic_devices' (made once a process): a mesh across
+  // ranks of one host makes its devices allocate from shared memory from then on, which later
+  // tests of the cached devices would meet.
+  PlacementOptions options;
+  options.max_threads_per_device = 1;
+  const auto devices =
+      DeviceSet::create(Topology::from_synthetic(testing::nodes(transport ? 1 : 2)), options);
+  const DeviceMesh mesh = transport ? DeviceMesh::create(devices, transport, {2}, {"dp"})
+                                    : DeviceMesh::create(devices, {2}, {"dp"});
   std::vector<std::vector<float>> buffers(4, std::vector<float>(1000, 1.0f));
   std::vector<BufferView> in(2), out(2);
   for (std::int64_t s = 0; s < 2; ++s) {
@@ -77,20 +83,25 @@ std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transpo
   return nodes;
 }
 
-// The send nodes of `nodes`, each but the first two waiting for the one two before it and for
-// no other send.
-void expect_sends_two_at_a_time(const std::vector<NodeInfo>& nodes, std::size_t count) {
+// The send nodes of `nodes`, in stages of `stages` sends (a window each): each but the first
+// two of its stage waits for the one two before it, and for no other send.
+void expect_sends_two_at_a_time(const std::vector<NodeInfo>& nodes,
+                                const std::vector<std::size_t>& stages) {
   std::vector<NodeId> sends;
   for (NodeId id = 0; id < nodes.size(); ++id) {
     if (nodes[id].name.find(".send[") != std::string::npos) sends.push_back(id);
   }
-  ASSERT_EQ(sends.size(), count);
-  for (std::size_t i = 0; i < sends.size(); ++i) {
-    const auto& deps = nodes[sends[i]].deps;
-    for (std::size_t j = 0; j < sends.size(); ++j) {
-      const bool waits = std::find(deps.begin(), deps.end(), sends[j]) != deps.end();
-      EXPECT_EQ(waits, i >= 2 && j == i - 2) << "send " << i << " waits for send " << j;
+  ASSERT_EQ(sends.size(), std::accumulate(stages.begin(), stages.end(), std::size_t{0}));
+  std::size_t first = 0;  // of the stage
+  for (const std::size_t stage : stages) {
+    for (std::size_t i = first; i < first + stage; ++i) {
+      const auto& deps = nodes[sends[i]].deps;
+      for (std::size_t j = 0; j < sends.size(); ++j) {
+        const bool waits = std::find(deps.begin(), deps.end(), sends[j]) != deps.end();
+        EXPECT_EQ(waits, i >= first + 2 && j == i - 2) << "send " << i << " waits for send " << j;
+      }
     }
+    first += stage;
   }
 }
 
@@ -117,8 +128,8 @@ TEST(CollectivesPipelineTest, ReductionsAcrossRanksGoInPiecesWhoseSendsStartTwoA
     });
     ASSERT_NE(join, nodes.end());
     EXPECT_EQ(join->deps.size(), 20u) << "5 reductions, 5 gathers and 10 sends";
-    // Ten sends to the peer: five input pieces, five reduced pieces.
-    expect_sends_two_at_a_time(nodes, 10);
+    // Ten sends to the peer: five input pieces, then five reduced pieces, a window each.
+    expect_sends_two_at_a_time(nodes, {5, 5});
     // Parts of at most piece_bytes, or piece_bytes 0, stay whole.
     for (const std::size_t whole : {std::size_t{2000}, std::size_t{0}}) {
       const auto names = names_of(collective_nodes(transport, whole, add_all_reduce));
@@ -141,7 +152,23 @@ TEST(CollectivesPipelineTest, CopiesFromOtherRanksGoInPieces) {
     EXPECT_THAT(names, ::testing::Not(::testing::Contains(fmt::format("c.5[{}]", slot))));
     EXPECT_THAT(names, ::testing::IsSupersetOf(
                            {fmt::format("c.whole[{}]", slot), fmt::format("c[{}]", slot)}));
-    expect_sends_two_at_a_time(nodes, 5);
+    expect_sends_two_at_a_time(nodes, {5});
+    // As few pieces as hold 1800 bytes (450 elements) each, of equal sizes: two of 250.
+    const auto two = collective_nodes(transport, 1800, add_all_gather);
+    for (int k = 0; k < 3; ++k) {
+      const auto it = std::find_if(two.begin(), two.end(), [&](const NodeInfo& n) {
+        return n.name == fmt::format("c.{}[{}]", k, slot);
+      });
+      ASSERT_EQ(it != two.end(), k < 2) << k;
+      if (k < 2) {
+        EXPECT_EQ(it->bytes, 1000u) << k;
+      }
+    }
+    // At most kMaxPiecesPerPart pieces: the 500 elements in pieces of 1 byte make 256.
+    const auto most = names_of(collective_nodes(transport, 1, add_all_gather));
+    EXPECT_THAT(most, ::testing::Contains(fmt::format("c.{}[{}]", kMaxPiecesPerPart - 1, slot)));
+    EXPECT_THAT(most, ::testing::Not(
+                          ::testing::Contains(fmt::format("c.{}[{}]", kMaxPiecesPerPart, slot))));
     const auto whole = names_of(collective_nodes(transport, 2000, add_all_gather));
     EXPECT_THAT(whole, ::testing::Contains(fmt::format("c[{}]", slot)));
     EXPECT_THAT(whole, ::testing::Not(::testing::Contains(fmt::format("c.0[{}]", slot))));

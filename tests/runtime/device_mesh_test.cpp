@@ -95,7 +95,11 @@ TEST(DeviceSetTest, LargeBuffersAskForHugePages) {
               << "' here: madvise changes nothing\n";
     return;
   }
-  auto devices = testing::synthetic_devices(testing::nodes(1));
+  // A device of its own: the cached testing::synthetic_devices may have been given shared
+  // memory (no huge pages) by a mesh across ranks that an earlier test of the process made.
+  PlacementOptions options;
+  options.max_threads_per_device = 1;
+  auto devices = DeviceSet::create(Topology::from_synthetic(testing::nodes(1)), options);
   DeviceBuffer large = devices->device(0).allocate(std::size_t{8} << 20);
   EXPECT_EQ(thp_eligible(large.data()), 1) << "an 8 MiB buffer under '" << mode << "'";
   DeviceBuffer small = devices->device(0).allocate(std::size_t{64} << 10);

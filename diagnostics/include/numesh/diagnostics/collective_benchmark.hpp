@@ -82,8 +82,8 @@ class GraphCollective {
   /// The same collective over the slots of `mesh`, a 1-D mesh that may span ranks
   /// (docs/distributed.md): this rank holds the buffers of its own slots, and every rank
   /// constructs it at the same time with the same arguments (building the graph numbers its
-  /// transfers) and runs it as many times. Parts of a reduction that cross between ranks go in
-  /// pieces of `piece_bytes` (runtime::CollectiveArgs::piece_bytes; 0: whole).
+  /// transfers) and runs it as many times. Parts that cross between ranks go in pieces of
+  /// `piece_bytes` (runtime::CollectiveArgs::piece_bytes; 0: whole).
   /// Throws: as above; ValueError when the mesh is not 1-D.
   GraphCollective(runtime::DeviceMesh mesh, CollectiveOp op, std::size_t bytes,
                   DType dtype = DType::kF32, std::size_t chain = 1,

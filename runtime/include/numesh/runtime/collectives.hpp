@@ -80,6 +80,10 @@ inline constexpr std::size_t kDirectAllReduceBytes = std::size_t{64} << 10;
 /// transfers (tens of microseconds) cost a few percent of moving and reducing it.
 inline constexpr std::size_t kPipelinePieceBytes = std::size_t{4} << 20;
 
+/// The most pieces a part is split into (larger pieces beyond it): each piece takes a transfer
+/// tag of its pair of ranks, of which a graph has kGraphTagLimit.
+inline constexpr std::size_t kMaxPiecesPerPart = 256;
+
 /// Common arguments of the buffer collectives.
 struct CollectiveArgs {
   /// Mesh axes the collective runs over (empty = each slot alone).
@@ -88,12 +92,14 @@ struct CollectiveArgs {
   Frontier after;
   /// Prefix of the node names ("all_reduce" by default per function).
   std::string name;
-  /// Pipelining across processes: parts larger than this many bytes go in pieces of at most
-  /// this size, each with its own transfers and nodes, so that a piece is reduced or copied
-  /// while the next ones cross; the sends of pieces to one rank start at most two at a time, in
-  /// order. Split are: in a group whose members are not all of one rank, each rank's part of
-  /// the reduce-scatter stages (of all_reduce's kReduceScatterAllGather, and of reduce_scatter
-  /// on buffers); and each part that the copying collectives on buffers (all_gather,
+  /// Pipelining across processes: parts larger than this many bytes go in pieces, as few as
+  /// hold at most this many bytes each (at least one element, at most kMaxPiecesPerPart, equal
+  /// give or take an element), each with its own transfers and nodes, so that a piece is reduced
+  /// or copied while the next ones cross. Within the collective, the sends of pieces from this
+  /// rank to another start at most two at a time per stage (inputs; a reduce-scatter's reduced
+  /// outputs), in order. Split are: in a group whose members are not all of one rank, each rank's
+  /// part of the reduce-scatter stages (of all_reduce's kReduceScatterAllGather, and of
+  /// reduce_scatter on buffers); and each part that the copying collectives on buffers (all_gather,
   /// all_to_all, broadcast, permute) copy from another rank. The bits do not change: every
   /// element is still combined once, in rank order. 0: never split. Within one process
   /// nothing is split, nor are the direct all-reduce and the box reads of the collectives on
