@@ -187,7 +187,9 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
       // Pipelined (CollectiveArgs::piece_bytes) where the group spans ranks: pieces that are
       // not a whole number of elements, and (3 elements over groups of 2 and 4) parts of one,
       // two and no pieces.
-      for (const auto& [n, piece] : {std::pair<std::size_t, std::size_t>{1001, 100}, {3, 1}}) {
+      for (const auto& sizes : {std::pair<std::size_t, std::size_t>{1001, 100}, {3, 1}}) {
+        // Plain variables, not a structured binding: the lambda below captures them.
+        const std::size_t n = sizes.first, piece = sizes.second;
         all.push_back(
             {fmt::format("all_reduce sum in pieces of {} bytes, {} elements{}", piece, n, tail),
              axes, dtype, fixed(n), fixed(n),
