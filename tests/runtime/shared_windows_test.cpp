@@ -27,6 +27,7 @@
 #include "numesh/runtime/graph.hpp"
 #include "numesh/runtime/shared_arena.hpp"
 #include "numesh/runtime/transport.hpp"
+#include "scoped_environment.hpp"
 #include "test_devices.hpp"
 #include "thread_ranks.hpp"
 
@@ -36,21 +37,6 @@ namespace {
 using ::testing::HasSubstr;
 
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-
-// An environment variable set for a scope (unset at its end): the tests of this file leave the
-// process's environment as they found it.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(const char* name, const char* value) : name_(name) {
-    EXPECT_EQ(setenv(name, value, 1), 0);
-  }
-  ~ScopedEnvironment() { unsetenv(name_); }
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  const char* name_;
-};
 
 TEST(SharedArenaTest, BlocksComeAndGoInWholePagesFirstFit) {
   const auto arena = SharedArena::create("numesh-test-arena", 8 * kPage);
@@ -379,7 +365,7 @@ void all_reduce_two_ranks(const std::shared_ptr<Transport>& transport, bool host
 // all_reduce_two_ranks moves pieces of 20000 bytes (80 KB over four slots), below the default
 // floor of transfers read in place (1 MiB): these tests lower it.
 TEST(SharedWindowsTest, AnAllReduceReadsTheOtherRanksBuffersInPlace) {
-  const ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
+  const testing::ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     all_reduce_two_ranks(transport, /*host_inputs=*/false, /*expect_in_place=*/true);
   });
@@ -388,7 +374,7 @@ TEST(SharedWindowsTest, AnAllReduceReadsTheOtherRanksBuffersInPlace) {
 // A rank whose run fails before it publishes what another rank reads in place stops that
 // rank's run too, naming it, instead of letting it read what was never computed.
 TEST(SharedWindowsTest, AFailedRunStopsTheRankThatReadsItInPlace) {
-  const ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
+  const testing::ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     all_reduce_two_ranks(transport, /*host_inputs=*/false, /*expect_in_place=*/true,
                          /*fault=*/true);
@@ -396,7 +382,7 @@ TEST(SharedWindowsTest, AFailedRunStopsTheRankThatReadsItInPlace) {
 }
 
 TEST(SharedWindowsTest, BytesOutsideSharedMemoryCrossThroughTheTransport) {
-  const ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
+  const testing::ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     all_reduce_two_ranks(transport, /*host_inputs=*/true, /*expect_in_place=*/true);
   });
@@ -414,12 +400,12 @@ TEST(SharedWindowsTest, TransfersBelowTheFloorCrossThroughTheTransport) {
     });
   }
   {
-    const ScopedEnvironment above("NUMESH_IN_PLACE_MIN_BYTES", "20001");
+    const testing::ScopedEnvironment above("NUMESH_IN_PLACE_MIN_BYTES", "20001");
     testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
       all_reduce_two_ranks(transport, /*host_inputs=*/false, /*expect_in_place=*/false);
     });
   }
-  const ScopedEnvironment at("NUMESH_IN_PLACE_MIN_BYTES", "20000");
+  const testing::ScopedEnvironment at("NUMESH_IN_PLACE_MIN_BYTES", "20000");
   testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
     const DeviceMesh mesh = DeviceMesh::create(own_devices(1), transport, {2}, {"x"});
     ASSERT_NE(mesh.shared_windows(), nullptr);
@@ -434,15 +420,15 @@ TEST(SharedWindowsTest, TheFloorComesFromTheEnvironmentAndBadValuesAreRefused) {
   unsetenv("NUMESH_IN_PLACE_MIN_BYTES");
   EXPECT_EQ(in_place_min_bytes_from_environment(), kDefaultInPlaceMinBytes);
   {
-    const ScopedEnvironment empty("NUMESH_IN_PLACE_MIN_BYTES", "");
+    const testing::ScopedEnvironment empty("NUMESH_IN_PLACE_MIN_BYTES", "");
     EXPECT_EQ(in_place_min_bytes_from_environment(), kDefaultInPlaceMinBytes);
   }
   {
-    const ScopedEnvironment zero("NUMESH_IN_PLACE_MIN_BYTES", "0");
+    const testing::ScopedEnvironment zero("NUMESH_IN_PLACE_MIN_BYTES", "0");
     EXPECT_EQ(in_place_min_bytes_from_environment(), 0u);
   }
   for (const char* bad : {"1M", "-1", "abc", "1.5", "99999999999999999999999"}) {
-    const ScopedEnvironment value("NUMESH_IN_PLACE_MIN_BYTES", bad);
+    const testing::ScopedEnvironment value("NUMESH_IN_PLACE_MIN_BYTES", bad);
     EXPECT_THAT([] { (void)in_place_min_bytes_from_environment(); },
                 ::testing::ThrowsMessage<ValueError>(HasSubstr(fmt::format(
                     "NUMESH_IN_PLACE_MIN_BYTES='{}' is not a whole number of bytes", bad))))

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "numesh/core/error.hpp"
+#include "scoped_environment.hpp"
 #include "topology_fixtures.hpp"
 
 namespace numesh::runtime {
@@ -30,28 +31,6 @@ std::vector<int> os_indexes(const std::vector<NumaNode>& nodes) {
   for (const NumaNode& n : nodes) out.push_back(n.os_index);
   return out;
 }
-
-// Sets an environment variable for one scope and restores the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(TopologyTest, SourceNames) {
   EXPECT_EQ(to_string(TopologySource::kMachine), "machine");
@@ -116,7 +95,7 @@ TEST(TopologyTest, SyntheticCannotBindAndSaysSo) {
 }
 
 TEST(TopologyTest, SyntheticWithThisSystemCanBind) {
-  const ScopedEnv env("HWLOC_THISSYSTEM", "1");
+  const testing::ScopedEnvironment env("HWLOC_THISSYSTEM", "1");
   const Topology t = Topology::from_synthetic("numa:2 core:1 pu:1");
   EXPECT_TRUE(t.can_bind());
   EXPECT_EQ(t.cpuset(), CpuSet({0, 1}));
