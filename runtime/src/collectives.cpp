@@ -18,6 +18,9 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/device.hpp"
+#include "numesh/runtime/device_buffer.hpp"
+#include "numesh/runtime/shared_windows.hpp"
 #include "source_reads.hpp"
 
 namespace numesh::runtime {
@@ -88,11 +91,21 @@ void reduce_block(float* dst, const std::vector<const void*>& inputs, std::size_
   }
 }
 
+// How a reduction's first input and its output are stored: as elements of the collective's
+// type, or as fp32 partial results. A hierarchical all-reduce carries partial results between
+// ranks in fp32, so that 16-bit elements are still rounded once, after the last input, as in
+// one process. For fp32 collectives both are the same.
+struct Widths {
+  bool first_f32 = false;
+  bool dst_f32 = false;
+};
+
 // reduce_block for 16-bit elements: each input block widened to fp32 (exact), combined in fp32
-// in rank order, rounded once to `type` (nearest even). The same bits whichever algorithm or
-// chunking reaches an element, as every element is combined once.
-void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inputs,
-                        std::size_t offset, std::size_t n, ReduceOp op, DType type) {
+// in rank order, rounded once to `type` (nearest even), or stored as fp32 with widths.dst_f32.
+// The same bits whichever algorithm or chunking reaches an element, as every element is
+// combined once, in the same order.
+void reduce_block_16bit(void* dst, const std::vector<const void*>& inputs, std::size_t offset,
+                        std::size_t n, ReduceOp op, DType type, Widths widths) {
   float acc[kReduceBlock];
   float next[kReduceBlock];
   // reduce_parallel's switch sends bf16 and f16 only.
@@ -105,7 +118,10 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
     else
       convert_f16_to_f32(src, {out, len});
   };
-  widen(inputs[0], offset, acc, n);
+  if (widths.first_f32)
+    std::memcpy(acc, static_cast<const float*>(inputs[0]) + offset, n * sizeof(float));
+  else
+    widen(inputs[0], offset, acc, n);
   for (std::size_t k = 1; k < inputs.size(); ++k) {
     widen(inputs[k], offset, next, n);
     if (op == ReduceOp::kSum) {
@@ -114,15 +130,19 @@ void reduce_block_16bit(std::uint16_t* dst, const std::vector<const void*>& inpu
       for (std::size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], next[i]);
     }
   }
-  if (bf16)
-    convert_f32_to_bf16({acc, n}, {dst, n});
+  if (widths.dst_f32)
+    std::memcpy(dst, acc, n * sizeof(float));
+  else if (bf16)
+    convert_f32_to_bf16({acc, n}, {static_cast<std::uint16_t*>(dst), n});
   else
-    convert_f32_to_f16({acc, n}, {dst, n});
+    convert_f32_to_f16({acc, n}, {static_cast<std::uint16_t*>(dst), n});
 }
 
-// dst[0, n) = op over inputs[k][offset, offset + n), elements of `type`.
+// dst[0, n) = op over inputs[k][offset, offset + n), elements of `type` (or fp32, as `widths`
+// says).
 void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::size_t offset,
-                     std::size_t n, ReduceOp op, DType type) {
+                     std::size_t n, ReduceOp op, DType type, Widths widths = {}) {
+  const std::size_t dst_item = widths.dst_f32 ? sizeof(float) : dtype_size(type);
   for_range(n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; i += kReduceBlock) {
       const std::size_t len = std::min(kReduceBlock, e - i);
@@ -132,8 +152,8 @@ void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::siz
           break;
         case DType::kBF16:
         case DType::kF16:
-          reduce_block_16bit(static_cast<std::uint16_t*>(dst) + i, inputs, offset + i, len, op,
-                             type);
+          reduce_block_16bit(static_cast<std::byte*>(dst) + i * dst_item, inputs, offset + i, len,
+                             op, type, widths);
           break;
         case DType::kQ8_0:
         case DType::kQ4_0:
@@ -232,6 +252,30 @@ BufferView view(Tensor& tensor) noexcept {
 }
 
 std::string_view to_string(ReduceOp op) noexcept { return op == ReduceOp::kSum ? "sum" : "max"; }
+
+std::string_view to_string(AllReduceAlgorithm algorithm) noexcept {
+  switch (algorithm) {
+    case AllReduceAlgorithm::kAuto:
+      return "auto";
+    case AllReduceAlgorithm::kDirect:
+      return "direct";
+    case AllReduceAlgorithm::kReduceScatterAllGather:
+      return "two-stage";
+    case AllReduceAlgorithm::kHierarchical:
+      return "hierarchical";
+  }
+  return "?";
+}
+
+AllReduceAlgorithm parse_all_reduce_algorithm(std::string_view name) {
+  for (const AllReduceAlgorithm a :
+       {AllReduceAlgorithm::kAuto, AllReduceAlgorithm::kDirect,
+        AllReduceAlgorithm::kReduceScatterAllGather, AllReduceAlgorithm::kHierarchical}) {
+    if (name == to_string(a)) return a;
+  }
+  throw ValueError(fmt::format(
+      "unknown all-reduce algorithm '{}' (auto, direct, two-stage or hierarchical)", name));
+}
 
 namespace {
 
@@ -535,6 +579,189 @@ void join_pieces(GraphBuilder& builder, const DeviceMesh& mesh, const SourceRead
   }
 }
 
+// The members of `group` by process: runs of members of one rank, in group order. A rank holds
+// consecutive slots of the mesh and a group lists its slots in increasing order, so each rank's
+// members form one run.
+std::vector<std::vector<std::int64_t>> rank_runs(const DeviceMesh& mesh,
+                                                 const std::vector<std::int64_t>& group) {
+  std::vector<std::vector<std::int64_t>> runs;
+  for (const std::int64_t s : group) {
+    if (runs.empty() || mesh.rank_of(runs.back().front()) != mesh.rank_of(s)) runs.emplace_back();
+    runs.back().push_back(s);
+  }
+  return runs;
+}
+
+// Whether kAuto takes the hierarchical chain for a large all-reduce over `group`: the group
+// spans ranks, some rank has two or more members (with one member each, the chain only makes
+// the reductions wait for one another and moves as much), and some two of its ranks do not
+// read each other in place (in place, nothing is staged, and the chain's longer path of
+// reductions costs more than the bytes it saves).
+bool chain_pays(const DeviceMesh& mesh, const std::vector<std::vector<std::int64_t>>& runs) {
+  if (runs.size() < 2) return false;
+  const bool several =
+      std::any_of(runs.begin(), runs.end(), [](const auto& run) { return run.size() > 1; });
+  const auto& windows = mesh.shared_windows();
+  for (const auto& a : runs) {
+    for (const auto& b : runs) {
+      const int ra = mesh.rank_of(a.front()), rb = mesh.rank_of(b.front());
+      if (ra != rb && (windows == nullptr || !windows->reads_in_place(ra, rb))) return several;
+    }
+  }
+  return false;
+}
+
+// AllReduceAlgorithm::kHierarchical over `group`, whose members span ranks (runs: rank_runs).
+// Part j (chunk j of the group's n, in pieces as split_parts splits them) is reduced on run q by
+// its member j mod k_q: into fp32 partial results on every run but the last, from the previous
+// run's partials and the run's inputs in order; into the output on the last run. A first run of
+// one member reduces nothing: the second reads its input as the first term. Then every member
+// copies each part it does not hold from the last run's holder. Each local slot's frontier entry
+// is `name`[slot], after its nodes and the sends of its buffers.
+void chain_all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, SourceReads& reads,
+                      const std::vector<std::int64_t>& group,
+                      const std::vector<std::vector<std::int64_t>>& runs,
+                      std::span<const BufferView> in, std::span<const BufferView> out,
+                      std::size_t count, ReduceOp op, DType type, const CollectiveArgs& args,
+                      const std::string& name, Frontier& next) {
+  const std::size_t n = group.size(), last = runs.size() - 1;
+  const std::size_t item = dtype_size(type);
+  const auto parts = split_parts(mesh, group, args, item, [&](std::size_t j) {
+    return Range{chunk_begin(count, n, j), chunk_begin(count, n, j + 1)};
+  });
+  const bool pipelined = is_pipelined(parts);
+  const SendStart start = pipelined ? SendStart::kWindowed : SendStart::kWhenReady;
+  const auto holder = [&](std::size_t q, std::size_t j) { return runs[q][j % runs[q].size()]; };
+  const std::size_t first = runs[0].size() == 1 ? 1 : 0;
+  // Where the partial results of part j on run q lie: in an fp32 collective, in the holder's
+  // output (the part's own elements, which the last run's results overwrite later); otherwise
+  // in fp32 memory of the holder's own, its parts one after another.
+  const bool in_output = type == DType::kF32;
+  std::vector<std::vector<std::size_t>> partial_at(runs.size(), std::vector<std::size_t>(n, 0));
+  std::map<std::int64_t, std::size_t> partial_count;
+  for (std::size_t q = first; q < last; ++q) {
+    for (std::size_t j = 0; j < n; ++j) {
+      std::size_t& at = partial_count[holder(q, j)];
+      partial_at[q][j] = at;
+      at += parts[j].empty() ? 0 : parts[j].back().second - parts[j].front().first;
+    }
+  }
+  std::map<std::int64_t, std::shared_ptr<DeviceBuffer>> partials;
+  if (!in_output) {
+    for (const auto& [slot, elements] : partial_count) {
+      if (mesh.is_local(slot) && elements > 0) {
+        partials[slot] = std::make_shared<DeviceBuffer>(
+            mesh.device(slot).allocate(elements * sizeof(float), BufferContents::kUnspecified));
+      }
+    }
+  }
+  // Piece [b, e) of part j's partial results on run q: the buffer's first byte (null for
+  // another rank's slot) and the piece's byte offset in it.
+  const auto partial = [&](std::size_t q, std::size_t j, std::size_t b) {
+    const std::int64_t s = holder(q, j);
+    if (in_output)
+      return std::pair<void*, std::size_t>{out[static_cast<std::size_t>(s)].data,
+                                           b * sizeof(float)};
+    const auto it = partials.find(s);
+    return std::pair<void*, std::size_t>{
+        it == partials.end() ? nullptr : it->second->data(),
+        (partial_at[q][j] + b - parts[j].front().first) * sizeof(float)};
+  };
+  // nodes[q][j][k]: run q's node for piece k of part j (kReady on another rank).
+  std::vector<std::vector<std::vector<NodeId>>> nodes(runs.size(),
+                                                      std::vector<std::vector<NodeId>>(n));
+  std::map<std::int64_t, std::vector<NodeId>> done;  // each local slot's nodes
+  for (std::size_t k = 0; k < most_pieces(parts); ++k) {
+    for (std::size_t q = first; q <= last; ++q) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (k >= parts[j].size()) continue;
+        const auto [b, e] = parts[j][k];
+        const std::int64_t s = holder(q, j);
+        std::vector<const void*> inputs;
+        std::vector<NodeId> deps;
+        add_dep(deps, after_of(args, s));
+        Widths widths{.first_f32 = false, .dst_f32 = q != last};
+        if (q == 1 && first == 1) {
+          // The first run's one member: its input is the first term.
+          const std::int64_t t = runs[0][0];
+          const auto read =
+              reads.contiguous(SourceBuffer::kInput, s, t, in[static_cast<std::size_t>(t)].data,
+                               after_of(args, t), b * item, (e - b) * item, start);
+          inputs.push_back(read.data);
+          add_dep(deps, read.ready);
+        } else if (q > 0) {
+          const auto [data, offset] = partial(q - 1, j, b);
+          const auto read =
+              reads.contiguous(SourceBuffer::kPartial, s, holder(q - 1, j), data,
+                               nodes[q - 1][j][k], offset, (e - b) * sizeof(float), start);
+          inputs.push_back(read.data);
+          add_dep(deps, read.ready);
+          widths.first_f32 = true;
+        }
+        for (const std::int64_t t : runs[q]) {
+          const auto read =
+              reads.contiguous(SourceBuffer::kInput, s, t, in[static_cast<std::size_t>(t)].data,
+                               after_of(args, t), b * item, (e - b) * item);
+          inputs.push_back(read.data);
+          add_dep(deps, read.ready);
+        }
+        nodes[q][j].resize(parts[j].size(), kReady);
+        if (!mesh.is_local(s)) continue;
+        void* dst = q == last
+                        ? element(out[static_cast<std::size_t>(s)].data, b, type)
+                        : static_cast<std::byte*>(partial(q, j, b).first) + partial(q, j, b).second;
+        // Widths matter for 16-bit elements only; fp32 partials are fp32 elements.
+        if (in_output) widths = {};
+        const std::uint64_t moved = (inputs.size() - 1) * (e - b) * item;
+        // The node that writes into the slot's partial results holds them (and the sends and
+        // reads of them come after it, in the same graph).
+        std::shared_ptr<DeviceBuffer> holds;
+        if (const auto it = partials.find(s); q != last && it != partials.end()) holds = it->second;
+        const NodeId node = builder.add(
+            device_of(mesh, s),
+            piece_name(fmt::format("{}.{}", name, q == last ? "rs" : "partial"), pipelined, k, s),
+            [dst, inputs = std::move(inputs), n = e - b, op, type, widths, holds] {
+              static_cast<void>(holds);  // kept alive, not read
+              reduce_parallel(dst, inputs, 0, n, op, type, widths);
+            },
+            deps, NodeKind::kCollective, moved);
+        nodes[q][j][k] = node;
+        done[s].push_back(node);
+      }
+    }
+    // Every member copies the pieces k of the parts it does not hold on the last run.
+    for (const std::int64_t s : group) {
+      CopyPlan plan{.slot = s};
+      add_dep(plan.deps, after_of(args, s));
+      std::uint64_t moved = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::int64_t h = holder(last, j);
+        if (k >= parts[j].size() || h == s) continue;
+        const auto [b, e] = parts[j][k];
+        const auto read =
+            reads.contiguous(SourceBuffer::kOutput, s, h, out[static_cast<std::size_t>(h)].data,
+                             nodes[last][j][k], b * item, (e - b) * item, start);
+        plan.pieces.push_back({read.data, b, e - b});
+        add_dep(plan.deps, read.ready);
+        moved += (e - b) * item;
+      }
+      if (!mesh.is_local(s) || plan.pieces.empty()) continue;
+      // The copies overwrite the slot's partial results (fp32): the last run's results come
+      // after every partial was read, and the ends of the sends that read them come first too.
+      if (in_output && mesh.rank_of(s) != mesh.rank_of(runs[last].front())) {
+        for (const NodeId send : reads.sends_of(s)) add_dep(plan.deps, send);
+      }
+      const NodeId node = builder.add(
+          device_of(mesh, s), piece_name(name + ".ag", pipelined, k, s),
+          copy_body(out[static_cast<std::size_t>(s)].data, std::move(plan.pieces), type), plan.deps,
+          NodeKind::kCollective, moved);
+      done[s].push_back(node);
+    }
+  }
+  const std::vector<std::vector<NodeId>> none(n);
+  join_pieces(builder, mesh, reads, group, none, done, name, next);
+}
+
 }  // namespace
 
 Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<const BufferView> in,
@@ -545,15 +772,24 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
   const DType type = check_views("all_reduce", mesh, in, out, args, needs, needs);
   const std::size_t item = dtype_size(type);
   const std::string name = prefix(args, "all_reduce");
-  if (algorithm == AllReduceAlgorithm::kAuto) {
-    algorithm = count * item <= kDirectAllReduceBytes ? AllReduceAlgorithm::kDirect
-                                                      : AllReduceAlgorithm::kReduceScatterAllGather;
-  }
+  // kAuto stays kAuto above the direct algorithm's bytes: each group then chooses between the
+  // two stages and the chain (chain_pays).
+  if (algorithm == AllReduceAlgorithm::kAuto && count * item <= kDirectAllReduceBytes)
+    algorithm = AllReduceAlgorithm::kDirect;
   SourceReads reads(builder, mesh, name);
   Frontier next = ready_frontier(mesh.size());
   for (const auto& group : groups) {
     const std::size_t ranks = group.size();
     const auto zero = [](std::size_t) { return std::size_t{0}; };
+    if (algorithm != AllReduceAlgorithm::kDirect && ranks > 1) {
+      const auto runs = rank_runs(mesh, group);
+      if (runs.size() > 1 && (algorithm == AllReduceAlgorithm::kHierarchical ||
+                              (algorithm == AllReduceAlgorithm::kAuto && chain_pays(mesh, runs)))) {
+        chain_all_reduce(builder, mesh, reads, group, runs, in, out, count, op, type, args, name,
+                         next);
+        continue;
+      }
+    }
     if (algorithm == AllReduceAlgorithm::kDirect || ranks == 1) {
       // Every rank reduces all of every member's input into its output.
       const std::vector<std::vector<Range>> whole(ranks, {Range{0, count}});

@@ -32,9 +32,15 @@
 
 namespace numesh::runtime::detail {
 
-/// Which of a slot's buffers a read is from (a collective may read both, as the all-reduce's
+/// Which of a slot's buffers a read is from (a collective may read several, as the all-reduce's
 /// second stage reads the outputs of its first).
-enum class SourceBuffer { kInput, kOutput };
+enum class SourceBuffer {
+  kInput,
+  kOutput,
+  /// A hierarchical all-reduce's fp32 partial results, handed from one rank to the next (in
+  /// the output of an fp32 collective, in memory of the collective's own otherwise).
+  kPartial,
+};
 
 /// When the send of a read that crosses by the transport starts on the source's rank.
 enum class SendStart {

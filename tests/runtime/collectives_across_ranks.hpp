@@ -171,7 +171,8 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
           fmt::format(" over ({}) in {}", fmt::join(axes, ","), to_string(dtype));
       for (const auto& choice :
            {std::pair{AllReduceAlgorithm::kDirect, "direct"},
-            std::pair{AllReduceAlgorithm::kReduceScatterAllGather, "reduce-scatter+all-gather"}}) {
+            std::pair{AllReduceAlgorithm::kReduceScatterAllGather, "reduce-scatter+all-gather"},
+            std::pair{AllReduceAlgorithm::kHierarchical, "hierarchical"}}) {
         // Plain variables, not a structured binding: the lambdas below capture them.
         const AllReduceAlgorithm algorithm = choice.first;
         const char* const label = choice.second;
@@ -188,16 +189,20 @@ inline std::vector<Case> cases(const std::vector<std::string>& names) {
       // not a whole number of elements, and (3 elements over groups of 2 and 4) parts of one,
       // two and no pieces.
       for (const auto& sizes : {std::pair<std::size_t, std::size_t>{1001, 100}, {3, 1}}) {
-        // Plain variables, not a structured binding: the lambda below captures them.
-        const std::size_t n = sizes.first, piece = sizes.second;
-        all.push_back(
-            {fmt::format("all_reduce sum in pieces of {} bytes, {} elements{}", piece, n, tail),
-             axes, dtype, fixed(n), fixed(n),
-             [n, piece](GraphBuilder& b, const DeviceMesh& m, auto in, auto out, CollectiveArgs a) {
-               a.piece_bytes = piece;
-               return all_reduce(b, m, in, out, n, ReduceOp::kSum, a,
-                                 AllReduceAlgorithm::kReduceScatterAllGather);
-             }});
+        for (const AllReduceAlgorithm algorithm :
+             {AllReduceAlgorithm::kReduceScatterAllGather, AllReduceAlgorithm::kHierarchical}) {
+          // Plain variables, not a structured binding: the lambda below captures them.
+          const std::size_t n = sizes.first, piece = sizes.second;
+          const bool chain = algorithm == AllReduceAlgorithm::kHierarchical;
+          all.push_back({fmt::format("all_reduce sum{} in pieces of {} bytes, {} elements{}",
+                                     chain ? " hierarchical" : "", piece, n, tail),
+                         axes, dtype, fixed(n), fixed(n),
+                         [n, piece, algorithm](GraphBuilder& b, const DeviceMesh& m, auto in,
+                                               auto out, CollectiveArgs a) {
+                           a.piece_bytes = piece;
+                           return all_reduce(b, m, in, out, n, ReduceOp::kSum, a, algorithm);
+                         }});
+        }
       }
       // The other collectives whole, and (but the broadcast) with their parts that cross ranks
       // in pieces of 20 bytes: 5 f32 elements, 10 of 16 bits; the reduce-scatter's parts of 12

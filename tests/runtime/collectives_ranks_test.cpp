@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives_across_ranks.hpp"
+#include "scoped_environment.hpp"
 #include "thread_ranks.hpp"
 
 namespace numesh::runtime {
@@ -54,25 +55,29 @@ void add_all_gather(GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> 
 }
 
 // The nodes `add` adds (named "c"), in pieces of `piece_bytes`, on rank `rank` of `transport`
-// (a mesh of one device per rank, its slots' parts crossing between the ranks) or, with a null
-// transport, in one process (a mesh of two devices).
+// (a mesh of `per_rank` devices on each of two ranks, over axis "dp", its slots' parts
+// crossing between the ranks) or, with a null transport, in one process (a mesh of 2 x
+// per_rank devices). Each slot's buffers hold `elements` fp32 elements.
 std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transport,
-                                       std::size_t piece_bytes, const AddCollective& add) {
+                                       std::size_t piece_bytes, const AddCollective& add,
+                                       int per_rank = 1, std::size_t elements = 1000) {
   // Devices of its own, not testing::synthetic_devices' (made once a process): a mesh across
   // ranks of one host makes its devices allocate from shared memory from then on, which later
   // tests of the cached devices would meet.
   PlacementOptions options;
   options.max_threads_per_device = 1;
-  const auto devices =
-      DeviceSet::create(Topology::from_synthetic(testing::nodes(transport ? 1 : 2)), options);
-  const DeviceMesh mesh = transport ? DeviceMesh::create(devices, transport, {2}, {"dp"})
-                                    : DeviceMesh::create(devices, {2}, {"dp"});
-  std::vector<std::vector<float>> buffers(4, std::vector<float>(1000, 1.0f));
-  std::vector<BufferView> in(2), out(2);
-  for (std::int64_t s = 0; s < 2; ++s) {
+  const std::int64_t slots = 2 * per_rank;
+  const auto devices = DeviceSet::create(
+      Topology::from_synthetic(testing::nodes(transport ? per_rank : 2 * per_rank)), options);
+  const DeviceMesh mesh = transport ? DeviceMesh::create(devices, transport, {slots}, {"dp"})
+                                    : DeviceMesh::create(devices, {slots}, {"dp"});
+  const auto n = static_cast<std::size_t>(slots);
+  std::vector<std::vector<float>> buffers(2 * n, std::vector<float>(elements, 1.0f));
+  std::vector<BufferView> in(n), out(n);
+  for (std::int64_t s = 0; s < slots; ++s) {
     const auto i = static_cast<std::size_t>(s);
-    in[i] = {mesh.is_local(s) ? buffers[i].data() : nullptr, 1000, DType::kF32};
-    out[i] = {mesh.is_local(s) ? buffers[2 + i].data() : nullptr, 1000, DType::kF32};
+    in[i] = {mesh.is_local(s) ? buffers[i].data() : nullptr, elements, DType::kF32};
+    out[i] = {mesh.is_local(s) ? buffers[n + i].data() : nullptr, elements, DType::kF32};
   }
   GraphBuilder builder(mesh.device_set());
   add(builder, mesh, in, out,
@@ -172,6 +177,84 @@ TEST(CollectivesPipelineTest, CopiesFromOtherRanksGoInPieces) {
     const auto whole = names_of(collective_nodes(transport, 2000, add_all_gather));
     EXPECT_THAT(whole, ::testing::Contains(fmt::format("c[{}]", slot)));
     EXPECT_THAT(whole, ::testing::Not(::testing::Contains(fmt::format("c.0[{}]", slot))));
+  });
+}
+
+// The bytes that `nodes` send to another rank.
+std::uint64_t bytes_sent(const std::vector<NodeInfo>& nodes) {
+  std::uint64_t sent = 0;
+  for (const NodeInfo& n : nodes) {
+    if (n.name.find(".send[") != std::string::npos) sent += n.bytes;
+  }
+  return sent;
+}
+
+// An all-reduce of `elements` fp32 elements a slot by `algorithm`.
+AddCollective all_reduce_by(AllReduceAlgorithm algorithm, std::size_t elements = 1000) {
+  return [algorithm, elements](GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> in,
+                               std::span<BufferView> out, const CollectiveArgs& args) {
+    all_reduce(b, m, in, out, elements, ReduceOp::kSum, args, algorithm);
+  };
+}
+
+TEST(CollectivesHierarchicalTest, EachByteCrossesOnceEachWay) {
+  // Every byte through the transport, as between hosts: the ranks (threads of one process)
+  // would read each other in place otherwise.
+  const testing::ScopedEnvironment transport_only("NUMESH_SHARED_MEMORY", "off");
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    // Two devices a rank, a group of four: the chain sends rank 0's partial results of all
+    // 1000 elements to rank 1 (4000 bytes) and rank 1's results back (4000 bytes). The two
+    // stages send each member's input chunks to their owners (2 x 2 chunks of 250 elements,
+    // 4000 bytes) and the two reduced chunks once to the other rank (2000 bytes).
+    const auto chain =
+        collective_nodes(transport, 0, all_reduce_by(AllReduceAlgorithm::kHierarchical), 2);
+    EXPECT_EQ(bytes_sent(chain), 4000u);
+    const auto stages = collective_nodes(
+        transport, 0, all_reduce_by(AllReduceAlgorithm::kReduceScatterAllGather), 2);
+    EXPECT_EQ(bytes_sent(stages), 6000u);
+    // Each rank's two devices hold two of the four chunks each: partial results on rank 0, the
+    // results on rank 1; every member then copies what it does not hold, and joins.
+    const std::int64_t a = 2 * transport->rank(), b = a + 1;
+    const std::string stage = transport->rank() == 0 ? "partial" : "rs";
+    EXPECT_THAT(names_of(chain),
+                ::testing::IsSupersetOf({fmt::format("c.{}[{}]", stage, a),
+                                         fmt::format("c.{}[{}]", stage, b),
+                                         fmt::format("c.ag[{}]", a), fmt::format("c.ag[{}]", b),
+                                         fmt::format("c[{}]", a), fmt::format("c[{}]", b)}));
+    // Above kDirectAllReduceBytes, kAuto takes the chain here (the ranks do not read each other
+    // in place), not with one device a rank, where it would only make the reductions wait for
+    // one another.
+    const std::size_t large = kDirectAllReduceBytes / sizeof(float) + 4;
+    const auto automatic = all_reduce_by(AllReduceAlgorithm::kAuto, large);
+    const auto chosen = names_of(collective_nodes(transport, 0, automatic, 2, large));
+    EXPECT_THAT(chosen, ::testing::Contains(fmt::format("c.{}[{}]", stage, a)));
+    const auto one = names_of(collective_nodes(transport, 0, automatic, 1, large));
+    EXPECT_THAT(one, ::testing::Contains(fmt::format("c.rs[{}]", transport->rank())));
+    EXPECT_THAT(one, ::testing::Not(::testing::Contains(::testing::HasSubstr("partial"))));
+    // In pieces of 400 bytes: rank 0's member a holds chunks 0 and 2 (250 elements, 1000 bytes
+    // each) in three pieces each; a chain of pieces, each reduced as it arrives.
+    const auto pieces = names_of(
+        collective_nodes(transport, 400, all_reduce_by(AllReduceAlgorithm::kHierarchical), 2));
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_THAT(pieces, ::testing::Contains(fmt::format("c.{}.{}[{}]", stage, k, a))) << k;
+      EXPECT_THAT(pieces, ::testing::Contains(fmt::format("c.ag.{}[{}]", k, a))) << k;
+    }
+    EXPECT_THAT(pieces, ::testing::Not(::testing::Contains(fmt::format("c.{}.3[{}]", stage, a))));
+  });
+}
+
+TEST(CollectivesHierarchicalTest, RanksThatReadInPlaceKeepTwoStagesUnlessAsked) {
+  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
+    const std::size_t large = kDirectAllReduceBytes / sizeof(float) + 4;
+    const std::int64_t a = 2 * transport->rank();
+    const auto chosen = names_of(
+        collective_nodes(transport, 0, all_reduce_by(AllReduceAlgorithm::kAuto, large), 2, large));
+    EXPECT_THAT(chosen, ::testing::Contains(fmt::format("c.rs[{}]", a)));
+    EXPECT_THAT(chosen, ::testing::Not(::testing::Contains(::testing::HasSubstr("partial"))));
+    const auto asked = names_of(collective_nodes(
+        transport, 0, all_reduce_by(AllReduceAlgorithm::kHierarchical, large), 2, large));
+    EXPECT_THAT(asked, ::testing::Contains(
+                           fmt::format("c.{}[{}]", transport->rank() == 0 ? "partial" : "rs", a)));
   });
 }
 

@@ -100,8 +100,10 @@ TEST_P(CollectivesTest, AllReduceSumAndMaxEqualTheHostReductionOverEveryAxisSubs
   for (const auto& axes : axis_subsets(GetParam().names)) {
     for (std::size_t count : {std::size_t{5}, std::size_t{40000}}) {  // direct and rs+ag
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-        for (auto algo : {AllReduceAlgorithm::kAuto, AllReduceAlgorithm::kDirect,
-                          AllReduceAlgorithm::kReduceScatterAllGather}) {
+        // kHierarchical within one process is reduce-scatter + all-gather.
+        for (auto algo :
+             {AllReduceAlgorithm::kAuto, AllReduceAlgorithm::kDirect,
+              AllReduceAlgorithm::kReduceScatterAllGather, AllReduceAlgorithm::kHierarchical}) {
           Buffers in(m, count), out(m, count);
           fill_inputs(in);
           GraphBuilder b(m.device_set());

@@ -65,12 +65,33 @@ enum class ReduceOp { kSum, kMax };
 /// "sum" or "max".
 std::string_view to_string(ReduceOp op) noexcept;
 
-/// All-reduce algorithms.
+/// All-reduce algorithms. All of them combine every element's inputs in group order, so they
+/// give the same bits, in one process or on many ranks.
 enum class AllReduceAlgorithm {
-  kAuto,    ///< kDirect up to kDirectAllReduceBytes per slot, else kReduceScatterAllGather
-  kDirect,  ///< one stage: every rank reduces all inputs into its output
+  /// kDirect up to kDirectAllReduceBytes per slot; above it kHierarchical for a group whose
+  /// members on some rank are two or more and that has two ranks that do not read each other's
+  /// memory in place (whose bytes cross by the transport: ranks on different hosts, or with
+  /// NUMESH_SHARED_MEMORY=off), kReduceScatterAllGather otherwise.
+  kAuto,
+  kDirect,                  ///< one stage: every rank reduces all inputs into its output
   kReduceScatterAllGather,  ///< rank r reduces chunk r, then every rank gathers all chunks
+  /// For a group that spans processes: a chain through the processes in group order. The
+  /// group's members in the first process reduce its chunks (chunk j by its member j mod k,
+  /// k members) into fp32 partial results, which go to the next process, whose members add
+  /// their own inputs in order, and so on; the last process's results go to every other, and
+  /// each process's members copy them from one another. On P processes of k members each, the
+  /// buffer crosses between processes 2 (P - 1) times in all, where kReduceScatterAllGather
+  /// crosses it (k + 1) (P - 1) times (each member's input chunks go to their owners). A group
+  /// within one process runs kReduceScatterAllGather.
+  kHierarchical,
 };
+
+/// "auto", "direct", "two-stage" (kReduceScatterAllGather) or "hierarchical".
+std::string_view to_string(AllReduceAlgorithm algorithm) noexcept;
+
+/// The algorithm named `name` as to_string names it.
+/// Throws: ValueError naming `name` and the names there are.
+AllReduceAlgorithm parse_all_reduce_algorithm(std::string_view name);
 
 /// kAuto's switch point (bytes per slot): below it one stage of G reads beats two stages
 /// (latency); above it reduce-scatter + all-gather moves less memory (docs/benchmarks.md).
