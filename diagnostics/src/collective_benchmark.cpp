@@ -289,7 +289,8 @@ GraphCollective::GraphCollective(std::shared_ptr<DeviceSet> devices, CollectiveO
                       chain) {}
 
 GraphCollective::GraphCollective(DeviceMesh mesh, CollectiveOp op, std::size_t bytes, DType dtype,
-                                 std::size_t chain, std::size_t piece_bytes)
+                                 std::size_t chain, std::size_t piece_bytes,
+                                 AllReduceAlgorithm all_reduce_algorithm)
     : op_(op),
       dtype_(dtype),
       chain_(checked_chain(op, chain)),
@@ -344,7 +345,8 @@ GraphCollective::GraphCollective(DeviceMesh mesh, CollectiveOp op, std::size_t b
           }
           switch (op) {
             case CollectiveOp::kAllReduce:
-              done = all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args);
+              done =
+                  all_reduce(b, mesh_, iv, ov, count_, ReduceOp::kSum, args, all_reduce_algorithm);
               break;
             case CollectiveOp::kAllGather:
               done = all_gather(b, mesh_, iv, ov, count_, args);

@@ -117,6 +117,7 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
               ? std::string("pieces: none (parts cross ranks whole)\n")
               : fmt::format("pieces: parts that cross ranks go in pieces of {}\n",
                             format_bytes(cases.piece_bytes)));
+  out << fmt::format("all-reduce: {}\n", runtime::to_string(cases.all_reduce));
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10}\n", "collective", "bytes",
                      "numesh us", "MPI us", "ratio", "GB/s");
   out.flush();
@@ -132,7 +133,8 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
       }
       double t_graph = 0;
       {
-        diagnostics::GraphCollective graph(mesh, op, bytes, dtype, chain, cases.piece_bytes);
+        diagnostics::GraphCollective graph(mesh, op, bytes, dtype, chain, cases.piece_bytes,
+                                           cases.all_reduce);
         t_graph = median_across_ranks(*world, o, [&] { graph.run(); }) / static_cast<double>(chain);
         check_on_every_rank(
             *world, graph.check(),
@@ -165,6 +167,7 @@ void run_bench_collectives_across_ranks(const BenchCollectivesOptions& o, std::o
                                {"devices", slots},
                                {"chain", chain},
                                {"piece_bytes", cases.piece_bytes},
+                               {"all_reduce", std::string(runtime::to_string(cases.all_reduce))},
                                {"bytes", bytes},
                                {"median_seconds", t_graph},
                                {"baseline", "mpi"},

@@ -74,6 +74,12 @@ MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall) on one buffer per rank; r
                   "bytes, so that one piece is reduced or copied while the next crosses (0: "
                   "whole parts)")
       ->capture_default_str();
+  cmd->add_option("--all-reduce", o.all_reduce,
+                  "The all-reduce's algorithm: auto, direct (every device reduces all inputs), "
+                  "two-stage (reduce-scatter then all-gather) or hierarchical (under mpirun: a "
+                  "chain of partial results through the ranks, then the results back; "
+                  "docs/distributed.md)")
+      ->capture_default_str();
   cmd->add_option("--json", o.json, "Write one JSON record per case to FILE");
   cmd->add_option("--trace", o.trace,
                   "Run each case once more, timed node by node, and write that run as Chrome "
@@ -122,6 +128,11 @@ BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& o) 
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("--piece-bytes: {}", e.what()));
   }
+  try {
+    c.all_reduce = runtime::parse_all_reduce_algorithm(o.all_reduce);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("--all-reduce: {}", e.what()));
+  }
   return c;
 }
 
@@ -166,6 +177,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
                  : fmt::format("runs: {} collectives each, every one after the devices rewrite "
                                "their inputs (a copy); times per collective\n",
                                chain));
+  out << fmt::format("all-reduce: {}\n", runtime::to_string(cases.all_reduce));
   out << fmt::format("{:<15} {:>9} {:>12} {:>12} {:>7} {:>10} {:>12}\n", "collective", "bytes",
                      "numesh us", "baseline us", "ratio", "GB/s", "memcpy us");
   out.flush();
@@ -187,7 +199,9 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
       // runs, and alive during the graph's timing they took CPU time from its devices.
       double t_graph = 0, t_plain = 0, t_copy = 0;
       {
-        diagnostics::GraphCollective graph(devices, op, bytes, dtype, chain);
+        diagnostics::GraphCollective graph(runtime::DeviceMesh::create(devices, {-1}, {"x"}), op,
+                                           bytes, dtype, chain, runtime::kPipelinePieceBytes,
+                                           cases.all_reduce);
         t_graph = median_seconds([&] { graph.run(); }, o.repeats, o.min_time) /
                   static_cast<double>(chain);
         NUMESH_CHECK(graph.check(), Error, "{} of {} on {} devices gave a wrong result",
@@ -215,6 +229,7 @@ void run_bench_collectives(const BenchCollectivesOptions& o, std::ostream& out) 
                          {"dtype", std::string(to_string(dtype))},
                          {"devices", d},
                          {"chain", chain},
+                         {"all_reduce", std::string(runtime::to_string(cases.all_reduce))},
                          {"bytes", bytes},
                          {"median_seconds", t_graph},
                          {"baseline", "plain-loop"},

@@ -24,14 +24,15 @@ struct BenchCollectivesOptions {
   MachineOptions machine;                                               ///< topology and placement
   std::string ops = "all-reduce,all-gather,reduce-scatter,all-to-all";  ///< --ops
   std::string sizes = "4K,16K,64K,256K,1M,4M,16M,64M";  ///< --sizes (bytes per device)
-  std::string dtype = "f32";       ///< --dtype: the buffers' element type (f32, bf16, f16)
-  int repeats = 20;                ///< --repeats: at least this many timed runs per case
-  double min_time = 0.2;           ///< --min-time: and at least this many seconds per case
-  int chain = 1;                   ///< --chain: collectives per graph run (timed per collective)
-  std::string piece_bytes = "4M";  ///< --piece-bytes: pieces of reductions across ranks
-  std::string json;                ///< --json FILE: one record per case
-  std::string trace;               ///< --trace DIR: each case's last run as a Chrome trace
-  bool quiet = false;              ///< --quiet: no progress line
+  std::string dtype = "f32";        ///< --dtype: the buffers' element type (f32, bf16, f16)
+  int repeats = 20;                 ///< --repeats: at least this many timed runs per case
+  double min_time = 0.2;            ///< --min-time: and at least this many seconds per case
+  int chain = 1;                    ///< --chain: collectives per graph run (timed per collective)
+  std::string piece_bytes = "4M";   ///< --piece-bytes: pieces of reductions across ranks
+  std::string all_reduce = "auto";  ///< --all-reduce: the all-reduce's algorithm
+  std::string json;                 ///< --json FILE: one record per case
+  std::string trace;                ///< --trace DIR: each case's last run as a Chrome trace
+  bool quiet = false;               ///< --quiet: no progress line
 };
 
 /// The cases bench collectives options ask for, parsed and checked.
@@ -41,11 +42,12 @@ struct BenchCollectivesCases {
   DType dtype = DType::kF32;                   ///< --dtype
   std::size_t chain = 1;                       ///< --chain
   std::size_t piece_bytes = 0;                 ///< --piece-bytes
+  runtime::AllReduceAlgorithm all_reduce = runtime::AllReduceAlgorithm::kAuto;  ///< --all-reduce
 };
 
 /// Parses and checks the options' cases.
-/// Throws: ValueError naming a bad --ops, --sizes, --dtype, --repeats, --min-time, --chain or
-/// --piece-bytes;
+/// Throws: ValueError naming a bad --ops, --sizes, --dtype, --repeats, --min-time, --chain,
+/// --piece-bytes or --all-reduce;
 /// IoError when --trace names no folder.
 BenchCollectivesCases parse_bench_collectives(const BenchCollectivesOptions& options);
 

@@ -83,11 +83,13 @@ class GraphCollective {
   /// (docs/distributed.md): this rank holds the buffers of its own slots, and every rank
   /// constructs it at the same time with the same arguments (building the graph numbers its
   /// transfers) and runs it as many times. Parts that cross between ranks go in pieces of
-  /// `piece_bytes` (runtime::CollectiveArgs::piece_bytes; 0: whole).
+  /// `piece_bytes` (runtime::CollectiveArgs::piece_bytes; 0: whole); all-reduces run
+  /// `all_reduce`.
   /// Throws: as above; ValueError when the mesh is not 1-D.
   GraphCollective(runtime::DeviceMesh mesh, CollectiveOp op, std::size_t bytes,
                   DType dtype = DType::kF32, std::size_t chain = 1,
-                  std::size_t piece_bytes = runtime::kPipelinePieceBytes);
+                  std::size_t piece_bytes = runtime::kPipelinePieceBytes,
+                  runtime::AllReduceAlgorithm all_reduce = runtime::AllReduceAlgorithm::kAuto);
   /// Runs the compiled graph once.
   /// Throws: what CompiledGraph::run() throws.
   void run() { graph_.run(); }
