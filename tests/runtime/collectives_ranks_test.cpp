@@ -240,6 +240,14 @@ TEST(CollectivesHierarchicalTest, EachByteCrossesOnceEachWay) {
       EXPECT_THAT(pieces, ::testing::Contains(fmt::format("c.ag.{}[{}]", k, a))) << k;
     }
     EXPECT_THAT(pieces, ::testing::Not(::testing::Contains(fmt::format("c.{}.3[{}]", stage, a))));
+    // With the default pieces (4 MiB), parts of 1 MiB still go in four (kChainPieces), of
+    // 256 KiB each, so that the chain's stages overlap.
+    const std::size_t mib = 4 * (std::size_t{1} << 18);  // four parts of 2^18 elements
+    const auto quarters =
+        names_of(collective_nodes(transport, kPipelinePieceBytes,
+                                  all_reduce_by(AllReduceAlgorithm::kHierarchical, mib), 2, mib));
+    EXPECT_THAT(quarters, ::testing::Contains(fmt::format("c.{}.3[{}]", stage, a)));
+    EXPECT_THAT(quarters, ::testing::Not(::testing::Contains(fmt::format("c.{}.4[{}]", stage, a))));
   });
 }
 
