@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <utility>
 
@@ -599,23 +600,50 @@ std::vector<std::vector<std::int64_t>> rank_runs(const DeviceMesh& mesh,
   return runs;
 }
 
-// Whether kAuto takes the hierarchical chain for a large all-reduce over `group`: the group
-// spans ranks, some rank has two or more members (with one member each, the chain only makes
-// the reductions wait for one another and moves as much), and some two of its ranks do not
-// read each other in place (in place, nothing is staged, and the chain's longer path of
-// reductions costs more than the bytes it saves).
-bool chain_pays(const DeviceMesh& mesh, const std::vector<std::vector<std::int64_t>>& runs) {
-  if (runs.size() < 2) return false;
-  const bool several =
-      std::any_of(runs.begin(), runs.end(), [](const auto& run) { return run.size() > 1; });
+// Whether kAuto takes the hierarchical chain for a large all-reduce of `count` elements of
+// `item` bytes over the group whose members are `runs` (by rank), in pieces of `piece_bytes`:
+//  - the chunks' bytes cross by the transport between some two of its ranks (ranks that read
+//    each other in place stage nothing: there the chain's longer path of reductions costs more
+//    than the bytes it saves);
+//  - parts go in pieces (whole, its stages cannot overlap: 0.71x the two stages measured);
+//  - and the rank that sends most sends less in the chain than in the two stages. In units of
+//    the buffer B on P ranks of k_r members (n in all): the two stages send from rank r its
+//    members' chunks owned elsewhere, k_r (n - k_r) / n, and its own reduced chunks to every
+//    other rank, k_r (P - 1) / n; the chain sends from each rank but the last its fp32 partials
+//    (4 / item, or 1 when a first rank of one member sends its input), and from the last its
+//    results to every other rank, P - 1. So it pays on 2 ranks of 2 devices in fp32 (1 against
+//    1.5), not in 16 bits there (2 against 1.5), nor on 4 ranks of 2 devices (3 against 2.25).
+bool chain_pays(const DeviceMesh& mesh, const std::vector<std::vector<std::int64_t>>& runs,
+                std::size_t count, std::size_t item, std::size_t piece_bytes) {
+  if (runs.size() < 2 || piece_bytes == 0) return false;
   const auto& windows = mesh.shared_windows();
+  const std::size_t n =
+      std::accumulate(runs.begin(), runs.end(), std::size_t{0},
+                      [](std::size_t sum, const auto& run) { return sum + run.size(); });
+  const bool in_place_floor =
+      windows != nullptr && count / n * item < windows->in_place_min_bytes();
+  bool staged = false;
   for (const auto& a : runs) {
     for (const auto& b : runs) {
       const int ra = mesh.rank_of(a.front()), rb = mesh.rank_of(b.front());
-      if (ra != rb && (windows == nullptr || !windows->reads_in_place(ra, rb))) return several;
+      staged =
+          staged ||
+          (ra != rb && (windows == nullptr || in_place_floor || !windows->reads_in_place(ra, rb)));
     }
   }
-  return false;
+  if (!staged) return false;
+  const auto ranks = static_cast<double>(runs.size());
+  const auto members = static_cast<double>(n);
+  double two_stages = 0, chain = ranks - 1;  // the chain's last rank
+  for (std::size_t q = 0; q < runs.size(); ++q) {
+    const auto k = static_cast<double>(runs[q].size());
+    two_stages = std::max(two_stages, k * (members - k) / members + k * (ranks - 1) / members);
+    if (q + 1 < runs.size())
+      chain = std::max(chain, q == 0 && runs[0].size() == 1
+                                  ? 1.0
+                                  : static_cast<double>(sizeof(float)) / static_cast<double>(item));
+  }
+  return chain < two_stages;
 }
 
 // AllReduceAlgorithm::kHierarchical over `group`, whose members span ranks (runs: rank_runs).
@@ -800,7 +828,8 @@ Frontier all_reduce(GraphBuilder& builder, const DeviceMesh& mesh, std::span<con
     if (algorithm != AllReduceAlgorithm::kDirect && ranks > 1) {
       const auto runs = rank_runs(mesh, group);
       if (runs.size() > 1 && (algorithm == AllReduceAlgorithm::kHierarchical ||
-                              (algorithm == AllReduceAlgorithm::kAuto && chain_pays(mesh, runs)))) {
+                              (algorithm == AllReduceAlgorithm::kAuto &&
+                               chain_pays(mesh, runs, count, item, args.piece_bytes)))) {
         chain_all_reduce(builder, mesh, reads, group, runs, in, out, count, op, type, args, name,
                          next);
         continue;

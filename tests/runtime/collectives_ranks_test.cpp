@@ -57,10 +57,11 @@ void add_all_gather(GraphBuilder& b, const DeviceMesh& m, std::span<BufferView> 
 // The nodes `add` adds (named "c"), in pieces of `piece_bytes`, on rank `rank` of `transport`
 // (a mesh of `per_rank` devices on each of two ranks, over axis "dp", its slots' parts
 // crossing between the ranks) or, with a null transport, in one process (a mesh of 2 x
-// per_rank devices). Each slot's buffers hold `elements` fp32 elements.
+// per_rank devices). Each slot's buffers hold `elements` elements of `dtype` (f32, bf16 or f16).
 std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transport,
                                        std::size_t piece_bytes, const AddCollective& add,
-                                       int per_rank = 1, std::size_t elements = 1000) {
+                                       int per_rank = 1, std::size_t elements = 1000,
+                                       DType dtype = DType::kF32) {
   // Devices of its own, not testing::synthetic_devices' (made once a process): a mesh across
   // ranks of one host makes its devices allocate from shared memory from then on, which later
   // tests of the cached devices would meet.
@@ -76,8 +77,8 @@ std::vector<NodeInfo> collective_nodes(const std::shared_ptr<Transport>& transpo
   std::vector<BufferView> in(n), out(n);
   for (std::int64_t s = 0; s < slots; ++s) {
     const auto i = static_cast<std::size_t>(s);
-    in[i] = {mesh.is_local(s) ? buffers[i].data() : nullptr, elements, DType::kF32};
-    out[i] = {mesh.is_local(s) ? buffers[n + i].data() : nullptr, elements, DType::kF32};
+    in[i] = {mesh.is_local(s) ? buffers[i].data() : nullptr, elements, dtype};
+    out[i] = {mesh.is_local(s) ? buffers[n + i].data() : nullptr, elements, dtype};
   }
   GraphBuilder builder(mesh.device_set());
   add(builder, mesh, in, out,
@@ -222,15 +223,28 @@ TEST(CollectivesHierarchicalTest, EachByteCrossesOnceEachWay) {
                                          fmt::format("c.ag[{}]", a), fmt::format("c.ag[{}]", b),
                                          fmt::format("c[{}]", a), fmt::format("c[{}]", b)}));
     // Above kDirectAllReduceBytes, kAuto takes the chain here (the ranks do not read each other
-    // in place), not with one device a rank, where it would only make the reductions wait for
-    // one another.
+    // in place, and in fp32 the busiest rank sends the buffer once where the two stages send
+    // it 1.5 times). Not with one device a rank (the chain would only make the reductions wait
+    // for one another while as many bytes cross), not in bf16 (its fp32 partials are twice the
+    // buffer's bytes), not with parts sent whole (the chain's stages would not overlap).
     const std::size_t large = kDirectAllReduceBytes / sizeof(float) + 4;
     const auto automatic = all_reduce_by(AllReduceAlgorithm::kAuto, large);
-    const auto chosen = names_of(collective_nodes(transport, 0, automatic, 2, large));
-    EXPECT_THAT(chosen, ::testing::Contains(fmt::format("c.{}[{}]", stage, a)));
-    const auto one = names_of(collective_nodes(transport, 0, automatic, 1, large));
-    EXPECT_THAT(one, ::testing::Contains(fmt::format("c.rs[{}]", transport->rank())));
-    EXPECT_THAT(one, ::testing::Not(::testing::Contains(::testing::HasSubstr("partial"))));
+    // The bytes each rank sends tell the two apart on either rank: the chain sends the buffer
+    // once (partials, then results), the two stages 1.5 times. With one device a rank, the
+    // first rank of the chain reduces nothing (no .rs node there).
+    const auto chosen = collective_nodes(transport, kPipelinePieceBytes, automatic, 2, large);
+    EXPECT_EQ(bytes_sent(chosen), large * sizeof(float));
+    EXPECT_THAT(names_of(chosen), ::testing::Contains(fmt::format("c.{}[{}]", stage, a)));
+    EXPECT_THAT(names_of(collective_nodes(transport, kPipelinePieceBytes, automatic, 1, large)),
+                ::testing::Contains(fmt::format("c.rs[{}]", transport->rank())));
+    EXPECT_EQ(bytes_sent(collective_nodes(transport, kPipelinePieceBytes,
+                                          all_reduce_by(AllReduceAlgorithm::kAuto, 2 * large), 2,
+                                          2 * large, DType::kBF16)),
+              3 * (2 * large) * 2 / 2)
+        << "bf16: the two stages";
+    EXPECT_EQ(bytes_sent(collective_nodes(transport, 0, automatic, 2, large)),
+              3 * large * sizeof(float) / 2)
+        << "whole parts: the two stages";
     // In pieces of 400 bytes: rank 0's member a holds chunks 0 and 2 (250 elements, 1000 bytes
     // each) in three pieces each; a chain of pieces, each reduced as it arrives.
     const auto pieces = names_of(
@@ -252,17 +266,30 @@ TEST(CollectivesHierarchicalTest, EachByteCrossesOnceEachWay) {
 }
 
 TEST(CollectivesHierarchicalTest, RanksThatReadInPlaceKeepTwoStagesUnlessAsked) {
-  testing::on_thread_ranks(2, [](const std::shared_ptr<Transport>& transport) {
-    const std::size_t large = kDirectAllReduceBytes / sizeof(float) + 4;
-    const std::int64_t a = 2 * transport->rank();
-    const auto chosen = names_of(
-        collective_nodes(transport, 0, all_reduce_by(AllReduceAlgorithm::kAuto, large), 2, large));
-    EXPECT_THAT(chosen, ::testing::Contains(fmt::format("c.rs[{}]", a)));
-    EXPECT_THAT(chosen, ::testing::Not(::testing::Contains(::testing::HasSubstr("partial"))));
-    const auto asked = names_of(collective_nodes(
-        transport, 0, all_reduce_by(AllReduceAlgorithm::kHierarchical, large), 2, large));
-    EXPECT_THAT(asked, ::testing::Contains(
-                           fmt::format("c.{}[{}]", transport->rank() == 0 ? "partial" : "rs", a)));
+  const std::size_t large = kDirectAllReduceBytes / sizeof(float) + 4;
+  const auto automatic = all_reduce_by(AllReduceAlgorithm::kAuto, large);
+  {
+    // Every transfer read in place (the threads' ranks share a host): nothing is staged, kAuto
+    // keeps the two stages; asked, the chain runs.
+    const testing::ScopedEnvironment every("NUMESH_IN_PLACE_MIN_BYTES", "0");
+    testing::on_thread_ranks(2, [&](const std::shared_ptr<Transport>& transport) {
+      const std::int64_t a = 2 * transport->rank();
+      const auto chosen =
+          names_of(collective_nodes(transport, kPipelinePieceBytes, automatic, 2, large));
+      EXPECT_THAT(chosen, ::testing::Contains(fmt::format("c.rs[{}]", a)));
+      EXPECT_THAT(chosen, ::testing::Not(::testing::Contains(::testing::HasSubstr("partial"))));
+      const auto asked = names_of(
+          collective_nodes(transport, kPipelinePieceBytes,
+                           all_reduce_by(AllReduceAlgorithm::kHierarchical, large), 2, large));
+      EXPECT_THAT(asked, ::testing::Contains(fmt::format(
+                             "c.{}[{}]", transport->rank() == 0 ? "partial" : "rs", a)));
+    });
+  }
+  // With the default floor (1 MiB), parts of 16 KiB take the transport even between ranks
+  // that read each other in place: the chain.
+  testing::on_thread_ranks(2, [&](const std::shared_ptr<Transport>& transport) {
+    EXPECT_EQ(bytes_sent(collective_nodes(transport, kPipelinePieceBytes, automatic, 2, large)),
+              large * sizeof(float));
   });
 }
 

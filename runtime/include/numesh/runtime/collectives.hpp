@@ -69,9 +69,12 @@ std::string_view to_string(ReduceOp op) noexcept;
 /// give the same bits, in one process or on many ranks.
 enum class AllReduceAlgorithm {
   /// kDirect up to kDirectAllReduceBytes per slot; above it kHierarchical for a group whose
-  /// members on some rank are two or more and that has two ranks that do not read each other's
-  /// memory in place (whose bytes cross by the transport: ranks on different hosts, or with
-  /// NUMESH_SHARED_MEMORY=off), kReduceScatterAllGather otherwise.
+  /// chunks cross by the transport between some two of its ranks (ranks on different hosts,
+  /// NUMESH_SHARED_MEMORY=off, or chunks under the in-place floor), whose parts go in pieces
+  /// (CollectiveArgs::piece_bytes not 0), and whose busiest rank sends fewer bytes in the chain
+  /// than in the two stages (as on two ranks of two or more devices in fp32; not in 16 bits
+  /// there, whose partials cross in fp32, nor on many ranks of two devices, where the last
+  /// rank sends its results to each other rank); kReduceScatterAllGather otherwise.
   kAuto,
   kDirect,                  ///< one stage: every rank reduces all inputs into its output
   kReduceScatterAllGather,  ///< rank r reduces chunk r, then every rank gathers all chunks
