@@ -91,6 +91,54 @@ TEST_P(KeyBlockLevelTest, GivesTheScalarLevelsBitsAndTheSoftmaxWeightedValues) {
   }
 }
 
+// The queries of one kv head at once give each query's bits alone, at every level: every run
+// length the kernel takes, head sizes that do and do not fill a pass of output chunks, and
+// queries and outputs laid out apart (as a ragged batch's partials are).
+TEST_P(KeyBlockLevelTest, QueriesOfOneKvHeadAtOnceGiveEachQuerysBitsAlone) {
+  for (std::int64_t heads = 1; heads <= kKeyBlockMaxHeads; ++heads) {
+    for (const std::int64_t d : {1, 15, 16, 17, 64, 80, 128, 130}) {
+      for (const std::int64_t count : {1, 16, 17, 256}) {
+        const std::string what = std::to_string(heads) + " heads, d " + std::to_string(d) + ", " +
+                                 std::to_string(count) + " keys";
+        const Block b = make_block(count, d, static_cast<unsigned>(heads * 7 + d * 1000 + count));
+        const std::int64_t q_stride = d + 5, o_stride = d + 9;
+        std::vector<float> q(static_cast<std::size_t>(heads * q_stride));
+        std::mt19937 rng(static_cast<unsigned>(count + heads));
+        std::normal_distribution<float> normal;
+        for (float& v : q) v = 2.0f * normal(rng);
+        std::vector<float> scores(static_cast<std::size_t>(heads * count));
+        std::vector<float> o(static_cast<std::size_t>(heads * o_stride), 9.0f);
+        std::vector<KeyBlockStats> stats(static_cast<std::size_t>(heads));
+        attend_key_block_heads(q.data(), q_stride, heads, b.keys.data(), b.values.data(), count, d,
+                               0.125f, scores.data(), o.data(), o_stride, stats.data(), level());
+        for (std::int64_t g = 0; g < heads; ++g) {
+          std::vector<float> scores1(static_cast<std::size_t>(count)),
+              o1(static_cast<std::size_t>(d));
+          const KeyBlockStats want =
+              attend_key_block(q.data() + g * q_stride, b.keys.data(), b.values.data(), count, d,
+                               0.125f, scores1.data(), o1.data(), level());
+          const auto gi = static_cast<std::size_t>(g);
+          ASSERT_EQ(bits(stats[gi].max), bits(want.max)) << what << ", head " << g;
+          ASSERT_EQ(bits(stats[gi].sum), bits(want.sum)) << what << ", head " << g;
+          for (std::int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(bits(scores[static_cast<std::size_t>(g * count + i)]),
+                      bits(scores1[static_cast<std::size_t>(i)]))
+                << what << ", head " << g << ", e of key " << i;
+          }
+          for (std::int64_t j = 0; j < d; ++j) {
+            ASSERT_EQ(bits(o[static_cast<std::size_t>(g * o_stride + j)]),
+                      bits(o1[static_cast<std::size_t>(j)]))
+                << what << ", head " << g << ", output " << j;
+          }
+          // The gaps between a head's outputs are the caller's and stay as they were.
+          for (std::int64_t j = d; j < o_stride; ++j)
+            ASSERT_EQ(o[static_cast<std::size_t>(g * o_stride + j)], 9.0f) << what << ", gap " << j;
+        }
+      }
+    }
+  }
+}
+
 NUMESH_INSTANTIATE_LEVELS(KeyBlockLevelTest);
 
 }  // namespace

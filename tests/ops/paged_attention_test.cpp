@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "numesh/core/error.hpp"
@@ -34,11 +35,23 @@ struct Sequence {
   std::vector<std::int32_t> table;  // its blocks
 };
 
-TEST(PagedAttentionTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
-  constexpr std::int64_t kBlock = 16, kBlocks = 80, d = 32, kv_heads = 2;
-  // q heads 1..3 of 4 (offset 1) over kv heads 0..1: the group and the offsets are exercised.
-  const AttentionSlice slice{
-      .q_heads = 3, .kv_heads = kv_heads, .group = 2, .q_head_offset = 1, .kv_head_offset = 0};
+// Slices of query heads over kv heads, as tp cuts them: groups of 2 with a cut one (q heads
+// 1..3 of 4), groups of 6 (each kv head's queries in two runs, of 4 and 2), groups of 5 cut at
+// both ends (q heads 3..7: two of kv head 0, three of kv head 1), and the second kv head's
+// group of 4 alone (a kv head offset).
+const AttentionSlice kSlices[] = {
+    {.q_heads = 3, .kv_heads = 2, .group = 2, .q_head_offset = 1, .kv_head_offset = 0},
+    {.q_heads = 12, .kv_heads = 2, .group = 6, .q_head_offset = 0, .kv_head_offset = 0},
+    {.q_heads = 5, .kv_heads = 2, .group = 5, .q_head_offset = 3, .kv_head_offset = 0},
+    {.q_heads = 4, .kv_heads = 1, .group = 4, .q_head_offset = 4, .kv_head_offset = 1},
+};
+
+class PagedAttentionSliceTest : public ::testing::TestWithParam<AttentionSlice> {};
+
+TEST_P(PagedAttentionSliceTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
+  constexpr std::int64_t kBlock = 16, kBlocks = 80, d = 32;
+  const AttentionSlice slice = GetParam();
+  const std::int64_t kv_heads = slice.kv_heads, qh = slice.q_heads;
   std::mt19937 rng(5);
   // Three sequences: one past a 256-key block, one of a block and a bit, one of one key.
   std::vector<Sequence> seqs{{300, {}, {}, {}}, {17, {}, {}, {}}, {1, {}, {}, {}}};
@@ -81,14 +94,14 @@ TEST(PagedAttentionTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
   std::vector<std::int64_t> table_of;
   for (const std::int64_t w : which) table_of.push_back(starts[static_cast<std::size_t>(w)]);
   const auto tokens = static_cast<std::int64_t>(context.size());
-  const std::vector<float> q = random_floats(static_cast<std::size_t>(tokens * 3 * d), rng);
+  const std::vector<float> q = random_floats(static_cast<std::size_t>(tokens * qh * d), rng);
   const RaggedKeys keys{.context = context, .table_of = table_of, .tables = tables};
   for (const int threads : {1, 3}) {
     SCOPED_TRACE(threads);
     oneapi::tbb::task_arena arena(threads);
     std::vector<float> out(q.size(), -1.0f);
     std::vector<float> scratch(
-        static_cast<std::size_t>(paged_attention_scratch_floats(tokens, 3, d, 300, threads)));
+        static_cast<std::size_t>(paged_attention_scratch_floats(tokens, qh, d, 300, threads)));
     arena.execute(
         [&] { paged_attention(q.data(), kv, keys, out.data(), tokens, slice, d, 300, scratch); });
     for (std::int64_t t = 0; t < tokens; ++t) {
@@ -103,19 +116,27 @@ TEST(PagedAttentionTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
                          .batch_stride = s.length * kv_heads * d,
                          .pos_stride = kv_heads * d,
                          .head_stride = d};
-      std::vector<float> expected(static_cast<std::size_t>(3 * d));
+      std::vector<float> expected(static_cast<std::size_t>(qh * d));
       std::vector<float> core_scratch(
           static_cast<std::size_t>(attention_scratch_floats(alone, d, threads)));
       arena.execute([&] {
-        attention_core(q.data() + t * 3 * d, dense, expected.data(), alone, d, ctx - 1,
+        attention_core(q.data() + t * qh * d, dense, expected.data(), alone, d, ctx - 1,
                        /*causal=*/true, core_scratch);
       });
-      EXPECT_EQ(std::vector<float>(out.begin() + t * 3 * d, out.begin() + (t + 1) * 3 * d),
+      EXPECT_EQ(std::vector<float>(out.begin() + t * qh * d, out.begin() + (t + 1) * qh * d),
                 expected)
           << "token " << t;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Slices, PagedAttentionSliceTest, ::testing::ValuesIn(kSlices),
+                         [](const ::testing::TestParamInfo<AttentionSlice>& param_info) {
+                           const AttentionSlice& s = param_info.param;
+                           return "q" + std::to_string(s.q_heads) + "_group" +
+                                  std::to_string(s.group) + "_from" +
+                                  std::to_string(s.q_head_offset);
+                         });
 
 TEST(PagedAttentionTest, SpansAndScratchAreChecked) {
   const AttentionSlice slice{.q_heads = 1, .kv_heads = 1};

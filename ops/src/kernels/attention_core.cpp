@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "head_runs.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
@@ -70,7 +71,7 @@ std::int64_t query_blocks(std::int64_t q_len) noexcept {
 // Per-thread scratch floats of each path, and the decode path's shared partials (per query and
 // key block: the block's max score, its sum of exponentials and its weighted sum of values).
 std::int64_t per_thread_floats(std::int64_t q_len, std::int64_t kv_capacity) noexcept {
-  return q_len < kBlockedFrom ? kKeyBlock : kQueryBlock * kv_capacity;
+  return q_len < kBlockedFrom ? kKeyBlock * kKeyBlockMaxHeads : kQueryBlock * kv_capacity;
 }
 std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
   return sl.q_len < kBlockedFrom
@@ -78,8 +79,10 @@ std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
              : 0;
 }
 
-// Decode (fewer than kBlockedFrom queries): tasks over (sequence, head, key block) each write
-// the block's statistics for every query, then tasks over (sequence, head) merge the blocks.
+// Decode (fewer than kBlockedFrom queries): tasks over (sequence, run of query heads of one kv
+// head, key block) each write the block's statistics for every query of the run's heads, reading
+// the block's keys and values once for them all; then tasks over (sequence, head) merge the
+// blocks.
 void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
                       std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scratch,
                       std::int64_t per_thread) {
@@ -89,23 +92,28 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
   const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
   float* partials = scratch.data() + slots * per_thread;
   const runtime::KernelLevel level = runtime::kernel_level();
+  const detail::HeadRuns runs(sl);
   // Partial (b, h, t, block) lives at ((((b * q_heads + h) * q_len + t) * blocks + block) * stride.
-  for_each_task(sl.batch * sl.q_heads * blocks, [&](std::int64_t task) {
-    const std::int64_t block = task % blocks, bh = task / blocks, h = bh % sl.q_heads,
-                       bi = bh / sl.q_heads;
-    const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
-    const float* kb = kv.k + bi * kv.batch_stride + kvh * kv.head_stride;
-    const float* vb = kv.v + bi * kv.batch_stride + kvh * kv.head_stride;
+  for_each_task(sl.batch * runs.size() * blocks, [&](std::int64_t task) {
+    const std::int64_t block = task % blocks, bi = task / blocks / runs.size();
+    const detail::HeadRuns::Run run = runs[task / blocks % runs.size()];
+    if (run.heads == 0) return;
+    const float* kb = kv.k + bi * kv.batch_stride + run.kv_head * kv.head_stride;
+    const float* vb = kv.v + bi * kv.batch_stride + run.kv_head * kv.head_stride;
     float* scores = thread_scratch(scratch, per_thread, slots);
+    const std::int64_t part_stride = sl.q_len * blocks * stride;  // from head h to h + 1
     for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
-      float* part = partials + ((bh * sl.q_len + ti) * blocks + block) * stride;
+      float* part =
+          partials + (((bi * sl.q_heads + run.first) * sl.q_len + ti) * blocks + block) * stride;
       const std::int64_t visible = causal ? q_offset + ti + 1 : sl.kv_len;
       const std::int64_t first = block * kKeyBlock, last = std::min(visible, first + kKeyBlock);
-      Eigen::Map<Eigen::VectorXf> o(part + 2, d);
-      o.setZero();
       if (last <= first) {  // the mask hides the whole block
-        part[0] = -std::numeric_limits<float>::infinity();
-        part[1] = 0.0f;
+        for (std::int64_t g = 0; g < run.heads; ++g) {
+          float* p = part + g * part_stride;
+          p[0] = -std::numeric_limits<float>::infinity();
+          p[1] = 0.0f;
+          std::fill(p + 2, p + 2 + d, 0.0f);
+        }
         continue;
       }
       const float* keys[kKeyBlock];
@@ -114,11 +122,14 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
         keys[si - first] = kb + si * kv.pos_stride;
         values[si - first] = vb + si * kv.pos_stride;
       }
-      const KeyBlockStats st =
-          attend_key_block(q + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, keys, values,
-                           last - first, d, scale, scores, part + 2, level);
-      part[0] = st.max;
-      part[1] = st.sum;
+      KeyBlockStats stats[kKeyBlockMaxHeads];
+      attend_key_block_heads(q + ((bi * sl.q_len + ti) * sl.q_heads + run.first) * d, d, run.heads,
+                             keys, values, last - first, d, scale, scores, part + 2, part_stride,
+                             stats, level);
+      for (std::int64_t g = 0; g < run.heads; ++g) {
+        part[g * part_stride] = stats[g].max;
+        part[g * part_stride + 1] = stats[g].sum;
+      }
     }
   });
   for_each_task(sl.batch * sl.q_heads, [&](std::int64_t bh) {

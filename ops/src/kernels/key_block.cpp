@@ -161,7 +161,100 @@ __attribute__((target("avx512f"))) KeyBlockStats block_avx512(
   return st;
 }
 
+// `heads` queries at once: each key row loaded once for G fma chains, each value row once for
+// G sets of output chunks. Every query's chains are the ones block_avx512 runs for it alone
+// (an output element's sum runs over the keys in order whatever chunks share a pass), so its
+// bits are the same.
+template <int G>
+__attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_t q_stride,
+                                                     const float* const* keys,
+                                                     const float* const* values, std::int64_t count,
+                                                     std::int64_t d, float scale, float* scores,
+                                                     float* o, std::int64_t o_stride,
+                                                     KeyBlockStats* stats) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    __m512 acc[G];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    const float* k = keys[i];
+    for (std::int64_t j = 0; j < d; j += 16) {
+      const __mmask16 m = first_lanes(d - j);
+      const __m512 kj = _mm512_maskz_loadu_ps(m, k + j);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g] =
+            _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * q_stride + j), kj, acc[g], m);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
+  }
+  for (int g = 0; g < G; ++g) {
+    KeyBlockStats st{kMinusInf, 0.0f};
+    const float* s = scores + g * count;
+    for (std::int64_t i = 0; i < count; ++i) st.max = std::max(st.max, s[i]);
+    st.sum = exp_shifted_sum_avx512(scores + g * count, count, st.max);
+    stats[g] = st;
+  }
+  constexpr std::int64_t kChunks = G <= 2 ? 8 : 16 / G;  // G x kChunks accumulators
+  for (std::int64_t j0 = 0; j0 < d; j0 += 16 * kChunks) {
+    const std::int64_t chunks = std::min<std::int64_t>(kChunks, (d - j0 + 15) / 16);
+    __m512 acc[G][kChunks];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm512_setzero_ps();
+    for (std::int64_t i = 0; i < count; ++i) {
+      const float* v = values[i] + j0;
+      __m512 vc[kChunks];
+#pragma GCC unroll 8
+      for (int c = 0; c < kChunks; ++c) {
+        if (c < chunks) vc[c] = _mm512_maskz_loadu_ps(first_lanes(d - j0 - 16 * c), v + 16 * c);
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 e = _mm512_set1_ps(scores[g * count + i]);
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunks; ++c) {
+          if (c < chunks) acc[g][c] = _mm512_fmadd_ps(e, vc[c], acc[g][c]);
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      for (std::int64_t c = 0; c < chunks; ++c)
+        _mm512_mask_storeu_ps(o + g * o_stride + j0 + 16 * c, first_lanes(d - j0 - 16 * c),
+                              acc[g][c]);
+    }
+  }
+}
+
 }  // namespace
+
+void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t heads,
+                            const float* const* keys, const float* const* values,
+                            std::int64_t count, std::int64_t d, float scale, float* scores,
+                            float* o, std::int64_t o_stride, KeyBlockStats* stats,
+                            KernelLevel level) {
+  if (avx512(level)) {
+    switch (heads) {
+      case 1:
+        return heads_avx512<1>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
+                               stats);
+      case 2:
+        return heads_avx512<2>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
+                               stats);
+      case 3:
+        return heads_avx512<3>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
+                               stats);
+      case 4:
+        return heads_avx512<4>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
+                               stats);
+      default:
+        break;
+    }
+  }
+  // The narrower levels (and any other count) one query at a time: the same bits by definition.
+  for (std::int64_t g = 0; g < heads; ++g) {
+    stats[g] = attend_key_block(q + g * q_stride, keys, values, count, d, scale, scores + g * count,
+                                o + g * o_stride, level);
+  }
+}
 
 KeyBlockStats attend_key_block(const float* q, const float* const* keys, const float* const* values,
                                std::int64_t count, std::int64_t d, float scale, float* scores,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "head_runs.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/key_block.hpp"
@@ -29,7 +30,7 @@ std::int64_t paged_key_blocks(std::int64_t context) noexcept {
 std::int64_t paged_attention_scratch_floats(std::int64_t tokens, std::int64_t q_heads,
                                             std::int64_t head_dim, std::int64_t max_context,
                                             std::int64_t threads) noexcept {
-  return arena_scratch_slots(threads) * kPagedKeyBlock +
+  return arena_scratch_slots(threads) * kPagedKeyBlock * kKeyBlockMaxHeads +
          tokens * q_heads * paged_key_blocks(max_context) * (head_dim + 2);
 }
 
@@ -52,23 +53,28 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t blocks = paged_key_blocks(max_context), stride = d + 2;
   const std::int64_t slots = arena_scratch_slots(threads);
-  float* partials = scratch.data() + slots * kPagedKeyBlock;
+  float* partials = scratch.data() + slots * kPagedKeyBlock * kKeyBlockMaxHeads;
   const runtime::KernelLevel level = runtime::kernel_level();
+  const detail::HeadRuns runs(sl);
   // Partial (t, h, block) lives at ((t * q_heads + h) * blocks + block) * stride.
-  for_each_task(tokens * sl.q_heads * blocks, [&](std::int64_t task) {
-    const std::int64_t block = task % blocks, th = task / blocks, h = th % sl.q_heads,
-                       t = th / sl.q_heads;
-    const std::int64_t kvh = (sl.q_head_offset + h) / sl.group - sl.kv_head_offset;
+  for_each_task(tokens * runs.size() * blocks, [&](std::int64_t task) {
+    const std::int64_t block = task % blocks, t = task / blocks / runs.size();
+    const detail::HeadRuns::Run run = runs[task / blocks % runs.size()];
+    if (run.heads == 0) return;
+    const std::int64_t h0 = run.first, heads = run.heads, kvh = run.kv_head;
     const std::int32_t* table = keys.tables.data() + keys.table_of[static_cast<std::size_t>(t)];
     const std::int64_t visible = keys.context[static_cast<std::size_t>(t)];
-    float* part = partials + (th * blocks + block) * stride;
+    float* part = partials + ((t * sl.q_heads + h0) * blocks + block) * stride;
+    const std::int64_t part_stride = blocks * stride;  // from head h to h + 1
     const std::int64_t first = block * kPagedKeyBlock,
                        last = std::min(visible, first + kPagedKeyBlock);
-    Eigen::Map<Eigen::VectorXf> o(part + 2, d);
-    o.setZero();
     if (last <= first) {  // past the token's context
-      part[0] = -std::numeric_limits<float>::infinity();
-      part[1] = 0.0f;
+      for (std::int64_t g = 0; g < heads; ++g) {
+        float* p = part + g * part_stride;
+        p[0] = -std::numeric_limits<float>::infinity();
+        p[1] = 0.0f;
+        std::fill(p + 2, p + 2 + d, 0.0f);
+      }
       return;
     }
     // Key si's row: slot si % block_size of block table[si / block_size].
@@ -76,17 +82,20 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
       return base + table[si / kv.block_size] * kv.block_stride + kvh * kv.head_stride +
              (si % kv.block_size) * kv.pos_stride;
     };
-    float* scores = thread_scratch(scratch, kPagedKeyBlock, slots);
+    float* scores = thread_scratch(scratch, kPagedKeyBlock * kKeyBlockMaxHeads, slots);
     const float* key_rows[kPagedKeyBlock];
     const float* value_rows[kPagedKeyBlock];
     for (std::int64_t si = first; si < last; ++si) {
       key_rows[si - first] = row(kv.k, si);
       value_rows[si - first] = row(kv.v, si);
     }
-    const KeyBlockStats st = attend_key_block(q + (t * sl.q_heads + h) * d, key_rows, value_rows,
-                                              last - first, d, scale, scores, part + 2, level);
-    part[0] = st.max;
-    part[1] = st.sum;
+    KeyBlockStats stats[kKeyBlockMaxHeads];
+    attend_key_block_heads(q + (t * sl.q_heads + h0) * d, d, heads, key_rows, value_rows,
+                           last - first, d, scale, scores, part + 2, part_stride, stats, level);
+    for (std::int64_t g = 0; g < heads; ++g) {
+      part[g * part_stride] = stats[g].max;
+      part[g * part_stride + 1] = stats[g].sum;
+    }
   });
   for_each_task(tokens * sl.q_heads, [&](std::int64_t th) {
     const float* part = partials + th * blocks * stride;

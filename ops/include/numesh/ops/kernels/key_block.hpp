@@ -30,4 +30,21 @@ KeyBlockStats attend_key_block(const float* q, const float* const* keys, const f
                                std::int64_t count, std::int64_t d, float scale, float* scores,
                                float* o, runtime::KernelLevel level);
 
+/// The most queries attend_key_block_heads takes at once: four queries' accumulators (scores,
+/// then four chunks of 16 outputs each) fit AVX-512's registers beside the rows they share.
+inline constexpr std::int64_t kKeyBlockMaxHeads = 4;
+
+/// attend_key_block for `heads` queries against the same keys and values (the query heads of
+/// one kv head under grouped-query attention), each key and value row read once for all of
+/// them: query g is q + g * q_stride, its scores scores + g * count, its output
+/// o + g * o_stride, its statistics stats[g]. Each query's results are attend_key_block's bits
+/// for that query alone, at every kernel level.
+/// REQUIRES: 1 <= heads <= kKeyBlockMaxHeads, count >= 1, d >= 1; scores holds heads * count
+/// floats.
+void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t heads,
+                            const float* const* keys, const float* const* values,
+                            std::int64_t count, std::int64_t d, float scale, float* scores,
+                            float* o, std::int64_t o_stride, KeyBlockStats* stats,
+                            runtime::KernelLevel level);
+
 }  // namespace numesh::ops

@@ -42,8 +42,10 @@ std::int64_t paged_attention_scratch_floats(std::int64_t tokens, std::int64_t q_
 /// without RoPE and without allocating, over the calling thread's oneTBB arena: q and out are
 /// [tokens, slice.q_heads, head_dim]; query head i reads kv head (slice.q_head_offset + i) /
 /// slice.group - slice.kv_head_offset of the cache (slice's batch, q_len and kv_len are not
-/// used). One task per (token, head, block of 256 keys) computes the block's max, sum of
-/// exponentials and weighted sum of values; the blocks are merged in order per (token, head).
+/// used). One task per (token, block of 256 keys, run of up to kKeyBlockMaxHeads query heads of
+/// one kv head) computes each head's block max, sum of exponentials and weighted sum of values,
+/// reading the block's keys and values once for the run; the blocks are merged in order per
+/// (token, head).
 /// This is attention_core's decode arithmetic, key for key: a token's result depends on its
 /// query and its keys only, not on the batch around it or the thread count, and equals
 /// attention_core's for a single query (bitwise) on the same keys.
