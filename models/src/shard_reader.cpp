@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -76,7 +77,47 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
       });
 }
 
+// nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
+// transposed; other sources ([rows, cols], the embedding table) as they are.
+bool straight(const MatrixFill& m) noexcept {
+  return !m.source->transposed || m.stored == ops::WeightLayout::kOutIn;
+}
+
+// The file's bytes of the shard of `slot` of a matrix the file stores as the tensor stores it
+// (rows of one tensor, out-in or not transposed, not stacked), read in place; nullptr when they
+// are not one run of the file in the shard's format (Checkpoint::box_in_place) or the matrix
+// is not such a matrix. The shard's order is not looked at: the caller decides.
+std::shared_ptr<const std::byte> bytes_in_place(const Checkpoint& checkpoint, const MatrixFill& m,
+                                                std::int64_t slot) {
+  const MatrixSource& source = *m.source;
+  const auto& box = m.tensor->layout().device(slot).slices;
+  if (!straight(m) || box.size() != 2) return nullptr;  // experts [E, ., .] are one tensor each
+  const std::array<std::int64_t, 2> offsets{source.row_offset + box[0].offset, box[1].offset},
+      sizes{box[0].extent, box[1].extent};
+  return checkpoint.box_in_place(source.tensors[0], offsets, sizes, m.tensor->dtype());
+}
+
 }  // namespace
+
+int keep_in_place_rows(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices) {
+  int relaid = 0;
+  for (const MatrixFill& m : matrices) {
+    runtime::ShardedTensor& tensor = *m.tensor;
+    if (tensor.order() != runtime::StoredOrder::kPanels) continue;
+    const std::vector<std::int64_t>& slots = tensor.mesh().local_slots();
+    const bool every_shard = std::all_of(slots.begin(), slots.end(), [&](std::int64_t slot) {
+      return bytes_in_place(checkpoint, m, slot) != nullptr;
+    });
+    if (!every_shard) continue;
+    // Laid out again, unfilled and in rows; the holders of the tensor (the layers) see the new
+    // one, and no program has read the old one yet (read_shards' REQUIRES).
+    tensor =
+        runtime::ShardedTensor(tensor.mesh(), tensor.shape(), tensor.spec(), tensor.dtype(),
+                               runtime::BufferContents::kUnspecified, runtime::StoredOrder::kRows);
+    ++relaid;
+  }
+  return relaid;
+}
 
 std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
                          bool in_place, const std::function<void(std::size_t i)>& after) {
@@ -93,9 +134,6 @@ std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFil
   const auto fill = [&](std::size_t i, std::int64_t slot, runtime::Tensor& shard) {
     const MatrixSource& source = *matrices[i].source;
     const runtime::ShardedTensor& tensor = *matrices[i].tensor;
-    // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
-    // transposed; other sources ([rows, cols], the embedding table) as they are.
-    const bool straight = !source.transposed || matrices[i].stored == ops::WeightLayout::kOutIn;
     const auto& box = tensor.layout().device(slot).slices;
     auto* dst = static_cast<std::byte*>(shard.data());
     const DType dtype = shard.dtype();
@@ -107,10 +145,8 @@ std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFil
     const std::int64_t e0 = stacked ? box[0].offset : 0, ne = stacked ? box[0].extent : 1;
     const auto matrix_bytes = static_cast<std::size_t>(nr * row_bytes(dtype, nc));
     // One tensor's rows as the file has them: the shard reads them where they are.
-    if (in_place && straight && !stacked && shard.order() == runtime::StoredOrder::kRows) {
-      const std::array<std::int64_t, 2> offsets{source.row_offset + r0, c0}, sizes{nr, nc};
-      if (std::shared_ptr<const std::byte> bytes =
-              checkpoint.box_in_place(source.tensors[0], offsets, sizes, dtype)) {
+    if (in_place && shard.order() == runtime::StoredOrder::kRows) {
+      if (std::shared_ptr<const std::byte> bytes = bytes_in_place(checkpoint, matrices[i], slot)) {
         shard.use_mapped(std::move(bytes));
         mapped += static_cast<std::int64_t>(shard.size_bytes());
         if (slot == tensor.mesh().local_slots().front() && after) report_through(i);
@@ -121,7 +157,7 @@ std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFil
       const std::string& name = source.tensors[static_cast<std::size_t>(e0 + e)];
       std::byte* to = dst + static_cast<std::size_t>(e) * matrix_bytes;
       // A slice of a fused tensor starts source.row_offset rows into it (its outputs).
-      if (straight) {
+      if (straight(matrices[i])) {
         read_straight(checkpoint, name, source.row_offset + r0, nr, c0, nc, dtype, shard.order(),
                       to);
       } else {  // the shard is [in, out]: rows r of the box are inputs, columns outputs

@@ -42,4 +42,12 @@ struct MatrixFill {
 std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
                          bool in_place, const std::function<void(std::size_t i)>& after);
 
+/// Lays out again in rows (unfilled) each matrix of `matrices` stored in panels whose every
+/// local shard read_shards could read from the file in place were it stored in rows, so that it
+/// does: a load that keeps the file's pages rather than a copy in the faster order (panels are
+/// made from a file's rows by copying). The tensor objects stay (the layers hold them); their
+/// shards are new. Returns how many were laid out again.
+/// REQUIRES: as read_shards, called before it.
+int keep_in_place_rows(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices);
+
 }  // namespace numesh::models::detail

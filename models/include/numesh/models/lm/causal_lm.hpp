@@ -45,9 +45,12 @@ struct TokenPositions {
 /// would read another node's memory. Only a matrix the devices store as the file stores it, in
 /// rows, whole rows of one tensor per shard, can be read in place; the others are copied.
 enum class WeightMapping {
-  kAuto,     ///< in place on a machine of one NUMA node, copied on one of several
-  kInPlace,  ///< in place wherever the bytes allow it
-  kCopied,   ///< every matrix copied into its devices' memory
+  kAuto,  ///< in place on a machine of one NUMA node, copied on one of several
+  /// in place wherever the bytes allow it, even a matrix the devices would store in panels
+  /// (Q8_0 and Q4_0 where the kernel level has VNNI: ops/kernels/weight_order.hpp), which then
+  /// keeps the file's rows, the slower order for decode, instead of a copy in panels
+  kInPlace,
+  kCopied,  ///< every matrix copied into its devices' memory
 };
 
 /// "auto", "on" or "off" (the `--mmap` values).

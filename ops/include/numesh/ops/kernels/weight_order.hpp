@@ -16,7 +16,10 @@ namespace numesh::ops {
 /// elsewhere (the lower levels read panels only by restoring their rows, block_gemm.hpp). The
 /// environment variable NUMESH_WEIGHT_PANELS (read once) overrides it: 0 keeps rows everywhere
 /// (to compare the two), 1 takes panels at every level (the tests' way to run the lower
-/// levels on them). Either order gives the same bits.
+/// levels on them). Below avx512-bf16 either order gives the same bits; from it, products on
+/// panels take the VNNI tile's order at every row count and rows the dot kernels' (docs/ops.md),
+/// which round the same quantized sums differently. CausalLm's load in place (`--mmap on`)
+/// keeps a file's rows where this says panels (models/src/shard_reader.hpp).
 inline runtime::StoredOrder out_in_order(DType dtype) {
   enum class Choice { kAuto, kNever, kAlways };
   static const Choice choice = [] {
