@@ -57,8 +57,8 @@ void attention_rows(const float* q, const KvView& kv, float* out, const Attentio
 }
 
 // Decode splits the keys into blocks of this many (flash-decoding): with few queries the
-// parallel work is (sequence, head, key block), and the blocks' softmax statistics are merged
-// in block order.
+// parallel work is (sequence, run of query heads of one kv head, key block), and the blocks'
+// softmax statistics are merged in block order.
 constexpr std::int64_t kKeyBlock = 256;
 
 std::int64_t key_blocks(std::int64_t kv_len) noexcept {

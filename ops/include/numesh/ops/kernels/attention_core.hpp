@@ -59,9 +59,11 @@ std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t 
 /// - From 16 queries up (prefill): one task per (sequence, head, block of 64 queries), two GEMMs
 ///   (q k^T, then p v) around a row softmax that read q, keys and values in place through their
 ///   strides, skipping the key blocks the causal mask hides.
-/// - Fewer queries (decode): one task per (sequence, head, block of 256 keys) computing the
-///   block's max, sum of exponentials and weighted sum of values, then the blocks merged in
-///   order per (sequence, head) (flash-decoding's split softmax).
+/// - Fewer queries (decode): one task per (sequence, block of 256 keys, run of up to
+///   kKeyBlockMaxHeads query heads of one kv head) computing each head's block max, sum of
+///   exponentials and weighted sum of values, reading the block's keys and values once for the
+///   run; then the blocks merged in order per (sequence, head) (flash-decoding's split
+///   softmax).
 /// The tasks depend on the shapes only, so results are bitwise identical for any number of
 /// threads. `scratch` holds at least attention_scratch_floats(slice, head_dim, threads) floats
 /// for the arena's max_concurrency `threads`.
