@@ -90,7 +90,10 @@ TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
                             CoreCase{2, 1, 700, 4, 2, 16, 699, true, false},
                             CoreCase{1, 3, 600, 4, 4, 8, 597, true, true},
                             CoreCase{1, 5, 300, 2, 1, 16, 100, true, false},
-                            CoreCase{3, 1, 9, 2, 2, 8, 8, false, false}}) {
+                            CoreCase{3, 1, 9, 2, 2, 8, 8, false, false},
+                            // Groups past four query heads a kv head: runs of 4 + 2 and 4 + 4.
+                            CoreCase{1, 3, 600, 12, 2, 16, 597, true, false},
+                            CoreCase{2, 1, 300, 8, 1, 16, 299, true, true}}) {
     const runtime::HostTensor q =
         testing::random_host({c.batch, c.q_len, c.heads, c.head_dim}, 3, 1.0f);
     const runtime::HostTensor k =
