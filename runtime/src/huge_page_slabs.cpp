@@ -91,9 +91,11 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   }
   const std::size_t size = round_up_to(bytes, kBlockAlign);
   const std::size_t align = bytes >= kSmallPage ? kSmallPage : kBlockAlign;
+  const bool small = bytes < kSmallBlockBytes;
   {
     const std::lock_guard lock(mutex_);
     for (auto& [base, slab] : slabs_) {
+      if (slab.small != small) continue;
       if (const auto offset = slab.ranges.take(size, align)) return base + *offset;
     }
   }
@@ -103,7 +105,8 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   if (base == nullptr) return nullptr;
   try {
     const std::lock_guard lock(mutex_);
-    Slab& slab = slabs_.emplace(base, Slab{slab_bytes_, FreeRanges(slab_bytes_)}).first->second;
+    Slab& slab =
+        slabs_.emplace(base, Slab{slab_bytes_, small, FreeRanges(slab_bytes_)}).first->second;
     return base + *slab.ranges.take(size, align);
   } catch (...) {
     munmap(base, slab_bytes_);
@@ -132,9 +135,10 @@ void HugePageSlabs::release(std::byte* block, std::size_t bytes) noexcept {
     if (offset >= slab.bytes) return;
     slab.ranges.give(offset, round_up_to(bytes, kBlockAlign));
     if (!slab.ranges.empty()) return;
-    // An empty slab stays for the next blocks unless another empty one already does.
+    // An empty slab stays for the next blocks of its class unless another empty one already
+    // does.
     for (const auto& [base, other] : slabs_) {
-      if (base != it->first && other.ranges.empty()) {
+      if (base != it->first && other.small == slab.small && other.ranges.empty()) {
         unmap = it->first;
         unmap_bytes = slab.bytes;
         slabs_.erase(it);

@@ -61,6 +61,42 @@ TEST(HugePageSlabsTest, SmallBlocksShareAnAlignedSlabAndAreReusedOnceReleased) {
   EXPECT_EQ(slabs.slab_count(), 1u) << "the only empty slab stays for the next blocks";
 }
 
+// A model lays out its norms between its matrices: were they carved from one slab, each norm
+// would sit on a huge page of its own and its first touch would zero 2 MiB.
+TEST(HugePageSlabsTest, BlocksUnder64KiBShareSlabsOfTheirOwnBetweenLargerBlocks) {
+  Regions regions;
+  HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 8 * kMiB);
+  constexpr std::size_t kSmall = HugePageSlabs::kSmallBlockBytes;
+  std::vector<std::byte*> norms, matrices;
+  for (int i = 0; i < 4; ++i) {
+    matrices.push_back(slabs.allocate(kMiB));
+    norms.push_back(slabs.allocate(3072));
+  }
+  std::byte* last_small = slabs.allocate(kSmall - 1);
+  std::byte* first_medium = slabs.allocate(kSmall);
+  ASSERT_EQ(regions.seen.size(), 2u) << "one slab for the matrices, one for the norms";
+  EXPECT_EQ(slabs.slab_count(), 2u);
+  std::byte* const matrix_slab = regions.seen[0].first;
+  std::byte* const norm_slab = regions.seen[1].first;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(matrices[static_cast<std::size_t>(i)], matrix_slab + i * kMiB) << i;
+    // 3072 bytes are whole cache lines: the norms lie back to back.
+    EXPECT_EQ(norms[static_cast<std::size_t>(i)], norm_slab + i * 3072) << i;
+  }
+  // The norms end at 12288, a page boundary: the next block, page-aligned, starts there.
+  EXPECT_EQ(last_small, norm_slab + 3 * 4096) << "page-aligned from 4096 bytes up, still small";
+  EXPECT_EQ(first_medium, matrix_slab + 4 * kMiB) << "64 KiB is no longer small";
+  // Released, each class keeps one empty slab of its own for its next blocks.
+  for (std::byte* p : matrices) slabs.release(p, kMiB);
+  for (std::byte* p : norms) slabs.release(p, 3072);
+  slabs.release(last_small, kSmall - 1);
+  slabs.release(first_medium, kSmall);
+  EXPECT_EQ(slabs.slab_count(), 2u);
+  EXPECT_EQ(slabs.allocate(100), norm_slab);
+  EXPECT_EQ(slabs.allocate(kMiB), matrix_slab);
+  EXPECT_EQ(regions.seen.size(), 2u) << "no slab mapped anew";
+}
+
 TEST(HugePageSlabsTest, LargeBlocksGetAlignedMappingsOfWholeHugePages) {
   Regions regions;
   HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 4 * kMiB);

@@ -8,7 +8,10 @@
 // 2 MiB-aligned mappings of whole huge pages (transparent huge pages asked for with madvise),
 // bound to the device's node before anything touches them where the device binds its memory;
 // blocks of half a slab and more get a mapping of their own, 2 MiB-aligned and rounded up to
-// whole huge pages.
+// whole huge pages. Blocks under 64 KiB (norms, biases, one token's activations) are carved
+// from slabs of their own: among a model's matrices each would sit on a huge page of its own,
+// and its first touch would zero 2 MiB (a layer's two norms cost 0.8 ms of a 109 M model's
+// load that way, 24 huge pages of memory for 72 KiB; docs/benchmarks.md, "Session 51").
 
 #include <cstddef>
 #include <functional>
@@ -31,14 +34,16 @@ bool huge_page_slabs_enabled() noexcept;
 
 /// Blocks carved from slabs of whole 2 MiB pages (this header's top comment). A released block's
 /// memory stays mapped and is reused by later blocks (so it is no longer zero); a slab left
-/// empty is unmapped unless it is the only empty one. Thread-safety: all methods are safe to
-/// call concurrently.
+/// empty is unmapped unless it is the only empty one of its class (blocks under
+/// kSmallBlockBytes, or the others). Thread-safety: all methods are safe to call concurrently.
 class HugePageSlabs {
  public:
   /// A huge page of x86-64: slabs and large blocks are whole ones, aligned to one.
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
   /// The default slab: 32 MiB (16 huge pages; the pages a slab never touches take no memory).
   static constexpr std::size_t kDefaultSlabBytes = std::size_t{32} << 20;
+  /// Blocks under this many bytes share slabs that hold only such blocks.
+  static constexpr std::size_t kSmallBlockBytes = std::size_t{64} << 10;
 
   /// What a region is given before anything touches it: `prepare(region, bytes)` returns
   /// whether the region may be used (a device bound to its node binds it and refuses a region
@@ -73,6 +78,7 @@ class HugePageSlabs {
  private:
   struct Slab {
     std::size_t bytes;
+    bool small;  // holds blocks under kSmallBlockBytes only, or none of them
     FreeRanges ranges;
   };
   // A mapping of `bytes` (whole huge pages) at a 2 MiB boundary, madvised and prepared, or
