@@ -92,6 +92,17 @@ TEST(GgufCheckpointTest, AWrittenLlamaReadsBackUnderItsHuggingFaceNamesWithQkRow
   g.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(a)));
   st.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(b)));
   EXPECT_EQ(a, b);
+  // Whole heads are read at once and put in order a head at a time; rows across a head's
+  // boundary one by one: the second head of k_proj (rows 16-31), and rows 12-19.
+  for (const std::array<std::int64_t, 2> rows : {std::array<std::int64_t, 2>{16, 16}, {12, 8}}) {
+    const std::array<std::int64_t, 2> box_at{rows[0], 8}, box_size{rows[1], 16};
+    std::vector<float> from_gguf(static_cast<std::size_t>(rows[1] * 16)), from_st(from_gguf);
+    g.read_box(k, box_at, box_size, DType::kF32,
+               std::as_writable_bytes(std::span<float>(from_gguf)));
+    st.read_box(k, box_at, box_size, DType::kF32,
+                std::as_writable_bytes(std::span<float>(from_st)));
+    EXPECT_EQ(from_gguf, from_st) << "rows from " << rows[0];
+  }
   EXPECT_THAT([&] { (void)g.shape("model.layers.1.self_attn.k_proj.weights"); },
               ThrowsMessage<KeyError>(HasSubstr(
                   "has no tensor 'model.layers.1.self_attn.k_proj.weights'; the closest")));

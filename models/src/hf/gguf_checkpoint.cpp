@@ -568,11 +568,33 @@ void GgufCheckpoint::read_box(std::string_view name, std::span<const std::int64_
                "as {} takes {}",
                name, out.size(), shape_text(sizes), to_string(target),
                row * static_cast<std::size_t>(sizes[0]));
+  // GGUF row of the Hugging Face row i of a head: the converter interleaved the head's two
+  // halves (rows 0, 2, 4, ... hold its first half).
+  const auto stored_row_in_head = [head](std::int64_t i) {
+    return 2 * (i % (head / 2)) + i / (head / 2);
+  };
+  if (offsets[0] % head == 0 && sizes[0] % head == 0) {
+    // Whole heads, as a device of a tensor-parallel mesh reads them: the permutation keeps
+    // each head's rows within it, so the same rows are read at once (a read a row costs 1-2 us
+    // of bookkeeping, a 768-row q of a 109 M Llama 1 ms), then put back in order a head at a
+    // time.
+    file.read_box(e.gguf, at, size, target, out);
+    std::vector<std::byte> stored_head(row * static_cast<std::size_t>(head));
+    for (std::int64_t h = 0; h < sizes[0] / head; ++h) {
+      const std::span<std::byte> rows_of_head =
+          out.subspan(static_cast<std::size_t>(h) * stored_head.size(), stored_head.size());
+      std::copy(rows_of_head.begin(), rows_of_head.end(), stored_head.begin());
+      for (std::int64_t i = 0; i < head; ++i)
+        std::copy_n(stored_head.begin() + stored_row_in_head(i) * static_cast<std::ptrdiff_t>(row),
+                    row, rows_of_head.begin() + i * static_cast<std::ptrdiff_t>(row));
+    }
+    return;
+  }
   size[row_dim] = 1;
   for (std::int64_t r = 0; r < sizes[0]; ++r) {
     const std::int64_t hf_row = offsets[0] + r;
     const std::int64_t h = hf_row / head, i = hf_row % head;
-    at[row_dim] = h * head + 2 * (i % (head / 2)) + i / (head / 2);
+    at[row_dim] = h * head + stored_row_in_head(i);
     file.read_box(e.gguf, at, size, target, out.subspan(static_cast<std::size_t>(r) * row, row));
   }
 }
