@@ -1,6 +1,5 @@
 #include "shard_reader.hpp"
 
-#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -24,6 +23,21 @@ namespace {
 // 3.5 MiB, and the transposed writes land in 64-element runs of each shard row.
 constexpr std::int64_t kRowBlock = 64;
 
+// A block of rows starts at a multiple of kRowBlock: at a panel's first row.
+static_assert(kRowBlock % runtime::kPanelWidth == 0);
+
+// Calls f(first, rows) for the blocks [first, first + rows) of kRowBlock rows (the last one
+// shorter) that cover rows [0, n), over the calling arena's threads. The blocks are counted,
+// not split off a range: tbb::blocked_range halves a range down to its grain wherever the
+// middle falls (11008 rows end in blocks of 43 at rows 43, 86...), which would cut panels.
+void for_each_row_block(std::int64_t n,
+                        const std::function<void(std::int64_t first, std::int64_t rows)>& f) {
+  tbb::parallel_for(std::int64_t{0}, (n + kRowBlock - 1) / kRowBlock, [&](std::int64_t b) {
+    const std::int64_t first = b * kRowBlock;
+    f(first, std::min(kRowBlock, n - first));
+  });
+}
+
 // Reads matrix `name` [out, in]'s box [o0, o0 + no) x [i0, i0 + ni) transposed into `dst`, the
 // row-major [ni, no] block of a shard (elements of `dtype`), over the calling arena's threads.
 void read_transposed(const Checkpoint& checkpoint, const std::string& name, std::int64_t o0,
@@ -34,21 +48,14 @@ void read_transposed(const Checkpoint& checkpoint, const std::string& name, std:
                "{}: a {} shard cannot be read transposed: block formats are stored out-in only",
                name, to_string(dtype));
   const std::size_t size = dtype_size(dtype);
-  tbb::parallel_for(
-      tbb::blocked_range<std::int64_t>(0, no, kRowBlock),
-      [&](const tbb::blocked_range<std::int64_t>& r) {
-        const std::int64_t rows = r.end() - r.begin();
-        // Each task stages its own block (tasks may nest on one thread, so not thread-local).
-        std::vector<std::byte> block(static_cast<std::size_t>(rows * ni) * size);
-        const std::array<std::int64_t, 2> offsets{o0 + r.begin(), i0}, sizes{rows, ni};
-        checkpoint.read_box(name, offsets, sizes, dtype, block);
-        transpose(block.data(), rows, ni, size, dst + static_cast<std::size_t>(r.begin()) * size,
-                  no);
-      });
+  for_each_row_block(no, [&](std::int64_t first, std::int64_t rows) {
+    // Each task stages its own block (tasks may nest on one thread, so not thread-local).
+    std::vector<std::byte> block(static_cast<std::size_t>(rows * ni) * size);
+    const std::array<std::int64_t, 2> offsets{o0 + first, i0}, sizes{rows, ni};
+    checkpoint.read_box(name, offsets, sizes, dtype, block);
+    transpose(block.data(), rows, ni, size, dst + static_cast<std::size_t>(first) * size, no);
+  });
 }
-
-// A block of rows starts at a multiple of kRowBlock: at a panel's first row.
-static_assert(kRowBlock % runtime::kPanelWidth == 0);
 
 // Reads tensor `name`'s box [r0, r0 + nr) x [c0, c0 + nc) as it is into `dst` ([nr, nc]) in
 // `order`, in row blocks over the calling arena's threads.
@@ -57,24 +64,21 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
                    runtime::StoredOrder order, std::byte* dst) {
   // Whole rows of the box in the shard's format (a block format's blocks run along them).
   const auto row_bytes = static_cast<std::size_t>(numesh::row_bytes(dtype, nc));
-  tbb::parallel_for(
-      tbb::blocked_range<std::int64_t>(0, nr, kRowBlock),
-      [&](const tbb::blocked_range<std::int64_t>& r) {
-        const std::int64_t rows = r.end() - r.begin();
-        const std::array<std::int64_t, 2> offsets{r0 + r.begin(), c0}, sizes{rows, nc};
-        const std::span<std::byte> to(dst + static_cast<std::size_t>(r.begin()) * row_bytes,
-                                      static_cast<std::size_t>(rows) * row_bytes);
-        if (order == runtime::StoredOrder::kRows) {
-          checkpoint.read_box(name, offsets, sizes, dtype, to);
-          return;
-        }
-        // Panels lie where their rows would: the block's rows are staged (in the cache) and
-        // written once as its panels, the matrix's last rows mod 16 as rows, instead of a second
-        // pass over the whole shard rearranging it in memory.
-        const auto staged = std::make_unique_for_overwrite<std::byte[]>(to.size());
-        checkpoint.read_box(name, offsets, sizes, dtype, std::span(staged.get(), to.size()));
-        runtime::rows_to_panels(dtype, rows, nc, std::span(staged.get(), to.size()), to);
-      });
+  for_each_row_block(nr, [&](std::int64_t first, std::int64_t rows) {
+    const std::array<std::int64_t, 2> offsets{r0 + first, c0}, sizes{rows, nc};
+    const std::span<std::byte> to(dst + static_cast<std::size_t>(first) * row_bytes,
+                                  static_cast<std::size_t>(rows) * row_bytes);
+    if (order == runtime::StoredOrder::kRows) {
+      checkpoint.read_box(name, offsets, sizes, dtype, to);
+      return;
+    }
+    // Panels lie where their rows would: the block's rows are staged (in the cache) and
+    // written once as its panels, the matrix's last rows mod 16 as rows, instead of a second
+    // pass over the whole shard rearranging it in memory.
+    const auto staged = std::make_unique_for_overwrite<std::byte[]>(to.size());
+    checkpoint.read_box(name, offsets, sizes, dtype, std::span(staged.get(), to.size()));
+    runtime::rows_to_panels(dtype, rows, nc, std::span(staged.get(), to.size()), to);
+  });
 }
 
 // nn.Linear matrices ([out, in]) go to a tensor stored out-in as they are, to an in-out one
