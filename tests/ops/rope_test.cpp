@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <optional>
 #include <tuple>
@@ -29,10 +30,13 @@ RopeScaling linear(double factor) { return RopeScaling::linear(factor); }
 // Llama 3.1's published values.
 RopeScaling llama3(double factor = 8.0) { return RopeScaling::llama3(factor, 1.0, 4.0, 8192); }
 
+// The largest |a - b| over the elements; infinity where one is NaN (std::max would skip it).
 double max_abs_difference(const runtime::HostTensor& a, const runtime::HostTensor& b) {
   double worst = 0.0;
   for (std::size_t i = 0; i < a.data.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(a.data[i] - b.data[i])));
+    const double d = std::abs(static_cast<double>(a.data[i]) - static_cast<double>(b.data[i]));
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, d);
   }
   return worst;
 }
