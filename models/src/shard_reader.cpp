@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -26,15 +27,20 @@ constexpr std::int64_t kRowBlock = 64;
 // A block of rows starts at a multiple of kRowBlock: at a panel's first row.
 static_assert(kRowBlock % runtime::kPanelWidth == 0);
 
-// Calls f(first, rows) for the blocks [first, first + rows) of kRowBlock rows (the last one
-// shorter) that cover rows [0, n), over the calling arena's threads. The blocks are counted,
-// not split off a range: tbb::blocked_range halves a range down to its grain wherever the
-// middle falls (11008 rows end in blocks of 43 at rows 43, 86...), which would cut panels.
-void for_each_row_block(std::int64_t n,
+// Calls f(first, rows) for the blocks [first, first + rows) that cover rows [0, n) of a box of
+// tensor `name`, over the calling arena's threads: kRowBlock rows, or the least multiple of it
+// that is whole groups of the rows the checkpoint reads together (a head of GGUF's permuted q
+// and k: blocks of 64 rows would read each head of 128 twice); the last block shorter. The
+// blocks are counted, not split off a range: tbb::blocked_range halves a range down to its
+// grain wherever the middle falls (11008 rows end in blocks of 43 at rows 43, 86...), which
+// would cut panels.
+void for_each_row_block(const Checkpoint& checkpoint, const std::string& name, std::int64_t n,
                         const std::function<void(std::int64_t first, std::int64_t rows)>& f) {
-  tbb::parallel_for(std::int64_t{0}, (n + kRowBlock - 1) / kRowBlock, [&](std::int64_t b) {
-    const std::int64_t first = b * kRowBlock;
-    f(first, std::min(kRowBlock, n - first));
+  const std::int64_t block =
+      std::lcm(kRowBlock, std::max<std::int64_t>(1, checkpoint.rows_read_together(name)));
+  tbb::parallel_for(std::int64_t{0}, (n + block - 1) / block, [&](std::int64_t b) {
+    const std::int64_t first = b * block;
+    f(first, std::min(block, n - first));
   });
 }
 
@@ -48,7 +54,7 @@ void read_transposed(const Checkpoint& checkpoint, const std::string& name, std:
                "{}: a {} shard cannot be read transposed: block formats are stored out-in only",
                name, to_string(dtype));
   const std::size_t size = dtype_size(dtype);
-  for_each_row_block(no, [&](std::int64_t first, std::int64_t rows) {
+  for_each_row_block(checkpoint, name, no, [&](std::int64_t first, std::int64_t rows) {
     // Each task stages its own block (tasks may nest on one thread, so not thread-local).
     std::vector<std::byte> block(static_cast<std::size_t>(rows * ni) * size);
     const std::array<std::int64_t, 2> offsets{o0 + first, i0}, sizes{rows, ni};
@@ -64,7 +70,7 @@ void read_straight(const Checkpoint& checkpoint, const std::string& name, std::i
                    runtime::StoredOrder order, std::byte* dst) {
   // Whole rows of the box in the shard's format (a block format's blocks run along them).
   const auto row_bytes = static_cast<std::size_t>(numesh::row_bytes(dtype, nc));
-  for_each_row_block(nr, [&](std::int64_t first, std::int64_t rows) {
+  for_each_row_block(checkpoint, name, nr, [&](std::int64_t first, std::int64_t rows) {
     const std::array<std::int64_t, 2> offsets{r0 + first, c0}, sizes{rows, nc};
     const std::span<std::byte> to(dst + static_cast<std::size_t>(first) * row_bytes,
                                   static_cast<std::size_t>(rows) * row_bytes);

@@ -109,8 +109,8 @@ TEST(GgufCheckpointTest, AWrittenLlamaReadsBackUnderItsHuggingFaceNamesWithQkRow
   g.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(a)));
   st.read_box(k, at, size, DType::kF32, std::as_writable_bytes(std::span<float>(b)));
   EXPECT_EQ(a, b);
-  // Whole heads are read at once and put in order a head at a time; rows across a head's
-  // boundary one by one: the second head of k_proj (rows 16-31), and rows 12-19.
+  // The heads a box touches are read at once and its rows taken from them: the second head of
+  // k_proj whole (rows 16-31), and rows 12-19 across the boundary of its two heads.
   for (const std::array<std::int64_t, 2> rows : {std::array<std::int64_t, 2>{16, 16}, {12, 8}}) {
     const std::array<std::int64_t, 2> box_at{rows[0], 8}, box_size{rows[1], 16};
     std::vector<float> from_gguf(static_cast<std::size_t>(rows[1] * 16)), from_st(from_gguf);
@@ -120,6 +120,13 @@ TEST(GgufCheckpointTest, AWrittenLlamaReadsBackUnderItsHuggingFaceNamesWithQkRow
                 std::as_writable_bytes(std::span<float>(from_st)));
     EXPECT_EQ(from_gguf, from_st) << "rows from " << rows[0];
   }
+  // So a loader reads q and k in blocks of whole heads; other tensors' rows are read alone.
+  EXPECT_EQ(g.rows_read_together(k), 16);
+  EXPECT_EQ(g.rows_read_together("model.layers.1.self_attn.q_proj.weight"), 16);
+  EXPECT_EQ(g.rows_read_together("model.layers.1.self_attn.v_proj.weight"), 1);
+  EXPECT_EQ(st.rows_read_together(k), 1);
+  EXPECT_THROW((void)g.rows_read_together("model.nope"), KeyError);
+  EXPECT_THROW((void)st.rows_read_together("model.nope"), KeyError);
   EXPECT_THAT([&] { (void)g.shape("model.layers.1.self_attn.k_proj.weights"); },
               ThrowsMessage<KeyError>(HasSubstr(
                   "has no tensor 'model.layers.1.self_attn.k_proj.weights'; the closest")));

@@ -80,6 +80,13 @@ class Checkpoint {
       std::string_view name, std::span<const std::int64_t> offsets,
       std::span<const std::int64_t> sizes, DType target) const;
 
+  /// The rows of tensor `name` (its first dim) that read_box() reads together: a box whose rows
+  /// start and end on multiples of it reads its own rows, one that cuts a group reads the whole
+  /// group (GGUF's permuted q and k rows, a head). A reader of a large box in blocks makes the
+  /// blocks multiples of it. 1 (this default) when every row is read alone.
+  /// Throws: KeyError as shape().
+  [[nodiscard]] virtual std::int64_t rows_read_together(std::string_view name) const;
+
   /// Reads all of tensor `name` into `out`: read_box() over its whole shape.
   /// Throws: as read_box().
   void read(std::string_view name, DType target, std::span<std::byte> out) const;

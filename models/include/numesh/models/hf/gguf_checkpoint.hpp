@@ -102,6 +102,8 @@ class GgufCheckpoint final : public Checkpoint {
                                                               std::span<const std::int64_t> offsets,
                                                               std::span<const std::int64_t> sizes,
                                                               DType target) const override;
+  /// A head's rows for a permuted q or k (read_box() reads the heads a box touches), else 1.
+  [[nodiscard]] std::int64_t rows_read_together(std::string_view name) const override;
   /// Checkpoint::read_box, in Hugging Face's layout: an expert's box is read from its slice of
   /// the stacked tensor, and a permuted q or k row from the GGUF row that holds it.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
