@@ -398,6 +398,24 @@ bool names_memory_side_cache(std::string_view text) {
   return prefix_of("memcache", 5) || prefix_of("memory-side cache", 8);
 }
 
+// Why hwloc may have refused `desc`, for its error message: hwloc tells only on stderr, and
+// only when verbose. The slip seen most, a last level that is not PUs ("numa:2 core:4"), is
+// named; otherwise empty.
+std::string last_level_hint(std::string_view desc) {
+  const std::size_t end = desc.find_last_not_of(" \n");
+  if (end == std::string_view::npos) return {};
+  const std::size_t start = desc.find_last_of(" \n", end) + 1;  // npos + 1 == 0
+  const std::string_view last = desc.substr(start, end + 1 - start);
+  const std::size_t colon = last.find(':');
+  if (colon == std::string_view::npos || last.starts_with('(') || last.starts_with('[')) return {};
+  std::string type(last.substr(0, colon));
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (type == "pu") return {};
+  return fmt::format(
+      ": its last level is '{}', and hwloc's must be PUs (e.g. 'package:2 numa:2 core:8 pu:2')",
+      last);
+}
+
 SyntheticLevels scan_synthetic(std::string_view desc) {
   constexpr std::uint64_t kTooMany = kMaxSyntheticPus + 1;
   SyntheticLevels out;
@@ -480,7 +498,8 @@ Topology Topology::from_synthetic(std::string_view description) {
   check_pus(levels.leaves);
   UniqueTopology topo = init_topology();
   NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
-               "hwloc rejected the synthetic topology description '{}'", desc);
+               "hwloc rejected the synthetic topology description '{}'{}", desc,
+               last_level_hint(desc));
   NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
                "hwloc could not load the synthetic topology '{}': {}", desc, errno_text(errno));
   // The count above walks hwloc's parser from outside; should the two ever part, the limit

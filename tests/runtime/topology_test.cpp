@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::StrEq;
 using ::testing::ThrowsMessage;
 
 using testing::topology_fixture;
@@ -161,6 +162,15 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
                   HasSubstr("hwloc rejected the synthetic topology description 'numa:2 pu:x'")));
   EXPECT_THAT([] { Topology::from_synthetic("bogus:2 pu:1"); },
               ThrowsMessage<TopologyError>(HasSubstr("'bogus:2 pu:1'")));
+  // A last level that is not PUs is named (hwloc itself says why only on stderr).
+  EXPECT_THAT([] { Topology::from_synthetic("package:2 numa:1 core:1"); },
+              ThrowsMessage<TopologyError>(StrEq(
+                  "hwloc rejected the synthetic topology description 'package:2 numa:1 core:1': "
+                  "its last level is 'core:1', and hwloc's must be PUs (e.g. 'package:2 numa:2 "
+                  "core:8 pu:2')")));
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2 PU:x"); },
+              ThrowsMessage<TopologyError>(
+                  StrEq("hwloc rejected the synthetic topology description 'numa:2 PU:x'")));
 }
 
 // A NUL byte is refused: hwloc reads up to it, so numesh's PU count would be of other text
