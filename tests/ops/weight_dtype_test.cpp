@@ -275,7 +275,7 @@ TEST_P(WeightDtypeTest, BlockFormatTransformerEqualsTheReferenceOfItsStoredWeigh
       const Comparison vs_stored = compare(y, stored.forward(x, position));
       EXPECT_TRUE(vs_stored.within(step_bound)) << to_string(t) << " tokens [" << position << ", "
                                                 << position + n << "): " << vs_stored.describe();
-      steps_within += vs_stored.relative_error <= 2e-5 ? 1 : 0;
+      steps_within += vs_stored.within(2e-5) ? 1 : 0;
       worst = std::max(worst, vs_stored.relative_error);
       const Comparison vs_fp32 = compare(y, full.forward(x, position));
       EXPECT_EQ(vs_fp32.nonfinite_mismatches, 0) << to_string(t) << ": " << vs_fp32.describe();
@@ -350,9 +350,9 @@ TEST_P(WeightDtypeTest, MixedFormatTransformerEqualsTheReferenceOfItsStoredWeigh
     // As the block formats' test: each step within 2e-3 (an activation quantized to the
     // neighbouring code in fp32 and in float64), and at least four of the five within 2e-5
     // (a reference rounding a projection's input for another matrix's format is off by more).
-    EXPECT_LE(vs_stored.relative_error, 2e-3)
+    EXPECT_TRUE(vs_stored.within(2e-3))
         << "tokens [" << position << ", " << position + n << "): " << vs_stored.describe();
-    steps_within += vs_stored.relative_error <= 2e-5 ? 1 : 0;
+    steps_within += vs_stored.within(2e-5) ? 1 : 0;
     for (const TensorPlan& p : model.program(n).plan().tensors) {
       if (p.role != TensorRole::kWeight) continue;
       for (std::size_t k = 0; k < formats.size(); ++k) {
