@@ -380,6 +380,9 @@ struct SyntheticLevels {
   std::uint64_t leaves = 1;
   /// The first level naming a memory-side cache, or empty.
   std::string_view memory_side_cache;
+  /// The last level's type name and count ("core:1", attributes left out) and its type name
+  /// alone ("core"; empty for a bare count), once the walk has read the whole description.
+  std::string_view last_level, last_type;
 };
 
 // True when the type name at the start of `text` is a memory-side cache for hwloc: its leading
@@ -398,22 +401,20 @@ bool names_memory_side_cache(std::string_view text) {
   return prefix_of("memcache", 5) || prefix_of("memory-side cache", 8);
 }
 
-// Why hwloc may have refused `desc`, for its error message: hwloc tells only on stderr, and
-// only when verbose. The slip seen most, a last level that is not PUs ("numa:2 core:4"), is
-// named; otherwise empty.
-std::string last_level_hint(std::string_view desc) {
-  const std::size_t end = desc.find_last_not_of(" \n");
-  if (end == std::string_view::npos) return {};
-  const std::size_t start = desc.find_last_of(" \n", end) + 1;  // npos + 1 == 0
-  const std::string_view last = desc.substr(start, end + 1 - start);
-  const std::size_t colon = last.find(':');
-  if (colon == std::string_view::npos || last.starts_with('(') || last.starts_with('[')) return {};
-  std::string type(last.substr(0, colon));
-  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (type == "pu") return {};
+// Why hwloc may have refused a description walked into `levels`, for its error message: hwloc
+// tells only on stderr, and only when verbose. The slip seen most, a last level that is not
+// PUs ("numa:2 core:4"), is named; otherwise empty.
+std::string last_level_hint(const SyntheticLevels& levels) {
+  // The type's leading letters, as hwloc matches a type name ("PU", "pu :2").
+  std::string type;
+  for (const char c : levels.last_type) {
+    if (std::isalpha(static_cast<unsigned char>(c)) == 0) break;
+    type += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (type.empty() || type == "pu") return {};
   return fmt::format(
       ": its last level is '{}', and hwloc's must be PUs (e.g. 'package:2 numa:2 core:8 pu:2')",
-      last);
+      levels.last_level);
 }
 
 SyntheticLevels scan_synthetic(std::string_view desc) {
@@ -426,19 +427,23 @@ SyntheticLevels scan_synthetic(std::string_view desc) {
     return at != std::string_view::npos;
   };
   if (desc.starts_with('(') && !skip_past(')')) return out;
+  std::string_view last_level, last_type;
   while (i < desc.size()) {
     while (i < desc.size() && (desc[i] == ' ' || desc[i] == '\n')) ++i;
     if (i == desc.size()) break;
     if (desc[i] == '[') {
-      if (!skip_past(']')) break;
+      if (!skip_past(']')) return out;
       continue;
     }
+    const std::size_t level = i;
+    last_type = {};
     if (desc[i] < '0' || desc[i] > '9') {
       if (out.memory_side_cache.empty() && names_memory_side_cache(desc.substr(i))) {
         const std::size_t end = desc.find_first_of(" \n", i);
         out.memory_side_cache = desc.substr(i, end == std::string_view::npos ? end : end - i);
       }
-      if (!skip_past(':')) break;
+      if (!skip_past(':')) return out;
+      last_type = desc.substr(level, i - 1 - level);
     }
     // strtoul: blanks, a sign (a '-' negates the count: a huge one), then the base's digits.
     while (i < desc.size() && std::isspace(static_cast<unsigned char>(desc[i])) != 0) ++i;
@@ -463,11 +468,14 @@ SyntheticLevels scan_synthetic(std::string_view desc) {
       if (digit >= base) break;
       count = std::min(count * base + digit, kTooMany);
     }
-    if (digits == 0) break;
+    if (digits == 0) return out;
     if (negative && count != 0) count = kTooMany;
     out.leaves = std::min(out.leaves * count, kTooMany);
-    if (i < desc.size() && desc[i] == '(' && !skip_past(')')) break;
+    last_level = desc.substr(level, i - level);
+    if (i < desc.size() && desc[i] == '(' && !skip_past(')')) return out;
   }
+  out.last_level = last_level;
+  out.last_type = last_type;
   return out;
 }
 
@@ -499,7 +507,7 @@ Topology Topology::from_synthetic(std::string_view description) {
   UniqueTopology topo = init_topology();
   NUMESH_CHECK(hwloc_topology_set_synthetic(topo.get(), desc.c_str()) == 0, TopologyError,
                "hwloc rejected the synthetic topology description '{}'{}", desc,
-               last_level_hint(desc));
+               last_level_hint(levels));
   NUMESH_CHECK(hwloc_topology_load(topo.get()) == 0, TopologyError,
                "hwloc could not load the synthetic topology '{}': {}", desc, errno_text(errno));
   // The count above walks hwloc's parser from outside; should the two ever part, the limit

@@ -171,6 +171,15 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
   EXPECT_THAT([] { Topology::from_synthetic("numa:2 PU:x"); },
               ThrowsMessage<TopologyError>(
                   StrEq("hwloc rejected the synthetic topology description 'numa:2 PU:x'")));
+  // The last level is the walk's: after attributes holding blanks, and without a blank before it.
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2(memory=1GB) core:1(a b)"); },
+              ThrowsMessage<TopologyError>(HasSubstr("its last level is 'core:1', and hwloc's")));
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2 core:2pu:x"); },
+              ThrowsMessage<TopologyError>(
+                  StrEq("hwloc rejected the synthetic topology description 'numa:2 core:2pu:x'")));
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2 core:2 pu :x"); },
+              ThrowsMessage<TopologyError>(StrEq(
+                  "hwloc rejected the synthetic topology description 'numa:2 core:2 pu :x'")));
 }
 
 // A NUL byte is refused: hwloc reads up to it, so numesh's PU count would be of other text
