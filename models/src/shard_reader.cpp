@@ -24,20 +24,19 @@ namespace {
 // 3.5 MiB, and the transposed writes land in 64-element runs of each shard row.
 constexpr std::int64_t kRowBlock = 64;
 
-// A block of rows starts at a multiple of kRowBlock: at a panel's first row.
-static_assert(kRowBlock % runtime::kPanelWidth == 0);
-
 // Calls f(first, rows) for the blocks [first, first + rows) that cover rows [0, n) of a box of
-// tensor `name`, over the calling arena's threads: kRowBlock rows, or the least multiple of it
-// that is whole groups of the rows the checkpoint reads together (a head of GGUF's permuted q
-// and k: blocks of 64 rows would read each head of 128 twice); the last block shorter. The
-// blocks are counted, not split off a range: tbb::blocked_range halves a range down to its
+// tensor `name`, over the calling arena's threads: kRowBlock rows, or the least multiple of
+// whole panels and whole groups of the rows the checkpoint reads together that is at least
+// kRowBlock (a head of GGUF's permuted q and k: blocks of 64 rows would read each head of 128
+// twice; heads of 48 are read in blocks of 96, heads of 100 in 400); the last block shorter.
+// The blocks are counted, not split off a range: tbb::blocked_range halves a range down to its
 // grain wherever the middle falls (11008 rows end in blocks of 43 at rows 43, 86...), which
 // would cut panels.
 void for_each_row_block(const Checkpoint& checkpoint, const std::string& name, std::int64_t n,
                         const std::function<void(std::int64_t first, std::int64_t rows)>& f) {
-  const std::int64_t block =
-      std::lcm(kRowBlock, std::max<std::int64_t>(1, checkpoint.rows_read_together(name)));
+  const std::int64_t whole = std::lcm(
+      runtime::kPanelWidth, std::max<std::int64_t>(1, checkpoint.rows_read_together(name)));
+  const std::int64_t block = whole * ((kRowBlock + whole - 1) / whole);
   tbb::parallel_for(std::int64_t{0}, (n + block - 1) / block, [&](std::int64_t b) {
     const std::int64_t first = b * block;
     f(first, std::min(block, n - first));

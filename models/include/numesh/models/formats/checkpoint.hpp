@@ -82,8 +82,10 @@ class Checkpoint {
 
   /// The rows of tensor `name` (its first dim) that read_box() reads together: a box whose rows
   /// start and end on multiples of it reads its own rows, one that cuts a group reads the whole
-  /// group (GGUF's permuted q and k rows, a head). A reader of a large box in blocks makes the
-  /// blocks multiples of it. 1 (this default) when every row is read alone.
+  /// group (GGUF's permuted q and k rows, a head). At least 1; 1 (this default) when every row
+  /// is read alone. A reader of a large box in blocks makes the blocks multiples of it (blocks
+  /// counted from the box's first row, so a box that does not start on a group reads the
+  /// groups it cuts twice).
   /// Throws: KeyError as shape().
   [[nodiscard]] virtual std::int64_t rows_read_together(std::string_view name) const;
 
