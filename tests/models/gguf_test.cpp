@@ -1,5 +1,6 @@
 #include "numesh/models/formats/gguf.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -622,6 +623,29 @@ TEST_F(GgufFileTest, ReadsQ8_0AndQ4_0WholeAndAsRowAndColumnBoxes) {
   std::vector<runtime::BlockQ4_0> requantized(6);
   runtime::quantize_q4_0(dq8, requantized);
   EXPECT_EQ(gguf_read_box_bytes(f, "q8", {0, 0}, {3, 64}, DType::kQ4_0), raw(requantized));
+}
+
+// A box that is one run of the file as it is stored is read with pread(), not copied out of the
+// mapping: a file cut short after it was opened is then an IoError naming where it ends, where
+// a copy out of the mapping would have ended the process (SIGBUS).
+TEST_F(GgufFileTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
+  std::vector<float> values(16);
+  std::iota(values.begin(), values.end(), 1.0f);
+  const fs::path file =
+      dir_.file("cut.gguf", gguf_file({}, {{"w", id(GgufType::kF32), {4, 4}, raw(values)}}));
+  const GgufFile f = GgufFile::open(file);
+  EXPECT_EQ(gguf_read_box<float>(f, "w", {1, 0}, {2, 4}, DType::kF32),
+            std::vector<float>(values.begin() + 4, values.begin() + 12));
+  const std::uint64_t size = fs::file_size(file);  // the 64 bytes of w end the file
+  fs::resize_file(file, size - 40);
+  EXPECT_THAT(
+      [&] {
+        (void)gguf_read_box<float>(f, "w", {0, 0}, {4, 4}, DType::kF32);
+      },
+      ThrowsMessage<IoError>(StrEq(fmt::format(
+          "gguf: cannot read tensor 'w' of '{}': the file ends at byte {}, before the 64 "
+          "bytes at offset {} (was it changed after it was opened?)",
+          file.string(), size - 40, size - 64))));
 }
 
 TEST_F(GgufFileTest, KFormatBoxesThatCutBlocksReadTheDequantizedSlice) {

@@ -1,5 +1,6 @@
 #include "numesh/models/formats/safetensors.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -516,6 +517,27 @@ TEST_F(SafetensorsBoxTest, BoxesThatAreOneRunOfTheFileAreReadInPlaceAndOutliveTh
 
 // A run not aligned for its values (f32 two bytes past a multiple of 4: the file's layout, which
 // the format allows) is read by copying, never pointed at.
+// A box that is one run of the file as it is stored is read with pread(), not copied out of the
+// mapping: a file cut short after it was opened is then an IoError naming where it ends, where
+// a copy out of the mapping would have ended the process (SIGBUS).
+TEST_F(SafetensorsBoxTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
+  const fs::path file =
+      dir_.file("cut.safetensors", layout_file({{"w", "F32", {4, 6}, le_bytes(iota_f32(24))}}));
+  const SafetensorsFile f = SafetensorsFile::open(file);
+  EXPECT_THAT(read_box_as<float>(f, "w", {3, 0}, {1, 6}, DType::kF32),
+              ElementsAre(18, 19, 20, 21, 22, 23));
+  const std::uint64_t size = fs::file_size(file);  // the 96 bytes of w end the file
+  fs::resize_file(file, size - 50);
+  EXPECT_THAT(
+      [&] {
+        (void)read_box_as<float>(f, "w", {0, 0}, {4, 6}, DType::kF32);
+      },
+      ThrowsMessage<IoError>(StrEq(fmt::format(
+          "safetensors: cannot read tensor 'w' of '{}': the file ends at byte {}, before "
+          "the 96 bytes at offset {} (was it changed after it was opened?)",
+          file.string(), size - 50, size - 96))));
+}
+
 TEST_F(SafetensorsBoxTest, RunsNotAlignedForTheirValuesAreNotReadInPlace) {
   const SafetensorsFile f = SafetensorsFile::open(dir_.file(
       "odd.safetensors", layout_file({{"pad", "U8", {2}, "ab"},

@@ -53,4 +53,15 @@ std::shared_ptr<const std::byte> box_in_place(const std::shared_ptr<const std::b
   return {mapping, first};  // aliasing: owns the mapping, points at the box
 }
 
+bool read_one_run(const ReadableFile& file, std::uint64_t tensor_offset,
+                  std::optional<DType> stored, std::span<const std::int64_t> shape,
+                  std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes,
+                  DType target, std::span<std::byte> out, std::string_view where) {
+  if (stored != target) return false;
+  const std::optional<std::uint64_t> offset = contiguous_box_offset(shape, offsets, sizes, target);
+  if (!offset) return false;
+  file.read_at(tensor_offset + *offset, out, where);
+  return true;
+}
+
 }  // namespace numesh::models::detail

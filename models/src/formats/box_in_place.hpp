@@ -2,13 +2,15 @@
 
 // PRIVATE to models/src: where a box of a stored tensor lies in its bytes, when it is one run of
 // them: what lets a weight's shard read its checkpoint's bytes in place (Checkpoint::box_in_place)
-// instead of a copy.
+// instead of a copy, and a copy of it be one read of the file.
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 
+#include "file_mapping.hpp"
 #include "numesh/core/dtype.hpp"
 
 namespace numesh::models::detail {
@@ -34,5 +36,15 @@ std::shared_ptr<const std::byte> box_in_place(const std::shared_ptr<const std::b
                                               std::span<const std::int64_t> offsets,
                                               std::span<const std::int64_t> sizes,
                                               DType target) noexcept;
+
+/// Reads the box into `out` with one pread() (ReadableFile::read_at) and returns true when the
+/// tensor, whose bytes start at byte `tensor_offset` of `file`, is stored as `target` and the
+/// box is one run of its bytes (contiguous_box_offset); false, reading nothing, otherwise (the
+/// caller copies it out of the mapping). REQUIRES: out.size() is the box's bytes as `target`.
+/// Throws: IoError as ReadableFile::read_at, starting with `where`.
+bool read_one_run(const ReadableFile& file, std::uint64_t tensor_offset,
+                  std::optional<DType> stored, std::span<const std::int64_t> shape,
+                  std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes,
+                  DType target, std::span<std::byte> out, std::string_view where);
 
 }  // namespace numesh::models::detail

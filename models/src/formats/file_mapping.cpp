@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -15,12 +17,6 @@
 namespace numesh::models::detail {
 
 namespace {
-
-// Closes a file descriptor on scope exit: the mapping outlives it.
-struct FdCloser {
-  int fd;
-  ~FdCloser() { ::close(fd); }
-};
 
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
@@ -53,12 +49,31 @@ void* map_aligned(int fd, std::size_t size) {
 
 }  // namespace
 
+ReadableFile::~ReadableFile() { ::close(fd_); }
+
+void ReadableFile::read_at(std::uint64_t offset, std::span<std::byte> out,
+                           std::string_view where) const {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    // Linux moves at most 0x7ffff000 bytes a call: the rest in the next.
+    const ssize_t got =
+        ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    NUMESH_CHECK(got >= 0, IoError, "{}: {}", where, os_error(errno));
+    NUMESH_CHECK(got > 0, IoError,
+                 "{}: the file ends at byte {}, before the {} bytes at offset {} (was it changed "
+                 "after it was opened?)",
+                 where, offset + done, out.size(), offset);
+    done += static_cast<std::size_t>(got);
+  }
+}
+
 FileMapping map_file(const std::filesystem::path& file, std::string_view where,
                      std::uint64_t min_bytes, std::string_view min_text) {
   errno = 0;
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   NUMESH_CHECK(fd >= 0, IoError, "{}: {}", where, os_error(errno));
-  const FdCloser closer{fd};
+  auto opened = std::make_shared<const ReadableFile>(fd);
   struct stat status {};
   NUMESH_CHECK(::fstat(fd, &status) == 0, IoError, "{}: {}", where, os_error(errno));
   NUMESH_CHECK(!S_ISDIR(status.st_mode), IoError, "{}: it is a directory", where);
@@ -75,7 +90,7 @@ FileMapping map_file(const std::filesystem::path& file, std::string_view where,
   return {std::shared_ptr<const std::byte>(
               static_cast<const std::byte*>(address),
               [bytes](const std::byte* p) { ::munmap(const_cast<std::byte*>(p), bytes); }),
-          size};
+          size, std::move(opened)};
 }
 
 }  // namespace numesh::models::detail

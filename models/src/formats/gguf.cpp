@@ -439,6 +439,7 @@ GgufFile GgufFile::open(const fs::path& file) {
   GgufFile out;
   out.path_ = file;
   out.mapping_ = mapped.address;
+  out.file_ = mapped.file;
   GgufCursor r(out.mapping_.get(), file_size, where);
 
   // The fixed header (its 24 bytes are there).
@@ -834,6 +835,10 @@ void GgufFile::read_box(std::string_view name, std::span<const std::int64_t> off
   if (elements == 0) return;
   const DTypeTraits& format = traits(target);
 
+  // One run of the file as it is: read, not copied out of the mapping (file_mapping.hpp).
+  if (detail::read_one_run(*file_, data_offset_ + t.offset, stored, t.shape, offsets, sizes, target,
+                           out, where))
+    return;
   const std::byte* src = mapping_.get() + data_offset_ + t.offset;
   const std::int64_t block = traits(*stored).block_elements;
   // A block format's box whose columns cut its blocks cannot be converted block by block.

@@ -304,6 +304,7 @@ SafetensorsFile SafetensorsFile::open(const fs::path& file) {
   SafetensorsFile out;
   out.path_ = file;
   out.mapping_ = mapped.address;
+  out.file_ = mapped.file;
   const std::byte* base = out.mapping_.get();
 
   const std::uint64_t header_size = read_u64_le(base);
@@ -391,6 +392,10 @@ void SafetensorsFile::read_box(std::string_view name, std::span<const std::int64
                to_string(t.dtype));
   (void)detail::check_box(where, t.shape, offsets, sizes, target, out.size());
   const DTypeTraits& format = traits(target);
+  // One run of the file as it is: read, not copied out of the mapping (file_mapping.hpp).
+  if (detail::read_one_run(*file_, static_cast<std::uint64_t>(buffer_ - mapping_.get()) + t.begin,
+                           stored, t.shape, offsets, sizes, target, out, where))
+    return;
   try {
     detail::copy_box(buffer_ + t.begin, *stored, t.shape, offsets, sizes, out.data(), target);
   } catch (const ValueError& e) {

@@ -70,6 +70,10 @@
 
 namespace numesh::models {
 
+namespace detail {
+class ReadableFile;
+}  // namespace detail
+
 /// GGML's tensor types (include/ggml.h `enum ggml_type`), with GGML's ids, which are part of
 /// the GGUF format. The ids GGML removed (4, 5, 31 to 33, 36 to 38) have no enumerator: a file
 /// naming them is refused at open.
@@ -317,7 +321,10 @@ class GgufFile {
   /// runtime::storage_bytes(target, sizes).
   /// Throws: KeyError as info(); ValueError as read() (a box's rows not whole blocks of
   /// `target`); ShapeError when a requirement on the box or on `out` does not hold (naming the
-  /// tensor, its shape and the box).
+  /// tensor, its shape and the box). IoError when
+  /// the file cannot be read (a box that is one run of the file as `target` is read with
+  /// pread(), the rest copied out of the mapping), or ends before the box's bytes: changed
+  /// since it was opened.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
 
@@ -326,6 +333,7 @@ class GgufFile {
 
   std::filesystem::path path_;
   std::shared_ptr<const std::byte> mapping_;  // the whole file, shared with in-place weights
+  std::shared_ptr<const detail::ReadableFile> file_;  // open for copies (read_box)
   std::uint32_t version_ = 0;
   std::uint32_t alignment_ = 32;
   std::uint64_t data_offset_ = 0;

@@ -23,6 +23,10 @@
 
 namespace numesh::models {
 
+namespace detail {
+class ReadableFile;
+}  // namespace detail
+
 /// The element types a safetensors header may name, spelled as the Rust crate spells them
 /// (to_string). numesh reads the values of F32, BF16 and F16 tensors only; the rest are
 /// parsed and validated so that a checkpoint holding them opens, and fail when read.
@@ -176,7 +180,10 @@ class SafetensorsFile {
   /// 0 <= sizes[d], offsets[d] + sizes[d] <= shape[d]; out.size() ==
   /// runtime::storage_bytes(target, sizes).
   /// Throws: KeyError as info(); ValueError as read(); ShapeError when a requirement on the box
-  /// or on `out` does not hold (naming the tensor, its shape and the box).
+  /// or on `out` does not hold (naming the tensor, its shape and the box). IoError when
+  /// the file cannot be read (a box that is one run of the file as `target` is read with
+  /// pread(), the rest copied out of the mapping), or ends before the box's bytes: changed
+  /// since it was opened.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
 
@@ -185,7 +192,8 @@ class SafetensorsFile {
 
   std::filesystem::path path_;
   std::shared_ptr<const std::byte> mapping_;  // the whole file, shared with in-place weights
-  const std::byte* buffer_ = nullptr;         // the data buffer: mapping_ + 8 + N
+  std::shared_ptr<const detail::ReadableFile> file_;  // open for copies (read_box)
+  const std::byte* buffer_ = nullptr;                 // the data buffer: mapping_ + 8 + N
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;
