@@ -230,6 +230,45 @@ TEST(NonfiniteWeightsTest, WeightsInPanelsAreReportedAsTheirRows) {
   }
 }
 
+// A shard of many panels is scanned in tasks of 64 panels over the device's threads: the count
+// and the first (the lowest in the rows, whichever task finds it) are those of the rows.
+TEST(NonfiniteWeightsTest, PanelsScannedInManyTasksReportTheFirstInTheRows) {
+  const runtime::DeviceMesh one = mesh_of(1, {"tp"});
+  const sharding::PartitionSpec whole({{}, {}});
+  const std::int64_t rows = 16 * 200 + 5, cols = 64;  // 200 panels (4 tasks) and 5 rows
+  const DType dtype = DType::kQ8_0;
+  runtime::HostTensor host = runtime::HostTensor::zeros({rows, cols});
+  for (std::size_t i = 0; i < host.data.size(); ++i) {
+    host.data[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+  }
+  runtime::ShardedTensor by_rows(one, host.shape, whole, dtype);
+  runtime::ShardedTensor in_panels(one, host.shape, whole, dtype, runtime::BufferContents::kZeros,
+                                   runtime::StoredOrder::kPanels);
+  runtime::scatter(host, by_rows);
+  const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
+  const auto put = [&](std::int64_t r, std::int64_t block, std::uint16_t bits) {
+    std::memcpy(static_cast<std::byte*>(by_rows.shard(0).data()) +
+                    static_cast<std::size_t>(r) * row +
+                    static_cast<std::size_t>(block * traits(dtype).block_bytes),
+                &bits, sizeof bits);
+  };
+  put(16 * 150 + 2, 0, 0x7E00);  // NaN in the third task
+  put(16 * 10 + 7, 1, 0x7C00);   // +inf in the first: the first in the rows
+  put(16 * 70, 0, 0x7C00);       // +inf in the second
+  put(rows - 2, 1, 0xFC00);      // -inf in the rows after the panels
+  std::memcpy(in_panels.shard(0).data(), by_rows.shard(0).data(), in_panels.shard(0).size_bytes());
+  runtime::arrange_in_panels(in_panels.shard(0));
+  const std::vector<NonfiniteWeight> want = find_nonfinite_weights({{"w", &by_rows}});
+  const std::vector<NonfiniteWeight> got = find_nonfinite_weights({{"w", &in_panels}});
+  ASSERT_EQ(want.size(), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].count, 4 * 32);
+  EXPECT_EQ(got[0].count, want[0].count);
+  EXPECT_EQ(got[0].first_at, "[167, 32]");
+  EXPECT_EQ(got[0].first_at, want[0].first_at);
+  EXPECT_EQ(got[0].first, std::numeric_limits<float>::infinity());
+}
+
 TEST(NonfiniteWeightsTest, RefusesANullTensor) {
   EXPECT_THAT(
       [] {
