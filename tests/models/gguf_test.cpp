@@ -627,7 +627,7 @@ TEST_F(GgufFileTest, ReadsQ8_0AndQ4_0WholeAndAsRowAndColumnBoxes) {
 
 // A box that is one run of the file as it is stored is read with pread(), not copied out of the
 // mapping: a file cut short after it was opened is then an IoError naming where it ends, where
-// a copy out of the mapping would have ended the process (SIGBUS).
+// a copy out of the mapping would have read zeros (within the last page) or raised SIGBUS.
 TEST_F(GgufFileTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
   std::vector<float> values(16);
   std::iota(values.begin(), values.end(), 1.0f);
@@ -646,6 +646,16 @@ TEST_F(GgufFileTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
           "gguf: cannot read tensor 'w' of '{}': the file ends at byte {}, before the 64 "
           "bytes at offset {} (was it changed after it was opened?)",
           file.string(), size - 40, size - 64))));
+  // Cut before the run starts: the end named is the file's, not the run's first byte.
+  fs::resize_file(file, size - 100);
+  EXPECT_THAT(
+      [&] {
+        (void)gguf_read_box<float>(f, "w", {2, 0}, {2, 4}, DType::kF32);
+      },
+      ThrowsMessage<IoError>(StrEq(fmt::format(
+          "gguf: cannot read tensor 'w' of '{}': the file ends at byte {}, before the 32 "
+          "bytes at offset {} (was it changed after it was opened?)",
+          file.string(), size - 100, size - 32))));
 }
 
 TEST_F(GgufFileTest, KFormatBoxesThatCutBlocksReadTheDequantizedSlice) {

@@ -515,11 +515,9 @@ TEST_F(SafetensorsBoxTest, BoxesThatAreOneRunOfTheFileAreReadInPlaceAndOutliveTh
       << "the mapping lives on with the box";
 }
 
-// A run not aligned for its values (f32 two bytes past a multiple of 4: the file's layout, which
-// the format allows) is read by copying, never pointed at.
 // A box that is one run of the file as it is stored is read with pread(), not copied out of the
 // mapping: a file cut short after it was opened is then an IoError naming where it ends, where
-// a copy out of the mapping would have ended the process (SIGBUS).
+// a copy out of the mapping would have read zeros (within the last page) or raised SIGBUS.
 TEST_F(SafetensorsBoxTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
   const fs::path file =
       dir_.file("cut.safetensors", layout_file({{"w", "F32", {4, 6}, le_bytes(iota_f32(24))}}));
@@ -538,6 +536,8 @@ TEST_F(SafetensorsBoxTest, ARunReadFromAFileCutShortSinceItOpenedIsAnIoError) {
           file.string(), size - 50, size - 96))));
 }
 
+// A run not aligned for its values (f32 two bytes past a multiple of 4: the file's layout, which
+// the format allows) is read by copying, never pointed at.
 TEST_F(SafetensorsBoxTest, RunsNotAlignedForTheirValuesAreNotReadInPlace) {
   const SafetensorsFile f = SafetensorsFile::open(dir_.file(
       "odd.safetensors", layout_file({{"pad", "U8", {2}, "ab"},

@@ -1,6 +1,7 @@
 #include "file_mapping.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,10 +61,15 @@ void ReadableFile::read_at(std::uint64_t offset, std::span<std::byte> out,
         ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     NUMESH_CHECK(got >= 0, IoError, "{}: {}", where, os_error(errno));
-    NUMESH_CHECK(got > 0, IoError,
-                 "{}: the file ends at byte {}, before the {} bytes at offset {} (was it changed "
-                 "after it was opened?)",
-                 where, offset + done, out.size(), offset);
+    if (got == 0) {
+      // The end came early: the file's size now (a read at or past the end says only that).
+      struct stat status {};
+      NUMESH_CHECK(::fstat(fd_, &status) == 0, IoError, "{}: {}", where, os_error(errno));
+      throw IoError(fmt::format(
+          "{}: the file ends at byte {}, before the {} bytes at offset {} (was it changed after "
+          "it was opened?)",
+          where, status.st_size, out.size(), offset));
+    }
     done += static_cast<std::size_t>(got);
   }
 }
@@ -73,7 +79,13 @@ FileMapping map_file(const std::filesystem::path& file, std::string_view where,
   errno = 0;
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   NUMESH_CHECK(fd >= 0, IoError, "{}: {}", where, os_error(errno));
-  auto opened = std::make_shared<const ReadableFile>(fd);
+  std::shared_ptr<const ReadableFile> opened;
+  try {
+    opened = std::make_shared<const ReadableFile>(fd);
+  } catch (...) {
+    ::close(fd);  // not yet the ReadableFile's to close
+    throw;
+  }
   struct stat status {};
   NUMESH_CHECK(::fstat(fd, &status) == 0, IoError, "{}: {}", where, os_error(errno));
   NUMESH_CHECK(!S_ISDIR(status.st_mode), IoError, "{}: it is a directory", where);

@@ -15,11 +15,13 @@
 
 namespace numesh::models::detail {
 
-/// A file open for reading, closed with the object: what a copying read takes its bytes from.
-/// A copy read with pread() has the kernel copy from the page cache, where a copy out of the
-/// mapping first maps each page it touches: a page-table entry a 4 KiB page, which cost the
-/// 109 M Llama's q4_0 file (61 MB) 26-29 ms to copy on two threads of a VM against 13-16 ms
-/// read (docs/benchmarks.md, "Session 53").
+/// A file open for reading, closed with the object: what a copying read takes its bytes from
+/// (one descriptor per open model file, for as long as the file object or a copy of its
+/// mapping lives). A copy read with pread() has the kernel copy from the page cache, where a
+/// copy out of the mapping first maps each page it touches: a page-table entry a 4 KiB page
+/// where the page cache holds the file in small folios (ext4's do, on the kernels measured),
+/// which made a copy of the 109 M Llama's q4_0 file (61 MB) on two threads of a VM take
+/// 25.6-33.0 ms against 12.5-15.9 ms read (docs/benchmarks.md, "Session 53").
 class ReadableFile {
  public:
   /// Takes `fd` (open for reading) to close.
@@ -31,7 +33,7 @@ class ReadableFile {
   /// Reads out.size() bytes at byte `offset` of the file into `out`, from any number of threads
   /// at once. Throws: IoError "<where>: <the OS's error>" when the read fails; "<where>: the file
   /// ends at byte N, before the M bytes at offset O (was it changed after it was opened?)" when
-  /// the file is shorter than that now.
+  /// the file is shorter than that now (N its size now).
   void read_at(std::uint64_t offset, std::span<std::byte> out, std::string_view where) const;
 
  private:
