@@ -64,7 +64,9 @@ class Checkpoint {
   /// sizes).
   /// Throws: KeyError as shape(); ShapeError when a requirement on the box or on `out` does not
   /// hold (naming the tensor, its shape and the box); ValueError for a stored type numesh cannot
-  /// read, or a value `target` cannot hold (a non-finite weight quantized), naming the tensor.
+  /// read, or a value `target` cannot hold (a non-finite weight quantized), naming the tensor;
+  /// IoError when the file cannot be read, or ends before the box (changed since it was
+  /// opened; the files' readers say which reads find that out: GgufFile, SafetensorsFile).
   virtual void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                         std::span<const std::int64_t> sizes, DType target,
                         std::span<std::byte> out) const = 0;

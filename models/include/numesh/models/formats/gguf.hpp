@@ -215,8 +215,11 @@ struct GgufTensorInfo {
 
 /// An open GGUF file: the file memory-mapped read-only for the object's lifetime, its
 /// validated metadata and tensor infos. Move-only. Const member functions may be called from
-/// any number of threads at once. The file must not be truncated or rewritten while it is
-/// open: reading a page that no longer exists raises SIGBUS, as with any mapping.
+/// any number of threads at once. The file stays open too (a descriptor for as long as the
+/// object lives): a box that is one run of the file as it is stored is read with pread(). The
+/// file must not be truncated or rewritten while it is open: such a read of bytes no longer
+/// there is an IoError, but a copy out of the mapping (a conversion, a box of columns) or a
+/// weight read in place that touches a page no longer there raises SIGBUS, as with any mapping.
 class GgufFile {
  public:
   /// Maps `file` and validates it by every rule of this header's comment (GGML's reader's).
@@ -306,7 +309,7 @@ class GgufFile {
   /// Throws: KeyError as info(); ValueError when the tensor's type is not one numesh reads
   /// (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; naming it and the tensor), when the rows are not
   /// whole blocks of `target`, or when a non-finite value would be quantized (naming the
-  /// tensor); ShapeError when `out` has the wrong size.
+  /// tensor); ShapeError when `out` has the wrong size; IoError as read_box().
   void read(std::string_view name, DType target, std::span<std::byte> out) const;
 
   /// Reads the box [offsets[d], offsets[d] + sizes[d]) in every dim d of tensor `name`'s shape
@@ -321,9 +324,8 @@ class GgufFile {
   /// runtime::storage_bytes(target, sizes).
   /// Throws: KeyError as info(); ValueError as read() (a box's rows not whole blocks of
   /// `target`); ShapeError when a requirement on the box or on `out` does not hold (naming the
-  /// tensor, its shape and the box). IoError when
-  /// the file cannot be read (a box that is one run of the file as `target` is read with
-  /// pread(), the rest copied out of the mapping), or ends before the box's bytes: changed
+  /// tensor, its shape and the box); IoError when a box that is one run of the file as
+  /// `target` (read with pread()) cannot be read, or lies past the file's end: the file changed
   /// since it was opened.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;

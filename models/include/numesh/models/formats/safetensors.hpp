@@ -93,8 +93,11 @@ struct TensorInfo {
 
 /// An open safetensors file: the file memory-mapped read-only for the object's lifetime and its
 /// validated header. Move-only. Const member functions may be called from any number of
-/// threads at once. The file must not be truncated or rewritten while it is open: reading a
-/// page that no longer exists raises SIGBUS, as with any mapping.
+/// threads at once. The file stays open too (a descriptor for as long as the object lives): a
+/// box that is one run of the file as it is stored is read with pread(). The file must not be
+/// truncated or rewritten while it is open: such a read of bytes no longer there is an IoError,
+/// but a copy out of the mapping (a conversion, a box of columns) or a weight read in place
+/// that touches a page no longer there raises SIGBUS, as with any mapping.
 class SafetensorsFile {
  public:
   /// Maps `file` and validates its header (docs/models.md lists every rule):
@@ -169,7 +172,7 @@ class SafetensorsFile {
   /// Throws: KeyError as info(); ValueError when the tensor's dtype is not F32, BF16 or F16
   /// (naming it and the tensor), when a block format's rows are not whole blocks, or when a
   /// non-finite value would be quantized (naming the tensor); ShapeError when `out` has the
-  /// wrong size.
+  /// wrong size; IoError as read_box().
   void read(std::string_view name, DType target, std::span<std::byte> out) const;
 
   /// Reads the box [offsets[d], offsets[d] + sizes[d]) in every dim d of row-major tensor
@@ -180,10 +183,9 @@ class SafetensorsFile {
   /// 0 <= sizes[d], offsets[d] + sizes[d] <= shape[d]; out.size() ==
   /// runtime::storage_bytes(target, sizes).
   /// Throws: KeyError as info(); ValueError as read(); ShapeError when a requirement on the box
-  /// or on `out` does not hold (naming the tensor, its shape and the box). IoError when
-  /// the file cannot be read (a box that is one run of the file as `target` is read with
-  /// pread(), the rest copied out of the mapping), or ends before the box's bytes: changed
-  /// since it was opened.
+  /// or on `out` does not hold (naming the tensor, its shape and the box); IoError when a box
+  /// that is one run of the file as `target` (read with pread()) cannot be read, or lies past
+  /// the file's end: the file changed since it was opened.
   void read_box(std::string_view name, std::span<const std::int64_t> offsets,
                 std::span<const std::int64_t> sizes, DType target, std::span<std::byte> out) const;
 

@@ -47,7 +47,9 @@ class GgufCheckpoint final : public Checkpoint {
   /// Throws: IoError when `path` does not exist, a folder holds no .gguf file, or a part of a
   /// split set is missing; ValueError for a folder with several models, for metadata numesh
   /// cannot read (naming the key), for an architecture it does not read (listing those it
-  /// does), for a tensor the architecture does not have or a tensor in two parts (naming it);
+  /// does), for a tensor the architecture does not have or a tensor in two parts (naming it),
+  /// for a q or k whose rows are not whole heads of an even size (the Q/K permutation llama.cpp's
+  /// converter applied cannot be undone; naming the tensor, its rows and the heads);
   /// NotImplementedError for what numesh does not run yet (a partial rotary dimension, biases on
   /// some attention projections only), naming it; what GgufFile::open and HfConfig::parse throw.
   [[nodiscard]] static GgufCheckpoint open(const std::filesystem::path& path);
