@@ -8,9 +8,14 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "check_mesh.hpp"
@@ -239,11 +244,92 @@ TEST(GgufCheckpointTest, PanelsFilledInBlocksOfRowsHoldTheMatrixWhereItsRowsDoNo
   }
 }
 
-// Heads of 48 rows: GGUF's permuted q and k are read in blocks of 96 rows (whole heads and whole
-// panels), the safetensors folder's in blocks of 64. f32 (transposed reads) and q8_0 (rows, or
-// panels where the level takes them) give the logits of the same weights loaded from the
-// folder (quantized at load as numesh's converter quantized the file) on 1 and 2 devices.
-TEST(GgufCheckpointTest, HeadsOf48ReadInBlocksOf96GiveTheSafetensorsFoldersLogits) {
+// A checkpoint read through another, recording the rows of each box read_box() is asked for.
+class RecordingCheckpoint final : public Checkpoint {
+ public:
+  explicit RecordingCheckpoint(const Checkpoint& inner) : inner_(inner) {}
+  const std::filesystem::path& location() const noexcept override { return inner_.location(); }
+  std::vector<std::filesystem::path> weight_files() const override { return inner_.weight_files(); }
+  std::vector<std::string> names() const override { return inner_.names(); }
+  bool contains(std::string_view name) const noexcept override { return inner_.contains(name); }
+  std::vector<std::int64_t> shape(std::string_view name) const override {
+    return inner_.shape(name);
+  }
+  std::uint64_t stored_bytes(std::string_view name) const override {
+    return inner_.stored_bytes(name);
+  }
+  std::optional<DType> stored_format(std::string_view name) const override {
+    return inner_.stored_format(name);
+  }
+  void read_box(std::string_view name, std::span<const std::int64_t> offsets,
+                std::span<const std::int64_t> sizes, DType target,
+                std::span<std::byte> out) const override {
+    if (!offsets.empty()) {
+      const std::lock_guard lock(mutex_);
+      rows_[std::string(name)].push_back({offsets[0], offsets[0] + sizes[0]});
+    }
+    inner_.read_box(name, offsets, sizes, target, out);
+  }
+  std::shared_ptr<const std::byte> box_in_place(std::string_view name,
+                                                std::span<const std::int64_t> offsets,
+                                                std::span<const std::int64_t> sizes,
+                                                DType target) const override {
+    return inner_.box_in_place(name, offsets, sizes, target);
+  }
+  std::int64_t rows_read_together(std::string_view name) const override {
+    return inner_.rows_read_together(name);
+  }
+  // The [first, end) rows of every box read of tensor `name`, in order.
+  std::vector<std::array<std::int64_t, 2>> rows(const std::string& name) const {
+    const std::lock_guard lock(mutex_);
+    std::vector<std::array<std::int64_t, 2>> out = rows_[name];
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  const Checkpoint& inner_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, std::vector<std::array<std::int64_t, 2>>> rows_;
+};
+
+// The loader reads GGUF's permuted q and k in blocks of whole heads and whole panels of 16 rows,
+// the least such multiple of at least 64 rows (heads of 48: 96; of 24: 96, where whole heads
+// alone would take 72; of 16: 64; of 128: 128), and the matrices whose rows are read alone in
+// blocks of 64.
+TEST(GgufCheckpointTest, TheLoaderReadsPermutedRowsInBlocksOfWholeHeadsAndPanels) {
+  using Rows = std::vector<std::array<std::int64_t, 2>>;
+  struct Case {
+    std::int64_t head_dim;
+    Rows q, k, v;  // q: 4 heads; k and v: 2 kv heads, v not permuted
+  };
+  for (const Case& c :
+       {Case{48, {{0, 96}, {96, 192}}, {{0, 96}}, {{0, 64}, {64, 96}}},
+        Case{24, {{0, 96}}, {{0, 48}}, {{0, 48}}}, Case{16, {{0, 64}}, {{0, 32}}, {{0, 32}}},
+        Case{128,
+             {{0, 128}, {128, 256}, {256, 384}, {384, 512}},
+             {{0, 128}, {128, 256}},
+             {{0, 64}, {64, 128}, {128, 192}, {192, 256}}}}) {
+    const ScratchDir dir;
+    const GgufCheckpoint g = GgufCheckpoint::open(llama_gguf(dir, DType::kQ8_0, 128, c.head_dim));
+    const RecordingCheckpoint recorded(g);
+    (void)CausalLm::load(mesh_of(1, {"tp"}), g.config(), recorded, 1, 8,
+                         WeightFormats::as_stored(g, g.stored_dtype()), {}, {},
+                         WeightMapping::kCopied);
+    EXPECT_EQ(recorded.rows("model.layers.0.self_attn.q_proj.weight"), c.q)
+        << "heads of " << c.head_dim;
+    EXPECT_EQ(recorded.rows("model.layers.1.self_attn.k_proj.weight"), c.k)
+        << "heads of " << c.head_dim;
+    EXPECT_EQ(recorded.rows("model.layers.0.self_attn.v_proj.weight"), c.v)
+        << "heads of " << c.head_dim;
+  }
+}
+
+// Heads of 48 rows (blocks of 96 for q and k, a head and a half of 64 for the others): f32 and
+// q8_0 (rows, or panels where the level takes them) give the logits of the same weights loaded
+// from the folder (quantized at load as numesh's converter quantized the file) on 1 and 2
+// devices.
+TEST(GgufCheckpointTest, HeadsOf48GiveTheSafetensorsFoldersLogits) {
   for (const DType format : {DType::kF32, DType::kQ8_0}) {
     const ScratchDir dir;
     const GgufCheckpoint g = GgufCheckpoint::open(llama_gguf(dir, format, 128, 48));

@@ -193,6 +193,7 @@ TEST_P(WeightDtypeTest, TransformerEqualsTheReferenceOfItsStoredWeights) {
       EXPECT_TRUE(matches_reference(y, stored.forward(x, position), bound_for(t, 2e-5)))
           << to_string(t) << " tokens [" << position << ", " << position + n << ")";
       const Comparison vs_fp32 = compare(y, full.forward(x, position));
+      EXPECT_EQ(vs_fp32.nonfinite_mismatches, 0) << to_string(t) << ": " << vs_fp32.describe();
       worst_vs_fp32 = std::max(worst_vs_fp32, vs_fp32.relative_error);
       position += n;
     }
@@ -273,6 +274,7 @@ TEST_P(WeightDtypeTest, BlockFormatTransformerEqualsTheReferenceOfItsStoredWeigh
           random_host({batch, n, c.hidden}, static_cast<std::uint32_t>(100 + position), 1.0f);
       const runtime::HostTensor y = model.forward(x, position);
       const Comparison vs_stored = compare(y, stored.forward(x, position));
+      EXPECT_TRUE(vs_stored.is_finite_reference()) << to_string(t) << ": " << vs_stored.describe();
       EXPECT_TRUE(vs_stored.within(step_bound)) << to_string(t) << " tokens [" << position << ", "
                                                 << position + n << "): " << vs_stored.describe();
       steps_within += vs_stored.within(2e-5) ? 1 : 0;
@@ -350,6 +352,7 @@ TEST_P(WeightDtypeTest, MixedFormatTransformerEqualsTheReferenceOfItsStoredWeigh
     // As the block formats' test: each step within 2e-3 (an activation quantized to the
     // neighbouring code in fp32 and in float64), and at least four of the five within 2e-5
     // (a reference rounding a projection's input for another matrix's format is off by more).
+    EXPECT_TRUE(vs_stored.is_finite_reference()) << vs_stored.describe();
     EXPECT_TRUE(vs_stored.within(2e-3))
         << "tokens [" << position << ", " << position + n << "): " << vs_stored.describe();
     steps_within += vs_stored.within(2e-5) ? 1 : 0;

@@ -171,8 +171,12 @@ TEST(TopologyTest, BadSyntheticDescriptionThrowsTopologyErrorNamingIt) {
   EXPECT_THAT([] { Topology::from_synthetic("numa:2 PU:x"); },
               ThrowsMessage<TopologyError>(
                   StrEq("hwloc rejected the synthetic topology description 'numa:2 PU:x'")));
-  // The last level is the walk's: after attributes holding blanks, and without a blank before it.
-  EXPECT_THAT([] { Topology::from_synthetic("numa:2(memory=1GB) core:1(a b)"); },
+  // The last level is the walk's: after attributes holding blanks (the description's last word
+  // is "memory=2MB)"), and with no blank before it. A level the walk cannot read to its count
+  // gets no hint: hwloc refuses it for that.
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2(memory=1GB) core:1(memory=1MB memory=2MB)"); },
+              ThrowsMessage<TopologyError>(HasSubstr("its last level is 'core:1', and hwloc's")));
+  EXPECT_THAT([] { Topology::from_synthetic("numa:2 pu:2core:1"); },
               ThrowsMessage<TopologyError>(HasSubstr("its last level is 'core:1', and hwloc's")));
   EXPECT_THAT([] { Topology::from_synthetic("numa:2 core:2pu:x"); },
               ThrowsMessage<TopologyError>(
