@@ -8,10 +8,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "check_mesh.hpp"
@@ -182,6 +184,42 @@ TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
   }
 }
 
+// A scale made non-finite: `bits` in block `block` of row `row` of device `slot`'s shard.
+struct ScalePut {
+  std::int64_t slot, row, block;
+  std::uint16_t bits;
+};
+
+// What find_nonfinite_weights reports for a [rows, cols] weight of `dtype` split by `spec` over
+// `mesh`, with the scales of `puts` made non-finite: stored by rows, and the same rows arranged
+// in panels as fill_shards arranges them ({by rows, in panels}).
+std::array<std::vector<NonfiniteWeight>, 2> found_by_rows_and_in_panels(
+    const runtime::DeviceMesh& mesh, const sharding::PartitionSpec& spec, std::int64_t rows,
+    std::int64_t cols, DType dtype, std::span<const ScalePut> puts) {
+  runtime::HostTensor host = runtime::HostTensor::zeros({rows, cols});
+  for (std::size_t i = 0; i < host.data.size(); ++i) {
+    host.data[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
+  }
+  runtime::ShardedTensor by_rows(mesh, host.shape, spec, dtype);
+  runtime::ShardedTensor in_panels(mesh, host.shape, spec, dtype, runtime::BufferContents::kZeros,
+                                   runtime::StoredOrder::kPanels);
+  runtime::scatter(host, by_rows);
+  const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
+  const auto block_bytes = static_cast<std::size_t>(traits(dtype).block_bytes);
+  for (const ScalePut& p : puts) {
+    std::memcpy(static_cast<std::byte*>(by_rows.shard(p.slot).data()) +
+                    static_cast<std::size_t>(p.row) * row +
+                    static_cast<std::size_t>(p.block) * block_bytes,
+                &p.bits, sizeof p.bits);
+  }
+  for (const std::int64_t slot : mesh.local_slots()) {
+    runtime::Tensor& shard = in_panels.shard(slot);
+    std::memcpy(shard.data(), by_rows.shard(slot).data(), shard.size_bytes());
+    runtime::arrange_in_panels(shard);
+  }
+  return {find_nonfinite_weights({{"w", &by_rows}}), find_nonfinite_weights({{"w", &in_panels}})};
+}
+
 // Weights stored in panels (runtime/weight_panels.hpp) are reported as their rows are: the same
 // count, first position and value, with non-finite scales in blocks inside panels (two in one
 // panel, the later output's earlier in the rows, so the first found is not the first) and in
@@ -189,37 +227,15 @@ TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
 TEST(NonfiniteWeightsTest, WeightsInPanelsAreReportedAsTheirRows) {
   const runtime::DeviceMesh two = mesh_of(2, {"tp"});
   const sharding::PartitionSpec split({sharding::AxisRule("tp"), {}});
+  const std::vector<ScalePut> puts{
+      {0, 9, 2, 0x7C00},   // +inf in device 0's first panel
+      {0, 4, 1, 0x7E00},   // NaN, earlier in the rows, later in the panel's blocks
+      {1, 33, 0, 0xFC00},  // -inf in device 1's rows after its panels
+      {1, 20, 2, 0x7E00},  // NaN in device 1's second panel
+  };
   for (const DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
-    const std::int64_t rows = 70, cols = 96;  // 35 rows a device: two panels and 3 rows
-    runtime::HostTensor host = runtime::HostTensor::zeros({rows, cols});
-    for (std::size_t i = 0; i < host.data.size(); ++i) {
-      host.data[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
-    }
-    runtime::ShardedTensor by_rows(two, host.shape, split, dtype);
-    runtime::ShardedTensor in_panels(two, host.shape, split, dtype, runtime::BufferContents::kZeros,
-                                     runtime::StoredOrder::kPanels);
-    runtime::scatter(host, by_rows);
-    const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
-    const auto block_bytes = static_cast<std::size_t>(traits(dtype).block_bytes);
-    const auto put = [&](std::int64_t slot, std::int64_t r, std::int64_t block,
-                         std::uint16_t bits) {
-      std::memcpy(static_cast<std::byte*>(by_rows.shard(slot).data()) +
-                      static_cast<std::size_t>(r) * row +
-                      static_cast<std::size_t>(block) * block_bytes,
-                  &bits, sizeof bits);
-    };
-    put(0, 9, 2, 0x7C00);   // +inf in device 0's first panel
-    put(0, 4, 1, 0x7E00);   // NaN, earlier in the rows, later in the panel's blocks
-    put(1, 33, 0, 0xFC00);  // -inf in device 1's rows after its panels
-    put(1, 20, 2, 0x7E00);  // NaN in device 1's second panel
-    // The panels tensor: the same rows, arranged as fill_shards arranges them.
-    for (const std::int64_t slot : two.local_slots()) {
-      runtime::Tensor& shard = in_panels.shard(slot);
-      std::memcpy(shard.data(), by_rows.shard(slot).data(), shard.size_bytes());
-      runtime::arrange_in_panels(shard);
-    }
-    const std::vector<NonfiniteWeight> want = find_nonfinite_weights({{"w", &by_rows}});
-    const std::vector<NonfiniteWeight> got = find_nonfinite_weights({{"w", &in_panels}});
+    // 35 rows a device: two panels and 3 rows.
+    const auto [want, got] = found_by_rows_and_in_panels(two, split, 70, 96, dtype, puts);
     ASSERT_EQ(want.size(), 1u) << to_string(dtype);
     ASSERT_EQ(got.size(), 1u) << to_string(dtype);
     EXPECT_EQ(got[0].count, want[0].count) << to_string(dtype);
@@ -233,33 +249,15 @@ TEST(NonfiniteWeightsTest, WeightsInPanelsAreReportedAsTheirRows) {
 // A shard of many panels is scanned in tasks of 64 panels over the device's threads: the count
 // and the first (the lowest in the rows, whichever task finds it) are those of the rows.
 TEST(NonfiniteWeightsTest, PanelsScannedInManyTasksReportTheFirstInTheRows) {
-  const runtime::DeviceMesh one = mesh_of(1, {"tp"});
-  const sharding::PartitionSpec whole({{}, {}});
-  const std::int64_t rows = 16 * 200 + 5, cols = 64;  // 200 panels (4 tasks) and 5 rows
-  const DType dtype = DType::kQ8_0;
-  runtime::HostTensor host = runtime::HostTensor::zeros({rows, cols});
-  for (std::size_t i = 0; i < host.data.size(); ++i) {
-    host.data[i] = 0.01f * static_cast<float>(static_cast<int>(i * 7919 % 201) - 100);
-  }
-  runtime::ShardedTensor by_rows(one, host.shape, whole, dtype);
-  runtime::ShardedTensor in_panels(one, host.shape, whole, dtype, runtime::BufferContents::kZeros,
-                                   runtime::StoredOrder::kPanels);
-  runtime::scatter(host, by_rows);
-  const auto row = static_cast<std::size_t>(row_bytes(dtype, cols));
-  const auto put = [&](std::int64_t r, std::int64_t block, std::uint16_t bits) {
-    std::memcpy(static_cast<std::byte*>(by_rows.shard(0).data()) +
-                    static_cast<std::size_t>(r) * row +
-                    static_cast<std::size_t>(block * traits(dtype).block_bytes),
-                &bits, sizeof bits);
+  const std::int64_t rows = 16 * 200 + 5;  // 200 panels (4 tasks) and 5 rows
+  const std::vector<ScalePut> puts{
+      {0, 16 * 150 + 2, 0, 0x7E00},  // NaN in the third task
+      {0, 16 * 10 + 7, 1, 0x7C00},   // +inf in the first: the first in the rows
+      {0, 16 * 70, 0, 0x7C00},       // +inf in the second
+      {0, rows - 2, 1, 0xFC00},      // -inf in the rows after the panels
   };
-  put(16 * 150 + 2, 0, 0x7E00);  // NaN in the third task
-  put(16 * 10 + 7, 1, 0x7C00);   // +inf in the first: the first in the rows
-  put(16 * 70, 0, 0x7C00);       // +inf in the second
-  put(rows - 2, 1, 0xFC00);      // -inf in the rows after the panels
-  std::memcpy(in_panels.shard(0).data(), by_rows.shard(0).data(), in_panels.shard(0).size_bytes());
-  runtime::arrange_in_panels(in_panels.shard(0));
-  const std::vector<NonfiniteWeight> want = find_nonfinite_weights({{"w", &by_rows}});
-  const std::vector<NonfiniteWeight> got = find_nonfinite_weights({{"w", &in_panels}});
+  const auto [want, got] = found_by_rows_and_in_panels(
+      mesh_of(1, {"tp"}), sharding::PartitionSpec({{}, {}}), rows, 64, DType::kQ8_0, puts);
   ASSERT_EQ(want.size(), 1u);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].count, 4 * 32);

@@ -38,14 +38,28 @@ std::optional<std::uint64_t> contiguous_box_offset(std::span<const std::int64_t>
   return offset;
 }
 
+namespace {
+
+// The box's offset in the tensor's bytes when the tensor is stored as `target` and the box is
+// one run of them (contiguous_box_offset): what box_in_place maps and read_one_run reads.
+std::optional<std::uint64_t> run_offset(std::optional<DType> stored,
+                                        std::span<const std::int64_t> shape,
+                                        std::span<const std::int64_t> offsets,
+                                        std::span<const std::int64_t> sizes,
+                                        DType target) noexcept {
+  if (stored != target) return std::nullopt;
+  return contiguous_box_offset(shape, offsets, sizes, target);
+}
+
+}  // namespace
+
 std::shared_ptr<const std::byte> box_in_place(const std::shared_ptr<const std::byte>& mapping,
                                               const std::byte* tensor, std::optional<DType> stored,
                                               std::span<const std::int64_t> shape,
                                               std::span<const std::int64_t> offsets,
                                               std::span<const std::int64_t> sizes,
                                               DType target) noexcept {
-  if (stored != target) return nullptr;
-  const std::optional<std::uint64_t> offset = contiguous_box_offset(shape, offsets, sizes, target);
+  const std::optional<std::uint64_t> offset = run_offset(stored, shape, offsets, sizes, target);
   if (!offset) return nullptr;
   const std::byte* first = tensor + *offset;
   const std::uintptr_t alignment = target == DType::kF32 ? 4 : 2;
@@ -57,8 +71,7 @@ bool read_one_run(const ReadableFile& file, std::uint64_t tensor_offset,
                   std::optional<DType> stored, std::span<const std::int64_t> shape,
                   std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes,
                   DType target, std::span<std::byte> out, std::string_view where) {
-  if (stored != target) return false;
-  const std::optional<std::uint64_t> offset = contiguous_box_offset(shape, offsets, sizes, target);
+  const std::optional<std::uint64_t> offset = run_offset(stored, shape, offsets, sizes, target);
   if (!offset) return false;
   file.read_at(tensor_offset + *offset, out, where);
   return true;
