@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -68,13 +70,30 @@ constexpr int kBadInput = 2;
 // this rank's echo of it, should be the one printed before they go.
 constexpr auto kPeerReportGrace = std::chrono::seconds(2);
 
+// Prints "numesh: error: <message>" and a newline on stderr in one write() where it can. Ranks
+// under mpirun share one stderr (a pipe under ctest): a line written in pieces (as `std::cerr <<`
+// does, one write a piece) interleaves with another rank's error printed at the same moment, and
+// a line of up to PIPE_BUF bytes written at once is never split.
+void write_error_line(const std::string& message) {
+  const std::string line = fmt::format("numesh: error: {}\n", message);
+  std::cerr.flush();
+  std::fflush(stderr);
+  std::string_view rest = line;
+  while (!rest.empty()) {
+    const ssize_t written = ::write(STDERR_FILENO, rest.data(), rest.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;  // stderr closed or full: nothing else to tell the error to
+    rest.remove_prefix(static_cast<std::size_t>(written));
+  }
+}
+
 // Prints the error and returns the exit status of bad input. Under mpirun with more than one
 // rank it ends every rank instead (abort_mpi_world), after `grace`: a rank that failed alone and
 // returned would leave the others waiting for it in their next collective step, and its own
 // MPI_Finalize waiting for them.
 int fail(const std::string& message,
          std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
-  std::cerr << "numesh: error: " << message << std::endl;
+  write_error_line(message);
   if (numesh::runtime::launched_ranks() > 1) {
     std::this_thread::sleep_for(grace);
     numesh::runtime::abort_mpi_world(kBadInput);
