@@ -6,10 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 #include "numesh/runtime/tensor.hpp"
 #include "test_devices.hpp"
 
@@ -35,15 +38,18 @@ std::vector<std::byte> labelled_rows(DType dtype, std::int64_t n, std::int64_t k
   return rows;
 }
 
+// Each kernel level's rows_to_panels (a level this CPU cannot run is a skip naming it).
+class WeightPanelsLevelTest : public numesh::testing::KernelLevelTest {};
+
 // The panel layout, as the header states it, byte by byte: for each panel and block, the 16
 // scales, then unit u of output o at 32 + 64u + 4o; the last n mod 16 outputs as rows.
-TEST(WeightPanelsTest, PanelsHoldTheHeadersLayoutAndTheTailStaysRows) {
+TEST_P(WeightPanelsLevelTest, PanelsHoldTheHeadersLayoutAndTheTailStaysRows) {
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
     const std::int64_t n = 37, k = 96, blocks = 3, block = traits(dtype).block_bytes;
     const std::int64_t units = (block - 2) / 4, row = blocks * block;
     const std::vector<std::byte> rows = labelled_rows(dtype, n, k);
     std::vector<std::byte> panels(rows.size());
-    rows_to_panels(dtype, n, k, rows, panels);
+    rows_to_panels(dtype, n, k, rows, panels, level());
     const auto row_byte = [&](std::int64_t o, std::int64_t t, std::int64_t b) {
       return rows[static_cast<std::size_t>(o * row + t * block + b)];
     };
@@ -68,6 +74,34 @@ TEST(WeightPanelsTest, PanelsHoldTheHeadersLayoutAndTheTailStaysRows) {
     }
   }
 }
+
+// Random bytes in matrices of whole panels, a tail of rows, no panel at all, odd and even block
+// counts: every level writes the scalar level's bytes, in place too, and they come back as rows.
+TEST_P(WeightPanelsLevelTest, EqualsTheScalarLevelAndRowsComeBack) {
+  std::mt19937 rng(54);
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    for (std::int64_t n : {0, 5, 16, 37, 64}) {
+      for (std::int64_t k : {32, 96, 800}) {
+        std::vector<std::byte> rows(static_cast<std::size_t>(n * row_bytes(dtype, k)));
+        for (std::byte& b : rows) b = static_cast<std::byte>(rng());
+        std::vector<std::byte> want(rows.size()), panels(rows.size()), back(rows.size());
+        rows_to_panels(dtype, n, k, rows, want, KernelLevel::kScalar);
+        rows_to_panels(dtype, n, k, rows, panels, level());
+        EXPECT_EQ(panels, want) << to_string(dtype) << " [" << n << ", " << k << "]";
+        std::vector<std::byte> in_place = rows;
+        rows_to_panels_in_place(dtype, n, k, in_place, level());
+        EXPECT_EQ(in_place, want) << to_string(dtype) << " [" << n << ", " << k << "] in place";
+        panels_to_rows(dtype, n, k, panels, back);
+        EXPECT_EQ(back, rows) << to_string(dtype) << " [" << n << ", " << k << "] back";
+        if (n >= 16) {
+          EXPECT_NE(want, rows) << "the check must tell rows from panels";
+        }
+      }
+    }
+  }
+}
+
+NUMESH_INSTANTIATE_LEVELS(WeightPanelsLevelTest);
 
 TEST(WeightPanelsTest, RowsComeBackAndInPlaceIsTheSame) {
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {

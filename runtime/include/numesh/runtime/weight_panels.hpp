@@ -23,6 +23,7 @@
 #include <span>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::runtime {
 
@@ -38,11 +39,13 @@ constexpr bool has_panels(DType dtype) noexcept {
 constexpr std::int64_t panel_outputs(std::int64_t n) noexcept { return n - n % kPanelWidth; }
 
 /// Writes the n x k matrix `rows` (n rows of row_bytes(dtype, k), one after the other) into
-/// `panels` in the panel layout (this header's top comment). The spans must not overlap.
+/// `panels` in the panel layout (this header's top comment), with the kernels of `level` (AVX-512
+/// from KernelLevel::kAvx512, else portable C++; every level writes the same bytes). The spans
+/// must not overlap. REQUIRES: `level` runs on this CPU.
 /// Throws: TypeError when `dtype` has no panels; ShapeError when k is not whole blocks, n or k is
 /// negative, or a span's size is not n row_bytes(dtype, k) (naming both).
 void rows_to_panels(DType dtype, std::int64_t n, std::int64_t k, std::span<const std::byte> rows,
-                    std::span<std::byte> panels);
+                    std::span<std::byte> panels, KernelLevel level = kernel_level());
 
 /// The inverse of rows_to_panels: the n rows of the matrix `panels` holds.
 /// Throws: as rows_to_panels.
@@ -50,8 +53,8 @@ void panels_to_rows(DType dtype, std::int64_t n, std::int64_t k, std::span<const
                     std::span<std::byte> rows);
 
 /// rows_to_panels in place: `matrix` holds rows and then holds panels (through a buffer of one
-/// panel's bytes at a time). Throws: as rows_to_panels.
+/// panel's bytes at a time). REQUIRES: `level` runs on this CPU. Throws: as rows_to_panels.
 void rows_to_panels_in_place(DType dtype, std::int64_t n, std::int64_t k,
-                             std::span<std::byte> matrix);
+                             std::span<std::byte> matrix, KernelLevel level = kernel_level());
 
 }  // namespace numesh::runtime
