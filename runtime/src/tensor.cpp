@@ -362,11 +362,19 @@ void fill_shards(std::span<ShardedTensor* const> tensors,
 }
 
 void scatter(const HostTensor& host, ShardedTensor& tensor) {
-  check_host_shape(host, tensor);
-  const auto global = whole(host.shape);
-  fill_shards(tensor, [&](std::int64_t slot, Tensor& shard) {
-    const auto& slices = tensor.layout().device(slot).slices;
-    copy_box(slices, host.data.data(), DType::kF32, global, shard.data(), shard.dtype(), slices);
+  const HostTensor* const hosts[] = {&host};
+  ShardedTensor* const tensors[] = {&tensor};
+  scatter(hosts, tensors);
+}
+
+void scatter(std::span<const HostTensor* const> hosts, std::span<ShardedTensor* const> tensors) {
+  NUMESH_CHECK(hosts.size() == tensors.size(), ShapeError,
+               "scatter: {} host tensors for {} sharded tensors", hosts.size(), tensors.size());
+  for (std::size_t i = 0; i < hosts.size(); ++i) check_host_shape(*hosts[i], *tensors[i]);
+  fill_shards(tensors, [&](std::size_t i, std::int64_t slot, Tensor& shard) {
+    const auto& slices = tensors[i]->layout().device(slot).slices;
+    copy_box(slices, hosts[i]->data.data(), DType::kF32, whole(hosts[i]->shape), shard.data(),
+             shard.dtype(), slices);
   });
 }
 

@@ -21,6 +21,7 @@ namespace {
 using sharding::AxisRule;
 using sharding::PartitionSpec;
 using ::testing::HasSubstr;
+using ::testing::StrEq;
 using ::testing::ThrowsMessage;
 
 DeviceMesh mesh_2x4() {
@@ -170,6 +171,33 @@ TEST(TensorTest, BadShapesAreRejected) {
   EXPECT_THAT(
       [&] { (void)t.shard(8); },
       ThrowsMessage<IndexError>(HasSubstr("shard 8 does not exist: the mesh has 8 devices")));
+}
+
+// scatter() of many pairs at once: every tensor gets its own host's values, in any spec and
+// dtype; the pairs are checked before anything is written, naming the one that does not fit.
+TEST(TensorTest, ScatterOfManyPairsWritesEachItsHostAndChecksThemAllFirst) {
+  const DeviceMesh m = mesh_2x4();
+  const HostTensor a = iota({8, 16}), b = iota({1, 12}), c = iota({4, 8});
+  ShardedTensor ta(m, {8, 16}, P({AxisRule("dp"), AxisRule("tp")}));
+  ShardedTensor tb(m, {1, 12}, P({}), DType::kBF16);
+  ShardedTensor tc(m, {4, 8}, P({AxisRule(), AxisRule("tp")}));
+  const HostTensor* const hosts[] = {&a, &b, &c};
+  ShardedTensor* const tensors[] = {&ta, &tb, &tc};
+  scatter(hosts, tensors);
+  EXPECT_EQ(gather(ta).data, a.data);
+  EXPECT_EQ(gather(tb).data, b.data);  // 1 .. 12 are bf16 values
+  EXPECT_EQ(gather(tc).data, c.data);
+
+  ShardedTensor untouched(m, {4, 8}, P({}));
+  const HostTensor wrong = iota({4, 9});
+  const HostTensor* const bad_hosts[] = {&c, &wrong};
+  ShardedTensor* const bad_tensors[] = {&untouched, &tc};
+  EXPECT_THAT([&] { scatter(bad_hosts, bad_tensors); },
+              ThrowsMessage<ShapeError>(
+                  StrEq("host tensor has shape (4, 9) but the sharded tensor has shape (4, 8)")));
+  EXPECT_EQ(gather(untouched).data, std::vector<float>(32, 0.0f)) << "written before the check";
+  EXPECT_THAT([&] { scatter(std::span(hosts).first(2), tensors); },
+              ThrowsMessage<ShapeError>(StrEq("scatter: 2 host tensors for 3 sharded tensors")));
 }
 
 // A tensor with a shape and no values is laid out unfilled only when it says so (shape_only):
