@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../shape_text.hpp"
+#include "deferred_scatters.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/eigen_views.hpp"
@@ -45,7 +46,8 @@ inline sharding::AxisRule entry(const sharding::PartitionSpec& spec, std::size_t
 
 /// `host` laid out on the mesh by `spec` after eformer's correction for its shape, stored as
 /// `dtype` (rounded to nearest even), each shard written by its own device: how every layer
-/// places its weights.
+/// places its weights. Within a DeferredScatters scope, a small host's values are written at
+/// the scope's flush().
 inline std::shared_ptr<runtime::ShardedTensor> laid_out(
     const runtime::DeviceMesh& mesh, const runtime::HostTensor& host,
     const sharding::PartitionSpec& spec, DType dtype = DType::kF32,
@@ -63,8 +65,15 @@ inline std::shared_ptr<runtime::ShardedTensor> laid_out(
                                  fmt::join(host.shape, ", "), to_string(dtype), corrected.repr(),
                                  e.what()));
   }
-  // A shape-only weight is laid out unfilled: its owner writes the shards (fill_shards).
-  if (!host.is_shape_only()) runtime::scatter(host, *t);
+  // A shape-only weight is laid out unfilled: its owner writes the shards (fill_shards). A small
+  // one laid out in a DeferredScatters scope is written with the others at its flush().
+  if (host.is_shape_only()) return t;
+  if (DeferredScatters* const deferred = DeferredScatters::active();
+      deferred != nullptr && DeferredScatters::defers(host)) {
+    deferred->add(host, t);
+  } else {
+    runtime::scatter(host, *t);
+  }
   return t;
 }
 

@@ -82,6 +82,8 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
 void ShardedTransformer::lay_out(const TransformerWeights& w) {
   NUMESH_CHECK(static_cast<std::int64_t>(w.blocks.size()) == config_.layers, ShapeError,
                "transformer: {} blocks of weights for {} layers", w.blocks.size(), config_.layers);
+  // The layers' norms, biases and routers written together, in one graph, at the end.
+  detail::DeferredScatters small_weights;
   const std::int64_t h = config_.hidden;
   const PartitionSpec replicated({AxisRule(), AxisRule()});
   auto norm = [&](const runtime::HostTensor& t, std::string_view what) {
@@ -119,6 +121,7 @@ void ShardedTransformer::lay_out(const TransformerWeights& w) {
     layers_.push_back(std::move(layer));
   }
   if (!w.final_norm.shape.empty()) final_norm_ = norm(w.final_norm, "final_norm");
+  small_weights.flush();
 }
 
 std::vector<ShardedTransformer::NamedWeight> ShardedTransformer::weights() const {
