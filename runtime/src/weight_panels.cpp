@@ -82,7 +82,9 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
     for (std::int64_t o = 0; o < kPanelWidth; ++o) {
       std::memcpy(panel + kScaleBytes * o, from + o * row + t * block_bytes, kScaleBytes);
     }
-    auto* lines = reinterpret_cast<__m512i*>(panel + kPanelWidth * kScaleBytes);
+    // Line u of codes: 64 bytes at lines + 64 u (unaligned). (No lambda: it would not be
+    // compiled for this function's target.)
+    std::byte* const lines = panel + kPanelWidth * kScaleBytes;
     if constexpr (kUnits == 8) {
       // r[o], o < 8: output o's 8 units in the low 256 bits, output o + 8's in the high ones; so
       // each 128-bit lane holds 4 units of one output (lanes: o's 0-3, o's 4-7, o+8's 0-3, o+8's
@@ -112,8 +114,8 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
       const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
       const __m512i high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
       for (int q = 0; q < 4; ++q) {
-        _mm512_storeu_si512(lines + q, _mm512_permutex2var_epi64(c[q], low, c[q + 4]));
-        _mm512_storeu_si512(lines + q + 4, _mm512_permutex2var_epi64(c[q], high, c[q + 4]));
+        _mm512_storeu_si512(lines + 64 * q, _mm512_permutex2var_epi64(c[q], low, c[q + 4]));
+        _mm512_storeu_si512(lines + 64 * (q + 4), _mm512_permutex2var_epi64(c[q], high, c[q + 4]));
       }
     } else {
       // r[i], i < 4: lane L holds output i + 4L's 4 units; transposed lane by lane, line u's lane
@@ -131,10 +133,10 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
       }
       const __m512i a0 = _mm512_unpacklo_epi32(r[0], r[1]), a1 = _mm512_unpackhi_epi32(r[0], r[1]);
       const __m512i a2 = _mm512_unpacklo_epi32(r[2], r[3]), a3 = _mm512_unpackhi_epi32(r[2], r[3]);
-      _mm512_storeu_si512(lines + 0, _mm512_unpacklo_epi64(a0, a2));
-      _mm512_storeu_si512(lines + 1, _mm512_unpackhi_epi64(a0, a2));
-      _mm512_storeu_si512(lines + 2, _mm512_unpacklo_epi64(a1, a3));
-      _mm512_storeu_si512(lines + 3, _mm512_unpackhi_epi64(a1, a3));
+      _mm512_storeu_si512(lines, _mm512_unpacklo_epi64(a0, a2));
+      _mm512_storeu_si512(lines + 64, _mm512_unpackhi_epi64(a0, a2));
+      _mm512_storeu_si512(lines + 128, _mm512_unpacklo_epi64(a1, a3));
+      _mm512_storeu_si512(lines + 192, _mm512_unpackhi_epi64(a1, a3));
     }
   }
 }

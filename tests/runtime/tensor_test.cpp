@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -177,16 +178,26 @@ TEST(TensorTest, BadShapesAreRejected) {
 // dtype; the pairs are checked before anything is written, naming the one that does not fit.
 TEST(TensorTest, ScatterOfManyPairsWritesEachItsHostAndChecksThemAllFirst) {
   const DeviceMesh m = mesh_2x4();
-  const HostTensor a = iota({8, 16}), b = iota({1, 12}), c = iota({4, 8});
+  const HostTensor a = iota({8, 16}), b = iota({1, 12}), c = iota({4, 8}), d = iota({32, 64});
   ShardedTensor ta(m, {8, 16}, P({AxisRule("dp"), AxisRule("tp")}));
   ShardedTensor tb(m, {1, 12}, P({}), DType::kBF16);
   ShardedTensor tc(m, {4, 8}, P({AxisRule(), AxisRule("tp")}));
-  const HostTensor* const hosts[] = {&a, &b, &c};
-  ShardedTensor* const tensors[] = {&ta, &tb, &tc};
+  // Q8_0 in panels: its rows written and then arranged, as scatter() of one does.
+  ShardedTensor td(m, {32, 64}, P({}), DType::kQ8_0, BufferContents::kUnspecified,
+                   StoredOrder::kPanels);
+  ShardedTensor td_alone(m, {32, 64}, P({}), DType::kQ8_0, BufferContents::kUnspecified,
+                         StoredOrder::kPanels);
+  const HostTensor* const hosts[] = {&a, &b, &c, &d};
+  ShardedTensor* const tensors[] = {&ta, &tb, &tc, &td};
   scatter(hosts, tensors);
+  scatter(d, td_alone);
   EXPECT_EQ(gather(ta).data, a.data);
   EXPECT_EQ(gather(tb).data, b.data);  // 1 .. 12 are bf16 values
   EXPECT_EQ(gather(tc).data, c.data);
+  for (std::int64_t slot = 0; slot < m.size(); ++slot) {
+    const Tensor& got = td.shard(slot);
+    ASSERT_EQ(std::memcmp(got.data(), td_alone.shard(slot).data(), got.size_bytes()), 0) << slot;
+  }
 
   ShardedTensor untouched(m, {4, 8}, P({}));
   const HostTensor wrong = iota({4, 9});
@@ -197,7 +208,20 @@ TEST(TensorTest, ScatterOfManyPairsWritesEachItsHostAndChecksThemAllFirst) {
                   StrEq("host tensor has shape (4, 9) but the sharded tensor has shape (4, 8)")));
   EXPECT_EQ(gather(untouched).data, std::vector<float>(32, 0.0f)) << "written before the check";
   EXPECT_THAT([&] { scatter(std::span(hosts).first(2), tensors); },
-              ThrowsMessage<ShapeError>(StrEq("scatter: 2 host tensors for 3 sharded tensors")));
+              ThrowsMessage<ShapeError>(StrEq("scatter: 2 host tensors for 4 sharded tensors")));
+  // The same mesh shape on other devices (mesh_2x4's devices are shared).
+  PlacementOptions one_thread;
+  one_thread.max_threads_per_device = 1;
+  const DeviceMesh other =
+      DeviceMesh::create(DeviceSet::create(Topology::from_synthetic(testing::nodes(8)), one_thread),
+                         {2, 4}, {"dp", "tp"});
+  ShardedTensor elsewhere(other, {4, 8}, P({}));
+  const HostTensor* const two_hosts[] = {&c, &c};
+  ShardedTensor* const two_meshes[] = {&tc, &elsewhere};
+  EXPECT_THAT([&] { scatter(two_hosts, two_meshes); },
+              ThrowsMessage<ValueError>(StrEq(
+                  "fill_shards: tensor 1 [4, 8] is on mesh Mesh('dp': 2, 'tp': 4), tensor 0 on "
+                  "mesh Mesh('dp': 2, 'tp': 4): their slots must be the same devices")));
 }
 
 // A tensor with a shape and no values is laid out unfilled only when it says so (shape_only):

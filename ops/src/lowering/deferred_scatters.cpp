@@ -1,5 +1,7 @@
 #include "deferred_scatters.hpp"
 
+#include <cassert>
+#include <exception>
 #include <utility>
 
 namespace numesh::ops::detail {
@@ -10,7 +12,10 @@ thread_local DeferredScatters* innermost = nullptr;
 
 DeferredScatters::DeferredScatters() : outer_(innermost) { innermost = this; }
 
-DeferredScatters::~DeferredScatters() { innermost = outer_; }
+DeferredScatters::~DeferredScatters() {
+  assert(hosts_.empty() || std::uncaught_exceptions() > 0);  // a layout forgot its flush()
+  innermost = outer_;
+}
 
 DeferredScatters* DeferredScatters::active() noexcept { return innermost; }
 
@@ -18,9 +23,9 @@ bool DeferredScatters::defers(const runtime::HostTensor& host) noexcept {
   return host.data.size() * sizeof(float) <= kMaxBytes;
 }
 
-void DeferredScatters::add(const runtime::HostTensor& host,
+void DeferredScatters::add(runtime::HostTensor host,
                            std::shared_ptr<runtime::ShardedTensor> tensor) {
-  hosts_.push_back(host);
+  hosts_.push_back(std::move(host));
   tensors_.push_back(std::move(tensor));
 }
 

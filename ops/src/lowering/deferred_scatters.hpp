@@ -3,11 +3,11 @@
 // PRIVATE to ops/src: the small weights a model's layout writes, written together.
 //
 // Each laid_out() of a weight with values scatters it: one fill_shards graph, whose start and
-// end synchronize every device. A model's layers lay out hundreds of small vectors (two norms a
-// layer; Qwen2's three biases, Qwen3's q and k norms; MoE routers), and one graph each cost a
-// 12-layer model's layout 2.25 ms of its 3.7 (25 norms, 2 vCPUs). While a DeferredScatters is
-// open on a thread, laid_out() there keeps the values of small weights (up to kMaxBytes) and
-// flush() scatters them all in one graph.
+// end synchronize every device. A model's layers lay out many small vectors (two norms a layer;
+// Qwen2's three biases, Qwen3's q and k norms; small MoE routers), one graph each before
+// (docs/benchmarks.md, "Session 54"). While a DeferredScatters is open on a thread, laid_out()
+// there keeps a copy of the values of weights up to kMaxBytes and flush() scatters them all in
+// one graph.
 
 #include <cstddef>
 #include <memory>
@@ -22,13 +22,15 @@ namespace numesh::ops::detail {
 /// flushes it.
 class DeferredScatters {
  public:
-  /// Host values up to this many bytes are deferred; larger ones are scattered at once (a copy
-  /// of them kept until flush() would cost their size again).
-  static constexpr std::size_t kMaxBytes = std::size_t{1} << 20;
+  /// Host values up to this many bytes (a norm of a hidden size of 16384) are deferred; larger
+  /// ones (matrices) are scattered at once, so the copies kept until flush() stay small.
+  static constexpr std::size_t kMaxBytes = std::size_t{64} << 10;
 
   /// Opens the scope on the calling thread.
   DeferredScatters();
-  /// Closes it. Weights not flushed stay unwritten (a layout that threw is thrown away whole).
+  /// Closes it, restoring the scope it was opened in. Weights added and not flushed keep the
+  /// memory they were laid out with (BufferContents::kUnspecified): only a layout that threw,
+  /// and is thrown away whole, may leave them (debug builds assert it).
   ~DeferredScatters();
   DeferredScatters(const DeferredScatters&) = delete;
   DeferredScatters& operator=(const DeferredScatters&) = delete;
@@ -39,12 +41,14 @@ class DeferredScatters {
   /// True when `host`'s values are small enough to defer.
   static bool defers(const runtime::HostTensor& host) noexcept;
 
-  /// Keeps a copy of `host` to scatter into `tensor` at flush(). REQUIRES: defers(host); nobody
-  /// reads `tensor` before flush().
-  void add(const runtime::HostTensor& host, std::shared_ptr<runtime::ShardedTensor> tensor);
+  /// Keeps `host` (a copy the caller gives) to scatter into `tensor` at flush().
+  /// REQUIRES: defers(host); nobody reads `tensor` before flush().
+  void add(runtime::HostTensor host, std::shared_ptr<runtime::ShardedTensor> tensor);
 
   /// Scatters every weight added since the last flush, in one graph (runtime::scatter of
-  /// spans). Throws: what runtime::scatter throws (nothing kept is then written).
+  /// spans), and forgets them. Throws: what runtime::scatter throws; a shape error before
+  /// anything is written, a failure inside the graph after some weights are written and not
+  /// others (none is written twice: the next flush starts empty).
   void flush();
 
  private:
