@@ -68,6 +68,17 @@ void convert_panel(DType dtype, std::int64_t blocks, const std::byte* from, std:
 // registers, where the scalar version copies a unit at a time (16 kUnits copies a block): into
 // new memory, 116 MB of Q8_0 took 17.0 ms on one thread against the scalar version's 21.8 (a
 // memcpy 14.1; docs/benchmarks.md, session 54). The same bytes as convert_panel<true>.
+// Transposes each 128-bit lane of in[0..3] as a 4 x 4 matrix of dwords (row i of lane L is in[i]'s
+// lane L): out[j]'s lane L holds dword j of in[0..3]'s lane L, in that order.
+__attribute__((target("avx512f"))) void transpose_lanes_4x4(const __m512i* in, __m512i* out) {
+  const __m512i a0 = _mm512_unpacklo_epi32(in[0], in[1]), a1 = _mm512_unpackhi_epi32(in[0], in[1]);
+  const __m512i a2 = _mm512_unpacklo_epi32(in[2], in[3]), a3 = _mm512_unpackhi_epi32(in[2], in[3]);
+  out[0] = _mm512_unpacklo_epi64(a0, a2);
+  out[1] = _mm512_unpackhi_epi64(a0, a2);
+  out[2] = _mm512_unpacklo_epi64(a1, a3);
+  out[3] = _mm512_unpackhi_epi64(a1, a3);
+}
+
 template <std::int64_t kUnits>
 __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks,
                                                              const std::byte* from, std::byte* to) {
@@ -82,8 +93,7 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
     for (std::int64_t o = 0; o < kPanelWidth; ++o) {
       std::memcpy(panel + kScaleBytes * o, from + o * row + t * block_bytes, kScaleBytes);
     }
-    // Line u of codes: 64 bytes at lines + 64 u (unaligned). (No lambda: it would not be
-    // compiled for this function's target.)
+    // Line u of codes: 64 bytes at lines + 64 u (unaligned).
     std::byte* const lines = panel + kPanelWidth * kScaleBytes;
     if constexpr (kUnits == 8) {
       // r[o], o < 8: output o's 8 units in the low 256 bits, output o + 8's in the high ones; so
@@ -99,17 +109,8 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
       // c[q] (outputs 0-3 and 8-11) and c[q + 4] (outputs 4-7 and 12-15): in each lane unit q
       // (lanes 0 and 2) or q + 4 (lanes 1 and 3) of 4 outputs.
       __m512i c[8];
-      for (int half = 0; half < 2; ++half) {
-        const __m512i* h = r + 4 * half;
-        const __m512i a0 = _mm512_unpacklo_epi32(h[0], h[1]),
-                      a1 = _mm512_unpackhi_epi32(h[0], h[1]);
-        const __m512i a2 = _mm512_unpacklo_epi32(h[2], h[3]),
-                      a3 = _mm512_unpackhi_epi32(h[2], h[3]);
-        c[4 * half + 0] = _mm512_unpacklo_epi64(a0, a2);
-        c[4 * half + 1] = _mm512_unpackhi_epi64(a0, a2);
-        c[4 * half + 2] = _mm512_unpacklo_epi64(a1, a3);
-        c[4 * half + 3] = _mm512_unpackhi_epi64(a1, a3);
-      }
+      transpose_lanes_4x4(r, c);
+      transpose_lanes_4x4(r + 4, c + 4);
       // Line u < 4: lanes 0 and 2 of c[u] and c[u + 4] in output order; line u + 4: lanes 1, 3.
       const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
       const __m512i high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
@@ -131,12 +132,9 @@ __attribute__((target("avx512f"))) void rows_to_panel_avx512(std::int64_t blocks
         r[i] = _mm512_inserti32x4(
             v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes(i + 12, t))), 3);
       }
-      const __m512i a0 = _mm512_unpacklo_epi32(r[0], r[1]), a1 = _mm512_unpackhi_epi32(r[0], r[1]);
-      const __m512i a2 = _mm512_unpacklo_epi32(r[2], r[3]), a3 = _mm512_unpackhi_epi32(r[2], r[3]);
-      _mm512_storeu_si512(lines, _mm512_unpacklo_epi64(a0, a2));
-      _mm512_storeu_si512(lines + 64, _mm512_unpackhi_epi64(a0, a2));
-      _mm512_storeu_si512(lines + 128, _mm512_unpacklo_epi64(a1, a3));
-      _mm512_storeu_si512(lines + 192, _mm512_unpackhi_epi64(a1, a3));
+      __m512i c[4];
+      transpose_lanes_4x4(r, c);
+      for (int u = 0; u < 4; ++u) _mm512_storeu_si512(lines + 64 * u, c[u]);
     }
   }
 }
