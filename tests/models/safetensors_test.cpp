@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -582,6 +584,59 @@ TEST_F(SafetensorsFileTest, TheWriterReplacesAFileWholeThroughItsLinkKeepingItsM
       },
       ::testing::ThrowsMessage<IoError>(::testing::HasSubstr(
           "safetensors: cannot write '" + (dir_.path() / "no/such/dir.safetensors").string())));
+}
+
+// The writer's stream goes to the file in chunks of 8 MiB whatever its pieces (replace_file.hpp):
+// tensors smaller than a chunk, straddling chunk boundaries, of exactly a chunk and of more read
+// back as written, and the file is as long as its header and tensors.
+TEST_F(SafetensorsFileTest, TheWriterWritesFilesOfManyChunksWhole) {
+  constexpr std::int64_t kChunkFloats = std::int64_t{2} << 20;  // 8 MiB of f32
+  std::vector<runtime::HostTensor> values;
+  for (const std::int64_t n : {std::int64_t{3}, kChunkFloats / 4 + 1, kChunkFloats,
+                               kChunkFloats + kChunkFloats / 2 + 5, std::int64_t{7}}) {
+    runtime::HostTensor t = runtime::HostTensor::zeros({n});
+    for (std::int64_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(i % 1000003) - 0.5f;
+    values.push_back(std::move(t));
+  }
+  std::vector<TensorToWrite> tensors;
+  std::uint64_t data_bytes = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    tensors.push_back({fmt::format("t{}", i), &values[i], DType::kF32});
+    data_bytes += values[i].data.size() * sizeof(float);
+  }
+  const fs::path file = dir_.path() / "big.safetensors";
+  write_safetensors(file, tensors);
+  const SafetensorsFile f = SafetensorsFile::open(file);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::vector<float> read = read_as<float>(f, tensors[i].name, DType::kF32);
+    EXPECT_TRUE(read == values[i].data);
+  }
+  EXPECT_GT(fs::file_size(file), data_bytes + 8);
+  EXPECT_LT(fs::file_size(file), data_bytes + 8 + 1024) << "the header is under 1 KiB";
+}
+
+// A write the system refuses (here a file past the process's size limit, RLIMIT_FSIZE: EFBIG)
+// is an IoError naming the file and the system's reason, and leaves no temporary behind.
+TEST_F(SafetensorsFileTest, AWriteTheSystemRefusesIsIoErrorWithItsReasonAndLeavesNothing) {
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // the write fails instead
+  rlimit small = before;
+  small.rlim_cur = rlim_t{1} << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const runtime::HostTensor big = runtime::HostTensor::zeros({std::int64_t{3} << 20});  // 12 MiB
+  const fs::path file = dir_.path() / "big.safetensors";
+  std::string message;
+  try {
+    write_safetensors(file, {{"w", &big, DType::kF32}});
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(message, "safetensors: writing '" + file.string() + "' failed (File too large)");
+  EXPECT_TRUE(fs::is_empty(dir_.path())) << "no temporary left";
 }
 
 // A file of 2 MiB or more is mapped at a multiple of 2 MiB (so that the page cache's large

@@ -19,9 +19,10 @@ namespace numesh::models::detail {
 /// (one descriptor per open model file, for as long as the file object or a copy of its
 /// mapping lives). A copy read with pread() has the kernel copy from the page cache, where a
 /// copy out of the mapping first maps each page it touches: a page-table entry a 4 KiB page
-/// where the page cache holds the file in small folios (ext4's do, on the kernels measured),
-/// which made a copy of the 109 M Llama's q4_0 file (61 MB) on two threads of a VM take
-/// 25.6-33.0 ms against 12.5-15.9 ms read (docs/benchmarks.md, "Session 53").
+/// where the page cache holds the file in small folios (as ext4 does a file written in pieces of
+/// every size and offset: numesh's own writers write whole 8 MiB chunks, replace_file.hpp), which
+/// made a copy of the 109 M Llama's q4_0 file (61 MB) on two threads of a VM take 25.6-33.0 ms
+/// against 12.5-15.9 ms read (docs/benchmarks.md, "Session 53").
 class ReadableFile {
  public:
   /// Takes `fd` (open for reading) to close.
