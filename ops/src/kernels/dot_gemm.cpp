@@ -358,18 +358,31 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
                                                            std::int64_t j0, std::int64_t j1,
                                                            float* c) {
   const auto elem = static_cast<std::int64_t>(dtype_size(T));
+  const std::int64_t whole = k / kLanes * kLanes;
   for (std::int64_t j = j0; j < j1; ++j) {
     const void* w = static_cast<const char*>(b) + j * ldb * elem;
-    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    for (std::int64_t e = 0; e < k; e += kLanes) {
+    // Four named accumulators, the whole blocks without a bound per load: with an array and a
+    // clamped count per load, GCC kept the sums on the stack, a store and a load around every
+    // fma (f16 decode ran at 0.56x ggml's AVX2 build, docs/benchmarks.md, "Session 55").
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    std::int64_t e = 0;
+    for (; e < whole; e += kLanes) {
       stream_ahead(static_cast<const char*>(w) + e * elem, kLanes * elem);
-      for (int q = 0; q < 4; ++q) {
-        const std::int64_t at = e + 8 * q, left = std::clamp<std::int64_t>(k - at, 0, 8);
-        s[q] = _mm256_fmadd_ps(load_w8<T>(w, at, left), load_x8(x + at, left), s[q]);
-      }
+      s0 = _mm256_fmadd_ps(load_w8<T>(w, e, 8), _mm256_loadu_ps(x + e), s0);
+      s1 = _mm256_fmadd_ps(load_w8<T>(w, e + 8, 8), _mm256_loadu_ps(x + e + 8), s1);
+      s2 = _mm256_fmadd_ps(load_w8<T>(w, e + 16, 8), _mm256_loadu_ps(x + e + 16), s2);
+      s3 = _mm256_fmadd_ps(load_w8<T>(w, e + 24, 8), _mm256_loadu_ps(x + e + 24), s3);
     }
-    c[j] = fold_avx2(s[0], s[1], s[2], s[3]);
+    if (e < k) {  // the last block, padded with zeros as the scalar order pads it
+      const auto left = [&](std::int64_t at) { return std::clamp<std::int64_t>(k - at, 0, 8); };
+      s0 = _mm256_fmadd_ps(load_w8<T>(w, e, left(e)), load_x8(x + e, left(e)), s0);
+      s1 = _mm256_fmadd_ps(load_w8<T>(w, e + 8, left(e + 8)), load_x8(x + e + 8, left(e + 8)), s1);
+      s2 = _mm256_fmadd_ps(load_w8<T>(w, e + 16, left(e + 16)), load_x8(x + e + 16, left(e + 16)),
+                           s2);
+      s3 = _mm256_fmadd_ps(load_w8<T>(w, e + 24, left(e + 24)), load_x8(x + e + 24, left(e + 24)),
+                           s3);
+    }
+    c[j] = fold_avx2(s0, s1, s2, s3);
   }
 }
 
@@ -452,6 +465,21 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16(const std::
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
 }
 
+// 16 bf16 values from `v`, all of them.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i load_bf16x16_whole(const std::uint16_t* v) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+}
+
+// acc plus the products of 8 pairs of bf16 values w and x (dwords), the odd elements' first;
+// `odd` masks each dword's high half.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 bf16_pairs_avx2(__m256i wv, __m256i xv,
+                                                                       __m256i odd, __m256 acc) {
+  acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(wv, odd)),
+                        _mm256_castsi256_ps(_mm256_and_si256(xv, odd)), acc);
+  return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16)), acc);
+}
+
 // Outputs [j0, j1) for one row of bf16 activations and bf16 weights: each 16-value load holds
 // 8 pairs, four loads a block of 64.
 __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
@@ -460,22 +488,30 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
                                                                 std::int64_t ldb, std::int64_t j0,
                                                                 std::int64_t j1, float* c) {
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const std::int64_t whole = k / (2 * kLanes) * (2 * kLanes);
   for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
-    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
+    // Named accumulators and whole blocks without bounds, as dot_row_avx2.
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    std::int64_t e = 0;
+    for (; e < whole; e += 2 * kLanes) {
       stream_ahead(w + e, 2 * kLanes * 2);
-      for (int q = 0; q < 4; ++q) {
-        const std::int64_t at = e + 16 * q, left = std::clamp<std::int64_t>(k - at, 0, 16);
-        const __m256i wv = load_bf16x16(w + at, left), xv = load_bf16x16(x + at, left);
-        s[q] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(wv, odd)),
-                               _mm256_castsi256_ps(_mm256_and_si256(xv, odd)), s[q]);
-        s[q] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16)), s[q]);
-      }
+      s0 = bf16_pairs_avx2(load_bf16x16_whole(w + e), load_bf16x16_whole(x + e), odd, s0);
+      s1 = bf16_pairs_avx2(load_bf16x16_whole(w + e + 16), load_bf16x16_whole(x + e + 16), odd, s1);
+      s2 = bf16_pairs_avx2(load_bf16x16_whole(w + e + 32), load_bf16x16_whole(x + e + 32), odd, s2);
+      s3 = bf16_pairs_avx2(load_bf16x16_whole(w + e + 48), load_bf16x16_whole(x + e + 48), odd, s3);
     }
-    c[j] = fold_avx2(s[0], s[1], s[2], s[3]);
+    if (e < k) {  // the last block, padded with zeros
+      const auto left = [&](std::int64_t at) { return std::clamp<std::int64_t>(k - at, 0, 16); };
+      s0 = bf16_pairs_avx2(load_bf16x16(w + e, left(e)), load_bf16x16(x + e, left(e)), odd, s0);
+      s1 = bf16_pairs_avx2(load_bf16x16(w + e + 16, left(e + 16)),
+                           load_bf16x16(x + e + 16, left(e + 16)), odd, s1);
+      s2 = bf16_pairs_avx2(load_bf16x16(w + e + 32, left(e + 32)),
+                           load_bf16x16(x + e + 32, left(e + 32)), odd, s2);
+      s3 = bf16_pairs_avx2(load_bf16x16(w + e + 48, left(e + 48)),
+                           load_bf16x16(x + e + 48, left(e + 48)), odd, s3);
+    }
+    c[j] = fold_avx2(s0, s1, s2, s3);
   }
 }
 
