@@ -44,6 +44,14 @@ struct Q4_0Codes {
     return _mm256_sub_epi8(nibbles256(block), _mm256_set1_epi8(8));
   }
 
+  // AVX2 decode takes the nibbles as they are and the 8 off once a row (Q8dotActivations::
+  // corrections), as AVX-512 does: no abs, sign and subtraction per block and output, 1.12x the
+  // sign trick's decode step at the avx2 level (docs/benchmarks.md, "Session 55").
+  static constexpr int kOffset256 = 8;
+  __attribute__((target("avx2"))) static __m256i unsigned256(const unsigned char* block) {
+    return nibbles256(block);
+  }
+
   // AVX-512: the nibbles as they are, unsigned bytes against the signed activation codes, and
   // the 8 taken off once per row: isum = sum q x - 8 (x0 + x1 + x2 + x3), the correction
   // computed from x alone and shared by every output (vpmaddubsw's pair sums stay within

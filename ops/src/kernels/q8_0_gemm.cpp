@@ -28,6 +28,9 @@ struct Q8_0Codes {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
   }
 
+  // Signed as stored: the sign trick at AVX2.
+  static constexpr int kOffset256 = 0;
+
   // Below VNNI, llama.cpp's sign trick (as the AVX2 step, q8dot_step256): |w| as unsigned bytes
   // (-128 gives 128) times x given w's sign (a masked negation), vpmaddubsw's int16 pair sums
   // within 2 * 128 * 127 = 32512, then vpmaddwd with ones. With VNNI, the bias trick instead:

@@ -18,6 +18,12 @@
 //     static void codes(const unsigned char* block, std::int8_t* q);
 //     // AVX2: the block's 32 codes (target "avx2": integer work only, inlines anywhere).
 //     static __m256i codes256(const unsigned char* block);
+//     // AVX2, for codes q - kOffset256 with q unsigned (0 when the codes are signed as
+//     // stored): the unsigned q of the block, which vpmaddubsw takes as they are, the offset
+//     // taken off once a row (Q8dotActivations::corrections) instead of the sign trick per
+//     // output.
+//     static constexpr int kOffset256;
+//     static __m256i unsigned256(const unsigned char* block);  // where kOffset256 > 0
 //     // AVX-512 (target NUMESH_Q8DOT_AVX512): the weights of blocks t and t + 1 (kHalf: t
 //     // alone, in the low half), a row's activation codes prepared once for every output, and
 //     // the 16 lanes' isum of the two.
@@ -105,6 +111,10 @@ struct Q8dotActivations {
   const float* scales;
   const float* sums;
   std::int64_t blocks;
+  /// At the AVX2 level for pair formats with an offset (kOffset256 > 0): lane l of block t is
+  /// -kOffset256 (x[4l] + ... + x[4l + 3]), 8 lanes a block, rows `blocks` * 8 apart
+  /// (q8dot_offset_corrections256); null otherwise.
+  const std::int32_t* corrections = nullptr;
 
   [[nodiscard]] const std::int8_t* codes_at(int r, std::int64_t t) const noexcept {
     return codes + (r * blocks + t) * kQ8DotBlock;
@@ -117,10 +127,15 @@ struct Q8dotActivations {
   [[nodiscard]] const float* sums_at(int r, std::int64_t t) const noexcept {
     return sums + r * blocks + t;
   }
+  /// REQUIRES: corrections is not null.
+  [[nodiscard]] const std::int32_t* corrections_at(int r, std::int64_t t) const noexcept {
+    return corrections + (r * blocks + t) * 8;
+  }
   /// The same activations from row i on.
   [[nodiscard]] Q8dotActivations from_row(std::int64_t i) const noexcept {
     return {codes + i * blocks * kQ8DotBlock, scales + i * blocks,
-            sums != nullptr ? sums + i * blocks : nullptr, blocks};
+            sums != nullptr ? sums + i * blocks : nullptr, blocks,
+            corrections != nullptr ? corrections + i * blocks * 8 : nullptr};
   }
 };
 
@@ -307,6 +322,46 @@ __attribute__((target("avx2,fma,f16c"))) inline void q8dot_block256(__m256i w, _
   if constexpr (R > 3) r3 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 3, t, r3);
 }
 
+/// -kOffset (x[4l] + ... + x[4l + 3]) for the 8 lanes of each of `count` blocks of codes (32
+/// apart) into out (8 a block): Q8dotActivations::corrections.
+template <int kOffset>
+__attribute__((target("avx2"))) inline void q8dot_offset_corrections256(std::int64_t count,
+                                                                        const std::int8_t* codes,
+                                                                        std::int32_t* out) {
+  const __m256i offsets = _mm256_set1_epi8(static_cast<char>(kOffset));
+  for (std::int64_t t = 0; t < count; ++t) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * kQ8DotBlock));
+    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(offsets, x), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * 8),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), sum));
+  }
+}
+
+/// acc += isum scale for row r's block t and the block's unsigned codes `q` (codes q - kOffset):
+/// isum = the pair sums of q x (within 2 * 63 * 127, no saturation) plus the row's correction,
+/// the same integers as the sign trick on q - kOffset without its per-output abs, sign and
+/// offset.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_offset_step256(
+    __m256i q, __m256 w_scales, const Q8dotActivations& a, int r, std::int64_t t, __m256 acc) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes_at(r, t)));
+  const __m256i isum = _mm256_add_epi32(
+      _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1)),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.corrections_at(r, t))));
+  const __m256 scale = _mm256_mul_ps(_mm256_broadcast_ss(a.scales_at(r, t)), w_scales);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+}
+
+/// q8dot_offset_step256 for R rows.
+template <int R>
+__attribute__((target("avx2,fma,f16c"))) inline void q8dot_offset_block256(
+    __m256i q, __m256 w_scales, std::int64_t t, const Q8dotActivations& a, __m256& r0, __m256& r1,
+    __m256& r2, __m256& r3) {
+  r0 = q8dot_offset_step256(q, w_scales, a, 0, t, r0);
+  if constexpr (R > 1) r1 = q8dot_offset_step256(q, w_scales, a, 1, t, r1);
+  if constexpr (R > 2) r2 = q8dot_offset_step256(q, w_scales, a, 2, t, r2);
+  if constexpr (R > 3) r3 = q8dot_offset_step256(q, w_scales, a, 3, t, r3);
+}
+
 /// A super-block's sub-block scales d sc for AVX2 (sub-blocks 0-7 in `low`, 8-15 in `high`) and
 /// Q4_K's negated minimums -dmin m.
 struct KquantScales256 {
@@ -351,7 +406,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void q8dot_pair_block256(std::in
   const unsigned char* block = w + t * F::kBlockBytes;
   // vcvtph2ps: exact, as f32_from_f16
   const __m256 d_w = _mm256_set1_ps(_cvtsh_ss(q8dot_scale_bits(block)));
-  q8dot_block256<true, R>(F::codes256(block), d_w, t, a, r0, r1, r2, r3);
+  if constexpr (F::kOffset256 > 0) {
+    q8dot_offset_block256<R>(F::unsigned256(block), d_w, t, a, r0, r1, r2, r3);
+  } else {
+    q8dot_block256<true, R>(F::codes256(block), d_w, t, a, r0, r1, r2, r3);
+  }
 }
 
 /// c[r][0] for R rows (c's rows `ldc` apart) of one output whose row of blocks is at `w`.
@@ -935,7 +994,17 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
   if constexpr (kSuperBlocks<F>) {
     if constexpr (F::kMinimums) sums = q8dot_block_sums(m, blocks, codes, scales, level);
   }
-  const Q8dotActivations all{codes, scales, sums, blocks};
+  Q8dotActivations all{codes, scales, sums, blocks};
+  if constexpr (!kSuperBlocks<F>) {
+    if constexpr (F::kOffset256 > 0) {
+      if (level == KernelLevel::kAvx2) {
+        thread_local std::vector<std::int32_t> corrections;
+        corrections.resize(static_cast<std::size_t>(m * blocks * 8));
+        q8dot_offset_corrections256<F::kOffset256>(m * blocks, codes, corrections.data());
+        all.corrections = corrections.data();
+      }
+    }
+  }
   const auto* w = static_cast<const unsigned char*>(b.data);
   const std::int64_t ldw = ld / kBlock * F::kBlockBytes;
   const std::int64_t np = b.panel_outputs;
