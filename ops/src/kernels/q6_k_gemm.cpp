@@ -62,11 +62,12 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
             _mm256_setzero_ps()};
   }
 
-  // Block kJ's codes q - 32, signed for the AVX2 sign trick: quarter kJ mod 4 of half kJ / 4
+  // Block kJ's codes q - 32, signed for the AVX2 sign trick (codes256), or q as they are
+  // (unsigned256, which the AVX2 kernel takes: kOffset256): quarter kJ mod 4 of half kJ / 4
   // takes the low (quarters 0, 1) or high nibbles of the half's first or second 32 bytes and
   // bits 2 (kJ mod 4) and up of its high-bit bytes, moved to bits 4-5.
   template <int kJ>
-  __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
+  __attribute__((target("avx2"))) static __m256i unsigned256(const unsigned char* block) {
     constexpr int h = kJ / 4, quarter = kJ % 4;
     const __m256i low =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32 * (quarter % 2)));
@@ -78,8 +79,12 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
     if constexpr (quarter == 0) moved = _mm256_slli_epi16(bits, 4);
     if constexpr (quarter == 1) moved = _mm256_slli_epi16(bits, 2);
     if constexpr (quarter == 3) moved = _mm256_srli_epi16(bits, 2);
-    const __m256i q = _mm256_or_si256(nibbles, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(kQ6_KOffset));
+    return _mm256_or_si256(nibbles, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
+  }
+
+  template <int kJ>
+  __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
+    return _mm256_sub_epi8(unsigned256<kJ>(block), _mm256_set1_epi8(kQ6_KOffset));
   }
 
   // Half h's two pairs of blocks, unsigned codes q (0 .. 63): its 64 low-nibble bytes as they

@@ -388,12 +388,21 @@ __attribute__((target("avx2,fma,f16c"))) inline void kq_pair256(
     std::int64_t t0, const unsigned char* block, const KquantScales256& s,
     const Q8dotActivations& a, __m256& e0, __m256& e1, __m256& e2, __m256& e3, __m256& o0,
     __m256& o1, __m256& o2, __m256& o3) {
-  q8dot_block256<F::kSigned256, R>(F::template codes256<kJ>(block),
-                                   kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0, e1,
-                                   e2, e3);
-  q8dot_block256<F::kSigned256, R>(F::template codes256<kJ + 1>(block),
-                                   kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1, a,
-                                   o0, o1, o2, o3);
+  if constexpr (F::kOffset256 > 0) {
+    q8dot_offset_block256<R>(F::template unsigned256<kJ>(block),
+                             kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0, e1, e2,
+                             e3);
+    q8dot_offset_block256<R>(F::template unsigned256<kJ + 1>(block),
+                             kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1, a, o0,
+                             o1, o2, o3);
+  } else {
+    q8dot_block256<F::kSigned256, R>(F::template codes256<kJ>(block),
+                                     kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0,
+                                     e1, e2, e3);
+    q8dot_block256<F::kSigned256, R>(F::template codes256<kJ + 1>(block),
+                                     kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1,
+                                     a, o0, o1, o2, o3);
+  }
 }
 
 /// Block t of a pair format's row of blocks at `w`.
@@ -546,6 +555,9 @@ struct KquantFormat {
   static constexpr int kScalesPerBlock = kScales;
   static constexpr bool kMinimums = kHasMinimums;
   static constexpr bool kSigned256 = kSigned;
+  /// Signed codes with an offset (Q6_K's q - 32) go to the AVX2 kernel unsigned
+  /// (unsigned256<kJ>), the offset taken off once a row: Q8dotActivations::corrections.
+  static constexpr int kOffset256 = kSigned ? kOffset : 0;
 
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static Q8dotRow512 row512(__m512i x) {
@@ -995,14 +1007,12 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
     if constexpr (F::kMinimums) sums = q8dot_block_sums(m, blocks, codes, scales, level);
   }
   Q8dotActivations all{codes, scales, sums, blocks};
-  if constexpr (!kSuperBlocks<F>) {
-    if constexpr (F::kOffset256 > 0) {
-      if (level == KernelLevel::kAvx2) {
-        thread_local std::vector<std::int32_t> corrections;
-        corrections.resize(static_cast<std::size_t>(m * blocks * 8));
-        q8dot_offset_corrections256<F::kOffset256>(m * blocks, codes, corrections.data());
-        all.corrections = corrections.data();
-      }
+  if constexpr (F::kOffset256 > 0) {
+    if (level == KernelLevel::kAvx2) {
+      thread_local std::vector<std::int32_t> corrections;
+      corrections.resize(static_cast<std::size_t>(m * blocks * 8));
+      q8dot_offset_corrections256<F::kOffset256>(m * blocks, codes, corrections.data());
+      all.corrections = corrections.data();
     }
   }
   const auto* w = static_cast<const unsigned char*>(b.data);
