@@ -587,13 +587,14 @@ TEST_F(SafetensorsFileTest, TheWriterReplacesAFileWholeThroughItsLinkKeepingItsM
 }
 
 // The writer's stream goes to the file in chunks of 8 MiB whatever its pieces (replace_file.hpp):
-// tensors smaller than a chunk, straddling chunk boundaries, of exactly a chunk and of more read
-// back as written, and the file is as long as its header and tensors.
+// tensors smaller than a chunk, straddling chunk boundaries, of exactly a chunk and of more than
+// two (whose middle chunk goes to the file straight from the tensor) read back as written, and
+// the file is as long as its header and tensors.
 TEST_F(SafetensorsFileTest, TheWriterWritesFilesOfManyChunksWhole) {
   constexpr std::int64_t kChunkFloats = std::int64_t{2} << 20;  // 8 MiB of f32
   std::vector<runtime::HostTensor> values;
   for (const std::int64_t n : {std::int64_t{3}, kChunkFloats / 4 + 1, kChunkFloats,
-                               kChunkFloats + kChunkFloats / 2 + 5, std::int64_t{7}}) {
+                               2 * kChunkFloats + kChunkFloats / 4 + 5, std::int64_t{7}}) {
     runtime::HostTensor t = runtime::HostTensor::zeros({n});
     for (std::int64_t i = 0; i < n; ++i) t.data[i] = static_cast<float>(i % 1000003) - 0.5f;
     values.push_back(std::move(t));

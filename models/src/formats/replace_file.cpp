@@ -35,8 +35,9 @@ std::filesystem::path link_target(const std::filesystem::path& file) {
 // a reader maps whole (file_mapping.hpp) and reads at memory speed. std::ofstream writes any
 // piece of 1 KiB or more as it comes, at whatever offset the pieces before left, and ext4
 // caches such a file in folios of every size down to 4 KiB: the 109 M Llama's q8_0 GGUF file
-// written that way read in 6.4-11 ms and mapped in 21-23 ms, the same bytes written in chunks in
-// 4.7-6.8 ms and 2.7-3.4 ms (docs/benchmarks.md, "Session 55").
+// written that way read in 6.4-20 ms and mapped in 21-23 ms, the same bytes written in chunks in
+// 4.7-5.7 ms and 1.8-3.4 ms (docs/benchmarks.md, "Session 55"). A flush of the stream writes
+// nothing (it would leave the chunks after it off their offsets): finish() writes the last one.
 class ChunkedFileBuf final : public std::streambuf {
  public:
   static constexpr std::streamsize kChunkBytes = std::streamsize{8} << 20;
@@ -46,6 +47,9 @@ class ChunkedFileBuf final : public std::streambuf {
       : fd_(fd), buffer_(std::make_unique_for_overwrite<char[]>(kChunkBytes)) {
     setp(buffer_.get(), buffer_.get() + kChunkBytes);
   }
+
+  /// Writes what is buffered, the file's last chunk. False when a write failed (error()).
+  [[nodiscard]] bool finish() { return write_buffered(); }
 
   /// The errno of the write that failed; 0 while none has.
   [[nodiscard]] int error() const noexcept { return error_; }
@@ -64,11 +68,11 @@ class ChunkedFileBuf final : public std::streambuf {
     std::streamsize done = 0;
     while (done < n) {
       if (pptr() == pbase() && n - done >= kChunkBytes) {
-        // Whole chunks straight from the caller's bytes: nothing is buffered, so the file's
-        // offset is a multiple of a chunk.
-        const std::streamsize whole = (n - done) / kChunkBytes * kChunkBytes;
-        if (!write_all(s + done, whole)) return done;
-        done += whole;
+        // A whole chunk straight from the caller's bytes: nothing is buffered, so the file's
+        // offset is a multiple of a chunk (one write() a chunk: Linux writes at most 2 GiB a
+        // call, which would leave the rest off a chunk's offset).
+        if (!write_all(s + done, kChunkBytes)) return done;
+        done += kChunkBytes;
         continue;
       }
       const std::streamsize take = std::min<std::streamsize>(epptr() - pptr(), n - done);
@@ -80,7 +84,7 @@ class ChunkedFileBuf final : public std::streambuf {
     return done;
   }
 
-  int sync() override { return write_buffered() ? 0 : -1; }
+  int sync() override { return error_ == 0 ? 0 : -1; }  // finish() writes the last chunk
 
  private:
   bool write_buffered() {
@@ -132,15 +136,18 @@ void write_replacing(const std::filesystem::path& file, std::string_view what,
       ChunkedFileBuf buffer(fd.fd);
       std::ostream out(&buffer);
       write(out);
-      out.flush();
-      NUMESH_CHECK(!out.fail(), IoError, "{}: writing '{}' failed{}", what, file.string(),
+      const bool written = !out.fail() && buffer.finish();
+      // A stream's failure with no OS error (a failed output of `write`'s own) has no reason.
+      NUMESH_CHECK(written, IoError, "{}: writing '{}' failed{}", what, file.string(),
                    buffer.error() != 0 ? fmt::format(" ({})", os_error(buffer.error())) : "");
     }
     // On the disk before the rename, so that a crash never leaves an empty file in its place.
-    NUMESH_CHECK(::fsync(fd.fd) == 0, IoError, "{}: writing '{}' failed ({})", what, file.string(),
-                 os_error(errno));
-    NUMESH_CHECK(fd.close() == 0, IoError, "{}: writing '{}' failed ({})", what, file.string(),
-                 os_error(errno));
+    const int synced = ::fsync(fd.fd) == 0 ? 0 : errno;
+    NUMESH_CHECK(synced == 0, IoError, "{}: writing '{}' failed ({})", what, file.string(),
+                 os_error(synced));
+    const int closed = fd.close() == 0 ? 0 : errno;
+    NUMESH_CHECK(closed == 0, IoError, "{}: writing '{}' failed ({})", what, file.string(),
+                 os_error(closed));
     std::error_code ec;
     // The file it replaces keeps its permissions (a new file takes the umask's).
     const std::filesystem::file_status old = std::filesystem::status(target, ec);

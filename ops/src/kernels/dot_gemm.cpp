@@ -374,13 +374,15 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_avx2(std::int64_t k, const
       s3 = _mm256_fmadd_ps(load_w8<T>(w, e + 24, 8), _mm256_loadu_ps(x + e + 24), s3);
     }
     if (e < k) {  // the last block, padded with zeros as the scalar order pads it
+      // A group past k reads nothing, from k (no pointer formed past the row).
       const auto left = [&](std::int64_t at) { return std::clamp<std::int64_t>(k - at, 0, 8); };
-      s0 = _mm256_fmadd_ps(load_w8<T>(w, e, left(e)), load_x8(x + e, left(e)), s0);
-      s1 = _mm256_fmadd_ps(load_w8<T>(w, e + 8, left(e + 8)), load_x8(x + e + 8, left(e + 8)), s1);
-      s2 = _mm256_fmadd_ps(load_w8<T>(w, e + 16, left(e + 16)), load_x8(x + e + 16, left(e + 16)),
-                           s2);
-      s3 = _mm256_fmadd_ps(load_w8<T>(w, e + 24, left(e + 24)), load_x8(x + e + 24, left(e + 24)),
-                           s3);
+      const auto at = [&](std::int64_t g) { return std::min(e + 8 * g, k); };
+      s0 = _mm256_fmadd_ps(load_w8<T>(w, at(0), left(e)), load_x8(x + at(0), left(e)), s0);
+      s1 = _mm256_fmadd_ps(load_w8<T>(w, at(1), left(e + 8)), load_x8(x + at(1), left(e + 8)), s1);
+      s2 =
+          _mm256_fmadd_ps(load_w8<T>(w, at(2), left(e + 16)), load_x8(x + at(2), left(e + 16)), s2);
+      s3 =
+          _mm256_fmadd_ps(load_w8<T>(w, at(3), left(e + 24)), load_x8(x + at(3), left(e + 24)), s3);
     }
     c[j] = fold_avx2(s0, s1, s2, s3);
   }
@@ -501,15 +503,17 @@ __attribute__((target("avx2,fma,f16c"))) void dot_row_bf16_avx2(std::int64_t k,
       s2 = bf16_pairs_avx2(load_bf16x16_whole(w + e + 32), load_bf16x16_whole(x + e + 32), odd, s2);
       s3 = bf16_pairs_avx2(load_bf16x16_whole(w + e + 48), load_bf16x16_whole(x + e + 48), odd, s3);
     }
-    if (e < k) {  // the last block, padded with zeros
+    if (e < k) {  // the last block, padded with zeros; a group past k reads nothing, from k
       const auto left = [&](std::int64_t at) { return std::clamp<std::int64_t>(k - at, 0, 16); };
-      s0 = bf16_pairs_avx2(load_bf16x16(w + e, left(e)), load_bf16x16(x + e, left(e)), odd, s0);
-      s1 = bf16_pairs_avx2(load_bf16x16(w + e + 16, left(e + 16)),
-                           load_bf16x16(x + e + 16, left(e + 16)), odd, s1);
-      s2 = bf16_pairs_avx2(load_bf16x16(w + e + 32, left(e + 32)),
-                           load_bf16x16(x + e + 32, left(e + 32)), odd, s2);
-      s3 = bf16_pairs_avx2(load_bf16x16(w + e + 48, left(e + 48)),
-                           load_bf16x16(x + e + 48, left(e + 48)), odd, s3);
+      const auto at = [&](std::int64_t g) { return std::min(e + 16 * g, k); };
+      s0 = bf16_pairs_avx2(load_bf16x16(w + at(0), left(e)), load_bf16x16(x + at(0), left(e)), odd,
+                           s0);
+      s1 = bf16_pairs_avx2(load_bf16x16(w + at(1), left(e + 16)),
+                           load_bf16x16(x + at(1), left(e + 16)), odd, s1);
+      s2 = bf16_pairs_avx2(load_bf16x16(w + at(2), left(e + 32)),
+                           load_bf16x16(x + at(2), left(e + 32)), odd, s2);
+      s3 = bf16_pairs_avx2(load_bf16x16(w + at(3), left(e + 48)),
+                           load_bf16x16(x + at(3), left(e + 48)), odd, s3);
     }
     c[j] = fold_avx2(s0, s1, s2, s3);
   }

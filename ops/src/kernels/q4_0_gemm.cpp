@@ -39,7 +39,8 @@ struct Q4_0Codes {
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
   }
 
-  // The codes q - 8, for the AVX2 sign trick (as llama.cpp unpacks Q4_0 for Q4_0 x Q8_0).
+  // The codes q - 8, signed, for the prefill tile's AVX2 packer (packed_panels.hpp), whose
+  // kernel takes llama.cpp's sign trick.
   __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
     return _mm256_sub_epi8(nibbles256(block), _mm256_set1_epi8(8));
   }

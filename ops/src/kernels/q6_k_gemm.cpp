@@ -62,10 +62,10 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
             _mm256_setzero_ps()};
   }
 
-  // Block kJ's codes q - 32, signed for the AVX2 sign trick (codes256), or q as they are
-  // (unsigned256, which the AVX2 kernel takes: kOffset256): quarter kJ mod 4 of half kJ / 4
-  // takes the low (quarters 0, 1) or high nibbles of the half's first or second 32 bytes and
-  // bits 2 (kJ mod 4) and up of its high-bit bytes, moved to bits 4-5.
+  // Block kJ's codes q as they are (unsigned256, which the AVX2 dot kernel takes: kOffset256),
+  // or q - 32, signed, for the prefill tile's AVX2 packer (codes256): quarter kJ mod 4 of half kJ /
+  // 4 takes the low (quarters 0, 1) or high nibbles of the half's first or second 32 bytes and bits
+  // 2 (kJ mod 4) and up of its high-bit bytes, moved to bits 4-5.
   template <int kJ>
   __attribute__((target("avx2"))) static __m256i unsigned256(const unsigned char* block) {
     constexpr int h = kJ / 4, quarter = kJ % 4;

@@ -48,14 +48,18 @@
 //     static constexpr int kScalesPerBlock;  // sub-block scales per activation block: 1 or 2
 //     static constexpr bool kMinimums;       // Q4_K's minimums (the activations' block sums)
 //     static constexpr bool kSigned256;      // codes256 gives signed codes (else 0 .. 127)
+//     static constexpr int kOffset256;       // KquantFormat's: kOffset where kSigned256, else 0
 //     // (and row512 and isum512 below, from the codes' offset); the format defines:
 //     // Scalar: the codes (the format's q_w), sub-block scales and negated minimums.
 //     static void decode(const unsigned char* block, KquantBlock& out);
 //     // AVX2: the sub-block scales and negated minimums (target "avx2,f16c", without fma, so
 //     // that the AVX-512 steps, whose target has none, inline it: a call there spilled the
-//     // accumulators once a super-block), and block kJ's 32 codes.
+//     // accumulators once a super-block), and block kJ's 32 codes (signed where kSigned256,
+//     // for the prefill tile's packer); where kOffset256 > 0 (Q6_K), the dot kernel takes
+//     // unsigned256<kJ>'s codes q and the offset off once a row, as the pair formats do.
 //     static KquantScales256 scales256(const unsigned char* block);
 //     template <int kJ> static __m256i codes256(const unsigned char* block);
+//     template <int kJ> static __m256i unsigned256(const unsigned char* block);  // kOffset256 > 0
 //     // AVX-512: the 4 pairs of blocks' unsigned codes; row512 and isum512 as for the pair
 //     // formats, but on a pair's codes.
 //     template <bool kVnni, bool kHalf> static KquantWeights512 weights512(const unsigned char*);
