@@ -62,6 +62,9 @@ struct Rows {
   std::int64_t k;
   std::int64_t blocks;
   const std::int32_t* corrections = nullptr;
+  // Below VNNI, for Q4_0: -8 times each block's sum of codes (rows k / 32 apart), which rows256
+  // adds to each block's sums of the nibbles (PackedBlock's codes q - 8, 8 added back).
+  const std::int32_t* offset_corrections = nullptr;
 };
 
 // f.template operator()<R>() for R = rows, 1 .. kRowsAtOnce: the kernels' row counts as constants.
@@ -113,12 +116,15 @@ void rows_scalar(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
 
 // Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0: |w| as unsigned bytes (-128
 // gives 128) times x given w's sign, vpmaddubsw's pair sums within 2 * 128 * 127, vpmaddwd with
-// ones.
-template <class Fm, int R>
+// ones. kOffset > 0 (Q4_0: 8): the codes q - kOffset given back their offset, unsigned q against
+// x as it is, and the block's sums then take kOffset times the row's sum of codes off
+// (Rows::offset_corrections): the same integers without a sign per row and group.
+template <class Fm, int R, int kOffset>
 __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_t i0,
                                                       const PackedBlock* panel, int h,
                                                       std::int64_t count, float* c,
                                                       std::int64_t ldc) {
+  static_assert(kOffset == 0 || !Fm::kTwoScales, "one correction a block");
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 f[R];
   for (int r = 0; r < R; ++r) f[r] = _mm256_setzero_ps();
@@ -137,12 +143,22 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
         }
       }
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
-      const __m256i magnitude = _mm256_abs_epi8(w);
+      // vpmaddubsw's unsigned operand: |w|, or the codes given back their offset.
+      const __m256i magnitude =
+          kOffset > 0 ? _mm256_add_epi8(w, _mm256_set1_epi8(static_cast<char>(kOffset)))
+                      : _mm256_abs_epi8(w);
       for (int r = 0; r < R; ++r) {
         std::int32_t four;
         std::memcpy(&four, a.codes + (i0 + r) * a.k + t * kQ8DotBlock + 4 * g, 4);
-        const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(four), w);
+        const __m256i x =
+            kOffset > 0 ? _mm256_set1_epi32(four) : _mm256_sign_epi8(_mm256_set1_epi32(four), w);
         s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
+      }
+    }
+    if constexpr (kOffset > 0) {
+      for (int r = 0; r < R; ++r) {
+        s[r] = _mm256_add_epi32(s[r],
+                                _mm256_set1_epi32(a.offset_corrections[(i0 + r) * a.blocks + t]));
       }
     }
     const __m256 d_w = _mm256_load_ps((Fm::kTwoScales ? p.scales_high : p.scales) + 8 * h);
@@ -537,7 +553,12 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const Source& pane
 template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
                  std::int64_t count, float* c, std::int64_t ldc) {
-  with_rows(rows, [&]<int R>() { rows256<Fm, R>(a, i0, panel, h, count, c, ldc); });
+  with_rows(rows, [&]<int R>() {
+    if constexpr (!Fm::kTwoScales) {
+      if (a.offset_corrections != nullptr) return rows256<Fm, R, 8>(a, i0, panel, h, count, c, ldc);
+    }
+    rows256<Fm, R, 0>(a, i0, panel, h, count, c, ldc);
+  });
 }
 
 // The activations' codes as unsigned bytes, x + 128 (x ^ 0x80), for the VNNI kernel.
@@ -554,9 +575,10 @@ NUMESH_PACKED_AVX512 void to_unsigned(const std::int8_t* codes, std::int64_t cou
 // out[t] = -offset times the sum of the codes of block t, for `count` consecutive blocks of
 // activation codes (rows k apart are consecutive blocks): rows512_stored's starting sums. The
 // tile calls this for every tile of rows, so 8 blocks a step (a scalar loop took 13 % of a
-// 256-token q4_0 prefill on Zen 5).
-NUMESH_PACKED_AVX512 void stored_corrections(const std::int8_t* codes, std::int64_t count,
-                                             std::int32_t offset, std::int32_t* out) {
+// 256-token q4_0 prefill on Zen 5). AVX2 only: rows256 takes them too (offset_corrections).
+__attribute__((target("avx2"))) void stored_corrections(const std::int8_t* codes,
+                                                        std::int64_t count, std::int32_t offset,
+                                                        std::int32_t* out) {
   const __m256i times = _mm256_set1_epi32(-offset);
   std::int64_t t = 0;
   for (; t + detail::kKquantBlocks <= count; t += detail::kKquantBlocks) {
@@ -728,6 +750,12 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
                          corrections.data() + first * blocks);
       a.corrections = corrections.data();
     }
+  } else if (level >= KernelLevel::kAvx2 && b.dtype == DType::kQ4_0) {
+    // rows256 takes Q4_0's nibbles unsigned and the 8 off once a row and block.
+    thread_local std::vector<std::int32_t> offset_corrections;
+    offset_corrections.resize(static_cast<std::size_t>(m * blocks));
+    stored_corrections(codes, m * blocks, kStoredOffset<DType::kQ4_0>, offset_corrections.data());
+    a.offset_corrections = offset_corrections.data();
   }
   const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
   switch (b.dtype) {
