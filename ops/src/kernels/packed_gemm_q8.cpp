@@ -114,17 +114,21 @@ void rows_scalar(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
 
 // ---- AVX2: 8 outputs a register, llama.cpp's sign trick -----------------------------------------
 
-// Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0: |w| as unsigned bytes (-128
-// gives 128) times x given w's sign, vpmaddubsw's pair sums within 2 * 128 * 127, vpmaddwd with
-// ones. kOffset > 0 (Q4_0: 8): the codes q - kOffset given back their offset, unsigned q against
-// x as it is, and the block's sums then take kOffset times the row's sum of codes off
-// (Rows::offset_corrections): the same integers without a sign per row and group.
-template <class Fm, int R, int kOffset>
+// How rows256 meets a panel's codes: signed ones by llama.cpp's sign trick, |w| as unsigned bytes
+// (-128 gives 128) times x given w's sign; codes never negative (Q4_K's nibbles) as vpmaddubsw's
+// unsigned operand as they are; Q4_0's q - 8 given back their 8, the 8 taken off once a row and
+// block (Rows::offset_corrections). The same integers every way, without the sign (and abs) per
+// row and group where the codes allow it.
+enum class Codes256 { kSigned, kUnsigned, kOffset8 };
+
+// Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0: vpmaddubsw's pair sums
+// (within 2 * 128 * 127), vpmaddwd with ones.
+template <class Fm, int R, Codes256 kCodes>
 __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_t i0,
                                                       const PackedBlock* panel, int h,
                                                       std::int64_t count, float* c,
                                                       std::int64_t ldc) {
-  static_assert(kOffset == 0 || !Fm::kTwoScales, "one correction a block");
+  static_assert(kCodes != Codes256::kOffset8 || !Fm::kTwoScales, "one correction a block");
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 f[R];
   for (int r = 0; r < R; ++r) f[r] = _mm256_setzero_ps();
@@ -143,19 +147,20 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
         }
       }
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
-      // vpmaddubsw's unsigned operand: |w|, or the codes given back their offset.
-      const __m256i magnitude =
-          kOffset > 0 ? _mm256_add_epi8(w, _mm256_set1_epi8(static_cast<char>(kOffset)))
-                      : _mm256_abs_epi8(w);
+      // vpmaddubsw's unsigned operand.
+      __m256i magnitude = w;
+      if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
+      if constexpr (kCodes == Codes256::kOffset8)
+        magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
       for (int r = 0; r < R; ++r) {
         std::int32_t four;
         std::memcpy(&four, a.codes + (i0 + r) * a.k + t * kQ8DotBlock + 4 * g, 4);
-        const __m256i x =
-            kOffset > 0 ? _mm256_set1_epi32(four) : _mm256_sign_epi8(_mm256_set1_epi32(four), w);
+        __m256i x = _mm256_set1_epi32(four);
+        if constexpr (kCodes == Codes256::kSigned) x = _mm256_sign_epi8(x, w);
         s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
       }
     }
-    if constexpr (kOffset > 0) {
+    if constexpr (kCodes == Codes256::kOffset8) {
       for (int r = 0; r < R; ++r) {
         s[r] = _mm256_add_epi32(s[r],
                                 _mm256_set1_epi32(a.offset_corrections[(i0 + r) * a.blocks + t]));
@@ -554,10 +559,14 @@ template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
                  std::int64_t count, float* c, std::int64_t ldc) {
   with_rows(rows, [&]<int R>() {
-    if constexpr (!Fm::kTwoScales) {
-      if (a.offset_corrections != nullptr) return rows256<Fm, R, 8>(a, i0, panel, h, count, c, ldc);
+    if constexpr (Fm::kMinimums) {
+      return rows256<Fm, R, Codes256::kUnsigned>(a, i0, panel, h, count, c, ldc);  // Q4_K
+    } else if constexpr (!Fm::kTwoScales) {
+      if (a.offset_corrections != nullptr) {  // Q4_0
+        return rows256<Fm, R, Codes256::kOffset8>(a, i0, panel, h, count, c, ldc);
+      }
     }
-    rows256<Fm, R, 0>(a, i0, panel, h, count, c, ldc);
+    rows256<Fm, R, Codes256::kSigned>(a, i0, panel, h, count, c, ldc);
   });
 }
 
