@@ -112,23 +112,19 @@ void rows_scalar(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
   }
 }
 
-// ---- AVX2: 8 outputs a register, llama.cpp's sign trick -----------------------------------------
+// ---- AVX2: 8 outputs a register -----------------------------------------------------------------
 
-// How rows256 meets a panel's codes: signed ones by llama.cpp's sign trick, |w| as unsigned bytes
-// (-128 gives 128) times x given w's sign; codes never negative (Q4_K's nibbles) as vpmaddubsw's
-// unsigned operand as they are; Q4_0's q - 8 given back their 8, the 8 taken off once a row and
-// block (Rows::offset_corrections). The same integers every way, without the sign (and abs) per
-// row and group where the codes allow it.
-enum class Codes256 { kSigned, kUnsigned, kOffset8 };
+using detail::Codes256;  // how rows256 gives vpmaddubsw its unsigned operand
 
 // Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0: vpmaddubsw's pair sums
-// (within 2 * 128 * 127), vpmaddwd with ones.
+// (within 2 * 128 * 127), vpmaddwd with ones. kCorrected is Q4_0's alone here: its packed codes
+// q - 8 given back their 8, the 8 taken off once a row and block (Rows::offset_corrections).
 template <class Fm, int R, Codes256 kCodes>
 __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_t i0,
                                                       const PackedBlock* panel, int h,
                                                       std::int64_t count, float* c,
                                                       std::int64_t ldc) {
-  static_assert(kCodes != Codes256::kOffset8 || !Fm::kTwoScales, "one correction a block");
+  static_assert(kCodes != Codes256::kCorrected || !Fm::kTwoScales, "one correction a block");
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 f[R];
   for (int r = 0; r < R; ++r) f[r] = _mm256_setzero_ps();
@@ -150,7 +146,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
       // vpmaddubsw's unsigned operand.
       __m256i magnitude = w;
       if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
-      if constexpr (kCodes == Codes256::kOffset8)
+      if constexpr (kCodes == Codes256::kCorrected)
         magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
       for (int r = 0; r < R; ++r) {
         std::int32_t four;
@@ -160,7 +156,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
         s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
       }
     }
-    if constexpr (kCodes == Codes256::kOffset8) {
+    if constexpr (kCodes == Codes256::kCorrected) {
       for (int r = 0; r < R; ++r) {
         s[r] = _mm256_add_epi32(s[r],
                                 _mm256_set1_epi32(a.offset_corrections[(i0 + r) * a.blocks + t]));
@@ -563,7 +559,7 @@ void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
       return rows256<Fm, R, Codes256::kUnsigned>(a, i0, panel, h, count, c, ldc);  // Q4_K
     } else if constexpr (!Fm::kTwoScales) {
       if (a.offset_corrections != nullptr) {  // Q4_0
-        return rows256<Fm, R, Codes256::kOffset8>(a, i0, panel, h, count, c, ldc);
+        return rows256<Fm, R, Codes256::kCorrected>(a, i0, panel, h, count, c, ldc);
       }
     }
     rows256<Fm, R, Codes256::kSigned>(a, i0, panel, h, count, c, ldc);

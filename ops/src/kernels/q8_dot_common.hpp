@@ -115,8 +115,8 @@ struct Q8dotActivations {
   const float* scales;
   const float* sums;
   std::int64_t blocks;
-  /// At the AVX2 level for pair formats with an offset (kOffset256 > 0): lane l of block t is
-  /// -kOffset256 (x[4l] + ... + x[4l + 3]), 8 lanes a block, rows `blocks` * 8 apart
+  /// At the AVX2 level for formats with an offset (kOffset256 > 0: Q4_0, Q6_K): lane l of block t
+  /// is -kOffset256 (x[4l] + ... + x[4l + 3]), 8 lanes a block, rows `blocks` * 8 apart
   /// (q8dot_offset_corrections256); null otherwise.
   const std::int32_t* corrections = nullptr;
 
@@ -282,48 +282,61 @@ __attribute__((target("avx2,fma,f16c"))) inline float q8dot_fold256(__m256 even,
   return _mm_cvtss_f32(_mm_add_ss(u2, _mm_shuffle_ps(u2, u2, 1)));
 }
 
-/// acc += isum scale, int32 lane l of isum the exact sum over the block's inputs 4l .. 4l + 3.
-/// kSigned: llama.cpp's sign trick, |w| as unsigned bytes (a code of -128 gives 128) times x with
-/// w's sign (x within [-127, 127], so the negation is exact) in vpmaddubsw, whose int16 pair
-/// sums stay within 2 * 128 * 127 = 32512 (no saturation); unsigned codes (at most 127) go to
-/// vpmaddubsw as they are. Then vpmaddwd with ones.
-template <bool kSigned>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_step256(__m256i abs_w, __m256i w,
+/// How the AVX2 steps give vpmaddubsw its unsigned operand: signed codes by llama.cpp's sign
+/// trick, |w| as unsigned bytes (a code of -128 gives 128) times x with w's sign (x within
+/// [-127, 127], so the negation is exact); codes never negative (at most 127) as they are; codes
+/// q - offset as their unsigned q, the offset then taken off through the row's corrections
+/// (Q8dotActivations::corrections here, the prefill tile's Rows::offset_corrections). The same
+/// integers every way: the last two spare the sign (and abs) per row and output.
+enum class Codes256 { kSigned, kUnsigned, kCorrected };
+
+/// acc += isum scale, int32 lane l of isum the exact sum over the block's inputs 4l .. 4l + 3:
+/// vpmaddubsw (int16 pair sums within 2 * 128 * 127 = 32512, no saturation), vpmaddwd with ones,
+/// and for kCorrected the lanes' `correction`.
+template <Codes256 kCodes>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_step256(__m256i magnitude, __m256i w,
                                                                      const std::int8_t* x,
+                                                                     const std::int32_t* correction,
                                                                      __m256 scale, __m256 acc) {
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i pairs =
-      kSigned ? _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xv, w)) : _mm256_maddubs_epi16(w, xv);
-  const __m256i isum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  const __m256i pairs = kCodes == Codes256::kSigned
+                            ? _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, w))
+                            : _mm256_maddubs_epi16(w, xv);
+  __m256i isum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  if constexpr (kCodes == Codes256::kCorrected) {
+    isum = _mm256_add_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
+  }
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
 }
 
 /// q8dot_step256 for row r's block t, whose scale products are d_a[t] * w_scales (one f32
 /// product a lane).
-template <bool kSigned>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_row_step256(__m256i abs_w, __m256i w,
-                                                                         __m256 w_scales,
+template <Codes256 kCodes>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_row_step256(__m256i magnitude,
+                                                                         __m256i w, __m256 w_scales,
                                                                          const Q8dotActivations& a,
                                                                          int r, std::int64_t t,
                                                                          __m256 acc) {
   const __m256 scale = _mm256_mul_ps(_mm256_broadcast_ss(a.scales_at(r, t)), w_scales);
-  return q8dot_step256<kSigned>(abs_w, w, a.codes_at(r, t), scale, acc);
+  const std::int32_t* correction =
+      kCodes == Codes256::kCorrected ? a.corrections_at(r, t) : nullptr;
+  return q8dot_step256<kCodes>(magnitude, w, a.codes_at(r, t), correction, scale, acc);
 }
 
 /// Block t's weight codes `w` (their lanes' scales `w_scales`) for R rows of activations:
 /// accumulators by reference (named variables, not arrays: gcc 12 keeps arrays of vectors in
 /// memory).
-template <bool kSigned, int R>
+template <Codes256 kCodes, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void q8dot_block256(__m256i w, __m256 w_scales,
                                                                     std::int64_t t,
                                                                     const Q8dotActivations& a,
                                                                     __m256& r0, __m256& r1,
                                                                     __m256& r2, __m256& r3) {
-  const __m256i abs_w = kSigned ? _mm256_abs_epi8(w) : w;
-  r0 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 0, t, r0);
-  if constexpr (R > 1) r1 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 1, t, r1);
-  if constexpr (R > 2) r2 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 2, t, r2);
-  if constexpr (R > 3) r3 = q8dot_row_step256<kSigned>(abs_w, w, w_scales, a, 3, t, r3);
+  const __m256i magnitude = kCodes == Codes256::kSigned ? _mm256_abs_epi8(w) : w;
+  r0 = q8dot_row_step256<kCodes>(magnitude, w, w_scales, a, 0, t, r0);
+  if constexpr (R > 1) r1 = q8dot_row_step256<kCodes>(magnitude, w, w_scales, a, 1, t, r1);
+  if constexpr (R > 2) r2 = q8dot_row_step256<kCodes>(magnitude, w, w_scales, a, 2, t, r2);
+  if constexpr (R > 3) r3 = q8dot_row_step256<kCodes>(magnitude, w, w_scales, a, 3, t, r3);
 }
 
 /// -kOffset (x[4l] + ... + x[4l + 3]) for the 8 lanes of each of `count` blocks of codes (32
@@ -339,31 +352,6 @@ __attribute__((target("avx2"))) inline void q8dot_offset_corrections256(std::int
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * 8),
                         _mm256_sub_epi32(_mm256_setzero_si256(), sum));
   }
-}
-
-/// acc += isum scale for row r's block t and the block's unsigned codes `q` (codes q - kOffset):
-/// isum = the pair sums of q x (within 2 * 63 * 127, no saturation) plus the row's correction,
-/// the same integers as the sign trick on q - kOffset without its per-output abs, sign and
-/// offset.
-__attribute__((target("avx2,fma,f16c"))) inline __m256 q8dot_offset_step256(
-    __m256i q, __m256 w_scales, const Q8dotActivations& a, int r, std::int64_t t, __m256 acc) {
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes_at(r, t)));
-  const __m256i isum = _mm256_add_epi32(
-      _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1)),
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.corrections_at(r, t))));
-  const __m256 scale = _mm256_mul_ps(_mm256_broadcast_ss(a.scales_at(r, t)), w_scales);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
-}
-
-/// q8dot_offset_step256 for R rows.
-template <int R>
-__attribute__((target("avx2,fma,f16c"))) inline void q8dot_offset_block256(
-    __m256i q, __m256 w_scales, std::int64_t t, const Q8dotActivations& a, __m256& r0, __m256& r1,
-    __m256& r2, __m256& r3) {
-  r0 = q8dot_offset_step256(q, w_scales, a, 0, t, r0);
-  if constexpr (R > 1) r1 = q8dot_offset_step256(q, w_scales, a, 1, t, r1);
-  if constexpr (R > 2) r2 = q8dot_offset_step256(q, w_scales, a, 2, t, r2);
-  if constexpr (R > 3) r3 = q8dot_offset_step256(q, w_scales, a, 3, t, r3);
 }
 
 /// A super-block's sub-block scales d sc for AVX2 (sub-blocks 0-7 in `low`, 8-15 in `high`) and
@@ -386,27 +374,32 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 kq_lane_scales256(const K
   }
 }
 
+/// Block kJ's codes as the AVX2 dot kernel takes them: unsigned256 where the format has an
+/// offset (kOffset256 > 0), else codes256.
+template <class F, int kJ>
+__attribute__((target("avx2"))) inline __m256i kq_codes256(const unsigned char* block) {
+  if constexpr (F::kOffset256 > 0) {
+    return F::template unsigned256<kJ>(block);
+  } else {
+    return F::template codes256<kJ>(block);
+  }
+}
+
 /// Blocks kJ and kJ + 1 of the super-block whose first block is t0 (at `block`).
 template <class F, int R, int kJ>
 __attribute__((target("avx2,fma,f16c"))) inline void kq_pair256(
     std::int64_t t0, const unsigned char* block, const KquantScales256& s,
     const Q8dotActivations& a, __m256& e0, __m256& e1, __m256& e2, __m256& e3, __m256& o0,
     __m256& o1, __m256& o2, __m256& o3) {
-  if constexpr (F::kOffset256 > 0) {
-    q8dot_offset_block256<R>(F::template unsigned256<kJ>(block),
-                             kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0, e1, e2,
-                             e3);
-    q8dot_offset_block256<R>(F::template unsigned256<kJ + 1>(block),
-                             kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1, a, o0,
-                             o1, o2, o3);
-  } else {
-    q8dot_block256<F::kSigned256, R>(F::template codes256<kJ>(block),
-                                     kq_lane_scales256<F::kScalesPerBlock, kJ>(s), t0 + kJ, a, e0,
-                                     e1, e2, e3);
-    q8dot_block256<F::kSigned256, R>(F::template codes256<kJ + 1>(block),
-                                     kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1,
-                                     a, o0, o1, o2, o3);
-  }
+  // Q6_K's codes q - 32 as their q, corrected; Q4_K's nibbles as they are.
+  constexpr Codes256 kCodes = F::kOffset256 > 0 ? Codes256::kCorrected
+                              : F::kSigned256   ? Codes256::kSigned
+                                                : Codes256::kUnsigned;
+  q8dot_block256<kCodes, R>(kq_codes256<F, kJ>(block), kq_lane_scales256<F::kScalesPerBlock, kJ>(s),
+                            t0 + kJ, a, e0, e1, e2, e3);
+  q8dot_block256<kCodes, R>(kq_codes256<F, kJ + 1>(block),
+                            kq_lane_scales256<F::kScalesPerBlock, kJ + 1>(s), t0 + kJ + 1, a, o0,
+                            o1, o2, o3);
 }
 
 /// Block t of a pair format's row of blocks at `w`.
@@ -420,9 +413,9 @@ __attribute__((target("avx2,fma,f16c"))) inline void q8dot_pair_block256(std::in
   // vcvtph2ps: exact, as f32_from_f16
   const __m256 d_w = _mm256_set1_ps(_cvtsh_ss(q8dot_scale_bits(block)));
   if constexpr (F::kOffset256 > 0) {
-    q8dot_offset_block256<R>(F::unsigned256(block), d_w, t, a, r0, r1, r2, r3);
+    q8dot_block256<Codes256::kCorrected, R>(F::unsigned256(block), d_w, t, a, r0, r1, r2, r3);
   } else {
-    q8dot_block256<true, R>(F::codes256(block), d_w, t, a, r0, r1, r2, r3);
+    q8dot_block256<Codes256::kSigned, R>(F::codes256(block), d_w, t, a, r0, r1, r2, r3);
   }
 }
 
