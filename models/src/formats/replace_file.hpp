@@ -16,9 +16,8 @@ namespace numesh::models::detail {
 /// whole, and whoever has the old one mapped keeps its bytes. The stream goes to the file in
 /// whole chunks of 8 MiB, whatever pieces `write` gives it (a flush of it writes nothing), so
 /// that the page cache holds the new file in its largest folios (read and mapped at memory
-/// speed). A `file` that is a symlink keeps
-/// being one: the file it names is replaced. The new file takes the old one's permissions. The
-/// temporary is removed when anything fails.
+/// speed). A `file` that is a symlink keeps being one: the file it names is replaced. The new
+/// file takes the old one's permissions. The temporary is removed when anything fails.
 /// `what` starts every message ("gguf", "safetensors").
 /// Throws: IoError "<what>: cannot write '<file>'" when the temporary cannot be created,
 /// "<what>: writing '<file>' failed (<the OS's error>)" when a write or the flush fails (without
