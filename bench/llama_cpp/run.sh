@@ -10,7 +10,10 @@
 # `numesh convert`, then, ROUNDS times (3 by default), numesh generate and llama_bench.cpp each
 # prefill the same 256 ids and decode 128 greedy tokens on 2 threads. NUMESH (default
 # build/release/tools/numesh) is the program measured; scratch files go to LLAMA_BENCH_WORK
-# (default /tmp/numesh-llama-cpp-baseline).
+# (default /tmp/numesh-llama-cpp-baseline). LLAMA_CPU_LIBS (default the package's own folder)
+# names a folder of the same libraries with one CPU variant alone: ggml loads the best variant
+# the CPU runs, so a folder holding only libggml-cpu-haswell.so beside the others measures
+# llama.cpp's AVX2 build on an AVX-512 machine (run numesh with NUMESH_KERNELS=avx2 beside it).
 set -euo pipefail
 modules=${1:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
 model=${2:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
@@ -19,7 +22,7 @@ types=${4:-q8_0,q4_0,bf16,f32}
 here=$(cd "$(dirname "$0")" && pwd)
 numesh=${NUMESH:-$here/../../build/release/tools/numesh}
 work=${LLAMA_BENCH_WORK:-/tmp/numesh-llama-cpp-baseline}
-libs=$modules/@node-llama-cpp/linux-x64/bins/linux-x64
+libs=${LLAMA_CPU_LIBS:-$modules/@node-llama-cpp/linux-x64/bins/linux-x64}
 mkdir -p "$work"
 [ -d "$work/llama.cpp" ] || git clone -q "$modules/node-llama-cpp/llama/gitRelease.bundle" "$work/llama.cpp"
 g++ -O2 -std=c++17 -I"$work/llama.cpp/include" -I"$work/llama.cpp/ggml/include" \
