@@ -282,6 +282,12 @@ __attribute__((target("avx2,fma,f16c"))) inline float q8dot_fold256(__m256 even,
   return _mm_cvtss_f32(_mm_add_ss(u2, _mm_shuffle_ps(u2, u2, 1)));
 }
 
+/// The f16 scale at `at` in all 8 lanes: the bits broadcast, then vcvtph2ps (exact, as
+/// f32_from_f16), two instructions where a scalar conversion and its broadcast took four.
+__attribute__((target("avx2,f16c"))) inline __m256 q8dot_scale256(const unsigned char* at) {
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(q8dot_scale_bits(at))));
+}
+
 /// How the AVX2 steps give vpmaddubsw its unsigned operand: signed codes by llama.cpp's sign
 /// trick, |w| as unsigned bytes (a code of -128 gives 128) times x with w's sign (x within
 /// [-127, 127], so the negation is exact); codes never negative (at most 127) as they are; codes
@@ -410,8 +416,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void q8dot_pair_block256(std::in
                                                                          __m256& r0, __m256& r1,
                                                                          __m256& r2, __m256& r3) {
   const unsigned char* block = w + t * F::kBlockBytes;
-  // vcvtph2ps: exact, as f32_from_f16
-  const __m256 d_w = _mm256_set1_ps(_cvtsh_ss(q8dot_scale_bits(block)));
+  const __m256 d_w = q8dot_scale256(block);
   if constexpr (F::kOffset256 > 0) {
     q8dot_block256<Codes256::kCorrected, R>(F::unsigned256(block), d_w, t, a, r0, r1, r2, r3);
   } else {
