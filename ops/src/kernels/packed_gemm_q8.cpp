@@ -116,31 +116,61 @@ void rows_scalar(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
 
 using detail::Codes256;  // how rows256 gives vpmaddubsw its unsigned operand
 
-// Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0: vpmaddubsw's pair sums
-// (within 2 * 128 * 127), vpmaddwd with ones. kCorrected is Q4_0's alone here: its packed codes
-// q - 8 given back their 8, the 8 taken off once a row and block (Rows::offset_corrections).
+// Group g's step for one row: s += the integer sums of the row's 4 codes at x (broadcast) with
+// the 8 outputs' 4 codes `w` (vpmaddubsw's unsigned operand `magnitude`): pair sums within 2 *
+// 128 * 127, then vpmaddwd with ones.
+template <Codes256 kCodes>
+__attribute__((target("avx2,fma,f16c"))) inline __m256i group256(__m256i magnitude, __m256i w,
+                                                                 const std::int8_t* x, __m256i s) {
+  std::int32_t four;
+  std::memcpy(&four, x, 4);
+  __m256i xv = _mm256_set1_epi32(four);
+  if constexpr (kCodes == Codes256::kSigned) xv = _mm256_sign_epi8(xv, w);
+  s = _mm256_add_epi32(
+      s, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xv), _mm256_set1_epi16(1)));
+  // An empty asm the sum passes through: without it gcc 12 reassociates a block's 32 (row, group)
+  // sums into a tree and holds them on the stack, a store and a load each (the tile at 0.85-0.9x).
+  __asm__("" : "+x"(s));
+  return s;
+}
+
+// f += f32(s) (d_a d_w), d_a row r's scale of block t: one block's (or half block's) sums into a
+// row's accumulator.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 scale256(__m256i s, const Rows& a,
+                                                                std::int64_t r, std::int64_t t,
+                                                                __m256 d_w, __m256 f) {
+  const __m256 d_a = _mm256_set1_ps(a.scales[r * a.blocks + t]);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d_a, d_w), f);
+}
+
+// Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0. kCorrected is Q4_0's alone
+// here: its packed codes q - 8 given back their 8, the 8 taken off once a row and block
+// (Rows::offset_corrections). The sums are named variables, not arrays, which gcc 12 keeps on the
+// stack.
 template <class Fm, int R, Codes256 kCodes>
 __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_t i0,
                                                       const PackedBlock* panel, int h,
                                                       std::int64_t count, float* c,
                                                       std::int64_t ldc) {
   static_assert(kCodes != Codes256::kCorrected || !Fm::kTwoScales, "one correction a block");
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 f[R];
-  for (int r = 0; r < R; ++r) f[r] = _mm256_setzero_ps();
+  static_assert(R >= 1 && R <= 4);
+  __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+  const std::int8_t* x0 = a.codes + i0 * a.k;  // row i0's codes; row i0 + r's are r k on
   for (std::int64_t t = 0; t < a.blocks; ++t) {
     const PackedBlock& p = panel[t];
-    __m256 d_a[R];
-    for (int r = 0; r < R; ++r) d_a[r] = _mm256_set1_ps(a.scales[(i0 + r) * a.blocks + t]);
-    __m256i s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    const std::int8_t* x = x0 + t * kQ8DotBlock;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    // The block's sums of rows i0 .. i0 + R - 1 into their accumulators, scaled by d_w.
+    const auto flush = [&](__m256 d_w) __attribute__((target("avx2,fma,f16c"))) {
+      f0 = scale256(s0, a, i0, t, d_w, f0);
+      if constexpr (R > 1) f1 = scale256(s1, a, i0 + 1, t, d_w, f1);
+      if constexpr (R > 2) f2 = scale256(s2, a, i0 + 2, t, d_w, f2);
+      if constexpr (R > 3) f3 = scale256(s3, a, i0 + 3, t, d_w, f3);
+    };
     for (std::int64_t g = 0; g < kPanelGroups; ++g) {
       if (Fm::kTwoScales && g == kPanelGroups / 2) {
-        const __m256 d_w = _mm256_load_ps(p.scales + 8 * h);
-        for (int r = 0; r < R; ++r) {
-          f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(d_a[r], d_w), f[r]);
-          s[r] = _mm256_setzero_si256();
-        }
+        flush(_mm256_load_ps(p.scales + 8 * h));
+        s0 = s1 = s2 = s3 = _mm256_setzero_si256();
       }
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
       // vpmaddubsw's unsigned operand.
@@ -148,30 +178,29 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
       if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
       if constexpr (kCodes == Codes256::kCorrected)
         magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
-      for (int r = 0; r < R; ++r) {
-        std::int32_t four;
-        std::memcpy(&four, a.codes + (i0 + r) * a.k + t * kQ8DotBlock + 4 * g, 4);
-        __m256i x = _mm256_set1_epi32(four);
-        if constexpr (kCodes == Codes256::kSigned) x = _mm256_sign_epi8(x, w);
-        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
-      }
+      s0 = group256<kCodes>(magnitude, w, x + 4 * g, s0);
+      if constexpr (R > 1) s1 = group256<kCodes>(magnitude, w, x + a.k + 4 * g, s1);
+      if constexpr (R > 2) s2 = group256<kCodes>(magnitude, w, x + 2 * a.k + 4 * g, s2);
+      if constexpr (R > 3) s3 = group256<kCodes>(magnitude, w, x + 3 * a.k + 4 * g, s3);
     }
     if constexpr (kCodes == Codes256::kCorrected) {
-      for (int r = 0; r < R; ++r) {
-        s[r] = _mm256_add_epi32(s[r],
-                                _mm256_set1_epi32(a.offset_corrections[(i0 + r) * a.blocks + t]));
-      }
+      const std::int32_t* correction = a.offset_corrections + i0 * a.blocks + t;
+      s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(correction[0]));
+      if constexpr (R > 1) s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(correction[a.blocks]));
+      if constexpr (R > 2) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(correction[2 * a.blocks]));
+      if constexpr (R > 3) s3 = _mm256_add_epi32(s3, _mm256_set1_epi32(correction[3 * a.blocks]));
     }
-    const __m256 d_w = _mm256_load_ps((Fm::kTwoScales ? p.scales_high : p.scales) + 8 * h);
-    for (int r = 0; r < R; ++r)
-      f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(d_a[r], d_w), f[r]);
+    flush(_mm256_load_ps((Fm::kTwoScales ? p.scales_high : p.scales) + 8 * h));
     if constexpr (Fm::kMinimums) {
       const __m256 minimums = _mm256_load_ps(p.minimums + 8 * h);
-      for (int r = 0; r < R; ++r) {
-        f[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.sums[(i0 + r) * a.blocks + t]), minimums, f[r]);
-      }
+      const float* sums = a.sums + i0 * a.blocks + t;
+      f0 = _mm256_fmadd_ps(_mm256_set1_ps(sums[0]), minimums, f0);
+      if constexpr (R > 1) f1 = _mm256_fmadd_ps(_mm256_set1_ps(sums[a.blocks]), minimums, f1);
+      if constexpr (R > 2) f2 = _mm256_fmadd_ps(_mm256_set1_ps(sums[2 * a.blocks]), minimums, f2);
+      if constexpr (R > 3) f3 = _mm256_fmadd_ps(_mm256_set1_ps(sums[3 * a.blocks]), minimums, f3);
     }
   }
+  const __m256 f[4] = {f0, f1, f2, f3};
   for (int r = 0; r < R; ++r) {
     if (count == 8) {
       _mm256_storeu_ps(c + r * ldc, f[r]);
