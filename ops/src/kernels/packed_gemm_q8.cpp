@@ -167,21 +167,29 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
       if constexpr (R > 2) f2 = scale256(s2, a, i0 + 2, t, d_w, f2);
       if constexpr (R > 3) f3 = scale256(s3, a, i0 + 3, t, d_w, f3);
     };
-    for (std::int64_t g = 0; g < kPanelGroups; ++g) {
-      if (Fm::kTwoScales && g == kPanelGroups / 2) {
-        flush(_mm256_load_ps(p.scales + 8 * h));
-        s0 = s1 = s2 = s3 = _mm256_setzero_si256();
+    // Groups [from, to) of the block's 8.
+    const auto groups = [&](std::int64_t from, std::int64_t to)
+        __attribute__((target("avx2,fma,f16c"))) {
+      for (std::int64_t g = from; g < to; ++g) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
+        // vpmaddubsw's unsigned operand.
+        __m256i magnitude = w;
+        if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
+        if constexpr (kCodes == Codes256::kCorrected)
+          magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
+        s0 = group256<kCodes>(magnitude, w, x + 4 * g, s0);
+        if constexpr (R > 1) s1 = group256<kCodes>(magnitude, w, x + a.k + 4 * g, s1);
+        if constexpr (R > 2) s2 = group256<kCodes>(magnitude, w, x + 2 * a.k + 4 * g, s2);
+        if constexpr (R > 3) s3 = group256<kCodes>(magnitude, w, x + 3 * a.k + 4 * g, s3);
       }
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
-      // vpmaddubsw's unsigned operand.
-      __m256i magnitude = w;
-      if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
-      if constexpr (kCodes == Codes256::kCorrected)
-        magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
-      s0 = group256<kCodes>(magnitude, w, x + 4 * g, s0);
-      if constexpr (R > 1) s1 = group256<kCodes>(magnitude, w, x + a.k + 4 * g, s1);
-      if constexpr (R > 2) s2 = group256<kCodes>(magnitude, w, x + 2 * a.k + 4 * g, s2);
-      if constexpr (R > 3) s3 = group256<kCodes>(magnitude, w, x + 3 * a.k + 4 * g, s3);
+    };
+    if constexpr (Fm::kTwoScales) {  // inputs 0-15 under the block's first scale
+      groups(0, kPanelGroups / 2);
+      flush(_mm256_load_ps(p.scales + 8 * h));
+      s0 = s1 = s2 = s3 = _mm256_setzero_si256();
+      groups(kPanelGroups / 2, kPanelGroups);
+    } else {
+      groups(0, kPanelGroups);
     }
     if constexpr (kCodes == Codes256::kCorrected) {
       const std::int32_t* correction = a.offset_corrections + i0 * a.blocks + t;
