@@ -143,21 +143,98 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 scale256(__m256i s, const
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d_a, d_w), f);
 }
 
-// Half `h` (outputs 8h .. 8h + 7) of a panel for R rows from row i0. kCorrected is Q4_0's alone
-// here: its packed codes q - 8 given back their 8, the 8 taken off once a row and block
-// (Rows::offset_corrections). The sums are named variables, not arrays, which gcc 12 keeps on the
-// stack.
-template <class Fm, int R, Codes256 kCodes>
+// vpmaddubsw's operands from a group's 8 outputs' codes: the unsigned one, and (for
+// Codes256::kSigned) the codes whose signs the activations take.
+struct Operands256 {
+  __m256i magnitude;
+  __m256i w;
+};
+
+// What rows256 multiplies: half `h` (outputs 8h .. 8h + 7) of each block of a packed panel. Its
+// codes meet the activations as kCodes says: Q8_0's and Q6_K's by the sign trick, Q4_K's as they
+// are, and Q4_0's (q - 8) given back their 8, the 8 then taken off once a row and block
+// (Rows::offset_corrections).
+template <Codes256 kCodes_>
+struct PackedHalf {
+  static constexpr Codes256 kCodes = kCodes_;
+  const PackedBlock* panel;
+  int h;
+
+  __attribute__((target("avx2"))) Operands256 group(std::int64_t t, std::int64_t g) const {
+    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[t].codes[g][8 * h]));
+    if constexpr (kCodes == Codes256::kSigned) return {_mm256_abs_epi8(w), w};
+    if constexpr (kCodes == Codes256::kCorrected)
+      return {_mm256_add_epi8(w, _mm256_set1_epi8(8)), w};
+    return {w, w};
+  }
+  __attribute__((target("avx2"))) __m256 scales(std::int64_t t) const {
+    return _mm256_load_ps(panel[t].scales + 8 * h);
+  }
+  __attribute__((target("avx2"))) __m256 scales_high(std::int64_t t) const {
+    return _mm256_load_ps(panel[t].scales_high + 8 * h);
+  }
+  __attribute__((target("avx2"))) __m256 minimums(std::int64_t t) const {
+    return _mm256_load_ps(panel[t].minimums + 8 * h);
+  }
+  void ahead(std::int64_t) const {}  // packed in the cache already
+};
+
+// Half `h` of each block of a stored Q8_0 or Q4_0 panel read where it lies
+// (runtime/weight_panels.hpp: each block its 16 outputs' f16 scales, then its codes): Q8_0's
+// signed codes by the sign trick; Q4_0's nibbles q as they are (line u's low nibbles group u, its
+// high ones group u + 4), the 8 taken off through Rows::offset_corrections. The integers and the
+// scales are the packed half's, so rows256 gives the same bits without packing a copy.
+template <DType kFormat>
+struct StoredHalf {
+  static constexpr Codes256 kCodes =
+      kFormat == DType::kQ8_0 ? Codes256::kSigned : Codes256::kCorrected;
+  static constexpr std::int64_t kBlockBytes = detail::kStoredBlockBytes<kFormat>;
+  static constexpr auto kLine = static_cast<std::int64_t>(sizeof(PackedBlock::codes[0]));
+  const unsigned char* panel;
+  int h;
+
+  __attribute__((target("avx2"))) Operands256 group(std::int64_t t, std::int64_t g) const {
+    const unsigned char* codes = panel + t * kBlockBytes + detail::kStoredScaleBytes + 32 * h;
+    if constexpr (kFormat == DType::kQ8_0) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + g * kLine));
+      return {_mm256_abs_epi8(w), w};
+    } else {
+      const __m256i line =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + g % 4 * kLine));
+      const __m256i q =
+          _mm256_and_si256(g < 4 ? line : _mm256_srli_epi16(line, 4), _mm256_set1_epi8(0x0F));
+      return {q, q};
+    }
+  }
+  __attribute__((target("avx2,f16c"))) __m256 scales(std::int64_t t) const {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + t * kBlockBytes + 16 * h)));
+  }
+  __attribute__((target("avx2,f16c"))) __m256 scales_high(std::int64_t t) const {
+    return scales(t);
+  }
+  __attribute__((target("avx2"))) __m256 minimums(std::int64_t) const {
+    return _mm256_setzero_ps();
+  }
+  // The stream of the panel's blocks, asked for once (by the first half's calls).
+  void ahead(std::int64_t t) const {
+    if (h == 0) detail::stream_ahead(panel + t * kBlockBytes, kBlockBytes);
+  }
+};
+
+// `half` for R rows from row i0 (Half: PackedHalf or StoredHalf). The sums are named variables,
+// not arrays, which gcc 12 keeps on the stack.
+template <class Fm, int R, class Half>
 __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_t i0,
-                                                      const PackedBlock* panel, int h,
-                                                      std::int64_t count, float* c,
-                                                      std::int64_t ldc) {
+                                                      const Half& half, std::int64_t count,
+                                                      float* c, std::int64_t ldc) {
+  constexpr Codes256 kCodes = Half::kCodes;
   static_assert(kCodes != Codes256::kCorrected || !Fm::kTwoScales, "one correction a block");
   static_assert(R >= 1 && R <= 4);
   __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
   const std::int8_t* x0 = a.codes + i0 * a.k;  // row i0's codes; row i0 + r's are r k on
   for (std::int64_t t = 0; t < a.blocks; ++t) {
-    const PackedBlock& p = panel[t];
+    half.ahead(t);
     const std::int8_t* x = x0 + t * kQ8DotBlock;
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
     // The block's sums of rows i0 .. i0 + R - 1 into their accumulators, scaled by d_w.
@@ -171,21 +248,16 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
     const auto groups = [&](std::int64_t from, std::int64_t to)
         __attribute__((target("avx2,fma,f16c"))) {
       for (std::int64_t g = from; g < to; ++g) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(p.codes[g][8 * h]));
-        // vpmaddubsw's unsigned operand.
-        __m256i magnitude = w;
-        if constexpr (kCodes == Codes256::kSigned) magnitude = _mm256_abs_epi8(w);
-        if constexpr (kCodes == Codes256::kCorrected)
-          magnitude = _mm256_add_epi8(w, _mm256_set1_epi8(8));
-        s0 = group256<kCodes>(magnitude, w, x + 4 * g, s0);
-        if constexpr (R > 1) s1 = group256<kCodes>(magnitude, w, x + a.k + 4 * g, s1);
-        if constexpr (R > 2) s2 = group256<kCodes>(magnitude, w, x + 2 * a.k + 4 * g, s2);
-        if constexpr (R > 3) s3 = group256<kCodes>(magnitude, w, x + 3 * a.k + 4 * g, s3);
+        const Operands256 o = half.group(t, g);
+        s0 = group256<kCodes>(o.magnitude, o.w, x + 4 * g, s0);
+        if constexpr (R > 1) s1 = group256<kCodes>(o.magnitude, o.w, x + a.k + 4 * g, s1);
+        if constexpr (R > 2) s2 = group256<kCodes>(o.magnitude, o.w, x + 2 * a.k + 4 * g, s2);
+        if constexpr (R > 3) s3 = group256<kCodes>(o.magnitude, o.w, x + 3 * a.k + 4 * g, s3);
       }
     };
     if constexpr (Fm::kTwoScales) {  // inputs 0-15 under the block's first scale
       groups(0, kPanelGroups / 2);
-      flush(_mm256_load_ps(p.scales + 8 * h));
+      flush(half.scales(t));
       s0 = s1 = s2 = s3 = _mm256_setzero_si256();
       groups(kPanelGroups / 2, kPanelGroups);
     } else {
@@ -198,9 +270,9 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
       if constexpr (R > 2) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(correction[2 * a.blocks]));
       if constexpr (R > 3) s3 = _mm256_add_epi32(s3, _mm256_set1_epi32(correction[3 * a.blocks]));
     }
-    flush(_mm256_load_ps((Fm::kTwoScales ? p.scales_high : p.scales) + 8 * h));
+    flush(Fm::kTwoScales ? half.scales_high(t) : half.scales(t));
     if constexpr (Fm::kMinimums) {
-      const __m256 minimums = _mm256_load_ps(p.minimums + 8 * h);
+      const __m256 minimums = half.minimums(t);
       const float* sums = a.sums + i0 * a.blocks + t;
       f0 = _mm256_fmadd_ps(_mm256_set1_ps(sums[0]), minimums, f0);
       if constexpr (R > 1) f1 = _mm256_fmadd_ps(_mm256_set1_ps(sums[a.blocks]), minimums, f1);
@@ -588,18 +660,32 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const Source& pane
   for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(c + r * ldc, mask, f.v[r]);
 }
 
+// rows256 for `rows` rows of half h of a packed panel.
 template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
                  std::int64_t count, float* c, std::int64_t ldc) {
   with_rows(rows, [&]<int R>() {
     if constexpr (Fm::kMinimums) {
-      return rows256<Fm, R, Codes256::kUnsigned>(a, i0, panel, h, count, c, ldc);  // Q4_K
+      return rows256<Fm, R>(a, i0, PackedHalf<Codes256::kUnsigned>{panel, h}, count, c,
+                            ldc);  // Q4_K
     } else if constexpr (!Fm::kTwoScales) {
       if (a.offset_corrections != nullptr) {  // Q4_0
-        return rows256<Fm, R, Codes256::kCorrected>(a, i0, panel, h, count, c, ldc);
+        return rows256<Fm, R>(a, i0, PackedHalf<Codes256::kCorrected>{panel, h}, count, c, ldc);
       }
     }
-    rows256<Fm, R, Codes256::kSigned>(a, i0, panel, h, count, c, ldc);
+    rows256<Fm, R>(a, i0, PackedHalf<Codes256::kSigned>{panel, h}, count, c, ldc);
+  });
+}
+
+// rows256 for `rows` rows of half h of a stored Q8_0 or Q4_0 panel at `panel`.
+void rows256_stored_any(DType dtype, std::int64_t rows, const Rows& a, std::int64_t i0,
+                        const unsigned char* panel, int h, std::int64_t count, float* c,
+                        std::int64_t ldc) {
+  with_rows(rows, [&]<int R>() {
+    if (dtype == DType::kQ8_0) {
+      return rows256<PairForm, R>(a, i0, StoredHalf<DType::kQ8_0>{panel, h}, count, c, ldc);
+    }
+    rows256<PairForm, R>(a, i0, StoredHalf<DType::kQ4_0>{panel, h}, count, c, ldc);
   });
 }
 
@@ -680,8 +766,11 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
     const bool direct0 = tile_rows > 0 && stored0 && b.dtype == DType::kQ8_0;
     const bool direct1 = direct0 && stored1;
     const bool rest = tile_rows < m;
-    // (The corrections exist exactly where the VNNI rows may read panels: from avx512-bf16.)
-    const bool rest_direct = a.corrections != nullptr && stored0 && (n1 == 0 || stored1);
+    // (From avx512-bf16 the corrections exist exactly where the VNNI rows may read panels;
+    // below it rows256 reads any stored panel, Q4_0's with its offset corrections.)
+    const bool rest_direct = (level >= KernelLevel::kAvx512Bf16 ? a.corrections != nullptr
+                                                                : level >= KernelLevel::kAvx2) &&
+                             stored0 && (n1 == 0 || stored1);
     const bool rest_packed = rest && !rest_direct;
     const bool tiles = tile_rows > 0;
     if ((tiles && !direct0) || rest_packed) {
@@ -724,9 +813,14 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
           for (int panel = 0; panel < 2; ++panel) {
             const std::int64_t count = panel == 0 ? n0 : n1;
             for (int h = 0; h < 2 && 8 * h < count; ++h) {
-              rows256_any<Fm>(rows, a, i, panel == 0 ? p0 : p1, h,
-                              std::min<std::int64_t>(8, count - 8 * h), out + 16 * panel + 8 * h,
-                              ldc);
+              const std::int64_t outputs = std::min<std::int64_t>(8, count - 8 * h);
+              float* half_out = out + 16 * panel + 8 * h;
+              if (rest_direct) {
+                rows256_stored_any(b.dtype, rows, a, i, b.w + (j + n0 * panel) * b.ldw, h, outputs,
+                                   half_out, ldc);
+              } else {
+                rows256_any<Fm>(rows, a, i, panel == 0 ? p0 : p1, h, outputs, half_out, ldc);
+              }
             }
           }
           break;
