@@ -18,6 +18,7 @@
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/weight_order.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/weight_panels.hpp"
@@ -1276,12 +1277,13 @@ TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   }
 }
 
-// Q8_0 and Q4_0 weights in panels, from the avx512-bf16 level (VNNI): device_gemm multiplies them
-// by the prefill tile at every number of rows and in both precisions (WeightKernels::
-// tiles_on_panels_from: packed_gemm_q8 reads the stored panels where they lie, one row as fast as
-// the dot kernel), so a row has packed_gemm_q8's bits in a decode step, a prompt or a serving
-// step alike. Below VNNI (and on rows) decode keeps the dot kernel's order.
-TEST(BlockGemmTest, PanelsWithVnniTakeThePackedOrderAtEveryRowCount) {
+// Q8_0 and Q4_0 weights in panels where they pay (panels_pay: q4_0 from avx2, q8_0 from
+// avx512-bf16): device_gemm multiplies them by the prefill tile at every number of rows and in
+// both precisions (WeightKernels::tiles_on_panels_from: packed_gemm_q8 reads the stored panels
+// where they lie, one row as fast as the dot kernel), so a row has packed_gemm_q8's bits in a
+// decode step, a prompt or a serving step alike. Below that (and on rows) decode keeps the dot
+// kernel's order.
+TEST(BlockGemmTest, PanelsWhereTheyPayTakeThePackedOrderAtEveryRowCount) {
   const KernelLevel level = runtime::kernel_level();
   std::mt19937 rng(47);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -1293,8 +1295,8 @@ TEST(BlockGemmTest, PanelsWithVnniTakeThePackedOrderAtEveryRowCount) {
   // tiles small); many tasks over panels (1024 outputs), with the row-stored tail of n = 1030.
   const std::vector<Shape> shapes = {
       {160, 80, {1, 3, 16, 17, 40}}, {8192, 32, {80}}, {1024, 1030, {1, 20}}};
-  const bool vnni = level >= KernelLevel::kAvx512Bf16;
   for (const DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    const bool tile = panels_pay(t, level);
     for (const Shape& shape : shapes) {
       const std::int64_t k = shape.k, n = shape.n;
       const Blocks rows = make_blocks(t, n, k, 49, /*foreign=*/true);
@@ -1310,10 +1312,11 @@ TEST(BlockGemmTest, PanelsWithVnniTakeThePackedOrderAtEveryRowCount) {
               "{} m {} [{}, {}] {} at {}", to_string(t), m, k, n,
               precision == MatmulPrecision::kF32 ? "f32" : "row-invariant", level_name(level));
           const Quantized q = quantize(m, k, a, k, level);
-          // The kernel device_gemm must have taken: the tile with VNNI, below it the dot kernel
-          // (prefill of more than 16 rows there mixes tiles and a dot-kernel tail: not checked).
-          if (!vnni && m > 16) continue;
-          const std::vector<float> want = vnni ? run_packed(m, q, panels.matrix, level, label)
+          // The kernel device_gemm must have taken: the tile where panels pay, elsewhere the dot
+          // kernel (prefill of more than 16 rows there mixes tiles and a dot-kernel tail: not
+          // checked).
+          if (!tile && m > 16) continue;
+          const std::vector<float> want = tile ? run_packed(m, q, panels.matrix, level, label)
                                                : run_dot(m, q, panels.matrix, level, label);
           for (std::int64_t r = 0; r < m; ++r) {
             for (std::int64_t j = 0; j < n; ++j) {

@@ -5,6 +5,7 @@
 #include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm_16bit.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
+#include "numesh/ops/kernels/weight_order.hpp"
 
 namespace numesh::ops::detail {
 
@@ -66,12 +67,16 @@ constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_ge
 constexpr TileFloor kInt8TileFloor{64, 32, 16, 32};
 // Q8_0 and Q4_0 panels with VNNI: packed_gemm_q8 reads them where they lie, one row as fast as
 // the dot kernel (q4_0: 1.4x) and 8-16 rows 2-5x as fast (docs/benchmarks.md, "Session 40").
+// Q4_0's from AVX2 too: the dot kernel's nibbles and scales a block and output left it bound by
+// its instructions, where the tile's are shared by 8 outputs (one row 1.6-1.9x, 8 rows 1.3-2.4x;
+// decode of the 109 M Llama 1.2x at the avx2 level, "Session 56"). Q8_0's one-row decode streams
+// rows as fast below VNNI (0.95x on panels there), so it keeps them.
 constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,     dot_q8<dot_gemm_q8_0>, nullptr,
                                      dot_q8<packed_gemm_q8>,  kInt8TileFloor,        std::nullopt,
                                      KernelLevel::kAvx512Bf16};
-constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8,     dot_q8<dot_gemm_q4_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>,  kInt8TileFloor,        std::nullopt,
-                                     KernelLevel::kAvx512Bf16};
+constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q4_0>, nullptr,
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
+                                     KernelLevel::kAvx2};
 constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
@@ -100,3 +105,13 @@ const WeightKernels& weight_kernels(DType dtype) noexcept {
 }
 
 }  // namespace numesh::ops::detail
+
+namespace numesh::ops {
+
+bool panels_pay(DType dtype, runtime::KernelLevel level) noexcept {
+  const std::optional<runtime::KernelLevel> from =
+      detail::weight_kernels(dtype).tiles_on_panels_from;
+  return runtime::has_panels(dtype) && from.has_value() && level >= *from;
+}
+
+}  // namespace numesh::ops
