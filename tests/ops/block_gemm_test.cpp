@@ -1247,7 +1247,7 @@ TEST(BlockGemmTest, PanelsRefuseViewsThatCutThemAndKernelsThatCannotReadThem) {
 
 // MatmulPrecision::kRowInvariant on block formats (a serving engine's products): every row of a
 // product of 17 to 100 rows, on rows and on panels, has the bits it gets alone (device_gemm: the
-// dot kernels take all the rows at once, or the tile for q8_0 and q4_0 panels from avx512-bf16).
+// dot kernels take all the rows at once, or the tile for q8_0 and q4_0 panels where they pay).
 TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   std::mt19937 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -63,7 +63,8 @@ struct Rows {
   std::int64_t blocks;
   const std::int32_t* corrections = nullptr;
   // Below VNNI, for Q4_0: -8 times each block's sum of codes (rows k / 32 apart), which rows256
-  // adds to each block's sums of the nibbles (PackedBlock's codes q - 8, 8 added back).
+  // adds to each block's sums of the nibbles q (PackedBlock's codes q - 8 with 8 added back, or a
+  // stored panel's as they lie).
   const std::int32_t* offset_corrections = nullptr;
 };
 
@@ -759,15 +760,15 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
   for (std::int64_t j = 0; j < n; j += 2 * kPanelOutputs) {
     const std::int64_t n0 = std::min(kPanelOutputs, n - j);
     const std::int64_t n1 = std::min(kPanelOutputs, std::max<std::int64_t>(0, n - j - n0));
-    // The tile products read stored Q8_0 panels where they lie; the packed panels serve the
-    // rows the other kernels take (and every other panel).
-    // So do the VNNI kernel's rows, when both panels are stored (Q8_0 or Q4_0).
+    // The tile products read stored Q8_0 panels where they lie, and the rows (VNNI's, or AVX2's
+    // below it) a pair of panels both stored (Q8_0 or Q4_0); the packed panels serve every other
+    // panel and the rows of the scalar level.
     const bool stored0 = j < b.panel_outputs, stored1 = stored0 && j + n0 < b.panel_outputs;
     const bool direct0 = tile_rows > 0 && stored0 && b.dtype == DType::kQ8_0;
     const bool direct1 = direct0 && stored1;
     const bool rest = tile_rows < m;
     // (From avx512-bf16 the corrections exist exactly where the VNNI rows may read panels;
-    // below it rows256 reads any stored panel, Q4_0's with its offset corrections.)
+    // below it rows256 reads any stored pair, Q4_0's with its offset corrections.)
     const bool rest_direct = (level >= KernelLevel::kAvx512Bf16 ? a.corrections != nullptr
                                                                 : level >= KernelLevel::kAvx2) &&
                              stored0 && (n1 == 0 || stored1);

@@ -1033,7 +1033,8 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
         q8dot_panels512<F>(m, all, w, np, c, ldc);
       } else {
         // Below VNNI, each panel back to rows in a buffer of the thread, then the level's kernel:
-        // the same bits, for the levels whose machines do not get panels from the loader.
+        // the same bits, for panels where they do not pay (device_gemm takes the tile for those
+        // that do).
         thread_local std::vector<std::byte> rows;
         const std::int64_t panel_bytes = runtime::kPanelWidth * ldw;
         rows.resize(static_cast<std::size_t>(panel_bytes));

@@ -14,8 +14,9 @@ namespace numesh::ops {
 /// has the same bits whatever rows are beside it and however many: every row through the decode
 /// kernels, whose sums run along k in an order fixed by the shapes n and k alone (weights stored
 /// out-in: all the rows at once, each element one dot product; in-out: row blocks of at most
-/// kSkinnyMaxRows rows one after the other), or, for q8_0 and q4_0 panels from avx512-bf16,
-/// through packed_gemm_q8, whose AMX tile products and VNNI rows give a row the same bits. What a
+/// kSkinnyMaxRows rows one after the other), or, for q8_0 and q4_0 panels where they pay
+/// (ops::panels_pay), through packed_gemm_q8, whose AMX tile products and rows give a row the
+/// same bits. What a
 /// serving engine's steps use (a request's tokens must not depend on the batch it runs in); prefill
 /// is slower than kF32's tiles.
 enum class MatmulPrecision { kF32, kBF16, kRowInvariant };

@@ -112,12 +112,13 @@
 //   products and fmas follow in this order (rows past the last 16 take the VNNI kernel).
 //   A row's products then differ from decode's in the last bits (decode keeps 16 lanes of
 //   partial sums and folds them); both multiply the same quantized activations. (device_gemm
-//   multiplies Q8_0 and Q4_0 weights stored in panels by this tile at every number of rows from
-//   the avx512-bf16 level, decode included: its VNNI rows read the panels where they lie, one row
-//   as fast as the dot kernel.) The error against the exact product of the quantized
-//   activations and the kernel's weights (P and M as for decode) is one rounding per scale
-//   product and fma: |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block:
-//   2 (Q8_0, Q4_0: a product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K: two of each).
+//   multiplies Q8_0 and Q4_0 weights stored in panels by this tile at every number of rows where
+//   panels pay, Q4_0 from the avx2 level and Q8_0 from avx512-bf16 (ops::panels_pay), decode
+//   included: its rows read the panels where they lie, one row as fast as the dot kernel.)
+//   The error against the exact product of the quantized activations and the kernel's weights
+//   (P and M as for decode) is one rounding per scale product and fma:
+//   |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block: 2 (Q8_0, Q4_0: a
+//   product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K: two of each).
 //
 // - gemm_dequantized: the former prefill tile, kept as the fp32 baseline that
 //   bench/mlp_bench.cpp measures packed_gemm_q8 against: panels of the weights dequantized to
@@ -192,10 +193,10 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 /// between calls (1.625 bytes a weight of those outputs, 208 KiB at k = 4096); at avx512-bf16 the
 /// activation codes as unsigned bytes go to another (m k bytes), and Q4_K's activation block
 /// sums to a third (m k / 32 floats), each call preparing them again for its rows (stored panels,
-/// b.panel_outputs > 0 of Q8_0 and Q4_0, pack by a copy of their codes: the same bytes; from
-/// avx512-bf16 they are not packed at all but read where they lie, by the VNNI rows and, for
-/// Q8_0, by AMX's tile products, with each activation block's sum of codes in a fourth buffer,
-/// m k / 32 int32). NaN or
+/// b.panel_outputs > 0 of Q8_0 and Q4_0, are read where they lie by the rows of every level from
+/// avx2, a pair of panels both stored, and for Q8_0 by AMX's tile products, and otherwise packed
+/// by a copy of their codes: the same bytes; the VNNI rows take each activation block's sum of
+/// codes, and below VNNI Q4_0's rows -8 times it, in a fourth buffer, m k / 32 int32). NaN or
 /// infinite scales (of weight or activation blocks) reach exactly the outputs they multiply
 /// into; weight codes of -128 are multiplied exactly. No other state: safe to call from many
 /// threads at once.

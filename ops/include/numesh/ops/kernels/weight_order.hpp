@@ -18,14 +18,14 @@ namespace numesh::ops {
 bool panels_pay(DType dtype, runtime::KernelLevel level) noexcept;
 
 /// How the layers store an out-in weight matrix of `dtype` (laid_out_out_in): in panels where
-/// they pay at the process's kernel level (panels_pay), rows elsewhere (the lower levels read
-/// panels only by restoring their rows, block_gemm.hpp). The environment variable
-/// NUMESH_WEIGHT_PANELS (read once) overrides it: 0 keeps rows everywhere (to compare the two), 1
-/// takes panels at every level (the tests' way to run the lower levels on them). Where panels do
-/// not pay either order gives the same bits; where they do, products on panels take the tile's
-/// order at every row count and rows the dot kernels' (docs/ops.md), which round the same
-/// quantized sums differently. CausalLm's load in place (`--mmap on`) keeps a file's rows where
-/// this says panels (models/src/shard_reader.hpp).
+/// they pay at the process's kernel level (panels_pay), rows elsewhere (where they do not pay,
+/// the dot kernels read panels only by restoring their rows, block_gemm.hpp). The environment
+/// variable NUMESH_WEIGHT_PANELS (read once) overrides it: 0 keeps rows everywhere (to compare
+/// the two), 1 takes panels at every level (the tests' way to run the lower levels on them).
+/// Where panels do not pay either order gives the same bits; where they do, products on panels
+/// take the tile's order at every row count and rows the dot kernels' (docs/ops.md), which round
+/// the same quantized sums differently. CausalLm's load in place (`--mmap on`) keeps a file's
+/// rows where this says panels (models/src/shard_reader.hpp).
 inline runtime::StoredOrder out_in_order(DType dtype) {
   enum class Choice { kAuto, kNever, kAlways };
   static const Choice choice = [] {
