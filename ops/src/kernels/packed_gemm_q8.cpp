@@ -661,6 +661,40 @@ NUMESH_PACKED_AMX void tile16(const Rows& a, std::int64_t i0, const Source& pane
   for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(c + r * ldc, mask, f.v[r]);
 }
 
+// rows256 for one row (i0) and both halves of a panel (`low` and `high`, 8 outputs each) in one
+// pass: each of the panel's 64-byte lines is read whole once, where two passes of a half read
+// half of every line each (the first from memory, at half its use); the row's 4 codes are
+// broadcast once for both. The same sums in the same order as rows256's, so the same bits. For
+// decode's single rows of stored panels.
+template <class Fm, class Half>
+__attribute__((target("avx2,fma,f16c"))) void row256_both(const Rows& a, std::int64_t i0,
+                                                          const Half& low, const Half& high,
+                                                          float* c) {
+  constexpr Codes256 kCodes = Half::kCodes;
+  static_assert(!Fm::kTwoScales && !Fm::kMinimums, "the pair formats");
+  __m256 f0 = _mm256_setzero_ps(), f1 = f0;
+  const std::int8_t* x0 = a.codes + i0 * a.k;
+  for (std::int64_t t = 0; t < a.blocks; ++t) {
+    low.ahead(t);
+    const std::int8_t* x = x0 + t * kQ8DotBlock;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+    for (std::int64_t g = 0; g < kPanelGroups; ++g) {
+      const Operands256 o0 = low.group(t, g), o1 = high.group(t, g);
+      s0 = group256<kCodes>(o0.magnitude, o0.w, x + 4 * g, s0);
+      s1 = group256<kCodes>(o1.magnitude, o1.w, x + 4 * g, s1);
+    }
+    if constexpr (kCodes == Codes256::kCorrected) {
+      const __m256i correction = _mm256_set1_epi32(a.offset_corrections[i0 * a.blocks + t]);
+      s0 = _mm256_add_epi32(s0, correction);
+      s1 = _mm256_add_epi32(s1, correction);
+    }
+    f0 = scale256(s0, a, i0, t, low.scales(t), f0);
+    f1 = scale256(s1, a, i0, t, high.scales(t), f1);
+  }
+  _mm256_storeu_ps(c, f0);
+  _mm256_storeu_ps(c + 8, f1);
+}
+
 // rows256 for `rows` rows of half h of a packed panel.
 template <class Fm>
 void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const PackedBlock* panel, int h,
@@ -678,15 +712,17 @@ void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
   });
 }
 
-// rows256 for `rows` rows of half h of a stored Q8_0 or Q4_0 panel at `panel`.
-void rows256_stored_any(DType dtype, std::int64_t rows, const Rows& a, std::int64_t i0,
-                        const unsigned char* panel, int h, std::int64_t count, float* c,
-                        std::int64_t ldc) {
+// rows256 for `rows` rows of the stored Q8_0 or Q4_0 panel at `panel` (16 outputs into c): one
+// row both halves at once (row256_both), more rows a half at a time (each half's codes then
+// serve up to 4 rows).
+template <DType kFormat>
+void rows256_stored(std::int64_t rows, const Rows& a, std::int64_t i0, const unsigned char* panel,
+                    float* c, std::int64_t ldc) {
+  const StoredHalf<kFormat> low{panel, 0}, high{panel, 1};
+  if (rows == 1) return row256_both<PairForm>(a, i0, low, high, c);
   with_rows(rows, [&]<int R>() {
-    if (dtype == DType::kQ8_0) {
-      return rows256<PairForm, R>(a, i0, StoredHalf<DType::kQ8_0>{panel, h}, count, c, ldc);
-    }
-    rows256<PairForm, R>(a, i0, StoredHalf<DType::kQ4_0>{panel, h}, count, c, ldc);
+    rows256<PairForm, R>(a, i0, low, 8, c, ldc);
+    rows256<PairForm, R>(a, i0, high, 8, c + 8, ldc);
   });
 }
 
@@ -813,15 +849,19 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
         case KernelLevel::kAvx2:
           for (int panel = 0; panel < 2; ++panel) {
             const std::int64_t count = panel == 0 ? n0 : n1;
-            for (int h = 0; h < 2 && 8 * h < count; ++h) {
-              const std::int64_t outputs = std::min<std::int64_t>(8, count - 8 * h);
-              float* half_out = out + 16 * panel + 8 * h;
-              if (rest_direct) {
-                rows256_stored_any(b.dtype, rows, a, i, b.w + (j + n0 * panel) * b.ldw, h, outputs,
-                                   half_out, ldc);
+            if (rest_direct && count > 0) {  // whole stored panels
+              const unsigned char* stored = b.w + (j + n0 * panel) * b.ldw;
+              if (b.dtype == DType::kQ8_0) {
+                rows256_stored<DType::kQ8_0>(rows, a, i, stored, out + 16 * panel, ldc);
               } else {
-                rows256_any<Fm>(rows, a, i, panel == 0 ? p0 : p1, h, outputs, half_out, ldc);
+                rows256_stored<DType::kQ4_0>(rows, a, i, stored, out + 16 * panel, ldc);
               }
+              continue;
+            }
+            for (int h = 0; h < 2 && 8 * h < count; ++h) {
+              rows256_any<Fm>(rows, a, i, panel == 0 ? p0 : p1, h,
+                              std::min<std::int64_t>(8, count - 8 * h), out + 16 * panel + 8 * h,
+                              ldc);
             }
           }
           break;
