@@ -20,7 +20,7 @@
 //                           (quantize_activations_q8 is timed apart, as
 //                           BM_Decode_QuantizeActivations/M/level); <dtype, true>: q8_0 or
 //                           q4_0 weights stored in panels of 16 outputs, as the layers store
-//                           them where they pay (q4_0 from avx2, q8_0 from avx512-bf16);
+//                           them where they pay (from avx2);
 //                           <dtype, true, true>: the same panels
 //                           by the prefill tile, packed_gemm_q8 (the other order: what a
 //                           row-invariant product would pay at each row count if it took it).
@@ -232,8 +232,7 @@ const std::vector<std::uint16_t>& dot_panels(std::int64_t n) {
   return panels;
 }
 
-// kPanels: the weights stored in panels, as the layers store Q4_0 from avx2 and Q8_0 from
-// avx512-bf16.
+// kPanels: the weights stored in panels, as the layers store Q8_0 and Q4_0 from avx2.
 // kTile: multiplied by the prefill tile (packed_gemm_q8) instead of the format's dot kernel.
 template <DType T, bool kPanels = false, bool kTile = false>
 void BM_Decode_Dot(benchmark::State& state) {

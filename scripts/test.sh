@@ -237,7 +237,7 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     program="${t%/*}"
     envs="NUMESH_KERNELS=$level"
     # The scalar level runs the layers on weights stored in panels (which the loader takes only
-    # where they pay: q4_0 from avx2, q8_0 with VNNI), so that every machine runs them through the
+    # where they pay, from avx2), so that every machine runs them through the
     # whole model.
     [[ "$level" == scalar ]] && envs+=" NUMESH_WEIGHT_PANELS=1"
     [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"

@@ -1277,12 +1277,11 @@ TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   }
 }
 
-// Q8_0 and Q4_0 weights in panels where they pay (panels_pay: q4_0 from avx2, q8_0 from
-// avx512-bf16): device_gemm multiplies them by the prefill tile at every number of rows and in
-// both precisions (WeightKernels::tiles_on_panels_from: packed_gemm_q8 reads the stored panels
-// where they lie, one row as fast as the dot kernel), so a row has packed_gemm_q8's bits in a
-// decode step, a prompt or a serving step alike. Below that (and on rows) decode keeps the dot
-// kernel's order.
+// Q8_0 and Q4_0 weights in panels where they pay (panels_pay: from avx2): device_gemm multiplies
+// them by the prefill tile at every number of rows and in both precisions
+// (WeightKernels::tiles_on_panels_from: packed_gemm_q8 reads the stored panels where they lie, one
+// row as fast as the dot kernel), so a row has packed_gemm_q8's bits in a decode step, a prompt or
+// a serving step alike. Below that (and on rows) decode keeps the dot kernel's order.
 TEST(BlockGemmTest, PanelsWhereTheyPayTakeThePackedOrderAtEveryRowCount) {
   const KernelLevel level = runtime::kernel_level();
   std::mt19937 rng(47);

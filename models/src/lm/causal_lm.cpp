@@ -154,8 +154,8 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoi
   const bool in_place =
       mapping == WeightMapping::kInPlace ||
       (mapping == WeightMapping::kAuto && lm.mesh_.devices().topology().numa_nodes().size() <= 1);
-  // Asked for in place outright: even the matrices the devices would store in panels (q4_0 from
-  // the avx2 level, q8_0 with VNNI: ops::panels_pay) keep the file's rows, trading their faster
+  // Asked for in place outright: even the matrices the devices would store in panels (q8_0 and
+  // q4_0 from the avx2 level: ops::panels_pay) keep the file's rows, trading their faster
   // decode order for a load without a copy.
   if (mapping == WeightMapping::kInPlace) detail::keep_in_place_rows(checkpoint, matrices);
   lm.mapped_bytes_ = detail::read_shards(checkpoint, matrices, in_place, [&](std::size_t i) {

@@ -67,13 +67,15 @@ constexpr WeightKernels kF16Kernels{ActivationForm::kF32, dot_widened, skinny_ge
 constexpr TileFloor kInt8TileFloor{64, 32, 16, 32};
 // Q8_0 and Q4_0 panels with VNNI: packed_gemm_q8 reads them where they lie, one row as fast as
 // the dot kernel (q4_0: 1.4x) and 8-16 rows 2-5x as fast (docs/benchmarks.md, "Session 40").
-// Q4_0's from AVX2 too: the dot kernel's nibbles and scales a block and output left it bound by
-// its instructions, where the tile's are shared by 8 outputs (one row 1.6-1.9x, 8 rows 1.3-2.4x;
-// decode of the 109 M Llama 1.2x at the avx2 level, "Session 56"). Q8_0's one-row decode streams
-// rows as fast below VNNI (0.95x on panels there), so it keeps them.
-constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,     dot_q8<dot_gemm_q8_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>,  kInt8TileFloor,        std::nullopt,
-                                     KernelLevel::kAvx512Bf16};
+// Below VNNI too, from AVX2, where the tile's rows read a stored panel in place 8 outputs a
+// register and one row both halves in a pass: q4_0's dot kernel spends a block's nibbles and
+// scale on one output, where the tile shares them among 8 (one row 1.8-2x from the cache, 1.3-1.4x
+// from memory, 8 rows 2.3x; decode of the 109 M Llama 1.2x and again 1.1x at the avx2 level),
+// q8_0's one row from the cache 1.6x, level from memory, 8 rows 1.4x (decode 1.04x, prefill
+// 1.11x): docs/benchmarks.md, "Session 56".
+constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q8_0>, nullptr,
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
+                                     KernelLevel::kAvx2};
 constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q4_0>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
                                      KernelLevel::kAvx2};

@@ -64,7 +64,7 @@ struct WeightKernels {
   /// The kernel level from which `tile` is as fast as `dot` on one row of weights stored in
   /// panels (WeightMatrix::panel_outputs) and faster on more, so that such weights take `tile`
   /// for every number of rows: decode, prefill and kRowInvariant products alike, one order for a
-  /// row whatever the rows beside it (Q4_0 from kAvx2, Q8_0 from kAvx512Bf16: packed_gemm_q8
+  /// row whatever the rows beside it (Q8_0 and Q4_0 from kAvx2: packed_gemm_q8
   /// reads stored panels where they lie); none for most formats. ops::panels_pay reads it: the
   /// layers store panels from this level.
   std::optional<runtime::KernelLevel> tiles_on_panels_from{};

@@ -47,7 +47,7 @@ struct TokenPositions {
 enum class WeightMapping {
   kAuto,  ///< in place on a machine of one NUMA node, copied on one of several
   /// in place wherever the bytes allow it, even a matrix the devices would store in panels
-  /// (Q4_0 from the avx2 level, Q8_0 where it has VNNI: ops/kernels/weight_order.hpp), which then
+  /// (Q8_0 and Q4_0 from the avx2 level: ops/kernels/weight_order.hpp), which then
   /// keeps the file's rows, the slower order for decode, instead of a copy in panels
   kInPlace,
   kCopied,  ///< every matrix copied into its devices' memory

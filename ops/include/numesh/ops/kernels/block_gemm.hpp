@@ -113,7 +113,7 @@
 //   A row's products then differ from decode's in the last bits (decode keeps 16 lanes of
 //   partial sums and folds them); both multiply the same quantized activations. (device_gemm
 //   multiplies Q8_0 and Q4_0 weights stored in panels by this tile at every number of rows where
-//   panels pay, Q4_0 from the avx2 level and Q8_0 from avx512-bf16 (ops::panels_pay), decode
+//   panels pay, from the avx2 level (ops::panels_pay), decode
 //   included: its rows read the panels where they lie, one row as fast as the dot kernel.)
 //   The error against the exact product of the quantized activations and the kernel's weights
 //   (P and M as for decode) is one rounding per scale product and fma:

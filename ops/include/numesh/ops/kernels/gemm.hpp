@@ -84,11 +84,10 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// Block formats (q8_0, q4_0, q4_k, q6_k; stored out-in only) multiply activations quantized to 8
 /// bits a block of 32 (block_gemm.hpp): decode products by the format's integer dot kernel,
 /// prefill tiles by packed_gemm_q8(); q8_0 and q4_0 weights stored in panels take
-/// packed_gemm_q8() for every product where panels pay (ops::panels_pay: q4_0 from avx2, q8_0
-/// from avx512-bf16; it reads the panels in place, one row as fast as the dot kernel). k = 0
-/// writes zeros.
-/// Throws: ShapeError naming the shapes when they do not multiply, or when a block format's k is
-/// not whole blocks of 32; TypeError for a block format stored in-out.
+/// packed_gemm_q8() for every product where panels pay (ops::panels_pay: from avx2; it reads the
+/// panels in place, one row as fast as the dot kernel). k = 0 writes zeros. Throws: ShapeError
+/// naming the shapes when they do not multiply, or when a block format's k is not whole blocks of
+/// 32; TypeError for a block format stored in-out.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
                  MatmulPrecision precision = MatmulPrecision::kF32);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a

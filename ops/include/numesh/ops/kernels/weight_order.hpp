@@ -13,8 +13,8 @@ namespace numesh::ops {
 /// Whether matrices of `dtype` stored in panels of 16 outputs (runtime/weight_panels.hpp) are
 /// multiplied faster than rows at `level`: the format's prefill tile reads its panels where they
 /// lie at least as fast as its dot kernel reads rows at one row, and faster at more, so that
-/// device_gemm takes the tile for every number of rows there (q4_0 from avx2, q8_0 from
-/// avx512-bf16: docs/ops.md, "Weights in panels"); false for formats without panels.
+/// device_gemm takes the tile for every number of rows there (q8_0 and q4_0 from avx2:
+/// docs/ops.md, "Weights in panels"); false for formats without panels.
 bool panels_pay(DType dtype, runtime::KernelLevel level) noexcept;
 
 /// How the layers store an out-in weight matrix of `dtype` (laid_out_out_in): in panels where
