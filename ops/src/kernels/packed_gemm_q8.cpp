@@ -51,9 +51,11 @@ using Q4_KForm = Form<false, true>;
 using Q6_KForm = Form<true, false>;
 
 // The activations a call multiplies: codes (rows k apart; for the VNNI kernel as unsigned bytes
-// x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart); for the VNNI kernel
-// on stored Q8_0 or Q4_0 panels, -kStoredOffset (128 or 8) times each block's sum of codes (rows
-// k / 32 apart).
+// x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart); and -kStoredOffset
+// (128 or 8) times each block's sum of codes (rows k / 32 apart), which turns sums of the codes
+// taken unsigned into the codes' own: for the VNNI kernel on stored Q8_0 or Q4_0 panels
+// (rows512_stored's starting sums), and below VNNI for Q4_0, whose nibbles q rows256 takes as they
+// are (PackedBlock's codes q - 8 with 8 added back, or a stored panel's as they lie).
 struct Rows {
   const std::int8_t* codes;
   const std::uint8_t* unsigned_codes;
@@ -62,10 +64,6 @@ struct Rows {
   std::int64_t k;
   std::int64_t blocks;
   const std::int32_t* corrections = nullptr;
-  // Below VNNI, for Q4_0: -8 times each block's sum of codes (rows k / 32 apart), which rows256
-  // adds to each block's sums of the nibbles q (PackedBlock's codes q - 8 with 8 added back, or a
-  // stored panel's as they lie).
-  const std::int32_t* offset_corrections = nullptr;
 };
 
 // f.template operator()<R>() for R = rows, 1 .. kRowsAtOnce: the kernels' row counts as constants.
@@ -154,7 +152,7 @@ struct Operands256 {
 // What rows256 multiplies: half `h` (outputs 8h .. 8h + 7) of each block of a packed panel. Its
 // codes meet the activations as kCodes says: Q8_0's and Q6_K's by the sign trick, Q4_K's as they
 // are, and Q4_0's (q - 8) given back their 8, the 8 then taken off once a row and block
-// (Rows::offset_corrections).
+// (Rows::corrections).
 template <Codes256 kCodes_>
 struct PackedHalf {
   static constexpr Codes256 kCodes = kCodes_;
@@ -183,7 +181,7 @@ struct PackedHalf {
 // Half `h` of each block of a stored Q8_0 or Q4_0 panel read where it lies
 // (runtime/weight_panels.hpp: each block its 16 outputs' f16 scales, then its codes): Q8_0's
 // signed codes by the sign trick; Q4_0's nibbles q as they are (line u's low nibbles group u, its
-// high ones group u + 4), the 8 taken off through Rows::offset_corrections. The integers and the
+// high ones group u + 4), the 8 taken off through Rows::corrections. The integers and the
 // scales are the packed half's, so rows256 gives the same bits without packing a copy.
 template <DType kFormat>
 struct StoredHalf {
@@ -265,7 +263,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows256(const Rows& a, std::int64_
       groups(0, kPanelGroups);
     }
     if constexpr (kCodes == Codes256::kCorrected) {
-      const std::int32_t* correction = a.offset_corrections + i0 * a.blocks + t;
+      const std::int32_t* correction = a.corrections + i0 * a.blocks + t;
       s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(correction[0]));
       if constexpr (R > 1) s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(correction[a.blocks]));
       if constexpr (R > 2) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(correction[2 * a.blocks]));
@@ -684,7 +682,7 @@ __attribute__((target("avx2,fma,f16c"))) void row256_both(const Rows& a, std::in
       s1 = group256<kCodes>(o1.magnitude, o1.w, x + 4 * g, s1);
     }
     if constexpr (kCodes == Codes256::kCorrected) {
-      const __m256i correction = _mm256_set1_epi32(a.offset_corrections[i0 * a.blocks + t]);
+      const __m256i correction = _mm256_set1_epi32(a.corrections[i0 * a.blocks + t]);
       s0 = _mm256_add_epi32(s0, correction);
       s1 = _mm256_add_epi32(s1, correction);
     }
@@ -704,7 +702,7 @@ void rows256_any(std::int64_t rows, const Rows& a, std::int64_t i0, const Packed
       return rows256<Fm, R>(a, i0, PackedHalf<Codes256::kUnsigned>{panel, h}, count, c,
                             ldc);  // Q4_K
     } else if constexpr (!Fm::kTwoScales) {
-      if (a.offset_corrections != nullptr) {  // Q4_0
+      if (a.corrections != nullptr) {  // Q4_0, below VNNI
         return rows256<Fm, R>(a, i0, PackedHalf<Codes256::kCorrected>{panel, h}, count, c, ldc);
       }
     }
@@ -740,7 +738,7 @@ NUMESH_PACKED_AVX512 void to_unsigned(const std::int8_t* codes, std::int64_t cou
 // out[t] = -offset times the sum of the codes of block t, for `count` consecutive blocks of
 // activation codes (rows k apart are consecutive blocks): rows512_stored's starting sums. The
 // tile calls this for every tile of rows, so 8 blocks a step (a scalar loop took 13 % of a
-// 256-token q4_0 prefill on Zen 5). AVX2 only: rows256 takes them too (offset_corrections).
+// 256-token q4_0 prefill on Zen 5). AVX2 only: rows256 takes them too.
 __attribute__((target("avx2"))) void stored_corrections(const std::int8_t* codes,
                                                         std::int64_t count, std::int32_t offset,
                                                         std::int32_t* out) {
@@ -803,11 +801,8 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
     const bool direct0 = tile_rows > 0 && stored0 && b.dtype == DType::kQ8_0;
     const bool direct1 = direct0 && stored1;
     const bool rest = tile_rows < m;
-    // (From avx512-bf16 the corrections exist exactly where the VNNI rows may read panels;
-    // below it rows256 reads any stored pair, Q4_0's with its offset corrections.)
-    const bool rest_direct = (level >= KernelLevel::kAvx512Bf16 ? a.corrections != nullptr
-                                                                : level >= KernelLevel::kAvx2) &&
-                             stored0 && (n1 == 0 || stored1);
+    // (A stored panel means corrections wherever the rows need them: packed_gemm_q8.)
+    const bool rest_direct = level >= KernelLevel::kAvx2 && stored0 && (n1 == 0 || stored1);
     const bool rest_packed = rest && !rest_direct;
     const bool tiles = tile_rows > 0;
     if ((tiles && !direct0) || rest_packed) {
@@ -908,31 +903,26 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
   const std::int64_t ldw = ld / block * traits(b.dtype).block_bytes;
   thread_local std::vector<std::uint8_t> unsigned_codes;
   Rows a{codes, nullptr, scales, nullptr, k, blocks};
-  if (level >= KernelLevel::kAvx512Bf16) {
-    // The VNNI kernel's rows only: AMX multiplies the signed codes of whole groups of 16.
-    const std::int64_t first = rows_for_tiles(m, level);
-    // Unsigned codes for packed panels only: none when every output is in stored panels.
-    if (b.panel_outputs < n) {
-      unsigned_codes.resize(static_cast<std::size_t>(m * k));
-      to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
-      a.unsigned_codes = unsigned_codes.data();
-    }
-    if (b.panel_outputs > 0) {
-      // Stored panels: -kStoredOffset times each block's sum of codes, for rows512_stored.
-      const std::int32_t offset =
-          b.dtype == DType::kQ8_0 ? kStoredOffset<DType::kQ8_0> : kStoredOffset<DType::kQ4_0>;
-      thread_local std::vector<std::int32_t> corrections;
-      corrections.resize(static_cast<std::size_t>(m * blocks));
-      stored_corrections(codes + first * k, (m - first) * blocks, offset,
-                         corrections.data() + first * blocks);
-      a.corrections = corrections.data();
-    }
-  } else if (level >= KernelLevel::kAvx2 && b.dtype == DType::kQ4_0) {
-    // rows256 takes Q4_0's nibbles unsigned and the 8 off once a row and block.
-    thread_local std::vector<std::int32_t> offset_corrections;
-    offset_corrections.resize(static_cast<std::size_t>(m * blocks));
-    stored_corrections(codes, m * blocks, kStoredOffset<DType::kQ4_0>, offset_corrections.data());
-    a.offset_corrections = offset_corrections.data();
+  const bool vnni = level >= KernelLevel::kAvx512Bf16;
+  // The VNNI kernel's rows only: AMX multiplies the signed codes of whole groups of 16.
+  const std::int64_t first = vnni ? rows_for_tiles(m, level) : 0;
+  // Unsigned codes for the VNNI rows on packed panels only: none when every output is in stored
+  // panels.
+  if (vnni && b.panel_outputs < n) {
+    unsigned_codes.resize(static_cast<std::size_t>(m * k));
+    to_unsigned(codes + first * k, (m - first) * k, unsigned_codes.data() + first * k);
+    a.unsigned_codes = unsigned_codes.data();
+  }
+  // Rows::corrections: the VNNI rows' starting sums on stored panels, and below VNNI Q4_0's,
+  // whose nibbles rows256 takes unsigned.
+  if (vnni ? b.panel_outputs > 0 : level >= KernelLevel::kAvx2 && b.dtype == DType::kQ4_0) {
+    const std::int32_t offset =
+        b.dtype == DType::kQ8_0 ? kStoredOffset<DType::kQ8_0> : kStoredOffset<DType::kQ4_0>;
+    thread_local std::vector<std::int32_t> corrections;
+    corrections.resize(static_cast<std::size_t>(m * blocks));
+    stored_corrections(codes + first * k, (m - first) * blocks, offset,
+                       corrections.data() + first * blocks);
+    a.corrections = corrections.data();
   }
   const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
   switch (b.dtype) {

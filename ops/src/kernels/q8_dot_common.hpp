@@ -292,7 +292,7 @@ __attribute__((target("avx2,f16c"))) inline __m256 q8dot_scale256(const unsigned
 /// trick, |w| as unsigned bytes (a code of -128 gives 128) times x with w's sign (x within
 /// [-127, 127], so the negation is exact); codes never negative (at most 127) as they are; codes
 /// q - offset as their unsigned q, the offset then taken off through the row's corrections
-/// (Q8dotActivations::corrections here, the prefill tile's Rows::offset_corrections). The same
+/// (Q8dotActivations::corrections here, the prefill tile's Rows::corrections). The same
 /// integers every way: the last two spare the sign (and abs) per row and output.
 enum class Codes256 { kSigned, kUnsigned, kCorrected };
 
