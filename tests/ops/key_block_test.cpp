@@ -46,7 +46,7 @@ Block make_block(std::int64_t count, std::int64_t d, unsigned seed) {
 std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 TEST_P(KeyBlockLevelTest, GivesTheScalarLevelsBitsAndTheSoftmaxWeightedValues) {
-  for (const std::int64_t d : {1, 4, 15, 16, 17, 64, 80, 128}) {
+  for (const std::int64_t d : {1, 4, 15, 16, 17, 32, 64, 80, 96, 128, 144, 256}) {
     for (const std::int64_t count : {1, 7, 16, 17, 100, 256}) {
       const std::string what = "d " + std::to_string(d) + ", " + std::to_string(count) + " keys";
       const Block b = make_block(count, d, static_cast<unsigned>(d * 1000 + count));
@@ -96,7 +96,7 @@ TEST_P(KeyBlockLevelTest, GivesTheScalarLevelsBitsAndTheSoftmaxWeightedValues) {
 // queries and outputs laid out apart (as a ragged batch's partials are).
 TEST_P(KeyBlockLevelTest, QueriesOfOneKvHeadAtOnceGiveEachQuerysBitsAlone) {
   for (std::int64_t heads = 1; heads <= kKeyBlockMaxHeads; ++heads) {
-    for (const std::int64_t d : {1, 15, 16, 17, 64, 80, 128, 130}) {
+    for (const std::int64_t d : {1, 15, 16, 17, 32, 48, 64, 80, 96, 112, 128, 130, 144, 256}) {
       for (const std::int64_t count : {1, 16, 17, 256}) {
         const std::string what = std::to_string(heads) + " heads, d " + std::to_string(d) + ", " +
                                  std::to_string(count) + " keys";

@@ -106,6 +106,105 @@ __attribute__((target("avx2,fma"))) KeyBlockStats block_avx2(const float* q,
   return st;
 }
 
+// Below, the kernels for heads whose size is a whole number of 16-lane chunks (64 and 128, the
+// common ones): no masks and no lane-by-lane tail, and the chunk counts of the output passes
+// known at compile time, so that gcc keeps every accumulator in a register. With a run-time
+// count and masks it kept the value accumulators on the stack, and the key-block step ran at a
+// third of this speed (docs/benchmarks.md, "Session 57").
+
+// The number of 16-float chunks of a head of d floats when the fast kernels take it, else 0.
+constexpr std::int64_t kMaxChunks = 8;
+inline std::int64_t whole_chunks(std::int64_t d) {
+  return d % 16 == 0 && d / 16 <= kMaxChunks ? d / 16 : 0;
+}
+
+// Calls f.template operator()<N>() for the N in [1, kMax] that equals n (1 <= n <= kMax).
+template <int kMax, int N = 1, class F>
+inline void with_count(std::int64_t n, F&& f) {
+  if constexpr (N < kMax) {
+    if (n != N) return with_count<kMax, N + 1>(n, f);
+  }
+  f.template operator()<N>();
+}
+
+// Scores of G queries against every key, d = 16 C: each key row loaded once for the G chains of
+// each lane half; the queries' chunks come from L1.
+template <int G, int C>
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, std::int64_t q_stride,
+                                                     const float* const* keys, std::int64_t count,
+                                                     float scale, float* scores) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float* k = keys[i];
+    __m256 lo[G], hi[G];
+    for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 k_lo = _mm256_loadu_ps(k + 16 * c), k_hi = _mm256_loadu_ps(k + 16 * c + 8);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const float* qg = q + g * q_stride + 16 * c;
+        lo[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg), k_lo, lo[g]);
+        hi[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8), k_hi, hi[g]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_256(lo[g], hi[g]) * scale;
+  }
+}
+
+// o[j0, j0 + 8 N) of G queries: each value row's N chunks loaded once for every query.
+template <int G, int N>
+__attribute__((target("avx2,fma"))) void values_pass_avx2(const float* const* values,
+                                                          std::int64_t count, std::int64_t j0,
+                                                          const float* scores, float* o,
+                                                          std::int64_t o_stride) {
+  __m256 acc[G][N];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float* v = values[i] + j0;
+    __m256 vc[N];
+#pragma GCC unroll 8
+    for (int c = 0; c < N; ++c) vc[c] = _mm256_loadu_ps(v + 8 * c);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m256 e = _mm256_set1_ps(scores[g * count + i]);
+#pragma GCC unroll 8
+      for (int c = 0; c < N; ++c) acc[g][c] = _mm256_fmadd_ps(e, vc[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < N; ++c) _mm256_storeu_ps(o + g * o_stride + j0 + 8 * c, acc[g][c]);
+  }
+}
+
+// attend_key_block for G queries at once, d a whole number (1 to kMaxChunks) of 16-lane chunks:
+// block_avx2's chains for each query (the same bits).
+template <int G>
+__attribute__((target("avx2,fma"))) void heads_avx2(const float* q, std::int64_t q_stride,
+                                                    const float* const* keys,
+                                                    const float* const* values, std::int64_t count,
+                                                    std::int64_t d, float scale, float* scores,
+                                                    float* o, std::int64_t o_stride,
+                                                    KeyBlockStats* stats) {
+  with_count<kMaxChunks>(
+      d / 16, [&]<int C>() { scores_avx2<G, C>(q, q_stride, keys, count, scale, scores); });
+  for (int g = 0; g < G; ++g) {
+    float* s = scores + g * count;
+    KeyBlockStats st{kMinusInf, 0.0f};
+    for (std::int64_t i = 0; i < count; ++i) st.max = std::max(st.max, s[i]);
+    st.sum = exp_shifted_sum_avx2(s, count, st.max);
+    stats[g] = st;
+  }
+  // Chunks of 8 outputs a pass: the accumulators and one value row's chunks in 16 registers.
+  constexpr int kPass = G == 1 ? 8 : G == 2 ? 4 : G == 3 ? 3 : 2;
+  for (std::int64_t j0 = 0; j0 < d; j0 += 8 * kPass) {
+    with_count<kPass>(std::min<std::int64_t>(kPass, (d - j0) / 8), [&]<int N>() {
+      values_pass_avx2<G, N>(values, count, j0, scores, o, o_stride);
+    });
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // AVX-512: 16 lanes, a masked last chunk (masked-off lanes keep their value: mask3_fmadd).
 
@@ -118,60 +217,37 @@ __attribute__((target("avx512f"))) inline float fold16_512(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
-__attribute__((target("avx512f"))) float dot_avx512(const float* q, const float* k,
-                                                    std::int64_t d) {
-  __m512 acc = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < d; j += 16) {
-    const __mmask16 m = first_lanes(d - j);
-    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j), _mm512_maskz_loadu_ps(m, k + j),
-                                acc, m);
+// Scores of G queries against every key, d = 16 C: the queries' chunks held in registers, each
+// key row loaded once for all of them.
+template <int G, int C>
+__attribute__((target("avx512f"))) void scores_avx512(const float* q, std::int64_t q_stride,
+                                                      const float* const* keys, std::int64_t count,
+                                                      float scale, float* scores) {
+  __m512 qc[G][C];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
   }
-  return fold16_512(acc);
-}
-
-__attribute__((target("avx512f"))) KeyBlockStats block_avx512(
-    const float* q, const float* const* keys, const float* const* values, std::int64_t count,
-    std::int64_t d, float scale, float* scores, float* o) {
-  KeyBlockStats st{kMinusInf, 0.0f};
   for (std::int64_t i = 0; i < count; ++i) {
-    scores[i] = dot_avx512(q, keys[i], d) * scale;
-    st.max = std::max(st.max, scores[i]);
-  }
-  st.sum = exp_shifted_sum_avx512(scores, count, st.max);
-  // Up to 8 chunks of 16 outputs a pass, each key's weight broadcast once for all of them: 8
-  // independent fma chains instead of one per pass over the keys.
-  for (std::int64_t j0 = 0; j0 < d; j0 += 128) {
-    const std::int64_t chunks = std::min<std::int64_t>(8, (d - j0 + 15) / 16);
-    __m512 acc[8];
+    const float* k = keys[i];
+    __m512 acc[G];
     for (auto& a : acc) a = _mm512_setzero_ps();
-    for (std::int64_t i = 0; i < count; ++i) {
-      const __m512 e = _mm512_set1_ps(scores[i]);
-      const float* v = values[i] + j0;
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        if (c < chunks) {
-          acc[c] = _mm512_fmadd_ps(
-              e, _mm512_maskz_loadu_ps(first_lanes(d - j0 - 16 * c), v + 16 * c), acc[c]);
-        }
-      }
+    for (int c = 0; c < C; ++c) {
+      const __m512 kc = _mm512_loadu_ps(k + 16 * c);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qc[g][c], kc, acc[g]);
     }
-    for (std::int64_t c = 0; c < chunks; ++c)
-      _mm512_mask_storeu_ps(o + j0 + 16 * c, first_lanes(d - j0 - 16 * c), acc[c]);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
   }
-  return st;
 }
 
-// `heads` queries at once: each key row loaded once for G fma chains, each value row once for
-// G sets of output chunks. Every query's chains are the ones block_avx512 runs for it alone
-// (an output element's sum runs over the keys in order whatever chunks share a pass), so its
-// bits are the same.
+// The same for any d, the last chunk masked (masked-off lanes keep their value).
 template <int G>
-__attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_t q_stride,
-                                                     const float* const* keys,
-                                                     const float* const* values, std::int64_t count,
-                                                     std::int64_t d, float scale, float* scores,
-                                                     float* o, std::int64_t o_stride,
-                                                     KeyBlockStats* stats) {
+__attribute__((target("avx512f"))) void scores_masked_avx512(const float* q, std::int64_t q_stride,
+                                                             const float* const* keys,
+                                                             std::int64_t count, std::int64_t d,
+                                                             float scale, float* scores) {
   for (std::int64_t i = 0; i < count; ++i) {
     __m512 acc[G];
     for (auto& a : acc) a = _mm512_setzero_ps();
@@ -187,6 +263,85 @@ __attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
   }
+}
+
+// o[j0, j0 + 16 N) of G queries: each value row's N chunks loaded once for every query.
+template <int G, int N>
+__attribute__((target("avx512f"))) void values_pass_avx512(const float* const* values,
+                                                           std::int64_t count, std::int64_t j0,
+                                                           const float* scores, float* o,
+                                                           std::int64_t o_stride) {
+  __m512 acc[G][N];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float* v = values[i] + j0;
+    __m512 vc[N];
+#pragma GCC unroll 8
+    for (int c = 0; c < N; ++c) vc[c] = _mm512_loadu_ps(v + 16 * c);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 e = _mm512_set1_ps(scores[g * count + i]);
+#pragma GCC unroll 8
+      for (int c = 0; c < N; ++c) acc[g][c] = _mm512_fmadd_ps(e, vc[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < N; ++c) _mm512_storeu_ps(o + g * o_stride + j0 + 16 * c, acc[g][c]);
+  }
+}
+
+// The same over [j0, d) for any d, up to kChunks chunks, the last masked.
+template <int G, int kChunks>
+__attribute__((target("avx512f"))) void values_masked_avx512(const float* const* values,
+                                                             std::int64_t count, std::int64_t j0,
+                                                             std::int64_t d, const float* scores,
+                                                             float* o, std::int64_t o_stride) {
+  const std::int64_t chunks = std::min<std::int64_t>(kChunks, (d - j0 + 15) / 16);
+  __m512 acc[G][kChunks];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float* v = values[i] + j0;
+    __m512 vc[kChunks];
+#pragma GCC unroll 8
+    for (int c = 0; c < kChunks; ++c) {
+      if (c < chunks) vc[c] = _mm512_maskz_loadu_ps(first_lanes(d - j0 - 16 * c), v + 16 * c);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 e = _mm512_set1_ps(scores[g * count + i]);
+#pragma GCC unroll 8
+      for (int c = 0; c < kChunks; ++c) {
+        if (c < chunks) acc[g][c] = _mm512_fmadd_ps(e, vc[c], acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (std::int64_t c = 0; c < chunks; ++c)
+      _mm512_mask_storeu_ps(o + g * o_stride + j0 + 16 * c, first_lanes(d - j0 - 16 * c),
+                            acc[g][c]);
+  }
+}
+
+// attend_key_block for `G` queries at once: each key row loaded once for G fma chains, each
+// value row once for G sets of output chunks. Every query's chains are the ones it runs alone
+// (an output element's sum runs over the keys in order whatever chunks share a pass), so its
+// bits are the same; G = 1 is attend_key_block's kernel at this level.
+template <int G>
+__attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_t q_stride,
+                                                     const float* const* keys,
+                                                     const float* const* values, std::int64_t count,
+                                                     std::int64_t d, float scale, float* scores,
+                                                     float* o, std::int64_t o_stride,
+                                                     KeyBlockStats* stats) {
+  const std::int64_t whole = whole_chunks(d);
+  if (whole > 0) {
+    with_count<kMaxChunks>(
+        whole, [&]<int C>() { scores_avx512<G, C>(q, q_stride, keys, count, scale, scores); });
+  } else {
+    scores_masked_avx512<G>(q, q_stride, keys, count, d, scale, scores);
+  }
   for (int g = 0; g < G; ++g) {
     KeyBlockStats st{kMinusInf, 0.0f};
     const float* s = scores + g * count;
@@ -194,33 +349,15 @@ __attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_
     st.sum = exp_shifted_sum_avx512(scores + g * count, count, st.max);
     stats[g] = st;
   }
-  constexpr std::int64_t kChunks = G <= 2 ? 8 : 16 / G;  // G x kChunks accumulators
-  for (std::int64_t j0 = 0; j0 < d; j0 += 16 * kChunks) {
-    const std::int64_t chunks = std::min<std::int64_t>(kChunks, (d - j0 + 15) / 16);
-    __m512 acc[G][kChunks];
-    for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_ps();
-    for (std::int64_t i = 0; i < count; ++i) {
-      const float* v = values[i] + j0;
-      __m512 vc[kChunks];
-#pragma GCC unroll 8
-      for (int c = 0; c < kChunks; ++c) {
-        if (c < chunks) vc[c] = _mm512_maskz_loadu_ps(first_lanes(d - j0 - 16 * c), v + 16 * c);
-      }
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) {
-        const __m512 e = _mm512_set1_ps(scores[g * count + i]);
-#pragma GCC unroll 8
-        for (int c = 0; c < kChunks; ++c) {
-          if (c < chunks) acc[g][c] = _mm512_fmadd_ps(e, vc[c], acc[g][c]);
-        }
-      }
+  constexpr int kPass = G <= 2 ? 8 : 16 / G;  // G x kPass accumulators
+  for (std::int64_t j0 = 0; j0 < d; j0 += 16 * kPass) {
+    if (d % 16 != 0) {
+      values_masked_avx512<G, kPass>(values, count, j0, d, scores, o, o_stride);
+      continue;
     }
-    for (int g = 0; g < G; ++g) {
-      for (std::int64_t c = 0; c < chunks; ++c)
-        _mm512_mask_storeu_ps(o + g * o_stride + j0 + 16 * c, first_lanes(d - j0 - 16 * c),
-                              acc[g][c]);
-    }
+    with_count<kPass>(std::min<std::int64_t>(kPass, (d - j0) / 16), [&]<int N>() {
+      values_pass_avx512<G, N>(values, count, j0, scores, o, o_stride);
+    });
   }
 }
 
@@ -231,25 +368,18 @@ void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t 
                             std::int64_t count, std::int64_t d, float scale, float* scores,
                             float* o, std::int64_t o_stride, KeyBlockStats* stats,
                             KernelLevel level) {
-  if (avx512(level)) {
-    switch (heads) {
-      case 1:
-        return heads_avx512<1>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
-                               stats);
-      case 2:
-        return heads_avx512<2>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
-                               stats);
-      case 3:
-        return heads_avx512<3>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
-                               stats);
-      case 4:
-        return heads_avx512<4>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride,
-                               stats);
-      default:
-        break;
-    }
+  const bool wide = avx512(level), fast_avx2 = avx2(level) && whole_chunks(d) > 0;
+  if ((wide || fast_avx2) && heads >= 1 && heads <= kKeyBlockMaxHeads) {
+    with_count<kKeyBlockMaxHeads>(heads, [&]<int G>() {
+      if (wide) {
+        heads_avx512<G>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
+      } else {
+        heads_avx2<G>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
+      }
+    });
+    return;
   }
-  // The narrower levels (and any other count) one query at a time: the same bits by definition.
+  // The other cases one query at a time: the same bits by definition.
   for (std::int64_t g = 0; g < heads; ++g) {
     stats[g] = attend_key_block(q + g * q_stride, keys, values, count, d, scale, scores + g * count,
                                 o + g * o_stride, level);
@@ -259,7 +389,15 @@ void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t 
 KeyBlockStats attend_key_block(const float* q, const float* const* keys, const float* const* values,
                                std::int64_t count, std::int64_t d, float scale, float* scores,
                                float* o, KernelLevel level) {
-  if (avx512(level)) return block_avx512(q, keys, values, count, d, scale, scores, o);
+  KeyBlockStats st;
+  if (avx512(level)) {
+    heads_avx512<1>(q, d, keys, values, count, d, scale, scores, o, d, &st);
+    return st;
+  }
+  if (avx2(level) && whole_chunks(d) > 0) {
+    heads_avx2<1>(q, d, keys, values, count, d, scale, scores, o, d, &st);
+    return st;
+  }
   if (avx2(level)) return block_avx2(q, keys, values, count, d, scale, scores, o);
   return block_scalar(q, keys, values, count, d, scale, scores, o);
 }
