@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "exp_lanes.hpp"
+#include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
+#include "numesh/core/error.hpp"
 
 namespace numesh::ops {
 
@@ -17,27 +21,46 @@ using namespace detail;  // exp_lanes.hpp
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
+// How the rows of keys and values are stored: fp32, or the 16-bit forms of a KV cache kept in
+// half the bytes, each element widened exactly to fp32 as it is loaded (so the arithmetic, and
+// the bits, are the fp32 kernel's over the widened rows).
+struct F32Rows {
+  using Stored = float;
+  static float widen(float x) { return x; }
+};
+struct Bf16Rows {
+  using Stored = std::uint16_t;
+  static float widen(std::uint16_t x) { return f32_from_bf16(x); }
+};
+struct F16Rows {
+  using Stored = std::uint16_t;
+  static float widen(std::uint16_t x) { return f32_from_f16(x); }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Scalar: the order every width keeps, one lane at a time.
 
-float dot_scalar(const float* q, const float* k, std::int64_t d) {
+template <class E>
+float dot_scalar(const float* q, const typename E::Stored* k, std::int64_t d) {
   float lanes[16] = {};
-  for (std::int64_t j = 0; j < d; ++j) lanes[j % 16] = std::fma(q[j], k[j], lanes[j % 16]);
+  for (std::int64_t j = 0; j < d; ++j)
+    lanes[j % 16] = std::fma(q[j], E::widen(k[j]), lanes[j % 16]);
   return fold16(lanes);
 }
 
-KeyBlockStats block_scalar(const float* q, const float* const* keys, const float* const* values,
-                           std::int64_t count, std::int64_t d, float scale, float* scores,
-                           float* o) {
+template <class E>
+KeyBlockStats block_scalar(const float* q, const typename E::Stored* const* keys,
+                           const typename E::Stored* const* values, std::int64_t count,
+                           std::int64_t d, float scale, float* scores, float* o) {
   KeyBlockStats st{kMinusInf, 0.0f};
   for (std::int64_t i = 0; i < count; ++i) {
-    scores[i] = dot_scalar(q, keys[i], d) * scale;
+    scores[i] = dot_scalar<E>(q, keys[i], d) * scale;
     st.max = std::max(st.max, scores[i]);
   }
   st.sum = exp_shifted_sum(scores, count, st.max);
   std::fill(o, o + d, 0.0f);
   for (std::int64_t i = 0; i < count; ++i) {
-    for (std::int64_t j = 0; j < d; ++j) o[j] = std::fma(scores[i], values[i][j], o[j]);
+    for (std::int64_t j = 0; j < d; ++j) o[j] = std::fma(scores[i], E::widen(values[i][j]), o[j]);
   }
   return st;
 }
@@ -52,6 +75,21 @@ __attribute__((target("avx2,fma"))) inline float fold16_256(__m256 lo, __m256 hi
   t = _mm_add_ps(t, _mm_permute_ps(t, _MM_SHUFFLE(3, 2, 3, 2)));                    // l + 2
   t = _mm_add_ps(t, _mm_permute_ps(t, _MM_SHUFFLE(1, 1, 1, 1)));                    // l + 1
   return _mm_cvtss_f32(t);
+}
+
+// Eight stored elements at p, widened.
+template <class E>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const typename E::Stored* p) {
+  if constexpr (std::is_same_v<E, F32Rows>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (std::is_same_v<E, Bf16Rows>) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
 }
 
 __attribute__((target("avx2,fma"))) float dot_avx2(const float* q, const float* k, std::int64_t d) {
@@ -127,19 +165,21 @@ inline void with_count(std::int64_t n, F&& f) {
   f.template operator()<N>();
 }
 
-// Scores of G queries against every key, d = 16 C: each key row loaded once for the G chains of
-// each lane half; the queries' chunks come from L1.
-template <int G, int C>
-__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, std::int64_t q_stride,
-                                                     const float* const* keys, std::int64_t count,
-                                                     float scale, float* scores) {
+// Scores of G queries against every key, d = 16 C (C = 0: d / 16 at run time): each key row
+// loaded once for the G chains of each lane half; the queries' chunks come from L1.
+template <int G, int C, class E>
+__attribute__((target("avx2,fma,f16c"))) void scores_avx2(const float* q, std::int64_t q_stride,
+                                                          const typename E::Stored* const* keys,
+                                                          std::int64_t count, std::int64_t d,
+                                                          float scale, float* scores) {
+  const std::int64_t chunks = C > 0 ? C : d / 16;
   for (std::int64_t i = 0; i < count; ++i) {
-    const float* k = keys[i];
+    const typename E::Stored* k = keys[i];
     __m256 lo[G], hi[G];
     for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      const __m256 k_lo = _mm256_loadu_ps(k + 16 * c), k_hi = _mm256_loadu_ps(k + 16 * c + 8);
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const __m256 k_lo = load8<E>(k + 16 * c), k_hi = load8<E>(k + 16 * c + 8);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         const float* qg = q + g * q_stride + 16 * c;
@@ -153,32 +193,34 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, std::int64_
 }
 
 // o[j0, j0 + 8 N) of one query: N chains of 8 outputs over the keys in order.
-template <int N>
-__attribute__((target("avx2,fma"))) void values_pass_avx2(const float* const* values,
-                                                          std::int64_t count, std::int64_t j0,
-                                                          const float* scores, float* o) {
+template <int N, class E>
+__attribute__((target("avx2,fma,f16c"))) void values_pass_avx2(
+    const typename E::Stored* const* values, std::int64_t count, std::int64_t j0,
+    const float* scores, float* o) {
   __m256 acc[N];
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (std::int64_t i = 0; i < count; ++i) {
-    const float* v = values[i] + j0;
+    const typename E::Stored* v = values[i] + j0;
     const __m256 e = _mm256_set1_ps(scores[i]);
 #pragma GCC unroll 8
-    for (int c = 0; c < N; ++c) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    for (int c = 0; c < N; ++c) acc[c] = _mm256_fmadd_ps(e, load8<E>(v + 8 * c), acc[c]);
   }
   for (int c = 0; c < N; ++c) _mm256_storeu_ps(o + j0 + 8 * c, acc[c]);
 }
 
-// attend_key_block for G queries at once, d a whole number (1 to kMaxChunks) of 16-lane chunks:
-// block_avx2's chains for each query (the same bits).
-template <int G>
-__attribute__((target("avx2,fma"))) void heads_avx2(const float* q, std::int64_t q_stride,
-                                                    const float* const* keys,
-                                                    const float* const* values, std::int64_t count,
-                                                    std::int64_t d, float scale, float* scores,
-                                                    float* o, std::int64_t o_stride,
-                                                    KeyBlockStats* stats) {
-  with_count<kMaxChunks>(
-      d / 16, [&]<int C>() { scores_avx2<G, C>(q, q_stride, keys, count, scale, scores); });
+// attend_key_block for G queries at once, d a multiple of 16: block_avx2's chains for each query
+// (the same bits).
+template <int G, class E>
+__attribute__((target("avx2,fma,f16c"))) void heads_avx2(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    const typename E::Stored* const* values, std::int64_t count, std::int64_t d, float scale,
+    float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats) {
+  if (const std::int64_t whole = whole_chunks(d); whole > 0) {
+    with_count<kMaxChunks>(
+        whole, [&]<int C>() { scores_avx2<G, C, E>(q, q_stride, keys, count, d, scale, scores); });
+  } else {
+    scores_avx2<G, 0, E>(q, q_stride, keys, count, d, scale, scores);
+  }
   for (int g = 0; g < G; ++g) {
     float* s = scores + g * count;
     KeyBlockStats st{kMinusInf, 0.0f};
@@ -193,7 +235,7 @@ __attribute__((target("avx2,fma"))) void heads_avx2(const float* q, std::int64_t
   for (int g = 0; g < G; ++g) {
     for (std::int64_t j0 = 0; j0 < d; j0 += 64) {
       with_count<8>(std::min<std::int64_t>(8, (d - j0) / 8), [&]<int N>() {
-        values_pass_avx2<N>(values, count, j0, scores + g * count, o + g * o_stride);
+        values_pass_avx2<N, E>(values, count, j0, scores + g * count, o + g * o_stride);
       });
     }
   }
@@ -211,25 +253,60 @@ __attribute__((target("avx512f"))) inline float fold16_512(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
+// Sixteen stored elements at p, widened.
+template <class E>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const typename E::Stored* p) {
+  if constexpr (std::is_same_v<E, F32Rows>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (std::is_same_v<E, Bf16Rows>) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
 // Scores of G queries against every key, d = 16 C: the queries' chunks held in registers, each
 // key row loaded once for all of them.
-template <int G, int C>
-__attribute__((target("avx512f"))) void scores_avx512(const float* q, std::int64_t q_stride,
-                                                      const float* const* keys, std::int64_t count,
-                                                      float scale, float* scores) {
+template <int G, int C, class E>
+__attribute__((target("avx512f,avx512bw"))) void scores_avx512(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    std::int64_t count, float scale, float* scores) {
   __m512 qc[G][C];
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
   }
   for (std::int64_t i = 0; i < count; ++i) {
-    const float* k = keys[i];
+    const typename E::Stored* k = keys[i];
     __m512 acc[G];
     for (auto& a : acc) a = _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      const __m512 kc = _mm512_loadu_ps(k + 16 * c);
+      const __m512 kc = load16<E>(k + 16 * c);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qc[g][c], kc, acc[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
+  }
+}
+
+// The same for any d that is a multiple of 16, the queries' chunks loaded from L1.
+template <int G, class E>
+__attribute__((target("avx512f,avx512bw"))) void scores_rows_avx512(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    std::int64_t count, std::int64_t d, float scale, float* scores) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const typename E::Stored* k = keys[i];
+    __m512 acc[G];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (std::int64_t j = 0; j < d; j += 16) {
+      const __m512 kj = load16<E>(k + j);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * q_stride + j), kj, acc[g]);
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
@@ -260,19 +337,18 @@ __attribute__((target("avx512f"))) void scores_masked_avx512(const float* q, std
 }
 
 // o[j0, j0 + 16 N) of G queries: each value row's N chunks loaded once for every query.
-template <int G, int N>
-__attribute__((target("avx512f"))) void values_pass_avx512(const float* const* values,
-                                                           std::int64_t count, std::int64_t j0,
-                                                           const float* scores, float* o,
-                                                           std::int64_t o_stride) {
+template <int G, int N, class E>
+__attribute__((target("avx512f,avx512bw"))) void values_pass_avx512(
+    const typename E::Stored* const* values, std::int64_t count, std::int64_t j0,
+    const float* scores, float* o, std::int64_t o_stride) {
   __m512 acc[G][N];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
   for (std::int64_t i = 0; i < count; ++i) {
-    const float* v = values[i] + j0;
+    const typename E::Stored* v = values[i] + j0;
     __m512 vc[N];
 #pragma GCC unroll 8
-    for (int c = 0; c < N; ++c) vc[c] = _mm512_loadu_ps(v + 16 * c);
+    for (int c = 0; c < N; ++c) vc[c] = load16<E>(v + 16 * c);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m512 e = _mm512_set1_ps(scores[g * count + i]);
@@ -321,20 +397,21 @@ __attribute__((target("avx512f"))) void values_masked_avx512(const float* const*
 // attend_key_block for `G` queries at once: each key row loaded once for G fma chains, each
 // value row once for G sets of output chunks. Every query's chains are the ones it runs alone
 // (an output element's sum runs over the keys in order whatever chunks share a pass), so its
-// bits are the same; G = 1 is attend_key_block's kernel at this level.
-template <int G>
-__attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_t q_stride,
-                                                     const float* const* keys,
-                                                     const float* const* values, std::int64_t count,
-                                                     std::int64_t d, float scale, float* scores,
-                                                     float* o, std::int64_t o_stride,
-                                                     KeyBlockStats* stats) {
-  const std::int64_t whole = whole_chunks(d);
-  if (whole > 0) {
+// bits are the same; G = 1 is attend_key_block's kernel at this level. 16-bit rows take only
+// heads of whole 16-lane chunks.
+template <int G, class E>
+__attribute__((target("avx512f,avx512bw"))) void heads_avx512(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    const typename E::Stored* const* values, std::int64_t count, std::int64_t d, float scale,
+    float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats) {
+  constexpr bool kF32 = std::is_same_v<E, F32Rows>;
+  if (const std::int64_t whole = whole_chunks(d); whole > 0) {
     with_count<kMaxChunks>(
-        whole, [&]<int C>() { scores_avx512<G, C>(q, q_stride, keys, count, scale, scores); });
-  } else {
+        whole, [&]<int C>() { scores_avx512<G, C, E>(q, q_stride, keys, count, scale, scores); });
+  } else if constexpr (kF32) {
     scores_masked_avx512<G>(q, q_stride, keys, count, d, scale, scores);
+  } else {
+    scores_rows_avx512<G, E>(q, q_stride, keys, count, d, scale, scores);
   }
   for (int g = 0; g < G; ++g) {
     KeyBlockStats st{kMinusInf, 0.0f};
@@ -345,14 +422,64 @@ __attribute__((target("avx512f"))) void heads_avx512(const float* q, std::int64_
   }
   constexpr int kPass = G <= 2 ? 8 : 16 / G;  // G x kPass accumulators
   for (std::int64_t j0 = 0; j0 < d; j0 += 16 * kPass) {
-    if (d % 16 != 0) {
-      values_masked_avx512<G, kPass>(values, count, j0, d, scores, o, o_stride);
-      continue;
+    if constexpr (kF32) {
+      if (d % 16 != 0) {
+        values_masked_avx512<G, kPass>(values, count, j0, d, scores, o, o_stride);
+        continue;
+      }
     }
     with_count<kPass>(std::min<std::int64_t>(kPass, (d - j0) / 16), [&]<int N>() {
-      values_pass_avx512<G, N>(values, count, j0, scores, o, o_stride);
+      values_pass_avx512<G, N, E>(values, count, j0, scores, o, o_stride);
     });
   }
+}
+
+// attend_key_block_heads over rows stored as E: the widest kernel the level runs, else one query
+// at a time.
+template <class E>
+void heads_rows(const float* q, std::int64_t q_stride, std::int64_t heads,
+                const typename E::Stored* const* keys, const typename E::Stored* const* values,
+                std::int64_t count, std::int64_t d, float scale, float* scores, float* o,
+                std::int64_t o_stride, KeyBlockStats* stats, KernelLevel level) {
+  const bool wide = avx512(level), fast_avx2 = avx2(level) && d % 16 == 0;
+  if ((wide || fast_avx2) && heads >= 1 && heads <= kKeyBlockMaxHeads) {
+    with_count<kKeyBlockMaxHeads>(heads, [&]<int G>() {
+      if (wide) {
+        heads_avx512<G, E>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
+      } else {
+        heads_avx2<G, E>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
+      }
+    });
+    return;
+  }
+  // The other cases one query at a time: the same bits by definition.
+  for (std::int64_t g = 0; g < heads; ++g) {
+    const float* qg = q + g * q_stride;
+    float* sg = scores + g * count;
+    float* og = o + g * o_stride;
+    if (wide || fast_avx2) {
+      heads_rows<E>(qg, d, 1, keys, values, count, d, scale, sg, og, d, stats + g, level);
+    } else if constexpr (std::is_same_v<E, F32Rows>) {
+      stats[g] = avx2(level) ? block_avx2(qg, keys, values, count, d, scale, sg, og)
+                             : block_scalar<E>(qg, keys, values, count, d, scale, sg, og);
+    } else {
+      stats[g] = block_scalar<E>(qg, keys, values, count, d, scale, sg, og);
+    }
+  }
+}
+
+// The 16-bit rows' entry: their dtype checked, then heads_rows.
+template <class E>
+void heads_16bit(const float* q, std::int64_t q_stride, std::int64_t heads,
+                 const std::uint16_t* const* keys, const std::uint16_t* const* values,
+                 std::int64_t count, std::int64_t d, float scale, float* scores, float* o,
+                 std::int64_t o_stride, KeyBlockStats* stats, KernelLevel level) {
+  NUMESH_CHECK(d % 16 == 0, ShapeError,
+               "attention: 16-bit keys and values need a head size that is a multiple of 16, "
+               "not {}",
+               d);
+  heads_rows<E>(q, q_stride, heads, keys, values, count, d, scale, scores, o, o_stride, stats,
+                level);
 }
 
 }  // namespace
@@ -362,21 +489,25 @@ void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t 
                             std::int64_t count, std::int64_t d, float scale, float* scores,
                             float* o, std::int64_t o_stride, KeyBlockStats* stats,
                             KernelLevel level) {
-  const bool wide = avx512(level), fast_avx2 = avx2(level) && whole_chunks(d) > 0;
-  if ((wide || fast_avx2) && heads >= 1 && heads <= kKeyBlockMaxHeads) {
-    with_count<kKeyBlockMaxHeads>(heads, [&]<int G>() {
-      if (wide) {
-        heads_avx512<G>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
-      } else {
-        heads_avx2<G>(q, q_stride, keys, values, count, d, scale, scores, o, o_stride, stats);
-      }
-    });
-    return;
-  }
-  // The other cases one query at a time: the same bits by definition.
-  for (std::int64_t g = 0; g < heads; ++g) {
-    stats[g] = attend_key_block(q + g * q_stride, keys, values, count, d, scale, scores + g * count,
-                                o + g * o_stride, level);
+  heads_rows<F32Rows>(q, q_stride, heads, keys, values, count, d, scale, scores, o, o_stride, stats,
+                      level);
+}
+
+void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t heads,
+                            const std::uint16_t* const* keys, const std::uint16_t* const* values,
+                            DType rows, std::int64_t count, std::int64_t d, float scale,
+                            float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats,
+                            KernelLevel level) {
+  switch (rows) {
+    case DType::kBF16:
+      return heads_16bit<Bf16Rows>(q, q_stride, heads, keys, values, count, d, scale, scores, o,
+                                   o_stride, stats, level);
+    case DType::kF16:
+      return heads_16bit<F16Rows>(q, q_stride, heads, keys, values, count, d, scale, scores, o,
+                                  o_stride, stats, level);
+    default:
+      throw TypeError(fmt::format("attention: keys and values stored as {}: expected bf16 or f16",
+                                  to_string(rows)));
   }
 }
 
@@ -384,16 +515,8 @@ KeyBlockStats attend_key_block(const float* q, const float* const* keys, const f
                                std::int64_t count, std::int64_t d, float scale, float* scores,
                                float* o, KernelLevel level) {
   KeyBlockStats st;
-  if (avx512(level)) {
-    heads_avx512<1>(q, d, keys, values, count, d, scale, scores, o, d, &st);
-    return st;
-  }
-  if (avx2(level) && whole_chunks(d) > 0) {
-    heads_avx2<1>(q, d, keys, values, count, d, scale, scores, o, d, &st);
-    return st;
-  }
-  if (avx2(level)) return block_avx2(q, keys, values, count, d, scale, scores, o);
-  return block_scalar(q, keys, values, count, d, scale, scores, o);
+  heads_rows<F32Rows>(q, d, 1, keys, values, count, d, scale, scores, o, d, &st, level);
+  return st;
 }
 
 }  // namespace numesh::ops

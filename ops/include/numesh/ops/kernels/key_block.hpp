@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 // One query against one block of keys: the step of flash-decoding that decode attention and
@@ -45,6 +46,18 @@ void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t 
                             const float* const* keys, const float* const* values,
                             std::int64_t count, std::int64_t d, float scale, float* scores,
                             float* o, std::int64_t o_stride, KeyBlockStats* stats,
+                            runtime::KernelLevel level);
+
+/// attend_key_block_heads over keys and values stored as 16-bit floats (`rows` kBF16 or kF16
+/// bits: a KV cache kept in half the bytes): each element widened exactly to fp32 as it is
+/// loaded, then the fp32 kernel's arithmetic, so every result has the bits attend_key_block_heads
+/// gives over the widened rows, at every kernel level.
+/// Throws: TypeError for another dtype; ShapeError when d is not a multiple of 16.
+/// REQUIRES: as attend_key_block_heads.
+void attend_key_block_heads(const float* q, std::int64_t q_stride, std::int64_t heads,
+                            const std::uint16_t* const* keys, const std::uint16_t* const* values,
+                            DType rows, std::int64_t count, std::int64_t d, float scale,
+                            float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats,
                             runtime::KernelLevel level);
 
 }  // namespace numesh::ops
