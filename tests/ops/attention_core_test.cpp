@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/reference/attention.hpp"
+#include "numesh/runtime/tensor.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
@@ -37,7 +39,7 @@ std::string label(const CoreCase& c) {
 // case, transposed into that layout first.
 runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q,
                              const runtime::HostTensor& k, const runtime::HostTensor& v,
-                             int threads) {
+                             int threads, DType kv_dtype = DType::kF32) {
   const std::int64_t d = c.head_dim;
   std::vector<float> kl = k.data, vl = v.data;
   KvView kv{
@@ -61,6 +63,20 @@ runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q,
   }
   kv.k = kl.data();
   kv.v = vl.data();
+  // A 16-bit cache: the same layout, each value rounded to bf16 or f16 bits.
+  std::vector<std::uint16_t> k16(kl.size()), v16(vl.size());
+  if (kv_dtype != DType::kF32) {
+    const auto narrow = [&](float x) {
+      return kv_dtype == DType::kBF16 ? bf16_from_f32(x) : f16_from_f32(x);
+    };
+    for (std::size_t i = 0; i < kl.size(); ++i) {
+      k16[i] = narrow(kl[i]);
+      v16[i] = narrow(vl[i]);
+    }
+    kv.k = k16.data();
+    kv.v = v16.data();
+    kv.dtype = kv_dtype;
+  }
   const AttentionSlice slice{.batch = c.batch,
                              .q_len = c.q_len,
                              .kv_len = c.kv_len,
@@ -68,7 +84,8 @@ runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q,
                              .kv_heads = c.kv_heads,
                              .group = c.heads / c.kv_heads};
   runtime::HostTensor out = runtime::HostTensor::zeros({c.batch, c.q_len, c.heads, d});
-  std::vector<float> scratch(static_cast<std::size_t>(attention_scratch_floats(slice, d, threads)));
+  std::vector<float> scratch(
+      static_cast<std::size_t>(attention_scratch_floats(slice, d, threads, kv_dtype)));
   oneapi::tbb::task_arena arena(threads);
   arena.execute([&] {
     attention_core(q.data.data(), kv, out.data.data(), slice, d, c.q_offset, c.causal, scratch);
@@ -118,6 +135,61 @@ TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
       }
     }
   }
+}
+
+// A bf16 or f16 cache, prefill (blocked) and decode paths, both layouts: bitwise the fp32 path's
+// over the cache's values widened, for any thread count.
+TEST(AttentionCoreTest, SixteenBitCachesGiveTheBitsOfTheirWidenedValues) {
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            8);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const CoreCase& c : {CoreCase{2, 150, 150, 4, 2, 16, 0, true, false},
+                              CoreCase{1, 70, 100, 2, 1, 32, 30, true, true},
+                              CoreCase{2, 20, 33, 3, 3, 16, 0, false, false},
+                              CoreCase{2, 1, 700, 4, 2, 16, 699, true, false},
+                              CoreCase{1, 3, 600, 4, 4, 64, 597, true, true},
+                              CoreCase{1, 3, 600, 12, 2, 16, 597, true, false}}) {
+      const runtime::HostTensor q =
+          testing::random_host({c.batch, c.q_len, c.heads, c.head_dim}, 3, 1.0f);
+      const runtime::HostTensor k = rounded_to(
+          testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 4, 1.0f), dtype);
+      const runtime::HostTensor v = rounded_to(
+          testing::random_host({c.batch, c.kv_len, c.kv_heads, c.head_dim}, 5, 1.0f), dtype);
+      const runtime::HostTensor want = run_core(c, q, k, v, 1);
+      for (int threads : {1, 2, 3}) {
+        EXPECT_TRUE(run_core(c, q, k, v, threads, dtype) == want)
+            << to_string(dtype) << " " << label(c) << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(AttentionCoreTest, SixteenBitCachesRefuseHeadSizesOutsideWholeChunksAndOtherDtypes) {
+  const AttentionSlice slice{.batch = 1, .q_len = 1, .kv_len = 8, .q_heads = 1, .kv_heads = 1};
+  std::vector<float> q(8), out(8), scratch(4096);
+  std::vector<std::uint16_t> k(64), v(64);
+  KvView kv{.k = k.data(),
+            .v = v.data(),
+            .batch_stride = 64,
+            .pos_stride = 8,
+            .head_stride = 8,
+            .dtype = DType::kBF16};
+  oneapi::tbb::task_arena arena(1);
+  EXPECT_THAT(
+      [&] {
+        arena.execute(
+            [&] { attention_core(q.data(), kv, out.data(), slice, 8, 7, true, scratch); });
+      },
+      ThrowsMessage<ShapeError>(HasSubstr(
+          "attention: a bf16 KV cache needs a head size that is a multiple of 16, not 8")));
+  kv.dtype = DType::kQ8_0;
+  EXPECT_THAT(
+      [&] {
+        arena.execute(
+            [&] { attention_core(q.data(), kv, out.data(), slice, 16, 7, true, scratch); });
+      },
+      ThrowsMessage<TypeError>(
+          HasSubstr("keys and values stored as q8_0: expected f32, bf16 or f16")));
 }
 
 TEST(AttentionCoreTest, ShortScratchIsRefusedNamingTheSizes) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 
 namespace numesh::ops {
@@ -127,6 +128,34 @@ TEST_P(PagedAttentionSliceTest, EachTokenGetsWhatItGetsAloneOnDenseKeys) {
                 expected)
           << "token " << t;
     }
+  }
+  // The same pool stored as bf16 or f16 bits gives the bits of the pool widened.
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(to_string(dtype));
+    std::vector<std::uint16_t> k16(k_pool.size()), v16(v_pool.size());
+    std::vector<float> kw(k_pool.size()), vw(v_pool.size());
+    for (std::size_t i = 0; i < k_pool.size(); ++i) {
+      k16[i] = dtype == DType::kBF16 ? bf16_from_f32(k_pool[i]) : f16_from_f32(k_pool[i]);
+      v16[i] = dtype == DType::kBF16 ? bf16_from_f32(v_pool[i]) : f16_from_f32(v_pool[i]);
+      kw[i] = dtype == DType::kBF16 ? f32_from_bf16(k16[i]) : f32_from_f16(k16[i]);
+      vw[i] = dtype == DType::kBF16 ? f32_from_bf16(v16[i]) : f32_from_f16(v16[i]);
+    }
+    PagedKvView kv16 = kv, kv_widened = kv;
+    kv16.k = k16.data();
+    kv16.v = v16.data();
+    kv16.dtype = dtype;
+    kv_widened.k = kw.data();
+    kv_widened.v = vw.data();
+    oneapi::tbb::task_arena arena(2);
+    std::vector<float> out16(q.size(), -1.0f), out_widened(q.size(), -2.0f);
+    std::vector<float> scratch(
+        static_cast<std::size_t>(paged_attention_scratch_floats(tokens, qh, d, 300, 2)));
+    arena.execute([&] {
+      paged_attention(q.data(), kv16, keys, out16.data(), tokens, slice, d, 300, scratch);
+      paged_attention(q.data(), kv_widened, keys, out_widened.data(), tokens, slice, d, 300,
+                      scratch);
+    });
+    EXPECT_EQ(out16, out_widened);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "head_runs.hpp"
+#include "kv_rows.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/key_block.hpp"
@@ -57,45 +58,50 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
   const runtime::KernelLevel level = runtime::kernel_level();
   const detail::HeadRuns runs(sl);
   // Partial (t, h, block) lives at ((t * q_heads + h) * blocks + block) * stride.
-  for_each_task(tokens * runs.size() * blocks, [&](std::int64_t task) {
-    const std::int64_t block = task % blocks, t = task / blocks / runs.size();
-    const detail::HeadRuns::Run run = runs[task / blocks % runs.size()];
-    if (run.heads == 0) return;
-    const std::int64_t h0 = run.first, heads = run.heads, kvh = run.kv_head;
-    const std::int32_t* table = keys.tables.data() + keys.table_of[static_cast<std::size_t>(t)];
-    const std::int64_t visible = keys.context[static_cast<std::size_t>(t)];
-    float* part = partials + ((t * sl.q_heads + h0) * blocks + block) * stride;
-    const std::int64_t part_stride = blocks * stride;  // from head h to h + 1
-    const std::int64_t first = block * kPagedKeyBlock,
-                       last = std::min(visible, first + kPagedKeyBlock);
-    if (last <= first) {  // past the token's context
-      for (std::int64_t g = 0; g < heads; ++g) {
-        float* p = part + g * part_stride;
-        p[0] = -std::numeric_limits<float>::infinity();
-        p[1] = 0.0f;
-        std::fill(p + 2, p + 2 + d, 0.0f);
+  NUMESH_CHECK(kv.dtype == DType::kF32 || d % 16 == 0, ShapeError,
+               "paged attention: a {} KV cache needs a head size that is a multiple of 16, not {}",
+               to_string(kv.dtype), d);
+  detail::with_kv_element(kv.dtype, [&]<class T>() {
+    for_each_task(tokens * runs.size() * blocks, [&](std::int64_t task) {
+      const std::int64_t block = task % blocks, t = task / blocks / runs.size();
+      const detail::HeadRuns::Run run = runs[task / blocks % runs.size()];
+      if (run.heads == 0) return;
+      const std::int64_t h0 = run.first, heads = run.heads, kvh = run.kv_head;
+      const std::int32_t* table = keys.tables.data() + keys.table_of[static_cast<std::size_t>(t)];
+      const std::int64_t visible = keys.context[static_cast<std::size_t>(t)];
+      float* part = partials + ((t * sl.q_heads + h0) * blocks + block) * stride;
+      const std::int64_t part_stride = blocks * stride;  // from head h to h + 1
+      const std::int64_t first = block * kPagedKeyBlock,
+                         last = std::min(visible, first + kPagedKeyBlock);
+      if (last <= first) {  // past the token's context
+        for (std::int64_t g = 0; g < heads; ++g) {
+          float* p = part + g * part_stride;
+          p[0] = -std::numeric_limits<float>::infinity();
+          p[1] = 0.0f;
+          std::fill(p + 2, p + 2 + d, 0.0f);
+        }
+        return;
       }
-      return;
-    }
-    // Key si's row: slot si % block_size of block table[si / block_size].
-    const auto row = [&](const float* base, std::int64_t si) {
-      return base + table[si / kv.block_size] * kv.block_stride + kvh * kv.head_stride +
-             (si % kv.block_size) * kv.pos_stride;
-    };
-    float* scores = thread_scratch(scratch, kPagedKeyBlock * kKeyBlockMaxHeads, slots);
-    const float* key_rows[kPagedKeyBlock];
-    const float* value_rows[kPagedKeyBlock];
-    for (std::int64_t si = first; si < last; ++si) {
-      key_rows[si - first] = row(kv.k, si);
-      value_rows[si - first] = row(kv.v, si);
-    }
-    KeyBlockStats stats[kKeyBlockMaxHeads];
-    attend_key_block_heads(q + (t * sl.q_heads + h0) * d, d, heads, key_rows, value_rows,
-                           last - first, d, scale, scores, part + 2, part_stride, stats, level);
-    for (std::int64_t g = 0; g < heads; ++g) {
-      part[g * part_stride] = stats[g].max;
-      part[g * part_stride + 1] = stats[g].sum;
-    }
+      // Key si's row: slot si % block_size of block table[si / block_size].
+      const auto row = [&](const T* base, std::int64_t si) {
+        return base + table[si / kv.block_size] * kv.block_stride + kvh * kv.head_stride +
+               (si % kv.block_size) * kv.pos_stride;
+      };
+      float* scores = thread_scratch(scratch, kPagedKeyBlock * kKeyBlockMaxHeads, slots);
+      const T* key_rows[kPagedKeyBlock];
+      const T* value_rows[kPagedKeyBlock];
+      for (std::int64_t si = first; si < last; ++si) {
+        key_rows[si - first] = row(static_cast<const T*>(kv.k), si);
+        value_rows[si - first] = row(static_cast<const T*>(kv.v), si);
+      }
+      KeyBlockStats stats[kKeyBlockMaxHeads];
+      detail::attend_rows(q + (t * sl.q_heads + h0) * d, d, heads, key_rows, value_rows, kv.dtype,
+                          last - first, d, scale, scores, part + 2, part_stride, stats, level);
+      for (std::int64_t g = 0; g < heads; ++g) {
+        part[g * part_stride] = stats[g].max;
+        part[g * part_stride + 1] = stats[g].sum;
+      }
+    });
   });
   for_each_task(tokens * sl.q_heads, [&](std::int64_t th) {
     const float* part = partials + th * blocks * stride;

@@ -562,9 +562,7 @@ runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFw
                 AttentionSlice run = slice;
                 run.batch = n;
                 run.kv_len = first + slice.kv_len;
-                KvView kv = kv_cache;
-                kv.k += b0 * kv_cache.batch_stride;
-                kv.v += b0 * kv_cache.batch_stride;
+                const KvView kv = kv_cache.from_sequence(b0);
                 attention_core(q.values().data() + b0 * q_stride, kv,
                                o.values().data() + b0 * q_stride, run, dd, first + token_offset,
                                config.causal, scores.values());

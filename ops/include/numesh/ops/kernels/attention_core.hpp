@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <span>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/attention_config.hpp"
 
 // The attention arithmetic on raw buffers, no mesh: softmax(q k^T / sqrt(d) + mask) v for a
@@ -35,21 +36,27 @@ void attention_kernel(float* q, float* k, const float* v, float* out, const Atte
                       const AttentionConfig& config, std::span<float> scratch);
 
 /// Where keys and values live: element (b, s, h, i) of k is k[b * batch_stride + s * pos_stride
-/// + h * head_stride + i] (strides in floats), v likewise. Describes a bthd or bhtd KV cache
-/// as well as a plain bthd buffer.
+/// + h * head_stride + i] (strides in elements), v likewise, the elements of `dtype`: fp32, or
+/// bf16 / f16 bits (a KV cache kept in half the bytes, widened exactly as attention reads it).
+/// Describes a bthd or bhtd KV cache as well as a plain bthd buffer.
 struct KvView {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   std::int64_t batch_stride = 0;
   std::int64_t pos_stride = 0;
   std::int64_t head_stride = 0;
+  DType dtype = DType::kF32;
+
+  /// The same view from sequence b on.
+  [[nodiscard]] KvView from_sequence(std::int64_t b) const noexcept;
 };
 
 /// Scratch floats attention_core needs for `slice` (with kv_len the most keys it will see)
-/// and head dim `head_dim` when called from an arena of `threads` threads: a block per thread,
-/// plus, for decode, the per-key-block partial results.
+/// and head dim `head_dim` when called from an arena of `threads` threads over keys and values
+/// of `kv_dtype`: a block per thread (with a 16-bit cache, prefill's blocks hold the keys and
+/// values it widens too), plus, for decode, the per-key-block partial results.
 std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t head_dim,
-                                      std::int64_t threads) noexcept;
+                                      std::int64_t threads, DType kv_dtype = DType::kF32) noexcept;
 
 /// softmax(q k^T / sqrt(head_dim) + mask) v without RoPE and without allocating, over the
 /// calling thread's oneTBB arena (a device's threads when called from a node body): q and out
@@ -65,9 +72,12 @@ std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t 
 ///   run; then the blocks merged in order per (sequence, head) (flash-decoding's split
 ///   softmax).
 /// The tasks depend on the shapes only, so results are bitwise identical for any number of
-/// threads. `scratch` holds at least attention_scratch_floats(slice, head_dim, threads) floats
-/// for the arena's max_concurrency `threads`.
-/// REQUIRES: q_offset + q_len <= kv_len when causal. Throws: ShapeError when scratch is short.
+/// threads. `scratch` holds at least attention_scratch_floats(slice, head_dim, threads,
+/// kv.dtype) floats for the arena's max_concurrency `threads`. A 16-bit kv gives the bits of an
+/// fp32 kv holding its values widened.
+/// REQUIRES: q_offset + q_len <= kv_len when causal. Throws: ShapeError when scratch is short,
+/// or kv is 16-bit and head_dim not a multiple of 16; TypeError for a kv dtype other than f32,
+/// bf16 and f16.
 void attention_core(const float* q, const KvView& kv, float* out, const AttentionSlice& slice,
                     std::int64_t head_dim, std::int64_t q_offset, bool causal,
                     std::span<float> scratch);

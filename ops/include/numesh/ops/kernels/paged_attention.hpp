@@ -12,15 +12,17 @@
 namespace numesh::ops {
 
 /// Where a paged cache's keys and values live: key slot j of kv head h in block b is
-/// k[b * block_stride + h * head_stride + j * pos_stride] (floats), v likewise; a sequence's
-/// position p sits in slot p % block_size of its block table's entry p / block_size.
+/// k[b * block_stride + h * head_stride + j * pos_stride] (elements of `dtype`: fp32, or bf16 /
+/// f16 bits), v likewise; a sequence's position p sits in slot p % block_size of its block
+/// table's entry p / block_size.
 struct PagedKvView {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   std::int64_t block_size = 16;
   std::int64_t block_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t pos_stride = 0;
+  DType dtype = DType::kF32;
 };
 
 /// The tokens of a ragged batch as attention sees them: token t sees keys [0, context[t]) of
@@ -49,8 +51,11 @@ std::int64_t paged_attention_scratch_floats(std::int64_t tokens, std::int64_t q_
 /// This is attention_core's decode arithmetic, key for key: a token's result depends on its
 /// query and its keys only, not on the batch around it or the thread count, and equals
 /// attention_core's for a single query (bitwise) on the same keys.
+/// A 16-bit cache gives the bits of an fp32 one holding its values widened.
 /// REQUIRES: every context[t] in [1, max_context] and each table long enough for it.
-/// Throws: ShapeError when scratch is short or the spans disagree with `tokens`.
+/// Throws: ShapeError when scratch is short or the spans disagree with `tokens`, or the cache is
+/// 16-bit and head_dim not a multiple of 16; TypeError for a cache dtype other than f32, bf16
+/// and f16.
 void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& keys, float* out,
                      std::int64_t tokens, const AttentionSlice& slice, std::int64_t head_dim,
                      std::int64_t max_context, std::span<float> scratch);
