@@ -95,6 +95,7 @@ models::Engine load_engine(const ServiceOptions& o, runtime::DeviceMesh mesh) {
        .mode = o.mode,
        .progress = o.progress,
        .mapping = o.mapping,
+       .kv_dtype = o.kv_dtype,
        .serving = models::ServingOptions{.block_size = o.block_size,
                                          .kv_tokens = kv_tokens,
                                          .batch_tokens = o.batch_tokens,

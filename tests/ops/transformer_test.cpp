@@ -149,6 +149,26 @@ RaggedBatch ragged_batch(const std::vector<std::vector<std::int32_t>>& tables,
   return r;
 }
 
+// Each (sequence, first position, count) part of a ragged step, in order: its rows of y (the
+// step's output for inputs x [1, N, H]) equal the dense reference of that sequence alone, fed
+// the same rows.
+void expect_parts_equal_alone(const runtime::HostTensor& x, const runtime::HostTensor& y,
+                              const std::vector<std::array<std::int64_t, 3>>& parts,
+                              std::vector<TransformerReference>& alone, const std::string& what) {
+  const std::int64_t h = x.shape[2];
+  std::int64_t row = 0;
+  for (const auto& [seq, first, count] : parts) {
+    runtime::HostTensor rows = runtime::HostTensor::zeros({1, count, h});
+    std::copy_n(x.data.begin() + row * h, count * h, rows.data.begin());
+    const runtime::HostTensor want = alone[static_cast<std::size_t>(seq)].forward(rows, first);
+    runtime::HostTensor got = runtime::HostTensor::zeros({1, count, h});
+    std::copy_n(y.data.begin() + row * h, count * h, got.data.begin());
+    EXPECT_TRUE(matches_reference(got, want, kBound))
+        << what << ", sequence " << seq << " at [" << first << ", " << first + count << ")";
+    row += count;
+  }
+}
+
 // Ragged steps over paged caches: three sequences in shuffled blocks, prefill chunks and
 // decode tokens of different sequences in one step, padding at the end; every real token's
 // output equals the dense model's for its sequence alone.
@@ -178,20 +198,80 @@ TEST_P(ShardedTransformerTest, RaggedStepsOverPagedCachesEqualEachSequenceAlone)
     const auto n = static_cast<std::int64_t>(batch.positions.size());
     const runtime::HostTensor x =
         random_host({1, n, c.hidden}, static_cast<std::uint32_t>(300 + s), 1.0f);
-    const runtime::HostTensor y = model.forward_ragged(x, batch);
-    std::int64_t row = 0;
-    for (const auto& [seq, first, count] : steps[s]) {
-      runtime::HostTensor rows = runtime::HostTensor::zeros({1, count, c.hidden});
-      std::copy_n(x.data.begin() + row * c.hidden, count * c.hidden, rows.data.begin());
-      const runtime::HostTensor want = alone[static_cast<std::size_t>(seq)].forward(rows, first);
-      runtime::HostTensor got = runtime::HostTensor::zeros({1, count, c.hidden});
-      std::copy_n(y.data.begin() + row * c.hidden, count * c.hidden, got.data.begin());
-      EXPECT_TRUE(matches_reference(got, want, kBound))
-          << "step " << s << ", sequence " << seq << " at [" << first << ", " << first + count
-          << ")";
-      row += count;
+    expect_parts_equal_alone(x, model.forward_ragged(x, batch), steps[s], alone,
+                             "step " + std::to_string(s));
+  }
+}
+
+// 16-bit KV caches, dense and paged: every output equals the dense model's whose caches hold
+// each key and value rounded as they do (bf16 or f16, to nearest even). A cache read at the
+// wrong place or not rounded as said would be off by far more than the bound: the keys and
+// values' own rounding moves outputs by up to ~1e-2 (bf16) against an fp32 cache.
+TEST_P(ShardedTransformerTest, SixteenBitCachesEqualTheDenseModelCachingAsTheyDo) {
+  TransformerConfig c = small_transformer_config();
+  c.attention.head_dim = 16;  // 16-bit caches take heads of whole 16-lane chunks
+  const TransformerWeights w = TransformerWeights::random(c, 17);
+  const MeshCase& mesh_case = GetParam();
+  for (const DType kv : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(to_string(kv));
+    const std::int64_t batch = 2, max_len = 8;
+    ShardedTransformer model(make_mesh(mesh_case), c, w, batch, max_len, {}, KvLayout::kBTHD, kv);
+    TransformerReference reference(c, w, batch, max_len,
+                                   expected_groups(mesh_case, {"dp", "fsdp"}, batch),
+                                   expected_groups(mesh_case, {"sp"}, 0), kv);
+    std::int64_t position = 0;
+    for (std::int64_t n : {4, 1, 1}) {
+      const runtime::HostTensor x =
+          random_host({batch, n, c.hidden}, 70 + static_cast<std::uint32_t>(position), 1.0f);
+      EXPECT_TRUE(
+          matches_reference(model.forward(x, position), reference.forward(x, position), kBound))
+          << "tokens [" << position << ", " << position + n << ")";
+      position += n;
+    }
+    // Paged: two sequences' prompts in one ragged step, then a decode token of each.
+    constexpr std::int64_t kBlock = 4, kContext = 8;
+    const ModelAxes axes = ModelAxes::resolve(sharding::PartitionManager(), sharding::Mode::kTrain);
+    ShardedTransformer paged(
+        make_mesh(mesh_case), c, w,
+        PagedCacheOptions{
+            .blocks = 6, .block_size = kBlock, .max_context = kContext, .kv_dtype = kv},
+        axes);
+    std::vector<TransformerReference> alone;
+    for (int b = 0; b < 2; ++b) alone.emplace_back(c, w, 1, kContext, 1, 1, kv);
+    const std::vector<std::vector<std::int32_t>> tables{{3, 1}, {2, 5}};
+    const std::vector<std::vector<std::array<std::int64_t, 3>>> steps{{{0, 0, 5}, {1, 0, 3}},
+                                                                      {{0, 5, 1}, {1, 3, 1}}};
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      const RaggedBatch rb = ragged_batch(tables, steps[s], 1, kBlock, kContext);
+      const auto n = static_cast<std::int64_t>(rb.positions.size());
+      const runtime::HostTensor x =
+          random_host({1, n, c.hidden}, static_cast<std::uint32_t>(400 + s), 1.0f);
+      expect_parts_equal_alone(x, paged.forward_ragged(x, rb), steps[s], alone,
+                               "paged step " + std::to_string(s));
     }
   }
+}
+
+TEST(ShardedTransformerTest, SixteenBitCachesRefuseOtherDtypesAndHeadSizesOutsideWholeChunks) {
+  const auto mesh = make_mesh(MeshCase{{1}, {"tp"}});
+  TransformerConfig c = small_transformer_config();
+  const TransformerWeights w = TransformerWeights::random(c, 17);
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 1, 8, {}, KvLayout::kBTHD, DType::kQ8_0); },
+              ThrowsMessage<TypeError>(HasSubstr(
+                  "kv cache: keys and values stored as q8_0: expected f32, bf16 or f16")));
+  ASSERT_EQ(c.attention.head_dim, 8);
+  EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 1, 8, {}, KvLayout::kBTHD, DType::kBF16); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "kv cache: a bf16 cache needs a head size that is a multiple of 16, not 8")));
+  EXPECT_THAT(
+      [&] {
+        ShardedTransformer(
+            mesh, c, w,
+            PagedCacheOptions{
+                .blocks = 4, .block_size = 4, .max_context = 8, .kv_dtype = DType::kF16});
+      },
+      ThrowsMessage<ShapeError>(
+          HasSubstr("kv cache: a f16 cache needs a head size that is a multiple of 16, not 8")));
 }
 
 // Runs 4 tokens, then 2 single ones, of 2 sequences (inputs seeded from `seed`) through the

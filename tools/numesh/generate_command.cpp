@@ -22,6 +22,7 @@
 
 #include "baselines.hpp"
 #include "bench_common.hpp"
+#include "kv_dtype_option.hpp"
 #include "mmap_option.hpp"
 #include "nonfinite_note.hpp"
 #include "numesh/core/check.hpp"
@@ -58,6 +59,7 @@ void progress(bool quiet, const std::string& text) {
 struct CheckedOptions {
   DType dtype = DType::kF32;
   models::WeightMapping mapping = models::WeightMapping::kAuto;  // --mmap
+  DType kv_dtype = DType::kF32;                                  // --kv-dtype
   bool sampling = false;
   ops::SamplingOptions sampling_options;
   std::vector<std::string> texts;                    // prompts given as text, in order
@@ -74,6 +76,7 @@ CheckedOptions check_options(const GenerateOptions& o) {
   CheckedOptions c;
   if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
   c.mapping = models::parse_weight_mapping(o.mmap);
+  c.kv_dtype = parse_kv_dtype(o.kv_dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or "
                "write a random one");
@@ -261,7 +264,8 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
                                100.0 * static_cast<double>(done) / static_cast<double>(total),
                                static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6));
              },
-         .mapping = c.mapping}));
+         .mapping = c.mapping,
+         .kv_dtype = c.kv_dtype}));
   }
   // Timed: where shards are read in place, the scan is the first reader of the file's pages,
   // and maps them (the page-table work a copy does within the load).
@@ -280,9 +284,11 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
   const models::HfConfig& config = e.config();
   const double bytes = static_cast<double>(e.checkpoint_bytes());
   out << fmt::format(
-      "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, mesh {}\n",
+      "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, {} KV "
+      "cache, mesh {}\n",
       e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
-      config.hidden_size, config.vocab_size, e.formats(), e.mesh().mesh().repr());
+      config.hidden_size, config.vocab_size, e.formats(), to_string(parse_kv_dtype(o.kv_dtype)),
+      e.mesh().mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
   const double mapped = static_cast<double>(e.model().mapped_bytes());
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: {})\n", bytes / 1e6,
@@ -498,6 +504,7 @@ void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, c
       {"model", e.source().path().string()},
       {"architecture", std::string(to_string(e.config().architecture))},
       {"dtype", e.formats()},
+      {"kv_dtype", std::string(to_string(c.kv_dtype))},
       {"mesh", e.mesh().mesh().repr()},
       {"sequences", seqs},
       {"sampling", c.sampling ? nlohmann::json{{"temperature", o.temperature},
@@ -614,6 +621,7 @@ all have stopped.)");
                   "file's matrices each in the format the file stores it in (a Q4_K_M file's "
                   "Q4_K and Q6_K), f32 otherwise");
   add_mmap_option(*cmd, o.mmap);
+  add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
                   "each decode step "

@@ -45,6 +45,7 @@ struct GenerateOptions {
   /// format the file stores it in, f32 for a safetensors folder.
   std::string dtype;
   std::string mmap = "auto";      ///< --mmap auto|on|off (models::WeightMapping)
+  std::string kv_dtype = "f32";   ///< --kv-dtype f32|bf16|f16: how the KV caches store
   std::string logits_out;         ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;               ///< --json FILE
   bool baselines = false;         ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth

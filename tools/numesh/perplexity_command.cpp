@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "bench_common.hpp"
+#include "kv_dtype_option.hpp"
 #include "mmap_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
@@ -50,6 +51,7 @@ Example:
       "quantized at load). Default: a GGUF file's matrices each in the format the file "
       "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
   add_mmap_option(*cmd, o.mmap);
+  add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
   return cmd;
@@ -58,6 +60,7 @@ Example:
 int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   DType dtype = o.dtype.empty() ? DType::kF32 : parse_dtype(o.dtype);
   const models::WeightMapping mapping = models::parse_weight_mapping(o.mmap);
+  const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
   // Under mpirun the ranks evaluate alike and rank 0 alone writes.
@@ -101,12 +104,13 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
           ? models::WeightFormats::as_stored(*checkpoint, *source.stored_dtype())
           : models::WeightFormats(dtype);
   models::CausalLm lm = models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context,
-                                               formats, {}, {}, mapping);
+                                               formats, {}, {}, mapping, kv_dtype);
 
   out << fmt::format(
-      "numesh perplexity: {} ({} model), {} weights; {} tokens of {}, chunks of {} ({} of them)\n",
-      dir.string(), to_string(config.architecture), to_string(formats), tokens.size(), o.text_file,
-      o.context, static_cast<std::int64_t>(tokens.size()) / o.context);
+      "numesh perplexity: {} ({} model), {} weights, {} KV cache; {} tokens of {}, chunks of {} "
+      "({} of them)\n",
+      dir.string(), to_string(config.architecture), to_string(formats), to_string(kv_dtype),
+      tokens.size(), o.text_file, o.context, static_cast<std::int64_t>(tokens.size()) / o.context);
   out.flush();
   const auto start = std::chrono::steady_clock::now();
   const models::PerplexityResult r =

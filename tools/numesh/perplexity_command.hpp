@@ -17,14 +17,15 @@ namespace numesh::tools {
 
 /// The options of `numesh perplexity`.
 struct PerplexityOptions {
-  MeshOptions mesh;            ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
-  std::string model;           ///< --model DIR: config.json, *.safetensors, a tokenizer
-  std::string text_file;       ///< --text-file F
-  std::int64_t context = 512;  ///< --context: tokens per chunk
-  std::string dtype;           ///< --dtype; empty: a GGUF model's own formats, else f32
-  std::string mmap = "auto";   ///< --mmap auto|on|off (models::WeightMapping)
-  std::string json;            ///< --json FILE
-  bool quiet = false;          ///< --quiet: no per-chunk progress
+  MeshOptions mesh;              ///< topology, placement, --dims 1,1,-1, --names dp,ep,tp
+  std::string model;             ///< --model DIR: config.json, *.safetensors, a tokenizer
+  std::string text_file;         ///< --text-file F
+  std::int64_t context = 512;    ///< --context: tokens per chunk
+  std::string dtype;             ///< --dtype; empty: a GGUF model's own formats, else f32
+  std::string mmap = "auto";     ///< --mmap auto|on|off (models::WeightMapping)
+  std::string kv_dtype = "f32";  ///< --kv-dtype f32|bf16|f16: how the KV cache stores
+  std::string json;              ///< --json FILE
+  bool quiet = false;            ///< --quiet: no per-chunk progress
 };
 
 /// Registers `perplexity`. Not thread-safe (CLI11 setup).

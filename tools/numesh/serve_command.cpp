@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "bench_common.hpp"
+#include "kv_dtype_option.hpp"
 #include "mmap_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
@@ -42,6 +43,7 @@ serve::ServiceOptions service_options(const ServeOptions& o) {
   serve::ServiceOptions s = o.service;
   if (!o.dtype.empty()) s.dtype = parse_dtype(o.dtype);
   s.mapping = models::parse_weight_mapping(o.mmap);
+  s.kv_dtype = parse_kv_dtype(o.kv_dtype);
   check_mesh_options(o.mesh);
   s.mode = parse_run_mode(o.mode);
   s.partitions = sharding::PartitionManager(build_paxis(o.paxis_json, o.sets));
@@ -192,6 +194,7 @@ Examples:
       "quantized at load). Default: a GGUF file's matrices each in the format the file "
       "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
   add_mmap_option(*cmd, o.mmap);
+  add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--api-key", o.service.server.api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");
   cmd->add_option("--http-threads", o.service.http_threads,

@@ -28,6 +28,7 @@ struct ServeOptions {
   std::vector<std::string> sets;  ///< --set field=value
   std::string dtype;              ///< --dtype; empty: a GGUF model's own formats, else f32
   std::string mmap = "auto";      ///< --mmap auto|on|off (models::WeightMapping)
+  std::string kv_dtype = "f32";   ///< --kv-dtype f32|bf16|f16: how the KV caches store
   bool no_prefix_cache = false;   ///< --no-prefix-cache
   /// --model, --model-name, --chat-template, --host, --port, --parallel, --ctx-size,
   /// --kv-cache-tokens, --batch-tokens, --block-size, --max-queue, --api-key, --http-threads

@@ -41,7 +41,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   if (!options.serving) {
     engine.model_ = std::make_unique<CausalLm>(
         CausalLm::load(engine.mesh_, config, *checkpoint, options.sequences, context, formats,
-                       engine.axes_, options.progress, options.mapping));
+                       engine.axes_, options.progress, options.mapping, options.kv_dtype));
   } else {
     const ServingOptions& serving = *options.serving;
     NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,
@@ -65,7 +65,8 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
                        ops::PagedCacheOptions{.blocks = blocks,
                                               .block_size = serving.block_size,
                                               .max_context = context,
-                                              .max_sequences = serving.max_running},
+                                              .max_sequences = serving.max_running,
+                                              .kv_dtype = options.kv_dtype},
                        formats, engine.axes_, options.progress, options.mapping));
     engine.compile_steps();
   }

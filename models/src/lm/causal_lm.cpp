@@ -29,14 +29,15 @@ std::int64_t checked_max_len(const HfConfig& config, std::int64_t max_len) {
 }  // namespace
 
 CausalLm::CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
-                   std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes)
+                   std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes, DType kv_dtype)
     : mesh_(mesh),
       config_(config),
       batch_(batch),
       max_len_(checked_max_len(config, max_len)),
       embedding_layer_(ops::EmbeddingLayer::create(mesh, weights.embedding)),
       head_layer_(ops::LmHeadLayer::create(mesh, weights.lm_head)),
-      stack_(mesh, config.transformer_config(), weights.stack, batch, max_len_, std::move(axes)) {
+      stack_(mesh, config.transformer_config(), weights.stack, batch, max_len_, std::move(axes),
+             ops::KvLayout::kBTHD, kv_dtype) {
   check_layers();
 }
 
@@ -103,10 +104,10 @@ WeightMapping parse_weight_mapping(std::string_view text) {
 CausalLm CausalLm::load(runtime::DeviceMesh mesh, const HfConfig& config,
                         const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
                         const WeightFormats& formats, ops::ModelAxes axes,
-                        const LoadProgress& progress, WeightMapping mapping) {
+                        const LoadProgress& progress, WeightMapping mapping, DType kv_dtype) {
   const DeferredCausalLmWeights d = CausalLmWeights::deferred(config, checkpoint, formats);
-  CausalLm lm(std::move(mesh), config, d.weights, batch, max_len,
-              std::move(axes));  // matrices laid out unfilled
+  CausalLm lm(std::move(mesh), config, d.weights, batch, max_len, std::move(axes),
+              kv_dtype);  // matrices laid out unfilled
   lm.fill(d, checkpoint, progress, mapping);
   return lm;
 }

@@ -18,6 +18,7 @@
 #include "numesh/ops/kernels/paged_attention.hpp"
 #include "numesh/ops/kernels/rope.hpp"
 #include "numesh/ops/lowering/gradients.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/sharding/corrected_sharding.hpp"
 
 namespace numesh::ops {
@@ -121,11 +122,38 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
   return layer;
 }
 
+namespace {
+
+// Refuses a cache dtype attention cannot read, and a 16-bit one for a head size its kernels do
+// not take.
+void check_cache_dtype(DType dtype, std::int64_t head_dim) {
+  NUMESH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16, TypeError,
+               "kv cache: keys and values stored as {}: expected f32, bf16 or f16",
+               to_string(dtype));
+  NUMESH_CHECK(dtype == DType::kF32 || head_dim % 16 == 0, ShapeError,
+               "kv cache: a {} cache needs a head size that is a multiple of 16, not {}",
+               to_string(dtype), head_dim);
+}
+
+// Element `at` on of a cache shard set to the d values at src, narrowed to the shard's dtype
+// (bf16 and f16 round to nearest even).
+void store_cache_row(runtime::Tensor& cache, std::int64_t at, const float* src, std::int64_t d) {
+  if (cache.dtype() == DType::kF32) {
+    std::copy_n(src, d, cache.values().data() + at);
+    return;
+  }
+  runtime::convert_elements(src, DType::kF32, cache.bits16().data() + at, cache.dtype(),
+                            static_cast<std::size_t>(d));
+}
+
+}  // namespace
+
 KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer,
                         std::int64_t batch, std::int64_t max_len, KvLayout layout,
-                        const AxisRule& batch_entry) {
+                        const AxisRule& batch_entry, DType dtype) {
   NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError,
                "kv cache: batch {} and max_len {} must be positive", batch, max_len);
+  check_cache_dtype(dtype, layer.config.head_dim);
   const std::int64_t hkv = layer.config.num_kv_heads, d = layer.config.head_dim;
   const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   KvCache cache;
@@ -137,17 +165,18 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
                                                : std::vector<std::int64_t>{batch, hkv, max_len, d};
   const PartitionSpec spec = bthd ? PartitionSpec({batch_entry, AxisRule(), heads, AxisRule()})
                                   : PartitionSpec({batch_entry, heads, AxisRule(), AxisRule()});
-  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
-  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec, dtype);
+  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec, dtype);
   return cache;
 }
 
 PagedKvCache PagedKvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer,
-                                  std::int64_t blocks, std::int64_t block_size) {
+                                  std::int64_t blocks, std::int64_t block_size, DType dtype) {
   NUMESH_CHECK(blocks >= 2 && block_size >= 1, ShapeError,
                "paged kv cache: {} blocks of {} positions; it needs at least 2 blocks (block 0 "
                "takes the padding) of at least 1",
                blocks, block_size);
+  check_cache_dtype(dtype, layer.config.head_dim);
   const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   const std::vector<std::int64_t> shape{blocks, layer.config.num_kv_heads, block_size,
                                         layer.config.head_dim};
@@ -155,8 +184,8 @@ PagedKvCache PagedKvCache::create(const runtime::DeviceMesh& mesh, const Attenti
   PagedKvCache cache;
   cache.blocks = blocks;
   cache.block_size = block_size;
-  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
-  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec);
+  cache.k = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec, dtype);
+  cache.v = std::make_shared<runtime::ShardedTensor>(mesh, shape, spec, dtype);
   return cache;
 }
 
@@ -510,8 +539,9 @@ runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFw
         o_of[static_cast<std::size_t>(s)] = &o;
         AttentionSlice widest = slice;
         widest.kv_len = key_capacity;
-        runtime::Tensor& scores =
-            pb.scratch(s, {attention_scratch_floats(widest, d, st.mesh.device(s).spec().threads)});
+        const DType kv_dtype = tn.cache_k != nullptr ? tn.cache_k->dtype() : DType::kF32;
+        runtime::Tensor& scores = pb.scratch(
+            s, {attention_scratch_floats(widest, d, st.mesh.device(s).spec().threads, kv_dtype)});
         runtime::Tensor* ck = tn.cache_k != nullptr ? &tn.cache_k->shard(s) : nullptr;
         runtime::Tensor* cv = tn.cache_v != nullptr ? &tn.cache_v->shard(s) : nullptr;
         const KvLayout layout = cache != nullptr ? cache->layout : KvLayout::kBTHD;
@@ -530,11 +560,12 @@ runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFw
             return;
           }
           const bool bthd = layout == KvLayout::kBTHD;
-          const KvView kv_cache{.k = ck->values().data(),
-                                .v = cv->values().data(),
+          const KvView kv_cache{.k = ck->data(),
+                                .v = cv->data(),
                                 .batch_stride = max_len * slice.kv_heads * dd,
                                 .pos_stride = bthd ? slice.kv_heads * dd : dd,
-                                .head_stride = bthd ? dd : max_len * dd};
+                                .head_stride = bthd ? dd : max_len * dd,
+                                .dtype = ck->dtype()};
           const std::int64_t q_stride =
               slice.q_len * slice.q_heads * dd;  // floats per sequence of q and out
           for_each_run(
@@ -553,8 +584,8 @@ runtime::Frontier attention_fwd_attend(const AttentionFwd& st, const AttentionFw
                       const std::int64_t at = bi * kv_cache.batch_stride +
                                               (first + ti) * kv_cache.pos_stride +
                                               hi * kv_cache.head_stride;
-                      std::copy_n(k.values().data() + row + hi * dd, dd, ck->values().data() + at);
-                      std::copy_n(v.values().data() + row + hi * dd, dd, cv->values().data() + at);
+                      store_cache_row(*ck, at, k.values().data() + row + hi * dd, dd);
+                      store_cache_row(*cv, at, v.values().data() + row + hi * dd, dd);
                     }
                   }
                 }
@@ -600,12 +631,13 @@ runtime::Frontier attention_fwd_attend_paged(const AttentionFwd& st, const Atten
         return [&q, &k, &v, &o, &scores, &ck, &cv, &paged, &ragged, slice, tokens, d, block_size,
                 max_context] {
           check_ragged(ragged, paged, tokens);
-          const PagedKvView view{.k = ck.values().data(),
-                                 .v = cv.values().data(),
+          const PagedKvView view{.k = ck.data(),
+                                 .v = cv.data(),
                                  .block_size = block_size,
                                  .block_stride = slice.kv_heads * block_size * d,
                                  .head_stride = block_size * d,
-                                 .pos_stride = d};
+                                 .pos_stride = d,
+                                 .dtype = ck.dtype()};
           // Every token's key and value into its slot (the step's tokens before any reads
           // them: a prefill chunk's later tokens see its earlier ones).
           for (std::int64_t ti = 0; ti < tokens; ++ti) {
@@ -614,10 +646,8 @@ runtime::Frontier attention_fwd_attend_paged(const AttentionFwd& st, const Atten
                 (slot / block_size) * view.block_stride + (slot % block_size) * view.pos_stride;
             for (std::int64_t hi = 0; hi < slice.kv_heads; ++hi) {
               const std::int64_t row = (ti * slice.kv_heads + hi) * d;
-              std::copy_n(k.values().data() + row, d,
-                          ck.values().data() + base + hi * view.head_stride);
-              std::copy_n(v.values().data() + row, d,
-                          cv.values().data() + base + hi * view.head_stride);
+              store_cache_row(ck, base + hi * view.head_stride, k.values().data() + row, d);
+              store_cache_row(cv, base + hi * view.head_stride, v.values().data() + row, d);
             }
           }
           const RaggedKeys keys_of{

@@ -40,7 +40,8 @@ struct ShardedTransformer::Layer {
 
 ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
                                        const TransformerWeights& w, std::int64_t batch,
-                                       std::int64_t max_len, ModelAxes axes, KvLayout layout)
+                                       std::int64_t max_len, ModelAxes axes, KvLayout layout,
+                                       DType kv_dtype)
     : mesh_(std::move(mesh)),
       config_(std::move(config)),
       axes_(std::move(axes)),
@@ -54,7 +55,8 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
   lay_out(w);
   const AxisRule batch_entry = detail::entry(activation_spec(1), 0);
   for (const auto& layer : layers_) {
-    layer->cache = KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry);
+    layer->cache =
+        KvCache::create(mesh_, layer->attention, batch, max_len, layout, batch_entry, kv_dtype);
   }
 }
 
@@ -75,7 +77,8 @@ ShardedTransformer::ShardedTransformer(runtime::DeviceMesh mesh, TransformerConf
   ragged_.max_context = paged.max_context;
   lay_out(w);
   for (const auto& layer : layers_) {
-    layer->paged = PagedKvCache::create(mesh_, layer->attention, paged.blocks, paged.block_size);
+    layer->paged = PagedKvCache::create(mesh_, layer->attention, paged.blocks, paged.block_size,
+                                        paged.kv_dtype);
   }
 }
 

@@ -75,13 +75,15 @@ struct TransformerReference::Caches {
 
 TransformerReference::TransformerReference(TransformerConfig config, TransformerWeights weights,
                                            std::int64_t batch, std::int64_t max_len,
-                                           std::int64_t batch_groups, std::int64_t sequence_groups)
+                                           std::int64_t batch_groups, std::int64_t sequence_groups,
+                                           DType kv_dtype)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       batch_(batch),
       max_len_(max_len),
       batch_groups_(batch_groups),
       sequence_groups_(sequence_groups),
+      kv_dtype_(kv_dtype),
       caches_(std::make_unique<Caches>()) {
   config_.validate();
   NUMESH_CHECK(batch > 0 && max_len > 0 && batch_groups > 0 && batch % batch_groups == 0 &&
@@ -137,6 +139,16 @@ runtime::HostTensor TransformerReference::forward(const runtime::HostTensor& x,
                    c.attention.rope_scaling);
     }
     // The cache holds positions [0, seen) of every sequence; attention reads exactly those.
+    if (kv_dtype_ != DType::kF32) {
+      // As a 16-bit cache holds them: the fp32 value rounded to nearest even.
+      const auto narrow = [&](double value) {
+        const float f = static_cast<float>(value);
+        return kv_dtype_ == DType::kBF16 ? double{f32_from_bf16(bf16_from_f32(f))}
+                                         : double{f32_from_f16(f16_from_f32(f))};
+      };
+      k = k.unaryExpr(narrow);
+      v = v.unaryExpr(narrow);
+    }
     MatrixD& kc = caches_->k[static_cast<std::size_t>(l)];
     MatrixD& vc = caches_->v[static_cast<std::size_t>(l)];
     MatrixD keys(batch_ * seen, hkv * d), values(batch_ * seen, hkv * d);

@@ -54,6 +54,9 @@ struct ServiceOptions {
   models::CausalLm::LoadProgress progress{};
   /// Whether the matrices read the model file's pages in place (models::WeightMapping).
   models::WeightMapping mapping = models::WeightMapping::kAuto;
+  /// How the paged KV caches store keys and values: f32, or bf16 / f16 in half the bytes
+  /// (models::EngineOptions::kv_dtype).
+  DType kv_dtype = DType::kF32;
 };
 
 /// A model served over HTTP. The constructor checks the options and binds; load() loads the

@@ -63,6 +63,9 @@ struct EngineOptions {
   CausalLm::LoadProgress progress{};
   /// Whether matrices read the file's mapping in place (CausalLm::load, WeightMapping).
   WeightMapping mapping = WeightMapping::kAuto;
+  /// How the KV caches store keys and values: f32, or bf16 / f16 in half the bytes (each
+  /// rounded to nearest even as it is written; ops::KvCache::create).
+  DType kv_dtype = DType::kF32;
   /// Set: the model keeps paged caches and serves requests (submit, step, cancel; sequences
   /// and context as above bound the running sequences' positions); unset: dense caches for
   /// `sequences` sequences of `context` positions (model(), generate()).

@@ -66,12 +66,15 @@ WeightMapping parse_weight_mapping(std::string_view text);
 /// Not thread-safe: one thread drives an instance.
 class CausalLm {
  public:
-  /// Lays out every weight.
+  /// Lays out every weight; the KV caches store keys and values as `kv_dtype` (f32, or bf16 /
+  /// f16 in half the bytes: ops::KvCache::create).
   /// Throws: ValueError as HfConfig::transformer_config(); ShapeError when the
   /// weights do not fit the config, batch or max_len is not positive, or max_len exceeds the
-  /// model's max_context(); what the layers' layouts throw.
+  /// model's max_context(); what the layers' layouts throw; as ops::KvCache::create for
+  /// kv_dtype.
   CausalLm(runtime::DeviceMesh mesh, const HfConfig& config, const CausalLmWeights& weights,
-           std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes = {});
+           std::int64_t batch, std::int64_t max_len, ops::ModelAxes axes = {},
+           DType kv_dtype = DType::kF32);
   /// Checkpoint bytes read so far and in all, reported by load() after each matrix (from one of
   /// the load's threads, never two calls at once).
   using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
@@ -90,7 +93,7 @@ class CausalLm {
                        const Checkpoint& checkpoint, std::int64_t batch, std::int64_t max_len,
                        const WeightFormats& formats = {}, ops::ModelAxes axes = {},
                        const LoadProgress& progress = {},
-                       WeightMapping mapping = WeightMapping::kAuto);
+                       WeightMapping mapping = WeightMapping::kAuto, DType kv_dtype = DType::kF32);
   /// The same model with paged caches, for ragged steps only (ragged_candidates,
   /// ragged_logits): every layer's keys and values in `paged.blocks` blocks
   /// (ShardedTransformer's paged constructor); the dense calls above are refused.

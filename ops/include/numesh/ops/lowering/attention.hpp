@@ -80,10 +80,15 @@ struct KvCache {
   std::shared_ptr<runtime::ShardedTensor> k, v;
 
   /// A zeroed cache for `layer`, sequences split by `batch_entry` (the spec entry of the
-  /// activations' batch dim). Throws: ShapeError when batch or max_len is not positive.
+  /// activations' batch dim), its keys and values stored as `dtype`: f32, or bf16 / f16 (half
+  /// the bytes: each key and value rounded to nearest even as it is written, widened exactly as
+  /// attention reads it).
+  /// Throws: ShapeError when batch or max_len is not positive, or a 16-bit cache's head size is
+  /// not a multiple of 16; TypeError for another dtype.
   [[nodiscard]] static KvCache create(const runtime::DeviceMesh& mesh, const AttentionLayer& layer,
                                       std::int64_t batch, std::int64_t max_len, KvLayout layout,
-                                      const sharding::AxisRule& batch_entry);
+                                      const sharding::AxisRule& batch_entry,
+                                      DType dtype = DType::kF32);
 };
 
 /// The paged KV cache of one attention layer: k and v of shape [blocks, kv_heads, block_size,
@@ -95,11 +100,12 @@ struct PagedKvCache {
   std::int64_t block_size = 0;
   std::shared_ptr<runtime::ShardedTensor> k, v;
 
-  /// A zeroed cache of `blocks` blocks of `block_size` positions for `layer`.
-  /// Throws: ShapeError when blocks < 2 or block_size < 1.
+  /// A zeroed cache of `blocks` blocks of `block_size` positions for `layer`, stored as `dtype`
+  /// (as KvCache::create).
+  /// Throws: ShapeError when blocks < 2 or block_size < 1, or as KvCache::create for `dtype`.
   [[nodiscard]] static PagedKvCache create(const runtime::DeviceMesh& mesh,
                                            const AttentionLayer& layer, std::int64_t blocks,
-                                           std::int64_t block_size);
+                                           std::int64_t block_size, DType dtype = DType::kF32);
 };
 
 /// The tokens of one ragged step, flattened: token i of the step belongs to a sequence that

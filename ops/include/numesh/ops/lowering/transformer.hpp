@@ -32,6 +32,9 @@ struct PagedCacheOptions {
   /// The most sequences a step holds (their block tables are what a step brings); 0: as many
   /// as its tokens.
   std::int64_t max_sequences = 0;
+  /// How the caches store keys and values: f32, or bf16 / f16 in half the bytes
+  /// (KvCache::create).
+  DType kv_dtype = DType::kF32;
 };
 
 /// A transformer stack lowered onto a device mesh: every layer's weights laid out once, one
@@ -44,12 +47,14 @@ struct PagedCacheOptions {
 /// Not thread-safe: one thread drives an instance.
 class ShardedTransformer {
  public:
+  /// The caches store keys and values as `kv_dtype` (f32, or bf16 / f16: KvCache::create).
   /// Throws: as TransformerConfig::validate and the layers' create functions; ShapeError when
   /// batch or max_len is not positive, or a MoE block's shared expert is not the config's
-  /// (shared_expert_ffn; 0: none).
+  /// (shared_expert_ffn; 0: none); as KvCache::create for kv_dtype.
   ShardedTransformer(runtime::DeviceMesh mesh, TransformerConfig config,
                      const TransformerWeights& weights, std::int64_t batch, std::int64_t max_len,
-                     ModelAxes axes = {}, KvLayout layout = KvLayout::kBTHD);
+                     ModelAxes axes = {}, KvLayout layout = KvLayout::kBTHD,
+                     DType kv_dtype = DType::kF32);
   /// The same stack with paged caches, for ragged steps only (forward_ragged): every layer's
   /// keys and values in `paged.blocks` blocks of `paged.block_size` positions, kv heads split
   /// like wk. The tokens of a step are whole on every device (the batch and sequence axes do

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "numesh/core/dtype.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/tensor.hpp"
 
@@ -21,9 +22,11 @@ class TransformerReference {
  public:
   /// Throws: as TransformerConfig::validate; ShapeError when batch or max_len is not positive,
   /// the batch groups do not divide the batch, or the weights do not fit the config.
+  /// `kv_dtype` bf16 or f16: each key and value is cached as the lowered model's 16-bit caches
+  /// hold it (its fp32 value rounded to nearest even), f32: as computed.
   TransformerReference(TransformerConfig config, TransformerWeights weights, std::int64_t batch,
                        std::int64_t max_len, std::int64_t batch_groups = 1,
-                       std::int64_t sequence_groups = 1);
+                       std::int64_t sequence_groups = 1, DType kv_dtype = DType::kF32);
   ~TransformerReference();
   TransformerReference(TransformerReference&&) noexcept;
   TransformerReference& operator=(TransformerReference&&) noexcept;
@@ -36,6 +39,7 @@ class TransformerReference {
   TransformerConfig config_;
   TransformerWeights weights_;
   std::int64_t batch_, max_len_, batch_groups_, sequence_groups_;
+  DType kv_dtype_;
   std::unique_ptr<Caches> caches_;
 };
 
