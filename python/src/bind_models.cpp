@@ -113,8 +113,9 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
                                           std::optional<runtime::DeviceMesh> mesh,
                                           std::optional<sharding::PartitionAxis> partition_axis,
                                           std::int64_t context, std::int64_t batch,
-                                          const std::string& mmap) {
+                                          const std::string& mmap, const std::string& kv_dtype) {
   const models::WeightMapping mapping = models::parse_weight_mapping(mmap);
+  const DType kv = models::parse_kv_dtype(kv_dtype);
   py::gil_scoped_release release;
   models::ModelSource source = models::ModelSource::open(path);
   models::EngineOptions options;
@@ -123,6 +124,7 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
   options.context = context;
   options.sequences = batch;
   options.mapping = mapping;
+  options.kv_dtype = kv;
   if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
   if (!mesh) mesh = default_device_mesh();
   return std::make_unique<CausalLM>(models::Engine::load(std::move(source), *mesh, options));
@@ -279,7 +281,8 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
 )pbdoc")
       .def_static("from_pretrained", &from_pretrained, "path"_a, py::kw_only(),
                   "dtype"_a = py::none(), "mesh"_a = py::none(), "partition_axis"_a = py::none(),
-                  "context"_a = 0, "batch"_a = 1, "mmap"_a = "auto", R"pbdoc(
+                  "context"_a = 0, "batch"_a = 1, "mmap"_a = "auto", "kv_dtype"_a = "f32",
+                  R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
 "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's matrices each in the
@@ -289,7 +292,8 @@ format most of the bytes are in, and repr() each of them).
 the caches hold (0: the model's whole context); `batch` is the sequences a call of logits runs
 (generate runs one); `mmap` as `--mmap` ("on": matrices stored as the file stores them read its
 pages in place, no copy; "off": copied into each device's memory; "auto": on for a machine of one
-NUMA node). The GIL is released while it loads.
+NUMA node); `kv_dtype` how the KV caches store keys and values ("f32", or "bf16" / "f16" in half
+the bytes, as `--kv-dtype`). The GIL is released while it loads.
 )pbdoc")
       .def("logits", &logits, "ids"_a, R"pbdoc(
 The logits of every position of `ids` (a list or a 1-D integer array of T token ids), as a

@@ -93,8 +93,8 @@ raises KeyboardInterrupt. The GIL is released while it waits.
          const std::optional<std::string>& dtype, std::optional<runtime::DeviceMesh> mesh,
          const std::optional<sharding::PartitionAxis>& partition_axis, const py::object& mode,
          std::string api_key, std::string model_name,
-         const std::optional<std::string>& chat_template, int http_threads,
-         const std::string& mmap) {
+         const std::optional<std::string>& chat_template, int http_threads, const std::string& mmap,
+         const std::string& kv_dtype) {
         serve::ServiceOptions o{.model = std::move(model),
                                 .dtype = std::nullopt,
                                 .partitions = sharding::PartitionManager(
@@ -112,7 +112,8 @@ raises KeyboardInterrupt. The GIL is released while it waits.
                                 .http_threads = http_threads,
                                 .server = {},
                                 .progress = {},
-                                .mapping = models::parse_weight_mapping(mmap)};
+                                .mapping = models::parse_weight_mapping(mmap),
+                                .kv_dtype = models::parse_kv_dtype(kv_dtype)};
         if (dtype) o.dtype = parse_dtype(*dtype);
         o.server.host = std::move(host);
         o.server.port = port;
@@ -128,14 +129,15 @@ raises KeyboardInterrupt. The GIL is released while it waits.
       "max_queue"_a = 64, "prefix_cache"_a = true, "dtype"_a = py::none(), "mesh"_a = py::none(),
       "partition_axis"_a = py::none(), "mode"_a = "__autoregressive__", "api_key"_a = "",
       "model_name"_a = "", "chat_template"_a = py::none(), "http_threads"_a = 0, "mmap"_a = "auto",
-      R"pbdoc(
+      "kv_dtype"_a = "f32", R"pbdoc(
 Serves the model at `model` (a Hugging Face folder or a GGUF file) over HTTP, as `numesh serve`
 does with the same options under the same names (docs/serving.md): OpenAI's /v1/completions and
 /v1/chat/completions with continuous batching over paged KV caches on `mesh` (default:
 DeviceMesh()), /v1/models, /health, /tokenize, /detokenize, /metrics. Binds, loads (the GIL is
 released), and returns the running Server; port=0 picks a free port (Server.port says which).
 `dtype`: how the devices store the matrices (default: a GGUF file's matrices each in the
-format the file stores it in, else f32);
+format the file stores it in, else f32); `kv_dtype`: how the paged KV cache stores keys and
+values ("f32", or "bf16" / "f16" in half the memory);
 `chat_template`: a Jinja file rendered in place of the model's. Raises ValueError naming a bad
 option, numesh.IoError for a file it cannot read or an address it cannot bind.
 )pbdoc");

@@ -90,6 +90,21 @@ def test_matrices_read_in_place_or_copied_give_the_same_logits(checkpoints, mesh
         numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mmap="yes")
 
 
+def test_sixteen_bit_kv_caches_give_logits_near_the_fp32_caches(checkpoints):
+    d, cases = checkpoints
+    prompt = cases["gemma_blocks"]["prompt"][0]  # head_dim 32: whole 16-lane chunks
+    path = str(d / "gemma_blocks")
+    want = numesh.CausalLM.from_pretrained(path, mesh=MESHES["one device"]()).logits(prompt)
+    for kv, bound in (("bf16", 2e-2), ("f16", 3e-3)):
+        got = numesh.CausalLM.from_pretrained(path, mesh=MESHES["one device"](),
+                                              kv_dtype=kv).logits(prompt)
+        # The keys' and values' rounding moves them, but only so far (relative to the largest).
+        diff = np.abs(got - want).max() / np.abs(want).max()
+        assert 0 < diff < bound, (kv, diff)
+    with pytest.raises(ValueError, match=r"KV cache dtype 'q8_0': expected f32, bf16 or f16"):
+        numesh.CausalLM.from_pretrained(path, kv_dtype="q8_0")
+
+
 def test_bad_input_is_a_python_exception_naming_it(checkpoints):
     d, cases = checkpoints
     lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())

@@ -76,7 +76,7 @@ CheckedOptions check_options(const GenerateOptions& o) {
   CheckedOptions c;
   if (!o.dtype.empty()) c.dtype = parse_dtype(o.dtype);
   c.mapping = models::parse_weight_mapping(o.mmap);
-  c.kv_dtype = parse_kv_dtype(o.kv_dtype);
+  c.kv_dtype = models::parse_kv_dtype(o.kv_dtype);
   NUMESH_CHECK(o.model.empty() || o.random_model.empty(), ValueError,
                "--model and --random-model exclude each other: generate from a checkpoint, or "
                "write a random one");
@@ -287,8 +287,8 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
       "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, {} KV "
       "cache, mesh {}\n",
       e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
-      config.hidden_size, config.vocab_size, e.formats(), to_string(parse_kv_dtype(o.kv_dtype)),
-      e.mesh().mesh().repr());
+      config.hidden_size, config.vocab_size, e.formats(),
+      to_string(models::parse_kv_dtype(o.kv_dtype)), e.mesh().mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
   const double mapped = static_cast<double>(e.model().mapped_bytes());
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: {})\n", bytes / 1e6,

@@ -1,10 +1,6 @@
 #include "kv_dtype_option.hpp"
 
-#include <fmt/format.h>
-
 #include <CLI/CLI.hpp>
-
-#include "numesh/core/error.hpp"
 
 namespace numesh::tools {
 
@@ -16,23 +12,6 @@ void add_kv_dtype_option(CLI::App& cmd, std::string& value) {
                  "same memory holds twice the tokens). Needs a head size that is a multiple of "
                  "16")
       ->capture_default_str();
-}
-
-DType parse_kv_dtype(std::string_view text) {
-  const auto refuse = [&] {
-    return ValueError(
-        fmt::format("--kv-dtype '{}': expected f32, bf16 or f16 (how the KV caches store keys "
-                    "and values)",
-                    text));
-  };
-  DType dtype;
-  try {
-    dtype = parse_dtype(text);
-  } catch (const ValueError&) {
-    throw refuse();
-  }
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) throw refuse();
-  return dtype;
 }
 
 }  // namespace numesh::tools

@@ -60,7 +60,7 @@ Example:
 int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
   DType dtype = o.dtype.empty() ? DType::kF32 : parse_dtype(o.dtype);
   const models::WeightMapping mapping = models::parse_weight_mapping(o.mmap);
-  const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
+  const DType kv_dtype = models::parse_kv_dtype(o.kv_dtype);
   NUMESH_CHECK(o.context >= 4, ValueError, "--context {} must be at least 4", o.context);
   check_mesh_options(o.mesh);
   // Under mpirun the ranks evaluate alike and rank 0 alone writes.

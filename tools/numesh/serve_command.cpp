@@ -43,7 +43,7 @@ serve::ServiceOptions service_options(const ServeOptions& o) {
   serve::ServiceOptions s = o.service;
   if (!o.dtype.empty()) s.dtype = parse_dtype(o.dtype);
   s.mapping = models::parse_weight_mapping(o.mmap);
-  s.kv_dtype = parse_kv_dtype(o.kv_dtype);
+  s.kv_dtype = models::parse_kv_dtype(o.kv_dtype);
   check_mesh_options(o.mesh);
   s.mode = parse_run_mode(o.mode);
   s.partitions = sharding::PartitionManager(build_paxis(o.paxis_json, o.sets));

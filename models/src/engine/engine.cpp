@@ -74,4 +74,20 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   return engine;
 }
 
+DType parse_kv_dtype(std::string_view text) {
+  const auto refuse = [&] {
+    return ValueError(fmt::format(
+        "KV cache dtype '{}': expected f32, bf16 or f16 (how the KV caches store keys and values)",
+        text));
+  };
+  DType dtype;
+  try {
+    dtype = parse_dtype(text);
+  } catch (const ValueError&) {
+    throw refuse();
+  }
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) throw refuse();
+  return dtype;
+}
+
 }  // namespace numesh::models

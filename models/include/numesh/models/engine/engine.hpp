@@ -6,6 +6,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -71,6 +72,10 @@ struct EngineOptions {
   /// `sequences` sequences of `context` positions (model(), generate()).
   std::optional<ServingOptions> serving{};
 };
+
+/// The KV cache dtype `text` names: f32, bf16 or f16 (or their aliases, as parse_dtype), for
+/// EngineOptions::kv_dtype. Throws: ValueError naming `text` and the three values.
+DType parse_kv_dtype(std::string_view text);
 
 /// How one request generates (Engine::submit).
 struct RequestOptions {
