@@ -18,10 +18,12 @@
 
 #include "bench_common.hpp"
 #include "hidden_steps.hpp"
+#include "kv_dtype_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
 #include "numesh/diagnostics/memory_benchmark.hpp"
+#include "numesh/models/engine/engine.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/ops/transformer_config.hpp"
 #include "numesh/runtime/device_mesh.hpp"
@@ -102,7 +104,8 @@ DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::Transfo
     weights.store_as(dtype);
     progress.show(fmt::format("{}: laying out weights ...", name));
     model = std::make_unique<ops::ShardedTransformer>(mesh, config, weights, o.batch,
-                                                      o.prompt + 1 + o.steps, axes, layout);
+                                                      o.prompt + 1 + o.steps, axes, layout,
+                                                      models::parse_kv_dtype(o.kv_dtype));
   }  // the host copy of the weights is freed here: only the devices' shards stay
   progress.show(fmt::format("{}: prefill of {} x {} tokens, then {} decode steps ...", name,
                             o.batch, o.prompt, o.steps + 1));
@@ -151,6 +154,7 @@ CheckedDecodeOptions check_decode_options(const BenchDecodeOptions& o) {
   CheckedDecodeOptions c;
   c.bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
   c.layout = parse_kv_layout(o.kv_layout);
+  (void)models::parse_kv_dtype(o.kv_dtype);  // refused before a device exists
   for (std::string_view name : split_list(o.dtypes)) {
     const DType t = parse_dtype(name);
     NUMESH_CHECK(std::find(c.dtypes.begin(), c.dtypes.end(), t) == c.dtypes.end(), ValueError,
@@ -184,9 +188,10 @@ void report_decode_setup(const BenchDecodeOptions& o, const runtime::DeviceMesh&
   const runtime::DeviceSet& devices = mesh.devices();
   out << fmt::format(
       "numesh bench decode: {} device{} ({} policy, {} threads), mesh [{}], batch {}, prompt {}, "
-      "{} timed steps\n",
+      "{} timed steps, {} KV cache\n",
       devices.size(), devices.size() == 1 ? "" : "s", runtime::to_string(devices.options().policy),
-      devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps);
+      devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps,
+      to_string(models::parse_kv_dtype(o.kv_dtype)));
   write_devices_text(devices, out);
   out.flush();
 }
@@ -288,6 +293,7 @@ nlohmann::json decode_row_json(const BenchDecodeOptions& o, const DecodeFigures&
       {"batch", o.batch},
       {"prompt", o.prompt},
       {"steps", o.steps},
+      {"kv_dtype", std::string(to_string(models::parse_kv_dtype(o.kv_dtype)))},
       {"bytes_per_step", f.bytes_per_step},
       {"median_step_seconds", f.median_step},
       {"min_step_seconds", f.min_step},
@@ -427,6 +433,7 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();
+  add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
   cmd->add_option("--json", o.json, "Write the results and the machine as JSON to FILE");
   cmd->add_flag("--quiet", o.quiet, "No progress line on stderr");

@@ -38,6 +38,7 @@ struct BenchDecodeOptions {
   std::string size = "256M";       ///< --size: bytes of the read array per device
   int repeats = 5;                 ///< --repeats: timed read passes (median)
   std::string kv_layout = "bthd";  ///< --kv-layout
+  std::string kv_dtype = "f32";    ///< --kv-dtype f32|bf16|f16
   std::string dtypes =
       "f32";               ///< --dtypes: weight storage dtypes, comma-separated, each its own row
   std::uint32_t seed = 0;  ///< --seed: weights and inputs

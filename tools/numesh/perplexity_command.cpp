@@ -128,6 +128,8 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
       static_cast<double>(r.chunks * o.context) / seconds);
   if (json_file.is_open()) {
     json_file << nlohmann::json{{"model", dir.string()},
+                                {"dtype", to_string(formats)},
+                                {"kv_dtype", std::string(to_string(kv_dtype))},
                                 {"context", o.context},
                                 {"chunks", r.chunks},
                                 {"scored_tokens", r.scored},
