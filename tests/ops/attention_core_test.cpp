@@ -186,7 +186,7 @@ TEST(AttentionCoreTest, SixteenBitCachesRefuseHeadSizesOutsideWholeChunksAndOthe
   EXPECT_THAT(
       [&] {
         arena.execute(
-            [&] { attention_core(q.data(), kv, out.data(), slice, 16, 7, true, scratch); });
+            [&] { attention_core(q.data(), kv, out.data(), slice, 8, 7, true, scratch); });
       },
       ThrowsMessage<TypeError>(
           HasSubstr("keys and values stored as q8_0: expected f32, bf16 or f16")));

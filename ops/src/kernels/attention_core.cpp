@@ -254,13 +254,13 @@ void attention_core(const float* q, const KvView& kv, float* out, const Attentio
   NUMESH_CHECK(static_cast<std::int64_t>(scratch.size()) >= needed, ShapeError,
                "attention: scratch of {} floats; {} keys, {} queries and {} threads need {}",
                scratch.size(), sl.kv_len, sl.q_len, threads, needed);
+  detail::with_kv_element(kv.dtype, []<class T>() {});  // refuses other dtypes by name
   NUMESH_CHECK(kv.dtype == DType::kF32 || d % 16 == 0, ShapeError,
                "attention: a {} KV cache needs a head size that is a multiple of 16, not {}",
                to_string(kv.dtype), d);
   if (sl.q_len < kBlockedFrom) {
     attention_decode(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   } else {
-    detail::with_kv_element(kv.dtype, []<class T>() {});  // refuses other dtypes by name
     attention_blocked(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   }
 }
