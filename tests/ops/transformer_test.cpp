@@ -149,23 +149,33 @@ RaggedBatch ragged_batch(const std::vector<std::vector<std::int32_t>>& tables,
   return r;
 }
 
-// Each (sequence, first position, count) part of a ragged step, in order: its rows of y (the
-// step's output for inputs x [1, N, H]) equal the dense reference of that sequence alone, fed
-// the same rows.
-void expect_parts_equal_alone(const runtime::HostTensor& x, const runtime::HostTensor& y,
-                              const std::vector<std::array<std::int64_t, 3>>& parts,
-                              std::vector<TransformerReference>& alone, const std::string& what) {
-  const std::int64_t h = x.shape[2];
-  std::int64_t row = 0;
-  for (const auto& [seq, first, count] : parts) {
-    runtime::HostTensor rows = runtime::HostTensor::zeros({1, count, h});
-    std::copy_n(x.data.begin() + row * h, count * h, rows.data.begin());
-    const runtime::HostTensor want = alone[static_cast<std::size_t>(seq)].forward(rows, first);
-    runtime::HostTensor got = runtime::HostTensor::zeros({1, count, h});
-    std::copy_n(y.data.begin() + row * h, count * h, got.data.begin());
-    EXPECT_TRUE(matches_reference(got, want, kBound))
-        << what << ", sequence " << seq << " at [" << first << ", " << first + count << ")";
-    row += count;
+// Runs each ragged step of `steps` (its (sequence, first position, count) parts, then
+// padding[s] padding tokens; random inputs seeded from `seed` + s) through `model` and expects
+// every part's rows to equal the dense reference of that sequence alone, fed the same rows.
+void expect_ragged_steps_equal_alone(
+    ShardedTransformer& model, const std::vector<std::vector<std::int32_t>>& tables,
+    const std::vector<std::vector<std::array<std::int64_t, 3>>>& steps,
+    const std::vector<std::int64_t>& padding, std::int64_t block, std::int64_t context,
+    std::uint32_t seed, std::vector<TransformerReference>& alone) {
+  const std::int64_t h = model.config().hidden;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const RaggedBatch batch = ragged_batch(tables, steps[s], padding[s], block, context);
+    const auto n = static_cast<std::int64_t>(batch.positions.size());
+    const runtime::HostTensor x =
+        random_host({1, n, h}, seed + static_cast<std::uint32_t>(s), 1.0f);
+    const runtime::HostTensor y = model.forward_ragged(x, batch);
+    std::int64_t row = 0;
+    for (const auto& [seq, first, count] : steps[s]) {
+      runtime::HostTensor rows = runtime::HostTensor::zeros({1, count, h});
+      std::copy_n(x.data.begin() + row * h, count * h, rows.data.begin());
+      const runtime::HostTensor want = alone[static_cast<std::size_t>(seq)].forward(rows, first);
+      runtime::HostTensor got = runtime::HostTensor::zeros({1, count, h});
+      std::copy_n(y.data.begin() + row * h, count * h, got.data.begin());
+      EXPECT_TRUE(matches_reference(got, want, kBound))
+          << "step " << s << ", sequence " << seq << " at [" << first << ", " << first + count
+          << ")";
+      row += count;
+    }
   }
 }
 
@@ -192,15 +202,7 @@ TEST_P(ShardedTransformerTest, RaggedStepsOverPagedCachesEqualEachSequenceAlone)
       {{0, 5, 1}, {1, 3, 1}, {2, 0, 4}},
       {{2, 4, 2}, {0, 6, 1}, {1, 4, 1}},
       {{0, 7, 1}, {1, 5, 1}, {2, 6, 1}}};
-  const std::vector<std::int64_t> padding{2, 0, 3, 1};
-  for (std::size_t s = 0; s < steps.size(); ++s) {
-    const RaggedBatch batch = ragged_batch(tables, steps[s], padding[s], kBlock, kContext);
-    const auto n = static_cast<std::int64_t>(batch.positions.size());
-    const runtime::HostTensor x =
-        random_host({1, n, c.hidden}, static_cast<std::uint32_t>(300 + s), 1.0f);
-    expect_parts_equal_alone(x, model.forward_ragged(x, batch), steps[s], alone,
-                             "step " + std::to_string(s));
-  }
+  expect_ragged_steps_equal_alone(model, tables, steps, {2, 0, 3, 1}, kBlock, kContext, 300, alone);
 }
 
 // 16-bit KV caches, dense and paged: every output equals the dense model's whose caches hold
@@ -241,14 +243,7 @@ TEST_P(ShardedTransformerTest, SixteenBitCachesEqualTheDenseModelCachingAsTheyDo
     const std::vector<std::vector<std::int32_t>> tables{{3, 1}, {2, 5}};
     const std::vector<std::vector<std::array<std::int64_t, 3>>> steps{{{0, 0, 5}, {1, 0, 3}},
                                                                       {{0, 5, 1}, {1, 3, 1}}};
-    for (std::size_t s = 0; s < steps.size(); ++s) {
-      const RaggedBatch rb = ragged_batch(tables, steps[s], 1, kBlock, kContext);
-      const auto n = static_cast<std::int64_t>(rb.positions.size());
-      const runtime::HostTensor x =
-          random_host({1, n, c.hidden}, static_cast<std::uint32_t>(400 + s), 1.0f);
-      expect_parts_equal_alone(x, paged.forward_ragged(x, rb), steps[s], alone,
-                               "paged step " + std::to_string(s));
-    }
+    expect_ragged_steps_equal_alone(paged, tables, steps, {1, 1}, kBlock, kContext, 400, alone);
   }
 }
 
@@ -262,7 +257,7 @@ TEST(ShardedTransformerTest, SixteenBitCachesRefuseOtherDtypesAndHeadSizesOutsid
   ASSERT_EQ(c.attention.head_dim, 8);
   EXPECT_THAT([&] { ShardedTransformer(mesh, c, w, 1, 8, {}, KvLayout::kBTHD, DType::kBF16); },
               ThrowsMessage<ShapeError>(HasSubstr(
-                  "kv cache: a bf16 cache needs a head size that is a multiple of 16, not 8")));
+                  "kv cache: a bf16 KV cache needs a head size that is a multiple of 16, not 8")));
   EXPECT_THAT(
       [&] {
         ShardedTransformer(
@@ -271,7 +266,7 @@ TEST(ShardedTransformerTest, SixteenBitCachesRefuseOtherDtypesAndHeadSizesOutsid
                 .blocks = 4, .block_size = 4, .max_context = 8, .kv_dtype = DType::kF16});
       },
       ThrowsMessage<ShapeError>(
-          HasSubstr("kv cache: a f16 cache needs a head size that is a multiple of 16, not 8")));
+          HasSubstr("kv cache: a f16 KV cache needs a head size that is a multiple of 16, not 8")));
 }
 
 // Runs 4 tokens, then 2 single ones, of 2 sequences (inputs seeded from `seed`) through the

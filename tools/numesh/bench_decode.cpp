@@ -84,6 +84,7 @@ std::vector<std::int64_t> hidden_sizes(const BenchDecodeOptions& o) {
 
 struct DecodeFigures {
   ops::TransformerConfig config;
+  DType kv_dtype = DType::kF32;
   double bytes_per_step = 0.0;  // mean over the timed steps, summed over the devices
   double median_step = 0.0;
   double min_step = 0.0;
@@ -94,7 +95,8 @@ struct DecodeFigures {
 // `steps` timed ones.
 DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::TransformerConfig& config,
                              const ops::ModelAxes& axes, const BenchDecodeOptions& o,
-                             ops::KvLayout layout, DType dtype, const ProgressLine& progress) {
+                             ops::KvLayout layout, DType kv_dtype, DType dtype,
+                             const ProgressLine& progress) {
   const std::string name = fmt::format("hidden {} {}", config.hidden, to_string(dtype));
   progress.show(fmt::format("{}: building weights ({:.1f} M parameters) ...", name,
                             static_cast<double>(config.parameters()) / 1e6));
@@ -103,9 +105,8 @@ DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::Transfo
     ops::TransformerWeights weights = ops::TransformerWeights::random(config, o.seed);
     weights.store_as(dtype);
     progress.show(fmt::format("{}: laying out weights ...", name));
-    model = std::make_unique<ops::ShardedTransformer>(mesh, config, weights, o.batch,
-                                                      o.prompt + 1 + o.steps, axes, layout,
-                                                      models::parse_kv_dtype(o.kv_dtype));
+    model = std::make_unique<ops::ShardedTransformer>(
+        mesh, config, weights, o.batch, o.prompt + 1 + o.steps, axes, layout, kv_dtype);
   }  // the host copy of the weights is freed here: only the devices' shards stay
   progress.show(fmt::format("{}: prefill of {} x {} tokens, then {} decode steps ...", name,
                             o.batch, o.prompt, o.steps + 1));
@@ -126,6 +127,7 @@ DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::Transfo
   }
   DecodeFigures f;
   f.config = config;
+  f.kv_dtype = kv_dtype;
   f.bytes_per_step = bytes / static_cast<double>(o.steps);
   f.median_step = median(times);
   f.min_step = *std::min_element(times.begin(), times.end());
@@ -138,6 +140,7 @@ DecodeFigures measure_decode(const runtime::DeviceMesh& mesh, const ops::Transfo
 struct CheckedDecodeOptions {
   std::size_t bytes = 0;
   ops::KvLayout layout{};
+  DType kv_dtype = DType::kF32;
   std::vector<DType> dtypes;
   std::vector<ops::TransformerConfig> configs;
 };
@@ -154,7 +157,7 @@ CheckedDecodeOptions check_decode_options(const BenchDecodeOptions& o) {
   CheckedDecodeOptions c;
   c.bytes = parse_array_bytes("--size", o.size, std::size_t{1} << 40);
   c.layout = parse_kv_layout(o.kv_layout);
-  (void)models::parse_kv_dtype(o.kv_dtype);  // refused before a device exists
+  c.kv_dtype = models::parse_kv_dtype(o.kv_dtype);
   for (std::string_view name : split_list(o.dtypes)) {
     const DType t = parse_dtype(name);
     NUMESH_CHECK(std::find(c.dtypes.begin(), c.dtypes.end(), t) == c.dtypes.end(), ValueError,
@@ -183,15 +186,15 @@ std::vector<ops::ModelAxes> decode_axes(const std::vector<ops::TransformerConfig
 }
 
 // Prints the devices, the mesh and the run's shape.
-void report_decode_setup(const BenchDecodeOptions& o, const runtime::DeviceMesh& mesh,
-                         std::ostream& out) {
+void report_decode_setup(const BenchDecodeOptions& o, DType kv_dtype,
+                         const runtime::DeviceMesh& mesh, std::ostream& out) {
   const runtime::DeviceSet& devices = mesh.devices();
   out << fmt::format(
       "numesh bench decode: {} device{} ({} policy, {} threads), mesh [{}], batch {}, prompt {}, "
       "{} timed steps, {} KV cache\n",
       devices.size(), devices.size() == 1 ? "" : "s", runtime::to_string(devices.options().policy),
       devices.total_threads(), axes_text(mesh.mesh()), o.batch, o.prompt, o.steps,
-      to_string(models::parse_kv_dtype(o.kv_dtype)));
+      to_string(kv_dtype));
   write_devices_text(devices, out);
   out.flush();
 }
@@ -293,7 +296,7 @@ nlohmann::json decode_row_json(const BenchDecodeOptions& o, const DecodeFigures&
       {"batch", o.batch},
       {"prompt", o.prompt},
       {"steps", o.steps},
-      {"kv_dtype", std::string(to_string(models::parse_kv_dtype(o.kv_dtype)))},
+      {"kv_dtype", std::string(to_string(f.kv_dtype))},
       {"bytes_per_step", f.bytes_per_step},
       {"median_step_seconds", f.median_step},
       {"min_step_seconds", f.min_step},
@@ -314,7 +317,7 @@ nlohmann::json measure_decode_rows(const BenchDecodeOptions& o, const CheckedDec
     double f32_tokens_per_second = 0.0;  // this size's fp32 row, when --dtypes starts with f32
     for (DType dtype : c.dtypes) {
       const DecodeFigures f =
-          measure_decode(mesh, c.configs[k], axes[k], o, c.layout, dtype, progress);
+          measure_decode(mesh, c.configs[k], axes[k], o, c.layout, c.kv_dtype, dtype, progress);
       const ops::TransformerConfig& config = f.config;
       const double fraction = f.gbps / read_gbps;
       const double tokens_per_second = static_cast<double>(o.batch) / f.median_step;
@@ -448,7 +451,7 @@ void run_bench_decode(const BenchDecodeOptions& o, std::ostream& out) {
   const runtime::DeviceMesh mesh = make_mesh(o.mesh);
   check_device_nodes_fit(mesh.devices(), "--size", c.bytes, 1, "the read bandwidth needs 1 array");
   const std::vector<ops::ModelAxes> axes = decode_axes(c.configs, o.batch);
-  report_decode_setup(o, mesh, out);
+  report_decode_setup(o, c.kv_dtype, mesh, out);
 
   const ProgressLine progress(o.quiet);
   const DecodeReadBandwidth read =

@@ -279,7 +279,8 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
 
 // Prints the model, its axes and the load's rate (with --baselines, a plain read's too), and
 // notes the weights holding NaN or infinities (refused with --refuse-nonfinite).
-void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& out) {
+void report_load(const GenerateOptions& o, const CheckedOptions& c, const LoadedModel& m,
+                 std::ostream& out) {
   const models::Engine& e = *m.engine;
   const models::HfConfig& config = e.config();
   const double bytes = static_cast<double>(e.checkpoint_bytes());
@@ -287,8 +288,8 @@ void report_load(const GenerateOptions& o, const LoadedModel& m, std::ostream& o
       "numesh generate: {} ({} model, {} layers, hidden {}, vocabulary {}), {} weights, {} KV "
       "cache, mesh {}\n",
       e.source().path().string(), to_string(config.architecture), config.num_hidden_layers,
-      config.hidden_size, config.vocab_size, e.formats(),
-      to_string(models::parse_kv_dtype(o.kv_dtype)), e.mesh().mesh().repr());
+      config.hidden_size, config.vocab_size, e.formats(), to_string(c.kv_dtype),
+      e.mesh().mesh().repr());
   out << fmt::format("axes ({}): {}\n", o.mode, model_axes_text(e.axes()));
   const double mapped = static_cast<double>(e.model().mapped_bytes());
   out << fmt::format("load     {:.1f} MB in {:.3f} s ({:.2f} GB/s: {})\n", bytes / 1e6,
@@ -653,7 +654,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
                                 to_string(source.config().architecture)));
   LoadedModel m =
       load_model(o, c, std::move(source), static_cast<std::int64_t>(p.ids.size()), p.max_len);
-  report_load(o, m, out);
+  report_load(o, c, m, out);
 
   const Generated g = generate_and_print(o, c, *m.engine, p, rng, out);
   const BaselineReport baselines = measure_baselines(o, p, m, g.result);

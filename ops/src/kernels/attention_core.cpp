@@ -18,6 +18,7 @@
 #include "numesh/ops/kernels/key_block.hpp"
 #include "numesh/ops/kernels/parallel.hpp"
 #include "numesh/ops/kernels/rope.hpp"
+#include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
 namespace numesh::ops {
@@ -169,13 +170,8 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
 void widen_rows(DType dtype, const std::uint16_t* rows, std::int64_t stride, std::int64_t n,
                 std::int64_t d, float* out) {
   for (std::int64_t r = 0; r < n; ++r) {
-    const std::uint16_t* row = rows + r * stride;
-    float* o = out + r * d;
-    if (dtype == DType::kBF16) {
-      for (std::int64_t i = 0; i < d; ++i) o[i] = f32_from_bf16(row[i]);
-    } else {
-      for (std::int64_t i = 0; i < d; ++i) o[i] = f32_from_f16(row[i]);
-    }
+    runtime::convert_elements(rows + r * stride, dtype, out + r * d, DType::kF32,
+                              static_cast<std::size_t>(d));
   }
 }
 
@@ -236,6 +232,15 @@ std::int64_t attention_scratch_floats(const AttentionSlice& slice, std::int64_t 
          partial_floats(slice, head_dim);
 }
 
+void check_kv_dtype(DType dtype, std::int64_t head_dim, std::string_view who) {
+  NUMESH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16, TypeError,
+               "{}: keys and values stored as {}: expected f32, bf16 or f16", who,
+               to_string(dtype));
+  NUMESH_CHECK(dtype == DType::kF32 || head_dim % 16 == 0, ShapeError,
+               "{}: a {} KV cache needs a head size that is a multiple of 16, not {}", who,
+               to_string(dtype), head_dim);
+}
+
 KvView KvView::from_sequence(std::int64_t b) const noexcept {
   const std::int64_t bytes = b * batch_stride * static_cast<std::int64_t>(dtype_size(dtype));
   KvView view = *this;
@@ -254,10 +259,7 @@ void attention_core(const float* q, const KvView& kv, float* out, const Attentio
   NUMESH_CHECK(static_cast<std::int64_t>(scratch.size()) >= needed, ShapeError,
                "attention: scratch of {} floats; {} keys, {} queries and {} threads need {}",
                scratch.size(), sl.kv_len, sl.q_len, threads, needed);
-  detail::with_kv_element(kv.dtype, []<class T>() {});  // refuses other dtypes by name
-  NUMESH_CHECK(kv.dtype == DType::kF32 || d % 16 == 0, ShapeError,
-               "attention: a {} KV cache needs a head size that is a multiple of 16, not {}",
-               to_string(kv.dtype), d);
+  check_kv_dtype(kv.dtype, d, "attention");
   if (sl.q_len < kBlockedFrom) {
     attention_decode(q, kv, out, sl, d, q_offset, causal, scratch, per_thread);
   } else {

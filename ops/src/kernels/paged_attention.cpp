@@ -58,10 +58,7 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
   const runtime::KernelLevel level = runtime::kernel_level();
   const detail::HeadRuns runs(sl);
   // Partial (t, h, block) lives at ((t * q_heads + h) * blocks + block) * stride.
-  detail::with_kv_element(kv.dtype, []<class T>() {});  // refuses other dtypes by name
-  NUMESH_CHECK(kv.dtype == DType::kF32 || d % 16 == 0, ShapeError,
-               "paged attention: a {} KV cache needs a head size that is a multiple of 16, not {}",
-               to_string(kv.dtype), d);
+  check_kv_dtype(kv.dtype, d, "paged attention");
   detail::with_kv_element(kv.dtype, [&]<class T>() {
     for_each_task(tokens * runs.size() * blocks, [&](std::int64_t task) {
       const std::int64_t block = task % blocks, t = task / blocks / runs.size();

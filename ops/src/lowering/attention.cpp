@@ -124,17 +124,6 @@ AttentionLayer AttentionLayer::create(const runtime::DeviceMesh& mesh,
 
 namespace {
 
-// Refuses a cache dtype attention cannot read, and a 16-bit one for a head size its kernels do
-// not take.
-void check_cache_dtype(DType dtype, std::int64_t head_dim) {
-  NUMESH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16, TypeError,
-               "kv cache: keys and values stored as {}: expected f32, bf16 or f16",
-               to_string(dtype));
-  NUMESH_CHECK(dtype == DType::kF32 || head_dim % 16 == 0, ShapeError,
-               "kv cache: a {} cache needs a head size that is a multiple of 16, not {}",
-               to_string(dtype), head_dim);
-}
-
 // Element `at` on of a cache shard set to the d values at src, narrowed to the shard's dtype
 // (bf16 and f16 round to nearest even).
 void store_cache_row(runtime::Tensor& cache, std::int64_t at, const float* src, std::int64_t d) {
@@ -153,7 +142,7 @@ KvCache KvCache::create(const runtime::DeviceMesh& mesh, const AttentionLayer& l
                         const AxisRule& batch_entry, DType dtype) {
   NUMESH_CHECK(batch > 0 && max_len > 0, ShapeError,
                "kv cache: batch {} and max_len {} must be positive", batch, max_len);
-  check_cache_dtype(dtype, layer.config.head_dim);
+  check_kv_dtype(dtype, layer.config.head_dim, "kv cache");
   const std::int64_t hkv = layer.config.num_kv_heads, d = layer.config.head_dim;
   const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   KvCache cache;
@@ -176,7 +165,7 @@ PagedKvCache PagedKvCache::create(const runtime::DeviceMesh& mesh, const Attenti
                "paged kv cache: {} blocks of {} positions; it needs at least 2 blocks (block 0 "
                "takes the padding) of at least 1",
                blocks, block_size);
-  check_cache_dtype(dtype, layer.config.head_dim);
+  check_kv_dtype(dtype, layer.config.head_dim, "kv cache");
   const AxisRule heads = layer.splits_kv_heads() ? AxisRule(layer.heads_axis) : AxisRule();
   const std::vector<std::int64_t> shape{blocks, layer.config.num_kv_heads, block_size,
                                         layer.config.head_dim};

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/attention_config.hpp"
@@ -50,6 +51,11 @@ struct KvView {
   /// The same view from sequence b on.
   [[nodiscard]] KvView from_sequence(std::int64_t b) const noexcept;
 };
+
+/// Refuses keys and values stored as `dtype` with heads of `head_dim`, the error starting with
+/// `who`: TypeError for a dtype other than f32, bf16 and f16; ShapeError for a 16-bit one and a
+/// head size that is not a multiple of 16 (the 16-bit kernels' chunks).
+void check_kv_dtype(DType dtype, std::int64_t head_dim, std::string_view who);
 
 /// Scratch floats attention_core needs for `slice` (with kv_len the most keys it will see)
 /// and head dim `head_dim` when called from an arena of `threads` threads over keys and values
