@@ -46,6 +46,7 @@
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
+#include "numesh/ops/kernels/key_block.hpp"
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
@@ -303,6 +304,55 @@ void BM_Decode_QuantizeActivations(benchmark::State& state) {
   state.SetLabel(std::string(runtime::to_string(level)));
 }
 
+// Decode attention's step: `heads` queries of one kv head (a GQA group) against a block of 256
+// keys and values of 64 floats, rows 192 floats apart as a cache of 3 kv heads lays them out
+// (the 109 M Llama's), in cache; kBits16: the rows stored as bf16 (a --kv-dtype bf16 cache).
+// Reports keys per second.
+template <bool kBits16>
+void BM_Decode_KeyBlock(benchmark::State& state) {
+  constexpr std::int64_t kKeys = 256, kD = 64, kStride = 192;
+  const std::int64_t heads = state.range(0);
+  const auto level = static_cast<runtime::KernelLevel>(state.range(1));
+  const std::vector<runtime::KernelLevel> runnable = runtime::runnable_kernel_levels();
+  if (std::find(runnable.begin(), runnable.end(), level) == runnable.end()) {
+    state.SkipWithError("this CPU cannot run the level");
+    return;
+  }
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(kKeys * kStride), v(k.size()), q(heads * kD), scores(heads * kKeys),
+      o(heads * kD);
+  for (float& x : k) x = normal(rng);
+  for (float& x : v) x = normal(rng);
+  for (float& x : q) x = normal(rng);
+  std::vector<std::uint16_t> k16(k.size()), v16(v.size());
+  runtime::convert_f32_to_bf16(k, k16);
+  runtime::convert_f32_to_bf16(v, v16);
+  std::vector<const float*> keys, values;
+  std::vector<const std::uint16_t*> keys16, values16;
+  for (std::int64_t i = 0; i < kKeys; ++i) {
+    keys.push_back(k.data() + i * kStride);
+    values.push_back(v.data() + i * kStride);
+    keys16.push_back(k16.data() + i * kStride);
+    values16.push_back(v16.data() + i * kStride);
+  }
+  ops::KeyBlockStats stats[ops::kKeyBlockMaxHeads];
+  for (auto _ : state) {
+    if constexpr (kBits16) {
+      ops::attend_key_block_heads(q.data(), kD, heads, keys16.data(), values16.data(), DType::kBF16,
+                                  kKeys, kD, 0.125f, scores.data(), o.data(), kD, stats, level);
+    } else {
+      ops::attend_key_block_heads(q.data(), kD, heads, keys.data(), values.data(), kKeys, kD,
+                                  0.125f, scores.data(), o.data(), kD, stats, level);
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.counters["keys_per_second"] =
+      benchmark::Counter(static_cast<double>(kKeys), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(kBits16 ? "bf16" : "f32") + " rows, " + std::to_string(heads) +
+                 " heads, " + std::string(runtime::to_string(level)));
+}
+
 // Every level (0 scalar .. 4 amx) at M = 1 and 8, on N = 1024 and 8192.
 void dot_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {1024, 8192}) {
@@ -322,6 +372,12 @@ BENCHMARK(BM_Decode_Dot<DType::kQ8_0, true, true>)->Apply(dot_args)->Unit(benchm
 BENCHMARK(BM_Decode_Dot<DType::kQ4_0, true, true>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ4_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Dot<DType::kQ6_K>)->Apply(dot_args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_KeyBlock<false>)
+    ->ArgsProduct({{1, 4}, {0, 1, 2, 3, 4}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_KeyBlock<true>)
+    ->ArgsProduct({{1, 4}, {0, 1, 2, 3, 4}})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)
     ->ArgsProduct({{1, 8}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMicrosecond);
