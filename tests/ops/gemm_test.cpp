@@ -7,6 +7,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <optional>
 #include <random>
@@ -20,6 +21,7 @@
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/runtime/convert.hpp"
 #include "numesh/runtime/cpu_features.hpp"
+#include "numesh/runtime/weight_panels.hpp"
 #include "test_util.hpp"
 
 namespace numesh::ops {
@@ -618,6 +620,102 @@ TEST(GemmTest, Bf16PrefillAtTheAmxLevelTakesTheTileProducts) {
     for (std::int64_t r = 0; r < m; r += 7) rows.push_back(r);
     expect_rows_as_alone(a, m, b, MatmulPrecision::kF32, rows, "bf16 prefill");
   }
+}
+
+// `w` ([n, k] out-in, row after row) stored in `dtype` (as runtime::convert_elements rounds or
+// quantizes it), in panels (runtime/weight_panels.hpp) when `panels`; the bytes in `storage`.
+WeightMatrix out_in_weights(const std::vector<float>& w, DType dtype, std::int64_t k,
+                            std::int64_t n, bool panels, std::vector<std::byte>& storage) {
+  const auto bytes = static_cast<std::size_t>(n * row_bytes(dtype, k));
+  storage.assign(bytes, std::byte{0});
+  runtime::convert_elements(w.data(), DType::kF32, storage.data(), dtype, w.size());
+  if (!panels) return WeightMatrix{storage.data(), dtype, k, n, WeightLayout::kOutIn};
+  std::vector<std::byte> rows = storage;
+  runtime::rows_to_panels(dtype, n, k, rows, storage);
+  return WeightMatrix{storage.data(),           dtype, k, n, WeightLayout::kOutIn, k,
+                      runtime::panel_outputs(n)};
+}
+
+// device_gemms gives each product the bits device_gemm gives it alone: products of one format
+// (a layer's q, k and v: one block of outputs and several, panels whole and with a tail), decode
+// rows and prefill rows (which device_gemm runs product by product), in the default and the
+// row-invariant precision, in arenas of 1, 2 and 3 threads; and a mix of formats.
+TEST(GemmTest, SharedInputProductsAreEachTheBitsOfDeviceGemm) {
+  const oneapi::tbb::global_control workers(oneapi::tbb::global_control::max_allowed_parallelism,
+                                            4);
+  std::mt19937 rng(33);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t k = 512;
+  const std::vector<std::int64_t> outputs{1000, 136, 136};  // q, k and v
+  std::vector<std::vector<float>> w;
+  for (const std::int64_t n : outputs) {
+    w.emplace_back(static_cast<std::size_t>(n * k));
+    for (float& x : w.back()) x = normal(rng);
+  }
+  struct Case {
+    std::vector<DType> dtypes;
+    bool panels;
+  };
+  std::vector<Case> cases;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K,
+                  DType::kQ6_K}) {
+    cases.push_back({{t, t, t}, false});
+  }
+  cases.push_back({{DType::kQ8_0, DType::kQ8_0, DType::kQ8_0}, true});
+  cases.push_back({{DType::kQ4_0, DType::kQ4_0, DType::kQ4_0}, true});
+  cases.push_back({{DType::kBF16, DType::kQ8_0, DType::kF32}, false});  // a mix: one at a time
+  for (const Case& c : cases) {
+    std::vector<std::vector<std::byte>> storage(outputs.size());
+    std::vector<WeightMatrix> b;
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      b.push_back(out_in_weights(w[i], c.dtypes[i], k, outputs[i], c.panels, storage[i]));
+    }
+    for (const std::int64_t m : {1, 5, 40}) {
+      std::vector<float> a(static_cast<std::size_t>(m * k));
+      for (float& x : a) x = normal(rng);
+      const ConstMatrixMap am(a.data(), m, k);
+      for (const MatmulPrecision precision :
+           {MatmulPrecision::kF32, MatmulPrecision::kRowInvariant}) {
+        const std::string label =
+            fmt::format("{}{}, {} rows, precision {}", to_string(c.dtypes[0]),
+                        c.panels ? " in panels" : "", m, static_cast<int>(precision));
+        std::vector<RowMatrix> alone;
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          alone.emplace_back(m, outputs[i]);
+          device_gemm(am, b[i], MatrixMap(alone[i].data(), m, outputs[i]), precision);
+        }
+        for (int threads : {1, 2, 3}) {
+          std::vector<RowMatrix> together;
+          std::vector<SharedInputProduct> products;
+          for (std::size_t i = 0; i < b.size(); ++i) {
+            together.push_back(
+                RowMatrix::Constant(m, outputs[i], std::numeric_limits<float>::quiet_NaN()));
+            products.push_back({b[i], MatrixMap(together[i].data(), m, outputs[i])});
+          }
+          oneapi::tbb::task_arena arena(threads);
+          arena.execute([&] { device_gemms(am, products, precision); });
+          for (std::size_t i = 0; i < b.size(); ++i) {
+            EXPECT_TRUE(together[i] == alone[i])
+                << label << ", product " << i << ", " << threads << " threads";
+          }
+        }
+      }
+    }
+  }
+}
+
+// device_gemms checks every product's shapes before it computes any: the first that does not
+// multiply is named, and the products before it are left as they were.
+TEST(GemmTest, SharedInputProductsThatDoNotMultiplyAreRefusedBeforeAnyIsComputed) {
+  const std::vector<float> a(2 * 64, 1.0f), w(64 * 8, 1.0f);
+  RowMatrix c0 = RowMatrix::Constant(2, 8, 7.0f), c1(2, 5);
+  const WeightMatrix b{w.data(), DType::kF32, 64, 8, WeightLayout::kOutIn};
+  const std::vector<SharedInputProduct> products{{b, MatrixMap(c0.data(), 2, 8)},
+                                                 {b, MatrixMap(c1.data(), 2, 5)}};
+  EXPECT_THAT([&] { device_gemms(ConstMatrixMap(a.data(), 2, 64), products); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "gemm: a is [2, 64], b is [64, 8] (f32), c is [2, 5]: they do not multiply")));
+  EXPECT_EQ(c0, RowMatrix::Constant(2, 8, 7.0f));
 }
 
 TEST(GemmTest, EmptyProductsAreNoOpsOrZeros) {

@@ -185,16 +185,19 @@ void for_each_tile(std::int64_t m, std::int64_t n, std::int64_t k, const Tile& t
   });
 }
 
-// Out-in weights by `kernel` (the format's dot kernel, or its tile on panels it reads as fast):
-// blocks of dot_out_block() outputs, one task each, and for more than kSkinnyMaxRows rows
-// (row-invariant products, and prefill where the dot kernel outruns the tiles) groups of 16 rows
-// too when the output blocks alone are fewer tasks than the work wants (as gemm_tiling cuts rows
-// when its strips are too few: a [256, 768] x [768, 256] projection is 7 output blocks, for a
-// device of any number of threads). Every element is one task's dot product: the same bits for any
-// thread count, and no partial sums.
-void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
-                     detail::DotKernel kernel, runtime::KernelLevel level) {
-  const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
+// How device_dot_gemm cuts an [m, k] x [k, n] product on out-in weights into tasks: blocks of
+// dot_out_block() outputs (whole panels on weights in panels), and for more than kSkinnyMaxRows
+// rows (row-invariant products, and prefill where the dot kernel outruns the tiles) groups of 16
+// rows too when the output blocks alone are fewer tasks than the work wants (as gemm_tiling cuts
+// rows when its strips are too few: a [256, 768] x [768, 256] projection is 7 output blocks, for a
+// device of any number of threads). From the shapes only.
+struct DotBlocking {
+  std::int64_t block = 0, out_blocks = 0, row_block = 0, row_blocks = 0;
+  std::int64_t tasks() const noexcept { return row_blocks * out_blocks; }
+};
+
+DotBlocking dot_blocking(std::int64_t m, const WeightMatrix& b) {
+  const std::int64_t n = b.cols, k = b.rows;
   std::int64_t block = dot_out_block(n, k, b.dtype);
   // Whole panels a task: the block rounded up to a panel's outputs.
   constexpr std::int64_t kWidth = runtime::kPanelWidth;
@@ -209,40 +212,69 @@ void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b
                                                kSkinnyMaxRows * kSkinnyMaxRows);
     }
   }
-  const std::int64_t row_blocks = (m + row_block - 1) / row_block;
-  for_each_task(row_blocks * out_blocks, [&](std::int64_t t) {
-    const std::int64_t r0 = t / out_blocks * row_block, j0 = t % out_blocks * block;
-    const std::int64_t rows = std::min(row_block, m - r0), outputs = std::min(block, n - j0);
-    kernel(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
-  });
+  return {block, out_blocks, row_block, (m + row_block - 1) / row_block};
+}
+
+// Task t of `blocking`: its rows and outputs of c by `kernel`, on the calling thread.
+void dot_task(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
+              detail::DotKernel kernel, runtime::KernelLevel level, const DotBlocking& blocking,
+              std::int64_t t) {
+  const std::int64_t m = a.values.rows(), n = b.cols;
+  const std::int64_t r0 = t / blocking.out_blocks * blocking.row_block,
+                     j0 = t % blocking.out_blocks * blocking.block;
+  const std::int64_t rows = std::min(blocking.row_block, m - r0),
+                     outputs = std::min(blocking.block, n - j0);
+  kernel(a, r0, rows, b.outputs(j0, outputs), c.data() + r0 * n + j0, n, level);
+}
+
+// Out-in weights by `kernel` (the format's dot kernel, or its tile on panels it reads as fast),
+// one task a block of dot_blocking(). Every element is one task's dot product: the same bits for
+// any thread count, and no partial sums.
+void device_dot_gemm(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
+                     detail::DotKernel kernel, runtime::KernelLevel level) {
+  const DotBlocking blocking = dot_blocking(a.values.rows(), b);
+  for_each_task(blocking.tasks(),
+                [&](std::int64_t t) { dot_task(a, b, c, kernel, level, blocking, t); });
+}
+
+// Whether weights in panels take the format's tile for every number of rows
+// (WeightKernels::tiles_on_panels_from).
+bool tiles_for_every_m(const WeightMatrix& b, const detail::WeightKernels& kernels,
+                       runtime::KernelLevel level) {
+  return b.layout == WeightLayout::kOutIn && b.panel_outputs > 0 && kernels.tiles_on_panels_from &&
+         level >= *kernels.tiles_on_panels_from;
+}
+
+// The kernel device_gemm_prepared multiplies a product of m rows by `b` with through
+// device_dot_gemm, or null when it takes another path. Out-in weights in kRowInvariant take the
+// dot kernels for every m: each element is one dot product in an order fixed by k alone, so a
+// row's bits do not depend on the rows beside it, and each task's block of weights is read once
+// for all the rows (from L2 after the first group) where blocks of kSkinnyMaxRows rows read the
+// whole matrix once a block. So do out-in weights of a format whose dot kernel outruns its tiles
+// at this level (WeightKernels::dot_outruns_tiles_from). Weights in panels of a format whose tile
+// reads them as fast as its dot kernel (WeightKernels::tiles_on_panels_from) take the tile
+// instead, blocked the same way, for every m: its order is fixed by k alone too.
+detail::DotKernel dot_path_kernel(std::int64_t m, const WeightMatrix& b,
+                                  const detail::WeightKernels& kernels, MatmulPrecision precision,
+                                  runtime::KernelLevel level) {
+  const bool out_in = b.layout == WeightLayout::kOutIn;
+  const bool dot_for_every_m =
+      precision == MatmulPrecision::kRowInvariant ||
+      (kernels.dot_outruns_tiles_from && level >= *kernels.dot_outruns_tiles_from);
+  if (!out_in || m < 1 || (m > kSkinnyMaxRows && !dot_for_every_m)) return nullptr;
+  return tiles_for_every_m(b, kernels, level) ? kernels.tile : kernels.dot;
 }
 
 // device_gemm once the activations are in the form the weights' format multiplies: the decode
-// blocks, or the tiles, each running the format's kernel. Out-in weights in kRowInvariant take
-// the dot kernels for every m: each element is one dot product in an order fixed by k alone, so
-// a row's bits do not depend on the rows beside it, and each task's block of weights is read
-// once for all the rows (from L2 after the first group) where blocks of kSkinnyMaxRows rows
-// read the whole matrix once a block. So do out-in weights of a format whose dot kernel outruns
-// its tiles at this level (WeightKernels::dot_outruns_tiles_from). Weights in panels of a format
-// whose tile reads them as fast as its dot kernel (WeightKernels::tiles_on_panels_from) take the
-// tile instead, blocked the same way, for every m: its order is fixed by k alone too.
+// blocks (dot_path_kernel), or the tiles, each running the format's kernel.
 void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatrix& b, MatrixMap c,
                           const detail::WeightKernels& kernels, MatmulPrecision precision) {
   const std::int64_t m = a.values.rows(), k = a.values.cols(), n = b.cols;
   const runtime::KernelLevel level = runtime::kernel_level();
   const bool out_in = b.layout == WeightLayout::kOutIn;
-  const bool tile_for_every_m = out_in && b.panel_outputs > 0 && kernels.tiles_on_panels_from &&
-                                level >= *kernels.tiles_on_panels_from;
-  const bool dot_for_every_m =
-      precision == MatmulPrecision::kRowInvariant ||
-      (kernels.dot_outruns_tiles_from && level >= *kernels.dot_outruns_tiles_from);
-  if (tile_for_every_m && m >= 1 && (m <= kSkinnyMaxRows || dot_for_every_m)) {
-    // Decode and row-invariant products by the tile, blocked as the dot kernel's.
-    device_dot_gemm(a, b, c, kernels.tile, level);
-    return;
-  }
-  if (out_in && m >= 1 && (m <= kSkinnyMaxRows || dot_for_every_m)) {
-    device_dot_gemm(a, b, c, kernels.dot, level);
+  const bool tile_for_every_m = tiles_for_every_m(b, kernels, level);
+  if (const detail::DotKernel kernel = dot_path_kernel(m, b, kernels, precision, level)) {
+    device_dot_gemm(a, b, c, kernel, level);
     return;
   }
   // The switch counts elements as fp32 bytes, so a 16-bit matrix takes the same path as its fp32
@@ -277,67 +309,78 @@ void device_gemm_prepared(const detail::PreparedActivations& a, const WeightMatr
 
 // bf16 weights multiply bf16 activations on every path and every CPU (as PyTorch's bf16 linear
 // and ggml's bf16 dot do): the products are then exact in fp32 and the vdpbf16ps kernel can run;
-// every kernel sees the same inputs (their sums still differ in order). The calling thread's
-// buffers, rounded in row blocks over the arena; isolated for the reason device_decode_gemm's
-// partials are.
-void device_gemm_bf16_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                  const detail::WeightKernels& kernels, MatmulPrecision precision) {
+// every kernel sees the same inputs (their sums still differ in order). Block formats multiply
+// activations quantized to 8 bits a 32-element block (as llama.cpp's do): codes and scales for
+// the integer kernels, decode and prefill alike, so that a row multiplies the same operands in a
+// decode step and in a prompt. with_prepared(a, form, b_dtype, f) calls f(prepared) with `a` in
+// `form` (b_dtype names the weights in errors), the calling thread's buffers filled in row blocks
+// over the arena; isolated for the reason device_decode_gemm's partials are.
+template <class F>
+void with_prepared(ConstMatrixMap a, detail::ActivationForm form, DType b_dtype, const F& f) {
   const std::int64_t m = a.rows(), k = a.cols();
-  thread_local std::vector<std::uint16_t> bits;
-  thread_local std::vector<float> rounded;
-  oneapi::tbb::this_task_arena::isolate([&] {
-    const auto count = static_cast<std::size_t>(m * k);
-    bits.resize(count);
-    rounded.resize(count);
-    // The calling thread's buffers by pointer: inside the tasks below, the names `bits` and
-    // `rounded` would be each worker's own thread_local (a lambda does not capture them).
-    std::uint16_t* const bits_of_caller = bits.data();
-    float* const rounded_of_caller = rounded.data();
-    parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
-      const auto at = static_cast<std::size_t>(r0 * k),
-                 len = static_cast<std::size_t>((r1 - r0) * k);
-      runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
-      runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
-    });
-    device_gemm_prepared({ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller}, b, c, kernels,
-                         precision);
-  });
+  switch (form) {
+    case detail::ActivationForm::kF32:
+      f(detail::PreparedActivations{a});
+      return;
+    case detail::ActivationForm::kBF16: {
+      thread_local std::vector<std::uint16_t> bits;
+      thread_local std::vector<float> rounded;
+      oneapi::tbb::this_task_arena::isolate([&] {
+        const auto count = static_cast<std::size_t>(m * k);
+        bits.resize(count);
+        rounded.resize(count);
+        // The calling thread's buffers by pointer: inside the tasks below, the names `bits` and
+        // `rounded` would be each worker's own thread_local (a lambda does not capture them).
+        std::uint16_t* const bits_of_caller = bits.data();
+        float* const rounded_of_caller = rounded.data();
+        parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
+          const auto at = static_cast<std::size_t>(r0 * k),
+                     len = static_cast<std::size_t>((r1 - r0) * k);
+          runtime::convert_f32_to_bf16({a.data() + at, len}, {bits_of_caller + at, len});
+          runtime::convert_bf16_to_f32({bits_of_caller + at, len}, {rounded_of_caller + at, len});
+        });
+        f(detail::PreparedActivations{ConstMatrixMap(rounded_of_caller, m, k), bits_of_caller});
+      });
+      return;
+    }
+    case detail::ActivationForm::kQ8: {
+      NUMESH_CHECK(k % 32 == 0, ShapeError,
+                   "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b_dtype),
+                   k);
+      thread_local std::vector<std::int8_t> codes;
+      thread_local std::vector<float> scales;
+      oneapi::tbb::this_task_arena::isolate([&] {
+        codes.resize(static_cast<std::size_t>(m * k));
+        scales.resize(static_cast<std::size_t>(m * k / 32));
+        std::int8_t* const codes_of_caller = codes.data();
+        float* const scales_of_caller = scales.data();
+        const runtime::KernelLevel level = runtime::kernel_level();
+        parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
+          quantize_activations_q8(r1 - r0, k, a.data() + r0 * k, k, codes_of_caller + r0 * k,
+                                  scales_of_caller + r0 * (k / 32), level);
+        });
+        // The values' shape only: no kernel of a block format reads fp32 activations.
+        f(detail::PreparedActivations{ConstMatrixMap(nullptr, m, k), nullptr, codes_of_caller,
+                                      scales_of_caller});
+      });
+      return;
+    }
+  }
 }
 
-// Block formats multiply activations quantized to 8 bits a 32-element block (as llama.cpp's
-// do): codes and scales for the integer kernels, decode and prefill alike, so that a row
-// multiplies the same operands in a decode step and in a prompt. Buffers and isolation as above.
-void device_gemm_q8_activations(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
-                                const detail::WeightKernels& kernels, MatmulPrecision precision) {
-  const std::int64_t m = a.rows(), k = a.cols();
-  NUMESH_CHECK(k % 32 == 0, ShapeError,
-               "gemm: {} weights take inputs in whole blocks of 32, not {}", to_string(b.dtype), k);
-  thread_local std::vector<std::int8_t> codes;
-  thread_local std::vector<float> scales;
-  oneapi::tbb::this_task_arena::isolate([&] {
-    codes.resize(static_cast<std::size_t>(m * k));
-    scales.resize(static_cast<std::size_t>(m * k / 32));
-    std::int8_t* const codes_of_caller = codes.data();
-    float* const scales_of_caller = scales.data();
-    const runtime::KernelLevel level = runtime::kernel_level();
-    parallel_blocks(m, row_block_for(k), [&](std::int64_t r0, std::int64_t r1) {
-      quantize_activations_q8(r1 - r0, k, a.data() + r0 * k, k, codes_of_caller + r0 * k,
-                              scales_of_caller + r0 * (k / 32), level);
-    });
-    // The values' shape only: no kernel of a block format reads fp32 activations.
-    device_gemm_prepared(
-        {ConstMatrixMap(nullptr, m, k), nullptr, codes_of_caller, scales_of_caller}, b, c, kernels,
-        precision);
-  });
+// device_gemm's checks of one product's shapes.
+void check_multiplies(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c) {
+  const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
+  NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
+               "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k,
+               b.rows, b.cols, to_string(b.dtype), c.rows(), c.cols());
 }
 
 }  // namespace
 
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPrecision precision) {
+  check_multiplies(a, b, c);
   const std::int64_t m = a.rows(), k = a.cols(), n = b.cols;
-  NUMESH_CHECK(b.rows == k && c.rows() == m && c.cols() == n, ShapeError,
-               "gemm: a is [{}, {}], b is [{}, {}] ({}), c is [{}, {}]: they do not multiply", m, k,
-               b.rows, b.cols, to_string(b.dtype), c.rows(), c.cols());
   if (precision == MatmulPrecision::kRowInvariant && m > kSkinnyMaxRows &&
       b.layout == WeightLayout::kInOut) {
     // In-out weights: row blocks of the decode size, one after the other, each as a decode
@@ -370,17 +413,50 @@ void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c, MatmulPre
     return;
   }
   const detail::WeightKernels& kernels = detail::weight_kernels(b.dtype);
-  switch (kernels.activations) {
-    case detail::ActivationForm::kF32:
-      device_gemm_prepared({a}, b, c, kernels, precision);
-      return;
-    case detail::ActivationForm::kBF16:
-      device_gemm_bf16_activations(a, b, c, kernels, precision);
-      return;
-    case detail::ActivationForm::kQ8:
-      device_gemm_q8_activations(a, b, c, kernels, precision);
-      return;
+  with_prepared(a, kernels.activations, b.dtype, [&](const detail::PreparedActivations& prepared) {
+    device_gemm_prepared(prepared, b, c, kernels, precision);
+  });
+}
+
+void device_gemms(ConstMatrixMap a, std::span<const SharedInputProduct> products,
+                  MatmulPrecision precision) {
+  for (const SharedInputProduct& p : products) check_multiplies(a, p.b, p.c);
+  // Together when every product takes device_dot_gemm from activations of one form; any other
+  // mix runs as device_gemm runs each (the special paths of fp32 weights in kBF16 and of k = 0
+  // included).
+  const runtime::KernelLevel level = runtime::kernel_level();
+  const std::int64_t m = a.rows();
+  std::vector<detail::DotKernel> kernel_of;
+  const auto form = products.empty() ? detail::ActivationForm::kF32
+                                     : detail::weight_kernels(products[0].b.dtype).activations;
+  for (const SharedInputProduct& p : products) {
+    const detail::WeightKernels& kernels = detail::weight_kernels(p.b.dtype);
+    const bool fp32_in_bf16 = precision == MatmulPrecision::kBF16 && p.b.dtype == DType::kF32;
+    detail::DotKernel kernel = nullptr;
+    if (!fp32_in_bf16 && a.cols() > 0 && kernels.activations == form) {
+      kernel = dot_path_kernel(m, p.b, kernels, precision, level);
+    }
+    if (kernel == nullptr) break;
+    kernel_of.push_back(kernel);
   }
+  if (products.size() < 2 || kernel_of.size() < products.size()) {
+    for (const SharedInputProduct& p : products) device_gemm(a, p.b, p.c, precision);
+    return;
+  }
+  std::vector<DotBlocking> blocking_of;
+  std::vector<std::int64_t> first_task{0};
+  for (const SharedInputProduct& p : products) {
+    blocking_of.push_back(dot_blocking(m, p.b));
+    first_task.push_back(first_task.back() + blocking_of.back().tasks());
+  }
+  with_prepared(a, form, products[0].b.dtype, [&](const detail::PreparedActivations& prepared) {
+    for_each_task(first_task.back(), [&](std::int64_t t) {
+      std::size_t i = 0;
+      while (t >= first_task[i + 1]) ++i;
+      dot_task(prepared, products[i].b, products[i].c, kernel_of[i], level, blocking_of[i],
+               t - first_task[i]);
+    });
+  });
 }
 
 void device_gemm(ConstMatrixMap a, ConstMatrixMap b, MatrixMap c, MatmulPrecision precision) {

@@ -436,9 +436,11 @@ runtime::Frontier attention_fwd_project_qkv(const AttentionFwd& st, const Attent
             k_pre, freq] {
       const std::int64_t dd = config.head_dim;
       const ConstMatrixMap xm(xs.values().data(), rows, hidden);
-      device_gemm(xm, as_out_in_weight(wqs), as_matrix(q), prec);
-      device_gemm(xm, as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd), prec);
-      device_gemm(xm, as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd), prec);
+      const SharedInputProduct qkv[] = {
+          {as_out_in_weight(wqs), as_matrix(q)},
+          {as_out_in_weight(wks), MatrixMap(k.values().data(), rows, lkv * dd)},
+          {as_out_in_weight(wvs), MatrixMap(v.values().data(), rows, lkv * dd)}};
+      device_gemms(xm, qkv, prec);
       add_bias_rows(MatrixMap(q.values().data(), rows, lq * dd), bqs);
       add_bias_rows(MatrixMap(k.values().data(), rows, lkv * dd), bks);
       add_bias_rows(MatrixMap(v.values().data(), rows, lkv * dd), bvs);

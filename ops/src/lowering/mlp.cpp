@@ -169,8 +169,9 @@ runtime::Frontier emit_mlp_up(ProgramBuilder& pb, const MlpRunWeights& w, Activa
         return;
       }
       MatrixMap gate_pre = as_matrix(gs != nullptr ? *gs : hs);
-      device_gemm(xm, as_out_in_weight(*wg), gate_pre, prec);
-      device_gemm(xm, as_out_in_weight(wu), as_matrix(*us), prec);
+      const SharedInputProduct gate_up[] = {{as_out_in_weight(*wg), gate_pre},
+                                            {as_out_in_weight(wu), as_matrix(*us)}};
+      device_gemms(xm, gate_up, prec);
       add_bias_rows(gate_pre, bg);
       add_bias_rows(as_matrix(*us), bu);
       if (gs != nullptr) as_matrix(hs) = gate_pre;

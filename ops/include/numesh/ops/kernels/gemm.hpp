@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/eigen_views.hpp"
@@ -90,6 +91,21 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// 32; TypeError for a block format stored in-out.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
                  MatmulPrecision precision = MatmulPrecision::kF32);
+/// One product of device_gemms(): c = a * b, a being the input the products share.
+struct SharedInputProduct {
+  WeightMatrix b;
+  MatrixMap c;
+};
+
+/// c = a * b for each of `products`, each the bits device_gemm(a, b, c, precision) gives it.
+/// Decode products that all take the dot or panel kernels from activations of one form (a
+/// layer's q, k and v, or its gate and up, in one weight format) run as one parallel loop over
+/// all their output blocks: `a` is rounded or quantized once, and the device's threads meet once
+/// at the end instead of once a product (three meetings fewer a layer of a decode step, each a few
+/// microseconds of an idle thread). Any other mix runs as device_gemm runs each, in order. Throws: as device_gemm, naming the
+/// first product whose shapes do not multiply before any is computed.
+void device_gemms(ConstMatrixMap a, std::span<const SharedInputProduct> products,
+                  MatmulPrecision precision = MatmulPrecision::kF32);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
 /// node body): the tiles of gemm_tiling() run as parallel tasks, each one single-threaded
 /// gemm() call (skinny_gemm() for decode tiles of m <= 16 rows); decode products whose b has
