@@ -94,7 +94,8 @@ runtime::HostTensor run_core(const CoreCase& c, const runtime::HostTensor& q,
 }
 
 // The prefill path (whole and partial 64-query blocks) and the decode path (one or several
-// queries, one or several 256-key blocks, some hidden by the mask) in arenas of 1, 2, 3, 4 and
+// queries, one or several 256-key blocks, some hidden by the mask, merged on the calling thread or
+// in tasks) in arenas of 1, 2, 3, 4 and
 // 7 threads: bitwise the same, and equal to the float64 reference.
 TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
   // Enough workers that an arena of 7 really runs 7 threads at once (on 2 cores too): the
@@ -110,7 +111,10 @@ TEST(AttentionCoreTest, EqualsTheReferenceBitwiseTheSameForAnyThreadCount) {
                             CoreCase{3, 1, 9, 2, 2, 8, 8, false, false},
                             // Groups past four query heads a kv head: runs of 4 + 2 and 4 + 4.
                             CoreCase{1, 3, 600, 12, 2, 16, 597, true, false},
-                            CoreCase{2, 1, 300, 8, 1, 16, 299, true, true}}) {
+                            CoreCase{2, 1, 300, 8, 1, 16, 299, true, true},
+                            // Enough partials (4 x 16 heads x 9 key blocks) that the blocks
+                            // merge in tasks; the cases above merge on the calling thread.
+                            CoreCase{4, 1, 2100, 16, 4, 64, 2099, true, false}}) {
     const runtime::HostTensor q =
         testing::random_host({c.batch, c.q_len, c.heads, c.head_dim}, 3, 1.0f);
     const runtime::HostTensor k =

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "head_runs.hpp"
+#include "key_block_merge.hpp"
 #include "kv_rows.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -95,7 +96,6 @@ std::int64_t partial_floats(const AttentionSlice& sl, std::int64_t d) noexcept {
 void attention_decode(const float* q, const KvView& kv, float* out, const AttentionSlice& sl,
                       std::int64_t d, std::int64_t q_offset, bool causal, std::span<float> scratch,
                       std::int64_t per_thread) {
-  using Vec = Eigen::Map<const Eigen::VectorXf>;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const std::int64_t blocks = key_blocks(sl.kv_len), stride = d + 2;
   const std::int64_t slots = arena_scratch_slots(oneapi::tbb::this_task_arena::max_concurrency());
@@ -145,24 +145,7 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
       }
     });
   });
-  for_each_task(sl.batch * sl.q_heads, [&](std::int64_t bh) {
-    const std::int64_t h = bh % sl.q_heads, bi = bh / sl.q_heads;
-    for (std::int64_t ti = 0; ti < sl.q_len; ++ti) {
-      const float* part = partials + (bh * sl.q_len + ti) * blocks * stride;
-      float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t b = 0; b < blocks; ++b) m = std::max(m, part[b * stride]);
-      Eigen::Map<Eigen::VectorXf> o(out + ((bi * sl.q_len + ti) * sl.q_heads + h) * d, d);
-      o.setZero();
-      float sum = 0.0f;
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        if (part[b * stride + 1] == 0.0f) continue;  // a masked block
-        const float w = std::exp(part[b * stride] - m);
-        sum += w * part[b * stride + 1];
-        o += w * Vec(part + b * stride + 2, d);
-      }
-      o /= sum;
-    }
-  });
+  detail::merge_key_blocks(partials, sl.batch, sl.q_heads, sl.q_len, blocks, d, stride, out);
 }
 
 // rows [0, n) of d 16-bit elements (bf16 or f16 bits), `stride` elements apart, widened into

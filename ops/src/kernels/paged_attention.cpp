@@ -2,12 +2,12 @@
 
 #include <oneapi/tbb/task_arena.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "head_runs.hpp"
+#include "key_block_merge.hpp"
 #include "kv_rows.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -38,7 +38,6 @@ std::int64_t paged_attention_scratch_floats(std::int64_t tokens, std::int64_t q_
 void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& keys, float* out,
                      std::int64_t tokens, const AttentionSlice& sl, std::int64_t d,
                      std::int64_t max_context, std::span<float> scratch) {
-  using Vec = Eigen::Map<const Eigen::VectorXf>;
   const bool spans_fit = static_cast<std::int64_t>(keys.context.size()) == tokens &&
                          static_cast<std::int64_t>(keys.table_of.size()) == tokens;
   NUMESH_CHECK(spans_fit, ShapeError,
@@ -101,21 +100,7 @@ void paged_attention(const float* q, const PagedKvView& kv, const RaggedKeys& ke
       }
     });
   });
-  for_each_task(tokens * sl.q_heads, [&](std::int64_t th) {
-    const float* part = partials + th * blocks * stride;
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t b = 0; b < blocks; ++b) m = std::max(m, part[b * stride]);
-    Eigen::Map<Eigen::VectorXf> o(out + th * d, d);
-    o.setZero();
-    float sum = 0.0f;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      if (part[b * stride + 1] == 0.0f) continue;  // past the token's context
-      const float w = std::exp(part[b * stride] - m);
-      sum += w * part[b * stride + 1];
-      o += w * Vec(part + b * stride + 2, d);
-    }
-    o /= sum;
-  });
+  detail::merge_key_blocks(partials, tokens, sl.q_heads, 1, blocks, d, stride, out);
 }
 
 }  // namespace numesh::ops
