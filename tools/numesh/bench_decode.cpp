@@ -19,6 +19,7 @@
 #include "bench_common.hpp"
 #include "hidden_steps.hpp"
 #include "kv_dtype_option.hpp"
+#include "kv_layout_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/timing.hpp"
@@ -434,8 +435,7 @@ Examples:
                   "runs once per dtype, in this order; rows after an f32 row give their tokens/s "
                   "over it (x f32)")
       ->capture_default_str();
-  cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
-      ->capture_default_str();
+  add_kv_layout_option(*cmd, o.kv_layout);
   add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
   cmd->add_option("--json", o.json, "Write the results and the machine as JSON to FILE");

@@ -37,7 +37,7 @@ struct BenchDecodeOptions {
   std::string sweep_hidden;        ///< --sweep-hidden: hidden sizes, comma-separated
   std::string size = "256M";       ///< --size: bytes of the read array per device
   int repeats = 5;                 ///< --repeats: timed read passes (median)
-  std::string kv_layout = "bthd";  ///< --kv-layout
+  std::string kv_layout = "bhtd";  ///< --kv-layout
   std::string kv_dtype = "f32";    ///< --kv-dtype f32|bf16|f16
   std::string dtypes =
       "f32";               ///< --dtypes: weight storage dtypes, comma-separated, each its own row

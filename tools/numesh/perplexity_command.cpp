@@ -17,6 +17,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/hf_weights.hpp"

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "hidden_steps.hpp"
+#include "kv_layout_option.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
@@ -379,8 +380,7 @@ Examples:
       ->capture_default_str();
   cmd->add_option("--capacity", o.capacity, "MoE capacity factor (0: dropless)")
       ->capture_default_str();
-  cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
-      ->capture_default_str();
+  add_kv_layout_option(*cmd, o.kv_layout);
   cmd->add_option(
          "--dtype", o.dtype,
          "Weights' storage dtype: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (norms and routers stay "

@@ -38,7 +38,7 @@ struct RunOptions {
   std::int64_t moe_ffn = 512;
   std::int64_t moe_every = 2;
   double capacity = 0.0;  ///< --capacity: 0 = dropless
-  std::string kv_layout = "bthd";
+  std::string kv_layout = "bhtd";
   /// Storage dtype of the attention, MLP and expert matrices: f32, bf16 or f16.
   std::string dtype = "f32";
   std::uint32_t seed = 0;

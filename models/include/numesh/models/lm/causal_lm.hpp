@@ -67,7 +67,8 @@ WeightMapping parse_weight_mapping(std::string_view text);
 class CausalLm {
  public:
   /// Lays out every weight; the KV caches store keys and values as `kv_dtype` (f32, or bf16 /
-  /// f16 in half the bytes: ops::KvCache::create).
+  /// f16 in half the bytes: ops::KvCache::create), each kv head's positions contiguous
+  /// (ops::KvLayout::kBHTD).
   /// Throws: ValueError as HfConfig::transformer_config(); ShapeError when the
   /// weights do not fit the config, batch or max_len is not positive, or max_len exceeds the
   /// model's max_context(); what the layers' layouts throw; as ops::KvCache::create for
