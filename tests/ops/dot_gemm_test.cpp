@@ -46,14 +46,15 @@ struct Case {
 std::vector<Case> dot_cases() {
   std::vector<Case> out;
   for (const Case cs :
-       {Case{1, 1, 1},       Case{2, 3, 2},      Case{3, 2, 16},     Case{1, 7, 31},
-        Case{2, 5, 32},      Case{3, 4, 33},     Case{6, 2, 63},     Case{4, 9, 64},
-        Case{5, 3, 65},      Case{7, 6, 100},    Case{2, 3, 128},    Case{16, 2, 130},
-        Case{1, 33, 1000},   Case{9, 1, 0},      Case{16, 12, 200},  Case{19, 13, 97},
-        Case{34, 20, 48},    Case{16, 20, 1100}, Case{3, 200, 1056}, Case{1, 3, 17000},
-        Case{16, 200, 1100}, Case{5, 7, 1025},   Case{6, 8, 1536},   Case{3, 13, 2049},
-        Case{2, 7, 3072},    Case{17, 6, 2600},  Case{70, 9, 1100},  Case{67, 7, 300},
-        Case{97, 7, 300},    Case{101, 13, 1100}}) {
+       {Case{1, 1, 1}, Case{2, 3, 2}, Case{3, 2, 16}, Case{1, 7, 31}, Case{2, 5, 32},
+        Case{3, 4, 33}, Case{6, 2, 63}, Case{4, 9, 64}, Case{5, 3, 65}, Case{7, 6, 100},
+        Case{2, 3, 128}, Case{16, 2, 130}, Case{1, 33, 1000}, Case{9, 1, 0}, Case{16, 12, 200},
+        Case{19, 13, 97}, Case{34, 20, 48}, Case{16, 20, 1100}, Case{3, 200, 1056},
+        Case{1, 3, 17000}, Case{16, 200, 1100}, Case{5, 7, 1025}, Case{6, 8, 1536},
+        Case{3, 13, 2049}, Case{2, 7, 3072}, Case{17, 6, 2600}, Case{70, 9, 1100}, Case{67, 7, 300},
+        Case{97, 7, 300}, Case{101, 13, 1100},
+        // One row over whole blocks of 64: bf16's one-row kernel takes four outputs at a time.
+        Case{1, 9, 128}, Case{1, 6, 1536}, Case{1, 13, 3072}}) {
     for (bool tight : {false, true}) out.push_back(Case{cs.m, cs.n, cs.k, tight});
   }
   return out;
@@ -257,9 +258,13 @@ TEST_P(DotGemmLevelTest, ARowHasTheSameBitsInAProductOfAnyNumberOfRows) {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 13;
-  // k = 2100: the amx kernel's blocks of k differ between one row (16384 values) and 16 (1024).
-  for (const auto& [t, k] : std::vector<std::pair<DType, std::int64_t>>{
-           {DType::kF32, 200}, {DType::kBF16, 200}, {DType::kF16, 200}, {DType::kBF16, 2100}}) {
+  // k = 2100: the amx kernel's blocks of k differ between one row (16384 values) and 16 (1024);
+  // k = 1024: bf16's one row takes four outputs at a time.
+  for (const auto& [t, k] : std::vector<std::pair<DType, std::int64_t>>{{DType::kF32, 200},
+                                                                        {DType::kBF16, 200},
+                                                                        {DType::kF16, 200},
+                                                                        {DType::kBF16, 2100},
+                                                                        {DType::kBF16, 1024}}) {
     // Outputs j of four scales (f16 holds neither 2^100 nor 2^-63), rows r of four: ordinary,
     // subnormal (2^-135), tiny (2^-70) and 2^-63. Subnormal rows against huge weights give
     // normal products that vdpbf16ps reads as zero, tiny rows against tiny weights subnormal

@@ -294,7 +294,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_row_bf1
     std::int64_t k, const std::uint16_t* x, const std::uint16_t* b, std::int64_t ldb,
     std::int64_t j0, std::int64_t j1, float* c) {
   const auto step = pair_step<kDpbf16>;
-  for (std::int64_t j = j0; j < j1; ++j) {
+  // kOutputs outputs at a time, each by the steps and in the order it takes alone (the same
+  // bits): more chains of vdpbf16ps in flight, and several rows streaming.
+  constexpr int kOutputs = 4;
+  std::int64_t j = j0;
+  for (; j + kOutputs <= j1 && k % (2 * kLanes) == 0; j += kOutputs) {
+    const std::uint16_t* w = b + j * ldb;
+    __m512 lo[kOutputs], hi[kOutputs];
+    for (int o = 0; o < kOutputs; ++o) lo[o] = hi[o] = _mm512_setzero_ps();
+    for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
+      for (int o = 0; o < kOutputs; ++o) stream_ahead(w + o * ldb + e, 2 * kLanes * 2);
+      const __m512i x0 = _mm512_loadu_si512(x + e), x1 = _mm512_loadu_si512(x + e + kLanes);
+      for (int o = 0; o < kOutputs; ++o)
+        lo[o] = step(lo[o], _mm512_loadu_si512(w + o * ldb + e), x0);
+      for (int o = 0; o < kOutputs; ++o)
+        hi[o] = step(hi[o], _mm512_loadu_si512(w + o * ldb + e + kLanes), x1);
+    }
+    for (int o = 0; o < kOutputs; ++o) c[j + o] = fold_avx512(lo[o], hi[o]);
+  }
+  for (; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     std::int64_t e = 0;
