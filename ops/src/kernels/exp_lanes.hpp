@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -116,6 +117,35 @@ inline float fold16(const float* lanes) {
 // The first min(n, 16) lanes (n >= 1): the mask of a chunk of 16 with n elements left.
 __attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t n) {
   return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+// The largest of x[0, n) (n >= 1) as std::max(m, x[i]) from m = -inf keeps it, 8 or 16 lanes at
+// a time: vmaxps(x, m) takes m when x is NaN or equal, as std::max does, so a NaN is never taken
+// and the value is the scalar loop's (a zero's sign aside: the loop keeps the first of +0 and -0,
+// the lanes may keep the other, and exp(s - m) is the same for either).
+__attribute__((target("avx2"))) inline float block_max_avx2(const float* x, std::int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 8; ++l) r = std::max(r, lanes[l]);
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+__attribute__((target("avx512f"))) inline float block_max_avx512(const float* x, std::int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = first_lanes(n - i);
+    m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, x + i), m);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 16; ++l) r = std::max(r, lanes[l]);
+  return r;
 }
 
 // x[i] = exp(x[i] - m) for i < n in place, and their sum: element i in lane i mod 16, each lane

@@ -224,7 +224,7 @@ __attribute__((target("avx2,fma,f16c"))) void heads_avx2(
   for (int g = 0; g < G; ++g) {
     float* s = scores + g * count;
     KeyBlockStats st{kMinusInf, 0.0f};
-    for (std::int64_t i = 0; i < count; ++i) st.max = std::max(st.max, s[i]);
+    st.max = block_max_avx2(s, count);
     st.sum = exp_shifted_sum_avx2(s, count, st.max);
     stats[g] = st;
   }
@@ -465,8 +465,7 @@ __attribute__((target("avx512f,avx512bw"))) void heads_avx512(
   }
   for (int g = 0; g < G; ++g) {
     KeyBlockStats st{kMinusInf, 0.0f};
-    const float* s = scores + g * count;
-    for (std::int64_t i = 0; i < count; ++i) st.max = std::max(st.max, s[i]);
+    st.max = block_max_avx512(scores + g * count, count);
     st.sum = exp_shifted_sum_avx512(scores + g * count, count, st.max);
     stats[g] = st;
   }
