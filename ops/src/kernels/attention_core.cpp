@@ -149,9 +149,13 @@ void attention_decode(const float* q, const KvView& kv, float* out, const Attent
 }
 
 // rows [0, n) of d 16-bit elements (bf16 or f16 bits), `stride` elements apart, widened into
-// out[n * d] (exact).
+// out[n * d] (exact): in one call when the rows lie end to end (a head-major cache).
 void widen_rows(DType dtype, const std::uint16_t* rows, std::int64_t stride, std::int64_t n,
                 std::int64_t d, float* out) {
+  if (stride == d) {
+    runtime::convert_elements(rows, dtype, out, DType::kF32, static_cast<std::size_t>(n * d));
+    return;
+  }
   for (std::int64_t r = 0; r < n; ++r) {
     runtime::convert_elements(rows + r * stride, dtype, out + r * d, DType::kF32,
                               static_cast<std::size_t>(d));
