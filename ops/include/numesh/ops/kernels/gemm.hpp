@@ -102,8 +102,8 @@ struct SharedInputProduct {
 /// layer's q, k and v, or its gate and up, in one weight format) run as one parallel loop over
 /// all their output blocks: `a` is rounded or quantized once, and the device's threads meet once
 /// at the end instead of once a product (three meetings fewer a layer of a decode step, each a few
-/// microseconds of an idle thread). Any other mix runs as device_gemm runs each, in order. Throws: as device_gemm, naming the
-/// first product whose shapes do not multiply before any is computed.
+/// microseconds of an idle thread). Any other mix runs as device_gemm runs each, in order. Throws:
+/// as device_gemm, naming the first product whose shapes do not multiply before any is computed.
 void device_gemms(ConstMatrixMap a, std::span<const SharedInputProduct> products,
                   MatmulPrecision precision = MatmulPrecision::kF32);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
