@@ -3,6 +3,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "numesh/core/check.hpp"
@@ -422,35 +423,36 @@ void device_gemms(ConstMatrixMap a, std::span<const SharedInputProduct> products
                   MatmulPrecision precision) {
   for (const SharedInputProduct& p : products) check_multiplies(a, p.b, p.c);
   // Together when every product takes device_dot_gemm from activations of one form; any other
-  // mix runs as device_gemm runs each (the special paths of fp32 weights in kBF16 and of k = 0
-  // included).
+  // mix (or more than kMaxSharedProducts) runs as device_gemm runs each (the special paths of
+  // fp32 weights in kBF16 and of k = 0 included). Fixed arrays: a decode step allocates nothing.
+  const std::size_t count = products.size();
   const runtime::KernelLevel level = runtime::kernel_level();
   const std::int64_t m = a.rows();
-  std::vector<detail::DotKernel> kernel_of;
-  const auto form = products.empty() ? detail::ActivationForm::kF32
-                                     : detail::weight_kernels(products[0].b.dtype).activations;
-  for (const SharedInputProduct& p : products) {
-    const detail::WeightKernels& kernels = detail::weight_kernels(p.b.dtype);
-    const bool fp32_in_bf16 = precision == MatmulPrecision::kBF16 && p.b.dtype == DType::kF32;
-    detail::DotKernel kernel = nullptr;
+  std::array<detail::DotKernel, kMaxSharedProducts> kernel_of{};
+  bool together = count >= 2 && count <= kMaxSharedProducts;
+  const auto form = count > 0 ? detail::weight_kernels(products[0].b.dtype).activations
+                              : detail::ActivationForm::kF32;
+  for (std::size_t i = 0; together && i < count; ++i) {
+    const WeightMatrix& b = products[i].b;
+    const detail::WeightKernels& kernels = detail::weight_kernels(b.dtype);
+    const bool fp32_in_bf16 = precision == MatmulPrecision::kBF16 && b.dtype == DType::kF32;
     if (!fp32_in_bf16 && a.cols() > 0 && kernels.activations == form) {
-      kernel = dot_path_kernel(m, p.b, kernels, precision, level);
+      kernel_of[i] = dot_path_kernel(m, b, kernels, precision, level);
     }
-    if (kernel == nullptr) break;
-    kernel_of.push_back(kernel);
+    together = kernel_of[i] != nullptr;
   }
-  if (products.size() < 2 || kernel_of.size() < products.size()) {
+  if (!together) {
     for (const SharedInputProduct& p : products) device_gemm(a, p.b, p.c, precision);
     return;
   }
-  std::vector<DotBlocking> blocking_of;
-  std::vector<std::int64_t> first_task{0};
-  for (const SharedInputProduct& p : products) {
-    blocking_of.push_back(dot_blocking(m, p.b));
-    first_task.push_back(first_task.back() + blocking_of.back().tasks());
+  std::array<DotBlocking, kMaxSharedProducts> blocking_of{};
+  std::array<std::int64_t, kMaxSharedProducts + 1> first_task{};
+  for (std::size_t i = 0; i < count; ++i) {
+    blocking_of[i] = dot_blocking(m, products[i].b);
+    first_task[i + 1] = first_task[i] + blocking_of[i].tasks();
   }
   with_prepared(a, form, products[0].b.dtype, [&](const detail::PreparedActivations& prepared) {
-    for_each_task(first_task.back(), [&](std::int64_t t) {
+    for_each_task(first_task[count], [&](std::int64_t t) {
       std::size_t i = 0;
       while (t >= first_task[i + 1]) ++i;
       dot_task(prepared, products[i].b, products[i].c, kernel_of[i], level, blocking_of[i],

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -91,6 +92,9 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// 32; TypeError for a block format stored in-out.
 void device_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c,
                  MatmulPrecision precision = MatmulPrecision::kF32);
+/// The most products device_gemms() runs as one loop; more run one after another.
+inline constexpr std::size_t kMaxSharedProducts = 4;
+
 /// One product of device_gemms(): c = a * b, a being the input the products share.
 struct SharedInputProduct {
   WeightMatrix b;
@@ -98,12 +102,14 @@ struct SharedInputProduct {
 };
 
 /// c = a * b for each of `products`, each the bits device_gemm(a, b, c, precision) gives it.
-/// Decode products that all take the dot or panel kernels from activations of one form (a
-/// layer's q, k and v, or its gate and up, in one weight format) run as one parallel loop over
-/// all their output blocks: `a` is rounded or quantized once, and the device's threads meet once
-/// at the end instead of once a product (three meetings fewer a layer of a decode step, each a few
-/// microseconds of an idle thread). Any other mix runs as device_gemm runs each, in order. Throws:
-/// as device_gemm, naming the first product whose shapes do not multiply before any is computed.
+/// Up to kMaxSharedProducts decode products that all take the dot or panel kernels from
+/// activations of one form (a layer's q, k and v, or its gate and up, in one weight format) run as
+/// one parallel loop over all their output blocks: `a` is rounded or quantized once, and the
+/// device's threads meet once at the end instead of once a product (three meetings fewer a layer
+/// of a decode step, each a few microseconds of an idle thread). Any other mix runs as
+/// device_gemm runs each, in order. Allocates nothing once the calling thread's buffers have
+/// grown to the shape. Throws: as device_gemm, naming the first product whose shapes do not
+/// multiply before any is computed.
 void device_gemms(ConstMatrixMap a, std::span<const SharedInputProduct> products,
                   MatmulPrecision precision = MatmulPrecision::kF32);
 /// c = a * b over the calling thread's oneTBB arena (a device's threads when called from a
