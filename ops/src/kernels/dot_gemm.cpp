@@ -287,8 +287,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf
   }
 }
 
-// Outputs [j0, j1) for one row of bf16 activations and bf16 weights, one output at a time,
-// streaming the weights (the pair steps as dot_tile_bf16_avx512's).
+// Outputs [j0, j1) for one row of bf16 activations and bf16 weights, four outputs at a time over
+// whole blocks of 64 and one at a time otherwise, streaming the weights (the pair steps as
+// dot_tile_bf16_avx512's).
 template <bool kDpbf16>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_row_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, const std::uint16_t* b, std::int64_t ldb,
