@@ -287,33 +287,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf
   }
 }
 
-// Outputs [j0, j1) for one row of bf16 activations and bf16 weights, four outputs at a time over
-// whole blocks of 64 and one at a time otherwise, streaming the weights (the pair steps as
-// dot_tile_bf16_avx512's).
+// Outputs [j0, j1) for one row of bf16 activations and bf16 weights, one output at a time:
+// one stream through memory (the pair steps as dot_tile_bf16_avx512's). Four outputs at a time
+// (four streams, more chains of vdpbf16ps in flight) read bf16 1.12x faster on Zen 5 but 0.6-0.7x
+// as fast on Zen 4, where the 109 M Llama decoded bf16 1.4x faster one output at a time
+// (docs/benchmarks.md, "Session 59").
 template <bool kDpbf16>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_row_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, const std::uint16_t* b, std::int64_t ldb,
     std::int64_t j0, std::int64_t j1, float* c) {
   const auto step = pair_step<kDpbf16>;
-  // kOutputs outputs at a time, each by the steps and in the order it takes alone (the same
-  // bits): more chains of vdpbf16ps in flight, and several rows streaming.
-  constexpr int kOutputs = 4;
-  std::int64_t j = j0;
-  for (; j + kOutputs <= j1 && k % (2 * kLanes) == 0; j += kOutputs) {
-    const std::uint16_t* w = b + j * ldb;
-    __m512 lo[kOutputs], hi[kOutputs];
-    for (int o = 0; o < kOutputs; ++o) lo[o] = hi[o] = _mm512_setzero_ps();
-    for (std::int64_t e = 0; e < k; e += 2 * kLanes) {
-      for (int o = 0; o < kOutputs; ++o) stream_ahead(w + o * ldb + e, 2 * kLanes * 2);
-      const __m512i x0 = _mm512_loadu_si512(x + e), x1 = _mm512_loadu_si512(x + e + kLanes);
-      for (int o = 0; o < kOutputs; ++o)
-        lo[o] = step(lo[o], _mm512_loadu_si512(w + o * ldb + e), x0);
-      for (int o = 0; o < kOutputs; ++o)
-        hi[o] = step(hi[o], _mm512_loadu_si512(w + o * ldb + e + kLanes), x1);
-    }
-    for (int o = 0; o < kOutputs; ++o) c[j + o] = fold_avx512(lo[o], hi[o]);
-  }
-  for (; j < j1; ++j) {
+  for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint16_t* w = b + j * ldb;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     std::int64_t e = 0;
