@@ -381,28 +381,35 @@ NUMESH_PACKED_AVX512 inline __m512i stored_group(const unsigned char* codes, int
   }
 }
 
-// The panel `panel` (outputs [0, count)) of stored Q8_0 or Q4_0 weights read where it lies
-// (runtime/weight_panels.hpp: each block its 16 outputs' f16 scales, then its codes) for R rows
-// from row i0: the codes as unsigned bytes q + kStoredOffset meet a row's 4 signed codes in
-// vpdpbusd, each block's sums starting at -kStoredOffset times the row's block's sum of codes
-// (Rows::corrections), so that they come out as rows512's, exact, and the scale products and fmas
-// follow in its order: the same bits, without packing (a copy of every weight a call: one row ran
-// at half the decode kernel's speed).
-template <DType kFormat, int R>
-NUMESH_PACKED_AVX512 void rows512_stored(const Rows& a, std::int64_t i0, const unsigned char* panel,
-                                         std::int64_t count, float* c, std::int64_t ldc) {
+// Panels p0 and p1 of stored Q8_0 or Q4_0 weights read where they lie (runtime/weight_panels.hpp:
+// each block its 16 outputs' f16 scales, then its codes; P = 1: p0 alone) for R rows from row i0:
+// the codes as unsigned bytes q + kStoredOffset meet a row's 4 signed codes in vpdpbusd, each
+// block's sums starting at -kStoredOffset times the row's block's sum of codes (Rows::
+// corrections), so that they come out as rows512's, exact, and the scale products and fmas follow
+// in its order: the same bits, without packing (a copy of every weight a call: one row ran at
+// half the decode kernel's speed).
+template <DType kFormat, int R, int P>
+NUMESH_PACKED_AVX512 void rows512_stored(const Rows& a, std::int64_t i0, const unsigned char* p0,
+                                         const unsigned char* p1, std::int64_t n0, std::int64_t n1,
+                                         float* c, std::int64_t ldc) {
   constexpr std::int64_t kBlockBytes = detail::kStoredBlockBytes<kFormat>;
-  __m512 f[R];
-  for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
+  __m512 f[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < P; ++v) f[r][v] = _mm512_setzero_ps();
+  }
   for (std::int64_t t = 0; t < a.blocks; ++t) {
-    const unsigned char* p = panel + t * kBlockBytes;
-    detail::stream_ahead(p, kBlockBytes);
-    // Two chains of vpdpbusd a row (the even and the odd groups), added at the end: integers,
-    // exact in any order; one chain of eight left a row waiting on their latency.
-    __m512i s[R], odd[R];
+    const unsigned char* p[2] = {p0 + t * kBlockBytes, (P > 1 ? p1 : p0) + t * kBlockBytes};
+    detail::stream_ahead(p[0], kBlockBytes);
+    if constexpr (P > 1) detail::stream_ahead(p[1], kBlockBytes);
+    // Two chains of vpdpbusd a row and panel (the even and the odd groups), added at the end:
+    // integers, exact in any order; one chain of eight left a row waiting on their latency.
+    __m512i s[R][P], odd[R][P];
     for (int r = 0; r < R; ++r) {
-      s[r] = _mm512_set1_epi32(a.corrections[(i0 + r) * a.blocks + t]);
-      odd[r] = _mm512_setzero_si512();
+      const __m512i start = _mm512_set1_epi32(a.corrections[(i0 + r) * a.blocks + t]);
+      for (int v = 0; v < P; ++v) {
+        s[r][v] = start;
+        odd[r][v] = _mm512_setzero_si512();
+      }
     }
     std::int32_t x4[R][kPanelGroups];
     for (int r = 0; r < R; ++r) {
@@ -410,40 +417,58 @@ NUMESH_PACKED_AVX512 void rows512_stored(const Rows& a, std::int64_t i0, const u
     }
 #pragma GCC unroll 8
     for (int g = 0; g < kPanelGroups; ++g) {
-      const __m512i w = stored_group<kFormat>(p + detail::kStoredScaleBytes, g);
+      __m512i w[P];
+      for (int v = 0; v < P; ++v) w[v] = stored_group<kFormat>(p[v] + detail::kStoredScaleBytes, g);
       for (int r = 0; r < R; ++r) {
         const __m512i x = _mm512_set1_epi32(x4[r][g]);
-        if (g % 2 == 0) {
-          s[r] = _mm512_dpbusd_epi32(s[r], w, x);
-        } else {
-          odd[r] = _mm512_dpbusd_epi32(odd[r], w, x);
+        for (int v = 0; v < P; ++v) {
+          if (g % 2 == 0) {
+            s[r][v] = _mm512_dpbusd_epi32(s[r][v], w[v], x);
+          } else {
+            odd[r][v] = _mm512_dpbusd_epi32(odd[r][v], w[v], x);
+          }
         }
       }
     }
-    const __m512 d_w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     for (int r = 0; r < R; ++r) {
-      const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(a.scales[(i0 + r) * a.blocks + t]), d_w);
-      f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[r], odd[r])), scale, f[r]);
+      for (int v = 0; v < P; ++v) s[r][v] = _mm512_add_epi32(s[r][v], odd[r][v]);
+    }
+    for (int v = 0; v < P; ++v) {
+      const __m512 d_w =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[v])));
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(a.scales[(i0 + r) * a.blocks + t]), d_w);
+        f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][v]), scale, f[r][v]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(c + r * ldc, static_cast<__mmask16>((1u << count) - 1), f[r]);
+    _mm512_mask_storeu_ps(c + r * ldc, static_cast<__mmask16>((1u << n0) - 1), f[r][0]);
+    if constexpr (P > 1) {
+      _mm512_mask_storeu_ps(c + r * ldc + kPanelOutputs, static_cast<__mmask16>((1u << n1) - 1),
+                            f[r][1]);
+    }
   }
 }
 
-// rows512_stored for `rows` rows and the panel at `w` (outputs [0, n0)), then, when n1 > 0, the
-// next one (outputs [16, 16 + n1)); stored panels are `ldw` bytes an output apart. One panel at a
-// time, for every number of rows: one stream through memory. Taking the pair at once (two
-// streams, each broadcast of a row's codes shared) decoded the 109 M Llama on Zen 4 slower: q8_0
-// 1.2x and q4_0 1.4x faster a panel at a time with one sequence, 1.45x and 1.15x with four
-// (docs/benchmarks.md, "Session 59"). The bits are the same: each output's sums are its own.
+// rows512_stored for `rows` rows and the panel at `w` (outputs [0, n0)) with, when n1 > 0, the
+// next one (outputs [16, 16 + n1)); stored panels are `ldw` bytes an output apart. Panels that
+// come from memory (`streamed`: the first rows a pair meets) are taken one after the other, one
+// stream; panels in the cache, the pair at once, each broadcast of a row's codes shared. On Zen 4
+// the pair's two streams from memory decoded the 109 M Llama slower (a panel at a time: q8_0
+// 1.1x and q4_0 1.4x faster with one sequence, 1.45x and 1.15x with four), and a panel at a
+// time over the rows that follow (from the cache) prefilled q4_0 0.84x as fast
+// (docs/benchmarks.md, "Session 59"). The bits are the same either way: each output's sums are
+// its own.
 template <DType kFormat>
 void rows512_stored_any(std::int64_t rows, const Rows& a, std::int64_t i0, const unsigned char* w,
-                        std::int64_t ldw, std::int64_t n0, std::int64_t n1, float* c,
+                        std::int64_t ldw, std::int64_t n0, std::int64_t n1, bool streamed, float* c,
                         std::int64_t ldc) {
   with_rows(rows, [&]<int R>() {
-    rows512_stored<kFormat, R>(a, i0, w, n0, c, ldc);
-    if (n1 > 0) rows512_stored<kFormat, R>(a, i0, w + n0 * ldw, n1, c + kPanelOutputs, ldc);
+    const unsigned char* next = w + n0 * ldw;
+    if (n1 > 0 && !streamed) return rows512_stored<kFormat, R, 2>(a, i0, w, next, n0, n1, c, ldc);
+    rows512_stored<kFormat, R, 1>(a, i0, w, w, n0, 0, c, ldc);
+    if (n1 > 0) rows512_stored<kFormat, R, 1>(a, i0, next, next, n1, 0, c + kPanelOutputs, ldc);
   });
 }
 
@@ -817,7 +842,7 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
           if (rest_direct) {
             const auto stored_any = b.dtype == DType::kQ8_0 ? rows512_stored_any<DType::kQ8_0>
                                                             : rows512_stored_any<DType::kQ4_0>;
-            stored_any(rows, a, i, b.w + j * b.ldw, b.ldw, n0, n1, out, ldc);
+            stored_any(rows, a, i, b.w + j * b.ldw, b.ldw, n0, n1, i == tile_rows, out, ldc);
           } else if (n1 > 0) {
             rows512_any<Fm, 2>(rows, a, i, p0, p1, n0, n1, out, ldc);
           } else {
