@@ -839,7 +839,16 @@ void packed_panels(std::int64_t m, std::int64_t n, const Rows& a, const StoredWe
       switch (level) {
         case KernelLevel::kAmx:
         case KernelLevel::kAvx512Bf16:
-          if (rest_direct) {
+          if (rest_direct && b.dtype == DType::kQ8_0 && rows == 1 && i == tile_rows) {
+            // One row of q8_0 from memory by the AVX2 row (sign trick, both halves of each
+            // line in a pass): the same integers and float steps as the VNNI rows, so the same
+            // bits, and on Zen 4 1.2-1.45x the VNNI row's decode (`numesh bench decode`, 109 M
+            // Llama's shape; level for q4_0, which keeps the VNNI row): docs/benchmarks.md,
+            // "Session 59".
+            rows256_stored<DType::kQ8_0>(1, a, i, b.w + j * b.ldw, out, ldc);
+            if (n1 > 0)
+              rows256_stored<DType::kQ8_0>(1, a, i, b.w + (j + n0) * b.ldw, out + 16, ldc);
+          } else if (rest_direct) {
             const auto stored_any = b.dtype == DType::kQ8_0 ? rows512_stored_any<DType::kQ8_0>
                                                             : rows512_stored_any<DType::kQ4_0>;
             stored_any(rows, a, i, b.w + j * b.ldw, b.ldw, n0, n1, i == tile_rows, out, ldc);
