@@ -289,9 +289,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_tile_bf
 
 // Outputs [j0, j1) for one row of bf16 activations and bf16 weights, one output at a time:
 // one stream through memory (the pair steps as dot_tile_bf16_avx512's). Four outputs at a time
-// (four streams, more chains of vdpbf16ps in flight) read bf16 1.12x faster on Zen 5 but 0.6-0.7x
-// as fast on Zen 4, where the 109 M Llama decoded bf16 1.4x faster one output at a time
-// (docs/benchmarks.md, "Session 59").
+// (four streams, more chains of vdpbf16ps in flight) decoded the 109 M Llama's bf16 1.12x faster
+// on a Zen 5 ("Session 58") but read 0.6-0.7x as fast on a Zen 4, where one output at a time
+// decoded it 1.35x faster (docs/benchmarks.md, "Session 59").
 template <bool kDpbf16>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void dot_row_bf16_avx512(
     std::int64_t k, const std::uint16_t* x, const std::uint16_t* b, std::int64_t ldb,
