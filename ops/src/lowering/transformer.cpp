@@ -317,9 +317,20 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
       x.shape.size() == 3 && x.shape[0] == batch_ && x.shape[1] > 0 && x.shape[2] == config_.hidden,
       ShapeError, "transformer: input is {} but the model takes [{}, T, {}] with T >= 1",
       shape_text(x), batch_, config_.hidden);
+  const std::int64_t tokens = x.shape[1];
+  check_fits(tokens, positions);
+  Programs::Entry& e = compiled_for(tokens);
+  positions_.assign(positions.begin(), positions.end());
+  e.program->set_input("x", x);
+  e.program->run();
+  last_ = &e;
+  return e.program->output("y");
+}
+
+void ShardedTransformer::check_fits(std::int64_t tokens,
+                                    std::span<const std::int64_t> positions) const {
   NUMESH_CHECK(static_cast<std::int64_t>(positions.size()) == batch_, ShapeError,
                "transformer: {} positions for {} sequences", positions.size(), batch_);
-  const std::int64_t tokens = x.shape[1];
   for (std::size_t b = 0; b < positions.size(); ++b) {
     const std::int64_t position = positions[b];
     NUMESH_CHECK(position >= 0 && position + tokens <= max_len_, IndexError,
@@ -327,12 +338,6 @@ runtime::HostTensor ShardedTransformer::forward(const runtime::HostTensor& x,
                  "{} positions",
                  tokens, position, b, max_len_);
   }
-  Programs::Entry& e = compiled_for(tokens);
-  positions_.assign(positions.begin(), positions.end());
-  e.program->set_input("x", x);
-  e.program->run();
-  last_ = &e;
-  return e.program->output("y");
 }
 
 MoeStats ShardedTransformer::moe_stats() const {

@@ -82,6 +82,11 @@ class ShardedTransformer {
   /// sequence; IndexError naming the first sequence whose tokens do not fit the caches.
   runtime::HostTensor forward(const runtime::HostTensor& x,
                               std::span<const std::int64_t> positions);
+  /// The check forward(x, positions) makes before it runs: that `tokens` new tokens of every
+  /// sequence b at positions[b] fit the caches (for callers that split a call into several).
+  /// Throws: ShapeError when positions does not hold one entry per sequence; IndexError naming
+  /// the first sequence whose tokens do not fit.
+  void check_fits(std::int64_t tokens, std::span<const std::int64_t> positions) const;
   /// y = model(x) for the N tokens x [1, N, H] of a ragged step laid out by `batch` (each token
   /// at its own sequence's position, its key and value written into its slot, attending through
   /// its sequence's block table). A program per N, compiled on first use: callers pad N to a
