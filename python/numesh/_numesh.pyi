@@ -188,7 +188,8 @@ class CausalLM:
     @staticmethod
     def from_pretrained(path: str, *, dtype: Optional[str] = None, mesh: Optional[DeviceMesh] = None,
                         partition_axis: Optional[PartitionAxis] = None, context: int = 0,
-                        batch: int = 1, mmap: str = "auto", kv_dtype: str = "f32") -> "CausalLM": ...
+                        batch: int = 1, mmap: str = "auto", kv_dtype: str = "f32",
+                        prefill_chunk: int = 512) -> "CausalLM": ...
     def logits(self, ids: Union[Ids, Sequence[Ids], npt.NDArray[np.integer]]) -> npt.NDArray[np.float32]: ...
     def generate(self, prompt: Union[str, Ids], *, max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 40, top_p: float = 1.0, seed: int = 0, stop_ids: Optional[Sequence[int]] = None,

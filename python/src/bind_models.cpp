@@ -113,7 +113,8 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
                                           std::optional<runtime::DeviceMesh> mesh,
                                           std::optional<sharding::PartitionAxis> partition_axis,
                                           std::int64_t context, std::int64_t batch,
-                                          const std::string& mmap, const std::string& kv_dtype) {
+                                          const std::string& mmap, const std::string& kv_dtype,
+                                          std::int64_t prefill_chunk) {
   const models::WeightMapping mapping = models::parse_weight_mapping(mmap);
   const DType kv = models::parse_kv_dtype(kv_dtype);
   py::gil_scoped_release release;
@@ -125,6 +126,7 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
   options.sequences = batch;
   options.mapping = mapping;
   options.kv_dtype = kv;
+  options.prefill_chunk = prefill_chunk;
   if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
   if (!mesh) mesh = default_device_mesh();
   return std::make_unique<CausalLM>(models::Engine::load(std::move(source), *mesh, options));
@@ -282,7 +284,7 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
       .def_static("from_pretrained", &from_pretrained, "path"_a, py::kw_only(),
                   "dtype"_a = py::none(), "mesh"_a = py::none(), "partition_axis"_a = py::none(),
                   "context"_a = 0, "batch"_a = 1, "mmap"_a = "auto", "kv_dtype"_a = "f32",
-                  R"pbdoc(
+                  "prefill_chunk"_a = models::CausalLm::kDefaultPrefillChunk, R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
 "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's matrices each in the
@@ -293,7 +295,9 @@ the caches hold (0: the model's whole context); `batch` is the sequences a call 
 (generate runs one); `mmap` as `--mmap` ("on": matrices stored as the file stores them read its
 pages in place, no copy; "off": copied into each device's memory; "auto": on for a machine of one
 NUMA node); `kv_dtype` how the KV caches store keys and values ("f32", or "bf16" / "f16" in half
-the bytes, as `--kv-dtype`). The GIL is released while it loads.
+the bytes, as `--kv-dtype`); `prefill_chunk` the most tokens of a sequence one run of the
+layers takes (a longer prompt, or logits over more ids, runs in chunks: `--prefill-chunk`).
+The GIL is released while it loads.
 )pbdoc")
       .def("logits", &logits, "ids"_a, R"pbdoc(
 The logits of every position of `ids` (a list or a 1-D integer array of T token ids), as a

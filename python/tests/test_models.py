@@ -105,6 +105,20 @@ def test_sixteen_bit_kv_caches_give_logits_near_the_fp32_caches(checkpoints):
         numesh.CausalLM.from_pretrained(path, kv_dtype="q8_0")
 
 
+def test_a_prompt_longer_than_the_prefill_chunk_gives_the_logits_of_one_run(checkpoints):
+    d, cases = checkpoints
+    path = str(d / "llama_tied_f32")
+    prompt = list(range(1, 12))
+    want = numesh.CausalLM.from_pretrained(path, mesh=MESHES["one device"]()).logits(prompt)
+    # 11 tokens in chunks of at most 4 (4, 4, 3), each writing its keys before the next reads.
+    got = numesh.CausalLM.from_pretrained(path, mesh=MESHES["one device"](),
+                                          prefill_chunk=4).logits(prompt)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    with pytest.raises(ValueError, match=r"engine: prefill_chunk 0 must be positive"):
+        numesh.CausalLM.from_pretrained(path, prefill_chunk=0)
+
+
 def test_bad_input_is_a_python_exception_naming_it(checkpoints):
     d, cases = checkpoints
     lm = numesh.CausalLM.from_pretrained(str(d / "llama_tied_f32"), mesh=MESHES["one device"]())

@@ -15,6 +15,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../runtime/test_devices.hpp"
@@ -426,6 +427,64 @@ TEST(CausalLmTest, CallsThatDoNotFitAreRefusedBeforeAnythingRuns) {
       ThrowsMessage<IndexError>(HasSubstr("8")));
 }
 
+// The largest |a - b| over max |b| (0 for two empty rows).
+double relative(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::abs(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+// A call of more tokens than the prefill chunk runs the stack chunk after chunk (each writing
+// its keys and values before the next reads them): the logits of one run, and caches that
+// give the next step the same logits, on every mesh; a call that does not fit is refused
+// whole, before any chunk runs.
+TEST(CausalLmTest, ACallLongerThanAChunkRunsInChunksAndGivesTheLogitsOfOneRun) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const CausalLmWeights w = CausalLmWeights::load(config, SafetensorsCheckpoint::open(dir.path()));
+  std::vector<std::int32_t> ids(2 * 13);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i * 7 % 32);
+  const std::vector<std::int32_t> next{5, 9};
+  for (const auto& [n, axis] :
+       std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+    CausalLm lm(mesh(n, axis), config, w, 2, 24);
+    EXPECT_EQ(lm.prefill_chunk(), CausalLm::kDefaultPrefillChunk);
+    const std::vector<float> whole = lm.logits(ids, 13, 2).data;
+    const std::vector<float> whole_next = lm.logits(next, 1, 15).data;
+    // 13 tokens in chunks of at most 5: three of 5, 5 and 3 (two more programs of the stack);
+    // in chunks of 1, every token alone.
+    for (const auto& [chunk, programs] :
+         std::vector<std::pair<std::int64_t, std::int64_t>>{{5, 2}, {1, 0}, {13, 0}}) {
+      lm.set_prefill_chunk(chunk);
+      const std::int64_t before = lm.stack().compiled_programs();
+      const std::vector<float> chunked = lm.logits(ids, 13, 2).data;
+      EXPECT_EQ(lm.stack().compiled_programs() - before, programs) << "chunks of " << chunk;
+      ASSERT_EQ(chunked.size(), whole.size());
+      EXPECT_LT(relative(chunked, whole), 1e-5) << "chunks of " << chunk << " on " << n << axis;
+      EXPECT_LT(relative(lm.logits(next, 1, 15).data, whole_next), 1e-5)
+          << "the caches the chunks wrote, chunks of " << chunk << " on " << n << axis;
+    }
+    lm.set_prefill_chunk(5);
+    const std::vector<std::int64_t> chunked_picks = lm.greedy(ids, 13, 2);
+    lm.set_prefill_chunk(512);
+    EXPECT_EQ(chunked_picks, lm.greedy(ids, 13, 2));
+  }
+  CausalLm lm(mesh(1, "tp"), config, w, 1, 24);
+  EXPECT_THAT([&] { lm.set_prefill_chunk(0); },
+              ThrowsMessage<ValueError>("model: chunks of 0 tokens; a chunk takes at least one"));
+  lm.set_prefill_chunk(4);
+  const std::int64_t before = lm.stack().compiled_programs();
+  EXPECT_THAT(
+      [&] { lm.logits(std::vector<std::int32_t>(20, 1), 20, 5); },
+      ThrowsMessage<IndexError>("transformer: 20 tokens at position 5 (sequence 0) do not fit the "
+                                "KV cache of 24 positions"));
+  EXPECT_EQ(lm.stack().compiled_programs(), before) << "no chunk ran";
+}
+
 // A logits call (its embedding, stack and head graphs) cancelled part-way through its first
 // graph, or before it, stops with CancelledError; the next call gives the uncancelled bits.
 TEST(CausalLmTest, ACancelledCallStopsAndLeavesTheModelWhole) {
@@ -460,16 +519,6 @@ TEST(CausalLmTest, ACancelledCallStopsAndLeavesTheModelWhole) {
   }
 }
 
-// The largest |a - b| over max |b| (0 for two empty rows).
-double relative(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, m = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
-    m = std::max(m, static_cast<double>(std::abs(b[i])));
-  }
-  return m > 0 ? d / m : d;
-}
-
 TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
   ScratchDir dir;
   write_model(dir, tiny_llama(), llama_shapes());
@@ -493,9 +542,11 @@ TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
     }
     EXPECT_FALSE(stop_elsewhere)
         << "the seed gives a stop id only sequence 1 makes (else pick another seed)";
-    for (const auto& [n, axis] :
-         std::vector<std::pair<std::int64_t, std::string>>{{1, "tp"}, {2, "tp"}, {2, "dp"}}) {
+    // Prefilled whole, and in chunks of 2 (the prompts padded to 5: chunks of 2, 2 and 1).
+    for (const auto& [n, axis, chunk] : std::vector<std::tuple<std::int64_t, std::string, int>>{
+             {1, "tp", 512}, {2, "tp", 512}, {2, "dp", 512}, {1, "tp", 2}, {2, "dp", 2}}) {
       CausalLm lm(mesh(n, axis), config, w, 4, 16);
+      lm.set_prefill_chunk(chunk);
       std::vector<std::int64_t> steps;
       const GenerationResult all = generate(
           lm, prompts, options, rng, [&](std::int64_t step, std::span<const std::int64_t> tokens) {
@@ -507,7 +558,8 @@ TEST(GenerationTest, PromptsOfDifferentLengthsGiveWhatEachGivesAlone) {
       EXPECT_EQ(all.decode_steps, 5);
       EXPECT_EQ(all.decoded_tokens, 4 * 5);
       for (std::size_t b = 0; b < prompts.size(); ++b) {
-        EXPECT_EQ(all.ids[b], alone[b].ids[0]) << "sequence " << b << " on " << n << " " << axis;
+        EXPECT_EQ(all.ids[b], alone[b].ids[0])
+            << "sequence " << b << " on " << n << " " << axis << ", chunks of " << chunk;
         EXPECT_EQ(all.stopped[b], StopReason::kMaxNewTokens);
         if (keep_logits) {
           ASSERT_EQ(all.logits[b].size(), (prompts[b].size() + 5) * 32) << "[P + N - 1, V]";

@@ -397,6 +397,12 @@ TEST(EngineTest, BadCallsAreRefusedByName) {
       ThrowsMessage<ValueError>("engine: sequences 0 must be positive"));
   EXPECT_THAT(
       [&] {
+        (void)Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.prefill_chunk = 0});
+      },
+      ThrowsMessage<ValueError>(
+          "engine: prefill_chunk 0 must be positive (the most tokens a run takes)"));
+  EXPECT_THAT(
+      [&] {
         (void)Engine::load(ModelSource::open(dir.path()), mesh_of(1, {"tp"}), {.context = 5000});
       },
       ThrowsMessage<ValueError>(HasSubstr("engine: context 5000 must be 0")));

@@ -82,6 +82,8 @@ CheckedOptions check_options(const GenerateOptions& o) {
                "write a random one");
   NUMESH_CHECK(o.max_new_tokens >= 1 && o.max_new_tokens <= (std::int64_t{1} << 30), ValueError,
                "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
+  NUMESH_CHECK(o.prefill_chunk >= 1, ValueError, "--prefill-chunk {} must be at least 1",
+               o.prefill_chunk);
   c.sampling = o.temperature != 0.0;
   NUMESH_CHECK(
       !(c.sampling && o.greedy), ValueError,
@@ -265,7 +267,8 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
                                static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6));
              },
          .mapping = c.mapping,
-         .kv_dtype = c.kv_dtype}));
+         .kv_dtype = c.kv_dtype,
+         .prefill_chunk = o.prefill_chunk}));
   }
   // Timed: where shards are read in place, the scan is the first reader of the file's pages,
   // and maps them (the page-table work a copy does within the load).
@@ -623,6 +626,10 @@ all have stopped.)");
                   "Q4_K and Q6_K), f32 otherwise");
   add_mmap_option(*cmd, o.mmap);
   add_kv_dtype_option(*cmd, o.kv_dtype);
+  cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                  "Prefill a longer prompt in chunks of at most N tokens (llama.cpp's micro-batch "
+                  "default): a run's intermediates and attention scores grow with its tokens")
+      ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "
                   "each decode step "

@@ -44,12 +44,13 @@ struct GenerateOptions {
   /// --dtype: how the devices store the matrices; empty: a GGUF file's matrices each in the
   /// format the file stores it in, f32 for a safetensors folder.
   std::string dtype;
-  std::string mmap = "auto";      ///< --mmap auto|on|off (models::WeightMapping)
-  std::string kv_dtype = "f32";   ///< --kv-dtype f32|bf16|f16: how the KV caches store
-  std::string logits_out;         ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
-  std::string json;               ///< --json FILE
-  bool baselines = false;         ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
-  bool quiet = false;             ///< --quiet: no progress on stderr
+  std::string mmap = "auto";         ///< --mmap auto|on|off (models::WeightMapping)
+  std::string kv_dtype = "f32";      ///< --kv-dtype f32|bf16|f16: how the KV caches store
+  std::int64_t prefill_chunk = 512;  ///< --prefill-chunk N (CausalLm::kDefaultPrefillChunk)
+  std::string logits_out;            ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
+  std::string json;                  ///< --json FILE
+  bool baselines = false;            ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
+  bool quiet = false;                ///< --quiet: no progress on stderr
   bool refuse_nonfinite = false;  ///< --refuse-nonfinite: a weight holding NaN or inf is an error
 };
 

@@ -17,6 +17,9 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
   const HfConfig& config = engine.config();
   NUMESH_CHECK(options.sequences >= 1, ValueError, "engine: sequences {} must be positive",
                options.sequences);
+  NUMESH_CHECK(options.prefill_chunk >= 1, ValueError,
+               "engine: prefill_chunk {} must be positive (the most tokens a run takes)",
+               options.prefill_chunk);
   const bool context_fits = options.context >= 0 && options.context <= config.max_context();
   NUMESH_CHECK(context_fits, ValueError,
                "engine: context {} must be 0 (the model's whole context) or at most its {} "
@@ -42,6 +45,7 @@ Engine Engine::load(ModelSource source, runtime::DeviceMesh mesh, const EngineOp
     engine.model_ = std::make_unique<CausalLm>(
         CausalLm::load(engine.mesh_, config, *checkpoint, options.sequences, context, formats,
                        engine.axes_, options.progress, options.mapping, options.kv_dtype));
+    engine.model_->set_prefill_chunk(options.prefill_chunk);
   } else {
     const ServingOptions& serving = *options.serving;
     NUMESH_CHECK(serving.kv_tokens >= 1 && serving.block_size >= 1 && serving.candidates >= 1,

@@ -204,7 +204,37 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
     embedding = std::make_unique<ops::ShardedEmbedding>(mesh_, embedding_layer_, rows);
   runtime::HostTensor x = embedding->forward(ids);
   x.shape = {batch_, tokens, config_.hidden_size};
-  return stack_.forward(x, at.first);
+  if (tokens <= prefill_chunk_ || stack_.paged()) return stack_.forward(x, at.first);
+  // Refused whole, before any chunk writes the caches.
+  stack_.check_fits(tokens, at.first);
+  // Equal chunks, the last one shorter: at most two programs of the stack for any call.
+  const std::int64_t chunks = (tokens + prefill_chunk_ - 1) / prefill_chunk_;
+  const std::int64_t size = (tokens + chunks - 1) / chunks;
+  const std::int64_t hd = config_.hidden_size;
+  runtime::HostTensor y = runtime::HostTensor::zeros(x.shape);
+  runtime::HostTensor part;
+  std::vector<std::int64_t> first(at.first.size());
+  for (std::int64_t begin = 0; begin < tokens; begin += size) {
+    const std::int64_t n = std::min(size, tokens - begin);
+    part.shape = {batch_, n, hd};
+    part.data.resize(static_cast<std::size_t>(batch_ * n * hd));
+    for (std::int64_t b = 0; b < batch_; ++b) {
+      std::copy_n(x.data.begin() + (b * tokens + begin) * hd, n * hd,
+                  part.data.begin() + b * n * hd);
+      first[static_cast<std::size_t>(b)] = at.first[static_cast<std::size_t>(b)] + begin;
+    }
+    const runtime::HostTensor h = stack_.forward(part, first);
+    for (std::int64_t b = 0; b < batch_; ++b) {
+      std::copy_n(h.data.begin() + b * n * hd, n * hd, y.data.begin() + (b * tokens + begin) * hd);
+    }
+  }
+  return y;
+}
+
+void CausalLm::set_prefill_chunk(std::int64_t tokens) {
+  NUMESH_CHECK(tokens >= 1, ValueError, "model: chunks of {} tokens; a chunk takes at least one",
+               tokens);
+  prefill_chunk_ = tokens;
 }
 
 ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {

@@ -67,6 +67,10 @@ struct EngineOptions {
   /// How the KV caches store keys and values: f32, or bf16 / f16 in half the bytes (each
   /// rounded to nearest even as it is written; ops::KvCache::create).
   DType kv_dtype = DType::kF32;
+  /// Dense caches: the most tokens a sequence passes through the stack in one run
+  /// (CausalLm::set_prefill_chunk; a longer prompt is prefilled in chunks). Served steps are
+  /// cut by ServingOptions::batch_tokens instead.
+  std::int64_t prefill_chunk = CausalLm::kDefaultPrefillChunk;
   /// Set: the model keeps paged caches and serves requests (submit, step, cancel; sequences
   /// and context as above bound the running sequences' positions); unset: dense caches for
   /// `sequences` sequences of `context` positions (model(), generate()).

@@ -166,6 +166,21 @@ class CausalLm {
                                     const ops::RaggedBatch& batch,
                                     std::span<const std::int64_t> rows);
 
+  /// The default of set_prefill_chunk: llama.cpp's default micro-batch (its n_ubatch).
+  static constexpr std::int64_t kDefaultPrefillChunk = 512;
+  /// The most tokens a sequence passes through the stack in one program run. A dense call of
+  /// more tokens (a long prompt's prefill, perplexity over a long context) runs the stack in
+  /// consecutive chunks of at most `tokens` (cut into equal parts, the last one shorter), each
+  /// writing its keys and values before the next chunk's queries read them, then the LM head
+  /// once. A program's intermediates and attention scores grow with its token count (a 2000-token
+  /// prompt of a 109 M Llama held 470 MB of them in one run); chunks bound them by `tokens`,
+  /// and their products still take hundreds of rows at a time. The results are the unchunked
+  /// call's up to rounding: attention and the float formats' products may sum in another order.
+  /// Ragged (serving) steps are cut by their scheduler instead. Throws: ValueError for tokens < 1.
+  void set_prefill_chunk(std::int64_t tokens);
+  /// The most tokens a sequence passes through the stack in one run (set_prefill_chunk).
+  std::int64_t prefill_chunk() const noexcept { return prefill_chunk_; }
+
   /// Programs compiled so far: the embedding's, the stack's and the head's, one per size used
   /// (a serving engine compiles every size its steps take before the first request).
   [[nodiscard]] std::int64_t compiled_programs() const noexcept;
@@ -191,7 +206,8 @@ class CausalLm {
   std::int64_t mapped_bytes() const noexcept { return mapped_bytes_; }
 
  private:
-  // The final hidden states [batch, T, H] of the new tokens.
+  // The final hidden states [batch, T, H] of the new tokens, the stack run in chunks of at
+  // most prefill_chunk_.
   runtime::HostTensor hidden(std::span<const std::int32_t> ids, std::int64_t tokens,
                              const TokenPositions& at);
   // The last real new token's hidden state of every sequence [batch, H], and the head for them.
@@ -212,6 +228,7 @@ class CausalLm {
   HfConfig config_;
   std::int64_t batch_, max_len_;
   std::int64_t mapped_bytes_ = 0;
+  std::int64_t prefill_chunk_ = kDefaultPrefillChunk;
   ops::EmbeddingLayer embedding_layer_;
   ops::LmHeadLayer head_layer_;
   ops::ShardedTransformer stack_;

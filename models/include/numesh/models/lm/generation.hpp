@@ -52,7 +52,8 @@ struct GenerationResult {
 
 /// Generates from `prompts` (one per sequence of `lm`, each at least one token) as `options`
 /// say: one prefill of all the prompts (the shorter padded at their end with their own last
-/// token; see ShardedTransformer::forward for why the padding changes nothing), then decode
+/// token; see ShardedTransformer::forward for why the padding changes nothing; the stack run in
+/// chunks of at most lm.prefill_chunk() tokens), then decode
 /// steps of one token per sequence at each sequence's own position until every sequence has
 /// stopped. A stopped sequence rides along (its row is computed and ignored, its position
 /// held) so the others keep one compiled program. `on_tokens(step, tokens)`, when given, sees
