@@ -5,6 +5,7 @@
 // node-llama-cpp installs (and the llama.cpp source bundled with it, for the headers).
 //   llama_bench BACKEND_DIR FILE.gguf IDS_FILE NEW_TOKENS THREADS
 // Prints one JSON line: load seconds, prefill and decode tokens/s, the greedy ids.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -49,17 +50,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double load_seconds = since(load);
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 1024;
-  cp.n_batch = cp.n_ubatch = 512;
-  cp.n_threads = cp.n_threads_batch = std::stoi(argv[5]);
-  llama_context* ctx = llama_init_from_model(model, cp);
-  const int vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   std::ifstream in(argv[3]);
   std::stringstream text(std::string(std::istreambuf_iterator<char>(in), {}));
   std::vector<llama_token> ids;
   for (std::string id; std::getline(text, id, ',');) ids.push_back(std::stoi(id));
   const int n = std::stoi(argv[4]);
+  const int prompt = static_cast<int>(ids.size());
+  llama_context_params cp = llama_context_default_params();
+  // A context of 1024 at least; the prompt in one llama_decode (n_batch), which llama.cpp runs
+  // in micro-batches of 512 (its default n_ubatch, numesh's default --prefill-chunk).
+  cp.n_ctx = std::max(1024, prompt + n);
+  cp.n_batch = std::max(512, prompt);
+  cp.n_ubatch = 512;
+  cp.n_threads = cp.n_threads_batch = std::stoi(argv[5]);
+  llama_context* ctx = llama_init_from_model(model, cp);
+  const int vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   std::vector<llama_token> out;
   const auto prefill = std::chrono::steady_clock::now();
   if (llama_decode(ctx, llama_batch_get_one(ids.data(), static_cast<int>(ids.size()))) != 0)

@@ -8,10 +8,11 @@
 # folder with a tokenizer (tokenizer.json or tokenizer.model: llama.cpp loads no GGUF without
 # one). For each of TYPES (default q8_0,q4_0,bf16,f32) the model is written by
 # `numesh convert`, then, ROUNDS times (3 by default), numesh generate and llama_bench.cpp each
-# prefill the same 256 ids and decode 128 greedy tokens on 2 threads. NUMESH (default
-# build/release/tools/numesh) is the program measured; scratch files go to LLAMA_BENCH_WORK
-# (default /tmp/numesh-llama-cpp-baseline). LLAMA_CPU_LIBS (default the package's own folder)
-# names a folder of the same libraries with one CPU variant alone: ggml loads the best variant
+# prefill the same PROMPT_TOKENS ids (default 256; both run a longer prompt in chunks of 512,
+# llama.cpp's n_ubatch and numesh's --prefill-chunk) and decode 128 greedy tokens on 2 threads.
+# NUMESH (default build/release/tools/numesh) is the program measured; scratch files go to
+# LLAMA_BENCH_WORK (default /tmp/numesh-llama-cpp-baseline). LLAMA_CPU_LIBS (default the
+# package's own folder) names a folder of the same libraries with one CPU variant alone: ggml loads the best variant
 # the CPU runs, so a folder holding only libggml-cpu-haswell.so beside the others measures
 # llama.cpp's AVX2 build on an AVX-512 machine (run numesh with NUMESH_KERNELS=avx2 beside it).
 set -euo pipefail
@@ -19,6 +20,7 @@ modules=${1:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
 model=${2:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
 rounds=${3:-3}
 types=${4:-q8_0,q4_0,bf16,f32}
+prompt=${PROMPT_TOKENS:-256}
 here=$(cd "$(dirname "$0")" && pwd)
 numesh=${NUMESH:-$here/../../build/release/tools/numesh}
 work=${LLAMA_BENCH_WORK:-/tmp/numesh-llama-cpp-baseline}
@@ -29,8 +31,8 @@ g++ -O2 -std=c++17 -I"$work/llama.cpp/include" -I"$work/llama.cpp/ggml/include" 
     "$here/llama_bench.cpp" -o "$work/llama_bench" "$libs"/libllama.v*.so "$libs"/libggml.v*.so \
     "$libs/libggml-base.so" -Wl,-rpath,"$libs"
 vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")
-python3 -c "import random,sys; random.seed(7); print(','.join(str(random.randrange(3, int(sys.argv[1]))) for _ in range(256)))" \
-    "$vocab" > "$work/ids.txt"
+python3 -c "import random,sys; random.seed(7); print(','.join(str(random.randrange(3, int(sys.argv[1]))) for _ in range(int(sys.argv[2]))))" \
+    "$vocab" "$prompt" > "$work/ids.txt"
 for t in ${types//,/ }; do "$numesh" convert --model "$model" --out "$work/model-$t.gguf" --type "$t" --quiet; done
 for r in $(seq "$rounds"); do
   for t in ${types//,/ }; do
