@@ -628,7 +628,7 @@ all have stopped.)");
   add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--prefill-chunk", o.prefill_chunk,
                   "Prefill a longer prompt in chunks of at most N tokens (llama.cpp's micro-batch "
-                  "default): a run's intermediates and attention scores grow with its tokens")
+                  "default): a run's intermediates grow with its tokens")
       ->capture_default_str();
   cmd->add_option("--logits-out", o.logits_out,
                   "Write the logits as float32 .npy [P + N - 1, V]: every prompt position, then "

@@ -172,9 +172,9 @@ class CausalLm {
   /// more tokens (a long prompt's prefill, perplexity over a long context) runs the stack in
   /// consecutive chunks of at most `tokens` (cut into equal parts, the last one shorter), each
   /// writing its keys and values before the next chunk's queries read them, then the LM head
-  /// once. A program's intermediates and attention scores grow with its token count (a 2000-token
-  /// prompt of a 109 M Llama held 470 MB of them in one run); chunks bound them by `tokens`,
-  /// and their products still take hundreds of rows at a time. The results are the unchunked
+  /// once. A program's intermediates grow with its token count (a 2000-token prompt of a 109 M
+  /// Llama held 470 MB of them in one run); chunks bound them by `tokens`, and their products
+  /// still take hundreds of rows at a time. The results are the unchunked
   /// call's up to rounding: attention and the float formats' products may sum in another order.
   /// Ragged (serving) steps are cut by their scheduler instead. Throws: ValueError for tokens < 1.
   void set_prefill_chunk(std::int64_t tokens);
