@@ -217,21 +217,24 @@ StagedProgram staged_program(const runtime::DeviceMesh& mesh, int layers, bool s
   return out;
 }
 
-TEST(ProgramStageTest, StagesThreeApartShareActivationsAndScratch) {
+TEST(ProgramStageTest, ActivationsThreeStagesApartAndScratchTwoApartShareMemory) {
   const auto mesh = runtime::DeviceMesh::create(devices(2), {2}, {"dp"});
   StagedProgram st = staged_program(mesh, 7, true);
   for (int l = 0; l < 7; ++l) {
     SCOPED_TRACE(l);
     const auto i = static_cast<std::size_t>(l);
-    const std::size_t owner = i % 3;  // the stage whose memory stage l holds
+    const std::size_t owner = i % 3;  // the stage whose activations stage l holds
     EXPECT_EQ(st.a[i], st.a[owner]);
     EXPECT_EQ(st.b[i], st.b[owner]);
-    EXPECT_EQ(st.scratch[i], st.scratch[owner]);
+    EXPECT_EQ(st.scratch[i], st.scratch[i % 2]) << "scratch from two stages back";
     for (std::size_t k = 0; k < i; ++k) {
       EXPECT_NE(st.weight[i], st.weight[k]) << "weights are not activations";
       EXPECT_NE(st.unprefixed[i], st.unprefixed[k]) << "not named with the stage's prefix";
       if (k % 3 != owner) {
         EXPECT_NE(st.a[i], st.a[k]);
+      }
+      if (k % 2 != i % 2) {
+        EXPECT_NE(st.scratch[i], st.scratch[k]) << "the stage before may still read its own";
       }
     }
   }
@@ -252,11 +255,11 @@ TEST(ProgramStageTest, StagesThreeApartShareActivationsAndScratch) {
   EXPECT_EQ(find("layer4.w").memory_of, "");
   EXPECT_THAT(plan.text(), HasSubstr("in layer1.a's memory"));
   EXPECT_EQ(plan.to_json()["tensors"][1 + 3 * 4]["memory_of"], "layer0.a");  // x, 3 stages of 4
-  // The memory of four stages' a, b and scratch is saved on each slot.
+  // The memory of four stages' a and b, and of five stages' scratch, is saved on each slot.
   const StagedProgram plain = staged_program(mesh, 7, false);
-  const std::int64_t per_stage = (24 + 32 + 24) * 4;
+  const std::int64_t saved = 4 * (24 + 32) * 4 + 5 * 24 * 4;
   for (std::size_t s = 0; s < 2; ++s)
-    EXPECT_EQ(plan.memory_bytes[s], plain.program->plan().memory_bytes[s] - 4 * per_stage) << s;
+    EXPECT_EQ(plan.memory_bytes[s], plain.program->plan().memory_bytes[s] - saved) << s;
 }
 
 TEST(ProgramStageTest, AStageWaitsForTheFenceTwoStagesBack) {

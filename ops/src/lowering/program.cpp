@@ -272,14 +272,18 @@ runtime::Tensor& ProgramBuilder::scratch(std::int64_t slot, std::vector<std::int
 void ProgramBuilder::begin_stage(std::string prefix) {
   end_stage();
   const std::size_t j = stages_.size();  // the new stage
-  // Stage j - 3's memory is read by its nodes and stage j - 2's, all behind the fence that
-  // stage j's nodes will wait for: stage j may take it.
+  // Stage j - 2's scratch is read by its own nodes alone, and stage j - 3's activations by its
+  // nodes and stage j - 2's, all behind the fence that stage j's nodes will wait for: stage j
+  // may take them.
+  if (j >= 2) {
+    Stage& old = stages_[j - 2];
+    free_scratch_.insert(free_scratch_.end(), old.scratch.begin(), old.scratch.end());
+    old.scratch.clear();
+  }
   if (j >= 3) {
     Stage& old = stages_[j - 3];
     std::move(old.tensors.begin(), old.tensors.end(), std::back_inserter(free_tensors_));
-    free_scratch_.insert(free_scratch_.end(), old.scratch.begin(), old.scratch.end());
     old.tensors.clear();
-    old.scratch.clear();
   }
   if (j >= 2) {
     Stage& back = stages_[j - 2];

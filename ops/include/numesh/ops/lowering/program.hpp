@@ -131,15 +131,16 @@ class ProgramBuilder {
   /// Starts a stage called `prefix` (a model's layer), ending the one before. The nodes added
   /// until the next begin_stage() or compile() are the stage's, and so are the kActivation
   /// tensors named `prefix` + suffix and the scratch it asks for meanwhile.
-  /// REQUIRES: a stage's activations and scratch are read by its own nodes and the next
-  /// stage's only, and written whole by their stage before being read (as a layer's are: the
-  /// next layer reads its output, nothing reads older ones, and no run reads what the run
-  /// before it left). Then the builder gives a stage, instead of new memory, that of a stage
-  /// three or more back: its activation of the same suffix, shape, spec and dtype, and its
-  /// scratch of the same slot and shape (in the order asked). Every node of a stage waits for
-  /// every node two stages back and before (one fence node a stage), so no node writes memory
-  /// a node of an older stage may still read. Many like layers thus hold three layers'
-  /// activations and scratch instead of all of them (reshard temporaries keep their own).
+  /// REQUIRES: a stage's activations are read by its own nodes and the next stage's only, its
+  /// scratch by its own nodes only, and both are written whole by their stage before being
+  /// read (as a layer's are: the next layer reads its output, nothing reads older ones, a
+  /// layer's temporaries are its own, and no run reads what the run before it left). Then the
+  /// builder gives a stage, instead of new memory, an activation of a stage three or more back
+  /// of the same suffix, shape, spec and dtype, and scratch of a stage two or more back of the
+  /// same slot and shape (in the order asked). Every node of a stage waits for every node two
+  /// stages back and before (one fence node a stage), so no node writes memory a node of an
+  /// older stage may still read. Many like layers thus hold three layers' activations and two
+  /// layers' scratch instead of all of them (reshard temporaries keep their own).
   /// Not for programs whose activations outlive their stage (training's saved activations).
   void begin_stage(std::string prefix);
   /// An input the caller provides per run (Program::set_input): a new program tensor laid out
