@@ -474,6 +474,12 @@ TEST(CausalLmTest, ACallLongerThanAChunkRunsInChunksAndGivesTheLogitsOfOneRun) {
     EXPECT_EQ(chunked_picks, lm.greedy(ids, 13, 2));
   }
   CausalLm lm(mesh(1, "tp"), config, w, 1, 24);
+  EXPECT_EQ(lm.run_tokens(2000), 500) << "four equal chunks of the default 512";
+  EXPECT_EQ(lm.run_tokens(513), 257);
+  EXPECT_EQ(lm.run_tokens(512), 512);
+  lm.set_prefill_chunk(5);
+  EXPECT_EQ(lm.run_tokens(13), 5);
+  EXPECT_EQ(lm.run_tokens(4), 4);
   EXPECT_THAT([&] { lm.set_prefill_chunk(0); },
               ThrowsMessage<ValueError>("model: chunks of 0 tokens; a chunk takes at least one"));
   lm.set_prefill_chunk(4);

@@ -424,14 +424,15 @@ BaselineReport measure_baselines(const GenerateOptions& o, const Prompts& p, con
   const std::int64_t widest = std::max({t.ffn, t.moe_ffn, config.hidden_size});
   const int threads = static_cast<int>(mesh.device_set()->total_threads());
   progress(o.quiet, "baselines: OpenBLAS sgemm and the memory read bandwidth ...");
-  const double sgemm =
-      openblas_sgemm_gflops(batch * p.longest, config.hidden_size, widest, threads, 5);
+  // The rows one run of the prefill takes (a long prompt runs in chunks).
+  const std::int64_t rows = batch * e.model().run_tokens(p.longest);
+  const double sgemm = openblas_sgemm_gflops(rows, config.hidden_size, widest, threads, 5);
   const double prefill_gflops = prefill_flops / result.prefill_seconds / 1e9;
   r.prefill_note = fmt::format(
       "         {:.1f} GFLOP/s; OpenBLAS sgemm [{}, {}] x [{}, {}] on {} threads: {:.1f} GFLOP/s "
       "(the prefill at {:.2f} of it)\n",
-      prefill_gflops, batch * p.longest, config.hidden_size, config.hidden_size, widest, threads,
-      sgemm, prefill_gflops / sgemm);
+      prefill_gflops, rows, config.hidden_size, config.hidden_size, widest, threads, sgemm,
+      prefill_gflops / sgemm);
   r.json = {{"plain_read_seconds", m.read_seconds},
             {"plain_read_gbps", bytes / m.read_seconds / 1e9},
             {"load_fraction_of_plain_read", m.read_seconds / e.load_seconds()},
@@ -439,7 +440,7 @@ BaselineReport measure_baselines(const GenerateOptions& o, const Prompts& p, con
             {"load_fraction_of_read_into_new_memory", m.new_memory_seconds / e.load_seconds()},
             {"prefill_gflops", prefill_gflops},
             {"sgemm_gflops", sgemm},
-            {"sgemm_shape", {batch * p.longest, config.hidden_size, widest}},
+            {"sgemm_shape", {rows, config.hidden_size, widest}},
             {"prefill_fraction_of_sgemm", prefill_gflops / sgemm}};
   if (result.decode_steps > 0) {
     const double read = read_bandwidth_gbps(mesh, std::int64_t{256} << 20, 5);

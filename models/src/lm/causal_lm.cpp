@@ -207,9 +207,7 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
   if (tokens <= prefill_chunk_ || stack_.paged()) return stack_.forward(x, at.first);
   // Refused whole, before any chunk writes the caches.
   stack_.check_fits(tokens, at.first);
-  // Equal chunks, the last one shorter: at most two programs of the stack for any call.
-  const std::int64_t chunks = (tokens + prefill_chunk_ - 1) / prefill_chunk_;
-  const std::int64_t size = (tokens + chunks - 1) / chunks;
+  const std::int64_t size = run_tokens(tokens);
   const std::int64_t hd = config_.hidden_size;
   runtime::HostTensor y = runtime::HostTensor::zeros(x.shape);
   runtime::HostTensor part;
@@ -229,6 +227,13 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
     }
   }
   return y;
+}
+
+std::int64_t CausalLm::run_tokens(std::int64_t tokens) const noexcept {
+  if (tokens <= prefill_chunk_) return tokens;
+  // Equal chunks, the last one shorter: at most two programs of the stack for any call.
+  const std::int64_t chunks = (tokens + prefill_chunk_ - 1) / prefill_chunk_;
+  return (tokens + chunks - 1) / chunks;
 }
 
 void CausalLm::set_prefill_chunk(std::int64_t tokens) {

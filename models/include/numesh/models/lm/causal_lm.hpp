@@ -180,6 +180,9 @@ class CausalLm {
   void set_prefill_chunk(std::int64_t tokens);
   /// The most tokens a sequence passes through the stack in one run (set_prefill_chunk).
   std::int64_t prefill_chunk() const noexcept { return prefill_chunk_; }
+  /// The tokens of each run but the last in a dense call of `tokens` (>= 1): `tokens` itself
+  /// when it fits one run, else the size of its equal chunks.
+  std::int64_t run_tokens(std::int64_t tokens) const noexcept;
 
   /// Programs compiled so far: the embedding's, the stack's and the head's, one per size used
   /// (a serving engine compiles every size its steps take before the first request).
