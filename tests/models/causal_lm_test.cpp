@@ -455,14 +455,17 @@ TEST(CausalLmTest, ACallLongerThanAChunkRunsInChunksAndGivesTheLogitsOfOneRun) {
     EXPECT_EQ(lm.prefill_chunk(), CausalLm::kDefaultPrefillChunk);
     const std::vector<float> whole = lm.logits(ids, 13, 2).data;
     const std::vector<float> whole_next = lm.logits(next, 1, 15).data;
-    // 13 tokens in chunks of at most 5: three of 5, 5 and 3 (two more programs of the stack);
-    // in chunks of 1, every token alone.
-    for (const auto& [chunk, programs] :
-         std::vector<std::pair<std::int64_t, std::int64_t>>{{5, 2}, {1, 0}, {13, 0}}) {
+    // 13 tokens in chunks of at most 5: three of 5, 5 and 3 (two more programs of the stack),
+    // and the head over the 26 rows in runs of 10, 10 and 6 (two more heads, each with its
+    // greedy and logits programs); in chunks of 1, every token alone (the decode step's).
+    for (const auto& [chunk, stack_programs, programs] :
+         std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {5, 2, 2 + 2 * 2}, {1, 0, 0}, {13, 0, 0}}) {
       lm.set_prefill_chunk(chunk);
-      const std::int64_t before = lm.stack().compiled_programs();
+      const std::int64_t stack = lm.stack().compiled_programs(), all = lm.compiled_programs();
       const std::vector<float> chunked = lm.logits(ids, 13, 2).data;
-      EXPECT_EQ(lm.stack().compiled_programs() - before, programs) << "chunks of " << chunk;
+      EXPECT_EQ(lm.stack().compiled_programs() - stack, stack_programs) << "chunks of " << chunk;
+      EXPECT_EQ(lm.compiled_programs() - all, programs) << "chunks of " << chunk;
       ASSERT_EQ(chunked.size(), whole.size());
       EXPECT_LT(relative(chunked, whole), 1e-5) << "chunks of " << chunk << " on " << n << axis;
       EXPECT_LT(relative(lm.logits(next, 1, 15).data, whole_next), 1e-5)

@@ -256,9 +256,23 @@ ops::ShardedLmHead& CausalLm::head_for(std::int64_t rows) {
 runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int64_t tokens,
                                      const TokenPositions& at) {
   runtime::HostTensor h = hidden(ids, tokens, at);
-  const std::int64_t rows = batch_ * tokens;
-  h.shape = {rows, config_.hidden_size};
-  return head_for(rows).logits(h);
+  const std::int64_t rows = batch_ * tokens, hd = config_.hidden_size;
+  h.shape = {rows, hd};
+  // The head in runs of the stack's rows too: its logits [rows, V] on the devices are the
+  // largest thing a long call makes (a 2048-token window of a 128k vocabulary: 1 GB).
+  const std::int64_t per_run = batch_ * run_tokens(tokens);
+  if (rows <= per_run) return head_for(rows).logits(h);
+  const std::int64_t v = config_.vocab_size;
+  runtime::HostTensor out = runtime::HostTensor::zeros({rows, v});
+  runtime::HostTensor part;
+  for (std::int64_t begin = 0; begin < rows; begin += per_run) {
+    const std::int64_t n = std::min(per_run, rows - begin);
+    part.shape = {n, hd};
+    part.data.assign(h.data.begin() + begin * hd, h.data.begin() + (begin + n) * hd);
+    const runtime::HostTensor l = head_for(n).logits(part);
+    std::copy(l.data.begin(), l.data.end(), out.data.begin() + begin * v);
+  }
+  return out;
 }
 
 runtime::HostTensor CausalLm::last_hidden(std::span<const std::int32_t> ids, std::int64_t tokens,

@@ -171,12 +171,13 @@ class CausalLm {
   /// The most tokens a sequence passes through the stack in one program run. A dense call of
   /// more tokens (a long prompt's prefill, perplexity over a long context) runs the stack in
   /// consecutive chunks of at most `tokens` (cut into equal parts, the last one shorter), each
-  /// writing its keys and values before the next chunk's queries read them, then the LM head
-  /// once. A program's intermediates grow with its token count (a 2000-token prompt of a 109 M
-  /// Llama held 470 MB of them in one run); chunks bound them by `tokens`, and their products
-  /// still take hundreds of rows at a time. The results are the unchunked
-  /// call's up to rounding: attention and the float formats' products may sum in another order.
-  /// Ragged (serving) steps are cut by their scheduler instead. Throws: ValueError for tokens < 1.
+  /// writing its keys and values before the next chunk's queries read them; logits() then runs
+  /// the LM head over the rows in runs of as many (greedy and sample run it on one row a
+  /// sequence). A program's intermediates grow with its token count (a 2000-token prompt of a
+  /// 109 M Llama held 470 MB of them in one run); chunks bound them by `tokens`, and their
+  /// products still take hundreds of rows at a time. The results are the unchunked call's up to
+  /// rounding: attention and the float formats' products may sum in another order. Ragged
+  /// (serving) steps are cut by their scheduler instead. Throws: ValueError for tokens < 1.
   void set_prefill_chunk(std::int64_t tokens);
   /// The most tokens a sequence passes through the stack in one run (set_prefill_chunk).
   std::int64_t prefill_chunk() const noexcept { return prefill_chunk_; }
