@@ -11,6 +11,7 @@
 #include "../shard_reader.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/ops/eigen_views.hpp"
 
 namespace numesh::models {
 
@@ -210,18 +211,11 @@ runtime::HostTensor CausalLm::hidden(std::span<const std::int32_t> ids, std::int
   const std::int64_t size = run_tokens(tokens);
   const std::int64_t hd = config_.hidden_size;
   runtime::HostTensor y = runtime::HostTensor::zeros(x.shape);
-  runtime::HostTensor part;
   std::vector<std::int64_t> first(at.first.size());
   for (std::int64_t begin = 0; begin < tokens; begin += size) {
     const std::int64_t n = std::min(size, tokens - begin);
-    part.shape = {batch_, n, hd};
-    part.data.resize(static_cast<std::size_t>(batch_ * n * hd));
-    for (std::int64_t b = 0; b < batch_; ++b) {
-      std::copy_n(x.data.begin() + (b * tokens + begin) * hd, n * hd,
-                  part.data.begin() + b * n * hd);
-      first[static_cast<std::size_t>(b)] = at.first[static_cast<std::size_t>(b)] + begin;
-    }
-    const runtime::HostTensor h = stack_.forward(part, first);
+    for (std::size_t b = 0; b < first.size(); ++b) first[b] = at.first[b] + begin;
+    const runtime::HostTensor h = stack_.forward(ops::slice_tokens(x, begin, n), first);
     for (std::int64_t b = 0; b < batch_; ++b) {
       std::copy_n(h.data.begin() + b * n * hd, n * hd, y.data.begin() + (b * tokens + begin) * hd);
     }
@@ -264,11 +258,11 @@ runtime::HostTensor CausalLm::logits(std::span<const std::int32_t> ids, std::int
   if (rows <= per_run) return head_for(rows).logits(h);
   const std::int64_t v = config_.vocab_size;
   runtime::HostTensor out = runtime::HostTensor::zeros({rows, v});
-  runtime::HostTensor part;
+  h.shape = {1, rows, hd};  // the rows as one sequence's tokens, for slice_tokens
   for (std::int64_t begin = 0; begin < rows; begin += per_run) {
     const std::int64_t n = std::min(per_run, rows - begin);
+    runtime::HostTensor part = ops::slice_tokens(h, begin, n);
     part.shape = {n, hd};
-    part.data.assign(h.data.begin() + begin * hd, h.data.begin() + (begin + n) * hd);
     const runtime::HostTensor l = head_for(n).logits(part);
     std::copy(l.data.begin(), l.data.end(), out.data.begin() + begin * v);
   }

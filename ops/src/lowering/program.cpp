@@ -275,11 +275,6 @@ void ProgramBuilder::begin_stage(std::string prefix) {
   // Stage j - 2's scratch is read by its own nodes alone, and stage j - 3's activations by its
   // nodes and stage j - 2's, all behind the fence that stage j's nodes will wait for: stage j
   // may take them.
-  if (j >= 2) {
-    Stage& old = stages_[j - 2];
-    free_scratch_.insert(free_scratch_.end(), old.scratch.begin(), old.scratch.end());
-    old.scratch.clear();
-  }
   if (j >= 3) {
     Stage& old = stages_[j - 3];
     std::move(old.tensors.begin(), old.tensors.end(), std::back_inserter(free_tensors_));
@@ -287,6 +282,8 @@ void ProgramBuilder::begin_stage(std::string prefix) {
   }
   if (j >= 2) {
     Stage& back = stages_[j - 2];
+    free_scratch_.insert(free_scratch_.end(), back.scratch.begin(), back.scratch.end());
+    back.scratch.clear();
     std::vector<runtime::NodeId> deps;
     for (runtime::NodeId n = back.first_node; n < back.end_node; ++n) deps.push_back(n);
     if (j >= 3 && stages_[j - 3].fence != runtime::kReady) deps.push_back(stages_[j - 3].fence);
