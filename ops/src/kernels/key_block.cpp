@@ -68,20 +68,24 @@ KeyBlockStats block_scalar(const float* q, const typename E::Stored* const* keys
 // ---------------------------------------------------------------------------------------------
 // AVX2: lanes 0-7 and 8-15 of each 16 in two registers; what is left of a 16 goes lane by lane.
 
-// fold16 of lanes 0-7 in lo and 8-15 in hi, in registers: the same additions in the same order.
-__attribute__((target("avx2,fma"))) inline float fold16_256(__m256 lo, __m256 hi) {
-  const __m256 t8 = _mm256_add_ps(lo, hi);
+// fold16 of lanes 0-7 and 8-15 given as t8 = lo + hi (its first addition, lane l plus lane
+// l + 8), in registers: the same additions in the same order.
+__attribute__((target("avx2,fma"))) inline float fold16_256(__m256 t8) {
   __m128 t = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));  // l + 4
   t = _mm_add_ps(t, _mm_permute_ps(t, _MM_SHUFFLE(3, 2, 3, 2)));                    // l + 2
   t = _mm_add_ps(t, _mm_permute_ps(t, _MM_SHUFFLE(1, 1, 1, 1)));                    // l + 1
   return _mm_cvtss_f32(t);
 }
+// fold16 of lanes 0-7 in lo and 8-15 in hi.
+__attribute__((target("avx2,fma"))) inline float fold16_256(__m256 lo, __m256 hi) {
+  return fold16_256(_mm256_add_ps(lo, hi));
+}
 
 // fold16_256 of eight keys' lane sums at once, each given as lo + hi (the first addition of its
-// fold, lane l plus lane l + 8): lane i of the result is fold16_256 of key i, by the same
-// additions of the same operands (l + 4, then l + 2 and l + 1; addition commutes exactly), the
-// shuffles shared.
-__attribute__((target("avx2,fma"))) inline __m256 fold8x8_256(const __m256* t8) {
+// fold, lane l plus lane l + 8), the lanes left as the shuffles leave them: sums 0, 2, 4, 6 in
+// the low half and 1, 3, 5, 7 in the high one. The same additions of the same operands as one
+// at a time (l + 4, then l + 2 and l + 1; addition commutes exactly), the shuffles shared.
+__attribute__((target("avx2,fma"))) inline __m256 fold8x8_256_unordered(const __m256* t8) {
   __m256 u[4], v[2];
   for (int j = 0; j < 4; ++j) {  // halves: key 2j's lanes l < 4 plus l + 4, then key 2j + 1's
     u[j] = _mm256_add_ps(_mm256_permute2f128_ps(t8[2 * j], t8[2 * j + 1], 0x20),
@@ -92,9 +96,14 @@ __attribute__((target("avx2,fma"))) inline __m256 fold8x8_256(const __m256* t8) 
                          _mm256_shuffle_ps(u[2 * j], u[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   }
   // Lane 0 plus lane 1: keys 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high half.
-  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// fold8x8_256_unordered in key order: lane i of the result is fold16_256 of key i.
+__attribute__((target("avx2,fma"))) inline __m256 fold8x8_256(const __m256* t8) {
+  return _mm256_permutevar8x32_ps(fold8x8_256_unordered(t8),
+                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 // Eight stored elements at p, widened.
@@ -235,6 +244,101 @@ __attribute__((target("avx2,fma,f16c"))) void scores_avx2(const float* q, std::i
   }
 }
 
+// One key's chains against G queries (scores_avx2's, lo + hi) into t8[0, G): the row's chunks
+// loaded and widened once for every query, whose chunks come from L1.
+template <int G, int C, class E>
+__attribute__((target("avx2,fma,f16c"))) inline void key_chains_avx2(const float* q,
+                                                                     std::int64_t q_stride,
+                                                                     const typename E::Stored* k,
+                                                                     __m256* t8) {
+  __m256 lo[G], hi[G];
+  for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    const __m256 k_lo = load8<E>(k + 16 * c), k_hi = load8<E>(k + 16 * c + 8);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const float* qg = q + g * q_stride + 16 * c;
+      lo[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg), k_lo, lo[g]);
+      hi[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8), k_hi, hi[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) t8[g] = _mm256_add_ps(lo[g], hi[g]);
+}
+
+// scores_avx2 for G >= 2 queries of a head of whole 16-lane chunks (C of them), each key's row
+// loaded (and widened) once for every query: a key a query at a time loaded each row G times,
+// and widened a 16-bit row G times, which bound the step. Each (key, query) chain is the one
+// scores_avx2 runs, and fold8x8_256 folds any eight of them by the same additions: a fold takes
+// 8 / G keys (two for G = 3, two lanes unused), and its lanes go to their queries' rows.
+template <int G, int C, class E>
+__attribute__((target("avx2,fma,f16c"))) void scores_shared_avx2(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    std::int64_t count, float scale, float* scores) {
+  static_assert(G >= 2 && G <= 4);
+  const __m256 scales = _mm256_set1_ps(scale);
+  std::int64_t i = 0;
+  if constexpr (G == 4) {
+    // Eight keys a round: four folds of two keys each, whose lanes (k0 g0, k0 g2, k1 g0, k1 g2 |
+    // k0 g1, k0 g3, k1 g1, k1 g3) become per query pairs (k0, k1), then a 4 x 4 transpose of
+    // the pairs gives each query's eight scores in one store.
+    const __m256i pairs = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (; i + 8 <= count; i += 8) {
+      __m256 p[4];
+#pragma GCC unroll 4
+      for (int f = 0; f < 4; ++f) {
+        __m256 t8[8];
+        key_chains_avx2<4, C, E>(q, q_stride, keys[i + 2 * f], t8);
+        key_chains_avx2<4, C, E>(q, q_stride, keys[i + 2 * f + 1], t8 + 4);
+        // (k0 g0, k1 g0, k0 g1, k1 g1 | k0 g2, k1 g2, k0 g3, k1 g3), times scale.
+        p[f] = _mm256_mul_ps(_mm256_permutevar8x32_ps(fold8x8_256_unordered(t8), pairs), scales);
+      }
+      const __m256d x0 = _mm256_unpacklo_pd(_mm256_castps_pd(p[0]), _mm256_castps_pd(p[1]));
+      const __m256d x1 = _mm256_unpackhi_pd(_mm256_castps_pd(p[0]), _mm256_castps_pd(p[1]));
+      const __m256d x2 = _mm256_unpacklo_pd(_mm256_castps_pd(p[2]), _mm256_castps_pd(p[3]));
+      const __m256d x3 = _mm256_unpackhi_pd(_mm256_castps_pd(p[2]), _mm256_castps_pd(p[3]));
+      _mm256_storeu_pd(reinterpret_cast<double*>(scores + i), _mm256_permute2f128_pd(x0, x2, 0x20));
+      _mm256_storeu_pd(reinterpret_cast<double*>(scores + count + i),
+                       _mm256_permute2f128_pd(x1, x3, 0x20));
+      _mm256_storeu_pd(reinterpret_cast<double*>(scores + 2 * count + i),
+                       _mm256_permute2f128_pd(x0, x2, 0x31));
+      _mm256_storeu_pd(reinterpret_cast<double*>(scores + 3 * count + i),
+                       _mm256_permute2f128_pd(x1, x3, 0x31));
+    }
+  } else if constexpr (G == 2) {
+    // Four keys a fold: its lanes are query 0's four scores, then query 1's.
+    for (; i + 4 <= count; i += 4) {
+      __m256 t8[8];
+#pragma GCC unroll 4
+      for (int kk = 0; kk < 4; ++kk)
+        key_chains_avx2<2, C, E>(q, q_stride, keys[i + kk], t8 + 2 * kk);
+      const __m256 s = _mm256_mul_ps(fold8x8_256_unordered(t8), scales);
+      _mm_storeu_ps(scores + i, _mm256_castps256_ps128(s));
+      _mm_storeu_ps(scores + count + i, _mm256_extractf128_ps(s, 1));
+    }
+  } else {
+    // Two keys a fold, in lanes k G + g of fold8x8_256's key order.
+    for (; i + 2 <= count; i += 2) {
+      __m256 t8[8];
+      key_chains_avx2<3, C, E>(q, q_stride, keys[i], t8);
+      key_chains_avx2<3, C, E>(q, q_stride, keys[i + 1], t8 + 3);
+      t8[6] = t8[7] = _mm256_setzero_ps();
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_mul_ps(fold8x8_256(t8), scales));
+      for (int g = 0; g < 3; ++g) {
+        scores[g * count + i] = lanes[g];
+        scores[g * count + i + 1] = lanes[3 + g];
+      }
+    }
+  }
+  for (; i < count; ++i) {
+    __m256 t8[G];
+    key_chains_avx2<G, C, E>(q, q_stride, keys[i], t8);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_256(t8[g]) * scale;
+  }
+}
+
 // o[j0, j0 + 8 N) of one query: N chains of 8 outputs over the keys in order.
 template <int N, class E>
 __attribute__((target("avx2,fma,f16c"))) void values_pass_avx2(
@@ -251,6 +355,36 @@ __attribute__((target("avx2,fma,f16c"))) void values_pass_avx2(
   for (int c = 0; c < N; ++c) _mm256_storeu_ps(o + j0 + 8 * c, acc[c]);
 }
 
+// o[j0, j0 + 8 N) of two queries, their scores s0 and s1: each row's chunks loaded (and widened)
+// once for both, and 2 N chains of 8 outputs over the keys in order, each the one
+// values_pass_avx2 runs for its query. The `rest` elements of each row past the pass, which a
+// later pass reads, are prefetched with it: a pass over part of each row left the rest's lines
+// to a second sweep from memory, 1.5x slower than one sweep over whole rows.
+template <int N, class E>
+__attribute__((target("avx2,fma,f16c"))) void values_pair_avx2(
+    const typename E::Stored* const* values, std::int64_t count, std::int64_t j0, const float* s0,
+    const float* s1, float* o0, float* o1, std::int64_t rest) {
+  constexpr std::int64_t kLine = 64 / sizeof(typename E::Stored);
+  __m256 acc0[N], acc1[N];
+  for (int c = 0; c < N; ++c) acc0[c] = acc1[c] = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const typename E::Stored* v = values[i] + j0;
+    for (std::int64_t e = 0; e < rest; e += kLine)
+      _mm_prefetch(reinterpret_cast<const char*>(v + 8 * N + e), _MM_HINT_T0);
+    const __m256 e0 = _mm256_set1_ps(s0[i]), e1 = _mm256_set1_ps(s1[i]);
+#pragma GCC unroll 4
+    for (int c = 0; c < N; ++c) {
+      const __m256 vc = load8<E>(v + 8 * c);
+      acc0[c] = _mm256_fmadd_ps(e0, vc, acc0[c]);
+      acc1[c] = _mm256_fmadd_ps(e1, vc, acc1[c]);
+    }
+  }
+  for (int c = 0; c < N; ++c) {
+    _mm256_storeu_ps(o0 + j0 + 8 * c, acc0[c]);
+    _mm256_storeu_ps(o1 + j0 + 8 * c, acc1[c]);
+  }
+}
+
 // attend_key_block for G queries at once, d a multiple of 16: block_avx2's chains for each query
 // (the same bits).
 template <int G, class E>
@@ -259,8 +393,13 @@ __attribute__((target("avx2,fma,f16c"))) void heads_avx2(
     const typename E::Stored* const* values, std::int64_t count, std::int64_t d, float scale,
     float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats) {
   if (const std::int64_t whole = whole_chunks(d); whole > 0) {
-    with_count<kMaxChunks>(
-        whole, [&]<int C>() { scores_avx2<G, C, E>(q, q_stride, keys, count, d, scale, scores); });
+    with_count<kMaxChunks>(whole, [&]<int C>() {
+      if constexpr (G >= 2) {
+        scores_shared_avx2<G, C, E>(q, q_stride, keys, count, scale, scores);
+      } else {
+        scores_avx2<G, C, E>(q, q_stride, keys, count, d, scale, scores);
+      }
+    });
   } else {
     scores_avx2<G, 0, E>(q, q_stride, keys, count, d, scale, scores);
   }
@@ -271,11 +410,22 @@ __attribute__((target("avx2,fma,f16c"))) void heads_avx2(
     st.sum = exp_shifted_sum_avx2(s, count, st.max);
     stats[g] = st;
   }
-  // The values one query at a time, up to 64 outputs (whole rows of 64) a pass. 16 registers
-  // hold two chunks of 8 for four queries beside the row's chunks, and passes over a quarter of
-  // each row read the block's rows from memory in four strided sweeps: 1.4x slower from memory
-  // than whole rows, whose later queries find them in L2.
-  for (int g = 0; g < G; ++g) {
+  // The values two queries at a time, 32 outputs a pass: 16 registers hold four chunks of 8 for
+  // two queries beside the row's chunk. A query at a time, whole rows of 64 a pass, loaded each
+  // row (and widened a 16-bit one) once a query; the first pair's first pass prefetches the
+  // rest of each row, which the later passes then find in L2 (without it, a second sweep from
+  // memory made the pairs 1.5x slower than single queries at 2000 positions).
+  int g = 0;
+  for (; g + 2 <= G; g += 2) {
+    for (std::int64_t j0 = 0; j0 < d; j0 += 32) {
+      const std::int64_t rest = g == 0 && j0 == 0 ? std::max<std::int64_t>(d - 32, 0) : 0;
+      with_count<4>(std::min<std::int64_t>(4, (d - j0) / 8), [&]<int N>() {
+        values_pair_avx2<N, E>(values, count, j0, scores + g * count, scores + (g + 1) * count,
+                               o + g * o_stride, o + (g + 1) * o_stride, rest);
+      });
+    }
+  }
+  for (; g < G; ++g) {
     for (std::int64_t j0 = 0; j0 < d; j0 += 64) {
       with_count<8>(std::min<std::int64_t>(8, (d - j0) / 8), [&]<int N>() {
         values_pass_avx2<N, E>(values, count, j0, scores + g * count, o + g * o_stride);
@@ -370,6 +520,75 @@ __attribute__((target("avx512f,avx512bw"))) void scores_avx512(
       const __m512 sums = _mm512_permutex2var_ps(folded[0], in_order, folded[1]);
       _mm512_storeu_ps(scores + g * count + i, _mm512_mul_ps(sums, scales));
     }
+  }
+  for (; i < count; ++i) {
+    const typename E::Stored* k = keys[i];
+    __m512 acc[G];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512 kc = load16<E>(k + 16 * c);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qc[g][c], kc, acc[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
+  }
+}
+
+// scores_avx512 for four queries (a GQA group of four, the common one), each key's row loaded
+// (and widened) once for all four where a key a query at a time loaded it four times: a 16-bit
+// row's widening bound the step. The (key, query) chains are scores_avx512's, folded eight at a
+// time by fold8x16_512 (the same additions whichever they are): two keys a fold, whose quad g
+// holds query g's two scores in lanes 0 and 1; a round of eight folds (16 keys) transposes them
+// into each query's sixteen scores, stored whole.
+template <int C, class E>
+__attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
+    const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
+    std::int64_t count, float scale, float* scores) {
+  constexpr int G = 4;
+  __m512 qc[G][C];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
+  }
+  const __m512 scales = _mm512_set1_ps(scale);
+  // Quad g of two folds: lanes 0-1 of the first's quad g, then of the second's.
+  const __m512i two_folds =
+      _mm512_set_epi32(29, 28, 13, 12, 25, 24, 9, 8, 21, 20, 5, 4, 17, 16, 1, 0);
+  std::int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    __m512 t[4];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      __m512 folded[2];
+      for (int h = 0; h < 2; ++h) {
+        __m512 acc[8];
+#pragma GCC unroll 2
+        for (int kk = 0; kk < 2; ++kk) {
+          const typename E::Stored* k = keys[i + 4 * m + 2 * h + kk];
+          for (int g = 0; g < G; ++g) acc[4 * kk + g] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) {
+            const __m512 kc = load16<E>(k + 16 * c);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g)
+              acc[4 * kk + g] = _mm512_fmadd_ps(qc[g][c], kc, acc[4 * kk + g]);
+          }
+        }
+        folded[h] = fold8x16_512(acc);  // lane 4g: key 2h's score for query g, 4g + 1: 2h + 1's
+      }
+      // Quad g: query g's scores of keys 4m .. 4m + 3.
+      t[m] = _mm512_mul_ps(_mm512_permutex2var_ps(folded[0], two_folds, folded[1]), scales);
+    }
+    // The 4 x 4 transpose of the quads: query g's quads of t[0] .. t[3].
+    const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 u1 = _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 v0 = _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 v1 = _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_storeu_ps(scores + i, _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(scores + count + i, _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_ps(scores + 2 * count + i, _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_ps(scores + 3 * count + i, _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
   }
   for (; i < count; ++i) {
     const typename E::Stored* k = keys[i];
@@ -499,8 +718,14 @@ __attribute__((target("avx512f,avx512bw"))) void heads_avx512(
     float* scores, float* o, std::int64_t o_stride, KeyBlockStats* stats) {
   constexpr bool kF32 = std::is_same_v<E, F32Rows>;
   if (const std::int64_t whole = whole_chunks(d); whole > 0) {
-    with_count<kMaxChunks>(
-        whole, [&]<int C>() { scores_avx512<G, C, E>(q, q_stride, keys, count, scale, scores); });
+    with_count<kMaxChunks>(whole, [&]<int C>() {
+      // Four queries' chunks fill half the registers up to C = 4 (a head of 64).
+      if constexpr (G == 4 && C <= 4) {
+        scores_shared_avx512<C, E>(q, q_stride, keys, count, scale, scores);
+      } else {
+        scores_avx512<G, C, E>(q, q_stride, keys, count, scale, scores);
+      }
+    });
   } else if constexpr (kF32) {
     scores_masked_avx512<G>(q, q_stride, keys, count, d, scale, scores);
   } else {
