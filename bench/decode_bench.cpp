@@ -24,6 +24,12 @@
 //                           <dtype, true, true>: the same panels
 //                           by the prefill tile, packed_gemm_q8 (the other order: what a
 //                           row-invariant product would pay at each row count if it took it).
+//   BM_Decode_Attention<kv dtype>/P  one token's attention over P positions of the 109 M
+//                           Llama's 12 layers of caches (12 query heads, 3 kv heads of 64, bhtd:
+//                           attention_core as a layer calls it), each layer's own, with 5 MB of
+//                           other memory read between layers, untimed (a q4_0 step's weights of
+//                           a layer), so that the caches come from memory as in a model; the
+//                           level is NUMESH_KERNELS's. Counter bytes_per_second: cache bytes.
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2, q8_0 34 bytes per 32, q4_0 18, q4_k 144 per 256, q6_k 210); the Read case counts
 // its array.
@@ -36,6 +42,7 @@
 #include <oneapi/tbb/partitioner.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -43,6 +50,7 @@
 #include <vector>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/ops/kernels/attention_core.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "numesh/ops/kernels/dot_gemm.hpp"
 #include "numesh/ops/kernels/gemm.hpp"
@@ -50,6 +58,7 @@
 #include "numesh/ops/kernels/skinny_gemm.hpp"
 #include "numesh/runtime/block_formats.hpp"
 #include "numesh/runtime/convert.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 #include "numesh/runtime/weight_panels.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -353,6 +362,69 @@ void BM_Decode_KeyBlock(benchmark::State& state) {
                  " heads, " + std::string(runtime::to_string(level)));
 }
 
+template <DType kKv>
+void BM_Decode_Attention(benchmark::State& state) {
+  constexpr std::int64_t kLayers = 12, kKvHeads = 3, kHeads = 12, kD = 64;
+  const std::int64_t positions = state.range(0);
+  const std::int64_t elements = kKvHeads * positions * kD;
+  const std::size_t bytes = static_cast<std::size_t>(elements) * dtype_size(kKv);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(static_cast<std::size_t>(elements));
+  std::vector<std::vector<std::byte>> k(kLayers), v(kLayers);
+  for (std::int64_t l = 0; l < kLayers; ++l) {
+    for (auto* cache : {&k[l], &v[l]}) {
+      for (float& x : row) x = normal(rng);
+      cache->resize(bytes);
+      runtime::convert_elements(row.data(), DType::kF32, cache->data(), kKv, row.size());
+    }
+  }
+  std::vector<float> q(kHeads * kD), out(q.size());
+  for (float& x : q) x = 0.25f * normal(rng);
+  const ops::AttentionSlice slice{.batch = 1,
+                                  .q_len = 1,
+                                  .kv_len = positions,
+                                  .q_heads = kHeads,
+                                  .kv_heads = kKvHeads,
+                                  .group = kHeads / kKvHeads};
+  const auto threads = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::max_concurrency());
+  std::vector<float> scratch(
+      static_cast<std::size_t>(ops::attention_scratch_floats(slice, kD, threads, kKv)));
+  // Between layers, a layer's share of 60 MB read: what a q4_0 step of the model streams.
+  std::vector<float> other(15 << 20, 1.0f);
+  const std::size_t share = other.size() / kLayers;
+  std::size_t at = 0;
+  for (auto _ : state) {
+    double seconds = 0;
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      const float read = oneapi::tbb::parallel_reduce(
+          oneapi::tbb::blocked_range<std::size_t>(at, at + share), 0.0f,
+          [&](const oneapi::tbb::blocked_range<std::size_t>& r, float acc) {
+            for (std::size_t i = r.begin(); i < r.end(); i += 16) acc += other[i % other.size()];
+            return acc;
+          },
+          [](float a, float b) { return a + b; });
+      benchmark::DoNotOptimize(read);
+      at = (at + share) % other.size();
+      const ops::KvView kv{.k = k[l].data(),
+                           .v = v[l].data(),
+                           .batch_stride = elements,
+                           .pos_stride = kD,
+                           .head_stride = positions * kD,
+                           .dtype = kKv};
+      const auto t0 = std::chrono::steady_clock::now();
+      ops::attention_core(q.data(), kv, out.data(), slice, kD, positions - 1, true, scratch);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    benchmark::DoNotOptimize(out.data());
+    state.SetIterationTime(seconds);
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(2 * kLayers * bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(to_string(kKv)) + " caches, " +
+                 std::string(runtime::to_string(runtime::kernel_level())));
+}
+
 // Every level (0 scalar .. 4 amx) at M = 1 and 8, on N = 1024 and 8192.
 void dot_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {1024, 8192}) {
@@ -377,6 +449,16 @@ BENCHMARK(BM_Decode_KeyBlock<false>)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_KeyBlock<true>)
     ->ArgsProduct({{1, 4}, {0, 1, 2, 3, 4}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Attention<DType::kF32>)
+    ->Arg(512)
+    ->Arg(2048)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Decode_Attention<DType::kBF16>)
+    ->Arg(512)
+    ->Arg(2048)
+    ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)
     ->ArgsProduct({{1, 8}, {0, 1, 2, 3}})
