@@ -538,7 +538,8 @@ __attribute__((target("avx512f,avx512bw"))) void scores_avx512(
 
 // scores_avx512 for four queries (a GQA group of four, the common one), each key's row loaded
 // (and widened) once for all four where a key a query at a time loaded it four times: a 16-bit
-// row's widening bound the step. The (key, query) chains are scores_avx512's, folded eight at a
+// row's widening bound the step. The queries' chunks are held in registers up to C = 4 (a head of
+// 64) and come from L1 beyond. The (key, query) chains are scores_avx512's, folded eight at a
 // time by fold8x16_512 (the same additions whichever they are): two keys a fold, whose quad g
 // holds query g's two scores in lanes 0 and 1; a round of eight folds (16 keys) transposes them
 // into each query's sixteen scores, stored whole.
@@ -547,9 +548,12 @@ __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
     const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
     std::int64_t count, float scale, float* scores) {
   constexpr int G = 4;
-  __m512 qc[G][C];
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
+  constexpr bool kHeld = C <= 4;  // 16 of the 32 registers
+  __m512 qc[G][kHeld ? C : 1];
+  if constexpr (kHeld) {
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
+    }
   }
   const __m512 scales = _mm512_set1_ps(scale);
   // Quad g of two folds: lanes 0-1 of the first's quad g, then of the second's.
@@ -571,8 +575,11 @@ __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
           for (int c = 0; c < C; ++c) {
             const __m512 kc = load16<E>(k + 16 * c);
 #pragma GCC unroll 4
-            for (int g = 0; g < G; ++g)
-              acc[4 * kk + g] = _mm512_fmadd_ps(qc[g][c], kc, acc[4 * kk + g]);
+            for (int g = 0; g < G; ++g) {
+              const __m512 qgc =
+                  kHeld ? qc[g][kHeld ? c : 0] : _mm512_loadu_ps(q + g * q_stride + 16 * c);
+              acc[4 * kk + g] = _mm512_fmadd_ps(qgc, kc, acc[4 * kk + g]);
+            }
           }
         }
         folded[h] = fold8x16_512(acc);  // lane 4g: key 2h's score for query g, 4g + 1: 2h + 1's
@@ -598,7 +605,11 @@ __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
     for (int c = 0; c < C; ++c) {
       const __m512 kc = load16<E>(k + 16 * c);
 #pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qc[g][c], kc, acc[g]);
+      for (int g = 0; g < G; ++g) {
+        const __m512 qgc =
+            kHeld ? qc[g][kHeld ? c : 0] : _mm512_loadu_ps(q + g * q_stride + 16 * c);
+        acc[g] = _mm512_fmadd_ps(qgc, kc, acc[g]);
+      }
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
@@ -719,8 +730,7 @@ __attribute__((target("avx512f,avx512bw"))) void heads_avx512(
   constexpr bool kF32 = std::is_same_v<E, F32Rows>;
   if (const std::int64_t whole = whole_chunks(d); whole > 0) {
     with_count<kMaxChunks>(whole, [&]<int C>() {
-      // Four queries' chunks fill half the registers up to C = 4 (a head of 64).
-      if constexpr (G == 4 && C <= 4) {
+      if constexpr (G == 4) {
         scores_shared_avx512<C, E>(q, q_stride, keys, count, scale, scores);
       } else {
         scores_avx512<G, C, E>(q, q_stride, keys, count, scale, scores);
