@@ -24,12 +24,14 @@
 //                           <dtype, true, true>: the same panels
 //                           by the prefill tile, packed_gemm_q8 (the other order: what a
 //                           row-invariant product would pay at each row count if it took it).
-//   BM_Decode_Attention<kv dtype>/P  one token's attention over P positions of the 109 M
-//                           Llama's 12 layers of caches (12 query heads, 3 kv heads of 64, bhtd:
-//                           attention_core as a layer calls it), each layer's own, with 5 MB of
-//                           other memory read between layers, untimed (a q4_0 step's weights of
-//                           a layer), so that the caches come from memory as in a model; the
-//                           level is NUMESH_KERNELS's. Counter bytes_per_second: cache bytes.
+//   BM_Decode_Attention<kv dtype>/P/D  one token's attention over P positions of a model's
+//                           layers of caches (bhtd: attention_core as a layer calls it), each
+//                           layer's own, with a layer's share of 60 MB of other memory read
+//                           between layers, untimed (a q4_0 step's weights), so that the caches
+//                           come from memory as in a model: D = 64, the 109 M Llama's 12 layers
+//                           of 12 query heads over 3 kv heads; D = 128, 4 layers of Llama 3 8B's
+//                           32 over 8. The level is NUMESH_KERNELS's. Counter bytes_per_second:
+//                           cache bytes.
 // Counter "bytes_per_second": weight bytes read per second (fp32: 4 bytes a weight, 16-bit
 // dtypes 2, q8_0 34 bytes per 32, q4_0 18, q4_k 144 per 256, q6_k 210); the Read case counts
 // its array.
@@ -364,22 +366,25 @@ void BM_Decode_KeyBlock(benchmark::State& state) {
 
 template <DType kKv>
 void BM_Decode_Attention(benchmark::State& state) {
-  constexpr std::int64_t kLayers = 12, kKvHeads = 3, kHeads = 12, kD = 64;
-  const std::int64_t positions = state.range(0);
+  const std::int64_t positions = state.range(0), kD = state.range(1);
+  const bool llama3 = kD == 128;
+  const std::int64_t kLayers = llama3 ? 4 : 12, kKvHeads = llama3 ? 8 : 3,
+                     kHeads = llama3 ? 32 : 12;
   const std::int64_t elements = kKvHeads * positions * kD;
   const std::size_t bytes = static_cast<std::size_t>(elements) * dtype_size(kKv);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> row(static_cast<std::size_t>(elements));
-  std::vector<std::vector<std::byte>> k(kLayers), v(kLayers);
+  std::vector<std::vector<std::byte>> k(static_cast<std::size_t>(kLayers)),
+      v(static_cast<std::size_t>(kLayers));
   for (std::int64_t l = 0; l < kLayers; ++l) {
-    for (auto* cache : {&k[l], &v[l]}) {
+    for (auto* cache : {&k[static_cast<std::size_t>(l)], &v[static_cast<std::size_t>(l)]}) {
       for (float& x : row) x = normal(rng);
       cache->resize(bytes);
       runtime::convert_elements(row.data(), DType::kF32, cache->data(), kKv, row.size());
     }
   }
-  std::vector<float> q(kHeads * kD), out(q.size());
+  std::vector<float> q(static_cast<std::size_t>(kHeads * kD)), out(q.size());
   for (float& x : q) x = 0.25f * normal(rng);
   const ops::AttentionSlice slice{.batch = 1,
                                   .q_len = 1,
@@ -392,7 +397,7 @@ void BM_Decode_Attention(benchmark::State& state) {
       static_cast<std::size_t>(ops::attention_scratch_floats(slice, kD, threads, kKv)));
   // Between layers, a layer's share of 60 MB read: what a q4_0 step of the model streams.
   std::vector<float> other(15 << 20, 1.0f);
-  const std::size_t share = other.size() / kLayers;
+  const std::size_t share = other.size() / static_cast<std::size_t>(kLayers);
   std::size_t at = 0;
   for (auto _ : state) {
     double seconds = 0;
@@ -406,8 +411,8 @@ void BM_Decode_Attention(benchmark::State& state) {
           [](float a, float b) { return a + b; });
       benchmark::DoNotOptimize(read);
       at = (at + share) % other.size();
-      const ops::KvView kv{.k = k[l].data(),
-                           .v = v[l].data(),
+      const ops::KvView kv{.k = k[static_cast<std::size_t>(l)].data(),
+                           .v = v[static_cast<std::size_t>(l)].data(),
                            .batch_stride = elements,
                            .pos_stride = kD,
                            .head_stride = positions * kD,
@@ -451,13 +456,11 @@ BENCHMARK(BM_Decode_KeyBlock<true>)
     ->ArgsProduct({{1, 4}, {0, 1, 2, 3, 4}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Attention<DType::kF32>)
-    ->Arg(512)
-    ->Arg(2048)
+    ->ArgsProduct({{512, 2048}, {64, 128}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_Attention<DType::kBF16>)
-    ->Arg(512)
-    ->Arg(2048)
+    ->ArgsProduct({{512, 2048}, {64, 128}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Decode_QuantizeActivations)
