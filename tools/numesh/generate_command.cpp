@@ -38,6 +38,9 @@
 #include "numesh/models/lm/generation.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "numesh/ops/lowering/lm_head.hpp"
+#include "numesh/ops/lowering/program.hpp"
+#include "numesh/ops/lowering/transformer.hpp"
+#include "numesh/runtime/graph.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
@@ -70,6 +73,7 @@ struct CheckedOptions {
   // the generation is not lost at the end).
   std::ofstream json_file;
   std::ofstream logits_file;
+  std::ofstream trace_file;
 };
 
 CheckedOptions check_options(const GenerateOptions& o) {
@@ -84,6 +88,10 @@ CheckedOptions check_options(const GenerateOptions& o) {
                "--max-new-tokens {} must be between 1 and 2^30", o.max_new_tokens);
   NUMESH_CHECK(o.prefill_chunk >= 1, ValueError, "--prefill-chunk {} must be at least 1",
                o.prefill_chunk);
+  NUMESH_CHECK(o.trace.empty() || o.max_new_tokens >= 2, ValueError,
+               "--trace times the decode steps, and --max-new-tokens {} takes none (the first new "
+               "token comes from the prompt's pass): ask for 2 or more",
+               o.max_new_tokens);
   c.sampling = o.temperature != 0.0;
   NUMESH_CHECK(
       !(c.sampling && o.greedy), ValueError,
@@ -129,6 +137,10 @@ CheckedOptions check_options(const GenerateOptions& o) {
     c.logits_file.open(o.logits_out, std::ios::binary);
     NUMESH_CHECK(c.logits_file.is_open(), IoError, "cannot write --logits-out file '{}'",
                  o.logits_out);
+  }
+  if (!o.trace.empty()) {
+    c.trace_file.open(o.trace);
+    NUMESH_CHECK(c.trace_file.is_open(), IoError, "cannot write --trace file '{}'", o.trace);
   }
   return c;
 }
@@ -636,6 +648,13 @@ all have stopped.)");
                   "each decode step "
                   "(one prompt)");
   cmd->add_option("--json", o.json, "Write the prompt, the ids and the timings as JSON to FILE");
+  cmd->add_option(
+      "--trace", o.trace,
+      "Write the last decode step's layers, node by node (norms, products, attention, "
+      "collectives; each device a process, each of its threads a track), as Chrome trace JSON "
+      "to FILE (chrome://tracing, Perfetto). Every decode step is then timed, two clock reads a "
+      "node; the embedding and the LM head run as programs of their own, not in it. Under "
+      "mpirun, rank 0's devices");
   cmd->add_flag(
       "--baselines", o.baselines,
       "Also measure, in this run, a plain read of the checkpoint's files (into an 8 MiB buffer, "
@@ -646,6 +665,27 @@ all have stopped.)");
       "Refuse a checkpoint whose weights hold NaN or infinities (without it, a note names them)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;
+}
+
+// --trace: the decode program's last run as Chrome trace JSON, or, when no decode step ran (every
+// sequence stopped at its first token), an empty trace and a line that says so.
+void write_trace(const GenerateOptions& o, CheckedOptions& c, runtime::CompiledGraph& graph,
+                 const models::GenerationResult& result, std::ostream& out) {
+  graph.set_timing(false);
+  // Without a decode step the program's last run, if any, was a one-token prompt's.
+  const bool stepped = result.decode_steps > 0;
+  c.trace_file << (stepped ? graph.chrome_trace() : std::string(R"({"traceEvents": []})")) << "\n";
+  c.trace_file.close();
+  NUMESH_CHECK(c.trace_file.good(), IoError, "cannot write --trace file '{}'", o.trace);
+  if (stepped) {
+    out << fmt::format("trace    {} (the last of {} decode steps, {} nodes)\n", o.trace,
+                       result.decode_steps, graph.size());
+  } else {
+    out << fmt::format(
+        "trace    {}: empty, no decode step ran (every sequence stopped at its "
+        "first token)\n",
+        o.trace);
+  }
 }
 
 int run_generate(const GenerateOptions& o, std::ostream& out) {
@@ -664,9 +704,15 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
       load_model(o, c, std::move(source), static_cast<std::int64_t>(p.ids.size()), p.max_len);
   report_load(o, c, m, out);
 
+  // --trace: the decode steps' program (one new token a sequence) timed node by node; each run
+  // overwrites the last one's timings, so the trace is the last step's.
+  runtime::CompiledGraph* traced =
+      c.trace_file.is_open() ? &m.engine->model().stack().program(1).graph() : nullptr;
+  if (traced != nullptr) traced->set_timing(true);
   const Generated g = generate_and_print(o, c, *m.engine, p, rng, out);
   const BaselineReport baselines = measure_baselines(o, p, m, g.result);
   report_rates(p, g.result, baselines, out);
+  if (traced != nullptr) write_trace(o, c, *traced, g.result, out);
   if (!o.logits_out.empty() && command_world()->rank() == 0) {
     const std::int64_t vocab = m.engine->config().vocab_size;
     runtime::HostTensor all = runtime::HostTensor::zeros(

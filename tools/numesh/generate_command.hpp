@@ -49,8 +49,9 @@ struct GenerateOptions {
   std::int64_t prefill_chunk = 512;  ///< --prefill-chunk N (CausalLm::kDefaultPrefillChunk)
   std::string logits_out;            ///< --logits-out FILE.npy: float32 [P + N - 1, V] (one prompt)
   std::string json;                  ///< --json FILE
-  bool baselines = false;            ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
-  bool quiet = false;                ///< --quiet: no progress on stderr
+  std::string trace;       ///< --trace FILE: the last decode step's layers as Chrome trace JSON
+  bool baselines = false;  ///< --baselines: plain read, OpenBLAS sgemm, read bandwidth
+  bool quiet = false;      ///< --quiet: no progress on stderr
   bool refuse_nonfinite = false;  ///< --refuse-nonfinite: a weight holding NaN or inf is an error
 };
 
