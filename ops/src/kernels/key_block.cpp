@@ -543,16 +543,34 @@ __attribute__((target("avx512f,avx512bw"))) void scores_avx512(
 // time by fold8x16_512 (the same additions whichever they are): two keys a fold, whose quad g
 // holds query g's two scores in lanes 0 and 1; a round of eight folds (16 keys) transposes them
 // into each query's sixteen scores, stored whole.
+// One key's chains against four queries (scores_avx512's) into acc[0, 4): the row's chunks loaded
+// and widened once for all four; the queries' chunks from `held` ([4][C], kHeld) or from L1.
+template <int C, class E, bool kHeld>
+__attribute__((target("avx512f,avx512bw"))) inline void key_chains_avx512(
+    const float* q, std::int64_t q_stride, const __m512* held, const typename E::Stored* k,
+    __m512* acc) {
+  for (int g = 0; g < 4; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    const __m512 kc = load16<E>(k + 16 * c);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      const __m512 qgc = kHeld ? held[g * C + c] : _mm512_loadu_ps(q + g * q_stride + 16 * c);
+      acc[g] = _mm512_fmadd_ps(qgc, kc, acc[g]);
+    }
+  }
+}
+
 template <int C, class E>
 __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
     const float* q, std::int64_t q_stride, const typename E::Stored* const* keys,
     std::int64_t count, float scale, float* scores) {
   constexpr int G = 4;
   constexpr bool kHeld = C <= 4;  // 16 of the 32 registers
-  __m512 qc[G][kHeld ? C : 1];
+  __m512 qc[kHeld ? G * C : 1];
   if constexpr (kHeld) {
     for (int g = 0; g < G; ++g) {
-      for (int c = 0; c < C; ++c) qc[g][c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
+      for (int c = 0; c < C; ++c) qc[g * C + c] = _mm512_loadu_ps(q + g * q_stride + 16 * c);
     }
   }
   const __m512 scales = _mm512_set1_ps(scale);
@@ -567,21 +585,8 @@ __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
       __m512 folded[2];
       for (int h = 0; h < 2; ++h) {
         __m512 acc[8];
-#pragma GCC unroll 2
-        for (int kk = 0; kk < 2; ++kk) {
-          const typename E::Stored* k = keys[i + 4 * m + 2 * h + kk];
-          for (int g = 0; g < G; ++g) acc[4 * kk + g] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-          for (int c = 0; c < C; ++c) {
-            const __m512 kc = load16<E>(k + 16 * c);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) {
-              const __m512 qgc =
-                  kHeld ? qc[g][kHeld ? c : 0] : _mm512_loadu_ps(q + g * q_stride + 16 * c);
-              acc[4 * kk + g] = _mm512_fmadd_ps(qgc, kc, acc[4 * kk + g]);
-            }
-          }
-        }
+        key_chains_avx512<C, E, kHeld>(q, q_stride, qc, keys[i + 4 * m + 2 * h], acc);
+        key_chains_avx512<C, E, kHeld>(q, q_stride, qc, keys[i + 4 * m + 2 * h + 1], acc + 4);
         folded[h] = fold8x16_512(acc);  // lane 4g: key 2h's score for query g, 4g + 1: 2h + 1's
       }
       // Quad g: query g's scores of keys 4m .. 4m + 3.
@@ -598,19 +603,8 @@ __attribute__((target("avx512f,avx512bw"))) void scores_shared_avx512(
     _mm512_storeu_ps(scores + 3 * count + i, _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
   }
   for (; i < count; ++i) {
-    const typename E::Stored* k = keys[i];
     __m512 acc[G];
-    for (auto& a : acc) a = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      const __m512 kc = load16<E>(k + 16 * c);
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) {
-        const __m512 qgc =
-            kHeld ? qc[g][kHeld ? c : 0] : _mm512_loadu_ps(q + g * q_stride + 16 * c);
-        acc[g] = _mm512_fmadd_ps(qgc, kc, acc[g]);
-      }
-    }
+    key_chains_avx512<C, E, kHeld>(q, q_stride, qc, keys[i], acc);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) scores[g * count + i] = fold16_512(acc[g]) * scale;
   }
