@@ -366,42 +366,41 @@ void BM_Decode_KeyBlock(benchmark::State& state) {
 
 template <DType kKv>
 void BM_Decode_Attention(benchmark::State& state) {
-  const std::int64_t positions = state.range(0), kD = state.range(1);
-  const bool llama3 = kD == 128;
-  const std::int64_t kLayers = llama3 ? 4 : 12, kKvHeads = llama3 ? 8 : 3,
-                     kHeads = llama3 ? 32 : 12;
-  const std::int64_t elements = kKvHeads * positions * kD;
+  const std::int64_t positions = state.range(0), d = state.range(1);
+  const bool llama3 = d == 128;
+  const std::int64_t layers = llama3 ? 4 : 12, kv_heads = llama3 ? 8 : 3, heads = llama3 ? 32 : 12;
+  const std::int64_t elements = kv_heads * positions * d;
   const std::size_t bytes = static_cast<std::size_t>(elements) * dtype_size(kKv);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> row(static_cast<std::size_t>(elements));
-  std::vector<std::vector<std::byte>> k(static_cast<std::size_t>(kLayers)),
-      v(static_cast<std::size_t>(kLayers));
-  for (std::int64_t l = 0; l < kLayers; ++l) {
+  std::vector<std::vector<std::byte>> k(static_cast<std::size_t>(layers)),
+      v(static_cast<std::size_t>(layers));
+  for (std::int64_t l = 0; l < layers; ++l) {
     for (auto* cache : {&k[static_cast<std::size_t>(l)], &v[static_cast<std::size_t>(l)]}) {
       for (float& x : row) x = normal(rng);
       cache->resize(bytes);
       runtime::convert_elements(row.data(), DType::kF32, cache->data(), kKv, row.size());
     }
   }
-  std::vector<float> q(static_cast<std::size_t>(kHeads * kD)), out(q.size());
+  std::vector<float> q(static_cast<std::size_t>(heads * d)), out(q.size());
   for (float& x : q) x = 0.25f * normal(rng);
   const ops::AttentionSlice slice{.batch = 1,
                                   .q_len = 1,
                                   .kv_len = positions,
-                                  .q_heads = kHeads,
-                                  .kv_heads = kKvHeads,
-                                  .group = kHeads / kKvHeads};
+                                  .q_heads = heads,
+                                  .kv_heads = kv_heads,
+                                  .group = heads / kv_heads};
   const auto threads = static_cast<std::int64_t>(oneapi::tbb::this_task_arena::max_concurrency());
   std::vector<float> scratch(
-      static_cast<std::size_t>(ops::attention_scratch_floats(slice, kD, threads, kKv)));
+      static_cast<std::size_t>(ops::attention_scratch_floats(slice, d, threads, kKv)));
   // Between layers, a layer's share of 60 MB read: what a q4_0 step of the model streams.
   std::vector<float> other(15 << 20, 1.0f);
-  const std::size_t share = other.size() / static_cast<std::size_t>(kLayers);
+  const std::size_t share = other.size() / static_cast<std::size_t>(layers);
   std::size_t at = 0;
   for (auto _ : state) {
     double seconds = 0;
-    for (std::int64_t l = 0; l < kLayers; ++l) {
+    for (std::int64_t l = 0; l < layers; ++l) {
       const float read = oneapi::tbb::parallel_reduce(
           oneapi::tbb::blocked_range<std::size_t>(at, at + share), 0.0f,
           [&](const oneapi::tbb::blocked_range<std::size_t>& r, float acc) {
@@ -414,18 +413,18 @@ void BM_Decode_Attention(benchmark::State& state) {
       const ops::KvView kv{.k = k[static_cast<std::size_t>(l)].data(),
                            .v = v[static_cast<std::size_t>(l)].data(),
                            .batch_stride = elements,
-                           .pos_stride = kD,
-                           .head_stride = positions * kD,
+                           .pos_stride = d,
+                           .head_stride = positions * d,
                            .dtype = kKv};
       const auto t0 = std::chrono::steady_clock::now();
-      ops::attention_core(q.data(), kv, out.data(), slice, kD, positions - 1, true, scratch);
+      ops::attention_core(q.data(), kv, out.data(), slice, d, positions - 1, true, scratch);
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     benchmark::DoNotOptimize(out.data());
     state.SetIterationTime(seconds);
   }
   state.counters["bytes_per_second"] = benchmark::Counter(
-      static_cast<double>(2 * kLayers * bytes), benchmark::Counter::kIsIterationInvariantRate);
+      static_cast<double>(2 * layers * bytes), benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(to_string(kKv)) + " caches, " +
                  std::string(runtime::to_string(runtime::kernel_level())));
 }
