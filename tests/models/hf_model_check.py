@@ -140,7 +140,13 @@ def models():
             ("gemma_blocks", dict(gemma, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32),
             ("gemma_untied_f32", dict(gemma, tie_word_embeddings=False), torch.float32, 1, ["f32"]),
             ("phi3_bf16", phi3, torch.bfloat16, 1, ["f32", "bf16"]),
-            ("phi3_blocks", dict(phi3, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32)]
+            ("phi3_blocks", dict(phi3, intermediate_size=128), torch.float32, 2, BLOCKS_OF_32),
+            # A float16 checkpoint (the third source format) quantized at load, and read as is.
+            ("llama_f16_blocks", dict(untied, intermediate_size=128), torch.float16, 1, ["f32"] + BLOCKS_OF_32),
+            # Mixtral's experts in GGML's K formats (hidden 256, 4 heads of 128, experts of 512: 256 a
+            # device on tp2).
+            ("mixtral_k_blocks", dict(mixtral, hidden_size=256, head_dim=128,
+                                      intermediate_size=512), torch.float32, 1, K_QUANTS)]
 
 
 def ties_embeddings(c):
@@ -412,6 +418,8 @@ def read_safetensors(path):
         raw = data[8 + n + b:8 + n + end]
         if e["dtype"] == "BF16":
             t = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16)
+        elif e["dtype"] == "F16":
+            t = torch.from_numpy(np.frombuffer(raw, dtype="<f2").copy())
         else:
             t = torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy())
         out[name] = t.reshape(e["shape"]).double()
