@@ -641,23 +641,31 @@ def main():
     check(status == 200, f"with the key: {status} {body}")
     keyed.stop()
 
-    # The queue limit: one running, one waiting, the third gets 503 with Retry-After (a larger
-    # model, so that the first request still runs when the third comes).
+    # The queue limit: one running, one waiting, the third gets 503 with Retry-After. Each
+    # request is sent once the metrics show the one before it in place (a fixed pause let the
+    # first 500 tokens end before the third came on a fast machine).
     larger = os.path.join(WORK, "larger")
-    write_model(larger, hidden=256, layers=4, heads=4, kv_heads=2, ffn=512)
+    write_model(larger, hidden=256, layers=4, heads=4, kv_heads=2, ffn=512, positions=4096)
     small = Server(larger, "--parallel", "1", "--max-queue", "1", "--batch-tokens", "1")
     statuses, retry = [], []
 
     def long_request():
         status, _, r = small.request("POST", "/v1/completions",
-                                     {"prompt": [1, 2, 3], "max_tokens": 500, "ignore_eos": True})
+                                     {"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True})
         statuses.append(status)
         retry.append(r.getheader("Retry-After"))
 
+    def wait_for(name, value):
+        deadline = time.time() + 30
+        while time.time() < deadline and small.metrics().get(name) != value:
+            time.sleep(0.01)
+
     threads = [threading.Thread(target=long_request) for _ in range(3)]
-    for t in threads:
-        t.start()
-        time.sleep(0.05)
+    threads[0].start()
+    wait_for("numesh_requests_running", 1)
+    threads[1].start()
+    wait_for("numesh_requests_waiting", 1)
+    threads[2].start()
     for t in threads:
         t.join()
     check(sorted(statuses) == [200, 200, 503], f"statuses {statuses}")

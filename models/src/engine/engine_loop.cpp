@@ -190,6 +190,10 @@ void EngineLoop::step() {
     return;
   }
   const EngineStep& out = *done;
+  // Counted before any token reaches its stream: a client that has its last token (a stream's
+  // [DONE]) then reads /metrics sees its sequence finished and its blocks free, never the step
+  // before.
+  count(out);
   for (const EngineStep::Token& t : out.tokens) {
     const auto it = std::find_if(streams_.begin(), streams_.end(),
                                  [&](const auto& s) { return s.first == t.sequence; });
@@ -197,7 +201,6 @@ void EngineLoop::step() {
     it->second->push({.token = t.id, .stopped = t.stopped, .error = {}, .logprobs = t.logprobs});
     if (t.stopped) streams_.erase(it);
   }
-  count(out);
 }
 
 void EngineLoop::count(const EngineStep& out) {
