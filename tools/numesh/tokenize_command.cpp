@@ -8,11 +8,14 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/models/engine/model_source.hpp"
+#include "numesh/models/hf/gguf_checkpoint.hpp"
 #include "numesh/models/tokenizers/text_tokenizer.hpp"
 #include "parsers.hpp"
 
@@ -25,13 +28,17 @@ CLI::App* add_tokenize_command(CLI::App& app, TokenizeOptions& o) {
   cmd->footer(
       R"(Reads DIR/tokenizer.json (byte-level BPE: Llama 3, Qwen2/3, DeepSeek V3, GPT-4o) or, when it is of
 another kind or missing, DIR/tokenizer.model (SentencePiece: Llama 2, Mistral, TinyLlama); the
-folder needs no weights. Ids and text are exactly those of Hugging Face's tokenizers and of
-SentencePiece.
+folder needs no weights. A GGUF model (FILE.gguf, or a folder holding one) gives the tokenizer of
+its metadata (tokenizer.ggml.*). Ids and text are exactly those of Hugging Face's tokenizers and
+of SentencePiece.
 Examples:
   numesh tokenize --model ~/models/Llama-3.2-1B --text "Hello, world"
+  numesh tokenize --model ~/models/qwen3-0.6b-q8_0.gguf --text "Hello, world"
   numesh tokenize --model ~/models/Llama-3.2-1B --decode 128000,9906,11,1917 --json)");
-  cmd->add_option("--model", o.model,
-                  "Model folder holding tokenizer.json or tokenizer.model (or the file itself)")
+  cmd->add_option(
+         "--model", o.model,
+         "Model folder holding tokenizer.json or tokenizer.model (or the file itself), or a "
+         "GGUF model")
       ->required();
   cmd->add_option("--text", o.text, "Text to encode");
   cmd->add_option("--decode", o.decode, "Token ids to decode, comma-separated");
@@ -45,7 +52,21 @@ Examples:
 int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
   NUMESH_CHECK(o.text.empty() != o.decode.empty(), ValueError,
                "give a text to encode with --text or ids to decode with --decode, one of the two");
-  const std::unique_ptr<models::TextTokenizer> tokenizer = models::TextTokenizer::load(o.model);
+  // A GGUF model's tokenizer is built from its metadata, and lives in its ModelSource.
+  std::optional<models::ModelSource> gguf;
+  std::unique_ptr<models::TextTokenizer> from_files;
+  const models::TextTokenizer* tokenizer = nullptr;
+  if (models::GgufCheckpoint::is_gguf(o.model)) {
+    gguf.emplace(models::ModelSource::open(o.model));
+    tokenizer = gguf->tokenizer();
+    NUMESH_CHECK(tokenizer != nullptr, ValueError,
+                 "--model {}: the GGUF model holds no tokenizer (no tokenizer.ggml.model in its "
+                 "metadata)",
+                 o.model);
+  } else {
+    from_files = models::TextTokenizer::load(o.model);
+    tokenizer = from_files.get();
+  }
   if (!o.text.empty()) {
     const std::vector<std::int32_t> ids =
         tokenizer->encode(o.text, /*add_special_tokens=*/!o.no_special);

@@ -15,7 +15,7 @@ namespace numesh::tools {
 
 /// The options of `numesh tokenize`.
 struct TokenizeOptions {
-  std::string model;        ///< --model DIR (or a tokenizer.json or tokenizer.model file)
+  std::string model;        ///< --model DIR, a tokenizer file or a GGUF model
   std::string text;         ///< --text TEXT: encode it
   std::string decode;       ///< --decode 1,2,3: decode them
   bool no_special = false;  ///< --no-special: no BOS on encode; special tokens dropped on decode
