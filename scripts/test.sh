@@ -23,7 +23,9 @@
 # 0 failed` (skipped: tests that did not run, e.g. a kernel level this CPU lacks, the PyTorch
 # checks under NUMESH_SKIP_TORCH_CHECKS=1, the tokenizer and chat template checks under
 # NUMESH_SKIP_TOKENIZER_CHECKS=1, the browser check of `numesh serve`'s page, serve_web_page,
-# under NUMESH_SKIP_BROWSER_CHECKS=1 when Chromium, chromedriver or Selenium is missing); exits
+# under NUMESH_SKIP_BROWSER_CHECKS=1 when Chromium, chromedriver or Selenium is missing, the
+# llama.cpp check of numesh's GGUF files under NUMESH_SKIP_LLAMA_CPP_CHECKS=1 when llama.cpp's
+# npm package is missing, as on a machine that is not x86-64); exits
 # non-zero at the first step that fails (test programs run side by side finish together first,
 # and every one that failed is named).
 #
@@ -162,6 +164,19 @@ if command -v npm >/dev/null; then
   step "npm ci in tests/serve/openai_client (the OpenAI client that drives numesh serve)"
   (cd "$NUMESH_ROOT/tests/serve/openai_client" && npm ci --no-audit --no-fund) ||
     die "npm ci in tests/serve/openai_client failed"
+  # llama.cpp itself (models_gguf_load_in_llama_cpp): node-llama-cpp and its prebuilt CPU
+  # libraries for Linux x86-64 alone (85 MB; --omit=optional leaves out the GPU and other
+  # platforms' builds, which the lock file cannot list: the registry lacks some). `npm install`
+  # as the lock file pins it (`npm ci` refuses a lock file without every optional package);
+  # --ignore-scripts: the package's postinstall would look for a build to download.
+  if [[ "$(uname -m)" == x86_64 ]]; then
+    step "npm install in tests/models/llama_cpp_check (llama.cpp's prebuilt CPU libraries)"
+    (cd "$NUMESH_ROOT/tests/models/llama_cpp_check" &&
+       npm install --omit=optional --ignore-scripts --no-audit --no-fund) ||
+      die "npm install in tests/models/llama_cpp_check failed"
+  else
+    export NUMESH_SKIP_LLAMA_CPP_CHECKS=1  # no prebuilt llama.cpp here: a skip, by name
+  fi
 fi
 
 step "README.md example matches examples/resolve_spec.cpp"
