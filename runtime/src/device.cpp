@@ -25,6 +25,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/core/log.hpp"
+#include "numesh/runtime/huge_page_cost.hpp"
 #include "numesh/runtime/huge_page_slabs.hpp"
 #include "numesh/runtime/shared_arena.hpp"
 #include "size_text.hpp"
@@ -251,10 +252,17 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     // A bound device binds each region to its node before its first touch, as
     // hwloc_alloc_membind binds, and refuses a region it cannot bind (allocate() then takes
     // hwloc's bound allocation); the others place pages by first touch.
-    slabs_ = std::make_unique<HugePageSlabs>([this](std::byte* region, std::size_t bytes) {
-      return memory_binding_ != MemoryBinding::kBound ||
-             bind_to_node(*topology_, spec_, region, bytes);
-    });
+    // The process's watch on what new huge pages cost faults in each region's first page from
+    // the allocating thread: only where that thread's touch cannot misplace it (a device placing
+    // by first touch leaves the touch to its own threads, and asks for huge pages regardless).
+    HugePageCost* cost =
+        memory_binding_ == MemoryBinding::kFirstTouch ? nullptr : &HugePageCost::process();
+    slabs_ = std::make_unique<HugePageSlabs>(
+        [this](std::byte* region, std::size_t bytes) {
+          return memory_binding_ != MemoryBinding::kBound ||
+                 bind_to_node(*topology_, spec_, region, bytes);
+        },
+        /*huge_pages=*/true, HugePageSlabs::kDefaultSlabBytes, cost);
   }
 }
 
@@ -353,7 +361,8 @@ DeviceBuffer Device::allocate(std::size_t bytes, BufferContents contents) {
   // Before the first touch below, which places the pages. Best effort: a kernel without THP
   // refuses, and the buffer keeps its small pages.
   // (A slab's region asked when it was mapped.)
-  if (!buffer.slab_allocated_ && bytes >= kHugePageBytes && huge_pages_wanted())
+  if (!buffer.slab_allocated_ && bytes >= kHugePageBytes && huge_pages_wanted() &&
+      HugePageCost::process().wanted())
     (void)madvise(data, bytes, MADV_HUGEPAGE);
   if (contents == BufferContents::kUnspecified) return buffer;
   arena_.execute([data, bytes] {

@@ -3,8 +3,6 @@
 #include <sys/mman.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <utility>
 
@@ -37,19 +35,15 @@ constexpr bool kUnderSanitizer = false;
 
 }  // namespace
 
-bool huge_pages_wanted() noexcept {
-  static const bool wanted = [] {
-    const char* v = std::getenv("NUMESH_HUGE_PAGES");
-    return v == nullptr || std::strcmp(v, "off") != 0;
-  }();
-  return wanted;
-}
+bool huge_pages_wanted() noexcept { return huge_page_mode() != HugePageMode::kOff; }
 
 bool huge_page_slabs_enabled() noexcept { return !kUnderSanitizer && huge_pages_wanted(); }
 
-HugePageSlabs::HugePageSlabs(Prepare prepare, bool huge_pages, std::size_t slab_bytes)
+HugePageSlabs::HugePageSlabs(Prepare prepare, bool huge_pages, std::size_t slab_bytes,
+                             HugePageCost* cost)
     : prepare_(std::move(prepare)),
       huge_pages_(huge_pages),
+      cost_(cost),
       slab_bytes_(round_up_to(slab_bytes == 0 ? kDefaultSlabBytes : slab_bytes, kHugePage)) {}
 
 HugePageSlabs::~HugePageSlabs() {
@@ -70,11 +64,13 @@ std::byte* HugePageSlabs::map_region(std::size_t bytes) noexcept {
   if (head > 0) munmap(start, head);
   if (reserved - head > bytes) munmap(base + bytes, reserved - head - bytes);
   // Before the first touch, which places the pages (a kernel without THP refuses: small pages).
-  if (huge_pages_) (void)madvise(base, bytes, MADV_HUGEPAGE);
+  const bool huge = huge_pages_ && (cost_ == nullptr || cost_->wanted());
+  if (huge) (void)madvise(base, bytes, MADV_HUGEPAGE);
   if (prepare_ && !prepare_(base, bytes)) {
     munmap(base, bytes);
     return nullptr;
   }
+  if (huge && cost_ != nullptr) cost_->probe(base, bytes);
   return base;
 }
 

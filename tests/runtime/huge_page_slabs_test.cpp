@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
+
+#include "numesh/runtime/huge_page_cost.hpp"
+#include "thp_eligible.hpp"
 
 namespace numesh::runtime {
 namespace {
@@ -150,6 +155,48 @@ TEST(HugePageSlabsTest, RefusedRegionsAreNotUsedAndForeignPointersAreIgnored) {
   slabs.release(outside, sizeof outside);      // below or above every slab
   slabs.release(block + 4 * kMiB + 4096, 64);  // past the slab's end
   EXPECT_EQ(slabs.allocate(1000), block + 1024) << "the slab's bookkeeping is untouched";
+}
+
+// Where new huge pages are dear (every fault counts as dear at a threshold of 0), the first
+// region's first two pages are faulted in and timed (and stay zero), the rest of it is marked
+// small, and no later region asks; where they are cheap (a threshold of an hour) or the cost is
+// not adaptive (NUMESH_HUGE_PAGES=on), every region asks.
+TEST(HugePageCostTest, SlabsStopAskingForHugePagesAfterTwoDearFaults) {
+  if (testing::thp_setting() != "madvise")
+    GTEST_SKIP() << "transparent huge pages are '" << testing::thp_setting()
+                 << "' here: madvise changes nothing";
+  static_assert(HugePageCost::kDearFaultsToGiveUp == 2);
+  Regions regions;
+  HugePageCost dear(/*adaptive=*/true, std::chrono::nanoseconds(0));
+  HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 4 * kMiB, &dear);
+  EXPECT_TRUE(dear.wanted());
+  std::byte* first = slabs.allocate(6 * kMiB);  // three huge pages
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(dear.dear_faults(), 2) << "its first two pages timed, then given up";
+  EXPECT_FALSE(dear.wanted());
+  EXPECT_EQ(testing::thp_eligible(first), 1);
+  EXPECT_EQ(testing::thp_eligible(first + 2 * kMiB), 1) << "the second dear fault";
+  EXPECT_EQ(testing::thp_eligible(first + 4 * kMiB), 0) << "not touched when it gave up: small";
+  std::byte* later = slabs.allocate(4 * kMiB);
+  ASSERT_NE(later, nullptr);
+  EXPECT_EQ(testing::thp_eligible(later), 0) << "mapped after giving up";
+  std::byte* small = slabs.allocate(1000);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(testing::thp_eligible(small), 0) << "a slab mapped after giving up";
+  EXPECT_EQ(dear.dear_faults(), 2) << "nothing timed after giving up";
+  for (std::size_t i = 0; i < 6 * kMiB; i += 4096) ASSERT_EQ(first[i], std::byte{0});
+  for (const bool adaptive : {true, false}) {
+    HugePageCost cheap(adaptive, adaptive ? std::chrono::nanoseconds(std::chrono::hours(1))
+                                          : std::chrono::nanoseconds(0));
+    HugePageSlabs asking(regions.prepare(), /*huge_pages=*/true, 4 * kMiB, &cheap);
+    for (int i = 0; i < 3; ++i) {
+      std::byte* p = asking.allocate(20 * kMiB);  // more than the pages probed
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ(testing::thp_eligible(p + 18 * kMiB), 1) << (adaptive ? "cheap" : "on");
+    }
+    EXPECT_EQ(cheap.dear_faults(), 0) << "faults under the threshold, or not adaptive";
+    EXPECT_TRUE(cheap.wanted());
+  }
 }
 
 }  // namespace

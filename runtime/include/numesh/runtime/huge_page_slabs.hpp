@@ -5,7 +5,8 @@
 // happens to hold an aligned 2 MiB span: every first touch of a page is a fault (on a 2-vCPU
 // Zen 5 VM, 2.6 us a page: zero-filling a program's intermediates ran at 0.4 GB/s, 14 GB/s in a
 // huge-page region; docs/benchmarks.md, "Session 42"). So a device carves its buffers from slabs:
-// 2 MiB-aligned mappings of whole huge pages (transparent huge pages asked for with madvise),
+// 2 MiB-aligned mappings of whole huge pages (transparent huge pages asked for with madvise,
+// until new ones prove dear: huge_page_cost.hpp),
 // bound to the device's node before anything touches them where the device binds its memory;
 // blocks of half a slab and more get a mapping of their own, 2 MiB-aligned and rounded up to
 // whole huge pages. Blocks under 64 KiB (norms, biases, one token's activations) are carved
@@ -19,11 +20,12 @@
 #include <mutex>
 
 #include "numesh/runtime/free_ranges.hpp"
+#include "numesh/runtime/huge_page_cost.hpp"
 
 namespace numesh::runtime {
 
 /// Whether numesh asks for transparent huge pages at all: false when NUMESH_HUGE_PAGES=off
-/// (read once per process).
+/// (read once per process; huge_page_cost.hpp's HugePageMode).
 bool huge_pages_wanted() noexcept;
 
 /// Whether devices carve their buffers from HugePageSlabs: true unless NUMESH_HUGE_PAGES=off,
@@ -51,9 +53,12 @@ class HugePageSlabs {
   using Prepare = std::function<bool(std::byte* region, std::size_t bytes)>;
 
   /// Slabs of `slab_bytes` (rounded up to whole huge pages); `huge_pages` asks for transparent
-  /// huge pages on every region (madvise; the kernel's setting decides).
+  /// huge pages on every region (madvise; the kernel's setting decides) while `cost` (when not
+  /// null) still wants them, and then has `cost` probe each new region, after `prepare` (so
+  /// only where `prepare` places the pages: the allocating thread touches them).
+  /// `cost` must outlive the slabs.
   explicit HugePageSlabs(Prepare prepare, bool huge_pages = true,
-                         std::size_t slab_bytes = kDefaultSlabBytes);
+                         std::size_t slab_bytes = kDefaultSlabBytes, HugePageCost* cost = nullptr);
   /// Unmaps every region. REQUIRES: no block is live.
   ~HugePageSlabs();
   HugePageSlabs(const HugePageSlabs&) = delete;
@@ -88,6 +93,7 @@ class HugePageSlabs {
 
   Prepare prepare_;
   bool huge_pages_;
+  HugePageCost* cost_;
   std::size_t slab_bytes_;
   mutable std::mutex mutex_;
   std::map<std::byte*, Slab> slabs_;  // by base address
