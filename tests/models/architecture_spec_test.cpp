@@ -255,5 +255,36 @@ TEST(ArchitectureSpecTest, HfConfigTakesTheSpecsMlpKindAndQuirks) {
   EXPECT_EQ(HfConfig::parse(j, "config.json").sliding_window, 16);
 }
 
+// A GGUF name's variant with experts (Mixtral's "llama" files) hangs on the first spec of that
+// name, which a reader meets first, and is an MoE spec of the same name; the keys only some of
+// llama.cpp's converters write are where those converters write them.
+TEST(ArchitectureSpecTest, GgufVariantsAndKeysAreData) {
+  for (const ArchitectureSpec& s : architecture_specs()) {
+    const ArchitectureSpec* first = nullptr;
+    for (const ArchitectureSpec& t : architecture_specs()) {
+      if (t.gguf_name == s.gguf_name) {
+        first = &t;
+        break;
+      }
+    }
+    ASSERT_NE(first, nullptr);
+    if (!s.gguf_with_experts) continue;
+    EXPECT_EQ(first, &s) << to_string(s.architecture);
+    const ArchitectureSpec& variant = architecture_spec(*s.gguf_with_experts);
+    EXPECT_EQ(variant.gguf_name, s.gguf_name);
+    EXPECT_TRUE(variant.moe.has_value());
+    EXPECT_FALSE(s.moe.has_value());
+  }
+  EXPECT_EQ(architecture_spec(Architecture::kLlama).gguf_with_experts, Architecture::kMixtral);
+  for (const Architecture a :
+       {Architecture::kLlama, Architecture::kMistral, Architecture::kMixtral})
+    EXPECT_TRUE(architecture_spec(a).gguf_vocab_size) << to_string(a);
+  EXPECT_FALSE(architecture_spec(Architecture::kQwen2).gguf_vocab_size);
+  EXPECT_TRUE(architecture_spec(Architecture::kPhi3).gguf_rope_dimension_count);
+  EXPECT_FALSE(architecture_spec(Architecture::kGemma).gguf_rope_dimension_count);
+  EXPECT_TRUE(architecture_spec(Architecture::kQwen3Moe).moe->gguf_norm_topk_prob);
+  EXPECT_FALSE(architecture_spec(Architecture::kQwen2Moe).moe->gguf_norm_topk_prob);
+}
+
 }  // namespace
 }  // namespace numesh::models

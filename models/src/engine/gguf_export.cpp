@@ -79,12 +79,8 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
   w.add_uint32(key("attention.key_length"), u32(c.head_dim));
   w.add_uint32(key("attention.value_length"), u32(c.head_dim));
   w.add_uint32("general.file_type", file_type(format));
-  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kMistral ||
-      c.architecture == Architecture::kMixtral)
-    w.add_uint32(key("vocab_size"), u32(c.vocab_size));
-  if (c.architecture == Architecture::kLlama || c.architecture == Architecture::kMistral ||
-      c.architecture == Architecture::kMixtral || c.architecture == Architecture::kPhi3)
-    w.add_uint32(key("rope.dimension_count"), u32(c.head_dim));
+  if (spec.gguf_vocab_size) w.add_uint32(key("vocab_size"), u32(c.vocab_size));
+  if (spec.gguf_rope_dimension_count) w.add_uint32(key("rope.dimension_count"), u32(c.head_dim));
   if (spec.moe && spec.moe->expert_ffn_field != "intermediate_size")
     w.add_uint32(key("expert_feed_forward_length"), u32(c.moe_intermediate_size));
   if (c.shared_expert_intermediate_size > 0) {

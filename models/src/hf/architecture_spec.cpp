@@ -147,13 +147,18 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .gguf_name = "llama",
        .tensors = joined_tensors({kCommonTensors, kDenseMlpTensors, kMlpBiasTensors}),
        .mlp_bias_field = true,
-       .gguf_permutes_qk = true},
+       .gguf_permutes_qk = true,
+       .gguf_vocab_size = true,
+       .gguf_rope_dimension_count = true,
+       .gguf_with_experts = Architecture::kMixtral},
       {.architecture = Architecture::kMistral,
        .model_types = {"mistral"},
        .gguf_name = "llama",
        .tensors = dense,
        .sliding_window = SlidingWindowRule::kWhenSet,
-       .gguf_permutes_qk = true},
+       .gguf_permutes_qk = true,
+       .gguf_vocab_size = true,
+       .gguf_rope_dimension_count = true},
       {.architecture = Architecture::kQwen2,
        .model_types = {"qwen2"},
        .gguf_name = "qwen2",
@@ -177,7 +182,9 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .moe = MoeSpec{.num_experts_field = "num_local_experts",
                       .expert_ffn_field = "intermediate_size",
                       .always_renormalize = true},
-       .gguf_permutes_qk = true},
+       .gguf_permutes_qk = true,
+       .gguf_vocab_size = true,
+       .gguf_rope_dimension_count = true},
       {.architecture = Architecture::kQwen2Moe,
        .model_types = {"qwen2_moe"},
        .gguf_name = "qwen2moe",
@@ -199,7 +206,8 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .default_head_dim = 128,
        .moe = MoeSpec{.num_experts_field = "num_experts",
                       .expert_ffn_field = "moe_intermediate_size",
-                      .sparse_layer_fields = true}},
+                      .sparse_layer_fields = true,
+                      .gguf_norm_topk_prob = true}},
       // transformers' GemmaForCausalLM: Llama's names and block, GeGLU (gelu_pytorch_tanh, from
       // hidden_activation), norms of 1 + w, the embedding scaled by sqrt(hidden), head_dim 256
       // and tied embeddings by default; llama.cpp's "gemma" (NEOX RoPE: no Q/K permutation).
@@ -225,7 +233,8 @@ std::vector<ArchitectureSpec> make_architecture_table() {
        .tensors = joined_tensors({unfused_common_tensors(), kPhi3FusedTensors}),
        .sliding_window = SlidingWindowRule::kWhenSet,
        .default_rms_norm_eps = 1e-5,
-       .gguf_sliding_window = true},
+       .gguf_sliding_window = true,
+       .gguf_rope_dimension_count = true},
   };
 }
 

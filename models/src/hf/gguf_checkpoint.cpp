@@ -225,12 +225,12 @@ class ConfigReader {
     NUMESH_CHECK(std::find(known.begin(), known.end(), arch_) != known.end(), ValueError,
                  "{}: GGUF architecture '{}' is not one numesh reads (it reads {})", where(), arch_,
                  fmt::join(known, ", "));
-    if (arch_ == "llama") {
-      const bool experts = int_key("expert_count").value_or(0) > 0;
-      return architecture_spec(experts ? Architecture::kMixtral : Architecture::kLlama);
-    }
+    // The first spec of the name (Llama's for "llama"), or its variant with experts.
     for (const ArchitectureSpec& s : architecture_specs()) {
-      if (s.gguf_name == arch_) return s;
+      if (s.gguf_name != arch_) continue;
+      if (s.gguf_with_experts && int_key("expert_count").value_or(0) > 0)
+        return architecture_spec(*s.gguf_with_experts);
+      return s;
     }
     throw ValueError(fmt::format("{}: no spec for GGUF architecture '{}'", where(), arch_));
   }
@@ -277,9 +277,7 @@ class ConfigReader {
         j[std::string(spec.moe->expert_ffn_field)] = t->shape[1];
       }
     }
-    // llama.cpp renormalises Qwen3-MoE's top-k probabilities and not Qwen2-MoE's, whatever
-    // expert_weights_norm says (its own saver writes that key for every architecture).
-    j["norm_topk_prob"] = spec.architecture == Architecture::kQwen3Moe;
+    j["norm_topk_prob"] = spec.moe->gguf_norm_topk_prob;
     if (spec.moe->sparse_layer_fields) {
       // GGUF has no mlp_only_layers: a layer without a router is a dense one.
       std::vector<std::int64_t> dense;

@@ -102,6 +102,10 @@ struct MoeSpec {
   /// Every MoE layer has a sigmoid-gated shared expert, shared_expert_intermediate_size wide
   /// (Qwen2-MoE; transformers' default 5632).
   bool shared_expert = false;
+  /// The norm_topk_prob a GGUF file's config takes, as llama.cpp's architecture decides it
+  /// whatever expert_weights_norm says (its own saver writes that key for every architecture):
+  /// Qwen3-MoE renormalises, Qwen2-MoE does not (Mixtral's always_renormalize decides alone).
+  bool gguf_norm_topk_prob = false;
 };
 
 /// One architecture, as data. Entries are static: architecture_spec() returns references that
@@ -162,6 +166,13 @@ struct ArchitectureSpec {
   /// that key and context_length is max_position_embeddings. Elsewhere (Mistral) GGUF has no
   /// window, and numesh writes the window as the context length.
   bool gguf_sliding_window = false;
+  /// llama.cpp's converter writes {arch}.vocab_size (the Llama family's converter alone).
+  bool gguf_vocab_size = false;
+  /// llama.cpp's converter writes {arch}.rope.dimension_count (the Llama family's, Phi-3's).
+  bool gguf_rope_dimension_count = false;
+  /// The architecture a GGUF file of this gguf_name with experts (expert_count > 0) is: "llama"
+  /// files with experts are Mixtral's. Set on the first spec of a gguf_name only.
+  std::optional<Architecture> gguf_with_experts{};
 
   /// The entry for `slot` (with "{L}", as TensorPattern::slot), or nullptr when the
   /// architecture has no such weight. Complexity: linear in the table (a few dozen entries).
