@@ -60,6 +60,26 @@ def test_logits_and_greedy_tokens_equal_pytorch(checkpoints, name, mesh_name):
 
 
 @pytest.mark.skipif(not os.environ.get("NUMESH_CLI"), reason="NUMESH_CLI (the numesh program) is not set")
+@pytest.mark.parametrize("name,file_type", [("llama_tied_f32", "f32"), ("gemma_bf16", "bf16"), ("phi3_bf16", "f32"),
+                                            ("mixtral_blocks", "q8_0"), ("qwen3_blocks", "q4_0")])
+def test_a_gguf_file_gives_its_folders_logits(checkpoints, tmp_path, name, file_type):
+    # `numesh convert`'s file, loaded by CausalLM.from_pretrained, against the folder stored in the
+    # file's format (quantized at load as the writer quantized it): the same bits, on two devices.
+    d, cases = checkpoints
+    gguf = tmp_path / f"{name}.{file_type}.gguf"
+    subprocess.run([os.environ["NUMESH_CLI"], "convert", "--model", str(d / name), "--out", str(gguf), "--type",
+                    file_type, "--quiet"], check=True, capture_output=True)
+    prompt = cases[name]["prompt"][0]
+    from_file = numesh.CausalLM.from_pretrained(str(gguf), mesh=MESHES["tp2"]())
+    folder = numesh.CausalLM.from_pretrained(str(d / name), dtype=file_type, mesh=MESHES["tp2"]())
+    got, want = from_file.logits(prompt), folder.logits(prompt)
+    assert got.shape == want.shape == (len(prompt), folder.vocab_size)
+    np.testing.assert_array_equal(got, want)
+    assert from_file.generate(prompt, max_new_tokens=3, stop_ids=[])["ids"] == \
+        folder.generate(prompt, max_new_tokens=3, stop_ids=[])["ids"]
+
+
+@pytest.mark.skipif(not os.environ.get("NUMESH_CLI"), reason="NUMESH_CLI (the numesh program) is not set")
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--top-k", "10", "--seed", "7"]],
                          ids=["greedy", "sampled"])
 def test_generate_equals_numesh_generate(checkpoints, tmp_path, sampling):

@@ -7,7 +7,9 @@ endpoints themselves are proven by tests/serve/server_check.py against `numesh s
 import http.client
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 
@@ -70,6 +72,36 @@ def test_completions_are_generates_tokens_and_each_request_gets_its_own(model):
     assert server.wait(timeout=0) is True  # the block's end stopped it
     with pytest.raises(OSError):
         complete(server, prompts[0], 1)
+
+
+@pytest.mark.skipif(not os.environ.get("NUMESH_CLI"), reason="NUMESH_CLI (the numesh program) is not set")
+def test_a_gguf_file_serves_chats_by_its_own_template(model, tmp_path):
+    # The folder beside a byte-level tokenizer and a chat template, and `numesh convert`'s file of
+    # it (tokenizer.ggml.* and tokenizer.chat_template): the same chat, rendered by the template
+    # the file carries (one token a byte of the rendered text), the same greedy answer.
+    from byte_level_tokenizer import byte_level_tokenizer
+    folder = tmp_path / "chat_model"
+    folder.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(model, f), folder / f)
+    template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer(256, extras=False)))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    gguf = tmp_path / "chat_model.gguf"
+    subprocess.run([os.environ["NUMESH_CLI"], "convert", "--model", str(folder), "--out", str(gguf), "--type",
+                    "f32", "--quiet"], check=True, capture_output=True)
+    request = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
+               "max_tokens": 5, "temperature": 0}
+    rendered = "<|system|>Be brief.\n<|user|>Hello!\n<|assistant|>"
+    answers = []
+    for source in (folder, gguf):
+        with numesh.serve(str(source), port=0, parallel=1, ctx_size=64, mesh=one_device()) as server:
+            status, body = post(server, "/v1/chat/completions", request)
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == len(rendered.encode()), f"{source}: {body['usage']}"
+        answers.append((body["choices"][0]["message"]["content"], body["usage"]))
+    assert answers[1] == answers[0]
 
 
 def test_stop_from_another_thread_ends_wait(model):

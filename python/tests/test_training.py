@@ -84,14 +84,16 @@ def test_trainer_refuses_bad_rows_and_options(checkpoints):  # noqa: F811
 
 
 @pytest.mark.skipif(not os.environ.get("NUMESH_CLI"), reason="NUMESH_CLI (the numesh program) is not set")
-def test_a_trainer_starts_from_a_gguf_file_as_from_its_folder(checkpoints, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("name", ["llama_tied_f32", "gemma_bf16", "phi3_bf16"])
+def test_a_trainer_starts_from_a_gguf_file_as_from_its_folder(checkpoints, tmp_path, name):  # noqa: F811
     # llama_tied_f32 has Llama 3.1's RoPE scaling: rope_freqs in the GGUF file, read back as it.
+    # Gemma's norms are written as 1 + w and read back as w; Phi-3's qkv and gate_up stay fused.
     d, _ = checkpoints
     gguf = tmp_path / "model.gguf"
-    subprocess.run([os.environ["NUMESH_CLI"], "convert", "--model", str(d / "llama_tied_f32"), "--out",
+    subprocess.run([os.environ["NUMESH_CLI"], "convert", "--model", str(d / name), "--out",
                     str(gguf), "--type", "f32", "--quiet"], check=True, capture_output=True)
     rows = data(256)
-    folder = numesh.Trainer(str(d / "llama_tied_f32"), batch=2, tokens=8, **OPTIONS)
+    folder = numesh.Trainer(str(d / name), batch=2, tokens=8, **OPTIONS)
     from_file = numesh.Trainer(str(gguf), batch=2, tokens=8, **OPTIONS)
     want = [folder.step(rows[2 * k:2 * k + 2]) for k in range(3)]
     got = [from_file.step(rows[2 * k:2 * k + 2]) for k in range(3)]

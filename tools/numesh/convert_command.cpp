@@ -68,6 +68,7 @@ int run_convert(const ConvertOptions& o, std::ostream& out) {
       o.model, to_string(source.config().architecture), o.out, r.tensors, formats,
       static_cast<double>(r.bytes) / 1e6, seconds_since(start), r.tokenizer ? "written" : "none",
       r.chat_template ? "written" : "none");
+  if (!r.tokenizer_lost.empty()) out << "note: " << r.tokenizer_lost << "\n";
   if (r.fallbacks > 0) {
     out << fmt::format(
         "note: {} matrices have rows that are not whole blocks of {}; written as f16\n",

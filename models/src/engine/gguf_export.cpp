@@ -158,10 +158,13 @@ GgufExportReport write_gguf(const ModelSource& source, const std::filesystem::pa
   if (name.empty() || name == ".") name = source.path().parent_path().filename().string();
   add_hyperparameters(w, config, name, format);
   const auto* gguf = dynamic_cast<const GgufCheckpoint*>(checkpoint.get());
-  const std::vector<std::string> tokens =
-      gguf != nullptr ? copy_gguf_tokenizer(w, gguf->files().front())
-                      : detail::add_gguf_tokenizer(w, source.path(), config.vocab_size);
+  detail::GgufTokenizerWritten written =
+      gguf != nullptr
+          ? detail::GgufTokenizerWritten{copy_gguf_tokenizer(w, gguf->files().front()), ""}
+          : detail::add_gguf_tokenizer(w, source.path(), config.vocab_size);
+  const std::vector<std::string>& tokens = written.tokens;
   report.tokenizer = !tokens.empty();
+  report.tokenizer_lost = std::move(written.lost);
   add_special_ids(w, config, tokens);
   if (const ChatTemplate* t = source.chat_template();
       t != nullptr && !w.contains("tokenizer.chat_template")) {

@@ -397,8 +397,8 @@ std::vector<std::string> add_byte_level(GgufWriter& w, const std::filesystem::pa
   return tokens;
 }
 
-std::vector<std::string> add_sentencepiece(GgufWriter& w, const std::filesystem::path& file,
-                                           std::int64_t vocab_size) {
+GgufTokenizerWritten add_sentencepiece(GgufWriter& w, const std::filesystem::path& file,
+                                       std::int64_t vocab_size) {
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.Load(file.string());
   NUMESH_CHECK(status.ok(), IoError, "{}: SentencePiece cannot load it: {}", file.string(),
@@ -443,13 +443,29 @@ std::vector<std::string> add_sentencepiece(GgufWriter& w, const std::filesystem:
   };
   w.add_bool("tokenizer.ggml.add_space_prefix", flag(3));
   w.add_bool("tokenizer.ggml.remove_extra_whitespaces", flag(4));
-  return tokens;
+  // NormalizerSpec { name = 1; precompiled_charsmap = 2 }: rules GGUF has no key for, in the
+  // charsmap (Llama 2's and Mistral's models have none: identity; a model trained with
+  // SentencePiece's defaults has nmt_nfkc's).
+  const auto field = [&](int number) {
+    return normalizer ? proto_find(normalizer->bytes, number) : std::nullopt;
+  };
+  const std::optional<ProtoField> rule = field(1), charsmap = field(2);
+  const std::string_view rule_name = rule ? rule->bytes : std::string_view("precompiled rules");
+  std::string lost;
+  if (charsmap && !charsmap->bytes.empty()) {
+    lost = fmt::format(
+        "{} normalizes text by '{}', which GGUF's tokenizer metadata cannot say: readers of the "
+        "file (numesh, llama.cpp) tokenize as the identity normalizer would, so a text it changes "
+        "(NFKC forms, newlines and tabs) gives other ids than the folder's",
+        file.string(), rule_name);
+  }
+  return {std::move(tokens), std::move(lost)};
 }
 
 }  // namespace
 
-std::vector<std::string> add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
-                                            std::int64_t vocab_size) {
+GgufTokenizerWritten add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
+                                        std::int64_t vocab_size) {
   const std::filesystem::path json = folder / "tokenizer.json", model = folder / "tokenizer.model";
   // The tokenizer TextTokenizer::load picks: tokenizer.json when numesh reads it, else
   // tokenizer.model (Llama 2's SentencePiece-BPE tokenizer.json has one beside it).
@@ -462,7 +478,7 @@ std::vector<std::string> add_gguf_tokenizer(GgufWriter& writer, const std::files
       if (!has_model) throw;
       readable = false;
     }
-    if (readable) return add_byte_level(writer, json, vocab_size);
+    if (readable) return {add_byte_level(writer, json, vocab_size), ""};
   }
   if (!has_model) return {};
   return add_sentencepiece(writer, model, vocab_size);

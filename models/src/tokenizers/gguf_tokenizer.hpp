@@ -37,10 +37,19 @@ std::string gguf_sentencepiece_model(const GgufFile& file);
 /// special, else USER_DEFINED; the merges as "a b"; the pre-tokenizer's name found by its regex),
 /// or tokenizer.model as "llama" (pieces, scores and types); the bos and eos ids and add_bos_token.
 /// Returns the token list written (one string an id), or an empty one, writing nothing, when
-/// the folder has neither file. Throws: ValueError naming the file for a pre-tokenizer numesh
-/// cannot name (one GGUF readers would not reproduce) or a tokenizer it cannot read; IoError
-/// when SentencePiece cannot load tokenizer.model.
-std::vector<std::string> add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
-                                            std::int64_t vocab_size);
+/// the folder has neither file, and what of the tokenizer the metadata cannot carry.
+/// Throws: ValueError naming the file for a pre-tokenizer numesh cannot name (one GGUF readers
+/// would not reproduce) or a tokenizer it cannot read; IoError when SentencePiece cannot load
+/// tokenizer.model.
+struct GgufTokenizerWritten {
+  std::vector<std::string> tokens;
+  /// Empty, or in words what readers of the file will do otherwise: a SentencePiece model's
+  /// normalization other than identity (nmt_nfkc: NFKC, newlines and tabs as spaces), which
+  /// tokenizer.ggml.* has no key for, so that numesh and llama.cpp tokenize such text as the
+  /// identity normalizer would.
+  std::string lost;
+};
+GgufTokenizerWritten add_gguf_tokenizer(GgufWriter& writer, const std::filesystem::path& folder,
+                                        std::int64_t vocab_size);
 
 }  // namespace numesh::models::detail

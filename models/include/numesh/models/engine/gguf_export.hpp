@@ -30,6 +30,9 @@ struct GgufExportReport {
   /// Whether the tokenizer and the chat template went into the file.
   bool tokenizer = false;
   bool chat_template = false;
+  /// Empty, or what of the folder's tokenizer the file cannot carry, in words (a SentencePiece
+  /// model's normalization other than identity).
+  std::string tokenizer_lost;
 };
 
 /// Progress: checkpoint bytes converted so far and in all.
