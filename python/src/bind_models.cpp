@@ -18,6 +18,7 @@
 #include "interrupts.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/lm/generation.hpp"
@@ -114,7 +115,7 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
                                           std::optional<sharding::PartitionAxis> partition_axis,
                                           std::int64_t context, std::int64_t batch,
                                           const std::string& mmap, const std::string& kv_dtype,
-                                          std::int64_t prefill_chunk) {
+                                          std::int64_t prefill_chunk, bool progress) {
   const models::WeightMapping mapping = models::parse_weight_mapping(mmap);
   const DType kv = models::parse_kv_dtype(kv_dtype);
   py::gil_scoped_release release;
@@ -129,6 +130,13 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& path,
   options.prefill_chunk = prefill_chunk;
   if (partition_axis) options.partitions = sharding::PartitionManager(*partition_axis);
   if (!mesh) mesh = default_device_mesh();
+  // On stderr, a terminal's only (the callback runs on a load thread, without the GIL).
+  const ProgressLine line(!progress);
+  if (progress) {
+    options.progress = [&line](std::int64_t done, std::int64_t total) {
+      line.update(load_progress_text(done, total));
+    };
+  }
   return std::make_unique<CausalLM>(models::Engine::load(std::move(source), *mesh, options));
 }
 
@@ -284,7 +292,8 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
       .def_static("from_pretrained", &from_pretrained, "path"_a, py::kw_only(),
                   "dtype"_a = py::none(), "mesh"_a = py::none(), "partition_axis"_a = py::none(),
                   "context"_a = 0, "batch"_a = 1, "mmap"_a = "auto", "kv_dtype"_a = "f32",
-                  "prefill_chunk"_a = models::CausalLm::kDefaultPrefillChunk, R"pbdoc(
+                  "prefill_chunk"_a = models::CausalLm::kDefaultPrefillChunk, "progress"_a = true,
+                  R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
 "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k"; default: a GGUF file's matrices each in the
@@ -296,8 +305,9 @@ the caches hold (0: the model's whole context); `batch` is the sequences a call 
 pages in place, no copy; "off": copied into each device's memory; "auto": on for a machine of one
 NUMA node); `kv_dtype` how the KV caches store keys and values ("f32", or "bf16" / "f16" in half
 the bytes, as `--kv-dtype`); `prefill_chunk` the most tokens of a sequence one run of the
-layers takes (a longer prompt, or logits over more ids, runs in chunks: `--prefill-chunk`).
-The GIL is released while it loads.
+layers takes (a longer prompt, or logits over more ids, runs in chunks: `--prefill-chunk`);
+`progress` shows the load's progress on stderr when it is a terminal ("loading 42% (123 of 290
+MB)", cleared when done; nothing in a notebook or a log). The GIL is released while it loads.
 )pbdoc")
       .def("logits", &logits, "ids"_a, R"pbdoc(
 The logits of every position of `ids` (a list or a 1-D integer array of T token ids), as a

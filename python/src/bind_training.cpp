@@ -15,6 +15,7 @@
 #include "interrupts.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/lm/trainer.hpp"
@@ -60,6 +61,7 @@ struct TrainerArgs {
   std::string schedule;
   std::string dtype;
   std::optional<double> router_aux_loss_coef;
+  bool progress = true;
 };
 
 std::unique_ptr<Trainer> make_trainer(const TrainerArgs& a) {
@@ -97,7 +99,12 @@ std::unique_ptr<Trainer> make_trainer(const TrainerArgs& a) {
     return std::make_unique<Trainer>(
         models::CausalLmTrainer::from_initial_weights(mesh, dir, a.seed, options, axes));
   }
-  return std::make_unique<Trainer>(models::CausalLmTrainer::load(mesh, dir, options, axes));
+  // On stderr, a terminal's only (the callback runs without the GIL).
+  const ProgressLine line(!a.progress);
+  return std::make_unique<Trainer>(models::CausalLmTrainer::load(
+      mesh, dir, options, axes, [&line](std::int64_t done, std::int64_t total) {
+        line.update(load_progress_text(done, total));
+      }));
 }
 
 // A step's rows: an int32 array [batch, tokens + 1], C-contiguous (read in place, no copy).
@@ -141,6 +148,7 @@ weights dequantized to f32, save() writing a Hugging Face folder), batches of `b
 `tokens` tokens, AdamW (lr, beta1, beta2, eps, weight_decay) with the global-norm clip `clip`,
 a constant or warm-up + cosine schedule over `total_steps`, products in f32 or bf16 (weights,
 gradients and AdamW's state stay f32). A folder a save() wrote resumes where it stopped.
+`progress` shows the checkpoint's load on stderr when it is a terminal.
 )pbdoc")
       .def(py::init([](const std::string& model, std::int64_t batch, std::int64_t tokens,
                        std::optional<runtime::DeviceMesh> mesh,
@@ -148,7 +156,7 @@ gradients and AdamW's state stay f32). A folder a save() wrote resumes where it 
                        std::string init, std::uint32_t seed, double lr, double beta1, double beta2,
                        double eps, double weight_decay, double clip, std::int64_t warmup,
                        std::int64_t total_steps, std::string schedule, std::string dtype,
-                       std::optional<double> router_aux_loss_coef) {
+                       std::optional<double> router_aux_loss_coef, bool progress) {
              TrainerArgs a;
              a.model = model;
              a.batch = batch;
@@ -169,13 +177,15 @@ gradients and AdamW's state stay f32). A folder a save() wrote resumes where it 
              a.schedule = std::move(schedule);
              a.dtype = std::move(dtype);
              a.router_aux_loss_coef = router_aux_loss_coef;
+             a.progress = progress;
              return make_trainer(a);
            }),
            "model"_a, py::kw_only(), "batch"_a, "tokens"_a, "mesh"_a = py::none(),
            "partition_axis"_a = py::none(), "mode"_a = "__train__", "init"_a = "checkpoint",
            "seed"_a = 0, "lr"_a = 1e-3, "beta1"_a = 0.9, "beta2"_a = 0.999, "eps"_a = 1e-8,
            "weight_decay"_a = 1e-2, "clip"_a = 1.0, "warmup"_a = 0, "total_steps"_a = 1,
-           "schedule"_a = "constant", "dtype"_a = "f32", "router_aux_loss_coef"_a = py::none())
+           "schedule"_a = "constant", "dtype"_a = "f32", "router_aux_loss_coef"_a = py::none(),
+           "progress"_a = true)
       .def("step", &step, "rows"_a, R"pbdoc(
 One update from `rows`, an int32 array [batch, tokens + 1] (inputs are each row's first
 `tokens` ids, targets its last): returns the mean cross-entropy. Raises IndexError naming an id

@@ -70,7 +70,7 @@ def test_a_gguf_file_gives_its_folders_logits(checkpoints, tmp_path, name, file_
     subprocess.run([os.environ["NUMESH_CLI"], "convert", "--model", str(d / name), "--out", str(gguf), "--type",
                     file_type, "--quiet"], check=True, capture_output=True)
     prompt = cases[name]["prompt"][0]
-    from_file = numesh.CausalLM.from_pretrained(str(gguf), mesh=MESHES["tp2"]())
+    from_file = numesh.CausalLM.from_pretrained(str(gguf), mesh=MESHES["tp2"](), progress=False)
     folder = numesh.CausalLM.from_pretrained(str(d / name), dtype=file_type, mesh=MESHES["tp2"]())
     got, want = from_file.logits(prompt), folder.logits(prompt)
     assert got.shape == want.shape == (len(prompt), folder.vocab_size)

@@ -94,7 +94,7 @@ def test_a_trainer_starts_from_a_gguf_file_as_from_its_folder(checkpoints, tmp_p
                     str(gguf), "--type", "f32", "--quiet"], check=True, capture_output=True)
     rows = data(256)
     folder = numesh.Trainer(str(d / name), batch=2, tokens=8, **OPTIONS)
-    from_file = numesh.Trainer(str(gguf), batch=2, tokens=8, **OPTIONS)
+    from_file = numesh.Trainer(str(gguf), batch=2, tokens=8, progress=False, **OPTIONS)
     want = [folder.step(rows[2 * k:2 * k + 2]) for k in range(3)]
     got = [from_file.step(rows[2 * k:2 * k + 2]) for k in range(3)]
     assert got == pytest.approx(want, rel=1e-6)

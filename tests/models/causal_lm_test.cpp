@@ -124,6 +124,29 @@ runtime::DeviceMesh mesh(std::int64_t n, const std::string& axis) {
       {axis});
 }
 
+// The host load reports its progress tensor by tensor: rising, and at the end every stored byte
+// of a checkpoint that holds only the model's tensors.
+TEST(CausalLmTest, TheHostLoadReportsEveryByteItReads) {
+  ScratchDir dir;
+  write_model(dir, tiny_llama(), llama_shapes());
+  const HfConfig config = HfConfig::load(dir.path());
+  const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(dir.path());
+  std::uint64_t stored = 0;
+  for (const std::string& name : checkpoint.names()) stored += checkpoint.stored_bytes(name);
+  std::vector<std::pair<std::int64_t, std::int64_t>> calls;
+  (void)CausalLmWeights::load(config, checkpoint, {}, [&](std::int64_t done, std::int64_t total) {
+    calls.emplace_back(done, total);
+  });
+  ASSERT_FALSE(calls.empty());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, static_cast<std::int64_t>(stored)) << "call " << i;
+    if (i > 0) {
+      EXPECT_GT(calls[i].first, calls[i - 1].first) << "call " << i;
+    }
+  }
+  EXPECT_EQ(calls.back().first, static_cast<std::int64_t>(stored));
+}
+
 TEST(CausalLmTest, ATinyLlamaLoadsAndDecodesTheSameOnEveryMesh) {
   ScratchDir dir;
   write_model(dir, tiny_llama(), llama_shapes());

@@ -97,22 +97,6 @@ void write_devices_text(const runtime::DeviceSet& devices, std::ostream& out) {
   for (const std::string& note : devices.notes()) out << "note: " << note << "\n";
 }
 
-ProgressLine::ProgressLine(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
-
-ProgressLine::~ProgressLine() {
-  if (!quiet_ && tty_) std::fprintf(stderr, "\r\033[K");
-}
-
-void ProgressLine::update(const std::string& text) const {
-  if (tty_) show(text);
-}
-
-void ProgressLine::show(const std::string& text) const {
-  if (quiet_) return;
-  std::fprintf(stderr, "%s%s%s", tty_ ? "\r\033[K" : "", text.c_str(), tty_ ? "" : "\n");
-  std::fflush(stderr);
-}
-
 std::ofstream open_json_file(const std::string& path) {
   std::ofstream file;
   if (path.empty()) return file;

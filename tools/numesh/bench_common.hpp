@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "numesh/core/progress_line.hpp"
 #include "numesh/runtime/device.hpp"
 
 namespace numesh::tools {
@@ -40,27 +41,6 @@ nlohmann::json machine_json(const runtime::DeviceSet& devices);
 /// One line per device for the report header: "  device 0 core0: cpus 0, 1 thread, NUMA node
 /// 0, pinned (observer), memory bound", then the device set's notes as "note: ..." lines.
 void write_devices_text(const runtime::DeviceSet& devices, std::ostream& out);
-
-/// The progress line of a benchmark on stderr: on a terminal one line rewritten in place, else
-/// one line per step (as `numesh bench collectives` does); nothing at all when `quiet`.
-/// Not thread-safe: one thread drives it.
-class ProgressLine {
- public:
-  explicit ProgressLine(bool quiet);
-  ProgressLine(const ProgressLine&) = delete;
-  ProgressLine& operator=(const ProgressLine&) = delete;
-  /// Clears the line on a terminal.
-  ~ProgressLine();
-  /// Shows `text` (replacing the previous text on a terminal).
-  void show(const std::string& text) const;
-  /// Shows `text` on a terminal only: for frequent updates (each decode step) that would
-  /// flood a log.
-  void update(const std::string& text) const;
-
- private:
-  bool quiet_;
-  bool tty_;
-};
 
 /// Opens --json FILE for writing before anything is measured, so that an unwritable path is
 /// reported first. An empty path gives a closed stream (nothing to write).

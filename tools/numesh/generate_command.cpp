@@ -28,6 +28,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/core/timing.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
@@ -271,13 +272,8 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
          .context = max_len,
          .partitions = *c.partition_manager,
          .mode = c.mode,
-         .progress =
-             [&](std::int64_t done, std::int64_t total) {
-               line.update(
-                   fmt::format("loading {:.0f}% ({:.0f} of {:.0f} MB)",
-                               100.0 * static_cast<double>(done) / static_cast<double>(total),
-                               static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6));
-             },
+         .progress = [&](std::int64_t done,
+                         std::int64_t total) { line.update(load_progress_text(done, total)); },
          .mapping = c.mapping,
          .kv_dtype = c.kv_dtype,
          .prefill_chunk = o.prefill_chunk}));

@@ -17,6 +17,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/hf/hf_config.hpp"
@@ -54,7 +55,7 @@ Example:
   add_mmap_option(*cmd, o.mmap);
   add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--json", o.json, "Write the result as JSON to FILE");
-  cmd->add_flag("--quiet", o.quiet, "No per-chunk progress");
+  cmd->add_flag("--quiet", o.quiet, "No progress: the load's (on a terminal) and each chunk's");
   return cmd;
 }
 
@@ -104,8 +105,17 @@ int run_perplexity(const PerplexityOptions& o, std::ostream& out) {
       o.dtype.empty() && source.stored_dtype()
           ? models::WeightFormats::as_stored(*checkpoint, *source.stored_dtype())
           : models::WeightFormats(dtype);
-  models::CausalLm lm = models::CausalLm::load(make_mesh(o.mesh), config, *checkpoint, 1, o.context,
-                                               formats, {}, {}, mapping, kv_dtype);
+  std::optional<models::CausalLm> loaded;
+  {
+    const ProgressLine line(o.quiet);
+    loaded.emplace(models::CausalLm::load(
+        make_mesh(o.mesh), config, *checkpoint, 1, o.context, formats, {},
+        [&](std::int64_t done, std::int64_t total) {
+          line.update(load_progress_text(done, total));
+        },
+        mapping, kv_dtype));
+  }
+  models::CausalLm& lm = *loaded;
 
   out << fmt::format(
       "numesh perplexity: {} ({} model), {} weights, {} KV cache; {} tokens of {}, chunks of {} "

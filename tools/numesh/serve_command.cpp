@@ -23,6 +23,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/models/chat/chat_template.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/engine_loop.hpp"
@@ -220,8 +221,7 @@ int run_serve(const ServeOptions& o, std::ostream& out) {
   }
   const ProgressLine line(o.quiet);
   options.progress = [&](std::int64_t done, std::int64_t total) {
-    line.update(fmt::format("loading {:.0f}%",
-                            100.0 * static_cast<double>(done) / static_cast<double>(total)));
+    line.update(load_progress_text(done, total));
   };
   // Binds now and answers 503 while the model loads.
   serve::Service service(std::move(options), OptionStyle::kFlag);

@@ -16,6 +16,7 @@
 #include "nonfinite_note.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
+#include "numesh/core/progress_line.hpp"
 #include "numesh/core/timing.hpp"
 #include "numesh/models/engine/model_source.hpp"
 #include "numesh/models/formats/npy.hpp"
@@ -156,7 +157,11 @@ std::optional<models::CausalLmTrainer> make_trainer(const TrainOptions& o,
                  "--model {} holds no safetensors weights to start from; give --init random to "
                  "initialise them",
                  dir.string());
-    trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes));
+    const ProgressLine line(o.quiet);
+    trainer.emplace(models::CausalLmTrainer::load(mesh, dir, options, axes,
+                                                  [&](std::int64_t done, std::int64_t total) {
+                                                    line.update(load_progress_text(done, total));
+                                                  }));
   }
   return trainer;
 }

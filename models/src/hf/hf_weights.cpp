@@ -27,8 +27,13 @@ using runtime::HostTensor;
 // `defer`, matrix() returns a shape-only tensor and records where its values are instead.
 class Reader {
  public:
-  Reader(const Checkpoint& checkpoint, std::map<std::string, MatrixSource>* deferred)
-      : checkpoint_(checkpoint), deferred_(deferred) {}
+  Reader(const Checkpoint& checkpoint, std::map<std::string, MatrixSource>* deferred,
+         const WeightsProgress& progress = {})
+      : checkpoint_(checkpoint), deferred_(deferred), progress_(progress) {
+    if (progress_) {
+      for (const std::string& name : checkpoint_.names()) total_ += checkpoint_.stored_bytes(name);
+    }
+  }
 
   // Checks tensor `name`'s shape is `expected`.
   void check(const std::string& name, const std::vector<std::int64_t>& expected) const {
@@ -42,6 +47,7 @@ class Reader {
     check(name, expected);
     HostTensor t = HostTensor::zeros(expected);
     checkpoint_.read(name, DType::kF32, std::as_writable_bytes(std::span<float>(t.data)));
+    read_bytes(name, checkpoint_.stored_bytes(name));
     return t;
   }
   // A small nn.Linear weight [out, in] (a router, a gate) read and transposed to [in, out].
@@ -68,6 +74,9 @@ class Reader {
       const std::array<std::int64_t, 2> at{source.row_offset, 0}, size{out, in};
       checkpoint_.read_box(source.tensors.front(), at, size, DType::kF32,
                            std::as_writable_bytes(std::span<float>(part.data)));
+      read_bytes(source.tensors.front(), checkpoint_.stored_bytes(source.tensors.front()) *
+                                             static_cast<std::uint64_t>(out) /
+                                             static_cast<std::uint64_t>(rows));
       return source.transposed ? transposed(part) : part;
     }
     if (!source.transposed) return read(source.tensors.front(), {out, in});
@@ -95,8 +104,24 @@ class Reader {
   }
 
  private:
+  // Counts `bytes` of tensor `name` read, and reports the bytes read so far. A tensor read again
+  // (a tied head is the embedding's) counts once: at most its stored bytes in all.
+  void read_bytes(const std::string& name, std::uint64_t bytes) const {
+    if (!progress_) return;
+    std::uint64_t& counted = counted_[name];
+    const std::uint64_t added = std::min(bytes, checkpoint_.stored_bytes(name) - counted);
+    if (added == 0) return;
+    counted += added;
+    done_ += added;
+    progress_(static_cast<std::int64_t>(done_), static_cast<std::int64_t>(total_));
+  }
+
   const Checkpoint& checkpoint_;
   std::map<std::string, MatrixSource>* deferred_;
+  const WeightsProgress& progress_;
+  std::uint64_t total_ = 0;
+  mutable std::uint64_t done_ = 0;
+  mutable std::map<std::string, std::uint64_t> counted_;  // bytes counted, by tensor
 };
 
 // One linear weight's source.
@@ -136,10 +161,11 @@ SlotPattern known_slot(std::string_view slot, const ArchitectureSpec& spec) {
 // shape-only with their sources recorded there. Every name comes from the architecture's spec.
 CausalLmWeights load_weights(const HfConfig& config, const Checkpoint& checkpoint,
                              const WeightFormats& formats,
-                             std::map<std::string, MatrixSource>* deferred) {
+                             std::map<std::string, MatrixSource>* deferred,
+                             const WeightsProgress& progress = {}) {
   const ops::TransformerConfig t = config.transformer_config();
   const ArchitectureSpec& spec = config.spec();
-  const Reader r(checkpoint, deferred);
+  const Reader r(checkpoint, deferred, progress);
   const std::int64_t h = t.hidden, v = config.vocab_size, d = t.attention.head_dim;
   const std::int64_t q_out = t.attention.num_heads * d, kv_out = t.attention.num_kv_heads * d;
   // The Hugging Face name of numesh's weight `slot`, at layer l (and expert e).
@@ -246,8 +272,9 @@ bool saved_transposed(std::string_view slot) {
 }  // namespace
 
 CausalLmWeights CausalLmWeights::load(const HfConfig& config, const Checkpoint& checkpoint,
-                                      const WeightFormats& formats) {
-  return load_weights(config, checkpoint, formats, nullptr);
+                                      const WeightFormats& formats,
+                                      const WeightsProgress& progress) {
+  return load_weights(config, checkpoint, formats, nullptr, progress);
 }
 
 std::string hf_tensor_name(std::string_view slot, Architecture architecture) {

@@ -179,13 +179,14 @@ CausalLmTrainer CausalLmTrainer::from_initial_weights(runtime::DeviceMesh mesh,
 }
 
 CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
-                                      TrainingOptions options, ops::ModelAxes axes) {
+                                      TrainingOptions options, ops::ModelAxes axes,
+                                      const WeightsProgress& progress) {
   if (GgufCheckpoint::is_gguf(dir)) {
     // Its weights in fp32 (a block format's dequantized as GGML defines it); no optimizer state.
     const GgufCheckpoint checkpoint = GgufCheckpoint::open(dir);
     nlohmann::json doc = trainable_document(checkpoint);
     const CausalLmWeights weights =
-        CausalLmWeights::load(checkpoint.config(), checkpoint, DType::kF32);
+        CausalLmWeights::load(checkpoint.config(), checkpoint, DType::kF32, progress);
     return CausalLmTrainer(std::move(mesh), std::move(doc), weights, std::move(options),
                            std::move(axes));
   }
@@ -193,7 +194,7 @@ CausalLmTrainer CausalLmTrainer::load(runtime::DeviceMesh mesh, const std::files
   std::ifstream in(dir / "config.json");
   nlohmann::json doc = nlohmann::json::parse(in);  // well-formed: HfConfig::load read it
   const SafetensorsCheckpoint checkpoint = SafetensorsCheckpoint::open(dir);
-  const CausalLmWeights weights = CausalLmWeights::load(config, checkpoint, DType::kF32);
+  const CausalLmWeights weights = CausalLmWeights::load(config, checkpoint, DType::kF32, progress);
   CausalLmTrainer trainer(std::move(mesh), std::move(doc), weights, std::move(options),
                           std::move(axes));
   if (std::filesystem::exists(dir / kOptimizerFile))

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ struct MatrixSource {
   std::int64_t tensor_rows = 0;
 };
 
+/// Checkpoint bytes read so far and in all, reported as a load goes (from one thread at a time).
+using WeightsProgress = std::function<void(std::int64_t done, std::int64_t total)>;
+
 /// A decoder-only language model's weights, in host memory, fp32 values (each layer's
 /// stored_as says how the devices keep its matrices).
 struct CausalLmWeights {
@@ -52,11 +56,15 @@ struct CausalLmWeights {
   /// stores each matrix as `formats` says (embedding, LM head, attention, MLPs, experts and the
   /// shared expert, each matrix its own format; norms, biases, routers and the shared expert's
   /// gate stay fp32). A DType stores every matrix in it.
+  /// `progress` (when set) is told the checkpoint bytes read so far and in all after each
+  /// tensor (the stored bytes of every tensor the checkpoint holds: the last call may stay
+  /// short of the total when it holds tensors the model does not read).
   /// Throws: ValueError as HfConfig::transformer_config(); KeyError naming the tensor,
   /// the checkpoint and its closest names when one is missing; ShapeError naming the tensor,
   /// its shape and the shape the config implies; ValueError for a dtype numesh cannot read.
   static CausalLmWeights load(const HfConfig& config, const Checkpoint& checkpoint,
-                              const WeightFormats& formats = {});
+                              const WeightFormats& formats = {},
+                              const WeightsProgress& progress = {});
   /// As load(), with every large matrix (the embedding, the LM head, the attention, MLP, expert
   /// and shared-expert projections) left HostTensor::shape_only and its source recorded instead:
   /// what CausalLm::load reads straight into the devices. Shapes are checked as load() does;

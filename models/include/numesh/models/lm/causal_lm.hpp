@@ -78,7 +78,7 @@ class CausalLm {
            DType kv_dtype = DType::kF32);
   /// Checkpoint bytes read so far and in all, reported by load() after each matrix (from one of
   /// the load's threads, never two calls at once).
-  using LoadProgress = std::function<void(std::int64_t done, std::int64_t total)>;
+  using LoadProgress = WeightsProgress;
   /// The model of `checkpoint`, with each device reading only its own shard of every large
   /// matrix (embedding, LM head, projections, experts) straight from the file mapping into memory
   /// of its node, in the format `formats` gives it (and transposed on the way for the MoE experts,

@@ -74,6 +74,7 @@ class CausalLmTrainer {
   /// training continues where it stopped. Or a GGUF model (GgufCheckpoint::is_gguf(dir)): its
   /// metadata as the config.json (GgufCheckpoint::config_document), its weights in F32 (block
   /// formats dequantized), the optimizer's state at zero; save() writes a Hugging Face folder.
+  /// `progress` (when set) is told the checkpoint bytes read as the weights are read.
   /// Throws for a GGUF model also: NotImplementedError when its config has no config.json form
   /// (a rope_freqs tensor), naming the file; what GgufCheckpoint::open throws.
   /// Throws: as HfConfig::load, SafetensorsCheckpoint::open and CausalLmWeights::load (a
@@ -81,7 +82,8 @@ class CausalLmTrainer {
   /// KeyError naming the tensor when the optimizer's state does not fit the model; as the
   /// constructor.
   static CausalLmTrainer load(runtime::DeviceMesh mesh, const std::filesystem::path& dir,
-                              TrainingOptions options, ops::ModelAxes axes = {});
+                              TrainingOptions options, ops::ModelAxes axes = {},
+                              const WeightsProgress& progress = {});
   /// The model of dir/config.json (or of a GGUF model's metadata, as load() reads it) with
   /// transformers' initial weights (initial_weights(config, seed)), optimizer state at zero,
   /// step 0: training from scratch.
