@@ -143,24 +143,21 @@ void reduce_block_16bit(void* dst, const std::vector<const void*>& inputs, std::
 // says).
 void reduce_parallel(void* dst, const std::vector<const void*>& inputs, std::size_t offset,
                      std::size_t n, ReduceOp op, DType type, Widths widths = {}) {
+  // (Block formats are refused before any node is added: collectives move element types.)
+  if (!is_element_dtype(type)) return;
   const std::size_t dst_item = widths.dst_f32 ? sizeof(float) : dtype_size(type);
   for_range(n, [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; i += kReduceBlock) {
       const std::size_t len = std::min(kReduceBlock, e - i);
-      switch (type) {
-        case DType::kF32:
+      switch (element_type(type)) {
+        case ElementType::kF32:
           reduce_block(static_cast<float*>(dst) + i, inputs, offset + i, len, op);
           break;
-        case DType::kBF16:
-        case DType::kF16:
+        case ElementType::kBF16:
+        case ElementType::kF16:
           reduce_block_16bit(static_cast<std::byte*>(dst) + i * dst_item, inputs, offset + i, len,
                              op, type, widths);
           break;
-        case DType::kQ8_0:
-        case DType::kQ4_0:
-        case DType::kQ4_K:
-        case DType::kQ6_K:
-          break;  // refused before any node is added: collectives move element types
       }
     }
   });

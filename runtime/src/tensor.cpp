@@ -95,30 +95,26 @@ bool HostTensor::is_shape_only() const noexcept {
 
 HostTensor rounded_to(const HostTensor& t, DType dtype) {
   HostTensor out = t;
-  switch (dtype) {
-    case DType::kF32:
+  if (!is_element_dtype(dtype)) {
+    // Row by row (the last dim), through the format's blocks and back.
+    const std::int64_t row = t.shape.empty() ? 1 : t.shape.back();
+    std::vector<std::byte> blocks(static_cast<std::size_t>(row_bytes(dtype, row)));
+    for (std::size_t at = 0; row > 0 && at < out.data.size(); at += static_cast<std::size_t>(row)) {
+      float* values = out.data.data() + at;
+      convert_elements(values, DType::kF32, blocks.data(), dtype, static_cast<std::size_t>(row));
+      convert_elements(blocks.data(), dtype, values, DType::kF32, static_cast<std::size_t>(row));
+    }
+    return out;
+  }
+  switch (element_type(dtype)) {
+    case ElementType::kF32:
       break;
-    case DType::kBF16:
+    case ElementType::kBF16:
       for (float& v : out.data) v = f32_from_bf16(bf16_from_f32(v));
       break;
-    case DType::kF16:
+    case ElementType::kF16:
       for (float& v : out.data) v = f32_from_f16(f16_from_f32(v));
       break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K: {
-      // Row by row (the last dim), through the format's blocks and back.
-      const std::int64_t row = t.shape.empty() ? 1 : t.shape.back();
-      std::vector<std::byte> blocks(static_cast<std::size_t>(row_bytes(dtype, row)));
-      for (std::size_t at = 0; row > 0 && at < out.data.size();
-           at += static_cast<std::size_t>(row)) {
-        float* values = out.data.data() + at;
-        convert_elements(values, DType::kF32, blocks.data(), dtype, static_cast<std::size_t>(row));
-        convert_elements(blocks.data(), dtype, values, DType::kF32, static_cast<std::size_t>(row));
-      }
-      break;
-    }
   }
   return out;
 }

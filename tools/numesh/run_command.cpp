@@ -193,20 +193,17 @@ Check check_runs(const RunOptions& o, const runtime::DeviceMesh& mesh,
                  DType dtype, const ops::ModelAxes& axes, std::int64_t steps, std::int64_t max_len,
                  const Runs& r, const Progress& progress) {
   Check c;
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kF16:
-      c.bound = kCheckBound;
-      break;
-    case DType::kBF16:
-      c.bound = kBf16CheckBound;
-      break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      c.bound = kBlockFormatCheckBound;
-      break;
+  c.bound = kBlockFormatCheckBound;
+  if (is_element_dtype(dtype)) {
+    switch (element_type(dtype)) {
+      case ElementType::kF32:
+      case ElementType::kF16:
+        c.bound = kCheckBound;
+        break;
+      case ElementType::kBF16:
+        c.bound = kBf16CheckBound;
+        break;
+    }
   }
   c.check = ReferenceCheck(c.bound);
   c.moe_rounded = (dtype == DType::kBF16 || !is_element_dtype(dtype)) && config.moe_every > 0 &&

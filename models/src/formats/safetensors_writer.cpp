@@ -19,37 +19,28 @@ namespace numesh::models {
 
 namespace {
 
+// (Block formats are refused by write_safetensors before these are asked: element types only.)
 std::string_view header_dtype(DType d) {
-  switch (d) {
-    case DType::kF32:
+  switch (element_type(d)) {
+    case ElementType::kF32:
       return "F32";
-    case DType::kBF16:
+    case ElementType::kBF16:
       return "BF16";
-    case DType::kF16:
+    case ElementType::kF16:
       return "F16";
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      break;  // refused by write_safetensors
   }
   return "?";
 }
 
 // The Rust crate's order of its Dtype enum, by which it sorts tensors (wider types first).
 int rust_rank(DType d) {
-  switch (d) {
-    case DType::kF32:
+  switch (element_type(d)) {
+    case ElementType::kF32:
       return 17;
-    case DType::kBF16:
+    case ElementType::kBF16:
       return 14;
-    case DType::kF16:
+    case ElementType::kF16:
       return 13;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      break;  // refused by write_safetensors
   }
   return 0;
 }
@@ -57,23 +48,18 @@ int rust_rank(DType d) {
 std::string stored_bytes(const runtime::HostTensor& t, DType d) {
   std::string out(t.data.size() * dtype_size(d), '\0');
   std::vector<std::uint16_t> bits;
-  switch (d) {
-    case DType::kF32:
+  switch (element_type(d)) {
+    case ElementType::kF32:
       std::memcpy(out.data(), t.data.data(), out.size());
       return out;
-    case DType::kBF16:
+    case ElementType::kBF16:
       bits.resize(t.data.size());
       runtime::convert_f32_to_bf16(t.data, bits);
       break;
-    case DType::kF16:
+    case ElementType::kF16:
       bits.resize(t.data.size());
       runtime::convert_f32_to_f16(t.data, bits);
       break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      return out;  // refused by write_safetensors
   }
   std::memcpy(out.data(), bits.data(), out.size());
   return out;

@@ -95,76 +95,62 @@ SlotFinding find_nonfinite(const void* data, std::size_t n, DType dtype) {
   const auto note = [&f](std::size_t i, double value) {
     if (f.count++ == 0) f.first_at = static_cast<std::int64_t>(i), f.first = value;
   };
-  switch (dtype) {
-    case DType::kF32:
+  if (!is_element_dtype(dtype)) {
+    // A block's values are finite when its f16 scales are (d; Q4_K's dmin too): the codes
+    // are small integers and the largest finite scales times them stay far below f32's range
+    // (block_formats.hpp). So only a block whose scale overflowed f16 (weights beyond ~8e6)
+    // or holds a NaN is dequantized, to count its values as before: reading the scales alone
+    // takes a q4_0 model's scan from every weight to one 2-byte field in 18 bytes.
+    const DTypeTraits& format = traits(dtype);
+    const auto block = static_cast<std::size_t>(format.block_elements);
+    const auto bytes = static_cast<std::size_t>(format.block_bytes);
+    std::vector<std::size_t> scale_at;  // the f16 scales' offsets in a block
+    for (const std::int16_t at : format.f16_scales) {
+      if (at >= 0) scale_at.push_back(static_cast<std::size_t>(at));
+    }
+    std::vector<float> values(block);
+    const auto* blocks = static_cast<const std::byte*>(data);
+    // The scale's exponent bits all ones: an infinity or a NaN.
+    const auto all_ones = [](const std::byte* scale) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, scale, sizeof bits);
+      return (bits & 0x7C00) == 0x7C00;
+    };
+    const std::size_t count = (n + block - 1) / block;
+    for (std::size_t r = 0; r < count; r += kScanRun) {
+      // A run of blocks is looked at closely only when one of its scales is non-finite: a
+      // branch-free pass over the scales first, as for the float types (a branch a block,
+      // through a vector of offsets, had the scan of a q4_0 file take as long as reading it).
+      const std::size_t end = std::min(count, r + kScanRun);
+      bool hit = false;
+      for (const std::size_t o : scale_at) {
+        for (std::size_t b = r; b < end; ++b) hit |= all_ones(blocks + b * bytes + o);
+      }
+      if (!hit) continue;
+      for (std::size_t b = r; b < end; ++b) {
+        const std::byte* at = blocks + b * bytes;
+        if (std::none_of(scale_at.begin(), scale_at.end(),
+                         [&](std::size_t o) { return all_ones(at + o); }))
+          continue;
+        runtime::convert_elements(at, dtype, values.data(), DType::kF32, block);
+        for (std::size_t i = 0; i < block; ++i) {
+          if (!std::isfinite(values[i])) note(b * block + i, values[i]);
+        }
+      }
+    }
+    return f;
+  }
+  switch (element_type(dtype)) {
+    case ElementType::kF32:
       note_all_ones<std::uint32_t>(static_cast<const std::uint32_t*>(data), n, 0x7F800000U, dtype,
                                    note);
       return f;
-    case DType::kBF16:
+    case ElementType::kBF16:
       note_all_ones<std::uint16_t>(static_cast<const std::uint16_t*>(data), n, 0x7F80, dtype, note);
       return f;
-    case DType::kF16:
+    case ElementType::kF16:
       note_all_ones<std::uint16_t>(static_cast<const std::uint16_t*>(data), n, 0x7C00, dtype, note);
       return f;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K: {
-      // A block's values are finite when its f16 scales are (d; Q4_K's dmin too): the codes
-      // are small integers and the largest finite scales times them stay far below f32's range
-      // (block_formats.hpp). So only a block whose scale overflowed f16 (weights beyond ~8e6)
-      // or holds a NaN is dequantized, to count its values as before: reading the scales alone
-      // takes a q4_0 model's scan from every weight to one 2-byte field in 18 bytes.
-      const DTypeTraits& format = traits(dtype);
-      const auto block = static_cast<std::size_t>(format.block_elements);
-      const auto bytes = static_cast<std::size_t>(format.block_bytes);
-      std::vector<std::size_t> scale_at;  // the f16 scales' offsets in a block
-      switch (dtype) {
-        case DType::kQ8_0:
-          scale_at = {offsetof(runtime::BlockQ8_0, d)};
-          break;
-        case DType::kQ4_0:
-          scale_at = {offsetof(runtime::BlockQ4_0, d)};
-          break;
-        case DType::kQ4_K:
-          scale_at = {offsetof(runtime::BlockQ4_K, d), offsetof(runtime::BlockQ4_K, dmin)};
-          break;
-        default:
-          scale_at = {offsetof(runtime::BlockQ6_K, d)};
-          break;
-      }
-      std::vector<float> values(block);
-      const auto* blocks = static_cast<const std::byte*>(data);
-      // The scale's exponent bits all ones: an infinity or a NaN.
-      const auto all_ones = [](const std::byte* scale) {
-        std::uint16_t bits = 0;
-        std::memcpy(&bits, scale, sizeof bits);
-        return (bits & 0x7C00) == 0x7C00;
-      };
-      const std::size_t count = (n + block - 1) / block;
-      for (std::size_t r = 0; r < count; r += kScanRun) {
-        // A run of blocks is looked at closely only when one of its scales is non-finite: a
-        // branch-free pass over the scales first, as for the float types (a branch a block,
-        // through a vector of offsets, had the scan of a q4_0 file take as long as reading it).
-        const std::size_t end = std::min(count, r + kScanRun);
-        bool hit = false;
-        for (const std::size_t o : scale_at) {
-          for (std::size_t b = r; b < end; ++b) hit |= all_ones(blocks + b * bytes + o);
-        }
-        if (!hit) continue;
-        for (std::size_t b = r; b < end; ++b) {
-          const std::byte* at = blocks + b * bytes;
-          if (std::none_of(scale_at.begin(), scale_at.end(),
-                           [&](std::size_t o) { return all_ones(at + o); }))
-            continue;
-          runtime::convert_elements(at, dtype, values.data(), DType::kF32, block);
-          for (std::size_t i = 0; i < block; ++i) {
-            if (!std::isfinite(values[i])) note(b * block + i, values[i]);
-          }
-        }
-      }
-      return f;
-    }
   }
   return f;
 }

@@ -34,12 +34,14 @@ float fold(const float* s) {
 // ---- Scalar: the order written out
 // ---------------------------------------------------------------
 
-// One output of fp32 / f16 weights: blocks of 32, element e into s[e mod 32], zeros past k.
-float dot_scalar(std::int64_t k, const float* x, const void* w, DType t) {
+// Output j of fp32 / f16 weights b (stored out-in): blocks of 32, element e into s[e mod 32],
+// zeros past k.
+float dot_scalar(std::int64_t k, const float* x, const WeightMatrix& b, std::int64_t j) {
+  const void* w = b.stored_row(j);
   float s[kLanes] = {};
   const std::int64_t padded = (k + kLanes - 1) / kLanes * kLanes;
   for (std::int64_t e = 0; e < padded; ++e) {
-    const float xe = e < k ? x[e] : 0.0f, we = e < k ? widened_element(w, t, e) : 0.0f;
+    const float xe = e < k ? x[e] : 0.0f, we = e < k ? widened_element(w, b.dtype, e) : 0.0f;
     s[e % kLanes] = std::fma(we, xe, s[e % kLanes]);
   }
   return fold(s);
@@ -815,8 +817,11 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
   const void* b = w.data;
   const DType b_type = w.dtype;
   if (m <= 0 || n <= 0) return;
-  switch (b_type) {
-    case DType::kBF16: {
+  NUMESH_CHECK(is_element_dtype(b_type), TypeError,
+               "dot_gemm: {} weights take their own dot kernel (block_gemm.hpp)",
+               to_string(b_type));
+  switch (element_type(b_type)) {
+    case ElementType::kBF16: {
       // a's bf16 bits, row after row (the calling thread's buffer).
       thread_local std::vector<std::uint16_t> bits;
       bits.resize(static_cast<std::size_t>(m * k));
@@ -828,15 +833,9 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
       dot_gemm_bf16(m, bits.data(), k, w, c, ldc, level);
       return;
     }
-    case DType::kF32:
-    case DType::kF16:
+    case ElementType::kF32:
+    case ElementType::kF16:
       break;  // below: the vector kernels' two-way choices are between these two
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      throw TypeError(fmt::format("dot_gemm: {} weights take their own dot kernel (block_gemm.hpp)",
-                                  to_string(b_type)));
   }
   switch (level) {
     case KernelLevel::kAvx512:
@@ -850,12 +849,8 @@ void dot_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightMatr
     case KernelLevel::kScalar:
       break;
   }
-  const auto elem = static_cast<std::int64_t>(dtype_size(b_type));
   for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < n; ++j) {
-      c[i * ldc + j] =
-          dot_scalar(k, a + i * lda, static_cast<const char*>(b) + j * ldb * elem, b_type);
-    }
+    for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = dot_scalar(k, a + i * lda, w, j);
   }
 }
 

@@ -52,19 +52,11 @@ void gemm_widened(std::int64_t m, std::int64_t n, std::int64_t k, const float* a
         const std::uint16_t* from = out_in ? b + (j0 + q) * ldb + r0 : b + (r0 + q) * ldb + j0;
         const std::span<const std::uint16_t> src(from, static_cast<std::size_t>(run));
         const std::span<float> dst(panel.data() + q * run, static_cast<std::size_t>(run));
-        switch (b_type) {
-          case DType::kBF16:
-            convert_bf16_to_f32(src, dst, level);
-            break;
-          case DType::kF16:
-            convert_f16_to_f32(src, dst, level);
-            break;
-          case DType::kF32:
-          case DType::kQ8_0:
-          case DType::kQ4_0:
-          case DType::kQ4_K:
-          case DType::kQ6_K:
-            break;  // refused by gemm_16bit
+        // (gemm_16bit takes bf16 and f16 weights only.)
+        if (b_type == DType::kBF16) {
+          convert_bf16_to_f32(src, dst, level);
+        } else {
+          convert_f16_to_f32(src, dst, level);
         }
       }
       gemm(m, cols, rows, 1.0f, a + r0, lda, panel.data(), run, /*transpose_b=*/out_in,

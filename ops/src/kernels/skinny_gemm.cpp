@@ -10,20 +10,16 @@ namespace {
 
 using runtime::KernelLevel;
 
-// b's element (row r, column j) as fp32.
-float weight(const void* b, DType t, std::int64_t ldb, std::int64_t r, std::int64_t j) {
-  return widened_element(b, t, r * ldb + j);
-}
-
-// Columns [j0, j1) of c, one element at a time: the order every level follows.
+// Columns [j0, j1) of c from b (stored in-out, an element type), one element at a time: the
+// order every level follows.
 void columns_scalar(std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k,
-                    const float* a, std::int64_t lda, const void* b, DType t, std::int64_t ldb,
-                    float* c, std::int64_t ldc) {
+                    const float* a, std::int64_t lda, const WeightMatrix& b, float* c,
+                    std::int64_t ldc) {
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = j0; j < j1; ++j) {
       float acc = 0.0f;
       for (std::int64_t r = 0; r < k; ++r)
-        acc = std::fma(a[i * lda + r], weight(b, t, ldb, r, j), acc);
+        acc = std::fma(a[i * lda + r], widened_element(b.stored_row(r), b.dtype, j), acc);
       c[i * ldc + j] = acc;
     }
   }
@@ -94,11 +90,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void strip_avx512(
 }
 
 template <DType T>
-void skinny_avx512(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                   const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+void skinny_avx512(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w,
+                   float* c, std::int64_t ldc) {
+  const std::int64_t n = w.cols, k = w.rows;
   const std::int64_t vec_end = n / 16 * 16;
-  if (vec_end > 0) strip_avx512<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
-  columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
+  if (vec_end > 0) strip_avx512<T>(m, 0, vec_end, k, a, lda, w.data, w.stride(), c, ldc);
+  columns_scalar(m, vec_end, n, k, a, lda, w, c, ldc);
 }
 
 // ---- AVX2 (8 columns a vector) ----------------------------------------------------------------
@@ -156,11 +153,12 @@ __attribute__((target("avx2,fma,f16c"))) void strip_avx2(std::int64_t m, std::in
 }
 
 template <DType T>
-void skinny_avx2(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const void* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+void skinny_avx2(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& w, float* c,
+                 std::int64_t ldc) {
+  const std::int64_t n = w.cols, k = w.rows;
   const std::int64_t vec_end = n / 8 * 8;
-  if (vec_end > 0) strip_avx2<T>(m, 0, vec_end, k, a, lda, b, ldb, c, ldc);
-  columns_scalar(m, vec_end, n, k, a, lda, b, T, ldb, c, ldc);
+  if (vec_end > 0) strip_avx2<T>(m, 0, vec_end, k, a, lda, w.data, w.stride(), c, ldc);
+  columns_scalar(m, vec_end, n, k, a, lda, w, c, ldc);
 }
 
 }  // namespace
@@ -169,35 +167,30 @@ void skinny_gemm(std::int64_t m, const float* a, std::int64_t lda, const WeightM
                  std::int64_t ldc, KernelLevel level) {
   NUMESH_CHECK(w.layout == WeightLayout::kInOut, ShapeError,
                "skinny_gemm: weights stored out-in; it reads in-out ones (dot_gemm reads out-in)");
-  const std::int64_t n = w.cols, k = w.rows, ldb = w.stride();
-  const void* b = w.data;
+  const std::int64_t n = w.cols, k = w.rows;
   const DType b_type = w.dtype;
   if (m <= 0 || n <= 0) return;
   const bool avx512 = level >= KernelLevel::kAvx512;
   const bool avx2 = level == KernelLevel::kAvx2;
-  switch (b_type) {
-    case DType::kF32:
-      if (avx512) return skinny_avx512<DType::kF32>(m, n, k, a, lda, b, ldb, c, ldc);
-      if (avx2) return skinny_avx2<DType::kF32>(m, n, k, a, lda, b, ldb, c, ldc);
+  // A block format's blocks run along the stored rows, the outputs here: weights of a block
+  // format are stored out-in only (dot kernels: block_gemm.hpp).
+  NUMESH_CHECK(is_element_dtype(b_type), TypeError,
+               "skinny_gemm: {} weights are stored out-in only", to_string(b_type));
+  switch (element_type(b_type)) {
+    case ElementType::kF32:
+      if (avx512) return skinny_avx512<DType::kF32>(m, a, lda, w, c, ldc);
+      if (avx2) return skinny_avx2<DType::kF32>(m, a, lda, w, c, ldc);
       break;
-    case DType::kBF16:
-      if (avx512) return skinny_avx512<DType::kBF16>(m, n, k, a, lda, b, ldb, c, ldc);
-      if (avx2) return skinny_avx2<DType::kBF16>(m, n, k, a, lda, b, ldb, c, ldc);
+    case ElementType::kBF16:
+      if (avx512) return skinny_avx512<DType::kBF16>(m, a, lda, w, c, ldc);
+      if (avx2) return skinny_avx2<DType::kBF16>(m, a, lda, w, c, ldc);
       break;
-    case DType::kF16:
-      if (avx512) return skinny_avx512<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
-      if (avx2) return skinny_avx2<DType::kF16>(m, n, k, a, lda, b, ldb, c, ldc);
+    case ElementType::kF16:
+      if (avx512) return skinny_avx512<DType::kF16>(m, a, lda, w, c, ldc);
+      if (avx2) return skinny_avx2<DType::kF16>(m, a, lda, w, c, ldc);
       break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      // Their blocks run along the stored rows, the outputs here: weights of a block format
-      // are stored out-in only (dot kernels: block_gemm.hpp).
-      throw TypeError(
-          fmt::format("skinny_gemm: {} weights are stored out-in only", to_string(b_type)));
   }
-  columns_scalar(m, 0, n, k, a, lda, b, b_type, ldb, c, ldc);
+  columns_scalar(m, 0, n, k, a, lda, w, c, ldc);
 }
 
 }  // namespace numesh::ops

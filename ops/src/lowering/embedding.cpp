@@ -26,24 +26,22 @@ using sharding::PartitionSpec;
 // Row `row` of a [rows, h] table shard of `dtype`, widened into `out`.
 void widen_row(const runtime::Tensor& table, std::int64_t row, std::int64_t h, float* out) {
   const auto at = static_cast<std::size_t>(row * h), n = static_cast<std::size_t>(h);
-  switch (table.dtype()) {
-    case DType::kF32:
+  if (!is_element_dtype(table.dtype())) {
+    // The row's blocks, dequantized (a row of the table is whole blocks: its shard exists).
+    runtime::convert_elements(
+        static_cast<const std::byte*>(table.data()) + row_bytes(table.dtype(), row * h),
+        table.dtype(), out, DType::kF32, n);
+    return;
+  }
+  switch (element_type(table.dtype())) {
+    case ElementType::kF32:
       std::memcpy(out, table.values().data() + at, n * sizeof(float));
       return;
-    case DType::kBF16:
+    case ElementType::kBF16:
       runtime::convert_bf16_to_f32(table.bits16().subspan(at, n), {out, n});
       return;
-    case DType::kF16:
+    case ElementType::kF16:
       runtime::convert_f16_to_f32(table.bits16().subspan(at, n), {out, n});
-      return;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      // The row's blocks, dequantized (a row of the table is whole blocks: its shard exists).
-      runtime::convert_elements(
-          static_cast<const std::byte*>(table.data()) + row_bytes(table.dtype(), row * h),
-          table.dtype(), out, DType::kF32, n);
       return;
   }
 }

@@ -141,17 +141,14 @@ MatrixD quantized_activations(const MatrixD& x) {
 }  // namespace
 
 MatrixD projection_input(const MatrixD& x, DType weights) {
-  switch (weights) {
-    case DType::kF32:
-    case DType::kF16:
+  // Every block format's kernels take 8-bit blocks of activations (block_gemm.hpp).
+  if (!is_element_dtype(weights)) return quantized_activations(x);
+  switch (element_type(weights)) {
+    case ElementType::kF32:
+    case ElementType::kF16:
       return x;
-    case DType::kBF16:
+    case ElementType::kBF16:
       break;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      return quantized_activations(x);
   }
   return x.unaryExpr([](double v) {
     return static_cast<double>(f32_from_bf16(bf16_from_f32(static_cast<float>(v))));

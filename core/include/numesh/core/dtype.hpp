@@ -40,13 +40,19 @@ enum class DType : std::uint8_t {
 /// entry per DType in kDTypes. Element types (f32, bf16, f16) are blocks of one element; block
 /// formats (quantized weights, a block of scales and codes per run of elements along a row) have
 /// more. Adding a format is an enumerator and its entry here; code that must know each format
-/// switches on DType exhaustively (-Wswitch with -Werror then names every place).
+/// switches on DType exhaustively (-Wswitch with -Werror then names every place), and code that
+/// treats every block format alike switches on element_type() instead (docs/ops.md, "What a new
+/// block format touches").
 struct DTypeTraits {
   DType dtype;
   std::string_view name;                    ///< what to_string gives and parse_dtype takes
   std::array<std::string_view, 2> aliases;  ///< other names parse_dtype takes ("" for none)
   std::int64_t block_elements;              ///< elements a block holds (1: an element type)
   std::int64_t block_bytes;                 ///< bytes a block takes
+  /// A block format's f16 scales, as byte offsets in a block (-1: none): the block's values are
+  /// finite exactly when these are (its codes are small integers), which is what a scan for
+  /// NaN and infinities reads. Element types have none.
+  std::array<std::int16_t, 2> f16_scales = {-1, -1};
 };
 
 /// Every format, in the enumerators' order.
@@ -54,10 +60,10 @@ inline constexpr std::array<DTypeTraits, 7> kDTypes = {{
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2},
     {DType::kF16, "f16", {"fp16", "float16"}, 1, 2},
-    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34},
-    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18},
-    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144},
-    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210},
+    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}},          // d first
+    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}},          // d first
+    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}},     // d, dmin first
+    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}},  // d last
 }};
 
 namespace detail {
@@ -96,21 +102,36 @@ constexpr const DTypeTraits& traits(DType t) noexcept {
 constexpr bool is_element_dtype(DType t) noexcept { return traits(t).block_elements == 1; }
 
 /// Bytes per element of an element type; 0 for a block format, which has no size per element
-/// (see row_bytes). REQUIRES: is_element_dtype(t).
+/// (see row_bytes).
 constexpr std::size_t dtype_size(DType t) noexcept {
-  switch (t) {
-    case DType::kF32:
-      return 4;
-    case DType::kBF16:
-    case DType::kF16:
-      return 2;
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      return 0;
-  }
-  return 0;
+  return is_element_dtype(t) ? static_cast<std::size_t>(traits(t).block_bytes) : 0;
+}
+
+/// The element types alone, for code that treats every block format alike (one path for all of
+/// them, or a refusal) and each element type apart: it tests is_element_dtype(t) first and then
+/// switches on element_type(t), exhaustively, so that a new block format touches none of it.
+enum class ElementType : std::uint8_t {
+  kF32,   ///< DType::kF32
+  kBF16,  ///< DType::kBF16
+  kF16,   ///< DType::kF16
+};
+
+namespace detail {
+constexpr std::size_t element_type_count() {
+  std::size_t n = 0;
+  for (const DTypeTraits& f : kDTypes) n += f.block_elements == 1 ? 1 : 0;
+  return n;
+}
+// A new element type (a block of one element) needs its ElementType and a case below.
+static_assert(element_type_count() == 3, "every element type of kDTypes is an ElementType");
+}  // namespace detail
+
+/// `t` as an element type. REQUIRES: is_element_dtype(t) (a block format gives kF32: test
+/// is_element_dtype first).
+constexpr ElementType element_type(DType t) noexcept {
+  return t == DType::kBF16  ? ElementType::kBF16
+         : t == DType::kF16 ? ElementType::kF16
+                            : ElementType::kF32;
 }
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,

@@ -5,6 +5,8 @@
 #include <span>
 #include <type_traits>
 
+#include "numesh/core/dtype.hpp"
+
 // GGML's Q8_0 and Q4_0 block formats (ggml/src/ggml-common.h's block_q8_0 and block_q4_0): a
 // row of weights cut into runs of 32 elements, each stored as one f16 scale and 32 small integer
 // codes; and its Q4_K and Q6_K "super-block" formats (block_q4_K, block_q6_K): runs of 256
@@ -150,6 +152,12 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ6_K) == 210 && alignof(BlockQ6_K) == 2, "GGML's block_q6_K layout");
 static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 192 &&
               offsetof(BlockQ6_K, d) == 208 && std::is_trivially_copyable_v<BlockQ6_K>);
+// The f16 scales core's table names for each format (DTypeTraits::f16_scales) are these.
+static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
+              traits(DType::kQ4_0).f16_scales[0] == offsetof(BlockQ4_0, d) &&
+              traits(DType::kQ4_K).f16_scales[0] == offsetof(BlockQ4_K, d) &&
+              traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
+              traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d));
 
 /// Quantizes x to Q4_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q4_K_ref's
 /// bytes: each sub-block's scale and minimum from GGML's weighted least-squares search
