@@ -252,9 +252,10 @@ Device::Device(std::shared_ptr<const Topology> topology, DeviceSpec spec)
     // A bound device binds each region to its node before its first touch, as
     // hwloc_alloc_membind binds, and refuses a region it cannot bind (allocate() then takes
     // hwloc's bound allocation); the others place pages by first touch.
-    // The process's watch on what new huge pages cost faults in each region's first page from
-    // the allocating thread: only where that thread's touch cannot misplace it (a device placing
-    // by first touch leaves the touch to its own threads, and asks for huge pages regardless).
+    // The process's watch on what new huge pages cost faults in each region's first pages from
+    // the allocating thread: only where that thread's touch cannot misplace them (a device
+    // placing by first touch leaves the touch to its own threads, and asks for huge pages
+    // regardless).
     HugePageCost* cost =
         memory_binding_ == MemoryBinding::kFirstTouch ? nullptr : &HugePageCost::process();
     slabs_ = std::make_unique<HugePageSlabs>(

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "numesh/runtime/huge_page_slabs.hpp"
+
 namespace numesh::runtime {
 
 namespace {
 
-constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+constexpr std::size_t kHugePageBytes = HugePageSlabs::kHugePage;
 
 // Whether the kernel's transparent huge page setting gives any ("never" gives none: nothing to
 // time). An unreadable setting reads as giving them.

@@ -28,8 +28,8 @@ using runtime::HostTensor;
 class Reader {
  public:
   Reader(const Checkpoint& checkpoint, std::map<std::string, MatrixSource>* deferred,
-         const WeightsProgress& progress = {})
-      : checkpoint_(checkpoint), deferred_(deferred), progress_(progress) {
+         WeightsProgress progress)
+      : checkpoint_(checkpoint), deferred_(deferred), progress_(std::move(progress)) {
     if (progress_) {
       for (const std::string& name : checkpoint_.names()) total_ += checkpoint_.stored_bytes(name);
     }
@@ -118,7 +118,7 @@ class Reader {
 
   const Checkpoint& checkpoint_;
   std::map<std::string, MatrixSource>* deferred_;
-  const WeightsProgress& progress_;
+  WeightsProgress progress_;
   std::uint64_t total_ = 0;
   mutable std::uint64_t done_ = 0;
   mutable std::map<std::string, std::uint64_t> counted_;  // bytes counted, by tensor

@@ -36,8 +36,6 @@ class ProgressLine {
   void update(const std::string& text) const {
     if (tty_) show(text);
   }
-  /// Whether stderr is a terminal.
-  [[nodiscard]] bool terminal() const noexcept { return tty_; }
 
  private:
   bool quiet_;

@@ -6,8 +6,8 @@
 // memory (free page reporting, as Firecracker's balloon does) reports free blocks of 2 MiB and
 // more, exactly the blocks a huge page needs: faulting one in then costs the host's faults too,
 // 12-18 ms a page on that Zen 4 VM (0.12-0.17 GB/s, 15-20x slower than small pages), while small
-// pages still come from blocks the host keeps. There a q8_0 model's load took 0.5-0.9 s instead
-// of 0.05 and its first prefill ran at a third of its speed (docs/runtime.md, "Huge pages").
+// pages still come from blocks the host keeps. There a q8_0 model's load took 0.35-0.9 s instead
+// of 0.05 and its first prefill ran at 0.4x its speed (docs/runtime.md, "Huge pages").
 // Which blocks a process gets changes from second to second (memory another process just freed
 // is cheap until it is reported), so the cost is measured as memory is mapped, not once.
 #include <atomic>
