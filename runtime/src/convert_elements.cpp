@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -10,13 +11,20 @@ namespace numesh::runtime {
 
 namespace {
 
-// Elements converted per step through the scratch buffers: a multiple of every block, 8 KiB of
-// fp32, well inside L1 beside the blocks and 16-bit values.
+// Elements converted per step through the scratch buffers: whole blocks of every format, 8 KiB
+// of fp32, well inside L1 beside the blocks and 16-bit values.
 constexpr std::size_t kConvertChunk = 2048;
-static_assert(kConvertChunk % static_cast<std::size_t>(kQ8_0BlockElements) == 0 &&
-              kConvertChunk % static_cast<std::size_t>(kQ4_0BlockElements) == 0 &&
-              kConvertChunk % static_cast<std::size_t>(kQ4_KBlockElements) == 0 &&
-              kConvertChunk % static_cast<std::size_t>(kQ6_KBlockElements) == 0);
+static_assert(whole_blocks_of_every_format(kConvertChunk));
+
+// Bytes of the blocks of one chunk in the format that takes the most.
+constexpr std::size_t block_scratch_bytes() {
+  std::size_t most = 0;
+  for (const DTypeTraits& f : kDTypes) {
+    most = std::max(most, kConvertChunk / static_cast<std::size_t>(f.block_elements) *
+                              static_cast<std::size_t>(f.block_bytes));
+  }
+  return most;
+}
 
 bool is_aligned(const void* p, std::size_t alignment) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
@@ -26,42 +34,29 @@ bool is_aligned(const void* p, std::size_t alignment) noexcept {
 struct ConvertScratch {
   std::array<float, kConvertChunk> wide;
   std::array<std::uint16_t, kConvertChunk> half;
-  std::array<BlockQ8_0, kConvertChunk / 32> q8_0;
-  std::array<BlockQ4_0, kConvertChunk / 32> q4_0;
-  std::array<BlockQ4_K, kConvertChunk / 256> q4_k;
-  std::array<BlockQ6_K, kConvertChunk / 256> q6_k;
+  alignas(16) std::array<std::byte, block_scratch_bytes()> blocks;
 };
 
 // n elements at `src` (stored as `from`, unaligned) into s.wide.
 void widen_chunk(const std::byte* src, DType from, std::size_t n, ConvertScratch& s) {
   const std::span<float> out(s.wide.data(), n);
-  switch (from) {
-    case DType::kF32:
+  if (!is_element_dtype(from)) {
+    std::memcpy(s.blocks.data(), src,
+                static_cast<std::size_t>(row_bytes(from, static_cast<std::int64_t>(n))));
+    runtime::block_codec(from).dequantize(s.blocks.data(), out);
+    return;
+  }
+  switch (element_type(from)) {
+    case ElementType::kF32:
       std::memcpy(s.wide.data(), src, n * sizeof(float));
       return;
-    case DType::kBF16:
+    case ElementType::kBF16:
       std::memcpy(s.half.data(), src, n * sizeof(std::uint16_t));
       convert_bf16_to_f32({s.half.data(), n}, out);
       return;
-    case DType::kF16:
+    case ElementType::kF16:
       std::memcpy(s.half.data(), src, n * sizeof(std::uint16_t));
       convert_f16_to_f32({s.half.data(), n}, out);
-      return;
-    case DType::kQ8_0:
-      std::memcpy(s.q8_0.data(), src, n / 32 * sizeof(BlockQ8_0));
-      dequantize_q8_0({s.q8_0.data(), n / 32}, out);
-      return;
-    case DType::kQ4_0:
-      std::memcpy(s.q4_0.data(), src, n / 32 * sizeof(BlockQ4_0));
-      dequantize_q4_0({s.q4_0.data(), n / 32}, out);
-      return;
-    case DType::kQ4_K:
-      std::memcpy(s.q4_k.data(), src, n / 256 * sizeof(BlockQ4_K));
-      dequantize_q4_k({s.q4_k.data(), n / 256}, out);
-      return;
-    case DType::kQ6_K:
-      std::memcpy(s.q6_k.data(), src, n / 256 * sizeof(BlockQ6_K));
-      dequantize_q6_k({s.q6_k.data(), n / 256}, out);
       return;
   }
 }
@@ -75,34 +70,22 @@ void narrow_chunk(ConvertScratch& s, std::size_t n, std::byte* dst, DType to, st
       NUMESH_CHECK(std::isfinite(in[i]), ValueError, "{}: element {} is {}, which it cannot hold",
                    to_string(to), first + i, in[i]);
     }
+    runtime::block_codec(to).quantize(in, s.blocks.data());
+    std::memcpy(dst, s.blocks.data(),
+                static_cast<std::size_t>(row_bytes(to, static_cast<std::int64_t>(n))));
+    return;
   }
-  switch (to) {
-    case DType::kF32:
+  switch (element_type(to)) {
+    case ElementType::kF32:
       std::memcpy(dst, s.wide.data(), n * sizeof(float));
       return;
-    case DType::kBF16:
+    case ElementType::kBF16:
       convert_f32_to_bf16(in, {s.half.data(), n});
       std::memcpy(dst, s.half.data(), n * sizeof(std::uint16_t));
       return;
-    case DType::kF16:
+    case ElementType::kF16:
       convert_f32_to_f16(in, {s.half.data(), n});
       std::memcpy(dst, s.half.data(), n * sizeof(std::uint16_t));
-      return;
-    case DType::kQ8_0:
-      quantize_q8_0(in, {s.q8_0.data(), n / 32});
-      std::memcpy(dst, s.q8_0.data(), n / 32 * sizeof(BlockQ8_0));
-      return;
-    case DType::kQ4_0:
-      quantize_q4_0(in, {s.q4_0.data(), n / 32});
-      std::memcpy(dst, s.q4_0.data(), n / 32 * sizeof(BlockQ4_0));
-      return;
-    case DType::kQ4_K:
-      quantize_q4_k(in, {s.q4_k.data(), n / 256});
-      std::memcpy(dst, s.q4_k.data(), n / 256 * sizeof(BlockQ4_K));
-      return;
-    case DType::kQ6_K:
-      quantize_q6_k(in, {s.q6_k.data(), n / 256});
-      std::memcpy(dst, s.q6_k.data(), n / 256 * sizeof(BlockQ6_K));
       return;
   }
 }

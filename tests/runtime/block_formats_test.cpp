@@ -697,5 +697,41 @@ TEST(BlockFormatsTest, WidenedElementsAreTheDequantizersValuesBitForBit) {
   expect_widened_elements_match<BlockQ6_K>(DType::kQ6_K, dequantize_q6_k);
 }
 
+// block_codec, the untyped entry the conversions and the prefill's dequantized tiles take, is
+// each block format's own: its blocks decode by core's widened_element (written apart, per
+// format) to what its dequantizer gives, near the values quantized; a NaN is refused by name.
+TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
+  constexpr std::int64_t kElements = 512;  // whole blocks of every format
+  static_assert(whole_blocks_of_every_format(kElements));
+  std::mt19937 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(kElements);
+  for (float& v : x) v = normal(rng);
+  int formats = 0;
+  for (const DTypeTraits& f : kDTypes) {
+    if (is_element_dtype(f.dtype)) continue;
+    SCOPED_TRACE(f.name);
+    ++formats;
+    const BlockCodec& codec = block_codec(f.dtype);
+    std::vector<std::uint16_t> blocks(static_cast<std::size_t>(row_bytes(f.dtype, kElements)) / 2);
+    codec.quantize(x, blocks.data());
+    std::vector<float> back(kElements);
+    codec.dequantize(blocks.data(), back);
+    for (std::int64_t i = 0; i < kElements; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(widened_element(blocks.data(), f.dtype, i)),
+                std::bit_cast<std::uint32_t>(back[at]))
+          << "element " << i;
+      // Four bits a weight at the least: within a quarter of the largest magnitude (|x| < 6).
+      EXPECT_NEAR(back[at], x[at], 1.5) << "element " << i;
+    }
+    std::vector<float> bad = x;
+    bad[300] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THAT([&] { codec.quantize(bad, blocks.data()); },
+                ThrowsMessage<ValueError>(HasSubstr("300")));
+  }
+  EXPECT_EQ(formats, 4);
+}
+
 }  // namespace
 }  // namespace numesh::runtime

@@ -35,8 +35,7 @@ Examples:
   cmd->add_option("--model", o.model, "Model folder (config.json, *.safetensors) or a GGUF file")
       ->required();
   cmd->add_option("--out", o.out, "The GGUF file to write (replaced)")->required();
-  cmd->add_option("--type", o.type,
-                  "The matrices' format: f32, f16, bf16, q8_0, q4_0, q4_k or q6_k")
+  cmd->add_option("--type", o.type, fmt::format("The matrices' format: {}", dtype_choices()))
       ->capture_default_str();
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
   return cmd;

@@ -32,6 +32,7 @@
 #include "numesh/core/timing.hpp"
 #include "numesh/models/engine/engine.hpp"
 #include "numesh/models/engine/model_source.hpp"
+#include "numesh/models/formats/gguf.hpp"
 #include "numesh/models/formats/npy.hpp"
 #include "numesh/models/hf/hf_config.hpp"
 #include "numesh/models/hf/random_model.hpp"
@@ -558,11 +559,11 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& o) {
                                      "or sampled decoding of a prompt (text or token ids), the ids "
                                      "streamed as they come, with load, prefill "
                                      "and decode rates.");
-  cmd->footer(
+  cmd->footer(fmt::format(
       R"(Models: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma and phi3 checkpoints (F32, BF16 or F16
 safetensors, one file or shards with model.safetensors.index.json), or GGUF files of them (llama,
-qwen2, qwen3, qwen2moe, qwen3moe, gemma, phi3; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; tokenizer
-and chat template from the metadata).
+qwen2, qwen3, qwen2moe, qwen3moe, gemma, phi3 in {};
+tokenizer and chat template from the metadata).
 Without --model, a small random Llama is written in
 Hugging Face layout (to --random-model DIR, or a temporary folder) and loaded back through the
 same path. --prompt needs the folder's tokenizer: tokenizer.json (byte-level BPE: Llama 3,
@@ -577,7 +578,8 @@ Examples:
 Several prompts (--prompt-file, or --prompt or --ids given more than once) run as one batch:
 one prefill of all of them, the shorter padded at their end, then decode steps of one token per
 sequence, each at its own position and stopping on its own; their ids and text are printed when
-all have stopped.)");
+all have stopped.)",
+      models::gguf_types_numesh_reads()));
   add_mesh_options(*cmd, o.mesh, /*with_threads=*/true);
   cmd->add_option("--mode", o.mode,
                   "The mode eformer's semantic axes resolve in for the layout: train, prefill, "
@@ -629,10 +631,11 @@ all have stopped.)");
                   "Sampling: the generator's seed (the same seed gives the same tokens)")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
-                  "How the devices store the matrices: f32, bf16, f16, or GGML's q8_0, q4_0, q4_k "
-                  "or q6_k blocks quantized at load (norms and routers stay f32). Default: a GGUF "
-                  "file's matrices each in the format the file stores it in (a Q4_K_M file's "
-                  "Q4_K and Q6_K), f32 otherwise");
+                  fmt::format("How the devices store the matrices: {} (GGML's block formats "
+                              "quantized at load; norms and routers stay f32). Default: a GGUF "
+                              "file's matrices each in the format the file stores it in (a "
+                              "Q4_K_M file's Q4_K and Q6_K), f32 otherwise",
+                              dtype_choices()));
   add_mmap_option(*cmd, o.mmap);
   add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--prefill-chunk", o.prefill_chunk,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "numesh/core/check.hpp"
+#include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/models/formats/npy.hpp"
 #include "numesh/ops/compare.hpp"
@@ -146,10 +147,10 @@ Examples:
   cmd->add_option("--kv-layout", o.kv_layout, "KV cache layout: bthd or bhtd")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
-                  "Storage dtype of the operator's matrices: f32, bf16, f16, q8_0, q4_0, q4_k or "
-                  "q6_k (the .npy "
-                  "files are f32 and are rounded or quantized; the reference uses the stored "
-                  "weights)")
+                  fmt::format("Storage dtype of the operator's matrices: {} (the .npy files are "
+                              "f32 and are rounded or quantized; the reference uses the stored "
+                              "weights)",
+                              dtype_choices()))
       ->capture_default_str();
   cmd->add_option("--repeats", o.layer.repeats, "Timed runs (median)")->capture_default_str();
   cmd->add_flag("--no-check", o.layer.no_check, "Skip the comparison with the dense reference");

@@ -378,11 +378,11 @@ Examples:
   cmd->add_option("--capacity", o.capacity, "MoE capacity factor (0: dropless)")
       ->capture_default_str();
   add_kv_layout_option(*cmd, o.kv_layout);
-  cmd->add_option(
-         "--dtype", o.dtype,
-         "Weights' storage dtype: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (norms and routers stay "
-         "f32; bf16 weights multiply bf16-rounded activations, q8_0 / q4_0 weights "
-         "activations quantized to 8 bits a block of 32; sums are f32)")
+  cmd->add_option("--dtype", o.dtype,
+                  fmt::format("Weights' storage dtype: {} (norms and routers stay f32; bf16 "
+                              "weights multiply bf16-rounded activations, the block formats' "
+                              "activations quantized to 8 bits a block of 32; sums are f32)",
+                              dtype_choices()))
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the weights and inputs")->capture_default_str();
   cmd->add_option("--repeats", o.repeats, "Timed prefill runs (median)")->capture_default_str();

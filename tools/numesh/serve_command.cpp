@@ -191,9 +191,10 @@ Examples:
                 "Do not reuse the cached blocks of a prompt's prefix");
   cmd->add_option(
       "--dtype", o.dtype,
-      "How the devices store the matrices: f32, bf16, f16, q8_0, q4_0, q4_k or q6_k (blocks "
-      "quantized at load). Default: a GGUF file's matrices each in the format the file "
-      "stores it in (a Q4_K_M file's Q4_K and Q6_K), f32 otherwise");
+      fmt::format("How the devices store the matrices: {} (blocks quantized at load). Default: a "
+                  "GGUF file's matrices each in the format the file stores it in (a Q4_K_M "
+                  "file's Q4_K and Q6_K), f32 otherwise",
+                  dtype_choices()));
   add_mmap_option(*cmd, o.mmap);
   add_kv_dtype_option(*cmd, o.kv_dtype);
   cmd->add_option("--api-key", o.service.server.api_key,

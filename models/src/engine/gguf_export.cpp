@@ -21,27 +21,6 @@ namespace numesh::models {
 
 namespace {
 
-// general.file_type, llama.cpp's llama_ftype, for a file whose matrices are in `format`.
-std::uint32_t file_type(DType format) {
-  switch (format) {
-    case DType::kF32:
-      return 0;
-    case DType::kF16:
-      return 1;
-    case DType::kQ4_0:
-      return 2;
-    case DType::kQ8_0:
-      return 7;
-    case DType::kQ4_K:
-      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M (all Q4_K here)
-    case DType::kQ6_K:
-      return 18;
-    case DType::kBF16:
-      return 32;
-  }
-  return 0;
-}
-
 // The metadata llama.cpp's converter writes for the model's hyperparameters.
 void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& name, DType format) {
   const ArchitectureSpec& spec = c.spec();
@@ -78,7 +57,7 @@ void add_hyperparameters(GgufWriter& w, const HfConfig& c, const std::string& na
   }
   w.add_uint32(key("attention.key_length"), u32(c.head_dim));
   w.add_uint32(key("attention.value_length"), u32(c.head_dim));
-  w.add_uint32("general.file_type", file_type(format));
+  w.add_uint32("general.file_type", traits(format).llama_file_type);
   if (spec.gguf_vocab_size) w.add_uint32(key("vocab_size"), u32(c.vocab_size));
   if (spec.gguf_rope_dimension_count) w.add_uint32(key("rope.dimension_count"), u32(c.head_dim));
   if (spec.moe && spec.moe->expert_ffn_field != "intermediate_size")

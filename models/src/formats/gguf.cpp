@@ -138,6 +138,18 @@ constexpr bool types_complete() {
 }
 static_assert(types_complete(), "kTypes and kRemovedTypes cover GGML's ids 0 to 42 once each");
 
+// Each numesh format is the GGML type core's table names (DTypeTraits::ggml_type): its block has
+// the same elements and bytes.
+constexpr bool formats_are_their_ggml_types() {
+  for (const DTypeTraits& f : numesh::kDTypes) {
+    if (f.ggml_type >= kTypeIdEnd || kTypeIndex[f.ggml_type] < 0) return false;
+    const TypeEntry& t = kTypes[static_cast<std::size_t>(kTypeIndex[f.ggml_type])];
+    if (t.block_elements != f.block_elements || t.block_bytes != f.block_bytes) return false;
+  }
+  return true;
+}
+static_assert(formats_are_their_ggml_types(), "every DType's ggml_type has its block's size");
+
 const TypeEntry& type_entry(GgufType type) noexcept {
   return kTypes[static_cast<std::size_t>(kTypeIndex[static_cast<std::uint32_t>(type)])];
 }
@@ -332,44 +344,23 @@ std::int64_t block_elements(GgufType type) noexcept { return type_entry(type).bl
 std::int64_t block_bytes(GgufType type) noexcept { return type_entry(type).block_bytes; }
 
 std::optional<DType> to_numesh_dtype(GgufType type) noexcept {
-  switch (type) {
-    case GgufType::kF32:
-      return DType::kF32;
-    case GgufType::kF16:
-      return DType::kF16;
-    case GgufType::kBF16:
-      return DType::kBF16;
-    case GgufType::kQ8_0:
-      return DType::kQ8_0;
-    case GgufType::kQ4_0:
-      return DType::kQ4_0;
-    case GgufType::kQ4_K:
-      return DType::kQ4_K;
-    case GgufType::kQ6_K:
-      return DType::kQ6_K;
-    default:
-      return std::nullopt;
+  for (const DTypeTraits& f : numesh::kDTypes) {
+    if (f.ggml_type == static_cast<std::uint32_t>(type)) return f.dtype;
   }
+  return std::nullopt;
 }
 
 std::optional<GgufType> to_gguf_type(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kF32:
-      return GgufType::kF32;
-    case DType::kBF16:
-      return GgufType::kBF16;
-    case DType::kF16:
-      return GgufType::kF16;
-    case DType::kQ8_0:
-      return GgufType::kQ8_0;
-    case DType::kQ4_0:
-      return GgufType::kQ4_0;
-    case DType::kQ4_K:
-      return GgufType::kQ4_K;
-    case DType::kQ6_K:
-      return GgufType::kQ6_K;
+  return static_cast<GgufType>(traits(dtype).ggml_type);
+}
+
+std::string gguf_types_numesh_reads() {
+  std::string text;
+  for (std::size_t i = 0; i < numesh::kDTypes.size(); ++i) {
+    if (i > 0) text += i + 1 == numesh::kDTypes.size() ? " and " : ", ";
+    text += to_string(static_cast<GgufType>(numesh::kDTypes[i].ggml_type));
   }
-  return std::nullopt;
+  return text;
 }
 
 std::string_view to_string(GgufValueType type) noexcept {
@@ -825,10 +816,8 @@ void GgufFile::read_box(std::string_view name, std::span<const std::int64_t> off
   const std::string where =
       fmt::format("gguf: cannot read tensor '{}' of '{}'", name, path_.string());
   const std::optional<DType> stored = to_numesh_dtype(t.type);
-  NUMESH_CHECK(stored.has_value(), ValueError,
-               "{}: its type is {}; numesh reads only F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K "
-               "tensors",
-               where, to_string(t.type));
+  NUMESH_CHECK(stored.has_value(), ValueError, "{}: its type is {}; numesh reads only {} tensors",
+               where, to_string(t.type), gguf_types_numesh_reads());
   const std::size_t rank = t.shape.size();
   const std::uint64_t elements =
       detail::check_box(where, t.shape, offsets, sizes, target, out.size());

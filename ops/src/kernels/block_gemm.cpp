@@ -124,33 +124,14 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_block_avx2(const float* x
 // blocking best), 256 inputs being 8 whole blocks.
 constexpr std::int64_t kDequantizedPanelInputs = 256;
 constexpr std::int64_t kDequantizedPanelOutputs = 4096;
-static_assert(kDequantizedPanelInputs % runtime::kQ4_KBlockElements == 0 &&
-                  kDequantizedPanelInputs % runtime::kQ6_KBlockElements == 0 &&
+static_assert(whole_blocks_of_every_format(kDequantizedPanelInputs) &&
                   kDequantizedPanelInputs % kActivationBlock == 0,
               "panels start on whole blocks of every format");
 
 // `count` elements (whole blocks) from the block at `from` dequantized into `to`.
 void dequantize_run(const unsigned char* from, DType dtype, std::int64_t count, float* to) {
-  const std::span<float> out(to, static_cast<std::size_t>(count));
-  const auto blocks = static_cast<std::size_t>(count / traits(dtype).block_elements);
-  switch (dtype) {
-    case DType::kQ8_0:
-      runtime::dequantize_q8_0({reinterpret_cast<const runtime::BlockQ8_0*>(from), blocks}, out);
-      return;
-    case DType::kQ4_0:
-      runtime::dequantize_q4_0({reinterpret_cast<const runtime::BlockQ4_0*>(from), blocks}, out);
-      return;
-    case DType::kQ4_K:
-      runtime::dequantize_q4_k({reinterpret_cast<const runtime::BlockQ4_K*>(from), blocks}, out);
-      return;
-    case DType::kQ6_K:
-      runtime::dequantize_q6_k({reinterpret_cast<const runtime::BlockQ6_K*>(from), blocks}, out);
-      return;
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF16:
-      return;  // refused by gemm_dequantized
-  }
+  runtime::block_codec(dtype).dequantize(from,
+                                         std::span<float>(to, static_cast<std::size_t>(count)));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
@@ -52,18 +53,25 @@ struct DTypeTraits {
   /// A block format's f16 scales, as byte offsets in a block (-1: none): the block's values are
   /// finite exactly when these are (its codes are small integers), which is what a scan for
   /// NaN and infinities reads. Element types have none.
-  std::array<std::int16_t, 2> f16_scales = {-1, -1};
+  std::array<std::int16_t, 2> f16_scales;
+  /// The format's number in GGML's `ggml_type`, which GGUF files store for each tensor (every
+  /// format numesh has is one of GGML's, bit for bit).
+  std::uint32_t ggml_type;
+  /// llama.cpp's `llama_ftype` for a GGUF file whose matrices are all in this format, written to
+  /// `general.file_type` (Q4_K: its "Q4_K_M", the nearest of llama.cpp's mixes).
+  std::uint32_t llama_file_type;
 };
 
 /// Every format, in the enumerators' order.
 inline constexpr std::array<DTypeTraits, 7> kDTypes = {{
-    {DType::kF32, "f32", {"fp32", "float32"}, 1, 4},
-    {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2},
-    {DType::kF16, "f16", {"fp16", "float16"}, 1, 2},
-    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}},          // d first
-    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}},          // d first
-    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}},     // d, dmin first
-    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}},  // d last
+    // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
+    {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
+    {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
+    {DType::kF16, "f16", {"fp16", "float16"}, 1, 2, {-1, -1}, 1, 1},
+    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}, 8, 7},            // d first
+    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
+    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
+    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}, 14, 18},  // d last
 }};
 
 namespace detail {
@@ -143,6 +151,15 @@ constexpr double bytes_per_weight(DType t) noexcept {
 /// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
+/// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
+/// format must fill or start in whole blocks.
+constexpr bool whole_blocks_of_every_format(std::int64_t n) noexcept {
+  for (const DTypeTraits& f : kDTypes) {
+    if (n % f.block_elements != 0) return false;
+  }
+  return true;
+}
+
 /// Bytes of a row of `elements` elements stored as `t`.
 /// Throws: ValueError naming the format and its block when `elements` is not a multiple of it;
 /// ShapeError when the bytes pass 2^63 (a file's header may declare any extent).
@@ -157,6 +174,22 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
   return bytes;
 }
 
+/// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q4_k or q6_k", so that help
+/// texts name a new format without being edited.
+inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
+  std::vector<std::string_view> names;
+  for (const DTypeTraits& f : kDTypes) {
+    if (keep == nullptr || keep(f.dtype)) names.push_back(f.name);
+  }
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) text += i + 1 == names.size() ? " or " : ", ";
+    text += names[i];
+  }
+  return text;
+}
+
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
 /// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q4_k", "Q4_K", "q4_K", "q6_k", "Q6_K", "q6_K").
 /// Throws: ValueError naming the text and the
@@ -168,12 +201,7 @@ inline DType parse_dtype(std::string_view text) {
       if (!alias.empty() && text == alias) return f.dtype;
     }
   }
-  std::string choices;
-  for (std::size_t i = 0; i < kDTypes.size(); ++i) {
-    if (i > 0) choices += i + 1 == kDTypes.size() ? " or " : ", ";
-    choices += kDTypes[i].name;
-  }
-  throw ValueError(fmt::format("dtype '{}': expected {}", text, choices));
+  throw ValueError(fmt::format("dtype '{}': expected {}", text, dtype_choices()));
 }
 
 /// fp32 to bfloat16 bits, rounding to nearest even.

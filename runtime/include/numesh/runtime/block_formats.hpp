@@ -188,4 +188,57 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y);
 /// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
 void dequantize_q6_k(std::span<const BlockQ6_K> y, std::span<float> x);
 
+/// A block format's quantizer and dequantizer on untyped blocks, for the code that treats every
+/// block format alike (conversion through fp32, the prefill's dequantized tiles): a new format is
+/// its block, its two functions above and its line in block_codec below.
+struct BlockCodec {
+  /// Quantizes x (whole blocks of the format) into the blocks at `blocks`, aligned for the
+  /// format's block; throws as the format's quantizer does.
+  void (*quantize)(std::span<const float> x, void* blocks);
+  /// Dequantizes x.size() elements (whole blocks) from the blocks at `blocks`, aligned as above.
+  void (*dequantize)(const void* blocks, std::span<float> x);
+};
+
+namespace detail {
+/// The codec of format kFormat from its typed functions.
+template <DType kFormat, class Block, void (*kQuantize)(std::span<const float>, std::span<Block>),
+          void (*kDequantize)(std::span<const Block>, std::span<float>)>
+constexpr BlockCodec codec_of() noexcept {
+  static_assert(sizeof(Block) == traits(kFormat).block_bytes, "the format's block");
+  constexpr auto kElements = static_cast<std::size_t>(traits(kFormat).block_elements);
+  return {[](std::span<const float> x, void* blocks) {
+            kQuantize(x, {static_cast<Block*>(blocks), x.size() / kElements});
+          },
+          [](const void* blocks, std::span<float> x) {
+            kDequantize({static_cast<const Block*>(blocks), x.size() / kElements}, x);
+          }};
+}
+}  // namespace detail
+
+/// The codec of block format `t`. REQUIRES: !is_element_dtype(t) (an element type gives q8_0's).
+inline const BlockCodec& block_codec(DType t) noexcept {
+  static constexpr BlockCodec kQ8_0 =
+      detail::codec_of<DType::kQ8_0, BlockQ8_0, quantize_q8_0, dequantize_q8_0>();
+  static constexpr BlockCodec kQ4_0 =
+      detail::codec_of<DType::kQ4_0, BlockQ4_0, quantize_q4_0, dequantize_q4_0>();
+  static constexpr BlockCodec kQ4_K =
+      detail::codec_of<DType::kQ4_K, BlockQ4_K, quantize_q4_k, dequantize_q4_k>();
+  static constexpr BlockCodec kQ6_K =
+      detail::codec_of<DType::kQ6_K, BlockQ6_K, quantize_q6_k, dequantize_q6_k>();
+  switch (t) {
+    case DType::kQ4_0:
+      return kQ4_0;
+    case DType::kQ4_K:
+      return kQ4_K;
+    case DType::kQ6_K:
+      return kQ6_K;
+    case DType::kQ8_0:
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      break;
+  }
+  return kQ8_0;
+}
+
 }  // namespace numesh::runtime

@@ -131,11 +131,17 @@ enum class GgufType : std::uint32_t {
 [[nodiscard]] std::int64_t block_bytes(GgufType type) noexcept;
 
 /// The numesh format with the same bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K -> kF32, kF16,
-/// kBF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K), or nullopt for the types numesh cannot read.
+/// kBF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K: the DType whose DTypeTraits::ggml_type is `type`), or
+/// nullopt for the types numesh cannot read.
 [[nodiscard]] std::optional<DType> to_numesh_dtype(GgufType type) noexcept;
 
-/// The GGUF type with the same bytes as `dtype` (every numesh format has one).
+/// The GGUF type with the same bytes as `dtype` (every numesh format has one: core's format
+/// table names it, DTypeTraits::ggml_type).
 [[nodiscard]] std::optional<GgufType> to_gguf_type(DType dtype) noexcept;
+
+/// The GGML type names of the tensors numesh reads, as a list for a message or a help text:
+/// "F32, BF16, F16, Q8_0, Q4_0, Q4_K and Q6_K" (one per DType, in its order).
+[[nodiscard]] std::string gguf_types_numesh_reads();
 
 /// The type of a metadata value (gguf.h `enum gguf_type`), with GGUF's ids.
 enum class GgufValueType : std::uint32_t {
