@@ -67,18 +67,14 @@ float input_value(std::size_t rank, std::size_t i) {
 
 // `v` as `dtype` holds it (the reductions round their fp32 sums once).
 float stored_value(float v, DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
+  if (!is_element_dtype(dtype)) return v;  // refused: collectives move element types
+  switch (element_type(dtype)) {
+    case ElementType::kF32:
       return v;
-    case DType::kBF16:
+    case ElementType::kBF16:
       return f32_from_bf16(bf16_from_f32(v));
-    case DType::kF16:
+    case ElementType::kF16:
       return f32_from_f16(f16_from_f32(v));
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_K:
-    case DType::kQ6_K:
-      break;  // refused: collectives move element types
   }
   return v;
 }
@@ -94,21 +90,17 @@ float element(const void* data, DType dtype, std::size_t i) {
 void detail::fill_inputs(void* data, DType dtype, std::size_t count, std::size_t rank) {
   for (std::size_t i = 0; i < count; ++i) {
     const float v = input_value(rank, i);
-    switch (dtype) {
-      case DType::kF32:
+    if (!is_element_dtype(dtype)) return;  // refused: collectives move element types
+    switch (element_type(dtype)) {
+      case ElementType::kF32:
         static_cast<float*>(data)[i] = v;
         break;
-      case DType::kBF16:
+      case ElementType::kBF16:
         static_cast<std::uint16_t*>(data)[i] = bf16_from_f32(v);
         break;
-      case DType::kF16:
+      case ElementType::kF16:
         static_cast<std::uint16_t*>(data)[i] = f16_from_f32(v);
         break;
-      case DType::kQ8_0:
-      case DType::kQ4_0:
-      case DType::kQ4_K:
-      case DType::kQ6_K:
-        break;  // refused: collectives move element types
     }
   }
 }
@@ -213,19 +205,16 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
   thread_local std::vector<float> sum(kBlock), part(kBlock);
   const auto widen = [dtype](const std::byte* src, std::size_t count, std::span<float> to) {
     const std::span<const std::uint16_t> bits(reinterpret_cast<const std::uint16_t*>(src), count);
-    switch (dtype) {
-      case DType::kBF16:
+    if (!is_element_dtype(dtype)) return;  // block formats refused
+    switch (element_type(dtype)) {
+      case ElementType::kBF16:
         convert_bf16_to_f32(bits, to);
         break;
-      case DType::kF16:
+      case ElementType::kF16:
         convert_f16_to_f32(bits, to);
         break;
-      case DType::kF32:
-      case DType::kQ8_0:
-      case DType::kQ4_0:
-      case DType::kQ4_K:
-      case DType::kQ6_K:
-        break;  // summed above; block formats refused
+      case ElementType::kF32:
+        break;  // summed above
     }
   };
   for (std::size_t b = 0; b < n; b += kBlock) {
@@ -236,19 +225,16 @@ void plain_reduce(DType dtype, const std::vector<const std::byte*>& srcs, std::s
       for (std::size_t i = 0; i < m; ++i) sum[i] += part[i];
     }
     const std::span<std::uint16_t> out(reinterpret_cast<std::uint16_t*>(dst) + b, m);
-    switch (dtype) {
-      case DType::kBF16:
+    if (!is_element_dtype(dtype)) return;  // block formats refused
+    switch (element_type(dtype)) {
+      case ElementType::kBF16:
         convert_f32_to_bf16({sum.data(), m}, out);
         break;
-      case DType::kF16:
+      case ElementType::kF16:
         convert_f32_to_f16({sum.data(), m}, out);
         break;
-      case DType::kF32:
-      case DType::kQ8_0:
-      case DType::kQ4_0:
-      case DType::kQ4_K:
-      case DType::kQ6_K:
-        break;  // summed above; block formats refused
+      case ElementType::kF32:
+        break;  // summed above
     }
   }
 }

@@ -7,6 +7,7 @@
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
+#include "signed_extreme.hpp"
 
 // GGML's Q4_0 (quantize_row_q4_0_ref and dequantize_row_q4_0 in ggml-quants.c), written from
 // its definition. Every step is the f32 operation GGML's C performs, in the same order, because
@@ -43,19 +44,8 @@ void quantize_q4_0(std::span<const float> x, std::span<BlockQ4_0> y) {
   check_q4_0_sizes("quantize", x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_0Block;
-    // The signed element of largest magnitude; a strict comparison keeps the first of equal
-    // magnitudes (so [5, -5] scales by 5 / -8 and [-5, 5] by -5 / -8) and keeps +0 for a block
-    // of zeros, whatever their signs: GGML's choices, which decide the sign of d.
-    float amax = 0.0f;
-    float max = 0.0f;
-    for (std::size_t j = 0; j < kQ4_0Block; ++j) {
-      NUMESH_CHECK(std::isfinite(in[j]), ValueError, "quantize q4_0: element {} is {}",
-                   b * kQ4_0Block + j, in[j]);
-      if (amax < std::fabs(in[j])) {
-        amax = std::fabs(in[j]);
-        max = in[j];
-      }
-    }
+    // [5, -5] scales by 5 / -8 and [-5, 5] by -5 / -8.
+    const float max = detail::signed_extreme(in, kQ4_0Block, b * kQ4_0Block, "q4_0");
     // -0 for a block of zeros (0 / -8): GGML stores that scale as f16 0x8000.
     const float d = max / -8.0f;
     BlockQ4_0& out = y[b];

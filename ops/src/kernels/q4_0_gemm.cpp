@@ -29,15 +29,9 @@ struct Q4_0Codes {
     }
   }
 
-  // The block's nibbles q (0 .. 15): the low ones in bytes 0-15, the high ones in 16-31. The 16
-  // bytes go to both halves in one load; the high half's dwords shift down a nibble (each byte's
-  // high nibble down, the next byte's low one above it, which the mask drops): three
-  // instructions where a load, a shift of a copy and an insert took four.
+  // The block's nibbles q (0 .. 15) in element order.
   __attribute__((target("avx2"))) static __m256i nibbles256(const unsigned char* block) {
-    const __m256i both =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
-    const __m256i down = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_and_si256(down, _mm256_set1_epi8(0x0F));
+    return detail::q8dot_nibbles256(block + 2);
   }
 
   // The codes q - 8, signed, for the prefill tile's AVX2 packer (packed_panels.hpp), whose
@@ -58,24 +52,12 @@ struct Q4_0Codes {
   // the 8 taken off once per row: isum = sum q x - 8 (x0 + x1 + x2 + x3), the correction
   // computed from x alone and shared by every output (vpmaddubsw's pair sums stay within
   // 2 * 15 * 127). No sign handling per row and output, and two blocks' 32 bytes unpacked
-  // together (128-bit lanes [t, t, t + 1, t + 1], the second and fourth shifted down a nibble):
-  // 1.2-1.3x the sign trick on q - 8 at m = 1, 1.0-1.2x at m = 8 (a throwaway A/B program on
-  // BM_Decode_Dot's [4096, 1024] weights, runs interleaved).
+  // together (q8dot_nibbles512): 1.2-1.3x the sign trick on q - 8 at m = 1, 1.0-1.2x at m = 8 (a
+  // throwaway A/B program on BM_Decode_Dot's [4096, 1024] weights, runs interleaved).
   template <bool kVnni, bool kHalf>
   NUMESH_Q8DOT_AVX512 static Q8dotWeights512 weights512(const unsigned char* block) {
     const unsigned char* next = block + kBlockBytes;
-    __m512i q;
-    if constexpr (kHalf) {
-      q = _mm512_zextsi256_si512(nibbles256(block));
-    } else {
-      const __m256i pair = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(next + 2)), 1);
-      const __m512i wide = _mm512_castsi256_si512(pair);
-      const __m512i lanes = _mm512_shuffle_i64x2(wide, wide, _MM_SHUFFLE(1, 1, 0, 0));
-      q = _mm512_and_si512(_mm512_mask_srli_epi16(lanes, 0xFF00FF00u, lanes, 4),
-                           _mm512_set1_epi8(0x0F));
-    }
+    const __m512i q = detail::q8dot_nibbles512<kHalf>(block + 2, next + 2);
     return {q, _mm512_setzero_si512(), 0, detail::q8dot_weight_scales<kHalf>(block, next)};
   }
 

@@ -485,6 +485,38 @@ NUMESH_Q8DOT_AVX512 inline __m512 q8dot_spread_pair(__m512 v) {
   return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), v);
 }
 
+/// The codes of the 16 bytes of nibbles at `qs`, as Q4_0 and Q5_0 keep them (byte j: element j
+/// in its low nibble, j + 16 in its high one), as 32 bytes 0 .. 15 in element order. The 16 bytes
+/// go to both halves in one load; the high half's dwords shift down a nibble (each byte's high
+/// nibble down, the next byte's low one above it, which the mask drops): three instructions
+/// where a load, a shift of a copy and an insert took four.
+__attribute__((target("avx2"))) inline __m256i q8dot_nibbles256(const unsigned char* qs) {
+  const __m256i both =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i down = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(down, _mm256_set1_epi8(0x0F));
+}
+
+/// q8dot_nibbles256 of two blocks' nibbles at `qs` and `next_qs`, the first's 32 codes in bytes
+/// 0-31 and the second's in 32-63 (kHalf: the first's alone, the rest zero): the two 16-byte runs
+/// unpacked together (128-bit lanes [t, t, t + 1, t + 1], the second and fourth shifted down a
+/// nibble).
+template <bool kHalf>
+NUMESH_Q8DOT_AVX512 inline __m512i q8dot_nibbles512(const unsigned char* qs,
+                                                    const unsigned char* next_qs) {
+  if constexpr (kHalf) {
+    return _mm512_zextsi256_si512(q8dot_nibbles256(qs));
+  } else {
+    const __m256i pair = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(next_qs)), 1);
+    const __m512i wide = _mm512_castsi256_si512(pair);
+    const __m512i lanes = _mm512_shuffle_i64x2(wide, wide, _MM_SHUFFLE(1, 1, 0, 0));
+    return _mm512_and_si512(_mm512_mask_srli_epi16(lanes, 0xFF00FF00u, lanes, 4),
+                            _mm512_set1_epi8(0x0F));
+  }
+}
+
 /// The f32 scales of the blocks at `block` and `next` in lanes 0 and 1 (kHalf: `block`'s in
 /// lane 0). Scales stay in 128-bit vectors until a row's and an output's are multiplied, so that
 /// a step spreads one product vector instead of two factors: 1.2-1.3x as fast at m = 1 and
@@ -1021,7 +1053,7 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
   const std::int64_t ldw = ld / kBlock * F::kBlockBytes;
   const std::int64_t np = b.panel_outputs;
   if (np > 0) {
-    if constexpr (kSuperBlocks<F>) {
+    if constexpr (!runtime::has_panels(F::kDType)) {
       throw TypeError(
           fmt::format("{}: {} weights have no panel layout", name, to_string(F::kDType)));
     } else {
