@@ -174,6 +174,10 @@ if command -v npm >/dev/null; then
     (cd "$NUMESH_ROOT/tests/models/llama_cpp_check" &&
        npm install --omit=optional --ignore-scripts --no-audit --no-fund) ||
       die "npm install in tests/models/llama_cpp_check failed"
+    # The same package's libggml-base.so holds GGML's own reference quantizers: the block
+    # codecs' check (runtime_block_formats_match_ggml) compares numesh's bytes with them too.
+    ggml_lib="$NUMESH_ROOT/tests/models/llama_cpp_check/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so"
+    if [[ -z "${NUMESH_GGML_LIB:-}" && -f "$ggml_lib" ]]; then export NUMESH_GGML_LIB="$ggml_lib"; fi
   else
     export NUMESH_SKIP_LLAMA_CPP_CHECKS=1  # no prebuilt llama.cpp here: a skip, by name
   fi

@@ -1,6 +1,6 @@
-"""GGML's Q8_0, Q4_0, Q4_K and Q6_K blocks in NumPy, written from ggml-quants.c's reference
-definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q4_K_ref,
-quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q4_K / q6_K), and the 8-bit activations
+"""GGML's Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks in NumPy, written from ggml-quants.c's reference
+definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
+quantize_row_q4_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q5_0 / q4_K / q6_K), and the 8-bit activations
 numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
 tests/runtime/block_formats_check.py and of the model checks with quantized weights.
 
@@ -13,7 +13,9 @@ import numpy as np
 BLOCK = 32
 Q8_0 = np.dtype([("d", "<u2"), ("qs", "i1", (32,))])  # GGML's block_q8_0, 34 bytes, packed
 Q4_0 = np.dtype([("d", "<u2"), ("qs", "u1", (16,))])  # GGML's block_q4_0, 18 bytes
-assert Q8_0.itemsize == 34 and Q4_0.itemsize == 18
+# GGML's block_q5_0, 22 bytes: code j's fifth bit is bit j of the little-endian word qh.
+Q5_0 = np.dtype([("d", "<u2"), ("qh", "<u4"), ("qs", "u1", (16,))])
+assert Q8_0.itemsize == 34 and Q4_0.itemsize == 18 and Q5_0.itemsize == 22
 F32 = np.float32
 F32_MAX = float(np.finfo(F32).max)
 
@@ -55,23 +57,41 @@ def quantize_q8_0(x):
     return out
 
 
-def q4_0_scale(x):
+def signed_extreme(x):
+    """Each block's element of largest magnitude, the first of equal ones (GGML's strict <); +0
+    for a block of zeros."""
     ax = np.abs(x)
     amax = ax.max(axis=1)
-    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict <
-    m = np.where(amax > 0, x[np.arange(len(x)), first], F32(0)).astype(F32)  # +0 for zeros
-    return (m / F32(-8)).astype(F32)
+    first = np.argmax(ax, axis=1)
+    return np.where(amax > 0, x[np.arange(len(x)), first], F32(0)).astype(F32)
+
+
+def q4_0_scale(x):
+    return (signed_extreme(x) / F32(-8)).astype(F32)
+
+
+def q5_0_scale(x):
+    return (signed_extreme(x) / F32(-16)).astype(F32)
+
+
+def offset_codes(x, d, offset, fused=False):
+    """Q4_0's (offset 8) and Q5_0's (16) codes: min(2 offset - 1, trunc(f32(f32(x id) + offset
+    + 0.5)))."""
+    idv = reciprocal(d)[:, None]
+    if fused:  # what one multiply-add would give (exact where it is used to pick blocks)
+        shifted = (x.astype(np.float64) * idv.astype(np.float64) + offset + 0.5).astype(F32)
+    else:
+        shifted = (x * idv).astype(F32) + F32(offset + 0.5)
+    q = np.minimum(2 * offset - 1, np.trunc(shifted).astype(np.int64))
+    return np.where(defined_in_ggml(d)[:, None], q, 0)  # 1/d overflows: code 0, as x86
 
 
 def q4_0_codes(x, fused=False):
-    d = q4_0_scale(x)
-    idv = reciprocal(d)[:, None]
-    if fused:  # what one multiply-add would give (exact where it is used to pick blocks)
-        shifted = (x.astype(np.float64) * idv.astype(np.float64) + 8.5).astype(F32)
-    else:
-        shifted = (x * idv).astype(F32) + F32(8.5)
-    q = np.minimum(15, np.trunc(shifted).astype(np.int64))
-    return np.where(defined_in_ggml(d)[:, None], q, 0)  # 1/d overflows: code 0, as x86
+    return offset_codes(x, q4_0_scale(x), 8, fused)
+
+
+def q5_0_codes(x, fused=False):
+    return offset_codes(x, q5_0_scale(x), 16, fused)
 
 
 def quantize_q4_0(x):
@@ -79,6 +99,16 @@ def quantize_q4_0(x):
     out = np.zeros(len(x), Q4_0)
     out["d"] = f16_bits(q4_0_scale(x))
     out["qs"] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    return out
+
+
+def quantize_q5_0(x):
+    q = q5_0_codes(x)
+    out = np.zeros(len(x), Q5_0)
+    out["d"] = f16_bits(q5_0_scale(x))
+    low = q & 0x0F
+    out["qs"] = (low[:, :16] | (low[:, 16:] << 4)).astype(np.uint8)
+    out["qh"] = ((q >> 4) << np.arange(BLOCK)).sum(axis=1).astype(np.uint32)
     return out
 
 
@@ -93,6 +123,14 @@ def dequantize_q8_0(blocks):
 
 def dequantize_q4_0(blocks):
     q = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int64) - 8
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (q.astype(F32) * widened_scale(blocks)[:, None]).reshape(-1)
+
+
+def dequantize_q5_0(blocks):
+    low = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int64)
+    high = (blocks["qh"].astype(np.int64)[:, None] >> np.arange(BLOCK)) & 1
+    q = (low | (high << 4)) - 16
     with np.errstate(invalid="ignore", over="ignore"):
         return (q.astype(F32) * widened_scale(blocks)[:, None]).reshape(-1)
 
@@ -317,11 +355,12 @@ def dequantize_q6_k(blocks):
 
 
 def stored_rows(x, fmt):
-    """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q4_k" or
-    "q6_k") holds it: each row quantized and dequantized, as f32."""
+    """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q5_0",
+    "q4_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
     codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
               "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
+              "q5_0": (BLOCK, quantize_q5_0, dequantize_q5_0),
               "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
               "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k)}
     if fmt not in codecs:

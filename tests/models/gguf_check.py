@@ -3,7 +3,7 @@
 `write DIR`: tiny Hugging Face checkpoints of every architecture numesh reads (hf_model_check.py's
 cases, the same random weights), each converted by gguf_writer.py (written from the GGUF
 specification and llama.cpp's converter, independent of numesh: its names, stacked experts and
-the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0
+the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0 (and Q5_0 for three)
 (Q4_K, Q6_K and llama.cpp's Q4_K_M mixture where the rows are whole super-blocks).
 gguf_check_main then loads each file through GgufCheckpoint and the checkpoint it came from
 through SafetensorsCheckpoint, stored in the file's format (a mixture's matrices each in its
@@ -36,13 +36,14 @@ except ImportError as e:  # torch_check.cmake's rule: 77 for a missing module
 
 FLOATS = ["f32", "f16", "bf16"]
 BLOCKS = FLOATS + ["q8_0", "q4_0"]
+WITH_Q5_0 = BLOCKS + ["q5_0"]
 # Cases of hf_model_check.models() and the GGUF formats their widths allow.
 FORMATS = {
-    "llama_blocks": BLOCKS,           # two safetensors shards, untied, Q/K permuted in GGUF
+    "llama_blocks": WITH_Q5_0,        # two safetensors shards, untied, Q/K permuted in GGUF
     "llama_mlp_bias_f32": FLOATS,     # MLP biases (mlp_bias)
-    "qwen2_tied_blocks": BLOCKS,      # q/k/v biases, tied embeddings (no output.weight)
+    "qwen2_tied_blocks": WITH_Q5_0,   # q/k/v biases, tied embeddings (no output.weight)
     "qwen3_blocks": BLOCKS,           # q/k norms, head_dim 32 (attention.key_length)
-    "mixtral_blocks": BLOCKS,         # a llama file with experts: stacked ffn_*_exps, permuted
+    "mixtral_blocks": WITH_Q5_0,      # a llama file with experts: stacked ffn_*_exps, permuted
     "qwen2_moe_blocks": BLOCKS,       # shared expert and its gate; a dense layer between MoE ones
     "qwen3_moe_f32": FLOATS,          # renormalised top-k
     # and llama.cpp's Q4_K_M mixture: Q6_K output, attn_v and ffn_down (layer 1 of 2) among

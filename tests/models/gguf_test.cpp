@@ -259,6 +259,7 @@ TEST(GgufTypeTest, NumeshFormatsMapBothWays) {
   EXPECT_EQ(to_numesh_dtype(GgufType::kBF16), DType::kBF16);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ8_0), DType::kQ8_0);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ4_0), DType::kQ4_0);
+  EXPECT_EQ(to_numesh_dtype(GgufType::kQ5_0), DType::kQ5_0);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ4_K), DType::kQ4_K);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ6_K), DType::kQ6_K);
   for (const GgufType other :
@@ -750,10 +751,10 @@ TEST_F(GgufFileTest, TypesNumeshDoesNotComputeInOpenButCannotBeRead) {
   for (const auto& [tensor, type] :
        {std::pair<std::string, std::string>{"q5k", "Q5_K"}, {"ids", "I32"}}) {
     const std::string& name = tensor;  // lambdas capture it (clang 14 cannot capture bindings)
-    const std::string message =
-        read_error(file, name,
-                   "its type is " + type +
-                       "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, Q4_K and Q6_K tensors");
+    const std::string message = read_error(
+        file, name,
+        "its type is " + type +
+            "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, Q5_0, Q4_K and Q6_K tensors");
     EXPECT_THAT([&] { f.read(name, DType::kF32, std::as_writable_bytes(std::span(out))); },
                 ThrowsMessage<ValueError>(StrEq(message)));
     const std::vector<std::int64_t> offsets{0, 0};

@@ -251,6 +251,8 @@ DotFn dot_of(DType t) {
       return dot_gemm_q8_0;
     case DType::kQ4_0:
       return dot_gemm_q4_0;
+    case DType::kQ5_0:
+      return dot_gemm_q5_0;
     case DType::kQ4_K:
       return dot_gemm_q4_k;
     default:
@@ -258,7 +260,8 @@ DotFn dot_of(DType t) {
   }
 }
 
-constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
+constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K,
+                                   DType::kQ6_K};
 
 // Runs the dot kernel into a c of NaN with a sentinel in its padding (which must survive);
 // returns c packed to [m, n].
@@ -340,9 +343,14 @@ TEST_P(BlockGemmLevelTest, DotEqualsTheScalarLevelBitForBit) {
   }
 }
 
-// Weight code e (0 .. 31) of a block, as the format defines it (q4_0: nibble - 8).
+// Weight code e (0 .. 31) of a block, as the format defines it (q4_0: nibble - 8; q5_0: the
+// nibble at byte 6 on and bit e of the word at byte 2 as its fifth bit, less 16).
 int weight_code(const unsigned char* block, DType t, std::int64_t e) {
   if (t == DType::kQ8_0) return static_cast<std::int8_t>(block[2 + e]);
+  if (t == DType::kQ5_0) {
+    const int nibble = e < 16 ? block[6 + e] & 0x0F : block[6 + e - 16] >> 4;
+    return (nibble | (((block[2 + e / 8] >> (e % 8)) & 1) << 4)) - 16;
+  }
   return (e < 16 ? block[2 + e] & 0x0F : block[2 + e - 16] >> 4) - 8;
 }
 
@@ -356,7 +364,7 @@ float weight_scale(const unsigned char* block) {
 // dequantized weights: sum over blocks of d_a (1/2 + 2^-12) sum |w|, plus that accumulation.
 TEST(BlockGemmTest, TheScalarDotIsItsOrdersValueAndWithinTheQuantizationBound) {
   std::uint32_t seed = 900;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0}) {
     for (std::int64_t k : {32, 96, 1024, 4096 + 32}) {
       const std::int64_t m = 3, n = 7, blocks = k / 32, lda = k + 32;
       const DotCase cs = dot_case(t, m, n, k, seed += 5);
@@ -1251,7 +1259,7 @@ TEST(BlockGemmTest, PanelsRefuseViewsThatCutThemAndKernelsThatCannotReadThem) {
 TEST(BlockGemmTest, RowInvariantProductsGiveEachRowTheBitsItGetsAlone) {
   std::mt19937 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (const DType t : kBlockFormats) {
     const std::int64_t k = is_super_block(t) ? 512 : 96, n = 48;
     const Blocks rows = make_blocks(t, n, k, 43);
     const bool has_panels = t == DType::kQ8_0 || t == DType::kQ4_0;

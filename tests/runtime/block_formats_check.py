@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0, Q4_0, Q4_K and Q6_K block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q5_0, Q4_K and Q6_K block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -13,10 +13,14 @@ step in the precision the C performs it:
   q4_0: m = the first element of largest magnitude (+0 when all are zeros: GGML's strict <);
         d = m / -8; id as above; q = min(15, trunc(f32(f32(x * id) + 8.5))): two f32
         roundings, no fused multiply-add; byte j = q[j] | q[j + 16] << 4.
+  q5_0: as q4_0 with d = m / -16 and q = min(31, trunc(f32(f32(x * id) + 16.5))); byte j holds
+        the low 4 bits of q[j] and q[j + 16] as q4_0's, bit j of the little-endian word before
+        them q[j]'s fifth bit (quantize_row_q5_0_ref, dequantize_row_q5_0).
   dequantization: f32(f16 d) * code (q4_0: code - 8), in f32.
-Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0) GGML converts inf or
-NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte 0), so every code is
-0 (q4_0: min(15, 0)), and numesh and the transcription write that.
+Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0, ~4.7e-38 for q5_0)
+GGML converts inf or NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte
+0), so every code is 0 (q4_0, q5_0: min(15, 0), min(31, 0)), and numesh and the transcription
+write that.
   q4_K, q6_K: tests/common/ggml_blocks.py's quantize_q4_k / quantize_q6_k, the searches
         (make_qkx2_quants, make_qx_quants) step by step in f32, sequential along a sub-block;
         nearest_int as GGML's bit arithmetic (round-half-even below 2^22, and GGML's release
@@ -27,7 +31,7 @@ log-uniform, heavy-tailed) and adversarial blocks (zeros of both signs, outliers
 at k + 0.5 after scaling and their neighbours, negative extremes, ties of magnitude with
 opposite signs, scales at f16 rounding ties, at f16 overflow, in f16's subnormals, at the
 reciprocal's overflow, and blocks where an FMA or f32 rounding would change a code), with
-DIR/kinds.json naming the blocks of each kind; DIR/blocks.q8_0 and DIR/blocks.q4_0, blocks with
+DIR/kinds.json naming the blocks of each kind; DIR/blocks.q8_0, .q4_0 and .q5_0, blocks with
 every f16 scale pattern (NaN, inf, subnormals) and random codes, to dequantize. For the
 super-block formats, DIR/values_k.f32 and DIR/kinds_k.json: random 256-value rows at magnitudes
 from 1e-45 to 1e38 and adversarial ones (zeros, constant rows, negative-only and positive-only
@@ -41,7 +45,8 @@ others, random scales and codes, to dequantize.
 `check` compares numesh's quantized bytes and dequantized values with the transcription's (NaN
 outputs compared as NaN only). When NUMESH_GGML_LIB names a built libggml-base.so (an x86-64
 build: see above for the blocks where GGML's C is undefined) it also calls GGML's own
-quantize_row_{q8_0,q4_0,q4_K,q6_K}_ref and dequantize_row_{q8_0,q4_0,q4_K,q6_K} through ctypes
+quantize_row_{q8_0,q4_0,q5_0,q4_K,q6_K}_ref and dequantize_row_{q8_0,q4_0,q5_0,q4_K,q6_K} through
+ctypes
 on the same data and compares; unset, that part is skipped with a printed line.
 Exit status: 0 all identical; 1 a mismatch (the first few printed); 2 numpy is missing (77
 with NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
@@ -55,9 +60,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
 np = require("numpy")
 
-from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q8_0, dequantize_q4_0, dequantize_q8_0,  # noqa: E402,F401
-                         f16_bits, q4_0_codes, q4_0_scale, q8_0_scale, quantize_q4_0, quantize_q8_0,
-                         reciprocal, roundf, widened_scale, defined_in_ggml)
+from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q5_0, Q8_0, dequantize_q4_0,  # noqa: E402,F401
+                         dequantize_q5_0, dequantize_q8_0, f16_bits, q4_0_codes, q4_0_scale,
+                         q5_0_codes, q5_0_scale, q8_0_scale, quantize_q4_0, quantize_q5_0,
+                         quantize_q8_0, reciprocal, roundf, widened_scale, defined_in_ggml)
 from ggml_blocks import (QK_K, Q4_K, Q6_K, dequantize_q4_k, dequantize_q6_k,  # noqa: E402
                          q4_k_scale_min, quantize_q4_k, quantize_q6_k)
 
@@ -114,6 +120,17 @@ def adversarial_blocks(rng):
     kinds["q4_0 values at integer codes"] = edges
     kinds["q4_0 neighbours of integer codes"] = neighbours(edges)
     kinds["q4_0 positive extreme at integer codes"] = (-edges).astype(F32)
+    # q5_0's: m = -16 * 2^e gives d = 2^e; (k - 16.5) * 2^e lands on integer k after + 16.5.
+    rows = []
+    for e in list(range(-120, 100, 11)) + [-1, 0, 1]:
+        x = (rng.integers(0, 33, (3, BLOCK)) - 16.5 + 0.0) * 2.0 ** e
+        x = np.clip(x, -16 * 2.0 ** e, 16 * 2.0 ** e)
+        x[:, rng.integers(0, BLOCK)] = -16 * 2.0 ** e
+        rows.append(to_f32(x))
+    edges = np.concatenate(rows)
+    kinds["q5_0 values at integer codes"] = edges
+    kinds["q5_0 neighbours of integer codes"] = neighbours(edges)
+    kinds["q5_0 positive extreme at integer codes"] = (-edges).astype(F32)
 
     x = to_f32(rng.normal(0, 1, (100, BLOCK)))
     neg = np.argmax(np.abs(x), axis=1)
@@ -147,7 +164,7 @@ def adversarial_blocks(rng):
 
     rows = []
     for amax in [65504 * 127, 65519 * 127, 65519.99 * 127, 65520 * 127, 65536 * 127, 65504 * 8,
-                 65520 * 8, F32_MAX, -F32_MAX]:
+                 65520 * 8, 65504 * 16, 65520 * 16, F32_MAX, -F32_MAX]:
         x = rng.uniform(-1, 1, (2, BLOCK)) * abs(amax)
         x[:, 3] = amax
         rows.append(to_f32(x))
@@ -156,7 +173,7 @@ def adversarial_blocks(rng):
     # Across the overflow of 1/d (d <= 2^-128): extremes from 127 * 2^-128 (q8_0) and 8 * 2^-128
     # (q4_0) up, one f32 step at a time, and a few smaller ones.
     extremes = [1.4e-45, 1e-40, 1e-38, 3e-37, 4e-37]
-    for start in (127 * 2.0 ** -128, 8 * 2.0 ** -128):
+    for start in (127 * 2.0 ** -128, 8 * 2.0 ** -128, 16 * 2.0 ** -128):
         a = F32(start)
         for _ in range(40):
             extremes.append(float(a))
@@ -190,6 +207,16 @@ def adversarial_blocks(rng):
     q4[rows_, cols] = near
     fma = np.any(q4_0_codes(q4) != q4_0_codes(q4, fused=True), axis=1)
     kinds["q4_0 where an FMA would differ"] = q4[fma][:300]
+    idv = reciprocal(q5_0_scale(pool)).astype(np.float64)[:, None]
+    near = to_f32((rng.integers(1, 4, (n, 8)) - 16.5) / idv)
+    for _ in range(3):
+        step = rng.integers(-1, 2, (n, 8))
+        near = np.where(step > 0, np.nextafter(near, F32(np.inf)),
+                        np.where(step < 0, np.nextafter(near, F32(-np.inf)), near)).astype(F32)
+    q5 = pool.copy()
+    q5[rows_, cols] = near
+    fma = np.any(q5_0_codes(q5) != q5_0_codes(q5, fused=True), axis=1)
+    kinds["q5_0 where an FMA would differ"] = q5[fma][:300]
     idv = reciprocal(q8_0_scale(pool)).astype(np.float64)[:, None]
     near = to_f32(rng.choice([-0.5, 0.5], (n, 8)) / idv)
     for _ in range(3):
@@ -428,6 +455,11 @@ def write(d):
     q4["d"] = rng.permutation(n).astype(np.uint16)
     q4["qs"] = rng.integers(0, 256, (n, 16)).astype(np.uint8)
     q4.tofile(os.path.join(d, "blocks.q4_0"))
+    q5 = np.zeros(n, Q5_0)
+    q5["d"] = rng.permutation(n).astype(np.uint16)
+    q5["qh"] = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    q5["qs"] = rng.integers(0, 256, (n, 16)).astype(np.uint8)
+    q5.tofile(os.path.join(d, "blocks.q5_0"))
     write_k(d)
     return 0
 
@@ -466,7 +498,7 @@ def compare_values(title, got, want, block=BLOCK):
     return bad.size == 0
 
 
-def ggml_check(index, x, blocks8, blocks4, mine):
+def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
     """GGML's own functions, when NUMESH_GGML_LIB names libggml-base.so; True when they agree."""
     path = os.environ.get("NUMESH_GGML_LIB")
     if not path:
@@ -474,15 +506,17 @@ def ggml_check(index, x, blocks8, blocks4, mine):
               "GGML's own reference quantizers)")
         return True
     lib = ctypes.CDLL(path)
-    for name in ("quantize_row_q8_0_ref", "quantize_row_q4_0_ref", "dequantize_row_q8_0",
-                 "dequantize_row_q4_0", "quantize_row_q4_K_ref", "quantize_row_q6_K_ref",
+    for name in ("quantize_row_q8_0_ref", "quantize_row_q4_0_ref", "quantize_row_q5_0_ref",
+                 "dequantize_row_q8_0", "dequantize_row_q4_0", "dequantize_row_q5_0",
+                 "quantize_row_q4_K_ref", "quantize_row_q6_K_ref",
                  "dequantize_row_q4_K", "dequantize_row_q6_K"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
 
     ok = True
     flat = np.ascontiguousarray(x.reshape(-1))
-    for fmt, dtype, scale in (("q8_0", Q8_0, q8_0_scale), ("q4_0", Q4_0, q4_0_scale)):
+    for fmt, dtype, scale in (("q8_0", Q8_0, q8_0_scale), ("q4_0", Q4_0, q4_0_scale),
+                              ("q5_0", Q5_0, q5_0_scale)):
         theirs = np.zeros(len(x), dtype)
         getattr(lib, f"quantize_row_{fmt}_ref")(flat.ctypes.data, theirs.ctypes.data, flat.size)
         undefined = ~defined_in_ggml(scale(x))
@@ -490,7 +524,8 @@ def ggml_check(index, x, blocks8, blocks4, mine):
         ok &= compare_blocks(f"{fmt} quantize, NumPy vs GGML", index, x, mine[f"{fmt} numpy"], theirs)
         print(f"    of which {int(undefined.sum())} blocks where 1/d overflows (GGML's C undefined, "
               f"x86 bytes)")
-    for fmt, blocks, got in (("q8_0", blocks8, mine["q8_0 any"]), ("q4_0", blocks4, mine["q4_0 any"])):
+    for fmt, blocks, got in (("q8_0", blocks8, mine["q8_0 any"]), ("q4_0", blocks4, mine["q4_0 any"]),
+                             ("q5_0", blocks5, mine["q5_0 any"])):
         theirs = np.zeros(len(blocks) * BLOCK, F32)
         getattr(lib, f"dequantize_row_{fmt}")(blocks.ctypes.data, theirs.ctypes.data, theirs.size)
         ok &= compare_values(f"{fmt} dequantize every scale, numesh vs GGML", got, theirs)
@@ -569,15 +604,19 @@ def check(d):
         index = json.load(f)
     blocks8 = np.fromfile(path("blocks.q8_0"), dtype=Q8_0)
     blocks4 = np.fromfile(path("blocks.q4_0"), dtype=Q4_0)
+    blocks5 = np.fromfile(path("blocks.q5_0"), dtype=Q5_0)
     print(f"{len(x)} blocks ({x.size} values) of {len(index)} kinds to quantize; "
-          f"{len(blocks8)} + {len(blocks4)} blocks to dequantize")
+          f"{len(blocks8)} + {len(blocks4)} + {len(blocks5)} blocks to dequantize")
     mine = {"q8_0": np.fromfile(path("values.q8_0"), dtype=Q8_0),
             "q4_0": np.fromfile(path("values.q4_0"), dtype=Q4_0),
+            "q5_0": np.fromfile(path("values.q5_0"), dtype=Q5_0),
             "q8_0 any": np.fromfile(path("blocks.q8_0.f32"), dtype=F32),
-            "q4_0 any": np.fromfile(path("blocks.q4_0.f32"), dtype=F32)}
+            "q4_0 any": np.fromfile(path("blocks.q4_0.f32"), dtype=F32),
+            "q5_0 any": np.fromfile(path("blocks.q5_0.f32"), dtype=F32)}
     ok = True
     for fmt, quantize, dequantize in (("q8_0", quantize_q8_0, dequantize_q8_0),
-                                      ("q4_0", quantize_q4_0, dequantize_q4_0)):
+                                      ("q4_0", quantize_q4_0, dequantize_q4_0),
+                                      ("q5_0", quantize_q5_0, dequantize_q5_0)):
         want = mine[f"{fmt} numpy"] = quantize(x)
         ok &= compare_blocks(f"{fmt} quantize, numesh vs NumPy", index, x, mine[fmt], want)
         ok &= compare_values(f"{fmt} dequantize its blocks, numesh vs NumPy",
@@ -586,8 +625,10 @@ def check(d):
                          dequantize_q8_0(blocks8))
     ok &= compare_values("q4_0 dequantize every scale, numesh vs NumPy", mine["q4_0 any"],
                          dequantize_q4_0(blocks4))
+    ok &= compare_values("q5_0 dequantize every scale, numesh vs NumPy", mine["q5_0 any"],
+                         dequantize_q5_0(blocks5))
     ok &= check_k(d, mine)
-    ok &= ggml_check(index, x, blocks8, blocks4, mine)
+    ok &= ggml_check(index, x, blocks8, blocks4, blocks5, mine)
     return 0 if ok else 1
 
 

@@ -99,6 +99,12 @@ int main(int argc, char** argv) {
     dequantize_q4_0(q4, back);
     write_all(dir / "values.q4_0.f32", back);
 
+    std::vector<BlockQ5_0> q5(blocks);
+    quantize_q5_0(values, q5);
+    write_all(dir / "values.q5_0", q5);
+    dequantize_q5_0(q5, back);
+    write_all(dir / "values.q5_0.f32", back);
+
     const std::vector<BlockQ8_0> any8 = read_all<BlockQ8_0>(dir / "blocks.q8_0");
     std::vector<float> out8(any8.size() * 32);
     dequantize_q8_0(any8, out8);
@@ -107,8 +113,12 @@ int main(int argc, char** argv) {
     std::vector<float> out4(any4.size() * 32);
     dequantize_q4_0(any4, out4);
     write_all(dir / "blocks.q4_0.f32", out4);
-    std::printf("block_formats_check_main: %zu blocks quantized, %zu + %zu dequantized\n", blocks,
-                any8.size(), any4.size());
+    const std::vector<BlockQ5_0> any5 = read_all<BlockQ5_0>(dir / "blocks.q5_0");
+    std::vector<float> out5(any5.size() * 32);
+    dequantize_q5_0(any5, out5);
+    write_all(dir / "blocks.q5_0.f32", out5);
+    std::printf("block_formats_check_main: %zu blocks quantized, %zu + %zu + %zu dequantized\n",
+                blocks, any8.size(), any4.size(), any5.size());
 
     const std::vector<float> values_k = read_all<float>(dir / "values_k.f32");
     const std::size_t q4_k_any = run_format<BlockQ4_K, 256>(

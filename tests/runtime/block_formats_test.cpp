@@ -44,6 +44,17 @@ BlockQ4_0 q4_of(const std::array<float, kBlock>& x) {
 int q4_code(const BlockQ4_0& b, std::size_t j) {
   return j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
 }
+BlockQ5_0 q5_of(const std::array<float, kBlock>& x) {
+  BlockQ5_0 b{};
+  quantize_q5_0(x, std::span<BlockQ5_0>(&b, 1));
+  return b;
+}
+// Code j (0 .. 31) of a Q5_0 block: Q4_0's nibble, and bit j of the little-endian word qh as its
+// fifth bit.
+int q5_code(const BlockQ5_0& b, std::size_t j) {
+  const int nibble = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+  return nibble | (((b.qh[j / 8] >> (j % 8)) & 1) << 4);
+}
 std::array<float, kBlock> filled(float v) {
   std::array<float, kBlock> x{};
   x.fill(v);
@@ -237,6 +248,104 @@ TEST(BlockQ4_0Test, DequantizationIsCodeMinus8TimesTheWidenedScale) {
   }
 }
 
+TEST(BlockQ5_0Test, ZerosGiveANegativeZeroScaleAndCode16) {
+  for (float zero : {0.0f, -0.0f}) {
+    const BlockQ5_0 b = q5_of(filled(zero));
+    EXPECT_EQ(b.d, 0x8000) << "GGML's max starts at +0, and +0 / -16 is -0";
+    for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0x00) << "code 16's low bits";
+    for (std::uint8_t byte : b.qh) EXPECT_EQ(byte, 0xFF) << "code 16's fifth bit";
+    std::array<float, kBlock> back{};
+    dequantize_q5_0(std::span<const BlockQ5_0>(&b, 1), back);
+    for (float v : back) EXPECT_EQ(v, 0.0f);
+  }
+}
+
+TEST(BlockQ5_0Test, ANegativeExtremeGivesAPositiveScaleAndTheOppositeExtremeIsClamped) {
+  std::array<float, kBlock> x{};
+  x[0] = -16.0f;  // d = 1, id = 1: codes trunc(x + 16.5)
+  x[1] = 16.0f;   // 32.5: 32, clamped to 31
+  x[2] = 0.5f;    // 17.0
+  x[3] = -0.5f;   // 16.0
+  x[4] = 2.5f;    // 19.0
+  x[5] = -15.9f;  // 0.6: 0
+  x[20] = 14.4f;  // 30.9: 30, in a high nibble with its fifth bit
+  x[31] = -1.0f;  // 15.5: 15, no fifth bit
+  const BlockQ5_0 b = q5_of(x);
+  EXPECT_EQ(b.d, 0x3C00);
+  const int want[] = {0, 31, 17, 16, 19, 0, 16};
+  for (std::size_t j = 0; j < std::size(want); ++j) EXPECT_EQ(q5_code(b, j), want[j]) << j;
+  EXPECT_EQ(q5_code(b, 20), 30);
+  EXPECT_EQ(q5_code(b, 31), 15);
+  // And the mirror: a positive extreme gives a negative scale, codes trunc(16.5 - x).
+  std::array<float, kBlock> y{};
+  for (std::size_t j = 0; j < kBlock; ++j) y[j] = -x[j];
+  const BlockQ5_0 c = q5_of(y);
+  EXPECT_EQ(c.d, 0xBC00) << "f16 -1.0";
+  for (std::size_t j = 0; j < kBlock; ++j) EXPECT_EQ(q5_code(c, j), q5_code(b, j)) << j;
+}
+
+TEST(BlockQ5_0Test, TheFifthBitsAreALittleEndianWordAfterTheScale) {
+  std::array<float, kBlock> x{};
+  std::array<int, kBlock> code{};
+  for (std::size_t j = 0; j < kBlock; ++j) code[j] = static_cast<int>((j * 7 + 3) % 32);
+  code[0] = 0;  // x = -16 sets d = 1, and x = code - 16 then gives code trunc(code + 0.5)
+  for (std::size_t j = 0; j < kBlock; ++j) x[j] = static_cast<float>(code[j] - 16);
+  const BlockQ5_0 b = q5_of(x);
+  EXPECT_EQ(b.d, 0x3C00);
+  std::uint32_t word = 0;
+  for (std::size_t j = 0; j < kBlock; ++j) word |= static_cast<std::uint32_t>(code[j] >> 4) << j;
+  unsigned char bytes[sizeof(BlockQ5_0)];
+  std::memcpy(bytes, &b, sizeof bytes);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(bytes[2 + i], static_cast<unsigned char>(word >> (8 * i))) << "word byte " << i;
+  }
+  for (std::size_t j = 0; j < 16; ++j) {
+    EXPECT_EQ(bytes[6 + j],
+              static_cast<unsigned char>((code[j] & 0x0F) | ((code[j + 16] & 0x0F) << 4)))
+        << "byte " << j;
+  }
+}
+
+TEST(BlockQ5_0Test, ABlockTooSmallForTheReciprocalIsAllZeroBytesAsGgmlOnX86) {
+  // |d| <= 2^-128: 1/d overflows, and GGML's int8 conversion of x * inf + 16.5 is undefined;
+  // x86 gives 0x80000000, low byte 0: code 0 everywhere (no fifth bits), under an f16 -0 scale.
+  std::array<float, kBlock> x = filled(1e-40f);
+  x[4] = 0.0f;
+  const BlockQ5_0 b = q5_of(x);
+  EXPECT_EQ(b.d, 0x8000) << "a tiny negative scale rounds to f16 -0";
+  for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0x00);
+  for (std::uint8_t byte : b.qh) EXPECT_EQ(byte, 0x00);
+  std::array<float, kBlock> back{};
+  dequantize_q5_0(std::span<const BlockQ5_0>(&b, 1), back);
+  for (float v : back) EXPECT_EQ(v, 0.0f);
+  // 2^-124 / -16 = -2^-128, whose reciprocal overflows; one f32 step up the quotient still
+  // rounds to it; four steps up it is -(2^-128 + 2^-149), 1/d is finite and the zeros after
+  // x[0] take code 16, their fifth bits set.
+  x = filled(0.0f);
+  x[0] = std::ldexp(1.0f, -124);
+  EXPECT_EQ(q5_of(x).qh[2], 0x00);
+  x[0] = std::nextafter(std::ldexp(1.0f, -124), 1.0f);
+  EXPECT_EQ(q5_of(x).qh[2], 0x00);
+  x[0] = std::ldexp(1.0f, -124) + std::ldexp(1.0f, -145);
+  EXPECT_EQ(q5_code(q5_of(x), 0), 0);
+  EXPECT_EQ(q5_of(x).qh[2], 0xFF) << "x[16 .. 23] (zeros) code 16";
+}
+
+TEST(BlockQ5_0Test, DequantizationIsCodeMinus16TimesTheWidenedScale) {
+  BlockQ5_0 b{};
+  b.d = 0x4000;  // 2
+  for (std::size_t j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const std::uint8_t qh[4] = {0xAA, 0x55, 0x0F, 0xF0};
+  std::copy(std::begin(qh), std::end(qh), std::begin(b.qh));
+  std::array<float, kBlock> x{};
+  dequantize_q5_0(std::span<const BlockQ5_0>(&b, 1), x);
+  for (std::size_t j = 0; j < kBlock; ++j) {
+    const int nibble = j < 16 ? static_cast<int>(j) : 15 - static_cast<int>(j - 16);
+    const int fifth = (qh[j / 8] >> (j % 8)) & 1;
+    EXPECT_EQ(x[j], 2.0f * static_cast<float>((nibble | (fifth << 4)) - 16)) << j;
+  }
+}
+
 // Random rows at several magnitudes. The codes are within half a step of x / d (the f32 scale;
 // q4_0's clamped opposite extreme within a whole step); the dequantized values add the f16
 // rounding of the scale, at most 127 (q8_0) or 8 (q4_0) codes times |d - f16(d)|.
@@ -248,11 +357,14 @@ TEST(BlockFormatsTest, RoundTripErrorIsBoundedByTheScale) {
     for (float& v : x) v = dist(gen);
     std::vector<BlockQ8_0> q8(64);
     std::vector<BlockQ4_0> q4(64);
+    std::vector<BlockQ5_0> q5(64);
     quantize_q8_0(x, q8);
     quantize_q4_0(x, q4);
-    std::vector<float> y8(x.size()), y4(x.size());
+    quantize_q5_0(x, q5);
+    std::vector<float> y8(x.size()), y4(x.size()), y5(x.size());
     dequantize_q8_0(q8, y8);
     dequantize_q4_0(q4, y4);
+    dequantize_q5_0(q5, y5);
     for (std::size_t b = 0; b < q8.size(); ++b) {
       float amax = 0.0f, max = 0.0f;
       for (std::size_t j = 0; j < kBlock; ++j) {
@@ -261,9 +373,10 @@ TEST(BlockFormatsTest, RoundTripErrorIsBoundedByTheScale) {
           max = x[b * kBlock + j];
         }
       }
-      const float d8 = amax / 127.0f, d4 = std::fabs(max / -8.0f);
+      const float d8 = amax / 127.0f, d4 = std::fabs(max / -8.0f), d5 = std::fabs(max / -16.0f);
       const float d8_error = std::fabs(d8 - f32_from_f16(q8[b].d));
       const float d4_error = std::fabs(d4 - std::fabs(f32_from_f16(q4[b].d)));
+      const float d5_error = std::fabs(d5 - std::fabs(f32_from_f16(q5[b].d)));
       const float slack = 1.0f + 1e-4f;  // the f32 rounding of the checks themselves
       for (std::size_t j = 0; j < kBlock; ++j) {
         const std::size_t i = b * kBlock + j;
@@ -276,6 +389,12 @@ TEST(BlockFormatsTest, RoundTripErrorIsBoundedByTheScale) {
         ASSERT_LE(std::fabs(x[i] - q4_value), step * slack)
             << "q4_0 code of element " << i << " at scale " << scale;
         ASSERT_LE(std::fabs(y4[i] - x[i]), (step + 8.0f * d4_error) * slack) << i;
+        const int c5 = q5_code(q5[b], j);
+        const float q5_value = static_cast<float>(c5 - 16) * (max > 0 ? -d5 : d5);
+        const float step5 = c5 == 31 ? d5 : 0.5f * d5;  // 31 may be the clamped 32
+        ASSERT_LE(std::fabs(x[i] - q5_value), step5 * slack)
+            << "q5_0 code of element " << i << " at scale " << scale;
+        ASSERT_LE(std::fabs(y5[i] - x[i]), (step5 + 16.0f * d5_error) * slack) << i;
       }
     }
   }
@@ -297,6 +416,13 @@ TEST(BlockFormatsTest, SizesThatAreNotThirtyTwoValuesABlockAreRefused) {
   EXPECT_THAT([&] { dequantize_q4_0(q4, x); },
               ThrowsMessage<ShapeError>(HasSubstr(
                   "dequantize q4_0: 33 values for 2 block(s) of 32: expected 64 values")));
+  std::vector<BlockQ5_0> q5(1);
+  EXPECT_THAT([&] { quantize_q5_0(x, q5); },
+              ThrowsMessage<ShapeError>(
+                  HasSubstr("quantize q5_0: 33 values for 1 block(s) of 32: expected 32 values")));
+  EXPECT_THAT([&] { dequantize_q5_0(q5, x); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dequantize q5_0: 33 values for 1 block(s) of 32: expected 32 values")));
   // Empty is whole blocks: nothing to do.
   EXPECT_NO_THROW(quantize_q8_0({}, {}));
   EXPECT_NO_THROW(dequantize_q4_0({}, {}));
@@ -321,6 +447,9 @@ TEST(BlockFormatsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
   x[40] = -inf;
   EXPECT_THAT([&] { quantize_q4_0(x, q4); },
               ThrowsMessage<ValueError>(HasSubstr("quantize q4_0: element 40 is -inf")));
+  std::vector<BlockQ5_0> q5(3);
+  EXPECT_THAT([&] { quantize_q5_0(x, q5); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize q5_0: element 40 is -inf")));
 
   // The blocks before the bad one are written; the bad one and those after are untouched.
   std::vector<BlockQ8_0> sentinel8(3);
@@ -693,6 +822,7 @@ void expect_widened_elements_match(DType t,
 TEST(BlockFormatsTest, WidenedElementsAreTheDequantizersValuesBitForBit) {
   expect_widened_elements_match<BlockQ8_0>(DType::kQ8_0, dequantize_q8_0);
   expect_widened_elements_match<BlockQ4_0>(DType::kQ4_0, dequantize_q4_0);
+  expect_widened_elements_match<BlockQ5_0>(DType::kQ5_0, dequantize_q5_0);
   expect_widened_elements_match<BlockQ4_K>(DType::kQ4_K, dequantize_q4_k);
   expect_widened_elements_match<BlockQ6_K>(DType::kQ6_K, dequantize_q6_k);
 }
@@ -730,7 +860,7 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
     EXPECT_THAT([&] { codec.quantize(bad, blocks.data()); },
                 ThrowsMessage<ValueError>(HasSubstr("300")));
   }
-  EXPECT_EQ(formats, 4);
+  EXPECT_EQ(formats, 5);
 }
 
 }  // namespace

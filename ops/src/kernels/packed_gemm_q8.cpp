@@ -948,6 +948,8 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
       return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q8_0, c, ldc, level);
     case DType::kQ4_0:
       return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q4_0, c, ldc, level);
+    case DType::kQ5_0:
+      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q5_0, c, ldc, level);
     case DType::kQ4_K:
       a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
       return packed_panels<Q4_KForm>(m, n, a, stored, detail::pack_panel_q4_k, c, ldc, level);

@@ -54,6 +54,9 @@ void pack_panel_q8_0(const unsigned char* w, std::int64_t ldw, std::int64_t coun
 void pack_panel_q4_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                      std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                      PackedBlock* out);
+void pack_panel_q5_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 void pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                      std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                      PackedBlock* out);

@@ -79,6 +79,8 @@ constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q8_
 constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q4_0>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
                                      KernelLevel::kAvx2};
+constexpr WeightKernels kQ5_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q5_0>, nullptr,
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
@@ -98,6 +100,8 @@ const WeightKernels& weight_kernels(DType dtype) noexcept {
       return kQ8_0Kernels;
     case DType::kQ4_0:
       return kQ4_0Kernels;
+    case DType::kQ5_0:
+      return kQ5_0Kernels;
     case DType::kQ4_K:
       return kQ4_KKernels;
     case DType::kQ6_K:

@@ -29,6 +29,9 @@ enum class DType : std::uint8_t {
   kF16,   ///< IEEE binary16: 5-bit exponent, 10 stored mantissa bits
   kQ8_0,  ///< GGML's Q8_0: blocks of 32 weights, an f16 scale d and 32 int8 codes q (x = d q)
   kQ4_0,  ///< GGML's Q4_0: blocks of 32 weights, an f16 scale d and 32 4-bit codes (x = (q-8) d)
+  /// GGML's Q5_0: blocks of 32 weights, an f16 scale d and 32 5-bit codes, their fifth bits in a
+  /// word of their own (x = (q - 16) d); 5.5 bits a weight
+  kQ5_0,
   /// GGML's Q4_K: super-blocks of 256 weights, eight sub-blocks of 32 with 6-bit scales and mins
   /// under f16 d and dmin, 4-bit codes (x = d sc q - dmin m); 4.5 bits a weight
   kQ4_K,
@@ -63,13 +66,14 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 7> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 8> kDTypes = {{
     // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
     {DType::kF16, "f16", {"fp16", "float16"}, 1, 2, {-1, -1}, 1, 1},
     {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}, 8, 7},            // d first
     {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
+    {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, {0, -1}, 6, 8},            // d first
     {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
     {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}, 14, 18},  // d last
 }};
@@ -91,6 +95,7 @@ constexpr bool listed(DType t) {
     case DType::kF16:
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ5_0:
     case DType::kQ4_K:
     case DType::kQ6_K:
       return static_cast<std::size_t>(t) < kDTypes.size();
@@ -143,12 +148,12 @@ constexpr ElementType element_type(DType t) noexcept {
 }
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
-/// q4_0 0.5625, q4_k 0.5625, q6_k 0.8203125).
+/// q4_0 0.5625, q5_0 0.6875, q4_k 0.5625, q6_k 0.8203125).
 constexpr double bytes_per_weight(DType t) noexcept {
   return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
 }
 
-/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q6_k".
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
@@ -175,8 +180,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
-/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q4_k or q6_k", so that help
-/// texts name a new format without being edited.
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q4_k or q6_k", so that
+/// help texts name a new format without being edited.
 inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
   std::vector<std::string_view> names;
   for (const DTypeTraits& f : kDTypes) {
@@ -191,9 +196,8 @@ inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q4_k", "Q4_K", "q4_K", "q6_k", "Q6_K", "q6_K").
-/// Throws: ValueError naming the text and the
-/// choices.
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q4_k", "Q4_K", "q4_K", "q6_k",
+/// "Q6_K", "q6_K"). Throws: ValueError naming the text and the choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -295,6 +299,14 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       const std::int64_t j = i % 32;
       const int code = j < 16 ? block[2 + j] & 0x0F : block[2 + j - 16] >> 4;
       return static_cast<float>(code - 8) * scale(block);
+    }
+    case DType::kQ5_0: {
+      // d, a little-endian word of the codes' fifth bits, then Q4_0's 16 bytes of nibbles.
+      const unsigned char* block = bytes + i / 32 * 22;
+      const std::int64_t j = i % 32;
+      const int low = j < 16 ? block[6 + j] & 0x0F : block[6 + j - 16] >> 4;
+      const int high = (block[2 + j / 8] >> (j % 8)) & 1;
+      return static_cast<float>((low | (high << 4)) - 16) * scale(block);
     }
     case DType::kQ4_K: {
       // d, dmin, 12 bytes of 6-bit scales and mins, then 128 bytes: each 64 elements' 32 bytes

@@ -7,36 +7,40 @@
 
 #include "numesh/core/dtype.hpp"
 
-// GGML's Q8_0 and Q4_0 block formats (ggml/src/ggml-common.h's block_q8_0 and block_q4_0): a
-// row of weights cut into runs of 32 elements, each stored as one f16 scale and 32 small integer
-// codes; and its Q4_K and Q6_K "super-block" formats (block_q4_K, block_q6_K): runs of 256
-// elements, cut into sub-blocks (8 of 32 for Q4_K, 16 of 16 for Q6_K) whose own scales (and Q4_K's
-// minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The quantizers
-// write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
-// quantize_row_q4_0_ref, quantize_row_q4_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a
+// GGML's Q8_0, Q4_0 and Q5_0 block formats (ggml/src/ggml-common.h's block_q8_0, block_q4_0
+// and block_q5_0): a row of weights cut into runs of 32 elements, each stored as one f16 scale
+// and 32 small integer codes; and its Q4_K and Q6_K "super-block" formats (block_q4_K, block_q6_K):
+// runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K, 16 of 16 for Q6_K) whose own scales
+// (and Q4_K's minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The
+// quantizers write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
+// quantize_row_q4_0_ref, quantize_row_q5_0_ref, quantize_row_q4_K_ref, quantize_row_q6_K_ref in
+// ggml-quants.c), so a
 // numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
 // exactly what GGML's dequantize_row_* compute. (For Q4_K and Q6_K, GGML's quantize_q4_K /
 // quantize_q6_K call the reference only without an importance matrix; with one they search
 // differently, and numesh reads those blocks but does not write them.)
-// tests/runtime/block_formats_check.py checks all four against a NumPy transcription of GGML's
+// tests/runtime/block_formats_check.py checks all five against a NumPy transcription of GGML's
 // definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
 // - A non-finite input (NaN, ±inf) is refused with ValueError naming the first one's index.
 //   GGML writes a block that looks valid: its max skips a NaN (unless it is the block's last
 //   element, which makes d NaN) and the NaN's code is an undefined conversion (0 on x86: 0 for
-//   q8_0, but -8 d, the opposite extreme, for q4_0); an infinity makes d infinite and every
-//   other code 0 (q8_0) or 8 (q4_0). Q4_K's and Q6_K's searches carry it into their sums and
-//   still write bytes. A weight loader must not store that as if it were a weight.
-// - A block whose magnitudes are all below about 3.7e-37 (q8_0) or 2.4e-38 (q4_0) has a scale
+//   q8_0, but -8 d or -16 d, the opposite extreme, for q4_0 and q5_0); an infinity makes d
+//   infinite and every other code 0 (q8_0), 8 (q4_0) or 16 (q5_0). Q4_K's and Q6_K's searches carry
+//   it into their sums and still write bytes. A weight loader must not store that as if it were a
+//   weight.
+// - A block whose magnitudes are all below about 3.7e-37 (q8_0), 2.4e-38 (q4_0) or 4.7e-38
+//   (q5_0) has a scale
 //   whose reciprocal overflows to infinity; GGML then converts ±inf or NaN to an integer, which
 //   C leaves undefined. numesh writes what x86-64 builds of GGML write there (the conversion
-//   gives 0x80000000, low byte 0): every code 0, so q8_0 codes 0 and q4_0 bytes 0x00 (C does not
-//   promise that elsewhere). The scale is an f16 zero there, so the block dequantizes to zeros
-//   (of either sign) whatever its codes.
-// - A scale beyond f16's range (a block whose largest magnitude exceeds about 8.3e6 for q8_0 or
-//   5.2e5 for q4_0) is stored as f16 infinity, as GGML stores it; such a block dequantizes to
-//   ±inf (and NaN for its zero codes). Q8_0 and Q4_0 are for weights of ordinary magnitude.
+//   gives 0x80000000, low byte 0): every code 0, so q8_0 codes 0 and q4_0 and q5_0 bytes 0x00
+//   (C does not promise that elsewhere). The scale is an f16 zero there, so the block dequantizes
+//   to zeros (of either sign) whatever its codes.
+// - A scale beyond f16's range (a block whose largest magnitude exceeds about 8.3e6 for q8_0,
+//   5.2e5 for q4_0 or 1.05e6 for q5_0) is stored as f16 infinity, as GGML stores it; such a
+//   block dequantizes to ±inf (and NaN for its zero codes). Q8_0, Q4_0 and Q5_0 are for weights
+//   of ordinary magnitude.
 //
 // Q4_K and Q6_K have no float-to-int conversion: they round with GGML's nearest_int, the low 23
 // bits of f32(v + 1.5 * 2^23), which is round-half-to-even for |v| < 2^22 (not Q8_0's half away
@@ -74,6 +78,8 @@ namespace numesh::runtime {
 inline constexpr std::int64_t kQ8_0BlockElements = 32;
 /// Elements in one Q4_0 block (GGML's QK4_0).
 inline constexpr std::int64_t kQ4_0BlockElements = 32;
+/// Elements in one Q5_0 block (GGML's QK5_0).
+inline constexpr std::int64_t kQ5_0BlockElements = 32;
 /// Elements in one Q4_K super-block (GGML's QK_K): 8 sub-blocks of 32.
 inline constexpr std::int64_t kQ4_KBlockElements = 256;
 /// Elements in one Q6_K super-block (GGML's QK_K): 16 sub-blocks of 16.
@@ -95,6 +101,18 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18 && alignof(BlockQ4_0) == 2, "GGML's block_q4_0 layout");
 static_assert(offsetof(BlockQ4_0, qs) == 2 && std::is_trivially_copyable_v<BlockQ4_0>);
+
+/// GGML's block_q5_0: code q[j] (0 .. 31) has its low 4 bits where Q4_0 keeps its code (byte j of
+/// qs low for j < 16, byte j - 16 high otherwise) and its fifth bit as bit j of the little-endian
+/// word qh; element j of the block is (q[j] - 16) * f32(d).
+struct BlockQ5_0 {
+  std::uint16_t d;      ///< IEEE binary16 bits of the scale
+  std::uint8_t qh[4];   ///< the codes' fifth bits, code j's as bit j of the little-endian word
+  std::uint8_t qs[16];  ///< their low 4 bits, two a byte
+};
+static_assert(sizeof(BlockQ5_0) == 22 && alignof(BlockQ5_0) == 2, "GGML's block_q5_0 layout");
+static_assert(offsetof(BlockQ5_0, qh) == 2 && offsetof(BlockQ5_0, qs) == 6 &&
+              std::is_trivially_copyable_v<BlockQ5_0>);
 
 /// Quantizes x to Q8_0, block b from x[32 b, 32 b + 32), with GGML's quantize_row_q8_0_ref's
 /// bytes: d = max|x| / 127 (f32, then f16 rounded to nearest even), qs[j] = x[j] / d rounded
@@ -118,6 +136,17 @@ void quantize_q4_0(std::span<const float> x, std::span<BlockQ4_0> y);
 /// x[32 b + j] = (q[j] - 8) * f32(y[b].d), as GGML's dequantize_row_q4_0.
 /// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
 void dequantize_q4_0(std::span<const BlockQ4_0> y, std::span<float> x);
+
+/// Quantizes x to Q5_0, block b from x[32 b, 32 b + 32), with GGML's quantize_row_q5_0_ref's
+/// bytes: m = the block's element of largest magnitude (the first on ties; +0 for a block of
+/// zeros), d = m / -16, q[j] = min(31, trunc(x[j] / d + 16.5)) in f32, so m itself is code 0 and
+/// -m would be 32, clamped to 31.
+/// Throws: as quantize_q8_0.
+void quantize_q5_0(std::span<const float> x, std::span<BlockQ5_0> y);
+
+/// x[32 b + j] = (q[j] - 16) * f32(y[b].d), as GGML's dequantize_row_q5_0.
+/// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
+void dequantize_q5_0(std::span<const BlockQ5_0> y, std::span<float> x);
 
 /// GGML's block_q4_K: sub-block s (elements [32 s, 32 s + 32)) has a 6-bit scale code sc[s] and
 /// a 6-bit minimum code m[s], and element i of it is f32(d) * sc[s] * q[i] - f32(dmin) * m[s]
@@ -155,6 +184,7 @@ static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 1
 // The f16 scales core's table names for each format (DTypeTraits::f16_scales) are these.
 static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ4_0).f16_scales[0] == offsetof(BlockQ4_0, d) &&
+              traits(DType::kQ5_0).f16_scales[0] == offsetof(BlockQ5_0, d) &&
               traits(DType::kQ4_K).f16_scales[0] == offsetof(BlockQ4_K, d) &&
               traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
               traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d));
@@ -221,6 +251,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       detail::codec_of<DType::kQ8_0, BlockQ8_0, quantize_q8_0, dequantize_q8_0>();
   static constexpr BlockCodec kQ4_0 =
       detail::codec_of<DType::kQ4_0, BlockQ4_0, quantize_q4_0, dequantize_q4_0>();
+  static constexpr BlockCodec kQ5_0 =
+      detail::codec_of<DType::kQ5_0, BlockQ5_0, quantize_q5_0, dequantize_q5_0>();
   static constexpr BlockCodec kQ4_K =
       detail::codec_of<DType::kQ4_K, BlockQ4_K, quantize_q4_k, dequantize_q4_k>();
   static constexpr BlockCodec kQ6_K =
@@ -228,6 +260,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
   switch (t) {
     case DType::kQ4_0:
       return kQ4_0;
+    case DType::kQ5_0:
+      return kQ5_0;
     case DType::kQ4_K:
       return kQ4_K;
     case DType::kQ6_K:

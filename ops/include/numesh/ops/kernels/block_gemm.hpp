@@ -166,6 +166,12 @@ void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
 
+/// dot_gemm_q8_0 for Q5_0 weights (codes q_w = q - 16, -16 .. 15; no panels: TypeError).
+/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ5_0.
+void dot_gemm_q5_0(std::int64_t m, const std::int8_t* codes, const float* scales,
+                   const WeightMatrix& b, float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
+
 /// dot_gemm_q8_0 for Q4_K weights, in the Q4_K order of the comment above (b's outputs each
 /// k / 256 super-blocks of 144 bytes; no panels: TypeError). The activations' scaled block sums
 /// (for the minimums) are computed once a call into a buffer of the calling thread kept between
