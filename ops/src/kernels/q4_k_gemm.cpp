@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kquant_minimum_scales.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
@@ -23,48 +24,12 @@ using detail::KquantBlock;
 using detail::KquantScales256;
 using detail::KquantWeights512;
 
-constexpr std::int64_t kQ4_KPacked = 4;  // bytes: the 6-bit codes
 constexpr std::int64_t kQ4_KNibbles = 16;
-
-// The 12 bytes of 6-bit codes unpacked to [sc_0 .. sc_7, m_0 .. m_7] (GGML's get_scale_min_k4)
-// on their three little-endian 32-bit words u0, u1, u2, masks in every byte:
-//   sc_0-3 = u0 & 0x3F, sc_4-7 = (u2 & 0x0F) | ((u0 >> 2) & 0x30),
-//   m_0-3 = u1 & 0x3F,  m_4-7 = ((u2 >> 4) & 0x0F) | ((u1 >> 2) & 0x30)
-// ((u >> 2) & 0x30 is each byte's top two bits moved to bits 4-5).
-void q4_k_scale_codes(const unsigned char* packed, std::uint8_t* out) {
-  std::uint32_t u[3];
-  std::memcpy(u, packed, sizeof(u));
-  const std::uint32_t words[4] = {
-      u[0] & 0x3F3F3F3Fu, (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u), u[1] & 0x3F3F3F3Fu,
-      ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u)};
-  std::memcpy(out, words, sizeof(words));
-}
-
-// The same on one vector: lanes [u0, u2, u1, u2 >> 4] masked, or lanes [-, u0, -, u1] moved.
-// The load takes 16 bytes: the 12 and the first 4 of the nibbles, in the same block.
-__attribute__((target("avx2"))) __m128i q4_k_scale_codes128(const unsigned char* packed) {
-  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
-  const __m128i low = _mm_and_si128(
-      _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-  const __m128i high =
-      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 0, 0)), 2),
-                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  return _mm_or_si128(low, high);
-}
 
 // 144 bytes; one scale per activation block; minimums; unsigned codes at every level.
 struct Q4_KCodes : detail::KquantFormat<DType::kQ4_K, 144, 1, true, false, 0> {
-  // Scales d sc_j and negated minimums -(dmin m_j): an f16 times a 6-bit code, exact in f32.
   static void decode(const unsigned char* block, KquantBlock& out) {
-    std::uint8_t codes[16];
-    q4_k_scale_codes(block + kQ4_KPacked, codes);
-    const float d = f32_from_f16(detail::q8dot_scale_bits(block));
-    const float dmin = f32_from_f16(detail::q8dot_scale_bits(block + 2));
-    for (int j = 0; j < 8; ++j) {
-      out.scales[j] = d * static_cast<float>(codes[j]);
-      out.minimums[j] = -(dmin * static_cast<float>(codes[8 + j]));
-    }
+    detail::kquant_minimum_scales(block, out);
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
         const unsigned char byte = block[kQ4_KNibbles + 32 * c + l];
@@ -76,35 +41,17 @@ struct Q4_KCodes : detail::KquantFormat<DType::kQ4_K, 144, 1, true, false, 0> {
 
   __attribute__((target("avx2,f16c"))) static KquantScales256 scales256(
       const unsigned char* block) {
-    const __m128i codes = q4_k_scale_codes128(block + kQ4_KPacked);
-    const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(
-        static_cast<int>(detail::q8dot_scale_bits(block) |
-                         (std::uint32_t{detail::q8dot_scale_bits(block + 2)} << 16))));
-    const __m256 scales = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)),
-                                        _mm256_broadcastss_ps(d_dmin));
-    const __m256 mins =
-        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))),
-                      _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin)));
-    return {scales, scales, _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f))};
+    return detail::kquant_minimum_scales256(block);
   }
 
-  // Block kJ's nibbles: the low ones of its pair's 32 bytes for the even block, the high ones
-  // (a 16-bit shift down, the mask dropping the next byte's) for the odd.
   template <int kJ>
   __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
-    const __m256i bytes =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ4_KNibbles + 32 * (kJ / 2)));
-    return _mm256_and_si256(kJ % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4),
-                            _mm256_set1_epi8(0x0F));
+    return detail::kquant_nibbles256<kJ>(block + kQ4_KNibbles);
   }
 
-  // Pair kC's nibbles: its 32 bytes in both halves of a register, the high half shifted down.
   template <int kC>
   NUMESH_Q8DOT_AVX512 static __m512i pair512(const unsigned char* block) {
-    const __m512i bytes = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ4_KNibbles + 32 * kC)));
-    return _mm512_and_si512(_mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4),
-                            _mm512_set1_epi8(0x0F));
+    return detail::kquant_nibbles512<kC>(block + kQ4_KNibbles);
   }
 
   template <bool kVnni, bool kHalf>

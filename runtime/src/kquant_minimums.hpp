@@ -1,0 +1,44 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+// PRIVATE to runtime/src: what GGML's Q4_K and Q5_K reference quantizers (block_q4_k.cpp,
+// block_q5_k.cpp) share. Both cut a super-block of 256 into eight sub-blocks of 32, fit each
+// with make_qkx2_quants (x ~ scale * code + min, min <= 0) and code the eight scales and eight
+// negated minimums in 6 bits against the largest (get_scale_min_k4's 12 bytes, f16 d and dmin);
+// only the codes' width and the search's trial scales differ, and how the codes are packed.
+
+namespace numesh::runtime::detail {
+
+/// make_qkx2_quants's parameters: codes 0 .. max_code; trial step counts
+/// max_code + rmin + rdelta * step for step 0 .. steps.
+struct Qkx2Search {
+  int max_code;
+  float rmin;
+  float rdelta;
+  int steps;
+};
+
+/// GGML's nearest_int: adding 1.5 * 2^23 leaves round-half-even(v) in the sum's low mantissa
+/// bits for |v| < 2^22. GGML asserts that range only in debug builds; beyond it (and for inf or
+/// NaN) release builds return this same bit arithmetic, which is defined, so it is what numesh
+/// returns.
+int kquant_nearest_int(float v);
+
+/// GGML's get_scale_min_k4: sub-block s's 6-bit scale and minimum codes from the 12 packed bytes.
+void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int& min);
+
+/// quantize_row_q4_K_ref's and quantize_row_q5_K_ref's work on the super-block at `in` (256
+/// finite values; the caller checks) but the packing of the codes: each sub-block's search, the
+/// 6-bit codes in `packed` (12 bytes), d and dmin as f16 bits, and every code again against the
+/// scale and minimum as stored, into codes[0 .. 256) (0 .. search.max_code).
+void quantize_minimum_super_block(const float* in, const Qkx2Search& search, std::uint8_t* codes,
+                                  std::uint8_t* packed, std::uint16_t& d, std::uint16_t& dmin);
+
+/// Refuses the first non-finite value of in[0, 256) with ValueError "quantize FORMAT: element I
+/// is V", I counted from `first`.
+void check_finite_super_block(const float* in, std::size_t first, std::string_view format);
+
+}  // namespace numesh::runtime::detail
