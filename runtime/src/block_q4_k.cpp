@@ -2,7 +2,6 @@
 #include <cstdint>
 
 #include "kquant_minimums.hpp"
-#include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
 
@@ -19,16 +18,10 @@ constexpr std::size_t kQ4_KBlock = static_cast<std::size_t>(kQ4_KBlockElements);
 // make_qkx2_quants(32, 15, ..., rmin -1, rdelta 0.1, nstep 20): 21 trial step counts, 14 .. 16.
 constexpr detail::Qkx2Search kQ4_KSearch{15, -1.0f, 0.1f, 20};
 
-void check_q4_k_sizes(const char* what, std::size_t values, std::size_t blocks) {
-  NUMESH_CHECK(values / kQ4_KBlock == blocks && values % kQ4_KBlock == 0, ShapeError,
-               "{} q4_k: {} values for {} block(s) of {}: expected {} values", what, values, blocks,
-               kQ4_KBlock, blocks * kQ4_KBlock);
-}
-
 }  // namespace
 
 void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
-  check_q4_k_sizes("quantize", x.size(), y.size());
+  detail::check_super_block_sizes("quantize", "q4_k", x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
@@ -47,20 +40,15 @@ void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
 }
 
 void dequantize_q4_k(std::span<const BlockQ4_K> y, std::span<float> x) {
-  check_q4_k_sizes("dequantize", x.size(), y.size());
+  detail::check_super_block_sizes("dequantize", "q4_k", x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const BlockQ4_K& in = y[b];
     const float d = f32_from_f16(in.d);
     const float dmin = f32_from_f16(in.dmin);
     float* out = x.data() + b * kQ4_KBlock;
     for (std::size_t c = 0; c < kQ4_KBlock / 64; ++c) {
-      int sc_low = 0, m_low = 0, sc_high = 0, m_high = 0;
-      detail::kquant_scale_min(2 * c, in.scales, sc_low, m_low);
-      detail::kquant_scale_min(2 * c + 1, in.scales, sc_high, m_high);
-      const float d_low = d * static_cast<float>(sc_low);
-      const float min_low = dmin * static_cast<float>(m_low);
-      const float d_high = d * static_cast<float>(sc_high);
-      const float min_high = dmin * static_cast<float>(m_high);
+      const auto [d_low, min_low, d_high, min_high] =
+          detail::kquant_chunk_scales(in.scales, d, dmin, c);
       for (std::size_t l = 0; l < 32; ++l) {
         const std::uint8_t byte = in.qs[32 * c + l];
         out[64 * c + l] = d_low * static_cast<float>(byte & 0x0F) - min_low;

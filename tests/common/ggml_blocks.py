@@ -1,6 +1,7 @@
-"""GGML's Q8_0, Q4_0, Q5_0, Q4_K and Q6_K blocks in NumPy, written from ggml-quants.c's reference
-definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
-quantize_row_q4_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q5_0 / q4_K / q6_K), and the 8-bit activations
+"""GGML's Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks in NumPy, written from ggml-quants.c's
+reference definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
+quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 /
+q5_0 / q4_K / q5_K / q6_K), and the 8-bit activations
 numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
 tests/runtime/block_formats_check.py and of the model checks with quantized weights.
 
@@ -140,8 +141,10 @@ def dequantize_q5_0(blocks):
 
 QK_K = 256
 Q4_K = np.dtype([("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))])
+Q5_K = np.dtype([("d", "<u2"), ("dmin", "<u2"), ("scales", "u1", (12,)), ("qh", "u1", (32,)),
+                 ("qs", "u1", (128,))])
 Q6_K = np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<u2")])
-assert Q4_K.itemsize == 144 and Q6_K.itemsize == 210
+assert Q4_K.itemsize == 144 and Q5_K.itemsize == 176 and Q6_K.itemsize == 210
 GROUP_MAX_EPS = F32(1e-15)
 
 
@@ -215,15 +218,16 @@ def make_qkx2_quants(x, w, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20):
         return scale, (-mn).astype(F32), L
 
 
-def quantize_q4_k(x):
-    """quantize_row_q4_K_ref on x [blocks, 256] f32 (finite)."""
+def _minimum_super_blocks(x, nmax, rmin, nstep, dtype):
+    """quantize_row_q4_K_ref's and quantize_row_q5_K_ref's work on x [blocks, 256] f32 (finite)
+    but the packing of the codes: (out with d, dmin and scales set, L [blocks, 8, 32])."""
     nb = len(x)
     sub = np.ascontiguousarray(x, dtype=F32).reshape(nb * 8, 32)
     with np.errstate(all="ignore"):
         sum_x2 = _running_sum((sub * sub).astype(F32))
         av_x = np.sqrt((sum_x2 / F32(32)).astype(F32)).astype(F32)
         w = (av_x[:, None] + np.abs(sub)).astype(F32)
-        scales, mins, L = make_qkx2_quants(sub, w)
+        scales, mins, L = make_qkx2_quants(sub, w, nmax=nmax, rmin=rmin, nstep=nstep)
         scales, mins, L = scales.reshape(nb, 8), mins.reshape(nb, 8), L.reshape(nb, 8, 32)
         # GGML's running maxima start at +0 and take a value only when strictly larger: NaN never.
         max_scale = np.max(np.where(scales > 0, scales, F32(0)), axis=1).astype(F32)
@@ -233,7 +237,7 @@ def quantize_q4_k(x):
         # nearest_int's int stored in a uint8_t (mod 256), then MIN(63, .).
         ls = np.minimum(63, nearest_int((inv_scale[:, None] * scales).astype(F32)) & 0xFF)
         lm = np.minimum(63, nearest_int((inv_min[:, None] * mins).astype(F32)) & 0xFF)
-        out = np.zeros(nb, Q4_K)
+        out = np.zeros(nb, dtype)
         packed = np.zeros((nb, 12), np.int64)
         packed[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
         packed[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
@@ -246,10 +250,26 @@ def quantize_q4_k(x):
               * lm.astype(F32)).astype(F32)
         xs = sub.reshape(nb, 8, 32)
         again = np.clip(nearest_int(((xs + dm[:, :, None]).astype(F32) / d[:, :, None]).astype(F32)),
-                        0, 15)
+                        0, nmax)
         L = np.where((d != 0)[:, :, None], again, L)  # `if (!d) continue`: NaN goes on
-    L = L.reshape(nb, 4, 2, 32)
-    out["qs"] = (L[:, :, 0, :] | (L[:, :, 1, :] << 4)).reshape(nb, 128).astype(np.uint8)
+    return out, L
+
+
+def quantize_q4_k(x):
+    """quantize_row_q4_K_ref on x [blocks, 256] f32 (finite)."""
+    out, L = _minimum_super_blocks(x, 15, -1.0, 20, Q4_K)
+    L = L.reshape(len(x), 4, 2, 32)
+    out["qs"] = (L[:, :, 0, :] | (L[:, :, 1, :] << 4)).reshape(len(x), 128).astype(np.uint8)
+    return out
+
+
+def quantize_q5_k(x):
+    """quantize_row_q5_K_ref on x [blocks, 256] f32 (finite): Q4_K's steps with 5-bit codes, the
+    low 4 bits as Q4_K's nibbles, the fifth bit of sub-block j's element l as bit j of qh[l]."""
+    out, L = _minimum_super_blocks(x, 31, -0.5, 15, Q5_K)
+    low = (L & 0xF).reshape(len(x), 4, 2, 32)
+    out["qs"] = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(len(x), 128).astype(np.uint8)
+    out["qh"] = ((L >> 4) << np.arange(8)[None, :, None]).sum(axis=1).astype(np.uint8)
     return out
 
 
@@ -261,15 +281,30 @@ def q4_k_scale_min(scales):
     return sc, m
 
 
-def dequantize_q4_k(blocks):
+def _minimum_dequantized(blocks, q):
+    """d sc q - dmin m in f32, as dequantize_row_q4_K and q5_K compute it, for codes q
+    [blocks, 8, 32] of Q4_K or Q5_K blocks."""
     sc, m = q4_k_scale_min(blocks["scales"])
     with np.errstate(invalid="ignore", over="ignore"):
         d = (widened_scale(blocks)[:, None] * sc.astype(F32)).astype(F32)
         dmin = np.ascontiguousarray(blocks["dmin"]).view(np.float16).astype(F32)
         mins = (dmin[:, None] * m.astype(F32)).astype(F32)
-        qs = blocks["qs"].reshape(-1, 4, 32).astype(np.int64)
-        q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32).astype(F32)
-        return ((d[:, :, None] * q).astype(F32) - mins[:, :, None]).astype(F32).reshape(-1)
+        return ((d[:, :, None] * q.astype(F32)).astype(F32) - mins[:, :, None]).astype(F32).reshape(-1)
+
+
+def _low_nibbles(blocks):
+    """Q4_K's and Q5_K's 4-bit codes [blocks, 8, 32] from their 128 nibble bytes."""
+    qs = blocks["qs"].reshape(-1, 4, 32).astype(np.int64)
+    return np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32)
+
+
+def dequantize_q4_k(blocks):
+    return _minimum_dequantized(blocks, _low_nibbles(blocks))
+
+
+def dequantize_q5_k(blocks):
+    high = (blocks["qh"].astype(np.int64)[:, None, :] >> np.arange(8)[None, :, None]) & 1
+    return _minimum_dequantized(blocks, _low_nibbles(blocks) | (high << 4))
 
 
 def make_qx_quants_rmse1(x, nmax=32):
@@ -356,12 +391,13 @@ def dequantize_q6_k(blocks):
 
 def stored_rows(x, fmt):
     """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q5_0",
-    "q4_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
+    "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
     codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
               "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
               "q5_0": (BLOCK, quantize_q5_0, dequantize_q5_0),
               "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
+              "q5_k": (QK_K, quantize_q5_k, dequantize_q5_k),
               "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k)}
     if fmt not in codecs:
         raise ValueError(f"not a block format: {fmt}")

@@ -48,7 +48,7 @@ FORMATS = {
     "qwen3_moe_f32": FLOATS,          # renormalised top-k
     # and llama.cpp's Q4_K_M mixture: Q6_K output, attn_v and ffn_down (layer 1 of 2) among
     # Q4_K, each matrix kept in its own format by the default load.
-    "llama_k_blocks": ["q4_k", "q6_k", "q4_k_m"],
+    "llama_k_blocks": ["q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"],
     # Llama 3.1's RoPE scaling, tied embeddings: rope_freqs in the file (f32 divisors), so the
     # logits agree to rounding, not to the bit.
     "llama_tied_f32": FLOATS,
@@ -62,6 +62,10 @@ SCALED_TOLERANCE = 1e-5  # relative to the largest logit
 Q4_K_M_OF_TWO_LAYERS = {"embedding": "q4_k", "lm_head": "q6_k", "layers.0.wq": "q4_k",
                         "layers.0.wv": "q4_k", "layers.1.wv": "q6_k", "layers.0.down": "q4_k",
                         "layers.1.down": "q6_k"}
+# and the same with Q5_K for Q5_K_M (llama.cpp's rule takes the same matrices to Q6_K).
+MIXTURES_OF_TWO_LAYERS = {
+    "q4_k_m": ("q4_k+q6_k", Q4_K_M_OF_TWO_LAYERS),
+    "q5_k_m": ("q5_k+q6_k", {k: "q5_k" if v == "q4_k" else v for k, v in Q4_K_M_OF_TWO_LAYERS.items()})}
 
 
 def write(d):
@@ -143,11 +147,12 @@ def check(d):
             print(f"     numesh's {r['written']} of {r['name']} differs from the script's: {compared[key][:4]}")
         # A mixture's matrices keep their formats: the default load's own list of them, and the
         # Q4_K_M rule on the two layers (use_more_bits picks layer 1) and the output.
-        formats_ok = r["format"] != "q4_k_m" or (
-            r["formats"] == "q4_k+q6_k" and r["matrix_formats"] == Q4_K_M_OF_TWO_LAYERS)
+        mixture = MIXTURES_OF_TWO_LAYERS.get(r["format"])
+        formats_ok = mixture is None or (r["formats"] == mixture[0]
+                                         and r["matrix_formats"] == mixture[1])
         if not formats_ok:
             print(f"     {r['name']} from model.{r['format']}.gguf loaded as {r['formats']}: "
-                  f"{r['matrix_formats']}, not {Q4_K_M_OF_TWO_LAYERS}")
+                  f"{r['matrix_formats']}, not {mixture}")
         ok = (r["config_differences"] == [] and r["same_logits"] and r["same_greedy"] and written_ok
               and formats_ok)
         failed += not ok

@@ -99,9 +99,10 @@ void run(const fs::path& dir) {
     if (config.num_experts > 0) meshes.push_back({"ep2xtp2", {2, 2}, {"ep", "tp"}});
     for (const json& format : c["formats"]) {
       const std::string fmt_name = format.get<std::string>();
-      // llama.cpp's Q4_K_M mixture: most bytes Q4_K, some matrices Q6_K.
-      const bool mixture = fmt_name == "q4_k_m";
-      const numesh::DType stored = mixture ? numesh::DType::kQ4_K : numesh::parse_dtype(fmt_name);
+      // llama.cpp's Q4_K_M and Q5_K_M mixtures: most bytes Q4_K or Q5_K, some matrices Q6_K.
+      const bool mixture = fmt_name.ends_with("_k_m");
+      const numesh::DType stored =
+          numesh::parse_dtype(mixture ? fmt_name.substr(0, fmt_name.size() - 2) : fmt_name);
       const fs::path file = dir / name / ("model." + fmt_name + ".gguf");
       const auto gguf = numesh::models::GgufCheckpoint::open(file);
       std::vector<std::string> differences = config_differences(config, gguf.config());

@@ -3,7 +3,7 @@
 lays a checkpoint out as llama.cpp's convert_hf_to_gguf.py does: the reference files numesh's
 GGUF loader is checked against.
 
-    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q4_k q6_k
+    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q4_k q5_k q6_k
     gguf_writer.py dump FILE.gguf                 # what read_gguf sees: metadata and tensor infos
     gguf_writer.py selftest [--ggml LIBGGML_BASE] # every tiny model of hf_model_check.py in every
                                                   # ftype, read back (and by ggml's own reader)
@@ -104,13 +104,14 @@ NUMPY_VALUE_TYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtyp
 
 # enum ggml_type: name -> (id, elements per block, bytes per block)
 GGML_TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34),
-              "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210), "I8": (24, 1, 1), "I16": (25, 1, 2),
+              "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "I8": (24, 1, 1), "I16": (25, 1, 2),
               "I32": (26, 1, 4), "I64": (27, 1, 8), "F64": (28, 1, 8), "BF16": (30, 1, 2)}
 GGML_TYPE_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 BLOCK_CODECS = {"Q8_0": (ggml_blocks.quantize_q8_0, ggml_blocks.dequantize_q8_0, ggml_blocks.Q8_0),
                 "Q4_0": (ggml_blocks.quantize_q4_0, ggml_blocks.dequantize_q4_0, ggml_blocks.Q4_0),
                 "Q5_0": (ggml_blocks.quantize_q5_0, ggml_blocks.dequantize_q5_0, ggml_blocks.Q5_0),
                 "Q4_K": (ggml_blocks.quantize_q4_k, ggml_blocks.dequantize_q4_k, ggml_blocks.Q4_K),
+                "Q5_K": (ggml_blocks.quantize_q5_k, ggml_blocks.dequantize_q5_k, ggml_blocks.Q5_K),
                 "Q6_K": (ggml_blocks.quantize_q6_k, ggml_blocks.dequantize_q6_k, ggml_blocks.Q6_K)}
 
 
@@ -579,7 +580,8 @@ def checkpoint_parts(hf_dir):
 # mixes put some tensors in other types: here every such weight takes the one type (as
 # llama-quantize --pure), and q4_k is labelled MOSTLY_Q4_K_M (15).
 FTYPES = {"f32": ("F32", 0), "f16": ("F16", 1), "bf16": ("BF16", 32), "q8_0": ("Q8_0", 7),
-          "q4_0": ("Q4_0", 2), "q5_0": ("Q5_0", 8), "q4_k": ("Q4_K", 15), "q6_k": ("Q6_K", 18)}
+          "q4_0": ("Q4_0", 2), "q5_0": ("Q5_0", 8), "q4_k": ("Q4_K", 15), "q5_k": ("Q5_K", 17),
+          "q6_k": ("Q6_K", 18)}
 
 # Hugging Face model_type -> GGUF architecture (llama.cpp's LlamaModel registers
 # LlamaForCausalLM, MistralForCausalLM and MixtralForCausalLM; Qwen2Model, Qwen3Model,
@@ -722,25 +724,34 @@ def _use_more_bits(i, n):
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _q4_k_m_type(gguf_name, shape, n_layer, tied):
-    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M for a dense Llama-style model whose rows are whole
-    super-blocks (llama_tensor_get_type; not its 70B, 8-expert or attn_qkv rules): Q4_K, but
-    Q6_K for the output (the token embedding when the model is tied and has none) and for
-    attn_v and ffn_down on the layers use_more_bits picks; F32 where every ftype keeps it."""
-    t = _tensor_type(gguf_name, shape, "Q4_K")
-    if t != "Q4_K":
+def _k_m_type(base_type, gguf_name, shape, n_layer, tied):
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M (base_type Q4_K) and Q5_K_M (Q5_K) for a dense
+    Llama-style model whose rows are whole super-blocks (llama_tensor_get_type; not its 70B,
+    8-expert or attn_qkv rules): base_type, but Q6_K for the output (the token embedding when the
+    model is tied and has none) and for attn_v and ffn_down on the layers use_more_bits picks;
+    F32 where every ftype keeps it."""
+    t = _tensor_type(gguf_name, shape, base_type)
+    if t != base_type:
         return t
     base = gguf_name.rsplit(".", 1)[0].split(".")[-1]
     if base == "output" or (tied and base == "token_embd"):
         return "Q6_K"
     if base in ("attn_v", "ffn_down") and _use_more_bits(int(gguf_name.split(".")[1]), n_layer):
         return "Q6_K"
-    return "Q4_K"
+    return base_type
+
+
+def _q4_k_m_type(gguf_name, shape, n_layer, tied):
+    return _k_m_type("Q4_K", gguf_name, shape, n_layer, tied)
+
+
+def _q5_k_m_type(gguf_name, shape, n_layer, tied):
+    return _k_m_type("Q5_K", gguf_name, shape, n_layer, tied)
 
 
 # Mixtures of types, as llama.cpp's quantize writes them: ftype -> (the file_type it records,
 # the type of each tensor from its name, shape, the layer count and whether the model is tied).
-MIXTURES = {"q4_k_m": (15, _q4_k_m_type)}
+MIXTURES = {"q4_k_m": (15, _q4_k_m_type), "q5_k_m": (17, _q5_k_m_type)}
 
 
 def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=None, name=None,
@@ -1227,7 +1238,7 @@ def selftest(lib_path=DEFAULT_LIBGGML, workdir=None, quick=False):
     factors = llama3_rope_factors(llama, llama["rope_scaling"]["original_max_position_embeddings"])
     if not np.allclose(factors, plain / hf_inv, rtol=2e-6, atol=0):
         fail(f"llama3 factors with the config's original context: {factors} vs {plain / hf_inv}")
-    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k"]
+    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k"]
     for i, (case, c, dtype, shards, _) in enumerate(hmc.models()):
         if quick and i not in (0, 2, 7, 13):
             continue

@@ -26,7 +26,7 @@ torch's argmax or tied with it within twice the bound (torch fed numesh's tokens
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
-numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0, q4_0, q5_0, q4_k or q6_k blocks it quantizes every
+numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0, q4_0, q5_0, q4_k, q5_k or q6_k blocks it quantizes every
 matrix along its rows (tests/common/ggml_blocks.py, GGML's reference quantizers) and every
 projection's input to 8 bits a block of 32, as numesh's block-format kernels do.
 Exit status: 0 all agree; 1 a mismatch; 2 torch or numpy missing (77 with
@@ -55,11 +55,14 @@ PERPLEXITY_TOKENS, PERPLEXITY_CONTEXT, BOS = 21, 8, 1
 # float64 twin can round to the other neighbour (torch_check.py's bf16_sharded).
 # Block formats: torch quantizes its own float64 activations, numesh its fp32 ones; a value next
 # to a code boundary can take the neighbouring code (a step of max|x| / 127 in its block).
-BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2, "q5_0": 2e-2, "q4_k": 2e-2, "q6_k": 2e-2}
-BLOCK_FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k")
+BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2, "q5_0": 2e-2, "q4_k": 2e-2, "q5_k": 2e-2,
+          "q6_k": 2e-2}
+BLOCK_FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k")
 # Q5_0 on a dense, a tied and an MoE model (its kernel is Q4_0's with a fifth bit: the same steps).
 BLOCKS_OF_32, K_QUANTS = ["q8_0", "q4_0"], ["q4_k", "q6_k"]
 ALL_BLOCKS_OF_32 = BLOCKS_OF_32 + ["q5_0"]
+# Q5_K on a dense and an MoE model (its kernel is Q4_K's with a fifth bit).
+ALL_K_QUANTS = K_QUANTS + ["q5_k"]
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -135,7 +138,7 @@ def models():
             # GGML's K formats, super-blocks of 256: every projection's inputs whole super-blocks
             # on every mesh (hidden 256, 4 heads of 128, FFNs of 512: 256 a device on tp2).
             ("llama_k_blocks", dict(untied, hidden_size=256, head_dim=128, intermediate_size=512), torch.float32, 1,
-             K_QUANTS),
+             ALL_K_QUANTS),
             ("qwen3_moe_k_blocks", dict(qwen3_moe, hidden_size=256, head_dim=128, intermediate_size=512,
                                         moe_intermediate_size=512), torch.bfloat16, 1, K_QUANTS),
             ("gemma_bf16", gemma, torch.bfloat16, 1, ["f32", "bf16"]),
@@ -148,7 +151,7 @@ def models():
             # Mixtral's experts in GGML's K formats (hidden 256, 4 heads of 128, experts of 512: 256 a
             # device on tp2).
             ("mixtral_k_blocks", dict(mixtral, hidden_size=256, head_dim=128,
-                                      intermediate_size=512), torch.float32, 1, K_QUANTS)]
+                                      intermediate_size=512), torch.float32, 1, ALL_K_QUANTS)]
 
 
 def ties_embeddings(c):

@@ -133,7 +133,8 @@ TEST(NonfiniteWeightsTest, ScansOfLargeShardsAddTheirTasksFindingsInOrder) {
 TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
   const runtime::DeviceMesh two = mesh_of(2, {"tp"});
   const sharding::PartitionSpec split({sharding::AxisRule("tp"), {}});
-  for (const DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (const DType dtype :
+       {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const std::int64_t rows = 4, cols = 512, elements = rows * cols;
     std::vector<float> values(static_cast<std::size_t>(elements));
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -151,10 +152,11 @@ TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
                       static_cast<std::size_t>(block) * block_bytes + at,
                   &bits, sizeof bits);
     };
-    put(1, 1, d_at, 0x7C00);  // +inf, device 0
-    put(3, 0, d_at, 0x7E00);  // NaN, device 1
-    put(0, 0, d_at, 0x7BFF);  // 65504: finite
-    if (dtype == DType::kQ4_K) put(2, 1, offsetof(runtime::BlockQ4_K, dmin), 0xFC00);  // -inf
+    put(1, 1, d_at, 0x7C00);                                   // +inf, device 0
+    put(3, 0, d_at, 0x7E00);                                   // NaN, device 1
+    put(0, 0, d_at, 0x7BFF);                                   // 65504: finite
+    const std::int16_t dmin_at = traits(dtype).f16_scales[1];  // Q4_K's and Q5_K's dmin
+    if (dmin_at >= 0) put(2, 1, static_cast<std::size_t>(dmin_at), 0xFC00);  // -inf
     // The definition: every value dequantized.
     std::vector<float> widened(values.size());
     runtime::convert_elements(bytes.data(), dtype, widened.data(), DType::kF32, widened.size());

@@ -185,6 +185,9 @@ struct Blocks {
 
 bool is_super_block(DType t) { return traits(t).block_elements == 256; }
 
+// The super-block formats with minimums (d, dmin and Q4_K's 6-bit codes first).
+bool has_minimums(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K; }
+
 // Byte offset of a block's (first) f16 scale: Q6_K keeps its d last.
 std::int64_t scale_offset(DType t) { return t == DType::kQ6_K ? 208 : 0; }
 
@@ -219,7 +222,7 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
     // output 2 at the extremes, the largest magnitudes the integer sums see (Q4_K: scales and
     // minimums 63, codes 15; Q6_K: scales -128, codes 0, that is -32).
     const std::int64_t bytes = traits(t).block_bytes, keep = scale_offset(t);
-    const std::int64_t kept = t == DType::kQ4_K ? 4 : 2;  // Q4_K: d and dmin
+    const std::int64_t kept = has_minimums(t) ? 4 : 2;  // Q4_K, Q5_K: d and dmin
     std::uniform_int_distribution<int> byte(0, 255), quarter(0, 3);
     for (std::int64_t s = 0; s < outputs * (ld / 256); ++s) {
       if (quarter(rng) != 0) continue;
@@ -231,8 +234,9 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
     if (ld >= 512) {
       unsigned char* block =
           b.bytes() + std::min<std::int64_t>(2, outputs - 1) * b.row_bytes() + bytes;
-      if (t == DType::kQ4_K) {
-        std::fill(block + 4, block + 144, 0xFF);  // the 6-bit codes and the nibbles
+      if (has_minimums(t)) {
+        // The 6-bit codes and the codes' bits (Q5_K's fifth bits too): codes 15 or 31.
+        std::fill(block + 4, block + bytes, 0xFF);
       } else {
         std::fill(block, block + 192, 0x00);
         std::fill(block + 192, block + 208, 0x80);
@@ -255,13 +259,15 @@ DotFn dot_of(DType t) {
       return dot_gemm_q5_0;
     case DType::kQ4_K:
       return dot_gemm_q4_k;
+    case DType::kQ5_K:
+      return dot_gemm_q5_k;
     default:
       return dot_gemm_q6_k;
   }
 }
 
-constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K,
-                                   DType::kQ6_K};
+constexpr DType kBlockFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0,
+                                   DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Runs the dot kernel into a c of NaN with a sentinel in its padding (which must survive);
 // returns c packed to [m, n].
@@ -425,12 +431,15 @@ SuperElement super_element(const unsigned char* block, DType t, std::int64_t e) 
   auto f16 = [&](std::int64_t at) {
     return f32_from_f16(static_cast<std::uint16_t>(block[at] | (block[at + 1] << 8)));
   };
-  if (t == DType::kQ4_K) {
+  if (has_minimums(t)) {
     const unsigned char* packed = block + 4;  // get_scale_min_k4
-    const std::int64_t j = e / 32, byte = block[16 + 32 * (e / 64) + e % 32];
+    // Q5_K: the nibbles after 32 bytes of fifth bits, bit j of byte e mod 32 element e's.
+    const std::int64_t nibbles = t == DType::kQ5_K ? 48 : 16;
+    const std::int64_t j = e / 32, byte = block[nibbles + 32 * (e / 64) + e % 32];
     const int sc = j < 4 ? packed[j] & 63 : (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
     const int m = j < 4 ? packed[j + 4] & 63 : (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-    return {static_cast<int>(e % 64 < 32 ? byte & 0x0F : byte >> 4),
+    const int fifth = t == DType::kQ5_K ? (block[16 + e % 32] >> j) & 1 : 0;
+    return {static_cast<int>(e % 64 < 32 ? byte & 0x0F : byte >> 4) | (fifth << 4),
             f16(0) * static_cast<float>(sc), f16(2) * static_cast<float>(m)};
   }
   const std::int64_t half = e / 128, quarter = e % 128 / 32, l = e % 32;
@@ -460,7 +469,7 @@ float super_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
         lane = std::fma(static_cast<float>(isum), scale, lane);
       }
     }
-    if (cs.dtype == DType::kQ4_K) {
+    if (has_minimums(cs.dtype)) {
       for (std::int64_t l = 0; l < 8; ++l) {
         const std::int64_t t = 8 * b + l;
         std::int32_t sum = 0;
@@ -481,7 +490,7 @@ float super_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
 // DotEqualsTheScalarLevelBitForBit), on GGML's blocks and on foreign ones.
 TEST(BlockGemmTest, SuperBlockDotIsTheHeadersOrderBitForBit) {
   std::uint32_t seed = 300;
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (std::int64_t k : {256, 768, 4096 + 256}) {
       const DotCase cs = dot_case(t, 5, 9, k, seed += 7);
       const std::vector<float> c = run_dot(cs.m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
@@ -503,6 +512,8 @@ std::vector<float> dequantized(const DotCase& cs, std::int64_t j) {
   const void* row = cs.b.stored_row(j);
   if (cs.dtype == DType::kQ4_K) {
     runtime::dequantize_q4_k({static_cast<const runtime::BlockQ4_K*>(row), blocks}, w);
+  } else if (cs.dtype == DType::kQ5_K) {
+    runtime::dequantize_q5_k({static_cast<const runtime::BlockQ5_K*>(row), blocks}, w);
   } else {
     runtime::dequantize_q6_k({static_cast<const runtime::BlockQ6_K*>(row), blocks}, w);
   }
@@ -515,13 +526,13 @@ std::vector<float> dequantized(const DotCase& cs, std::int64_t j) {
 // term. Q6_K's dequantized weights are the kernel's exactly.
 TEST(BlockGemmTest, SuperBlockDotIsWithinTheHeadersBounds) {
   std::uint32_t seed = 500;
-  for (DType t : {DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (std::int64_t k : {256, 1024, 4096 + 256, 16384}) {
       const std::int64_t m = 3, n = 7, lda = k + 32;
       const DotCase cs = dot_case(t, m, n, k, seed += 5);
       const std::vector<float> c = run_dot(m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
       const double lanes =
-          t == DType::kQ4_K ? 5.0 * static_cast<double>(k) / 256 : static_cast<double>(k) / 64;
+          has_minimums(t) ? 5.0 * static_cast<double>(k) / 256 : static_cast<double>(k) / 64;
       const double rounding = std::ldexp(1.0, -24);
       double used = 0.0, used_quantized = 0.0;  // the largest shares of the bounds errors take
       for (std::int64_t j = 0; j < n; ++j) {
@@ -541,7 +552,7 @@ TEST(BlockGemmTest, SuperBlockDotIsWithinTheHeadersBounds) {
             mins += std::abs(a_q * x.dm);
             quantization += d_a * (0.5 + std::ldexp(1.0, -12)) * std::abs(we);
           }
-          const double dequantizing = t == DType::kQ4_K ? 1.0 : 0.0;
+          const double dequantizing = has_minimums(t) ? 1.0 : 0.0;
           const double bound = (lanes + 5 + dequantizing) * rounding * (p + mins);
           const double got = c[static_cast<std::size_t>(i * n + j)];
           const std::string where =
@@ -636,7 +647,7 @@ TEST_P(BlockGemmLevelTest, NaNReachesExactlyTheOutputsItFeeds) {
         w.bytes() + 4 * w.row_bytes() + 3 * traits(t).block_bytes + scale_offset(t);
     block[0] = 0x00;
     block[1] = 0x7E;
-    if (t == DType::kQ4_K) {  // its dmin too, on another super-block
+    if (has_minimums(t)) {  // its dmin too, on another super-block
       block[traits(t).block_bytes + 2] = 0x00;
       block[traits(t).block_bytes + 3] = 0x7E;
     }
@@ -799,7 +810,7 @@ float packed_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
     }
     acc = std::fma(static_cast<float>(isum[0]), d_a * ds[0], acc);
     if (cs.dtype == DType::kQ6_K) acc = std::fma(static_cast<float>(isum[1]), d_a * ds[1], acc);
-    if (cs.dtype == DType::kQ4_K) acc = std::fma(d_a * static_cast<float>(code_sum), -dm, acc);
+    if (has_minimums(cs.dtype)) acc = std::fma(d_a * static_cast<float>(code_sum), -dm, acc);
   }
   return acc;
 }
@@ -843,7 +854,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
 TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
   std::uint32_t seed = 3500;
   for (DType t : kBlockFormats) {
-    const double roundings = t == DType::kQ6_K ? 4.0 : t == DType::kQ4_K ? 3.0 : 2.0;
+    const double roundings = t == DType::kQ6_K ? 4.0 : has_minimums(t) ? 3.0 : 2.0;
     const std::vector<std::int64_t> depths = is_super_block(t)
                                                  ? std::vector<std::int64_t>{256, 1024, 4096 + 256}
                                                  : std::vector<std::int64_t>{32, 96, 1024, 4128};
@@ -908,7 +919,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
         w.bytes() + 20 * w.row_bytes() + 2 * traits(t).block_bytes + scale_offset(t);
     block[0] = 0x00;
     block[1] = 0x7E;
-    if (t == DType::kQ4_K) {  // its dmin too, of another output
+    if (has_minimums(t)) {  // its dmin too, of another output
       unsigned char* other = w.bytes() + 30 * w.row_bytes() + 2;
       other[0] = 0x00;
       other[1] = 0x7E;
@@ -921,7 +932,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmExtremesNaNAndEmptyProducts) {
     const std::vector<float> c = run_packed(m, q, w.matrix(), level(), label);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t j = 0; j < n; ++j) {
-        const bool fed = i == 5 || i == 17 || j == 20 || (t == DType::kQ4_K && j == 30);
+        const bool fed = i == 5 || i == 17 || j == 20 || (has_minimums(t) && j == 30);
         EXPECT_EQ(std::isnan(c[static_cast<std::size_t>(i * n + j)]), fed)
             << label << " [" << i << ", " << j << "]";
       }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0, Q4_0, Q5_0, Q4_K and Q6_K block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -21,7 +21,7 @@ Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0, ~4.7e-3
 GGML converts inf or NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte
 0), so every code is 0 (q4_0, q5_0: min(15, 0), min(31, 0)), and numesh and the transcription
 write that.
-  q4_K, q6_K: tests/common/ggml_blocks.py's quantize_q4_k / quantize_q6_k, the searches
+  q4_K, q5_K, q6_K: tests/common/ggml_blocks.py's quantize_q4_k / q5_k / q6_k, the searches
         (make_qkx2_quants, make_qx_quants) step by step in f32, sequential along a sub-block;
         nearest_int as GGML's bit arithmetic (round-half-even below 2^22, and GGML's release
         builds' bytes beyond, where its assert is compiled out).
@@ -64,8 +64,9 @@ from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q5_0, Q8_0, dequantize_q4_0,
                          dequantize_q5_0, dequantize_q8_0, f16_bits, q4_0_codes, q4_0_scale,
                          q5_0_codes, q5_0_scale, q8_0_scale, quantize_q4_0, quantize_q5_0,
                          quantize_q8_0, reciprocal, roundf, widened_scale, defined_in_ggml)
-from ggml_blocks import (QK_K, Q4_K, Q6_K, dequantize_q4_k, dequantize_q6_k,  # noqa: E402
-                         q4_k_scale_min, quantize_q4_k, quantize_q6_k)
+from ggml_blocks import (QK_K, Q4_K, Q5_K, Q6_K, dequantize_q4_k, dequantize_q5_k,  # noqa: E402
+                         dequantize_q6_k, q4_k_scale_min, quantize_q4_k, quantize_q5_k,
+                         quantize_q6_k)
 
 
 # ---- the data ---------------------------------------------------------------------------------
@@ -267,6 +268,12 @@ def q6_k_final_terms(x, blocks):
         return d, (x / d).astype(F32)
 
 
+# Each super-block format's quantizer and final-pass terms (Q5_K's scales and minimums are
+# Q4_K's).
+K_FINAL_TERMS = {"q4_k": (quantize_q4_k, q4_k_final_terms), "q5_k": (quantize_q5_k, q4_k_final_terms),
+                 "q6_k": (quantize_q6_k, q6_k_final_terms)}
+
+
 def exact_halves(arg, d):
     """Where the final pass's nearest_int argument is exactly k + 0.5 (and the pass runs)."""
     with np.errstate(invalid="ignore"):
@@ -279,14 +286,13 @@ def at_halves(x, rng, fmt, share):
     re-quantized and moved again (moving an element changes the search, and so maybe d), keeping
     the rows where some exact halves remain. Q4_K's least-squares search with a minimum moves
     more: few elements a row converge, many do not."""
-    quantize, terms = ((quantize_q4_k, q4_k_final_terms) if fmt == "q4_k"
-                       else (quantize_q6_k, q6_k_final_terms))
-    sub = 32 if fmt == "q4_k" else 16
+    quantize, terms = K_FINAL_TERMS[fmt]
+    sub = 16 if fmt == "q6_k" else 32
     x = x.copy()
     chosen = rng.random(x.shape) < share
     for _ in range(5):
         blocks = quantize(x)
-        if fmt == "q4_k":
+        if fmt != "q6_k":
             d, dm, arg = terms(x, blocks)
         else:
             (d, arg), dm = terms(x, blocks), np.zeros_like(x)
@@ -301,8 +307,7 @@ def at_halves(x, rng, fmt, share):
 
 def nudged_halves(x, fmt):
     """Two copies of rows x, every element at an exact half nudged one f32 step up, then down."""
-    quantize, terms = ((quantize_q4_k, q4_k_final_terms) if fmt == "q4_k"
-                       else (quantize_q6_k, q6_k_final_terms))
+    quantize, terms = K_FINAL_TERMS[fmt]
     t = terms(x, quantize(x))
     halves = exact_halves(t[-1], t[0])
     return np.concatenate([np.where(halves, np.nextafter(x, F32(np.inf)), x),
@@ -387,6 +392,10 @@ def k_adversarial_rows(rng):
         x[2] = np.abs(x[2])
         rows.append(to_f32(x))
     kinds["scales at f16 overflow and beyond"] = np.concatenate(rows)
+    # Q5_K's .5 boundaries last, so that the kinds above keep their data.
+    h = at_halves(base, rng, "q5_k", 0.02)
+    kinds["q5_k values at k + 0.5"] = h
+    kinds["q5_k neighbours of k + 0.5"] = nudged_halves(h, "q5_k")
     return kinds
 
 
@@ -432,6 +441,7 @@ def write_k(d):
         json.dump(index, f)
     k_arbitrary_blocks(rng, Q4_K).tofile(os.path.join(d, "blocks.q4_k"))
     k_arbitrary_blocks(rng, Q6_K).tofile(os.path.join(d, "blocks.q6_k"))
+    k_arbitrary_blocks(rng, Q5_K).tofile(os.path.join(d, "blocks.q5_k"))
 
 
 def write(d):
@@ -508,7 +518,8 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
     lib = ctypes.CDLL(path)
     for name in ("quantize_row_q8_0_ref", "quantize_row_q4_0_ref", "quantize_row_q5_0_ref",
                  "dequantize_row_q8_0", "dequantize_row_q4_0", "dequantize_row_q5_0",
-                 "quantize_row_q4_K_ref", "quantize_row_q6_K_ref",
+                 "quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref",
+                 "dequantize_row_q5_K",
                  "dequantize_row_q4_K", "dequantize_row_q6_K"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
@@ -532,7 +543,7 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
 
     k = mine["k"]
     flat = np.ascontiguousarray(k["x"].reshape(-1))
-    for fmt, dtype in (("q4_k", Q4_K), ("q6_k", Q6_K)):
+    for fmt, dtype in (("q4_k", Q4_K), ("q5_k", Q5_K), ("q6_k", Q6_K)):
         ggml_name = fmt[:-1] + "K"
         theirs = np.zeros(len(k["x"]), dtype)
         getattr(lib, f"quantize_row_{ggml_name}_ref")(flat.ctypes.data, theirs.ctypes.data, flat.size)
@@ -573,7 +584,8 @@ def describe_k(x, q4k, q6k):
 
 
 def check_k(d, mine):
-    """numesh's Q4_K and Q6_K against the NumPy transcription; fills mine["k"] for ggml_check."""
+    """numesh's Q4_K, Q5_K and Q6_K against the NumPy transcription; fills mine["k"] for
+    ggml_check."""
     path = lambda name: os.path.join(d, name)  # noqa: E731
     x = np.fromfile(path("values_k.f32"), dtype=F32).reshape(-1, QK_K)
     with open(path("kinds_k.json")) as f:
@@ -582,6 +594,7 @@ def check_k(d, mine):
     ok = True
     print(f"{len(x)} super-blocks ({x.size} values) of {len(index)} kinds to quantize")
     for fmt, dtype, quantize, dequantize in (("q4_k", Q4_K, quantize_q4_k, dequantize_q4_k),
+                                             ("q5_k", Q5_K, quantize_q5_k, dequantize_q5_k),
                                              ("q6_k", Q6_K, quantize_q6_k, dequantize_q6_k)):
         k[fmt] = np.fromfile(path(f"values_k.{fmt}"), dtype=dtype)
         want = k[f"{fmt} numpy"] = quantize(x)

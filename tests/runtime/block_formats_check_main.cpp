@@ -125,14 +125,18 @@ int main(int argc, char** argv) {
         dir, "values_k", values_k, "q4_k",
         [](std::span<const float> x, std::span<BlockQ4_K> y) { quantize_q4_k(x, y); },
         [](std::span<const BlockQ4_K> y, std::span<float> x) { dequantize_q4_k(y, x); });
+    const std::size_t q5_k_any = run_format<BlockQ5_K, 256>(
+        dir, "values_k", values_k, "q5_k",
+        [](std::span<const float> x, std::span<BlockQ5_K> y) { quantize_q5_k(x, y); },
+        [](std::span<const BlockQ5_K> y, std::span<float> x) { dequantize_q5_k(y, x); });
     const std::size_t q6_k_any = run_format<BlockQ6_K, 256>(
         dir, "values_k", values_k, "q6_k",
         [](std::span<const float> x, std::span<BlockQ6_K> y) { quantize_q6_k(x, y); },
         [](std::span<const BlockQ6_K> y, std::span<float> x) { dequantize_q6_k(y, x); });
     std::printf(
-        "block_formats_check_main: %zu super-blocks quantized to q4_k and q6_k, %zu + %zu "
-        "dequantized\n",
-        values_k.size() / 256, q4_k_any, q6_k_any);
+        "block_formats_check_main: %zu super-blocks quantized to q4_k, q5_k and q6_k, %zu + %zu + "
+        "%zu dequantized\n",
+        values_k.size() / 256, q4_k_any, q5_k_any, q6_k_any);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "block_formats_check_main: %s\n", e.what());
     return 1;

@@ -824,6 +824,7 @@ TEST(BlockFormatsTest, WidenedElementsAreTheDequantizersValuesBitForBit) {
   expect_widened_elements_match<BlockQ4_0>(DType::kQ4_0, dequantize_q4_0);
   expect_widened_elements_match<BlockQ5_0>(DType::kQ5_0, dequantize_q5_0);
   expect_widened_elements_match<BlockQ4_K>(DType::kQ4_K, dequantize_q4_k);
+  expect_widened_elements_match<BlockQ5_K>(DType::kQ5_K, dequantize_q5_k);
   expect_widened_elements_match<BlockQ6_K>(DType::kQ6_K, dequantize_q6_k);
 }
 
@@ -860,7 +861,7 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
     EXPECT_THAT([&] { codec.quantize(bad, blocks.data()); },
                 ThrowsMessage<ValueError>(HasSubstr("300")));
   }
-  EXPECT_EQ(formats, 5);
+  EXPECT_EQ(formats, 6);
 }
 
 }  // namespace

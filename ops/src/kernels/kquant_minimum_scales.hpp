@@ -89,4 +89,14 @@ NUMESH_Q8DOT_AVX512 inline __m512i kquant_nibbles512(const unsigned char* nibble
                           _mm512_set1_epi8(0x0F));
 }
 
+/// The AVX-512 step's weights of a super-block with minimums: F's four pairs of codes
+/// (F::pair512), the scales (one an activation block) and the negated minimums.
+template <class F>
+NUMESH_Q8DOT_AVX512 inline KquantWeights512 kquant_minimum_weights512(const unsigned char* block) {
+  const KquantScales256 s = kquant_minimum_scales256(block);
+  return {F::template pair512<0>(block), F::template pair512<1>(block),
+          F::template pair512<2>(block), F::template pair512<3>(block),
+          _mm512_zextps256_ps512(s.low), s.minimums};
+}
+
 }  // namespace numesh::ops::detail

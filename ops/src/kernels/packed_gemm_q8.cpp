@@ -40,14 +40,15 @@ using runtime::KernelLevel;
 constexpr std::int64_t kRowsAtOnce = 4;  // rows of activations a kernel call takes
 
 // How a format's packed blocks are multiplied: one scale a block or two (Q6_K: inputs 0-15 and
-// 16-31), with or without Q4_K's minimums (the activations' scaled block sums times -dmin m).
+// 16-31), with or without minimums (Q4_K and Q5_K: the activations' scaled block sums times
+// -dmin m).
 template <bool kTwo, bool kMins>
 struct Form {
   static constexpr bool kTwoScales = kTwo;
   static constexpr bool kMinimums = kMins;
 };
 using PairForm = Form<false, false>;
-using Q4_KForm = Form<false, true>;
+using MinimumsForm = Form<false, true>;
 using Q6_KForm = Form<true, false>;
 
 // The activations a call multiplies: codes (rows k apart; for the VNNI kernel as unsigned bytes
@@ -952,7 +953,10 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
       return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q5_0, c, ldc, level);
     case DType::kQ4_K:
       a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
-      return packed_panels<Q4_KForm>(m, n, a, stored, detail::pack_panel_q4_k, c, ldc, level);
+      return packed_panels<MinimumsForm>(m, n, a, stored, detail::pack_panel_q4_k, c, ldc, level);
+    case DType::kQ5_K:
+      a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
+      return packed_panels<MinimumsForm>(m, n, a, stored, detail::pack_panel_q5_k, c, ldc, level);
     case DType::kQ6_K:
       return packed_panels<Q6_KForm>(m, n, a, stored, detail::pack_panel_q6_k, c, ldc, level);
     case DType::kF32:

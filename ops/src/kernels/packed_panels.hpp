@@ -60,6 +60,9 @@ void pack_panel_q5_0(const unsigned char* w, std::int64_t ldw, std::int64_t coun
 void pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                      std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                      PackedBlock* out);
+void pack_panel_q5_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
+                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
+                     PackedBlock* out);
 void pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                      std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                      PackedBlock* out);

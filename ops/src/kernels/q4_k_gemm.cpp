@@ -57,13 +57,7 @@ struct Q4_KCodes : detail::KquantFormat<DType::kQ4_K, 144, 1, true, false, 0> {
   template <bool kVnni, bool kHalf>
   NUMESH_Q8DOT_AVX512 static KquantWeights512 weights512(const unsigned char* block) {
     static_assert(!kHalf, "super-blocks are whole steps");
-    const KquantScales256 s = scales256(block);
-    return {pair512<0>(block),
-            pair512<1>(block),
-            pair512<2>(block),
-            pair512<3>(block),
-            _mm512_zextps256_ps512(s.low),
-            s.minimums};
+    return detail::kquant_minimum_weights512<Q4_KCodes>(block);
   }
 };
 

@@ -83,6 +83,8 @@ constexpr WeightKernels kQ5_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q5_0>,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor};
+constexpr WeightKernels kQ5_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q5_k>, nullptr,
+                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
 constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
                                      dot_q8<packed_gemm_q8>, kInt8TileFloor};
 
@@ -104,6 +106,8 @@ const WeightKernels& weight_kernels(DType dtype) noexcept {
       return kQ5_0Kernels;
     case DType::kQ4_K:
       return kQ4_KKernels;
+    case DType::kQ5_K:
+      return kQ5_KKernels;
     case DType::kQ6_K:
       return kQ6_KKernels;
   }

@@ -35,6 +35,9 @@ enum class DType : std::uint8_t {
   /// GGML's Q4_K: super-blocks of 256 weights, eight sub-blocks of 32 with 6-bit scales and mins
   /// under f16 d and dmin, 4-bit codes (x = d sc q - dmin m); 4.5 bits a weight
   kQ4_K,
+  /// GGML's Q5_K: Q4_K's super-blocks with 5-bit codes, their fifth bits in 32 bytes of their
+  /// own (x = d sc q - dmin m); 5.5 bits a weight
+  kQ5_K,
   /// GGML's Q6_K: super-blocks of 256 weights, sixteen sub-blocks of 16 with int8 scales under an
   /// f16 d, 6-bit codes (x = d sc (q - 32)); 6.5625 bits a weight
   kQ6_K,
@@ -66,7 +69,7 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 8> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 9> kDTypes = {{
     // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
@@ -75,6 +78,7 @@ inline constexpr std::array<DTypeTraits, 8> kDTypes = {{
     {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
     {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, {0, -1}, 6, 8},            // d first
     {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
+    {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, {0, 2}, 13, 17},     // d, dmin first
     {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}, 14, 18},  // d last
 }};
 
@@ -97,6 +101,7 @@ constexpr bool listed(DType t) {
     case DType::kQ4_0:
     case DType::kQ5_0:
     case DType::kQ4_K:
+    case DType::kQ5_K:
     case DType::kQ6_K:
       return static_cast<std::size_t>(t) < kDTypes.size();
   }
@@ -148,12 +153,12 @@ constexpr ElementType element_type(DType t) noexcept {
 }
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
-/// q4_0 0.5625, q5_0 0.6875, q4_k 0.5625, q6_k 0.8203125).
+/// q4_0 0.5625, q5_0 0.6875, q4_k 0.5625, q5_k 0.6875, q6_k 0.8203125).
 constexpr double bytes_per_weight(DType t) noexcept {
   return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
 }
 
-/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k".
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
@@ -180,8 +185,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
-/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q4_k or q6_k", so that
-/// help texts name a new format without being edited.
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q4_k, q5_k or q6_k", so
+/// that help texts name a new format without being edited.
 inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
   std::vector<std::string_view> names;
   for (const DTypeTraits& f : kDTypes) {
@@ -196,8 +201,8 @@ inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q4_k", "Q4_K", "q4_K", "q6_k",
-/// "Q6_K", "q6_K"). Throws: ValueError naming the text and the choices.
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q4_k", "Q4_K", "q4_K", "q5_k",
+/// "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws: ValueError naming the text and the choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -323,6 +328,22 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       // Rounded before the subtraction, as GGML's dequantizer rounds it: volatile keeps the
       // compiler from fusing the two into one fma.
       const volatile float product = d1 * static_cast<float>(code);
+      return product - m1;
+    }
+    case DType::kQ5_K: {
+      // Q4_K's d, dmin and 12 bytes of 6-bit scales and mins, then 32 bytes of fifth bits (bit
+      // 2c + h of byte l for element 64 c + 32 h + l), then Q4_K's 128 bytes of nibbles.
+      const unsigned char* block = bytes + i / 256 * 176;
+      const unsigned char* sm = block + 4;
+      const std::int64_t e = i % 256, chunk = e / 64, w = e % 64, sub = e / 32;
+      const unsigned char byte = block[48 + 32 * chunk + w % 32];
+      const int fifth = (block[16 + w % 32] >> (2 * chunk + w / 32)) & 1;
+      const int code = (w < 32 ? byte & 0x0F : byte >> 4) | (fifth << 4);
+      const int sc = sub < 4 ? sm[sub] & 63 : (sm[sub + 4] & 0x0F) | ((sm[sub - 4] >> 6) << 4);
+      const int m = sub < 4 ? sm[sub + 4] & 63 : (sm[sub + 4] >> 4) | ((sm[sub] >> 6) << 4);
+      const float d1 = scale(block) * static_cast<float>(sc);
+      const float m1 = scale(block + 2) * static_cast<float>(m);
+      const volatile float product = d1 * static_cast<float>(code);  // rounded, as Q4_K's
       return product - m1;
     }
     case DType::kQ6_K: {

@@ -9,17 +9,17 @@
 
 // GGML's Q8_0, Q4_0 and Q5_0 block formats (ggml/src/ggml-common.h's block_q8_0, block_q4_0
 // and block_q5_0): a row of weights cut into runs of 32 elements, each stored as one f16 scale
-// and 32 small integer codes; and its Q4_K and Q6_K "super-block" formats (block_q4_K, block_q6_K):
-// runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K, 16 of 16 for Q6_K) whose own scales
-// (and Q4_K's minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The
-// quantizers write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
-// quantize_row_q4_0_ref, quantize_row_q5_0_ref, quantize_row_q4_K_ref, quantize_row_q6_K_ref in
-// ggml-quants.c), so a
+// and 32 small integer codes; and its Q4_K, Q5_K and Q6_K "super-block" formats (block_q4_K,
+// block_q5_K, block_q6_K): runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K and Q5_K,
+// 16 of 16 for Q6_K) whose own scales (and Q4_K's and Q5_K's minimums) are stored as 6- or 8-bit
+// codes of one or two f16 super-block scales. The quantizers write exactly the bytes of GGML's
+// reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
+// quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a
 // numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
-// exactly what GGML's dequantize_row_* compute. (For Q4_K and Q6_K, GGML's quantize_q4_K /
-// quantize_q6_K call the reference only without an importance matrix; with one they search
-// differently, and numesh reads those blocks but does not write them.)
-// tests/runtime/block_formats_check.py checks all five against a NumPy transcription of GGML's
+// exactly what GGML's dequantize_row_* compute. (For the K formats, GGML's quantize_q4_K,
+// quantize_q5_K and quantize_q6_K call the reference only without an importance matrix; with one
+// they search differently, and numesh reads those blocks but does not write them.)
+// tests/runtime/block_formats_check.py checks all six against a NumPy transcription of GGML's
 // definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
@@ -82,6 +82,8 @@ inline constexpr std::int64_t kQ4_0BlockElements = 32;
 inline constexpr std::int64_t kQ5_0BlockElements = 32;
 /// Elements in one Q4_K super-block (GGML's QK_K): 8 sub-blocks of 32.
 inline constexpr std::int64_t kQ4_KBlockElements = 256;
+/// Elements in one Q5_K super-block (GGML's QK_K): 8 sub-blocks of 32.
+inline constexpr std::int64_t kQ5_KBlockElements = 256;
 /// Elements in one Q6_K super-block (GGML's QK_K): 16 sub-blocks of 16.
 inline constexpr std::int64_t kQ6_KBlockElements = 256;
 
@@ -166,6 +168,22 @@ static_assert(sizeof(BlockQ4_K) == 144 && alignof(BlockQ4_K) == 2, "GGML's block
 static_assert(offsetof(BlockQ4_K, dmin) == 2 && offsetof(BlockQ4_K, scales) == 4 &&
               offsetof(BlockQ4_K, qs) == 16 && std::is_trivially_copyable_v<BlockQ4_K>);
 
+/// GGML's block_q5_K: BlockQ4_K's scales, minimums and nibbles (element i of sub-block s is
+/// f32(d) * sc[s] * q[i] - f32(dmin) * m[s]) with 5-bit codes q: the low 4 bits as BlockQ4_K's
+/// nibbles, and the fifth bit of element 64 c + l (l < 32) as bit 2c of qh[l], of element
+/// 64 c + 32 + l as bit 2c + 1.
+struct BlockQ5_K {
+  std::uint16_t d;          ///< IEEE binary16 bits of the scales' scale
+  std::uint16_t dmin;       ///< IEEE binary16 bits of the minimums' scale
+  std::uint8_t scales[12];  ///< 8 scale and 8 minimum codes, 6 bits each
+  std::uint8_t qh[32];      ///< the codes' fifth bits
+  std::uint8_t qs[128];     ///< their low 4 bits, two a byte
+};
+static_assert(sizeof(BlockQ5_K) == 176 && alignof(BlockQ5_K) == 2, "GGML's block_q5_K layout");
+static_assert(offsetof(BlockQ5_K, dmin) == 2 && offsetof(BlockQ5_K, scales) == 4 &&
+              offsetof(BlockQ5_K, qh) == 16 && offsetof(BlockQ5_K, qs) == 48 &&
+              std::is_trivially_copyable_v<BlockQ5_K>);
+
 /// GGML's block_q6_K: sub-block g (elements [16 g, 16 g + 16)) has an 8-bit signed scale code
 /// scales[g], and element i of it is f32(d) * scales[g] * (q[i] - 32) with a 6-bit code q[i].
 /// In each 128-element half h, byte l (l < 32) of the half's 64 ql bytes holds the low 4 bits of
@@ -187,6 +205,8 @@ static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ5_0).f16_scales[0] == offsetof(BlockQ5_0, d) &&
               traits(DType::kQ4_K).f16_scales[0] == offsetof(BlockQ4_K, d) &&
               traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
+              traits(DType::kQ5_K).f16_scales[0] == offsetof(BlockQ5_K, d) &&
+              traits(DType::kQ5_K).f16_scales[1] == offsetof(BlockQ5_K, dmin) &&
               traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d));
 
 /// Quantizes x to Q4_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q4_K_ref's
@@ -203,6 +223,17 @@ void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y);
 /// GGML's dequantize_row_q4_K (the two products in f32, then the difference).
 /// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
 void dequantize_q4_k(std::span<const BlockQ4_K> y, std::span<float> x);
+
+/// Quantizes x to Q5_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q5_K_ref's
+/// bytes: quantize_q4_k's steps with 5-bit codes (make_qkx2_quants with 31 steps, rmin -0.5,
+/// rdelta 0.1, 16 trial scales).
+/// Throws: as quantize_q4_k.
+void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y);
+
+/// x[256 b + i] = f32(d) * sc * q[i] - f32(dmin) * m, as GGML's dequantize_row_q5_K (the two
+/// products in f32, then the difference).
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
+void dequantize_q5_k(std::span<const BlockQ5_K> y, std::span<float> x);
 
 /// Quantizes x to Q6_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q6_K_ref's
 /// bytes: each sub-block's scale from GGML's search (make_qx_quants with weights x^2: codes
@@ -255,6 +286,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       detail::codec_of<DType::kQ5_0, BlockQ5_0, quantize_q5_0, dequantize_q5_0>();
   static constexpr BlockCodec kQ4_K =
       detail::codec_of<DType::kQ4_K, BlockQ4_K, quantize_q4_k, dequantize_q4_k>();
+  static constexpr BlockCodec kQ5_K =
+      detail::codec_of<DType::kQ5_K, BlockQ5_K, quantize_q5_k, dequantize_q5_k>();
   static constexpr BlockCodec kQ6_K =
       detail::codec_of<DType::kQ6_K, BlockQ6_K, quantize_q6_k, dequantize_q6_k>();
   switch (t) {
@@ -264,6 +297,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       return kQ5_0;
     case DType::kQ4_K:
       return kQ4_K;
+    case DType::kQ5_K:
+      return kQ5_K;
     case DType::kQ6_K:
       return kQ6_K;
     case DType::kQ8_0:

@@ -39,9 +39,9 @@ struct GgufExportReport {
 using ExportProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
 /// Writes `source`'s model to `file` (replacing it) with its matrices in `format` (f32, f16,
-/// bf16, q8_0, q4_0, q4_k, q6_k: blocks by GGML's reference quantizers; a matrix whose rows are
-/// not whole blocks goes F16, counted in the report). The metadata are llama.cpp's keys for the
-/// architecture (general.*, {arch}.* hyperparameters, tokenizer.ggml.*,
+/// bf16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k: blocks by GGML's reference quantizers; a matrix whose
+/// rows are not whole blocks goes F16, counted in the report). The metadata are llama.cpp's keys
+/// for the architecture (general.*, {arch}.* hyperparameters, tokenizer.ggml.*,
 /// tokenizer.chat_template); a GGUF source's tokenizer.* keys are copied as they are. The
 /// config's eos ids go in as eos (the first), eom (<|eom_id|>) and eot (another).
 /// Llama 3.1's RoPE scaling goes in as llama.cpp's converter puts it, a rope_freqs tensor of one

@@ -64,7 +64,8 @@
 // is one, the key or the tensor and the offending values. Bytes after the last tensor are
 // allowed (GGML pads the last tensor too).
 //
-// Tensors of F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K, the types numesh computes in, are read
+// Tensors of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, the types numesh computes in,
+// are read
 // whole or as a box (the shard a device owns) into the caller's buffer, converted to the DType
 // asked for. Every other type opens (its info and bytes are available) but cannot be read.
 
@@ -130,9 +131,8 @@ enum class GgufType : std::uint32_t {
 /// Bytes a block of `type` takes (GGML's type size: 4 for F32, 34 for Q8_0, 144 for Q4_K...).
 [[nodiscard]] std::int64_t block_bytes(GgufType type) noexcept;
 
-/// The numesh format with the same bytes (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K -> kF32, kF16,
-/// kBF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K: the DType whose DTypeTraits::ggml_type is `type`), or
-/// nullopt for the types numesh cannot read.
+/// The numesh format with the same bytes (F32 -> kF32, Q5_K -> kQ5_K...: the DType whose
+/// DTypeTraits::ggml_type is `type`), or nullopt for the types numesh cannot read.
 [[nodiscard]] std::optional<DType> to_numesh_dtype(GgufType type) noexcept;
 
 /// The GGUF type with the same bytes as `dtype` (every numesh format has one: core's format
@@ -140,7 +140,7 @@ enum class GgufType : std::uint32_t {
 [[nodiscard]] std::optional<GgufType> to_gguf_type(DType dtype) noexcept;
 
 /// The GGML type names of the tensors numesh reads, as a list for a message or a help text:
-/// "F32, BF16, F16, Q8_0, Q4_0, Q4_K and Q6_K" (one per DType, in its order).
+/// "F32, BF16, F16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K" (one per DType, in its order).
 [[nodiscard]] std::string gguf_types_numesh_reads();
 
 /// The type of a metadata value (gguf.h `enum gguf_type`), with GGUF's ids.

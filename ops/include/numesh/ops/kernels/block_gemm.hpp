@@ -6,7 +6,7 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q4_K and Q6_K
+// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K
 // (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
 // output's k weights are its blocks side by side):
 //
@@ -179,6 +179,13 @@ void dot_gemm_q5_0(std::int64_t m, const std::int8_t* codes, const float* scales
 /// or infinite. REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_K and k (and b.stride())
 /// whole super-blocks of 256.
 void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
+                   const WeightMatrix& b, float* c, std::int64_t ldc,
+                   runtime::KernelLevel level = runtime::kernel_level());
+
+/// dot_gemm_q4_k for Q5_K weights (b's outputs each k / 256 super-blocks of 176 bytes; codes 0 ..
+/// 31; no panels: TypeError): Q4_K's order, its scales and minimums alike.
+/// REQUIRES / Throws: as dot_gemm_q4_k, with b.dtype kQ5_K.
+void dot_gemm_q5_k(std::int64_t m, const std::int8_t* codes, const float* scales,
                    const WeightMatrix& b, float* c, std::int64_t ldc,
                    runtime::KernelLevel level = runtime::kernel_level());
 
