@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <iterator>
 
+#include "block_sizes.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
-#include "signed_extreme.hpp"
+#include "offset_codes.hpp"
 
 // GGML's Q4_0 (quantize_row_q4_0_ref and dequantize_row_q4_0 in ggml-quants.c), written from
 // its definition. Every step is the f32 operation GGML's C performs, in the same order, because
@@ -23,25 +24,10 @@ namespace {
 constexpr std::size_t kQ4_0Block = static_cast<std::size_t>(kQ4_0BlockElements);
 constexpr std::size_t kQ4_0HalfBlock = kQ4_0Block / 2;
 
-void check_q4_0_sizes(const char* what, std::size_t values, std::size_t blocks) {
-  NUMESH_CHECK(values / kQ4_0Block == blocks && values % kQ4_0Block == 0, ShapeError,
-               "{} q4_0: {} values for {} block(s) of {}: expected {} values", what, values, blocks,
-               kQ4_0Block, blocks * kQ4_0Block);
-}
-
-// The 4-bit code of x * id: trunc(x * id + 8.5), at most 15. The scale is the block's extreme
-// divided by -8, so that extreme is code 0 and the codes of the block fall in [-8, 8] * (1 +
-// a few ulps) + 8.5 > 0: truncation is floor, and only the opposite extreme (16) is clamped.
-std::uint8_t q4_0_code(float x, float id) {
-  const float scaled = x * id;
-  const float shifted = scaled + 8.5f;
-  return static_cast<std::uint8_t>(std::min(15, static_cast<int>(shifted)));
-}
-
 }  // namespace
 
 void quantize_q4_0(std::span<const float> x, std::span<BlockQ4_0> y) {
-  check_q4_0_sizes("quantize", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ4_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_0Block;
     // [5, -5] scales by 5 / -8 and [-5, 5] by -5 / -8.
@@ -61,15 +47,15 @@ void quantize_q4_0(std::span<const float> x, std::span<BlockQ4_0> y) {
       continue;
     }
     for (std::size_t j = 0; j < kQ4_0HalfBlock; ++j) {
-      const std::uint8_t low = q4_0_code(in[j], id);
-      const std::uint8_t high = q4_0_code(in[j + kQ4_0HalfBlock], id);
+      const std::uint32_t low = detail::offset_code<8>(in[j], id);
+      const std::uint32_t high = detail::offset_code<8>(in[j + kQ4_0HalfBlock], id);
       out.qs[j] = static_cast<std::uint8_t>(low | (high << 4));
     }
   }
 }
 
 void dequantize_q4_0(std::span<const BlockQ4_0> y, std::span<float> x) {
-  check_q4_0_sizes("dequantize", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ4_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float d = f32_from_f16(y[b].d);
     float* out = x.data() + b * kQ4_0Block;

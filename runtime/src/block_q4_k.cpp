@@ -1,6 +1,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "block_sizes.hpp"
 #include "kquant_minimums.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
@@ -21,7 +22,7 @@ constexpr detail::Qkx2Search kQ4_KSearch{15, -1.0f, 0.1f, 20};
 }  // namespace
 
 void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
-  detail::check_super_block_sizes("quantize", "q4_k", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ4_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
@@ -40,7 +41,7 @@ void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
 }
 
 void dequantize_q4_k(std::span<const BlockQ4_K> y, std::span<float> x) {
-  detail::check_super_block_sizes("dequantize", "q4_k", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ4_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const BlockQ4_K& in = y[b];
     const float d = f32_from_f16(in.d);

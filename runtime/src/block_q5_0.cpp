@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <iterator>
 
+#include "block_sizes.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
-#include "signed_extreme.hpp"
+#include "offset_codes.hpp"
 
 // GGML's Q5_0 (quantize_row_q5_0_ref and dequantize_row_q5_0 in ggml-quants.c), written from
 // its definition: Q4_0's scheme with one bit more, the scale the block's extreme over -16 and the
@@ -22,25 +23,10 @@ namespace {
 constexpr std::size_t kQ5_0Block = static_cast<std::size_t>(kQ5_0BlockElements);
 constexpr std::size_t kQ5_0HalfBlock = kQ5_0Block / 2;
 
-void check_q5_0_sizes(const char* what, std::size_t values, std::size_t blocks) {
-  NUMESH_CHECK(values / kQ5_0Block == blocks && values % kQ5_0Block == 0, ShapeError,
-               "{} q5_0: {} values for {} block(s) of {}: expected {} values", what, values, blocks,
-               kQ5_0Block, blocks * kQ5_0Block);
-}
-
-// The 5-bit code of x * id: trunc(x * id + 16.5), at most 31. The block's extreme is code 0 and
-// every other code falls in [-16, 16] * (1 + a few ulps) + 16.5 > 0: truncation is floor, and
-// only the opposite extreme (32) is clamped.
-std::uint32_t q5_0_code(float x, float id) {
-  const float scaled = x * id;
-  const float shifted = scaled + 16.5f;
-  return static_cast<std::uint32_t>(std::min(31, static_cast<int>(shifted)));
-}
-
 }  // namespace
 
 void quantize_q5_0(std::span<const float> x, std::span<BlockQ5_0> y) {
-  check_q5_0_sizes("quantize", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ5_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ5_0Block;
     const float max = detail::signed_extreme(in, kQ5_0Block, b * kQ5_0Block, "q5_0");
@@ -58,8 +44,8 @@ void quantize_q5_0(std::span<const float> x, std::span<BlockQ5_0> y) {
     }
     std::uint32_t fifth_bits = 0;
     for (std::size_t j = 0; j < kQ5_0HalfBlock; ++j) {
-      const std::uint32_t low = q5_0_code(in[j], id);
-      const std::uint32_t high = q5_0_code(in[j + kQ5_0HalfBlock], id);
+      const std::uint32_t low = detail::offset_code<16>(in[j], id);
+      const std::uint32_t high = detail::offset_code<16>(in[j + kQ5_0HalfBlock], id);
       out.qs[j] = static_cast<std::uint8_t>((low & 0x0F) | ((high & 0x0F) << 4));
       fifth_bits |= (low >> 4) << j;
       fifth_bits |= (high >> 4) << (j + kQ5_0HalfBlock);
@@ -70,7 +56,7 @@ void quantize_q5_0(std::span<const float> x, std::span<BlockQ5_0> y) {
 }
 
 void dequantize_q5_0(std::span<const BlockQ5_0> y, std::span<float> x) {
-  check_q5_0_sizes("dequantize", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ5_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float d = f32_from_f16(y[b].d);
     const std::uint32_t fifth_bits = y[b].qh[0] | (std::uint32_t{y[b].qh[1]} << 8) |

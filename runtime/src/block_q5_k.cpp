@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <iterator>
 
+#include "block_sizes.hpp"
 #include "kquant_minimums.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
@@ -25,7 +26,7 @@ constexpr detail::Qkx2Search kQ5_KSearch{31, -0.5f, 0.1f, 15};
 }  // namespace
 
 void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y) {
-  detail::check_super_block_sizes("quantize", "q5_k", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ5_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ5_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
@@ -49,7 +50,7 @@ void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y) {
 }
 
 void dequantize_q5_k(std::span<const BlockQ5_K> y, std::span<float> x) {
-  detail::check_super_block_sizes("dequantize", "q5_k", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ5_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const BlockQ5_K& in = y[b];
     const float d = f32_from_f16(in.d);

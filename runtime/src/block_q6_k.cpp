@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "block_sizes.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
@@ -27,12 +28,6 @@ constexpr int kQ6_KHalfRange = 32;  // codes -32 .. 31, stored + 32
 constexpr int kQ6_KTrialSteps = 9;  // make_qx_quants's trials: 32 + 0.1 * (-9 .. 9, not 0)
 // GGML's GROUP_MAX_EPS: a sub-block, or a block's largest sub-block scale, below it is zero.
 constexpr float kQ6_KZeroBelow = 1e-15f;
-
-void check_q6_k_sizes(const char* what, std::size_t values, std::size_t blocks) {
-  NUMESH_CHECK(values / kQ6_KBlock == blocks && values % kQ6_KBlock == 0, ShapeError,
-               "{} q6_k: {} values for {} block(s) of {}: expected {} values", what, values, blocks,
-               kQ6_KBlock, blocks * kQ6_KBlock);
-}
 
 // GGML's nearest_int (see block_q4_k.cpp): round-half-even for |v| < 2^22, and beyond that (or
 // for inf or NaN) the same defined bit arithmetic as GGML's release builds.
@@ -100,7 +95,7 @@ float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
 }  // namespace
 
 void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
-  check_q6_k_sizes("quantize", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ6_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ6_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
@@ -167,7 +162,7 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
 }
 
 void dequantize_q6_k(std::span<const BlockQ6_K> y, std::span<float> x) {
-  check_q6_k_sizes("dequantize", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ6_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const BlockQ6_K& in = y[b];
     const float d = f32_from_f16(in.d);

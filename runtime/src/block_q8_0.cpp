@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "block_sizes.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
@@ -18,12 +19,6 @@ namespace {
 
 constexpr std::size_t kQ8_0Block = static_cast<std::size_t>(kQ8_0BlockElements);
 
-void check_q8_0_sizes(const char* what, std::size_t values, std::size_t blocks) {
-  NUMESH_CHECK(values / kQ8_0Block == blocks && values % kQ8_0Block == 0, ShapeError,
-               "{} q8_0: {} values for {} block(s) of {}: expected {} values", what, values, blocks,
-               kQ8_0Block, blocks * kQ8_0Block);
-}
-
 // C's roundf (half away from zero) of a float of magnitude below 2^31, as an int. Not
 // std::round: that is a libm call, which kept the quantizer at a quarter of q4_0's speed; this
 // inlines and vectorizes. x - trunc(x) is exact for every float, so the halves are decided on the
@@ -37,7 +32,7 @@ int round_half_away(float x) {
 }  // namespace
 
 void quantize_q8_0(std::span<const float> x, std::span<BlockQ8_0> y) {
-  check_q8_0_sizes("quantize", x.size(), y.size());
+  detail::check_block_sizes("quantize", DType::kQ8_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ8_0Block;
     float amax = 0.0f;
@@ -66,7 +61,7 @@ void quantize_q8_0(std::span<const float> x, std::span<BlockQ8_0> y) {
 }
 
 void dequantize_q8_0(std::span<const BlockQ8_0> y, std::span<float> x) {
-  check_q8_0_sizes("dequantize", x.size(), y.size());
+  detail::check_block_sizes("dequantize", DType::kQ8_0, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float d = f32_from_f16(y[b].d);
     float* out = x.data() + b * kQ8_0Block;

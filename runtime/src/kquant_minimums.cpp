@@ -116,13 +116,6 @@ void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int
   }
 }
 
-void check_super_block_sizes(std::string_view what, std::string_view format, std::size_t values,
-                             std::size_t blocks) {
-  NUMESH_CHECK(values / kSuperBlock == blocks && values % kSuperBlock == 0, ShapeError,
-               "{} {}: {} values for {} block(s) of {}: expected {} values", what, format, values,
-               blocks, kSuperBlock, blocks * kSuperBlock);
-}
-
 ChunkScales kquant_chunk_scales(const std::uint8_t* packed, float d, float dmin, std::size_t c) {
   int sc_low = 0, m_low = 0, sc_high = 0, m_high = 0;
   kquant_scale_min(2 * c, packed, sc_low, m_low);

@@ -37,11 +37,6 @@ void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int
 void quantize_minimum_super_block(const float* in, const Qkx2Search& search, std::uint8_t* codes,
                                   std::uint8_t* packed, std::uint16_t& d, std::uint16_t& dmin);
 
-/// Refuses `values` that are not `blocks` whole super-blocks of 256 with ShapeError "WHAT FORMAT:
-/// V values for B block(s) of 256: expected N values".
-void check_super_block_sizes(std::string_view what, std::string_view format, std::size_t values,
-                             std::size_t blocks);
-
 /// Chunk c's (elements [64 c, 64 c + 64)) two sub-blocks' scales d sc and minimums dmin m from
 /// the 12 packed bytes, as GGML's dequantizers compute them (one f32 product each).
 struct ChunkScales {

@@ -196,36 +196,26 @@ def adversarial_blocks(rng):
     pool = to_f32(rng.normal(0, 1, (n, BLOCK)) * 10 ** rng.uniform(-3, 3, (n, 1)))
     extreme = np.argmax(np.abs(pool), axis=1)
     cols = (extreme[:, None] + 1 + np.arange(8)[None, :]) % BLOCK
-    rows_ = np.arange(n)[:, None]
-    targets = rng.integers(1, 4, (n, 8)) - 8.5
-    idv = reciprocal(q4_0_scale(pool)).astype(np.float64)[:, None]
-    near = to_f32(targets / idv)
-    for _ in range(3):
-        step = rng.integers(-1, 2, (n, 8))
-        near = np.where(step > 0, np.nextafter(near, F32(np.inf)),
-                        np.where(step < 0, np.nextafter(near, F32(-np.inf)), near)).astype(F32)
-    q4 = pool.copy()
-    q4[rows_, cols] = near
+
+    def placed_near(boundaries, scale):
+        """pool with the 8 elements after each block's extreme at x * id = boundaries (id the
+        reciprocal of the format's scale of the block), nudged by up to 3 f32 steps."""
+        near = to_f32(boundaries / reciprocal(scale).astype(np.float64)[:, None])
+        for _ in range(3):
+            step = rng.integers(-1, 2, (n, 8))
+            near = np.where(step > 0, np.nextafter(near, F32(np.inf)),
+                            np.where(step < 0, np.nextafter(near, F32(-np.inf)), near)).astype(F32)
+        placed = pool.copy()
+        placed[np.arange(n)[:, None], cols] = near
+        return placed
+
+    q4 = placed_near(rng.integers(1, 4, (n, 8)) - 8.5, q4_0_scale(pool))
     fma = np.any(q4_0_codes(q4) != q4_0_codes(q4, fused=True), axis=1)
     kinds["q4_0 where an FMA would differ"] = q4[fma][:300]
-    idv = reciprocal(q5_0_scale(pool)).astype(np.float64)[:, None]
-    near = to_f32((rng.integers(1, 4, (n, 8)) - 16.5) / idv)
-    for _ in range(3):
-        step = rng.integers(-1, 2, (n, 8))
-        near = np.where(step > 0, np.nextafter(near, F32(np.inf)),
-                        np.where(step < 0, np.nextafter(near, F32(-np.inf)), near)).astype(F32)
-    q5 = pool.copy()
-    q5[rows_, cols] = near
+    q5 = placed_near(rng.integers(1, 4, (n, 8)) - 16.5, q5_0_scale(pool))
     fma = np.any(q5_0_codes(q5) != q5_0_codes(q5, fused=True), axis=1)
     kinds["q5_0 where an FMA would differ"] = q5[fma][:300]
-    idv = reciprocal(q8_0_scale(pool)).astype(np.float64)[:, None]
-    near = to_f32(rng.choice([-0.5, 0.5], (n, 8)) / idv)
-    for _ in range(3):
-        step = rng.integers(-1, 2, (n, 8))
-        near = np.where(step > 0, np.nextafter(near, F32(np.inf)),
-                        np.where(step < 0, np.nextafter(near, F32(-np.inf)), near)).astype(F32)
-    q8 = pool.copy()
-    q8[rows_, cols] = near
+    q8 = placed_near(rng.choice([-0.5, 0.5], (n, 8)), q8_0_scale(pool))
     scaled = (q8 * reciprocal(q8_0_scale(q8))[:, None]).astype(F32)
     naive = np.sign(scaled) * np.floor(np.abs(scaled) + F32(0.5))  # the addition in f32: wrong
     kinds["q8_0 where f32 rounding would differ"] = q8[np.any(naive != roundf(scaled), axis=1)][:300]

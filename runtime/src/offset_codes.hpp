@@ -1,14 +1,18 @@
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 
 // PRIVATE to runtime/src: what GGML's Q4_0 and Q5_0 quantizers (block_q4_0.cpp, block_q5_0.cpp)
-// scale a block by.
+// share: the element a block is scaled by, and the codes q - kOffset of the scaled elements. Both
+// files are compiled with -ffp-contract=off (runtime/CMakeLists.txt), which these inline
+// functions need (x * id and + kOffset + 0.5 are two f32 roundings, as in GGML's C).
 
 namespace numesh::runtime::detail {
 
@@ -30,6 +34,18 @@ inline float signed_extreme(const float* in, std::size_t n, std::size_t first,
     }
   }
   return max;
+}
+
+/// The code of x * id with kOffset added: trunc(x * id + kOffset + 0.5), at most 2 kOffset - 1
+/// (GGML's MIN(2 kOffset - 1, (int8_t)(x * id + kOffset + 0.5f))). The scale is the block's
+/// extreme divided by -kOffset, so that extreme is code 0 and the block's codes fall in
+/// [-kOffset, kOffset] * (1 + a few ulps) + kOffset + 0.5 > 0: truncation is floor, and only the
+/// opposite extreme (2 kOffset) is clamped.
+template <int kOffset>
+std::uint32_t offset_code(float x, float id) {
+  const float scaled = x * id;
+  const float shifted = scaled + (static_cast<float>(kOffset) + 0.5f);
+  return static_cast<std::uint32_t>(std::min(2 * kOffset - 1, static_cast<int>(shifted)));
 }
 
 }  // namespace numesh::runtime::detail
