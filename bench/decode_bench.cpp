@@ -15,7 +15,7 @@
 //   BM_Decode_Dot<dtype>/M/level/N  one thread's out-in decode kernel on [4096, N] weights
 //                           (N = 1024: 8 MiB of bf16, in L3; N = 8192: beyond it): dot_gemm
 //                           on fp32 weights (serving's row-invariant products), dot_gemm_bf16
-//                           on bf16 activations, dot_gemm_q8_0 / q4_0 / q4_k / q6_k on
+//                           on bf16 activations, dot_gemm_blocks (q8_0, q4_0, q4_k, q6_k) on
 //                           activations quantized once outside the loop
 //                           (quantize_activations_q8 is timed apart, as
 //                           BM_Decode_QuantizeActivations/M/level); <dtype, true>: q8_0 or
@@ -280,14 +280,8 @@ void BM_Decode_Dot(benchmark::State& state) {
       ops::dot_gemm(m, x.data(), kDotK, b, y.data(), n, level);
     } else if constexpr (T == DType::kBF16) {
       ops::dot_gemm_bf16(m, bits.data(), kDotK, b, y.data(), n, level);
-    } else if constexpr (T == DType::kQ8_0) {
-      ops::dot_gemm_q8_0(m, codes.data(), scales.data(), b, y.data(), n, level);
-    } else if constexpr (T == DType::kQ4_0) {
-      ops::dot_gemm_q4_0(m, codes.data(), scales.data(), b, y.data(), n, level);
-    } else if constexpr (T == DType::kQ4_K) {
-      ops::dot_gemm_q4_k(m, codes.data(), scales.data(), b, y.data(), n, level);
     } else {
-      ops::dot_gemm_q6_k(m, codes.data(), scales.data(), b, y.data(), n, level);
+      ops::dot_gemm_blocks(m, codes.data(), scales.data(), b, y.data(), n, level);
     }
     benchmark::DoNotOptimize(y.data());
   }

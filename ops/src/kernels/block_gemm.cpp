@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "block_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/blas_gemm.hpp"
@@ -165,6 +166,15 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
       }
     }
   }
+}
+
+void dot_gemm_blocks(std::int64_t m, const std::int8_t* codes, const float* scales,
+                     const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level) {
+  const detail::BlockKernels* kernels = detail::block_kernels(b.dtype);
+  NUMESH_CHECK(kernels != nullptr, TypeError,
+               "dot_gemm_blocks: weights of dtype {}; it takes the block formats",
+               to_string(b.dtype));
+  kernels->dot(m, codes, scales, b, c, ldc, level);
 }
 
 void gemm_dequantized(std::int64_t m, const float* a, std::int64_t lda, const WeightMatrix& b,

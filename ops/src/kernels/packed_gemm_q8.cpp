@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "amx_tiles.hpp"
+#include "block_kernels.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/error.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
@@ -49,7 +50,7 @@ struct Form {
 };
 using PairForm = Form<false, false>;
 using MinimumsForm = Form<false, true>;
-using Q6_KForm = Form<true, false>;
+using TwoScalesForm = Form<true, false>;
 
 // The activations a call multiplies: codes (rows k apart; for the VNNI kernel as unsigned bytes
 // x + 128), scales and, for Q4_K, the scaled block sums (rows k / 32 apart); and -kStoredOffset
@@ -944,26 +945,15 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
     a.corrections = corrections.data();
   }
   const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
-  switch (b.dtype) {
-    case DType::kQ8_0:
-      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q8_0, c, ldc, level);
-    case DType::kQ4_0:
-      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q4_0, c, ldc, level);
-    case DType::kQ5_0:
-      return packed_panels<PairForm>(m, n, a, stored, detail::pack_panel_q5_0, c, ldc, level);
-    case DType::kQ4_K:
-      a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
-      return packed_panels<MinimumsForm>(m, n, a, stored, detail::pack_panel_q4_k, c, ldc, level);
-    case DType::kQ5_K:
-      a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
-      return packed_panels<MinimumsForm>(m, n, a, stored, detail::pack_panel_q5_k, c, ldc, level);
-    case DType::kQ6_K:
-      return packed_panels<Q6_KForm>(m, n, a, stored, detail::pack_panel_q6_k, c, ldc, level);
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF16:
-      return;  // refused above
+  const detail::BlockKernels& kernels = *detail::block_kernels(b.dtype);  // a block format
+  if (kernels.two_scales) {
+    return packed_panels<TwoScalesForm>(m, n, a, stored, kernels.pack_panel, c, ldc, level);
   }
+  if (kernels.minimums) {
+    a.sums = detail::q8dot_block_sums(m, blocks, codes, scales, level);
+    return packed_panels<MinimumsForm>(m, n, a, stored, kernels.pack_panel, c, ldc, level);
+  }
+  packed_panels<PairForm>(m, n, a, stored, kernels.pack_panel, c, ldc, level);
 }
 
 }  // namespace numesh::ops

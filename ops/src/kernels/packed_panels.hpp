@@ -1,9 +1,9 @@
 #pragma once
 
 // PRIVATE to ops/src/kernels: the panels that packed_gemm_q8 (block_gemm.hpp) multiplies, and
-// how each block format packs its weights into them. A format's file instantiates its packer
-// from the generic ones below with its own codes class (q8_dot_common.hpp's interface), so that
-// adding a format's prefill is its packer and its entry in packed_gemm_q8's dispatch.
+// how each block format packs its weights into them: a format's entry in block_kernels.hpp takes
+// its packer from the generic ones below with its own codes class (q8_dot_common.hpp's
+// interface), so that a format's prefill needs no code of its own.
 
 #include <immintrin.h>
 
@@ -47,25 +47,6 @@ static_assert(sizeof(PackedBlock) == 832, "a packed block is 13 cache lines");
 using PanelPacker = void (*)(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                              std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
                              PackedBlock* out);
-
-void pack_panel_q8_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
-void pack_panel_q4_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
-void pack_panel_q5_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
-void pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
-void pack_panel_q5_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
-void pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                     std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                     PackedBlock* out);
 
 // ---- The generic packers -----------------------------------------------------------------------
 

@@ -2,11 +2,12 @@
 
 #include <cstdint>
 
+#include "block_kernels.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q4_0: the shared int8 dot kernel (q8_dot_common.hpp) on Q4_0 blocks: byte j of the
+// q4_0's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on Q4_0 blocks: byte j of the
 // block's 16 holds q[j] in its low nibble and q[j + 16] in its high one, and the code is q - 8
 // (-8 .. 7).
 
@@ -85,15 +86,7 @@ struct Q4_0Codes {
 
 }  // namespace
 
-void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q4_0Codes>("dot_gemm_q4_0", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q4_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_pair_panel<Q4_0Codes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ4_0BlockKernels =
+    detail::block_kernels_of<Q4_0Codes>();
 
 }  // namespace numesh::ops

@@ -3,12 +3,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "block_kernels.hpp"
 #include "kquant_minimum_scales.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q4_k: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q4_K super-blocks
+// q4_k's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q4_K super-blocks
 // (runtime/block_formats.hpp's BlockQ4_K: f16 d at byte 0, f16 dmin at 2, 12 bytes of 6-bit
 // scale and minimum codes at 4, 128 bytes of nibbles at 16, each 64 inputs' 32 bytes holding the
 // first 32 in their low nibbles and the next 32 in their high ones). Weight e of sub-block j is
@@ -63,15 +64,7 @@ struct Q4_KCodes : detail::KquantFormat<DType::kQ4_K, 144, 1, true, false, 0> {
 
 }  // namespace
 
-void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q4_KCodes>("dot_gemm_q4_k", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q4_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_kquant_panel<Q4_KCodes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ4_KBlockKernels =
+    detail::block_kernels_of<Q4_KCodes>();
 
 }  // namespace numesh::ops

@@ -3,11 +3,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "block_kernels.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q5_0: the shared int8 dot kernel (q8_dot_common.hpp) on Q5_0 blocks: Q4_0's nibbles
+// q5_0's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on Q5_0 blocks: Q4_0's nibbles
 // (bytes 6-21) with a fifth bit each from the little-endian word at bytes 2-5 (bit j: element
 // j's), and the code q - 16 (-16 .. 15). The kernel takes q unsigned (0 .. 31) and the 16 off once
 // a row, as Q4_0 takes its 8 (vpmaddubsw's pair sums stay within 2 * 31 * 127).
@@ -87,15 +88,7 @@ struct Q5_0Codes {
 
 }  // namespace
 
-void dot_gemm_q5_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q5_0Codes>("dot_gemm_q5_0", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q5_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_pair_panel<Q5_0Codes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ5_0BlockKernels =
+    detail::block_kernels_of<Q5_0Codes>();
 
 }  // namespace numesh::ops

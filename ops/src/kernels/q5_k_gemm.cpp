@@ -2,12 +2,13 @@
 
 #include <cstdint>
 
+#include "block_kernels.hpp"
 #include "kquant_minimum_scales.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q5_k: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q5_K super-blocks
+// q5_k's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q5_K super-blocks
 // (runtime/block_formats.hpp's BlockQ5_K: Q4_K's d, dmin and 6-bit codes at bytes 0-15, 32
 // bytes of fifth bits at 16, Q4_K's 128 bytes of nibbles at 48). Weight e of sub-block j is
 // d sc_j q_e - dmin m_j with q_e 0 .. 31: the kernel multiplies q_e as it is (unsigned bytes for
@@ -90,15 +91,7 @@ struct Q5_KCodes : detail::KquantFormat<DType::kQ5_K, 176, 1, true, false, 0> {
 
 }  // namespace
 
-void dot_gemm_q5_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q5_KCodes>("dot_gemm_q5_k", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q5_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_kquant_panel<Q5_KCodes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ5_KBlockKernels =
+    detail::block_kernels_of<Q5_KCodes>();
 
 }  // namespace numesh::ops

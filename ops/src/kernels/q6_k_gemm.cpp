@@ -2,11 +2,12 @@
 
 #include <cstdint>
 
+#include "block_kernels.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q6_k: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q6_K super-blocks
+// q6_k's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on GGML's Q6_K super-blocks
 // (runtime/block_formats.hpp's BlockQ6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16
 // int8 sub-block scales at 192, f16 d at 208). Weight e of sub-block g is d sc_g (q_e - 32) with
 // a 6-bit q_e: in each half of 128 inputs, byte l of its 64 low-nibble bytes holds inputs l (low
@@ -125,15 +126,7 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
 
 }  // namespace
 
-void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q6_KCodes>("dot_gemm_q6_k", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q6_k(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_kquant_panel<Q6_KCodes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ6_KBlockKernels =
+    detail::block_kernels_of<Q6_KCodes>();
 
 }  // namespace numesh::ops

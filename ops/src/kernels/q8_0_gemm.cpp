@@ -3,11 +3,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "block_kernels.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
 #include "q8_dot_common.hpp"
 
-// dot_gemm_q8_0: the shared int8 dot kernel (q8_dot_common.hpp) on Q8_0 blocks, whose 32 codes
+// q8_0's kernels: the shared int8 dot kernel (q8_dot_common.hpp) on Q8_0 blocks, whose 32 codes
 // are the block's bytes 2 .. 33 as they are.
 
 namespace numesh::ops {
@@ -88,15 +89,7 @@ struct Q8_0Codes {
 
 }  // namespace
 
-void dot_gemm_q8_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
-  detail::q8dot_gemm<Q8_0Codes>("dot_gemm_q8_0", m, codes, scales, b, c, ldc, level);
-}
-
-void detail::pack_panel_q8_0(const unsigned char* w, std::int64_t ldw, std::int64_t count,
-                             std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
-                             detail::PackedBlock* out) {
-  detail::pack_pair_panel<Q8_0Codes>(w, ldw, count, blocks, level, vnni_bias, out);
-}
+constinit const detail::BlockKernels detail::kQ8_0BlockKernels =
+    detail::block_kernels_of<Q8_0Codes>();
 
 }  // namespace numesh::ops

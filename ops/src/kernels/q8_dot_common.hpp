@@ -1015,12 +1015,12 @@ void q8dot_gemm_rows(std::int64_t m, const Q8dotActivations& all, const unsigned
   }
 }
 
-/// dot_gemm_q8_0, dot_gemm_q4_0, dot_gemm_q4_k and dot_gemm_q6_k (block_gemm.hpp) for the
-/// format F: checks, then the level's kernel. `name` names the caller in errors.
+/// dot_gemm_blocks (block_gemm.hpp) for the format F: checks, then the level's kernel.
 template <class F>
-void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, const float* scales,
+void q8dot_gemm(std::int64_t m, const std::int8_t* codes, const float* scales,
                 const WeightMatrix& b, float* c, std::int64_t ldc, runtime::KernelLevel level) {
   using runtime::KernelLevel;
+  constexpr const char* name = "dot_gemm_blocks";
   NUMESH_CHECK(b.dtype == F::kDType, TypeError, "{}: weights of dtype {}; it takes {}", name,
                to_string(b.dtype), to_string(F::kDType));
   NUMESH_CHECK(b.layout == WeightLayout::kOutIn, ShapeError,
@@ -1032,8 +1032,8 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
       m >= 0 && n >= 0 && k >= 0 && k % kBlock == 0 && ld >= k && ld % kBlock == 0 && ldc >= n,
       ShapeError,
       "{}: m {}, n {}, k {} with ldb {}, ldc {}: sizes must be >= 0, k and ldb whole "
-      "blocks of {} and each leading dimension at least its row's length",
-      name, m, n, k, ld, ldc, kBlock);
+      "blocks of {} ({}) and each leading dimension at least its row's length",
+      name, m, n, k, ld, ldc, kBlock, to_string(F::kDType));
   if (m == 0 || n == 0) return;
   const std::int64_t blocks = k / kQ8DotBlock;
   const float* sums = nullptr;
@@ -1058,9 +1058,9 @@ void q8dot_gemm(const char* name, std::int64_t m, const std::int8_t* codes, cons
           fmt::format("{}: {} weights have no panel layout", name, to_string(F::kDType)));
     } else {
       NUMESH_CHECK(np % runtime::kPanelWidth == 0 && np <= n && ld == k, ShapeError,
-                   "{}: {} panel outputs of {} with ldb {} for k {}: panels are whole (16 "
-                   "outputs), within the matrix and packed (ldb = k)",
-                   name, np, n, ld, k);
+                   "{}: {} panel outputs of {} {} weights with ldb {} for k {}: panels are "
+                   "whole (16 outputs), within the matrix and packed (ldb = k)",
+                   name, np, n, to_string(F::kDType), ld, k);
       if (level >= KernelLevel::kAvx512Bf16) {
         q8dot_panels512<F>(m, all, w, np, c, ldc);
       } else {

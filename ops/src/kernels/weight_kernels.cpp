@@ -42,11 +42,8 @@ void tile_on_values(const PreparedActivations& a, std::int64_t r0, std::int64_t 
   kTile(rows, a.values.data() + r0 * k, k, b, c, ldc, level);
 }
 
-// Block formats: their integer dot kernels (block_gemm.hpp) on the activations' 8-bit codes.
-using BlockDot = void (*)(std::int64_t m, const std::int8_t* codes, const float* scales,
-                          const WeightMatrix& b, float* c, std::int64_t ldc, KernelLevel level);
-
-template <BlockDot kDot>
+// Block formats: their integer kernels (block_gemm.hpp) on the activations' 8-bit codes.
+template <auto kDot>
 void dot_q8(const PreparedActivations& a, std::int64_t r0, std::int64_t rows, const WeightMatrix& b,
             float* c, std::int64_t ldc, KernelLevel level) {
   const std::int64_t k = a.values.cols();
@@ -73,45 +70,21 @@ constexpr TileFloor kInt8TileFloor{64, 32, 16, 32};
 // from memory, 8 rows 2.3x; decode of the 109 M Llama 1.2x and again 1.1x at the avx2 level),
 // q8_0's one row from the cache 1.6x, level from memory, 8 rows 1.4x (decode 1.04x, prefill
 // 1.11x): docs/benchmarks.md, "Session 56".
-constexpr WeightKernels kQ8_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q8_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
-                                     KernelLevel::kAvx2};
-constexpr WeightKernels kQ4_0Kernels{ActivationForm::kQ8,    dot_q8<dot_gemm_q4_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor,        std::nullopt,
-                                     KernelLevel::kAvx2};
-constexpr WeightKernels kQ5_0Kernels{ActivationForm::kQ8, dot_q8<dot_gemm_q5_0>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
-constexpr WeightKernels kQ4_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q4_k>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
-constexpr WeightKernels kQ5_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q5_k>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
-constexpr WeightKernels kQ6_KKernels{ActivationForm::kQ8, dot_q8<dot_gemm_q6_k>, nullptr,
-                                     dot_q8<packed_gemm_q8>, kInt8TileFloor};
+constexpr WeightKernels kBlockKernelsOnRows{ActivationForm::kQ8, dot_q8<dot_gemm_blocks>, nullptr,
+                                            dot_q8<packed_gemm_q8>, kInt8TileFloor};
+constexpr WeightKernels kBlockKernelsOnPanels{
+    ActivationForm::kQ8, dot_q8<dot_gemm_blocks>, nullptr, dot_q8<packed_gemm_q8>, kInt8TileFloor,
+    std::nullopt,        KernelLevel::kAvx2};
 
 }  // namespace
 
 const WeightKernels& weight_kernels(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kF32:
-      return kF32Kernels;
-    case DType::kBF16:
-      return kBF16Kernels;
-    case DType::kF16:
-      return kF16Kernels;
-    case DType::kQ8_0:
-      return kQ8_0Kernels;
-    case DType::kQ4_0:
-      return kQ4_0Kernels;
-    case DType::kQ5_0:
-      return kQ5_0Kernels;
-    case DType::kQ4_K:
-      return kQ4_KKernels;
-    case DType::kQ5_K:
-      return kQ5_KKernels;
-    case DType::kQ6_K:
-      return kQ6_KKernels;
-  }
-  return kF32Kernels;
+  if (dtype == DType::kF32) return kF32Kernels;
+  if (dtype == DType::kBF16) return kBF16Kernels;
+  if (dtype == DType::kF16) return kF16Kernels;
+  // The block formats (each format's own kernels in block_kernels.hpp, which dot_gemm_blocks and
+  // packed_gemm_q8 find by the weights' dtype): those with panels take the tile from avx2.
+  return runtime::has_panels(dtype) ? kBlockKernelsOnPanels : kBlockKernelsOnRows;
 }
 
 }  // namespace numesh::ops::detail

@@ -2,8 +2,10 @@
 
 // PRIVATE to ops/src: the per-format kernel table behind device_gemm. device_gemm owns the
 // tiling (which tasks compute which part of c, fixed by the shapes) and asks the weights'
-// format for the single-threaded kernels each task runs: adding a weight format is its kernel
-// file, its entry in weight_kernels() and its tests.
+// format for the single-threaded kernels each task runs. The block formats share one entry
+// (their kernels dispatch on the weights' dtype through block_kernels.hpp), so adding a block
+// format's kernels is its kernel file and its line there; an element type is its kernels and its
+// entry in weight_kernels().
 
 #include <cstdint>
 #include <optional>

@@ -10,7 +10,7 @@
 // (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
 // output's k weights are its blocks side by side):
 //
-// - Decode (dot_gemm_q8_0, dot_gemm_q4_0): integer dot products, as llama.cpp computes
+// - Decode (dot_gemm_blocks) of Q8_0, Q4_0 and Q5_0: integer dot products, as llama.cpp computes
 //   Q8_0 x Q8_0 and Q4_0 x Q8_0. The activations are quantized first (quantize_activations_q8),
 //   per row and per block of 32 inputs, to int8 codes q_a and one f32 scale d_a:
 //     amax = max |x|, d_a = amax / 127 (f32), id = 1 / d_a (f32; 0 when d_a is 0 or 1 / d_a
@@ -26,8 +26,8 @@
 //   feeds is NaN, as the exact product would be NaN or infinite.
 //
 //   The order of the sum, the same at every kernel level bit for bit (each level only computes
-//   it differently): for output j of row i, with q_w the weight codes (q4_0: nibble - 8), d_w
-//   the weights' f16 scales widened exactly, and s[0..15] starting at +0,
+//   it differently): for output j of row i, with q_w the weight codes (q4_0: nibble - 8; q5_0:
+//   q - 16), d_w the weights' f16 scales widened exactly, and s[0..15] starting at +0,
 //     for each block t of the row, in order (32 inputs each):
 //       isum[l] = sum of q_a[e] q_w[e] over e = 4l .. 4l + 3 of the block (l = 0..7; an exact
 //                 int32, |isum| <= 4 * 127 * 128, exact in f32 too)
@@ -53,7 +53,7 @@
 //   about bf16's time (q8_0 0.9-1.0x, q4_0 1.0-1.1x). From memory ([4096, 8192]) it takes
 //   0.40-0.46x bf16's time.
 //
-// - Decode of Q4_K and Q6_K (dot_gemm_q4_k, dot_gemm_q6_k): the same activations, so a
+// - Decode of Q4_K, Q5_K and Q6_K (dot_gemm_blocks): the same activations, so a
 //   super-block of 256 weights meets 8 activation blocks: block t of a row lies in super-block
 //   b = t / 8 as Q4_K's sub-block t mod 8 and as Q6_K's sub-blocks 2 (t mod 8) and
 //   2 (t mod 8) + 1. The sub-block scales are taken in f32, where they are exact:
@@ -138,64 +138,31 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
                              std::int8_t* codes, float* scales,
                              runtime::KernelLevel level = runtime::kernel_level());
 
-/// c[m, n] = activations[m, k] b for Q8_0 weights, on the calling thread: `codes` and `scales`
-/// as quantize_activations_q8 wrote them for m rows of k inputs; b [k, n] stored out-in (its
-/// output j's k / 32 blocks at b.stored_row(j), rows b.stride_bytes() apart); c fp32 with rows
-/// `ldc` apart (overwritten, never read; k = 0 writes zeros). Each element is summed in the
-/// fixed order above, so every level gives the same bits (NaN's payload aside). A weight block
-/// whose scale is NaN or infinite makes its outputs NaN or infinite; codes of -128 (which
-/// GGML's quantizer never writes, but a foreign file may hold) are multiplied exactly.
-/// b.data needs no alignment. Weights stored in panels (b.panel_outputs > 0,
-/// runtime/weight_panels.hpp) give the same bits: at avx512-bf16 and amx 16 outputs a register
-/// (each row's groups' sums taken off once, from a buffer of the calling thread kept between
-/// calls: m k / 4 int32), below them each panel restored to rows in a buffer of the calling
-/// thread (16 rows) for the level's kernel. No other state: safe to call from many threads at
-/// once.
+/// c[m, n] = activations[m, k] b for weights in any block format, on the calling thread, the
+/// decode kernel: `codes` and `scales` as quantize_activations_q8 wrote them for m rows of k
+/// inputs; b [k, n] stored out-in (its output j's blocks of the format at b.stored_row(j), rows
+/// b.stride_bytes() apart); c fp32 with rows `ldc` apart (overwritten, never read; k = 0 writes
+/// zeros). Each element is summed in the fixed order above (Q8_0's, or the super-block formats'
+/// Q4_K order), so every level gives the same bits (NaN's payload aside). A weight block whose
+/// scale (d, or dmin) is NaN or infinite makes its outputs NaN or infinite; weight codes GGML's
+/// quantizers never write but a foreign file may hold (Q8_0's -128, any Q4_K scale code) are
+/// multiplied exactly. b.data needs no alignment. The super-block formats with minimums (Q4_K,
+/// Q5_K) take the activations' scaled block sums, computed once a call into a buffer of the
+/// calling thread kept between calls (m k / 32 floats). Weights stored in panels (b.panel_outputs
+/// > 0, runtime/weight_panels.hpp; Q8_0 and Q4_0) give the same bits: at avx512-bf16 and amx 16
+/// outputs a register (each row's groups' sums taken off once, from a buffer of the calling
+/// thread kept between calls: m k / 4 int32), below them each panel restored to rows in a buffer
+/// of the calling thread (16 rows) for the level's kernel. No other state: safe to call from many
+/// threads at once.
 /// REQUIRES: m >= 0; ldc >= n; `level` runs on this CPU; the codes and scales of m rows, codes
 /// within [-127, 127] (as quantize_activations_q8 makes them: the vector steps negate them).
-/// Throws: TypeError when b.dtype is not kQ8_0; ShapeError naming the values when b is not
-/// stored out-in, k is not a multiple of 32, a size is negative, b.stride() is shorter than
-/// k or ldc than n, or b's panels are not whole, within n and packed (ld = k).
-void dot_gemm_q8_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
-
-/// dot_gemm_q8_0 for Q4_0 weights (codes q_w = nibble - 8, -8 .. 7).
-/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_0.
-void dot_gemm_q4_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
-
-/// dot_gemm_q8_0 for Q5_0 weights (codes q_w = q - 16, -16 .. 15; no panels: TypeError).
-/// REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ5_0.
-void dot_gemm_q5_0(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
-
-/// dot_gemm_q8_0 for Q4_K weights, in the Q4_K order of the comment above (b's outputs each
-/// k / 256 super-blocks of 144 bytes; no panels: TypeError). The activations' scaled block sums
-/// (for the minimums) are computed once a call into a buffer of the calling thread kept between
-/// calls (m k / 32 floats). A super-block whose d or dmin is NaN or infinite makes its outputs NaN
-/// or infinite. REQUIRES / Throws: as dot_gemm_q8_0, with b.dtype kQ4_K and k (and b.stride())
-/// whole super-blocks of 256.
-void dot_gemm_q4_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
-
-/// dot_gemm_q4_k for Q5_K weights (b's outputs each k / 256 super-blocks of 176 bytes; codes 0 ..
-/// 31; no panels: TypeError): Q4_K's order, its scales and minimums alike.
-/// REQUIRES / Throws: as dot_gemm_q4_k, with b.dtype kQ5_K.
-void dot_gemm_q5_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
-
-/// dot_gemm_q8_0 for Q6_K weights (codes q_w = q - 32, -32 .. 31), in the Q6_K order of the
-/// comment above (b's outputs each k / 256 super-blocks of 210 bytes; no panels: TypeError). A
-/// super-block whose d is NaN or infinite makes its outputs NaN or infinite. REQUIRES / Throws: as
-/// dot_gemm_q8_0, with b.dtype kQ6_K and k (and b.stride()) whole super-blocks of 256.
-void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales,
-                   const WeightMatrix& b, float* c, std::int64_t ldc,
-                   runtime::KernelLevel level = runtime::kernel_level());
+/// Throws: TypeError when b.dtype is an element type, or for panels of a format that has none;
+/// ShapeError naming the values when b is not stored out-in, k is not whole blocks of the format,
+/// a size is negative, b.stride() is shorter than k or ldc than n, or b's panels are not whole,
+/// within n and packed (ld = k).
+void dot_gemm_blocks(std::int64_t m, const std::int8_t* codes, const float* scales,
+                     const WeightMatrix& b, float* c, std::int64_t ldc,
+                     runtime::KernelLevel level = runtime::kernel_level());
 
 /// c[m, n] = activations[m, k] b for weights in any block format on the calling thread, the
 /// prefill tile: `codes` and `scales` as quantize_activations_q8 wrote them for m rows of k
@@ -217,13 +184,13 @@ void dot_gemm_q6_k(std::int64_t m, const std::int8_t* codes, const float* scales
 /// Throws: TypeError when b.dtype is an element type; ShapeError naming the values when b is not
 /// stored out-in, k is not whole blocks of the format, a size is negative, b.stride() is
 /// shorter than k or ldc than n, or b's panels are not whole, within n and packed; TypeError
-/// for panels of a format that has none (Q4_K, Q6_K).
+/// for panels of a format that has none (all but Q8_0 and Q4_0).
 void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scales,
                     const WeightMatrix& b, float* c, std::int64_t ldc,
                     runtime::KernelLevel level = runtime::kernel_level());
 
 /// c[m, n] = a[m, k] b on the calling thread, the fp32 baseline tile of weights in any block format
-/// (Q8_0, Q4_0, Q4_K, Q6_K): a fp32 with rows `lda` floats apart, b [k, n] stored out-in, c fp32
+/// (runtime/block_formats.hpp): a fp32 with rows `lda` floats apart, b [k, n] stored out-in, c fp32
 /// with rows `ldc` apart (overwritten, never read; k = 0 writes zeros). Panels of b, up to 256
 /// inputs (whole blocks of every format) by 4096 outputs, are dequantized to fp32 exactly as the
 /// runtime's dequantizers (runtime/block_formats.hpp) give them, into a buffer of the calling
