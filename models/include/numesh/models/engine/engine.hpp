@@ -48,10 +48,10 @@ struct ServingOptions {
 
 /// How Engine::load lays a model out.
 struct EngineOptions {
-  /// The format the devices store every matrix in (f32, bf16, f16, q8_0, q4_0, q5_0, q4_k, q5_k,
-  /// q6_k; norms, biases and routers stay f32). Unset: a GGUF model's matrices each as the file
-  /// stores it (WeightFormats::as_stored: a Q4_K_M file's Q6_K matrices stay Q6_K), a Hugging
-  /// Face folder's as f32.
+  /// The format the devices store every matrix in (any of core's kDTypes: f32, bf16, f16 or one
+  /// of GGML's block formats; norms, biases and routers stay f32). Unset: a GGUF model's matrices
+  /// each as the file stores it (WeightFormats::as_stored: a Q4_K_M file's Q6_K matrices stay
+  /// Q6_K), a Hugging Face folder's as f32.
   std::optional<DType> dtype{};
   /// Sequences each call of the model runs (CausalLm::batch).
   std::int64_t sequences = 1;

@@ -38,8 +38,8 @@ struct GgufExportReport {
 /// Progress: checkpoint bytes converted so far and in all.
 using ExportProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
-/// Writes `source`'s model to `file` (replacing it) with its matrices in `format` (f32, f16,
-/// bf16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k: blocks by GGML's reference quantizers; a matrix whose
+/// Writes `source`'s model to `file` (replacing it) with its matrices in `format` (any of core's
+/// kDTypes; a block format's blocks by GGML's reference quantizers; a matrix whose
 /// rows are not whole blocks goes F16, counted in the report). The metadata are llama.cpp's keys
 /// for the architecture (general.*, {arch}.* hyperparameters, tokenizer.ggml.*,
 /// tokenizer.chat_template); a GGUF source's tokenizer.* keys are copied as they are. The

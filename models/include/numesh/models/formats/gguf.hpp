@@ -64,8 +64,7 @@
 // is one, the key or the tensor and the offending values. Bytes after the last tensor are
 // allowed (GGML pads the last tensor too).
 //
-// Tensors of F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, the types numesh computes in,
-// are read
+// Tensors of the types numesh computes in (one per DType: gguf_types_numesh_reads()) are read
 // whole or as a box (the shard a device owns) into the caller's buffer, converted to the DType
 // asked for. Every other type opens (its info and bytes are available) but cannot be read.
 
@@ -139,8 +138,8 @@ enum class GgufType : std::uint32_t {
 /// table names it, DTypeTraits::ggml_type).
 [[nodiscard]] std::optional<GgufType> to_gguf_type(DType dtype) noexcept;
 
-/// The GGML type names of the tensors numesh reads, as a list for a message or a help text:
-/// "F32, BF16, F16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K" (one per DType, in its order).
+/// The GGML type names of the tensors numesh reads, one per DType in its order, as a list for a
+/// message or a help text: "F32, BF16, F16, Q8_0, ... and Q6_K".
 [[nodiscard]] std::string gguf_types_numesh_reads();
 
 /// The type of a metadata value (gguf.h `enum gguf_type`), with GGUF's ids.

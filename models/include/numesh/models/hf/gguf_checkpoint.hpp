@@ -76,8 +76,8 @@ class GgufCheckpoint final : public Checkpoint {
   }
   /// The open files, the split set's parts in order; the first holds the metadata.
   [[nodiscard]] const std::vector<GgufFile>& files() const noexcept { return files_; }
-  /// The format most of the weights' bytes are stored in that numesh keeps weights in (f32,
-  /// f16, bf16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k): the format to load the model as when none is
+  /// The format most of the weights' bytes are stored in that numesh keeps weights in (one of
+  /// core's kDTypes): the format to load the model as when none is
   /// asked for. f32 when no matrix is in one of those.
   [[nodiscard]] DType stored_dtype() const noexcept { return stored_dtype_; }
 

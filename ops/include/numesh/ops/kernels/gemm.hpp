@@ -83,7 +83,7 @@ void device_decode_gemm(ConstMatrixMap a, const WeightMatrix& b, MatrixMap c);
 /// path, f16 weights fp32 activations (docs/ops.md, "Weight dtypes"). Bitwise identical results for
 /// any number of threads. With `precision` kBF16, fp32 weights multiply in bf16 compute: every
 /// tile, decode-sized ones too, is one gemm_bf16_compute() call (16-bit weights are unaffected).
-/// Block formats (q8_0, q4_0, q5_0, q4_k, q5_k, q6_k; stored out-in only) multiply activations
+/// Block formats (GGML's, runtime/block_formats.hpp; stored out-in only) multiply activations
 /// quantized to 8 bits a block of 32 (block_gemm.hpp): decode products by the format's integer dot
 /// kernel, prefill tiles by packed_gemm_q8(); q8_0 and q4_0 weights stored in panels take
 /// packed_gemm_q8() for every product where panels pay (ops::panels_pay: from avx2; it reads the
