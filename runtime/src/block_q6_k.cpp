@@ -1,10 +1,10 @@
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "block_sizes.hpp"
+#include "kquant_search.hpp"
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"
@@ -29,13 +29,6 @@ constexpr int kQ6_KTrialSteps = 9;  // make_qx_quants's trials: 32 + 0.1 * (-9 .
 // GGML's GROUP_MAX_EPS: a sub-block, or a block's largest sub-block scale, below it is zero.
 constexpr float kQ6_KZeroBelow = 1e-15f;
 
-// GGML's nearest_int (see block_q4_k.cpp): round-half-even for |v| < 2^22, and beyond that (or
-// for inf or NaN) the same defined bit arithmetic as GGML's release builds.
-int q6_k_nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  return (std::bit_cast<std::int32_t>(shifted) & 0x007FFFFF) - 0x00400000;
-}
-
 int q6_k_clamped(int l) { return std::clamp(l, -kQ6_KHalfRange, kQ6_KHalfRange - 1); }
 
 // GGML's make_qx_quants(16, 32, x, codes, 1, NULL): the sub-block's signed scale, and codes
@@ -44,15 +37,7 @@ int q6_k_clamped(int l) { return std::clamp(l, -kQ6_KHalfRange, kQ6_KHalfRange -
 // weights x^2, and each of 18 more trial iscales replaces it when its fit explains more, i.e.
 // sumlx^2 / suml2 is larger.
 float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
-  float max = 0.0f;
-  float amax = 0.0f;
-  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
+  const auto [max, amax] = detail::first_largest_magnitude(x, kQ6_KSubBlock);
   if (amax < kQ6_KZeroBelow) {  // code 0 (that is -32), not 32: GGML's choice, kept in the bytes
     std::fill(codes, codes + kQ6_KSubBlock, std::uint8_t{0});
     return 0.0f;
@@ -61,7 +46,7 @@ float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
   float sumlx = 0.0f;
   float suml2 = 0.0f;
   for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
-    const int l = q6_k_clamped(q6_k_nearest_int(iscale * x[i]));
+    const int l = q6_k_clamped(detail::kquant_nearest_int(iscale * x[i]));
     codes[i] = static_cast<std::uint8_t>(l + kQ6_KHalfRange);
     const float w = x[i] * x[i];
     sumlx += w * x[i] * static_cast<float>(l);
@@ -76,7 +61,7 @@ float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
     sumlx = 0.0f;
     suml2 = 0.0f;
     for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
-      trial[i] = q6_k_clamped(q6_k_nearest_int(iscale * x[i]));
+      trial[i] = q6_k_clamped(detail::kquant_nearest_int(iscale * x[i]));
       const float w = x[i] * x[i];
       sumlx += w * x[i] * static_cast<float>(trial[i]);
       suml2 += w * static_cast<float>(trial[i]) * static_cast<float>(trial[i]);
@@ -105,16 +90,11 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
     }
     std::uint8_t codes[kQ6_KBlock];
     float scales[kQ6_KSubBlocks];
-    // The first sub-block scale of largest magnitude (a NaN one never is: the strict > skips it).
-    float max_scale = 0.0f;
-    float max_abs_scale = 0.0f;
     for (std::size_t g = 0; g < kQ6_KSubBlocks; ++g) {
       scales[g] = fit_q6_k_sub_block(in + g * kQ6_KSubBlock, codes + g * kQ6_KSubBlock);
-      if (std::fabs(scales[g]) > max_abs_scale) {
-        max_abs_scale = std::fabs(scales[g]);
-        max_scale = scales[g];
-      }
     }
+    // The first sub-block scale of largest magnitude.
+    const auto [max_scale, max_abs_scale] = detail::first_largest_magnitude(scales, kQ6_KSubBlocks);
     BlockQ6_K& out = y[b];
     if (max_abs_scale < kQ6_KZeroBelow) {  // GGML's memset, then d = f16(0): every byte 0
       out = BlockQ6_K{};
@@ -127,7 +107,8 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
     const float iscale = -128.0f / max_scale;
     out.d = f16_from_f32(1.0f / iscale);
     for (std::size_t g = 0; g < kQ6_KSubBlocks; ++g) {
-      out.scales[g] = static_cast<std::int8_t>(std::min(127, q6_k_nearest_int(iscale * scales[g])));
+      out.scales[g] =
+          static_cast<std::int8_t>(std::min(127, detail::kquant_nearest_int(iscale * scales[g])));
     }
 
     // Every code again, against the scale as stored. A sub-block whose stored scale is zero keeps
@@ -139,7 +120,7 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
       const float* sub = in + g * kQ6_KSubBlock;
       for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
         codes[g * kQ6_KSubBlock + i] = static_cast<std::uint8_t>(
-            q6_k_clamped(q6_k_nearest_int(sub[i] / sub_d)) + kQ6_KHalfRange);
+            q6_k_clamped(detail::kquant_nearest_int(sub[i] / sub_d)) + kQ6_KHalfRange);
       }
     }
 

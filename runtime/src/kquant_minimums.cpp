@@ -1,7 +1,6 @@
 #include "kquant_minimums.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "numesh/core/check.hpp"
@@ -100,11 +99,6 @@ float fit_sub_block(const float* x, const float* w, const Qkx2Search& search, st
 }
 
 }  // namespace
-
-int kquant_nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  return (std::bit_cast<std::int32_t>(shifted) & 0x007FFFFF) - 0x00400000;
-}
 
 void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int& min) {
   if (s < 4) {

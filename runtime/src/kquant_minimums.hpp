@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "kquant_search.hpp"
+
 // PRIVATE to runtime/src: what GGML's Q4_K and Q5_K reference quantizers (block_q4_k.cpp,
 // block_q5_k.cpp) share. Both cut a super-block of 256 into eight sub-blocks of 32, fit each
 // with make_qkx2_quants (x ~ scale * code + min, min <= 0) and code the eight scales and eight
@@ -20,12 +22,6 @@ struct Qkx2Search {
   float rdelta;
   int steps;
 };
-
-/// GGML's nearest_int: adding 1.5 * 2^23 leaves round-half-even(v) in the sum's low mantissa
-/// bits for |v| < 2^22. GGML asserts that range only in debug builds; beyond it (and for inf or
-/// NaN) release builds return this same bit arithmetic, which is defined, so it is what numesh
-/// returns.
-int kquant_nearest_int(float v);
 
 /// GGML's get_scale_min_k4: sub-block s's 6-bit scale and minimum codes from the 12 packed bytes.
 void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int& min);

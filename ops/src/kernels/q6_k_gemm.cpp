@@ -56,11 +56,9 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
 
   __attribute__((target("avx2,f16c"))) static KquantScales256 scales256(
       const unsigned char* block) {
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ6_KScales));
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(detail::q8dot_scale_bits(block + kQ6_KScale)));
-    return {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d),
-            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d),
-            _mm256_setzero_ps()};
+    return detail::kquant_byte_scales256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ6_KScales)),
+        detail::q8dot_scale_bits(block + kQ6_KScale));
   }
 
   // Block kJ's codes q as they are (unsigned256, which the AVX2 dot kernel takes: kOffset256),
@@ -115,10 +113,9 @@ struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_K
     KquantWeights512 w;
     half512<0>(block, w.c0, w.c1);
     half512<1>(block, w.c2, w.c3);
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ6_KScales));
-    w.scales =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
-                      _mm512_set1_ps(_cvtsh_ss(detail::q8dot_scale_bits(block + kQ6_KScale))));
+    w.scales = detail::kquant_byte_scales512(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ6_KScales)),
+        detail::q8dot_scale_bits(block + kQ6_KScale));
     w.minimums = _mm256_setzero_ps();
     return w;
   }

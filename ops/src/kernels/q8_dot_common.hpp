@@ -368,6 +368,17 @@ struct KquantScales256 {
   __m256 minimums;
 };
 
+/// The sixteen sub-block scales d s_g of a format without minimums from their codes s_g as
+/// signed bytes and d's f16 bits (Q6_K's int8 codes, Q3_K's 6-bit ones less 32): an f16 times a
+/// small integer, exact in f32. Target "avx2,f16c" without fma, as the formats' scales256.
+__attribute__((target("avx2,f16c"))) inline KquantScales256 kquant_byte_scales256(
+    __m128i codes, std::uint16_t d_bits) {
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(d_bits));
+  return {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), d),
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), d),
+          _mm256_setzero_ps()};
+}
+
 /// Block kJ's lane scales: lane l takes the scale of the sub-block holding inputs 4l .. 4l + 3.
 template <int kScalesPerBlock, int kJ>
 __attribute__((target("avx2,fma,f16c"))) inline __m256 kq_lane_scales256(const KquantScales256& s) {
@@ -648,6 +659,12 @@ struct KquantWeights512 {
   __m512 scales;
   __m256 minimums;
 };
+
+/// kquant_byte_scales256's sixteen scales in one register, for KquantWeights512::scales.
+NUMESH_Q8DOT_AVX512 inline __m512 kquant_byte_scales512(__m128i codes, std::uint16_t d_bits) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)),
+                       _mm512_set1_ps(_cvtsh_ss(d_bits)));
+}
 
 template <int kC>
 NUMESH_Q8DOT_AVX512 inline __m512i kq_pair_codes(const KquantWeights512& w) {
