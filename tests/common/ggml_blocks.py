@@ -1,7 +1,8 @@
-"""GGML's Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks in NumPy, written from ggml-quants.c's
-reference definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
-quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 /
-q5_0 / q4_K / q5_K / q6_K), and the 8-bit activations
+"""GGML's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K blocks in NumPy, written from
+ggml-quants.c's reference definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref,
+quantize_row_q5_0_ref, quantize_row_q3_K_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref,
+quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q5_0 / q3_K / q4_K / q5_K / q6_K), and the
+8-bit activations
 numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
 tests/runtime/block_formats_check.py and of the model checks with quantized weights.
 
@@ -343,17 +344,25 @@ def make_qx_quants_rmse1(x, nmax=32):
     return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L)
 
 
+def _largest_scale(scales):
+    """The super-block loops of Q6_K and Q3_K over their 16 sub-block scales [blocks, 16]:
+    (the first scale of largest magnitude, its magnitude), both +0 from the start and taken only
+    when strictly larger (so never a NaN)."""
+    a = np.abs(scales)
+    a = np.where(np.isnan(a), F32(-1), a)
+    first = np.argmax(a, axis=1)
+    rows = np.arange(len(scales))
+    max_abs = np.maximum(a[rows, first], F32(0))
+    return np.where(max_abs > 0, scales[rows, first], F32(0)).astype(F32), max_abs
+
+
 def quantize_q6_k(x):
     """quantize_row_q6_K_ref on x [blocks, 256] f32 (finite)."""
     nb = len(x)
     sub = np.ascontiguousarray(x, dtype=F32).reshape(nb * 16, 16)
     scales, L = make_qx_quants_rmse1(sub)
     scales, L = scales.reshape(nb, 16), L.reshape(nb, 16, 16)
-    a = np.abs(scales)
-    a = np.where(np.isnan(a), F32(-1), a)  # never taken by GGML's strict >
-    first = np.argmax(a, axis=1)
-    max_abs = np.maximum(a[np.arange(nb), first], F32(0))
-    max_scale = np.where(max_abs > 0, scales[np.arange(nb), first], F32(0)).astype(F32)
+    max_scale, max_abs = _largest_scale(scales)
     zero = max_abs < GROUP_MAX_EPS
     out = np.zeros(nb, Q6_K)
     with np.errstate(all="ignore"):
@@ -389,13 +398,121 @@ def dequantize_q6_k(blocks):
     return values.reshape(-1)
 
 
+# GGML's block_q3_K, 110 bytes: element e's low two bits at bits 2 ((e mod 128) // 32) of
+# qs[32 (e // 128) + e mod 32], its high bit as bit e // 32 of hmask[e mod 32]; sub-block g's
+# 6-bit scale code (0 .. 63, the scale sc - 32) in the low (g < 8) or high nibble of scales[g mod
+# 8] and bits 2 (g // 4) of scales[8 + g mod 4].
+Q3_K = np.dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)), ("scales", "u1", (12,)),
+                 ("d", "<u2")])
+assert Q3_K.itemsize == 110
+
+
+def make_q3_quants_rmse(x, nmax=4):
+    """GGML's make_q3_quants(n, nmax, x, L, true) on every row of x [g, n]: (scale [g], L [g, n]
+    int64, stored + nmax, or 0 for a row below GROUP_MAX_EPS). Its refinement is sequential along
+    a row (each element's change moves the sums the next one sees) and stops a row at the first
+    of its five passes that changes nothing: vectorized across rows only."""
+    g, n = x.shape
+    rows = np.arange(g)
+    ax = np.abs(x)
+    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict >
+    amax = ax[rows, first]
+    zero = amax < GROUP_MAX_EPS
+    with np.errstate(all="ignore"):
+        mx = np.where(zero, F32(1), x[rows, first]).astype(F32)
+        iscale = (F32(-nmax) / mx).astype(F32)
+        w = (x * x).astype(F32)
+        wx = (w * x).astype(F32)
+        L = np.clip(nearest_int((iscale[:, None] * x).astype(F32)), -nmax, nmax - 1)
+        lf = L.astype(F32)
+        sumlx = _running_sum((wx * lf).astype(F32))
+        suml2 = _running_sum(((w * lf).astype(F32) * lf).astype(F32))
+        active = ~zero
+        for _ in range(5):
+            changed = np.zeros(g, bool)
+            for i in range(n):
+                li = L[:, i].astype(F32)
+                slx = (sumlx - (wx[:, i] * li).astype(F32)).astype(F32)
+                sl2 = (suml2 - ((w[:, i] * li).astype(F32) * li).astype(F32)).astype(F32)
+                new_l = np.clip(nearest_int(((x[:, i] * sl2).astype(F32) / slx).astype(F32)),
+                                -nmax, nmax - 1)
+                nf = new_l.astype(F32)
+                slx_new = (slx + (wx[:, i] * nf).astype(F32)).astype(F32)
+                sl2_new = (sl2 + ((w[:, i] * nf).astype(F32) * nf).astype(F32)).astype(F32)
+                take = (active & (slx > 0) & (new_l != L[:, i]) & (sl2_new > 0)
+                        & (((slx_new * slx_new).astype(F32) * suml2).astype(F32)
+                           > ((sumlx * sumlx).astype(F32) * sl2_new).astype(F32)))
+                L[:, i] = np.where(take, new_l, L[:, i])
+                sumlx = np.where(take, slx_new, sumlx).astype(F32)
+                suml2 = np.where(take, sl2_new, suml2).astype(F32)
+                changed |= take
+            active &= changed
+        scale = np.where(suml2 > 0, (sumlx / suml2).astype(F32), F32(0)).astype(F32)
+    return np.where(zero, F32(0), scale).astype(F32), np.where(zero[:, None], 0, L + nmax)
+
+
+def q3_k_scale_codes(scales):
+    """The 16 sub-blocks' 6-bit scale codes [blocks, 16] (0 .. 63) from Q3_K's 12 bytes."""
+    s = scales.astype(np.int64)
+    low = np.concatenate([s[:, 0:8] & 0xF, s[:, 0:8] >> 4], axis=1)
+    g = np.arange(16)
+    return low | (((s[:, 8 + g % 4] >> (2 * (g // 4))) & 3) << 4)
+
+
+def quantize_q3_k(x):
+    """quantize_row_q3_K_ref on x [blocks, 256] f32 (finite)."""
+    nb = len(x)
+    sub = np.ascontiguousarray(x, dtype=F32).reshape(nb * 16, 16)
+    scales, L = make_q3_quants_rmse(sub)
+    scales, L = scales.reshape(nb, 16), L.reshape(nb, 16, 16)
+    max_scale = _largest_scale(scales)[0]
+    nonzero = max_scale != 0  # `if (max_scale)`
+    out = np.zeros(nb, Q3_K)
+    with np.errstate(all="ignore"):
+        iscale = (F32(-32) / np.where(nonzero, max_scale, F32(1))).astype(F32)
+        l = nearest_int((iscale[:, None] * scales).astype(F32))
+        l = ((l & 0xFF) ^ 0x80) - 0x80  # stored in an int8_t first
+        l = np.where(nonzero[:, None], np.clip(l, -32, 31) + 32, 0)
+        packed = np.zeros((nb, 12), np.int64)
+        packed[:, 0:8] = (l[:, 0:8] & 0xF) | ((l[:, 8:16] & 0xF) << 4)
+        for j in range(16):
+            packed[:, 8 + j % 4] |= (l[:, j] >> 4) << (2 * (j // 4))
+        out["scales"] = packed.astype(np.uint8)
+        out["d"] = np.where(nonzero, f16_bits((F32(1) / iscale).astype(F32)), 0)
+        # Every code again against the scale as stored (`if (!d) continue`: NaN goes on).
+        d = (widened_scale(out)[:, None]
+             * (q3_k_scale_codes(out["scales"]) - 32).astype(F32)).astype(F32)
+        again = np.clip(nearest_int((sub.reshape(nb, 16, 16) / d[:, :, None]).astype(F32)), -4, 3)
+        L = np.where((d != 0)[:, :, None], again + 4, L).reshape(nb, 256)
+    high = L > 3
+    low = np.where(high, L - 4, L).reshape(nb, 2, 4, 32)
+    out["hmask"] = (high.reshape(nb, 8, 32).astype(np.int64)
+                    << np.arange(8)[None, :, None]).sum(axis=1).astype(np.uint8)
+    out["qs"] = (low[:, :, 0] | (low[:, :, 1] << 2) | (low[:, :, 2] << 4)
+                 | (low[:, :, 3] << 6)).reshape(nb, 64).astype(np.uint8)
+    return out
+
+
+def dequantize_q3_k(blocks):
+    nb = len(blocks)
+    qs = blocks["qs"].reshape(nb, 2, 1, 32).astype(np.int64)
+    low = ((qs >> (2 * np.arange(4))[None, None, :, None]) & 3).reshape(nb, 8, 32)
+    high = (blocks["hmask"].astype(np.int64)[:, None, :] >> np.arange(8)[None, :, None]) & 1
+    q = (low - np.where(high == 1, 0, 4)).reshape(nb, 256).astype(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dl = (widened_scale(blocks)[:, None]
+              * (q3_k_scale_codes(blocks["scales"]) - 32).astype(F32)).astype(F32)
+        return (np.repeat(dl, 16, axis=1) * q).astype(F32).reshape(-1)
+
+
 def stored_rows(x, fmt):
     """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q5_0",
-    "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
+    "q3_k", "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
     codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
               "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
               "q5_0": (BLOCK, quantize_q5_0, dequantize_q5_0),
+              "q3_k": (QK_K, quantize_q3_k, dequantize_q3_k),
               "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
               "q5_k": (QK_K, quantize_q5_k, dequantize_q5_k),
               "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k)}

@@ -4,7 +4,8 @@
 cases, the same random weights), each converted by gguf_writer.py (written from the GGUF
 specification and llama.cpp's converter, independent of numesh: its names, stacked experts and
 the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0 (and Q5_0 for three)
-(Q4_K, Q6_K and llama.cpp's Q4_K_M mixture where the rows are whole super-blocks).
+(Q3_K, Q4_K, Q5_K, Q6_K and llama.cpp's Q3_K_M, Q4_K_M and Q5_K_M mixtures where the rows are
+whole super-blocks).
 gguf_check_main then loads each file through GgufCheckpoint and the checkpoint it came from
 through SafetensorsCheckpoint, stored in the file's format (a mixture's matrices each in its
 own, as the file has it), on meshes of 1, 2 and 4 devices, and compares the configs, the
@@ -46,9 +47,9 @@ FORMATS = {
     "mixtral_blocks": WITH_Q5_0,      # a llama file with experts: stacked ffn_*_exps, permuted
     "qwen2_moe_blocks": BLOCKS,       # shared expert and its gate; a dense layer between MoE ones
     "qwen3_moe_f32": FLOATS,          # renormalised top-k
-    # and llama.cpp's Q4_K_M mixture: Q6_K output, attn_v and ffn_down (layer 1 of 2) among
-    # Q4_K, each matrix kept in its own format by the default load.
-    "llama_k_blocks": ["q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"],
+    # and llama.cpp's Q3_K_M, Q4_K_M and Q5_K_M mixtures (MIXTURES_OF_TWO_LAYERS below), each
+    # matrix kept in its own format by the default load.
+    "llama_k_blocks": ["q3_k", "q4_k", "q5_k", "q6_k", "q3_k_m", "q4_k_m", "q5_k_m"],
     # Llama 3.1's RoPE scaling, tied embeddings: rope_freqs in the file (f32 divisors), so the
     # logits agree to rounding, not to the bit.
     "llama_tied_f32": FLOATS,
@@ -65,7 +66,11 @@ Q4_K_M_OF_TWO_LAYERS = {"embedding": "q4_k", "lm_head": "q6_k", "layers.0.wq": "
 # and the same with Q5_K for Q5_K_M (llama.cpp's rule takes the same matrices to Q6_K).
 MIXTURES_OF_TWO_LAYERS = {
     "q4_k_m": ("q4_k+q6_k", Q4_K_M_OF_TWO_LAYERS),
-    "q5_k_m": ("q5_k+q6_k", {k: "q5_k" if v == "q4_k" else v for k, v in Q4_K_M_OF_TWO_LAYERS.items()})}
+    "q5_k_m": ("q5_k+q6_k", {k: "q5_k" if v == "q4_k" else v for k, v in Q4_K_M_OF_TWO_LAYERS.items()}),
+    # Q3_K_M: Q6_K output, Q5_K attn_v on the first two layers, Q4_K ffn_down (and attn_output).
+    "q3_k_m": ("q3_k+q4_k+q5_k+q6_k",
+               {"embedding": "q3_k", "lm_head": "q6_k", "layers.0.wq": "q3_k", "layers.0.wv": "q5_k",
+                "layers.1.wv": "q5_k", "layers.0.down": "q4_k", "layers.1.down": "q4_k"})}
 
 
 def write(d):

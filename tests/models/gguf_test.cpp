@@ -260,11 +260,12 @@ TEST(GgufTypeTest, NumeshFormatsMapBothWays) {
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ8_0), DType::kQ8_0);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ4_0), DType::kQ4_0);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ5_0), DType::kQ5_0);
+  EXPECT_EQ(to_numesh_dtype(GgufType::kQ3_K), DType::kQ3_K);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ4_K), DType::kQ4_K);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ5_K), DType::kQ5_K);
   EXPECT_EQ(to_numesh_dtype(GgufType::kQ6_K), DType::kQ6_K);
   for (const GgufType other :
-       {GgufType::kQ4_1, GgufType::kQ3_K, GgufType::kQ8_K, GgufType::kF64, GgufType::kI8,
+       {GgufType::kQ4_1, GgufType::kQ2_K, GgufType::kQ8_K, GgufType::kF64, GgufType::kI8,
         GgufType::kI32, GgufType::kIQ2_XXS, GgufType::kMXFP4}) {
     EXPECT_FALSE(to_numesh_dtype(other).has_value()) << to_string(other);
   }
@@ -740,22 +741,22 @@ TEST_F(GgufFileTest, ZeroSizeTensorsAndTrailingBytesAreAllowed) {
 // ---- Read errors --------------------------------------------------------------------------------
 
 TEST_F(GgufFileTest, TypesNumeshDoesNotComputeInOpenButCannotBeRead) {
-  const std::string q3k(110, '\x11');
+  const std::string q2k(84, '\x11');
   const fs::path file = dir_.file(
-      "q3k.gguf",
-      gguf_file({}, {{"q3k", id(GgufType::kQ3_K), {256, 1}, q3k},
+      "q2k.gguf",
+      gguf_file({}, {{"q2k", id(GgufType::kQ2_K), {256, 1}, q2k},
                      {"ids", id(GgufType::kI32), {2}, raw(std::vector<std::int32_t>{1, 2})}}));
   const GgufFile f = GgufFile::open(file);
-  EXPECT_EQ(f.info("q3k"), (GgufTensorInfo{"q3k", GgufType::kQ3_K, {256, 1}, {1, 256}, 0, 110}));
-  EXPECT_EQ(std::memcmp(f.bytes("q3k").data(), q3k.data(), q3k.size()), 0);
+  EXPECT_EQ(f.info("q2k"), (GgufTensorInfo{"q2k", GgufType::kQ2_K, {256, 1}, {1, 256}, 0, 84}));
+  EXPECT_EQ(std::memcmp(f.bytes("q2k").data(), q2k.data(), q2k.size()), 0);
   std::vector<float> out(256);
   for (const auto& [tensor, type] :
-       {std::pair<std::string, std::string>{"q3k", "Q3_K"}, {"ids", "I32"}}) {
+       {std::pair<std::string, std::string>{"q2k", "Q2_K"}, {"ids", "I32"}}) {
     const std::string& name = tensor;  // lambdas capture it (clang 14 cannot capture bindings)
-    const std::string message = read_error(
-        file, name,
-        "its type is " + type +
-            "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K tensors");
+    const std::string message = read_error(file, name,
+                                           "its type is " + type +
+                                               "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, "
+                                               "Q5_0, Q3_K, Q4_K, Q5_K and Q6_K tensors");
     EXPECT_THAT([&] { f.read(name, DType::kF32, std::as_writable_bytes(std::span(out))); },
                 ThrowsMessage<ValueError>(StrEq(message)));
     const std::vector<std::int64_t> offsets{0, 0};

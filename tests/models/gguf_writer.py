@@ -3,7 +3,7 @@
 lays a checkpoint out as llama.cpp's convert_hf_to_gguf.py does: the reference files numesh's
 GGUF loader is checked against.
 
-    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q4_k q5_k q6_k
+    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q3_k q4_k q5_k q6_k
     gguf_writer.py dump FILE.gguf                 # what read_gguf sees: metadata and tensor infos
     gguf_writer.py selftest [--ggml LIBGGML_BASE] # every tiny model of hf_model_check.py in every
                                                   # ftype, read back (and by ggml's own reader)
@@ -26,7 +26,7 @@ which is how tensors are laid out here (in the order they were added).
 GgufWriter takes tensors as NumPy arrays in NumPy's order (outermost first; the file's ne is the
 reversed shape): F32 / F16 / BF16 (from f32 by round-to-nearest-even of the bits, NaN made quiet,
 as gguf-py's quants.BF16 and ggml's ggml_compute_fp32_to_bf16), or GGML blocks Q8_0 / Q4_0 / Q5_0 /
-Q4_K / Q6_K quantized row by row along the last axis with tests/common/ggml_blocks.py (GGML's reference
+Q3_K / Q4_K / Q5_K / Q6_K quantized row by row along the last axis with tests/common/ggml_blocks.py (GGML's reference
 quantizers), or raw bytes of any of those types (add_raw_tensor).
 
 convert(hf_dir, out_path, ftype) follows llama.cpp's converter for LlamaForCausalLM,
@@ -104,12 +104,13 @@ NUMPY_VALUE_TYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtyp
 
 # enum ggml_type: name -> (id, elements per block, bytes per block)
 GGML_TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34),
-              "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "I8": (24, 1, 1), "I16": (25, 1, 2),
+              "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "I8": (24, 1, 1), "I16": (25, 1, 2),
               "I32": (26, 1, 4), "I64": (27, 1, 8), "F64": (28, 1, 8), "BF16": (30, 1, 2)}
 GGML_TYPE_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 BLOCK_CODECS = {"Q8_0": (ggml_blocks.quantize_q8_0, ggml_blocks.dequantize_q8_0, ggml_blocks.Q8_0),
                 "Q4_0": (ggml_blocks.quantize_q4_0, ggml_blocks.dequantize_q4_0, ggml_blocks.Q4_0),
                 "Q5_0": (ggml_blocks.quantize_q5_0, ggml_blocks.dequantize_q5_0, ggml_blocks.Q5_0),
+                "Q3_K": (ggml_blocks.quantize_q3_k, ggml_blocks.dequantize_q3_k, ggml_blocks.Q3_K),
                 "Q4_K": (ggml_blocks.quantize_q4_k, ggml_blocks.dequantize_q4_k, ggml_blocks.Q4_K),
                 "Q5_K": (ggml_blocks.quantize_q5_k, ggml_blocks.dequantize_q5_k, ggml_blocks.Q5_K),
                 "Q6_K": (ggml_blocks.quantize_q6_k, ggml_blocks.dequantize_q6_k, ggml_blocks.Q6_K)}
@@ -576,11 +577,11 @@ def checkpoint_parts(hf_dir):
 # ---- llama.cpp's conventions ------------------------------------------------------------------
 
 # ftype -> (tensor type of the quantized weights, general.file_type = llama_ftype). llama.cpp's
-# converter itself writes f32, f16, bf16 and q8_0; q4_0, q5_0, q4_k and q6_k are llama-quantize's, whose
-# mixes put some tensors in other types: here every such weight takes the one type (as
-# llama-quantize --pure), and q4_k is labelled MOSTLY_Q4_K_M (15).
+# converter itself writes f32, f16, bf16 and q8_0; q4_0, q5_0 and the K types are llama-quantize's,
+# whose mixes put some tensors in other types: here every such weight takes the one type (as
+# llama-quantize --pure), and q3_k, q4_k and q5_k are labelled with their _M mixes (12, 15, 17).
 FTYPES = {"f32": ("F32", 0), "f16": ("F16", 1), "bf16": ("BF16", 32), "q8_0": ("Q8_0", 7),
-          "q4_0": ("Q4_0", 2), "q5_0": ("Q5_0", 8), "q4_k": ("Q4_K", 15), "q5_k": ("Q5_K", 17),
+          "q4_0": ("Q4_0", 2), "q5_0": ("Q5_0", 8), "q3_k": ("Q3_K", 12), "q4_k": ("Q4_K", 15), "q5_k": ("Q5_K", 17),
           "q6_k": ("Q6_K", 18)}
 
 # Hugging Face model_type -> GGUF architecture (llama.cpp's LlamaModel registers
@@ -749,9 +750,32 @@ def _q5_k_m_type(gguf_name, shape, n_layer, tied):
     return _k_m_type("Q5_K", gguf_name, shape, n_layer, tied)
 
 
+def _q3_k_m_type(gguf_name, shape, n_layer, tied):
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q3_K_M for a dense Llama-style model whose rows are whole
+    super-blocks (llama_tensor_get_type, not its 70B or 8-expert rules): Q3_K, but Q6_K for the
+    output (the token embedding when tied), Q5_K for attn_v of the first two layers and Q4_K for
+    the others', Q4_K for attn_output, and for ffn_down Q5_K on the first n_layer / 16 layers and
+    Q4_K on the rest (its Q3_K branch is Falcon's); F32 where every ftype keeps it."""
+    t = _tensor_type(gguf_name, shape, "Q3_K")
+    if t != "Q3_K":
+        return t
+    base = gguf_name.rsplit(".", 1)[0].split(".")[-1]
+    if base == "output" or (tied and base == "token_embd"):
+        return "Q6_K"
+    if base in ("attn_v", "ffn_down", "attn_output"):
+        layer = int(gguf_name.split(".")[1])
+        if base == "attn_v":
+            return "Q5_K" if layer < 2 else "Q4_K"
+        if base == "ffn_down":
+            return "Q5_K" if layer < n_layer // 16 else "Q4_K"
+        return "Q4_K"
+    return "Q3_K"
+
+
 # Mixtures of types, as llama.cpp's quantize writes them: ftype -> (the file_type it records,
 # the type of each tensor from its name, shape, the layer count and whether the model is tied).
-MIXTURES = {"q4_k_m": (15, _q4_k_m_type), "q5_k_m": (17, _q5_k_m_type)}
+MIXTURES = {"q3_k_m": (12, _q3_k_m_type), "q4_k_m": (15, _q4_k_m_type),
+            "q5_k_m": (17, _q5_k_m_type)}
 
 
 def convert(hf_dir, out_path, ftype="f32", *, extra_metadata=None, alignment=None, name=None,
@@ -1238,7 +1262,7 @@ def selftest(lib_path=DEFAULT_LIBGGML, workdir=None, quick=False):
     factors = llama3_rope_factors(llama, llama["rope_scaling"]["original_max_position_embeddings"])
     if not np.allclose(factors, plain / hf_inv, rtol=2e-6, atol=0):
         fail(f"llama3 factors with the config's original context: {factors} vs {plain / hf_inv}")
-    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k"]
+    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q3_k", "q4_k", "q5_k", "q6_k"]
     for i, (case, c, dtype, shards, _) in enumerate(hmc.models()):
         if quick and i not in (0, 2, 7, 13):
             continue

@@ -188,7 +188,10 @@ bool is_super_block(DType t) { return traits(t).block_elements == 256; }
 // The super-block formats with minimums (d, dmin and Q4_K's 6-bit codes first).
 bool has_minimums(DType t) { return traits(t).f16_scales[1] >= 0; }
 
-// Byte offset of a block's (first) f16 scale: Q6_K keeps its d last.
+// The super-block formats with sub-blocks of 16 (Q3_K, Q6_K): two scales an activation block.
+bool has_two_scales(DType t) { return is_super_block(t) && !has_minimums(t); }
+
+// Byte offset of a block's (first) f16 scale: Q3_K and Q6_K keep their d last.
 std::int64_t scale_offset(DType t) { return traits(t).f16_scales[0]; }
 
 // `foreign`: codes GGML's quantizers do not write but a foreign file may hold.
@@ -255,6 +258,15 @@ const std::vector<DType> kBlockFormats = [] {
   std::vector<DType> formats;
   for (const DTypeTraits& f : kDTypes) {
     if (!is_element_dtype(f.dtype)) formats.push_back(f.dtype);
+  }
+  return formats;
+}();
+
+// The super-block formats among them.
+const std::vector<DType> kSuperBlockFormats = [] {
+  std::vector<DType> formats;
+  for (const DType t : kBlockFormats) {
+    if (is_super_block(t)) formats.push_back(t);
   }
   return formats;
 }();
@@ -410,7 +422,8 @@ TEST(BlockGemmTest, TheScalarDotIsItsOrdersValueAndWithinTheQuantizationBound) {
 
 // Input e (0 .. 255) of a super-block as the header reads it, decoded here from GGML's layout
 // (runtime/block_formats.hpp), apart from the kernels: its weight code q_w (Q4_K: the nibble;
-// Q6_K: q - 32), its sub-block scale ds = d sc and (Q4_K) minimum dm = dmin m, exact in f32.
+// Q3_K: q - 4; Q6_K: q - 32), its sub-block scale ds = d sc (Q3_K: d (sc - 32)) and (Q4_K)
+// minimum dm = dmin m, exact in f32.
 struct SuperElement {
   int code;
   float ds;
@@ -431,6 +444,15 @@ SuperElement super_element(const unsigned char* block, DType t, std::int64_t e) 
     const int fifth = t == DType::kQ5_K ? (block[16 + e % 32] >> j) & 1 : 0;
     return {static_cast<int>(e % 64 < 32 ? byte & 0x0F : byte >> 4) | (fifth << 4),
             f16(0) * static_cast<float>(sc), f16(2) * static_cast<float>(m)};
+  }
+  if (t == DType::kQ3_K) {
+    // 32 bytes of high bits, 64 of low bit pairs, 12 of 6-bit scale codes, d.
+    const std::int64_t g = e / 16;
+    const int low = (block[32 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+    const int high = (block[e % 32] >> (e / 32)) & 1;
+    const int nibble = g < 8 ? block[96 + g] & 0x0F : block[96 + g - 8] >> 4;
+    const int sc = nibble | (((block[104 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+    return {low + 4 * high - 4, f16(108) * static_cast<float>(sc - 32), 0.0f};
   }
   const std::int64_t half = e / 128, quarter = e % 128 / 32, l = e % 32;
   const int low = block[64 * half + 32 * (quarter % 2) + l];
@@ -480,7 +502,7 @@ float super_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
 // DotEqualsTheScalarLevelBitForBit), on GGML's blocks and on foreign ones.
 TEST(BlockGemmTest, SuperBlockDotIsTheHeadersOrderBitForBit) {
   std::uint32_t seed = 300;
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : kSuperBlockFormats) {
     for (std::int64_t k : {256, 768, 4096 + 256}) {
       const DotCase cs = dot_case(t, 5, 9, k, seed += 7);
       const std::vector<float> c = run_dot(cs.m, cs.q, cs.b, KernelLevel::kScalar, cs.label);
@@ -498,15 +520,7 @@ TEST(BlockGemmTest, SuperBlockDotIsTheHeadersOrderBitForBit) {
 // The weights as the runtime's dequantizer gives them, output j's k inputs.
 std::vector<float> dequantized(const DotCase& cs, std::int64_t j) {
   std::vector<float> w(static_cast<std::size_t>(cs.k));
-  const auto blocks = static_cast<std::size_t>(cs.k / 256);
-  const void* row = cs.b.stored_row(j);
-  if (cs.dtype == DType::kQ4_K) {
-    runtime::dequantize_q4_k({static_cast<const runtime::BlockQ4_K*>(row), blocks}, w);
-  } else if (cs.dtype == DType::kQ5_K) {
-    runtime::dequantize_q5_k({static_cast<const runtime::BlockQ5_K*>(row), blocks}, w);
-  } else {
-    runtime::dequantize_q6_k({static_cast<const runtime::BlockQ6_K*>(row), blocks}, w);
-  }
+  runtime::block_codec(cs.dtype).dequantize(cs.b.stored_row(j), w);
   return w;
 }
 
@@ -516,7 +530,7 @@ std::vector<float> dequantized(const DotCase& cs, std::int64_t j) {
 // term. Q6_K's dequantized weights are the kernel's exactly.
 TEST(BlockGemmTest, SuperBlockDotIsWithinTheHeadersBounds) {
   std::uint32_t seed = 500;
-  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : kSuperBlockFormats) {
     for (std::int64_t k : {256, 1024, 4096 + 256, 16384}) {
       const std::int64_t m = 3, n = 7, lda = k + 32;
       const DotCase cs = dot_case(t, m, n, k, seed += 5);
@@ -769,7 +783,7 @@ float packed_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
     float ds[2] = {0.0f, 0.0f}, dm = 0.0f;
     std::int32_t code_sum = 0;
     for (std::int64_t e = 0; e < 32; ++e) {
-      const int half = cs.dtype == DType::kQ6_K && e >= 16 ? 1 : 0;
+      const int half = has_two_scales(cs.dtype) && e >= 16 ? 1 : 0;
       int code = 0;
       if (super) {
         const SuperElement w =
@@ -786,7 +800,7 @@ float packed_order(const DotCase& cs, std::int64_t i, std::int64_t j) {
       code_sum += x[e];
     }
     acc = std::fma(static_cast<float>(isum[0]), d_a * ds[0], acc);
-    if (cs.dtype == DType::kQ6_K) acc = std::fma(static_cast<float>(isum[1]), d_a * ds[1], acc);
+    if (has_two_scales(cs.dtype)) acc = std::fma(static_cast<float>(isum[1]), d_a * ds[1], acc);
     if (has_minimums(cs.dtype)) acc = std::fma(d_a * static_cast<float>(code_sum), -dm, acc);
   }
   return acc;
@@ -831,7 +845,7 @@ TEST_P(BlockGemmLevelTest, PackedGemmIsTheHeadersOrderBitForBit) {
 TEST(BlockGemmTest, PackedGemmIsWithinItsBound) {
   std::uint32_t seed = 3500;
   for (DType t : kBlockFormats) {
-    const double roundings = t == DType::kQ6_K ? 4.0 : has_minimums(t) ? 3.0 : 2.0;
+    const double roundings = has_two_scales(t) ? 4.0 : has_minimums(t) ? 3.0 : 2.0;
     const std::vector<std::int64_t> depths = is_super_block(t)
                                                  ? std::vector<std::int64_t>{256, 1024, 4096 + 256}
                                                  : std::vector<std::int64_t>{32, 96, 1024, 4128};

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -21,8 +21,9 @@ Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0, ~4.7e-3
 GGML converts inf or NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte
 0), so every code is 0 (q4_0, q5_0: min(15, 0), min(31, 0)), and numesh and the transcription
 write that.
-  q4_K, q5_K, q6_K: tests/common/ggml_blocks.py's quantize_q4_k / q5_k / q6_k, the searches
-        (make_qkx2_quants, make_qx_quants) step by step in f32, sequential along a sub-block;
+  q3_K, q4_K, q5_K, q6_K: tests/common/ggml_blocks.py's quantize_q3_k / q4_k / q5_k / q6_k, the
+        searches (make_q3_quants, make_qkx2_quants, make_qx_quants) step by step in f32,
+        sequential along a sub-block;
         nearest_int as GGML's bit arithmetic (round-half-even below 2^22, and GGML's release
         builds' bytes beyond, where its assert is compiled out).
 
@@ -38,14 +39,14 @@ from 1e-45 to 1e38 and adversarial ones (zeros, constant rows, negative-only and
 rows, one outlier, tiny values around GGML's 1e-15 and f16's underflow, elements exactly at the
 .5 rounding boundaries of the final codes and their f32 neighbours, sub-blocks of very different
 magnitudes whose scale codes round to 0, minimums far coarser than their scale, where GGML's
-nearest_int leaves its asserted range, and scales at and beyond f16's overflow); DIR/blocks.q4_k
-and DIR/blocks.q6_k, blocks with every f16 pattern of exponent 0 or 31 for d (and dmin) and random
+nearest_int leaves its asserted range, and scales at and beyond f16's overflow); DIR/blocks.q3_k,
+.q4_k, .q5_k and .q6_k, blocks with every f16 pattern of exponent 0 or 31 for d (and dmin) and random
 others, random scales and codes, to dequantize.
 
 `check` compares numesh's quantized bytes and dequantized values with the transcription's (NaN
 outputs compared as NaN only). When NUMESH_GGML_LIB names a built libggml-base.so (an x86-64
 build: see above for the blocks where GGML's C is undefined) it also calls GGML's own
-quantize_row_{q8_0,q4_0,q5_0,q4_K,q6_K}_ref and dequantize_row_{q8_0,q4_0,q5_0,q4_K,q6_K} through
+quantize_row_{q8_0,q4_0,q5_0,q3_K,q4_K,q5_K,q6_K}_ref and dequantize_row_{...} of each through
 ctypes
 on the same data and compares; unset, that part is skipped with a printed line.
 Exit status: 0 all identical; 1 a mismatch (the first few printed); 2 numpy is missing (77
@@ -64,8 +65,9 @@ from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q5_0, Q8_0, dequantize_q4_0,
                          dequantize_q5_0, dequantize_q8_0, f16_bits, q4_0_codes, q4_0_scale,
                          q5_0_codes, q5_0_scale, q8_0_scale, quantize_q4_0, quantize_q5_0,
                          quantize_q8_0, reciprocal, roundf, widened_scale, defined_in_ggml)
-from ggml_blocks import (QK_K, Q4_K, Q5_K, Q6_K, dequantize_q4_k, dequantize_q5_k,  # noqa: E402
-                         dequantize_q6_k, q4_k_scale_min, quantize_q4_k, quantize_q5_k,
+from ggml_blocks import (QK_K, Q3_K, Q4_K, Q5_K, Q6_K, dequantize_q3_k,  # noqa: E402
+                         dequantize_q4_k, dequantize_q5_k, dequantize_q6_k, q3_k_scale_codes,
+                         q4_k_scale_min, quantize_q3_k, quantize_q4_k, quantize_q5_k,
                          quantize_q6_k)
 
 
@@ -258,10 +260,20 @@ def q6_k_final_terms(x, blocks):
         return d, (x / d).astype(F32)
 
 
+def q3_k_final_terms(x, blocks):
+    """The final pass's per-sub-block scale d (sc - 32) and its nearest_int arguments x / d."""
+    with np.errstate(all="ignore"):
+        d = (widened_scale(blocks)[:, None]
+             * (q3_k_scale_codes(blocks["scales"]) - 32).astype(F32)).astype(F32)
+        d = np.repeat(d, 16, axis=1)
+        return d, (x / d).astype(F32)
+
+
 # Each super-block format's quantizer and final-pass terms (Q5_K's scales and minimums are
-# Q4_K's).
+# Q4_K's); Q3_K and Q6_K have sub-blocks of 16 and no minimums.
+SUB_BLOCKS_OF_16 = ("q3_k", "q6_k")
 K_FINAL_TERMS = {"q4_k": (quantize_q4_k, q4_k_final_terms), "q5_k": (quantize_q5_k, q4_k_final_terms),
-                 "q6_k": (quantize_q6_k, q6_k_final_terms)}
+                 "q6_k": (quantize_q6_k, q6_k_final_terms), "q3_k": (quantize_q3_k, q3_k_final_terms)}
 
 
 def exact_halves(arg, d):
@@ -277,12 +289,12 @@ def at_halves(x, rng, fmt, share):
     the rows where some exact halves remain. Q4_K's least-squares search with a minimum moves
     more: few elements a row converge, many do not."""
     quantize, terms = K_FINAL_TERMS[fmt]
-    sub = 16 if fmt == "q6_k" else 32
+    sub = 16 if fmt in SUB_BLOCKS_OF_16 else 32
     x = x.copy()
     chosen = rng.random(x.shape) < share
     for _ in range(5):
         blocks = quantize(x)
-        if fmt != "q6_k":
+        if fmt not in SUB_BLOCKS_OF_16:
             d, dm, arg = terms(x, blocks)
         else:
             (d, arg), dm = terms(x, blocks), np.zeros_like(x)
@@ -386,6 +398,10 @@ def k_adversarial_rows(rng):
     h = at_halves(base, rng, "q5_k", 0.02)
     kinds["q5_k values at k + 0.5"] = h
     kinds["q5_k neighbours of k + 0.5"] = nudged_halves(h, "q5_k")
+    # Q3_K's after those: its final pass rounds x / (d (sc - 32)) to 3-bit codes.
+    h = at_halves(base, rng, "q3_k", 0.2)
+    kinds["q3_k values at k + 0.5"] = h
+    kinds["q3_k neighbours of k + 0.5"] = nudged_halves(h, "q3_k")
     return kinds
 
 
@@ -432,6 +448,7 @@ def write_k(d):
     k_arbitrary_blocks(rng, Q4_K).tofile(os.path.join(d, "blocks.q4_k"))
     k_arbitrary_blocks(rng, Q6_K).tofile(os.path.join(d, "blocks.q6_k"))
     k_arbitrary_blocks(rng, Q5_K).tofile(os.path.join(d, "blocks.q5_k"))
+    k_arbitrary_blocks(rng, Q3_K).tofile(os.path.join(d, "blocks.q3_k"))
 
 
 def write(d):
@@ -508,8 +525,8 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
     lib = ctypes.CDLL(path)
     for name in ("quantize_row_q8_0_ref", "quantize_row_q4_0_ref", "quantize_row_q5_0_ref",
                  "dequantize_row_q8_0", "dequantize_row_q4_0", "dequantize_row_q5_0",
-                 "quantize_row_q4_K_ref", "quantize_row_q5_K_ref", "quantize_row_q6_K_ref",
-                 "dequantize_row_q5_K",
+                 "quantize_row_q3_K_ref", "quantize_row_q4_K_ref", "quantize_row_q5_K_ref",
+                 "quantize_row_q6_K_ref", "dequantize_row_q3_K", "dequantize_row_q5_K",
                  "dequantize_row_q4_K", "dequantize_row_q6_K"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
@@ -533,7 +550,7 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
 
     k = mine["k"]
     flat = np.ascontiguousarray(k["x"].reshape(-1))
-    for fmt, dtype in (("q4_k", Q4_K), ("q5_k", Q5_K), ("q6_k", Q6_K)):
+    for fmt, dtype in (("q3_k", Q3_K), ("q4_k", Q4_K), ("q5_k", Q5_K), ("q6_k", Q6_K)):
         ggml_name = fmt[:-1] + "K"
         theirs = np.zeros(len(k["x"]), dtype)
         getattr(lib, f"quantize_row_{ggml_name}_ref")(flat.ctypes.data, theirs.ctypes.data, flat.size)
@@ -549,7 +566,7 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
     return ok
 
 
-def describe_k(x, q4k, q6k):
+def describe_k(x, q4k, q6k, q3k):
     """Counts of the cases the super-block data is there for, from the reference's bytes."""
     d4, _, arg4 = q4_k_final_terms(x, q4k)
     d6, arg6 = q6_k_final_terms(x, q6k)
@@ -571,10 +588,17 @@ def describe_k(x, q4k, q6k):
           f"{int(np.all(q6k.view(np.uint8).reshape(len(x), -1) == 0, axis=1).sum())} all-zero "
           f"blocks; {int(skipped6.any(axis=1).sum())} non-zero blocks with a zero sub-block scale "
           f"(codes kept from the search)")
+    d3, arg3 = q3_k_final_terms(x, q3k)
+    halves3 = exact_halves(arg3, d3)
+    skipped3 = (d3 == 0) & (q3k["d"] != 0)[:, None]
+    print(f"    q3_k: {int(halves3.sum())} elements at an exact k + 0.5 in "
+          f"{int(halves3.any(axis=1).sum())} blocks; {int((q3k['d'] == 0).sum())} blocks with d 0; "
+          f"{int(skipped3.any(axis=1).sum())} blocks with a zero sub-block scale under a non-zero d "
+          f"(codes kept from the search)")
 
 
 def check_k(d, mine):
-    """numesh's Q4_K, Q5_K and Q6_K against the NumPy transcription; fills mine["k"] for
+    """numesh's Q3_K, Q4_K, Q5_K and Q6_K against the NumPy transcription; fills mine["k"] for
     ggml_check."""
     path = lambda name: os.path.join(d, name)  # noqa: E731
     x = np.fromfile(path("values_k.f32"), dtype=F32).reshape(-1, QK_K)
@@ -583,7 +607,8 @@ def check_k(d, mine):
     k = mine["k"] = {"x": x, "index": index}
     ok = True
     print(f"{len(x)} super-blocks ({x.size} values) of {len(index)} kinds to quantize")
-    for fmt, dtype, quantize, dequantize in (("q4_k", Q4_K, quantize_q4_k, dequantize_q4_k),
+    for fmt, dtype, quantize, dequantize in (("q3_k", Q3_K, quantize_q3_k, dequantize_q3_k),
+                                             ("q4_k", Q4_K, quantize_q4_k, dequantize_q4_k),
                                              ("q5_k", Q5_K, quantize_q5_k, dequantize_q5_k),
                                              ("q6_k", Q6_K, quantize_q6_k, dequantize_q6_k)):
         k[fmt] = np.fromfile(path(f"values_k.{fmt}"), dtype=dtype)
@@ -596,7 +621,7 @@ def check_k(d, mine):
         k[f"{fmt} any"] = np.fromfile(path(f"blocks.{fmt}.f32"), dtype=F32)
         ok &= compare_values(f"{fmt} dequantize {len(k[f'{fmt} blocks'])} arbitrary blocks, "
                              f"numesh vs NumPy", k[f"{fmt} any"], dequantize(k[f"{fmt} blocks"]), QK_K)
-    describe_k(x, k["q4_k numpy"], k["q6_k numpy"])
+    describe_k(x, k["q4_k numpy"], k["q6_k numpy"], k["q3_k numpy"])
     return ok
 
 

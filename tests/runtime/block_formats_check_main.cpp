@@ -1,16 +1,15 @@
 // block_formats_check_main: quantizes and dequantizes what tests/runtime/block_formats_check.py
-// wrote, with numesh's Q8_0, Q4_0, Q4_K and Q6_K codecs, and writes the results as raw
-// little-endian bytes for the script to compare with its NumPy transcription of GGML (and with
-// GGML itself).
+// wrote, with numesh's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K codecs, and writes the results
+// as raw little-endian bytes for the script to compare with its NumPy transcription of GGML (and
+// with GGML itself).
 //   block_formats_check_main DIR
 // Reads DIR/values.f32 (floats, a whole number of 32-value blocks), DIR/blocks.q8_0 and
 // DIR/blocks.q4_0 (arbitrary blocks: 34 and 18 bytes each). Writes DIR/values.q8_0 and
 // DIR/values.q4_0 (the quantized values), DIR/values.q8_0.f32 and DIR/values.q4_0.f32 (those
 // blocks dequantized), DIR/blocks.q8_0.f32 and DIR/blocks.q4_0.f32 (the arbitrary blocks
 // dequantized). The same for the super-block formats, from DIR/values_k.f32 (a whole number of
-// 256-value blocks), DIR/blocks.q4_k and DIR/blocks.q6_k (144 and 210 bytes each): writes
-// DIR/values_k.q4_k, DIR/values_k.q6_k, DIR/values_k.q4_k.f32, DIR/values_k.q6_k.f32,
-// DIR/blocks.q4_k.f32 and DIR/blocks.q6_k.f32.
+// 256-value blocks) and DIR/blocks.FORMAT (arbitrary blocks) for q3_k, q4_k, q5_k and q6_k:
+// writes DIR/values_k.FORMAT, DIR/values_k.FORMAT.f32 and DIR/blocks.FORMAT.f32.
 
 #include <cstddef>
 #include <cstdio>
@@ -121,6 +120,10 @@ int main(int argc, char** argv) {
                 blocks, any8.size(), any4.size(), any5.size());
 
     const std::vector<float> values_k = read_all<float>(dir / "values_k.f32");
+    const std::size_t q3_k_any = run_format<BlockQ3_K, 256>(
+        dir, "values_k", values_k, "q3_k",
+        [](std::span<const float> x, std::span<BlockQ3_K> y) { quantize_q3_k(x, y); },
+        [](std::span<const BlockQ3_K> y, std::span<float> x) { dequantize_q3_k(y, x); });
     const std::size_t q4_k_any = run_format<BlockQ4_K, 256>(
         dir, "values_k", values_k, "q4_k",
         [](std::span<const float> x, std::span<BlockQ4_K> y) { quantize_q4_k(x, y); },
@@ -134,9 +137,9 @@ int main(int argc, char** argv) {
         [](std::span<const float> x, std::span<BlockQ6_K> y) { quantize_q6_k(x, y); },
         [](std::span<const BlockQ6_K> y, std::span<float> x) { dequantize_q6_k(y, x); });
     std::printf(
-        "block_formats_check_main: %zu super-blocks quantized to q4_k, q5_k and q6_k, %zu + %zu + "
-        "%zu dequantized\n",
-        values_k.size() / 256, q4_k_any, q5_k_any, q6_k_any);
+        "block_formats_check_main: %zu super-blocks quantized to q3_k, q4_k, q5_k and q6_k, %zu + "
+        "%zu + %zu + %zu dequantized\n",
+        values_k.size() / 256, q3_k_any, q4_k_any, q5_k_any, q6_k_any);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "block_formats_check_main: %s\n", e.what());
     return 1;

@@ -53,6 +53,7 @@ constexpr BlockKernels block_kernels_of() {
 extern const BlockKernels kQ8_0BlockKernels;
 extern const BlockKernels kQ4_0BlockKernels;
 extern const BlockKernels kQ5_0BlockKernels;
+extern const BlockKernels kQ3_KBlockKernels;
 extern const BlockKernels kQ4_KBlockKernels;
 extern const BlockKernels kQ5_KBlockKernels;
 extern const BlockKernels kQ6_KBlockKernels;
@@ -60,8 +61,8 @@ extern const BlockKernels kQ6_KBlockKernels;
 /// Every block format's kernels (tests/ops/block_gemm_test.cpp runs every block format of core's
 /// table through dot_gemm_blocks and packed_gemm_q8 at every level, bitwise against its own
 /// reference: a format without its entry, or with another's, fails there).
-inline constexpr std::array<const BlockKernels*, 6> kBlockKernels = {
-    &kQ8_0BlockKernels, &kQ4_0BlockKernels, &kQ5_0BlockKernels,
+inline constexpr std::array<const BlockKernels*, 7> kBlockKernels = {
+    &kQ8_0BlockKernels, &kQ4_0BlockKernels, &kQ5_0BlockKernels, &kQ3_KBlockKernels,
     &kQ4_KBlockKernels, &kQ5_KBlockKernels, &kQ6_KBlockKernels,
 };
 

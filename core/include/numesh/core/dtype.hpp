@@ -32,6 +32,10 @@ enum class DType : std::uint8_t {
   /// GGML's Q5_0: blocks of 32 weights, an f16 scale d and 32 5-bit codes, their fifth bits in a
   /// word of their own (x = (q - 16) d); 5.5 bits a weight
   kQ5_0,
+  /// GGML's Q3_K: super-blocks of 256 weights, sixteen sub-blocks of 16 with 6-bit signed scales
+  /// under an f16 d, 3-bit codes as 2 low bits and a high bit (x = d (sc - 32) (q - 4));
+  /// 3.4375 bits a weight
+  kQ3_K,
   /// GGML's Q4_K: super-blocks of 256 weights, eight sub-blocks of 32 with 6-bit scales and mins
   /// under f16 d and dmin, 4-bit codes (x = d sc q - dmin m); 4.5 bits a weight
   kQ4_K,
@@ -69,7 +73,7 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 9> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 10> kDTypes = {{
     // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
@@ -77,6 +81,7 @@ inline constexpr std::array<DTypeTraits, 9> kDTypes = {{
     {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}, 8, 7},            // d first
     {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
     {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, {0, -1}, 6, 8},            // d first
+    {DType::kQ3_K, "q3_k", {"Q3_K", "q3_K"}, 256, 110, {108, -1}, 11, 12},  // d last
     {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
     {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, {0, 2}, 13, 17},     // d, dmin first
     {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}, 14, 18},  // d last
@@ -100,6 +105,7 @@ constexpr bool listed(DType t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ5_0:
+    case DType::kQ3_K:
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
@@ -153,12 +159,13 @@ constexpr ElementType element_type(DType t) noexcept {
 }
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
-/// q4_0 0.5625, q5_0 0.6875, q4_k 0.5625, q5_k 0.6875, q6_k 0.8203125).
+/// q4_0 0.5625, q5_0 0.6875, q3_k 0.4296875, q4_k 0.5625, q5_k 0.6875, q6_k 0.8203125).
 constexpr double bytes_per_weight(DType t) noexcept {
   return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
 }
 
-/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k".
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q3_k", "q4_k", "q5_k",
+/// "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
@@ -185,8 +192,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
-/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q4_k, q5_k or q6_k", so
-/// that help texts name a new format without being edited.
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q3_k, q4_k, q5_k or q6_k",
+/// so that help texts name a new format without being edited.
 inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
   std::vector<std::string_view> names;
   for (const DTypeTraits& f : kDTypes) {
@@ -201,8 +208,9 @@ inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q4_k", "Q4_K", "q4_K", "q5_k",
-/// "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws: ValueError naming the text and the choices.
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q3_k", "Q3_K", "q3_K", "q4_k",
+/// "Q4_K", "q4_K", "q5_k", "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws: ValueError naming the
+/// text and the choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -312,6 +320,21 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       const int low = j < 16 ? block[6 + j] & 0x0F : block[6 + j - 16] >> 4;
       const int high = (block[2 + j / 8] >> (j % 8)) & 1;
       return static_cast<float>((low | (high << 4)) - 16) * scale(block);
+    }
+    case DType::kQ3_K: {
+      // 32 bytes of high bits (element e's as bit e / 32 of byte e mod 32), 64 bytes of low bit
+      // pairs (e's at bits 2 ((e mod 128) / 32) of byte 32 (e / 128) + e mod 32), 12 bytes of
+      // 6-bit scale codes (sub-block g's low nibble in byte g mod 8, low for g < 8, and bits
+      // 2 (g / 4) of byte 8 + g mod 4), then d.
+      const unsigned char* block = bytes + i / 256 * 110;
+      const std::int64_t e = i % 256, g = e / 16;
+      const int low = (block[32 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+      const int high = (block[e % 32] >> (e / 32)) & 1;
+      const unsigned char* sc = block + 96;
+      const int nibble = g < 8 ? sc[g] & 0x0F : sc[g - 8] >> 4;
+      const int code = nibble | (((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+      return scale(block + 108) * static_cast<float>(code - 32) *
+             static_cast<float>(low + 4 * high - 4);
     }
     case DType::kQ4_K: {
       // d, dmin, 12 bytes of 6-bit scales and mins, then 128 bytes: each 64 elements' 32 bytes

@@ -9,17 +9,18 @@
 
 // GGML's Q8_0, Q4_0 and Q5_0 block formats (ggml/src/ggml-common.h's block_q8_0, block_q4_0
 // and block_q5_0): a row of weights cut into runs of 32 elements, each stored as one f16 scale
-// and 32 small integer codes; and its Q4_K, Q5_K and Q6_K "super-block" formats (block_q4_K,
-// block_q5_K, block_q6_K): runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K and Q5_K,
-// 16 of 16 for Q6_K) whose own scales (and Q4_K's and Q5_K's minimums) are stored as 6- or 8-bit
-// codes of one or two f16 super-block scales. The quantizers write exactly the bytes of GGML's
-// reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
-// quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a
-// numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
-// exactly what GGML's dequantize_row_* compute. (For the K formats, GGML's quantize_q4_K,
-// quantize_q5_K and quantize_q6_K call the reference only without an importance matrix; with one
-// they search differently, and numesh reads those blocks but does not write them.)
-// tests/runtime/block_formats_check.py checks all six against a NumPy transcription of GGML's
+// and 32 small integer codes; and its Q3_K, Q4_K, Q5_K and Q6_K "super-block" formats
+// (block_q3_K, block_q4_K, block_q5_K, block_q6_K): runs of 256 elements, cut into sub-blocks (8
+// of 32 for Q4_K and Q5_K, 16 of 16 for Q3_K and Q6_K) whose own scales (and Q4_K's and Q5_K's
+// minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The quantizers
+// write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
+// quantize_row_q4_0_ref, quantize_row_q5_0_ref, quantize_row_q3_K_ref, quantize_row_q4_K_ref,
+// quantize_row_q5_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a numesh-written block and
+// a GGUF file's block are interchangeable; the dequantizers compute exactly what GGML's
+// dequantize_row_* compute. (For the K formats, GGML's quantize_q3_K ... quantize_q6_K call the
+// reference only without an importance matrix; with one they search differently, and numesh
+// reads those blocks but does not write them.)
+// tests/runtime/block_formats_check.py checks all seven against a NumPy transcription of GGML's
 // definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
@@ -42,7 +43,7 @@
 //   block dequantizes to ±inf (and NaN for its zero codes). Q8_0, Q4_0 and Q5_0 are for weights
 //   of ordinary magnitude.
 //
-// Q4_K and Q6_K have no float-to-int conversion: they round with GGML's nearest_int, the low 23
+// The K formats have no float-to-int conversion: they round with GGML's nearest_int, the low 23
 // bits of f32(v + 1.5 * 2^23), which is round-half-to-even for |v| < 2^22 (not Q8_0's half away
 // from zero). GGML asserts that range in debug builds only; release builds (what converts GGUF
 // files) return the same bit arithmetic beyond it, and for inf and NaN, and clamp the result.
@@ -84,6 +85,8 @@ inline constexpr std::int64_t kQ5_0BlockElements = 32;
 inline constexpr std::int64_t kQ4_KBlockElements = 256;
 /// Elements in one Q5_K super-block (GGML's QK_K): 8 sub-blocks of 32.
 inline constexpr std::int64_t kQ5_KBlockElements = 256;
+/// Elements in one Q3_K super-block (GGML's QK_K): 16 sub-blocks of 16.
+inline constexpr std::int64_t kQ3_KBlockElements = 256;
 /// Elements in one Q6_K super-block (GGML's QK_K): 16 sub-blocks of 16.
 inline constexpr std::int64_t kQ6_KBlockElements = 256;
 
@@ -184,6 +187,22 @@ static_assert(offsetof(BlockQ5_K, dmin) == 2 && offsetof(BlockQ5_K, scales) == 4
               offsetof(BlockQ5_K, qh) == 16 && offsetof(BlockQ5_K, qs) == 48 &&
               std::is_trivially_copyable_v<BlockQ5_K>);
 
+/// GGML's block_q3_K: sub-block g (elements [16 g, 16 g + 16)) has a 6-bit scale code sc_g
+/// (0 .. 63), and element e of the block is f32(d) * (sc_g - 32) * (q_e - 4) with a 3-bit code
+/// q_e: its low two bits at bits 2 ((e mod 128) / 32) of qs[32 (e / 128) + e mod 32], its high
+/// bit as bit e / 32 of hmask[e mod 32]. scales packs the 16 codes into 12 bytes: sc_g's low 4
+/// bits in the low (g < 8) or high nibble of scales[g mod 8], its high 2 bits at bits 2 (g / 4)
+/// of scales[8 + g mod 4].
+struct BlockQ3_K {
+  std::uint8_t hmask[32];   ///< the codes' high bits
+  std::uint8_t qs[64];      ///< their low bit pairs, four a byte
+  std::uint8_t scales[12];  ///< the 16 sub-block scale codes, 6 bits each
+  std::uint16_t d;          ///< IEEE binary16 bits of the scales' scale
+};
+static_assert(sizeof(BlockQ3_K) == 110 && alignof(BlockQ3_K) == 2, "GGML's block_q3_K layout");
+static_assert(offsetof(BlockQ3_K, qs) == 32 && offsetof(BlockQ3_K, scales) == 96 &&
+              offsetof(BlockQ3_K, d) == 108 && std::is_trivially_copyable_v<BlockQ3_K>);
+
 /// GGML's block_q6_K: sub-block g (elements [16 g, 16 g + 16)) has an 8-bit signed scale code
 /// scales[g], and element i of it is f32(d) * scales[g] * (q[i] - 32) with a 6-bit code q[i].
 /// In each 128-element half h, byte l (l < 32) of the half's 64 ql bytes holds the low 4 bits of
@@ -203,11 +222,26 @@ static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 1
 static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ4_0).f16_scales[0] == offsetof(BlockQ4_0, d) &&
               traits(DType::kQ5_0).f16_scales[0] == offsetof(BlockQ5_0, d) &&
+              traits(DType::kQ3_K).f16_scales[0] == offsetof(BlockQ3_K, d) &&
               traits(DType::kQ4_K).f16_scales[0] == offsetof(BlockQ4_K, d) &&
               traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
               traits(DType::kQ5_K).f16_scales[0] == offsetof(BlockQ5_K, d) &&
               traits(DType::kQ5_K).f16_scales[1] == offsetof(BlockQ5_K, dmin) &&
               traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d));
+
+/// Quantizes x to Q3_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q3_K_ref's
+/// bytes: each sub-block's scale from GGML's search (make_q3_quants with weights x^2: codes
+/// -4 .. 3, the element of largest magnitude at -4, then up to five passes moving one code at a
+/// time while the fit improves), coded in 6 bits against the block's scale of largest magnitude
+/// (d = 1 / (-32 / that scale), as f16; its code 0, that is -32), then every code re-rounded
+/// against the coded scale (half to even).
+/// Throws: as quantize_q4_k.
+void quantize_q3_k(std::span<const float> x, std::span<BlockQ3_K> y);
+
+/// x[256 b + i] = (f32(d) * (sc_g - 32)) * (q_i - 4) for i's sub-block g, as GGML's
+/// dequantize_row_q3_K (left to right in f32; every product exact).
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
+void dequantize_q3_k(std::span<const BlockQ3_K> y, std::span<float> x);
 
 /// Quantizes x to Q4_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q4_K_ref's
 /// bytes: each sub-block's scale and minimum from GGML's weighted least-squares search
@@ -284,6 +318,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       detail::codec_of<DType::kQ4_0, BlockQ4_0, quantize_q4_0, dequantize_q4_0>();
   static constexpr BlockCodec kQ5_0 =
       detail::codec_of<DType::kQ5_0, BlockQ5_0, quantize_q5_0, dequantize_q5_0>();
+  static constexpr BlockCodec kQ3_K =
+      detail::codec_of<DType::kQ3_K, BlockQ3_K, quantize_q3_k, dequantize_q3_k>();
   static constexpr BlockCodec kQ4_K =
       detail::codec_of<DType::kQ4_K, BlockQ4_K, quantize_q4_k, dequantize_q4_k>();
   static constexpr BlockCodec kQ5_K =
@@ -295,6 +331,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       return kQ4_0;
     case DType::kQ5_0:
       return kQ5_0;
+    case DType::kQ3_K:
+      return kQ3_K;
     case DType::kQ4_K:
       return kQ4_K;
     case DType::kQ5_K:

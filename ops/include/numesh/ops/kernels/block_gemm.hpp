@@ -6,7 +6,7 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K
+// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K
 // (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
 // output's k weights are its blocks side by side):
 //
@@ -53,13 +53,14 @@
 //   about bf16's time (q8_0 0.9-1.0x, q4_0 1.0-1.1x). From memory ([4096, 8192]) it takes
 //   0.40-0.46x bf16's time.
 //
-// - Decode of Q4_K, Q5_K and Q6_K (dot_gemm_blocks): the same activations, so a
+// - Decode of Q3_K, Q4_K, Q5_K and Q6_K (dot_gemm_blocks): the same activations, so a
 //   super-block of 256 weights meets 8 activation blocks: block t of a row lies in super-block
-//   b = t / 8 as Q4_K's sub-block t mod 8 and as Q6_K's sub-blocks 2 (t mod 8) and
+//   b = t / 8 as Q4_K's sub-block t mod 8 and as Q6_K's (and Q3_K's) sub-blocks 2 (t mod 8) and
 //   2 (t mod 8) + 1. The sub-block scales are taken in f32, where they are exact:
 //   ds_g = d * sc_g (an f16 times Q4_K's 6-bit or Q6_K's int8 code: at most 18 significant
 //   bits) and Q4_K's dm_g = dmin * m_g. With q_w the weight codes (Q4_K: the nibble q, 0 .. 15,
-//   the minimum apart; Q6_K: q - 32, -32 .. 31), for output j of row i and s[0..15] from +0,
+//   the minimum apart; Q6_K: q - 32, -32 .. 31; Q3_K: q - 4, -4 .. 3, under ds_g = d (sc_g - 32)
+//   with a 6-bit sc_g, Q6_K's order throughout), for output j of row i and s[0..15] from +0,
 //     for each super-block b of the row, in order:
 //       for each of its blocks t = 8b .. 8b + 7, in order:
 //         isum[l]  = sum of q_a[e] q_w[e] over e = 4l .. 4l + 3 of the block (l = 0..7; an exact
@@ -80,7 +81,7 @@
 //   The error against the exact product of the kernel's weights w_e (Q4_K: ds_g q - dm_g exactly;
 //   Q6_K: ds_g (q - 32), which is runtime::dequantize_q6_k's value exactly) and the quantized
 //   activations, with P = sum_e |q_a[e] d_a[t] ds_g q_w[e]| and M = sum_e |q_a[e] d_a[t] dm_g|
-//   (M = 0 for Q6_K), is one rounding per scale product, fma and fold step:
+//   (M = 0 for Q6_K and Q3_K), is one rounding per scale product, fma and fold step:
 //     |c - sum_e q_a[e] d_a[t] w_e| <= (L + 5) 2^-24 (P + M),  L = 5k / 256 (Q4_K), k / 64 (Q6_K)
 //   (L the fmas into the longest lane). runtime::dequantize_q4_k rounds ds_g q - dm_g once in
 //   f32: against the product of its weights add 2^-24 (P + M). Against the original f32
@@ -105,7 +106,7 @@
 //     Q8_0, Q4_0:  acc = fma(f32(isum), d_a[t] * d_w[t], acc)
 //     Q4_K:        acc = fma(f32(isum), d_a[t] * ds_g, acc);  acc = fma(sum_a[t], -dm_g, acc)
 //                  (g = t mod 8, sum_a as for decode)
-//     Q6_K:        acc = fma(f32(isum over inputs 0-15), d_a[t] * ds_2g, acc);
+//     Q6_K, Q3_K:  acc = fma(f32(isum over inputs 0-15), d_a[t] * ds_2g, acc);
 //                  acc = fma(f32(isum over inputs 16-31), d_a[t] * ds_(2g+1), acc)
 //   and c = acc (each scale product one f32 product). At the amx level a tile product
 //   (tdpbssd) gives a block's integer sums of 16 rows by 16 outputs at once, and the scale
