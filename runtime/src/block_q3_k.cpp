@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "block_sizes.hpp"
-#include "kquant_minimums.hpp"
 #include "kquant_search.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/runtime/block_formats.hpp"

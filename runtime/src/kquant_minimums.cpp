@@ -118,13 +118,6 @@ ChunkScales kquant_chunk_scales(const std::uint8_t* packed, float d, float dmin,
           d * static_cast<float>(sc_high), dmin * static_cast<float>(m_high)};
 }
 
-void check_finite_super_block(const float* in, std::size_t first, std::string_view format) {
-  for (std::size_t i = 0; i < kSuperBlock; ++i) {
-    NUMESH_CHECK(std::isfinite(in[i]), ValueError, "quantize {}: element {} is {}", format,
-                 first + i, in[i]);
-  }
-}
-
 void quantize_minimum_super_block(const float* in, const Qkx2Search& search, std::uint8_t* codes,
                                   std::uint8_t* packed, std::uint16_t& d_bits,
                                   std::uint16_t& dmin_bits) {

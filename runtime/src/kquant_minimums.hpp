@@ -2,7 +2,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
 
 #include "kquant_search.hpp"
 
@@ -39,9 +38,5 @@ struct ChunkScales {
   float d_low, min_low, d_high, min_high;
 };
 ChunkScales kquant_chunk_scales(const std::uint8_t* packed, float d, float dmin, std::size_t c);
-
-/// Refuses the first non-finite value of in[0, 256) with ValueError "quantize FORMAT: element I
-/// is V", I counted from `first`.
-void check_finite_super_block(const float* in, std::size_t first, std::string_view format);
 
 }  // namespace numesh::runtime::detail

@@ -4,12 +4,26 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+
+#include "numesh/core/check.hpp"
+#include "numesh/core/error.hpp"
 
 // PRIVATE to runtime/src: steps GGML's K-format reference quantizers share (block_q3_k.cpp,
-// block_q6_k.cpp and kquant_minimums.cpp): its rounding, and the search for a run's extreme that
-// Q3_K and Q6_K start with, on a sub-block's values and again on the super-block's scales.
+// block_q6_k.cpp and kquant_minimums.cpp): numesh's refusal of non-finite input, GGML's rounding,
+// and the search for a run's extreme that Q3_K and Q6_K start with, on a sub-block's values and
+// again on the super-block's scales.
 
 namespace numesh::runtime::detail {
+
+/// Refuses the first non-finite value of in[0, 256) with ValueError "quantize FORMAT: element I
+/// is V", I counted from `first`.
+inline void check_finite_super_block(const float* in, std::size_t first, std::string_view format) {
+  for (std::size_t i = 0; i < 256; ++i) {
+    NUMESH_CHECK(std::isfinite(in[i]), ValueError, "quantize {}: element {} is {}", format,
+                 first + i, in[i]);
+  }
+}
 
 /// GGML's nearest_int: adding 1.5 * 2^23 leaves round-half-even(v) in the sum's low mantissa
 /// bits for |v| < 2^22. GGML asserts that range only in debug builds; beyond it (and for inf or

@@ -54,7 +54,8 @@ attn_qkv, gate_up_proj as ffn_up, both whole):
     mixture of that name for a dense Llama-style model whose rows are whole super-blocks (Q4_K;
     Q6_K for the output and for attn_v and ffn_down on the layers use_more_bits picks:
     _q4_k_m_type); not its rules for 70B models, 8 experts, fused attn_qkv (Q5_K) or rows
-    that are not whole super-blocks (Q5_0 / Q8_0 fallbacks).
+    that are not whole super-blocks (Q5_0 / Q8_0 fallbacks). "q5_k_m" and "q3_k_m" are its
+    mixtures of those names by the same rules (MIXTURES: _q5_k_m_type, _q3_k_m_type).
   * metadata, in the converter's order: general.architecture, [general.alignment when asked],
     general.type "model", general.name, general.size_label, {arch}.block_count, .context_length,
     .embedding_length, .feed_forward_length, .attention.head_count, .attention.head_count_kv,

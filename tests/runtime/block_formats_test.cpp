@@ -1,8 +1,8 @@
-// GGML's Q8_0, Q4_0, Q4_K and Q6_K block codecs on hand-checked blocks: scales and codes worked
-// out from GGML's definitions, the rounding of exact halves, the sign of the Q4_0 scale, nibble
-// and 6-bit packing, the blocks where GGML's reference is undefined or overflows, round-trip
-// error bounds on random rows, and the errors. tests/runtime/block_formats_check.py compares
-// bytes with a NumPy transcription of GGML (and GGML itself) on many more rows.
+// GGML's block codecs (Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q6_K) on hand-checked blocks: scales and
+// codes worked out from GGML's definitions, the rounding of exact halves, the sign of the Q4_0
+// scale, nibble and 6-bit packing, the blocks where GGML's reference is undefined or overflows,
+// round-trip error bounds on random rows, and the errors. tests/runtime/block_formats_check.py
+// compares bytes with a NumPy transcription of GGML (and GGML itself) on many more rows.
 
 #include "numesh/runtime/block_formats.hpp"
 

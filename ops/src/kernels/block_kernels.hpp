@@ -4,10 +4,11 @@
 // (q8_0_gemm.cpp, q4_k_gemm.cpp, ...) writes its codes class (q8_dot_common.hpp's interface) and
 // defines its entry from it with block_kernels_of; dot_gemm_blocks and packed_gemm_q8
 // (block_gemm.hpp) and the kernel table behind device_gemm (weight_kernels.cpp) find a format's
-// kernels here and name no format. So adding a block format's kernels is its file and its line in
-// kBlockKernels.
+// kernels here (packed_gemm_q8 names Q8_0 and Q4_0 only for their stored panels, a layout of
+// their own). So adding a block format's kernels is its file and its line in kBlockKernels.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "numesh/core/dtype.hpp"
@@ -30,9 +31,9 @@ struct BlockKernels {
   BlockDot dot;
   /// The prefill tile's packer (packed_panels.hpp).
   PanelPacker pack_panel;
-  /// How packed_gemm_q8 multiplies the packed blocks: with two scales a block (Q6_K: inputs
-  /// 0-15 and 16-31) or one, and with minimums (Q4_K, Q5_K: the activations' scaled block sums
-  /// times -dmin m) or without.
+  /// How packed_gemm_q8 multiplies the packed blocks: with two scales a block (Q3_K, Q6_K:
+  /// inputs 0-15 and 16-31) or one, and with minimums (Q4_K, Q5_K: the activations' scaled block
+  /// sums times -dmin m) or without.
   bool two_scales;
   bool minimums;
 };
@@ -43,6 +44,8 @@ struct BlockKernels {
 template <class F>
 constexpr BlockKernels block_kernels_of() {
   if constexpr (kSuperBlocks<F>) {
+    static_assert(F::kScalesPerBlock == 1 || !F::kMinimums,
+                  "no tile form takes two scales and two minimums an activation block yet");
     return {F::kDType, q8dot_gemm<F>, pack_kquant_panel<F>, F::kScalesPerBlock == 2, F::kMinimums};
   } else {
     return {F::kDType, q8dot_gemm<F>, pack_pair_panel<F>, false, false};
@@ -66,8 +69,17 @@ inline constexpr std::array<const BlockKernels*, 7> kBlockKernels = {
     &kQ4_KBlockKernels, &kQ5_KBlockKernels, &kQ6_KBlockKernels,
 };
 
+// One line above for each block format of core's table.
+constexpr std::size_t block_format_count() {
+  std::size_t n = 0;
+  for (const DTypeTraits& f : kDTypes) n += f.block_elements > 1 ? 1 : 0;
+  return n;
+}
+static_assert(kBlockKernels.size() == block_format_count(),
+              "every block format of core's table has its line in kBlockKernels");
+
 /// The kernels of weights stored as `dtype`; nullptr for an element type (or a block format
-/// without an entry, which the test above rules out).
+/// without an entry, which the assertion and the test above rule out).
 inline const BlockKernels* block_kernels(DType dtype) noexcept {
   for (const BlockKernels* k : kBlockKernels) {
     if (k->dtype == dtype) return k;

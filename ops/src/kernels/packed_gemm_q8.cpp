@@ -40,8 +40,8 @@ using runtime::KernelLevel;
 
 constexpr std::int64_t kRowsAtOnce = 4;  // rows of activations a kernel call takes
 
-// How a format's packed blocks are multiplied: one scale a block or two (Q6_K: inputs 0-15 and
-// 16-31), with or without minimums (Q4_K and Q5_K: the activations' scaled block sums times
+// How a format's packed blocks are multiplied: one scale a block or two (Q3_K, Q6_K: inputs 0-15
+// and 16-31), with or without minimums (Q4_K and Q5_K: the activations' scaled block sums times
 // -dmin m).
 template <bool kTwo, bool kMins>
 struct Form {
@@ -945,7 +945,10 @@ void packed_gemm_q8(std::int64_t m, const std::int8_t* codes, const float* scale
     a.corrections = corrections.data();
   }
   const StoredWeights stored{w, ldw, b.panel_outputs, b.dtype, k};
-  const detail::BlockKernels& kernels = *detail::block_kernels(b.dtype);  // a block format
+  const detail::BlockKernels* found = detail::block_kernels(b.dtype);
+  NUMESH_CHECK(found != nullptr, TypeError, "packed_gemm_q8: {} weights have no kernels",
+               to_string(b.dtype));
+  const detail::BlockKernels& kernels = *found;
   if (kernels.two_scales) {
     return packed_panels<TwoScalesForm>(m, n, a, stored, kernels.pack_panel, c, ldc, level);
   }

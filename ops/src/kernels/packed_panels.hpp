@@ -77,8 +77,8 @@ __attribute__((target("avx2"))) void pair_codes256(const unsigned char* block, s
   _mm256_store_si256(reinterpret_cast<__m256i*>(q), F::codes256(block));
 }
 
-/// The pair formats' packer (Q8_0, Q4_0: a block of 32 codes and an f16 scale in its first two
-/// bytes): F::codes at the scalar level, F::codes256 above it.
+/// The pair formats' packer (Q8_0, Q4_0, Q5_0: a block of 32 codes and an f16 scale in its first
+/// two bytes): F::codes at the scalar level, F::codes256 above it.
 template <class F>
 void pack_pair_panel(const unsigned char* w, std::int64_t ldw, std::int64_t count,
                      std::int64_t blocks, runtime::KernelLevel level, bool vnni_bias,
@@ -175,7 +175,7 @@ __attribute__((target("avx2,f16c"))) void kquant_scales256(const unsigned char* 
   _mm256_storeu_ps(minimums, s.minimums);
 }
 
-/// The super-block formats' packer (Q4_K, Q6_K: 8 activation blocks a super-block): F::decode at
+/// The super-block formats' packer (the K formats: 8 activation blocks a super-block): F::decode at
 /// the scalar level, F::codes256 and F::scales256 above it (the same exact values).
 template <class F>
 void pack_kquant_panel(const unsigned char* w, std::int64_t ldw, std::int64_t count,

@@ -53,8 +53,9 @@ __attribute__((target("avx2"))) inline __m128i q3_k_scale_bytes(const unsigned c
   return _mm_sub_epi8(_mm_or_si128(nibbles, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
 }
 
-// 110 bytes; two scales per activation block; no minimums; the AVX2 sign trick on q - 4, the
-// AVX-512 steps on q with the 4 taken off once per row.
+// 110 bytes; two scales per activation block; no minimums; the dot kernel's steps on q (0 .. 7,
+// unsigned) with the 4 taken off once per row at AVX2 and AVX-512 alike; the prefill tile's AVX2
+// packer on q - 4.
 struct Q3_KCodes : detail::KquantFormat<DType::kQ3_K, 110, 2, false, true, kQ3_KOffset> {
   // Scales d (sc_g - 32): an f16 times a 6-bit integer, exact in f32; codes q - 4 (-4 .. 3).
   static void decode(const unsigned char* block, KquantBlock& out) {
@@ -99,16 +100,16 @@ struct Q3_KCodes : detail::KquantFormat<DType::kQ3_K, 110, 2, false, true, kQ3_K
     return _mm256_sub_epi8(unsigned256<kJ>(block), _mm256_set1_epi8(kQ3_KOffset));
   }
 
-  // Pair kP (activation blocks 2 kP and 2 kP + 1), unsigned codes q (0 .. 7): its half's 32
-  // low-pair bytes in both halves of a register, shifted per 64-bit lane from bit pair 2 (kP mod
-  // 2) (low half) and the next (high half), and the 32 high-bit bytes likewise to bits 2 kP and
-  // 2 kP + 1, moved to bit 2 (64-bit shifts: the bits that cross from the neighbouring byte are
-  // masked off).
   // 32 bytes in both halves of a register.
   NUMESH_Q8DOT_AVX512 static __m512i broadcast512(const unsigned char* at) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
   }
 
+  // Pair kP (activation blocks 2 kP and 2 kP + 1), unsigned codes q (0 .. 7), from its half's 32
+  // low-pair bytes in both halves of `low`, shifted per 64-bit lane from bit pair 2 (kP mod 2)
+  // (low half) and the next (high half), and the 32 high-bit bytes in both halves of `bits`
+  // likewise from bits 2 kP and 2 kP + 1, moved to bit 2 (64-bit shifts: the bits that cross from
+  // the neighbouring byte are masked off).
   template <int kP>
   NUMESH_Q8DOT_AVX512 static __m512i pair512(__m512i low, __m512i bits) {
     constexpr long long shift = 4 * (kP % 2), bit = 2 * kP;

@@ -29,8 +29,9 @@ constexpr std::int64_t kQ6_KScales = 192;
 constexpr std::int64_t kQ6_KScale = 208;
 constexpr int kQ6_KOffset = 32;  // the code is q - 32
 
-// 210 bytes; two scales per activation block; no minimums; the AVX2 sign trick on q - 32, the
-// AVX-512 steps on q with the 32 taken off once per row.
+// 210 bytes; two scales per activation block; no minimums; the dot kernel's steps on q (0 .. 63,
+// unsigned) with the 32 taken off once per row at AVX2 and AVX-512 alike; the prefill tile's AVX2
+// packer on q - 32.
 struct Q6_KCodes : detail::KquantFormat<DType::kQ6_K, 210, 2, false, true, kQ6_KOffset> {
   // Scales d sc_g: an f16 times an int8, exact in f32; codes q - 32 (-32 .. 31).
   static void decode(const unsigned char* block, KquantBlock& out) {

@@ -6,9 +6,9 @@
 // a format says how its codes and scales are read and how one step's exact int32 sums isum[l]
 // are computed. Two kinds of format:
 //
-// - Pair formats (q8_0_gemm.cpp, q4_0_gemm.cpp): blocks of 32 signed codes and an f16 scale
-//   (the block's first two bytes, little-endian, in both of GGML's formats); a step takes two
-//   blocks.
+// - Pair formats (q8_0_gemm.cpp, q4_0_gemm.cpp, q5_0_gemm.cpp): blocks of 32 signed codes and
+//   an f16 scale (the block's first two bytes, little-endian, in each of GGML's formats); a step
+//   takes two blocks.
 //
 //   struct Codes {
 //     static constexpr DType kDType;                      // the format
@@ -37,7 +37,7 @@
 //     template <int kL> static __m512i panel_codes512(const unsigned char* codes);
 //   };
 //
-// - Super-block formats (q4_k_gemm.cpp, q6_k_gemm.cpp): blocks of 256 inputs, 8 activation
+// - Super-block formats (q3_k_gemm.cpp ... q6_k_gemm.cpp): blocks of 256 inputs, 8 activation
 //   blocks, with a scale per sub-block (exact in f32: block_gemm.hpp); a step takes one
 //   super-block.
 //
@@ -91,7 +91,7 @@ namespace numesh::ops::detail {
 /// Inputs in a block of the pair formats and in a block of activation codes.
 inline constexpr std::int64_t kQ8DotBlock = 32;
 
-/// Activation blocks in a super-block (Q4_K, Q6_K: 256 inputs).
+/// Activation blocks in a super-block (the K formats: 256 inputs).
 inline constexpr std::int64_t kKquantBlocks = 8;
 
 /// True for the super-block formats.
@@ -115,8 +115,8 @@ struct Q8dotActivations {
   const float* scales;
   const float* sums;
   std::int64_t blocks;
-  /// At the AVX2 level for formats with an offset (kOffset256 > 0: Q4_0, Q6_K): lane l of block t
-  /// is -kOffset256 (x[4l] + ... + x[4l + 3]), 8 lanes a block, rows `blocks` * 8 apart
+  /// At the AVX2 level for formats with an offset (kOffset256 > 0: Q4_0, Q5_0, Q3_K, Q6_K): lane l
+  /// of block t is -kOffset256 (x[4l] + ... + x[4l + 3]), 8 lanes a block, rows `blocks` * 8 apart
   /// (q8dot_offset_corrections256); null otherwise.
   const std::int32_t* corrections = nullptr;
 

@@ -28,7 +28,7 @@
 //   GGML writes a block that looks valid: its max skips a NaN (unless it is the block's last
 //   element, which makes d NaN) and the NaN's code is an undefined conversion (0 on x86: 0 for
 //   q8_0, but -8 d or -16 d, the opposite extreme, for q4_0 and q5_0); an infinity makes d
-//   infinite and every other code 0 (q8_0), 8 (q4_0) or 16 (q5_0). Q4_K's and Q6_K's searches carry
+//   infinite and every other code 0 (q8_0), 8 (q4_0) or 16 (q5_0). The K formats' searches carry
 //   it into their sums and still write bytes. A weight loader must not store that as if it were a
 //   weight.
 // - A block whose magnitudes are all below about 3.7e-37 (q8_0), 2.4e-38 (q4_0) or 4.7e-38
@@ -51,10 +51,10 @@
 // GGML's order, writes GGML's bytes on any IEEE machine, edge cases included:
 // - A nearest_int argument beyond 2^22 happens in Q4_K when a sub-block's 6-bit minimum code is
 //   much coarser than its scale (|x + dm| / d >= 2^22: a sub-block far below zero with a small
-//   range), and in both formats once the searches' sums overflow (magnitudes beyond about 7e12
-//   for Q6_K, whose weighted sums hold x^3, and 3e18 for Q4_K, x^2): inf and NaN scales, which
-//   GGML's strict comparisons skip. numesh writes GGML's release bytes there; they are no more a
-//   faithful weight than GGML's.
+//   range), and in every K format once the searches' sums overflow (magnitudes beyond about 7e12
+//   for Q3_K and Q6_K, whose weighted sums hold x^3, and 3e18 for Q4_K, x^2): inf and NaN scales,
+//   which GGML's strict comparisons skip. numesh writes GGML's release bytes there; they are no
+//   more a faithful weight than GGML's.
 // - An all-zero block: Q4_K writes every byte 0 and dequantizes to +0. Q6_K writes every byte 0
 //   (GGML's memset), and dequantizes to -0: code 0 means -32, and d * 0 * -32 is -0.
 // - Tiny blocks: Q6_K writes all zero bytes whenever every 16-element sub-block's scale is below
@@ -69,6 +69,13 @@
 //   for a largest sub-block scale above about 4.1e6 (a range of about 6.2e7) and dmin for a
 //   sub-block minimum below about -4.1e6; Q6_K's d for magnitudes above about 2.7e8. Such a block
 //   dequantizes to ±inf and NaN. Q4_K and Q6_K are for weights of ordinary magnitude as well.
+// - Q3_K, in the same terms: an all-zero block is every byte 0 and dequantizes to +0 (d 0 times
+//   scale code 0, that is -32, is -0, times code 0, that is -4, +0). It tests its largest
+//   sub-block scale against exactly 0, not 1e-15, so only a block whose sixteen searches all
+//   gave 0 keeps d and its scale codes 0. A d that rounds to f16 zero (a largest sub-block scale
+//   below about 9.5e-7), and any sub-block whose scale code is 32 (a scale of 0), skip the final
+//   pass and keep their searches' codes. d overflows f16 for a largest sub-block scale above
+//   about 2.1e6 (d is that scale / -32).
 // - GGML's libggml-base is compiled without -march, so no FMA, and its sums are sequential;
 //   numesh compiles these codecs with -ffp-contract=off for the same rounding of every product
 //   and sum (runtime/CMakeLists.txt).

@@ -312,7 +312,7 @@ class GgufFile {
   /// alignment.
   /// REQUIRES: out.size() == runtime::storage_bytes(target, info(name).shape).
   /// Throws: KeyError as info(); ValueError when the tensor's type is not one numesh reads
-  /// (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K; naming it and the tensor), when the rows are not
+  /// (gguf_types_numesh_reads(); naming it and the tensor), when the rows are not
   /// whole blocks of `target`, or when a non-finite value would be quantized (naming the
   /// tensor); ShapeError when `out` has the wrong size; IoError as read_box().
   void read(std::string_view name, DType target, std::span<std::byte> out) const;

@@ -82,7 +82,8 @@
 //   Q6_K: ds_g (q - 32), which is runtime::dequantize_q6_k's value exactly) and the quantized
 //   activations, with P = sum_e |q_a[e] d_a[t] ds_g q_w[e]| and M = sum_e |q_a[e] d_a[t] dm_g|
 //   (M = 0 for Q6_K and Q3_K), is one rounding per scale product, fma and fold step:
-//     |c - sum_e q_a[e] d_a[t] w_e| <= (L + 5) 2^-24 (P + M),  L = 5k / 256 (Q4_K), k / 64 (Q6_K)
+//     |c - sum_e q_a[e] d_a[t] w_e| <= (L + 5) 2^-24 (P + M),  L = 5k / 256 (Q4_K), k / 64 (Q6_K,
+//     Q3_K)
 //   (L the fmas into the longest lane). runtime::dequantize_q4_k rounds ds_g q - dm_g once in
 //   f32: against the product of its weights add 2^-24 (P + M). Against the original f32
 //   activations add the activations' quantization term of q8_0's bound,
@@ -119,7 +120,7 @@
 //   The error against the exact product of the quantized activations and the kernel's weights
 //   (P and M as for decode) is one rounding per scale product and fma:
 //   |c - sum| <= (L k / 32 + 1) 2^-24 (P + M), L the roundings a block: 2 (Q8_0, Q4_0: a
-//   product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K: two of each).
+//   product, an fma), 3 (Q4_K: a product, two fmas), 4 (Q6_K, Q3_K: two of each).
 //
 // - gemm_dequantized: the former prefill tile, kept as the fp32 baseline that
 //   bench/mlp_bench.cpp measures packed_gemm_q8 against: panels of the weights dequantized to
@@ -144,7 +145,7 @@ void quantize_activations_q8(std::int64_t m, std::int64_t k, const float* a, std
 /// inputs; b [k, n] stored out-in (its output j's blocks of the format at b.stored_row(j), rows
 /// b.stride_bytes() apart); c fp32 with rows `ldc` apart (overwritten, never read; k = 0 writes
 /// zeros). Each element is summed in the fixed order above (Q8_0's, or the super-block formats'
-/// Q4_K order), so every level gives the same bits (NaN's payload aside). A weight block whose
+/// one), so every level gives the same bits (NaN's payload aside). A weight block whose
 /// scale (d, or dmin) is NaN or infinite makes its outputs NaN or infinite; weight codes GGML's
 /// quantizers never write but a foreign file may hold (Q8_0's -128, any Q4_K scale code) are
 /// multiplied exactly. b.data needs no alignment. The super-block formats with minimums (Q4_K,
