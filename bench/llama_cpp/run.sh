@@ -15,6 +15,9 @@
 # package's own folder) names a folder of the same libraries with one CPU variant alone: ggml loads the best variant
 # the CPU runs, so a folder holding only libggml-cpu-haswell.so beside the others measures
 # llama.cpp's AVX2 build on an AVX-512 machine (run numesh with NUMESH_KERNELS=avx2 beside it).
+# A type llama-q3_k_m, llama-q4_k_m or llama-q5_k_m is llama.cpp's mixture of that name written
+# by llama.cpp's own quantizer (quantize.cpp, llama_model_quantize) from numesh's f32 file: the
+# file a llama.cpp user would have, read by both engines.
 set -euo pipefail
 modules=${1:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
 model=${2:?usage: bench/llama_cpp/run.sh NODE_MODULES MODEL [ROUNDS] [TYPES]}
@@ -33,7 +36,23 @@ g++ -O2 -std=c++17 -I"$work/llama.cpp/include" -I"$work/llama.cpp/ggml/include" 
 vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")
 python3 -c "import random,sys; random.seed(7); print(','.join(str(random.randrange(3, int(sys.argv[1]))) for _ in range(int(sys.argv[2]))))" \
     "$vocab" "$prompt" > "$work/ids.txt"
-for t in ${types//,/ }; do "$numesh" convert --model "$model" --out "$work/model-$t.gguf" --type "$t" --quiet; done
+for t in ${types//,/ }; do
+  case "$t" in
+    llama-q3_k_m) ftype=12 ;;
+    llama-q4_k_m) ftype=15 ;;
+    llama-q5_k_m) ftype=17 ;;
+    llama-*) echo "run.sh: unknown llama.cpp mixture $t (llama-q3_k_m, llama-q4_k_m, llama-q5_k_m)" >&2; exit 2 ;;
+    *) "$numesh" convert --model "$model" --out "$work/model-$t.gguf" --type "$t" --quiet; continue ;;
+  esac
+  [ -x "$work/quantize" ] || g++ -O2 -std=c++17 -I"$work/llama.cpp/include" -I"$work/llama.cpp/ggml/include" \
+      "$here/quantize.cpp" -o "$work/quantize" "$libs"/libllama.v*.so "$libs"/libggml.v*.so \
+      "$libs/libggml-base.so" -Wl,-rpath,"$libs"
+  if [ -z "${f32_written:-}" ]; then  # once a run: the source of every mixture, this model's
+    "$numesh" convert --model "$model" --out "$work/mixture-source-f32.gguf" --type f32 --quiet
+    f32_written=1
+  fi
+  "$work/quantize" "$work/mixture-source-f32.gguf" "$work/model-$t.gguf" "$ftype" > "$work/quantize.log" 2>&1
+done
 for r in $(seq "$rounds"); do
   for t in ${types//,/ }; do
     "$numesh" generate --model "$work/model-$t.gguf" --ids "$(cat "$work/ids.txt")" --max-new-tokens 128 \
@@ -46,7 +65,7 @@ ids = a["sequences"][0]["ids"]
 agree = next((i for i, (x, y) in enumerate(zip(ids, b["ids"])) if x != y), len(ids))
 p, q = a["prefill_tokens_per_second"], b["prefill_tokens_per_second"]
 d, e = a["decode_tokens_per_second"], b["decode_tokens_per_second"]
-print(f"{t:5s} round {r}: prefill numesh {p:7.1f} llama.cpp {q:7.1f} tokens/s ({p / q:.2f}x); "
+print(f"{t:12s} round {r}: prefill numesh {p:7.1f} llama.cpp {q:7.1f} tokens/s ({p / q:.2f}x); "
       f"decode numesh {d:6.1f} llama.cpp {e:6.1f} ({d / e:.2f}x); greedy ids agree for {agree} of {len(ids)}")
 PY
   done
