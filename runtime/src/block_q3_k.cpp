@@ -90,7 +90,7 @@ void quantize_q3_k(std::span<const float> x, std::span<BlockQ3_K> y) {
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ3_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
-    detail::check_finite_super_block(in, b * kQ3_KBlock, "q3_k");
+    detail::check_finite(in, kQ3_KBlock, b * kQ3_KBlock, "q3_k");
     std::uint8_t codes[kQ3_KBlock];
     float scales[kQ3_KSubBlocks];
     for (std::size_t g = 0; g < kQ3_KSubBlocks; ++g) {

@@ -26,7 +26,7 @@ void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
-    detail::check_finite_super_block(in, b * kQ4_KBlock, "q4_k");
+    detail::check_finite(in, kQ4_KBlock, b * kQ4_KBlock, "q4_k");
     std::uint8_t codes[kQ4_KBlock];
     BlockQ4_K& out = y[b];
     detail::quantize_minimum_super_block(in, kQ4_KSearch, codes, out.scales, out.d, out.dmin);

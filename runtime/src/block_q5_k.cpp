@@ -30,7 +30,7 @@ void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y) {
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ5_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
-    detail::check_finite_super_block(in, b * kQ5_KBlock, "q5_k");
+    detail::check_finite(in, kQ5_KBlock, b * kQ5_KBlock, "q5_k");
     std::uint8_t codes[kQ5_KBlock];
     BlockQ5_K& out = y[b];
     detail::quantize_minimum_super_block(in, kQ5_KSearch, codes, out.scales, out.d, out.dmin);

@@ -84,7 +84,7 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ6_KBlock;
     // Checked before the block is touched, so a refused block is left as it was.
-    detail::check_finite_super_block(in, b * kQ6_KBlock, "q6_k");
+    detail::check_finite(in, kQ6_KBlock, b * kQ6_KBlock, "q6_k");
     std::uint8_t codes[kQ6_KBlock];
     float scales[kQ6_KSubBlocks];
     for (std::size_t g = 0; g < kQ6_KSubBlocks; ++g) {

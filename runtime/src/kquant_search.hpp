@@ -16,10 +16,11 @@
 
 namespace numesh::runtime::detail {
 
-/// Refuses the first non-finite value of in[0, 256) with ValueError "quantize FORMAT: element I
+/// Refuses the first non-finite value of in[0, n) with ValueError "quantize FORMAT: element I
 /// is V", I counted from `first`.
-inline void check_finite_super_block(const float* in, std::size_t first, std::string_view format) {
-  for (std::size_t i = 0; i < 256; ++i) {
+inline void check_finite(const float* in, std::size_t n, std::size_t first,
+                         std::string_view format) {
+  for (std::size_t i = 0; i < n; ++i) {
     NUMESH_CHECK(std::isfinite(in[i]), ValueError, "quantize {}: element {} is {}", format,
                  first + i, in[i]);
   }
