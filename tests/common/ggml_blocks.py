@@ -1,8 +1,8 @@
-"""GGML's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K blocks in NumPy, written from
+"""GGML's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K blocks in NumPy, written from
 ggml-quants.c's reference definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref,
-quantize_row_q5_0_ref, quantize_row_q3_K_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref,
-quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 / q5_0 / q3_K / q4_K / q5_K / q6_K), and the
-8-bit activations
+quantize_row_q5_0_ref, quantize_iq4_nl without an importance matrix, quantize_row_q3_K_ref,
+quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 /
+q5_0 / iq4_nl / q3_K / q4_K / q5_K / q6_K), and the 8-bit activations
 numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
 tests/runtime/block_formats_check.py and of the model checks with quantized weights.
 
@@ -407,19 +407,24 @@ Q3_K = np.dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)), ("scales", "u1", (
 assert Q3_K.itemsize == 110
 
 
+def _run_extreme(x):
+    """The searches' start on every row of x [g, n]: (the row's first value of largest magnitude,
+    as GGML's strict > finds it, or 1 where the row is below GROUP_MAX_EPS [g]; those rows [g])."""
+    rows = np.arange(len(x))
+    ax = np.abs(x)
+    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict >
+    zero = ax[rows, first] < GROUP_MAX_EPS
+    return np.where(zero, F32(1), x[rows, first]).astype(F32), zero
+
+
 def make_q3_quants_rmse(x, nmax=4):
     """GGML's make_q3_quants(n, nmax, x, L, true) on every row of x [g, n]: (scale [g], L [g, n]
     int64, stored + nmax, or 0 for a row below GROUP_MAX_EPS). Its refinement is sequential along
     a row (each element's change moves the sums the next one sees) and stops a row at the first
     of its five passes that changes nothing: vectorized across rows only."""
     g, n = x.shape
-    rows = np.arange(g)
-    ax = np.abs(x)
-    first = np.argmax(ax, axis=1)  # the first of equal magnitudes, as GGML's strict >
-    amax = ax[rows, first]
-    zero = amax < GROUP_MAX_EPS
+    mx, zero = _run_extreme(x)
     with np.errstate(all="ignore"):
-        mx = np.where(zero, F32(1), x[rows, first]).astype(F32)
         iscale = (F32(-nmax) / mx).astype(F32)
         w = (x * x).astype(F32)
         wx = (w * x).astype(F32)
@@ -505,13 +510,84 @@ def dequantize_q3_k(blocks):
         return (np.repeat(dl, 16, axis=1) * q).astype(F32).reshape(-1)
 
 
+# ---- IQ4_NL: Q4_0's blocks of 32, each index a value of a fixed codebook --------------------
+
+IQ4_NL = Q4_0  # GGML's block_iq4_nl: d, then 16 bytes of two 4-bit indices each, 18 bytes
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                          113], F32)  # GGML's kvalues_iq4nl
+
+
+def iq4_nearest_index(v):
+    """GGML's best_index_int8(16, kvalues_iq4nl, v) on every element of v (f32): the nearest
+    value's index, the lower of two equally near; beyond either end that end; NaN 15."""
+    v = np.asarray(v, dtype=F32)
+    # The binary search ends at the first value above v (mu); then `v - val[mu-1] < val[mu] - v`.
+    mu = np.clip(np.searchsorted(IQ4_NL_VALUES, v, side="right"), 1, 15)
+    with np.errstate(invalid="ignore"):
+        below = (v - IQ4_NL_VALUES[mu - 1]).astype(F32)
+        above = (IQ4_NL_VALUES[mu] - v).astype(F32)
+        index = np.where(below < above, mu - 1, mu)
+        index = np.where(v <= IQ4_NL_VALUES[0], 0, index)
+        index = np.where(v >= IQ4_NL_VALUES[15], 15, index)
+    return np.where(np.isnan(v), 15, index).astype(np.int64)
+
+
+def iq4_search_scale(x, trials=7):
+    """quantize_row_iq4_nl_impl's scale search for rows of 32 (x [g, 32] f32, finite), without
+    an importance matrix (weights x^2): the scale [g]."""
+    mx, zero = _run_extreme(x)
+    with np.errstate(all="ignore"):
+        w = (x * x).astype(F32)
+
+        def fit(iscale):
+            q = IQ4_NL_VALUES[iq4_nearest_index((iscale[:, None] * x).astype(F32))]
+            return (_running_sum(((w * q).astype(F32) * x).astype(F32)),
+                    _running_sum(((w * q).astype(F32) * q).astype(F32)))
+
+        d0 = (-mx / IQ4_NL_VALUES[0]).astype(F32)
+        sumqx, sumq2 = fit((F32(1) / d0).astype(F32))
+        d = np.where(sumq2 > 0, (sumqx / sumq2).astype(F32), F32(0)).astype(F32)
+        best = (d * sumqx).astype(F32)
+        for t in range(-trials, trials + 1):
+            sumqx, sumq2 = fit((F32(t - 127) / mx).astype(F32))
+            better = (sumq2 > 0) & ((sumqx * sumqx).astype(F32) > (best * sumq2).astype(F32))
+            d = np.where(better, (sumqx / sumq2).astype(F32), d).astype(F32)
+            best = np.where(better, (d * sumqx).astype(F32), best).astype(F32)
+    return np.where(zero, F32(0), d).astype(F32)
+
+
+def quantize_iq4_nl(x):
+    """quantize_iq4_nl(x, y, 1, n, NULL) on x [blocks, 32] f32 (finite)."""
+    x = np.ascontiguousarray(x, dtype=F32)
+    d = iq4_search_scale(x)
+    out = np.zeros(len(x), IQ4_NL)
+    out["d"] = f16_bits(d)
+    with np.errstate(all="ignore"):
+        q = iq4_nearest_index((reciprocal_or_zero(d)[:, None] * x).astype(F32))
+    out["qs"] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    return out
+
+
+def reciprocal_or_zero(d):
+    """GGML's `d ? 1/d : 0` in f32 (inf where 1/d overflows)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(d != 0, (F32(1) / np.where(d != 0, d, F32(1))).astype(F32), F32(0))
+
+
+def dequantize_iq4_nl(blocks):
+    q = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (widened_scale(blocks)[:, None] * IQ4_NL_VALUES[q]).astype(F32).reshape(-1)
+
+
 def stored_rows(x, fmt):
     """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q5_0",
-    "q3_k", "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
+    "iq4_nl", "q3_k", "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
     codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
               "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
               "q5_0": (BLOCK, quantize_q5_0, dequantize_q5_0),
+              "iq4_nl": (BLOCK, quantize_iq4_nl, dequantize_iq4_nl),
               "q3_k": (QK_K, quantize_q3_k, dequantize_q3_k),
               "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
               "q5_k": (QK_K, quantize_q5_k, dequantize_q5_k),

@@ -3,7 +3,7 @@
 `write DIR`: tiny Hugging Face checkpoints of every architecture numesh reads (hf_model_check.py's
 cases, the same random weights), each converted by gguf_writer.py (written from the GGUF
 specification and llama.cpp's converter, independent of numesh: its names, stacked experts and
-the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0 (and Q5_0 for three)
+the Q/K row permutation of Llama-family files) to GGUF files in F32, F16, BF16, Q8_0 and Q4_0 (and Q5_0 and IQ4_NL for three)
 (Q3_K, Q4_K, Q5_K, Q6_K and llama.cpp's Q3_K_M, Q4_K_M and Q5_K_M mixtures where the rows are
 whole super-blocks).
 gguf_check_main then loads each file through GgufCheckpoint and the checkpoint it came from
@@ -37,7 +37,7 @@ except ImportError as e:  # torch_check.cmake's rule: 77 for a missing module
 
 FLOATS = ["f32", "f16", "bf16"]
 BLOCKS = FLOATS + ["q8_0", "q4_0"]
-WITH_Q5_0 = BLOCKS + ["q5_0"]
+WITH_Q5_0 = BLOCKS + ["q5_0", "iq4_nl"]
 # Cases of hf_model_check.models() and the GGUF formats their widths allow.
 FORMATS = {
     "llama_blocks": WITH_Q5_0,        # two safetensors shards, untied, Q/K permuted in GGUF

@@ -756,7 +756,7 @@ TEST_F(GgufFileTest, TypesNumeshDoesNotComputeInOpenButCannotBeRead) {
     const std::string message = read_error(file, name,
                                            "its type is " + type +
                                                "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, "
-                                               "Q5_0, Q3_K, Q4_K, Q5_K and Q6_K tensors");
+                                               "Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K tensors");
     EXPECT_THAT([&] { f.read(name, DType::kF32, std::as_writable_bytes(std::span(out))); },
                 ThrowsMessage<ValueError>(StrEq(message)));
     const std::vector<std::int64_t> offsets{0, 0};

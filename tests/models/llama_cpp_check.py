@@ -7,7 +7,7 @@ For each architecture numesh writes to GGUF (a tiny random checkpoint of hf_mode
 models: Llama with Llama 3.1's RoPE scaling and tied embeddings, Llama with MLP biases, Qwen2,
 Qwen3, Mixtral's experts in a llama file, Qwen2-MoE with its shared expert, Qwen3-MoE, Gemma and
 Phi-3), beside a byte-level BPE tokenizer.json and a chat template written here, `numesh convert`
-writes the model in each --type the rows allow (f32, f16, bf16, q8_0, q4_0; q5_0 for three). Then llama.cpp
+writes the model in each --type the rows allow (f32, f16, bf16, q8_0, q4_0; q5_0 and iq4_nl for three). Then llama.cpp
 (tests/models/llama_cpp_check/run.mjs: node-llama-cpp's binding to llama.cpp's prebuilt CPU
 libraries) loads each file, takes NEW_TOKENS greedy tokens after a random prompt and encodes a
 text; `numesh generate` takes its greedy tokens from the same file (and writes its logits), and
@@ -63,10 +63,10 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% en
 # numesh's fp32 forward against llama.cpp's: f16 and bf16 weights (llama.cpp rounds each
 # projection's input to the weights' type, numesh to bf16 for bf16 weights only), blocks (both
 # quantize the inputs to 8 bits a block of 32 from slightly different fp32 values).
-BOUNDS = {"f32": 1e-3, "f16": 1e-2, "bf16": 2e-2, "q8_0": 3e-2, "q4_0": 3e-2, "q5_0": 3e-2}
+BOUNDS = {"f32": 1e-3, "f16": 1e-2, "bf16": 2e-2, "q8_0": 3e-2, "q4_0": 3e-2, "q5_0": 3e-2, "iq4_nl": 3e-2}
 FLOATS = ["f32", "f16", "bf16"]
 BLOCKS = FLOATS + ["q8_0", "q4_0"]
-WITH_Q5_0 = BLOCKS + ["q5_0"]
+WITH_Q5_0 = BLOCKS + ["q5_0", "iq4_nl"]
 
 
 def cases():

@@ -133,8 +133,8 @@ TEST(NonfiniteWeightsTest, ScansOfLargeShardsAddTheirTasksFindingsInOrder) {
 TEST(NonfiniteWeightsTest, BlockFormatsCountWhatTheirDequantizedValuesHold) {
   const runtime::DeviceMesh two = mesh_of(2, {"tp"});
   const sharding::PartitionSpec split({sharding::AxisRule("tp"), {}});
-  for (const DType dtype :
-       {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (const DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_NL, DType::kQ4_K,
+                            DType::kQ5_K, DType::kQ6_K}) {
     const std::int64_t rows = 4, cols = 512, elements = rows * cols;
     std::vector<float> values(static_cast<std::size_t>(elements));
     for (std::size_t i = 0; i < values.size(); ++i) {

@@ -352,9 +352,13 @@ TEST_P(BlockGemmLevelTest, DotEqualsTheScalarLevelBitForBit) {
 }
 
 // Weight code e (0 .. 31) of a block, as the format defines it (q4_0: nibble - 8; q5_0: the
-// nibble at byte 6 on and bit e of the word at byte 2 as its fifth bit, less 16).
+// nibble at byte 6 on and bit e of the word at byte 2 as its fifth bit, less 16; iq4_nl: the
+// codebook's value at the nibble).
 int weight_code(const unsigned char* block, DType t, std::int64_t e) {
   if (t == DType::kQ8_0) return static_cast<std::int8_t>(block[2 + e]);
+  if (t == DType::kIQ4_NL) {
+    return kIQ4_NLValues[e < 16 ? block[2 + e] & 0x0F : block[2 + e - 16] >> 4];
+  }
   if (t == DType::kQ5_0) {
     const int nibble = e < 16 ? block[6 + e] & 0x0F : block[6 + e - 16] >> 4;
     return (nibble | (((block[2 + e / 8] >> (e % 8)) & 1) << 4)) - 16;
@@ -372,7 +376,7 @@ float weight_scale(const unsigned char* block) {
 // dequantized weights: sum over blocks of d_a (1/2 + 2^-12) sum |w|, plus that accumulation.
 TEST(BlockGemmTest, TheScalarDotIsItsOrdersValueAndWithinTheQuantizationBound) {
   std::uint32_t seed = 900;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_NL}) {
     for (std::int64_t k : {32, 96, 1024, 4096 + 32}) {
       const std::int64_t m = 3, n = 7, blocks = k / 32, lda = k + 32;
       const DotCase cs = dot_case(t, m, n, k, seed += 5);

@@ -410,8 +410,8 @@ TEST(GemmTest, DeviceGemmOnBlockFormatsIsTheProductForAnyThreadCount) {
   const std::vector<Shape> blocks_of_256{
       Shape{1, 256, 8},    Shape{3, 1024, 70},   Shape{1, 1024, 4096}, Shape{16, 512, 257},
       Shape{17, 256, 100}, Shape{130, 256, 777}, Shape{260, 512, 40}};
-  for (DType t :
-       {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_NL, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
     for (const Shape sh : traits(t).block_elements == 256 ? blocks_of_256 : blocks_of_32) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.k, sh.n, 1.9f);
       // Stored out-in: output j's k inputs, quantized as one row.
@@ -459,8 +459,8 @@ TEST(GemmTest, BlockPrefillIsThePackedInt8Product) {
   struct Shape {
     Eigen::Index m, k, n;
   };
-  for (DType t :
-       {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_NL, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
     for (const Shape sh : {Shape{17, 256, 40}, Shape{300, 512, 600}, Shape{520, 256, 300}}) {
       const RowMatrix a = pattern(sh.m, sh.k, 0.4f), w = pattern(sh.n, sh.k, 1.9f);  // out-in
       std::vector<std::byte> blocks(static_cast<std::size_t>(sh.n * row_bytes(t, sh.k)));

@@ -238,8 +238,8 @@ TEST_P(WeightDtypeTest, BlockFormatTransformerEqualsTheReferenceOfItsStoredWeigh
   // build): they run on one device, on tp 2 and on dp x ep x tp, which cover their splits.
   const std::string label = mesh_label(GetParam());
   const bool k_meshes = label == "mesh_tp1" || label == "mesh_tp2" || label == "mesh_dp2_ep2_tp2";
-  for (DType t :
-       {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kIQ4_NL, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
     if (traits(t).block_elements == 256 && !k_meshes) continue;
     const TransformerConfig c = block_format_transformer(traits(t).block_elements);
     const TransformerWeights fp32 = TransformerWeights::random(c, 7);

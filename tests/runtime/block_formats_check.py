@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -16,7 +16,10 @@ step in the precision the C performs it:
   q5_0: as q4_0 with d = m / -16 and q = min(31, trunc(f32(f32(x * id) + 16.5))); byte j holds
         the low 4 bits of q[j] and q[j + 16] as q4_0's, bit j of the little-endian word before
         them q[j]'s fifth bit (quantize_row_q5_0_ref, dequantize_row_q5_0).
-  dequantization: f32(f16 d) * code (q4_0: code - 8), in f32.
+  iq4_nl: tests/common/ggml_blocks.py's quantize_iq4_nl, quantize_iq4_nl's search without an
+        importance matrix step by step in f32 (weights x^2, the first guess and 15 trial scales,
+        sequential sums along the block), then each index re-chosen as best_index_int8 chooses.
+  dequantization: f32(f16 d) * code (q4_0: code - 8; iq4_nl: the codebook's value), in f32.
 Where 1/d overflows (a block below ~3.7e-37 for q8_0, ~2.4e-38 for q4_0, ~4.7e-38 for q5_0)
 GGML converts inf or NaN to an integer, undefined in C; x86-64 builds get 0x80000000 (low byte
 0), so every code is 0 (q4_0, q5_0: min(15, 0), min(31, 0)), and numesh and the transcription
@@ -32,7 +35,7 @@ log-uniform, heavy-tailed) and adversarial blocks (zeros of both signs, outliers
 at k + 0.5 after scaling and their neighbours, negative extremes, ties of magnitude with
 opposite signs, scales at f16 rounding ties, at f16 overflow, in f16's subnormals, at the
 reciprocal's overflow, and blocks where an FMA or f32 rounding would change a code), with
-DIR/kinds.json naming the blocks of each kind; DIR/blocks.q8_0, .q4_0 and .q5_0, blocks with
+DIR/kinds.json naming the blocks of each kind; DIR/blocks.q8_0, .q4_0, .q5_0 and .iq4_nl, blocks with
 every f16 scale pattern (NaN, inf, subnormals) and random codes, to dequantize. For the
 super-block formats, DIR/values_k.f32 and DIR/kinds_k.json: random 256-value rows at magnitudes
 from 1e-45 to 1e38 and adversarial ones (zeros, constant rows, negative-only and positive-only
@@ -46,8 +49,8 @@ others, random scales and codes, to dequantize.
 `check` compares numesh's quantized bytes and dequantized values with the transcription's (NaN
 outputs compared as NaN only). When NUMESH_GGML_LIB names a built libggml-base.so (an x86-64
 build: see above for the blocks where GGML's C is undefined) it also calls GGML's own
-quantize_row_{q8_0,q4_0,q5_0,q3_K,q4_K,q5_K,q6_K}_ref and dequantize_row_{...} of each through
-ctypes
+quantize_row_{q8_0,q4_0,q5_0,q3_K,q4_K,q5_K,q6_K}_ref, quantize_iq4_nl and dequantize_row_{...}
+of each through ctypes
 on the same data and compares; unset, that part is skipped with a printed line.
 Exit status: 0 all identical; 1 a mismatch (the first few printed); 2 numpy is missing (77
 with NUMESH_SKIP_TORCH_CHECKS=1, a reported skip).
@@ -61,6 +64,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from python_deps import require  # noqa: E402  (a missing module: exit 2, or a skip)
 np = require("numpy")
 
+from ggml_blocks import (IQ4_NL, IQ4_NL_VALUES, dequantize_iq4_nl, iq4_search_scale,  # noqa: E402
+                         quantize_iq4_nl, reciprocal_or_zero)
 from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q5_0, Q8_0, dequantize_q4_0,  # noqa: E402,F401
                          dequantize_q5_0, dequantize_q8_0, f16_bits, q4_0_codes, q4_0_scale,
                          q5_0_codes, q5_0_scale, q8_0_scale, quantize_q4_0, quantize_q5_0,
@@ -134,6 +139,30 @@ def adversarial_blocks(rng):
     kinds["q5_0 values at integer codes"] = edges
     kinds["q5_0 neighbours of integer codes"] = neighbours(edges)
     kinds["q5_0 positive extreme at integer codes"] = (-edges).astype(F32)
+
+    # iq4_nl: elements whose id * x (id = 1 / d, d the block's searched scale) is exactly midway
+    # between two codebook values (best_index_int8 takes the lower), and their f32 neighbours.
+    # Moving an element moves the search's scale, so the elements are placed again against the
+    # new scale a few times, and the blocks where some ties remain are kept.
+    placed = to_f32(rng.normal(0, 1, (2000, BLOCK)) * 10 ** rng.uniform(-3, 3, (2000, 1)))
+    mids = (IQ4_NL_VALUES[:-1] + IQ4_NL_VALUES[1:]) / 2
+    extreme = np.argmax(np.abs(placed), axis=1)
+    cols = (extreme[:, None] + 1 + np.arange(6)[None, :]) % BLOCK
+    rows = np.arange(2000)[:, None]
+    want = mids[rng.integers(0, 15, (2000, 6))].astype(F32)
+    for _ in range(4):
+        inv = reciprocal_or_zero(iq4_search_scale(placed))[:, None]
+        guess = to_f32(want.astype(np.float64) / inv.astype(np.float64))
+        for step in range(-2, 3):
+            c = guess
+            for _ in range(abs(step)):
+                c = np.nextafter(c, F32(np.inf) if step > 0 else F32(-np.inf)).astype(F32)
+            hit = (inv * c).astype(F32) == want
+            placed[rows, cols] = np.where(hit, c, placed[rows, cols])
+    v = (reciprocal_or_zero(iq4_search_scale(placed))[:, None] * placed).astype(F32)
+    tied = np.isin(v, mids.astype(F32)).any(axis=1)
+    kinds["iq4_nl values midway between codebook values"] = placed[tied][:400]
+    kinds["iq4_nl neighbours of midway values"] = neighbours(placed[tied][:400])
 
     x = to_f32(rng.normal(0, 1, (100, BLOCK)))
     neg = np.argmax(np.abs(x), axis=1)
@@ -477,6 +506,10 @@ def write(d):
     q5["qh"] = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     q5["qs"] = rng.integers(0, 256, (n, 16)).astype(np.uint8)
     q5.tofile(os.path.join(d, "blocks.q5_0"))
+    iq4 = np.zeros(n, IQ4_NL)
+    iq4["d"] = rng.permutation(n).astype(np.uint16)
+    iq4["qs"] = rng.integers(0, 256, (n, 16)).astype(np.uint8)
+    iq4.tofile(os.path.join(d, "blocks.iq4_nl"))
     write_k(d)
     return 0
 
@@ -515,7 +548,7 @@ def compare_values(title, got, want, block=BLOCK):
     return bad.size == 0
 
 
-def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
+def ggml_check(index, x, blocks8, blocks4, blocks5, blocks_iq4, mine):
     """GGML's own functions, when NUMESH_GGML_LIB names libggml-base.so; True when they agree."""
     path = os.environ.get("NUMESH_GGML_LIB")
     if not path:
@@ -527,9 +560,13 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
                  "dequantize_row_q8_0", "dequantize_row_q4_0", "dequantize_row_q5_0",
                  "quantize_row_q3_K_ref", "quantize_row_q4_K_ref", "quantize_row_q5_K_ref",
                  "quantize_row_q6_K_ref", "dequantize_row_q3_K", "dequantize_row_q5_K",
-                 "dequantize_row_q4_K", "dequantize_row_q6_K"):
+                 "dequantize_row_q4_K", "dequantize_row_q6_K", "dequantize_row_iq4_nl"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
+    # quantize_iq4_nl(src, dst, rows, per row, importance), what llama.cpp writes files with.
+    lib.quantize_iq4_nl.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_int64, ctypes.c_void_p]
+    lib.quantize_iq4_nl.restype = ctypes.c_size_t
 
     ok = True
     flat = np.ascontiguousarray(x.reshape(-1))
@@ -542,8 +579,13 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, mine):
         ok &= compare_blocks(f"{fmt} quantize, NumPy vs GGML", index, x, mine[f"{fmt} numpy"], theirs)
         print(f"    of which {int(undefined.sum())} blocks where 1/d overflows (GGML's C undefined, "
               f"x86 bytes)")
+    theirs = np.zeros(len(x), IQ4_NL)
+    lib.quantize_iq4_nl(flat.ctypes.data, theirs.ctypes.data, len(x), BLOCK, None)
+    ok &= compare_blocks(f"iq4_nl quantize, numesh vs GGML ({path})", index, x, mine["iq4_nl"], theirs)
+    ok &= compare_blocks("iq4_nl quantize, NumPy vs GGML", index, x, mine["iq4_nl numpy"], theirs)
     for fmt, blocks, got in (("q8_0", blocks8, mine["q8_0 any"]), ("q4_0", blocks4, mine["q4_0 any"]),
-                             ("q5_0", blocks5, mine["q5_0 any"])):
+                             ("q5_0", blocks5, mine["q5_0 any"]),
+                             ("iq4_nl", blocks_iq4, mine["iq4_nl any"])):
         theirs = np.zeros(len(blocks) * BLOCK, F32)
         getattr(lib, f"dequantize_row_{fmt}")(blocks.ctypes.data, theirs.ctypes.data, theirs.size)
         ok &= compare_values(f"{fmt} dequantize every scale, numesh vs GGML", got, theirs)
@@ -597,6 +639,18 @@ def describe_k(x, q4k, q6k, q3k):
           f"(codes kept from the search)")
 
 
+def describe_iq4_nl(x, blocks):
+    """Counts of the cases the IQ4_NL data is there for, from the reference's bytes."""
+    d = iq4_search_scale(x)
+    with np.errstate(all="ignore"):
+        v = (reciprocal_or_zero(d)[:, None] * x).astype(F32)
+    mids = ((IQ4_NL_VALUES[:-1] + IQ4_NL_VALUES[1:]) / 2).astype(F32)
+    midway = np.isin(v, mids)
+    zero = (blocks["d"] & 0x7FFF) == 0
+    print(f"    iq4_nl: {int(midway.sum())} elements exactly midway between two codebook values in "
+          f"{int(midway.any(axis=1).sum())} blocks; {int(zero.sum())} blocks with scale 0")
+
+
 def check_k(d, mine):
     """numesh's Q3_K, Q4_K, Q5_K and Q6_K against the NumPy transcription; fills mine["k"] for
     ggml_check."""
@@ -633,18 +687,23 @@ def check(d):
     blocks8 = np.fromfile(path("blocks.q8_0"), dtype=Q8_0)
     blocks4 = np.fromfile(path("blocks.q4_0"), dtype=Q4_0)
     blocks5 = np.fromfile(path("blocks.q5_0"), dtype=Q5_0)
+    blocks_iq4 = np.fromfile(path("blocks.iq4_nl"), dtype=IQ4_NL)
     print(f"{len(x)} blocks ({x.size} values) of {len(index)} kinds to quantize; "
-          f"{len(blocks8)} + {len(blocks4)} + {len(blocks5)} blocks to dequantize")
+          f"{len(blocks8)} + {len(blocks4)} + {len(blocks5)} + {len(blocks_iq4)} blocks to "
+          f"dequantize")
     mine = {"q8_0": np.fromfile(path("values.q8_0"), dtype=Q8_0),
             "q4_0": np.fromfile(path("values.q4_0"), dtype=Q4_0),
             "q5_0": np.fromfile(path("values.q5_0"), dtype=Q5_0),
             "q8_0 any": np.fromfile(path("blocks.q8_0.f32"), dtype=F32),
             "q4_0 any": np.fromfile(path("blocks.q4_0.f32"), dtype=F32),
-            "q5_0 any": np.fromfile(path("blocks.q5_0.f32"), dtype=F32)}
+            "q5_0 any": np.fromfile(path("blocks.q5_0.f32"), dtype=F32),
+            "iq4_nl": np.fromfile(path("values.iq4_nl"), dtype=IQ4_NL),
+            "iq4_nl any": np.fromfile(path("blocks.iq4_nl.f32"), dtype=F32)}
     ok = True
     for fmt, quantize, dequantize in (("q8_0", quantize_q8_0, dequantize_q8_0),
                                       ("q4_0", quantize_q4_0, dequantize_q4_0),
-                                      ("q5_0", quantize_q5_0, dequantize_q5_0)):
+                                      ("q5_0", quantize_q5_0, dequantize_q5_0),
+                                      ("iq4_nl", quantize_iq4_nl, dequantize_iq4_nl)):
         want = mine[f"{fmt} numpy"] = quantize(x)
         ok &= compare_blocks(f"{fmt} quantize, numesh vs NumPy", index, x, mine[fmt], want)
         ok &= compare_values(f"{fmt} dequantize its blocks, numesh vs NumPy",
@@ -655,8 +714,11 @@ def check(d):
                          dequantize_q4_0(blocks4))
     ok &= compare_values("q5_0 dequantize every scale, numesh vs NumPy", mine["q5_0 any"],
                          dequantize_q5_0(blocks5))
+    ok &= compare_values("iq4_nl dequantize every scale, numesh vs NumPy", mine["iq4_nl any"],
+                         dequantize_iq4_nl(blocks_iq4))
+    describe_iq4_nl(x, mine["iq4_nl numpy"])
     ok &= check_k(d, mine)
-    ok &= ggml_check(index, x, blocks8, blocks4, blocks5, mine)
+    ok &= ggml_check(index, x, blocks8, blocks4, blocks5, blocks_iq4, mine)
     return 0 if ok else 1
 
 

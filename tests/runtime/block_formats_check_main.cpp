@@ -1,15 +1,16 @@
 // block_formats_check_main: quantizes and dequantizes what tests/runtime/block_formats_check.py
-// wrote, with numesh's Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K codecs, and writes the results
-// as raw little-endian bytes for the script to compare with its NumPy transcription of GGML (and
-// with GGML itself).
+// wrote, with numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K codecs, and writes the
+// results as raw little-endian bytes for the script to compare with its NumPy transcription of GGML
+// (and with GGML itself).
 //   block_formats_check_main DIR
 // Reads DIR/values.f32 (floats, a whole number of 32-value blocks), DIR/blocks.q8_0 and
 // DIR/blocks.q4_0 (arbitrary blocks: 34 and 18 bytes each). Writes DIR/values.q8_0 and
 // DIR/values.q4_0 (the quantized values), DIR/values.q8_0.f32 and DIR/values.q4_0.f32 (those
 // blocks dequantized), DIR/blocks.q8_0.f32 and DIR/blocks.q4_0.f32 (the arbitrary blocks
-// dequantized). The same for the super-block formats, from DIR/values_k.f32 (a whole number of
-// 256-value blocks) and DIR/blocks.FORMAT (arbitrary blocks) for q3_k, q4_k, q5_k and q6_k:
-// writes DIR/values_k.FORMAT, DIR/values_k.FORMAT.f32 and DIR/blocks.FORMAT.f32.
+// dequantized), and likewise DIR/values.iq4_nl, DIR/values.iq4_nl.f32 and DIR/blocks.iq4_nl.f32
+// from DIR/blocks.iq4_nl. The same for the super-block formats, from DIR/values_k.f32 (a whole
+// number of 256-value blocks) and DIR/blocks.FORMAT (arbitrary blocks) for q3_k, q4_k, q5_k and
+// q6_k: writes DIR/values_k.FORMAT, DIR/values_k.FORMAT.f32 and DIR/blocks.FORMAT.f32.
 
 #include <cstddef>
 #include <cstdio>
@@ -116,8 +117,13 @@ int main(int argc, char** argv) {
     std::vector<float> out5(any5.size() * 32);
     dequantize_q5_0(any5, out5);
     write_all(dir / "blocks.q5_0.f32", out5);
-    std::printf("block_formats_check_main: %zu blocks quantized, %zu + %zu + %zu dequantized\n",
-                blocks, any8.size(), any4.size(), any5.size());
+    const std::size_t iq4_nl_any = run_format<BlockIQ4_NL, 32>(
+        dir, "values", values, "iq4_nl",
+        [](std::span<const float> x, std::span<BlockIQ4_NL> y) { quantize_iq4_nl(x, y); },
+        [](std::span<const BlockIQ4_NL> y, std::span<float> x) { dequantize_iq4_nl(y, x); });
+    std::printf(
+        "block_formats_check_main: %zu blocks quantized, %zu + %zu + %zu + %zu dequantized\n",
+        blocks, any8.size(), any4.size(), any5.size(), iq4_nl_any);
 
     const std::vector<float> values_k = read_all<float>(dir / "values_k.f32");
     const std::size_t q3_k_any = run_format<BlockQ3_K, 256>(

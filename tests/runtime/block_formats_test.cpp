@@ -1,5 +1,5 @@
-// GGML's block codecs (Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q6_K) on hand-checked blocks: scales and
-// codes worked out from GGML's definitions, the rounding of exact halves, the sign of the Q4_0
+// GGML's block codecs (Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q6_K) on hand-checked blocks: scales
+// and codes worked out from GGML's definitions, the rounding of exact halves, the sign of the Q4_0
 // scale, nibble and 6-bit packing, the blocks where GGML's reference is undefined or overflows,
 // round-trip error bounds on random rows, and the errors. tests/runtime/block_formats_check.py
 // compares bytes with a NumPy transcription of GGML (and GGML itself) on many more rows.
@@ -346,6 +346,111 @@ TEST(BlockQ5_0Test, DequantizationIsCodeMinus16TimesTheWidenedScale) {
   }
 }
 
+// ---- IQ4_NL ----------------------------------------------------------------------------------
+
+BlockIQ4_NL iq4_nl_of(const std::array<float, kBlock>& x) {
+  BlockIQ4_NL b{};
+  quantize_iq4_nl(x, std::span<BlockIQ4_NL>(&b, 1));
+  return b;
+}
+
+std::array<float, kBlock> iq4_nl_back(const BlockIQ4_NL& b) {
+  std::array<float, kBlock> back{};
+  dequantize_iq4_nl(std::span<const BlockIQ4_NL>(&b, 1), back);
+  return back;
+}
+
+TEST(BlockIQ4_NLTest, ZerosAndTinyBlocksHaveScaleZeroAndTheIndexOfOne) {
+  // Below GGML's 1e-15 the scale is 0, and every index is the one nearest 0 * x: value 1 (index
+  // 8, nearer 0 than -10).
+  for (float v : {0.0f, -0.0f, 1e-16f, -9e-16f}) {
+    const BlockIQ4_NL b = iq4_nl_of(filled(v));
+    EXPECT_EQ(b.d, 0x0000) << v;
+    for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0x88) << v;
+    for (float back : iq4_nl_back(b)) EXPECT_EQ(std::bit_cast<std::uint32_t>(back), 0u) << v;
+  }
+}
+
+// Codebook values -127, 25 and 53 with zeros: the trial scale 1 (the extreme at -127) fits
+// them exactly, where GGML's first guess (the extreme at +127, so at 113) cannot, so d is 1
+// and the values come back as they were; each zero comes back as 1 (the codebook has no 0: its
+// nearest value to 0 is 1). Negated, d is -1 with the same indices.
+TEST(BlockIQ4_NLTest, CodebookValuesAreStoredExactlyAndZerosComeBackAsOneStep) {
+  std::array<float, kBlock> x{};
+  x[0] = -127.0f;
+  x[1] = 25.0f;
+  x[2] = 53.0f;
+  for (float sign : {1.0f, -1.0f}) {
+    std::array<float, kBlock> signed_x = x;
+    for (float& v : signed_x) v = v * sign;
+    const BlockIQ4_NL b = iq4_nl_of(signed_x);
+    EXPECT_EQ(b.d, sign > 0 ? 0x3C00 : 0xBC00);
+    EXPECT_EQ(b.qs[0], 0x80) << "index 0 (-127), and index 8 (1) for element 16";
+    EXPECT_EQ(b.qs[1], 0x8A) << "index 10 (25)";
+    EXPECT_EQ(b.qs[2], 0x8C) << "index 12 (53)";
+    for (std::size_t j = 3; j < 16; ++j) EXPECT_EQ(b.qs[j], 0x88) << j;
+    const std::array<float, kBlock> back = iq4_nl_back(b);
+    for (std::size_t j = 0; j < kBlock; ++j) {
+      EXPECT_EQ(back[j], j < 3 ? signed_x[j] : sign) << j;
+    }
+  }
+}
+
+TEST(BlockIQ4_NLTest, ByteJHoldsIndexJLowAndIndexJPlus16High) {
+  std::array<float, kBlock> x{};
+  x[0] = -127.0f;
+  x[1] = 25.0f;
+  x[2] = 53.0f;
+  x[16] = 53.0f;
+  x[17] = 25.0f;
+  const BlockIQ4_NL b = iq4_nl_of(x);
+  EXPECT_EQ(b.d, 0x3C00);
+  EXPECT_EQ(b.qs[0], 0xC0) << "index 0 low, element 16's index 12 high";
+  EXPECT_EQ(b.qs[1], 0xAA) << "index 10 for elements 1 and 17";
+  EXPECT_EQ(b.qs[2], 0x8C) << "index 12 low, element 18's index 8 high";
+}
+
+TEST(BlockIQ4_NLTest, DequantizationIsTheWidenedScaleTimesTheCodebooksValue) {
+  BlockIQ4_NL b{};
+  b.d = f16_from_f32(-0.375f);
+  for (std::size_t j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const std::array<float, kBlock> back = iq4_nl_back(b);
+  for (std::size_t j = 0; j < 16; ++j) {
+    EXPECT_EQ(back[j], -0.375f * static_cast<float>(kIQ4_NLValues[j])) << j;
+    EXPECT_EQ(back[j + 16], -0.375f * static_cast<float>(kIQ4_NLValues[15 - j])) << j;
+  }
+}
+
+// Random rows: an element whose x / d lies within the codebook's range comes back within half
+// its widest gap (24 between 89 and 113: 12 steps of d, plus the f16 rounding of d times 127);
+// GGML's refit may leave a block's extreme beyond an end value, and then it is the end value.
+// And the rows' RMS errors, as fractions of the rows' RMS, stay at a 4-bit level (at most 0.19
+// on heavy tails in the NumPy transcription's runs).
+TEST(BlockIQ4_NLTest, RoundTripErrorIsBoundedByTheCodebooksGaps) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::student_t_distribution<float> heavy(2.0f);
+  for (int rows = 0; rows < 400; ++rows) {
+    const float scale = std::pow(10.0f, static_cast<float>(rows % 9) - 4.0f);
+    std::array<float, kBlock> x{};
+    for (float& v : x) v = (rows % 2 == 0 ? normal(rng) : heavy(rng)) * scale;
+    const BlockIQ4_NL b = iq4_nl_of(x);
+    const float d = f32_from_f16(b.d);
+    ASSERT_NE(d, 0.0f) << "row " << rows;
+    const std::array<float, kBlock> back = iq4_nl_back(b);
+    double error = 0.0, norm = 0.0;
+    for (std::size_t j = 0; j < kBlock; ++j) {
+      const float steps = x[j] / d;
+      if (steps >= -126.0f && steps <= 112.0f) {
+        EXPECT_LE(std::fabs(back[j] - x[j]), 12.2f * std::fabs(d)) << "row " << rows << " " << j;
+      }
+      error += (static_cast<double>(back[j]) - x[j]) * (static_cast<double>(back[j]) - x[j]);
+      norm += static_cast<double>(x[j]) * x[j];
+    }
+    EXPECT_LE(std::sqrt(error / norm), 0.25) << "row " << rows;
+  }
+}
+
 // Random rows at several magnitudes. The codes are within half a step of x / d (the f32 scale;
 // q4_0's clamped opposite extreme within a whole step); the dequantized values add the f16
 // rounding of the scale, at most 127 (q8_0) or 8 (q4_0) codes times |d - f16(d)|.
@@ -423,6 +528,13 @@ TEST(BlockFormatsTest, SizesThatAreNotThirtyTwoValuesABlockAreRefused) {
   EXPECT_THAT([&] { dequantize_q5_0(q5, x); },
               ThrowsMessage<ShapeError>(HasSubstr(
                   "dequantize q5_0: 33 values for 1 block(s) of 32: expected 32 values")));
+  std::vector<BlockIQ4_NL> iq4(2);
+  EXPECT_THAT([&] { quantize_iq4_nl(x, iq4); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "quantize iq4_nl: 33 values for 2 block(s) of 32: expected 64 values")));
+  EXPECT_THAT([&] { dequantize_iq4_nl(iq4, x); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dequantize iq4_nl: 33 values for 2 block(s) of 32: expected 64 values")));
   // Empty is whole blocks: nothing to do.
   EXPECT_NO_THROW(quantize_q8_0({}, {}));
   EXPECT_NO_THROW(dequantize_q4_0({}, {}));
@@ -450,6 +562,13 @@ TEST(BlockFormatsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
   std::vector<BlockQ5_0> q5(3);
   EXPECT_THAT([&] { quantize_q5_0(x, q5); },
               ThrowsMessage<ValueError>(HasSubstr("quantize q5_0: element 40 is -inf")));
+  std::vector<BlockIQ4_NL> iq4(3);
+  for (BlockIQ4_NL& b : iq4) b.d = 0xABCD;
+  EXPECT_THAT([&] { quantize_iq4_nl(x, iq4); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize iq4_nl: element 40 is -inf")));
+  EXPECT_NE(iq4[0].d, 0xABCD) << "the block before the bad one is written";
+  EXPECT_EQ(iq4[1].d, 0xABCD);
+  EXPECT_EQ(iq4[2].d, 0xABCD);
 
   // The blocks before the bad one are written; the bad one and those after are untouched.
   std::vector<BlockQ8_0> sentinel8(3);
@@ -1000,7 +1119,7 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
     EXPECT_THAT([&] { codec.quantize(bad, blocks.data()); },
                 ThrowsMessage<ValueError>(HasSubstr("300")));
   }
-  EXPECT_EQ(formats, 7);
+  EXPECT_EQ(formats, 8);
 }
 
 }  // namespace

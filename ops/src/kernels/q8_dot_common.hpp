@@ -561,15 +561,16 @@ struct Q8dotRow512 {
 };
 
 /// For formats whose codes are q - kOffset with q unsigned (vpmaddubsw's and vpdpbusd's
-/// unsigned operand: Q4_0's nibbles, kOffset 8; Q6_K's 6 bits, 32; Q4_K's nibbles, 0): the row
-/// as it is, and the kOffset taken off once per row, correction = -kOffset (x0 + x1 + x2 + x3)
-/// per lane, shared by every output (vpmaddubsw's pair sums stay within 2 * 63 * 127).
+/// unsigned operand: Q4_0's nibbles, kOffset 8; Q6_K's 6 bits, 32; Q4_K's nibbles, 0; with VNNI,
+/// IQ4_NL's codebook values plus 128): the row as it is, and the kOffset taken off once per row,
+/// correction = -kOffset (x0 + x1 + x2 + x3) per lane, shared by every output. Without VNNI
+/// vpmaddubsw's int16 pair sums must stay within 32767: q at most 128 (2 * 128 * 127).
 template <int kOffset, bool kVnni>
 NUMESH_Q8DOT_AVX512 inline Q8dotRow512 q8dot_offset_row512(__m512i x) {
   if constexpr (kOffset == 0) {
     return {x, _mm512_setzero_si512()};
   } else {
-    const __m512i offsets = _mm512_set1_epi8(kOffset);
+    const __m512i offsets = _mm512_set1_epi8(static_cast<char>(kOffset));
     __m512i sum;  // kOffset (x0 + x1 + x2 + x3) per lane
     if constexpr (kVnni) {
       sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offsets, x);

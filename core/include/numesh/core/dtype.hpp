@@ -32,6 +32,10 @@ enum class DType : std::uint8_t {
   /// GGML's Q5_0: blocks of 32 weights, an f16 scale d and 32 5-bit codes, their fifth bits in a
   /// word of their own (x = (q - 16) d); 5.5 bits a weight
   kQ5_0,
+  /// GGML's IQ4_NL: blocks of 32 weights, an f16 scale d and 32 4-bit indices into a fixed
+  /// codebook of 16 int8 values spaced for weights' bell shape, kIQ4_NLValues (x = d v[q]);
+  /// Q4_0's 4.5 bits a weight
+  kIQ4_NL,
   /// GGML's Q3_K: super-blocks of 256 weights, sixteen sub-blocks of 16 with 6-bit signed scales
   /// under an f16 d, 3-bit codes as 2 low bits and a high bit (x = d (sc - 32) (q - 4));
   /// 3.4375 bits a weight
@@ -73,7 +77,7 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 10> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 11> kDTypes = {{
     // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
     {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
@@ -81,6 +85,7 @@ inline constexpr std::array<DTypeTraits, 10> kDTypes = {{
     {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}, 8, 7},            // d first
     {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
     {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, {0, -1}, 6, 8},            // d first
+    {DType::kIQ4_NL, "iq4_nl", {"IQ4_NL", ""}, 32, 18, {0, -1}, 20, 25},    // d first
     {DType::kQ3_K, "q3_k", {"Q3_K", "q3_K"}, 256, 110, {108, -1}, 11, 12},  // d last
     {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
     {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, {0, 2}, 13, 17},     // d, dmin first
@@ -105,6 +110,7 @@ constexpr bool listed(DType t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ5_0:
+    case DType::kIQ4_NL:
     case DType::kQ3_K:
     case DType::kQ4_K:
     case DType::kQ5_K:
@@ -159,13 +165,14 @@ constexpr ElementType element_type(DType t) noexcept {
 }
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
-/// q4_0 0.5625, q5_0 0.6875, q3_k 0.4296875, q4_k 0.5625, q5_k 0.6875, q6_k 0.8203125).
+/// q4_0 0.5625, q5_0 0.6875, iq4_nl 0.5625, q3_k 0.4296875, q4_k 0.5625, q5_k 0.6875, q6_k
+/// 0.8203125).
 constexpr double bytes_per_weight(DType t) noexcept {
   return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
 }
 
-/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "q3_k", "q4_k", "q5_k",
-/// "q6_k".
+/// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k",
+/// "q5_k", "q6_k".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
@@ -192,7 +199,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
-/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, q3_k, q4_k, q5_k or q6_k",
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k
+/// or q6_k",
 /// so that help texts name a new format without being edited.
 inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
   std::vector<std::string_view> names;
@@ -208,9 +216,9 @@ inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
 }
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
-/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "q3_k", "Q3_K", "q3_K", "q4_k",
-/// "Q4_K", "q4_K", "q5_k", "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws: ValueError naming the
-/// text and the choices.
+/// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "iq4_nl", "IQ4_NL", "q3_k", "Q3_K",
+/// "q3_K", "q4_k", "Q4_K", "q4_K", "q5_k", "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws:
+/// ValueError naming the text and the choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -286,6 +294,11 @@ constexpr float f32_from_f16(std::uint16_t h) noexcept {
   return std::bit_cast<float>(sign | (e << 23) | ((mantissa & 0x3FFu) << 13));
 }
 
+/// GGML's kvalues_iq4nl: the 16 values an IQ4_NL index stands for (ggml-common.h), denser near 0
+/// where most of a weight row's values lie.
+inline constexpr std::array<std::int8_t, 16> kIQ4_NLValues = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /// Element `i` of a buffer of `dtype` (fp32 floats, bf16 / f16 bits, or blocks of a block
 /// format counted from the buffer's start), widened to fp32 exactly as the format's dequantizer
 /// gives it (runtime/block_formats.hpp). One element at a time: for references and scalar
@@ -320,6 +333,13 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
       const int low = j < 16 ? block[6 + j] & 0x0F : block[6 + j - 16] >> 4;
       const int high = (block[2 + j / 8] >> (j % 8)) & 1;
       return static_cast<float>((low | (high << 4)) - 16) * scale(block);
+    }
+    case DType::kIQ4_NL: {
+      // d, then Q4_0's 16 bytes of nibbles, each an index into the codebook.
+      const unsigned char* block = bytes + i / 32 * 18;
+      const std::int64_t j = i % 32;
+      const int index = j < 16 ? block[2 + j] & 0x0F : block[2 + j - 16] >> 4;
+      return scale(block) * static_cast<float>(kIQ4_NLValues[static_cast<std::size_t>(index)]);
     }
     case DType::kQ3_K: {
       // 32 bytes of high bits (element e's as bit e / 32 of byte e mod 32), 64 bytes of low bit

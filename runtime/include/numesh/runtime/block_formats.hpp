@@ -7,20 +7,21 @@
 
 #include "numesh/core/dtype.hpp"
 
-// GGML's Q8_0, Q4_0 and Q5_0 block formats (ggml/src/ggml-common.h's block_q8_0, block_q4_0
-// and block_q5_0): a row of weights cut into runs of 32 elements, each stored as one f16 scale
-// and 32 small integer codes; and its Q3_K, Q4_K, Q5_K and Q6_K "super-block" formats
-// (block_q3_K, block_q4_K, block_q5_K, block_q6_K): runs of 256 elements, cut into sub-blocks (8
-// of 32 for Q4_K and Q5_K, 16 of 16 for Q3_K and Q6_K) whose own scales (and Q4_K's and Q5_K's
-// minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The quantizers
-// write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
-// quantize_row_q4_0_ref, quantize_row_q5_0_ref, quantize_row_q3_K_ref, quantize_row_q4_K_ref,
-// quantize_row_q5_K_ref, quantize_row_q6_K_ref in ggml-quants.c), so a numesh-written block and
-// a GGUF file's block are interchangeable; the dequantizers compute exactly what GGML's
-// dequantize_row_* compute. (For the K formats, GGML's quantize_q3_K ... quantize_q6_K call the
-// reference only without an importance matrix; with one they search differently, and numesh
-// reads those blocks but does not write them.)
-// tests/runtime/block_formats_check.py checks all seven against a NumPy transcription of GGML's
+// GGML's Q8_0, Q4_0, Q5_0 and IQ4_NL block formats (ggml/src/ggml-common.h's block_q8_0,
+// block_q4_0, block_q5_0 and block_iq4_nl): a row of weights cut into runs of 32 elements, each
+// stored as one f16 scale and 32 small integer codes (IQ4_NL's index a codebook of 16 values);
+// and its Q3_K, Q4_K, Q5_K and Q6_K "super-block" formats (block_q3_K, block_q4_K, block_q5_K,
+// block_q6_K): runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K and Q5_K, 16 of 16 for
+// Q3_K and Q6_K) whose own scales (and Q4_K's and Q5_K's minimums) are stored as 6- or 8-bit
+// codes of one or two f16 super-block scales. The quantizers write exactly the bytes of GGML's
+// reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
+// quantize_row_q3_K_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref in
+// ggml-quants.c; for IQ4_NL quantize_iq4_nl, which llama.cpp writes files with), so a
+// numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
+// exactly what GGML's dequantize_row_* compute. (For the K formats and IQ4_NL, GGML's quantizers
+// follow these steps only without an importance matrix; with one they search differently, and
+// numesh reads those blocks but does not write them.)
+// tests/runtime/block_formats_check.py checks all eight against a NumPy transcription of GGML's
 // definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
@@ -76,6 +77,12 @@
 //   below about 9.5e-7), and any sub-block whose scale code is 32 (a scale of 0), skip the final
 //   pass and keep their searches' codes. d overflows f16 for a largest sub-block scale above
 //   about 2.1e6 (d is that scale / -32).
+// - IQ4_NL, in the same terms: a block whose magnitudes are all below GGML's 1e-15 (zeros
+//   included) has scale 0, and every index then goes to the codebook value nearest 0 * x, that is
+//   to 1 (index 8): bytes 0x88, dequantizing to +0. Its searches' sums hold x^3, so magnitudes
+//   beyond about 7e12 overflow them to inf and NaN as in Q3_K and Q6_K, and a scale beyond f16's
+//   range (a largest magnitude above about 7.4e6) is stored as f16 infinity; numesh writes
+//   GGML's bytes there too.
 // - GGML's libggml-base is compiled without -march, so no FMA, and its sums are sequential;
 //   numesh compiles these codecs with -ffp-contract=off for the same rounding of every product
 //   and sum (runtime/CMakeLists.txt).
@@ -88,6 +95,8 @@ inline constexpr std::int64_t kQ8_0BlockElements = 32;
 inline constexpr std::int64_t kQ4_0BlockElements = 32;
 /// Elements in one Q5_0 block (GGML's QK5_0).
 inline constexpr std::int64_t kQ5_0BlockElements = 32;
+/// Elements in one IQ4_NL block (GGML's QK4_NL).
+inline constexpr std::int64_t kIQ4_NLBlockElements = 32;
 /// Elements in one Q4_K super-block (GGML's QK_K): 8 sub-blocks of 32.
 inline constexpr std::int64_t kQ4_KBlockElements = 256;
 /// Elements in one Q5_K super-block (GGML's QK_K): 8 sub-blocks of 32.
@@ -160,6 +169,29 @@ void quantize_q5_0(std::span<const float> x, std::span<BlockQ5_0> y);
 /// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
 void dequantize_q5_0(std::span<const BlockQ5_0> y, std::span<float> x);
 
+/// GGML's block_iq4_nl: Q4_0's layout (byte j holds index q[j] in its low nibble and q[j + 16]
+/// in its high nibble), each index standing for a value of the codebook: element j of the block
+/// is f32(d) * kIQ4_NLValues[q[j]].
+struct BlockIQ4_NL {
+  std::uint16_t d;      ///< IEEE binary16 bits of the scale
+  std::uint8_t qs[16];  ///< two 4-bit indices a byte
+};
+static_assert(sizeof(BlockIQ4_NL) == 18 && alignof(BlockIQ4_NL) == 2, "GGML's block_iq4_nl layout");
+static_assert(offsetof(BlockIQ4_NL, qs) == 2 && std::is_trivially_copyable_v<BlockIQ4_NL>);
+
+/// Quantizes x to IQ4_NL, block b from x[32 b, 32 b + 32), with the bytes of GGML's
+/// quantize_iq4_nl without an importance matrix, the quantizer llama.cpp writes IQ4_NL files
+/// with (its quantize_row_iq4_nl_ref takes no trial scales and writes other bytes): weights x^2;
+/// the scale of least weighted squared error (sum w v x / sum w v^2 over each element's nearest
+/// codebook value v) from the block's extreme at -127, then from 15 trial scales (the extreme at
+/// -134 .. -120); then every index re-chosen against that scale as f32 (the nearest value, the
+/// lower on ties), which is what the block stores (d its f16).
+/// Throws: as quantize_q8_0.
+void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y);
+/// x[32 b + j] = f32(y[b].d) * kIQ4_NLValues[q[j]], as GGML's dequantize_row_iq4_nl.
+/// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
+void dequantize_iq4_nl(std::span<const BlockIQ4_NL> y, std::span<float> x);
+
 /// GGML's block_q4_K: sub-block s (elements [32 s, 32 s + 32)) has a 6-bit scale code sc[s] and
 /// a 6-bit minimum code m[s], and element i of it is f32(d) * sc[s] * q[i] - f32(dmin) * m[s]
 /// with a 4-bit code q[i]. scales packs the 16 six-bit codes into 12 bytes (GGML's
@@ -229,6 +261,7 @@ static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 1
 static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ4_0).f16_scales[0] == offsetof(BlockQ4_0, d) &&
               traits(DType::kQ5_0).f16_scales[0] == offsetof(BlockQ5_0, d) &&
+              traits(DType::kIQ4_NL).f16_scales[0] == offsetof(BlockIQ4_NL, d) &&
               traits(DType::kQ3_K).f16_scales[0] == offsetof(BlockQ3_K, d) &&
               traits(DType::kQ4_K).f16_scales[0] == offsetof(BlockQ4_K, d) &&
               traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
@@ -325,6 +358,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       detail::codec_of<DType::kQ4_0, BlockQ4_0, quantize_q4_0, dequantize_q4_0>();
   static constexpr BlockCodec kQ5_0 =
       detail::codec_of<DType::kQ5_0, BlockQ5_0, quantize_q5_0, dequantize_q5_0>();
+  static constexpr BlockCodec kIQ4_NL =
+      detail::codec_of<DType::kIQ4_NL, BlockIQ4_NL, quantize_iq4_nl, dequantize_iq4_nl>();
   static constexpr BlockCodec kQ3_K =
       detail::codec_of<DType::kQ3_K, BlockQ3_K, quantize_q3_k, dequantize_q3_k>();
   static constexpr BlockCodec kQ4_K =
@@ -338,6 +373,8 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       return kQ4_0;
     case DType::kQ5_0:
       return kQ5_0;
+    case DType::kIQ4_NL:
+      return kIQ4_NL;
     case DType::kQ3_K:
       return kQ3_K;
     case DType::kQ4_K:

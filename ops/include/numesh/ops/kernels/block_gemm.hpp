@@ -6,8 +6,8 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, Q3_K, Q4_K, Q5_K and Q6_K
-// (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
+// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and
+// Q6_K (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
 // output's k weights are its blocks side by side):
 //
 // - Decode (dot_gemm_blocks) of Q8_0, Q4_0 and Q5_0: integer dot products, as llama.cpp computes
