@@ -189,7 +189,7 @@ bool is_super_block(DType t) { return traits(t).block_elements == 256; }
 bool has_minimums(DType t) { return traits(t).f16_scales[1] >= 0; }
 
 // The super-block formats with sub-blocks of 16 (Q3_K, Q6_K): two scales an activation block.
-bool has_two_scales(DType t) { return is_super_block(t) && !has_minimums(t); }
+bool has_two_scales(DType t) { return traits(t).scale_elements == 16; }
 
 // Byte offset of a block's (first) f16 scale: Q3_K and Q6_K keep their d last.
 std::int64_t scale_offset(DType t) { return traits(t).f16_scales[0]; }

@@ -44,6 +44,8 @@ struct BlockKernels {
 template <class F>
 constexpr BlockKernels block_kernels_of() {
   if constexpr (kSuperBlocks<F>) {
+    static_assert(F::kScalesPerBlock * traits(F::kDType).scale_elements == kQ8DotBlock,
+                  "the format's scales per activation block are its sub-blocks in core's table");
     static_assert(F::kScalesPerBlock == 1 || !F::kMinimums,
                   "no tile form takes two scales and two minimums an activation block yet");
     return {F::kDType, q8dot_gemm<F>, pack_kquant_panel<F>, F::kScalesPerBlock == 2, F::kMinimums};

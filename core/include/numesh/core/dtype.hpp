@@ -64,6 +64,9 @@ struct DTypeTraits {
   std::array<std::string_view, 2> aliases;  ///< other names parse_dtype takes ("" for none)
   std::int64_t block_elements;              ///< elements a block holds (1: an element type)
   std::int64_t block_bytes;                 ///< bytes a block takes
+  /// Elements that share one scale: a pair format's whole block, a super-block format's
+  /// sub-block (16 for Q3_K and Q6_K, 32 for Q4_K and Q5_K); 1 for an element type.
+  std::int64_t scale_elements;
   /// A block format's f16 scales, as byte offsets in a block (-1: none): the block's values are
   /// finite exactly when these are (its codes are small integers), which is what a scan for
   /// NaN and infinities reads. Element types have none.
@@ -78,18 +81,19 @@ struct DTypeTraits {
 
 /// Every format, in the enumerators' order.
 inline constexpr std::array<DTypeTraits, 11> kDTypes = {{
-    // dtype, name, aliases, block elements and bytes, f16 scales, GGML type, llama.cpp ftype
-    {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, {-1, -1}, 0, 0},
-    {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, {-1, -1}, 30, 32},
-    {DType::kF16, "f16", {"fp16", "float16"}, 1, 2, {-1, -1}, 1, 1},
-    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, {0, -1}, 8, 7},            // d first
-    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, {0, -1}, 2, 2},            // d first
-    {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, {0, -1}, 6, 8},            // d first
-    {DType::kIQ4_NL, "iq4_nl", {"IQ4_NL", ""}, 32, 18, {0, -1}, 20, 25},    // d first
-    {DType::kQ3_K, "q3_k", {"Q3_K", "q3_K"}, 256, 110, {108, -1}, 11, 12},  // d last
-    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, {0, 2}, 12, 15},     // d, dmin first
-    {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, {0, 2}, 13, 17},     // d, dmin first
-    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, {208, -1}, 14, 18},  // d last
+    // dtype, name, aliases, block elements and bytes, elements a scale, f16 scales, GGML type,
+    // llama.cpp ftype
+    {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, 1, {-1, -1}, 0, 0},
+    {DType::kBF16, "bf16", {"bfloat16", ""}, 1, 2, 1, {-1, -1}, 30, 32},
+    {DType::kF16, "f16", {"fp16", "float16"}, 1, 2, 1, {-1, -1}, 1, 1},
+    {DType::kQ8_0, "q8_0", {"Q8_0", ""}, 32, 34, 32, {0, -1}, 8, 7},            // d first
+    {DType::kQ4_0, "q4_0", {"Q4_0", ""}, 32, 18, 32, {0, -1}, 2, 2},            // d first
+    {DType::kQ5_0, "q5_0", {"Q5_0", ""}, 32, 22, 32, {0, -1}, 6, 8},            // d first
+    {DType::kIQ4_NL, "iq4_nl", {"IQ4_NL", ""}, 32, 18, 32, {0, -1}, 20, 25},    // d first
+    {DType::kQ3_K, "q3_k", {"Q3_K", "q3_K"}, 256, 110, 16, {108, -1}, 11, 12},  // d last
+    {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, 32, {0, 2}, 12, 15},     // d, dmin first
+    {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, 32, {0, 2}, 13, 17},     // d, dmin first
+    {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, 16, {208, -1}, 14, 18},  // d last
 }};
 
 namespace detail {
