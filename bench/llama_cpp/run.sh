@@ -15,7 +15,7 @@
 # package's own folder) names a folder of the same libraries with one CPU variant alone: ggml loads the best variant
 # the CPU runs, so a folder holding only libggml-cpu-haswell.so beside the others measures
 # llama.cpp's AVX2 build on an AVX-512 machine (run numesh with NUMESH_KERNELS=avx2 beside it).
-# A type llama-q3_k_m, llama-q4_k_m, llama-q5_k_m or llama-iq4_nl is llama.cpp's mixture of that name written
+# A type llama-q3_k_m, llama-q4_k_m, llama-q5_k_m, llama-iq4_nl or llama-iq4_xs is llama.cpp's mixture of that name written
 # by llama.cpp's own quantizer (quantize.cpp, llama_model_quantize) from numesh's f32 file: the
 # file a llama.cpp user would have, read by both engines.
 set -euo pipefail
@@ -42,7 +42,8 @@ for t in ${types//,/ }; do
     llama-q4_k_m) ftype=15 ;;
     llama-q5_k_m) ftype=17 ;;
     llama-iq4_nl) ftype=25 ;;
-    llama-*) echo "run.sh: unknown llama.cpp mixture $t (llama-q3_k_m, llama-q4_k_m, llama-q5_k_m, llama-iq4_nl)" >&2; exit 2 ;;
+    llama-iq4_xs) ftype=30 ;;
+    llama-*) echo "run.sh: unknown llama.cpp mixture $t (llama-q3_k_m, llama-q4_k_m, llama-q5_k_m, llama-iq4_nl, llama-iq4_xs)" >&2; exit 2 ;;
     *) "$numesh" convert --model "$model" --out "$work/model-$t.gguf" --type "$t" --quiet; continue ;;
   esac
   [ -x "$work/quantize" ] || g++ -O2 -std=c++17 -I"$work/llama.cpp/include" -I"$work/llama.cpp/ggml/include" \

@@ -11,7 +11,7 @@ The options shared by all of them:
 - ``mesh``: a DeviceMesh (default: the machine's devices on tp);
 - ``partition_axis``: lays the layer out (default PartitionAxis());
 - ``dtype``: how the devices store the matrices ("f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl",
-  "q3_k", "q4_k", "q5_k", "q6_k"; the arrays are rounded or quantized);
+  "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"; the arrays are rounded or quantized);
 - ``mode``: train, prefill, decode or insert (or eformer's MODE_*), which for attention and
   block also chooses the tokens the output holds: decode the last, insert those from
   ``position`` (default T/2) after the others went into the cache.

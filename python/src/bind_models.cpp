@@ -296,7 +296,7 @@ mesh of the machine's devices. CausalLM.from_pretrained(path) opens a Hugging Fa
                   R"pbdoc(
 Loads the model at `path` onto `mesh` (default: DeviceMesh(), the machine's NUMA devices on tp),
 each device reading its own shards. `dtype` is how the devices store the matrices ("f32",
-"bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k"; default: a GGUF file's matrices each in
+"bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"; default: a GGUF file's matrices each in
 the format the file stores it in, as a Q4_K_M file's Q4_K and Q6_K, else f32; `dtype` then names
 the format most of the bytes are in, and repr() each of them).
 `partition_axis` lays the layers out (default PartitionAxis()); `context` caps the positions

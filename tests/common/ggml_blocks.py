@@ -1,8 +1,8 @@
-"""GGML's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K blocks in NumPy, written from
+"""GGML's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS blocks in NumPy, written from
 ggml-quants.c's reference definitions (quantize_row_q8_0_ref, quantize_row_q4_0_ref,
 quantize_row_q5_0_ref, quantize_iq4_nl without an importance matrix, quantize_row_q3_K_ref,
-quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref, dequantize_row_q8_0 / q4_0 /
-q5_0 / iq4_nl / q3_K / q4_K / q5_K / q6_K), and the 8-bit activations
+quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref, quantize_row_iq4_xs_ref,
+dequantize_row_q8_0 / q4_0 / q5_0 / iq4_nl / q3_K / q4_K / q5_K / q6_K / iq4_xs), and the 8-bit activations
 numesh's block-format kernels multiply (ops/kernels/block_gemm.hpp): the references of
 tests/runtime/block_formats_check.py and of the model checks with quantized weights.
 
@@ -345,7 +345,7 @@ def make_qx_quants_rmse1(x, nmax=32):
 
 
 def _largest_scale(scales):
-    """The super-block loops of Q6_K and Q3_K over their 16 sub-block scales [blocks, 16]:
+    """The super-block loops of Q6_K, Q3_K and IQ4_XS over their sub-block scales [blocks, n]:
     (the first scale of largest magnitude, its magnitude), both +0 from the start and taken only
     when strictly larger (so never a NaN)."""
     a = np.abs(scales)
@@ -568,6 +568,52 @@ def quantize_iq4_nl(x):
     return out
 
 
+# GGML's block_iq4_xs, 136 bytes: sub-block g's 6-bit scale code (0 .. 63, the scale sc - 32) in
+# the low (even g) or high nibble of scales_l[g // 2] and bits 2 g of scales_h; its 32 indices in
+# qs[16 g, 16 g + 16) as IQ4_NL keeps them.
+IQ4_XS = np.dtype([("d", "<u2"), ("scales_h", "<u2"), ("scales_l", "u1", (4,)), ("qs", "u1", (128,))])
+assert IQ4_XS.itemsize == 136
+
+
+def iq4_xs_scale_codes(blocks):
+    """The 8 sub-blocks' 6-bit scale codes [blocks, 8] (0 .. 63)."""
+    g = np.arange(8)
+    low = (blocks["scales_l"].astype(np.int64)[:, g // 2] >> (4 * (g % 2))) & 0xF
+    return low | (((blocks["scales_h"].astype(np.int64)[:, None] >> (2 * g)) & 3) << 4)
+
+
+def quantize_iq4_xs(x):
+    """quantize_row_iq4_xs_ref (quantize_iq4_xs without an importance matrix) on x [blocks, 256]
+    f32 (finite)."""
+    nb = len(x)
+    x = np.ascontiguousarray(x, dtype=F32)
+    sub = x.reshape(nb * 8, 32)
+    scales = iq4_search_scale(sub).reshape(nb, 8)
+    max_scale = _largest_scale(scales)[0]
+    out = np.zeros(nb, IQ4_XS)
+    with np.errstate(all="ignore"):
+        d = (-max_scale / F32(32)).astype(F32)
+        out["d"] = f16_bits(d)
+        l = np.clip(nearest_int((reciprocal_or_zero(d)[:, None] * scales).astype(F32)), -32, 31)
+        dl = (d[:, None] * l.astype(F32)).astype(F32)
+        q = iq4_nearest_index((reciprocal_or_zero(dl.reshape(-1))[:, None] * sub).astype(F32))
+    q = q.reshape(nb, 8, 32)
+    out["qs"] = (q[:, :, :16] | (q[:, :, 16:] << 4)).reshape(nb, 128).astype(np.uint8)
+    code = l + 32
+    out["scales_l"] = ((code[:, 0::2] & 0xF) | ((code[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    out["scales_h"] = ((code >> 4) << (2 * np.arange(8))).sum(axis=1).astype(np.uint16)
+    return out
+
+
+def dequantize_iq4_xs(blocks):
+    nb = len(blocks)
+    qs = blocks["qs"].reshape(nb, 8, 16).astype(np.int64)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dl = (widened_scale(blocks)[:, None] * (iq4_xs_scale_codes(blocks) - 32).astype(F32)).astype(F32)
+        return (dl[:, :, None] * IQ4_NL_VALUES[q]).astype(F32).reshape(-1)
+
+
 def reciprocal_or_zero(d):
     """GGML's `d ? 1/d : 0` in f32 (inf where 1/d overflows)."""
     with np.errstate(divide="ignore", over="ignore"):
@@ -582,7 +628,8 @@ def dequantize_iq4_nl(blocks):
 
 def stored_rows(x, fmt):
     """x [rows, k] (k whole blocks) as a tensor of GGML format `fmt` ("q8_0", "q4_0", "q5_0",
-    "iq4_nl", "q3_k", "q4_k", "q5_k" or "q6_k") holds it: each row quantized and dequantized, as f32."""
+    "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k" or "iq4_xs") holds it: each row quantized and
+    dequantized, as f32."""
     x = np.ascontiguousarray(x, dtype=F32)
     codecs = {"q8_0": (BLOCK, quantize_q8_0, dequantize_q8_0),
               "q4_0": (BLOCK, quantize_q4_0, dequantize_q4_0),
@@ -591,7 +638,8 @@ def stored_rows(x, fmt):
               "q3_k": (QK_K, quantize_q3_k, dequantize_q3_k),
               "q4_k": (QK_K, quantize_q4_k, dequantize_q4_k),
               "q5_k": (QK_K, quantize_q5_k, dequantize_q5_k),
-              "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k)}
+              "q6_k": (QK_K, quantize_q6_k, dequantize_q6_k),
+              "iq4_xs": (QK_K, quantize_iq4_xs, dequantize_iq4_xs)}
     if fmt not in codecs:
         raise ValueError(f"not a block format: {fmt}")
     size, quantize, dequantize = codecs[fmt]

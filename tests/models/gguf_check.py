@@ -49,7 +49,7 @@ FORMATS = {
     "qwen3_moe_f32": FLOATS,          # renormalised top-k
     # and llama.cpp's Q3_K_M, Q4_K_M and Q5_K_M mixtures (MIXTURES_OF_TWO_LAYERS below), each
     # matrix kept in its own format by the default load.
-    "llama_k_blocks": ["q3_k", "q4_k", "q5_k", "q6_k", "q3_k_m", "q4_k_m", "q5_k_m"],
+    "llama_k_blocks": ["q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q3_k_m", "q4_k_m", "q5_k_m"],
     # Llama 3.1's RoPE scaling, tied embeddings: rope_freqs in the file (f32 divisors), so the
     # logits agree to rounding, not to the bit.
     "llama_tied_f32": FLOATS,

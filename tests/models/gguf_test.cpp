@@ -753,10 +753,11 @@ TEST_F(GgufFileTest, TypesNumeshDoesNotComputeInOpenButCannotBeRead) {
   for (const auto& [tensor, type] :
        {std::pair<std::string, std::string>{"q2k", "Q2_K"}, {"ids", "I32"}}) {
     const std::string& name = tensor;  // lambdas capture it (clang 14 cannot capture bindings)
-    const std::string message = read_error(file, name,
-                                           "its type is " + type +
-                                               "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, "
-                                               "Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K tensors");
+    const std::string message =
+        read_error(file, name,
+                   "its type is " + type +
+                       "; numesh reads only F32, BF16, F16, Q8_0, Q4_0, "
+                       "Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS tensors");
     EXPECT_THAT([&] { f.read(name, DType::kF32, std::as_writable_bytes(std::span(out))); },
                 ThrowsMessage<ValueError>(StrEq(message)));
     const std::vector<std::int64_t> offsets{0, 0};

@@ -3,7 +3,7 @@
 lays a checkpoint out as llama.cpp's convert_hf_to_gguf.py does: the reference files numesh's
 GGUF loader is checked against.
 
-    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 iq4_nl q3_k q4_k q5_k q6_k
+    gguf_writer.py convert HF_DIR OUT.gguf FTYPE  # FTYPE: f32 f16 bf16 q8_0 q4_0 q5_0 iq4_nl q3_k q4_k q5_k q6_k iq4_xs
     gguf_writer.py dump FILE.gguf                 # what read_gguf sees: metadata and tensor infos
     gguf_writer.py selftest [--ggml LIBGGML_BASE] # every tiny model of hf_model_check.py in every
                                                   # ftype, read back (and by ggml's own reader)
@@ -106,7 +106,7 @@ NUMPY_VALUE_TYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtyp
 # enum ggml_type: name -> (id, elements per block, bytes per block)
 GGML_TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q5_0": (6, 32, 22), "Q8_0": (8, 32, 34),
               "IQ4_NL": (20, 32, 18),
-              "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "I8": (24, 1, 1), "I16": (25, 1, 2),
+              "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ4_XS": (23, 256, 136), "I8": (24, 1, 1), "I16": (25, 1, 2),
               "I32": (26, 1, 4), "I64": (27, 1, 8), "F64": (28, 1, 8), "BF16": (30, 1, 2)}
 GGML_TYPE_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 BLOCK_CODECS = {"Q8_0": (ggml_blocks.quantize_q8_0, ggml_blocks.dequantize_q8_0, ggml_blocks.Q8_0),
@@ -116,7 +116,8 @@ BLOCK_CODECS = {"Q8_0": (ggml_blocks.quantize_q8_0, ggml_blocks.dequantize_q8_0,
                 "Q3_K": (ggml_blocks.quantize_q3_k, ggml_blocks.dequantize_q3_k, ggml_blocks.Q3_K),
                 "Q4_K": (ggml_blocks.quantize_q4_k, ggml_blocks.dequantize_q4_k, ggml_blocks.Q4_K),
                 "Q5_K": (ggml_blocks.quantize_q5_k, ggml_blocks.dequantize_q5_k, ggml_blocks.Q5_K),
-                "Q6_K": (ggml_blocks.quantize_q6_k, ggml_blocks.dequantize_q6_k, ggml_blocks.Q6_K)}
+                "Q6_K": (ggml_blocks.quantize_q6_k, ggml_blocks.dequantize_q6_k, ggml_blocks.Q6_K),
+                "IQ4_XS": (ggml_blocks.quantize_iq4_xs, ggml_blocks.dequantize_iq4_xs, ggml_blocks.IQ4_XS)}
 
 
 def _type_name(ggml_type):
@@ -585,7 +586,7 @@ def checkpoint_parts(hf_dir):
 # llama-quantize --pure), and q3_k, q4_k and q5_k are labelled with their _M mixes (12, 15, 17).
 FTYPES = {"f32": ("F32", 0), "f16": ("F16", 1), "bf16": ("BF16", 32), "q8_0": ("Q8_0", 7),
           "q4_0": ("Q4_0", 2), "q5_0": ("Q5_0", 8), "iq4_nl": ("IQ4_NL", 25), "q3_k": ("Q3_K", 12), "q4_k": ("Q4_K", 15), "q5_k": ("Q5_K", 17),
-          "q6_k": ("Q6_K", 18)}
+          "q6_k": ("Q6_K", 18), "iq4_xs": ("IQ4_XS", 30)}
 
 # Hugging Face model_type -> GGUF architecture (llama.cpp's LlamaModel registers
 # LlamaForCausalLM, MistralForCausalLM and MixtralForCausalLM; Qwen2Model, Qwen3Model,
@@ -1265,7 +1266,7 @@ def selftest(lib_path=DEFAULT_LIBGGML, workdir=None, quick=False):
     factors = llama3_rope_factors(llama, llama["rope_scaling"]["original_max_position_embeddings"])
     if not np.allclose(factors, plain / hf_inv, rtol=2e-6, atol=0):
         fail(f"llama3 factors with the config's original context: {factors} vs {plain / hf_inv}")
-    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k"]
+    ftypes = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]
     for i, (case, c, dtype, shards, _) in enumerate(hmc.models()):
         if quick and i not in (0, 2, 7, 13):
             continue

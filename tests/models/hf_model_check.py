@@ -26,7 +26,7 @@ torch's argmax or tied with it within twice the bound (torch fed numesh's tokens
 and the perplexity numesh's perplexity() gives for a stream of 21 tokens in chunks of 8 against
 llama.cpp's procedure applied here to the torch logits, relative error within the same bound.
 With bf16-stored weights torch rounds the weights and every projection's input to bf16 as
-numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k or q6_k
+numesh does (docs/ops.md, "Weight dtypes"); with GGML's q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k, q6_k or iq4_xs
 blocks it quantizes every matrix along its rows (tests/common/ggml_blocks.py, GGML's reference
 quantizers) and every projection's input to 8 bits a block of 32, as numesh's block-format kernels
 do.
@@ -57,15 +57,15 @@ PERPLEXITY_TOKENS, PERPLEXITY_CONTEXT, BOS = 21, 8, 1
 # Block formats: torch quantizes its own float64 activations, numesh its fp32 ones; a value next
 # to a code boundary can take the neighbouring code (a step of max|x| / 127 in its block).
 BOUNDS = {"f32": 1e-4, "bf16": 4e-3, "q8_0": 2e-2, "q4_0": 2e-2, "q5_0": 2e-2, "iq4_nl": 2e-2, "q3_k": 2e-2, "q4_k": 2e-2,
-          "q5_k": 2e-2, "q6_k": 2e-2}
-BLOCK_FORMATS = ("q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k")
+          "q5_k": 2e-2, "q6_k": 2e-2, "iq4_xs": 2e-2}
+BLOCK_FORMATS = ("q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
 # Q5_0 and IQ4_NL on a dense, a tied and an MoE model (Q5_0's kernel is Q4_0's with a fifth bit,
 # IQ4_NL's Q8_0's on codes looked up from Q4_0's nibbles: the same steps).
 BLOCKS_OF_32, K_QUANTS = ["q8_0", "q4_0"], ["q4_k", "q6_k"]
 ALL_BLOCKS_OF_32 = BLOCKS_OF_32 + ["q5_0", "iq4_nl"]
 # Q5_K and Q3_K on a dense and an MoE model (Q5_K's kernel is Q4_K's with a fifth bit, Q3_K's
-# Q6_K's steps on 3-bit codes).
-ALL_K_QUANTS = K_QUANTS + ["q5_k", "q3_k"]
+# Q6_K's steps on 3-bit codes, IQ4_XS's IQ4_NL's codebook on Q4_K's sub-blocks of 32).
+ALL_K_QUANTS = K_QUANTS + ["q5_k", "q3_k", "iq4_xs"]
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

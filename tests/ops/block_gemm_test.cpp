@@ -449,6 +449,16 @@ SuperElement super_element(const unsigned char* block, DType t, std::int64_t e) 
     return {static_cast<int>(e % 64 < 32 ? byte & 0x0F : byte >> 4) | (fifth << 4),
             f16(0) * static_cast<float>(sc), f16(2) * static_cast<float>(m)};
   }
+  if (t == DType::kIQ4_XS) {
+    // d, the scale codes' high bit pairs (bits 2 g of a word), their low nibbles (byte g / 2),
+    // then 16 bytes of indices a sub-block of 32.
+    const std::int64_t g = e / 32, j = e % 32;
+    const int high = ((block[2] | (block[3] << 8)) >> (2 * g)) & 3;
+    const int sc = ((block[4 + g / 2] >> (4 * (g % 2))) & 0x0F) | (high << 4);
+    const unsigned char byte = block[8 + 16 * g + j % 16];
+    return {kIQ4_NLValues[j < 16 ? byte & 0x0F : byte >> 4], f16(0) * static_cast<float>(sc - 32),
+            0.0f};
+  }
   if (t == DType::kQ3_K) {
     // 32 bytes of high bits, 64 of low bit pairs, 12 of 6-bit scale codes, d.
     const std::int64_t g = e / 16;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K block codecs against GGML's reference, byte for byte.
+"""Checks numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS block codecs against GGML's reference, byte for byte.
 
     block_formats_check.py write DIR   # the rows to quantize and the blocks to dequantize
     block_formats_check.py check DIR   # compares what block_formats_check_main wrote
@@ -16,6 +16,8 @@ step in the precision the C performs it:
   q5_0: as q4_0 with d = m / -16 and q = min(31, trunc(f32(f32(x * id) + 16.5))); byte j holds
         the low 4 bits of q[j] and q[j + 16] as q4_0's, bit j of the little-endian word before
         them q[j]'s fifth bit (quantize_row_q5_0_ref, dequantize_row_q5_0).
+  iq4_xs: tests/common/ggml_blocks.py's quantize_iq4_xs: iq4_nl's search on each sub-block of 32,
+        the scales coded in 6 bits by nearest_int against the largest, the indices re-chosen.
   iq4_nl: tests/common/ggml_blocks.py's quantize_iq4_nl, quantize_iq4_nl's search without an
         importance matrix step by step in f32 (weights x^2, the first guess and 15 trial scales,
         sequential sums along the block), then each index re-chosen as best_index_int8 chooses.
@@ -43,7 +45,7 @@ rows, one outlier, tiny values around GGML's 1e-15 and f16's underflow, elements
 .5 rounding boundaries of the final codes and their f32 neighbours, sub-blocks of very different
 magnitudes whose scale codes round to 0, minimums far coarser than their scale, where GGML's
 nearest_int leaves its asserted range, and scales at and beyond f16's overflow); DIR/blocks.q3_k,
-.q4_k, .q5_k and .q6_k, blocks with every f16 pattern of exponent 0 or 31 for d (and dmin) and random
+.q4_k, .q5_k, .q6_k and .iq4_xs, blocks with every f16 pattern of exponent 0 or 31 for d (and dmin) and random
 others, random scales and codes, to dequantize.
 
 `check` compares numesh's quantized bytes and dequantized values with the transcription's (NaN
@@ -65,7 +67,8 @@ from python_deps import require  # noqa: E402  (a missing module: exit 2, or a s
 np = require("numpy")
 
 from ggml_blocks import (IQ4_NL, IQ4_NL_VALUES, dequantize_iq4_nl, iq4_search_scale,  # noqa: E402
-                         quantize_iq4_nl, reciprocal_or_zero)
+                         quantize_iq4_nl, reciprocal_or_zero, IQ4_XS, quantize_iq4_xs,
+                         dequantize_iq4_xs)
 from ggml_blocks import (BLOCK, F32, F32_MAX, Q4_0, Q5_0, Q8_0, dequantize_q4_0,  # noqa: E402,F401
                          dequantize_q5_0, dequantize_q8_0, f16_bits, q4_0_codes, q4_0_scale,
                          q5_0_codes, q5_0_scale, q8_0_scale, quantize_q4_0, quantize_q5_0,
@@ -478,6 +481,7 @@ def write_k(d):
     k_arbitrary_blocks(rng, Q6_K).tofile(os.path.join(d, "blocks.q6_k"))
     k_arbitrary_blocks(rng, Q5_K).tofile(os.path.join(d, "blocks.q5_k"))
     k_arbitrary_blocks(rng, Q3_K).tofile(os.path.join(d, "blocks.q3_k"))
+    k_arbitrary_blocks(rng, IQ4_XS).tofile(os.path.join(d, "blocks.iq4_xs"))
 
 
 def write(d):
@@ -560,7 +564,8 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, blocks_iq4, mine):
                  "dequantize_row_q8_0", "dequantize_row_q4_0", "dequantize_row_q5_0",
                  "quantize_row_q3_K_ref", "quantize_row_q4_K_ref", "quantize_row_q5_K_ref",
                  "quantize_row_q6_K_ref", "dequantize_row_q3_K", "dequantize_row_q5_K",
-                 "dequantize_row_q4_K", "dequantize_row_q6_K", "dequantize_row_iq4_nl"):
+                 "dequantize_row_q4_K", "dequantize_row_q6_K", "dequantize_row_iq4_nl",
+                 "quantize_row_iq4_xs_ref", "dequantize_row_iq4_xs"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         getattr(lib, name).restype = None
     # quantize_iq4_nl(src, dst, rows, per row, importance), what llama.cpp writes files with.
@@ -592,8 +597,9 @@ def ggml_check(index, x, blocks8, blocks4, blocks5, blocks_iq4, mine):
 
     k = mine["k"]
     flat = np.ascontiguousarray(k["x"].reshape(-1))
-    for fmt, dtype in (("q3_k", Q3_K), ("q4_k", Q4_K), ("q5_k", Q5_K), ("q6_k", Q6_K)):
-        ggml_name = fmt[:-1] + "K"
+    for fmt, dtype in (("q3_k", Q3_K), ("q4_k", Q4_K), ("q5_k", Q5_K), ("q6_k", Q6_K),
+                       ("iq4_xs", IQ4_XS)):
+        ggml_name = fmt if fmt.startswith("iq") else fmt[:-1] + "K"
         theirs = np.zeros(len(k["x"]), dtype)
         getattr(lib, f"quantize_row_{ggml_name}_ref")(flat.ctypes.data, theirs.ctypes.data, flat.size)
         ok &= compare_blocks(f"{fmt} quantize, numesh vs GGML ({path})", k["index"], k["x"],
@@ -652,7 +658,7 @@ def describe_iq4_nl(x, blocks):
 
 
 def check_k(d, mine):
-    """numesh's Q3_K, Q4_K, Q5_K and Q6_K against the NumPy transcription; fills mine["k"] for
+    """numesh's Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS against the NumPy transcription; fills mine["k"] for
     ggml_check."""
     path = lambda name: os.path.join(d, name)  # noqa: E731
     x = np.fromfile(path("values_k.f32"), dtype=F32).reshape(-1, QK_K)
@@ -664,7 +670,8 @@ def check_k(d, mine):
     for fmt, dtype, quantize, dequantize in (("q3_k", Q3_K, quantize_q3_k, dequantize_q3_k),
                                              ("q4_k", Q4_K, quantize_q4_k, dequantize_q4_k),
                                              ("q5_k", Q5_K, quantize_q5_k, dequantize_q5_k),
-                                             ("q6_k", Q6_K, quantize_q6_k, dequantize_q6_k)):
+                                             ("q6_k", Q6_K, quantize_q6_k, dequantize_q6_k),
+                                             ("iq4_xs", IQ4_XS, quantize_iq4_xs, dequantize_iq4_xs)):
         k[fmt] = np.fromfile(path(f"values_k.{fmt}"), dtype=dtype)
         want = k[f"{fmt} numpy"] = quantize(x)
         ok &= compare_blocks(f"{fmt} quantize, numesh vs NumPy", index, x, k[fmt], want)

@@ -1,7 +1,7 @@
 // block_formats_check_main: quantizes and dequantizes what tests/runtime/block_formats_check.py
-// wrote, with numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and Q6_K codecs, and writes the
-// results as raw little-endian bytes for the script to compare with its NumPy transcription of GGML
-// (and with GGML itself).
+// wrote, with numesh's Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS codecs, and
+// writes the results as raw little-endian bytes for the script to compare with its NumPy
+// transcription of GGML (and with GGML itself).
 //   block_formats_check_main DIR
 // Reads DIR/values.f32 (floats, a whole number of 32-value blocks), DIR/blocks.q8_0 and
 // DIR/blocks.q4_0 (arbitrary blocks: 34 and 18 bytes each). Writes DIR/values.q8_0 and
@@ -142,10 +142,14 @@ int main(int argc, char** argv) {
         dir, "values_k", values_k, "q6_k",
         [](std::span<const float> x, std::span<BlockQ6_K> y) { quantize_q6_k(x, y); },
         [](std::span<const BlockQ6_K> y, std::span<float> x) { dequantize_q6_k(y, x); });
+    const std::size_t iq4_xs_any = run_format<BlockIQ4_XS, 256>(
+        dir, "values_k", values_k, "iq4_xs",
+        [](std::span<const float> x, std::span<BlockIQ4_XS> y) { quantize_iq4_xs(x, y); },
+        [](std::span<const BlockIQ4_XS> y, std::span<float> x) { dequantize_iq4_xs(y, x); });
     std::printf(
-        "block_formats_check_main: %zu super-blocks quantized to q3_k, q4_k, q5_k and q6_k, %zu + "
-        "%zu + %zu + %zu dequantized\n",
-        values_k.size() / 256, q3_k_any, q4_k_any, q5_k_any, q6_k_any);
+        "block_formats_check_main: %zu super-blocks quantized to q3_k, q4_k, q5_k, q6_k and "
+        "iq4_xs, %zu + %zu + %zu + %zu + %zu dequantized\n",
+        values_k.size() / 256, q3_k_any, q4_k_any, q5_k_any, q6_k_any, iq4_xs_any);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "block_formats_check_main: %s\n", e.what());
     return 1;

@@ -910,6 +910,140 @@ TEST(BlockKQuantsTest, NonFiniteValuesAreRefusedNamingTheFirst) {
   EXPECT_EQ(q6[2].d, 0xABCD);
 }
 
+// ---- IQ4_XS -------------------------------------------------------------------------------
+
+BlockIQ4_XS iq4_xs_of(const std::vector<float>& x) {
+  BlockIQ4_XS b{};
+  quantize_iq4_xs(x, std::span<BlockIQ4_XS>(&b, 1));
+  return b;
+}
+
+std::vector<float> iq4_xs_back(const BlockIQ4_XS& b) {
+  std::vector<float> back(kSuper);
+  dequantize_iq4_xs(std::span<const BlockIQ4_XS>(&b, 1), back);
+  return back;
+}
+
+// Sub-block g's 6-bit scale code (0 .. 63), unpacked apart from the codec.
+int iq4_xs_code(const BlockIQ4_XS& b, std::size_t g) {
+  return ((b.scales_l[g / 2] >> (4 * (g % 2))) & 0x0F) | (((b.scales_h >> (2 * g)) & 3) << 4);
+}
+
+// All sub-block scales 0: d = -0 / 32 is -0 (f16 0x8000), each scale code 32 (a scale of 0), each
+// index 8 (the value nearest 0 * x); the block dequantizes to -0 (d times 0 is -0).
+TEST(BlockIQ4_XSTest, ZerosGiveNegativeZeroDScaleCode32AndIndex8) {
+  for (float zero : {0.0f, -0.0f}) {
+    const BlockIQ4_XS b = iq4_xs_of(std::vector<float>(kSuper, zero));
+    EXPECT_EQ(b.d, 0x8000);
+    EXPECT_EQ(b.scales_h, 0xAAAA) << "code 32's high bits, 2, in every pair";
+    for (std::uint8_t byte : b.scales_l) EXPECT_EQ(byte, 0x00);
+    for (std::uint8_t byte : b.qs) EXPECT_EQ(byte, 0x88);
+    for (float v : iq4_xs_back(b)) EXPECT_EQ(std::bit_cast<std::uint32_t>(v), 0x80000000u);
+  }
+}
+
+// Sub-block 0 holds codebook values (its search's scale is 1, IQ4_NL's
+// CodebookValuesAreStoredExactly...), the others zeros (scale 0): d = 1 / -32 (f16 exact),
+// sub-block 0's code nearest_int(-32 * 1) = -32, stored 0, so its coded scale is d * -32 = 1 and
+// its values come back exactly; the zero sub-blocks' code 0, stored 32, a coded scale of -0.
+TEST(BlockIQ4_XSTest, ALargestSubBlockScaleIsCodeMinus32AndComesBackExactly) {
+  std::vector<float> x(kSuper, 0.0f);
+  x[0] = -127.0f;
+  x[1] = 25.0f;
+  x[2] = 53.0f;
+  const BlockIQ4_XS b = iq4_xs_of(x);
+  EXPECT_EQ(b.d, f16_from_f32(-1.0f / 32.0f));
+  EXPECT_EQ(iq4_xs_code(b, 0), 0);
+  for (std::size_t g = 1; g < 8; ++g) EXPECT_EQ(iq4_xs_code(b, g), 32) << g;
+  EXPECT_EQ(b.scales_h, 0xAAA8);
+  EXPECT_EQ(b.qs[0], 0x80);
+  EXPECT_EQ(b.qs[1], 0x8A);
+  EXPECT_EQ(b.qs[2], 0x8C);
+  const std::vector<float> back = iq4_xs_back(b);
+  EXPECT_EQ(back[0], -127.0f);
+  EXPECT_EQ(back[1], 25.0f);
+  EXPECT_EQ(back[2], 53.0f);
+  for (std::size_t j = 3; j < 32; ++j) EXPECT_EQ(back[j], 1.0f) << "a zero among values, " << j;
+  for (std::size_t j = 32; j < kSuper; ++j) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(back[j]), 0x80000000u) << j;
+  }
+}
+
+TEST(BlockIQ4_XSTest, DequantizationReadsGgmlsLayout) {
+  BlockIQ4_XS b{};
+  b.d = f16_from_f32(0.5f);
+  // Codes 32 + g - 4 (scales -4 .. 3): low nibbles g + 28 mod 16, high bits 1 or 2.
+  b.scales_h = 0;
+  for (std::size_t g = 0; g < 8; ++g) {
+    const unsigned code = static_cast<unsigned>(28 + g);
+    b.scales_l[g / 2] =
+        static_cast<std::uint8_t>(b.scales_l[g / 2] | ((code & 0x0F) << (4 * (g % 2))));
+    b.scales_h = static_cast<std::uint16_t>(b.scales_h | ((code >> 4) << (2 * g)));
+  }
+  for (std::size_t i = 0; i < 128; ++i)
+    b.qs[i] = static_cast<std::uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  const std::vector<float> back = iq4_xs_back(b);
+  for (std::size_t g = 0; g < 8; ++g) {
+    ASSERT_EQ(iq4_xs_code(b, g), static_cast<int>(28 + g));
+    const float dl = 0.5f * static_cast<float>(static_cast<int>(g) - 4);
+    for (std::size_t j = 0; j < 16; ++j) {
+      EXPECT_EQ(back[32 * g + j], dl * static_cast<float>(kIQ4_NLValues[j])) << g << " " << j;
+      EXPECT_EQ(back[32 * g + 16 + j], dl * static_cast<float>(kIQ4_NLValues[15 - j]))
+          << g << " " << j;
+    }
+  }
+}
+
+// Random rows: within a sub-block whose coded scale s = d (sc - 32) is not 0, an element whose
+// x / s lies within the codebook's range comes back within half its widest gap (12 steps of s,
+// plus the f16 rounding of d times 32 * 127), and the rows' RMS errors stay at a 4-bit level.
+// The rows' magnitudes keep d an f16 normal: a subnormal d is rounded by up to several percent,
+// and the indices, chosen against the f32 scale, then miss the stored one by more.
+TEST(BlockIQ4_XSTest, RoundTripErrorIsBoundedByTheCodedScales) {
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int rows = 0; rows < 100; ++rows) {
+    const float scale = std::pow(10.0f, static_cast<float>(rows % 4));
+    std::vector<float> x(kSuper);
+    for (float& v : x) v = normal(rng) * scale;
+    const BlockIQ4_XS b = iq4_xs_of(x);
+    const std::vector<float> back = iq4_xs_back(b);
+    const float d = f32_from_f16(b.d);
+    ASSERT_GE(std::fabs(d), 6.103515625e-5f) << "an f16 normal, row " << rows;
+    double error = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < kSuper; ++i) {
+      const float s = d * static_cast<float>(iq4_xs_code(b, i / 32) - 32);
+      const float steps = s != 0.0f ? x[i] / s : 1e9f;
+      if (steps >= -126.0f && steps <= 112.0f) {
+        EXPECT_LE(std::fabs(back[i] - x[i]), 12.0f * std::fabs(s) + 3.0f * std::fabs(d))
+            << "row " << rows << " element " << i;
+      }
+      error += (static_cast<double>(back[i]) - x[i]) * (static_cast<double>(back[i]) - x[i]);
+      norm += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_LE(std::sqrt(error / norm), 0.2) << "row " << rows;
+  }
+}
+
+TEST(BlockIQ4_XSTest, BadSizesAndNonFiniteValuesAreRefusedByName) {
+  std::vector<float> x(257, 1.0f);
+  std::vector<BlockIQ4_XS> blocks(1);
+  EXPECT_THAT([&] { quantize_iq4_xs(x, blocks); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "quantize iq4_xs: 257 values for 1 block(s) of 256: expected 256 values")));
+  EXPECT_THAT([&] { dequantize_iq4_xs(blocks, x); },
+              ThrowsMessage<ShapeError>(HasSubstr(
+                  "dequantize iq4_xs: 257 values for 1 block(s) of 256: expected 256 values")));
+  std::vector<float> y(512, 1.0f);
+  y[300] = -std::numeric_limits<float>::infinity();
+  std::vector<BlockIQ4_XS> two(2);
+  two[1].d = 0xABCD;
+  EXPECT_THAT([&] { quantize_iq4_xs(y, two); },
+              ThrowsMessage<ValueError>(HasSubstr("quantize iq4_xs: element 300 is -inf")));
+  EXPECT_NE(two[0].d, 0) << "the block before the bad one is written";
+  EXPECT_EQ(two[1].d, 0xABCD);
+}
+
 // ---- Q3_K ---------------------------------------------------------------------------------
 
 BlockQ3_K q3k_of(std::span<const float> x) {
@@ -1119,7 +1253,7 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
     EXPECT_THAT([&] { codec.quantize(bad, blocks.data()); },
                 ThrowsMessage<ValueError>(HasSubstr("300")));
   }
-  EXPECT_EQ(formats, 8);
+  EXPECT_EQ(formats, 9);
 }
 
 }  // namespace

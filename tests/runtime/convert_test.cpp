@@ -120,14 +120,16 @@ TEST(DtypeTest, TheFormatTableNamesSizesAndParsesEveryFormat) {
   EXPECT_EQ(row_bytes(DType::kQ5_K, 512), 352) << "GGML's block_q5_K: 176 bytes a 256";
   EXPECT_EQ(row_bytes(DType::kQ6_K, 512), 420) << "GGML's block_q6_K: 210 bytes a 256";
   // Help texts list the formats from the table.
-  EXPECT_EQ(dtype_choices(), "f32, bf16, f16, q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k or q6_k");
+  EXPECT_EQ(dtype_choices(),
+            "f32, bf16, f16, q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k, q6_k or iq4_xs");
   EXPECT_EQ(dtype_choices(is_element_dtype), "f32, bf16 or f16");
   EXPECT_TRUE(whole_blocks_of_every_format(0));
   EXPECT_TRUE(whole_blocks_of_every_format(2048));
   EXPECT_FALSE(whole_blocks_of_every_format(96)) << "three q8_0 blocks, not whole q4_k ones";
-  EXPECT_THAT([] { (void)parse_dtype("q4"); },
-              ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16, f16, q8_0, "
-                                                   "q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k or q6_k"));
+  EXPECT_THAT(
+      [] { (void)parse_dtype("q4"); },
+      ::testing::ThrowsMessage<ValueError>("dtype 'q4': expected f32, bf16, f16, q8_0, "
+                                           "q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k, q6_k or iq4_xs"));
   EXPECT_THAT([] { (void)row_bytes(DType::kF32, -1); },
               ::testing::ThrowsMessage<ValueError>(
                   "f32: a row of -1 elements is not a whole number of 1-element blocks"));

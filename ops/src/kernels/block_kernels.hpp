@@ -63,13 +63,15 @@ extern const BlockKernels kQ3_KBlockKernels;
 extern const BlockKernels kQ4_KBlockKernels;
 extern const BlockKernels kQ5_KBlockKernels;
 extern const BlockKernels kQ6_KBlockKernels;
+extern const BlockKernels kIQ4_XSBlockKernels;
 
 /// Every block format's kernels (tests/ops/block_gemm_test.cpp runs every block format of core's
 /// table through dot_gemm_blocks and packed_gemm_q8 at every level, bitwise against its own
 /// reference: a format without its entry, or with another's, fails there).
-inline constexpr std::array<const BlockKernels*, 8> kBlockKernels = {
-    &kQ8_0BlockKernels, &kQ4_0BlockKernels, &kQ5_0BlockKernels, &kIQ4_NLBlockKernels,
-    &kQ3_KBlockKernels, &kQ4_KBlockKernels, &kQ5_KBlockKernels, &kQ6_KBlockKernels,
+inline constexpr std::array<const BlockKernels*, 9> kBlockKernels = {
+    &kQ8_0BlockKernels,   &kQ4_0BlockKernels, &kQ5_0BlockKernels,
+    &kIQ4_NLBlockKernels, &kQ3_KBlockKernels, &kQ4_KBlockKernels,
+    &kQ5_KBlockKernels,   &kQ6_KBlockKernels, &kIQ4_XSBlockKernels,
 };
 
 // One line above for each block format of core's table.

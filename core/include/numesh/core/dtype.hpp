@@ -49,6 +49,10 @@ enum class DType : std::uint8_t {
   /// GGML's Q6_K: super-blocks of 256 weights, sixteen sub-blocks of 16 with int8 scales under an
   /// f16 d, 6-bit codes (x = d sc (q - 32)); 6.5625 bits a weight
   kQ6_K,
+  /// GGML's IQ4_XS: super-blocks of 256 weights, eight sub-blocks of 32 with 6-bit signed scales
+  /// under an f16 d, 4-bit indices into IQ4_NL's codebook (x = d (sc - 32) v[q]); 4.25 bits a
+  /// weight
+  kIQ4_XS,
 };
 
 /// What a format is, for the code that treats every format alike (sizes, names, parsing): one
@@ -65,7 +69,7 @@ struct DTypeTraits {
   std::int64_t block_elements;              ///< elements a block holds (1: an element type)
   std::int64_t block_bytes;                 ///< bytes a block takes
   /// Elements that share one scale: a pair format's whole block, a super-block format's
-  /// sub-block (16 for Q3_K and Q6_K, 32 for Q4_K and Q5_K); 1 for an element type.
+  /// sub-block (16 for Q3_K and Q6_K, 32 for Q4_K, Q5_K and IQ4_XS); 1 for an element type.
   std::int64_t scale_elements;
   /// A block format's f16 scales, as byte offsets in a block (-1: none): the block's values are
   /// finite exactly when these are (its codes are small integers), which is what a scan for
@@ -80,7 +84,7 @@ struct DTypeTraits {
 };
 
 /// Every format, in the enumerators' order.
-inline constexpr std::array<DTypeTraits, 11> kDTypes = {{
+inline constexpr std::array<DTypeTraits, 12> kDTypes = {{
     // dtype, name, aliases, block elements and bytes, elements a scale, f16 scales, GGML type,
     // llama.cpp ftype
     {DType::kF32, "f32", {"fp32", "float32"}, 1, 4, 1, {-1, -1}, 0, 0},
@@ -94,6 +98,7 @@ inline constexpr std::array<DTypeTraits, 11> kDTypes = {{
     {DType::kQ4_K, "q4_k", {"Q4_K", "q4_K"}, 256, 144, 32, {0, 2}, 12, 15},     // d, dmin first
     {DType::kQ5_K, "q5_k", {"Q5_K", "q5_K"}, 256, 176, 32, {0, 2}, 13, 17},     // d, dmin first
     {DType::kQ6_K, "q6_k", {"Q6_K", "q6_K"}, 256, 210, 16, {208, -1}, 14, 18},  // d last
+    {DType::kIQ4_XS, "iq4_xs", {"IQ4_XS", ""}, 256, 136, 32, {0, -1}, 23, 30},  // d first
 }};
 
 namespace detail {
@@ -119,11 +124,12 @@ constexpr bool listed(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kIQ4_XS:
       return static_cast<std::size_t>(t) < kDTypes.size();
   }
   return false;
 }
-static_assert(listed(DType::kQ6_K), "kDTypes holds the last enumerator");
+static_assert(listed(DType::kIQ4_XS), "kDTypes holds the last enumerator");
 }  // namespace detail
 
 /// The traits of `t`.
@@ -170,13 +176,13 @@ constexpr ElementType element_type(DType t) noexcept {
 
 /// Bytes a weight stored as `t` takes, its blocks' scales included (f32 4, bf16 2, q8_0 1.0625,
 /// q4_0 0.5625, q5_0 0.6875, iq4_nl 0.5625, q3_k 0.4296875, q4_k 0.5625, q5_k 0.6875, q6_k
-/// 0.8203125).
+/// 0.8203125, iq4_xs 0.53125).
 constexpr double bytes_per_weight(DType t) noexcept {
   return static_cast<double>(traits(t).block_bytes) / static_cast<double>(traits(t).block_elements);
 }
 
 /// The format's name: "f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl", "q3_k", "q4_k",
-/// "q5_k", "q6_k".
+/// "q5_k", "q6_k", "iq4_xs".
 constexpr std::string_view to_string(DType t) noexcept { return traits(t).name; }
 
 /// Whether `n` elements are whole blocks of every format: for buffers and runs that rows of any
@@ -203,8 +209,8 @@ inline std::int64_t row_bytes(DType t, std::int64_t elements) {
 }
 
 /// The names of the formats `keep` holds (every format for nullptr), in kDTypes' order, as a
-/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k
-/// or q6_k",
+/// list for a message or a help text: "f32, bf16, f16, q8_0, q4_0, q5_0, iq4_nl, q3_k, q4_k, q5_k,
+/// q6_k or iq4_xs",
 /// so that help texts name a new format without being edited.
 inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
   std::vector<std::string_view> names;
@@ -221,8 +227,8 @@ inline std::string dtype_choices(bool (*keep)(DType) noexcept = nullptr) {
 
 /// Parses a format's name or alias ("f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16",
 /// "float16", "q8_0", "Q8_0", "q4_0", "Q4_0", "q5_0", "Q5_0", "iq4_nl", "IQ4_NL", "q3_k", "Q3_K",
-/// "q3_K", "q4_k", "Q4_K", "q4_K", "q5_k", "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K"). Throws:
-/// ValueError naming the text and the choices.
+/// "q3_K", "q4_k", "Q4_K", "q4_K", "q5_k", "Q5_K", "q5_K", "q6_k", "Q6_K", "q6_K", "iq4_xs",
+/// "IQ4_XS"). Throws: ValueError naming the text and the choices.
 inline DType parse_dtype(std::string_view text) {
   for (const DTypeTraits& f : kDTypes) {
     if (text == f.name) return f.dtype;
@@ -404,6 +410,19 @@ inline float widened_element(const void* data, DType dtype, std::int64_t i) noex
                        32;
       const auto sc = static_cast<std::int8_t>(block[192 + 8 * half + l / 16 + 2 * quarter]);
       return scale(block + 208) * static_cast<float>(sc) * static_cast<float>(code);
+    }
+    case DType::kIQ4_XS: {
+      // d, a little-endian word of the sub-block scale codes' high bit pairs (sub-block g's at
+      // bits 2 g), 4 bytes of their low nibbles (g's in byte g / 2, low for even g), then 16
+      // bytes a sub-block of 32 holding its indices as Q4_0 holds its codes.
+      const unsigned char* block = bytes + i / 256 * 136;
+      const std::int64_t e = i % 256, g = e / 32, j = e % 32;
+      const int high = ((block[2] | (block[3] << 8)) >> (2 * g)) & 3;
+      const int code = ((block[4 + g / 2] >> (4 * (g % 2))) & 0x0F) | (high << 4);
+      const unsigned char byte = block[8 + 16 * g + j % 16];
+      const int index = j < 16 ? byte & 0x0F : byte >> 4;
+      return scale(block) * static_cast<float>(code - 32) *
+             static_cast<float>(kIQ4_NLValues[static_cast<std::size_t>(index)]);
     }
   }
   return 0.0f;

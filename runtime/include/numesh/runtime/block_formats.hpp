@@ -10,19 +10,19 @@
 // GGML's Q8_0, Q4_0, Q5_0 and IQ4_NL block formats (ggml/src/ggml-common.h's block_q8_0,
 // block_q4_0, block_q5_0 and block_iq4_nl): a row of weights cut into runs of 32 elements, each
 // stored as one f16 scale and 32 small integer codes (IQ4_NL's index a codebook of 16 values);
-// and its Q3_K, Q4_K, Q5_K and Q6_K "super-block" formats (block_q3_K, block_q4_K, block_q5_K,
-// block_q6_K): runs of 256 elements, cut into sub-blocks (8 of 32 for Q4_K and Q5_K, 16 of 16 for
-// Q3_K and Q6_K) whose own scales (and Q4_K's and Q5_K's minimums) are stored as 6- or 8-bit
-// codes of one or two f16 super-block scales. The quantizers write exactly the bytes of GGML's
-// reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q5_0_ref,
-// quantize_row_q3_K_ref, quantize_row_q4_K_ref, quantize_row_q5_K_ref, quantize_row_q6_K_ref in
-// ggml-quants.c; for IQ4_NL quantize_iq4_nl, which llama.cpp writes files with), so a
-// numesh-written block and a GGUF file's block are interchangeable; the dequantizers compute
-// exactly what GGML's dequantize_row_* compute. (For the K formats and IQ4_NL, GGML's quantizers
-// follow these steps only without an importance matrix; with one they search differently, and
-// numesh reads those blocks but does not write them.)
-// tests/runtime/block_formats_check.py checks all eight against a NumPy transcription of GGML's
-// definitions (and, given a built libggml-base, against GGML itself).
+// and its Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS "super-block" formats (block_q3_K, block_q4_K,
+// block_q5_K, block_q6_K, block_iq4_xs): runs of 256 elements, cut into sub-blocks (8 of 32 for
+// Q4_K, Q5_K and IQ4_XS, 16 of 16 for Q3_K and Q6_K) whose own scales (and Q4_K's and Q5_K's
+// minimums) are stored as 6- or 8-bit codes of one or two f16 super-block scales. The quantizers
+// write exactly the bytes of GGML's reference quantizers (quantize_row_q8_0_ref,
+// quantize_row_q4_0_ref, quantize_row_q5_0_ref, quantize_row_q3_K_ref, quantize_row_q4_K_ref,
+// quantize_row_q5_K_ref, quantize_row_q6_K_ref in ggml-quants.c; for IQ4_NL and IQ4_XS
+// quantize_iq4_nl and quantize_iq4_xs, which llama.cpp writes files with), so a numesh-written
+// block and a GGUF file's block are interchangeable; the dequantizers compute exactly what GGML's
+// dequantize_row_* compute. (For the K and IQ4 formats, GGML's quantizers follow these steps only
+// without an importance matrix; with one they search differently, and numesh reads those blocks but
+// does not write them.) tests/runtime/block_formats_check.py checks all nine against a NumPy
+// transcription of GGML's definitions (and, given a built libggml-base, against GGML itself).
 //
 // Where GGML's reference is undefined or silently writes garbage, numesh decides:
 // - A non-finite input (NaN, ±inf) is refused with ValueError naming the first one's index.
@@ -82,7 +82,10 @@
 //   to 1 (index 8): bytes 0x88, dequantizing to +0. Its searches' sums hold x^3, so magnitudes
 //   beyond about 7e12 overflow them to inf and NaN as in Q3_K and Q6_K, and a scale beyond f16's
 //   range (a largest magnitude above about 7.4e6) is stored as f16 infinity; numesh writes
-//   GGML's bytes there too.
+//   GGML's bytes there too. IQ4_XS: a sub-block below 1e-15 has scale 0; a block whose
+//   sub-blocks all are has d -0 (f16 0x8000, as -0 / 32), every scale code 32 (a scale of 0)
+//   and every index 8; its scale codes round with nearest_int (half to even), and a sub-block
+//   whose coded scale is 0 takes index 8 throughout.
 // - GGML's libggml-base is compiled without -march, so no FMA, and its sums are sequential;
 //   numesh compiles these codecs with -ffp-contract=off for the same rounding of every product
 //   and sum (runtime/CMakeLists.txt).
@@ -105,6 +108,8 @@ inline constexpr std::int64_t kQ5_KBlockElements = 256;
 inline constexpr std::int64_t kQ3_KBlockElements = 256;
 /// Elements in one Q6_K super-block (GGML's QK_K): 16 sub-blocks of 16.
 inline constexpr std::int64_t kQ6_KBlockElements = 256;
+/// Elements in one IQ4_XS super-block (GGML's QK_K): 8 sub-blocks of 32.
+inline constexpr std::int64_t kIQ4_XSBlockElements = 256;
 
 /// GGML's block_q8_0: element j of the block is f32(d) * qs[j].
 struct BlockQ8_0 {
@@ -257,6 +262,21 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ6_K) == 210 && alignof(BlockQ6_K) == 2, "GGML's block_q6_K layout");
 static_assert(offsetof(BlockQ6_K, qh) == 128 && offsetof(BlockQ6_K, scales) == 192 &&
               offsetof(BlockQ6_K, d) == 208 && std::is_trivially_copyable_v<BlockQ6_K>);
+/// GGML's block_iq4_xs: sub-block g (elements [32 g, 32 g + 32)) has a 6-bit scale code sc_g
+/// (0 .. 63: its low 4 bits in the low (even g) or high nibble of scales_l[g / 2], its high 2
+/// bits at bits 2 g of scales_h), and element j of it is (f32(d) * (sc_g - 32)) *
+/// kIQ4_NLValues[q] with the index q as IQ4_NL keeps it in the sub-block's 16 bytes of qs.
+struct BlockIQ4_XS {
+  std::uint16_t d;           ///< IEEE binary16 bits of the scales' scale
+  std::uint16_t scales_h;    ///< the 8 scale codes' high bit pairs
+  std::uint8_t scales_l[4];  ///< their low 4 bits, two a byte
+  std::uint8_t qs[128];      ///< two 4-bit indices a byte, 16 bytes a sub-block
+};
+static_assert(sizeof(BlockIQ4_XS) == 136 && alignof(BlockIQ4_XS) == 2,
+              "GGML's block_iq4_xs layout");
+static_assert(offsetof(BlockIQ4_XS, scales_h) == 2 && offsetof(BlockIQ4_XS, scales_l) == 4 &&
+              offsetof(BlockIQ4_XS, qs) == 8 && std::is_trivially_copyable_v<BlockIQ4_XS>);
+
 // The f16 scales core's table names for each format (DTypeTraits::f16_scales) are these.
 static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ4_0).f16_scales[0] == offsetof(BlockQ4_0, d) &&
@@ -267,7 +287,8 @@ static_assert(traits(DType::kQ8_0).f16_scales[0] == offsetof(BlockQ8_0, d) &&
               traits(DType::kQ4_K).f16_scales[1] == offsetof(BlockQ4_K, dmin) &&
               traits(DType::kQ5_K).f16_scales[0] == offsetof(BlockQ5_K, d) &&
               traits(DType::kQ5_K).f16_scales[1] == offsetof(BlockQ5_K, dmin) &&
-              traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d));
+              traits(DType::kQ6_K).f16_scales[0] == offsetof(BlockQ6_K, d) &&
+              traits(DType::kIQ4_XS).f16_scales[0] == offsetof(BlockIQ4_XS, d));
 
 /// Quantizes x to Q3_K, block b from x[256 b, 256 b + 256), with GGML's quantize_row_q3_K_ref's
 /// bytes: each sub-block's scale from GGML's search (make_q3_quants with weights x^2: codes
@@ -323,6 +344,19 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y);
 /// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
 void dequantize_q6_k(std::span<const BlockQ6_K> y, std::span<float> x);
 
+/// Quantizes x to IQ4_XS, block b from x[256 b, 256 b + 256), with the bytes of GGML's
+/// quantize_iq4_xs without an importance matrix (what quantize_row_iq4_xs_ref calls): each
+/// sub-block of 32's scale from IQ4_NL's search (quantize_iq4_nl), coded in 6 bits against the
+/// sub-block scale of largest magnitude (d = that scale / -32, its code 0, that is -32; codes
+/// rounded half to even within -32 .. 31), then every index re-chosen against its coded scale as
+/// f32 (d times the code, not d's f16).
+/// Throws: as quantize_q4_k.
+void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y);
+/// x[256 b + i] = (f32(d) * (sc_g - 32)) * kIQ4_NLValues[q_i] for i's sub-block g, as GGML's
+/// dequantize_row_iq4_xs.
+/// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
+void dequantize_iq4_xs(std::span<const BlockIQ4_XS> y, std::span<float> x);
+
 /// A block format's quantizer and dequantizer on untyped blocks, for the code that treats every
 /// block format alike (conversion through fp32, the prefill's dequantized tiles): a new format is
 /// its block, its two functions above and its line in block_codec below.
@@ -368,7 +402,11 @@ inline const BlockCodec& block_codec(DType t) noexcept {
       detail::codec_of<DType::kQ5_K, BlockQ5_K, quantize_q5_k, dequantize_q5_k>();
   static constexpr BlockCodec kQ6_K =
       detail::codec_of<DType::kQ6_K, BlockQ6_K, quantize_q6_k, dequantize_q6_k>();
+  static constexpr BlockCodec kIQ4_XS =
+      detail::codec_of<DType::kIQ4_XS, BlockIQ4_XS, quantize_iq4_xs, dequantize_iq4_xs>();
   switch (t) {
+    case DType::kIQ4_XS:
+      return kIQ4_XS;
     case DType::kQ4_0:
       return kQ4_0;
     case DType::kQ5_0:

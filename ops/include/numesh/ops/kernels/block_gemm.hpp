@@ -6,11 +6,12 @@
 #include "numesh/ops/eigen_views.hpp"
 #include "numesh/runtime/cpu_features.hpp"
 
-// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K and
-// Q6_K (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout; each
-// output's k weights are its blocks side by side):
+// The kernels of weights in GGML's block formats, Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K, Q4_K, Q5_K,
+// Q6_K and IQ4_XS (runtime/block_formats.hpp), stored out-in ([n, k] row-major, nn.Linear's layout;
+// each output's k weights are its blocks side by side):
 //
-// - Decode (dot_gemm_blocks) of Q8_0, Q4_0 and Q5_0: integer dot products, as llama.cpp computes
+// - Decode (dot_gemm_blocks) of Q8_0, Q4_0, Q5_0 and IQ4_NL: integer dot products, as llama.cpp
+// computes
 //   Q8_0 x Q8_0 and Q4_0 x Q8_0. The activations are quantized first (quantize_activations_q8),
 //   per row and per block of 32 inputs, to int8 codes q_a and one f32 scale d_a:
 //     amax = max |x|, d_a = amax / 127 (f32), id = 1 / d_a (f32; 0 when d_a is 0 or 1 / d_a
@@ -26,8 +27,9 @@
 //   feeds is NaN, as the exact product would be NaN or infinite.
 //
 //   The order of the sum, the same at every kernel level bit for bit (each level only computes
-//   it differently): for output j of row i, with q_w the weight codes (q4_0: nibble - 8; q5_0:
-//   q - 16), d_w the weights' f16 scales widened exactly, and s[0..15] starting at +0,
+//   it differently): for output j of row i, with q_w the weight codes (q4_0: nibble - 8; iq4_nl:
+//   the codebook value at the nibble; q5_0: q - 16), d_w the weights' f16 scales widened exactly,
+//   and s[0..15] starting at +0,
 //     for each block t of the row, in order (32 inputs each):
 //       isum[l] = sum of q_a[e] q_w[e] over e = 4l .. 4l + 3 of the block (l = 0..7; an exact
 //                 int32, |isum| <= 4 * 127 * 128, exact in f32 too)
@@ -53,7 +55,7 @@
 //   about bf16's time (q8_0 0.9-1.0x, q4_0 1.0-1.1x). From memory ([4096, 8192]) it takes
 //   0.40-0.46x bf16's time.
 //
-// - Decode of Q3_K, Q4_K, Q5_K and Q6_K (dot_gemm_blocks): the same activations, so a
+// - Decode of Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS (dot_gemm_blocks): the same activations, so a
 //   super-block of 256 weights meets 8 activation blocks: block t of a row lies in super-block
 //   b = t / 8 as Q4_K's sub-block t mod 8 and as Q6_K's (and Q3_K's) sub-blocks 2 (t mod 8) and
 //   2 (t mod 8) + 1. The sub-block scales are taken in f32, where they are exact:
