@@ -1,10 +1,10 @@
 #include <immintrin.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "block_kernels.hpp"
+#include "iq4_codebook.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
@@ -35,26 +35,13 @@ struct IQ4_NLCodes {
     }
   }
 
-  // The codebook in each 128-bit lane, which vpshufb indexes.
-  __attribute__((target("avx2"))) static __m256i codebook256() {
-    return _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4_NLValues.data())));
-  }
-
   // The values v[q] in element order, signed: the sign trick at AVX2, as Q8_0's codes (|v| <=
   // 127, so vpmaddubsw's pair sums stay within 2 * 127 * 127).
   __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
-    return _mm256_shuffle_epi8(codebook256(), detail::q8dot_nibbles256(block + 2));
+    return _mm256_shuffle_epi8(detail::iq4_codebook256(), detail::q8dot_nibbles256(block + 2));
   }
 
   static constexpr int kOffset256 = 0;
-
-  // The codebook shifted to unsigned bytes, v + 128 (1 .. 241), for vpdpbusd's unsigned operand.
-  static constexpr std::array<std::uint8_t, 16> kUnsignedValues = [] {
-    std::array<std::uint8_t, 16> u{};
-    for (std::size_t i = 0; i < 16; ++i) u[i] = static_cast<std::uint8_t>(kIQ4_NLValues[i] + 128);
-    return u;
-  }();
 
   // AVX-512: two blocks' indices unpacked together (q8dot_nibbles512) and looked up in one
   // shuffle (the table in every 128-bit lane; kHalf keeps the unused high half zero). With VNNI
@@ -65,9 +52,7 @@ struct IQ4_NLCodes {
   template <bool kVnni, bool kHalf>
   NUMESH_Q8DOT_AVX512 static Q8dotWeights512 weights512(const unsigned char* block) {
     const unsigned char* next = block + kBlockBytes;
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(kVnni ? static_cast<const void*>(kUnsignedValues.data())
-                                               : static_cast<const void*>(kIQ4_NLValues.data()))));
+    const __m512i table = detail::iq4_codebook512<kVnni>();
     const __m512i indices = detail::q8dot_nibbles512<kHalf>(block + 2, next + 2);
     const __m512i w = kHalf ? _mm512_maskz_shuffle_epi8(__mmask64{0xFFFFFFFFu}, table, indices)
                             : _mm512_shuffle_epi8(table, indices);

@@ -1,11 +1,11 @@
 #include <immintrin.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "block_kernels.hpp"
+#include "iq4_codebook.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/ops/kernels/block_gemm.hpp"
 #include "packed_panels.hpp"
@@ -29,13 +29,6 @@ using detail::KquantWeights512;
 constexpr std::int64_t kIQ4_XSScalesHigh = 2;
 constexpr std::int64_t kIQ4_XSScalesLow = 4;
 constexpr std::int64_t kIQ4_XSIndices = 8;
-
-// The codebook shifted to unsigned bytes, v + 128 (1 .. 241), for vpdpbusd's unsigned operand.
-constexpr std::array<std::uint8_t, 16> kUnsignedValues = [] {
-  std::array<std::uint8_t, 16> u{};
-  for (std::size_t i = 0; i < 16; ++i) u[i] = static_cast<std::uint8_t>(kIQ4_NLValues[i] + 128);
-  return u;
-}();
 
 // Sub-block g's scale code less 32 (-32 .. 31).
 int iq4_xs_scale(const unsigned char* block, int g) {
@@ -91,9 +84,7 @@ struct IQ4_XSCodes : detail::KquantFormat<DType::kIQ4_XS, 136, 1, false, true, 0
   // Block kJ's 32 values, signed (the sign trick's and the prefill tile's AVX2 packer's codes).
   template <int kJ>
   __attribute__((target("avx2"))) static __m256i codes256(const unsigned char* block) {
-    const __m256i codebook = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4_NLValues.data())));
-    return _mm256_shuffle_epi8(codebook,
+    return _mm256_shuffle_epi8(detail::iq4_codebook256(),
                                detail::q8dot_nibbles256(block + kIQ4_XSIndices + 16 * kJ));
   }
 
@@ -107,9 +98,7 @@ struct IQ4_XSCodes : detail::KquantFormat<DType::kIQ4_XS, 136, 1, false, true, 0
   template <bool kVnni, bool kHalf>
   NUMESH_Q8DOT_AVX512 static KquantWeights512 weights512(const unsigned char* block) {
     static_assert(!kHalf, "super-blocks are whole steps");
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(kVnni ? static_cast<const void*>(kUnsignedValues.data())
-                                               : static_cast<const void*>(kIQ4_NLValues.data()))));
+    const __m512i table = detail::iq4_codebook512<kVnni>();
     KquantWeights512 w;
     w.c0 = pair512<0>(block, table);
     w.c1 = pair512<1>(block, table);
