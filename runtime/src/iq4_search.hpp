@@ -15,7 +15,7 @@
 
 namespace numesh::runtime::detail {
 
-/// GGML's best_index_int8 over kIQ4_NLValues: the index of the value nearest v, the lower of two
+/// GGML's best_index_int8 over kIQ4_NLValues: the index of the value nearest v, the upper of two
 /// equally near (v below the first or above the last value: that end's index; NaN: 15).
 inline int iq4_nearest_index(float v) noexcept {
   constexpr const std::array<std::int8_t, 16>& values = kIQ4_NLValues;

@@ -519,7 +519,7 @@ IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 
 def iq4_nearest_index(v):
     """GGML's best_index_int8(16, kvalues_iq4nl, v) on every element of v (f32): the nearest
-    value's index, the lower of two equally near; beyond either end that end; NaN 15."""
+    value's index, the upper of two equally near; beyond either end that end; NaN 15."""
     v = np.asarray(v, dtype=F32)
     # The binary search ends at the first value above v (mu); then `v - val[mu-1] < val[mu] - v`.
     mu = np.clip(np.searchsorted(IQ4_NL_VALUES, v, side="right"), 1, 15)

@@ -223,7 +223,8 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
     // A quarter of the super-blocks random bytes but for their f16 scales: any 6-bit scale,
     // minimum and nibble (Q4_K), any int8 scale and 6-bit code (Q6_K); and super-block 1 of
     // output 2 at the extremes, the largest magnitudes the integer sums see (Q4_K: scales and
-    // minimums 63, codes 15; Q6_K: scales -128, codes 0, that is -32).
+    // minimums 63, codes 15; Q6_K: scales -128, codes 0, that is -32; Q3_K: scale codes 0 and
+    // codes 0, that is -32 and -4; IQ4_XS: scale codes 0 and indices 0, -32 and -127).
     const std::int64_t bytes = traits(t).block_bytes, keep = scale_offset(t);
     const std::int64_t kept = has_minimums(t) ? 4 : 2;  // Q4_K, Q5_K: d and dmin
     std::uniform_int_distribution<int> byte(0, 255), quarter(0, 3);
@@ -241,8 +242,10 @@ Blocks make_blocks(DType t, std::int64_t outputs, std::int64_t ld, std::uint32_t
         // The 6-bit codes and the codes' bits (Q5_K's fifth bits too): codes 15 or 31.
         std::fill(block + 4, block + bytes, 0xFF);
       } else {
-        std::fill(block, block + 192, 0x00);
-        std::fill(block + 192, block + 208, 0x80);
+        // Every byte 0 but d's: the most negative codes and scale codes; Q6_K's int8 scales -128.
+        std::fill(block, block + keep, 0x00);
+        std::fill(block + keep + 2, block + bytes, 0x00);
+        if (t == DType::kQ6_K) std::fill(block + 192, block + 208, 0x80);
       }
     }
   }

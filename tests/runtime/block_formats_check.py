@@ -144,7 +144,7 @@ def adversarial_blocks(rng):
     kinds["q5_0 positive extreme at integer codes"] = (-edges).astype(F32)
 
     # iq4_nl: elements whose id * x (id = 1 / d, d the block's searched scale) is exactly midway
-    # between two codebook values (best_index_int8 takes the lower), and their f32 neighbours.
+    # between two codebook values (best_index_int8 takes the upper), and their f32 neighbours.
     # Moving an element moves the search's scale, so the elements are placed again against the
     # new scale a few times, and the blocks where some ties remain are kept.
     placed = to_f32(rng.normal(0, 1, (2000, BLOCK)) * 10 ** rng.uniform(-3, 3, (2000, 1)))

@@ -9,8 +9,8 @@
 // blocks dequantized), DIR/blocks.q8_0.f32 and DIR/blocks.q4_0.f32 (the arbitrary blocks
 // dequantized), and likewise DIR/values.iq4_nl, DIR/values.iq4_nl.f32 and DIR/blocks.iq4_nl.f32
 // from DIR/blocks.iq4_nl. The same for the super-block formats, from DIR/values_k.f32 (a whole
-// number of 256-value blocks) and DIR/blocks.FORMAT (arbitrary blocks) for q3_k, q4_k, q5_k and
-// q6_k: writes DIR/values_k.FORMAT, DIR/values_k.FORMAT.f32 and DIR/blocks.FORMAT.f32.
+// number of 256-value blocks) and DIR/blocks.FORMAT (arbitrary blocks) for q3_k, q4_k, q5_k, q6_k
+// and iq4_xs: writes DIR/values_k.FORMAT, DIR/values_k.FORMAT.f32 and DIR/blocks.FORMAT.f32.
 
 #include <cstddef>
 #include <cstdio>

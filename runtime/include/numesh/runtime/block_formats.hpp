@@ -79,8 +79,9 @@
 //   about 2.1e6 (d is that scale / -32).
 // - IQ4_NL, in the same terms: a block whose magnitudes are all below GGML's 1e-15 (zeros
 //   included) has scale 0, and every index then goes to the codebook value nearest 0 * x, that is
-//   to 1 (index 8): bytes 0x88, dequantizing to +0. Its searches' sums hold x^3, so magnitudes
-//   beyond about 7e12 overflow them to inf and NaN as in Q3_K and Q6_K, and a scale beyond f16's
+//   to 1 (index 8): bytes 0x88, dequantizing to +0. Its searches' sums hold x^3 v (|v| <= 127), so
+//   magnitudes beyond about 1.4e12 (4.6e11 when all 32 share it) overflow them to inf and NaN as
+//   in Q3_K and Q6_K, and a scale beyond f16's
 //   range (a largest magnitude above about 7.4e6) is stored as f16 infinity; numesh writes
 //   GGML's bytes there too. IQ4_XS: a sub-block below 1e-15 has scale 0; a block whose
 //   sub-blocks all are has d -0 (f16 0x8000, as -0 / 32), every scale code 32 (a scale of 0)
@@ -188,9 +189,10 @@ static_assert(offsetof(BlockIQ4_NL, qs) == 2 && std::is_trivially_copyable_v<Blo
 /// quantize_iq4_nl without an importance matrix, the quantizer llama.cpp writes IQ4_NL files
 /// with (its quantize_row_iq4_nl_ref takes no trial scales and writes other bytes): weights x^2;
 /// the scale of least weighted squared error (sum w v x / sum w v^2 over each element's nearest
-/// codebook value v) from the block's extreme at -127, then from 15 trial scales (the extreme at
-/// -134 .. -120); then every index re-chosen against that scale as f32 (the nearest value, the
-/// lower on ties), which is what the block stores (d its f16).
+/// codebook value v) from the scale that puts the block's extreme at +127 (so at the codebook's
+/// 113), then from 15 trial scales that put it at -134 .. -120; then every index re-chosen
+/// against that scale as f32 (the nearest value, the upper on ties), which is what the block
+/// stores (d its f16).
 /// Throws: as quantize_q8_0.
 void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y);
 /// x[32 b + j] = f32(y[b].d) * kIQ4_NLValues[q[j]], as GGML's dequantize_row_iq4_nl.
