@@ -37,4 +37,15 @@ NUMESH_Q8DOT_AVX512 inline __m512i iq4_codebook512() {
   return _mm512_broadcast_i32x4(_mm_loadu_si128(static_cast<const __m128i*>(table)));
 }
 
+/// A row of activation codes for the codebook's values: with VNNI the 128 of v + 128 taken off once
+/// a row (q8dot_offset_row512), below it the row as the sign trick takes it.
+template <bool kVnni>
+NUMESH_Q8DOT_AVX512 inline Q8dotRow512 iq4_row512(__m512i x) {
+  if constexpr (kVnni) {
+    return q8dot_offset_row512<128, true>(x);
+  } else {
+    return q8dot_signed_row512<false>(x);
+  }
+}
+
 }  // namespace numesh::ops::detail

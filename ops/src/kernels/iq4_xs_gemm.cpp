@@ -112,11 +112,7 @@ struct IQ4_XSCodes : detail::KquantFormat<DType::kIQ4_XS, 136, 1, false, true, 0
 
   template <bool kVnni>
   NUMESH_Q8DOT_AVX512 static detail::Q8dotRow512 row512(__m512i x) {
-    if constexpr (kVnni) {
-      return detail::q8dot_offset_row512<128, true>(x);
-    } else {
-      return detail::q8dot_signed_row512<false>(x);
-    }
+    return detail::iq4_row512<kVnni>(x);
   }
 
   template <bool kVnni>
