@@ -108,16 +108,36 @@ std::shared_ptr<const std::byte> bytes_in_place(const Checkpoint& checkpoint, co
 
 }  // namespace
 
+namespace {
+
+// True when `m` is stored in panels and read_shards could read every local shard of it from the
+// file in place were it stored in rows.
+bool panels_of_rows_in_place(const Checkpoint& checkpoint, const MatrixFill& m) {
+  if (m.tensor->order() != runtime::StoredOrder::kPanels) return false;
+  const std::vector<std::int64_t>& slots = m.tensor->mesh().local_slots();
+  return std::all_of(slots.begin(), slots.end(), [&](std::int64_t slot) {
+    return bytes_in_place(checkpoint, m, slot) != nullptr;
+  });
+}
+
+}  // namespace
+
+std::int64_t panel_bytes_of_rows_in_place(const Checkpoint& checkpoint,
+                                          std::span<const MatrixFill> matrices) {
+  std::int64_t bytes = 0;
+  for (const MatrixFill& m : matrices) {
+    if (!panels_of_rows_in_place(checkpoint, m)) continue;
+    bytes +=
+        m.tensor->shard_bytes() * static_cast<std::int64_t>(m.tensor->mesh().local_slots().size());
+  }
+  return bytes;
+}
+
 int keep_in_place_rows(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices) {
   int relaid = 0;
   for (const MatrixFill& m : matrices) {
     runtime::ShardedTensor& tensor = *m.tensor;
-    if (tensor.order() != runtime::StoredOrder::kPanels) continue;
-    const std::vector<std::int64_t>& slots = tensor.mesh().local_slots();
-    const bool every_shard = std::all_of(slots.begin(), slots.end(), [&](std::int64_t slot) {
-      return bytes_in_place(checkpoint, m, slot) != nullptr;
-    });
-    if (!every_shard) continue;
+    if (!panels_of_rows_in_place(checkpoint, m)) continue;
     // Laid out again, unfilled and in rows; the holders of the tensor (the layers) see the new
     // one, and no program has read the old one yet (read_shards' REQUIRES).
     tensor =

@@ -42,6 +42,11 @@ struct MatrixFill {
 std::int64_t read_shards(const Checkpoint& checkpoint, std::span<const MatrixFill> matrices,
                          bool in_place, const std::function<void(std::size_t i)>& after);
 
+/// Bytes of the local shards of the matrices of `matrices` that keep_in_place_rows would lay out
+/// again in rows: what a load copies into panels that it could have read in place.
+std::int64_t panel_bytes_of_rows_in_place(const Checkpoint& checkpoint,
+                                          std::span<const MatrixFill> matrices);
+
 /// Lays out again in rows (unfilled) each matrix of `matrices` stored in panels whose every
 /// local shard read_shards could read from the file in place were it stored in rows, so that it
 /// does: a load that keeps the file's pages rather than a copy in the faster order (panels are

@@ -206,12 +206,18 @@ TEST(GgufCheckpointTest, BoxesReadInPlaceAreTheBytesReadBoxCopiesButNeverPermute
     // in panels: those it copies (into the faster order).
     CausalLm auto_lm = CausalLm::load(testing::mesh_of(1, {"tp"}), g->config(), *g, 1, 8, formats,
                                       {}, {}, WeightMapping::kAuto);
+    // What auto copied into panels that in place read as rows: the difference of the two, and
+    // nothing from the other loads.
+    EXPECT_EQ(copied_lm.panel_copied_bytes(), 0);
+    EXPECT_EQ(mapped_lm.panel_copied_bytes(), 0);
     if (ops::out_in_order(g->stored_dtype()) == runtime::StoredOrder::kRows) {
       EXPECT_EQ(auto_lm.mapped_bytes(), mapped_lm.mapped_bytes()) << to_string(g->stored_dtype());
+      EXPECT_EQ(auto_lm.panel_copied_bytes(), 0) << to_string(g->stored_dtype());
     } else {
       EXPECT_EQ(auto_lm.mapped_bytes(),
                 static_cast<std::int64_t>(g->stored_bytes("model.embed_tokens.weight")))
           << "only the embedding (stored in-out, in rows) maps";
+      EXPECT_EQ(auto_lm.panel_copied_bytes(), mapped_lm.mapped_bytes() - auto_lm.mapped_bytes());
     }
     EXPECT_EQ(auto_lm.logits(ids, 4, TokenPositions::level(1, 0, 4)),
               copied_lm.logits(ids, 4, TokenPositions::level(1, 0, 4)))

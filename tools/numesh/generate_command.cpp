@@ -35,7 +35,6 @@
 #include "numesh/models/formats/gguf.hpp"
 #include "numesh/models/formats/npy.hpp"
 #include "numesh/models/hf/hf_config.hpp"
-#include "numesh/models/hf/nonfinite_weights.hpp"
 #include "numesh/models/hf/random_model.hpp"
 #include "numesh/models/lm/causal_lm.hpp"
 #include "numesh/models/lm/generation.hpp"
@@ -44,7 +43,6 @@
 #include "numesh/ops/lowering/program.hpp"
 #include "numesh/ops/lowering/transformer.hpp"
 #include "numesh/runtime/graph.hpp"
-#include "numesh/runtime/tensor.hpp"
 #include "numesh/sharding/partition_manager.hpp"
 #include "parsers.hpp"
 #include "paxis_options.hpp"
@@ -291,18 +289,6 @@ LoadedModel load_model(const GenerateOptions& o, const CheckedOptions& c,
   return m;
 }
 
-// Bytes of this process's weight shards stored in panels (runtime/weight_panels.hpp), on each
-// device that holds one.
-double panel_bytes(const models::CausalLm& model) {
-  double bytes = 0.0;
-  for (const models::NamedTensor& w : model.weights()) {
-    if (w.tensor->order() != runtime::StoredOrder::kPanels) continue;
-    bytes += static_cast<double>(w.tensor->shard_bytes()) *
-             static_cast<double>(w.tensor->mesh().local_slots().size());
-  }
-  return bytes;
-}
-
 // Prints the model, its axes and the load's rate (with --baselines, a plain read's too), and
 // notes the weights holding NaN or infinities (refused with --refuse-nonfinite).
 void report_load(const GenerateOptions& o, const CheckedOptions& c, const LoadedModel& m,
@@ -325,17 +311,14 @@ void report_load(const GenerateOptions& o, const CheckedOptions& c, const Loaded
                          : fmt::format("{:.1f} MB of shards read in place from the file's pages "
                                        "(--mmap), the rest by each device",
                                        mapped / 1e6));
-  // With --mmap auto on one NUMA node, the matrices stored in panels are the load's copies: say
-  // what they buy and how to trade them for a quicker load (docs/benchmarks.md, "Session 67").
-  if (c.mapping == models::WeightMapping::kAuto && mapped > 0) {
-    const double panelled = panel_bytes(e.model());
-    if (panelled > 0) {
-      out << fmt::format(
-          "         {:.1f} MB of it copied into panels of 16 outputs (q8_0's and q4_0's faster "
-          "decode order); --mmap on reads the file's rows in place instead: a quicker load, a "
-          "slower decode\n",
-          panelled / 1e6);
-    }
+  // The copies into panels that --mmap on would have read in place: what they buy, and how to
+  // trade them for a quicker load (docs/benchmarks.md, "Session 67").
+  if (const double panelled = static_cast<double>(e.model().panel_copied_bytes()); panelled > 0) {
+    out << fmt::format(
+        "         {:.1f} MB of it copied into panels of 16 outputs (q8_0's and q4_0's faster "
+        "decode order); --mmap on reads the file's rows in place instead: a quicker load, a "
+        "slower decode\n",
+        panelled / 1e6);
   }
   if (o.baselines) {
     out << fmt::format(
@@ -555,6 +538,7 @@ void write_json(const GenerateOptions& o, CheckedOptions& c, const Prompts& p, c
       {"load_seconds", e.load_seconds()},
       {"load_bytes", e.checkpoint_bytes()},
       {"load_mapped_bytes", e.model().mapped_bytes()},
+      {"load_panel_copied_bytes", e.model().panel_copied_bytes()},
       {"nonfinite_scan_seconds", m.scan_seconds},
       {"baselines", baselines.json},
       {"prefill_tokens", prompt_tokens(p)},

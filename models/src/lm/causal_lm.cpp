@@ -164,6 +164,8 @@ void CausalLm::fill(const DeferredCausalLmWeights& d, const Checkpoint& checkpoi
   // q4_0 from the avx2 level: ops::panels_pay) keep the file's rows, trading their faster
   // decode order for a load without a copy.
   if (mapping == WeightMapping::kInPlace) detail::keep_in_place_rows(checkpoint, matrices);
+  lm.panel_copied_bytes_ =
+      in_place ? detail::panel_bytes_of_rows_in_place(checkpoint, matrices) : 0;
   lm.mapped_bytes_ = detail::read_shards(checkpoint, matrices, in_place, [&](std::size_t i) {
     if (progress) progress(done_after[i], total);
   });

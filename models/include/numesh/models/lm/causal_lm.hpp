@@ -208,6 +208,11 @@ class CausalLm {
   /// (load with WeightMapping: 0 when every shard is a copy, or the model was not loaded).
   /// Shards are counted on each device that holds one: replicas of the same bytes count again.
   std::int64_t mapped_bytes() const noexcept { return mapped_bytes_; }
+  /// Bytes of this process's weight shards that a load reading in place (WeightMapping::kAuto
+  /// on one NUMA node) copied into panels (q8_0's and q4_0's faster decode order) where
+  /// WeightMapping::kInPlace would have read the file's rows in place: what the load paid for
+  /// the panels. 0 when nothing was, or the model was not loaded. Counted as mapped_bytes().
+  std::int64_t panel_copied_bytes() const noexcept { return panel_copied_bytes_; }
 
  private:
   // The final hidden states [batch, T, H] of the new tokens, the stack run in chunks of at
@@ -232,6 +237,7 @@ class CausalLm {
   HfConfig config_;
   std::int64_t batch_, max_len_;
   std::int64_t mapped_bytes_ = 0;
+  std::int64_t panel_copied_bytes_ = 0;
   std::int64_t prefill_chunk_ = kDefaultPrefillChunk;
   ops::EmbeddingLayer embedding_layer_;
   ops::LmHeadLayer head_layer_;
