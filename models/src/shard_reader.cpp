@@ -106,10 +106,6 @@ std::shared_ptr<const std::byte> bytes_in_place(const Checkpoint& checkpoint, co
   return checkpoint.box_in_place(source.tensors[0], offsets, sizes, m.tensor->dtype());
 }
 
-}  // namespace
-
-namespace {
-
 // True when `m` is stored in panels and read_shards could read every local shard of it from the
 // file in place were it stored in rows.
 bool panels_of_rows_in_place(const Checkpoint& checkpoint, const MatrixFill& m) {
