@@ -22,20 +22,20 @@ constexpr std::size_t kIQ4_NLHalfBlock = kIQ4_NLBlock / 2;
 }  // namespace
 
 void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y) {
+  quantize_iq4_nl(x, y, kernel_level());
+}
+
+void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y, KernelLevel level) {
   detail::check_block_sizes("quantize", DType::kIQ4_NL, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kIQ4_NLBlock;
     detail::check_finite(in, kIQ4_NLBlock, b * kIQ4_NLBlock, "iq4_nl");
-    const float d = detail::iq4_search_scale(in);
+    const float d = detail::iq4_search_scale(in, level);
     BlockIQ4_NL& out = y[b];
     out.d = f16_from_f32(d);
     // GGML re-chooses against the f32 scale, not its f16: `scales[0] ? 1/scales[0] : 0`.
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (std::size_t j = 0; j < kIQ4_NLHalfBlock; ++j) {
-      const int low = detail::iq4_nearest_index(id * in[j]);
-      const int high = detail::iq4_nearest_index(id * in[j + kIQ4_NLHalfBlock]);
-      out.qs[j] = static_cast<std::uint8_t>(low | (high << 4));
-    }
+    detail::iq4_pack_nearest(in, id, out.qs, level);
   }
 }
 

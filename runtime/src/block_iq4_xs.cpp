@@ -26,13 +26,17 @@ constexpr std::size_t kSubBlocks = kIQ4_XSBlock / kSubBlock;
 }  // namespace
 
 void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y) {
+  quantize_iq4_xs(x, y, kernel_level());
+}
+
+void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y, KernelLevel level) {
   detail::check_block_sizes("quantize", DType::kIQ4_XS, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kIQ4_XSBlock;
     detail::check_finite(in, kIQ4_XSBlock, b * kIQ4_XSBlock, "iq4_xs");
     float scales[kSubBlocks];
     for (std::size_t g = 0; g < kSubBlocks; ++g)
-      scales[g] = detail::iq4_search_scale(in + kSubBlock * g);
+      scales[g] = detail::iq4_search_scale(in + kSubBlock * g, level);
     // The first scale of largest magnitude (from +0, strictly larger), as GGML's loop keeps it.
     const float max_scale = detail::first_largest_magnitude(scales, kSubBlocks).value;
     const float d = -max_scale / 32.0f;
@@ -46,11 +50,7 @@ void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y) {
       const float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
       const float* sub = in + kSubBlock * g;
       std::uint8_t* qs = out.qs + 16 * g;
-      for (std::size_t j = 0; j < 16; ++j) {
-        const int low = detail::iq4_nearest_index(idl * sub[j]);
-        const int high = detail::iq4_nearest_index(idl * sub[j + 16]);
-        qs[j] = static_cast<std::uint8_t>(low | (high << 4));
-      }
+      detail::iq4_pack_nearest(sub, idl, qs, level);
       const auto stored = static_cast<unsigned>(code + 32);
       if (g % 2 == 0) {
         out.scales_l[g / 2] = static_cast<std::uint8_t>(stored & 0x0Fu);

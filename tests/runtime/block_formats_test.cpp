@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "../common/kernel_levels.hpp"
 #include "numesh/core/dtype.hpp"
 #include "numesh/core/error.hpp"
 
@@ -1256,6 +1257,78 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
   }
   EXPECT_EQ(formats, 9);
 }
+
+// ---- IQ4_NL and IQ4_XS at every kernel level -------------------------------------------------
+
+// Rows that take every branch of the scale search and of the indices' choice: Gaussian rows at
+// scales from 1e-8 to 1e4,
+// heavy tails, one outlier a run, runs below GGML's 1e-15 and runs just above it, constant runs,
+// runs of exact codebook multiples (elements on the codebook's values and on the midpoints
+// between neighbours, where the nearest value is a tie taken upward) and sparse runs.
+std::vector<float> iq4_search_rows() {
+  std::mt19937 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::cauchy_distribution<float> cauchy(0.0f, 1.0f);
+  std::uniform_int_distribution<int> index(0, 15);
+  std::vector<float> x;
+  const auto run = [&](auto&& element) {
+    for (std::size_t j = 0; j < kBlock; ++j) x.push_back(element(j));
+  };
+  for (float scale : {1e-8f, 1e-3f, 1.0f, 37.5f, 1e4f}) {
+    for (int r = 0; r < 64; ++r) run([&](std::size_t) { return scale * normal(rng); });
+  }
+  for (int r = 0; r < 64; ++r) {
+    run([&](std::size_t) { return std::clamp(cauchy(rng), -1e6f, 1e6f); });
+    const auto outlier = static_cast<std::size_t>(r) % kBlock;
+    run([&](std::size_t j) { return j == outlier ? (r % 2 ? -50.0f : 50.0f) : normal(rng); });
+    const float step = 0.01f * static_cast<float>(r + 1);
+    run([&](std::size_t) { return step * static_cast<float>(kIQ4_NLValues[index(rng)]); });
+    run([&](std::size_t) {  // the midpoint of two neighbouring values
+      const int i = index(rng) % 15;
+      return step * 0.5f * static_cast<float>(kIQ4_NLValues[i] + kIQ4_NLValues[i + 1]);
+    });
+    run([&](std::size_t j) { return j % 7 == 0 ? normal(rng) : 0.0f; });
+  }
+  for (float v : {0.0f, 1e-16f, -1e-16f, 2e-15f, -3.0f, 0.25f}) run([&](std::size_t) { return v; });
+  run([&](std::size_t j) { return j == 3 ? 1e-15f : 0.0f; });
+  // Whole super-blocks of 256 for IQ4_XS, then super-blocks whose eight sub-blocks span
+  // 1e-20 .. 1e15 (the coded sub-block scales small against the largest, some rounding to 0).
+  while (x.size() % 256 != 0) x.push_back(normal(rng));
+  for (float base : {1e-20f, 1e-12f, 1e-4f}) {
+    for (int g = 0; g < 8; ++g) {
+      const float scale = base * std::pow(10.0f, static_cast<float>(g));
+      run([&](std::size_t) { return scale * normal(rng); });
+    }
+  }
+  return x;
+}
+
+class Iq4SearchLevelTest : public numesh::testing::KernelLevelTest {};
+
+// The levels' vector lanes run the search's 16 fits side by side; each lane must sum in GGML's
+// order, so every level writes the scalar level's bytes.
+TEST_P(Iq4SearchLevelTest, WritesTheScalarLevelsBytes) {
+  const std::vector<float> x = iq4_search_rows();
+  std::vector<BlockIQ4_NL> nl(x.size() / kBlock), nl_scalar(nl.size());
+  quantize_iq4_nl(x, nl, level());
+  quantize_iq4_nl(x, nl_scalar, KernelLevel::kScalar);
+  for (std::size_t b = 0; b < nl.size(); ++b) {
+    ASSERT_EQ(std::memcmp(&nl[b], &nl_scalar[b], sizeof(BlockIQ4_NL)), 0)
+        << "IQ4_NL block " << b << ", elements " << b * kBlock << " .. " << (b + 1) * kBlock;
+  }
+  std::vector<BlockIQ4_XS> xs(x.size() / 256), xs_scalar(xs.size());
+  quantize_iq4_xs(x, xs, level());
+  quantize_iq4_xs(x, xs_scalar, KernelLevel::kScalar);
+  for (std::size_t b = 0; b < xs.size(); ++b) {
+    ASSERT_EQ(std::memcmp(&xs[b], &xs_scalar[b], sizeof(BlockIQ4_XS)), 0) << "IQ4_XS block " << b;
+  }
+  // And the default level's (kernel_level()) is one of them.
+  std::vector<BlockIQ4_NL> nl_default(nl.size());
+  quantize_iq4_nl(x, nl_default);
+  EXPECT_EQ(std::memcmp(nl_default.data(), nl_scalar.data(), nl.size() * sizeof(BlockIQ4_NL)), 0);
+}
+
+NUMESH_INSTANTIATE_LEVELS(Iq4SearchLevelTest);
 
 }  // namespace
 }  // namespace numesh::runtime

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "numesh/core/dtype.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 // GGML's Q8_0, Q4_0, Q5_0 and IQ4_NL block formats (ggml/src/ggml-common.h's block_q8_0,
 // block_q4_0, block_q5_0 and block_iq4_nl): a row of weights cut into runs of 32 elements, each
@@ -195,6 +196,9 @@ static_assert(offsetof(BlockIQ4_NL, qs) == 2 && std::is_trivially_copyable_v<Blo
 /// stores (d its f16).
 /// Throws: as quantize_q8_0.
 void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y);
+/// quantize_iq4_nl with the scale search of kernel level `level` (vector lanes from kAvx2):
+/// every level writes the same bytes. REQUIRES: `level` runs on this CPU. Throws: as above.
+void quantize_iq4_nl(std::span<const float> x, std::span<BlockIQ4_NL> y, KernelLevel level);
 /// x[32 b + j] = f32(y[b].d) * kIQ4_NLValues[q[j]], as GGML's dequantize_row_iq4_nl.
 /// Throws: ShapeError naming both sizes unless x.size() == 32 * y.size().
 void dequantize_iq4_nl(std::span<const BlockIQ4_NL> y, std::span<float> x);
@@ -354,6 +358,9 @@ void dequantize_q6_k(std::span<const BlockQ6_K> y, std::span<float> x);
 /// f32 (d times the code, not d's f16).
 /// Throws: as quantize_q4_k.
 void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y);
+/// quantize_iq4_xs with the scale search of kernel level `level`, as quantize_iq4_nl's.
+/// REQUIRES: `level` runs on this CPU. Throws: as above.
+void quantize_iq4_xs(std::span<const float> x, std::span<BlockIQ4_XS> y, KernelLevel level);
 /// x[256 b + i] = (f32(d) * (sc_g - 32)) * kIQ4_NLValues[q_i] for i's sub-block g, as GGML's
 /// dequantize_row_iq4_xs.
 /// Throws: ShapeError naming both sizes unless x.size() == 256 * y.size().
