@@ -7,6 +7,7 @@
 #      are errors; the tests' own code at -O1) and runs `ctest --preset ci`: the unit tests and
 #      the eformer_conformance runner at the CPU's widest kernel level; runs the examples;
 #   3. runs its kernel, runtime, ops and models tests once per other kernel level this CPU runs
+#      (less the tests that run every level by themselves, Level/*, which ctest ran)
 #      (NUMESH_KERNELS=scalar|avx2|avx512|avx512-bf16|amx; the levels it cannot run are named and
 #      counted as skipped; the scalar level with q8_0 / q4_0 weights in panels,
 #      NUMESH_WEIGHT_PANELS=1), installs the build into a fresh prefix, and runs the installed
@@ -263,7 +264,10 @@ for level in scalar avx2 avx512 avx512-bf16 amx; do
     # pages dear (docs/runtime.md, "Huge pages") skips the test of the devices' requests.
     [[ "$level" == scalar && "$t" == runtime_test ]] && envs+=" NUMESH_HUGE_PAGES=on"
     [[ "$t" == */* ]] && envs+=" GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=${t#*/}"
-    level_jobs+=("$t, Release without -march=native, $envs|$ci/${t/\//-shard}-$level.log|$envs|$ci/tests/$program")
+    # Less the tests instantiated over every level (Level/*, tests/common/kernel_levels.hpp):
+    # they run each level whatever NUMESH_KERNELS says, so ctest ran them all already (ops_test's
+    # took 40 of its 61 s a level on a 2-core Xeon, repeated at each level for nothing).
+    level_jobs+=("$t, Release without -march=native, $envs, less Level/*|$ci/${t/\//-shard}-$level.log|$envs|$ci/tests/$program --gtest_filter=-Level/*")
   done
   if [[ "$level" == "$widest" ]]; then beyond=1; fi
 done
