@@ -22,6 +22,10 @@ constexpr detail::Qkx2Search kQ4_KSearch{15, -1.0f, 0.1f, 20};
 }  // namespace
 
 void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
+  quantize_q4_k(x, y, kernel_level());
+}
+
+void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y, KernelLevel level) {
   detail::check_block_sizes("quantize", DType::kQ4_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ4_KBlock;
@@ -29,7 +33,8 @@ void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y) {
     detail::check_finite(in, kQ4_KBlock, b * kQ4_KBlock, "q4_k");
     std::uint8_t codes[kQ4_KBlock];
     BlockQ4_K& out = y[b];
-    detail::quantize_minimum_super_block(in, kQ4_KSearch, codes, out.scales, out.d, out.dmin);
+    detail::quantize_minimum_super_block(in, kQ4_KSearch, codes, out.scales, out.d, out.dmin,
+                                         level);
     // 64-element chunks: elements l and l + 32 of a chunk share byte l of its 32.
     for (std::size_t c = 0; c < kQ4_KBlock / 64; ++c) {
       for (std::size_t l = 0; l < 32; ++l) {

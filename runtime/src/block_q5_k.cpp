@@ -26,6 +26,10 @@ constexpr detail::Qkx2Search kQ5_KSearch{31, -0.5f, 0.1f, 15};
 }  // namespace
 
 void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y) {
+  quantize_q5_k(x, y, kernel_level());
+}
+
+void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y, KernelLevel level) {
   detail::check_block_sizes("quantize", DType::kQ5_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ5_KBlock;
@@ -33,7 +37,8 @@ void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y) {
     detail::check_finite(in, kQ5_KBlock, b * kQ5_KBlock, "q5_k");
     std::uint8_t codes[kQ5_KBlock];
     BlockQ5_K& out = y[b];
-    detail::quantize_minimum_super_block(in, kQ5_KSearch, codes, out.scales, out.d, out.dmin);
+    detail::quantize_minimum_super_block(in, kQ5_KSearch, codes, out.scales, out.d, out.dmin,
+                                         level);
     // 64-element chunks c: elements l and l + 32 share byte l of the chunk's 32 nibble bytes, and
     // their fifth bits are bits 2c and 2c + 1 of qh[l].
     std::fill(std::begin(out.qh), std::end(out.qh), std::uint8_t{0});

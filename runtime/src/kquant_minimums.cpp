@@ -1,7 +1,10 @@
 #include "kquant_minimums.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "numesh/core/check.hpp"
 #include "numesh/core/dtype.hpp"
@@ -98,6 +101,122 @@ float fit_sub_block(const float* x, const float* w, const Qkx2Search& search, st
   return scale;
 }
 
+// fit_sub_block on a super-block's eight sub-blocks at once, sub-block s in lane s of AVX2's
+// eight: the sub-blocks' searches are independent, and each lane takes fit_sub_block's f32
+// steps in its order (no sum crosses lanes), its branches as masks: a trial whose determinant
+// is not positive, or whose error is not smaller, leaves that lane as it was. So the codes,
+// scales and minimums are fit_sub_block's bit for bit, where fit_sub_block alone is one long
+// chain of dependent sums a sub-block.
+__attribute__((target("avx2"))) inline __m256i nearest_codes(__m256 v, __m256i max_code) {
+  // kquant_nearest_int, then clamped to 0 .. max_code.
+  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+  const __m256i rounded = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
+                                           _mm256_set1_epi32(0x00400000));
+  return _mm256_max_epi32(_mm256_min_epi32(rounded, max_code), _mm256_setzero_si256());
+}
+
+__attribute__((target("avx2"))) void fit_sub_blocks_avx2(const float* in, const Qkx2Search& search,
+                                                         std::uint8_t* codes, float* scales,
+                                                         float* negated_mins) {
+  // x[i] and w[i] of the eight sub-blocks, lane s sub-block s.
+  __m256 x[kSubBlock], w[kSubBlock];
+  alignas(32) float column[kSubBlocks];
+  for (std::size_t i = 0; i < kSubBlock; ++i) {
+    for (std::size_t s = 0; s < kSubBlocks; ++s) column[s] = in[s * kSubBlock + i];
+    x[i] = _mm256_load_ps(column);
+  }
+  __m256 sum_x2 = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < kSubBlock; ++i)
+    sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(x[i], x[i]));
+  const __m256 av_x =
+      _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(static_cast<float>(kSubBlock))));
+  const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (std::size_t i = 0; i < kSubBlock; ++i)
+    w[i] = _mm256_add_ps(av_x, _mm256_and_ps(x[i], magnitude_bits));
+
+  __m256 min = x[0], max = x[0], sum_w = w[0];
+  __m256 sum_x = _mm256_mul_ps(sum_w, x[0]);
+  for (std::size_t i = 1; i < kSubBlock; ++i) {
+    min = _mm256_blendv_ps(min, x[i], _mm256_cmp_ps(x[i], min, _CMP_LT_OQ));
+    max = _mm256_blendv_ps(max, x[i], _mm256_cmp_ps(x[i], max, _CMP_GT_OQ));
+    sum_w = _mm256_add_ps(sum_w, w[i]);
+    sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(w[i], x[i]));
+  }
+  const __m256 zero = _mm256_setzero_ps();
+  min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps(min, zero, _CMP_GT_OQ));
+  // A constant sub-block at or below zero: all of it is the minimum (its lane's search below
+  // runs on a zero range and is overwritten at the end).
+  const __m256 flat = _mm256_cmp_ps(max, min, _CMP_EQ_OQ);
+  const __m256 flat_min = min;
+
+  const __m256i max_code_int = _mm256_set1_epi32(search.max_code);
+  const __m256 max_code = _mm256_set1_ps(static_cast<float>(search.max_code));
+  __m256 iscale = _mm256_div_ps(max_code, _mm256_sub_ps(max, min));
+  __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale);
+  __m256 best_error = zero;
+  __m256i best[kSubBlock];
+  for (std::size_t i = 0; i < kSubBlock; ++i) {
+    best[i] = nearest_codes(_mm256_mul_ps(iscale, _mm256_sub_ps(x[i], min)), max_code_int);
+    const __m256 diff =
+        _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(best[i])), min), x[i]);
+    best_error = _mm256_add_ps(best_error, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+  }
+  __m256i trial[kSubBlock];
+  for (int step = 0; step <= search.steps; ++step) {
+    const float numerator = search.rmin + search.rdelta * static_cast<float>(step) +
+                            static_cast<float>(search.max_code);
+    iscale = _mm256_div_ps(_mm256_set1_ps(numerator), _mm256_sub_ps(max, min));
+    __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (std::size_t i = 0; i < kSubBlock; ++i) {
+      trial[i] = nearest_codes(_mm256_mul_ps(iscale, _mm256_sub_ps(x[i], min)), max_code_int);
+      const __m256 l = _mm256_cvtepi32_ps(trial[i]);
+      const __m256 wl = _mm256_mul_ps(w[i], l);
+      sum_l = _mm256_add_ps(sum_l, wl);
+      sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
+      sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, x[i]));
+    }
+    const __m256 det = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+    const __m256 fits = _mm256_cmp_ps(det, zero, _CMP_GT_OQ);  // NaN too: GGML's `if (D > 0)`
+    __m256 trial_scale = _mm256_div_ps(
+        _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)), det);
+    __m256 trial_min = _mm256_div_ps(
+        _mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)), det);
+    const __m256 positive = _mm256_cmp_ps(trial_min, zero, _CMP_GT_OQ);
+    trial_min = _mm256_blendv_ps(trial_min, zero, positive);
+    trial_scale = _mm256_blendv_ps(trial_scale, _mm256_div_ps(sum_xl, sum_l2), positive);
+    __m256 error = zero;
+    for (std::size_t i = 0; i < kSubBlock; ++i) {
+      const __m256 diff = _mm256_sub_ps(
+          _mm256_add_ps(_mm256_mul_ps(trial_scale, _mm256_cvtepi32_ps(trial[i])), trial_min), x[i]);
+      error = _mm256_add_ps(error, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+    }
+    const __m256 better = _mm256_and_ps(fits, _mm256_cmp_ps(error, best_error, _CMP_LT_OQ));
+    for (std::size_t i = 0; i < kSubBlock; ++i) {
+      best[i] = _mm256_castps_si256(
+          _mm256_blendv_ps(_mm256_castsi256_ps(best[i]), _mm256_castsi256_ps(trial[i]), better));
+    }
+    best_error = _mm256_blendv_ps(best_error, error, better);
+    scale = _mm256_blendv_ps(scale, trial_scale, better);
+    min = _mm256_blendv_ps(min, trial_min, better);
+  }
+  scale = _mm256_blendv_ps(scale, zero, flat);
+  min = _mm256_blendv_ps(min, flat_min, flat);
+  const __m256 negated = _mm256_xor_ps(min, _mm256_set1_ps(-0.0f));  // -min, as the scalar
+  alignas(32) float lanes[kSubBlocks];
+  _mm256_store_ps(lanes, scale);
+  std::copy(lanes, lanes + kSubBlocks, scales);
+  _mm256_store_ps(lanes, negated);
+  std::copy(lanes, lanes + kSubBlocks, negated_mins);
+  const __m256i flat_codes = _mm256_castps_si256(flat);
+  alignas(32) std::int32_t code_lanes[kSubBlocks];
+  for (std::size_t i = 0; i < kSubBlock; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(code_lanes),
+                       _mm256_andnot_si256(flat_codes, best[i]));
+    for (std::size_t s = 0; s < kSubBlocks; ++s)
+      codes[s * kSubBlock + i] = static_cast<std::uint8_t>(code_lanes[s]);
+  }
+}
+
 }  // namespace
 
 void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int& min) {
@@ -120,20 +239,26 @@ ChunkScales kquant_chunk_scales(const std::uint8_t* packed, float d, float dmin,
 
 void quantize_minimum_super_block(const float* in, const Qkx2Search& search, std::uint8_t* codes,
                                   std::uint8_t* packed, std::uint16_t& d_bits,
-                                  std::uint16_t& dmin_bits) {
+                                  std::uint16_t& dmin_bits, KernelLevel level) {
   float scales[kSubBlocks];
   float mins[kSubBlocks];
-  float weights[kSubBlock];
+  if (level >= KernelLevel::kAvx2) {
+    fit_sub_blocks_avx2(in, search, codes, scales, mins);
+  } else {
+    float weights[kSubBlock];
+    for (std::size_t s = 0; s < kSubBlocks; ++s) {
+      const float* sub = in + s * kSubBlock;
+      float sum_x2 = 0.0f;
+      for (std::size_t i = 0; i < kSubBlock; ++i) sum_x2 += sub[i] * sub[i];
+      const float av_x = std::sqrt(sum_x2 / static_cast<float>(kSubBlock));
+      for (std::size_t i = 0; i < kSubBlock; ++i) weights[i] = av_x + std::fabs(sub[i]);
+      scales[s] = fit_sub_block(sub, weights, search, codes + s * kSubBlock, mins[s]);
+    }
+  }
   // Scales and negated minimums are >= 0 (or NaN, which the strict comparisons skip).
   float max_scale = 0.0f;
   float max_min = 0.0f;
   for (std::size_t s = 0; s < kSubBlocks; ++s) {
-    const float* sub = in + s * kSubBlock;
-    float sum_x2 = 0.0f;
-    for (std::size_t i = 0; i < kSubBlock; ++i) sum_x2 += sub[i] * sub[i];
-    const float av_x = std::sqrt(sum_x2 / static_cast<float>(kSubBlock));
-    for (std::size_t i = 0; i < kSubBlock; ++i) weights[i] = av_x + std::fabs(sub[i]);
-    scales[s] = fit_sub_block(sub, weights, search, codes + s * kSubBlock, mins[s]);
     if (scales[s] > max_scale) max_scale = scales[s];
     if (mins[s] > max_min) max_min = mins[s];
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kquant_search.hpp"
+#include "numesh/runtime/cpu_features.hpp"
 
 // PRIVATE to runtime/src: what GGML's Q4_K and Q5_K reference quantizers (block_q4_k.cpp,
 // block_q5_k.cpp) share. Both cut a super-block of 256 into eight sub-blocks of 32, fit each
@@ -28,9 +29,11 @@ void kquant_scale_min(std::size_t s, const std::uint8_t* packed, int& scale, int
 /// quantize_row_q4_K_ref's and quantize_row_q5_K_ref's work on the super-block at `in` (256
 /// finite values; the caller checks) but the packing of the codes: each sub-block's search, the
 /// 6-bit codes in `packed` (12 bytes), d and dmin as f16 bits, and every code again against the
-/// scale and minimum as stored, into codes[0 .. 256) (0 .. search.max_code).
+/// scale and minimum as stored, into codes[0 .. 256) (0 .. search.max_code). From kAvx2 the
+/// eight sub-blocks' searches run side by side in vector lanes: the same bytes at every level.
 void quantize_minimum_super_block(const float* in, const Qkx2Search& search, std::uint8_t* codes,
-                                  std::uint8_t* packed, std::uint16_t& d, std::uint16_t& dmin);
+                                  std::uint8_t* packed, std::uint16_t& d, std::uint16_t& dmin,
+                                  KernelLevel level);
 
 /// Chunk c's (elements [64 c, 64 c + 64)) two sub-blocks' scales d sc and minimums dmin m from
 /// the 12 packed bytes, as GGML's dequantizers compute them (one f32 product each).

@@ -1258,14 +1258,15 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
   EXPECT_EQ(formats, 9);
 }
 
-// ---- IQ4_NL and IQ4_XS at every kernel level -------------------------------------------------
+// ---- The searching quantizers at every kernel level (IQ4_NL, IQ4_XS, Q4_K, Q5_K)
+// ----------------------------------------------
 
 // Rows that take every branch of the scale search and of the indices' choice: Gaussian rows at
 // scales from 1e-8 to 1e4,
 // heavy tails, one outlier a run, runs below GGML's 1e-15 and runs just above it, constant runs,
 // runs of exact codebook multiples (elements on the codebook's values and on the midpoints
 // between neighbours, where the nearest value is a tie taken upward) and sparse runs.
-std::vector<float> iq4_search_rows() {
+std::vector<float> search_rows() {
   std::mt19937 rng(43);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::cauchy_distribution<float> cauchy(0.0f, 1.0f);
@@ -1303,12 +1304,12 @@ std::vector<float> iq4_search_rows() {
   return x;
 }
 
-class Iq4SearchLevelTest : public numesh::testing::KernelLevelTest {};
+class SearchLevelTest : public numesh::testing::KernelLevelTest {};
 
-// The levels' vector lanes run the search's 16 fits side by side; each lane must sum in GGML's
-// order, so every level writes the scalar level's bytes.
-TEST_P(Iq4SearchLevelTest, WritesTheScalarLevelsBytes) {
-  const std::vector<float> x = iq4_search_rows();
+// The levels' vector lanes run IQ4's 16 fits, and the K formats' eight sub-block searches, side
+// by side; each lane must sum in GGML's order, so every level writes the scalar level's bytes.
+TEST_P(SearchLevelTest, WritesTheScalarLevelsBytes) {
+  const std::vector<float> x = search_rows();
   std::vector<BlockIQ4_NL> nl(x.size() / kBlock), nl_scalar(nl.size());
   quantize_iq4_nl(x, nl, level());
   quantize_iq4_nl(x, nl_scalar, KernelLevel::kScalar);
@@ -1322,13 +1323,25 @@ TEST_P(Iq4SearchLevelTest, WritesTheScalarLevelsBytes) {
   for (std::size_t b = 0; b < xs.size(); ++b) {
     ASSERT_EQ(std::memcmp(&xs[b], &xs_scalar[b], sizeof(BlockIQ4_XS)), 0) << "IQ4_XS block " << b;
   }
+  std::vector<BlockQ4_K> q4(x.size() / 256), q4_scalar(q4.size());
+  quantize_q4_k(x, q4, level());
+  quantize_q4_k(x, q4_scalar, KernelLevel::kScalar);
+  for (std::size_t b = 0; b < q4.size(); ++b) {
+    ASSERT_EQ(std::memcmp(&q4[b], &q4_scalar[b], sizeof(BlockQ4_K)), 0) << "Q4_K block " << b;
+  }
+  std::vector<BlockQ5_K> q5(x.size() / 256), q5_scalar(q5.size());
+  quantize_q5_k(x, q5, level());
+  quantize_q5_k(x, q5_scalar, KernelLevel::kScalar);
+  for (std::size_t b = 0; b < q5.size(); ++b) {
+    ASSERT_EQ(std::memcmp(&q5[b], &q5_scalar[b], sizeof(BlockQ5_K)), 0) << "Q5_K block " << b;
+  }
   // And the default level's (kernel_level()) is one of them.
   std::vector<BlockIQ4_NL> nl_default(nl.size());
   quantize_iq4_nl(x, nl_default);
   EXPECT_EQ(std::memcmp(nl_default.data(), nl_scalar.data(), nl.size() * sizeof(BlockIQ4_NL)), 0);
 }
 
-NUMESH_INSTANTIATE_LEVELS(Iq4SearchLevelTest);
+NUMESH_INSTANTIATE_LEVELS(SearchLevelTest);
 
 }  // namespace
 }  // namespace numesh::runtime

@@ -319,6 +319,9 @@ void dequantize_q3_k(std::span<const BlockQ3_K> y, std::span<float> x);
 /// index and value of the first non-finite element of x (blocks before its block are written,
 /// the others are left as they were).
 void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y);
+/// quantize_q4_k with the sub-block searches of kernel level `level` (vector lanes from kAvx2):
+/// every level writes the same bytes. REQUIRES: `level` runs on this CPU. Throws: as above.
+void quantize_q4_k(std::span<const float> x, std::span<BlockQ4_K> y, KernelLevel level);
 
 /// x[256 b + i] = f32(d) * sc * q[i] - f32(dmin) * m for i's sub-block's codes sc and m, as
 /// GGML's dequantize_row_q4_K (the two products in f32, then the difference).
@@ -330,6 +333,9 @@ void dequantize_q4_k(std::span<const BlockQ4_K> y, std::span<float> x);
 /// rdelta 0.1, 16 trial scales).
 /// Throws: as quantize_q4_k.
 void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y);
+/// quantize_q5_k with the sub-block searches of kernel level `level` (vector lanes from kAvx2):
+/// every level writes the same bytes. REQUIRES: `level` runs on this CPU. Throws: as above.
+void quantize_q5_k(std::span<const float> x, std::span<BlockQ5_K> y, KernelLevel level);
 
 /// x[256 b + i] = f32(d) * sc * q[i] - f32(dmin) * m, as GGML's dequantize_row_q5_K (the two
 /// products in f32, then the difference).
