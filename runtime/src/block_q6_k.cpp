@@ -1,3 +1,5 @@
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -77,9 +79,94 @@ float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
   return scale;
 }
 
+// fit_q6_k_sub_block on eight sub-blocks at once (in[16 g + i], g < 8), sub-block g in lane g
+// of AVX2's eight: each lane takes fit_q6_k_sub_block's f32 steps in its order (no sum crosses
+// lanes), its branches as masks, so its codes and scale are fit_q6_k_sub_block's bit for bit.
+__attribute__((target("avx2"))) inline __m256i q6_k_codes(__m256 iscale, __m256 x) {
+  // kquant_nearest_int(iscale * x), clamped to -32 .. 31.
+  const __m256i bits =
+      _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(iscale, x), _mm256_set1_ps(12582912.0f)));
+  const __m256i rounded = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
+                                           _mm256_set1_epi32(0x00400000));
+  return _mm256_max_epi32(_mm256_min_epi32(rounded, _mm256_set1_epi32(kQ6_KHalfRange - 1)),
+                          _mm256_set1_epi32(-kQ6_KHalfRange));
+}
+
+// The codes l of iscale for the eight lanes' x, with sum w x l and sum w l^2 (w = x^2).
+__attribute__((target("avx2"))) inline void q6_k_fit(const __m256* x, __m256 iscale, __m256i* l,
+                                                     __m256& sumlx, __m256& suml2) {
+  sumlx = _mm256_setzero_ps();
+  suml2 = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
+    l[i] = q6_k_codes(iscale, x[i]);
+    const __m256 code = _mm256_cvtepi32_ps(l[i]);
+    const __m256 w = _mm256_mul_ps(x[i], x[i]);
+    sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, x[i]), code));
+    suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, code), code));
+  }
+}
+
+__attribute__((target("avx2"))) void fit_q6_k_sub_blocks_avx2(const float* in, std::uint8_t* codes,
+                                                              float* scales) {
+  constexpr std::size_t kLanes = 8;
+  __m256 x[kQ6_KSubBlock];
+  alignas(32) float column[kLanes];
+  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
+    for (std::size_t g = 0; g < kLanes; ++g) column[g] = in[g * kQ6_KSubBlock + i];
+    x[i] = _mm256_load_ps(column);
+  }
+  // The first element of largest magnitude (first_largest_magnitude, lane by lane).
+  const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 max = zero, amax = zero;
+  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
+    const __m256 magnitude = _mm256_and_ps(x[i], magnitude_bits);
+    const __m256 larger = _mm256_cmp_ps(magnitude, amax, _CMP_GT_OQ);
+    max = _mm256_blendv_ps(max, x[i], larger);
+    amax = _mm256_blendv_ps(amax, magnitude, larger);
+  }
+  const __m256 tiny = _mm256_cmp_ps(amax, _mm256_set1_ps(kQ6_KZeroBelow), _CMP_LT_OQ);
+  __m256i best[kQ6_KSubBlock], trial[kQ6_KSubBlock];
+  __m256 sumlx, suml2;
+  q6_k_fit(x, _mm256_div_ps(_mm256_set1_ps(static_cast<float>(-kQ6_KHalfRange)), max), best, sumlx,
+           suml2);
+  // C's `suml2 ? sumlx / suml2 : 0`: NaN divides.
+  __m256 scale =
+      _mm256_blendv_ps(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
+  __m256 best_fit = _mm256_mul_ps(scale, sumlx);
+  for (int step = -kQ6_KTrialSteps; step <= kQ6_KTrialSteps; ++step) {
+    if (step == 0) continue;
+    const float numerator = -(static_cast<float>(kQ6_KHalfRange) + 0.1f * static_cast<float>(step));
+    q6_k_fit(x, _mm256_div_ps(_mm256_set1_ps(numerator), max), trial, sumlx, suml2);
+    const __m256 better = _mm256_and_ps(
+        _mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+        _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best_fit, suml2), _CMP_GT_OQ));
+    for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
+      best[i] = _mm256_castps_si256(
+          _mm256_blendv_ps(_mm256_castsi256_ps(best[i]), _mm256_castsi256_ps(trial[i]), better));
+    }
+    scale = _mm256_blendv_ps(scale, _mm256_div_ps(sumlx, suml2), better);
+    best_fit = _mm256_blendv_ps(best_fit, _mm256_mul_ps(scale, sumlx), better);
+  }
+  // A sub-block below GGML_MAX_EPS: scale 0, every code 0 (that is -32).
+  _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, tiny));
+  alignas(32) std::int32_t lanes[kLanes];
+  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
+    const __m256i stored = _mm256_add_epi32(best[i], _mm256_set1_epi32(kQ6_KHalfRange));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                       _mm256_andnot_si256(_mm256_castps_si256(tiny), stored));
+    for (std::size_t g = 0; g < kLanes; ++g)
+      codes[g * kQ6_KSubBlock + i] = static_cast<std::uint8_t>(lanes[g]);
+  }
+}
+
 }  // namespace
 
 void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
+  quantize_q6_k(x, y, kernel_level());
+}
+
+void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y, KernelLevel level) {
   detail::check_block_sizes("quantize", DType::kQ6_K, x.size(), y.size());
   for (std::size_t b = 0; b < y.size(); ++b) {
     const float* in = x.data() + b * kQ6_KBlock;
@@ -87,8 +174,14 @@ void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y) {
     detail::check_finite(in, kQ6_KBlock, b * kQ6_KBlock, "q6_k");
     std::uint8_t codes[kQ6_KBlock];
     float scales[kQ6_KSubBlocks];
-    for (std::size_t g = 0; g < kQ6_KSubBlocks; ++g) {
-      scales[g] = fit_q6_k_sub_block(in + g * kQ6_KSubBlock, codes + g * kQ6_KSubBlock);
+    if (level >= KernelLevel::kAvx2) {
+      for (std::size_t g = 0; g < kQ6_KSubBlocks; g += 8) {
+        fit_q6_k_sub_blocks_avx2(in + g * kQ6_KSubBlock, codes + g * kQ6_KSubBlock, scales + g);
+      }
+    } else {
+      for (std::size_t g = 0; g < kQ6_KSubBlocks; ++g) {
+        scales[g] = fit_q6_k_sub_block(in + g * kQ6_KSubBlock, codes + g * kQ6_KSubBlock);
+      }
     }
     // The first sub-block scale of largest magnitude.
     const auto [max_scale, max_abs_scale] = detail::first_largest_magnitude(scales, kQ6_KSubBlocks);

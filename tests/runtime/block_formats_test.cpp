@@ -1258,7 +1258,7 @@ TEST(BlockFormatsTest, EveryBlockFormatsCodecIsItsOwn) {
   EXPECT_EQ(formats, 9);
 }
 
-// ---- The searching quantizers at every kernel level (IQ4_NL, IQ4_XS, Q4_K, Q5_K)
+// ---- The searching quantizers at every kernel level (IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K) -------
 // ----------------------------------------------
 
 // Rows that take every branch of the scale search and of the indices' choice: Gaussian rows at
@@ -1306,7 +1306,7 @@ std::vector<float> search_rows() {
 
 class SearchLevelTest : public numesh::testing::KernelLevelTest {};
 
-// The levels' vector lanes run IQ4's 16 fits, and the K formats' eight sub-block searches, side
+// The levels' vector lanes run IQ4's 16 fits, and the K formats' sub-block searches, side
 // by side; each lane must sum in GGML's order, so every level writes the scalar level's bytes.
 TEST_P(SearchLevelTest, WritesTheScalarLevelsBytes) {
   const std::vector<float> x = search_rows();
@@ -1334,6 +1334,12 @@ TEST_P(SearchLevelTest, WritesTheScalarLevelsBytes) {
   quantize_q5_k(x, q5_scalar, KernelLevel::kScalar);
   for (std::size_t b = 0; b < q5.size(); ++b) {
     ASSERT_EQ(std::memcmp(&q5[b], &q5_scalar[b], sizeof(BlockQ5_K)), 0) << "Q5_K block " << b;
+  }
+  std::vector<BlockQ6_K> q6(x.size() / 256), q6_scalar(q6.size());
+  quantize_q6_k(x, q6, level());
+  quantize_q6_k(x, q6_scalar, KernelLevel::kScalar);
+  for (std::size_t b = 0; b < q6.size(); ++b) {
+    ASSERT_EQ(std::memcmp(&q6[b], &q6_scalar[b], sizeof(BlockQ6_K)), 0) << "Q6_K block " << b;
   }
   // And the default level's (kernel_level()) is one of them.
   std::vector<BlockIQ4_NL> nl_default(nl.size());

@@ -350,6 +350,9 @@ void dequantize_q5_k(std::span<const BlockQ5_K> y, std::span<float> x);
 /// scales are all below 1e-15 in magnitude is all zero bytes.
 /// Throws: as quantize_q4_k.
 void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y);
+/// quantize_q6_k with the sub-block searches of kernel level `level` (vector lanes from kAvx2):
+/// every level writes the same bytes. REQUIRES: `level` runs on this CPU. Throws: as above.
+void quantize_q6_k(std::span<const float> x, std::span<BlockQ6_K> y, KernelLevel level);
 
 /// x[256 b + i] = f32(d) * scales[g] * (q[i] - 32) for i's sub-block g, as GGML's
 /// dequantize_row_q6_K (left to right in f32).
