@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -1306,45 +1307,56 @@ std::vector<float> search_rows() {
 
 class SearchLevelTest : public numesh::testing::KernelLevelTest {};
 
+// The first block of `elements` that `quantize` writes differently at `level` than at the scalar
+// level, or none.
+template <typename Block, typename Quantize>
+std::optional<std::size_t> first_block_apart(const std::vector<float>& x, std::size_t elements,
+                                             Quantize quantize, KernelLevel level) {
+  std::vector<Block> at(x.size() / elements);
+  std::vector<Block> scalar(at.size());
+  quantize(x, std::span<Block>(at), level);
+  quantize(x, std::span<Block>(scalar), KernelLevel::kScalar);
+  for (std::size_t b = 0; b < at.size(); ++b) {
+    if (std::memcmp(&at[b], &scalar[b], sizeof(Block)) != 0) return b;
+  }
+  return std::nullopt;
+}
+
 // The levels' vector lanes run IQ4's 16 fits, and the K formats' sub-block searches, side
 // by side; each lane must sum in GGML's order, so every level writes the scalar level's bytes.
 TEST_P(SearchLevelTest, WritesTheScalarLevelsBytes) {
   const std::vector<float> x = search_rows();
-  std::vector<BlockIQ4_NL> nl(x.size() / kBlock), nl_scalar(nl.size());
-  quantize_iq4_nl(x, nl, level());
-  quantize_iq4_nl(x, nl_scalar, KernelLevel::kScalar);
-  for (std::size_t b = 0; b < nl.size(); ++b) {
-    ASSERT_EQ(std::memcmp(&nl[b], &nl_scalar[b], sizeof(BlockIQ4_NL)), 0)
-        << "IQ4_NL block " << b << ", elements " << b * kBlock << " .. " << (b + 1) * kBlock;
-  }
-  std::vector<BlockIQ4_XS> xs(x.size() / 256), xs_scalar(xs.size());
-  quantize_iq4_xs(x, xs, level());
-  quantize_iq4_xs(x, xs_scalar, KernelLevel::kScalar);
-  for (std::size_t b = 0; b < xs.size(); ++b) {
-    ASSERT_EQ(std::memcmp(&xs[b], &xs_scalar[b], sizeof(BlockIQ4_XS)), 0) << "IQ4_XS block " << b;
-  }
-  std::vector<BlockQ4_K> q4(x.size() / 256), q4_scalar(q4.size());
-  quantize_q4_k(x, q4, level());
-  quantize_q4_k(x, q4_scalar, KernelLevel::kScalar);
-  for (std::size_t b = 0; b < q4.size(); ++b) {
-    ASSERT_EQ(std::memcmp(&q4[b], &q4_scalar[b], sizeof(BlockQ4_K)), 0) << "Q4_K block " << b;
-  }
-  std::vector<BlockQ5_K> q5(x.size() / 256), q5_scalar(q5.size());
-  quantize_q5_k(x, q5, level());
-  quantize_q5_k(x, q5_scalar, KernelLevel::kScalar);
-  for (std::size_t b = 0; b < q5.size(); ++b) {
-    ASSERT_EQ(std::memcmp(&q5[b], &q5_scalar[b], sizeof(BlockQ5_K)), 0) << "Q5_K block " << b;
-  }
-  std::vector<BlockQ6_K> q6(x.size() / 256), q6_scalar(q6.size());
-  quantize_q6_k(x, q6, level());
-  quantize_q6_k(x, q6_scalar, KernelLevel::kScalar);
-  for (std::size_t b = 0; b < q6.size(); ++b) {
-    ASSERT_EQ(std::memcmp(&q6[b], &q6_scalar[b], sizeof(BlockQ6_K)), 0) << "Q6_K block " << b;
-  }
-  // And the default level's (kernel_level()) is one of them.
-  std::vector<BlockIQ4_NL> nl_default(nl.size());
-  quantize_iq4_nl(x, nl_default);
-  EXPECT_EQ(std::memcmp(nl_default.data(), nl_scalar.data(), nl.size() * sizeof(BlockIQ4_NL)), 0);
+  using Span = std::span<const float>;
+  EXPECT_EQ(first_block_apart<BlockIQ4_NL>(
+                x, kBlock, [](Span in, auto out, KernelLevel l) { quantize_iq4_nl(in, out, l); },
+                level()),
+            std::nullopt)
+      << "iq4_nl";
+  EXPECT_EQ(
+      first_block_apart<BlockIQ4_XS>(
+          x, 256, [](Span in, auto out, KernelLevel l) { quantize_iq4_xs(in, out, l); }, level()),
+      std::nullopt)
+      << "iq4_xs";
+  EXPECT_EQ(
+      first_block_apart<BlockQ4_K>(
+          x, 256, [](Span in, auto out, KernelLevel l) { quantize_q4_k(in, out, l); }, level()),
+      std::nullopt)
+      << "q4_k";
+  EXPECT_EQ(
+      first_block_apart<BlockQ5_K>(
+          x, 256, [](Span in, auto out, KernelLevel l) { quantize_q5_k(in, out, l); }, level()),
+      std::nullopt)
+      << "q5_k";
+  EXPECT_EQ(
+      first_block_apart<BlockQ6_K>(
+          x, 256, [](Span in, auto out, KernelLevel l) { quantize_q6_k(in, out, l); }, level()),
+      std::nullopt)
+      << "q6_k";
+  // And the default level (kernel_level()) is one of them.
+  std::vector<BlockIQ4_NL> by_default(x.size() / kBlock), scalar(by_default.size());
+  quantize_iq4_nl(x, by_default);
+  quantize_iq4_nl(x, scalar, KernelLevel::kScalar);
+  EXPECT_EQ(std::memcmp(by_default.data(), scalar.data(), scalar.size() * sizeof(BlockIQ4_NL)), 0);
 }
 
 NUMESH_INSTANTIATE_LEVELS(SearchLevelTest);
