@@ -84,11 +84,8 @@ float fit_q6_k_sub_block(const float* x, std::uint8_t* codes) {
 // lanes), its branches as masks, so its codes and scale are fit_q6_k_sub_block's bit for bit.
 __attribute__((target("avx2"))) inline __m256i q6_k_codes(__m256 iscale, __m256 x) {
   // kquant_nearest_int(iscale * x), clamped to -32 .. 31.
-  const __m256i bits =
-      _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(iscale, x), _mm256_set1_ps(12582912.0f)));
-  const __m256i rounded = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
-                                           _mm256_set1_epi32(0x00400000));
-  return _mm256_max_epi32(_mm256_min_epi32(rounded, _mm256_set1_epi32(kQ6_KHalfRange - 1)),
+  return _mm256_max_epi32(_mm256_min_epi32(detail::kquant_nearest_int8(_mm256_mul_ps(iscale, x)),
+                                           _mm256_set1_epi32(kQ6_KHalfRange - 1)),
                           _mm256_set1_epi32(-kQ6_KHalfRange));
 }
 
@@ -108,13 +105,8 @@ __attribute__((target("avx2"))) inline void q6_k_fit(const __m256* x, __m256 isc
 
 __attribute__((target("avx2"))) void fit_q6_k_sub_blocks_avx2(const float* in, std::uint8_t* codes,
                                                               float* scales) {
-  constexpr std::size_t kLanes = 8;
   __m256 x[kQ6_KSubBlock];
-  alignas(32) float column[kLanes];
-  for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
-    for (std::size_t g = 0; g < kLanes; ++g) column[g] = in[g * kQ6_KSubBlock + i];
-    x[i] = _mm256_load_ps(column);
-  }
+  detail::runs_to_lanes8(in, kQ6_KSubBlock, x);
   // The first element of largest magnitude (first_largest_magnitude, lane by lane).
   const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 zero = _mm256_setzero_ps();
@@ -150,14 +142,12 @@ __attribute__((target("avx2"))) void fit_q6_k_sub_blocks_avx2(const float* in, s
   }
   // A sub-block below GGML_MAX_EPS: scale 0, every code 0 (that is -32).
   _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, tiny));
-  alignas(32) std::int32_t lanes[kLanes];
+  const __m256i kept = _mm256_castps_si256(tiny);
   for (std::size_t i = 0; i < kQ6_KSubBlock; ++i) {
-    const __m256i stored = _mm256_add_epi32(best[i], _mm256_set1_epi32(kQ6_KHalfRange));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                       _mm256_andnot_si256(_mm256_castps_si256(tiny), stored));
-    for (std::size_t g = 0; g < kLanes; ++g)
-      codes[g * kQ6_KSubBlock + i] = static_cast<std::uint8_t>(lanes[g]);
+    best[i] =
+        _mm256_andnot_si256(kept, _mm256_add_epi32(best[i], _mm256_set1_epi32(kQ6_KHalfRange)));
   }
+  detail::lanes8_to_runs(best, kQ6_KSubBlock, codes);
 }
 
 }  // namespace

@@ -23,6 +23,16 @@ constexpr int kTrials = 7;
 constexpr std::size_t kFits = 2 + 2 * kTrials;  // the first guess, then t = -7 .. 7
 static_assert(kFits == 16, "one fit a lane of 16");
 
+// kIQ4_NLValues as floats, aligned for a vector load.
+struct alignas(64) CodebookFloats {
+  float v[16];
+};
+constexpr CodebookFloats kCodebook = [] {
+  CodebookFloats c{};
+  for (std::size_t i = 0; i < 16; ++i) c.v[i] = static_cast<float>(kIQ4_NLValues[i]);
+  return c;
+}();
+
 // The fits' sums: lane f holds sum w v x and sum w v^2 of fit f.
 struct Fits {
   alignas(64) float qx[kFits];
@@ -89,9 +99,7 @@ __attribute__((target("avx2"))) inline __m256 nearest(const CodebookAvx2& book, 
 }
 
 __attribute__((target("avx2"))) void fits_avx2(const float* x, const float* ids, Fits& out) {
-  alignas(32) float values[16];
-  for (std::size_t i = 0; i < 16; ++i) values[i] = static_cast<float>(kIQ4_NLValues[i]);
-  const CodebookAvx2 book{_mm256_load_ps(values), _mm256_load_ps(values + 8)};
+  const CodebookAvx2 book{_mm256_load_ps(kCodebook.v), _mm256_load_ps(kCodebook.v + 8)};
   const __m256 id_low = _mm256_loadu_ps(ids), id_high = _mm256_loadu_ps(ids + 8);
   __m256 qx_low = _mm256_setzero_ps(), qx_high = qx_low, q2_low = qx_low, q2_high = qx_low;
   for (std::size_t j = 0; j < kRun; ++j) {
@@ -139,9 +147,7 @@ __attribute__((target("avx512f"))) inline __m512 nearest(__m512 codebook, __m512
 }
 
 __attribute__((target("avx512f"))) void fits_avx512(const float* x, const float* ids, Fits& out) {
-  alignas(64) float values[16];
-  for (std::size_t i = 0; i < 16; ++i) values[i] = static_cast<float>(kIQ4_NLValues[i]);
-  const __m512 codebook = _mm512_load_ps(values);
+  const __m512 codebook = _mm512_load_ps(kCodebook.v);
   const __m512 id = _mm512_loadu_ps(ids);
   __m512 qx = _mm512_setzero_ps(), q2 = qx;
   for (std::size_t j = 0; j < kRun; ++j) {
@@ -165,9 +171,7 @@ void pack_portable(const float* x, float id, std::uint8_t* qs) {
 }
 
 __attribute__((target("avx2"))) void pack_avx2(const float* x, float id, std::uint8_t* qs) {
-  alignas(32) float values[16];
-  for (std::size_t i = 0; i < 16; ++i) values[i] = static_cast<float>(kIQ4_NLValues[i]);
-  const CodebookAvx2 book{_mm256_load_ps(values), _mm256_load_ps(values + 8)};
+  const CodebookAvx2 book{_mm256_load_ps(kCodebook.v), _mm256_load_ps(kCodebook.v + 8)};
   const __m256 scale = _mm256_set1_ps(id);
   for (std::size_t j = 0; j < kRun / 2; j += 8) {
     const __m256i low = nearest_index(book, _mm256_mul_ps(scale, _mm256_loadu_ps(x + j)));
@@ -181,9 +185,7 @@ __attribute__((target("avx2"))) void pack_avx2(const float* x, float id, std::ui
 }
 
 __attribute__((target("avx512f"))) void pack_avx512(const float* x, float id, std::uint8_t* qs) {
-  alignas(64) float values[16];
-  for (std::size_t i = 0; i < 16; ++i) values[i] = static_cast<float>(kIQ4_NLValues[i]);
-  const __m512 codebook = _mm512_load_ps(values);
+  const __m512 codebook = _mm512_load_ps(kCodebook.v);
   const __m512 scale = _mm512_set1_ps(id);
   const __m512i low = nearest_index(codebook, _mm512_mul_ps(scale, _mm512_loadu_ps(x)));
   const __m512i high = nearest_index(codebook, _mm512_mul_ps(scale, _mm512_loadu_ps(x + kRun / 2)));

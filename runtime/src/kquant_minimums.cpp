@@ -109,22 +109,17 @@ float fit_sub_block(const float* x, const float* w, const Qkx2Search& search, st
 // chain of dependent sums a sub-block.
 __attribute__((target("avx2"))) inline __m256i nearest_codes(__m256 v, __m256i max_code) {
   // kquant_nearest_int, then clamped to 0 .. max_code.
-  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
-  const __m256i rounded = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
-                                           _mm256_set1_epi32(0x00400000));
-  return _mm256_max_epi32(_mm256_min_epi32(rounded, max_code), _mm256_setzero_si256());
+  return _mm256_max_epi32(_mm256_min_epi32(kquant_nearest_int8(v), max_code),
+                          _mm256_setzero_si256());
 }
 
 __attribute__((target("avx2"))) void fit_sub_blocks_avx2(const float* in, const Qkx2Search& search,
                                                          std::uint8_t* codes, float* scales,
                                                          float* negated_mins) {
   // x[i] and w[i] of the eight sub-blocks, lane s sub-block s.
+  static_assert(kSubBlocks == 8, "one sub-block a lane of AVX2's eight");
   __m256 x[kSubBlock], w[kSubBlock];
-  alignas(32) float column[kSubBlocks];
-  for (std::size_t i = 0; i < kSubBlock; ++i) {
-    for (std::size_t s = 0; s < kSubBlocks; ++s) column[s] = in[s * kSubBlock + i];
-    x[i] = _mm256_load_ps(column);
-  }
+  runs_to_lanes8(in, kSubBlock, x);
   __m256 sum_x2 = _mm256_setzero_ps();
   for (std::size_t i = 0; i < kSubBlock; ++i)
     sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(x[i], x[i]));
@@ -208,13 +203,8 @@ __attribute__((target("avx2"))) void fit_sub_blocks_avx2(const float* in, const 
   _mm256_store_ps(lanes, negated);
   std::copy(lanes, lanes + kSubBlocks, negated_mins);
   const __m256i flat_codes = _mm256_castps_si256(flat);
-  alignas(32) std::int32_t code_lanes[kSubBlocks];
-  for (std::size_t i = 0; i < kSubBlock; ++i) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(code_lanes),
-                       _mm256_andnot_si256(flat_codes, best[i]));
-    for (std::size_t s = 0; s < kSubBlocks; ++s)
-      codes[s * kSubBlock + i] = static_cast<std::uint8_t>(code_lanes[s]);
-  }
+  for (std::size_t i = 0; i < kSubBlock; ++i) best[i] = _mm256_andnot_si256(flat_codes, best[i]);
+  lanes8_to_runs(best, kSubBlock, codes);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <immintrin.h>
+
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -50,6 +52,35 @@ inline LargestMagnitude first_largest_magnitude(const float* x, std::size_t n) {
     if (magnitude > largest.magnitude) largest = {x[i], magnitude};
   }
   return largest;
+}
+
+// ---- Eight runs at once (AVX2): the K formats' searches, one run a lane ----
+
+/// kquant_nearest_int on each lane of v.
+__attribute__((target("avx2"))) inline __m256i kquant_nearest_int8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+  return _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)),
+                          _mm256_set1_epi32(0x00400000));
+}
+
+/// Eight runs of `n` values, run r at in + r n, as n vectors: lane r of x[i] is in[r n + i].
+__attribute__((target("avx2"))) inline void runs_to_lanes8(const float* in, std::size_t n,
+                                                           __m256* x) {
+  alignas(32) float column[8];
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t r = 0; r < 8; ++r) column[r] = in[r * n + i];
+    x[i] = _mm256_load_ps(column);
+  }
+}
+
+/// The inverse for codes (0 .. 255): out[r n + i] = lane r of codes[i].
+__attribute__((target("avx2"))) inline void lanes8_to_runs(const __m256i* codes, std::size_t n,
+                                                           std::uint8_t* out) {
+  alignas(32) std::int32_t lanes[8];
+  for (std::size_t i = 0; i < n; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), codes[i]);
+    for (std::size_t r = 0; r < 8; ++r) out[r * n + i] = static_cast<std::uint8_t>(lanes[r]);
+  }
 }
 
 }  // namespace numesh::runtime::detail
