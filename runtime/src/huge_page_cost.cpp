@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,9 +45,10 @@ bool HugePageCost::wanted() const noexcept {
   return !adaptive_ || dear_faults_.load(std::memory_order_relaxed) < kDearFaultsToGiveUp;
 }
 
-void HugePageCost::probe(std::byte* region, std::size_t bytes) noexcept {
+void HugePageCost::probe(std::byte* region, std::size_t bytes, std::size_t used) noexcept {
   if (!adaptive_) return;
-  for (std::size_t at = 0; at < bytes && at < kProbedPages * kHugePageBytes; at += kHugePageBytes) {
+  const std::size_t probed = std::min({bytes, used, kProbedPages * kHugePageBytes});
+  for (std::size_t at = 0; at < probed; at += kHugePageBytes) {
     if (!wanted()) {
       // Given up (here or by another thread): the pages not touched yet stay small.
       (void)madvise(region + at, bytes - at, MADV_NOHUGEPAGE);

@@ -50,7 +50,7 @@ HugePageSlabs::~HugePageSlabs() {
   for (auto& [base, slab] : slabs_) munmap(base, slab.bytes);
 }
 
-std::byte* HugePageSlabs::map_region(std::size_t bytes) noexcept {
+std::byte* HugePageSlabs::map_region(std::size_t bytes, std::size_t used) noexcept {
   // Over-reserve by a huge page, then keep the aligned part: mmap aligns to 4 KiB only.
   const std::size_t reserved = bytes + kHugePage;
   // (Without MAP_NORESERVE: a block larger than the memory the OS will commit is refused here,
@@ -70,7 +70,7 @@ std::byte* HugePageSlabs::map_region(std::size_t bytes) noexcept {
     munmap(base, bytes);
     return nullptr;
   }
-  if (huge && cost_ != nullptr) cost_->probe(base, bytes);
+  if (huge && cost_ != nullptr) cost_->probe(base, bytes, used);
   return base;
 }
 
@@ -79,7 +79,7 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   if (bytes == 0 || bytes > SIZE_MAX - 2 * kHugePage) return nullptr;
   if (large(bytes)) {
     const std::size_t size = round_up_to(bytes, kHugePage);
-    std::byte* p = map_region(size);
+    std::byte* p = map_region(size, bytes);
     if (p == nullptr) return nullptr;
     const std::lock_guard lock(mutex_);
     large_bytes_ += size;
@@ -97,7 +97,8 @@ std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   }
   // A new slab, mapped and prepared outside the lock (a bind is a system call; the other
   // threads' blocks need not wait for it). Another thread may add one meanwhile: both stay.
-  std::byte* base = map_region(slab_bytes_);
+  // (A fresh slab's free ranges give its first block the slab's start: the pages probed.)
+  std::byte* base = map_region(slab_bytes_, size);
   if (base == nullptr) return nullptr;
   try {
     const std::lock_guard lock(mutex_);

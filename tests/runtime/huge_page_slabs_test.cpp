@@ -1,8 +1,10 @@
 #include "numesh/runtime/huge_page_slabs.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -197,6 +199,43 @@ TEST(HugePageCostTest, SlabsStopAskingForHugePagesAfterTwoDearFaults) {
     EXPECT_EQ(cheap.dear_faults(), 0) << "faults under the threshold, or not adaptive";
     EXPECT_TRUE(cheap.wanted());
   }
+}
+
+// Whether the 4 KiB page at `p` is resident (mincore), i.e. something touched it.
+bool resident(const std::byte* p) {
+  unsigned char in_core = 0;
+  const auto page = reinterpret_cast<void*>(address(p) & ~std::uintptr_t{4095});
+  EXPECT_EQ(mincore(page, 4096, &in_core), 0) << std::strerror(errno);
+  return (in_core & 1) != 0;
+}
+
+// The probe faults in only the pages a new region's first block takes: one huge page for a
+// slab's first small block (not the slab's first eight, which its later blocks may never use),
+// and a large block's pages up to the eight probed. A dear threshold of 0 counts every fault
+// timed, so dear_faults() is the number of pages probed.
+TEST(HugePageCostTest, AProbeFaultsInOnlyThePagesTheFirstBlockTakes) {
+  if (testing::thp_setting() != "madvise")
+    GTEST_SKIP() << "transparent huge pages are '" << testing::thp_setting()
+                 << "' here: madvise changes nothing";
+  Regions regions;
+  HugePageCost counting(/*adaptive=*/true, std::chrono::nanoseconds(0));
+  HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 32 * kMiB, &counting);
+  std::byte* small = slabs.allocate(1000);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(counting.dear_faults(), 1) << "the page of the slab's first block only";
+  EXPECT_TRUE(resident(small));
+  for (std::size_t at = kHuge; at < 32 * kMiB; at += kHuge)
+    EXPECT_FALSE(resident(small + at)) << "the slab's page at " << at / kMiB << " MiB";
+  EXPECT_TRUE(counting.wanted()) << "one fault does not decide";
+  // A block of 3 MiB in a new slab of blocks of 64 KiB and more: its two pages.
+  HugePageCost counting_blocks(/*adaptive=*/true, std::chrono::hours(1));
+  HugePageSlabs blocks(regions.prepare(), /*huge_pages=*/true, 32 * kMiB, &counting_blocks);
+  std::byte* block = blocks.allocate(3 * kMiB);
+  ASSERT_NE(block, nullptr);
+  EXPECT_TRUE(resident(block));
+  EXPECT_TRUE(resident(block + 2 * kMiB));
+  EXPECT_FALSE(resident(block + 4 * kMiB)) << "past the first block";
+  EXPECT_EQ(counting_blocks.dear_faults(), 0) << "cheap at a threshold of an hour";
 }
 
 }  // namespace

@@ -28,8 +28,11 @@ HugePageMode huge_page_mode() noexcept;
 
 /// Watches the faults of new huge pages and gives up asking for them after kDearFaultsToGiveUp
 /// dear ones (two: one fault slowed by the scheduler alone does not decide). Memory another
-/// process just freed comes first and is cheap, the host's reported memory after it: so each new
-/// region's first kProbedPages pages are faulted in and timed, not only its first. Thread-safety:
+/// process just freed comes first and is cheap, the host's reported memory after it: so a new
+/// region's first pages are faulted in and timed, up to kProbedPages, not only its first; but
+/// only pages its first block will touch anyway (a new slab of 32 MiB for a block of a few KiB
+/// faults in one page, not 16 MiB that may never be used: 10 ms of a 109 M model's 19 ms load in
+/// place on a VM whose new memory is dear; docs/benchmarks.md, "Session 69"). Thread-safety:
 /// all methods are safe to call concurrently.
 class HugePageCost {
  public:
@@ -50,12 +53,15 @@ class HugePageCost {
   /// Whether a new mapping should ask for huge pages (madvise MADV_HUGEPAGE).
   [[nodiscard]] bool wanted() const noexcept;
 
-  /// When adaptive: faults in the first kProbedPages huge pages of `region` one by one, writing
-  /// a zero to the first byte of each (its contents stay zeros), timed, and counts each dear
-  /// one; on giving up, stops and marks the pages of `region` not yet touched MADV_NOHUGEPAGE.
+  /// When adaptive: faults in the huge pages of `region` that its first `used` bytes cover, up
+  /// to the first kProbedPages, one by one, writing a zero to the first byte of each (its
+  /// contents stay zeros), timed, and counts each dear one; on giving up, stops and marks the
+  /// pages of `region` not yet touched MADV_NOHUGEPAGE. `used`: the bytes at the region's start
+  /// that its first owner is about to take (the whole of a large block; a new slab's first
+  /// block), so that the probe faults in no page the process would not touch anyway.
   /// REQUIRES: `region` is a fresh mapping of `bytes`, 2 MiB-aligned, that asked for huge pages
   /// and whose NUMA binding is set (the calling thread's touch places the pages as it says).
-  void probe(std::byte* region, std::size_t bytes) noexcept;
+  void probe(std::byte* region, std::size_t bytes, std::size_t used) noexcept;
 
   /// Dear faults counted so far.
   [[nodiscard]] int dear_faults() const noexcept;

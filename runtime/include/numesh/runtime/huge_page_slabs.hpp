@@ -86,9 +86,10 @@ class HugePageSlabs {
     bool small;  // holds blocks under kSmallBlockBytes only, or none of them
     FreeRanges ranges;
   };
-  // A mapping of `bytes` (whole huge pages) at a 2 MiB boundary, madvised and prepared, or
-  // nullptr (the OS or prepare refused it).
-  std::byte* map_region(std::size_t bytes) noexcept;
+  // A mapping of `bytes` (whole huge pages) at a 2 MiB boundary, madvised, prepared and probed
+  // over the `used` bytes at its start that the caller's block takes, or nullptr (the OS or
+  // prepare refused it).
+  std::byte* map_region(std::size_t bytes, std::size_t used) noexcept;
   bool large(std::size_t bytes) const noexcept { return bytes >= slab_bytes_ / 2; }
 
   Prepare prepare_;
