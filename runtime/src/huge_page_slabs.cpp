@@ -70,13 +70,24 @@ std::byte* HugePageSlabs::map_region(std::size_t bytes, std::size_t used) noexce
     munmap(base, bytes);
     return nullptr;
   }
-  if (huge && cost_ != nullptr) cost_->probe(base, bytes, used);
+  if (huge && cost_ != nullptr) {
+    cost_->probe(base, bytes, used);
+    follow_giving_up();
+  }
   return base;
+}
+
+void HugePageSlabs::follow_giving_up() noexcept {
+  if (cost_ == nullptr || cost_->wanted() || marked_small_.exchange(true)) return;
+  // Pages already huge stay so; the slabs' others are faulted in small from now on.
+  const std::lock_guard lock(mutex_);
+  for (const auto& [base, slab] : slabs_) (void)madvise(base, slab.bytes, MADV_NOHUGEPAGE);
 }
 
 std::byte* HugePageSlabs::allocate(std::size_t bytes) {
   // (Past this, rounding up to whole huge pages would wrap around.)
   if (bytes == 0 || bytes > SIZE_MAX - 2 * kHugePage) return nullptr;
+  follow_giving_up();  // the cost may have given up on another device's slabs
   if (large(bytes)) {
     const std::size_t size = round_up_to(bytes, kHugePage);
     std::byte* p = map_region(size, bytes);

@@ -209,33 +209,49 @@ bool resident(const std::byte* p) {
   return (in_core & 1) != 0;
 }
 
-// The probe faults in only the pages a new region's first block takes: one huge page for a
-// slab's first small block (not the slab's first eight, which its later blocks may never use),
-// and a large block's pages up to the eight probed. A dear threshold of 0 counts every fault
-// timed, so dear_faults() is the number of pages probed.
-TEST(HugePageCostTest, AProbeFaultsInOnlyThePagesTheFirstBlockTakes) {
+// A new slab's probe faults in only the pages of its first block, not the slab's first eight
+// (most of which a process's few small blocks never use), and a large block's pages up to the
+// eight probed. At a dear threshold of 0 every fault timed counts, so dear_faults() is the
+// number of pages probed until it gives up (after two), and then every slab's pages not yet
+// touched are marked small; at an hour none counts, and residency shows what was faulted in.
+TEST(HugePageCostTest, ANewSlabProbesOnlyItsFirstBlocksPages) {
   if (testing::thp_setting() != "madvise")
     GTEST_SKIP() << "transparent huge pages are '" << testing::thp_setting()
                  << "' here: madvise changes nothing";
   Regions regions;
+  {
+    HugePageCost cheap(/*adaptive=*/true, std::chrono::hours(1));
+    HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 32 * kMiB, &cheap);
+    std::byte* first = slabs.allocate(1000);
+    ASSERT_NE(first, nullptr);
+    EXPECT_TRUE(resident(first)) << "the first block's page, probed";
+    for (std::size_t at = kHuge; at < 32 * kMiB; at += kHuge)
+      EXPECT_FALSE(resident(first + at)) << "the slab's page at " << at / kMiB << " MiB";
+    std::byte* block = slabs.allocate(3 * kMiB);  // blocks of 64 KiB and more: a new slab
+    ASSERT_NE(block, nullptr);
+    EXPECT_TRUE(resident(block));
+    EXPECT_TRUE(resident(block + 2 * kMiB)) << "the first block's second page";
+    EXPECT_FALSE(resident(block + 4 * kMiB)) << "past the first block";
+    EXPECT_EQ(cheap.dear_faults(), 0);
+  }
   HugePageCost counting(/*adaptive=*/true, std::chrono::nanoseconds(0));
   HugePageSlabs slabs(regions.prepare(), /*huge_pages=*/true, 32 * kMiB, &counting);
   std::byte* small = slabs.allocate(1000);
   ASSERT_NE(small, nullptr);
   EXPECT_EQ(counting.dear_faults(), 1) << "the page of the slab's first block only";
-  EXPECT_TRUE(resident(small));
-  for (std::size_t at = kHuge; at < 32 * kMiB; at += kHuge)
-    EXPECT_FALSE(resident(small + at)) << "the slab's page at " << at / kMiB << " MiB";
+  ASSERT_NE(slabs.allocate(1000), nullptr);
+  EXPECT_EQ(counting.dear_faults(), 1) << "a later block of the slab";
   EXPECT_TRUE(counting.wanted()) << "one fault does not decide";
-  // A block of 3 MiB in a new slab of blocks of 64 KiB and more: its two pages.
-  HugePageCost counting_blocks(/*adaptive=*/true, std::chrono::hours(1));
-  HugePageSlabs blocks(regions.prepare(), /*huge_pages=*/true, 32 * kMiB, &counting_blocks);
-  std::byte* block = blocks.allocate(3 * kMiB);
+  EXPECT_EQ(testing::thp_eligible(small + 2 * kMiB), 1);
+  // A block of 3 MiB: a new slab, whose first page is the second dear fault; its second page,
+  // not touched when the probe gave up, stays small, and so do the first slab's other pages.
+  std::byte* block = slabs.allocate(3 * kMiB);
   ASSERT_NE(block, nullptr);
-  EXPECT_TRUE(resident(block));
-  EXPECT_TRUE(resident(block + 2 * kMiB));
-  EXPECT_FALSE(resident(block + 4 * kMiB)) << "past the first block";
-  EXPECT_EQ(counting_blocks.dear_faults(), 0) << "cheap at a threshold of an hour";
+  EXPECT_EQ(counting.dear_faults(), 2);
+  EXPECT_FALSE(counting.wanted());
+  EXPECT_EQ(testing::thp_eligible(block + 2 * kMiB), 0) << "marked small on giving up";
+  EXPECT_EQ(testing::thp_eligible(small + 2 * kMiB), 0) << "the first slab, marked small too";
+  for (std::size_t i = 0; i < 3 * kMiB; i += 4096) ASSERT_EQ(block[i], std::byte{0});
 }
 
 }  // namespace

@@ -32,8 +32,9 @@ HugePageMode huge_page_mode() noexcept;
 /// region's first pages are faulted in and timed, up to kProbedPages, not only its first; but
 /// only pages its first block will touch anyway (a new slab of 32 MiB for a block of a few KiB
 /// faults in one page, not 16 MiB that may never be used: 10 ms of a 109 M model's 19 ms load in
-/// place on a VM whose new memory is dear; docs/benchmarks.md, "Session 69"). Thread-safety:
-/// all methods are safe to call concurrently.
+/// place on a VM whose new memory is dear; docs/benchmarks.md, "Session 69"; on giving up, the
+/// slabs mark their other pages small: HugePageSlabs). Thread-safety: all methods are safe to
+/// call concurrently.
 class HugePageCost {
  public:
   /// A huge page that takes longer than this to fault in is dear: 2 MiB at 0.35 GB/s, a

@@ -14,6 +14,7 @@
 // and its first touch would zero 2 MiB (a layer's two norms cost 0.8 ms of a 109 M model's
 // load that way, 24 huge pages of memory for 72 KiB; docs/benchmarks.md, "Session 51").
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -91,6 +92,10 @@ class HugePageSlabs {
   // prepare refused it).
   std::byte* map_region(std::size_t bytes, std::size_t used) noexcept;
   bool large(std::size_t bytes) const noexcept { return bytes >= slab_bytes_ / 2; }
+  // Once cost_ has given up on huge pages (here or in another device's slabs), marks every slab
+  // MADV_NOHUGEPAGE, once: a slab's probe covers only its first block's pages (huge_page_cost.hpp),
+  // so the pages its later blocks take would otherwise still be faulted in huge, and dear.
+  void follow_giving_up() noexcept;
 
   Prepare prepare_;
   bool huge_pages_;
@@ -99,6 +104,7 @@ class HugePageSlabs {
   mutable std::mutex mutex_;
   std::map<std::byte*, Slab> slabs_;  // by base address
   std::size_t large_bytes_ = 0;
+  std::atomic<bool> marked_small_{false};  // follow_giving_up() has marked the slabs
 };
 
 }  // namespace numesh::runtime
