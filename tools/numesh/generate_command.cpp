@@ -312,12 +312,12 @@ void report_load(const GenerateOptions& o, const CheckedOptions& c, const Loaded
                                        "(--mmap), the rest by each device",
                                        mapped / 1e6));
   // The copies into panels that --mmap on would have read in place: what they buy, and how to
-  // trade them for a quicker load (docs/benchmarks.md, "Session 67").
+  // trade them for a quicker load (docs/benchmarks.md, "Session 67" and "Session 69").
   if (const double panelled = static_cast<double>(e.model().panel_copied_bytes()); panelled > 0) {
     out << fmt::format(
-        "         {:.1f} MB of it copied into panels of 16 outputs (q8_0's and q4_0's faster "
-        "decode order); --mmap on reads the file's rows in place instead: a quicker load, a "
-        "slower decode\n",
+        "         {:.1f} MB of it copied into panels of 16 outputs (the faster order of q8_0's "
+        "and q4_0's products of several rows, and of q4_0's of one); --mmap on reads the "
+        "file's rows in place instead: a quicker load, slower products\n",
         panelled / 1e6);
   }
   if (o.baselines) {
